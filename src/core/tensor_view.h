@@ -1,0 +1,132 @@
+// Non-owning view of a strided tensor (the internal form of fs_tensor_t).
+// Shapes and strides are in elements; byte_offset is already folded into data.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+#include "flashspan/flashspan.h"
+
+namespace flashspan {
+
+enum class DType : int { kFloat16, kBFloat16, kFloat32, kFloat64, kInt32, kInt64, kUInt8, kUnknown };
+enum class DeviceType : int { kCPU = FS_DEVICE_CPU, kCUDA = FS_DEVICE_CUDA };
+
+inline const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::kFloat16: return "float16";
+    case DType::kBFloat16: return "bfloat16";
+    case DType::kFloat32: return "float32";
+    case DType::kFloat64: return "float64";
+    case DType::kInt32: return "int32";
+    case DType::kInt64: return "int64";
+    case DType::kUInt8: return "uint8";
+    default: return "unknown";
+  }
+}
+
+inline int dtype_size(DType t) {
+  switch (t) {
+    case DType::kFloat16:
+    case DType::kBFloat16: return 2;
+    case DType::kFloat32:
+    case DType::kInt32: return 4;
+    case DType::kFloat64:
+    case DType::kInt64: return 8;
+    case DType::kUInt8: return 1;
+    default: return 0;
+  }
+}
+
+inline DType dtype_from_fs(fs_dtype_t d) {
+  if (d.lanes != 1) return DType::kUnknown;
+  if (d.code == FS_DTYPE_FLOAT && d.bits == 16) return DType::kFloat16;
+  if (d.code == FS_DTYPE_BFLOAT && d.bits == 16) return DType::kBFloat16;
+  if (d.code == FS_DTYPE_FLOAT && d.bits == 32) return DType::kFloat32;
+  if (d.code == FS_DTYPE_FLOAT && d.bits == 64) return DType::kFloat64;
+  if (d.code == FS_DTYPE_INT && d.bits == 32) return DType::kInt32;
+  if (d.code == FS_DTYPE_INT && d.bits == 64) return DType::kInt64;
+  if (d.code == FS_DTYPE_UINT && d.bits == 8) return DType::kUInt8;
+  return DType::kUnknown;
+}
+
+inline fs_dtype_t dtype_to_fs(DType t) {
+  switch (t) {
+    case DType::kFloat16: return {FS_DTYPE_FLOAT, 16, 1};
+    case DType::kBFloat16: return {FS_DTYPE_BFLOAT, 16, 1};
+    case DType::kFloat32: return {FS_DTYPE_FLOAT, 32, 1};
+    case DType::kFloat64: return {FS_DTYPE_FLOAT, 64, 1};
+    case DType::kInt32: return {FS_DTYPE_INT, 32, 1};
+    case DType::kInt64: return {FS_DTYPE_INT, 64, 1};
+    case DType::kUInt8: return {FS_DTYPE_UINT, 8, 1};
+    default: return {0, 0, 0};
+  }
+}
+
+constexpr int kMaxDims = 6;
+
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::kUnknown;
+  DeviceType device = DeviceType::kCPU;
+  int device_id = 0;
+  int ndim = 0;
+  std::array<int64_t, kMaxDims> shape{};
+  std::array<int64_t, kMaxDims> strides{};  // elements
+
+  bool defined() const { return ndim > 0 || data != nullptr; }
+  int64_t size(int d) const { return shape[d < 0 ? d + ndim : d]; }
+  int64_t stride(int d) const { return strides[d < 0 ? d + ndim : d]; }
+  int64_t numel() const {
+    int64_t n = 1;
+    for (int i = 0; i < ndim; ++i) n *= shape[i];
+    return n;
+  }
+  bool is_cuda() const { return device == DeviceType::kCUDA; }
+  bool is_contiguous() const {
+    int64_t expect = 1;
+    for (int i = ndim - 1; i >= 0; --i) {
+      if (shape[i] != 1 && strides[i] != expect) return false;
+      expect *= shape[i];
+    }
+    return true;
+  }
+  template <typename T>
+  T* ptr() const { return static_cast<T*>(data); }
+  std::string shape_str() const {
+    std::string s = "[";
+    for (int i = 0; i < ndim; ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+    return s + "]";
+  }
+};
+
+// Converts a C-ABI descriptor; `name` is used in error messages. A NULL descriptor
+// gives an undefined view.
+inline TensorView tensor_view_from_fs(const fs_tensor_t* t, const char* name) {
+  TensorView v;
+  if (t == nullptr) return v;
+  FS_CHECK_ARG(t->ndim >= 0 && t->ndim <= kMaxDims, name, ": rank ", t->ndim, " is not supported (at most ",
+               kMaxDims, ")");
+  FS_CHECK_ARG(t->ndim == 0 || t->shape != nullptr, name, ": shape pointer is NULL");
+  v.dtype = dtype_from_fs(t->dtype);
+  FS_CHECK_TYPE(v.dtype != DType::kUnknown, name, ": unsupported dtype (code ", int(t->dtype.code), ", bits ",
+                int(t->dtype.bits), ", lanes ", int(t->dtype.lanes), ")");
+  FS_CHECK_TYPE(t->device.device_type == FS_DEVICE_CPU || t->device.device_type == FS_DEVICE_CUDA, name,
+                ": unsupported device type ", t->device.device_type, " (CPU or CUDA expected)");
+  v.device = static_cast<DeviceType>(t->device.device_type);
+  v.device_id = t->device.device_id;
+  v.ndim = t->ndim;
+  int64_t expect = 1;
+  for (int i = t->ndim - 1; i >= 0; --i) {
+    FS_CHECK_ARG(t->shape[i] >= 0, name, ": negative extent ", t->shape[i], " in dimension ", i);
+    v.shape[i] = t->shape[i];
+    v.strides[i] = t->strides ? t->strides[i] : expect;
+    expect *= t->shape[i];
+  }
+  v.data = static_cast<char*>(t->data) + t->byte_offset;
+  return v;
+}
+
+}  // namespace flashspan

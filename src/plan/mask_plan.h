@@ -1,0 +1,141 @@
+// MaskPlan: block-sparse metadata compiled from interval endpoints for one
+// consumer (kernel family + tile shape + payload layout). Immutable once built.
+//
+// All arrays are int32 and live in one buffer (host memory for CPU plans, device
+// memory for CUDA plans); `PlanView` hands kernels raw pointers into it.
+//
+// Block indexing. For a view with tile Bq x Bk, sample b has
+//   nqb(b) = ceil(len_q(b) / Bq) query blocks and nkb(b) = ceil(len_k(b) / Bk) key blocks.
+// `q_block_start[b]` (prefix sums, [B+1]) gives the global index of sample b's first
+// query block; global query block gq = q_block_start[b] + local block i. Same for keys.
+// A CSR row of the Q2K relation is r = hm * NQB + gq (hm = mask head, NQB = total
+// query blocks); of the K2Q relation r = hm * NKB + gk.
+//
+// Classes. A (query block, key block) pair is
+//   empty   — no visible, in-bounds element: never listed;
+//   full    — every element (all Bq x Bk of them) is visible and inside both sequences;
+//   partial — anything else: listed with a payload (payload_layout.h), bit = 1 iff the
+//             element is visible and inside both sequences.
+// Lists inside a row are sorted by ascending block index.
+//
+// Arrays of a view (prefix "fwd_" or "bwd_"):
+//   q_block_start [B+1], k_block_start [B+1]
+//   q2k_partial_ptr [Hmask*NQB+1], q2k_partial_kb [nnz_p]   (sample-local key block index)
+//   q2k_partial_bits [nnz_p * Bq*Bk/32]                      (payload of the pair, CSR order)
+//   q2k_full_ptr [Hmask*NQB+1], q2k_full_kb [nnz_f]
+// Backward view only (transposed relation, for dK/dV):
+//   k2q_partial_ptr [Hmask*NKB+1], k2q_partial_qb [nnz_p], k2q_partial_idx [nnz_p]
+//     (k2q_partial_idx = index of the same pair in q2k_partial_kb, i.e. its payload)
+//   k2q_full_ptr [Hmask*NKB+1], k2q_full_qb [nnz_f]
+// Schedules (for persistent kernels), 4 int32 per task, ordered by cost (number of
+// partial + full blocks) descending, ties by (batch, head, block) ascending:
+//   fwd_tasks [num_tasks*4]: {local query block, query head, batch, cost}, over all Hq heads
+//   bwd_tasks [num_bwd_tasks*4]: {local key block, kv head, batch, cost}; cost sums the
+//     K2Q lists of the kv head's query heads
+// Sequences:
+//   cu_seqlens_q [B+1], cu_seqlens_k [B+1] (copies; BSHD: b*Sq, b*Sk)
+// CPU plans also keep `mask_func` (a copy of the endpoints), which the CPU reference
+// backend executes from.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/geometry.h"
+#include "kernels/common/payload_layout.h"
+
+namespace flashspan {
+
+// The kernel family a plan is laid out for.
+struct Consumer {
+  int32_t arch = 80;          // 80: portable mma.sync kernels; 90: Hopper wgmma kernels
+  int32_t fwd_block_q = 128;  // forward tile (rows = queries)
+  int32_t fwd_block_k = 64;
+  int32_t bwd_block_q = 64;   // backward tile (rows = queries in the payload too)
+  int32_t bwd_block_k = 128;
+  PayloadLayout layout = PayloadLayout::kM16N64Frag;
+
+  bool operator==(const Consumer& o) const {
+    return arch == o.arch && fwd_block_q == o.fwd_block_q && fwd_block_k == o.fwd_block_k &&
+           bwd_block_q == o.bwd_block_q && bwd_block_k == o.bwd_block_k && layout == o.layout;
+  }
+};
+
+// The consumer a kernel family uses for these head dims (one shared table: planner and
+// dispatch both call it). arch 80 or 90.
+Consumer consumer_for(int arch, int head_dim_qk, int head_dim_v);
+
+struct PlanArray {
+  std::string name;
+  int64_t offset = 0;  // in int32 elements from the buffer start
+  int64_t count = 0;
+};
+
+struct PlanCounts {
+  int64_t fwd_num_q_blocks = 0, fwd_num_k_blocks = 0;
+  int64_t fwd_partial = 0, fwd_full = 0;
+  int64_t bwd_num_q_blocks = 0, bwd_num_k_blocks = 0;
+  int64_t bwd_partial = 0, bwd_full = 0;
+  int64_t visible_pairs = 0;
+  int64_t num_tasks = 0, num_bwd_tasks = 0;
+};
+
+// What a plan is compatible with. Execution compares the call against it; a mismatch is
+// an error, never a reinterpretation.
+struct PlanSignature {
+  Consumer consumer;
+  bool has_backward = false;
+  bool pack_gqa = false;
+  std::string to_string(const FlexGeometry& g) const;
+};
+
+// Raw pointers of one view, as kernels see them (device or host pointers).
+struct PlanViewPtrs {
+  int32_t block_q = 0, block_k = 0;
+  int64_t num_q_blocks = 0, num_k_blocks = 0;  // NQB, NKB over all samples
+  const int32_t* q_block_start = nullptr;
+  const int32_t* k_block_start = nullptr;
+  const int32_t* q2k_partial_ptr = nullptr;
+  const int32_t* q2k_partial_kb = nullptr;
+  const uint32_t* q2k_partial_bits = nullptr;
+  const int32_t* q2k_full_ptr = nullptr;
+  const int32_t* q2k_full_kb = nullptr;
+  const int32_t* k2q_partial_ptr = nullptr;  // backward view only
+  const int32_t* k2q_partial_qb = nullptr;
+  const int32_t* k2q_partial_idx = nullptr;
+  const int32_t* k2q_full_ptr = nullptr;
+  const int32_t* k2q_full_qb = nullptr;
+  const int32_t* tasks = nullptr;            // fwd_tasks or bwd_tasks
+  int64_t num_tasks = 0;
+};
+
+class MaskPlan {
+ public:
+  MaskPlan() = default;
+  ~MaskPlan();
+  MaskPlan(const MaskPlan&) = delete;
+  MaskPlan& operator=(const MaskPlan&) = delete;
+
+  FlexGeometry geometry;    // shape of the call; cu_seqlens host copies
+  PlanSignature signature;
+  PlanCounts counts;
+  std::vector<PlanArray> arrays;
+
+  // Storage: exactly one of the two is used.
+  std::vector<int32_t> host_buffer;   // CPU plans
+  int32_t* device_buffer = nullptr;   // CUDA plans (owned, cudaFree in the destructor)
+  int64_t buffer_elements = 0;
+
+  bool on_device() const { return device_buffer != nullptr; }
+  const int32_t* base() const { return on_device() ? device_buffer : host_buffer.data(); }
+  // Pointer to the named array (nullptr if absent); count in *count if given.
+  const int32_t* array(const std::string& name, int64_t* count = nullptr) const;
+  int64_t bytes() const { return buffer_elements * int64_t(sizeof(int32_t)); }
+
+  PlanViewPtrs fwd_view() const;
+  PlanViewPtrs bwd_view() const;  // throws if the plan has no backward metadata
+};
+
+}  // namespace flashspan
