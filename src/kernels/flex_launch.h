@@ -37,12 +37,15 @@ struct FlexBwdLaunch {
 };
 
 // Bytes of workspace one call needs (counters, fp32 accumulators, ...). Pure functions of
-// the geometry, the plan and the flags; never allocate.
+// the geometry, plan.signature and the flags -- NOT of the plan's arrays or counts: the
+// workspace is sized once at compile() and must serve every compatible plan (the API
+// layer passes a MaskPlan that carries only geometry and signature). Never allocate.
 size_t flex_fwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool has_max_logit);
 size_t flex_bwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool deterministic);
 
 // Throws flashspan::Error(kNotSupported, ...) when the kernels cannot run this
 // configuration (head dims, dtype, architecture of the current device vs the plan's).
+// Reads only geometry and plan.signature (same reason as above).
 void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool backward);
 
 // Enqueue the kernels on the stream. Allocate nothing; CUDA-graph capturable.
