@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Builds flashspan (CUDA code included when nvcc is found), runs the C++ tests (ctest),
+# installs the Python package with `pip install .`, and runs the Python tests (pytest).
+# GPU tests skip with a reason when no GPU is visible.
+# Env: FLASHSPAN_BUILD_DIR (default build/), FLASHSPAN_CMAKE_ARGS (extra CMake args).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${FLASHSPAN_BUILD_DIR:-$root/build}
+export PATH="$PATH:/usr/local/cuda/bin"
+export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
+jobs=$(nproc)
+
+echo "== configure + build ($build)"
+# shellcheck disable=SC2086
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${FLASHSPAN_CMAKE_ARGS:-}
+cmake --build "$build" -j"$jobs"
+
+echo "== C++ tests"
+ctest --test-dir "$build" --output-on-failure -j"$jobs"
+
+echo "== pip install ."
+# shellcheck disable=SC2086
+python3 -m pip install -q --no-build-isolation "$root" \
+  -C build-dir="$build/wheel" ${FLASHSPAN_PIP_ARGS:-}
+
+echo "== Python tests (installed package)"
+cd "$root"
+python3 -m pytest -q -p no:cacheprovider tests/python

@@ -1,0 +1,702 @@
+// C ABI glue: turns fs_* calls into validated C++ calls, exceptions into status codes
+// and a per-thread last-error message. Dispatches CPU tensors to the reference backend
+// and CUDA tensors to the planner/kernels.
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+
+#include "api/validation.h"
+#include "core/error.h"
+#include "core/tensor_view.h"
+#include "flashspan/flashspan.h"
+#include "kernels/flex_launch.h"
+#include "plan/mask_plan.h"
+#include "plan/planner.h"
+#include "reference/reference.h"
+
+#ifdef FLASHSPAN_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#ifndef FLASHSPAN_VERSION_STRING
+#define FLASHSPAN_VERSION_STRING "0.0.0"
+#endif
+#ifndef FLASHSPAN_CUDA_ARCHS_STRING
+#define FLASHSPAN_CUDA_ARCHS_STRING ""
+#endif
+
+using namespace flashspan;
+
+struct fs_mask_plan {
+  std::unique_ptr<MaskPlan> plan;
+};
+
+namespace {
+
+thread_local std::string g_last_error;
+
+template <typename F>
+fs_status_t guarded(F&& f) {
+  try {
+    f();
+    g_last_error.clear();
+    return FS_STATUS_SUCCESS;
+  } catch (const Error& e) {
+    g_last_error = e.what();
+    return static_cast<fs_status_t>(e.status());
+  } catch (const std::bad_alloc&) {
+    g_last_error = "out of host memory";
+    return FS_STATUS_OUT_OF_MEMORY;
+  } catch (const std::exception& e) {
+    g_last_error = std::string("internal error: ") + e.what();
+    return FS_STATUS_INTERNAL_ERROR;
+  } catch (...) {
+    g_last_error = "internal error: unknown exception";
+    return FS_STATUS_INTERNAL_ERROR;
+  }
+}
+
+#ifdef FLASHSPAN_WITH_CUDA
+void cuda_check(cudaError_t err, const char* what) {
+  FS_CHECK(err == cudaSuccess, Status::kCudaError, what, ": ", cudaGetErrorString(err));
+}
+#endif
+
+MaskPlan& plan_ref(fs_mask_plan_t p, const char* name = "plan") {
+  FS_CHECK_ARG(p != nullptr && p->plan != nullptr, name, ": is NULL");
+  return *p->plan;
+}
+
+// Descriptor of a tensor captured at construction, compared on every execute().
+struct TensorDesc {
+  bool present = false;
+  TensorView view;  // data pointer ignored
+
+  static TensorDesc capture(const TensorView& v) {
+    TensorDesc d;
+    d.present = v.defined();
+    d.view = v;
+    d.view.data = nullptr;
+    return d;
+  }
+  void check_matches(const TensorView& v, const char* name) const {
+    FS_CHECK_ARG(v.defined() == present, name, present ? ": is required (it was given at construction)"
+                                                       : ": was not given at construction, so it must be NULL");
+    if (!present) return;
+    FS_CHECK_TYPE(v.dtype == view.dtype, name, ": dtype ", dtype_name(v.dtype), " differs from the compiled ",
+                  dtype_name(view.dtype));
+    FS_CHECK_TYPE(v.device == view.device && v.device_id == view.device_id, name,
+                  ": device differs from the compiled descriptor");
+    bool same = v.ndim == view.ndim;
+    for (int i = 0; same && i < v.ndim; ++i) same = v.shape[i] == view.shape[i] && v.strides[i] == view.strides[i];
+    FS_CHECK_ARG(same, name, ": shape ", v.shape_str(), " or strides differ from the compiled descriptor (shape ",
+                 view.shape_str(), ")");
+  }
+};
+
+void check_plan_compatible(const MaskPlan& compiled, const MaskPlan& given, bool need_backward) {
+  FS_CHECK_ARG(given.geometry.same_shape(compiled.geometry),
+               "plan: geometry (layout, batch, sequence lengths, heads, head dims, dtype or device) differs from the "
+               "plan the operation was compiled with");
+  FS_CHECK_ARG(given.signature.consumer == compiled.signature.consumer,
+               "plan: built for another kernel family or tile (", given.signature.to_string(given.geometry),
+               ") than the compiled operation (", compiled.signature.to_string(compiled.geometry), ")");
+  FS_CHECK_ARG(given.signature.pack_gqa == compiled.signature.pack_gqa, "plan: pack_gqa differs from the compiled plan");
+  FS_CHECK_ARG(!need_backward || given.signature.has_backward,
+               "plan: was built without backward metadata (create_mask_plan(..., build_backward=True) is needed for "
+               "the backward pass)");
+}
+
+// Checks that q/k/v/out/lse of a call have the plan's geometry.
+void check_call_tensors(const FlexGeometry& g, const TensorView& q, const TensorView& k, const TensorView& v,
+                        const TensorView* out, const TensorView* lse, const char* out_name) {
+  int64_t s[4];
+  int n = 0;
+  expected_q_shape(g, s, &n);
+  check_same_tensor_shape(q, "q", s, n, g.dtype, g.device, g.device_id);
+  expected_k_shape(g, s, &n);
+  check_same_tensor_shape(k, "k", s, n, g.dtype, g.device, g.device_id);
+  expected_v_shape(g, s, &n);
+  check_same_tensor_shape(v, "v", s, n, g.dtype, g.device, g.device_id);
+  if (out) {
+    expected_out_shape(g, s, &n);
+    check_same_tensor_shape(*out, out_name, s, n, g.dtype, g.device, g.device_id);
+  }
+  if (lse && lse->defined()) {
+    expected_lse_shape(g, s, &n);
+    check_same_tensor_shape(*lse, "lse", s, n, DType::kFloat32, g.device, g.device_id);
+  }
+}
+
+void check_max_logit(const FlexGeometry& g, const TensorView& m) {
+  if (!m.defined()) return;
+  const int64_t s[1] = {g.num_heads_q};
+  check_same_tensor_shape(m, "max_logit", s, 1, DType::kFloat32, g.device, g.device_id);
+}
+
+float resolve_scale(const FlexGeometry& g, float scale, int32_t has_scale, bool want_max_logit) {
+  const float s = has_scale ? scale : default_softmax_scale(g.head_dim_qk);
+  check_softmax_scale(s, want_max_logit);
+  return s;
+}
+
+int resolve_arch(int requested, const FlexGeometry& g) {
+  FS_CHECK_ARG(requested == 0 || requested == 80 || requested == 90, "arch: must be 0 (choose), 80 or 90, got ",
+               requested);
+  if (requested != 0) return requested;
+  // Only the portable (mma.sync) kernel family exists so far; it serves every sm_80+ GPU,
+  // and CPU plans use its layout too (so host and CUDA plans compare bitwise).
+  (void)g;
+  return 80;
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Library information
+// ---------------------------------------------------------------------------
+
+extern "C" {
+
+FS_API const char* fs_get_last_error(void) { return g_last_error.c_str(); }
+FS_API int32_t fs_abi_version(void) { return FLASHSPAN_ABI_VERSION; }
+FS_API const char* fs_version(void) { return FLASHSPAN_VERSION_STRING; }
+FS_API const char* fs_built_cuda_archs(void) { return FLASHSPAN_CUDA_ARCHS_STRING; }
+
+FS_API int32_t fs_cuda_available(void) {
+#ifdef FLASHSPAN_WITH_CUDA
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no device" error
+    return 0;
+  }
+  return n > 0 ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+// ---------------------------------------------------------------------------
+// Mask plan
+// ---------------------------------------------------------------------------
+
+FS_API fs_status_t fs_create_mask_plan(const fs_mask_plan_args_t* args, fs_mask_plan_t* out) {
+  return guarded([&] {
+    FS_CHECK_ARG(args != nullptr, "args: is NULL");
+    FS_CHECK_ARG(out != nullptr, "plan: output pointer is NULL");
+    *out = nullptr;
+    PlanInputs in;
+    in.mask_func = tensor_view_from_fs(args->mask_func, "mask_func");
+    in.q = tensor_view_from_fs(args->q, "q");
+    in.k = tensor_view_from_fs(args->k, "k");
+    in.v = tensor_view_from_fs(args->v, "v");
+    in.cu_seqlens_q = tensor_view_from_fs(args->cu_seqlens_q, "cu_seqlens_q");
+    in.cu_seqlens_k = tensor_view_from_fs(args->cu_seqlens_k, "cu_seqlens_k");
+    in.max_seqlen_q = args->max_seqlen_q;
+    in.max_seqlen_k = args->max_seqlen_k;
+    FS_CHECK_ARG(args->pack_gqa >= -1 && args->pack_gqa <= 1, "pack_gqa: must be -1 (choose), 0 or 1");
+    FS_CHECK_ARG(args->build_backward == 0 || args->build_backward == 1, "build_backward: must be 0 or 1");
+
+    const bool on_cuda = in.q.defined() && in.q.is_cuda();
+    std::vector<int32_t> cu_q_host, cu_k_host;
+    if (on_cuda && in.cu_seqlens_q.defined() && in.cu_seqlens_k.defined()) {
+#ifdef FLASHSPAN_WITH_CUDA
+      // One small copy of the B+1 cumulative lengths: geometry is host metadata of the plan.
+      FS_CHECK_TYPE(in.cu_seqlens_q.dtype == DType::kInt32, "cu_seqlens_q: dtype must be int32, got ",
+                    dtype_name(in.cu_seqlens_q.dtype));
+      FS_CHECK_TYPE(in.cu_seqlens_k.dtype == DType::kInt32, "cu_seqlens_k: dtype must be int32, got ",
+                    dtype_name(in.cu_seqlens_k.dtype));
+      FS_CHECK_ARG(in.cu_seqlens_q.ndim == 1 && in.cu_seqlens_k.ndim == 1 &&
+                       (in.cu_seqlens_q.size(0) < 2 || in.cu_seqlens_q.stride(0) == 1) &&
+                       (in.cu_seqlens_k.size(0) < 2 || in.cu_seqlens_k.stride(0) == 1),
+                   "cu_seqlens_q, cu_seqlens_k: must be contiguous 1-D int32 tensors [B+1]");
+      FS_CHECK_TYPE(in.cu_seqlens_q.is_cuda() && in.cu_seqlens_k.is_cuda(),
+                    "cu_seqlens_q, cu_seqlens_k: must be on the same device as q");
+      cu_q_host.resize(in.cu_seqlens_q.numel());
+      cu_k_host.resize(in.cu_seqlens_k.numel());
+      auto stream = static_cast<cudaStream_t>(args->stream);
+      cuda_check(cudaMemcpyAsync(cu_q_host.data(), in.cu_seqlens_q.data, cu_q_host.size() * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, stream),
+                 "cu_seqlens_q: copy to host");
+      cuda_check(cudaMemcpyAsync(cu_k_host.data(), in.cu_seqlens_k.data, cu_k_host.size() * sizeof(int32_t),
+                                 cudaMemcpyDeviceToHost, stream),
+                 "cu_seqlens_k: copy to host");
+      cuda_check(cudaStreamSynchronize(stream), "cu_seqlens: synchronize");
+#else
+      FS_CHECK_SUPPORTED(false, "q: is a CUDA tensor but this build of flashspan has no CUDA support");
+#endif
+    }
+    FlexGeometry g = validate_plan_inputs(in, cu_q_host.empty() ? nullptr : cu_q_host.data(),
+                                          cu_k_host.empty() ? nullptr : cu_k_host.data());
+    PlanRequest req;
+    req.geometry = &g;
+    req.consumer = consumer_for(resolve_arch(args->arch, g), g.head_dim_qk, g.head_dim_v);
+    req.build_backward = args->build_backward == 1;
+    req.pack_gqa = args->pack_gqa == 1;
+
+    auto handle = std::make_unique<fs_mask_plan>();
+    if (on_cuda) {
+#ifdef FLASHSPAN_WITH_CUDA
+      cuda_check(cudaSetDevice(g.device_id), "q: cudaSetDevice");
+      handle->plan = build_mask_plan_cuda(req, in.mask_func.ptr<int32_t>(), args->stream);
+#else
+      FS_CHECK_SUPPORTED(false, "q: is a CUDA tensor but this build of flashspan has no CUDA support");
+#endif
+    } else {
+      handle->plan = build_mask_plan_host(req, in.mask_func.ptr<int32_t>(), /*keep_mask=*/true);
+    }
+    *out = handle.release();
+  });
+}
+
+FS_API fs_status_t fs_mask_plan_destroy(fs_mask_plan_t plan) {
+  return guarded([&] { delete plan; });
+}
+
+FS_API fs_status_t fs_mask_plan_get_info(fs_mask_plan_t p, fs_mask_plan_info_t* info) {
+  return guarded([&] {
+    const MaskPlan& plan = plan_ref(p);
+    FS_CHECK_ARG(info != nullptr, "info: is NULL");
+    std::memset(info, 0, sizeof(*info));
+    const FlexGeometry& g = plan.geometry;
+    info->varlen = g.varlen;
+    info->batch = g.batch;
+    info->max_seqlen_q = g.max_seqlen_q;
+    info->max_seqlen_k = g.max_seqlen_k;
+    info->total_q = g.total_q;
+    info->total_k = g.total_k;
+    info->num_heads_q = g.num_heads_q;
+    info->num_heads_kv = g.num_heads_kv;
+    info->num_heads_mask = g.num_heads_mask;
+    info->nfunc = g.nfunc;
+    info->head_dim_qk = g.head_dim_qk;
+    info->head_dim_v = g.head_dim_v;
+    info->dtype = dtype_to_fs(g.dtype);
+    info->device = {static_cast<int32_t>(g.device), g.device_id};
+    const PlanSignature& s = plan.signature;
+    info->pack_gqa = s.pack_gqa;
+    info->has_backward = s.has_backward;
+    info->arch = s.consumer.arch;
+    info->fwd_block_q = s.consumer.fwd_block_q;
+    info->fwd_block_k = s.consumer.fwd_block_k;
+    info->bwd_block_q = s.consumer.bwd_block_q;
+    info->bwd_block_k = s.consumer.bwd_block_k;
+    const PlanCounts& c = plan.counts;
+    info->fwd_num_q_blocks = c.fwd_num_q_blocks;
+    info->fwd_num_k_blocks = c.fwd_num_k_blocks;
+    info->fwd_partial_blocks = c.fwd_partial;
+    info->fwd_full_blocks = c.fwd_full;
+    info->bwd_partial_blocks = c.bwd_partial;
+    info->bwd_full_blocks = c.bwd_full;
+    info->visible_pairs = c.visible_pairs;
+    info->num_tasks = c.num_tasks;
+    info->bytes = plan.bytes();
+    const std::string sig = s.to_string(g);
+    std::strncpy(info->signature, sig.c_str(), sizeof(info->signature) - 1);
+  });
+}
+
+FS_API fs_status_t fs_mask_plan_num_arrays(fs_mask_plan_t p, int32_t* count) {
+  return guarded([&] {
+    FS_CHECK_ARG(count != nullptr, "count: is NULL");
+    *count = static_cast<int32_t>(plan_ref(p).arrays.size());
+  });
+}
+
+FS_API fs_status_t fs_mask_plan_array_name(fs_mask_plan_t p, int32_t index, const char** name) {
+  return guarded([&] {
+    const MaskPlan& plan = plan_ref(p);
+    FS_CHECK_ARG(name != nullptr, "name: is NULL");
+    FS_CHECK_ARG(index >= 0 && index < static_cast<int32_t>(plan.arrays.size()), "index: ", index,
+                 " is out of range [0, ", plan.arrays.size(), ")");
+    *name = plan.arrays[index].name.c_str();
+  });
+}
+
+FS_API fs_status_t fs_mask_plan_copy_array(fs_mask_plan_t p, const char* name, int32_t* dst, int64_t capacity,
+                                           int64_t* num_elements) {
+  return guarded([&] {
+    const MaskPlan& plan = plan_ref(p);
+    FS_CHECK_ARG(name != nullptr, "name: is NULL");
+    int64_t count = 0;
+    const int32_t* src = plan.array(name, &count);
+    FS_CHECK_ARG(src != nullptr || count == 0, "name: the plan has no array named '", name, "'");
+    bool found = false;
+    for (const auto& a : plan.arrays) found |= a.name == name;
+    FS_CHECK_ARG(found, "name: the plan has no array named '", name, "'");
+    if (num_elements) *num_elements = count;
+    if (dst == nullptr || count == 0) return;
+    FS_CHECK_ARG(capacity >= count, "capacity: ", capacity, " is smaller than the array's ", count, " elements");
+    if (plan.on_device()) {
+#ifdef FLASHSPAN_WITH_CUDA
+      cuda_check(cudaMemcpy(dst, src, count * sizeof(int32_t), cudaMemcpyDeviceToHost), "plan array: copy to host");
+#endif
+    } else {
+      std::memcpy(dst, src, count * sizeof(int32_t));
+    }
+  });
+}
+
+}  // extern "C"
+
+// ---------------------------------------------------------------------------
+// Forward
+// ---------------------------------------------------------------------------
+
+struct fs_flex_fwd {
+  FlexGeometry geometry;
+  PlanSignature signature;
+  TensorDesc q, k, v, out, lse, max_logit;
+  float scale = 0.0f;
+  bool supported = false;
+  bool compiled = false;
+};
+
+struct fs_flex_bwd {
+  FlexGeometry geometry;
+  PlanSignature signature;
+  TensorDesc q, k, v, out, dout, lse, dq, dk, dv;
+  float scale = 0.0f;
+  bool deterministic = false;
+  bool supported = false;
+  bool compiled = false;
+};
+
+namespace {
+
+struct FwdViews {
+  TensorView q, k, v, out, lse, max_logit;
+};
+
+FwdViews fwd_views(const fs_flex_fwd_args_t* a) {
+  FS_CHECK_ARG(a != nullptr, "args: is NULL");
+  FwdViews t;
+  t.q = tensor_view_from_fs(a->q, "q");
+  t.k = tensor_view_from_fs(a->k, "k");
+  t.v = tensor_view_from_fs(a->v, "v");
+  t.out = tensor_view_from_fs(a->out, "out");
+  t.lse = tensor_view_from_fs(a->lse, "lse");
+  t.max_logit = tensor_view_from_fs(a->max_logit, "max_logit");
+  return t;
+}
+
+struct BwdViews {
+  TensorView q, k, v, out, dout, lse, dq, dk, dv;
+};
+
+BwdViews bwd_views(const fs_flex_bwd_args_t* a) {
+  FS_CHECK_ARG(a != nullptr, "args: is NULL");
+  BwdViews t;
+  t.q = tensor_view_from_fs(a->q, "q");
+  t.k = tensor_view_from_fs(a->k, "k");
+  t.v = tensor_view_from_fs(a->v, "v");
+  t.out = tensor_view_from_fs(a->out, "out");
+  t.dout = tensor_view_from_fs(a->dout, "dout");
+  t.lse = tensor_view_from_fs(a->lse, "lse");
+  t.dq = tensor_view_from_fs(a->dq, "dq");
+  t.dk = tensor_view_from_fs(a->dk, "dk");
+  t.dv = tensor_view_from_fs(a->dv, "dv");
+  return t;
+}
+
+void check_bwd_tensors(const FlexGeometry& g, const BwdViews& t) {
+  check_call_tensors(g, t.q, t.k, t.v, &t.out, nullptr, "out");
+  int64_t s[4];
+  int n = 0;
+  expected_out_shape(g, s, &n);
+  check_same_tensor_shape(t.dout, "dout", s, n, g.dtype, g.device, g.device_id);
+  FS_CHECK_ARG(t.lse.defined(), "lse: is required for the backward pass (the forward's LSE)");
+  expected_lse_shape(g, s, &n);
+  check_same_tensor_shape(t.lse, "lse", s, n, DType::kFloat32, g.device, g.device_id);
+  expected_q_shape(g, s, &n);
+  check_same_tensor_shape(t.dq, "dq", s, n, g.dtype, g.device, g.device_id);
+  expected_k_shape(g, s, &n);
+  check_same_tensor_shape(t.dk, "dk", s, n, g.dtype, g.device, g.device_id);
+  expected_v_shape(g, s, &n);
+  check_same_tensor_shape(t.dv, "dv", s, n, g.dtype, g.device, g.device_id);
+}
+
+void check_support_common(const FlexGeometry& g, const MaskPlan* plan, bool backward) {
+  if (g.device == DeviceType::kCPU) {
+    check_head_dims_reference(g.head_dim_qk, g.head_dim_v);
+    FS_CHECK_ARG(plan == nullptr || plan->array("mask_func") != nullptr,
+                 "plan: a CPU plan without its endpoints cannot be executed by the CPU backend");
+    return;
+  }
+#ifdef FLASHSPAN_WITH_CUDA
+  FS_CHECK_ARG(plan != nullptr, "plan: is required");
+  flex_check_support_gpu(g, *plan, backward);
+#else
+  (void)plan;
+  (void)backward;
+  FS_CHECK_SUPPORTED(false, "q: is a CUDA tensor but this build of flashspan has no CUDA support");
+#endif
+}
+
+}  // namespace
+
+extern "C" {
+
+FS_API fs_status_t fs_flex_fwd_create(const fs_flex_fwd_args_t* a, fs_flex_fwd_t* op) {
+  return guarded([&] {
+    FS_CHECK_ARG(op != nullptr, "op: output pointer is NULL");
+    *op = nullptr;
+    FwdViews t = fwd_views(a);
+    const MaskPlan& plan = plan_ref(a->plan);
+    const FlexGeometry& g = plan.geometry;
+    check_call_tensors(g, t.q, t.k, t.v, &t.out, &t.lse, "out");
+    check_max_logit(g, t.max_logit);
+    auto h = std::make_unique<fs_flex_fwd>();
+    h->geometry = g;
+    h->signature = plan.signature;
+    h->q = TensorDesc::capture(t.q);
+    h->k = TensorDesc::capture(t.k);
+    h->v = TensorDesc::capture(t.v);
+    h->out = TensorDesc::capture(t.out);
+    h->lse = TensorDesc::capture(t.lse);
+    h->max_logit = TensorDesc::capture(t.max_logit);
+    h->scale = resolve_scale(g, a->softmax_scale, a->has_softmax_scale, t.max_logit.defined());
+    *op = h.release();
+  });
+}
+
+FS_API fs_status_t fs_flex_fwd_destroy(fs_flex_fwd_t op) {
+  return guarded([&] { delete op; });
+}
+
+FS_API fs_status_t fs_flex_fwd_check_support(fs_flex_fwd_t op) {
+  return guarded([&] {
+    FS_CHECK_ARG(op != nullptr, "op: is NULL");
+    if (op->geometry.device == DeviceType::kCPU) {
+      check_support_common(op->geometry, nullptr, false);
+    } else {
+#ifdef FLASHSPAN_WITH_CUDA
+      MaskPlan shape_only;  // check_support needs geometry and signature only
+      shape_only.geometry = op->geometry;
+      shape_only.signature = op->signature;
+      flex_check_support_gpu(op->geometry, shape_only, false);
+#else
+      check_support_common(op->geometry, nullptr, false);
+#endif
+    }
+    op->supported = true;
+  });
+}
+
+FS_API fs_status_t fs_flex_fwd_compile(fs_flex_fwd_t op) {
+  return guarded([&] {
+    FS_CHECK_ARG(op != nullptr, "op: is NULL");
+    FS_CHECK_ARG(op->supported, "op: check_support() must succeed before compile()");
+    op->compiled = true;
+  });
+}
+
+FS_API fs_status_t fs_flex_fwd_workspace_size(fs_flex_fwd_t op, size_t* bytes) {
+  return guarded([&] {
+    FS_CHECK_ARG(op != nullptr, "op: is NULL");
+    FS_CHECK_ARG(bytes != nullptr, "bytes: is NULL");
+    *bytes = 0;
+    if (op->geometry.device == DeviceType::kCUDA) {
+      MaskPlan shape_only;
+      shape_only.geometry = op->geometry;
+      shape_only.signature = op->signature;
+      *bytes = flex_fwd_workspace_size(op->geometry, shape_only, op->max_logit.present);
+    }
+  });
+}
+
+FS_API fs_status_t fs_flex_fwd_execute(fs_flex_fwd_t op, const fs_flex_fwd_args_t* a, void* workspace,
+                                       size_t workspace_bytes, void* stream) {
+  return guarded([&] {
+    FS_CHECK_ARG(op != nullptr, "op: is NULL");
+    FS_CHECK_ARG(op->compiled, "op: compile() must be called before execute()");
+    FwdViews t = fwd_views(a);
+    const MaskPlan& plan = plan_ref(a->plan);
+    op->q.check_matches(t.q, "q");
+    op->k.check_matches(t.k, "k");
+    op->v.check_matches(t.v, "v");
+    op->out.check_matches(t.out, "out");
+    op->lse.check_matches(t.lse, "lse");
+    op->max_logit.check_matches(t.max_logit, "max_logit");
+    MaskPlan compiled_shape;
+    compiled_shape.geometry = op->geometry;
+    compiled_shape.signature = op->signature;
+    check_plan_compatible(compiled_shape, plan, false);
+    const float scale = op->scale;
+    if (op->geometry.device == DeviceType::kCPU) {
+      reference::FlexForwardArgs r;
+      r.geometry = &plan.geometry;
+      r.mask = plan.array("mask_func");
+      FS_CHECK_ARG(r.mask != nullptr, "plan: a CPU plan without its endpoints cannot be executed");
+      r.q = t.q;
+      r.k = t.k;
+      r.v = t.v;
+      r.out = t.out;
+      r.lse = t.lse;
+      r.max_logit = t.max_logit;
+      r.softmax_scale = scale;
+      reference::flex_forward(r);
+      return;
+    }
+    FlexFwdLaunch l;
+    l.geometry = &plan.geometry;
+    l.plan = &plan;
+    l.q = t.q;
+    l.k = t.k;
+    l.v = t.v;
+    l.out = t.out;
+    l.lse = t.lse;
+    l.max_logit = t.max_logit;
+    l.softmax_scale = scale;
+    const size_t need = flex_fwd_workspace_size(plan.geometry, plan, t.max_logit.defined());
+    FS_CHECK_ARG(workspace_bytes >= need, "workspace: ", workspace_bytes, " bytes given, ", need, " needed");
+    FS_CHECK_ARG(need == 0 || workspace != nullptr, "workspace: is NULL but ", need, " bytes are needed");
+    l.workspace = workspace;
+    l.workspace_bytes = workspace_bytes;
+    l.stream = stream;
+    launch_flex_fwd(l);
+  });
+}
+
+// ---------------------------------------------------------------------------
+// Backward
+// ---------------------------------------------------------------------------
+
+FS_API fs_status_t fs_flex_bwd_create(const fs_flex_bwd_args_t* a, fs_flex_bwd_t* op) {
+  return guarded([&] {
+    FS_CHECK_ARG(op != nullptr, "op: output pointer is NULL");
+    *op = nullptr;
+    BwdViews t = bwd_views(a);
+    const MaskPlan& plan = plan_ref(a->plan);
+    FS_CHECK_ARG(plan.signature.has_backward,
+                 "plan: was built without backward metadata (create_mask_plan(..., build_backward=True) is needed "
+                 "for the backward pass)");
+    check_bwd_tensors(plan.geometry, t);
+    auto h = std::make_unique<fs_flex_bwd>();
+    h->geometry = plan.geometry;
+    h->signature = plan.signature;
+    h->q = TensorDesc::capture(t.q);
+    h->k = TensorDesc::capture(t.k);
+    h->v = TensorDesc::capture(t.v);
+    h->out = TensorDesc::capture(t.out);
+    h->dout = TensorDesc::capture(t.dout);
+    h->lse = TensorDesc::capture(t.lse);
+    h->dq = TensorDesc::capture(t.dq);
+    h->dk = TensorDesc::capture(t.dk);
+    h->dv = TensorDesc::capture(t.dv);
+    h->scale = resolve_scale(plan.geometry, a->softmax_scale, a->has_softmax_scale, false);
+    h->deterministic = a->deterministic != 0;
+    *op = h.release();
+  });
+}
+
+FS_API fs_status_t fs_flex_bwd_destroy(fs_flex_bwd_t op) {
+  return guarded([&] { delete op; });
+}
+
+FS_API fs_status_t fs_flex_bwd_check_support(fs_flex_bwd_t op) {
+  return guarded([&] {
+    FS_CHECK_ARG(op != nullptr, "op: is NULL");
+    if (op->geometry.device == DeviceType::kCPU) {
+      check_support_common(op->geometry, nullptr, true);
+    } else {
+#ifdef FLASHSPAN_WITH_CUDA
+      MaskPlan shape_only;
+      shape_only.geometry = op->geometry;
+      shape_only.signature = op->signature;
+      flex_check_support_gpu(op->geometry, shape_only, true);
+#else
+      check_support_common(op->geometry, nullptr, true);
+#endif
+    }
+    op->supported = true;
+  });
+}
+
+FS_API fs_status_t fs_flex_bwd_compile(fs_flex_bwd_t op) {
+  return guarded([&] {
+    FS_CHECK_ARG(op != nullptr, "op: is NULL");
+    FS_CHECK_ARG(op->supported, "op: check_support() must succeed before compile()");
+    op->compiled = true;
+  });
+}
+
+FS_API fs_status_t fs_flex_bwd_workspace_size(fs_flex_bwd_t op, size_t* bytes) {
+  return guarded([&] {
+    FS_CHECK_ARG(op != nullptr, "op: is NULL");
+    FS_CHECK_ARG(bytes != nullptr, "bytes: is NULL");
+    *bytes = 0;
+    if (op->geometry.device == DeviceType::kCUDA) {
+      MaskPlan shape_only;
+      shape_only.geometry = op->geometry;
+      shape_only.signature = op->signature;
+      *bytes = flex_bwd_workspace_size(op->geometry, shape_only, op->deterministic);
+    }
+  });
+}
+
+FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_t* a, void* workspace,
+                                       size_t workspace_bytes, void* stream) {
+  return guarded([&] {
+    FS_CHECK_ARG(op != nullptr, "op: is NULL");
+    FS_CHECK_ARG(op->compiled, "op: compile() must be called before execute()");
+    BwdViews t = bwd_views(a);
+    const MaskPlan& plan = plan_ref(a->plan);
+    op->q.check_matches(t.q, "q");
+    op->k.check_matches(t.k, "k");
+    op->v.check_matches(t.v, "v");
+    op->out.check_matches(t.out, "out");
+    op->dout.check_matches(t.dout, "dout");
+    op->lse.check_matches(t.lse, "lse");
+    op->dq.check_matches(t.dq, "dq");
+    op->dk.check_matches(t.dk, "dk");
+    op->dv.check_matches(t.dv, "dv");
+    MaskPlan compiled_shape;
+    compiled_shape.geometry = op->geometry;
+    compiled_shape.signature = op->signature;
+    check_plan_compatible(compiled_shape, plan, true);
+    if (op->geometry.device == DeviceType::kCPU) {
+      reference::FlexBackwardArgs r;
+      r.geometry = &plan.geometry;
+      r.mask = plan.array("mask_func");
+      FS_CHECK_ARG(r.mask != nullptr, "plan: a CPU plan without its endpoints cannot be executed");
+      r.q = t.q;
+      r.k = t.k;
+      r.v = t.v;
+      r.out = t.out;
+      r.dout = t.dout;
+      r.lse = t.lse;
+      r.dq = t.dq;
+      r.dk = t.dk;
+      r.dv = t.dv;
+      r.softmax_scale = op->scale;
+      reference::flex_backward(r);
+      return;
+    }
+    FlexBwdLaunch l;
+    l.geometry = &plan.geometry;
+    l.plan = &plan;
+    l.q = t.q;
+    l.k = t.k;
+    l.v = t.v;
+    l.out = t.out;
+    l.dout = t.dout;
+    l.lse = t.lse;
+    l.dq = t.dq;
+    l.dk = t.dk;
+    l.dv = t.dv;
+    l.softmax_scale = op->scale;
+    l.deterministic = op->deterministic;
+    const size_t need = flex_bwd_workspace_size(plan.geometry, plan, op->deterministic);
+    FS_CHECK_ARG(workspace_bytes >= need, "workspace: ", workspace_bytes, " bytes given, ", need, " needed");
+    FS_CHECK_ARG(need == 0 || workspace != nullptr, "workspace: is NULL but ", need, " bytes are needed");
+    l.workspace = workspace;
+    l.workspace_bytes = workspace_bytes;
+    l.stream = stream;
+    launch_flex_bwd(l);
+  });
+}
+
+}  // extern "C"
