@@ -498,12 +498,14 @@ FS_API fs_status_t fs_flex_fwd_workspace_size(fs_flex_fwd_t op, size_t* bytes) {
     FS_CHECK_ARG(op != nullptr, "op: is NULL");
     FS_CHECK_ARG(bytes != nullptr, "bytes: is NULL");
     *bytes = 0;
+#ifdef FLASHSPAN_WITH_CUDA
     if (op->geometry.device == DeviceType::kCUDA) {
       MaskPlan shape_only;
       shape_only.geometry = op->geometry;
       shape_only.signature = op->signature;
       *bytes = flex_fwd_workspace_size(op->geometry, shape_only, op->max_logit.present);
     }
+#endif
   });
 }
 
@@ -540,6 +542,9 @@ FS_API fs_status_t fs_flex_fwd_execute(fs_flex_fwd_t op, const fs_flex_fwd_args_
       reference::flex_forward(r);
       return;
     }
+#ifndef FLASHSPAN_WITH_CUDA
+    FS_CHECK_SUPPORTED(false, "q: is a CUDA tensor but this build of flashspan has no CUDA support");
+#else
     FlexFwdLaunch l;
     l.geometry = &plan.geometry;
     l.plan = &plan;
@@ -557,6 +562,7 @@ FS_API fs_status_t fs_flex_fwd_execute(fs_flex_fwd_t op, const fs_flex_fwd_args_
     l.workspace_bytes = workspace_bytes;
     l.stream = stream;
     launch_flex_fwd(l);
+#endif
   });
 }
 
@@ -628,12 +634,14 @@ FS_API fs_status_t fs_flex_bwd_workspace_size(fs_flex_bwd_t op, size_t* bytes) {
     FS_CHECK_ARG(op != nullptr, "op: is NULL");
     FS_CHECK_ARG(bytes != nullptr, "bytes: is NULL");
     *bytes = 0;
+#ifdef FLASHSPAN_WITH_CUDA
     if (op->geometry.device == DeviceType::kCUDA) {
       MaskPlan shape_only;
       shape_only.geometry = op->geometry;
       shape_only.signature = op->signature;
       *bytes = flex_bwd_workspace_size(op->geometry, shape_only, op->deterministic);
     }
+#endif
   });
 }
 
@@ -675,6 +683,9 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
       reference::flex_backward(r);
       return;
     }
+#ifndef FLASHSPAN_WITH_CUDA
+    FS_CHECK_SUPPORTED(false, "q: is a CUDA tensor but this build of flashspan has no CUDA support");
+#else
     FlexBwdLaunch l;
     l.geometry = &plan.geometry;
     l.plan = &plan;
@@ -696,6 +707,7 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
     l.workspace_bytes = workspace_bytes;
     l.stream = stream;
     launch_flex_bwd(l);
+#endif
   });
 }
 
