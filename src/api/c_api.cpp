@@ -543,6 +543,9 @@ FS_API fs_status_t fs_flex_fwd_execute(fs_flex_fwd_t op, const fs_flex_fwd_args_
       return;
     }
 #ifndef FLASHSPAN_WITH_CUDA
+    (void)workspace;
+    (void)workspace_bytes;
+    (void)stream;
     FS_CHECK_SUPPORTED(false, "q: is a CUDA tensor but this build of flashspan has no CUDA support");
 #else
     FlexFwdLaunch l;
@@ -684,6 +687,9 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
       return;
     }
 #ifndef FLASHSPAN_WITH_CUDA
+    (void)workspace;
+    (void)workspace_bytes;
+    (void)stream;
     FS_CHECK_SUPPORTED(false, "q: is a CUDA tensor but this build of flashspan has no CUDA support");
 #else
     FlexBwdLaunch l;
