@@ -1,0 +1,432 @@
+"""Explicit FlexAttentionFwd / FlexAttentionBwd: check_support -> compile -> execute with caller buffers."""
+
+from __future__ import annotations
+
+import ctypes
+from typing import Optional
+
+import torch
+
+from . import _lib
+from .plan import MaskPlan
+
+
+def _check_plan(plan: MaskPlan, name: str = "plan") -> ctypes.c_void_p:
+    if not isinstance(plan, MaskPlan):
+        raise TypeError(f"{name} must be a flashspan.MaskPlan, got {type(plan).__name__}")
+    return plan._live_handle
+
+
+def _scale_fields(softmax_scale: Optional[float]) -> tuple[float, int]:
+    if softmax_scale is None:
+        return 0.0, 0
+    return float(softmax_scale), 1
+
+
+def _workspace_ptr(workspace: Optional[torch.Tensor], need: int, device: torch.device) -> tuple[Optional[int], int]:
+    """(pointer, bytes) of a caller workspace, checked host-side (the C layer cannot see its device)."""
+    if workspace is None:
+        if need > 0:
+            raise ValueError(
+                f"workspace: this call needs a uint8 workspace of at least {need} bytes on {device} "
+                "(allocate workspace_size bytes once and pass workspace=...)"
+            )
+        return None, 0
+    if not isinstance(workspace, torch.Tensor):
+        raise TypeError(f"workspace must be a torch.Tensor, got {type(workspace).__name__}")
+    if workspace.dtype != torch.uint8:
+        raise TypeError(f"workspace must be a uint8 tensor, got {workspace.dtype}")
+    if workspace.device != device and need > 0:
+        raise TypeError(f"workspace is on {workspace.device} but the call runs on {device}")
+    if need > 0 and not workspace.is_contiguous():
+        raise ValueError("workspace must be contiguous")
+    nbytes = workspace.numel()
+    if nbytes < need:
+        raise ValueError(f"workspace has {nbytes} bytes but this call needs workspace_size = {need} bytes")
+    return (workspace.data_ptr() or None), nbytes
+
+
+class FlexAttentionFwd:
+    """Precompiled, allocation-free flex-attention forward.
+
+    The constructor captures sample descriptors (shape, strides, dtype, device of
+    q/k/v/out, presence of lse and max_logit) and a sample plan. ``check_support()``
+    and ``compile()`` prepare the launch; ``execute()`` accepts new tensors with the
+    same descriptors and any compatible plan, allocates nothing and runs on
+    ``torch.cuda.current_stream()`` (CUDA-graph capturable). On CPU tensors the same
+    object runs the CPU reference backend.
+
+    Shapes: BSHD q ``[B,Sq,Hq,Dqk]`` k ``[B,Sk,Hkv,Dqk]`` v ``[B,Sk,Hkv,Dv]`` out
+    ``[B,Sq,Hq,Dv]`` lse fp32 ``[B,Hq,Sq]``; THD drops B (lse ``[Hq,Tq]``);
+    max_logit fp32 ``[Hq]`` (reset to -inf by each execute, then reduced into).
+
+    Example::
+
+        out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
+        lse = torch.empty(plan.lse_shape(), dtype=torch.float32, device=q.device)
+        fwd = FlexAttentionFwd(q, k, v, out, plan, lse)
+        fwd.check_support()
+        fwd.compile()
+        ws = torch.empty(fwd.workspace_size, dtype=torch.uint8, device=q.device)
+        fwd.execute(q, k, v, out, plan, lse, workspace=ws)
+    """
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        plan: MaskPlan,
+        lse: Optional[torch.Tensor] = None,
+        sample_max_logit: Optional[torch.Tensor] = None,
+        softmax_scale: Optional[float] = None,
+        _hold_plan: bool = True,
+    ):
+        self._handle = None
+        handle = _check_plan(plan)
+        self._scale, self._has_scale = _scale_fields(softmax_scale)
+        self.softmax_scale = softmax_scale
+        self.has_lse = lse is not None
+        self.has_max_logit = sample_max_logit is not None
+        self.device = q.device if isinstance(q, torch.Tensor) else None
+        descs = self._descs(q, k, v, out, lse, sample_max_logit)
+        args = self._args(descs, handle)
+        h = ctypes.c_void_p()
+        _lib.check(_lib.lib().fs_flex_fwd_create(ctypes.byref(args), ctypes.byref(h)), "FlexAttentionFwd")
+        self._handle = h
+        # The explicit API keeps its sample plan alive; internal cached objects (owned by
+        # the plan itself) must not, or plan and cache would form a cycle.
+        self._plan = plan if _hold_plan else None
+        self._compiled = False
+        self._workspace_size: Optional[int] = None
+
+    @staticmethod
+    def _descs(q, k, v, out, lse, max_logit):
+        return (
+            _lib.TensorDesc(q, "q"),
+            _lib.TensorDesc(k, "k"),
+            _lib.TensorDesc(v, "v"),
+            _lib.TensorDesc(out, "out"),
+            _lib.desc(lse, "lse"),
+            _lib.desc(max_logit, "max_logit"),
+        )
+
+    def _args(self, d, plan_handle) -> _lib.FsFlexFwdArgs:
+        return _lib.FsFlexFwdArgs(
+            _lib.ptr(d[0]),
+            _lib.ptr(d[1]),
+            _lib.ptr(d[2]),
+            _lib.ptr(d[3]),
+            plan_handle,
+            _lib.ptr(d[4]),
+            _lib.ptr(d[5]),
+            self._scale,
+            self._has_scale,
+        )
+
+    def _live(self):
+        if self._handle is None:
+            raise ValueError("FlexAttentionFwd was destroyed")
+        return self._handle
+
+    def check_support(self) -> bool:
+        """Raises RuntimeError (not supported: head dims, dtype, architecture) or returns True."""
+        _lib.check(_lib.lib().fs_flex_fwd_check_support(self._live()), "FlexAttentionFwd.check_support")
+        return True
+
+    def compile(self) -> None:
+        """Prepares the launch (kernel selection, workspace size). Idempotent."""
+        _lib.check(_lib.lib().fs_flex_fwd_compile(self._live()), "FlexAttentionFwd.compile")
+        self._compiled = True
+        self._workspace_size = None
+
+    @property
+    def workspace_size(self) -> int:
+        """Bytes of uint8 workspace execute() needs (on the device of the tensors)."""
+        if self._workspace_size is None:
+            n = ctypes.c_size_t()
+            _lib.check(
+                _lib.lib().fs_flex_fwd_workspace_size(self._live(), ctypes.byref(n)), "FlexAttentionFwd.workspace_size"
+            )
+            self._workspace_size = int(n.value)
+        return self._workspace_size
+
+    def execute(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        plan: MaskPlan,
+        lse: Optional[torch.Tensor] = None,
+        workspace: Optional[torch.Tensor] = None,
+        max_logit_tensor: Optional[torch.Tensor] = None,
+    ) -> None:
+        """Writes out (and lse / max_logit_tensor when compiled with them) on the current stream.
+
+        Tensors must match the compiled descriptors; the plan must be compatible with
+        the sample plan. Allocates nothing and never synchronises.
+        """
+        handle = self._live()
+        plan_handle = _check_plan(plan)
+        ws_ptr, ws_bytes = _workspace_ptr(workspace, self.workspace_size, q.device)
+        descs = self._descs(q, k, v, out, lse, max_logit_tensor)
+        args = self._args(descs, plan_handle)
+        stream = _lib.stream_of(q)
+        _lib.check(
+            _lib.lib().fs_flex_fwd_execute(handle, ctypes.byref(args), ws_ptr, ws_bytes, stream),
+            "FlexAttentionFwd.execute",
+        )
+
+    def __del__(self):
+        h = getattr(self, "_handle", None)
+        if h is not None:
+            self._handle = None
+            try:
+                _lib.lib().fs_flex_fwd_destroy(h)
+            except Exception:
+                pass
+
+
+class FlexAttentionBwd:
+    """Precompiled, allocation-free flex-attention backward (dq, dk, dv from dout and the forward's lse).
+
+    Same lifecycle as :class:`FlexAttentionFwd`. The plan must have been built with
+    backward metadata. dq/dk/dv have the shapes and dtypes of q/k/v; with GQA, dk/dv
+    sum over the query heads of a kv head. ``deterministic=True`` makes them bitwise
+    reproducible.
+
+    Example::
+
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        bwd = FlexAttentionBwd(q, k, v, out, do, lse, dq, dk, dv, plan)
+        bwd.check_support()
+        bwd.compile()
+        ws = torch.empty(bwd.workspace_size, dtype=torch.uint8, device=q.device)
+        bwd.execute(q, k, v, out, do, lse, dq, dk, dv, plan, workspace=ws)
+    """
+
+    def __init__(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        do: torch.Tensor,
+        lse: torch.Tensor,
+        dq: torch.Tensor,
+        dk: torch.Tensor,
+        dv: torch.Tensor,
+        plan: MaskPlan,
+        softmax_scale: Optional[float] = None,
+        deterministic: bool = False,
+        _hold_plan: bool = True,
+    ):
+        self._handle = None
+        handle = _check_plan(plan)
+        if not plan.has_backward:
+            raise ValueError(
+                "plan: FlexAttentionBwd needs a plan built with backward metadata "
+                "(create_mask_plan(..., build_backward=True))"
+            )
+        self._scale, self._has_scale = _scale_fields(softmax_scale)
+        self.softmax_scale = softmax_scale
+        self.deterministic = bool(deterministic)
+        self.device = q.device if isinstance(q, torch.Tensor) else None
+        descs = self._descs(q, k, v, out, do, lse, dq, dk, dv)
+        args = self._args(descs, handle)
+        h = ctypes.c_void_p()
+        _lib.check(_lib.lib().fs_flex_bwd_create(ctypes.byref(args), ctypes.byref(h)), "FlexAttentionBwd")
+        self._handle = h
+        self._plan = plan if _hold_plan else None
+        self._compiled = False
+        self._workspace_size: Optional[int] = None
+
+    @staticmethod
+    def _descs(q, k, v, out, do, lse, dq, dk, dv):
+        names = ("q", "k", "v", "out", "do", "lse", "dq", "dk", "dv")
+        return tuple(_lib.TensorDesc(t, n) for t, n in zip((q, k, v, out, do, lse, dq, dk, dv), names))
+
+    def _args(self, d, plan_handle) -> _lib.FsFlexBwdArgs:
+        return _lib.FsFlexBwdArgs(
+            *(_lib.ptr(x) for x in d),
+            plan_handle,
+            self._scale,
+            self._has_scale,
+            1 if self.deterministic else 0,
+        )
+
+    def _live(self):
+        if self._handle is None:
+            raise ValueError("FlexAttentionBwd was destroyed")
+        return self._handle
+
+    def check_support(self) -> bool:
+        _lib.check(_lib.lib().fs_flex_bwd_check_support(self._live()), "FlexAttentionBwd.check_support")
+        return True
+
+    def compile(self) -> None:
+        _lib.check(_lib.lib().fs_flex_bwd_compile(self._live()), "FlexAttentionBwd.compile")
+        self._compiled = True
+        self._workspace_size = None
+
+    @property
+    def workspace_size(self) -> int:
+        if self._workspace_size is None:
+            n = ctypes.c_size_t()
+            _lib.check(
+                _lib.lib().fs_flex_bwd_workspace_size(self._live(), ctypes.byref(n)), "FlexAttentionBwd.workspace_size"
+            )
+            self._workspace_size = int(n.value)
+        return self._workspace_size
+
+    def execute(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        out: torch.Tensor,
+        do: torch.Tensor,
+        lse: torch.Tensor,
+        dq: torch.Tensor,
+        dk: torch.Tensor,
+        dv: torch.Tensor,
+        plan: MaskPlan,
+        workspace: Optional[torch.Tensor] = None,
+    ) -> None:
+        """Writes dq, dk, dv on the current stream; allocates nothing and never synchronises."""
+        handle = self._live()
+        plan_handle = _check_plan(plan)
+        ws_ptr, ws_bytes = _workspace_ptr(workspace, self.workspace_size, q.device)
+        descs = self._descs(q, k, v, out, do, lse, dq, dk, dv)
+        args = self._args(descs, plan_handle)
+        stream = _lib.stream_of(q)
+        _lib.check(
+            _lib.lib().fs_flex_bwd_execute(handle, ctypes.byref(args), ws_ptr, ws_bytes, stream),
+            "FlexAttentionBwd.execute",
+        )
+
+    def __del__(self):
+        h = getattr(self, "_handle", None)
+        if h is not None:
+            self._handle = None
+            try:
+                _lib.lib().fs_flex_bwd_destroy(h)
+            except Exception:
+                pass
+
+
+# ---------------------------------------------------------------------------
+# Allocating helpers (used by the custom ops behind flex_attn_func)
+# ---------------------------------------------------------------------------
+
+_CACHE_LIMIT = 64
+
+
+def _layout_key(*ts: Optional[torch.Tensor]) -> tuple:
+    return tuple(None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.device) for t in ts)
+
+
+def _cached(plan: MaskPlan, key: tuple, make):
+    cache = plan._op_cache
+    op = cache.get(key)
+    if op is None:
+        if len(cache) >= _CACHE_LIMIT:
+            cache.clear()
+        op = make()
+        op.check_support()
+        op.compile()
+        cache[key] = op
+    return op
+
+
+def lse_shape_of(q: torch.Tensor) -> tuple[int, ...]:
+    """LSE shape for q: BSHD [B,Hq,Sq], THD [Hq,Tq]."""
+    if q.dim() == 4:
+        return (q.shape[0], q.shape[2], q.shape[1])
+    return (q.shape[1], q.shape[0])
+
+
+def run_forward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    plan: MaskPlan,
+    softmax_scale: Optional[float],
+    want_max_logit: bool,
+) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """Allocates out, lse (and max_logit) and runs the forward: (out, lse, max_logit or None)."""
+    out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
+    lse = torch.empty(lse_shape_of(q), dtype=torch.float32, device=q.device)
+    max_logit = torch.empty((q.shape[-2],), dtype=torch.float32, device=q.device) if want_max_logit else None
+    key = ("fwd", _layout_key(q, k, v, out, lse, max_logit), softmax_scale)
+    op = _cached(
+        plan,
+        key,
+        lambda: FlexAttentionFwd(q, k, v, out, plan, lse, max_logit, softmax_scale, _hold_plan=False),
+    )
+    ws = torch.empty(op.workspace_size, dtype=torch.uint8, device=q.device)
+    op.execute(q, k, v, out, plan, lse, workspace=ws, max_logit_tensor=max_logit)
+    return out, lse, max_logit
+
+
+def _run_backward_once(q, k, v, out, do, lse, dq, dk, dv, plan, softmax_scale, deterministic):
+    key = ("bwd", _layout_key(q, k, v, out, do, lse, dq, dk, dv), softmax_scale, bool(deterministic))
+    op = _cached(
+        plan,
+        key,
+        lambda: FlexAttentionBwd(
+            q, k, v, out, do, lse, dq, dk, dv, plan, softmax_scale, deterministic, _hold_plan=False
+        ),
+    )
+    ws = torch.empty(op.workspace_size, dtype=torch.uint8, device=q.device)
+    op.execute(q, k, v, out, do, lse, dq, dk, dv, plan, workspace=ws)
+
+
+def run_backward(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    out: torch.Tensor,
+    do: Optional[torch.Tensor],
+    lse: torch.Tensor,
+    dlse: Optional[torch.Tensor],
+    plan: MaskPlan,
+    softmax_scale: Optional[float],
+    deterministic: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Allocates dq, dk, dv and runs the backward, including the gradient of lse when dlse is given.
+
+    With g = dlse, d(lse_i)/d(S_ij) = P_ij, so the score gradient becomes
+    dS_ij = P_ij (dP_ij - D_i + g_i): the LSE gradient enters exactly like a shift of
+    D_i = dO_i . O_i by -g_i. The C ABI has no dlse input, so the g term runs as a
+    second backward call whose only nonzero score gradient is that term, by linearity:
+    v' = 0 (so dP' = 0), dO' = e_0 + e_1 and O' = -(g_hi e_0 + g_lo e_1), giving
+    D'_i = -g_i and dS'_ij = P_ij g_i; its dq/dk are added, its dv (= P^T dO') dropped.
+    g is split into g_hi + g_lo in the input dtype so fp16/bf16 lose no precision.
+    """
+    if do is None:
+        do = torch.zeros_like(out)
+    elif do.stride(-1) != 1:
+        do = do.contiguous()
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    _run_backward_once(q, k, v, out, do, lse, dq, dk, dv, plan, softmax_scale, deterministic)
+    if dlse is None:
+        return dq, dk, dv
+    g = dlse.float()
+    # lse [B,Hq,Sq] -> [B,Sq,Hq]; THD [Hq,Tq] -> [Tq,Hq]: the (row, head) order of out.
+    g = g.transpose(-1, -2)
+    g_hi = g.to(out.dtype)
+    g_lo = (g - g_hi.float()).to(out.dtype)
+    out_g = torch.zeros_like(out, memory_format=torch.contiguous_format)
+    out_g[..., 0] = -g_hi
+    out_g[..., 1] = -g_lo
+    do_g = torch.zeros_like(out_g)
+    do_g[..., :2] = 1
+    v_g = torch.zeros_like(v, memory_format=torch.contiguous_format)
+    dq_g, dk_g, dv_g = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v_g)
+    _run_backward_once(q, k, v_g, out_g, do_g, lse, dq_g, dk_g, dv_g, plan, softmax_scale, deterministic)
+    dq += dq_g
+    dk += dk_g
+    return dq, dk, dv

@@ -1,0 +1,439 @@
+"""The opaque, immutable MaskPlan and create_mask_plan, which builds it from interval endpoints."""
+
+from __future__ import annotations
+
+import ctypes
+import itertools
+import threading
+import weakref
+from typing import Any, Optional
+
+import torch
+
+from . import _lib
+
+def _torch_dtype(dt: _lib.FsDType) -> Optional[torch.dtype]:
+    if dt.code == _lib.DTYPE_BFLOAT and dt.bits == 16:
+        return torch.bfloat16
+    if dt.code == _lib.DTYPE_FLOAT:
+        return {16: torch.float16, 32: torch.float32, 64: torch.float64}.get(dt.bits)
+    return None
+
+
+def _torch_device(dev: _lib.FsDevice) -> torch.device:
+    if dev.device_type == _lib.DEVICE_CUDA:
+        return torch.device("cuda", dev.device_id)
+    return torch.device("cpu")
+
+
+# Live plans by id: torch.compile'd graphs and custom ops refer to a plan by this int,
+# which is a plain constant for the tracer (see _ops.py). Weak: the registry never keeps
+# a plan alive.
+_registry: "weakref.WeakValueDictionary[int, MaskPlan]" = weakref.WeakValueDictionary()
+_ids = itertools.count(1)
+_registry_lock = threading.Lock()
+
+
+def plan_from_id(plan_id: int) -> "MaskPlan":
+    """The live plan with this id; ValueError when it was closed or garbage collected."""
+    plan = _registry.get(plan_id)
+    if plan is None or plan._handle is None:
+        raise ValueError(
+            f"mask_plan: the MaskPlan with id {plan_id} no longer exists (closed or garbage collected); "
+            "keep the plan alive while compiled code that uses it runs"
+        )
+    return plan
+
+
+class MaskPlan:
+    """Block-sparse metadata compiled from interval endpoints; reusable for any call of the same geometry.
+
+    Built by :func:`create_mask_plan`; immutable. It owns copies of ``cu_seqlens``,
+    the forward metadata and (``has_backward``) the backward metadata, on the device
+    of the mask (CPU plans run the CPU reference backend). Geometry and statistics are
+    exposed as read-only properties; :meth:`debug_snapshot` and :meth:`visualize`
+    show its contents. Reuse checks are host-only (no device synchronisation).
+
+    Example::
+
+        plan = flashspan.create_mask_plan(mask_func, q, k, v)
+        print(plan.fwd_partial_blocks, plan.fwd_full_blocks, plan.signature)
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        raise TypeError("MaskPlan is built by flashspan.create_mask_plan(mask_func, q, k, v, ...)")
+
+    @classmethod
+    def _from_handle(cls, handle: ctypes.c_void_p) -> "MaskPlan":
+        self = object.__new__(cls)
+        d = self.__dict__
+        d["_handle"] = handle
+        info = _lib.FsMaskPlanInfo()
+        try:
+            _lib.check(_lib.lib().fs_mask_plan_get_info(handle, ctypes.byref(info)), "mask plan info")
+        except BaseException:
+            _lib.lib().fs_mask_plan_destroy(handle)
+            d["_handle"] = None
+            raise
+        d["_info"] = info
+        d["_op_cache"] = {}
+        with _registry_lock:
+            d["_id"] = next(_ids)
+            _registry[d["_id"]] = self
+        return self
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("MaskPlan is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError("MaskPlan is immutable")
+
+    def close(self) -> None:
+        """Frees the plan's memory now (later use raises ValueError). Optional: dropping the last reference does it too."""
+        d = self.__dict__
+        handle = d.get("_handle")
+        if handle is None:
+            return
+        # Compiled op objects first: they were created against this plan.
+        cache = d.get("_op_cache")
+        if cache:
+            cache.clear()
+        d["_handle"] = None
+        try:
+            lib = _lib.lib()
+        except ImportError:  # interpreter shutdown
+            return
+        lib.fs_mask_plan_destroy(handle)
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # never raise from a finalizer (interpreter shutdown)
+            pass
+
+    # -- internals used by execution / api ---------------------------------------------------
+
+    @property
+    def _live_handle(self) -> ctypes.c_void_p:
+        h = self.__dict__.get("_handle")
+        if h is None:
+            raise ValueError("mask_plan: this MaskPlan was closed; build a new one with create_mask_plan")
+        return h
+
+    @property
+    def id(self) -> int:
+        """Process-unique integer id (how compiled graphs and custom ops refer to the plan)."""
+        return self._id
+
+    # -- geometry -----------------------------------------------------------------------------
+
+    @property
+    def varlen(self) -> bool:
+        """True for the variable-length THD layout (cu_seqlens given), False for BSHD."""
+        return bool(self._info.varlen)
+
+    @property
+    def layout(self) -> str:
+        return "thd" if self.varlen else "bshd"
+
+    batch = property(lambda self: int(self._info.batch), doc="B (number of sequences)")
+    max_seqlen_q = property(lambda self: int(self._info.max_seqlen_q), doc="Sq (BSHD) or the THD maximum")
+    max_seqlen_k = property(lambda self: int(self._info.max_seqlen_k), doc="Sk (BSHD) or the THD maximum")
+    total_q = property(lambda self: int(self._info.total_q), doc="B*Sq or Tq")
+    total_k = property(lambda self: int(self._info.total_k), doc="B*Sk or Tk")
+    num_heads_q = property(lambda self: int(self._info.num_heads_q), doc="Hq")
+    num_heads_kv = property(lambda self: int(self._info.num_heads_kv), doc="Hkv")
+    num_heads_mask = property(lambda self: int(self._info.num_heads_mask), doc="Hmask (1 or Hq)")
+    nfunc = property(lambda self: int(self._info.nfunc), doc="endpoints per query row (odd)")
+    head_dim_qk = property(lambda self: int(self._info.head_dim_qk), doc="Dqk")
+    head_dim_v = property(lambda self: int(self._info.head_dim_v), doc="Dv")
+    pack_gqa = property(lambda self: bool(self._info.pack_gqa), doc="packed-GQA planning")
+    has_backward = property(lambda self: bool(self._info.has_backward), doc="backward metadata built")
+    arch = property(lambda self: int(self._info.arch), doc="consumer family the payloads are laid out for")
+    fwd_block_q = property(lambda self: int(self._info.fwd_block_q))
+    fwd_block_k = property(lambda self: int(self._info.fwd_block_k))
+    bwd_block_q = property(lambda self: int(self._info.bwd_block_q))
+    bwd_block_k = property(lambda self: int(self._info.bwd_block_k))
+    fwd_num_q_blocks = property(lambda self: int(self._info.fwd_num_q_blocks))
+    fwd_num_k_blocks = property(lambda self: int(self._info.fwd_num_k_blocks))
+    fwd_partial_blocks = property(lambda self: int(self._info.fwd_partial_blocks), doc="summed over mask heads")
+    fwd_full_blocks = property(lambda self: int(self._info.fwd_full_blocks), doc="summed over mask heads")
+    bwd_partial_blocks = property(lambda self: int(self._info.bwd_partial_blocks))
+    bwd_full_blocks = property(lambda self: int(self._info.bwd_full_blocks))
+    visible_pairs = property(lambda self: int(self._info.visible_pairs), doc="visible (q,k) pairs, all mask heads")
+    num_tasks = property(lambda self: int(self._info.num_tasks), doc="forward schedule length")
+    bytes = property(lambda self: int(self._info.bytes), doc="total size of the plan's arrays")
+
+    @property
+    def signature(self) -> str:
+        """Human-readable compatibility signature (consumer, tiles, layout, dtype, geometry)."""
+        return self._info.signature.decode("utf-8", "replace")
+
+    @property
+    def dtype(self) -> Optional[torch.dtype]:
+        """dtype of q/k/v the plan was built for."""
+        return _torch_dtype(self._info.dtype)
+
+    @property
+    def device(self) -> torch.device:
+        return _torch_device(self._info.device)
+
+    # Expected shapes of the tensors of a call (host-only reuse checks).
+    def q_shape(self) -> tuple[int, ...]:
+        i = self._info
+        if i.varlen:
+            return (i.total_q, i.num_heads_q, i.head_dim_qk)
+        return (i.batch, i.max_seqlen_q, i.num_heads_q, i.head_dim_qk)
+
+    def k_shape(self) -> tuple[int, ...]:
+        i = self._info
+        if i.varlen:
+            return (i.total_k, i.num_heads_kv, i.head_dim_qk)
+        return (i.batch, i.max_seqlen_k, i.num_heads_kv, i.head_dim_qk)
+
+    def v_shape(self) -> tuple[int, ...]:
+        return self.k_shape()[:-1] + (int(self._info.head_dim_v),)
+
+    def out_shape(self) -> tuple[int, ...]:
+        return self.q_shape()[:-1] + (int(self._info.head_dim_v),)
+
+    def lse_shape(self) -> tuple[int, ...]:
+        i = self._info
+        if i.varlen:
+            return (i.num_heads_q, i.total_q)
+        return (i.batch, i.num_heads_q, i.max_seqlen_q)
+
+    def check_compatible(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_backward: bool = False) -> None:
+        """Host-only check that q/k/v match what the plan was built for (no device sync).
+
+        Raises TypeError (not a tensor, dtype or device differs) or ValueError (shape,
+        plan closed, or backward needed but not built). The C layer checks again.
+        """
+        self._live_handle
+        for name, t, want in (("q", q, self.q_shape()), ("k", k, self.k_shape()), ("v", v, self.v_shape())):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            if tuple(t.shape) != want:
+                raise ValueError(
+                    f"{name} has shape {tuple(t.shape)} but the mask plan was built for {want} "
+                    f"({self.layout.upper()}); build a new plan for a new geometry (plan: {self.signature})"
+                )
+            if t.dtype != self.dtype:
+                raise TypeError(f"{name} has dtype {t.dtype} but the mask plan was built for {self.dtype}")
+            if t.device != self.device:
+                raise TypeError(f"{name} is on {t.device} but the mask plan was built for {self.device}")
+        if need_backward and not self.has_backward:
+            raise ValueError(
+                "mask_plan was built without backward metadata but this call requires gradients; "
+                "build it with create_mask_plan(..., build_backward=True) (or under autograd with inputs "
+                "that require grad), or run under torch.no_grad()"
+            )
+
+    def info(self) -> dict:
+        """All geometry and statistics fields as a dict."""
+        out = {}
+        for name, _ in _lib.FsMaskPlanInfo._fields_:
+            if name in ("dtype", "device"):
+                continue
+            out[name] = getattr(self, name) if name != "signature" else self.signature
+        out["dtype"] = self.dtype
+        out["device"] = self.device
+        return out
+
+    def __repr__(self) -> str:
+        if self.__dict__.get("_handle") is None:
+            return "MaskPlan(closed)"
+        return (
+            f"MaskPlan({self.layout.upper()}, B={self.batch}, Sq={self.max_seqlen_q}, Sk={self.max_seqlen_k}, "
+            f"Hq={self.num_heads_q}, Hkv={self.num_heads_kv}, Hmask={self.num_heads_mask}, nfunc={self.nfunc}, "
+            f"D=({self.head_dim_qk},{self.head_dim_v}), {self.dtype}, {self.device}, "
+            f"fwd partial/full={self.fwd_partial_blocks}/{self.fwd_full_blocks}, "
+            f"backward={'yes' if self.has_backward else 'no'}, {self.bytes} bytes)"
+        )
+
+    # -- debugging ------------------------------------------------------------------------------
+
+    def array_names(self) -> list[str]:
+        lib, h = _lib.lib(), self._live_handle
+        count = ctypes.c_int32()
+        _lib.check(lib.fs_mask_plan_num_arrays(h, ctypes.byref(count)), "mask plan arrays")
+        names = []
+        for i in range(count.value):
+            name = ctypes.c_char_p()
+            _lib.check(lib.fs_mask_plan_array_name(h, i, ctypes.byref(name)), "mask plan array name")
+            names.append(name.value.decode())
+        return names
+
+    def array(self, name: str):
+        """Host copy (numpy int32) of one named array; synchronises with the device for CUDA plans."""
+        import numpy as np
+
+        lib, h = _lib.lib(), self._live_handle
+        n = ctypes.c_int64()
+        key = name.encode()
+        _lib.check(lib.fs_mask_plan_copy_array(h, key, None, 0, ctypes.byref(n)), f"mask plan array {name!r}")
+        buf = np.empty(n.value, dtype=np.int32)
+        dst = buf.ctypes.data_as(ctypes.POINTER(ctypes.c_int32))
+        _lib.check(lib.fs_mask_plan_copy_array(h, key, dst, n.value, ctypes.byref(n)), f"mask plan array {name!r}")
+        return buf[: n.value]
+
+    def debug_snapshot(self) -> dict:
+        """Host numpy int32 copies of every named array of the plan (see src/plan/mask_plan.h for their meaning)."""
+        return {name: self.array(name) for name in self.array_names()}
+
+    def block_classes(self, direction: str = "fwd"):
+        """numpy int8 [Hmask, NQB, NKB]: 0 empty, 1 partial, 2 full for every (query block, key block) pair.
+
+        Blocks of all samples are laid out along both axes (sample b's blocks start at
+        q_block_start[b] / k_block_start[b]); pairs across samples are empty.
+        """
+        import numpy as np
+
+        if direction not in ("fwd", "bwd"):
+            raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+        if direction == "bwd" and not self.has_backward:
+            raise ValueError("direction='bwd': the plan has no backward metadata")
+        p = direction + "_"
+        qbs, kbs = self.array(p + "q_block_start"), self.array(p + "k_block_start")
+        nqb, nkb = int(qbs[-1]), int(kbs[-1])
+        hm = self.num_heads_mask
+        grid = np.zeros((hm, nqb, nkb), dtype=np.int8)
+        sample_of_qb = np.searchsorted(qbs, np.arange(nqb), side="right") - 1
+        for kind, value in (("partial", 1), ("full", 2)):
+            rowptr = self.array(p + f"q2k_{kind}_ptr")
+            kb = self.array(p + f"q2k_{kind}_kb")
+            counts = np.diff(rowptr)
+            rows = np.repeat(np.arange(hm * nqb), counts)
+            heads, gq = rows // nqb, rows % nqb
+            gk = kbs[sample_of_qb[gq]] + kb[: rows.size]
+            grid[heads, gq, gk] = value
+        return grid
+
+    def visualize(self, path: str, direction: str = "fwd", max_heads: int = 8) -> None:
+        """Writes a PNG of the block classes (white empty, orange partial, blue full) per mask head.
+
+        Needs matplotlib (``pip install flashspan[plot]``).
+        """
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg", force=False)
+            import matplotlib.pyplot as plt
+            from matplotlib.colors import ListedColormap
+        except ImportError as e:
+            raise ImportError(
+                "MaskPlan.visualize needs matplotlib: pip install matplotlib (or flashspan[plot])"
+            ) from e
+        grid = self.block_classes(direction)
+        heads = min(grid.shape[0], max_heads)
+        fig, axes = plt.subplots(1, heads, figsize=(4 * heads, 4), squeeze=False)
+        cmap = ListedColormap(["#ffffff", "#f5a623", "#1f5fbf"])
+        for h in range(heads):
+            ax = axes[0][h]
+            ax.imshow(grid[h], cmap=cmap, vmin=0, vmax=2, interpolation="nearest", aspect="auto")
+            ax.set_title(f"mask head {h}")
+            ax.set_xlabel(f"key block ({self.fwd_block_k if direction == 'fwd' else self.bwd_block_k})")
+            ax.set_ylabel(f"query block ({self.fwd_block_q if direction == 'fwd' else self.bwd_block_q})")
+        fig.suptitle(
+            f"{direction} blocks: {int((grid == 1).sum())} partial, {int((grid == 2).sum())} full, "
+            f"{grid.size - int((grid > 0).sum())} empty"
+        )
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+
+
+def create_mask_plan(
+    mask_func: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_k: Optional[int] = None,
+    pack_gqa: Optional[bool] = None,
+    build_backward: Optional[bool] = None,
+) -> MaskPlan:
+    """Compiles interval endpoints into a reusable :class:`MaskPlan`.
+
+    Args:
+        mask_func: int32 ``[Hmask, nfunc, B*Sq]`` (BSHD) or ``[Hmask, nfunc, Tq]`` (THD),
+            Hmask in {1, Hq}, nfunc odd. Row r sees keys ``[0,F0) U [F1,F2) U ...`` with
+            sample-local, nondecreasing endpoints in ``[0, Sk_b]``.
+        q, k, v: sample tensors (only shape, dtype and device are read): BSHD
+            ``[B,Sq,Hq,Dqk]``, ``[B,Sk,Hkv,Dqk]``, ``[B,Sk,Hkv,Dv]``, or THD ``[Tq,Hq,Dqk]``, ...
+        cu_seqlens_q, cu_seqlens_k: int32 ``[B+1]`` (both for THD, neither for BSHD);
+            the plan copies them.
+        max_seqlen_q, max_seqlen_k: THD maxima (computed from cu_seqlens when None,
+            which reads them back from the device).
+        pack_gqa: force packed-GQA planning on/off; None lets the library choose.
+        build_backward: build backward metadata; None means "autograd is enabled and any
+            of q/k/v requires grad".
+
+    CUDA masks are planned on the current CUDA stream. Errors: ValueError (a rule is
+    broken, message names it), TypeError (dtype/device), RuntimeError (CUDA failure).
+
+    Example::
+
+        S = 1024
+        mask_func = torch.arange(1, S + 1, dtype=torch.int32).view(1, 1, S)  # causal
+        plan = flashspan.create_mask_plan(mask_func, q, k, v)
+    """
+    for name, t in (("mask_func", mask_func), ("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if (cu_seqlens_q is None) != (cu_seqlens_k is None):
+        raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (THD) or both omitted (BSHD)")
+    varlen = cu_seqlens_q is not None
+    if varlen:
+        for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if max_seqlen_q is None:
+            max_seqlen_q = _max_len(cu_seqlens_q)
+        if max_seqlen_k is None:
+            max_seqlen_k = _max_len(cu_seqlens_k)
+    else:
+        if max_seqlen_q is not None or max_seqlen_k is not None:
+            for name, m, dim in (("max_seqlen_q", max_seqlen_q, q), ("max_seqlen_k", max_seqlen_k, k)):
+                if m is not None and dim.dim() == 4 and int(m) != dim.shape[1]:
+                    raise ValueError(f"{name}={m} does not match the BSHD sequence length {dim.shape[1]}")
+        max_seqlen_q = max_seqlen_k = 0
+    if build_backward is None:
+        build_backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    if pack_gqa is None:
+        pack_gqa_code = -1
+    else:
+        pack_gqa_code = 1 if pack_gqa else 0
+
+    descs = [
+        _lib.TensorDesc(mask_func, "mask_func"),
+        _lib.TensorDesc(q, "q"),
+        _lib.TensorDesc(k, "k"),
+        _lib.TensorDesc(v, "v"),
+        _lib.desc(cu_seqlens_q, "cu_seqlens_q"),
+        _lib.desc(cu_seqlens_k, "cu_seqlens_k"),
+    ]
+    args = _lib.FsMaskPlanArgs(
+        _lib.ptr(descs[0]),
+        _lib.ptr(descs[1]),
+        _lib.ptr(descs[2]),
+        _lib.ptr(descs[3]),
+        _lib.ptr(descs[4]),
+        _lib.ptr(descs[5]),
+        int(max_seqlen_q),
+        int(max_seqlen_k),
+        pack_gqa_code,
+        1 if build_backward else 0,
+        0,
+        _lib.stream_of(mask_func),
+    )
+    handle = ctypes.c_void_p()
+    _lib.check(_lib.lib().fs_create_mask_plan(ctypes.byref(args), ctypes.byref(handle)), "create_mask_plan")
+    return MaskPlan._from_handle(handle)
+
+
+def _max_len(cu: torch.Tensor) -> int:
+    if cu.dim() != 1 or cu.numel() < 2:
+        raise ValueError(f"cu_seqlens must be a 1-D tensor of B+1 >= 2 values, got shape {tuple(cu.shape)}")
+    return int((cu[1:] - cu[:-1]).max().item())
