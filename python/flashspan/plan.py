@@ -75,7 +75,23 @@ class MaskPlan:
             _lib.lib().fs_mask_plan_destroy(handle)
             d["_handle"] = None
             raise
-        d["_info"] = info
+        # Plain Python copies of the info: host-only checks read these, and torch.compile
+        # traces plain ints/tuples (it cannot trace ctypes fields).
+        meta = {}
+        for name, _ in _lib.FsMaskPlanInfo._fields_:
+            value = getattr(info, name)
+            if name == "signature":
+                value = value.decode("utf-8", "replace")
+            elif name == "dtype":
+                value = _torch_dtype(value)
+            elif name == "device":
+                value = _torch_device(value)
+            else:
+                value = int(value)
+            meta[name] = value
+        d["_meta"] = meta
+        d["_shapes"] = _call_shapes(meta)
+        d["_closed"] = False
         d["_op_cache"] = {}
         with _registry_lock:
             d["_id"] = next(_ids)
@@ -99,6 +115,7 @@ class MaskPlan:
         if cache:
             cache.clear()
         d["_handle"] = None
+        d["_closed"] = True
         try:
             lib = _lib.lib()
         except ImportError:  # interpreter shutdown
@@ -130,78 +147,69 @@ class MaskPlan:
     @property
     def varlen(self) -> bool:
         """True for the variable-length THD layout (cu_seqlens given), False for BSHD."""
-        return bool(self._info.varlen)
+        return bool(self._meta["varlen"])
 
     @property
     def layout(self) -> str:
         return "thd" if self.varlen else "bshd"
 
-    batch = property(lambda self: int(self._info.batch), doc="B (number of sequences)")
-    max_seqlen_q = property(lambda self: int(self._info.max_seqlen_q), doc="Sq (BSHD) or the THD maximum")
-    max_seqlen_k = property(lambda self: int(self._info.max_seqlen_k), doc="Sk (BSHD) or the THD maximum")
-    total_q = property(lambda self: int(self._info.total_q), doc="B*Sq or Tq")
-    total_k = property(lambda self: int(self._info.total_k), doc="B*Sk or Tk")
-    num_heads_q = property(lambda self: int(self._info.num_heads_q), doc="Hq")
-    num_heads_kv = property(lambda self: int(self._info.num_heads_kv), doc="Hkv")
-    num_heads_mask = property(lambda self: int(self._info.num_heads_mask), doc="Hmask (1 or Hq)")
-    nfunc = property(lambda self: int(self._info.nfunc), doc="endpoints per query row (odd)")
-    head_dim_qk = property(lambda self: int(self._info.head_dim_qk), doc="Dqk")
-    head_dim_v = property(lambda self: int(self._info.head_dim_v), doc="Dv")
-    pack_gqa = property(lambda self: bool(self._info.pack_gqa), doc="packed-GQA planning")
-    has_backward = property(lambda self: bool(self._info.has_backward), doc="backward metadata built")
-    arch = property(lambda self: int(self._info.arch), doc="consumer family the payloads are laid out for")
-    fwd_block_q = property(lambda self: int(self._info.fwd_block_q))
-    fwd_block_k = property(lambda self: int(self._info.fwd_block_k))
-    bwd_block_q = property(lambda self: int(self._info.bwd_block_q))
-    bwd_block_k = property(lambda self: int(self._info.bwd_block_k))
-    fwd_num_q_blocks = property(lambda self: int(self._info.fwd_num_q_blocks))
-    fwd_num_k_blocks = property(lambda self: int(self._info.fwd_num_k_blocks))
-    fwd_partial_blocks = property(lambda self: int(self._info.fwd_partial_blocks), doc="summed over mask heads")
-    fwd_full_blocks = property(lambda self: int(self._info.fwd_full_blocks), doc="summed over mask heads")
-    bwd_partial_blocks = property(lambda self: int(self._info.bwd_partial_blocks))
-    bwd_full_blocks = property(lambda self: int(self._info.bwd_full_blocks))
-    visible_pairs = property(lambda self: int(self._info.visible_pairs), doc="visible (q,k) pairs, all mask heads")
-    num_tasks = property(lambda self: int(self._info.num_tasks), doc="forward schedule length")
-    bytes = property(lambda self: int(self._info.bytes), doc="total size of the plan's arrays")
+    batch = property(lambda self: self._meta["batch"], doc="B (number of sequences)")
+    max_seqlen_q = property(lambda self: self._meta["max_seqlen_q"], doc="Sq (BSHD) or the THD maximum")
+    max_seqlen_k = property(lambda self: self._meta["max_seqlen_k"], doc="Sk (BSHD) or the THD maximum")
+    total_q = property(lambda self: self._meta["total_q"], doc="B*Sq or Tq")
+    total_k = property(lambda self: self._meta["total_k"], doc="B*Sk or Tk")
+    num_heads_q = property(lambda self: self._meta["num_heads_q"], doc="Hq")
+    num_heads_kv = property(lambda self: self._meta["num_heads_kv"], doc="Hkv")
+    num_heads_mask = property(lambda self: self._meta["num_heads_mask"], doc="Hmask (1 or Hq)")
+    nfunc = property(lambda self: self._meta["nfunc"], doc="endpoints per query row (odd)")
+    head_dim_qk = property(lambda self: self._meta["head_dim_qk"], doc="Dqk")
+    head_dim_v = property(lambda self: self._meta["head_dim_v"], doc="Dv")
+    pack_gqa = property(lambda self: bool(self._meta["pack_gqa"]), doc="packed-GQA planning")
+    has_backward = property(lambda self: bool(self._meta["has_backward"]), doc="backward metadata built")
+    arch = property(lambda self: self._meta["arch"], doc="consumer family the payloads are laid out for")
+    fwd_block_q = property(lambda self: self._meta["fwd_block_q"])
+    fwd_block_k = property(lambda self: self._meta["fwd_block_k"])
+    bwd_block_q = property(lambda self: self._meta["bwd_block_q"])
+    bwd_block_k = property(lambda self: self._meta["bwd_block_k"])
+    fwd_num_q_blocks = property(lambda self: self._meta["fwd_num_q_blocks"])
+    fwd_num_k_blocks = property(lambda self: self._meta["fwd_num_k_blocks"])
+    fwd_partial_blocks = property(lambda self: self._meta["fwd_partial_blocks"], doc="summed over mask heads")
+    fwd_full_blocks = property(lambda self: self._meta["fwd_full_blocks"], doc="summed over mask heads")
+    bwd_partial_blocks = property(lambda self: self._meta["bwd_partial_blocks"])
+    bwd_full_blocks = property(lambda self: self._meta["bwd_full_blocks"])
+    visible_pairs = property(lambda self: self._meta["visible_pairs"], doc="visible (q,k) pairs, all mask heads")
+    num_tasks = property(lambda self: self._meta["num_tasks"], doc="forward schedule length")
+    bytes = property(lambda self: self._meta["bytes"], doc="total size of the plan's arrays")
 
     @property
     def signature(self) -> str:
         """Human-readable compatibility signature (consumer, tiles, layout, dtype, geometry)."""
-        return self._info.signature.decode("utf-8", "replace")
+        return self._meta["signature"]
 
     @property
     def dtype(self) -> Optional[torch.dtype]:
         """dtype of q/k/v the plan was built for."""
-        return _torch_dtype(self._info.dtype)
+        return self._meta["dtype"]
 
     @property
     def device(self) -> torch.device:
-        return _torch_device(self._info.device)
+        return self._meta["device"]
 
     # Expected shapes of the tensors of a call (host-only reuse checks).
     def q_shape(self) -> tuple[int, ...]:
-        i = self._info
-        if i.varlen:
-            return (i.total_q, i.num_heads_q, i.head_dim_qk)
-        return (i.batch, i.max_seqlen_q, i.num_heads_q, i.head_dim_qk)
+        return self._shapes["q"]
 
     def k_shape(self) -> tuple[int, ...]:
-        i = self._info
-        if i.varlen:
-            return (i.total_k, i.num_heads_kv, i.head_dim_qk)
-        return (i.batch, i.max_seqlen_k, i.num_heads_kv, i.head_dim_qk)
+        return self._shapes["k"]
 
     def v_shape(self) -> tuple[int, ...]:
-        return self.k_shape()[:-1] + (int(self._info.head_dim_v),)
+        return self._shapes["v"]
 
     def out_shape(self) -> tuple[int, ...]:
-        return self.q_shape()[:-1] + (int(self._info.head_dim_v),)
+        return self._shapes["out"]
 
     def lse_shape(self) -> tuple[int, ...]:
-        i = self._info
-        if i.varlen:
-            return (i.num_heads_q, i.total_q)
-        return (i.batch, i.num_heads_q, i.max_seqlen_q)
+        return self._shapes["lse"]
 
     def check_compatible(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_backward: bool = False) -> None:
         """Host-only check that q/k/v match what the plan was built for (no device sync).
@@ -209,8 +217,10 @@ class MaskPlan:
         Raises TypeError (not a tensor, dtype or device differs) or ValueError (shape,
         plan closed, or backward needed but not built). The C layer checks again.
         """
-        self._live_handle
-        for name, t, want in (("q", q, self.q_shape()), ("k", k, self.k_shape()), ("v", v, self.v_shape())):
+        if self._closed:
+            raise ValueError("mask_plan: this MaskPlan was closed; build a new one with create_mask_plan")
+        shapes = self._shapes
+        for name, t, want in (("q", q, shapes["q"]), ("k", k, shapes["k"]), ("v", v, shapes["v"])):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
             if tuple(t.shape) != want:
@@ -230,15 +240,8 @@ class MaskPlan:
             )
 
     def info(self) -> dict:
-        """All geometry and statistics fields as a dict."""
-        out = {}
-        for name, _ in _lib.FsMaskPlanInfo._fields_:
-            if name in ("dtype", "device"):
-                continue
-            out[name] = getattr(self, name) if name != "signature" else self.signature
-        out["dtype"] = self.dtype
-        out["device"] = self.device
-        return out
+        """All geometry and statistics fields (fs_mask_plan_info_t) as a dict."""
+        return dict(self._meta)
 
     def __repr__(self) -> str:
         if self.__dict__.get("_handle") is None:
@@ -340,6 +343,19 @@ class MaskPlan:
         )
         fig.savefig(path, dpi=100)
         plt.close(fig)
+
+
+def _call_shapes(m: dict) -> dict:
+    """Expected q/k/v/out/lse shapes of a call with this plan geometry (see flashspan.h)."""
+    if m["varlen"]:
+        q = (m["total_q"], m["num_heads_q"], m["head_dim_qk"])
+        k = (m["total_k"], m["num_heads_kv"], m["head_dim_qk"])
+        lse = (m["num_heads_q"], m["total_q"])
+    else:
+        q = (m["batch"], m["max_seqlen_q"], m["num_heads_q"], m["head_dim_qk"])
+        k = (m["batch"], m["max_seqlen_k"], m["num_heads_kv"], m["head_dim_qk"])
+        lse = (m["batch"], m["num_heads_q"], m["max_seqlen_q"])
+    return {"q": q, "k": k, "v": k[:-1] + (m["head_dim_v"],), "out": q[:-1] + (m["head_dim_v"],), "lse": lse}
 
 
 def create_mask_plan(
