@@ -1,0 +1,39 @@
+// Internal helpers shared by the host and CUDA planners (not part of the plan contract).
+//
+// Both planners must lay a plan out identically so that their buffers are bitwise equal:
+// the array order, the offsets (every array starts at a multiple of kPlanAlign int32
+// elements, i.e. 128 bytes, so kernels may use vector loads) and the zero padding come
+// from assign_plan_layout() alone.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "plan/mask_plan.h"
+#include "plan/planner.h"
+
+namespace flashspan {
+
+constexpr int64_t kPlanAlign = 32;  // int32 elements (128 bytes)
+
+// Prefix sums of ceil(len(b) / block) over samples, [B+1]. `cu` are cumulative lengths.
+std::vector<int32_t> block_starts(const std::vector<int32_t>& cu, int block);
+
+// Checks what both planners need from a request: geometry present, consumer tiles valid
+// for the payload layout (rows % 16, cols % 64), pack_gqa not requested (not implemented).
+// Throws Error(kInvalidArgument / kNotSupported).
+void check_plan_request(const PlanRequest& req);
+
+// Fills plan.arrays and plan.buffer_elements from plan.geometry, plan.signature and
+// plan.counts (fwd/bwd block and nnz counts must be set). Array order:
+//   cu_seqlens_q, cu_seqlens_k,
+//   fwd_q_block_start, fwd_k_block_start, fwd_q2k_partial_ptr, fwd_q2k_full_ptr,
+//   fwd_q2k_partial_kb, fwd_q2k_full_kb, fwd_tasks, fwd_q2k_partial_bits,
+//   [bwd_q_block_start, bwd_k_block_start, bwd_q2k_partial_ptr, bwd_q2k_full_ptr,
+//    bwd_q2k_partial_kb, bwd_q2k_full_kb, bwd_k2q_partial_ptr, bwd_k2q_full_ptr,
+//    bwd_k2q_partial_qb, bwd_k2q_partial_idx, bwd_k2q_full_qb, bwd_tasks, bwd_q2k_partial_bits]
+//   [mask_func]  (keep_mask only)
+// Throws Error(kNotSupported) when a CSR exceeds int32 indexing.
+void assign_plan_layout(MaskPlan& plan, bool keep_mask);
+
+}  // namespace flashspan
