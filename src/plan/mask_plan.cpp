@@ -28,8 +28,11 @@ Consumer consumer_for(int arch, int head_dim_qk, int head_dim_v) {
       c.fwd_block_q = 64;
       c.fwd_block_k = 64;
     }
+    // Backward: 64 query rows x 128 keys up to D=128. For (192,128) and (256,256) the dK/dV
+    // kernel keeps both accumulators of its keys in registers, which only fits with 64 keys
+    // per block (the sm80 dK/dV kernel then splits the head dim over two warps).
     c.bwd_block_q = 64;
-    c.bwd_block_k = 128;
+    c.bwd_block_k = small ? 128 : 64;
   } else if (arch == 90) {
     // Placeholder for the Hopper kernels: two consumer warpgroups of 64 rows each, 128 keys.
     c.fwd_block_q = 128;
