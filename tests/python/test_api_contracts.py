@@ -1,0 +1,233 @@
+"""L0 contracts of the Python API: exports, return tuples, option handling, and every error rule."""
+
+import gc
+
+import pytest
+import torch
+
+from flex_ref import make_problem
+
+
+def test_exports(fs):
+    for name in ("create_mask_plan", "MaskPlan", "flex_attn_func", "FlexAttentionFwd", "FlexAttentionBwd"):
+        assert name in fs.__all__ and hasattr(fs, name)
+    assert isinstance(fs.__version__, str) and fs.__version__.count(".") == 2
+    import flashspan._lib as lib
+
+    assert lib.version() == fs.__version__, "package and library versions differ"
+
+
+def test_masks_module_is_exported(fs):
+    try:
+        m = fs.masks
+    except ImportError as e:  # written by another module owner; may be absent in a partial checkout
+        pytest.skip(f"flashspan.masks not importable: {e}")
+    assert m.__name__ == "flashspan.masks"
+
+
+@pytest.mark.parametrize("return_lse", [False, True])
+@pytest.mark.parametrize("return_max_logit", [False, True])
+def test_return_tuples(fs, return_lse, return_max_logit):
+    p = make_problem(1, batch=2, seqlen_q=10, seqlen_k=12, hq=4, hkv=2, dqk=16, dv=8)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    r = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=return_lse, return_max_logit=return_max_logit)
+    out_shape, lse_shape, ml_shape = (2, 10, 4, 8), (2, 4, 10), (4,)
+    if not return_lse and not return_max_logit:
+        assert isinstance(r, torch.Tensor) and r.shape == out_shape
+        return
+    assert isinstance(r, tuple)
+    want = [out_shape] + ([lse_shape] if return_lse else []) + ([ml_shape] if return_max_logit else [])
+    assert [tuple(t.shape) for t in r] == want
+    assert r[0].dtype == p.q.dtype and all(t.dtype == torch.float32 for t in r[1:])
+
+
+def test_thd_return_shapes(fs):
+    p = make_problem(2, varlen=True, batch=3, seqlen_q=[5, 9, 3], seqlen_k=[7, 2, 11], hq=2, hkv=1)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
+    out, lse, ml = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True, return_max_logit=True)
+    assert out.shape == (17, 2, 16) and lse.shape == (2, 17) and ml.shape == (2,)
+
+
+def test_max_logit_is_not_differentiable(fs):
+    p = make_problem(3, batch=1, seqlen_q=8, seqlen_k=8, hq=2, hkv=2, requires_grad=True)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    out, lse, ml = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True, return_max_logit=True)
+    assert out.requires_grad and lse.requires_grad and not ml.requires_grad
+
+
+# ---------------------------------------------------------------------------
+# Errors: each rule -> exception type and a message naming the argument
+# ---------------------------------------------------------------------------
+
+
+def _bshd(seed=0, **kw):
+    return make_problem(seed, batch=2, seqlen_q=8, seqlen_k=8, hq=4, hkv=2, **kw)
+
+
+@pytest.mark.parametrize(
+    "mutate,exc,text",
+    [
+        (lambda p: setattr(p, "mask_func", p.mask_func.long()), TypeError, "mask_func: dtype must be int32"),
+        (lambda p: setattr(p, "mask_func", p.mask_func[:, :2]), ValueError, "nfunc (dim 1) must be positive and odd"),
+        (lambda p: setattr(p, "mask_func", p.mask_func.expand(3, -1, -1)), ValueError, "Hmask (dim 0) must be 1 or Hq"),
+        (lambda p: setattr(p, "mask_func", p.mask_func[:, :, :-1]), ValueError, "mask_func: length (dim 2)"),
+        (lambda p: setattr(p, "mask_func", p.mask_func[0]), ValueError, "mask_func: must have rank 3"),
+        (lambda p: setattr(p, "k", p.k.half()), TypeError, "k: dtype"),
+        (lambda p: setattr(p, "q", p.q.double()), TypeError, "q"),
+        (lambda p: (setattr(p, "k", p.k[:, :, :1].expand(-1, -1, 3, -1)), setattr(p, "v", p.v[:, :, :1].expand(-1, -1, 3, -1))), ValueError, "Hq % Hkv must be 0"),
+        (lambda p: setattr(p, "v", p.v[:, :, :1]), ValueError, "v: has 1 heads"),
+        (lambda p: setattr(p, "k", p.k[..., :8]), ValueError, "k: head dim"),
+        (lambda p: setattr(p, "q", p.q[0]), ValueError, "q: must have rank"),
+        (lambda p: setattr(p, "v", p.v[:1]), ValueError, "v: batch"),
+    ],
+)
+def test_plan_argument_errors(fs, mutate, exc, text):
+    p = _bshd(nfunc=3)
+    mutate(p)
+    with pytest.raises(exc, match=_re(text)):
+        fs.create_mask_plan(p.mask_func.contiguous(), p.q, p.k, p.v)
+
+
+def _re(text):
+    import re
+
+    return re.escape(text)
+
+
+@pytest.mark.parametrize(
+    "value,text",
+    [(-1, "= -1 is negative"), (9, "= 9 is past the sample's key length 8"), ("decreasing", "must be nondecreasing")],
+)
+def test_endpoint_errors(fs, value, text):
+    p = _bshd(nfunc=3)
+    mf = p.mask_func.clone()
+    if value == "decreasing":
+        mf[0, 0, 5], mf[0, 1, 5] = 6, 2
+    else:
+        mf[0, 1, 5] = value
+        mf[0, 2, 5] = max(value, mf[0, 2, 5].item())
+    with pytest.raises(ValueError, match=_re("mask_func[0, 1, 5] (sample 0, query 5)")) as ei:
+        fs.create_mask_plan(mf, p.q, p.k, p.v)
+    assert text in str(ei.value)
+
+
+def test_head_dim_not_supported(fs):
+    p = make_problem(0, batch=1, seqlen_q=8, seqlen_k=8, hq=1, hkv=1, dqk=12, dv=16)
+    with pytest.raises(RuntimeError, match="head_dim_qk: must be a multiple of 8"):
+        fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+
+
+def test_thd_errors(fs):
+    p = make_problem(0, varlen=True, batch=2, seqlen_q=[4, 6], seqlen_k=[5, 5], hq=2, hkv=2)
+    kw = p.plan_kwargs()
+    with pytest.raises(ValueError, match="cu_seqlens_q and cu_seqlens_k must be given together"):
+        fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, cu_seqlens_q=kw["cu_seqlens_q"])
+    bad = dict(kw, cu_seqlens_q=torch.tensor([0, 6, 4], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cu_seqlens_q: must be nondecreasing"):
+        fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **bad)
+    bad = dict(kw, cu_seqlens_q=kw["cu_seqlens_q"].long())
+    with pytest.raises(TypeError, match="cu_seqlens_q: dtype must be int32"):
+        fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **bad)
+    bad = dict(kw, max_seqlen_q=3)
+    with pytest.raises(ValueError, match="longer than max_seqlen_q"):
+        fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **bad)
+    bad = dict(kw, cu_seqlens_k=torch.tensor([0, 5, 9], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cu_seqlens_k: must end at the total length 10"):
+        fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **bad)
+
+
+def test_not_a_tensor(fs):
+    p = _bshd()
+    with pytest.raises(TypeError, match="q must be a torch.Tensor"):
+        fs.create_mask_plan(p.mask_func, p.q.numpy(), p.k, p.v)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    with pytest.raises(TypeError, match="mask_plan must be a flashspan.MaskPlan"):
+        fs.flex_attn_func(p.q, p.k, p.v, mask_plan="plan")
+    with pytest.raises(TypeError, match="k must be a torch.Tensor"):
+        fs.flex_attn_func(p.q, None, p.v, plan)
+
+
+def test_incompatible_plan_reuse(fs):
+    p = _bshd()
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    other = make_problem(1, batch=2, seqlen_q=9, seqlen_k=8, hq=4, hkv=2)
+    with pytest.raises(ValueError, match=r"q has shape \(2, 9, 4, 16\) but the mask plan was built for \(2, 8, 4, 16\)"):
+        fs.flex_attn_func(other.q, other.k, other.v, plan)
+    with pytest.raises(TypeError, match="q has dtype torch.float16 but the mask plan was built for torch.float32"):
+        fs.flex_attn_func(p.q.half(), p.k.half(), p.v.half(), plan)
+    thd = make_problem(0, varlen=True, batch=2, seqlen_q=[8, 8], seqlen_k=[8, 8], hq=4, hkv=2)
+    with pytest.raises(ValueError, match="BSHD"):
+        fs.flex_attn_func(thd.q, thd.k, thd.v, plan)
+
+
+def test_forward_only_plan_in_grad_call(fs):
+    p = _bshd(requires_grad=True)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=False)
+    assert not plan.has_backward
+    with pytest.raises(ValueError, match="built without backward metadata.*build_backward=True"):
+        fs.flex_attn_func(p.q, p.k, p.v, plan)
+    with torch.no_grad():
+        fs.flex_attn_func(p.q, p.k, p.v, plan)  # fine without gradients
+
+
+def test_max_logit_needs_nonnegative_scale(fs):
+    p = _bshd()
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    with pytest.raises(ValueError, match="softmax_scale: must be non-negative when max_logit is requested"):
+        fs.flex_attn_func(p.q, p.k, p.v, plan, softmax_scale=-0.5, return_max_logit=True)
+    fs.flex_attn_func(p.q, p.k, p.v, plan, softmax_scale=-0.5)  # allowed without max_logit
+    with pytest.raises(ValueError, match="softmax_scale: must be finite"):
+        fs.flex_attn_func(p.q, p.k, p.v, plan, softmax_scale=float("nan"))
+
+
+def test_last_dim_must_be_contiguous(fs):
+    p = _bshd()
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    q = p.q.transpose(-1, -2).contiguous().transpose(-1, -2)
+    with pytest.raises(ValueError, match="q: .*contiguous"):
+        fs.flex_attn_func(q, p.k, p.v, plan)
+
+
+def test_closed_plan(fs):
+    p = _bshd()
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    plan.close()
+    plan.close()  # idempotent
+    assert "closed" in repr(plan)
+    with pytest.raises(ValueError, match="MaskPlan was closed"):
+        fs.flex_attn_func(p.q, p.k, p.v, plan)
+    with pytest.raises(ValueError, match="MaskPlan was closed"):
+        plan.debug_snapshot()
+
+
+def test_plan_is_immutable_and_not_constructible(fs):
+    p = _bshd()
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    with pytest.raises(AttributeError):
+        plan.batch = 3
+    with pytest.raises(AttributeError):
+        plan._handle = None
+    with pytest.raises(TypeError, match="create_mask_plan"):
+        fs.MaskPlan()
+
+
+def test_plan_ids_resolve_only_live_plans(fs):
+    from flashspan.plan import plan_from_id
+
+    p = _bshd()
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    pid = plan.id
+    assert plan_from_id(pid) is plan
+    del plan
+    gc.collect()
+    with pytest.raises(ValueError, match=f"MaskPlan with id {pid} no longer exists"):
+        plan_from_id(pid)
+
+
+def test_error_message_from_c_layer_is_carried(fs):
+    import flashspan._lib as lib
+
+    with pytest.raises(ValueError, match="create_mask_plan: "):
+        p = _bshd(nfunc=3)
+        fs.create_mask_plan(p.mask_func[:, :2].contiguous(), p.q, p.k, p.v)
+    assert "nfunc" in lib.last_error()
