@@ -48,6 +48,7 @@ __all__ = [
     "BENCHMARK_MASKS",
     "BENCHMARK_NFUNC",
     "benchmark_mask",
+    "benchmark_mask_mod",
     "binary_tree",
     "binary_tree_layout",
     "causal",
@@ -649,6 +650,61 @@ def benchmark_mask(name: str, seqlen: int, *, seed: int = 0, batch: int = 1,
     if batch != 1:
         ep = ep.repeat(1, 1, _check_len("batch", batch, 1))
     return ep.to(device) if device is not None else ep
+
+
+def benchmark_mask_mod(name: str, seqlen: int, *, seed: int = 0, device: DeviceLike = None) -> Callable:
+    """The natural FlexAttention ``mask_mod(b, h, q_idx, kv_idx) -> bool`` of a benchmark mask.
+
+    The same visible set as :func:`benchmark_mask` (same lengths, seed and scaling), written
+    the way a PyTorch FlexAttention user would: ``q >= kv`` for causal, document ids for the
+    document masks, an ancestor table for the trees, a global-token table for Longformer.
+    Index tensors it closes over live on ``device``. It works on scalar index tensors (as
+    ``flex_attention`` calls it) and on broadcasting ones (as :func:`from_mask_mod` does).
+
+    Example::
+
+        >>> mod = benchmark_mask_mod("local", 1024)
+        >>> a = to_dense(from_mask_mod(mod, 1024), seqlen_k=1024)
+        >>> torch.equal(a, to_dense(benchmark_mask("local", 1024), seqlen_k=1024))
+        True
+    """
+    s = _check_len("seqlen", seqlen, 1)
+    dev = torch.device(device) if device is not None else torch.device("cpu")
+    if name == "causal":
+        return lambda b, h, q, kv: q >= kv
+    if name in ("local", "sink_local"):
+        window = _scaled(512, s)
+        if name == "local":
+            return lambda b, h, q, kv: (q >= kv) & (q - kv <= window)
+        return lambda b, h, q, kv: (q >= kv) & ((kv < 4) | (q - kv <= window))
+    if name in ("document_causal", "hstu"):
+        lo, hi = (4096, 16384) if name == "document_causal" else (8192, 16384)
+        lengths = torch.as_tensor(random_document_lengths(s, _scaled(lo, s), _scaled(hi, s), seed))
+        doc = _segment_ids(lengths).to(dev)
+        if name == "document_causal":
+            return lambda b, h, q, kv: (doc[q] == doc[kv]) & (q >= kv)
+        starts = torch.cumsum(lengths, 0) - lengths
+        ctx_end = (starts + lengths // 2)[_segment_ids(lengths)].to(dev)
+        return lambda b, h, q, kv: (doc[q] == doc[kv]) & (q >= kv) & ((kv < ctx_end[q]) | (kv == q))
+    if name in ("tree_dfs", "tree_bfs"):
+        parent, lengths = binary_tree_layout(s, depth=7, order=name[-3:], jitter=0.2, seed=seed)
+        n = len(parent)
+        anc = torch.zeros(n, n, dtype=torch.bool)   # anc[x, y]: y is a strict ancestor of x
+        for x in range(n):
+            y = parent[x]
+            while y != -1:
+                anc[x, y] = True
+                y = parent[y]
+        node = _segment_ids(torch.as_tensor(lengths)).to(dev)
+        anc = anc.to(dev)
+        return lambda b, h, q, kv: anc[node[q], node[kv]] | ((node[q] == node[kv]) & (q >= kv))
+    if name == "longformer":
+        radius = _scaled(256, s)
+        is_global = torch.zeros(s, dtype=torch.bool)
+        is_global[[int(math.floor((i + 0.5) * s / 8)) for i in range(8)]] = True
+        is_global = is_global.to(dev)
+        return lambda b, h, q, kv: ((q - kv).abs() <= radius) | is_global[q] | is_global[kv]
+    raise ValueError(f"unknown benchmark mask {name!r}; expected one of {', '.join(BENCHMARK_MASKS)}")
 
 
 # ---------------------------------------------------------------------------

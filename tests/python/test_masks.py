@@ -366,12 +366,26 @@ def test_benchmark_document_hstu_structure():
     assert torch.equal(fm.benchmark_mask("tree_bfs", s), fm.tree(parent, lengths))
 
 
+@pytest.mark.parametrize("name", fm.BENCHMARK_MASKS)
+@pytest.mark.parametrize("s", [512, 2048])
+def test_benchmark_mask_mod_matches_endpoints(name, s):
+    """The natural mask_mod (the FlexAttention peer's) is the same mask as the endpoints."""
+    mod = fm.benchmark_mask_mod(name, s, seed=2)
+    natural = fm.to_dense(fm.from_mask_mod(mod, s), seqlen_k=s)
+    assert torch.equal(natural, fm.to_dense(fm.benchmark_mask(name, s, seed=2), seqlen_k=s))
+    # Scalar index tensors, as flex_attention calls it.
+    q, kv = torch.tensor(s - 1), torch.tensor(0)
+    assert bool(mod(torch.tensor(0), torch.tensor(0), q, kv)) == bool(natural[0, s - 1, 0])
+
+
 def test_benchmark_mask_batch_device_and_errors():
     m = fm.benchmark_mask("local", 64, batch=3, device="cpu")
     assert m.shape == (1, 3, 192)
     assert torch.equal(m[:, :, 64:128], m[:, :, :64])
     with pytest.raises(ValueError, match="unknown benchmark mask"):
         fm.benchmark_mask("nope", 64)
+    with pytest.raises(ValueError, match="unknown benchmark mask"):
+        fm.benchmark_mask_mod("nope", 64)
 
 
 # ---------------------------------------------------------------------------
