@@ -422,6 +422,11 @@ def create_mask_plan(
     else:
         pack_gqa_code = 1 if pack_gqa else 0
 
+    # The C layer needs contiguous endpoints and cumulative lengths; a copy here is cheap
+    # next to planning and spares the caller a rule that carries no meaning.
+    mask_func = mask_func.contiguous()
+    if varlen:
+        cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
     descs = [
         _lib.TensorDesc(mask_func, "mask_func"),
         _lib.TensorDesc(q, "q"),

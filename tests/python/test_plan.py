@@ -1,0 +1,157 @@
+"""create_mask_plan on CPU tensors: geometry, block classification vs a dense brute force, snapshots, PNG."""
+
+import sys
+
+import pytest
+import torch
+
+from flex_ref import assert_close, dense_mask, make_problem
+
+
+def dense_block_classes(p, hm, block_q, block_k):
+    """int8 [Hm, NQB, NKB] from the dense mask: 0 empty, 1 partial, 2 full (all Bq x Bk in bounds and visible)."""
+    masks = dense_mask(p.mask_func, p.cu_q, p.cu_k)
+    nqb = [-(-(b - a) // block_q) for a, b in zip(p.cu_q, p.cu_q[1:])]
+    nkb = [-(-(b - a) // block_k) for a, b in zip(p.cu_k, p.cu_k[1:])]
+    qs, ks = [0], [0]
+    for a, b in zip(nqb, nkb):
+        qs.append(qs[-1] + a)
+        ks.append(ks[-1] + b)
+    grid = torch.zeros((hm, qs[-1], ks[-1]), dtype=torch.int8)
+    for b, m in enumerate(masks):
+        sq, sk = m.shape[1], m.shape[2]
+        for i in range(nqb[b]):
+            for j in range(nkb[b]):
+                blk = m[:, i * block_q : (i + 1) * block_q, j * block_k : (j + 1) * block_k]
+                in_bounds = blk.shape[1] == block_q and blk.shape[2] == block_k
+                any_v = blk.flatten(1).any(1)
+                all_v = blk.flatten(1).all(1) & in_bounds
+                grid[:, qs[b] + i, ks[b] + j] = torch.where(all_v, 2, torch.where(any_v, 1, 0)).to(torch.int8)
+    return grid
+
+
+CASES = [
+    dict(varlen=False, batch=2, seqlen_q=200, seqlen_k=300, hq=4, hkv=2, hm=1, nfunc=3),
+    dict(varlen=False, batch=1, seqlen_q=256, seqlen_k=256, hq=2, hkv=2, hm=2, nfunc=1, mask="causal"),
+    dict(varlen=True, batch=3, seqlen_q=[130, 1, 257], seqlen_k=[64, 190, 129], hq=4, hkv=1, hm=4, nfunc=5),
+    dict(varlen=True, batch=2, seqlen_q=[0, 70], seqlen_k=[40, 0], hq=2, hkv=2, hm=1, nfunc=1),
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{'thd' if c['varlen'] else 'bshd'}-hm{c['hm']}-n{c['nfunc']}")
+def test_geometry_and_block_classes(fs, case):
+    p = make_problem(7, dqk=16, dv=8, **case)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True, **p.plan_kwargs())
+    hq, hm = case["hq"], case["hm"]
+    assert plan.varlen == case["varlen"] and plan.layout == ("thd" if case["varlen"] else "bshd")
+    assert plan.batch == case["batch"]
+    assert (plan.num_heads_q, plan.num_heads_kv, plan.num_heads_mask) == (hq, case["hkv"], hm)
+    assert (plan.nfunc, plan.head_dim_qk, plan.head_dim_v) == (case["nfunc"], 16, 8)
+    assert plan.total_q == p.cu_q[-1] and plan.total_k == p.cu_k[-1]
+    assert plan.dtype == torch.float32 and plan.device == torch.device("cpu")
+    assert plan.has_backward and plan.bytes > 0 and plan.signature
+    assert plan.q_shape() == tuple(p.q.shape) and plan.k_shape() == tuple(p.k.shape)
+    assert plan.v_shape() == tuple(p.v.shape)
+    masks = dense_mask(p.mask_func, p.cu_q, p.cu_k)
+    assert plan.visible_pairs == sum(int(m.sum()) for m in masks)
+    for direction, bq, bk in (("fwd", plan.fwd_block_q, plan.fwd_block_k), ("bwd", plan.bwd_block_q, plan.bwd_block_k)):
+        got = torch.from_numpy(plan.block_classes(direction))
+        want = dense_block_classes(p, hm, bq, bk)
+        assert torch.equal(got, want), f"{direction} block classes differ from the dense brute force"
+        partial = plan.fwd_partial_blocks if direction == "fwd" else plan.bwd_partial_blocks
+        full = plan.fwd_full_blocks if direction == "fwd" else plan.bwd_full_blocks
+        assert (partial, full) == (int((want == 1).sum()), int((want == 2).sum()))
+    info = plan.info()
+    assert info["num_heads_q"] == hq and info["signature"] == plan.signature
+    assert "MaskPlan(" in repr(plan)
+
+
+def test_build_backward_default(fs):
+    p = make_problem(1, batch=1, seqlen_q=16, seqlen_k=16, hq=2, hkv=2)
+    assert not fs.create_mask_plan(p.mask_func, p.q, p.k, p.v).has_backward
+    p.q.requires_grad_(True)
+    assert fs.create_mask_plan(p.mask_func, p.q, p.k, p.v).has_backward
+    with torch.no_grad():
+        assert not fs.create_mask_plan(p.mask_func, p.q, p.k, p.v).has_backward
+    assert not fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=False).has_backward
+    p.q.requires_grad_(False)
+    assert fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True).has_backward
+
+
+@pytest.mark.parametrize("pack_gqa", [None, False, True])
+def test_pack_gqa_option_runs_correctly(fs, pack_gqa):
+    p = make_problem(2, batch=2, seqlen_q=33, seqlen_k=40, hq=6, hkv=2, hm=1)
+    try:
+        plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, pack_gqa=pack_gqa)
+    except RuntimeError as e:
+        if pack_gqa and "not implemented" in str(e):
+            pytest.skip(f"library: {e}")
+        raise
+    assert_close(fs.flex_attn_func(p.q, p.k, p.v, plan), p.reference()[0], torch.float32, "out")
+
+
+def test_plan_owns_copies_of_its_inputs(fs):
+    p = make_problem(3, varlen=True, batch=2, seqlen_q=[10, 20], seqlen_k=[15, 12], hq=2, hkv=2, nfunc=3)
+    mf = p.mask_func.clone()
+    plan = fs.create_mask_plan(mf, p.q, p.k, p.v, **p.plan_kwargs())
+    before = fs.flex_attn_func(p.q, p.k, p.v, plan)
+    mf.zero_()
+    p.cu_seqlens_q[1] = 5  # mutate the caller's tensors: the plan must not see it
+    after = fs.flex_attn_func(p.q, p.k, p.v, plan)
+    assert torch.equal(before, after)
+    snap = plan.debug_snapshot()
+    assert snap["cu_seqlens_q"].tolist() == [0, 10, 30]
+
+
+def test_max_seqlen_defaults_from_cu_seqlens(fs):
+    p = make_problem(4, varlen=True, batch=2, seqlen_q=[10, 20], seqlen_k=[15, 12], hq=2, hkv=2)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, cu_seqlens_q=p.cu_seqlens_q, cu_seqlens_k=p.cu_seqlens_k)
+    assert (plan.max_seqlen_q, plan.max_seqlen_k) == (20, 15)
+
+
+def test_noncontiguous_mask_func_is_accepted(fs):
+    p = make_problem(5, batch=2, seqlen_q=16, seqlen_k=16, hq=2, hkv=2, hm=2, nfunc=3)
+    mf = p.mask_func.transpose(0, 1).contiguous().transpose(0, 1)
+    assert not mf.is_contiguous()
+    plan = fs.create_mask_plan(mf, p.q, p.k, p.v)
+    assert_close(fs.flex_attn_func(p.q, p.k, p.v, plan), p.reference()[0], torch.float32, "out")
+
+
+def test_debug_snapshot(fs):
+    p = make_problem(6, batch=2, seqlen_q=150, seqlen_k=100, hq=2, hkv=1, hm=2, nfunc=3, requires_grad=True)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    snap = plan.debug_snapshot()
+    assert set(snap) == set(plan.array_names())
+    for name in ("cu_seqlens_q", "cu_seqlens_k", "fwd_q2k_partial_ptr", "fwd_q2k_full_ptr", "fwd_tasks",
+                 "bwd_k2q_partial_ptr", "mask_func"):
+        assert name in snap, name
+    assert all(a.dtype.name == "int32" for a in snap.values())
+    assert snap["cu_seqlens_k"].tolist() == [0, 100, 200]
+    nqb = int(snap["fwd_q_block_start"][-1])
+    assert snap["fwd_q2k_partial_ptr"].shape == (2 * nqb + 1,)
+    assert snap["fwd_q2k_partial_ptr"][-1] == plan.fwd_partial_blocks
+    assert snap["fwd_q2k_full_ptr"][-1] == plan.fwd_full_blocks
+    assert snap["fwd_tasks"].size == 4 * plan.num_tasks
+    assert torch.equal(torch.from_numpy(snap["mask_func"]).view_as(p.mask_func), p.mask_func)
+    with pytest.raises(ValueError, match="no array named 'nope'"):
+        plan.array("nope")
+
+
+def test_visualize_png(fs, tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib not installed (pip install flashspan[plot])")
+    p = make_problem(8, batch=1, seqlen_q=300, seqlen_k=300, hq=2, hkv=2, hm=2, nfunc=3)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    path = tmp_path / "plan.png"
+    plan.visualize(str(path))
+    data = path.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 1000
+    with pytest.raises(ValueError, match="no backward metadata"):
+        plan.visualize(str(tmp_path / "bwd.png"), direction="bwd")
+
+
+def test_visualize_without_matplotlib(fs, tmp_path, monkeypatch):
+    p = make_problem(8, batch=1, seqlen_q=64, seqlen_k=64, hq=1, hkv=1)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(ImportError, match="visualize needs matplotlib"):
+        plan.visualize(str(tmp_path / "x.png"))
