@@ -413,4 +413,30 @@ inline double max_abs(const std::vector<double>& v) {
   return m;
 }
 
+// ---------------------------------------------------------------------------
+// Errors
+// ---------------------------------------------------------------------------
+
+// Runs fn and expects a flashspan::Error with `status` whose message contains `needle`
+// (the argument name and the rule). Usage: EXPECT_TRUE(throws_error(fn, st, "q:")).
+template <typename Fn>
+::testing::AssertionResult throws_error(Fn&& fn, Status status, const std::string& needle) {
+  try {
+    fn();
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    if (e.status() != status) {
+      return ::testing::AssertionFailure() << "status " << int(e.status()) << " instead of " << int(status)
+                                           << "; message: " << msg;
+    }
+    if (msg.find(needle) == std::string::npos) {
+      return ::testing::AssertionFailure() << "message lacks '" << needle << "': " << msg;
+    }
+    return ::testing::AssertionSuccess();
+  } catch (const std::exception& e) {
+    return ::testing::AssertionFailure() << "threw a non-flashspan exception: " << e.what();
+  }
+  return ::testing::AssertionFailure() << "no error thrown (expected one containing '" << needle << "')";
+}
+
 }  // namespace flashspan::test
