@@ -1,0 +1,139 @@
+"""FlexAttentionFwd / FlexAttentionBwd on CPU tensors: lifecycle, caller buffers, descriptor and plan checks."""
+
+import pytest
+import torch
+
+from flex_ref import assert_close, make_problem
+
+
+def _buffers(p, plan):
+    out = torch.full(plan.out_shape(), float("nan"), dtype=p.q.dtype)
+    lse = torch.full(plan.lse_shape(), float("nan"), dtype=torch.float32)
+    ml = torch.full((plan.num_heads_q,), float("nan"), dtype=torch.float32)
+    return out, lse, ml
+
+
+@pytest.mark.parametrize("varlen", [False, True])
+def test_forward_backward_lifecycle(fs, varlen):
+    p = make_problem(1, varlen=varlen, batch=2, seqlen_q=31, seqlen_k=27, hq=4, hkv=2, hm=4, nfunc=3, dqk=16, dv=8)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True, **p.plan_kwargs())
+    out, lse, ml = _buffers(p, plan)
+    fwd = fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse, sample_max_logit=ml)
+    assert fwd.check_support() is True
+    fwd.compile()
+    ws = torch.empty(fwd.workspace_size, dtype=torch.uint8)
+    fwd.execute(p.q, p.k, p.v, out, plan, lse, workspace=ws, max_logit_tensor=ml)
+    ro, rl, rm = p.reference()
+    assert_close(out, ro, torch.float32, "out")
+    assert_close(lse, rl, torch.float32, "lse")
+    assert_close(ml, rm, torch.float32, "max_logit")
+
+    gen = torch.Generator().manual_seed(3)
+    do = torch.randn(out.shape, generator=gen)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (p.q, p.k, p.v))
+    bwd = fs.FlexAttentionBwd(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan)
+    bwd.check_support()
+    bwd.compile()
+    bws = torch.empty(bwd.workspace_size, dtype=torch.uint8)
+    bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, workspace=bws)
+    leaves = [t.detach().double().requires_grad_(True) for t in (p.q, p.k, p.v)]
+    ref_out = p.reference(*leaves)[0]
+    want = torch.autograd.grad((ref_out * do.double()).sum(), leaves)
+    for name, g, w in zip("qkv", (dq, dk, dv), want):
+        assert_close(g, w, torch.float32, f"d{name}", factor=4)
+
+
+def test_execute_with_new_tensors_and_another_compatible_plan(fs):
+    p = make_problem(2, batch=2, seqlen_q=20, seqlen_k=24, hq=2, hkv=2, nfunc=3)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    out, lse, _ = _buffers(p, plan)
+    fwd = fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse)
+    fwd.check_support()
+    fwd.compile()
+    ws = torch.empty(fwd.workspace_size, dtype=torch.uint8)
+    # Same geometry, other values and another mask: a second plan is compatible.
+    p2 = make_problem(3, batch=2, seqlen_q=20, seqlen_k=24, hq=2, hkv=2, nfunc=3)
+    plan2 = fs.create_mask_plan(p2.mask_func, p2.q, p2.k, p2.v)
+    fwd.execute(p2.q, p2.k, p2.v, out, plan2, lse, workspace=ws)
+    assert_close(out, p2.reference()[0], torch.float32, "out")
+    assert_close(lse, p2.reference()[1], torch.float32, "lse")
+    # The sample plan may be gone: execute takes the plan it is given.
+    del plan
+    fwd.execute(p.q, p.k, p.v, out, plan2, lse, workspace=ws)
+
+
+def test_execute_descriptor_mismatch(fs):
+    p = make_problem(4, batch=2, seqlen_q=16, seqlen_k=16, hq=2, hkv=2)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    out, lse, ml = _buffers(p, plan)
+    fwd = fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse)
+    with pytest.raises(ValueError, match="compile\\(\\) must be called before execute\\(\\)"):
+        fwd.execute(p.q, p.k, p.v, out, plan, lse)
+    fwd.check_support()
+    fwd.compile()
+    with pytest.raises(ValueError, match="lse: is required"):
+        fwd.execute(p.q, p.k, p.v, out, plan, None)
+    with pytest.raises(ValueError, match="max_logit: was not given at construction"):
+        fwd.execute(p.q, p.k, p.v, out, plan, lse, max_logit_tensor=ml)
+    qt = p.q.transpose(0, 1).contiguous().transpose(0, 1)  # same shape, other strides
+    with pytest.raises(ValueError, match="q: shape .* or strides differ from the compiled descriptor"):
+        fwd.execute(qt, p.k, p.v, out, plan, lse)
+    with pytest.raises(TypeError, match="out: dtype"):
+        fwd.execute(p.q, p.k, p.v, out.half(), plan, lse)
+    other = make_problem(5, batch=2, seqlen_q=16, seqlen_k=16, hq=2, hkv=1)
+    plan_other = fs.create_mask_plan(other.mask_func, other.q, other.k, other.v)
+    with pytest.raises(ValueError, match="plan: geometry .* differs"):
+        fwd.execute(p.q, p.k, p.v, out, plan_other, lse)
+    with pytest.raises(TypeError, match="plan must be a flashspan.MaskPlan"):
+        fwd.execute(p.q, p.k, p.v, out, None, lse)
+    with pytest.raises(TypeError, match="workspace must be a uint8 tensor"):
+        fwd.execute(p.q, p.k, p.v, out, plan, lse, workspace=torch.empty(4))
+
+
+def test_constructor_checks(fs):
+    p = make_problem(6, batch=2, seqlen_q=16, seqlen_k=16, hq=2, hkv=2)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=False)
+    out, lse, ml = _buffers(p, plan)
+    with pytest.raises(ValueError, match="out: "):
+        fs.FlexAttentionFwd(p.q, p.k, p.v, out[:, :8], plan, lse)
+    with pytest.raises(TypeError, match="lse: dtype must be float32"):
+        fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse.half())
+    with pytest.raises(ValueError, match="max_logit: "):
+        fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse, sample_max_logit=ml[:1])
+    with pytest.raises(ValueError, match="softmax_scale: must be non-negative"):
+        fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse, sample_max_logit=ml, softmax_scale=-1.0)
+    dq, dk, dv = torch.empty_like(p.q), torch.empty_like(p.k), torch.empty_like(p.v)
+    with pytest.raises(ValueError, match="built with backward metadata"):
+        fs.FlexAttentionBwd(p.q, p.k, p.v, out, out, lse, dq, dk, dv, plan)
+    plan_b = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True)
+    with pytest.raises(ValueError, match="dk: "):
+        fs.FlexAttentionBwd(p.q, p.k, p.v, out, out, lse, dq, dk[:1], dv, plan_b)
+
+
+def test_backward_execute_needs_plan_with_backward(fs):
+    p = make_problem(7, batch=1, seqlen_q=16, seqlen_k=16, hq=2, hkv=2)
+    plan_b = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True)
+    plan_f = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=False)
+    out, lse, _ = _buffers(p, plan_b)
+    fwd = fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan_f, lse)  # forward accepts either
+    fwd.check_support()
+    fwd.compile()
+    fwd.execute(p.q, p.k, p.v, out, plan_b, lse)
+    dq, dk, dv = torch.empty_like(p.q), torch.empty_like(p.k), torch.empty_like(p.v)
+    bwd = fs.FlexAttentionBwd(p.q, p.k, p.v, out, out, lse, dq, dk, dv, plan_b, deterministic=True)
+    bwd.check_support()
+    bwd.compile()
+    with pytest.raises(ValueError, match="without backward metadata"):
+        bwd.execute(p.q, p.k, p.v, out, out, lse, dq, dk, dv, plan_f)
+
+
+def test_softmax_scale_is_captured(fs):
+    p = make_problem(8, batch=1, seqlen_q=12, seqlen_k=12, hq=1, hkv=1)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    out, lse, _ = _buffers(p, plan)
+    fwd = fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse, softmax_scale=0.7)
+    fwd.check_support()
+    fwd.compile()
+    fwd.execute(p.q, p.k, p.v, out, plan, lse)  # CPU: workspace_size is 0, no workspace needed
+    assert fwd.workspace_size == 0
+    assert_close(out, p.reference(scale=0.7)[0], torch.float32, "out")
