@@ -17,8 +17,8 @@ def dense_mask(mask_func: torch.Tensor, cu_q: list[int], cu_k: list[int]) -> lis
     """
     out = []
     for b in range(len(cu_q) - 1):
-        f = mask_func[:, :, cu_q[b] : cu_q[b + 1]].long().cpu()  # [Hm, nfunc, Sq_b]
-        j = torch.arange(cu_k[b + 1] - cu_k[b])
+        f = mask_func[:, :, cu_q[b] : cu_q[b + 1]].long()  # [Hm, nfunc, Sq_b]
+        j = torch.arange(cu_k[b + 1] - cu_k[b], device=f.device)
         count = (f.unsqueeze(-1) <= j).sum(dim=1)  # [Hm, Sq_b, Sk_b]
         out.append(count % 2 == 0)
     return out
@@ -33,7 +33,8 @@ def attention_thd(q, k, v, masks, cu_q, cu_k, scale):
     hq, hkv = q.shape[1], k.shape[1]
     group = hq // hkv
     outs, lses = [], []
-    max_logit = torch.full((hq,), -math.inf, dtype=q.dtype)
+    max_logit = torch.full((hq,), -math.inf, dtype=torch.float32 if q.dtype != torch.float64 else q.dtype,
+                           device=q.device)
     for b in range(len(cu_q) - 1):
         qb = q[cu_q[b] : cu_q[b + 1]].transpose(0, 1)  # [Hq, Sq, D]
         kb = k[cu_k[b] : cu_k[b + 1]].transpose(0, 1).repeat_interleave(group, 0)
@@ -43,8 +44,11 @@ def attention_thd(q, k, v, masks, cu_q, cu_k, scale):
         s = s.masked_fill(~m, -math.inf)
         empty = ~m.any(-1, keepdim=True)
         if s.numel():
-            max_logit = torch.maximum(max_logit, s.detach().amax(dim=(1, 2)))
-        rowmax = s.detach().amax(-1, keepdim=True) if s.shape[-1] else torch.zeros(s.shape[:-1] + (1,), dtype=s.dtype)
+            max_logit = torch.maximum(max_logit, s.detach().amax(dim=(1, 2)).to(max_logit.dtype))
+        if s.shape[-1]:
+            rowmax = s.detach().amax(-1, keepdim=True)
+        else:
+            rowmax = torch.zeros(s.shape[:-1] + (1,), dtype=s.dtype, device=s.device)
         rowmax = torch.where(empty, torch.zeros_like(rowmax), rowmax)
         sumexp = torch.exp(s - rowmax).sum(-1, keepdim=True)
         sumexp = torch.where(empty, torch.ones_like(sumexp), sumexp)
@@ -94,16 +98,18 @@ class Problem:
         b, sq = self.q.shape[0], self.q.shape[1]
         return lse.reshape(lse.shape[0], b, sq).transpose(0, 1)
 
-    def reference(self, q=None, k=None, v=None, scale=None):
-        """(out, lse, max_logit) in float64 in the library's layout, from q/k/v (default: the problem's)."""
+    def reference(self, q=None, k=None, v=None, scale=None, dtype=torch.float64):
+        """(out, lse, max_logit) computed in `dtype` (float64 by default) on the device of q, in the
+        library's layout, from q/k/v (default: the problem's)."""
         q = self.q if q is None else q
         k = self.k if k is None else k
         v = self.v if v is None else v
         if scale is None:
             scale = 1.0 / math.sqrt(q.shape[-1])
-        masks = dense_mask(self.mask_func, self.cu_q, self.cu_k)
+        masks = [m.to(q.device) for m in dense_mask(self.mask_func.to(q.device), self.cu_q, self.cu_k)]
         out, lse, ml = attention_thd(
-            self.to_thd(q).double(), self.to_thd(k).double(), self.to_thd(v).double(), masks, self.cu_q, self.cu_k, scale
+            self.to_thd(q).to(dtype), self.to_thd(k).to(dtype), self.to_thd(v).to(dtype), masks, self.cu_q, self.cu_k,
+            scale,
         )
         return self.from_thd(out), self.lse_from_thd(lse), ml
 

@@ -1,0 +1,213 @@
+"""GPU tests of the PyTorch frontend (skipped without a CUDA device): accuracy vs a float32 math reference,
+gradients, torch.compile, CUDA-graph capture of the explicit API, plan reuse across streams, THD."""
+
+import pytest
+import torch
+
+from conftest import cuda_ready
+from flex_ref import make_problem
+
+pytestmark = pytest.mark.skipif(
+    not cuda_ready(), reason="needs a CUDA device and a libflashspan.so built with CUDA (fs_cuda_available() == 1)"
+)
+
+LOWP = [torch.bfloat16, torch.float16]
+ATOL = {torch.bfloat16: 1e-2, torch.float16: 2e-3}
+
+
+def _poison_allocator(nbytes=256 << 20):
+    """Fill free cached blocks with NaN so outputs the kernels forget to write show up as NaN."""
+    x = torch.full((nbytes // 4,), float("nan"), device="cuda")
+    del x
+
+
+def _check_budget(ours, ref32, ref_lp, dtype, what):
+    """Error vs the fp32 reference at most 2x PyTorch's same-dtype math error plus a rounding atol."""
+    ours, ref32, ref_lp = (t.detach().float() for t in (ours, ref32, ref_lp))
+    inf = torch.isinf(ref32)
+    assert torch.equal(torch.isinf(ours), inf), f"{what}: infinities differ"
+    assert not torch.isnan(ours).any(), f"{what}: NaN (unwritten output?)"
+    fin = ~inf
+    err = (ours[fin] - ref32[fin]).abs().max().item() if fin.any() else 0.0
+    err_torch = (ref_lp[fin] - ref32[fin]).abs().max().item() if fin.any() else 0.0
+    scale = 1.0 + (ref32[fin].abs().max().item() if fin.any() else 0.0)
+    bound = 2 * err_torch + ATOL[dtype] * scale
+    assert err <= bound, f"{what}: max error {err:.3g} > 2 * torch's {err_torch:.3g} + atol ({bound:.3g})"
+
+
+def _problem(seed, dtype, varlen, **kw):
+    base = dict(batch=2, seqlen_q=300, seqlen_k=257, hq=4, hkv=2, hm=1, nfunc=3, dqk=64, dv=64)
+    if varlen:
+        base.update(batch=3, seqlen_q=[300, 1, 129], seqlen_k=[190, 64, 257])
+    base.update(kw)
+    return make_problem(seed, varlen=varlen, dtype=dtype, device="cuda", **base)
+
+
+@pytest.mark.parametrize("dtype", LOWP)
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("hm,mask", [(1, "random"), (4, "random"), (1, "causal")])
+def test_forward_vs_fp32_reference(fs, dtype, varlen, hm, mask):
+    p = _problem(1 + hm, dtype, varlen, hm=hm, mask=mask)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
+    assert plan.device.type == "cuda"
+    _poison_allocator()
+    out, lse, ml = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True, return_max_logit=True)
+    r32 = p.reference(dtype=torch.float32)
+    rlp = p.reference(dtype=dtype)
+    _check_budget(out, r32[0], rlp[0], dtype, "out")
+    _check_budget(lse, r32[1], rlp[1], dtype, "lse")
+    _check_budget(ml, r32[2], rlp[2], dtype, "max_logit")
+
+
+@pytest.mark.parametrize("dtype", LOWP)
+@pytest.mark.parametrize("varlen", [False, True])
+@pytest.mark.parametrize("use_lse", [False, True])
+def test_backward_vs_fp32_reference(fs, dtype, varlen, use_lse):
+    p = _problem(7, dtype, varlen, requires_grad=True)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
+    assert plan.has_backward
+    gen = torch.Generator(device="cuda").manual_seed(3)
+    w_out = torch.randn((*p.q.shape[:-1], p.v.shape[-1]), device="cuda", generator=gen)
+    w_lse = torch.randn(plan.lse_shape(), device="cuda", generator=gen) * (1.0 if use_lse else 0.0)
+
+    def grads(fn, leaves):
+        out, lse = fn()
+        lse = lse.masked_fill(torch.isinf(lse.detach()), 0)
+        loss = (out.float() * w_out).sum() + (lse.float() * w_lse).sum()
+        return torch.autograd.grad(loss, leaves)
+
+    _poison_allocator()
+    ours = grads(lambda: fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True), (p.q, p.k, p.v))
+    res = {}
+    for cdt in (torch.float32, dtype):
+        leaves = [t.detach().to(cdt).requires_grad_(True) for t in (p.q, p.k, p.v)]
+        res[cdt] = grads(lambda: p.reference(*leaves, dtype=cdt)[:2], leaves)
+    for name, g, g32, glp in zip("qkv", ours, res[torch.float32], res[dtype]):
+        assert g.dtype == dtype
+        _check_budget(g, g32, glp, dtype, f"d{name}")
+
+
+def test_deterministic_backward_is_bitwise_reproducible(fs):
+    p = _problem(9, torch.bfloat16, False, hq=8, hkv=1, requires_grad=True)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    runs = []
+    for _ in range(3):
+        out = fs.flex_attn_func(p.q, p.k, p.v, plan, deterministic=True)
+        runs.append(torch.autograd.grad(out.float().sum(), (p.q, p.k, p.v)))
+    for r in runs[1:]:
+        for a, b in zip(runs[0], r):
+            assert torch.equal(a, b)
+
+
+def test_cuda_plan_equals_host_plan(fs):
+    # Host and CUDA planners lay out the same consumer: every array must agree bitwise.
+    p = _problem(11, torch.bfloat16, True, hm=4)
+    plan_gpu = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True, **p.plan_kwargs())
+    cpu = {n: (t.cpu() if isinstance(t, torch.Tensor) else t) for n, t in p.plan_kwargs().items()}
+    plan_cpu = fs.create_mask_plan(p.mask_func.cpu(), p.q.cpu(), p.k.cpu(), p.v.cpu(), build_backward=True, **cpu)
+    g, c = plan_gpu.debug_snapshot(), plan_cpu.debug_snapshot()
+    for name in g:
+        assert name in c, name
+        assert (g[name] == c[name]).all(), f"{name} differs between the CUDA and the host planner"
+    assert plan_gpu.info()["fwd_partial_blocks"] == plan_cpu.info()["fwd_partial_blocks"]
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_torch_compile(fs, backend):
+    torch._dynamo.reset()
+    p = _problem(13, torch.bfloat16, False, requires_grad=True)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+
+    def f(q, k, v):
+        out, lse = fs.flex_attn_func(q, k, v, plan, return_lse=True)
+        return out.float().square().sum() + lse.masked_fill(torch.isinf(lse), 0).sum()
+
+    cf = torch.compile(f, backend=backend, fullgraph=True)
+    got = torch.autograd.grad(cf(p.q, p.k, p.v), (p.q, p.k, p.v))
+    want = torch.autograd.grad(f(p.q, p.k, p.v), (p.q, p.k, p.v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+def test_cuda_graph_capture_of_explicit_api(fs):
+    p = _problem(15, torch.bfloat16, False, hq=4, hkv=4)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True)
+    q, k, v = (t.clone() for t in (p.q, p.k, p.v))  # static inputs of the graph
+    out = torch.full(plan.out_shape(), float("nan"), dtype=q.dtype, device="cuda")
+    lse = torch.full(plan.lse_shape(), float("nan"), device="cuda")
+    ml = torch.full((plan.num_heads_q,), float("nan"), device="cuda")
+    do = torch.randn_like(out)
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (q, k, v))
+    fwd = fs.FlexAttentionFwd(q, k, v, out, plan, lse, sample_max_logit=ml)
+    bwd = fs.FlexAttentionBwd(q, k, v, out, do, lse, dq, dk, dv, plan)
+    for op in (fwd, bwd):
+        op.check_support()
+        op.compile()
+    fws = torch.empty(fwd.workspace_size, dtype=torch.uint8, device="cuda")
+    bws = torch.empty(bwd.workspace_size, dtype=torch.uint8, device="cuda")
+
+    def step():
+        fwd.execute(q, k, v, out, plan, lse, workspace=fws, max_logit_tensor=ml)
+        bwd.execute(q, k, v, out, do, lse, dq, dk, dv, plan, workspace=bws)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step()  # warm up outside capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    # New values into the static inputs; poison outputs; replay.
+    p2 = _problem(16, torch.bfloat16, False, hq=4, hkv=4)
+    p2.mask_func = p.mask_func
+    for dst, src in zip((q, k, v), (p2.q, p2.k, p2.v)):
+        dst.copy_(src)
+    for t in (out, lse, ml, dq, dk, dv):
+        t.fill_(float("nan"))
+    graph.replay()
+    torch.cuda.synchronize()
+    # Eager allocating path on the same inputs gives the reference for the replay.
+    leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+    o2, l2, m2 = fs.flex_attn_func(*leaves, plan, return_lse=True, return_max_logit=True)
+    g2 = torch.autograd.grad(o2, leaves, do)
+    torch.testing.assert_close(out, o2, atol=0, rtol=0)
+    torch.testing.assert_close(lse, l2, atol=0, rtol=0)
+    torch.testing.assert_close(ml, m2, atol=0, rtol=0)  # reset to -inf by each replay, then reduced
+    for a, b in zip((dq, dk, dv), g2):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+def test_plan_reuse_across_two_streams(fs):
+    p = _problem(17, torch.float16, True)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
+    inputs = [(p.q, p.k, p.v)]
+    p2 = _problem(18, torch.float16, True)
+    inputs.append((p2.q, p2.k, p2.v))
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    outs = []
+    torch.cuda.synchronize()
+    for s, (q, k, v) in zip(streams, inputs):
+        with torch.cuda.stream(s):
+            outs.append(fs.flex_attn_func(q, k, v, plan))
+    torch.cuda.synchronize()
+    for o, (q, k, v) in zip(outs, inputs):
+        r32 = p.reference(q, k, v, dtype=torch.float32)[0]
+        rlp = p.reference(q, k, v, dtype=torch.float16)[0]
+        _check_budget(o, r32, rlp, torch.float16, "out")
+
+
+def test_cuda_errors(fs):
+    p = _problem(19, torch.bfloat16, False)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    with pytest.raises(TypeError, match="built for cuda"):
+        fs.flex_attn_func(p.q.cpu(), p.k.cpu(), p.v.cpu(), plan)
+    with pytest.raises(TypeError, match="dtype"):
+        fs.create_mask_plan(p.mask_func, p.q.float(), p.k, p.v)
+    out = torch.empty(plan.out_shape(), dtype=p.q.dtype, device="cuda")
+    fwd = fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan)
+    fwd.check_support()
+    fwd.compile()
+    if fwd.workspace_size > 0:
+        with pytest.raises(ValueError, match="workspace"):
+            fwd.execute(p.q, p.k, p.v, out, plan, workspace=torch.empty(0, dtype=torch.uint8, device="cuda"))
