@@ -231,3 +231,41 @@ def test_error_message_from_c_layer_is_carried(fs):
         p = _bshd(nfunc=3)
         fs.create_mask_plan(p.mask_func[:, :2].contiguous(), p.q, p.k, p.v)
     assert "nfunc" in lib.last_error()
+
+
+def _run_python(code, env_extra):
+    import os
+    import subprocess
+    import sys
+
+    env = dict(os.environ, **env_extra)
+    paths = [os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "python")]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_library_env_override_missing_file():
+    r = _run_python(
+        "import flashspan\n"
+        "try:\n"
+        "    flashspan.create_mask_plan\n"
+        "    import flashspan._lib as L; L.lib()\n"
+        "except ImportError as e:\n"
+        "    print('IMPORT_ERROR', e)\n",
+        {"FLASHSPAN_LIBRARY": "/nonexistent/libflashspan.so"},
+    )
+    assert r.returncode == 0, r.stderr
+    assert "IMPORT_ERROR" in r.stdout and "FLASHSPAN_LIBRARY='/nonexistent/libflashspan.so' does not exist" in r.stdout
+
+
+def test_library_path_is_reported(fs):
+    import os
+
+    import flashspan._lib as lib
+
+    path = lib.library_path()
+    assert os.path.exists(path) and path.endswith(".so")
+    if os.environ.get("FLASHSPAN_LIBRARY"):
+        assert os.path.samefile(path, os.environ["FLASHSPAN_LIBRARY"])
+    assert isinstance(lib.cuda_available(), bool)
+    assert all(a for a in lib.built_cuda_archs())
