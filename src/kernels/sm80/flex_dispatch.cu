@@ -1,0 +1,183 @@
+// Entry points of flex_launch.h: workspace sizes, support checks and launches. The plan's
+// consumer arch picks the kernel family; only the portable sm80 family (mma.sync) exists so
+// far, and it also serves sm_90 devices.
+#include <cuda_runtime.h>
+
+#include <cmath>
+
+#include "api/validation.h"
+#include "kernels/flex_launch.h"
+#include "kernels/sm80/launch_common_sm80.h"
+
+namespace flashspan {
+
+namespace {
+
+constexpr size_t kAlign = 256;
+size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
+
+const int32_t* plan_array(const MaskPlan& plan, const char* name) {
+  const int32_t* p = plan.array(name);
+  FS_CHECK(p != nullptr, Status::kInternal, "mask_plan: array '", name, "' is missing");
+  return p;
+}
+
+void check_tile(const FlexGeometry& g, const MaskPlan& plan, bool backward) {
+  const Consumer& c = plan.signature.consumer;
+  const sm80::TileSm80 t = sm80::tile_sm80(g.head_dim_qk, g.head_dim_v);
+  FS_CHECK_SUPPORTED(c.layout == PayloadLayout::kM16N64Frag, "mask_plan: payload layout ", int(c.layout),
+                     " is not the sm80 kernels' (kM16N64Frag)");
+  FS_CHECK_SUPPORTED(c.fwd_block_q == t.fwd_bq && c.fwd_block_k == t.fwd_bk, "mask_plan: forward tile ",
+                     c.fwd_block_q, "x", c.fwd_block_k, " does not match the sm80 kernel's ", t.fwd_bq, "x", t.fwd_bk,
+                     " for head dims (", g.head_dim_qk, ", ", g.head_dim_v, ")");
+  if (backward) {
+    FS_CHECK_SUPPORTED(c.bwd_block_q == t.bwd_bq && c.bwd_block_k == t.bwd_bk, "mask_plan: backward tile ",
+                       c.bwd_block_q, "x", c.bwd_block_k, " does not match the sm80 kernel's ", t.bwd_bq, "x",
+                       t.bwd_bk, " for head dims (", g.head_dim_qk, ", ", g.head_dim_v, ")");
+  }
+}
+
+}  // namespace
+
+size_t flex_fwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool has_max_logit) {
+  (void)g;
+  (void)plan;
+  (void)has_max_logit;
+  return 0;  // the forward needs no scratch (max_logit is reset in place)
+}
+
+size_t flex_bwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool deterministic) {
+  (void)plan;
+  (void)deterministic;
+  // delta and lse2, fp32 [Hq, total_q] each.
+  const size_t per = align_up(sizeof(float) * size_t(g.num_heads_q) * size_t(g.total_q));
+  return 2 * per;
+}
+
+void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool backward) {
+  FS_CHECK_SUPPORTED(g.dtype == DType::kFloat16 || g.dtype == DType::kBFloat16,
+                     "q: the GPU kernels take float16 or bfloat16, got ", dtype_name(g.dtype));
+  check_head_dims_gpu(g.head_dim_qk, g.head_dim_v);
+  FS_CHECK_SUPPORTED(g.device == DeviceType::kCUDA, "q: the GPU kernels need CUDA tensors");
+  FS_CHECK_SUPPORTED(plan.geometry.device == DeviceType::kCUDA && plan.geometry.device_id == g.device_id,
+                     "mask_plan: must live on the same CUDA device as q (cuda:", g.device_id, ")");
+  int major = 0;
+  const cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, g.device_id);
+  FS_CHECK(e == cudaSuccess, Status::kCudaError, "cudaDeviceGetAttribute(cuda:", g.device_id,
+           "): ", cudaGetErrorString(e));
+  FS_CHECK_SUPPORTED(major >= 8, "device cuda:", g.device_id, " has compute capability ", major,
+                     ".x; the flex kernels need 8.0 or newer");
+  FS_CHECK_SUPPORTED(plan.signature.consumer.arch == 80, "mask_plan: built for kernel family sm",
+                     plan.signature.consumer.arch, ", but only the sm80 (mma.sync) kernels exist in this build");
+  check_tile(g, plan, backward);
+  FS_CHECK_SUPPORTED(!backward || plan.signature.has_backward,
+                     "mask_plan: has no backward metadata (build it with build_backward=True)");
+}
+
+void launch_flex_fwd(const FlexFwdLaunch& a) {
+  FS_CHECK(a.geometry != nullptr && a.plan != nullptr, Status::kInternal, "launch_flex_fwd: geometry/plan missing");
+  const FlexGeometry& g = *a.geometry;
+  const MaskPlan& plan = *a.plan;
+  FS_CHECK(plan.on_device(), Status::kInternal, "mask_plan: launch_flex_fwd needs a CUDA plan");
+  sm80::check_vec_aligned(a.q, "q");
+  sm80::check_vec_aligned(a.k, "k");
+  sm80::check_vec_aligned(a.v, "v");
+  sm80::check_vec_aligned(a.out, "out");
+
+  FlexFwdParams p;
+  p.q = a.q.data;
+  p.k = a.k.data;
+  p.v = a.v.data;
+  p.o = a.out.data;
+  p.qa = sm80::qkv_addr(a.q, g.varlen);
+  p.ka = sm80::qkv_addr(a.k, g.varlen);
+  p.va = sm80::qkv_addr(a.v, g.varlen);
+  p.oa = sm80::qkv_addr(a.out, g.varlen);
+  if (a.lse.defined()) {
+    p.lse = a.lse.ptr<float>();
+    p.lsea = sm80::lse_addr(a.lse, g.varlen);
+  }
+  if (a.max_logit.defined()) p.max_logit = a.max_logit.ptr<float>();
+  p.cu_seqlens_q = plan_array(plan, "cu_seqlens_q");
+  p.cu_seqlens_k = plan_array(plan, "cu_seqlens_k");
+  p.varlen = g.varlen ? 1 : 0;
+  p.num_batch = g.batch;
+  p.num_heads_q = g.num_heads_q;
+  p.group_size = g.num_heads_q / g.num_heads_kv;
+  p.mask_per_head = g.num_heads_mask == 1 ? 0 : 1;
+  p.dqk = g.head_dim_qk;
+  p.dv = g.head_dim_v;
+  p.scale = a.softmax_scale;
+  p.scale_log2 = a.softmax_scale * 1.4426950408889634f;
+  p.view = plan.fwd_view();
+  const int64_t all_blocks = int64_t(g.num_heads_q) * p.view.num_q_blocks;
+  p.grid_mode = p.view.num_tasks == all_blocks ? 0 : 1;
+  sm80::launch_fwd_sm80(p, sm80::tile_sm80(g.head_dim_qk, g.head_dim_v), g.dtype,
+                        static_cast<int>(p.view.num_tasks), static_cast<cudaStream_t>(a.stream));
+}
+
+void launch_flex_bwd(const FlexBwdLaunch& a) {
+  FS_CHECK(a.geometry != nullptr && a.plan != nullptr, Status::kInternal, "launch_flex_bwd: geometry/plan missing");
+  const FlexGeometry& g = *a.geometry;
+  const MaskPlan& plan = *a.plan;
+  FS_CHECK(plan.on_device(), Status::kInternal, "mask_plan: launch_flex_bwd needs a CUDA plan");
+  const size_t need = flex_bwd_workspace_size(g, plan, a.deterministic);
+  FS_CHECK_ARG(a.workspace_bytes >= need && (need == 0 || a.workspace != nullptr), "workspace: needs ", need,
+               " bytes, got ", a.workspace_bytes);
+  FS_CHECK_ARG(reinterpret_cast<uintptr_t>(a.workspace) % 16 == 0, "workspace: must be 16-byte aligned");
+  const struct {
+    const TensorView* t;
+    const char* name;
+  } vec[] = {{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}, {&a.out, "out"}, {&a.dout, "dout"},
+             {&a.dq, "dq"}, {&a.dk, "dk"}, {&a.dv, "dv"}};
+  for (const auto& x : vec) sm80::check_vec_aligned(*x.t, x.name);
+
+  FlexBwdParams p;
+  p.q = a.q.data;
+  p.k = a.k.data;
+  p.v = a.v.data;
+  p.o = a.out.data;
+  p.dout = a.dout.data;
+  p.dq = a.dq.data;
+  p.dk = a.dk.data;
+  p.dv = a.dv.data;
+  p.qa = sm80::qkv_addr(a.q, g.varlen);
+  p.ka = sm80::qkv_addr(a.k, g.varlen);
+  p.va = sm80::qkv_addr(a.v, g.varlen);
+  p.oa = sm80::qkv_addr(a.out, g.varlen);
+  p.doa = sm80::qkv_addr(a.dout, g.varlen);
+  p.dqa = sm80::qkv_addr(a.dq, g.varlen);
+  p.dka = sm80::qkv_addr(a.dk, g.varlen);
+  p.dva = sm80::qkv_addr(a.dv, g.varlen);
+  p.lse = a.lse.ptr<const float>();
+  p.lsea = sm80::lse_addr(a.lse, g.varlen);
+  const size_t per = need / 2;
+  p.delta = static_cast<float*>(a.workspace);
+  p.lse2 = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + per);
+  p.total_q = g.total_q;
+  p.cu_seqlens_q = plan_array(plan, "cu_seqlens_q");
+  p.cu_seqlens_k = plan_array(plan, "cu_seqlens_k");
+  p.varlen = g.varlen ? 1 : 0;
+  p.batch = g.batch;
+  p.num_heads_q = g.num_heads_q;
+  p.group_size = g.num_heads_q / g.num_heads_kv;
+  p.mask_per_head = g.num_heads_mask == 1 ? 0 : 1;
+  p.head_dqk = g.head_dim_qk;
+  p.head_dv = g.head_dim_v;
+  p.scale = a.softmax_scale;
+  p.scale_log2 = a.softmax_scale * 1.4426950408889634f;
+  p.view = plan.bwd_view();
+  const int64_t all_blocks = int64_t(g.num_heads_kv) * p.view.num_k_blocks;
+  p.grid_mode = p.view.num_tasks == all_blocks ? 0 : 1;
+
+  sm80::BwdLaunchSm80 cfg;
+  cfg.deterministic = a.deterministic;
+  cfg.num_q_blocks = static_cast<int>(p.view.num_q_blocks);
+  cfg.num_bwd_tasks = static_cast<int>(p.grid_mode ? p.view.num_k_blocks : p.view.num_tasks);
+  cfg.total_q = g.total_q;
+  cfg.max_seqlen_q = g.max_seqlen_q;
+  sm80::launch_bwd_sm80(p, sm80::tile_sm80(g.head_dim_qk, g.head_dim_v), g.dtype, cfg,
+                        static_cast<cudaStream_t>(a.stream));
+}
+
+}  // namespace flashspan

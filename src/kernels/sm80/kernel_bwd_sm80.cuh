@@ -1,0 +1,504 @@
+// Flex attention backward kernels for sm_80 and newer (mma.sync m16n8k16, cp.async, ldmatrix).
+//
+// Algorithm: FlashAttention-2 backward (Dao 2023, Alg. 2) over the plan's backward view
+// (tile kBlockQ x kBlockK, payload rows = queries, cols = keys):
+//   1. preprocess:  D_i = dO_i . O_i and lse2_i = LSE_i * log2(e) (+inf for an empty row, so
+//                   exp2(s - lse2) = 0 there) into the workspace, [Hq, total_q] fp32.
+//   2. dK/dV kernel: one CTA per (key block, kv head, batch); walks the K2Q lists of every
+//                   query head of the kv group (GQA sums stay in registers), recomputing
+//                   S = Q K^T, P = exp2(S*scale*log2e - lse2), dP = dO V^T, dS = P (dP - D);
+//                   dV += P^T dO, dK += dS^T Q; dK scaled at the end.
+//   3. dQ kernel:   one CTA per (query block, query head); walks the Q2K lists in ascending
+//                   key-block order with no atomics: dQ = scale * sum dS K. Bitwise
+//                   reproducible (fixed order, no atomics).
+// Both GEMM kernels use 16-row warp tiles; payload sub-tile (mt, ct) lives in lane words
+// (mt * kBlockK/64 + ct) * 32 + lane (payload_layout.h).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/block_range.cuh"
+#include "kernels/common/flex_params.h"
+#include "kernels/common/mask_apply.cuh"
+#include "kernels/common/ptx.cuh"
+#include "kernels/common/softmax.cuh"
+#include "kernels/common/tile_io.cuh"
+
+namespace flashspan::kern {
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+// ---------------------------------------------------------------------------------------
+// 1. Preprocess: one warp per (row, head); grid (ceil(max_seqlen_q / 8), Hq, B), 256 threads.
+template <bool kBf16>
+__global__ void __launch_bounds__(256) flex_bwd_preprocess_kernel(const FlexBwdParams p) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int i = blockIdx.x * 8 + warp;
+  const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
+  if (i >= len_q) return;
+  const int64_t row = int64_t(p.varlen ? q_start : 0) + i;
+  const uint16_t* o = static_cast<const uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride + row * p.oa.row_stride +
+                      int64_t(h) * p.oa.head_stride;
+  const uint16_t* d = static_cast<const uint16_t*>(p.dout) + int64_t(b) * p.doa.batch_stride +
+                      row * p.doa.row_stride + int64_t(h) * p.doa.head_stride;
+  float acc = 0.0f;
+  for (int c = lane * 8; c < p.head_dv; c += 256) {
+    const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
+    const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
+    const uint16_t* oe = reinterpret_cast<const uint16_t*>(&ov);
+    const uint16_t* de = reinterpret_cast<const uint16_t*>(&dv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc += to_float<kBf16>(oe[e]) * to_float<kBf16>(de[e]);
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+  if (lane == 0) {
+    const int64_t ws = int64_t(h) * p.total_q + q_start + i;
+    p.delta[ws] = acc;
+    const float lse = p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride + row * p.lsea.row_stride];
+    p.lse2[ws] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+template <int kBlockQ_, int kBlockK_, int kDqk_, int kDv_>
+struct BwdTraitsSm80 {
+  static constexpr int kBlockQ = kBlockQ_, kBlockK = kBlockK_, kDqk = kDqk_, kDv = kDv_;
+  static_assert(kBlockQ == 64 && kBlockK % 64 == 0 && kDqk % 64 == 0 && kDv % 64 == 0);
+  // dK/dV kernel: 8 warps.
+  static constexpr int kWarps = 8;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kMT = kBlockQ / 16;          // m16 tiles of the S phase
+  static constexpr int kWN = kWarps / kMT;          // warps across the key columns
+  static constexpr int kNS = kBlockK / kWN / 8;     // n8 blocks of a warp's S tile
+  static constexpr int kKT = kBlockK / 16;          // key tiles of the dK/dV phase
+  static constexpr int kDS = kWarps / kKT;          // head-dim splits of the dK/dV phase
+  static constexpr int kNK = kDqk / kDS / 8;        // n8 blocks of a warp's dK tile
+  static constexpr int kNV = kDv / kDS / 8;         // n8 blocks of a warp's dV tile
+  static_assert(kWN * kMT == kWarps && kKT * kDS == kWarps && kNK % 2 == 0 && kNV % 2 == 0 && kNS % 2 == 0);
+  static constexpr int kSmemK = kBlockK * kDqk * 2;
+  static constexpr int kSmemV = kBlockK * kDv * 2;
+  static constexpr int kSmemQ = kBlockQ * kDqk * 2;  // x2 (double buffered)
+  static constexpr int kSmemO = kBlockQ * kDv * 2;   // dO, x2
+  static constexpr int kSmemP = kBlockQ * kBlockK * 2;
+  static constexpr int kSmemBytes = kSmemK + kSmemV + 2 * (kSmemQ + kSmemO) + 2 * kSmemP;
+  // dQ kernel: 4 warps, warp w owns query rows 16w.. and every key column.
+  static constexpr int kWarpsQ = kBlockQ / 16;
+  static constexpr int kThreadsQ = kWarpsQ * 32;
+  static constexpr int kNSQ = kBlockK / 8;
+  static constexpr int kNQ = kDqk / 8;
+  static constexpr int kSmemBytesQ = kSmemQ + kSmemO + 2 * (kSmemK + kSmemV);
+};
+
+// Iterates (query head of the kv group, query block) pairs over the K2Q lists of one key block.
+struct K2QWalk {
+  const FlexBwdParams* p;
+  int h, h_end, b, kb;
+  BlockCursor cur;
+
+  __device__ __forceinline__ void open_head() {
+    const int hm = p->mask_per_head ? h : 0;
+    const int64_t r = int64_t(hm) * p->view.num_k_blocks + __ldg(p->view.k_block_start + b) + kb;
+    cur = BlockCursor{p->view.k2q_partial_qb, p->view.k2q_full_qb, __ldg(p->view.k2q_partial_ptr + r),
+                      __ldg(p->view.k2q_partial_ptr + r + 1), __ldg(p->view.k2q_full_ptr + r),
+                      __ldg(p->view.k2q_full_ptr + r + 1)};
+  }
+  // Next pair; payload = payload index of a partial pair (-1 for a full one).
+  __device__ __forceinline__ bool next(int& head, int& qb, int& payload) {
+    while (true) {
+      bool partial = false;
+      int entry = 0;
+      if (cur.next(qb, partial, entry)) {
+        head = h;
+        payload = partial ? __ldg(p->view.k2q_partial_idx + entry) : -1;
+        return true;
+      }
+      if (++h >= h_end) return false;
+      open_head();
+    }
+  }
+};
+
+template <class T>
+__device__ __forceinline__ const uint16_t* row_ptr(const void* base, const FlexTensorAddr& a, int b, int64_t row,
+                                                   int h) {
+  return static_cast<const uint16_t*>(base) + int64_t(b) * a.batch_stride + row * a.row_stride +
+         int64_t(h) * a.head_stride;
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. dK/dV.
+template <class T, bool kBf16>
+__global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const FlexBwdParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t sK = smem_u32(smem);
+  const uint32_t sV = sK + T::kSmemK;
+  const uint32_t sQ0 = sV + T::kSmemV;                // Q[2]
+  const uint32_t sO0 = sQ0 + 2 * T::kSmemQ;           // dO[2]
+  const uint32_t sP = sO0 + 2 * T::kSmemO;
+  const uint32_t sdS = sP + T::kSmemP;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+
+  int kb, hkv, b;
+  if (p.grid_mode) {
+    const int gk = blockIdx.x;
+    hkv = blockIdx.y;
+    b = find_block_owner(p.view.k_block_start, p.batch, gk);
+    kb = gk - __ldg(p.view.k_block_start + b);
+  } else {
+    const int32_t* task = p.view.tasks + 4 * int64_t(blockIdx.x);
+    kb = __ldg(task + 0);
+    hkv = __ldg(task + 1);
+    b = __ldg(task + 2);
+  }
+  const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
+  const int k_start = __ldg(p.cu_seqlens_k + b), len_k = __ldg(p.cu_seqlens_k + b + 1) - k_start;
+  const int key0 = kb * T::kBlockK;
+  const int keys_valid = min(T::kBlockK, len_k - key0);
+  const int64_t krow = int64_t(p.varlen ? k_start : 0) + key0;
+  const int64_t qrow_base = p.varlen ? q_start : 0;
+
+  load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, row_ptr<T>(p.k, p.ka, b, krow, hkv), p.ka.row_stride,
+                                                    keys_valid, p.head_dqk, p.k, tid);
+  load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, row_ptr<T>(p.v, p.va, b, krow, hkv), p.va.row_stride,
+                                                   keys_valid, p.head_dv, p.v, tid);
+
+  K2QWalk walk{&p, hkv * p.group_size, (hkv + 1) * p.group_size, b, kb, {}};
+  walk.open_head();
+  int h = 0, qb = 0, payload = -1;
+  bool have = walk.next(h, qb, payload);
+  auto load_q_do = [&](int buf, int hh, int qq) {
+    const int64_t row = qrow_base + int64_t(qq) * T::kBlockQ;
+    const int rows = len_q - qq * T::kBlockQ;
+    load_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ0 + buf * T::kSmemQ, row_ptr<T>(p.q, p.qa, b, row, hh),
+                                                      p.qa.row_stride, rows, p.head_dqk, p.q, tid);
+    load_tile_async<T::kBlockQ, T::kDv, T::kThreads>(sO0 + buf * T::kSmemO, row_ptr<T>(p.dout, p.doa, b, row, hh),
+                                                     p.doa.row_stride, rows, p.head_dv, p.dout, tid);
+  };
+  if (have) load_q_do(0, h, qb);
+  cp_async_commit();
+
+  float acc_dk[T::kNK][4], acc_dv[T::kNV][4];
+#pragma unroll
+  for (int n = 0; n < T::kNK; ++n) acc_dk[n][0] = acc_dk[n][1] = acc_dk[n][2] = acc_dk[n][3] = 0.0f;
+#pragma unroll
+  for (int n = 0; n < T::kNV; ++n) acc_dv[n][0] = acc_dv[n][1] = acc_dv[n][2] = acc_dv[n][3] = 0.0f;
+
+  // S-phase warp tile: rows 16*mt.., key columns c0..c0 + 8*kNS.
+  const int mt = warp / T::kWN;
+  const int c0 = (warp % T::kWN) * (T::kNS * 8);
+  // dK/dV-phase warp tile: keys 16*kt.., head-dim columns from dk0 / dv0.
+  const int kt = warp % T::kKT;
+  const int dsplit = warp / T::kKT;
+  const int dk0 = dsplit * (T::kDqk / T::kDS), dv0 = dsplit * (T::kDv / T::kDS);
+  const size_t words_per_tile = size_t(T::kBlockQ) * T::kBlockK / 32;
+  int buf = 0;
+
+  while (have) {
+    cp_async_wait<0>();
+    __syncthreads();  // Q/dO[buf] (and K, V) visible; the previous block's dK/dV phase is done
+    int h_next = 0, qb_next = 0, payload_next = -1;
+    const bool have_next = walk.next(h_next, qb_next, payload_next);
+    if (have_next) load_q_do(buf ^ 1, h_next, qb_next);
+    cp_async_commit();
+    const uint32_t sQ = sQ0 + buf * T::kSmemQ, sO = sO0 + buf * T::kSmemO;
+
+    // ---- S phase: S = Q K^T, dP = dO V^T for the warp tile, then P and dS into smem.
+    float s[T::kNS][4], dp[T::kNS][4];
+#pragma unroll
+    for (int n = 0; n < T::kNS; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[n][i] = dp[n][i] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < T::kDqk / 16; ++kk) {
+      if (kk * 16 < p.head_dqk) {
+        uint32_t a[4];
+        load_frag_a<T::kDqk>(a, sQ, mt * 16, kk * 16, lane);
+#pragma unroll
+        for (int n = 0; n < T::kNS; n += 2) {
+          uint32_t bb[4];
+          load_frag_b_nk<T::kDqk>(bb, sK, c0 + n * 8, kk * 16, lane);
+          mma_16816<kBf16>(s[n], a, bb[0], bb[1]);
+          mma_16816<kBf16>(s[n + 1], a, bb[2], bb[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < T::kDv / 16; ++kk) {
+      if (kk * 16 < p.head_dv) {
+        uint32_t a[4];
+        load_frag_a<T::kDv>(a, sO, mt * 16, kk * 16, lane);
+#pragma unroll
+        for (int n = 0; n < T::kNS; n += 2) {
+          uint32_t bb[4];
+          load_frag_b_nk<T::kDv>(bb, sV, c0 + n * 8, kk * 16, lane);
+          mma_16816<kBf16>(dp[n], a, bb[0], bb[1]);
+          mma_16816<kBf16>(dp[n + 1], a, bb[2], bb[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < T::kNS; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[n][i] *= p.scale_log2;
+    }
+    if (payload >= 0) {
+      apply_payload<T::kNS>(s, p.view.q2k_partial_bits + size_t(payload) * words_per_tile, mt, c0, T::kBlockK, lane);
+    }
+    float lse2[2], delta[2];
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int r = qb * T::kBlockQ + mt * 16 + g + 8 * hi;
+      const bool ok = r < len_q;
+      const int64_t ws = int64_t(h) * p.total_q + q_start + r;
+      lse2[hi] = ok ? __ldg(p.lse2 + ws) : INFINITY;
+      delta[hi] = ok ? __ldg(p.delta + ws) : 0.0f;
+    }
+#pragma unroll
+    for (int n = 0; n < T::kNS; ++n) {
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const float p0 = exp2_approx(s[n][2 * hi] - lse2[hi]);
+        const float p1 = exp2_approx(s[n][2 * hi + 1] - lse2[hi]);
+        const float ds0 = p0 * (dp[n][2 * hi] - delta[hi]);
+        const float ds1 = p1 * (dp[n][2 * hi + 1] - delta[hi]);
+        const int row = mt * 16 + g + 8 * hi;
+        const int off = (swz_offset<T::kBlockK>(row, (c0 >> 3) + n) + 2 * t) * 2;
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + off), "r"(pack2<kBf16>(p0, p1)));
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + off), "r"(pack2<kBf16>(ds0, ds1)));
+      }
+    }
+    __syncthreads();  // P, dS complete
+
+    // ---- dK/dV phase: dV += P^T dO, dK += dS^T Q for keys 16*kt.. of the block.
+#pragma unroll
+    for (int kk = 0; kk < T::kBlockQ / 16; ++kk) {
+      uint32_t a[4];
+      load_frag_a_trans<T::kBlockK>(a, sP, kt * 16, kk * 16, lane);
+#pragma unroll
+      for (int n = 0; n < T::kNV; n += 2) {
+        if (dv0 + n * 8 < p.head_dv) {
+          uint32_t bb[4];
+          load_frag_b_kn<T::kDv>(bb, sO, dv0 + n * 8, kk * 16, lane);
+          mma_16816<kBf16>(acc_dv[n], a, bb[0], bb[1]);
+          mma_16816<kBf16>(acc_dv[n + 1], a, bb[2], bb[3]);
+        }
+      }
+      load_frag_a_trans<T::kBlockK>(a, sdS, kt * 16, kk * 16, lane);
+#pragma unroll
+      for (int n = 0; n < T::kNK; n += 2) {
+        if (dk0 + n * 8 < p.head_dqk) {
+          uint32_t bb[4];
+          load_frag_b_kn<T::kDqk>(bb, sQ, dk0 + n * 8, kk * 16, lane);
+          mma_16816<kBf16>(acc_dk[n], a, bb[0], bb[1]);
+          mma_16816<kBf16>(acc_dk[n + 1], a, bb[2], bb[3]);
+        }
+      }
+    }
+    h = h_next;
+    qb = qb_next;
+    payload = payload_next;
+    have = have_next;
+    buf ^= 1;
+  }
+  cp_async_wait<0>();
+
+  // ---- Epilogue: dK (scaled) and dV; key blocks nobody sees get zeros.
+  uint16_t* dk = static_cast<uint16_t*>(p.dk) + int64_t(b) * p.dka.batch_stride + krow * p.dka.row_stride +
+                 int64_t(hkv) * p.dka.head_stride;
+  uint16_t* dv = static_cast<uint16_t*>(p.dv) + int64_t(b) * p.dva.batch_stride + krow * p.dva.row_stride +
+                 int64_t(hkv) * p.dva.head_stride;
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int key = kt * 16 + g + 8 * hi;
+    if (key < keys_valid) {
+#pragma unroll
+      for (int n = 0; n < T::kNK; ++n) {
+        const int col = dk0 + n * 8 + 2 * t;
+        if (col < p.head_dqk) {
+          *reinterpret_cast<uint32_t*>(dk + int64_t(key) * p.dka.row_stride + col) =
+              pack2<kBf16>(acc_dk[n][2 * hi] * p.scale, acc_dk[n][2 * hi + 1] * p.scale);
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < T::kNV; ++n) {
+        const int col = dv0 + n * 8 + 2 * t;
+        if (col < p.head_dv) {
+          *reinterpret_cast<uint32_t*>(dv + int64_t(key) * p.dva.row_stride + col) =
+              pack2<kBf16>(acc_dv[n][2 * hi], acc_dv[n][2 * hi + 1]);
+        }
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. dQ, deterministic: grid (global query block of the backward view, query head).
+template <class T, bool kBf16>
+__global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const FlexBwdParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t sQ = smem_u32(smem);
+  const uint32_t sO = sQ + T::kSmemQ;
+  const uint32_t sK0 = sO + T::kSmemO;               // K[2]
+  const uint32_t sV0 = sK0 + 2 * T::kSmemK;          // V[2]
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int g = lane >> 2, t = lane & 3;
+
+  const int gq = blockIdx.x, h = blockIdx.y;
+  const int b = find_block_owner(p.view.q_block_start, p.batch, gq);
+  const int qb = gq - __ldg(p.view.q_block_start + b);
+  const int hkv = h / p.group_size;
+  const int hm = p.mask_per_head ? h : 0;
+  const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
+  const int k_start = __ldg(p.cu_seqlens_k + b), len_k = __ldg(p.cu_seqlens_k + b + 1) - k_start;
+  const int row0 = qb * T::kBlockQ;
+  const int rows_valid = min(T::kBlockQ, len_q - row0);
+  const int64_t qrow = int64_t(p.varlen ? q_start : 0) + row0;
+  const int64_t krow_base = p.varlen ? k_start : 0;
+
+  const int64_t r = int64_t(hm) * p.view.num_q_blocks + gq;
+  BlockCursor cur{p.view.q2k_partial_kb, p.view.q2k_full_kb, __ldg(p.view.q2k_partial_ptr + r),
+                  __ldg(p.view.q2k_partial_ptr + r + 1), __ldg(p.view.q2k_full_ptr + r),
+                  __ldg(p.view.q2k_full_ptr + r + 1)};
+  auto load_kv = [&](int buf, int kbb) {
+    const int64_t row = krow_base + int64_t(kbb) * T::kBlockK;
+    const int rows = len_k - kbb * T::kBlockK;
+    load_tile_async<T::kBlockK, T::kDqk, T::kThreadsQ>(sK0 + buf * T::kSmemK, row_ptr<T>(p.k, p.ka, b, row, hkv),
+                                                       p.ka.row_stride, rows, p.head_dqk, p.k, tid);
+    load_tile_async<T::kBlockK, T::kDv, T::kThreadsQ>(sV0 + buf * T::kSmemV, row_ptr<T>(p.v, p.va, b, row, hkv),
+                                                      p.va.row_stride, rows, p.head_dv, p.v, tid);
+  };
+
+  load_tile_async<T::kBlockQ, T::kDqk, T::kThreadsQ>(sQ, row_ptr<T>(p.q, p.qa, b, qrow, h), p.qa.row_stride,
+                                                     rows_valid, p.head_dqk, p.q, tid);
+  load_tile_async<T::kBlockQ, T::kDv, T::kThreadsQ>(sO, row_ptr<T>(p.dout, p.doa, b, qrow, h), p.doa.row_stride,
+                                                    rows_valid, p.head_dv, p.dout, tid);
+  int kb = 0, entry = 0;
+  bool partial = false;
+  bool have = cur.next(kb, partial, entry);
+  if (have) load_kv(0, kb);
+  cp_async_commit();
+
+  float lse2[2], delta[2];
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int rr = row0 + warp * 16 + g + 8 * hi;
+    const bool ok = rr < len_q;
+    const int64_t ws = int64_t(h) * p.total_q + q_start + rr;
+    lse2[hi] = ok ? __ldg(p.lse2 + ws) : INFINITY;
+    delta[hi] = ok ? __ldg(p.delta + ws) : 0.0f;
+  }
+  float acc[T::kNQ][4];
+#pragma unroll
+  for (int n = 0; n < T::kNQ; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  const size_t words_per_tile = size_t(T::kBlockQ) * T::kBlockK / 32;
+  int buf = 0;
+
+  while (have) {
+    cp_async_wait<0>();
+    __syncthreads();  // K/V[buf] visible; everyone is done with K/V[buf ^ 1]
+    int kb_next = 0, entry_next = 0;
+    bool partial_next = false;
+    const bool have_next = cur.next(kb_next, partial_next, entry_next);
+    if (have_next) load_kv(buf ^ 1, kb_next);
+    cp_async_commit();
+    const uint32_t sK = sK0 + buf * T::kSmemK, sV = sV0 + buf * T::kSmemV;
+
+    float s[T::kNSQ][4], dp[T::kNSQ][4];
+#pragma unroll
+    for (int n = 0; n < T::kNSQ; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[n][i] = dp[n][i] = 0.0f;
+    }
+#pragma unroll
+    for (int kk = 0; kk < T::kDqk / 16; ++kk) {
+      if (kk * 16 < p.head_dqk) {
+        uint32_t a[4];
+        load_frag_a<T::kDqk>(a, sQ, warp * 16, kk * 16, lane);
+#pragma unroll
+        for (int n = 0; n < T::kNSQ; n += 2) {
+          uint32_t bb[4];
+          load_frag_b_nk<T::kDqk>(bb, sK, n * 8, kk * 16, lane);
+          mma_16816<kBf16>(s[n], a, bb[0], bb[1]);
+          mma_16816<kBf16>(s[n + 1], a, bb[2], bb[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < T::kDv / 16; ++kk) {
+      if (kk * 16 < p.head_dv) {
+        uint32_t a[4];
+        load_frag_a<T::kDv>(a, sO, warp * 16, kk * 16, lane);
+#pragma unroll
+        for (int n = 0; n < T::kNSQ; n += 2) {
+          uint32_t bb[4];
+          load_frag_b_nk<T::kDv>(bb, sV, n * 8, kk * 16, lane);
+          mma_16816<kBf16>(dp[n], a, bb[0], bb[1]);
+          mma_16816<kBf16>(dp[n + 1], a, bb[2], bb[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < T::kNSQ; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[n][i] *= p.scale_log2;
+    }
+    if (partial) {
+      apply_payload<T::kNSQ>(s, p.view.q2k_partial_bits + size_t(entry) * words_per_tile, warp, 0, T::kBlockK, lane);
+    }
+#pragma unroll
+    for (int n = 0; n < T::kNSQ; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float pr = exp2_approx(s[n][i] - lse2[i >> 1]);
+        s[n][i] = pr * (dp[n][i] - delta[i >> 1]);  // dS
+      }
+    }
+    // dQ += dS K: dS (registers, 16-bit) is the A operand, K[key][d] the B operand.
+#pragma unroll
+    for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = pack2<kBf16>(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack2<kBf16>(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack2<kBf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack2<kBf16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int n = 0; n < T::kNQ; n += 2) {
+        if (n * 8 < p.head_dqk) {
+          uint32_t bb[4];
+          load_frag_b_kn<T::kDqk>(bb, sK, n * 8, kk * 16, lane);
+          mma_16816<kBf16>(acc[n], a, bb[0], bb[1]);
+          mma_16816<kBf16>(acc[n + 1], a, bb[2], bb[3]);
+        }
+      }
+    }
+    kb = kb_next;
+    partial = partial_next;
+    entry = entry_next;
+    have = have_next;
+    buf ^= 1;
+  }
+  cp_async_wait<0>();
+
+  uint16_t* dq = static_cast<uint16_t*>(p.dq) + int64_t(b) * p.dqa.batch_stride + qrow * p.dqa.row_stride +
+                 int64_t(h) * p.dqa.head_stride;
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int row = warp * 16 + g + 8 * hi;
+    if (row < rows_valid) {
+#pragma unroll
+      for (int n = 0; n < T::kNQ; ++n) {
+        const int col = n * 8 + 2 * t;
+        if (col < p.head_dqk) {
+          *reinterpret_cast<uint32_t*>(dq + int64_t(row) * p.dqa.row_stride + col) =
+              pack2<kBf16>(acc[n][2 * hi] * p.scale, acc[n][2 * hi + 1] * p.scale);
+        }
+      }
+    }
+  }
+}
+
+}  // namespace flashspan::kern

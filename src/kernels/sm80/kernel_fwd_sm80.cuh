@@ -1,0 +1,217 @@
+// Flex attention forward kernel for sm_80 and newer (mma.sync m16n8k16, cp.async, ldmatrix).
+//
+// Algorithm: FlashAttention-2 (Dao 2023) forward over the plan's block-sparse Q2K lists.
+// One CTA per task of plan.fwd_tasks {local query block, query head, batch, cost}; kWarps =
+// kBlockQ/16 warps, warp w owns query rows 16w..16w+15 of the block (its m16 tile, which is
+// also payload sub-tile row mt = w). Key blocks are visited in ascending order, merged from
+// the full list (no masking) and the partial list (payload bits applied to the scores);
+// empty blocks are never visited.
+//
+// Pipeline (single K and V buffers, as in FA2): K[i] is loaded while P[i-1] V[i-1] runs and
+// V[i] while Q K[i]^T and the softmax run; two barriers per block.
+// Shared memory: Q (kBlockQ x kDqk) + K (kBlockK x kDqk) + V (kBlockK x kDv), 16-bit, swizzled.
+// Head dims below the tile's are zero-filled on load and the unused k-steps skipped.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/block_range.cuh"
+#include "kernels/common/flex_params.h"
+#include "kernels/common/mask_apply.cuh"
+#include "kernels/common/ptx.cuh"
+#include "kernels/common/softmax.cuh"
+#include "kernels/common/tile_io.cuh"
+
+namespace flashspan::kern {
+
+template <int kBlockQ_, int kBlockK_, int kDqk_, int kDv_>
+struct FwdTraitsSm80 {
+  static constexpr int kBlockQ = kBlockQ_, kBlockK = kBlockK_, kDqk = kDqk_, kDv = kDv_;
+  static constexpr int kWarps = kBlockQ / 16;
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kNS = kBlockK / 8;  // n8 blocks of a score row tile
+  static constexpr int kNO = kDv / 8;      // n8 blocks of the output tile
+  static constexpr int kSmemQ = kBlockQ * kDqk * 2;
+  static constexpr int kSmemK = kBlockK * kDqk * 2;
+  static constexpr int kSmemV = kBlockK * kDv * 2;
+  static constexpr int kSmemBytes = kSmemQ + kSmemK + kSmemV;
+  static_assert(kBlockQ % 16 == 0 && kBlockK % 64 == 0 && kDqk % 64 == 0 && kDv % 64 == 0);
+};
+
+__global__ void fill_neg_inf_kernel(float* p, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) p[i] = -INFINITY;
+}
+
+template <class T, bool kBf16, bool kMaxLogit>
+__global__ void __launch_bounds__(T::kThreads) flex_fwd_kernel_sm80(const FlexFwdParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t sQ = smem_u32(smem);
+  const uint32_t sK = sQ + T::kSmemQ;
+  const uint32_t sV = sK + T::kSmemK;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+
+  int qb, h, b;
+  if (p.grid_mode) {
+    const int gq = blockIdx.x;
+    h = blockIdx.y;
+    b = find_block_owner(p.view.q_block_start, p.num_batch, gq);
+    qb = gq - __ldg(p.view.q_block_start + b);
+  } else {
+    const int32_t* task = p.view.tasks + 4 * int64_t(blockIdx.x);
+    qb = __ldg(task + 0);
+    h = __ldg(task + 1);
+    b = __ldg(task + 2);
+  }
+  const int hkv = h / p.group_size;
+  const int hm = p.mask_per_head ? h : 0;
+  const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
+  const int k_start = __ldg(p.cu_seqlens_k + b), len_k = __ldg(p.cu_seqlens_k + b + 1) - k_start;
+  const int row0 = qb * T::kBlockQ;
+  const int rows_valid = min(T::kBlockQ, len_q - row0);
+
+  const int64_t r = int64_t(hm) * p.view.num_q_blocks + __ldg(p.view.q_block_start + b) + qb;
+  BlockCursor cur{p.view.q2k_partial_kb, p.view.q2k_full_kb, __ldg(p.view.q2k_partial_ptr + r),
+                  __ldg(p.view.q2k_partial_ptr + r + 1), __ldg(p.view.q2k_full_ptr + r),
+                  __ldg(p.view.q2k_full_ptr + r + 1)};
+
+  const uint16_t* q = static_cast<const uint16_t*>(p.q) + int64_t(b) * p.qa.batch_stride +
+                      (int64_t(p.varlen ? q_start : 0) + row0) * p.qa.row_stride + int64_t(h) * p.qa.head_stride;
+  const uint16_t* k = static_cast<const uint16_t*>(p.k) + int64_t(b) * p.ka.batch_stride +
+                      int64_t(p.varlen ? k_start : 0) * p.ka.row_stride + int64_t(hkv) * p.ka.head_stride;
+  const uint16_t* v = static_cast<const uint16_t*>(p.v) + int64_t(b) * p.va.batch_stride +
+                      int64_t(p.varlen ? k_start : 0) * p.va.row_stride + int64_t(hkv) * p.va.head_stride;
+
+  int kb = 0, entry = 0;
+  bool partial = false;
+  bool have = cur.next(kb, partial, entry);
+  load_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ, q, p.qa.row_stride, rows_valid, p.dqk, p.q, tid);
+  if (have) {
+    load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + int64_t(kb) * T::kBlockK * p.ka.row_stride,
+                                                      p.ka.row_stride, len_k - kb * T::kBlockK, p.dqk, p.k, tid);
+  }
+  cp_async_commit();
+
+  float acc_o[T::kNO][4];
+#pragma unroll
+  for (int n = 0; n < T::kNO; ++n) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.0f;
+  float m[2] = {-INFINITY, -INFINITY};
+  float l[2] = {0.0f, 0.0f};
+  const int m0 = warp * 16;
+  const size_t words_per_tile = size_t(T::kBlockQ) * T::kBlockK / 32;
+
+  while (have) {
+    cp_async_wait<0>();
+    __syncthreads();  // K[kb] visible to all; every warp is done with V of the previous block
+    load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, v + int64_t(kb) * T::kBlockK * p.va.row_stride,
+                                                     p.va.row_stride, len_k - kb * T::kBlockK, p.dv, p.v, tid);
+    cp_async_commit();
+
+    float s[T::kNS][4];
+#pragma unroll
+    for (int n = 0; n < T::kNS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < T::kDqk / 16; ++kk) {
+      if (kk * 16 < p.dqk) {
+        uint32_t a[4];
+        load_frag_a<T::kDqk>(a, sQ, m0, kk * 16, lane);
+#pragma unroll
+        for (int n = 0; n < T::kNS; n += 2) {
+          uint32_t bb[4];
+          load_frag_b_nk<T::kDqk>(bb, sK, n * 8, kk * 16, lane);
+          mma_16816<kBf16>(s[n], a, bb[0], bb[1]);
+          mma_16816<kBf16>(s[n + 1], a, bb[2], bb[3]);
+        }
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < T::kNS; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[n][i] *= p.scale_log2;
+    }
+    if (partial) {
+      apply_payload<T::kNS>(s, p.view.q2k_partial_bits + size_t(entry) * words_per_tile, warp, 0, T::kBlockK, lane);
+    }
+    online_softmax_step<T::kNS, T::kNO>(s, m, l, acc_o);
+
+    int kb_next = 0, entry_next = 0;
+    bool partial_next = false;
+    const bool have_next = cur.next(kb_next, partial_next, entry_next);
+    cp_async_wait<0>();
+    __syncthreads();  // V[kb] visible; every warp is done with K[kb]
+    if (have_next) {
+      load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + int64_t(kb_next) * T::kBlockK * p.ka.row_stride,
+                                                        p.ka.row_stride, len_k - kb_next * T::kBlockK, p.dqk, p.k,
+                                                        tid);
+    }
+    cp_async_commit();
+
+#pragma unroll
+    for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
+      uint32_t a[4];
+      a[0] = pack2<kBf16>(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack2<kBf16>(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack2<kBf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack2<kBf16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+      for (int n = 0; n < T::kNO; n += 2) {
+        if (n * 8 < p.dv) {
+          uint32_t bb[4];
+          load_frag_b_kn<T::kDv>(bb, sV, n * 8, kk * 16, lane);
+          mma_16816<kBf16>(acc_o[n], a, bb[0], bb[1]);
+          mma_16816<kBf16>(acc_o[n + 1], a, bb[2], bb[3]);
+        }
+      }
+    }
+    kb = kb_next;
+    partial = partial_next;
+    entry = entry_next;
+    have = have_next;
+  }
+  cp_async_wait<0>();
+
+  // Epilogue: normalise, write O (0 for empty rows), LSE (natural log, -inf for empty rows).
+  constexpr float kLn2 = 0.6931471805599453f;
+  const int g = lane >> 2, t = lane & 3;
+  uint16_t* o = static_cast<uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride +
+                (int64_t(p.varlen ? q_start : 0) + row0) * p.oa.row_stride + int64_t(h) * p.oa.head_stride;
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const float lsum = quad_sum(l[hi]);
+    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+    const int row = m0 + g + 8 * hi;
+    if (row < rows_valid) {
+      uint16_t* orow = o + int64_t(row) * p.oa.row_stride;
+#pragma unroll
+      for (int n = 0; n < T::kNO; ++n) {
+        const int col = n * 8 + 2 * t;
+        if (col < p.dv) {
+          *reinterpret_cast<uint32_t*>(orow + col) = pack2<kBf16>(acc_o[n][2 * hi] * inv, acc_o[n][2 * hi + 1] * inv);
+        }
+      }
+      if (p.lse != nullptr && t == 0) {
+        const float lse = lsum > 0.0f ? (m[hi] + __log2f(lsum)) * kLn2 : -INFINITY;
+        p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride +
+              (int64_t(p.varlen ? q_start : 0) + row0 + row) * p.lsea.row_stride] = lse;
+      }
+    }
+  }
+
+  if constexpr (kMaxLogit) {
+    // max over visible scores of scale * q.k: the running max is in log2 units.
+    float mx = fmaxf(m[0], m[1]);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    __shared__ float red[T::kWarps];
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    if (tid == 0) {
+      float v = red[0];
+#pragma unroll
+      for (int w = 1; w < T::kWarps; ++w) v = fmaxf(v, red[w]);
+      if (v != -INFINITY) atomic_max_float(p.max_logit + h, v * kLn2);
+    }
+  }
+}
+
+}  // namespace flashspan::kern

@@ -1,0 +1,73 @@
+// Instantiations and launch of the sm80 flex backward kernels (preprocess, dK/dV, dQ):
+// head-dim tiles {64, 128, (192,128), 256} x {fp16, bf16}.
+//
+// dQ is computed by its own kernel in both modes (deterministic or not): it walks each query
+// block's key blocks in ascending order without atomics, so results are bitwise reproducible.
+// (An atomic fp32 dQ accumulated inside the dK/dV kernel would save recomputing S and dP.)
+#include "kernels/sm80/kernel_bwd_sm80.cuh"
+#include "kernels/sm80/launch_common_sm80.h"
+
+namespace flashspan::sm80 {
+namespace {
+
+template <class Kernel>
+void set_smem(Kernel kernel, int bytes, const char* what) {
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what);
+}
+
+template <class T, bool kBf16>
+void run_bwd(const FlexBwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stream) {
+  auto dkdv = kern::flex_bwd_dkdv_kernel_sm80<T, kBf16>;
+  auto dq = kern::flex_bwd_dq_kernel_sm80<T, kBf16>;
+  static const bool attrs_set = [&] {
+    set_smem(dkdv, T::kSmemBytes, "flex backward dK/dV: cudaFuncSetAttribute");
+    set_smem(dq, T::kSmemBytesQ, "flex backward dQ: cudaFuncSetAttribute");
+    return true;
+  }();
+  (void)attrs_set;
+  if (cfg.num_bwd_tasks > 0) {
+    const dim3 grid = p.grid_mode ? dim3(unsigned(p.view.num_k_blocks), unsigned(p.num_heads_q / p.group_size))
+                                  : dim3(unsigned(cfg.num_bwd_tasks));
+    dkdv<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
+    check_launch("flex backward dK/dV (sm80)");
+  }
+  if (cfg.num_q_blocks > 0) {
+    dq<<<dim3(unsigned(cfg.num_q_blocks), unsigned(p.num_heads_q)), T::kThreadsQ, T::kSmemBytesQ, stream>>>(p);
+    check_launch("flex backward dQ (sm80)");
+  }
+}
+
+template <class T>
+void run_bwd_dtype(const FlexBwdParams& p, DType dtype, const BwdLaunchSm80& cfg, cudaStream_t stream) {
+  if (dtype == DType::kBFloat16) {
+    run_bwd<T, true>(p, cfg, stream);
+  } else {
+    run_bwd<T, false>(p, cfg, stream);
+  }
+}
+
+}  // namespace
+
+void launch_bwd_sm80(const FlexBwdParams& p, const TileSm80& tile, DType dtype, const BwdLaunchSm80& cfg,
+                     cudaStream_t stream) {
+  if (cfg.total_q > 0) {
+    const dim3 grid(unsigned((cfg.max_seqlen_q + 7) / 8), unsigned(p.num_heads_q), unsigned(p.batch));
+    if (dtype == DType::kBFloat16) {
+      kern::flex_bwd_preprocess_kernel<true><<<grid, 256, 0, stream>>>(p);
+    } else {
+      kern::flex_bwd_preprocess_kernel<false><<<grid, 256, 0, stream>>>(p);
+    }
+    check_launch("flex backward preprocess (sm80)");
+  }
+  if (tile.dqk_tile == 64) {
+    run_bwd_dtype<kern::BwdTraitsSm80<64, 128, 64, 64>>(p, dtype, cfg, stream);
+  } else if (tile.dqk_tile == 128) {
+    run_bwd_dtype<kern::BwdTraitsSm80<64, 128, 128, 128>>(p, dtype, cfg, stream);
+  } else if (tile.dqk_tile == 192) {
+    run_bwd_dtype<kern::BwdTraitsSm80<64, 64, 192, 128>>(p, dtype, cfg, stream);
+  } else {
+    run_bwd_dtype<kern::BwdTraitsSm80<64, 64, 256, 256>>(p, dtype, cfg, stream);
+  }
+}
+
+}  // namespace flashspan::sm80

@@ -1,0 +1,94 @@
+// Host helpers shared by the sm80 launchers: tensor addressing, alignment checks, launch
+// error checks, and the tile table of the sm80 kernels.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/error.h"
+#include "core/geometry.h"
+#include "core/tensor_view.h"
+#include "kernels/common/flex_params.h"
+
+namespace flashspan::sm80 {
+
+// Throws Error(kCudaError) naming `what` when the last launch failed.
+inline void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  FS_CHECK(e == cudaSuccess, Status::kCudaError, what, ": kernel launch failed: ", cudaGetErrorString(e));
+}
+
+inline void check_cuda(cudaError_t e, const char* what) {
+  FS_CHECK(e == cudaSuccess, Status::kCudaError, what, ": ", cudaGetErrorString(e));
+}
+
+// Strides of a q/k/v/o-like tensor: BSHD [B,S,H,D] or THD [T,H,D].
+inline FlexTensorAddr qkv_addr(const TensorView& t, bool varlen) {
+  FlexTensorAddr a;
+  if (varlen) {
+    a.batch_stride = 0;
+    a.row_stride = t.stride(0);
+    a.head_stride = t.stride(1);
+  } else {
+    a.batch_stride = t.stride(0);
+    a.row_stride = t.stride(1);
+    a.head_stride = t.stride(2);
+  }
+  return a;
+}
+
+// Strides of an LSE-like fp32 tensor: BSHD [B,Hq,Sq] or THD [Hq,Tq].
+inline FlexTensorAddr lse_addr(const TensorView& t, bool varlen) {
+  FlexTensorAddr a;
+  if (varlen) {
+    a.batch_stride = 0;
+    a.head_stride = t.stride(0);
+    a.row_stride = t.stride(1);
+  } else {
+    a.batch_stride = t.stride(0);
+    a.head_stride = t.stride(1);
+    a.row_stride = t.stride(2);
+  }
+  return a;
+}
+
+// The kernels move 16-byte chunks (8 elements): data pointers must be 16-byte aligned and
+// every stride but the last a multiple of 8 elements.
+inline void check_vec_aligned(const TensorView& t, const char* name) {
+  FS_CHECK_SUPPORTED(reinterpret_cast<uintptr_t>(t.data) % 16 == 0, name,
+                     ": data pointer must be 16-byte aligned for the GPU kernels");
+  for (int d = 0; d + 1 < t.ndim; ++d) {
+    FS_CHECK_SUPPORTED(t.shape[d] <= 1 || t.strides[d] % 8 == 0, name, ": stride ", t.strides[d], " of dimension ",
+                       d, " must be a multiple of 8 elements for the GPU kernels");
+  }
+}
+
+// Tiles of the sm80 kernels, by head dims (the head-dim tile is the next of 64, 128,
+// (192, 128), 256 that covers both dims).
+struct TileSm80 {
+  int dqk_tile, dv_tile;
+  int fwd_bq, fwd_bk;
+  int bwd_bq, bwd_bk;
+};
+
+inline TileSm80 tile_sm80(int dqk, int dv) {
+  if (dqk <= 64 && dv <= 64) return {64, 64, 128, 64, 64, 128};
+  if (dqk <= 128 && dv <= 128) return {128, 128, 128, 64, 64, 128};
+  if (dqk == 192 && dv == 128) return {192, 128, 128, 64, 64, 64};
+  return {256, 256, 64, 64, 64, 64};
+}
+
+void launch_fwd_sm80(const FlexFwdParams& p, const TileSm80& tile, DType dtype, int num_tasks, cudaStream_t stream);
+
+struct BwdLaunchSm80 {
+  bool deterministic = false;
+  int num_q_blocks = 0;     // bwd view NQB (all samples)
+  int num_bwd_tasks = 0;    // dK/dV CTAs (tasks, or key blocks in grid mode)
+  int64_t total_q = 0;
+  int64_t max_seqlen_q = 0;
+};
+void launch_bwd_sm80(const FlexBwdParams& p, const TileSm80& tile, DType dtype, const BwdLaunchSm80& cfg,
+                     cudaStream_t stream);
+
+}  // namespace flashspan::sm80

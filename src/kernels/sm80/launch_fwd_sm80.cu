@@ -1,0 +1,57 @@
+// Instantiations and launch of the sm80 flex forward kernel: head-dim tiles
+// {64, 128, (192,128), 256} x {fp16, bf16} x {max_logit off, on}.
+#include "kernels/sm80/kernel_fwd_sm80.cuh"
+#include "kernels/sm80/launch_common_sm80.h"
+
+namespace flashspan::sm80 {
+namespace {
+
+template <class T, bool kBf16, bool kMaxLogit>
+void run_fwd(const FlexFwdParams& p, int num_tasks, cudaStream_t stream) {
+  auto kernel = kern::flex_fwd_kernel_sm80<T, kBf16, kMaxLogit>;
+  static const cudaError_t attr_status =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
+  check_cuda(attr_status, "flex forward: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  const dim3 grid = p.grid_mode ? dim3(unsigned(p.view.num_q_blocks), unsigned(p.num_heads_q)) : dim3(unsigned(num_tasks));
+  kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
+  check_launch("flex forward (sm80)");
+}
+
+template <class T, bool kBf16>
+void run_fwd_ml(const FlexFwdParams& p, int num_tasks, cudaStream_t stream) {
+  if (p.max_logit != nullptr) {
+    run_fwd<T, kBf16, true>(p, num_tasks, stream);
+  } else {
+    run_fwd<T, kBf16, false>(p, num_tasks, stream);
+  }
+}
+
+template <class T>
+void run_fwd_dtype(const FlexFwdParams& p, DType dtype, int num_tasks, cudaStream_t stream) {
+  if (dtype == DType::kBFloat16) {
+    run_fwd_ml<T, true>(p, num_tasks, stream);
+  } else {
+    run_fwd_ml<T, false>(p, num_tasks, stream);
+  }
+}
+
+}  // namespace
+
+void launch_fwd_sm80(const FlexFwdParams& p, const TileSm80& tile, DType dtype, int num_tasks, cudaStream_t stream) {
+  if (p.max_logit != nullptr) {
+    kern::fill_neg_inf_kernel<<<(p.num_heads_q + 127) / 128, 128, 0, stream>>>(p.max_logit, p.num_heads_q);
+    check_launch("flex forward: max_logit reset");
+  }
+  if (num_tasks == 0 || p.view.num_q_blocks == 0) return;
+  if (tile.dqk_tile == 64) {
+    run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 64, 64>>(p, dtype, num_tasks, stream);
+  } else if (tile.dqk_tile == 128) {
+    run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 128, 128>>(p, dtype, num_tasks, stream);
+  } else if (tile.dqk_tile == 192) {
+    run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 192, 128>>(p, dtype, num_tasks, stream);
+  } else {
+    run_fwd_dtype<kern::FwdTraitsSm80<64, 64, 256, 256>>(p, dtype, num_tasks, stream);
+  }
+}
+
+}  // namespace flashspan::sm80

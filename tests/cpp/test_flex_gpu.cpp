@@ -1,0 +1,685 @@
+// GPU tests of the sm80 flex kernels (src/kernels/sm80) against the CPU reference.
+//
+// Every case: random inputs, a host plan (build_mask_plan_host) uploaded to the device,
+// outputs poisoned with NaN (0xFF bytes) on the device before each run, then out / LSE /
+// max_logit / dQ / dK / dV compared with reference::flex_forward/backward (double
+// accumulation) on the same 16-bit inputs. The backward gets the reference's out (rounded
+// to the dtype) and LSE, so it is checked on its own.
+//
+// Tolerances (the kernels round P and dS to the input dtype before the second GEMM, as
+// FlashAttention-2 does; everything else accumulates in fp32):
+//   out        |err| <= atol + rtol |ref|, bf16 atol = rtol = 1.6e-2, fp16 4e-3
+//   LSE, max   |err| <= 2e-3 + 2e-3 |ref| (fp32; -inf must match exactly)
+//   dQ dK dV   |err| <= c * max|ref| + c |ref| with c = 2.5e-2 (bf16) / 6e-3 (fp16), and
+//              ||err||_2 <= c/2 * ||ref||_2
+// Strided tensors keep NaN padding (no stray writes).
+// Skips when no CUDA device is visible (or the build has no CUDA).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#ifdef FLASHSPAN_WITH_CUDA
+#include <cuda_runtime.h>
+#endif
+
+#include "api/validation.h"
+#include "kernels/flex_launch.h"
+#include "plan/planner.h"
+#include "planner_masks.h"
+#include "reference/reference.h"
+#include "test_util.h"
+
+namespace flashspan::test {
+namespace {
+
+#ifndef FLASHSPAN_WITH_CUDA
+
+TEST(FlexGpu, Skipped) { GTEST_SKIP() << "flashspan was built without CUDA"; }
+
+#else
+
+bool gpu_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define REQUIRE_GPU()                                                      \
+  do {                                                                     \
+    if (!gpu_available()) GTEST_SKIP() << "no CUDA device is visible";     \
+  } while (0)
+
+void cuda_ok(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+// Owned device allocation.
+struct DevBuf {
+  void* p = nullptr;
+  size_t bytes = 0;
+  explicit DevBuf(size_t n = 0) : bytes(n) {
+    if (n) cuda_ok(cudaMalloc(&p, n), "cudaMalloc");
+  }
+  ~DevBuf() {
+    if (p) cudaFree(p);
+  }
+  DevBuf(const DevBuf&) = delete;
+  DevBuf& operator=(const DevBuf&) = delete;
+};
+
+// Elements spanned by a strided view (0 for an empty one).
+int64_t extent(const TensorView& v) {
+  if (v.numel() == 0) return 0;
+  int64_t e = 1;
+  for (int d = 0; d < v.ndim; ++d) e += (v.shape[d] - 1) * v.strides[d];
+  return e;
+}
+
+// Device twin of a host tensor (same strides).
+struct DevTensor {
+  std::unique_ptr<DevBuf> buf;
+  TensorView view;
+  size_t bytes = 0;
+};
+
+DevTensor dev_like(const HostTensor& h, bool copy) {
+  DevTensor d;
+  d.bytes = size_t(extent(h.view())) * dtype_size(h.dtype());
+  d.buf = std::make_unique<DevBuf>(d.bytes ? d.bytes : 16);
+  d.view = h.view();
+  d.view.data = d.buf->p;
+  d.view.device = DeviceType::kCUDA;
+  d.view.device_id = 0;
+  if (copy && d.bytes) cuda_ok(cudaMemcpy(d.buf->p, h.view().data, d.bytes, cudaMemcpyHostToDevice), "upload");
+  if (!copy) cuda_ok(cudaMemset(d.buf->p, 0xff, d.buf->bytes), "poison");  // NaN in fp16/bf16/fp32
+  return d;
+}
+
+void poison(DevTensor& d, cudaStream_t s = nullptr) {
+  cuda_ok(cudaMemsetAsync(d.buf->p, 0xff, d.buf->bytes, s), "poison");
+}
+
+void download(const DevTensor& d, HostTensor& h) {
+  h.poison();
+  if (d.bytes) cuda_ok(cudaMemcpy(h.view().data, d.buf->p, d.bytes, cudaMemcpyDeviceToHost), "download");
+}
+
+std::vector<uint8_t> raw_bytes(const DevTensor& d) {
+  std::vector<uint8_t> out(d.bytes);
+  if (d.bytes) cuda_ok(cudaMemcpy(out.data(), d.buf->p, d.bytes, cudaMemcpyDeviceToHost), "download");
+  return out;
+}
+
+// Copies a host plan to the device (the CUDA planner's output has the same layout).
+std::unique_ptr<MaskPlan> upload_plan(const MaskPlan& host) {
+  auto d = std::make_unique<MaskPlan>();
+  d->geometry = host.geometry;
+  d->geometry.device = DeviceType::kCUDA;
+  d->geometry.device_id = 0;
+  d->signature = host.signature;
+  d->counts = host.counts;
+  d->arrays = host.arrays;
+  d->buffer_elements = host.buffer_elements;
+  const size_t bytes = size_t(std::max<int64_t>(host.buffer_elements, 1)) * sizeof(int32_t);
+  cuda_ok(cudaMalloc(&d->device_buffer, bytes), "cudaMalloc(plan)");
+  if (host.buffer_elements > 0) {
+    cuda_ok(cudaMemcpy(d->device_buffer, host.host_buffer.data(), size_t(host.buffer_elements) * sizeof(int32_t),
+                       cudaMemcpyHostToDevice),
+            "upload plan");
+  }
+  return d;
+}
+
+// ---------------------------------------------------------------------------
+// A test case
+// ---------------------------------------------------------------------------
+
+struct Case {
+  bool varlen = false;
+  int batch = 1;
+  int64_t sq = 64, sk = 64;              // BSHD
+  std::vector<int64_t> lq, lk;           // THD
+  HeadConfig h;
+  std::string mask = "random";           // "random" or a BENCHMARK.md mask name (B = 1, Hmask = 1)
+  MaskOptions mopt;
+  bool strided = false;
+  bool backward = true;
+  bool deterministic = true;
+  uint64_t seed = 1;
+
+  std::string describe() const {
+    std::ostringstream os;
+    os << (varlen ? "THD" : "BSHD") << " B=" << batch;
+    if (varlen) {
+      os << " lq=[";
+      for (auto x : lq) os << x << ",";
+      os << "] lk=[";
+      for (auto x : lk) os << x << ",";
+      os << "]";
+    } else {
+      os << " Sq=" << sq << " Sk=" << sk;
+    }
+    os << " Hq=" << h.hq << " Hkv=" << h.hkv << " Hmask=" << h.hmask << " nfunc=" << h.nfunc << " D=" << h.dqk
+       << "/" << h.dv << " " << dtype_name(h.dtype) << " mask=" << mask << " gran=" << mopt.granularity
+       << (strided ? " strided" : "") << " seed=" << seed;
+    return os.str();
+  }
+};
+
+struct Tol {
+  double out, grad, stat = 2e-3;
+};
+Tol tol_for(DType t) { return t == DType::kBFloat16 ? Tol{1.6e-2, 2.5e-2} : Tol{4e-3, 6e-3}; }
+
+::testing::AssertionResult grad_close(const std::vector<double>& got, const std::vector<double>& want, double c) {
+  const double scale = max_abs(want);
+  auto r = all_close(got, want, c, c * scale + 1e-6);
+  if (!r) return r;
+  double e2 = 0, w2 = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    e2 += (got[i] - want[i]) * (got[i] - want[i]);
+    w2 += want[i] * want[i];
+  }
+  if (std::sqrt(e2) <= 0.5 * c * std::sqrt(w2) + 1e-6) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "relative L2 error " << std::sqrt(e2 / std::max(w2, 1e-300))
+                                       << " > " << 0.5 * c;
+}
+
+// Everything a case needs on host and device.
+struct Problem {
+  Case c;
+  FlexGeometry g;   // CPU geometry (for the reference)
+  FlexGeometry gd;  // the same on cuda:0 (for the kernels)
+  std::vector<int32_t> mask;
+  std::unique_ptr<MaskPlan> host_plan, plan;
+  float scale = 0;
+  HostTensor q, k, v, dout;
+  HostTensor ref_out, ref_lse, ref_ml, ref_dq, ref_dk, ref_dv;
+  DevTensor dq_in, dk_in, dv_in, ddout, dref_out, dref_lse;  // device inputs
+};
+
+FlexGeometry make_case_geometry(const Case& c) {
+  if (c.varlen) return make_thd_geometry(c.lq, c.lk, c.h);
+  return make_bshd_geometry(c.batch, c.sq, c.sk, c.h);
+}
+
+std::unique_ptr<Problem> make_problem(Case c) {
+  auto p = std::make_unique<Problem>();
+  Rng rng(c.seed);
+  if (c.mask != "random") {
+    const fs_test::SampleMask m = fs_test::mask_by_name(c.mask, c.sq);
+    c.h.nfunc = m.nfunc;
+    c.h.hmask = 1;
+    c.batch = 1;
+    c.sk = c.sq;
+    p->c = c;
+    p->g = make_case_geometry(c);
+    p->mask = m.ep;
+  } else {
+    p->c = c;
+    p->g = make_case_geometry(c);
+    p->mask = random_interval_mask(rng, p->g, c.mopt);
+  }
+  const FlexGeometry& g = p->g;
+  p->gd = g;
+  p->gd.device = DeviceType::kCUDA;
+  p->gd.device_id = 0;
+  PlanRequest req;
+  req.geometry = &g;
+  req.consumer = consumer_for(80, g.head_dim_qk, g.head_dim_v);
+  req.build_backward = c.backward;
+  p->host_plan = build_mask_plan_host(req, p->mask.data(), false);
+  p->plan = upload_plan(*p->host_plan);
+  p->scale = default_softmax_scale(g.head_dim_qk);
+
+  const DimOrder order = c.strided ? heads_outer_order(g.varlen ? 3 : 4) : DimOrder{};
+  const int64_t pad = c.strided ? 8 : 0;
+  p->q = make_q(g, order, pad);
+  p->k = make_k(g, order, pad);
+  p->v = make_v(g, order, pad);
+  p->dout = make_out(g, order, pad);
+  p->q.fill_uniform(rng, -1.5, 1.5);
+  p->k.fill_uniform(rng, -1.5, 1.5);
+  p->v.fill_uniform(rng, -1.0, 1.0);
+  p->dout.fill_uniform(rng, -1.0, 1.0);
+
+  p->ref_out = make_out(g);
+  p->ref_lse = make_lse(g);
+  p->ref_ml = HostTensor(DType::kFloat32, {g.num_heads_q});
+  reference::FlexForwardArgs fa;
+  fa.geometry = &g;
+  fa.mask = p->mask.data();
+  fa.q = p->q.view();
+  fa.k = p->k.view();
+  fa.v = p->v.view();
+  fa.out = p->ref_out.view();
+  fa.lse = p->ref_lse.view();
+  fa.max_logit = p->ref_ml.view();
+  fa.softmax_scale = p->scale;
+  fa.accumulate_double = true;
+  reference::flex_forward(fa);
+  if (c.backward) {
+    p->ref_dq = make_q(g);
+    p->ref_dk = make_k(g);
+    p->ref_dv = make_v(g);
+    reference::FlexBackwardArgs ba;
+    ba.geometry = &g;
+    ba.mask = p->mask.data();
+    ba.q = p->q.view();
+    ba.k = p->k.view();
+    ba.v = p->v.view();
+    ba.out = p->ref_out.view();
+    ba.dout = p->dout.view();
+    ba.lse = p->ref_lse.view();
+    ba.dq = p->ref_dq.view();
+    ba.dk = p->ref_dk.view();
+    ba.dv = p->ref_dv.view();
+    ba.softmax_scale = p->scale;
+    ba.accumulate_double = true;
+    reference::flex_backward(ba);
+  }
+  p->dq_in = dev_like(p->q, true);
+  p->dk_in = dev_like(p->k, true);
+  p->dv_in = dev_like(p->v, true);
+  p->ddout = dev_like(p->dout, true);
+  p->dref_out = dev_like(p->ref_out, true);
+  p->dref_lse = dev_like(p->ref_lse, true);
+  return p;
+}
+
+// Device outputs of one forward / backward run.
+struct FwdOut {
+  HostTensor out, lse, ml;
+  DevTensor dout_, dlse, dml;
+};
+struct BwdOut {
+  HostTensor dq, dk, dv;
+  DevTensor ddq, ddk, ddv;
+  std::unique_ptr<DevBuf> ws;
+};
+
+std::unique_ptr<FwdOut> alloc_fwd(const Problem& p, bool strided_out) {
+  auto f = std::make_unique<FwdOut>();
+  const DimOrder order = strided_out ? heads_outer_order(p.g.varlen ? 3 : 4) : DimOrder{};
+  f->out = make_out(p.g, order, strided_out ? 8 : 0);
+  f->lse = make_lse(p.g, strided_out ? 8 : 0);
+  f->ml = HostTensor(DType::kFloat32, {p.g.num_heads_q});
+  f->out.poison();
+  f->lse.poison();
+  f->ml.poison();
+  f->dout_ = dev_like(f->out, false);
+  f->dlse = dev_like(f->lse, false);
+  f->dml = dev_like(f->ml, false);
+  return f;
+}
+
+void launch_fwd(const Problem& p, FwdOut& f, cudaStream_t s, bool lse = true, bool ml = true) {
+  FlexFwdLaunch a;
+  a.geometry = &p.gd;
+  a.plan = p.plan.get();
+  a.q = p.dq_in.view;
+  a.k = p.dk_in.view;
+  a.v = p.dv_in.view;
+  a.out = f.dout_.view;
+  if (lse) a.lse = f.dlse.view;
+  if (ml) a.max_logit = f.dml.view;
+  a.softmax_scale = p.scale;
+  a.stream = s;
+  launch_flex_fwd(a);
+}
+
+std::unique_ptr<BwdOut> alloc_bwd(const Problem& p, bool strided_out) {
+  auto b = std::make_unique<BwdOut>();
+  const DimOrder order = strided_out ? heads_outer_order(p.g.varlen ? 3 : 4) : DimOrder{};
+  const int64_t pad = strided_out ? 8 : 0;
+  b->dq = make_q(p.g, order, pad);
+  b->dk = make_k(p.g, order, pad);
+  b->dv = make_v(p.g, order, pad);
+  b->ddq = dev_like(b->dq, false);
+  b->ddk = dev_like(b->dk, false);
+  b->ddv = dev_like(b->dv, false);
+  b->ws = std::make_unique<DevBuf>(std::max<size_t>(16, flex_bwd_workspace_size(p.gd, *p.plan, p.c.deterministic)));
+  return b;
+}
+
+void launch_bwd(const Problem& p, BwdOut& b, cudaStream_t s) {
+  FlexBwdLaunch a;
+  a.geometry = &p.gd;
+  a.plan = p.plan.get();
+  a.q = p.dq_in.view;
+  a.k = p.dk_in.view;
+  a.v = p.dv_in.view;
+  a.out = p.dref_out.view;
+  a.dout = p.ddout.view;
+  a.lse = p.dref_lse.view;
+  a.dq = b.ddq.view;
+  a.dk = b.ddk.view;
+  a.dv = b.ddv.view;
+  a.softmax_scale = p.scale;
+  a.deterministic = p.c.deterministic;
+  a.workspace = b.ws->p;
+  a.workspace_bytes = b.ws->bytes;
+  a.stream = s;
+  launch_flex_bwd(a);
+}
+
+// Runs one case end to end and checks every output.
+void run_case(const Case& c) {
+  SCOPED_TRACE(c.describe());
+  std::unique_ptr<Problem> pp;
+  ASSERT_NO_THROW(pp = make_problem(c));
+  Problem& p = *pp;
+  ASSERT_NO_THROW(flex_check_support_gpu(p.gd, *p.plan, c.backward));
+  const Tol tol = tol_for(p.g.dtype);
+
+  auto f = alloc_fwd(p, c.strided);
+  ASSERT_NO_THROW(launch_fwd(p, *f, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  download(f->dout_, f->out);
+  download(f->dlse, f->lse);
+  download(f->dml, f->ml);
+  EXPECT_TRUE(all_close(f->out.to_vector(), p.ref_out.to_vector(), tol.out, tol.out)) << "out";
+  EXPECT_TRUE(all_close(f->lse.to_vector(), p.ref_lse.to_vector(), tol.stat, tol.stat)) << "lse";
+  EXPECT_TRUE(all_close(f->ml.to_vector(), p.ref_ml.to_vector(), tol.stat, tol.stat)) << "max_logit";
+  EXPECT_EQ(f->out.padding_changed(), 0) << "out: stray writes";
+  EXPECT_EQ(f->lse.padding_changed(), 0) << "lse: stray writes";
+
+  if (!c.backward) return;
+  auto b = alloc_bwd(p, c.strided);
+  ASSERT_NO_THROW(launch_bwd(p, *b, nullptr));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  download(b->ddq, b->dq);
+  download(b->ddk, b->dk);
+  download(b->ddv, b->dv);
+  EXPECT_TRUE(grad_close(b->dq.to_vector(), p.ref_dq.to_vector(), tol.grad)) << "dq";
+  EXPECT_TRUE(grad_close(b->dk.to_vector(), p.ref_dk.to_vector(), tol.grad)) << "dk";
+  EXPECT_TRUE(grad_close(b->dv.to_vector(), p.ref_dv.to_vector(), tol.grad)) << "dv";
+  EXPECT_EQ(b->dq.padding_changed(), 0) << "dq: stray writes";
+  EXPECT_EQ(b->dk.padding_changed(), 0) << "dk: stray writes";
+  EXPECT_EQ(b->dv.padding_changed(), 0) << "dv: stray writes";
+}
+
+// ---------------------------------------------------------------------------
+// Random case generator
+// ---------------------------------------------------------------------------
+
+Case random_case(uint64_t seed) {
+  Rng rng(seed * 7919 + 13);
+  auto pick = [&](int n) { return int(rng() % uint64_t(n)); };
+  Case c;
+  c.seed = seed;
+  c.h.dtype = pick(2) ? DType::kBFloat16 : DType::kFloat16;
+  static const int dims[][2] = {{8, 8},   {40, 40},  {64, 64},  {96, 96},  {128, 128}, {192, 128}, {256, 256},
+                                {16, 64}, {128, 40}, {24, 120}, {72, 8},   {64, 128},  {32, 32},   {112, 104}};
+  const int nd = sizeof(dims) / sizeof(dims[0]);
+  const int di = pick(nd + 3);
+  if (di < nd) {
+    c.h.dqk = dims[di][0];
+    c.h.dv = dims[di][1];
+  } else {
+    c.h.dqk = 8 * (1 + pick(16));
+    c.h.dv = 8 * (1 + pick(16));
+  }
+  static const int heads[][2] = {{1, 1}, {2, 1}, {4, 2}, {3, 3}, {4, 1}, {6, 2}, {2, 2}};
+  const int hi = pick(7);
+  c.h.hq = heads[hi][0];
+  c.h.hkv = heads[hi][1];
+  c.h.hmask = pick(2) ? c.h.hq : 1;
+  static const int nfuncs[] = {1, 3, 5};
+  c.h.nfunc = nfuncs[pick(3)];
+  const bool big = c.h.dqk >= 192;
+  const int64_t smax = big ? 200 : 330;
+  c.varlen = pick(2) == 0;
+  if (c.varlen) {
+    const int B = 1 + pick(4);
+    for (int b = 0; b < B; ++b) {
+      const bool zero_q = pick(6) == 0, zero_k = pick(8) == 0;
+      c.lq.push_back(zero_q ? 0 : 1 + pick(int(smax)));
+      c.lk.push_back(zero_k ? 0 : 1 + pick(int(smax)));
+    }
+    c.batch = B;
+  } else {
+    c.batch = 1 + pick(3);
+    c.sq = 1 + pick(int(smax));
+    c.sk = 1 + pick(int(smax));
+  }
+  c.mopt.granularity = pick(3) == 0 ? 64 : (pick(2) ? 16 : 1);
+  c.strided = pick(3) == 0;
+  c.deterministic = pick(2) == 0;
+  return c;
+}
+
+TEST(FlexGpu, RandomCases) {
+  REQUIRE_GPU();
+  for (uint64_t s = 1; s <= 96; ++s) run_case(random_case(s));
+}
+
+// Head dims the brief names explicitly, each with both dtypes, on a GQA THD problem.
+TEST(FlexGpu, HeadDims) {
+  REQUIRE_GPU();
+  const int dims[][2] = {{8, 8}, {40, 40}, {64, 64}, {96, 96}, {128, 128}, {192, 128}, {256, 256}};
+  uint64_t seed = 1000;
+  for (const auto& d : dims) {
+    for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+      Case c;
+      c.varlen = true;
+      c.lq = {150, 0, 70};
+      c.lk = {129, 40, 0};
+      c.batch = 3;
+      c.h = HeadConfig{4, 2, 4, 3, d[0], d[1], t};
+      c.seed = ++seed;
+      run_case(c);
+    }
+  }
+}
+
+// The eight BENCHMARK.md masks (small S), BSHD B=1, GQA, D=128 and 64.
+TEST(FlexGpu, BenchmarkMasks) {
+  REQUIRE_GPU();
+  uint64_t seed = 2000;
+  for (const std::string& name : fs_test::benchmark_mask_names()) {
+    Case c;
+    c.mask = name;
+    c.sq = name == "causal" || name == "tree_bfs" ? 2048 : 1024;
+    c.h = HeadConfig{2, 1, 1, 1, 128, 128, DType::kBFloat16};
+    if (name == "hstu" || name == "local") c.h = HeadConfig{2, 2, 1, 1, 64, 64, DType::kFloat16};
+    c.seed = ++seed;
+    run_case(c);
+  }
+}
+
+// MQA, Hmask = Hq, a block-granular mask (many full blocks) and a fully empty mask.
+TEST(FlexGpu, SpecialMasks) {
+  REQUIRE_GPU();
+  {
+    Case c;
+    c.batch = 2;
+    c.sq = 300;
+    c.sk = 260;
+    c.h = HeadConfig{4, 1, 4, 3, 128, 128, DType::kBFloat16};
+    c.mopt.granularity = 64;
+    c.mopt.p_full_row = 0.4;
+    c.seed = 3001;
+    run_case(c);
+  }
+  {
+    Case c;  // every row empty: out = 0, LSE = -inf, max_logit = -inf, zero gradients
+    c.sq = 100;
+    c.sk = 90;
+    c.h = HeadConfig{2, 1, 1, 1, 64, 64, DType::kFloat16};
+    c.mopt.p_empty_row = 1.0;
+    c.seed = 3002;
+    run_case(c);
+  }
+}
+
+// deterministic = true: dq/dk/dv bitwise identical over three runs.
+TEST(FlexGpu, DeterministicBackward) {
+  REQUIRE_GPU();
+  Case c;
+  c.varlen = true;
+  c.lq = {700, 333};
+  c.lk = {650, 400};
+  c.batch = 2;
+  c.h = HeadConfig{4, 2, 1, 3, 128, 128, DType::kBFloat16};
+  c.deterministic = true;
+  c.seed = 4001;
+  auto p = make_problem(c);
+  std::vector<uint8_t> first[3];
+  for (int run = 0; run < 3; ++run) {
+    auto b = alloc_bwd(*p, false);
+    launch_bwd(*p, *b, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<uint8_t> got[3] = {raw_bytes(b->ddq), raw_bytes(b->ddk), raw_bytes(b->ddv)};
+    for (int i = 0; i < 3; ++i) {
+      if (run == 0) {
+        first[i] = got[i];
+      } else {
+        EXPECT_TRUE(got[i] == first[i]) << "run " << run << " differs in output " << i;
+      }
+    }
+  }
+}
+
+// Forward and backward captured into one CUDA graph; replays give the eager results.
+TEST(FlexGpu, CudaGraphReplay) {
+  REQUIRE_GPU();
+  Case c;
+  c.batch = 2;
+  c.sq = 384;
+  c.sk = 320;
+  c.h = HeadConfig{4, 2, 4, 3, 64, 64, DType::kFloat16};
+  c.seed = 5001;
+  auto p = make_problem(c);
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  auto fe = alloc_fwd(*p, false);
+  auto be = alloc_bwd(*p, false);
+  launch_fwd(*p, *fe, s);
+  launch_bwd(*p, *be, s);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+
+  auto fg = alloc_fwd(*p, false);
+  auto bg = alloc_bwd(*p, false);
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  launch_fwd(*p, *fg, s);
+  launch_bwd(*p, *bg, s);
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int rep = 0; rep < 2; ++rep) {
+    for (DevTensor* d : {&fg->dout_, &fg->dlse, &fg->dml, &bg->ddq, &bg->ddk, &bg->ddv}) poison(*d, s);
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_TRUE(raw_bytes(fg->dout_) == raw_bytes(fe->dout_)) << "out, replay " << rep;
+    EXPECT_TRUE(raw_bytes(fg->dlse) == raw_bytes(fe->dlse)) << "lse, replay " << rep;
+    EXPECT_TRUE(raw_bytes(fg->dml) == raw_bytes(fe->dml)) << "max_logit, replay " << rep;
+    EXPECT_TRUE(raw_bytes(bg->ddq) == raw_bytes(be->ddq)) << "dq, replay " << rep;
+    EXPECT_TRUE(raw_bytes(bg->ddk) == raw_bytes(be->ddk)) << "dk, replay " << rep;
+    EXPECT_TRUE(raw_bytes(bg->ddv) == raw_bytes(be->ddv)) << "dv, replay " << rep;
+  }
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
+}
+
+// Two streams run forward + backward concurrently on one shared plan.
+TEST(FlexGpu, TwoStreamsSharePlan) {
+  REQUIRE_GPU();
+  Case c;
+  c.varlen = true;
+  c.lq = {513, 200, 64};
+  c.lk = {400, 333, 1};
+  c.batch = 3;
+  c.h = HeadConfig{4, 4, 1, 3, 128, 128, DType::kBFloat16};
+  c.seed = 6001;
+  auto p = make_problem(c);
+  auto fe = alloc_fwd(*p, false);
+  auto be = alloc_bwd(*p, false);
+  launch_fwd(*p, *fe, nullptr);
+  launch_bwd(*p, *be, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+
+  cudaStream_t s[2];
+  std::unique_ptr<FwdOut> f[2];
+  std::unique_ptr<BwdOut> b[2];
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(cudaStreamCreateWithFlags(&s[i], cudaStreamNonBlocking), cudaSuccess);
+    f[i] = alloc_fwd(*p, false);
+    b[i] = alloc_bwd(*p, false);
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (int rep = 0; rep < 3; ++rep) {
+    for (int i = 0; i < 2; ++i) {
+      launch_fwd(*p, *f[i], s[i]);
+      launch_bwd(*p, *b[i], s[i]);
+    }
+  }
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_TRUE(raw_bytes(f[i]->dout_) == raw_bytes(fe->dout_)) << "out, stream " << i;
+    EXPECT_TRUE(raw_bytes(f[i]->dlse) == raw_bytes(fe->dlse)) << "lse, stream " << i;
+    EXPECT_TRUE(raw_bytes(b[i]->ddq) == raw_bytes(be->ddq)) << "dq, stream " << i;
+    EXPECT_TRUE(raw_bytes(b[i]->ddk) == raw_bytes(be->ddk)) << "dk, stream " << i;
+    EXPECT_TRUE(raw_bytes(b[i]->ddv) == raw_bytes(be->ddv)) << "dv, stream " << i;
+    cudaStreamDestroy(s[i]);
+  }
+}
+
+// Forward without the optional outputs leaves their buffers alone.
+TEST(FlexGpu, OptionalOutputsOff) {
+  REQUIRE_GPU();
+  Case c;
+  c.sq = 200;
+  c.sk = 150;
+  c.h = HeadConfig{2, 1, 1, 1, 64, 64, DType::kBFloat16};
+  c.backward = false;
+  c.seed = 7001;
+  auto p = make_problem(c);
+  auto f = alloc_fwd(*p, false);
+  launch_fwd(*p, *f, nullptr, false, false);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  download(f->dout_, f->out);
+  download(f->dlse, f->lse);
+  EXPECT_TRUE(all_close(f->out.to_vector(), p->ref_out.to_vector(), 1.6e-2, 1.6e-2));
+  for (double x : f->lse.to_vector()) ASSERT_TRUE(std::isnan(x)) << "lse written although not requested";
+}
+
+// Support checks name the argument and the rule.
+TEST(FlexGpu, SupportChecks) {
+  REQUIRE_GPU();
+  Case c;
+  c.sq = 64;
+  c.sk = 64;
+  c.h = HeadConfig{1, 1, 1, 1, 64, 64, DType::kBFloat16};
+  c.backward = false;
+  auto p = make_problem(c);
+  FlexGeometry g = p->gd;
+  g.dtype = DType::kFloat32;
+  EXPECT_TRUE(throws_error([&] { flex_check_support_gpu(g, *p->plan, false); }, Status::kNotSupported, "q:"));
+  g = p->gd;
+  EXPECT_TRUE(throws_error([&] { flex_check_support_gpu(g, *p->plan, true); }, Status::kNotSupported,
+                           "backward"));
+  MaskPlan other;
+  other.geometry = p->gd;
+  other.signature = p->plan->signature;
+  other.signature.consumer.arch = 90;
+  EXPECT_TRUE(throws_error([&] { flex_check_support_gpu(g, other, false); }, Status::kNotSupported, "mask_plan"));
+  other.signature.consumer = consumer_for(80, 256, 256);
+  EXPECT_TRUE(throws_error([&] { flex_check_support_gpu(g, other, false); }, Status::kNotSupported, "tile"));
+  g.head_dim_qk = 192;
+  g.head_dim_v = 192;
+  EXPECT_TRUE(throws_error([&] { flex_check_support_gpu(g, *p->plan, false); }, Status::kNotSupported,
+                           "head_dim"));
+}
+
+#endif  // FLASHSPAN_WITH_CUDA
+
+}  // namespace
+}  // namespace flashspan::test
