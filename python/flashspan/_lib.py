@@ -310,6 +310,21 @@ _DTYPES = {
 }
 
 
+def _fs_dtype(dtype: torch.dtype, name: str) -> "FsDType":
+    code_bits = _DTYPES.get(dtype)
+    if code_bits is None:
+        raise TypeError(f"{name}: dtype {dtype} is not supported by flashspan")
+    return FsDType(code_bits[0], code_bits[1], 1)
+
+
+def _fs_device(device: torch.device, name: str) -> "FsDevice":
+    if device.type == "cuda":
+        return FsDevice(DEVICE_CUDA, device.index if device.index is not None else 0)
+    if device.type == "cpu":
+        return FsDevice(DEVICE_CPU, 0)
+    raise TypeError(f"{name}: device {device} is not supported (CPU or CUDA tensors only)")
+
+
 class TensorDesc:
     """An fs_tensor_t describing a torch.Tensor; owns the shape/stride arrays it points to.
 
@@ -322,24 +337,27 @@ class TensorDesc:
     def __init__(self, t: torch.Tensor, name: str = "tensor"):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-        code_bits = _DTYPES.get(t.dtype)
-        if code_bits is None:
-            raise TypeError(f"{name}: dtype {t.dtype} is not supported by flashspan")
-        if t.device.type == "cuda":
-            device = FsDevice(DEVICE_CUDA, t.device.index if t.device.index is not None else 0)
-        elif t.device.type == "cpu":
-            device = FsDevice(DEVICE_CPU, 0)
-        else:
-            raise TypeError(f"{name}: device {t.device} is not supported (CPU or CUDA tensors only)")
-        ndim = t.dim()
         self.tensor = t
-        self._shape = (c_int64 * max(ndim, 1))(*t.shape)
-        self._strides = (c_int64 * max(ndim, 1))(*t.stride())
+        self._init(tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr(), name)
+
+    @classmethod
+    def from_spec(cls, shape, strides, dtype: torch.dtype, device: torch.device, name: str) -> "TensorDesc":
+        """A descriptor of a layout without a tensor yet (data NULL until set)."""
+        self = cls.__new__(cls)
+        self.tensor = None
+        self._init(tuple(shape), tuple(strides), dtype, device, 0, name)
+        return self
+
+    def _init(self, shape, strides, dtype, device, data, name):
+        fs_dtype, fs_device = _fs_dtype(dtype, name), _fs_device(device, name)
+        ndim = len(shape)
+        self._shape = (c_int64 * max(ndim, 1))(*shape)
+        self._strides = (c_int64 * max(ndim, 1))(*strides)
         self.struct = FsTensor(
-            c_void_p(t.data_ptr() or None),
-            device,
+            c_void_p(data or None),
+            fs_device,
             ndim,
-            FsDType(code_bits[0], code_bits[1], 1),
+            fs_dtype,
             self._shape,
             self._strides,
             0,  # data_ptr() already includes the storage offset

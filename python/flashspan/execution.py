@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import threading
 from typing import Optional
 
 import torch
@@ -44,6 +45,52 @@ def _workspace_ptr(workspace: Optional[torch.Tensor], need: int, device: torch.d
     if nbytes < need:
         raise ValueError(f"workspace has {nbytes} bytes but this call needs workspace_size = {need} bytes")
     return (workspace.data_ptr() or None), nbytes
+
+
+class _Spec:
+    """Compiled descriptor of one tensor argument: execute() accepts exactly this layout."""
+
+    __slots__ = ("name", "shape", "stride", "dtype", "device")
+
+    def __init__(self, name: str, t: torch.Tensor):
+        self.name, self.shape, self.stride, self.dtype, self.device = name, tuple(t.shape), t.stride(), t.dtype, t.device
+
+    def desc(self) -> _lib.TensorDesc:
+        return _lib.TensorDesc.from_spec(self.shape, self.stride, self.dtype, self.device, self.name)
+
+
+def _specs(names, tensors) -> tuple:
+    return tuple(None if t is None else _Spec(n, t) for n, t in zip(names, tensors))
+
+
+def _bind(spec: Optional[_Spec], d: Optional[_lib.TensorDesc], t: Optional[torch.Tensor], name: str) -> None:
+    """Points a prebuilt descriptor at t after checking t has the compiled layout (host-only, no sync)."""
+    if t is None:
+        if spec is not None:
+            raise ValueError(f"{name}: is required (it was given at construction)")
+        return
+    if spec is None:
+        raise ValueError(f"{name}: was not given at construction, so it must be None")
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype != spec.dtype:
+        raise TypeError(f"{name}: dtype {t.dtype} differs from the compiled {spec.dtype}")
+    if t.device != spec.device:
+        raise TypeError(f"{name}: device {t.device} differs from the compiled {spec.device}")
+    if t.shape != spec.shape or t.stride() != spec.stride:
+        raise ValueError(
+            f"{name}: shape {tuple(t.shape)} or strides differ from the compiled descriptor "
+            f"(strides {t.stride()}; compiled shape {spec.shape}, strides {spec.stride})"
+        )
+    d.struct.data = t.data_ptr() or None
+
+
+class _ThreadArgs(threading.local):
+    """Per-thread argument structs of one op: execute() only swaps data pointers (ctypes releases the
+    GIL during the call, so threads sharing one op must not share the structs)."""
+
+    args = None
+    descs = None
 
 
 class FlexAttentionFwd:
@@ -95,11 +142,15 @@ class FlexAttentionFwd:
         h = ctypes.c_void_p()
         _lib.check(_lib.lib().fs_flex_fwd_create(ctypes.byref(args), ctypes.byref(h)), "FlexAttentionFwd")
         self._handle = h
+        self._specs = _specs(self._NAMES, (q, k, v, out, lse, sample_max_logit))
+        self._tls = _ThreadArgs()
         # The explicit API keeps its sample plan alive; internal cached objects (owned by
         # the plan itself) must not, or plan and cache would form a cycle.
         self._plan = plan if _hold_plan else None
         self._compiled = False
         self._workspace_size: Optional[int] = None
+
+    _NAMES = ("q", "k", "v", "out", "lse", "max_logit")
 
     @staticmethod
     def _descs(q, k, v, out, lse, max_logit):
@@ -171,8 +222,14 @@ class FlexAttentionFwd:
         handle = self._live()
         plan_handle = _check_plan(plan)
         ws_ptr, ws_bytes = _workspace_ptr(workspace, self.workspace_size, q.device)
-        descs = self._descs(q, k, v, out, lse, max_logit_tensor)
-        args = self._args(descs, plan_handle)
+        tls = self._tls
+        if tls.args is None:
+            tls.descs = tuple(None if sp is None else sp.desc() for sp in self._specs)
+            tls.args = self._args(tls.descs, None)
+        for spec, d, t, name in zip(self._specs, tls.descs, (q, k, v, out, lse, max_logit_tensor), self._NAMES):
+            _bind(spec, d, t, name)
+        args = tls.args
+        args.plan = plan_handle
         stream = _lib.stream_of(q)
         _lib.check(
             _lib.lib().fs_flex_fwd_execute(handle, ctypes.byref(args), ws_ptr, ws_bytes, stream),
@@ -239,13 +296,17 @@ class FlexAttentionBwd:
         h = ctypes.c_void_p()
         _lib.check(_lib.lib().fs_flex_bwd_create(ctypes.byref(args), ctypes.byref(h)), "FlexAttentionBwd")
         self._handle = h
+        self._specs = _specs(self._NAMES, (q, k, v, out, do, lse, dq, dk, dv))
+        self._tls = _ThreadArgs()
         self._plan = plan if _hold_plan else None
         self._compiled = False
         self._workspace_size: Optional[int] = None
 
+    _NAMES = ("q", "k", "v", "out", "do", "lse", "dq", "dk", "dv")
+
     @staticmethod
     def _descs(q, k, v, out, do, lse, dq, dk, dv):
-        names = ("q", "k", "v", "out", "do", "lse", "dq", "dk", "dv")
+        names = FlexAttentionBwd._NAMES
         return tuple(_lib.TensorDesc(t, n) for t, n in zip((q, k, v, out, do, lse, dq, dk, dv), names))
 
     def _args(self, d, plan_handle) -> _lib.FsFlexBwdArgs:
@@ -299,8 +360,14 @@ class FlexAttentionBwd:
         handle = self._live()
         plan_handle = _check_plan(plan)
         ws_ptr, ws_bytes = _workspace_ptr(workspace, self.workspace_size, q.device)
-        descs = self._descs(q, k, v, out, do, lse, dq, dk, dv)
-        args = self._args(descs, plan_handle)
+        tls = self._tls
+        if tls.args is None:
+            tls.descs = tuple(sp.desc() for sp in self._specs)
+            tls.args = self._args(tls.descs, None)
+        for spec, d, t, name in zip(self._specs, tls.descs, (q, k, v, out, do, lse, dq, dk, dv), self._NAMES):
+            _bind(spec, d, t, name)
+        args = tls.args
+        args.plan = plan_handle
         stream = _lib.stream_of(q)
         _lib.check(
             _lib.lib().fs_flex_bwd_execute(handle, ctypes.byref(args), ws_ptr, ws_bytes, stream),
