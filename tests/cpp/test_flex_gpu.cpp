@@ -518,6 +518,27 @@ TEST(FlexGpu, SpecialMasks) {
   }
 }
 
+// Two small problems (every kernel family once) for compute-sanitizer runs.
+TEST(FlexGpu, SanitizerSmall) {
+  REQUIRE_GPU();
+  Case a;
+  a.batch = 1;
+  a.sq = 130;
+  a.sk = 140;
+  a.h = HeadConfig{2, 1, 2, 3, 128, 128, DType::kBFloat16};
+  a.seed = 3501;
+  run_case(a);
+  Case b;
+  b.varlen = true;
+  b.lq = {70, 0, 65};
+  b.lk = {66, 20, 0};
+  b.batch = 3;
+  b.h = HeadConfig{2, 2, 1, 1, 256, 256, DType::kFloat16};
+  b.strided = true;
+  b.seed = 3502;
+  run_case(b);
+}
+
 // deterministic = true: dq/dk/dv bitwise identical over three runs.
 TEST(FlexGpu, DeterministicBackward) {
   REQUIRE_GPU();

@@ -24,7 +24,7 @@
 
 namespace flashspan::kern {
 
-template <int kBlockQ_, int kBlockK_, int kDqk_, int kDv_>
+template <int kBlockQ_, int kBlockK_, int kDqk_, int kDv_, int kMinBlocks_ = 1>
 struct FwdTraitsSm80 {
   static constexpr int kBlockQ = kBlockQ_, kBlockK = kBlockK_, kDqk = kDqk_, kDv = kDv_;
   static constexpr int kWarps = kBlockQ / 16;
@@ -35,6 +35,9 @@ struct FwdTraitsSm80 {
   static constexpr int kSmemK = kBlockK * kDqk * 2;
   static constexpr int kSmemV = kBlockK * kDv * 2;
   static constexpr int kSmemBytes = kSmemQ + kSmemK + kSmemV;
+  // CTAs per SM asked of ptxas: 2 caps registers at 128 a thread (16 warps per SM) at the
+  // price of a few spills for D = 128; 1 lets the D = 128 kernel use ~170 registers.
+  static constexpr int kMinBlocks = kMinBlocks_;
   static_assert(kBlockQ % 16 == 0 && kBlockK % 64 == 0 && kDqk % 64 == 0 && kDv % 64 == 0);
 };
 
@@ -44,7 +47,7 @@ __global__ void fill_neg_inf_kernel(float* p, int n) {
 }
 
 template <class T, bool kBf16, bool kMaxLogit>
-__global__ void __launch_bounds__(T::kThreads) flex_fwd_kernel_sm80(const FlexFwdParams p) {
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm80(const FlexFwdParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t sQ = smem_u32(smem);
   const uint32_t sK = sQ + T::kSmemQ;

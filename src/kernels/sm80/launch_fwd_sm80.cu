@@ -1,5 +1,7 @@
 // Instantiations and launch of the sm80 flex forward kernel: head-dim tiles
 // {64, 128, (192,128), 256} x {fp16, bf16} x {max_logit off, on}.
+#include <cstdlib>
+
 #include "kernels/sm80/kernel_fwd_sm80.cuh"
 #include "kernels/sm80/launch_common_sm80.h"
 
@@ -46,7 +48,17 @@ void launch_fwd_sm80(const FlexFwdParams& p, const TileSm80& tile, DType dtype, 
   if (tile.dqk_tile == 64) {
     run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 64, 64>>(p, dtype, num_tasks, stream);
   } else if (tile.dqk_tile == 128) {
-    run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 128, 128>>(p, dtype, num_tasks, stream);
+    // Tuning knob while the occupancy choice is measured: FLASHSPAN_SM80_FWD_MINBLOCKS=2
+    // selects the register-capped bf16 variant.
+    static const bool two_ctas = [] {
+      const char* e = std::getenv("FLASHSPAN_SM80_FWD_MINBLOCKS");
+      return e != nullptr && std::atoi(e) == 2;
+    }();
+    if (two_ctas && dtype == DType::kBFloat16 && p.max_logit == nullptr) {
+      run_fwd<kern::FwdTraitsSm80<128, 64, 128, 128, 2>, true, false>(p, num_tasks, stream);
+    } else {
+      run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 128, 128>>(p, dtype, num_tasks, stream);
+    }
   } else if (tile.dqk_tile == 192) {
     run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 192, 128>>(p, dtype, num_tasks, stream);
   } else {
