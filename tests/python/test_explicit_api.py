@@ -137,3 +137,37 @@ def test_softmax_scale_is_captured(fs):
     fwd.execute(p.q, p.k, p.v, out, plan, lse)  # CPU: workspace_size is 0, no workspace needed
     assert fwd.workspace_size == 0
     assert_close(out, p.reference(scale=0.7)[0], torch.float32, "out")
+
+
+def test_one_op_shared_by_threads(fs):
+    # Compiled objects may be shared by concurrent callers, each with its own outputs.
+    import threading
+
+    p = make_problem(9, batch=2, seqlen_q=40, seqlen_k=40, hq=2, hkv=2, nfunc=3)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    out0, lse0, _ = _buffers(p, plan)
+    fwd = fs.FlexAttentionFwd(p.q, p.k, p.v, out0, plan, lse0)
+    fwd.check_support()
+    fwd.compile()
+    problems = [make_problem(200 + i, batch=2, seqlen_q=40, seqlen_k=40, hq=2, hkv=2, nfunc=3) for i in range(4)]
+    results, errors = {}, []
+
+    def worker(i):
+        try:
+            pp = problems[i]
+            out, lse, _ = _buffers(pp, plan)
+            for _ in range(5):
+                fwd.execute(pp.q, pp.k, pp.v, out, plan, lse)
+            results[i] = out
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for i, pp in enumerate(problems):
+        pp.mask_func = p.mask_func
+        assert_close(results[i], pp.reference()[0], torch.float32, f"out of thread {i}")
