@@ -25,6 +25,20 @@ std::unique_ptr<MaskPlan> build_mask_plan_host(const PlanRequest& req, const int
 // device-side validation errors raised as flashspan::Error) -> materialise. `mask` is
 // device memory, contiguous [Hmask, nfunc, total_q]. Runs on `stream` (cudaStream_t).
 // Defined only when built with CUDA (FLASHSPAN_WITH_CUDA).
+// The plan's arrays are written in stream order on `stream` (the call synchronizes once, for
+// the header); scratch is allocated and freed inside the call. Runs on the current device.
 std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int32_t* mask, void* stream);
+
+#ifdef FLASHSPAN_WITH_CUDA
+// Uploads a host plan into a new CUDA plan (same arrays, counts, signature; one cudaMalloc,
+// synchronous copy), e.g. to feed kernels a host-planned mask in tests. Throws
+// Error(kInvalidArgument) for a plan already on the device, Error(kCudaError/kOutOfMemory).
+// Defined only when built with CUDA.
+std::unique_ptr<MaskPlan> copy_plan_to_device(const MaskPlan& host_plan);
+
+// Downloads a CUDA plan into a new host plan (synchronous), e.g. to compare planners
+// bitwise. Defined only when built with CUDA.
+std::unique_ptr<MaskPlan> copy_plan_to_host(const MaskPlan& device_plan);
+#endif
 
 }  // namespace flashspan

@@ -1,0 +1,433 @@
+// CUDA mask planner (host orchestration; device passes in planner_kernels.cuh).
+//
+// Stages, all on the caller's stream:
+//   1. validate endpoints (first error by (mask head, row, endpoint)), count partial / full
+//      blocks per Q2K row of each view (one CTA per (mask head, query block)), exclusive
+//      scans (CUB), a one-thread kernel that fills the header;
+//   2. read the header back once (the only synchronization), raise endpoint errors with
+//      the host planner's message, allocate the plan buffer exactly (one cudaMalloc);
+//   3. materialise: block lists and payloads (classifier re-run per query block), K2Q by a
+//      stable radix sort of the backward Q2K entries by K2Q row (so each K2Q row keeps the
+//      ascending Q2K order of query blocks), schedules by a radix sort of
+//      ((~cost) << 32 | task index).
+// Scratch (linear in blocks and listed entries) comes from cudaMallocAsync and is freed
+// in stream order before returning.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_scan.cuh>
+#include <vector>
+
+#include "api/validation.h"
+#include "core/error.h"
+#include "plan/plan_layout.h"
+#include "plan/planner.h"
+#include "plan/planner_kernels.cuh"
+
+namespace flashspan {
+namespace {
+
+using namespace plan_gpu;
+
+#define FS_PLAN_CUDA(expr)                                                                                 \
+  do {                                                                                                     \
+    const cudaError_t fs_err_ = (expr);                                                                    \
+    if (fs_err_ != cudaSuccess) {                                                                          \
+      (void)cudaGetLastError();                                                                            \
+      throw ::flashspan::Error(fs_err_ == cudaErrorMemoryAllocation ? ::flashspan::Status::kOutOfMemory    \
+                                                                    : ::flashspan::Status::kCudaError,     \
+                               ::flashspan::detail::concat("CUDA planner: ", #expr, " failed: ",           \
+                                                           cudaGetErrorString(fs_err_)));                  \
+    }                                                                                                      \
+  } while (0)
+
+#define FS_PLAN_LAUNCHED() FS_PLAN_CUDA(cudaGetLastError())
+
+// Stream-ordered scratch allocations, freed (in stream order) when the arena goes away,
+// also when an exception unwinds.
+class Scratch {
+ public:
+  explicit Scratch(cudaStream_t s) : stream_(s) {}
+  ~Scratch() {
+    for (void* p : ptrs_) (void)cudaFreeAsync(p, stream_);
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  template <typename T>
+  T* alloc(long long n) {
+    void* p = nullptr;
+    FS_PLAN_CUDA(cudaMallocAsync(&p, size_t(std::max<long long>(n, 1)) * sizeof(T), stream_));
+    ptrs_.push_back(p);
+    return static_cast<T*>(p);
+  }
+
+ private:
+  cudaStream_t stream_;
+  std::vector<void*> ptrs_;
+};
+
+int grid_for(long long n, int cap = 4096) {
+  return static_cast<int>(std::max<long long>(1, std::min<long long>(cap, (n + kThreads - 1) / kThreads)));
+}
+
+int32_t* arr(MaskPlan& plan, const char* name) {
+  int32_t* p = const_cast<int32_t*>(plan.array(name));
+  FS_CHECK(p != nullptr, Status::kInternal, "CUDA planner: plan array ", name, " missing");
+  return p;
+}
+
+// One view (tile shape) of the plan during planning.
+struct ViewState {
+  int bq = 0, bk = 0;
+  std::vector<int32_t> qbs, kbs;  // host block starts
+  const int32_t* d_qbs = nullptr;  // device copies (meta scratch)
+  const int32_t* d_kbs = nullptr;
+  long long nqb = 0, nkb = 0, rows = 0;  // rows = Hmask * NQB
+  int32_t* p_cnt = nullptr;  // [rows + 1], last entry 0
+  int32_t* f_cnt = nullptr;
+  int32_t* p_ptr = nullptr;  // scanned
+  int32_t* f_ptr = nullptr;
+  int chunk = 1;
+  bool ep_in_smem = false;
+  size_t smem = 0;
+};
+
+RelationArgs relation_args(const FlexGeometry& g, const int32_t* mask, const int32_t* d_cu_q, const int32_t* d_cu_k,
+                           const ViewState& v) {
+  RelationArgs a{};
+  a.mask = mask;
+  a.T = g.total_q;
+  a.nfunc = g.nfunc;
+  a.batch = g.batch;
+  a.cu_q = d_cu_q;
+  a.cu_k = d_cu_k;
+  a.qbs = v.d_qbs;
+  a.kbs = v.d_kbs;
+  a.bq = v.bq;
+  a.bk = v.bk;
+  a.nqb_all = v.nqb;
+  a.nkb_all = v.nkb;
+  a.chunk = v.chunk;
+  a.ep_in_smem = v.ep_in_smem;
+  return a;
+}
+
+void setup_view(ViewState& v, const FlexGeometry& g, int bq, int bk) {
+  v.bq = bq;
+  v.bk = bk;
+  v.qbs = block_starts(g.cu_seqlens_q, bq);
+  v.kbs = block_starts(g.cu_seqlens_k, bk);
+  v.nqb = v.qbs.back();
+  v.nkb = v.kbs.back();
+  v.rows = int64_t(g.num_heads_mask) * v.nqb;
+  FS_CHECK_SUPPORTED(v.rows < (int64_t(1) << 31) && int64_t(g.num_heads_mask) * v.nkb < (int64_t(1) << 31),
+                     "mask_func: Hmask x blocks exceeds 2^31 for tile ", bq, "x", bk);
+  int64_t max_nkb = 1;
+  for (int b = 0; b < g.batch; ++b) max_nkb = std::max<int64_t>(max_nkb, v.kbs[b + 1] - v.kbs[b]);
+  v.chunk = static_cast<int>(std::min<int64_t>(kChunk, max_nkb));
+  v.ep_in_smem = int64_t(g.nfunc) * bq * 4 <= kMaxEpSmemBytes;
+  v.smem = size_t((v.chunk + 4) & ~3) * 4 + (v.ep_in_smem ? size_t(g.nfunc) * bq * 4 : 0);
+}
+
+// ((~cost) << 32 | t) keys, radix sort, decode into `tasks`.
+void build_schedule(const ScheduleArgs& sa, int32_t* tasks, Scratch& scratch, cudaStream_t st) {
+  if (sa.num_tasks == 0) return;
+  auto* keys = scratch.alloc<unsigned long long>(sa.num_tasks);
+  auto* sorted = scratch.alloc<unsigned long long>(sa.num_tasks);
+  schedule_keys_kernel<<<grid_for(sa.num_tasks), kThreads, 0, st>>>(sa, keys);
+  FS_PLAN_LAUNCHED();
+  size_t tmp_bytes = 0;
+  FS_PLAN_CUDA(cub::DeviceRadixSort::SortKeys(nullptr, tmp_bytes, keys, sorted, sa.num_tasks, 0, 64, st));
+  void* tmp = scratch.alloc<char>(static_cast<long long>(tmp_bytes));
+  FS_PLAN_CUDA(cub::DeviceRadixSort::SortKeys(tmp, tmp_bytes, keys, sorted, sa.num_tasks, 0, 64, st));
+  schedule_write_kernel<<<grid_for(sa.num_tasks), kThreads, 0, st>>>(sa, sorted, tasks);
+  FS_PLAN_LAUNCHED();
+}
+
+int bits_for(long long max_value) {
+  int bits = 1;
+  while (bits < 32 && (1ll << bits) <= max_value) ++bits;
+  return bits;
+}
+
+}  // namespace
+
+std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int32_t* mask, void* stream) {
+  check_plan_request(req);
+  const FlexGeometry& g = *req.geometry;
+  FS_CHECK_ARG(mask != nullptr || g.total_q == 0, "mask_func: device endpoints are required");
+  const cudaStream_t st = static_cast<cudaStream_t>(stream);
+  const bool bwd = req.build_backward;
+  const Consumer& c = req.consumer;
+  const int B = g.batch, Hm = g.num_heads_mask;
+  const long long T = g.total_q;
+
+  ViewState fv, bv;
+  setup_view(fv, g, c.fwd_block_q, c.fwd_block_k);
+  if (bwd) setup_view(bv, g, c.bwd_block_q, c.bwd_block_k);
+
+  Scratch scratch(st);
+  // Meta: cu_q, cu_k, fwd qbs/kbs, bwd qbs/kbs (each B+1), one upload.
+  std::vector<int32_t> meta;
+  const std::vector<int32_t>* parts[] = {&g.cu_seqlens_q, &g.cu_seqlens_k, &fv.qbs, &fv.kbs, &bv.qbs, &bv.kbs};
+  for (const std::vector<int32_t>* v : parts) {
+    std::vector<int32_t> x = *v;
+    x.resize(B + 1, 0);  // bwd vectors are empty without backward
+    meta.insert(meta.end(), x.begin(), x.end());
+  }
+  int32_t* d_meta = scratch.alloc<int32_t>(static_cast<long long>(meta.size()));
+  FS_PLAN_CUDA(cudaMemcpyAsync(d_meta, meta.data(), meta.size() * sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  const int32_t* d_cu_q = d_meta;
+  const int32_t* d_cu_k = d_meta + (B + 1);
+  fv.d_qbs = d_meta + 2 * (B + 1);
+  fv.d_kbs = d_meta + 3 * (B + 1);
+  bv.d_qbs = d_meta + 4 * (B + 1);
+  bv.d_kbs = d_meta + 5 * (B + 1);
+
+  // Counts and pointers: [fwd p | fwd f | bwd p | bwd f], each rows + 1.
+  const long long fr = fv.rows + 1, br = bwd ? bv.rows + 1 : 0;
+  int32_t* d_cnt = scratch.alloc<int32_t>(2 * fr + 2 * br);
+  int32_t* d_ptr = scratch.alloc<int32_t>(2 * fr + 2 * br);
+  FS_PLAN_CUDA(cudaMemsetAsync(d_cnt, 0, size_t(2 * fr + 2 * br) * sizeof(int32_t), st));
+  fv.p_cnt = d_cnt;
+  fv.f_cnt = d_cnt + fr;
+  fv.p_ptr = d_ptr;
+  fv.f_ptr = d_ptr + fr;
+  if (bwd) {
+    bv.p_cnt = d_cnt + 2 * fr;
+    bv.f_cnt = d_cnt + 2 * fr + br;
+    bv.p_ptr = d_ptr + 2 * fr;
+    bv.f_ptr = d_ptr + 2 * fr + br;
+  }
+  Header* d_hdr = scratch.alloc<Header>(1);
+  init_header_kernel<<<1, 1, 0, st>>>(d_hdr);
+  FS_PLAN_LAUNCHED();
+
+  // 1. Validate and count.
+  if (Hm * T > 0) {
+    validate_kernel<<<grid_for(Hm * T), kThreads, 0, st>>>(mask, T, g.nfunc, Hm, B, d_cu_q, d_cu_k, d_hdr);
+    FS_PLAN_LAUNCHED();
+  }
+  for (ViewState* v : {&fv, &bv}) {
+    if (v->rows == 0) continue;  // also skips the backward view when not requested
+    RelationArgs a = relation_args(g, mask, d_cu_q, d_cu_k, *v);
+    a.p_cnt = v->p_cnt;
+    a.f_cnt = v->f_cnt;
+    a.visible = v == &fv ? reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(d_hdr) +
+                                                                   offsetof(Header, visible))
+                         : nullptr;
+    relation_kernel<false><<<static_cast<unsigned>(v->rows), kThreads, v->smem, st>>>(a);
+    FS_PLAN_LAUNCHED();
+  }
+  {
+    size_t tmp_bytes = 0, need = 0;
+    for (long long n : {fr, br}) {
+      if (n == 0) continue;
+      FS_PLAN_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, need, d_cnt, d_ptr, n, st));
+      tmp_bytes = std::max(tmp_bytes, need);
+    }
+    void* tmp = scratch.alloc<char>(static_cast<long long>(tmp_bytes));
+    const long long offs[4] = {0, fr, 2 * fr, 2 * fr + br};
+    const long long lens[4] = {fr, fr, br, br};
+    for (int k = 0; k < 4; ++k) {
+      if (lens[k] == 0) continue;
+      size_t bytes = tmp_bytes;
+      FS_PLAN_CUDA(cub::DeviceScan::ExclusiveSum(tmp, bytes, d_cnt + offs[k], d_ptr + offs[k], lens[k], st));
+    }
+  }
+  finalize_header_kernel<<<1, 1, 0, st>>>(d_hdr, mask, T, g.nfunc, B, d_cu_q, d_cu_k, fv.p_ptr + fv.rows,
+                                          fv.f_ptr + fv.rows, bwd ? bv.p_ptr + bv.rows : nullptr,
+                                          bwd ? bv.f_ptr + bv.rows : nullptr);
+  FS_PLAN_LAUNCHED();
+
+  // 2. The one read-back.
+  Header h{};
+  FS_PLAN_CUDA(cudaMemcpyAsync(&h, d_hdr, sizeof(Header), cudaMemcpyDeviceToHost, st));
+  FS_PLAN_CUDA(cudaStreamSynchronize(st));
+  if (h.err_key != ~0ull) throw_endpoint_error(int(h.err_kind), h.err_hm, h.err_row, h.err_index, h.err_value,
+                                               h.err_limit, g);
+
+  auto plan = std::make_unique<MaskPlan>();
+  plan->geometry = g;
+  plan->signature.consumer = c;
+  plan->signature.has_backward = bwd;
+  plan->signature.pack_gqa = false;
+  PlanCounts& n = plan->counts;
+  n.fwd_num_q_blocks = fv.nqb;
+  n.fwd_num_k_blocks = fv.nkb;
+  n.fwd_partial = h.fwd_partial;
+  n.fwd_full = h.fwd_full;
+  n.visible_pairs = static_cast<int64_t>(h.visible);
+  n.num_tasks = int64_t(g.num_heads_q) * fv.nqb;
+  if (bwd) {
+    n.bwd_num_q_blocks = bv.nqb;
+    n.bwd_num_k_blocks = bv.nkb;
+    n.bwd_partial = h.bwd_partial;
+    n.bwd_full = h.bwd_full;
+    n.num_bwd_tasks = int64_t(g.num_heads_kv) * bv.nkb;
+  }
+  assign_plan_layout(*plan, /*keep_mask=*/false);
+  void* buf = nullptr;
+  FS_PLAN_CUDA(cudaMalloc(&buf, size_t(plan->buffer_elements) * sizeof(int32_t)));
+  plan->device_buffer = static_cast<int32_t*>(buf);
+  FS_PLAN_CUDA(cudaMemsetAsync(buf, 0, size_t(plan->buffer_elements) * sizeof(int32_t), st));
+
+  // 3. Materialise. Small arrays first, in one launch.
+  {
+    Segments s{};
+    auto seg = [&](const int32_t* src, const char* name, long long count) {
+      s.src[s.count] = src;
+      s.dst[s.count] = arr(*plan, name);
+      s.n[s.count] = count;
+      ++s.count;
+    };
+    seg(d_cu_q, "cu_seqlens_q", B + 1);
+    seg(d_cu_k, "cu_seqlens_k", B + 1);
+    seg(fv.d_qbs, "fwd_q_block_start", B + 1);
+    seg(fv.d_kbs, "fwd_k_block_start", B + 1);
+    seg(fv.p_ptr, "fwd_q2k_partial_ptr", fr);
+    seg(fv.f_ptr, "fwd_q2k_full_ptr", fr);
+    if (bwd) {
+      seg(bv.d_qbs, "bwd_q_block_start", B + 1);
+      seg(bv.d_kbs, "bwd_k_block_start", B + 1);
+      seg(bv.p_ptr, "bwd_q2k_partial_ptr", br);
+      seg(bv.f_ptr, "bwd_q2k_full_ptr", br);
+    }
+    const long long longest = std::max(fr, std::max<long long>(br, B + 1));
+    copy_segments_kernel<<<dim3(grid_for(longest, 1024), s.count), kThreads, 0, st>>>(s);
+    FS_PLAN_LAUNCHED();
+  }
+  if (fv.rows > 0) {
+    RelationArgs a = relation_args(g, mask, d_cu_q, d_cu_k, fv);
+    a.p_ptr = fv.p_ptr;
+    a.f_ptr = fv.f_ptr;
+    a.p_kb = arr(*plan, "fwd_q2k_partial_kb");
+    a.f_kb = arr(*plan, "fwd_q2k_full_kb");
+    a.bits = reinterpret_cast<uint32_t*>(arr(*plan, "fwd_q2k_partial_bits"));
+    relation_kernel<true><<<static_cast<unsigned>(fv.rows), kThreads, fv.smem, st>>>(a);
+    FS_PLAN_LAUNCHED();
+  }
+  {
+    ScheduleArgs sa{};
+    sa.batch = B;
+    sa.heads = g.num_heads_q;
+    sa.group = 1;
+    sa.shared_mask = Hm == 1;
+    sa.starts = fv.d_qbs;
+    sa.nblk_all = fv.nqb;
+    sa.p_ptr = fv.p_ptr;
+    sa.f_ptr = fv.f_ptr;
+    sa.num_tasks = n.num_tasks;
+    build_schedule(sa, arr(*plan, "fwd_tasks"), scratch, st);
+  }
+
+  if (bwd) {
+    const long long np = n.bwd_partial, nf = n.bwd_full;
+    uint32_t* p_key = scratch.alloc<uint32_t>(np);
+    int32_t* p_qb = scratch.alloc<int32_t>(np);
+    uint32_t* f_key = scratch.alloc<uint32_t>(nf);
+    int32_t* f_qb = scratch.alloc<int32_t>(nf);
+    if (bv.rows > 0) {
+      RelationArgs a = relation_args(g, mask, d_cu_q, d_cu_k, bv);
+      a.p_ptr = bv.p_ptr;
+      a.f_ptr = bv.f_ptr;
+      a.p_kb = arr(*plan, "bwd_q2k_partial_kb");
+      a.f_kb = arr(*plan, "bwd_q2k_full_kb");
+      a.bits = reinterpret_cast<uint32_t*>(arr(*plan, "bwd_q2k_partial_bits"));
+      a.p_key = p_key;
+      a.p_qb = p_qb;
+      a.f_key = f_key;
+      a.f_qb = f_qb;
+      relation_kernel<true><<<static_cast<unsigned>(bv.rows), kThreads, bv.smem, st>>>(a);
+      FS_PLAN_LAUNCHED();
+    }
+    // K2Q: stable sort of the entries (in Q2K order) by K2Q row.
+    const long long k2q_rows = int64_t(Hm) * bv.nkb;
+    const int end_bit = bits_for(k2q_rows);
+    uint32_t* keys_sorted = scratch.alloc<uint32_t>(std::max(np, nf));
+    int32_t* iota = scratch.alloc<int32_t>(np);
+    size_t tmp_bytes = 0, need = 0;
+    if (np > 0) {
+      FS_PLAN_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, need, p_key, keys_sorted, iota, iota, np, 0, end_bit, st));
+      tmp_bytes = std::max(tmp_bytes, need);
+    }
+    if (nf > 0) {
+      FS_PLAN_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, need, f_key, keys_sorted, f_qb, f_qb, nf, 0, end_bit, st));
+      tmp_bytes = std::max(tmp_bytes, need);
+    }
+    void* tmp = scratch.alloc<char>(static_cast<long long>(tmp_bytes));
+    int32_t* k2q_p_ptr = arr(*plan, "bwd_k2q_partial_ptr");
+    int32_t* k2q_f_ptr = arr(*plan, "bwd_k2q_full_ptr");
+    if (np > 0) {
+      int32_t* k2q_idx = arr(*plan, "bwd_k2q_partial_idx");
+      iota_kernel<<<grid_for(np), kThreads, 0, st>>>(iota, np);
+      FS_PLAN_LAUNCHED();
+      size_t bytes = tmp_bytes;
+      FS_PLAN_CUDA(
+          cub::DeviceRadixSort::SortPairs(tmp, bytes, p_key, keys_sorted, iota, k2q_idx, np, 0, end_bit, st));
+      gather_kernel<<<grid_for(np), kThreads, 0, st>>>(k2q_idx, p_qb, arr(*plan, "bwd_k2q_partial_qb"), np);
+      FS_PLAN_LAUNCHED();
+    }
+    lower_bound_ptr_kernel<<<grid_for(k2q_rows + 1), kThreads, 0, st>>>(keys_sorted, np, k2q_p_ptr, k2q_rows);
+    FS_PLAN_LAUNCHED();
+    if (nf > 0) {
+      size_t bytes = tmp_bytes;
+      FS_PLAN_CUDA(cub::DeviceRadixSort::SortPairs(tmp, bytes, f_key, keys_sorted, f_qb,
+                                                   arr(*plan, "bwd_k2q_full_qb"), nf, 0, end_bit, st));
+    }
+    lower_bound_ptr_kernel<<<grid_for(k2q_rows + 1), kThreads, 0, st>>>(keys_sorted, nf, k2q_f_ptr, k2q_rows);
+    FS_PLAN_LAUNCHED();
+
+    ScheduleArgs sa{};
+    sa.batch = B;
+    sa.heads = g.num_heads_kv;
+    sa.group = g.group_size();
+    sa.shared_mask = Hm == 1;
+    sa.starts = bv.d_kbs;
+    sa.nblk_all = bv.nkb;
+    sa.p_ptr = k2q_p_ptr;
+    sa.f_ptr = k2q_f_ptr;
+    sa.num_tasks = n.num_bwd_tasks;
+    build_schedule(sa, arr(*plan, "bwd_tasks"), scratch, st);
+  }
+  return plan;
+}
+
+std::unique_ptr<MaskPlan> copy_plan_to_device(const MaskPlan& host_plan) {
+  FS_CHECK_ARG(!host_plan.on_device(), "plan: is already a device plan");
+  auto plan = std::make_unique<MaskPlan>();
+  plan->geometry = host_plan.geometry;
+  plan->signature = host_plan.signature;
+  plan->counts = host_plan.counts;
+  plan->arrays = host_plan.arrays;
+  plan->buffer_elements = host_plan.buffer_elements;
+  void* buf = nullptr;
+  const size_t bytes = size_t(std::max<int64_t>(host_plan.buffer_elements, 1)) * sizeof(int32_t);
+  FS_PLAN_CUDA(cudaMalloc(&buf, bytes));
+  plan->device_buffer = static_cast<int32_t*>(buf);
+  if (host_plan.buffer_elements > 0)
+    FS_PLAN_CUDA(cudaMemcpy(buf, host_plan.host_buffer.data(), size_t(host_plan.buffer_elements) * sizeof(int32_t),
+                            cudaMemcpyHostToDevice));
+  return plan;
+}
+
+std::unique_ptr<MaskPlan> copy_plan_to_host(const MaskPlan& device_plan) {
+  FS_CHECK_ARG(device_plan.on_device(), "plan: is not a device plan");
+  auto plan = std::make_unique<MaskPlan>();
+  plan->geometry = device_plan.geometry;
+  plan->signature = device_plan.signature;
+  plan->counts = device_plan.counts;
+  plan->arrays = device_plan.arrays;
+  plan->buffer_elements = device_plan.buffer_elements;
+  plan->host_buffer.resize(device_plan.buffer_elements);
+  // cudaMemcpy waits for the planner's stream-ordered writes on the legacy default stream;
+  // callers on other streams synchronize them first.
+  if (device_plan.buffer_elements > 0)
+    FS_PLAN_CUDA(cudaMemcpy(plan->host_buffer.data(), device_plan.device_buffer,
+                            size_t(device_plan.buffer_elements) * sizeof(int32_t), cudaMemcpyDeviceToHost));
+  return plan;
+}
+
+}  // namespace flashspan

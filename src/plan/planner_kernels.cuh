@@ -1,0 +1,432 @@
+// Device passes of the CUDA mask planner (host orchestration: planner_cuda.cu).
+//
+// Every pass is deterministic (integer atomics only where the result is order-free), and
+// the outputs equal the host planner's bit for bit (planner_host.cpp is the oracle).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cub/block/block_scan.cuh>
+
+#include "kernels/common/payload_layout.h"
+
+namespace flashspan {
+namespace plan_gpu {
+
+constexpr int kThreads = 256;
+// Key blocks per shared-memory pass of the classifier: 4096 keeps the difference array at
+// 16 KB (S = 262144 at 64-column tiles in one pass); longer key sequences loop over passes.
+constexpr int kChunk = 4096;
+constexpr int kItems = kChunk / kThreads;  // key blocks per thread in the block scan
+// Endpoints of a query block are staged in shared memory when nfunc * Bq * 4 bytes fit
+// here (nfunc <= 47 at Bq = 128), else read from global memory (L1/L2 hits).
+constexpr int kMaxEpSmemBytes = 24 * 1024;
+
+// Read back once per plan. err_key = (hm * total_q + row) * nfunc + f of the first bad
+// endpoint in host-planner order, or ~0 when the endpoints are valid.
+struct Header {
+  unsigned long long err_key;
+  unsigned long long visible;
+  long long err_kind, err_hm, err_row, err_index, err_value, err_limit;
+  long long fwd_partial, fwd_full, bwd_partial, bwd_full;
+};
+
+// Largest b in [0, n-1] with scale * starts[b] <= x (starts nondecreasing, starts[0] = 0).
+__device__ __forceinline__ int find_segment(const int32_t* starts, int n, long long x, long long scale = 1) {
+  int lo = 0, hi = n - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (scale * starts[mid] <= x) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+__global__ void init_header_kernel(Header* h) {
+  h->err_key = ~0ull;
+  h->visible = 0;
+  h->err_kind = h->err_hm = h->err_row = h->err_index = h->err_value = h->err_limit = 0;
+  h->fwd_partial = h->fwd_full = h->bwd_partial = h->bwd_full = 0;
+}
+
+// One thread per (mask head, row): the row's first bad endpoint (host check order: negative,
+// past len_k, decreasing) competes for the smallest key.
+__global__ void validate_kernel(const int32_t* __restrict__ mask, long long T, int nfunc, int hmask, int batch,
+                                const int32_t* __restrict__ cu_q, const int32_t* __restrict__ cu_k, Header* h) {
+  const long long n = (long long)hmask * T;
+  for (long long x = (long long)blockIdx.x * blockDim.x + threadIdx.x; x < n; x += (long long)gridDim.x * blockDim.x) {
+    const long long hm = x / T, row = x - hm * T;
+    const int b = find_segment(cu_q, batch, row);
+    const long long lk = cu_k[b + 1] - cu_k[b];
+    long long prev = 0;
+    const int32_t* p = mask + hm * nfunc * T + row;
+    for (int f = 0; f < nfunc; ++f) {
+      const long long e = p[(long long)f * T];
+      if (e < 0 || e > lk || e < prev) {
+        atomicMin(&h->err_key, (unsigned long long)((hm * T + row) * nfunc + f));
+        break;
+      }
+      prev = e;
+    }
+  }
+}
+
+// Decodes the first error and copies the CSR totals (last entries of the scans).
+__global__ void finalize_header_kernel(Header* h, const int32_t* __restrict__ mask, long long T, int nfunc, int batch,
+                                       const int32_t* __restrict__ cu_q, const int32_t* __restrict__ cu_k,
+                                       const int32_t* fwd_p_end, const int32_t* fwd_f_end, const int32_t* bwd_p_end,
+                                       const int32_t* bwd_f_end) {
+  h->fwd_partial = *fwd_p_end;
+  h->fwd_full = *fwd_f_end;
+  h->bwd_partial = bwd_p_end ? *bwd_p_end : 0;
+  h->bwd_full = bwd_f_end ? *bwd_f_end : 0;
+  const unsigned long long key = h->err_key;
+  if (key == ~0ull) return;
+  const long long f = (long long)(key % (unsigned long long)nfunc);
+  const long long rest = (long long)(key / (unsigned long long)nfunc);
+  const long long row = rest % T, hm = rest / T;
+  const int b = find_segment(cu_q, batch, row);
+  const long long lk = cu_k[b + 1] - cu_k[b];
+  const int32_t* p = mask + hm * nfunc * T + row;
+  const long long e = p[f * T];
+  const long long prev = f > 0 ? p[(f - 1) * T] : 0;
+  h->err_hm = hm;
+  h->err_row = row;
+  h->err_index = f;
+  h->err_value = e;
+  if (e < 0) {
+    h->err_kind = 1;
+    h->err_limit = lk;
+  } else if (e > lk) {
+    h->err_kind = 2;
+    h->err_limit = lk;
+  } else {
+    h->err_kind = 3;
+    h->err_limit = prev;
+  }
+}
+
+// Arguments of the per-query-block classifier (one CTA per CSR row hm * NQB + gq).
+struct RelationArgs {
+  const int32_t* mask;  // [Hmask, nfunc, T]
+  long long T;
+  int nfunc, batch;
+  const int32_t* cu_q;  // [B+1] device copies
+  const int32_t* cu_k;
+  const int32_t* qbs;   // block starts [B+1] of this view
+  const int32_t* kbs;
+  int bq, bk;
+  long long nqb_all, nkb_all;
+  int chunk;            // key blocks per pass (<= kChunk); sizes the shared difference array
+  bool ep_in_smem;
+  // Count pass.
+  int32_t* p_cnt;       // [Hmask*NQB] partial / full blocks per CSR row
+  int32_t* f_cnt;
+  unsigned long long* visible;  // optional: visible pairs
+  // Materialise pass.
+  const int32_t* p_ptr;
+  const int32_t* f_ptr;
+  int32_t* p_kb;
+  int32_t* f_kb;
+  uint32_t* bits;
+  uint32_t* p_key;      // optional (backward): K2Q row of each entry, and its local query block
+  int32_t* p_qb;
+  uint32_t* f_key;
+  int32_t* f_qb;
+};
+
+// Adds [a, e) (columns relative to the pass start, a < e) to the pass's difference array.
+__device__ __forceinline__ void add_interval_shared(int32_t* diff, long long a, long long e, int bk) {
+  const int ka = (int)(a / bk), ke = (int)((e - 1) / bk);
+  if (ka == ke) {
+    atomicAdd(&diff[ka], (int)(e - a));
+    atomicAdd(&diff[ka + 1], -(int)(e - a));
+    return;
+  }
+  const int first = (int)((long long)(ka + 1) * bk - a), last = (int)(e - (long long)ke * bk);
+  atomicAdd(&diff[ka], first);
+  atomicAdd(&diff[ka + 1], bk - first);  // blocks ka+1 .. ke-1 are fully covered
+  atomicAdd(&diff[ke], last - bk);
+  atomicAdd(&diff[ke + 1], -last);
+}
+
+// Payload word w of the block at key column col0 (payload_layout.h, inverted): the word
+// holds rows 16*mt + g and 16*mt + 8 + g, columns 64*ct + 8*j + 2*q + e (j < 8, e < 2).
+// A key is visible iff an even number of the row's endpoints are <= it.
+__device__ __forceinline__ uint32_t payload_word(const int32_t* ep, long long stride, int nfunc, int rows,
+                                                 long long col0, int bk, int w) {
+  const int per_mt = 32 * (bk >> 6);
+  const int mt = w / per_mt, rem = w - mt * per_mt;
+  const int ct = rem >> 5, lane = rem & 31, g = lane >> 2, qd = lane & 3;
+  uint32_t word = 0;
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int r = 16 * mt + 8 * hi + g;
+    if (r >= rows) continue;
+    const int32_t* e = ep + r;
+    const long long cbase = col0 + 64 * ct + 2 * qd;
+    // f = number of endpoints <= cbase (binary search: endpoints are nondecreasing).
+    int lo = 0, hi_n = nfunc;
+    while (lo < hi_n) {
+      const int mid = (lo + hi_n) >> 1;
+      if (e[mid * stride] <= cbase) lo = mid + 1;
+      else hi_n = mid;
+    }
+    int f = lo;
+#pragma unroll
+    for (int j = 0; j < 8; ++j) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const long long c = cbase + 8 * j + x;
+        while (f < nfunc && e[f * stride] <= c) ++f;
+        if (!(f & 1)) word |= 1u << (4 * j + 2 * hi + x);
+      }
+    }
+  }
+  return word;
+}
+
+// Classifies the key blocks of one (mask head, query block): per pass of `chunk` key blocks,
+// the rows' intervals fill a shared difference array (one thread per (row, interval)), a
+// block scan turns it into per-block visible counts (full = Bq*Bk, empty = 0, else partial).
+// kMaterialize = false: counts per CSR row (+ visible pairs). true: writes the sorted block
+// lists at the scanned offsets, then the payloads of the row's partial blocks (one thread
+// per word). Endpoints are clamped to [0, len_k] so that invalid input (rejected after the
+// count pass) cannot index out of bounds.
+template <bool kMaterialize>
+__global__ void __launch_bounds__(kThreads) relation_kernel(RelationArgs a) {
+  using BlockScan = cub::BlockScan<int32_t, kThreads>;
+  __shared__ typename BlockScan::TempStorage scan_tmp;
+  __shared__ int32_t s_p, s_f;
+  __shared__ unsigned long long s_vis;
+  extern __shared__ int32_t smem[];  // diff [chunk + 1], padded to 4; then endpoints [nfunc][bq]
+  int32_t* diff = smem;
+
+  const long long csr_row = blockIdx.x;
+  const int hm = (int)(csr_row / a.nqb_all);
+  const long long gq = csr_row - hm * a.nqb_all;
+  const int b = find_segment(a.qbs, a.batch, gq);
+  const long long i = gq - a.qbs[b];
+  const long long row0 = a.cu_q[b] + i * a.bq;
+  const int rows = (int)min((long long)a.bq, (long long)a.cu_q[b + 1] - row0);
+  const long long lk = a.cu_k[b + 1] - a.cu_k[b];
+  const long long nkb = a.kbs[b + 1] - a.kbs[b];
+  const int tid = threadIdx.x;
+
+  const int32_t* gsrc = a.mask + (long long)hm * a.nfunc * a.T + row0;
+  const int32_t* ep = gsrc;
+  long long stride = a.T;
+  if (a.ep_in_smem) {
+    int32_t* s = smem + ((a.chunk + 4) & ~3);
+    for (int x = tid; x < a.nfunc * rows; x += kThreads) {
+      const int f = x / rows, r = x - f * rows;
+      s[f * a.bq + r] = gsrc[(long long)f * a.T + r];
+    }
+    ep = s;
+    stride = a.bq;
+  }
+  if (tid == 0) {
+    s_p = 0;
+    s_f = 0;
+    s_vis = 0;
+  }
+  __syncthreads();
+
+  const int nint = (a.nfunc + 1) / 2;
+  const int32_t full = a.bq * a.bk;
+  long long p_base = 0, f_base = 0;
+  if (kMaterialize) {
+    p_base = a.p_ptr[csr_row];
+    f_base = a.f_ptr[csr_row];
+  }
+  int32_t run_p = 0, run_f = 0;  // list entries written by earlier passes (uniform)
+  int32_t my_p = 0, my_f = 0;
+  long long my_vis = 0;
+  for (long long c0 = 0; c0 < nkb; c0 += a.chunk) {
+    const int C = (int)min((long long)a.chunk, nkb - c0);
+    for (int x = tid; x <= C; x += kThreads) diff[x] = 0;
+    __syncthreads();
+    const long long lo_col = c0 * a.bk, hi_col = min(lk, (c0 + C) * a.bk);
+    for (long long x = tid; x < (long long)rows * nint; x += kThreads) {
+      const int j = (int)(x / rows), r = (int)(x - (long long)j * rows);
+      long long s = j == 0 ? 0 : ep[(2 * j - 1) * stride + r];
+      long long e = ep[2 * j * stride + r];
+      s = max(lo_col, min(s, hi_col));
+      e = max(lo_col, min(e, hi_col));
+      if (s < e) add_interval_shared(diff, s - lo_col, e - lo_col, a.bk);
+    }
+    __syncthreads();
+    int32_t cnt[kItems];
+    int32_t tsum = 0;
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      const int x = tid * kItems + k;
+      cnt[k] = x < C ? diff[x] : 0;
+      tsum += cnt[k];
+    }
+    int32_t run;
+    BlockScan(scan_tmp).ExclusiveSum(tsum, run);
+    int32_t np = 0, nf = 0;
+#pragma unroll
+    for (int k = 0; k < kItems; ++k) {
+      run += cnt[k];
+      cnt[k] = run;  // visible elements of key block c0 + tid*kItems + k
+      if (tid * kItems + k < C) {
+        my_vis += run;
+        np += run > 0 && run != full;
+        nf += run == full;
+      }
+    }
+    if (!kMaterialize) {
+      my_p += np;
+      my_f += nf;
+    } else {
+      __syncthreads();  // scan_tmp reuse
+      int32_t excl, total;
+      BlockScan(scan_tmp).ExclusiveSum((np << 16) | nf, excl, total);  // per pass: <= 4096 each
+      long long pp = p_base + run_p + (excl >> 16), fp = f_base + run_f + (excl & 0xffff);
+#pragma unroll
+      for (int k = 0; k < kItems; ++k) {
+        const int x = tid * kItems + k;
+        if (x >= C || cnt[k] == 0) continue;
+        const int32_t kb = (int32_t)(c0 + x);
+        if (cnt[k] == full) {
+          a.f_kb[fp] = kb;
+          if (a.f_key) {
+            a.f_key[fp] = (uint32_t)(hm * a.nkb_all + a.kbs[b] + kb);
+            a.f_qb[fp] = (int32_t)i;
+          }
+          ++fp;
+        } else {
+          a.p_kb[pp] = kb;
+          if (a.p_key) {
+            a.p_key[pp] = (uint32_t)(hm * a.nkb_all + a.kbs[b] + kb);
+            a.p_qb[pp] = (int32_t)i;
+          }
+          ++pp;
+        }
+      }
+      run_p += total >> 16;
+      run_f += total & 0xffff;
+    }
+    __syncthreads();  // diff and scan_tmp are reused by the next pass
+  }
+
+  if (!kMaterialize) {
+    if (my_p) atomicAdd(&s_p, my_p);
+    if (my_f) atomicAdd(&s_f, my_f);
+    if (a.visible && my_vis) atomicAdd(&s_vis, (unsigned long long)my_vis);
+    __syncthreads();
+    if (tid == 0) {
+      a.p_cnt[csr_row] = s_p;
+      a.f_cnt[csr_row] = s_f;
+      if (a.visible && s_vis) atomicAdd(a.visible, s_vis);
+    }
+    return;
+  }
+  // Payloads. The block lists above were written by this CTA; __syncthreads() (end of the
+  // last pass) made them visible to all its threads.
+  const int words = a.bq * a.bk / 32;
+  const long long np_row = a.p_ptr[csr_row + 1] - p_base;
+  for (long long x = tid; x < np_row * words; x += kThreads) {
+    const long long e = x / words;
+    const int w = (int)(x - e * words);
+    const long long col0 = (long long)a.p_kb[p_base + e] * a.bk;
+    a.bits[(p_base + e) * words + w] = payload_word(ep, stride, a.nfunc, rows, col0, a.bk, w);
+  }
+}
+
+// Up to kMaxSegments device-to-device int32 copies in one launch (blockIdx.y = segment).
+constexpr int kMaxSegments = 12;
+struct Segments {
+  const int32_t* src[kMaxSegments];
+  int32_t* dst[kMaxSegments];
+  long long n[kMaxSegments];
+  int count;
+};
+
+__global__ void copy_segments_kernel(Segments s) {
+  const int k = blockIdx.y;
+  for (long long x = (long long)blockIdx.x * blockDim.x + threadIdx.x; x < s.n[k]; x += (long long)gridDim.x * blockDim.x)
+    s.dst[k][x] = s.src[k][x];
+}
+
+__global__ void iota_kernel(int32_t* v, long long n) {
+  for (long long x = (long long)blockIdx.x * blockDim.x + threadIdx.x; x < n; x += (long long)gridDim.x * blockDim.x)
+    v[x] = (int32_t)x;
+}
+
+// K2Q row pointers from the sorted keys: ptr[r] = number of keys < r, r in [0, rows].
+__global__ void lower_bound_ptr_kernel(const uint32_t* __restrict__ keys, long long n, int32_t* ptr, long long rows) {
+  for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r <= rows; r += (long long)gridDim.x * blockDim.x) {
+    long long lo = 0, hi = n;
+    while (lo < hi) {
+      const long long mid = (lo + hi) >> 1;
+      if ((long long)keys[mid] < r) lo = mid + 1;
+      else hi = mid;
+    }
+    ptr[r] = (int32_t)lo;
+  }
+}
+
+// k2q_partial_qb[s] = query block of Q2K entry k2q_partial_idx[s].
+__global__ void gather_kernel(const int32_t* __restrict__ idx, const int32_t* __restrict__ qb_of, int32_t* out,
+                              long long n) {
+  for (long long x = (long long)blockIdx.x * blockDim.x + threadIdx.x; x < n; x += (long long)gridDim.x * blockDim.x)
+    out[x] = qb_of[idx[x]];
+}
+
+// Schedules. Task t enumerates (batch, head, block) in ascending order:
+//   t = heads * starts[b] + head * nblk(b) + blk.
+// Its cost sums the CSR row lengths (partial + full) of rows
+//   mask_head(h) * nblk_all + starts[b] + blk for h in [head*group, (head+1)*group).
+struct ScheduleArgs {
+  int batch, heads, group;
+  bool shared_mask;  // Hmask == 1
+  const int32_t* starts;
+  long long nblk_all;
+  const int32_t* p_ptr;
+  const int32_t* f_ptr;
+  long long num_tasks;
+};
+
+__device__ __forceinline__ void decode_task(const ScheduleArgs& a, long long t, int* b, int* head, int* blk) {
+  *b = find_segment(a.starts, a.batch, t, a.heads);
+  const long long rem = t - (long long)a.heads * a.starts[*b];
+  const int n = a.starts[*b + 1] - a.starts[*b];
+  *head = (int)(rem / n);
+  *blk = (int)(rem - (long long)(*head) * n);
+}
+
+// Sort key: (0xFFFFFFFF - cost) << 32 | t, so an ascending sort gives cost descending, then
+// (batch, head, block) ascending.
+__global__ void schedule_keys_kernel(ScheduleArgs a, unsigned long long* keys) {
+  for (long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x; t < a.num_tasks;
+       t += (long long)gridDim.x * blockDim.x) {
+    int b, head, blk;
+    decode_task(a, t, &b, &head, &blk);
+    int32_t cost = 0;
+    for (int h = head * a.group; h < (head + 1) * a.group; ++h) {
+      const long long r = (a.shared_mask ? 0 : (long long)h) * a.nblk_all + a.starts[b] + blk;
+      cost += a.p_ptr[r + 1] - a.p_ptr[r] + a.f_ptr[r + 1] - a.f_ptr[r];
+    }
+    keys[t] = ((unsigned long long)(0xFFFFFFFFu - (uint32_t)cost) << 32) | (unsigned long long)t;
+  }
+}
+
+__global__ void schedule_write_kernel(ScheduleArgs a, const unsigned long long* __restrict__ keys, int32_t* tasks) {
+  for (long long s = (long long)blockIdx.x * blockDim.x + threadIdx.x; s < a.num_tasks;
+       s += (long long)gridDim.x * blockDim.x) {
+    const unsigned long long k = keys[s];
+    int b, head, blk;
+    decode_task(a, (long long)(k & 0xFFFFFFFFull), &b, &head, &blk);
+    tasks[4 * s + 0] = blk;
+    tasks[4 * s + 1] = head;
+    tasks[4 * s + 2] = b;
+    tasks[4 * s + 3] = (int32_t)(0xFFFFFFFFu - (uint32_t)(k >> 32));
+  }
+}
+
+}  // namespace plan_gpu
+}  // namespace flashspan
