@@ -383,6 +383,15 @@ def stream_of(t: torch.Tensor) -> Optional[int]:
     return torch.cuda.current_stream(t.device).cuda_stream
 
 
+def on_device(t: torch.Tensor, fn, *args):
+    """fn(*args) with t's CUDA device current (kernels launch on the current device); the
+    previous device is restored. A plain call for CPU tensors and when already current."""
+    if t.device.type == "cuda" and t.device.index is not None and t.device.index != torch.cuda.current_device():
+        with torch.cuda.device(t.device):
+            return fn(*args)
+    return fn(*args)
+
+
 def version() -> str:
     return lib().fs_version().decode()
 

@@ -230,11 +230,11 @@ class FlexAttentionFwd:
             _bind(spec, d, t, name)
         args = tls.args
         args.plan = plan_handle
-        stream = _lib.stream_of(q)
-        _lib.check(
-            _lib.lib().fs_flex_fwd_execute(handle, ctypes.byref(args), ws_ptr, ws_bytes, stream),
-            "FlexAttentionFwd.execute",
-        )
+        _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, q), "FlexAttentionFwd.execute")
+
+    @staticmethod
+    def _launch(handle, args, ws_ptr, ws_bytes, q) -> int:
+        return _lib.lib().fs_flex_fwd_execute(handle, ctypes.byref(args), ws_ptr, ws_bytes, _lib.stream_of(q))
 
     def __del__(self):
         h = getattr(self, "_handle", None)
@@ -368,11 +368,11 @@ class FlexAttentionBwd:
             _bind(spec, d, t, name)
         args = tls.args
         args.plan = plan_handle
-        stream = _lib.stream_of(q)
-        _lib.check(
-            _lib.lib().fs_flex_bwd_execute(handle, ctypes.byref(args), ws_ptr, ws_bytes, stream),
-            "FlexAttentionBwd.execute",
-        )
+        _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, q), "FlexAttentionBwd.execute")
+
+    @staticmethod
+    def _launch(handle, args, ws_ptr, ws_bytes, q) -> int:
+        return _lib.lib().fs_flex_bwd_execute(handle, ctypes.byref(args), ws_ptr, ws_bytes, _lib.stream_of(q))
 
     def __del__(self):
         h = getattr(self, "_handle", None)

@@ -447,10 +447,16 @@ def create_mask_plan(
         pack_gqa_code,
         1 if build_backward else 0,
         0,
-        _lib.stream_of(mask_func),
+        None,
     )
     handle = ctypes.c_void_p()
-    _lib.check(_lib.lib().fs_create_mask_plan(ctypes.byref(args), ctypes.byref(handle)), "create_mask_plan")
+
+    def build() -> int:
+        args.stream = _lib.stream_of(mask_func)
+        return _lib.lib().fs_create_mask_plan(ctypes.byref(args), ctypes.byref(handle))
+
+    # The CUDA planner selects q's device; the guard restores the caller's current device.
+    _lib.check(_lib.on_device(q, build), "create_mask_plan")
     return MaskPlan._from_handle(handle)
 
 
