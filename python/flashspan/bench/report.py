@@ -1,0 +1,235 @@
+"""Environment capture and the result files: results.json, results.csv, results.md, results.png."""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import os
+import platform
+import socket
+import subprocess
+import sys
+from typing import Optional
+
+import torch
+
+CSV_FIELDS = [
+    "workload", "kind", "mask", "B", "Hq", "Hkv", "S", "Dqk", "Dv", "nfunc", "density", "visible_pairs",
+    "backend", "phase", "status", "median_ms", "min_ms", "max_ms", "reps", "first_call_ms", "tflops",
+    "speedup_vs_flex_endpoints", "speedup_vs_flex_natural", "speedup_vs_sdpa_cudnn", "speedup_vs_sdpa_flash",
+    "speedup_vs_sdpa_math", "check", "reason",
+]
+
+
+def _run(cmd: list[str], cwd: Optional[str] = None) -> Optional[str]:
+    try:
+        r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=10)
+        return r.stdout.strip() if r.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def environment(device: torch.device) -> dict:
+    """GPU, driver, CUDA, cuDNN, PyTorch, flashspan version, library path and git revision."""
+    import flashspan
+
+    env = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "flashspan": getattr(flashspan, "__version__", None),
+        "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+    }
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except Exception:
+        env["triton"] = None
+    try:
+        from flashspan import _lib
+
+        env["flashspan_library"] = _lib.library_path()
+        env["flashspan_library_version"] = _lib.version()
+        env["flashspan_cuda_archs"] = ";".join(_lib.built_cuda_archs())
+        env["flashspan_cuda_available"] = bool(_lib.cuda_available())
+    except Exception as e:  # recorded, never fatal
+        env["flashspan_library"] = f"unavailable: {e}"
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(flashspan.__file__))))
+    rev = _run(["git", "rev-parse", "HEAD"], cwd=repo)
+    if rev:
+        dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
+        env["git_revision"] = rev + ("-dirty" if dirty else "")
+    else:
+        env["git_revision"] = None
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        env["gpu"] = props.name
+        env["gpu_memory_gib"] = round(props.total_memory / 2**30, 1)
+        env["gpu_sm_count"] = props.multi_processor_count
+        env["gpu_capability"] = f"{props.major}.{props.minor}"
+        smi = _run(["nvidia-smi", "--query-gpu=driver_version,clocks.max.sm,power.limit",
+                    "--format=csv,noheader", "-i", str(device.index or 0)])
+        if smi:
+            parts = [p.strip() for p in smi.split(",")]
+            env["driver"] = parts[0]
+            env["gpu_max_sm_clock"] = parts[1] if len(parts) > 1 else None
+            env["gpu_power_limit"] = parts[2] if len(parts) > 2 else None
+        else:
+            env["driver"] = None
+    else:
+        env["gpu"] = None
+        env["cpu"] = platform.processor() or platform.machine()
+        env["cpu_threads"] = torch.get_num_threads()
+    return env
+
+
+def _fmt(x, digits=3):
+    if x is None or x == "":
+        return "—"
+    if isinstance(x, float):
+        if x != x:  # NaN
+            return "nan"
+        if abs(x) >= 100:
+            return f"{x:.0f}"
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def write_json(path: str, doc: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1, default=str)
+    os.replace(tmp, path)
+
+
+def write_csv(path: str, rows: list[dict]) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in CSV_FIELDS})
+    os.replace(tmp, path)
+
+
+def write_markdown(path: str, doc: dict) -> None:
+    env, cfg, rows, checks = doc["environment"], doc["config"], doc["results"], doc["checks"]
+    lines = ["# flashspan benchmark", ""]
+    if cfg.get("mode") == "cpu-reference":
+        lines += ["> **CPU run.** No usable CUDA device: flashspan ran its CPU reference backend at "
+                  f"S={cfg['seqlen']} and was checked against a PyTorch float32 math reference. "
+                  "These timings say nothing about GPU performance.", ""]
+    if doc.get("failed_checks"):
+        lines += [f"> **CORRECTNESS CHECK FAILED** for: {', '.join(doc['failed_checks'])}. "
+                  "Their timings are marked `CHECK FAILED` and must not be quoted.", ""]
+    keys = ["gpu", "driver", "torch", "torch_cuda", "cudnn", "triton", "flashspan", "git_revision",
+            "flashspan_library", "date_utc", "host", "command"]
+    lines += ["| | |", "|---|---|"] + [f"| {k} | `{env.get(k)}` |" for k in keys if k in env] + [""]
+    how = ("CUDA events, L2 flushed with a 256 MB write before every rep" if cfg.get("mode") == "gpu"
+           else "wall clock")
+    lines += [f"Config: dtype {cfg['dtype']}, phases {', '.join(cfg['phases'])}, warmup {cfg['warmup']}, "
+              f"reps {cfg['reps']} (median; {how}; first call timed apart). TFLOP/s count visible pairs "
+              "only: 2·(Dqk+Dv) FLOP per pair forward, 2.5× that backward, 3.5× for forward+backward "
+              "(`combined`). Speedup of flashspan over X = X time / flashspan time (> 1: flashspan faster).", ""]
+    workloads = []
+    for r in rows:
+        if r["workload"] not in workloads:
+            workloads.append(r["workload"])
+    for wl in workloads:
+        wrows = [r for r in rows if r["workload"] == wl]
+        d = wrows[0]
+        lines += [f"## {wl}", "",
+                  f"B={d['B']} Hq={d['Hq']} Hkv={d['Hkv']} S={d['S']} D=({d['Dqk']},{d['Dv']}) "
+                  f"nfunc={d['nfunc']} density={_fmt(d['density'])} visible pairs={d['visible_pairs']}", ""]
+        prep = [r for r in wrows if r["phase"] in ("plan_fwd", "plan_fwd_bwd", "block_mask")]
+        if prep:
+            lines += ["| preparation | backend | median ms | first call ms | status |", "|---|---|---|---|---|"]
+            for r in prep:
+                lines.append(f"| {r['phase']} | {r['backend']} | {_fmt(r.get('median_ms'))} | "
+                             f"{_fmt(r.get('first_call_ms'))} | {r['status']} |")
+            lines.append("")
+        timed = [r for r in wrows if r["phase"] in ("forward", "backward", "combined")]
+        if timed:
+            lines += ["| phase | backend | median ms | TFLOP/s | first call ms | speedup of flashspan | status |",
+                      "|---|---|---|---|---|---|---|"]
+            for r in timed:
+                sp = ", ".join(f"{k[len('speedup_vs_'):]} {r[k]:.2f}×" for k in CSV_FIELDS
+                               if k.startswith("speedup_vs_") and r.get(k) is not None)
+                status = r["status"] if r["status"] == "ok" else f"**{r['status']}** {r.get('reason') or ''}"
+                lines.append(f"| {r['phase']} | {r['backend']} | {_fmt(r.get('median_ms'))} | "
+                             f"{_fmt(r.get('tflops'))} | {_fmt(r.get('first_call_ms'))} | {sp or '—'} | {status} |")
+            lines.append("")
+        unavailable = [r for r in wrows if r["status"] == "unavailable" and r["phase"] == "-"]
+        for r in unavailable:
+            lines.append(f"- {r['backend']}: unavailable — {r.get('reason')}")
+        wchecks = [c for c in checks if c["workload"] == wl]
+        if wchecks:
+            lines += ["" if unavailable else "", "| spot-check vs fp32 reference | verdict | errors |",
+                      "|---|---|---|"]
+            for c in wchecks:
+                errs = ", ".join(f"{k} {_fmt(v, 2)}" for k, v in c.get("errors", {}).items())
+                verdict = "pass" if c["passed"] else ("info" if c.get("informational") else "**FAILED**")
+                lines.append(f"| {c['backend']} | {verdict} | {errs or c.get('reason', '')} |")
+            lines.append("")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+
+
+def write_chart(path: str, rows: list[dict], title: str) -> Optional[str]:
+    """Grouped bars of TFLOP/s per workload, one panel per phase. Returns None on success,
+    else why no chart was written (matplotlib missing, nothing timed)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError as e:
+        return f"matplotlib not available ({e})"
+    phases = [p for p in ("forward", "backward", "combined") if any(r["phase"] == p for r in rows)]
+    ok = [r for r in rows if r["phase"] in phases and r.get("tflops") is not None]
+    if not ok:
+        return "no timed results"
+    workloads = []
+    for r in ok:
+        if r["workload"] not in workloads:
+            workloads.append(r["workload"])
+    backends = []
+    for r in ok:
+        if r["backend"] not in backends:
+            backends.append(r["backend"])
+    fig, axes = plt.subplots(len(phases), 1, figsize=(max(8, 1.3 * len(workloads) * max(1, len(backends)) / 2), 3.6 * len(phases)),
+                             squeeze=False)
+    width = 0.8 / max(1, len(backends))
+    # CPU runs reach GFLOP/s, not TFLOP/s: pick the unit that keeps the numbers readable.
+    scale, unit = (1.0, "TFLOP/s") if max(r["tflops"] for r in ok) >= 1.0 else (1e3, "GFLOP/s")
+    for ax, phase in zip(axes[:, 0], phases):
+        for j, be in enumerate(backends):
+            xs, ys, bad = [], [], []
+            for i, wl in enumerate(workloads):
+                r = next((r for r in ok if r["workload"] == wl and r["backend"] == be and r["phase"] == phase), None)
+                if r is not None:
+                    xs.append(i + (j - (len(backends) - 1) / 2) * width)
+                    ys.append(r["tflops"] * scale)
+                    bad.append(r["status"] not in ("ok", "derived"))
+            bars = ax.bar(xs, ys, width, label=be)
+            for b, is_bad in zip(bars, bad):
+                if is_bad:
+                    b.set_hatch("xx")
+                    b.set_edgecolor("red")
+        ax.set_xticks(range(len(workloads)))
+        ax.set_xticklabels(workloads, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel(f"{unit} (visible pairs)")
+        ax.set_title(phase)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0, 0].legend(fontsize=8, ncol=min(len(backends), 5))
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
