@@ -31,7 +31,7 @@ namespace flashspan::reference {
 namespace {
 
 constexpr int64_t kRowBlock = 32;  // query rows per forward / dQ task
-constexpr int64_t kKeyBlock = 64;  // keys per dK/dV task (its accumulators stay in L2)
+constexpr int64_t kKeyBlock = 64;  // keys per cache block and per dK/dV task (its accumulators stay in L2)
 
 // ---------------------------------------------------------------------------
 // Element conversion
@@ -217,7 +217,6 @@ void check_common(const FlexGeometry* g, const int32_t* mask, float scale, bool 
   validate_endpoints_host(mask, *g);
 }
 
-void lse_shape(const FlexGeometry& g, int64_t* s, int* n) { expected_lse_shape(g, s, n); }
 void max_logit_shape(const FlexGeometry& g, int64_t* s, int* n) {
   s[0] = g.num_heads_q;
   *n = 1;
@@ -474,7 +473,7 @@ void flex_forward(const FlexForwardArgs& args) {
   check_tensor(args.k, "k", g, expected_k_shape, g.dtype);
   check_tensor(args.v, "v", g, expected_v_shape, g.dtype);
   check_tensor(args.out, "out", g, expected_out_shape, g.dtype);
-  if (args.lse.defined()) check_tensor(args.lse, "lse", g, lse_shape, DType::kFloat32);
+  if (args.lse.defined()) check_tensor(args.lse, "lse", g, expected_lse_shape, DType::kFloat32);
   if (args.max_logit.defined()) check_tensor(args.max_logit, "max_logit", g, max_logit_shape, DType::kFloat32);
   if (args.accumulate_double) forward_impl<double>(args);
   else forward_impl<float>(args);
@@ -488,7 +487,7 @@ void flex_backward(const FlexBackwardArgs& args) {
   check_tensor(args.v, "v", g, expected_v_shape, g.dtype);
   check_tensor(args.out, "out", g, expected_out_shape, g.dtype);
   check_tensor(args.dout, "dout", g, expected_out_shape, g.dtype);
-  check_tensor(args.lse, "lse", g, lse_shape, DType::kFloat32);
+  check_tensor(args.lse, "lse", g, expected_lse_shape, DType::kFloat32);
   check_tensor(args.dq, "dq", g, expected_q_shape, g.dtype);
   check_tensor(args.dk, "dk", g, expected_k_shape, g.dtype);
   check_tensor(args.dv, "dv", g, expected_v_shape, g.dtype);
