@@ -10,8 +10,8 @@
 //      stable radix sort of the backward Q2K entries by K2Q row (so each K2Q row keeps the
 //      ascending Q2K order of query blocks), schedules by a radix sort of
 //      ((~cost) << 32 | task index).
-// Scratch (linear in blocks and listed entries) comes from cudaMallocAsync and is freed
-// in stream order before returning.
+// Scratch (linear in blocks and listed entries) comes from two cudaMallocAsync arenas and
+// is freed in stream order before returning.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -45,28 +45,52 @@ using namespace plan_gpu;
 
 #define FS_PLAN_LAUNCHED() FS_PLAN_CUDA(cudaGetLastError())
 
-// Stream-ordered scratch allocations, freed (in stream order) when the arena goes away,
-// also when an exception unwinds.
-class Scratch {
- public:
-  explicit Scratch(cudaStream_t s) : stream_(s) {}
-  ~Scratch() {
-    for (void* p : ptrs_) (void)cudaFreeAsync(p, stream_);
-  }
-  Scratch(const Scratch&) = delete;
-  Scratch& operator=(const Scratch&) = delete;
+// Scratch: one stream-ordered allocation per planning phase, carved into 256-byte aligned
+// pieces (few cudaMallocAsync calls: the default pool may return memory to the system at
+// every synchronization, so each call can cost a mapping). Freed in stream order when the
+// arena goes away, also when an exception unwinds. Use: run the same `carve` code once on
+// a Sizer, then on the Arena.
+struct Sizer {
+  size_t bytes = 0;
   template <typename T>
-  T* alloc(long long n) {
-    void* p = nullptr;
-    FS_PLAN_CUDA(cudaMallocAsync(&p, size_t(std::max<long long>(n, 1)) * sizeof(T), stream_));
-    ptrs_.push_back(p);
-    return static_cast<T*>(p);
+  T* take(long long n) {
+    bytes = (bytes + 255) / 256 * 256 + size_t(std::max<long long>(n, 1)) * sizeof(T);
+    return nullptr;
+  }
+};
+
+class Arena {
+ public:
+  Arena(cudaStream_t s, size_t bytes) : stream_(s) {
+    FS_PLAN_CUDA(cudaMallocAsync(&base_, std::max<size_t>(bytes, 256), s));
+    size_ = bytes;
+  }
+  ~Arena() { (void)cudaFreeAsync(base_, stream_); }
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  template <typename T>
+  T* take(long long n) {
+    off_ = (off_ + 255) / 256 * 256;
+    T* p = reinterpret_cast<T*>(static_cast<char*>(base_) + off_);
+    off_ += size_t(std::max<long long>(n, 1)) * sizeof(T);
+    FS_CHECK(off_ <= size_, Status::kInternal, "CUDA planner: scratch arena overflow");
+    return p;
   }
 
  private:
   cudaStream_t stream_;
-  std::vector<void*> ptrs_;
+  void* base_ = nullptr;
+  size_t size_ = 0, off_ = 0;
 };
+
+template <typename CarveFn>
+std::unique_ptr<Arena> make_arena(cudaStream_t st, CarveFn carve) {
+  Sizer sizer;
+  carve(sizer);
+  auto arena = std::make_unique<Arena>(st, sizer.bytes);
+  carve(*arena);
+  return arena;
+}
 
 int grid_for(long long n, int cap = 4096) {
   return static_cast<int>(std::max<long long>(1, std::min<long long>(cap, (n + kThreads - 1) / kThreads)));
@@ -90,8 +114,7 @@ struct ViewState {
   int32_t* p_ptr = nullptr;  // scanned
   int32_t* f_ptr = nullptr;
   int chunk = 1;
-  bool ep_in_smem = false;
-  size_t smem = 0;
+  size_t smem = 0;  // dynamic shared memory of the classifier (difference array)
 };
 
 RelationArgs relation_args(const FlexGeometry& g, const int32_t* mask, const int32_t* d_cu_q, const int32_t* d_cu_k,
@@ -110,7 +133,6 @@ RelationArgs relation_args(const FlexGeometry& g, const int32_t* mask, const int
   a.nqb_all = v.nqb;
   a.nkb_all = v.nkb;
   a.chunk = v.chunk;
-  a.ep_in_smem = v.ep_in_smem;
   return a;
 }
 
@@ -127,22 +149,33 @@ void setup_view(ViewState& v, const FlexGeometry& g, int bq, int bk) {
   int64_t max_nkb = 1;
   for (int b = 0; b < g.batch; ++b) max_nkb = std::max<int64_t>(max_nkb, v.kbs[b + 1] - v.kbs[b]);
   v.chunk = static_cast<int>(std::min<int64_t>(kChunk, max_nkb));
-  v.ep_in_smem = int64_t(g.nfunc) * bq * 4 <= kMaxEpSmemBytes;
-  v.smem = size_t((v.chunk + 4) & ~3) * 4 + (v.ep_in_smem ? size_t(g.nfunc) * bq * 4 : 0);
+  v.smem = size_t(v.chunk + 1) * sizeof(int32_t);
+}
+
+// Schedule scratch: sort keys in and out plus CUB temp storage.
+struct ScheduleScratch {
+  unsigned long long* keys = nullptr;
+  unsigned long long* sorted = nullptr;
+  void* tmp = nullptr;
+  size_t tmp_bytes = 0;
+};
+
+size_t schedule_sort_bytes(long long n, cudaStream_t st) {
+  size_t bytes = 0;
+  if (n > 0)
+    FS_PLAN_CUDA(cub::DeviceRadixSort::SortKeys(nullptr, bytes, static_cast<unsigned long long*>(nullptr),
+                                                static_cast<unsigned long long*>(nullptr), n, 0, 64, st));
+  return bytes;
 }
 
 // ((~cost) << 32 | t) keys, radix sort, decode into `tasks`.
-void build_schedule(const ScheduleArgs& sa, int32_t* tasks, Scratch& scratch, cudaStream_t st) {
+void build_schedule(const ScheduleArgs& sa, int32_t* tasks, const ScheduleScratch& s, cudaStream_t st) {
   if (sa.num_tasks == 0) return;
-  auto* keys = scratch.alloc<unsigned long long>(sa.num_tasks);
-  auto* sorted = scratch.alloc<unsigned long long>(sa.num_tasks);
-  schedule_keys_kernel<<<grid_for(sa.num_tasks), kThreads, 0, st>>>(sa, keys);
+  schedule_keys_kernel<<<grid_for(sa.num_tasks), kThreads, 0, st>>>(sa, s.keys);
   FS_PLAN_LAUNCHED();
-  size_t tmp_bytes = 0;
-  FS_PLAN_CUDA(cub::DeviceRadixSort::SortKeys(nullptr, tmp_bytes, keys, sorted, sa.num_tasks, 0, 64, st));
-  void* tmp = scratch.alloc<char>(static_cast<long long>(tmp_bytes));
-  FS_PLAN_CUDA(cub::DeviceRadixSort::SortKeys(tmp, tmp_bytes, keys, sorted, sa.num_tasks, 0, 64, st));
-  schedule_write_kernel<<<grid_for(sa.num_tasks), kThreads, 0, st>>>(sa, sorted, tasks);
+  size_t bytes = s.tmp_bytes;
+  FS_PLAN_CUDA(cub::DeviceRadixSort::SortKeys(s.tmp, bytes, s.keys, s.sorted, sa.num_tasks, 0, 64, st));
+  schedule_write_kernel<<<grid_for(sa.num_tasks), kThreads, 0, st>>>(sa, s.sorted, tasks);
   FS_PLAN_LAUNCHED();
 }
 
@@ -150,6 +183,30 @@ int bits_for(long long max_value) {
   int bits = 1;
   while (bits < 32 && (1ll << bits) <= max_value) ++bits;
   return bits;
+}
+
+void launch_payloads(const FlexGeometry& g, const int32_t* mask, const int32_t* d_cu_q, const ViewState& v,
+                     long long num_partial, const int32_t* p_ptr, const int32_t* p_kb, uint32_t* bits,
+                     cudaStream_t st) {
+  if (num_partial == 0) return;
+  PayloadArgs a{};
+  a.mask = mask;
+  a.T = g.total_q;
+  a.nfunc = g.nfunc;
+  a.batch = g.batch;
+  a.cu_q = d_cu_q;
+  a.qbs = v.d_qbs;
+  a.bq = v.bq;
+  a.bk = v.bk;
+  a.nqb_all = v.nqb;
+  a.rows_all = v.rows;
+  a.p_ptr = p_ptr;
+  a.p_kb = p_kb;
+  a.num_partial = num_partial;
+  a.bits = bits;
+  const long long ctas = (num_partial + kPayloadEntriesPerCta - 1) / kPayloadEntriesPerCta;
+  payload_kernel<<<static_cast<unsigned>(ctas), kThreads, 0, st>>>(a);
+  FS_PLAN_LAUNCHED();
 }
 
 }  // namespace
@@ -168,8 +225,27 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   setup_view(fv, g, c.fwd_block_q, c.fwd_block_k);
   if (bwd) setup_view(bv, g, c.bwd_block_q, c.bwd_block_k);
 
-  Scratch scratch(st);
-  // Meta: cu_q, cu_k, fwd qbs/kbs, bwd qbs/kbs (each B+1), one upload.
+  // ---- Phase 1 scratch: meta (cu_q, cu_k, fwd/bwd block starts, each B+1), counts and
+  // pointers [fwd p | fwd f | bwd p | bwd f] (each rows + 1), header, scan temp storage.
+  const long long fr = fv.rows + 1, br = bwd ? bv.rows + 1 : 0;
+  size_t scan_bytes = 0;
+  for (long long n : {fr, br}) {
+    size_t need = 0;
+    if (n > 0)
+      FS_PLAN_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, need, static_cast<int32_t*>(nullptr),
+                                                 static_cast<int32_t*>(nullptr), n, st));
+    scan_bytes = std::max(scan_bytes, need);
+  }
+  int32_t *d_meta = nullptr, *d_cnt = nullptr, *d_ptr = nullptr;
+  Header* d_hdr = nullptr;
+  void* scan_tmp = nullptr;
+  auto phase1 = make_arena(st, [&](auto& a) {
+    d_meta = a.template take<int32_t>(6ll * (B + 1));
+    d_cnt = a.template take<int32_t>(2 * fr + 2 * br);
+    d_ptr = a.template take<int32_t>(2 * fr + 2 * br);
+    d_hdr = a.template take<Header>(1);
+    scan_tmp = a.template take<char>(static_cast<long long>(scan_bytes));
+  });
   std::vector<int32_t> meta;
   const std::vector<int32_t>* parts[] = {&g.cu_seqlens_q, &g.cu_seqlens_k, &fv.qbs, &fv.kbs, &bv.qbs, &bv.kbs};
   for (const std::vector<int32_t>* v : parts) {
@@ -177,7 +253,6 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     x.resize(B + 1, 0);  // bwd vectors are empty without backward
     meta.insert(meta.end(), x.begin(), x.end());
   }
-  int32_t* d_meta = scratch.alloc<int32_t>(static_cast<long long>(meta.size()));
   FS_PLAN_CUDA(cudaMemcpyAsync(d_meta, meta.data(), meta.size() * sizeof(int32_t), cudaMemcpyHostToDevice, st));
   const int32_t* d_cu_q = d_meta;
   const int32_t* d_cu_k = d_meta + (B + 1);
@@ -185,11 +260,6 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   fv.d_kbs = d_meta + 3 * (B + 1);
   bv.d_qbs = d_meta + 4 * (B + 1);
   bv.d_kbs = d_meta + 5 * (B + 1);
-
-  // Counts and pointers: [fwd p | fwd f | bwd p | bwd f], each rows + 1.
-  const long long fr = fv.rows + 1, br = bwd ? bv.rows + 1 : 0;
-  int32_t* d_cnt = scratch.alloc<int32_t>(2 * fr + 2 * br);
-  int32_t* d_ptr = scratch.alloc<int32_t>(2 * fr + 2 * br);
   FS_PLAN_CUDA(cudaMemsetAsync(d_cnt, 0, size_t(2 * fr + 2 * br) * sizeof(int32_t), st));
   fv.p_cnt = d_cnt;
   fv.f_cnt = d_cnt + fr;
@@ -201,11 +271,10 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     bv.p_ptr = d_ptr + 2 * fr;
     bv.f_ptr = d_ptr + 2 * fr + br;
   }
-  Header* d_hdr = scratch.alloc<Header>(1);
   init_header_kernel<<<1, 1, 0, st>>>(d_hdr);
   FS_PLAN_LAUNCHED();
 
-  // 1. Validate and count.
+  // ---- 1. Validate, count, scan.
   if (Hm * T > 0) {
     validate_kernel<<<grid_for(Hm * T), kThreads, 0, st>>>(mask, T, g.nfunc, Hm, B, d_cu_q, d_cu_k, d_hdr);
     FS_PLAN_LAUNCHED();
@@ -222,19 +291,12 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     FS_PLAN_LAUNCHED();
   }
   {
-    size_t tmp_bytes = 0, need = 0;
-    for (long long n : {fr, br}) {
-      if (n == 0) continue;
-      FS_PLAN_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, need, d_cnt, d_ptr, n, st));
-      tmp_bytes = std::max(tmp_bytes, need);
-    }
-    void* tmp = scratch.alloc<char>(static_cast<long long>(tmp_bytes));
     const long long offs[4] = {0, fr, 2 * fr, 2 * fr + br};
     const long long lens[4] = {fr, fr, br, br};
     for (int k = 0; k < 4; ++k) {
       if (lens[k] == 0) continue;
-      size_t bytes = tmp_bytes;
-      FS_PLAN_CUDA(cub::DeviceScan::ExclusiveSum(tmp, bytes, d_cnt + offs[k], d_ptr + offs[k], lens[k], st));
+      size_t bytes = scan_bytes;
+      FS_PLAN_CUDA(cub::DeviceScan::ExclusiveSum(scan_tmp, bytes, d_cnt + offs[k], d_ptr + offs[k], lens[k], st));
     }
   }
   finalize_header_kernel<<<1, 1, 0, st>>>(d_hdr, mask, T, g.nfunc, B, d_cu_q, d_cu_k, fv.p_ptr + fv.rows,
@@ -242,7 +304,7 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
                                           bwd ? bv.f_ptr + bv.rows : nullptr);
   FS_PLAN_LAUNCHED();
 
-  // 2. The one read-back.
+  // ---- 2. The one read-back.
   Header h{};
   FS_PLAN_CUDA(cudaMemcpyAsync(&h, d_hdr, sizeof(Header), cudaMemcpyDeviceToHost, st));
   FS_PLAN_CUDA(cudaStreamSynchronize(st));
@@ -274,7 +336,49 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   plan->device_buffer = static_cast<int32_t*>(buf);
   FS_PLAN_CUDA(cudaMemsetAsync(buf, 0, size_t(plan->buffer_elements) * sizeof(int32_t), st));
 
-  // 3. Materialise. Small arrays first, in one launch.
+  // ---- Phase 2 scratch: K2Q sort inputs/outputs and temp storage, schedule sort keys.
+  const long long np = n.bwd_partial, nf = n.bwd_full;
+  const long long k2q_rows = bwd ? int64_t(Hm) * bv.nkb : 0;
+  const int end_bit = bits_for(k2q_rows);
+  size_t k2q_bytes = 0;
+  if (np > 0) {
+    size_t need = 0;
+    FS_PLAN_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, need, static_cast<uint32_t*>(nullptr),
+                                                 static_cast<uint32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+                                                 static_cast<int32_t*>(nullptr), np, 0, end_bit, st));
+    k2q_bytes = std::max(k2q_bytes, need);
+  }
+  if (nf > 0) {
+    size_t need = 0;
+    FS_PLAN_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, need, static_cast<uint32_t*>(nullptr),
+                                                 static_cast<uint32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+                                                 static_cast<int32_t*>(nullptr), nf, 0, end_bit, st));
+    k2q_bytes = std::max(k2q_bytes, need);
+  }
+  ScheduleScratch fs, bs;
+  fs.tmp_bytes = schedule_sort_bytes(n.num_tasks, st);
+  bs.tmp_bytes = schedule_sort_bytes(n.num_bwd_tasks, st);
+  uint32_t *p_key = nullptr, *f_key = nullptr, *keys_sorted = nullptr;
+  int32_t *p_qb = nullptr, *f_qb = nullptr, *iota = nullptr;
+  void* k2q_tmp = nullptr;
+  auto phase2 = make_arena(st, [&](auto& a) {
+    fs.keys = a.template take<unsigned long long>(n.num_tasks);
+    fs.sorted = a.template take<unsigned long long>(n.num_tasks);
+    fs.tmp = a.template take<char>(static_cast<long long>(fs.tmp_bytes));
+    if (!bwd) return;
+    bs.keys = a.template take<unsigned long long>(n.num_bwd_tasks);
+    bs.sorted = a.template take<unsigned long long>(n.num_bwd_tasks);
+    bs.tmp = a.template take<char>(static_cast<long long>(bs.tmp_bytes));
+    p_key = a.template take<uint32_t>(np);
+    p_qb = a.template take<int32_t>(np);
+    f_key = a.template take<uint32_t>(nf);
+    f_qb = a.template take<int32_t>(nf);
+    keys_sorted = a.template take<uint32_t>(std::max(np, nf));
+    iota = a.template take<int32_t>(np);
+    k2q_tmp = a.template take<char>(static_cast<long long>(k2q_bytes));
+  });
+
+  // ---- 3. Materialise. Small arrays first, in one launch.
   {
     Segments s{};
     auto seg = [&](const int32_t* src, const char* name, long long count) {
@@ -305,10 +409,11 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     a.f_ptr = fv.f_ptr;
     a.p_kb = arr(*plan, "fwd_q2k_partial_kb");
     a.f_kb = arr(*plan, "fwd_q2k_full_kb");
-    a.bits = reinterpret_cast<uint32_t*>(arr(*plan, "fwd_q2k_partial_bits"));
     relation_kernel<true><<<static_cast<unsigned>(fv.rows), kThreads, fv.smem, st>>>(a);
     FS_PLAN_LAUNCHED();
   }
+  launch_payloads(g, mask, d_cu_q, fv, n.fwd_partial, fv.p_ptr, arr(*plan, "fwd_q2k_partial_kb"),
+                  reinterpret_cast<uint32_t*>(arr(*plan, "fwd_q2k_partial_bits")), st);
   {
     ScheduleArgs sa{};
     sa.batch = B;
@@ -320,22 +425,16 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     sa.p_ptr = fv.p_ptr;
     sa.f_ptr = fv.f_ptr;
     sa.num_tasks = n.num_tasks;
-    build_schedule(sa, arr(*plan, "fwd_tasks"), scratch, st);
+    build_schedule(sa, arr(*plan, "fwd_tasks"), fs, st);
   }
 
   if (bwd) {
-    const long long np = n.bwd_partial, nf = n.bwd_full;
-    uint32_t* p_key = scratch.alloc<uint32_t>(np);
-    int32_t* p_qb = scratch.alloc<int32_t>(np);
-    uint32_t* f_key = scratch.alloc<uint32_t>(nf);
-    int32_t* f_qb = scratch.alloc<int32_t>(nf);
     if (bv.rows > 0) {
       RelationArgs a = relation_args(g, mask, d_cu_q, d_cu_k, bv);
       a.p_ptr = bv.p_ptr;
       a.f_ptr = bv.f_ptr;
       a.p_kb = arr(*plan, "bwd_q2k_partial_kb");
       a.f_kb = arr(*plan, "bwd_q2k_full_kb");
-      a.bits = reinterpret_cast<uint32_t*>(arr(*plan, "bwd_q2k_partial_bits"));
       a.p_key = p_key;
       a.p_qb = p_qb;
       a.f_key = f_key;
@@ -343,38 +442,27 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
       relation_kernel<true><<<static_cast<unsigned>(bv.rows), kThreads, bv.smem, st>>>(a);
       FS_PLAN_LAUNCHED();
     }
-    // K2Q: stable sort of the entries (in Q2K order) by K2Q row.
-    const long long k2q_rows = int64_t(Hm) * bv.nkb;
-    const int end_bit = bits_for(k2q_rows);
-    uint32_t* keys_sorted = scratch.alloc<uint32_t>(std::max(np, nf));
-    int32_t* iota = scratch.alloc<int32_t>(np);
-    size_t tmp_bytes = 0, need = 0;
-    if (np > 0) {
-      FS_PLAN_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, need, p_key, keys_sorted, iota, iota, np, 0, end_bit, st));
-      tmp_bytes = std::max(tmp_bytes, need);
-    }
-    if (nf > 0) {
-      FS_PLAN_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, need, f_key, keys_sorted, f_qb, f_qb, nf, 0, end_bit, st));
-      tmp_bytes = std::max(tmp_bytes, need);
-    }
-    void* tmp = scratch.alloc<char>(static_cast<long long>(tmp_bytes));
+    launch_payloads(g, mask, d_cu_q, bv, np, bv.p_ptr, arr(*plan, "bwd_q2k_partial_kb"),
+                    reinterpret_cast<uint32_t*>(arr(*plan, "bwd_q2k_partial_bits")), st);
+    // K2Q: stable radix sort of the entries (in Q2K order) by K2Q row keeps each K2Q row's
+    // query blocks ascending, as the host planner's row-order scatter does.
     int32_t* k2q_p_ptr = arr(*plan, "bwd_k2q_partial_ptr");
     int32_t* k2q_f_ptr = arr(*plan, "bwd_k2q_full_ptr");
     if (np > 0) {
       int32_t* k2q_idx = arr(*plan, "bwd_k2q_partial_idx");
       iota_kernel<<<grid_for(np), kThreads, 0, st>>>(iota, np);
       FS_PLAN_LAUNCHED();
-      size_t bytes = tmp_bytes;
+      size_t bytes = k2q_bytes;
       FS_PLAN_CUDA(
-          cub::DeviceRadixSort::SortPairs(tmp, bytes, p_key, keys_sorted, iota, k2q_idx, np, 0, end_bit, st));
+          cub::DeviceRadixSort::SortPairs(k2q_tmp, bytes, p_key, keys_sorted, iota, k2q_idx, np, 0, end_bit, st));
       gather_kernel<<<grid_for(np), kThreads, 0, st>>>(k2q_idx, p_qb, arr(*plan, "bwd_k2q_partial_qb"), np);
       FS_PLAN_LAUNCHED();
     }
     lower_bound_ptr_kernel<<<grid_for(k2q_rows + 1), kThreads, 0, st>>>(keys_sorted, np, k2q_p_ptr, k2q_rows);
     FS_PLAN_LAUNCHED();
     if (nf > 0) {
-      size_t bytes = tmp_bytes;
-      FS_PLAN_CUDA(cub::DeviceRadixSort::SortPairs(tmp, bytes, f_key, keys_sorted, f_qb,
+      size_t bytes = k2q_bytes;
+      FS_PLAN_CUDA(cub::DeviceRadixSort::SortPairs(k2q_tmp, bytes, f_key, keys_sorted, f_qb,
                                                    arr(*plan, "bwd_k2q_full_qb"), nf, 0, end_bit, st));
     }
     lower_bound_ptr_kernel<<<grid_for(k2q_rows + 1), kThreads, 0, st>>>(keys_sorted, nf, k2q_f_ptr, k2q_rows);
@@ -390,7 +478,7 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     sa.p_ptr = k2q_p_ptr;
     sa.f_ptr = k2q_f_ptr;
     sa.num_tasks = n.num_bwd_tasks;
-    build_schedule(sa, arr(*plan, "bwd_tasks"), scratch, st);
+    build_schedule(sa, arr(*plan, "bwd_tasks"), bs, st);
   }
   return plan;
 }

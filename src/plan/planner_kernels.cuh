@@ -10,6 +10,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "kernels/common/payload_layout.h"
+#include "plan/payload_word.h"
 
 namespace flashspan {
 namespace plan_gpu {
@@ -19,9 +20,9 @@ constexpr int kThreads = 256;
 // 16 KB (S = 262144 at 64-column tiles in one pass); longer key sequences loop over passes.
 constexpr int kChunk = 4096;
 constexpr int kItems = kChunk / kThreads;  // key blocks per thread in the block scan
-// Endpoints of a query block are staged in shared memory when nfunc * Bq * 4 bytes fit
-// here (nfunc <= 47 at Bq = 128), else read from global memory (L1/L2 hits).
-constexpr int kMaxEpSmemBytes = 24 * 1024;
+// Partial blocks whose payloads one CTA of the payload pass writes (a contiguous range, so
+// the CSR row of the next entry is found by stepping, not searching).
+constexpr int kPayloadEntriesPerCta = 8;
 
 // Read back once per plan. err_key = (hm * total_q + row) * nfunc + f of the first bad
 // endpoint in host-planner order, or ~0 when the endpoints are valid.
@@ -119,7 +120,6 @@ struct RelationArgs {
   int bq, bk;
   long long nqb_all, nkb_all;
   int chunk;            // key blocks per pass (<= kChunk); sizes the shared difference array
-  bool ep_in_smem;
   // Count pass.
   int32_t* p_cnt;       // [Hmask*NQB] partial / full blocks per CSR row
   int32_t* f_cnt;
@@ -129,7 +129,6 @@ struct RelationArgs {
   const int32_t* f_ptr;
   int32_t* p_kb;
   int32_t* f_kb;
-  uint32_t* bits;
   uint32_t* p_key;      // optional (backward): K2Q row of each entry, and its local query block
   int32_t* p_qb;
   uint32_t* f_key;
@@ -151,57 +150,21 @@ __device__ __forceinline__ void add_interval_shared(int32_t* diff, long long a, 
   atomicAdd(&diff[ke + 1], -last);
 }
 
-// Payload word w of the block at key column col0 (payload_layout.h, inverted): the word
-// holds rows 16*mt + g and 16*mt + 8 + g, columns 64*ct + 8*j + 2*q + e (j < 8, e < 2).
-// A key is visible iff an even number of the row's endpoints are <= it.
-__device__ __forceinline__ uint32_t payload_word(const int32_t* ep, long long stride, int nfunc, int rows,
-                                                 long long col0, int bk, int w) {
-  const int per_mt = 32 * (bk >> 6);
-  const int mt = w / per_mt, rem = w - mt * per_mt;
-  const int ct = rem >> 5, lane = rem & 31, g = lane >> 2, qd = lane & 3;
-  uint32_t word = 0;
-#pragma unroll
-  for (int hi = 0; hi < 2; ++hi) {
-    const int r = 16 * mt + 8 * hi + g;
-    if (r >= rows) continue;
-    const int32_t* e = ep + r;
-    const long long cbase = col0 + 64 * ct + 2 * qd;
-    // f = number of endpoints <= cbase (binary search: endpoints are nondecreasing).
-    int lo = 0, hi_n = nfunc;
-    while (lo < hi_n) {
-      const int mid = (lo + hi_n) >> 1;
-      if (e[mid * stride] <= cbase) lo = mid + 1;
-      else hi_n = mid;
-    }
-    int f = lo;
-#pragma unroll
-    for (int j = 0; j < 8; ++j) {
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const long long c = cbase + 8 * j + x;
-        while (f < nfunc && e[f * stride] <= c) ++f;
-        if (!(f & 1)) word |= 1u << (4 * j + 2 * hi + x);
-      }
-    }
-  }
-  return word;
-}
-
 // Classifies the key blocks of one (mask head, query block): per pass of `chunk` key blocks,
-// the rows' intervals fill a shared difference array (one thread per (row, interval)), a
-// block scan turns it into per-block visible counts (full = Bq*Bk, empty = 0, else partial).
-// kMaterialize = false: counts per CSR row (+ visible pairs). true: writes the sorted block
-// lists at the scanned offsets, then the payloads of the row's partial blocks (one thread
-// per word). Endpoints are clamped to [0, len_k] so that invalid input (rejected after the
-// count pass) cannot index out of bounds.
+// the rows' intervals fill a shared difference array (one thread per (row, interval); each
+// endpoint is read once per pass, coalesced over rows), a block scan turns it into
+// per-block visible counts (full = Bq*Bk, empty = 0, else partial).
+// kMaterialize = false: counts per CSR row (+ visible pairs). true: writes the ascending
+// block lists at the scanned offsets (payloads: payload_kernel). Endpoints are clamped to
+// [0, len_k] so that invalid input (rejected after the count pass) cannot index out of
+// bounds.
 template <bool kMaterialize>
 __global__ void __launch_bounds__(kThreads) relation_kernel(RelationArgs a) {
   using BlockScan = cub::BlockScan<int32_t, kThreads>;
   __shared__ typename BlockScan::TempStorage scan_tmp;
   __shared__ int32_t s_p, s_f;
   __shared__ unsigned long long s_vis;
-  extern __shared__ int32_t smem[];  // diff [chunk + 1], padded to 4; then endpoints [nfunc][bq]
-  int32_t* diff = smem;
+  extern __shared__ int32_t diff[];  // [chunk + 1]: difference array of one pass
 
   const long long csr_row = blockIdx.x;
   const int hm = (int)(csr_row / a.nqb_all);
@@ -214,18 +177,9 @@ __global__ void __launch_bounds__(kThreads) relation_kernel(RelationArgs a) {
   const long long nkb = a.kbs[b + 1] - a.kbs[b];
   const int tid = threadIdx.x;
 
-  const int32_t* gsrc = a.mask + (long long)hm * a.nfunc * a.T + row0;
-  const int32_t* ep = gsrc;
-  long long stride = a.T;
-  if (a.ep_in_smem) {
-    int32_t* s = smem + ((a.chunk + 4) & ~3);
-    for (int x = tid; x < a.nfunc * rows; x += kThreads) {
-      const int f = x / rows, r = x - f * rows;
-      s[f * a.bq + r] = gsrc[(long long)f * a.T + r];
-    }
-    ep = s;
-    stride = a.bq;
-  }
+  // Endpoint f of row r of this query block: ep[f * T + r].
+  const int32_t* ep = a.mask + (long long)hm * a.nfunc * a.T + row0;
+  const long long stride = a.T;
   if (tid == 0) {
     s_p = 0;
     s_f = 0;
@@ -323,17 +277,46 @@ __global__ void __launch_bounds__(kThreads) relation_kernel(RelationArgs a) {
       a.f_cnt[csr_row] = s_f;
       if (a.visible && s_vis) atomicAdd(a.visible, s_vis);
     }
-    return;
   }
-  // Payloads. The block lists above were written by this CTA; __syncthreads() (end of the
-  // last pass) made them visible to all its threads.
+}
+
+struct PayloadArgs {
+  const int32_t* mask;  // [Hmask, nfunc, T]
+  long long T;
+  int nfunc, batch;
+  const int32_t* cu_q;
+  const int32_t* qbs;
+  int bq, bk;
+  long long nqb_all, rows_all;  // rows_all = Hmask * NQB (CSR rows)
+  const int32_t* p_ptr;
+  const int32_t* p_kb;
+  long long num_partial;
+  uint32_t* bits;
+};
+
+// Payloads of partial blocks [blockIdx.x * E, (blockIdx.x + 1) * E), E =
+// kPayloadEntriesPerCta; one thread per payload word (coalesced stores). Balanced over
+// entries, so a query block with thousands of partial blocks (a global-token row) does not
+// serialize on one CTA. Endpoints are read from global memory: the few rows a warp touches
+// share sectors and stay in L1.
+__global__ void __launch_bounds__(kThreads) payload_kernel(PayloadArgs a) {
+  const long long e0 = (long long)blockIdx.x * kPayloadEntriesPerCta;
+  const long long e1 = min(a.num_partial, e0 + kPayloadEntriesPerCta);
+  if (e0 >= e1) return;
   const int words = a.bq * a.bk / 32;
-  const long long np_row = a.p_ptr[csr_row + 1] - p_base;
-  for (long long x = tid; x < np_row * words; x += kThreads) {
-    const long long e = x / words;
-    const int w = (int)(x - e * words);
-    const long long col0 = (long long)a.p_kb[p_base + e] * a.bk;
-    a.bits[(p_base + e) * words + w] = payload_word(ep, stride, a.nfunc, rows, col0, a.bk, w);
+  long long row = find_segment(a.p_ptr, (int)a.rows_all, e0);
+  for (long long e = e0; e < e1; ++e) {
+    while (a.p_ptr[row + 1] <= e) ++row;  // uniform across the CTA
+    const int hm = (int)(row / a.nqb_all);
+    const long long gq = row - hm * a.nqb_all;
+    const int b = find_segment(a.qbs, a.batch, gq);
+    const long long i = gq - a.qbs[b];
+    const long long row0 = a.cu_q[b] + i * a.bq;
+    const int rows = (int)min((long long)a.bq, (long long)a.cu_q[b + 1] - row0);
+    const int32_t* ep = a.mask + (long long)hm * a.nfunc * a.T + row0;
+    const long long col0 = (long long)a.p_kb[e] * a.bk;
+    for (int w = threadIdx.x; w < words; w += kThreads)
+      a.bits[e * words + w] = payload_word(ep, a.T, a.nfunc, rows, col0, a.bk, w);
   }
 }
 

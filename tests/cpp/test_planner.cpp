@@ -3,13 +3,16 @@
 #include <gtest/gtest.h>
 #include <gtest/gtest-spi.h>
 
+#include <algorithm>
 #include <chrono>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "planner_check.h"
 #include "planner_masks.h"
+#include "plan/payload_word.h"
 #include "plan/planner.h"
 
 namespace {
@@ -299,6 +302,46 @@ TEST(PlannerChecker, DetectsCorruption) {
       fs_test::check_plan(*plan, m.ep.data());
     }
     EXPECT_GT(results.size(), 0) << "corrupted " << what << " was not detected";
+  }
+}
+
+// The CUDA planner's per-word payload function (host-callable) against payload_position().
+TEST(PayloadWord, MatchesPayloadPosition) {
+  std::mt19937_64 rng(42);
+  for (auto [bq, bk] : {std::pair{128, 64}, std::pair{64, 128}, std::pair{128, 128}, std::pair{64, 64}}) {
+    for (int nfunc : {1, 3, 5, 19}) {
+      for (int trial = 0; trial < 6; ++trial) {
+        const int64_t lk = fs_test::rand_int(rng, 1, 700);
+        const int64_t T = bq + 7;  // rows of the block start at row 3 of a longer mask
+        const int rows = static_cast<int>(fs_test::rand_int(rng, 1, bq));
+        std::vector<int32_t> ep(static_cast<size_t>(nfunc) * T, 0);
+        for (int r = 0; r < rows; ++r) {
+          std::vector<int64_t> e(nfunc);
+          for (auto& x : e) x = fs_test::rand_int(rng, 0, lk);
+          std::sort(e.begin(), e.end());
+          for (int f = 0; f < nfunc; ++f) ep[static_cast<size_t>(f) * T + 3 + r] = static_cast<int32_t>(e[f]);
+        }
+        const int64_t nkb = (lk + bk - 1) / bk;
+        for (int64_t kb = 0; kb < nkb; ++kb) {
+          std::vector<uint32_t> want(flashspan::payload_words(bq, bk), 0u);
+          for (int r = 0; r < rows; ++r)
+            for (int c = 0; c < bk; ++c) {
+              const int64_t k = kb * bk + c;
+              bool vis = k < ep[3 + r];
+              for (int f = 1; f + 1 < nfunc; f += 2)
+                vis = vis || (ep[static_cast<size_t>(f) * T + 3 + r] <= k && k < ep[static_cast<size_t>(f + 1) * T + 3 + r]);
+              if (vis && k < lk) {
+                const auto p = flashspan::payload_position(r, c, bk);
+                want[p.word] |= 1u << p.bit;
+              }
+            }
+          for (int w = 0; w < int(want.size()); ++w) {
+            const uint32_t got = flashspan::payload_word(ep.data() + 3, T, nfunc, rows, kb * bk, bk, w);
+            ASSERT_EQ(got, want[w]) << bq << "x" << bk << " nfunc " << nfunc << " kb " << kb << " word " << w;
+          }
+        }
+      }
+    }
   }
 }
 

@@ -1,0 +1,50 @@
+// One 32-bit payload word of a partial block, computed straight from the row endpoints
+// (the CUDA planner's payload pass; host-callable so CPU tests can check it exhaustively
+// against payload_position()).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/payload_layout.h"
+
+namespace flashspan {
+
+// Word w of the payload of a tile with `bk` columns (bk % 64 == 0) whose first key is
+// `col0` (sample-local). `ep` points at the tile's row 0, endpoint 0; endpoint f of tile
+// row r is ep[f * stride + r]. Rows >= `rows` (past the sample) give 0 bits.
+//
+// payload_layout.h inverted: word w = (mt * (bk/64) + ct) * 32 + lane, lane = 4g + q,
+// holds rows 16*mt + g (hi = 0) and 16*mt + 8 + g (hi = 1), columns 64*ct + 8*j + 2*q + e
+// (j < 8, e < 2) at bit 4*j + 2*hi + e. A key is visible iff an even number of the row's
+// endpoints are <= it ([0,F0) U [F1,F2) U ...), which also excludes keys >= len_k.
+FS_HOST_DEVICE uint32_t payload_word(const int32_t* ep, int64_t stride, int nfunc, int rows, int64_t col0, int bk,
+                                     int w) {
+  const int per_mt = 32 * (bk >> 6);
+  const int mt = w / per_mt, rem = w - mt * per_mt;
+  const int ct = rem >> 5, lane = rem & 31, g = lane >> 2, qd = lane & 3;
+  uint32_t word = 0;
+  for (int hi = 0; hi < 2; ++hi) {
+    const int r = 16 * mt + 8 * hi + g;
+    if (r >= rows) continue;
+    const int32_t* e = ep + r;
+    const int64_t cbase = col0 + 64 * ct + 2 * qd;
+    // f = number of endpoints <= cbase (endpoints are nondecreasing).
+    int lo = 0, n = nfunc;
+    while (lo < n) {
+      const int mid = (lo + n) >> 1;
+      if (e[mid * stride] <= cbase) lo = mid + 1;
+      else n = mid;
+    }
+    int f = lo;
+    for (int j = 0; j < 8; ++j) {
+      for (int x = 0; x < 2; ++x) {
+        const int64_t c = cbase + 8 * j + x;
+        while (f < nfunc && e[f * stride] <= c) ++f;
+        if (!(f & 1)) word |= 1u << (4 * j + 2 * hi + x);
+      }
+    }
+  }
+  return word;
+}
+
+}  // namespace flashspan
