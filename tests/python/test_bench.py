@@ -207,3 +207,24 @@ def test_timer_cpu_median():
     t = Timer(torch.device("cpu"), warmup=2, reps=5)
     res = t.measure(lambda: calls.append(1))
     assert len(calls) == 7 and res.reps == 5 and res.min_ms <= res.median_ms <= res.max_ms
+
+
+@pytest.mark.gpu
+def test_gpu_smoke(tmp_path):
+    """On a GPU: two masks at S=4096 against the PyTorch peers; flashspan must pass its checks.
+    Peers may be unavailable on a given install (recorded with a reason), never a crash."""
+    from conftest import cuda_ready
+
+    if not cuda_ready():
+        pytest.skip("needs a CUDA device and a libflashspan built with CUDA kernels")
+    out = tmp_path / "gpu"
+    rc = bench.main(["--mask", "causal,sink_local", "--seqlen", "4096", "--reps", "2", "--warmup", "1",
+                     "--device", "cuda", "--no-progress", "--output-dir", str(out),
+                     "--peers", "flex_endpoints,sdpa_cudnn,sdpa_flash"])
+    doc = json.loads((out / "results.json").read_text())
+    assert rc == 0, doc["failed_checks"]
+    assert doc["config"]["mode"] == "gpu" and doc["environment"]["gpu"]
+    fs = [r for r in doc["results"] if r["backend"] == "flashspan" and r["phase"] in ("forward", "backward")]
+    assert len(fs) == 4 and all(r["status"] == "ok" and r["tflops"] > 0 for r in fs)
+    for r in doc["results"]:
+        assert r["status"] in ("ok", "unavailable", "derived", "check_mismatch", "error"), r

@@ -30,6 +30,27 @@ def _run(cmd: list[str], cwd: Optional[str] = None) -> Optional[str]:
         return None
 
 
+def git_revision(repo: str) -> Optional[str]:
+    """HEAD of the checkout flashspan was imported from (with -dirty when tracked files
+    changed); without git or .git (a copied tree), $FLASHSPAN_GIT_REVISION if set."""
+    rev = _run(["git", "rev-parse", "HEAD"], cwd=repo)
+    if rev:
+        dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
+        return rev + ("-dirty" if dirty else "")
+    head = os.path.join(repo, ".git", "HEAD")
+    try:
+        with open(head) as f:
+            ref = f.read().strip()
+        if ref.startswith("ref: "):
+            with open(os.path.join(repo, ".git", ref[5:])) as f:
+                return f.read().strip() + " (read from .git, dirty state unknown)"
+        return ref + " (read from .git, dirty state unknown)"
+    except OSError:
+        pass
+    env = os.environ.get("FLASHSPAN_GIT_REVISION")
+    return f"{env} (from $FLASHSPAN_GIT_REVISION)" if env else None
+
+
 def environment(device: torch.device) -> dict:
     """GPU, driver, CUDA, cuDNN, PyTorch, flashspan version, library path and git revision."""
     import flashspan
@@ -61,12 +82,7 @@ def environment(device: torch.device) -> dict:
     except Exception as e:  # recorded, never fatal
         env["flashspan_library"] = f"unavailable: {e}"
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(flashspan.__file__))))
-    rev = _run(["git", "rev-parse", "HEAD"], cwd=repo)
-    if rev:
-        dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
-        env["git_revision"] = rev + ("-dirty" if dirty else "")
-    else:
-        env["git_revision"] = None
+    env["git_revision"] = git_revision(repo)
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env["gpu"] = props.name
@@ -118,6 +134,42 @@ def write_csv(path: str, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
+def summary_table(rows: list[dict], workloads: list[str]) -> list[str]:
+    """One line per (workload, phase): TFLOP/s of flashspan and of every peer that ran."""
+    phases = [p for p in ("forward", "backward", "combined") if any(r["phase"] == p for r in rows)]
+    backends = []
+    for r in rows:
+        if r["phase"] in phases and r.get("tflops") is not None and r["backend"] not in backends:
+            backends.append(r["backend"])
+    if "flashspan" in backends:
+        backends.remove("flashspan")
+        backends.insert(0, "flashspan")
+    if not backends:
+        return []
+    out = ["## Summary (TFLOP/s over visible pairs; flashspan speedup in parentheses)", "",
+           "| workload | phase | " + " | ".join(backends) + " |",
+           "|---|---|" + "---|" * len(backends)]
+    for wl in workloads:
+        for phase in phases:
+            cells = []
+            fs = next((r for r in rows if r["workload"] == wl and r["phase"] == phase
+                       and r["backend"] == "flashspan"), None)
+            for be in backends:
+                r = next((r for r in rows if r["workload"] == wl and r["phase"] == phase and r["backend"] == be), None)
+                if r is None or r.get("tflops") is None:
+                    cells.append("—")
+                    continue
+                cell = _fmt(r["tflops"])
+                if be != "flashspan" and fs is not None and fs.get(f"speedup_vs_{be}") is not None:
+                    cell += f" ({fs[f'speedup_vs_{be}']:.2f}×)"
+                if r["status"] not in ("ok",):
+                    cell += f" **{r['status']}**"
+                cells.append(cell)
+            if any(c != "—" for c in cells):
+                out.append(f"| {wl} | {phase} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
 def write_markdown(path: str, doc: dict) -> None:
     env, cfg, rows, checks = doc["environment"], doc["config"], doc["results"], doc["checks"]
     lines = ["# flashspan benchmark", ""]
@@ -141,12 +193,19 @@ def write_markdown(path: str, doc: dict) -> None:
     for r in rows:
         if r["workload"] not in workloads:
             workloads.append(r["workload"])
+    lines += summary_table(rows, workloads)
     for wl in workloads:
         wrows = [r for r in rows if r["workload"] == wl]
         d = wrows[0]
         lines += [f"## {wl}", "",
                   f"B={d['B']} Hq={d['Hq']} Hkv={d['Hkv']} S={d['S']} D=({d['Dqk']},{d['Dv']}) "
                   f"nfunc={d['nfunc']} density={_fmt(d['density'])} visible pairs={d['visible_pairs']}", ""]
+        plan = next((c.get("plan") for c in checks if c["workload"] == wl and c.get("plan")), None)
+        if plan:
+            lines += [f"flashspan plan: forward tiles {plan['fwd_block_q']}x{plan['fwd_block_k']}, "
+                      f"{plan['fwd_partial_blocks']} partial / {plan['fwd_full_blocks']} full blocks forward, "
+                      f"{plan['bwd_partial_blocks']} / {plan['bwd_full_blocks']} backward, {plan['num_tasks']} tasks, "
+                      f"{plan['bytes']} bytes, consumer sm{plan['arch']}", ""]
         prep = [r for r in wrows if r["phase"] in ("plan_fwd", "plan_fwd_bwd", "block_mask")]
         if prep:
             lines += ["| preparation | backend | median ms | first call ms | status |", "|---|---|---|---|---|"]
@@ -165,9 +224,10 @@ def write_markdown(path: str, doc: dict) -> None:
                 lines.append(f"| {r['phase']} | {r['backend']} | {_fmt(r.get('median_ms'))} | "
                              f"{_fmt(r.get('tflops'))} | {_fmt(r.get('first_call_ms'))} | {sp or '—'} | {status} |")
             lines.append("")
-        unavailable = [r for r in wrows if r["status"] == "unavailable" and r["phase"] == "-"]
+        unavailable = [r for r in wrows if r["phase"] == "-"]
         for r in unavailable:
-            lines.append(f"- {r['backend']}: unavailable — {r.get('reason')}")
+            lines.append(f"- {r['backend']}: {'**' + r['status'] + '**' if r['status'] != 'unavailable' else r['status']}"
+                         f" — {r.get('reason')}")
         wchecks = [c for c in checks if c["workload"] == wl]
         if wchecks:
             lines += ["" if unavailable else "", "| spot-check vs fp32 reference | verdict | errors |",

@@ -290,11 +290,14 @@ class FlexRunner(Runner):
         flex = _flex()
         self._call = lambda: flex(self.q, self.k, self.v, block_mask=self.block_mask, scale=self.inp.scale,
                                   enable_gqa=self.gqa)
-        with torch.no_grad():
-            self.first_call_ms["forward"] = self.timer.first_call(self.forward)
-            self.out_first = self._call().detach()
+        # With a backward to time, the forward is timed as training runs it (grad mode: it
+        # also saves LSE, as flashspan's forward writes it) and reuses that compiled graph;
+        # a forward-only run times the no-grad (inference) graph.
+        self.train_forward = not self.forward_only and any(p in phases for p in ("backward", "combined"))
+        self.first_call_ms["forward"] = self.timer.first_call(self.forward)
+        self.out_first = self.forward().detach()
         self._grads = None
-        if not self.forward_only and any(p in phases for p in ("backward", "combined")):
+        if self.train_forward:
             # The first fwd+bwd call compiles the backward; reported as both phases' first call.
             self.first_call_ms["combined"] = self.first_call_ms["backward"] = self.timer.first_call(self.combined)
             self._graph_out = self._call()
@@ -306,6 +309,8 @@ class FlexRunner(Runner):
         return None
 
     def forward(self):
+        if self.train_forward:
+            return self._call()
         with torch.no_grad():
             return self._call()
 
@@ -366,13 +371,15 @@ class SdpaRunner(Runner):
         if self.wl.heads_q != self.wl.heads_kv:
             kwargs["enable_gqa"] = True
         self._call = lambda: F.scaled_dot_product_attention(self.q, self.k, self.v, **kwargs)
+        # As for FlexAttention: the forward runs in grad mode (saving LSE, like flashspan's)
+        # when a backward is timed too, else in no-grad mode.
+        self.train_forward = any(p in phases for p in ("backward", "combined"))
         try:
             with self.context():
-                with torch.no_grad():
-                    self.first_call_ms["forward"] = self.timer.first_call(self.forward)
-                    self.out_first = self._call().detach()
+                self.first_call_ms["forward"] = self.timer.first_call(self.forward)
+                self.out_first = self.forward().detach()
                 self._grads = None
-                if any(p in phases for p in ("backward", "combined")):
+                if self.train_forward:
                     self.first_call_ms["combined"] = self.first_call_ms["backward"] = \
                         self.timer.first_call(self.combined)
                     self._graph_out = self._call()
@@ -383,6 +390,8 @@ class SdpaRunner(Runner):
             raise Unavailable(f"{self.backend_name}: {' '.join(msg[:3])[:300]}") from e
 
     def forward(self):
+        if self.train_forward:
+            return self._call()
         with torch.no_grad():
             return self._call()
 
