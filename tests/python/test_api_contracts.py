@@ -264,7 +264,7 @@ def test_library_path_is_reported(fs):
     import flashspan._lib as lib
 
     path = lib.library_path()
-    assert os.path.exists(path) and path.endswith(".so")
+    assert os.path.exists(path) and ".so" in os.path.basename(path)
     if os.environ.get("FLASHSPAN_LIBRARY"):
         assert os.path.samefile(path, os.environ["FLASHSPAN_LIBRARY"])
     assert isinstance(lib.cuda_available(), bool)
