@@ -44,7 +44,8 @@ def _csv_list(values, allowed, what):
                 out.extend(a for a in allowed if a not in out)
                 continue
             if item not in allowed:
-                raise SystemExit(f"flashspan-bench: unknown {what} {item!r}; choose from {', '.join(map(str, allowed))}")
+                choices = ", ".join(map(str, allowed))
+                raise SystemExit(f"flashspan-bench: unknown {what} {item!r}; choose from {choices}")
             if item not in out:
                 out.append(item)
     return out
@@ -198,8 +199,8 @@ def api_agreement(explicit: dict, api: dict, tol: dict) -> list[str]:
         e = explicit[key]
         err = lse_error(a, e) if key == "lse" else rel_error(a.float(), e.float())
         if not err <= tol[key]:
-            problems.append(f"flex_attn_func {key} differs from FlexAttention{'Fwd' if key in ('out', 'lse') else 'Bwd'} "
-                            f"by {err:.3g}")
+            op = "FlexAttentionFwd" if key in ("out", "lse") else "FlexAttentionBwd"
+            problems.append(f"flex_attn_func {key} differs from {op} by {err:.3g}")
     return problems
 
 
@@ -451,8 +452,9 @@ def main(argv=None) -> int:
         if os.path.exists(paths[ext]):
             print(f"wrote {paths[ext]}")
     if failed:
-        print("\n" + "!" * 78 + f"\n!! CORRECTNESS CHECK FAILED or flashspan error for: {', '.join(sorted(set(failed)))}\n"
-              + "!" * 78, file=sys.stderr)
+        names = ", ".join(sorted(set(failed)))
+        print("\n" + "!" * 78 + f"\n!! CORRECTNESS CHECK FAILED or flashspan error for: {names}\n" + "!" * 78,
+              file=sys.stderr)
         return 1
     if cpu:
         print(f"CPU reference run complete ({why_cpu}); all flashspan results matched the float32 reference.")

@@ -226,8 +226,8 @@ def write_markdown(path: str, doc: dict) -> None:
             lines.append("")
         unavailable = [r for r in wrows if r["phase"] == "-"]
         for r in unavailable:
-            lines.append(f"- {r['backend']}: {'**' + r['status'] + '**' if r['status'] != 'unavailable' else r['status']}"
-                         f" — {r.get('reason')}")
+            status = r["status"] if r["status"] == "unavailable" else f"**{r['status']}**"
+            lines.append(f"- {r['backend']}: {status} — {r.get('reason')}")
         wchecks = [c for c in checks if c["workload"] == wl]
         if wchecks:
             lines += ["" if unavailable else "", "| spot-check vs fp32 reference | verdict | errors |",
@@ -263,8 +263,8 @@ def write_chart(path: str, rows: list[dict], title: str) -> Optional[str]:
     for r in ok:
         if r["backend"] not in backends:
             backends.append(r["backend"])
-    fig, axes = plt.subplots(len(phases), 1, figsize=(max(8, 1.3 * len(workloads) * max(1, len(backends)) / 2), 3.6 * len(phases)),
-                             squeeze=False)
+    fig_width = max(8.0, 0.65 * len(workloads) * max(1, len(backends)))
+    fig, axes = plt.subplots(len(phases), 1, figsize=(fig_width, 3.6 * len(phases)), squeeze=False)
     width = 0.8 / max(1, len(backends))
     # CPU runs reach GFLOP/s, not TFLOP/s: pick the unit that keeps the numbers readable.
     scale, unit = (1.0, "TFLOP/s") if max(r["tflops"] for r in ok) >= 1.0 else (1e3, "GFLOP/s")

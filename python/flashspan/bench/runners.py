@@ -280,7 +280,8 @@ class FlexRunner(Runner):
             if state["fn"] is create_block_mask:
                 raise
             # The compiled builder failed: fall back to the eager one (and say so).
-            self.block_mask_note = f"torch.compile(create_block_mask) failed ({type(e).__name__}: {str(e)[:200]}); eager used"
+            self.block_mask_note = (f"torch.compile(create_block_mask) failed ({type(e).__name__}: "
+                                    f"{str(e)[:200]}); eager used")
             state["fn"] = create_block_mask
             self.prep_timings["block_mask"] = self.timer.measure_host(build, 2)
         # FlexAttention has no CPU backward: on CPU (only when asked for) it is timed forward only.
