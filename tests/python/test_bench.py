@@ -228,3 +228,23 @@ def test_gpu_smoke(tmp_path):
     assert len(fs) == 4 and all(r["status"] == "ok" and r["tflops"] > 0 for r in fs)
     for r in doc["results"]:
         assert r["status"] in ("ok", "unavailable", "derived", "check_mismatch", "error"), r
+
+
+def test_merge_runs(tmp_path):
+    """Runs split to fit a time limit merge into one report."""
+    _library_or_skip()
+    dirs = []
+    for mask in ("causal", "local"):
+        d = tmp_path / mask
+        rc = bench.main(["--mask", mask, "--seqlen", "48", "--heads", "1", "--reps", "1", "--warmup", "0",
+                         "--device", "cpu", "--no-progress", "--peers", "none", "--phase", "forward",
+                         "--output-dir", str(d)])
+        assert rc == 0
+        dirs.append(str(d))
+    merged = tmp_path / "merged"
+    assert bench.main(["--merge", *dirs, "--output-dir", str(merged)]) == 0
+    doc = json.loads((merged / "results.json").read_text())
+    assert {r["workload"] for r in doc["results"]} == {"causal", "local"}
+    assert len(doc["checks"]) == 2 and doc["complete"]
+    md = (merged / "results.md").read_text()
+    assert "## causal" in md and "## local" in md

@@ -16,6 +16,7 @@ is printed loudly, marked in every result file, and makes the exit status 1.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -83,9 +84,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--output-dir", default="bench_out", help="where results.{json,csv,md,png} go (default bench_out/)")
     p.add_argument("--no-progress", action="store_true",
                    help="plain prints instead of a tqdm bar (automatic when stderr is not a terminal)")
+    p.add_argument("--merge", nargs="+", metavar="DIR",
+                   help="instead of running: merge the results.json of earlier runs (e.g. split to fit a time "
+                        "limit) into one set of result files in --output-dir")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="start no new workload after this many seconds (results so far are written)")
     args = p.parse_args(argv)
+    if args.merge:
+        return args
     args.masks = [] if args.no_masks else (_csv_list(args.mask, BENCHMARK_MASKS, "mask") or list(BENCHMARK_MASKS))
     args.phases = _csv_list(args.phase, PHASES, "phase") or list(PHASES)
     hd = _csv_list(args.head_dim, [str(d) for d in HEAD_DIMS], "head dim") or ["128"]
@@ -358,8 +364,43 @@ def summary_line(rows: list) -> str:
     return "; ".join(parts)
 
 
+def merge(dirs: list, output_dir: str) -> int:
+    """Concatenates the results of several runs (same machine) into one report."""
+    docs = []
+    for d in dirs:
+        path = os.path.join(d, "results.json") if os.path.isdir(d) else d
+        with open(path) as f:
+            docs.append(json.load(f))
+    if not docs:
+        raise SystemExit("flashspan-bench --merge: nothing to merge")
+    gpus = {doc["environment"].get("gpu") for doc in docs}
+    if len(gpus) > 1:
+        print(f"flashspan-bench --merge: warning: results come from different devices: {gpus}", file=sys.stderr)
+    first = docs[0]
+    doc = {
+        "environment": first["environment"],
+        "config": dict(first["config"], merged_from=[os.path.abspath(d) for d in dirs]),
+        "results": [r for d in docs for r in d["results"]],
+        "checks": [c for d in docs for c in d["checks"]],
+        "failed_checks": sorted({n for d in docs for n in d.get("failed_checks", [])}),
+        "complete": all(d.get("complete") for d in docs),
+        "merged_environments": [d["environment"] for d in docs],
+    }
+    os.makedirs(output_dir, exist_ok=True)
+    chart = report.write_chart(os.path.join(output_dir, "results.png"), doc["results"],
+                               f"flashspan vs peers — {first['environment'].get('gpu') or 'CPU'} (merged)")
+    doc["chart"] = chart or "results.png"
+    report.write_json(os.path.join(output_dir, "results.json"), doc)
+    report.write_csv(os.path.join(output_dir, "results.csv"), doc["results"])
+    report.write_markdown(os.path.join(output_dir, "results.md"), doc)
+    print(f"merged {len(docs)} runs ({len(doc['results'])} results) into {os.path.abspath(output_dir)}")
+    return 1 if doc["failed_checks"] else 0
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.merge:
+        return merge(args.merge, args.output_dir)
     try:
         import flashspan  # noqa: F401  (fail early with the library's own message)
     except Exception as e:
@@ -412,11 +453,13 @@ def main(argv=None) -> int:
     def flush_files(final: bool) -> None:
         doc = {"environment": env, "config": config, "results": rows, "checks": checks,
                "failed_checks": sorted(set(failed)), "complete": final}
-        if final:
+        try:
             chart_err = report.write_chart(
                 paths["png"], rows,
                 f"flashspan vs peers — {env.get('gpu') or 'CPU reference backend'}, S={seqlen}, {args.dtype}")
-            doc["chart"] = chart_err or os.path.basename(paths["png"])
+        except Exception as e:  # a chart problem must never lose the numbers
+            chart_err = f"chart failed: {type(e).__name__}: {e}"
+        doc["chart"] = chart_err or os.path.basename(paths["png"])
         report.write_json(paths["json"], doc)
         report.write_csv(paths["csv"], rows)
         report.write_markdown(paths["md"], doc)

@@ -290,6 +290,7 @@ def write_chart(path: str, rows: list[dict], title: str) -> Optional[str]:
     axes[0, 0].legend(fontsize=8, ncol=min(len(backends), 5))
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path + ".tmp", dpi=110, format="png")
     plt.close(fig)
+    os.replace(path + ".tmp", path)
     return None
