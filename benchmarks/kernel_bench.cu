@@ -2,7 +2,7 @@
 // S in {8192, 32768}, dense non-causal and causal (causal through the mask plan, row q
 // sees [0, q+1)). Prints the median of CUDA-event timings after warmup (L2 flushed before
 // every timed run) and TFLOP/s over visible pairs: 4*D per visible pair forward, 2.5x that
-// backward.
+// backward. "bwd" is the default (atomic dQ) path, "bwdD" deterministic = true.
 //
 // Usage: kernel_bench [iters] [S...]      (defaults: 10, 8192 32768)
 #include <cuda_runtime.h>
@@ -177,14 +177,18 @@ int main(int argc, char** argv) {
       ba.dk = dev_view(dk, DType::kBFloat16, {B, S, H, D});
       ba.dv = dev_view(dv, DType::kBFloat16, {B, S, H, D});
       ba.softmax_scale = scale;
-      const size_t ws_bytes = flex_bwd_workspace_size(gd, *plan, false);
+      const size_t ws_bytes = flex_bwd_workspace_size(gd, *plan, false);  // the larger of the two
       void* ws = nullptr;
       ck(cudaMalloc(&ws, std::max<size_t>(ws_bytes, 16)), "workspace");
       ba.workspace = ws;
       ba.workspace_bytes = ws_bytes;
-      const double bwd_ms = time_ms([&] { launch_flex_bwd(ba); }, iters, flush, flush_bytes);
-      std::printf("%-6lld %-10s %-4s %10.3f %10.1f %10.3f %10lld\n", (long long)S, causal ? "causal" : "dense", "bwd",
-                  bwd_ms, 2.5 * fwd_flops / (bwd_ms * 1e-3) / 1e12, pairs / 1e9, (long long)hp->counts.bwd_partial);
+      for (int det = 0; det < 2; ++det) {
+        ba.deterministic = det == 1;
+        const double bwd_ms = time_ms([&] { launch_flex_bwd(ba); }, iters, flush, flush_bytes);
+        std::printf("%-6lld %-10s %-4s %10.3f %10.1f %10.3f %10lld\n", (long long)S, causal ? "causal" : "dense",
+                    det ? "bwdD" : "bwd", bwd_ms, 2.5 * fwd_flops / (bwd_ms * 1e-3) / 1e12, pairs / 1e9,
+                    (long long)hp->counts.bwd_partial);
+      }
       ck(cudaFree(ws), "free");
       ck(cudaDeviceSynchronize(), "bench");
     }

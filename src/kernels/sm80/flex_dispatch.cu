@@ -48,10 +48,11 @@ size_t flex_fwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool
 
 size_t flex_bwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool deterministic) {
   (void)plan;
-  (void)deterministic;
-  // delta and lse2, fp32 [Hq, total_q] each.
+  // delta and lse2, fp32 [Hq, total_q] each; the atomic dQ path adds an fp32 accumulator
+  // [Hq, total_q, Dqk].
   const size_t per = align_up(sizeof(float) * size_t(g.num_heads_q) * size_t(g.total_q));
-  return 2 * per;
+  const size_t acc = deterministic ? 0 : align_up(per * size_t(g.head_dim_qk));
+  return 2 * per + acc;
 }
 
 void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool backward) {
@@ -151,9 +152,10 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
   p.dva = sm80::qkv_addr(a.dv, g.varlen);
   p.lse = a.lse.ptr<const float>();
   p.lsea = sm80::lse_addr(a.lse, g.varlen);
-  const size_t per = need / 2;
+  const size_t per = align_up(sizeof(float) * size_t(g.num_heads_q) * size_t(g.total_q));
   p.delta = static_cast<float*>(a.workspace);
   p.lse2 = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + per);
+  p.dq_accum = a.deterministic ? nullptr : reinterpret_cast<float*>(static_cast<char*>(a.workspace) + 2 * per);
   p.total_q = g.total_q;
   p.cu_seqlens_q = plan_array(plan, "cu_seqlens_q");
   p.cu_seqlens_k = plan_array(plan, "cu_seqlens_k");

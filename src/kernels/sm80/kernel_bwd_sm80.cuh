@@ -8,9 +8,12 @@
 //                   query head of the kv group (GQA sums stay in registers), recomputing
 //                   S = Q K^T, P = exp2(S*scale*log2e - lse2), dP = dO V^T, dS = P (dP - D);
 //                   dV += P^T dO, dK += dS^T Q; dK scaled at the end.
-//   3. dQ kernel:   one CTA per (query block, query head); walks the Q2K lists in ascending
-//                   key-block order with no atomics: dQ = scale * sum dS K. Bitwise
-//                   reproducible (fixed order, no atomics).
+//   3. dQ:          deterministic = false: the dK/dV kernel also forms dS K for its key block
+//                   and adds it to an fp32 accumulator in the workspace (atomics), then a
+//                   convert kernel writes dq = scale * accumulator.
+//                   deterministic = true: a separate kernel, one CTA per (query block, query
+//                   head), walks the Q2K lists in ascending key-block order with no atomics
+//                   (recomputing S and dP): bitwise reproducible.
 // Both GEMM kernels use 16-row warp tiles; payload sub-tile (mt, ct) lives in lane words
 // (mt * kBlockK/64 + ct) * 32 + lane (payload_layout.h).
 #pragma once
@@ -206,6 +209,16 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
     const uint32_t sQ = sQ0 + buf * T::kSmemQ, sO = sO0 + buf * T::kSmemO;
 
     // ---- S phase: S = Q K^T, dP = dO V^T for the warp tile, then P and dS into smem.
+    // The row statistics are loaded first so their latency hides behind the two GEMMs.
+    float lse2[2], delta[2];
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int r = qb * T::kBlockQ + mt * 16 + g + 8 * hi;
+      const bool ok = r < len_q;
+      const int64_t ws = int64_t(h) * p.total_q + q_start + r;
+      lse2[hi] = ok ? __ldg(p.lse2 + ws) : INFINITY;
+      delta[hi] = ok ? __ldg(p.delta + ws) : 0.0f;
+    }
     float s[T::kNS][4], dp[T::kNS][4];
 #pragma unroll
     for (int n = 0; n < T::kNS; ++n) {
@@ -248,15 +261,6 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
     if (payload >= 0) {
       apply_payload<T::kNS>(s, p.view.q2k_partial_bits + size_t(payload) * words_per_tile, mt, c0, T::kBlockK, lane);
     }
-    float lse2[2], delta[2];
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      const int r = qb * T::kBlockQ + mt * 16 + g + 8 * hi;
-      const bool ok = r < len_q;
-      const int64_t ws = int64_t(h) * p.total_q + q_start + r;
-      lse2[hi] = ok ? __ldg(p.lse2 + ws) : INFINITY;
-      delta[hi] = ok ? __ldg(p.delta + ws) : 0.0f;
-    }
 #pragma unroll
     for (int n = 0; n < T::kNS; ++n) {
 #pragma unroll
@@ -298,6 +302,45 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
         }
       }
     }
+    if (p.dq_accum != nullptr) {
+      // ---- dQ phase (atomic path): dQ[q] += dS K over this key block, added in fp32 to the
+      // workspace accumulator. Warp tile: rows 16*(w % 4).., head-dim half w / 4.
+      constexpr int kNQ = T::kDqk / 2 / 8;
+      const int qm = warp % (T::kBlockQ / 16);
+      const int dq0 = (warp / (T::kBlockQ / 16)) * (T::kDqk / 2);
+      float acc_q[kNQ][4];
+#pragma unroll
+      for (int n = 0; n < kNQ; ++n) acc_q[n][0] = acc_q[n][1] = acc_q[n][2] = acc_q[n][3] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
+        uint32_t a[4];
+        load_frag_a<T::kBlockK>(a, sdS, qm * 16, kk * 16, lane);
+#pragma unroll
+        for (int n = 0; n < kNQ; n += 2) {
+          if (dq0 + n * 8 < p.head_dqk) {
+            uint32_t bb[4];
+            load_frag_b_kn<T::kDqk>(bb, sK, dq0 + n * 8, kk * 16, lane);
+            mma_16816<kBf16>(acc_q[n], a, bb[0], bb[1]);
+            mma_16816<kBf16>(acc_q[n + 1], a, bb[2], bb[3]);
+          }
+        }
+      }
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const int rr = qb * T::kBlockQ + qm * 16 + g + 8 * hi;
+        if (rr < len_q) {
+          float* dst = p.dq_accum + (int64_t(h) * p.total_q + q_start + rr) * p.head_dqk;
+#pragma unroll
+          for (int n = 0; n < kNQ; ++n) {
+            const int col = dq0 + n * 8 + 2 * t;
+            if (col < p.head_dqk) {
+              atomicAdd(dst + col, acc_q[n][2 * hi]);
+              atomicAdd(dst + col + 1, acc_q[n][2 * hi + 1]);
+            }
+          }
+        }
+      }
+    }
     h = h_next;
     qb = qb_next;
     payload = payload_next;
@@ -332,6 +375,25 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
         }
       }
     }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 2b. dQ conversion (atomic path): dq = scale * dq_accum in the input dtype. One warp per
+// (row, head); grid (ceil(max_seqlen_q / 8), Hq, B), 256 threads.
+template <bool kBf16>
+__global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel(const FlexBwdParams p) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int h = blockIdx.y, b = blockIdx.z;
+  const int i = blockIdx.x * 8 + warp;
+  const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
+  if (i >= len_q) return;
+  const float* src = p.dq_accum + (int64_t(h) * p.total_q + q_start + i) * p.head_dqk;
+  uint16_t* dst = static_cast<uint16_t*>(p.dq) + int64_t(b) * p.dqa.batch_stride +
+                  (int64_t(p.varlen ? q_start : 0) + i) * p.dqa.row_stride + int64_t(h) * p.dqa.head_stride;
+  for (int c = lane * 2; c < p.head_dqk; c += 64) {
+    const float2 x = *reinterpret_cast<const float2*>(src + c);
+    *reinterpret_cast<uint32_t*>(dst + c) = pack2<kBf16>(x.x * p.scale, x.y * p.scale);
   }
 }
 

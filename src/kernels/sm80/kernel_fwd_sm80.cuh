@@ -1,9 +1,9 @@
 // Flex attention forward kernel for sm_80 and newer (mma.sync m16n8k16, cp.async, ldmatrix).
 //
 // Algorithm: FlashAttention-2 (Dao 2023) forward over the plan's block-sparse Q2K lists.
-// One CTA per task of plan.fwd_tasks {local query block, query head, batch, cost}; kWarps =
-// kBlockQ/16 warps, warp w owns query rows 16w..16w+15 of the block (its m16 tile, which is
-// also payload sub-tile row mt = w). Key blocks are visited in ascending order, merged from
+// One CTA per task of plan.fwd_tasks {local query block, query head, batch, cost}; warp w
+// owns kMT m16 tiles, rows 16*kMT*w .. 16*kMT*(w+1)-1 of the block (m16 tile i of warp w is
+// payload sub-tile row mt = kMT*w + i). Key blocks are visited in ascending order, merged from
 // the full list (no masking) and the partial list (payload bits applied to the scores);
 // empty blocks are never visited.
 //
@@ -24,10 +24,13 @@
 
 namespace flashspan::kern {
 
-template <int kBlockQ_, int kBlockK_, int kDqk_, int kDv_, int kMinBlocks_ = 1>
+template <int kBlockQ_, int kBlockK_, int kDqk_, int kDv_, int kMT_, int kMinBlocks_>
 struct FwdTraitsSm80 {
   static constexpr int kBlockQ = kBlockQ_, kBlockK = kBlockK_, kDqk = kDqk_, kDv = kDv_;
-  static constexpr int kWarps = kBlockQ / 16;
+  // Each warp owns kMT m16 tiles (rows 16*kMT*w ..): every K/V fragment read from shared
+  // memory feeds kMT mma instructions, which is what makes the kernel shared-memory-light.
+  static constexpr int kMT = kMT_;
+  static constexpr int kWarps = kBlockQ / (16 * kMT);
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kNS = kBlockK / 8;  // n8 blocks of a score row tile
   static constexpr int kNO = kDv / 8;      // n8 blocks of the output tile
@@ -35,10 +38,8 @@ struct FwdTraitsSm80 {
   static constexpr int kSmemK = kBlockK * kDqk * 2;
   static constexpr int kSmemV = kBlockK * kDv * 2;
   static constexpr int kSmemBytes = kSmemQ + kSmemK + kSmemV;
-  // CTAs per SM asked of ptxas: 2 caps registers at 128 a thread (16 warps per SM) at the
-  // price of a few spills for D = 128; 1 lets the D = 128 kernel use ~170 registers.
-  static constexpr int kMinBlocks = kMinBlocks_;
-  static_assert(kBlockQ % 16 == 0 && kBlockK % 64 == 0 && kDqk % 64 == 0 && kDv % 64 == 0);
+  static constexpr int kMinBlocks = kMinBlocks_;  // CTAs per SM asked of ptxas
+  static_assert(kBlockQ % (16 * kMT) == 0 && kBlockK % 64 == 0 && kDqk % 64 == 0 && kDv % 64 == 0);
 };
 
 __global__ void fill_neg_inf_kernel(float* p, int n) {
@@ -48,6 +49,7 @@ __global__ void fill_neg_inf_kernel(float* p, int n) {
 
 template <class T, bool kBf16, bool kMaxLogit>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm80(const FlexFwdParams p) {
+  constexpr int kMT = T::kMT;
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t sQ = smem_u32(smem);
   const uint32_t sK = sQ + T::kSmemQ;
@@ -95,12 +97,16 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
   }
   cp_async_commit();
 
-  float acc_o[T::kNO][4];
+  float acc_o[kMT][T::kNO][4];
+  float m[kMT][2], l[kMT][2];
 #pragma unroll
-  for (int n = 0; n < T::kNO; ++n) acc_o[n][0] = acc_o[n][1] = acc_o[n][2] = acc_o[n][3] = 0.0f;
-  float m[2] = {-INFINITY, -INFINITY};
-  float l[2] = {0.0f, 0.0f};
-  const int m0 = warp * 16;
+  for (int i = 0; i < kMT; ++i) {
+#pragma unroll
+    for (int n = 0; n < T::kNO; ++n) acc_o[i][n][0] = acc_o[i][n][1] = acc_o[i][n][2] = acc_o[i][n][3] = 0.0f;
+    m[i][0] = m[i][1] = -INFINITY;
+    l[i][0] = l[i][1] = 0.0f;
+  }
+  const int m0 = warp * 16 * kMT;  // first row of the warp; m16 tile i starts at m0 + 16 i
   const size_t words_per_tile = size_t(T::kBlockQ) * T::kBlockK / 32;
 
   while (have) {
@@ -110,32 +116,56 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
                                                      p.va.row_stride, len_k - kb * T::kBlockK, p.dv, p.v, tid);
     cp_async_commit();
 
-    float s[T::kNS][4];
+    float s[kMT][T::kNS][4];
 #pragma unroll
-    for (int n = 0; n < T::kNS; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+    for (int i = 0; i < kMT; ++i) {
+#pragma unroll
+      for (int n = 0; n < T::kNS; ++n) s[i][n][0] = s[i][n][1] = s[i][n][2] = s[i][n][3] = 0.0f;
+    }
 #pragma unroll
     for (int kk = 0; kk < T::kDqk / 16; ++kk) {
       if (kk * 16 < p.dqk) {
-        uint32_t a[4];
-        load_frag_a<T::kDqk>(a, sQ, m0, kk * 16, lane);
+        uint32_t a[kMT][4];
+#pragma unroll
+        for (int i = 0; i < kMT; ++i) load_frag_a<T::kDqk>(a[i], sQ, m0 + 16 * i, kk * 16, lane);
 #pragma unroll
         for (int n = 0; n < T::kNS; n += 2) {
           uint32_t bb[4];
           load_frag_b_nk<T::kDqk>(bb, sK, n * 8, kk * 16, lane);
-          mma_16816<kBf16>(s[n], a, bb[0], bb[1]);
-          mma_16816<kBf16>(s[n + 1], a, bb[2], bb[3]);
+#pragma unroll
+          for (int i = 0; i < kMT; ++i) {
+            mma_16816<kBf16>(s[i][n], a[i], bb[0], bb[1]);
+            mma_16816<kBf16>(s[i][n + 1], a[i], bb[2], bb[3]);
+          }
         }
       }
     }
 #pragma unroll
-    for (int n = 0; n < T::kNS; ++n) {
+    for (int i = 0; i < kMT; ++i) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[n][i] *= p.scale_log2;
+      for (int n = 0; n < T::kNS; ++n) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[i][n][e] *= p.scale_log2;
+      }
+      if (partial) {
+        apply_payload<T::kNS>(s[i], p.view.q2k_partial_bits + size_t(entry) * words_per_tile, warp * kMT + i, 0,
+                              T::kBlockK, lane);
+      }
+      online_softmax_step<T::kNS, T::kNO>(s[i], m[i], l[i], acc_o[i]);
     }
-    if (partial) {
-      apply_payload<T::kNS>(s, p.view.q2k_partial_bits + size_t(entry) * words_per_tile, warp, 0, T::kBlockK, lane);
+    // P as 16-bit A fragments of the P V GEMM (k-step kk = key columns 16kk..16kk+15): half
+    // the registers of the fp32 scores, which are dead from here on.
+    uint32_t pa[kMT][T::kBlockK / 16][4];
+#pragma unroll
+    for (int i = 0; i < kMT; ++i) {
+#pragma unroll
+      for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
+        pa[i][kk][0] = pack2<kBf16>(s[i][2 * kk][0], s[i][2 * kk][1]);
+        pa[i][kk][1] = pack2<kBf16>(s[i][2 * kk][2], s[i][2 * kk][3]);
+        pa[i][kk][2] = pack2<kBf16>(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
+        pa[i][kk][3] = pack2<kBf16>(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
+      }
     }
-    online_softmax_step<T::kNS, T::kNO>(s, m, l, acc_o);
 
     int kb_next = 0, entry_next = 0;
     bool partial_next = false;
@@ -151,18 +181,16 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
 
 #pragma unroll
     for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
-      uint32_t a[4];
-      a[0] = pack2<kBf16>(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = pack2<kBf16>(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = pack2<kBf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = pack2<kBf16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
       for (int n = 0; n < T::kNO; n += 2) {
         if (n * 8 < p.dv) {
           uint32_t bb[4];
           load_frag_b_kn<T::kDv>(bb, sV, n * 8, kk * 16, lane);
-          mma_16816<kBf16>(acc_o[n], a, bb[0], bb[1]);
-          mma_16816<kBf16>(acc_o[n + 1], a, bb[2], bb[3]);
+#pragma unroll
+          for (int i = 0; i < kMT; ++i) {
+            mma_16816<kBf16>(acc_o[i][n], pa[i][kk], bb[0], bb[1]);
+            mma_16816<kBf16>(acc_o[i][n + 1], pa[i][kk], bb[2], bb[3]);
+          }
         }
       }
     }
@@ -179,30 +207,36 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
   uint16_t* o = static_cast<uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride +
                 (int64_t(p.varlen ? q_start : 0) + row0) * p.oa.row_stride + int64_t(h) * p.oa.head_stride;
 #pragma unroll
-  for (int hi = 0; hi < 2; ++hi) {
-    const float lsum = quad_sum(l[hi]);
-    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-    const int row = m0 + g + 8 * hi;
-    if (row < rows_valid) {
-      uint16_t* orow = o + int64_t(row) * p.oa.row_stride;
+  for (int i = 0; i < kMT; ++i) {
 #pragma unroll
-      for (int n = 0; n < T::kNO; ++n) {
-        const int col = n * 8 + 2 * t;
-        if (col < p.dv) {
-          *reinterpret_cast<uint32_t*>(orow + col) = pack2<kBf16>(acc_o[n][2 * hi] * inv, acc_o[n][2 * hi + 1] * inv);
+    for (int hi = 0; hi < 2; ++hi) {
+      const float lsum = quad_sum(l[i][hi]);
+      const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+      const int row = m0 + 16 * i + g + 8 * hi;
+      if (row < rows_valid) {
+        uint16_t* orow = o + int64_t(row) * p.oa.row_stride;
+#pragma unroll
+        for (int n = 0; n < T::kNO; ++n) {
+          const int col = n * 8 + 2 * t;
+          if (col < p.dv) {
+            *reinterpret_cast<uint32_t*>(orow + col) =
+                pack2<kBf16>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
+          }
         }
-      }
-      if (p.lse != nullptr && t == 0) {
-        const float lse = lsum > 0.0f ? (m[hi] + __log2f(lsum)) * kLn2 : -INFINITY;
-        p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride +
-              (int64_t(p.varlen ? q_start : 0) + row0 + row) * p.lsea.row_stride] = lse;
+        if (p.lse != nullptr && t == 0) {
+          const float lse = lsum > 0.0f ? (m[i][hi] + __log2f(lsum)) * kLn2 : -INFINITY;
+          p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride +
+                (int64_t(p.varlen ? q_start : 0) + row0 + row) * p.lsea.row_stride] = lse;
+        }
       }
     }
   }
 
   if constexpr (kMaxLogit) {
     // max over visible scores of scale * q.k: the running max is in log2 units.
-    float mx = fmaxf(m[0], m[1]);
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kMT; ++i) mx = fmaxf(mx, fmaxf(m[i][0], m[i][1]));
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
     __shared__ float red[T::kWarps];

@@ -1,9 +1,8 @@
 // Instantiations and launch of the sm80 flex backward kernels (preprocess, dK/dV, dQ):
 // head-dim tiles {64, 128, (192,128), 256} x {fp16, bf16}.
 //
-// dQ is computed by its own kernel in both modes (deterministic or not): it walks each query
-// block's key blocks in ascending order without atomics, so results are bitwise reproducible.
-// (An atomic fp32 dQ accumulated inside the dK/dV kernel would save recomputing S and dP.)
+// dQ: deterministic = false accumulates dS K in fp32 with atomics inside the dK/dV kernel
+// (5 GEMMs in all); deterministic = true runs the separate ordered dQ kernel (7 GEMMs).
 #include "kernels/sm80/kernel_bwd_sm80.cuh"
 #include "kernels/sm80/launch_common_sm80.h"
 
@@ -31,7 +30,13 @@ void run_bwd(const FlexBwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stre
     dkdv<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
     check_launch("flex backward dK/dV (sm80)");
   }
-  if (cfg.num_q_blocks > 0) {
+  if (!cfg.deterministic) {
+    if (cfg.total_q > 0) {
+      const dim3 grid(unsigned((cfg.max_seqlen_q + 7) / 8), unsigned(p.num_heads_q), unsigned(p.batch));
+      kern::flex_bwd_dq_convert_kernel<kBf16><<<grid, 256, 0, stream>>>(p);
+      check_launch("flex backward dQ convert (sm80)");
+    }
+  } else if (cfg.num_q_blocks > 0) {
     dq<<<dim3(unsigned(cfg.num_q_blocks), unsigned(p.num_heads_q)), T::kThreadsQ, T::kSmemBytesQ, stream>>>(p);
     check_launch("flex backward dQ (sm80)");
   }
@@ -50,6 +55,11 @@ void run_bwd_dtype(const FlexBwdParams& p, DType dtype, const BwdLaunchSm80& cfg
 
 void launch_bwd_sm80(const FlexBwdParams& p, const TileSm80& tile, DType dtype, const BwdLaunchSm80& cfg,
                      cudaStream_t stream) {
+  if (!cfg.deterministic && cfg.total_q > 0) {
+    check_cuda(cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * size_t(p.num_heads_q) * size_t(cfg.total_q) *
+                                                 size_t(p.head_dqk), stream),
+               "flex backward: clearing the dQ accumulator");
+  }
   if (cfg.total_q > 0) {
     const dim3 grid(unsigned((cfg.max_seqlen_q + 7) / 8), unsigned(p.num_heads_q), unsigned(p.batch));
     if (dtype == DType::kBFloat16) {

@@ -45,24 +45,27 @@ void launch_fwd_sm80(const FlexFwdParams& p, const TileSm80& tile, DType dtype, 
     check_launch("flex forward: max_logit reset");
   }
   if (num_tasks == 0 || p.view.num_q_blocks == 0) return;
+  // Tiles: 128x64 with 4 warps of 32 rows (2 CTAs per SM) up to D = 128 and for (192, 128);
+  // 64x64 with 4 warps of 16 rows for (256, 256), whose output accumulator alone takes 128
+  // registers a thread.
   if (tile.dqk_tile == 64) {
-    run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 64, 64>>(p, dtype, num_tasks, stream);
+    run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 64, 64, 2, 2>>(p, dtype, num_tasks, stream);
   } else if (tile.dqk_tile == 128) {
-    // Tuning knob while the occupancy choice is measured: FLASHSPAN_SM80_FWD_MINBLOCKS=2
-    // selects the register-capped bf16 variant.
-    static const bool two_ctas = [] {
-      const char* e = std::getenv("FLASHSPAN_SM80_FWD_MINBLOCKS");
-      return e != nullptr && std::atoi(e) == 2;
+    // Tuning knob while the two warp layouts are measured against each other:
+    // FLASHSPAN_SM80_FWD_MT=1 runs 8 warps of 16 rows instead of 4 warps of 32 rows.
+    static const bool one_tile = [] {
+      const char* e = std::getenv("FLASHSPAN_SM80_FWD_MT");
+      return e != nullptr && std::atoi(e) == 1;
     }();
-    if (two_ctas && dtype == DType::kBFloat16 && p.max_logit == nullptr) {
-      run_fwd<kern::FwdTraitsSm80<128, 64, 128, 128, 2>, true, false>(p, num_tasks, stream);
+    if (one_tile) {
+      run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 128, 128, 1, 1>>(p, dtype, num_tasks, stream);
     } else {
-      run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 128, 128>>(p, dtype, num_tasks, stream);
+      run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 128, 128, 2, 2>>(p, dtype, num_tasks, stream);
     }
   } else if (tile.dqk_tile == 192) {
-    run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 192, 128>>(p, dtype, num_tasks, stream);
+    run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 192, 128, 2, 1>>(p, dtype, num_tasks, stream);
   } else {
-    run_fwd_dtype<kern::FwdTraitsSm80<64, 64, 256, 256>>(p, dtype, num_tasks, stream);
+    run_fwd_dtype<kern::FwdTraitsSm80<64, 64, 256, 256, 1, 1>>(p, dtype, num_tasks, stream);
   }
 }
 
