@@ -402,9 +402,12 @@ def main(argv=None) -> int:
     if args.merge:
         return merge(args.merge, args.output_dir)
     try:
-        import flashspan  # noqa: F401  (fail early with the library's own message)
+        import flashspan  # noqa: F401
+        from .. import _lib
+
+        _lib.lib()  # fail early, with the loader's message (it names FLASHSPAN_LIBRARY)
     except Exception as e:
-        print(f"flashspan-bench: cannot import flashspan: {e}", file=sys.stderr)
+        print(f"flashspan-bench: cannot load flashspan: {e}", file=sys.stderr)
         return 2
     device, why_cpu = pick_device(args)
     cpu = device.type == "cpu"
@@ -434,7 +437,7 @@ def main(argv=None) -> int:
     if args.dense:
         workloads += dense_workloads(args.quick, seqlen if cpu else None, device)
     timer = Timer(device, warmup, reps)
-    env = report.environment(device)
+    env = report.environment(device, argv)
     config = {
         "mode": "cpu-reference" if cpu else "gpu", "why_cpu": why_cpu, "seqlen": seqlen, "dtype": args.dtype,
         "phases": args.phases, "head_dims": [HEAD_DIMS[d] for d in args.head_dims], "heads": args.heads,

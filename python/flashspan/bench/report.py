@@ -51,7 +51,7 @@ def git_revision(repo: str) -> Optional[str]:
     return f"{env} (from $FLASHSPAN_GIT_REVISION)" if env else None
 
 
-def environment(device: torch.device) -> dict:
+def environment(device: torch.device, argv: Optional[list] = None) -> dict:
     """GPU, driver, CUDA, cuDNN, PyTorch, flashspan version, library path and git revision."""
     import flashspan
 
@@ -64,7 +64,7 @@ def environment(device: torch.device) -> dict:
         "torch_cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
         "flashspan": getattr(flashspan, "__version__", None),
-        "command": " ".join([os.path.basename(sys.argv[0])] + sys.argv[1:]),
+        "command": " ".join(["python -m flashspan.bench"] + list(sys.argv[1:] if argv is None else argv)),
     }
     try:
         import triton
