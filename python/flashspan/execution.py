@@ -391,8 +391,11 @@ class FlexAttentionBwd:
 _CACHE_LIMIT = 64
 
 
-def _layout_key(*ts: Optional[torch.Tensor]) -> tuple:
-    return tuple(None if t is None else (tuple(t.shape), t.stride(), t.dtype, t.device) for t in ts)
+def _strides(*ts: Optional[torch.Tensor]) -> tuple:
+    # Shapes, dtype and device of every tensor are fixed by the plan; only strides vary
+    # between calls. A tensor that breaks the plan's geometry is still rejected, by the
+    # cached op's descriptor check (_bind) and then by the C layer.
+    return tuple(None if t is None else t.stride() for t in ts)
 
 
 def _cached(plan: MaskPlan, key: tuple, make):
@@ -427,19 +430,20 @@ def run_forward(
     out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty(lse_shape_of(q), dtype=torch.float32, device=q.device)
     max_logit = torch.empty((q.shape[-2],), dtype=torch.float32, device=q.device) if want_max_logit else None
-    key = ("fwd", _layout_key(q, k, v, out, lse, max_logit), softmax_scale)
+    key = ("fwd", _strides(q, k, v), want_max_logit, softmax_scale)
     op = _cached(
         plan,
         key,
         lambda: FlexAttentionFwd(q, k, v, out, plan, lse, max_logit, softmax_scale, _hold_plan=False),
     )
-    ws = torch.empty(op.workspace_size, dtype=torch.uint8, device=q.device)
+    n = op.workspace_size
+    ws = torch.empty(n, dtype=torch.uint8, device=q.device) if n else None
     op.execute(q, k, v, out, plan, lse, workspace=ws, max_logit_tensor=max_logit)
     return out, lse, max_logit
 
 
 def _run_backward_once(q, k, v, out, do, lse, dq, dk, dv, plan, softmax_scale, deterministic):
-    key = ("bwd", _layout_key(q, k, v, out, do, lse, dq, dk, dv), softmax_scale, bool(deterministic))
+    key = ("bwd", _strides(q, k, v, out, do, lse, dq, dk, dv), softmax_scale, bool(deterministic))
     op = _cached(
         plan,
         key,
@@ -447,7 +451,8 @@ def _run_backward_once(q, k, v, out, do, lse, dq, dk, dv, plan, softmax_scale, d
             q, k, v, out, do, lse, dq, dk, dv, plan, softmax_scale, deterministic, _hold_plan=False
         ),
     )
-    ws = torch.empty(op.workspace_size, dtype=torch.uint8, device=q.device)
+    n = op.workspace_size
+    ws = torch.empty(n, dtype=torch.uint8, device=q.device) if n else None
     op.execute(q, k, v, out, do, lse, dq, dk, dv, plan, workspace=ws)
 
 

@@ -220,6 +220,17 @@ class MaskPlan:
         if self._closed:
             raise ValueError("mask_plan: this MaskPlan was closed; build a new one with create_mask_plan")
         shapes = self._shapes
+        meta = self._meta
+        try:  # fast path: one expression, no loop (this runs on every call)
+            if (
+                q.shape == shapes["q"] and k.shape == shapes["k"] and v.shape == shapes["v"]
+                and q.dtype == meta["dtype"] and k.dtype == q.dtype and v.dtype == q.dtype
+                and q.device == meta["device"] and k.device == q.device and v.device == q.device
+                and (meta["has_backward"] or not need_backward)
+            ):
+                return
+        except AttributeError:
+            pass  # not a tensor: the loop below names it
         for name, t, want in (("q", q, shapes["q"]), ("k", k, shapes["k"]), ("v", v, shapes["v"])):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
