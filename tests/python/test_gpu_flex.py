@@ -211,3 +211,33 @@ def test_cuda_errors(fs):
     if fwd.workspace_size > 0:
         with pytest.raises(ValueError, match="workspace"):
             fwd.execute(p.q, p.k, p.v, out, plan, workspace=torch.empty(0, dtype=torch.uint8, device="cuda"))
+
+
+@pytest.mark.parametrize("dtype", LOWP)
+def test_outlier_inputs(fs, dtype):
+    # Large logits (|s| up to ~100) stress the online softmax rescaling.
+    p = _problem(21, dtype, False)
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    p.q = (p.q.float() * 6 + torch.randn(p.q.shape, device="cuda", generator=gen).abs() * 4).to(dtype)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    _poison_allocator()
+    out, lse = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True)
+    r32, rlp = p.reference(dtype=torch.float32), p.reference(dtype=dtype)
+    _check_budget(out, r32[0], rlp[0], dtype, "out")
+    _check_budget(lse, r32[1], rlp[1], dtype, "lse")
+
+
+def test_strided_packed_qkv(fs):
+    # q/k/v as views of one packed [B, S, 3, H, D] buffer: only the last dimension is contiguous.
+    p = _problem(23, torch.bfloat16, False, seqlen_q=257, seqlen_k=257, hq=4, hkv=4, requires_grad=False)
+    qkv = torch.stack([p.q, p.k, p.v], dim=2).requires_grad_(True)
+    q, k, v = qkv.unbind(2)
+    plan = fs.create_mask_plan(p.mask_func, q, k, v)
+    out = fs.flex_attn_func(q, k, v, plan)
+    (dqkv,) = torch.autograd.grad(out.float().sum(), (qkv,))
+    leaves = [t.detach().float().requires_grad_(True) for t in (p.q, p.k, p.v)]
+    ref = p.reference(*leaves, dtype=torch.float32)[0]
+    want = torch.autograd.grad(ref.sum(), leaves)
+    torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
+    for i, w in enumerate(want):
+        torch.testing.assert_close(dqkv[:, :, i].float(), w, atol=5e-2, rtol=5e-2)
