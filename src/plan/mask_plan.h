@@ -78,7 +78,7 @@ struct PlanCounts {
   int64_t fwd_partial = 0, fwd_full = 0;
   int64_t bwd_num_q_blocks = 0, bwd_num_k_blocks = 0;
   int64_t bwd_partial = 0, bwd_full = 0;
-  int64_t visible_pairs = 0;
+  int64_t visible_pairs = 0;  // visible (q, k) pairs summed over mask heads (as the C ABI reports)
   int64_t num_tasks = 0, num_bwd_tasks = 0;
 };
 
