@@ -104,6 +104,9 @@ class MaskPlan:
     def __delattr__(self, name: str) -> None:
         raise AttributeError("MaskPlan is immutable")
 
+    def __reduce__(self):
+        raise TypeError("MaskPlan cannot be pickled or copied (it owns native memory); build it again with create_mask_plan")
+
     def close(self) -> None:
         """Frees the plan's memory now (later use raises ValueError). Optional: dropping the last reference does it too."""
         d = self.__dict__

@@ -209,6 +209,13 @@ def test_plan_is_immutable_and_not_constructible(fs):
         plan._handle = None
     with pytest.raises(TypeError, match="create_mask_plan"):
         fs.MaskPlan()
+    import copy
+    import pickle
+
+    with pytest.raises(TypeError, match="cannot be pickled or copied"):
+        pickle.dumps(plan)
+    with pytest.raises(TypeError, match="cannot be pickled or copied"):
+        copy.copy(plan)
 
 
 def test_plan_ids_resolve_only_live_plans(fs):

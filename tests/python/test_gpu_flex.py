@@ -241,3 +241,20 @@ def test_strided_packed_qkv(fs):
     torch.testing.assert_close(out.float(), ref, atol=2e-2, rtol=2e-2)
     for i, w in enumerate(want):
         torch.testing.assert_close(dqkv[:, :, i].float(), w, atol=5e-2, rtol=5e-2)
+
+
+def test_torch_compile_reduce_overhead_cuda_graphs(fs):
+    # torch.compile's CUDA-graph mode captures the custom ops (allocation from the graph pool).
+    torch._dynamo.reset()
+    p = _problem(25, torch.bfloat16, False, requires_grad=True)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+
+    def f(q, k, v):
+        return fs.flex_attn_func(q, k, v, plan).float().square().sum()
+
+    cf = torch.compile(f, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):  # warm-up, record, replay
+        got = torch.autograd.grad(cf(p.q, p.k, p.v), (p.q, p.k, p.v))
+    want = torch.autograd.grad(f(p.q, p.k, p.v), (p.q, p.k, p.v))
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
