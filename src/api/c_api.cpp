@@ -345,60 +345,96 @@ FS_API fs_status_t fs_mask_plan_copy_array(fs_mask_plan_t p, const char* name, i
 // Forward
 // ---------------------------------------------------------------------------
 
-struct fs_flex_fwd {
-  FlexGeometry geometry;
-  PlanSignature signature;
-  TensorDesc q, k, v, out, lse, max_logit;
-  float scale = 0.0f;
-  bool supported = false;
-  bool compiled = false;
-};
-
-struct fs_flex_bwd {
-  FlexGeometry geometry;
-  PlanSignature signature;
-  TensorDesc q, k, v, out, dout, lse, dq, dk, dv;
-  float scale = 0.0f;
-  bool deterministic = false;
-  bool supported = false;
-  bool compiled = false;
-};
+// ---------------------------------------------------------------------------
+// Forward and backward operations
+// ---------------------------------------------------------------------------
 
 namespace {
+
+// What forward and backward operations share: the compiled geometry and plan signature
+// (held as a MaskPlan without arrays, which is all that support checks, workspace sizes
+// and plan compatibility read), the resolved scale, and the lifecycle state.
+struct OpState {
+  MaskPlan shape;  // geometry + signature only
+  float scale = 0.0f;
+  bool supported = false;
+  bool compiled = false;
+
+  const FlexGeometry& geometry() const { return shape.geometry; }
+  bool on_cpu() const { return shape.geometry.device == DeviceType::kCPU; }
+  void capture_plan(const MaskPlan& plan) {
+    shape.geometry = plan.geometry;
+    shape.signature = plan.signature;
+  }
+};
+
+#ifndef FLASHSPAN_WITH_CUDA
+[[noreturn]] void throw_no_cuda() {
+  throw Error(Status::kNotSupported, "q: is a CUDA tensor but this build of flashspan has no CUDA support");
+}
+#endif
+
+void op_check_support(OpState* op, bool backward) {
+  FS_CHECK_ARG(op != nullptr, "op: is NULL");
+  if (op->on_cpu()) {
+    check_head_dims_reference(op->geometry().head_dim_qk, op->geometry().head_dim_v);
+  } else {
+#ifdef FLASHSPAN_WITH_CUDA
+    flex_check_support_gpu(op->geometry(), op->shape, backward);
+#else
+    (void)backward;
+    throw_no_cuda();
+#endif
+  }
+  op->supported = true;
+}
+
+void op_compile(OpState* op) {
+  FS_CHECK_ARG(op != nullptr, "op: is NULL");
+  FS_CHECK_ARG(op->supported, "op: check_support() must succeed before compile()");
+  op->compiled = true;
+}
+
+// Common start of execute(): lifecycle state and plan compatibility; returns the plan.
+const MaskPlan& op_begin_execute(const OpState* op, fs_mask_plan_t handle, bool backward) {
+  FS_CHECK_ARG(op != nullptr, "op: is NULL");
+  FS_CHECK_ARG(op->compiled, "op: compile() must be called before execute()");
+  const MaskPlan& plan = plan_ref(handle);
+  check_plan_compatible(op->shape, plan, backward);
+  if (op->on_cpu())
+    FS_CHECK_ARG(plan.array("mask_func") != nullptr, "plan: a CPU plan without its endpoints cannot be executed");
+  return plan;
+}
+
+#ifdef FLASHSPAN_WITH_CUDA
+void check_workspace(size_t need, void* workspace, size_t workspace_bytes) {
+  FS_CHECK_ARG(workspace_bytes >= need, "workspace: ", workspace_bytes, " bytes given, ", need, " needed");
+  FS_CHECK_ARG(need == 0 || workspace != nullptr, "workspace: is NULL but ", need, " bytes are needed");
+}
+#endif
 
 struct FwdViews {
   TensorView q, k, v, out, lse, max_logit;
 };
 
-FwdViews fwd_views(const fs_flex_fwd_args_t* a) {
-  FS_CHECK_ARG(a != nullptr, "args: is NULL");
-  FwdViews t;
-  t.q = tensor_view_from_fs(a->q, "q");
-  t.k = tensor_view_from_fs(a->k, "k");
-  t.v = tensor_view_from_fs(a->v, "v");
-  t.out = tensor_view_from_fs(a->out, "out");
-  t.lse = tensor_view_from_fs(a->lse, "lse");
-  t.max_logit = tensor_view_from_fs(a->max_logit, "max_logit");
-  return t;
-}
-
 struct BwdViews {
   TensorView q, k, v, out, dout, lse, dq, dk, dv;
 };
 
+FwdViews fwd_views(const fs_flex_fwd_args_t* a) {
+  FS_CHECK_ARG(a != nullptr, "args: is NULL");
+  return {tensor_view_from_fs(a->q, "q"),     tensor_view_from_fs(a->k, "k"),
+          tensor_view_from_fs(a->v, "v"),     tensor_view_from_fs(a->out, "out"),
+          tensor_view_from_fs(a->lse, "lse"), tensor_view_from_fs(a->max_logit, "max_logit")};
+}
+
 BwdViews bwd_views(const fs_flex_bwd_args_t* a) {
   FS_CHECK_ARG(a != nullptr, "args: is NULL");
-  BwdViews t;
-  t.q = tensor_view_from_fs(a->q, "q");
-  t.k = tensor_view_from_fs(a->k, "k");
-  t.v = tensor_view_from_fs(a->v, "v");
-  t.out = tensor_view_from_fs(a->out, "out");
-  t.dout = tensor_view_from_fs(a->dout, "dout");
-  t.lse = tensor_view_from_fs(a->lse, "lse");
-  t.dq = tensor_view_from_fs(a->dq, "dq");
-  t.dk = tensor_view_from_fs(a->dk, "dk");
-  t.dv = tensor_view_from_fs(a->dv, "dv");
-  return t;
+  return {tensor_view_from_fs(a->q, "q"),   tensor_view_from_fs(a->k, "k"),
+          tensor_view_from_fs(a->v, "v"),   tensor_view_from_fs(a->out, "out"),
+          tensor_view_from_fs(a->dout, "dout"), tensor_view_from_fs(a->lse, "lse"),
+          tensor_view_from_fs(a->dq, "dq"), tensor_view_from_fs(a->dk, "dk"),
+          tensor_view_from_fs(a->dv, "dv")};
 }
 
 void check_bwd_tensors(const FlexGeometry& g, const BwdViews& t) {
@@ -418,24 +454,16 @@ void check_bwd_tensors(const FlexGeometry& g, const BwdViews& t) {
   check_same_tensor_shape(t.dv, "dv", s, n, g.dtype, g.device, g.device_id);
 }
 
-void check_support_common(const FlexGeometry& g, const MaskPlan* plan, bool backward) {
-  if (g.device == DeviceType::kCPU) {
-    check_head_dims_reference(g.head_dim_qk, g.head_dim_v);
-    FS_CHECK_ARG(plan == nullptr || plan->array("mask_func") != nullptr,
-                 "plan: a CPU plan without its endpoints cannot be executed by the CPU backend");
-    return;
-  }
-#ifdef FLASHSPAN_WITH_CUDA
-  FS_CHECK_ARG(plan != nullptr, "plan: is required");
-  flex_check_support_gpu(g, *plan, backward);
-#else
-  (void)plan;
-  (void)backward;
-  FS_CHECK_SUPPORTED(false, "q: is a CUDA tensor but this build of flashspan has no CUDA support");
-#endif
-}
-
 }  // namespace
+
+struct fs_flex_fwd : OpState {
+  TensorDesc q, k, v, out, lse, max_logit;
+};
+
+struct fs_flex_bwd : OpState {
+  TensorDesc q, k, v, out, dout, lse, dq, dk, dv;
+  bool deterministic = false;
+};
 
 extern "C" {
 
@@ -443,14 +471,13 @@ FS_API fs_status_t fs_flex_fwd_create(const fs_flex_fwd_args_t* a, fs_flex_fwd_t
   return guarded([&] {
     FS_CHECK_ARG(op != nullptr, "op: output pointer is NULL");
     *op = nullptr;
-    FwdViews t = fwd_views(a);
+    const FwdViews t = fwd_views(a);
     const MaskPlan& plan = plan_ref(a->plan);
     const FlexGeometry& g = plan.geometry;
     check_call_tensors(g, t.q, t.k, t.v, &t.out, &t.lse, "out");
     check_max_logit(g, t.max_logit);
     auto h = std::make_unique<fs_flex_fwd>();
-    h->geometry = g;
-    h->signature = plan.signature;
+    h->capture_plan(plan);
     h->q = TensorDesc::capture(t.q);
     h->k = TensorDesc::capture(t.k);
     h->v = TensorDesc::capture(t.v);
@@ -467,30 +494,11 @@ FS_API fs_status_t fs_flex_fwd_destroy(fs_flex_fwd_t op) {
 }
 
 FS_API fs_status_t fs_flex_fwd_check_support(fs_flex_fwd_t op) {
-  return guarded([&] {
-    FS_CHECK_ARG(op != nullptr, "op: is NULL");
-    if (op->geometry.device == DeviceType::kCPU) {
-      check_support_common(op->geometry, nullptr, false);
-    } else {
-#ifdef FLASHSPAN_WITH_CUDA
-      MaskPlan shape_only;  // check_support needs geometry and signature only
-      shape_only.geometry = op->geometry;
-      shape_only.signature = op->signature;
-      flex_check_support_gpu(op->geometry, shape_only, false);
-#else
-      check_support_common(op->geometry, nullptr, false);
-#endif
-    }
-    op->supported = true;
-  });
+  return guarded([&] { op_check_support(op, /*backward=*/false); });
 }
 
 FS_API fs_status_t fs_flex_fwd_compile(fs_flex_fwd_t op) {
-  return guarded([&] {
-    FS_CHECK_ARG(op != nullptr, "op: is NULL");
-    FS_CHECK_ARG(op->supported, "op: check_support() must succeed before compile()");
-    op->compiled = true;
-  });
+  return guarded([&] { op_compile(op); });
 }
 
 FS_API fs_status_t fs_flex_fwd_workspace_size(fs_flex_fwd_t op, size_t* bytes) {
@@ -499,12 +507,7 @@ FS_API fs_status_t fs_flex_fwd_workspace_size(fs_flex_fwd_t op, size_t* bytes) {
     FS_CHECK_ARG(bytes != nullptr, "bytes: is NULL");
     *bytes = 0;
 #ifdef FLASHSPAN_WITH_CUDA
-    if (op->geometry.device == DeviceType::kCUDA) {
-      MaskPlan shape_only;
-      shape_only.geometry = op->geometry;
-      shape_only.signature = op->signature;
-      *bytes = flex_fwd_workspace_size(op->geometry, shape_only, op->max_logit.present);
-    }
+    if (!op->on_cpu()) *bytes = flex_fwd_workspace_size(op->geometry(), op->shape, op->max_logit.present);
 #endif
   });
 }
@@ -512,42 +515,30 @@ FS_API fs_status_t fs_flex_fwd_workspace_size(fs_flex_fwd_t op, size_t* bytes) {
 FS_API fs_status_t fs_flex_fwd_execute(fs_flex_fwd_t op, const fs_flex_fwd_args_t* a, void* workspace,
                                        size_t workspace_bytes, void* stream) {
   return guarded([&] {
-    FS_CHECK_ARG(op != nullptr, "op: is NULL");
-    FS_CHECK_ARG(op->compiled, "op: compile() must be called before execute()");
-    FwdViews t = fwd_views(a);
-    const MaskPlan& plan = plan_ref(a->plan);
+    const FwdViews t = fwd_views(a);
+    const MaskPlan& plan = op_begin_execute(op, a->plan, /*backward=*/false);
     op->q.check_matches(t.q, "q");
     op->k.check_matches(t.k, "k");
     op->v.check_matches(t.v, "v");
     op->out.check_matches(t.out, "out");
     op->lse.check_matches(t.lse, "lse");
     op->max_logit.check_matches(t.max_logit, "max_logit");
-    MaskPlan compiled_shape;
-    compiled_shape.geometry = op->geometry;
-    compiled_shape.signature = op->signature;
-    check_plan_compatible(compiled_shape, plan, false);
-    const float scale = op->scale;
-    if (op->geometry.device == DeviceType::kCPU) {
+    if (op->on_cpu()) {
       reference::FlexForwardArgs r;
       r.geometry = &plan.geometry;
       r.mask = plan.array("mask_func");
-      FS_CHECK_ARG(r.mask != nullptr, "plan: a CPU plan without its endpoints cannot be executed");
       r.q = t.q;
       r.k = t.k;
       r.v = t.v;
       r.out = t.out;
       r.lse = t.lse;
       r.max_logit = t.max_logit;
-      r.softmax_scale = scale;
+      r.softmax_scale = op->scale;
       reference::flex_forward(r);
       return;
     }
-#ifndef FLASHSPAN_WITH_CUDA
-    (void)workspace;
-    (void)workspace_bytes;
-    (void)stream;
-    FS_CHECK_SUPPORTED(false, "q: is a CUDA tensor but this build of flashspan has no CUDA support");
-#else
+#ifdef FLASHSPAN_WITH_CUDA
+    check_workspace(flex_fwd_workspace_size(plan.geometry, plan, t.max_logit.defined()), workspace, workspace_bytes);
     FlexFwdLaunch l;
     l.geometry = &plan.geometry;
     l.plan = &plan;
@@ -557,35 +548,32 @@ FS_API fs_status_t fs_flex_fwd_execute(fs_flex_fwd_t op, const fs_flex_fwd_args_
     l.out = t.out;
     l.lse = t.lse;
     l.max_logit = t.max_logit;
-    l.softmax_scale = scale;
-    const size_t need = flex_fwd_workspace_size(plan.geometry, plan, t.max_logit.defined());
-    FS_CHECK_ARG(workspace_bytes >= need, "workspace: ", workspace_bytes, " bytes given, ", need, " needed");
-    FS_CHECK_ARG(need == 0 || workspace != nullptr, "workspace: is NULL but ", need, " bytes are needed");
+    l.softmax_scale = op->scale;
     l.workspace = workspace;
     l.workspace_bytes = workspace_bytes;
     l.stream = stream;
     launch_flex_fwd(l);
+#else
+    (void)workspace;
+    (void)workspace_bytes;
+    (void)stream;
+    throw_no_cuda();
 #endif
   });
 }
-
-// ---------------------------------------------------------------------------
-// Backward
-// ---------------------------------------------------------------------------
 
 FS_API fs_status_t fs_flex_bwd_create(const fs_flex_bwd_args_t* a, fs_flex_bwd_t* op) {
   return guarded([&] {
     FS_CHECK_ARG(op != nullptr, "op: output pointer is NULL");
     *op = nullptr;
-    BwdViews t = bwd_views(a);
+    const BwdViews t = bwd_views(a);
     const MaskPlan& plan = plan_ref(a->plan);
     FS_CHECK_ARG(plan.signature.has_backward,
                  "plan: was built without backward metadata (create_mask_plan(..., build_backward=True) is needed "
                  "for the backward pass)");
     check_bwd_tensors(plan.geometry, t);
     auto h = std::make_unique<fs_flex_bwd>();
-    h->geometry = plan.geometry;
-    h->signature = plan.signature;
+    h->capture_plan(plan);
     h->q = TensorDesc::capture(t.q);
     h->k = TensorDesc::capture(t.k);
     h->v = TensorDesc::capture(t.v);
@@ -606,30 +594,11 @@ FS_API fs_status_t fs_flex_bwd_destroy(fs_flex_bwd_t op) {
 }
 
 FS_API fs_status_t fs_flex_bwd_check_support(fs_flex_bwd_t op) {
-  return guarded([&] {
-    FS_CHECK_ARG(op != nullptr, "op: is NULL");
-    if (op->geometry.device == DeviceType::kCPU) {
-      check_support_common(op->geometry, nullptr, true);
-    } else {
-#ifdef FLASHSPAN_WITH_CUDA
-      MaskPlan shape_only;
-      shape_only.geometry = op->geometry;
-      shape_only.signature = op->signature;
-      flex_check_support_gpu(op->geometry, shape_only, true);
-#else
-      check_support_common(op->geometry, nullptr, true);
-#endif
-    }
-    op->supported = true;
-  });
+  return guarded([&] { op_check_support(op, /*backward=*/true); });
 }
 
 FS_API fs_status_t fs_flex_bwd_compile(fs_flex_bwd_t op) {
-  return guarded([&] {
-    FS_CHECK_ARG(op != nullptr, "op: is NULL");
-    FS_CHECK_ARG(op->supported, "op: check_support() must succeed before compile()");
-    op->compiled = true;
-  });
+  return guarded([&] { op_compile(op); });
 }
 
 FS_API fs_status_t fs_flex_bwd_workspace_size(fs_flex_bwd_t op, size_t* bytes) {
@@ -638,12 +607,7 @@ FS_API fs_status_t fs_flex_bwd_workspace_size(fs_flex_bwd_t op, size_t* bytes) {
     FS_CHECK_ARG(bytes != nullptr, "bytes: is NULL");
     *bytes = 0;
 #ifdef FLASHSPAN_WITH_CUDA
-    if (op->geometry.device == DeviceType::kCUDA) {
-      MaskPlan shape_only;
-      shape_only.geometry = op->geometry;
-      shape_only.signature = op->signature;
-      *bytes = flex_bwd_workspace_size(op->geometry, shape_only, op->deterministic);
-    }
+    if (!op->on_cpu()) *bytes = flex_bwd_workspace_size(op->geometry(), op->shape, op->deterministic);
 #endif
   });
 }
@@ -651,10 +615,8 @@ FS_API fs_status_t fs_flex_bwd_workspace_size(fs_flex_bwd_t op, size_t* bytes) {
 FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_t* a, void* workspace,
                                        size_t workspace_bytes, void* stream) {
   return guarded([&] {
-    FS_CHECK_ARG(op != nullptr, "op: is NULL");
-    FS_CHECK_ARG(op->compiled, "op: compile() must be called before execute()");
-    BwdViews t = bwd_views(a);
-    const MaskPlan& plan = plan_ref(a->plan);
+    const BwdViews t = bwd_views(a);
+    const MaskPlan& plan = op_begin_execute(op, a->plan, /*backward=*/true);
     op->q.check_matches(t.q, "q");
     op->k.check_matches(t.k, "k");
     op->v.check_matches(t.v, "v");
@@ -664,15 +626,10 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
     op->dq.check_matches(t.dq, "dq");
     op->dk.check_matches(t.dk, "dk");
     op->dv.check_matches(t.dv, "dv");
-    MaskPlan compiled_shape;
-    compiled_shape.geometry = op->geometry;
-    compiled_shape.signature = op->signature;
-    check_plan_compatible(compiled_shape, plan, true);
-    if (op->geometry.device == DeviceType::kCPU) {
+    if (op->on_cpu()) {
       reference::FlexBackwardArgs r;
       r.geometry = &plan.geometry;
       r.mask = plan.array("mask_func");
-      FS_CHECK_ARG(r.mask != nullptr, "plan: a CPU plan without its endpoints cannot be executed");
       r.q = t.q;
       r.k = t.k;
       r.v = t.v;
@@ -686,12 +643,8 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
       reference::flex_backward(r);
       return;
     }
-#ifndef FLASHSPAN_WITH_CUDA
-    (void)workspace;
-    (void)workspace_bytes;
-    (void)stream;
-    FS_CHECK_SUPPORTED(false, "q: is a CUDA tensor but this build of flashspan has no CUDA support");
-#else
+#ifdef FLASHSPAN_WITH_CUDA
+    check_workspace(flex_bwd_workspace_size(plan.geometry, plan, op->deterministic), workspace, workspace_bytes);
     FlexBwdLaunch l;
     l.geometry = &plan.geometry;
     l.plan = &plan;
@@ -706,13 +659,15 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
     l.dv = t.dv;
     l.softmax_scale = op->scale;
     l.deterministic = op->deterministic;
-    const size_t need = flex_bwd_workspace_size(plan.geometry, plan, op->deterministic);
-    FS_CHECK_ARG(workspace_bytes >= need, "workspace: ", workspace_bytes, " bytes given, ", need, " needed");
-    FS_CHECK_ARG(need == 0 || workspace != nullptr, "workspace: is NULL but ", need, " bytes are needed");
     l.workspace = workspace;
     l.workspace_bytes = workspace_bytes;
     l.stream = stream;
     launch_flex_bwd(l);
+#else
+    (void)workspace;
+    (void)workspace_bytes;
+    (void)stream;
+    throw_no_cuda();
 #endif
   });
 }
