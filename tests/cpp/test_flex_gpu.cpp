@@ -116,13 +116,15 @@ std::vector<uint8_t> raw_bytes(const DevTensor& d) {
 }
 
 // Copies a host plan to the device (the CUDA planner's output has the same layout).
-std::unique_ptr<MaskPlan> upload_plan(const MaskPlan& host) {
+// `drop_tasks` hides the task schedules, which makes the kernels run in grid mode.
+std::unique_ptr<MaskPlan> upload_plan(const MaskPlan& host, bool drop_tasks = false) {
   auto d = std::make_unique<MaskPlan>();
   d->geometry = host.geometry;
   d->geometry.device = DeviceType::kCUDA;
   d->geometry.device_id = 0;
   d->signature = host.signature;
   d->counts = host.counts;
+  if (drop_tasks) d->counts.num_tasks = d->counts.num_bwd_tasks = 0;
   d->arrays = host.arrays;
   d->buffer_elements = host.buffer_elements;
   const size_t bytes = size_t(std::max<int64_t>(host.buffer_elements, 1)) * sizeof(int32_t);
@@ -150,6 +152,7 @@ struct Case {
   bool strided = false;
   bool backward = true;
   bool deterministic = true;
+  bool grid_mode = false;  // kernels ignore the plan's task lists
   uint64_t seed = 1;
 
   std::string describe() const {
@@ -166,7 +169,8 @@ struct Case {
     }
     os << " Hq=" << h.hq << " Hkv=" << h.hkv << " Hmask=" << h.hmask << " nfunc=" << h.nfunc << " D=" << h.dqk
        << "/" << h.dv << " " << dtype_name(h.dtype) << " mask=" << mask << " gran=" << mopt.granularity
-       << (strided ? " strided" : "") << " seed=" << seed;
+       << (strided ? " strided" : "") << (deterministic ? " det" : " atomic") << (grid_mode ? " grid" : "")
+       << " seed=" << seed;
     return os.str();
   }
 };
@@ -234,7 +238,7 @@ std::unique_ptr<Problem> make_problem(Case c) {
   req.consumer = consumer_for(80, g.head_dim_qk, g.head_dim_v);
   req.build_backward = c.backward;
   p->host_plan = build_mask_plan_host(req, p->mask.data(), false);
-  p->plan = upload_plan(*p->host_plan);
+  p->plan = upload_plan(*p->host_plan, c.grid_mode);
   p->scale = default_softmax_scale(g.head_dim_qk);
 
   const DimOrder order = c.strided ? heads_outer_order(g.varlen ? 3 : 4) : DimOrder{};
@@ -540,6 +544,25 @@ TEST(FlexGpu, SanitizerSmall) {
   b.deterministic = false;
   b.seed = 3502;
   run_case(b);
+}
+
+// Plans without task schedules run the kernels over every block (grid mode).
+TEST(FlexGpu, GridModeWithoutTasks) {
+  REQUIRE_GPU();
+  Case c;
+  c.varlen = true;
+  c.lq = {200, 0, 90};
+  c.lk = {150, 70, 0};
+  c.batch = 3;
+  c.h = HeadConfig{4, 2, 4, 3, 128, 128, DType::kBFloat16};
+  c.grid_mode = true;
+  c.deterministic = false;
+  c.seed = 3601;
+  run_case(c);
+  c.h = HeadConfig{2, 1, 1, 1, 64, 40, DType::kFloat16};
+  c.deterministic = true;
+  c.seed = 3602;
+  run_case(c);
 }
 
 // deterministic = true: dq/dk/dv bitwise identical over three runs.

@@ -109,4 +109,15 @@ __device__ __forceinline__ void atomic_max_float(float* addr, float v) {
   }
 }
 
+// p[0] += x, p[1] += y in global memory (p 8-byte aligned): one vector reduction on sm_90+,
+// two scalar ones before.
+__device__ __forceinline__ void atomic_add_f32x2(float* p, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(p), make_float2(x, y));
+#else
+  atomicAdd(p, x);
+  atomicAdd(p + 1, y);
+#endif
+}
+
 }  // namespace flashspan::kern

@@ -21,21 +21,38 @@ __device__ __forceinline__ int swz_offset(int row, int chunk) {
 
 // Asynchronously copies rows [0, rows_valid) x columns [0, d_valid) of a global matrix
 // (row stride in elements, columns contiguous) into a swizzled tile; the rest of the tile
-// is zero-filled without touching global memory (`fallback` is any valid address).
+// is zero-filled without reading global memory. `gbase` (row 0 of the tile) must be a valid
+// address: zero-filling copies point there and read nothing.
+// A thread copies the same 16-byte column chunk of rows r0, r0 + R, r0 + 2R, ... (R = threads
+// per chunk column); with R % 8 == 0 the swizzle of those rows is the same, so addresses are
+// a base plus compile-time steps.
 template <int kRows, int kD, int kThreads>
 __device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const uint16_t* gbase, int64_t row_stride,
-                                                int rows_valid, int d_valid, const void* fallback, int tid) {
+                                                int rows_valid, int d_valid, int tid) {
   constexpr int kChunksPerRow = kD / 8;
-  constexpr int kTotal = kRows * kChunksPerRow;
+  if constexpr (kThreads % kChunksPerRow == 0 && (kThreads / kChunksPerRow) % 8 == 0 &&
+                kRows % (kThreads / kChunksPerRow) == 0) {
+    constexpr int kR = kThreads / kChunksPerRow;
+    const int ch = tid % kChunksPerRow, r0 = tid / kChunksPerRow;
+    const bool col_ok = ch * 8 < d_valid;
+    const uint16_t* src = gbase + r0 * row_stride + ch * 8;
+    const uint32_t dst = smem_tile + swz_offset<kD>(r0, ch) * 2;
 #pragma unroll
-  for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
-    const int idx = it * kThreads + tid;
-    if (kTotal % kThreads == 0 || idx < kTotal) {
-      const int row = idx / kChunksPerRow;
-      const int ch = idx % kChunksPerRow;
-      const bool ok = row < rows_valid && ch * 8 < d_valid;
-      const void* src = ok ? static_cast<const void*>(gbase + row * row_stride + ch * 8) : fallback;
-      cp_async_16(smem_tile + swz_offset<kD>(row, ch) * 2, src, ok);
+    for (int it = 0; it < kRows / kR; ++it) {
+      const bool ok = col_ok && r0 + it * kR < rows_valid;
+      cp_async_16(dst + it * kR * kD * 2, ok ? src + it * kR * row_stride : gbase, ok);
+    }
+  } else {
+    constexpr int kTotal = kRows * kChunksPerRow;
+#pragma unroll
+    for (int it = 0; it < (kTotal + kThreads - 1) / kThreads; ++it) {
+      const int idx = it * kThreads + tid;
+      if (kTotal % kThreads == 0 || idx < kTotal) {
+        const int row = idx / kChunksPerRow;
+        const int ch = idx % kChunksPerRow;
+        const bool ok = row < rows_valid && ch * 8 < d_valid;
+        cp_async_16(smem_tile + swz_offset<kD>(row, ch) * 2, ok ? gbase + row * row_stride + ch * 8 : gbase, ok);
+      }
     }
   }
 }
@@ -73,6 +90,63 @@ __device__ __forceinline__ void load_frag_b_kn(uint32_t (&b)[4], uint32_t tile, 
   const int row = k0 + (lane & 7) + (((lane >> 3) & 1) << 3);
   const int chunk = (n0 >> 3) + (lane >> 4);
   ldmatrix_x4_trans(b, tile + swz_offset<kD>(row, chunk) * 2);
+}
+
+// Per-thread ldmatrix addresses into a swizzled tile, with the swizzle folded so that every
+// fragment of an unrolled loop is one register plus an immediate offset.
+//
+// A fragment read touches, for 16-column step j (columns cb*8 + 16j ..), the thread's chunk
+// u = cb + 2j + c (c = 0 or 1, cb even) of row r0 + dr, where r0 is the thread's row and dr a
+// multiple of 8 (so the row's swizzle key r0 % 8 is fixed). Its physical chunk is
+//   u ^ (r0 % 8) = (u & ~7) + ((u & 7) ^ (r0 % 8)),
+// and u + 8 maps to that + 8, so four per-thread values (j = 0..3) cover every j; the rest
+// is compile-time.
+template <int kD>
+struct LdsmAddr {
+  uint32_t sw[4];
+  __device__ __forceinline__ void init(uint32_t tile, int r0, int c, int cb = 0) {
+    const uint32_t base = tile + uint32_t(r0 * kD * 2);
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int u = cb + 2 * j + c;
+      sw[j] = base + uint32_t(((u & ~7) + ((u & 7) ^ (r0 & 7))) << 4);
+    }
+  }
+  // Byte address for 16-column step j and row offset dr (a multiple of 8).
+  __device__ __forceinline__ uint32_t at(int j, int dr) const {
+    return sw[j & 3] + uint32_t((j >> 2) * 128 + dr * kD * 2);
+  }
+};
+
+// Thread row / chunk of the four fragment kinds (see the load_frag_* functions above):
+//   A        rows m0..: r0 = lane % 16, c = lane / 16;                       at(k0/16, m0)
+//   A trans  A(m,k) = tile(k0+k, m0+m): r0 = lane%8 + 8 (lane/16), c = (lane/8) % 2; at(m0/16, k0)
+//   B nk     B(k,n) = tile(n, k): r0 = lane%8 + 8 (lane/16), c = (lane/8) % 2;     at(k0/16, n0)
+//   B kn     B(k,n) = tile(k, n) (.trans): r0 = lane%8 + 8 ((lane/8) % 2), c = lane/16; at(n0/16, k0)
+// `cb` (even) shifts the column steps by cb chunks (a warp's column range inside the tile).
+template <int kD>
+__device__ __forceinline__ LdsmAddr<kD> ldsm_a(uint32_t tile, int lane, int cb = 0) {
+  LdsmAddr<kD> a;
+  a.init(tile, lane & 15, lane >> 4, cb);
+  return a;
+}
+template <int kD>
+__device__ __forceinline__ LdsmAddr<kD> ldsm_a_trans(uint32_t tile, int lane, int cb = 0) {
+  LdsmAddr<kD> a;
+  a.init(tile, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1, cb);
+  return a;
+}
+template <int kD>
+__device__ __forceinline__ LdsmAddr<kD> ldsm_b_nk(uint32_t tile, int lane, int cb = 0) {
+  LdsmAddr<kD> a;
+  a.init(tile, (lane & 7) + ((lane >> 4) << 3), (lane >> 3) & 1, cb);
+  return a;
+}
+template <int kD>
+__device__ __forceinline__ LdsmAddr<kD> ldsm_b_kn(uint32_t tile, int lane, int cb = 0) {
+  LdsmAddr<kD> a;
+  a.init(tile, (lane & 7) + (((lane >> 3) & 1) << 3), lane >> 4, cb);
+  return a;
 }
 
 }  // namespace flashspan::kern

@@ -65,9 +65,11 @@ __global__ void __launch_bounds__(256) flex_bwd_preprocess_kernel(const FlexBwdP
 }
 
 // ---------------------------------------------------------------------------------------
-template <int kBlockQ_, int kBlockK_, int kDqk_, int kDv_>
+template <int kBlockQ_, int kBlockK_, int kDqk_, int kDv_, bool kExact_>
 struct BwdTraitsSm80 {
   static constexpr int kBlockQ = kBlockQ_, kBlockK = kBlockK_, kDqk = kDqk_, kDv = kDv_;
+  // kExact: head dims equal the tile's; no k-step or column block is skipped at run time.
+  static constexpr bool kExact = kExact_;
   static_assert(kBlockQ == 64 && kBlockK % 64 == 0 && kDqk % 64 == 0 && kDv % 64 == 0);
   // dK/dV kernel: 8 warps.
   static constexpr int kWarps = 8;
@@ -164,9 +166,9 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
   const int64_t qrow_base = p.varlen ? q_start : 0;
 
   load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, row_ptr<T>(p.k, p.ka, b, krow, hkv), p.ka.row_stride,
-                                                    keys_valid, p.head_dqk, p.k, tid);
+                                                    keys_valid, p.head_dqk, tid);
   load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, row_ptr<T>(p.v, p.va, b, krow, hkv), p.va.row_stride,
-                                                   keys_valid, p.head_dv, p.v, tid);
+                                                   keys_valid, p.head_dv, tid);
 
   K2QWalk walk{&p, hkv * p.group_size, (hkv + 1) * p.group_size, b, kb, {}};
   walk.open_head();
@@ -176,9 +178,9 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
     const int64_t row = qrow_base + int64_t(qq) * T::kBlockQ;
     const int rows = len_q - qq * T::kBlockQ;
     load_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ0 + buf * T::kSmemQ, row_ptr<T>(p.q, p.qa, b, row, hh),
-                                                      p.qa.row_stride, rows, p.head_dqk, p.q, tid);
+                                                      p.qa.row_stride, rows, p.head_dqk, tid);
     load_tile_async<T::kBlockQ, T::kDv, T::kThreads>(sO0 + buf * T::kSmemO, row_ptr<T>(p.dout, p.doa, b, row, hh),
-                                                     p.doa.row_stride, rows, p.head_dv, p.dout, tid);
+                                                     p.doa.row_stride, rows, p.head_dv, tid);
   };
   if (have) load_q_do(0, h, qb);
   cp_async_commit();
@@ -197,6 +199,11 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
   const int dsplit = warp / T::kKT;
   const int dk0 = dsplit * (T::kDqk / T::kDS), dv0 = dsplit * (T::kDv / T::kDS);
   const size_t words_per_tile = size_t(T::kBlockQ) * T::kBlockK / 32;
+  // Fragment addresses (tile_io.cuh, LdsmAddr); the Q/dO ones are re-derived per buffer.
+  const LdsmAddr<T::kDqk> bK = ldsm_b_nk<T::kDqk>(sK + c0 * T::kDqk * 2, lane);
+  const LdsmAddr<T::kDv> bV = ldsm_b_nk<T::kDv>(sV + c0 * T::kDv * 2, lane);
+  const LdsmAddr<T::kBlockK> aP = ldsm_a_trans<T::kBlockK>(sP, lane, 2 * kt);
+  const LdsmAddr<T::kBlockK> adS = ldsm_a_trans<T::kBlockK>(sdS, lane, 2 * kt);
   int buf = 0;
 
   while (have) {
@@ -207,6 +214,8 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
     if (have_next) load_q_do(buf ^ 1, h_next, qb_next);
     cp_async_commit();
     const uint32_t sQ = sQ0 + buf * T::kSmemQ, sO = sO0 + buf * T::kSmemO;
+    const LdsmAddr<T::kDqk> aQ = ldsm_a<T::kDqk>(sQ + mt * 16 * T::kDqk * 2, lane);
+    const LdsmAddr<T::kDv> aO = ldsm_a<T::kDv>(sO + mt * 16 * T::kDv * 2, lane);
 
     // ---- S phase: S = Q K^T, dP = dO V^T for the warp tile, then P and dS into smem.
     // The row statistics are loaded first so their latency hides behind the two GEMMs.
@@ -227,13 +236,13 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
     }
 #pragma unroll
     for (int kk = 0; kk < T::kDqk / 16; ++kk) {
-      if (kk * 16 < p.head_dqk) {
+      if (T::kExact || kk * 16 < p.head_dqk) {
         uint32_t a[4];
-        load_frag_a<T::kDqk>(a, sQ, mt * 16, kk * 16, lane);
+        ldmatrix_x4(a, aQ.at(kk, 0));
 #pragma unroll
         for (int n = 0; n < T::kNS; n += 2) {
           uint32_t bb[4];
-          load_frag_b_nk<T::kDqk>(bb, sK, c0 + n * 8, kk * 16, lane);
+          ldmatrix_x4(bb, bK.at(kk, n * 8));
           mma_16816<kBf16>(s[n], a, bb[0], bb[1]);
           mma_16816<kBf16>(s[n + 1], a, bb[2], bb[3]);
         }
@@ -241,13 +250,13 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
     }
 #pragma unroll
     for (int kk = 0; kk < T::kDv / 16; ++kk) {
-      if (kk * 16 < p.head_dv) {
+      if (T::kExact || kk * 16 < p.head_dv) {
         uint32_t a[4];
-        load_frag_a<T::kDv>(a, sO, mt * 16, kk * 16, lane);
+        ldmatrix_x4(a, aO.at(kk, 0));
 #pragma unroll
         for (int n = 0; n < T::kNS; n += 2) {
           uint32_t bb[4];
-          load_frag_b_nk<T::kDv>(bb, sV, c0 + n * 8, kk * 16, lane);
+          ldmatrix_x4(bb, bV.at(kk, n * 8));
           mma_16816<kBf16>(dp[n], a, bb[0], bb[1]);
           mma_16816<kBf16>(dp[n + 1], a, bb[2], bb[3]);
         }
@@ -271,32 +280,34 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
         const float ds1 = p1 * (dp[n][2 * hi + 1] - delta[hi]);
         const int row = mt * 16 + g + 8 * hi;
         const int off = (swz_offset<T::kBlockK>(row, (c0 >> 3) + n) + 2 * t) * 2;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + off), "r"(pack2<kBf16>(p0, p1)));
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + off), "r"(pack2<kBf16>(ds0, ds1)));
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + off), "r"(pack2<kBf16>(p0, p1)) : "memory");
+        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + off), "r"(pack2<kBf16>(ds0, ds1)) : "memory");
       }
     }
     __syncthreads();  // P, dS complete
 
     // ---- dK/dV phase: dV += P^T dO, dK += dS^T Q for keys 16*kt.. of the block.
+    const LdsmAddr<T::kDv> bO = ldsm_b_kn<T::kDv>(sO, lane, dv0 / 8);
+    const LdsmAddr<T::kDqk> bQ = ldsm_b_kn<T::kDqk>(sQ, lane, dk0 / 8);
 #pragma unroll
     for (int kk = 0; kk < T::kBlockQ / 16; ++kk) {
       uint32_t a[4];
-      load_frag_a_trans<T::kBlockK>(a, sP, kt * 16, kk * 16, lane);
+      ldmatrix_x4_trans(a, aP.at(0, kk * 16));
 #pragma unroll
       for (int n = 0; n < T::kNV; n += 2) {
-        if (dv0 + n * 8 < p.head_dv) {
+        if (T::kExact || dv0 + n * 8 < p.head_dv) {
           uint32_t bb[4];
-          load_frag_b_kn<T::kDv>(bb, sO, dv0 + n * 8, kk * 16, lane);
+          ldmatrix_x4_trans(bb, bO.at(n / 2, kk * 16));
           mma_16816<kBf16>(acc_dv[n], a, bb[0], bb[1]);
           mma_16816<kBf16>(acc_dv[n + 1], a, bb[2], bb[3]);
         }
       }
-      load_frag_a_trans<T::kBlockK>(a, sdS, kt * 16, kk * 16, lane);
+      ldmatrix_x4_trans(a, adS.at(0, kk * 16));
 #pragma unroll
       for (int n = 0; n < T::kNK; n += 2) {
-        if (dk0 + n * 8 < p.head_dqk) {
+        if (T::kExact || dk0 + n * 8 < p.head_dqk) {
           uint32_t bb[4];
-          load_frag_b_kn<T::kDqk>(bb, sQ, dk0 + n * 8, kk * 16, lane);
+          ldmatrix_x4_trans(bb, bQ.at(n / 2, kk * 16));
           mma_16816<kBf16>(acc_dk[n], a, bb[0], bb[1]);
           mma_16816<kBf16>(acc_dk[n + 1], a, bb[2], bb[3]);
         }
@@ -311,15 +322,17 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
       float acc_q[kNQ][4];
 #pragma unroll
       for (int n = 0; n < kNQ; ++n) acc_q[n][0] = acc_q[n][1] = acc_q[n][2] = acc_q[n][3] = 0.0f;
+      const LdsmAddr<T::kBlockK> aS = ldsm_a<T::kBlockK>(sdS + qm * 16 * T::kBlockK * 2, lane);
+      const LdsmAddr<T::kDqk> bKq = ldsm_b_kn<T::kDqk>(sK, lane, dq0 / 8);
 #pragma unroll
       for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
         uint32_t a[4];
-        load_frag_a<T::kBlockK>(a, sdS, qm * 16, kk * 16, lane);
+        ldmatrix_x4(a, aS.at(kk, 0));
 #pragma unroll
         for (int n = 0; n < kNQ; n += 2) {
-          if (dq0 + n * 8 < p.head_dqk) {
+          if (T::kExact || dq0 + n * 8 < p.head_dqk) {
             uint32_t bb[4];
-            load_frag_b_kn<T::kDqk>(bb, sK, dq0 + n * 8, kk * 16, lane);
+            ldmatrix_x4_trans(bb, bKq.at(n / 2, kk * 16));
             mma_16816<kBf16>(acc_q[n], a, bb[0], bb[1]);
             mma_16816<kBf16>(acc_q[n + 1], a, bb[2], bb[3]);
           }
@@ -333,10 +346,7 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
 #pragma unroll
           for (int n = 0; n < kNQ; ++n) {
             const int col = dq0 + n * 8 + 2 * t;
-            if (col < p.head_dqk) {
-              atomicAdd(dst + col, acc_q[n][2 * hi]);
-              atomicAdd(dst + col + 1, acc_q[n][2 * hi + 1]);
-            }
+            if (col < p.head_dqk) atomic_add_f32x2(dst + col, acc_q[n][2 * hi], acc_q[n][2 * hi + 1]);
           }
         }
       }
@@ -429,15 +439,15 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
     const int64_t row = krow_base + int64_t(kbb) * T::kBlockK;
     const int rows = len_k - kbb * T::kBlockK;
     load_tile_async<T::kBlockK, T::kDqk, T::kThreadsQ>(sK0 + buf * T::kSmemK, row_ptr<T>(p.k, p.ka, b, row, hkv),
-                                                       p.ka.row_stride, rows, p.head_dqk, p.k, tid);
+                                                       p.ka.row_stride, rows, p.head_dqk, tid);
     load_tile_async<T::kBlockK, T::kDv, T::kThreadsQ>(sV0 + buf * T::kSmemV, row_ptr<T>(p.v, p.va, b, row, hkv),
-                                                      p.va.row_stride, rows, p.head_dv, p.v, tid);
+                                                      p.va.row_stride, rows, p.head_dv, tid);
   };
 
   load_tile_async<T::kBlockQ, T::kDqk, T::kThreadsQ>(sQ, row_ptr<T>(p.q, p.qa, b, qrow, h), p.qa.row_stride,
-                                                     rows_valid, p.head_dqk, p.q, tid);
+                                                     rows_valid, p.head_dqk, tid);
   load_tile_async<T::kBlockQ, T::kDv, T::kThreadsQ>(sO, row_ptr<T>(p.dout, p.doa, b, qrow, h), p.doa.row_stride,
-                                                    rows_valid, p.head_dv, p.dout, tid);
+                                                    rows_valid, p.head_dv, tid);
   int kb = 0, entry = 0;
   bool partial = false;
   bool have = cur.next(kb, partial, entry);
@@ -457,6 +467,8 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
 #pragma unroll
   for (int n = 0; n < T::kNQ; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
   const size_t words_per_tile = size_t(T::kBlockQ) * T::kBlockK / 32;
+  const LdsmAddr<T::kDqk> aQ = ldsm_a<T::kDqk>(sQ + warp * 16 * T::kDqk * 2, lane);
+  const LdsmAddr<T::kDv> aO = ldsm_a<T::kDv>(sO + warp * 16 * T::kDv * 2, lane);
   int buf = 0;
 
   while (have) {
@@ -468,6 +480,8 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
     if (have_next) load_kv(buf ^ 1, kb_next);
     cp_async_commit();
     const uint32_t sK = sK0 + buf * T::kSmemK, sV = sV0 + buf * T::kSmemV;
+    const LdsmAddr<T::kDqk> bK = ldsm_b_nk<T::kDqk>(sK, lane);
+    const LdsmAddr<T::kDv> bV = ldsm_b_nk<T::kDv>(sV, lane);
 
     float s[T::kNSQ][4], dp[T::kNSQ][4];
 #pragma unroll
@@ -477,13 +491,13 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
     }
 #pragma unroll
     for (int kk = 0; kk < T::kDqk / 16; ++kk) {
-      if (kk * 16 < p.head_dqk) {
+      if (T::kExact || kk * 16 < p.head_dqk) {
         uint32_t a[4];
-        load_frag_a<T::kDqk>(a, sQ, warp * 16, kk * 16, lane);
+        ldmatrix_x4(a, aQ.at(kk, 0));
 #pragma unroll
         for (int n = 0; n < T::kNSQ; n += 2) {
           uint32_t bb[4];
-          load_frag_b_nk<T::kDqk>(bb, sK, n * 8, kk * 16, lane);
+          ldmatrix_x4(bb, bK.at(kk, n * 8));
           mma_16816<kBf16>(s[n], a, bb[0], bb[1]);
           mma_16816<kBf16>(s[n + 1], a, bb[2], bb[3]);
         }
@@ -491,13 +505,13 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
     }
 #pragma unroll
     for (int kk = 0; kk < T::kDv / 16; ++kk) {
-      if (kk * 16 < p.head_dv) {
+      if (T::kExact || kk * 16 < p.head_dv) {
         uint32_t a[4];
-        load_frag_a<T::kDv>(a, sO, warp * 16, kk * 16, lane);
+        ldmatrix_x4(a, aO.at(kk, 0));
 #pragma unroll
         for (int n = 0; n < T::kNSQ; n += 2) {
           uint32_t bb[4];
-          load_frag_b_nk<T::kDv>(bb, sV, n * 8, kk * 16, lane);
+          ldmatrix_x4(bb, bV.at(kk, n * 8));
           mma_16816<kBf16>(dp[n], a, bb[0], bb[1]);
           mma_16816<kBf16>(dp[n + 1], a, bb[2], bb[3]);
         }
@@ -520,6 +534,7 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
       }
     }
     // dQ += dS K: dS (registers, 16-bit) is the A operand, K[key][d] the B operand.
+    const LdsmAddr<T::kDqk> bKq = ldsm_b_kn<T::kDqk>(sK, lane);
 #pragma unroll
     for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
       uint32_t a[4];
@@ -529,9 +544,9 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
       a[3] = pack2<kBf16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
       for (int n = 0; n < T::kNQ; n += 2) {
-        if (n * 8 < p.head_dqk) {
+        if (T::kExact || n * 8 < p.head_dqk) {
           uint32_t bb[4];
-          load_frag_b_kn<T::kDqk>(bb, sK, n * 8, kk * 16, lane);
+          ldmatrix_x4_trans(bb, bKq.at(n / 2, kk * 16));
           mma_16816<kBf16>(acc[n], a, bb[0], bb[1]);
           mma_16816<kBf16>(acc[n + 1], a, bb[2], bb[3]);
         }

@@ -24,9 +24,12 @@
 
 namespace flashspan::kern {
 
-template <int kBlockQ_, int kBlockK_, int kDqk_, int kDv_, int kMT_, int kMinBlocks_>
+template <int kBlockQ_, int kBlockK_, int kDqk_, int kDv_, int kMT_, int kMinBlocks_, bool kExact_>
 struct FwdTraitsSm80 {
   static constexpr int kBlockQ = kBlockQ_, kBlockK = kBlockK_, kDqk = kDqk_, kDv = kDv_;
+  // kExact: the head dims equal the tile's, so no k-step or column block is skipped at run
+  // time (branch-free inner loops that ptxas can software-pipeline).
+  static constexpr bool kExact = kExact_;
   // Each warp owns kMT m16 tiles (rows 16*kMT*w ..): every K/V fragment read from shared
   // memory feeds kMT mma instructions, which is what makes the kernel shared-memory-light.
   static constexpr int kMT = kMT_;
@@ -90,10 +93,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
   int kb = 0, entry = 0;
   bool partial = false;
   bool have = cur.next(kb, partial, entry);
-  load_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ, q, p.qa.row_stride, rows_valid, p.dqk, p.q, tid);
+  load_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ, q, p.qa.row_stride, rows_valid, p.dqk, tid);
   if (have) {
     load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + int64_t(kb) * T::kBlockK * p.ka.row_stride,
-                                                      p.ka.row_stride, len_k - kb * T::kBlockK, p.dqk, p.k, tid);
+                                                      p.ka.row_stride, len_k - kb * T::kBlockK, p.dqk, tid);
   }
   cp_async_commit();
 
@@ -108,12 +111,15 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
   }
   const int m0 = warp * 16 * kMT;  // first row of the warp; m16 tile i starts at m0 + 16 i
   const size_t words_per_tile = size_t(T::kBlockQ) * T::kBlockK / 32;
+  const LdsmAddr<T::kDqk> aQ = ldsm_a<T::kDqk>(sQ + m0 * T::kDqk * 2, lane);
+  const LdsmAddr<T::kDqk> bK = ldsm_b_nk<T::kDqk>(sK, lane);
+  const LdsmAddr<T::kDv> bV = ldsm_b_kn<T::kDv>(sV, lane);
 
   while (have) {
     cp_async_wait<0>();
     __syncthreads();  // K[kb] visible to all; every warp is done with V of the previous block
     load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, v + int64_t(kb) * T::kBlockK * p.va.row_stride,
-                                                     p.va.row_stride, len_k - kb * T::kBlockK, p.dv, p.v, tid);
+                                                     p.va.row_stride, len_k - kb * T::kBlockK, p.dv, tid);
     cp_async_commit();
 
     float s[kMT][T::kNS][4];
@@ -124,14 +130,14 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
     }
 #pragma unroll
     for (int kk = 0; kk < T::kDqk / 16; ++kk) {
-      if (kk * 16 < p.dqk) {
+      if (T::kExact || kk * 16 < p.dqk) {
         uint32_t a[kMT][4];
 #pragma unroll
-        for (int i = 0; i < kMT; ++i) load_frag_a<T::kDqk>(a[i], sQ, m0 + 16 * i, kk * 16, lane);
+        for (int i = 0; i < kMT; ++i) ldmatrix_x4(a[i], aQ.at(kk, 16 * i));
 #pragma unroll
         for (int n = 0; n < T::kNS; n += 2) {
           uint32_t bb[4];
-          load_frag_b_nk<T::kDqk>(bb, sK, n * 8, kk * 16, lane);
+          ldmatrix_x4(bb, bK.at(kk, n * 8));
 #pragma unroll
           for (int i = 0; i < kMT; ++i) {
             mma_16816<kBf16>(s[i][n], a[i], bb[0], bb[1]);
@@ -174,7 +180,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
     __syncthreads();  // V[kb] visible; every warp is done with K[kb]
     if (have_next) {
       load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + int64_t(kb_next) * T::kBlockK * p.ka.row_stride,
-                                                        p.ka.row_stride, len_k - kb_next * T::kBlockK, p.dqk, p.k,
+                                                        p.ka.row_stride, len_k - kb_next * T::kBlockK, p.dqk,
                                                         tid);
     }
     cp_async_commit();
@@ -183,9 +189,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
     for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
 #pragma unroll
       for (int n = 0; n < T::kNO; n += 2) {
-        if (n * 8 < p.dv) {
+        if (T::kExact || n * 8 < p.dv) {
           uint32_t bb[4];
-          load_frag_b_kn<T::kDv>(bb, sV, n * 8, kk * 16, lane);
+          ldmatrix_x4_trans(bb, bV.at(n / 2, kk * 16));
 #pragma unroll
           for (int i = 0; i < kMT; ++i) {
             mma_16816<kBf16>(acc_o[i][n], pa[i][kk], bb[0], bb[1]);

@@ -69,14 +69,25 @@ void launch_bwd_sm80(const FlexBwdParams& p, const TileSm80& tile, DType dtype, 
     }
     check_launch("flex backward preprocess (sm80)");
   }
+  // Head dims equal to the tile's run the branch-free (exact) variant; the (192, 128) and
+  // (256, 256) tiles serve only those dims.
+  const bool exact = p.head_dqk == tile.dqk_tile && p.head_dv == tile.dv_tile;
   if (tile.dqk_tile == 64) {
-    run_bwd_dtype<kern::BwdTraitsSm80<64, 128, 64, 64>>(p, dtype, cfg, stream);
+    if (exact) {
+      run_bwd_dtype<kern::BwdTraitsSm80<64, 128, 64, 64, true>>(p, dtype, cfg, stream);
+    } else {
+      run_bwd_dtype<kern::BwdTraitsSm80<64, 128, 64, 64, false>>(p, dtype, cfg, stream);
+    }
   } else if (tile.dqk_tile == 128) {
-    run_bwd_dtype<kern::BwdTraitsSm80<64, 128, 128, 128>>(p, dtype, cfg, stream);
+    if (exact) {
+      run_bwd_dtype<kern::BwdTraitsSm80<64, 128, 128, 128, true>>(p, dtype, cfg, stream);
+    } else {
+      run_bwd_dtype<kern::BwdTraitsSm80<64, 128, 128, 128, false>>(p, dtype, cfg, stream);
+    }
   } else if (tile.dqk_tile == 192) {
-    run_bwd_dtype<kern::BwdTraitsSm80<64, 64, 192, 128>>(p, dtype, cfg, stream);
+    run_bwd_dtype<kern::BwdTraitsSm80<64, 64, 192, 128, true>>(p, dtype, cfg, stream);
   } else {
-    run_bwd_dtype<kern::BwdTraitsSm80<64, 64, 256, 256>>(p, dtype, cfg, stream);
+    run_bwd_dtype<kern::BwdTraitsSm80<64, 64, 256, 256, true>>(p, dtype, cfg, stream);
   }
 }
 

@@ -37,6 +37,17 @@ void run_fwd_dtype(const FlexFwdParams& p, DType dtype, int num_tasks, cudaStrea
   }
 }
 
+template <int kBQ, int kD1, int kD2, int kMT, int kMinBlocks, bool kAlwaysExact>
+void run_fwd_tile(const FlexFwdParams& p, DType dtype, int num_tasks, cudaStream_t stream) {
+  if constexpr (kAlwaysExact) {
+    run_fwd_dtype<kern::FwdTraitsSm80<kBQ, 64, kD1, kD2, kMT, kMinBlocks, true>>(p, dtype, num_tasks, stream);
+  } else if (p.dqk == kD1 && p.dv == kD2) {
+    run_fwd_dtype<kern::FwdTraitsSm80<kBQ, 64, kD1, kD2, kMT, kMinBlocks, true>>(p, dtype, num_tasks, stream);
+  } else {
+    run_fwd_dtype<kern::FwdTraitsSm80<kBQ, 64, kD1, kD2, kMT, kMinBlocks, false>>(p, dtype, num_tasks, stream);
+  }
+}
+
 }  // namespace
 
 void launch_fwd_sm80(const FlexFwdParams& p, const TileSm80& tile, DType dtype, int num_tasks, cudaStream_t stream) {
@@ -44,12 +55,13 @@ void launch_fwd_sm80(const FlexFwdParams& p, const TileSm80& tile, DType dtype, 
     kern::fill_neg_inf_kernel<<<(p.num_heads_q + 127) / 128, 128, 0, stream>>>(p.max_logit, p.num_heads_q);
     check_launch("flex forward: max_logit reset");
   }
-  if (num_tasks == 0 || p.view.num_q_blocks == 0) return;
+  if (p.view.num_q_blocks == 0 || (!p.grid_mode && num_tasks == 0)) return;
   // Tiles: 128x64 with 4 warps of 32 rows (2 CTAs per SM) up to D = 128 and for (192, 128);
   // 64x64 with 4 warps of 16 rows for (256, 256), whose output accumulator alone takes 128
-  // registers a thread.
+  // registers a thread. Head dims equal to the tile's run the branch-free (exact) variant;
+  // (192, 128) and (256, 256) always do.
   if (tile.dqk_tile == 64) {
-    run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 64, 64, 2, 2>>(p, dtype, num_tasks, stream);
+    run_fwd_tile<128, 64, 64, 2, 2, false>(p, dtype, num_tasks, stream);
   } else if (tile.dqk_tile == 128) {
     // Tuning knob while the two warp layouts are measured against each other:
     // FLASHSPAN_SM80_FWD_MT=1 runs 8 warps of 16 rows instead of 4 warps of 32 rows.
@@ -58,14 +70,14 @@ void launch_fwd_sm80(const FlexFwdParams& p, const TileSm80& tile, DType dtype, 
       return e != nullptr && std::atoi(e) == 1;
     }();
     if (one_tile) {
-      run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 128, 128, 1, 1>>(p, dtype, num_tasks, stream);
+      run_fwd_tile<128, 128, 128, 1, 1, false>(p, dtype, num_tasks, stream);
     } else {
-      run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 128, 128, 2, 2>>(p, dtype, num_tasks, stream);
+      run_fwd_tile<128, 128, 128, 2, 2, false>(p, dtype, num_tasks, stream);
     }
   } else if (tile.dqk_tile == 192) {
-    run_fwd_dtype<kern::FwdTraitsSm80<128, 64, 192, 128, 2, 1>>(p, dtype, num_tasks, stream);
+    run_fwd_tile<128, 192, 128, 2, 1, true>(p, dtype, num_tasks, stream);
   } else {
-    run_fwd_dtype<kern::FwdTraitsSm80<64, 64, 256, 256, 1, 1>>(p, dtype, num_tasks, stream);
+    run_fwd_tile<64, 256, 256, 1, 1, true>(p, dtype, num_tasks, stream);
   }
 }
 
