@@ -6,8 +6,20 @@ import ctypes
 import glob
 import os
 import threading
-from ctypes import POINTER, Structure, c_char, c_char_p, c_float, c_int32, c_int64, c_size_t, c_uint8, c_uint16
-from ctypes import c_uint64, c_void_p
+from ctypes import (
+    POINTER,
+    Structure,
+    c_char,
+    c_char_p,
+    c_float,
+    c_int32,
+    c_int64,
+    c_size_t,
+    c_uint8,
+    c_uint16,
+    c_uint64,
+    c_void_p,
+)
 from typing import Optional
 
 import torch
@@ -310,14 +322,14 @@ _DTYPES = {
 }
 
 
-def _fs_dtype(dtype: torch.dtype, name: str) -> "FsDType":
+def _fs_dtype(dtype: torch.dtype, name: str) -> FsDType:
     code_bits = _DTYPES.get(dtype)
     if code_bits is None:
         raise TypeError(f"{name}: dtype {dtype} is not supported by flashspan")
     return FsDType(code_bits[0], code_bits[1], 1)
 
 
-def _fs_device(device: torch.device, name: str) -> "FsDevice":
+def _fs_device(device: torch.device, name: str) -> FsDevice:
     if device.type == "cuda":
         return FsDevice(DEVICE_CUDA, device.index if device.index is not None else 0)
     if device.type == "cpu":
@@ -341,7 +353,7 @@ class TensorDesc:
         self._init(tuple(t.shape), t.stride(), t.dtype, t.device, t.data_ptr(), name)
 
     @classmethod
-    def from_spec(cls, shape, strides, dtype: torch.dtype, device: torch.device, name: str) -> "TensorDesc":
+    def from_spec(cls, shape, strides, dtype: torch.dtype, device: torch.device, name: str) -> TensorDesc:
         """A descriptor of a layout without a tensor yet (data NULL until set)."""
         self = cls.__new__(cls)
         self.tensor = None

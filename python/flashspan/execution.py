@@ -53,7 +53,8 @@ class _Spec:
     __slots__ = ("name", "shape", "stride", "dtype", "device")
 
     def __init__(self, name: str, t: torch.Tensor):
-        self.name, self.shape, self.stride, self.dtype, self.device = name, tuple(t.shape), t.stride(), t.dtype, t.device
+        self.name, self.shape, self.stride = name, tuple(t.shape), t.stride()
+        self.dtype, self.device = t.dtype, t.device
 
     def desc(self) -> _lib.TensorDesc:
         return _lib.TensorDesc.from_spec(self.shape, self.stride, self.dtype, self.device, self.name)

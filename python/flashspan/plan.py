@@ -12,6 +12,7 @@ import torch
 
 from . import _lib
 
+
 def _torch_dtype(dt: _lib.FsDType) -> Optional[torch.dtype]:
     if dt.code == _lib.DTYPE_BFLOAT and dt.bits == 16:
         return torch.bfloat16
@@ -29,12 +30,12 @@ def _torch_device(dev: _lib.FsDevice) -> torch.device:
 # Live plans by id: torch.compile'd graphs and custom ops refer to a plan by this int,
 # which is a plain constant for the tracer (see _ops.py). Weak: the registry never keeps
 # a plan alive.
-_registry: "weakref.WeakValueDictionary[int, MaskPlan]" = weakref.WeakValueDictionary()
+_registry: weakref.WeakValueDictionary[int, MaskPlan] = weakref.WeakValueDictionary()
 _ids = itertools.count(1)
 _registry_lock = threading.Lock()
 
 
-def plan_from_id(plan_id: int) -> "MaskPlan":
+def plan_from_id(plan_id: int) -> MaskPlan:
     """The live plan with this id; ValueError when it was closed or garbage collected."""
     plan = _registry.get(plan_id)
     if plan is None or plan._handle is None:
@@ -64,7 +65,7 @@ class MaskPlan:
         raise TypeError("MaskPlan is built by flashspan.create_mask_plan(mask_func, q, k, v, ...)")
 
     @classmethod
-    def _from_handle(cls, handle: ctypes.c_void_p) -> "MaskPlan":
+    def _from_handle(cls, handle: ctypes.c_void_p) -> MaskPlan:
         self = object.__new__(cls)
         d = self.__dict__
         d["_handle"] = handle
@@ -105,10 +106,12 @@ class MaskPlan:
         raise AttributeError("MaskPlan is immutable")
 
     def __reduce__(self):
-        raise TypeError("MaskPlan cannot be pickled or copied (it owns native memory); build it again with create_mask_plan")
+        raise TypeError(
+            "MaskPlan cannot be pickled or copied (it owns native memory); build it again with create_mask_plan"
+        )
 
     def close(self) -> None:
-        """Frees the plan's memory now (later use raises ValueError). Optional: dropping the last reference does it too."""
+        """Frees the plan's memory now; later use raises ValueError. Dropping the last reference does it too."""
         d = self.__dict__
         handle = d.get("_handle")
         if handle is None:

@@ -159,8 +159,12 @@ def make_problem(
     """Random q/k/v (normal) and mask. THD: seqlen_q/seqlen_k are per-sample length lists (or maxima)."""
     gen = torch.Generator().manual_seed(seed)
     if varlen:
-        lq = seqlen_q if isinstance(seqlen_q, (list, tuple)) else torch.randint(1, seqlen_q + 1, (batch,), generator=gen).tolist()
-        lk = seqlen_k if isinstance(seqlen_k, (list, tuple)) else torch.randint(1, seqlen_k + 1, (batch,), generator=gen).tolist()
+        def lengths(s):
+            if isinstance(s, (list, tuple)):
+                return list(s)
+            return torch.randint(1, s + 1, (batch,), generator=gen).tolist()
+
+        lq, lk = lengths(seqlen_q), lengths(seqlen_k)
         cu_q = [0] + torch.tensor(lq).cumsum(0).tolist()
         cu_k = [0] + torch.tensor(lk).cumsum(0).tolist()
         qs, ks = (cu_q[-1], hq, dqk), (cu_k[-1], hkv, dqk)

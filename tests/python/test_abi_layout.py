@@ -5,9 +5,8 @@ import os
 import shutil
 import subprocess
 
-import pytest
-
 import flashspan._lib as L
+import pytest
 
 _REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _HEADER_DIR = os.path.join(_REPO, "include")
@@ -33,7 +32,8 @@ def test_struct_layouts_match_header(tmp_path):
     for cname, cls in STRUCTS.items():
         lines.append(f'  printf("{cname} sizeof %zu\\n", sizeof({cname}));')
         for field, _ in cls._fields_:
-            lines.append(f'  printf("{cname} {field} %zu %zu\\n", offsetof({cname}, {field}), sizeof((({cname}*)0)->{field}));')
+            where = f"offsetof({cname}, {field}), sizeof((({cname}*)0)->{field})"
+            lines.append(f'  printf("{cname} {field} %zu %zu\\n", {where});')
     lines += ["  return 0;", "}"]
     src = tmp_path / "layout.c"
     src.write_text("\n".join(lines))

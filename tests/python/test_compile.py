@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from flex_ref import assert_close, make_problem
 
 BACKENDS = ["eager", "aot_eager", "inductor"]
@@ -24,9 +23,9 @@ def test_compile_fullgraph_forward_backward(fs, backend, varlen):
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
     f = _attn(fs)
     cf = torch.compile(f, backend=backend, fullgraph=True)
-    o, l = cf(p.q, p.k, p.v, plan)
-    l = l.masked_fill(torch.isinf(l.detach()), 0)
-    got = torch.autograd.grad(o.sum() + l.sum(), (p.q, p.k, p.v))
+    o, lse = cf(p.q, p.k, p.v, plan)
+    lse = lse.masked_fill(torch.isinf(lse.detach()), 0)
+    got = torch.autograd.grad(o.sum() + lse.sum(), (p.q, p.k, p.v))
     o2, l2 = f(p.q, p.k, p.v, plan)
     l2 = l2.masked_fill(torch.isinf(l2.detach()), 0)
     want = torch.autograd.grad(o2.sum() + l2.sum(), (p.q, p.k, p.v))

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-
 from flex_ref import assert_close, make_problem
 
 

@@ -4,10 +4,9 @@ import math
 
 import pytest
 import torch
+from flex_ref import assert_close, make_problem
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from flex_ref import assert_close, make_problem
 
 DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 

@@ -3,7 +3,6 @@ gradients, torch.compile, CUDA-graph capture of the explicit API, plan reuse acr
 
 import pytest
 import torch
-
 from conftest import cuda_ready
 from flex_ref import make_problem
 
@@ -81,7 +80,7 @@ def test_backward_vs_fp32_reference(fs, dtype, varlen, use_lse):
     res = {}
     for cdt in (torch.float32, dtype):
         leaves = [t.detach().to(cdt).requires_grad_(True) for t in (p.q, p.k, p.v)]
-        res[cdt] = grads(lambda: p.reference(*leaves, dtype=cdt)[:2], leaves)
+        res[cdt] = grads(lambda leaves=leaves, cdt=cdt: p.reference(*leaves, dtype=cdt)[:2], leaves)
     for name, g, g32, glp in zip("qkv", ours, res[torch.float32], res[dtype]):
         assert g.dtype == dtype
         _check_budget(g, g32, glp, dtype, f"d{name}")

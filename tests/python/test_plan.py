@@ -4,7 +4,6 @@ import sys
 
 import pytest
 import torch
-
 from flex_ref import assert_close, dense_mask, make_problem
 
 
@@ -19,7 +18,6 @@ def dense_block_classes(p, hm, block_q, block_k):
         ks.append(ks[-1] + b)
     grid = torch.zeros((hm, qs[-1], ks[-1]), dtype=torch.int8)
     for b, m in enumerate(masks):
-        sq, sk = m.shape[1], m.shape[2]
         for i in range(nqb[b]):
             for j in range(nkb[b]):
                 blk = m[:, i * block_q : (i + 1) * block_q, j * block_k : (j + 1) * block_k]

@@ -1,10 +1,9 @@
 """The seed's usage examples (seeds/flex_attention.txt) with `import flashspan`: CPU-sized versions always, the
 original sizes on a GPU."""
 
+import flashspan
 import pytest
 import torch
-
-import flashspan
 from conftest import cuda_ready
 from flashspan import FlexAttentionBwd, FlexAttentionFwd, create_mask_plan, flex_attn_func
 
