@@ -153,6 +153,7 @@ struct Case {
   bool backward = true;
   bool deterministic = true;
   bool grid_mode = false;  // kernels ignore the plan's task lists
+  bool negative_logits = false;  // q < 0 < k elementwise: every score (and max_logit) negative
   uint64_t seed = 1;
 
   std::string describe() const {
@@ -247,8 +248,8 @@ std::unique_ptr<Problem> make_problem(Case c) {
   p->k = make_k(g, order, pad);
   p->v = make_v(g, order, pad);
   p->dout = make_out(g, order, pad);
-  p->q.fill_uniform(rng, -1.5, 1.5);
-  p->k.fill_uniform(rng, -1.5, 1.5);
+  p->q.fill_uniform(rng, c.negative_logits ? -1.5 : -1.5, c.negative_logits ? -0.25 : 1.5);
+  p->k.fill_uniform(rng, c.negative_logits ? 0.25 : -1.5, 1.5);
   p->v.fill_uniform(rng, -1.0, 1.0);
   p->dout.fill_uniform(rng, -1.0, 1.0);
 
@@ -520,6 +521,16 @@ TEST(FlexGpu, SpecialMasks) {
     c.h = HeadConfig{2, 1, 1, 1, 64, 64, DType::kFloat16};
     c.mopt.p_empty_row = 1.0;
     c.seed = 3002;
+    run_case(c);
+  }
+  {
+    Case c;  // all scores negative: the signed max_logit reduction with negative floats
+    c.batch = 2;
+    c.sq = 150;
+    c.sk = 170;
+    c.h = HeadConfig{3, 1, 3, 3, 128, 128, DType::kBFloat16};
+    c.negative_logits = true;
+    c.seed = 3003;
     run_case(c);
   }
 }

@@ -57,41 +57,6 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const uint16
   }
 }
 
-// A fragment (16x16, row major) of rows m0.., columns k0.. of a swizzled tile.
-template <int kD>
-__device__ __forceinline__ void load_frag_a(uint32_t (&a)[4], uint32_t tile, int m0, int k0, int lane) {
-  const int row = m0 + (lane & 15);
-  const int chunk = (k0 >> 3) + (lane >> 4);
-  ldmatrix_x4(a, tile + swz_offset<kD>(row, chunk) * 2);
-}
-
-// A fragment of the TRANSPOSE of a stored tile: A(m, k) = tile(k0 + k, m0 + m).
-template <int kD>
-__device__ __forceinline__ void load_frag_a_trans(uint32_t (&a)[4], uint32_t tile, int m0, int k0, int lane) {
-  const int i = lane >> 3;
-  const int row = k0 + (lane & 7) + ((i >> 1) << 3);
-  const int chunk = (m0 >> 3) + (i & 1);
-  ldmatrix_x4_trans(a, tile + swz_offset<kD>(row, chunk) * 2);
-}
-
-// B fragments of two n8 blocks (n0, n0+8) at k-step k0 where the tile stores B^T, i.e.
-// B(k, n) = tile(n, k) (K for S = Q K^T). b[0],b[1]: block n0; b[2],b[3]: block n0+8.
-template <int kD>
-__device__ __forceinline__ void load_frag_b_nk(uint32_t (&b)[4], uint32_t tile, int n0, int k0, int lane) {
-  const int row = n0 + (lane & 7) + ((lane >> 4) << 3);
-  const int chunk = (k0 >> 3) + ((lane >> 3) & 1);
-  ldmatrix_x4(b, tile + swz_offset<kD>(row, chunk) * 2);
-}
-
-// B fragments of two n8 blocks where the tile stores B itself, B(k, n) = tile(k, n)
-// (V for O = P V), read with ldmatrix.trans.
-template <int kD>
-__device__ __forceinline__ void load_frag_b_kn(uint32_t (&b)[4], uint32_t tile, int n0, int k0, int lane) {
-  const int row = k0 + (lane & 7) + (((lane >> 3) & 1) << 3);
-  const int chunk = (n0 >> 3) + (lane >> 4);
-  ldmatrix_x4_trans(b, tile + swz_offset<kD>(row, chunk) * 2);
-}
-
 // Per-thread ldmatrix addresses into a swizzled tile, with the swizzle folded so that every
 // fragment of an unrolled loop is one register plus an immediate offset.
 //
@@ -118,11 +83,18 @@ struct LdsmAddr {
   }
 };
 
-// Thread row / chunk of the four fragment kinds (see the load_frag_* functions above):
-//   A        rows m0..: r0 = lane % 16, c = lane / 16;                       at(k0/16, m0)
-//   A trans  A(m,k) = tile(k0+k, m0+m): r0 = lane%8 + 8 (lane/16), c = (lane/8) % 2; at(m0/16, k0)
-//   B nk     B(k,n) = tile(n, k): r0 = lane%8 + 8 (lane/16), c = (lane/8) % 2;     at(k0/16, n0)
-//   B kn     B(k,n) = tile(k, n) (.trans): r0 = lane%8 + 8 ((lane/8) % 2), c = lane/16; at(n0/16, k0)
+// The four fragment kinds (ptx.cuh has the register layouts; ldmatrix matrix i is given by
+// lanes 8i..8i+7):
+//   A        16x16 A fragment of rows m0.., columns k0.. (ldmatrix):
+//            matrices (rows, cols) = (0-7, 0-7), (8-15, 0-7), (0-7, 8-15), (8-15, 8-15);
+//            r0 = lane % 16, c = lane / 16;                                  at(k0/16, m0)
+//   A trans  A(m, k) = tile(k0 + k, m0 + m) (ldmatrix.trans):
+//            r0 = lane % 8 + 8 (lane / 16), c = (lane / 8) % 2;              at(m0/16, k0)
+//   B nk     B fragments of n8 blocks n0, n0+8 with B(k, n) = tile(n, k) (ldmatrix; regs
+//            0,1 = block n0, regs 2,3 = block n0+8): r0 = lane % 8 + 8 (lane / 16),
+//            c = (lane / 8) % 2;                                              at(k0/16, n0)
+//   B kn     the same with B(k, n) = tile(k, n) (ldmatrix.trans):
+//            r0 = lane % 8 + 8 ((lane / 8) % 2), c = lane / 16;               at(n0/16, k0)
 // `cb` (even) shifts the column steps by cb chunks (a warp's column range inside the tile).
 template <int kD>
 __device__ __forceinline__ LdsmAddr<kD> ldsm_a(uint32_t tile, int lane, int cb = 0) {

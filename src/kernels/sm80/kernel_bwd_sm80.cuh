@@ -125,7 +125,7 @@ struct K2QWalk {
   }
 };
 
-template <class T>
+// Row `row` of head h of sample b in a [B,S,H,D] / [T,H,D] tensor (flex_params.h).
 __device__ __forceinline__ const uint16_t* row_ptr(const void* base, const FlexTensorAddr& a, int b, int64_t row,
                                                    int h) {
   return static_cast<const uint16_t*>(base) + int64_t(b) * a.batch_stride + row * a.row_stride +
@@ -165,9 +165,9 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
   const int64_t krow = int64_t(p.varlen ? k_start : 0) + key0;
   const int64_t qrow_base = p.varlen ? q_start : 0;
 
-  load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, row_ptr<T>(p.k, p.ka, b, krow, hkv), p.ka.row_stride,
+  load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, row_ptr(p.k, p.ka, b, krow, hkv), p.ka.row_stride,
                                                     keys_valid, p.head_dqk, tid);
-  load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, row_ptr<T>(p.v, p.va, b, krow, hkv), p.va.row_stride,
+  load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, row_ptr(p.v, p.va, b, krow, hkv), p.va.row_stride,
                                                    keys_valid, p.head_dv, tid);
 
   K2QWalk walk{&p, hkv * p.group_size, (hkv + 1) * p.group_size, b, kb, {}};
@@ -177,9 +177,9 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
   auto load_q_do = [&](int buf, int hh, int qq) {
     const int64_t row = qrow_base + int64_t(qq) * T::kBlockQ;
     const int rows = len_q - qq * T::kBlockQ;
-    load_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ0 + buf * T::kSmemQ, row_ptr<T>(p.q, p.qa, b, row, hh),
+    load_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ0 + buf * T::kSmemQ, row_ptr(p.q, p.qa, b, row, hh),
                                                       p.qa.row_stride, rows, p.head_dqk, tid);
-    load_tile_async<T::kBlockQ, T::kDv, T::kThreads>(sO0 + buf * T::kSmemO, row_ptr<T>(p.dout, p.doa, b, row, hh),
+    load_tile_async<T::kBlockQ, T::kDv, T::kThreads>(sO0 + buf * T::kSmemO, row_ptr(p.dout, p.doa, b, row, hh),
                                                      p.doa.row_stride, rows, p.head_dv, tid);
   };
   if (have) load_q_do(0, h, qb);
@@ -438,15 +438,15 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
   auto load_kv = [&](int buf, int kbb) {
     const int64_t row = krow_base + int64_t(kbb) * T::kBlockK;
     const int rows = len_k - kbb * T::kBlockK;
-    load_tile_async<T::kBlockK, T::kDqk, T::kThreadsQ>(sK0 + buf * T::kSmemK, row_ptr<T>(p.k, p.ka, b, row, hkv),
+    load_tile_async<T::kBlockK, T::kDqk, T::kThreadsQ>(sK0 + buf * T::kSmemK, row_ptr(p.k, p.ka, b, row, hkv),
                                                        p.ka.row_stride, rows, p.head_dqk, tid);
-    load_tile_async<T::kBlockK, T::kDv, T::kThreadsQ>(sV0 + buf * T::kSmemV, row_ptr<T>(p.v, p.va, b, row, hkv),
+    load_tile_async<T::kBlockK, T::kDv, T::kThreadsQ>(sV0 + buf * T::kSmemV, row_ptr(p.v, p.va, b, row, hkv),
                                                       p.va.row_stride, rows, p.head_dv, tid);
   };
 
-  load_tile_async<T::kBlockQ, T::kDqk, T::kThreadsQ>(sQ, row_ptr<T>(p.q, p.qa, b, qrow, h), p.qa.row_stride,
+  load_tile_async<T::kBlockQ, T::kDqk, T::kThreadsQ>(sQ, row_ptr(p.q, p.qa, b, qrow, h), p.qa.row_stride,
                                                      rows_valid, p.head_dqk, tid);
-  load_tile_async<T::kBlockQ, T::kDv, T::kThreadsQ>(sO, row_ptr<T>(p.dout, p.doa, b, qrow, h), p.doa.row_stride,
+  load_tile_async<T::kBlockQ, T::kDv, T::kThreadsQ>(sO, row_ptr(p.dout, p.doa, b, qrow, h), p.doa.row_stride,
                                                     rows_valid, p.head_dv, tid);
   int kb = 0, entry = 0;
   bool partial = false;

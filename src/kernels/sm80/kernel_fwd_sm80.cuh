@@ -45,11 +45,6 @@ struct FwdTraitsSm80 {
   static_assert(kBlockQ % (16 * kMT) == 0 && kBlockK % 64 == 0 && kDqk % 64 == 0 && kDv % 64 == 0);
 };
 
-__global__ void fill_neg_inf_kernel(float* p, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) p[i] = -INFINITY;
-}
-
 template <class T, bool kBf16, bool kMaxLogit>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm80(const FlexFwdParams p) {
   constexpr int kMT = T::kMT;

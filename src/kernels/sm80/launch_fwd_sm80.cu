@@ -8,6 +8,12 @@
 namespace flashspan::sm80 {
 namespace {
 
+// max_logit starts at -inf on the stream (cudaMemsetAsync cannot write -inf).
+__global__ void fill_neg_inf_kernel(float* p, int n) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i < n) p[i] = -INFINITY;
+}
+
 template <class T, bool kBf16, bool kMaxLogit>
 void run_fwd(const FlexFwdParams& p, int num_tasks, cudaStream_t stream) {
   auto kernel = kern::flex_fwd_kernel_sm80<T, kBf16, kMaxLogit>;
@@ -52,7 +58,7 @@ void run_fwd_tile(const FlexFwdParams& p, DType dtype, int num_tasks, cudaStream
 
 void launch_fwd_sm80(const FlexFwdParams& p, const TileSm80& tile, DType dtype, int num_tasks, cudaStream_t stream) {
   if (p.max_logit != nullptr) {
-    kern::fill_neg_inf_kernel<<<(p.num_heads_q + 127) / 128, 128, 0, stream>>>(p.max_logit, p.num_heads_q);
+    fill_neg_inf_kernel<<<(p.num_heads_q + 127) / 128, 128, 0, stream>>>(p.max_logit, p.num_heads_q);
     check_launch("flex forward: max_logit reset");
   }
   if (p.view.num_q_blocks == 0 || (!p.grid_mode && num_tasks == 0)) return;
