@@ -5,6 +5,8 @@ import pytest
 import torch
 from conftest import cuda_ready
 from flex_ref import make_problem
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytestmark = pytest.mark.skipif(
     not cuda_ready(), reason="needs a CUDA device and a libflashspan.so built with CUDA (fs_cuda_available() == 1)"
@@ -257,3 +259,54 @@ def test_torch_compile_reduce_overhead_cuda_graphs(fs):
     want = torch.autograd.grad(f(p.q, p.k, p.v), (p.q, p.k, p.v))
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, atol=2e-2, rtol=2e-2)
+
+
+def test_thd_with_empty_sequences(fs):
+    p = make_problem(27, varlen=True, batch=4, seqlen_q=[0, 130, 65, 1], seqlen_k=[40, 0, 200, 3], hq=4, hkv=2,
+                     hm=4, nfunc=3, dqk=64, dv=64, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
+    _poison_allocator()
+    out, lse = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True)
+    r32, rlp = p.reference(dtype=torch.float32), p.reference(dtype=torch.bfloat16)
+    _check_budget(out, r32[0], rlp[0], torch.bfloat16, "out")
+    _check_budget(lse, r32[1], rlp[1], torch.bfloat16, "lse")
+    assert torch.all(out[0:130].float() == 0), "queries of a sample with no keys must give 0"
+    (dq, dk, dv) = torch.autograd.grad(out.float().sum(), (p.q, p.k, p.v))
+    assert torch.isfinite(dq.float()).all() and torch.isfinite(dk.float()).all() and torch.isfinite(dv.float()).all()
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    varlen=st.booleans(),
+    batch=st.integers(1, 3),
+    sq=st.integers(1, 400),
+    sk=st.integers(1, 400),
+    hkv=st.integers(1, 2),
+    group=st.integers(1, 3),
+    per_head_mask=st.booleans(),
+    nfunc=st.sampled_from([1, 3, 5]),
+    dims=st.sampled_from([(64, 64), (128, 128), (32, 64), (96, 128)]),
+    dtype=st.sampled_from(LOWP),
+)
+def test_random_geometries_forward_backward(fs, seed, varlen, batch, sq, sk, hkv, group, per_head_mask, nfunc, dims,
+                                            dtype):
+    hq = hkv * group
+    p = make_problem(seed, varlen=varlen, batch=batch, seqlen_q=sq, seqlen_k=sk, hq=hq, hkv=hkv,
+                     hm=hq if per_head_mask else 1, nfunc=nfunc, dqk=dims[0], dv=dims[1], dtype=dtype, device="cuda",
+                     requires_grad=True)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
+    _poison_allocator()
+    out, lse = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True)
+    gen = torch.Generator(device="cuda").manual_seed(seed % 1000)
+    w = torch.randn(out.shape, device="cuda", generator=gen)
+    ours = torch.autograd.grad((out.float() * w).sum(), (p.q, p.k, p.v))
+    refs = {}
+    for cdt in (torch.float32, dtype):
+        leaves = [t.detach().to(cdt).requires_grad_(True) for t in (p.q, p.k, p.v)]
+        o, l_, _ = p.reference(*leaves, dtype=cdt)
+        refs[cdt] = (o, l_, torch.autograd.grad((o.float() * w).sum(), leaves))
+    _check_budget(out, refs[torch.float32][0], refs[dtype][0], dtype, "out")
+    _check_budget(lse, refs[torch.float32][1], refs[dtype][1], dtype, "lse")
+    for name, g, g32, glp in zip("qkv", ours, refs[torch.float32][2], refs[dtype][2]):
+        _check_budget(g, g32, glp, dtype, f"d{name}")
