@@ -25,7 +25,12 @@ def flex_fwd(
     return_max_logit: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(out, lse, max_logit); max_logit is an empty fp32 tensor unless return_max_logit."""
-    out, lse, max_logit = run_forward(q, k, v, plan_from_id(plan_id), softmax_scale, return_max_logit)
+    return flex_fwd_impl(q, k, v, plan_from_id(plan_id), softmax_scale, return_max_logit)
+
+
+def flex_fwd_impl(q, k, v, plan, softmax_scale, return_max_logit):
+    """The body of flex_fwd with the plan object (eager callers skip the dispatcher with it)."""
+    out, lse, max_logit = run_forward(q, k, v, plan, softmax_scale, return_max_logit)
     if max_logit is None:
         max_logit = torch.empty((0,), dtype=torch.float32, device=q.device)
     return out, lse, max_logit

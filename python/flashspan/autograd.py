@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from . import _ops  # noqa: F401  (registers torch.ops.flashspan.*)
+from . import _ops  # registers torch.ops.flashspan.*
+from .execution import run_backward
 
 
 class FlexAttnFunc(torch.autograd.Function):
@@ -16,7 +17,11 @@ class FlexAttnFunc(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, plan, softmax_scale, deterministic, return_max_logit):
-        out, lse, max_logit = torch.ops.flashspan.flex_fwd(q, k, v, plan.id, softmax_scale, return_max_logit)
+        if torch.compiler.is_compiling():
+            out, lse, max_logit = torch.ops.flashspan.flex_fwd(q, k, v, plan.id, softmax_scale, return_max_logit)
+        else:
+            # Eager: the op's own body, without the dispatcher round trip (same code path).
+            out, lse, max_logit = _ops.flex_fwd_impl(q, k, v, plan, softmax_scale, return_max_logit)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.plan = plan
         ctx.softmax_scale = softmax_scale
@@ -30,7 +35,10 @@ class FlexAttnFunc(torch.autograd.Function):
         q, k, v, out, lse = ctx.saved_tensors
         if dout is None and dlse is None:
             return None, None, None, None, None, None, None
-        dq, dk, dv = torch.ops.flashspan.flex_bwd(
-            q, k, v, out, dout, lse, dlse, ctx.plan.id, ctx.softmax_scale, ctx.deterministic
-        )
+        if torch.compiler.is_compiling():
+            dq, dk, dv = torch.ops.flashspan.flex_bwd(
+                q, k, v, out, dout, lse, dlse, ctx.plan.id, ctx.softmax_scale, ctx.deterministic
+            )
+        else:
+            dq, dk, dv = run_backward(q, k, v, out, dout, lse, dlse, ctx.plan, ctx.softmax_scale, ctx.deterministic)
         return dq, dk, dv, None, None, None, None
