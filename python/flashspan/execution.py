@@ -148,6 +148,7 @@ class FlexAttentionFwd:
         # The explicit API keeps its sample plan alive; internal cached objects (owned by
         # the plan itself) must not, or plan and cache would form a cycle.
         self._plan = plan if _hold_plan else None
+        self._supported = False
         self._compiled = False
         self._workspace_size: Optional[int] = None
 
@@ -185,10 +186,13 @@ class FlexAttentionFwd:
     def check_support(self) -> bool:
         """Raises RuntimeError (not supported: head dims, dtype, architecture) or returns True."""
         _lib.check(_lib.lib().fs_flex_fwd_check_support(self._live()), "FlexAttentionFwd.check_support")
+        self._supported = True
         return True
 
     def compile(self) -> None:
-        """Prepares the launch (kernel selection, workspace size). Idempotent."""
+        """Prepares the launch (kernel selection, workspace size); runs check_support() first if needed. Idempotent."""
+        if not self._supported:
+            self.check_support()
         _lib.check(_lib.lib().fs_flex_fwd_compile(self._live()), "FlexAttentionFwd.compile")
         self._compiled = True
         self._workspace_size = None
@@ -300,6 +304,7 @@ class FlexAttentionBwd:
         self._specs = _specs(self._NAMES, (q, k, v, out, do, lse, dq, dk, dv))
         self._tls = _ThreadArgs()
         self._plan = plan if _hold_plan else None
+        self._supported = False
         self._compiled = False
         self._workspace_size: Optional[int] = None
 
@@ -326,9 +331,12 @@ class FlexAttentionBwd:
 
     def check_support(self) -> bool:
         _lib.check(_lib.lib().fs_flex_bwd_check_support(self._live()), "FlexAttentionBwd.check_support")
+        self._supported = True
         return True
 
     def compile(self) -> None:
+        if not self._supported:
+            self.check_support()
         _lib.check(_lib.lib().fs_flex_bwd_compile(self._live()), "FlexAttentionBwd.compile")
         self._compiled = True
         self._workspace_size = None

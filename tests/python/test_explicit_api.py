@@ -170,3 +170,13 @@ def test_one_op_shared_by_threads(fs):
     for i, pp in enumerate(problems):
         pp.mask_func = p.mask_func
         assert_close(results[i], pp.reference()[0], torch.float32, f"out of thread {i}")
+
+
+def test_compile_runs_check_support(fs):
+    p = make_problem(10, batch=1, seqlen_q=12, seqlen_k=12, hq=1, hkv=1)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    out, lse, _ = _buffers(p, plan)
+    fwd = fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse)
+    fwd.compile()  # check_support() implied
+    fwd.execute(p.q, p.k, p.v, out, plan, lse)
+    assert_close(out, p.reference()[0], torch.float32, "out")
