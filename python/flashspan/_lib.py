@@ -259,7 +259,10 @@ def lib() -> ctypes.CDLL:
             if not os.path.exists(path):
                 tried.append(path)
                 continue
-            handle = ctypes.CDLL(path)
+            try:
+                handle = ctypes.CDLL(path)
+            except OSError as e:
+                raise ImportError(f"flashspan: cannot load {path}: {e}") from e
             try:
                 _declare(handle)
             except AttributeError as e:

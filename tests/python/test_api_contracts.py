@@ -281,3 +281,18 @@ def test_library_path_is_reported(fs):
         assert os.path.samefile(path, os.environ["FLASHSPAN_LIBRARY"])
     assert isinstance(lib.cuda_available(), bool)
     assert all(a for a in lib.built_cuda_archs())
+
+
+def test_library_that_is_not_a_library(tmp_path):
+    bad = tmp_path / "libflashspan.so"
+    bad.write_text("not an ELF file")
+    r = _run_python(
+        "import flashspan._lib as L\n"
+        "try:\n"
+        "    L.lib()\n"
+        "except ImportError as e:\n"
+        "    print('IMPORT_ERROR', e)\n",
+        {"FLASHSPAN_LIBRARY": str(bad)},
+    )
+    assert r.returncode == 0, r.stderr
+    assert "IMPORT_ERROR flashspan: cannot load" in r.stdout
