@@ -155,7 +155,7 @@ def test_no_grad_call_with_forward_only_plan(fs):
     assert_close(out, p.reference()[0], torch.float32, "out")
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     seed=st.integers(0, 2**31 - 1),
     varlen=st.booleans(),
