@@ -3,6 +3,7 @@
 // far, and it also serves sm_90 devices.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "api/validation.h"
@@ -73,6 +74,18 @@ void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool ba
   check_tile(g, plan, backward);
   FS_CHECK_SUPPORTED(!backward || plan.signature.has_backward,
                      "mask_plan: has no backward metadata (build it with build_backward=True)");
+  // Shared memory: sm_80 opts in to 163 KB a block, sm_86/89 to 99 KB, sm_90 to 227 KB.
+  int smem_optin = 0;
+  const cudaError_t e2 = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, g.device_id);
+  FS_CHECK(e2 == cudaSuccess, Status::kCudaError, "cudaDeviceGetAttribute(cuda:", g.device_id,
+           "): ", cudaGetErrorString(e2));
+  const sm80::TileSm80 t = sm80::tile_sm80(g.head_dim_qk, g.head_dim_v);
+  // Both backward dQ paths can be chosen at execute time: require the larger.
+  const int need = backward ? std::max(sm80::fwd_smem_bytes(t), sm80::bwd_smem_bytes(t, true))
+                            : sm80::fwd_smem_bytes(t);
+  FS_CHECK_SUPPORTED(need <= smem_optin, "(head_dim_qk, head_dim_v) = (", g.head_dim_qk, ", ", g.head_dim_v, "): the ",
+                     backward ? "backward" : "forward", " kernels need ", need,
+                     " bytes of shared memory per block; device cuda:", g.device_id, " allows ", smem_optin);
 }
 
 void launch_flex_fwd(const FlexFwdLaunch& a) {

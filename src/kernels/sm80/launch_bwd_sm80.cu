@@ -16,6 +16,8 @@ void set_smem(Kernel kernel, int bytes, const char* what) {
 
 template <class T, bool kBf16>
 void run_bwd(const FlexBwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stream) {
+  static_assert(T::kSmemBytes == bwd_dkdv_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
+  static_assert(T::kSmemBytesQ == bwd_dq_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
   auto dkdv = kern::flex_bwd_dkdv_kernel_sm80<T, kBf16>;
   auto dq = kern::flex_bwd_dq_kernel_sm80<T, kBf16>;
   static const bool attrs_set = [&] {

@@ -79,6 +79,24 @@ inline TileSm80 tile_sm80(int dqk, int dv) {
   return {256, 256, 64, 64, 64, 64};
 }
 
+// Dynamic shared memory of the kernels for a tile (bytes; 16-bit elements). The launchers
+// static_assert that these match the kernels' own layouts.
+constexpr int fwd_smem_bytes(int bq, int bk, int dqk, int dv) { return (bq * dqk + bk * dqk + bk * dv) * 2; }
+// dK/dV kernel: K, V, double-buffered Q and dO, P and dS.
+constexpr int bwd_dkdv_smem_bytes(int bq, int bk, int dqk, int dv) {
+  return (bk * dqk + bk * dv + 2 * (bq * dqk + bq * dv) + 2 * bq * bk) * 2;
+}
+// Deterministic dQ kernel: Q, dO, double-buffered K and V.
+constexpr int bwd_dq_smem_bytes(int bq, int bk, int dqk, int dv) {
+  return (bq * dqk + bq * dv + 2 * (bk * dqk + bk * dv)) * 2;
+}
+inline int fwd_smem_bytes(const TileSm80& t) { return fwd_smem_bytes(t.fwd_bq, t.fwd_bk, t.dqk_tile, t.dv_tile); }
+inline int bwd_smem_bytes(const TileSm80& t, bool deterministic) {
+  const int dkdv = bwd_dkdv_smem_bytes(t.bwd_bq, t.bwd_bk, t.dqk_tile, t.dv_tile);
+  const int dq = bwd_dq_smem_bytes(t.bwd_bq, t.bwd_bk, t.dqk_tile, t.dv_tile);
+  return deterministic && dq > dkdv ? dq : dkdv;
+}
+
 void launch_fwd_sm80(const FlexFwdParams& p, const TileSm80& tile, DType dtype, int num_tasks, cudaStream_t stream);
 
 struct BwdLaunchSm80 {

@@ -15,6 +15,7 @@ __global__ void fill_neg_inf_kernel(float* p, int n) {
 
 template <class T, bool kBf16, bool kMaxLogit>
 void run_fwd(const FlexFwdParams& p, int num_tasks, cudaStream_t stream) {
+  static_assert(T::kSmemBytes == fwd_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
   auto kernel = kern::flex_fwd_kernel_sm80<T, kBf16, kMaxLogit>;
   static const cudaError_t attr_status =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
