@@ -9,23 +9,15 @@
 namespace flashspan::sm80 {
 namespace {
 
-template <class Kernel>
-void set_smem(Kernel kernel, int bytes, const char* what) {
-  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what);
-}
-
 template <class T, bool kBf16>
 void run_bwd(const FlexBwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stream) {
   static_assert(T::kSmemBytes == bwd_dkdv_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
   static_assert(T::kSmemBytesQ == bwd_dq_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
   auto dkdv = kern::flex_bwd_dkdv_kernel_sm80<T, kBf16>;
   auto dq = kern::flex_bwd_dq_kernel_sm80<T, kBf16>;
-  static const bool attrs_set = [&] {
-    set_smem(dkdv, T::kSmemBytes, "flex backward dK/dV: cudaFuncSetAttribute");
-    set_smem(dq, T::kSmemBytesQ, "flex backward dQ: cudaFuncSetAttribute");
-    return true;
-  }();
-  (void)attrs_set;
+  static std::atomic<uint64_t> dkdv_set{0}, dq_set{0};
+  ensure_smem_limit(dkdv, T::kSmemBytes, dkdv_set, "flex backward dK/dV: cudaFuncSetAttribute");
+  if (cfg.deterministic) ensure_smem_limit(dq, T::kSmemBytesQ, dq_set, "flex backward dQ: cudaFuncSetAttribute");
   if (cfg.num_bwd_tasks > 0) {
     const dim3 grid = p.grid_mode ? dim3(unsigned(p.view.num_k_blocks), unsigned(p.num_heads_q / p.group_size))
                                   : dim3(unsigned(cfg.num_bwd_tasks));

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 
 #include "core/error.h"
@@ -21,6 +22,19 @@ inline void check_launch(const char* what) {
 
 inline void check_cuda(cudaError_t e, const char* what) {
   FS_CHECK(e == cudaSuccess, Status::kCudaError, what, ": ", cudaGetErrorString(e));
+}
+
+// Raises a kernel's dynamic shared memory limit to `bytes` once per device (the attribute
+// belongs to the kernel as loaded in the current device's context). `done` is the kernel's
+// own bitmask of configured devices. Not a stream operation, so capture-safe.
+template <class Kernel>
+void ensure_smem_limit(Kernel kernel, int bytes, std::atomic<uint64_t>& done, const char* what) {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), what);
+  const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what);
+  done.fetch_or(bit, std::memory_order_acq_rel);
 }
 
 // Strides of a q/k/v/o-like tensor: BSHD [B,S,H,D] or THD [T,H,D].

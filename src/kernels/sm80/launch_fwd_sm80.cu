@@ -17,9 +17,8 @@ template <class T, bool kBf16, bool kMaxLogit>
 void run_fwd(const FlexFwdParams& p, int num_tasks, cudaStream_t stream) {
   static_assert(T::kSmemBytes == fwd_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
   auto kernel = kern::flex_fwd_kernel_sm80<T, kBf16, kMaxLogit>;
-  static const cudaError_t attr_status =
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, T::kSmemBytes);
-  check_cuda(attr_status, "flex forward: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  static std::atomic<uint64_t> smem_set{0};
+  ensure_smem_limit(kernel, T::kSmemBytes, smem_set, "flex forward: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   const dim3 grid = p.grid_mode ? dim3(unsigned(p.view.num_q_blocks), unsigned(p.num_heads_q)) : dim3(unsigned(num_tasks));
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
   check_launch("flex forward (sm80)");
