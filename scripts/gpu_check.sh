@@ -7,7 +7,8 @@
 # Usage: scripts/gpu_check.sh [BUILD_DIR]
 #   BUILD_DIR holds libflashspan.so, tests/cpp/flashspan_tests and benchmarks/* (default: build).
 #   When it has no test binary, the project is built there first (cmake + ninja, arch 90a).
-# Env: GPU_CHECK_SKIP_BENCH=1 skips the benchmarks; GPU_CHECK_QUICK=1 runs fewer sanitizer cases.
+# Env: GPU_CHECK_SKIP_BENCH=1 skips the benchmarks; GPU_CHECK_BENCH_SECONDS bounds the Python
+# benchmark; GPU_CHECK_SANITIZER_FILTER / GPU_CHECK_RACECHECK_FILTER pick the sanitizer cases.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=$(cd "${1:-$root/build}" 2>/dev/null && pwd || echo "${1:-$root/build}")
@@ -46,20 +47,23 @@ step "gtest (all)" gtest.log "$tests" --gtest_brief=1
 
 # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one.
 if command -v compute-sanitizer >/dev/null; then
-  filt=${GPU_CHECK_SANITIZER_FILTER:-'*Gpu*Small*:*GpuSanitizer*'}
+  filt=${GPU_CHECK_SANITIZER_FILTER:-'FlexGpu.SanitizerSmall:PlannerGpu.ThdWithEmptySamples:PlannerGpu.RandomMasksGqaPerHead'}
   step "memcheck" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" --gtest_filter="$filt"
   step "racecheck" racecheck.log compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" \
-    --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-*GpuSanitizer*}"
+    --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:PlannerGpu.ThdWithEmptySamples}"
 fi
 
 # 3. Python suite (GPU tests run here; CPU ones too).
-step "pytest" pytest.log python3 -m pytest -q -p no:cacheprovider "$root/tests/python"
+step "pytest" pytest.log python3 -m pytest -q -p no:cacheprovider -x "$root/tests/python"
 
 # 4. Short benchmark.
 if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
   [ -x "$build/benchmarks/flashspan_plan_bench" ] && step "plan bench" plan_bench.log "$build/benchmarks/flashspan_plan_bench"
   [ -x "$build/benchmarks/flashspan_kernel_bench" ] && step "kernel bench" kernel_bench.log "$build/benchmarks/flashspan_kernel_bench"
-  step "flashspan-bench --quick" bench.log python3 -m flashspan.bench --quick --output-dir "$out/bench"
+  step "flashspan-bench --quick" bench.log python3 -m flashspan.bench --quick \
+    --time-limit "${GPU_CHECK_BENCH_SECONDS:-180}" --output-dir "$out/bench"
+  cp "$out/bench/results.md" "$dest/bench_results.md" 2>/dev/null
+  cp "$out/bench/results.json" "$dest/bench_results.json" 2>/dev/null
 fi
 
 echo
