@@ -218,6 +218,14 @@ def _flex():
         for knob in ("accumulated_cache_size_limit", "accumulated_recompile_limit"):
             if hasattr(dcfg, knob):
                 setattr(dcfg, knob, max(getattr(dcfg, knob), 4096))
+        # The backward is timed by replaying autograd.grad(..., retain_graph=True) on one
+        # forward graph; compiled backward graphs with donated buffers refuse that.
+        try:
+            import torch._functorch.config as fcfg
+
+            fcfg.donated_buffer = False
+        except (ImportError, AttributeError):
+            pass
         _compiled_flex = torch.compile(flex_attention, dynamic=False)
     return _compiled_flex
 
