@@ -96,7 +96,7 @@ FS_API int32_t fs_abi_version(void);
 FS_API const char* fs_version(void);
 /* 1 if the library was built with CUDA kernels and a CUDA device is visible, else 0. */
 FS_API int32_t fs_cuda_available(void);
-/* Semicolon-separated list of the GPU architectures compiled in, e.g. "80;90a" ("" for none). */
+/* Comma-separated list of the GPU architectures compiled in, e.g. "80,90a" ("" for none). */
 FS_API const char* fs_built_cuda_archs(void);
 
 /* ---------------------------------------------------------------------------

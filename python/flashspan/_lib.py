@@ -417,4 +417,4 @@ def cuda_available() -> bool:
 
 def built_cuda_archs() -> list[str]:
     s = lib().fs_built_cuda_archs().decode()
-    return [a for a in s.split(";") if a]
+    return [a for a in s.replace(";", ",").split(",") if a]
