@@ -31,6 +31,32 @@ struct BlockCursor {
     }
     return true;
   }
+
+  __device__ __forceinline__ int remaining() const { return (ip_end - ip) + (jf_end - jf); }
+
+  // Skips the first j blocks of the merged order, so that next() continues exactly where j
+  // calls of next() would have left it. Merge-path binary search for a = the number of
+  // partial blocks among the j smallest (the lists are sorted and disjoint):
+  // P[mid] < F[j-mid-1] implies a > mid, otherwise a <= mid.
+  __device__ __forceinline__ void skip(int j) {
+    const int np = ip_end - ip, nf = jf_end - jf;
+    if (j >= np + nf) {
+      ip = ip_end;
+      jf = jf_end;
+      return;
+    }
+    int lo = j - nf > 0 ? j - nf : 0, hi = j < np ? j : np;
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (__ldg(partial_blk + ip + mid) < __ldg(full_blk + jf + (j - mid - 1))) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    ip += lo;
+    jf += j - lo;
+  }
 };
 
 // Sample owning global block `blk` given the prefix sums start[0..batch] (empty samples

@@ -43,6 +43,37 @@ struct FlexFwdParams {
   int grid_mode = 0;
 };
 
+// Split schedule of the non-deterministic dK/dV kernel (load balancing; see
+// src/kernels/sm80/bwd_split_sm80.cuh). Backward task t (an entry of view.tasks) walks
+// iters(t) (query head, query block) pairs: the concatenation over the kv group's query
+// heads of each head's K2Q list in ascending query-block order. A work item is a range
+// [begin, end) of those pairs; a task whose pairs exceed the run's chunk is split into
+// several items whose dK/dV partial sums meet in fp32 accumulators (one slot per split
+// task) and are converted afterwards. All arrays live in the backward workspace.
+struct FlexBwdSplit {
+  // hdr[kTotal]: number of items; hdr[kCounter]: next item to claim (zeroed by the scan
+  // kernel); hdr[kChunk]: pairs per item of this run; hdr[kNumSplit]: split tasks.
+  static constexpr int kTotal = 0, kCounter = 1, kChunk = 2, kNumSplit = 3, kHdrInts = 4;
+  // Chunk = max(kChunkMin, ceil(total pairs / (kItemsPerCta * num_ctas)),
+  //             ceil(total pairs / kMaxSplit)), so that
+  //   items <= num_tasks + kItemsPerCta * num_ctas   and   split tasks < kMaxSplit.
+  static constexpr int kChunkMin = 16;
+  static constexpr int kItemsPerCta = 8;
+  static constexpr int kMaxCtas = 1024;   // persistent grid cap (bounds the item list)
+  static constexpr int kMaxSplit = 1024;  // accumulator slots (bounds the fp32 scratch)
+
+  int32_t* hdr = nullptr;         // [kHdrInts]
+  int32_t* task_iters = nullptr;  // [num_tasks] pairs of each task
+  int32_t* item_start = nullptr;  // [num_tasks + 1] first item of each task (exclusive scan)
+  int32_t* task_slot = nullptr;   // [num_tasks] accumulator slot of a split task, -1 if unsplit
+  int32_t* items = nullptr;       // [max items * 4] {task, begin, end, slot}; nullptr = no split
+                                  // schedule (one CTA per task or grid cell, direct writes)
+  float* dk_accum = nullptr;      // [kMaxSplit or fewer slots, block_k, head_dqk] fp32, unscaled
+  float* dv_accum = nullptr;      // [slots, block_k, head_dv] fp32
+  int num_tasks = 0;
+  int num_ctas = 0;               // persistent dK/dV grid
+};
+
 struct FlexBwdParams {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -70,6 +101,7 @@ struct FlexBwdParams {
   float scale = 0.f, scale_log2 = 0.f;
   PlanViewPtrs view;  // backward view, device pointers
   int grid_mode = 0;  // dK/dV kernel: 0 = view.tasks, 1 = grid (key block, kv head)
+  FlexBwdSplit split;  // non-deterministic task mode only (split.items != nullptr)
 };
 
 }  // namespace flashspan

@@ -14,9 +14,6 @@ namespace flashspan {
 
 namespace {
 
-constexpr size_t kAlign = 256;
-size_t align_up(size_t x) { return (x + kAlign - 1) / kAlign * kAlign; }
-
 const int32_t* plan_array(const MaskPlan& plan, const char* name) {
   const int32_t* p = plan.array(name);
   FS_CHECK(p != nullptr, Status::kInternal, "mask_plan: array '", name, "' is missing");
@@ -49,11 +46,9 @@ size_t flex_fwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool
 
 size_t flex_bwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool deterministic) {
   (void)plan;
-  // delta and lse2, fp32 [Hq, total_q] each; the atomic dQ path adds an fp32 accumulator
-  // [Hq, total_q, Dqk].
-  const size_t per = align_up(sizeof(float) * size_t(g.num_heads_q) * size_t(g.total_q));
-  const size_t acc = deterministic ? 0 : align_up(per * size_t(g.head_dim_qk));
-  return 2 * per + acc;
+  // delta and lse2, fp32 [Hq, total_q] each; the atomic path adds the dQ accumulator and
+  // the dK/dV split schedule (launch_common_sm80.h, BwdWorkspaceLayout).
+  return sm80::bwd_workspace_layout(g, deterministic).total;
 }
 
 void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool backward) {
@@ -165,10 +160,11 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
   p.dva = sm80::qkv_addr(a.dv, g.varlen);
   p.lse = a.lse.ptr<const float>();
   p.lsea = sm80::lse_addr(a.lse, g.varlen);
-  const size_t per = align_up(sizeof(float) * size_t(g.num_heads_q) * size_t(g.total_q));
-  p.delta = static_cast<float*>(a.workspace);
-  p.lse2 = reinterpret_cast<float*>(static_cast<char*>(a.workspace) + per);
-  p.dq_accum = a.deterministic ? nullptr : reinterpret_cast<float*>(static_cast<char*>(a.workspace) + 2 * per);
+  const sm80::BwdWorkspaceLayout wl = sm80::bwd_workspace_layout(g, a.deterministic);
+  char* ws = static_cast<char*>(a.workspace);
+  p.delta = reinterpret_cast<float*>(ws + wl.delta);
+  p.lse2 = reinterpret_cast<float*>(ws + wl.lse2);
+  p.dq_accum = a.deterministic ? nullptr : reinterpret_cast<float*>(ws + wl.dq_accum);
   p.total_q = g.total_q;
   p.cu_seqlens_q = plan_array(plan, "cu_seqlens_q");
   p.cu_seqlens_k = plan_array(plan, "cu_seqlens_k");
@@ -184,6 +180,19 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
   p.view = plan.bwd_view();
   const int64_t all_blocks = int64_t(g.num_heads_kv) * p.view.num_k_blocks;
   p.grid_mode = p.view.num_tasks == all_blocks ? 0 : 1;
+  if (!a.deterministic && !p.grid_mode && p.view.num_tasks > 0) {
+    // Split schedule of the dK/dV kernel (bwd_split_sm80.cuh); num_ctas is set at launch.
+    FS_CHECK(p.view.num_tasks <= wl.max_tasks, Status::kInternal, "mask_plan: ", p.view.num_tasks,
+             " backward tasks exceed the workspace bound ", wl.max_tasks);
+    p.split.hdr = reinterpret_cast<int32_t*>(ws + wl.hdr);
+    p.split.task_iters = reinterpret_cast<int32_t*>(ws + wl.task_iters);
+    p.split.item_start = reinterpret_cast<int32_t*>(ws + wl.item_start);
+    p.split.task_slot = reinterpret_cast<int32_t*>(ws + wl.task_slot);
+    p.split.items = reinterpret_cast<int32_t*>(ws + wl.items);
+    p.split.dk_accum = reinterpret_cast<float*>(ws + wl.dk_accum);
+    p.split.dv_accum = reinterpret_cast<float*>(ws + wl.dv_accum);
+    p.split.num_tasks = static_cast<int>(p.view.num_tasks);
+  }
 
   sm80::BwdLaunchSm80 cfg;
   cfg.deterministic = a.deterministic;

@@ -4,10 +4,13 @@
 // (tile kBlockQ x kBlockK, payload rows = queries, cols = keys):
 //   1. preprocess:  D_i = dO_i . O_i and lse2_i = LSE_i * log2(e) (+inf for an empty row, so
 //                   exp2(s - lse2) = 0 there) into the workspace, [Hq, total_q] fp32.
-//   2. dK/dV kernel: one CTA per (key block, kv head, batch); walks the K2Q lists of every
-//                   query head of the kv group (GQA sums stay in registers), recomputing
+//   2. dK/dV kernel: one CTA per (key block, kv head, batch) task; walks the K2Q lists of
+//                   every query head of the kv group (GQA sums stay in registers), recomputing
 //                   S = Q K^T, P = exp2(S*scale*log2e - lse2), dP = dO V^T, dS = P (dP - D);
 //                   dV += P^T dO, dK += dS^T Q; dK scaled at the end.
+//                   deterministic = false (task mode): a persistent grid runs the work items
+//                   of the split schedule instead (bwd_split_sm80.cuh): long K2Q walks are cut
+//                   into chunks whose dK/dV partial sums meet in fp32 accumulators.
 //   3. dQ:          deterministic = false: the dK/dV kernel also forms dS K for its key block
 //                   and adds it to an fp32 accumulator in the workspace (atomics), then a
 //                   convert kernel writes dq = scale * accumulator.
@@ -87,7 +90,9 @@ struct BwdTraitsSm80 {
   static constexpr int kSmemQ = kBlockQ * kDqk * 2;  // x2 (double buffered)
   static constexpr int kSmemO = kBlockQ * kDv * 2;   // dO, x2
   static constexpr int kSmemP = kBlockQ * kBlockK * 2;
-  static constexpr int kSmemBytes = kSmemK + kSmemV + 2 * (kSmemQ + kSmemO) + 2 * kSmemP;
+  // The split schedule's claimed item {task, begin, end, slot} (int32 x 4) follows the tiles.
+  static constexpr int kSmemItem = kSmemK + kSmemV + 2 * (kSmemQ + kSmemO) + 2 * kSmemP;
+  static constexpr int kSmemBytes = kSmemItem + 16;
   // dQ kernel: 4 warps, warp w owns query rows 16w.. and every key column.
   static constexpr int kWarpsQ = kBlockQ / 16;
   static constexpr int kThreadsQ = kWarpsQ * 32;
@@ -96,10 +101,13 @@ struct BwdTraitsSm80 {
   static constexpr int kSmemBytesQ = kSmemQ + kSmemO + 2 * (kSmemK + kSmemV);
 };
 
-// Iterates (query head of the kv group, query block) pairs over the K2Q lists of one key block.
+// Iterates (query head of the kv group, query block) pairs over the K2Q lists of one key block:
+// head by head, each head's list in ascending query-block order. seek(begin) then next()
+// visits pairs begin, begin + 1, ... of that order, at most `left` of them.
 struct K2QWalk {
   const FlexBwdParams* p;
   int h, h_end, b, kb;
+  int left;
   BlockCursor cur;
 
   __device__ __forceinline__ void open_head() {
@@ -109,12 +117,27 @@ struct K2QWalk {
                       __ldg(p->view.k2q_partial_ptr + r + 1), __ldg(p->view.k2q_full_ptr + r),
                       __ldg(p->view.k2q_full_ptr + r + 1)};
   }
+  // Opens the head holding pair `begin` (heads before it are skipped whole) and positions
+  // the cursor on that pair.
+  __device__ __forceinline__ void seek(int begin) {
+    open_head();
+    while (true) {
+      const int n = cur.remaining();
+      if (begin < n || h + 1 >= h_end) break;
+      begin -= n;
+      ++h;
+      open_head();
+    }
+    cur.skip(begin);
+  }
   // Next pair; payload = payload index of a partial pair (-1 for a full one).
   __device__ __forceinline__ bool next(int& head, int& qb, int& payload) {
+    if (left <= 0) return false;
     while (true) {
       bool partial = false;
       int entry = 0;
       if (cur.next(qb, partial, entry)) {
+        --left;
         head = h;
         payload = partial ? __ldg(p->view.k2q_partial_idx + entry) : -1;
         return true;
@@ -133,10 +156,17 @@ __device__ __forceinline__ const uint16_t* row_ptr(const void* base, const FlexT
 }
 
 // ---------------------------------------------------------------------------------------
-// 2. dK/dV.
+// 2. dK/dV of one work item: pairs [begin, begin + count) of key block kb of kv head hkv of
+// sample b (K2QWalk order). The accumulator slot is read at the end (kept out of registers
+// during the walk): -1 without a split schedule, else the claimed item's (shared memory).
+// slot < 0: the item is the whole task and writes dk/dv (dk scaled; zeros when no query sees
+// the block). slot >= 0: a piece of a split task; its partial sums are added (fp32 atomics,
+// unscaled) to accumulator slot `slot`.
+// Shared memory: the item's first loads (K, V, Q/dO[0]) are issued before the loop's first
+// __syncthreads, so the caller must __syncthreads between two items of one CTA.
 template <class T, bool kBf16>
-__global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const FlexBwdParams p) {
-  extern __shared__ __align__(128) uint8_t smem[];
+__device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem, int kb, int hkv, int b, int begin,
+                                          int count) {
   const uint32_t sK = smem_u32(smem);
   const uint32_t sV = sK + T::kSmemK;
   const uint32_t sQ0 = sV + T::kSmemV;                // Q[2]
@@ -146,18 +176,6 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
 
-  int kb, hkv, b;
-  if (p.grid_mode) {
-    const int gk = blockIdx.x;
-    hkv = blockIdx.y;
-    b = find_block_owner(p.view.k_block_start, p.batch, gk);
-    kb = gk - __ldg(p.view.k_block_start + b);
-  } else {
-    const int32_t* task = p.view.tasks + 4 * int64_t(blockIdx.x);
-    kb = __ldg(task + 0);
-    hkv = __ldg(task + 1);
-    b = __ldg(task + 2);
-  }
   const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
   const int k_start = __ldg(p.cu_seqlens_k + b), len_k = __ldg(p.cu_seqlens_k + b + 1) - k_start;
   const int key0 = kb * T::kBlockK;
@@ -170,8 +188,8 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
   load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, row_ptr(p.v, p.va, b, krow, hkv), p.va.row_stride,
                                                    keys_valid, p.head_dv, tid);
 
-  K2QWalk walk{&p, hkv * p.group_size, (hkv + 1) * p.group_size, b, kb, {}};
-  walk.open_head();
+  K2QWalk walk{&p, hkv * p.group_size, (hkv + 1) * p.group_size, b, kb, count, {}};
+  walk.seek(begin);
   int h = 0, qb = 0, payload = -1;
   bool have = walk.next(h, qb, payload);
   auto load_q_do = [&](int buf, int hh, int qq) {
@@ -359,6 +377,34 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
   }
   cp_async_wait<0>();
 
+  const int slot = p.split.items == nullptr ? -1 : reinterpret_cast<const int32_t*>(smem + T::kSmemItem)[3];
+  if (slot >= 0) {
+    // ---- Split task: add this item's sums to the slot's fp32 accumulators [block_k, D].
+    float* dka = p.split.dk_accum + int64_t(slot) * T::kBlockK * p.head_dqk;
+    float* dva = p.split.dv_accum + int64_t(slot) * T::kBlockK * p.head_dv;
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int key = kt * 16 + g + 8 * hi;
+      if (key < keys_valid) {
+#pragma unroll
+        for (int n = 0; n < T::kNK; ++n) {
+          const int col = dk0 + n * 8 + 2 * t;
+          if (col < p.head_dqk) {
+            atomic_add_f32x2(dka + int64_t(key) * p.head_dqk + col, acc_dk[n][2 * hi], acc_dk[n][2 * hi + 1]);
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < T::kNV; ++n) {
+          const int col = dv0 + n * 8 + 2 * t;
+          if (col < p.head_dv) {
+            atomic_add_f32x2(dva + int64_t(key) * p.head_dv + col, acc_dv[n][2 * hi], acc_dv[n][2 * hi + 1]);
+          }
+        }
+      }
+    }
+    return;
+  }
+
   // ---- Epilogue: dK (scaled) and dV; key blocks nobody sees get zeros.
   uint16_t* dk = static_cast<uint16_t*>(p.dk) + int64_t(b) * p.dka.batch_stride + krow * p.dka.row_stride +
                  int64_t(hkv) * p.dka.head_stride;
@@ -385,6 +431,54 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
         }
       }
     }
+  }
+}
+
+// dK/dV kernel. Without a split schedule (deterministic path, grid mode): one CTA per task
+// (or per (key block, kv head) cell in grid mode), the whole K2Q walk, direct writes.
+// With one (p.split.items): a persistent grid; each CTA claims items in list order with an
+// atomic counter until the list is exhausted (items of long tasks come first).
+template <class T, bool kBf16>
+__global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const FlexBwdParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  int32_t* s_item = reinterpret_cast<int32_t*>(smem + T::kSmemItem);
+  for (int round = 0;; ++round) {
+    int kb, hkv, b, begin = 0, count = 0x7fffffff;
+    if (p.split.items == nullptr) {
+      if (round > 0) return;
+      if (p.grid_mode) {
+        const int gk = blockIdx.x;
+        hkv = blockIdx.y;
+        b = find_block_owner(p.view.k_block_start, p.batch, gk);
+        kb = gk - __ldg(p.view.k_block_start + b);
+      } else {
+        const int32_t* task = p.view.tasks + 4 * int64_t(blockIdx.x);
+        kb = __ldg(task + 0);
+        hkv = __ldg(task + 1);
+        b = __ldg(task + 2);
+      }
+    } else {
+      __syncthreads();  // every thread is done with the previous item's tiles and s_item
+      if (threadIdx.x == 0) {
+        const int i = atomicAdd(p.split.hdr + FlexBwdSplit::kCounter, 1);
+        int4 it = make_int4(-1, 0, 0, -1);
+        if (i < p.split.hdr[FlexBwdSplit::kTotal]) it = reinterpret_cast<const int4*>(p.split.items)[i];
+        s_item[0] = it.x;
+        s_item[1] = it.y;
+        s_item[2] = it.z;
+        s_item[3] = it.w;
+      }
+      __syncthreads();
+      const int task_index = s_item[0];
+      if (task_index < 0) return;
+      begin = s_item[1];
+      count = s_item[2] - begin;
+      const int32_t* task = p.view.tasks + 4 * int64_t(task_index);
+      kb = __ldg(task + 0);
+      hkv = __ldg(task + 1);
+      b = __ldg(task + 2);
+    }
+    dkdv_item<T, kBf16>(p, smem, kb, hkv, b, begin, count);
   }
 }
 

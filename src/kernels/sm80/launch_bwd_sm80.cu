@@ -3,11 +3,58 @@
 //
 // dQ: deterministic = false accumulates dS K in fp32 with atomics inside the dK/dV kernel
 // (5 GEMMs in all); deterministic = true runs the separate ordered dQ kernel (7 GEMMs).
+// dK/dV: deterministic = false with a task list runs the split schedule (bwd_split_sm80.cuh)
+// and a persistent dK/dV grid; otherwise one CTA per task (or grid cell), as before.
+#include <algorithm>
+
+#include "kernels/sm80/bwd_split_sm80.cuh"
 #include "kernels/sm80/kernel_bwd_sm80.cuh"
 #include "kernels/sm80/launch_common_sm80.h"
 
 namespace flashspan::sm80 {
 namespace {
+
+// CTAs of the persistent dK/dV grid on the current device: SMs x resident CTAs per SM,
+// capped by FlexBwdSplit::kMaxCtas (the item-list bound). Cached per device in `cache`
+// (0 = not yet known); host queries only, so safe during stream capture.
+template <class Kernel>
+int persistent_ctas(Kernel kernel, int threads, int smem, std::atomic<int> (&cache)[64]) {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), "flex backward dK/dV: cudaGetDevice");
+  if (dev < 64) {
+    const int c = cache[dev].load(std::memory_order_relaxed);
+    if (c > 0) return c;
+  }
+  int sms = 0, per_sm = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
+             "flex backward dK/dV: cudaDeviceGetAttribute(multiProcessorCount)");
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, size_t(smem)),
+             "flex backward dK/dV: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+  int n = std::max(1, sms) * std::max(1, per_sm);
+  n = std::min(n, FlexBwdSplit::kMaxCtas);
+  if (dev < 64) cache[dev].store(n, std::memory_order_relaxed);
+  return n;
+}
+
+// Split schedule + persistent dK/dV + conversion of the split tasks' rows.
+template <class T, bool kBf16>
+void run_dkdv_split(const FlexBwdParams& p_in, cudaStream_t stream) {
+  auto dkdv = kern::flex_bwd_dkdv_kernel_sm80<T, kBf16>;
+  static std::atomic<int> ctas_cache[64];
+  FlexBwdParams p = p_in;
+  p.split.num_ctas = persistent_ctas(dkdv, T::kThreads, T::kSmemBytes, ctas_cache);
+  const unsigned tasks = unsigned(p.split.num_tasks);
+  kern::flex_bwd_split_count_kernel<<<(tasks + 255) / 256, 256, 0, stream>>>(p);
+  check_launch("flex backward split count (sm80)");
+  kern::flex_bwd_split_scan_kernel<<<1, kern::kSplitScanThreads, 0, stream>>>(p);
+  check_launch("flex backward split scan (sm80)");
+  kern::flex_bwd_split_items_kernel<<<tasks, 256, 0, stream>>>(p);
+  check_launch("flex backward split items (sm80)");
+  dkdv<<<unsigned(p.split.num_ctas), T::kThreads, T::kSmemBytes, stream>>>(p);
+  check_launch("flex backward dK/dV, persistent (sm80)");
+  kern::flex_bwd_split_convert_kernel<kBf16><<<tasks, 256, 0, stream>>>(p);
+  check_launch("flex backward split convert (sm80)");
+}
 
 template <class T, bool kBf16>
 void run_bwd(const FlexBwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stream) {
@@ -18,7 +65,9 @@ void run_bwd(const FlexBwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stre
   static std::atomic<uint64_t> dkdv_set{0}, dq_set{0};
   ensure_smem_limit(dkdv, T::kSmemBytes, dkdv_set, "flex backward dK/dV: cudaFuncSetAttribute");
   if (cfg.deterministic) ensure_smem_limit(dq, T::kSmemBytesQ, dq_set, "flex backward dQ: cudaFuncSetAttribute");
-  if (cfg.num_bwd_tasks > 0) {
+  if (p.split.items != nullptr) {
+    run_dkdv_split<T, kBf16>(p, stream);
+  } else if (cfg.num_bwd_tasks > 0) {
     const dim3 grid = p.grid_mode ? dim3(unsigned(p.view.num_k_blocks), unsigned(p.num_heads_q / p.group_size))
                                   : dim3(unsigned(cfg.num_bwd_tasks));
     dkdv<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);

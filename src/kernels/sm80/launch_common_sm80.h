@@ -96,9 +96,9 @@ inline TileSm80 tile_sm80(int dqk, int dv) {
 // Dynamic shared memory of the kernels for a tile (bytes; 16-bit elements). The launchers
 // static_assert that these match the kernels' own layouts.
 constexpr int fwd_smem_bytes(int bq, int bk, int dqk, int dv) { return (bq * dqk + bk * dqk + bk * dv) * 2; }
-// dK/dV kernel: K, V, double-buffered Q and dO, P and dS.
+// dK/dV kernel: K, V, double-buffered Q and dO, P and dS, then the 16-byte work item slot.
 constexpr int bwd_dkdv_smem_bytes(int bq, int bk, int dqk, int dv) {
-  return (bk * dqk + bk * dv + 2 * (bq * dqk + bq * dv) + 2 * bq * bk) * 2;
+  return (bk * dqk + bk * dv + 2 * (bq * dqk + bq * dv) + 2 * bq * bk) * 2 + 16;
 }
 // Deterministic dQ kernel: Q, dO, double-buffered K and V.
 constexpr int bwd_dq_smem_bytes(int bq, int bk, int dqk, int dv) {
@@ -112,6 +112,60 @@ inline int bwd_smem_bytes(const TileSm80& t, bool deterministic) {
 }
 
 void launch_fwd_sm80(const FlexFwdParams& p, const TileSm80& tile, DType dtype, int num_tasks, cudaStream_t stream);
+
+// Byte offsets into the backward workspace (a pure function of the geometry; the tile comes
+// from the head dims, as the plan's consumer must match it). All offsets 256-aligned.
+//   delta, lse2        fp32 [Hq, total_q] each
+//   deterministic = false adds:
+//   dq_accum           fp32 [Hq, total_q, Dqk]
+//   split schedule     (FlexBwdSplit): hdr int32 [4]; task_iters, task_slot int32 [max_tasks];
+//                      item_start int32 [max_tasks + 1]; items int32 [max_items, 4];
+//                      dk_accum fp32 [max_split, Bk, Dqk]; dv_accum fp32 [max_split, Bk, Dv]
+//   with max_tasks = Hkv * min(B * ceil(max_seqlen_k / Bk), ceil(total_k / Bk) + B)  (>= the
+//   plan's Hkv * NKB), max_items = max_tasks + kItemsPerCta * kMaxCtas,
+//   max_split = min(max_tasks, kMaxSplit).
+struct BwdWorkspaceLayout {
+  size_t delta = 0, lse2 = 0, dq_accum = 0;
+  size_t hdr = 0, task_iters = 0, item_start = 0, task_slot = 0, items = 0, dk_accum = 0, dv_accum = 0;
+  size_t total = 0;
+  int64_t max_tasks = 0, max_items = 0, max_split = 0;
+};
+
+inline size_t ws_align(size_t x) { return (x + 255) / 256 * 256; }
+
+inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, bool deterministic) {
+  BwdWorkspaceLayout w;
+  const size_t per = ws_align(sizeof(float) * size_t(g.num_heads_q) * size_t(g.total_q));
+  w.delta = 0;
+  w.lse2 = per;
+  size_t off = 2 * per;
+  if (deterministic) {
+    w.total = off;
+    return w;
+  }
+  w.dq_accum = off;
+  off += ws_align(per * size_t(g.head_dim_qk));
+  const int64_t bk = tile_sm80(g.head_dim_qk, g.head_dim_v).bwd_bk;
+  const int64_t by_batch = int64_t(g.batch) * ((g.max_seqlen_k + bk - 1) / bk);
+  const int64_t by_total = (g.total_k + bk - 1) / bk + g.batch;
+  w.max_tasks = int64_t(g.num_heads_kv) * (by_batch < by_total ? by_batch : by_total);
+  w.max_items = w.max_tasks + int64_t(FlexBwdSplit::kItemsPerCta) * FlexBwdSplit::kMaxCtas;
+  w.max_split = w.max_tasks < FlexBwdSplit::kMaxSplit ? w.max_tasks : FlexBwdSplit::kMaxSplit;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += ws_align(bytes);
+    return at;
+  };
+  w.hdr = take(sizeof(int32_t) * FlexBwdSplit::kHdrInts);
+  w.task_iters = take(sizeof(int32_t) * size_t(w.max_tasks));
+  w.item_start = take(sizeof(int32_t) * size_t(w.max_tasks + 1));
+  w.task_slot = take(sizeof(int32_t) * size_t(w.max_tasks));
+  w.items = take(4 * sizeof(int32_t) * size_t(w.max_items));
+  w.dk_accum = take(sizeof(float) * size_t(w.max_split) * size_t(bk) * size_t(g.head_dim_qk));
+  w.dv_accum = take(sizeof(float) * size_t(w.max_split) * size_t(bk) * size_t(g.head_dim_v));
+  w.total = off;
+  return w;
+}
 
 struct BwdLaunchSm80 {
   bool deterministic = false;

@@ -1,0 +1,175 @@
+// Split schedule of the non-deterministic flex backward: load balancing of the dK/dV kernel.
+//
+// Why: a dK/dV task (key block, kv head, batch) walks the K2Q lists of its kv group's query
+// heads serially. A key block that every query sees (attention sinks, a tree root's span,
+// Longformer global tokens) has S/Bq pairs per head, so one CTA works hundreds of steps
+// while the rest of the GPU idles. The schedule cuts long walks into work items.
+//
+// Steps (all on the stream, no host sync, no allocation; arrays in FlexBwdParams::split):
+//   A. count   (one thread per task):  task_iters[t] = pairs of task t (K2Q list lengths
+//               summed over the group's query heads).
+//   S. scan    (one CTA):  total = sum of task_iters; chunk = max(kChunkMin,
+//               ceil(total / (kItemsPerCta * num_ctas)), ceil(total / kMaxSplit)); a task
+//               with more than `chunk` pairs is split into ceil(pairs / chunk) near-equal
+//               items and gets an accumulator slot; exclusive scans give item_start and the
+//               slots; the header gets the item count and a zeroed claim counter.
+//   B. items   (one CTA per task): writes the task's items {task, begin, end, slot} in task
+//               order (tasks are sorted by cost descending, so long tasks' items come first)
+//               and zeroes the slot's fp32 accumulators of a split task.
+//   dK/dV      (persistent, kernel_bwd_sm80.cuh): claims items with an atomic counter.
+//   C. convert (one CTA per task): dk = scale * accumulator, dv = accumulator for the rows
+//               of split tasks (unsplit tasks were written directly by the dK/dV kernel).
+// The split decision depends on the whole plan (total pairs), so balanced masks (causal)
+// split only their few longest tasks while sink / global-token masks split the long ones.
+#pragma once
+
+#include <cstdint>
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include "kernels/common/flex_params.h"
+#include "kernels/common/ptx.cuh"
+
+namespace flashspan::kern {
+
+// A. Pairs of every task. Grid ceil(num_tasks / 256), 256 threads.
+__global__ void __launch_bounds__(256) flex_bwd_split_count_kernel(const FlexBwdParams p) {
+  const int t = blockIdx.x * 256 + threadIdx.x;
+  if (t >= p.split.num_tasks) return;
+  const int32_t* task = p.view.tasks + 4 * int64_t(t);
+  const int kb = __ldg(task + 0), hkv = __ldg(task + 1), b = __ldg(task + 2);
+  const int64_t gk = int64_t(__ldg(p.view.k_block_start + b)) + kb;
+  int n = 0;
+  for (int h = hkv * p.group_size; h < (hkv + 1) * p.group_size; ++h) {
+    const int64_t r = int64_t(p.mask_per_head ? h : 0) * p.view.num_k_blocks + gk;
+    n += __ldg(p.view.k2q_partial_ptr + r + 1) - __ldg(p.view.k2q_partial_ptr + r);
+    n += __ldg(p.view.k2q_full_ptr + r + 1) - __ldg(p.view.k2q_full_ptr + r);
+  }
+  p.split.task_iters[t] = n;
+}
+
+// S. Chunk, item offsets and accumulator slots. One CTA of kSplitScanThreads; thread i owns
+// the contiguous task range [i * per, (i + 1) * per).
+constexpr int kSplitScanThreads = 1024;
+
+__global__ void __launch_bounds__(kSplitScanThreads) flex_bwd_split_scan_kernel(const FlexBwdParams p) {
+  using Reduce = cub::BlockReduce<long long, kSplitScanThreads>;
+  using Scan = cub::BlockScan<int, kSplitScanThreads>;
+  __shared__ union {
+    typename Reduce::TempStorage reduce;
+    typename Scan::TempStorage scan;
+  } tmp;
+  __shared__ long long s_total;
+  const FlexBwdSplit& sp = p.split;
+  const int n = sp.num_tasks;
+  const int per = (n + kSplitScanThreads - 1) / kSplitScanThreads;
+  const int t0 = min(n, int(threadIdx.x) * per), t1 = min(n, t0 + per);
+
+  long long local = 0;
+  for (int t = t0; t < t1; ++t) local += sp.task_iters[t];
+  const long long sum = Reduce(tmp.reduce).Sum(local);
+  if (threadIdx.x == 0) s_total = sum;
+  __syncthreads();  // s_total visible; tmp free for the scans
+  const long long total = s_total;
+  const long long per_cta = (long long)FlexBwdSplit::kItemsPerCta * (sp.num_ctas > 0 ? sp.num_ctas : 1);
+  long long chunk = FlexBwdSplit::kChunkMin;
+  chunk = max(chunk, (total + per_cta - 1) / per_cta);
+  chunk = max(chunk, (total + FlexBwdSplit::kMaxSplit - 1) / FlexBwdSplit::kMaxSplit);
+
+  int items = 0, splits = 0;
+  for (int t = t0; t < t1; ++t) {
+    const int it = sp.task_iters[t];
+    if (it > chunk) {
+      items += int((it + chunk - 1) / chunk);
+      ++splits;
+    } else {
+      ++items;
+    }
+  }
+  int item_base = 0, slot_base = 0;
+  Scan(tmp.scan).ExclusiveSum(items, item_base);
+  __syncthreads();  // tmp reused
+  Scan(tmp.scan).ExclusiveSum(splits, slot_base);
+  for (int t = t0; t < t1; ++t) {
+    const int it = sp.task_iters[t];
+    sp.item_start[t] = item_base;
+    if (it > chunk) {
+      item_base += int((it + chunk - 1) / chunk);
+      sp.task_slot[t] = slot_base++;
+    } else {
+      item_base += 1;
+      sp.task_slot[t] = -1;
+    }
+  }
+  // The last thread's running sums are the totals (its range is the last, maybe empty).
+  if (threadIdx.x == kSplitScanThreads - 1) {
+    sp.item_start[n] = item_base;
+    sp.hdr[FlexBwdSplit::kTotal] = item_base;
+    sp.hdr[FlexBwdSplit::kCounter] = 0;
+    sp.hdr[FlexBwdSplit::kChunk] = int(chunk);
+    sp.hdr[FlexBwdSplit::kNumSplit] = slot_base;
+  }
+}
+
+// B. Items of task blockIdx.x, and zeroed accumulators for a split task. Grid num_tasks,
+// 256 threads. Item i of n covers pairs [i * it / n, (i + 1) * it / n).
+__global__ void __launch_bounds__(256) flex_bwd_split_items_kernel(const FlexBwdParams p) {
+  const FlexBwdSplit& sp = p.split;
+  const int t = blockIdx.x;
+  const int start = sp.item_start[t], n = sp.item_start[t + 1] - start;
+  const int it = sp.task_iters[t], slot = sp.task_slot[t];
+  int4* items = reinterpret_cast<int4*>(sp.items);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    items[start + i] = make_int4(t, int(int64_t(i) * it / n), int(int64_t(i + 1) * it / n), slot);
+  }
+  if (slot < 0) return;
+  const int64_t bk = p.view.block_k;
+  // head dims are multiples of 8, slots start at multiples of 16 bytes.
+  float4* dk = reinterpret_cast<float4*>(sp.dk_accum + int64_t(slot) * bk * p.head_dqk);
+  float4* dv = reinterpret_cast<float4*>(sp.dv_accum + int64_t(slot) * bk * p.head_dv);
+  const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int64_t i = threadIdx.x; i < bk * p.head_dqk / 4; i += blockDim.x) dk[i] = z;
+  for (int64_t i = threadIdx.x; i < bk * p.head_dv / 4; i += blockDim.x) dv[i] = z;
+}
+
+// C. dk / dv rows of split task blockIdx.x from its accumulators. Grid num_tasks, 256 threads.
+template <bool kBf16>
+__global__ void __launch_bounds__(256) flex_bwd_split_convert_kernel(const FlexBwdParams p) {
+  const FlexBwdSplit& sp = p.split;
+  const int t = blockIdx.x;
+  const int slot = sp.task_slot[t];
+  if (slot < 0) return;
+  const int32_t* task = p.view.tasks + 4 * int64_t(t);
+  const int kb = __ldg(task + 0), hkv = __ldg(task + 1), b = __ldg(task + 2);
+  const int bk = p.view.block_k;
+  const int k_start = __ldg(p.cu_seqlens_k + b), len_k = __ldg(p.cu_seqlens_k + b + 1) - k_start;
+  const int key0 = kb * bk;
+  const int keys_valid = min(bk, len_k - key0);
+  const int64_t krow = int64_t(p.varlen ? k_start : 0) + key0;
+  {
+    const float* src = sp.dk_accum + int64_t(slot) * bk * p.head_dqk;
+    uint16_t* dst = static_cast<uint16_t*>(p.dk) + int64_t(b) * p.dka.batch_stride + krow * p.dka.row_stride +
+                    int64_t(hkv) * p.dka.head_stride;
+    const int pairs = p.head_dqk / 2;
+    for (int i = threadIdx.x; i < keys_valid * pairs; i += blockDim.x) {
+      const int key = i / pairs, c = 2 * (i - key * pairs);
+      const float2 x = *reinterpret_cast<const float2*>(src + int64_t(key) * p.head_dqk + c);
+      *reinterpret_cast<uint32_t*>(dst + int64_t(key) * p.dka.row_stride + c) =
+          pack2<kBf16>(x.x * p.scale, x.y * p.scale);
+    }
+  }
+  {
+    const float* src = sp.dv_accum + int64_t(slot) * bk * p.head_dv;
+    uint16_t* dst = static_cast<uint16_t*>(p.dv) + int64_t(b) * p.dva.batch_stride + krow * p.dva.row_stride +
+                    int64_t(hkv) * p.dva.head_stride;
+    const int pairs = p.head_dv / 2;
+    for (int i = threadIdx.x; i < keys_valid * pairs; i += blockDim.x) {
+      const int key = i / pairs, c = 2 * (i - key * pairs);
+      const float2 x = *reinterpret_cast<const float2*>(src + int64_t(key) * p.head_dv + c);
+      *reinterpret_cast<uint32_t*>(dst + int64_t(key) * p.dva.row_stride + c) = pack2<kBf16>(x.x, x.y);
+    }
+  }
+}
+
+}  // namespace flashspan::kern
