@@ -13,6 +13,9 @@
 //   dQ dK dV   |err| <= c * max|ref| + c |ref| with c = 2.5e-2 (bf16) / 6e-3 (fp16), and
 //              ||err||_2 <= c/2 * ||ref||_2
 // Strided tensors keep NaN padding (no stray writes).
+// Split-schedule cases (non-deterministic backward, src/kernels/sm80/bwd_split_sm80.cuh) use
+// masks with long K2Q lists and also read the schedule header from the workspace to prove
+// that some dK/dV task was really split.
 // Skips when no CUDA device is visible (or the build has no CUDA).
 #include <gtest/gtest.h>
 
@@ -30,6 +33,9 @@
 
 #include "api/validation.h"
 #include "kernels/flex_launch.h"
+#ifdef FLASHSPAN_WITH_CUDA
+#include "kernels/sm80/launch_common_sm80.h"
+#endif
 #include "plan/planner.h"
 #include "planner_masks.h"
 #include "reference/reference.h"
@@ -147,13 +153,16 @@ struct Case {
   int64_t sq = 64, sk = 64;              // BSHD
   std::vector<int64_t> lq, lk;           // THD
   HeadConfig h;
-  std::string mask = "random";           // "random" or a BENCHMARK.md mask name (B = 1, Hmask = 1)
+  // "random", a BENCHMARK.md mask name (B = 1, Hmask = 1), or a structured mask for any
+  // geometry: "dense", "sink_window", "global" (structured_mask below).
+  std::string mask = "random";
   MaskOptions mopt;
   bool strided = false;
   bool backward = true;
   bool deterministic = true;
   bool grid_mode = false;  // kernels ignore the plan's task lists
   bool negative_logits = false;  // q < 0 < k elementwise: every score (and max_logit) negative
+  bool expect_split = false;     // non-deterministic backward must split some dK/dV task
   uint64_t seed = 1;
 
   std::string describe() const {
@@ -208,6 +217,52 @@ struct Problem {
   DevTensor dq_in, dk_in, dv_in, ddout, dref_out, dref_lse;  // device inputs
 };
 
+// Structured masks with long K2Q lists (key blocks seen by most queries), for any BSHD/THD
+// geometry; contiguous int32 [Hmask, nfunc, total_q], sample-local endpoints. Per-head masks
+// vary the window with the head.
+//   dense        nfunc 1: every row sees every key.
+//   sink_window  nfunc 3: keys [0, 64) (sinks) plus a causal window of 150 + 40 hm keys.
+//   global       nfunc 5: Longformer-like: keys [0, 16) and the last 8 keys are global
+//                columns, a band of radius 90 + 30 hm around the row; every row with
+//                pos % 131 == 7 is a global row (sees all keys).
+bool is_structured_mask(const std::string& m) { return m == "dense" || m == "sink_window" || m == "global"; }
+int structured_nfunc(const std::string& m) { return m == "dense" ? 1 : m == "sink_window" ? 3 : 5; }
+
+std::vector<int32_t> structured_mask(const std::string& kind, const FlexGeometry& g) {
+  const int64_t T = g.total_q;
+  const int nf = g.nfunc;
+  std::vector<int32_t> mask(static_cast<size_t>(g.num_heads_mask) * nf * T);
+  std::vector<int64_t> e(nf);
+  for (int hm = 0; hm < g.num_heads_mask; ++hm) {
+    for (int64_t row = 0; row < T; ++row) {
+      const int b = sample_of_row(g, row);
+      const int64_t lk = g.seqlen_k(b), pos = row - g.cu_seqlens_q[b];
+      auto clamp = [](int64_t x, int64_t lo, int64_t hi) { return std::max(lo, std::min(x, hi)); };
+      if (kind == "dense") {
+        e[0] = lk;
+      } else if (kind == "sink_window") {
+        const int64_t w = 150 + 40 * hm;
+        e[0] = std::min<int64_t>(64, lk);
+        e[1] = clamp(pos - w, e[0], lk);
+        e[2] = clamp(pos + 1, e[1], lk);
+      } else {
+        const int64_t r = 90 + 30 * hm;
+        if (pos % 131 == 7) {
+          for (int f = 0; f < nf; ++f) e[f] = lk;
+        } else {
+          e[0] = std::min<int64_t>(16, lk);
+          e[1] = clamp(pos - r, e[0], lk);
+          e[2] = clamp(pos + r + 1, e[1], std::max(e[1], lk - 8));
+          e[3] = clamp(lk - 8, e[2], lk);
+          e[4] = lk;
+        }
+      }
+      for (int f = 0; f < nf; ++f) mask[(static_cast<size_t>(hm) * nf + f) * T + row] = static_cast<int32_t>(e[f]);
+    }
+  }
+  return mask;
+}
+
 FlexGeometry make_case_geometry(const Case& c) {
   if (c.varlen) return make_thd_geometry(c.lq, c.lk, c.h);
   return make_bshd_geometry(c.batch, c.sq, c.sk, c.h);
@@ -216,7 +271,12 @@ FlexGeometry make_case_geometry(const Case& c) {
 std::unique_ptr<Problem> make_problem(Case c) {
   auto p = std::make_unique<Problem>();
   Rng rng(c.seed);
-  if (c.mask != "random") {
+  if (is_structured_mask(c.mask)) {
+    c.h.nfunc = structured_nfunc(c.mask);
+    p->c = c;
+    p->g = make_case_geometry(c);
+    p->mask = structured_mask(c.mask, p->g);
+  } else if (c.mask != "random") {
     const fs_test::SampleMask m = fs_test::mask_by_name(c.mask, c.sq);
     c.h.nfunc = m.nfunc;
     c.h.hmask = 1;
@@ -407,6 +467,20 @@ void run_case(const Case& c) {
   EXPECT_EQ(b->dq.padding_changed(), 0) << "dq: stray writes";
   EXPECT_EQ(b->dk.padding_changed(), 0) << "dk: stray writes";
   EXPECT_EQ(b->dv.padding_changed(), 0) << "dv: stray writes";
+  if (c.expect_split) {
+    // Schedule header (FlexBwdSplit): {items, counter, chunk, split tasks}.
+    ASSERT_FALSE(c.deterministic) << "split schedules exist only on the non-deterministic path";
+    const sm80::BwdWorkspaceLayout wl = sm80::bwd_workspace_layout(p.gd, false);
+    int32_t hdr[FlexBwdSplit::kHdrInts] = {};
+    ASSERT_EQ(cudaMemcpy(hdr, static_cast<char*>(b->ws->p) + wl.hdr, sizeof(hdr), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_GT(hdr[FlexBwdSplit::kNumSplit], 0) << "no dK/dV task was split (chunk " << hdr[FlexBwdSplit::kChunk]
+                                               << ")";
+    EXPECT_GT(hdr[FlexBwdSplit::kTotal], p.plan->counts.num_bwd_tasks) << "items";
+    // Every item claimed, then one failed claim per persistent CTA.
+    EXPECT_GT(hdr[FlexBwdSplit::kCounter], hdr[FlexBwdSplit::kTotal]) << "claim counter";
+    EXPECT_LE(hdr[FlexBwdSplit::kCounter], hdr[FlexBwdSplit::kTotal] + FlexBwdSplit::kMaxCtas) << "claim counter";
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -555,6 +629,107 @@ TEST(FlexGpu, SanitizerSmall) {
   b.deterministic = false;
   b.seed = 3502;
   run_case(b);
+  // Split dK/dV tasks (GQA 4: key block 0 has 5 x 4 = 20 pairs > the chunk of 16).
+  Case s;
+  s.mask = "sink_window";
+  s.sq = 320;
+  s.sk = 300;
+  s.h = HeadConfig{4, 1, 1, 3, 128, 128, DType::kBFloat16};
+  s.deterministic = false;
+  s.expect_split = true;
+  s.seed = 3503;
+  run_case(s);
+}
+
+// Non-deterministic backward with long K2Q lists: the split schedule cuts the long dK/dV
+// walks into items (GQA groups of 4 so a walk spans several query heads; THD with uneven
+// samples; both dtypes; head dims 64, 128 and (256, 256)).
+Case split_case(const std::string& mask, HeadConfig h, uint64_t seed) {
+  Case c;
+  c.mask = mask;
+  c.h = h;
+  c.deterministic = false;
+  c.expect_split = true;
+  c.seed = seed;
+  return c;
+}
+
+TEST(FlexGpu, SplitLongLists) {
+  REQUIRE_GPU();
+  {
+    Case c = split_case("sink_local", HeadConfig{4, 1, 1, 1, 128, 128, DType::kBFloat16}, 8001);
+    c.sq = 2048;
+    run_case(c);
+  }
+  {
+    Case c = split_case("longformer", HeadConfig{4, 1, 1, 1, 64, 64, DType::kFloat16}, 8002);
+    c.sq = 1024;
+    run_case(c);
+  }
+  {
+    Case c = split_case("sink_window", HeadConfig{8, 2, 8, 3, 64, 64, DType::kFloat16}, 8003);
+    c.varlen = true;
+    c.lq = {1500, 37, 700};
+    c.lk = {1300, 64, 900};
+    c.batch = 3;
+    run_case(c);
+  }
+  {
+    Case c = split_case("sink_window", HeadConfig{4, 1, 1, 3, 128, 128, DType::kBFloat16}, 8004);
+    c.batch = 2;
+    c.sq = 1024;
+    c.sk = 1100;
+    c.strided = true;
+    run_case(c);
+  }
+  {
+    Case c = split_case("global", HeadConfig{4, 1, 1, 5, 128, 128, DType::kFloat16}, 8005);
+    c.varlen = true;
+    c.lq = {1100, 300, 0};
+    c.lk = {1024, 257, 50};
+    c.batch = 3;
+    run_case(c);
+  }
+  {
+    Case c = split_case("global", HeadConfig{8, 2, 8, 5, 64, 64, DType::kBFloat16}, 8006);
+    c.sq = 1300;
+    c.sk = 1300;
+    run_case(c);
+  }
+  {
+    Case c = split_case("dense", HeadConfig{4, 1, 1, 1, 128, 128, DType::kFloat16}, 8007);
+    c.sq = 1024;
+    c.sk = 1000;
+    run_case(c);
+  }
+  {
+    Case c = split_case("dense", HeadConfig{4, 1, 1, 1, 256, 256, DType::kBFloat16}, 8008);
+    c.varlen = true;
+    c.lq = {640, 300};
+    c.lk = {600, 700};
+    c.batch = 2;
+    run_case(c);
+  }
+  {
+    Case c = split_case("sink_window", HeadConfig{4, 1, 4, 3, 256, 256, DType::kFloat16}, 8009);
+    c.sq = 1024;
+    c.sk = 1024;
+    c.strided = true;
+    run_case(c);
+  }
+}
+
+// The same structured masks on the deterministic path (no split schedule) still match.
+TEST(FlexGpu, LongListsDeterministic) {
+  REQUIRE_GPU();
+  Case c = split_case("global", HeadConfig{4, 1, 1, 5, 128, 128, DType::kBFloat16}, 8101);
+  c.varlen = true;
+  c.lq = {1100, 300};
+  c.lk = {1024, 257};
+  c.batch = 2;
+  c.deterministic = true;
+  c.expect_split = false;
+  run_case(c);
 }
 
 // Plans without task schedules run the kernels over every block (grid mode).

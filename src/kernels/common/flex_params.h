@@ -58,7 +58,7 @@ struct FlexBwdSplit {
   //             ceil(total pairs / kMaxSplit)), so that
   //   items <= num_tasks + kItemsPerCta * num_ctas   and   split tasks < kMaxSplit.
   static constexpr int kChunkMin = 16;
-  static constexpr int kItemsPerCta = 8;
+  static constexpr int kItemsPerCta = 4;
   static constexpr int kMaxCtas = 1024;   // persistent grid cap (bounds the item list)
   static constexpr int kMaxSplit = 1024;  // accumulator slots (bounds the fp32 scratch)
 
