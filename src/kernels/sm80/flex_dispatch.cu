@@ -184,6 +184,8 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
     // Split schedule of the dK/dV kernel (bwd_split_sm80.cuh); num_ctas is set at launch.
     FS_CHECK(p.view.num_tasks <= wl.max_tasks, Status::kInternal, "mask_plan: ", p.view.num_tasks,
              " backward tasks exceed the workspace bound ", wl.max_tasks);
+    FS_CHECK(p.view.block_k == sm80::tile_sm80(g.head_dim_qk, g.head_dim_v).bwd_bk, Status::kInternal,
+             "mask_plan: backward key block ", p.view.block_k, " is not the sm80 kernel's");
     p.split.hdr = reinterpret_cast<int32_t*>(ws + wl.hdr);
     p.split.task_iters = reinterpret_cast<int32_t*>(ws + wl.task_iters);
     p.split.item_start = reinterpret_cast<int32_t*>(ws + wl.item_start);
