@@ -62,7 +62,23 @@ fs_status_t guarded(F&& f) {
 void cuda_check(cudaError_t err, const char* what) {
   FS_CHECK(err == cudaSuccess, Status::kCudaError, what, ": ", cudaGetErrorString(err));
 }
+
+// A CUDA tensor needs a usable device: say so plainly rather than with a driver error.
+void check_cuda_device(int device_id) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) cudaGetLastError();  // clear the sticky error
+  FS_CHECK(err == cudaSuccess && n > 0, Status::kCudaError, "q: is a CUDA tensor but no CUDA device is usable (",
+           cudaGetErrorString(err), ")");
+  FS_CHECK_TYPE(device_id >= 0 && device_id < n, "q: CUDA device ", device_id, " does not exist (", n,
+                " device(s) visible)");
+}
 #endif
+
+constexpr const char* kNoBackwardMessage =
+    "plan: was built without backward metadata; the backward pass needs a plan built with build_backward "
+    "(Python: create_mask_plan(..., build_backward=True); C++: PlanArgs::with_backward(true); C: "
+    "fs_mask_plan_args_t.build_backward = 1)";
 
 MaskPlan& plan_ref(fs_mask_plan_t p, const char* name = "plan") {
   FS_CHECK_ARG(p != nullptr && p->plan != nullptr, name, ": is NULL");
@@ -97,16 +113,14 @@ struct TensorDesc {
 };
 
 void check_plan_compatible(const MaskPlan& compiled, const MaskPlan& given, bool need_backward) {
-  FS_CHECK_ARG(given.geometry.same_shape(compiled.geometry),
-               "plan: geometry (layout, batch, sequence lengths, heads, head dims, dtype or device) differs from the "
-               "plan the operation was compiled with");
+  const std::string diff = given.geometry.first_difference(compiled.geometry);
+  FS_CHECK_ARG(diff.empty(), "plan: geometry (", diff,
+               ", given vs compiled) differs from the plan the operation was compiled with");
   FS_CHECK_ARG(given.signature.consumer == compiled.signature.consumer,
                "plan: built for another kernel family or tile (", given.signature.to_string(given.geometry),
                ") than the compiled operation (", compiled.signature.to_string(compiled.geometry), ")");
   FS_CHECK_ARG(given.signature.pack_gqa == compiled.signature.pack_gqa, "plan: pack_gqa differs from the compiled plan");
-  FS_CHECK_ARG(!need_backward || given.signature.has_backward,
-               "plan: was built without backward metadata (create_mask_plan(..., build_backward=True) is needed for "
-               "the backward pass)");
+  FS_CHECK_ARG(!need_backward || given.signature.has_backward, kNoBackwardMessage);
 }
 
 // Checks that q/k/v/out/lse of a call have the plan's geometry.
@@ -200,6 +214,9 @@ FS_API fs_status_t fs_create_mask_plan(const fs_mask_plan_args_t* args, fs_mask_
     FS_CHECK_ARG(args->build_backward == 0 || args->build_backward == 1, "build_backward: must be 0 or 1");
 
     const bool on_cuda = in.q.defined() && in.q.is_cuda();
+#ifdef FLASHSPAN_WITH_CUDA
+    if (on_cuda) check_cuda_device(in.q.device_id);
+#endif
     std::vector<int32_t> cu_q_host, cu_k_host;
     if (on_cuda && in.cu_seqlens_q.defined() && in.cu_seqlens_k.defined()) {
 #ifdef FLASHSPAN_WITH_CUDA
@@ -568,9 +585,7 @@ FS_API fs_status_t fs_flex_bwd_create(const fs_flex_bwd_args_t* a, fs_flex_bwd_t
     *op = nullptr;
     const BwdViews t = bwd_views(a);
     const MaskPlan& plan = plan_ref(a->plan);
-    FS_CHECK_ARG(plan.signature.has_backward,
-                 "plan: was built without backward metadata (create_mask_plan(..., build_backward=True) is needed "
-                 "for the backward pass)");
+    FS_CHECK_ARG(plan.signature.has_backward, kNoBackwardMessage);
     check_bwd_tensors(plan.geometry, t);
     auto h = std::make_unique<fs_flex_bwd>();
     h->capture_plan(plan);

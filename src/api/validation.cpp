@@ -7,6 +7,31 @@ namespace flashspan {
 
 float default_softmax_scale(int head_dim_qk) { return 1.0f / std::sqrt(static_cast<float>(head_dim_qk)); }
 
+std::string FlexGeometry::first_difference(const FlexGeometry& o) const {
+  auto diff = [](const char* name, auto a, auto b) {
+    return a == b ? std::string() : detail::concat(name, " ", a, " vs ", b);
+  };
+  std::string d;
+  auto first = [&d](std::string s) {
+    if (d.empty()) d = std::move(s);
+  };
+  first(diff("layout (1 = THD)", int(varlen), int(o.varlen)));
+  first(diff("batch", batch, o.batch));
+  first(diff("max_seqlen_q", max_seqlen_q, o.max_seqlen_q));
+  first(diff("max_seqlen_k", max_seqlen_k, o.max_seqlen_k));
+  first(diff("total_q", total_q, o.total_q));
+  first(diff("total_k", total_k, o.total_k));
+  first(diff("Hq", num_heads_q, o.num_heads_q));
+  first(diff("Hkv", num_heads_kv, o.num_heads_kv));
+  first(diff("Dqk", head_dim_qk, o.head_dim_qk));
+  first(diff("Dv", head_dim_v, o.head_dim_v));
+  if (d.empty() && dtype != o.dtype) d = detail::concat("dtype ", dtype_name(dtype), " vs ", dtype_name(o.dtype));
+  if (d.empty() && (device != o.device || device_id != o.device_id))
+    d = detail::concat("device ", device == DeviceType::kCUDA ? "cuda:" : "cpu:", device_id, " vs ",
+                       o.device == DeviceType::kCUDA ? "cuda:" : "cpu:", o.device_id);
+  return d;
+}
+
 namespace {
 
 const char* device_name(DeviceType d) { return d == DeviceType::kCUDA ? "cuda" : "cpu"; }

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "core/tensor_view.h"
@@ -38,12 +39,9 @@ struct FlexGeometry {
   int mask_head(int h) const { return num_heads_mask == 1 ? 0 : h; }
 
   // Same call shape (everything but the cumulative-length values, which a plan owns).
-  bool same_shape(const FlexGeometry& o) const {
-    return varlen == o.varlen && batch == o.batch && max_seqlen_q == o.max_seqlen_q &&
-           max_seqlen_k == o.max_seqlen_k && total_q == o.total_q && total_k == o.total_k &&
-           num_heads_q == o.num_heads_q && num_heads_kv == o.num_heads_kv && head_dim_qk == o.head_dim_qk &&
-           head_dim_v == o.head_dim_v && dtype == o.dtype && device == o.device && device_id == o.device_id;
-  }
+  bool same_shape(const FlexGeometry& o) const { return first_difference(o).empty(); }
+  // "" when the shapes agree, else the first field that differs, e.g. "max_seqlen_q 128 vs 256".
+  std::string first_difference(const FlexGeometry& o) const;
 };
 
 // Default softmax scale 1/sqrt(Dqk).

@@ -173,6 +173,7 @@ TEST(CApi, BackwardNeedsBackwardPlan) {
   BwdArgs ba{&p.tq, &p.tk, &p.tv, &p.tout, &p.tdout, &p.tlse, &p.tdq, &p.tdk, &p.tdv, &plan};
   const std::string msg = error_of([&] { FlexAttentionBwd bwd(ba); }, FS_STATUS_INVALID_ARGUMENT);
   EXPECT_NE(msg.find("build_backward"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("PlanArgs::with_backward(true)"), std::string::npos) << msg;
 }
 
 TEST(CApi, IncompatiblePlanIsRejected) {
@@ -193,7 +194,7 @@ TEST(CApi, IncompatiblePlanIsRejected) {
   MaskPlan plan1 = MaskPlan::create(PlanArgs{&tm1, &tq1, &tk1, &tv1});
   FwdArgs wrong{&p.tq, &p.tk, &p.tv, &p.tout, &plan1};
   const std::string msg = error_of([&] { fwd.execute(wrong, nullptr, 0); }, FS_STATUS_INVALID_ARGUMENT);
-  EXPECT_NE(msg.find("plan: geometry"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("plan: geometry (batch 1 vs 2"), std::string::npos) << msg;
 }
 
 TEST(CApi, MismatchedExecuteTensorIsRejected) {
