@@ -25,4 +25,4 @@ python3 -m pip install -q --no-build-isolation "$root" \
 
 echo "== Python tests (installed package)"
 cd "$root"
-python3 -m pytest -q -p no:cacheprovider tests/python
+python3 -m pytest -q -rs -p no:cacheprovider tests/python
