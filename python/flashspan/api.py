@@ -53,11 +53,11 @@ def flex_attn_func(
         out.sum().backward()
     """
     if not isinstance(mask_plan, MaskPlan):
-        raise TypeError(f"mask_plan must be a flashspan.MaskPlan, got {type(mask_plan).__name__}")
+        raise TypeError(f"flex_attn_func: mask_plan must be a flashspan.MaskPlan, got {type(mask_plan).__name__}")
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)
     )
-    mask_plan.check_compatible(q, k, v, need_backward=needs_grad)
+    mask_plan.check_compatible(q, k, v, need_backward=needs_grad, where="flex_attn_func")
     out, lse, max_logit = FlexAttnFunc.apply(
         q, k, v, mask_plan, softmax_scale, bool(deterministic), bool(return_max_logit)
     )

@@ -12,10 +12,14 @@ from . import _lib
 from .plan import MaskPlan
 
 
-def _check_plan(plan: MaskPlan, name: str = "plan") -> ctypes.c_void_p:
+def _check_plan(plan: MaskPlan, where: str) -> ctypes.c_void_p:
+    """The live handle of ``plan``; errors start with ``where`` (the call that got it)."""
     if not isinstance(plan, MaskPlan):
-        raise TypeError(f"{name} must be a flashspan.MaskPlan, got {type(plan).__name__}")
-    return plan._live_handle
+        raise TypeError(f"{where}: plan must be a flashspan.MaskPlan, got {type(plan).__name__}")
+    try:
+        return plan._live_handle
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
 
 
 def _scale_fields(softmax_scale: Optional[float]) -> tuple[float, int]:
@@ -24,26 +28,31 @@ def _scale_fields(softmax_scale: Optional[float]) -> tuple[float, int]:
     return float(softmax_scale), 1
 
 
-def _workspace_ptr(workspace: Optional[torch.Tensor], need: int, device: torch.device) -> tuple[Optional[int], int]:
-    """(pointer, bytes) of a caller workspace, checked host-side (the C layer cannot see its device)."""
+def _workspace_ptr(
+    workspace: Optional[torch.Tensor], need: int, device: torch.device, where: str
+) -> tuple[Optional[int], int]:
+    """(pointer, bytes) of a caller workspace, checked host-side (the C layer cannot see its device).
+
+    Errors start with ``where`` (e.g. ``"FlexAttentionFwd.execute"``).
+    """
     if workspace is None:
         if need > 0:
             raise ValueError(
-                f"workspace: this call needs a uint8 workspace of at least {need} bytes on {device} "
+                f"{where}: workspace: this call needs a uint8 workspace of at least {need} bytes on {device} "
                 "(allocate workspace_size bytes once and pass workspace=...)"
             )
         return None, 0
     if not isinstance(workspace, torch.Tensor):
-        raise TypeError(f"workspace must be a torch.Tensor, got {type(workspace).__name__}")
+        raise TypeError(f"{where}: workspace must be a torch.Tensor, got {type(workspace).__name__}")
     if workspace.dtype != torch.uint8:
-        raise TypeError(f"workspace must be a uint8 tensor, got {workspace.dtype}")
+        raise TypeError(f"{where}: workspace must be a uint8 tensor, got {workspace.dtype}")
     if workspace.device != device and need > 0:
-        raise TypeError(f"workspace is on {workspace.device} but the call runs on {device}")
+        raise TypeError(f"{where}: workspace is on {workspace.device} but the call runs on {device}")
     if need > 0 and not workspace.is_contiguous():
-        raise ValueError("workspace must be contiguous")
+        raise ValueError(f"{where}: workspace must be contiguous")
     nbytes = workspace.numel()
     if nbytes < need:
-        raise ValueError(f"workspace has {nbytes} bytes but this call needs workspace_size = {need} bytes")
+        raise ValueError(f"{where}: workspace has {nbytes} bytes but this call needs workspace_size = {need} bytes")
     return (workspace.data_ptr() or None), nbytes
 
 
@@ -64,23 +73,28 @@ def _specs(names, tensors) -> tuple:
     return tuple(None if t is None else _Spec(n, t) for n, t in zip(names, tensors))
 
 
-def _bind(spec: Optional[_Spec], d: Optional[_lib.TensorDesc], t: Optional[torch.Tensor], name: str) -> None:
-    """Points a prebuilt descriptor at t after checking t has the compiled layout (host-only, no sync)."""
+def _bind(
+    spec: Optional[_Spec], d: Optional[_lib.TensorDesc], t: Optional[torch.Tensor], name: str, where: str
+) -> None:
+    """Points a prebuilt descriptor at t after checking t has the compiled layout (host-only, no sync).
+
+    Errors start with ``where: name`` (e.g. ``"FlexAttentionFwd.execute: q: ..."``).
+    """
     if t is None:
         if spec is not None:
-            raise ValueError(f"{name}: is required (it was given at construction)")
+            raise ValueError(f"{where}: {name}: is required (it was given at construction)")
         return
     if spec is None:
-        raise ValueError(f"{name}: was not given at construction, so it must be None")
+        raise ValueError(f"{where}: {name}: was not given at construction, so it must be None")
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype != spec.dtype:
-        raise TypeError(f"{name}: dtype {t.dtype} differs from the compiled {spec.dtype}")
+        raise TypeError(f"{where}: {name}: dtype {t.dtype} differs from the compiled {spec.dtype}")
     if t.device != spec.device:
-        raise TypeError(f"{name}: device {t.device} differs from the compiled {spec.device}")
+        raise TypeError(f"{where}: {name}: device {t.device} differs from the compiled {spec.device}")
     if t.shape != spec.shape or t.stride() != spec.stride:
         raise ValueError(
-            f"{name}: shape {tuple(t.shape)} or strides differ from the compiled descriptor "
+            f"{where}: {name}: shape {tuple(t.shape)} or strides differ from the compiled descriptor "
             f"(strides {t.stride()}; compiled shape {spec.shape}, strides {spec.stride})"
         )
     d.struct.data = t.data_ptr() or None
@@ -132,7 +146,7 @@ class FlexAttentionFwd:
         _hold_plan: bool = True,
     ):
         self._handle = None
-        handle = _check_plan(plan)
+        handle = _check_plan(plan, type(self).__name__)
         self._scale, self._has_scale = _scale_fields(softmax_scale)
         self.softmax_scale = softmax_scale
         self.has_lse = lse is not None
@@ -153,6 +167,7 @@ class FlexAttentionFwd:
         self._workspace_size: Optional[int] = None
 
     _NAMES = ("q", "k", "v", "out", "lse", "max_logit")
+    _EXECUTE = "FlexAttentionFwd.execute"  # prefix of every execute() error
 
     @staticmethod
     def _descs(q, k, v, out, lse, max_logit):
@@ -180,7 +195,7 @@ class FlexAttentionFwd:
 
     def _live(self):
         if self._handle is None:
-            raise ValueError("FlexAttentionFwd was destroyed")
+            raise ValueError("FlexAttentionFwd: this object was destroyed")
         return self._handle
 
     def check_support(self) -> bool:
@@ -224,18 +239,22 @@ class FlexAttentionFwd:
         Tensors must match the compiled descriptors; the plan must be compatible with
         the sample plan. Allocates nothing and never synchronises.
         """
+        where = self._EXECUTE
         handle = self._live()
-        plan_handle = _check_plan(plan)
-        ws_ptr, ws_bytes = _workspace_ptr(workspace, self.workspace_size, q.device)
+        plan_handle = _check_plan(plan, where)
+        if not isinstance(q, torch.Tensor):
+            raise TypeError(f"{where}: q must be a torch.Tensor, got {type(q).__name__}")
+        ws_ptr, ws_bytes = _workspace_ptr(workspace, self.workspace_size, q.device, where)
         tls = self._tls
         if tls.args is None:
             tls.descs = tuple(None if sp is None else sp.desc() for sp in self._specs)
             tls.args = self._args(tls.descs, None)
         for spec, d, t, name in zip(self._specs, tls.descs, (q, k, v, out, lse, max_logit_tensor), self._NAMES):
-            _bind(spec, d, t, name)
+            _bind(spec, d, t, name, where)
         args = tls.args
         args.plan = plan_handle
-        _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, q), "FlexAttentionFwd.execute")
+        # C-layer errors come back as "FlexAttentionFwd.execute: <argument>: <rule>".
+        _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, q), where)
 
     @staticmethod
     def _launch(handle, args, ws_ptr, ws_bytes, q) -> int:
@@ -286,10 +305,10 @@ class FlexAttentionBwd:
         _hold_plan: bool = True,
     ):
         self._handle = None
-        handle = _check_plan(plan)
+        handle = _check_plan(plan, type(self).__name__)
         if not plan.has_backward:
             raise ValueError(
-                "plan: FlexAttentionBwd needs a plan built with backward metadata "
+                "FlexAttentionBwd: plan: needs a plan built with backward metadata "
                 "(create_mask_plan(..., build_backward=True))"
             )
         self._scale, self._has_scale = _scale_fields(softmax_scale)
@@ -309,6 +328,7 @@ class FlexAttentionBwd:
         self._workspace_size: Optional[int] = None
 
     _NAMES = ("q", "k", "v", "out", "do", "lse", "dq", "dk", "dv")
+    _EXECUTE = "FlexAttentionBwd.execute"  # prefix of every execute() error
 
     @staticmethod
     def _descs(q, k, v, out, do, lse, dq, dk, dv):
@@ -326,7 +346,7 @@ class FlexAttentionBwd:
 
     def _live(self):
         if self._handle is None:
-            raise ValueError("FlexAttentionBwd was destroyed")
+            raise ValueError("FlexAttentionBwd: this object was destroyed")
         return self._handle
 
     def check_support(self) -> bool:
@@ -366,18 +386,21 @@ class FlexAttentionBwd:
         workspace: Optional[torch.Tensor] = None,
     ) -> None:
         """Writes dq, dk, dv on the current stream; allocates nothing and never synchronises."""
+        where = self._EXECUTE
         handle = self._live()
-        plan_handle = _check_plan(plan)
-        ws_ptr, ws_bytes = _workspace_ptr(workspace, self.workspace_size, q.device)
+        plan_handle = _check_plan(plan, where)
+        if not isinstance(q, torch.Tensor):
+            raise TypeError(f"{where}: q must be a torch.Tensor, got {type(q).__name__}")
+        ws_ptr, ws_bytes = _workspace_ptr(workspace, self.workspace_size, q.device, where)
         tls = self._tls
         if tls.args is None:
             tls.descs = tuple(sp.desc() for sp in self._specs)
             tls.args = self._args(tls.descs, None)
         for spec, d, t, name in zip(self._specs, tls.descs, (q, k, v, out, do, lse, dq, dk, dv), self._NAMES):
-            _bind(spec, d, t, name)
+            _bind(spec, d, t, name, where)
         args = tls.args
         args.plan = plan_handle
-        _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, q), "FlexAttentionBwd.execute")
+        _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, q), where)
 
     @staticmethod
     def _launch(handle, args, ws_ptr, ws_bytes, q) -> int:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import operator
 import threading
 import weakref
 from typing import Any, Optional
@@ -217,14 +218,23 @@ class MaskPlan:
     def lse_shape(self) -> tuple[int, ...]:
         return self._shapes["lse"]
 
-    def check_compatible(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, need_backward: bool = False) -> None:
+    def check_compatible(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        need_backward: bool = False,
+        where: str = "MaskPlan.check_compatible",
+    ) -> None:
         """Host-only check that q/k/v match what the plan was built for (no device sync).
 
         Raises TypeError (not a tensor, dtype or device differs) or ValueError (shape,
         plan closed, or backward needed but not built). The C layer checks again.
+        Messages start with ``where`` (the entry point the user called, e.g.
+        ``"flex_attn_func"``), so a failure names the call that broke the rule.
         """
         if self._closed:
-            raise ValueError("mask_plan: this MaskPlan was closed; build a new one with create_mask_plan")
+            raise ValueError(f"{where}: mask_plan: this MaskPlan was closed; build a new one with create_mask_plan")
         shapes = self._shapes
         meta = self._meta
         try:  # fast path: one expression, no loop (this runs on every call)
@@ -239,19 +249,19 @@ class MaskPlan:
             pass  # not a tensor: the loop below names it
         for name, t, want in (("q", q, shapes["q"]), ("k", k, shapes["k"]), ("v", v, shapes["v"])):
             if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+                raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
             if tuple(t.shape) != want:
                 raise ValueError(
-                    f"{name} has shape {tuple(t.shape)} but the mask plan was built for {want} "
+                    f"{where}: {name} has shape {tuple(t.shape)} but the mask plan was built for {want} "
                     f"({self.layout.upper()}); build a new plan for a new geometry (plan: {self.signature})"
                 )
             if t.dtype != self.dtype:
-                raise TypeError(f"{name} has dtype {t.dtype} but the mask plan was built for {self.dtype}")
+                raise TypeError(f"{where}: {name} has dtype {t.dtype} but the mask plan was built for {self.dtype}")
             if t.device != self.device:
-                raise TypeError(f"{name} is on {t.device} but the mask plan was built for {self.device}")
+                raise TypeError(f"{where}: {name} is on {t.device} but the mask plan was built for {self.device}")
         if need_backward and not self.has_backward:
             raise ValueError(
-                "mask_plan was built without backward metadata but this call requires gradients; "
+                f"{where}: mask_plan was built without backward metadata but this call requires gradients; "
                 "build it with create_mask_plan(..., build_backward=True) (or under autograd with inputs "
                 "that require grad), or run under torch.no_grad()"
             )
@@ -398,7 +408,9 @@ def create_mask_plan(
         cu_seqlens_q, cu_seqlens_k: int32 ``[B+1]`` (both for THD, neither for BSHD);
             the plan copies them.
         max_seqlen_q, max_seqlen_k: THD maxima (computed from cu_seqlens when None,
-            which reads them back from the device).
+            which reads them back from the device); ints (TypeError otherwise: a float
+            is not truncated silently). For BSHD they may be given only when they equal
+            the sequence lengths of q / k.
         pack_gqa: force packed-GQA planning on/off; None lets the library choose.
         build_backward: build backward metadata; None means "autograd is enabled and any
             of q/k/v requires grad".
@@ -418,14 +430,16 @@ def create_mask_plan(
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
         raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (THD) or both omitted (BSHD)")
     varlen = cu_seqlens_q is not None
+    max_seqlen_q = _optional_int("max_seqlen_q", max_seqlen_q)
+    max_seqlen_k = _optional_int("max_seqlen_k", max_seqlen_k)
     if varlen:
         for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
         if max_seqlen_q is None:
-            max_seqlen_q = _max_len(cu_seqlens_q)
+            max_seqlen_q = _max_len(cu_seqlens_q, "cu_seqlens_q")
         if max_seqlen_k is None:
-            max_seqlen_k = _max_len(cu_seqlens_k)
+            max_seqlen_k = _max_len(cu_seqlens_k, "cu_seqlens_k")
     else:
         if max_seqlen_q is not None or max_seqlen_k is not None:
             for name, m, dim in (("max_seqlen_q", max_seqlen_q, q), ("max_seqlen_k", max_seqlen_k, k)):
@@ -477,7 +491,23 @@ def create_mask_plan(
     return MaskPlan._from_handle(handle)
 
 
-def _max_len(cu: torch.Tensor) -> int:
+def _optional_int(name: str, value: Any) -> Optional[int]:
+    """None, or ``value`` as a Python int (ints, numpy ints, 0-d integer tensors; not bool or float).
+
+    A float such as 64.5 would otherwise be truncated silently by the C struct field.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be an int or None, got bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int or None, got {type(value).__name__} {value!r}") from None
+
+
+def _max_len(cu: torch.Tensor, name: str) -> int:
+    """Longest sample of cumulative lengths ``cu`` (named ``name`` in errors); reads them back to the host."""
     if cu.dim() != 1 or cu.numel() < 2:
-        raise ValueError(f"cu_seqlens must be a 1-D tensor of B+1 >= 2 values, got shape {tuple(cu.shape)}")
+        raise ValueError(f"{name} must be a 1-D tensor of B+1 >= 2 values, got shape {tuple(cu.shape)}")
     return int((cu[1:] - cu[:-1]).max().item())

@@ -165,6 +165,61 @@ def test_incompatible_plan_reuse(fs):
         fs.flex_attn_func(thd.q, thd.k, thd.v, plan)
 
 
+def test_plan_reuse_errors_name_the_entry_point(fs):
+    """Every reuse error of flex_attn_func starts with the function the user called."""
+    p = _bshd(requires_grad=True)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=False)
+    other = make_problem(1, batch=2, seqlen_q=9, seqlen_k=8, hq=4, hkv=2)
+    with pytest.raises(ValueError, match=r"^flex_attn_func: q has shape \(2, 9, 4, 16\) but the mask plan"):
+        fs.flex_attn_func(other.q, other.k, other.v, plan)
+    with pytest.raises(TypeError, match=r"^flex_attn_func: k has dtype torch.float16"):
+        fs.flex_attn_func(p.q, p.k.half(), p.v, plan)
+    with pytest.raises(TypeError, match=r"^flex_attn_func: v must be a torch.Tensor"):
+        fs.flex_attn_func(p.q, p.k, None, plan)
+    with pytest.raises(ValueError, match=r"^flex_attn_func: mask_plan was built without backward metadata"):
+        fs.flex_attn_func(p.q, p.k, p.v, plan)
+    with pytest.raises(TypeError, match=r"^flex_attn_func: mask_plan must be a flashspan.MaskPlan"):
+        fs.flex_attn_func(p.q, p.k, p.v, mask_plan=None)
+    plan.close()
+    with pytest.raises(ValueError, match=r"^flex_attn_func: mask_plan: this MaskPlan was closed"):
+        fs.flex_attn_func(p.q, p.k, p.v, plan)
+
+
+@pytest.mark.parametrize("which", ["cu_seqlens_q", "cu_seqlens_k"])
+def test_cu_seqlens_shape_error_names_the_tensor(fs, which):
+    p = make_problem(0, varlen=True, batch=2, seqlen_q=[4, 6], seqlen_k=[5, 5], hq=2, hkv=2)
+    kw = p.plan_kwargs()
+    kw.pop("max_seqlen_q", None)
+    kw.pop("max_seqlen_k", None)
+    kw[which] = kw[which].view(1, -1)  # 2-D
+    with pytest.raises(ValueError, match=rf"^{which} must be a 1-D tensor of B\+1 >= 2 values, got shape \(1, 3\)"):
+        fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **kw)
+
+
+@pytest.mark.parametrize("value", [6.5, 6.0, True, "6", torch.tensor(6.0)])
+@pytest.mark.parametrize("which", ["max_seqlen_q", "max_seqlen_k"])
+@pytest.mark.parametrize("varlen", [True, False])
+def test_max_seqlen_must_be_an_int(fs, which, value, varlen):
+    """A float max_seqlen used to be truncated silently (64.5 -> 64)."""
+    if varlen:
+        p = make_problem(0, varlen=True, batch=2, seqlen_q=[4, 6], seqlen_k=[5, 6], hq=2, hkv=2)
+        kw = dict(p.plan_kwargs(), max_seqlen_q=6, max_seqlen_k=6)
+    else:
+        p, kw = _bshd(), {}
+    kw[which] = value
+    with pytest.raises(TypeError, match=rf"^{which} must be an int or None, got {type(value).__name__}"):
+        fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **kw)
+
+
+def test_max_seqlen_accepts_integer_like(fs):
+    import numpy as np
+
+    p = make_problem(0, varlen=True, batch=2, seqlen_q=[4, 6], seqlen_k=[5, 6], hq=2, hkv=2)
+    kw = dict(p.plan_kwargs(), max_seqlen_q=np.int64(6), max_seqlen_k=torch.tensor(6))
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **kw)
+    assert plan.max_seqlen_q == 6 and plan.max_seqlen_k == 6
+
+
 def test_forward_only_plan_in_grad_call(fs):
     p = _bshd(requires_grad=True)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=False)

@@ -89,6 +89,57 @@ def test_execute_descriptor_mismatch(fs):
         fwd.execute(p.q, p.k, p.v, out, plan, lse, workspace=torch.empty(4))
 
 
+def test_execute_errors_name_the_call(fs):
+    """Every execute() error, host-side or from the C layer, starts with the method that failed."""
+    p = make_problem(4, batch=2, seqlen_q=16, seqlen_k=16, hq=2, hkv=2)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True)
+    out, lse, _ = _buffers(p, plan)
+    fwd = fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse)
+    fwd.compile()
+    other = make_problem(5, batch=2, seqlen_q=16, seqlen_k=16, hq=2, hkv=1)
+    plan_other = fs.create_mask_plan(other.mask_func, other.q, other.k, other.v, build_backward=True)
+    pre = r"^FlexAttentionFwd\.execute: "
+    with pytest.raises(ValueError, match=pre + r"plan: geometry .* differs"):  # from the C layer
+        fwd.execute(p.q, p.k, p.v, out, plan_other, lse)
+    with pytest.raises(ValueError, match=pre + r"q: shape .* or strides differ"):
+        fwd.execute(p.q[:, :8], p.k, p.v, out, plan, lse)
+    with pytest.raises(TypeError, match=pre + r"out: dtype"):
+        fwd.execute(p.q, p.k, p.v, out.half(), plan, lse)
+    with pytest.raises(ValueError, match=pre + r"lse: is required"):
+        fwd.execute(p.q, p.k, p.v, out, plan, None)
+    with pytest.raises(TypeError, match=pre + r"plan must be a flashspan.MaskPlan"):
+        fwd.execute(p.q, p.k, p.v, out, None, lse)
+    with pytest.raises(TypeError, match=pre + r"workspace must be a uint8 tensor"):
+        fwd.execute(p.q, p.k, p.v, out, plan, lse, workspace=torch.empty(4))
+    with pytest.raises(TypeError, match=pre + r"q must be a torch.Tensor"):
+        fwd.execute(None, p.k, p.v, out, plan, lse)
+    fwd.execute(p.q, p.k, p.v, out, plan, lse)
+
+    do = torch.randn(out.shape)
+    dq, dk, dv = (torch.empty_like(t) for t in (p.q, p.k, p.v))
+    bwd = fs.FlexAttentionBwd(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan)
+    bwd.compile()
+    ws = torch.empty(bwd.workspace_size, dtype=torch.uint8)
+    pre = r"^FlexAttentionBwd\.execute: "
+    with pytest.raises(ValueError, match=pre + r"plan: geometry .* differs"):  # from the C layer
+        bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan_other, workspace=ws)
+    with pytest.raises(TypeError, match=pre + r"dk: dtype"):
+        bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk.double(), dv, plan, workspace=ws)
+    with pytest.raises(TypeError, match=pre + r"plan must be a flashspan.MaskPlan"):
+        bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, "plan", workspace=ws)
+    plan_closed = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True)
+    plan_closed.close()
+    with pytest.raises(ValueError, match=pre + r"mask_plan: this MaskPlan was closed"):
+        bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan_closed, workspace=ws)
+    if bwd.workspace_size:
+        with pytest.raises(ValueError, match=pre + r"workspace"):
+            bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan)
+    bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, workspace=ws)
+    with pytest.raises(ValueError, match=r"^FlexAttentionBwd: plan: needs a plan built with backward"):
+        fs.FlexAttentionBwd(p.q, p.k, p.v, out, do, lse, dq, dk, dv,
+                            fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=False))
+
+
 def test_constructor_checks(fs):
     p = make_problem(6, batch=2, seqlen_q=16, seqlen_k=16, hq=2, hkv=2)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=False)
