@@ -24,6 +24,27 @@ Contents
   endpoints), :func:`compact`, :func:`pad_nfunc`, :func:`to_dense`;
 * statistics: :func:`visible_pairs`, :func:`density`.
 
+Argument rules
+--------------
+Lengths are Python ints (numpy ints and 0-d integer tensors too; a bool or float
+raises ``TypeError`` naming the argument). Which zero lengths are allowed:
+
+* the query length of a builder (``seqlen``, ``seqlen_q``, the total of
+  ``document_lengths`` or ``node_lengths``, ``random_document_lengths``' ``total``)
+  must be ``>= 1``: a mask without query rows describes nothing and is almost always
+  a bug upstream (``causal(len(tokens))`` with no tokens), so it raises ``ValueError``;
+* a separate key length ``seqlen_k`` may be 0: every row then sees no key, which
+  flashspan defines (output 0, LSE ``-inf``), e.g. an empty KV cache;
+* window sizes (``left``, ``right``, ``window``, ``radius``), ``sink``,
+  ``prefix_length`` and ``num_global`` may be 0 (a window of the diagonal only, no
+  sinks, no prefix, no global tokens); a single document or tree node may have
+  length 0 (it contributes no rows);
+* ``batch`` and ``heads`` must be ``>= 1``;
+* negative values always raise ``ValueError``.
+
+Conversions (:func:`from_dense`, :func:`to_dense`, :func:`compact`, ...) keep empty
+inputs empty: they only change the representation.
+
 Example::
 
     >>> import flashspan.masks as fm
@@ -107,14 +128,19 @@ _BENCHMARK_REFERENCE_S = 32768
 # ---------------------------------------------------------------------------
 
 
-def _check_len(name: str, value, minimum: int = 0) -> int:
-    """``value`` as a Python int >= ``minimum`` (ints, numpy ints and 0-d int tensors)."""
+def _check_int(name: str, value) -> int:
+    """``value`` as a Python int (ints, numpy ints and 0-d int tensors); TypeError for bool, float, ..."""
     if isinstance(value, bool):
         raise TypeError(f"{name} must be an int, got bool")
     try:
-        value = operator.index(value)
+        return operator.index(value)
     except TypeError:
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}") from None
+        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}") from None
+
+
+def _check_len(name: str, value, minimum: int = 0) -> int:
+    """``value`` as a Python int >= ``minimum`` (ints, numpy ints and 0-d int tensors)."""
+    value = _check_int(name, value)
     if value < minimum:
         raise ValueError(f"{name} must be >= {minimum}, got {value}")
     return value
@@ -169,23 +195,35 @@ def _lengths_to_starts(lengths: torch.Tensor, total: int, what: str) -> torch.Te
         raise ValueError(f"{what} must be a non-empty 1-D sequence of lengths")
     if bool((lengths < 0).any()):
         raise ValueError(f"{what} must be non-negative, got {lengths.tolist()}")
+    if total < 1:
+        raise ValueError(f"{what} must sum to a sequence length >= 1, got {total} (a mask needs query rows)")
     if int(lengths.sum()) != total:
         raise ValueError(f"{what} must sum to the sequence length {total}, got {int(lengths.sum())}")
     return torch.cumsum(lengths, 0) - lengths
 
 
+def _int_tensor(values, name: str) -> torch.Tensor:
+    """int64 CPU tensor of a sequence of ints or an integer tensor; TypeError for floats or
+    bools (``torch.as_tensor(..., dtype=int64)`` would truncate 2.5 to 2 silently)."""
+    if isinstance(values, torch.Tensor):
+        if values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool:
+            raise TypeError(f"{name} must hold integers, got a {values.dtype} tensor")
+        return values.to(torch.int64).cpu()
+    # Ranges (non-negative, sums) are the caller's rules; only the type is checked here.
+    return torch.as_tensor([_check_int(f"{name}[{i}]", x) for i, x in enumerate(values)], dtype=torch.int64)
+
+
 def _as_length_batches(lengths, name: str) -> list[torch.Tensor]:
     """One 1-D int64 tensor per sample from a sequence of lengths or a sequence of sequences."""
     if isinstance(lengths, torch.Tensor):
-        t = lengths.to(torch.int64).cpu()
+        t = _int_tensor(lengths, name)
         return [t] if t.dim() == 1 else [row for row in t]
     seq = list(lengths)
     if not seq:
         raise ValueError(f"{name} must not be empty")
     if isinstance(seq[0], (list, tuple, torch.Tensor)):
-        return [torch.as_tensor(list(s) if not isinstance(s, torch.Tensor) else s, dtype=torch.int64).cpu()
-                for s in seq]
-    return [torch.as_tensor(seq, dtype=torch.int64)]
+        return [_int_tensor(s, f"{name}[{i}]") for i, s in enumerate(seq)]
+    return [_int_tensor(seq, name)]
 
 
 def _segment_ids(lengths: torch.Tensor) -> torch.Tensor:
@@ -221,7 +259,7 @@ def causal(seqlen_q: int, seqlen_k: Optional[int] = None, *, bottom_right: bool 
         >>> causal(3, 5, bottom_right=True).tolist()
         [[[3, 4, 5]]]
     """
-    sq = _check_len("seqlen_q", seqlen_q)
+    sq = _check_len("seqlen_q", seqlen_q, 1)
     sk = sq if seqlen_k is None else _check_len("seqlen_k", seqlen_k)
     q = torch.arange(sq, dtype=torch.int64)
     shift = sk - sq if bottom_right else 0
@@ -245,7 +283,7 @@ def sliding_window(seqlen_q: int, seqlen_k: Optional[int] = None, *, left: Optio
         >>> sliding_window(4, left=1, right=1).tolist()
         [[[0, 0, 0, 0], [0, 0, 1, 2], [2, 3, 4, 4]]]
     """
-    sq = _check_len("seqlen_q", seqlen_q)
+    sq = _check_len("seqlen_q", seqlen_q, 1)
     sk = sq if seqlen_k is None else _check_len("seqlen_k", seqlen_k)
     q = torch.arange(sq, dtype=torch.int64) + (sk - sq if bottom_right else 0)
     lo = torch.zeros_like(q) if left is None else (q - _check_len("left", left)).clamp(0, sk)
@@ -271,7 +309,7 @@ def sink_window(seqlen_q: int, seqlen_k: Optional[int] = None, *, sink: int = 4,
         >>> sink_window(6, sink=1, window=2).tolist()
         [[[1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 2, 3], [1, 2, 3, 4, 5, 6]]]
     """
-    sq = _check_len("seqlen_q", seqlen_q)
+    sq = _check_len("seqlen_q", seqlen_q, 1)
     sk = sq if seqlen_k is None else _check_len("seqlen_k", seqlen_k)
     sink = _check_len("sink", sink)
     window = _check_len("window", window)
@@ -299,7 +337,7 @@ def prefix_lm(seqlen: int, prefix_length: Union[int, Sequence[int]], *, batch: i
         >>> prefix_lm(4, 2).tolist()
         [[[2, 2, 3, 4]]]
     """
-    s = _check_len("seqlen", seqlen)
+    s = _check_len("seqlen", seqlen, 1)
     prefixes = [prefix_length] if isinstance(prefix_length, int) else list(prefix_length)
     if not isinstance(prefix_length, int):
         batch = len(prefixes)
@@ -329,7 +367,7 @@ def random_document_lengths(total: int, min_length: int, max_length: int, seed: 
         >>> sum(random_document_lengths(32768, 4096, 16384, seed=1))
         32768
     """
-    total = _check_len("total", total)
+    total = _check_len("total", total, 1)
     min_length = _check_len("min_length", min_length, 1)
     max_length = _check_len("max_length", max_length, min_length)
     rng = random.Random(seed)
@@ -393,8 +431,8 @@ def tree(parent: Sequence[int], node_lengths: Sequence[int], *, heads: int = 1,
         >>> tree([-1, 0, 0], [1, 1, 1]).tolist()   # root, then two children
         [[[1, 1, 1], [1, 1, 2], [1, 2, 3]]]
     """
-    par = torch.as_tensor(list(parent), dtype=torch.int64)
-    lengths = torch.as_tensor(list(node_lengths), dtype=torch.int64)
+    par = _int_tensor(parent, "parent")
+    lengths = _int_tensor(node_lengths, "node_lengths")
     n = par.numel()
     if n == 0 or lengths.numel() != n:
         raise ValueError(f"parent ({n}) and node_lengths ({lengths.numel()}) must be non-empty and equal length")
@@ -402,6 +440,8 @@ def tree(parent: Sequence[int], node_lengths: Sequence[int], *, heads: int = 1,
         raise ValueError("parent entries must be -1 (root) or a node index in [0, len(parent))")
     if bool((lengths < 0).any()):
         raise ValueError("node_lengths must be non-negative")
+    if int(lengths.sum()) < 1:
+        raise ValueError("node_lengths must sum to a sequence length >= 1 (a mask needs query rows)")
     # Ancestor chains by pointer doubling over the (tiny) node array: chain[d, i] is the
     # d-th ancestor of i (itself at d = 0), -1 above the root.
     chain = [torch.arange(n)]
@@ -464,7 +504,7 @@ def binary_tree_layout(seqlen: int, *, depth: int = 7, order: str = "dfs", jitte
         >>> binary_tree_layout(7, depth=2, order="bfs", jitter=0.0)
         ([-1, 0, 0], [2, 3, 2])
     """
-    s = _check_len("seqlen", seqlen)
+    s = _check_len("seqlen", seqlen, 1)
     depth = _check_len("depth", depth, 1)
     if not 0.0 <= jitter < 1.0:
         raise ValueError(f"jitter must be in [0, 1), got {jitter}")
@@ -523,7 +563,7 @@ def longformer(seqlen: int, *, radius: int = 256, global_tokens: Optional[Sequen
         >>> longformer(6, radius=0, global_tokens=[3]).tolist()
         [[[0, 0, 0, 0, 0, 0], [0, 1, 2, 0, 3, 3], [1, 2, 3, 6, 4, 4], [3, 3, 3, 6, 4, 5], [4, 4, 4, 6, 5, 6]]]
     """
-    s = _check_len("seqlen", seqlen)
+    s = _check_len("seqlen", seqlen, 1)
     radius = _check_len("radius", radius)
     if global_tokens is None:
         num_global = _check_len("num_global", num_global)
@@ -865,6 +905,7 @@ def from_dense(mask: torch.Tensor, nfunc: Optional[int] = None, *, seqlen_q: Opt
         int32 ``[H or 1, nfunc, rows]``.
 
     Raises:
+        TypeError: ``mask`` is not a bool tensor.
         ValueError: a row needs more endpoints than ``nfunc`` (the message names it),
             ``nfunc`` even or not positive, or a bad shape.
 
@@ -875,11 +916,16 @@ def from_dense(mask: torch.Tensor, nfunc: Optional[int] = None, *, seqlen_q: Opt
     """
     if not isinstance(mask, torch.Tensor):
         raise TypeError(f"mask must be a torch.Tensor, got {type(mask).__name__}")
+    if mask.dtype != torch.bool:
+        # An int or float tensor is ambiguous (0/1 visibility? additive -inf biases, where
+        # 0 means visible?); converting it silently would invert the latter.
+        raise TypeError(f"mask must be a bool tensor (True = visible), got dtype {mask.dtype}; "
+                        "convert explicitly, e.g. mask != 0 or mask == 0 for an additive bias")
     if mask.dim() == 2:
         mask = mask.unsqueeze(0)
     if mask.dim() != 3:
         raise ValueError(f"mask must be [rows, Sk] or [H, rows, Sk], got shape {tuple(mask.shape)}")
-    values, counts = _dense_toggles(mask.to(torch.bool))
+    values, counts = _dense_toggles(mask)
     width = _check_fit(counts, nfunc, seqlen_q)
     result = _pad_toggles(values, counts, width)
     return result.to(device) if device is not None else result
@@ -917,7 +963,7 @@ def from_mask_mod(mask_mod: Callable, seqlen_q: int, seqlen_k: Optional[int] = N
         >>> from_mask_mod(lambda b, h, q, kv: kv <= q, 3).tolist()
         [[[1, 2, 3]]]
     """
-    sq = _check_len("seqlen_q", seqlen_q)
+    sq = _check_len("seqlen_q", seqlen_q, 1)
     sk = sq if seqlen_k is None else _check_len("seqlen_k", seqlen_k)
     batch = _check_len("batch", batch, 1)
     heads = _check_len("heads", heads, 1)

@@ -183,6 +183,10 @@ def test_tree_random(data):
         if data.draw(st.booleans()) or i == 1:
             parent[perm[i]] = perm[data.draw(st.integers(0, i - 1))]
     lengths = data.draw(st.lists(st.integers(0, 4), min_size=n, max_size=n))
+    if sum(lengths) == 0:  # no query rows: a mask of nothing is rejected (module docstring)
+        with pytest.raises(ValueError, match="node_lengths must sum to a sequence length >= 1"):
+            fm.tree(parent, lengths)
+        return
     m = fm.tree(parent, lengths)
     depth = 0
     for i in range(n):
@@ -521,3 +525,79 @@ def test_to_dense_batched_shape():
     assert d.shape == (1, 3, 4, 4)
     with pytest.raises(ValueError, match="multiple"):
         fm.to_dense(m, 5, 4)
+
+
+# ---------------------------------------------------------------------------
+# Argument rules (module docstring, "Argument rules")
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.uint8, torch.float32])
+def test_from_dense_requires_bool(dtype):
+    """An int/float mask is ambiguous (0/1 visibility or an additive bias); it must not be cast silently."""
+    with pytest.raises(TypeError, match=r"mask must be a bool tensor .*" + str(dtype)):
+        fm.from_dense(torch.tensor([[1, 0, 1]], dtype=dtype))
+    assert fm.from_dense(torch.tensor([[1, 0, 1]], dtype=dtype) != 0).tolist() == [[[1], [2], [3]]]
+
+
+# (builder call, argument the error must name): a mask without query rows is rejected.
+_NO_ROWS = [
+    (lambda n: fm.causal(n), "seqlen_q"),
+    (lambda n: fm.causal(n, 4), "seqlen_q"),
+    (lambda n: fm.sliding_window(n, left=2), "seqlen_q"),
+    (lambda n: fm.sink_window(n, sink=1, window=2), "seqlen_q"),
+    (lambda n: fm.prefix_lm(n, 0), "seqlen"),
+    (lambda n: fm.longformer(n, radius=1, num_global=0), "seqlen"),
+    (lambda n: fm.binary_tree(n, depth=2), "seqlen"),
+    (lambda n: fm.binary_tree_layout(n, depth=2), "seqlen"),
+    (lambda n: fm.random_document_lengths(n, 1, 2), "total"),
+    (lambda n: fm.from_mask_mod(lambda b, h, q, kv: kv <= q, n), "seqlen_q"),
+    (lambda n: fm.benchmark_mask("causal", n), "seqlen"),
+]
+
+
+@pytest.mark.parametrize("n", [0, -3])
+@pytest.mark.parametrize("build,arg", _NO_ROWS)
+def test_builders_reject_empty_or_negative_query_length(build, arg, n):
+    with pytest.raises(ValueError, match=rf"^{arg} must be >= 1, got {n}$"):
+        build(n)
+
+
+@pytest.mark.parametrize("build", [
+    lambda: fm.document_causal([0, 0]),
+    lambda: fm.document_causal([]),
+    lambda: fm.hstu([0]),
+    lambda: fm.tree([-1, 0], [0, 0]),
+])
+def test_structured_builders_reject_no_rows(build):
+    with pytest.raises(ValueError, match=r"(document_lengths|node_lengths)"):
+        build()
+
+
+def test_zero_sizes_that_mean_something_are_accepted():
+    """Sk = 0 (rows see nothing), zero windows/sinks/prefix/globals and empty documents are meaningful."""
+    assert fm.causal(3, 0).tolist() == [[[0, 0, 0]]]
+    assert fm.to_dense(fm.sliding_window(4, left=0), seqlen_k=4)[0].equal(torch.eye(4, dtype=torch.bool))
+    assert fm.sink_window(3, sink=0, window=0).shape == (1, 3, 3)
+    assert fm.prefix_lm(3, 0).tolist() == fm.causal(3).tolist()
+    assert fm.longformer(4, radius=0, num_global=0).shape[2] == 4
+    assert fm.document_causal([0, 2, 0, 1]).shape == (1, 3, 3)
+    assert fm.tree([-1, 0], [0, 2]).shape[2] == 2
+
+
+@pytest.mark.parametrize("build,arg", [
+    (lambda: fm.causal(4.0), "seqlen_q"),
+    (lambda: fm.causal(True), "seqlen_q"),
+    (lambda: fm.causal(4, 2.5), "seqlen_k"),
+    (lambda: fm.sliding_window(4, left=1.5), "left"),
+    (lambda: fm.sink_window(4, sink=1.0), "sink"),
+    (lambda: fm.document_causal([2.5, 1.5]), r"document_lengths\[0\]"),
+    (lambda: fm.document_causal(torch.tensor([2.0, 2.0])), "document_lengths"),
+    (lambda: fm.hstu([[2, 2.5]]), r"document_lengths\[0\]\[1\]"),
+    (lambda: fm.tree([-1, 0], [1, 1.5]), r"node_lengths\[1\]"),
+    (lambda: fm.tree([-1, 0.0], [1, 1]), r"parent\[1\]"),
+])
+def test_non_integer_lengths_raise_type_error(build, arg):
+    """Floats used to be truncated silently by torch.as_tensor(..., dtype=int64)."""
+    with pytest.raises(TypeError, match=arg):
+        build()
