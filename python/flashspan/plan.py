@@ -342,7 +342,9 @@ class MaskPlan:
     def visualize(self, path: str, direction: str = "fwd", max_heads: int = 8) -> None:
         """Writes a PNG of the block classes (white empty, orange partial, blue full) per mask head.
 
-        Needs matplotlib (``pip install flashspan[plot]``).
+        One panel per mask head (the first ``max_heads``): query blocks down, key blocks
+        across, integer block indices on both axes, a legend of the three classes and a
+        title with their counts. Needs matplotlib (``pip install flashspan[plot]``).
         """
         try:
             import matplotlib
@@ -350,23 +352,42 @@ class MaskPlan:
             matplotlib.use("Agg", force=False)
             import matplotlib.pyplot as plt
             from matplotlib.colors import ListedColormap
+            from matplotlib.patches import Patch
+            from matplotlib.ticker import MaxNLocator
         except ImportError as e:
             raise ImportError(
                 "MaskPlan.visualize needs matplotlib: pip install matplotlib (or flashspan[plot])"
             ) from e
         grid = self.block_classes(direction)
         heads = min(grid.shape[0], max_heads)
-        fig, axes = plt.subplots(1, heads, figsize=(4 * heads, 4), squeeze=False)
-        cmap = ListedColormap(["#ffffff", "#f5a623", "#1f5fbf"])
+        block_q = self.fwd_block_q if direction == "fwd" else self.bwd_block_q
+        block_k = self.fwd_block_k if direction == "fwd" else self.bwd_block_k
+        colors = ("#ffffff", "#f5a623", "#1f5fbf")
+        # constrained layout reserves room for the axis labels, the panel titles and the
+        # figure title (a plain layout cut the y label off and let the titles overlap).
+        fig, axes = plt.subplots(
+            1, heads, figsize=(4.2 * heads + 0.6, 4.8), squeeze=False, constrained_layout=True
+        )
+        cmap = ListedColormap(list(colors))
         for h in range(heads):
             ax = axes[0][h]
             ax.imshow(grid[h], cmap=cmap, vmin=0, vmax=2, interpolation="nearest", aspect="auto")
-            ax.set_title(f"mask head {h}")
-            ax.set_xlabel(f"key block ({self.fwd_block_k if direction == 'fwd' else self.bwd_block_k})")
-            ax.set_ylabel(f"query block ({self.fwd_block_q if direction == 'fwd' else self.bwd_block_q})")
+            ax.set_title(f"mask head {h}", fontsize=10)
+            ax.set_xlabel(f"key block ({block_k} keys)")
+            ax.set_ylabel(f"query block ({block_q} rows)")
+            # Block indices are integers; the default locator puts ticks at -0.5, 0.25, ...
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        shown = grid[:heads]
+        counts = [int((shown == c).sum()) for c in range(3)]
+        legend = [
+            Patch(facecolor=color, edgecolor="#555555", label=f"{label} ({n})")
+            for color, label, n in zip(colors, ("empty", "partial", "full"), counts)
+        ]
+        fig.legend(handles=legend, loc="outside lower center", ncol=3, frameon=False, fontsize=9)
+        more = f" (first {heads} of {grid.shape[0]} mask heads)" if heads < grid.shape[0] else ""
         fig.suptitle(
-            f"{direction} blocks: {int((grid == 1).sum())} partial, {int((grid == 2).sum())} full, "
-            f"{grid.size - int((grid > 0).sum())} empty"
+            f"{direction} blocks: {counts[1]} partial, {counts[2]} full, {counts[0]} empty{more}", fontsize=11
         )
         fig.savefig(path, dpi=100)
         plt.close(fig)

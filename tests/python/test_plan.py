@@ -147,6 +147,42 @@ def test_visualize_png(fs, tmp_path):
         plan.visualize(str(tmp_path / "bwd.png"), direction="bwd")
 
 
+@pytest.mark.parametrize("seqlen,hm", [(200, 1), (300, 2)])
+def test_visualize_layout(fs, tmp_path, monkeypatch, seqlen, hm):
+    """Nothing is cut off or overlapping, and block ticks are integers (a user report: the y label
+    was cut off at the left, ticks ran -0.5..1.5, the panel title crowded the figure title)."""
+    pytest.importorskip("matplotlib", reason="matplotlib not installed (pip install flashspan[plot])")
+    from matplotlib.figure import Figure
+
+    saved = []
+    real_savefig = Figure.savefig
+
+    def capture(fig, *args, **kwargs):
+        real_savefig(fig, *args, **kwargs)  # draws the figure, so the text extents are final
+        # Measure now: visualize() closes the figure, which detaches its Agg renderer.
+        saved.append((fig, fig.canvas.get_renderer()))
+
+    monkeypatch.setattr(Figure, "savefig", capture)
+    p = make_problem(9, batch=1, seqlen_q=seqlen, seqlen_k=seqlen, hq=hm, hkv=hm, hm=hm, nfunc=3)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    plan.visualize(str(tmp_path / "plan.png"))
+    ((fig, renderer),) = saved
+    page = fig.bbox
+    title = fig._suptitle.get_window_extent(renderer)
+    axes = fig.get_axes()
+    assert len(axes) == hm
+    for ax in axes:
+        for label in (ax.yaxis.label, ax.xaxis.label, ax.title):
+            box = label.get_window_extent(renderer)
+            assert page.x0 <= box.x0 and box.x1 <= page.x1 and page.y0 <= box.y0 and box.y1 <= page.y1, \
+                f"{label.get_text()!r} is cut off: {box} outside {page}"
+        assert not title.overlaps(ax.title.get_window_extent(renderer)), "figure title overlaps a panel title"
+        for ticks in (ax.get_xticks(), ax.get_yticks()):
+            shown = [t for t in ticks if -0.5 <= t]
+            assert shown and all(float(t).is_integer() for t in shown), f"fractional block ticks {list(ticks)}"
+    assert title.y1 <= page.y1 and title.x0 >= page.x0
+
+
 def test_visualize_without_matplotlib(fs, tmp_path, monkeypatch):
     p = make_problem(8, batch=1, seqlen_q=64, seqlen_k=64, hq=1, hkv=1)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
