@@ -60,20 +60,31 @@ def test_cpu_run_writes_sane_results(tmp_path, capsys):
     checks = [c for c in doc["checks"] if c["backend"] == "flashspan"]
     assert len(checks) == 2 and all(c["passed"] for c in checks)
     assert all(c["errors"]["out"] < 2e-2 and c["errors"]["dk"] < 5e-2 for c in checks)
-    # SDPA math times causal (expressible) and is recorded unavailable for the tree.
-    sdpa = [r for r in rows if r["backend"] == "sdpa_math"]
-    assert any(r["workload"] == "causal" and r["phase"] == "forward" and r["status"] == "ok" for r in sdpa)
-    assert any(r["workload"] == "tree_bfs" and r["status"] == "unavailable" and "not expressible" in r["reason"]
-               for r in sdpa)
-    causal_fwd = next(r for r in rows if r["workload"] == "causal" and r["backend"] == "flashspan"
-                      and r["phase"] == "forward")
-    assert causal_fwd["speedup_vs_sdpa_math"] > 0
+    # The CPU default peer: SDPA math with a dense bool mask from the endpoints, on EVERY mask
+    # (the tree too, which is_causal cannot express), timed and checked against the reference.
+    assert doc["config"]["peers"] == ["sdpa_math_mask"]
+    for mask in ("causal", "tree_bfs"):
+        sdpa = {r["phase"]: r for r in rows if r["workload"] == mask and r["backend"] == "sdpa_math_mask"}
+        assert set(sdpa) == {"dense_mask", "forward", "backward", "combined"}, sdpa
+        assert all(r["status"] == "ok" and r["median_ms"] > 0 for r in sdpa.values())
+        assert all(sdpa[p]["check"] == "pass" and sdpa[p]["tflops"] > 0 for p in ("forward", "backward", "combined"))
+        (c,) = [c for c in doc["checks"] if c["backend"] == "sdpa_math_mask" and c["workload"] == mask]
+        assert c["passed"] and c["errors"]["out"] < 2e-2 and c["errors"]["dq"] < 5e-2, c
+        for phase in ("forward", "backward", "combined"):
+            fs_row = next(r for r in rows if r["workload"] == mask and r["backend"] == "flashspan"
+                          and r["phase"] == phase)
+            assert fs_row["speedup_vs_sdpa_math_mask"] == pytest.approx(
+                sdpa[phase]["median_ms"] / fs_row["median_ms"])
+    assert "unavailable" not in printed
     with open(out / "results.csv") as f:
         csv_rows = list(csv.DictReader(f))
     assert len(csv_rows) == len(rows)
     assert {"workload", "backend", "phase", "median_ms", "tflops", "status"} <= set(csv_rows[0])
     md = (out / "results.md").read_text()
     assert "CPU run" in md and "## causal" in md and "## tree_bfs" in md and "| flashspan | pass |" in md
+    assert "| sdpa_math_mask | pass |" in md and "| dense_mask | sdpa_math_mask |" in md
+    assert all(r["speedup_vs_sdpa_math_mask"] for r in csv_rows
+               if r["backend"] == "flashspan" and r["phase"] in ("forward", "backward", "combined"))
     try:
         import matplotlib  # noqa: F401
     except ImportError:
@@ -81,6 +92,62 @@ def test_cpu_run_writes_sane_results(tmp_path, capsys):
     else:
         png = out / "results.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_unavailable_peer_reason_is_printed(tmp_path, capsys):
+    """is_causal SDPA cannot express the tree: recorded unavailable with the reason, and the reason
+    is printed on the console too (not only in results.md)."""
+    _library_or_skip()
+    rc, out = _run(tmp_path, "--peers", "sdpa_math,sdpa_cudnn", "--phase", "forward")
+    assert rc == 0
+    printed = capsys.readouterr().out
+    doc = json.loads((out / "results.json").read_text())
+    for r in doc["results"]:
+        if r["status"] == "unavailable":
+            assert f"{r['backend']} unavailable on {r['workload']}: {r['reason']}" in printed
+    reasons = {(r["workload"], r["backend"]): r["reason"] for r in doc["results"] if r["status"] == "unavailable"}
+    assert "not expressible" in reasons[("tree_bfs", "sdpa_math")]
+    assert "needs CUDA" in reasons[("causal", "sdpa_cudnn")]
+    assert ("causal", "sdpa_math") not in reasons
+
+
+def test_default_peers_and_dense_mask_limit():
+    from flashspan.bench.runners import DENSE_MASK_MAX_SEQLEN, SdpaRunner, Unavailable
+    from flashspan.bench.timing import Timer
+    from flashspan.bench.workloads import Workload, dense_workloads
+
+    assert bench.default_peers(True, 512, False) == ["sdpa_math_mask"]
+    assert bench.default_peers(True, 512, True) == ["sdpa_math_mask", "sdpa_math"]
+    gpu_small = bench.default_peers(False, DENSE_MASK_MAX_SEQLEN, False)
+    assert gpu_small == ["flex_endpoints", "flex_natural", "sdpa_cudnn", "sdpa_flash", "sdpa_math_mask"]
+    assert "sdpa_math_mask" not in bench.default_peers(False, DENSE_MASK_MAX_SEQLEN + 1, False)
+    assert "sdpa_math_mask" not in bench.default_peers(False, 131072, True)
+    # Dense shapes use is_causal; a dense attn_mask is not run there.
+    dense = dense_workloads(True, 64, torch.device("cpu"))[0]
+    assert bench.peers_for(dense, ["sdpa_math", "sdpa_math_mask", "flex_natural"]) == ["sdpa_math"]
+    # Past the limit the peer refuses before allocating anything (the mask would be S^2).
+    s = DENSE_MASK_MAX_SEQLEN * 2
+    wl = Workload(name="causal", kind="flex", batch=1, heads_q=1, heads_kv=1, seqlen=s, head_dim_qk=128,
+                  head_dim_v=128, mask_func=fm.causal(s), mask_name="causal")
+    runner = SdpaRunner(wl, None, Timer(torch.device("cpu"), 0, 1), "sdpa_math_mask")
+    with pytest.raises(Unavailable, match=rf"S <= {DENSE_MASK_MAX_SEQLEN} \(S={s}: the mask alone is 0.25 GiB"):
+        runner.prepare(["forward"])
+
+
+@pytest.mark.parametrize("name", fm.BENCHMARK_MASKS)
+def test_dense_mask_peer_mask_is_the_mask(name):
+    """The sdpa_math_mask peer's [B, Hmask, S, S] attn_mask is exactly the endpoint mask."""
+    from flashspan.bench.runners import SdpaRunner
+    from flashspan.bench.workloads import flex_workloads
+
+    (wl,) = flex_workloads([name], 128, [128], 2, 2, 0, torch.device("cpu"))
+    runner = SdpaRunner(wl, None, None, "sdpa_math_mask")
+    m = runner._build_dense_mask()
+    assert m.dtype == torch.bool and m.shape == (2, 1, 128, 128)
+    mod = wl.natural_mask_mod
+    q, kv = torch.arange(128).view(-1, 1), torch.arange(128).view(1, -1)
+    for b in range(2):
+        assert torch.equal(m[b, 0], torch.broadcast_to(mod(torch.tensor(b), torch.tensor(0), q, kv), (128, 128)))
 
 
 def test_failed_check_is_loud_and_marked(tmp_path, capsys, monkeypatch):

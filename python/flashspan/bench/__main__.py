@@ -27,7 +27,7 @@ import torch
 
 from . import report
 from .reference import lse_error, make_sample, reference, rel_error, tolerances
-from .runners import PEERS, FlashspanRunner, Inputs, Unavailable, make_peer, time_phase
+from .runners import DENSE_MASK_MAX_SEQLEN, PEERS, FlashspanRunner, Inputs, Unavailable, make_peer, time_phase
 from .timing import Timer, Timing, tflops
 from .workloads import HEAD_DIMS, PHASES, Workload, dense_workloads, flex_workloads
 
@@ -73,7 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
     p.add_argument("--peers", default=None,
                    help=f"comma list of peers to time, or 'none' ({', '.join(PEERS)}); default: on GPU "
-                        "flex_endpoints,flex_natural,sdpa_cudnn,sdpa_flash; on CPU sdpa_math")
+                        "flex_endpoints,flex_natural,sdpa_cudnn,sdpa_flash, plus sdpa_math_mask when "
+                        f"S <= {DENSE_MASK_MAX_SEQLEN}; on CPU sdpa_math_mask (SDPA math with a dense bool "
+                        "attn_mask from the endpoints: every mask), plus sdpa_math (is_causal) with --dense")
     p.add_argument("--quick", action="store_true", help="S=32768 (GPU), fewer repetitions, fewer dense shapes")
     p.add_argument("--warmup", type=int, help="untimed calls before timing (default 3; quick 1; CPU 1)")
     p.add_argument("--reps", type=int, help="timed repetitions, median reported (default 10; quick 5; CPU 3)")
@@ -281,18 +283,17 @@ def run_workload(wl: Workload, args, timer: Timer, device, dtype, peers, progres
     progress.step(f"{wl.name}: flashspan")
 
     # peers -------------------------------------------------------------------------------
-    if wl.kind == "dense":  # BENCHMARK.md compares dense shapes with SDPA only
-        peers = [p for p in peers if p.startswith("sdpa_")]
-    for name in peers:
+    for name in peers_for(wl, peers):
         peer = make_peer(name, wl, inputs, timer)
         try:
             try:
                 peer.prepare(args.phases)
-            except Unavailable as e:
-                rows.append(_row(base, name, "-", "unavailable", reason=str(e)))
-                continue
             except Exception as e:
-                rows.append(_row(base, name, "-", "unavailable", reason=f"{type(e).__name__}: {str(e)[:400]}"))
+                reason = str(e) if isinstance(e, Unavailable) else f"{type(e).__name__}: {str(e)[:400]}"
+                rows.append(_row(base, name, "-", "unavailable", reason=reason))
+                progress.write(f"  {name} unavailable on {wl.name}: {reason}")
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
                 continue
             for key, t in peer.prep_timings.items():
                 rows.append(_row(base, name, key, "ok", t, reason=getattr(peer, "block_mask_note", None)))
@@ -310,12 +311,15 @@ def run_workload(wl: Workload, args, timer: Timer, device, dtype, peers, progres
                 why = peer.unsupported(phase)
                 if why:
                     rows.append(_row(base, name, phase, "unavailable", reason=why))
+                    progress.write(f"  {name} {phase} unavailable on {wl.name}: {why}")
                     continue
                 try:
                     timed[phase] = t = time_phase(peer, phase, timer)
                     rows.append(_row(base, name, phase, status, t, wl.flops(phase), check=peer_check))
                 except Exception as e:
-                    rows.append(_row(base, name, phase, "error", reason=f"{type(e).__name__}: {str(e)[:300]}"))
+                    reason = f"{type(e).__name__}: {str(e)[:300]}"
+                    rows.append(_row(base, name, phase, "error", reason=reason))
+                    progress.write(f"  {name} {phase} failed on {wl.name}: {reason}")
             derive_backward(rows, base, name, timed, wl, args.phases, peer_check)
         finally:
             peer.close()
@@ -326,6 +330,26 @@ def run_workload(wl: Workload, args, timer: Timer, device, dtype, peers, progres
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return rows, checks
+
+
+def peers_for(wl: Workload, peers: list) -> list:
+    """The peers that run a workload: BENCHMARK.md compares dense shapes with SDPA only, and
+    there with is_causal (a dense attn_mask, sdpa_math_mask, adds nothing but memory)."""
+    if wl.kind == "dense":
+        return [p for p in peers if p.startswith("sdpa_") and p != "sdpa_math_mask"]
+    return list(peers)
+
+
+def default_peers(cpu: bool, seqlen: int, dense: bool) -> list:
+    """Peers timed when --peers is not given (see --help)."""
+    if cpu:
+        # On CPU only SDPA's math backend runs; with a dense bool mask it runs every mask
+        # (S = 512 by default: the mask is 256 KiB).
+        return ["sdpa_math_mask"] + (["sdpa_math"] if dense else [])
+    peers = ["flex_endpoints", "flex_natural", "sdpa_cudnn", "sdpa_flash"]
+    if seqlen <= DENSE_MASK_MAX_SEQLEN:  # the dense mask materialises S^2 per sample
+        peers.append("sdpa_math_mask")
+    return peers
 
 
 def derive_backward(rows: list, base: dict, name: str, timed: dict, wl: Workload, phases, check) -> None:
@@ -418,7 +442,7 @@ def main(argv=None) -> int:
     warmup = args.warmup if args.warmup is not None else (1 if (cpu or args.quick) else 3)
     reps = args.reps if args.reps is not None else (3 if cpu else (5 if args.quick else 10))
     if args.peers is None:
-        peers = ["sdpa_math"] if cpu else ["flex_endpoints", "flex_natural", "sdpa_cudnn", "sdpa_flash"]
+        peers = default_peers(cpu, seqlen, args.dense)
     elif args.peers.strip() == "none":
         peers = []
     else:
@@ -447,8 +471,7 @@ def main(argv=None) -> int:
     }
     print(f"flashspan-bench: {len(workloads)} workloads on {env.get('gpu') or 'CPU'}, peers: "
           f"{', '.join(peers) or 'none'}; results -> {os.path.abspath(args.output_dir)}", flush=True)
-    n_steps = sum(1 + (len(peers) if wl.kind == "flex" else sum(p.startswith("sdpa_") for p in peers))
-                  for wl in workloads)
+    n_steps = sum(1 + len(peers_for(wl, peers)) for wl in workloads)
     progress = Progress(n_steps, enabled=not args.no_progress and sys.stderr.isatty())
     rows, checks, failed = [], [], []
     paths = {ext: os.path.join(args.output_dir, f"results.{ext}") for ext in ("json", "csv", "md", "png")}

@@ -18,7 +18,7 @@ CSV_FIELDS = [
     "workload", "kind", "mask", "B", "Hq", "Hkv", "S", "Dqk", "Dv", "nfunc", "density", "visible_pairs",
     "backend", "phase", "status", "median_ms", "min_ms", "max_ms", "reps", "first_call_ms", "tflops",
     "speedup_vs_flex_endpoints", "speedup_vs_flex_natural", "speedup_vs_sdpa_cudnn", "speedup_vs_sdpa_flash",
-    "speedup_vs_sdpa_math", "check", "reason",
+    "speedup_vs_sdpa_math", "speedup_vs_sdpa_math_mask", "check", "reason",
 ]
 
 
@@ -206,7 +206,7 @@ def write_markdown(path: str, doc: dict) -> None:
                       f"{plan['fwd_partial_blocks']} partial / {plan['fwd_full_blocks']} full blocks forward, "
                       f"{plan['bwd_partial_blocks']} / {plan['bwd_full_blocks']} backward, {plan['num_tasks']} tasks, "
                       f"{plan['bytes']} bytes, consumer sm{plan['arch']}", ""]
-        prep = [r for r in wrows if r["phase"] in ("plan_fwd", "plan_fwd_bwd", "block_mask")]
+        prep = [r for r in wrows if r["phase"] in ("plan_fwd", "plan_fwd_bwd", "block_mask", "dense_mask")]
         if prep:
             lines += ["| preparation | backend | median ms | first call ms | status |", "|---|---|---|---|---|"]
             for r in prep:

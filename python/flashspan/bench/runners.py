@@ -347,26 +347,60 @@ class FlexRunner(Runner):
 # PyTorch SDPA
 # ---------------------------------------------------------------------------
 
-_SDPA_BACKENDS = {"sdpa_cudnn": "CUDNN_ATTENTION", "sdpa_flash": "FLASH_ATTENTION", "sdpa_math": "MATH"}
+_SDPA_BACKENDS = {
+    "sdpa_cudnn": "CUDNN_ATTENTION",
+    "sdpa_flash": "FLASH_ATTENTION",
+    "sdpa_math": "MATH",
+    "sdpa_math_mask": "MATH",
+}
+
+#: Longest S for which the sdpa_math_mask peer builds its dense [B, Hmask, S, S] bool mask.
+#: The math backend materialises the S x S scores per head anyway; at S = 8192 that is
+#: 256 MiB per head in fp32, beyond it the peer measures memory traffic, not attention.
+DENSE_MASK_MAX_SEQLEN = 8192
 
 
 class SdpaRunner(Runner):
     """torch.nn.functional.scaled_dot_product_attention pinned to one backend with
-    torch.nn.attention.sdpa_kernel (cuDNN, FlashAttention-2, or math)."""
+    torch.nn.attention.sdpa_kernel (cuDNN, FlashAttention-2, or math).
+
+    ``sdpa_cudnn`` / ``sdpa_flash`` / ``sdpa_math`` express the mask with ``is_causal``
+    and so run only dense and causal masks. ``sdpa_math_mask`` runs the math backend
+    with a dense boolean ``attn_mask`` built from the endpoints (:func:`flashspan.masks.to_dense`,
+    timed as the ``dense_mask`` preparation), so it runs EVERY mask, for
+    ``S <= DENSE_MASK_MAX_SEQLEN``.
+    """
 
     def __init__(self, wl, inputs, timer, backend: str):
         super().__init__(wl, inputs, timer)
         self.name = backend
         self.backend_name = _SDPA_BACKENDS[backend]
+        self.dense_mask = backend == "sdpa_math_mask"
 
     def context(self):
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         return sdpa_kernel(getattr(SDPBackend, self.backend_name))
 
+    def _build_dense_mask(self) -> torch.Tensor:
+        """bool [B, Hmask, S, S] (True = visible) from the workload's endpoints."""
+        from .. import masks as fm
+
+        wl = self.wl
+        dense = fm.to_dense(wl.mask_func, wl.seqlen, wl.seqlen)  # [Hmask, B, S, S]
+        return dense.permute(1, 0, 2, 3).contiguous()
+
     def prepare(self, phases) -> None:
-        if self.wl.sdpa_causal is None:
-            raise Unavailable("mask not expressible in SDPA (only dense and causal are)")
+        wl = self.wl
+        if self.dense_mask:
+            if wl.seqlen > DENSE_MASK_MAX_SEQLEN:
+                gib = wl.batch * wl.mask_func.shape[0] * wl.seqlen**2 / 2**30
+                raise Unavailable(
+                    f"dense S x S bool mask only for S <= {DENSE_MASK_MAX_SEQLEN} (S={wl.seqlen}: the mask alone is "
+                    f"{gib:.3g} GiB and the math backend materialises S^2 scores per head)")
+        elif wl.sdpa_causal is None:
+            raise Unavailable("mask not expressible in SDPA with is_causal (only dense and causal are); "
+                              "sdpa_math_mask runs it with a dense bool attn_mask")
         if self.backend_name != "MATH" and not self.timer.cuda:
             raise Unavailable(f"{self.backend_name} needs CUDA")
         try:
@@ -376,7 +410,17 @@ class SdpaRunner(Runner):
         import torch.nn.functional as F
 
         self.q, self.k, self.v, self.do = self.inp.bhsd(requires_grad=True)
-        kwargs = {"is_causal": bool(self.wl.sdpa_causal), "scale": self.inp.scale}
+        if self.dense_mask:
+            holder = {}
+
+            def build():
+                holder["mask"] = self._build_dense_mask()
+
+            self.prep_timings["dense_mask"] = self.timer.measure_host(build, 2)
+            self.attn_mask = holder["mask"]
+            kwargs = {"attn_mask": self.attn_mask, "scale": self.inp.scale}
+        else:
+            kwargs = {"is_causal": bool(self.wl.sdpa_causal), "scale": self.inp.scale}
         if self.wl.heads_q != self.wl.heads_kv:
             kwargs["enable_gqa"] = True
         self._call = lambda: F.scaled_dot_product_attention(self.q, self.k, self.v, **kwargs)
@@ -419,12 +463,12 @@ class SdpaRunner(Runner):
         return res
 
     def close(self) -> None:
-        for name in ("_graph_out", "_grads", "q", "k", "v", "do", "out_first", "_call"):
+        for name in ("_graph_out", "_grads", "q", "k", "v", "do", "out_first", "_call", "attn_mask"):
             if hasattr(self, name):
                 delattr(self, name)
 
 
-PEERS = ("flex_endpoints", "flex_natural", "sdpa_cudnn", "sdpa_flash", "sdpa_math")
+PEERS = ("flex_endpoints", "flex_natural", "sdpa_cudnn", "sdpa_flash", "sdpa_math", "sdpa_math_mask")
 
 
 def make_peer(name: str, wl: Workload, inputs: Inputs, timer: Timer) -> Runner:
