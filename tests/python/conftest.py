@@ -15,16 +15,30 @@ if _HERE not in sys.path:
     sys.path.insert(0, _HERE)  # flex_ref.py (the math reference) lives next to the tests
 
 
+def _package_line() -> str:
+    """Which flashspan package is under test: an installed copy (what CI tests after pip install)
+    silently shadows this checkout's python/, so say so."""
+    spec = importlib.util.find_spec("flashspan")
+    where = os.path.dirname(spec.origin) if spec and spec.origin else "?"
+    line = f"flashspan package: {where}"
+    if not os.path.abspath(where).startswith(os.path.join(_REPO, "python")):
+        line += (f" (an installed copy, NOT this checkout; to test the checkout: "
+                 f"PYTHONPATH={os.path.join(_REPO, 'python')})")
+    return line
+
+
 def pytest_report_header(config):
+    package = _package_line()
     try:
         import flashspan._lib as lib
 
-        return (
+        return [
             f"flashspan: {lib.library_path()} (version {lib.version()}, CUDA available: {lib.cuda_available()}, "
-            f"archs: {lib.built_cuda_archs() or 'none'}); FLASHSPAN_LIBRARY={os.environ.get('FLASHSPAN_LIBRARY', '')}"
-        )
+            f"archs: {lib.built_cuda_archs() or 'none'}); FLASHSPAN_LIBRARY={os.environ.get('FLASHSPAN_LIBRARY', '')}",
+            package,
+        ]
     except ImportError as e:
-        return f"flashspan: library not loadable: {e}"
+        return [f"flashspan: library not loadable: {e}", package]
 
 
 @pytest.fixture(scope="session")
