@@ -20,6 +20,53 @@ struct FlexTensorAddr {
   int64_t batch_stride = 0, row_stride = 0, head_stride = 0;  // elements
 };
 
+// Split schedule shared by the forward and the non-deterministic dK/dV kernels (load
+// balancing; see src/kernels/sm80/split_schedule_sm80.cuh). Task t (an entry of view.tasks)
+// walks iters(t) steps; a work item is a range [begin, end) of those steps. A task whose
+// steps exceed the run's chunk is split into several items whose partial results meet in
+// workspace slots and are combined afterwards. All arrays live in the call's workspace.
+struct FlexSplitSchedule {
+  // hdr[kTotal]: number of items; hdr[kCounter]: next item to claim (zeroed by the scan
+  // kernel); hdr[kChunk]: steps per item of this run; hdr[kNumSplit]: slots used.
+  static constexpr int kTotal = 0, kCounter = 1, kChunk = 2, kNumSplit = 3, kHdrInts = 4;
+  // Chunk = max(kChunkMin, ceil(total steps / (kItemsPerCta * num_ctas)),
+  //             ceil(total steps / kMaxSplit)), so that
+  //   items <= num_tasks + kItemsPerCta * num_ctas,   split tasks < kMaxSplit,
+  //   items of split tasks < 2 * kMaxSplit (split_schedule_sm80.cuh proves both).
+  static constexpr int kChunkMin = 16;
+  static constexpr int kItemsPerCta = 4;
+  static constexpr int kMaxCtas = 1024;   // persistent grid cap (bounds the item list)
+  static constexpr int kMaxSplit = 1024;  // bounds the slots (the fp32 scratch)
+
+  int32_t* hdr = nullptr;         // [kHdrInts]
+  int32_t* task_iters = nullptr;  // [num_tasks] steps of each task
+  int32_t* item_start = nullptr;  // [num_tasks + 1] first item of each task (exclusive scan)
+  int32_t* task_slot = nullptr;   // [num_tasks] (first) slot of a split task, -1 if unsplit
+  int32_t* items = nullptr;       // [max items * 4] {task, begin, end, slot}; nullptr = no split
+                                  // schedule (one CTA per task or grid cell, direct writes)
+  int num_tasks = 0;
+  int num_ctas = 0;               // persistent grid
+};
+
+// Backward (dK/dV): steps are (query head, query block) pairs, the concatenation over the kv
+// group's query heads of each head's K2Q list in ascending query-block order. One slot per
+// split task: its items add their dK/dV partial sums into the slot with fp32 atomics and a
+// convert kernel writes the rows.
+struct FlexBwdSplit : FlexSplitSchedule {
+  float* dk_accum = nullptr;      // [kMaxSplit or fewer slots, block_k, head_dqk] fp32, unscaled
+  float* dv_accum = nullptr;      // [slots, block_k, head_dv] fp32
+};
+
+// Forward: steps are the key blocks of the query block's Q2K lists in ascending block order
+// (the merge of the full and partial lists, BlockCursor). One slot per item of a split
+// task (a task's slots are consecutive, from task_slot[t]): the item writes its unnormalised
+// output accumulator and per-row running max (log2 units) and sum; a combine kernel merges
+// them (split_schedule_sm80.cuh, flex_fwd_split_combine_kernel).
+struct FlexFwdSplit : FlexSplitSchedule {
+  float* o_accum = nullptr;  // [slots, block_q, dv] fp32, unnormalised
+  float* ml = nullptr;       // [slots, 2, block_q] fp32: running max m (log2 units), then sum l
+};
+
 struct FlexFwdParams {
   const void* q = nullptr;
   const void* k = nullptr;
@@ -41,37 +88,7 @@ struct FlexFwdParams {
   // 0: one CTA per entry of view.tasks (cost order); 1: grid (query block, head) over every
   // global query block, for plans whose task list omits blocks without visible keys.
   int grid_mode = 0;
-};
-
-// Split schedule of the non-deterministic dK/dV kernel (load balancing; see
-// src/kernels/sm80/bwd_split_sm80.cuh). Backward task t (an entry of view.tasks) walks
-// iters(t) (query head, query block) pairs: the concatenation over the kv group's query
-// heads of each head's K2Q list in ascending query-block order. A work item is a range
-// [begin, end) of those pairs; a task whose pairs exceed the run's chunk is split into
-// several items whose dK/dV partial sums meet in fp32 accumulators (one slot per split
-// task) and are converted afterwards. All arrays live in the backward workspace.
-struct FlexBwdSplit {
-  // hdr[kTotal]: number of items; hdr[kCounter]: next item to claim (zeroed by the scan
-  // kernel); hdr[kChunk]: pairs per item of this run; hdr[kNumSplit]: split tasks.
-  static constexpr int kTotal = 0, kCounter = 1, kChunk = 2, kNumSplit = 3, kHdrInts = 4;
-  // Chunk = max(kChunkMin, ceil(total pairs / (kItemsPerCta * num_ctas)),
-  //             ceil(total pairs / kMaxSplit)), so that
-  //   items <= num_tasks + kItemsPerCta * num_ctas   and   split tasks < kMaxSplit.
-  static constexpr int kChunkMin = 16;
-  static constexpr int kItemsPerCta = 4;
-  static constexpr int kMaxCtas = 1024;   // persistent grid cap (bounds the item list)
-  static constexpr int kMaxSplit = 1024;  // accumulator slots (bounds the fp32 scratch)
-
-  int32_t* hdr = nullptr;         // [kHdrInts]
-  int32_t* task_iters = nullptr;  // [num_tasks] pairs of each task
-  int32_t* item_start = nullptr;  // [num_tasks + 1] first item of each task (exclusive scan)
-  int32_t* task_slot = nullptr;   // [num_tasks] accumulator slot of a split task, -1 if unsplit
-  int32_t* items = nullptr;       // [max items * 4] {task, begin, end, slot}; nullptr = no split
-                                  // schedule (one CTA per task or grid cell, direct writes)
-  float* dk_accum = nullptr;      // [kMaxSplit or fewer slots, block_k, head_dqk] fp32, unscaled
-  float* dv_accum = nullptr;      // [slots, block_k, head_dv] fp32
-  int num_tasks = 0;
-  int num_ctas = 0;               // persistent dK/dV grid
+  FlexFwdSplit split;  // task mode with a workspace only (split.items != nullptr)
 };
 
 struct FlexBwdParams {

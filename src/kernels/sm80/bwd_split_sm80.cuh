@@ -8,11 +8,11 @@
 // Steps (all on the stream, no host sync, no allocation; arrays in FlexBwdParams::split):
 //   A. count   (one thread per task):  task_iters[t] = pairs of task t (K2Q list lengths
 //               summed over the group's query heads).
-//   S. scan    (one CTA):  total = sum of task_iters; chunk = max(kChunkMin,
-//               ceil(total / (kItemsPerCta * num_ctas)), ceil(total / kMaxSplit)); a task
-//               with more than `chunk` pairs is split into ceil(pairs / chunk) near-equal
-//               items and gets an accumulator slot; exclusive scans give item_start and the
-//               slots; the header gets the item count and a zeroed claim counter.
+//   S. scan    (one CTA, split_schedule_sm80.cuh, one slot per split task): total = sum of
+//               task_iters; chunk = max(kChunkMin, ceil(total / (kItemsPerCta * num_ctas)),
+//               ceil(total / kMaxSplit)); a task with more than `chunk` pairs is split into
+//               ceil(pairs / chunk) near-equal items and gets an accumulator slot; the
+//               header gets the item count and a zeroed claim counter.
 //   B. items   (one CTA per task): writes the task's items {task, begin, end, slot} in task
 //               order (tasks are sorted by cost descending, so long tasks' items come first)
 //               and zeroes the slot's fp32 accumulators of a split task.
@@ -25,11 +25,9 @@
 
 #include <cstdint>
 
-#include <cub/block/block_reduce.cuh>
-#include <cub/block/block_scan.cuh>
-
 #include "kernels/common/flex_params.h"
 #include "kernels/common/ptx.cuh"
+#include "kernels/sm80/split_schedule_sm80.cuh"
 
 namespace flashspan::kern {
 
@@ -49,80 +47,13 @@ __global__ void __launch_bounds__(256) flex_bwd_split_count_kernel(const FlexBwd
   p.split.task_iters[t] = n;
 }
 
-// S. Chunk, item offsets and accumulator slots. One CTA of kSplitScanThreads; thread i owns
-// the contiguous task range [i * per, (i + 1) * per).
-constexpr int kSplitScanThreads = 1024;
-
-__global__ void __launch_bounds__(kSplitScanThreads) flex_bwd_split_scan_kernel(const FlexBwdParams p) {
-  using Reduce = cub::BlockReduce<long long, kSplitScanThreads>;
-  using Scan = cub::BlockScan<int, kSplitScanThreads>;
-  __shared__ union {
-    typename Reduce::TempStorage reduce;
-    typename Scan::TempStorage scan;
-  } tmp;
-  __shared__ long long s_total;
-  const FlexBwdSplit& sp = p.split;
-  const int n = sp.num_tasks;
-  const int per = (n + kSplitScanThreads - 1) / kSplitScanThreads;
-  const int t0 = min(n, int(threadIdx.x) * per), t1 = min(n, t0 + per);
-
-  long long local = 0;
-  for (int t = t0; t < t1; ++t) local += sp.task_iters[t];
-  const long long sum = Reduce(tmp.reduce).Sum(local);
-  if (threadIdx.x == 0) s_total = sum;
-  __syncthreads();  // s_total visible; tmp free for the scans
-  const long long total = s_total;
-  const long long per_cta = (long long)FlexBwdSplit::kItemsPerCta * (sp.num_ctas > 0 ? sp.num_ctas : 1);
-  long long chunk = FlexBwdSplit::kChunkMin;
-  chunk = max(chunk, (total + per_cta - 1) / per_cta);
-  chunk = max(chunk, (total + FlexBwdSplit::kMaxSplit - 1) / FlexBwdSplit::kMaxSplit);
-
-  int items = 0, splits = 0;
-  for (int t = t0; t < t1; ++t) {
-    const int it = sp.task_iters[t];
-    if (it > chunk) {
-      items += int((it + chunk - 1) / chunk);
-      ++splits;
-    } else {
-      ++items;
-    }
-  }
-  int item_base = 0, slot_base = 0;
-  Scan(tmp.scan).ExclusiveSum(items, item_base);
-  __syncthreads();  // tmp reused
-  Scan(tmp.scan).ExclusiveSum(splits, slot_base);
-  for (int t = t0; t < t1; ++t) {
-    const int it = sp.task_iters[t];
-    sp.item_start[t] = item_base;
-    if (it > chunk) {
-      item_base += int((it + chunk - 1) / chunk);
-      sp.task_slot[t] = slot_base++;
-    } else {
-      item_base += 1;
-      sp.task_slot[t] = -1;
-    }
-  }
-  // The last thread's running sums are the totals (its range is the last, maybe empty).
-  if (threadIdx.x == kSplitScanThreads - 1) {
-    sp.item_start[n] = item_base;
-    sp.hdr[FlexBwdSplit::kTotal] = item_base;
-    sp.hdr[FlexBwdSplit::kCounter] = 0;
-    sp.hdr[FlexBwdSplit::kChunk] = int(chunk);
-    sp.hdr[FlexBwdSplit::kNumSplit] = slot_base;
-  }
-}
-
-// B. Items of task blockIdx.x, and zeroed accumulators for a split task. Grid num_tasks,
-// 256 threads. Item i of n covers pairs [i * it / n, (i + 1) * it / n).
+// B. Items of task blockIdx.x (one slot per split task), and zeroed accumulators for a
+// split task. Grid num_tasks, 256 threads.
 __global__ void __launch_bounds__(256) flex_bwd_split_items_kernel(const FlexBwdParams p) {
   const FlexBwdSplit& sp = p.split;
   const int t = blockIdx.x;
-  const int start = sp.item_start[t], n = sp.item_start[t + 1] - start;
-  const int it = sp.task_iters[t], slot = sp.task_slot[t];
-  int4* items = reinterpret_cast<int4*>(sp.items);
-  for (int i = threadIdx.x; i < n; i += blockDim.x) {
-    items[start + i] = make_int4(t, int(int64_t(i) * it / n), int(int64_t(i + 1) * it / n), slot);
-  }
+  write_split_items<false>(sp, t);
+  const int slot = sp.task_slot[t];
   if (slot < 0) return;
   const int64_t bk = p.view.block_k;
   // head dims are multiples of 8, slots start at multiples of 16 bytes.

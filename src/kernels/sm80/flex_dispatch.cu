@@ -38,10 +38,11 @@ void check_tile(const FlexGeometry& g, const MaskPlan& plan, bool backward) {
 }  // namespace
 
 size_t flex_fwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool has_max_logit) {
-  (void)g;
   (void)plan;
   (void)has_max_logit;
-  return 0;  // the forward needs no scratch (max_logit is reset in place)
+  // The split schedule of the forward (launch_common_sm80.h, FwdWorkspaceLayout); max_logit
+  // is reset in place.
+  return sm80::fwd_workspace_layout(g).total;
 }
 
 size_t flex_bwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool deterministic) {
@@ -121,6 +122,29 @@ void launch_flex_fwd(const FlexFwdLaunch& a) {
   p.view = plan.fwd_view();
   const int64_t all_blocks = int64_t(g.num_heads_q) * p.view.num_q_blocks;
   p.grid_mode = p.view.num_tasks == all_blocks ? 0 : 1;
+  // Split schedule (fwd_split_sm80.cuh) in task mode when the caller gave the workspace; a
+  // call without one (workspace_bytes = 0; internal callers only, the C API checks the size)
+  // runs one CTA per task as before.
+  const sm80::FwdWorkspaceLayout wl = sm80::fwd_workspace_layout(g);
+  FS_CHECK_ARG(a.workspace_bytes == 0 || (a.workspace_bytes >= wl.total && a.workspace != nullptr),
+               "workspace: needs ", wl.total, " bytes, got ", a.workspace_bytes);
+  if (wl.total > 0 && a.workspace_bytes > 0 && !p.grid_mode && p.view.num_tasks > 0) {
+    FS_CHECK_ARG(reinterpret_cast<uintptr_t>(a.workspace) % 16 == 0, "workspace: must be 16-byte aligned");
+    FS_CHECK(p.view.num_tasks <= wl.max_tasks, Status::kInternal, "mask_plan: ", p.view.num_tasks,
+             " forward tasks exceed the workspace bound ", wl.max_tasks);
+    FS_CHECK(p.view.block_q == sm80::tile_sm80(g.head_dim_qk, g.head_dim_v).fwd_bq &&
+                 p.view.block_q <= 128,  // kern::kMaxCombineRows
+             Status::kInternal, "mask_plan: forward query block ", p.view.block_q, " is not the sm80 kernel's");
+    char* ws = static_cast<char*>(a.workspace);
+    p.split.hdr = reinterpret_cast<int32_t*>(ws + wl.hdr);
+    p.split.task_iters = reinterpret_cast<int32_t*>(ws + wl.task_iters);
+    p.split.item_start = reinterpret_cast<int32_t*>(ws + wl.item_start);
+    p.split.task_slot = reinterpret_cast<int32_t*>(ws + wl.task_slot);
+    p.split.items = reinterpret_cast<int32_t*>(ws + wl.items);
+    p.split.o_accum = reinterpret_cast<float*>(ws + wl.o_accum);
+    p.split.ml = reinterpret_cast<float*>(ws + wl.ml);
+    p.split.num_tasks = static_cast<int>(p.view.num_tasks);
+  }
   sm80::launch_fwd_sm80(p, sm80::tile_sm80(g.head_dim_qk, g.head_dim_v), g.dtype,
                         static_cast<int>(p.view.num_tasks), static_cast<cudaStream_t>(a.stream));
 }

@@ -1,7 +1,9 @@
 // Flex attention forward kernel for sm_80 and newer (mma.sync m16n8k16, cp.async, ldmatrix).
 //
 // Algorithm: FlashAttention-2 (Dao 2023) forward over the plan's block-sparse Q2K lists.
-// One CTA per task of plan.fwd_tasks {local query block, query head, batch, cost}; warp w
+// One CTA per task of plan.fwd_tasks {local query block, query head, batch, cost}, or with
+// the split schedule (fwd_split_sm80.cuh) a persistent grid running work items (ranges of a
+// task's key-block walk) whose partial results a combine kernel merges; warp w
 // owns kMT m16 tiles, rows 16*kMT*w .. 16*kMT*(w+1)-1 of the block (m16 tile i of warp w is
 // payload sub-tile row mt = kMT*w + i). Key blocks are visited in ascending order, merged from
 // the full list (no masking) and the partial list (payload bits applied to the scores);
@@ -45,27 +47,28 @@ struct FwdTraitsSm80 {
   static_assert(kBlockQ % (16 * kMT) == 0 && kBlockK % 64 == 0 && kDqk % 64 == 0 && kDv % 64 == 0);
 };
 
-template <class T, bool kBf16, bool kMaxLogit>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm80(const FlexFwdParams p) {
+// One work item: key blocks [begin, begin + count) of the merged Q2K walk of query block qb
+// of head h of sample b. kPersistent = false: the whole walk, slot -1 (begin, count and
+// s_item unused). kPersistent = true: the slot is read at the end from s_item[3] (kept out
+// of registers during the walk). Slot -1 (an unsplit task) writes O normalised, LSE and zeros
+// for empty rows as always; slot >= 0 (a piece of a split task) writes its unnormalised fp32
+// accumulator, running max and sum to workspace slot `slot` (FlexFwdSplit) for the combine
+// kernel. max_logit is reduced with the atomic in both cases.
+// Shared memory: the item's first loads (Q, K[first]) are issued before the loop's first
+// __syncthreads, so the caller must __syncthreads between two items of one CTA.
+template <class T, bool kBf16, bool kMaxLogit, bool kPersistent>
+__device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, const int32_t* s_item, int qb, int h,
+                                         int b, int begin, int count) {
   constexpr int kMT = T::kMT;
-  extern __shared__ __align__(128) uint8_t smem[];
-  const uint32_t sQ = smem_u32(smem);
   const uint32_t sK = sQ + T::kSmemQ;
   const uint32_t sV = sK + T::kSmemK;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  // Persistent kernel: the thread index through an opaque move keeps ptxas from hoisting
+  // the lane-derived fragment addresses out of the item loop and holding them across it
+  // (measured at D = 128: up to 290 bytes of spills without it, none with it).
+  int tid = threadIdx.x;
+  if constexpr (kPersistent) asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  const int lane = tid & 31, warp = tid >> 5;
 
-  int qb, h, b;
-  if (p.grid_mode) {
-    const int gq = blockIdx.x;
-    h = blockIdx.y;
-    b = find_block_owner(p.view.q_block_start, p.num_batch, gq);
-    qb = gq - __ldg(p.view.q_block_start + b);
-  } else {
-    const int32_t* task = p.view.tasks + 4 * int64_t(blockIdx.x);
-    qb = __ldg(task + 0);
-    h = __ldg(task + 1);
-    b = __ldg(task + 2);
-  }
   const int hkv = h / p.group_size;
   const int hm = p.mask_per_head ? h : 0;
   const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
@@ -85,6 +88,15 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
   const uint16_t* v = static_cast<const uint16_t*>(p.v) + int64_t(b) * p.va.batch_stride +
                       int64_t(p.varlen ? k_start : 0) * p.va.row_stride + int64_t(hkv) * p.va.head_stride;
 
+  if (kPersistent && (begin > 0 || count < cur.remaining())) {
+    // Restrict the walk to [begin, begin + count): the end is where `count` more next()
+    // calls would leave a copy of the cursor.
+    cur.skip(begin);
+    BlockCursor end = cur;
+    end.skip(count);
+    cur.ip_end = end.ip;
+    cur.jf_end = end.jf;
+  }
   int kb = 0, entry = 0;
   bool partial = false;
   bool have = cur.next(kb, partial, entry);
@@ -202,32 +214,62 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
   }
   cp_async_wait<0>();
 
-  // Epilogue: normalise, write O (0 for empty rows), LSE (natural log, -inf for empty rows).
   constexpr float kLn2 = 0.6931471805599453f;
   const int g = lane >> 2, t = lane & 3;
-  uint16_t* o = static_cast<uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride +
-                (int64_t(p.varlen ? q_start : 0) + row0) * p.oa.row_stride + int64_t(h) * p.oa.head_stride;
+  const int slot = kPersistent ? s_item[3] : -1;
+  if (slot >= 0) {
+    // Piece of a split task: unnormalised fp32 O, m (log2 units, quad-uniform after the
+    // softmax's quad_max) and l (summed over the quad) of every valid row.
+    float* oacc = p.split.o_accum + int64_t(slot) * T::kBlockQ * p.dv;
+    float* ml = p.split.ml + int64_t(slot) * 2 * T::kBlockQ;
 #pragma unroll
-  for (int i = 0; i < kMT; ++i) {
+    for (int i = 0; i < kMT; ++i) {
 #pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      const float lsum = quad_sum(l[i][hi]);
-      const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-      const int row = m0 + 16 * i + g + 8 * hi;
-      if (row < rows_valid) {
-        uint16_t* orow = o + int64_t(row) * p.oa.row_stride;
+      for (int hi = 0; hi < 2; ++hi) {
+        const float lsum = quad_sum(l[i][hi]);
+        const int row = m0 + 16 * i + g + 8 * hi;
+        if (row < rows_valid) {
+          float* orow = oacc + int64_t(row) * p.dv;
 #pragma unroll
-        for (int n = 0; n < T::kNO; ++n) {
-          const int col = n * 8 + 2 * t;
-          if (col < p.dv) {
-            *reinterpret_cast<uint32_t*>(orow + col) =
-                pack2<kBf16>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
+          for (int n = 0; n < T::kNO; ++n) {
+            const int col = n * 8 + 2 * t;
+            if (col < p.dv) {
+              *reinterpret_cast<float2*>(orow + col) = make_float2(acc_o[i][n][2 * hi], acc_o[i][n][2 * hi + 1]);
+            }
+          }
+          if (t == 0) {
+            ml[row] = m[i][hi];
+            ml[T::kBlockQ + row] = lsum;
           }
         }
-        if (p.lse != nullptr && t == 0) {
-          const float lse = lsum > 0.0f ? (m[i][hi] + __log2f(lsum)) * kLn2 : -INFINITY;
-          p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride +
-                (int64_t(p.varlen ? q_start : 0) + row0 + row) * p.lsea.row_stride] = lse;
+      }
+    }
+  } else {
+    // Epilogue: normalise, write O (0 for empty rows), LSE (natural log, -inf for empty rows).
+    uint16_t* o = static_cast<uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride +
+                  (int64_t(p.varlen ? q_start : 0) + row0) * p.oa.row_stride + int64_t(h) * p.oa.head_stride;
+#pragma unroll
+    for (int i = 0; i < kMT; ++i) {
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const float lsum = quad_sum(l[i][hi]);
+        const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+        const int row = m0 + 16 * i + g + 8 * hi;
+        if (row < rows_valid) {
+          uint16_t* orow = o + int64_t(row) * p.oa.row_stride;
+#pragma unroll
+          for (int n = 0; n < T::kNO; ++n) {
+            const int col = n * 8 + 2 * t;
+            if (col < p.dv) {
+              *reinterpret_cast<uint32_t*>(orow + col) =
+                  pack2<kBf16>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
+            }
+          }
+          if (p.lse != nullptr && t == 0) {
+            const float lse = lsum > 0.0f ? (m[i][hi] + __log2f(lsum)) * kLn2 : -INFINITY;
+            p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride +
+                  (int64_t(p.varlen ? q_start : 0) + row0 + row) * p.lsea.row_stride] = lse;
+          }
         }
       }
     }
@@ -249,6 +291,61 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
       for (int w = 1; w < T::kWarps; ++w) v = fmaxf(v, red[w]);
       if (v != -INFINITY) atomic_max_float(p.max_logit + h, v * kLn2);
     }
+  }
+}
+
+// Forward kernel, one CTA per task (or per (query block, head) cell in grid mode): the
+// whole Q2K walk, direct writes. With a split schedule (p.split.items) it runs only when the
+// schedule split no task (hdr[kNumSplit] = 0, decided on the device by the scan kernel);
+// otherwise the persistent kernel below does the work and these CTAs exit at once. Two
+// kernels rather than one: the persistent item loop costs registers (ptxas holds values
+// across it), which the common unsplit case (e.g. causal masks) should not pay.
+template <class T, bool kBf16, bool kMaxLogit>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm80(const FlexFwdParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  if (p.split.items != nullptr && p.split.hdr[FlexSplitSchedule::kNumSplit] > 0) return;
+  int qb, h, b;
+  if (p.grid_mode) {
+    const int gq = blockIdx.x;
+    h = blockIdx.y;
+    b = find_block_owner(p.view.q_block_start, p.num_batch, gq);
+    qb = gq - __ldg(p.view.q_block_start + b);
+  } else {
+    const int32_t* task = p.view.tasks + 4 * int64_t(blockIdx.x);
+    qb = __ldg(task + 0);
+    h = __ldg(task + 1);
+    b = __ldg(task + 2);
+  }
+  fwd_item<T, kBf16, kMaxLogit, false>(p, smem_u32(smem), nullptr, qb, h, b, 0, 0x7fffffff);
+}
+
+// Persistent forward kernel of the split schedule (task mode, p.split.items set): each CTA
+// claims items in list order with an atomic counter until the list is exhausted (items of
+// long tasks come first). Exits at once when the schedule split no task.
+template <class T, bool kBf16, bool kMaxLogit>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_persistent_kernel_sm80(const FlexFwdParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int32_t s_item[4];  // {task, begin, end, slot} of the current item
+  if (p.split.hdr[FlexSplitSchedule::kNumSplit] == 0) return;
+  const uint32_t sQ = smem_u32(smem);
+  for (;;) {
+    __syncthreads();  // every thread is done with the previous item's tiles, s_item and red
+    if (threadIdx.x == 0) {
+      const int i = atomicAdd(p.split.hdr + FlexSplitSchedule::kCounter, 1);
+      int4 it = make_int4(-1, 0, 0, -1);
+      if (i < p.split.hdr[FlexSplitSchedule::kTotal]) it = reinterpret_cast<const int4*>(p.split.items)[i];
+      s_item[0] = it.x;
+      s_item[1] = it.y;
+      s_item[2] = it.z;
+      s_item[3] = it.w;
+    }
+    __syncthreads();
+    const int task_index = s_item[0];
+    if (task_index < 0) return;
+    const int begin = s_item[1], count = s_item[2] - begin;
+    const int32_t* task = p.view.tasks + 4 * int64_t(task_index);
+    fwd_item<T, kBf16, kMaxLogit, true>(p, sQ, s_item, __ldg(task + 0), __ldg(task + 1), __ldg(task + 2), begin,
+                                        count);
   }
 }
 

@@ -14,39 +14,17 @@
 namespace flashspan::sm80 {
 namespace {
 
-// CTAs of the persistent dK/dV grid on the current device: SMs x resident CTAs per SM,
-// capped by FlexBwdSplit::kMaxCtas (the item-list bound). Cached per device in `cache`
-// (0 = not yet known); host queries only, so safe during stream capture.
-template <class Kernel>
-int persistent_ctas(Kernel kernel, int threads, int smem, std::atomic<int> (&cache)[64]) {
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), "flex backward dK/dV: cudaGetDevice");
-  if (dev < 64) {
-    const int c = cache[dev].load(std::memory_order_relaxed);
-    if (c > 0) return c;
-  }
-  int sms = 0, per_sm = 0;
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev),
-             "flex backward dK/dV: cudaDeviceGetAttribute(multiProcessorCount)");
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, size_t(smem)),
-             "flex backward dK/dV: cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  int n = std::max(1, sms) * std::max(1, per_sm);
-  n = std::min(n, FlexBwdSplit::kMaxCtas);
-  if (dev < 64) cache[dev].store(n, std::memory_order_relaxed);
-  return n;
-}
-
 // Split schedule + persistent dK/dV + conversion of the split tasks' rows.
 template <class T, bool kBf16>
 void run_dkdv_split(const FlexBwdParams& p_in, cudaStream_t stream) {
   auto dkdv = kern::flex_bwd_dkdv_kernel_sm80<T, kBf16>;
   static std::atomic<int> ctas_cache[64];
   FlexBwdParams p = p_in;
-  p.split.num_ctas = persistent_ctas(dkdv, T::kThreads, T::kSmemBytes, ctas_cache);
+  p.split.num_ctas = persistent_ctas(dkdv, T::kThreads, T::kSmemBytes, ctas_cache, "flex backward dK/dV");
   const unsigned tasks = unsigned(p.split.num_tasks);
   kern::flex_bwd_split_count_kernel<<<(tasks + 255) / 256, 256, 0, stream>>>(p);
   check_launch("flex backward split count (sm80)");
-  kern::flex_bwd_split_scan_kernel<<<1, kern::kSplitScanThreads, 0, stream>>>(p);
+  kern::split_scan_kernel<false><<<1, kern::kSplitScanThreads, 0, stream>>>(p.split);
   check_launch("flex backward split scan (sm80)");
   kern::flex_bwd_split_items_kernel<<<tasks, 256, 0, stream>>>(p);
   check_launch("flex backward split items (sm80)");

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
@@ -78,6 +79,26 @@ inline void check_vec_aligned(const TensorView& t, const char* name) {
   }
 }
 
+// CTAs of a persistent grid (split schedule) on the current device: SMs x resident CTAs
+// per SM, capped by FlexSplitSchedule::kMaxCtas (the item-list bound). Cached per device in
+// `cache` (0 = not yet known); host queries only, so safe during stream capture.
+template <class Kernel>
+int persistent_ctas(Kernel kernel, int threads, int smem, std::atomic<int> (&cache)[64], const char* what) {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), what);
+  if (dev < 64) {
+    const int c = cache[dev].load(std::memory_order_relaxed);
+    if (c > 0) return c;
+  }
+  int sms = 0, per_sm = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), what);
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, size_t(smem)), what);
+  int n = std::max(1, sms) * std::max(1, per_sm);
+  n = std::min(n, FlexSplitSchedule::kMaxCtas);
+  if (dev < 64) cache[dev].store(n, std::memory_order_relaxed);
+  return n;
+}
+
 // Tiles of the sm80 kernels, by head dims (the head-dim tile is the next of 64, 128,
 // (192, 128), 256 that covers both dims).
 struct TileSm80 {
@@ -149,7 +170,7 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, bool deter
   const int64_t by_batch = int64_t(g.batch) * ((g.max_seqlen_k + bk - 1) / bk);
   const int64_t by_total = (g.total_k + bk - 1) / bk + g.batch;
   w.max_tasks = int64_t(g.num_heads_kv) * (by_batch < by_total ? by_batch : by_total);
-  w.max_items = w.max_tasks + int64_t(FlexBwdSplit::kItemsPerCta) * FlexBwdSplit::kMaxCtas;
+  w.max_items = w.max_tasks + int64_t(FlexSplitSchedule::kItemsPerCta) * FlexSplitSchedule::kMaxCtas;
   w.max_split = w.max_tasks < FlexBwdSplit::kMaxSplit ? w.max_tasks : FlexBwdSplit::kMaxSplit;
   auto take = [&](size_t bytes) {
     const size_t at = off;
@@ -163,6 +184,52 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, bool deter
   w.items = take(4 * sizeof(int32_t) * size_t(w.max_items));
   w.dk_accum = take(sizeof(float) * size_t(w.max_split) * size_t(bk) * size_t(g.head_dim_qk));
   w.dv_accum = take(sizeof(float) * size_t(w.max_split) * size_t(bk) * size_t(g.head_dim_v));
+  w.total = off;
+  return w;
+}
+
+// Byte offsets into the forward workspace (a pure function of the geometry; the tile comes
+// from the head dims). Empty (total 0) when no task can be split: a task has at most
+// ceil(max_seqlen_k / Bk) steps and the chunk is at least kChunkMin. All offsets 256-aligned.
+//   split schedule (FlexFwdSplit): hdr int32 [4]; task_iters, task_slot int32 [max_tasks];
+//                  item_start int32 [max_tasks + 1]; items int32 [max_items, 4];
+//                  o_accum fp32 [max_slots, Bq, Dv]; ml fp32 [max_slots, 2, Bq]
+//   with max_tasks = Hq * min(B * ceil(max_seqlen_q / Bq), ceil(total_q / Bq) + B)  (>= the
+//   plan's Hq * NQB), max_slots = min(2 * kMaxSplit, max_tasks * ceil(max_steps / 8)) (items of
+//   split tasks: < 2 kMaxSplit, and each has >= 8 of the <= max_tasks * max_steps steps;
+//   split_schedule_sm80.cuh), max_items = max_tasks + max_slots.
+// Bytes: about max_slots * (Bq * Dv * 4 + 2 * Bq * 4), e.g. 2048 * 66 KB = 135 MB at
+// (Bq, Dv) = (128, 128) for long sequences.
+struct FwdWorkspaceLayout {
+  size_t hdr = 0, task_iters = 0, item_start = 0, task_slot = 0, items = 0, o_accum = 0, ml = 0;
+  size_t total = 0;
+  int64_t max_tasks = 0, max_items = 0, max_slots = 0;
+};
+
+inline FwdWorkspaceLayout fwd_workspace_layout(const FlexGeometry& g) {
+  FwdWorkspaceLayout w;
+  const TileSm80 tile = tile_sm80(g.head_dim_qk, g.head_dim_v);
+  const int64_t bq = tile.fwd_bq, bk = tile.fwd_bk;
+  const int64_t max_steps = (g.max_seqlen_k + bk - 1) / bk;
+  if (max_steps <= FlexSplitSchedule::kChunkMin || g.total_q == 0) return w;
+  const int64_t by_batch = int64_t(g.batch) * ((g.max_seqlen_q + bq - 1) / bq);
+  const int64_t by_total = (g.total_q + bq - 1) / bq + g.batch;
+  w.max_tasks = int64_t(g.num_heads_q) * std::min(by_batch, by_total);
+  w.max_slots = std::min<int64_t>(2 * FlexSplitSchedule::kMaxSplit, w.max_tasks * ((max_steps + 7) / 8));
+  w.max_items = w.max_tasks + w.max_slots;
+  size_t off = 0;
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += ws_align(bytes);
+    return at;
+  };
+  w.hdr = take(sizeof(int32_t) * FlexSplitSchedule::kHdrInts);
+  w.task_iters = take(sizeof(int32_t) * size_t(w.max_tasks));
+  w.item_start = take(sizeof(int32_t) * size_t(w.max_tasks + 1));
+  w.task_slot = take(sizeof(int32_t) * size_t(w.max_tasks));
+  w.items = take(4 * sizeof(int32_t) * size_t(w.max_items));
+  w.o_accum = take(sizeof(float) * size_t(w.max_slots) * size_t(bq) * size_t(g.head_dim_v));
+  w.ml = take(sizeof(float) * size_t(w.max_slots) * 2 * size_t(bq));
   w.total = off;
   return w;
 }

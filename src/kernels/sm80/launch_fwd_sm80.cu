@@ -1,6 +1,9 @@
 // Instantiations and launch of the sm80 flex forward kernel: head-dim tiles
 // {64, 128, (192,128), 256} x {fp16, bf16} x {max_logit off, on}, plus branch-free variants
 // of the 64 and 128 tiles for head dims equal to the tile's.
+// With a split schedule (p.split.items, task mode with a workspace): count, scan, items,
+// the persistent forward grid and the combine of split tasks (fwd_split_sm80.cuh).
+#include "kernels/sm80/fwd_split_sm80.cuh"
 #include "kernels/sm80/kernel_fwd_sm80.cuh"
 #include "kernels/sm80/launch_common_sm80.h"
 
@@ -19,6 +22,32 @@ void run_fwd(const FlexFwdParams& p, int num_tasks, cudaStream_t stream) {
   auto kernel = kern::flex_fwd_kernel_sm80<T, kBf16, kMaxLogit>;
   static std::atomic<uint64_t> smem_set{0};
   ensure_smem_limit(kernel, T::kSmemBytes, smem_set, "flex forward: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  if (p.split.items != nullptr) {
+    // Split schedule (fwd_split_sm80.cuh). Whether any task is split is decided on the
+    // device (scan kernel): the one-CTA-per-task kernel runs when none is, the persistent
+    // kernel and the combine when some are; the other kernel's CTAs exit at once.
+    auto persistent = kern::flex_fwd_persistent_kernel_sm80<T, kBf16, kMaxLogit>;
+    static std::atomic<uint64_t> smem_set_p{0};
+    ensure_smem_limit(persistent, T::kSmemBytes, smem_set_p,
+                      "flex forward (persistent): cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    static std::atomic<int> ctas_cache[64];
+    FlexFwdParams ps = p;
+    ps.split.num_ctas = persistent_ctas(persistent, T::kThreads, T::kSmemBytes, ctas_cache, "flex forward (persistent)");
+    const unsigned tasks = unsigned(ps.split.num_tasks);
+    kern::flex_fwd_split_count_kernel<<<(tasks + 255) / 256, 256, 0, stream>>>(ps);
+    check_launch("flex forward split count (sm80)");
+    kern::split_scan_kernel<true><<<1, kern::kSplitScanThreads, 0, stream>>>(ps.split);
+    check_launch("flex forward split scan (sm80)");
+    kern::flex_fwd_split_items_kernel<<<tasks, 256, 0, stream>>>(ps);
+    check_launch("flex forward split items (sm80)");
+    kernel<<<tasks, T::kThreads, T::kSmemBytes, stream>>>(ps);
+    check_launch("flex forward (sm80)");
+    persistent<<<unsigned(ps.split.num_ctas), T::kThreads, T::kSmemBytes, stream>>>(ps);
+    check_launch("flex forward, persistent (sm80)");
+    kern::flex_fwd_split_combine_kernel<kBf16><<<tasks, 256, 0, stream>>>(ps);
+    check_launch("flex forward split combine (sm80)");
+    return;
+  }
   const dim3 grid = p.grid_mode ? dim3(unsigned(p.view.num_q_blocks), unsigned(p.num_heads_q)) : dim3(unsigned(num_tasks));
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
   check_launch("flex forward (sm80)");

@@ -1,0 +1,107 @@
+// Split schedule of the flex forward: load balancing of long Q2K walks.
+//
+// Why: a forward task (query block, head, batch) walks its Q2K lists serially, and a query
+// block holding a row that sees every key (Longformer global tokens, dense prefixes) walks
+// all S / Bk key blocks alone while the rest of the GPU idles.
+//
+// Steps (on the stream, no host sync, no allocation; arrays in FlexFwdParams::split):
+//   A. count   (one thread per task): task_iters[t] = key blocks of task t's Q2K row
+//               (full + partial list lengths).
+//   S. scan, B. items: split_schedule_sm80.cuh with one slot per item of a split task.
+//   forward    (kernel_fwd_sm80.cuh) when no task was split (hdr[kNumSplit] = 0): the one-
+//               CTA-per-task kernel, as without a schedule. Otherwise the persistent kernel
+//               claims items with an atomic counter; an unsplit task's item writes O, LSE as
+//               always; an item of a split task writes its unnormalised fp32 O_i and per-row
+//               m_i (log2 units), l_i to its slot.
+//   C. combine (one CTA per task, split tasks only): per row m = max m_i,
+//               l = sum l_i 2^(m_i - m), out = sum O_i 2^(m_i - m) / l,
+//               LSE = (m + log2 l) ln 2; rows with no visible key (l = 0) give out 0 and
+//               LSE -inf (m_i = -inf contributes weight 0, never NaN). Items are merged in
+//               list order, so the result does not depend on which CTA ran which item.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/flex_params.h"
+#include "kernels/common/ptx.cuh"
+#include "kernels/sm80/split_schedule_sm80.cuh"
+
+namespace flashspan::kern {
+
+// A. Key blocks of every task. Grid ceil(num_tasks / 256), 256 threads.
+__global__ void __launch_bounds__(256) flex_fwd_split_count_kernel(const FlexFwdParams p) {
+  const int t = blockIdx.x * 256 + threadIdx.x;
+  if (t >= p.split.num_tasks) return;
+  const int32_t* task = p.view.tasks + 4 * int64_t(t);
+  const int qb = __ldg(task + 0), h = __ldg(task + 1), b = __ldg(task + 2);
+  const int64_t r = int64_t(p.mask_per_head ? h : 0) * p.view.num_q_blocks + __ldg(p.view.q_block_start + b) + qb;
+  p.split.task_iters[t] = (__ldg(p.view.q2k_partial_ptr + r + 1) - __ldg(p.view.q2k_partial_ptr + r)) +
+                          (__ldg(p.view.q2k_full_ptr + r + 1) - __ldg(p.view.q2k_full_ptr + r));
+}
+
+// B. Items of task blockIdx.x. Grid num_tasks, 256 threads. Nothing to do when no task is
+// split (the one-CTA-per-task kernel runs then and reads no item).
+__global__ void __launch_bounds__(256) flex_fwd_split_items_kernel(const FlexFwdParams p) {
+  if (p.split.hdr[FlexSplitSchedule::kNumSplit] == 0) return;
+  write_split_items<true>(p.split, blockIdx.x);
+}
+
+// C. Rows of split task blockIdx.x from its items' slots. Grid num_tasks, 256 threads;
+// block_q <= kMaxCombineRows.
+constexpr int kMaxCombineRows = 128;
+
+template <bool kBf16>
+__global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FlexFwdParams p) {
+  const FlexFwdSplit& sp = p.split;
+  const int t = blockIdx.x;
+  const int slot0 = sp.task_slot[t];
+  if (slot0 < 0) return;
+  const int n = sp.item_start[t + 1] - sp.item_start[t];
+  const int32_t* task = p.view.tasks + 4 * int64_t(t);
+  const int qb = __ldg(task + 0), h = __ldg(task + 1), b = __ldg(task + 2);
+  const int bq = p.view.block_q;
+  const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
+  const int row0 = qb * bq;
+  const int rows_valid = min(bq, len_q - row0);
+  const int64_t qrow = int64_t(p.varlen ? q_start : 0) + row0;
+  __shared__ float s_m[kMaxCombineRows], s_inv[kMaxCombineRows];
+  constexpr float kLn2 = 0.6931471805599453f;
+
+  for (int row = threadIdx.x; row < rows_valid; row += blockDim.x) {
+    float m = -INFINITY;
+    for (int i = 0; i < n; ++i) m = fmaxf(m, sp.ml[int64_t(slot0 + i) * 2 * bq + row]);
+    const float m_use = m == -INFINITY ? 0.0f : m;
+    float l = 0.0f;
+    for (int i = 0; i < n; ++i) {
+      const float* ml = sp.ml + int64_t(slot0 + i) * 2 * bq;
+      l += ml[bq + row] * exp2f(ml[row] - m_use);  // m_i = -inf (l_i = 0) -> 0
+    }
+    s_m[row] = m_use;
+    s_inv[row] = l > 0.0f ? 1.0f / l : 0.0f;
+    if (p.lse != nullptr) {
+      p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride + (qrow + row) * p.lsea.row_stride] =
+          l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
+    }
+  }
+  __syncthreads();  // s_m, s_inv
+
+  uint16_t* o = static_cast<uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride + qrow * p.oa.row_stride +
+                int64_t(h) * p.oa.head_stride;
+  const int pairs = p.dv / 2;
+  for (int idx = threadIdx.x; idx < rows_valid * pairs; idx += blockDim.x) {
+    const int row = idx / pairs, c = 2 * (idx - row * pairs);
+    const float m_use = s_m[row];
+    float2 acc = make_float2(0.0f, 0.0f);
+    for (int i = 0; i < n; ++i) {
+      const int64_t slot = slot0 + i;
+      const float w = exp2f(sp.ml[slot * 2 * bq + row] - m_use);
+      const float2 x = *reinterpret_cast<const float2*>(sp.o_accum + (slot * bq + row) * p.dv + c);
+      acc.x += w * x.x;
+      acc.y += w * x.y;
+    }
+    const float inv = s_inv[row];
+    *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.oa.row_stride + c) = pack2<kBf16>(acc.x * inv, acc.y * inv);
+  }
+}
+
+}  // namespace flashspan::kern

@@ -1,0 +1,123 @@
+// Split schedule shared by the flex forward and the non-deterministic dK/dV backward: load
+// balancing of kernels whose tasks walk block lists of very different lengths.
+//
+// Why: a task walks its list serially. A block every row sees (attention sinks, Longformer
+// global tokens, a tree root's span) makes one task hundreds of steps long while the rest of
+// the GPU idles. The schedule cuts long walks into work items that a persistent grid claims.
+//
+// Steps (all on the stream, no host sync, no allocation; arrays in FlexSplitSchedule):
+//   A. count  (caller's kernel, one thread per task): task_iters[t] = steps of task t.
+//   S. scan   (one CTA, split_scan_kernel): total = sum of task_iters; chunk = max(kChunkMin,
+//              ceil(total / (kItemsPerCta * num_ctas)), ceil(total / kMaxSplit)); a task with
+//              more than `chunk` steps is split into ceil(steps / chunk) near-equal items;
+//              exclusive scans give item_start and the slots (one per split task, or one per
+//              item of a split task with kSlotPerItem); the header gets the item count, the
+//              chunk, the slots used and a zeroed claim counter.
+//   B. items  (one CTA per task, write_split_items): the task's items {task, begin, end,
+//              slot} in task order (tasks are sorted by cost descending, so long tasks' items
+//              come first).
+//   then the persistent kernel claims items with an atomic counter, and a combine/convert
+//   kernel finishes the split tasks.
+// The split decision depends on the whole plan (total steps), so balanced masks (causal)
+// split only their few longest tasks while sink / global-token masks split the long ones.
+//
+// Bounds (C = chunk, T = total steps, k = split tasks, it_t > C the steps of split task t):
+//   k * C < sum it_t <= T <= kMaxSplit * C, so k < kMaxSplit;
+//   items of split tasks = sum ceil(it_t / C) <= sum (it_t / C + 1) <= T / C + k < 2 kMaxSplit;
+//   every item of a split task has >= floor(it_t / ceil(it_t / C)) >= floor(C / 2) >= 8
+//   steps (it_t / ceil(it_t / C) >= it_t C / (it_t + C) > C / 2 as it_t > C), so split-task
+//   items are also < T / 8 + 1; unsplit tasks give one item each.
+//   items <= num_tasks + T / C <= num_tasks + kItemsPerCta * num_ctas.
+#pragma once
+
+#include <cstdint>
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/block/block_scan.cuh>
+
+#include "kernels/common/flex_params.h"
+
+namespace flashspan::kern {
+
+// S. Chunk, item offsets and slots. One CTA of kSplitScanThreads; thread i owns the
+// contiguous task range [i * per, (i + 1) * per). kSlotPerItem: every item of a split task
+// gets its own slot (forward), else one slot per split task (backward).
+constexpr int kSplitScanThreads = 1024;
+
+template <bool kSlotPerItem>
+__global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const FlexSplitSchedule sp) {
+  using Reduce = cub::BlockReduce<long long, kSplitScanThreads>;
+  using Scan = cub::BlockScan<int, kSplitScanThreads>;
+  __shared__ union {
+    typename Reduce::TempStorage reduce;
+    typename Scan::TempStorage scan;
+  } tmp;
+  __shared__ long long s_total;
+  const int n = sp.num_tasks;
+  const int per = (n + kSplitScanThreads - 1) / kSplitScanThreads;
+  const int t0 = min(n, int(threadIdx.x) * per), t1 = min(n, t0 + per);
+
+  long long local = 0;
+  for (int t = t0; t < t1; ++t) local += sp.task_iters[t];
+  const long long sum = Reduce(tmp.reduce).Sum(local);
+  if (threadIdx.x == 0) s_total = sum;
+  __syncthreads();  // s_total visible; tmp free for the scans
+  const long long total = s_total;
+  const long long per_cta = (long long)FlexSplitSchedule::kItemsPerCta * (sp.num_ctas > 0 ? sp.num_ctas : 1);
+  long long chunk = FlexSplitSchedule::kChunkMin;
+  chunk = max(chunk, (total + per_cta - 1) / per_cta);
+  chunk = max(chunk, (total + FlexSplitSchedule::kMaxSplit - 1) / FlexSplitSchedule::kMaxSplit);
+
+  int items = 0, slots = 0;
+  for (int t = t0; t < t1; ++t) {
+    const int it = sp.task_iters[t];
+    if (it > chunk) {
+      const int k = int((it + chunk - 1) / chunk);
+      items += k;
+      slots += kSlotPerItem ? k : 1;
+    } else {
+      ++items;
+    }
+  }
+  int item_base = 0, slot_base = 0;
+  Scan(tmp.scan).ExclusiveSum(items, item_base);
+  __syncthreads();  // tmp reused
+  Scan(tmp.scan).ExclusiveSum(slots, slot_base);
+  for (int t = t0; t < t1; ++t) {
+    const int it = sp.task_iters[t];
+    sp.item_start[t] = item_base;
+    if (it > chunk) {
+      const int k = int((it + chunk - 1) / chunk);
+      item_base += k;
+      sp.task_slot[t] = slot_base;
+      slot_base += kSlotPerItem ? k : 1;
+    } else {
+      item_base += 1;
+      sp.task_slot[t] = -1;
+    }
+  }
+  // The last thread's running sums are the totals (its range is the last, maybe empty).
+  if (threadIdx.x == kSplitScanThreads - 1) {
+    sp.item_start[n] = item_base;
+    sp.hdr[FlexSplitSchedule::kTotal] = item_base;
+    sp.hdr[FlexSplitSchedule::kCounter] = 0;
+    sp.hdr[FlexSplitSchedule::kChunk] = int(chunk);
+    sp.hdr[FlexSplitSchedule::kNumSplit] = slot_base;
+  }
+}
+
+// B. Items of task t, written by the threads of one CTA. Item i of n covers steps
+// [i * it / n, (i + 1) * it / n); its slot is the task's (kSlotPerItem = false) or the
+// task's first slot + i (kSlotPerItem = true); -1 for an unsplit task.
+template <bool kSlotPerItem>
+__device__ __forceinline__ void write_split_items(const FlexSplitSchedule& sp, int t) {
+  const int start = sp.item_start[t], n = sp.item_start[t + 1] - start;
+  const int it = sp.task_iters[t], slot = sp.task_slot[t];
+  int4* items = reinterpret_cast<int4*>(sp.items);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const int s = slot < 0 ? -1 : (kSlotPerItem ? slot + i : slot);
+    items[start + i] = make_int4(t, int(int64_t(i) * it / n), int(int64_t(i + 1) * it / n), s);
+  }
+}
+
+}  // namespace flashspan::kern
