@@ -163,6 +163,9 @@ struct Case {
   bool grid_mode = false;  // kernels ignore the plan's task lists
   bool negative_logits = false;  // q < 0 < k elementwise: every score (and max_logit) negative
   bool expect_split = false;     // non-deterministic backward must split some dK/dV task
+  bool expect_fwd_split = false; // the forward must split some task (and runs twice, bitwise)
+  bool fwd_workspace = true;     // false: forward without a workspace (one CTA per task)
+  bool fwd_lse = true, fwd_ml = true;  // optional forward outputs requested
   uint64_t seed = 1;
 
   std::string describe() const {
@@ -180,6 +183,7 @@ struct Case {
     os << " Hq=" << h.hq << " Hkv=" << h.hkv << " Hmask=" << h.hmask << " nfunc=" << h.nfunc << " D=" << h.dqk
        << "/" << h.dv << " " << dtype_name(h.dtype) << " mask=" << mask << " gran=" << mopt.granularity
        << (strided ? " strided" : "") << (deterministic ? " det" : " atomic") << (grid_mode ? " grid" : "")
+       << (fwd_workspace ? "" : " fwd-no-ws") << (fwd_lse ? "" : " no-lse") << (fwd_ml ? "" : " no-ml")
        << " seed=" << seed;
     return os.str();
   }
@@ -361,6 +365,7 @@ std::unique_ptr<Problem> make_problem(Case c) {
 struct FwdOut {
   HostTensor out, lse, ml;
   DevTensor dout_, dlse, dml;
+  std::unique_ptr<DevBuf> ws;  // forward workspace (split schedule)
 };
 struct BwdOut {
   HostTensor dq, dk, dv;
@@ -380,6 +385,9 @@ std::unique_ptr<FwdOut> alloc_fwd(const Problem& p, bool strided_out) {
   f->dout_ = dev_like(f->out, false);
   f->dlse = dev_like(f->lse, false);
   f->dml = dev_like(f->ml, false);
+  f->ws = std::make_unique<DevBuf>(std::max<size_t>(16, flex_fwd_workspace_size(p.gd, *p.plan, true)));
+  // Poison the workspace: the split schedule must not rely on zeroed scratch.
+  cuda_ok(cudaMemset(f->ws->p, 0xff, f->ws->bytes), "poison workspace");
   return f;
 }
 
@@ -395,6 +403,10 @@ void launch_fwd(const Problem& p, FwdOut& f, cudaStream_t s, bool lse = true, bo
   if (ml) a.max_logit = f.dml.view;
   a.softmax_scale = p.scale;
   a.stream = s;
+  if (p.c.fwd_workspace) {
+    a.workspace = f.ws->p;
+    a.workspace_bytes = f.ws->bytes;
+  }
   launch_flex_fwd(a);
 }
 
@@ -443,16 +455,51 @@ void run_case(const Case& c) {
   const Tol tol = tol_for(p.g.dtype);
 
   auto f = alloc_fwd(p, c.strided);
-  ASSERT_NO_THROW(launch_fwd(p, *f, nullptr));
+  ASSERT_NO_THROW(launch_fwd(p, *f, nullptr, c.fwd_lse, c.fwd_ml));
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   download(f->dout_, f->out);
   download(f->dlse, f->lse);
   download(f->dml, f->ml);
   EXPECT_TRUE(all_close(f->out.to_vector(), p.ref_out.to_vector(), tol.out, tol.out)) << "out";
-  EXPECT_TRUE(all_close(f->lse.to_vector(), p.ref_lse.to_vector(), tol.stat, tol.stat)) << "lse";
-  EXPECT_TRUE(all_close(f->ml.to_vector(), p.ref_ml.to_vector(), tol.stat, tol.stat)) << "max_logit";
+  if (c.fwd_lse) {
+    EXPECT_TRUE(all_close(f->lse.to_vector(), p.ref_lse.to_vector(), tol.stat, tol.stat)) << "lse";
+  } else {
+    for (double x : f->lse.to_vector()) ASSERT_TRUE(std::isnan(x)) << "lse written although not requested";
+  }
+  if (c.fwd_ml) {
+    EXPECT_TRUE(all_close(f->ml.to_vector(), p.ref_ml.to_vector(), tol.stat, tol.stat)) << "max_logit";
+  } else {
+    for (double x : f->ml.to_vector()) ASSERT_TRUE(std::isnan(x)) << "max_logit written although not requested";
+  }
   EXPECT_EQ(f->out.padding_changed(), 0) << "out: stray writes";
   EXPECT_EQ(f->lse.padding_changed(), 0) << "lse: stray writes";
+  if (c.expect_fwd_split) {
+    // Schedule header (FlexSplitSchedule): {items, counter, chunk, slots}.
+    const sm80::FwdWorkspaceLayout wl = sm80::fwd_workspace_layout(p.gd);
+    ASSERT_GT(wl.total, 0u) << "no forward workspace for this geometry";
+    int32_t hdr[FlexSplitSchedule::kHdrInts] = {};
+    ASSERT_EQ(cudaMemcpy(hdr, static_cast<char*>(f->ws->p) + wl.hdr, sizeof(hdr), cudaMemcpyDeviceToHost),
+              cudaSuccess);
+    EXPECT_GT(hdr[FlexSplitSchedule::kNumSplit], 0) << "no forward task was split (chunk "
+                                                    << hdr[FlexSplitSchedule::kChunk] << ")";
+    EXPECT_LE(hdr[FlexSplitSchedule::kNumSplit], wl.max_slots) << "slots";
+    EXPECT_GT(hdr[FlexSplitSchedule::kTotal], p.plan->counts.num_tasks) << "items";
+    EXPECT_LE(hdr[FlexSplitSchedule::kTotal], wl.max_items) << "items";
+    EXPECT_GT(hdr[FlexSplitSchedule::kCounter], hdr[FlexSplitSchedule::kTotal]) << "claim counter";
+    EXPECT_LE(hdr[FlexSplitSchedule::kCounter], hdr[FlexSplitSchedule::kTotal] + FlexSplitSchedule::kMaxCtas)
+        << "claim counter";
+    // A second run (poisoned outputs, used workspace) is bitwise identical: items are
+    // merged in list order whichever CTA ran them.
+    const std::vector<uint8_t> out1 = raw_bytes(f->dout_), lse1 = raw_bytes(f->dlse), ml1 = raw_bytes(f->dml);
+    poison(f->dout_);
+    poison(f->dlse);
+    poison(f->dml);
+    ASSERT_NO_THROW(launch_fwd(p, *f, nullptr, c.fwd_lse, c.fwd_ml));
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    EXPECT_TRUE(raw_bytes(f->dout_) == out1) << "out differs between runs";
+    EXPECT_TRUE(raw_bytes(f->dlse) == lse1) << "lse differs between runs";
+    EXPECT_TRUE(raw_bytes(f->dml) == ml1) << "max_logit differs between runs";
+  }
 
   if (!c.backward) return;
   auto b = alloc_bwd(p, c.strided);
@@ -639,6 +686,19 @@ TEST(FlexGpu, SanitizerSmall) {
   s.expect_split = true;
   s.seed = 3503;
   run_case(s);
+  // Split forward tasks (global rows see all 18 key blocks > the chunk of 16), THD with an
+  // uneven and an empty sample, forward only.
+  Case f;
+  f.mask = "global";
+  f.varlen = true;
+  f.lq = {1100, 0, 90};
+  f.lk = {1150, 30, 0};
+  f.batch = 3;
+  f.h = HeadConfig{2, 1, 2, 5, 64, 64, DType::kBFloat16};
+  f.backward = false;
+  f.expect_fwd_split = true;
+  f.seed = 3504;
+  run_case(f);
 }
 
 // Non-deterministic backward with long K2Q lists: the split schedule cuts the long dK/dV
@@ -777,6 +837,144 @@ TEST(FlexGpu, DeterministicBackward) {
       }
     }
   }
+}
+
+// Forward split schedule: query blocks with rows that see every key (global rows, dense)
+// walk more key blocks than the chunk (16), so their tasks are cut into items whose partial
+// results the combine kernel merges. GQA, Hmask = Hq, THD with uneven samples, both dtypes,
+// head dims 64, 128, (192, 128) and (256, 256), with and without LSE / max_logit.
+Case fwd_split_case(const std::string& mask, HeadConfig h, uint64_t seed) {
+  Case c;
+  c.mask = mask;
+  c.h = h;
+  c.backward = false;
+  c.expect_fwd_split = true;
+  c.seed = seed;
+  return c;
+}
+
+TEST(FlexGpu, FwdSplitLongLists) {
+  REQUIRE_GPU();
+  {
+    Case c = fwd_split_case("global", HeadConfig{8, 2, 8, 5, 64, 64, DType::kBFloat16}, 8201);
+    c.sq = 1300;
+    c.sk = 1300;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("global", HeadConfig{4, 1, 4, 5, 128, 128, DType::kFloat16}, 8202);
+    c.varlen = true;
+    c.lq = {1100, 300, 0, 77};
+    c.lk = {1500, 257, 50, 1090};
+    c.batch = 4;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("global", HeadConfig{4, 2, 1, 5, 128, 128, DType::kBFloat16}, 8203);
+    c.sq = 700;
+    c.sk = 2048;
+    c.fwd_lse = false;
+    c.fwd_ml = false;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("global", HeadConfig{4, 2, 4, 5, 64, 64, DType::kFloat16}, 8204);
+    c.sq = 1500;
+    c.sk = 1400;
+    c.fwd_ml = false;
+    c.strided = true;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("dense", HeadConfig{4, 1, 1, 1, 128, 128, DType::kBFloat16}, 8205);
+    c.sq = 1024;
+    c.sk = 2048;
+    c.fwd_lse = false;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("dense", HeadConfig{4, 2, 1, 1, 256, 256, DType::kBFloat16}, 8206);
+    c.varlen = true;
+    c.lq = {640, 300};
+    c.lk = {1200, 700};
+    c.batch = 2;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("global", HeadConfig{2, 1, 2, 5, 256, 256, DType::kFloat16}, 8207);
+    c.sq = 300;
+    c.sk = 1500;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("dense", HeadConfig{2, 1, 1, 1, 192, 128, DType::kFloat16}, 8208);
+    c.sq = 260;
+    c.sk = 1200;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("longformer", HeadConfig{4, 1, 1, 1, 64, 64, DType::kFloat16}, 8209);
+    c.sq = 2048;
+    run_case(c);
+  }
+  {
+    // A split forward and a split (non-deterministic) backward in one case.
+    Case c = fwd_split_case("global", HeadConfig{4, 1, 1, 5, 128, 128, DType::kBFloat16}, 8210);
+    c.sq = 1200;
+    c.sk = 1100;
+    c.backward = true;
+    c.deterministic = false;
+    run_case(c);
+  }
+}
+
+// Without a workspace (or in grid mode) the forward runs one CTA per task, unsplit.
+TEST(FlexGpu, FwdLongListsUnsplit) {
+  REQUIRE_GPU();
+  Case c = fwd_split_case("global", HeadConfig{4, 1, 4, 5, 64, 64, DType::kBFloat16}, 8301);
+  c.sq = 1300;
+  c.sk = 1300;
+  c.expect_fwd_split = false;
+  c.fwd_workspace = false;
+  run_case(c);
+  c.fwd_workspace = true;
+  c.grid_mode = true;
+  c.seed = 8302;
+  run_case(c);
+}
+
+// A split forward captured into a CUDA graph; replays give the eager results bitwise.
+TEST(FlexGpu, FwdSplitGraphReplay) {
+  REQUIRE_GPU();
+  Case c = fwd_split_case("global", HeadConfig{4, 2, 4, 5, 64, 64, DType::kFloat16}, 8401);
+  c.sq = 1300;
+  c.sk = 1300;
+  auto p = make_problem(c);
+  cudaStream_t s;
+  ASSERT_EQ(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking), cudaSuccess);
+  auto fe = alloc_fwd(*p, false);
+  launch_fwd(*p, *fe, s);
+  ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+  auto fg = alloc_fwd(*p, false);
+  cudaGraph_t graph;
+  ASSERT_EQ(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal), cudaSuccess);
+  launch_fwd(*p, *fg, s);
+  ASSERT_EQ(cudaStreamEndCapture(s, &graph), cudaSuccess);
+  cudaGraphExec_t exec;
+  ASSERT_EQ(cudaGraphInstantiate(&exec, graph, 0), cudaSuccess);
+  for (int rep = 0; rep < 2; ++rep) {
+    for (DevTensor* d : {&fg->dout_, &fg->dlse, &fg->dml}) poison(*d, s);
+    ASSERT_EQ(cudaGraphLaunch(exec, s), cudaSuccess);
+    ASSERT_EQ(cudaStreamSynchronize(s), cudaSuccess);
+    EXPECT_TRUE(raw_bytes(fg->dout_) == raw_bytes(fe->dout_)) << "out, replay " << rep;
+    EXPECT_TRUE(raw_bytes(fg->dlse) == raw_bytes(fe->dlse)) << "lse, replay " << rep;
+    EXPECT_TRUE(raw_bytes(fg->dml) == raw_bytes(fe->dml)) << "max_logit, replay " << rep;
+  }
+  download(fe->dout_, fe->out);
+  EXPECT_TRUE(all_close(fe->out.to_vector(), p->ref_out.to_vector(), 4e-3, 4e-3)) << "out";
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(s);
 }
 
 // Forward and backward captured into one CUDA graph; replays give the eager results
