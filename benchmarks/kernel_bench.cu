@@ -159,6 +159,12 @@ int main(int argc, char** argv) {
       fa.out = dev_view(o, DType::kBFloat16, {B, S, H, D});
       fa.lse = dev_view(lse, DType::kFloat32, {B, H, S});
       fa.softmax_scale = scale;
+      // The forward's split schedule needs its workspace (without one it runs unsplit).
+      const size_t fws_bytes = flex_fwd_workspace_size(gd, *plan, false);
+      void* fws = nullptr;
+      ck(cudaMalloc(&fws, std::max<size_t>(fws_bytes, 16)), "forward workspace");
+      fa.workspace = fws;
+      fa.workspace_bytes = fws_bytes;
       const double fwd_ms = time_ms([&] { launch_flex_fwd(fa); }, iters, flush, flush_bytes);
       const double fwd_flops = 4.0 * D * pairs;
       std::printf("%-6lld %-10s %-4s %10.3f %10.1f %10.3f %10lld\n", (long long)S, causal ? "causal" : "dense", "fwd",
@@ -190,6 +196,7 @@ int main(int argc, char** argv) {
                     (long long)hp->counts.bwd_partial);
       }
       ck(cudaFree(ws), "free");
+      ck(cudaFree(fws), "free");
       ck(cudaDeviceSynchronize(), "bench");
     }
     for (void* p : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)dout, (void*)dq, (void*)dk, (void*)dv, (void*)lse})
