@@ -108,7 +108,60 @@ class _ThreadArgs(threading.local):
     descs = None
 
 
-class FlexAttentionFwd:
+class _OpBase:
+    """What FlexAttentionFwd and FlexAttentionBwd share: the C handle's lifecycle
+    (check_support -> compile -> workspace_size) and the launch. Subclasses set _NAME and
+    _C ("fwd" or "bwd", the infix of the fs_flex_*_* C functions)."""
+
+    _NAME = ""
+    _C = ""
+    _handle = None
+
+    def _fn(self, suffix: str):
+        return getattr(_lib.lib(), f"fs_flex_{self._C}_{suffix}")
+
+    def _live(self):
+        if self._handle is None:
+            raise ValueError(f"{self._NAME}: this object was destroyed")
+        return self._handle
+
+    def check_support(self) -> bool:
+        """Raises RuntimeError (not supported: head dims, dtype, architecture) or returns True."""
+        _lib.check(self._fn("check_support")(self._live()), f"{self._NAME}.check_support")
+        self._supported = True
+        return True
+
+    def compile(self) -> None:
+        """Prepares the launch (kernel selection, workspace size); runs check_support() first if needed. Idempotent."""
+        if not self._supported:
+            self.check_support()
+        _lib.check(self._fn("compile")(self._live()), f"{self._NAME}.compile")
+        self._compiled = True
+        self._workspace_size = None
+
+    @property
+    def workspace_size(self) -> int:
+        """Bytes of uint8 workspace execute() needs (on the device of the tensors)."""
+        if self._workspace_size is None:
+            n = ctypes.c_size_t()
+            _lib.check(self._fn("workspace_size")(self._live(), ctypes.byref(n)), f"{self._NAME}.workspace_size")
+            self._workspace_size = int(n.value)
+        return self._workspace_size
+
+    def _launch(self, handle, args, ws_ptr, ws_bytes, q) -> int:
+        return self._fn("execute")(handle, ctypes.byref(args), ws_ptr, ws_bytes, _lib.stream_of(q))
+
+    def __del__(self):
+        h = getattr(self, "_handle", None)
+        if h is not None:
+            self._handle = None
+            try:
+                self._fn("destroy")(h)
+            except Exception:
+                pass
+
+
+class FlexAttentionFwd(_OpBase):
     """Precompiled, allocation-free flex-attention forward.
 
     The constructor captures sample descriptors (shape, strides, dtype, device of
@@ -167,6 +220,8 @@ class FlexAttentionFwd:
         self._workspace_size: Optional[int] = None
 
     _NAMES = ("q", "k", "v", "out", "lse", "max_logit")
+    _NAME = "FlexAttentionFwd"
+    _C = "fwd"
     _EXECUTE = "FlexAttentionFwd.execute"  # prefix of every execute() error
 
     @staticmethod
@@ -192,36 +247,6 @@ class FlexAttentionFwd:
             self._scale,
             self._has_scale,
         )
-
-    def _live(self):
-        if self._handle is None:
-            raise ValueError("FlexAttentionFwd: this object was destroyed")
-        return self._handle
-
-    def check_support(self) -> bool:
-        """Raises RuntimeError (not supported: head dims, dtype, architecture) or returns True."""
-        _lib.check(_lib.lib().fs_flex_fwd_check_support(self._live()), "FlexAttentionFwd.check_support")
-        self._supported = True
-        return True
-
-    def compile(self) -> None:
-        """Prepares the launch (kernel selection, workspace size); runs check_support() first if needed. Idempotent."""
-        if not self._supported:
-            self.check_support()
-        _lib.check(_lib.lib().fs_flex_fwd_compile(self._live()), "FlexAttentionFwd.compile")
-        self._compiled = True
-        self._workspace_size = None
-
-    @property
-    def workspace_size(self) -> int:
-        """Bytes of uint8 workspace execute() needs (on the device of the tensors)."""
-        if self._workspace_size is None:
-            n = ctypes.c_size_t()
-            _lib.check(
-                _lib.lib().fs_flex_fwd_workspace_size(self._live(), ctypes.byref(n)), "FlexAttentionFwd.workspace_size"
-            )
-            self._workspace_size = int(n.value)
-        return self._workspace_size
 
     def execute(
         self,
@@ -256,21 +281,8 @@ class FlexAttentionFwd:
         # C-layer errors come back as "FlexAttentionFwd.execute: <argument>: <rule>".
         _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, q), where)
 
-    @staticmethod
-    def _launch(handle, args, ws_ptr, ws_bytes, q) -> int:
-        return _lib.lib().fs_flex_fwd_execute(handle, ctypes.byref(args), ws_ptr, ws_bytes, _lib.stream_of(q))
 
-    def __del__(self):
-        h = getattr(self, "_handle", None)
-        if h is not None:
-            self._handle = None
-            try:
-                _lib.lib().fs_flex_fwd_destroy(h)
-            except Exception:
-                pass
-
-
-class FlexAttentionBwd:
+class FlexAttentionBwd(_OpBase):
     """Precompiled, allocation-free flex-attention backward (dq, dk, dv from dout and the forward's lse).
 
     Same lifecycle as :class:`FlexAttentionFwd`. The plan must have been built with
@@ -328,6 +340,8 @@ class FlexAttentionBwd:
         self._workspace_size: Optional[int] = None
 
     _NAMES = ("q", "k", "v", "out", "do", "lse", "dq", "dk", "dv")
+    _NAME = "FlexAttentionBwd"
+    _C = "bwd"
     _EXECUTE = "FlexAttentionBwd.execute"  # prefix of every execute() error
 
     @staticmethod
@@ -343,33 +357,6 @@ class FlexAttentionBwd:
             self._has_scale,
             1 if self.deterministic else 0,
         )
-
-    def _live(self):
-        if self._handle is None:
-            raise ValueError("FlexAttentionBwd: this object was destroyed")
-        return self._handle
-
-    def check_support(self) -> bool:
-        _lib.check(_lib.lib().fs_flex_bwd_check_support(self._live()), "FlexAttentionBwd.check_support")
-        self._supported = True
-        return True
-
-    def compile(self) -> None:
-        if not self._supported:
-            self.check_support()
-        _lib.check(_lib.lib().fs_flex_bwd_compile(self._live()), "FlexAttentionBwd.compile")
-        self._compiled = True
-        self._workspace_size = None
-
-    @property
-    def workspace_size(self) -> int:
-        if self._workspace_size is None:
-            n = ctypes.c_size_t()
-            _lib.check(
-                _lib.lib().fs_flex_bwd_workspace_size(self._live(), ctypes.byref(n)), "FlexAttentionBwd.workspace_size"
-            )
-            self._workspace_size = int(n.value)
-        return self._workspace_size
 
     def execute(
         self,
@@ -401,19 +388,6 @@ class FlexAttentionBwd:
         args = tls.args
         args.plan = plan_handle
         _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, q), where)
-
-    @staticmethod
-    def _launch(handle, args, ws_ptr, ws_bytes, q) -> int:
-        return _lib.lib().fs_flex_bwd_execute(handle, ctypes.byref(args), ws_ptr, ws_bytes, _lib.stream_of(q))
-
-    def __del__(self):
-        h = getattr(self, "_handle", None)
-        if h is not None:
-            self._handle = None
-            try:
-                _lib.lib().fs_flex_bwd_destroy(h)
-            except Exception:
-                pass
 
 
 # ---------------------------------------------------------------------------
