@@ -19,7 +19,10 @@ struct FlexFwdLaunch {
   TensorView lse;        // optional (undefined = not written)
   TensorView max_logit;  // optional; reset to -inf on the stream by the launch, then reduced into
   float softmax_scale = 0.0f;
-  void* workspace = nullptr;               // >= flex_fwd_workspace_size bytes, device
+  // >= flex_fwd_workspace_size bytes, device: the split schedule (work items, per-item fp32
+  // partial outputs of long Q2K walks). workspace_bytes == 0 runs every task unsplit (one CTA
+  // per task; for internal callers -- the C ABI always passes the full size).
+  void* workspace = nullptr;
   size_t workspace_bytes = 0;
   void* stream = nullptr;                  // cudaStream_t
 };
@@ -31,6 +34,8 @@ struct FlexBwdLaunch {
   TensorView dq, dk, dv;
   float softmax_scale = 0.0f;
   bool deterministic = false;
+  // >= flex_bwd_workspace_size bytes, device: D = rowsum(dO*O), LSE*log2(e), the fp32 dQ
+  // accumulator (non-deterministic) and the split schedule of long K2Q walks.
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   void* stream = nullptr;
