@@ -252,34 +252,8 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
 #pragma unroll
       for (int i = 0; i < 4; ++i) s[n][i] = dp[n][i] = 0.0f;
     }
-#pragma unroll
-    for (int kk = 0; kk < T::kDqk / 16; ++kk) {
-      if (T::kExact || kk * 16 < p.head_dqk) {
-        uint32_t a[4];
-        ldmatrix_x4(a, aQ.at(kk, 0));
-#pragma unroll
-        for (int n = 0; n < T::kNS; n += 2) {
-          uint32_t bb[4];
-          ldmatrix_x4(bb, bK.at(kk, n * 8));
-          mma_16816<kBf16>(s[n], a, bb[0], bb[1]);
-          mma_16816<kBf16>(s[n + 1], a, bb[2], bb[3]);
-        }
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < T::kDv / 16; ++kk) {
-      if (T::kExact || kk * 16 < p.head_dv) {
-        uint32_t a[4];
-        ldmatrix_x4(a, aO.at(kk, 0));
-#pragma unroll
-        for (int n = 0; n < T::kNS; n += 2) {
-          uint32_t bb[4];
-          ldmatrix_x4(bb, bV.at(kk, n * 8));
-          mma_16816<kBf16>(dp[n], a, bb[0], bb[1]);
-          mma_16816<kBf16>(dp[n + 1], a, bb[2], bb[3]);
-        }
-      }
-    }
+    warp_mma_a_bnk<T::kDqk / 16, T::kNS, T::kExact, kBf16>(s, aQ, bK, p.head_dqk);
+    warp_mma_a_bnk<T::kDv / 16, T::kNS, T::kExact, kBf16>(dp, aO, bV, p.head_dv);
 #pragma unroll
     for (int n = 0; n < T::kNS; ++n) {
 #pragma unroll
@@ -583,34 +557,8 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
 #pragma unroll
       for (int i = 0; i < 4; ++i) s[n][i] = dp[n][i] = 0.0f;
     }
-#pragma unroll
-    for (int kk = 0; kk < T::kDqk / 16; ++kk) {
-      if (T::kExact || kk * 16 < p.head_dqk) {
-        uint32_t a[4];
-        ldmatrix_x4(a, aQ.at(kk, 0));
-#pragma unroll
-        for (int n = 0; n < T::kNSQ; n += 2) {
-          uint32_t bb[4];
-          ldmatrix_x4(bb, bK.at(kk, n * 8));
-          mma_16816<kBf16>(s[n], a, bb[0], bb[1]);
-          mma_16816<kBf16>(s[n + 1], a, bb[2], bb[3]);
-        }
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < T::kDv / 16; ++kk) {
-      if (T::kExact || kk * 16 < p.head_dv) {
-        uint32_t a[4];
-        ldmatrix_x4(a, aO.at(kk, 0));
-#pragma unroll
-        for (int n = 0; n < T::kNSQ; n += 2) {
-          uint32_t bb[4];
-          ldmatrix_x4(bb, bV.at(kk, n * 8));
-          mma_16816<kBf16>(dp[n], a, bb[0], bb[1]);
-          mma_16816<kBf16>(dp[n + 1], a, bb[2], bb[3]);
-        }
-      }
-    }
+    warp_mma_a_bnk<T::kDqk / 16, T::kNSQ, T::kExact, kBf16>(s, aQ, bK, p.head_dqk);
+    warp_mma_a_bnk<T::kDv / 16, T::kNSQ, T::kExact, kBf16>(dp, aO, bV, p.head_dv);
 #pragma unroll
     for (int n = 0; n < T::kNSQ; ++n) {
 #pragma unroll
