@@ -39,7 +39,7 @@ extern "C" {
 #endif
 
 /* Bumped on any incompatible change of a struct or signature in this header. */
-#define FLASHSPAN_ABI_VERSION 1
+#define FLASHSPAN_ABI_VERSION 2
 
 typedef enum fs_status {
   FS_STATUS_SUCCESS = 0,
@@ -206,6 +206,10 @@ typedef struct fs_flex_bwd_args {
   float softmax_scale;
   int32_t has_softmax_scale;
   int32_t deterministic;         /* 1: bitwise reproducible dQ/dK/dV */
+  /* Optional (NULL: no LSE gradient): fp32, shape of lse, the loss gradient w.r.t. the
+   * forward's LSE. It adds dlse_i * P_ij to dS_ij (as d LSE_i / d S_ij = P_ij), i.e. it shifts
+   * D_i = dO_i . O_i by -dlse_i; same cost as a backward without it. Since ABI version 2. */
+  const fs_tensor_t* dlse;
 } fs_flex_bwd_args_t;
 
 FS_API fs_status_t fs_flex_bwd_create(const fs_flex_bwd_args_t* sample, fs_flex_bwd_t* op);

@@ -239,6 +239,12 @@ struct BwdArgs {
   float softmax_scale = 0.0f;
   bool has_softmax_scale = false;
   bool deterministic = false;
+  const TensorDesc* dlse = nullptr;  // optional fp32, shape of lse: gradient w.r.t. lse
+
+  BwdArgs& with_dlse(const TensorDesc* t) {
+    dlse = t;
+    return *this;
+  }
 
   fs_flex_bwd_args_t to_c() const {
     auto p = [](const TensorDesc* t) { return t ? t->get() : nullptr; };
@@ -256,6 +262,7 @@ struct BwdArgs {
     c.softmax_scale = softmax_scale;
     c.has_softmax_scale = has_softmax_scale ? 1 : 0;
     c.deterministic = deterministic ? 1 : 0;
+    c.dlse = p(dlse);
     return c;
   }
 };

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 # Must equal FLASHSPAN_ABI_VERSION of the header these mirrors were written from.
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 # fs_status_t
 STATUS_SUCCESS = 0
@@ -166,6 +166,7 @@ class FsFlexBwdArgs(Structure):
         ("softmax_scale", c_float),
         ("has_softmax_scale", c_int32),
         ("deterministic", c_int32),
+        ("dlse", POINTER(FsTensor)),
     ]
 
 

@@ -314,6 +314,7 @@ class FlexAttentionBwd(_OpBase):
         plan: MaskPlan,
         softmax_scale: Optional[float] = None,
         deterministic: bool = False,
+        dlse: Optional[torch.Tensor] = None,
         _hold_plan: bool = True,
     ):
         self._handle = None
@@ -326,36 +327,39 @@ class FlexAttentionBwd(_OpBase):
         self._scale, self._has_scale = _scale_fields(softmax_scale)
         self.softmax_scale = softmax_scale
         self.deterministic = bool(deterministic)
+        self.has_dlse = dlse is not None
         self.device = q.device if isinstance(q, torch.Tensor) else None
-        descs = self._descs(q, k, v, out, do, lse, dq, dk, dv)
+        descs = self._descs(q, k, v, out, do, lse, dq, dk, dv, dlse)
         args = self._args(descs, handle)
         h = ctypes.c_void_p()
         _lib.check(_lib.lib().fs_flex_bwd_create(ctypes.byref(args), ctypes.byref(h)), "FlexAttentionBwd")
         self._handle = h
-        self._specs = _specs(self._NAMES, (q, k, v, out, do, lse, dq, dk, dv))
+        self._specs = _specs(self._NAMES, (q, k, v, out, do, lse, dq, dk, dv, dlse))
         self._tls = _ThreadArgs()
         self._plan = plan if _hold_plan else None
         self._supported = False
         self._compiled = False
         self._workspace_size: Optional[int] = None
 
-    _NAMES = ("q", "k", "v", "out", "do", "lse", "dq", "dk", "dv")
+    _NAMES = ("q", "k", "v", "out", "do", "lse", "dq", "dk", "dv", "dlse")
     _NAME = "FlexAttentionBwd"
     _C = "bwd"
     _EXECUTE = "FlexAttentionBwd.execute"  # prefix of every execute() error
 
     @staticmethod
-    def _descs(q, k, v, out, do, lse, dq, dk, dv):
+    def _descs(q, k, v, out, do, lse, dq, dk, dv, dlse):
         names = FlexAttentionBwd._NAMES
-        return tuple(_lib.TensorDesc(t, n) for t, n in zip((q, k, v, out, do, lse, dq, dk, dv), names))
+        required = tuple(_lib.TensorDesc(t, n) for t, n in zip((q, k, v, out, do, lse, dq, dk, dv), names))
+        return required + (_lib.desc(dlse, "dlse"),)
 
     def _args(self, d, plan_handle) -> _lib.FsFlexBwdArgs:
         return _lib.FsFlexBwdArgs(
-            *(_lib.ptr(x) for x in d),
+            *(_lib.ptr(x) for x in d[:9]),
             plan_handle,
             self._scale,
             self._has_scale,
             1 if self.deterministic else 0,
+            _lib.ptr(d[9]),
         )
 
     def execute(
@@ -371,8 +375,12 @@ class FlexAttentionBwd(_OpBase):
         dv: torch.Tensor,
         plan: MaskPlan,
         workspace: Optional[torch.Tensor] = None,
+        dlse: Optional[torch.Tensor] = None,
     ) -> None:
-        """Writes dq, dk, dv on the current stream; allocates nothing and never synchronises."""
+        """Writes dq, dk, dv on the current stream; allocates nothing and never synchronises.
+
+        dlse (fp32, shape of lse) must be given exactly when the object was constructed with one.
+        """
         where = self._EXECUTE
         handle = self._live()
         plan_handle = _check_plan(plan, where)
@@ -381,9 +389,10 @@ class FlexAttentionBwd(_OpBase):
         ws_ptr, ws_bytes = _workspace_ptr(workspace, self.workspace_size, q.device, where)
         tls = self._tls
         if tls.args is None:
-            tls.descs = tuple(sp.desc() for sp in self._specs)
+            tls.descs = tuple(None if sp is None else sp.desc() for sp in self._specs)
             tls.args = self._args(tls.descs, None)
-        for spec, d, t, name in zip(self._specs, tls.descs, (q, k, v, out, do, lse, dq, dk, dv), self._NAMES):
+        tensors = (q, k, v, out, do, lse, dq, dk, dv, dlse)
+        for spec, d, t, name in zip(self._specs, tls.descs, tensors, self._NAMES):
             _bind(spec, d, t, name, where)
         args = tls.args
         args.plan = plan_handle
@@ -448,18 +457,18 @@ def run_forward(
     return out, lse, max_logit
 
 
-def _run_backward_once(q, k, v, out, do, lse, dq, dk, dv, plan, softmax_scale, deterministic):
-    key = ("bwd", _strides(q, k, v, out, do, lse, dq, dk, dv), softmax_scale, bool(deterministic))
+def _run_backward_once(q, k, v, out, do, lse, dq, dk, dv, plan, softmax_scale, deterministic, dlse=None):
+    key = ("bwd", _strides(q, k, v, out, do, lse, dq, dk, dv, dlse), softmax_scale, bool(deterministic))
     op = _cached(
         plan,
         key,
         lambda: FlexAttentionBwd(
-            q, k, v, out, do, lse, dq, dk, dv, plan, softmax_scale, deterministic, _hold_plan=False
+            q, k, v, out, do, lse, dq, dk, dv, plan, softmax_scale, deterministic, dlse=dlse, _hold_plan=False
         ),
     )
     n = op.workspace_size
     ws = torch.empty(n, dtype=torch.uint8, device=q.device) if n else None
-    op.execute(q, k, v, out, do, lse, dq, dk, dv, plan, workspace=ws)
+    op.execute(q, k, v, out, do, lse, dq, dk, dv, plan, workspace=ws, dlse=dlse)
 
 
 def run_backward(
@@ -477,34 +486,16 @@ def run_backward(
     """Allocates dq, dk, dv and runs the backward, including the gradient of lse when dlse is given.
 
     With g = dlse, d(lse_i)/d(S_ij) = P_ij, so the score gradient becomes
-    dS_ij = P_ij (dP_ij - D_i + g_i): the LSE gradient enters exactly like a shift of
-    D_i = dO_i . O_i by -g_i. The C ABI has no dlse input, so the g term runs as a
-    second backward call whose only nonzero score gradient is that term, by linearity:
-    v' = 0 (so dP' = 0), dO' = e_0 + e_1 and O' = -(g_hi e_0 + g_lo e_1), giving
-    D'_i = -g_i and dS'_ij = P_ij g_i; its dq/dk are added, its dv (= P^T dO') dropped.
-    g is split into g_hi + g_lo in the input dtype so fp16/bf16 lose no precision.
+    dS_ij = P_ij (dP_ij - D_i + g_i): the library takes g as the optional dlse input of
+    the backward and folds it into D_i = dO_i . O_i (one backward call either way).
     """
     if do is None:
         do = torch.zeros_like(out)
     elif do.stride(-1) != 1:
         do = do.contiguous()
+    if dlse is not None:
+        # Autograd may hand an expanded (stride-0) or non-fp32 gradient: one dense fp32 copy.
+        dlse = dlse.to(torch.float32).contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    _run_backward_once(q, k, v, out, do, lse, dq, dk, dv, plan, softmax_scale, deterministic)
-    if dlse is None:
-        return dq, dk, dv
-    g = dlse.float()
-    # lse [B,Hq,Sq] -> [B,Sq,Hq]; THD [Hq,Tq] -> [Tq,Hq]: the (row, head) order of out.
-    g = g.transpose(-1, -2)
-    g_hi = g.to(out.dtype)
-    g_lo = (g - g_hi.float()).to(out.dtype)
-    out_g = torch.zeros_like(out, memory_format=torch.contiguous_format)
-    out_g[..., 0] = -g_hi
-    out_g[..., 1] = -g_lo
-    do_g = torch.zeros_like(out_g)
-    do_g[..., :2] = 1
-    v_g = torch.zeros_like(v, memory_format=torch.contiguous_format)
-    dq_g, dk_g, dv_g = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v_g)
-    _run_backward_once(q, k, v_g, out_g, do_g, lse, dq_g, dk_g, dv_g, plan, softmax_scale, deterministic)
-    dq += dq_g
-    dk += dk_g
+    _run_backward_once(q, k, v, out, do, lse, dq, dk, dv, plan, softmax_scale, deterministic, dlse)
     return dq, dk, dv

@@ -435,7 +435,7 @@ struct FwdViews {
 };
 
 struct BwdViews {
-  TensorView q, k, v, out, dout, lse, dq, dk, dv;
+  TensorView q, k, v, out, dout, lse, dq, dk, dv, dlse;
 };
 
 FwdViews fwd_views(const fs_flex_fwd_args_t* a) {
@@ -451,7 +451,7 @@ BwdViews bwd_views(const fs_flex_bwd_args_t* a) {
           tensor_view_from_fs(a->v, "v"),   tensor_view_from_fs(a->out, "out"),
           tensor_view_from_fs(a->dout, "dout"), tensor_view_from_fs(a->lse, "lse"),
           tensor_view_from_fs(a->dq, "dq"), tensor_view_from_fs(a->dk, "dk"),
-          tensor_view_from_fs(a->dv, "dv")};
+          tensor_view_from_fs(a->dv, "dv"), tensor_view_from_fs(a->dlse, "dlse")};
 }
 
 void check_bwd_tensors(const FlexGeometry& g, const BwdViews& t) {
@@ -463,6 +463,7 @@ void check_bwd_tensors(const FlexGeometry& g, const BwdViews& t) {
   FS_CHECK_ARG(t.lse.defined(), "lse: is required for the backward pass (the forward's LSE)");
   expected_lse_shape(g, s, &n);
   check_same_tensor_shape(t.lse, "lse", s, n, DType::kFloat32, g.device, g.device_id);
+  if (t.dlse.defined()) check_same_tensor_shape(t.dlse, "dlse", s, n, DType::kFloat32, g.device, g.device_id);
   expected_q_shape(g, s, &n);
   check_same_tensor_shape(t.dq, "dq", s, n, g.dtype, g.device, g.device_id);
   expected_k_shape(g, s, &n);
@@ -478,7 +479,7 @@ struct fs_flex_fwd : OpState {
 };
 
 struct fs_flex_bwd : OpState {
-  TensorDesc q, k, v, out, dout, lse, dq, dk, dv;
+  TensorDesc q, k, v, out, dout, lse, dq, dk, dv, dlse;
   bool deterministic = false;
 };
 
@@ -598,6 +599,7 @@ FS_API fs_status_t fs_flex_bwd_create(const fs_flex_bwd_args_t* a, fs_flex_bwd_t
     h->dq = TensorDesc::capture(t.dq);
     h->dk = TensorDesc::capture(t.dk);
     h->dv = TensorDesc::capture(t.dv);
+    h->dlse = TensorDesc::capture(t.dlse);
     h->scale = resolve_scale(plan.geometry, a->softmax_scale, a->has_softmax_scale, false);
     h->deterministic = a->deterministic != 0;
     *op = h.release();
@@ -641,6 +643,7 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
     op->dq.check_matches(t.dq, "dq");
     op->dk.check_matches(t.dk, "dk");
     op->dv.check_matches(t.dv, "dv");
+    op->dlse.check_matches(t.dlse, "dlse");
     if (op->on_cpu()) {
       reference::FlexBackwardArgs r;
       r.geometry = &plan.geometry;
@@ -651,6 +654,7 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
       r.out = t.out;
       r.dout = t.dout;
       r.lse = t.lse;
+      r.dlse = t.dlse;
       r.dq = t.dq;
       r.dk = t.dk;
       r.dv = t.dv;
@@ -660,6 +664,7 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
     }
 #ifdef FLASHSPAN_WITH_CUDA
     check_workspace(flex_bwd_workspace_size(plan.geometry, plan, op->deterministic), workspace, workspace_bytes);
+    FS_CHECK_SUPPORTED(!t.dlse.defined(), "dlse: not supported by the GPU kernels yet");
     FlexBwdLaunch l;
     l.geometry = &plan.geometry;
     l.plan = &plan;
@@ -669,6 +674,7 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
     l.out = t.out;
     l.dout = t.dout;
     l.lse = t.lse;
+    l.dlse = t.dlse;
     l.dq = t.dq;
     l.dk = t.dk;
     l.dv = t.dv;

@@ -31,6 +31,7 @@ struct FlexBwdLaunch {
   const FlexGeometry* geometry = nullptr;
   const MaskPlan* plan = nullptr;          // must have backward metadata
   TensorView q, k, v, out, dout, lse;
+  TensorView dlse;                         // optional fp32, shape of lse (gradient of lse)
   TensorView dq, dk, dv;
   float softmax_scale = 0.0f;
   bool deterministic = false;

@@ -355,14 +355,18 @@ void backward_impl(const FlexBackwardArgs& a) {
   const Acc scale = static_cast<Acc>(a.softmax_scale);
   const int64_t tq = g.total_q;
 
-  // LSE (float, head-major) and D_i = dO_i . O_i, both [Hq, total_q].
+  // LSE (float, head-major) and D_i = dO_i . O_i - dlse_i, both [Hq, total_q]. The dlse
+  // term: d LSE_i / d S_ij = P_ij, so dS_ij = P_ij (dP_ij - dO_i . O_i + dlse_i).
   std::vector<float> lse(static_cast<size_t>(hq) * tq);
   std::vector<Acc> delta(static_cast<size_t>(hq) * tq);
   const LseIndexer lse_idx(a.lse, g.varlen, g.max_seqlen_q);
+  const bool has_dlse = a.dlse.defined();
+  const LseIndexer dlse_idx = has_dlse ? LseIndexer(a.dlse, g.varlen, g.max_seqlen_q) : LseIndexer();
   parallel_for(hq, [&](int64_t h) {
     for (int64_t r = 0; r < tq; ++r) {
       lse[h * tq + r] = a.lse.ptr<const float>()[lse_idx(h, r)];
       delta[h * tq + r] = dot<Acc>(dof.at(h, r), of.at(h, r), dv);
+      if (has_dlse) delta[h * tq + r] -= static_cast<Acc>(a.dlse.ptr<const float>()[dlse_idx(h, r)]);
     }
   });
 
@@ -488,6 +492,7 @@ void flex_backward(const FlexBackwardArgs& args) {
   check_tensor(args.out, "out", g, expected_out_shape, g.dtype);
   check_tensor(args.dout, "dout", g, expected_out_shape, g.dtype);
   check_tensor(args.lse, "lse", g, expected_lse_shape, DType::kFloat32);
+  if (args.dlse.defined()) check_tensor(args.dlse, "dlse", g, expected_lse_shape, DType::kFloat32);
   check_tensor(args.dq, "dq", g, expected_q_shape, g.dtype);
   check_tensor(args.dk, "dk", g, expected_k_shape, g.dtype);
   check_tensor(args.dv, "dv", g, expected_v_shape, g.dtype);

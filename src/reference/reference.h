@@ -40,6 +40,8 @@ struct FlexBackwardArgs {
   const int32_t* mask = nullptr;
   TensorView q, k, v, out, dout;
   TensorView lse;                 // float32, as produced by flex_forward
+  TensorView dlse;                // optional float32, shape of lse: gradient w.r.t. lse
+                                  // (adds dlse_i * P_ij to dS_ij, i.e. D_i -= dlse_i)
   TensorView dq, dk, dv;          // written
   float softmax_scale = 0.0f;
   bool accumulate_double = false;

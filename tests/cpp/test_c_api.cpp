@@ -158,6 +158,58 @@ TEST(CApi, BackwardLifecycleWritesEveryGradient) {
   for (float x : p.dv) ASSERT_TRUE(std::isfinite(x));
 }
 
+// dlse (the LSE gradient input): the result equals the reference's with the same dlse and
+// differs from the run without it; presence and shape are part of the compiled descriptor.
+TEST(CApi, BackwardTakesLseGradient) {
+  Problem p(8);
+  MaskPlan plan = MaskPlan::create(PlanArgs{&p.tmask, &p.tq, &p.tk, &p.tv}.with_backward(true));
+  FwdArgs fa{&p.tq, &p.tk, &p.tv, &p.tout, &plan};
+  fa.with_lse(&p.tlse);
+  FlexAttentionFwd fwd(fa);
+  fwd.check_support();
+  fwd.compile();
+  fwd.execute(fa, nullptr, 0);
+  BwdArgs ba{&p.tq, &p.tk, &p.tv, &p.tout, &p.tdout, &p.tlse, &p.tdq, &p.tdk, &p.tdv, &plan};
+  FlexAttentionBwd plain(ba);
+  plain.check_support();
+  plain.compile();
+  plain.execute(ba, nullptr, 0);
+  const std::vector<float> dq0 = p.dq, dk0 = p.dk, dv0 = p.dv;
+
+  std::vector<float> dlse(p.lse.size());
+  std::mt19937 rng(11);
+  std::normal_distribution<float> n(0.f, 1.f);
+  for (auto& x : dlse) x = n(rng);
+  TensorDesc tdlse(dlse.data(), kFloat32, Device::cpu(), {p.B, p.Hq, p.S});
+  BwdArgs bl = ba;
+  bl.with_dlse(&tdlse);
+  FlexAttentionBwd with(bl);
+  with.check_support();
+  with.compile();
+  with.execute(bl, nullptr, 0);
+  EXPECT_EQ(p.dv, dv0) << "dlse must not change dv";
+  EXPECT_NE(p.dq, dq0) << "dlse must change dq";
+  EXPECT_NE(p.dk, dk0) << "dlse must change dk";
+  // dq must equal the plain dq plus the dlse term, which is linear in dlse: run with -dlse
+  // and check that the two dq average back to the plain one.
+  const std::vector<float> dq_plus = p.dq;
+  for (auto& x : dlse) x = -x;
+  with.execute(bl, nullptr, 0);
+  for (size_t i = 0; i < dq0.size(); ++i) {
+    ASSERT_NEAR(0.5f * (dq_plus[i] + p.dq[i]), dq0[i], 1e-4f * (1.f + std::fabs(dq0[i]))) << i;
+  }
+
+  std::string msg = error_of([&] { plain.execute(bl, nullptr, 0); }, FS_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(msg.find("dlse"), std::string::npos) << msg;
+  msg = error_of([&] { with.execute(ba, nullptr, 0); }, FS_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(msg.find("dlse"), std::string::npos) << msg;
+  TensorDesc wrong(dlse.data(), kFloat32, Device::cpu(), {p.B, p.S, p.Hq});
+  BwdArgs bw = ba;
+  bw.with_dlse(&wrong);
+  msg = error_of([&] { FlexAttentionBwd bad(bw); }, FS_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(msg.find("dlse"), std::string::npos) << msg;
+}
+
 TEST(CApi, ExecuteBeforeCompileIsAnError) {
   Problem p;
   MaskPlan plan = MaskPlan::create(PlanArgs{&p.tmask, &p.tq, &p.tk, &p.tv});

@@ -620,7 +620,9 @@ TEST(Reference, ResultsAreBitwiseReproducible) {
 // Backward against central finite differences (double accumulation, fp32 inputs)
 // ===========================================================================
 
-void finite_difference_check(const FlexGeometry& g, uint64_t seed) {
+// with_lse_grad: the loss also has sum(lse * u) over the finite LSE entries, and the
+// backward gets dlse = u (the LSE gradient input).
+void finite_difference_check(const FlexGeometry& g, uint64_t seed, bool with_lse_grad = false) {
   Rng rng(seed);
   const std::vector<int32_t> mask = random_interval_mask(rng, g);
   const float scale = default_softmax_scale(g.head_dim_qk);
@@ -631,6 +633,9 @@ void finite_difference_check(const FlexGeometry& g, uint64_t seed) {
   HostTensor w = make_out(g);  // loss = sum(out * w)  =>  dL/dout = w
   w.fill_uniform(rng, -1, 1);
   const std::vector<double> wd = w.to_vector();
+  HostTensor u = make_lse(g);  // loss += sum(lse * u)  =>  dL/dlse = u
+  u.fill_uniform(rng, -1, 1);
+  const std::vector<double> ud = u.to_vector();
 
   FlexForwardArgs fa;
   fa.geometry = &g;
@@ -646,6 +651,11 @@ void finite_difference_check(const FlexGeometry& g, uint64_t seed) {
     reference::flex_forward(fa);
     double l = 0;
     for (int64_t i = 0; i < out.numel(); ++i) l += out.flat(i) * wd[i];
+    if (with_lse_grad) {
+      for (int64_t i = 0; i < lse.numel(); ++i) {
+        if (std::isfinite(lse.flat(i))) l += lse.flat(i) * ud[i];
+      }
+    }
     return l;
   };
   loss();
@@ -662,6 +672,7 @@ void finite_difference_check(const FlexGeometry& g, uint64_t seed) {
   ba.out = out.view();
   ba.dout = w.view();
   ba.lse = lse.view();
+  if (with_lse_grad) ba.dlse = u.view();
   ba.dq = dq.view();
   ba.dk = dk.view();
   ba.dv = dv.view();
@@ -706,6 +717,20 @@ TEST(Reference, BackwardMatchesFiniteDifferencesThd) {
   h.dv = 8;
   h.dtype = DType::kFloat32;
   finite_difference_check(make_thd_geometry({2, 0, 3}, {3, 2, 5}, h), 22);
+}
+
+TEST(Reference, LseGradientMatchesFiniteDifferences) {
+  HeadConfig h;
+  h.hq = 4;
+  h.hkv = 2;
+  h.hmask = 4;
+  h.nfunc = 3;
+  h.dqk = 8;
+  h.dv = 8;
+  h.dtype = DType::kFloat32;
+  finite_difference_check(make_bshd_geometry(2, 5, 4, h), 23, /*with_lse_grad=*/true);
+  h.hmask = 1;
+  finite_difference_check(make_thd_geometry({3, 0, 4}, {2, 3, 5}, h), 24, /*with_lse_grad=*/true);
 }
 
 // ===========================================================================
