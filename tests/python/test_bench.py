@@ -315,3 +315,19 @@ def test_merge_runs(tmp_path):
     assert len(doc["checks"]) == 2 and doc["complete"]
     md = (merged / "results.md").read_text()
     assert "## causal" in md and "## local" in md
+
+
+def test_dense_only_filters_dense_shapes(tmp_path):
+    """--dense-only keeps the dense shapes whose label contains the text (and fails on none)."""
+    _library_or_skip()
+    out = tmp_path / "dense"
+    rc = bench.main(["--dense", "--no-masks", "--dense-only", "D64", "--seqlen", "48", "--reps", "1",
+                     "--warmup", "0", "--device", "cpu", "--no-progress", "--peers", "none", "--phase",
+                     "forward", "--output-dir", str(out)])
+    assert rc == 0
+    names = {r["workload"] for r in json.loads((out / "results.json").read_text())["results"]}
+    assert names and all("D64" in n for n in names), names
+    assert any(n.endswith("causal") for n in names) and any(not n.endswith("causal") for n in names), names
+    with pytest.raises(SystemExit):
+        bench.main(["--dense", "--no-masks", "--dense-only", "no such shape", "--device", "cpu",
+                    "--output-dir", str(tmp_path / "none")])

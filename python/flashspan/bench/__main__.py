@@ -63,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"benchmark mask(s), repeatable or comma-separated (default all: {', '.join(BENCHMARK_MASKS)})")
     p.add_argument("--no-masks", action="store_true", help="skip the flex-mask workloads (with --dense)")
     p.add_argument("--dense", action="store_true", help="also run the dense SDPA shapes of BENCHMARK.md")
+    p.add_argument("--dense-only", action="append", metavar="TEXT",
+                   help="with --dense: keep only the dense shapes whose label contains TEXT (repeatable; "
+                        "e.g. 'H16 S32768' for B1 H16 S32768 D128, causal and not)")
     p.add_argument("--seqlen", type=int, help="S (default 131072 on a GPU, 32768 with --quick, 512 on CPU)")
     p.add_argument("--phase", action="append", metavar="PHASE[,PHASE]",
                    help="forward, backward, combined (default all three)")
@@ -459,7 +462,12 @@ def main(argv=None) -> int:
     if args.masks:
         workloads += flex_workloads(args.masks, seqlen, args.head_dims, args.heads, args.batch, args.seed, device)
     if args.dense:
-        workloads += dense_workloads(args.quick, seqlen if cpu else None, device)
+        dense = dense_workloads(args.quick, seqlen if cpu else None, device)
+        if args.dense_only:
+            dense = [w for w in dense if any(t in w.name for t in args.dense_only)]
+            if not dense:
+                raise SystemExit(f"flashspan-bench: --dense-only {args.dense_only} matches no dense shape")
+        workloads += dense
     timer = Timer(device, warmup, reps)
     env = report.environment(device, argv)
     config = {
