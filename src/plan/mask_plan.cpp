@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "plan/plan_layout.h"
+#include "plan/planner.h"
 
 #ifdef FLASHSPAN_WITH_CUDA
 #include <cuda_runtime.h>
@@ -67,6 +68,8 @@ PlanViewPtrs MaskPlan::fwd_view() const {
   PlanViewPtrs v;
   v.block_q = signature.consumer.fwd_block_q;
   v.block_k = signature.consumer.fwd_block_k;
+  v.pack_group = fwd_pack_group(geometry, signature.pack_gqa);
+  v.num_mask_heads = fwd_mask_heads(geometry, signature.pack_gqa);
   v.num_q_blocks = counts.fwd_num_q_blocks;
   v.num_k_blocks = counts.fwd_num_k_blocks;
   v.q_block_start = array("fwd_q_block_start");
@@ -88,6 +91,7 @@ PlanViewPtrs MaskPlan::bwd_view() const {
   PlanViewPtrs v;
   v.block_q = signature.consumer.bwd_block_q;
   v.block_k = signature.consumer.bwd_block_k;
+  v.num_mask_heads = geometry.num_heads_mask;
   v.num_q_blocks = counts.bwd_num_q_blocks;
   v.num_k_blocks = counts.bwd_num_k_blocks;
   v.q_block_start = array("bwd_q_block_start");
@@ -125,14 +129,18 @@ std::string PlanSignature::to_string(const FlexGeometry& g) const {
   return s;
 }
 
+bool choose_pack_gqa(const FlexGeometry& g, const Consumer& c) {
+  return g.num_heads_kv > 0 && g.group_size() > 1 && g.max_seqlen_q < c.fwd_block_q;
+}
+
 // ---------------------------------------------------------------------------
 // Shared planner helpers (plan_layout.h)
 // ---------------------------------------------------------------------------
 
-std::vector<int32_t> block_starts(const std::vector<int32_t>& cu, int block) {
+std::vector<int32_t> block_starts(const std::vector<int32_t>& cu, int block, int rows_per_position) {
   std::vector<int32_t> s(cu.size(), 0);
   for (size_t b = 0; b + 1 < cu.size(); ++b) {
-    const int64_t len = int64_t(cu[b + 1]) - cu[b];
+    const int64_t len = (int64_t(cu[b + 1]) - cu[b]) * rows_per_position;
     s[b + 1] = static_cast<int32_t>(s[b] + (len + block - 1) / block);
   }
   return s;
@@ -140,7 +148,6 @@ std::vector<int32_t> block_starts(const std::vector<int32_t>& cu, int block) {
 
 void check_plan_request(const PlanRequest& req) {
   FS_CHECK_ARG(req.geometry != nullptr, "geometry: is required");
-  FS_CHECK_SUPPORTED(!req.pack_gqa, "pack_gqa: packed-GQA planning is not implemented yet; use pack_gqa=False");
   const Consumer& c = req.consumer;
   FS_CHECK_SUPPORTED(c.layout == PayloadLayout::kM16N64Frag, "consumer: unknown payload layout ", int(c.layout));
   auto tile_ok = [](int rows, int cols) { return rows > 0 && cols > 0 && rows % 16 == 0 && cols % 64 == 0; };
@@ -153,6 +160,8 @@ void check_plan_request(const PlanRequest& req) {
                    int64_t(g.cu_seqlens_k.size()) == g.batch + 1,
                "geometry: cu_seqlens copies must have B+1 entries");
   FS_CHECK_ARG(g.num_heads_mask == 1 || g.num_heads_mask == g.num_heads_q, "geometry: Hmask must be 1 or Hq");
+  FS_CHECK_ARG(g.num_heads_kv >= 1 && g.num_heads_q % g.num_heads_kv == 0,
+               "geometry: Hq must be a positive multiple of Hkv");
   FS_CHECK_ARG(g.nfunc > 0 && g.nfunc % 2 == 1, "geometry: nfunc must be positive and odd");
 }
 
@@ -171,13 +180,13 @@ void assign_plan_layout(MaskPlan& plan, bool keep_mask) {
     plan.arrays.push_back(PlanArray{name, off, count});
     off += (count + kPlanAlign - 1) / kPlanAlign * kPlanAlign;
   };
-  const int64_t B1 = g.batch + 1, Hm = g.num_heads_mask;
+  const int64_t B1 = g.batch + 1, Hm = g.num_heads_mask, Hmv = fwd_mask_heads(g, plan.signature.pack_gqa);
   add("cu_seqlens_q", B1);
   add("cu_seqlens_k", B1);
   add("fwd_q_block_start", B1);
   add("fwd_k_block_start", B1);
-  add("fwd_q2k_partial_ptr", Hm * n.fwd_num_q_blocks + 1);
-  add("fwd_q2k_full_ptr", Hm * n.fwd_num_q_blocks + 1);
+  add("fwd_q2k_partial_ptr", Hmv * n.fwd_num_q_blocks + 1);
+  add("fwd_q2k_full_ptr", Hmv * n.fwd_num_q_blocks + 1);
   add("fwd_q2k_partial_kb", n.fwd_partial);
   add("fwd_q2k_full_kb", n.fwd_full);
   add("fwd_tasks", 4 * n.num_tasks);

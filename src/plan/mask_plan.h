@@ -9,7 +9,8 @@
 // `q_block_start[b]` (prefix sums, [B+1]) gives the global index of sample b's first
 // query block; global query block gq = q_block_start[b] + local block i. Same for keys.
 // A CSR row of the Q2K relation is r = hm * NQB + gq (hm = mask head, NQB = total
-// query blocks); of the K2Q relation r = hm * NKB + gk.
+// query blocks); of the K2Q relation r = hm * NKB + gk. (Packed-GQA forward views count
+// query blocks over packed rows and use virtual mask heads: see "Packed GQA" below.)
 //
 // Classes. A (query block, key block) pair is
 //   empty   — no visible, in-bounds element: never listed;
@@ -30,8 +31,29 @@
 // Schedules (for persistent kernels), 4 int32 per task, ordered by cost (number of
 // partial + full blocks) descending, ties by (batch, head, block) ascending:
 //   fwd_tasks [num_tasks*4]: {local query block, query head, batch, cost}, over all Hq heads
+//     (packed plans: {packed local query block, kv head, batch, cost} over all Hkv heads)
 //   bwd_tasks [num_bwd_tasks*4]: {local key block, kv head, batch, cost}; cost sums the
 //     K2Q lists of the kv head's query heads
+//
+// Packed GQA (signature.pack_gqa; G = group_size() = Hq / Hkv > 1). Only the FORWARD view
+// changes; the backward view (bwd_* arrays, K2Q, bwd_tasks) is exactly the unpacked one (the
+// dK/dV kernel already shares a K/V tile across the group's query heads). A plan requested
+// with pack_gqa but G == 1 is the ordinary plan with pack_gqa = false (packing is the identity).
+// In the packed forward view, the G query heads of a kv head share one query tile:
+//   - sample b has len_q(b) * G packed rows; packed row r = s * G + g is query position s
+//     (sample-local) of query head hkv * G + g;
+//   - query blocks are over packed rows: nqb(b) = ceil(len_q(b) * G / Bq), fwd_q_block_start
+//     their prefix sums, counts.fwd_num_q_blocks = NQB (packed); key blocks are unchanged;
+//   - the CSR has Hmv = (Hmask == 1 ? 1 : Hkv) virtual mask heads: row vm * NQB + gq, so
+//     fwd_q2k_*_ptr have Hmv * NQB + 1 entries; packed row r of virtual head vm reads mask
+//     head (Hmask == 1 ? 0 : vm * G + r % G), mask row q_start(b) + r / G (packed_rows.h);
+//   - classes, payload bits (rows = the block's packed rows; a packed row r >= len_q * G is
+//     outside the sample, so never visible) and list order are as for unpacked rows;
+//   - fwd_tasks run over the Hkv heads (num_tasks = Hkv * NQB); a task's kv head hkv uses
+//     CSR head vm = (Hmask == 1 ? 0 : hkv);
+//   - counts.visible_pairs keeps its meaning (over the Hmask mask heads; equal to the
+//     unpacked plan's value).
+// fwd_mask_heads() / fwd_pack_group() below give Hmv and G (1 when unpacked) of a plan.
 // Sequences:
 //   cu_seqlens_q [B+1], cu_seqlens_k [B+1] (copies; BSHD: b*Sq, b*Sk)
 // CPU plans also keep `mask_func` (a copy of the endpoints), which the CPU reference
@@ -87,13 +109,22 @@ struct PlanCounts {
 struct PlanSignature {
   Consumer consumer;
   bool has_backward = false;
-  bool pack_gqa = false;
+  bool pack_gqa = false;       // packed-GQA forward view (only ever true when G > 1)
   std::string to_string(const FlexGeometry& g) const;
 };
+
+// Query heads sharing one forward row group: G when the plan is packed, else 1.
+inline int fwd_pack_group(const FlexGeometry& g, bool pack_gqa) { return pack_gqa ? g.group_size() : 1; }
+// Mask heads of the forward CSR: Hmask unpacked; packed (Hmask == 1 ? 1 : Hkv).
+inline int fwd_mask_heads(const FlexGeometry& g, bool pack_gqa) {
+  return g.num_heads_mask == 1 ? 1 : g.num_heads_mask / fwd_pack_group(g, pack_gqa);
+}
 
 // Raw pointers of one view, as kernels see them (device or host pointers).
 struct PlanViewPtrs {
   int32_t block_q = 0, block_k = 0;
+  int32_t pack_group = 1;      // G of a packed forward view, else 1 (rows are packed rows)
+  int32_t num_mask_heads = 0;  // CSR mask heads (Hmask, or Hmv of a packed forward view)
   int64_t num_q_blocks = 0, num_k_blocks = 0;  // NQB, NKB over all samples
   const int32_t* q_block_start = nullptr;
   const int32_t* k_block_start = nullptr;

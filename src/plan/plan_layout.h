@@ -16,13 +16,18 @@ namespace flashspan {
 
 constexpr int64_t kPlanAlign = 32;  // int32 elements (128 bytes)
 
-// Prefix sums of ceil(len(b) / block) over samples, [B+1]. `cu` are cumulative lengths.
-std::vector<int32_t> block_starts(const std::vector<int32_t>& cu, int block);
+// Prefix sums of ceil(len(b) * rows_per_position / block) over samples, [B+1]. `cu` are
+// cumulative lengths; rows_per_position = G for the packed-GQA forward view, else 1.
+std::vector<int32_t> block_starts(const std::vector<int32_t>& cu, int block, int rows_per_position = 1);
 
 // Checks what both planners need from a request: geometry present, consumer tiles valid
-// for the payload layout (rows % 16, cols % 64), pack_gqa not requested (not implemented).
+// for the payload layout (rows % 16, cols % 64), Hmask in {1, Hq}, Hq % Hkv == 0.
 // Throws Error(kInvalidArgument / kNotSupported).
 void check_plan_request(const PlanRequest& req);
+
+// Whether the plan of `req` is packed: pack_gqa requested and G > 1 (with G == 1 packing
+// is the identity, and the plan is the ordinary one with signature.pack_gqa = false).
+inline bool plan_is_packed(const PlanRequest& req) { return req.pack_gqa && req.geometry->group_size() > 1; }
 
 // Fills plan.arrays and plan.buffer_elements from plan.geometry, plan.signature and
 // plan.counts (fwd/bwd block and nnz counts must be set). Array order:

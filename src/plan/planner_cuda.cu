@@ -105,10 +105,12 @@ int32_t* arr(MaskPlan& plan, const char* name) {
 // One view (tile shape) of the plan during planning.
 struct ViewState {
   int bq = 0, bk = 0;
+  int group = 1;             // G of a packed-GQA forward view, else 1
+  bool shared_mask = false;  // Hmask == 1
   std::vector<int32_t> qbs, kbs;  // host block starts
   const int32_t* d_qbs = nullptr;  // device copies (meta scratch)
   const int32_t* d_kbs = nullptr;
-  long long nqb = 0, nkb = 0, rows = 0;  // rows = Hmask * NQB
+  long long nqb = 0, nkb = 0, rows = 0;  // rows = (virtual) mask heads * NQB
   int32_t* p_cnt = nullptr;  // [rows + 1], last entry 0
   int32_t* f_cnt = nullptr;
   int32_t* p_ptr = nullptr;  // scanned
@@ -124,6 +126,8 @@ RelationArgs relation_args(const FlexGeometry& g, const int32_t* mask, const int
   a.T = g.total_q;
   a.nfunc = g.nfunc;
   a.batch = g.batch;
+  a.group = v.group;
+  a.shared_mask = v.shared_mask;
   a.cu_q = d_cu_q;
   a.cu_k = d_cu_k;
   a.qbs = v.d_qbs;
@@ -136,14 +140,17 @@ RelationArgs relation_args(const FlexGeometry& g, const int32_t* mask, const int
   return a;
 }
 
-void setup_view(ViewState& v, const FlexGeometry& g, int bq, int bk) {
+// `packed`: the packed-GQA forward view (mask_plan.h).
+void setup_view(ViewState& v, const FlexGeometry& g, int bq, int bk, bool packed) {
   v.bq = bq;
   v.bk = bk;
-  v.qbs = block_starts(g.cu_seqlens_q, bq);
+  v.group = fwd_pack_group(g, packed);
+  v.shared_mask = g.num_heads_mask == 1;
+  v.qbs = block_starts(g.cu_seqlens_q, bq, v.group);
   v.kbs = block_starts(g.cu_seqlens_k, bk);
   v.nqb = v.qbs.back();
   v.nkb = v.kbs.back();
-  v.rows = int64_t(g.num_heads_mask) * v.nqb;
+  v.rows = int64_t(fwd_mask_heads(g, packed)) * v.nqb;
   FS_CHECK_SUPPORTED(v.rows < (int64_t(1) << 31) && int64_t(g.num_heads_mask) * v.nkb < (int64_t(1) << 31),
                      "mask_func: Hmask x blocks exceeds 2^31 for tile ", bq, "x", bk);
   int64_t max_nkb = 1;
@@ -194,6 +201,8 @@ void launch_payloads(const FlexGeometry& g, const int32_t* mask, const int32_t* 
   a.T = g.total_q;
   a.nfunc = g.nfunc;
   a.batch = g.batch;
+  a.group = v.group;
+  a.shared_mask = v.shared_mask;
   a.cu_q = d_cu_q;
   a.qbs = v.d_qbs;
   a.bq = v.bq;
@@ -220,10 +229,11 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   const Consumer& c = req.consumer;
   const int B = g.batch, Hm = g.num_heads_mask;
   const long long T = g.total_q;
+  const bool packed = plan_is_packed(req);
 
   ViewState fv, bv;
-  setup_view(fv, g, c.fwd_block_q, c.fwd_block_k);
-  if (bwd) setup_view(bv, g, c.bwd_block_q, c.bwd_block_k);
+  setup_view(fv, g, c.fwd_block_q, c.fwd_block_k, packed);
+  if (bwd) setup_view(bv, g, c.bwd_block_q, c.bwd_block_k, false);
 
   // ---- Phase 1 scratch: meta (cu_q, cu_k, fwd/bwd block starts, each B+1), counts and
   // pointers [fwd p | fwd f | bwd p | bwd f] (each rows + 1), header, scan temp storage.
@@ -315,14 +325,15 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   plan->geometry = g;
   plan->signature.consumer = c;
   plan->signature.has_backward = bwd;
-  plan->signature.pack_gqa = false;
+  plan->signature.pack_gqa = packed;
   PlanCounts& n = plan->counts;
   n.fwd_num_q_blocks = fv.nqb;
   n.fwd_num_k_blocks = fv.nkb;
   n.fwd_partial = h.fwd_partial;
   n.fwd_full = h.fwd_full;
-  n.visible_pairs = static_cast<int64_t>(h.visible);
-  n.num_tasks = int64_t(g.num_heads_q) * fv.nqb;
+  // A packed view with one shared mask head holds every query row G times.
+  n.visible_pairs = static_cast<int64_t>(h.visible) / (fv.shared_mask ? fv.group : 1);
+  n.num_tasks = int64_t(g.num_heads_q / fv.group) * fv.nqb;
   if (bwd) {
     n.bwd_num_q_blocks = bv.nqb;
     n.bwd_num_k_blocks = bv.nkb;
@@ -415,9 +426,10 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   launch_payloads(g, mask, d_cu_q, fv, n.fwd_partial, fv.p_ptr, arr(*plan, "fwd_q2k_partial_kb"),
                   reinterpret_cast<uint32_t*>(arr(*plan, "fwd_q2k_partial_bits")), st);
   {
+    // Tasks over query heads, or kv heads of a packed view (CSR head 0 when Hmask == 1).
     ScheduleArgs sa{};
     sa.batch = B;
-    sa.heads = g.num_heads_q;
+    sa.heads = g.num_heads_q / fv.group;
     sa.group = 1;
     sa.shared_mask = Hm == 1;
     sa.starts = fv.d_qbs;

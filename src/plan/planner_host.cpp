@@ -9,26 +9,31 @@
 // Bq*Bk (visible keys are always inside the sample, so this also means "inside both
 // sequences"), empty iff 0, partial otherwise. Only partial blocks touch elements: their
 // payload bits are set from the row intervals clipped to the block.
+//
+// The packed-GQA forward view (mask_plan.h) runs the same code over packed rows: a block's
+// rows come from block_rows() (packed_rows.h), the mapping the CUDA planner also uses.
 #include <algorithm>
 #include <cstring>
 #include <numeric>
 
 #include "api/validation.h"
 #include "core/error.h"
+#include "plan/packed_rows.h"
 #include "plan/plan_layout.h"
 #include "plan/planner.h"
 
 namespace flashspan {
 namespace {
 
-// One Q2K relation at one tile shape (CSR over rows hm * NQB + gq).
+// One Q2K relation at one tile shape (CSR over rows hm * NQB + gq; hm a virtual mask head
+// of a packed view).
 struct HostRelation {
   int bq = 0, bk = 0;
   std::vector<int32_t> qbs, kbs;            // block starts [B+1]
   std::vector<int32_t> p_ptr, f_ptr;        // [Hmask*NQB + 1]
   std::vector<int32_t> p_kb, f_kb;          // sample-local key blocks
   std::vector<uint32_t> bits;               // payloads, CSR order
-  int64_t visible = 0;                      // visible pairs summed over mask heads
+  int64_t visible = 0;                      // visible pairs summed over the CSR's (virtual) heads
 };
 
 // Adds the overlap of key interval [a, e) with every key block to `diff` (difference
@@ -51,18 +56,21 @@ inline void add_interval(std::vector<int32_t>& diff, int64_t a, int64_t e, int b
   diff[ke + 1] -= last;
 }
 
-void build_relation(const int32_t* mask, const FlexGeometry& g, int bq, int bk, HostRelation& rel) {
+// `group` = G for the packed-GQA forward view, 1 otherwise.
+void build_relation(const int32_t* mask, const FlexGeometry& g, int bq, int bk, int group, HostRelation& rel) {
   rel.bq = bq;
   rel.bk = bk;
-  rel.qbs = block_starts(g.cu_seqlens_q, bq);
+  rel.qbs = block_starts(g.cu_seqlens_q, bq, group);
   rel.kbs = block_starts(g.cu_seqlens_k, bk);
   const int64_t nqb_all = rel.qbs.back();
   const int64_t T = g.total_q;
   const int nf = g.nfunc;
   const int words = payload_words(bq, bk);
   const int32_t full_count = bq * bk;
-  rel.p_ptr.assign(g.num_heads_mask * nqb_all + 1, 0);
-  rel.f_ptr.assign(g.num_heads_mask * nqb_all + 1, 0);
+  const bool shared = g.num_heads_mask == 1;
+  const int heads = shared ? 1 : g.num_heads_mask / group;
+  rel.p_ptr.assign(heads * nqb_all + 1, 0);
+  rel.f_ptr.assign(heads * nqb_all + 1, 0);
   rel.p_kb.clear();
   rel.f_kb.clear();
   rel.bits.clear();
@@ -71,18 +79,17 @@ void build_relation(const int32_t* mask, const FlexGeometry& g, int bq, int bk, 
   std::vector<int32_t> diff;
   std::vector<int32_t> partial;  // partial key blocks of the current query block
   std::vector<int32_t> ep(nf);
-  for (int hm = 0; hm < g.num_heads_mask; ++hm) {
-    const int32_t* mh = mask + int64_t(hm) * nf * T;
+  for (int hm = 0; hm < heads; ++hm) {
     for (int b = 0; b < g.batch; ++b) {
-      const int64_t lq = g.seqlen_q(b);
+      const int64_t lq = g.seqlen_q(b) * group;  // (packed) rows of the sample
       const int64_t nkb = rel.kbs[b + 1] - rel.kbs[b];
       const int64_t nqb = rel.qbs[b + 1] - rel.qbs[b];
       for (int64_t i = 0; i < nqb; ++i) {
-        const int64_t row0 = g.cu_seqlens_q[b] + i * bq;
+        const BlockRows br = block_rows(mask, T, nf, group, shared, hm, g.cu_seqlens_q[b], i * bq);
         const int64_t rows = std::min<int64_t>(bq, lq - i * bq);
         diff.assign(nkb + 1, 0);
         for (int64_t r = 0; r < rows; ++r) {
-          const int32_t* e = mh + row0 + r;
+          const int32_t* e = br.row(static_cast<int>(r));
           add_interval(diff, 0, e[0], bk);
           for (int f = 1; f + 1 < nf; f += 2) add_interval(diff, e[int64_t(f) * T], e[int64_t(f + 1) * T], bk);
         }
@@ -105,7 +112,8 @@ void build_relation(const int32_t* mask, const FlexGeometry& g, int bq, int bk, 
         rel.bits.resize(base + partial.size() * words, 0u);
         uint32_t* out = rel.bits.data() + base;
         for (int64_t r = 0; r < rows; ++r) {
-          for (int f = 0; f < nf; ++f) ep[f] = mh[int64_t(f) * T + row0 + r];
+          const int32_t* e = br.row(static_cast<int>(r));
+          for (int f = 0; f < nf; ++f) ep[f] = e[int64_t(f) * T];
           for (int f = -1; f + 1 < nf; f += 2) {
             const int64_t a = f < 0 ? 0 : ep[f], e = ep[f + 1];
             if (a >= e) continue;
@@ -175,24 +183,26 @@ std::unique_ptr<MaskPlan> build_mask_plan_host(const PlanRequest& req, const int
   plan->geometry = g;
   plan->signature.consumer = req.consumer;
   plan->signature.has_backward = req.build_backward;
-  plan->signature.pack_gqa = false;
+  plan->signature.pack_gqa = plan_is_packed(req);
   const Consumer& c = req.consumer;
+  const int pack = fwd_pack_group(g, plan->signature.pack_gqa);
 
   HostRelation fwd, bwd;
-  build_relation(mask, g, c.fwd_block_q, c.fwd_block_k, fwd);
+  build_relation(mask, g, c.fwd_block_q, c.fwd_block_k, pack, fwd);
   PlanCounts& n = plan->counts;
   n.fwd_num_q_blocks = fwd.qbs.back();
   n.fwd_num_k_blocks = fwd.kbs.back();
   n.fwd_partial = int64_t(fwd.p_kb.size());
   n.fwd_full = int64_t(fwd.f_kb.size());
-  n.visible_pairs = fwd.visible;
-  n.num_tasks = int64_t(g.num_heads_q) * n.fwd_num_q_blocks;
+  // A packed view with one shared mask head holds every query row G times.
+  n.visible_pairs = g.num_heads_mask == 1 ? fwd.visible / pack : fwd.visible;
+  n.num_tasks = int64_t(g.num_heads_q / pack) * n.fwd_num_q_blocks;
 
   // K2Q (backward): transpose of the backward Q2K, rows hm * NKB + gk. Iterating Q2K rows in
   // ascending order keeps every K2Q row sorted by query block.
   std::vector<int32_t> k2q_p_ptr, k2q_f_ptr, k2q_p_qb, k2q_p_idx, k2q_f_qb;
   if (req.build_backward) {
-    build_relation(mask, g, c.bwd_block_q, c.bwd_block_k, bwd);
+    build_relation(mask, g, c.bwd_block_q, c.bwd_block_k, 1, bwd);
     n.bwd_num_q_blocks = bwd.qbs.back();
     n.bwd_num_k_blocks = bwd.kbs.back();
     n.bwd_partial = int64_t(bwd.p_kb.size());
@@ -249,8 +259,9 @@ std::unique_ptr<MaskPlan> build_mask_plan_host(const PlanRequest& req, const int
   put(*plan, "fwd_q2k_full_kb", fwd.f_kb);
   put(*plan, "fwd_q2k_partial_bits", fwd.bits);
   {
+    // Tasks over query heads, or kv heads of a packed view (CSR head 0 when Hmask == 1).
     const int64_t NQB = n.fwd_num_q_blocks;
-    build_schedule(g.batch, g.num_heads_q, fwd.qbs,
+    build_schedule(g.batch, g.num_heads_q / pack, fwd.qbs,
                    [&](int b, int h, int32_t i) {
                      const int64_t r = g.mask_head(h) * NQB + fwd.qbs[b] + i;
                      return fwd.p_ptr[r + 1] - fwd.p_ptr[r] + fwd.f_ptr[r + 1] - fwd.f_ptr[r];

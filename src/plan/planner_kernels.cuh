@@ -10,6 +10,7 @@
 #include <cub/block/block_scan.cuh>
 
 #include "kernels/common/payload_layout.h"
+#include "plan/packed_rows.h"
 #include "plan/payload_word.h"
 
 namespace flashspan {
@@ -108,11 +109,14 @@ __global__ void finalize_header_kernel(Header* h, const int32_t* __restrict__ ma
   }
 }
 
-// Arguments of the per-query-block classifier (one CTA per CSR row hm * NQB + gq).
+// Arguments of the per-query-block classifier (one CTA per CSR row hm * NQB + gq; hm is a
+// virtual mask head of a packed view).
 struct RelationArgs {
   const int32_t* mask;  // [Hmask, nfunc, T]
   long long T;
   int nfunc, batch;
+  int group;            // G of the packed-GQA forward view, else 1 (packed_rows.h)
+  bool shared_mask;     // Hmask == 1
   const int32_t* cu_q;  // [B+1] device copies
   const int32_t* cu_k;
   const int32_t* qbs;   // block starts [B+1] of this view
@@ -171,14 +175,14 @@ __global__ void __launch_bounds__(kThreads) relation_kernel(RelationArgs a) {
   const long long gq = csr_row - hm * a.nqb_all;
   const int b = find_segment(a.qbs, a.batch, gq);
   const long long i = gq - a.qbs[b];
-  const long long row0 = a.cu_q[b] + i * a.bq;
-  const int rows = (int)min((long long)a.bq, (long long)a.cu_q[b + 1] - row0);
+  const long long lq = (long long)(a.cu_q[b + 1] - a.cu_q[b]) * a.group;  // (packed) rows of the sample
+  const int rows = (int)min((long long)a.bq, lq - i * a.bq);
   const long long lk = a.cu_k[b + 1] - a.cu_k[b];
   const long long nkb = a.kbs[b + 1] - a.kbs[b];
   const int tid = threadIdx.x;
 
-  // Endpoint f of row r of this query block: ep[f * T + r].
-  const int32_t* ep = a.mask + (long long)hm * a.nfunc * a.T + row0;
+  // Endpoint f of row r of this query block: ep.row(r)[f * T].
+  const BlockRows ep = block_rows(a.mask, a.T, a.nfunc, a.group, a.shared_mask, hm, a.cu_q[b], i * a.bq);
   const long long stride = a.T;
   if (tid == 0) {
     s_p = 0;
@@ -204,8 +208,9 @@ __global__ void __launch_bounds__(kThreads) relation_kernel(RelationArgs a) {
     const long long lo_col = c0 * a.bk, hi_col = min(lk, (c0 + C) * a.bk);
     for (long long x = tid; x < (long long)rows * nint; x += kThreads) {
       const int j = (int)(x / rows), r = (int)(x - (long long)j * rows);
-      long long s = j == 0 ? 0 : ep[(2 * j - 1) * stride + r];
-      long long e = ep[2 * j * stride + r];
+      const int32_t* er = ep.row(r);
+      long long s = j == 0 ? 0 : er[(2 * j - 1) * stride];
+      long long e = er[2 * j * stride];
       s = max(lo_col, min(s, hi_col));
       e = max(lo_col, min(e, hi_col));
       if (s < e) add_interval_shared(diff, s - lo_col, e - lo_col, a.bk);
@@ -284,6 +289,8 @@ struct PayloadArgs {
   const int32_t* mask;  // [Hmask, nfunc, T]
   long long T;
   int nfunc, batch;
+  int group;            // as in RelationArgs
+  bool shared_mask;
   const int32_t* cu_q;
   const int32_t* qbs;
   int bq, bk;
@@ -311,12 +318,12 @@ __global__ void __launch_bounds__(kThreads) payload_kernel(PayloadArgs a) {
     const long long gq = row - hm * a.nqb_all;
     const int b = find_segment(a.qbs, a.batch, gq);
     const long long i = gq - a.qbs[b];
-    const long long row0 = a.cu_q[b] + i * a.bq;
-    const int rows = (int)min((long long)a.bq, (long long)a.cu_q[b + 1] - row0);
-    const int32_t* ep = a.mask + (long long)hm * a.nfunc * a.T + row0;
+    const long long lq = (long long)(a.cu_q[b + 1] - a.cu_q[b]) * a.group;
+    const int rows = (int)min((long long)a.bq, lq - i * a.bq);
+    const BlockRows ep = block_rows(a.mask, a.T, a.nfunc, a.group, a.shared_mask, hm, a.cu_q[b], i * a.bq);
     const long long col0 = (long long)a.p_kb[e] * a.bk;
     for (int w = threadIdx.x; w < words; w += kThreads)
-      a.bits[e * words + w] = payload_word(ep, a.T, a.nfunc, rows, col0, a.bk, w);
+      a.bits[e * words + w] = payload_word(ep, a.nfunc, rows, col0, a.bk, w);
   }
 }
 

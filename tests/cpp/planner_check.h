@@ -2,7 +2,10 @@
 //
 // Independent of the planner: visibility is tested per element by walking the row's
 // intervals, blocks are classified by counting their elements, and the CSR lists, payload
-// bits, K2Q transpose, schedules and counts are rebuilt and compared.
+// bits, K2Q transpose, schedules and counts are rebuilt and compared. Packed-GQA forward
+// views (mask_plan.h) are checked with the packed-row mapping written out here again
+// (packed row P of CSR head vm = query P / G of mask head (Hmask == 1 ? 0 : vm*G + P % G)),
+// not with the planner's packed_rows.h.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -31,19 +34,30 @@ struct ViewNames {
   int bq, bk;
 };
 
-// Checks one view's Q2K (classes, order, payloads); returns the brute-force visible count.
+// Query heads packed into one forward row group (G), 1 for unpacked views.
+inline int packed_group(const flashspan::MaskPlan& plan, bool bwd) {
+  return !bwd && plan.signature.pack_gqa ? plan.geometry.num_heads_q / plan.geometry.num_heads_kv : 1;
+}
+
+// Checks one view's Q2K (classes, order, payloads); returns the brute-force visible count
+// over the view's rows (a packed view with Hmask == 1 counts every query row G times).
 inline int64_t check_q2k_view(const flashspan::MaskPlan& plan, const int32_t* mask, bool bwd) {
   using namespace flashspan;
   const FlexGeometry& g = plan.geometry;
   const PlanViewPtrs v = bwd ? plan.bwd_view() : plan.fwd_view();
   const int bq = v.block_q, bk = v.block_k;
   const int words = payload_words(bq, bk);
+  const int G = packed_group(plan, bwd);
+  const bool shared = g.num_heads_mask == 1;
+  const int heads = shared ? 1 : g.num_heads_mask / G;  // CSR (virtual) mask heads
+  EXPECT_EQ(v.pack_group, G);
+  EXPECT_EQ(v.num_mask_heads, heads);
   int64_t visible_total = 0;
   // Block starts.
   for (int b = 0; b <= g.batch; ++b) {
     int64_t sq = 0, sk = 0;
     for (int bb = 0; bb < b; ++bb) {
-      sq += (g.seqlen_q(bb) + bq - 1) / bq;
+      sq += (g.seqlen_q(bb) * G + bq - 1) / bq;
       sk += (g.seqlen_k(bb) + bk - 1) / bk;
     }
     EXPECT_EQ(v.q_block_start[b], sq) << "q_block_start[" << b << "]";
@@ -54,9 +68,9 @@ inline int64_t check_q2k_view(const flashspan::MaskPlan& plan, const int32_t* ma
   EXPECT_EQ(v.q2k_partial_ptr[0], 0);
   EXPECT_EQ(v.q2k_full_ptr[0], 0);
   int failures = 0;
-  for (int hm = 0; hm < g.num_heads_mask && failures < 10; ++hm) {
+  for (int hm = 0; hm < heads && failures < 10; ++hm) {
     for (int b = 0; b < g.batch; ++b) {
-      const int64_t lq = g.seqlen_q(b), lk = g.seqlen_k(b);
+      const int64_t lq = g.seqlen_q(b) * G, lk = g.seqlen_k(b);  // (packed) rows, keys
       const int64_t nqb = (lq + bq - 1) / bq, nkb = (lk + bk - 1) / bk;
       for (int64_t i = 0; i < nqb; ++i) {
         const int64_t r = hm * v.num_q_blocks + v.q_block_start[b] + i;
@@ -66,12 +80,13 @@ inline int64_t check_q2k_view(const flashspan::MaskPlan& plan, const int32_t* ma
           std::vector<uint32_t> bits(words, 0u);
           int64_t n = 0;
           for (int rr = 0; rr < bq; ++rr) {
-            const int64_t q = i * bq + rr;
+            const int64_t q = i * bq + rr;  // packed row when G > 1
             if (q >= lq) continue;
+            const int mh = shared ? 0 : hm * G + int(q % G);
             for (int cc = 0; cc < bk; ++cc) {
               const int64_t k = kb * bk + cc;
               if (k >= lk) continue;
-              if (visible(mask, g, hm, g.cu_seqlens_q[b] + q, k)) {
+              if (visible(mask, g, mh, g.cu_seqlens_q[b] + q / G, k)) {
                 ++n;
                 const PayloadPos p = payload_position(rr, cc, bk);
                 bits[p.word] |= 1u << p.bit;
@@ -107,9 +122,11 @@ inline int64_t check_q2k_view(const flashspan::MaskPlan& plan, const int32_t* ma
       }
     }
   }
-  EXPECT_EQ(v.q2k_partial_ptr[g.num_heads_mask * v.num_q_blocks], plan.counts.fwd_partial * !bwd +
-                                                                      plan.counts.bwd_partial * bwd);
-  EXPECT_EQ(v.q2k_full_ptr[g.num_heads_mask * v.num_q_blocks], plan.counts.fwd_full * !bwd + plan.counts.bwd_full * bwd);
+  EXPECT_EQ(v.q2k_partial_ptr[heads * v.num_q_blocks], plan.counts.fwd_partial * !bwd + plan.counts.bwd_partial * bwd);
+  EXPECT_EQ(v.q2k_full_ptr[heads * v.num_q_blocks], plan.counts.fwd_full * !bwd + plan.counts.bwd_full * bwd);
+  int64_t n = 0;
+  plan.array(bwd ? "bwd_q2k_partial_ptr" : "fwd_q2k_partial_ptr", &n);
+  EXPECT_EQ(n, heads * v.num_q_blocks + 1);
   return visible_total;
 }
 
@@ -186,10 +203,17 @@ inline void check_plan(const flashspan::MaskPlan& plan, const int32_t* mask) {
     EXPECT_LE(a.offset + a.count, plan.buffer_elements) << a.name;
   }
 
+  // Packed plans only exist for G > 1.
+  if (plan.signature.pack_gqa) {
+    EXPECT_GT(g.num_heads_q / g.num_heads_kv, 1);
+  }
+  const int G = packed_group(plan, false);
   const int64_t vis = check_q2k_view(plan, mask, false);
-  EXPECT_EQ(plan.counts.visible_pairs, vis);
+  // visible_pairs counts over the Hmask mask heads, packed or not.
+  EXPECT_EQ(plan.counts.visible_pairs * (g.num_heads_mask == 1 ? G : 1), vis);
   const PlanViewPtrs f = plan.fwd_view();
-  check_schedule(f.tasks, f.num_tasks, g, g.num_heads_q, f.q_block_start,
+  // Packed: tasks over the Hkv heads, kv head h on CSR head (Hmask == 1 ? 0 : h).
+  check_schedule(f.tasks, f.num_tasks, g, g.num_heads_q / G, f.q_block_start,
                  [&](int b, int h, int32_t i) {
                    const int64_t r = g.mask_head(h) * f.num_q_blocks + f.q_block_start[b] + i;
                    return f.q2k_partial_ptr[r + 1] - f.q2k_partial_ptr[r] + f.q2k_full_ptr[r + 1] - f.q2k_full_ptr[r];
@@ -200,7 +224,7 @@ inline void check_plan(const flashspan::MaskPlan& plan, const int32_t* mask) {
     EXPECT_EQ(plan.array("bwd_tasks"), nullptr);
     return;
   }
-  EXPECT_EQ(check_q2k_view(plan, mask, true), vis);
+  EXPECT_EQ(check_q2k_view(plan, mask, true), plan.counts.visible_pairs);
   check_k2q(plan);
   const PlanViewPtrs bv = plan.bwd_view();
   const int group = g.group_size();

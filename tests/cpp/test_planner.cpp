@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "planner_check.h"
+#include "planner_gqa_cases.h"
 #include "planner_masks.h"
 #include "plan/payload_word.h"
 #include "plan/planner.h"
@@ -26,11 +27,12 @@ using flashspan::Status;
 using fs_test::SampleMask;
 
 std::unique_ptr<MaskPlan> plan_host(const FlexGeometry& g, const std::vector<int32_t>& mask, Consumer c, bool bwd,
-                                    bool keep_mask = false) {
+                                    bool keep_mask = false, bool pack_gqa = false) {
   PlanRequest req;
   req.geometry = &g;
   req.consumer = c;
   req.build_backward = bwd;
+  req.pack_gqa = pack_gqa;
   return flashspan::build_mask_plan_host(req, mask.data(), keep_mask);
 }
 
@@ -241,15 +243,6 @@ TEST(Planner, RejectsBadRequests) {
   PlanRequest req;
   req.geometry = &g;
   req.consumer = kSm80;
-  req.pack_gqa = true;
-  try {
-    flashspan::build_mask_plan_host(req, m.ep.data(), false);
-    ADD_FAILURE() << "pack_gqa accepted";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.status(), Status::kNotSupported);
-    EXPECT_NE(std::string(e.what()).find("pack_gqa"), std::string::npos);
-  }
-  req.pack_gqa = false;
   req.consumer.fwd_block_k = 96;
   try {
     flashspan::build_mask_plan_host(req, m.ep.data(), false);
@@ -280,6 +273,141 @@ TEST(Planner, LargeSequencePlansFast) {
   }
 }
 
+// ---------------------------------------------------------------------------
+// Packed GQA (mask_plan.h): the forward view over packed rows, the backward view unchanged.
+// ---------------------------------------------------------------------------
+
+// The backward arrays and counts of two plans are identical.
+void expect_same_backward(const MaskPlan& a, const MaskPlan& b) {
+  EXPECT_EQ(a.counts.bwd_num_q_blocks, b.counts.bwd_num_q_blocks);
+  EXPECT_EQ(a.counts.bwd_num_k_blocks, b.counts.bwd_num_k_blocks);
+  EXPECT_EQ(a.counts.bwd_partial, b.counts.bwd_partial);
+  EXPECT_EQ(a.counts.bwd_full, b.counts.bwd_full);
+  EXPECT_EQ(a.counts.num_bwd_tasks, b.counts.num_bwd_tasks);
+  int compared = 0;
+  for (const flashspan::PlanArray& x : a.arrays) {
+    if (x.name.rfind("bwd_", 0) != 0) continue;
+    int64_t n = 0;
+    const int32_t* q = b.array(x.name, &n);
+    ASSERT_NE(q, nullptr) << x.name;
+    ASSERT_EQ(n, x.count) << x.name;
+    const int32_t* p = a.base() + x.offset;
+    EXPECT_TRUE(std::equal(p, p + n, q)) << x.name << " differs";
+    ++compared;
+  }
+  EXPECT_EQ(compared, 13);
+}
+
+TEST(PackGqa, MatchesBruteForceAndKeepsBackward) {
+  const auto cases = fs_test::packed_gqa_cases();
+  ASSERT_GT(cases.size(), 50u);
+  for (const fs_test::GqaCase& t : cases) {
+    SCOPED_TRACE(t.name);
+    const FlexGeometry& g = t.g;
+    const int G = g.group_size();
+    ASSERT_GT(G, 1);
+    for (const Consumer& c : {kSm80, kSm80Big, kSm90}) {
+      SCOPED_TRACE("consumer fwd " + std::to_string(c.fwd_block_q) + "x" + std::to_string(c.fwd_block_k));
+      auto packed = plan_host(g, t.mask, c, true, false, true);
+      auto plain = plan_host(g, t.mask, c, true, false, false);
+      ASSERT_TRUE(packed->signature.pack_gqa);
+      EXPECT_FALSE(plain->signature.pack_gqa);
+      fs_test::check_plan(*packed, t.mask.data());
+      int64_t nqb = 0;
+      for (int b = 0; b < g.batch; ++b) nqb += (g.seqlen_q(b) * G + c.fwd_block_q - 1) / c.fwd_block_q;
+      EXPECT_EQ(packed->counts.fwd_num_q_blocks, nqb);
+      EXPECT_EQ(packed->counts.fwd_num_k_blocks, plain->counts.fwd_num_k_blocks);
+      EXPECT_EQ(packed->counts.num_tasks, int64_t(g.num_heads_kv) * nqb);
+      EXPECT_EQ(packed->counts.visible_pairs, plain->counts.visible_pairs);
+      expect_same_backward(*packed, *plain);
+      EXPECT_NE(packed->signature.to_string(g).find("packgqa"), std::string::npos);
+      EXPECT_EQ(plain->signature.to_string(g).find("packgqa"), std::string::npos);
+    }
+    // Forward-only packed plan: the same forward arrays, no backward ones.
+    auto fwd_only = plan_host(g, t.mask, kSm80, false, false, true);
+    fs_test::check_plan(*fwd_only, t.mask.data());
+  }
+}
+
+TEST(PackGqa, GroupOfOneIsTheOrdinaryPlan) {
+  const FlexGeometry g = fs_test::make_geometry(true, {5, 0, 140}, {70, 9, 300}, 3, 3, 3, 5);
+  const auto mask = fs_test::random_gqa_case("g1", true, {5, 0, 140}, {70, 9, 300}, 3, 3, 3, 5, 77).mask;
+  auto packed = plan_host(g, mask, kSm80, true, false, true);
+  auto plain = plan_host(g, mask, kSm80, true, false, false);
+  EXPECT_FALSE(packed->signature.pack_gqa);
+  EXPECT_TRUE(packed->host_buffer == plain->host_buffer);
+  EXPECT_EQ(packed->counts.num_tasks, plain->counts.num_tasks);
+  EXPECT_EQ(packed->counts.fwd_num_q_blocks, plain->counts.fwd_num_q_blocks);
+}
+
+TEST(PackGqa, HandCheckedDecodeStep) {
+  // One query, G = 4 heads of one kv head, 256 keys, sm80 128x64 tiles. Mask head g sees
+  // keys [0, 64 (g + 1)): packed rows 0..3 (= heads 0..3) of the single packed query block.
+  const FlexGeometry g = fs_test::make_geometry(false, {1}, {256}, 4, 1, 4, 1);
+  const std::vector<int32_t> mask{64, 128, 192, 256};  // [Hmask = 4, nfunc = 1, T = 1]
+  auto plan = plan_host(g, mask, kSm80, true, false, true);
+  fs_test::check_plan(*plan, mask.data());
+  const auto v = plan->fwd_view();
+  EXPECT_EQ(v.num_q_blocks, 1);
+  EXPECT_EQ(v.num_mask_heads, 1);
+  EXPECT_EQ(v.pack_group, 4);
+  ASSERT_EQ(plan->counts.fwd_partial, 4);  // 4 of 128 rows: never full
+  EXPECT_EQ(plan->counts.fwd_full, 0);
+  for (int kb = 0; kb < 4; ++kb) EXPECT_EQ(v.q2k_partial_kb[kb], kb);
+  const int words = flashspan::payload_words(128, 64);
+  auto bit = [&](int entry, int r, int c) {
+    const auto p = flashspan::payload_position(r, c, 64);
+    return (v.q2k_partial_bits[int64_t(entry) * words + p.word] >> p.bit) & 1u;
+  };
+  for (int kb = 0; kb < 4; ++kb)
+    for (int r = 0; r < 8; ++r)
+      for (int c : {0, 31, 63}) EXPECT_EQ(bit(kb, r, c), r < 4 && r >= kb ? 1u : 0u) << kb << " " << r << " " << c;
+  EXPECT_EQ(plan->counts.visible_pairs, 64 + 128 + 192 + 256);
+  ASSERT_EQ(v.num_tasks, 1);
+  EXPECT_EQ(v.tasks[0], 0);
+  EXPECT_EQ(v.tasks[1], 0);
+  EXPECT_EQ(v.tasks[2], 0);
+  EXPECT_EQ(v.tasks[3], 4);
+
+  // Hmask = 1: every packed row reads mask head 0 ([0, 64)); visible pairs are not multiplied by G.
+  const FlexGeometry g1 = fs_test::make_geometry(false, {1}, {256}, 4, 1, 1, 1);
+  const std::vector<int32_t> mask1{64};
+  auto plan1 = plan_host(g1, mask1, kSm80, false, false, true);
+  fs_test::check_plan(*plan1, mask1.data());
+  EXPECT_EQ(plan1->counts.fwd_partial, 1);
+  EXPECT_EQ(plan1->counts.visible_pairs, 64);
+}
+
+TEST(PackGqa, PackedRowsFillFullBlocks) {
+  // Sq = 16, G = 8: the 128 packed rows of each sample fill one 128-row tile, so fully
+  // visible key blocks become full blocks (unpacked, 16 rows of 128 are always partial).
+  const FlexGeometry g = fs_test::make_geometry(false, {16, 16}, {200, 200}, 8, 1, 1, 1);
+  const std::vector<int32_t> mask(32, 200);
+  auto packed = plan_host(g, mask, kSm80, false, false, true);
+  auto plain = plan_host(g, mask, kSm80, false, false, false);
+  fs_test::check_plan(*packed, mask.data());
+  EXPECT_EQ(packed->counts.fwd_full, 2 * 3);  // keys 0..191 of both samples
+  EXPECT_EQ(packed->counts.fwd_partial, 2 * 1);
+  EXPECT_EQ(plain->counts.fwd_full, 0);
+  EXPECT_EQ(packed->counts.num_tasks, 2);
+  EXPECT_EQ(plain->counts.num_tasks, 8 * 2);
+  EXPECT_EQ(packed->counts.visible_pairs, 32 * 200);
+}
+
+TEST(PackGqa, ChooseDefault) {
+  const Consumer c = kSm80;  // fwd_block_q 128
+  auto geo = [](int64_t sq, int hq, int hkv) { return fs_test::make_geometry(false, {sq, sq}, {500, 500}, hq, hkv, 1, 1); };
+  EXPECT_TRUE(flashspan::choose_pack_gqa(geo(1, 8, 1), c));
+  EXPECT_TRUE(flashspan::choose_pack_gqa(geo(127, 4, 2), c));
+  EXPECT_FALSE(flashspan::choose_pack_gqa(geo(128, 4, 2), c));
+  EXPECT_FALSE(flashspan::choose_pack_gqa(geo(1, 4, 4), c));  // G = 1: packing is the identity
+  EXPECT_TRUE(flashspan::choose_pack_gqa(geo(63, 2, 1), kSm80Big));  // fwd_block_q 64
+  EXPECT_FALSE(flashspan::choose_pack_gqa(geo(64, 2, 1), kSm80Big));
+  // THD: the longest sample decides.
+  const FlexGeometry thd = fs_test::make_geometry(true, {1, 200}, {500, 500}, 8, 2, 1, 1);
+  EXPECT_FALSE(flashspan::choose_pack_gqa(thd, c));
+}
+
 
 // The checker itself must catch corrupted plans (a checker that cannot fail proves nothing).
 
@@ -303,6 +431,39 @@ TEST(PlannerChecker, DetectsCorruption) {
     }
     EXPECT_GT(results.size(), 0) << "corrupted " << what << " was not detected";
   }
+}
+
+// The packed-view checker must catch a wrong row mapping: a plan built from one mask checked
+// against the same endpoints with the heads of a group swapped (or with two kv groups
+// swapped) must fail, and so must a corrupted packed payload.
+TEST(PlannerChecker, DetectsWrongPackedMapping) {
+  const auto t = fs_test::random_gqa_case("swap", false, {40}, {300}, 4, 2, 4, 3, 5);
+  auto plan = plan_host(t.g, t.mask, kSm80, true, false, true);
+  fs_test::check_plan(*plan, t.mask.data());
+  const size_t head = size_t(t.g.nfunc) * t.g.total_q;
+  auto permuted = [&](std::vector<int> perm) {
+    std::vector<int32_t> m(t.mask.size());
+    for (int h = 0; h < 4; ++h)
+      std::copy(t.mask.begin() + perm[h] * head, t.mask.begin() + (perm[h] + 1) * head, m.begin() + h * head);
+    return m;
+  };
+  auto fails = [&](const MaskPlan& p, const std::vector<int32_t>& m) {
+    ::testing::TestPartResultArray results;
+    {
+      ::testing::ScopedFakeTestPartResultReporter reporter(
+          ::testing::ScopedFakeTestPartResultReporter::INTERCEPT_ONLY_CURRENT_THREAD, &results);
+      fs_test::check_plan(p, m.data());
+    }
+    return results.size() > 0;
+  };
+  EXPECT_TRUE(fails(*plan, permuted({1, 0, 3, 2}))) << "heads swapped inside a group not detected";
+  EXPECT_TRUE(fails(*plan, permuted({2, 3, 0, 1}))) << "kv groups swapped not detected";
+  EXPECT_FALSE(fails(*plan, t.mask));
+  int64_t n = 0;
+  uint32_t* bits = reinterpret_cast<uint32_t*>(const_cast<int32_t*>(plan->array("fwd_q2k_partial_bits", &n)));
+  ASSERT_GT(n, 0);
+  bits[n / 2] ^= 1u << 7;
+  EXPECT_TRUE(fails(*plan, t.mask)) << "corrupted packed payload not detected";
 }
 
 // The CUDA planner's per-word payload function (host-callable) against payload_position().
@@ -336,11 +497,38 @@ TEST(PayloadWord, MatchesPayloadPosition) {
               }
             }
           for (int w = 0; w < int(want.size()); ++w) {
-            const uint32_t got = flashspan::payload_word(ep.data() + 3, T, nfunc, rows, kb * bk, bk, w);
+            const flashspan::BlockRows br = flashspan::block_rows(ep.data(), T, nfunc, 1, true, 0, 3, 0);
+            const uint32_t got = flashspan::payload_word(br, nfunc, rows, kb * bk, bk, w);
             ASSERT_EQ(got, want[w]) << bq << "x" << bk << " nfunc " << nfunc << " kb " << kb << " word " << w;
           }
         }
       }
+    }
+  }
+}
+
+// block_rows() (the row mapping both planners use) against the packed-row formula.
+TEST(BlockRows, PackedRowMapping) {
+  const int64_t T = 50;
+  const int nfunc = 3;
+  for (int group : {1, 2, 4, 8}) {
+    for (bool shared : {false, true}) {
+      const int hmask = shared ? 1 : 2 * group;
+      std::vector<int32_t> mask(size_t(hmask) * nfunc * T);
+      for (size_t x = 0; x < mask.size(); ++x) mask[x] = static_cast<int32_t>(x);  // element index
+      for (int vm = 0; vm < (shared ? 1 : 2); ++vm)
+        for (int64_t q_start : {0, 7})
+          for (int64_t row0 : {0, 16, 48, 64}) {
+            const flashspan::BlockRows br = flashspan::block_rows(mask.data(), T, nfunc, group, shared, vm, q_start, row0);
+            for (int r = 0; r < 40; ++r) {
+              const int64_t P = row0 + r;
+              if (q_start + P / group >= T) break;
+              const int64_t mh = shared ? 0 : vm * group + P % group;
+              for (int f = 0; f < nfunc; ++f)
+                ASSERT_EQ(br.row(r)[f * br.stride], (mh * nfunc + f) * T + q_start + P / group)
+                    << "G " << group << " shared " << shared << " vm " << vm << " row0 " << row0 << " r " << r;
+            }
+          }
     }
   }
 }

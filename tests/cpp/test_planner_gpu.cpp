@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "planner_check.h"
+#include "planner_gqa_cases.h"
 #include "planner_masks.h"
 #include "plan/planner.h"
 
@@ -65,6 +66,7 @@ void expect_same_plan(const MaskPlan& host, const MaskPlan& dev) {
   EXPECT_EQ(a.num_bwd_tasks, b.num_bwd_tasks);
   EXPECT_TRUE(host.signature.consumer == dev.signature.consumer);
   EXPECT_EQ(host.signature.has_backward, dev.signature.has_backward);
+  EXPECT_EQ(host.signature.pack_gqa, dev.signature.pack_gqa);
   ASSERT_EQ(host.buffer_elements, dev.buffer_elements);
   ASSERT_EQ(host.arrays.size(), dev.arrays.size());
   for (size_t i = 0; i < host.arrays.size(); ++i) {
@@ -88,22 +90,25 @@ void expect_same_plan(const MaskPlan& host, const MaskPlan& dev) {
   EXPECT_TRUE(host.host_buffer == dev.host_buffer) << "buffers differ (padding included)";
 }
 
-std::unique_ptr<MaskPlan> plan_host(const FlexGeometry& g, const std::vector<int32_t>& mask, Consumer c, bool bwd) {
+std::unique_ptr<MaskPlan> plan_host(const FlexGeometry& g, const std::vector<int32_t>& mask, Consumer c, bool bwd,
+                                    bool pack_gqa = false) {
   PlanRequest req;
   req.geometry = &g;
   req.consumer = c;
   req.build_backward = bwd;
+  req.pack_gqa = pack_gqa;
   return flashspan::build_mask_plan_host(req, mask.data(), false);
 }
 
 std::unique_ptr<MaskPlan> plan_cuda(const FlexGeometry& g, const int32_t* d_mask, Consumer c, bool bwd,
-                                    cudaStream_t stream = nullptr) {
+                                    cudaStream_t stream = nullptr, bool pack_gqa = false) {
   FlexGeometry gd = g;
   gd.device = flashspan::DeviceType::kCUDA;
   PlanRequest req;
   req.geometry = &gd;
   req.consumer = c;
   req.build_backward = bwd;
+  req.pack_gqa = pack_gqa;
   auto plan = flashspan::build_mask_plan_cuda(req, d_mask, stream);
   EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
   EXPECT_TRUE(plan->on_device());
@@ -112,12 +117,13 @@ std::unique_ptr<MaskPlan> plan_cuda(const FlexGeometry& g, const int32_t* d_mask
 
 // Host plan vs CUDA plan for one case, forward-only and with backward; `brute` also runs
 // the brute-force checker on the downloaded plan.
-void compare_case(const FlexGeometry& g, const std::vector<int32_t>& mask, Consumer c, bool brute) {
+void compare_case(const FlexGeometry& g, const std::vector<int32_t>& mask, Consumer c, bool brute,
+                  bool pack_gqa = false) {
   DeviceMask dm(mask);
   for (bool bwd : {false, true}) {
     SCOPED_TRACE(bwd ? "with backward" : "forward only");
-    auto hp = plan_host(g, mask, c, bwd);
-    auto dp = plan_cuda(g, dm.ptr, c, bwd);
+    auto hp = plan_host(g, mask, c, bwd, pack_gqa);
+    auto dp = plan_cuda(g, dm.ptr, c, bwd, nullptr, pack_gqa);
     auto dl = flashspan::copy_plan_to_host(*dp);
     expect_same_plan(*hp, *dl);
     if (brute) fs_test::check_plan(*dl, mask.data());
@@ -191,6 +197,29 @@ TEST(PlannerGpu, ThdWithEmptySamples) {
     compare_case(g, mask, kSm80, true);
     compare_case(g, mask, kSm90, true);
   }
+}
+
+// Packed GQA: Hmask = 1 and Hq, G in {2, 4, 8}, BSHD decode (Sq = 1 .. 17) and longer, THD
+// with uneven and empty samples, random and benchmark masks (planner_gqa_cases.h).
+TEST(PlannerGpu, PackGqaEqualsHostPlanner) {
+  SKIP_WITHOUT_GPU();
+  for (const fs_test::GqaCase& t : fs_test::packed_gqa_cases()) {
+    SCOPED_TRACE(t.name);
+    for (const Consumer& c : {kSm80, kSm80Big, kSm90}) {
+      SCOPED_TRACE("consumer fwd " + std::to_string(c.fwd_block_q) + "x" + std::to_string(c.fwd_block_k));
+      compare_case(t.g, t.mask, c, /*brute=*/c == kSm80, /*pack_gqa=*/true);
+    }
+  }
+}
+
+TEST(PlannerGpu, PackGqaGroupOfOneAndLongKeys) {
+  SKIP_WITHOUT_GPU();
+  // G = 1: packing is the identity (signature.pack_gqa false on both planners).
+  const auto t1 = fs_test::random_gqa_case("g1", true, {5, 0, 140}, {70, 9, 300}, 3, 3, 3, 5, 77);
+  compare_case(t1.g, t1.mask, kSm80, true, true);
+  // Decode over 300000 keys (several classifier passes), G = 8, per-head masks.
+  const auto t2 = fs_test::random_gqa_case("long", false, {3, 3}, {300000, 300000}, 8, 1, 8, 5, 91);
+  compare_case(t2.g, t2.mask, kSm80, false, true);
 }
 
 TEST(PlannerGpu, NonDefaultStream) {
