@@ -17,8 +17,10 @@
 //                   deterministic = true: a separate kernel, one CTA per (query block, query
 //                   head), walks the Q2K lists in ascending key-block order with no atomics
 //                   (recomputing S and dP): bitwise reproducible.
-// Both GEMM kernels use 16-row warp tiles; payload sub-tile (mt, ct) lives in lane words
-// (mt * kBlockK/64 + ct) * 32 + lane (payload_layout.h).
+// The dK/dV kernel uses 2-D warp tiles (32x32 S/dP tiles for Bk = 128, 32-key dK/dV tiles;
+// BwdTraitsSm80 has the layouts and the ldmatrix/mma counts); the deterministic dQ kernel
+// 16-row warp tiles. Payload sub-tile (mt, ct) lives in lane words
+// (mt * kBlockK/64 + ct) * 32 + lane (payload_layout.h); a warp applies it per m16 tile.
 #pragma once
 
 #include <cstdint>
@@ -68,23 +70,61 @@ __global__ void __launch_bounds__(256) flex_bwd_preprocess_kernel(const FlexBwdP
 }
 
 // ---------------------------------------------------------------------------------------
+// Tile and warp layouts of the backward kernels.
+//
+// Why 2-D warp tiles: on sm_90 an mma.sync kernel is bound by the shared-memory port
+// (128 B/clk per SM; one ldmatrix.x4 moves 512 B = 4 clk, while mma.sync peaks at about
+// one m16n8k16 per 1.5 clk per SM), so the figure to minimise is ldmatrix.x4 per mma
+// (below ~0.4 the tensor pipe, not the port, becomes the limit). A warp tile of
+// kM m16 tiles x kN n8 blocks reads kM A fragments and kN/2 B fragments per k16 step for
+// kM*kN mma: ratio (kM + kN/2) / (kM kN). The dK/dV kernel's three phases (8 warps):
+//   S/dP  (S = Q K^T, dP = dO V^T; M = queries, N = keys, K = head dim):
+//         kSWM x kSWN warps, warp tile kSMT m16 x kSNT n8 (32 x 32 for Bk = 128).
+//   dK/dV (dV += P^T dO, dK += dS^T Q; M = keys, N = head dim, K = queries):
+//         kKWM x kKWN warps, warp tile 2 m16 (32 keys) x kNK (dK) / kNV (dV) n8 blocks.
+//   dQ    (atomic path, dQ += dS K; M = queries, N = head dim, K = keys):
+//         kQWM x kQWN warps, warp tile kQMT m16 x kNQA n8, kQPass passes over the head dim
+//         (two for Dqk = 256, so that its 32 accumulators fit next to dK/dV's).
+// Per K2Q iteration and warp (ldmatrix.x4 / mma; x8 warps for the CTA):
+//   tile (Bq, Bk, Dqk, Dv)   phase    1-D layout (before)     2-D layout (now)
+//   (64, 128, 128, 128)      S/dP     16x64:   80 / 128        32x32:  64 / 128
+//                            dK/dV    16x128:  72 / 128        32x64:  48 / 128
+//                            dQ       16x64:   40 /  64        32x32:  32 /  64
+//                            total            192 / 320              144 / 320  (-25%)
+//   (64, 128, 64, 64)        S/dP / dK/dV / dQ   40+40+24 = 104     32+32+24 = 88 (/160)
+//   (64, 64, 192, 128)       S/dP / dK/dV / dQ   60+48+28 = 136     60+36+20 = 116 (/208)
+//   (64, 64, 256, 256)       S/dP / dK/dV / dQ   96+72+36 = 204     96+48+32 = 176 (/320)
+// (With Bk = 64 a warp's S tile holds 512 elements: 16x32 is as good as it gets, and
+// 32-column warp tiles keep apply_payload's c0 % 32 == 0.) Accumulators per thread are
+// unchanged: dK + dV = Bk (Dqk + Dv) / 256 fp32, S and dP 2 x Bq Bk / 256 fp32.
 template <int kBlockQ_, int kBlockK_, int kDqk_, int kDv_, bool kExact_>
 struct BwdTraitsSm80 {
   static constexpr int kBlockQ = kBlockQ_, kBlockK = kBlockK_, kDqk = kDqk_, kDv = kDv_;
   // kExact: head dims equal the tile's; no k-step or column block is skipped at run time.
   static constexpr bool kExact = kExact_;
-  static_assert(kBlockQ == 64 && kBlockK % 64 == 0 && kDqk % 64 == 0 && kDv % 64 == 0);
+  static_assert(kBlockQ == 64 && (kBlockK == 64 || kBlockK == 128) && kDqk % 64 == 0 && kDv % 64 == 0);
   // dK/dV kernel: 8 warps.
   static constexpr int kWarps = 8;
   static constexpr int kThreads = kWarps * 32;
-  static constexpr int kMT = kBlockQ / 16;          // m16 tiles of the S phase
-  static constexpr int kWN = kWarps / kMT;          // warps across the key columns
-  static constexpr int kNS = kBlockK / kWN / 8;     // n8 blocks of a warp's S tile
-  static constexpr int kKT = kBlockK / 16;          // key tiles of the dK/dV phase
-  static constexpr int kDS = kWarps / kKT;          // head-dim splits of the dK/dV phase
-  static constexpr int kNK = kDqk / kDS / 8;        // n8 blocks of a warp's dK tile
-  static constexpr int kNV = kDv / kDS / 8;         // n8 blocks of a warp's dV tile
-  static_assert(kWN * kMT == kWarps && kKT * kDS == kWarps && kNK % 2 == 0 && kNV % 2 == 0 && kNS % 2 == 0);
+  // S/dP phase: warps kSWM (query rows) x kSWN (keys).
+  static constexpr int kSWM = kBlockK == 128 ? 2 : 4;
+  static constexpr int kSWN = kWarps / kSWM;
+  static constexpr int kSMT = kBlockQ / kSWM / 16;  // m16 tiles of a warp's S tile
+  static constexpr int kSNT = kBlockK / kSWN / 8;   // n8 blocks of a warp's S tile (32 keys)
+  // dK/dV phase: warps kKWM (32 keys each) x kKWN (head-dim columns).
+  static constexpr int kKMT = 2;
+  static constexpr int kKWM = kBlockK / (16 * kKMT);
+  static constexpr int kKWN = kWarps / kKWM;
+  static constexpr int kNK = kDqk / kKWN / 8;  // n8 blocks of a warp's dK tile
+  static constexpr int kNV = kDv / kKWN / 8;   // n8 blocks of a warp's dV tile
+  // dQ phase (atomic path): warps kQWM (query rows) x kQWN (head-dim columns), kQPass passes.
+  static constexpr int kQWM = 2;
+  static constexpr int kQWN = kWarps / kQWM;
+  static constexpr int kQMT = kBlockQ / kQWM / 16;
+  static constexpr int kQPass = kDqk > 192 ? 2 : 1;
+  static constexpr int kNQA = kDqk / kQPass / kQWN / 8;
+  static_assert(kSWM * kSWN == kWarps && kSNT == 4 && kKWM * kKWN == kWarps && kQWM * kQWN == kWarps);
+  static_assert(kNK % 2 == 0 && kNV % 2 == 0 && kNQA % 2 == 0, "B fragments serve n8 block pairs");
   static constexpr int kSmemK = kBlockK * kDqk * 2;
   static constexpr int kSmemV = kBlockK * kDv * 2;
   static constexpr int kSmemQ = kBlockQ * kDqk * 2;  // x2 (double buffered)
@@ -100,6 +140,52 @@ struct BwdTraitsSm80 {
   static constexpr int kNQ = kDqk / 8;
   static constexpr int kSmemBytesQ = kSmemQ + kSmemO + 2 * (kSmemK + kSmemV);
 };
+
+// One k16 step of a warp tile: acc[m][n] += A(m16 tile m, k16 step kk) B(k16 step kk, n8 block n).
+// A fragments: kATrans ? ldsm_a_trans address, read at(m, 16 kk) : ldsm_a address, at(kk, 16 m).
+// B fragments: kBKn ? ldsm_b_kn address, at(n / 2, 16 kk) : ldsm_b_nk address, at(kk, 8 n).
+// The kM A fragments are read once and serve every n8 block; each B fragment serves kM x 2 mma.
+// Column pairs at or past n_valid (relative to the warp's first column) are skipped unless
+// kExact (run-time head dims below the tile's).
+template <int kM, int kN, bool kATrans, bool kBKn, bool kExact, bool kBf16, int kDa, int kDb>
+__device__ __forceinline__ void warp_mma_k16(float (&acc)[kM][kN][4], const LdsmAddr<kDa>& a, const LdsmAddr<kDb>& b,
+                                             int kk, int n_valid) {
+  static_assert(kN % 2 == 0, "two n8 blocks per B fragment");
+  uint32_t af[kM][4];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+    if constexpr (kATrans) {
+      ldmatrix_x4_trans(af[m], a.at(m, kk * 16));
+    } else {
+      ldmatrix_x4(af[m], a.at(kk, m * 16));
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < kN; n += 2) {
+    if (kExact || n * 8 < n_valid) {
+      uint32_t bf[4];
+      if constexpr (kBKn) {
+        ldmatrix_x4_trans(bf, b.at(n / 2, kk * 16));
+      } else {
+        ldmatrix_x4(bf, b.at(kk, n * 8));
+      }
+#pragma unroll
+      for (int m = 0; m < kM; ++m) {
+        mma_16816<kBf16>(acc[m][n], af[m], bf[0], bf[1]);
+        mma_16816<kBf16>(acc[m][n + 1], af[m], bf[2], bf[3]);
+      }
+    }
+  }
+}
+
+template <int kM, int kN>
+__device__ __forceinline__ void zero_acc(float (&acc)[kM][kN][4]) {
+#pragma unroll
+  for (int m = 0; m < kM; ++m) {
+#pragma unroll
+    for (int n = 0; n < kN; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
+  }
+}
 
 // Iterates (query head of the kv group, query block) pairs over the K2Q lists of one key block:
 // head by head, each head's list in ascending query-block order. seek(begin) then next()
@@ -164,6 +250,7 @@ __device__ __forceinline__ const uint16_t* row_ptr(const void* base, const FlexT
 // unscaled) to accumulator slot `slot`.
 // Shared memory: the item's first loads (K, V, Q/dO[0]) are issued before the loop's first
 // __syncthreads, so the caller must __syncthreads between two items of one CTA.
+// Warp tiles: BwdTraitsSm80 (S/dP, dK/dV and dQ phases each have their own 2-D layout).
 template <class T, bool kBf16>
 __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem, int kb, int hkv, int b, int begin,
                                           int count) {
@@ -203,142 +290,175 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
   if (have) load_q_do(0, h, qb);
   cp_async_commit();
 
-  float acc_dk[T::kNK][4], acc_dv[T::kNV][4];
-#pragma unroll
-  for (int n = 0; n < T::kNK; ++n) acc_dk[n][0] = acc_dk[n][1] = acc_dk[n][2] = acc_dk[n][3] = 0.0f;
-#pragma unroll
-  for (int n = 0; n < T::kNV; ++n) acc_dv[n][0] = acc_dv[n][1] = acc_dv[n][2] = acc_dv[n][3] = 0.0f;
+  constexpr int kKMT = T::kKMT;
+  float acc_dk[kKMT][T::kNK][4], acc_dv[kKMT][T::kNV][4];
+  zero_acc(acc_dk);
+  zero_acc(acc_dv);
 
-  // S-phase warp tile: rows 16*mt.., key columns c0..c0 + 8*kNS.
-  const int mt = warp / T::kWN;
-  const int c0 = (warp % T::kWN) * (T::kNS * 8);
-  // dK/dV-phase warp tile: keys 16*kt.., head-dim columns from dk0 / dv0.
-  const int kt = warp % T::kKT;
-  const int dsplit = warp / T::kKT;
-  const int dk0 = dsplit * (T::kDqk / T::kDS), dv0 = dsplit * (T::kDv / T::kDS);
+  // S/dP warp tile: query rows sm0 .. sm0 + 16 kSMT - 1, keys sc0 .. sc0 + 8 kSNT - 1.
+  const int sm0 = (warp / T::kSWN) * (16 * T::kSMT);
+  const int sc0 = (warp % T::kSWN) * (8 * T::kSNT);
+  // dK/dV warp tile: keys km0 .. km0 + 16 kKMT - 1; dK columns dk0 .., dV columns dv0 ..
+  const int km0 = (warp / T::kKWN) * (16 * kKMT);
+  const int dk0 = (warp % T::kKWN) * (8 * T::kNK), dv0 = (warp % T::kKWN) * (8 * T::kNV);
+  // dQ warp tile: query rows qm0 .., columns dq0 + pass * Dqk / kQPass ..
+  const int qm0 = (warp / T::kQWN) * (16 * T::kQMT);
+  const int dq0 = (warp % T::kQWN) * (8 * T::kNQA);
   const size_t words_per_tile = size_t(T::kBlockQ) * T::kBlockK / 32;
   // Fragment addresses (tile_io.cuh, LdsmAddr); the Q/dO ones are re-derived per buffer.
-  const LdsmAddr<T::kDqk> bK = ldsm_b_nk<T::kDqk>(sK + c0 * T::kDqk * 2, lane);
-  const LdsmAddr<T::kDv> bV = ldsm_b_nk<T::kDv>(sV + c0 * T::kDv * 2, lane);
-  const LdsmAddr<T::kBlockK> aP = ldsm_a_trans<T::kBlockK>(sP, lane, 2 * kt);
-  const LdsmAddr<T::kBlockK> adS = ldsm_a_trans<T::kBlockK>(sdS, lane, 2 * kt);
+  const LdsmAddr<T::kDqk> bK = ldsm_b_nk<T::kDqk>(sK + sc0 * T::kDqk * 2, lane);
+  const LdsmAddr<T::kDv> bV = ldsm_b_nk<T::kDv>(sV + sc0 * T::kDv * 2, lane);
+  const LdsmAddr<T::kBlockK> aP = ldsm_a_trans<T::kBlockK>(sP, lane, km0 / 8);
+  const LdsmAddr<T::kBlockK> adS = ldsm_a_trans<T::kBlockK>(sdS, lane, km0 / 8);
   int buf = 0;
 
   while (have) {
     cp_async_wait<0>();
-    __syncthreads();  // Q/dO[buf] (and K, V) visible; the previous block's dK/dV phase is done
+    __syncthreads();  // Q/dO[buf] (and K, V) visible; the previous block's dK/dV and dQ phases are done
     int h_next = 0, qb_next = 0, payload_next = -1;
     const bool have_next = walk.next(h_next, qb_next, payload_next);
     if (have_next) load_q_do(buf ^ 1, h_next, qb_next);
     cp_async_commit();
     const uint32_t sQ = sQ0 + buf * T::kSmemQ, sO = sO0 + buf * T::kSmemO;
-    const LdsmAddr<T::kDqk> aQ = ldsm_a<T::kDqk>(sQ + mt * 16 * T::kDqk * 2, lane);
-    const LdsmAddr<T::kDv> aO = ldsm_a<T::kDv>(sO + mt * 16 * T::kDv * 2, lane);
 
-    // ---- S phase: S = Q K^T, dP = dO V^T for the warp tile, then P and dS into smem.
-    // The row statistics are loaded first so their latency hides behind the two GEMMs.
-    float lse2[2], delta[2];
+    // ---- S/dP phase: S = Q K^T -> P (stored), then dP = dO V^T -> dS (stored), for the warp
+    // tile. P replaces S in the same registers before the dP GEMM starts, and the dP
+    // accumulators start at -D (dS = P (dP - D) = P * acc), so no row statistic stays live
+    // through the dP GEMM, where registers are scarcest (dK/dV sums + P + dP). The row
+    // statistics are loaded first so their latency hides behind the S GEMM.
+    float lse2[T::kSMT][2], delta[T::kSMT][2];
+    auto load_stat = [&](float (&dst)[T::kSMT][2], const float* src, float fill) {
 #pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      const int r = qb * T::kBlockQ + mt * 16 + g + 8 * hi;
-      const bool ok = r < len_q;
-      const int64_t ws = int64_t(h) * p.total_q + q_start + r;
-      lse2[hi] = ok ? __ldg(p.lse2 + ws) : INFINITY;
-      delta[hi] = ok ? __ldg(p.delta + ws) : 0.0f;
+      for (int mi = 0; mi < T::kSMT; ++mi) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          const int r = qb * T::kBlockQ + sm0 + 16 * mi + g + 8 * hi;
+          dst[mi][hi] = r < len_q ? __ldg(src + int64_t(h) * p.total_q + q_start + r) : fill;
+        }
+      }
+    };
+    // P/dS shared-memory byte offset of the thread's pair (row g + 8 hi of m16 tile mi, n8 block n).
+    auto ps_off = [&](int mi, int n, int hi) {
+      return uint32_t(swz_offset<T::kBlockK>(sm0 + 16 * mi + g + 8 * hi, (sc0 >> 3) + n) + 2 * t) * 2;
+    };
+    float s[T::kSMT][T::kSNT][4];
+    load_stat(lse2, p.lse2, INFINITY);
+    load_stat(delta, p.delta, 0.0f);
+    zero_acc(s);
+    {
+      const LdsmAddr<T::kDqk> aQ = ldsm_a<T::kDqk>(sQ + sm0 * T::kDqk * 2, lane);
+#pragma unroll
+      for (int kk = 0; kk < T::kDqk / 16; ++kk) {
+        if (T::kExact || kk * 16 < p.head_dqk) {
+          warp_mma_k16<T::kSMT, T::kSNT, false, false, true, kBf16>(s, aQ, bK, kk, 0);
+        }
+      }
     }
-    float s[T::kNS][4], dp[T::kNS][4];
 #pragma unroll
-    for (int n = 0; n < T::kNS; ++n) {
+    for (int mi = 0; mi < T::kSMT; ++mi) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[n][i] = dp[n][i] = 0.0f;
+      for (int n = 0; n < T::kSNT; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[mi][n][i] *= p.scale_log2;
+      }
+      if (payload >= 0) {
+        apply_payload<T::kSNT>(s[mi], p.view.q2k_partial_bits + size_t(payload) * words_per_tile, sm0 / 16 + mi, sc0,
+                               T::kBlockK, lane);
+      }
+#pragma unroll
+      for (int n = 0; n < T::kSNT; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[mi][n][i] = exp2_approx(s[mi][n][i] - lse2[mi][i >> 1]);  // P
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + ps_off(mi, n, hi)),
+                       "r"(pack2<kBf16>(s[mi][n][2 * hi], s[mi][n][2 * hi + 1]))
+                       : "memory");
+        }
+      }
     }
-    warp_mma_a_bnk<T::kDqk / 16, T::kNS, T::kExact, kBf16>(s, aQ, bK, p.head_dqk);
-    warp_mma_a_bnk<T::kDv / 16, T::kNS, T::kExact, kBf16>(dp, aO, bV, p.head_dv);
+    float dp[T::kSMT][T::kSNT][4];
 #pragma unroll
-    for (int n = 0; n < T::kNS; ++n) {
+    for (int mi = 0; mi < T::kSMT; ++mi) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[n][i] *= p.scale_log2;
+      for (int n = 0; n < T::kSNT; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) dp[mi][n][i] = -delta[mi][i >> 1];
+      }
     }
-    if (payload >= 0) {
-      apply_payload<T::kNS>(s, p.view.q2k_partial_bits + size_t(payload) * words_per_tile, mt, c0, T::kBlockK, lane);
+    {
+      const LdsmAddr<T::kDv> aO = ldsm_a<T::kDv>(sO + sm0 * T::kDv * 2, lane);
+#pragma unroll
+      for (int kk = 0; kk < T::kDv / 16; ++kk) {
+        if (T::kExact || kk * 16 < p.head_dv) {
+          warp_mma_k16<T::kSMT, T::kSNT, false, false, true, kBf16>(dp, aO, bV, kk, 0);
+        }
+      }
     }
 #pragma unroll
-    for (int n = 0; n < T::kNS; ++n) {
+    for (int mi = 0; mi < T::kSMT; ++mi) {
 #pragma unroll
-      for (int hi = 0; hi < 2; ++hi) {
-        const float p0 = exp2_approx(s[n][2 * hi] - lse2[hi]);
-        const float p1 = exp2_approx(s[n][2 * hi + 1] - lse2[hi]);
-        const float ds0 = p0 * (dp[n][2 * hi] - delta[hi]);
-        const float ds1 = p1 * (dp[n][2 * hi + 1] - delta[hi]);
-        const int row = mt * 16 + g + 8 * hi;
-        const int off = (swz_offset<T::kBlockK>(row, (c0 >> 3) + n) + 2 * t) * 2;
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + off), "r"(pack2<kBf16>(p0, p1)) : "memory");
-        asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + off), "r"(pack2<kBf16>(ds0, ds1)) : "memory");
+      for (int n = 0; n < T::kSNT; ++n) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          const float ds0 = s[mi][n][2 * hi] * dp[mi][n][2 * hi];  // P (dP - D)
+          const float ds1 = s[mi][n][2 * hi + 1] * dp[mi][n][2 * hi + 1];
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + ps_off(mi, n, hi)), "r"(pack2<kBf16>(ds0, ds1))
+                       : "memory");
+        }
       }
     }
     __syncthreads();  // P, dS complete
 
-    // ---- dK/dV phase: dV += P^T dO, dK += dS^T Q for keys 16*kt.. of the block.
-    const LdsmAddr<T::kDv> bO = ldsm_b_kn<T::kDv>(sO, lane, dv0 / 8);
-    const LdsmAddr<T::kDqk> bQ = ldsm_b_kn<T::kDqk>(sQ, lane, dk0 / 8);
+    // ---- dK/dV phase: dV += P^T dO, dK += dS^T Q for keys km0.. of the block.
+    {
+      // (Warps whose columns all lie past a run-time head dim skip a GEMM whole.)
+      if (T::kExact || dv0 < p.head_dv) {
+        const LdsmAddr<T::kDv> bO = ldsm_b_kn<T::kDv>(sO, lane, dv0 / 8);
 #pragma unroll
-    for (int kk = 0; kk < T::kBlockQ / 16; ++kk) {
-      uint32_t a[4];
-      ldmatrix_x4_trans(a, aP.at(0, kk * 16));
-#pragma unroll
-      for (int n = 0; n < T::kNV; n += 2) {
-        if (T::kExact || dv0 + n * 8 < p.head_dv) {
-          uint32_t bb[4];
-          ldmatrix_x4_trans(bb, bO.at(n / 2, kk * 16));
-          mma_16816<kBf16>(acc_dv[n], a, bb[0], bb[1]);
-          mma_16816<kBf16>(acc_dv[n + 1], a, bb[2], bb[3]);
+        for (int kk = 0; kk < T::kBlockQ / 16; ++kk) {
+          warp_mma_k16<kKMT, T::kNV, true, true, T::kExact, kBf16>(acc_dv, aP, bO, kk, p.head_dv - dv0);
         }
       }
-      ldmatrix_x4_trans(a, adS.at(0, kk * 16));
+      if (T::kExact || dk0 < p.head_dqk) {
+        const LdsmAddr<T::kDqk> bQ = ldsm_b_kn<T::kDqk>(sQ, lane, dk0 / 8);
 #pragma unroll
-      for (int n = 0; n < T::kNK; n += 2) {
-        if (T::kExact || dk0 + n * 8 < p.head_dqk) {
-          uint32_t bb[4];
-          ldmatrix_x4_trans(bb, bQ.at(n / 2, kk * 16));
-          mma_16816<kBf16>(acc_dk[n], a, bb[0], bb[1]);
-          mma_16816<kBf16>(acc_dk[n + 1], a, bb[2], bb[3]);
+        for (int kk = 0; kk < T::kBlockQ / 16; ++kk) {
+          warp_mma_k16<kKMT, T::kNK, true, true, T::kExact, kBf16>(acc_dk, adS, bQ, kk, p.head_dqk - dk0);
         }
       }
     }
     if (p.dq_accum != nullptr) {
       // ---- dQ phase (atomic path): dQ[q] += dS K over this key block, added in fp32 to the
-      // workspace accumulator. Warp tile: rows 16*(w % 4).., head-dim half w / 4.
-      constexpr int kNQ = T::kDqk / 2 / 8;
-      const int qm = warp % (T::kBlockQ / 16);
-      const int dq0 = (warp / (T::kBlockQ / 16)) * (T::kDqk / 2);
-      float acc_q[kNQ][4];
+      // workspace accumulator.
+      const LdsmAddr<T::kBlockK> aS = ldsm_a<T::kBlockK>(sdS + qm0 * T::kBlockK * 2, lane);
 #pragma unroll
-      for (int n = 0; n < kNQ; ++n) acc_q[n][0] = acc_q[n][1] = acc_q[n][2] = acc_q[n][3] = 0.0f;
-      const LdsmAddr<T::kBlockK> aS = ldsm_a<T::kBlockK>(sdS + qm * 16 * T::kBlockK * 2, lane);
-      const LdsmAddr<T::kDqk> bKq = ldsm_b_kn<T::kDqk>(sK, lane, dq0 / 8);
+      for (int pass = 0; pass < T::kQPass; ++pass) {
+        const int c0 = pass * (T::kDqk / T::kQPass) + dq0;
+        if (T::kExact || c0 < p.head_dqk) {
+          float acc_q[T::kQMT][T::kNQA][4];
+          zero_acc(acc_q);
+          const LdsmAddr<T::kDqk> bKq = ldsm_b_kn<T::kDqk>(sK, lane, c0 / 8);
 #pragma unroll
-      for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
-        uint32_t a[4];
-        ldmatrix_x4(a, aS.at(kk, 0));
-#pragma unroll
-        for (int n = 0; n < kNQ; n += 2) {
-          if (T::kExact || dq0 + n * 8 < p.head_dqk) {
-            uint32_t bb[4];
-            ldmatrix_x4_trans(bb, bKq.at(n / 2, kk * 16));
-            mma_16816<kBf16>(acc_q[n], a, bb[0], bb[1]);
-            mma_16816<kBf16>(acc_q[n + 1], a, bb[2], bb[3]);
+          for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
+            warp_mma_k16<T::kQMT, T::kNQA, false, true, T::kExact, kBf16>(acc_q, aS, bKq, kk, p.head_dqk - c0);
           }
-        }
-      }
 #pragma unroll
-      for (int hi = 0; hi < 2; ++hi) {
-        const int rr = qb * T::kBlockQ + qm * 16 + g + 8 * hi;
-        if (rr < len_q) {
-          float* dst = p.dq_accum + (int64_t(h) * p.total_q + q_start + rr) * p.head_dqk;
+          for (int mi = 0; mi < T::kQMT; ++mi) {
 #pragma unroll
-          for (int n = 0; n < kNQ; ++n) {
-            const int col = dq0 + n * 8 + 2 * t;
-            if (col < p.head_dqk) atomic_add_f32x2(dst + col, acc_q[n][2 * hi], acc_q[n][2 * hi + 1]);
+            for (int hi = 0; hi < 2; ++hi) {
+              const int rr = qb * T::kBlockQ + qm0 + 16 * mi + g + 8 * hi;
+              if (rr < len_q) {
+                float* dst = p.dq_accum + (int64_t(h) * p.total_q + q_start + rr) * p.head_dqk;
+#pragma unroll
+                for (int n = 0; n < T::kNQA; ++n) {
+                  const int col = c0 + n * 8 + 2 * t;
+                  if (T::kExact || col < p.head_dqk) {
+                    atomic_add_f32x2(dst + col, acc_q[mi][n][2 * hi], acc_q[mi][n][2 * hi + 1]);
+                  }
+                }
+              }
+            }
           }
         }
       }
@@ -357,21 +477,24 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
     float* dka = p.split.dk_accum + int64_t(slot) * T::kBlockK * p.head_dqk;
     float* dva = p.split.dv_accum + int64_t(slot) * T::kBlockK * p.head_dv;
 #pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      const int key = kt * 16 + g + 8 * hi;
-      if (key < keys_valid) {
+    for (int mi = 0; mi < kKMT; ++mi) {
 #pragma unroll
-        for (int n = 0; n < T::kNK; ++n) {
-          const int col = dk0 + n * 8 + 2 * t;
-          if (col < p.head_dqk) {
-            atomic_add_f32x2(dka + int64_t(key) * p.head_dqk + col, acc_dk[n][2 * hi], acc_dk[n][2 * hi + 1]);
+      for (int hi = 0; hi < 2; ++hi) {
+        const int key = km0 + 16 * mi + g + 8 * hi;
+        if (key < keys_valid) {
+#pragma unroll
+          for (int n = 0; n < T::kNK; ++n) {
+            const int col = dk0 + n * 8 + 2 * t;
+            if (col < p.head_dqk) {
+              atomic_add_f32x2(dka + int64_t(key) * p.head_dqk + col, acc_dk[mi][n][2 * hi], acc_dk[mi][n][2 * hi + 1]);
+            }
           }
-        }
 #pragma unroll
-        for (int n = 0; n < T::kNV; ++n) {
-          const int col = dv0 + n * 8 + 2 * t;
-          if (col < p.head_dv) {
-            atomic_add_f32x2(dva + int64_t(key) * p.head_dv + col, acc_dv[n][2 * hi], acc_dv[n][2 * hi + 1]);
+          for (int n = 0; n < T::kNV; ++n) {
+            const int col = dv0 + n * 8 + 2 * t;
+            if (col < p.head_dv) {
+              atomic_add_f32x2(dva + int64_t(key) * p.head_dv + col, acc_dv[mi][n][2 * hi], acc_dv[mi][n][2 * hi + 1]);
+            }
           }
         }
       }
@@ -385,23 +508,26 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
   uint16_t* dv = static_cast<uint16_t*>(p.dv) + int64_t(b) * p.dva.batch_stride + krow * p.dva.row_stride +
                  int64_t(hkv) * p.dva.head_stride;
 #pragma unroll
-  for (int hi = 0; hi < 2; ++hi) {
-    const int key = kt * 16 + g + 8 * hi;
-    if (key < keys_valid) {
+  for (int mi = 0; mi < kKMT; ++mi) {
 #pragma unroll
-      for (int n = 0; n < T::kNK; ++n) {
-        const int col = dk0 + n * 8 + 2 * t;
-        if (col < p.head_dqk) {
-          *reinterpret_cast<uint32_t*>(dk + int64_t(key) * p.dka.row_stride + col) =
-              pack2<kBf16>(acc_dk[n][2 * hi] * p.scale, acc_dk[n][2 * hi + 1] * p.scale);
+    for (int hi = 0; hi < 2; ++hi) {
+      const int key = km0 + 16 * mi + g + 8 * hi;
+      if (key < keys_valid) {
+#pragma unroll
+        for (int n = 0; n < T::kNK; ++n) {
+          const int col = dk0 + n * 8 + 2 * t;
+          if (col < p.head_dqk) {
+            *reinterpret_cast<uint32_t*>(dk + int64_t(key) * p.dka.row_stride + col) =
+                pack2<kBf16>(acc_dk[mi][n][2 * hi] * p.scale, acc_dk[mi][n][2 * hi + 1] * p.scale);
+          }
         }
-      }
 #pragma unroll
-      for (int n = 0; n < T::kNV; ++n) {
-        const int col = dv0 + n * 8 + 2 * t;
-        if (col < p.head_dv) {
-          *reinterpret_cast<uint32_t*>(dv + int64_t(key) * p.dva.row_stride + col) =
-              pack2<kBf16>(acc_dv[n][2 * hi], acc_dv[n][2 * hi + 1]);
+        for (int n = 0; n < T::kNV; ++n) {
+          const int col = dv0 + n * 8 + 2 * t;
+          if (col < p.head_dv) {
+            *reinterpret_cast<uint32_t*>(dv + int64_t(key) * p.dva.row_stride + col) =
+                pack2<kBf16>(acc_dv[mi][n][2 * hi], acc_dv[mi][n][2 * hi + 1]);
+          }
         }
       }
     }
