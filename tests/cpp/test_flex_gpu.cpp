@@ -604,6 +604,32 @@ TEST(FlexGpu, HeadDims) {
   }
 }
 
+// Every backward tile of the sm80 kernels (BwdTraitsSm80: 64, 128 with Bk = 128; (192, 128),
+// (256, 256) with Bk = 64) on both dQ paths (atomic: the dK/dV kernel's dQ phase and the
+// split schedule's accumulators; deterministic: the dQ kernel), with exact and predicated
+// head dims (Dqk != Dv and dims that leave whole warp columns idle included), random masks
+// at granularity 1 (partial blocks with payloads), GQA, THD with partial key and query blocks.
+TEST(FlexGpu, BwdTiles) {
+  REQUIRE_GPU();
+  const int dims[][2] = {{64, 64}, {128, 128}, {192, 128}, {256, 256}, {40, 64},
+                         {72, 40}, {128, 72},  {24, 120},  {112, 104}};
+  uint64_t seed = 1100;
+  for (const auto& d : dims) {
+    for (bool det : {false, true}) {
+      Case c;
+      c.varlen = true;
+      c.lq = {200, 1, 77};
+      c.lk = {190, 130, 5};
+      c.batch = 3;
+      c.h = HeadConfig{4, 2, 4, 3, d[0], d[1], seed % 2 == 0 ? DType::kBFloat16 : DType::kFloat16};
+      c.mopt.granularity = 1;
+      c.deterministic = det;
+      c.seed = ++seed;
+      run_case(c);
+    }
+  }
+}
+
 // The eight BENCHMARK.md masks (small S), BSHD B=1, GQA, D=128 and 64.
 TEST(FlexGpu, BenchmarkMasks) {
   REQUIRE_GPU();
