@@ -141,7 +141,10 @@ std::vector<int32_t> block_starts(const std::vector<int32_t>& cu, int block, int
   std::vector<int32_t> s(cu.size(), 0);
   for (size_t b = 0; b + 1 < cu.size(); ++b) {
     const int64_t len = (int64_t(cu[b + 1]) - cu[b]) * rows_per_position;
-    s[b + 1] = static_cast<int32_t>(s[b] + (len + block - 1) / block);
+    const int64_t next = s[b] + (len + block - 1) / block;
+    FS_CHECK_SUPPORTED(next < (int64_t(1) << 31), "mask_func: more than 2^31 - 1 blocks of ", block,
+                       " rows; use shorter sequences", rows_per_position > 1 ? " or pack_gqa=False" : "");
+    s[b + 1] = static_cast<int32_t>(next);
   }
   return s;
 }

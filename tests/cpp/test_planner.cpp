@@ -14,6 +14,7 @@
 #include "planner_gqa_cases.h"
 #include "planner_masks.h"
 #include "plan/payload_word.h"
+#include "plan/plan_layout.h"
 #include "plan/planner.h"
 
 namespace {
@@ -392,6 +393,19 @@ TEST(PackGqa, PackedRowsFillFullBlocks) {
   EXPECT_EQ(packed->counts.num_tasks, 2);
   EXPECT_EQ(plain->counts.num_tasks, 8 * 2);
   EXPECT_EQ(packed->counts.visible_pairs, 32 * 200);
+}
+
+TEST(PackGqa, BlockStartsOverflowIsAnError) {
+  // 2^31 - 1 queries x G = 64 in 16-row blocks: more query blocks than int32 indexes.
+  const std::vector<int32_t> cu{0, 2147483647};
+  EXPECT_EQ(flashspan::block_starts(cu, 128, 1).back(), 16777216);
+  try {
+    flashspan::block_starts(cu, 16, 64);
+    ADD_FAILURE() << "overflowing block starts accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kNotSupported);
+    EXPECT_NE(std::string(e.what()).find("pack_gqa=False"), std::string::npos) << e.what();
+  }
 }
 
 TEST(PackGqa, ChooseDefault) {
