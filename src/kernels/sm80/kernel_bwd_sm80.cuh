@@ -321,8 +321,9 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
     cp_async_commit();
     const uint32_t sQ = sQ0 + buf * T::kSmemQ, sO = sO0 + buf * T::kSmemO;
 
-    // ---- S/dP phase: S = Q K^T -> P (stored), then dP = dO V^T -> dS (stored), for the warp
-    // tile. P replaces S in the same registers before the dP GEMM starts, and the dP
+    // ---- S/dP phase: S = Q K^T -> P, then dP = dO V^T -> dS; P and dS to smem, for the warp
+    // tile. P replaces S in the same registers before the dP GEMM starts (its exp2 can issue
+    // among the dP mma; no shared store sits between the two GEMMs), and the dP
     // accumulators start at -D (dS = P (dP - D) = P * acc), so no row statistic stays live
     // through the dP GEMM, where registers are scarcest (dK/dV sums + P + dP). The row
     // statistics are loaded first so their latency hides behind the S GEMM.
@@ -369,12 +370,6 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
       for (int n = 0; n < T::kSNT; ++n) {
 #pragma unroll
         for (int i = 0; i < 4; ++i) s[mi][n][i] = exp2_approx(s[mi][n][i] - lse2[mi][i >> 1]);  // P
-#pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + ps_off(mi, n, hi)),
-                       "r"(pack2<kBf16>(s[mi][n][2 * hi], s[mi][n][2 * hi + 1]))
-                       : "memory");
-        }
       }
     }
     float dp[T::kSMT][T::kSNT][4];
@@ -403,6 +398,9 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
         for (int hi = 0; hi < 2; ++hi) {
           const float ds0 = s[mi][n][2 * hi] * dp[mi][n][2 * hi];  // P (dP - D)
           const float ds1 = s[mi][n][2 * hi + 1] * dp[mi][n][2 * hi + 1];
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + ps_off(mi, n, hi)),
+                       "r"(pack2<kBf16>(s[mi][n][2 * hi], s[mi][n][2 * hi + 1]))
+                       : "memory");
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + ps_off(mi, n, hi)), "r"(pack2<kBf16>(ds0, ds1))
                        : "memory");
         }
