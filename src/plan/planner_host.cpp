@@ -30,7 +30,7 @@ namespace {
 struct HostRelation {
   int bq = 0, bk = 0;
   std::vector<int32_t> qbs, kbs;            // block starts [B+1]
-  std::vector<int32_t> p_ptr, f_ptr;        // [Hmask*NQB + 1]
+  std::vector<int32_t> p_ptr, f_ptr;        // [heads*NQB + 1]
   std::vector<int32_t> p_kb, f_kb;          // sample-local key blocks
   std::vector<uint32_t> bits;               // payloads, CSR order
   int64_t visible = 0;                      // visible pairs summed over the CSR's (virtual) heads
