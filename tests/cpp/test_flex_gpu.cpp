@@ -166,6 +166,7 @@ struct Case {
   bool expect_fwd_split = false; // the forward must split some task (and runs twice, bitwise)
   bool fwd_workspace = true;     // false: forward without a workspace (one CTA per task)
   bool fwd_lse = true, fwd_ml = true;  // optional forward outputs requested
+  bool pack_gqa = false;         // packed-GQA plan (forward view over packed rows when Hq > Hkv)
   uint64_t seed = 1;
 
   std::string describe() const {
@@ -184,7 +185,7 @@ struct Case {
        << "/" << h.dv << " " << dtype_name(h.dtype) << " mask=" << mask << " gran=" << mopt.granularity
        << (strided ? " strided" : "") << (deterministic ? " det" : " atomic") << (grid_mode ? " grid" : "")
        << (fwd_workspace ? "" : " fwd-no-ws") << (fwd_lse ? "" : " no-lse") << (fwd_ml ? "" : " no-ml")
-       << " seed=" << seed;
+       << (pack_gqa ? " packgqa" : "") << " seed=" << seed;
     return os.str();
   }
 };
@@ -302,6 +303,7 @@ std::unique_ptr<Problem> make_problem(Case c) {
   req.geometry = &g;
   req.consumer = consumer_for(80, g.head_dim_qk, g.head_dim_v);
   req.build_backward = c.backward;
+  req.pack_gqa = c.pack_gqa;
   p->host_plan = build_mask_plan_host(req, p->mask.data(), false);
   p->plan = upload_plan(*p->host_plan, c.grid_mode);
   p->scale = default_softmax_scale(g.head_dim_qk);
@@ -445,12 +447,27 @@ void launch_bwd(const Problem& p, BwdOut& b, cudaStream_t s) {
   launch_flex_bwd(a);
 }
 
+// A packed-GQA case must really run packed (a planner that ignored the request would make
+// the packed tests pass vacuously): signature, and forward query blocks over packed rows
+// (mask_plan.h, "Packed GQA").
+void expect_packed_plan(const Problem& p) {
+  const int G = p.g.group_size();
+  EXPECT_EQ(p.plan->signature.pack_gqa, G > 1) << "signature.pack_gqa";
+  const int64_t pack = p.plan->signature.pack_gqa ? G : 1;
+  const int64_t bq = p.plan->signature.consumer.fwd_block_q;
+  int64_t nqb = 0;
+  for (int b = 0; b < p.g.batch; ++b) nqb += (p.g.seqlen_q(b) * pack + bq - 1) / bq;
+  EXPECT_EQ(p.plan->counts.fwd_num_q_blocks, nqb) << "forward query blocks (packed rows)";
+  EXPECT_LE(p.plan->counts.num_tasks, int64_t(p.g.num_heads_q / pack) * nqb) << "forward tasks";
+}
+
 // Runs one case end to end and checks every output.
 void run_case(const Case& c) {
   SCOPED_TRACE(c.describe());
   std::unique_ptr<Problem> pp;
   ASSERT_NO_THROW(pp = make_problem(c));
   Problem& p = *pp;
+  if (c.pack_gqa) expect_packed_plan(p);
   ASSERT_NO_THROW(flex_check_support_gpu(p.gd, *p.plan, c.backward));
   const Tol tol = tol_for(p.g.dtype);
 
@@ -475,7 +492,7 @@ void run_case(const Case& c) {
   EXPECT_EQ(f->lse.padding_changed(), 0) << "lse: stray writes";
   if (c.expect_fwd_split) {
     // Schedule header (FlexSplitSchedule): {items, counter, chunk, slots}.
-    const sm80::FwdWorkspaceLayout wl = sm80::fwd_workspace_layout(p.gd);
+    const sm80::FwdWorkspaceLayout wl = sm80::fwd_workspace_layout(p.gd, p.plan->signature.pack_gqa);
     ASSERT_GT(wl.total, 0u) << "no forward workspace for this geometry";
     int32_t hdr[FlexSplitSchedule::kHdrInts] = {};
     ASSERT_EQ(cudaMemcpy(hdr, static_cast<char*>(f->ws->p) + wl.hdr, sizeof(hdr), cudaMemcpyDeviceToHost),
@@ -1001,6 +1018,286 @@ TEST(FlexGpu, FwdSplitGraphReplay) {
   cudaGraphExecDestroy(exec);
   cudaGraphDestroy(graph);
   cudaStreamDestroy(s);
+}
+
+// ---------------------------------------------------------------------------
+// Packed GQA (plan.signature.pack_gqa): the forward runs one CTA per packed query block of a
+// kv head (rows s * G + g = position s of query head hkv * G + g), gathering Q rows and
+// scattering O / LSE rows per row, max_logit per head; the backward view is the unpacked one.
+// ---------------------------------------------------------------------------
+
+// Random packed cases: G in {2, 4, 8}, Hkv in {1, 2}, Hmask 1 or Hq, BSHD and THD (uneven and
+// empty samples), decode-like Sq in {1, 5, 17} and Sq ~ 300, every forward tile with exact
+// and predicated head dims, both dtypes, strided tensors, half of them with a backward.
+Case packed_random_case(uint64_t seed) {
+  Rng rng(seed * 104729 + 17);
+  auto pick = [&](int n) { return int(rng() % uint64_t(n)); };
+  Case c;
+  c.seed = seed;
+  c.pack_gqa = true;
+  c.h.dtype = pick(2) ? DType::kBFloat16 : DType::kFloat16;
+  static const int dims[][2] = {{64, 64}, {128, 128}, {72, 72}, {40, 40},   {128, 64},
+                                {64, 128}, {96, 80},  {192, 128}, {256, 256}, {8, 16}};
+  const int di = pick(sizeof(dims) / sizeof(dims[0]));
+  c.h.dqk = dims[di][0];
+  c.h.dv = dims[di][1];
+  static const int groups[] = {2, 4, 8};
+  const int G = groups[pick(3)];
+  c.h.hkv = 1 + pick(2);
+  c.h.hq = G * c.h.hkv;
+  c.h.hmask = pick(2) ? c.h.hq : 1;
+  static const int nfuncs[] = {1, 3, 5};
+  c.h.nfunc = nfuncs[pick(3)];
+  const bool big = c.h.dqk >= 192;
+  auto seqlen_q = [&]() -> int64_t {
+    static const int64_t decode[] = {1, 5, 17};
+    return pick(2) ? decode[pick(3)] : (big ? 150 : 250) + pick(100);
+  };
+  const int64_t smax_k = big ? 300 : 500;
+  c.varlen = pick(2) == 0;
+  if (c.varlen) {
+    const int B = 1 + pick(4);
+    for (int b = 0; b < B; ++b) {
+      c.lq.push_back(pick(6) == 0 ? 0 : seqlen_q());
+      c.lk.push_back(pick(8) == 0 ? 0 : 1 + pick(int(smax_k)));
+    }
+    c.batch = B;
+  } else {
+    c.batch = 1 + pick(3);
+    c.sq = seqlen_q();
+    c.sk = 1 + pick(int(smax_k));
+  }
+  c.mopt.granularity = pick(3) == 0 ? 64 : (pick(2) ? 16 : 1);
+  c.strided = pick(3) == 0;
+  c.backward = pick(2) == 0;
+  c.deterministic = pick(2) == 0;
+  c.negative_logits = pick(8) == 0;
+  return c;
+}
+
+TEST(FlexGpu, PackedGqaRandom) {
+  REQUIRE_GPU();
+  for (uint64_t s = 1; s <= 40; ++s) run_case(packed_random_case(s));
+}
+
+// Decode-like shapes (Sq << Bq: the case packing is for) and one long prefill, every head
+// group size, Hmask = 1 and Hq, LSE and max_logit (also all-negative logits for the signed
+// per-head max), both layouts.
+TEST(FlexGpu, PackedGqaDecode) {
+  REQUIRE_GPU();
+  uint64_t seed = 9000;
+  for (int64_t sq : {1, 5, 17}) {
+    for (int G : {2, 4, 8}) {
+      Case c;
+      c.pack_gqa = true;
+      c.batch = 2;
+      c.sq = sq;
+      c.sk = 700;
+      const int hkv = G == 8 ? 1 : 2;
+      c.h = HeadConfig{G * hkv, hkv, G == 4 ? G * hkv : 1, 3, 128, 128, DType::kBFloat16};
+      c.backward = G == 2;
+      c.seed = ++seed;
+      run_case(c);
+    }
+  }
+  {
+    Case c;  // THD decode batch: uneven lengths, an empty sample, D 64, fp16
+    c.pack_gqa = true;
+    c.varlen = true;
+    c.lq = {1, 0, 5, 17, 3};
+    c.lk = {300, 40, 0, 513, 64};
+    c.batch = 5;
+    c.h = HeadConfig{8, 2, 8, 5, 64, 64, DType::kFloat16};
+    c.seed = ++seed;
+    run_case(c);
+  }
+  {
+    Case c;  // all scores negative: the signed per-head max_logit with packed rows
+    c.pack_gqa = true;
+    c.batch = 2;
+    c.sq = 33;
+    c.sk = 200;
+    c.h = HeadConfig{6, 2, 6, 3, 64, 64, DType::kBFloat16};  // G = 3 (not a power of two)
+    c.negative_logits = true;
+    c.seed = ++seed;
+    run_case(c);
+  }
+  {
+    Case c;  // long prefill, G = 4: many packed blocks per kv head, strided tensors
+    c.pack_gqa = true;
+    c.sq = 600;
+    c.sk = 650;
+    c.h = HeadConfig{8, 2, 1, 3, 128, 128, DType::kFloat16};
+    c.strided = true;
+    c.deterministic = false;
+    c.seed = ++seed;
+    run_case(c);
+  }
+}
+
+// The forward split schedule over packed tasks: global rows see every key block (> the chunk
+// of 16), and a decode batch (few packed tasks, long key walks) is split flash-decoding style.
+// The combine kernel writes O / LSE per packed row.
+TEST(FlexGpu, PackedGqaFwdSplit) {
+  REQUIRE_GPU();
+  {
+    Case c = fwd_split_case("global", HeadConfig{8, 2, 8, 5, 64, 64, DType::kBFloat16}, 9101);
+    c.pack_gqa = true;
+    c.sq = 1300;
+    c.sk = 1300;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("global", HeadConfig{4, 1, 1, 5, 128, 128, DType::kFloat16}, 9102);
+    c.pack_gqa = true;
+    c.varlen = true;
+    c.lq = {1100, 0, 300, 77};
+    c.lk = {1500, 50, 257, 1090};
+    c.batch = 4;
+    c.strided = true;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("dense", HeadConfig{16, 2, 1, 1, 128, 128, DType::kBFloat16}, 9103);
+    c.pack_gqa = true;  // decode: Sq = 5, 8 x 5 = 40 packed rows, 32 key blocks per task
+    c.batch = 2;
+    c.sq = 5;
+    c.sk = 2048;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("global", HeadConfig{8, 1, 8, 5, 256, 256, DType::kFloat16}, 9104);
+    c.pack_gqa = true;  // (256, 256) tile (Bq = 64), Hmask = Hq, short queries with a global row (pos 7)
+    c.varlen = true;
+    c.lq = {17, 1, 40};
+    c.lk = {1500, 1100, 1300};
+    c.batch = 3;
+    c.fwd_lse = false;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("global", HeadConfig{4, 2, 4, 5, 192, 128, DType::kBFloat16}, 9105);
+    c.pack_gqa = true;  // (192, 128) tile, a split forward then a split backward
+    c.sq = 700;
+    c.sk = 1200;
+    c.backward = true;
+    c.deterministic = false;
+    run_case(c);
+  }
+}
+
+// Packed plans without task lists (grid over (packed query block, kv head)) and a packed
+// forward without a workspace (one CTA per packed task, unsplit).
+TEST(FlexGpu, PackedGqaGridAndNoWorkspace) {
+  REQUIRE_GPU();
+  Case c;
+  c.pack_gqa = true;
+  c.varlen = true;
+  c.lq = {200, 0, 9};
+  c.lk = {150, 70, 0};
+  c.batch = 3;
+  c.h = HeadConfig{8, 2, 8, 3, 128, 128, DType::kBFloat16};
+  c.grid_mode = true;
+  c.deterministic = false;
+  c.seed = 9201;
+  run_case(c);
+  c.h = HeadConfig{4, 1, 1, 1, 64, 40, DType::kFloat16};
+  c.seed = 9202;
+  run_case(c);
+  Case d = fwd_split_case("global", HeadConfig{4, 1, 4, 5, 64, 64, DType::kBFloat16}, 9203);
+  d.pack_gqa = true;
+  d.sq = 1300;
+  d.sk = 1300;
+  d.expect_fwd_split = false;
+  d.fwd_workspace = false;
+  run_case(d);
+}
+
+// A packed forward, then the (unpacked) backward through the same plan fed with the
+// forward's own out and LSE; gradients against the reference.
+void packed_fwd_then_bwd(const Case& c) {
+  SCOPED_TRACE(c.describe());
+  std::unique_ptr<Problem> pp;
+  ASSERT_NO_THROW(pp = make_problem(c));
+  Problem& p = *pp;
+  expect_packed_plan(p);
+  const Tol tol = tol_for(p.g.dtype);
+  auto f = alloc_fwd(p, c.strided);
+  ASSERT_NO_THROW(launch_fwd(p, *f, nullptr));
+  auto b = alloc_bwd(p, c.strided);
+  FlexBwdLaunch a;
+  a.geometry = &p.gd;
+  a.plan = p.plan.get();
+  a.q = p.dq_in.view;
+  a.k = p.dk_in.view;
+  a.v = p.dv_in.view;
+  a.out = f->dout_.view;
+  a.dout = p.ddout.view;
+  a.lse = f->dlse.view;
+  a.dq = b->ddq.view;
+  a.dk = b->ddk.view;
+  a.dv = b->ddv.view;
+  a.softmax_scale = p.scale;
+  a.deterministic = c.deterministic;
+  a.workspace = b->ws->p;
+  a.workspace_bytes = b->ws->bytes;
+  ASSERT_NO_THROW(launch_flex_bwd(a));
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  download(f->dout_, f->out);
+  download(f->dlse, f->lse);
+  EXPECT_TRUE(all_close(f->out.to_vector(), p.ref_out.to_vector(), tol.out, tol.out)) << "out";
+  EXPECT_TRUE(all_close(f->lse.to_vector(), p.ref_lse.to_vector(), tol.stat, tol.stat)) << "lse";
+  download(b->ddq, b->dq);
+  download(b->ddk, b->dk);
+  download(b->ddv, b->dv);
+  EXPECT_TRUE(grad_close(b->dq.to_vector(), p.ref_dq.to_vector(), tol.grad)) << "dq";
+  EXPECT_TRUE(grad_close(b->dk.to_vector(), p.ref_dk.to_vector(), tol.grad)) << "dk";
+  EXPECT_TRUE(grad_close(b->dv.to_vector(), p.ref_dv.to_vector(), tol.grad)) << "dv";
+  EXPECT_EQ(b->dq.padding_changed(), 0) << "dq: stray writes";
+}
+
+TEST(FlexGpu, PackedGqaFwdThenBwd) {
+  REQUIRE_GPU();
+  Case c;
+  c.pack_gqa = true;
+  c.varlen = true;
+  c.lq = {5, 300, 0, 130};
+  c.lk = {400, 290, 60, 1};
+  c.batch = 4;
+  c.h = HeadConfig{8, 2, 8, 3, 128, 128, DType::kBFloat16};
+  c.deterministic = false;
+  c.seed = 9301;
+  packed_fwd_then_bwd(c);
+  c.h = HeadConfig{4, 1, 1, 5, 72, 72, DType::kFloat16};
+  c.strided = true;
+  c.deterministic = true;
+  c.seed = 9302;
+  packed_fwd_then_bwd(c);
+}
+
+// The forward workspace bound covers every packed plan of a geometry: max_tasks >= Hkv x
+// the packed query blocks (host arithmetic only; runs without a GPU).
+TEST(FlexGpu, PackedFwdWorkspaceBound) {
+  Rng rng(9401);
+  for (int it = 0; it < 200; ++it) {
+    const int hkv = 1 + int(rng() % 3), G = 1 + int(rng() % 8);
+    HeadConfig h{G * hkv, hkv, 1, 1, 64, 64, DType::kBFloat16};
+    std::vector<int64_t> lq, lk;
+    const int B = 1 + int(rng() % 5);
+    for (int b = 0; b < B; ++b) {
+      lq.push_back(int64_t(rng() % 3000) + (b == 0 ? 1 : 0));
+      lk.push_back(1200 + int64_t(rng() % 3000));  // long enough for a split workspace
+    }
+    const FlexGeometry g = make_thd_geometry(lq, lk, h);
+    for (bool pack : {false, true}) {
+      const sm80::FwdWorkspaceLayout wl = sm80::fwd_workspace_layout(g, pack);
+      const int64_t P = pack ? G : 1, bq = 128;
+      int64_t nqb = 0;
+      for (int b = 0; b < B; ++b) nqb += (lq[b] * P + bq - 1) / bq;
+      EXPECT_GE(wl.max_tasks, int64_t(g.num_heads_q / P) * nqb) << "G=" << G << " pack=" << pack;
+      EXPECT_GT(wl.total, 0u);
+    }
+  }
 }
 
 // Forward and backward captured into one CUDA graph; replays give the eager results

@@ -85,8 +85,16 @@ struct FlexFwdParams {
   float scale = 0.f;       // softmax scale
   float scale_log2 = 0.f;  // scale * log2(e)
   PlanViewPtrs view;       // forward view, device pointers
-  // 0: one CTA per entry of view.tasks (cost order); 1: grid (query block, head) over every
-  // global query block, for plans whose task list omits blocks without visible keys.
+  // Packed GQA (plan.signature.pack_gqa, mask_plan.h): pack = G = group_size, the rows of a
+  // query block are packed rows r = s * G + g (sample-local query position s of query head
+  // hkv * G + g) and the head of a task or grid cell is the kv head hkv. pack = 1: rows are
+  // query positions of the task's query head (the unpacked view). In both cases row r of a
+  // block whose task head is h is position (row0 + r) / pack of query head
+  // h * pack + (row0 + r) % pack.
+  int pack = 1;
+  // 0: one CTA per entry of view.tasks (cost order); 1: grid (query block, task head) over
+  // every global query block (task heads: Hq, or Hkv when packed), for plans whose task list
+  // omits blocks without visible keys.
   int grid_mode = 0;
   FlexFwdSplit split;  // task mode with a workspace only (split.items != nullptr)
 };

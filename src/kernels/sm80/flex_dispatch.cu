@@ -38,11 +38,10 @@ void check_tile(const FlexGeometry& g, const MaskPlan& plan, bool backward) {
 }  // namespace
 
 size_t flex_fwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool has_max_logit) {
-  (void)plan;
   (void)has_max_logit;
-  // The split schedule of the forward (launch_common_sm80.h, FwdWorkspaceLayout); max_logit
-  // is reset in place.
-  return sm80::fwd_workspace_layout(g).total;
+  // The split schedule of the forward (launch_common_sm80.h, FwdWorkspaceLayout; its task
+  // bound depends on plan.signature.pack_gqa); max_logit is reset in place.
+  return sm80::fwd_workspace_layout(g, plan.signature.pack_gqa).total;
 }
 
 size_t flex_bwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool deterministic) {
@@ -120,12 +119,17 @@ void launch_flex_fwd(const FlexFwdLaunch& a) {
   p.scale = a.softmax_scale;
   p.scale_log2 = a.softmax_scale * 1.4426950408889634f;
   p.view = plan.fwd_view();
-  const int64_t all_blocks = int64_t(g.num_heads_q) * p.view.num_q_blocks;
+  // Packed GQA (mask_plan.h): the forward view's rows are packed rows of the G query heads of
+  // a kv head, tasks and grid cells run per kv head.
+  p.pack = p.view.pack_group;  // fwd_pack_group(g, plan.signature.pack_gqa): G or 1
+  FS_CHECK(p.pack >= 1 && g.num_heads_q % p.pack == 0, Status::kInternal, "mask_plan: forward pack group ", p.pack,
+           " does not divide Hq = ", g.num_heads_q);
+  const int64_t all_blocks = int64_t(g.num_heads_q / p.pack) * p.view.num_q_blocks;
   p.grid_mode = p.view.num_tasks == all_blocks ? 0 : 1;
   // Split schedule (fwd_split_sm80.cuh) in task mode when the caller gave the workspace; a
   // call without one (workspace_bytes = 0; internal callers only, the C API checks the size)
   // runs one CTA per task as before.
-  const sm80::FwdWorkspaceLayout wl = sm80::fwd_workspace_layout(g);
+  const sm80::FwdWorkspaceLayout wl = sm80::fwd_workspace_layout(g, plan.signature.pack_gqa);
   FS_CHECK_ARG(a.workspace_bytes == 0 || (a.workspace_bytes >= wl.total && a.workspace != nullptr),
                "workspace: needs ", wl.total, " bytes, got ", a.workspace_bytes);
   if (wl.total > 0 && a.workspace_bytes > 0 && !p.grid_mode && p.view.num_tasks > 0) {

@@ -18,6 +18,9 @@
 //               LSE = (m + log2 l) ln 2; rows with no visible key (l = 0) give out 0 and
 //               LSE -inf (m_i = -inf contributes weight 0, never NaN). Items are merged in
 //               list order, so the result does not depend on which CTA ran which item.
+// Packed GQA (p.pack = G > 1): tasks are {packed block, kv head, batch}; slots hold the
+// block's packed rows, and the combine maps row r to (position, query head) as the forward
+// epilogue does (flex_params.h).
 #pragma once
 
 #include <cstdint>
@@ -28,7 +31,8 @@
 
 namespace flashspan::kern {
 
-// A. Key blocks of every task. Grid ceil(num_tasks / 256), 256 threads.
+// A. Key blocks of every task. Grid ceil(num_tasks / 256), 256 threads. The CSR head is the
+// task head (query head, or packed: kv head = virtual mask head) when masks are per head.
 __global__ void __launch_bounds__(256) flex_fwd_split_count_kernel(const FlexFwdParams p) {
   const int t = blockIdx.x * 256 + threadIdx.x;
   if (t >= p.split.num_tasks) return;
@@ -60,14 +64,19 @@ __global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FlexF
   const int32_t* task = p.view.tasks + 4 * int64_t(t);
   const int qb = __ldg(task + 0), h = __ldg(task + 1), b = __ldg(task + 2);
   const int bq = p.view.block_q;
+  const int pack = p.pack, head0 = h * pack;
   const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
   const int row0 = qb * bq;
-  const int rows_valid = min(bq, len_q - row0);
-  const int64_t qrow = int64_t(p.varlen ? q_start : 0) + row0;
+  const int rows_valid = min(bq, len_q * pack - row0);
+  const int64_t q_row0 = p.varlen ? q_start : 0;
   __shared__ float s_m[kMaxCombineRows], s_inv[kMaxCombineRows];
+  __shared__ int64_t s_off[kMaxCombineRows];  // row's offset in O from (position 0, head head0)
   constexpr float kLn2 = 0.6931471805599453f;
 
   for (int row = threadIdx.x; row < rows_valid; row += blockDim.x) {
+    // Row `row`: position pos of query head head0 + sub.
+    const int pos = (row0 + row) / pack, sub = row0 + row - pos * pack;
+    s_off[row] = int64_t(pos) * p.oa.row_stride + int64_t(sub) * p.oa.head_stride;
     float m = -INFINITY;
     for (int i = 0; i < n; ++i) m = fmaxf(m, sp.ml[int64_t(slot0 + i) * 2 * bq + row]);
     const float m_use = m == -INFINITY ? 0.0f : m;
@@ -79,14 +88,14 @@ __global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FlexF
     s_m[row] = m_use;
     s_inv[row] = l > 0.0f ? 1.0f / l : 0.0f;
     if (p.lse != nullptr) {
-      p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride + (qrow + row) * p.lsea.row_stride] =
-          l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
+      p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(head0 + sub) * p.lsea.head_stride +
+            (q_row0 + pos) * p.lsea.row_stride] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
     }
   }
-  __syncthreads();  // s_m, s_inv
+  __syncthreads();  // s_m, s_inv, s_off
 
-  uint16_t* o = static_cast<uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride + qrow * p.oa.row_stride +
-                int64_t(h) * p.oa.head_stride;
+  uint16_t* o = static_cast<uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride + q_row0 * p.oa.row_stride +
+                int64_t(head0) * p.oa.head_stride;
   const int pairs = p.dv / 2;
   for (int idx = threadIdx.x; idx < rows_valid * pairs; idx += blockDim.x) {
     const int row = idx / pairs, c = 2 * (idx - row * pairs);
@@ -100,7 +109,7 @@ __global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FlexF
       acc.y += w * x.y;
     }
     const float inv = s_inv[row];
-    *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.oa.row_stride + c) = pack2<kBf16>(acc.x * inv, acc.y * inv);
+    *reinterpret_cast<uint32_t*>(o + s_off[row] + c) = pack2<kBf16>(acc.x * inv, acc.y * inv);
   }
 }
 

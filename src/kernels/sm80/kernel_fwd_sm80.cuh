@@ -1,7 +1,8 @@
 // Flex attention forward kernel for sm_80 and newer (mma.sync m16n8k16, cp.async, ldmatrix).
 //
 // Algorithm: FlashAttention-2 (Dao 2023) forward over the plan's block-sparse Q2K lists.
-// One CTA per task of plan.fwd_tasks {local query block, query head, batch, cost}, or with
+// One CTA per task of plan.fwd_tasks {local query block, query head, batch, cost} (packed
+// GQA: {packed local query block, kv head, batch, cost}, flex_params.h), or with
 // the split schedule (fwd_split_sm80.cuh) a persistent grid running work items (ranges of a
 // task's key-block walk) whose partial results a combine kernel merges; warp w
 // owns kMT m16 tiles, rows 16*kMT*w .. 16*kMT*(w+1)-1 of the block (m16 tile i of warp w is
@@ -13,6 +14,11 @@
 // V[i] while Q K[i]^T and the softmax run; two barriers per block.
 // Shared memory: Q (kBlockQ x kDqk) + K (kBlockK x kDqk) + V (kBlockK x kDv), 16-bit, swizzled.
 // Head dims below the tile's are zero-filled on load and the unused k-steps skipped.
+//
+// Packed GQA (p.pack = G > 1): a block's rows are packed rows of the G query heads of one kv
+// head, so each K/V tile serves G query heads. Only the Q gather (load_q_tile_async), the
+// O / LSE row addresses and the per-head max_logit reduction differ; the main loop does not
+// know about packing.
 #pragma once
 
 #include <cstdint>
@@ -47,13 +53,62 @@ struct FwdTraitsSm80 {
   static_assert(kBlockQ % (16 * kMT) == 0 && kBlockK % 64 == 0 && kDqk % 64 == 0 && kDv % 64 == 0);
 };
 
+// Loads the Q tile of a query block, packed or not: tile row r is row pr = row0 + r of the
+// block's view, i.e. query position pr / pack of query head head0 + pr % pack, at
+//   q0 + (pr / pack) * row_stride + (pr % pack) * head_stride   (q0: position 0, head head0);
+// pack = 1 is the plain tile (row0 + r, head0). Rows [rows_valid, kRows) and columns
+// [d_valid, kD) are zero-filled without reading global memory (q0 must be a valid address).
+// A thread covers rows r0, r0 + R, r0 + 2R, ... (R a multiple of 8, so the swizzle key of its
+// rows is fixed) and steps (position, head) from one of its rows to the next with an add and
+// a compare: one division per tile, no per-element index math. Thread layout: that of
+// load_tile_async when it applies (same chunk column per thread; keeping it, rather than a
+// new layout, matters for the registers of the main loop: ptxas shares the lane-derived
+// values with the fragment addresses), else 8 threads per row, 8 chunks apart.
+template <int kRows, int kD, int kThreads>
+__device__ __forceinline__ void load_q_tile_async(uint32_t smem_tile, const uint16_t* q0, int64_t row_stride,
+                                                  int64_t head_stride, int row0, int pack, int rows_valid,
+                                                  int d_valid, int tid) {
+  constexpr int kChunksPerRow = kD / 8;
+  constexpr bool kColumnLayout = kThreads % kChunksPerRow == 0 && (kThreads / kChunksPerRow) % 8 == 0 &&
+                                 kRows % (kThreads / kChunksPerRow) == 0;
+  // Threads per row, chunks per thread and row, rows per step.
+  constexpr int kTpr = kColumnLayout ? kChunksPerRow : 8;
+  constexpr int kCpt = kChunksPerRow / kTpr;
+  constexpr int kR = kThreads / kTpr;
+  static_assert(kChunksPerRow % kTpr == 0 && kR % 8 == 0 && kRows % kR == 0, "Q tile loader geometry");
+  // Chunk c0 + kTpr j of row r0 + it R lands at chunk (c0 ^ (r0 % 8)) + kTpr j of that row
+  // (kTpr is 8 or a multiple of 8, so the XOR leaves the j term alone).
+  const int c0 = tid % kTpr, r0 = tid / kTpr;
+  const uint32_t dst = smem_tile + swz_offset<kD>(r0, c0) * 2;
+  const int pr = row0 + r0;
+  int pos = pr / pack, sub = pr - pos * pack;
+  const int dpos = kR / pack, dsub = kR - dpos * pack;
+#pragma unroll
+  for (int it = 0; it < kRows / kR; ++it) {
+    const bool row_ok = r0 + it * kR < rows_valid;
+    const uint16_t* src = q0 + int64_t(pos) * row_stride + int64_t(sub) * head_stride + c0 * 8;
+#pragma unroll
+    for (int j = 0; j < kCpt; ++j) {
+      const bool ok = row_ok && (c0 + kTpr * j) * 8 < d_valid;
+      cp_async_16(dst + (it * kR * kD + 8 * kTpr * j) * 2, ok ? src + 8 * kTpr * j : q0, ok);
+    }
+    pos += dpos;
+    sub += dsub;
+    if (sub >= pack) {
+      sub -= pack;
+      ++pos;
+    }
+  }
+}
+
 // One work item: key blocks [begin, begin + count) of the merged Q2K walk of query block qb
-// of head h of sample b. kPersistent = false: the whole walk, slot -1 (begin, count and
-// s_item unused). kPersistent = true: the slot is read at the end from s_item[3] (kept out
-// of registers during the walk). Slot -1 (an unsplit task) writes O normalised, LSE and zeros
-// for empty rows as always; slot >= 0 (a piece of a split task) writes its unnormalised fp32
-// accumulator, running max and sum to workspace slot `slot` (FlexFwdSplit) for the combine
-// kernel. max_logit is reduced with the atomic in both cases.
+// of task head h (the query head; the kv head when packed) of sample b. kPersistent = false:
+// the whole walk, slot -1 (begin, count and s_item unused). kPersistent = true: the slot is
+// read at the end from s_item[3] (kept out of registers during the walk). Slot -1 (an
+// unsplit task) writes O normalised, LSE and zeros for empty rows as always; slot >= 0 (a
+// piece of a split task) writes its unnormalised fp32 accumulator, running max and sum to
+// workspace slot `slot` (FlexFwdSplit) for the combine kernel. max_logit is reduced with the
+// atomic in both cases.
 // Shared memory: the item's first loads (Q, K[first]) are issued before the loop's first
 // __syncthreads, so the caller must __syncthreads between two items of one CTA.
 template <class T, bool kBf16, bool kMaxLogit, bool kPersistent>
@@ -69,20 +124,26 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
   if constexpr (kPersistent) asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
   const int lane = tid & 31, warp = tid >> 5;
 
-  const int hkv = h / p.group_size;
+  // Row r of the block: position (row0 + r) / pack of query head head0 + (row0 + r) % pack.
+  const int pack = p.pack;
+  const int head0 = h * pack;
+  const int hkv = head0 / p.group_size;
+  // CSR mask head: the query head unpacked; packed, the kv head's virtual mask head (Hmask = Hq)
+  // or 0 -- both are `h`.
   const int hm = p.mask_per_head ? h : 0;
   const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
   const int k_start = __ldg(p.cu_seqlens_k + b), len_k = __ldg(p.cu_seqlens_k + b + 1) - k_start;
   const int row0 = qb * T::kBlockQ;
-  const int rows_valid = min(T::kBlockQ, len_q - row0);
+  const int rows_valid = min(T::kBlockQ, len_q * pack - row0);
 
   const int64_t r = int64_t(hm) * p.view.num_q_blocks + __ldg(p.view.q_block_start + b) + qb;
   BlockCursor cur{p.view.q2k_partial_kb, p.view.q2k_full_kb, __ldg(p.view.q2k_partial_ptr + r),
                   __ldg(p.view.q2k_partial_ptr + r + 1), __ldg(p.view.q2k_full_ptr + r),
                   __ldg(p.view.q2k_full_ptr + r + 1)};
 
+  // Position 0 of head head0 in sample b.
   const uint16_t* q = static_cast<const uint16_t*>(p.q) + int64_t(b) * p.qa.batch_stride +
-                      (int64_t(p.varlen ? q_start : 0) + row0) * p.qa.row_stride + int64_t(h) * p.qa.head_stride;
+                      int64_t(p.varlen ? q_start : 0) * p.qa.row_stride + int64_t(head0) * p.qa.head_stride;
   const uint16_t* k = static_cast<const uint16_t*>(p.k) + int64_t(b) * p.ka.batch_stride +
                       int64_t(p.varlen ? k_start : 0) * p.ka.row_stride + int64_t(hkv) * p.ka.head_stride;
   const uint16_t* v = static_cast<const uint16_t*>(p.v) + int64_t(b) * p.va.batch_stride +
@@ -100,7 +161,8 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
   int kb = 0, entry = 0;
   bool partial = false;
   bool have = cur.next(kb, partial, entry);
-  load_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ, q, p.qa.row_stride, rows_valid, p.dqk, tid);
+  load_q_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ, q, p.qa.row_stride, p.qa.head_stride, row0, pack,
+                                                      rows_valid, p.dqk, tid);
   if (have) {
     load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + int64_t(kb) * T::kBlockK * p.ka.row_stride,
                                                       p.ka.row_stride, len_k - kb * T::kBlockK, p.dqk, tid);
@@ -244,8 +306,12 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
         }
       }
     }
-  } else {
+  } else if (!kPersistent && pack == 1) {
     // Epilogue: normalise, write O (0 for empty rows), LSE (natural log, -inf for empty rows).
+    // The one-CTA-per-task kernel has two copies of this loop (unpacked, packed): one loop
+    // with the run-time row mapping cost it 100+ bytes of spills at D = 128 (ptxas -v). The
+    // persistent kernel is the other way round (the two copies put spills in its main loop,
+    // one does not), so it runs the packed copy, which with pack = 1 is the unpacked mapping.
     uint16_t* o = static_cast<uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride +
                   (int64_t(p.varlen ? q_start : 0) + row0) * p.oa.row_stride + int64_t(h) * p.oa.head_stride;
 #pragma unroll
@@ -273,28 +339,84 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
         }
       }
     }
+  } else {
+    // The same for packed rows (any pack >= 1): row `row` is position pos of query head
+    // h * pack + sub. The base `o` is written with the same terms as above (position row0,
+    // which may lie past the sample: only o + (pos - row0) rows are dereferenced), which keeps
+    // ptxas from holding extra values across the main loop.
+    uint16_t* o = static_cast<uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride +
+                  (int64_t(p.varlen ? q_start : 0) + row0) * p.oa.row_stride + int64_t(h) * pack * p.oa.head_stride;
+#pragma unroll
+    for (int i = 0; i < kMT; ++i) {
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const float lsum = quad_sum(l[i][hi]);
+        const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+        const int row = m0 + 16 * i + g + 8 * hi;
+        if (row < rows_valid) {
+          // Packed row row0 + row = pos * pack + sub.
+          const int pos = (row0 + row) / pack, sub = row0 + row - pos * pack;
+          uint16_t* orow = o + int64_t(pos - row0) * p.oa.row_stride + int64_t(sub) * p.oa.head_stride;
+#pragma unroll
+          for (int n = 0; n < T::kNO; ++n) {
+            const int col = n * 8 + 2 * t;
+            if (col < p.dv) {
+              *reinterpret_cast<uint32_t*>(orow + col) =
+                  pack2<kBf16>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
+            }
+          }
+          if (p.lse != nullptr && t == 0) {
+            const float lse = lsum > 0.0f ? (m[i][hi] + __log2f(lsum)) * kLn2 : -INFINITY;
+            p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h * pack + sub) * p.lsea.head_stride +
+                  (int64_t(p.varlen ? q_start : 0) + pos) * p.lsea.row_stride] = lse;
+          }
+        }
+      }
+    }
   }
 
   if constexpr (kMaxLogit) {
-    // max over visible scores of scale * q.k: the running max is in log2 units.
-    float mx = -INFINITY;
+    // max over visible scores of scale * q.k: the running max is in log2 units. Rows past
+    // rows_valid never see a key (m = -inf), so they need no masking here.
+    __shared__ float red[T::kBlockQ];
+    if (pack == 1) {
+      // One head: warp shuffles, then one atomic per CTA.
+      float mx = -INFINITY;
 #pragma unroll
-    for (int i = 0; i < kMT; ++i) mx = fmaxf(mx, fmaxf(m[i][0], m[i][1]));
+      for (int i = 0; i < kMT; ++i) mx = fmaxf(mx, fmaxf(m[i][0], m[i][1]));
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    __shared__ float red[T::kWarps];
-    if (lane == 0) red[warp] = mx;
-    __syncthreads();
-    if (tid == 0) {
-      float v = red[0];
+      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      if (lane == 0) red[warp] = mx;
+      __syncthreads();
+      if (tid == 0) {
+        float v = red[0];
 #pragma unroll
-      for (int w = 1; w < T::kWarps; ++w) v = fmaxf(v, red[w]);
-      if (v != -INFINITY) atomic_max_float(p.max_logit + h, v * kLn2);
+        for (int w = 1; w < T::kWarps; ++w) v = fmaxf(v, red[w]);
+        if (v != -INFINITY) atomic_max_float(p.max_logit + h, v * kLn2);
+      }
+    } else {
+      // Packed rows: row r belongs to query head head0 + (row0 + r) % pack. Per-row maxima
+      // (quad-uniform after the softmax's quad_max) go to shared memory; thread j < pack
+      // reduces rows j, j + pack, ... (one head) and issues one atomic per head.
+      if (t == 0) {
+#pragma unroll
+        for (int i = 0; i < kMT; ++i) {
+          red[m0 + 16 * i + g] = m[i][0];
+          red[m0 + 16 * i + g + 8] = m[i][1];
+        }
+      }
+      __syncthreads();
+      const int heads = min(pack, rows_valid);
+      for (int j = tid; j < heads; j += T::kThreads) {
+        float v = -INFINITY;
+        for (int r = j; r < rows_valid; r += pack) v = fmaxf(v, red[r]);
+        if (v != -INFINITY) atomic_max_float(p.max_logit + head0 + (row0 + j) % pack, v * kLn2);
+      }
     }
   }
 }
 
-// Forward kernel, one CTA per task (or per (query block, head) cell in grid mode): the
+// Forward kernel, one CTA per task (or per (query block, task head) cell in grid mode): the
 // whole Q2K walk, direct writes. With a split schedule (p.split.items) it runs only when the
 // schedule split no task (hdr[kNumSplit] = 0, decided on the device by the scan kernel);
 // otherwise the persistent kernel below does the work and these CTAs exit at once. Two

@@ -188,15 +188,18 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, bool deter
   return w;
 }
 
-// Byte offsets into the forward workspace (a pure function of the geometry; the tile comes
-// from the head dims). Empty (total 0) when no task can be split: a task has at most
-// ceil(max_seqlen_k / Bk) steps and the chunk is at least kChunkMin. All offsets 256-aligned.
+// Byte offsets into the forward workspace (a pure function of the geometry and the plan's
+// pack_gqa flag; the tile comes from the head dims). Empty (total 0) when no task can be
+// split: a task has at most ceil(max_seqlen_k / Bk) steps and the chunk is at least
+// kChunkMin. All offsets 256-aligned.
 //   split schedule (FlexFwdSplit): hdr int32 [4]; task_iters, task_slot int32 [max_tasks];
 //                  item_start int32 [max_tasks + 1]; items int32 [max_items, 4];
 //                  o_accum fp32 [max_slots, Bq, Dv]; ml fp32 [max_slots, 2, Bq]
-//   with max_tasks = Hq * min(B * ceil(max_seqlen_q / Bq), ceil(total_q / Bq) + B)  (>= the
-//   plan's Hq * NQB), max_slots = min(2 * kMaxSplit, max_tasks * ceil(max_steps / 8)) (items of
-//   split tasks: < 2 kMaxSplit, and each has >= 8 of the <= max_tasks * max_steps steps;
+//   with P = G when packed (rows per query position, mask_plan.h "Packed GQA"), else 1, and
+//   max_tasks = (Hq / P) * min(B * ceil(max_seqlen_q P / Bq), ceil(total_q P / Bq) + B)
+//   (>= the plan's task heads x NQB: sum_b ceil(len_q(b) P / Bq)),
+//   max_slots = min(2 * kMaxSplit, max_tasks * ceil(max_steps / 8)) (items of split tasks:
+//   < 2 kMaxSplit, and each has >= 8 of the <= max_tasks * max_steps steps;
 //   split_schedule_sm80.cuh), max_items = max_tasks + max_slots.
 // Bytes: about max_slots * (Bq * Dv * 4 + 2 * Bq * 4), e.g. 2048 * 66 KB = 135 MB at
 // (Bq, Dv) = (128, 128) for long sequences.
@@ -206,15 +209,16 @@ struct FwdWorkspaceLayout {
   int64_t max_tasks = 0, max_items = 0, max_slots = 0;
 };
 
-inline FwdWorkspaceLayout fwd_workspace_layout(const FlexGeometry& g) {
+inline FwdWorkspaceLayout fwd_workspace_layout(const FlexGeometry& g, bool pack_gqa) {
   FwdWorkspaceLayout w;
   const TileSm80 tile = tile_sm80(g.head_dim_qk, g.head_dim_v);
   const int64_t bq = tile.fwd_bq, bk = tile.fwd_bk;
   const int64_t max_steps = (g.max_seqlen_k + bk - 1) / bk;
   if (max_steps <= FlexSplitSchedule::kChunkMin || g.total_q == 0) return w;
-  const int64_t by_batch = int64_t(g.batch) * ((g.max_seqlen_q + bq - 1) / bq);
-  const int64_t by_total = (g.total_q + bq - 1) / bq + g.batch;
-  w.max_tasks = int64_t(g.num_heads_q) * std::min(by_batch, by_total);
+  const int64_t pack = fwd_pack_group(g, pack_gqa);
+  const int64_t by_batch = int64_t(g.batch) * ((g.max_seqlen_q * pack + bq - 1) / bq);
+  const int64_t by_total = (g.total_q * pack + bq - 1) / bq + g.batch;
+  w.max_tasks = int64_t(g.num_heads_q / pack) * std::min(by_batch, by_total);
   w.max_slots = std::min<int64_t>(2 * FlexSplitSchedule::kMaxSplit, w.max_tasks * ((max_steps + 7) / 8));
   w.max_items = w.max_tasks + w.max_slots;
   size_t off = 0;

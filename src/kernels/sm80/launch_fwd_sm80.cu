@@ -3,6 +3,7 @@
 // of the 64 and 128 tiles for head dims equal to the tile's.
 // With a split schedule (p.split.items, task mode with a workspace): count, scan, items,
 // the persistent forward grid and the combine of split tasks (fwd_split_sm80.cuh).
+// Packed GQA is a run-time row mapping (FlexFwdParams::pack), not an instantiation.
 #include "kernels/sm80/fwd_split_sm80.cuh"
 #include "kernels/sm80/kernel_fwd_sm80.cuh"
 #include "kernels/sm80/launch_common_sm80.h"
@@ -48,7 +49,9 @@ void run_fwd(const FlexFwdParams& p, int num_tasks, cudaStream_t stream) {
     check_launch("flex forward split combine (sm80)");
     return;
   }
-  const dim3 grid = p.grid_mode ? dim3(unsigned(p.view.num_q_blocks), unsigned(p.num_heads_q)) : dim3(unsigned(num_tasks));
+  // Grid mode: (query block, task head); task heads are the kv heads when packed.
+  const dim3 grid =
+      p.grid_mode ? dim3(unsigned(p.view.num_q_blocks), unsigned(p.num_heads_q / p.pack)) : dim3(unsigned(num_tasks));
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
   check_launch("flex forward (sm80)");
 }
