@@ -664,7 +664,6 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
     }
 #ifdef FLASHSPAN_WITH_CUDA
     check_workspace(flex_bwd_workspace_size(plan.geometry, plan, op->deterministic), workspace, workspace_bytes);
-    FS_CHECK_SUPPORTED(!t.dlse.defined(), "dlse: not supported by the GPU kernels yet");
     FlexBwdLaunch l;
     l.geometry = &plan.geometry;
     l.plan = &plan;

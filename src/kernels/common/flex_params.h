@@ -111,7 +111,9 @@ struct FlexBwdParams {
   FlexTensorAddr qa, ka, va, oa, doa, dqa, dka, dva;
   const float* lse = nullptr;
   FlexTensorAddr lsea;
-  // Workspace, [Hq, total_q] fp32 each: D_i = dO_i . O_i, and LSE * log2(e) (+inf for an
+  const float* dlse = nullptr;  // optional gradient of LSE (lse's layout, own strides)
+  FlexTensorAddr dlsea;
+  // Workspace, [Hq, total_q] fp32 each: D_i = dO_i . O_i - dlse_i, and LSE * log2(e) (+inf for an
   // empty row, so that exp2(s - lse2) = 0 there).
   float* delta = nullptr;
   float* lse2 = nullptr;

@@ -188,6 +188,10 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
   p.dva = sm80::qkv_addr(a.dv, g.varlen);
   p.lse = a.lse.ptr<const float>();
   p.lsea = sm80::lse_addr(a.lse, g.varlen);
+  if (a.dlse.defined()) {
+    p.dlse = a.dlse.ptr<const float>();
+    p.dlsea = sm80::lse_addr(a.dlse, g.varlen);
+  }
   const sm80::BwdWorkspaceLayout wl = sm80::bwd_workspace_layout(g, a.deterministic);
   char* ws = static_cast<char*>(a.workspace);
   p.delta = reinterpret_cast<float*>(ws + wl.delta);

@@ -2,7 +2,8 @@
 //
 // Algorithm: FlashAttention-2 backward (Dao 2023, Alg. 2) over the plan's backward view
 // (tile kBlockQ x kBlockK, payload rows = queries, cols = keys):
-//   1. preprocess:  D_i = dO_i . O_i and lse2_i = LSE_i * log2(e) (+inf for an empty row, so
+//   1. preprocess:  D_i = dO_i . O_i - dlse_i (dlse: the optional LSE gradient, as
+//                   d LSE_i / d S_ij = P_ij) and lse2_i = LSE_i * log2(e) (+inf for an empty row, so
 //                   exp2(s - lse2) = 0 there) into the workspace, [Hq, total_q] fp32.
 //   2. dK/dV kernel: one CTA per (key block, kv head, batch) task; walks the K2Q lists of
 //                   every query head of the kv group (GQA sums stay in registers), recomputing
@@ -64,6 +65,9 @@ __global__ void __launch_bounds__(256) flex_bwd_preprocess_kernel(const FlexBwdP
   if (lane == 0) {
     const int64_t ws = int64_t(h) * p.total_q + q_start + i;
     p.delta[ws] = acc;
+    if (p.dlse != nullptr) {
+      acc -= p.dlse[int64_t(b) * p.dlsea.batch_stride + int64_t(h) * p.dlsea.head_stride + row * p.dlsea.row_stride];
+    }
     const float lse = p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride + row * p.lsea.row_stride];
     p.lse2[ws] = lse == -INFINITY ? INFINITY : lse * kLog2e;
   }
