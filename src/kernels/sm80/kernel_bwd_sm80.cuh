@@ -64,10 +64,10 @@ __global__ void __launch_bounds__(256) flex_bwd_preprocess_kernel(const FlexBwdP
   for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
   if (lane == 0) {
     const int64_t ws = int64_t(h) * p.total_q + q_start + i;
-    p.delta[ws] = acc;
     if (p.dlse != nullptr) {
       acc -= p.dlse[int64_t(b) * p.dlsea.batch_stride + int64_t(h) * p.dlsea.head_stride + row * p.dlsea.row_stride];
     }
+    p.delta[ws] = acc;
     const float lse = p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride + row * p.lsea.row_stride];
     p.lse2[ws] = lse == -INFINITY ? INFINITY : lse * kLog2e;
   }
