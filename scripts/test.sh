@@ -19,7 +19,7 @@ echo "== C++ tests"
 ctest --test-dir "$build" --output-on-failure -j"$jobs"
 
 # Without a GPU, the CUDA planner's GPU tests also run on the CPU through the emulation
-# layer of tests/emu (its logic, not its speed; ~5 min on 2 cores). FLASHSPAN_EMU_TESTS=0 skips.
+# layer of tests/emu (its logic, not its speed; ~2 min on 2 cores, every test). FLASHSPAN_EMU_TESTS=0 skips.
 if [ "${FLASHSPAN_EMU_TESTS:-auto}" = 1 ] || { [ "${FLASHSPAN_EMU_TESTS:-auto}" = auto ] && ! nvidia-smi -L >/dev/null 2>&1; }; then
   echo "== CUDA planner tests on the CPU (tests/emu)"
   bash "$root/tests/emu/run_planner_emu.sh"

@@ -432,7 +432,11 @@ def create_mask_plan(
             which reads them back from the device); ints (TypeError otherwise: a float
             is not truncated silently). For BSHD they may be given only when they equal
             the sequence lengths of q / k.
-        pack_gqa: force packed-GQA planning on/off; None lets the library choose.
+        pack_gqa: force packed-GQA planning on/off; None lets the library choose (packs
+            when Hq > Hkv and max_seqlen_q < the forward query tile, e.g. decode). Packing lays
+            the forward out over rows (position, query head of the kv group), so one K/V tile
+            serves the whole group; the backward view is the same either way. With Hq == Hkv
+            packing is the identity and ``plan.pack_gqa`` is False.
         build_backward: build backward metadata; None means "autograd is enabled and any
             of q/k/v requires grad".
 

@@ -77,15 +77,22 @@ def test_build_backward_default(fs):
 
 
 @pytest.mark.parametrize("pack_gqa", [None, False, True])
-def test_pack_gqa_option_runs_correctly(fs, pack_gqa):
-    p = make_problem(2, batch=2, seqlen_q=33, seqlen_k=40, hq=6, hkv=2, hm=1)
-    try:
-        plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, pack_gqa=pack_gqa)
-    except RuntimeError as e:
-        if pack_gqa and "not implemented" in str(e):
-            pytest.skip(f"library: {e}")
-        raise
+@pytest.mark.parametrize("hm", [1, 6])
+def test_pack_gqa_option_runs_correctly(fs, pack_gqa, hm):
+    # G = 3 and Sq = 33 < the forward query tile: None chooses packing.
+    p = make_problem(2, batch=2, seqlen_q=33, seqlen_k=40, hq=6, hkv=2, hm=hm)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, pack_gqa=pack_gqa, build_backward=True)
+    assert plan.pack_gqa == (True if pack_gqa is None else pack_gqa)
     assert_close(fs.flex_attn_func(p.q, p.k, p.v, plan), p.reference()[0], torch.float32, "out")
+
+
+def test_pack_gqa_default_rule(fs):
+    """None packs only GQA groups (G > 1) with short queries (Sq < the forward query tile)."""
+    p = make_problem(4, batch=1, seqlen_q=200, seqlen_k=64, hq=4, hkv=2)
+    assert not fs.create_mask_plan(p.mask_func, p.q, p.k, p.v).pack_gqa  # Sq >= tile
+    assert fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, pack_gqa=True).pack_gqa
+    p = make_problem(5, batch=1, seqlen_q=9, seqlen_k=64, hq=4, hkv=4)
+    assert not fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, pack_gqa=True).pack_gqa  # G = 1: identity
 
 
 def test_plan_owns_copies_of_its_inputs(fs):
