@@ -57,6 +57,54 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const uint16
   }
 }
 
+// load_tile_async's fast layout for tiles loaded again and again from one matrix (the same
+// row stride and column count, a new row offset each time), with the per-thread addressing
+// computed once: init(), then per tile load_full() when all kRows rows are valid (one 64-bit
+// add per chunk) or load_partial() (row checks). The copies, predicates and zero fills are
+// exactly load_tile_async's; only where its fast layout applies (kApplies). `gthr` = gbase +
+// offset(): the thread's first source chunk when gbase is row 0 of a tile; a thread whose
+// chunk lies at or past d_valid gets offset 0 and step 0, so its zero-filling copies point
+// at gbase, as in load_tile_async.
+template <int kRows, int kD, int kThreads>
+struct TileRowLoader {
+  static constexpr int kChunksPerRow = kD / 8;
+  static constexpr bool kApplies = kThreads % kChunksPerRow == 0 && (kThreads / kChunksPerRow) % 8 == 0 &&
+                                   kRows % (kThreads / kChunksPerRow) == 0;
+  static constexpr int kR = kApplies ? kThreads / kChunksPerRow : 1;
+  int64_t off, step;  // elements: the thread's first chunk; kR rows
+  uint32_t dst;       // bytes from the tile start: the thread's first chunk
+  bool col_ok;
+
+  __device__ __forceinline__ void init(int64_t row_stride, int d_valid, int tid) {
+    const int ch = tid % kChunksPerRow, r0 = tid / kChunksPerRow;
+    col_ok = ch * 8 < d_valid;
+    off = col_ok ? r0 * row_stride + ch * 8 : 0;
+    step = col_ok ? kR * row_stride : 0;
+    dst = uint32_t(swz_offset<kD>(r0, ch) * 2);
+  }
+  __device__ __forceinline__ int64_t offset() const { return off; }
+  // All kRows rows of the tile valid; gthr = row 0 of the tile + offset().
+  __device__ __forceinline__ void load_full(uint32_t smem_tile, const uint16_t* gthr) const {
+    static_assert(kApplies);
+#pragma unroll
+    for (int it = 0; it < kRows / kR; ++it) {
+      cp_async_16(smem_tile + dst + it * kR * kD * 2, gthr + it * step, col_ok);
+    }
+  }
+  // Rows [0, rows_valid) valid (rows_valid < kRows): as load_full, rows at or past rows_valid
+  // zero-filled with their copies pointing at gbase (row 0 of the tile), as in load_tile_async.
+  __device__ __forceinline__ void load_partial(uint32_t smem_tile, const uint16_t* gthr, const uint16_t* gbase,
+                                               int rows_valid, int tid) const {
+    static_assert(kApplies);
+    const int r0 = tid / kChunksPerRow;
+#pragma unroll
+    for (int it = 0; it < kRows / kR; ++it) {
+      const bool ok = col_ok && r0 + it * kR < rows_valid;
+      cp_async_16(smem_tile + dst + it * kR * kD * 2, ok ? gthr + it * step : gbase, ok);
+    }
+  }
+};
+
 // Per-thread ldmatrix addresses into a swizzled tile, with the swizzle folded so that every
 // fragment of an unrolled loop is one register plus an immediate offset.
 //
@@ -77,6 +125,8 @@ struct LdsmAddr {
       sw[j] = base + uint32_t(((u & ~7) + ((u & 7) ^ (r0 & 7))) << 4);
     }
   }
+  __device__ __forceinline__ uint4 pack() const { return make_uint4(sw[0], sw[1], sw[2], sw[3]); }
+  __device__ __forceinline__ static LdsmAddr unpack(const uint4& v) { return LdsmAddr{{v.x, v.y, v.z, v.w}}; }
   // Byte address for 16-column step j and row offset dr (a multiple of 8).
   __device__ __forceinline__ uint32_t at(int j, int dr) const {
     return sw[j & 3] + uint32_t((j >> 2) * 128 + dr * kD * 2);

@@ -182,6 +182,47 @@ __device__ __forceinline__ void warp_mma_k16(float (&acc)[kM][kN][4], const Ldsm
   }
 }
 
+// d = A B + c (mma_16816 with a separate C operand).
+template <bool kBf16>
+__device__ __forceinline__ void mma_16816_c(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
+                                            const float (&c)[4]) {
+  if constexpr (kBf16) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+  } else {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};\n"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
+  }
+}
+
+// The first k16 step (kk = 0) of warp_mma_k16 with ldsm_a / ldsm_b_nk operands and every
+// column pair present, starting from c instead of acc: acc[m][n] = A B + c[m] (every n8 block
+// of m16 tile m starts from the same c[m], so no per-block copies of it are made).
+template <int kM, int kN, bool kBf16, int kDa, int kDb>
+__device__ __forceinline__ void warp_mma_k16_first(float (&acc)[kM][kN][4], const float (&c)[kM][4],
+                                                   const LdsmAddr<kDa>& a, const LdsmAddr<kDb>& b) {
+  static_assert(kN % 2 == 0, "two n8 blocks per B fragment");
+  uint32_t af[kM][4];
+#pragma unroll
+  for (int m = 0; m < kM; ++m) ldmatrix_x4(af[m], a.at(0, m * 16));
+#pragma unroll
+  for (int n = 0; n < kN; n += 2) {
+    uint32_t bf[4];
+    ldmatrix_x4(bf, b.at(0, n * 8));
+#pragma unroll
+    for (int m = 0; m < kM; ++m) {
+      mma_16816_c<kBf16>(acc[m][n], af[m], bf[0], bf[1], c[m]);
+      mma_16816_c<kBf16>(acc[m][n + 1], af[m], bf[2], bf[3], c[m]);
+    }
+  }
+}
+
 template <int kM, int kN>
 __device__ __forceinline__ void zero_acc(float (&acc)[kM][kN][4]) {
 #pragma unroll
@@ -194,11 +235,16 @@ __device__ __forceinline__ void zero_acc(float (&acc)[kM][kN][4]) {
 // Iterates (query head of the kv group, query block) pairs over the K2Q lists of one key block:
 // head by head, each head's list in ascending query-block order. seek(begin) then next()
 // visits pairs begin, begin + 1, ... of that order, at most `left` of them.
+// The cursor's next partial and full block numbers are read one step ahead (bp, bf), so the
+// block next() returns never waits on a global load: the dK/dV loop computes the next Q/dO
+// tile's address from it right away.
 struct K2QWalk {
+  static constexpr int kNone = 0x7fffffff;  // list exhausted (sorts after every block)
   const FlexBwdParams* p;
   int h, h_end, b, kb;
   int left;
   BlockCursor cur;
+  int bp = kNone, bf = kNone;  // k2q_partial_qb[cur.ip], k2q_full_qb[cur.jf] (kNone past the end)
 
   __device__ __forceinline__ void open_head() {
     const int hm = p->mask_per_head ? h : 0;
@@ -206,6 +252,10 @@ struct K2QWalk {
     cur = BlockCursor{p->view.k2q_partial_qb, p->view.k2q_full_qb, __ldg(p->view.k2q_partial_ptr + r),
                       __ldg(p->view.k2q_partial_ptr + r + 1), __ldg(p->view.k2q_full_ptr + r),
                       __ldg(p->view.k2q_full_ptr + r + 1)};
+  }
+  __device__ __forceinline__ void peek() {
+    bp = cur.ip < cur.ip_end ? __ldg(cur.partial_blk + cur.ip) : kNone;
+    bf = cur.jf < cur.jf_end ? __ldg(cur.full_blk + cur.jf) : kNone;
   }
   // Opens the head holding pair `begin` (heads before it are skipped whole) and positions
   // the cursor on that pair.
@@ -219,21 +269,32 @@ struct K2QWalk {
       open_head();
     }
     cur.skip(begin);
+    peek();
   }
-  // Next pair; payload = payload index of a partial pair (-1 for a full one).
+  // Next pair; payload = payload index of a partial pair (-1 for a full one). The same
+  // merge as BlockCursor::next (the lists are disjoint: bp == bf only when both are kNone).
   __device__ __forceinline__ bool next(int& head, int& qb, int& payload) {
     if (left <= 0) return false;
     while (true) {
-      bool partial = false;
-      int entry = 0;
-      if (cur.next(qb, partial, entry)) {
+      if (bp != kNone || bf != kNone) {
         --left;
         head = h;
-        payload = partial ? __ldg(p->view.k2q_partial_idx + entry) : -1;
+        if (bp < bf) {
+          qb = bp;
+          payload = __ldg(p->view.k2q_partial_idx + cur.ip);
+          ++cur.ip;
+          bp = cur.ip < cur.ip_end ? __ldg(cur.partial_blk + cur.ip) : kNone;
+        } else {
+          qb = bf;
+          payload = -1;
+          ++cur.jf;
+          bf = cur.jf < cur.jf_end ? __ldg(cur.full_blk + cur.jf) : kNone;
+        }
         return true;
       }
       if (++h >= h_end) return false;
       open_head();
+      peek();
     }
   }
 };
@@ -283,13 +344,53 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
   walk.seek(begin);
   int h = 0, qb = 0, payload = -1;
   bool have = walk.next(h, qb, payload);
+  // Q/dO tiles: a full query block (every block of the sample but a partial last one) loads
+  // through the thread's precomputed chunk offsets (TileRowLoader), one base per tile; the
+  // partial last block takes load_tile_async (row checks, zero fill).
+  using LoaderQ = TileRowLoader<T::kBlockQ, T::kDqk, T::kThreads>;
+  using LoaderO = TileRowLoader<T::kBlockQ, T::kDv, T::kThreads>;
+  // Both or neither (the (192, 128) tile's Q rows are 24 chunks: load_tile_async's generic
+  // layout, which then serves dO too).
+  constexpr bool kRowLoaders = LoaderQ::kApplies && LoaderO::kApplies;
+  LoaderQ ldq{};
+  LoaderO ldo{};
+  if constexpr (kRowLoaders) {
+    ldq.init(p.qa.row_stride, T::kExact ? T::kDqk : p.head_dqk, tid);
+    ldo.init(p.doa.row_stride, T::kExact ? T::kDv : p.head_dv, tid);
+  }
+  // Row 0 of sample b's query rows (head 0) of Q and dO, [0, 1] plus the thread's chunk
+  // offset, [2, 3] without. Kept in local memory (volatile: read back per tile) rather than
+  // in registers, which the loop has none to spare for (ptxas would otherwise recompute them
+  // from b, the strides and tid every iteration).
+  volatile uintptr_t thr_src[4];
+  thr_src[2] = reinterpret_cast<uintptr_t>(row_ptr(p.q, p.qa, b, qrow_base, 0));
+  thr_src[3] = reinterpret_cast<uintptr_t>(row_ptr(p.dout, p.doa, b, qrow_base, 0));
+  thr_src[0] = reinterpret_cast<uintptr_t>(row_ptr(p.q, p.qa, b, qrow_base, 0) + ldq.offset());
+  thr_src[1] = reinterpret_cast<uintptr_t>(row_ptr(p.dout, p.doa, b, qrow_base, 0) + ldo.offset());
   auto load_q_do = [&](int buf, int hh, int qq) {
-    const int64_t row = qrow_base + int64_t(qq) * T::kBlockQ;
     const int rows = len_q - qq * T::kBlockQ;
-    load_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ0 + buf * T::kSmemQ, row_ptr(p.q, p.qa, b, row, hh),
-                                                      p.qa.row_stride, rows, p.head_dqk, tid);
-    load_tile_async<T::kBlockQ, T::kDv, T::kThreads>(sO0 + buf * T::kSmemO, row_ptr(p.dout, p.doa, b, row, hh),
-                                                     p.doa.row_stride, rows, p.head_dv, tid);
+    // Element offset of (query block qq, head hh) from row 0 / head 0 (both non-negative).
+    const int64_t oq = int64_t(uint32_t(hh)) * p.qa.head_stride + int64_t(uint32_t(qq * T::kBlockQ)) * p.qa.row_stride;
+    const int64_t oo =
+        int64_t(uint32_t(hh)) * p.doa.head_stride + int64_t(uint32_t(qq * T::kBlockQ)) * p.doa.row_stride;
+    if constexpr (kRowLoaders) {
+      if (rows >= T::kBlockQ) {
+        ldq.load_full(sQ0 + buf * T::kSmemQ, reinterpret_cast<const uint16_t*>(thr_src[0]) + oq);
+        ldo.load_full(sO0 + buf * T::kSmemO, reinterpret_cast<const uint16_t*>(thr_src[1]) + oo);
+      } else {
+        ldq.load_partial(sQ0 + buf * T::kSmemQ, reinterpret_cast<const uint16_t*>(thr_src[0]) + oq,
+                         reinterpret_cast<const uint16_t*>(thr_src[2]) + oq, rows, tid);
+        ldo.load_partial(sO0 + buf * T::kSmemO, reinterpret_cast<const uint16_t*>(thr_src[1]) + oo,
+                         reinterpret_cast<const uint16_t*>(thr_src[3]) + oo, rows, tid);
+      }
+    } else {
+      load_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ0 + buf * T::kSmemQ,
+                                                        reinterpret_cast<const uint16_t*>(thr_src[2]) + oq,
+                                                        p.qa.row_stride, rows, p.head_dqk, tid);
+      load_tile_async<T::kBlockQ, T::kDv, T::kThreads>(sO0 + buf * T::kSmemO,
+                                                       reinterpret_cast<const uint16_t*>(thr_src[3]) + oo,
+                                                       p.doa.row_stride, rows, p.head_dv, tid);
+    }
   };
   if (have) load_q_do(0, h, qb);
   cp_async_commit();
@@ -309,11 +410,39 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
   const int qm0 = (warp / T::kQWN) * (16 * T::kQMT);
   const int dq0 = (warp % T::kQWN) * (8 * T::kNQA);
   const size_t words_per_tile = size_t(T::kBlockQ) * T::kBlockK / 32;
-  // Fragment addresses (tile_io.cuh, LdsmAddr); the Q/dO ones are re-derived per buffer.
+  // Workspace index of the thread's first S/dP row (row sm0 + g of a block) relative to the
+  // block's first row of head 0.
+  const int stat_thr = q_start + sm0 + g;
+  // Fragment addresses (tile_io.cuh, LdsmAddr); those of the Q/dO buffers and the ones used
+  // once per iteration are in addr_tab below.
   const LdsmAddr<T::kDqk> bK = ldsm_b_nk<T::kDqk>(sK + sc0 * T::kDqk * 2, lane);
   const LdsmAddr<T::kDv> bV = ldsm_b_nk<T::kDv>(sV + sc0 * T::kDv * 2, lane);
   const LdsmAddr<T::kBlockK> aP = ldsm_a_trans<T::kBlockK>(sP, lane, km0 / 8);
   const LdsmAddr<T::kBlockK> adS = ldsm_a_trans<T::kBlockK>(sdS, lane, km0 / 8);
+  // Shared-memory addresses used once per iteration, computed once and read back per
+  // iteration from a per-thread local-memory table (one 16-byte load each; the table is
+  // indexed by the run-time buffer, so it stays in local memory): the loop has no registers
+  // to keep them in, and ptxas would otherwise re-derive them from tid (several integer
+  // instructions per address). addr_tab[buf]: [0] aQ, [1] aO (S/dP phase), [2] bQ, [3] bO
+  // (dK/dV phase) of Q/dO buffer buf; loop invariants, in both rows: [4] the P/dS store
+  // offsets (ps_off), [5] aS and [6] bKq (pass 0) of the dQ phase.
+  static_assert(T::kQPass == 1 || (T::kDqk / T::kQPass) % 64 == 0, "dQ passes shift bKq by whole 8-chunk groups");
+  uint4 addr_tab[2][7];
+#pragma unroll
+  for (int bb = 0; bb < 2; ++bb) {
+    addr_tab[bb][0] = ldsm_a<T::kDqk>(sQ0 + bb * T::kSmemQ + sm0 * T::kDqk * 2, lane).pack();
+    addr_tab[bb][1] = ldsm_a<T::kDv>(sO0 + bb * T::kSmemO + sm0 * T::kDv * 2, lane).pack();
+    addr_tab[bb][2] = ldsm_b_kn<T::kDqk>(sQ0 + bb * T::kSmemQ, lane, dk0 / 8).pack();
+    addr_tab[bb][3] = ldsm_b_kn<T::kDv>(sO0 + bb * T::kSmemO, lane, dv0 / 8).pack();
+    // P/dS byte offset of the thread's pair (row sm0 + g, n8 block n of the warp tile); rows
+    // 16 mi + 8 hi further keep the swizzle (multiples of 8).
+    uint32_t ps[4];
+#pragma unroll
+    for (int n = 0; n < 4; ++n) ps[n] = uint32_t(swz_offset<T::kBlockK>(sm0 + g, (sc0 >> 3) + n) + 2 * t) * 2;
+    addr_tab[bb][4] = make_uint4(ps[0], ps[1], ps[2], ps[3]);
+    addr_tab[bb][5] = ldsm_a<T::kBlockK>(sdS + qm0 * T::kBlockK * 2, lane).pack();
+    addr_tab[bb][6] = ldsm_b_kn<T::kDqk>(sK, lane, dq0 / 8).pack();
+  }
   int buf = 0;
 
   while (have) {
@@ -323,35 +452,41 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
     const bool have_next = walk.next(h_next, qb_next, payload_next);
     if (have_next) load_q_do(buf ^ 1, h_next, qb_next);
     cp_async_commit();
-    const uint32_t sQ = sQ0 + buf * T::kSmemQ, sO = sO0 + buf * T::kSmemO;
 
     // ---- S/dP phase: S = Q K^T -> P, then dP = dO V^T -> dS; P and dS to smem, for the warp
     // tile. P replaces S in the same registers before the dP GEMM starts (its exp2 can issue
     // among the dP mma; no shared store sits between the two GEMMs), and the dP
-    // accumulators start at -D (dS = P (dP - D) = P * acc), so no row statistic stays live
-    // through the dP GEMM, where registers are scarcest (dK/dV sums + P + dP). The row
-    // statistics are loaded first so their latency hides behind the S GEMM.
+    // accumulators start at -D (the first k16 step's C operand; dS = P (dP - D) = P * acc),
+    // so no row statistic stays live through the dP GEMM, where registers are scarcest (dK/dV
+    // sums + P + dP). The row statistics are loaded first so their latency hides behind the
+    // S GEMM. Workspace row of the block's first query row (head h); rows past len_q (a partial
+    // last block) get the fills.
+    const int64_t ws_row = int64_t(uint32_t(h)) * p.total_q + uint32_t(qb * T::kBlockQ);
+    const int q_left = len_q - qb * T::kBlockQ;  // valid rows of the block (>= 1)
     float lse2[T::kSMT][2], delta[T::kSMT][2];
     auto load_stat = [&](float (&dst)[T::kSMT][2], const float* src, float fill) {
+      const float* src_thr = src + (ws_row + stat_thr);
 #pragma unroll
       for (int mi = 0; mi < T::kSMT; ++mi) {
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi) {
-          const int r = qb * T::kBlockQ + sm0 + 16 * mi + g + 8 * hi;
-          dst[mi][hi] = r < len_q ? __ldg(src + int64_t(h) * p.total_q + q_start + r) : fill;
+          const int r = 16 * mi + 8 * hi;
+          dst[mi][hi] = r < q_left - sm0 - g ? __ldg(src_thr + r) : fill;
         }
       }
     };
-    // P/dS shared-memory byte offset of the thread's pair (row g + 8 hi of m16 tile mi, n8 block n).
+    // P/dS shared-memory byte offset of the thread's pair (row sm0 + g + 16 mi + 8 hi, n8 block n).
+    static_assert(T::kSNT == 4, "addr_tab[][4] holds four n8 blocks");
     auto ps_off = [&](int mi, int n, int hi) {
-      return uint32_t(swz_offset<T::kBlockK>(sm0 + 16 * mi + g + 8 * hi, (sc0 >> 3) + n) + 2 * t) * 2;
+      const uint4 ps = addr_tab[buf][4];
+      return (n == 0 ? ps.x : n == 1 ? ps.y : n == 2 ? ps.z : ps.w) + uint32_t((16 * mi + 8 * hi) * T::kBlockK * 2);
     };
     float s[T::kSMT][T::kSNT][4];
     load_stat(lse2, p.lse2, INFINITY);
     load_stat(delta, p.delta, 0.0f);
     zero_acc(s);
     {
-      const LdsmAddr<T::kDqk> aQ = ldsm_a<T::kDqk>(sQ + sm0 * T::kDqk * 2, lane);
+      const LdsmAddr<T::kDqk> aQ = LdsmAddr<T::kDqk>::unpack(addr_tab[buf][0]);
 #pragma unroll
       for (int kk = 0; kk < T::kDqk / 16; ++kk) {
         if (T::kExact || kk * 16 < p.head_dqk) {
@@ -377,18 +512,17 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
       }
     }
     float dp[T::kSMT][T::kSNT][4];
-#pragma unroll
-    for (int mi = 0; mi < T::kSMT; ++mi) {
-#pragma unroll
-      for (int n = 0; n < T::kSNT; ++n) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) dp[mi][n][i] = -delta[mi][i >> 1];
-      }
-    }
     {
-      const LdsmAddr<T::kDv> aO = ldsm_a<T::kDv>(sO + sm0 * T::kDv * 2, lane);
+      float minus_d[T::kSMT][4];  // the C operand of the first k16 step
 #pragma unroll
-      for (int kk = 0; kk < T::kDv / 16; ++kk) {
+      for (int mi = 0; mi < T::kSMT; ++mi) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) minus_d[mi][i] = -delta[mi][i >> 1];
+      }
+      const LdsmAddr<T::kDv> aO = LdsmAddr<T::kDv>::unpack(addr_tab[buf][1]);
+      warp_mma_k16_first<T::kSMT, T::kSNT, kBf16>(dp, minus_d, aO, bV);  // k16 step 0 (head_dv >= 1)
+#pragma unroll
+      for (int kk = 1; kk < T::kDv / 16; ++kk) {
         if (T::kExact || kk * 16 < p.head_dv) {
           warp_mma_k16<T::kSMT, T::kSNT, false, false, true, kBf16>(dp, aO, bV, kk, 0);
         }
@@ -416,14 +550,14 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
     {
       // (Warps whose columns all lie past a run-time head dim skip a GEMM whole.)
       if (T::kExact || dv0 < p.head_dv) {
-        const LdsmAddr<T::kDv> bO = ldsm_b_kn<T::kDv>(sO, lane, dv0 / 8);
+        const LdsmAddr<T::kDv> bO = LdsmAddr<T::kDv>::unpack(addr_tab[buf][3]);
 #pragma unroll
         for (int kk = 0; kk < T::kBlockQ / 16; ++kk) {
           warp_mma_k16<kKMT, T::kNV, true, true, T::kExact, kBf16>(acc_dv, aP, bO, kk, p.head_dv - dv0);
         }
       }
       if (T::kExact || dk0 < p.head_dqk) {
-        const LdsmAddr<T::kDqk> bQ = ldsm_b_kn<T::kDqk>(sQ, lane, dk0 / 8);
+        const LdsmAddr<T::kDqk> bQ = LdsmAddr<T::kDqk>::unpack(addr_tab[buf][2]);
 #pragma unroll
         for (int kk = 0; kk < T::kBlockQ / 16; ++kk) {
           warp_mma_k16<kKMT, T::kNK, true, true, T::kExact, kBf16>(acc_dk, adS, bQ, kk, p.head_dqk - dk0);
@@ -433,14 +567,20 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
     if (p.dq_accum != nullptr) {
       // ---- dQ phase (atomic path): dQ[q] += dS K over this key block, added in fp32 to the
       // workspace accumulator.
-      const LdsmAddr<T::kBlockK> aS = ldsm_a<T::kBlockK>(sdS + qm0 * T::kBlockK * 2, lane);
+      const LdsmAddr<T::kBlockK> aS = LdsmAddr<T::kBlockK>::unpack(addr_tab[buf][5]);
+      // dq_accum row stride (a compile-time constant when exact) and the thread's element
+      // (row qm0 + g, column dq0 + 2t) of the block's first row.
+      const int dq_stride = T::kExact ? T::kDqk : p.head_dqk;
+      float* const dq_thr = p.dq_accum + (ws_row + (q_start + qm0 + g)) * dq_stride + (dq0 + 2 * t);
 #pragma unroll
       for (int pass = 0; pass < T::kQPass; ++pass) {
         const int c0 = pass * (T::kDqk / T::kQPass) + dq0;
         if (T::kExact || c0 < p.head_dqk) {
           float acc_q[T::kQMT][T::kNQA][4];
           zero_acc(acc_q);
-          const LdsmAddr<T::kDqk> bKq = ldsm_b_kn<T::kDqk>(sK, lane, c0 / 8);
+          LdsmAddr<T::kDqk> bKq = LdsmAddr<T::kDqk>::unpack(addr_tab[buf][6]);  // c0 / 8 = dq0 / 8 + 8k chunks:
+#pragma unroll
+          for (int j = 0; j < 4; ++j) bKq.sw[j] += uint32_t(pass * (T::kDqk / T::kQPass) * 2);  // + 16 B per chunk
 #pragma unroll
           for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
             warp_mma_k16<T::kQMT, T::kNQA, false, true, T::kExact, kBf16>(acc_q, aS, bKq, kk, p.head_dqk - c0);
@@ -449,14 +589,15 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
           for (int mi = 0; mi < T::kQMT; ++mi) {
 #pragma unroll
             for (int hi = 0; hi < 2; ++hi) {
-              const int rr = qb * T::kBlockQ + qm0 + 16 * mi + g + 8 * hi;
-              if (rr < len_q) {
-                float* dst = p.dq_accum + (int64_t(h) * p.total_q + q_start + rr) * p.head_dqk;
+              const int rr = 16 * mi + 8 * hi;  // row qm0 + g + rr of the block
+              if (rr < q_left - qm0 - g) {
+                float* dst = dq_thr + int64_t(rr) * dq_stride;
 #pragma unroll
                 for (int n = 0; n < T::kNQA; ++n) {
                   const int col = c0 + n * 8 + 2 * t;
                   if (T::kExact || col < p.head_dqk) {
-                    atomic_add_f32x2(dst + col, acc_q[mi][n][2 * hi], acc_q[mi][n][2 * hi + 1]);
+                    atomic_add_f32x2(dst + (pass * (T::kDqk / T::kQPass) + n * 8), acc_q[mi][n][2 * hi],
+                                     acc_q[mi][n][2 * hi + 1]);
                   }
                 }
               }
