@@ -182,6 +182,14 @@ __device__ __forceinline__ void warp_mma_k16(float (&acc)[kM][kN][4], const Ldsm
   }
 }
 
+// The value, formed here once: an empty asm hides its origin, so that ptxas neither sinks
+// its computation into each (predicated) use nor re-derives it there.
+template <class T>
+__device__ __forceinline__ T* pin(T* ptr) {
+  asm("" : "+l"(ptr));
+  return ptr;
+}
+
 // d = A B + c (mma_16816 with a separate C operand).
 template <bool kBf16>
 __device__ __forceinline__ void mma_16816_c(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
@@ -465,7 +473,7 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
     const int q_left = len_q - qb * T::kBlockQ;  // valid rows of the block (>= 1)
     float lse2[T::kSMT][2], delta[T::kSMT][2];
     auto load_stat = [&](float (&dst)[T::kSMT][2], const float* src, float fill) {
-      const float* src_thr = src + (ws_row + stat_thr);
+      const float* src_thr = pin(src + (ws_row + stat_thr));
 #pragma unroll
       for (int mi = 0; mi < T::kSMT; ++mi) {
 #pragma unroll
@@ -494,12 +502,14 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
         }
       }
     }
+    // P = exp2(S scale log2(e) - lse2), the scaling and the subtraction as one fma (the mask
+    // sets -inf after it: exp2(-inf) = 0 as before; an empty row's lse2 = +inf gives -inf too).
 #pragma unroll
     for (int mi = 0; mi < T::kSMT; ++mi) {
 #pragma unroll
       for (int n = 0; n < T::kSNT; ++n) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s[mi][n][i] *= p.scale_log2;
+        for (int i = 0; i < 4; ++i) s[mi][n][i] = fmaf(s[mi][n][i], p.scale_log2, -lse2[mi][i >> 1]);
       }
       if (payload >= 0) {
         apply_payload<T::kSNT>(s[mi], p.view.q2k_partial_bits + size_t(payload) * words_per_tile, sm0 / 16 + mi, sc0,
@@ -508,7 +518,7 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
 #pragma unroll
       for (int n = 0; n < T::kSNT; ++n) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s[mi][n][i] = exp2_approx(s[mi][n][i] - lse2[mi][i >> 1]);  // P
+        for (int i = 0; i < 4; ++i) s[mi][n][i] = exp2_approx(s[mi][n][i]);  // P
       }
     }
     float dp[T::kSMT][T::kSNT][4];
@@ -571,7 +581,7 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
       // dq_accum row stride (a compile-time constant when exact) and the thread's element
       // (row qm0 + g, column dq0 + 2t) of the block's first row.
       const int dq_stride = T::kExact ? T::kDqk : p.head_dqk;
-      float* const dq_thr = p.dq_accum + (ws_row + (q_start + qm0 + g)) * dq_stride + (dq0 + 2 * t);
+      float* const dq_thr = pin(p.dq_accum + (ws_row + (q_start + qm0 + g)) * dq_stride + (dq0 + 2 * t));
 #pragma unroll
       for (int pass = 0; pass < T::kQPass; ++pass) {
         const int c0 = pass * (T::kDqk / T::kQPass) + dq0;
