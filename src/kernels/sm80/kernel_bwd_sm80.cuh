@@ -190,6 +190,16 @@ __device__ __forceinline__ T* pin(T* ptr) {
   return ptr;
 }
 
+// atomic_add_f32x2 without a result: red.global.add.v2.f32 on sm_90 (atomicAdd's float2
+// form, which ptxas otherwise may emit as an ATOM with a discarded result).
+__device__ __forceinline__ void red_add_f32x2(float* p, float x, float y) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("red.global.add.v2.f32 [%0], {%1, %2};\n" ::"l"(p), "f"(x), "f"(y) : "memory");
+#else
+  atomic_add_f32x2(p, x, y);
+#endif
+}
+
 // d = A B + c (mma_16816 with a separate C operand).
 template <bool kBf16>
 __device__ __forceinline__ void mma_16816_c(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
@@ -606,8 +616,8 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
                 for (int n = 0; n < T::kNQA; ++n) {
                   const int col = c0 + n * 8 + 2 * t;
                   if (T::kExact || col < p.head_dqk) {
-                    atomic_add_f32x2(dst + (pass * (T::kDqk / T::kQPass) + n * 8), acc_q[mi][n][2 * hi],
-                                     acc_q[mi][n][2 * hi + 1]);
+                    red_add_f32x2(dst + (pass * (T::kDqk / T::kQPass) + n * 8), acc_q[mi][n][2 * hi],
+                                  acc_q[mi][n][2 * hi + 1]);
                   }
                 }
               }
