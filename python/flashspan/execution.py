@@ -288,7 +288,9 @@ class FlexAttentionBwd(_OpBase):
     Same lifecycle as :class:`FlexAttentionFwd`. The plan must have been built with
     backward metadata. dq/dk/dv have the shapes and dtypes of q/k/v; with GQA, dk/dv
     sum over the query heads of a kv head. ``deterministic=True`` makes them bitwise
-    reproducible.
+    reproducible. ``dlse`` (optional, fp32, the shape of lse) is the loss gradient with
+    respect to the forward's LSE: it adds ``dlse_i * P_ij`` to the score gradient at no extra
+    cost; give it at construction and then at every ``execute`` (or never).
 
     Example::
 
