@@ -249,9 +249,12 @@ FS_API fs_status_t fs_create_mask_plan(const fs_mask_plan_args_t* args, fs_mask_
                                           cu_k_host.empty() ? nullptr : cu_k_host.data());
     PlanRequest req;
     req.geometry = &g;
-    req.consumer = consumer_for(resolve_arch(args->arch, g), g.head_dim_qk, g.head_dim_v);
+    const int arch = resolve_arch(args->arch, g);
+    req.consumer = consumer_for(arch, g.head_dim_qk, g.head_dim_v);
     req.build_backward = args->build_backward == 1;
     req.pack_gqa = args->pack_gqa == -1 ? choose_pack_gqa(g, req.consumer) : args->pack_gqa == 1;
+    // Packed decode plans take the small forward tile (mask_plan.h, consumer_for_plan).
+    req.consumer = consumer_for_plan(arch, g, req.pack_gqa);
 
     auto handle = std::make_unique<fs_mask_plan>();
     if (on_cuda) {

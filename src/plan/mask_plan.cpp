@@ -46,6 +46,17 @@ Consumer consumer_for(int arch, int head_dim_qk, int head_dim_v) {
   return c;
 }
 
+Consumer consumer_for_plan(int arch, const FlexGeometry& g, bool pack_gqa) {
+  Consumer c = consumer_for(arch, g.head_dim_qk, g.head_dim_v);
+  const int G = g.num_heads_kv > 0 ? g.group_size() : 1;
+  if (arch == 80 && pack_gqa && G > 1 && g.head_dim_qk <= 128 && g.head_dim_v <= 128 &&
+      int64_t(g.max_seqlen_q) * G <= kDecodeBlockQ) {
+    c.fwd_block_q = kDecodeBlockQ;
+    c.fwd_block_k = 64;
+  }
+  return c;
+}
+
 MaskPlan::~MaskPlan() {
 #ifdef FLASHSPAN_WITH_CUDA
   // A destructor must not throw; a failed free leaks at worst.

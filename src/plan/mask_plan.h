@@ -89,6 +89,20 @@ struct Consumer {
 // dispatch both call it). arch 80 or 90.
 Consumer consumer_for(int arch, int head_dim_qk, int head_dim_v);
 
+// Rows of the sm80 decode forward tile (kDecodeBlockQ x 64, one warp; consumer_for_plan).
+inline constexpr int kDecodeBlockQ = 16;
+
+// The consumer of a plan: consumer_for(arch, dims), except that an arch-80 packed-GQA plan
+// (pack_gqa and G = Hq / Hkv > 1) whose packed rows per sample fit one decode tile
+// (max_seqlen_q * G <= kDecodeBlockQ) with head dims <= 128 gets the decode forward tile
+// kDecodeBlockQ x 64 (backward tile unchanged). Why: a decode block fills only G * Sq of the
+// default tile's 128 rows, so the mma work of the 128-row tile is mostly padding (about 0.2
+// ms of an H200 for B=4, Sk=32K, 32 kv heads, Sq=1, G=4, against 0.11 ms to read K/V); the
+// 16-row tile cuts it 8x and leaves the kernel bound by the K/V reads. Above 16 rows the
+// 16-row tile would need two blocks per kv head, each reading K/V again, so the default tile
+// is kept there. Throws as consumer_for does for an unknown arch.
+Consumer consumer_for_plan(int arch, const FlexGeometry& g, bool pack_gqa);
+
 struct PlanArray {
   std::string name;
   int64_t offset = 0;  // in int32 elements from the buffer start

@@ -167,6 +167,10 @@ struct Case {
   bool fwd_workspace = true;     // false: forward without a workspace (one CTA per task)
   bool fwd_lse = true, fwd_ml = true;  // optional forward outputs requested
   bool pack_gqa = false;         // packed-GQA plan (forward view over packed rows when Hq > Hkv)
+  // Plan consumer: consumer_for_plan (as the C API: the 16-row decode forward tile for packed
+  // decode plans), or with default_tile the head-dim table's consumer_for tile.
+  bool default_tile = false;
+  int expect_fwd_bq = 0;         // > 0: the plan's forward tile must have this many rows
   uint64_t seed = 1;
 
   std::string describe() const {
@@ -185,7 +189,7 @@ struct Case {
        << "/" << h.dv << " " << dtype_name(h.dtype) << " mask=" << mask << " gran=" << mopt.granularity
        << (strided ? " strided" : "") << (deterministic ? " det" : " atomic") << (grid_mode ? " grid" : "")
        << (fwd_workspace ? "" : " fwd-no-ws") << (fwd_lse ? "" : " no-lse") << (fwd_ml ? "" : " no-ml")
-       << (pack_gqa ? " packgqa" : "") << " seed=" << seed;
+       << (pack_gqa ? " packgqa" : "") << (default_tile ? " default-tile" : "") << " seed=" << seed;
     return os.str();
   }
 };
@@ -301,7 +305,7 @@ std::unique_ptr<Problem> make_problem(Case c) {
   p->gd.device_id = 0;
   PlanRequest req;
   req.geometry = &g;
-  req.consumer = consumer_for(80, g.head_dim_qk, g.head_dim_v);
+  req.consumer = c.default_tile ? consumer_for(80, g.head_dim_qk, g.head_dim_v) : consumer_for_plan(80, g, c.pack_gqa);
   req.build_backward = c.backward;
   req.pack_gqa = c.pack_gqa;
   p->host_plan = build_mask_plan_host(req, p->mask.data(), false);
@@ -468,6 +472,9 @@ void run_case(const Case& c) {
   ASSERT_NO_THROW(pp = make_problem(c));
   Problem& p = *pp;
   if (c.pack_gqa) expect_packed_plan(p);
+  if (c.expect_fwd_bq > 0) {
+    ASSERT_EQ(p.plan->signature.consumer.fwd_block_q, c.expect_fwd_bq) << "forward tile rows";
+  }
   ASSERT_NO_THROW(flex_check_support_gpu(p.gd, *p.plan, c.backward));
   const Tol tol = tol_for(p.g.dtype);
 
@@ -492,7 +499,9 @@ void run_case(const Case& c) {
   EXPECT_EQ(f->lse.padding_changed(), 0) << "lse: stray writes";
   if (c.expect_fwd_split) {
     // Schedule header (FlexSplitSchedule): {items, counter, chunk, slots}.
-    const sm80::FwdWorkspaceLayout wl = sm80::fwd_workspace_layout(p.gd, p.plan->signature.pack_gqa);
+    const Consumer& pc = p.plan->signature.consumer;
+    const sm80::FwdWorkspaceLayout wl =
+        sm80::fwd_workspace_layout(p.gd, p.plan->signature.pack_gqa, pc.fwd_block_q, pc.fwd_block_k);
     ASSERT_GT(wl.total, 0u) << "no forward workspace for this geometry";
     int32_t hdr[FlexSplitSchedule::kHdrInts] = {};
     ASSERT_EQ(cudaMemcpy(hdr, static_cast<char*>(f->ws->p) + wl.hdr, sizeof(hdr), cudaMemcpyDeviceToHost),
@@ -1096,8 +1105,16 @@ TEST(FlexGpu, PackedGqaDecode) {
       const int hkv = G == 8 ? 1 : 2;
       c.h = HeadConfig{G * hkv, hkv, G == 4 ? G * hkv : 1, 3, 128, 128, DType::kBFloat16};
       c.backward = G == 2;
+      c.expect_fwd_bq = sq * G <= kDecodeBlockQ ? kDecodeBlockQ : 128;
       c.seed = ++seed;
       run_case(c);
+      if (sq == 1) {
+        // The same decode shape on the default 128-row tile (a plan built with consumer_for).
+        c.default_tile = true;
+        c.expect_fwd_bq = 128;
+        c.seed = ++seed;
+        run_case(c);
+      }
     }
   }
   {
@@ -1222,6 +1239,9 @@ void packed_fwd_then_bwd(const Case& c) {
   ASSERT_NO_THROW(pp = make_problem(c));
   Problem& p = *pp;
   expect_packed_plan(p);
+  if (c.expect_fwd_bq > 0) {
+    ASSERT_EQ(p.plan->signature.consumer.fwd_block_q, c.expect_fwd_bq) << "forward tile rows";
+  }
   const Tol tol = tol_for(p.g.dtype);
   auto f = alloc_fwd(p, c.strided);
   ASSERT_NO_THROW(launch_fwd(p, *f, nullptr));
@@ -1276,6 +1296,143 @@ TEST(FlexGpu, PackedGqaFwdThenBwd) {
   packed_fwd_then_bwd(c);
 }
 
+// ---------------------------------------------------------------------------
+// The 16-row decode forward tile (consumer_for_plan: packed plans with max_seqlen_q * G <=
+// 16 and head dims <= 128; one warp per CTA): exact (128) and predicated head dims, Hmask 1
+// and Hq, BSHD and THD with empty samples, LSE and max_logit on and off (one-warp tiles test
+// p.max_logit at run time), 16 packed rows exactly and just above (default tile), the split
+// schedule (persistent kernel + combine) and the unsplit paths (no workspace, grid mode),
+// and a packed decode forward followed by the backward.
+// ---------------------------------------------------------------------------
+
+TEST(FlexGpu, PackedDecodeTile) {
+  REQUIRE_GPU();
+  uint64_t seed = 9500;
+  auto decode = [&](int64_t sq, int64_t sk, HeadConfig h, int batch = 2) {
+    Case c;
+    c.pack_gqa = true;
+    c.batch = batch;
+    c.sq = sq;
+    c.sk = sk;
+    c.h = h;
+    c.backward = false;
+    c.expect_fwd_bq = sq * (h.hq / h.hkv) <= kDecodeBlockQ ? kDecodeBlockQ : 128;
+    c.seed = ++seed;
+    return c;
+  };
+  // Sq = 1, G = 4, exact 128, Hmask 1; then Hmask = Hq, fp16.
+  run_case(decode(1, 700, HeadConfig{8, 2, 1, 3, 128, 128, DType::kBFloat16}, 3));
+  run_case(decode(1, 513, HeadConfig{8, 2, 8, 5, 128, 128, DType::kFloat16}));
+  // Exactly 16 packed rows (Sq = 2, G = 8; Sq = 8, G = 2), predicated head dims.
+  run_case(decode(2, 333, HeadConfig{8, 1, 8, 3, 72, 72, DType::kFloat16}));
+  run_case(decode(8, 640, HeadConfig{4, 2, 1, 1, 64, 64, DType::kBFloat16}));
+  run_case(decode(2, 250, HeadConfig{16, 2, 16, 3, 128, 64, DType::kBFloat16}));
+  run_case(decode(1, 400, HeadConfig{4, 1, 4, 5, 40, 96, DType::kFloat16}));
+  // Just above 16 rows: the default tile (Sq = 9, G = 2; Sq = 3, G = 6).
+  run_case(decode(9, 300, HeadConfig{4, 2, 4, 3, 128, 128, DType::kBFloat16}));
+  run_case(decode(3, 300, HeadConfig{6, 1, 1, 3, 64, 64, DType::kFloat16}));
+  {
+    // No LSE, no max_logit (the run-time max_logit test of the one-warp kernel); strided.
+    Case c = decode(2, 900, HeadConfig{8, 2, 8, 3, 128, 128, DType::kFloat16});
+    c.fwd_lse = false;
+    c.fwd_ml = false;
+    c.strided = true;
+    run_case(c);
+  }
+  {
+    // All scores negative: the signed per-head max_logit over packed rows.
+    Case c = decode(3, 260, HeadConfig{8, 2, 8, 3, 128, 128, DType::kBFloat16});
+    c.negative_logits = true;
+    run_case(c);
+  }
+  {
+    // THD decode batch with an empty query sample and an empty key sample, Hmask = Hq.
+    Case c = decode(1, 1, HeadConfig{8, 2, 8, 5, 64, 64, DType::kFloat16});
+    c.varlen = true;
+    c.lq = {1, 0, 4, 2, 3};
+    c.lk = {300, 40, 0, 513, 64};
+    c.batch = 5;
+    c.strided = true;
+    run_case(c);
+    c.h = HeadConfig{8, 2, 1, 3, 128, 128, DType::kBFloat16};
+    c.seed = ++seed;
+    run_case(c);
+  }
+  // The split schedule on decode tiles (flash-decoding): few packed tasks with long walks.
+  {
+    Case c = fwd_split_case("dense", HeadConfig{16, 4, 1, 1, 128, 128, DType::kBFloat16}, ++seed);
+    c.pack_gqa = true;  // Sq = 1, G = 4: 4 packed rows, 64 key blocks per task
+    c.batch = 2;
+    c.sq = 1;
+    c.sk = 4096;
+    c.expect_fwd_bq = kDecodeBlockQ;
+    run_case(c);
+    c.fwd_ml = false;  // persistent one-warp kernel without max_logit
+    c.fwd_lse = false;
+    c.seed = ++seed;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("dense", HeadConfig{8, 1, 8, 1, 72, 72, DType::kFloat16}, ++seed);
+    c.pack_gqa = true;  // THD, Sq <= 2, G = 8 (16 rows), predicated dims, Hmask = Hq
+    c.varlen = true;
+    c.lq = {2, 0, 1, 2};
+    c.lk = {3000, 100, 1500, 0};
+    c.batch = 4;
+    c.expect_fwd_bq = kDecodeBlockQ;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("sink_window", HeadConfig{8, 2, 8, 3, 128, 128, DType::kBFloat16}, ++seed);
+    c.pack_gqa = true;  // Sq = 2, G = 4, a short walk per row: the schedule splits nothing
+    c.sq = 2;
+    c.sk = 2500;
+    c.expect_fwd_split = false;
+    c.expect_fwd_bq = kDecodeBlockQ;
+    run_case(c);
+  }
+  {
+    // The same long decode walks unsplit: without a workspace, and in grid mode.
+    Case c = fwd_split_case("dense", HeadConfig{8, 2, 1, 1, 128, 128, DType::kFloat16}, ++seed);
+    c.pack_gqa = true;
+    c.batch = 2;
+    c.sq = 3;
+    c.sk = 2100;
+    c.expect_fwd_split = false;
+    c.fwd_workspace = false;
+    c.expect_fwd_bq = kDecodeBlockQ;
+    run_case(c);
+    c.fwd_workspace = true;
+    c.grid_mode = true;
+    c.h = HeadConfig{8, 2, 8, 1, 64, 64, DType::kBFloat16};
+    c.seed = ++seed;
+    run_case(c);
+  }
+  {
+    // A packed decode forward on the decode tile, then the backward (its own tile).
+    Case c;
+    c.pack_gqa = true;
+    c.varlen = true;
+    c.lq = {1, 4, 0, 2};
+    c.lk = {400, 290, 60, 1};
+    c.batch = 4;
+    c.h = HeadConfig{8, 2, 8, 3, 128, 128, DType::kBFloat16};
+    c.deterministic = false;
+    c.expect_fwd_bq = kDecodeBlockQ;
+    c.seed = ++seed;
+    packed_fwd_then_bwd(c);
+    c.varlen = false;
+    c.batch = 2;
+    c.sq = 2;
+    c.sk = 700;
+    c.h = HeadConfig{8, 1, 1, 5, 72, 72, DType::kFloat16};
+    c.deterministic = true;
+    c.strided = true;
+    c.seed = ++seed;
+    packed_fwd_then_bwd(c);
+  }
+}
+
 // The forward workspace bound covers every packed plan of a geometry: max_tasks >= Hkv x
 // the packed query blocks (host arithmetic only; runs without a GPU).
 TEST(FlexGpu, PackedFwdWorkspaceBound) {
@@ -1291,12 +1448,14 @@ TEST(FlexGpu, PackedFwdWorkspaceBound) {
     }
     const FlexGeometry g = make_thd_geometry(lq, lk, h);
     for (bool pack : {false, true}) {
-      const sm80::FwdWorkspaceLayout wl = sm80::fwd_workspace_layout(g, pack);
-      const int64_t P = pack ? G : 1, bq = 128;
-      int64_t nqb = 0;
-      for (int b = 0; b < B; ++b) nqb += (lq[b] * P + bq - 1) / bq;
-      EXPECT_GE(wl.max_tasks, int64_t(g.num_heads_q / P) * nqb) << "G=" << G << " pack=" << pack;
-      EXPECT_GT(wl.total, 0u);
+      for (int bq : {128, kDecodeBlockQ}) {
+        const sm80::FwdWorkspaceLayout wl = sm80::fwd_workspace_layout(g, pack, bq, 64);
+        const int64_t P = pack ? G : 1;
+        int64_t nqb = 0;
+        for (int b = 0; b < B; ++b) nqb += (lq[b] * P + bq - 1) / bq;
+        EXPECT_GE(wl.max_tasks, int64_t(g.num_heads_q / P) * nqb) << "G=" << G << " pack=" << pack << " bq=" << bq;
+        EXPECT_GT(wl.total, 0u);
+      }
     }
   }
 }
@@ -1442,6 +1601,22 @@ TEST(FlexGpu, SupportChecks) {
   EXPECT_TRUE(throws_error([&] { flex_check_support_gpu(g, other, false); }, Status::kNotSupported, "mask_plan"));
   other.signature.consumer = consumer_for(80, 256, 256);
   EXPECT_TRUE(throws_error([&] { flex_check_support_gpu(g, other, false); }, Status::kNotSupported, "tile"));
+  // The decode tile exists for head dims <= 128 only; other row counts not at all.
+  other.signature.consumer = consumer_for(80, 64, 64);
+  other.signature.consumer.fwd_block_q = kDecodeBlockQ;
+  EXPECT_NO_THROW(flex_check_support_gpu(g, other, false));
+  other.signature.consumer.fwd_block_q = 32;
+  EXPECT_TRUE(throws_error([&] { flex_check_support_gpu(g, other, false); }, Status::kNotSupported,
+                           "forward tile 32x64 has no sm80 forward kernel"));
+  {
+    FlexGeometry g192 = g;
+    g192.head_dim_qk = 192;
+    g192.head_dim_v = 128;
+    other.signature.consumer = consumer_for(80, 192, 128);
+    other.signature.consumer.fwd_block_q = kDecodeBlockQ;
+    EXPECT_TRUE(throws_error([&] { flex_check_support_gpu(g192, other, false); }, Status::kNotSupported,
+                             "forward tile 16x64"));
+  }
   g.head_dim_qk = 192;
   g.head_dim_v = 192;
   EXPECT_TRUE(throws_error([&] { flex_check_support_gpu(g, *p->plan, false); }, Status::kNotSupported,

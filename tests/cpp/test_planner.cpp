@@ -51,6 +51,12 @@ std::string host_error(const FlexGeometry& g, const std::vector<int32_t>& mask, 
 const Consumer kSm80 = flashspan::consumer_for(80, 128, 128);    // 128x64 / 64x128
 const Consumer kSm80Big = flashspan::consumer_for(80, 256, 256); // 64x64 / 64x128
 const Consumer kSm90 = flashspan::consumer_for(90, 128, 128);    // 128x128 / 64x128
+// Packed decode plans (consumer_for_plan): 16x64 forward / 64x128 backward.
+const Consumer kSm80Decode = [] {
+  Consumer c = flashspan::consumer_for(80, 128, 128);
+  c.fwd_block_q = flashspan::kDecodeBlockQ;
+  return c;
+}();
 
 TEST(ConsumerFor, TileTable) {
   EXPECT_EQ(kSm80.fwd_block_q, 128);
@@ -307,7 +313,7 @@ TEST(PackGqa, MatchesBruteForceAndKeepsBackward) {
     const FlexGeometry& g = t.g;
     const int G = g.group_size();
     ASSERT_GT(G, 1);
-    for (const Consumer& c : {kSm80, kSm80Big, kSm90}) {
+    for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm80Decode}) {
       SCOPED_TRACE("consumer fwd " + std::to_string(c.fwd_block_q) + "x" + std::to_string(c.fwd_block_k));
       auto packed = plan_host(g, t.mask, c, true, false, true);
       auto plain = plan_host(g, t.mask, c, true, false, false);
@@ -420,6 +426,51 @@ TEST(PackGqa, ChooseDefault) {
   // THD: the longest sample decides.
   const FlexGeometry thd = fs_test::make_geometry(true, {1, 200}, {500, 500}, 8, 2, 1, 1);
   EXPECT_FALSE(flashspan::choose_pack_gqa(thd, c));
+}
+
+// consumer_for_plan: the 16-row decode forward tile exactly for arch-80 packed plans with
+// max_seqlen_q * G <= 16 and head dims <= 128; everything else is consumer_for's tile.
+TEST(PackGqa, DecodeTileChoice) {
+  using flashspan::consumer_for;
+  using flashspan::consumer_for_plan;
+  auto geo = [](int64_t sq, int hq, int hkv, int dqk = 128, int dv = 128) {
+    FlexGeometry g = fs_test::make_geometry(false, {sq, sq}, {500, 500}, hq, hkv, 1, 1);
+    g.head_dim_qk = dqk;
+    g.head_dim_v = dv;
+    return g;
+  };
+  EXPECT_TRUE(consumer_for_plan(80, geo(1, 8, 2), true) == kSm80Decode);   // 4 rows
+  EXPECT_TRUE(consumer_for_plan(80, geo(2, 8, 1), true) == kSm80Decode);   // 16 rows
+  EXPECT_TRUE(consumer_for_plan(80, geo(8, 4, 2), true) == kSm80Decode);   // 16 rows
+  EXPECT_TRUE(consumer_for_plan(80, geo(1, 16, 1), true) == kSm80Decode);  // 16 rows
+  EXPECT_TRUE(consumer_for_plan(80, geo(9, 4, 2), true) == kSm80);         // 18 rows
+  EXPECT_TRUE(consumer_for_plan(80, geo(1, 32, 1), true) == kSm80);        // 32 rows
+  EXPECT_TRUE(consumer_for_plan(80, geo(1, 8, 2), false) == kSm80);        // not packed
+  EXPECT_TRUE(consumer_for_plan(80, geo(1, 4, 4), true) == kSm80);         // G = 1: never packed
+  EXPECT_TRUE(consumer_for_plan(90, geo(1, 8, 2), true) == kSm90);         // sm90 family: its own tile
+  // Head dims: the decode kernel runs on the 128 head-dim tile (predicated below 128).
+  for (auto [dqk, dv] : {std::pair{64, 64}, {72, 72}, {128, 64}, {8, 16}}) {
+    const Consumer d = consumer_for_plan(80, geo(1, 8, 2, dqk, dv), true);
+    EXPECT_EQ(d.fwd_block_q, flashspan::kDecodeBlockQ) << dqk << "/" << dv;
+    EXPECT_EQ(d.fwd_block_k, 64);
+    const Consumer base = consumer_for(80, dqk, dv);
+    EXPECT_EQ(d.bwd_block_q, base.bwd_block_q);  // backward tile unchanged
+    EXPECT_EQ(d.bwd_block_k, base.bwd_block_k);
+  }
+  EXPECT_TRUE(consumer_for_plan(80, geo(1, 8, 2, 192, 128), true) == consumer_for(80, 192, 128));
+  EXPECT_TRUE(consumer_for_plan(80, geo(1, 8, 2, 256, 256), true) == kSm80Big);
+  // THD: the longest sample decides.
+  FlexGeometry thd = fs_test::make_geometry(true, {1, 4, 0}, {500, 500, 9}, 8, 2, 1, 1);
+  EXPECT_TRUE(consumer_for_plan(80, thd, true) == kSm80Decode);
+  thd = fs_test::make_geometry(true, {1, 5, 0}, {500, 500, 9}, 8, 2, 1, 1);
+  EXPECT_TRUE(consumer_for_plan(80, thd, true) == kSm80);
+  // The signature shows the tile.
+  const fs_test::GqaCase t = fs_test::random_gqa_case("dec", false, {1, 1}, {500, 500}, 8, 2, 1, 1, 5);
+  auto plan = plan_host(t.g, t.mask, consumer_for_plan(80, t.g, true), true, false, true);
+  EXPECT_NE(plan->signature.to_string(t.g).find("fwd 16x64 bwd 64x128"), std::string::npos)
+      << plan->signature.to_string(t.g);
+  EXPECT_EQ(plan->counts.fwd_num_q_blocks, 2);  // one 16-row block of 4 packed rows per sample
+  fs_test::check_plan(*plan, t.mask.data());
 }
 
 

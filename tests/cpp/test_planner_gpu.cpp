@@ -48,6 +48,12 @@ struct DeviceMask {
 const Consumer kSm80 = flashspan::consumer_for(80, 128, 128);
 const Consumer kSm80Big = flashspan::consumer_for(80, 256, 256);
 const Consumer kSm90 = flashspan::consumer_for(90, 128, 128);
+// Packed decode plans (consumer_for_plan): 16x64 forward / 64x128 backward.
+const Consumer kSm80Decode = [] {
+  Consumer c = flashspan::consumer_for(80, 128, 128);
+  c.fwd_block_q = flashspan::kDecodeBlockQ;
+  return c;
+}();
 
 // Compares a downloaded CUDA plan with the host plan: layout, counts, every array element.
 void expect_same_plan(const MaskPlan& host, const MaskPlan& dev) {
@@ -205,9 +211,9 @@ TEST(PlannerGpu, PackGqaEqualsHostPlanner) {
   SKIP_WITHOUT_GPU();
   for (const fs_test::GqaCase& t : fs_test::packed_gqa_cases()) {
     SCOPED_TRACE(t.name);
-    for (const Consumer& c : {kSm80, kSm80Big, kSm90}) {
+    for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm80Decode}) {
       SCOPED_TRACE("consumer fwd " + std::to_string(c.fwd_block_q) + "x" + std::to_string(c.fwd_block_k));
-      compare_case(t.g, t.mask, c, /*brute=*/c == kSm80, /*pack_gqa=*/true);
+      compare_case(t.g, t.mask, c, /*brute=*/c == kSm80 || c == kSm80Decode, /*pack_gqa=*/true);
     }
   }
 }

@@ -95,6 +95,28 @@ def test_pack_gqa_default_rule(fs):
     assert not fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, pack_gqa=True).pack_gqa  # G = 1: identity
 
 
+def test_pack_gqa_decode_tile(fs):
+    """Packed decode plans (max Sq * G <= 16, head dims <= 128) take the 16 x 64 forward tile; the
+    backward tile, unpacked plans, longer queries and larger head dims keep the default tiles."""
+    p = make_problem(6, batch=2, seqlen_q=2, seqlen_k=300, hq=8, hkv=1, hm=8)  # G = 8: 16 packed rows
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True)
+    assert plan.pack_gqa and (plan.fwd_block_q, plan.fwd_block_k) == (16, 64)
+    assert (plan.bwd_block_q, plan.bwd_block_k) == (64, 128)
+    assert plan.info()["fwd_block_q"] == 16 and "fwd 16x64 bwd 64x128" in plan.signature
+    assert plan.fwd_num_q_blocks == 2 and plan.num_tasks == 2  # one packed block per (sample, kv head)
+    assert_close(fs.flex_attn_func(p.q, p.k, p.v, plan), p.reference()[0], torch.float32, "out")
+    p = make_problem(8, varlen=True, batch=3, seqlen_q=[1, 0, 4], seqlen_k=[50, 9, 70], hq=8, hkv=2)  # G = 4
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
+    assert plan.pack_gqa and plan.fwd_block_q == 16
+    assert_close(fs.flex_attn_func(p.q, p.k, p.v, plan), p.reference()[0], torch.float32, "out")
+    for kwargs, pack in ((dict(seqlen_q=9, hq=4, hkv=2), None),  # 18 packed rows
+                         (dict(seqlen_q=1, hq=8, hkv=2), False),  # not packed
+                         (dict(seqlen_q=1, hq=8, hkv=2, dqk=192, dv=128), None)):  # head dims > 128
+        p = make_problem(9, batch=1, seqlen_k=64, **kwargs)
+        plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, pack_gqa=pack)
+        assert plan.fwd_block_q == 128, kwargs
+
+
 def test_plan_owns_copies_of_its_inputs(fs):
     p = make_problem(3, varlen=True, batch=2, seqlen_q=[10, 20], seqlen_k=[15, 12], hq=2, hkv=2, nfunc=3)
     mf = p.mask_func.clone()

@@ -26,12 +26,33 @@ __device__ __forceinline__ int swz_offset(int row, int chunk) {
 // A thread copies the same 16-byte column chunk of rows r0, r0 + R, r0 + 2R, ... (R = threads
 // per chunk column); with R % 8 == 0 the swizzle of those rows is the same, so addresses are
 // a base plus compile-time steps.
+// One warp (kThreads = 32, the decode forward tile): 4 threads per row, 8 rows per step, so
+// a thread's rows again share a swizzle key; it copies chunks c0, c0 + 4, ... of rows r0,
+// r0 + 8, ... (c0 = tid % 4, r0 = tid / 4): kD / 32 shared-memory offsets per thread and one
+// source pointer stepped by 8 rows. (The element-wise fallback below would make ptxas keep a
+// 64-bit source offset per copy, 2 x 32 of them for a 64 x 128 tile, live across the
+// forward's main loop: 255 registers and spills.)
 template <int kRows, int kD, int kThreads>
 __device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const uint16_t* gbase, int64_t row_stride,
                                                 int rows_valid, int d_valid, int tid) {
   constexpr int kChunksPerRow = kD / 8;
-  if constexpr (kThreads % kChunksPerRow == 0 && (kThreads / kChunksPerRow) % 8 == 0 &&
-                kRows % (kThreads / kChunksPerRow) == 0) {
+  if constexpr (kThreads == 32 && kChunksPerRow % 4 == 0 && kRows % 8 == 0) {
+    constexpr int kCpt = kChunksPerRow / 4;
+    const int c0 = tid % 4, r0 = tid / 4;
+    const uint16_t* src = gbase + r0 * row_stride + c0 * 8;
+    const int64_t step = 8 * row_stride;
+#pragma unroll
+    for (int it = 0; it < kRows / 8; ++it) {
+      const bool row_ok = r0 + 8 * it < rows_valid;
+#pragma unroll
+      for (int j = 0; j < kCpt; ++j) {
+        const bool ok = row_ok && (c0 + 4 * j) * 8 < d_valid;
+        cp_async_16(smem_tile + (swz_offset<kD>(r0, c0 + 4 * j) + it * 8 * kD) * 2, ok ? src + 32 * j : gbase, ok);
+      }
+      src += step;
+    }
+  } else if constexpr (kThreads % kChunksPerRow == 0 && (kThreads / kChunksPerRow) % 8 == 0 &&
+                       kRows % (kThreads / kChunksPerRow) == 0) {
     constexpr int kR = kThreads / kChunksPerRow;
     const int ch = tid % kChunksPerRow, r0 = tid / kChunksPerRow;
     const bool col_ok = ch * 8 < d_valid;

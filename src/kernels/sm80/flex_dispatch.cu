@@ -20,14 +20,29 @@ const int32_t* plan_array(const MaskPlan& plan, const char* name) {
   return p;
 }
 
+// The tile the sm80 kernels run for this plan (forward tile from the plan's consumer:
+// launch_common_sm80.h, fwd_tile_for_plan_sm80). Throws kNotSupported when no sm80 forward
+// kernel has the plan's forward tile.
+sm80::TileSm80 plan_tile(const FlexGeometry& g, const MaskPlan& plan) {
+  const Consumer& c = plan.signature.consumer;
+  sm80::TileSm80 t{};
+  if (!sm80::fwd_tile_for_plan_sm80(g.head_dim_qk, g.head_dim_v, c.fwd_block_q, c.fwd_block_k, &t)) {
+    const sm80::TileSm80 d = sm80::tile_sm80(g.head_dim_qk, g.head_dim_v);
+    FS_CHECK_SUPPORTED(false, "mask_plan: forward tile ", c.fwd_block_q, "x", c.fwd_block_k,
+                       " has no sm80 forward kernel for head dims (", g.head_dim_qk, ", ", g.head_dim_v,
+                       "); the sm80 kernels run ", d.fwd_bq, "x", d.fwd_bk,
+                       g.head_dim_qk <= 128 && g.head_dim_v <= 128 ? detail::concat(" or ", kDecodeBlockQ, "x64")
+                                                                   : std::string(),
+                       " there");
+  }
+  return t;
+}
+
 void check_tile(const FlexGeometry& g, const MaskPlan& plan, bool backward) {
   const Consumer& c = plan.signature.consumer;
-  const sm80::TileSm80 t = sm80::tile_sm80(g.head_dim_qk, g.head_dim_v);
   FS_CHECK_SUPPORTED(c.layout == PayloadLayout::kM16N64Frag, "mask_plan: payload layout ", int(c.layout),
                      " is not the sm80 kernels' (kM16N64Frag)");
-  FS_CHECK_SUPPORTED(c.fwd_block_q == t.fwd_bq && c.fwd_block_k == t.fwd_bk, "mask_plan: forward tile ",
-                     c.fwd_block_q, "x", c.fwd_block_k, " does not match the sm80 kernel's ", t.fwd_bq, "x", t.fwd_bk,
-                     " for head dims (", g.head_dim_qk, ", ", g.head_dim_v, ")");
+  const sm80::TileSm80 t = plan_tile(g, plan);
   if (backward) {
     FS_CHECK_SUPPORTED(c.bwd_block_q == t.bwd_bq && c.bwd_block_k == t.bwd_bk, "mask_plan: backward tile ",
                        c.bwd_block_q, "x", c.bwd_block_k, " does not match the sm80 kernel's ", t.bwd_bq, "x",
@@ -41,7 +56,8 @@ size_t flex_fwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool
   (void)has_max_logit;
   // The split schedule of the forward (launch_common_sm80.h, FwdWorkspaceLayout; its task
   // bound depends on plan.signature.pack_gqa); max_logit is reset in place.
-  return sm80::fwd_workspace_layout(g, plan.signature.pack_gqa).total;
+  const Consumer& c = plan.signature.consumer;
+  return sm80::fwd_workspace_layout(g, plan.signature.pack_gqa, c.fwd_block_q, c.fwd_block_k).total;
 }
 
 size_t flex_bwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool deterministic) {
@@ -74,7 +90,7 @@ void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool ba
   const cudaError_t e2 = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, g.device_id);
   FS_CHECK(e2 == cudaSuccess, Status::kCudaError, "cudaDeviceGetAttribute(cuda:", g.device_id,
            "): ", cudaGetErrorString(e2));
-  const sm80::TileSm80 t = sm80::tile_sm80(g.head_dim_qk, g.head_dim_v);
+  const sm80::TileSm80 t = plan_tile(g, plan);
   // Both backward dQ paths can be chosen at execute time: require the larger.
   const int need = backward ? std::max(sm80::fwd_smem_bytes(t), sm80::bwd_smem_bytes(t, true))
                             : sm80::fwd_smem_bytes(t);
@@ -129,15 +145,18 @@ void launch_flex_fwd(const FlexFwdLaunch& a) {
   // Split schedule (fwd_split_sm80.cuh) in task mode when the caller gave the workspace; a
   // call without one (workspace_bytes = 0; internal callers only, the C API checks the size)
   // runs one CTA per task as before.
-  const sm80::FwdWorkspaceLayout wl = sm80::fwd_workspace_layout(g, plan.signature.pack_gqa);
+  // The forward tile is the plan's (default or decode tile); flex_check_support_gpu has
+  // checked that an sm80 kernel provides it.
+  const sm80::TileSm80 tile = plan_tile(g, plan);
+  const sm80::FwdWorkspaceLayout wl =
+      sm80::fwd_workspace_layout(g, plan.signature.pack_gqa, tile.fwd_bq, tile.fwd_bk);
   FS_CHECK_ARG(a.workspace_bytes == 0 || (a.workspace_bytes >= wl.total && a.workspace != nullptr),
                "workspace: needs ", wl.total, " bytes, got ", a.workspace_bytes);
   if (wl.total > 0 && a.workspace_bytes > 0 && !p.grid_mode && p.view.num_tasks > 0) {
     FS_CHECK_ARG(reinterpret_cast<uintptr_t>(a.workspace) % 16 == 0, "workspace: must be 16-byte aligned");
     FS_CHECK(p.view.num_tasks <= wl.max_tasks, Status::kInternal, "mask_plan: ", p.view.num_tasks,
              " forward tasks exceed the workspace bound ", wl.max_tasks);
-    FS_CHECK(p.view.block_q == sm80::tile_sm80(g.head_dim_qk, g.head_dim_v).fwd_bq &&
-                 p.view.block_q <= 128,  // kern::kMaxCombineRows
+    FS_CHECK(p.view.block_q == tile.fwd_bq && p.view.block_q <= 128,  // kern::kMaxCombineRows
              Status::kInternal, "mask_plan: forward query block ", p.view.block_q, " is not the sm80 kernel's");
     char* ws = static_cast<char*>(a.workspace);
     p.split.hdr = reinterpret_cast<int32_t*>(ws + wl.hdr);
@@ -149,7 +168,7 @@ void launch_flex_fwd(const FlexFwdLaunch& a) {
     p.split.ml = reinterpret_cast<float*>(ws + wl.ml);
     p.split.num_tasks = static_cast<int>(p.view.num_tasks);
   }
-  sm80::launch_fwd_sm80(p, sm80::tile_sm80(g.head_dim_qk, g.head_dim_v), g.dtype,
+  sm80::launch_fwd_sm80(p, tile, g.dtype,
                         static_cast<int>(p.view.num_tasks), static_cast<cudaStream_t>(a.stream));
 }
 

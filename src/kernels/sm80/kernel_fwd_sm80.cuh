@@ -50,6 +50,10 @@ struct FwdTraitsSm80 {
   static constexpr int kSmemV = kBlockK * kDv * 2;
   static constexpr int kSmemBytes = kSmemQ + kSmemK + kSmemV;
   static constexpr int kMinBlocks = kMinBlocks_;  // CTAs per SM asked of ptxas
+  // One-warp tiles (the 16-row decode tile) compile one kernel for both max_logit cases and
+  // test p.max_logit at run time: their reduction is a few instructions per item, and it
+  // halves their instantiations. Wider tiles keep the compile-time switch.
+  static constexpr bool kMaxLogitAtRunTime = kWarps == 1;
   static_assert(kBlockQ % (16 * kMT) == 0 && kBlockK % 64 == 0 && kDqk % 64 == 0 && kDv % 64 == 0);
 };
 
@@ -63,7 +67,8 @@ struct FwdTraitsSm80 {
 // a compare: one division per tile, no per-element index math. Thread layout: that of
 // load_tile_async when it applies (same chunk column per thread; keeping it, rather than a
 // new layout, matters for the registers of the main loop: ptxas shares the lane-derived
-// values with the fragment addresses), else 8 threads per row, 8 chunks apart.
+// values with the fragment addresses), else 8 threads per row, 8 chunks apart (one warp,
+// the decode tile: 4 threads per row, 4 chunks apart, as load_tile_async's one-warp layout).
 template <int kRows, int kD, int kThreads>
 __device__ __forceinline__ void load_q_tile_async(uint32_t smem_tile, const uint16_t* q0, int64_t row_stride,
                                                   int64_t head_stride, int row0, int pack, int rows_valid,
@@ -72,12 +77,15 @@ __device__ __forceinline__ void load_q_tile_async(uint32_t smem_tile, const uint
   constexpr bool kColumnLayout = kThreads % kChunksPerRow == 0 && (kThreads / kChunksPerRow) % 8 == 0 &&
                                  kRows % (kThreads / kChunksPerRow) == 0;
   // Threads per row, chunks per thread and row, rows per step.
-  constexpr int kTpr = kColumnLayout ? kChunksPerRow : 8;
+  constexpr int kTpr = kColumnLayout ? kChunksPerRow : (kThreads >= 64 ? 8 : kThreads / 8);
   constexpr int kCpt = kChunksPerRow / kTpr;
   constexpr int kR = kThreads / kTpr;
+  // kTpr % 8 == 0: the j term of a chunk passes the swizzle XOR unchanged (dst + compile-time
+  // steps); else (one warp) each j has its own shared-memory offset.
+  constexpr bool kXorFree = kTpr % 8 == 0;
   static_assert(kChunksPerRow % kTpr == 0 && kR % 8 == 0 && kRows % kR == 0, "Q tile loader geometry");
   // Chunk c0 + kTpr j of row r0 + it R lands at chunk (c0 ^ (r0 % 8)) + kTpr j of that row
-  // (kTpr is 8 or a multiple of 8, so the XOR leaves the j term alone).
+  // when kTpr is a multiple of 8 (the XOR leaves the j term alone; kXorFree).
   const int c0 = tid % kTpr, r0 = tid / kTpr;
   const uint32_t dst = smem_tile + swz_offset<kD>(r0, c0) * 2;
   const int pr = row0 + r0;
@@ -90,7 +98,12 @@ __device__ __forceinline__ void load_q_tile_async(uint32_t smem_tile, const uint
 #pragma unroll
     for (int j = 0; j < kCpt; ++j) {
       const bool ok = row_ok && (c0 + kTpr * j) * 8 < d_valid;
-      cp_async_16(dst + (it * kR * kD + 8 * kTpr * j) * 2, ok ? src + 8 * kTpr * j : q0, ok);
+      if constexpr (kXorFree) {
+        cp_async_16(dst + (it * kR * kD + 8 * kTpr * j) * 2, ok ? src + 8 * kTpr * j : q0, ok);
+      } else {
+        cp_async_16(smem_tile + (swz_offset<kD>(r0, c0 + kTpr * j) + it * kR * kD) * 2, ok ? src + 8 * kTpr * j : q0,
+                    ok);
+      }
     }
     pos += dpos;
     sub += dsub;
@@ -377,7 +390,10 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
 
   if constexpr (kMaxLogit) {
     // max over visible scores of scale * q.k: the running max is in log2 units. Rows past
-    // rows_valid never see a key (m = -inf), so they need no masking here.
+    // rows_valid never see a key (m = -inf), so they need no masking here. One-warp tiles
+    // test the pointer here (kMaxLogitAtRunTime; uniform over the CTA, so no barrier below
+    // is skipped by part of it).
+    if (T::kMaxLogitAtRunTime && p.max_logit == nullptr) return;
     __shared__ float red[T::kBlockQ];
     if (pack == 1) {
       // One head: warp shuffles, then one atomic per CTA.

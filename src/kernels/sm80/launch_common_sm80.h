@@ -12,6 +12,7 @@
 #include "core/geometry.h"
 #include "core/tensor_view.h"
 #include "kernels/common/flex_params.h"
+#include "plan/mask_plan.h"
 
 namespace flashspan::sm80 {
 
@@ -114,6 +115,29 @@ inline TileSm80 tile_sm80(int dqk, int dv) {
   return {256, 256, 64, 64, 64, 64};
 }
 
+// The tile the sm80 kernels run for a plan's consumer: tile_sm80(dqk, dv), whose forward
+// tile is the default one, or, when the plan's forward tile is the decode tile
+// (kDecodeBlockQ x 64, consumer_for_plan) and both head dims are <= 128, the same tile with
+// the forward part replaced by the decode kernel's (always on the 128 head-dim tile; smaller
+// dims run predicated). Returns false (and leaves *out alone) when no sm80 forward kernel
+// has the plan's forward tile. The backward part is always tile_sm80's.
+inline bool fwd_tile_for_plan_sm80(int dqk, int dv, int plan_bq, int plan_bk, TileSm80* out) {
+  TileSm80 t = tile_sm80(dqk, dv);
+  if (plan_bq == t.fwd_bq && plan_bk == t.fwd_bk) {
+    *out = t;
+    return true;
+  }
+  if (plan_bq == kDecodeBlockQ && plan_bk == 64 && dqk <= 128 && dv <= 128) {
+    t.dqk_tile = 128;
+    t.dv_tile = 128;
+    t.fwd_bq = kDecodeBlockQ;
+    t.fwd_bk = 64;
+    *out = t;
+    return true;
+  }
+  return false;
+}
+
 // Dynamic shared memory of the kernels for a tile (bytes; 16-bit elements). The launchers
 // static_assert that these match the kernels' own layouts.
 constexpr int fwd_smem_bytes(int bq, int bk, int dqk, int dv) { return (bq * dqk + bk * dqk + bk * dv) * 2; }
@@ -188,10 +212,10 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, bool deter
   return w;
 }
 
-// Byte offsets into the forward workspace (a pure function of the geometry and the plan's
-// pack_gqa flag; the tile comes from the head dims). Empty (total 0) when no task can be
-// split: a task has at most ceil(max_seqlen_k / Bk) steps and the chunk is at least
-// kChunkMin. All offsets 256-aligned.
+// Byte offsets into the forward workspace (a pure function of the geometry, the plan's
+// pack_gqa flag and its forward tile Bq x Bk: plan.signature.consumer.fwd_block_q/_k).
+// Empty (total 0) when no task can be split: a task has at most ceil(max_seqlen_k / Bk)
+// steps and the chunk is at least kChunkMin. All offsets 256-aligned.
 //   split schedule (FlexFwdSplit): hdr int32 [4]; task_iters, task_slot int32 [max_tasks];
 //                  item_start int32 [max_tasks + 1]; items int32 [max_items, 4];
 //                  o_accum fp32 [max_slots, Bq, Dv]; ml fp32 [max_slots, 2, Bq]
@@ -202,17 +226,17 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, bool deter
 //   < 2 kMaxSplit, and each has >= 8 of the <= max_tasks * max_steps steps;
 //   split_schedule_sm80.cuh), max_items = max_tasks + max_slots.
 // Bytes: about max_slots * (Bq * Dv * 4 + 2 * Bq * 4), e.g. 2048 * 66 KB = 135 MB at
-// (Bq, Dv) = (128, 128) for long sequences.
+// (Bq, Dv) = (128, 128) for long sequences (17 MB with the 16-row decode tile).
 struct FwdWorkspaceLayout {
   size_t hdr = 0, task_iters = 0, item_start = 0, task_slot = 0, items = 0, o_accum = 0, ml = 0;
   size_t total = 0;
   int64_t max_tasks = 0, max_items = 0, max_slots = 0;
 };
 
-inline FwdWorkspaceLayout fwd_workspace_layout(const FlexGeometry& g, bool pack_gqa) {
+inline FwdWorkspaceLayout fwd_workspace_layout(const FlexGeometry& g, bool pack_gqa, int fwd_bq, int fwd_bk) {
   FwdWorkspaceLayout w;
-  const TileSm80 tile = tile_sm80(g.head_dim_qk, g.head_dim_v);
-  const int64_t bq = tile.fwd_bq, bk = tile.fwd_bk;
+  const int64_t bq = fwd_bq, bk = fwd_bk;
+  if (bq <= 0 || bk <= 0) return w;
   const int64_t max_steps = (g.max_seqlen_k + bk - 1) / bk;
   if (max_steps <= FlexSplitSchedule::kChunkMin || g.total_q == 0) return w;
   const int64_t pack = fwd_pack_group(g, pack_gqa);

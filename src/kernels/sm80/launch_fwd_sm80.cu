@@ -1,6 +1,9 @@
 // Instantiations and launch of the sm80 flex forward kernel: head-dim tiles
 // {64, 128, (192,128), 256} x {fp16, bf16} x {max_logit off, on}, plus branch-free variants
-// of the 64 and 128 tiles for head dims equal to the tile's.
+// of the 64 and 128 tiles for head dims equal to the tile's; and the 16 x 64 decode tile
+// (packed decode plans, consumer_for_plan) on the 128 head-dim tile, exact and predicated
+// x {fp16, bf16}, max_logit tested at run time (FwdTraitsSm80::kMaxLogitAtRunTime).
+// Each variant is a one-CTA-per-task and a persistent kernel.
 // With a split schedule (p.split.items, task mode with a workspace): count, scan, items,
 // the persistent forward grid and the combine of split tasks (fwd_split_sm80.cuh).
 // Packed GQA is a run-time row mapping (FlexFwdParams::pack), not an instantiation.
@@ -58,7 +61,9 @@ void run_fwd(const FlexFwdParams& p, int num_tasks, cudaStream_t stream) {
 
 template <class T, bool kBf16>
 void run_fwd_ml(const FlexFwdParams& p, int num_tasks, cudaStream_t stream) {
-  if (p.max_logit != nullptr) {
+  if constexpr (T::kMaxLogitAtRunTime) {
+    run_fwd<T, kBf16, true>(p, num_tasks, stream);
+  } else if (p.max_logit != nullptr) {
     run_fwd<T, kBf16, true>(p, num_tasks, stream);
   } else {
     run_fwd<T, kBf16, false>(p, num_tasks, stream);
@@ -93,6 +98,15 @@ void launch_fwd_sm80(const FlexFwdParams& p, const TileSm80& tile, DType dtype, 
     check_launch("flex forward: max_logit reset");
   }
   if (p.view.num_q_blocks == 0 || (!p.grid_mode && num_tasks == 0)) return;
+  if (tile.fwd_bq == kDecodeBlockQ) {
+    // Decode tile (fwd_tile_for_plan_sm80: head dims <= 128 on the 128 head-dim tile): one
+    // warp of 16 rows, 36 KB of shared memory, so 6 CTAs per H200 SM (4 on an A100) keep
+    // enough K/V loads in flight; at 32 threads registers never limit occupancy (the
+    // minimum-blocks hint only documents it).
+    static_assert(kDecodeBlockQ == 16, "the decode tile is one warp of one m16 tile");
+    run_fwd_tile<kDecodeBlockQ, 128, 128, 1, 4, false>(p, dtype, num_tasks, stream);
+    return;
+  }
   // Tiles: 128x64 with 4 warps of 32 rows (2 CTAs per SM) up to D = 128 and for (192, 128);
   // 64x64 with 4 warps of 16 rows for (256, 256), whose output accumulator alone takes 128
   // registers a thread. Head dims equal to the tile's run the branch-free (exact) variant;
