@@ -126,6 +126,69 @@ struct TileRowLoader {
   }
 };
 
+// A second fast layout for tiles loaded again and again from one matrix, for tile shapes
+// TileRowLoader's layout does not divide (kD = 192 or 256 with 128 threads): 8 threads per
+// row, thread tid copying chunks c0, c0 + 8, ... (c0 = tid % 8) of rows r0, r0 + kR, ...
+// (r0 = tid / 8, kR = kThreads / 8). With kR % 8 == 0 every row of a thread has the swizzle
+// key r0 % 8, and chunk c0 + 8j lands at chunk position 8j + (c0 ^ r0 % 8): one shared-memory
+// offset per thread plus compile-time steps, one 64-bit source base per row step (the chunk
+// steps are immediates). Same copies, predicates and zero fills as load_tile_async (a
+// chunk at or past d_valid or a row at or past rows_valid is zero-filled from gbase).
+// `gthr` = row 0 of the tile + offset(); gbase = gthr - offset().
+template <int kRows, int kD, int kThreads>
+struct TileRowLoader8 {
+  static constexpr int kChunksPerRow = kD / 8;
+  static constexpr int kCpt = kChunksPerRow / 8;  // chunks of a row per thread
+  static constexpr int kR = kThreads / 8;
+  static constexpr bool kApplies = kThreads % 64 == 0 && kChunksPerRow % 8 == 0 && kRows % kR == 0;
+  static_assert(kCpt <= 32);
+  int64_t off, step;  // elements: the thread's first chunk (row r0, chunk c0); kR rows
+  uint32_t dst;       // bytes from the tile start: the thread's first chunk
+  uint32_t col_ok;    // bit j: chunk c0 + 8j lies below d_valid
+
+  __device__ __forceinline__ void init(int64_t row_stride, int d_valid, int tid) {
+    const int c0 = tid % 8, r0 = tid / 8;
+    constexpr uint32_t kAll = kCpt == 32 ? 0xffffffffu : (1u << kCpt) - 1u;
+    uint32_t m = 0;
+#pragma unroll
+    for (int j = 0; j < kCpt; ++j) m |= uint32_t((c0 + 8 * j) * 8 < d_valid) << j;
+    col_ok = d_valid >= kD ? kAll : m;
+    off = r0 * row_stride + c0 * 8;
+    step = kR * row_stride;
+    dst = uint32_t(swz_offset<kD>(r0, c0) * 2);
+  }
+  __device__ __forceinline__ int64_t offset() const { return off; }
+  // All kRows rows of the tile valid.
+  __device__ __forceinline__ void load_full(uint32_t smem_tile, const uint16_t* gthr) const {
+    static_assert(kApplies);
+    const uint16_t* gbase = gthr - off;
+#pragma unroll
+    for (int it = 0; it < kRows / kR; ++it) {
+#pragma unroll
+      for (int j = 0; j < kCpt; ++j) {
+        const bool ok = (col_ok >> j) & 1u;
+        cp_async_16(smem_tile + dst + it * kR * kD * 2 + j * 128, ok ? gthr + it * step + 64 * j : gbase, ok);
+      }
+    }
+  }
+  // Rows [0, rows_valid) valid (rows_valid < kRows); the rest zero-filled.
+  __device__ __forceinline__ void load_partial(uint32_t smem_tile, const uint16_t* gthr, int rows_valid,
+                                               int tid) const {
+    static_assert(kApplies);
+    const uint16_t* gbase = gthr - off;
+    const int r0 = tid / 8;
+#pragma unroll
+    for (int it = 0; it < kRows / kR; ++it) {
+      const bool row_ok = r0 + it * kR < rows_valid;
+#pragma unroll
+      for (int j = 0; j < kCpt; ++j) {
+        const bool ok = row_ok && ((col_ok >> j) & 1u);
+        cp_async_16(smem_tile + dst + it * kR * kD * 2 + j * 128, ok ? gthr + it * step + 64 * j : gbase, ok);
+      }
+    }
+  }
+};
+
 // Per-thread ldmatrix addresses into a swizzled tile, with the swizzle folded so that every
 // fragment of an unrolled loop is one register plus an immediate offset.
 //

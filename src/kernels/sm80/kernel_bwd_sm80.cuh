@@ -766,6 +766,15 @@ __global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel(const FlexBwdP
 
 // ---------------------------------------------------------------------------------------
 // 3. dQ, deterministic: grid (global query block of the backward view, query head).
+// One CTA of 4 warps per (query block, query head); warp w owns query rows 16w.. and every
+// key of a block. The Q2K lists are walked in ascending key-block order (the order of the
+// fp32 sums, fixed: bitwise reproducible); per key block, S and dP are recomputed and
+// dQ += dS K is accumulated in registers.
+// Per-block invariants are formed once, before the loop: row statistics (lse2, -D), the Q/dO
+// fragment addresses, the K/V loaders' per-thread chunk offsets (TileRowLoader8) and the
+// thread's source pointers (row 0 of the sample, head hkv); a K/V tile costs one 64-bit
+// multiply-add per matrix plus the copies. The Q2K cursor reads one block ahead, so the next
+// K/V tile's address never waits on a global load.
 template <class T, bool kBf16>
 __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const FlexBwdParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
@@ -774,7 +783,7 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
   const uint32_t sK0 = sO + T::kSmemO;               // K[2]
   const uint32_t sV0 = sK0 + 2 * T::kSmemK;          // V[2]
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int g = lane >> 2, t = lane & 3;
+  const int g = lane >> 2;
 
   const int gq = blockIdx.x, h = blockIdx.y;
   const int b = find_block_owner(p.view.q_block_start, p.batch, gq);
@@ -788,37 +797,74 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
   const int64_t qrow = int64_t(p.varlen ? q_start : 0) + row0;
   const int64_t krow_base = p.varlen ? k_start : 0;
 
+  // Q2K cursor with the next partial / full key block read one step ahead (kNone past the
+  // end; the lists are disjoint, so bp == bf only when both are exhausted).
+  constexpr int kNone = 0x7fffffff;
   const int64_t r = int64_t(hm) * p.view.num_q_blocks + gq;
-  BlockCursor cur{p.view.q2k_partial_kb, p.view.q2k_full_kb, __ldg(p.view.q2k_partial_ptr + r),
-                  __ldg(p.view.q2k_partial_ptr + r + 1), __ldg(p.view.q2k_full_ptr + r),
-                  __ldg(p.view.q2k_full_ptr + r + 1)};
+  int ip = __ldg(p.view.q2k_partial_ptr + r), jf = __ldg(p.view.q2k_full_ptr + r);
+  const int ip_end = __ldg(p.view.q2k_partial_ptr + r + 1), jf_end = __ldg(p.view.q2k_full_ptr + r + 1);
+  int bp = ip < ip_end ? __ldg(p.view.q2k_partial_kb + ip) : kNone;
+  int bf = jf < jf_end ? __ldg(p.view.q2k_full_kb + jf) : kNone;
+  // Next key block (ascending) and its payload index (-1 for a full block).
+  auto next_block = [&](int& kbb, int& payload) -> bool {
+    if (bp == kNone && bf == kNone) return false;
+    if (bp < bf) {
+      kbb = bp;
+      payload = ip++;
+      bp = ip < ip_end ? __ldg(p.view.q2k_partial_kb + ip) : kNone;
+    } else {
+      kbb = bf;
+      payload = -1;
+      ++jf;
+      bf = jf < jf_end ? __ldg(p.view.q2k_full_kb + jf) : kNone;
+    }
+    return true;
+  };
+
+  // K/V tiles: the thread's chunk offsets once; per tile one base offset, a full block
+  // through load_full, the sample's partial last block through load_partial (row checks).
+  using LoaderK = TileRowLoader8<T::kBlockK, T::kDqk, T::kThreadsQ>;
+  using LoaderV = TileRowLoader8<T::kBlockK, T::kDv, T::kThreadsQ>;
+  static_assert(LoaderK::kApplies && LoaderV::kApplies);
+  LoaderK ldk;
+  LoaderV ldv;
+  ldk.init(p.ka.row_stride, T::kExact ? T::kDqk : p.head_dqk, tid);
+  ldv.init(p.va.row_stride, T::kExact ? T::kDv : p.head_dv, tid);
+  const uint16_t* const gk_thr = row_ptr(p.k, p.ka, b, krow_base, hkv) + ldk.offset();
+  const uint16_t* const gv_thr = row_ptr(p.v, p.va, b, krow_base, hkv) + ldv.offset();
   auto load_kv = [&](int buf, int kbb) {
-    const int64_t row = krow_base + int64_t(kbb) * T::kBlockK;
     const int rows = len_k - kbb * T::kBlockK;
-    load_tile_async<T::kBlockK, T::kDqk, T::kThreadsQ>(sK0 + buf * T::kSmemK, row_ptr(p.k, p.ka, b, row, hkv),
-                                                       p.ka.row_stride, rows, p.head_dqk, tid);
-    load_tile_async<T::kBlockK, T::kDv, T::kThreadsQ>(sV0 + buf * T::kSmemV, row_ptr(p.v, p.va, b, row, hkv),
-                                                      p.va.row_stride, rows, p.head_dv, tid);
+    // Element offsets of key block kbb from row 0 (non-negative).
+    const int64_t off_k = int64_t(uint32_t(kbb * T::kBlockK)) * p.ka.row_stride;
+    const int64_t off_v = int64_t(uint32_t(kbb * T::kBlockK)) * p.va.row_stride;
+    if (rows >= T::kBlockK) {
+      ldk.load_full(sK0 + buf * T::kSmemK, gk_thr + off_k);
+      ldv.load_full(sV0 + buf * T::kSmemV, gv_thr + off_v);
+    } else {
+      ldk.load_partial(sK0 + buf * T::kSmemK, gk_thr + off_k, rows, tid);
+      ldv.load_partial(sV0 + buf * T::kSmemV, gv_thr + off_v, rows, tid);
+    }
   };
 
   load_tile_async<T::kBlockQ, T::kDqk, T::kThreadsQ>(sQ, row_ptr(p.q, p.qa, b, qrow, h), p.qa.row_stride,
                                                      rows_valid, p.head_dqk, tid);
   load_tile_async<T::kBlockQ, T::kDv, T::kThreadsQ>(sO, row_ptr(p.dout, p.doa, b, qrow, h), p.doa.row_stride,
                                                     rows_valid, p.head_dv, tid);
-  int kb = 0, entry = 0;
-  bool partial = false;
-  bool have = cur.next(kb, partial, entry);
+  int kb = 0, payload = -1;
+  bool have = next_block(kb, payload);
   if (have) load_kv(0, kb);
   cp_async_commit();
 
-  float lse2[2], delta[2];
+  // Row statistics of the thread's rows 16 warp + g (+ 8): lse2 (+inf for rows past len_q:
+  // P = 0) and -D (the C operand of dP's first k16 step: dP - D directly).
+  float lse2[2], minus_d[1][4];
 #pragma unroll
   for (int hi = 0; hi < 2; ++hi) {
     const int rr = row0 + warp * 16 + g + 8 * hi;
     const bool ok = rr < len_q;
     const int64_t ws = int64_t(h) * p.total_q + q_start + rr;
     lse2[hi] = ok ? __ldg(p.lse2 + ws) : INFINITY;
-    delta[hi] = ok ? __ldg(p.delta + ws) : 0.0f;
+    minus_d[0][2 * hi] = minus_d[0][2 * hi + 1] = ok ? -__ldg(p.delta + ws) : -0.0f;
   }
   float acc[T::kNQ][4];
 #pragma unroll
@@ -831,38 +877,42 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
   while (have) {
     cp_async_wait<0>();
     __syncthreads();  // K/V[buf] visible; everyone is done with K/V[buf ^ 1]
-    int kb_next = 0, entry_next = 0;
-    bool partial_next = false;
-    const bool have_next = cur.next(kb_next, partial_next, entry_next);
+    int kb_next = 0, payload_next = -1;
+    const bool have_next = next_block(kb_next, payload_next);
     if (have_next) load_kv(buf ^ 1, kb_next);
     cp_async_commit();
     const uint32_t sK = sK0 + buf * T::kSmemK, sV = sV0 + buf * T::kSmemV;
     const LdsmAddr<T::kDqk> bK = ldsm_b_nk<T::kDqk>(sK, lane);
     const LdsmAddr<T::kDv> bV = ldsm_b_nk<T::kDv>(sV, lane);
 
-    float s[T::kNSQ][4], dp[T::kNSQ][4];
+    float s[T::kNSQ][4];
 #pragma unroll
-    for (int n = 0; n < T::kNSQ; ++n) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s[n][i] = dp[n][i] = 0.0f;
-    }
+    for (int n = 0; n < T::kNSQ; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
     warp_mma_a_bnk<T::kDqk / 16, T::kNSQ, T::kExact, kBf16>(s, aQ, bK, p.head_dqk);
-    warp_mma_a_bnk<T::kDv / 16, T::kNSQ, T::kExact, kBf16>(dp, aO, bV, p.head_dv);
+    // P = exp2(S scale log2(e) - lse2), scaling and subtraction as one fma; the mask sets
+    // -inf after it (exp2(-inf) = 0; an empty row's lse2 = +inf gives -inf too).
 #pragma unroll
     for (int n = 0; n < T::kNSQ; ++n) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[n][i] *= p.scale_log2;
+      for (int i = 0; i < 4; ++i) s[n][i] = fmaf(s[n][i], p.scale_log2, -lse2[i >> 1]);
     }
-    if (partial) {
-      apply_payload<T::kNSQ>(s, p.view.q2k_partial_bits + size_t(entry) * words_per_tile, warp, 0, T::kBlockK, lane);
+    if (payload >= 0) {
+      apply_payload<T::kNSQ>(s, p.view.q2k_partial_bits + size_t(payload) * words_per_tile, warp, 0, T::kBlockK,
+                             lane);
     }
+    // dP - D: k16 step 0 seeded with -D (head_dv >= 1), the rest accumulated.
+    float dp[1][T::kNSQ][4];
+    warp_mma_k16_first<1, T::kNSQ, kBf16>(dp, minus_d, aO, bV);
 #pragma unroll
-    for (int n = 0; n < T::kNSQ; ++n) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float pr = exp2_approx(s[n][i] - lse2[i >> 1]);
-        s[n][i] = pr * (dp[n][i] - delta[i >> 1]);  // dS
+    for (int kk = 1; kk < T::kDv / 16; ++kk) {
+      if (T::kExact || kk * 16 < p.head_dv) {
+        warp_mma_k16<1, T::kNSQ, false, false, true, kBf16>(dp, aO, bV, kk, 0);
       }
+    }
+#pragma unroll
+    for (int n = 0; n < T::kNSQ; ++n) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s[n][i] = exp2_approx(s[n][i]) * dp[0][n][i];  // dS = P (dP - D)
     }
     // dQ += dS K: dS (registers, 16-bit) is the A operand, K[key][d] the B operand.
     const LdsmAddr<T::kDqk> bKq = ldsm_b_kn<T::kDqk>(sK, lane);
@@ -883,14 +933,13 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
         }
       }
     }
-    kb = kb_next;
-    partial = partial_next;
-    entry = entry_next;
+    payload = payload_next;
     have = have_next;
     buf ^= 1;
   }
   cp_async_wait<0>();
 
+  const int t = lane & 3;
   uint16_t* dq = static_cast<uint16_t*>(p.dq) + int64_t(b) * p.dqa.batch_stride + qrow * p.dqa.row_stride +
                  int64_t(h) * p.dqa.head_stride;
 #pragma unroll
