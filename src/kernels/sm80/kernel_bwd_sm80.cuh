@@ -870,8 +870,20 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
 #pragma unroll
   for (int n = 0; n < T::kNQ; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
   const size_t words_per_tile = size_t(T::kBlockQ) * T::kBlockK / 32;
-  const LdsmAddr<T::kDqk> aQ = ldsm_a<T::kDqk>(sQ + warp * 16 * T::kDqk * 2, lane);
-  const LdsmAddr<T::kDv> aO = ldsm_a<T::kDv>(sO + warp * 16 * T::kDv * 2, lane);
+  // Fragment addresses, computed once and read back per iteration from a per-thread
+  // local-memory table (indexed by the run-time buffer, so it stays in local memory; one
+  // 16-byte load each): ptxas would otherwise re-derive them from tid every iteration.
+  // addr_tab[buf]: [0] bK (S), [1] bV (dP), [2] bKq (dQ) of K/V buffer buf; [3] aQ (S) and
+  // [4] aO (dP), in both rows.
+  uint4 addr_tab[2][5];
+#pragma unroll
+  for (int bb = 0; bb < 2; ++bb) {
+    addr_tab[bb][0] = ldsm_b_nk<T::kDqk>(sK0 + bb * T::kSmemK, lane).pack();
+    addr_tab[bb][1] = ldsm_b_nk<T::kDv>(sV0 + bb * T::kSmemV, lane).pack();
+    addr_tab[bb][2] = ldsm_b_kn<T::kDqk>(sK0 + bb * T::kSmemK, lane).pack();
+    addr_tab[bb][3] = ldsm_a<T::kDqk>(sQ + warp * 16 * T::kDqk * 2, lane).pack();
+    addr_tab[bb][4] = ldsm_a<T::kDv>(sO + warp * 16 * T::kDv * 2, lane).pack();
+  }
   int buf = 0;
 
   while (have) {
@@ -881,14 +893,14 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
     const bool have_next = next_block(kb_next, payload_next);
     if (have_next) load_kv(buf ^ 1, kb_next);
     cp_async_commit();
-    const uint32_t sK = sK0 + buf * T::kSmemK, sV = sV0 + buf * T::kSmemV;
-    const LdsmAddr<T::kDqk> bK = ldsm_b_nk<T::kDqk>(sK, lane);
-    const LdsmAddr<T::kDv> bV = ldsm_b_nk<T::kDv>(sV, lane);
+    const LdsmAddr<T::kDqk> bK = LdsmAddr<T::kDqk>::unpack(addr_tab[buf][0]);
+    const LdsmAddr<T::kDv> bV = LdsmAddr<T::kDv>::unpack(addr_tab[buf][1]);
 
     float s[T::kNSQ][4];
 #pragma unroll
     for (int n = 0; n < T::kNSQ; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    warp_mma_a_bnk<T::kDqk / 16, T::kNSQ, T::kExact, kBf16>(s, aQ, bK, p.head_dqk);
+    warp_mma_a_bnk<T::kDqk / 16, T::kNSQ, T::kExact, kBf16>(s, LdsmAddr<T::kDqk>::unpack(addr_tab[buf][3]), bK,
+                                                            p.head_dqk);
     // P = exp2(S scale log2(e) - lse2), scaling and subtraction as one fma; the mask sets
     // -inf after it (exp2(-inf) = 0; an empty row's lse2 = +inf gives -inf too).
 #pragma unroll
@@ -902,6 +914,7 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
     }
     // dP - D: k16 step 0 seeded with -D (head_dv >= 1), the rest accumulated.
     float dp[1][T::kNSQ][4];
+    const LdsmAddr<T::kDv> aO = LdsmAddr<T::kDv>::unpack(addr_tab[buf][4]);
     warp_mma_k16_first<1, T::kNSQ, kBf16>(dp, minus_d, aO, bV);
 #pragma unroll
     for (int kk = 1; kk < T::kDv / 16; ++kk) {
@@ -915,7 +928,7 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
       for (int i = 0; i < 4; ++i) s[n][i] = exp2_approx(s[n][i]) * dp[0][n][i];  // dS = P (dP - D)
     }
     // dQ += dS K: dS (registers, 16-bit) is the A operand, K[key][d] the B operand.
-    const LdsmAddr<T::kDqk> bKq = ldsm_b_kn<T::kDqk>(sK, lane);
+    const LdsmAddr<T::kDqk> bKq = LdsmAddr<T::kDqk>::unpack(addr_tab[buf][2]);
 #pragma unroll
     for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
       uint32_t a[4];
