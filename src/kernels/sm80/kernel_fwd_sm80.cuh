@@ -54,6 +54,13 @@ struct FwdTraitsSm80 {
   // test p.max_logit at run time: their reduction is a few instructions per item, and it
   // halves their instantiations. Wider tiles keep the compile-time switch.
   static constexpr bool kMaxLogitAtRunTime = kWarps == 1;
+  // K/V tiles of the main loop through TileRowLoader8 (tile_io.cuh: one 64-bit source base
+  // per 16-row step, per-thread offsets computed once) where load_tile_async has no fast
+  // layout for the head dim. Only (256, 256): there the element-wise fallback kept a 64-bit
+  // source offset per copy (2 x 16) live across the loop, 255 registers and spills in it.
+  // (192, 128) would qualify for K too, but with it ptxas spilled 4-32 bytes (1-3 LDL in the
+  // loop) for ~110 fewer loop instructions: left on the fallback until measured.
+  static constexpr bool kLoader8 = kDqk == 256 && kDv == 256;
   static_assert(kBlockQ % (16 * kMT) == 0 && kBlockK % 64 == 0 && kDqk % 64 == 0 && kDv % 64 == 0);
 };
 
@@ -111,6 +118,19 @@ __device__ __forceinline__ void load_q_tile_async(uint32_t smem_tile, const uint
       sub -= pack;
       ++pos;
     }
+  }
+}
+
+// Loads key rows [0, rows_valid) of a K or V tile through a TileRowLoader8 (`tile0`: row 0
+// of the tile in global memory): all rows valid (every block but a sample's last) is a
+// uniform branch to the copies without row checks.
+template <int kRows, class Loader>
+__device__ __forceinline__ void load_kv_rows8(const Loader& ld, uint32_t smem_tile, const uint16_t* tile0,
+                                              int rows_valid, int tid) {
+  if (rows_valid >= kRows) {
+    ld.load_full(smem_tile, tile0 + ld.offset());
+  } else {
+    ld.load_partial(smem_tile, tile0 + ld.offset(), rows_valid, tid);
   }
 }
 
@@ -176,9 +196,23 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
   bool have = cur.next(kb, partial, entry);
   load_q_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ, q, p.qa.row_stride, p.qa.head_stride, row0, pack,
                                                       rows_valid, p.dqk, tid);
+  using LoaderK = TileRowLoader8<T::kBlockK, T::kDqk, T::kThreads>;
+  using LoaderV = TileRowLoader8<T::kBlockK, T::kDv, T::kThreads>;
+  [[maybe_unused]] LoaderK ld_k;
+  [[maybe_unused]] LoaderV ld_v;
+  if constexpr (T::kLoader8) {
+    static_assert(LoaderK::kApplies && LoaderV::kApplies);
+    ld_k.init(p.ka.row_stride, T::kExact ? T::kDqk : p.dqk, tid);
+    ld_v.init(p.va.row_stride, T::kExact ? T::kDv : p.dv, tid);
+  }
   if (have) {
-    load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + int64_t(kb) * T::kBlockK * p.ka.row_stride,
-                                                      p.ka.row_stride, len_k - kb * T::kBlockK, p.dqk, tid);
+    if constexpr (T::kLoader8) {
+      load_kv_rows8<T::kBlockK>(ld_k, sK, k + int64_t(kb) * T::kBlockK * p.ka.row_stride, len_k - kb * T::kBlockK,
+                                tid);
+    } else {
+      load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + int64_t(kb) * T::kBlockK * p.ka.row_stride,
+                                                        p.ka.row_stride, len_k - kb * T::kBlockK, p.dqk, tid);
+    }
   }
   cp_async_commit();
 
@@ -200,8 +234,13 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
   while (have) {
     cp_async_wait<0>();
     __syncthreads();  // K[kb] visible to all; every warp is done with V of the previous block
-    load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, v + int64_t(kb) * T::kBlockK * p.va.row_stride,
-                                                     p.va.row_stride, len_k - kb * T::kBlockK, p.dv, tid);
+    if constexpr (T::kLoader8) {
+      load_kv_rows8<T::kBlockK>(ld_v, sV, v + int64_t(kb) * T::kBlockK * p.va.row_stride, len_k - kb * T::kBlockK,
+                                tid);
+    } else {
+      load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, v + int64_t(kb) * T::kBlockK * p.va.row_stride,
+                                                       p.va.row_stride, len_k - kb * T::kBlockK, p.dv, tid);
+    }
     cp_async_commit();
 
     float s[kMT][T::kNS][4];
@@ -261,9 +300,14 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
     cp_async_wait<0>();
     __syncthreads();  // V[kb] visible; every warp is done with K[kb]
     if (have_next) {
-      load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + int64_t(kb_next) * T::kBlockK * p.ka.row_stride,
-                                                        p.ka.row_stride, len_k - kb_next * T::kBlockK, p.dqk,
-                                                        tid);
+      if constexpr (T::kLoader8) {
+        load_kv_rows8<T::kBlockK>(ld_k, sK, k + int64_t(kb_next) * T::kBlockK * p.ka.row_stride,
+                                  len_k - kb_next * T::kBlockK, tid);
+      } else {
+        load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + int64_t(kb_next) * T::kBlockK * p.ka.row_stride,
+                                                          p.ka.row_stride, len_k - kb_next * T::kBlockK, p.dqk,
+                                                          tid);
+      }
     }
     cp_async_commit();
 
