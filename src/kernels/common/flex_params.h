@@ -30,7 +30,8 @@ struct FlexSplitSchedule {
   // kernel); hdr[kChunk]: steps per item of this run; hdr[kNumSplit]: slots used.
   static constexpr int kTotal = 0, kCounter = 1, kChunk = 2, kNumSplit = 3, kHdrInts = 4;
   // Chunk = max(kChunkMin, ceil(total steps / (kItemsPerCta * num_ctas)),
-  //             ceil(total steps / kMaxSplit)), so that
+  //             ceil(total steps / kMaxSplit), and a term that depends on how the task
+  //             count compares with the grid: split_schedule_sm80.cuh), so that
   //   items <= num_tasks + kItemsPerCta * num_ctas,   split tasks < kMaxSplit,
   //   items of split tasks < 2 * kMaxSplit (split_schedule_sm80.cuh proves both).
   static constexpr int kChunkMin = 16;

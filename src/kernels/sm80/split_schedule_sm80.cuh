@@ -9,7 +9,8 @@
 //   A. count  (caller's kernel, one thread per task): task_iters[t] = steps of task t.
 //   S. scan   (one CTA, split_scan_kernel): total = sum of task_iters; chunk = max(kChunkMin,
 //              ceil(total / (kItemsPerCta * num_ctas)), ceil(total / kMaxSplit), and, when
-//              num_tasks >= num_ctas, ceil(2 * total / num_tasks)); a task with
+//              num_tasks >= num_ctas, ceil(2 * total / num_tasks), or, when 2 * num_tasks <=
+//              num_ctas, ceil(total / (num_ctas - num_tasks)) (at most one item per CTA)); a task with
 //              more than `chunk` steps is split into ceil(steps / chunk) near-equal items;
 //              exclusive scans give item_start and the slots (one per split task, or one per
 //              item of a split task with kSlotPerItem); the header gets the item count, the
@@ -72,8 +73,15 @@ __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const Fle
   // (longest walk < 2x the mean) then run unsplit, since their longest-first task order
   // already balances the grid and a split only adds the partial-sum traffic and the combine
   // (H200, S=8K causal forward: 341.6 TFLOP/s unsplit vs 314.7 split at the plain chunk).
-  if (n >= (sp.num_ctas > 0 ? sp.num_ctas : 1)) {
+  const long long ctas = sp.num_ctas > 0 ? sp.num_ctas : 1;
+  if (n >= ctas) {
     chunk = max(chunk, (2 * total + n - 1) / max(n, 1));
+  } else if (2 * n <= ctas) {
+    // Few tasks (decode, small batches): at most one item per CTA. With chunk >= total /
+    // (ctas - n), sum ceil(it_t / chunk) <= total / chunk + n <= ctas, so every item starts at
+    // once and no second, mostly idle wave follows (H200 packed decode, 32 tasks of 512 steps
+    // on 792 CTAs: chunk 16 gave 1024 items, 1.3 waves; chunk 22 gives 768).
+    chunk = max(chunk, (total + (ctas - n) - 1) / (ctas - n));
   }
 
   int items = 0, slots = 0;
