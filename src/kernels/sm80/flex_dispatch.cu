@@ -159,11 +159,7 @@ void launch_flex_fwd(const FlexFwdLaunch& a) {
     FS_CHECK(p.view.block_q == tile.fwd_bq && p.view.block_q <= 128,  // kern::kMaxCombineRows
              Status::kInternal, "mask_plan: forward query block ", p.view.block_q, " is not the sm80 kernel's");
     char* ws = static_cast<char*>(a.workspace);
-    p.split.hdr = reinterpret_cast<int32_t*>(ws + wl.hdr);
-    p.split.task_iters = reinterpret_cast<int32_t*>(ws + wl.task_iters);
-    p.split.item_start = reinterpret_cast<int32_t*>(ws + wl.item_start);
-    p.split.task_slot = reinterpret_cast<int32_t*>(ws + wl.task_slot);
-    p.split.items = reinterpret_cast<int32_t*>(ws + wl.items);
+    wl.bind(p.split, ws);
     p.split.o_accum = reinterpret_cast<float*>(ws + wl.o_accum);
     p.split.ml = reinterpret_cast<float*>(ws + wl.ml);
     p.split.num_tasks = static_cast<int>(p.view.num_tasks);
@@ -237,11 +233,7 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
              " backward tasks exceed the workspace bound ", wl.max_tasks);
     FS_CHECK(p.view.block_k == sm80::tile_sm80(g.head_dim_qk, g.head_dim_v).bwd_bk, Status::kInternal,
              "mask_plan: backward key block ", p.view.block_k, " is not the sm80 kernel's");
-    p.split.hdr = reinterpret_cast<int32_t*>(ws + wl.hdr);
-    p.split.task_iters = reinterpret_cast<int32_t*>(ws + wl.task_iters);
-    p.split.item_start = reinterpret_cast<int32_t*>(ws + wl.item_start);
-    p.split.task_slot = reinterpret_cast<int32_t*>(ws + wl.task_slot);
-    p.split.items = reinterpret_cast<int32_t*>(ws + wl.items);
+    wl.bind(p.split, ws);
     p.split.dk_accum = reinterpret_cast<float*>(ws + wl.dk_accum);
     p.split.dv_accum = reinterpret_cast<float*>(ws + wl.dv_accum);
     p.split.num_tasks = static_cast<int>(p.view.num_tasks);

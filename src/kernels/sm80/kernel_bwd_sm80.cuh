@@ -32,6 +32,7 @@
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/softmax.cuh"
 #include "kernels/common/tile_io.cuh"
+#include "kernels/sm80/split_schedule_sm80.cuh"
 
 namespace flashspan::kern {
 
@@ -721,18 +722,7 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
         b = __ldg(task + 2);
       }
     } else {
-      __syncthreads();  // every thread is done with the previous item's tiles and s_item
-      if (threadIdx.x == 0) {
-        const int i = atomicAdd(p.split.hdr + FlexBwdSplit::kCounter, 1);
-        int4 it = make_int4(-1, 0, 0, -1);
-        if (i < p.split.hdr[FlexBwdSplit::kTotal]) it = reinterpret_cast<const int4*>(p.split.items)[i];
-        s_item[0] = it.x;
-        s_item[1] = it.y;
-        s_item[2] = it.z;
-        s_item[3] = it.w;
-      }
-      __syncthreads();
-      const int task_index = s_item[0];
+      const int task_index = claim_split_item(p.split, s_item);
       if (task_index < 0) return;
       begin = s_item[1];
       count = s_item[2] - begin;

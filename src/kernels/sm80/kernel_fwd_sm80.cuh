@@ -29,6 +29,7 @@
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/softmax.cuh"
 #include "kernels/common/tile_io.cuh"
+#include "kernels/sm80/split_schedule_sm80.cuh"
 
 namespace flashspan::kern {
 
@@ -511,18 +512,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_persisten
   if (p.split.hdr[FlexSplitSchedule::kNumSplit] == 0) return;
   const uint32_t sQ = smem_u32(smem);
   for (;;) {
-    __syncthreads();  // every thread is done with the previous item's tiles, s_item and red
-    if (threadIdx.x == 0) {
-      const int i = atomicAdd(p.split.hdr + FlexSplitSchedule::kCounter, 1);
-      int4 it = make_int4(-1, 0, 0, -1);
-      if (i < p.split.hdr[FlexSplitSchedule::kTotal]) it = reinterpret_cast<const int4*>(p.split.items)[i];
-      s_item[0] = it.x;
-      s_item[1] = it.y;
-      s_item[2] = it.z;
-      s_item[3] = it.w;
-    }
-    __syncthreads();
-    const int task_index = s_item[0];
+    const int task_index = claim_split_item(p.split, s_item);  // also frees the tiles and red
     if (task_index < 0) return;
     const int begin = s_item[1], count = s_item[2] - begin;
     const int32_t* task = p.view.tasks + 4 * int64_t(task_index);

@@ -169,9 +169,34 @@ void launch_fwd_sm80(const FlexFwdParams& p, const TileSm80& tile, DType dtype, 
 //   with max_tasks = Hkv * min(B * ceil(max_seqlen_k / Bk), ceil(total_k / Bk) + B)  (>= the
 //   plan's Hkv * NKB), max_items = max_tasks + kItemsPerCta * kMaxCtas,
 //   max_split = min(max_tasks, kMaxSplit).
-struct BwdWorkspaceLayout {
+// The split-schedule arrays both workspaces hold (FlexSplitSchedule), as byte offsets, in this
+// order: hdr int32 [kHdrInts]; task_iters int32 [max_tasks]; item_start int32 [max_tasks + 1];
+// task_slot int32 [max_tasks]; items int32 [max_items, 4].
+struct SplitScheduleOffsets {
+  size_t hdr = 0, task_iters = 0, item_start = 0, task_slot = 0, items = 0;
+
+  // Lays the arrays out in that order with take(bytes) -> offset.
+  template <class Take>
+  void take_all(Take&& take, int64_t max_tasks, int64_t max_items) {
+    hdr = take(sizeof(int32_t) * FlexSplitSchedule::kHdrInts);
+    task_iters = take(sizeof(int32_t) * size_t(max_tasks));
+    item_start = take(sizeof(int32_t) * size_t(max_tasks + 1));
+    task_slot = take(sizeof(int32_t) * size_t(max_tasks));
+    items = take(4 * sizeof(int32_t) * size_t(max_items));
+  }
+  // Points the schedule's arrays into the workspace that starts at ws.
+  void bind(FlexSplitSchedule& s, char* ws) const {
+    s.hdr = reinterpret_cast<int32_t*>(ws + hdr);
+    s.task_iters = reinterpret_cast<int32_t*>(ws + task_iters);
+    s.item_start = reinterpret_cast<int32_t*>(ws + item_start);
+    s.task_slot = reinterpret_cast<int32_t*>(ws + task_slot);
+    s.items = reinterpret_cast<int32_t*>(ws + items);
+  }
+};
+
+struct BwdWorkspaceLayout : SplitScheduleOffsets {
   size_t delta = 0, lse2 = 0, dq_accum = 0;
-  size_t hdr = 0, task_iters = 0, item_start = 0, task_slot = 0, items = 0, dk_accum = 0, dv_accum = 0;
+  size_t dk_accum = 0, dv_accum = 0;
   size_t total = 0;
   int64_t max_tasks = 0, max_items = 0, max_split = 0;
 };
@@ -201,11 +226,7 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, bool deter
     off += ws_align(bytes);
     return at;
   };
-  w.hdr = take(sizeof(int32_t) * FlexBwdSplit::kHdrInts);
-  w.task_iters = take(sizeof(int32_t) * size_t(w.max_tasks));
-  w.item_start = take(sizeof(int32_t) * size_t(w.max_tasks + 1));
-  w.task_slot = take(sizeof(int32_t) * size_t(w.max_tasks));
-  w.items = take(4 * sizeof(int32_t) * size_t(w.max_items));
+  w.take_all(take, w.max_tasks, w.max_items);
   w.dk_accum = take(sizeof(float) * size_t(w.max_split) * size_t(bk) * size_t(g.head_dim_qk));
   w.dv_accum = take(sizeof(float) * size_t(w.max_split) * size_t(bk) * size_t(g.head_dim_v));
   w.total = off;
@@ -227,8 +248,8 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, bool deter
 //   split_schedule_sm80.cuh), max_items = max_tasks + max_slots.
 // Bytes: about max_slots * (Bq * Dv * 4 + 2 * Bq * 4), e.g. 2048 * 66 KB = 135 MB at
 // (Bq, Dv) = (128, 128) for long sequences (17 MB with the 16-row decode tile).
-struct FwdWorkspaceLayout {
-  size_t hdr = 0, task_iters = 0, item_start = 0, task_slot = 0, items = 0, o_accum = 0, ml = 0;
+struct FwdWorkspaceLayout : SplitScheduleOffsets {
+  size_t o_accum = 0, ml = 0;
   size_t total = 0;
   int64_t max_tasks = 0, max_items = 0, max_slots = 0;
 };
@@ -251,11 +272,7 @@ inline FwdWorkspaceLayout fwd_workspace_layout(const FlexGeometry& g, bool pack_
     off += ws_align(bytes);
     return at;
   };
-  w.hdr = take(sizeof(int32_t) * FlexSplitSchedule::kHdrInts);
-  w.task_iters = take(sizeof(int32_t) * size_t(w.max_tasks));
-  w.item_start = take(sizeof(int32_t) * size_t(w.max_tasks + 1));
-  w.task_slot = take(sizeof(int32_t) * size_t(w.max_tasks));
-  w.items = take(4 * sizeof(int32_t) * size_t(w.max_items));
+  w.take_all(take, w.max_tasks, w.max_items);
   w.o_accum = take(sizeof(float) * size_t(w.max_slots) * size_t(bq) * size_t(g.head_dim_v));
   w.ml = take(sizeof(float) * size_t(w.max_slots) * 2 * size_t(bq));
   w.total = off;

@@ -136,4 +136,24 @@ __device__ __forceinline__ void write_split_items(const FlexSplitSchedule& sp, i
   }
 }
 
+// Claim of the next work item by a CTA of a persistent grid (forward and dK/dV kernels):
+// thread 0 takes index atomicAdd(counter) and writes that item {task, begin, end, slot} to
+// s_item (int32 [4], shared), or task -1 once the list is exhausted. The first __syncthreads
+// lets every thread finish with the previous item's shared memory (s_item included), the
+// second publishes s_item. Returns the claimed task index, -1 when there is none left.
+__device__ __forceinline__ int claim_split_item(const FlexSplitSchedule& sp, int32_t* s_item) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int i = atomicAdd(sp.hdr + FlexSplitSchedule::kCounter, 1);
+    int4 it = make_int4(-1, 0, 0, -1);
+    if (i < sp.hdr[FlexSplitSchedule::kTotal]) it = reinterpret_cast<const int4*>(sp.items)[i];
+    s_item[0] = it.x;
+    s_item[1] = it.y;
+    s_item[2] = it.z;
+    s_item[3] = it.w;
+  }
+  __syncthreads();
+  return s_item[0];
+}
+
 }  // namespace flashspan::kern
