@@ -220,6 +220,178 @@ FS_API fs_status_t fs_flex_bwd_workspace_size(fs_flex_bwd_t op, size_t* bytes);
 FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_t* args, void* workspace,
                                        size_t workspace_bytes, void* stream);
 
+/* ===========================================================================
+ * SDPA: scaled dot-product attention with the cuDNN-frontend feature surface
+ * (seeds/sdpa_attention.txt). Semantics, conventions and every rule: docs/SDPA.md.
+ *
+ *   S = attn_scale * Q K^T  -> softcap -> + bias -> + ALiBi -> masks (padding, diagonal band,
+ *       block mask) -> softmax (with an optional per-head sink logit in the denominator)
+ *       -> dropout -> P V -> optional output gate O * sigmoid(G)
+ *
+ * Tensors are 4-D in the logical order [B, H, S, D] with any strides (the last dimension
+ * contiguous): BSHD memory is a [B, H, S, D] descriptor with BSHD strides. Ragged (THD)
+ * tensors carry a ragged-offset tensor ([B+1] element offsets of each sample's first row,
+ * times a multiplier); paged K/V are containers [num_blocks, H_k, block_size, D] addressed
+ * through page tables [B, 1, max_pages, 1].
+ *
+ * Lifecycle as for flex: an attribute object collects the options (setters named after the
+ * seed's SDPA_attributes / SDPA_backward_attributes), create() captures descriptors and
+ * validates every rule, then check_support -> compile -> workspace_size -> execute. execute()
+ * takes only data pointers (a variant pack indexed by fs_sdpa_slot_t): nothing is allocated,
+ * nothing is read on the host for CUDA tensors, so it can be captured in a CUDA graph.
+ * CPU tensors run the CPU reference. GPU kernels for SDPA are not built yet: check_support
+ * reports FS_STATUS_NOT_SUPPORTED for CUDA tensors.
+ * ========================================================================= */
+
+/* Tensor slots: the index of each tensor in a variant pack, and the name setters bind. */
+typedef enum fs_sdpa_slot {
+  FS_SDPA_Q = 0,          /* [B, H_q, S_q, D_qk]                                   */
+  FS_SDPA_K = 1,          /* [B, H_k, S_kv, D_qk] or paged container [N_k, H_k, bs_k, D_qk] */
+  FS_SDPA_V = 2,          /* [B, H_v, S_kv, D_v]  or paged container [N_v, H_v, bs_v, D_v]   */
+  FS_SDPA_O = 3,          /* [B, H_q, S_q, D_v], dtype of q (output of the forward)          */
+  FS_SDPA_STATS = 4,      /* fp32 [B, H_q, S_q, 1]: LSE (forward output, backward input)     */
+  FS_SDPA_DO = 5,         /* backward: [B, H_q, S_q, D_v]                                     */
+  FS_SDPA_DQ = 6,         /* backward outputs, shapes and dtype of q / k / v                  */
+  FS_SDPA_DK = 7,
+  FS_SDPA_DV = 8,
+  FS_SDPA_SCORE_MAX = 9,      /* fp32 [B, H_q, S_q, 1] row max of the logits (set_logit_max)  */
+  FS_SDPA_SCORE_SUM_EXP = 10, /* fp32 [B, H_q, S_q, 1] sum of exp(logit - row max)            */
+  FS_SDPA_MAX_LOGIT = 11,     /* fp32, H_q elements: per-head max logit (QK-clip)             */
+  FS_SDPA_ATTN_SCALE = 12,    /* fp32, 1 element (set_attn_scale with a tensor)               */
+  FS_SDPA_BIAS = 13,          /* [1|B, 1|H_q, 1|S_q, 1|S_kv], dtype of q or fp32              */
+  FS_SDPA_DBIAS = 14,         /* backward output, shape of bias                               */
+  FS_SDPA_BLOCK_MASK = 15,    /* uint8 [1|B, 1|H_q, ceil(S_q/128), ceil(ceil(S_kv/128)/8)]   */
+  FS_SDPA_SEQ_LEN_Q = 16,     /* int32/int64, B elements                                      */
+  FS_SDPA_SEQ_LEN_KV = 17,
+  FS_SDPA_CU_SEQ_LEN_Q = 18,  /* int32/int64, B+1 elements (prefix sums, leading 0)           */
+  FS_SDPA_CU_SEQ_LEN_KV = 19,
+  FS_SDPA_PAGE_TABLE_K = 20,  /* int32 [B, 1, max_pages_k, 1]                                 */
+  FS_SDPA_PAGE_TABLE_V = 21,
+  FS_SDPA_SINK_TOKEN = 22,    /* fp32, H_q elements                                           */
+  FS_SDPA_DSINK_TOKEN = 23,   /* backward output, fp32, H_q elements                          */
+  FS_SDPA_DROPOUT_SEED = 24,  /* int32/int64, 1 element                                       */
+  FS_SDPA_DROPOUT_OFFSET = 25,
+  FS_SDPA_DROPOUT_MASK = 26,  /* [1|B, 1|H_q, 1|S_q, 1|S_kv], uint8 or float                  */
+  FS_SDPA_DROPOUT_SCALE = 27, /* fp32, 1 element                                              */
+  FS_SDPA_DROPOUT_SCALE_INV = 28,
+  FS_SDPA_RNG_DUMP = 29,      /* [B, H_q, S_q, S_kv] output: the Philox keep mask (1 / 0)     */
+  FS_SDPA_GATE = 30,          /* [B, H_q, S_q, D_v], dtype of q: O * sigmoid(gate)            */
+  FS_SDPA_DGATE = 31,         /* backward output, shape of gate                               */
+  FS_SDPA_RAGGED_OFFSET_Q = 32, /* ragged offsets (int32/int64, B+1 elements) of Q, K, V, ... */
+  FS_SDPA_RAGGED_OFFSET_K = 33,
+  FS_SDPA_RAGGED_OFFSET_V = 34,
+  FS_SDPA_RAGGED_OFFSET_O = 35,
+  FS_SDPA_RAGGED_OFFSET_STATS = 36,
+  FS_SDPA_RAGGED_OFFSET_DO = 37,
+  FS_SDPA_RAGGED_OFFSET_DQ = 38,
+  FS_SDPA_RAGGED_OFFSET_DK = 39,
+  FS_SDPA_RAGGED_OFFSET_DV = 40,
+  FS_SDPA_RAGGED_OFFSET_PAGE_TABLE_K = 41, /* packed page tables */
+  FS_SDPA_RAGGED_OFFSET_PAGE_TABLE_V = 42,
+  FS_SDPA_RAGGED_OFFSET_GATE = 43,
+  FS_SDPA_RAGGED_OFFSET_DGATE = 44,
+  FS_SDPA_NUM_SLOTS = 45
+} fs_sdpa_slot_t;
+
+typedef enum fs_sdpa_diagonal_alignment {
+  FS_SDPA_TOP_LEFT = 0,     /* row i's diagonal is column i                                  */
+  FS_SDPA_BOTTOM_RIGHT = 1  /* row i's diagonal is column i + (len_kv - len_q) of its sample */
+} fs_sdpa_diagonal_alignment_t;
+
+/* Options of one forward (backward = 0) or backward (backward = 1) operation. The setters
+ * carry the seed's names; each returns FS_STATUS_INVALID_ARGUMENT when it does not apply to
+ * the attribute object's direction. Tensor setters copy the descriptor (shape, strides,
+ * dtype, device); its data pointer is not used: execute() takes the pointers. NULL unbinds. */
+typedef struct fs_sdpa_attributes* fs_sdpa_attributes_t;
+
+FS_API fs_status_t fs_sdpa_attributes_create(int32_t backward, fs_sdpa_attributes_t* attr);
+FS_API fs_status_t fs_sdpa_attributes_destroy(fs_sdpa_attributes_t attr);
+
+/* Forward and backward. */
+FS_API fs_status_t fs_sdpa_attributes_set_attn_scale(fs_sdpa_attributes_t attr, float value);          /* default 1 */
+FS_API fs_status_t fs_sdpa_attributes_set_attn_scale_tensor(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_bias(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_alibi_mask(fs_sdpa_attributes_t attr, int32_t value);
+FS_API fs_status_t fs_sdpa_attributes_set_padding_mask(fs_sdpa_attributes_t attr, int32_t value);
+FS_API fs_status_t fs_sdpa_attributes_set_seq_len_q(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_seq_len_kv(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_cu_seq_len_q(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_cu_seq_len_kv(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_max_total_seq_len_q(fs_sdpa_attributes_t attr, int64_t value);
+FS_API fs_status_t fs_sdpa_attributes_set_max_total_seq_len_kv(fs_sdpa_attributes_t attr, int64_t value);
+FS_API fs_status_t fs_sdpa_attributes_set_diagonal_alignment(fs_sdpa_attributes_t attr, int32_t alignment);
+FS_API fs_status_t fs_sdpa_attributes_set_diagonal_band_left_bound(fs_sdpa_attributes_t attr, int64_t value);
+FS_API fs_status_t fs_sdpa_attributes_set_diagonal_band_right_bound(fs_sdpa_attributes_t attr, int64_t value);
+/* DEPRECATED (seed semantics): TOP_LEFT alignment and right bound 0 unless a right bound was set. */
+FS_API fs_status_t fs_sdpa_attributes_set_causal_mask(fs_sdpa_attributes_t attr, int32_t value);
+/* DEPRECATED: BOTTOM_RIGHT alignment and right bound 0 unless a right bound was set. */
+FS_API fs_status_t fs_sdpa_attributes_set_causal_mask_bottom_right(fs_sdpa_attributes_t attr, int32_t value);
+/* DEPRECATED: set_diagonal_band_left_bound(value). */
+FS_API fs_status_t fs_sdpa_attributes_set_sliding_window_length(fs_sdpa_attributes_t attr, int64_t value);
+FS_API fs_status_t fs_sdpa_attributes_set_block_mask(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+/* Philox dropout: probability in [0, 1), seed and offset int32/int64 tensors of one element. */
+FS_API fs_status_t fs_sdpa_attributes_set_dropout(fs_sdpa_attributes_t attr, float probability,
+                                                  const fs_tensor_t* seed, const fs_tensor_t* offset);
+/* Caller dropout mask (multiplies P, broadcast over dims of size 1) and its scale; scale_inv
+ * (backward only, optional) is accepted for parity with the seed. */
+FS_API fs_status_t fs_sdpa_attributes_set_dropout_mask(fs_sdpa_attributes_t attr, const fs_tensor_t* mask,
+                                                       const fs_tensor_t* scale, const fs_tensor_t* scale_inv);
+FS_API fs_status_t fs_sdpa_attributes_set_rng_dump(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_sink_token(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+/* flashspan extensions: tanh softcap (value > 0) and the output gate O * sigmoid(gate). */
+FS_API fs_status_t fs_sdpa_attributes_set_softcap(fs_sdpa_attributes_t attr, float value);
+FS_API fs_status_t fs_sdpa_attributes_set_gate(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+/* Ragged layout of one tensor (tensor in {Q, K, V, O, STATS, DO, DQ, DK, DV, PAGE_TABLE_K,
+ * PAGE_TABLE_V, GATE, DGATE}): offsets[b] * multiplier is the element offset of sample b's
+ * first row (the batch stride of the descriptor is then ignored). */
+FS_API fs_status_t fs_sdpa_attributes_set_ragged_offset(fs_sdpa_attributes_t attr, int32_t tensor,
+                                                        const fs_tensor_t* offsets, int64_t multiplier);
+
+/* Forward only. */
+FS_API fs_status_t fs_sdpa_attributes_set_generate_stats(fs_sdpa_attributes_t attr, int32_t value);
+FS_API fs_status_t fs_sdpa_attributes_set_is_inference(fs_sdpa_attributes_t attr, int32_t value); /* DEPRECATED */
+FS_API fs_status_t fs_sdpa_attributes_set_stats_use_log2(fs_sdpa_attributes_t attr, int32_t value);
+FS_API fs_status_t fs_sdpa_attributes_set_logit_max(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_score_sum_exp(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_max_logit(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_paged_attention_k_table(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_paged_attention_v_table(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_paged_attention_max_seq_len_kv(fs_sdpa_attributes_t attr, int64_t value);
+
+/* Backward only. */
+FS_API fs_status_t fs_sdpa_attributes_set_dbias(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_dsink_token(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_dgate(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_deterministic_algorithm(fs_sdpa_attributes_t attr, int32_t value);
+
+/* Forward operation. stats: the fp32 [B, H_q, S_q, 1] LSE output, required iff
+ * generate_stats is set (NULL otherwise). Validates every rule of docs/SDPA.md. */
+typedef struct fs_sdpa_fwd* fs_sdpa_fwd_t;
+FS_API fs_status_t fs_sdpa_fwd_create(const fs_tensor_t* q, const fs_tensor_t* k, const fs_tensor_t* v,
+                                      const fs_tensor_t* o, const fs_tensor_t* stats, fs_sdpa_attributes_t attr,
+                                      fs_sdpa_fwd_t* op);
+FS_API fs_status_t fs_sdpa_fwd_destroy(fs_sdpa_fwd_t op);
+FS_API fs_status_t fs_sdpa_fwd_check_support(fs_sdpa_fwd_t op);
+FS_API fs_status_t fs_sdpa_fwd_compile(fs_sdpa_fwd_t op);
+FS_API fs_status_t fs_sdpa_fwd_workspace_size(fs_sdpa_fwd_t op, size_t* bytes);
+/* variant_pack[slot]: data pointer of every bound slot (NULL for unbound slots);
+ * num_slots must be FS_SDPA_NUM_SLOTS. */
+FS_API fs_status_t fs_sdpa_fwd_execute(fs_sdpa_fwd_t op, void* const* variant_pack, int32_t num_slots,
+                                       void* workspace, size_t workspace_bytes, void* stream);
+
+/* Backward operation (stats: the forward's natural-log LSE). */
+typedef struct fs_sdpa_bwd* fs_sdpa_bwd_t;
+FS_API fs_status_t fs_sdpa_bwd_create(const fs_tensor_t* q, const fs_tensor_t* k, const fs_tensor_t* v,
+                                      const fs_tensor_t* o, const fs_tensor_t* dO, const fs_tensor_t* stats,
+                                      const fs_tensor_t* dQ, const fs_tensor_t* dK, const fs_tensor_t* dV,
+                                      fs_sdpa_attributes_t attr, fs_sdpa_bwd_t* op);
+FS_API fs_status_t fs_sdpa_bwd_destroy(fs_sdpa_bwd_t op);
+FS_API fs_status_t fs_sdpa_bwd_check_support(fs_sdpa_bwd_t op);
+FS_API fs_status_t fs_sdpa_bwd_compile(fs_sdpa_bwd_t op);
+FS_API fs_status_t fs_sdpa_bwd_workspace_size(fs_sdpa_bwd_t op, size_t* bytes);
+FS_API fs_status_t fs_sdpa_bwd_execute(fs_sdpa_bwd_t op, void* const* variant_pack, int32_t num_slots,
+                                       void* workspace, size_t workspace_bytes, void* stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

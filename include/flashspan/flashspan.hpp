@@ -44,6 +44,9 @@ inline constexpr fs_dtype_t kFloat16{FS_DTYPE_FLOAT, 16, 1};
 inline constexpr fs_dtype_t kBFloat16{FS_DTYPE_BFLOAT, 16, 1};
 inline constexpr fs_dtype_t kFloat32{FS_DTYPE_FLOAT, 32, 1};
 inline constexpr fs_dtype_t kInt32{FS_DTYPE_INT, 32, 1};
+inline constexpr fs_dtype_t kInt64{FS_DTYPE_INT, 64, 1};
+inline constexpr fs_dtype_t kFloat64{FS_DTYPE_FLOAT, 64, 1};
+inline constexpr fs_dtype_t kUInt8{FS_DTYPE_UINT, 8, 1};
 
 struct Device {
   static fs_device_t cpu() { return {FS_DEVICE_CPU, 0}; }
@@ -292,6 +295,218 @@ class FlexAttentionBwd {
 
  private:
   fs_flex_bwd_t h_ = nullptr;
+};
+
+
+// ===========================================================================
+// SDPA (scaled dot-product attention with the cuDNN-frontend feature surface; docs/SDPA.md)
+//
+// Example (CPU tensors run the reference; BHSD descriptors, causal, with stats):
+//
+//   using namespace flashspan::api;
+//   TensorDesc q(qp, kBFloat16, Device::cpu(), {B, H, S, D}), k(...), v(...), o(...);
+//   TensorDesc stats(sp, kFloat32, Device::cpu(), {B, H, S, 1});
+//   SdpaAttributes attr;
+//   attr.set_attn_scale(0.125f).set_causal_mask(true).set_generate_stats(true);
+//   SdpaFwd fwd(q, k, v, o, &stats, attr);
+//   fwd.check_support();
+//   fwd.compile();
+//   SdpaVariantPack pack;
+//   pack.set(FS_SDPA_Q, qp).set(FS_SDPA_K, kp).set(FS_SDPA_V, vp).set(FS_SDPA_O, op).set(FS_SDPA_STATS, sp);
+//   fwd.execute(pack, workspace, fwd.workspace_size(), stream);
+// ===========================================================================
+
+enum class DiagonalAlignment : int32_t { kTopLeft = FS_SDPA_TOP_LEFT, kBottomRight = FS_SDPA_BOTTOM_RIGHT };
+
+namespace detail {
+
+// Setters shared by the forward and backward attribute objects (seed names; each returns the
+// derived object so calls chain). Owns the C handle.
+template <typename Derived>
+class SdpaAttributesBase {
+ public:
+  SdpaAttributesBase(const SdpaAttributesBase&) = delete;
+  SdpaAttributesBase& operator=(const SdpaAttributesBase&) = delete;
+  ~SdpaAttributesBase() {
+    if (h_) fs_sdpa_attributes_destroy(h_);
+  }
+  fs_sdpa_attributes_t handle() const { return h_; }
+
+  Derived& set_attn_scale(float value) { return ok(fs_sdpa_attributes_set_attn_scale(h_, value)); }
+  Derived& set_attn_scale(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_attn_scale_tensor(h_, value.get())); }
+  Derived& set_bias(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_bias(h_, value.get())); }
+  Derived& set_alibi_mask(bool value) { return ok(fs_sdpa_attributes_set_alibi_mask(h_, value)); }
+  Derived& set_padding_mask(bool value) { return ok(fs_sdpa_attributes_set_padding_mask(h_, value)); }
+  Derived& set_seq_len_q(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_seq_len_q(h_, value.get())); }
+  Derived& set_seq_len_kv(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_seq_len_kv(h_, value.get())); }
+  Derived& set_cu_seq_len_q(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_cu_seq_len_q(h_, value.get())); }
+  Derived& set_cu_seq_len_kv(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_cu_seq_len_kv(h_, value.get())); }
+  Derived& set_max_total_seq_len_q(int64_t value) { return ok(fs_sdpa_attributes_set_max_total_seq_len_q(h_, value)); }
+  Derived& set_max_total_seq_len_kv(int64_t value) { return ok(fs_sdpa_attributes_set_max_total_seq_len_kv(h_, value)); }
+  Derived& set_diagonal_alignment(DiagonalAlignment value) {
+    return ok(fs_sdpa_attributes_set_diagonal_alignment(h_, static_cast<int32_t>(value)));
+  }
+  Derived& set_diagonal_band_left_bound(int64_t value) {
+    return ok(fs_sdpa_attributes_set_diagonal_band_left_bound(h_, value));
+  }
+  Derived& set_diagonal_band_right_bound(int64_t value) {
+    return ok(fs_sdpa_attributes_set_diagonal_band_right_bound(h_, value));
+  }
+  // DEPRECATED (as in the seed): TOP_LEFT, and right bound 0 unless one was set.
+  Derived& set_causal_mask(bool value) { return ok(fs_sdpa_attributes_set_causal_mask(h_, value)); }
+  // DEPRECATED: BOTTOM_RIGHT, and right bound 0 unless one was set.
+  Derived& set_causal_mask_bottom_right(bool value) {
+    return ok(fs_sdpa_attributes_set_causal_mask_bottom_right(h_, value));
+  }
+  // DEPRECATED: set_diagonal_band_left_bound(value).
+  Derived& set_sliding_window_length(int64_t value) { return ok(fs_sdpa_attributes_set_sliding_window_length(h_, value)); }
+  Derived& set_block_mask(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_block_mask(h_, value.get())); }
+  Derived& set_dropout(float probability, const TensorDesc& seed, const TensorDesc& offset) {
+    return ok(fs_sdpa_attributes_set_dropout(h_, probability, seed.get(), offset.get()));
+  }
+  Derived& set_rng_dump(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_rng_dump(h_, value.get())); }
+  Derived& set_sink_token(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_sink_token(h_, value.get())); }
+  // flashspan extensions.
+  Derived& set_softcap(float value) { return ok(fs_sdpa_attributes_set_softcap(h_, value)); }
+  Derived& set_gate(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_gate(h_, value.get())); }
+  // The seed's tensor.set_ragged_offset(...) (and set_ragged_offset_multiplier) for one tensor slot.
+  Derived& set_ragged_offset(fs_sdpa_slot_t tensor, const TensorDesc& offsets, int64_t multiplier = 1) {
+    return ok(fs_sdpa_attributes_set_ragged_offset(h_, tensor, offsets.get(), multiplier));
+  }
+
+ protected:
+  explicit SdpaAttributesBase(bool backward) { check(fs_sdpa_attributes_create(backward ? 1 : 0, &h_)); }
+  Derived& ok(fs_status_t s) {
+    check(s);
+    return static_cast<Derived&>(*this);
+  }
+  fs_sdpa_attributes_t h_ = nullptr;
+};
+
+}  // namespace detail
+
+// Options of an SDPA forward operation (the seed's SDPA_attributes).
+class SdpaAttributes : public detail::SdpaAttributesBase<SdpaAttributes> {
+ public:
+  SdpaAttributes() : SdpaAttributesBase(false) {}
+  SdpaAttributes& set_generate_stats(bool value) { return ok(fs_sdpa_attributes_set_generate_stats(h_, value)); }
+  // DEPRECATED: set_generate_stats(!value).
+  SdpaAttributes& set_is_inference(bool value) { return ok(fs_sdpa_attributes_set_is_inference(h_, value)); }
+  SdpaAttributes& set_stats_use_log2(bool value) { return ok(fs_sdpa_attributes_set_stats_use_log2(h_, value)); }
+  SdpaAttributes& set_logit_max(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_logit_max(h_, value.get())); }
+  SdpaAttributes& set_score_sum_exp(const TensorDesc& value) {
+    return ok(fs_sdpa_attributes_set_score_sum_exp(h_, value.get()));
+  }
+  // Per-head max logit (QK-clip), fp32 [H_q].
+  SdpaAttributes& set_max_logit(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_max_logit(h_, value.get())); }
+  SdpaAttributes& set_paged_attention_k_table(const TensorDesc& value) {
+    return ok(fs_sdpa_attributes_set_paged_attention_k_table(h_, value.get()));
+  }
+  SdpaAttributes& set_paged_attention_v_table(const TensorDesc& value) {
+    return ok(fs_sdpa_attributes_set_paged_attention_v_table(h_, value.get()));
+  }
+  SdpaAttributes& set_paged_attention_max_seq_len_kv(int64_t value) {
+    return ok(fs_sdpa_attributes_set_paged_attention_max_seq_len_kv(h_, value));
+  }
+  SdpaAttributes& set_dropout_mask(const TensorDesc& mask, const TensorDesc& scale) {
+    return ok(fs_sdpa_attributes_set_dropout_mask(h_, mask.get(), scale.get(), nullptr));
+  }
+  using SdpaAttributesBase::set_dropout;
+  // The seed's set_dropout(mask, scale).
+  SdpaAttributes& set_dropout(const TensorDesc& mask, const TensorDesc& scale) { return set_dropout_mask(mask, scale); }
+};
+
+// Options of an SDPA backward operation (the seed's SDPA_backward_attributes).
+class SdpaBackwardAttributes : public detail::SdpaAttributesBase<SdpaBackwardAttributes> {
+ public:
+  SdpaBackwardAttributes() : SdpaAttributesBase(true) {}
+  SdpaBackwardAttributes& set_dbias(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_dbias(h_, value.get())); }
+  SdpaBackwardAttributes& set_dsink_token(const TensorDesc& value) {
+    return ok(fs_sdpa_attributes_set_dsink_token(h_, value.get()));
+  }
+  SdpaBackwardAttributes& set_dgate(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_dgate(h_, value.get())); }
+  SdpaBackwardAttributes& set_deterministic_algorithm(bool value) {
+    return ok(fs_sdpa_attributes_set_deterministic_algorithm(h_, value));
+  }
+  using SdpaAttributesBase::set_dropout;
+  // The seed's set_dropout(mask, scale, scale_inv).
+  SdpaBackwardAttributes& set_dropout(const TensorDesc& mask, const TensorDesc& scale, const TensorDesc& scale_inv) {
+    return ok(fs_sdpa_attributes_set_dropout_mask(h_, mask.get(), scale.get(), scale_inv.get()));
+  }
+};
+
+using SDPA_attributes = SdpaAttributes;
+using SDPA_backward_attributes = SdpaBackwardAttributes;
+
+// Data pointers of one execute() call, indexed by fs_sdpa_slot_t.
+class SdpaVariantPack {
+ public:
+  SdpaVariantPack& set(fs_sdpa_slot_t slot, void* data) {
+    if (slot < 0 || slot >= FS_SDPA_NUM_SLOTS) throw Exception(FS_STATUS_INVALID_ARGUMENT, "slot: out of range");
+    p_[slot] = data;
+    return *this;
+  }
+  void* const* data() const { return p_; }
+
+ private:
+  void* p_[FS_SDPA_NUM_SLOTS] = {};
+};
+
+// SDPA forward: construct from descriptors and attributes (validates every rule),
+// check_support(), compile(), then execute() with pointers of tensors of those layouts.
+class SdpaFwd {
+ public:
+  SdpaFwd(const TensorDesc& q, const TensorDesc& k, const TensorDesc& v, const TensorDesc& o, const TensorDesc* stats,
+          const SdpaAttributes& attr) {
+    check(fs_sdpa_fwd_create(q.get(), k.get(), v.get(), o.get(), stats ? stats->get() : nullptr, attr.handle(), &h_));
+  }
+  SdpaFwd(const SdpaFwd&) = delete;
+  SdpaFwd& operator=(const SdpaFwd&) = delete;
+  ~SdpaFwd() {
+    if (h_) fs_sdpa_fwd_destroy(h_);
+  }
+  void check_support() { check(fs_sdpa_fwd_check_support(h_)); }
+  void compile() { check(fs_sdpa_fwd_compile(h_)); }
+  size_t workspace_size() const {
+    size_t n = 0;
+    check(fs_sdpa_fwd_workspace_size(h_, &n));
+    return n;
+  }
+  void execute(const SdpaVariantPack& pack, void* workspace, size_t workspace_bytes, void* stream = nullptr) {
+    check(fs_sdpa_fwd_execute(h_, pack.data(), FS_SDPA_NUM_SLOTS, workspace, workspace_bytes, stream));
+  }
+
+ private:
+  fs_sdpa_fwd_t h_ = nullptr;
+};
+
+// SDPA backward (stats: the forward's natural-log LSE).
+class SdpaBwd {
+ public:
+  SdpaBwd(const TensorDesc& q, const TensorDesc& k, const TensorDesc& v, const TensorDesc& o, const TensorDesc& dO,
+          const TensorDesc& stats, const TensorDesc& dQ, const TensorDesc& dK, const TensorDesc& dV,
+          const SdpaBackwardAttributes& attr) {
+    check(fs_sdpa_bwd_create(q.get(), k.get(), v.get(), o.get(), dO.get(), stats.get(), dQ.get(), dK.get(), dV.get(),
+                             attr.handle(), &h_));
+  }
+  SdpaBwd(const SdpaBwd&) = delete;
+  SdpaBwd& operator=(const SdpaBwd&) = delete;
+  ~SdpaBwd() {
+    if (h_) fs_sdpa_bwd_destroy(h_);
+  }
+  void check_support() { check(fs_sdpa_bwd_check_support(h_)); }
+  void compile() { check(fs_sdpa_bwd_compile(h_)); }
+  size_t workspace_size() const {
+    size_t n = 0;
+    check(fs_sdpa_bwd_workspace_size(h_, &n));
+    return n;
+  }
+  void execute(const SdpaVariantPack& pack, void* workspace, size_t workspace_bytes, void* stream = nullptr) {
+    check(fs_sdpa_bwd_execute(h_, pack.data(), FS_SDPA_NUM_SLOTS, workspace, workspace_bytes, stream));
+  }
+
+ private:
+  fs_sdpa_bwd_t h_ = nullptr;
 };
 
 }  // namespace flashspan::api

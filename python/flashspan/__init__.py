@@ -1,4 +1,4 @@
-"""flashspan: fused attention with per-row interval masks, planned once into a reusable MaskPlan."""
+"""flashspan: fused attention with per-row interval masks (flex, planned into a MaskPlan) and SDPA with the cuDNN feature surface."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import importlib
 from .api import flex_attn_func
 from .execution import FlexAttentionBwd, FlexAttentionFwd
 from .plan import MaskPlan, create_mask_plan
+from .sdpa import sdpa, sdpa_backward
+from .sdpa_ops import sdpa_torch
 
 __version__ = "0.1.0"
 
@@ -16,6 +18,9 @@ __all__ = [
     "flex_attn_func",
     "FlexAttentionFwd",
     "FlexAttentionBwd",
+    "sdpa",
+    "sdpa_backward",
+    "sdpa_torch",
     "masks",
     "__version__",
 ]

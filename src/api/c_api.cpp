@@ -7,6 +7,7 @@
 #include <new>
 #include <string>
 
+#include "api/guard.h"
 #include "api/validation.h"
 #include "core/error.h"
 #include "core/tensor_view.h"
@@ -35,28 +36,7 @@ struct fs_mask_plan {
 
 namespace {
 
-thread_local std::string g_last_error;
-
-template <typename F>
-fs_status_t guarded(F&& f) {
-  try {
-    f();
-    g_last_error.clear();
-    return FS_STATUS_SUCCESS;
-  } catch (const Error& e) {
-    g_last_error = e.what();
-    return static_cast<fs_status_t>(e.status());
-  } catch (const std::bad_alloc&) {
-    g_last_error = "out of host memory";
-    return FS_STATUS_OUT_OF_MEMORY;
-  } catch (const std::exception& e) {
-    g_last_error = std::string("internal error: ") + e.what();
-    return FS_STATUS_INTERNAL_ERROR;
-  } catch (...) {
-    g_last_error = "internal error: unknown exception";
-    return FS_STATUS_INTERNAL_ERROR;
-  }
-}
+using api::guarded;
 
 #ifdef FLASHSPAN_WITH_CUDA
 void cuda_check(cudaError_t err, const char* what) {
@@ -174,7 +154,7 @@ int resolve_arch(int requested, const FlexGeometry& g) {
 
 extern "C" {
 
-FS_API const char* fs_get_last_error(void) { return g_last_error.c_str(); }
+FS_API const char* fs_get_last_error(void) { return api::last_error().c_str(); }
 FS_API int32_t fs_abi_version(void) { return FLASHSPAN_ABI_VERSION; }
 FS_API const char* fs_version(void) { return FLASHSPAN_VERSION_STRING; }
 FS_API const char* fs_built_cuda_archs(void) { return FLASHSPAN_CUDA_ARCHS_STRING; }

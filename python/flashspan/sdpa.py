@@ -1,0 +1,643 @@
+"""flashspan.sdpa / sdpa_backward: scaled dot-product attention with the seed's graph.sdpa argument names (eager, autograd)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+from torch import Tensor
+
+from . import _lib
+from . import _sdpa_lib as L
+
+__all__ = ["sdpa", "sdpa_backward", "TOP_LEFT", "BOTTOM_RIGHT", "dropout_offset_increment"]
+
+TOP_LEFT = "TOP_LEFT"
+BOTTOM_RIGHT = "BOTTOM_RIGHT"
+
+_CACHE = L.OpCache()
+
+
+def dropout_offset_increment(max_seq_len_kv: int) -> int:
+    """How far to advance the Philox offset between calls that share a seed so their dropout masks are
+    independent: ceil(S_kv / 2) (each Philox counter serves two key columns; docs/SDPA.md)."""
+    return (int(max_seq_len_kv) + 1) // 2
+
+
+# ---------------------------------------------------------------------------
+# Descriptors: a tensor seen through a logical 4-D [B, H, S, D] descriptor
+# ---------------------------------------------------------------------------
+
+
+class _Bound:
+    """A torch tensor with the 4-D descriptor the C layer sees (THD tensors get [B, H, S_max, D] views)."""
+
+    __slots__ = ("tensor", "shape", "stride")
+
+    def __init__(self, tensor: Tensor, shape=None, stride=None):
+        self.tensor = tensor
+        self.shape = tuple(tensor.shape) if shape is None else tuple(shape)
+        self.stride = tuple(tensor.stride()) if stride is None else tuple(stride)
+
+    def key(self):
+        return (self.shape, self.stride, self.tensor.dtype, self.tensor.device)
+
+    def desc(self, name: str) -> _lib.TensorDesc:
+        return _lib.TensorDesc.from_spec(self.shape, self.stride, self.tensor.dtype, self.tensor.device, name)
+
+    def ptr(self) -> Optional[int]:
+        return self.tensor.data_ptr() or None
+
+
+_POSITIONAL = {"fwd": (L.Q, L.K, L.V, L.O, L.STATS), "bwd": (L.Q, L.K, L.V, L.O, L.DO, L.STATS, L.DQ, L.DK, L.DV)}
+_SETTER_OF_SLOT = {slot: name for name, (slot, _d) in L.TENSOR_SETTERS.items()}
+_SLOT_NAMES = {L.Q: "q", L.K: "k", L.V: "v", L.O: "o", L.STATS: "stats", L.DO: "dO", L.DQ: "dQ", L.DK: "dK", L.DV: "dV"}
+
+
+class _Call:
+    """One SDPA call for the C layer: bound tensors by slot, ragged offsets, scalar options, dropout."""
+
+    def __init__(self, direction: str):
+        self.direction = direction
+        self.slots: dict[int, _Bound] = {}
+        self.ragged: dict[int, tuple[_Bound, int]] = {}  # sequence slot -> (offsets, multiplier)
+        self.options: list[tuple[str, object]] = []
+        self.dropout: Optional[tuple[float, _Bound, _Bound]] = None
+        self.dropout_mask: Optional[tuple[_Bound, _Bound, Optional[_Bound]]] = None
+
+    def set(self, slot: int, t: Optional[Tensor], bound: Optional[_Bound] = None) -> None:
+        if bound is not None:
+            self.slots[slot] = bound
+        elif t is not None:
+            self.slots[slot] = _Bound(t)
+
+    def option(self, name: str, value) -> None:
+        self.options.append((name, value))
+
+    def _key(self):
+        return (
+            self.direction,
+            tuple(sorted((s, b.key()) for s, b in self.slots.items())),
+            tuple(sorted((s, b.key(), m) for s, (b, m) in self.ragged.items())),
+            tuple(self.options),
+            None if self.dropout is None else (self.dropout[0], self.dropout[1].key(), self.dropout[2].key()),
+            None if self.dropout_mask is None else tuple(None if b is None else b.key() for b in self.dropout_mask),
+        )
+
+    def _build(self) -> L.Op:
+        attrs = L.Attributes(self.direction == "bwd")
+        for name, value in self.options:
+            attrs.set(name, value)
+        for slot, b in self.slots.items():
+            name = _SETTER_OF_SLOT.get(slot)
+            if name is not None:
+                attrs.set(name, b.desc(name))
+        if self.dropout is not None:
+            p, seed, offset = self.dropout
+            attrs.set_dropout(p, seed.desc("dropout seed"), offset.desc("dropout offset"))
+        if self.dropout_mask is not None:
+            mask, scale, scale_inv = self.dropout_mask
+            attrs.set_dropout_mask(
+                mask.desc("dropout mask"), scale.desc("dropout scale"), None if scale_inv is None else scale_inv.desc("x")
+            )
+        for slot, (b, mult) in self.ragged.items():
+            attrs.set_ragged_offset(slot, b.desc("ragged offset"), mult)
+        descs = []
+        for slot in _POSITIONAL[self.direction]:
+            b = self.slots.get(slot)
+            descs.append(None if b is None else b.desc(_SLOT_NAMES[slot]))
+        return L.Op(self.direction, descs, attrs)
+
+    def run(self) -> None:
+        op = _CACHE.get(self._key(), self._build)
+        pointers = {s: b.ptr() for s, b in self.slots.items()}
+        if self.dropout is not None:
+            pointers[L.DROPOUT_SEED] = self.dropout[1].ptr()
+            pointers[L.DROPOUT_OFFSET] = self.dropout[2].ptr()
+        if self.dropout_mask is not None:
+            pointers[L.DROPOUT_MASK] = self.dropout_mask[0].ptr()
+            pointers[L.DROPOUT_SCALE] = self.dropout_mask[1].ptr()
+            if self.dropout_mask[2] is not None:
+                pointers[L.DROPOUT_SCALE_INV] = self.dropout_mask[2].ptr()
+        for slot, (b, _m) in self.ragged.items():
+            pointers[L.RAGGED[slot]] = b.ptr()
+        q = self.slots[L.Q].tensor
+        workspace = None
+        if op.workspace_bytes:
+            workspace = torch.empty(op.workspace_bytes, dtype=torch.uint8, device=q.device)
+        _lib.on_device(q, op.execute, pointers, workspace, _lib.stream_of(q))
+
+
+# ---------------------------------------------------------------------------
+# Argument canonicalisation shared by forward and backward
+# ---------------------------------------------------------------------------
+
+
+def _tensor_arg(x, name: str, device: torch.device, dtype=None) -> Optional[Tensor]:
+    if x is None:
+        return None
+    if isinstance(x, Tensor):
+        return x
+    if isinstance(x, (int, float)) and not isinstance(x, bool):
+        return torch.tensor([x], dtype=dtype or (torch.int64 if isinstance(x, int) else torch.float32), device=device)
+    raise TypeError(f"{name} must be a torch.Tensor or a number, got {type(x).__name__}")
+
+
+def _alignment(value) -> int:
+    if value is None:
+        return L.TOP_LEFT
+    name = getattr(value, "name", value)
+    if isinstance(name, str):
+        up = name.upper()
+        if up in ("TOP_LEFT", "BOTTOM_RIGHT"):
+            return L.TOP_LEFT if up == "TOP_LEFT" else L.BOTTOM_RIGHT
+    if isinstance(value, int) and value in (0, 1):
+        return int(value)
+    raise ValueError(f"diagonal_alignment: must be TOP_LEFT or BOTTOM_RIGHT, got {value!r}")
+
+
+def _max_len(lengths: Optional[Tensor], cu: Optional[Tensor], given: Optional[int], side: str) -> int:
+    """S_max of a THD side: the given value, else the longest sample (one host read)."""
+    if given is not None:
+        return int(given)
+    if cu is not None:
+        c = cu.reshape(-1).to(torch.int64)
+        return int((c[1:] - c[:-1]).max().item()) if c.numel() > 1 else 0
+    if lengths is not None:
+        return int(lengths.reshape(-1).max().item()) if lengths.numel() else 0
+    raise ValueError(f"max_seq_len_{side}: a 3-D (T, H, D) tensor needs sequence lengths (cu_seq_len_{side})")
+
+
+class _Layout:
+    """Sizes of one call and how its THD (3-D) tensors map to [B, H, S_max, D] descriptors."""
+
+    def __init__(self, q: Tensor, k: Tensor, v: Tensor, seq_len_q, seq_len_kv, cu_q, cu_kv, ragged_offsets,
+                 max_seq_len_q, max_seq_len_kv, paged: bool):
+        self.ragged_offsets = dict(ragged_offsets or {})
+        unknown = set(self.ragged_offsets) - {"q", "k", "v", "o", "stats", "dO", "dQ", "dK", "dV", "gate", "dgate",
+                                              "paged_attention_k_table", "paged_attention_v_table"}
+        if unknown:
+            raise ValueError(f"ragged_offsets: unknown tensor name(s) {sorted(unknown)}")
+        self.thd_q = q.dim() == 3
+        self.thd_kv = k.dim() == 3 and not paged
+        if k.dim() != v.dim():
+            raise ValueError(f"k, v: must both be 4-D (B, H, S, D) or both 3-D (T, H, D), got {k.dim()}-D and {v.dim()}-D")
+        self.cu_q, self.cu_kv = cu_q, cu_kv
+        if self.thd_q:
+            if cu_q is None and "q" not in self.ragged_offsets:
+                raise ValueError("q: a 3-D (T, H, D) tensor is packed (THD): pass cu_seq_len_q (token offsets), or "
+                                 "seq_len_q with ragged_offsets={'q': token offsets}")
+            lens = seq_len_q if seq_len_q is not None else None
+            self.B = (cu_q.numel() - 1) if cu_q is not None else lens.numel()
+            self.Sq = _max_len(seq_len_q, cu_q, max_seq_len_q, "q")
+        else:
+            if q.dim() != 4:
+                raise ValueError(f"q: must be 4-D (B, H_q, S_q, D_qk) or 3-D (T, H_q, D_qk), got shape {tuple(q.shape)}")
+            self.B, self.Sq = q.shape[0], q.shape[2]
+        if self.thd_kv:
+            if cu_kv is None and "k" not in self.ragged_offsets:
+                raise ValueError("k: a 3-D (T, H, D) tensor is packed (THD): pass cu_seq_len_kv (token offsets), or "
+                                 "seq_len_kv with ragged_offsets={'k': ..., 'v': ...}")
+            self.Skv = _max_len(seq_len_kv, cu_kv, max_seq_len_kv, "kv")
+        else:
+            self.Skv = None
+
+    def bind_seq(self, call: _Call, slot: int, t: Optional[Tensor], name: str, thd: bool) -> None:
+        """Binds a sequence tensor: 4-D as is, 3-D (T, H, D) as a ragged [B, H, S_max, D] descriptor."""
+        if t is None:
+            return
+        if not thd:
+            if t.dim() != 4:
+                raise ValueError(f"{name}: must be 4-D (B, H, S, D) like q, got shape {tuple(t.shape)}")
+            call.set(slot, t)
+            return
+        if t.dim() != 3:
+            raise ValueError(f"{name}: must be 3-D (T, H, D) like q (THD), got shape {tuple(t.shape)}")
+        side_q = slot in (L.Q, L.O, L.STATS, L.DO, L.DQ, L.GATE, L.DGATE)
+        s_max = self.Sq if side_q else self.Skv
+        T, H, D = t.shape
+        call.set(slot, None, _Bound(t, (self.B, H, s_max, D), (0, t.stride(1), t.stride(0), t.stride(2))))
+        # A tensor without its own ragged offsets shares those of the tensor it mirrors (o, stats, dO, dQ: q;
+        # dK: k; dV: v; dgate: gate), else its side's cumulative lengths (fully packed).
+        offsets = self.ragged_offsets.get(name)
+        source = {"o": "q", "stats": "q", "dO": "q", "dQ": "q", "dK": "k", "dV": "v", "dgate": "gate"}.get(name)
+        if offsets is None and source is not None:
+            offsets = self.ragged_offsets.get(source)
+        if offsets is None and name == "dgate":
+            offsets = self.ragged_offsets.get("q")
+        if offsets is None:
+            offsets = self.cu_q if side_q else self.cu_kv
+        if offsets is None:
+            raise ValueError(f"{name}: a packed (T, H, D) tensor needs ragged offsets or cu_seq_len_"
+                             f"{'q' if side_q else 'kv'}")
+        if t.device.type == "cpu" and offsets.device.type == "cpu" and offsets.numel() and T >= 0:
+            # Host check that every sample fits in the packed tensor (GPU calls skip it: it would sync).
+            o = offsets.reshape(-1).to(torch.int64)
+            if o.numel() and int(o[-1].item()) > T:
+                raise ValueError(f"{name}: the ragged offsets reach token {int(o[-1].item())} but the packed tensor has "
+                                 f"T = {T} tokens")
+        call.ragged[slot] = (_Bound(offsets.reshape(-1)), t.stride(0))
+
+
+def _apply_common(call: _Call, lay: _Layout, q: Tensor, *, attn_scale, bias, block_mask, use_alibi_mask,
+                  use_padding_mask, seq_len_q, seq_len_kv, cu_seq_len_q, cu_seq_len_kv, diagonal_alignment,
+                  diagonal_band_left_bound, diagonal_band_right_bound, dropout, rng_dump, max_total_seq_len_q,
+                  max_total_seq_len_kv, sink_token, softcap, gate, use_causal_mask, use_causal_mask_bottom_right,
+                  sliding_window_length, backward: bool) -> None:
+    dev = q.device
+    if isinstance(attn_scale, Tensor):
+        call.set(L.ATTN_SCALE, attn_scale.reshape(-1) if attn_scale.dim() == 0 else attn_scale)
+    elif attn_scale is not None:
+        call.option("attn_scale", float(attn_scale))
+    call.set(L.BIAS, bias)
+    call.set(L.BLOCK_MASK, block_mask)
+    if use_alibi_mask:
+        call.option("alibi_mask", 1)
+    if use_padding_mask:
+        call.option("padding_mask", 1)
+    for slot, t in ((L.SEQ_LEN_Q, seq_len_q), (L.SEQ_LEN_KV, seq_len_kv), (L.CU_SEQ_LEN_Q, cu_seq_len_q),
+                    (L.CU_SEQ_LEN_KV, cu_seq_len_kv)):
+        if t is not None:
+            call.set(slot, t.reshape(-1) if t.dim() == 0 else t)
+    call.option("diagonal_alignment", _alignment(diagonal_alignment))
+    # Deprecated spellings first, so explicit bounds given alongside keep the seed's precedence.
+    if use_causal_mask:
+        call.option("causal_mask", 1)
+    if use_causal_mask_bottom_right:
+        call.option("causal_mask_bottom_right", 1)
+    if sliding_window_length is not None:
+        call.option("sliding_window_length", int(sliding_window_length))
+    if diagonal_band_left_bound is not None:
+        call.option("diagonal_band_left_bound", int(diagonal_band_left_bound))
+    if diagonal_band_right_bound is not None:
+        call.option("diagonal_band_right_bound", int(diagonal_band_right_bound))
+    if max_total_seq_len_q is not None:
+        call.option("max_total_seq_len_q", int(max_total_seq_len_q))
+    if max_total_seq_len_kv is not None:
+        call.option("max_total_seq_len_kv", int(max_total_seq_len_kv))
+    if dropout is not None:
+        if not isinstance(dropout, (tuple, list)) or len(dropout) not in (2, 3):
+            raise ValueError("dropout: must be (probability, seed, offset) or (mask, scale)"
+                             + (" or (mask, scale, scale_inv)" if backward else ""))
+        if isinstance(dropout[0], Tensor):
+            mask, scale = dropout[0], _tensor_arg(dropout[1], "dropout scale", dev, torch.float32)
+            scale_inv = _tensor_arg(dropout[2], "dropout scale_inv", dev, torch.float32) if len(dropout) == 3 else None
+            call.dropout_mask = (_Bound(mask if mask.dtype != torch.bool else mask.view(torch.uint8)),
+                                 _Bound(scale.reshape(-1)), None if scale_inv is None else _Bound(scale_inv.reshape(-1)))
+        else:
+            if len(dropout) != 3:
+                raise ValueError("dropout: the Philox form is (probability, seed, offset)")
+            seed = _tensor_arg(dropout[1], "dropout seed", dev, torch.int64)
+            offset = _tensor_arg(dropout[2], "dropout offset", dev, torch.int64)
+            call.dropout = (float(dropout[0]), _Bound(seed.reshape(-1)), _Bound(offset.reshape(-1)))
+    call.set(L.RNG_DUMP, rng_dump)
+    if sink_token is not None:
+        call.set(L.SINK_TOKEN, sink_token.reshape(-1) if sink_token.is_contiguous() else sink_token.contiguous().reshape(-1))
+    if softcap is not None:
+        call.option("softcap", float(softcap))
+    lay.bind_seq(call, L.GATE, gate, "gate", lay.thd_q)
+
+
+def _like_layout(shape, like: Tensor, dtype, device) -> Tensor:
+    """An empty tensor of ``shape`` whose dims are ordered in memory like ``like``'s (O adopts Q's layout)."""
+    if 0 in like.stride() or like.dim() != len(shape):
+        return torch.empty(shape, dtype=dtype, device=device)
+    order = sorted(range(like.dim()), key=lambda d: (like.stride(d), -d))  # innermost first
+    stride = [0] * len(shape)
+    acc = 1
+    for d in order:
+        stride[d] = acc
+        acc *= shape[d]
+    return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+
+
+# ---------------------------------------------------------------------------
+# Eager forward / backward on the C layer
+# ---------------------------------------------------------------------------
+
+
+def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: Optional[Tensor] = None, **kw):
+    """Runs one forward; returns (o, stats or None). ``kw`` holds the remaining graph.sdpa arguments."""
+    lay = _Layout(q, k, v, kw["seq_len_q"], kw["seq_len_kv"], kw["cu_seq_len_q"], kw["cu_seq_len_kv"],
+                  kw.pop("ragged_offsets"), kw.pop("max_seq_len_q"), kw.pop("max_seq_len_kv"),
+                  kw["paged_attention_k_table"] is not None or kw["paged_attention_v_table"] is not None)
+    call = _Call("fwd")
+    lay.bind_seq(call, L.Q, q, "q", lay.thd_q)
+    lay.bind_seq(call, L.K, k, "k", lay.thd_kv)
+    lay.bind_seq(call, L.V, v, "v", lay.thd_kv)
+    dv = v.shape[-1]
+    if o is None:
+        o = (torch.empty((q.shape[0], q.shape[1], dv), dtype=q.dtype, device=q.device) if lay.thd_q
+             else _like_layout((q.shape[0], q.shape[1], q.shape[2], dv), q, q.dtype, q.device))
+    lay.bind_seq(call, L.O, o, "o", lay.thd_q)
+    if stats_needed and stats is None:
+        stats = (torch.empty((q.shape[0], q.shape[1], 1), dtype=torch.float32, device=q.device) if lay.thd_q
+                 else torch.empty((q.shape[0], q.shape[1], q.shape[2], 1), dtype=torch.float32, device=q.device))
+    lay.bind_seq(call, L.STATS, stats, "stats", lay.thd_q)
+    if kw.pop("generate_stats") is not None:
+        call.option("generate_stats", 1 if stats is not None else 0)
+    if kw.pop("stats_use_log2"):
+        call.option("stats_use_log2", 1)
+    for slot, name in ((L.SCORE_MAX, "score_max"), (L.SCORE_SUM_EXP, "score_sum_exp"), (L.MAX_LOGIT, "max_logit")):
+        call.set(slot, kw.pop(name))
+    call.set(L.PAGE_TABLE_K, kw.pop("paged_attention_k_table"))
+    call.set(L.PAGE_TABLE_V, kw.pop("paged_attention_v_table"))
+    for side, slot in (("k", L.PAGE_TABLE_K), ("v", L.PAGE_TABLE_V)):
+        off = lay.ragged_offsets.get(f"paged_attention_{side}_table")
+        if off is not None:
+            if slot not in call.slots:
+                raise ValueError(f"ragged_offsets: paged_attention_{side}_table is not given")
+            # Offsets count page-table entries: one entry per page along dim 2.
+            call.ragged[slot] = (_Bound(off.reshape(-1)), call.slots[slot].stride[2])
+    m = kw.pop("paged_attention_max_seq_len_kv")
+    if m is not None:
+        call.option("paged_attention_max_seq_len_kv", int(m))
+    _apply_common(call, lay, q, backward=False, **kw)
+    call.run()
+    return o, stats
+
+
+def _backward(q, k, v, o, dO, stats, *, dq=None, dk=None, dv=None, **kw):
+    """Runs one backward into dq/dk/dv (allocated in q/k/v's layouts when None); returns them."""
+    lay = _Layout(q, k, v, kw["seq_len_q"], kw["seq_len_kv"], kw["cu_seq_len_q"], kw["cu_seq_len_kv"],
+                  kw.pop("ragged_offsets"), kw.pop("max_seq_len_q"), kw.pop("max_seq_len_kv"), False)
+    call = _Call("bwd")
+    thd_stats = lay.thd_q and stats.dim() == 3 and stats.shape[-1] == 1 and stats.shape[0] == q.shape[0]
+    if lay.thd_q and not thd_stats:
+        # Padded stats (B, H, S_q[, 1]) for packed Q (the seed's sdpa_bwd contract).
+        stats = stats.reshape(stats.shape[0], stats.shape[1], stats.shape[2], 1) if stats.dim() == 3 else stats
+    for slot, t, name, thd in ((L.Q, q, "q", lay.thd_q), (L.K, k, "k", lay.thd_kv), (L.V, v, "v", lay.thd_kv),
+                               (L.O, o, "o", lay.thd_q), (L.DO, dO, "dO", lay.thd_q),
+                               (L.STATS, stats, "stats", thd_stats)):
+        lay.bind_seq(call, slot, t, name, thd)
+    # Gradients adopt each input's layout; packed (THD) gradients are compact (T, H, D).
+    if dq is None:
+        dq = q.new_empty(q.shape) if lay.thd_q else _like_layout(tuple(q.shape), q, q.dtype, q.device)
+    if dk is None:
+        dk = q.new_empty(k.shape) if lay.thd_kv else _like_layout(tuple(k.shape), k, q.dtype, q.device)
+    if dv is None:
+        dv = q.new_empty(v.shape) if lay.thd_kv else _like_layout(tuple(v.shape), v, q.dtype, q.device)
+    lay.bind_seq(call, L.DQ, dq, "dQ", lay.thd_q)
+    lay.bind_seq(call, L.DK, dk, "dK", lay.thd_kv)
+    lay.bind_seq(call, L.DV, dv, "dV", lay.thd_kv)
+    call.set(L.DBIAS, kw.pop("dBias"))
+    call.set(L.DSINK_TOKEN, kw.pop("dSink_token"))
+    lay.bind_seq(call, L.DGATE, kw.pop("dgate"), "dgate", lay.thd_q)
+    if kw.pop("use_deterministic_algorithm"):
+        call.option("deterministic_algorithm", 1)
+    _apply_common(call, lay, q, backward=True, **kw)
+    call.run()
+    return dq, dk, dv
+
+
+def _check_unsupported(implementation, compute_data_type) -> None:
+    impl = getattr(implementation, "name", implementation)
+    if impl is not None and str(impl).upper() not in ("AUTO", "COMPOSITE", "UNIFIED"):
+        raise ValueError(f"implementation: must be AUTO, COMPOSITE or UNIFIED, got {implementation!r}")
+    cdt = getattr(compute_data_type, "name", compute_data_type)
+    if cdt is not None and str(cdt).upper() not in ("NOT_SET", "FLOAT"):
+        raise ValueError(f"compute_data_type: flashspan computes in float32 (FLOAT or NOT_SET), got {compute_data_type!r}")
+
+
+# ---------------------------------------------------------------------------
+# Autograd
+# ---------------------------------------------------------------------------
+
+
+class _SdpaFunction(torch.autograd.Function):
+    """forward(q, k, v, bias, sink_token, gate, spec) -> (o, stats); spec carries every other argument."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, bias, sink_token, gate, spec):
+        kw = dict(spec["fwd"])
+        kw.update(bias=bias, sink_token=sink_token, gate=gate)
+        o, stats = _forward(q, k, v, stats_needed=True, **kw)
+        ctx.save_for_backward(q, k, v, o, stats, bias, sink_token, gate)
+        ctx.spec = spec
+        ctx.mark_non_differentiable(stats)
+        ctx.set_materialize_grads(False)
+        return o, stats
+
+    @staticmethod
+    def backward(ctx, do, _dstats):
+        q, k, v, o, stats, bias, sink_token, gate = ctx.saved_tensors
+        if do is None:
+            return (None,) * 7
+        kw = dict(ctx.spec["bwd"])
+        need = ctx.needs_input_grad
+        dbias = torch.empty_like(bias) if bias is not None and need[3] else None
+        dsink = (torch.empty(q.shape[1], dtype=torch.float32, device=q.device)
+                 if sink_token is not None and need[4] else None)
+        dgate = torch.empty_like(gate) if gate is not None and need[5] else None
+        kw.update(bias=bias, sink_token=sink_token, gate=gate, dBias=dbias, dSink_token=dsink, dgate=dgate)
+        dq, dk, dv = _backward(q, k, v, o, do.contiguous() if do.stride(-1) != 1 else do, stats, **kw)
+        if dsink is not None:
+            dsink = dsink.to(sink_token.dtype).reshape(sink_token.shape)
+        return dq, dk, dv, dbias, dsink, dgate, None
+
+
+# ---------------------------------------------------------------------------
+# Public API
+# ---------------------------------------------------------------------------
+
+
+def sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_scale: Optional[Union[float, Tensor]] = None,
+    bias: Optional[Tensor] = None,
+    block_mask: Optional[Tensor] = None,
+    use_alibi_mask: bool = False,
+    use_padding_mask: bool = False,
+    seq_len_q: Optional[Tensor] = None,
+    seq_len_kv: Optional[Tensor] = None,
+    cu_seq_len_q: Optional[Tensor] = None,
+    cu_seq_len_kv: Optional[Tensor] = None,
+    diagonal_alignment=TOP_LEFT,
+    diagonal_band_left_bound: Optional[int] = None,
+    diagonal_band_right_bound: Optional[int] = None,
+    dropout: Optional[tuple] = None,
+    rng_dump: Optional[Tensor] = None,
+    paged_attention_k_table: Optional[Tensor] = None,
+    paged_attention_v_table: Optional[Tensor] = None,
+    paged_attention_max_seq_len_kv: Optional[int] = None,
+    max_total_seq_len_q: Optional[int] = None,
+    max_total_seq_len_kv: Optional[int] = None,
+    generate_stats: Optional[bool] = None,
+    stats_use_log2: bool = False,
+    implementation="AUTO",
+    unfuse_fma: bool = False,
+    compute_data_type=None,
+    name: Optional[str] = None,
+    *,
+    score_max: Optional[Tensor] = None,
+    score_sum_exp: Optional[Tensor] = None,
+    max_logit: Optional[Tensor] = None,
+    sink_token: Optional[Tensor] = None,
+    softcap: Optional[float] = None,
+    gate: Optional[Tensor] = None,
+    ragged_offsets: Optional[dict] = None,
+    max_seq_len_q: Optional[int] = None,
+    max_seq_len_kv: Optional[int] = None,
+    use_causal_mask: bool = False,
+    use_causal_mask_bottom_right: bool = False,
+    sliding_window_length: Optional[int] = None,
+    is_inference: Optional[bool] = None,
+) -> tuple[Tensor, Optional[Tensor]]:
+    """Scaled dot-product attention with the seed's ``graph.sdpa`` arguments, run eagerly (autograd-enabled).
+
+    ``O = softmax(attn_scale * Q K^T [softcap] + bias + ALiBi + masks [+ sink]) [dropout] V [* sigmoid(gate)]``;
+    the exact semantics of every option are in docs/SDPA.md.
+
+    Args:
+        q, k, v: ``(B, H_q, S_q, D_qk)``, ``(B, H_k, S_kv, D_qk)``, ``(B, H_v, S_kv, D_v)`` logical BHSD with any
+            strides (BSHD memory: pass ``x.transpose(1, 2)``), last dim contiguous; or packed THD ``(T, H, D)``
+            with ``cu_seq_len_q`` / ``cu_seq_len_kv`` (then ``use_padding_mask=True``). With page tables, k / v are
+            containers ``(num_blocks, H, block_size, D)`` (block_size a power of two). fp16 / bf16 (CPU tensors
+            also float32 / float64). H_k and H_v divide H_q; head dims multiples of 8 up to 256.
+        attn_scale: float or 1-element fp32 tensor; None means 1 (no scaling), as in the seed.
+        bias: additive, ``(1|B, 1|H_q, 1|S_q, 1|S_kv)``, dtype of q or fp32; differentiable.
+        block_mask: uint8 ``(1|B, 1|H_q, ceil(S_q/128), ceil(ceil(S_kv/128)/8))``; bit ``kb % 8`` of byte ``kb // 8``
+            set = the 128x128 tile (query block, key block kb) is computed.
+        use_alibi_mask: ALiBi (needs ``diagonal_band_right_bound=0``).
+        use_padding_mask, seq_len_q, seq_len_kv, cu_seq_len_q, cu_seq_len_kv: per-sample lengths, ``(B,)`` /
+            ``(B, 1, 1, 1)`` or prefix sums ``(B+1,)``, int32 / int64; one form per side.
+        diagonal_alignment: ``"TOP_LEFT"`` or ``"BOTTOM_RIGHT"``.
+        diagonal_band_left_bound: masks columns at or before ``row - left_bound`` (>= 1).
+        diagonal_band_right_bound: masks columns beyond ``row + right_bound`` (0 = causal).
+        dropout: ``(probability, seed, offset)`` (Philox, seed/offset int tensors or ints) or ``(mask, scale)``.
+        rng_dump: output ``(B, H_q, S_q, S_kv)`` (uint8 or float) receiving the Philox keep mask.
+        paged_attention_k_table, paged_attention_v_table: int32 ``(B, 1, max_pages, 1)``;
+            paged_attention_max_seq_len_kv: the logical S_kv (default max_pages * block_size).
+        max_total_seq_len_q, max_total_seq_len_kv: packed token totals (THD only).
+        generate_stats: return the fp32 LSE stats ``(B, H_q, S_q, 1)`` (THD: ``(T, H_q, 1)``); default: only when
+            gradients are needed it is computed, and returned only if requested.
+        stats_use_log2: stats in base 2.
+        implementation, unfuse_fma, compute_data_type, name: accepted for parity (one engine; float32 compute).
+        score_max, score_sum_exp: optional fp32 ``(B, H_q, S_q, 1)`` outputs (row max, sum of exp(x - max)).
+        max_logit: optional fp32 ``(H_q,)`` output, per-head maximum logit (QK-clip).
+        sink_token: fp32 ``(H_q,)`` per-head sink logits in the softmax denominator; differentiable.
+        softcap: ``x -> softcap * tanh(x / softcap)`` after scaling.
+        gate: ``O * sigmoid(gate)``, shape of O; differentiable.
+        ragged_offsets: ``{"q": token offsets (B+1,), ...}`` for partially packed THD tensors.
+        max_seq_len_q, max_seq_len_kv: S_max of THD tensors (else read from the lengths: one host sync).
+        use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, is_inference: deprecated seed spellings.
+
+    Returns:
+        ``(o, stats)``; ``stats`` is None unless generate_stats. ``o`` has q's layout (THD: packed ``(T, H_q, D_v)``).
+
+    Raises:
+        ValueError / TypeError naming the argument and the rule (docs/SDPA.md lists them); RuntimeError when a
+        configuration is not supported (CUDA tensors: SDPA GPU kernels are not built yet).
+
+    Example::
+
+        q = torch.randn(2, 4, 128, 64, dtype=torch.bfloat16, requires_grad=True)
+        k, v = torch.randn_like(q), torch.randn_like(q)
+        o, stats = flashspan.sdpa(q, k, v, attn_scale=0.125, diagonal_band_right_bound=0, generate_stats=True)
+        o.float().sum().backward()
+    """
+    del name, unfuse_fma
+    _check_unsupported(implementation, compute_data_type)
+    if is_inference is not None and generate_stats is None:
+        generate_stats = not is_inference
+    paged = paged_attention_k_table is not None or paged_attention_v_table is not None
+    fwd = dict(
+        attn_scale=attn_scale, block_mask=block_mask, use_alibi_mask=use_alibi_mask, use_padding_mask=use_padding_mask,
+        seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, cu_seq_len_q=cu_seq_len_q, cu_seq_len_kv=cu_seq_len_kv,
+        diagonal_alignment=diagonal_alignment, diagonal_band_left_bound=diagonal_band_left_bound,
+        diagonal_band_right_bound=diagonal_band_right_bound, dropout=dropout, rng_dump=rng_dump,
+        max_total_seq_len_q=max_total_seq_len_q, max_total_seq_len_kv=max_total_seq_len_kv, softcap=softcap,
+        use_causal_mask=use_causal_mask, use_causal_mask_bottom_right=use_causal_mask_bottom_right,
+        sliding_window_length=sliding_window_length, ragged_offsets=ragged_offsets, max_seq_len_q=max_seq_len_q,
+        max_seq_len_kv=max_seq_len_kv,
+    )
+    fwd_only = dict(
+        paged_attention_k_table=paged_attention_k_table, paged_attention_v_table=paged_attention_v_table,
+        paged_attention_max_seq_len_kv=paged_attention_max_seq_len_kv, stats_use_log2=stats_use_log2,
+        score_max=score_max, score_sum_exp=score_sum_exp, max_logit=max_logit,
+    )
+    tensors = (q, k, v, bias, sink_token, gate)
+    needs_grad = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
+    if not needs_grad:
+        with torch.no_grad():
+            o, stats = _forward(q, k, v, stats_needed=bool(generate_stats), bias=bias, sink_token=sink_token,
+                                gate=gate, generate_stats=generate_stats, **fwd, **fwd_only)
+        return o, stats
+    if paged:
+        raise ValueError("paged_attention_k_table, paged_attention_v_table: paged K/V caches have no backward pass "
+                         "(as in the seed); call under torch.no_grad() or pass contiguous K/V")
+    if stats_use_log2:
+        raise ValueError("stats_use_log2: the backward consumes natural-log stats; request base-2 stats without "
+                         "gradients")
+    spec = {
+        "fwd": dict(fwd, generate_stats=True, **fwd_only),
+        "bwd": dict(fwd, use_deterministic_algorithm=torch.are_deterministic_algorithms_enabled()),
+    }
+    for key in ("rng_dump",):
+        spec["bwd"][key] = None
+    o, stats = _SdpaFunction.apply(q, k, v, bias, sink_token, gate, spec)
+    return o, (stats if generate_stats else None)
+
+
+def sdpa_backward(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    o: Tensor,
+    dO: Tensor,
+    stats: Tensor,
+    attn_scale: Optional[Union[float, Tensor]] = None,
+    bias: Optional[Tensor] = None,
+    dBias: Optional[Tensor] = None,
+    use_alibi_mask: bool = False,
+    use_padding_mask: bool = False,
+    seq_len_q: Optional[Tensor] = None,
+    seq_len_kv: Optional[Tensor] = None,
+    max_total_seq_len_q: Optional[int] = None,
+    max_total_seq_len_kv: Optional[int] = None,
+    diagonal_alignment=TOP_LEFT,
+    diagonal_band_left_bound: Optional[int] = None,
+    diagonal_band_right_bound: Optional[int] = None,
+    dropout: Optional[tuple] = None,
+    use_deterministic_algorithm: bool = False,
+    compute_data_type=None,
+    name: Optional[str] = None,
+    *,
+    cu_seq_len_q: Optional[Tensor] = None,
+    cu_seq_len_kv: Optional[Tensor] = None,
+    block_mask: Optional[Tensor] = None,
+    sink_token: Optional[Tensor] = None,
+    dSink_token: Optional[Tensor] = None,
+    softcap: Optional[float] = None,
+    gate: Optional[Tensor] = None,
+    dgate: Optional[Tensor] = None,
+    ragged_offsets: Optional[dict] = None,
+    max_seq_len_q: Optional[int] = None,
+    max_seq_len_kv: Optional[int] = None,
+    use_causal_mask: bool = False,
+    use_causal_mask_bottom_right: bool = False,
+    sliding_window_length: Optional[int] = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """SDPA backward with the seed's ``graph.sdpa_backward`` arguments, run eagerly.
+
+    Every masking / score / dropout argument must match the forward. ``stats`` is the forward's natural-log
+    LSE (``(B, H_q, S_q, 1)``; THD: ``(T, H_q, 1)`` or padded ``(B, H_q, S_max, 1)``). ``dBias`` (bias's
+    shape), ``dSink_token`` (fp32 ``(H_q,)``) and ``dgate`` (gate's shape) are optional outputs written in
+    place. Returns ``(dQ, dK, dV)`` in q / k / v's layouts. Raises as :func:`sdpa`.
+    """
+    del name
+    _check_unsupported(None, compute_data_type)
+    return _backward(
+        q, k, v, o, dO, stats, attn_scale=attn_scale, bias=bias, dBias=dBias, use_alibi_mask=use_alibi_mask,
+        use_padding_mask=use_padding_mask, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, cu_seq_len_q=cu_seq_len_q,
+        cu_seq_len_kv=cu_seq_len_kv, max_total_seq_len_q=max_total_seq_len_q, max_total_seq_len_kv=max_total_seq_len_kv,
+        diagonal_alignment=diagonal_alignment, diagonal_band_left_bound=diagonal_band_left_bound,
+        diagonal_band_right_bound=diagonal_band_right_bound, dropout=dropout, rng_dump=None,
+        use_deterministic_algorithm=use_deterministic_algorithm, block_mask=block_mask, sink_token=sink_token,
+        dSink_token=dSink_token, softcap=softcap, gate=gate, dgate=dgate, ragged_offsets=ragged_offsets,
+        max_seq_len_q=max_seq_len_q, max_seq_len_kv=max_seq_len_kv, use_causal_mask=use_causal_mask,
+        use_causal_mask_bottom_right=use_causal_mask_bottom_right, sliding_window_length=sliding_window_length,
+    )

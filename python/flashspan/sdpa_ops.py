@@ -1,0 +1,322 @@
+"""torch.ops.flashspan.sdpa_fwd / sdpa_bwd: the seed's cudnn::sdpa_fwd / sdpa_bwd schema, fake kernels, autograd, sdpa_torch."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from .sdpa import BOTTOM_RIGHT, TOP_LEFT, _backward, _forward, _like_layout
+
+__all__ = ["sdpa_torch"]
+
+# The schemas are exactly those of the seed's cudnn::sdpa_fwd / cudnn::sdpa_bwd (same argument names,
+# types, defaults and outputs). _sdpa_bwd_full is flashspan's internal backward for what the seed's
+# sdpa_bwd schema cannot carry (per-sample lengths and the sink gradient); autograd uses it there.
+_SDPA_FWD = (
+    "sdpa_fwd(Tensor q, Tensor k, Tensor v, float attn_scale, "
+    "bool is_causal=False, bool causal_bottom_right=False, int window_left=-1, int window_right=-1, "
+    "Tensor? sinks=None, "
+    "Tensor? seq_len_q=None, Tensor? seq_len_kv=None, "
+    "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_kv=None, "
+    "int max_seqlen_q=0, int max_seqlen_kv=0, "
+    "bool return_lse=True) -> (Tensor, Tensor)"
+)
+_SDPA_BWD = (
+    "sdpa_bwd(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, float attn_scale, "
+    "bool is_causal=False, bool causal_bottom_right=False, int window_left=-1, int window_right=-1, "
+    "Tensor? sinks=None, "
+    "Tensor? cu_seqlens_q=None, Tensor? cu_seqlens_kv=None, "
+    "int max_seqlen_q=0, int max_seqlen_kv=0, "
+    "bool is_deterministic=False) -> (Tensor, Tensor, Tensor)"
+)
+_SDPA_BWD_FULL = (
+    "_sdpa_bwd_full(Tensor grad_out, Tensor q, Tensor k, Tensor v, Tensor o, Tensor lse, float attn_scale, "
+    "bool is_causal, bool causal_bottom_right, int window_left, int window_right, Tensor? sinks, "
+    "Tensor? seq_len_q, Tensor? seq_len_kv, Tensor? cu_seqlens_q, Tensor? cu_seqlens_kv, "
+    "int max_seqlen_q, int max_seqlen_kv, bool is_deterministic) -> (Tensor, Tensor, Tensor, Tensor)"
+)
+
+_lib = torch.library.Library("flashspan", "FRAGMENT")
+_lib.define(_SDPA_FWD)
+_lib.define(_SDPA_BWD)
+_lib.define(_SDPA_BWD_FULL)
+
+_IO_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _check_io(op: str, **tensors: Tensor) -> None:
+    ref = next(iter(tensors.values())).dtype
+    if ref not in _IO_DTYPES:
+        raise ValueError(f"{op}: q: unsupported dtype {ref}; supported: torch.float16, torch.bfloat16")
+    mixed = {n: str(t.dtype) for n, t in tensors.items() if t.dtype != ref}
+    if mixed:
+        raise ValueError(f"{op}: all io tensors must share one dtype ({ref}); got {mixed}")
+
+
+def _band(op: str, is_causal: bool, causal_bottom_right: bool, window_left: int, window_right: int):
+    """(diagonal_alignment, left_bound, right_bound) of the op's arguments (docs/SDPA.md, "torch ops").
+
+    window_left counts the visible tokens including the diagonal (FlashAttention's (w, 0) is
+    window_left = w + 1) and maps to diagonal_band_left_bound as is; window_right is the last visible
+    column past the diagonal (diagonal_band_right_bound); is_causal is window_right = 0.
+    """
+    if is_causal and window_right > 0:
+        raise ValueError(f"{op}: is_causal masks every future column but window_right={window_right} admits some; "
+                         "pass one or the other")
+    if causal_bottom_right and not (is_causal or window_left >= 0 or window_right >= 0):
+        raise ValueError(f"{op}: causal_bottom_right only re-anchors an active diagonal band; set is_causal, "
+                         "window_left or window_right too")
+    if window_left == 0 or window_left < -1:
+        raise ValueError(f"{op}: window_left counts the visible tokens including the diagonal: -1 (unbounded) or "
+                         f">= 1, got {window_left}")
+    if window_right < -1:
+        raise ValueError(f"{op}: window_right must be -1 (unbounded) or >= 0, got {window_right}")
+    right = window_right if window_right >= 0 else (0 if is_causal else None)
+    left = window_left if window_left >= 0 else None
+    return (BOTTOM_RIGHT if causal_bottom_right else TOP_LEFT), left, right
+
+
+def _common_kwargs(op, q, k, v, attn_scale, is_causal, causal_bottom_right, window_left, window_right, sinks,
+                   seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv):
+    _check_io(op, q=q, k=k, v=v)
+    alignment, left, right = _band(op, is_causal, causal_bottom_right, window_left, window_right)
+    thd = cu_seqlens_q is not None
+    if thd:
+        if cu_seqlens_kv is None or max_seqlen_q <= 0 or max_seqlen_kv <= 0:
+            raise ValueError(f"{op}: the varlen path needs cu_seqlens_q, cu_seqlens_kv, max_seqlen_q > 0 and "
+                             "max_seqlen_kv > 0")
+        if q.dim() != 3:
+            raise ValueError(f"{op}: the varlen path expects packed (T, H, D) tensors, got q.ndim={q.dim()}")
+        if seq_len_q is not None or seq_len_kv is not None:
+            raise ValueError(f"{op}: the varlen path derives lengths from cu_seqlens; do not pass seq_len_q/kv")
+    else:
+        if cu_seqlens_kv is not None:
+            raise ValueError(f"{op}: cu_seqlens_kv without cu_seqlens_q; pass both for the varlen path")
+        if q.dim() != 4:
+            raise ValueError(f"{op}: the dense path expects BHSD (B, H, S, D) tensors, got q.ndim={q.dim()}")
+        if (seq_len_q is None) != (seq_len_kv is None):
+            raise ValueError(f"{op}: the padded path needs both seq_len_q and seq_len_kv")
+    padded = thd or seq_len_q is not None
+    sink = None
+    if sinks is not None:
+        sink = sinks.to(torch.float32).contiguous().reshape(-1)
+    return dict(
+        attn_scale=float(attn_scale), use_padding_mask=padded, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
+        cu_seq_len_q=cu_seqlens_q, cu_seq_len_kv=cu_seqlens_kv, diagonal_alignment=alignment,
+        diagonal_band_left_bound=left, diagonal_band_right_bound=right, sink_token=sink,
+        max_seq_len_q=max_seqlen_q if thd else None, max_seq_len_kv=max_seqlen_kv if thd else None,
+        bias=None, block_mask=None, use_alibi_mask=False, dropout=None, rng_dump=None, max_total_seq_len_q=None,
+        max_total_seq_len_kv=None, softcap=None, gate=None, use_causal_mask=False, use_causal_mask_bottom_right=False,
+        sliding_window_length=None, ragged_offsets=None,
+    ), thd
+
+
+# ---------------------------------------------------------------------------
+# sdpa_fwd
+# ---------------------------------------------------------------------------
+
+
+def _sdpa_fwd_impl(q, k, v, attn_scale, is_causal=False, causal_bottom_right=False, window_left=-1, window_right=-1,
+                   sinks=None, seq_len_q=None, seq_len_kv=None, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=0,
+                   max_seqlen_kv=0, return_lse=True):
+    kw, _thd = _common_kwargs("sdpa_fwd", q, k, v, attn_scale, is_causal, causal_bottom_right, window_left,
+                              window_right, sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
+                              max_seqlen_kv)
+    o, stats = _forward(q, k, v, stats_needed=return_lse, generate_stats=None, paged_attention_k_table=None,
+                        paged_attention_v_table=None, paged_attention_max_seq_len_kv=None, stats_use_log2=False,
+                        score_max=None, score_sum_exp=None, max_logit=None, **kw)
+    if stats is None:
+        stats = torch.empty(0, dtype=torch.float32, device=q.device)
+    return o, stats
+
+
+def _sdpa_fwd_fake(q, k, v, attn_scale, is_causal=False, causal_bottom_right=False, window_left=-1, window_right=-1,
+                   sinks=None, seq_len_q=None, seq_len_kv=None, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=0,
+                   max_seqlen_kv=0, return_lse=True):
+    dv = v.shape[-1]
+    if cu_seqlens_q is not None:  # THD: packed (T, H, D_v), stats (T, H, 1)
+        o = q.new_empty((q.shape[0], q.shape[1], dv))
+        stats_shape = (q.shape[0], q.shape[1], 1)
+    else:
+        o = _like_layout((q.shape[0], q.shape[1], q.shape[2], dv), q, q.dtype, q.device)
+        stats_shape = (q.shape[0], q.shape[1], q.shape[2], 1)
+    stats = q.new_empty(stats_shape if return_lse else (0,), dtype=torch.float32)
+    return o, stats
+
+
+# ---------------------------------------------------------------------------
+# sdpa_bwd and the internal full backward
+# ---------------------------------------------------------------------------
+
+
+def _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, window_left, window_right, sinks,
+         seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, is_deterministic, op):
+    _check_io(op, grad_out=grad_out, q=q, k=k, v=v, o=o)
+    if lse.dtype != torch.float32:
+        raise ValueError(f"{op}: lse must be float32, got {lse.dtype}")
+    kw, thd = _common_kwargs(op, q, k, v, attn_scale, is_causal, causal_bottom_right, window_left, window_right,
+                             sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
+    if not thd and lse.dim() == 3:
+        lse = lse.unsqueeze(-1)  # (B, H, S) -> (B, H, S, 1)
+    dsink = None
+    if sinks is not None:
+        dsink = torch.empty(q.shape[1], dtype=torch.float32, device=q.device)
+    if grad_out.stride(-1) != 1:
+        grad_out = grad_out.contiguous()
+    dq, dk, dv = _backward(q, k, v, o, grad_out, lse, dBias=None, dSink_token=dsink, dgate=None,
+                           use_deterministic_algorithm=is_deterministic, **kw)
+    return dq, dk, dv, dsink
+
+
+def _sdpa_bwd_impl(grad_out, q, k, v, o, lse, attn_scale, is_causal=False, causal_bottom_right=False, window_left=-1,
+                   window_right=-1, sinks=None, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=0,
+                   max_seqlen_kv=0, is_deterministic=False):
+    dq, dk, dv, _ = _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, window_left,
+                         window_right, sinks, None, None, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
+                         is_deterministic, "sdpa_bwd")
+    return dq, dk, dv
+
+
+def _grads_fake(q, k, v, thd):
+    if thd:  # packed gradients
+        return q.new_empty(q.shape), q.new_empty(k.shape, dtype=q.dtype), q.new_empty(v.shape, dtype=q.dtype)
+    return (_like_layout(tuple(q.shape), q, q.dtype, q.device), _like_layout(tuple(k.shape), k, q.dtype, q.device),
+            _like_layout(tuple(v.shape), v, q.dtype, q.device))
+
+
+def _sdpa_bwd_fake(grad_out, q, k, v, o, lse, attn_scale, is_causal=False, causal_bottom_right=False, window_left=-1,
+                   window_right=-1, sinks=None, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=0,
+                   max_seqlen_kv=0, is_deterministic=False):
+    return _grads_fake(q, k, v, cu_seqlens_q is not None)
+
+
+def _sdpa_bwd_full_impl(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, window_left,
+                        window_right, sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
+                        max_seqlen_kv, is_deterministic):
+    dq, dk, dv, dsink = _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, window_left,
+                             window_right, sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
+                             max_seqlen_kv, is_deterministic, "sdpa_bwd")
+    if dsink is None:
+        dsink = torch.empty(0, dtype=torch.float32, device=q.device)
+    return dq, dk, dv, dsink
+
+
+def _sdpa_bwd_full_fake(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, window_left,
+                        window_right, sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
+                        max_seqlen_kv, is_deterministic):
+    dq, dk, dv = _grads_fake(q, k, v, cu_seqlens_q is not None)
+    dsink = q.new_empty((q.shape[1],) if sinks is not None else (0,), dtype=torch.float32)
+    return dq, dk, dv, dsink
+
+
+for _name, _impl, _fake in (
+    ("sdpa_fwd", _sdpa_fwd_impl, _sdpa_fwd_fake),
+    ("sdpa_bwd", _sdpa_bwd_impl, _sdpa_bwd_fake),
+    ("_sdpa_bwd_full", _sdpa_bwd_full_impl, _sdpa_bwd_full_fake),
+):
+    # CUDA tensors reach the same C entry points, which say plainly that no SDPA GPU kernel is built yet.
+    _lib.impl(_name, _impl, "CPU")
+    _lib.impl(_name, _impl, "CUDA")
+    torch.library.register_fake(f"flashspan::{_name}", _fake, lib=_lib)
+
+
+# ---------------------------------------------------------------------------
+# Autograd (dense, padded and THD; sinks get their gradient)
+# ---------------------------------------------------------------------------
+
+
+def _setup_context(ctx, inputs, output):
+    (q, k, v, attn_scale, is_causal, causal_bottom_right, window_left, window_right, sinks, seq_len_q, seq_len_kv,
+     cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, return_lse) = inputs
+    o, lse = output
+    ctx.save_for_backward(q, k, v, o, lse, sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv)
+    ctx.attn_scale = attn_scale
+    ctx.is_causal = is_causal
+    ctx.causal_bottom_right = causal_bottom_right
+    ctx.window_left = window_left
+    ctx.window_right = window_right
+    ctx.max_seqlen_q = max_seqlen_q
+    ctx.max_seqlen_kv = max_seqlen_kv
+    ctx.return_lse = return_lse
+    # The backward consumes lse; it does not differentiate through it.
+    ctx.mark_non_differentiable(lse)
+    ctx.set_materialize_grads(False)
+
+
+def _sdpa_backward(ctx, grad_o, _grad_lse):
+    q, k, v, o, lse, sinks, seq_len_q, seq_len_kv, cu_q, cu_kv = ctx.saved_tensors
+    nones = (None,) * 16
+    if grad_o is None:
+        return nones
+    if not ctx.return_lse:
+        raise RuntimeError("flashspan::sdpa_fwd autograd requires return_lse=True (the backward consumes the "
+                           "forward's stats)")
+    deterministic = torch.are_deterministic_algorithms_enabled()
+    dsinks = None
+    if sinks is None and seq_len_q is None:
+        dq, dk, dv = torch.ops.flashspan.sdpa_bwd(
+            grad_o, q, k, v, o, lse, ctx.attn_scale, is_causal=ctx.is_causal,
+            causal_bottom_right=ctx.causal_bottom_right, window_left=ctx.window_left, window_right=ctx.window_right,
+            cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, max_seqlen_q=ctx.max_seqlen_q, max_seqlen_kv=ctx.max_seqlen_kv,
+            is_deterministic=deterministic)
+    else:
+        dq, dk, dv, dsink = torch.ops.flashspan._sdpa_bwd_full(
+            grad_o, q, k, v, o, lse, ctx.attn_scale, ctx.is_causal, ctx.causal_bottom_right, ctx.window_left,
+            ctx.window_right, sinks, seq_len_q, seq_len_kv, cu_q, cu_kv, ctx.max_seqlen_q, ctx.max_seqlen_kv,
+            deterministic)
+        if sinks is not None:
+            dsinks = dsink.to(sinks.dtype).reshape(sinks.shape)
+    # One gradient slot per op input.
+    return (dq, dk, dv, None, None, None, None, None, dsinks) + (None,) * 7
+
+
+torch.library.register_autograd("flashspan::sdpa_fwd", _sdpa_backward, setup_context=_setup_context, lib=_lib)
+
+
+def sdpa_torch(
+    query: Tensor,
+    key: Tensor,
+    value: Tensor,
+    *,
+    scale: Optional[float] = None,
+    is_causal: bool = False,
+    causal_bottom_right: bool = False,
+    window_left: int = -1,
+    window_right: int = -1,
+    sinks: Optional[Tensor] = None,
+    seq_len_q: Optional[Tensor] = None,
+    seq_len_kv: Optional[Tensor] = None,
+    cu_seqlens_q: Optional[Tensor] = None,
+    cu_seqlens_kv: Optional[Tensor] = None,
+    max_seqlen_q: int = 0,
+    max_seqlen_kv: int = 0,
+    return_lse: bool = False,
+):
+    """SDPA through ``torch.ops.flashspan.sdpa_fwd`` (differentiable, torch.compile-able).
+
+    Dense tensors are BHSD ``(B, H, S, D)`` (any strides); varlen tensors are packed ``(T, H, D)`` with
+    ``cu_seqlens_q/kv`` (``(B+1,)`` int32 prefix sums) and ``max_seqlen_q/kv``. ``scale`` defaults to
+    ``1/sqrt(D_qk)``. ``window_left`` counts visible tokens including self (FlashAttention's ``(w, 0)`` is
+    ``window_left=w+1``); ``window_right`` is the last visible column past the diagonal (0 = causal, and it
+    may not be > 0 together with ``is_causal``). ``sinks``: ``(H_q,)`` per-head sink logits, differentiable.
+    ``seq_len_q/kv``: ``(B,)`` per-sample lengths of a padded dense batch.
+
+    Returns ``o`` (q's layout; THD packed ``(T, H_q, D_v)``), or ``(o, lse)`` with ``return_lse=True``
+    (fp32 ``(B, H_q, S_q, 1)``; THD ``(T, H_q, 1)``). Autograd needs ``return_lse=True``.
+
+    Example::
+
+        q = torch.randn(2, 4, 64, 32, dtype=torch.bfloat16, requires_grad=True)
+        o, lse = flashspan.sdpa_torch(q, q, q, is_causal=True, window_left=16, return_lse=True)
+        o.float().sum().backward()
+    """
+    attn_scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    o, lse = torch.ops.flashspan.sdpa_fwd(
+        query, key, value, attn_scale, is_causal=is_causal, causal_bottom_right=causal_bottom_right,
+        window_left=window_left, window_right=window_right, sinks=sinks, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
+        cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
+        max_seqlen_kv=max_seqlen_kv, return_lse=return_lse)
+    return (o, lse) if return_lse else o

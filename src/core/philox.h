@@ -1,0 +1,99 @@
+// Philox4x32-10 counter-based random numbers and the SDPA dropout mapping built on them.
+// One header for host (CPU reference, tests) and device (GPU kernels), so every backend
+// draws exactly the same dropout mask.
+//
+// Philox4x32-10 (J. Salmon, M. Moraes, R. Dror, D. Shaw, "Parallel random numbers: as easy
+// as 1, 2, 3", SC 2011; the Random123 library): a 128-bit counter (c0..c3) and a 64-bit key
+// (k0, k1) give four 32-bit words after ten rounds. One round:
+//   (hi0, lo0) = 0xD2511F53 * c0,  (hi1, lo1) = 0xCD9E8D57 * c2   (32x32 -> 64-bit products)
+//   c' = (hi1 ^ c1 ^ k0,  lo1,  hi0 ^ c3 ^ k1,  lo0)
+// and the key is bumped by the Weyl constants (0x9E3779B9, 0xBB67AE85) between rounds.
+// Known-answer vectors (Random123 kat_vectors) are checked in tests/cpp/test_sdpa_reference.cpp.
+//
+// SDPA dropout mapping (flashspan's specification; every backend must follow it):
+//   seed   : int64 (an int32 seed tensor is sign-extended); key k0 = low 32 bits, k1 = high 32 bits.
+//   offset : int64 (int32 sign-extended), read as an unsigned 64-bit counter base.
+//   element (b, h, i, j): batch b, query head h (of H_q), sample-local query row i, sample-local
+//   key column j. One Philox call serves the 2 x 2 block of rows {i, i + 8} x columns {j, j + 1}
+//   for i % 16 < 8 and j even (the per-thread pattern of mma.sync and wgmma accumulators):
+//     (c0 | c1 << 32) = offset + (j >> 1)                      (64-bit add, wraps)
+//      c2             = (i >> 4) * 8 + (i & 7)                 (row pair within the sample)
+//      c3             = b * H_q + h
+//     word            = 2 * ((i >> 3) & 1) + (j & 1)
+//   The element is dropped iff word < threshold, threshold = min(floor(p * 2^32), 2^32 - 1)
+//   (dropout_threshold); kept elements are scaled by 1 / (1 - p).
+// Calls that share a seed get independent masks when their offsets differ by at least
+// ceil(S_kv / 2) (the largest j >> 1 of a call plus one), as with PyTorch's Philox offsets.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#if defined(__CUDACC__)
+#define FS_PHILOX_HD __host__ __device__ __forceinline__
+#else
+#define FS_PHILOX_HD inline
+#endif
+
+namespace flashspan {
+
+struct Philox4 {
+  uint32_t x[4];
+};
+
+FS_PHILOX_HD void philox_mulhilo(uint32_t a, uint32_t b, uint32_t* hi, uint32_t* lo) {
+  const uint64_t p = static_cast<uint64_t>(a) * static_cast<uint64_t>(b);
+  *hi = static_cast<uint32_t>(p >> 32);
+  *lo = static_cast<uint32_t>(p);
+}
+
+// Philox4x32 with 10 rounds.
+FS_PHILOX_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, uint32_t k0, uint32_t k1) {
+  constexpr uint32_t kM0 = 0xD2511F53u, kM1 = 0xCD9E8D57u;
+  constexpr uint32_t kW0 = 0x9E3779B9u, kW1 = 0xBB67AE85u;
+#if defined(__CUDACC__)
+#pragma unroll
+#endif
+  for (int round = 0; round < 10; ++round) {
+    if (round > 0) {
+      k0 += kW0;
+      k1 += kW1;
+    }
+    uint32_t hi0, lo0, hi1, lo1;
+    philox_mulhilo(kM0, c0, &hi0, &lo0);
+    philox_mulhilo(kM1, c2, &hi1, &lo1);
+    const uint32_t n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
+  }
+  return Philox4{{c0, c1, c2, c3}};
+}
+
+// Drop threshold of a dropout probability p in [0, 1): an element is dropped iff its
+// 32-bit word is below it. Computed in double on the host and passed to kernels as is.
+inline uint32_t dropout_threshold(double p) {
+  if (!(p > 0.0)) return 0u;
+  const double t = std::floor(p * 4294967296.0);
+  return t >= 4294967295.0 ? 0xFFFFFFFFu : static_cast<uint32_t>(t);
+}
+
+// The four words of the Philox call that serves element (b, h, i, j) (see the mapping above).
+// bh = b * H_q + h.
+FS_PHILOX_HD Philox4 dropout_philox_block(uint64_t seed, uint64_t offset, uint32_t bh, uint32_t i, uint32_t j) {
+  const uint64_t ctr = offset + (j >> 1);
+  return philox4x32_10(static_cast<uint32_t>(ctr), static_cast<uint32_t>(ctr >> 32), (i >> 4) * 8u + (i & 7u), bh,
+                       static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
+}
+
+// Index of element (i, j)'s word within its Philox block.
+FS_PHILOX_HD int dropout_word_index(uint32_t i, uint32_t j) { return static_cast<int>(2u * ((i >> 3) & 1u) + (j & 1u)); }
+
+// Whether element (b, h, i, j) survives dropout.
+FS_PHILOX_HD bool dropout_keep(uint64_t seed, uint64_t offset, uint32_t bh, uint32_t i, uint32_t j,
+                               uint32_t threshold) {
+  return dropout_philox_block(seed, offset, bh, i, j).x[dropout_word_index(i, j)] >= threshold;
+}
+
+}  // namespace flashspan

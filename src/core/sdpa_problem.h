@@ -1,0 +1,114 @@
+// SDPA call description: the options an attribute object collects (Attributes), the
+// validation of every rule of docs/SDPA.md, and the validated, resolved Problem that the
+// CPU reference (and later the GPU dispatch) consume.
+//
+// Validation happens in two steps:
+//  * validate_forward / validate_backward read descriptors only (shapes, strides, dtypes,
+//    devices, options): safe for CUDA tensors, run once when an operation is created;
+//  * read_runtime_host reads the small integer tensors (sequence lengths, ragged offsets,
+//    page tables, dropout seed/offset, scale tensors) from host memory and checks their
+//    values: the CPU reference's first step.
+// Every error names the argument (the seed's Python names: q, bias, seq_len_q,
+// diagonal_band_left_bound, ...) and the rule it breaks.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "core/tensor_view.h"
+#include "flashspan/flashspan.h"
+
+namespace flashspan::sdpa {
+
+constexpr int kNumSlots = FS_SDPA_NUM_SLOTS;
+
+enum class Alignment : int { kTopLeft = FS_SDPA_TOP_LEFT, kBottomRight = FS_SDPA_BOTTOM_RIGHT };
+
+// Name of a slot in messages ("q", "bias", "seq_len_q", "ragged offset of q", ...).
+const char* slot_name(int slot);
+// The ragged-offset slot of a sequence tensor slot, -1 when the slot cannot be ragged.
+int ragged_slot_of(int slot);
+
+// What an attribute object holds. Optional fields are unset until a setter runs.
+struct Attributes {
+  bool backward = false;
+  std::array<TensorView, kNumSlots> tensors{};         // descriptors (data pointers unused)
+  std::array<int64_t, kNumSlots> ragged_multiplier{};  // per ragged-offset slot (0 = unset -> 1)
+
+  std::optional<bool> generate_stats;
+  bool stats_use_log2 = false;
+  std::optional<float> attn_scale_value;
+  bool alibi = false;
+  bool padding_mask = false;
+  std::optional<int64_t> max_total_seq_len_q, max_total_seq_len_kv;
+  int alignment = FS_SDPA_TOP_LEFT;
+  std::optional<int64_t> left_bound, right_bound;
+  std::optional<float> softcap;
+  std::optional<float> dropout_probability;  // set by set_dropout (Philox form)
+  bool dropout_mask_form = false;            // set by set_dropout_mask
+  std::optional<int64_t> paged_max_seq_len_kv;
+  bool deterministic = false;
+
+  const TensorView& t(int slot) const { return tensors[slot]; }
+  bool has(int slot) const { return tensors[slot].defined(); }
+};
+
+// A validated call: sizes, resolved options and the bound tensors (descriptors; the
+// caller binds data pointers with bind() before running).
+struct Problem {
+  Attributes a;
+  int64_t B = 0, Hq = 0, Hk = 0, Hv = 0;
+  int64_t Sq = 0, Skv = 0;  // logical maxima (S of the descriptors; paged: the KV maximum)
+  int64_t Dqk = 0, Dv = 0;
+  DType dtype = DType::kUnknown;
+  DeviceType device = DeviceType::kCPU;
+  int device_id = 0;
+
+  bool paged = false;  // K/V are containers addressed through page tables
+  int64_t page_size_k = 0, page_size_v = 0;
+  Alignment alignment = Alignment::kTopLeft;
+  bool has_left = false, has_right = false;
+  int64_t left = 0, right = 0;
+  bool dropout = false;        // Philox dropout
+  uint32_t dropout_threshold = 0;
+  float dropout_scale = 1.0f;  // 1 / (1 - p)
+
+  const TensorView& t(int slot) const { return a.tensors[slot]; }
+  bool has(int slot) const { return a.tensors[slot].defined(); }
+  bool ragged(int slot) const;
+  int64_t ragged_multiplier(int slot) const;  // of the sequence tensor slot
+  int group_k() const { return static_cast<int>(Hq / Hk); }
+  int group_v() const { return static_cast<int>(Hq / Hv); }
+
+  // Points every bound slot at variant_pack[slot]; an unbound slot must get NULL and a
+  // bound one a non-NULL pointer (unless the tensor is empty).
+  void bind(void* const* variant_pack, int32_t num_slots);
+};
+
+// Descriptor-level validation. Tensors q, k, v, o (forward: + stats) / q, k, v, o, dO,
+// stats, dQ, dK, dV (backward) must already be in a.tensors.
+Problem validate_forward(const Attributes& a);
+Problem validate_backward(const Attributes& a);
+
+// Values of the small integer/scalar tensors, read from host memory and checked.
+struct Runtime {
+  std::vector<int64_t> len_q, len_kv;  // per sample
+  std::array<std::vector<int64_t>, kNumSlots> row_start{};  // element offset of (b, 0, 0, 0) per sequence slot
+  float attn_scale = 1.0f;
+  uint64_t dropout_seed = 0, dropout_offset = 0;
+  float dropout_mask_scale = 1.0f;
+  std::vector<float> sinks;  // H_q values (empty without sinks)
+};
+
+// Reads and checks the runtime values of a problem whose tensors are bound to host memory.
+Runtime read_runtime_host(const Problem& p);
+
+// ALiBi slope of query head h out of H heads (ALiBi paper, Press et al. 2022, and the
+// cuDNN frontend's get_alibi_slope): with n = 2^floor(log2 H), heads h < n get
+// 2^(-8 (h + 1) / n) and the remaining heads 2^(-4 (2 (h - n) + 1) / n).
+float alibi_slope(int64_t h, int64_t num_heads);
+
+}  // namespace flashspan::sdpa
