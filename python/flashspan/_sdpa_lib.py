@@ -71,6 +71,35 @@ _INT_SETTERS = {  # name -> C type of the value
 }
 _FLOAT_SETTERS = ("attn_scale", "softcap")
 
+
+def _signatures() -> dict:
+    """Argument types of every fs_sdpa_* function of flashspan.h (each returns fs_status_t)."""
+    sigs = {
+        "fs_sdpa_attributes_create": [c_int32, POINTER(_H)],
+        "fs_sdpa_attributes_destroy": [_H],
+        "fs_sdpa_attributes_set_dropout": [_H, c_float, _T, _T],
+        "fs_sdpa_attributes_set_dropout_mask": [_H, _T, _T, _T],
+        "fs_sdpa_attributes_set_ragged_offset": [_H, c_int32, _T, c_int64],
+        "fs_sdpa_fwd_create": [_T, _T, _T, _T, _T, _H, POINTER(_H)],
+        "fs_sdpa_bwd_create": [_T, _T, _T, _T, _T, _T, _T, _T, _T, _H, POINTER(_H)],
+    }
+    for name in TENSOR_SETTERS:
+        sigs[f"fs_sdpa_attributes_set_{name}"] = [_H, _T]
+    for name, ctype in _INT_SETTERS.items():
+        sigs[f"fs_sdpa_attributes_set_{name}"] = [_H, ctype]
+    for name in _FLOAT_SETTERS:
+        sigs[f"fs_sdpa_attributes_set_{name}"] = [_H, c_float]
+    for d in ("fwd", "bwd"):
+        sigs[f"fs_sdpa_{d}_destroy"] = [_H]
+        sigs[f"fs_sdpa_{d}_check_support"] = [_H]
+        sigs[f"fs_sdpa_{d}_compile"] = [_H]
+        sigs[f"fs_sdpa_{d}_workspace_size"] = [_H, POINTER(c_size_t)]
+        sigs[f"fs_sdpa_{d}_execute"] = [_H, POINTER(c_void_p), c_int32, c_void_p, c_size_t, c_void_p]
+    return sigs
+
+
+SIGNATURES = _signatures()
+
 _declared = False
 _declare_lock = threading.Lock()
 
@@ -84,29 +113,8 @@ def lib() -> ctypes.CDLL:
     with _declare_lock:
         if _declared:
             return handle
-        sigs = {
-            "fs_sdpa_attributes_create": [c_int32, POINTER(_H)],
-            "fs_sdpa_attributes_destroy": [_H],
-            "fs_sdpa_attributes_set_dropout": [_H, c_float, _T, _T],
-            "fs_sdpa_attributes_set_dropout_mask": [_H, _T, _T, _T],
-            "fs_sdpa_attributes_set_ragged_offset": [_H, c_int32, _T, c_int64],
-            "fs_sdpa_fwd_create": [_T, _T, _T, _T, _T, _H, POINTER(_H)],
-            "fs_sdpa_bwd_create": [_T, _T, _T, _T, _T, _T, _T, _T, _T, _H, POINTER(_H)],
-        }
-        for name in TENSOR_SETTERS:
-            sigs[f"fs_sdpa_attributes_set_{name}"] = [_H, _T]
-        for name, ctype in _INT_SETTERS.items():
-            sigs[f"fs_sdpa_attributes_set_{name}"] = [_H, ctype]
-        for name in _FLOAT_SETTERS:
-            sigs[f"fs_sdpa_attributes_set_{name}"] = [_H, c_float]
-        for d in ("fwd", "bwd"):
-            sigs[f"fs_sdpa_{d}_destroy"] = [_H]
-            sigs[f"fs_sdpa_{d}_check_support"] = [_H]
-            sigs[f"fs_sdpa_{d}_compile"] = [_H]
-            sigs[f"fs_sdpa_{d}_workspace_size"] = [_H, POINTER(c_size_t)]
-            sigs[f"fs_sdpa_{d}_execute"] = [_H, POINTER(c_void_p), c_int32, c_void_p, c_size_t, c_void_p]
         try:
-            for name, args in sigs.items():
+            for name, args in SIGNATURES.items():
                 fn = getattr(handle, name)
                 fn.restype = _st
                 fn.argtypes = args
