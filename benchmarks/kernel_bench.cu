@@ -14,9 +14,10 @@
 #include <random>
 #include <vector>
 
-#include "api/validation.h"
+#include "core/validation.h"
+#include "dispatch/family.h"
 #include "core/geometry.h"
-#include "kernels/flex_launch.h"
+#include "dispatch/flex_launch.h"
 #include "plan/planner.h"
 
 using namespace flashspan;

@@ -20,7 +20,7 @@
 #include <cub/device/device_scan.cuh>
 #include <vector>
 
-#include "api/validation.h"
+#include "core/validation.h"
 #include "core/error.h"
 #include "plan/plan_layout.h"
 #include "plan/planner.h"

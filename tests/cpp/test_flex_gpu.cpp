@@ -13,7 +13,7 @@
 //   dQ dK dV   |err| <= c * max|ref| + c |ref| with c = 2.5e-2 (bf16) / 6e-3 (fp16), and
 //              ||err||_2 <= c/2 * ||ref||_2
 // Strided tensors keep NaN padding (no stray writes).
-// Split-schedule cases (non-deterministic backward, src/kernels/sm80/bwd_split_sm80.cuh) use
+// Split-schedule cases (non-deterministic backward, src/kernels/common/bwd_split.cuh) use
 // masks with long K2Q lists and also read the schedule header from the workspace to prove
 // that some dK/dV task was really split.
 // Skips when no CUDA device is visible (or the build has no CUDA).
@@ -31,10 +31,11 @@
 #include <cuda_runtime.h>
 #endif
 
-#include "api/validation.h"
-#include "kernels/flex_launch.h"
+#include "core/validation.h"
+#include "dispatch/flex_launch.h"
 #ifdef FLASHSPAN_WITH_CUDA
-#include "kernels/sm80/launch_common_sm80.h"
+#include "dispatch/family.h"
+#include "dispatch/workspace.h"
 #endif
 #include "plan/planner.h"
 #include "planner_masks.h"
@@ -498,21 +499,21 @@ void run_case(const Case& c) {
   EXPECT_EQ(f->out.padding_changed(), 0) << "out: stray writes";
   EXPECT_EQ(f->lse.padding_changed(), 0) << "lse: stray writes";
   if (c.expect_fwd_split) {
-    // Schedule header (FlexSplitSchedule): {items, counter, chunk, slots}.
+    // Schedule header (SplitSchedule): {items, counter, chunk, slots}.
     const Consumer& pc = p.plan->signature.consumer;
-    const sm80::FwdWorkspaceLayout wl =
-        sm80::fwd_workspace_layout(p.gd, p.plan->signature.pack_gqa, pc.fwd_block_q, pc.fwd_block_k);
+    const FwdWorkspaceLayout wl =
+        fwd_workspace_layout(p.gd, p.plan->signature.pack_gqa, pc.fwd_block_q, pc.fwd_block_k);
     ASSERT_GT(wl.total, 0u) << "no forward workspace for this geometry";
-    int32_t hdr[FlexSplitSchedule::kHdrInts] = {};
+    int32_t hdr[SplitSchedule::kHdrInts] = {};
     ASSERT_EQ(cudaMemcpy(hdr, static_cast<char*>(f->ws->p) + wl.hdr, sizeof(hdr), cudaMemcpyDeviceToHost),
               cudaSuccess);
-    EXPECT_GT(hdr[FlexSplitSchedule::kNumSplit], 0) << "no forward task was split (chunk "
-                                                    << hdr[FlexSplitSchedule::kChunk] << ")";
-    EXPECT_LE(hdr[FlexSplitSchedule::kNumSplit], wl.max_slots) << "slots";
-    EXPECT_GT(hdr[FlexSplitSchedule::kTotal], p.plan->counts.num_tasks) << "items";
-    EXPECT_LE(hdr[FlexSplitSchedule::kTotal], wl.max_items) << "items";
-    EXPECT_GT(hdr[FlexSplitSchedule::kCounter], hdr[FlexSplitSchedule::kTotal]) << "claim counter";
-    EXPECT_LE(hdr[FlexSplitSchedule::kCounter], hdr[FlexSplitSchedule::kTotal] + FlexSplitSchedule::kMaxCtas)
+    EXPECT_GT(hdr[SplitSchedule::kNumSplit], 0) << "no forward task was split (chunk "
+                                                    << hdr[SplitSchedule::kChunk] << ")";
+    EXPECT_LE(hdr[SplitSchedule::kNumSplit], wl.max_slots) << "slots";
+    EXPECT_GT(hdr[SplitSchedule::kTotal], p.plan->counts.num_tasks) << "items";
+    EXPECT_LE(hdr[SplitSchedule::kTotal], wl.max_items) << "items";
+    EXPECT_GT(hdr[SplitSchedule::kCounter], hdr[SplitSchedule::kTotal]) << "claim counter";
+    EXPECT_LE(hdr[SplitSchedule::kCounter], hdr[SplitSchedule::kTotal] + SplitSchedule::kMaxCtas)
         << "claim counter";
     // A second run (poisoned outputs, used workspace) is bitwise identical: items are
     // merged in list order whichever CTA ran them.
@@ -541,18 +542,18 @@ void run_case(const Case& c) {
   EXPECT_EQ(b->dk.padding_changed(), 0) << "dk: stray writes";
   EXPECT_EQ(b->dv.padding_changed(), 0) << "dv: stray writes";
   if (c.expect_split) {
-    // Schedule header (FlexBwdSplit): {items, counter, chunk, split tasks}.
+    // Schedule header (BwdSplit): {items, counter, chunk, split tasks}.
     ASSERT_FALSE(c.deterministic) << "split schedules exist only on the non-deterministic path";
-    const sm80::BwdWorkspaceLayout wl = sm80::bwd_workspace_layout(p.gd, false);
-    int32_t hdr[FlexBwdSplit::kHdrInts] = {};
+    const BwdWorkspaceLayout wl = bwd_workspace_layout(p.gd, false);
+    int32_t hdr[BwdSplit::kHdrInts] = {};
     ASSERT_EQ(cudaMemcpy(hdr, static_cast<char*>(b->ws->p) + wl.hdr, sizeof(hdr), cudaMemcpyDeviceToHost),
               cudaSuccess);
-    EXPECT_GT(hdr[FlexBwdSplit::kNumSplit], 0) << "no dK/dV task was split (chunk " << hdr[FlexBwdSplit::kChunk]
+    EXPECT_GT(hdr[BwdSplit::kNumSplit], 0) << "no dK/dV task was split (chunk " << hdr[BwdSplit::kChunk]
                                                << ")";
-    EXPECT_GT(hdr[FlexBwdSplit::kTotal], p.plan->counts.num_bwd_tasks) << "items";
+    EXPECT_GT(hdr[BwdSplit::kTotal], p.plan->counts.num_bwd_tasks) << "items";
     // Every item claimed, then one failed claim per persistent CTA.
-    EXPECT_GT(hdr[FlexBwdSplit::kCounter], hdr[FlexBwdSplit::kTotal]) << "claim counter";
-    EXPECT_LE(hdr[FlexBwdSplit::kCounter], hdr[FlexBwdSplit::kTotal] + FlexBwdSplit::kMaxCtas) << "claim counter";
+    EXPECT_GT(hdr[BwdSplit::kCounter], hdr[BwdSplit::kTotal]) << "claim counter";
+    EXPECT_LE(hdr[BwdSplit::kCounter], hdr[BwdSplit::kTotal] + BwdSplit::kMaxCtas) << "claim counter";
   }
 }
 
@@ -1449,7 +1450,7 @@ TEST(FlexGpu, PackedFwdWorkspaceBound) {
     const FlexGeometry g = make_thd_geometry(lq, lk, h);
     for (bool pack : {false, true}) {
       for (int bq : {128, kDecodeBlockQ}) {
-        const sm80::FwdWorkspaceLayout wl = sm80::fwd_workspace_layout(g, pack, bq, 64);
+        const FwdWorkspaceLayout wl = fwd_workspace_layout(g, pack, bq, 64);
         const int64_t P = pack ? G : 1;
         int64_t nqb = 0;
         for (int b = 0; b < B; ++b) nqb += (lq[b] * P + bq - 1) / bq;

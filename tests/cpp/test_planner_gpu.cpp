@@ -10,6 +10,7 @@
 #include "planner_check.h"
 #include "planner_gqa_cases.h"
 #include "planner_masks.h"
+#include "dispatch/family.h"
 #include "plan/planner.h"
 
 #ifdef FLASHSPAN_WITH_CUDA

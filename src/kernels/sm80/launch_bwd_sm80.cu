@@ -3,23 +3,24 @@
 //
 // dQ: deterministic = false accumulates dS K in fp32 with atomics inside the dK/dV kernel
 // (5 GEMMs in all); deterministic = true runs the separate ordered dQ kernel (7 GEMMs).
-// dK/dV: deterministic = false with a task list runs the split schedule (bwd_split_sm80.cuh)
+// dK/dV: deterministic = false with a task list runs the split schedule (bwd_split.cuh)
 // and a persistent dK/dV grid; otherwise one CTA per task (or grid cell), as before.
 #include <algorithm>
 
-#include "kernels/sm80/bwd_split_sm80.cuh"
+#include "kernels/common/bwd_prepost.cuh"
+#include "kernels/common/bwd_split.cuh"
 #include "kernels/sm80/kernel_bwd_sm80.cuh"
-#include "kernels/sm80/launch_common_sm80.h"
+#include "kernels/sm80/launch_sm80.h"
 
 namespace flashspan::sm80 {
 namespace {
 
 // Split schedule + persistent dK/dV + conversion of the split tasks' rows.
 template <class T, bool kBf16>
-void run_dkdv_split(const FlexBwdParams& p_in, cudaStream_t stream) {
+void run_dkdv_split(const BwdParams& p_in, cudaStream_t stream) {
   auto dkdv = kern::flex_bwd_dkdv_kernel_sm80<T, kBf16>;
   static std::atomic<int> ctas_cache[64];
-  FlexBwdParams p = p_in;
+  BwdParams p = p_in;
   p.split.num_ctas = persistent_ctas(dkdv, T::kThreads, T::kSmemBytes, ctas_cache, "flex backward dK/dV");
   const unsigned tasks = unsigned(p.split.num_tasks);
   kern::flex_bwd_split_count_kernel<<<(tasks + 255) / 256, 256, 0, stream>>>(p);
@@ -35,7 +36,7 @@ void run_dkdv_split(const FlexBwdParams& p_in, cudaStream_t stream) {
 }
 
 template <class T, bool kBf16>
-void run_bwd(const FlexBwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stream) {
+void run_bwd(const BwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stream) {
   static_assert(T::kSmemBytes == bwd_dkdv_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
   static_assert(T::kSmemBytesQ == bwd_dq_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
   auto dkdv = kern::flex_bwd_dkdv_kernel_sm80<T, kBf16>;
@@ -64,7 +65,7 @@ void run_bwd(const FlexBwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stre
 }
 
 template <class T>
-void run_bwd_dtype(const FlexBwdParams& p, DType dtype, const BwdLaunchSm80& cfg, cudaStream_t stream) {
+void run_bwd_dtype(const BwdParams& p, DType dtype, const BwdLaunchSm80& cfg, cudaStream_t stream) {
   if (dtype == DType::kBFloat16) {
     run_bwd<T, true>(p, cfg, stream);
   } else {
@@ -74,7 +75,7 @@ void run_bwd_dtype(const FlexBwdParams& p, DType dtype, const BwdLaunchSm80& cfg
 
 }  // namespace
 
-void launch_bwd_sm80(const FlexBwdParams& p, const TileSm80& tile, DType dtype, const BwdLaunchSm80& cfg,
+void launch_bwd_sm80(const BwdParams& p, const TileSm80& tile, DType dtype, const BwdLaunchSm80& cfg,
                      cudaStream_t stream) {
   if (!cfg.deterministic && cfg.total_q > 0) {
     check_cuda(cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * size_t(p.num_heads_q) * size_t(cfg.total_q) *
