@@ -216,6 +216,7 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
   p.lse2 = reinterpret_cast<float*>(ws + wl.lse2);
   p.dq_accum = a.deterministic ? nullptr : reinterpret_cast<float*>(ws + wl.dq_accum);
   p.total_q = g.total_q;
+  p.seqlen_q = g.varlen ? 0 : g.max_seqlen_q;
   p.cu_seqlens_q = plan_array(plan, "cu_seqlens_q");
   p.cu_seqlens_k = plan_array(plan, "cu_seqlens_k");
   p.varlen = g.varlen ? 1 : 0;
@@ -247,7 +248,6 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
   cfg.num_q_blocks = static_cast<int>(p.view.num_q_blocks);
   cfg.num_bwd_tasks = static_cast<int>(p.grid_mode ? p.view.num_k_blocks : p.view.num_tasks);
   cfg.total_q = g.total_q;
-  cfg.max_seqlen_q = g.max_seqlen_q;
   sm80::launch_bwd_sm80(p, sm80::tile_sm80(g.head_dim_qk, g.head_dim_v), g.dtype, cfg,
                         static_cast<cudaStream_t>(a.stream));
 }

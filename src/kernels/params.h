@@ -125,6 +125,7 @@ struct BwdParams : QkvParams {
   float* lse2 = nullptr;
   float* dq_accum = nullptr;  // [Hq, total_q, Dqk] fp32 (atomic dQ path), else unused
   int64_t total_q = 0;
+  int64_t seqlen_q = 0;  // BSHD: Sq of every sample (flattened row t is position t % Sq of sample t / Sq); THD: 0
   BwdSplit split;  // non-deterministic task mode only (split.items != nullptr)
 };
 

@@ -22,6 +22,7 @@
 
 #include "core/validation.h"
 #include "core/error.h"
+#include "kernels/common/grid.h"
 #include "plan/plan_layout.h"
 #include "plan/planner.h"
 #include "plan/planner_kernels.cuh"
@@ -214,7 +215,7 @@ void launch_payloads(const FlexGeometry& g, const int32_t* mask, const int32_t* 
   a.num_partial = num_partial;
   a.bits = bits;
   const long long ctas = (num_partial + kPayloadEntriesPerCta - 1) / kPayloadEntriesPerCta;
-  payload_kernel<<<static_cast<unsigned>(ctas), kThreads, 0, st>>>(a);
+  payload_kernel<<<grid_1d(ctas, "CUDA planner: payload"), kThreads, 0, st>>>(a);
   FS_PLAN_LAUNCHED();
 }
 
@@ -297,7 +298,7 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     a.visible = v == &fv ? reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(d_hdr) +
                                                                    offsetof(Header, visible))
                          : nullptr;
-    relation_kernel<false><<<static_cast<unsigned>(v->rows), kThreads, v->smem, st>>>(a);
+    relation_kernel<false><<<grid_1d(v->rows, "CUDA planner: relation"), kThreads, v->smem, st>>>(a);
     FS_PLAN_LAUNCHED();
   }
   {
@@ -420,7 +421,7 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     a.f_ptr = fv.f_ptr;
     a.p_kb = arr(*plan, "fwd_q2k_partial_kb");
     a.f_kb = arr(*plan, "fwd_q2k_full_kb");
-    relation_kernel<true><<<static_cast<unsigned>(fv.rows), kThreads, fv.smem, st>>>(a);
+    relation_kernel<true><<<grid_1d(fv.rows, "CUDA planner: relation"), kThreads, fv.smem, st>>>(a);
     FS_PLAN_LAUNCHED();
   }
   launch_payloads(g, mask, d_cu_q, fv, n.fwd_partial, fv.p_ptr, arr(*plan, "fwd_q2k_partial_kb"),
@@ -451,7 +452,7 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
       a.p_qb = p_qb;
       a.f_key = f_key;
       a.f_qb = f_qb;
-      relation_kernel<true><<<static_cast<unsigned>(bv.rows), kThreads, bv.smem, st>>>(a);
+      relation_kernel<true><<<grid_1d(bv.rows, "CUDA planner: relation"), kThreads, bv.smem, st>>>(a);
       FS_PLAN_LAUNCHED();
     }
     launch_payloads(g, mask, d_cu_q, bv, np, bv.p_ptr, arr(*plan, "bwd_q2k_partial_kb"),

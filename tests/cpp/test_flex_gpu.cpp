@@ -40,6 +40,7 @@
 #include "plan/planner.h"
 #include "planner_masks.h"
 #include "reference/reference.h"
+#include "gpu_harness.h"
 #include "test_util.h"
 
 namespace flashspan::test {
@@ -50,99 +51,6 @@ namespace {
 TEST(FlexGpu, Skipped) { GTEST_SKIP() << "flashspan was built without CUDA"; }
 
 #else
-
-bool gpu_available() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define REQUIRE_GPU()                                                      \
-  do {                                                                     \
-    if (!gpu_available()) GTEST_SKIP() << "no CUDA device is visible";     \
-  } while (0)
-
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// Owned device allocation.
-struct DevBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DevBuf(size_t n = 0) : bytes(n) {
-    if (n) cuda_ok(cudaMalloc(&p, n), "cudaMalloc");
-  }
-  ~DevBuf() {
-    if (p) cudaFree(p);
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
-
-// Elements spanned by a strided view (0 for an empty one).
-int64_t extent(const TensorView& v) {
-  if (v.numel() == 0) return 0;
-  int64_t e = 1;
-  for (int d = 0; d < v.ndim; ++d) e += (v.shape[d] - 1) * v.strides[d];
-  return e;
-}
-
-// Device twin of a host tensor (same strides).
-struct DevTensor {
-  std::unique_ptr<DevBuf> buf;
-  TensorView view;
-  size_t bytes = 0;
-};
-
-DevTensor dev_like(const HostTensor& h, bool copy) {
-  DevTensor d;
-  d.bytes = size_t(extent(h.view())) * dtype_size(h.dtype());
-  d.buf = std::make_unique<DevBuf>(d.bytes ? d.bytes : 16);
-  d.view = h.view();
-  d.view.data = d.buf->p;
-  d.view.device = DeviceType::kCUDA;
-  d.view.device_id = 0;
-  if (copy && d.bytes) cuda_ok(cudaMemcpy(d.buf->p, h.view().data, d.bytes, cudaMemcpyHostToDevice), "upload");
-  if (!copy) cuda_ok(cudaMemset(d.buf->p, 0xff, d.buf->bytes), "poison");  // NaN in fp16/bf16/fp32
-  return d;
-}
-
-void poison(DevTensor& d, cudaStream_t s = nullptr) {
-  cuda_ok(cudaMemsetAsync(d.buf->p, 0xff, d.buf->bytes, s), "poison");
-}
-
-void download(const DevTensor& d, HostTensor& h) {
-  h.poison();
-  if (d.bytes) cuda_ok(cudaMemcpy(h.view().data, d.buf->p, d.bytes, cudaMemcpyDeviceToHost), "download");
-}
-
-std::vector<uint8_t> raw_bytes(const DevTensor& d) {
-  std::vector<uint8_t> out(d.bytes);
-  if (d.bytes) cuda_ok(cudaMemcpy(out.data(), d.buf->p, d.bytes, cudaMemcpyDeviceToHost), "download");
-  return out;
-}
-
-// Copies a host plan to the device (the CUDA planner's output has the same layout).
-// `drop_tasks` hides the task schedules, which makes the kernels run in grid mode.
-std::unique_ptr<MaskPlan> upload_plan(const MaskPlan& host, bool drop_tasks = false) {
-  auto d = std::make_unique<MaskPlan>();
-  d->geometry = host.geometry;
-  d->geometry.device = DeviceType::kCUDA;
-  d->geometry.device_id = 0;
-  d->signature = host.signature;
-  d->counts = host.counts;
-  if (drop_tasks) d->counts.num_tasks = d->counts.num_bwd_tasks = 0;
-  d->arrays = host.arrays;
-  d->buffer_elements = host.buffer_elements;
-  const size_t bytes = size_t(std::max<int64_t>(host.buffer_elements, 1)) * sizeof(int32_t);
-  cuda_ok(cudaMalloc(&d->device_buffer, bytes), "cudaMalloc(plan)");
-  if (host.buffer_elements > 0) {
-    cuda_ok(cudaMemcpy(d->device_buffer, host.host_buffer.data(), size_t(host.buffer_elements) * sizeof(int32_t),
-                       cudaMemcpyHostToDevice),
-            "upload plan");
-  }
-  return d;
-}
 
 // ---------------------------------------------------------------------------
 // A test case
@@ -194,25 +102,6 @@ struct Case {
     return os.str();
   }
 };
-
-struct Tol {
-  double out, grad, stat = 2e-3;
-};
-Tol tol_for(DType t) { return t == DType::kBFloat16 ? Tol{1.6e-2, 2.5e-2} : Tol{4e-3, 6e-3}; }
-
-::testing::AssertionResult grad_close(const std::vector<double>& got, const std::vector<double>& want, double c) {
-  const double scale = max_abs(want);
-  auto r = all_close(got, want, c, c * scale + 1e-6);
-  if (!r) return r;
-  double e2 = 0, w2 = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    e2 += (got[i] - want[i]) * (got[i] - want[i]);
-    w2 += want[i] * want[i];
-  }
-  if (std::sqrt(e2) <= 0.5 * c * std::sqrt(w2) + 1e-6) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "relative L2 error " << std::sqrt(e2 / std::max(w2, 1e-300))
-                                       << " > " << 0.5 * c;
-}
 
 // Everything a case needs on host and device.
 struct Problem {

@@ -27,6 +27,7 @@
 #include <cstdint>
 
 #include "kernels/common/block_range.cuh"
+#include "kernels/common/grid.h"
 #include "kernels/common/split_schedule.cuh"
 #include "kernels/params.h"
 #include "kernels/sm80/mask_apply_sm80.cuh"
@@ -673,8 +674,10 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const B
     if (p.split.items == nullptr) {
       if (round > 0) return;
       if (p.grid_mode) {
-        const int gk = blockIdx.x;
-        hkv = blockIdx.y;
+        // Folded grid (grid.h): CTA = kv head * NKB + global key block.
+        const GridCell cell = unfold_2d(blockIdx.x, int(p.view.num_k_blocks));
+        const int gk = cell.x;
+        hkv = cell.y;
         b = find_block_owner(p.view.k_block_start, p.batch, gk);
         kb = gk - __ldg(p.view.k_block_start + b);
       } else {
@@ -718,7 +721,9 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2;
 
-  const int gq = blockIdx.x, h = blockIdx.y;
+  // Folded grid (grid.h): CTA = query head * NQB + global query block.
+  const GridCell cell = unfold_2d(blockIdx.x, int(p.view.num_q_blocks));
+  const int gq = cell.x, h = cell.y;
   const int b = find_block_owner(p.view.q_block_start, p.batch, gq);
   const int qb = gq - __ldg(p.view.q_block_start + b);
   const int hkv = h / p.group_size;

@@ -24,6 +24,7 @@
 #include <cstdint>
 
 #include "kernels/common/block_range.cuh"
+#include "kernels/common/grid.h"
 #include "kernels/common/split_schedule.cuh"
 #include "kernels/params.h"
 #include "kernels/sm80/mask_apply_sm80.cuh"
@@ -489,8 +490,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
   if (p.split.items != nullptr && p.split.hdr[SplitSchedule::kNumSplit] > 0) return;
   int qb, h, b;
   if (p.grid_mode) {
-    const int gq = blockIdx.x;
-    h = blockIdx.y;
+    // Folded grid (grid.h): CTA = task head * NQB + global query block.
+    const GridCell cell = unfold_2d(blockIdx.x, int(p.view.num_q_blocks));
+    const int gq = cell.x;
+    h = cell.y;
     b = find_block_owner(p.view.q_block_start, p.batch, gq);
     qb = gq - __ldg(p.view.q_block_start + b);
   } else {

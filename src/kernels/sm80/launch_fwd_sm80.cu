@@ -8,6 +8,7 @@
 // the persistent forward grid and the combine of split tasks (fwd_split.cuh).
 // Packed GQA is a run-time row mapping (FwdParams::pack), not an instantiation.
 #include "kernels/common/fwd_split.cuh"
+#include "kernels/common/grid.h"
 #include "kernels/sm80/kernel_fwd_sm80.cuh"
 #include "kernels/sm80/launch_sm80.h"
 
@@ -37,8 +38,9 @@ void run_fwd(const FwdParams& p, int num_tasks, cudaStream_t stream) {
     static std::atomic<int> ctas_cache[64];
     FwdParams ps = p;
     ps.split.num_ctas = persistent_ctas(persistent, T::kThreads, T::kSmemBytes, ctas_cache, "flex forward (persistent)");
-    const unsigned tasks = unsigned(ps.split.num_tasks);
-    kern::flex_fwd_split_count_kernel<<<(tasks + 255) / 256, 256, 0, stream>>>(ps);
+    const unsigned tasks = grid_1d(ps.split.num_tasks, "flex forward (tasks)");
+    kern::flex_fwd_split_count_kernel<<<grid_1d((int64_t(tasks) + 255) / 256, "flex forward split count"), 256, 0,
+                                        stream>>>(ps);
     check_launch("flex forward split count (sm80)");
     kern::split_scan_kernel<true><<<1, kern::kSplitScanThreads, 0, stream>>>(ps.split);
     check_launch("flex forward split scan (sm80)");
@@ -46,15 +48,16 @@ void run_fwd(const FwdParams& p, int num_tasks, cudaStream_t stream) {
     check_launch("flex forward split items (sm80)");
     kernel<<<tasks, T::kThreads, T::kSmemBytes, stream>>>(ps);
     check_launch("flex forward (sm80)");
-    persistent<<<unsigned(ps.split.num_ctas), T::kThreads, T::kSmemBytes, stream>>>(ps);
+    persistent<<<grid_1d(ps.split.num_ctas, "flex forward, persistent"), T::kThreads, T::kSmemBytes, stream>>>(ps);
     check_launch("flex forward, persistent (sm80)");
     kern::flex_fwd_split_combine_kernel<kBf16><<<tasks, 256, 0, stream>>>(ps);
     check_launch("flex forward split combine (sm80)");
     return;
   }
-  // Grid mode: (query block, task head); task heads are the kv heads when packed.
-  const dim3 grid =
-      p.grid_mode ? dim3(unsigned(p.view.num_q_blocks), unsigned(p.num_heads_q / p.pack)) : dim3(unsigned(num_tasks));
+  // Grid mode: (query block, task head) folded into x (grid.h); task heads are the kv heads
+  // when packed. Task mode: one CTA per task.
+  const unsigned grid = p.grid_mode ? grid_2d_folded(p.view.num_q_blocks, p.num_heads_q / p.pack, "flex forward (grid mode)")
+                                    : grid_1d(num_tasks, "flex forward (tasks)");
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
   check_launch("flex forward (sm80)");
 }
@@ -94,7 +97,8 @@ void run_fwd_tile(const FwdParams& p, DType dtype, int num_tasks, cudaStream_t s
 
 void launch_fwd_sm80(const FwdParams& p, const TileSm80& tile, DType dtype, int num_tasks, cudaStream_t stream) {
   if (p.max_logit != nullptr) {
-    fill_neg_inf_kernel<<<(p.num_heads_q + 127) / 128, 128, 0, stream>>>(p.max_logit, p.num_heads_q);
+    fill_neg_inf_kernel<<<grid_1d((int64_t(p.num_heads_q) + 127) / 128, "flex forward: max_logit reset"), 128, 0,
+                          stream>>>(p.max_logit, p.num_heads_q);
     check_launch("flex forward: max_logit reset");
   }
   if (p.view.num_q_blocks == 0 || (!p.grid_mode && num_tasks == 0)) return;

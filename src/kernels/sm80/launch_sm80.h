@@ -20,7 +20,6 @@ struct BwdLaunchSm80 {
   int num_q_blocks = 0;     // bwd view NQB (all samples)
   int num_bwd_tasks = 0;    // dK/dV CTAs (tasks, or key blocks in grid mode)
   int64_t total_q = 0;
-  int64_t max_seqlen_q = 0;
 };
 void launch_bwd_sm80(const BwdParams& p, const TileSm80& tile, DType dtype, const BwdLaunchSm80& cfg,
                      cudaStream_t stream);
