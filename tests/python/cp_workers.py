@@ -257,7 +257,7 @@ def case_flex(rank, world, device, group=None, *, seed=0, varlen=False, scheme="
                                  deterministic=deterministic, return_lse=True)
     assert_close(out, sh.shard(ref["out"], rank), dt, "out")
     assert_close(lse, sh.shard(ref["lse"], rank, dim=lse_dim), torch.float32 if dt == torch.float32 else dt, "lse")
-    stats = dict(strategy=plan.strategy, pair_visible=plan.pair_visible,
+    stats = dict(strategy=plan.strategy, pair_visible=plan.pair_visible, ring_steps=plan.ring_steps,
                  skipped=sum(x is None for x in plan.pair_plans) if plan.pair_plans else 0)
     if backward:
         finite = torch.isfinite(lse)

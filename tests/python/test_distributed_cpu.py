@@ -79,6 +79,16 @@ def test_contiguous_causal_skips_pairs():
     assert [s["skipped"] for s in stats] == [3, 2, 1, 0]
 
 
+@pytest.mark.parametrize("world", [2, 4])
+@pytest.mark.parametrize("varlen", [False, True])
+def test_short_range_mask_shortens_the_ring(world, varlen):
+    # a 4-key causal window on contiguous shards: only neighbours share visible pairs -> 2 ring steps
+    kw = dict(lengths=[100, 28]) if varlen else dict(seqlen=32 * world)
+    stats = run(world, seed=41, mask="bench:local", scheme="contiguous", strategy="ring", varlen=varlen, hq=2, hkv=2,
+                **kw)
+    assert all(s["ring_steps"] == 2 for s in stats), [s["ring_steps"] for s in stats]
+
+
 @pytest.mark.parametrize(
     "mask", ["causal", "document_causal", "local", "sink_local", "tree_dfs", "tree_bfs", "longformer", "hstu"]
 )
