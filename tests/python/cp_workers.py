@@ -318,6 +318,9 @@ def case_errors(rank, world, device, group=None):
         (lambda: fd.create_mask_plan(p["mask_func"], q, k, v, _sharding(p, 1, "zigzag", False), group), ValueError),
         (lambda: fd.create_mask_plan(p["mask_func"], q, k, v, sh, group, strategy="tree"), ValueError),
         (lambda: fd.create_mask_plan(p["mask_func"][:, :, :-1], q, k, v, sh, group), ValueError),
+        (lambda: fd.create_mask_plan(p["mask_func"] + 8 * world, q, k, v, sh, group), ValueError),
+        (lambda: fd.create_mask_plan(p["mask_func"].flip(1).contiguous(), q, k, v, sh, group), ValueError),
+        (lambda: fd.create_mask_plan(p["mask_func"][:, :2].contiguous(), q, k, v, sh, group), ValueError),
     ):
         try:
             call()

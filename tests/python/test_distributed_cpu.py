@@ -96,8 +96,9 @@ def test_short_range_mask_shortens_the_ring(world, varlen):
 @pytest.mark.parametrize(
     "mask", ["causal", "document_causal", "local", "sink_local", "tree_dfs", "tree_bfs", "longformer", "hstu"]
 )
-def test_benchmark_masks(mask):
-    run(4, seed=40, mask="bench:" + mask, strategy="ring", seqlen=256, hq=2, hkv=1, dqk=16, dv=16)
+@pytest.mark.parametrize("strategy", ["ring", "allgather"])
+def test_benchmark_masks(mask, strategy):
+    run(4, seed=40, mask="bench:" + mask, strategy=strategy, seqlen=256, hq=2, hkv=1, dqk=16, dv=16)
 
 
 # -- THD: uneven and empty samples, ranks without tokens --------------------------------------------
@@ -177,7 +178,10 @@ def test_errors_name_the_argument():
     assert "world_size=1" in msgs[2]
     assert "strategy" in msgs[3]
     assert "mask_func" in msgs[4]
-    assert "dtype" in msgs[5]
-    assert "shape" in msgs[6]
-    assert "backward" in msgs[7]
-    assert "ContextParallelPlan" in msgs[8]
+    assert "within [0," in msgs[5]
+    assert "nondecreasing" in msgs[6]
+    assert "odd" in msgs[7]
+    assert "dtype" in msgs[8]
+    assert "shape" in msgs[9]
+    assert "backward" in msgs[10]
+    assert "ContextParallelPlan" in msgs[11]
