@@ -52,7 +52,8 @@ class _Exchange:
         dst = _global_rank(g, (r + 1) % w if dst is None else dst)
         src = _global_rank(g, (r - 1) % w if src is None else src)
         self.recv = [torch.empty(s, dtype=t.dtype, device=t.device) for t, s in zip(tensors, recv_shapes)]
-        ops = [dist.P2POp(dist.isend, t.contiguous(), dst, g) for t in tensors]
+        self._send = [t.contiguous() for t in tensors]  # referenced until wait(): the sends read them
+        ops = [dist.P2POp(dist.isend, t, dst, g) for t in self._send]
         ops += [dist.P2POp(dist.irecv, b, src, g) for b in self.recv]
         self._works = dist.batch_isend_irecv(ops)
 

@@ -103,6 +103,31 @@ class ContextParallelPlan:
         )
 
 
+def _check_endpoints(rows: torch.Tensor, sharding: SequenceSharding, rank: int, where: str) -> None:
+    """The rules of global endpoints, on this rank's rows: nfunc odd, each in [0, L_b], nondecreasing.
+
+    Checked here because shifting into shard coordinates would clamp a bad endpoint silently.
+    """
+    nfunc = rows.shape[1]
+    if nfunc % 2 == 0:
+        raise ValueError(f"{where}: mask_func: nfunc = {nfunc} endpoints per row must be odd")
+    if rows.shape[2] == 0:
+        return
+    lengths = torch.tensor(sharding.lengths, dtype=torch.int64, device=rows.device)
+    limit = lengths[sharding.row_samples(rank).to(rows.device)]  # [T_r]: the key length of each row's sample
+    r64 = rows.to(torch.int64)
+    bad = (r64 < 0) | (r64 > limit)
+    if nfunc > 1:
+        bad[:, 1:] |= r64[:, 1:] < r64[:, :-1]
+    if bool(bad.any()):
+        h, f, t = (int(x) for x in bad.nonzero()[0])
+        g = int(sharding.token_index(rank)[t])
+        raise ValueError(
+            f"{where}: mask_func: row {g} (mask head {h}) breaks the endpoint rules at F{f} = {int(rows[h, f, t])}: "
+            f"endpoints must be nondecreasing and within [0, {int(limit[t])}] (the length of its sample)"
+        )
+
+
 def create_mask_plan(
     mask_func: torch.Tensor,
     q: torch.Tensor,
@@ -190,7 +215,9 @@ def create_mask_plan(
     if strategy == "auto":
         strategy = choose_strategy(world, hq, hkv, dqk, dv)
 
-    rows = sharding.shard_rows(mask_func, rank).to(q.device)
+    mask_func = mask_func.to(q.device)  # the work matrix below reads every rank's rows
+    rows = sharding.shard_rows(mask_func, rank)
+    _check_endpoints(rows, sharding, rank, where)
     lq = sharding.local_cu_seqlens(rank)
     fields = dict(
         sharding=sharding, group=group, rank=rank, world_size=world, strategy=strategy,
