@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <stdexcept>
@@ -110,26 +109,6 @@ inline std::unique_ptr<MaskPlan> upload_plan(const MaskPlan& host, bool drop_tas
             "upload plan");
   }
   return d;
-}
-
-// Tolerances of the GPU tests (test_flex_gpu.cpp header comment): out, gradients, LSE/max.
-struct Tol {
-  double out, grad, stat = 2e-3;
-};
-inline Tol tol_for(DType t) { return t == DType::kBFloat16 ? Tol{1.6e-2, 2.5e-2} : Tol{4e-3, 6e-3}; }
-
-inline ::testing::AssertionResult grad_close(const std::vector<double>& got, const std::vector<double>& want, double c) {
-  const double scale = max_abs(want);
-  auto r = all_close(got, want, c, c * scale + 1e-6);
-  if (!r) return r;
-  double e2 = 0, w2 = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    e2 += (got[i] - want[i]) * (got[i] - want[i]);
-    w2 += want[i] * want[i];
-  }
-  if (std::sqrt(e2) <= 0.5 * c * std::sqrt(w2) + 1e-6) return ::testing::AssertionSuccess();
-  return ::testing::AssertionFailure() << "relative L2 error " << std::sqrt(e2 / std::max(w2, 1e-300))
-                                       << " > " << 0.5 * c;
 }
 
 }  // namespace flashspan::test

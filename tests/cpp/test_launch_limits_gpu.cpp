@@ -7,7 +7,7 @@
 // Outputs are NaN-poisoned before every run. The checked samples (first, second, middle,
 // last, and for THD some zero-length ones) are cut out of the large tensors into one-sample
 // THD problems; the reference runs the forward on them (out, LSE) and the backward from the
-// GPU's own out and LSE (what the GPU backward saw), with the tolerances of test_flex_gpu.cpp.
+// GPU's own out and LSE (what the GPU backward saw), with the criteria of error_criteria.h.
 // Inputs are filled from a table of random 16-bit values (fast for ~10^8 elements).
 #include <gtest/gtest.h>
 
@@ -21,12 +21,9 @@
 #include <cuda_runtime.h>
 #endif
 
-#include "core/validation.h"
-#include "dispatch/flex_launch.h"
-#ifdef FLASHSPAN_WITH_CUDA
-#include "dispatch/family.h"
-#endif
+#include "error_criteria.h"
 #include "gpu_harness.h"
+#include "kernel_internals.h"
 #include "plan/planner.h"
 #include "reference/reference.h"
 #include "test_util.h"
@@ -167,7 +164,6 @@ void check_sample(const BigRun& r, int b, bool check_fwd, bool check_bwd) {
                        cudaMemcpyDeviceToHost),
             "download lse");
   }
-  const Tol tol = tol_for(g.dtype);
   if (check_fwd) {
     HostTensor ref_out = make_out(s), ref_lse = make_lse(s);
     reference::FlexForwardArgs fa;
@@ -181,8 +177,8 @@ void check_sample(const BigRun& r, int b, bool check_fwd, bool check_bwd) {
     fa.softmax_scale = r.scale;
     fa.accumulate_double = true;
     reference::flex_forward(fa);
-    EXPECT_TRUE(all_close(out.to_vector(), ref_out.to_vector(), tol.out, tol.out)) << "out";
-    EXPECT_TRUE(all_close(lse.to_vector(), ref_lse.to_vector(), tol.stat, tol.stat)) << "lse";
+    EXPECT_TRUE(fs_test::tensor_close(out.to_vector(), ref_out.to_vector(), g.dtype)) << "out";
+    EXPECT_TRUE(fs_test::stat_close(lse.to_vector(), ref_lse.to_vector())) << "lse";
   }
   if (check_bwd) {
     HostTensor ref_dq = make_q(s), ref_dk = make_k(s), ref_dv = make_v(s);
@@ -205,9 +201,9 @@ void check_sample(const BigRun& r, int b, bool check_fwd, bool check_bwd) {
     download_range(r.dq, dq, q0 * h.dqk);
     download_range(r.dk, dk, k0 * h.dqk);
     download_range(r.dv, dv, k0 * h.dv);
-    EXPECT_TRUE(grad_close(dq.to_vector(), ref_dq.to_vector(), tol.grad)) << "dq";
-    EXPECT_TRUE(grad_close(dk.to_vector(), ref_dk.to_vector(), tol.grad)) << "dk";
-    EXPECT_TRUE(grad_close(dv.to_vector(), ref_dv.to_vector(), tol.grad)) << "dv";
+    EXPECT_TRUE(fs_test::tensor_close(dq.to_vector(), ref_dq.to_vector(), g.dtype)) << "dq";
+    EXPECT_TRUE(fs_test::tensor_close(dk.to_vector(), ref_dk.to_vector(), g.dtype)) << "dk";
+    EXPECT_TRUE(fs_test::tensor_close(dv.to_vector(), ref_dv.to_vector(), g.dtype)) << "dv";
   }
 }
 
