@@ -120,6 +120,8 @@ std::unique_ptr<Arena> make_arena(cudaStream_t st, CarveFn carve) {
   return arena;
 }
 
+// CTAs of a grid-stride planner kernel over n elements (kernels/common/grid.h, issue 18: the
+// kernels loop over any n; `cap` bounds the grid, not the extent).
 int grid_for(long long n, int cap = 4096) {
   return static_cast<int>(std::max<long long>(1, std::min<long long>(cap, (n + kThreads - 1) / kThreads)));
 }
@@ -447,6 +449,7 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
       seg(bv.f_ptr, "bwd_q2k_full_ptr", br);
     }
     const long long longest = std::max(fr, std::max<long long>(br, B + 1));
+    // gridDim.y = s.count <= kMaxSegments (12): the only 2-D grid, bounded by a constant.
     copy_segments_kernel<<<dim3(grid_for(longest, 1024), s.count), kThreads, 0, st>>>(s);
     FS_PLAN_LAUNCHED();
   }
