@@ -42,7 +42,8 @@ export FLASHSPAN_LIBRARY=$build/libflashspan.so
 export PYTHONPATH=$root/python${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 
-# 1. The whole C++ suite (GPU tests included; CPU tests are cheap).
+# 1. The whole C++ suite (GPU tests included; CPU tests are cheap). It includes the launch-limit
+#    tests FlexGpu.LaunchLimits* (issue 18: B = 300,000, 100,000 THD samples, Hq = 256; ~10 s).
 step "gtest (all)" gtest.log "$tests" --gtest_brief=1
 
 # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one.
