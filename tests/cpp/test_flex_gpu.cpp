@@ -19,7 +19,9 @@
 // Skips when no CUDA device is visible (or the build has no CUDA).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -37,6 +39,7 @@
 #include "kernels/sm80/launch_common_sm80.h"
 #include "kernels/sm90/launch_sm90.h"
 #endif
+#include "plan/plan_layout.h"
 #include "plan/planner.h"
 #include "planner_masks.h"
 #include "reference/reference.h"
@@ -1626,6 +1629,238 @@ TEST(FlexGpu, SupportChecks) {
   g.head_dim_v = 192;
   EXPECT_TRUE(throws_error([&] { flex_check_support_gpu(g, *p->plan, false); }, Status::kNotSupported,
                            "head_dim"));
+}
+
+// ---------------------------------------------------------------------------
+// Long-context plans (issue 17). The CUDA planner on causal endpoints at S = 1,048,576 with
+// Hq = Hmask = 64 (forward only and with backward) and S = 4,194,304 with Hmask = 8 -- sizes
+// whose per-block lists passed 2^31 entries and crashed the process with an illegal memory
+// access. The plan must build, or raise the documented Error(kNotSupported) naming the
+// format limit when its lists really exceed it; its counts must equal the closed-form causal
+// counts; the last CSR rows of the last head (lists and payload bits) and a few K2Q rows
+// must equal the brute-force classification of those rows; and a small attention call
+// afterwards must still match the CPU reference (the CUDA context survived).
+// Causal tile arithmetic (S a multiple of both tiles): row q sees keys [0, q + 1), so in query
+// block i (rows i*bq .. i*bq+bq-1) key blocks [0, F(i)) are full, [F(i), T(i)) partial, with
+// F(i) = floor((i*bq + 1) / bk) and T(i) = min(nkb, floor((i*bq + bq - 1) / bk) + 1).
+struct CausalTiles {
+  int64_t bq, bk, nqb, nkb;
+  int64_t full(int64_t i) const { return std::min(nkb, (i * bq + 1) / bk); }
+  int64_t touched(int64_t i) const { return std::min(nkb, (i * bq + bq - 1) / bk + 1); }
+};
+
+// Downloads elements [first, first + n) of the plan array `name` (device plan).
+std::vector<int32_t> plan_slice(const MaskPlan& plan, const char* name, int64_t first, int64_t n) {
+  int64_t count = 0;
+  const int32_t* a = plan.array(name, &count);
+  EXPECT_NE(a, nullptr) << name;
+  EXPECT_LE(first + n, count) << name;
+  std::vector<int32_t> out(size_t(std::max<int64_t>(n, 0)));
+  if (a && n > 0) cuda_ok(cudaMemcpy(out.data(), a + first, size_t(n) * 4, cudaMemcpyDeviceToHost), name);
+  return out;
+}
+
+// Full blocks of a list slice as block numbers, whatever the list's encoding: `full` is the
+// slice of *_full_kb / *_full_qb (one entry per block).
+std::vector<int32_t> full_blocks(const std::vector<int32_t>& full) { return full; }
+
+// Checks the Q2K rows (lists and payload bits) of query blocks `rows` of CSR head `hm`.
+void check_causal_q2k_rows(const MaskPlan& plan, bool bwd, const CausalTiles& t, int hm,
+                           const std::vector<int64_t>& rows) {
+  const char* pre = bwd ? "bwd_" : "fwd_";
+  auto name = [&](const char* s) { return std::string(pre) + s; };
+  const int words = payload_words(int(t.bq), int(t.bk));
+  for (int64_t i : rows) {
+    SCOPED_TRACE(::testing::Message() << pre << "Q2K head " << hm << " query block " << i);
+    const int64_t r = hm * t.nqb + i;
+    const std::vector<int32_t> pp = plan_slice(plan, name("q2k_partial_ptr").c_str(), r, 2);
+    const std::vector<int32_t> fp = plan_slice(plan, name("q2k_full_ptr").c_str(), r, 2);
+    const std::vector<int32_t> pkb = plan_slice(plan, name("q2k_partial_kb").c_str(), pp[0], pp[1] - pp[0]);
+    const std::vector<int32_t> fkb =
+        full_blocks(plan_slice(plan, name("q2k_full_kb").c_str(), fp[0], fp[1] - fp[0]));
+    std::vector<int32_t> want_f, want_p;
+    for (int64_t kb = 0; kb < t.full(i); ++kb) want_f.push_back(int32_t(kb));
+    for (int64_t kb = t.full(i); kb < t.touched(i); ++kb) want_p.push_back(int32_t(kb));
+    EXPECT_EQ(fkb, want_f) << "full key blocks";
+    ASSERT_EQ(pkb, want_p) << "partial key blocks";
+    const std::vector<int32_t> bits =
+        plan_slice(plan, name("q2k_partial_bits").c_str(), int64_t(pp[0]) * words, int64_t(pkb.size()) * words);
+    for (size_t e = 0; e < pkb.size(); ++e) {
+      std::vector<uint32_t> want(size_t(words), 0u);
+      for (int rr = 0; rr < t.bq; ++rr)
+        for (int cc = 0; cc < t.bk; ++cc)
+          if (int64_t(pkb[e]) * t.bk + cc <= i * t.bq + rr) {
+            const PayloadPos pos = payload_position(rr, cc, int(t.bk));
+            want[size_t(pos.word)] |= 1u << pos.bit;
+          }
+      EXPECT_TRUE(std::equal(want.begin(), want.end(), reinterpret_cast<const uint32_t*>(bits.data()) + e * words))
+          << "payload of key block " << pkb[e];
+    }
+  }
+}
+
+// K2Q rows of key blocks `kbs` of mask head `hm` (backward view): query blocks i with kb in
+// [F(i), T(i)) are partial, with kb < F(i) full.
+void check_causal_k2q_rows(const MaskPlan& plan, const CausalTiles& t, int hm, const std::vector<int64_t>& kbs) {
+  for (int64_t kb : kbs) {
+    SCOPED_TRACE(::testing::Message() << "K2Q head " << hm << " key block " << kb);
+    const int64_t r = hm * t.nkb + kb;
+    const std::vector<int32_t> pp = plan_slice(plan, "bwd_k2q_partial_ptr", r, 2);
+    const std::vector<int32_t> fp = plan_slice(plan, "bwd_k2q_full_ptr", r, 2);
+    const std::vector<int32_t> pqb = plan_slice(plan, "bwd_k2q_partial_qb", pp[0], pp[1] - pp[0]);
+    const std::vector<int32_t> fqb = full_blocks(plan_slice(plan, "bwd_k2q_full_qb", fp[0], fp[1] - fp[0]));
+    std::vector<int32_t> want_p, want_f;
+    for (int64_t i = 0; i < t.nqb; ++i) {
+      if (kb < t.full(i)) want_f.push_back(int32_t(i));
+      else if (kb < t.touched(i)) want_p.push_back(int32_t(i));
+    }
+    EXPECT_EQ(pqb, want_p) << "partial query blocks";
+    EXPECT_EQ(fqb, want_f) << "full query blocks";
+  }
+}
+
+// Entries the current plan format lists for a causal view of `heads` mask heads: one per
+// full block (full) and one per partial block (partial).
+struct CausalCounts {
+  int64_t partial = 0, full = 0;
+};
+CausalCounts causal_counts(const CausalTiles& t, int heads) {
+  CausalCounts c;
+  for (int64_t i = 0; i < t.nqb; ++i) {
+    c.full += t.full(i);
+    c.partial += t.touched(i) - t.full(i);
+  }
+  c.full *= heads;
+  c.partial *= heads;
+  return c;
+}
+
+void run_scale_case(int64_t S, int heads, bool backward) {
+  SCOPED_TRACE(::testing::Message() << "causal S=" << S << " Hq=Hmask=" << heads << (backward ? " +bwd" : " fwd"));
+  FlexGeometry g = fs_test::make_geometry(false, {S}, {S}, heads, heads, heads, 1);
+  g.device = DeviceType::kCUDA;
+  g.device_id = 0;
+  const Consumer c = consumer_for(80, 128, 128);  // forward 128x64, backward 64x128
+  const CausalTiles tf{c.fwd_block_q, c.fwd_block_k, S / c.fwd_block_q, S / c.fwd_block_k};
+  const CausalTiles tb{c.bwd_block_q, c.bwd_block_k, S / c.bwd_block_q, S / c.bwd_block_k};
+  const CausalCounts cf = causal_counts(tf, heads), cb = causal_counts(tb, heads);
+  const bool over = cf.partial > kMaxListEntries || cf.full > kMaxListEntries ||
+                    (backward && (cb.partial > kMaxListEntries || cb.full > kMaxListEntries));
+  {
+    // Causal endpoints [H, 1, S]: head 0 uploaded, copied to the other heads on the device.
+    std::vector<int32_t> row(static_cast<size_t>(S));
+    for (int64_t q = 0; q < S; ++q) row[size_t(q)] = int32_t(q + 1);
+    DevBuf mask(size_t(heads) * size_t(S) * 4);
+    cuda_ok(cudaMemcpy(mask.p, row.data(), size_t(S) * 4, cudaMemcpyHostToDevice), "upload mask");
+    for (int h = 1; h < heads; ++h)
+      cuda_ok(cudaMemcpy(static_cast<int32_t*>(mask.p) + int64_t(h) * S, mask.p, size_t(S) * 4,
+                         cudaMemcpyDeviceToDevice),
+              "copy mask");
+    PlanRequest req;
+    req.geometry = &g;
+    req.consumer = c;
+    req.build_backward = backward;
+    std::unique_ptr<MaskPlan> plan;
+    try {
+      plan = build_mask_plan_cuda(req, static_cast<const int32_t*>(mask.p), nullptr);
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    } catch (const Error& e) {
+      // Only a plan whose lists really pass the format's limit may be refused, and only
+      // with the documented error.
+      EXPECT_TRUE(over) << "refused although its lists fit: " << e.what();
+      EXPECT_EQ(e.status(), Status::kNotSupported) << e.what();
+      EXPECT_NE(std::string(e.what()).find("2147483647"), std::string::npos) << e.what();
+    }
+    if (plan) {
+      EXPECT_FALSE(over) << "built a plan whose lists pass the format's limit";
+      std::printf("[ scale ] S=%lld Hq=Hmask=%d %s: plan %.3f GiB (fwd %lld partial / %lld full blocks)\n",
+                  static_cast<long long>(S), heads, backward ? "+bwd" : "fwd", double(plan->bytes()) / (1 << 30),
+                  static_cast<long long>(plan->counts.fwd_partial), static_cast<long long>(plan->counts.fwd_full));
+      EXPECT_EQ(plan->counts.fwd_partial, cf.partial);
+      EXPECT_EQ(plan->counts.fwd_full, cf.full);
+      EXPECT_EQ(plan->counts.visible_pairs, int64_t(heads) * (S * (S + 1) / 2));
+      check_causal_q2k_rows(*plan, false, tf, heads - 1, {0, 1, tf.nqb / 2, tf.nqb - 2, tf.nqb - 1});
+      if (backward) {
+        EXPECT_EQ(plan->counts.bwd_partial, cb.partial);
+        EXPECT_EQ(plan->counts.bwd_full, cb.full);
+        check_causal_q2k_rows(*plan, true, tb, heads - 1, {tb.nqb - 2, tb.nqb - 1});
+        check_causal_k2q_rows(*plan, tb, heads - 1, {0, tb.nkb / 2, tb.nkb - 1});
+      }
+    }
+  }
+  // The process's CUDA context is still usable: a small attention call matches the reference.
+  Case small;
+  small.sq = small.sk = 200;
+  small.h = HeadConfig{2, 1, 2, 3, 64, 64, DType::kBFloat16};
+  small.backward = backward;
+  run_case(small);
+}
+
+TEST(PlanScaleGpu, Causal1MPerHead64Forward) {
+  REQUIRE_GPU();
+  run_scale_case(int64_t(1) << 20, 64, false);
+}
+
+TEST(PlanScaleGpu, Causal1MPerHead64Backward) {
+  REQUIRE_GPU();
+  run_scale_case(int64_t(1) << 20, 64, true);
+}
+
+TEST(PlanScaleGpu, Causal4MPerHead8Forward) {
+  REQUIRE_GPU();
+  run_scale_case(int64_t(1) << 22, 8, false);
+}
+
+// An allocation failure inside the planner is Error(kOutOfMemory), and the context stays
+// usable: with nearly all device memory taken, a S = 1M Hmask = 64 plan cannot get its
+// scratch; after releasing it, a small attention call still works.
+TEST(PlanScaleGpu, OutOfMemoryIsAnErrorNotACrash) {
+  REQUIRE_GPU();
+  const int64_t S = int64_t(1) << 20;
+  const int heads = 64;
+  FlexGeometry g = fs_test::make_geometry(false, {S}, {S}, heads, heads, heads, 1);
+  g.device = DeviceType::kCUDA;
+  g.device_id = 0;
+  {
+    DevBuf mask(size_t(heads) * size_t(S) * 4);
+    cuda_ok(cudaMemset(mask.p, 0, mask.bytes), "mask");  // every row sees nothing (valid)
+    // Take all but ~8 MiB of the free memory (in pieces, as fragmentation allows).
+    std::vector<void*> hog;
+    for (size_t piece = size_t(1) << 34; piece >= (size_t(1) << 20); piece /= 2) {
+      while (true) {
+        size_t free_b = 0, total_b = 0;
+        cuda_ok(cudaMemGetInfo(&free_b, &total_b), "cudaMemGetInfo");
+        if (free_b < piece + (size_t(8) << 20)) break;
+        void* p = nullptr;
+        if (cudaMalloc(&p, piece) != cudaSuccess) {
+          (void)cudaGetLastError();
+          break;
+        }
+        hog.push_back(p);
+      }
+    }
+    PlanRequest req;
+    req.geometry = &g;
+    req.consumer = consumer_for(80, 128, 128);
+    req.build_backward = true;
+    Status st = Status::kSuccess;
+    std::string msg;
+    try {
+      auto plan = build_mask_plan_cuda(req, static_cast<const int32_t*>(mask.p), nullptr);
+    } catch (const Error& e) {
+      st = e.status();
+      msg = e.what();
+    }
+    for (void* p : hog) cuda_ok(cudaFree(p), "cudaFree");
+    EXPECT_EQ(st, Status::kOutOfMemory) << msg;
+    EXPECT_NE(msg.find("out of device memory"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("bytes"), std::string::npos) << msg;
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  }
+  Case small;
+  small.sq = small.sk = 200;
+  small.h = HeadConfig{2, 1, 2, 3, 64, 64, DType::kBFloat16};
+  run_case(small);
 }
 
 // ---------------------------------------------------------------------------
