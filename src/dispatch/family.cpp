@@ -42,7 +42,8 @@ void check_head_dims_sm80(int dqk, int dv) {
                      ") is not supported on the GPU: each in {8, 16, ..., 128}, or (192, 128), or (256, 256)");
 }
 
-// sm90 slot (no kernels yet): two consumer warpgroups of 64 rows each, 128 keys.
+// sm90: two consumer warpgroups of 64 rows each, 128 keys (the forward of src/kernels/sm90;
+// its plans' backward runs on the sm80 kernels, whose backward tile this is).
 Consumer consumer_sm90(int, int) {
   Consumer c;
   c.arch = 90;
@@ -58,7 +59,7 @@ Consumer consumer_for_plan_sm90(const FlexGeometry& g, bool) { return consumer_s
 
 const KernelFamily kFamilies[] = {
     {80, "sm80 (mma.sync)", true, consumer_sm80, consumer_for_plan_sm80, check_head_dims_sm80},
-    {90, "sm90 (TMA + wgmma)", false, consumer_sm90, consumer_for_plan_sm90, check_head_dims_sm80},
+    {90, "sm90 (TMA + wgmma)", true, consumer_sm90, consumer_for_plan_sm90, check_head_dims_sm80},
 };
 
 }  // namespace

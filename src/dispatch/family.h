@@ -4,9 +4,9 @@
 // answer from their own tile tables (kernels/sm80/tile_sm80.h), so the plan a caller builds
 // and the kernel that runs it agree by construction.
 //
-// Families: 80 = portable mma.sync kernels (sm_80 and newer; the only one with kernels so
-// far), 90 = Hopper TMA + wgmma (a registered slot: plans can be built for it, kernels land
-// with src/kernels/sm90). Plain C++, no CUDA: CPU builds plan for any family.
+// Families: 80 = portable mma.sync kernels (sm_80 and newer, forward and backward), 90 = Hopper
+// TMA + wgmma (src/kernels/sm90: the forward; its plans' backward runs on the sm80 kernels).
+// Plain C++, no CUDA: CPU builds plan for any family.
 #pragma once
 
 #include "core/geometry.h"
