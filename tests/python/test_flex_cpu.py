@@ -13,7 +13,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 def _run(fs, p, **kw):
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
-    return plan, fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True, return_max_logit=True, **kw)
+    return plan, fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True, return_max_logit=True, **kw)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -36,7 +36,7 @@ def test_empty_rows_give_zero_out_and_minus_inf_lse(fs):
     mf[..., ::3] = 0  # every third row sees nothing
     p.mask_func = mf
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
-    out, lse = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True)
+    out, lse = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True)
     assert torch.all(out[:, ::3] == 0)
     assert torch.all(torch.isneginf(lse[:, :, ::3]))
     assert_close(out, p.reference()[0], torch.float32, "out")
@@ -48,7 +48,7 @@ def test_max_logit_of_head_without_visible_pairs_is_minus_inf(fs):
     mf[1] = 0
     mf[0] = 8
     plan = fs.create_mask_plan(mf, p.q, p.k, p.v)
-    _, ml = fs.flex_attn_func(p.q, p.k, p.v, plan, return_max_logit=True)
+    _, ml = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_max_logit=True)
     assert math.isinf(ml[1].item()) and ml[1].item() < 0
     assert math.isfinite(ml[0].item())
 
@@ -72,7 +72,7 @@ def test_strided_inputs(fs):
     p = make_problem(9, batch=2, seqlen_q=33, seqlen_k=33, hq=4, hkv=4)
     p.q, p.k, p.v = q, k, v
     plan = fs.create_mask_plan(p.mask_func, q, k, v)
-    out = fs.flex_attn_func(q, k, v, plan)
+    out = fs.flex_attn_func(q, k, v, mask_plan=plan)
     assert_close(out, p.reference()[0], torch.float32, "out")
 
 
@@ -100,7 +100,7 @@ def test_backward_matches_reference(fs, dtype, varlen, use_lse, hq, hkv, hm):
     w_out, w_lse = _loss_weights(p, (*p.q.shape[:-1], p.v.shape[-1]), plan.lse_shape(), 5)
     if not use_lse:
         w_lse = torch.zeros_like(w_lse)
-    got = _grads(lambda: fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True), (p.q, p.k, p.v), w_out, w_lse)
+    got = _grads(lambda: fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True), (p.q, p.k, p.v), w_out, w_lse)
     leaves = [t.detach().double().requires_grad_(True) for t in (p.q, p.k, p.v)]
     want = _grads(lambda: p.reference(*leaves)[:2], leaves, w_out, w_lse)
     for name, g, w in zip("qkv", got, want):
@@ -112,7 +112,7 @@ def test_lse_only_gradient(fs):
     # Loss depends on lse alone: d(out) is None, the whole gradient is the dS = P * dlse term.
     p = make_problem(31, batch=2, seqlen_q=24, seqlen_k=24, hq=2, hkv=1, requires_grad=True)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
-    _, lse = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True)
+    _, lse = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True)
     lse.masked_fill(torch.isinf(lse.detach()), 0).sum().backward()
     leaves = [t.detach().double().requires_grad_(True) for t in (p.q, p.k, p.v)]
     rl = p.reference(*leaves)[1]
@@ -127,7 +127,7 @@ def test_deterministic_backward_is_reproducible(fs):
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
     grads = []
     for _ in range(2):
-        out = fs.flex_attn_func(p.q, p.k, p.v, plan, deterministic=True)
+        out = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, deterministic=True)
         grads.append(torch.autograd.grad(out.sum(), (p.q, p.k, p.v)))
     for a, b in zip(*grads):
         assert torch.equal(a, b)
@@ -139,7 +139,7 @@ def test_plan_reuse_with_new_tensors(fs):
     for seed in range(3):
         p2 = make_problem(100 + seed, batch=2, seqlen_q=20, seqlen_k=28, hq=2, hkv=2, requires_grad=True)
         p2.mask_func = p.mask_func
-        out = fs.flex_attn_func(p2.q, p2.k, p2.v, plan)
+        out = fs.flex_attn_func(p2.q, p2.k, p2.v, mask_plan=plan)
         assert_close(out, p2.reference()[0], torch.float32, "out")
         out.sum().backward()
         assert p2.q.grad is not None and torch.isfinite(p2.q.grad).all()
@@ -150,7 +150,7 @@ def test_no_grad_call_with_forward_only_plan(fs):
     with torch.no_grad():
         plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
         assert not plan.has_backward
-        out = fs.flex_attn_func(p.q, p.k, p.v, plan)
+        out = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan)
     assert out.grad_fn is None
     assert_close(out, p.reference()[0], torch.float32, "out")
 
@@ -175,11 +175,11 @@ def test_random_problems_forward_backward(fs, seed, varlen, batch, sq, sk, hkv, 
                      hm=hq if per_head_mask else 1, nfunc=nfunc, dqk=dqk, dv=dv, requires_grad=True)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
     w_out, w_lse = _loss_weights(p, (*p.q.shape[:-1], dv), plan.lse_shape(), seed)
-    out, lse = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True)
+    out, lse = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True)
     ro, rl, _ = p.reference()
     assert_close(out, ro, torch.float32, "out", factor=2)
     assert_close(lse, rl, torch.float32, "lse", factor=2)
-    got = _grads(lambda: fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True), (p.q, p.k, p.v), w_out, w_lse)
+    got = _grads(lambda: fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True), (p.q, p.k, p.v), w_out, w_lse)
     leaves = [t.detach().double().requires_grad_(True) for t in (p.q, p.k, p.v)]
     want = _grads(lambda: p.reference(*leaves)[:2], leaves, w_out, w_lse)
     for name, g, w in zip("qkv", got, want):

@@ -52,7 +52,7 @@ def test_forward_vs_fp32_reference(fs, dtype, varlen, hm, mask):
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
     assert plan.device.type == "cuda"
     _poison_allocator()
-    out, lse, ml = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True, return_max_logit=True)
+    out, lse, ml = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True, return_max_logit=True)
     r32 = p.reference(dtype=torch.float32)
     rlp = p.reference(dtype=dtype)
     _check_budget(out, r32[0], rlp[0], dtype, "out")
@@ -78,7 +78,7 @@ def test_backward_vs_fp32_reference(fs, dtype, varlen, use_lse):
         return torch.autograd.grad(loss, leaves)
 
     _poison_allocator()
-    ours = grads(lambda: fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True), (p.q, p.k, p.v))
+    ours = grads(lambda: fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True), (p.q, p.k, p.v))
     res = {}
     for cdt in (torch.float32, dtype):
         leaves = [t.detach().to(cdt).requires_grad_(True) for t in (p.q, p.k, p.v)]
@@ -93,7 +93,7 @@ def test_deterministic_backward_is_bitwise_reproducible(fs):
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
     runs = []
     for _ in range(3):
-        out = fs.flex_attn_func(p.q, p.k, p.v, plan, deterministic=True)
+        out = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, deterministic=True)
         runs.append(torch.autograd.grad(out.float().sum(), (p.q, p.k, p.v)))
     for r in runs[1:]:
         for a, b in zip(runs[0], r):
@@ -106,7 +106,7 @@ def test_cuda_plan_equals_host_plan(fs):
     plan_gpu = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True, **p.plan_kwargs())
     cpu = {n: (t.cpu() if isinstance(t, torch.Tensor) else t) for n, t in p.plan_kwargs().items()}
     plan_cpu = fs.create_mask_plan(p.mask_func.cpu(), p.q.cpu(), p.k.cpu(), p.v.cpu(), build_backward=True, **cpu)
-    g, c = plan_gpu.debug_snapshot(), plan_cpu.debug_snapshot()
+    g, c = plan_gpu.arrays(), plan_cpu.arrays()
     for name in g:
         assert name in c, name
         assert (g[name] == c[name]).all(), f"{name} differs between the CUDA and the host planner"
@@ -120,7 +120,7 @@ def test_torch_compile(fs, backend):
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
 
     def f(q, k, v):
-        out, lse = fs.flex_attn_func(q, k, v, plan, return_lse=True)
+        out, lse = fs.flex_attn_func(q, k, v, mask_plan=plan, return_lse=True)
         return out.float().square().sum() + lse.masked_fill(torch.isinf(lse), 0).sum()
 
     cf = torch.compile(f, backend=backend, fullgraph=True)
@@ -170,7 +170,7 @@ def test_cuda_graph_capture_of_explicit_api(fs):
     torch.cuda.synchronize()
     # Eager allocating path on the same inputs gives the reference for the replay.
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
-    o2, l2, m2 = fs.flex_attn_func(*leaves, plan, return_lse=True, return_max_logit=True)
+    o2, l2, m2 = fs.flex_attn_func(*leaves, mask_plan=plan, return_lse=True, return_max_logit=True)
     g2 = torch.autograd.grad(o2, leaves, do)
     torch.testing.assert_close(out, o2, atol=0, rtol=0)
     torch.testing.assert_close(lse, l2, atol=0, rtol=0)
@@ -190,7 +190,7 @@ def test_plan_reuse_across_two_streams(fs):
     torch.cuda.synchronize()
     for s, (q, k, v) in zip(streams, inputs):
         with torch.cuda.stream(s):
-            outs.append(fs.flex_attn_func(q, k, v, plan))
+            outs.append(fs.flex_attn_func(q, k, v, mask_plan=plan))
     torch.cuda.synchronize()
     for o, (q, k, v) in zip(outs, inputs):
         r32 = p.reference(q, k, v, dtype=torch.float32)[0]
@@ -202,7 +202,7 @@ def test_cuda_errors(fs):
     p = _problem(19, torch.bfloat16, False)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
     with pytest.raises(TypeError, match="built for cuda"):
-        fs.flex_attn_func(p.q.cpu(), p.k.cpu(), p.v.cpu(), plan)
+        fs.flex_attn_func(p.q.cpu(), p.k.cpu(), p.v.cpu(), mask_plan=plan)
     with pytest.raises(TypeError, match="dtype"):
         fs.create_mask_plan(p.mask_func, p.q.float(), p.k, p.v)
     out = torch.empty(plan.out_shape(), dtype=p.q.dtype, device="cuda")
@@ -222,7 +222,7 @@ def test_outlier_inputs(fs, dtype):
     p.q = (p.q.float() * 6 + torch.randn(p.q.shape, device="cuda", generator=gen).abs() * 4).to(dtype)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
     _poison_allocator()
-    out, lse = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True)
+    out, lse = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True)
     r32, rlp = p.reference(dtype=torch.float32), p.reference(dtype=dtype)
     _check_budget(out, r32[0], rlp[0], dtype, "out")
     _check_budget(lse, r32[1], rlp[1], dtype, "lse")
@@ -234,7 +234,7 @@ def test_strided_packed_qkv(fs):
     qkv = torch.stack([p.q, p.k, p.v], dim=2).requires_grad_(True)
     q, k, v = qkv.unbind(2)
     plan = fs.create_mask_plan(p.mask_func, q, k, v)
-    out = fs.flex_attn_func(q, k, v, plan)
+    out = fs.flex_attn_func(q, k, v, mask_plan=plan)
     (dqkv,) = torch.autograd.grad(out.float().sum(), (qkv,))
     leaves = [t.detach().float().requires_grad_(True) for t in (p.q, p.k, p.v)]
     ref = p.reference(*leaves, dtype=torch.float32)[0]
@@ -251,7 +251,7 @@ def test_torch_compile_reduce_overhead_cuda_graphs(fs):
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
 
     def f(q, k, v):
-        return fs.flex_attn_func(q, k, v, plan).float().square().sum()
+        return fs.flex_attn_func(q, k, v, mask_plan=plan).float().square().sum()
 
     cf = torch.compile(f, mode="reduce-overhead", fullgraph=True)
     for _ in range(3):  # warm-up, record, replay
@@ -266,7 +266,7 @@ def test_thd_with_empty_sequences(fs):
                      hm=4, nfunc=3, dqk=64, dv=64, dtype=torch.bfloat16, device="cuda", requires_grad=True)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
     _poison_allocator()
-    out, lse = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True)
+    out, lse = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True)
     r32, rlp = p.reference(dtype=torch.float32), p.reference(dtype=torch.bfloat16)
     _check_budget(out, r32[0], rlp[0], torch.bfloat16, "out")
     _check_budget(lse, r32[1], rlp[1], torch.bfloat16, "lse")
@@ -297,7 +297,7 @@ def test_random_geometries_forward_backward(fs, seed, varlen, batch, sq, sk, hkv
                      requires_grad=True)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
     _poison_allocator()
-    out, lse = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True)
+    out, lse = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True)
     gen = torch.Generator(device="cuda").manual_seed(seed % 1000)
     w = torch.randn(out.shape, device="cuda", generator=gen)
     ours = torch.autograd.grad((out.float() * w).sum(), (p.q, p.k, p.v))
