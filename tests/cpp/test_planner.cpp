@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "planner_check.h"
 #include "planner_gqa_cases.h"
+#include "mask_gen.h"
 #include "planner_masks.h"
 #include "plan/payload_word.h"
 #include "plan/plan_layout.h"
@@ -205,6 +206,89 @@ TEST(Planner, FullyVisibleAndFullyMasked) {
   fs_test::check_plan(*p0, none.data());
   EXPECT_EQ(p0->counts.fwd_partial + p0->counts.fwd_full + p0->counts.bwd_partial + p0->counts.bwd_full, 0);
   EXPECT_EQ(p0->counts.visible_pairs, 0);
+}
+
+// Blocks with all but one (or a few) elements visible must be partial, not full (a planner
+// that called them full would skip the mask on the hidden elements): masks made of tiles
+// that miss exactly one element, and block-structured masks mixing full, empty, partial and
+// full-minus-n tiles, for every consumer tile, tails included.
+TEST(Planner, FullMinusOneBlocksArePartial) {
+  const int64_t lq = 512 + 37, lk = 640 + 11;
+  const fs_test::Visibility vis = fs_test::full_minus_one_visibility(lq, lk, 128, 128, 5);
+  const SampleMask m = fs_test::mask_from_visibility(vis);
+  const FlexGeometry g = fs_test::make_geometry(false, {lq}, {lk}, 2, 1, 1, m.nfunc);
+  for (const Consumer& c : {kSm80, kSm80Big, kSm90}) {
+    SCOPED_TRACE("consumer fwd " + std::to_string(c.fwd_block_q) + "x" + std::to_string(c.fwd_block_k));
+    // The mask really has full-minus-one blocks of this consumer's tiles, and full ones.
+    ASSERT_GT(fs_test::count_blocks_missing(vis, c.fwd_block_q, c.fwd_block_k, 1), 0);
+    ASSERT_GT(fs_test::count_blocks_missing(vis, c.bwd_block_q, c.bwd_block_k, 1), 0);
+    auto plan = plan_host(g, m.ep, c, true);
+    fs_test::check_plan(*plan, m.ep.data());
+    EXPECT_GT(plan->counts.fwd_full, 0);
+    EXPECT_GT(plan->counts.bwd_full, 0);
+  }
+}
+
+TEST(Planner, BlockStructuredMasks) {
+  // BSHD and THD (an empty sample included), per-head masks, GQA; tiles of 128 x 128 and of
+  // 64 x 64; empty rows and empty query tiles in some cases.
+  struct Shape {
+    bool varlen;
+    std::vector<int64_t> lq, lk;
+    int hq, hkv, hmask;
+  };
+  const std::vector<Shape> shapes{{false, {300, 300}, {520, 520}, 4, 2, 4},
+                                  {true, {0, 257, 128, 70}, {130, 384, 0, 200}, 2, 1, 1},
+                                  {false, {256}, {1024}, 3, 3, 3}};
+  uint64_t seed = 11;
+  for (const Shape& sh : shapes) {
+    for (int tile : {128, 64}) {
+      for (double empty_rows : {0.0, 0.1}) {
+        SCOPED_TRACE("tile " + std::to_string(tile) + " empty rows " + std::to_string(empty_rows) + " seed " +
+                     std::to_string(seed));
+        fs_test::BlockMaskSpec spec;
+        spec.tile_q = spec.tile_k = tile;
+        spec.p_empty_row = empty_rows;
+        spec.p_empty_q_tile = empty_rows;
+        FlexGeometry g = fs_test::make_geometry(sh.varlen, sh.lq, sh.lk, sh.hq, sh.hkv, sh.hmask, 1);
+        const auto mask = fs_test::block_mask_for_geometry(g, spec, seed++);
+        for (const Consumer& c : {kSm80, kSm80Big, kSm90}) {
+          auto plan = plan_host(g, mask, c, true);
+          fs_test::check_plan(*plan, mask.data());
+          if (empty_rows == 0.0 && tile == 128) {
+            EXPECT_GT(plan->counts.fwd_full, 0);
+            EXPECT_GT(plan->counts.fwd_partial, 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+// The generator itself: a full-minus-one tile grid hides exactly one element per tile, and
+// block-structured masks hold every tile class.
+TEST(MaskGen, BlockClassesArePresent) {
+  const fs_test::Visibility v = fs_test::full_minus_one_visibility(256, 256, 128, 128, 1);
+  EXPECT_EQ(fs_test::count_blocks_missing(v, 128, 128, 1), 2);
+  EXPECT_EQ(fs_test::count_blocks_missing(v, 128, 128, 0), 2);
+  EXPECT_EQ(fs_test::count_blocks_missing(v, 128, 64, 0) + fs_test::count_blocks_missing(v, 128, 64, 1), 8);
+  std::vector<fs_test::TileClass> classes;
+  fs_test::BlockMaskSpec spec;
+  const fs_test::Visibility b = fs_test::block_visibility(1024, 1024, spec, 3, &classes);
+  int seen[4] = {};
+  for (auto c : classes) ++seen[int(c)];
+  for (int k = 0; k < 4; ++k) EXPECT_GT(seen[k], 0) << "tile class " << k;
+  EXPECT_GT(fs_test::count_blocks_missing(b, 128, 128, 0), 0);
+  int64_t minus_few = 0;
+  for (int n = 1; n <= spec.max_missing; ++n) minus_few += fs_test::count_blocks_missing(b, 128, 128, n);
+  EXPECT_GT(minus_few, 0);
+  // Endpoints reproduce the bitmap.
+  const SampleMask m = fs_test::mask_from_visibility(b);
+  const FlexGeometry g = fs_test::make_geometry(false, {1024}, {1024}, 1, 1, 1, m.nfunc);
+  int64_t diff = 0;
+  for (int64_t q = 0; q < 1024; q += 7)
+    for (int64_t k = 0; k < 1024; ++k) diff += fs_test::visible(m.ep.data(), g, 0, q, k) != bool(b.at(q, k));
+  EXPECT_EQ(diff, 0);
 }
 
 TEST(Planner, MalformedEndpoints) {

@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "planner_check.h"
 #include "planner_gqa_cases.h"
+#include "mask_gen.h"
 #include "planner_masks.h"
 #include "plan/planner.h"
 
@@ -177,6 +178,35 @@ TEST(PlannerGpu, RandomMasksGqaPerHead) {
         for (int b = 0; b < 2; ++b) s.push_back(fs_test::mask_random(333, 517, nfunc, blocky, seed++));
       const auto mask = fs_test::assemble_mask(g, hs);
       for (const Consumer& c : {kSm80, kSm90}) compare_case(g, mask, c, true);
+    }
+  }
+}
+
+// Full-minus-one tiles and block-structured masks (full, empty, partial, full-minus-n tiles,
+// empty rows): the CUDA planner must classify them exactly as the host planner and the
+// brute-force checker do.
+TEST(PlannerGpu, FullMinusOneBlocksArePartial) {
+  SKIP_WITHOUT_GPU();
+  const int64_t lq = 384 + 37, lk = 512 + 11;
+  const SampleMask m = fs_test::mask_from_visibility(fs_test::full_minus_one_visibility(lq, lk, 128, 128, 5));
+  const FlexGeometry g = fs_test::make_geometry(false, {lq}, {lk}, 2, 1, 1, m.nfunc);
+  for (const Consumer& c : {kSm80, kSm80Big, kSm90}) compare_case(g, m.ep, c, true);
+}
+
+TEST(PlannerGpu, BlockStructuredMasks) {
+  SKIP_WITHOUT_GPU();
+  uint64_t seed = 21;
+  for (bool varlen : {false, true}) {
+    for (double empty_rows : {0.0, 0.1}) {
+      SCOPED_TRACE(std::string(varlen ? "THD" : "BSHD") + " empty rows " + std::to_string(empty_rows));
+      fs_test::BlockMaskSpec spec;
+      spec.p_empty_row = empty_rows;
+      spec.p_empty_q_tile = empty_rows;
+      FlexGeometry g = varlen ? fs_test::make_geometry(true, {0, 257, 70}, {130, 384, 200}, 4, 2, 4, 1)
+                              : fs_test::make_geometry(false, {300, 300}, {520, 520}, 4, 2, 4, 1);
+      const auto mask = fs_test::block_mask_for_geometry(g, spec, seed++);
+      compare_case(g, mask, kSm80, true);
+      compare_case(g, mask, kSm90, false);
     }
   }
 }

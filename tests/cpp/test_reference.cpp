@@ -532,6 +532,37 @@ TEST(Reference, QueryAndKeyLengthsDiffer) {
   }
 }
 
+// The reference walks keys in blocks of 64 and rows in blocks of 32: lengths that end in a
+// partial block (65, 130, 191 keys; 33, 97 rows), with every key visible and with only the
+// last keys visible, so a dropped or truncated tail block changes every row.
+TEST(Reference, PartialTailBlocksOfKeysAndRows) {
+  Rng rng(12);
+  for (auto [sq, sk] : {std::pair<int64_t, int64_t>{33, 65}, {97, 130}, {70, 191}}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      HeadConfig h;
+      h.hq = 2;
+      h.hkv = 1;
+      h.nfunc = 3;
+      h.dtype = kind == 2 ? DType::kBFloat16 : DType::kFloat32;
+      const FlexGeometry g = kind == 1 ? make_thd_geometry({sq, 5}, {sk, sk - 64}, h) : make_bshd_geometry(2, sq, sk, h);
+      std::vector<int32_t> mask(size_t(3) * g.total_q);
+      for (int64_t row = 0; row < g.total_q; ++row) {
+        const int64_t lk = g.seqlen_k(sample_of_row(g, row));
+        // kind 0: all keys; kind 1: only the last 3 keys; kind 2: key 0 plus the last 2 keys.
+        const int32_t e[3][3] = {{int32_t(lk), int32_t(lk), int32_t(lk)},
+                                 {0, int32_t(std::max<int64_t>(0, lk - 3)), int32_t(lk)},
+                                 {int32_t(std::min<int64_t>(1, lk)), int32_t(std::max<int64_t>(1, lk - 2)), int32_t(lk)}};
+        for (int f = 0; f < 3; ++f) mask[size_t(f) * g.total_q + row] = e[kind][f];
+      }
+      CaseOptions opt;
+      opt.use_default_scale = false;
+      opt.scale = 0.7f;
+      check_case(g, mask, opt, rng, "Sq=" + std::to_string(sq) + " Sk=" + std::to_string(sk) + " kind " +
+                                        std::to_string(kind));
+    }
+  }
+}
+
 TEST(Reference, NfuncOneThreeNineteen) {
   Rng rng(9);
   for (int nf : {1, 3, 19}) {
