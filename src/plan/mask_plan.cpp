@@ -2,6 +2,8 @@
 #include "plan/mask_plan.h"
 
 #include <cstdio>
+#include <limits>
+#include <string>
 
 #include "core/error.h"
 #include "plan/plan_layout.h"
@@ -179,15 +181,31 @@ void check_plan_request(const PlanRequest& req) {
   FS_CHECK_ARG(g.nfunc > 0 && g.nfunc % 2 == 1, "geometry: nfunc must be positive and odd");
 }
 
+void check_list_entries(const char* view, const char* list, int64_t entries, int bq, int bk, int mask_heads) {
+  FS_CHECK_SUPPORTED(entries >= 0 && entries <= kMaxListEntries, "mask_func: the ", view, " view (tile ", bq, "x",
+                     bk, ", ", mask_heads, " mask head", mask_heads == 1 ? "" : "s", ") would list ", entries, " ",
+                     list, " blocks, more than the plan format's limit of ", kMaxListEntries,
+                     " (2^31 - 1) entries per list; use fewer mask heads (Hmask = 1), shorter sequences",
+                     std::string(view) == "backward" ? ", or build_backward=False" : "");
+}
+
 void assign_plan_layout(MaskPlan& plan, bool keep_mask) {
   const FlexGeometry& g = plan.geometry;
   const PlanCounts& n = plan.counts;
   const Consumer& c = plan.signature.consumer;
-  const int64_t limit = (int64_t(1) << 31) - 1;
-  FS_CHECK_SUPPORTED(n.fwd_partial <= limit && n.fwd_full <= limit && n.bwd_partial <= limit && n.bwd_full <= limit,
-                     "mask_func: the plan has more than 2^31 - 1 listed blocks in one relation; use fewer heads or "
-                     "shorter sequences");
-  FS_CHECK_SUPPORTED(n.num_tasks <= limit && n.num_bwd_tasks <= limit, "mask_func: too many schedule tasks");
+  check_list_entries("forward", "partial", n.fwd_partial, c.fwd_block_q, c.fwd_block_k,
+                     fwd_mask_heads(g, plan.signature.pack_gqa));
+  check_list_entries("forward", "full", n.fwd_full, c.fwd_block_q, c.fwd_block_k,
+                     fwd_mask_heads(g, plan.signature.pack_gqa));
+  if (plan.signature.has_backward) {
+    check_list_entries("backward", "partial", n.bwd_partial, c.bwd_block_q, c.bwd_block_k, g.num_heads_mask);
+    check_list_entries("backward", "full", n.bwd_full, c.bwd_block_q, c.bwd_block_k, g.num_heads_mask);
+  }
+  FS_CHECK_SUPPORTED(n.num_tasks >= 0 && n.num_tasks <= kMaxListEntries && n.num_bwd_tasks >= 0 &&
+                         n.num_bwd_tasks <= kMaxListEntries,
+                     "mask_func: the plan's schedules would hold ", n.num_tasks, " forward / ", n.num_bwd_tasks,
+                     " backward tasks (heads x blocks), more than the plan format's limit of ", kMaxListEntries,
+                     "; use fewer heads or shorter sequences");
   plan.arrays.clear();
   int64_t off = 0;
   auto add = [&](const char* name, int64_t count) {
@@ -221,6 +239,10 @@ void assign_plan_layout(MaskPlan& plan, bool keep_mask) {
     add("bwd_q2k_partial_bits", n.bwd_partial * payload_words(c.bwd_block_q, c.bwd_block_k));
   }
   if (keep_mask) add("mask_func", Hm * g.nfunc * g.total_q);
+  // Every count above is <= kMaxListEntries times a small factor (payload words <= 2^15 for
+  // the largest tile), so `off` cannot overflow int64; its byte size must still fit size_t.
+  FS_CHECK_SUPPORTED(off <= std::numeric_limits<int64_t>::max() / int64_t(sizeof(int32_t)),
+                     "mask_func: the plan would need ", off, " int32 elements, more than a 64-bit byte size holds");
   plan.buffer_elements = off;
 }
 

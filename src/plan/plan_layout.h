@@ -16,6 +16,18 @@ namespace flashspan {
 
 constexpr int64_t kPlanAlign = 32;  // int32 elements (128 bytes)
 
+// The plan format indexes its block lists (CSR pointers, K2Q indices, entry indices the
+// kernels hold in int registers) with int32, so one list holds at most kMaxListEntries
+// entries. Counts, scans, offsets and allocation sizes are computed in 64 bits everywhere
+// (both planners), and a plan past this limit is refused by check_list_entries() before
+// anything is allocated or written.
+constexpr int64_t kMaxListEntries = (int64_t(1) << 31) - 1;
+
+// Throws Error(kNotSupported) when `entries` > kMaxListEntries, naming the view ("forward" /
+// "backward"), the list ("partial" / "full"), its tile, the number of entries asked for and
+// the limit. `entries` is the exact 64-bit count (never a wrapped one).
+void check_list_entries(const char* view, const char* list, int64_t entries, int bq, int bk, int mask_heads);
+
 // Prefix sums of ceil(len(b) * rows_per_position / block) over samples, [B+1]. `cu` are
 // cumulative lengths; rows_per_position = G for the packed-GQA forward view, else 1.
 std::vector<int32_t> block_starts(const std::vector<int32_t>& cu, int block, int rows_per_position = 1);
@@ -38,7 +50,9 @@ inline bool plan_is_packed(const PlanRequest& req) { return req.pack_gqa && req.
 //    bwd_q2k_partial_kb, bwd_q2k_full_kb, bwd_k2q_partial_ptr, bwd_k2q_full_ptr,
 //    bwd_k2q_partial_qb, bwd_k2q_partial_idx, bwd_k2q_full_qb, bwd_tasks, bwd_q2k_partial_bits]
 //   [mask_func]  (keep_mask only)
-// Throws Error(kNotSupported) when a CSR exceeds int32 indexing.
+// All sizes are int64; throws Error(kNotSupported) (check_list_entries) when a list exceeds
+// kMaxListEntries or a schedule has more than kMaxListEntries tasks, before anything is
+// allocated.
 void assign_plan_layout(MaskPlan& plan, bool keep_mask);
 
 }  // namespace flashspan

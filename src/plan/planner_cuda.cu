@@ -45,6 +45,27 @@ using namespace plan_gpu;
 
 #define FS_PLAN_LAUNCHED() FS_PLAN_CUDA(cudaGetLastError())
 
+// An allocation failure is Error(kOutOfMemory) naming what was allocated and its size; the
+// (non-sticky) error is cleared, so the library and the process's CUDA context stay usable.
+[[noreturn]] void throw_alloc_error(cudaError_t err, size_t bytes, const char* what) {
+  (void)cudaGetLastError();
+  if (err == cudaErrorMemoryAllocation)
+    throw Error(Status::kOutOfMemory, detail::concat("create_mask_plan: out of device memory allocating ", what, " (",
+                                                     bytes, " bytes = ", double(bytes) / double(1ull << 30),
+                                                     " GiB); use fewer mask heads or shorter sequences, or free "
+                                                     "device memory"));
+  throw Error(Status::kCudaError,
+              detail::concat("create_mask_plan: allocating ", what, " (", bytes, " bytes) failed: ",
+                             cudaGetErrorString(err)));
+}
+
+void* device_alloc(size_t bytes, const char* what) {
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, std::max<size_t>(bytes, 1));
+  if (err != cudaSuccess) throw_alloc_error(err, bytes, what);
+  return p;
+}
+
 // Scratch: one stream-ordered allocation per planning phase, carved into 256-byte aligned
 // pieces (few cudaMallocAsync calls: the default pool may return memory to the system at
 // every synchronization, so each call can cost a mapping). Freed in stream order when the
@@ -62,10 +83,16 @@ struct Sizer {
 class Arena {
  public:
   Arena(cudaStream_t s, size_t bytes) : stream_(s) {
-    FS_PLAN_CUDA(cudaMallocAsync(&base_, std::max<size_t>(bytes, 256), s));
+    const cudaError_t err = cudaMallocAsync(&base_, std::max<size_t>(bytes, 256), s);
+    if (err != cudaSuccess) {
+      base_ = nullptr;
+      throw_alloc_error(err, bytes, "planner scratch");
+    }
     size_ = bytes;
   }
-  ~Arena() { (void)cudaFreeAsync(base_, stream_); }
+  ~Arena() {
+    if (base_ != nullptr) (void)cudaFreeAsync(base_, stream_);
+  }
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
   template <typename T>
@@ -111,10 +138,10 @@ struct ViewState {
   const int32_t* d_qbs = nullptr;  // device copies (meta scratch)
   const int32_t* d_kbs = nullptr;
   long long nqb = 0, nkb = 0, rows = 0;  // rows = (virtual) mask heads * NQB
-  int32_t* p_cnt = nullptr;  // [rows + 1], last entry 0
-  int32_t* f_cnt = nullptr;
-  int32_t* p_ptr = nullptr;  // scanned
-  int32_t* f_ptr = nullptr;
+  long long* p_cnt = nullptr;  // [rows + 1], last entry 0 (64-bit: totals past 2^31 stay exact)
+  long long* f_cnt = nullptr;
+  long long* p_ptr = nullptr;  // scanned (64-bit scratch; narrowed into the plan once checked)
+  long long* f_ptr = nullptr;
   int chunk = 1;
   size_t smem = 0;  // dynamic shared memory of the classifier (difference array)
 };
@@ -242,17 +269,18 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   for (long long n : {fr, br}) {
     size_t need = 0;
     if (n > 0)
-      FS_PLAN_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, need, static_cast<int32_t*>(nullptr),
-                                                 static_cast<int32_t*>(nullptr), n, st));
+      FS_PLAN_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, need, static_cast<long long*>(nullptr),
+                                                 static_cast<long long*>(nullptr), n, st));
     scan_bytes = std::max(scan_bytes, need);
   }
-  int32_t *d_meta = nullptr, *d_cnt = nullptr, *d_ptr = nullptr;
+  int32_t* d_meta = nullptr;
+  long long *d_cnt = nullptr, *d_ptr = nullptr;
   Header* d_hdr = nullptr;
   void* scan_tmp = nullptr;
   auto phase1 = make_arena(st, [&](auto& a) {
     d_meta = a.template take<int32_t>(6ll * (B + 1));
-    d_cnt = a.template take<int32_t>(2 * fr + 2 * br);
-    d_ptr = a.template take<int32_t>(2 * fr + 2 * br);
+    d_cnt = a.template take<long long>(2 * fr + 2 * br);
+    d_ptr = a.template take<long long>(2 * fr + 2 * br);
     d_hdr = a.template take<Header>(1);
     scan_tmp = a.template take<char>(static_cast<long long>(scan_bytes));
   });
@@ -270,7 +298,7 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   fv.d_kbs = d_meta + 3 * (B + 1);
   bv.d_qbs = d_meta + 4 * (B + 1);
   bv.d_kbs = d_meta + 5 * (B + 1);
-  FS_PLAN_CUDA(cudaMemsetAsync(d_cnt, 0, size_t(2 * fr + 2 * br) * sizeof(int32_t), st));
+  FS_PLAN_CUDA(cudaMemsetAsync(d_cnt, 0, size_t(2 * fr + 2 * br) * sizeof(long long), st));
   fv.p_cnt = d_cnt;
   fv.f_cnt = d_cnt + fr;
   fv.p_ptr = d_ptr;
@@ -341,10 +369,11 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     n.bwd_full = h.bwd_full;
     n.num_bwd_tasks = int64_t(g.num_heads_kv) * bv.nkb;
   }
+  // Throws (naming the limit and the exact 64-bit sizes) before anything is allocated or
+  // written when a list passes the format's int32 limit.
   assign_plan_layout(*plan, /*keep_mask=*/false);
-  void* buf = nullptr;
-  FS_PLAN_CUDA(cudaMalloc(&buf, size_t(plan->buffer_elements) * sizeof(int32_t)));
-  plan->device_buffer = static_cast<int32_t*>(buf);
+  plan->device_buffer = static_cast<int32_t*>(device_alloc(size_t(plan->buffer_elements) * sizeof(int32_t), "the plan"));
+  void* buf = plan->device_buffer;
   FS_PLAN_CUDA(cudaMemsetAsync(buf, 0, size_t(plan->buffer_elements) * sizeof(int32_t), st));
 
   // ---- Phase 2 scratch: K2Q sort inputs/outputs and temp storage, schedule sort keys.
@@ -392,8 +421,14 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   // ---- 3. Materialise. Small arrays first, in one launch.
   {
     Segments s{};
-    auto seg = [&](const int32_t* src, const char* name, long long count) {
-      s.src[s.count] = src;
+    auto seg = [&](const auto* src, const char* name, long long count) {
+      if constexpr (sizeof(*src) == sizeof(long long)) {
+        s.src[s.count] = nullptr;
+        s.src64[s.count] = reinterpret_cast<const long long*>(src);
+      } else {
+        s.src[s.count] = src;
+        s.src64[s.count] = nullptr;
+      }
       s.dst[s.count] = arr(*plan, name);
       s.n[s.count] = count;
       ++s.count;
@@ -416,14 +451,14 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   }
   if (fv.rows > 0) {
     RelationArgs a = relation_args(g, mask, d_cu_q, d_cu_k, fv);
-    a.p_ptr = fv.p_ptr;
-    a.f_ptr = fv.f_ptr;
+    a.p_ptr = arr(*plan, "fwd_q2k_partial_ptr");
+    a.f_ptr = arr(*plan, "fwd_q2k_full_ptr");
     a.p_kb = arr(*plan, "fwd_q2k_partial_kb");
     a.f_kb = arr(*plan, "fwd_q2k_full_kb");
     relation_kernel<true><<<static_cast<unsigned>(fv.rows), kThreads, fv.smem, st>>>(a);
     FS_PLAN_LAUNCHED();
   }
-  launch_payloads(g, mask, d_cu_q, fv, n.fwd_partial, fv.p_ptr, arr(*plan, "fwd_q2k_partial_kb"),
+  launch_payloads(g, mask, d_cu_q, fv, n.fwd_partial, arr(*plan, "fwd_q2k_partial_ptr"), arr(*plan, "fwd_q2k_partial_kb"),
                   reinterpret_cast<uint32_t*>(arr(*plan, "fwd_q2k_partial_bits")), st);
   {
     // Tasks over query heads, or kv heads of a packed view (CSR head 0 when Hmask == 1).
@@ -434,8 +469,8 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     sa.shared_mask = Hm == 1;
     sa.starts = fv.d_qbs;
     sa.nblk_all = fv.nqb;
-    sa.p_ptr = fv.p_ptr;
-    sa.f_ptr = fv.f_ptr;
+    sa.p_ptr = arr(*plan, "fwd_q2k_partial_ptr");
+    sa.f_ptr = arr(*plan, "fwd_q2k_full_ptr");
     sa.num_tasks = n.num_tasks;
     build_schedule(sa, arr(*plan, "fwd_tasks"), fs, st);
   }
@@ -443,8 +478,8 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   if (bwd) {
     if (bv.rows > 0) {
       RelationArgs a = relation_args(g, mask, d_cu_q, d_cu_k, bv);
-      a.p_ptr = bv.p_ptr;
-      a.f_ptr = bv.f_ptr;
+      a.p_ptr = arr(*plan, "bwd_q2k_partial_ptr");
+      a.f_ptr = arr(*plan, "bwd_q2k_full_ptr");
       a.p_kb = arr(*plan, "bwd_q2k_partial_kb");
       a.f_kb = arr(*plan, "bwd_q2k_full_kb");
       a.p_key = p_key;
@@ -454,7 +489,7 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
       relation_kernel<true><<<static_cast<unsigned>(bv.rows), kThreads, bv.smem, st>>>(a);
       FS_PLAN_LAUNCHED();
     }
-    launch_payloads(g, mask, d_cu_q, bv, np, bv.p_ptr, arr(*plan, "bwd_q2k_partial_kb"),
+    launch_payloads(g, mask, d_cu_q, bv, np, arr(*plan, "bwd_q2k_partial_ptr"), arr(*plan, "bwd_q2k_partial_kb"),
                     reinterpret_cast<uint32_t*>(arr(*plan, "bwd_q2k_partial_bits")), st);
     // K2Q: stable radix sort of the entries (in Q2K order) by K2Q row keeps each K2Q row's
     // query blocks ascending, as the host planner's row-order scatter does.
@@ -503,9 +538,8 @@ std::unique_ptr<MaskPlan> copy_plan_to_device(const MaskPlan& host_plan) {
   plan->counts = host_plan.counts;
   plan->arrays = host_plan.arrays;
   plan->buffer_elements = host_plan.buffer_elements;
-  void* buf = nullptr;
   const size_t bytes = size_t(std::max<int64_t>(host_plan.buffer_elements, 1)) * sizeof(int32_t);
-  FS_PLAN_CUDA(cudaMalloc(&buf, bytes));
+  void* buf = device_alloc(bytes, "the plan");
   plan->device_buffer = static_cast<int32_t*>(buf);
   if (host_plan.buffer_elements > 0)
     FS_PLAN_CUDA(cudaMemcpy(buf, host_plan.host_buffer.data(), size_t(host_plan.buffer_elements) * sizeof(int32_t),

@@ -57,7 +57,10 @@ inline void add_interval(std::vector<int32_t>& diff, int64_t a, int64_t e, int b
 }
 
 // `group` = G for the packed-GQA forward view, 1 otherwise.
-void build_relation(const int32_t* mask, const FlexGeometry& g, int bq, int bk, int group, HostRelation& rel) {
+// `view` ("forward" / "backward") names the view in the error raised when a list would pass
+// kMaxListEntries (checked per query block, before the lists grow further).
+void build_relation(const int32_t* mask, const FlexGeometry& g, int bq, int bk, int group, const char* view,
+                    HostRelation& rel) {
   rel.bq = bq;
   rel.bk = bk;
   rel.qbs = block_starts(g.cu_seqlens_q, bq, group);
@@ -102,6 +105,8 @@ void build_relation(const int32_t* mask, const FlexGeometry& g, int bq, int bk, 
           if (count == full_count) rel.f_kb.push_back(static_cast<int32_t>(kb));
           else if (count > 0) partial.push_back(static_cast<int32_t>(kb));
         }
+        check_list_entries(view, "full", int64_t(rel.f_kb.size()), bq, bk, heads);
+        check_list_entries(view, "partial", int64_t(rel.p_kb.size() + partial.size()), bq, bk, heads);
         rel.p_kb.insert(rel.p_kb.end(), partial.begin(), partial.end());
         rel.p_ptr[csr_row + 1] = static_cast<int32_t>(partial.size());
         rel.f_ptr[csr_row + 1] = static_cast<int32_t>(rel.f_kb.size());  // fixed up below
@@ -188,7 +193,7 @@ std::unique_ptr<MaskPlan> build_mask_plan_host(const PlanRequest& req, const int
   const int pack = fwd_pack_group(g, plan->signature.pack_gqa);
 
   HostRelation fwd, bwd;
-  build_relation(mask, g, c.fwd_block_q, c.fwd_block_k, pack, fwd);
+  build_relation(mask, g, c.fwd_block_q, c.fwd_block_k, pack, "forward", fwd);
   PlanCounts& n = plan->counts;
   n.fwd_num_q_blocks = fwd.qbs.back();
   n.fwd_num_k_blocks = fwd.kbs.back();
@@ -202,7 +207,7 @@ std::unique_ptr<MaskPlan> build_mask_plan_host(const PlanRequest& req, const int
   // ascending order keeps every K2Q row sorted by query block.
   std::vector<int32_t> k2q_p_ptr, k2q_f_ptr, k2q_p_qb, k2q_p_idx, k2q_f_qb;
   if (req.build_backward) {
-    build_relation(mask, g, c.bwd_block_q, c.bwd_block_k, 1, bwd);
+    build_relation(mask, g, c.bwd_block_q, c.bwd_block_k, 1, "backward", bwd);
     n.bwd_num_q_blocks = bwd.qbs.back();
     n.bwd_num_k_blocks = bwd.kbs.back();
     n.bwd_partial = int64_t(bwd.p_kb.size());

@@ -25,7 +25,9 @@ constexpr int kItems = kChunk / kThreads;  // key blocks per thread in the block
 // the CSR row of the next entry is found by stepping, not searching).
 constexpr int kPayloadEntriesPerCta = 8;
 
-// Read back once per plan. err_key = (hm * total_q + row) * nfunc + f of the first bad
+// Read back once per plan. The list totals are 64-bit (scans of 64-bit per-row counts), so a
+// plan past the format's int32 limit is seen with its true size and refused before any
+// list is written. err_key = (hm * total_q + row) * nfunc + f of the first bad
 // endpoint in host-planner order, or ~0 when the endpoints are valid.
 struct Header {
   unsigned long long err_key;
@@ -77,8 +79,8 @@ __global__ void validate_kernel(const int32_t* __restrict__ mask, long long T, i
 // Decodes the first error and copies the CSR totals (last entries of the scans).
 __global__ void finalize_header_kernel(Header* h, const int32_t* __restrict__ mask, long long T, int nfunc, int batch,
                                        const int32_t* __restrict__ cu_q, const int32_t* __restrict__ cu_k,
-                                       const int32_t* fwd_p_end, const int32_t* fwd_f_end, const int32_t* bwd_p_end,
-                                       const int32_t* bwd_f_end) {
+                                       const long long* fwd_p_end, const long long* fwd_f_end,
+                                       const long long* bwd_p_end, const long long* bwd_f_end) {
   h->fwd_partial = *fwd_p_end;
   h->fwd_full = *fwd_f_end;
   h->bwd_partial = bwd_p_end ? *bwd_p_end : 0;
@@ -125,11 +127,11 @@ struct RelationArgs {
   long long nqb_all, nkb_all;
   int chunk;            // key blocks per pass (<= kChunk); sizes the shared difference array
   // Count pass.
-  int32_t* p_cnt;       // [Hmask*NQB] partial / full blocks per CSR row
-  int32_t* f_cnt;
+  long long* p_cnt;     // [Hmask*NQB] partial / full blocks per CSR row (64-bit: scanned in place
+  long long* f_cnt;     //  into 64-bit pointers, so totals past 2^31 are exact)
   unsigned long long* visible;  // optional: visible pairs
   // Materialise pass.
-  const int32_t* p_ptr;
+  const int32_t* p_ptr;  // the plan's CSR pointers (totals checked <= kMaxListEntries)
   const int32_t* f_ptr;
   int32_t* p_kb;
   int32_t* f_kb;
@@ -166,7 +168,7 @@ template <bool kMaterialize>
 __global__ void __launch_bounds__(kThreads) relation_kernel(RelationArgs a) {
   using BlockScan = cub::BlockScan<int32_t, kThreads>;
   __shared__ typename BlockScan::TempStorage scan_tmp;
-  __shared__ int32_t s_p, s_f;
+  __shared__ long long s_p, s_f;
   __shared__ unsigned long long s_vis;
   extern __shared__ int32_t diff[];  // [chunk + 1]: difference array of one pass
 
@@ -273,8 +275,8 @@ __global__ void __launch_bounds__(kThreads) relation_kernel(RelationArgs a) {
   }
 
   if (!kMaterialize) {
-    if (my_p) atomicAdd(&s_p, my_p);
-    if (my_f) atomicAdd(&s_f, my_f);
+    if (my_p) atomicAdd(reinterpret_cast<unsigned long long*>(&s_p), (unsigned long long)my_p);
+    if (my_f) atomicAdd(reinterpret_cast<unsigned long long*>(&s_f), (unsigned long long)my_f);
     if (a.visible && my_vis) atomicAdd(&s_vis, (unsigned long long)my_vis);
     __syncthreads();
     if (tid == 0) {
@@ -328,9 +330,11 @@ __global__ void __launch_bounds__(kThreads) payload_kernel(PayloadArgs a) {
 }
 
 // Up to kMaxSegments device-to-device int32 copies in one launch (blockIdx.y = segment).
+// A segment with src64 set narrows 64-bit values (CSR pointers checked <= kMaxListEntries).
 constexpr int kMaxSegments = 12;
 struct Segments {
   const int32_t* src[kMaxSegments];
+  const long long* src64[kMaxSegments];
   int32_t* dst[kMaxSegments];
   long long n[kMaxSegments];
   int count;
@@ -339,7 +343,7 @@ struct Segments {
 __global__ void copy_segments_kernel(Segments s) {
   const int k = blockIdx.y;
   for (long long x = (long long)blockIdx.x * blockDim.x + threadIdx.x; x < s.n[k]; x += (long long)gridDim.x * blockDim.x)
-    s.dst[k][x] = s.src[k][x];
+    s.dst[k][x] = s.src64[k] ? (int32_t)s.src64[k][x] : s.src[k][x];
 }
 
 __global__ void iota_kernel(int32_t* v, long long n) {

@@ -93,7 +93,9 @@ def worker_main(rank, world, port, backend, device, timeout_s, tasks, results):
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
     if device == "cuda":
-        torch.cuda.set_device(0)  # every rank shares the one GPU (correctness only)
+        # One GPU per rank when there are enough; otherwise ranks share GPUs (correctness only,
+        # and only where NCCL accepts several ranks on one device).
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
     # Smaller worlds run on the subgroup of the first ranks (new_group is collective: all ranks
@@ -214,7 +216,7 @@ def _reference(p, varlen, scale, backward=True, use_dlse=True):
     q, k, v = (p[n].clone().requires_grad_(backward) for n in ("q", "k", "v"))
     kw = {}
     if varlen:
-        cu = torch.tensor(p["cu"], dtype=torch.int32)
+        cu = torch.tensor(p["cu"], dtype=torch.int32, device=p["q"].device)
         ml = max(1, max(b - a for a, b in zip(p["cu"], p["cu"][1:])))
         kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=ml, max_seqlen_k=ml)
     plan = flashspan.create_mask_plan(p["mask_func"], q, k, v, build_backward=backward, **kw)
@@ -244,11 +246,14 @@ def case_flex(rank, world, device, group=None, *, seed=0, varlen=False, scheme="
     import flashspan.distributed as fd
 
     dt = getattr(torch, dtype)
+    if device == "cuda" and dt == torch.float32:
+        dt = torch.bfloat16  # the CUDA kernels take FP16/BF16; fp32 runs on the CPU backend only
     p = _problem(seed, dtype=dt, **problem)
+    p = {n: (x.to(device) if isinstance(x, torch.Tensor) else x) for n, x in p.items()}
     ref = _reference(p, varlen, scale, backward, use_dlse)
     sh = _sharding(p, world, scheme, varlen)
     lse_dim = 1 if varlen else 2
-    local = {n: sh.shard(p[n], rank).to(device) for n in ("q", "k", "v", "dout")}
+    local = {n: sh.shard(p[n], rank) for n in ("q", "k", "v", "dout")}
     for n in ("q", "k", "v"):
         local[n].requires_grad_(backward)
     plan = fd.create_mask_plan(p["mask_func"], local["q"], local["k"], local["v"], sh, group=group,
@@ -257,13 +262,13 @@ def case_flex(rank, world, device, group=None, *, seed=0, varlen=False, scheme="
                                  deterministic=deterministic, return_lse=True)
     assert_close(out, sh.shard(ref["out"], rank), dt, "out")
     assert_close(lse, sh.shard(ref["lse"], rank, dim=lse_dim), torch.float32 if dt == torch.float32 else dt, "lse")
-    stats = dict(strategy=plan.strategy, pair_visible=plan.pair_visible,
+    stats = dict(strategy=plan.strategy, pair_visible=plan.pair_visible, ring_steps=plan.ring_steps,
                  skipped=sum(x is None for x in plan.pair_plans) if plan.pair_plans else 0)
     if backward:
         finite = torch.isfinite(lse)
         loss = (out.float() * local["dout"].float()).sum()
         if use_dlse:
-            loss = loss + (torch.where(finite, lse, 0.0) * sh.shard(p["dlse"], rank, dim=lse_dim).to(device)).sum()
+            loss = loss + (torch.where(finite, lse, 0.0) * sh.shard(p["dlse"], rank, dim=lse_dim)).sum()
         loss.backward()
         # Gradients of bf16/fp16 sum W rounded partials: allow a little more than the forward.
         f = 4.0 if dt == torch.float32 else 8.0
@@ -274,7 +279,7 @@ def case_flex(rank, world, device, group=None, *, seed=0, varlen=False, scheme="
     # Empty rows stay exactly empty.
     dead = torch.isneginf(sh.shard(ref["lse"], rank, dim=lse_dim))
     rows_out = out.transpose(0, 1) if varlen else out.transpose(1, 2)  # [H, T, D] / [B, H, S, D]
-    assert torch.all(rows_out[dead.to(device)] == 0), "rows that see no key must have out == 0 exactly"
+    assert torch.all(rows_out[dead] == 0), "rows that see no key must have out == 0 exactly"
     return stats
 
 
@@ -313,6 +318,9 @@ def case_errors(rank, world, device, group=None):
         (lambda: fd.create_mask_plan(p["mask_func"], q, k, v, _sharding(p, 1, "zigzag", False), group), ValueError),
         (lambda: fd.create_mask_plan(p["mask_func"], q, k, v, sh, group, strategy="tree"), ValueError),
         (lambda: fd.create_mask_plan(p["mask_func"][:, :, :-1], q, k, v, sh, group), ValueError),
+        (lambda: fd.create_mask_plan(p["mask_func"] + 8 * world, q, k, v, sh, group), ValueError),
+        (lambda: fd.create_mask_plan(p["mask_func"].flip(1).contiguous(), q, k, v, sh, group), ValueError),
+        (lambda: fd.create_mask_plan(p["mask_func"][:, :2].contiguous(), q, k, v, sh, group), ValueError),
     ):
         try:
             call()

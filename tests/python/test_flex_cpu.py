@@ -203,11 +203,13 @@ def test_no_grad_call_with_forward_only_plan(fs):
     nfunc=st.sampled_from([1, 3, 5, 7]),
     dqk=st.sampled_from([8, 16, 32]),
     dv=st.sampled_from([8, 16]),
+    mask=st.sampled_from(["random", "random", "blocks"]),
 )
-def test_random_problems_forward_backward(fs, seed, varlen, batch, sq, sk, hkv, group, per_head_mask, nfunc, dqk, dv):
+def test_random_problems_forward_backward(fs, seed, varlen, batch, sq, sk, hkv, group, per_head_mask, nfunc, dqk, dv,
+                                          mask):
     hq = hkv * group
     p = make_problem(seed, varlen=varlen, batch=batch, seqlen_q=sq, seqlen_k=sk, hq=hq, hkv=hkv,
-                     hm=hq if per_head_mask else 1, nfunc=nfunc, dqk=dqk, dv=dv, requires_grad=True)
+                     hm=hq if per_head_mask else 1, nfunc=nfunc, dqk=dqk, dv=dv, requires_grad=True, mask=mask)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
     w_out, w_lse = _loss_weights(p, (*p.q.shape[:-1], dv), plan.lse_shape(), seed)
     out, lse = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True)

@@ -4,6 +4,8 @@ import sys
 
 import pytest
 import torch
+from conftest import cuda_ready
+from criteria import check_tensor
 from flex_ref import assert_close, dense_mask, make_problem
 
 
@@ -78,9 +80,12 @@ def test_build_backward_default(fs):
 
 @pytest.mark.parametrize("pack_gqa", [None, False, True])
 @pytest.mark.parametrize("hm", [1, 6])
-def test_pack_gqa_option_runs_correctly(fs, pack_gqa, hm):
-    # G = 3 and Sq = 33 < the forward query tile: None chooses packing.
-    p = make_problem(2, batch=2, seqlen_q=33, seqlen_k=40, hq=6, hkv=2, hm=hm)
+@pytest.mark.parametrize("device", ["cpu"] + (["cuda"] if cuda_ready() else []))
+def test_pack_gqa_option_runs_correctly(fs, pack_gqa, hm, device, poison_uninitialized):
+    # G = 3 and Sq = 33 < the forward query tile: None chooses packing. The CPU backend computes without
+    # the plan's layout (this checks the option and the result); on a GPU the packed kernels run.
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    p = make_problem(2, batch=2, seqlen_q=33, seqlen_k=40, hq=6, hkv=2, hm=hm, dtype=dtype, device=device)
     if pack_gqa is True and hm != 1:
         # The seed's rule: an explicit pack_gqa=True needs a mask shared by all query heads.
         with pytest.raises(ValueError, match=r"pack_gqa=True needs a mask shared by all query heads \(Hmask = 1\)"):
@@ -88,7 +93,11 @@ def test_pack_gqa_option_runs_correctly(fs, pack_gqa, hm):
         return
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, pack_gqa=pack_gqa, build_backward=True)
     assert plan.pack_gqa == (True if pack_gqa is None else pack_gqa)
-    assert_close(fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan), p.reference()[0], torch.float32, "out")
+    out = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan)
+    if device == "cuda":
+        check_tensor(out, p.reference(dtype=torch.float32)[0], dtype, "out")
+    else:
+        assert_close(out, p.reference()[0], torch.float32, "out")
 
 
 def test_pack_gqa_default_rule(fs):

@@ -5,9 +5,29 @@ import flashspan
 import pytest
 import torch
 from conftest import cuda_ready
+from criteria import check_tensor
 from flashspan import FlexAttentionBwd, FlexAttentionFwd, create_mask_plan, flex_attn_func
+from flex_ref import assert_close
 
 DEVICES = ["cpu"] + (["cuda"] if cuda_ready() else [])
+# Outputs, gradients and workspaces allocated during the tests start as NaN (conftest.py).
+pytestmark = pytest.mark.usefixtures("poison_uninitialized")
+
+
+def _causal_sdpa_grads(q, k, v, do):
+    """fp32 SDPA (causal, BSHD) output and gradients w.r.t. q, k, v for the upstream gradient `do`."""
+    leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    ref = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in leaves),
+                                                           is_causal=True).transpose(1, 2)
+    return ref, torch.autograd.grad(ref, leaves, do.float())
+
+
+def _check_grads(got, want, dtype, what):
+    for name, g, w in zip("qkv", got, want):
+        if dtype == torch.float32:
+            assert_close(g, w, torch.float32, f"{what} d{name}", factor=4)
+        else:
+            check_tensor(g, w, dtype, f"{what} d{name}")
 
 
 def _sizes(device):
@@ -26,12 +46,11 @@ def test_fixed_length_bshd_example(device):
     mask_func = torch.arange(1, S + 1, device=device, dtype=torch.int32).view(1, 1, S)
     plan = create_mask_plan(mask_func, q, k, v)
     out, lse = flex_attn_func(q, k, v, mask_plan=plan, return_lse=True)
-    out.backward(torch.randn_like(out))
-    assert q.grad is not None and torch.isfinite(q.grad.float()).all()
-    ref = torch.nn.functional.scaled_dot_product_attention(
-        q.detach().transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(), is_causal=True
-    ).transpose(1, 2)
+    do = torch.randn_like(out)
+    out.backward(do)
+    ref, want = _causal_sdpa_grads(q, k, v, do)
     torch.testing.assert_close(out.float(), ref, atol=2e-2 if dtype == torch.bfloat16 else 1e-4, rtol=0)
+    _check_grads((q.grad,), want, dtype, "causal BSHD")  # k, v (randn_like) do not require grad
 
     out, lse, max_logit = flex_attn_func(q, k, v, mask_plan=plan, return_lse=True, return_max_logit=True)
     assert max_logit.shape == (H,) and lse.shape == (B, H, S)
@@ -79,10 +98,12 @@ def test_plan_reuse_loop_example(device):
     inputs_with_the_same_geometry = [
         tuple(torch.randn_like(q_sample).requires_grad_(True) for _ in range(3)) for _ in range(2)
     ]
-    for q, k, v in inputs_with_the_same_geometry:
+    for i, (q, k, v) in enumerate(inputs_with_the_same_geometry):
         out = flex_attn_func(q, k, v, mask_plan=plan)
-        out.backward(torch.randn_like(out))
-        assert all(t.grad is not None for t in (q, k, v))
+        do = torch.randn_like(out)
+        out.backward(do)
+        _, want = _causal_sdpa_grads(q, k, v, do)
+        _check_grads((q.grad, k.grad, v.grad), want, dtype, f"input set {i}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
