@@ -531,7 +531,7 @@ def _call_shapes(m: dict) -> dict:
     return {"q": q, "k": k, "v": k[:-1] + (m["head_dim_v"],), "out": q[:-1] + (m["head_dim_v"],), "lse": lse}
 
 
-_PLAN_OPTIONS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "pack_gqa", "build_backward")
+_PLAN_OPTIONS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "pack_gqa", "build_backward", "arch")
 
 
 def create_mask_plan(
@@ -546,13 +546,14 @@ def create_mask_plan(
     max_seqlen_k: Optional[int] = None,
     pack_gqa: Optional[bool] = None,
     build_backward: Optional[bool] = None,
+    arch: Optional[int] = None,
 ) -> MaskPlan:
     """Compiles interval endpoints into a reusable :class:`MaskPlan`.
 
     Signature (the seed's): ``create_mask_plan(mask_func, q, k, v, *, cu_seqlens_q=None,
     cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, pack_gqa=None,
-    build_backward=None)``; the options passed positionally (earlier flashspan versions)
-    still work with a DeprecationWarning.
+    build_backward=None)``, plus the flashspan keyword ``arch``; the options passed
+    positionally (earlier flashspan versions) still work with a DeprecationWarning.
 
     Args:
         mask_func: int32 ``[Hmask, nfunc, B*Sq]`` (BSHD) or ``[Hmask, nfunc, Tq]`` (THD),
@@ -574,6 +575,10 @@ def create_mask_plan(
             packing is the identity and ``plan.pack_gqa`` is False.
         build_backward: True / False / None (TypeError otherwise): build backward metadata;
             None means "autograd is enabled and any of q/k/v requires grad".
+        arch: kernel family the plan is laid out for: 80 (portable mma.sync kernels, any
+            sm_80+ GPU), 90 (Hopper forward, sm_90 only), or None to let the library choose
+            (``FLASHSPAN_KERNEL_FAMILY``, README "Kernel family"; CPU plans are 80).
+            ``plan.arch`` tells which one a plan got.
 
     CUDA masks are planned on the current CUDA stream. Errors: ValueError (a rule is
     broken, message names it), TypeError (dtype/device), RuntimeError (CUDA failure).
@@ -589,7 +594,7 @@ def create_mask_plan(
             raise TypeError(f"create_mask_plan() takes 4 positional arguments but {4 + len(legacy_positional)} were given")
         given = dict(zip(_PLAN_OPTIONS, legacy_positional))
         options = {"cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k, "max_seqlen_q": max_seqlen_q,
-                   "max_seqlen_k": max_seqlen_k, "pack_gqa": pack_gqa, "build_backward": build_backward}
+                   "max_seqlen_k": max_seqlen_k, "pack_gqa": pack_gqa, "build_backward": build_backward, "arch": arch}
         for name in given:
             if options[name] is not None:
                 raise TypeError(f"create_mask_plan() got multiple values for argument {name!r}")
@@ -602,7 +607,7 @@ def create_mask_plan(
         options.update(given)
         cu_seqlens_q, cu_seqlens_k = options["cu_seqlens_q"], options["cu_seqlens_k"]
         max_seqlen_q, max_seqlen_k = options["max_seqlen_q"], options["max_seqlen_k"]
-        pack_gqa, build_backward = options["pack_gqa"], options["build_backward"]
+        pack_gqa, build_backward, arch = options["pack_gqa"], options["build_backward"], options["arch"]
     for name, t in (("mask_func", mask_func), ("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -635,6 +640,9 @@ def create_mask_plan(
         )
     if build_backward is None:
         build_backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    arch = _optional_int("arch", arch)
+    if arch is not None and arch not in (80, 90):
+        raise ValueError(f"arch must be 80, 90 or None, got {arch}")
     if pack_gqa is None:
         pack_gqa_code = -1
     else:
@@ -664,7 +672,7 @@ def create_mask_plan(
         int(max_seqlen_k),
         pack_gqa_code,
         1 if build_backward else 0,
-        0,
+        0 if arch is None else arch,
         None,
     )
     handle = ctypes.c_void_p()
@@ -690,11 +698,13 @@ def _seed_create_mask_plan(
     max_seqlen_k: Optional[int] = None,
     pack_gqa: Optional[bool] = None,
     build_backward: Optional[bool] = None,
+    arch: Optional[int] = None,
 ) -> MaskPlan:  # pragma: no cover - signature only
     pass
 
 
-# Introspection shows the seed's signature; the deprecated positional options are accepted on top.
+# Introspection shows the seed's signature (plus the keyword-only extension arch); the deprecated
+# positional options are accepted on top.
 create_mask_plan.__signature__ = inspect.signature(_seed_create_mask_plan)
 
 
