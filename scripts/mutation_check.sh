@@ -20,16 +20,20 @@
 #   G1 kernels: scale used where scale * log2(e) belongs
 #   G2 kernels: softmax_scale ignored (1/sqrt(D) instead)
 #
-# Usage: scripts/mutation_check.sh [--gpu] [--only M1,M3,...]
+# Usage: scripts/mutation_check.sh [--gpu] [--only M1,M3,...] [--all-suites]
+#   --all-suites runs every listed suite on each mutant (a full matrix, slower) instead of
+#   stopping at the first suite that fails. Results name the failing tests.
 # Env: MUTATION_DIR (scratch folder, default a new temp dir), MUTATION_KEEP=1 keeps it.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 gpu=0
 only=""
+all_suites=0
 while [ $# -gt 0 ]; do
   case $1 in
     --gpu) gpu=1 ;;
     --only) only=$2; shift ;;
+    --all-suites) all_suites=1 ;;
     *) echo "usage: $0 [--gpu] [--only M1,M2,...]" >&2; exit 2 ;;
   esac
   shift
@@ -104,7 +108,7 @@ run_mutant() {  # run_mutant ID SUITES... (suites: gtest pytest emu gpu)
     return
   fi
   cat "$log"
-  local caught=""
+  local caught="" missed=""
   local bdir=$work/build_cpu
   [ "$1" = gpu ] && bdir=$work/build_gpu
   if [ "$1" != emu ]; then
@@ -120,24 +124,37 @@ run_mutant() {  # run_mutant ID SUITES... (suites: gtest pytest emu gpu)
     fi
   fi
   for suite in "$@"; do
+    local slog=$work/$id.$suite.log what="" rc=0
     case $suite in
       gtest)
-        "$bdir/tests/cpp/flashspan_tests" --gtest_brief=1 >>"$log" 2>&1 || caught="C++ suite (flashspan_tests)" ;;
+        what="C++ suite"
+        "$bdir/tests/cpp/flashspan_tests" --gtest_brief=1 >"$slog" 2>&1 || rc=1 ;;
       gpu)
-        "$bdir/tests/cpp/flashspan_tests" --gtest_brief=1 --gtest_filter='FlexGpu.*' >>"$log" 2>&1 ||
-          caught="GPU kernel tests (FlexGpu.*)" ;;
+        what="GPU kernel tests"
+        "$bdir/tests/cpp/flashspan_tests" --gtest_brief=1 --gtest_filter='FlexGpu.*' >"$slog" 2>&1 || rc=1 ;;
       pytest)
+        what="Python CPU tests"
         (cd "$src" && FLASHSPAN_LIBRARY="$bdir/libflashspan.so" PYTHONPATH="$src/python" \
-          python3 -m pytest -q -x -p no:cacheprovider tests/python/test_flex_cpu.py tests/python/test_plan.py) \
-          >>"$log" 2>&1 || caught="Python CPU tests (test_flex_cpu.py, test_plan.py)" ;;
+          python3 -m pytest -q -p no:cacheprovider tests/python/test_flex_cpu.py tests/python/test_plan.py) \
+          >"$slog" 2>&1 || rc=1 ;;
       emu)
-        EMU_OUT=$work/emu bash "$src/tests/emu/run_planner_emu.sh" >>"$log" 2>&1 ||
-          caught="emulated CUDA planner tests (tests/emu)" ;;
+        what="emulated CUDA planner tests"
+        EMU_OUT=$work/emu bash "$src/tests/emu/run_planner_emu.sh" >"$slog" 2>&1 || rc=1 ;;
     esac
-    [ -n "$caught" ] && break
+    cat "$slog" >>"$log"
+    if [ "$rc" = 1 ]; then
+      # Failing test names: gtest "[  FAILED  ] Suite.Test", pytest "FAILED path::test".
+      local names
+      names=$(grep -hoE '^\[  FAILED  \] [A-Za-z0-9_/]+\.[A-Za-z0-9_./]+|^FAILED [^ ]+' "$slog" | sed -E 's/^\[  FAILED  \] //; s/^FAILED //; s/.*:://' |
+              sort -u | head -6 | paste -sd, - | sed 's/,/, /g')
+      caught+="${caught:+; }$what (${names:-see $slog})"
+      [ "$all_suites" = 1 ] || break
+    else
+      missed+="${missed:+, }$what"
+    fi
   done
   if [ -n "$caught" ]; then
-    results+=("$id caught by the $caught")
+    results+=("$id caught by: $caught${missed:+; passed: $missed}")
   else
     results+=("$id SURVIVED: every suite passed with the bug planted (log: $log)")
     status=1
