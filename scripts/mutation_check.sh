@@ -83,7 +83,10 @@ for old, new in M:
 PY
 }
 
-restore() { git -C "$root" archive HEAD src | tar -x -C "$src"; }
+# Puts src/ back as committed. `tar -m` stamps the files with the current time: with the
+# archive's (old) times ninja would keep the mutant's object files and the next mutant would
+# be tested with this one still in the build.
+restore() { git -C "$root" archive HEAD src | tar -x -m -C "$src"; }
 
 build() {  # build DIR CMAKE_ARGS...
   local dir=$1
