@@ -8,4 +8,5 @@
 #include "kernels/flex_launch.h"
 #ifdef FLASHSPAN_WITH_CUDA
 #include "kernels/sm80/launch_common_sm80.h"
+#include "kernels/sm90/launch_sm90.h"
 #endif

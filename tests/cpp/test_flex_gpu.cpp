@@ -172,6 +172,7 @@ struct Case {
   // decode plans), or with default_tile the head-dim table's consumer_for tile.
   bool default_tile = false;
   int expect_fwd_bq = 0;         // > 0: the plan's forward tile must have this many rows
+  int arch = 80;                 // plan consumer family: 80, or 90 (sm90 forward, sm80 backward)
   // softmax_scale: -1 = drawn from the seed (fs_test::random_softmax_scale; negative only
   // with fwd_ml off), 0 = 1/sqrt(Dqk), 1 = zero, 2 = `scale_value`.
   int scale_kind = -1;
@@ -199,7 +200,7 @@ struct Case {
        << (strided ? " strided" : "") << (deterministic ? " det" : " atomic") << (grid_mode ? " grid" : "")
        << (fwd_workspace ? "" : " fwd-no-ws") << (fwd_lse ? "" : " no-lse") << (fwd_ml ? "" : " no-ml")
        << (pack_gqa ? " packgqa" : "") << (default_tile ? " default-tile" : "") << (dlse ? " dlse" : "")
-       << " scale_kind=" << scale_kind << " seed=" << seed;
+       << " scale_kind=" << scale_kind << " arch=" << arch << " seed=" << seed;
     return os.str();
   }
 };
@@ -303,7 +304,8 @@ std::unique_ptr<Problem> make_problem(Case c) {
   p->gd.device_id = 0;
   PlanRequest req;
   req.geometry = &g;
-  req.consumer = c.default_tile ? consumer_for(80, g.head_dim_qk, g.head_dim_v) : consumer_for_plan(80, g, c.pack_gqa);
+  req.consumer = c.default_tile ? consumer_for(c.arch, g.head_dim_qk, g.head_dim_v)
+                                : consumer_for_plan(c.arch, g, c.pack_gqa);
   req.build_backward = c.backward;
   req.pack_gqa = c.pack_gqa;
   p->host_plan = build_mask_plan_host(req, p->mask.data(), false);
@@ -2043,6 +2045,206 @@ TEST(PlanScaleGpu, OutOfMemoryIsAnErrorNotACrash) {
   small.sq = small.sk = 200;
   small.h = HeadConfig{2, 1, 2, 3, 64, 64, DType::kBFloat16};
   run_case(small);
+}
+
+// ---------------------------------------------------------------------------
+// The sm90 family (src/kernels/sm90: TMA + wgmma forward on consumer_for(90) plans, 128x128
+// tiles; the backward of such plans runs on the sm80 kernels). Skipped where the device or
+// the build cannot run it (sm90::device_supported).
+// ---------------------------------------------------------------------------
+
+#define REQUIRE_SM90()                                                                          \
+  do {                                                                                          \
+    REQUIRE_GPU();                                                                              \
+    if (!sm90::device_supported(0)) GTEST_SKIP() << "no sm_90 device or no sm_90a code built"; \
+  } while (0)
+
+// A random case the sm90 forward covers: fp16/bf16, Dqk = Dv in {64, 128}, unpacked, random
+// BSHD / THD (empty samples), GQA / MQA, Hmask 1 or Hq, lengths not multiples of the tile,
+// random interval masks at granularities 1, 16, 128, random softmax scale.
+Case random_case_sm90(uint64_t seed) {
+  Case c = random_case(seed);
+  Rng rng(seed * 104729 + 7);
+  auto pick = [&](int n) { return int(rng() % uint64_t(n)); };
+  c.arch = 90;
+  c.h.dqk = c.h.dv = pick(2) ? 128 : 64;
+  if (pick(3) == 0) c.mopt.granularity = 128;
+  c.backward = pick(4) == 0;
+  return c;
+}
+
+TEST(FlexGpuSm90, RandomCases) {
+  REQUIRE_SM90();
+  for (uint64_t s = 1; s <= 64; ++s) run_case(random_case_sm90(s));
+}
+
+TEST(FlexGpuSm90, BenchmarkMasks) {
+  REQUIRE_SM90();
+  uint64_t seed = 9000;
+  for (const std::string& name : fs_test::benchmark_mask_names()) {
+    for (int d : {128, 64}) {
+      Case c;
+      c.arch = 90;
+      c.mask = name;
+      c.sq = name == "causal" || name == "tree_bfs" ? 2048 : 1000;
+      c.h = HeadConfig{2, 1, 1, 1, d, d, d == 128 ? DType::kBFloat16 : DType::kFloat16};
+      c.backward = false;
+      c.seed = ++seed;
+      run_case(c);
+    }
+  }
+}
+
+// Single key, a single query, fully empty rows, all-full rows (every block full: no masking
+// work at all), negative scores, MQA with Hmask = Hq, lengths off the tile.
+TEST(FlexGpuSm90, SpecialCases) {
+  REQUIRE_SM90();
+  uint64_t seed = 9100;
+  {
+    Case c;  // one key (forward only: with one visible key dS = P (dP - D) is 0 exactly, so the
+             // reference gradients dQ, dK are 0 and the relative L2 check would judge rounding noise)
+    c.arch = 90;
+    c.batch = 2;
+    c.sq = 130;
+    c.sk = 1;
+    c.h = HeadConfig{2, 1, 2, 1, 128, 128, DType::kBFloat16};
+    c.backward = false;
+    c.seed = ++seed;
+    run_case(c);
+  }
+  {
+    Case c;  // one query, THD with empty samples
+    c.arch = 90;
+    c.varlen = true;
+    c.lq = {1, 0, 3};
+    c.lk = {300, 5, 0};
+    c.batch = 3;
+    c.h = HeadConfig{4, 2, 4, 3, 64, 64, DType::kFloat16};
+    c.seed = ++seed;
+    run_case(c);
+  }
+  {
+    Case c;  // every row empty
+    c.arch = 90;
+    c.sq = 200;
+    c.sk = 190;
+    c.h = HeadConfig{2, 1, 1, 1, 64, 64, DType::kFloat16};
+    c.mopt.p_empty_row = 1.0;
+    c.seed = ++seed;
+    run_case(c);
+  }
+  {
+    Case c;  // every row sees every key, tile-aligned: only full blocks
+    c.arch = 90;
+    c.batch = 2;
+    c.sq = 256;
+    c.sk = 384;
+    c.h = HeadConfig{4, 2, 1, 1, 128, 128, DType::kBFloat16};
+    c.mopt.p_full_row = 1.0;
+    c.mopt.p_empty_row = 0.0;
+    c.seed = ++seed;
+    run_case(c);
+    c.h.dqk = c.h.dv = 64;
+    c.h.dtype = DType::kFloat16;
+    c.seed = ++seed;
+    run_case(c);
+  }
+  {
+    Case c;  // all scores negative (signed max_logit), MQA, Hmask = Hq, block-granular mask
+    c.arch = 90;
+    c.batch = 2;
+    c.sq = 300;
+    c.sk = 333;
+    c.h = HeadConfig{3, 1, 3, 3, 128, 128, DType::kBFloat16};
+    c.negative_logits = true;
+    c.mopt.granularity = 128;
+    c.seed = ++seed;
+    run_case(c);
+  }
+  {
+    Case c;  // strided (heads-outer, padded) tensors, optional outputs off
+    c.arch = 90;
+    c.batch = 2;
+    c.sq = 257;
+    c.sk = 255;
+    c.h = HeadConfig{4, 4, 1, 3, 64, 64, DType::kBFloat16};
+    c.strided = true;
+    c.fwd_lse = false;
+    c.fwd_ml = false;
+    c.seed = ++seed;
+    run_case(c);
+  }
+}
+
+// Long walks: the split schedule (persistent kernel claiming items, combine of split tasks),
+// bitwise identical over two runs; without a workspace and in grid mode: static persistent grid.
+TEST(FlexGpuSm90, FwdSplitAndUnsplit) {
+  REQUIRE_SM90();
+  {
+    Case c = fwd_split_case("global", HeadConfig{4, 2, 4, 5, 128, 128, DType::kBFloat16}, 9201);
+    c.arch = 90;
+    c.sq = 2600;
+    c.sk = 2600;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("dense", HeadConfig{4, 1, 1, 1, 64, 64, DType::kFloat16}, 9202);
+    c.arch = 90;
+    c.varlen = true;
+    c.lq = {1100, 0, 300};
+    c.lk = {2300, 50, 2100};
+    c.batch = 3;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("longformer", HeadConfig{4, 1, 1, 1, 128, 128, DType::kFloat16}, 9203);
+    c.arch = 90;
+    c.sq = 4096;
+    c.fwd_ml = false;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("global", HeadConfig{4, 1, 4, 5, 64, 64, DType::kBFloat16}, 9204);
+    c.arch = 90;
+    c.sq = 2600;
+    c.sk = 2600;
+    c.expect_fwd_split = false;
+    c.fwd_workspace = false;
+    run_case(c);
+    c.fwd_workspace = true;
+    c.grid_mode = true;
+    c.seed = 9205;
+    run_case(c);
+  }
+}
+
+// Small cases for compute-sanitizer (memcheck / racecheck / synccheck).
+TEST(FlexGpuSm90, SanitizerSmall) {
+  REQUIRE_SM90();
+  Case a;
+  a.arch = 90;
+  a.batch = 1;
+  a.sq = 200;
+  a.sk = 140;
+  a.h = HeadConfig{2, 1, 2, 3, 128, 128, DType::kBFloat16};
+  a.backward = false;
+  a.seed = 9301;
+  run_case(a);
+  Case b;
+  b.arch = 90;
+  b.varlen = true;
+  b.lq = {70, 0, 165};
+  b.lk = {66, 20, 0};
+  b.batch = 3;
+  b.h = HeadConfig{2, 2, 1, 1, 64, 64, DType::kFloat16};
+  b.backward = false;
+  b.seed = 9302;
+  run_case(b);
+  Case f = fwd_split_case("global", HeadConfig{2, 1, 2, 5, 64, 64, DType::kBFloat16}, 9303);
+  f.arch = 90;
+  f.sq = 2200;
+  f.sk = 2200;
+  run_case(f);
 }
 
 #endif  // FLASHSPAN_WITH_CUDA
