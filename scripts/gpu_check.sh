@@ -161,6 +161,12 @@ fi
 
 # 1. The whole C++ suite (GPU tests included; CPU tests are cheap). No test may be skipped.
 gtest_run "gtest (all)" gtest.log "$tests" --gtest_brief=1
+# The sm90 D = 64 forward without producer/consumer overlap is chosen by an environment
+# variable read once per process: its own run, so that compiled variant is tested too.
+if "$tests" --gtest_list_tests --gtest_filter='FlexGpuSm90.*' 2>/dev/null | grep -q '^  '; then
+  gtest_run "gtest sm90 no-overlap" gtest_sm90_no_overlap.log env FLASHSPAN_SM90_OVERLAP=0 "$tests" --gtest_brief=1 \
+    --gtest_filter='FlexGpuSm90.*'
+fi
 
 # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one. Missing sanitizer = failure.
 if [ "${GPU_CHECK_NO_SANITIZER:-0}" = 1 ]; then
