@@ -170,12 +170,14 @@ fi
 
 # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one. Missing sanitizer = failure.
 if [ "${GPU_CHECK_NO_SANITIZER:-0}" = 1 ]; then
-  waive "memcheck + racecheck" "GPU_CHECK_NO_SANITIZER=1"
+  waive "memcheck + racecheck + synccheck" "GPU_CHECK_NO_SANITIZER=1"
 elif command -v compute-sanitizer >/dev/null; then
-  filt=${GPU_CHECK_SANITIZER_FILTER:-'FlexGpu.SanitizerSmall:FlexGpu.PackedGqaGridAndNoWorkspace:PlannerGpu.ThdWithEmptySamples:PlannerGpu.RandomMasksGqaPerHead'}
+  filt=${GPU_CHECK_SANITIZER_FILTER:-'FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpu.PackedGqaGridAndNoWorkspace:PlannerGpu.ThdWithEmptySamples:PlannerGpu.RandomMasksGqaPerHead'}
   gtest_run "memcheck" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" --gtest_filter="$filt"
   gtest_run "racecheck" racecheck.log compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" \
-    --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:PlannerGpu.ThdWithEmptySamples}"
+    --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:PlannerGpu.ThdWithEmptySamples}"
+  gtest_run "synccheck (sm90)" synccheck.log compute-sanitizer --tool synccheck --error-exitcode 3 "$tests" \
+    --gtest_filter=FlexGpuSm90.SanitizerSmall
 else
   fail "compute-sanitizer" "compute-sanitizer not found (PATH=$PATH): the memcheck / racecheck steps cannot run"
 fi
@@ -189,9 +191,12 @@ tail -n 5 "$out/pytest_skips.log"
 
 # 4. Short benchmark; each exits non-zero when its correctness check fails.
 if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
-  for b in flashspan_plan_bench flashspan_kernel_bench; do
+  for b in flashspan_plan_bench flashspan_kernel_bench flashspan_family_bench; do
     if [ -x "$build/benchmarks/$b" ]; then
-      step "${b#flashspan_}" "$b.log" "$build/benchmarks/$b"
+      args=()
+      # sm80 vs sm90 forward side by side (5 iterations, S = 32768, D = 128, H = 4).
+      [ "$b" = flashspan_family_bench ] && args=(5 32768 128 4)
+      step "${b#flashspan_}" "$b.log" "$build/benchmarks/$b" "${args[@]}"
     else
       fail "${b#flashspan_}" "$build/benchmarks/$b not built"
     fi

@@ -417,6 +417,7 @@ def create_mask_plan(
     max_seqlen_k: Optional[int] = None,
     pack_gqa: Optional[bool] = None,
     build_backward: Optional[bool] = None,
+    arch: Optional[int] = None,
 ) -> MaskPlan:
     """Compiles interval endpoints into a reusable :class:`MaskPlan`.
 
@@ -439,6 +440,10 @@ def create_mask_plan(
             packing is the identity and ``plan.pack_gqa`` is False.
         build_backward: build backward metadata; None means "autograd is enabled and any
             of q/k/v requires grad".
+        arch: kernel family the plan is laid out for: 80 (portable mma.sync kernels, any
+            sm_80+ GPU), 90 (Hopper forward, sm_90 only), or None to let the library choose
+            (``FLASHSPAN_KERNEL_FAMILY``, README "Kernel family"; CPU plans are 80).
+            ``plan.arch`` tells which one a plan got.
 
     CUDA masks are planned on the current CUDA stream. Errors: ValueError (a rule is
     broken, message names it), TypeError (dtype/device), RuntimeError (CUDA failure).
@@ -473,6 +478,9 @@ def create_mask_plan(
         max_seqlen_q = max_seqlen_k = 0
     if build_backward is None:
         build_backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
+    arch = _optional_int("arch", arch)
+    if arch is not None and arch not in (80, 90):
+        raise ValueError(f"arch must be 80, 90 or None, got {arch}")
     if pack_gqa is None:
         pack_gqa_code = -1
     else:
@@ -502,7 +510,7 @@ def create_mask_plan(
         int(max_seqlen_k),
         pack_gqa_code,
         1 if build_backward else 0,
-        0,
+        0 if arch is None else arch,
         None,
     )
     handle = ctypes.c_void_p()

@@ -75,8 +75,12 @@ class Pool:
                 q.put(None)
             except Exception:
                 pass
+        import time
+
+        deadline = time.monotonic() + (2.0 if not self.broken else 0.2)  # one shared grace period
         for p in self.procs:
-            p.join(timeout=2 if not self.broken else 0.2)
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=5)
@@ -90,8 +94,15 @@ class Pool:
 def worker_main(rank, world, port, backend, device, timeout_s, tasks, results):
     import torch.distributed as dist
 
+    import warnings
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+    # Every torch.empty (kernel outputs, receive buffers, workspaces) starts as NaN / 0xFF, as in
+    # conftest.uninitialized_memory_poisoned: a value never written cannot pass for a result.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    warnings.filterwarnings("ignore", message=".*(deterministic|CuBLAS|CUBLAS).*")
     if device == "cuda":
         # One GPU per rank when there are enough; otherwise ranks share GPUs (correctness only,
         # and only where NCCL accepts several ranks on one device).

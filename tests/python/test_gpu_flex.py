@@ -109,11 +109,14 @@ def test_deterministic_backward_is_bitwise_reproducible(fs):
 
 
 def test_cuda_plan_equals_host_plan(fs):
-    # Host and CUDA planners lay out the same consumer: every array must agree bitwise.
+    # Host and CUDA planners lay out the same consumer: every array must agree bitwise. The CUDA
+    # plan's family may be chosen by the device (sm90 on Hopper); the host plan is asked for the same.
     p = _problem(11, torch.bfloat16, True, hm=4)
     plan_gpu = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True, **p.plan_kwargs())
     cpu = {n: (t.cpu() if isinstance(t, torch.Tensor) else t) for n, t in p.plan_kwargs().items()}
-    plan_cpu = fs.create_mask_plan(p.mask_func.cpu(), p.q.cpu(), p.k.cpu(), p.v.cpu(), build_backward=True, **cpu)
+    plan_cpu = fs.create_mask_plan(p.mask_func.cpu(), p.q.cpu(), p.k.cpu(), p.v.cpu(), build_backward=True,
+                                   arch=plan_gpu.arch, **cpu)
+    assert plan_cpu.arch == plan_gpu.arch
     g, c = plan_gpu.debug_snapshot(), plan_cpu.debug_snapshot()
     for name in g:
         assert name in c, name

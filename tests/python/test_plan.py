@@ -227,3 +227,17 @@ def test_visualize_without_matplotlib(fs, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     with pytest.raises(ImportError, match="visualize needs matplotlib"):
         plan.visualize(str(tmp_path / "x.png"))
+
+
+def test_plan_arch_choice(fs):
+    """arch picks the kernel family a plan is laid out for (tiles follow it); CPU plans default to 80;
+    a value other than 80 / 90 / None is a ValueError naming arch."""
+    p = make_problem(12, batch=1, seqlen_q=200, seqlen_k=300, hq=2, hkv=1, dqk=64, dv=64)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    assert plan.arch == 80 and (plan.fwd_block_q, plan.fwd_block_k) == (128, 64)
+    plan90 = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, arch=90, build_backward=True)
+    assert plan90.arch == 90 and (plan90.fwd_block_q, plan90.fwd_block_k) == (128, 128)
+    assert (plan90.bwd_block_q, plan90.bwd_block_k) == (64, 128)
+    assert_close(fs.flex_attn_func(p.q, p.k, p.v, plan90), p.reference()[0], torch.float32, "out")
+    with pytest.raises(ValueError, match="arch"):
+        fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, arch=81)

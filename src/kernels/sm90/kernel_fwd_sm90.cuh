@@ -30,7 +30,7 @@
 //
 // Shared memory (1024-byte aligned, 128B-swizzled tiles as TMA writes them): a tile of 128
 // rows x kD columns is kD / 64 slabs of 128 rows x 128 bytes (16 KB each); Q, then kStages K
-// tiles, then kStages V tiles, then the barriers and the item ring. D = 128: 225 KB.
+// tiles, then kStages V tiles, then the barriers and the item ring. D = 128: 161 KB.
 // wgmma descriptors: K-major tiles (Q, K): SBO = 1024 (8 rows x 128 B), k16 step = +32 B inside
 // a slab, next slab every 4 steps; V as N-major B: LBO = 16 KB (slab stride), SBO = 1024,
 // k16 step (16 keys) = +2 KB.
@@ -55,9 +55,10 @@
 
 namespace flashspan::kern90 {
 
-// kStages K/V stages: 3 fit next to Q for D = 128 (224 KB of tiles) and hide the TMA latency of
-// short key walks better than 2.
-constexpr int kBlockQ = 128, kBlockK = 128, kStages = 3, kThreads = 384;
+// kStages K/V stages. 3 fit next to Q for D = 128 (224 KB of tiles) but measured no faster on
+// the H200 (S=131072 causal 532 vs 545 TFLOP/s with 2, PERF_LOG v1.0): 2 leave more of the
+// unified L1 to the payload and CSR reads.
+constexpr int kBlockQ = 128, kBlockK = 128, kStages = 2, kThreads = 384;
 constexpr int kConsumerThreads = 256;
 constexpr int kSlabBytes = 128 * 128;  // 128 rows x 64 16-bit columns
 
@@ -409,6 +410,15 @@ __device__ __forceinline__ void consumer(const FlexFwdParams& p, uint32_t base, 
     float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
 
     mbar_wait(q_full, item_it & 1);
+    // Q is released to the producer as soon as the item's last S GEMM has completed, so that the
+    // next item's Q load overlaps this item's last softmax, P V and epilogue.
+    bool q_held = true;
+    auto release_q = [&](bool last) {
+      if (last && q_held) {
+        mbar_arrive(q_empty);
+        q_held = false;
+      }
+    };
     int kb = 0, entry = 0;
     bool partial = false;
     if constexpr (!kOverlap) {
@@ -429,6 +439,7 @@ __device__ __forceinline__ void consumer(const FlexFwdParams& p, uint32_t base, 
         issue_qk<kD, kBf16>(s, q_tile, k_tile);
         wg_commit();
         wg_wait<0>();
+        release_q(cur.remaining() == 0);
         reg_fence(s);
         float corr[2];
         softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);
@@ -466,6 +477,7 @@ __device__ __forceinline__ void consumer(const FlexFwdParams& p, uint32_t base, 
           issue_qk<kD, kBf16>(s, q_tile, base + L::kK + st_prev * L::kTileBytes);
           wg_commit();
           wg_wait<0>();
+          release_q(cur.remaining() == 0);
           reg_fence(s);
           float corr[2];
           softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);  // o = 0: no rescale
@@ -489,6 +501,7 @@ __device__ __forceinline__ void consumer(const FlexFwdParams& p, uint32_t base, 
           issue_pv<kD, kBf16>(o, pa, base + L::kV + st_prev * L::kTileBytes);
           wg_commit();
           wg_wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
+          release_q(cur.remaining() == 0);
           reg_fence(s);
           float corr[2];
           softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);
@@ -510,7 +523,7 @@ __device__ __forceinline__ void consumer(const FlexFwdParams& p, uint32_t base, 
         mbar_arrive(kv_empty + 8 * st_prev);
       }
     }
-    mbar_arrive(q_empty);
+    release_q(true);  // an item without key blocks
 
     // Epilogue.
     const int q_start = __ldg(p.cu_seqlens_q + it.b), len_q = __ldg(p.cu_seqlens_q + it.b + 1) - q_start;
