@@ -231,7 +231,7 @@ def _reference(p, varlen, scale, backward=True, use_dlse=True):
         ml = max(1, max(b - a for a, b in zip(p["cu"], p["cu"][1:])))
         kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=ml, max_seqlen_k=ml)
     plan = flashspan.create_mask_plan(p["mask_func"], q, k, v, build_backward=backward, **kw)
-    out, lse = flashspan.flex_attn_func(q, k, v, plan, softmax_scale=scale, return_lse=True)
+    out, lse = flashspan.flex_attn_func(q, k, v, mask_plan=plan, softmax_scale=scale, return_lse=True)
     res = dict(out=out.detach(), lse=lse.detach())
     if backward:
         finite = torch.isfinite(lse)
