@@ -263,8 +263,18 @@ FS_API fs_status_t fs_create_mask_plan(const fs_mask_plan_args_t* args, fs_mask_
       FS_CHECK_SUPPORTED(false, "q: is a CUDA tensor but this build of flashspan has no CUDA support");
 #endif
     }
-    FlexGeometry g = validate_plan_inputs(in, cu_q_host.empty() ? nullptr : cu_q_host.data(),
-                                          cu_k_host.empty() ? nullptr : cu_k_host.data());
+    FlexGeometry g;
+    try {
+      g = validate_plan_inputs(in, cu_q_host.empty() ? nullptr : cu_q_host.data(),
+                               cu_k_host.empty() ? nullptr : cu_k_host.data());
+      // Head dims no kernel of the plan's device runs are a broken rule at plan creation (the
+      // seed raises ValueError here), not a plan that fails later at check_support.
+      if (on_cuda) check_head_dims_gpu(g.head_dim_qk, g.head_dim_v);
+    } catch (const Error& e) {
+      // The only NOT_SUPPORTED rules of plan validation are the head-dim rules.
+      if (e.status() == Status::kNotSupported) throw Error(Status::kInvalidArgument, e.what());
+      throw;
+    }
     PlanRequest req;
     req.geometry = &g;
     const int arch = resolve_arch(args->arch, g, args->pack_gqa);

@@ -78,3 +78,32 @@ TEST(FuzzRegressions, MisalignedDataPointerIsRejected) {
 }
 
 }  // namespace
+
+namespace {
+
+// Found reading the code the fuzzer pointed at: heads, head dims and B were cast to int
+// without a range check (Hq = 2^32 + 2 became 2).
+TEST(FuzzRegressions, ExtentsBeyondIntAreRejectedNotTruncated) {
+  const int64_t huge = (int64_t(1) << 32) + 2;
+  std::vector<int64_t> qs{1, 8, huge, 16}, ks{1, 8, 2, 16}, ms{1, 1, 8};
+  std::vector<int32_t> mask(8, 1);
+  fs_tensor_t q = describe(nullptr, kF32, qs), k = describe(nullptr, kF32, ks), v = describe(nullptr, kF32, ks);
+  fs_tensor_t m = describe(mask.data(), kI32, ms);
+  fs_mask_plan_args_t a{};
+  a.mask_func = &m;
+  a.q = &q;
+  a.k = &k;
+  a.v = &v;
+  a.pack_gqa = -1;
+  fs_mask_plan_t plan = nullptr;
+  EXPECT_EQ(fs_create_mask_plan(&a, &plan), FS_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fs_get_last_error()).find("the number of heads must be below 2^31"), std::string::npos)
+      << fs_get_last_error();
+  qs = {huge, 8, 2, 16};
+  ks = {huge, 8, 2, 16};
+  EXPECT_EQ(fs_create_mask_plan(&a, &plan), FS_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fs_get_last_error()).find("q: batch size B (dim 0) must be in [1, 2^31)"), std::string::npos)
+      << fs_get_last_error();
+}
+
+}  // namespace
