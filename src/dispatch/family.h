@@ -54,6 +54,18 @@ Consumer consumer_for_plan(int arch, const FlexGeometry& g, bool pack_gqa);
 // (fewer full blocks), so it is not chosen; callers can still force it (pack_gqa = 1).
 bool choose_pack_gqa(const FlexGeometry& g, const Consumer& c);
 
+// What a plan request gets (the C ABI's fs_create_mask_plan asks here): the kernel family
+// (requested_arch 0 = choose, else 80 or 90: resolve_arch in family.cpp says how), pack_gqa
+// (requested -1 = choose_pack_gqa, except that an automatically chosen sm90 plan is unpacked;
+// else 0/1) and the consumer (consumer_for_plan). Throws Error(kInvalidArgument) naming `arch`
+// or FLASHSPAN_KERNEL_FAMILY for a value outside their rules.
+struct PlanChoice {
+  int arch = 80;
+  Consumer consumer;
+  bool pack_gqa = false;
+};
+PlanChoice choose_plan(int requested_arch, int requested_pack_gqa, const FlexGeometry& g);
+
 // Head dims the GPU kernels (the sm80 family) run: {8, 16, ..., 128}^2, (192, 128),
 // (256, 256). Throws Error(kNotSupported) naming the dims otherwise.
 void check_head_dims_gpu(int dqk, int dv);
