@@ -1,14 +1,8 @@
 // The kernel-family registry (family.h): the sm80 family from its tile table, the sm90 slot.
 #include "dispatch/family.h"
 
-#include <cstdlib>
-#include <string>
-
 #include "core/error.h"
 #include "core/validation.h"
-#ifdef FLASHSPAN_WITH_CUDA
-#include "kernels/sm90/launch_sm90.h"  // sm90::device_supported, fwd_config_supported
-#endif
 
 namespace flashspan {
 
@@ -88,60 +82,6 @@ Consumer consumer_for_plan(int arch, const FlexGeometry& g, bool pack_gqa) {
 
 bool choose_pack_gqa(const FlexGeometry& g, const Consumer& c) {
   return g.num_heads_kv > 0 && g.group_size() > 1 && g.max_seqlen_q < c.fwd_block_q;
-}
-
-namespace {
-
-// Kernel family asked for by the environment: FLASHSPAN_KERNEL_FAMILY = "sm80" (the portable
-// mma.sync kernels), "sm90" or "auto" (the Hopper forward where it runs), unset = the default
-// below. Any other value is an error naming the variable.
-// Default: "auto" (the whole GPU suite, C++ and Python, passed with it on an H200; the portable
-// family stays one variable away: FLASHSPAN_KERNEL_FAMILY=sm80).
-constexpr int kDefaultFamily = 90;
-
-int family_from_env() {
-  const char* v = std::getenv("FLASHSPAN_KERNEL_FAMILY");
-  if (v == nullptr || *v == '\0') return kDefaultFamily;
-  const std::string s(v);
-  if (s == "sm80") return 80;
-  if (s == "sm90" || s == "auto") return 90;
-  FS_CHECK_ARG(false, "FLASHSPAN_KERNEL_FAMILY: must be sm80, sm90 or auto, got '", s, "'");
-  return 80;
-}
-
-// The kernel family (consumer arch) of a plan built with arch = 0 ("choose"). CPU plans, and
-// CUDA plans on devices or configurations the sm90 forward does not cover, take the portable
-// sm80 family (so CPU and CUDA plans of such calls compare bitwise); a CUDA plan on an sm_90
-// device with the sm90 code built takes the sm90 family when the environment allows it
-// (family_from_env) and the sm90 forward covers the call (fp16/bf16, Dqk = Dv in {64, 128},
-// unpacked rows: `pack_gqa` is the caller's request; with -1 (choose) calls the packing
-// heuristic would pack keep the sm80 family, the others resolve to unpacked).
-int resolve_arch(int requested, const FlexGeometry& g, int32_t pack_gqa) {
-  FS_CHECK_ARG(requested == 0 || requested == 80 || requested == 90, "arch: must be 0 (choose), 80 or 90, got ",
-               requested);
-  if (requested != 0) return requested;
-  if (family_from_env() != 90 || g.device != DeviceType::kCUDA || pack_gqa == 1) return 80;
-  // Calls the packed-GQA heuristic would pack (decode, short queries) keep the sm80 family
-  // and its packed (and 16-row decode) forward: the sm90 forward has no packed rows yet.
-  if (pack_gqa == -1 && choose_pack_gqa(g, consumer_for(80, g.head_dim_qk, g.head_dim_v))) return 80;
-#ifdef FLASHSPAN_WITH_CUDA
-  if (sm90::device_supported(g.device_id) && sm90::fwd_config_supported(g, false)) return 90;
-#endif
-  return 80;
-}
-
-}  // namespace
-
-PlanChoice choose_plan(int requested_arch, int requested_pack_gqa, const FlexGeometry& g) {
-  PlanChoice c;
-  c.arch = resolve_arch(requested_arch, g, requested_pack_gqa);
-  const Consumer base = consumer_for(c.arch, g.head_dim_qk, g.head_dim_v);
-  // An automatically chosen sm90 plan is unpacked (the sm90 forward has no packed rows yet).
-  const bool auto_sm90 = requested_arch == 0 && c.arch == 90;
-  c.pack_gqa = requested_pack_gqa == -1 ? (!auto_sm90 && choose_pack_gqa(g, base)) : requested_pack_gqa == 1;
-  // Packed decode plans take the small forward tile (consumer_for_plan).
-  c.consumer = consumer_for_plan(c.arch, g, c.pack_gqa);
-  return c;
 }
 
 void check_head_dims_gpu(int dqk, int dv) { kernel_family(80).check_head_dims(dqk, dv); }
