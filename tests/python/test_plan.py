@@ -157,7 +157,9 @@ def test_debug_snapshot(fs):
     nqb = int(snap["fwd_q_block_start"][-1])
     assert snap["fwd_q2k_partial_ptr"].shape == (2 * nqb + 1,)
     assert snap["fwd_q2k_partial_ptr"][-1] == plan.fwd_partial_blocks
-    assert snap["fwd_q2k_full_ptr"][-1] == plan.fwd_full_blocks
+    runs = snap["fwd_q2k_full_runs"].reshape(-1, 2)
+    assert runs.shape[0] == snap["fwd_q2k_full_ptr"][-1]
+    assert int((runs[:, 1] - runs[:, 0]).sum()) == plan.fwd_full_blocks
     assert snap["fwd_tasks"].size == 4 * plan.num_tasks
     assert torch.equal(torch.from_numpy(snap["mask_func"]).view_as(p.mask_func), p.mask_func)
     with pytest.raises(ValueError, match="no array named 'nope'"):
