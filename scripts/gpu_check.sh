@@ -45,12 +45,14 @@ export PYTHONUNBUFFERED=1
 # 1. The whole C++ suite (GPU tests included; CPU tests are cheap).
 step "gtest (all)" gtest.log "$tests" --gtest_brief=1
 
-# 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one.
+# 2. compute-sanitizer: memcheck on small GPU cases, racecheck on a few, synccheck on the sm90 ones.
 if command -v compute-sanitizer >/dev/null; then
-  filt=${GPU_CHECK_SANITIZER_FILTER:-'FlexGpu.SanitizerSmall:FlexGpu.PackedGqaGridAndNoWorkspace:PlannerGpu.ThdWithEmptySamples:PlannerGpu.RandomMasksGqaPerHead'}
+  filt=${GPU_CHECK_SANITIZER_FILTER:-'FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpu.PackedGqaGridAndNoWorkspace:PlannerGpu.ThdWithEmptySamples:PlannerGpu.RandomMasksGqaPerHead'}
   step "memcheck" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" --gtest_filter="$filt"
   step "racecheck" racecheck.log compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" \
-    --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:PlannerGpu.ThdWithEmptySamples}"
+    --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:PlannerGpu.ThdWithEmptySamples}"
+  step "synccheck (sm90)" synccheck.log compute-sanitizer --tool synccheck --error-exitcode 3 "$tests" \
+    --gtest_filter=FlexGpuSm90.SanitizerSmall
 fi
 
 # 3. Python suite (GPU tests run here; CPU ones too).
@@ -60,6 +62,7 @@ step "pytest" pytest.log python3 -m pytest -q -p no:cacheprovider -x "$root/test
 if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
   [ -x "$build/benchmarks/flashspan_plan_bench" ] && step "plan bench" plan_bench.log "$build/benchmarks/flashspan_plan_bench"
   [ -x "$build/benchmarks/flashspan_kernel_bench" ] && step "kernel bench" kernel_bench.log "$build/benchmarks/flashspan_kernel_bench"
+  [ -x "$build/benchmarks/flashspan_family_bench" ] && step "family bench (sm80 vs sm90)" family_bench.log "$build/benchmarks/flashspan_family_bench" 5 32768 128 4
   step "pack_gqa bench" pack_gqa_bench.log python3 "$root/benchmarks/pack_gqa_bench.py" --reps 10
   step "flashspan-bench --quick" bench.log python3 -m flashspan.bench --quick \
     --time-limit "${GPU_CHECK_BENCH_SECONDS:-180}" --output-dir "$out/bench"

@@ -2,6 +2,7 @@
 // and a per-thread last-error message. Dispatches CPU tensors to the reference backend
 // and CUDA tensors to the planner/kernels.
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -19,6 +20,8 @@
 
 #ifdef FLASHSPAN_WITH_CUDA
 #include <cuda_runtime.h>
+
+#include "kernels/sm90/launch_sm90.h"
 #endif
 
 #ifndef FLASHSPAN_VERSION_STRING
@@ -136,13 +139,48 @@ float resolve_scale(const FlexGeometry& g, float scale, int32_t has_scale, bool 
   return s;
 }
 
-int resolve_arch(int requested, const FlexGeometry& g) {
+// Scale of one execute(): the call's own when it sets has_softmax_scale, else the one resolved at create().
+float execute_scale(float compiled, float scale, int32_t has_scale, bool want_max_logit) {
+  if (!has_scale) return compiled;
+  check_softmax_scale(scale, want_max_logit);
+  return scale;
+}
+
+// Kernel family asked for by the environment: FLASHSPAN_KERNEL_FAMILY = "sm80" (the portable
+// mma.sync kernels), "sm90" or "auto" (the Hopper forward where it runs), unset = the default
+// below. Any other value is an error naming the variable.
+// Default: "auto" (the whole GPU suite, C++ and Python, passed with it on an H200; the portable
+// family stays one variable away: FLASHSPAN_KERNEL_FAMILY=sm80).
+constexpr int kDefaultFamily = 90;
+
+int family_from_env() {
+  const char* v = std::getenv("FLASHSPAN_KERNEL_FAMILY");
+  if (v == nullptr || *v == '\0') return kDefaultFamily;
+  const std::string s(v);
+  if (s == "sm80") return 80;
+  if (s == "sm90" || s == "auto") return 90;
+  FS_CHECK_ARG(false, "FLASHSPAN_KERNEL_FAMILY: must be sm80, sm90 or auto, got '", s, "'");
+  return 80;
+}
+
+// The kernel family (consumer arch) of a plan built with arch = 0 ("choose"). CPU plans, and
+// CUDA plans on devices or configurations the sm90 forward does not cover, take the portable
+// sm80 family (so CPU and CUDA plans of such calls compare bitwise); a CUDA plan on an sm_90
+// device with the sm90 code built takes the sm90 family when the environment allows it
+// (family_from_env) and the sm90 forward covers the call (fp16/bf16, Dqk = Dv in {64, 128},
+// unpacked rows: `pack_gqa` is the caller's request; with -1 (choose) calls the packing
+// heuristic would pack keep the sm80 family, the others resolve to unpacked).
+int resolve_arch(int requested, const FlexGeometry& g, int32_t pack_gqa) {
   FS_CHECK_ARG(requested == 0 || requested == 80 || requested == 90, "arch: must be 0 (choose), 80 or 90, got ",
                requested);
   if (requested != 0) return requested;
-  // Only the portable (mma.sync) kernel family exists so far; it serves every sm_80+ GPU,
-  // and CPU plans use its layout too (so host and CUDA plans compare bitwise).
-  (void)g;
+  if (family_from_env() != 90 || g.device != DeviceType::kCUDA || pack_gqa == 1) return 80;
+  // Calls the packed-GQA heuristic would pack (decode, short queries) keep the sm80 family
+  // and its packed (and 16-row decode) forward: the sm90 forward has no packed rows yet.
+  if (pack_gqa == -1 && choose_pack_gqa(g, consumer_for(80, g.head_dim_qk, g.head_dim_v))) return 80;
+#ifdef FLASHSPAN_WITH_CUDA
+  if (sm90::device_supported(g.device_id) && sm90::fwd_config_supported(g, false)) return 90;
+#endif
   return 80;
 }
 
@@ -229,10 +267,12 @@ FS_API fs_status_t fs_create_mask_plan(const fs_mask_plan_args_t* args, fs_mask_
                                           cu_k_host.empty() ? nullptr : cu_k_host.data());
     PlanRequest req;
     req.geometry = &g;
-    const int arch = resolve_arch(args->arch, g);
+    const int arch = resolve_arch(args->arch, g, args->pack_gqa);
     req.consumer = consumer_for(arch, g.head_dim_qk, g.head_dim_v);
     req.build_backward = args->build_backward == 1;
-    req.pack_gqa = args->pack_gqa == -1 ? choose_pack_gqa(g, req.consumer) : args->pack_gqa == 1;
+    // An automatically chosen sm90 plan is unpacked (the sm90 forward has no packed rows yet).
+    const bool auto_sm90 = args->arch == 0 && arch == 90;
+    req.pack_gqa = args->pack_gqa == -1 ? (!auto_sm90 && choose_pack_gqa(g, req.consumer)) : args->pack_gqa == 1;
     // Packed decode plans take the small forward tile (mask_plan.h, consumer_for_plan).
     req.consumer = consumer_for_plan(arch, g, req.pack_gqa);
 
@@ -524,6 +564,7 @@ FS_API fs_status_t fs_flex_fwd_execute(fs_flex_fwd_t op, const fs_flex_fwd_args_
     op->out.check_matches(t.out, "out");
     op->lse.check_matches(t.lse, "lse");
     op->max_logit.check_matches(t.max_logit, "max_logit");
+    const float scale = execute_scale(op->scale, a->softmax_scale, a->has_softmax_scale, t.max_logit.defined());
     if (op->on_cpu()) {
       reference::FlexForwardArgs r;
       r.geometry = &plan.geometry;
@@ -534,7 +575,7 @@ FS_API fs_status_t fs_flex_fwd_execute(fs_flex_fwd_t op, const fs_flex_fwd_args_
       r.out = t.out;
       r.lse = t.lse;
       r.max_logit = t.max_logit;
-      r.softmax_scale = op->scale;
+      r.softmax_scale = scale;
       reference::flex_forward(r);
       return;
     }
@@ -549,7 +590,7 @@ FS_API fs_status_t fs_flex_fwd_execute(fs_flex_fwd_t op, const fs_flex_fwd_args_
     l.out = t.out;
     l.lse = t.lse;
     l.max_logit = t.max_logit;
-    l.softmax_scale = op->scale;
+    l.softmax_scale = scale;
     l.workspace = workspace;
     l.workspace_bytes = workspace_bytes;
     l.stream = stream;
@@ -627,6 +668,7 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
     op->dk.check_matches(t.dk, "dk");
     op->dv.check_matches(t.dv, "dv");
     op->dlse.check_matches(t.dlse, "dlse");
+    const float scale = execute_scale(op->scale, a->softmax_scale, a->has_softmax_scale, false);
     if (op->on_cpu()) {
       reference::FlexBackwardArgs r;
       r.geometry = &plan.geometry;
@@ -641,7 +683,7 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
       r.dq = t.dq;
       r.dk = t.dk;
       r.dv = t.dv;
-      r.softmax_scale = op->scale;
+      r.softmax_scale = scale;
       reference::flex_backward(r);
       return;
     }
@@ -660,7 +702,7 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
     l.dq = t.dq;
     l.dk = t.dk;
     l.dv = t.dv;
-    l.softmax_scale = op->scale;
+    l.softmax_scale = scale;
     l.deterministic = op->deterministic;
     l.workspace = workspace;
     l.workspace_bytes = workspace_bytes;

@@ -1,8 +1,10 @@
 """pytest setup: import flashspan from the repo when it is not installed; FLASHSPAN_LIBRARY picks the library."""
 
+import contextlib
 import importlib.util
 import os
 import sys
+import warnings
 
 import pytest
 
@@ -63,3 +65,41 @@ def cuda_ready() -> bool:
         return lib.cuda_available()
     except ImportError:
         return False
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "no_poison: run without the poison_uninitialized fill (torch.compile tests)")
+
+
+@contextlib.contextmanager
+def uninitialized_memory_poisoned():
+    """PyTorch's uninitialized-memory fill: while active, torch.empty / empty_like / new_empty /
+    empty_strided return floating tensors full of NaN and integer ones full of their maximum (0xFF
+    bytes for uint8 workspaces), on every device and for every allocation size (it acts on the
+    tensor, not on the caching allocator). It needs deterministic-algorithms mode, switched on
+    here with warn_only=True (ops without a deterministic variant warn, they do not fail); the
+    previous settings are restored on exit."""
+    import torch
+
+    prev = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled(),
+            torch.utils.deterministic.fill_uninitialized_memory)
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*(deterministic|CuBLAS|CUBLAS).*")
+            yield
+    finally:
+        torch.use_deterministic_algorithms(prev[0], warn_only=prev[1])
+        torch.utils.deterministic.fill_uninitialized_memory = prev[2]
+
+
+@pytest.fixture
+def poison_uninitialized(request):
+    """Every output, gradient and workspace the library allocates starts as NaN / 0xFF during the test
+    (uninitialized_memory_poisoned); tests marked no_poison run unchanged."""
+    if request.node.get_closest_marker("no_poison"):
+        yield
+        return
+    with uninitialized_memory_poisoned():
+        yield

@@ -75,8 +75,12 @@ class Pool:
                 q.put(None)
             except Exception:
                 pass
+        import time
+
+        deadline = time.monotonic() + (2.0 if not self.broken else 0.2)  # one shared grace period
         for p in self.procs:
-            p.join(timeout=2 if not self.broken else 0.2)
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=5)
@@ -90,10 +94,19 @@ class Pool:
 def worker_main(rank, world, port, backend, device, timeout_s, tasks, results):
     import torch.distributed as dist
 
+    import warnings
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+    # Every torch.empty (kernel outputs, receive buffers, workspaces) starts as NaN / 0xFF, as in
+    # conftest.uninitialized_memory_poisoned: a value never written cannot pass for a result.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    warnings.filterwarnings("ignore", message=".*(deterministic|CuBLAS|CUBLAS).*")
     if device == "cuda":
-        torch.cuda.set_device(0)  # every rank shares the one GPU (correctness only)
+        # One GPU per rank when there are enough; otherwise ranks share GPUs (correctness only,
+        # and only where NCCL accepts several ranks on one device).
+        torch.cuda.set_device(rank % torch.cuda.device_count())
     dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=timeout_s))
     # Smaller worlds run on the subgroup of the first ranks (new_group is collective: all ranks
@@ -214,11 +227,11 @@ def _reference(p, varlen, scale, backward=True, use_dlse=True):
     q, k, v = (p[n].clone().requires_grad_(backward) for n in ("q", "k", "v"))
     kw = {}
     if varlen:
-        cu = torch.tensor(p["cu"], dtype=torch.int32)
+        cu = torch.tensor(p["cu"], dtype=torch.int32, device=p["q"].device)
         ml = max(1, max(b - a for a, b in zip(p["cu"], p["cu"][1:])))
         kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=ml, max_seqlen_k=ml)
     plan = flashspan.create_mask_plan(p["mask_func"], q, k, v, build_backward=backward, **kw)
-    out, lse = flashspan.flex_attn_func(q, k, v, plan, softmax_scale=scale, return_lse=True)
+    out, lse = flashspan.flex_attn_func(q, k, v, mask_plan=plan, softmax_scale=scale, return_lse=True)
     res = dict(out=out.detach(), lse=lse.detach())
     if backward:
         finite = torch.isfinite(lse)
@@ -244,11 +257,14 @@ def case_flex(rank, world, device, group=None, *, seed=0, varlen=False, scheme="
     import flashspan.distributed as fd
 
     dt = getattr(torch, dtype)
+    if device == "cuda" and dt == torch.float32:
+        dt = torch.bfloat16  # the CUDA kernels take FP16/BF16; fp32 runs on the CPU backend only
     p = _problem(seed, dtype=dt, **problem)
+    p = {n: (x.to(device) if isinstance(x, torch.Tensor) else x) for n, x in p.items()}
     ref = _reference(p, varlen, scale, backward, use_dlse)
     sh = _sharding(p, world, scheme, varlen)
     lse_dim = 1 if varlen else 2
-    local = {n: sh.shard(p[n], rank).to(device) for n in ("q", "k", "v", "dout")}
+    local = {n: sh.shard(p[n], rank) for n in ("q", "k", "v", "dout")}
     for n in ("q", "k", "v"):
         local[n].requires_grad_(backward)
     plan = fd.create_mask_plan(p["mask_func"], local["q"], local["k"], local["v"], sh, group=group,
@@ -257,13 +273,13 @@ def case_flex(rank, world, device, group=None, *, seed=0, varlen=False, scheme="
                                  deterministic=deterministic, return_lse=True)
     assert_close(out, sh.shard(ref["out"], rank), dt, "out")
     assert_close(lse, sh.shard(ref["lse"], rank, dim=lse_dim), torch.float32 if dt == torch.float32 else dt, "lse")
-    stats = dict(strategy=plan.strategy, pair_visible=plan.pair_visible,
+    stats = dict(strategy=plan.strategy, pair_visible=plan.pair_visible, ring_steps=plan.ring_steps,
                  skipped=sum(x is None for x in plan.pair_plans) if plan.pair_plans else 0)
     if backward:
         finite = torch.isfinite(lse)
         loss = (out.float() * local["dout"].float()).sum()
         if use_dlse:
-            loss = loss + (torch.where(finite, lse, 0.0) * sh.shard(p["dlse"], rank, dim=lse_dim).to(device)).sum()
+            loss = loss + (torch.where(finite, lse, 0.0) * sh.shard(p["dlse"], rank, dim=lse_dim)).sum()
         loss.backward()
         # Gradients of bf16/fp16 sum W rounded partials: allow a little more than the forward.
         f = 4.0 if dt == torch.float32 else 8.0
@@ -274,7 +290,7 @@ def case_flex(rank, world, device, group=None, *, seed=0, varlen=False, scheme="
     # Empty rows stay exactly empty.
     dead = torch.isneginf(sh.shard(ref["lse"], rank, dim=lse_dim))
     rows_out = out.transpose(0, 1) if varlen else out.transpose(1, 2)  # [H, T, D] / [B, H, S, D]
-    assert torch.all(rows_out[dead.to(device)] == 0), "rows that see no key must have out == 0 exactly"
+    assert torch.all(rows_out[dead] == 0), "rows that see no key must have out == 0 exactly"
     return stats
 
 
@@ -313,6 +329,9 @@ def case_errors(rank, world, device, group=None):
         (lambda: fd.create_mask_plan(p["mask_func"], q, k, v, _sharding(p, 1, "zigzag", False), group), ValueError),
         (lambda: fd.create_mask_plan(p["mask_func"], q, k, v, sh, group, strategy="tree"), ValueError),
         (lambda: fd.create_mask_plan(p["mask_func"][:, :, :-1], q, k, v, sh, group), ValueError),
+        (lambda: fd.create_mask_plan(p["mask_func"] + 8 * world, q, k, v, sh, group), ValueError),
+        (lambda: fd.create_mask_plan(p["mask_func"].flip(1).contiguous(), q, k, v, sh, group), ValueError),
+        (lambda: fd.create_mask_plan(p["mask_func"][:, :2].contiguous(), q, k, v, sh, group), ValueError),
     ):
         try:
             call()

@@ -129,6 +129,73 @@ def random_endpoints(gen: torch.Generator, hm: int, nfunc: int, cu_q: list[int],
     return torch.cat(rows, dim=2).to(torch.int32).contiguous()
 
 
+def endpoints_from_visibility(vis: torch.Tensor, nfunc: int) -> torch.Tensor:
+    """int32 [nfunc, rows] endpoints of a bool [rows, sk] visibility (runs of visible keys; the first run
+    is [0, F0) when it starts at key 0, else F0 = 0); `nfunc` must cover the row with the most runs."""
+    rows, sk = vis.shape
+    out = torch.zeros(nfunc, rows, dtype=torch.int64)
+    pad = torch.zeros(rows, 1, dtype=torch.int8)
+    d = torch.diff(torch.cat([pad, vis.to(torch.int8), pad], dim=1), dim=1)  # +1 at run starts, -1 at run ends
+    for r in range(rows):
+        starts = (d[r] == 1).nonzero().flatten().tolist()
+        ends = (d[r] == -1).nonzero().flatten().tolist()
+        ep = []
+        for a, e in zip(starts, ends):
+            ep += [e] if (a == 0 and not ep) else ([0, a, e] if not ep else [a, e])
+        if not ep:
+            ep = [0]
+        assert len(ep) <= nfunc, f"row {r} needs {len(ep)} endpoints > nfunc {nfunc}"
+        ep += [ep[-1]] * (nfunc - len(ep))
+        out[:, r] = torch.tensor(ep)
+    return out.to(torch.int32)
+
+
+def block_visibility(gen: torch.Generator, sq: int, sk: int, tile: int = 64, max_missing: int = 4) -> torch.Tensor:
+    """bool [sq, sk] on a tile x tile grid: tiles full (35 %), empty (20 %), "full minus n" (30 %: 1..max_missing
+    elements hidden, at tile corners or inside) or partial (a random staircase); 5 % of rows empty. The
+    Python twin of tests/cpp/mask_gen.h block_visibility, so the kernels meet full blocks next to blocks
+    missing a single element."""
+    vis = torch.zeros(sq, sk, dtype=torch.bool)
+    for q0 in range(0, sq, tile):
+        for k0 in range(0, sk, tile):
+            q1, k1 = min(sq, q0 + tile), min(sk, k0 + tile)
+            x = torch.rand((), generator=gen).item()
+            if x < 0.2:
+                continue
+            if x < 0.85:
+                vis[q0:q1, k0:k1] = True
+                if x >= 0.55:
+                    n = int(torch.randint(1, max_missing + 1, (), generator=gen))
+                    for _ in range(n):
+                        corner = torch.randint(0, 3, (2,), generator=gen).tolist()
+                        qq = [q0, q1 - 1, int(torch.randint(q0, q1, (), generator=gen))][corner[0]]
+                        kk = [k0, k1 - 1, int(torch.randint(k0, k1, (), generator=gen))][corner[1]]
+                        vis[qq, kk] = False
+            else:
+                off = int(torch.randint(-(k1 - k0) // 2, (k1 - k0) // 2 + 1, (), generator=gen))
+                for q in range(q0, q1):
+                    e = min(max(k0 + (q - q0) + 1 + off, k0), k1)
+                    vis[q, k0:e] = True
+    vis[torch.rand(sq, generator=gen) < 0.05] = False
+    return vis
+
+
+def block_endpoints(gen: torch.Generator, hm: int, cu_q: list[int], cu_k: list[int], tile: int = 64) -> torch.Tensor:
+    """int32 [hm, nfunc, Tq] block-structured masks (block_visibility) per (mask head, sample); nfunc is the
+    largest any row needs."""
+    vis = [[block_visibility(gen, cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b], tile) for b in range(len(cu_q) - 1)]
+           for _ in range(hm)]
+
+    def runs(v):
+        if v.numel() == 0:
+            return 0
+        d = torch.diff(torch.cat([torch.zeros(v.shape[0], 1, dtype=torch.int8), v.to(torch.int8)], dim=1), dim=1)
+        return int((d == 1).sum(1).max())
+
+    nfunc = 2 * max([runs(v) for per in vis for v in per] + [1]) + 1
+    return torch.stack([torch.cat([endpoints_from_visibility(v, nfunc) for v in per], dim=1) for per in vis])
+
+
 def causal_endpoints(cu_q: list[int], cu_k: list[int]) -> torch.Tensor:
     """int32 [1, 1, Tq]: bottom-right aligned causal per sample (row i of Sq sees [0, Sk - Sq + i + 1))."""
     rows = []
@@ -156,7 +223,8 @@ def make_problem(
     requires_grad: bool = False,
     mask: str = "random",
 ) -> Problem:
-    """Random q/k/v (normal) and mask. THD: seqlen_q/seqlen_k are per-sample length lists (or maxima)."""
+    """Random q/k/v (normal) and mask ("random" endpoints, "causal", or "blocks": block_endpoints, whose
+    nfunc follows from the mask). THD: seqlen_q/seqlen_k are per-sample length lists (or maxima)."""
     gen = torch.Generator().manual_seed(seed)
     if varlen:
         def lengths(s):
@@ -180,6 +248,8 @@ def make_problem(
         mf = random_endpoints(gen, hm, nfunc, cu_q, cu_k)
     elif mask == "causal":
         mf = causal_endpoints(cu_q, cu_k).expand(hm, 1, -1).contiguous()
+    elif mask == "blocks":  # nfunc follows from the mask
+        mf = block_endpoints(gen, hm, cu_q, cu_k)
     else:
         raise ValueError(mask)
     q, k, v, mf = (t.to(device) for t in (q, k, v, mf))

@@ -13,7 +13,7 @@ DTYPES = [torch.float32, torch.float16, torch.bfloat16]
 
 def _run(fs, p, **kw):
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
-    return plan, fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True, return_max_logit=True, **kw)
+    return plan, fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True, return_max_logit=True, **kw)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -36,7 +36,7 @@ def test_empty_rows_give_zero_out_and_minus_inf_lse(fs):
     mf[..., ::3] = 0  # every third row sees nothing
     p.mask_func = mf
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
-    out, lse = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True)
+    out, lse = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True)
     assert torch.all(out[:, ::3] == 0)
     assert torch.all(torch.isneginf(lse[:, :, ::3]))
     assert_close(out, p.reference()[0], torch.float32, "out")
@@ -48,7 +48,7 @@ def test_max_logit_of_head_without_visible_pairs_is_minus_inf(fs):
     mf[1] = 0
     mf[0] = 8
     plan = fs.create_mask_plan(mf, p.q, p.k, p.v)
-    _, ml = fs.flex_attn_func(p.q, p.k, p.v, plan, return_max_logit=True)
+    _, ml = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_max_logit=True)
     assert math.isinf(ml[1].item()) and ml[1].item() < 0
     p.mask_func = mf
     assert_close(ml[0], p.reference()[2][0], torch.float32, "max_logit of head 0")
@@ -73,7 +73,7 @@ def test_strided_inputs(fs):
     p = make_problem(9, batch=2, seqlen_q=33, seqlen_k=33, hq=4, hkv=4)
     p.q, p.k, p.v = q, k, v
     plan = fs.create_mask_plan(p.mask_func, q, k, v)
-    out = fs.flex_attn_func(q, k, v, plan)
+    out = fs.flex_attn_func(q, k, v, mask_plan=plan)
     assert_close(out, p.reference()[0], torch.float32, "out")
 
 
@@ -101,7 +101,7 @@ def test_backward_matches_reference(fs, dtype, varlen, use_lse, hq, hkv, hm):
     w_out, w_lse = _loss_weights(p, (*p.q.shape[:-1], p.v.shape[-1]), plan.lse_shape(), 5)
     if not use_lse:
         w_lse = torch.zeros_like(w_lse)
-    got = _grads(lambda: fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True), (p.q, p.k, p.v), w_out, w_lse)
+    got = _grads(lambda: fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True), (p.q, p.k, p.v), w_out, w_lse)
     leaves = [t.detach().double().requires_grad_(True) for t in (p.q, p.k, p.v)]
     want = _grads(lambda: p.reference(*leaves)[:2], leaves, w_out, w_lse)
     for name, g, w in zip("qkv", got, want):
@@ -126,12 +126,12 @@ def test_partial_tail_blocks_of_keys_and_rows(fs, varlen, sq, sk):
                                                                   dtype=torch.int32).view(1, 3, 1)
     p.mask_func = mf
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
-    out, lse = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True)
+    out, lse = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True)
     ro, rl, _ = p.reference()
     assert_close(out, ro, torch.float32, "out", factor=2)
     assert_close(lse, rl, torch.float32, "lse", factor=2)
     w_out, w_lse = _loss_weights(p, tuple(out.shape), plan.lse_shape(), 3)
-    got = _grads(lambda: fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True), (p.q, p.k, p.v), w_out, w_lse)
+    got = _grads(lambda: fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True), (p.q, p.k, p.v), w_out, w_lse)
     leaves = [t.detach().double().requires_grad_(True) for t in (p.q, p.k, p.v)]
     want = _grads(lambda: p.reference(*leaves)[:2], leaves, w_out, w_lse)
     for name, g, w in zip("qkv", got, want):
@@ -142,7 +142,7 @@ def test_lse_only_gradient(fs):
     # Loss depends on lse alone: d(out) is None, the whole gradient is the dS = P * dlse term.
     p = make_problem(31, batch=2, seqlen_q=24, seqlen_k=24, hq=2, hkv=1, requires_grad=True)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
-    _, lse = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True)
+    _, lse = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True)
     lse.masked_fill(torch.isinf(lse.detach()), 0).sum().backward()
     leaves = [t.detach().double().requires_grad_(True) for t in (p.q, p.k, p.v)]
     rl = p.reference(*leaves)[1]
@@ -159,7 +159,7 @@ def test_deterministic_flag_gradients_match_reference(fs):
     leaves = [t.detach().double().requires_grad_(True) for t in (p.q, p.k, p.v)]
     want = torch.autograd.grad(p.reference(*leaves)[0].sum(), leaves)
     for det in (True, False):
-        out = fs.flex_attn_func(p.q, p.k, p.v, plan, deterministic=det)
+        out = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, deterministic=det)
         got = torch.autograd.grad(out.sum(), (p.q, p.k, p.v))
         for name, g, w in zip("qkv", got, want):
             assert_close(g, w, torch.float32, f"d{name} (deterministic={det})", factor=4)
@@ -171,7 +171,7 @@ def test_plan_reuse_with_new_tensors(fs):
     for seed in range(3):
         p2 = make_problem(100 + seed, batch=2, seqlen_q=20, seqlen_k=28, hq=2, hkv=2, requires_grad=True)
         p2.mask_func = p.mask_func
-        out = fs.flex_attn_func(p2.q, p2.k, p2.v, plan)
+        out = fs.flex_attn_func(p2.q, p2.k, p2.v, mask_plan=plan)
         assert_close(out, p2.reference()[0], torch.float32, "out")
         got = torch.autograd.grad(out.sum(), (p2.q, p2.k, p2.v))
         leaves = [t.detach().double().requires_grad_(True) for t in (p2.q, p2.k, p2.v)]
@@ -185,7 +185,7 @@ def test_no_grad_call_with_forward_only_plan(fs):
     with torch.no_grad():
         plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
         assert not plan.has_backward
-        out = fs.flex_attn_func(p.q, p.k, p.v, plan)
+        out = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan)
     assert out.grad_fn is None
     assert_close(out, p.reference()[0], torch.float32, "out")
 
@@ -203,18 +203,20 @@ def test_no_grad_call_with_forward_only_plan(fs):
     nfunc=st.sampled_from([1, 3, 5, 7]),
     dqk=st.sampled_from([8, 16, 32]),
     dv=st.sampled_from([8, 16]),
+    mask=st.sampled_from(["random", "random", "blocks"]),
 )
-def test_random_problems_forward_backward(fs, seed, varlen, batch, sq, sk, hkv, group, per_head_mask, nfunc, dqk, dv):
+def test_random_problems_forward_backward(fs, seed, varlen, batch, sq, sk, hkv, group, per_head_mask, nfunc, dqk, dv,
+                                          mask):
     hq = hkv * group
     p = make_problem(seed, varlen=varlen, batch=batch, seqlen_q=sq, seqlen_k=sk, hq=hq, hkv=hkv,
-                     hm=hq if per_head_mask else 1, nfunc=nfunc, dqk=dqk, dv=dv, requires_grad=True)
+                     hm=hq if per_head_mask else 1, nfunc=nfunc, dqk=dqk, dv=dv, requires_grad=True, mask=mask)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
     w_out, w_lse = _loss_weights(p, (*p.q.shape[:-1], dv), plan.lse_shape(), seed)
-    out, lse = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True)
+    out, lse = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True)
     ro, rl, _ = p.reference()
     assert_close(out, ro, torch.float32, "out", factor=2)
     assert_close(lse, rl, torch.float32, "lse", factor=2)
-    got = _grads(lambda: fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True), (p.q, p.k, p.v), w_out, w_lse)
+    got = _grads(lambda: fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True), (p.q, p.k, p.v), w_out, w_lse)
     leaves = [t.detach().double().requires_grad_(True) for t in (p.q, p.k, p.v)]
     want = _grads(lambda: p.reference(*leaves)[:2], leaves, w_out, w_lse)
     for name, g, w in zip("qkv", got, want):

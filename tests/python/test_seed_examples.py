@@ -5,9 +5,29 @@ import flashspan
 import pytest
 import torch
 from conftest import cuda_ready
+from criteria import check_tensor
 from flashspan import FlexAttentionBwd, FlexAttentionFwd, create_mask_plan, flex_attn_func
+from flex_ref import assert_close
 
 DEVICES = ["cpu"] + (["cuda"] if cuda_ready() else [])
+# Outputs, gradients and workspaces allocated during the tests start as NaN (conftest.py).
+pytestmark = pytest.mark.usefixtures("poison_uninitialized")
+
+
+def _causal_sdpa_grads(q, k, v, do):
+    """fp32 SDPA (causal, BSHD) output and gradients w.r.t. q, k, v for the upstream gradient `do`."""
+    leaves = [t.detach().float().requires_grad_(True) for t in (q, k, v)]
+    ref = torch.nn.functional.scaled_dot_product_attention(*(t.transpose(1, 2) for t in leaves),
+                                                           is_causal=True).transpose(1, 2)
+    return ref, torch.autograd.grad(ref, leaves, do.float())
+
+
+def _check_grads(got, want, dtype, what):
+    for name, g, w in zip("qkv", got, want):
+        if dtype == torch.float32:
+            assert_close(g, w, torch.float32, f"{what} d{name}", factor=4)
+        else:
+            check_tensor(g, w, dtype, f"{what} d{name}")
 
 
 def _sizes(device):
@@ -26,12 +46,11 @@ def test_fixed_length_bshd_example(device):
     mask_func = torch.arange(1, S + 1, device=device, dtype=torch.int32).view(1, 1, S)
     plan = create_mask_plan(mask_func, q, k, v)
     out, lse = flex_attn_func(q, k, v, mask_plan=plan, return_lse=True)
-    out.backward(torch.randn_like(out))
-    assert q.grad is not None and torch.isfinite(q.grad.float()).all()
-    ref = torch.nn.functional.scaled_dot_product_attention(
-        q.detach().transpose(1, 2).float(), k.transpose(1, 2).float(), v.transpose(1, 2).float(), is_causal=True
-    ).transpose(1, 2)
+    do = torch.randn_like(out)
+    out.backward(do)
+    ref, want = _causal_sdpa_grads(q, k, v, do)
     torch.testing.assert_close(out.float(), ref, atol=2e-2 if dtype == torch.bfloat16 else 1e-4, rtol=0)
+    _check_grads((q.grad,), want, dtype, "causal BSHD")  # k, v (randn_like) do not require grad
 
     out, lse, max_logit = flex_attn_func(q, k, v, mask_plan=plan, return_lse=True, return_max_logit=True)
     assert max_logit.shape == (H,) and lse.shape == (B, H, S)
@@ -79,10 +98,12 @@ def test_plan_reuse_loop_example(device):
     inputs_with_the_same_geometry = [
         tuple(torch.randn_like(q_sample).requires_grad_(True) for _ in range(3)) for _ in range(2)
     ]
-    for q, k, v in inputs_with_the_same_geometry:
+    for i, (q, k, v) in enumerate(inputs_with_the_same_geometry):
         out = flex_attn_func(q, k, v, mask_plan=plan)
-        out.backward(torch.randn_like(out))
-        assert all(t.grad is not None for t in (q, k, v))
+        do = torch.randn_like(out)
+        out.backward(do)
+        _, want = _causal_sdpa_grads(q, k, v, do)
+        _check_grads((q.grad, k.grad, v.grad), want, dtype, f"input set {i}")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -113,3 +134,34 @@ def test_explicit_compile_execute_example(device):
     torch.testing.assert_close(out, o2, atol=0, rtol=0)
     for a, b in zip((dq, dk, dv), g2):
         torch.testing.assert_close(a, b, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_explicit_api_with_max_logit_example(device):
+    """The seed's "enable the maximum statistic in the explicit API" paragraph: a contiguous fp32 [Hq]
+    sample buffer at construction, max_logit_tensor=... on every execute(), reset to -inf by each call."""
+    S, H, D, dtype = _sizes(device)
+    q = torch.randn(1, S, H, D, device=device, dtype=dtype)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    mask_func = torch.arange(1, S + 1, device=device, dtype=torch.int32).view(1, 1, S)
+    plan = create_mask_plan(mask_func, q, k, v)
+    out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
+    max_logit = torch.full((H,), float("nan"), dtype=torch.float32, device=q.device)
+    fwd = FlexAttentionFwd(q, k, v, out, plan, lse, sample_max_logit=max_logit)
+    fwd.check_support()
+    fwd.compile()
+    workspace = torch.empty(fwd.workspace_size, device=q.device, dtype=torch.uint8)
+    for scale in (None, 0.25):
+        max_logit.fill_(float("inf"))  # stale contents: every call resets the buffer first
+        fwd.execute(q, k, v, out, plan, lse, workspace=workspace, softmax_scale=scale, max_logit_tensor=max_logit)
+        want_out, want_lse, want_ml = flex_attn_func(
+            q, k, v, mask_plan=plan, softmax_scale=scale, return_lse=True, return_max_logit=True
+        )
+        torch.testing.assert_close(out, want_out, atol=0, rtol=0)
+        torch.testing.assert_close(max_logit, want_ml, atol=0, rtol=0)
+        s = (D ** -0.5) if scale is None else scale
+        logits = s * torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float())
+        causal = torch.ones(S, S, dtype=torch.bool, device=device).tril()
+        ref = logits.masked_fill(~causal, float("-inf")).amax(dim=(0, 2, 3))
+        torch.testing.assert_close(max_logit, ref, atol=2e-2, rtol=1e-2)

@@ -44,15 +44,17 @@ def merge_partial(
 
 
 class _Exchange:
-    """One posted ring hop: send ``tensors`` to the next rank, receive same-dtype buffers from the previous one."""
+    """One posted transfer: send ``tensors`` to group rank ``dst``, receive buffers of ``recv_shapes`` from ``src``
+    (default: one hop along the ring, next / previous rank)."""
 
-    def __init__(self, plan: ContextParallelPlan, tensors, recv_shapes):
+    def __init__(self, plan: ContextParallelPlan, tensors, recv_shapes, dst=None, src=None):
         g, w, r = plan.group, plan.world_size, plan.rank
-        nxt = _global_rank(g, (r + 1) % w)
-        prv = _global_rank(g, (r - 1) % w)
+        dst = _global_rank(g, (r + 1) % w if dst is None else dst)
+        src = _global_rank(g, (r - 1) % w if src is None else src)
         self.recv = [torch.empty(s, dtype=t.dtype, device=t.device) for t, s in zip(tensors, recv_shapes)]
-        ops = [dist.P2POp(dist.isend, t.contiguous(), nxt, g) for t in tensors]
-        ops += [dist.P2POp(dist.irecv, b, prv, g) for b in self.recv]
+        self._send = [t.contiguous() for t in tensors]  # referenced until wait(): the sends read them
+        ops = [dist.P2POp(dist.isend, t, dst, g) for t in self._send]
+        ops += [dist.P2POp(dist.irecv, b, src, g) for b in self.recv]
         self._works = dist.batch_isend_irecv(ops)
 
     def wait(self):
@@ -77,10 +79,11 @@ def _ring_forward(q, k, v, plan: ContextParallelPlan, scale):
     lse_shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
     lse = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
     kv = (k, v)
-    for step in range(w):
+    steps = plan.ring_steps
+    for step in range(steps):
         src = (r - step) % w
         hop = None
-        if step < w - 1:
+        if step < steps - 1:
             nxt_src = (r - step - 1) % w  # the shard the previous rank holds now
             hop = _Exchange(plan, kv, (plan.kv_shape(nxt_src, k.shape[-1]), plan.kv_shape(nxt_src, v.shape[-1])))
         pair = plan.pair_plans[src]
@@ -96,21 +99,22 @@ def _ring_backward(q, k, v, out, dout, lse, dlse, plan: ContextParallelPlan, sca
     """dq for the local queries; dk/dv travel with their K/V and come home after the last step.
 
     At step s this rank holds K/V of ``src = (rank - s) % W`` and the fp32 dK/dV accumulated for
-    ``src`` by the ranks before it; it adds its part and passes both on. After step W-1 it holds
-    ``src = rank + 1``, so one more hop of the accumulators delivers every dK/dV to its owner.
-    The order of additions is fixed by the ring, so with ``deterministic=True`` the result is
-    bitwise reproducible.
+    ``src`` by the ranks before it; it adds its part and passes both on. After the last step
+    (``n = plan.ring_steps``) it holds ``src = (rank - n + 1) % W`` and sends the accumulators
+    straight to that owner (the next rank when ``n = W``). The order of additions is fixed by
+    the ring, so with ``deterministic=True`` the result is bitwise reproducible.
     """
     w, r = plan.world_size, plan.rank
+    steps = plan.ring_steps
     dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
     kv = (k, v)
     dkv = (torch.zeros(k.shape, dtype=torch.float32, device=k.device),
            torch.zeros(v.shape, dtype=torch.float32, device=v.device))
     dkv_hop = None
-    for step in range(w):
+    for step in range(steps):
         src = (r - step) % w
         kv_hop = None
-        if step < w - 1:
+        if step < steps - 1:
             nxt_src = (r - step - 1) % w
             kv_hop = _Exchange(plan, kv, (plan.kv_shape(nxt_src, k.shape[-1]), plan.kv_shape(nxt_src, v.shape[-1])))
         pair = plan.pair_plans[src]
@@ -123,13 +127,15 @@ def _ring_backward(q, k, v, out, dout, lse, dlse, plan: ContextParallelPlan, sca
             dq.add_(parts[0])
             dkv[0].add_(parts[1])
             dkv[1].add_(parts[2])
-        if w > 1:
+        if step < steps - 1:
             nxt_src = (r - step - 1) % w
             dkv_hop = _Exchange(plan, dkv, (plan.kv_shape(nxt_src, k.shape[-1]), plan.kv_shape(nxt_src, v.shape[-1])))
         if kv_hop is not None:
             kv = tuple(kv_hop.wait())
-    if dkv_hop is not None:
-        dkv = tuple(dkv_hop.wait())
+    if steps > 1:  # home: to the owner of the shard in hand, from the rank holding ours
+        owner, holder = (r - steps + 1) % w, (r + steps - 1) % w
+        home = _Exchange(plan, dkv, (k.shape, v.shape), dst=owner, src=holder)
+        dkv = tuple(home.wait())
     return dq.to(q.dtype), dkv[0].to(k.dtype), dkv[1].to(v.dtype)
 
 

@@ -50,6 +50,8 @@ class ContextParallelPlan:
 
     Attributes: ``sharding`` (:class:`SequenceSharding`), ``group``, ``rank``, ``world_size``,
     ``strategy`` (``"ring"`` or ``"allgather"``), ``pair_visible`` (visible pairs per key rank),
+    ``ring_steps`` (ring only: 1 + the largest ring distance ``(i - j) % W`` of any rank pair
+    with a visible pair; K/V make ``ring_steps - 1`` hops),
     ``has_backward``, ``layout`` (``"bshd"`` / ``"thd"``), ``local_shape_q`` etc.
     """
 
@@ -97,7 +99,32 @@ class ContextParallelPlan:
         return (
             f"ContextParallelPlan(rank={self.rank}/{self.world_size}, {self.strategy}, {self.sharding}, "
             f"Hq={self.num_heads_q}, Hkv={self.num_heads_kv}, visible per key rank={self.pair_visible}, "
-            f"skipped pairs={skipped}, backward={'yes' if self.has_backward else 'no'})"
+            f"skipped pairs={skipped}, ring steps={self.ring_steps}, backward={'yes' if self.has_backward else 'no'})"
+        )
+
+
+def _check_endpoints(rows: torch.Tensor, sharding: SequenceSharding, rank: int, where: str) -> None:
+    """The rules of global endpoints, on this rank's rows: nfunc odd, each in [0, L_b], nondecreasing.
+
+    Checked here because shifting into shard coordinates would clamp a bad endpoint silently.
+    """
+    nfunc = rows.shape[1]
+    if nfunc % 2 == 0:
+        raise ValueError(f"{where}: mask_func: nfunc = {nfunc} endpoints per row must be odd")
+    if rows.shape[2] == 0:
+        return
+    lengths = torch.tensor(sharding.lengths, dtype=torch.int64, device=rows.device)
+    limit = lengths[sharding.row_samples(rank).to(rows.device)]  # [T_r]: the key length of each row's sample
+    r64 = rows.to(torch.int64)
+    bad = (r64 < 0) | (r64 > limit)
+    if nfunc > 1:
+        bad[:, 1:] |= r64[:, 1:] < r64[:, :-1]
+    if bool(bad.any()):
+        h, f, t = (int(x) for x in bad.nonzero()[0])
+        g = int(sharding.token_index(rank)[t])
+        raise ValueError(
+            f"{where}: mask_func: row {g} (mask head {h}) breaks the endpoint rules at F{f} = {int(rows[h, f, t])}: "
+            f"endpoints must be nondecreasing and within [0, {int(limit[t])}] (the length of its sample)"
         )
 
 
@@ -188,7 +215,9 @@ def create_mask_plan(
     if strategy == "auto":
         strategy = choose_strategy(world, hq, hkv, dqk, dv)
 
-    rows = sharding.shard_rows(mask_func, rank).to(q.device)
+    mask_func = mask_func.to(q.device)  # the work matrix below reads every rank's rows
+    rows = sharding.shard_rows(mask_func, rank)
+    _check_endpoints(rows, sharding, rank, where)
     lq = sharding.local_cu_seqlens(rank)
     fields = dict(
         sharding=sharding, group=group, rank=rank, world_size=world, strategy=strategy,
@@ -209,23 +238,25 @@ def create_mask_plan(
 
     q_sample = _sample(q_shape, q)
     if strategy == "ring":
+        # Every rank derives the whole work matrix from the same global endpoints (no collective),
+        # so all agree on how far K/V must travel: with no visible pair beyond ring distance d,
+        # the ring stops after d hops (e.g. document masks on contiguous shards: one hop).
+        work = sharding.work_matrix(mask_func)
+        far = [(i - j) % world for i in range(world) for j in range(world) if work[i][j]]
         plans: list[Optional[MaskPlan]] = []
-        visible = []
+        visible = work[rank]
         for j in range(world):
-            shifted = sharding.shift_endpoints(rows, rank, j)
-            n = visible_count(shifted)
-            visible.append(n)
-            if n == 0 or q_shape[0] == 0:
+            if visible[j] == 0 or q_shape[0] == 0:
                 plans.append(None)  # mask-aware skipping: no visible pair, no plan, no kernel
                 continue
             local_k = (sharding.local_tokens(j),) if varlen else local
             plans.append(
                 _plan_one(
-                    shifted, q_sample, _sample(local_k + (hkv, dqk), q), _sample(local_k + (hkv, dv), q),
+                    sharding.shift_endpoints(rows, rank, j), q_sample, _sample(local_k + (hkv, dqk), q), _sample(local_k + (hkv, dv), q),
                     build_backward=bool(build_backward), **thd_kwargs(lq, sharding.local_cu_seqlens(j)),
                 )
             )
-        fields.update(pair_plans=plans, pair_visible=visible, global_plan=None)
+        fields.update(pair_plans=plans, pair_visible=visible, global_plan=None, ring_steps=1 + max(far, default=0))
     else:
         visible = [visible_count(sharding.shift_endpoints(rows, rank, j)) for j in range(world)]
         full = (sharding.total_tokens,) if varlen else (sharding.batch, sharding.seqlen)
@@ -235,7 +266,7 @@ def create_mask_plan(
                 rows.contiguous(), q_sample, _sample(full + (hkv, dqk), q), _sample(full + (hkv, dv), q),
                 build_backward=bool(build_backward), **thd_kwargs(lq, sharding.cu_seqlens),
             )
-        fields.update(pair_plans=None, pair_visible=visible, global_plan=plan)
+        fields.update(pair_plans=None, pair_visible=visible, global_plan=plan, ring_steps=None)
         # Where every global token sits in the padded [W, width] all-gather buffer.
         width = max(sharding.local_tokens(r) for r in range(world)) if varlen else sharding.local_seqlen()
         offsets = torch.cat([

@@ -60,6 +60,9 @@ struct BlockCursor {
     return true;
   }
 
+  // True when next() would return false (constant time).
+  __device__ __forceinline__ bool done() const { return pos >= end && (run < 0 ? ~run : run) >= run_end; }
+
   // Blocks left (partial entries + full blocks of the remaining runs); loops over the runs.
   __device__ __forceinline__ int remaining() const {
     int n = end - pos;
@@ -83,6 +86,28 @@ struct BlockCursor {
       pos = end;
       if (!refill()) return;
     }
+  }
+};
+
+// A BlockCursor restricted to blocks [begin, begin + count) of its row (a work item of a
+// split task): skips `begin`, then stops after `count` blocks (`left` more).
+struct ItemCursor {
+  BlockCursor cur;
+  int left;
+
+  __device__ __forceinline__ static ItemCursor make(BlockCursor row, int begin, int count) {
+    if (begin > 0) row.skip(begin);
+    return ItemCursor{row, count};
+  }
+  __device__ __forceinline__ bool next(int& blk, bool& partial, int& entry) {
+    if (left <= 0) return false;
+    --left;
+    return cur.next(blk, partial, entry);
+  }
+  __device__ __forceinline__ bool done() const { return left <= 0 || cur.done(); }
+  __device__ __forceinline__ int remaining() const {
+    const int n = cur.remaining();
+    return n < left ? n : left;
   }
 };
 

@@ -1,6 +1,8 @@
 // Entry points of flex_launch.h: workspace sizes, support checks and launches. The plan's
-// consumer arch picks the kernel family; only the portable sm80 family (mma.sync) exists so
-// far, and it also serves sm_90 devices.
+// consumer arch picks the kernel family: arch 80, the portable sm80 family (mma.sync), on any
+// sm_80+ GPU; arch 90, the Hopper forward (src/kernels/sm90: TMA + wgmma) on sm_90 for the
+// configurations it covers (sm90::fwd_config_supported), whose backward runs on the sm80
+// kernels (same backward tile).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include "api/validation.h"
 #include "kernels/flex_launch.h"
 #include "kernels/sm80/launch_common_sm80.h"
+#include "kernels/sm90/launch_sm90.h"
 
 namespace flashspan {
 
@@ -80,9 +83,31 @@ void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool ba
            "): ", cudaGetErrorString(e));
   FS_CHECK_SUPPORTED(major >= 8, "device cuda:", g.device_id, " has compute capability ", major,
                      ".x; the flex kernels need 8.0 or newer");
-  FS_CHECK_SUPPORTED(plan.signature.consumer.arch == 80, "mask_plan: built for kernel family sm",
-                     plan.signature.consumer.arch, ", but only the sm80 (mma.sync) kernels exist in this build");
-  check_tile(g, plan, backward);
+  const Consumer& c = plan.signature.consumer;
+  FS_CHECK_SUPPORTED(c.arch == 80 || c.arch == 90, "mask_plan: built for kernel family sm", c.arch,
+                     ", which this build does not have (sm80 and sm90 exist)");
+  if (c.arch == 90) {
+    // Forward: the sm90 kernel (its own 128x128 tile); backward: the sm80 kernels, whose
+    // backward tile the sm90 consumer shares for the head dims the sm90 forward covers.
+    FS_CHECK_SUPPORTED(sm90::device_supported(g.device_id), "mask_plan: built for kernel family sm90, which needs a "
+                       "compute capability 9.0 device and a build with 90a in FLASHSPAN_CUDA_ARCHS (device cuda:",
+                       g.device_id, "); build the plan with arch=80");
+    FS_CHECK_SUPPORTED(sm90::fwd_config_supported(g, plan.signature.pack_gqa),
+                       "mask_plan: the sm90 forward runs float16/bfloat16, head_dim_qk = head_dim_v in {64, 128}, "
+                       "unpacked GQA; got (", g.head_dim_qk, ", ", g.head_dim_v, ") ", dtype_name(g.dtype),
+                       plan.signature.pack_gqa ? " packed" : "", ": build the plan with arch=80");
+    FS_CHECK_SUPPORTED(c.fwd_block_q == 128 && c.fwd_block_k == 128 && c.layout == PayloadLayout::kM16N64Frag,
+                       "mask_plan: forward tile ", c.fwd_block_q, "x", c.fwd_block_k,
+                       " is not the sm90 forward's 128x128");
+    if (backward) {
+      const sm80::TileSm80 t = sm80::tile_sm80(g.head_dim_qk, g.head_dim_v);
+      FS_CHECK_SUPPORTED(c.bwd_block_q == t.bwd_bq && c.bwd_block_k == t.bwd_bk, "mask_plan: backward tile ",
+                         c.bwd_block_q, "x", c.bwd_block_k, " does not match the sm80 kernel's ", t.bwd_bq, "x",
+                         t.bwd_bk, " for head dims (", g.head_dim_qk, ", ", g.head_dim_v, ")");
+    }
+  } else {
+    check_tile(g, plan, backward);
+  }
   FS_CHECK_SUPPORTED(!backward || plan.signature.has_backward,
                      "mask_plan: has no backward metadata (build it with build_backward=True)");
   // Shared memory: sm_80 opts in to 163 KB a block, sm_86/89 to 99 KB, sm_90 to 227 KB.
@@ -90,10 +115,10 @@ void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool ba
   const cudaError_t e2 = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, g.device_id);
   FS_CHECK(e2 == cudaSuccess, Status::kCudaError, "cudaDeviceGetAttribute(cuda:", g.device_id,
            "): ", cudaGetErrorString(e2));
-  const sm80::TileSm80 t = plan_tile(g, plan);
+  const sm80::TileSm80 t = c.arch == 90 ? sm80::tile_sm80(g.head_dim_qk, g.head_dim_v) : plan_tile(g, plan);
+  const int fwd_need = c.arch == 90 ? sm90::fwd_smem_bytes(g.head_dim_qk) : sm80::fwd_smem_bytes(t);
   // Both backward dQ paths can be chosen at execute time: require the larger.
-  const int need = backward ? std::max(sm80::fwd_smem_bytes(t), sm80::bwd_smem_bytes(t, true))
-                            : sm80::fwd_smem_bytes(t);
+  const int need = backward ? std::max(fwd_need, sm80::bwd_smem_bytes(t, true)) : fwd_need;
   FS_CHECK_SUPPORTED(need <= smem_optin, "(head_dim_qk, head_dim_v) = (", g.head_dim_qk, ", ", g.head_dim_v, "): the ",
                      backward ? "backward" : "forward", " kernels need ", need,
                      " bytes of shared memory per block; device cuda:", g.device_id, " allows ", smem_optin);
@@ -144,10 +169,17 @@ void launch_flex_fwd(const FlexFwdLaunch& a) {
   p.grid_mode = p.view.num_tasks == all_blocks ? 0 : 1;
   // Split schedule (fwd_split_sm80.cuh) in task mode when the caller gave the workspace; a
   // call without one (workspace_bytes = 0; internal callers only, the C API checks the size)
-  // runs one CTA per task as before.
+  // runs one CTA per task as before (sm90: a persistent grid over the task list).
   // The forward tile is the plan's (default or decode tile); flex_check_support_gpu has
-  // checked that an sm80 kernel provides it.
-  const sm80::TileSm80 tile = plan_tile(g, plan);
+  // checked that a kernel of the plan's family provides it.
+  const bool sm90 = plan.signature.consumer.arch == 90;
+  sm80::TileSm80 tile{};
+  if (sm90) {
+    tile.fwd_bq = plan.signature.consumer.fwd_block_q;
+    tile.fwd_bk = plan.signature.consumer.fwd_block_k;
+  } else {
+    tile = plan_tile(g, plan);
+  }
   const sm80::FwdWorkspaceLayout wl =
       sm80::fwd_workspace_layout(g, plan.signature.pack_gqa, tile.fwd_bq, tile.fwd_bk);
   FS_CHECK_ARG(a.workspace_bytes == 0 || (a.workspace_bytes >= wl.total && a.workspace != nullptr),
@@ -163,6 +195,14 @@ void launch_flex_fwd(const FlexFwdLaunch& a) {
     p.split.o_accum = reinterpret_cast<float*>(ws + wl.o_accum);
     p.split.ml = reinterpret_cast<float*>(ws + wl.ml);
     p.split.num_tasks = static_cast<int>(p.view.num_tasks);
+  }
+  if (sm90) {
+    FS_CHECK(sm90::device_supported(g.device_id) && sm90::fwd_config_supported(g, plan.signature.pack_gqa),
+             Status::kNotSupported, "mask_plan: built for kernel family sm90, which cannot run this call on device cuda:",
+             g.device_id, " (needs compute capability 9.0, a 90a build, float16/bfloat16, head_dim_qk = head_dim_v in "
+             "{64, 128}, unpacked GQA); build the plan with arch=80");
+    sm90::launch_fwd_sm90(p, a.q, a.k, a.v, g.dtype, static_cast<cudaStream_t>(a.stream));
+    return;
   }
   sm80::launch_fwd_sm80(p, tile, g.dtype,
                         static_cast<int>(p.view.num_tasks), static_cast<cudaStream_t>(a.stream));

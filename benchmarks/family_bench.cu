@@ -1,0 +1,198 @@
+// Forward of the two kernel families side by side in one process: the portable sm80 family
+// (mma.sync, plans of consumer_for(80)) and the sm90 family (TMA + wgmma, consumer_for(90)),
+// on the eight BENCHMARK.md masks. BF16 (or FP16), B = 1, Hq = Hkv = H, Hmask = 1, Dqk = Dv =
+// D. Plans from the CUDA planner; each call gets its workspace (split schedule). Prints the
+// median of CUDA-event timings after warmup (L2 flushed before every timed run), TFLOP/s over
+// visible pairs (4 D flops a pair), the ratio sm90 / sm80 and the largest |difference|
+// between the two families' outputs (both checked against nothing else here: the GPU tests
+// check each against the CPU reference).
+//
+// Usage: flashspan_family_bench [iters] [S] [D] [H] [fp16]   (defaults: 10 32768 128 4 bf16)
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/validation.h"
+#include "core/geometry.h"
+#include "kernels/flex_launch.h"
+#include "kernels/sm90/launch_sm90.h"
+#include "plan/planner.h"
+#include "planner_masks.h"
+
+using namespace flashspan;
+
+namespace {
+
+void ck(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+    std::exit(1);
+  }
+}
+
+TensorView dev_view(void* p, DType t, std::vector<int64_t> shape) {
+  TensorView v;
+  v.data = p;
+  v.dtype = t;
+  v.device = DeviceType::kCUDA;
+  v.ndim = int(shape.size());
+  int64_t s = 1;
+  for (int i = v.ndim - 1; i >= 0; --i) {
+    v.shape[i] = shape[i];
+    v.strides[i] = s;
+    s *= shape[i];
+  }
+  return v;
+}
+
+__global__ void fill_random_16(uint16_t* p, size_t n, uint32_t seed, int fp16) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
+    x ^= x >> 13;
+    x *= 0x5bd1e995u;
+    x ^= x >> 15;
+    const float f = (float(x & 0xffff) / 65535.0f - 0.5f) * 2.0f;
+    p[i] = fp16 ? __half_as_ushort(__float2half(f)) : uint16_t(__float_as_uint(f) >> 16);
+  }
+}
+
+template <class Fn>
+double time_ms(Fn&& fn, int iters, void* flush, size_t flush_bytes) {
+  cudaEvent_t a, b;
+  ck(cudaEventCreate(&a), "event");
+  ck(cudaEventCreate(&b), "event");
+  for (int i = 0; i < 3; ++i) fn();
+  std::vector<float> ms;
+  for (int i = 0; i < iters; ++i) {
+    ck(cudaMemsetAsync(flush, i & 0xff, flush_bytes), "L2 flush");
+    ck(cudaEventRecord(a), "record");
+    fn();
+    ck(cudaEventRecord(b), "record");
+    ck(cudaEventSynchronize(b), "sync");
+    float t = 0;
+    ck(cudaEventElapsedTime(&t, a, b), "elapsed");
+    ms.push_back(t);
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+float to_f(uint16_t x, bool fp16) {
+  if (fp16) {
+    __half h;
+    std::memcpy(&h, &x, 2);
+    return __half2float(h);
+  }
+  uint32_t u = uint32_t(x) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const int iters = argc > 1 ? std::atoi(argv[1]) : 10;
+  const int64_t S = argc > 2 ? std::atoll(argv[2]) : 32768;
+  const int D = argc > 3 ? std::atoi(argv[3]) : 128;
+  const int H = argc > 4 ? std::atoi(argv[4]) : 4;
+  const bool fp16 = argc > 5 && std::string(argv[5]) == "fp16";
+  const DType dt = fp16 ? DType::kFloat16 : DType::kBFloat16;
+  cudaDeviceProp prop;
+  ck(cudaGetDeviceProperties(&prop, 0), "device");
+  std::printf("device: %s (sm_%d%d, %d SMs); S=%lld D=%d H=%d %s, sm90 family available: %s\n", prop.name, prop.major,
+              prop.minor, prop.multiProcessorCount, (long long)S, D, H, dtype_name(dt),
+              sm90::device_supported(0) ? "yes" : "no");
+  std::printf("%-16s %10s %10s %10s %10s %8s %10s\n", "mask", "sm80 ms", "sm80 TF/s", "sm90 ms", "sm90 TF/s", "ratio",
+              "max|diff|");
+  const size_t flush_bytes = size_t(256) << 20;
+  void* flush = nullptr;
+  ck(cudaMalloc(&flush, flush_bytes), "flush buffer");
+  const size_t n = size_t(S) * H * D;
+  uint16_t *q, *k, *v, *o80, *o90;
+  for (uint16_t** p : {&q, &k, &v, &o80, &o90}) ck(cudaMalloc(p, n * 2), "cudaMalloc");
+  float* lse;
+  ck(cudaMalloc(&lse, size_t(H) * S * 4), "cudaMalloc lse");
+  uint32_t seed = 1;
+  for (uint16_t* p : {q, k, v}) fill_random_16<<<1024, 256>>>(p, n, seed++, fp16 ? 1 : 0);
+  ck(cudaDeviceSynchronize(), "fill");
+  std::vector<uint16_t> h80(n), h90(n);
+
+  for (const std::string& name : fs_test::benchmark_mask_names()) {
+    const fs_test::SampleMask m = fs_test::mask_by_name(name, S);
+    FlexGeometry g;
+    g.varlen = false;
+    g.batch = 1;
+    g.max_seqlen_q = g.max_seqlen_k = S;
+    g.total_q = g.total_k = S;
+    g.num_heads_q = g.num_heads_kv = H;
+    g.num_heads_mask = 1;
+    g.nfunc = m.nfunc;
+    g.head_dim_qk = g.head_dim_v = D;
+    g.dtype = dt;
+    g.device = DeviceType::kCUDA;
+    g.device_id = 0;
+    g.cu_seqlens_q = {0, int32_t(S)};
+    g.cu_seqlens_k = {0, int32_t(S)};
+    int32_t* dmask = nullptr;
+    ck(cudaMalloc(&dmask, m.ep.size() * 4), "cudaMalloc mask");
+    ck(cudaMemcpy(dmask, m.ep.data(), m.ep.size() * 4, cudaMemcpyHostToDevice), "mask upload");
+    double ms[2] = {0, 0}, tf[2] = {0, 0};
+    for (int fam = 0; fam < 2; ++fam) {
+      const int arch = fam == 0 ? 80 : 90;
+      if (arch == 90 && !sm90::device_supported(0)) continue;
+      PlanRequest req;
+      req.geometry = &g;
+      req.consumer = consumer_for(arch, D, D);
+      req.build_backward = false;
+      auto plan = build_mask_plan_cuda(req, dmask, nullptr);
+      ck(cudaDeviceSynchronize(), "plan");
+      const double pairs = double(H) * double(plan->counts.visible_pairs);
+      FlexFwdLaunch fa;
+      fa.geometry = &g;
+      fa.plan = plan.get();
+      fa.q = dev_view(q, dt, {1, S, H, D});
+      fa.k = dev_view(k, dt, {1, S, H, D});
+      fa.v = dev_view(v, dt, {1, S, H, D});
+      fa.out = dev_view(fam == 0 ? o80 : o90, dt, {1, S, H, D});
+      fa.lse = dev_view(lse, DType::kFloat32, {1, H, S});
+      fa.softmax_scale = default_softmax_scale(D);
+      const size_t ws_bytes = flex_fwd_workspace_size(g, *plan, false);
+      void* ws = nullptr;
+      ck(cudaMalloc(&ws, std::max<size_t>(ws_bytes, 16)), "workspace");
+      fa.workspace = ws;
+      fa.workspace_bytes = ws_bytes;
+      ms[fam] = time_ms([&] { launch_flex_fwd(fa); }, iters, flush, flush_bytes);
+      tf[fam] = 4.0 * D * pairs / (ms[fam] * 1e-3) / 1e12;
+      ck(cudaDeviceSynchronize(), "bench");
+      ck(cudaFree(ws), "free");
+    }
+    double maxdiff = -1;
+    if (ms[1] > 0) {
+      ck(cudaMemcpy(h80.data(), o80, n * 2, cudaMemcpyDeviceToHost), "download");
+      ck(cudaMemcpy(h90.data(), o90, n * 2, cudaMemcpyDeviceToHost), "download");
+      maxdiff = 0;
+      for (size_t i = 0; i < n; ++i) {
+        const double d = std::fabs(double(to_f(h80[i], fp16)) - double(to_f(h90[i], fp16)));
+        if (!(d <= maxdiff)) maxdiff = std::isnan(d) ? INFINITY : d;
+      }
+    }
+    std::printf("%-16s %10.3f %10.1f %10.3f %10.1f %8.2f %10.4f\n", name.c_str(), ms[0], tf[0], ms[1], tf[1],
+                ms[1] > 0 ? tf[1] / tf[0] : 0.0, maxdiff);
+    std::fflush(stdout);
+    cudaFree(dmask);
+  }
+  for (void* p : {(void*)q, (void*)k, (void*)v, (void*)o80, (void*)o90, (void*)lse}) cudaFree(p);
+  cudaFree(flush);
+  return 0;
+}

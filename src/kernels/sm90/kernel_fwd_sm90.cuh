@@ -1,0 +1,620 @@
+// Flex attention forward kernel for sm_90a (Hopper): TMA + wgmma + warp specialization.
+//
+// Algorithm: FlashAttention-2/3 forward (online softmax) over the plan's block-sparse Q2K
+// lists, for plans whose consumer is consumer_for(90, d, d): 128 query rows x 128 keys per
+// block, head dims Dqk = Dv = kD in {64, 128}, fp16 / bf16, unpacked rows (pack = 1).
+//
+// CTA = 3 warpgroups (384 threads), persistent (one CTA per SM, 1 per SM by shared memory):
+//   WG0, the producer: after setmaxnreg.dec only thread 0 works. It takes the CTA's work items
+//     (the split schedule's item list through the atomic counter when p.split.items is set,
+//     otherwise tasks / grid cells blockIdx.x, blockIdx.x + gridDim.x, ...), hands each item to
+//     the consumers through a 2-entry shared ring, and issues the bulk tensor copies (TMA) of
+//     the item's Q tile and of K, V of every key block of its walk into a kStages ring.
+//   WG1, WG2, the consumers (setmaxnreg.inc): warpgroup c owns query rows 64c .. 64c+63. Per
+//     key block: S = Q K^T (wgmma SS, m64n128k16), scale, partial blocks masked by the payload,
+//     online softmax in registers, P converted to 16-bit A fragments in registers, O += P V
+//     (wgmma RS, m64n{kD}k16, V read N-major). Full blocks do no masking work.
+//   Consumer schedule (kOverlap): serial (S, softmax, P V per block) or, for D = 64, the
+//     intra-warpgroup overlap of FlashAttention-3 (S_j issued, then P_{j-1} V_{j-1}; the softmax
+//     of S_j runs while the P V GEMM is in flight; launch_fwd_sm90.cu says why not for D = 128).
+//     The two consumer warpgroups are not explicitly ping-ponged (no scheduler barrier yet).
+//   Synchronisation: mbarriers only (q_full / q_empty, k_full[s] / v_full[s] / kv_empty[s],
+//     item_full[i] / item_empty[i]); the producer fills with expect_tx + TMA complete_tx, the
+//     consumers release with one arrival per thread (count 256).
+//
+// Payload (payload_layout.h, kM16N64Frag): a warp's wgmma accumulator holds the same elements
+// as the m16n8 fragments of its 16 rows (HOPPER_BRIEF.md 1.3), so the plan's payload words are
+// already in the consumer's register order: warp w of consumer WG c reads 16-row sub-tile
+// mt = 4c + w, register s[j][r] (n8 block j of the 128 columns) is bit 4 (j % 8) + r of the
+// lane's word of 64-column chunk j / 8. No translation, no extra plan layout.
+//
+// Shared memory (1024-byte aligned, 128B-swizzled tiles as TMA writes them): a tile of 128
+// rows x kD columns is kD / 64 slabs of 128 rows x 128 bytes (16 KB each); Q, then kStages K
+// tiles, then kStages V tiles, then the barriers and the item ring. D = 128: 161 KB.
+// wgmma descriptors: K-major tiles (Q, K): SBO = 1024 (8 rows x 128 B), k16 step = +32 B inside
+// a slab, next slab every 4 steps; V as N-major B: LBO = 16 KB (slab stride), SBO = 1024,
+// k16 step (16 keys) = +2 KB.
+//
+// Rows outside the sample: the Q box may cover rows past the sample (the next sample's rows
+// in THD, zero fill past the tensor); a block holding such rows or keys past the sample is
+// never full, so the payload masks them (score -inf, P = 0) and those rows are not written.
+//
+// Results: unsplit items write O normalised (0 for rows with no visible key), LSE (natural
+// log, -inf for empty rows) and reduce max_logit with atomics; items of split tasks write
+// the unnormalised fp32 O, the running max (log2 units) and row sum into their workspace
+// slot (FlexFwdSplit) for the combine kernel (launch_fwd_sm90.cu).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "kernels/common/block_range.cuh"
+#include "kernels/common/flex_params.h"
+#include "kernels/common/ptx.cuh"
+
+namespace flashspan::kern90 {
+
+// kStages K/V stages. 3 fit next to Q for D = 128 (224 KB of tiles) but measured no faster on
+// the H200 (S=131072 causal 532 vs 545 TFLOP/s with 2, PERF_LOG v1.0): 2 leave more of the
+// unified L1 to the payload and CSR reads.
+constexpr int kBlockQ = 128, kBlockK = 128, kStages = 2, kThreads = 384;
+constexpr int kConsumerThreads = 256;
+constexpr int kSlabBytes = 128 * 128;  // 128 rows x 64 16-bit columns
+
+template <int kD>
+struct FwdSm90Layout {
+  static_assert(kD == 64 || kD == 128, "sm90 forward: head dim 64 or 128");
+  static constexpr int kSlabs = kD / 64;
+  static constexpr int kTileBytes = kSlabs * kSlabBytes;  // Q, one K stage or one V stage
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + kTileBytes;
+  static constexpr int kV = kK + kStages * kTileBytes;
+  static constexpr int kBar = kV + kStages * kTileBytes;
+  // q_full, q_empty, k_full[kStages], v_full[kStages], kv_empty[kStages], item_full[2], item_empty[2]
+  static constexpr int kNumBars = 2 + 3 * kStages + 4;
+  static constexpr int kItem = kBar + 8 * kNumBars;  // int32 [2][8]: the item ring
+  static constexpr int kUsed = kItem + 2 * 8 * 4;
+  static constexpr int kBytes = kUsed + 1024;  // + slack to align the dynamic base to 1024
+  static_assert(kBytes <= 232448, "sm90 forward: more shared memory than an sm_90 block may have (227 KB)");
+};
+
+#if defined(__CUDA_ARCH__)
+
+// ---------------------------------------------------------------------------
+// PTX wrappers (sm_90)
+// ---------------------------------------------------------------------------
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+// Waits until the phase of parity `parity` of `bar` has completed. A wait that lasts more
+// than ~2^33 cycles (seconds) is a protocol bug: trap rather than hang the device.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  if (mbar_try_wait(bar, parity)) return;
+  const long long t0 = clock64();
+  while (!mbar_try_wait(bar, parity)) {
+    if (clock64() - t0 > (1ll << 33)) __trap();
+  }
+}
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&d)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) asm volatile("" : "+f"(d[i][r])::"memory");
+  }
+}
+
+// 64-bit shared-memory matrix descriptor (PTX ISA 9.0 sec. 9.7.15.5.1.2.2): start address,
+// leading / stride byte offsets (>> 4, 14 bits each), base offset 0 (tiles are 1024-aligned),
+// swizzle mode 1 = 128B.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo & 0x3FFFF) >> 4) << 16) |
+         (uint64_t((sbo & 0x3FFFF) >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+#include "kernels/sm90/wgmma_sm90.inc"
+
+template <bool kBf16>
+__device__ __forceinline__ void mma_qk(float (&s)[16][4], uint64_t da, uint64_t db, int scale_d) {
+  float(&d)[64] = *reinterpret_cast<float(*)[64]>(&s[0][0]);
+  if constexpr (kBf16) {
+    wgmma_ss_m64n128k16_bf16(d, da, db, scale_d);
+  } else {
+    wgmma_ss_m64n128k16_f16(d, da, db, scale_d);
+  }
+}
+
+template <int kD, bool kBf16>
+__device__ __forceinline__ void mma_pv(float (&o)[kD / 8][4], const uint32_t (&a)[4], uint64_t db) {
+  float(&d)[kD / 2] = *reinterpret_cast<float(*)[kD / 2]>(&o[0][0]);
+  if constexpr (kD == 128) {
+    if constexpr (kBf16) {
+      wgmma_rs_m64n128k16_bf16_tnspb(d, a, db, 1);
+    } else {
+      wgmma_rs_m64n128k16_f16_tnspb(d, a, db, 1);
+    }
+  } else {
+    if constexpr (kBf16) {
+      wgmma_rs_m64n64k16_bf16_tnspb(d, a, db, 1);
+    } else {
+      wgmma_rs_m64n64k16_f16_tnspb(d, a, db, 1);
+    }
+  }
+}
+
+// S = Q K^T for this warpgroup's 64 rows: kD / 16 k-steps of m64n128k16 (both K-major).
+template <int kD, bool kBf16>
+__device__ __forceinline__ void issue_qk(float (&s)[16][4], uint32_t q_tile, uint32_t k_tile) {
+#pragma unroll
+  for (int kk = 0; kk < kD / 16; ++kk) {
+    const uint32_t off = (kk >> 2) * kSlabBytes + 32 * (kk & 3);
+    mma_qk<kBf16>(s, smem_desc(q_tile + off, 16, 1024), smem_desc(k_tile + off, 16, 1024), kk > 0);
+  }
+}
+
+// O += P V: 8 k-steps (16 keys each) of m64n{kD}k16, V N-major (LBO = slab stride).
+template <int kD, bool kBf16>
+__device__ __forceinline__ void issue_pv(float (&o)[kD / 8][4], const uint32_t (&pa)[8][4], uint32_t v_tile) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) mma_pv<kD, kBf16>(o, pa[kk], smem_desc(v_tile + kk * 2048, kSlabBytes, 1024));
+}
+
+__device__ __forceinline__ float quad_max90(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum90(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Scores of one key block (fp32 accumulators, this thread's rows g and g + 8 of its warp) to
+// probabilities: scale to log2 units, mask a partial block with its payload words (w0: columns
+// 0..63, w1: 64..127), online softmax update of the running max m and the thread-partial row
+// sums l. Returns in corr[hi] the factor the output accumulator of row hi must be rescaled by.
+__device__ __forceinline__ void softmax_block(float (&s)[16][4], bool partial, uint32_t w0, uint32_t w1,
+                                              float scale_log2, float (&m)[2], float (&l)[2], float (&corr)[2]) {
+#pragma unroll
+  for (int j = 0; j < 16; ++j) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) s[j][r] *= scale_log2;
+  }
+  if (partial) {
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+      const uint32_t w = j < 8 ? w0 : w1;
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        if (!((w >> (4 * (j & 7) + r)) & 1u)) s[j][r] = -INFINITY;
+      }
+    }
+  }
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    float mx = m[hi];
+#pragma unroll
+    for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * hi], s[j][2 * hi + 1]));
+    mx = quad_max90(mx);
+    const float m_use = mx == -INFINITY ? 0.0f : mx;
+    corr[hi] = kern::exp2_approx(m[hi] - m_use);  // m = -inf -> 0
+    m[hi] = mx;
+    float sum = 0.0f;
+#pragma unroll
+    for (int j = 0; j < 16; ++j) {
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const float pv = kern::exp2_approx(s[j][2 * hi + x] - m_use);
+        s[j][2 * hi + x] = pv;
+        sum += pv;
+      }
+    }
+    l[hi] = l[hi] * corr[hi] + sum;
+  }
+}
+
+template <int kNO>
+__device__ __forceinline__ void rescale_o(float (&o)[kNO][4], const float (&corr)[2]) {
+#pragma unroll
+  for (int n = 0; n < kNO; ++n) {
+    o[n][0] *= corr[0];
+    o[n][1] *= corr[0];
+    o[n][2] *= corr[1];
+    o[n][3] *= corr[1];
+  }
+}
+
+// P as A fragments of O += P V: k-step kk (keys 16kk ..) = n8 blocks 2kk, 2kk + 1.
+template <bool kBf16>
+__device__ __forceinline__ void pack_p(const float (&s)[16][4], uint32_t (&pa)[8][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 8; ++kk) {
+    pa[kk][0] = kern::pack2<kBf16>(s[2 * kk][0], s[2 * kk][1]);
+    pa[kk][1] = kern::pack2<kBf16>(s[2 * kk][2], s[2 * kk][3]);
+    pa[kk][2] = kern::pack2<kBf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[kk][3] = kern::pack2<kBf16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
+// A work item as the producer hands it to the consumers: key blocks [begin, begin + count)
+// of the Q2K walk (BlockCursor order) of query block qb (sample-local) of query head h of sample b; slot >= 0
+// for a piece of a split task. qb < 0 ends the CTA.
+struct Item {
+  int qb, h, b, begin, count, slot;
+};
+
+// The CSR cursor of an item, restricted to [begin, begin + count) (block_range.cuh).
+__device__ __forceinline__ kern::ItemCursor item_cursor(const FlexFwdParams& p, const Item& it) {
+  const int hm = p.mask_per_head ? it.h : 0;
+  const int64_t r = int64_t(hm) * p.view.num_q_blocks + __ldg(p.view.q_block_start + it.b) + it.qb;
+  return kern::ItemCursor::make(kern::BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb,
+                                                       p.view.q2k_full_ptr, p.view.q2k_full_runs, r),
+                                it.begin, it.count);
+}
+
+// ---------------------------------------------------------------------------
+// Producer (one thread)
+// ---------------------------------------------------------------------------
+
+template <int kD>
+__device__ __forceinline__ void producer(const FlexFwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                         const CUtensorMap* tm_v, uint32_t base, int32_t* s_item) {
+  using L = FwdSm90Layout<kD>;
+  const uint32_t bars = base + L::kBar;
+  const uint32_t q_full = bars, q_empty = bars + 8;
+  const uint32_t k_full = bars + 16, v_full = k_full + 8 * kStages, kv_empty = v_full + 8 * kStages;
+  const uint32_t item_full = kv_empty + 8 * kStages, item_empty = item_full + 16;
+  prefetch_tensormap(tm_q);
+  prefetch_tensormap(tm_k);
+  prefetch_tensormap(tm_v);
+  const int task_heads = p.num_heads_q;  // pack = 1
+  uint32_t kv_it = 0;
+  for (uint32_t item_it = 0;; ++item_it) {
+    Item it{-1, 0, 0, 0, 0, -1};
+    if (p.split.items != nullptr) {
+      const int i = atomicAdd(p.split.hdr + FlexSplitSchedule::kCounter, 1);
+      if (i < p.split.hdr[FlexSplitSchedule::kTotal]) {
+        const int4 x = reinterpret_cast<const int4*>(p.split.items)[i];
+        const int32_t* task = p.view.tasks + 4 * int64_t(x.x);
+        it = Item{__ldg(task + 0), __ldg(task + 1), __ldg(task + 2), x.y, x.z - x.y, x.w};
+      }
+    } else {
+      const int64_t i = int64_t(blockIdx.x) + int64_t(item_it) * gridDim.x;
+      if (p.grid_mode) {
+        if (i < p.view.num_q_blocks * task_heads) {
+          const int gq = int(i % p.view.num_q_blocks);
+          const int b = kern::find_block_owner(p.view.q_block_start, p.num_batch, gq);
+          it = Item{gq - __ldg(p.view.q_block_start + b), int(i / p.view.num_q_blocks), b, 0, 0x7fffffff, -1};
+        }
+      } else if (i < p.view.num_tasks) {
+        const int32_t* task = p.view.tasks + 4 * i;
+        it = Item{__ldg(task + 0), __ldg(task + 1), __ldg(task + 2), 0, 0x7fffffff, -1};
+      }
+    }
+    const uint32_t rs = item_it & 1;
+    mbar_wait(item_empty + 8 * rs, ((item_it >> 1) & 1) ^ 1);
+    volatile int32_t* e = s_item + 8 * rs;
+    e[0] = it.qb;
+    e[1] = it.h;
+    e[2] = it.b;
+    e[3] = it.begin;
+    e[4] = it.count;
+    e[5] = it.slot;
+    mbar_arrive(item_full + 8 * rs);  // release: the entry is visible to the waiting consumers
+    if (it.qb < 0) return;
+
+    kern::ItemCursor cur = item_cursor(p, it);
+    const int q_row = (p.varlen ? __ldg(p.cu_seqlens_q + it.b) : 0) + it.qb * kBlockQ;
+    const int k_row0 = p.varlen ? __ldg(p.cu_seqlens_k + it.b) : 0;
+    const int bcoord = p.varlen ? 0 : it.b;
+    const int hkv = it.h / p.group_size;
+
+    mbar_wait(q_empty, (item_it & 1) ^ 1);
+    mbar_arrive_expect_tx(q_full, L::kTileBytes);
+#pragma unroll
+    for (int s = 0; s < L::kSlabs; ++s) tma_load_4d(base + L::kQ + s * kSlabBytes, tm_q, 64 * s, q_row, it.h, bcoord, q_full);
+
+    int kb = 0, entry = 0;
+    bool partial = false;
+    while (cur.next(kb, partial, entry)) {
+      const uint32_t st = kv_it % kStages, ph = (kv_it / kStages) & 1;
+      mbar_wait(kv_empty + 8 * st, ph ^ 1);
+      const int row = k_row0 + kb * kBlockK;
+      mbar_arrive_expect_tx(k_full + 8 * st, L::kTileBytes);
+#pragma unroll
+      for (int s = 0; s < L::kSlabs; ++s) {
+        tma_load_4d(base + L::kK + st * L::kTileBytes + s * kSlabBytes, tm_k, 64 * s, row, hkv, bcoord, k_full + 8 * st);
+      }
+      mbar_arrive_expect_tx(v_full + 8 * st, L::kTileBytes);
+#pragma unroll
+      for (int s = 0; s < L::kSlabs; ++s) {
+        tma_load_4d(base + L::kV + st * L::kTileBytes + s * kSlabBytes, tm_v, 64 * s, row, hkv, bcoord, v_full + 8 * st);
+      }
+      ++kv_it;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Consumers (two warpgroups)
+// ---------------------------------------------------------------------------
+
+template <int kD, bool kBf16, bool kMaxLogit, bool kOverlap>
+__device__ __forceinline__ void consumer(const FlexFwdParams& p, uint32_t base, const int32_t* s_item) {
+  using L = FwdSm90Layout<kD>;
+  constexpr int kNO = kD / 8;  // n8 blocks of O
+  constexpr float kLn2 = 0.6931471805599453f;
+  const uint32_t bars = base + L::kBar;
+  const uint32_t q_full = bars, q_empty = bars + 8;
+  const uint32_t k_full = bars + 16, v_full = k_full + 8 * kStages, kv_empty = v_full + 8 * kStages;
+  const uint32_t item_full = kv_empty + 8 * kStages, item_empty = item_full + 16;
+  const int c = (threadIdx.x - 128) >> 7;  // consumer warpgroup: rows 64c .. 64c + 63
+  const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
+  const int mt = 4 * c + warp;  // 16-row payload sub-tile of this warp
+  const uint32_t q_tile = base + L::kQ + c * 64 * 128;
+
+  uint32_t kv_it = 0;
+  for (uint32_t item_it = 0;; ++item_it) {
+    const uint32_t rs = item_it & 1;
+    mbar_wait(item_full + 8 * rs, (item_it >> 1) & 1);
+    const volatile int32_t* e = s_item + 8 * rs;
+    const Item it{e[0], e[1], e[2], e[3], e[4], e[5]};
+    mbar_arrive(item_empty + 8 * rs);
+    if (it.qb < 0) return;
+
+    kern::ItemCursor cur = item_cursor(p, it);
+    float o[kNO][4];
+#pragma unroll
+    for (int n = 0; n < kNO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+
+    mbar_wait(q_full, item_it & 1);
+    // Q is released to the producer as soon as the item's last S GEMM has completed, so that the
+    // next item's Q load overlaps this item's last softmax, P V and epilogue.
+    bool q_held = true;
+    auto release_q = [&](bool last) {
+      if (last && q_held) {
+        mbar_arrive(q_empty);
+        q_held = false;
+      }
+    };
+    int kb = 0, entry = 0;
+    bool partial = false;
+    if constexpr (!kOverlap) {
+      // Serial schedule: S, softmax, P V, one block after the other.
+      while (cur.next(kb, partial, entry)) {
+        const uint32_t st = kv_it % kStages, ph = (kv_it / kStages) & 1;
+        const uint32_t k_tile = base + L::kK + st * L::kTileBytes;
+        const uint32_t v_tile = base + L::kV + st * L::kTileBytes;
+        uint32_t w0 = 0xffffffffu, w1 = 0xffffffffu;
+        if (partial) {
+          const uint32_t* bits = p.view.q2k_partial_bits + size_t(entry) * (kBlockQ * kBlockK / 32);
+          w0 = __ldg(bits + (mt * 2 + 0) * 32 + lane);
+          w1 = __ldg(bits + (mt * 2 + 1) * 32 + lane);
+        }
+        mbar_wait(k_full + 8 * st, ph);
+        float s[16][4];
+        wg_fence();
+        issue_qk<kD, kBf16>(s, q_tile, k_tile);
+        wg_commit();
+        wg_wait<0>();
+        release_q(cur.done());
+        reg_fence(s);
+        float corr[2];
+        softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);
+        rescale_o(o, corr);
+        uint32_t pa[8][4];
+        pack_p<kBf16>(s, pa);
+        mbar_wait(v_full + 8 * st, ph);
+        wg_fence();
+        issue_pv<kD, kBf16>(o, pa, v_tile);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(o);
+        mbar_arrive(kv_empty + 8 * st);
+        ++kv_it;
+      }
+    } else {
+      // Intra-warpgroup overlap (FlashAttention-3): S_j = Q K_j^T is issued, then
+      // O += P_{j-1} V_{j-1}; the softmax of S_j runs while the P V GEMM is in flight, and O is
+      // rescaled only once that GEMM has retired.
+      // The first block is peeled so that the loop body has no branch around the wgmma
+      // issue and wait (ptxas serialises wgmma behind waits in divergent paths, C7518).
+      if (cur.next(kb, partial, entry)) {
+        uint32_t st_prev = kv_it % kStages, ph_prev = (kv_it / kStages) & 1;
+        uint32_t pa[8][4];
+        {
+          uint32_t w0 = 0xffffffffu, w1 = 0xffffffffu;
+          if (partial) {
+            const uint32_t* bits = p.view.q2k_partial_bits + size_t(entry) * (kBlockQ * kBlockK / 32);
+            w0 = __ldg(bits + (mt * 2 + 0) * 32 + lane);
+            w1 = __ldg(bits + (mt * 2 + 1) * 32 + lane);
+          }
+          mbar_wait(k_full + 8 * st_prev, ph_prev);
+          float s[16][4];
+          wg_fence();
+          issue_qk<kD, kBf16>(s, q_tile, base + L::kK + st_prev * L::kTileBytes);
+          wg_commit();
+          wg_wait<0>();
+          release_q(cur.done());
+          reg_fence(s);
+          float corr[2];
+          softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);  // o = 0: no rescale
+          pack_p<kBf16>(s, pa);
+          ++kv_it;
+        }
+        while (cur.next(kb, partial, entry)) {
+          const uint32_t st = kv_it % kStages, ph = (kv_it / kStages) & 1;
+          uint32_t w0 = 0xffffffffu, w1 = 0xffffffffu;
+          if (partial) {
+            const uint32_t* bits = p.view.q2k_partial_bits + size_t(entry) * (kBlockQ * kBlockK / 32);
+            w0 = __ldg(bits + (mt * 2 + 0) * 32 + lane);
+            w1 = __ldg(bits + (mt * 2 + 1) * 32 + lane);
+          }
+          mbar_wait(k_full + 8 * st, ph);
+          mbar_wait(v_full + 8 * st_prev, ph_prev);
+          float s[16][4];
+          wg_fence();
+          issue_qk<kD, kBf16>(s, q_tile, base + L::kK + st * L::kTileBytes);
+          wg_commit();
+          issue_pv<kD, kBf16>(o, pa, base + L::kV + st_prev * L::kTileBytes);
+          wg_commit();
+          wg_wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
+          release_q(cur.done());
+          reg_fence(s);
+          float corr[2];
+          softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);
+          wg_wait<0>();
+          reg_fence(o);
+          mbar_arrive(kv_empty + 8 * st_prev);
+          rescale_o(o, corr);
+          pack_p<kBf16>(s, pa);
+          st_prev = st;
+          ph_prev = ph;
+          ++kv_it;
+        }
+        mbar_wait(v_full + 8 * st_prev, ph_prev);
+        wg_fence();
+        issue_pv<kD, kBf16>(o, pa, base + L::kV + st_prev * L::kTileBytes);
+        wg_commit();
+        wg_wait<0>();
+        reg_fence(o);
+        mbar_arrive(kv_empty + 8 * st_prev);
+      }
+    }
+    release_q(true);  // an item without key blocks
+
+    // Epilogue.
+    const int q_start = __ldg(p.cu_seqlens_q + it.b), len_q = __ldg(p.cu_seqlens_q + it.b + 1) - q_start;
+    const int row0 = it.qb * kBlockQ;
+    const int rows_valid = min(kBlockQ, len_q - row0);
+    const int64_t q_row0 = p.varlen ? q_start : 0;
+    if (it.slot >= 0) {
+      float* oacc = p.split.o_accum + int64_t(it.slot) * kBlockQ * kD;
+      float* ml = p.split.ml + int64_t(it.slot) * 2 * kBlockQ;
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const float lsum = quad_sum90(l[hi]);
+        const int row = 64 * c + 16 * warp + g + 8 * hi;
+        if (row < rows_valid) {
+          float* orow = oacc + int64_t(row) * kD;
+#pragma unroll
+          for (int n = 0; n < kNO; ++n) {
+            *reinterpret_cast<float2*>(orow + 8 * n + 2 * qd) = make_float2(o[n][2 * hi], o[n][2 * hi + 1]);
+          }
+          if (qd == 0) {
+            ml[row] = m[hi];
+            ml[kBlockQ + row] = lsum;
+          }
+        }
+      }
+    } else {
+      uint16_t* ob = static_cast<uint16_t*>(p.o) + int64_t(it.b) * p.oa.batch_stride +
+                     (q_row0 + row0) * p.oa.row_stride + int64_t(it.h) * p.oa.head_stride;
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const float lsum = quad_sum90(l[hi]);
+        const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+        const int row = 64 * c + 16 * warp + g + 8 * hi;
+        if (row < rows_valid) {
+          uint16_t* orow = ob + int64_t(row) * p.oa.row_stride;
+#pragma unroll
+          for (int n = 0; n < kNO; ++n) {
+            *reinterpret_cast<uint32_t*>(orow + 8 * n + 2 * qd) =
+                kern::pack2<kBf16>(o[n][2 * hi] * inv, o[n][2 * hi + 1] * inv);
+          }
+          if (p.lse != nullptr && qd == 0) {
+            p.lse[int64_t(it.b) * p.lsea.batch_stride + int64_t(it.h) * p.lsea.head_stride +
+                  (q_row0 + row0 + row) * p.lsea.row_stride] =
+                lsum > 0.0f ? (m[hi] + __log2f(lsum)) * kLn2 : -INFINITY;
+          }
+        }
+      }
+    }
+    if constexpr (kMaxLogit) {
+      // Rows past rows_valid never see a key (m = -inf): no masking needed.
+      float mx = fmaxf(m[0], m[1]);
+#pragma unroll
+      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      if (lane == 0 && mx != -INFINITY) kern::atomic_max_float(p.max_logit + it.h, mx * kLn2);
+    }
+  }
+}
+
+#endif  // __CUDA_ARCH__
+
+// The kernel. Built for every target; the body exists only for sm_90a (the host checks the
+// loaded binary's version before choosing this family: launch_fwd_sm90.cu).
+template <int kD, bool kBf16, bool kMaxLogit, bool kOverlap>
+__global__ void __launch_bounds__(kThreads, 1)
+    flex_fwd_kernel_sm90(const __grid_constant__ FlexFwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                         const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = FwdSm90Layout<kD>;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t raw = kern::smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  int32_t* s_item = reinterpret_cast<int32_t*>(smem_raw + (base - raw) + L::kItem);
+  const uint32_t bars = base + L::kBar;
+  if (threadIdx.x == 0) {
+    mbar_init(bars + 0, 1);                  // q_full: producer arrive + tx
+    mbar_init(bars + 8, kConsumerThreads);   // q_empty
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(bars + 16 + 8 * s, 1);                                  // k_full
+      mbar_init(bars + 16 + 8 * (kStages + s), 1);                      // v_full
+      mbar_init(bars + 16 + 8 * (2 * kStages + s), kConsumerThreads);   // kv_empty
+    }
+    for (int i = 0; i < 2; ++i) {
+      mbar_init(bars + 16 + 8 * (3 * kStages + i), 1);                     // item_full
+      mbar_init(bars + 16 + 8 * (3 * kStages + 2 + i), kConsumerThreads);  // item_empty
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    if (threadIdx.x == 0) producer<kD>(p, &tm_q, &tm_k, &tm_v, base, s_item);
+  } else {
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    consumer<kD, kBf16, kMaxLogit, kOverlap>(p, base, s_item);
+  }
+#else
+  // No sm_90a code in this image: never launched (the host checks the binary version).
+  __trap();
+#endif
+}
+
+}  // namespace flashspan::kern90

@@ -1,0 +1,31 @@
+// Host side of the sm90 (Hopper: TMA + wgmma) kernel family. Only the forward exists so far;
+// the backward of a plan built for this family runs on the sm80 kernels (the sm90 consumer's
+// backward tile, 64 x 128, is the sm80 one for head dims <= 128).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "core/geometry.h"
+#include "core/tensor_view.h"
+#include "kernels/common/flex_params.h"
+
+namespace flashspan::sm90 {
+
+// Whether the sm90 forward kernel covers a configuration (independent of the device): fp16 or
+// bf16, Dqk = Dv in {64, 128}, unpacked forward rows. Plans of the sm90 family are only built
+// for such configurations (c_api.cpp, resolve_arch).
+bool fwd_config_supported(const FlexGeometry& g, bool pack_gqa);
+
+// Whether device `device_id` can run the sm90 family: compute capability 9.0 and this build's
+// sm_90a code loaded for it (a build without 90a in FLASHSPAN_CUDA_ARCHS has none). Cached.
+bool device_supported(int device_id);
+
+// Dynamic shared memory of the sm90 forward for head dim d (bytes).
+int fwd_smem_bytes(int d);
+
+// Enqueues the sm90 forward: p as launch_flex_fwd fills it (view of a consumer_for(90) plan,
+// pack = 1, split schedule bound when a workspace was given); q, k, v for the tensor maps.
+void launch_fwd_sm90(const FlexFwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                     DType dtype, cudaStream_t stream);
+
+}  // namespace flashspan::sm90
