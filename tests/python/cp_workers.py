@@ -252,7 +252,7 @@ def _sharding(p, world, scheme, varlen):
 
 
 def case_flex(rank, world, device, group=None, *, seed=0, varlen=False, scheme="zigzag", strategy="ring", backward=True,
-              use_dlse=True, dtype="float32", scale=None, deterministic=False, **problem):
+              use_dlse=True, dtype="float32", scale=None, deterministic=False, plan_kw=None, **problem):
     """CP forward (+ backward) of one problem vs single-process attention; returns per-rank statistics."""
     import flashspan.distributed as fd
 
@@ -268,11 +268,14 @@ def case_flex(rank, world, device, group=None, *, seed=0, varlen=False, scheme="
     for n in ("q", "k", "v"):
         local[n].requires_grad_(backward)
     plan = fd.create_mask_plan(p["mask_func"], local["q"], local["k"], local["v"], sh, group=group,
-                               strategy=strategy, build_backward=backward)
+                               strategy=strategy, build_backward=backward, **(plan_kw or {}))
     out, lse = fd.flex_attn_func(local["q"], local["k"], local["v"], plan, softmax_scale=scale,
                                  deterministic=deterministic, return_lse=True)
     assert_close(out, sh.shard(ref["out"], rank), dt, "out")
     assert_close(lse, sh.shard(ref["lse"], rank, dim=lse_dim), torch.float32 if dt == torch.float32 else dt, "lse")
+    made = [x for x in (plan.pair_plans or [plan.global_plan]) if x is not None]
+    if plan_kw and plan_kw.get("pack_gqa"):
+        assert all(x.pack_gqa for x in made), "pack_gqa=True did not reach the per-rank plans"
     stats = dict(strategy=plan.strategy, pair_visible=plan.pair_visible, ring_steps=plan.ring_steps,
                  skipped=sum(x is None for x in plan.pair_plans) if plan.pair_plans else 0)
     if backward:
