@@ -22,6 +22,7 @@ inline T __ldg(const T* p) {
 }
 #include "kernels/common/block_range.cuh"
 
+#include "dispatch/family.h"
 #include "planner_masks.h"
 #include "plan/planner.h"
 
