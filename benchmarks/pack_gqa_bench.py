@@ -56,8 +56,8 @@ def main() -> None:
         for pack in (False, True):
             plan = flashspan.create_mask_plan(mf, q, k, v, pack_gqa=pack)
             assert plan.pack_gqa == pack
-            outs[pack] = flashspan.flex_attn_func(q, k, v, plan)
-            ms[pack] = timer.measure(lambda: flashspan.flex_attn_func(q, k, v, plan)).median_ms
+            outs[pack] = flashspan.flex_attn_func(q, k, v, mask_plan=plan)
+            ms[pack] = timer.measure(lambda: flashspan.flex_attn_func(q, k, v, mask_plan=plan)).median_ms
         diff = (outs[True].float() - outs[False].float()).abs().max().item()
         # fp32 reference on sample 0 (SDPA math, bottom-right causal as an explicit bool mask).
         qr, kr, vr = (t[:1].transpose(1, 2).float() for t in (q, k, v))

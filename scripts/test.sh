@@ -2,7 +2,8 @@
 # Builds flashspan (CUDA code included when nvcc is found), runs the C++ tests (ctest),
 # installs the Python package with `pip install .`, and runs the Python tests (pytest).
 # GPU tests skip with a reason when no GPU is visible.
-# Env: FLASHSPAN_BUILD_DIR (default build/), FLASHSPAN_CMAKE_ARGS (extra CMake args).
+# Env: FLASHSPAN_BUILD_DIR (default build/), FLASHSPAN_CMAKE_ARGS (extra CMake args),
+# FLASHSPAN_FUZZ_SECONDS (fuzzing time per target, default 15; 0 skips).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${FLASHSPAN_BUILD_DIR:-$root/build}
@@ -17,6 +18,13 @@ cmake --build "$build" -j"$jobs"
 
 echo "== C++ tests"
 ctest --test-dir "$build" --output-on-failure -j"$jobs"
+
+# libFuzzer targets over the C ABI (tests/fuzz; clang, ASan + UBSan, CPU): the regression inputs,
+# then FLASHSPAN_FUZZ_SECONDS (default 15) of mutation per target. FLASHSPAN_FUZZ_SECONDS=0 skips.
+if [ "${FLASHSPAN_FUZZ_SECONDS:-15}" != 0 ] && command -v clang++ >/dev/null 2>&1; then
+  echo "== fuzzing (tests/fuzz, ${FLASHSPAN_FUZZ_SECONDS:-15} s per target)"
+  bash "$root/tests/fuzz/run_fuzz.sh" "$build/fuzz"
+fi
 
 # Without a GPU, the CUDA planner's GPU tests also run on the CPU through the emulation
 # layer of tests/emu (its logic, not its speed; ~2 min on 2 cores, every test). FLASHSPAN_EMU_TESTS=0 skips.

@@ -172,7 +172,8 @@ typedef struct fs_flex_fwd_args {
   const fs_tensor_t* lse;        /* optional fp32 LSE (NULL: not written) */
   const fs_tensor_t* max_logit;  /* optional fp32 [Hq] (NULL: not computed) */
   float softmax_scale;
-  int32_t has_softmax_scale;     /* 0: scale = 1/sqrt(Dqk) */
+  int32_t has_softmax_scale;     /* create: 0 = 1/sqrt(Dqk). execute: 1 = this call's scale (finite; >= 0 with
+                                  * max_logit), 0 = the scale resolved at create */
 } fs_flex_fwd_args_t;
 
 /* Captures the sample descriptors (shapes, strides, dtype, device, presence of lse/max_logit). */
@@ -204,8 +205,8 @@ typedef struct fs_flex_bwd_args {
   const fs_tensor_t* dv;
   fs_mask_plan_t plan;           /* must have backward metadata */
   float softmax_scale;
-  int32_t has_softmax_scale;
-  int32_t deterministic;         /* 1: bitwise reproducible dQ/dK/dV */
+  int32_t has_softmax_scale;     /* as in fs_flex_fwd_args_t: at execute, 1 = this call's scale */
+  int32_t deterministic;         /* 1: bitwise reproducible dQ/dK/dV (read at create only) */
   /* Optional (NULL: no LSE gradient): fp32, shape of lse, the loss gradient w.r.t. the
    * forward's LSE. It adds dlse_i * P_ij to dS_ij (as d LSE_i / d S_ij = P_ij), i.e. it shifts
    * D_i = dO_i . O_i by -dlse_i; same cost as a backward without it. Since ABI version 2. */

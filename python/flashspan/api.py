@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import inspect
+import warnings
 from typing import Optional, Union
 
 import torch
 
+from ._checks import check_flag, check_softmax_scale
 from .autograd import FlexAttnFunc
 from .plan import MaskPlan
+
+
+_MISSING = object()  # mask_plan not given (None is given, and rejected as not a MaskPlan)
+_LEGACY_POSITIONAL = ("mask_plan", "softmax_scale", "deterministic", "return_lse", "return_max_logit")
 
 
 def flex_attn_func(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    mask_plan: MaskPlan,
+    *legacy_positional,
+    mask_plan: Optional[MaskPlan] = _MISSING,
     softmax_scale: Optional[float] = None,
     deterministic: bool = False,
     return_lse: bool = False,
@@ -22,17 +30,22 @@ def flex_attn_func(
 ) -> Union[torch.Tensor, tuple[torch.Tensor, ...]]:
     """Interval-masked attention ``softmax(scale * Q K^T + mask) V`` with a prebuilt plan.
 
+    Signature (the seed's): ``flex_attn_func(q, k, v, *, mask_plan, softmax_scale=None,
+    deterministic=False, return_lse=False, return_max_logit=False)``. Passing the plan (and
+    the options) positionally, as earlier flashspan versions allowed, still works with a
+    DeprecationWarning.
+
     Args:
         q, k, v: BSHD ``[B,Sq,Hq,Dqk]``, ``[B,Sk,Hkv,Dqk]``, ``[B,Sk,Hkv,Dv]`` or THD
             ``[Tq,Hq,Dqk]``, ``[Tk,Hkv,Dqk]``, ``[Tk,Hkv,Dv]``; the geometry, dtype and
             device the plan was built for; last dimension contiguous.
-        mask_plan: from :func:`create_mask_plan`; built with backward metadata when
-            gradients are needed.
-        softmax_scale: default ``1/sqrt(Dqk)``.
-        deterministic: bitwise reproducible backward.
-        return_lse: also return fp32 LSE (``[B,Hq,Sq]`` or ``[Hq,Tq]``, natural log,
+        mask_plan: from :func:`create_mask_plan` (keyword-only, required); built with
+            backward metadata when gradients are needed.
+        softmax_scale: finite number, default ``1/sqrt(Dqk)``.
+        deterministic: bool; bitwise reproducible backward.
+        return_lse: bool; also return fp32 LSE (``[B,Hq,Sq]`` or ``[Hq,Tq]``, natural log,
             -inf for rows that see no key); differentiable.
-        return_max_logit: also return fp32 ``[Hq]``, the signed maximum of
+        return_max_logit: bool; also return fp32 ``[Hq]``, the signed maximum of
             ``scale * q.k`` over visible pairs (-inf for none); needs scale >= 0; not
             differentiable.
 
@@ -40,27 +53,56 @@ def flex_attn_func(
         ``out`` (``[..., Hq, Dv]``, dtype of q), or a tuple in the order
         ``(out, lse)``, ``(out, max_logit)``, ``(out, lse, max_logit)``.
 
-    Raises ValueError / TypeError naming the broken rule (shape, dtype, device,
-    plan without backward for a call that needs gradients), RuntimeError for an
-    unsupported configuration or a CUDA failure.
+    Raises ValueError (shape, device, scale, plan without backward for a call that needs
+    gradients), TypeError (not a tensor or MaskPlan, dtype, a flag that is not a bool), each
+    naming the argument and the rule; RuntimeError for an unsupported configuration or a
+    CUDA failure.
 
     Example::
 
         S = 256
-        q = torch.randn(1, S, 4, 64, requires_grad=True); k = torch.randn_like(q); v = torch.randn_like(q)
+        q = torch.randn(1, S, 4, 64, requires_grad=True)
+        k = torch.randn_like(q).requires_grad_()
+        v = torch.randn_like(q).requires_grad_()
         plan = create_mask_plan(torch.arange(1, S + 1, dtype=torch.int32).view(1, 1, S), q, k, v)
         out, lse = flex_attn_func(q, k, v, mask_plan=plan, return_lse=True)
         out.sum().backward()
     """
+    if legacy_positional:
+        if len(legacy_positional) > len(_LEGACY_POSITIONAL):
+            raise TypeError(
+                f"flex_attn_func() takes 3 positional arguments (q, k, v) but {3 + len(legacy_positional)} were given"
+            )
+        given = dict(zip(_LEGACY_POSITIONAL, legacy_positional))
+        defaults = {"mask_plan": mask_plan, "softmax_scale": softmax_scale, "deterministic": deterministic,
+                    "return_lse": return_lse, "return_max_logit": return_max_logit}
+        for name in given:
+            if defaults[name] is not _DEFAULTS[name]:
+                raise TypeError(f"flex_attn_func() got multiple values for argument {name!r}")
+        warnings.warn(
+            "flex_attn_func: passing " + ", ".join(given) + " positionally is deprecated; pass them by keyword "
+            "(flex_attn_func(q, k, v, mask_plan=plan, ...)), as the seed API requires",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        mask_plan = given.get("mask_plan", mask_plan)
+        softmax_scale = given.get("softmax_scale", softmax_scale)
+        deterministic = given.get("deterministic", deterministic)
+        return_lse = given.get("return_lse", return_lse)
+        return_max_logit = given.get("return_max_logit", return_max_logit)
+    if mask_plan is _MISSING:
+        raise TypeError("flex_attn_func() missing 1 required keyword-only argument: 'mask_plan'")
     if not isinstance(mask_plan, MaskPlan):
         raise TypeError(f"flex_attn_func: mask_plan must be a flashspan.MaskPlan, got {type(mask_plan).__name__}")
+    for name, value in (("deterministic", deterministic), ("return_lse", return_lse),
+                        ("return_max_logit", return_max_logit)):
+        check_flag(name, value, "flex_attn_func")
+    softmax_scale = check_softmax_scale(softmax_scale, "flex_attn_func", return_max_logit)
     needs_grad = torch.is_grad_enabled() and any(
         isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)
     )
     mask_plan.check_compatible(q, k, v, need_backward=needs_grad, where="flex_attn_func")
-    out, lse, max_logit = FlexAttnFunc.apply(
-        q, k, v, mask_plan, softmax_scale, bool(deterministic), bool(return_max_logit)
-    )
+    out, lse, max_logit = FlexAttnFunc.apply(q, k, v, mask_plan, softmax_scale, deterministic, return_max_logit)
     if return_lse and return_max_logit:
         return out, lse, max_logit
     if return_lse:
@@ -68,3 +110,25 @@ def flex_attn_func(
     if return_max_logit:
         return out, max_logit
     return out
+
+
+_DEFAULTS = {"mask_plan": _MISSING, "softmax_scale": None, "deterministic": False, "return_lse": False,
+             "return_max_logit": False}
+
+
+def _seed_signature(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    mask_plan: MaskPlan,
+    softmax_scale: Optional[float] = None,
+    deterministic: bool = False,
+    return_lse: bool = False,
+    return_max_logit: bool = False,
+):  # pragma: no cover - signature only
+    pass
+
+
+# Introspection shows the seed's signature; the deprecated positional form is accepted on top.
+flex_attn_func.__signature__ = inspect.signature(_seed_signature)

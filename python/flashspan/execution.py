@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import ctypes
+import inspect
 import threading
-from typing import Optional
+import warnings
+from typing import Any, Optional
 
 import torch
 
 from . import _lib
+from ._checks import check_flag, check_softmax_scale
 from .plan import MaskPlan
+
+# The workspace must start on this boundary (the seed's rule, which its kernels carve from).
+WORKSPACE_ALIGNMENT = 128
 
 
 def _check_plan(plan: MaskPlan, where: str) -> ctypes.c_void_p:
@@ -33,27 +39,95 @@ def _workspace_ptr(
 ) -> tuple[Optional[int], int]:
     """(pointer, bytes) of a caller workspace, checked host-side (the C layer cannot see its device).
 
-    Errors start with ``where`` (e.g. ``"FlexAttentionFwd.execute"``).
+    The workspace may be any contiguous tensor (any dtype: it is used as bytes) whose start
+    is 128-byte aligned, on the device of the call, of at least ``need`` bytes. Errors are
+    ValueError (TypeError for a non-tensor) and start with ``where`` (e.g.
+    ``"FlexAttentionFwd.execute"``).
     """
     if workspace is None:
         if need > 0:
             raise ValueError(
-                f"{where}: workspace: this call needs a uint8 workspace of at least {need} bytes on {device} "
-                "(allocate workspace_size bytes once and pass workspace=...)"
+                f"{where}: workspace: this call needs a workspace of at least {need} bytes on {device} "
+                "(allocate workspace_size bytes once, e.g. torch.empty(n, dtype=torch.uint8), and pass workspace=...)"
             )
         return None, 0
     if not isinstance(workspace, torch.Tensor):
         raise TypeError(f"{where}: workspace must be a torch.Tensor, got {type(workspace).__name__}")
-    if workspace.dtype != torch.uint8:
-        raise TypeError(f"{where}: workspace must be a uint8 tensor, got {workspace.dtype}")
     if workspace.device != device and need > 0:
-        raise TypeError(f"{where}: workspace is on {workspace.device} but the call runs on {device}")
+        raise ValueError(f"{where}: workspace is on {workspace.device} but the call runs on {device}")
     if need > 0 and not workspace.is_contiguous():
         raise ValueError(f"{where}: workspace must be contiguous")
-    nbytes = workspace.numel()
+    nbytes = workspace.numel() * workspace.element_size()
     if nbytes < need:
         raise ValueError(f"{where}: workspace has {nbytes} bytes but this call needs workspace_size = {need} bytes")
-    return (workspace.data_ptr() or None), nbytes
+    ptr = workspace.data_ptr()
+    if need > 0 and ptr % WORKSPACE_ALIGNMENT != 0:
+        raise ValueError(
+            f"{where}: workspace must start on a {WORKSPACE_ALIGNMENT}-byte boundary (data_ptr() % "
+            f"{WORKSPACE_ALIGNMENT} == {ptr % WORKSPACE_ALIGNMENT}); pass a fresh allocation, not an offset view"
+        )
+    return (ptr or None), nbytes
+
+
+def _raw_stream(current_stream: Any, device: torch.device, where: str) -> Optional[int]:
+    """cudaStream_t (int) to launch on: ``current_stream`` (a torch.cuda.Stream, a cuda-python
+    CUstream or an int handle) or, when None, torch's current stream of ``device``. None on the CPU."""
+    if device.type != "cuda":
+        return None
+    if current_stream is None:
+        return torch.cuda.current_stream(device).cuda_stream
+    if isinstance(current_stream, torch.cuda.Stream):
+        return current_stream.cuda_stream
+    try:
+        return int(current_stream)
+    except (TypeError, ValueError):
+        getptr = getattr(current_stream, "getPtr", None)
+        if getptr is not None:
+            return int(getptr())
+    raise TypeError(
+        f"{where}: current_stream must be None, a torch.cuda.Stream or a CUDA stream handle, "
+        f"got {type(current_stream).__name__}"
+    )
+
+
+def _record_streams(tensors, current_stream: Any, device: torch.device) -> None:
+    """With an explicit stream, tell torch's caching allocator the tensors are used there (as the seed does)."""
+    if current_stream is None or device.type != "cuda":
+        return
+    stream = current_stream
+    if not isinstance(stream, torch.cuda.Stream):
+        stream = torch.cuda.ExternalStream(_raw_stream(current_stream, device, ""), device=device)
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and t.is_cuda:
+            t.record_stream(stream)
+
+
+def _legacy_kwargs(where: str, legacy: dict, aliases: dict, values: dict) -> dict:
+    """Maps deprecated keyword names (``aliases``: old name -> seed name) onto ``values``.
+
+    TypeError for an unknown keyword or a value given under both names; DeprecationWarning otherwise.
+    """
+    for old, value in legacy.items():
+        new = aliases.get(old)
+        if new is None:
+            raise TypeError(f"{where}() got an unexpected keyword argument {old!r}")
+        if values.get(new) is not None:
+            raise TypeError(f"{where}() got values for both {new!r} and its deprecated name {old!r}")
+        warnings.warn(f"{where}: keyword {old!r} is deprecated; use {new!r} (the seed's name)", DeprecationWarning,
+                      stacklevel=3)
+        values[new] = value
+    return values
+
+
+def _with_signature(stub):
+    """Gives the decorated function the signature of ``stub`` for introspection (the seed's), while
+    the function itself also accepts deprecated keyword names through ``**legacy``."""
+
+    def wrap(fn):
+        fn.__signature__ = inspect.signature(stub)
+        return fn
+
+    return wrap
 
 
 class _Spec:
@@ -88,10 +162,11 @@ def _bind(
         raise ValueError(f"{where}: {name}: was not given at construction, so it must be None")
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    # ValueError for every descriptor mismatch, dtype and device included (the seed's rule).
     if t.dtype != spec.dtype:
-        raise TypeError(f"{where}: {name}: dtype {t.dtype} differs from the compiled {spec.dtype}")
+        raise ValueError(f"{where}: {name}: dtype {t.dtype} differs from the compiled {spec.dtype}")
     if t.device != spec.device:
-        raise TypeError(f"{where}: {name}: device {t.device} differs from the compiled {spec.device}")
+        raise ValueError(f"{where}: {name}: device {t.device} differs from the compiled {spec.device}")
     if t.shape != spec.shape or t.stride() != spec.stride:
         raise ValueError(
             f"{where}: {name}: shape {tuple(t.shape)} or strides differ from the compiled descriptor "
@@ -141,15 +216,30 @@ class _OpBase:
 
     @property
     def workspace_size(self) -> int:
-        """Bytes of uint8 workspace execute() needs (on the device of the tensors)."""
+        """Bytes of workspace execute() needs (on the device of the tensors; 0 on the CPU)."""
         if self._workspace_size is None:
             n = ctypes.c_size_t()
             _lib.check(self._fn("workspace_size")(self._live(), ctypes.byref(n)), f"{self._NAME}.workspace_size")
             self._workspace_size = int(n.value)
         return self._workspace_size
 
-    def _launch(self, handle, args, ws_ptr, ws_bytes, q) -> int:
-        return self._fn("execute")(handle, ctypes.byref(args), ws_ptr, ws_bytes, _lib.stream_of(q))
+    def _begin_execute(self, where: str, mask_plan, q, workspace, softmax_scale, want_max_logit: bool):
+        """Checks shared by both execute()s; returns (handle, plan handle, workspace ptr, bytes, scale fields)."""
+        handle = self._live()
+        if not self._compiled:
+            # The seed raises RuntimeError for a launch before compile().
+            raise RuntimeError(f"{where}: compile() must be called before execute()")
+        plan_handle = _check_plan(mask_plan, where)
+        if not isinstance(q, torch.Tensor):
+            raise TypeError(f"{where}: q_tensor must be a torch.Tensor, got {type(q).__name__}")
+        scale = check_softmax_scale(softmax_scale, where, want_max_logit)
+        if scale is None:
+            scale = self._default_scale
+        ws_ptr, ws_bytes = _workspace_ptr(workspace, self.workspace_size, q.device, where)
+        return handle, plan_handle, ws_ptr, ws_bytes, _scale_fields(scale)
+
+    def _launch(self, handle, args, ws_ptr, ws_bytes, stream) -> int:
+        return self._fn("execute")(handle, ctypes.byref(args), ws_ptr, ws_bytes, stream)
 
     def __del__(self):
         h = getattr(self, "_handle", None)
@@ -161,24 +251,66 @@ class _OpBase:
                 pass
 
 
+def _fwd_init_signature(
+    self,
+    sample_q: torch.Tensor,
+    sample_k: torch.Tensor,
+    sample_v: torch.Tensor,
+    sample_o: torch.Tensor,
+    sample_mask_plan: MaskPlan,
+    sample_lse: Optional[torch.Tensor] = None,
+    *,
+    sm90_use_smem_mask_pipeline: bool = True,
+    sample_max_logit: Optional[torch.Tensor] = None,
+) -> None:  # pragma: no cover - signature only
+    pass
+
+
+def _fwd_execute_signature(
+    self,
+    q_tensor: torch.Tensor,
+    k_tensor: torch.Tensor,
+    v_tensor: torch.Tensor,
+    o_tensor: torch.Tensor,
+    mask_plan: MaskPlan,
+    lse_tensor: Optional[torch.Tensor] = None,
+    *,
+    workspace: Optional[torch.Tensor] = None,
+    softmax_scale: Optional[float] = None,
+    current_stream: Any = None,
+    max_logit_tensor: Optional[torch.Tensor] = None,
+) -> None:  # pragma: no cover - signature only
+    pass
+
+
 class FlexAttentionFwd(_OpBase):
-    """Precompiled, allocation-free flex-attention forward.
+    """Precompiled, allocation-free flex-attention forward (the seed's constructor and execute()).
 
-    The constructor captures sample descriptors (shape, strides, dtype, device of
-    q/k/v/out, presence of lse and max_logit) and a sample plan. ``check_support()``
-    and ``compile()`` prepare the launch; ``execute()`` accepts new tensors with the
-    same descriptors and any compatible plan, allocates nothing and runs on
-    ``torch.cuda.current_stream()`` (CUDA-graph capturable). On CPU tensors the same
-    object runs the CPU reference backend.
+    ``FlexAttentionFwd(sample_q, sample_k, sample_v, sample_o, sample_mask_plan,
+    sample_lse=None, *, sm90_use_smem_mask_pipeline=True, sample_max_logit=None)`` captures
+    sample descriptors (shape, strides, dtype, device of q/k/v/o, presence of lse and
+    max_logit) and a sample plan. ``check_support()`` and ``compile()`` prepare the launch;
+    ``execute()`` accepts new tensors with the same descriptors and any compatible plan,
+    allocates nothing and runs on ``current_stream`` (default: torch's current stream; CUDA
+    graph capturable). On CPU tensors the same object runs the CPU reference backend.
 
-    Shapes: BSHD q ``[B,Sq,Hq,Dqk]`` k ``[B,Sk,Hkv,Dqk]`` v ``[B,Sk,Hkv,Dv]`` out
+    Shapes: BSHD q ``[B,Sq,Hq,Dqk]`` k ``[B,Sk,Hkv,Dqk]`` v ``[B,Sk,Hkv,Dv]`` o
     ``[B,Sq,Hq,Dv]`` lse fp32 ``[B,Hq,Sq]``; THD drops B (lse ``[Hq,Tq]``);
     max_logit fp32 ``[Hq]`` (reset to -inf by each execute, then reduced into).
+
+    ``sm90_use_smem_mask_pipeline`` is accepted for the seed's sake (a bool; flashspan's
+    kernels choose their own mask pipeline). The deprecated keyword ``softmax_scale`` (the
+    scale used when execute() gets none) and the keyword names ``q, k, v, out, plan, lse``
+    of earlier versions still work with a DeprecationWarning.
+
+    Errors: TypeError (not a tensor / MaskPlan, a flag that is not a bool), ValueError
+    (descriptor or geometry breaks a rule, scale), RuntimeError (execute before compile,
+    unsupported configuration, CUDA failure); messages name the argument and the rule.
 
     Example::
 
         out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
-        lse = torch.empty(plan.lse_shape(), dtype=torch.float32, device=q.device)
+        lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
         fwd = FlexAttentionFwd(q, k, v, out, plan, lse)
         fwd.check_support()
         fwd.compile()
@@ -186,29 +318,48 @@ class FlexAttentionFwd(_OpBase):
         fwd.execute(q, k, v, out, plan, lse, workspace=ws)
     """
 
+    _LEGACY_INIT = {"q": "sample_q", "k": "sample_k", "v": "sample_v", "out": "sample_o",
+                    "plan": "sample_mask_plan", "lse": "sample_lse", "softmax_scale": "softmax_scale"}
+    _LEGACY_EXECUTE = {"q": "q_tensor", "k": "k_tensor", "v": "v_tensor", "out": "o_tensor", "plan": "mask_plan",
+                       "lse": "lse_tensor"}
+
+    @_with_signature(_fwd_init_signature)
     def __init__(
         self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        plan: MaskPlan,
-        lse: Optional[torch.Tensor] = None,
+        sample_q: Optional[torch.Tensor] = None,
+        sample_k: Optional[torch.Tensor] = None,
+        sample_v: Optional[torch.Tensor] = None,
+        sample_o: Optional[torch.Tensor] = None,
+        sample_mask_plan: Optional[MaskPlan] = None,
+        sample_lse: Optional[torch.Tensor] = None,
+        *,
+        sm90_use_smem_mask_pipeline: bool = True,
         sample_max_logit: Optional[torch.Tensor] = None,
-        softmax_scale: Optional[float] = None,
         _hold_plan: bool = True,
+        **legacy,
     ):
         self._handle = None
-        handle = _check_plan(plan, type(self).__name__)
-        self._scale, self._has_scale = _scale_fields(softmax_scale)
-        self.softmax_scale = softmax_scale
+        where = type(self).__name__
+        a = _legacy_kwargs(where, legacy, self._LEGACY_INIT, {
+            "sample_q": sample_q, "sample_k": sample_k, "sample_v": sample_v, "sample_o": sample_o,
+            "sample_mask_plan": sample_mask_plan, "sample_lse": sample_lse, "softmax_scale": None})
+        for name in ("sample_q", "sample_k", "sample_v", "sample_o", "sample_mask_plan"):
+            if a[name] is None:
+                raise TypeError(f"{where}() missing required argument {name!r}")
+        q, k, v, out, plan, lse = (a[n] for n in ("sample_q", "sample_k", "sample_v", "sample_o",
+                                                   "sample_mask_plan", "sample_lse"))
+        check_flag("sm90_use_smem_mask_pipeline", sm90_use_smem_mask_pipeline, where)
+        handle = _check_plan(plan, where)
+        self._default_scale = check_softmax_scale(a["softmax_scale"], where, sample_max_logit is not None)
+        self._scale, self._has_scale = _scale_fields(self._default_scale)
+        self.softmax_scale = self._default_scale
         self.has_lse = lse is not None
         self.has_max_logit = sample_max_logit is not None
         self.device = q.device if isinstance(q, torch.Tensor) else None
         descs = self._descs(q, k, v, out, lse, sample_max_logit)
         args = self._args(descs, handle)
         h = ctypes.c_void_p()
-        _lib.check(_lib.lib().fs_flex_fwd_create(ctypes.byref(args), ctypes.byref(h)), "FlexAttentionFwd")
+        _lib.check(_lib.lib().fs_flex_fwd_create(ctypes.byref(args), ctypes.byref(h)), where)
         self._handle = h
         self._specs = _specs(self._NAMES, (q, k, v, out, lse, sample_max_logit))
         self._tls = _ThreadArgs()
@@ -248,49 +399,112 @@ class FlexAttentionFwd(_OpBase):
             self._has_scale,
         )
 
+    @_with_signature(_fwd_execute_signature)
     def execute(
         self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        plan: MaskPlan,
-        lse: Optional[torch.Tensor] = None,
+        q_tensor: Optional[torch.Tensor] = None,
+        k_tensor: Optional[torch.Tensor] = None,
+        v_tensor: Optional[torch.Tensor] = None,
+        o_tensor: Optional[torch.Tensor] = None,
+        mask_plan: Optional[MaskPlan] = None,
+        lse_tensor: Optional[torch.Tensor] = None,
+        *,
         workspace: Optional[torch.Tensor] = None,
+        softmax_scale: Optional[float] = None,
+        current_stream: Any = None,
         max_logit_tensor: Optional[torch.Tensor] = None,
+        **legacy,
     ) -> None:
-        """Writes out (and lse / max_logit_tensor when compiled with them) on the current stream.
+        """Writes o (and lse / max_logit_tensor when compiled with them) on ``current_stream``.
 
-        Tensors must match the compiled descriptors; the plan must be compatible with
-        the sample plan. Allocates nothing and never synchronises.
+        Tensors must match the compiled descriptors (ValueError otherwise); the plan must be
+        compatible with the sample plan. ``softmax_scale`` (finite; >= 0 with max_logit)
+        defaults to ``1/sqrt(Dqk)``. ``workspace``: any contiguous tensor of at least
+        ``workspace_size`` bytes on the call's device, 128-byte aligned (None when
+        workspace_size is 0). ``current_stream``: torch.cuda.Stream or raw CUDA stream
+        handle; None = torch's current stream. Allocates nothing and never synchronises.
+        RuntimeError before compile().
         """
         where = self._EXECUTE
-        handle = self._live()
-        plan_handle = _check_plan(plan, where)
-        if not isinstance(q, torch.Tensor):
-            raise TypeError(f"{where}: q must be a torch.Tensor, got {type(q).__name__}")
-        ws_ptr, ws_bytes = _workspace_ptr(workspace, self.workspace_size, q.device, where)
+        if legacy:
+            a = _legacy_kwargs(where, legacy, self._LEGACY_EXECUTE, {
+                "q_tensor": q_tensor, "k_tensor": k_tensor, "v_tensor": v_tensor, "o_tensor": o_tensor,
+                "mask_plan": mask_plan, "lse_tensor": lse_tensor})
+            q_tensor, k_tensor, v_tensor, o_tensor, mask_plan, lse_tensor = (
+                a[n] for n in ("q_tensor", "k_tensor", "v_tensor", "o_tensor", "mask_plan", "lse_tensor"))
+        q = q_tensor
+        handle, plan_handle, ws_ptr, ws_bytes, (scale, has_scale) = self._begin_execute(
+            where, mask_plan, q, workspace, softmax_scale, self.has_max_logit)
         tls = self._tls
         if tls.args is None:
             tls.descs = tuple(None if sp is None else sp.desc() for sp in self._specs)
             tls.args = self._args(tls.descs, None)
-        for spec, d, t, name in zip(self._specs, tls.descs, (q, k, v, out, lse, max_logit_tensor), self._NAMES):
+        tensors = (q_tensor, k_tensor, v_tensor, o_tensor, lse_tensor, max_logit_tensor)
+        for spec, d, t, name in zip(self._specs, tls.descs, tensors, self._NAMES):
             _bind(spec, d, t, name, where)
         args = tls.args
         args.plan = plan_handle
+        args.softmax_scale = scale
+        args.has_softmax_scale = has_scale
+        stream = _raw_stream(current_stream, q.device, where)
         # C-layer errors come back as "FlexAttentionFwd.execute: <argument>: <rule>".
-        _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, q), where)
+        _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, stream), where)
+        _record_streams(tensors + (workspace,), current_stream, q.device)
+
+
+def _bwd_init_signature(
+    self,
+    sample_q: torch.Tensor,
+    sample_k: torch.Tensor,
+    sample_v: torch.Tensor,
+    sample_o: torch.Tensor,
+    sample_do: torch.Tensor,
+    sample_lse: torch.Tensor,
+    sample_dq: torch.Tensor,
+    sample_dk: torch.Tensor,
+    sample_dv: torch.Tensor,
+    sample_mask_plan: MaskPlan,
+    sample_dlse: Optional[torch.Tensor] = None,
+    *,
+    deterministic: bool = False,
+) -> None:  # pragma: no cover - signature only
+    pass
+
+
+def _bwd_execute_signature(
+    self,
+    q_tensor: torch.Tensor,
+    k_tensor: torch.Tensor,
+    v_tensor: torch.Tensor,
+    o_tensor: torch.Tensor,
+    do_tensor: torch.Tensor,
+    lse_tensor: torch.Tensor,
+    dq_tensor: torch.Tensor,
+    dk_tensor: torch.Tensor,
+    dv_tensor: torch.Tensor,
+    mask_plan: MaskPlan,
+    dlse_tensor: Optional[torch.Tensor] = None,
+    *,
+    workspace: Optional[torch.Tensor],
+    softmax_scale: Optional[float] = None,
+    current_stream: Any = None,
+) -> None:  # pragma: no cover - signature only
+    pass
 
 
 class FlexAttentionBwd(_OpBase):
-    """Precompiled, allocation-free flex-attention backward (dq, dk, dv from dout and the forward's lse).
+    """Precompiled, allocation-free flex-attention backward (dq, dk, dv from do and the forward's lse).
 
-    Same lifecycle as :class:`FlexAttentionFwd`. The plan must have been built with
-    backward metadata. dq/dk/dv have the shapes and dtypes of q/k/v; with GQA, dk/dv
-    sum over the query heads of a kv head. ``deterministic=True`` makes them bitwise
-    reproducible. ``dlse`` (optional, fp32, the shape of lse) is the loss gradient with
-    respect to the forward's LSE: it adds ``dlse_i * P_ij`` to the score gradient at no extra
-    cost; give it at construction and then at every ``execute`` (or never).
+    ``FlexAttentionBwd(sample_q, sample_k, sample_v, sample_o, sample_do, sample_lse,
+    sample_dq, sample_dk, sample_dv, sample_mask_plan, sample_dlse=None, *,
+    deterministic=False)``: same lifecycle as :class:`FlexAttentionFwd`. The plan must have
+    been built with backward metadata. dq/dk/dv have the shapes and dtypes of q/k/v; with
+    GQA, dk/dv sum over the query heads of a kv head. ``deterministic=True`` (a bool) makes
+    them bitwise reproducible. ``sample_dlse`` (optional, fp32, the shape of lse) is the
+    loss gradient with respect to the forward's LSE: it adds ``dlse_i * P_ij`` to the score
+    gradient at no extra cost; give it at construction and then as ``dlse_tensor`` at every
+    ``execute`` (or never). The deprecated keywords ``softmax_scale`` (the scale used when
+    execute() gets none) and ``dlse`` still work with a DeprecationWarning.
 
     Example::
 
@@ -302,41 +516,72 @@ class FlexAttentionBwd(_OpBase):
         bwd.execute(q, k, v, out, do, lse, dq, dk, dv, plan, workspace=ws)
     """
 
+    _LEGACY_INIT = {"q": "sample_q", "k": "sample_k", "v": "sample_v", "out": "sample_o", "do": "sample_do",
+                    "lse": "sample_lse", "dq": "sample_dq", "dk": "sample_dk", "dv": "sample_dv",
+                    "plan": "sample_mask_plan", "dlse": "sample_dlse", "softmax_scale": "softmax_scale"}
+    _LEGACY_EXECUTE = {"q": "q_tensor", "k": "k_tensor", "v": "v_tensor", "out": "o_tensor", "do": "do_tensor",
+                       "lse": "lse_tensor", "dq": "dq_tensor", "dk": "dk_tensor", "dv": "dv_tensor",
+                       "plan": "mask_plan", "dlse": "dlse_tensor"}
+    _REQUIRED = ("sample_q", "sample_k", "sample_v", "sample_o", "sample_do", "sample_lse", "sample_dq",
+                 "sample_dk", "sample_dv", "sample_mask_plan")
+
+    @_with_signature(_bwd_init_signature)
     def __init__(
         self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        do: torch.Tensor,
-        lse: torch.Tensor,
-        dq: torch.Tensor,
-        dk: torch.Tensor,
-        dv: torch.Tensor,
-        plan: MaskPlan,
-        softmax_scale: Optional[float] = None,
+        sample_q: Optional[torch.Tensor] = None,
+        sample_k: Optional[torch.Tensor] = None,
+        sample_v: Optional[torch.Tensor] = None,
+        sample_o: Optional[torch.Tensor] = None,
+        sample_do: Optional[torch.Tensor] = None,
+        sample_lse: Optional[torch.Tensor] = None,
+        sample_dq: Optional[torch.Tensor] = None,
+        sample_dk: Optional[torch.Tensor] = None,
+        sample_dv: Optional[torch.Tensor] = None,
+        sample_mask_plan: Optional[MaskPlan] = None,
+        sample_dlse: Optional[torch.Tensor] = None,
+        *,
         deterministic: bool = False,
-        dlse: Optional[torch.Tensor] = None,
         _hold_plan: bool = True,
+        **legacy,
     ):
         self._handle = None
-        handle = _check_plan(plan, type(self).__name__)
+        where = type(self).__name__
+        a = _legacy_kwargs(where, legacy, self._LEGACY_INIT, {
+            "sample_q": sample_q, "sample_k": sample_k, "sample_v": sample_v, "sample_o": sample_o,
+            "sample_do": sample_do, "sample_lse": sample_lse, "sample_dq": sample_dq, "sample_dk": sample_dk,
+            "sample_dv": sample_dv, "sample_mask_plan": sample_mask_plan, "sample_dlse": sample_dlse,
+            "softmax_scale": None})
+        for name in self._REQUIRED:
+            if a[name] is None:
+                raise TypeError(f"{where}() missing required argument {name!r}")
+        plan, dlse = a["sample_mask_plan"], a["sample_dlse"]
+        if dlse is not None and not isinstance(dlse, torch.Tensor):
+            # Earlier versions took softmax_scale in this position.
+            raise TypeError(
+                f"{where}: sample_dlse (11th argument) must be a torch.Tensor or None, got {type(dlse).__name__}; "
+                "pass the softmax scale to execute(..., softmax_scale=...)"
+            )
+        check_flag("deterministic", deterministic, where)
+        handle = _check_plan(plan, where)
         if not plan.has_backward:
             raise ValueError(
-                "FlexAttentionBwd: plan: needs a plan built with backward metadata "
+                f"{where}: sample_mask_plan: needs a plan built with backward metadata "
                 "(create_mask_plan(..., build_backward=True))"
             )
-        self._scale, self._has_scale = _scale_fields(softmax_scale)
-        self.softmax_scale = softmax_scale
-        self.deterministic = bool(deterministic)
+        self._default_scale = check_softmax_scale(a["softmax_scale"], where)
+        self._scale, self._has_scale = _scale_fields(self._default_scale)
+        self.softmax_scale = self._default_scale
+        self.deterministic = deterministic
         self.has_dlse = dlse is not None
+        tensors = tuple(a[n] for n in self._REQUIRED[:9]) + (dlse,)
+        q = tensors[0]
         self.device = q.device if isinstance(q, torch.Tensor) else None
-        descs = self._descs(q, k, v, out, do, lse, dq, dk, dv, dlse)
+        descs = self._descs(*tensors)
         args = self._args(descs, handle)
         h = ctypes.c_void_p()
-        _lib.check(_lib.lib().fs_flex_bwd_create(ctypes.byref(args), ctypes.byref(h)), "FlexAttentionBwd")
+        _lib.check(_lib.lib().fs_flex_bwd_create(ctypes.byref(args), ctypes.byref(h)), where)
         self._handle = h
-        self._specs = _specs(self._NAMES, (q, k, v, out, do, lse, dq, dk, dv, dlse))
+        self._specs = _specs(self._NAMES, tensors)
         self._tls = _ThreadArgs()
         self._plan = plan if _hold_plan else None
         self._supported = False
@@ -364,41 +609,59 @@ class FlexAttentionBwd(_OpBase):
             _lib.ptr(d[9]),
         )
 
+    @_with_signature(_bwd_execute_signature)
     def execute(
         self,
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        out: torch.Tensor,
-        do: torch.Tensor,
-        lse: torch.Tensor,
-        dq: torch.Tensor,
-        dk: torch.Tensor,
-        dv: torch.Tensor,
-        plan: MaskPlan,
+        q_tensor: Optional[torch.Tensor] = None,
+        k_tensor: Optional[torch.Tensor] = None,
+        v_tensor: Optional[torch.Tensor] = None,
+        o_tensor: Optional[torch.Tensor] = None,
+        do_tensor: Optional[torch.Tensor] = None,
+        lse_tensor: Optional[torch.Tensor] = None,
+        dq_tensor: Optional[torch.Tensor] = None,
+        dk_tensor: Optional[torch.Tensor] = None,
+        dv_tensor: Optional[torch.Tensor] = None,
+        mask_plan: Optional[MaskPlan] = None,
+        dlse_tensor: Optional[torch.Tensor] = None,
+        *,
         workspace: Optional[torch.Tensor] = None,
-        dlse: Optional[torch.Tensor] = None,
+        softmax_scale: Optional[float] = None,
+        current_stream: Any = None,
+        **legacy,
     ) -> None:
-        """Writes dq, dk, dv on the current stream; allocates nothing and never synchronises.
+        """Writes dq, dk, dv on ``current_stream``; allocates nothing and never synchronises.
 
-        dlse (fp32, shape of lse) must be given exactly when the object was constructed with one.
+        ``dlse_tensor`` (fp32, shape of lse) must be given exactly when the object was
+        constructed with ``sample_dlse``. ``workspace`` is required by the seed's signature;
+        flashspan also accepts it omitted when ``workspace_size`` is 0 (CPU). Other
+        arguments as :meth:`FlexAttentionFwd.execute`.
         """
         where = self._EXECUTE
-        handle = self._live()
-        plan_handle = _check_plan(plan, where)
-        if not isinstance(q, torch.Tensor):
-            raise TypeError(f"{where}: q must be a torch.Tensor, got {type(q).__name__}")
-        ws_ptr, ws_bytes = _workspace_ptr(workspace, self.workspace_size, q.device, where)
+        if legacy:
+            a = _legacy_kwargs(where, legacy, self._LEGACY_EXECUTE, {
+                "q_tensor": q_tensor, "k_tensor": k_tensor, "v_tensor": v_tensor, "o_tensor": o_tensor,
+                "do_tensor": do_tensor, "lse_tensor": lse_tensor, "dq_tensor": dq_tensor, "dk_tensor": dk_tensor,
+                "dv_tensor": dv_tensor, "mask_plan": mask_plan, "dlse_tensor": dlse_tensor})
+            q_tensor, k_tensor, v_tensor, o_tensor, do_tensor, lse_tensor, dq_tensor, dk_tensor, dv_tensor, \
+                mask_plan, dlse_tensor = (a[n] for n in self._LEGACY_EXECUTE.values())
+        q = q_tensor
+        handle, plan_handle, ws_ptr, ws_bytes, (scale, has_scale) = self._begin_execute(
+            where, mask_plan, q, workspace, softmax_scale, False)
         tls = self._tls
         if tls.args is None:
             tls.descs = tuple(None if sp is None else sp.desc() for sp in self._specs)
             tls.args = self._args(tls.descs, None)
-        tensors = (q, k, v, out, do, lse, dq, dk, dv, dlse)
+        tensors = (q_tensor, k_tensor, v_tensor, o_tensor, do_tensor, lse_tensor, dq_tensor, dk_tensor, dv_tensor,
+                   dlse_tensor)
         for spec, d, t, name in zip(self._specs, tls.descs, tensors, self._NAMES):
             _bind(spec, d, t, name, where)
         args = tls.args
         args.plan = plan_handle
-        _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, q), where)
+        args.softmax_scale = scale
+        args.has_softmax_scale = has_scale
+        stream = _raw_stream(current_stream, q.device, where)
+        _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, stream), where)
+        _record_streams(tensors + (workspace,), current_stream, q.device)
 
 
 # ---------------------------------------------------------------------------
@@ -447,30 +710,30 @@ def run_forward(
     out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
     lse = torch.empty(lse_shape_of(q), dtype=torch.float32, device=q.device)
     max_logit = torch.empty((q.shape[-2],), dtype=torch.float32, device=q.device) if want_max_logit else None
-    key = ("fwd", _strides(q, k, v), want_max_logit, softmax_scale)
+    key = ("fwd", _strides(q, k, v), want_max_logit)
     op = _cached(
         plan,
         key,
-        lambda: FlexAttentionFwd(q, k, v, out, plan, lse, max_logit, softmax_scale, _hold_plan=False),
+        lambda: FlexAttentionFwd(q, k, v, out, plan, lse, sample_max_logit=max_logit, _hold_plan=False),
     )
     n = op.workspace_size
     ws = torch.empty(n, dtype=torch.uint8, device=q.device) if n else None
-    op.execute(q, k, v, out, plan, lse, workspace=ws, max_logit_tensor=max_logit)
+    op.execute(q, k, v, out, plan, lse, workspace=ws, softmax_scale=softmax_scale, max_logit_tensor=max_logit)
     return out, lse, max_logit
 
 
 def _run_backward_once(q, k, v, out, do, lse, dq, dk, dv, plan, softmax_scale, deterministic, dlse=None):
-    key = ("bwd", _strides(q, k, v, out, do, lse, dq, dk, dv, dlse), softmax_scale, bool(deterministic))
+    key = ("bwd", _strides(q, k, v, out, do, lse, dq, dk, dv, dlse), deterministic)
     op = _cached(
         plan,
         key,
         lambda: FlexAttentionBwd(
-            q, k, v, out, do, lse, dq, dk, dv, plan, softmax_scale, deterministic, dlse=dlse, _hold_plan=False
+            q, k, v, out, do, lse, dq, dk, dv, plan, dlse, deterministic=deterministic, _hold_plan=False
         ),
     )
     n = op.workspace_size
     ws = torch.empty(n, dtype=torch.uint8, device=q.device) if n else None
-    op.execute(q, k, v, out, do, lse, dq, dk, dv, plan, workspace=ws, dlse=dlse)
+    op.execute(q, k, v, out, do, lse, dq, dk, dv, plan, dlse, workspace=ws, softmax_scale=softmax_scale)
 
 
 def run_backward(

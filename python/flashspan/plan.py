@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import inspect
 import itertools
 import operator
 import threading
+import warnings
 import weakref
 from typing import Any, Optional
 
@@ -45,6 +48,77 @@ def plan_from_id(plan_id: int) -> MaskPlan:
             "keep the plan alive while compiled code that uses it runs"
         )
     return plan
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskPlanMetadata:
+    """Immutable description of a plan, with the seed's field names (``plan.metadata``).
+
+    Fields:
+        mode: ``"fixed"`` (BSHD) or ``"varlen"`` (THD).
+        arch: SM of the plan's CUDA device as ``major * 10 + minor`` (90 on an H100/H200,
+            80 on an A100); 0 for CPU plans (CPU reference backend). The kernel family the
+            payloads are laid out for is ``plan.arch`` (e.g. 80, the portable family).
+        device: ``torch.device`` of the plan (and of q/k/v).
+        dtype: ``torch.dtype`` of q/k/v.
+        batch_size: B.
+        total_q, total_k: ``B*Sq`` / ``B*Sk`` (BSHD) or Tq / Tk (THD).
+        max_seqlen_q, max_seqlen_k: Sq / Sk (BSHD) or the THD maxima.
+        num_q_heads, num_kv_heads: Hq, Hkv.
+        head_dim, head_dim_v: Dqk, Dv.
+        hmask: mask heads (1 or Hq).
+        nfunc: endpoints per query row (odd).
+        pack_gqa: packed-GQA forward planning was selected.
+        has_backward: backward metadata was built.
+    """
+
+    mode: str
+    arch: int
+    device: torch.device
+    dtype: torch.dtype
+    batch_size: int
+    total_q: int
+    total_k: int
+    max_seqlen_q: int
+    max_seqlen_k: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    head_dim_v: int
+    hmask: int
+    nfunc: int
+    pack_gqa: bool
+    has_backward: bool
+
+
+def _device_arch(device: torch.device) -> int:
+    """``major * 10 + minor`` of a CUDA device (90 for sm_90); 0 for the CPU."""
+    if device.type != "cuda":
+        return 0
+    major, minor = torch.cuda.get_device_capability(device)
+    return major * 10 + minor
+
+
+def _metadata(meta: dict) -> MaskPlanMetadata:
+    return MaskPlanMetadata(
+        mode="varlen" if meta["varlen"] else "fixed",
+        arch=_device_arch(meta["device"]),
+        device=meta["device"],
+        dtype=meta["dtype"],
+        batch_size=meta["batch"],
+        total_q=meta["total_q"],
+        total_k=meta["total_k"],
+        max_seqlen_q=meta["max_seqlen_q"],
+        max_seqlen_k=meta["max_seqlen_k"],
+        num_q_heads=meta["num_heads_q"],
+        num_kv_heads=meta["num_heads_kv"],
+        head_dim=meta["head_dim_qk"],
+        head_dim_v=meta["head_dim_v"],
+        hmask=meta["num_heads_mask"],
+        nfunc=meta["nfunc"],
+        pack_gqa=bool(meta["pack_gqa"]),
+        has_backward=bool(meta["has_backward"]),
+    )
 
 
 class MaskPlan:
@@ -92,6 +166,7 @@ class MaskPlan:
                 value = int(value)
             meta[name] = value
         d["_meta"] = meta
+        d["_metadata"] = _metadata(meta)
         d["_shapes"] = _call_shapes(meta)
         d["_closed"] = False
         d["_op_cache"] = {}
@@ -152,6 +227,11 @@ class MaskPlan:
     # -- geometry -----------------------------------------------------------------------------
 
     @property
+    def metadata(self) -> MaskPlanMetadata:
+        """Frozen :class:`MaskPlanMetadata` (the seed's ``MaskPlan.metadata``: mode, arch, device, dtype, geometry)."""
+        return self._metadata
+
+    @property
     def varlen(self) -> bool:
         """True for the variable-length THD layout (cu_seqlens given), False for BSHD."""
         return bool(self._meta["varlen"])
@@ -173,7 +253,10 @@ class MaskPlan:
     head_dim_v = property(lambda self: self._meta["head_dim_v"], doc="Dv")
     pack_gqa = property(lambda self: bool(self._meta["pack_gqa"]), doc="packed-GQA planning")
     has_backward = property(lambda self: bool(self._meta["has_backward"]), doc="backward metadata built")
-    arch = property(lambda self: self._meta["arch"], doc="consumer family the payloads are laid out for")
+    arch = property(
+        lambda self: self._meta["arch"],
+        doc="kernel family the payloads are laid out for (80: portable mma.sync); the device's SM is metadata.arch",
+    )
     fwd_block_q = property(lambda self: self._meta["fwd_block_q"])
     fwd_block_k = property(lambda self: self._meta["fwd_block_k"])
     bwd_block_q = property(lambda self: self._meta["bwd_block_q"])
@@ -228,8 +311,8 @@ class MaskPlan:
     ) -> None:
         """Host-only check that q/k/v match what the plan was built for (no device sync).
 
-        Raises TypeError (not a tensor, dtype or device differs) or ValueError (shape,
-        plan closed, or backward needed but not built). The C layer checks again.
+        Raises TypeError (not a tensor, or the dtype differs) or ValueError (shape or
+        device differs, plan closed, or backward needed but not built), as the seed does. The C layer checks again.
         Messages start with ``where`` (the entry point the user called, e.g.
         ``"flex_attn_func"``), so a failure names the call that broke the rule.
         """
@@ -258,7 +341,7 @@ class MaskPlan:
             if t.dtype != self.dtype:
                 raise TypeError(f"{where}: {name} has dtype {t.dtype} but the mask plan was built for {self.dtype}")
             if t.device != self.device:
-                raise TypeError(f"{where}: {name} is on {t.device} but the mask plan was built for {self.device}")
+                raise ValueError(f"{where}: {name} is on {t.device} but the mask plan was built for {self.device}")
         if need_backward and not self.has_backward:
             raise ValueError(
                 f"{where}: mask_plan was built without backward metadata but this call requires gradients; "
@@ -307,9 +390,51 @@ class MaskPlan:
         _lib.check(lib.fs_mask_plan_copy_array(h, key, dst, n.value, ctypes.byref(n)), f"mask plan array {name!r}")
         return buf[: n.value]
 
-    def debug_snapshot(self) -> dict:
-        """Host numpy int32 copies of every named array of the plan (see src/plan/mask_plan.h for their meaning)."""
+    def arrays(self) -> dict:
+        """Host numpy int32 copies of every named array of the plan (see src/plan/mask_plan.h for their meaning).
+
+        (Before the seed-shaped :meth:`debug_snapshot`, this dict was what ``debug_snapshot()`` returned.)
+        """
         return {name: self.array(name) for name in self.array_names()}
+
+    def debug_snapshot(self) -> dict:
+        """Copies of the plan's metadata arrays for diagnostics, in the seed's layout.
+
+        Returns ``{"metadata": MaskPlanMetadata, "forward": {name: tensor}, "backward":
+        {name: tensor} or None, "dq": {name: tensor} or None, "cu_seqlens_q": tensor or None,
+        "cu_seqlens_k": tensor or None}``. Tensors are int32 copies on the plan's device
+        (changing them does not change the plan). ``forward`` holds the arrays named
+        ``fwd_*`` (prefix dropped), ``backward`` those named ``bwd_*`` (None without backward
+        metadata), ``dq`` the query-major subset of the backward arrays that the dQ pass reads
+        (``q_block_start``, ``k_block_start``, ``q2k_*``). ``cu_seqlens_*`` are the plan's
+        copies for THD plans, None for BSHD. The names are flashspan's (the seed's internal
+        array names differ: see docs/SEED_API.md). Synchronises with the device for CUDA plans.
+        """
+        device = self.device
+        groups: dict = {"fwd": {}, "bwd": {}}
+        cu = {}
+        for name in self.array_names():
+            prefix, _, rest = name.partition("_")
+            if prefix in groups:
+                groups[prefix][rest] = torch.from_numpy(self.array(name).copy()).to(device)
+            elif name in ("cu_seqlens_q", "cu_seqlens_k"):
+                cu[name] = torch.from_numpy(self.array(name).copy()).to(device)
+        backward = groups["bwd"] if self.has_backward and groups["bwd"] else None
+        dq = None
+        if backward is not None:
+            dq = {
+                n: t.clone()
+                for n, t in backward.items()
+                if n.startswith("q2k_") or n in ("q_block_start", "k_block_start")
+            }
+        return {
+            "metadata": self._metadata,
+            "forward": groups["fwd"],
+            "backward": backward,
+            "dq": dq,
+            "cu_seqlens_q": cu.get("cu_seqlens_q") if self.varlen else None,
+            "cu_seqlens_k": cu.get("cu_seqlens_k") if self.varlen else None,
+        }
 
     def block_classes(self, direction: str = "fwd"):
         """numpy int8 [Hmask, NQB, NKB]: 0 empty, 1 partial, 2 full for every (query block, key block) pair.
@@ -406,11 +531,15 @@ def _call_shapes(m: dict) -> dict:
     return {"q": q, "k": k, "v": k[:-1] + (m["head_dim_v"],), "out": q[:-1] + (m["head_dim_v"],), "lse": lse}
 
 
+_PLAN_OPTIONS = ("cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "pack_gqa", "build_backward", "arch")
+
+
 def create_mask_plan(
     mask_func: torch.Tensor,
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
+    *legacy_positional,
     cu_seqlens_q: Optional[torch.Tensor] = None,
     cu_seqlens_k: Optional[torch.Tensor] = None,
     max_seqlen_q: Optional[int] = None,
@@ -420,6 +549,11 @@ def create_mask_plan(
     arch: Optional[int] = None,
 ) -> MaskPlan:
     """Compiles interval endpoints into a reusable :class:`MaskPlan`.
+
+    Signature (the seed's): ``create_mask_plan(mask_func, q, k, v, *, cu_seqlens_q=None,
+    cu_seqlens_k=None, max_seqlen_q=None, max_seqlen_k=None, pack_gqa=None,
+    build_backward=None)``, plus the flashspan keyword ``arch``; the options passed
+    positionally (earlier flashspan versions) still work with a DeprecationWarning.
 
     Args:
         mask_func: int32 ``[Hmask, nfunc, B*Sq]`` (BSHD) or ``[Hmask, nfunc, Tq]`` (THD),
@@ -433,13 +567,14 @@ def create_mask_plan(
             which reads them back from the device); ints (TypeError otherwise: a float
             is not truncated silently). For BSHD they may be given only when they equal
             the sequence lengths of q / k.
-        pack_gqa: force packed-GQA planning on/off; None lets the library choose (packs
+        pack_gqa: True / False / None (TypeError otherwise): force packed-GQA planning on/off
+            (True needs Hmask = 1: ValueError otherwise); None lets the library choose (packs
             when Hq > Hkv and max_seqlen_q < the forward query tile, e.g. decode). Packing lays
             the forward out over rows (position, query head of the kv group), so one K/V tile
             serves the whole group; the backward view is the same either way. With Hq == Hkv
             packing is the identity and ``plan.pack_gqa`` is False.
-        build_backward: build backward metadata; None means "autograd is enabled and any
-            of q/k/v requires grad".
+        build_backward: True / False / None (TypeError otherwise): build backward metadata;
+            None means "autograd is enabled and any of q/k/v requires grad".
         arch: kernel family the plan is laid out for: 80 (portable mma.sync kernels, any
             sm_80+ GPU), 90 (Hopper forward, sm_90 only), or None to let the library choose
             (``FLASHSPAN_KERNEL_FAMILY``, README "Kernel family"; CPU plans are 80).
@@ -454,6 +589,25 @@ def create_mask_plan(
         mask_func = torch.arange(1, S + 1, dtype=torch.int32).view(1, 1, S)  # causal
         plan = flashspan.create_mask_plan(mask_func, q, k, v)
     """
+    if legacy_positional:
+        if len(legacy_positional) > len(_PLAN_OPTIONS):
+            raise TypeError(f"create_mask_plan() takes 4 positional arguments but {4 + len(legacy_positional)} were given")
+        given = dict(zip(_PLAN_OPTIONS, legacy_positional))
+        options = {"cu_seqlens_q": cu_seqlens_q, "cu_seqlens_k": cu_seqlens_k, "max_seqlen_q": max_seqlen_q,
+                   "max_seqlen_k": max_seqlen_k, "pack_gqa": pack_gqa, "build_backward": build_backward, "arch": arch}
+        for name in given:
+            if options[name] is not None:
+                raise TypeError(f"create_mask_plan() got multiple values for argument {name!r}")
+        warnings.warn(
+            "create_mask_plan: passing " + ", ".join(given) + " positionally is deprecated; pass them by keyword, "
+            "as the seed API requires",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        options.update(given)
+        cu_seqlens_q, cu_seqlens_k = options["cu_seqlens_q"], options["cu_seqlens_k"]
+        max_seqlen_q, max_seqlen_k = options["max_seqlen_q"], options["max_seqlen_k"]
+        pack_gqa, build_backward, arch = options["pack_gqa"], options["build_backward"], options["arch"]
     for name, t in (("mask_func", mask_func), ("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -476,6 +630,14 @@ def create_mask_plan(
                 if m is not None and dim.dim() == 4 and int(m) != dim.shape[1]:
                     raise ValueError(f"{name}={m} does not match the BSHD sequence length {dim.shape[1]}")
         max_seqlen_q = max_seqlen_k = 0
+    for name, flag in (("pack_gqa", pack_gqa), ("build_backward", build_backward)):
+        if flag is not None and type(flag) is not bool:
+            raise TypeError(f"create_mask_plan: {name} must be True, False or None, got {type(flag).__name__} {flag!r}")
+    if pack_gqa is True and mask_func.dim() == 3 and mask_func.shape[0] != 1:
+        raise ValueError(
+            f"create_mask_plan: pack_gqa=True needs a mask shared by all query heads (Hmask = 1), got Hmask = "
+            f"{mask_func.shape[0]}; pass pack_gqa=None or False for per-head masks"
+        )
     if build_backward is None:
         build_backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     arch = _optional_int("arch", arch)
@@ -522,6 +684,28 @@ def create_mask_plan(
     # The CUDA planner selects q's device; the guard restores the caller's current device.
     _lib.check(_lib.on_device(q, build), "create_mask_plan")
     return MaskPlan._from_handle(handle)
+
+
+def _seed_create_mask_plan(
+    mask_func: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    cu_seqlens_q: Optional[torch.Tensor] = None,
+    cu_seqlens_k: Optional[torch.Tensor] = None,
+    max_seqlen_q: Optional[int] = None,
+    max_seqlen_k: Optional[int] = None,
+    pack_gqa: Optional[bool] = None,
+    build_backward: Optional[bool] = None,
+    arch: Optional[int] = None,
+) -> MaskPlan:  # pragma: no cover - signature only
+    pass
+
+
+# Introspection shows the seed's signature (plus the keyword-only extension arch); the deprecated
+# positional options are accepted on top.
+create_mask_plan.__signature__ = inspect.signature(_seed_create_mask_plan)
 
 
 def _optional_int(name: str, value: Any) -> Optional[int]:

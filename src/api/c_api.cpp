@@ -139,6 +139,13 @@ float resolve_scale(const FlexGeometry& g, float scale, int32_t has_scale, bool 
   return s;
 }
 
+// Scale of one execute(): the call's own when it sets has_softmax_scale, else the one resolved at create().
+float execute_scale(float compiled, float scale, int32_t has_scale, bool want_max_logit) {
+  if (!has_scale) return compiled;
+  check_softmax_scale(scale, want_max_logit);
+  return scale;
+}
+
 // Kernel family asked for by the environment: FLASHSPAN_KERNEL_FAMILY = "sm80" (the portable
 // mma.sync kernels), "sm90" or "auto" (the Hopper forward where it runs), unset = the default
 // below. Any other value is an error naming the variable.
@@ -557,6 +564,7 @@ FS_API fs_status_t fs_flex_fwd_execute(fs_flex_fwd_t op, const fs_flex_fwd_args_
     op->out.check_matches(t.out, "out");
     op->lse.check_matches(t.lse, "lse");
     op->max_logit.check_matches(t.max_logit, "max_logit");
+    const float scale = execute_scale(op->scale, a->softmax_scale, a->has_softmax_scale, t.max_logit.defined());
     if (op->on_cpu()) {
       reference::FlexForwardArgs r;
       r.geometry = &plan.geometry;
@@ -567,7 +575,7 @@ FS_API fs_status_t fs_flex_fwd_execute(fs_flex_fwd_t op, const fs_flex_fwd_args_
       r.out = t.out;
       r.lse = t.lse;
       r.max_logit = t.max_logit;
-      r.softmax_scale = op->scale;
+      r.softmax_scale = scale;
       reference::flex_forward(r);
       return;
     }
@@ -582,7 +590,7 @@ FS_API fs_status_t fs_flex_fwd_execute(fs_flex_fwd_t op, const fs_flex_fwd_args_
     l.out = t.out;
     l.lse = t.lse;
     l.max_logit = t.max_logit;
-    l.softmax_scale = op->scale;
+    l.softmax_scale = scale;
     l.workspace = workspace;
     l.workspace_bytes = workspace_bytes;
     l.stream = stream;
@@ -660,6 +668,7 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
     op->dk.check_matches(t.dk, "dk");
     op->dv.check_matches(t.dv, "dv");
     op->dlse.check_matches(t.dlse, "dlse");
+    const float scale = execute_scale(op->scale, a->softmax_scale, a->has_softmax_scale, false);
     if (op->on_cpu()) {
       reference::FlexBackwardArgs r;
       r.geometry = &plan.geometry;
@@ -674,7 +683,7 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
       r.dq = t.dq;
       r.dk = t.dk;
       r.dv = t.dv;
-      r.softmax_scale = op->scale;
+      r.softmax_scale = scale;
       reference::flex_backward(r);
       return;
     }
@@ -693,7 +702,7 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
     l.dq = t.dq;
     l.dk = t.dk;
     l.dv = t.dv;
-    l.softmax_scale = op->scale;
+    l.softmax_scale = scale;
     l.deterministic = op->deterministic;
     l.workspace = workspace;
     l.workspace_bytes = workspace_bytes;

@@ -123,9 +123,17 @@ inline TensorView tensor_view_from_fs(const fs_tensor_t* t, const char* name) {
     FS_CHECK_ARG(t->shape[i] >= 0, name, ": negative extent ", t->shape[i], " in dimension ", i);
     v.shape[i] = t->shape[i];
     v.strides[i] = t->strides ? t->strides[i] : expect;
-    expect *= t->shape[i];
+    // The element count (and every compact stride) must fit in int64: no overflow later on.
+    FS_CHECK_ARG(!__builtin_mul_overflow(expect, t->shape[i] > 0 ? t->shape[i] : 1, &expect), name,
+                 ": shape has more than 2^63 elements (extent ", t->shape[i], " in dimension ", i, ")");
   }
   v.data = static_cast<char*>(t->data) + t->byte_offset;
+  // Kernels and the reference access elements as their type: a misaligned start is undefined
+  // behaviour on the CPU and a fault on the GPU.
+  const int item = dtype_size(v.dtype);
+  FS_CHECK_ARG(v.data == nullptr || reinterpret_cast<uintptr_t>(v.data) % item == 0, name,
+               ": data pointer (data + byte_offset) must be aligned to the element size (", item, " bytes for ",
+               dtype_name(v.dtype), ")");
   return v;
 }
 

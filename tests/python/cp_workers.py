@@ -75,8 +75,12 @@ class Pool:
                 q.put(None)
             except Exception:
                 pass
+        import time
+
+        deadline = time.monotonic() + (2.0 if not self.broken else 0.2)  # one shared grace period
         for p in self.procs:
-            p.join(timeout=2 if not self.broken else 0.2)
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+        for p in self.procs:
             if p.is_alive():
                 p.terminate()
                 p.join(timeout=5)
@@ -90,8 +94,15 @@ class Pool:
 def worker_main(rank, world, port, backend, device, timeout_s, tasks, results):
     import torch.distributed as dist
 
+    import warnings
+
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     torch.set_num_threads(1)
+    # Every torch.empty (kernel outputs, receive buffers, workspaces) starts as NaN / 0xFF, as in
+    # conftest.uninitialized_memory_poisoned: a value never written cannot pass for a result.
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    warnings.filterwarnings("ignore", message=".*(deterministic|CuBLAS|CUBLAS).*")
     if device == "cuda":
         # One GPU per rank when there are enough; otherwise ranks share GPUs (correctness only,
         # and only where NCCL accepts several ranks on one device).
@@ -220,7 +231,7 @@ def _reference(p, varlen, scale, backward=True, use_dlse=True):
         ml = max(1, max(b - a for a, b in zip(p["cu"], p["cu"][1:])))
         kw = dict(cu_seqlens_q=cu, cu_seqlens_k=cu, max_seqlen_q=ml, max_seqlen_k=ml)
     plan = flashspan.create_mask_plan(p["mask_func"], q, k, v, build_backward=backward, **kw)
-    out, lse = flashspan.flex_attn_func(q, k, v, plan, softmax_scale=scale, return_lse=True)
+    out, lse = flashspan.flex_attn_func(q, k, v, mask_plan=plan, softmax_scale=scale, return_lse=True)
     res = dict(out=out.detach(), lse=lse.detach())
     if backward:
         finite = torch.isfinite(lse)
@@ -241,7 +252,7 @@ def _sharding(p, world, scheme, varlen):
 
 
 def case_flex(rank, world, device, group=None, *, seed=0, varlen=False, scheme="zigzag", strategy="ring", backward=True,
-              use_dlse=True, dtype="float32", scale=None, deterministic=False, **problem):
+              use_dlse=True, dtype="float32", scale=None, deterministic=False, plan_kw=None, **problem):
     """CP forward (+ backward) of one problem vs single-process attention; returns per-rank statistics."""
     import flashspan.distributed as fd
 
@@ -257,11 +268,14 @@ def case_flex(rank, world, device, group=None, *, seed=0, varlen=False, scheme="
     for n in ("q", "k", "v"):
         local[n].requires_grad_(backward)
     plan = fd.create_mask_plan(p["mask_func"], local["q"], local["k"], local["v"], sh, group=group,
-                               strategy=strategy, build_backward=backward)
+                               strategy=strategy, build_backward=backward, **(plan_kw or {}))
     out, lse = fd.flex_attn_func(local["q"], local["k"], local["v"], plan, softmax_scale=scale,
                                  deterministic=deterministic, return_lse=True)
     assert_close(out, sh.shard(ref["out"], rank), dt, "out")
     assert_close(lse, sh.shard(ref["lse"], rank, dim=lse_dim), torch.float32 if dt == torch.float32 else dt, "lse")
+    made = [x for x in (plan.pair_plans or [plan.global_plan]) if x is not None]
+    if plan_kw and plan_kw.get("pack_gqa"):
+        assert all(x.pack_gqa for x in made), "pack_gqa=True did not reach the per-rank plans"
     stats = dict(strategy=plan.strategy, pair_visible=plan.pair_visible, ring_steps=plan.ring_steps,
                  skipped=sum(x is None for x in plan.pair_plans) if plan.pair_plans else 0)
     if backward:

@@ -43,14 +43,14 @@ def test_return_tuples(fs, return_lse, return_max_logit):
 def test_thd_return_shapes(fs):
     p = make_problem(2, varlen=True, batch=3, seqlen_q=[5, 9, 3], seqlen_k=[7, 2, 11], hq=2, hkv=1)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
-    out, lse, ml = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True, return_max_logit=True)
+    out, lse, ml = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True, return_max_logit=True)
     assert out.shape == (17, 2, 16) and lse.shape == (2, 17) and ml.shape == (2,)
 
 
 def test_max_logit_is_not_differentiable(fs):
     p = make_problem(3, batch=1, seqlen_q=8, seqlen_k=8, hq=2, hkv=2, requires_grad=True)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
-    out, lse, ml = fs.flex_attn_func(p.q, p.k, p.v, plan, return_lse=True, return_max_logit=True)
+    out, lse, ml = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True, return_max_logit=True)
     assert out.requires_grad and lse.requires_grad and not ml.requires_grad
 
 
@@ -148,7 +148,7 @@ def test_not_a_tensor(fs):
     with pytest.raises(TypeError, match="mask_plan must be a flashspan.MaskPlan"):
         fs.flex_attn_func(p.q, p.k, p.v, mask_plan="plan")
     with pytest.raises(TypeError, match="k must be a torch.Tensor"):
-        fs.flex_attn_func(p.q, None, p.v, plan)
+        fs.flex_attn_func(p.q, None, p.v, mask_plan=plan)
 
 
 def test_incompatible_plan_reuse(fs):
@@ -157,12 +157,12 @@ def test_incompatible_plan_reuse(fs):
     other = make_problem(1, batch=2, seqlen_q=9, seqlen_k=8, hq=4, hkv=2)
     msg = "q has shape (2, 9, 4, 16) but the mask plan was built for (2, 8, 4, 16)"
     with pytest.raises(ValueError, match=_re(msg)):
-        fs.flex_attn_func(other.q, other.k, other.v, plan)
+        fs.flex_attn_func(other.q, other.k, other.v, mask_plan=plan)
     with pytest.raises(TypeError, match="q has dtype torch.float16 but the mask plan was built for torch.float32"):
-        fs.flex_attn_func(p.q.half(), p.k.half(), p.v.half(), plan)
+        fs.flex_attn_func(p.q.half(), p.k.half(), p.v.half(), mask_plan=plan)
     thd = make_problem(0, varlen=True, batch=2, seqlen_q=[8, 8], seqlen_k=[8, 8], hq=4, hkv=2)
     with pytest.raises(ValueError, match="BSHD"):
-        fs.flex_attn_func(thd.q, thd.k, thd.v, plan)
+        fs.flex_attn_func(thd.q, thd.k, thd.v, mask_plan=plan)
 
 
 def test_plan_reuse_errors_name_the_entry_point(fs):
@@ -171,18 +171,18 @@ def test_plan_reuse_errors_name_the_entry_point(fs):
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=False)
     other = make_problem(1, batch=2, seqlen_q=9, seqlen_k=8, hq=4, hkv=2)
     with pytest.raises(ValueError, match=r"^flex_attn_func: q has shape \(2, 9, 4, 16\) but the mask plan"):
-        fs.flex_attn_func(other.q, other.k, other.v, plan)
+        fs.flex_attn_func(other.q, other.k, other.v, mask_plan=plan)
     with pytest.raises(TypeError, match=r"^flex_attn_func: k has dtype torch.float16"):
-        fs.flex_attn_func(p.q, p.k.half(), p.v, plan)
+        fs.flex_attn_func(p.q, p.k.half(), p.v, mask_plan=plan)
     with pytest.raises(TypeError, match=r"^flex_attn_func: v must be a torch.Tensor"):
-        fs.flex_attn_func(p.q, p.k, None, plan)
+        fs.flex_attn_func(p.q, p.k, None, mask_plan=plan)
     with pytest.raises(ValueError, match=r"^flex_attn_func: mask_plan was built without backward metadata"):
-        fs.flex_attn_func(p.q, p.k, p.v, plan)
+        fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan)
     with pytest.raises(TypeError, match=r"^flex_attn_func: mask_plan must be a flashspan.MaskPlan"):
         fs.flex_attn_func(p.q, p.k, p.v, mask_plan=None)
     plan.close()
     with pytest.raises(ValueError, match=r"^flex_attn_func: mask_plan: this MaskPlan was closed"):
-        fs.flex_attn_func(p.q, p.k, p.v, plan)
+        fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan)
 
 
 @pytest.mark.parametrize("which", ["cu_seqlens_q", "cu_seqlens_k"])
@@ -225,19 +225,19 @@ def test_forward_only_plan_in_grad_call(fs):
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=False)
     assert not plan.has_backward
     with pytest.raises(ValueError, match="built without backward metadata.*build_backward=True"):
-        fs.flex_attn_func(p.q, p.k, p.v, plan)
+        fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan)
     with torch.no_grad():
-        fs.flex_attn_func(p.q, p.k, p.v, plan)  # fine without gradients
+        fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan)  # fine without gradients
 
 
 def test_max_logit_needs_nonnegative_scale(fs):
     p = _bshd()
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
     with pytest.raises(ValueError, match="softmax_scale: must be non-negative when max_logit is requested"):
-        fs.flex_attn_func(p.q, p.k, p.v, plan, softmax_scale=-0.5, return_max_logit=True)
-    fs.flex_attn_func(p.q, p.k, p.v, plan, softmax_scale=-0.5)  # allowed without max_logit
-    with pytest.raises(ValueError, match="softmax_scale: must be finite"):
-        fs.flex_attn_func(p.q, p.k, p.v, plan, softmax_scale=float("nan"))
+        fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, softmax_scale=-0.5, return_max_logit=True)
+    fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, softmax_scale=-0.5)  # allowed without max_logit
+    with pytest.raises(ValueError, match="softmax_scale: must be a finite number"):
+        fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, softmax_scale=float("nan"))
 
 
 def test_last_dim_must_be_contiguous(fs):
@@ -245,7 +245,7 @@ def test_last_dim_must_be_contiguous(fs):
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
     q = p.q.transpose(-1, -2).contiguous().transpose(-1, -2)
     with pytest.raises(ValueError, match="q: .*contiguous"):
-        fs.flex_attn_func(q, p.k, p.v, plan)
+        fs.flex_attn_func(q, p.k, p.v, mask_plan=plan)
 
 
 def test_closed_plan(fs):
@@ -255,7 +255,7 @@ def test_closed_plan(fs):
     plan.close()  # idempotent
     assert "closed" in repr(plan)
     with pytest.raises(ValueError, match="MaskPlan was closed"):
-        fs.flex_attn_func(p.q, p.k, p.v, plan)
+        fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan)
     with pytest.raises(ValueError, match="MaskPlan was closed"):
         plan.debug_snapshot()
 

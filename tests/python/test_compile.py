@@ -9,7 +9,7 @@ BACKENDS = ["eager", "aot_eager", "inductor"]
 
 def _attn(fs):
     def f(q, k, v, plan):
-        out, lse = fs.flex_attn_func(q, k, v, plan, return_lse=True)
+        out, lse = fs.flex_attn_func(q, k, v, mask_plan=plan, return_lse=True)
         return torch.tanh(out) * 2, lse + 1
 
     return f
@@ -41,7 +41,7 @@ def test_compiled_function_with_second_plan(fs):
     for seed in (3, 4):
         pp = make_problem(seed, batch=1, seqlen_q=16, seqlen_k=16, hq=2, hkv=2)
         plans.append((pp, fs.create_mask_plan(pp.mask_func, p.q, p.k, p.v)))
-    cf = torch.compile(lambda q, k, v, plan: fs.flex_attn_func(q, k, v, plan), backend="aot_eager", fullgraph=True)
+    cf = torch.compile(lambda q, k, v, plan: fs.flex_attn_func(q, k, v, mask_plan=plan), backend="aot_eager", fullgraph=True)
     for pp, plan in plans:
         pp.q, pp.k, pp.v = p.q, p.k, p.v
         assert_close(cf(p.q, p.k, p.v, plan), pp.reference()[0], torch.float32, "out")
@@ -52,7 +52,7 @@ def test_compile_no_grad_with_max_logit(fs):
     p = make_problem(5, batch=2, seqlen_q=16, seqlen_k=16, hq=2, hkv=1)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
     cf = torch.compile(
-        lambda q, k, v: fs.flex_attn_func(q, k, v, plan, return_max_logit=True), backend="aot_eager", fullgraph=True
+        lambda q, k, v: fs.flex_attn_func(q, k, v, mask_plan=plan, return_max_logit=True), backend="aot_eager", fullgraph=True
     )
     with torch.no_grad():
         out, ml = cf(p.q, p.k, p.v)

@@ -136,6 +136,12 @@ def test_softmax_scale_and_no_lse_gradient():
     run(2, seed=61, scale=0.37, use_dlse=False, seqlen=32)
 
 
+@pytest.mark.parametrize("strategy", ["ring", "allgather"])
+def test_plan_options_pass_through(strategy):
+    # pack_gqa / arch reach every per-rank plan (packed GQA on short shards, the portable family)
+    run(2, seed=68, strategy=strategy, seqlen=16, hq=8, hkv=2, plan_kw=dict(pack_gqa=True, arch=80))
+
+
 def test_forward_only_plan():
     run(4, seed=62, backward=False, seqlen=32, strategy="ring")
 

@@ -66,7 +66,7 @@ def test_execute_descriptor_mismatch(fs):
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
     out, lse, ml = _buffers(p, plan)
     fwd = fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse)
-    with pytest.raises(ValueError, match="compile\\(\\) must be called before execute\\(\\)"):
+    with pytest.raises(RuntimeError, match="compile\\(\\) must be called before execute\\(\\)"):
         fwd.execute(p.q, p.k, p.v, out, plan, lse)
     fwd.check_support()
     fwd.compile()
@@ -77,7 +77,7 @@ def test_execute_descriptor_mismatch(fs):
     qt = p.q.transpose(0, 1).contiguous().transpose(0, 1)  # same shape, other strides
     with pytest.raises(ValueError, match="q: shape .* or strides differ from the compiled descriptor"):
         fwd.execute(qt, p.k, p.v, out, plan, lse)
-    with pytest.raises(TypeError, match="out: dtype"):
+    with pytest.raises(ValueError, match="out: dtype"):
         fwd.execute(p.q, p.k, p.v, out.half(), plan, lse)
     other = make_problem(5, batch=2, seqlen_q=16, seqlen_k=16, hq=2, hkv=1)
     plan_other = fs.create_mask_plan(other.mask_func, other.q, other.k, other.v)
@@ -85,8 +85,9 @@ def test_execute_descriptor_mismatch(fs):
         fwd.execute(p.q, p.k, p.v, out, plan_other, lse)
     with pytest.raises(TypeError, match="plan must be a flashspan.MaskPlan"):
         fwd.execute(p.q, p.k, p.v, out, None, lse)
-    with pytest.raises(TypeError, match="workspace must be a uint8 tensor"):
-        fwd.execute(p.q, p.k, p.v, out, plan, lse, workspace=torch.empty(4))
+    with pytest.raises(TypeError, match="workspace must be a torch.Tensor"):
+        fwd.execute(p.q, p.k, p.v, out, plan, lse, workspace="ws")
+    fwd.execute(p.q, p.k, p.v, out, plan, lse, workspace=torch.empty(4))  # any dtype: used as bytes
 
 
 def test_execute_errors_name_the_call(fs):
@@ -103,15 +104,17 @@ def test_execute_errors_name_the_call(fs):
         fwd.execute(p.q, p.k, p.v, out, plan_other, lse)
     with pytest.raises(ValueError, match=pre + r"q: shape .* or strides differ"):
         fwd.execute(p.q[:, :8], p.k, p.v, out, plan, lse)
-    with pytest.raises(TypeError, match=pre + r"out: dtype"):
+    with pytest.raises(ValueError, match=pre + r"out: dtype"):
         fwd.execute(p.q, p.k, p.v, out.half(), plan, lse)
     with pytest.raises(ValueError, match=pre + r"lse: is required"):
         fwd.execute(p.q, p.k, p.v, out, plan, None)
     with pytest.raises(TypeError, match=pre + r"plan must be a flashspan.MaskPlan"):
         fwd.execute(p.q, p.k, p.v, out, None, lse)
-    with pytest.raises(TypeError, match=pre + r"workspace must be a uint8 tensor"):
-        fwd.execute(p.q, p.k, p.v, out, plan, lse, workspace=torch.empty(4))
-    with pytest.raises(TypeError, match=pre + r"q must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=pre + r"workspace must be a torch.Tensor"):
+        fwd.execute(p.q, p.k, p.v, out, plan, lse, workspace=[0])
+    with pytest.raises(ValueError, match=pre + r"softmax_scale: must be a finite number"):
+        fwd.execute(p.q, p.k, p.v, out, plan, lse, softmax_scale=float("nan"))
+    with pytest.raises(TypeError, match=pre + r"q_tensor must be a torch.Tensor"):
         fwd.execute(None, p.k, p.v, out, plan, lse)
     fwd.execute(p.q, p.k, p.v, out, plan, lse)
 
@@ -123,7 +126,7 @@ def test_execute_errors_name_the_call(fs):
     pre = r"^FlexAttentionBwd\.execute: "
     with pytest.raises(ValueError, match=pre + r"plan: geometry .* differs"):  # from the C layer
         bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan_other, workspace=ws)
-    with pytest.raises(TypeError, match=pre + r"dk: dtype"):
+    with pytest.raises(ValueError, match=pre + r"dk: dtype"):
         bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk.double(), dv, plan, workspace=ws)
     with pytest.raises(TypeError, match=pre + r"plan must be a flashspan.MaskPlan"):
         bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, "plan", workspace=ws)
@@ -135,7 +138,7 @@ def test_execute_errors_name_the_call(fs):
         with pytest.raises(ValueError, match=pre + r"workspace"):
             bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan)
     bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, workspace=ws)
-    with pytest.raises(ValueError, match=r"^FlexAttentionBwd: plan: needs a plan built with backward"):
+    with pytest.raises(ValueError, match=r"^FlexAttentionBwd: sample_mask_plan: needs a plan built with backward"):
         fs.FlexAttentionBwd(p.q, p.k, p.v, out, do, lse, dq, dk, dv,
                             fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=False))
 
@@ -150,8 +153,12 @@ def test_constructor_checks(fs):
         fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse.half())
     with pytest.raises(ValueError, match="max_logit: "):
         fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse, sample_max_logit=ml[:1])
-    with pytest.raises(ValueError, match="softmax_scale: must be non-negative"):
+    with pytest.raises(ValueError, match="softmax_scale: must be non-negative"), pytest.warns(DeprecationWarning):
         fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse, sample_max_logit=ml, softmax_scale=-1.0)
+    fwd = fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse, sample_max_logit=ml)
+    fwd.compile()
+    with pytest.raises(ValueError, match="softmax_scale: must be non-negative"):
+        fwd.execute(p.q, p.k, p.v, out, plan, lse, softmax_scale=-1.0, max_logit_tensor=ml)
     dq, dk, dv = torch.empty_like(p.q), torch.empty_like(p.k), torch.empty_like(p.v)
     with pytest.raises(ValueError, match="built with backward metadata"):
         fs.FlexAttentionBwd(p.q, p.k, p.v, out, out, lse, dq, dk, dv, plan)
@@ -177,16 +184,44 @@ def test_backward_execute_needs_plan_with_backward(fs):
         bwd.execute(p.q, p.k, p.v, out, out, lse, dq, dk, dv, plan_f)
 
 
-def test_softmax_scale_is_captured(fs):
+def test_softmax_scale_at_execute(fs):
+    """The seed takes the scale at execute(): one compiled object serves every scale."""
+    p = make_problem(8, batch=1, seqlen_q=12, seqlen_k=12, hq=1, hkv=1)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True)
+    out, lse, _ = _buffers(p, plan)
+    fwd = fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse)
+    fwd.check_support()
+    fwd.compile()
+    assert fwd.workspace_size == 0  # CPU: no workspace needed
+    for scale in (0.7, None, 0.0, -0.3):
+        out.fill_(float("nan"))
+        fwd.execute(p.q, p.k, p.v, out, plan, lse, softmax_scale=scale)
+        assert_close(out, p.reference(scale=scale)[0], torch.float32, f"out at scale {scale}")
+    # Backward with the scale at execute equals autograd of the reference at that scale.
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    dq, dk, dv = (torch.full_like(t, float("nan")) for t in (p.q, p.k, p.v))
+    bwd = fs.FlexAttentionBwd(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan)
+    bwd.compile()
+    for scale in (0.7, None):
+        fwd.execute(p.q, p.k, p.v, out, plan, lse, softmax_scale=scale)
+        bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, workspace=None, softmax_scale=scale)
+        leaves = [t.detach().double().requires_grad_(True) for t in (p.q, p.k, p.v)]
+        want = torch.autograd.grad((p.reference(*leaves, scale=scale)[0] * do.double()).sum(), leaves)
+        for name, g, w in zip("qkv", (dq, dk, dv), want):
+            assert_close(g, w, torch.float32, f"d{name} at scale {scale}", factor=4)
+
+
+def test_deprecated_construction_scale_is_the_execute_default(fs):
     p = make_problem(8, batch=1, seqlen_q=12, seqlen_k=12, hq=1, hkv=1)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
     out, lse, _ = _buffers(p, plan)
-    fwd = fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse, softmax_scale=0.7)
-    fwd.check_support()
+    with pytest.warns(DeprecationWarning, match="softmax_scale"):
+        fwd = fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse, softmax_scale=0.7)
     fwd.compile()
-    fwd.execute(p.q, p.k, p.v, out, plan, lse)  # CPU: workspace_size is 0, no workspace needed
-    assert fwd.workspace_size == 0
+    fwd.execute(p.q, p.k, p.v, out, plan, lse)
     assert_close(out, p.reference(scale=0.7)[0], torch.float32, "out")
+    fwd.execute(p.q, p.k, p.v, out, plan, lse, softmax_scale=0.2)  # the call's own scale wins
+    assert_close(out, p.reference(scale=0.2)[0], torch.float32, "out")
 
 
 def test_one_op_shared_by_threads(fs):
@@ -246,10 +281,10 @@ def test_backward_with_dlse(fs):
     do = torch.randn(out.shape, generator=gen)
     dlse = torch.randn(lse.shape, generator=gen)
     dq, dk, dv = (torch.full_like(t, float("nan")) for t in (p.q, p.k, p.v))
-    bwd = fs.FlexAttentionBwd(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, dlse=dlse)
+    bwd = fs.FlexAttentionBwd(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, dlse)
     assert bwd.has_dlse
     bwd.compile()
-    bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, dlse=dlse)
+    bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, dlse, workspace=None)
     leaves = [t.detach().double().requires_grad_(True) for t in (p.q, p.k, p.v)]
     ref_out, ref_lse = p.reference(*leaves)[:2]
     fin = torch.isfinite(ref_lse)
@@ -262,4 +297,7 @@ def test_backward_with_dlse(fs):
     plain = fs.FlexAttentionBwd(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan)
     plain.compile()
     with pytest.raises(ValueError, match="dlse"):
-        plain.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, dlse=dlse)
+        plain.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, dlse_tensor=dlse)
+    with pytest.warns(DeprecationWarning, match="'dlse'"):
+        old = fs.FlexAttentionBwd(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, dlse=dlse)
+    assert old.has_dlse

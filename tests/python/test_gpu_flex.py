@@ -117,7 +117,7 @@ def test_cuda_plan_equals_host_plan(fs):
     plan_cpu = fs.create_mask_plan(p.mask_func.cpu(), p.q.cpu(), p.k.cpu(), p.v.cpu(), build_backward=True,
                                    arch=plan_gpu.arch, **cpu)
     assert plan_cpu.arch == plan_gpu.arch
-    g, c = plan_gpu.debug_snapshot(), plan_cpu.debug_snapshot()
+    g, c = plan_gpu.arrays(), plan_cpu.arrays()
     for name in g:
         assert name in c, name
         assert (g[name] == c[name]).all(), f"{name} differs between the CUDA and the host planner"

@@ -86,6 +86,11 @@ def test_pack_gqa_option_runs_correctly(fs, pack_gqa, hm, device, poison_uniniti
     # the plan's layout (this checks the option and the result); on a GPU the packed kernels run.
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     p = make_problem(2, batch=2, seqlen_q=33, seqlen_k=40, hq=6, hkv=2, hm=hm, dtype=dtype, device=device)
+    if pack_gqa is True and hm != 1:
+        # The seed's rule: an explicit pack_gqa=True needs a mask shared by all query heads.
+        with pytest.raises(ValueError, match=r"pack_gqa=True needs a mask shared by all query heads \(Hmask = 1\)"):
+            fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, pack_gqa=pack_gqa, build_backward=True)
+        return
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, pack_gqa=pack_gqa, build_backward=True)
     assert plan.pack_gqa == (True if pack_gqa is None else pack_gqa)
     out = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan)
@@ -113,11 +118,11 @@ def test_pack_gqa_decode_tile(fs):
     assert (plan.bwd_block_q, plan.bwd_block_k) == (64, 128)
     assert plan.info()["fwd_block_q"] == 16 and "fwd 16x64 bwd 64x128" in plan.signature
     assert plan.fwd_num_q_blocks == 2 and plan.num_tasks == 2  # one packed block per (sample, kv head)
-    assert_close(fs.flex_attn_func(p.q, p.k, p.v, plan), p.reference()[0], torch.float32, "out")
+    assert_close(fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan), p.reference()[0], torch.float32, "out")
     p = make_problem(8, varlen=True, batch=3, seqlen_q=[1, 0, 4], seqlen_k=[50, 9, 70], hq=8, hkv=2)  # G = 4
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
     assert plan.pack_gqa and plan.fwd_block_q == 16
-    assert_close(fs.flex_attn_func(p.q, p.k, p.v, plan), p.reference()[0], torch.float32, "out")
+    assert_close(fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan), p.reference()[0], torch.float32, "out")
     for kwargs, pack in ((dict(seqlen_q=9, hq=4, hkv=2), None),  # 18 packed rows
                          (dict(seqlen_q=1, hq=8, hkv=2), False),  # not packed
                          (dict(seqlen_q=1, hq=8, hkv=2, dqk=192, dv=128), None)):  # head dims > 128
@@ -130,13 +135,14 @@ def test_plan_owns_copies_of_its_inputs(fs):
     p = make_problem(3, varlen=True, batch=2, seqlen_q=[10, 20], seqlen_k=[15, 12], hq=2, hkv=2, nfunc=3)
     mf = p.mask_func.clone()
     plan = fs.create_mask_plan(mf, p.q, p.k, p.v, **p.plan_kwargs())
-    before = fs.flex_attn_func(p.q, p.k, p.v, plan)
+    before = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan)
     mf.zero_()
     p.cu_seqlens_q[1] = 5  # mutate the caller's tensors: the plan must not see it
-    after = fs.flex_attn_func(p.q, p.k, p.v, plan)
+    after = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan)
     assert torch.equal(before, after)
     snap = plan.debug_snapshot()
     assert snap["cu_seqlens_q"].tolist() == [0, 10, 30]
+    assert plan.array("cu_seqlens_q").tolist() == [0, 10, 30]
 
 
 def test_max_seqlen_defaults_from_cu_seqlens(fs):
@@ -150,13 +156,13 @@ def test_noncontiguous_mask_func_is_accepted(fs):
     mf = p.mask_func.transpose(0, 1).contiguous().transpose(0, 1)
     assert not mf.is_contiguous()
     plan = fs.create_mask_plan(mf, p.q, p.k, p.v)
-    assert_close(fs.flex_attn_func(p.q, p.k, p.v, plan), p.reference()[0], torch.float32, "out")
+    assert_close(fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan), p.reference()[0], torch.float32, "out")
 
 
-def test_debug_snapshot(fs):
+def test_arrays(fs):
     p = make_problem(6, batch=2, seqlen_q=150, seqlen_k=100, hq=2, hkv=1, hm=2, nfunc=3, requires_grad=True)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
-    snap = plan.debug_snapshot()
+    snap = plan.arrays()
     assert set(snap) == set(plan.array_names())
     for name in ("cu_seqlens_q", "cu_seqlens_k", "fwd_q2k_partial_ptr", "fwd_q2k_full_ptr", "fwd_tasks",
                  "bwd_k2q_partial_ptr", "mask_func"):

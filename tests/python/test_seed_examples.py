@@ -134,3 +134,34 @@ def test_explicit_compile_execute_example(device):
     torch.testing.assert_close(out, o2, atol=0, rtol=0)
     for a, b in zip((dq, dk, dv), g2):
         torch.testing.assert_close(a, b, atol=1e-2, rtol=1e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_explicit_api_with_max_logit_example(device):
+    """The seed's "enable the maximum statistic in the explicit API" paragraph: a contiguous fp32 [Hq]
+    sample buffer at construction, max_logit_tensor=... on every execute(), reset to -inf by each call."""
+    S, H, D, dtype = _sizes(device)
+    q = torch.randn(1, S, H, D, device=device, dtype=dtype)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    mask_func = torch.arange(1, S + 1, device=device, dtype=torch.int32).view(1, 1, S)
+    plan = create_mask_plan(mask_func, q, k, v)
+    out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
+    lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
+    max_logit = torch.full((H,), float("nan"), dtype=torch.float32, device=q.device)
+    fwd = FlexAttentionFwd(q, k, v, out, plan, lse, sample_max_logit=max_logit)
+    fwd.check_support()
+    fwd.compile()
+    workspace = torch.empty(fwd.workspace_size, device=q.device, dtype=torch.uint8)
+    for scale in (None, 0.25):
+        max_logit.fill_(float("inf"))  # stale contents: every call resets the buffer first
+        fwd.execute(q, k, v, out, plan, lse, workspace=workspace, softmax_scale=scale, max_logit_tensor=max_logit)
+        want_out, want_lse, want_ml = flex_attn_func(
+            q, k, v, mask_plan=plan, softmax_scale=scale, return_lse=True, return_max_logit=True
+        )
+        torch.testing.assert_close(out, want_out, atol=0, rtol=0)
+        torch.testing.assert_close(max_logit, want_ml, atol=0, rtol=0)
+        s = (D ** -0.5) if scale is None else scale
+        logits = s * torch.einsum("bqhd,bkhd->bhqk", q.float(), k.float())
+        causal = torch.ones(S, S, dtype=torch.bool, device=device).tril()
+        ref = logits.masked_fill(~causal, float("-inf")).amax(dim=(0, 2, 3))
+        torch.testing.assert_close(max_logit, ref, atol=2e-2, rtol=1e-2)

@@ -137,6 +137,8 @@ def create_mask_plan(
     group=None,
     strategy: str = "auto",
     build_backward: Optional[bool] = None,
+    pack_gqa: Optional[bool] = None,
+    arch: Optional[int] = None,
 ) -> ContextParallelPlan:
     """Builds this rank's plans for context-parallel flex attention (call on every rank of ``group``).
 
@@ -153,6 +155,7 @@ def create_mask_plan(
         strategy: ``"ring"``, ``"allgather"`` or ``"auto"`` (:func:`choose_strategy`).
         build_backward: as for :func:`flashspan.create_mask_plan` (None: autograd on and an
             input requires grad).
+        pack_gqa, arch: passed to every :func:`flashspan.create_mask_plan` this rank makes.
 
     No communication happens here: every rank derives every shard geometry from ``sharding``.
     Errors: ValueError / TypeError naming the argument and the rule broken.
@@ -226,11 +229,18 @@ def create_mask_plan(
         q_shape=q_shape, k_shape=k_shape, v_shape=v_shape,
     )
 
+    extra = {}
+    if pack_gqa is not None:
+        extra["pack_gqa"] = pack_gqa
+    if arch is not None:
+        extra["arch"] = arch
+
     def thd_kwargs(cu_q, cu_k) -> dict:
         if not varlen:
-            return {}
+            return dict(extra)
         lens = lambda cu: max(1, max(b - a for a, b in zip(cu, cu[1:])))  # noqa: E731
         return dict(
+            extra,
             cu_seqlens_q=torch.tensor(cu_q, dtype=torch.int32, device=q.device),
             cu_seqlens_k=torch.tensor(cu_k, dtype=torch.int32, device=q.device),
             max_seqlen_q=lens(cu_q), max_seqlen_k=lens(cu_k),
