@@ -3,8 +3,9 @@
 For each (Sq, Hq, Hkv) the same mask (row s of a sample sees the keys [0, Sk - Sq + s + 1):
 bottom-right causal, the usual decode / chunked-prefill mask) is planned twice, with
 pack_gqa=False and pack_gqa=True, and the forward of each plan is timed (CUDA events, L2
-flushed, median). Both outputs are compared with each other (they must agree to rounding)
-and the packed one against SDPA's math backend in float32 on the first sample. Also timed
+flushed, median). Both outputs are checked against SDPA's math backend in float32 on the
+first sample with the test suite's criterion (tests/python/criteria.py: relative L2 + max-abs
+bound); the script exits with status 1 after the table when any check fails. Also timed
 for reference: PyTorch SDPA with enable_gqa and no mask (its default backend choice; for
 Sq = 1 that is the same attention, for Sq > 1 it attends to all Sk keys).
 
@@ -16,12 +17,17 @@ kv head / time), which is what a decode step is bound by.
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 
 import torch
 import torch.nn.functional as F
 
 import flashspan
 from flashspan.bench.timing import Timer
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from criteria import check_tensor  # noqa: E402  (the tests' one error criterion)
 
 
 def bottom_right_causal(batch: int, sq: int, sk: int, device) -> torch.Tensor:
@@ -46,6 +52,7 @@ def main() -> None:
           f"median of {args.reps}")
     print("| Sq | Hq/Hkv | unpacked ms | packed ms | speedup | packed K/V GB/s | SDPA no-mask ms | max |packed-unpacked| | err vs fp32 |")
     print("|---|---|---|---|---|---|---|---|---|")
+    failures = []
     for sq, hq, hkv in [(1, 32, 8), (1, 64, 8), (4, 32, 8), (16, 32, 4), (64, 32, 8), (128, 32, 8)]:
         torch.manual_seed(sq * 1000 + hq)
         q = torch.randn(b, sq, hq, d, device=dev, dtype=torch.bfloat16)
@@ -64,6 +71,11 @@ def main() -> None:
         allowed = torch.arange(sk, device=dev)[None, :] < mf[0, 0, :sq, None]
         ref = F.scaled_dot_product_attention(qr, kr, vr, attn_mask=allowed, enable_gqa=True).transpose(1, 2)
         err = (outs[True][:1].float() - ref).abs().max().item()
+        for pack in (False, True):
+            try:
+                check_tensor(outs[pack][:1], ref, torch.bfloat16, f"Sq={sq} Hq/Hkv={hq}/{hkv} pack_gqa={pack} out")
+            except AssertionError as e:
+                failures.append(str(e))
         qs, ks, vs = (t.transpose(1, 2) for t in (q, k, v))
         try:
             sdpa_ms = timer.measure(lambda: F.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)).median_ms
@@ -73,6 +85,12 @@ def main() -> None:
         kv_bytes = 2 * b * sk * hkv * d * 2
         print(f"| {sq} | {hq}/{hkv} | {ms[False]:.3f} | {ms[True]:.3f} | {ms[False] / ms[True]:.2f}x | "
               f"{kv_bytes / ms[True] / 1e6:.0f} | {sdpa} | {diff:.2e} | {err:.2e} |", flush=True)
+    if failures:
+        print("\npack_gqa_bench: CORRECTNESS CHECK FAILED", file=sys.stderr)
+        for f in failures:
+            print("  " + f, file=sys.stderr)
+        sys.exit(1)
+    print("\ncorrectness: every output matches the fp32 reference (tests/python/criteria.py)")
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "dispatch/family.h"
 #include "plan/planner.h"
 #include "planner_masks.h"
 

@@ -30,7 +30,15 @@ fi
 # layer of tests/emu (its logic, not its speed; ~2 min on 2 cores, every test). FLASHSPAN_EMU_TESTS=0 skips.
 if [ "${FLASHSPAN_EMU_TESTS:-auto}" = 1 ] || { [ "${FLASHSPAN_EMU_TESTS:-auto}" = auto ] && ! nvidia-smi -L >/dev/null 2>&1; }; then
   echo "== CUDA planner tests on the CPU (tests/emu)"
-  bash "$root/tests/emu/run_planner_emu.sh"
+  # Compiled in the build tree through ccache (a g++ link to ccache first on PATH): an unchanged
+  # planner recompiles nothing on the next run.
+  emu_path=$PATH
+  if command -v ccache >/dev/null 2>&1; then
+    mkdir -p "$build/emu-ccache"
+    ln -sf "$(command -v ccache)" "$build/emu-ccache/g++"
+    emu_path="$build/emu-ccache:$PATH"
+  fi
+  PATH="$emu_path" EMU_OUT="$build/emu" bash "$root/tests/emu/run_planner_emu.sh"
 fi
 
 echo "== pip install ."

@@ -18,7 +18,7 @@ Contents
   :func:`prefix_lm`;
 * structured builders: :func:`document_causal`, :func:`tree`, :func:`binary_tree`,
   :func:`longformer`, :func:`hstu`, with :func:`random_document_lengths`;
-* the eight workloads of ``BENCHMARK.md``: :func:`benchmark_mask` (and
+* the eight workloads of ``docs/BENCHMARK.md``: :func:`benchmark_mask` (and
   :data:`BENCHMARK_MASKS`, :data:`BENCHMARK_NFUNC`);
 * conversions: :func:`from_dense`, :func:`from_mask_mod` (any mask -> fewest
   endpoints), :func:`compact`, :func:`pad_nfunc`, :func:`to_dense`;

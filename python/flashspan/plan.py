@@ -326,6 +326,7 @@ class MaskPlan:
                 and q.dtype == meta["dtype"] and k.dtype == q.dtype and v.dtype == q.dtype
                 and q.device == meta["device"] and k.device == q.device and v.device == q.device
                 and (meta["has_backward"] or not need_backward)
+                and q.stride(-1) == 1 and k.stride(-1) == 1 and v.stride(-1) == 1
             ):
                 return
         except AttributeError:
@@ -342,6 +343,10 @@ class MaskPlan:
                 raise TypeError(f"{where}: {name} has dtype {t.dtype} but the mask plan was built for {self.dtype}")
             if t.device != self.device:
                 raise ValueError(f"{where}: {name} is on {t.device} but the mask plan was built for {self.device}")
+            if t.shape[-1] > 1 and t.numel() > 0 and t.stride(-1) != 1:
+                raise ValueError(
+                    f"{where}: {name}: last dimension must be contiguous (stride 1), got stride {t.stride(-1)}"
+                )
         if need_backward and not self.has_backward:
             raise ValueError(
                 f"{where}: mask_plan was built without backward metadata but this call requires gradients; "

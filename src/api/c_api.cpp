@@ -1,6 +1,7 @@
 // C ABI glue: turns fs_* calls into validated C++ calls, exceptions into status codes
 // and a per-thread last-error message. Dispatches CPU tensors to the reference backend
 // and CUDA tensors to the planner/kernels.
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -9,11 +10,12 @@
 #include <string>
 
 #include "api/guard.h"
-#include "api/validation.h"
+#include "core/validation.h"
 #include "core/error.h"
 #include "core/tensor_view.h"
 #include "flashspan/flashspan.h"
-#include "kernels/flex_launch.h"
+#include "dispatch/family.h"
+#include "dispatch/flex_launch.h"
 #include "plan/mask_plan.h"
 #include "plan/planner.h"
 #include "reference/reference.h"
@@ -124,6 +126,25 @@ void check_call_tensors(const FlexGeometry& g, const TensorView& q, const Tensor
   if (lse && lse->defined()) {
     expected_lse_shape(g, s, &n);
     check_same_tensor_shape(*lse, "lse", s, n, DType::kFloat32, g.device, g.device_id);
+  }
+}
+
+// An output must not overlap itself: with a zero stride (an expanded tensor) or strides that
+// interleave, several results land in one element and all but one are lost silently. Sorted by
+// stride, each dimension's stride must reach past everything the inner dimensions span.
+void check_no_self_overlap(const TensorView& t, const char* name) {
+  if (!t.defined() || t.numel() == 0) return;
+  std::array<std::pair<int64_t, int64_t>, kMaxDims> dims{};  // (|stride|, extent) of extents > 1
+  int n = 0;
+  for (int i = 0; i < t.ndim; ++i)
+    if (t.size(i) > 1) dims[n++] = {t.stride(i) < 0 ? -t.stride(i) : t.stride(i), t.size(i)};
+  std::sort(dims.begin(), dims.begin() + n);
+  int64_t span = 1;  // elements an inner block covers
+  for (int i = 0; i < n; ++i) {
+    FS_CHECK_ARG(dims[i].first >= span, name, ": strides make different elements share memory (stride ",
+                 dims[i].first, " with extent ", dims[i].second, " inside a block of ", span,
+                 " elements; shape ", t.shape_str(), "): an output must not overlap itself");
+    span = dims[i].first * (dims[i].second - 1) + span;
   }
 }
 
@@ -263,8 +284,18 @@ FS_API fs_status_t fs_create_mask_plan(const fs_mask_plan_args_t* args, fs_mask_
       FS_CHECK_SUPPORTED(false, "q: is a CUDA tensor but this build of flashspan has no CUDA support");
 #endif
     }
-    FlexGeometry g = validate_plan_inputs(in, cu_q_host.empty() ? nullptr : cu_q_host.data(),
-                                          cu_k_host.empty() ? nullptr : cu_k_host.data());
+    FlexGeometry g;
+    try {
+      g = validate_plan_inputs(in, cu_q_host.empty() ? nullptr : cu_q_host.data(),
+                               cu_k_host.empty() ? nullptr : cu_k_host.data());
+      // Head dims no kernel of the plan's device runs are a broken rule at plan creation (the
+      // seed raises ValueError here), not a plan that fails later at check_support.
+      if (on_cuda) check_head_dims_gpu(g.head_dim_qk, g.head_dim_v);
+    } catch (const Error& e) {
+      // The only NOT_SUPPORTED rules of plan validation are the head-dim rules.
+      if (e.status() == Status::kNotSupported) throw Error(Status::kInvalidArgument, e.what());
+      throw;
+    }
     PlanRequest req;
     req.geometry = &g;
     const int arch = resolve_arch(args->arch, g, args->pack_gqa);
@@ -517,6 +548,9 @@ FS_API fs_status_t fs_flex_fwd_create(const fs_flex_fwd_args_t* a, fs_flex_fwd_t
     const FlexGeometry& g = plan.geometry;
     check_call_tensors(g, t.q, t.k, t.v, &t.out, &t.lse, "out");
     check_max_logit(g, t.max_logit);
+    check_no_self_overlap(t.out, "out");
+    check_no_self_overlap(t.lse, "lse");
+    check_no_self_overlap(t.max_logit, "max_logit");
     auto h = std::make_unique<fs_flex_fwd>();
     h->capture_plan(plan);
     h->q = TensorDesc::capture(t.q);
@@ -612,6 +646,9 @@ FS_API fs_status_t fs_flex_bwd_create(const fs_flex_bwd_args_t* a, fs_flex_bwd_t
     const MaskPlan& plan = plan_ref(a->plan);
     FS_CHECK_ARG(plan.signature.has_backward, kNoBackwardMessage);
     check_bwd_tensors(plan.geometry, t);
+    check_no_self_overlap(t.dq, "dq");
+    check_no_self_overlap(t.dk, "dk");
+    check_no_self_overlap(t.dv, "dv");
     auto h = std::make_unique<fs_flex_bwd>();
     h->capture_plan(plan);
     h->q = TensorDesc::capture(t.q);

@@ -1,4 +1,4 @@
-// MaskPlan accessors, the consumer table and the plan layout shared by both planners.
+// MaskPlan accessors and the plan layout shared by both planners.
 #include "plan/mask_plan.h"
 
 #include <cstdio>
@@ -14,50 +14,6 @@
 #endif
 
 namespace flashspan {
-
-Consumer consumer_for(int arch, int head_dim_qk, int head_dim_v) {
-  Consumer c;
-  c.arch = arch;
-  c.layout = PayloadLayout::kM16N64Frag;
-  const bool small = head_dim_qk <= 128 && head_dim_v <= 128;
-  if (arch == 80) {
-    // 128x64 keeps the Q tile plus two K/V stages inside sm80 shared memory up to D=192;
-    // (256, 256) needs the smaller 64-row Q tile. Larger dims than the GPU kernels support
-    // (CPU plans only) take the smallest tile too.
-    if (small || (head_dim_qk == 192 && head_dim_v == 128)) {
-      c.fwd_block_q = 128;
-      c.fwd_block_k = 64;
-    } else {
-      c.fwd_block_q = 64;
-      c.fwd_block_k = 64;
-    }
-    // Backward: 64 query rows x 128 keys up to D=128. For (192,128) and (256,256) the dK/dV
-    // kernel keeps both accumulators of its keys in registers, which only fits with 64 keys
-    // per block (the sm80 dK/dV kernel then splits the head dim over two warps).
-    c.bwd_block_q = 64;
-    c.bwd_block_k = small ? 128 : 64;
-  } else if (arch == 90) {
-    // Placeholder for the Hopper kernels: two consumer warpgroups of 64 rows each, 128 keys.
-    c.fwd_block_q = 128;
-    c.fwd_block_k = 128;
-    c.bwd_block_q = 64;
-    c.bwd_block_k = 128;
-  } else {
-    FS_CHECK_SUPPORTED(false, "arch: no kernel family for architecture ", arch, " (80 or 90 expected)");
-  }
-  return c;
-}
-
-Consumer consumer_for_plan(int arch, const FlexGeometry& g, bool pack_gqa) {
-  Consumer c = consumer_for(arch, g.head_dim_qk, g.head_dim_v);
-  const int G = g.num_heads_kv > 0 ? g.group_size() : 1;
-  if (arch == 80 && pack_gqa && G > 1 && g.head_dim_qk <= 128 && g.head_dim_v <= 128 &&
-      int64_t(g.max_seqlen_q) * G <= kDecodeBlockQ) {
-    c.fwd_block_q = kDecodeBlockQ;
-    c.fwd_block_k = 64;
-  }
-  return c;
-}
 
 MaskPlan::~MaskPlan() {
 #ifdef FLASHSPAN_WITH_CUDA
@@ -142,9 +98,6 @@ std::string PlanSignature::to_string(const FlexGeometry& g) const {
   return s;
 }
 
-bool choose_pack_gqa(const FlexGeometry& g, const Consumer& c) {
-  return g.num_heads_kv > 0 && g.group_size() > 1 && g.max_seqlen_q < c.fwd_block_q;
-}
 
 // ---------------------------------------------------------------------------
 // Shared planner helpers (plan_layout.h)

@@ -67,6 +67,7 @@
 
 #include "core/geometry.h"
 #include "kernels/common/payload_layout.h"
+#include "kernels/common/plan_view.h"
 
 namespace flashspan {
 
@@ -84,24 +85,6 @@ struct Consumer {
            bwd_block_q == o.bwd_block_q && bwd_block_k == o.bwd_block_k && layout == o.layout;
   }
 };
-
-// The consumer a kernel family uses for these head dims (one shared table: planner and
-// dispatch both call it). arch 80 or 90.
-Consumer consumer_for(int arch, int head_dim_qk, int head_dim_v);
-
-// Rows of the sm80 decode forward tile (kDecodeBlockQ x 64, one warp; consumer_for_plan).
-inline constexpr int kDecodeBlockQ = 16;
-
-// The consumer of a plan: consumer_for(arch, dims), except that an arch-80 packed-GQA plan
-// (pack_gqa and G = Hq / Hkv > 1) whose packed rows per sample fit one decode tile
-// (max_seqlen_q * G <= kDecodeBlockQ) with head dims <= 128 gets the decode forward tile
-// kDecodeBlockQ x 64 (backward tile unchanged). Why: a decode block fills only G * Sq of the
-// default tile's 128 rows, so the mma work of the 128-row tile is mostly padding (about 0.2
-// ms of an H200 for B=4, Sk=32K, 32 kv heads, Sq=1, G=4, against 0.11 ms to read K/V); the
-// 16-row tile cuts it 8x and leaves the kernel bound by the K/V reads. Above 16 rows the
-// 16-row tile would need two blocks per kv head, each reading K/V again, so the default tile
-// is kept there. Throws as consumer_for does for an unknown arch.
-Consumer consumer_for_plan(int arch, const FlexGeometry& g, bool pack_gqa);
 
 struct PlanArray {
   std::string name;
@@ -133,28 +116,6 @@ inline int fwd_pack_group(const FlexGeometry& g, bool pack_gqa) { return pack_gq
 inline int fwd_mask_heads(const FlexGeometry& g, bool pack_gqa) {
   return g.num_heads_mask == 1 ? 1 : g.num_heads_mask / fwd_pack_group(g, pack_gqa);
 }
-
-// Raw pointers of one view, as kernels see them (device or host pointers).
-struct PlanViewPtrs {
-  int32_t block_q = 0, block_k = 0;
-  int32_t pack_group = 1;      // G of a packed forward view, else 1 (rows are packed rows)
-  int32_t num_mask_heads = 0;  // CSR mask heads (Hmask, or Hmv of a packed forward view)
-  int64_t num_q_blocks = 0, num_k_blocks = 0;  // NQB, NKB over all samples
-  const int32_t* q_block_start = nullptr;
-  const int32_t* k_block_start = nullptr;
-  const int32_t* q2k_partial_ptr = nullptr;
-  const int32_t* q2k_partial_kb = nullptr;
-  const uint32_t* q2k_partial_bits = nullptr;
-  const int32_t* q2k_full_ptr = nullptr;
-  const int32_t* q2k_full_kb = nullptr;
-  const int32_t* k2q_partial_ptr = nullptr;  // backward view only
-  const int32_t* k2q_partial_qb = nullptr;
-  const int32_t* k2q_partial_idx = nullptr;
-  const int32_t* k2q_full_ptr = nullptr;
-  const int32_t* k2q_full_qb = nullptr;
-  const int32_t* tasks = nullptr;            // fwd_tasks or bwd_tasks
-  int64_t num_tasks = 0;
-};
 
 class MaskPlan {
  public:

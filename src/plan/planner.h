@@ -15,16 +15,6 @@ struct PlanRequest {
   bool pack_gqa = false;  // packed-GQA forward view (mask_plan.h); ignored when Hq == Hkv
 };
 
-// The default for pack_gqa = -1 ("choose"): true iff G = Hq / Hkv > 1 and
-// max_seqlen_q < c.fwd_block_q. Why: an unpacked forward query block holds one query head's
-// rows, so when every sample is shorter than the tile (decode, short prefill chunks) most of
-// the Bq rows are padding and each of the G query heads re-reads the same K/V tiles. Packing
-// the G heads' rows into one tile fills it up to G times better and reads K/V once per kv
-// head. For longer queries the unpacked tiles are already full (the group's K/V re-reads
-// mostly hit L2) and, with Hmask = Hq, packing mixes different mask heads' rows in one tile
-// (fewer full blocks), so it is not chosen; callers can still force it (pack_gqa = 1).
-bool choose_pack_gqa(const FlexGeometry& g, const Consumer& c);
-
 // Host planner (CPU plans, and the oracle for the CUDA planner). `mask` is host memory,
 // contiguous [Hmask, nfunc, total_q]; endpoints are validated here (same messages as the
 // CUDA planner). The plan keeps a copy of the endpoints for the CPU backend when

@@ -20,8 +20,9 @@
 #include <cub/device/device_scan.cuh>
 #include <vector>
 
-#include "api/validation.h"
+#include "core/validation.h"
 #include "core/error.h"
+#include "kernels/common/grid.h"
 #include "plan/plan_layout.h"
 #include "plan/planner.h"
 #include "plan/planner_kernels.cuh"
@@ -119,6 +120,8 @@ std::unique_ptr<Arena> make_arena(cudaStream_t st, CarveFn carve) {
   return arena;
 }
 
+// CTAs of a grid-stride planner kernel over n elements (kernels/common/grid.h, issue 18: the
+// kernels loop over any n; `cap` bounds the grid, not the extent).
 int grid_for(long long n, int cap = 4096) {
   return static_cast<int>(std::max<long long>(1, std::min<long long>(cap, (n + kThreads - 1) / kThreads)));
 }
@@ -241,7 +244,7 @@ void launch_payloads(const FlexGeometry& g, const int32_t* mask, const int32_t* 
   a.num_partial = num_partial;
   a.bits = bits;
   const long long ctas = (num_partial + kPayloadEntriesPerCta - 1) / kPayloadEntriesPerCta;
-  payload_kernel<<<static_cast<unsigned>(ctas), kThreads, 0, st>>>(a);
+  payload_kernel<<<grid_1d(ctas, "CUDA planner: payload"), kThreads, 0, st>>>(a);
   FS_PLAN_LAUNCHED();
 }
 
@@ -325,7 +328,7 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     a.visible = v == &fv ? reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(d_hdr) +
                                                                    offsetof(Header, visible))
                          : nullptr;
-    relation_kernel<false><<<static_cast<unsigned>(v->rows), kThreads, v->smem, st>>>(a);
+    relation_kernel<false><<<grid_1d(v->rows, "CUDA planner: relation"), kThreads, v->smem, st>>>(a);
     FS_PLAN_LAUNCHED();
   }
   {
@@ -446,6 +449,7 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
       seg(bv.f_ptr, "bwd_q2k_full_ptr", br);
     }
     const long long longest = std::max(fr, std::max<long long>(br, B + 1));
+    // gridDim.y = s.count <= kMaxSegments (12): the only 2-D grid, bounded by a constant.
     copy_segments_kernel<<<dim3(grid_for(longest, 1024), s.count), kThreads, 0, st>>>(s);
     FS_PLAN_LAUNCHED();
   }
@@ -455,7 +459,7 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     a.f_ptr = arr(*plan, "fwd_q2k_full_ptr");
     a.p_kb = arr(*plan, "fwd_q2k_partial_kb");
     a.f_kb = arr(*plan, "fwd_q2k_full_kb");
-    relation_kernel<true><<<static_cast<unsigned>(fv.rows), kThreads, fv.smem, st>>>(a);
+    relation_kernel<true><<<grid_1d(fv.rows, "CUDA planner: relation"), kThreads, fv.smem, st>>>(a);
     FS_PLAN_LAUNCHED();
   }
   launch_payloads(g, mask, d_cu_q, fv, n.fwd_partial, arr(*plan, "fwd_q2k_partial_ptr"), arr(*plan, "fwd_q2k_partial_kb"),
@@ -486,7 +490,7 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
       a.p_qb = p_qb;
       a.f_key = f_key;
       a.f_qb = f_qb;
-      relation_kernel<true><<<static_cast<unsigned>(bv.rows), kThreads, bv.smem, st>>>(a);
+      relation_kernel<true><<<grid_1d(bv.rows, "CUDA planner: relation"), kThreads, bv.smem, st>>>(a);
       FS_PLAN_LAUNCHED();
     }
     launch_payloads(g, mask, d_cu_q, bv, np, arr(*plan, "bwd_q2k_partial_ptr"), arr(*plan, "bwd_q2k_partial_kb"),

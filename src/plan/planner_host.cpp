@@ -16,7 +16,7 @@
 #include <cstring>
 #include <numeric>
 
-#include "api/validation.h"
+#include "core/validation.h"
 #include "core/error.h"
 #include "plan/packed_rows.h"
 #include "plan/plan_layout.h"

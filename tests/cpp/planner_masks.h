@@ -1,5 +1,5 @@
 // Endpoint generators for the planner tests and the planner benchmark: the eight masks of
-// /work/shared/BENCHMARK.md (causal, document_causal, local, sink_local, tree_dfs, tree_bfs,
+// docs/BENCHMARK.md (causal, document_causal, local, sink_local, tree_dfs, tree_bfs,
 // longformer, hstu) and random masks, plus a geometry maker. Header-only, no GPU.
 //
 // A generator returns one head's endpoints of one sample with Sq = Sk = S, laid out

@@ -13,7 +13,7 @@
 // random_softmax_scale: default, zero, random positive, negative when max_logit is off).
 // Outputs and both workspaces are NaN / 0xFF-poisoned before every launch.
 // Strided tensors keep NaN padding (no stray writes).
-// Split-schedule cases (non-deterministic backward, src/kernels/sm80/bwd_split_sm80.cuh) use
+// Split-schedule cases (non-deterministic backward, src/kernels/common/bwd_split.cuh) use
 // masks with long K2Q lists and also read the schedule header from the workspace to prove
 // that some dK/dV task was really split.
 // Skips when no CUDA device is visible (or the build has no CUDA).
@@ -34,12 +34,14 @@
 #endif
 
 #include "error_criteria.h"
+#include "gpu_harness.h"
 #include "kernel_internals.h"
 #include "mask_gen.h"
 #include "plan/plan_layout.h"
 #include "plan/planner.h"
 #include "planner_masks.h"
 #include "reference/reference.h"
+#include "gpu_harness.h"
 #include "test_util.h"
 
 namespace flashspan::test {
@@ -50,99 +52,6 @@ namespace {
 TEST(FlexGpu, Skipped) { GTEST_SKIP() << "flashspan was built without CUDA"; }
 
 #else
-
-bool gpu_available() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define REQUIRE_GPU()                                                      \
-  do {                                                                     \
-    if (!gpu_available()) GTEST_SKIP() << "no CUDA device is visible";     \
-  } while (0)
-
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// Owned device allocation.
-struct DevBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DevBuf(size_t n = 0) : bytes(n) {
-    if (n) cuda_ok(cudaMalloc(&p, n), "cudaMalloc");
-  }
-  ~DevBuf() {
-    if (p) cudaFree(p);
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
-
-// Elements spanned by a strided view (0 for an empty one).
-int64_t extent(const TensorView& v) {
-  if (v.numel() == 0) return 0;
-  int64_t e = 1;
-  for (int d = 0; d < v.ndim; ++d) e += (v.shape[d] - 1) * v.strides[d];
-  return e;
-}
-
-// Device twin of a host tensor (same strides).
-struct DevTensor {
-  std::unique_ptr<DevBuf> buf;
-  TensorView view;
-  size_t bytes = 0;
-};
-
-DevTensor dev_like(const HostTensor& h, bool copy) {
-  DevTensor d;
-  d.bytes = size_t(extent(h.view())) * dtype_size(h.dtype());
-  d.buf = std::make_unique<DevBuf>(d.bytes ? d.bytes : 16);
-  d.view = h.view();
-  d.view.data = d.buf->p;
-  d.view.device = DeviceType::kCUDA;
-  d.view.device_id = 0;
-  if (copy && d.bytes) cuda_ok(cudaMemcpy(d.buf->p, h.view().data, d.bytes, cudaMemcpyHostToDevice), "upload");
-  if (!copy) cuda_ok(cudaMemset(d.buf->p, 0xff, d.buf->bytes), "poison");  // NaN in fp16/bf16/fp32
-  return d;
-}
-
-void poison(DevTensor& d, cudaStream_t s = nullptr) {
-  cuda_ok(cudaMemsetAsync(d.buf->p, 0xff, d.buf->bytes, s), "poison");
-}
-
-void download(const DevTensor& d, HostTensor& h) {
-  h.poison();
-  if (d.bytes) cuda_ok(cudaMemcpy(h.view().data, d.buf->p, d.bytes, cudaMemcpyDeviceToHost), "download");
-}
-
-std::vector<uint8_t> raw_bytes(const DevTensor& d) {
-  std::vector<uint8_t> out(d.bytes);
-  if (d.bytes) cuda_ok(cudaMemcpy(out.data(), d.buf->p, d.bytes, cudaMemcpyDeviceToHost), "download");
-  return out;
-}
-
-// Copies a host plan to the device (the CUDA planner's output has the same layout).
-// `drop_tasks` hides the task schedules, which makes the kernels run in grid mode.
-std::unique_ptr<MaskPlan> upload_plan(const MaskPlan& host, bool drop_tasks = false) {
-  auto d = std::make_unique<MaskPlan>();
-  d->geometry = host.geometry;
-  d->geometry.device = DeviceType::kCUDA;
-  d->geometry.device_id = 0;
-  d->signature = host.signature;
-  d->counts = host.counts;
-  if (drop_tasks) d->counts.num_tasks = d->counts.num_bwd_tasks = 0;
-  d->arrays = host.arrays;
-  d->buffer_elements = host.buffer_elements;
-  const size_t bytes = size_t(std::max<int64_t>(host.buffer_elements, 1)) * sizeof(int32_t);
-  cuda_ok(cudaMalloc(&d->device_buffer, bytes), "cudaMalloc(plan)");
-  if (host.buffer_elements > 0) {
-    cuda_ok(cudaMemcpy(d->device_buffer, host.host_buffer.data(), size_t(host.buffer_elements) * sizeof(int32_t),
-                       cudaMemcpyHostToDevice),
-            "upload plan");
-  }
-  return d;
-}
 
 // ---------------------------------------------------------------------------
 // A test case
@@ -521,21 +430,21 @@ void run_case(const Case& case_in) {
   EXPECT_EQ(f->out.padding_changed(), 0) << "out: stray writes";
   EXPECT_EQ(f->lse.padding_changed(), 0) << "lse: stray writes";
   if (c.expect_fwd_split) {
-    // Schedule header (FlexSplitSchedule): {items, counter, chunk, slots}.
+    // Schedule header (SplitSchedule): {items, counter, chunk, slots}.
     const Consumer& pc = p.plan->signature.consumer;
-    const sm80::FwdWorkspaceLayout wl =
-        sm80::fwd_workspace_layout(p.gd, p.plan->signature.pack_gqa, pc.fwd_block_q, pc.fwd_block_k);
+    const FwdWorkspaceLayout wl =
+        fwd_workspace_layout(p.gd, p.plan->signature.pack_gqa, pc.fwd_block_q, pc.fwd_block_k);
     ASSERT_GT(wl.total, 0u) << "no forward workspace for this geometry";
-    int32_t hdr[FlexSplitSchedule::kHdrInts] = {};
+    int32_t hdr[SplitSchedule::kHdrInts] = {};
     ASSERT_EQ(cudaMemcpy(hdr, static_cast<char*>(f->ws->p) + wl.hdr, sizeof(hdr), cudaMemcpyDeviceToHost),
               cudaSuccess);
-    EXPECT_GT(hdr[FlexSplitSchedule::kNumSplit], 0) << "no forward task was split (chunk "
-                                                    << hdr[FlexSplitSchedule::kChunk] << ")";
-    EXPECT_LE(hdr[FlexSplitSchedule::kNumSplit], wl.max_slots) << "slots";
-    EXPECT_GT(hdr[FlexSplitSchedule::kTotal], p.plan->counts.num_tasks) << "items";
-    EXPECT_LE(hdr[FlexSplitSchedule::kTotal], wl.max_items) << "items";
-    EXPECT_GT(hdr[FlexSplitSchedule::kCounter], hdr[FlexSplitSchedule::kTotal]) << "claim counter";
-    EXPECT_LE(hdr[FlexSplitSchedule::kCounter], hdr[FlexSplitSchedule::kTotal] + FlexSplitSchedule::kMaxCtas)
+    EXPECT_GT(hdr[SplitSchedule::kNumSplit], 0) << "no forward task was split (chunk "
+                                                    << hdr[SplitSchedule::kChunk] << ")";
+    EXPECT_LE(hdr[SplitSchedule::kNumSplit], wl.max_slots) << "slots";
+    EXPECT_GT(hdr[SplitSchedule::kTotal], p.plan->counts.num_tasks) << "items";
+    EXPECT_LE(hdr[SplitSchedule::kTotal], wl.max_items) << "items";
+    EXPECT_GT(hdr[SplitSchedule::kCounter], hdr[SplitSchedule::kTotal]) << "claim counter";
+    EXPECT_LE(hdr[SplitSchedule::kCounter], hdr[SplitSchedule::kTotal] + SplitSchedule::kMaxCtas)
         << "claim counter";
     // A second run (poisoned outputs, used workspace) is bitwise identical: items are
     // merged in list order whichever CTA ran them.
@@ -564,18 +473,18 @@ void run_case(const Case& case_in) {
   EXPECT_EQ(b->dk.padding_changed(), 0) << "dk: stray writes";
   EXPECT_EQ(b->dv.padding_changed(), 0) << "dv: stray writes";
   if (c.expect_split) {
-    // Schedule header (FlexBwdSplit): {items, counter, chunk, split tasks}.
+    // Schedule header (BwdSplit): {items, counter, chunk, split tasks}.
     ASSERT_FALSE(c.deterministic) << "split schedules exist only on the non-deterministic path";
-    const sm80::BwdWorkspaceLayout wl = sm80::bwd_workspace_layout(p.gd, false);
-    int32_t hdr[FlexBwdSplit::kHdrInts] = {};
+    const BwdWorkspaceLayout wl = bwd_workspace_layout(p.gd, false);
+    int32_t hdr[BwdSplit::kHdrInts] = {};
     ASSERT_EQ(cudaMemcpy(hdr, static_cast<char*>(b->ws->p) + wl.hdr, sizeof(hdr), cudaMemcpyDeviceToHost),
               cudaSuccess);
-    EXPECT_GT(hdr[FlexBwdSplit::kNumSplit], 0) << "no dK/dV task was split (chunk " << hdr[FlexBwdSplit::kChunk]
+    EXPECT_GT(hdr[BwdSplit::kNumSplit], 0) << "no dK/dV task was split (chunk " << hdr[BwdSplit::kChunk]
                                                << ")";
-    EXPECT_GT(hdr[FlexBwdSplit::kTotal], p.plan->counts.num_bwd_tasks) << "items";
+    EXPECT_GT(hdr[BwdSplit::kTotal], p.plan->counts.num_bwd_tasks) << "items";
     // Every item claimed, then one failed claim per persistent CTA.
-    EXPECT_GT(hdr[FlexBwdSplit::kCounter], hdr[FlexBwdSplit::kTotal]) << "claim counter";
-    EXPECT_LE(hdr[FlexBwdSplit::kCounter], hdr[FlexBwdSplit::kTotal] + FlexBwdSplit::kMaxCtas) << "claim counter";
+    EXPECT_GT(hdr[BwdSplit::kCounter], hdr[BwdSplit::kTotal]) << "claim counter";
+    EXPECT_LE(hdr[BwdSplit::kCounter], hdr[BwdSplit::kTotal] + BwdSplit::kMaxCtas) << "claim counter";
   }
 }
 
@@ -1150,7 +1059,7 @@ TEST(FlexGpu, MaxLogitOffBigHeadDims) {
 TEST(FlexGpu, DlseBackward) {
   REQUIRE_GPU();
   uint64_t seed = 8800;
-  for (const auto& d : {std::pair<int, int>{64, 64}, {128, 128}, {256, 256}}) {
+  for (const auto& d : {std::pair<int, int>{64, 64}, {128, 128}, {192, 128}, {256, 256}}) {
     for (bool det : {true, false}) {
       Case c;
       c.varlen = true;
@@ -1640,7 +1549,7 @@ TEST(FlexGpu, PackedFwdWorkspaceBound) {
     const FlexGeometry g = make_thd_geometry(lq, lk, h);
     for (bool pack : {false, true}) {
       for (int bq : {128, kDecodeBlockQ}) {
-        const sm80::FwdWorkspaceLayout wl = sm80::fwd_workspace_layout(g, pack, bq, 64);
+        const FwdWorkspaceLayout wl = fwd_workspace_layout(g, pack, bq, 64);
         const int64_t P = pack ? G : 1;
         int64_t nqb = 0;
         for (int b = 0; b < B; ++b) nqb += (lq[b] * P + bq - 1) / bq;

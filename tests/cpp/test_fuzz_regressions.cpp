@@ -78,3 +78,68 @@ TEST(FuzzRegressions, MisalignedDataPointerIsRejected) {
 }
 
 }  // namespace
+
+namespace {
+
+// Found reading the code the fuzzer pointed at: heads, head dims and B were cast to int
+// without a range check (Hq = 2^32 + 2 became 2).
+TEST(FuzzRegressions, ExtentsBeyondIntAreRejectedNotTruncated) {
+  const int64_t huge = (int64_t(1) << 32) + 2;
+  std::vector<int64_t> qs{1, 8, huge, 16}, ks{1, 8, 2, 16}, ms{1, 1, 8};
+  std::vector<int32_t> mask(8, 1);
+  fs_tensor_t q = describe(nullptr, kF32, qs), k = describe(nullptr, kF32, ks), v = describe(nullptr, kF32, ks);
+  fs_tensor_t m = describe(mask.data(), kI32, ms);
+  fs_mask_plan_args_t a{};
+  a.mask_func = &m;
+  a.q = &q;
+  a.k = &k;
+  a.v = &v;
+  a.pack_gqa = -1;
+  fs_mask_plan_t plan = nullptr;
+  EXPECT_EQ(fs_create_mask_plan(&a, &plan), FS_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fs_get_last_error()).find("the number of heads must be below 2^31"), std::string::npos)
+      << fs_get_last_error();
+  qs = {huge, 8, 2, 16};
+  ks = {huge, 8, 2, 16};
+  EXPECT_EQ(fs_create_mask_plan(&a, &plan), FS_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fs_get_last_error()).find("q: batch size B (dim 0) must be in [1, 2^31)"), std::string::npos)
+      << fs_get_last_error();
+}
+
+}  // namespace
+
+namespace {
+
+// fuzz_ops oracle: an output whose strides overlap (stride 0 on a dimension of extent > 1) was
+// accepted; every result of that dimension but one was lost without an error.
+TEST(FuzzRegressions, SelfOverlappingOutputIsRejected) {
+  const int64_t B = 1, S = 8, H = 2, D = 8;
+  std::vector<int64_t> qs{B, S, H, D}, ls{B, H, S}, ms{1, 1, B * S};
+  std::vector<float> q(B * S * H * D, 0.5f), out(q.size()), lse(B * H * S);
+  std::vector<int32_t> mask(B * S, S);
+  fs_tensor_t tq = describe(q.data(), kF32, qs), tm = describe(mask.data(), kI32, ms);
+  fs_mask_plan_args_t a{};
+  a.mask_func = &tm;
+  a.q = &tq;
+  a.k = &tq;
+  a.v = &tq;
+  a.pack_gqa = -1;
+  fs_mask_plan_t plan = nullptr;
+  ASSERT_EQ(fs_create_mask_plan(&a, &plan), FS_STATUS_SUCCESS) << fs_get_last_error();
+  const int64_t overlapping[4] = {S * H * D, 0, D, 1};  // every query position writes the same row
+  fs_tensor_t to = describe(out.data(), kF32, qs), tl = describe(lse.data(), kF32, ls);
+  to.strides = overlapping;
+  fs_flex_fwd_args_t fa{&tq, &tq, &tq, &to, plan, &tl, nullptr, 0.f, 0};
+  fs_flex_fwd_t op = nullptr;
+  EXPECT_EQ(fs_flex_fwd_create(&fa, &op), FS_STATUS_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(fs_get_last_error()).find("out: strides make different elements share memory"),
+            std::string::npos)
+      << fs_get_last_error();
+  const int64_t permuted[4] = {S * H * D, D, S * D, 1};  // heads-major: no overlap, accepted
+  to.strides = permuted;
+  ASSERT_EQ(fs_flex_fwd_create(&fa, &op), FS_STATUS_SUCCESS) << fs_get_last_error();
+  fs_flex_fwd_destroy(op);
+  fs_mask_plan_destroy(plan);
+}
+
+}  // namespace

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "dispatch/family.h"
 #include "planner_masks.h"
 #include "plan/plan_layout.h"
 #include "plan/planner.h"

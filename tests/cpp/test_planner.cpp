@@ -16,6 +16,7 @@
 #include "planner_masks.h"
 #include "plan/payload_word.h"
 #include "plan/plan_layout.h"
+#include "dispatch/family.h"
 #include "plan/planner.h"
 
 namespace {

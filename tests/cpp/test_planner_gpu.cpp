@@ -11,6 +11,7 @@
 #include "planner_gqa_cases.h"
 #include "mask_gen.h"
 #include "planner_masks.h"
+#include "dispatch/family.h"
 #include "plan/planner.h"
 
 #ifdef FLASHSPAN_WITH_CUDA

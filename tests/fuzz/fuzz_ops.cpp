@@ -10,6 +10,7 @@
 // message naming the argument; a call that succeeds wrote every element of its NaN-poisoned
 // outputs with a non-NaN value (inputs are finite), and execute() after a successful
 // create/compile of the same descriptors never fails.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -144,6 +145,25 @@ struct Slot {
   }
   const fs_tensor_t* get() { return present ? t.get() : nullptr; }
 
+  // Two different indices of the descriptor reach the same element (brute force: small tensors).
+  bool overlaps_itself() {
+    if (!present || t.t.data == nullptr) return false;
+    int64_t n = 1;
+    for (int64_t s : t.shape) n *= std::max<int64_t>(s, 0);
+    if (n <= 1) return false;
+    std::vector<int64_t> offs, idx(t.shape.size(), 0);
+    while (true) {
+      int64_t off = 0;
+      for (size_t i = 0; i < idx.size(); ++i) off += idx[i] * t.strides[i];
+      offs.push_back(off);
+      int d = int(idx.size()) - 1;
+      while (d >= 0 && ++idx[size_t(d)] == t.shape[size_t(d)]) idx[size_t(d--)] = 0;
+      if (d < 0) break;
+    }
+    std::sort(offs.begin(), offs.end());
+    return std::adjacent_find(offs.begin(), offs.end()) != offs.end();
+  }
+
   // Every element the descriptor reaches was written (no longer holds the poison bit pattern;
   // a computed NaN, e.g. from an overflowing scale, has another pattern and counts as written).
   bool all_written() {
@@ -230,8 +250,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fail(std::string("forward execute failed after create + compile of the same descriptors: ") + fs_get_last_error());
     if (s == FS_STATUS_SUCCESS) {
       Slot* outs[] = {change == 1 ? &other : &o, &lse, &ml};
-      for (Slot* x : outs)
+      for (Slot* x : outs) {
         if (!x->all_written()) fail("forward left NaN-poisoned output elements unwritten");
+        if (x->overlaps_itself()) fail("forward accepted an output that overlaps itself (results lost silently)");
+      }
     }
     fs_flex_fwd_destroy(op);
     return 0;
@@ -285,8 +307,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fail(std::string("backward execute failed after create + compile of the same descriptors: ") + fs_get_last_error());
   if (s == FS_STATUS_SUCCESS) {
     Slot* outs[] = {&dq, change == 1 ? &other : &dk, &dv};
-    for (Slot* x : outs)
+    for (Slot* x : outs) {
       if (!x->all_written()) fail("backward left NaN-poisoned gradient elements unwritten");
+      if (x->overlaps_itself()) fail("backward accepted a gradient that overlaps itself (results lost silently)");
+    }
   }
   fs_flex_bwd_destroy(op);
   return 0;

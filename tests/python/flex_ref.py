@@ -150,11 +150,12 @@ def endpoints_from_visibility(vis: torch.Tensor, nfunc: int) -> torch.Tensor:
     return out.to(torch.int32)
 
 
-def block_visibility(gen: torch.Generator, sq: int, sk: int, tile: int = 64, max_missing: int = 4) -> torch.Tensor:
+def block_visibility(gen: torch.Generator, sq: int, sk: int, tile: int = 128, max_missing: int = 4,
+                     p_empty_row: float = 0.0) -> torch.Tensor:
     """bool [sq, sk] on a tile x tile grid: tiles full (35 %), empty (20 %), "full minus n" (30 %: 1..max_missing
-    elements hidden, at tile corners or inside) or partial (a random staircase); 5 % of rows empty. The
-    Python twin of tests/cpp/mask_gen.h block_visibility, so the kernels meet full blocks next to blocks
-    missing a single element."""
+    elements hidden, at tile corners or inside) or partial (a random staircase); then a share p_empty_row of
+    rows emptied. The Python twin of tests/cpp/mask_gen.h block_visibility: 128 x 128 tiles contain every
+    kernel / planner tile, so full blocks sit next to blocks missing a single element."""
     vis = torch.zeros(sq, sk, dtype=torch.bool)
     for q0 in range(0, sq, tile):
         for k0 in range(0, sk, tile):
@@ -176,11 +177,12 @@ def block_visibility(gen: torch.Generator, sq: int, sk: int, tile: int = 64, max
                 for q in range(q0, q1):
                     e = min(max(k0 + (q - q0) + 1 + off, k0), k1)
                     vis[q, k0:e] = True
-    vis[torch.rand(sq, generator=gen) < 0.05] = False
+    if p_empty_row > 0:
+        vis[torch.rand(sq, generator=gen) < p_empty_row] = False
     return vis
 
 
-def block_endpoints(gen: torch.Generator, hm: int, cu_q: list[int], cu_k: list[int], tile: int = 64) -> torch.Tensor:
+def block_endpoints(gen: torch.Generator, hm: int, cu_q: list[int], cu_k: list[int], tile: int = 128) -> torch.Tensor:
     """int32 [hm, nfunc, Tq] block-structured masks (block_visibility) per (mask head, sample); nfunc is the
     largest any row needs."""
     vis = [[block_visibility(gen, cu_q[b + 1] - cu_q[b], cu_k[b + 1] - cu_k[b], tile) for b in range(len(cu_q) - 1)]

@@ -116,8 +116,12 @@ def test_endpoint_errors(fs, value, text):
 
 
 def test_head_dim_not_supported(fs):
+    # A ValueError at create_mask_plan (the seed's rule), not a plan that fails later.
     p = make_problem(0, batch=1, seqlen_q=8, seqlen_k=8, hq=1, hkv=1, dqk=12, dv=16)
-    with pytest.raises(RuntimeError, match="head_dim_qk: must be a multiple of 8"):
+    with pytest.raises(ValueError, match="head_dim_qk: must be a multiple of 8"):
+        fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    p = make_problem(0, batch=1, seqlen_q=8, seqlen_k=8, hq=1, hkv=1, dqk=16, dv=264)
+    with pytest.raises(ValueError, match="head_dim_v: must be a multiple of 8 in \\[8, 256\\], got 264"):
         fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
 
 

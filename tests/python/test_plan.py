@@ -35,10 +35,16 @@ CASES = [
     dict(varlen=False, batch=1, seqlen_q=256, seqlen_k=256, hq=2, hkv=2, hm=2, nfunc=1, mask="causal"),
     dict(varlen=True, batch=3, seqlen_q=[130, 1, 257], seqlen_k=[64, 190, 129], hq=4, hkv=1, hm=4, nfunc=5),
     dict(varlen=True, batch=2, seqlen_q=[0, 70], seqlen_k=[40, 0], hq=2, hkv=2, hm=1, nfunc=1),
+    # Block-structured masks (flex_ref.block_visibility): full, empty, partial and full-minus-n tiles of
+    # 128 x 128, so full blocks sit next to blocks missing a single element; nfunc follows from the mask.
+    dict(varlen=False, batch=2, seqlen_q=300, seqlen_k=520, hq=4, hkv=2, hm=4, nfunc=None, mask="blocks"),
+    dict(varlen=True, batch=3, seqlen_q=[257, 0, 130], seqlen_k=[384, 70, 200], hq=2, hkv=1, hm=1, nfunc=None,
+         mask="blocks"),
 ]
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{'thd' if c['varlen'] else 'bshd'}-hm{c['hm']}-n{c['nfunc']}")
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{'thd' if c['varlen'] else 'bshd'}-hm{c['hm']}-n{c['nfunc']}"
+                         f"{'-' + c['mask'] if 'mask' in c else ''}")
 def test_geometry_and_block_classes(fs, case):
     p = make_problem(7, dqk=16, dv=8, **case)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True, **p.plan_kwargs())
@@ -46,7 +52,9 @@ def test_geometry_and_block_classes(fs, case):
     assert plan.varlen == case["varlen"] and plan.layout == ("thd" if case["varlen"] else "bshd")
     assert plan.batch == case["batch"]
     assert (plan.num_heads_q, plan.num_heads_kv, plan.num_heads_mask) == (hq, case["hkv"], hm)
-    assert (plan.nfunc, plan.head_dim_qk, plan.head_dim_v) == (case["nfunc"], 16, 8)
+    assert (plan.nfunc, plan.head_dim_qk, plan.head_dim_v) == (p.mask_func.shape[1], 16, 8)
+    if case["nfunc"] is not None:
+        assert plan.nfunc == case["nfunc"]
     assert plan.total_q == p.cu_q[-1] and plan.total_k == p.cu_k[-1]
     assert plan.dtype == torch.float32 and plan.device == torch.device("cpu")
     assert plan.has_backward and plan.bytes > 0 and plan.signature

@@ -342,3 +342,43 @@ def test_deprecated_forms_still_work(fs):
     # The old flat properties stay (they do not clash with the seed's names).
     assert (plan.batch, plan.num_heads_q, plan.head_dim_qk) == (plan.metadata.batch_size, plan.metadata.num_q_heads,
                                                                plan.metadata.head_dim)
+
+
+# -- item 6 and the newcomer's papercuts: empty geometries ----------------------------------------------
+
+
+def test_thd_with_max_seqlen_q_zero_is_accepted(fs):
+    """The seed accepts THD with max_seqlen_q = 0 (every query sample empty): empty outputs, zero gradients."""
+    q = torch.randn(0, 2, 16, requires_grad=True)
+    k = torch.randn(3, 2, 16, requires_grad=True)
+    v = torch.randn(3, 2, 16, requires_grad=True)
+    cu_q, cu_k = torch.tensor([0, 0], dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32)
+    plan = fs.create_mask_plan(torch.zeros(1, 1, 0, dtype=torch.int32), q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                               max_seqlen_q=0, max_seqlen_k=3)
+    assert plan.metadata.max_seqlen_q == 0 and plan.metadata.total_q == 0
+    out, lse = fs.flex_attn_func(q, k, v, mask_plan=plan, return_lse=True)
+    assert out.shape == (0, 2, 16) and lse.shape == (2, 0)
+    out.sum().backward()
+    assert torch.equal(k.grad, torch.zeros_like(k)) and torch.equal(v.grad, torch.zeros_like(v))
+    with pytest.raises(ValueError, match=r"max_seqlen_q: must be >= 0 for THD, got -1"):
+        fs.create_mask_plan(torch.zeros(1, 1, 0, dtype=torch.int32), q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                            max_seqlen_q=-1, max_seqlen_k=3)
+
+
+def test_bshd_batch_zero_is_a_clear_value_error(fs):
+    """The seed rejects B = 0 for BSHD with ValueError; ours said "geometry: cu_seqlens copies must have B+1 entries"."""
+    q = torch.randn(0, 4, 2, 16)
+    with pytest.raises(ValueError, match=r"^create_mask_plan: q: batch size B \(dim 0\) must be in \[1, 2\^31\) for BSHD, "
+                                         r"got 0"):
+        fs.create_mask_plan(torch.zeros(1, 1, 0, dtype=torch.int32), q, q, q)
+
+
+def test_empty_query_forward_then_backward(fs):
+    """S = 0: autograd hands the backward an expanded (stride-0) empty gradient; it must be accepted."""
+    q = torch.randn(1, 0, 2, 16, requires_grad=True)
+    k = torch.randn(1, 5, 2, 16, requires_grad=True)
+    v = torch.randn(1, 5, 2, 16, requires_grad=True)
+    plan = fs.create_mask_plan(torch.zeros(1, 1, 0, dtype=torch.int32), q, k, v)
+    out = fs.flex_attn_func(q, k, v, mask_plan=plan)
+    out.sum().backward()
+    assert q.grad.shape == q.shape and torch.equal(k.grad, torch.zeros_like(k))

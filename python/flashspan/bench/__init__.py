@@ -1,1 +1,1 @@
-"""Benchmark CLI (``python -m flashspan.bench`` / ``flashspan-bench``): BENCHMARK.md workloads vs PyTorch peers."""
+"""Benchmark CLI (``python -m flashspan.bench`` / ``flashspan-bench``): docs/BENCHMARK.md workloads vs PyTorch peers."""

@@ -1,4 +1,4 @@
-"""flashspan-bench: the BENCHMARK.md workloads, flashspan side by side with PyTorch FlexAttention and SDPA.
+"""flashspan-bench: the docs/BENCHMARK.md workloads, flashspan side by side with PyTorch FlexAttention and SDPA.
 
 Run ``python -m flashspan.bench --help``. Examples::
 
@@ -58,11 +58,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="flashspan-bench",
         description="Benchmark flashspan flex attention against PyTorch FlexAttention and SDPA "
-                    "(BENCHMARK.md workloads). Without a CUDA device it runs the CPU reference backend at S=512.")
+                    "(docs/BENCHMARK.md workloads). Without a CUDA device it runs the CPU reference backend at S=512.")
     p.add_argument("--mask", action="append", metavar="NAME[,NAME]",
                    help=f"benchmark mask(s), repeatable or comma-separated (default all: {', '.join(BENCHMARK_MASKS)})")
     p.add_argument("--no-masks", action="store_true", help="skip the flex-mask workloads (with --dense)")
-    p.add_argument("--dense", action="store_true", help="also run the dense SDPA shapes of BENCHMARK.md")
+    p.add_argument("--dense", action="store_true", help="also run the dense SDPA shapes of docs/BENCHMARK.md")
     p.add_argument("--dense-only", action="append", metavar="TEXT",
                    help="with --dense: keep only the dense shapes whose label contains TEXT (repeatable; "
                         "e.g. 'H16 S32768' for B1 H16 S32768 D128, causal and not)")

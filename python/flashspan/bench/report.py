@@ -30,25 +30,40 @@ def _run(cmd: list[str], cwd: Optional[str] = None) -> Optional[str]:
         return None
 
 
-def git_revision(repo: str) -> Optional[str]:
-    """HEAD of the checkout flashspan was imported from (with -dirty when tracked files
-    changed); without git or .git (a copied tree), $FLASHSPAN_GIT_REVISION if set."""
-    rev = _run(["git", "rev-parse", "HEAD"], cwd=repo)
-    if rev:
-        dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
-        return rev + ("-dirty" if dirty else "")
-    head = os.path.join(repo, ".git", "HEAD")
+def git_revision(repo: Optional[str]) -> str:
+    """Revision of the flashspan that runs: HEAD of its source checkout (with -dirty when tracked
+    files changed) when imported from one (``repo``), else the revision recorded when the
+    installed package was built (flashspan/_build_info.py), else $FLASHSPAN_GIT_REVISION, else
+    "unknown". An installed package never asks git about the folders around it (a pyenv or
+    home-directory repository there is not flashspan's)."""
+    if repo is not None:
+        rev = _run(["git", "rev-parse", "HEAD"], cwd=repo)
+        if rev:
+            dirty = _run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo)
+            return rev + ("-dirty" if dirty else "")
     try:
-        with open(head) as f:
-            ref = f.read().strip()
-        if ref.startswith("ref: "):
-            with open(os.path.join(repo, ".git", ref[5:])) as f:
-                return f.read().strip() + " (read from .git, dirty state unknown)"
-        return ref + " (read from .git, dirty state unknown)"
-    except OSError:
+        from flashspan import _build_info
+
+        if _build_info.GIT_REVISION and _build_info.GIT_REVISION != "unknown":
+            return f"{_build_info.GIT_REVISION} (recorded at build time)"
+    except ImportError:
         pass
     env = os.environ.get("FLASHSPAN_GIT_REVISION")
-    return f"{env} (from $FLASHSPAN_GIT_REVISION)" if env else None
+    return f"{env} (from $FLASHSPAN_GIT_REVISION)" if env else "unknown"
+
+
+def source_checkout(package_dir: str) -> Optional[str]:
+    """The flashspan source checkout ``package_dir`` (the imported flashspan/) lives in, or None for an
+    installed package: a checkout has it at <repo>/python/flashspan next to <repo>/CMakeLists.txt."""
+    python_dir = os.path.dirname(os.path.abspath(package_dir))
+    repo = os.path.dirname(python_dir)
+    if os.path.basename(python_dir) != "python" or not os.path.isfile(os.path.join(repo, "CMakeLists.txt")):
+        return None
+    try:
+        with open(os.path.join(repo, "CMakeLists.txt")) as f:
+            return repo if "project(flashspan" in f.read(4096) else None
+    except OSError:
+        return None
 
 
 def environment(device: torch.device, argv: Optional[list] = None) -> dict:
@@ -81,8 +96,7 @@ def environment(device: torch.device, argv: Optional[list] = None) -> dict:
         env["flashspan_cuda_available"] = bool(_lib.cuda_available())
     except Exception as e:  # recorded, never fatal
         env["flashspan_library"] = f"unavailable: {e}"
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(flashspan.__file__))))
-    env["git_revision"] = git_revision(repo)
+    env["git_revision"] = git_revision(source_checkout(os.path.dirname(flashspan.__file__)))
     if device.type == "cuda":
         props = torch.cuda.get_device_properties(device)
         env["gpu"] = props.name
@@ -266,8 +280,9 @@ def write_chart(path: str, rows: list[dict], title: str) -> Optional[str]:
     fig_width = max(8.0, 0.65 * len(workloads) * max(1, len(backends)))
     fig, axes = plt.subplots(len(phases), 1, figsize=(fig_width, 3.6 * len(phases)), squeeze=False)
     width = 0.8 / max(1, len(backends))
-    # CPU runs reach GFLOP/s, not TFLOP/s: pick the unit that keeps the numbers readable.
-    scale, unit = (1.0, "TFLOP/s") if max(r["tflops"] for r in ok) >= 1.0 else (1e3, "GFLOP/s")
+    # TFLOP/s, as in every table of the report (a CPU run shows small values with more decimals).
+    scale, unit = 1.0, "TFLOP/s"
+    small = max(r["tflops"] for r in ok) < 1.0
     for ax, phase in zip(axes[:, 0], phases):
         for j, be in enumerate(backends):
             xs, ys, bad = [], [], []
@@ -282,12 +297,17 @@ def write_chart(path: str, rows: list[dict], title: str) -> Optional[str]:
                 if is_bad:
                     b.set_hatch("xx")
                     b.set_edgecolor("red")
+            # The value on every bar (the tables' numbers, readable without the axis).
+            ax.bar_label(bars, labels=[(f"{y:.3f}" if small else f"{y:.0f}") for y in ys], fontsize=6,
+                         rotation=90, padding=2)
         ax.set_xticks(range(len(workloads)))
         ax.set_xticklabels(workloads, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(f"{unit} (visible pairs)")
         ax.set_title(phase)
         ax.grid(axis="y", alpha=0.3)
-    axes[0, 0].legend(fontsize=8, ncol=min(len(backends), 5))
+        ax.margins(y=0.18)  # room for the bar labels
+        # A legend on every panel: each one reads on its own.
+        ax.legend(fontsize=7, ncol=min(len(backends), 5), loc="upper right")
     fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path + ".tmp", dpi=110, format="png")

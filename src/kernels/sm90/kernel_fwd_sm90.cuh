@@ -42,7 +42,7 @@
 // Results: unsplit items write O normalised (0 for rows with no visible key), LSE (natural
 // log, -inf for empty rows) and reduce max_logit with atomics; items of split tasks write
 // the unnormalised fp32 O, the running max (log2 units) and row sum into their workspace
-// slot (FlexFwdSplit) for the combine kernel (launch_fwd_sm90.cu).
+// slot (FwdSplit) for the combine kernel (launch_fwd_sm90.cu).
 //
 // Why raw PTX (inline asm: wgmma_sm90.inc, the mbarrier / TMA / setmaxnreg wrappers below) and
 // not CuTe from the pinned nvidia-cutlass headers: the kernel needs only a handful of Hopper
@@ -58,7 +58,7 @@
 #include <cstdint>
 
 #include "kernels/common/block_range.cuh"
-#include "kernels/common/flex_params.h"
+#include "kernels/params.h"
 #include "kernels/common/ptx.cuh"
 
 namespace flashspan::kern90 {
@@ -285,7 +285,7 @@ struct Item {
 };
 
 // The CSR cursor of an item, restricted to [begin, begin + count).
-__device__ __forceinline__ kern::BlockCursor item_cursor(const FlexFwdParams& p, const Item& it) {
+__device__ __forceinline__ kern::BlockCursor item_cursor(const FwdParams& p, const Item& it) {
   const int hm = p.mask_per_head ? it.h : 0;
   const int64_t r = int64_t(hm) * p.view.num_q_blocks + __ldg(p.view.q_block_start + it.b) + it.qb;
   kern::BlockCursor cur{p.view.q2k_partial_kb, p.view.q2k_full_kb, __ldg(p.view.q2k_partial_ptr + r),
@@ -306,7 +306,7 @@ __device__ __forceinline__ kern::BlockCursor item_cursor(const FlexFwdParams& p,
 // ---------------------------------------------------------------------------
 
 template <int kD>
-__device__ __forceinline__ void producer(const FlexFwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+__device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                          const CUtensorMap* tm_v, uint32_t base, int32_t* s_item) {
   using L = FwdSm90Layout<kD>;
   const uint32_t bars = base + L::kBar;
@@ -321,8 +321,8 @@ __device__ __forceinline__ void producer(const FlexFwdParams& p, const CUtensorM
   for (uint32_t item_it = 0;; ++item_it) {
     Item it{-1, 0, 0, 0, 0, -1};
     if (p.split.items != nullptr) {
-      const int i = atomicAdd(p.split.hdr + FlexSplitSchedule::kCounter, 1);
-      if (i < p.split.hdr[FlexSplitSchedule::kTotal]) {
+      const int i = atomicAdd(p.split.hdr + SplitSchedule::kCounter, 1);
+      if (i < p.split.hdr[SplitSchedule::kTotal]) {
         const int4 x = reinterpret_cast<const int4*>(p.split.items)[i];
         const int32_t* task = p.view.tasks + 4 * int64_t(x.x);
         it = Item{__ldg(task + 0), __ldg(task + 1), __ldg(task + 2), x.y, x.z - x.y, x.w};
@@ -332,7 +332,7 @@ __device__ __forceinline__ void producer(const FlexFwdParams& p, const CUtensorM
       if (p.grid_mode) {
         if (i < p.view.num_q_blocks * task_heads) {
           const int gq = int(i % p.view.num_q_blocks);
-          const int b = kern::find_block_owner(p.view.q_block_start, p.num_batch, gq);
+          const int b = kern::find_block_owner(p.view.q_block_start, p.batch, gq);
           it = Item{gq - __ldg(p.view.q_block_start + b), int(i / p.view.num_q_blocks), b, 0, 0x7fffffff, -1};
         }
       } else if (i < p.view.num_tasks) {
@@ -389,7 +389,7 @@ __device__ __forceinline__ void producer(const FlexFwdParams& p, const CUtensorM
 // ---------------------------------------------------------------------------
 
 template <int kD, bool kBf16, bool kMaxLogit, bool kOverlap>
-__device__ __forceinline__ void consumer(const FlexFwdParams& p, uint32_t base, const int32_t* s_item) {
+__device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, const int32_t* s_item) {
   using L = FwdSm90Layout<kD>;
   constexpr int kNO = kD / 8;  // n8 blocks of O
   constexpr float kLn2 = 0.6931471805599453f;
@@ -596,7 +596,7 @@ __device__ __forceinline__ void consumer(const FlexFwdParams& p, uint32_t base, 
 // loaded binary's version before choosing this family: launch_fwd_sm90.cu).
 template <int kD, bool kBf16, bool kMaxLogit, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
-    flex_fwd_kernel_sm90(const __grid_constant__ FlexFwdParams p, const __grid_constant__ CUtensorMap tm_q,
+    flex_fwd_kernel_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = FwdSm90Layout<kD>;

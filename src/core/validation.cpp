@@ -1,4 +1,4 @@
-#include "api/validation.h"
+#include "core/validation.h"
 
 #include <cmath>
 #include <string>
@@ -78,7 +78,9 @@ void check_cu_seqlens_values(const std::vector<int32_t>& cu, const char* name, i
 }  // namespace
 
 void check_last_dim_contiguous(const TensorView& t, const char* name) {
-  FS_CHECK_ARG(t.ndim > 0 && (t.size(-1) <= 1 || t.stride(-1) == 1), name,
+  // An empty tensor has no element to read: any stride will do (autograd hands expanded,
+  // stride-0 gradients of empty outputs).
+  FS_CHECK_ARG(t.ndim > 0 && (t.size(-1) <= 1 || t.stride(-1) == 1 || t.numel() == 0), name,
                ": last dimension must be contiguous (stride 1), got stride ", t.ndim > 0 ? t.stride(-1) : 0);
 }
 
@@ -86,13 +88,6 @@ void check_head_dims_reference(int dqk, int dv) {
   FS_CHECK_SUPPORTED(dqk > 0 && dqk % 8 == 0 && dqk <= 256, "head_dim_qk: must be a multiple of 8 in [8, 256], got ",
                      dqk);
   FS_CHECK_SUPPORTED(dv > 0 && dv % 8 == 0 && dv <= 256, "head_dim_v: must be a multiple of 8 in [8, 256], got ", dv);
-}
-
-void check_head_dims_gpu(int dqk, int dv) {
-  check_head_dims_reference(dqk, dv);
-  const bool small = dqk <= 128 && dv <= 128;
-  FS_CHECK_SUPPORTED(small || (dqk == 192 && dv == 128) || (dqk == 256 && dv == 256), "(head_dim_qk, head_dim_v) = (",
-                     dqk, ", ", dv, ") is not supported on the GPU: each in {8, 16, ..., 128}, or (192, 128), or (256, 256)");
 }
 
 void check_softmax_scale(float scale, bool want_max_logit) {
@@ -131,6 +126,12 @@ FlexGeometry validate_plan_inputs(const PlanInputs& in, const int32_t* cu_q_host
   g.device = q.device;
   g.device_id = q.device_id;
   const int h = varlen ? 1 : 2;  // heads dimension
+  // Heads, head dims and B are ints in the plan: larger extents are errors, never truncated.
+  constexpr int64_t kIntMax = 2147483647;
+  FS_CHECK_ARG(q.size(h) <= kIntMax && k.size(h) <= kIntMax && v.size(h) <= kIntMax, "q, k, v: the number of heads ",
+               "must be below 2^31, got Hq = ", q.size(h), ", Hkv = ", k.size(h), ", v heads = ", v.size(h));
+  FS_CHECK_ARG(q.size(-1) <= kIntMax && v.size(-1) <= kIntMax, "q, v: head dims must be below 2^31, got Dqk = ",
+               q.size(-1), ", Dv = ", v.size(-1));
   g.num_heads_q = static_cast<int>(q.size(h));
   g.num_heads_kv = static_cast<int>(k.size(h));
   g.head_dim_qk = static_cast<int>(q.size(-1));
@@ -144,6 +145,9 @@ FlexGeometry validate_plan_inputs(const PlanInputs& in, const int32_t* cu_q_host
   check_head_dims_reference(g.head_dim_qk, g.head_dim_v);
 
   if (!varlen) {
+    // The seed's rule (ValueError): a BSHD call has at least one sequence.
+    FS_CHECK_ARG(q.size(0) >= 1 && q.size(0) <= kIntMax, "q: batch size B (dim 0) must be in [1, 2^31) for BSHD, got ",
+                 q.size(0));
     g.batch = static_cast<int>(q.size(0));
     g.max_seqlen_q = q.size(1);
     g.max_seqlen_k = k.size(1);
@@ -164,16 +168,17 @@ FlexGeometry validate_plan_inputs(const PlanInputs& in, const int32_t* cu_q_host
     FS_CHECK_ARG(v.size(0) == g.total_k, "v: total length ", v.size(0), " differs from k's ", g.total_k);
     FS_CHECK_ARG(in.cu_seqlens_q.ndim == 1 && in.cu_seqlens_q.size(0) >= 2,
                  "cu_seqlens_q: must be a 1-D int32 tensor [B+1] with B >= 1");
+    FS_CHECK_ARG(in.cu_seqlens_q.size(0) <= kIntMax, "cu_seqlens_q: B+1 must be below 2^31, got ",
+                 in.cu_seqlens_q.size(0));
     FS_CHECK_ARG(in.cu_seqlens_k.ndim == 1 && in.cu_seqlens_k.size(0) == in.cu_seqlens_q.size(0),
                  "cu_seqlens_k: must be a 1-D int32 tensor with as many elements as cu_seqlens_q (",
                  in.cu_seqlens_q.size(0), ")");
     check_same_device(in.cu_seqlens_q, "cu_seqlens_q", q);
     check_same_device(in.cu_seqlens_k, "cu_seqlens_k", q);
     g.batch = static_cast<int>(in.cu_seqlens_q.size(0) - 1);
-    FS_CHECK_ARG(in.max_seqlen_q > 0, "max_seqlen_q: is required for THD and must be positive, got ",
-                 in.max_seqlen_q);
-    FS_CHECK_ARG(in.max_seqlen_k > 0, "max_seqlen_k: is required for THD and must be positive, got ",
-                 in.max_seqlen_k);
+    // 0 is valid (the seed accepts it): every sample is then empty on that side.
+    FS_CHECK_ARG(in.max_seqlen_q >= 0, "max_seqlen_q: must be >= 0 for THD, got ", in.max_seqlen_q);
+    FS_CHECK_ARG(in.max_seqlen_k >= 0, "max_seqlen_k: must be >= 0 for THD, got ", in.max_seqlen_k);
     g.max_seqlen_q = in.max_seqlen_q;
     g.max_seqlen_k = in.max_seqlen_k;
     g.cu_seqlens_q = read_cu_seqlens(in.cu_seqlens_q, "cu_seqlens_q", g.batch + 1, cu_q_host);

@@ -1,0 +1,79 @@
+"""Issue 11's papercuts found by a new user: each fixed one has a test here (the others live next to
+the code they concern: test_seed_conformance.py for empty geometries and flag types)."""
+
+import os
+import subprocess
+
+import pytest
+import torch
+
+_REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_benchmark_workloads_are_in_the_repository():
+    path = os.path.join(_REPO, "docs", "BENCHMARK.md")
+    text = open(path).read()
+    for mask in ("causal", "document_causal", "local", "sink_local", "tree_dfs", "tree_bfs", "longformer", "hstu"):
+        assert f"`{mask}`" in text, mask
+
+
+def test_git_revision_of_an_installed_package_never_asks_the_folders_around_it(tmp_path, monkeypatch):
+    """An installed flashspan three folders below some other repository (a pyenv checkout) recorded
+    that repository's HEAD; now only a flashspan source checkout is asked."""
+    from flashspan.bench import report
+
+    other = tmp_path / "pyenv"
+    pkg = other / "versions" / "site-packages" / "flashspan"
+    pkg.mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(other)], check=True)
+    assert report.source_checkout(str(pkg)) is None
+    monkeypatch.delenv("FLASHSPAN_GIT_REVISION", raising=False)
+    rev = report.git_revision(None)
+    assert rev == "unknown" or rev.endswith("(recorded at build time)")
+    monkeypatch.setenv("FLASHSPAN_GIT_REVISION", "abc123")
+    if rev == "unknown":
+        assert report.git_revision(None) == "abc123 (from $FLASHSPAN_GIT_REVISION)"
+    # This checkout's own package is recognised as a source checkout.
+    assert report.source_checkout(os.path.join(_REPO, "python", "flashspan")) == _REPO
+
+
+def test_chart_uses_tflops_with_values_and_a_legend_on_every_panel(tmp_path):
+    pytest.importorskip("matplotlib")
+    from flashspan.bench import report
+    import matplotlib.pyplot as plt
+
+    rows = [dict(workload=w, backend=b, phase=ph, tflops=t, status="ok")
+            for ph in ("forward", "backward") for w, t in (("causal", 0.012), ("local", 0.004))
+            for b in ("flashspan", "flex")]
+    captured = {}
+    real_savefig = plt.Figure.savefig
+
+    def spy(fig, *a, **kw):
+        captured["fig"] = fig
+        return real_savefig(fig, *a, **kw)
+
+    plt.Figure.savefig = spy
+    try:
+        assert report.write_chart(str(tmp_path / "c.png"), rows, "t") is None
+    finally:
+        plt.Figure.savefig = real_savefig
+    axes = captured["fig"].axes
+    assert len(axes) == 2
+    for ax in axes:
+        assert ax.get_ylabel().startswith("TFLOP/s")
+        assert ax.get_legend() is not None
+        labels = [t.get_text() for t in ax.texts]
+        assert "0.012" in labels and "0.004" in labels
+    assert os.path.getsize(tmp_path / "c.png") > 0
+
+
+def test_readme_quick_start_gives_every_input_a_gradient():
+    text = open(os.path.join(_REPO, "README.md")).read()
+    start = text.index("## Python quick start")
+    code = text[text.index("```python", start) + len("```python"):text.index("```", text.index("```python", start) + 9)]
+    code = code.replace('device="cuda"', 'device="cpu"').replace("4096", "64").replace("128", "16")
+    code = code.replace("torch.bfloat16", "torch.float32")
+    scope = {}
+    exec(compile(code, "README quick start", "exec"), scope)
+    for name in ("q", "k", "v"):
+        assert scope[name].grad is not None, f"{name}.grad is None after the quick start's backward()"
