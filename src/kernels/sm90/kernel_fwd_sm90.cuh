@@ -43,6 +43,14 @@
 // log, -inf for empty rows) and reduce max_logit with atomics; items of split tasks write
 // the unnormalised fp32 O, the running max (log2 units) and row sum into their workspace
 // slot (FwdSplit) for the combine kernel (launch_fwd_sm90.cu).
+//
+// Why raw PTX (inline asm: wgmma_sm90.inc, the mbarrier / TMA / setmaxnreg wrappers below) and
+// not CuTe from the pinned nvidia-cutlass headers: the kernel needs only a handful of Hopper
+// instructions (four wgmma forms, one TMA load form, mbarrier init/arrive/expect_tx/try_wait,
+// setmaxnreg, fences), each checked on an H200 (HOPPER_BRIEF.md); written out, the register
+// order of every fragment stays explicit, which is what lets the plan's payload words map onto
+// the accumulator registers with compile-time bit indices; and the build needs no extra header
+// package and none of CuTe's template compile time (the CPU CI builds every CUDA file on 2 cores).
 #pragma once
 
 #include <cuda.h>
