@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   BENCH_CUDA(cudaGetDeviceProperties(&prop, 0));
   std::printf("device: %s, S=%lld, B=1, Hq=Hkv=%d, Hmask=%d, runs=%d (median)\n", prop.name,
               static_cast<long long>(S), heads, hmask, runs);
-  std::printf("%-16s %5s %11s %12s %10s %11s %12s %10s %10s %12s %14s %14s", "mask", "nfunc", "fwd_part", "fwd_full",
+  std::printf("%-16s %5s %11s %12s %10s %11s %12s %10s %10s %12s %14s %14s %14s", "mask", "nfunc", "fwd_part", "fwd_full",
               "fwd_runs", "bwd_part", "bwd_full", "bwd_runs", "k2q_runs", "fwd_ms", "fwdbwd_ms", "bytes_f",
               "bytes_fb");
   if (host) std::printf(" %12s", "host_fb_ms");
