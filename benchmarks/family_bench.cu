@@ -20,9 +20,10 @@
 #include <string>
 #include <vector>
 
-#include "api/validation.h"
+#include "core/validation.h"
 #include "core/geometry.h"
-#include "kernels/flex_launch.h"
+#include "dispatch/family.h"
+#include "dispatch/flex_launch.h"
 #include "kernels/sm90/launch_sm90.h"
 #include "plan/planner.h"
 #include "planner_masks.h"

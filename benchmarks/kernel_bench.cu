@@ -22,7 +22,7 @@
 #include <cmath>
 #include <string>
 
-#include "api/validation.h"
+#include "core/validation.h"
 #include "core/geometry.h"
 #include "core/half_conv.h"
 #define FS_CRITERIA_NO_GTEST

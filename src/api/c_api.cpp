@@ -10,11 +10,12 @@
 #include <string>
 
 #include "api/guard.h"
-#include "api/validation.h"
+#include "core/validation.h"
 #include "core/error.h"
 #include "core/tensor_view.h"
 #include "flashspan/flashspan.h"
-#include "kernels/flex_launch.h"
+#include "dispatch/family.h"
+#include "dispatch/flex_launch.h"
 #include "plan/mask_plan.h"
 #include "plan/planner.h"
 #include "reference/reference.h"

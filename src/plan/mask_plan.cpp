@@ -1,4 +1,4 @@
-// MaskPlan accessors, the consumer table and the plan layout shared by both planners.
+// MaskPlan accessors and the plan layout shared by both planners.
 #include "plan/mask_plan.h"
 
 #include <cstdio>
@@ -14,50 +14,6 @@
 #endif
 
 namespace flashspan {
-
-Consumer consumer_for(int arch, int head_dim_qk, int head_dim_v) {
-  Consumer c;
-  c.arch = arch;
-  c.layout = PayloadLayout::kM16N64Frag;
-  const bool small = head_dim_qk <= 128 && head_dim_v <= 128;
-  if (arch == 80) {
-    // 128x64 keeps the Q tile plus two K/V stages inside sm80 shared memory up to D=192;
-    // (256, 256) needs the smaller 64-row Q tile. Larger dims than the GPU kernels support
-    // (CPU plans only) take the smallest tile too.
-    if (small || (head_dim_qk == 192 && head_dim_v == 128)) {
-      c.fwd_block_q = 128;
-      c.fwd_block_k = 64;
-    } else {
-      c.fwd_block_q = 64;
-      c.fwd_block_k = 64;
-    }
-    // Backward: 64 query rows x 128 keys up to D=128. For (192,128) and (256,256) the dK/dV
-    // kernel keeps both accumulators of its keys in registers, which only fits with 64 keys
-    // per block (the sm80 dK/dV kernel then splits the head dim over two warps).
-    c.bwd_block_q = 64;
-    c.bwd_block_k = small ? 128 : 64;
-  } else if (arch == 90) {
-    // Placeholder for the Hopper kernels: two consumer warpgroups of 64 rows each, 128 keys.
-    c.fwd_block_q = 128;
-    c.fwd_block_k = 128;
-    c.bwd_block_q = 64;
-    c.bwd_block_k = 128;
-  } else {
-    FS_CHECK_SUPPORTED(false, "arch: no kernel family for architecture ", arch, " (80 or 90 expected)");
-  }
-  return c;
-}
-
-Consumer consumer_for_plan(int arch, const FlexGeometry& g, bool pack_gqa) {
-  Consumer c = consumer_for(arch, g.head_dim_qk, g.head_dim_v);
-  const int G = g.num_heads_kv > 0 ? g.group_size() : 1;
-  if (arch == 80 && pack_gqa && G > 1 && g.head_dim_qk <= 128 && g.head_dim_v <= 128 &&
-      int64_t(g.max_seqlen_q) * G <= kDecodeBlockQ) {
-    c.fwd_block_q = kDecodeBlockQ;
-    c.fwd_block_k = 64;
-  }
-  return c;
-}
 
 MaskPlan::~MaskPlan() {
 #ifdef FLASHSPAN_WITH_CUDA
@@ -91,7 +47,7 @@ PlanViewPtrs MaskPlan::fwd_view() const {
   v.q2k_partial_kb = array("fwd_q2k_partial_kb");
   v.q2k_partial_bits = reinterpret_cast<const uint32_t*>(array("fwd_q2k_partial_bits"));
   v.q2k_full_ptr = array("fwd_q2k_full_ptr");
-  v.q2k_full_kb = array("fwd_q2k_full_kb");
+  v.q2k_full_runs = array("fwd_q2k_full_runs");
   v.tasks = array("fwd_tasks");
   v.num_tasks = counts.num_tasks;
   return v;
@@ -113,12 +69,12 @@ PlanViewPtrs MaskPlan::bwd_view() const {
   v.q2k_partial_kb = array("bwd_q2k_partial_kb");
   v.q2k_partial_bits = reinterpret_cast<const uint32_t*>(array("bwd_q2k_partial_bits"));
   v.q2k_full_ptr = array("bwd_q2k_full_ptr");
-  v.q2k_full_kb = array("bwd_q2k_full_kb");
+  v.q2k_full_runs = array("bwd_q2k_full_runs");
   v.k2q_partial_ptr = array("bwd_k2q_partial_ptr");
   v.k2q_partial_qb = array("bwd_k2q_partial_qb");
   v.k2q_partial_idx = array("bwd_k2q_partial_idx");
   v.k2q_full_ptr = array("bwd_k2q_full_ptr");
-  v.k2q_full_qb = array("bwd_k2q_full_qb");
+  v.k2q_full_runs = array("bwd_k2q_full_runs");
   v.tasks = array("bwd_tasks");
   v.num_tasks = counts.num_bwd_tasks;
   return v;
@@ -142,9 +98,6 @@ std::string PlanSignature::to_string(const FlexGeometry& g) const {
   return s;
 }
 
-bool choose_pack_gqa(const FlexGeometry& g, const Consumer& c) {
-  return g.num_heads_kv > 0 && g.group_size() > 1 && g.max_seqlen_q < c.fwd_block_q;
-}
 
 // ---------------------------------------------------------------------------
 // Shared planner helpers (plan_layout.h)
@@ -184,9 +137,9 @@ void check_plan_request(const PlanRequest& req) {
 void check_list_entries(const char* view, const char* list, int64_t entries, int bq, int bk, int mask_heads) {
   FS_CHECK_SUPPORTED(entries >= 0 && entries <= kMaxListEntries, "mask_func: the ", view, " view (tile ", bq, "x",
                      bk, ", ", mask_heads, " mask head", mask_heads == 1 ? "" : "s", ") would list ", entries, " ",
-                     list, " blocks, more than the plan format's limit of ", kMaxListEntries,
+                     list, " entries, more than the plan format's limit of ", kMaxListEntries,
                      " (2^31 - 1) entries per list; use fewer mask heads (Hmask = 1), shorter sequences",
-                     std::string(view) == "backward" ? ", or build_backward=False" : "");
+                     std::string(view).rfind("backward", 0) == 0 ? ", or build_backward=False" : "");
 }
 
 void assign_plan_layout(MaskPlan& plan, bool keep_mask) {
@@ -195,11 +148,13 @@ void assign_plan_layout(MaskPlan& plan, bool keep_mask) {
   const Consumer& c = plan.signature.consumer;
   check_list_entries("forward", "partial", n.fwd_partial, c.fwd_block_q, c.fwd_block_k,
                      fwd_mask_heads(g, plan.signature.pack_gqa));
-  check_list_entries("forward", "full", n.fwd_full, c.fwd_block_q, c.fwd_block_k,
+  check_list_entries("forward", "full-run", n.fwd_full_runs, c.fwd_block_q, c.fwd_block_k,
                      fwd_mask_heads(g, plan.signature.pack_gqa));
   if (plan.signature.has_backward) {
     check_list_entries("backward", "partial", n.bwd_partial, c.bwd_block_q, c.bwd_block_k, g.num_heads_mask);
-    check_list_entries("backward", "full", n.bwd_full, c.bwd_block_q, c.bwd_block_k, g.num_heads_mask);
+    check_list_entries("backward", "full-run", n.bwd_full_runs, c.bwd_block_q, c.bwd_block_k, g.num_heads_mask);
+    check_list_entries("backward K2Q", "full-run", n.bwd_k2q_full_runs, c.bwd_block_q, c.bwd_block_k,
+                       g.num_heads_mask);
   }
   FS_CHECK_SUPPORTED(n.num_tasks >= 0 && n.num_tasks <= kMaxListEntries && n.num_bwd_tasks >= 0 &&
                          n.num_bwd_tasks <= kMaxListEntries,
@@ -220,7 +175,7 @@ void assign_plan_layout(MaskPlan& plan, bool keep_mask) {
   add("fwd_q2k_partial_ptr", Hmv * n.fwd_num_q_blocks + 1);
   add("fwd_q2k_full_ptr", Hmv * n.fwd_num_q_blocks + 1);
   add("fwd_q2k_partial_kb", n.fwd_partial);
-  add("fwd_q2k_full_kb", n.fwd_full);
+  add("fwd_q2k_full_runs", 2 * n.fwd_full_runs);
   add("fwd_tasks", 4 * n.num_tasks);
   add("fwd_q2k_partial_bits", n.fwd_partial * payload_words(c.fwd_block_q, c.fwd_block_k));
   if (plan.signature.has_backward) {
@@ -229,12 +184,12 @@ void assign_plan_layout(MaskPlan& plan, bool keep_mask) {
     add("bwd_q2k_partial_ptr", Hm * n.bwd_num_q_blocks + 1);
     add("bwd_q2k_full_ptr", Hm * n.bwd_num_q_blocks + 1);
     add("bwd_q2k_partial_kb", n.bwd_partial);
-    add("bwd_q2k_full_kb", n.bwd_full);
+    add("bwd_q2k_full_runs", 2 * n.bwd_full_runs);
     add("bwd_k2q_partial_ptr", Hm * n.bwd_num_k_blocks + 1);
     add("bwd_k2q_full_ptr", Hm * n.bwd_num_k_blocks + 1);
     add("bwd_k2q_partial_qb", n.bwd_partial);
     add("bwd_k2q_partial_idx", n.bwd_partial);
-    add("bwd_k2q_full_qb", n.bwd_full);
+    add("bwd_k2q_full_runs", 2 * n.bwd_k2q_full_runs);
     add("bwd_tasks", 4 * n.num_bwd_tasks);
     add("bwd_q2k_partial_bits", n.bwd_partial * payload_words(c.bwd_block_q, c.bwd_block_k));
   }

@@ -17,17 +17,28 @@
 //   full    — every element (all Bq x Bk of them) is visible and inside both sequences;
 //   partial — anything else: listed with a payload (payload_layout.h), bit = 1 iff the
 //             element is visible and inside both sequences.
-// Lists inside a row are sorted by ascending block index.
+// Partial blocks are listed one entry each, sorted by ascending block index. Full blocks are
+// listed as RUNS (plan format 2): maximal ranges [first, end) of consecutive full blocks,
+// ascending, disjoint and non-adjacent, so a row's full blocks cost one pair per run. For an
+// interval mask a query block's full key blocks are a union of at most (nfunc+1)/2 runs, so
+// the Q2K full lists grow with query blocks x nfunc, not with visible blocks (a causal row
+// is one run). Kernels read a row through one cursor (kernels/common/block_range.cuh): its
+// partial entries first, then its full runs.
 //
 // Arrays of a view (prefix "fwd_" or "bwd_"):
 //   q_block_start [B+1], k_block_start [B+1]
 //   q2k_partial_ptr [Hmask*NQB+1], q2k_partial_kb [nnz_p]   (sample-local key block index)
 //   q2k_partial_bits [nnz_p * Bq*Bk/32]                      (payload of the pair, CSR order)
-//   q2k_full_ptr [Hmask*NQB+1], q2k_full_kb [nnz_f]
+//   q2k_full_ptr [Hmask*NQB+1] (run index), q2k_full_runs [2 * runs_f]
+//     (pairs first, end: sample-local key blocks, end exclusive)
 // Backward view only (transposed relation, for dK/dV):
 //   k2q_partial_ptr [Hmask*NKB+1], k2q_partial_qb [nnz_p], k2q_partial_idx [nnz_p]
 //     (k2q_partial_idx = index of the same pair in q2k_partial_kb, i.e. its payload)
-//   k2q_full_ptr [Hmask*NKB+1], k2q_full_qb [nnz_f]
+//   k2q_full_ptr [Hmask*NKB+1] (run index), k2q_full_runs [2 * runs_k2q]
+//     (pairs first, end: sample-local query blocks; the maximal runs of query blocks whose
+//     Q2K full runs contain the key block)
+// Every list index (CSR pointers, entry and run indices) is int32: one list holds at most
+// 2^31 - 1 entries or runs (plan_layout.h, kMaxListEntries; larger plans are refused).
 // Schedules (for persistent kernels), 4 int32 per task, ordered by cost (number of
 // partial + full blocks) descending, ties by (batch, head, block) ascending:
 //   fwd_tasks [num_tasks*4]: {local query block, query head, batch, cost}, over all Hq heads
@@ -67,6 +78,7 @@
 
 #include "core/geometry.h"
 #include "kernels/common/payload_layout.h"
+#include "kernels/common/plan_view.h"
 
 namespace flashspan {
 
@@ -85,24 +97,6 @@ struct Consumer {
   }
 };
 
-// The consumer a kernel family uses for these head dims (one shared table: planner and
-// dispatch both call it). arch 80 or 90.
-Consumer consumer_for(int arch, int head_dim_qk, int head_dim_v);
-
-// Rows of the sm80 decode forward tile (kDecodeBlockQ x 64, one warp; consumer_for_plan).
-inline constexpr int kDecodeBlockQ = 16;
-
-// The consumer of a plan: consumer_for(arch, dims), except that an arch-80 packed-GQA plan
-// (pack_gqa and G = Hq / Hkv > 1) whose packed rows per sample fit one decode tile
-// (max_seqlen_q * G <= kDecodeBlockQ) with head dims <= 128 gets the decode forward tile
-// kDecodeBlockQ x 64 (backward tile unchanged). Why: a decode block fills only G * Sq of the
-// default tile's 128 rows, so the mma work of the 128-row tile is mostly padding (about 0.2
-// ms of an H200 for B=4, Sk=32K, 32 kv heads, Sq=1, G=4, against 0.11 ms to read K/V); the
-// 16-row tile cuts it 8x and leaves the kernel bound by the K/V reads. Above 16 rows the
-// 16-row tile would need two blocks per kv head, each reading K/V again, so the default tile
-// is kept there. Throws as consumer_for does for an unknown arch.
-Consumer consumer_for_plan(int arch, const FlexGeometry& g, bool pack_gqa);
-
 struct PlanArray {
   std::string name;
   int64_t offset = 0;  // in int32 elements from the buffer start
@@ -111,9 +105,11 @@ struct PlanArray {
 
 struct PlanCounts {
   int64_t fwd_num_q_blocks = 0, fwd_num_k_blocks = 0;
-  int64_t fwd_partial = 0, fwd_full = 0;
+  int64_t fwd_partial = 0, fwd_full = 0;  // blocks (summed over the view's CSR heads)
+  int64_t fwd_full_runs = 0;              // entries of fwd_q2k_full_runs / 2
   int64_t bwd_num_q_blocks = 0, bwd_num_k_blocks = 0;
   int64_t bwd_partial = 0, bwd_full = 0;
+  int64_t bwd_full_runs = 0, bwd_k2q_full_runs = 0;
   int64_t visible_pairs = 0;  // visible (q, k) pairs summed over mask heads (as the C ABI reports)
   int64_t num_tasks = 0, num_bwd_tasks = 0;
 };
@@ -133,28 +129,6 @@ inline int fwd_pack_group(const FlexGeometry& g, bool pack_gqa) { return pack_gq
 inline int fwd_mask_heads(const FlexGeometry& g, bool pack_gqa) {
   return g.num_heads_mask == 1 ? 1 : g.num_heads_mask / fwd_pack_group(g, pack_gqa);
 }
-
-// Raw pointers of one view, as kernels see them (device or host pointers).
-struct PlanViewPtrs {
-  int32_t block_q = 0, block_k = 0;
-  int32_t pack_group = 1;      // G of a packed forward view, else 1 (rows are packed rows)
-  int32_t num_mask_heads = 0;  // CSR mask heads (Hmask, or Hmv of a packed forward view)
-  int64_t num_q_blocks = 0, num_k_blocks = 0;  // NQB, NKB over all samples
-  const int32_t* q_block_start = nullptr;
-  const int32_t* k_block_start = nullptr;
-  const int32_t* q2k_partial_ptr = nullptr;
-  const int32_t* q2k_partial_kb = nullptr;
-  const uint32_t* q2k_partial_bits = nullptr;
-  const int32_t* q2k_full_ptr = nullptr;
-  const int32_t* q2k_full_kb = nullptr;
-  const int32_t* k2q_partial_ptr = nullptr;  // backward view only
-  const int32_t* k2q_partial_qb = nullptr;
-  const int32_t* k2q_partial_idx = nullptr;
-  const int32_t* k2q_full_ptr = nullptr;
-  const int32_t* k2q_full_qb = nullptr;
-  const int32_t* tasks = nullptr;            // fwd_tasks or bwd_tasks
-  int64_t num_tasks = 0;
-};
 
 class MaskPlan {
  public:

@@ -15,28 +15,20 @@ struct PlanRequest {
   bool pack_gqa = false;  // packed-GQA forward view (mask_plan.h); ignored when Hq == Hkv
 };
 
-// The default for pack_gqa = -1 ("choose"): true iff G = Hq / Hkv > 1 and
-// max_seqlen_q < c.fwd_block_q. Why: an unpacked forward query block holds one query head's
-// rows, so when every sample is shorter than the tile (decode, short prefill chunks) most of
-// the Bq rows are padding and each of the G query heads re-reads the same K/V tiles. Packing
-// the G heads' rows into one tile fills it up to G times better and reads K/V once per kv
-// head. For longer queries the unpacked tiles are already full (the group's K/V re-reads
-// mostly hit L2) and, with Hmask = Hq, packing mixes different mask heads' rows in one tile
-// (fewer full blocks), so it is not chosen; callers can still force it (pack_gqa = 1).
-bool choose_pack_gqa(const FlexGeometry& g, const Consumer& c);
-
 // Host planner (CPU plans, and the oracle for the CUDA planner). `mask` is host memory,
 // contiguous [Hmask, nfunc, total_q]; endpoints are validated here (same messages as the
 // CUDA planner). The plan keeps a copy of the endpoints for the CPU backend when
 // keep_mask is true.
 std::unique_ptr<MaskPlan> build_mask_plan_host(const PlanRequest& req, const int32_t* mask, bool keep_mask);
 
-// CUDA planner: classify -> count and scan -> read one small header back (exact sizes,
-// device-side validation errors raised as flashspan::Error) -> materialise. `mask` is
-// device memory, contiguous [Hmask, nfunc, total_q]. Runs on `stream` (cudaStream_t).
-// Defined only when built with CUDA (FLASHSPAN_WITH_CUDA).
-// The plan's arrays are written in stream order on `stream` (the call synchronizes once, for
-// the header); scratch is allocated and freed inside the call. Runs on the current device.
+// CUDA planner: classify -> count and scan -> read a small header back (exact 64-bit sizes,
+// device-side validation errors and format-limit errors raised as flashspan::Error) ->
+// materialise. `mask` is device memory, contiguous [Hmask, nfunc, total_q]. Runs on
+// `stream` (cudaStream_t). Defined only when built with CUDA (FLASHSPAN_WITH_CUDA).
+// The plan's arrays are written in stream order on `stream` (the call synchronizes once for
+// the header, and a second time with backward, for the K2Q full-run count); scratch is
+// allocated and freed inside the call. Runs on the current device. Allocation failures are
+// Error(kOutOfMemory) naming the allocation and its bytes; the CUDA context stays usable.
 std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int32_t* mask, void* stream);
 
 #ifdef FLASHSPAN_WITH_CUDA

@@ -22,7 +22,7 @@
 #include <limits>
 #include <vector>
 
-#include "api/validation.h"
+#include "core/validation.h"
 #include "core/error.h"
 #include "core/half_conv.h"
 #include "reference/parallel_for.h"

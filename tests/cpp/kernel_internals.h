@@ -5,8 +5,9 @@
 // validation used to build geometries comes through test_util.h.)
 #pragma once
 
-#include "kernels/flex_launch.h"
+#include "dispatch/family.h"
+#include "dispatch/flex_launch.h"
 #ifdef FLASHSPAN_WITH_CUDA
-#include "kernels/sm80/launch_common_sm80.h"
+#include "dispatch/workspace.h"
 #include "kernels/sm90/launch_sm90.h"
 #endif

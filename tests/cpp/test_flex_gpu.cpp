@@ -13,7 +13,7 @@
 // random_softmax_scale: default, zero, random positive, negative when max_logit is off).
 // Outputs and both workspaces are NaN / 0xFF-poisoned before every launch.
 // Strided tensors keep NaN padding (no stray writes).
-// Split-schedule cases (non-deterministic backward, src/kernels/sm80/bwd_split_sm80.cuh) use
+// Split-schedule cases (non-deterministic backward, src/kernels/common/bwd_split.cuh) use
 // masks with long K2Q lists and also read the schedule header from the workspace to prove
 // that some dK/dV task was really split.
 // Skips when no CUDA device is visible (or the build has no CUDA).
@@ -34,12 +34,14 @@
 #endif
 
 #include "error_criteria.h"
+#include "gpu_harness.h"
 #include "kernel_internals.h"
 #include "mask_gen.h"
 #include "plan/plan_layout.h"
 #include "plan/planner.h"
 #include "planner_masks.h"
 #include "reference/reference.h"
+#include "gpu_harness.h"
 #include "test_util.h"
 
 namespace flashspan::test {
@@ -50,99 +52,6 @@ namespace {
 TEST(FlexGpu, Skipped) { GTEST_SKIP() << "flashspan was built without CUDA"; }
 
 #else
-
-bool gpu_available() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
-}
-
-#define REQUIRE_GPU()                                                      \
-  do {                                                                     \
-    if (!gpu_available()) GTEST_SKIP() << "no CUDA device is visible";     \
-  } while (0)
-
-void cuda_ok(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
-}
-
-// Owned device allocation.
-struct DevBuf {
-  void* p = nullptr;
-  size_t bytes = 0;
-  explicit DevBuf(size_t n = 0) : bytes(n) {
-    if (n) cuda_ok(cudaMalloc(&p, n), "cudaMalloc");
-  }
-  ~DevBuf() {
-    if (p) cudaFree(p);
-  }
-  DevBuf(const DevBuf&) = delete;
-  DevBuf& operator=(const DevBuf&) = delete;
-};
-
-// Elements spanned by a strided view (0 for an empty one).
-int64_t extent(const TensorView& v) {
-  if (v.numel() == 0) return 0;
-  int64_t e = 1;
-  for (int d = 0; d < v.ndim; ++d) e += (v.shape[d] - 1) * v.strides[d];
-  return e;
-}
-
-// Device twin of a host tensor (same strides).
-struct DevTensor {
-  std::unique_ptr<DevBuf> buf;
-  TensorView view;
-  size_t bytes = 0;
-};
-
-DevTensor dev_like(const HostTensor& h, bool copy) {
-  DevTensor d;
-  d.bytes = size_t(extent(h.view())) * dtype_size(h.dtype());
-  d.buf = std::make_unique<DevBuf>(d.bytes ? d.bytes : 16);
-  d.view = h.view();
-  d.view.data = d.buf->p;
-  d.view.device = DeviceType::kCUDA;
-  d.view.device_id = 0;
-  if (copy && d.bytes) cuda_ok(cudaMemcpy(d.buf->p, h.view().data, d.bytes, cudaMemcpyHostToDevice), "upload");
-  if (!copy) cuda_ok(cudaMemset(d.buf->p, 0xff, d.buf->bytes), "poison");  // NaN in fp16/bf16/fp32
-  return d;
-}
-
-void poison(DevTensor& d, cudaStream_t s = nullptr) {
-  cuda_ok(cudaMemsetAsync(d.buf->p, 0xff, d.buf->bytes, s), "poison");
-}
-
-void download(const DevTensor& d, HostTensor& h) {
-  h.poison();
-  if (d.bytes) cuda_ok(cudaMemcpy(h.view().data, d.buf->p, d.bytes, cudaMemcpyDeviceToHost), "download");
-}
-
-std::vector<uint8_t> raw_bytes(const DevTensor& d) {
-  std::vector<uint8_t> out(d.bytes);
-  if (d.bytes) cuda_ok(cudaMemcpy(out.data(), d.buf->p, d.bytes, cudaMemcpyDeviceToHost), "download");
-  return out;
-}
-
-// Copies a host plan to the device (the CUDA planner's output has the same layout).
-// `drop_tasks` hides the task schedules, which makes the kernels run in grid mode.
-std::unique_ptr<MaskPlan> upload_plan(const MaskPlan& host, bool drop_tasks = false) {
-  auto d = std::make_unique<MaskPlan>();
-  d->geometry = host.geometry;
-  d->geometry.device = DeviceType::kCUDA;
-  d->geometry.device_id = 0;
-  d->signature = host.signature;
-  d->counts = host.counts;
-  if (drop_tasks) d->counts.num_tasks = d->counts.num_bwd_tasks = 0;
-  d->arrays = host.arrays;
-  d->buffer_elements = host.buffer_elements;
-  const size_t bytes = size_t(std::max<int64_t>(host.buffer_elements, 1)) * sizeof(int32_t);
-  cuda_ok(cudaMalloc(&d->device_buffer, bytes), "cudaMalloc(plan)");
-  if (host.buffer_elements > 0) {
-    cuda_ok(cudaMemcpy(d->device_buffer, host.host_buffer.data(), size_t(host.buffer_elements) * sizeof(int32_t),
-                       cudaMemcpyHostToDevice),
-            "upload plan");
-  }
-  return d;
-}
 
 // ---------------------------------------------------------------------------
 // A test case
@@ -521,21 +430,21 @@ void run_case(const Case& case_in) {
   EXPECT_EQ(f->out.padding_changed(), 0) << "out: stray writes";
   EXPECT_EQ(f->lse.padding_changed(), 0) << "lse: stray writes";
   if (c.expect_fwd_split) {
-    // Schedule header (FlexSplitSchedule): {items, counter, chunk, slots}.
+    // Schedule header (SplitSchedule): {items, counter, chunk, slots}.
     const Consumer& pc = p.plan->signature.consumer;
-    const sm80::FwdWorkspaceLayout wl =
-        sm80::fwd_workspace_layout(p.gd, p.plan->signature.pack_gqa, pc.fwd_block_q, pc.fwd_block_k);
+    const FwdWorkspaceLayout wl =
+        fwd_workspace_layout(p.gd, p.plan->signature.pack_gqa, pc.fwd_block_q, pc.fwd_block_k);
     ASSERT_GT(wl.total, 0u) << "no forward workspace for this geometry";
-    int32_t hdr[FlexSplitSchedule::kHdrInts] = {};
+    int32_t hdr[SplitSchedule::kHdrInts] = {};
     ASSERT_EQ(cudaMemcpy(hdr, static_cast<char*>(f->ws->p) + wl.hdr, sizeof(hdr), cudaMemcpyDeviceToHost),
               cudaSuccess);
-    EXPECT_GT(hdr[FlexSplitSchedule::kNumSplit], 0) << "no forward task was split (chunk "
-                                                    << hdr[FlexSplitSchedule::kChunk] << ")";
-    EXPECT_LE(hdr[FlexSplitSchedule::kNumSplit], wl.max_slots) << "slots";
-    EXPECT_GT(hdr[FlexSplitSchedule::kTotal], p.plan->counts.num_tasks) << "items";
-    EXPECT_LE(hdr[FlexSplitSchedule::kTotal], wl.max_items) << "items";
-    EXPECT_GT(hdr[FlexSplitSchedule::kCounter], hdr[FlexSplitSchedule::kTotal]) << "claim counter";
-    EXPECT_LE(hdr[FlexSplitSchedule::kCounter], hdr[FlexSplitSchedule::kTotal] + FlexSplitSchedule::kMaxCtas)
+    EXPECT_GT(hdr[SplitSchedule::kNumSplit], 0) << "no forward task was split (chunk "
+                                                    << hdr[SplitSchedule::kChunk] << ")";
+    EXPECT_LE(hdr[SplitSchedule::kNumSplit], wl.max_slots) << "slots";
+    EXPECT_GT(hdr[SplitSchedule::kTotal], p.plan->counts.num_tasks) << "items";
+    EXPECT_LE(hdr[SplitSchedule::kTotal], wl.max_items) << "items";
+    EXPECT_GT(hdr[SplitSchedule::kCounter], hdr[SplitSchedule::kTotal]) << "claim counter";
+    EXPECT_LE(hdr[SplitSchedule::kCounter], hdr[SplitSchedule::kTotal] + SplitSchedule::kMaxCtas)
         << "claim counter";
     // A second run (poisoned outputs, used workspace) is bitwise identical: items are
     // merged in list order whichever CTA ran them.
@@ -564,18 +473,18 @@ void run_case(const Case& case_in) {
   EXPECT_EQ(b->dk.padding_changed(), 0) << "dk: stray writes";
   EXPECT_EQ(b->dv.padding_changed(), 0) << "dv: stray writes";
   if (c.expect_split) {
-    // Schedule header (FlexBwdSplit): {items, counter, chunk, split tasks}.
+    // Schedule header (BwdSplit): {items, counter, chunk, split tasks}.
     ASSERT_FALSE(c.deterministic) << "split schedules exist only on the non-deterministic path";
-    const sm80::BwdWorkspaceLayout wl = sm80::bwd_workspace_layout(p.gd, false);
-    int32_t hdr[FlexBwdSplit::kHdrInts] = {};
+    const BwdWorkspaceLayout wl = bwd_workspace_layout(p.gd, false);
+    int32_t hdr[BwdSplit::kHdrInts] = {};
     ASSERT_EQ(cudaMemcpy(hdr, static_cast<char*>(b->ws->p) + wl.hdr, sizeof(hdr), cudaMemcpyDeviceToHost),
               cudaSuccess);
-    EXPECT_GT(hdr[FlexBwdSplit::kNumSplit], 0) << "no dK/dV task was split (chunk " << hdr[FlexBwdSplit::kChunk]
+    EXPECT_GT(hdr[BwdSplit::kNumSplit], 0) << "no dK/dV task was split (chunk " << hdr[BwdSplit::kChunk]
                                                << ")";
-    EXPECT_GT(hdr[FlexBwdSplit::kTotal], p.plan->counts.num_bwd_tasks) << "items";
+    EXPECT_GT(hdr[BwdSplit::kTotal], p.plan->counts.num_bwd_tasks) << "items";
     // Every item claimed, then one failed claim per persistent CTA.
-    EXPECT_GT(hdr[FlexBwdSplit::kCounter], hdr[FlexBwdSplit::kTotal]) << "claim counter";
-    EXPECT_LE(hdr[FlexBwdSplit::kCounter], hdr[FlexBwdSplit::kTotal] + FlexBwdSplit::kMaxCtas) << "claim counter";
+    EXPECT_GT(hdr[BwdSplit::kCounter], hdr[BwdSplit::kTotal]) << "claim counter";
+    EXPECT_LE(hdr[BwdSplit::kCounter], hdr[BwdSplit::kTotal] + BwdSplit::kMaxCtas) << "claim counter";
   }
 }
 
@@ -1640,7 +1549,7 @@ TEST(FlexGpu, PackedFwdWorkspaceBound) {
     const FlexGeometry g = make_thd_geometry(lq, lk, h);
     for (bool pack : {false, true}) {
       for (int bq : {128, kDecodeBlockQ}) {
-        const sm80::FwdWorkspaceLayout wl = sm80::fwd_workspace_layout(g, pack, bq, 64);
+        const FwdWorkspaceLayout wl = fwd_workspace_layout(g, pack, bq, 64);
         const int64_t P = pack ? G : 1;
         int64_t nqb = 0;
         for (int b = 0; b < B; ++b) nqb += (lq[b] * P + bq - 1) / bq;
@@ -1819,8 +1728,9 @@ TEST(FlexGpu, SupportChecks) {
 // Long-context plans (issue 17). The CUDA planner on causal endpoints at S = 1,048,576 with
 // Hq = Hmask = 64 (forward only and with backward) and S = 4,194,304 with Hmask = 8 -- sizes
 // whose per-block lists passed 2^31 entries and crashed the process with an illegal memory
-// access. The plan must build, or raise the documented Error(kNotSupported) naming the
-// format limit when its lists really exceed it; its counts must equal the closed-form causal
+// access. With full blocks stored as runs (plan format 2) these plans are small, so they must
+// build (the documented Error(kNotSupported) naming the format limit is accepted only when
+// the format's lists really exceed it); their counts must equal the closed-form causal
 // counts; the last CSR rows of the last head (lists and payload bits) and a few K2Q rows
 // must equal the brute-force classification of those rows; and a small attention call
 // afterwards must still match the CPU reference (the CUDA context survived).
@@ -1844,9 +1754,18 @@ std::vector<int32_t> plan_slice(const MaskPlan& plan, const char* name, int64_t 
   return out;
 }
 
-// Full blocks of a list slice as block numbers, whatever the list's encoding: `full` is the
-// slice of *_full_kb / *_full_qb (one entry per block).
-std::vector<int32_t> full_blocks(const std::vector<int32_t>& full) { return full; }
+// Full blocks of runs [j0, j1) of the plan's run list `name` ((first, end) pairs), expanded;
+// the runs must be canonical (non-empty, ascending, non-adjacent).
+std::vector<int32_t> full_blocks(const MaskPlan& plan, const char* name, int64_t j0, int64_t j1) {
+  const std::vector<int32_t> runs = plan_slice(plan, name, 2 * j0, 2 * (j1 - j0));
+  std::vector<int32_t> out;
+  for (size_t j = 0; j + 1 < runs.size(); j += 2) {
+    EXPECT_LT(runs[j], runs[j + 1]) << name << ": empty run";
+    if (j > 0) EXPECT_GT(runs[j], runs[j - 1]) << name << ": runs not maximal";
+    for (int32_t x = runs[j]; x < runs[j + 1]; ++x) out.push_back(x);
+  }
+  return out;
+}
 
 // Checks the Q2K rows (lists and payload bits) of query blocks `rows` of CSR head `hm`.
 void check_causal_q2k_rows(const MaskPlan& plan, bool bwd, const CausalTiles& t, int hm,
@@ -1860,8 +1779,8 @@ void check_causal_q2k_rows(const MaskPlan& plan, bool bwd, const CausalTiles& t,
     const std::vector<int32_t> pp = plan_slice(plan, name("q2k_partial_ptr").c_str(), r, 2);
     const std::vector<int32_t> fp = plan_slice(plan, name("q2k_full_ptr").c_str(), r, 2);
     const std::vector<int32_t> pkb = plan_slice(plan, name("q2k_partial_kb").c_str(), pp[0], pp[1] - pp[0]);
-    const std::vector<int32_t> fkb =
-        full_blocks(plan_slice(plan, name("q2k_full_kb").c_str(), fp[0], fp[1] - fp[0]));
+    const std::vector<int32_t> fkb = full_blocks(plan, name("q2k_full_runs").c_str(), fp[0], fp[1]);
+    EXPECT_EQ(fp[1] - fp[0], t.full(i) > 0 ? 1 : 0) << "a causal row's full blocks are one run";
     std::vector<int32_t> want_f, want_p;
     for (int64_t kb = 0; kb < t.full(i); ++kb) want_f.push_back(int32_t(kb));
     for (int64_t kb = t.full(i); kb < t.touched(i); ++kb) want_p.push_back(int32_t(kb));
@@ -1892,7 +1811,7 @@ void check_causal_k2q_rows(const MaskPlan& plan, const CausalTiles& t, int hm, c
     const std::vector<int32_t> pp = plan_slice(plan, "bwd_k2q_partial_ptr", r, 2);
     const std::vector<int32_t> fp = plan_slice(plan, "bwd_k2q_full_ptr", r, 2);
     const std::vector<int32_t> pqb = plan_slice(plan, "bwd_k2q_partial_qb", pp[0], pp[1] - pp[0]);
-    const std::vector<int32_t> fqb = full_blocks(plan_slice(plan, "bwd_k2q_full_qb", fp[0], fp[1] - fp[0]));
+    const std::vector<int32_t> fqb = full_blocks(plan, "bwd_k2q_full_runs", fp[0], fp[1]);
     std::vector<int32_t> want_p, want_f;
     for (int64_t i = 0; i < t.nqb; ++i) {
       if (kb < t.full(i)) want_f.push_back(int32_t(i));
@@ -1903,19 +1822,26 @@ void check_causal_k2q_rows(const MaskPlan& plan, const CausalTiles& t, int hm, c
   }
 }
 
-// Entries the current plan format lists for a causal view of `heads` mask heads: one per
-// full block (full) and one per partial block (partial).
+// Counts of a causal view of `heads` mask heads: partial blocks (one list entry each), full
+// blocks, Q2K full runs (one per query block with a full block), K2Q full runs (one per key
+// block that some query block sees whole: the query blocks from there to the end).
 struct CausalCounts {
-  int64_t partial = 0, full = 0;
+  int64_t partial = 0, full = 0, runs = 0, k2q_runs = 0;
 };
 CausalCounts causal_counts(const CausalTiles& t, int heads) {
   CausalCounts c;
+  std::vector<bool> seen_full(size_t(t.nkb), false);
   for (int64_t i = 0; i < t.nqb; ++i) {
     c.full += t.full(i);
+    c.runs += t.full(i) > 0;
     c.partial += t.touched(i) - t.full(i);
+    for (int64_t kb = 0; kb < t.full(i); ++kb) seen_full[size_t(kb)] = true;
   }
+  for (bool f : seen_full) c.k2q_runs += f;
   c.full *= heads;
+  c.runs *= heads;
   c.partial *= heads;
+  c.k2q_runs *= heads;
   return c;
 }
 
@@ -1928,8 +1854,10 @@ void run_scale_case(int64_t S, int heads, bool backward) {
   const CausalTiles tf{c.fwd_block_q, c.fwd_block_k, S / c.fwd_block_q, S / c.fwd_block_k};
   const CausalTiles tb{c.bwd_block_q, c.bwd_block_k, S / c.bwd_block_q, S / c.bwd_block_k};
   const CausalCounts cf = causal_counts(tf, heads), cb = causal_counts(tb, heads);
-  const bool over = cf.partial > kMaxListEntries || cf.full > kMaxListEntries ||
-                    (backward && (cb.partial > kMaxListEntries || cb.full > kMaxListEntries));
+  // List entries of plan format 2: partial blocks and full runs.
+  const bool over = cf.partial > kMaxListEntries || cf.runs > kMaxListEntries ||
+                    (backward && (cb.partial > kMaxListEntries || cb.runs > kMaxListEntries ||
+                                  cb.k2q_runs > kMaxListEntries));
   {
     // Causal endpoints [H, 1, S]: head 0 uploaded, copied to the other heads on the device.
     std::vector<int32_t> row(static_cast<size_t>(S));
@@ -1962,11 +1890,14 @@ void run_scale_case(int64_t S, int heads, bool backward) {
                   static_cast<long long>(plan->counts.fwd_partial), static_cast<long long>(plan->counts.fwd_full));
       EXPECT_EQ(plan->counts.fwd_partial, cf.partial);
       EXPECT_EQ(plan->counts.fwd_full, cf.full);
+      EXPECT_EQ(plan->counts.fwd_full_runs, cf.runs);
       EXPECT_EQ(plan->counts.visible_pairs, int64_t(heads) * (S * (S + 1) / 2));
       check_causal_q2k_rows(*plan, false, tf, heads - 1, {0, 1, tf.nqb / 2, tf.nqb - 2, tf.nqb - 1});
       if (backward) {
         EXPECT_EQ(plan->counts.bwd_partial, cb.partial);
         EXPECT_EQ(plan->counts.bwd_full, cb.full);
+        EXPECT_EQ(plan->counts.bwd_full_runs, cb.runs);
+        EXPECT_EQ(plan->counts.bwd_k2q_full_runs, cb.k2q_runs);
         check_causal_q2k_rows(*plan, true, tb, heads - 1, {tb.nqb - 2, tb.nqb - 1});
         check_causal_k2q_rows(*plan, tb, heads - 1, {0, tb.nkb / 2, tb.nkb - 1});
       }

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "api/validation.h"
+#include "core/validation.h"
 #include "core/geometry.h"
 #include "core/half_conv.h"
 #include "core/tensor_view.h"

@@ -1,4 +1,4 @@
-// Tests of src/api/validation.cpp and tensor_view_from_fs: every rule raises an Error
+// Tests of src/core/validation.cpp and tensor_view_from_fs: every rule raises an Error
 // with the right status and a message naming the argument. Views are built by hand
 // (shape only; validation never reads q/k/v/mask data, and never dereferences CUDA
 // pointers, so CUDA views carry a null pointer).
@@ -8,7 +8,8 @@
 #include <functional>
 #include <vector>
 
-#include "api/validation.h"
+#include "core/validation.h"
+#include "dispatch/family.h"
 #include "test_util.h"
 
 namespace flashspan::test {

@@ -25,7 +25,8 @@ g++ "${FLAGS[@]}" -c "$OUT/src/plan/planner_cuda.cpp" -o "$OUT/planner_cuda.o" &
 g++ "${FLAGS[@]}" -c "$ROOT/src/plan/mask_plan.cpp" -o "$OUT/mask_plan.o" &
 wait
 g++ "${FLAGS[@]}" -c "$ROOT/src/plan/planner_host.cpp" -o "$OUT/planner_host.o" &
-g++ "${FLAGS[@]}" -c "$ROOT/src/api/validation.cpp" -o "$OUT/validation.o" &
+g++ "${FLAGS[@]}" -c "$ROOT/src/core/validation.cpp" -o "$OUT/validation.o" &
+g++ "${FLAGS[@]}" -c "$ROOT/src/dispatch/family.cpp" -o "$OUT/family.o" &
 wait
 g++ "${FLAGS[@]}" -c "$ROOT/tests/cpp/test_planner_gpu.cpp" -o "$OUT/test_planner_gpu.o"
 g++ "$OUT"/*.o -lgtest -lgtest_main -pthread -o "$OUT/planner_emu_tests"

@@ -1,17 +1,9 @@
-// Thin inline-PTX wrappers used by the portable (sm_80+) kernels.
+// Thin inline-PTX wrappers used by the kernels of every family (sm_80 and newer): shared
+// memory addresses, cp.async, exp2, 16-bit packing/unpacking, float atomics.
 //
-//   mma_16816        mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32
-//   ldmatrix_x4      ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16
 //   cp_async_16      cp.async.cg.shared.global 16 bytes, zero-filled when the predicate is false
 //   exp2_approx      ex2.approx.ftz.f32 (exp2(-inf) = +0)
-//
-// Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), g = lane / 4, t = lane % 4:
-//   A (16x16, row major), 4 x .b32 of two 16-bit values each:
-//     a0 = (g, 2t..2t+1)  a1 = (g+8, 2t..)  a2 = (g, 2t+8..)  a3 = (g+8, 2t+8..)
-//   B (16x8, "col": element (k, n)), 2 x .b32:  b0 = (k = 2t..2t+1, n = g)  b1 = (k = 2t+8.., n = g)
-//   C/D (16x8 fp32): d0,d1 = (g, 2t..2t+1)   d2,d3 = (g+8, 2t..2t+1)
-// ldmatrix: lanes 8i..8i+7 give the row addresses of 8x8 matrix i; register i of lane l then
-// holds row l/4, columns 2(l%4)..+1 of matrix i (with .trans: rows 2(l%4)..+1 of column l/4).
+// The mma.sync / ldmatrix wrappers of the sm80 family are in kernels/sm80/mma_sm80.cuh.
 #pragma once
 
 #include <cstdint>
@@ -21,38 +13,10 @@
 
 namespace flashspan::kern {
 
+constexpr float kLog2e = 1.4426950408889634f;
+
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// D = A * B + D in fp32. kBf16 picks the input type.
-template <bool kBf16>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (kBf16) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  } else {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-        "{%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-  }
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
 }
 
 // 16-byte global -> shared copy; when !pred nothing is read and the 16 bytes are zeroed

@@ -10,7 +10,7 @@
 //                   S = Q K^T, P = exp2(S*scale*log2e - lse2), dP = dO V^T, dS = P (dP - D);
 //                   dV += P^T dO, dK += dS^T Q; dK scaled at the end.
 //                   deterministic = false (task mode): a persistent grid runs the work items
-//                   of the split schedule instead (bwd_split_sm80.cuh): long K2Q walks are cut
+//                   of the split schedule instead (bwd_split.cuh): long K2Q walks are cut
 //                   into chunks whose dK/dV partial sums meet in fp32 accumulators.
 //   3. dQ:          deterministic = false: the dK/dV kernel also forms dS K for its key block
 //                   and adds it to an fp32 accumulator in the workspace (atomics), then a
@@ -27,52 +27,15 @@
 #include <cstdint>
 
 #include "kernels/common/block_range.cuh"
-#include "kernels/common/flex_params.h"
-#include "kernels/common/mask_apply.cuh"
-#include "kernels/common/ptx.cuh"
-#include "kernels/common/softmax.cuh"
-#include "kernels/common/tile_io.cuh"
-#include "kernels/sm80/split_schedule_sm80.cuh"
+#include "kernels/common/grid.h"
+#include "kernels/common/split_schedule.cuh"
+#include "kernels/params.h"
+#include "kernels/sm80/mask_apply_sm80.cuh"
+#include "kernels/sm80/mma_sm80.cuh"
+#include "kernels/sm80/softmax_sm80.cuh"
+#include "kernels/sm80/tile_io_sm80.cuh"
 
 namespace flashspan::kern {
-
-constexpr float kLog2e = 1.4426950408889634f;
-
-// ---------------------------------------------------------------------------------------
-// 1. Preprocess: one warp per (row, head); grid (ceil(max_seqlen_q / 8), Hq, B), 256 threads.
-template <bool kBf16>
-__global__ void __launch_bounds__(256) flex_bwd_preprocess_kernel(const FlexBwdParams p) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int i = blockIdx.x * 8 + warp;
-  const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
-  if (i >= len_q) return;
-  const int64_t row = int64_t(p.varlen ? q_start : 0) + i;
-  const uint16_t* o = static_cast<const uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride + row * p.oa.row_stride +
-                      int64_t(h) * p.oa.head_stride;
-  const uint16_t* d = static_cast<const uint16_t*>(p.dout) + int64_t(b) * p.doa.batch_stride +
-                      row * p.doa.row_stride + int64_t(h) * p.doa.head_stride;
-  float acc = 0.0f;
-  for (int c = lane * 8; c < p.head_dv; c += 256) {
-    const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
-    const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
-    const uint16_t* oe = reinterpret_cast<const uint16_t*>(&ov);
-    const uint16_t* de = reinterpret_cast<const uint16_t*>(&dv);
-#pragma unroll
-    for (int e = 0; e < 8; ++e) acc += to_float<kBf16>(oe[e]) * to_float<kBf16>(de[e]);
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-  if (lane == 0) {
-    const int64_t ws = int64_t(h) * p.total_q + q_start + i;
-    if (p.dlse != nullptr) {
-      acc -= p.dlse[int64_t(b) * p.dlsea.batch_stride + int64_t(h) * p.dlsea.head_stride + row * p.dlsea.row_stride];
-    }
-    p.delta[ws] = acc;
-    const float lse = p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride + row * p.lsea.row_stride];
-    p.lse2[ws] = lse == -INFINITY ? INFINITY : lse * kLog2e;
-  }
-}
 
 // ---------------------------------------------------------------------------------------
 // Tile and warp layouts of the backward kernels.
@@ -251,30 +214,35 @@ __device__ __forceinline__ void zero_acc(float (&acc)[kM][kN][4]) {
   }
 }
 
-// Iterates (query head of the kv group, query block) pairs over the K2Q lists of one key block:
-// head by head, each head's list in ascending query-block order. seek(begin) then next()
-// visits pairs begin, begin + 1, ... of that order, at most `left` of them.
-// The cursor's next partial and full block numbers are read one step ahead (bp, bf), so the
-// block next() returns never waits on a global load: the dK/dV loop computes the next Q/dO
-// tile's address from it right away.
+// Iterates (query head of the kv group, query block) pairs over the K2Q rows of one key block:
+// head by head, each head's row in BlockCursor order (partial entries, then full runs).
+// seek(begin) then next() visits pairs begin, begin + 1, ... of that order, at most `left` of
+// them. The cursor's next block is read one step ahead (nb, ne), so the block next() returns
+// never waits on a global load: the dK/dV loop computes the next Q/dO tile's address from it
+// right away.
 struct K2QWalk {
-  static constexpr int kNone = 0x7fffffff;  // list exhausted (sorts after every block)
-  const FlexBwdParams* p;
+  static constexpr int kNone = 0x7fffffff;  // head's row exhausted
+  const BwdParams* p;
   int h, h_end, b, kb;
   int left;
   BlockCursor cur;
-  int bp = kNone, bf = kNone;  // k2q_partial_qb[cur.ip], k2q_full_qb[cur.jf] (kNone past the end)
+  int nb = kNone, ne = -1;  // next block of the cursor and its partial entry index (-1: full)
 
   __device__ __forceinline__ void open_head() {
     const int hm = p->mask_per_head ? h : 0;
     const int64_t r = int64_t(hm) * p->view.num_k_blocks + __ldg(p->view.k_block_start + b) + kb;
-    cur = BlockCursor{p->view.k2q_partial_qb, p->view.k2q_full_qb, __ldg(p->view.k2q_partial_ptr + r),
-                      __ldg(p->view.k2q_partial_ptr + r + 1), __ldg(p->view.k2q_full_ptr + r),
-                      __ldg(p->view.k2q_full_ptr + r + 1)};
+    cur = BlockCursor::row(p->view.k2q_partial_ptr, p->view.k2q_partial_qb, p->view.k2q_full_ptr,
+                           p->view.k2q_full_runs, r);
   }
   __device__ __forceinline__ void peek() {
-    bp = cur.ip < cur.ip_end ? __ldg(cur.partial_blk + cur.ip) : kNone;
-    bf = cur.jf < cur.jf_end ? __ldg(cur.full_blk + cur.jf) : kNone;
+    int blk = 0, entry = 0;
+    bool partial = false;
+    if (cur.next(blk, partial, entry)) {
+      nb = blk;
+      ne = partial ? entry : -1;
+    } else {
+      nb = kNone;
+    }
   }
   // Opens the head holding pair `begin` (heads before it are skipped whole) and positions
   // the cursor on that pair.
@@ -290,25 +258,16 @@ struct K2QWalk {
     cur.skip(begin);
     peek();
   }
-  // Next pair; payload = payload index of a partial pair (-1 for a full one). The same
-  // merge as BlockCursor::next (the lists are disjoint: bp == bf only when both are kNone).
+  // Next pair; payload = payload index of a partial pair (-1 for a full one).
   __device__ __forceinline__ bool next(int& head, int& qb, int& payload) {
     if (left <= 0) return false;
     while (true) {
-      if (bp != kNone || bf != kNone) {
+      if (nb != kNone) {
         --left;
         head = h;
-        if (bp < bf) {
-          qb = bp;
-          payload = __ldg(p->view.k2q_partial_idx + cur.ip);
-          ++cur.ip;
-          bp = cur.ip < cur.ip_end ? __ldg(cur.partial_blk + cur.ip) : kNone;
-        } else {
-          qb = bf;
-          payload = -1;
-          ++cur.jf;
-          bf = cur.jf < cur.jf_end ? __ldg(cur.full_blk + cur.jf) : kNone;
-        }
+        qb = nb;
+        payload = ne >= 0 ? __ldg(p->view.k2q_partial_idx + ne) : -1;
+        peek();
         return true;
       }
       if (++h >= h_end) return false;
@@ -318,8 +277,8 @@ struct K2QWalk {
   }
 };
 
-// Row `row` of head h of sample b in a [B,S,H,D] / [T,H,D] tensor (flex_params.h).
-__device__ __forceinline__ const uint16_t* row_ptr(const void* base, const FlexTensorAddr& a, int b, int64_t row,
+// Row `row` of head h of sample b in a [B,S,H,D] / [T,H,D] tensor (params.h).
+__device__ __forceinline__ const uint16_t* row_ptr(const void* base, const TensorAddr& a, int b, int64_t row,
                                                    int h) {
   return static_cast<const uint16_t*>(base) + int64_t(b) * a.batch_stride + row * a.row_stride +
          int64_t(h) * a.head_stride;
@@ -336,7 +295,7 @@ __device__ __forceinline__ const uint16_t* row_ptr(const void* base, const FlexT
 // __syncthreads, so the caller must __syncthreads between two items of one CTA.
 // Warp tiles: BwdTraitsSm80 (S/dP, dK/dV and dQ phases each have their own 2-D layout).
 template <class T, bool kBf16>
-__device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem, int kb, int hkv, int b, int begin,
+__device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int kb, int hkv, int b, int begin,
                                           int count) {
   const uint32_t sK = smem_u32(smem);
   const uint32_t sV = sK + T::kSmemK;
@@ -703,7 +662,7 @@ __device__ __forceinline__ void dkdv_item(const FlexBwdParams& p, uint8_t* smem,
 // With one (p.split.items): a persistent grid; each CTA claims items in list order with an
 // atomic counter until the list is exhausted (items of long tasks come first).
 template <class T, bool kBf16>
-__global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const FlexBwdParams p) {
+__global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const BwdParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   int32_t* s_item = reinterpret_cast<int32_t*>(smem + T::kSmemItem);
   for (int round = 0;; ++round) {
@@ -711,8 +670,10 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
     if (p.split.items == nullptr) {
       if (round > 0) return;
       if (p.grid_mode) {
-        const int gk = blockIdx.x;
-        hkv = blockIdx.y;
+        // Folded grid (grid.h): CTA = kv head * NKB + global key block.
+        const GridCell cell = unfold_2d(blockIdx.x, int(p.view.num_k_blocks));
+        const int gk = cell.x;
+        hkv = cell.y;
         b = find_block_owner(p.view.k_block_start, p.batch, gk);
         kb = gk - __ldg(p.view.k_block_start + b);
       } else {
@@ -736,25 +697,6 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const F
 }
 
 // ---------------------------------------------------------------------------------------
-// 2b. dQ conversion (atomic path): dq = scale * dq_accum in the input dtype. One warp per
-// (row, head); grid (ceil(max_seqlen_q / 8), Hq, B), 256 threads.
-template <bool kBf16>
-__global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel(const FlexBwdParams p) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int h = blockIdx.y, b = blockIdx.z;
-  const int i = blockIdx.x * 8 + warp;
-  const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
-  if (i >= len_q) return;
-  const float* src = p.dq_accum + (int64_t(h) * p.total_q + q_start + i) * p.head_dqk;
-  uint16_t* dst = static_cast<uint16_t*>(p.dq) + int64_t(b) * p.dqa.batch_stride +
-                  (int64_t(p.varlen ? q_start : 0) + i) * p.dqa.row_stride + int64_t(h) * p.dqa.head_stride;
-  for (int c = lane * 2; c < p.head_dqk; c += 64) {
-    const float2 x = *reinterpret_cast<const float2*>(src + c);
-    *reinterpret_cast<uint32_t*>(dst + c) = pack2<kBf16>(x.x * p.scale, x.y * p.scale);
-  }
-}
-
-// ---------------------------------------------------------------------------------------
 // 3. dQ, deterministic: grid (global query block of the backward view, query head).
 // One CTA of 4 warps per (query block, query head); warp w owns query rows 16w.. and every
 // key of a block. The Q2K lists are walked in ascending key-block order (the order of the
@@ -766,7 +708,7 @@ __global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel(const FlexBwdP
 // multiply-add per matrix plus the copies. The Q2K cursor reads one block ahead, so the next
 // K/V tile's address never waits on a global load.
 template <class T, bool kBf16>
-__global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const FlexBwdParams p) {
+__global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const BwdParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t sQ = smem_u32(smem);
   const uint32_t sO = sQ + T::kSmemQ;
@@ -775,7 +717,9 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2;
 
-  const int gq = blockIdx.x, h = blockIdx.y;
+  // Folded grid (grid.h): CTA = query head * NQB + global query block.
+  const GridCell cell = unfold_2d(blockIdx.x, int(p.view.num_q_blocks));
+  const int gq = cell.x, h = cell.y;
   const int b = find_block_owner(p.view.q_block_start, p.batch, gq);
   const int qb = gq - __ldg(p.view.q_block_start + b);
   const int hkv = h / p.group_size;
@@ -787,27 +731,30 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Fl
   const int64_t qrow = int64_t(p.varlen ? q_start : 0) + row0;
   const int64_t krow_base = p.varlen ? k_start : 0;
 
-  // Q2K cursor with the next partial / full key block read one step ahead (kNone past the
-  // end; the lists are disjoint, so bp == bf only when both are exhausted).
+  // Q2K cursor (BlockCursor order: partial entries, then full runs) with its next key block
+  // read one step ahead (nb = kNone past the end; ne = its payload index, -1 for a full block).
   constexpr int kNone = 0x7fffffff;
   const int64_t r = int64_t(hm) * p.view.num_q_blocks + gq;
-  int ip = __ldg(p.view.q2k_partial_ptr + r), jf = __ldg(p.view.q2k_full_ptr + r);
-  const int ip_end = __ldg(p.view.q2k_partial_ptr + r + 1), jf_end = __ldg(p.view.q2k_full_ptr + r + 1);
-  int bp = ip < ip_end ? __ldg(p.view.q2k_partial_kb + ip) : kNone;
-  int bf = jf < jf_end ? __ldg(p.view.q2k_full_kb + jf) : kNone;
-  // Next key block (ascending) and its payload index (-1 for a full block).
-  auto next_block = [&](int& kbb, int& payload) -> bool {
-    if (bp == kNone && bf == kNone) return false;
-    if (bp < bf) {
-      kbb = bp;
-      payload = ip++;
-      bp = ip < ip_end ? __ldg(p.view.q2k_partial_kb + ip) : kNone;
+  BlockCursor cur = BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb, p.view.q2k_full_ptr,
+                                     p.view.q2k_full_runs, r);
+  int nb = kNone, ne = -1;
+  auto peek = [&]() {
+    int blk = 0, entry = 0;
+    bool partial = false;
+    if (cur.next(blk, partial, entry)) {
+      nb = blk;
+      ne = partial ? entry : -1;
     } else {
-      kbb = bf;
-      payload = -1;
-      ++jf;
-      bf = jf < jf_end ? __ldg(p.view.q2k_full_kb + jf) : kNone;
+      nb = kNone;
     }
+  };
+  peek();
+  // Next key block and its payload index (-1 for a full block).
+  auto next_block = [&](int& kbb, int& payload) -> bool {
+    if (nb == kNone) return false;
+    kbb = nb;
+    payload = ne;
+    peek();
     return true;
   };
 

@@ -2,8 +2,8 @@
 //
 // Algorithm: FlashAttention-2 (Dao 2023) forward over the plan's block-sparse Q2K lists.
 // One CTA per task of plan.fwd_tasks {local query block, query head, batch, cost} (packed
-// GQA: {packed local query block, kv head, batch, cost}, flex_params.h), or with
-// the split schedule (fwd_split_sm80.cuh) a persistent grid running work items (ranges of a
+// GQA: {packed local query block, kv head, batch, cost}, params.h), or with
+// the split schedule (fwd_split.cuh) a persistent grid running work items (ranges of a
 // task's key-block walk) whose partial results a combine kernel merges; warp w
 // owns kMT m16 tiles, rows 16*kMT*w .. 16*kMT*(w+1)-1 of the block (m16 tile i of warp w is
 // payload sub-tile row mt = kMT*w + i). Key blocks are visited in ascending order, merged from
@@ -24,12 +24,13 @@
 #include <cstdint>
 
 #include "kernels/common/block_range.cuh"
-#include "kernels/common/flex_params.h"
-#include "kernels/common/mask_apply.cuh"
-#include "kernels/common/ptx.cuh"
-#include "kernels/common/softmax.cuh"
-#include "kernels/common/tile_io.cuh"
-#include "kernels/sm80/split_schedule_sm80.cuh"
+#include "kernels/common/grid.h"
+#include "kernels/common/split_schedule.cuh"
+#include "kernels/params.h"
+#include "kernels/sm80/mask_apply_sm80.cuh"
+#include "kernels/sm80/mma_sm80.cuh"
+#include "kernels/sm80/softmax_sm80.cuh"
+#include "kernels/sm80/tile_io_sm80.cuh"
 
 namespace flashspan::kern {
 
@@ -135,18 +136,18 @@ __device__ __forceinline__ void load_kv_rows8(const Loader& ld, uint32_t smem_ti
   }
 }
 
-// One work item: key blocks [begin, begin + count) of the merged Q2K walk of query block qb
+// One work item: key blocks [begin, begin + count) of the Q2K walk (BlockCursor order) of query block qb
 // of task head h (the query head; the kv head when packed) of sample b. kPersistent = false:
 // the whole walk, slot -1 (begin, count and s_item unused). kPersistent = true: the slot is
 // read at the end from s_item[3] (kept out of registers during the walk). Slot -1 (an
 // unsplit task) writes O normalised, LSE and zeros for empty rows as always; slot >= 0 (a
 // piece of a split task) writes its unnormalised fp32 accumulator, running max and sum to
-// workspace slot `slot` (FlexFwdSplit) for the combine kernel. max_logit is reduced with the
+// workspace slot `slot` (FwdSplit) for the combine kernel. max_logit is reduced with the
 // atomic in both cases.
 // Shared memory: the item's first loads (Q, K[first]) are issued before the loop's first
 // __syncthreads, so the caller must __syncthreads between two items of one CTA.
 template <class T, bool kBf16, bool kMaxLogit, bool kPersistent>
-__device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, const int32_t* s_item, int qb, int h,
+__device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const int32_t* s_item, int qb, int h,
                                          int b, int begin, int count) {
   constexpr int kMT = T::kMT;
   const uint32_t sK = sQ + T::kSmemQ;
@@ -171,9 +172,8 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
   const int rows_valid = min(T::kBlockQ, len_q * pack - row0);
 
   const int64_t r = int64_t(hm) * p.view.num_q_blocks + __ldg(p.view.q_block_start + b) + qb;
-  BlockCursor cur{p.view.q2k_partial_kb, p.view.q2k_full_kb, __ldg(p.view.q2k_partial_ptr + r),
-                  __ldg(p.view.q2k_partial_ptr + r + 1), __ldg(p.view.q2k_full_ptr + r),
-                  __ldg(p.view.q2k_full_ptr + r + 1)};
+  BlockCursor cur = BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb, p.view.q2k_full_ptr,
+                                     p.view.q2k_full_runs, r);
 
   // Position 0 of head head0 in sample b.
   const uint16_t* q = static_cast<const uint16_t*>(p.q) + int64_t(b) * p.qa.batch_stride +
@@ -183,28 +183,23 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
   const uint16_t* v = static_cast<const uint16_t*>(p.v) + int64_t(b) * p.va.batch_stride +
                       int64_t(p.varlen ? k_start : 0) * p.va.row_stride + int64_t(hkv) * p.va.head_stride;
 
-  if (kPersistent && (begin > 0 || count < cur.remaining())) {
-    // Restrict the walk to [begin, begin + count): the end is where `count` more next()
-    // calls would leave a copy of the cursor.
-    cur.skip(begin);
-    BlockCursor end = cur;
-    end.skip(count);
-    cur.ip_end = end.ip;
-    cur.jf_end = end.jf;
-  }
+  // Persistent items walk blocks [begin, begin + count) of the row: skip `begin`, then stop
+  // after `count` blocks (`left` counts the blocks still to fetch after the current one).
+  [[maybe_unused]] int left = count - 1;
+  if (kPersistent && begin > 0) cur.skip(begin);
   int kb = 0, entry = 0;
   bool partial = false;
-  bool have = cur.next(kb, partial, entry);
+  bool have = (!kPersistent || count > 0) && cur.next(kb, partial, entry);
   load_q_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ, q, p.qa.row_stride, p.qa.head_stride, row0, pack,
-                                                      rows_valid, p.dqk, tid);
+                                                      rows_valid, p.head_dqk, tid);
   using LoaderK = TileRowLoader8<T::kBlockK, T::kDqk, T::kThreads>;
   using LoaderV = TileRowLoader8<T::kBlockK, T::kDv, T::kThreads>;
   [[maybe_unused]] LoaderK ld_k;
   [[maybe_unused]] LoaderV ld_v;
   if constexpr (T::kLoader8) {
     static_assert(LoaderK::kApplies && LoaderV::kApplies);
-    ld_k.init(p.ka.row_stride, T::kExact ? T::kDqk : p.dqk, tid);
-    ld_v.init(p.va.row_stride, T::kExact ? T::kDv : p.dv, tid);
+    ld_k.init(p.ka.row_stride, T::kExact ? T::kDqk : p.head_dqk, tid);
+    ld_v.init(p.va.row_stride, T::kExact ? T::kDv : p.head_dv, tid);
   }
   if (have) {
     if constexpr (T::kLoader8) {
@@ -212,7 +207,7 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
                                 tid);
     } else {
       load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + int64_t(kb) * T::kBlockK * p.ka.row_stride,
-                                                        p.ka.row_stride, len_k - kb * T::kBlockK, p.dqk, tid);
+                                                        p.ka.row_stride, len_k - kb * T::kBlockK, p.head_dqk, tid);
     }
   }
   cp_async_commit();
@@ -240,7 +235,7 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
                                 tid);
     } else {
       load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, v + int64_t(kb) * T::kBlockK * p.va.row_stride,
-                                                       p.va.row_stride, len_k - kb * T::kBlockK, p.dv, tid);
+                                                       p.va.row_stride, len_k - kb * T::kBlockK, p.head_dv, tid);
     }
     cp_async_commit();
 
@@ -252,7 +247,7 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
     }
 #pragma unroll
     for (int kk = 0; kk < T::kDqk / 16; ++kk) {
-      if (T::kExact || kk * 16 < p.dqk) {
+      if (T::kExact || kk * 16 < p.head_dqk) {
         uint32_t a[kMT][4];
 #pragma unroll
         for (int i = 0; i < kMT; ++i) ldmatrix_x4(a[i], aQ.at(kk, 16 * i));
@@ -297,7 +292,13 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
 
     int kb_next = 0, entry_next = 0;
     bool partial_next = false;
-    const bool have_next = cur.next(kb_next, partial_next, entry_next);
+    bool have_next;
+    if constexpr (kPersistent) {
+      have_next = left > 0 && cur.next(kb_next, partial_next, entry_next);
+      --left;
+    } else {
+      have_next = cur.next(kb_next, partial_next, entry_next);
+    }
     cp_async_wait<0>();
     __syncthreads();  // V[kb] visible; every warp is done with K[kb]
     if (have_next) {
@@ -306,7 +307,7 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
                                   len_k - kb_next * T::kBlockK, tid);
       } else {
         load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + int64_t(kb_next) * T::kBlockK * p.ka.row_stride,
-                                                          p.ka.row_stride, len_k - kb_next * T::kBlockK, p.dqk,
+                                                          p.ka.row_stride, len_k - kb_next * T::kBlockK, p.head_dqk,
                                                           tid);
       }
     }
@@ -316,7 +317,7 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
     for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
 #pragma unroll
       for (int n = 0; n < T::kNO; n += 2) {
-        if (T::kExact || n * 8 < p.dv) {
+        if (T::kExact || n * 8 < p.head_dv) {
           uint32_t bb[4];
           ldmatrix_x4_trans(bb, bV.at(n / 2, kk * 16));
 #pragma unroll
@@ -340,7 +341,7 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
   if (slot >= 0) {
     // Piece of a split task: unnormalised fp32 O, m (log2 units, quad-uniform after the
     // softmax's quad_max) and l (summed over the quad) of every valid row.
-    float* oacc = p.split.o_accum + int64_t(slot) * T::kBlockQ * p.dv;
+    float* oacc = p.split.o_accum + int64_t(slot) * T::kBlockQ * p.head_dv;
     float* ml = p.split.ml + int64_t(slot) * 2 * T::kBlockQ;
 #pragma unroll
     for (int i = 0; i < kMT; ++i) {
@@ -349,11 +350,11 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
         const float lsum = quad_sum(l[i][hi]);
         const int row = m0 + 16 * i + g + 8 * hi;
         if (row < rows_valid) {
-          float* orow = oacc + int64_t(row) * p.dv;
+          float* orow = oacc + int64_t(row) * p.head_dv;
 #pragma unroll
           for (int n = 0; n < T::kNO; ++n) {
             const int col = n * 8 + 2 * t;
-            if (col < p.dv) {
+            if (col < p.head_dv) {
               *reinterpret_cast<float2*>(orow + col) = make_float2(acc_o[i][n][2 * hi], acc_o[i][n][2 * hi + 1]);
             }
           }
@@ -384,7 +385,7 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
 #pragma unroll
           for (int n = 0; n < T::kNO; ++n) {
             const int col = n * 8 + 2 * t;
-            if (col < p.dv) {
+            if (col < p.head_dv) {
               *reinterpret_cast<uint32_t*>(orow + col) =
                   pack2<kBf16>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
             }
@@ -418,7 +419,7 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
 #pragma unroll
           for (int n = 0; n < T::kNO; ++n) {
             const int col = n * 8 + 2 * t;
-            if (col < p.dv) {
+            if (col < p.head_dv) {
               *reinterpret_cast<uint32_t*>(orow + col) =
                   pack2<kBf16>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
             }
@@ -484,14 +485,16 @@ __device__ __forceinline__ void fwd_item(const FlexFwdParams& p, uint32_t sQ, co
 // kernels rather than one: the persistent item loop costs registers (ptxas holds values
 // across it), which the common unsplit case (e.g. causal masks) should not pay.
 template <class T, bool kBf16, bool kMaxLogit>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm80(const FlexFwdParams p) {
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm80(const FwdParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
-  if (p.split.items != nullptr && p.split.hdr[FlexSplitSchedule::kNumSplit] > 0) return;
+  if (p.split.items != nullptr && p.split.hdr[SplitSchedule::kNumSplit] > 0) return;
   int qb, h, b;
   if (p.grid_mode) {
-    const int gq = blockIdx.x;
-    h = blockIdx.y;
-    b = find_block_owner(p.view.q_block_start, p.num_batch, gq);
+    // Folded grid (grid.h): CTA = task head * NQB + global query block.
+    const GridCell cell = unfold_2d(blockIdx.x, int(p.view.num_q_blocks));
+    const int gq = cell.x;
+    h = cell.y;
+    b = find_block_owner(p.view.q_block_start, p.batch, gq);
     qb = gq - __ldg(p.view.q_block_start + b);
   } else {
     const int32_t* task = p.view.tasks + 4 * int64_t(blockIdx.x);
@@ -506,10 +509,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
 // claims items in list order with an atomic counter until the list is exhausted (items of
 // long tasks come first). Exits at once when the schedule split no task.
 template <class T, bool kBf16, bool kMaxLogit>
-__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_persistent_kernel_sm80(const FlexFwdParams p) {
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_persistent_kernel_sm80(const FwdParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t s_item[4];  // {task, begin, end, slot} of the current item
-  if (p.split.hdr[FlexSplitSchedule::kNumSplit] == 0) return;
+  if (p.split.hdr[SplitSchedule::kNumSplit] == 0) return;
   const uint32_t sQ = smem_u32(smem);
   for (;;) {
     const int task_index = claim_split_item(p.split, s_item);  // also frees the tiles and red

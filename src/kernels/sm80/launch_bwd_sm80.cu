@@ -3,39 +3,42 @@
 //
 // dQ: deterministic = false accumulates dS K in fp32 with atomics inside the dK/dV kernel
 // (5 GEMMs in all); deterministic = true runs the separate ordered dQ kernel (7 GEMMs).
-// dK/dV: deterministic = false with a task list runs the split schedule (bwd_split_sm80.cuh)
+// dK/dV: deterministic = false with a task list runs the split schedule (bwd_split.cuh)
 // and a persistent dK/dV grid; otherwise one CTA per task (or grid cell), as before.
 #include <algorithm>
 
-#include "kernels/sm80/bwd_split_sm80.cuh"
+#include "kernels/common/bwd_prepost.cuh"
+#include "kernels/common/bwd_split.cuh"
+#include "kernels/common/grid.h"
 #include "kernels/sm80/kernel_bwd_sm80.cuh"
-#include "kernels/sm80/launch_common_sm80.h"
+#include "kernels/sm80/launch_sm80.h"
 
 namespace flashspan::sm80 {
 namespace {
 
 // Split schedule + persistent dK/dV + conversion of the split tasks' rows.
 template <class T, bool kBf16>
-void run_dkdv_split(const FlexBwdParams& p_in, cudaStream_t stream) {
+void run_dkdv_split(const BwdParams& p_in, cudaStream_t stream) {
   auto dkdv = kern::flex_bwd_dkdv_kernel_sm80<T, kBf16>;
   static std::atomic<int> ctas_cache[64];
-  FlexBwdParams p = p_in;
+  BwdParams p = p_in;
   p.split.num_ctas = persistent_ctas(dkdv, T::kThreads, T::kSmemBytes, ctas_cache, "flex backward dK/dV");
-  const unsigned tasks = unsigned(p.split.num_tasks);
-  kern::flex_bwd_split_count_kernel<<<(tasks + 255) / 256, 256, 0, stream>>>(p);
+  const unsigned tasks = grid_1d(p.split.num_tasks, "flex backward dK/dV (tasks)");
+  kern::flex_bwd_split_count_kernel<<<grid_1d((int64_t(tasks) + 255) / 256, "flex backward split count"), 256, 0,
+                                      stream>>>(p);
   check_launch("flex backward split count (sm80)");
   kern::split_scan_kernel<false><<<1, kern::kSplitScanThreads, 0, stream>>>(p.split);
   check_launch("flex backward split scan (sm80)");
   kern::flex_bwd_split_items_kernel<<<tasks, 256, 0, stream>>>(p);
   check_launch("flex backward split items (sm80)");
-  dkdv<<<unsigned(p.split.num_ctas), T::kThreads, T::kSmemBytes, stream>>>(p);
+  dkdv<<<grid_1d(p.split.num_ctas, "flex backward dK/dV, persistent"), T::kThreads, T::kSmemBytes, stream>>>(p);
   check_launch("flex backward dK/dV, persistent (sm80)");
   kern::flex_bwd_split_convert_kernel<kBf16><<<tasks, 256, 0, stream>>>(p);
   check_launch("flex backward split convert (sm80)");
 }
 
 template <class T, bool kBf16>
-void run_bwd(const FlexBwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stream) {
+void run_bwd(const BwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stream) {
   static_assert(T::kSmemBytes == bwd_dkdv_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
   static_assert(T::kSmemBytesQ == bwd_dq_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
   auto dkdv = kern::flex_bwd_dkdv_kernel_sm80<T, kBf16>;
@@ -46,25 +49,30 @@ void run_bwd(const FlexBwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stre
   if (p.split.items != nullptr) {
     run_dkdv_split<T, kBf16>(p, stream);
   } else if (cfg.num_bwd_tasks > 0) {
-    const dim3 grid = p.grid_mode ? dim3(unsigned(p.view.num_k_blocks), unsigned(p.num_heads_q / p.group_size))
-                                  : dim3(unsigned(cfg.num_bwd_tasks));
+    // Grid mode: (key block, kv head) folded into x (grid.h); task mode: one CTA per task.
+    const unsigned grid =
+        p.grid_mode ? grid_2d_folded(p.view.num_k_blocks, p.num_heads_q / p.group_size, "flex backward dK/dV (grid mode)")
+                    : grid_1d(cfg.num_bwd_tasks, "flex backward dK/dV (tasks)");
     dkdv<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
     check_launch("flex backward dK/dV (sm80)");
   }
   if (!cfg.deterministic) {
     if (cfg.total_q > 0) {
-      const dim3 grid(unsigned((cfg.max_seqlen_q + 7) / 8), unsigned(p.num_heads_q), unsigned(p.batch));
+      // One warp per (query row, head), grid-stride (bwd_prepost.cuh).
+      const unsigned grid = grid_stride_1d(int64_t(p.num_heads_q) * cfg.total_q, 8);
       kern::flex_bwd_dq_convert_kernel<kBf16><<<grid, 256, 0, stream>>>(p);
       check_launch("flex backward dQ convert (sm80)");
     }
   } else if (cfg.num_q_blocks > 0) {
-    dq<<<dim3(unsigned(cfg.num_q_blocks), unsigned(p.num_heads_q)), T::kThreadsQ, T::kSmemBytesQ, stream>>>(p);
+    // (query block, query head) folded into x (grid.h).
+    dq<<<grid_2d_folded(cfg.num_q_blocks, p.num_heads_q, "flex backward dQ"), T::kThreadsQ, T::kSmemBytesQ,
+         stream>>>(p);
     check_launch("flex backward dQ (sm80)");
   }
 }
 
 template <class T>
-void run_bwd_dtype(const FlexBwdParams& p, DType dtype, const BwdLaunchSm80& cfg, cudaStream_t stream) {
+void run_bwd_dtype(const BwdParams& p, DType dtype, const BwdLaunchSm80& cfg, cudaStream_t stream) {
   if (dtype == DType::kBFloat16) {
     run_bwd<T, true>(p, cfg, stream);
   } else {
@@ -74,7 +82,7 @@ void run_bwd_dtype(const FlexBwdParams& p, DType dtype, const BwdLaunchSm80& cfg
 
 }  // namespace
 
-void launch_bwd_sm80(const FlexBwdParams& p, const TileSm80& tile, DType dtype, const BwdLaunchSm80& cfg,
+void launch_bwd_sm80(const BwdParams& p, const TileSm80& tile, DType dtype, const BwdLaunchSm80& cfg,
                      cudaStream_t stream) {
   if (!cfg.deterministic && cfg.total_q > 0) {
     check_cuda(cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * size_t(p.num_heads_q) * size_t(cfg.total_q) *
@@ -82,7 +90,9 @@ void launch_bwd_sm80(const FlexBwdParams& p, const TileSm80& tile, DType dtype, 
                "flex backward: clearing the dQ accumulator");
   }
   if (cfg.total_q > 0) {
-    const dim3 grid(unsigned((cfg.max_seqlen_q + 7) / 8), unsigned(p.num_heads_q), unsigned(p.batch));
+    // One warp per (query row, head), grid-stride (bwd_prepost.cuh): any batch size, head
+    // count or THD sample count fits one launch.
+    const unsigned grid = grid_stride_1d(int64_t(p.num_heads_q) * cfg.total_q, 8);
     if (dtype == DType::kBFloat16) {
       kern::flex_bwd_preprocess_kernel<true><<<grid, 256, 0, stream>>>(p);
     } else {

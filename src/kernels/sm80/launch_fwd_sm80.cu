@@ -5,11 +5,12 @@
 // x {fp16, bf16}, max_logit tested at run time (FwdTraitsSm80::kMaxLogitAtRunTime).
 // Each variant is a one-CTA-per-task and a persistent kernel.
 // With a split schedule (p.split.items, task mode with a workspace): count, scan, items,
-// the persistent forward grid and the combine of split tasks (fwd_split_sm80.cuh).
-// Packed GQA is a run-time row mapping (FlexFwdParams::pack), not an instantiation.
-#include "kernels/sm80/fwd_split_sm80.cuh"
+// the persistent forward grid and the combine of split tasks (fwd_split.cuh).
+// Packed GQA is a run-time row mapping (FwdParams::pack), not an instantiation.
+#include "kernels/common/fwd_split.cuh"
+#include "kernels/common/grid.h"
 #include "kernels/sm80/kernel_fwd_sm80.cuh"
-#include "kernels/sm80/launch_common_sm80.h"
+#include "kernels/sm80/launch_sm80.h"
 
 namespace flashspan::sm80 {
 namespace {
@@ -21,13 +22,13 @@ __global__ void fill_neg_inf_kernel(float* p, int n) {
 }
 
 template <class T, bool kBf16, bool kMaxLogit>
-void run_fwd(const FlexFwdParams& p, int num_tasks, cudaStream_t stream) {
+void run_fwd(const FwdParams& p, int num_tasks, cudaStream_t stream) {
   static_assert(T::kSmemBytes == fwd_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
   auto kernel = kern::flex_fwd_kernel_sm80<T, kBf16, kMaxLogit>;
   static std::atomic<uint64_t> smem_set{0};
   ensure_smem_limit(kernel, T::kSmemBytes, smem_set, "flex forward: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (p.split.items != nullptr) {
-    // Split schedule (fwd_split_sm80.cuh). Whether any task is split is decided on the
+    // Split schedule (fwd_split.cuh). Whether any task is split is decided on the
     // device (scan kernel): the one-CTA-per-task kernel runs when none is, the persistent
     // kernel and the combine when some are; the other kernel's CTAs exit at once.
     auto persistent = kern::flex_fwd_persistent_kernel_sm80<T, kBf16, kMaxLogit>;
@@ -35,10 +36,11 @@ void run_fwd(const FlexFwdParams& p, int num_tasks, cudaStream_t stream) {
     ensure_smem_limit(persistent, T::kSmemBytes, smem_set_p,
                       "flex forward (persistent): cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     static std::atomic<int> ctas_cache[64];
-    FlexFwdParams ps = p;
+    FwdParams ps = p;
     ps.split.num_ctas = persistent_ctas(persistent, T::kThreads, T::kSmemBytes, ctas_cache, "flex forward (persistent)");
-    const unsigned tasks = unsigned(ps.split.num_tasks);
-    kern::flex_fwd_split_count_kernel<<<(tasks + 255) / 256, 256, 0, stream>>>(ps);
+    const unsigned tasks = grid_1d(ps.split.num_tasks, "flex forward (tasks)");
+    kern::flex_fwd_split_count_kernel<<<grid_1d((int64_t(tasks) + 255) / 256, "flex forward split count"), 256, 0,
+                                        stream>>>(ps);
     check_launch("flex forward split count (sm80)");
     kern::split_scan_kernel<true><<<1, kern::kSplitScanThreads, 0, stream>>>(ps.split);
     check_launch("flex forward split scan (sm80)");
@@ -46,21 +48,22 @@ void run_fwd(const FlexFwdParams& p, int num_tasks, cudaStream_t stream) {
     check_launch("flex forward split items (sm80)");
     kernel<<<tasks, T::kThreads, T::kSmemBytes, stream>>>(ps);
     check_launch("flex forward (sm80)");
-    persistent<<<unsigned(ps.split.num_ctas), T::kThreads, T::kSmemBytes, stream>>>(ps);
+    persistent<<<grid_1d(ps.split.num_ctas, "flex forward, persistent"), T::kThreads, T::kSmemBytes, stream>>>(ps);
     check_launch("flex forward, persistent (sm80)");
     kern::flex_fwd_split_combine_kernel<kBf16><<<tasks, 256, 0, stream>>>(ps);
     check_launch("flex forward split combine (sm80)");
     return;
   }
-  // Grid mode: (query block, task head); task heads are the kv heads when packed.
-  const dim3 grid =
-      p.grid_mode ? dim3(unsigned(p.view.num_q_blocks), unsigned(p.num_heads_q / p.pack)) : dim3(unsigned(num_tasks));
+  // Grid mode: (query block, task head) folded into x (grid.h); task heads are the kv heads
+  // when packed. Task mode: one CTA per task.
+  const unsigned grid = p.grid_mode ? grid_2d_folded(p.view.num_q_blocks, p.num_heads_q / p.pack, "flex forward (grid mode)")
+                                    : grid_1d(num_tasks, "flex forward (tasks)");
   kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
   check_launch("flex forward (sm80)");
 }
 
 template <class T, bool kBf16>
-void run_fwd_ml(const FlexFwdParams& p, int num_tasks, cudaStream_t stream) {
+void run_fwd_ml(const FwdParams& p, int num_tasks, cudaStream_t stream) {
   if constexpr (T::kMaxLogitAtRunTime) {
     run_fwd<T, kBf16, true>(p, num_tasks, stream);
   } else if (p.max_logit != nullptr) {
@@ -71,7 +74,7 @@ void run_fwd_ml(const FlexFwdParams& p, int num_tasks, cudaStream_t stream) {
 }
 
 template <class T>
-void run_fwd_dtype(const FlexFwdParams& p, DType dtype, int num_tasks, cudaStream_t stream) {
+void run_fwd_dtype(const FwdParams& p, DType dtype, int num_tasks, cudaStream_t stream) {
   if (dtype == DType::kBFloat16) {
     run_fwd_ml<T, true>(p, num_tasks, stream);
   } else {
@@ -80,10 +83,10 @@ void run_fwd_dtype(const FlexFwdParams& p, DType dtype, int num_tasks, cudaStrea
 }
 
 template <int kBQ, int kD1, int kD2, int kMT, int kMinBlocks, bool kAlwaysExact>
-void run_fwd_tile(const FlexFwdParams& p, DType dtype, int num_tasks, cudaStream_t stream) {
+void run_fwd_tile(const FwdParams& p, DType dtype, int num_tasks, cudaStream_t stream) {
   if constexpr (kAlwaysExact) {
     run_fwd_dtype<kern::FwdTraitsSm80<kBQ, 64, kD1, kD2, kMT, kMinBlocks, true>>(p, dtype, num_tasks, stream);
-  } else if (p.dqk == kD1 && p.dv == kD2) {
+  } else if (p.head_dqk == kD1 && p.head_dv == kD2) {
     run_fwd_dtype<kern::FwdTraitsSm80<kBQ, 64, kD1, kD2, kMT, kMinBlocks, true>>(p, dtype, num_tasks, stream);
   } else {
     run_fwd_dtype<kern::FwdTraitsSm80<kBQ, 64, kD1, kD2, kMT, kMinBlocks, false>>(p, dtype, num_tasks, stream);
@@ -92,9 +95,10 @@ void run_fwd_tile(const FlexFwdParams& p, DType dtype, int num_tasks, cudaStream
 
 }  // namespace
 
-void launch_fwd_sm80(const FlexFwdParams& p, const TileSm80& tile, DType dtype, int num_tasks, cudaStream_t stream) {
+void launch_fwd_sm80(const FwdParams& p, const TileSm80& tile, DType dtype, int num_tasks, cudaStream_t stream) {
   if (p.max_logit != nullptr) {
-    fill_neg_inf_kernel<<<(p.num_heads_q + 127) / 128, 128, 0, stream>>>(p.max_logit, p.num_heads_q);
+    fill_neg_inf_kernel<<<grid_1d((int64_t(p.num_heads_q) + 127) / 128, "flex forward: max_logit reset"), 128, 0,
+                          stream>>>(p.max_logit, p.num_heads_q);
     check_launch("flex forward: max_logit reset");
   }
   if (p.view.num_q_blocks == 0 || (!p.grid_mode && num_tasks == 0)) return;

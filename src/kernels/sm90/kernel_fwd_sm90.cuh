@@ -42,7 +42,15 @@
 // Results: unsplit items write O normalised (0 for rows with no visible key), LSE (natural
 // log, -inf for empty rows) and reduce max_logit with atomics; items of split tasks write
 // the unnormalised fp32 O, the running max (log2 units) and row sum into their workspace
-// slot (FlexFwdSplit) for the combine kernel (launch_fwd_sm90.cu).
+// slot (FwdSplit) for the combine kernel (launch_fwd_sm90.cu).
+//
+// Why raw PTX (inline asm: wgmma_sm90.inc, the mbarrier / TMA / setmaxnreg wrappers below) and
+// not CuTe from the pinned nvidia-cutlass headers: the kernel needs only a handful of Hopper
+// instructions (four wgmma forms, one TMA load form, mbarrier init/arrive/expect_tx/try_wait,
+// setmaxnreg, fences), each checked on an H200 (HOPPER_BRIEF.md); written out, the register
+// order of every fragment stays explicit, which is what lets the plan's payload words map onto
+// the accumulator registers with compile-time bit indices; and the build needs no extra header
+// package and none of CuTe's template compile time (the CPU CI builds every CUDA file on 2 cores).
 #pragma once
 
 #include <cuda.h>
@@ -50,7 +58,7 @@
 #include <cstdint>
 
 #include "kernels/common/block_range.cuh"
-#include "kernels/common/flex_params.h"
+#include "kernels/params.h"
 #include "kernels/common/ptx.cuh"
 
 namespace flashspan::kern90 {
@@ -270,27 +278,19 @@ __device__ __forceinline__ void pack_p(const float (&s)[16][4], uint32_t (&pa)[8
 }
 
 // A work item as the producer hands it to the consumers: key blocks [begin, begin + count)
-// of the merged walk of query block qb (sample-local) of query head h of sample b; slot >= 0
+// of the Q2K walk (BlockCursor order) of query block qb (sample-local) of query head h of sample b; slot >= 0
 // for a piece of a split task. qb < 0 ends the CTA.
 struct Item {
   int qb, h, b, begin, count, slot;
 };
 
-// The CSR cursor of an item, restricted to [begin, begin + count).
-__device__ __forceinline__ kern::BlockCursor item_cursor(const FlexFwdParams& p, const Item& it) {
+// The CSR cursor of an item, restricted to [begin, begin + count) (block_range.cuh).
+__device__ __forceinline__ kern::ItemCursor item_cursor(const FwdParams& p, const Item& it) {
   const int hm = p.mask_per_head ? it.h : 0;
   const int64_t r = int64_t(hm) * p.view.num_q_blocks + __ldg(p.view.q_block_start + it.b) + it.qb;
-  kern::BlockCursor cur{p.view.q2k_partial_kb, p.view.q2k_full_kb, __ldg(p.view.q2k_partial_ptr + r),
-                        __ldg(p.view.q2k_partial_ptr + r + 1), __ldg(p.view.q2k_full_ptr + r),
-                        __ldg(p.view.q2k_full_ptr + r + 1)};
-  if (it.begin > 0 || it.count < cur.remaining()) {
-    cur.skip(it.begin);
-    kern::BlockCursor end = cur;
-    end.skip(it.count);
-    cur.ip_end = end.ip;
-    cur.jf_end = end.jf;
-  }
-  return cur;
+  return kern::ItemCursor::make(kern::BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb,
+                                                       p.view.q2k_full_ptr, p.view.q2k_full_runs, r),
+                                it.begin, it.count);
 }
 
 // ---------------------------------------------------------------------------
@@ -298,7 +298,7 @@ __device__ __forceinline__ kern::BlockCursor item_cursor(const FlexFwdParams& p,
 // ---------------------------------------------------------------------------
 
 template <int kD>
-__device__ __forceinline__ void producer(const FlexFwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+__device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                          const CUtensorMap* tm_v, uint32_t base, int32_t* s_item) {
   using L = FwdSm90Layout<kD>;
   const uint32_t bars = base + L::kBar;
@@ -313,8 +313,8 @@ __device__ __forceinline__ void producer(const FlexFwdParams& p, const CUtensorM
   for (uint32_t item_it = 0;; ++item_it) {
     Item it{-1, 0, 0, 0, 0, -1};
     if (p.split.items != nullptr) {
-      const int i = atomicAdd(p.split.hdr + FlexSplitSchedule::kCounter, 1);
-      if (i < p.split.hdr[FlexSplitSchedule::kTotal]) {
+      const int i = atomicAdd(p.split.hdr + SplitSchedule::kCounter, 1);
+      if (i < p.split.hdr[SplitSchedule::kTotal]) {
         const int4 x = reinterpret_cast<const int4*>(p.split.items)[i];
         const int32_t* task = p.view.tasks + 4 * int64_t(x.x);
         it = Item{__ldg(task + 0), __ldg(task + 1), __ldg(task + 2), x.y, x.z - x.y, x.w};
@@ -324,7 +324,7 @@ __device__ __forceinline__ void producer(const FlexFwdParams& p, const CUtensorM
       if (p.grid_mode) {
         if (i < p.view.num_q_blocks * task_heads) {
           const int gq = int(i % p.view.num_q_blocks);
-          const int b = kern::find_block_owner(p.view.q_block_start, p.num_batch, gq);
+          const int b = kern::find_block_owner(p.view.q_block_start, p.batch, gq);
           it = Item{gq - __ldg(p.view.q_block_start + b), int(i / p.view.num_q_blocks), b, 0, 0x7fffffff, -1};
         }
       } else if (i < p.view.num_tasks) {
@@ -344,7 +344,7 @@ __device__ __forceinline__ void producer(const FlexFwdParams& p, const CUtensorM
     mbar_arrive(item_full + 8 * rs);  // release: the entry is visible to the waiting consumers
     if (it.qb < 0) return;
 
-    kern::BlockCursor cur = item_cursor(p, it);
+    kern::ItemCursor cur = item_cursor(p, it);
     const int q_row = (p.varlen ? __ldg(p.cu_seqlens_q + it.b) : 0) + it.qb * kBlockQ;
     const int k_row0 = p.varlen ? __ldg(p.cu_seqlens_k + it.b) : 0;
     const int bcoord = p.varlen ? 0 : it.b;
@@ -381,7 +381,7 @@ __device__ __forceinline__ void producer(const FlexFwdParams& p, const CUtensorM
 // ---------------------------------------------------------------------------
 
 template <int kD, bool kBf16, bool kMaxLogit, bool kOverlap>
-__device__ __forceinline__ void consumer(const FlexFwdParams& p, uint32_t base, const int32_t* s_item) {
+__device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, const int32_t* s_item) {
   using L = FwdSm90Layout<kD>;
   constexpr int kNO = kD / 8;  // n8 blocks of O
   constexpr float kLn2 = 0.6931471805599453f;
@@ -403,7 +403,7 @@ __device__ __forceinline__ void consumer(const FlexFwdParams& p, uint32_t base, 
     mbar_arrive(item_empty + 8 * rs);
     if (it.qb < 0) return;
 
-    kern::BlockCursor cur = item_cursor(p, it);
+    kern::ItemCursor cur = item_cursor(p, it);
     float o[kNO][4];
 #pragma unroll
     for (int n = 0; n < kNO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -439,7 +439,7 @@ __device__ __forceinline__ void consumer(const FlexFwdParams& p, uint32_t base, 
         issue_qk<kD, kBf16>(s, q_tile, k_tile);
         wg_commit();
         wg_wait<0>();
-        release_q(cur.remaining() == 0);
+        release_q(cur.done());
         reg_fence(s);
         float corr[2];
         softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);
@@ -477,7 +477,7 @@ __device__ __forceinline__ void consumer(const FlexFwdParams& p, uint32_t base, 
           issue_qk<kD, kBf16>(s, q_tile, base + L::kK + st_prev * L::kTileBytes);
           wg_commit();
           wg_wait<0>();
-          release_q(cur.remaining() == 0);
+          release_q(cur.done());
           reg_fence(s);
           float corr[2];
           softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);  // o = 0: no rescale
@@ -501,7 +501,7 @@ __device__ __forceinline__ void consumer(const FlexFwdParams& p, uint32_t base, 
           issue_pv<kD, kBf16>(o, pa, base + L::kV + st_prev * L::kTileBytes);
           wg_commit();
           wg_wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
-          release_q(cur.remaining() == 0);
+          release_q(cur.done());
           reg_fence(s);
           float corr[2];
           softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);
@@ -588,7 +588,7 @@ __device__ __forceinline__ void consumer(const FlexFwdParams& p, uint32_t base, 
 // loaded binary's version before choosing this family: launch_fwd_sm90.cu).
 template <int kD, bool kBf16, bool kMaxLogit, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
-    flex_fwd_kernel_sm90(const __grid_constant__ FlexFwdParams p, const __grid_constant__ CUtensorMap tm_q,
+    flex_fwd_kernel_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = FwdSm90Layout<kD>;

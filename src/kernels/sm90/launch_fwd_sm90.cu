@@ -1,7 +1,7 @@
 // Instantiations and launch of the sm90 flex forward (kernel_fwd_sm90.cuh): head dims
 // {64, 128} x {fp16, bf16} x {max_logit off, on}; tensor maps of Q, K, V (encoded on the host
 // per call: no stream operation, so capture-safe); the split schedule of long walks when the
-// caller gave a workspace: count, scan (split_schedule_sm80.cuh), item list (every task, so
+// caller gave a workspace: count, scan (split_schedule.cuh), item list (every task, so
 // the persistent kernel always claims from it, longest tasks first), the persistent kernel,
 // and the combine of split tasks.
 #include <cuda.h>
@@ -13,7 +13,8 @@
 #include <mutex>
 
 #include "core/error.h"
-#include "kernels/sm80/split_schedule_sm80.cuh"
+#include "kernels/common/grid.h"
+#include "kernels/common/split_schedule.cuh"
 #include "kernels/sm90/kernel_fwd_sm90.cuh"
 #include "kernels/sm90/launch_sm90.h"
 
@@ -29,7 +30,7 @@ void check_launch(const char* what) {
 }
 
 // A. Key blocks of every task (as the sm80 count kernel).
-__global__ void __launch_bounds__(256) fwd_split_count_kernel_sm90(const FlexFwdParams p) {
+__global__ void __launch_bounds__(256) fwd_split_count_kernel_sm90(const FwdParams p) {
   const int t = blockIdx.x * 256 + threadIdx.x;
   if (t >= p.split.num_tasks) return;
   const int32_t* task = p.view.tasks + 4 * int64_t(t);
@@ -40,7 +41,7 @@ __global__ void __launch_bounds__(256) fwd_split_count_kernel_sm90(const FlexFwd
 }
 
 // B. Items of task blockIdx.x, split or not: the sm90 kernel always runs the item list.
-__global__ void __launch_bounds__(256) fwd_split_items_kernel_sm90(const FlexFwdParams p) {
+__global__ void __launch_bounds__(256) fwd_split_items_kernel_sm90(const FwdParams p) {
   kern::write_split_items<true>(p.split, blockIdx.x);
 }
 
@@ -48,8 +49,8 @@ __global__ void __launch_bounds__(256) fwd_split_items_kernel_sm90(const FlexFwd
 // m = max m_i, l = sum l_i 2^(m_i - m), out = sum O_i 2^(m_i - m) / l, LSE = (m + log2 l) ln 2;
 // rows without a visible key get out 0 and LSE -inf.
 template <bool kBf16>
-__global__ void __launch_bounds__(256) fwd_split_combine_kernel_sm90(const FlexFwdParams p) {
-  const FlexFwdSplit& sp = p.split;
+__global__ void __launch_bounds__(256) fwd_split_combine_kernel_sm90(const FwdParams p) {
+  const FwdSplit& sp = p.split;
   const int t = blockIdx.x;
   const int slot0 = sp.task_slot[t];
   if (slot0 < 0) return;
@@ -82,7 +83,7 @@ __global__ void __launch_bounds__(256) fwd_split_combine_kernel_sm90(const FlexF
   __syncthreads();
   uint16_t* o = static_cast<uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride + q_row0 * p.oa.row_stride +
                 int64_t(h) * p.oa.head_stride;
-  const int pairs = p.dv / 2;
+  const int pairs = p.head_dv / 2;
   for (int idx = threadIdx.x; idx < rows_valid * pairs; idx += blockDim.x) {
     const int row = idx / pairs, c = 2 * (idx - row * pairs);
     const float m_use = s_m[row];
@@ -90,7 +91,7 @@ __global__ void __launch_bounds__(256) fwd_split_combine_kernel_sm90(const FlexF
     for (int i = 0; i < n; ++i) {
       const int64_t slot = slot0 + i;
       const float w = exp2f(sp.ml[slot * 2 * bq + row] - m_use);
-      const float2 x = *reinterpret_cast<const float2*>(sp.o_accum + (slot * bq + row) * p.dv + c);
+      const float2 x = *reinterpret_cast<const float2*>(sp.o_accum + (slot * bq + row) * p.head_dv + c);
       acc.x += w * x.x;
       acc.y += w * x.y;
     }
@@ -164,13 +165,13 @@ int device_sms(int dev) {
   }
   int sms = 0;
   check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "sm90 forward: SM count");
-  sms = std::max(1, std::min(sms, FlexSplitSchedule::kMaxCtas));
+  sms = std::max(1, std::min(sms, SplitSchedule::kMaxCtas));
   if (dev >= 0 && dev < 64) cache[dev].store(sms, std::memory_order_relaxed);
   return sms;
 }
 
 template <int kD, bool kBf16, bool kMaxLogit, bool kOverlap>
-void run(const FlexFwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
+void run(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
          cudaStream_t stream) {
   using L = kern90::FwdSm90Layout<kD>;
   auto kernel = kern90::flex_fwd_kernel_sm90<kD, kBf16, kMaxLogit, kOverlap>;
@@ -185,10 +186,11 @@ void run(const FlexFwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, c
   }
   const int sms = device_sms(dev);
   if (p.split.items != nullptr) {
-    FlexFwdParams ps = p;
+    FwdParams ps = p;
     ps.split.num_ctas = sms;
-    const unsigned tasks = unsigned(ps.split.num_tasks);
-    fwd_split_count_kernel_sm90<<<(tasks + 255) / 256, 256, 0, stream>>>(ps);
+    const unsigned tasks = grid_1d(ps.split.num_tasks, "flex forward (sm90 tasks)");  // grid.h
+    fwd_split_count_kernel_sm90<<<grid_1d((int64_t(tasks) + 255) / 256, "flex forward split count (sm90)"), 256, 0,
+                                  stream>>>(ps);
     check_launch("flex forward split count (sm90)");
     kern::split_scan_kernel<true><<<1, kern::kSplitScanThreads, 0, stream>>>(ps.split);
     check_launch("flex forward split scan (sm90)");
@@ -219,7 +221,7 @@ bool overlap_disabled() {
 }
 
 template <int kD, bool kBf16, bool kMaxLogit>
-void run_o(const FlexFwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
+void run_o(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
            cudaStream_t s) {
   if constexpr (kD == 64) {
     if (!overlap_disabled()) {
@@ -231,7 +233,7 @@ void run_o(const FlexFwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk,
 }
 
 template <int kD>
-void run_d(const FlexFwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
+void run_d(const FwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
            cudaStream_t s) {
   const bool ml = p.max_logit != nullptr;
   if (dtype == DType::kBFloat16) {
@@ -276,14 +278,15 @@ int fwd_smem_bytes(int d) {
   return d <= 64 ? kern90::FwdSm90Layout<64>::kBytes : kern90::FwdSm90Layout<128>::kBytes;
 }
 
-void launch_fwd_sm90(const FlexFwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+void launch_fwd_sm90(const FwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                      DType dtype, cudaStream_t stream) {
-  FS_CHECK(p.pack == 1 && p.dqk == p.dv && (p.dqk == 64 || p.dqk == 128) && p.view.block_q == kern90::kBlockQ &&
+  FS_CHECK(p.pack == 1 && p.head_dqk == p.head_dv && (p.head_dqk == 64 || p.head_dqk == 128) && p.view.block_q == kern90::kBlockQ &&
                p.view.block_k == kern90::kBlockK,
-           Status::kInternal, "sm90 forward: unsupported configuration reached the launcher (D ", p.dqk, "/", p.dv,
+           Status::kInternal, "sm90 forward: unsupported configuration reached the launcher (D ", p.head_dqk, "/", p.head_dv,
            ", tile ", p.view.block_q, "x", p.view.block_k, ", pack ", p.pack, ")");
   if (p.max_logit != nullptr) {
-    fill_neg_inf_kernel_sm90<<<(p.num_heads_q + 127) / 128, 128, 0, stream>>>(p.max_logit, p.num_heads_q);
+    fill_neg_inf_kernel_sm90<<<grid_1d((int64_t(p.num_heads_q) + 127) / 128, "sm90 forward: max_logit reset"), 128,
+                               0, stream>>>(p.max_logit, p.num_heads_q);
     check_launch("flex forward: max_logit reset (sm90)");
   }
   if (p.view.num_q_blocks == 0 || (!p.grid_mode && p.view.num_tasks == 0)) return;
@@ -291,7 +294,7 @@ void launch_fwd_sm90(const FlexFwdParams& p, const TensorView& q, const TensorVi
   const CUtensorMap mq = make_map(q, varlen, dtype, "q");
   const CUtensorMap mk = make_map(k, varlen, dtype, "k");
   const CUtensorMap mv = make_map(v, varlen, dtype, "v");
-  if (p.dqk == 64) {
+  if (p.head_dqk == 64) {
     run_d<64>(p, dtype, mq, mk, mv, stream);
   } else {
     run_d<128>(p, dtype, mq, mk, mv, stream);

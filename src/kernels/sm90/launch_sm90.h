@@ -7,7 +7,7 @@
 
 #include "core/geometry.h"
 #include "core/tensor_view.h"
-#include "kernels/common/flex_params.h"
+#include "kernels/params.h"
 
 namespace flashspan::sm90 {
 
@@ -25,7 +25,7 @@ int fwd_smem_bytes(int d);
 
 // Enqueues the sm90 forward: p as launch_flex_fwd fills it (view of a consumer_for(90) plan,
 // pack = 1, split schedule bound when a workspace was given); q, k, v for the tensor maps.
-void launch_fwd_sm90(const FlexFwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+void launch_fwd_sm90(const FwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                      DType dtype, cudaStream_t stream);
 
 }  // namespace flashspan::sm90

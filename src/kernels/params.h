@@ -1,5 +1,6 @@
-// Kernel parameter blocks of the flex forward/backward kernels (plain C++, filled on the
-// host by the launchers, passed by value to the kernels).
+// Kernel parameter blocks of the flex forward/backward kernels: plain structs (no CUDA, no plan
+// or API types), filled on the host by src/dispatch, passed by value to the kernels of every
+// family. FwdParams and BwdParams share the QkvParams base.
 //
 // Tensor addressing. Row i of sample b, head h of a [B,S,H,D] (BSHD) or [T,H,D] (THD) tensor
 // starts at element
@@ -12,28 +13,28 @@
 
 #include <cstdint>
 
-#include "plan/mask_plan.h"
+#include "kernels/common/plan_view.h"
 
 namespace flashspan {
 
-struct FlexTensorAddr {
+struct TensorAddr {
   int64_t batch_stride = 0, row_stride = 0, head_stride = 0;  // elements
 };
 
 // Split schedule shared by the forward and the non-deterministic dK/dV kernels (load
-// balancing; see src/kernels/sm80/split_schedule_sm80.cuh). Task t (an entry of view.tasks)
+// balancing; see src/kernels/common/split_schedule.cuh). Task t (an entry of view.tasks)
 // walks iters(t) steps; a work item is a range [begin, end) of those steps. A task whose
 // steps exceed the run's chunk is split into several items whose partial results meet in
 // workspace slots and are combined afterwards. All arrays live in the call's workspace.
-struct FlexSplitSchedule {
+struct SplitSchedule {
   // hdr[kTotal]: number of items; hdr[kCounter]: next item to claim (zeroed by the scan
   // kernel); hdr[kChunk]: steps per item of this run; hdr[kNumSplit]: slots used.
   static constexpr int kTotal = 0, kCounter = 1, kChunk = 2, kNumSplit = 3, kHdrInts = 4;
   // Chunk = max(kChunkMin, ceil(total steps / (kItemsPerCta * num_ctas)),
   //             ceil(total steps / kMaxSplit), and a term that depends on how the task
-  //             count compares with the grid: split_schedule_sm80.cuh), so that
+  //             count compares with the grid: split_schedule.cuh), so that
   //   items <= num_tasks + kItemsPerCta * num_ctas,   split tasks < kMaxSplit,
-  //   items of split tasks < 2 * kMaxSplit (split_schedule_sm80.cuh proves both).
+  //   items of split tasks < 2 * kMaxSplit (split_schedule.cuh proves both).
   static constexpr int kChunkMin = 16;
   static constexpr int kItemsPerCta = 4;
   static constexpr int kMaxCtas = 1024;   // persistent grid cap (bounds the item list)
@@ -53,39 +54,50 @@ struct FlexSplitSchedule {
 // group's query heads of each head's K2Q list in ascending query-block order. One slot per
 // split task: its items add their dK/dV partial sums into the slot with fp32 atomics and a
 // convert kernel writes the rows.
-struct FlexBwdSplit : FlexSplitSchedule {
+struct BwdSplit : SplitSchedule {
   float* dk_accum = nullptr;      // [kMaxSplit or fewer slots, block_k, head_dqk] fp32, unscaled
   float* dv_accum = nullptr;      // [slots, block_k, head_dv] fp32
 };
 
-// Forward: steps are the key blocks of the query block's Q2K lists in ascending block order
-// (the merge of the full and partial lists, BlockCursor). One slot per item of a split
+// Forward: steps are the key blocks of the query block's Q2K row in BlockCursor order
+// (partial entries, then full runs; block_range.cuh). One slot per item of a split
 // task (a task's slots are consecutive, from task_slot[t]): the item writes its unnormalised
 // output accumulator and per-row running max (log2 units) and sum; a combine kernel merges
-// them (split_schedule_sm80.cuh, flex_fwd_split_combine_kernel).
-struct FlexFwdSplit : FlexSplitSchedule {
+// them (split_schedule.cuh, flex_fwd_split_combine_kernel).
+struct FwdSplit : SplitSchedule {
   float* o_accum = nullptr;  // [slots, block_q, dv] fp32, unnormalised
   float* ml = nullptr;       // [slots, 2, block_q] fp32: running max m (log2 units), then sum l
 };
 
-struct FlexFwdParams {
-  const void* q = nullptr;
-  const void* k = nullptr;
-  const void* v = nullptr;
-  void* o = nullptr;
-  FlexTensorAddr qa, ka, va, oa;
-  float* lse = nullptr;  // optional
-  FlexTensorAddr lsea;
-  float* max_logit = nullptr;  // optional, [Hq], reset to -inf before the kernel
-  const int32_t* cu_seqlens_q = nullptr;  // device, [B+1]
+// What every flex kernel reads, forward or backward: the Q/K/V inputs, the sequence lengths,
+// the head geometry, the softmax scale and one view of the mask plan. Head dims in elements;
+// scale in 1/sqrt(d) units (scale_log2 = scale * log2(e), for exp2).
+struct QkvParams {
+  const void* q = nullptr;  // [B,Sq,Hq,Dqk] | [Tq,Hq,Dqk], fp16/bf16
+  const void* k = nullptr;  // [B,Sk,Hkv,Dqk] | [Tk,Hkv,Dqk]
+  const void* v = nullptr;  // [B,Sk,Hkv,Dv] | [Tk,Hkv,Dv]
+  TensorAddr qa, ka, va;
+  const int32_t* cu_seqlens_q = nullptr;  // device, [B+1] (the plan's copies; b*S for BSHD)
   const int32_t* cu_seqlens_k = nullptr;
-  int varlen = 0;
-  int num_batch = 0;
-  int num_heads_q = 0, group_size = 1, mask_per_head = 0;
-  int dqk = 0, dv = 0;
+  int varlen = 0;  // 1: THD, 0: BSHD
+  int batch = 0;
+  int num_heads_q = 0, group_size = 1, mask_per_head = 0;  // group_size = Hq / Hkv
+  int head_dqk = 0, head_dv = 0;
   float scale = 0.f;       // softmax scale
   float scale_log2 = 0.f;  // scale * log2(e)
-  PlanViewPtrs view;       // forward view, device pointers
+  PlanViewPtrs view;       // forward or backward view, device pointers
+  // Forward: 0 = one CTA per entry of view.tasks (cost order); 1 = grid (query block, task
+  // head) over every global query block, for plans whose task list omits blocks without
+  // visible keys. dK/dV kernel: 0 = view.tasks, 1 = grid (key block, kv head).
+  int grid_mode = 0;
+};
+
+struct FwdParams : QkvParams {
+  void* o = nullptr;  // [B,Sq,Hq,Dv] | [Tq,Hq,Dv]
+  TensorAddr oa;
+  float* lse = nullptr;  // optional, [B,Hq,Sq] | [Hq,Tq] fp32
+  TensorAddr lsea;
+  float* max_logit = nullptr;  // optional, [Hq], reset to -inf before the kernel
   // Packed GQA (plan.signature.pack_gqa, mask_plan.h): pack = G = group_size, the rows of a
   // query block are packed rows r = s * G + g (sample-local query position s of query head
   // hkv * G + g) and the head of a task or grid cell is the kv head hkv. pack = 1: rows are
@@ -93,43 +105,28 @@ struct FlexFwdParams {
   // block whose task head is h is position (row0 + r) / pack of query head
   // h * pack + (row0 + r) % pack.
   int pack = 1;
-  // 0: one CTA per entry of view.tasks (cost order); 1: grid (query block, task head) over
-  // every global query block (task heads: Hq, or Hkv when packed), for plans whose task list
-  // omits blocks without visible keys.
-  int grid_mode = 0;
-  FlexFwdSplit split;  // task mode with a workspace only (split.items != nullptr)
+  FwdSplit split;  // task mode with a workspace only (split.items != nullptr)
 };
 
-struct FlexBwdParams {
-  const void* q = nullptr;
-  const void* k = nullptr;
-  const void* v = nullptr;
+struct BwdParams : QkvParams {
   const void* o = nullptr;
   const void* dout = nullptr;
   void* dq = nullptr;
   void* dk = nullptr;
   void* dv = nullptr;
-  FlexTensorAddr qa, ka, va, oa, doa, dqa, dka, dva;
+  TensorAddr oa, doa, dqa, dka, dva;
   const float* lse = nullptr;
-  FlexTensorAddr lsea;
+  TensorAddr lsea;
   const float* dlse = nullptr;  // optional gradient of LSE (lse's layout, own strides)
-  FlexTensorAddr dlsea;
+  TensorAddr dlsea;
   // Workspace, [Hq, total_q] fp32 each: D_i = dO_i . O_i - dlse_i, and LSE * log2(e) (+inf for an
   // empty row, so that exp2(s - lse2) = 0 there).
   float* delta = nullptr;
   float* lse2 = nullptr;
   float* dq_accum = nullptr;  // [Hq, total_q, Dqk] fp32 (atomic dQ path), else unused
   int64_t total_q = 0;
-  const int32_t* cu_seqlens_q = nullptr;
-  const int32_t* cu_seqlens_k = nullptr;
-  int varlen = 0;
-  int batch = 0;
-  int num_heads_q = 0, group_size = 1, mask_per_head = 0;
-  int head_dqk = 0, head_dv = 0;
-  float scale = 0.f, scale_log2 = 0.f;
-  PlanViewPtrs view;  // backward view, device pointers
-  int grid_mode = 0;  // dK/dV kernel: 0 = view.tasks, 1 = grid (key block, kv head)
-  FlexBwdSplit split;  // non-deterministic task mode only (split.items != nullptr)
+  int64_t seqlen_q = 0;  // BSHD: Sq of every sample (flattened row t is position t % Sq of sample t / Sq); THD: 0
+  BwdSplit split;  // non-deterministic task mode only (split.items != nullptr)
 };
 
 }  // namespace flashspan

@@ -36,10 +36,9 @@ void validate_endpoints_host(const int32_t* mask, const FlexGeometry& g);
 [[noreturn]] void throw_endpoint_error(int kind, int64_t mask_head, int64_t row, int64_t index, int64_t value,
                                        int64_t limit, const FlexGeometry& g);
 
-// Supported head dimensions of the reference (any multiple of 8 up to 256) and of the
-// GPU kernels ({8..128 step 8}^2, (192,128), (256,256)).
+// Supported head dimensions of the reference (any multiple of 8 up to 256). The GPU kernel
+// families add their own rule (check_head_dims_gpu, src/dispatch/family.h).
 void check_head_dims_reference(int dqk, int dv);
-void check_head_dims_gpu(int dqk, int dv);
 
 // Output / call checks against a plan's geometry.
 void check_same_tensor_shape(const TensorView& t, const char* name, const int64_t* shape, int ndim, DType dtype,

@@ -8,9 +8,12 @@
 #include <algorithm>
 #include <cmath>
 
-#include "api/validation.h"
-#include "kernels/flex_launch.h"
-#include "kernels/sm80/launch_common_sm80.h"
+#include "core/validation.h"
+#include "dispatch/family.h"
+#include "dispatch/flex_launch.h"
+#include "dispatch/tensor_addr.h"
+#include "dispatch/workspace.h"
+#include "kernels/sm80/launch_sm80.h"
 #include "kernels/sm90/launch_sm90.h"
 
 namespace flashspan {
@@ -24,7 +27,7 @@ const int32_t* plan_array(const MaskPlan& plan, const char* name) {
 }
 
 // The tile the sm80 kernels run for this plan (forward tile from the plan's consumer:
-// launch_common_sm80.h, fwd_tile_for_plan_sm80). Throws kNotSupported when no sm80 forward
+// launch_sm80.h, fwd_tile_for_plan_sm80). Throws kNotSupported when no sm80 forward
 // kernel has the plan's forward tile.
 sm80::TileSm80 plan_tile(const FlexGeometry& g, const MaskPlan& plan) {
   const Consumer& c = plan.signature.consumer;
@@ -57,17 +60,17 @@ void check_tile(const FlexGeometry& g, const MaskPlan& plan, bool backward) {
 
 size_t flex_fwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool has_max_logit) {
   (void)has_max_logit;
-  // The split schedule of the forward (launch_common_sm80.h, FwdWorkspaceLayout; its task
+  // The split schedule of the forward (launch_sm80.h, FwdWorkspaceLayout; its task
   // bound depends on plan.signature.pack_gqa); max_logit is reset in place.
   const Consumer& c = plan.signature.consumer;
-  return sm80::fwd_workspace_layout(g, plan.signature.pack_gqa, c.fwd_block_q, c.fwd_block_k).total;
+  return fwd_workspace_layout(g, plan.signature.pack_gqa, c.fwd_block_q, c.fwd_block_k).total;
 }
 
 size_t flex_bwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool deterministic) {
   (void)plan;
   // delta and lse2, fp32 [Hq, total_q] each; the atomic path adds the dQ accumulator and
-  // the dK/dV split schedule (launch_common_sm80.h, BwdWorkspaceLayout).
-  return sm80::bwd_workspace_layout(g, deterministic).total;
+  // the dK/dV split schedule (launch_sm80.h, BwdWorkspaceLayout).
+  return bwd_workspace_layout(g, deterministic).total;
 }
 
 void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool backward) {
@@ -129,34 +132,34 @@ void launch_flex_fwd(const FlexFwdLaunch& a) {
   const FlexGeometry& g = *a.geometry;
   const MaskPlan& plan = *a.plan;
   FS_CHECK(plan.on_device(), Status::kInternal, "mask_plan: launch_flex_fwd needs a CUDA plan");
-  sm80::check_vec_aligned(a.q, "q");
-  sm80::check_vec_aligned(a.k, "k");
-  sm80::check_vec_aligned(a.v, "v");
-  sm80::check_vec_aligned(a.out, "out");
+  check_vec_aligned(a.q, "q");
+  check_vec_aligned(a.k, "k");
+  check_vec_aligned(a.v, "v");
+  check_vec_aligned(a.out, "out");
 
-  FlexFwdParams p;
+  FwdParams p;
   p.q = a.q.data;
   p.k = a.k.data;
   p.v = a.v.data;
   p.o = a.out.data;
-  p.qa = sm80::qkv_addr(a.q, g.varlen);
-  p.ka = sm80::qkv_addr(a.k, g.varlen);
-  p.va = sm80::qkv_addr(a.v, g.varlen);
-  p.oa = sm80::qkv_addr(a.out, g.varlen);
+  p.qa = qkv_addr(a.q, g.varlen);
+  p.ka = qkv_addr(a.k, g.varlen);
+  p.va = qkv_addr(a.v, g.varlen);
+  p.oa = qkv_addr(a.out, g.varlen);
   if (a.lse.defined()) {
     p.lse = a.lse.ptr<float>();
-    p.lsea = sm80::lse_addr(a.lse, g.varlen);
+    p.lsea = lse_addr(a.lse, g.varlen);
   }
   if (a.max_logit.defined()) p.max_logit = a.max_logit.ptr<float>();
   p.cu_seqlens_q = plan_array(plan, "cu_seqlens_q");
   p.cu_seqlens_k = plan_array(plan, "cu_seqlens_k");
   p.varlen = g.varlen ? 1 : 0;
-  p.num_batch = g.batch;
+  p.batch = g.batch;
   p.num_heads_q = g.num_heads_q;
   p.group_size = g.num_heads_q / g.num_heads_kv;
   p.mask_per_head = g.num_heads_mask == 1 ? 0 : 1;
-  p.dqk = g.head_dim_qk;
-  p.dv = g.head_dim_v;
+  p.head_dqk = g.head_dim_qk;
+  p.head_dv = g.head_dim_v;
   p.scale = a.softmax_scale;
   p.scale_log2 = a.softmax_scale * 1.4426950408889634f;
   p.view = plan.fwd_view();
@@ -167,7 +170,7 @@ void launch_flex_fwd(const FlexFwdLaunch& a) {
            " does not divide Hq = ", g.num_heads_q);
   const int64_t all_blocks = int64_t(g.num_heads_q / p.pack) * p.view.num_q_blocks;
   p.grid_mode = p.view.num_tasks == all_blocks ? 0 : 1;
-  // Split schedule (fwd_split_sm80.cuh) in task mode when the caller gave the workspace; a
+  // Split schedule (fwd_split.cuh) in task mode when the caller gave the workspace; a
   // call without one (workspace_bytes = 0; internal callers only, the C API checks the size)
   // runs one CTA per task as before (sm90: a persistent grid over the task list).
   // The forward tile is the plan's (default or decode tile); flex_check_support_gpu has
@@ -180,8 +183,8 @@ void launch_flex_fwd(const FlexFwdLaunch& a) {
   } else {
     tile = plan_tile(g, plan);
   }
-  const sm80::FwdWorkspaceLayout wl =
-      sm80::fwd_workspace_layout(g, plan.signature.pack_gqa, tile.fwd_bq, tile.fwd_bk);
+  const FwdWorkspaceLayout wl =
+      fwd_workspace_layout(g, plan.signature.pack_gqa, tile.fwd_bq, tile.fwd_bk);
   FS_CHECK_ARG(a.workspace_bytes == 0 || (a.workspace_bytes >= wl.total && a.workspace != nullptr),
                "workspace: needs ", wl.total, " bytes, got ", a.workspace_bytes);
   if (wl.total > 0 && a.workspace_bytes > 0 && !p.grid_mode && p.view.num_tasks > 0) {
@@ -222,9 +225,9 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
     const char* name;
   } vec[] = {{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}, {&a.out, "out"}, {&a.dout, "dout"},
              {&a.dq, "dq"}, {&a.dk, "dk"}, {&a.dv, "dv"}};
-  for (const auto& x : vec) sm80::check_vec_aligned(*x.t, x.name);
+  for (const auto& x : vec) check_vec_aligned(*x.t, x.name);
 
-  FlexBwdParams p;
+  BwdParams p;
   p.q = a.q.data;
   p.k = a.k.data;
   p.v = a.v.data;
@@ -233,26 +236,27 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
   p.dq = a.dq.data;
   p.dk = a.dk.data;
   p.dv = a.dv.data;
-  p.qa = sm80::qkv_addr(a.q, g.varlen);
-  p.ka = sm80::qkv_addr(a.k, g.varlen);
-  p.va = sm80::qkv_addr(a.v, g.varlen);
-  p.oa = sm80::qkv_addr(a.out, g.varlen);
-  p.doa = sm80::qkv_addr(a.dout, g.varlen);
-  p.dqa = sm80::qkv_addr(a.dq, g.varlen);
-  p.dka = sm80::qkv_addr(a.dk, g.varlen);
-  p.dva = sm80::qkv_addr(a.dv, g.varlen);
+  p.qa = qkv_addr(a.q, g.varlen);
+  p.ka = qkv_addr(a.k, g.varlen);
+  p.va = qkv_addr(a.v, g.varlen);
+  p.oa = qkv_addr(a.out, g.varlen);
+  p.doa = qkv_addr(a.dout, g.varlen);
+  p.dqa = qkv_addr(a.dq, g.varlen);
+  p.dka = qkv_addr(a.dk, g.varlen);
+  p.dva = qkv_addr(a.dv, g.varlen);
   p.lse = a.lse.ptr<const float>();
-  p.lsea = sm80::lse_addr(a.lse, g.varlen);
+  p.lsea = lse_addr(a.lse, g.varlen);
   if (a.dlse.defined()) {
     p.dlse = a.dlse.ptr<const float>();
-    p.dlsea = sm80::lse_addr(a.dlse, g.varlen);
+    p.dlsea = lse_addr(a.dlse, g.varlen);
   }
-  const sm80::BwdWorkspaceLayout wl = sm80::bwd_workspace_layout(g, a.deterministic);
+  const BwdWorkspaceLayout wl = bwd_workspace_layout(g, a.deterministic);
   char* ws = static_cast<char*>(a.workspace);
   p.delta = reinterpret_cast<float*>(ws + wl.delta);
   p.lse2 = reinterpret_cast<float*>(ws + wl.lse2);
   p.dq_accum = a.deterministic ? nullptr : reinterpret_cast<float*>(ws + wl.dq_accum);
   p.total_q = g.total_q;
+  p.seqlen_q = g.varlen ? 0 : g.max_seqlen_q;
   p.cu_seqlens_q = plan_array(plan, "cu_seqlens_q");
   p.cu_seqlens_k = plan_array(plan, "cu_seqlens_k");
   p.varlen = g.varlen ? 1 : 0;
@@ -268,7 +272,7 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
   const int64_t all_blocks = int64_t(g.num_heads_kv) * p.view.num_k_blocks;
   p.grid_mode = p.view.num_tasks == all_blocks ? 0 : 1;
   if (!a.deterministic && !p.grid_mode && p.view.num_tasks > 0) {
-    // Split schedule of the dK/dV kernel (bwd_split_sm80.cuh); num_ctas is set at launch.
+    // Split schedule of the dK/dV kernel (bwd_split.cuh); num_ctas is set at launch.
     FS_CHECK(p.view.num_tasks <= wl.max_tasks, Status::kInternal, "mask_plan: ", p.view.num_tasks,
              " backward tasks exceed the workspace bound ", wl.max_tasks);
     FS_CHECK(p.view.block_k == sm80::tile_sm80(g.head_dim_qk, g.head_dim_v).bwd_bk, Status::kInternal,
@@ -284,7 +288,6 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
   cfg.num_q_blocks = static_cast<int>(p.view.num_q_blocks);
   cfg.num_bwd_tasks = static_cast<int>(p.grid_mode ? p.view.num_k_blocks : p.view.num_tasks);
   cfg.total_q = g.total_q;
-  cfg.max_seqlen_q = g.max_seqlen_q;
   sm80::launch_bwd_sm80(p, sm80::tile_sm80(g.head_dim_qk, g.head_dim_v), g.dtype, cfg,
                         static_cast<cudaStream_t>(a.stream));
 }

@@ -9,7 +9,7 @@
 
 #include <cstdint>
 
-#include "kernels/common/ptx.cuh"
+#include "kernels/sm80/mma_sm80.cuh"
 
 namespace flashspan::kern {
 

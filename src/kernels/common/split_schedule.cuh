@@ -5,7 +5,7 @@
 // global tokens, a tree root's span) makes one task hundreds of steps long while the rest of
 // the GPU idles. The schedule cuts long walks into work items that a persistent grid claims.
 //
-// Steps (all on the stream, no host sync, no allocation; arrays in FlexSplitSchedule):
+// Steps (all on the stream, no host sync, no allocation; arrays in SplitSchedule):
 //   A. count  (caller's kernel, one thread per task): task_iters[t] = steps of task t.
 //   S. scan   (one CTA, split_scan_kernel): total = sum of task_iters; chunk = max(kChunkMin,
 //              ceil(total / (kItemsPerCta * num_ctas)), ceil(total / kMaxSplit), and, when
@@ -37,7 +37,7 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
-#include "kernels/common/flex_params.h"
+#include "kernels/params.h"
 
 namespace flashspan::kern {
 
@@ -47,7 +47,7 @@ namespace flashspan::kern {
 constexpr int kSplitScanThreads = 1024;
 
 template <bool kSlotPerItem>
-__global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const FlexSplitSchedule sp) {
+__global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const SplitSchedule sp) {
   using Reduce = cub::BlockReduce<long long, kSplitScanThreads>;
   using Scan = cub::BlockScan<int, kSplitScanThreads>;
   __shared__ union {
@@ -65,10 +65,10 @@ __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const Fle
   if (threadIdx.x == 0) s_total = sum;
   __syncthreads();  // s_total visible; tmp free for the scans
   const long long total = s_total;
-  const long long per_cta = (long long)FlexSplitSchedule::kItemsPerCta * (sp.num_ctas > 0 ? sp.num_ctas : 1);
-  long long chunk = FlexSplitSchedule::kChunkMin;
+  const long long per_cta = (long long)SplitSchedule::kItemsPerCta * (sp.num_ctas > 0 ? sp.num_ctas : 1);
+  long long chunk = SplitSchedule::kChunkMin;
   chunk = max(chunk, (total + per_cta - 1) / per_cta);
-  chunk = max(chunk, (total + FlexSplitSchedule::kMaxSplit - 1) / FlexSplitSchedule::kMaxSplit);
+  chunk = max(chunk, (total + SplitSchedule::kMaxSplit - 1) / SplitSchedule::kMaxSplit);
   // Enough tasks to fill the grid: split only walks far above the mean. Causal-like masks
   // (longest walk < 2x the mean) then run unsplit, since their longest-first task order
   // already balances the grid and a split only adds the partial-sum traffic and the combine
@@ -115,10 +115,10 @@ __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const Fle
   // The last thread's running sums are the totals (its range is the last, maybe empty).
   if (threadIdx.x == kSplitScanThreads - 1) {
     sp.item_start[n] = item_base;
-    sp.hdr[FlexSplitSchedule::kTotal] = item_base;
-    sp.hdr[FlexSplitSchedule::kCounter] = 0;
-    sp.hdr[FlexSplitSchedule::kChunk] = int(chunk);
-    sp.hdr[FlexSplitSchedule::kNumSplit] = slot_base;
+    sp.hdr[SplitSchedule::kTotal] = item_base;
+    sp.hdr[SplitSchedule::kCounter] = 0;
+    sp.hdr[SplitSchedule::kChunk] = int(chunk);
+    sp.hdr[SplitSchedule::kNumSplit] = slot_base;
   }
 }
 
@@ -126,7 +126,7 @@ __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const Fle
 // [i * it / n, (i + 1) * it / n); its slot is the task's (kSlotPerItem = false) or the
 // task's first slot + i (kSlotPerItem = true); -1 for an unsplit task.
 template <bool kSlotPerItem>
-__device__ __forceinline__ void write_split_items(const FlexSplitSchedule& sp, int t) {
+__device__ __forceinline__ void write_split_items(const SplitSchedule& sp, int t) {
   const int start = sp.item_start[t], n = sp.item_start[t + 1] - start;
   const int it = sp.task_iters[t], slot = sp.task_slot[t];
   int4* items = reinterpret_cast<int4*>(sp.items);
@@ -141,12 +141,12 @@ __device__ __forceinline__ void write_split_items(const FlexSplitSchedule& sp, i
 // s_item (int32 [4], shared), or task -1 once the list is exhausted. The first __syncthreads
 // lets every thread finish with the previous item's shared memory (s_item included), the
 // second publishes s_item. Returns the claimed task index, -1 when there is none left.
-__device__ __forceinline__ int claim_split_item(const FlexSplitSchedule& sp, int32_t* s_item) {
+__device__ __forceinline__ int claim_split_item(const SplitSchedule& sp, int32_t* s_item) {
   __syncthreads();
   if (threadIdx.x == 0) {
-    const int i = atomicAdd(sp.hdr + FlexSplitSchedule::kCounter, 1);
+    const int i = atomicAdd(sp.hdr + SplitSchedule::kCounter, 1);
     int4 it = make_int4(-1, 0, 0, -1);
-    if (i < sp.hdr[FlexSplitSchedule::kTotal]) it = reinterpret_cast<const int4*>(sp.items)[i];
+    if (i < sp.hdr[SplitSchedule::kTotal]) it = reinterpret_cast<const int4*>(sp.items)[i];
     s_item[0] = it.x;
     s_item[1] = it.y;
     s_item[2] = it.z;

@@ -1,4 +1,4 @@
-#include "api/validation.h"
+#include "core/validation.h"
 
 #include <cmath>
 #include <string>
@@ -88,13 +88,6 @@ void check_head_dims_reference(int dqk, int dv) {
   FS_CHECK_SUPPORTED(dqk > 0 && dqk % 8 == 0 && dqk <= 256, "head_dim_qk: must be a multiple of 8 in [8, 256], got ",
                      dqk);
   FS_CHECK_SUPPORTED(dv > 0 && dv % 8 == 0 && dv <= 256, "head_dim_v: must be a multiple of 8 in [8, 256], got ", dv);
-}
-
-void check_head_dims_gpu(int dqk, int dv) {
-  check_head_dims_reference(dqk, dv);
-  const bool small = dqk <= 128 && dv <= 128;
-  FS_CHECK_SUPPORTED(small || (dqk == 192 && dv == 128) || (dqk == 256 && dv == 256), "(head_dim_qk, head_dim_v) = (",
-                     dqk, ", ", dv, ") is not supported on the GPU: each in {8, 16, ..., 128}, or (192, 128), or (256, 256)");
 }
 
 void check_softmax_scale(float scale, bool want_max_logit) {

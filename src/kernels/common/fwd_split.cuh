@@ -4,10 +4,10 @@
 // block holding a row that sees every key (Longformer global tokens, dense prefixes) walks
 // all S / Bk key blocks alone while the rest of the GPU idles.
 //
-// Steps (on the stream, no host sync, no allocation; arrays in FlexFwdParams::split):
+// Steps (on the stream, no host sync, no allocation; arrays in FwdParams::split):
 //   A. count   (one thread per task): task_iters[t] = key blocks of task t's Q2K row
 //               (full + partial list lengths).
-//   S. scan, B. items: split_schedule_sm80.cuh with one slot per item of a split task.
+//   S. scan, B. items: split_schedule.cuh with one slot per item of a split task.
 //   forward    (kernel_fwd_sm80.cuh) when no task was split (hdr[kNumSplit] = 0): the one-
 //               CTA-per-task kernel, as without a schedule. Otherwise the persistent kernel
 //               claims items with an atomic counter; an unsplit task's item writes O, LSE as
@@ -20,33 +20,35 @@
 //               list order, so the result does not depend on which CTA ran which item.
 // Packed GQA (p.pack = G > 1): tasks are {packed block, kv head, batch}; slots hold the
 // block's packed rows, and the combine maps row r to (position, query head) as the forward
-// epilogue does (flex_params.h).
+// epilogue does (params.h).
 #pragma once
 
 #include <cstdint>
 
-#include "kernels/common/flex_params.h"
+#include "kernels/common/block_range.cuh"
+#include "kernels/params.h"
 #include "kernels/common/ptx.cuh"
-#include "kernels/sm80/split_schedule_sm80.cuh"
+#include "kernels/common/split_schedule.cuh"
 
 namespace flashspan::kern {
 
 // A. Key blocks of every task. Grid ceil(num_tasks / 256), 256 threads. The CSR head is the
 // task head (query head, or packed: kv head = virtual mask head) when masks are per head.
-__global__ void __launch_bounds__(256) flex_fwd_split_count_kernel(const FlexFwdParams p) {
+__global__ void __launch_bounds__(256) flex_fwd_split_count_kernel(const FwdParams p) {
   const int t = blockIdx.x * 256 + threadIdx.x;
   if (t >= p.split.num_tasks) return;
   const int32_t* task = p.view.tasks + 4 * int64_t(t);
   const int qb = __ldg(task + 0), h = __ldg(task + 1), b = __ldg(task + 2);
   const int64_t r = int64_t(p.mask_per_head ? h : 0) * p.view.num_q_blocks + __ldg(p.view.q_block_start + b) + qb;
-  p.split.task_iters[t] = (__ldg(p.view.q2k_partial_ptr + r + 1) - __ldg(p.view.q2k_partial_ptr + r)) +
-                          (__ldg(p.view.q2k_full_ptr + r + 1) - __ldg(p.view.q2k_full_ptr + r));
+  p.split.task_iters[t] =
+      BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb, p.view.q2k_full_ptr, p.view.q2k_full_runs, r)
+          .remaining();
 }
 
 // B. Items of task blockIdx.x. Grid num_tasks, 256 threads. Nothing to do when no task is
 // split (the one-CTA-per-task kernel runs then and reads no item).
-__global__ void __launch_bounds__(256) flex_fwd_split_items_kernel(const FlexFwdParams p) {
-  if (p.split.hdr[FlexSplitSchedule::kNumSplit] == 0) return;
+__global__ void __launch_bounds__(256) flex_fwd_split_items_kernel(const FwdParams p) {
+  if (p.split.hdr[SplitSchedule::kNumSplit] == 0) return;
   write_split_items<true>(p.split, blockIdx.x);
 }
 
@@ -55,8 +57,8 @@ __global__ void __launch_bounds__(256) flex_fwd_split_items_kernel(const FlexFwd
 constexpr int kMaxCombineRows = 128;
 
 template <bool kBf16>
-__global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FlexFwdParams p) {
-  const FlexFwdSplit& sp = p.split;
+__global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FwdParams p) {
+  const FwdSplit& sp = p.split;
   const int t = blockIdx.x;
   const int slot0 = sp.task_slot[t];
   if (slot0 < 0) return;
@@ -96,7 +98,7 @@ __global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FlexF
 
   uint16_t* o = static_cast<uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride + q_row0 * p.oa.row_stride +
                 int64_t(head0) * p.oa.head_stride;
-  const int pairs = p.dv / 2;
+  const int pairs = p.head_dv / 2;
   for (int idx = threadIdx.x; idx < rows_valid * pairs; idx += blockDim.x) {
     const int row = idx / pairs, c = 2 * (idx - row * pairs);
     const float m_use = s_m[row];
@@ -104,7 +106,7 @@ __global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FlexF
     for (int i = 0; i < n; ++i) {
       const int64_t slot = slot0 + i;
       const float w = exp2f(sp.ml[slot * 2 * bq + row] - m_use);
-      const float2 x = *reinterpret_cast<const float2*>(sp.o_accum + (slot * bq + row) * p.dv + c);
+      const float2 x = *reinterpret_cast<const float2*>(sp.o_accum + (slot * bq + row) * p.head_dv + c);
       acc.x += w * x.x;
       acc.y += w * x.y;
     }

@@ -5,10 +5,10 @@
 // Longformer global tokens) has S/Bq pairs per head, so one CTA works hundreds of steps
 // while the rest of the GPU idles. The schedule cuts long walks into work items.
 //
-// Steps (all on the stream, no host sync, no allocation; arrays in FlexBwdParams::split):
+// Steps (all on the stream, no host sync, no allocation; arrays in BwdParams::split):
 //   A. count   (one thread per task):  task_iters[t] = pairs of task t (K2Q list lengths
 //               summed over the group's query heads).
-//   S. scan    (one CTA, split_schedule_sm80.cuh, one slot per split task): total = sum of
+//   S. scan    (one CTA, split_schedule.cuh, one slot per split task): total = sum of
 //               task_iters; chunk = max(kChunkMin, ceil(total / (kItemsPerCta * num_ctas)),
 //               ceil(total / kMaxSplit)); a task with more than `chunk` pairs is split into
 //               ceil(pairs / chunk) near-equal items and gets an accumulator slot; the
@@ -25,14 +25,15 @@
 
 #include <cstdint>
 
-#include "kernels/common/flex_params.h"
+#include "kernels/common/block_range.cuh"
+#include "kernels/params.h"
 #include "kernels/common/ptx.cuh"
-#include "kernels/sm80/split_schedule_sm80.cuh"
+#include "kernels/common/split_schedule.cuh"
 
 namespace flashspan::kern {
 
 // A. Pairs of every task. Grid ceil(num_tasks / 256), 256 threads.
-__global__ void __launch_bounds__(256) flex_bwd_split_count_kernel(const FlexBwdParams p) {
+__global__ void __launch_bounds__(256) flex_bwd_split_count_kernel(const BwdParams p) {
   const int t = blockIdx.x * 256 + threadIdx.x;
   if (t >= p.split.num_tasks) return;
   const int32_t* task = p.view.tasks + 4 * int64_t(t);
@@ -41,16 +42,16 @@ __global__ void __launch_bounds__(256) flex_bwd_split_count_kernel(const FlexBwd
   int n = 0;
   for (int h = hkv * p.group_size; h < (hkv + 1) * p.group_size; ++h) {
     const int64_t r = int64_t(p.mask_per_head ? h : 0) * p.view.num_k_blocks + gk;
-    n += __ldg(p.view.k2q_partial_ptr + r + 1) - __ldg(p.view.k2q_partial_ptr + r);
-    n += __ldg(p.view.k2q_full_ptr + r + 1) - __ldg(p.view.k2q_full_ptr + r);
+    n += BlockCursor::row(p.view.k2q_partial_ptr, p.view.k2q_partial_qb, p.view.k2q_full_ptr, p.view.k2q_full_runs, r)
+             .remaining();
   }
   p.split.task_iters[t] = n;
 }
 
 // B. Items of task blockIdx.x (one slot per split task), and zeroed accumulators for a
 // split task. Grid num_tasks, 256 threads.
-__global__ void __launch_bounds__(256) flex_bwd_split_items_kernel(const FlexBwdParams p) {
-  const FlexBwdSplit& sp = p.split;
+__global__ void __launch_bounds__(256) flex_bwd_split_items_kernel(const BwdParams p) {
+  const BwdSplit& sp = p.split;
   const int t = blockIdx.x;
   write_split_items<false>(sp, t);
   const int slot = sp.task_slot[t];
@@ -66,8 +67,8 @@ __global__ void __launch_bounds__(256) flex_bwd_split_items_kernel(const FlexBwd
 
 // C. dk / dv rows of split task blockIdx.x from its accumulators. Grid num_tasks, 256 threads.
 template <bool kBf16>
-__global__ void __launch_bounds__(256) flex_bwd_split_convert_kernel(const FlexBwdParams p) {
-  const FlexBwdSplit& sp = p.split;
+__global__ void __launch_bounds__(256) flex_bwd_split_convert_kernel(const BwdParams p) {
+  const BwdSplit& sp = p.split;
   const int t = blockIdx.x;
   const int slot = sp.task_slot[t];
   if (slot < 0) return;

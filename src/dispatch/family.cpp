@@ -1,0 +1,89 @@
+// The kernel-family registry (family.h): the sm80 family from its tile table, the sm90 slot.
+#include "dispatch/family.h"
+
+#include "core/error.h"
+#include "core/validation.h"
+
+namespace flashspan {
+
+namespace {
+
+// sm80: the tiles of kernels/sm80/tile_sm80.h. Why these tiles: 128x64 keeps the Q tile plus
+// two K/V stages inside sm80 shared memory up to D = 192; (256, 256) needs the smaller 64-row
+// Q tile. Backward: 64 query rows x 128 keys up to D = 128; for (192, 128) and (256, 256) the
+// dK/dV kernel keeps both accumulators of its keys in registers, which only fits with 64 keys
+// per block. Larger dims than the kernels run (CPU plans only) take the smallest tile.
+Consumer consumer_sm80(int head_dim_qk, int head_dim_v) {
+  const sm80::TileSm80 t = sm80::tile_sm80(head_dim_qk, head_dim_v);
+  Consumer c;
+  c.arch = 80;
+  c.layout = PayloadLayout::kM16N64Frag;
+  c.fwd_block_q = t.fwd_bq;
+  c.fwd_block_k = t.fwd_bk;
+  c.bwd_block_q = t.bwd_bq;
+  c.bwd_block_k = t.bwd_bk;
+  return c;
+}
+
+Consumer consumer_for_plan_sm80(const FlexGeometry& g, bool pack_gqa) {
+  Consumer c = consumer_sm80(g.head_dim_qk, g.head_dim_v);
+  const int G = g.num_heads_kv > 0 ? g.group_size() : 1;
+  if (pack_gqa && G > 1 && g.head_dim_qk <= 128 && g.head_dim_v <= 128 &&
+      int64_t(g.max_seqlen_q) * G <= kDecodeBlockQ) {
+    c.fwd_block_q = kDecodeBlockQ;
+    c.fwd_block_k = 64;
+  }
+  return c;
+}
+
+void check_head_dims_sm80(int dqk, int dv) {
+  check_head_dims_reference(dqk, dv);
+  FS_CHECK_SUPPORTED(sm80::runs_head_dims_sm80(dqk, dv), "(head_dim_qk, head_dim_v) = (", dqk, ", ", dv,
+                     ") is not supported on the GPU: each in {8, 16, ..., 128}, or (192, 128), or (256, 256)");
+}
+
+// sm90: two consumer warpgroups of 64 rows each, 128 keys (the forward of src/kernels/sm90;
+// its plans' backward runs on the sm80 kernels, whose backward tile this is).
+Consumer consumer_sm90(int, int) {
+  Consumer c;
+  c.arch = 90;
+  c.layout = PayloadLayout::kM16N64Frag;
+  c.fwd_block_q = 128;
+  c.fwd_block_k = 128;
+  c.bwd_block_q = 64;
+  c.bwd_block_k = 128;
+  return c;
+}
+
+Consumer consumer_for_plan_sm90(const FlexGeometry& g, bool) { return consumer_sm90(g.head_dim_qk, g.head_dim_v); }
+
+const KernelFamily kFamilies[] = {
+    {80, "sm80 (mma.sync)", true, consumer_sm80, consumer_for_plan_sm80, check_head_dims_sm80},
+    {90, "sm90 (TMA + wgmma)", true, consumer_sm90, consumer_for_plan_sm90, check_head_dims_sm80},
+};
+
+}  // namespace
+
+const KernelFamily& kernel_family(int arch) {
+  for (const KernelFamily& f : kFamilies) {
+    if (f.arch == arch) return f;
+  }
+  FS_CHECK_SUPPORTED(false, "arch: no kernel family for architecture ", arch, " (80 or 90 expected)");
+  return kFamilies[0];  // not reached
+}
+
+Consumer consumer_for(int arch, int head_dim_qk, int head_dim_v) {
+  return kernel_family(arch).consumer(head_dim_qk, head_dim_v);
+}
+
+Consumer consumer_for_plan(int arch, const FlexGeometry& g, bool pack_gqa) {
+  return kernel_family(arch).consumer_for_plan(g, pack_gqa);
+}
+
+bool choose_pack_gqa(const FlexGeometry& g, const Consumer& c) {
+  return g.num_heads_kv > 0 && g.group_size() > 1 && g.max_seqlen_q < c.fwd_block_q;
+}
+
+void check_head_dims_gpu(int dqk, int dv) { kernel_family(80).check_head_dims(dqk, dv); }
+
+}  // namespace flashspan

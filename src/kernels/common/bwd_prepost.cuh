@@ -1,0 +1,83 @@
+// Backward pre- and post-processing, arch-neutral (no mma): the row statistics the dK/dV and
+// dQ kernels of every family read, and the conversion of the fp32 dQ accumulator.
+//   preprocess:  D_i = dO_i . O_i - dlse_i and lse2_i = LSE_i * log2(e) (+inf for an empty
+//                row) into the workspace, [Hq, total_q] fp32 each (params.h, BwdParams).
+//   dQ convert:  dq = scale * dq_accum in the input dtype (atomic dQ path).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/ptx.cuh"
+#include "kernels/params.h"
+
+namespace flashspan::kern {
+
+// Row t (0 <= t < total_q) of the flattened query rows of head h, as the pre/post kernels
+// address it: sample b and the row index in the tensor's S (BSHD) or T (THD) dimension.
+struct QueryRow {
+  int64_t b, row;
+};
+__device__ __forceinline__ QueryRow query_row(const BwdParams& p, int64_t t) {
+  // THD: tensors index the global row (batch_stride 0). BSHD: every sample has seqlen_q rows.
+  if (p.varlen) return {0, t};
+  return {t / p.seqlen_q, t % p.seqlen_q};
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. Preprocess: one warp per (query row, head), unit w = h * total_q + t; grid-stride over the
+// Hq * total_q units (grid_stride_1d(units, 8), 256 threads), so no batch size, head count or
+// sample count reaches a grid limit (grid.h).
+template <bool kBf16>
+__global__ void __launch_bounds__(256) flex_bwd_preprocess_kernel(const BwdParams p) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t units = int64_t(p.num_heads_q) * p.total_q;
+  for (int64_t w = int64_t(blockIdx.x) * 8 + warp; w < units; w += int64_t(gridDim.x) * 8) {
+    const int64_t h = w / p.total_q, t = w - h * p.total_q;
+    const QueryRow r = query_row(p, t);
+    const uint16_t* o = static_cast<const uint16_t*>(p.o) + r.b * p.oa.batch_stride + r.row * p.oa.row_stride +
+                        h * p.oa.head_stride;
+    const uint16_t* d = static_cast<const uint16_t*>(p.dout) + r.b * p.doa.batch_stride + r.row * p.doa.row_stride +
+                        h * p.doa.head_stride;
+    float acc = 0.0f;
+    for (int c = lane * 8; c < p.head_dv; c += 256) {
+      const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
+      const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
+      const uint16_t* oe = reinterpret_cast<const uint16_t*>(&ov);
+      const uint16_t* de = reinterpret_cast<const uint16_t*>(&dv);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc += to_float<kBf16>(oe[e]) * to_float<kBf16>(de[e]);
+    }
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) {
+      if (p.dlse != nullptr) {
+        acc -= p.dlse[r.b * p.dlsea.batch_stride + h * p.dlsea.head_stride + r.row * p.dlsea.row_stride];
+      }
+      p.delta[w] = acc;  // workspace [Hq, total_q]: index h * total_q + t = w
+      const float lse = p.lse[r.b * p.lsea.batch_stride + h * p.lsea.head_stride + r.row * p.lsea.row_stride];
+      p.lse2[w] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 2b. dQ conversion (atomic path): dq = scale * dq_accum in the input dtype. One warp per
+// (query row, head), grid-stride as the preprocess.
+template <bool kBf16>
+__global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel(const BwdParams p) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t units = int64_t(p.num_heads_q) * p.total_q;
+  for (int64_t w = int64_t(blockIdx.x) * 8 + warp; w < units; w += int64_t(gridDim.x) * 8) {
+    const int64_t h = w / p.total_q, t = w - h * p.total_q;
+    const QueryRow r = query_row(p, t);
+    const float* src = p.dq_accum + w * p.head_dqk;  // [Hq, total_q, Dqk]
+    uint16_t* dst = static_cast<uint16_t*>(p.dq) + r.b * p.dqa.batch_stride + r.row * p.dqa.row_stride +
+                    h * p.dqa.head_stride;
+    for (int c = lane * 2; c < p.head_dqk; c += 64) {
+      const float2 x = *reinterpret_cast<const float2*>(src + c);
+      *reinterpret_cast<uint32_t*>(dst + c) = pack2<kBf16>(x.x * p.scale, x.y * p.scale);
+    }
+  }
+}
+
+}  // namespace flashspan::kern

@@ -1,0 +1,59 @@
+// Host-side launch helpers shared by every kernel family: launch error checks, the
+// dynamic shared memory opt-in, and the size of a persistent grid.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+
+#include "core/error.h"
+#include "kernels/params.h"
+
+namespace flashspan {
+
+// Throws Error(kCudaError) naming `what` when the last launch failed.
+inline void check_launch(const char* what) {
+  const cudaError_t e = cudaGetLastError();
+  FS_CHECK(e == cudaSuccess, Status::kCudaError, what, ": kernel launch failed: ", cudaGetErrorString(e));
+}
+
+inline void check_cuda(cudaError_t e, const char* what) {
+  FS_CHECK(e == cudaSuccess, Status::kCudaError, what, ": ", cudaGetErrorString(e));
+}
+
+// Raises a kernel's dynamic shared memory limit to `bytes` once per device (the attribute
+// belongs to the kernel as loaded in the current device's context). `done` is the kernel's
+// own bitmask of configured devices. Not a stream operation, so capture-safe.
+template <class Kernel>
+void ensure_smem_limit(Kernel kernel, int bytes, std::atomic<uint64_t>& done, const char* what) {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), what);
+  const uint64_t bit = dev < 64 ? (uint64_t(1) << dev) : 0;
+  if (bit != 0 && (done.load(std::memory_order_acquire) & bit) != 0) return;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes), what);
+  done.fetch_or(bit, std::memory_order_acq_rel);
+}
+
+// CTAs of a persistent grid (split schedule) on the current device: SMs x resident CTAs
+// per SM, capped by SplitSchedule::kMaxCtas (the item-list bound). Cached per device in
+// `cache` (0 = not yet known); host queries only, so safe during stream capture.
+template <class Kernel>
+int persistent_ctas(Kernel kernel, int threads, int smem, std::atomic<int> (&cache)[64], const char* what) {
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), what);
+  if (dev < 64) {
+    const int c = cache[dev].load(std::memory_order_relaxed);
+    if (c > 0) return c;
+  }
+  int sms = 0, per_sm = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), what);
+  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, size_t(smem)), what);
+  int n = std::max(1, sms) * std::max(1, per_sm);
+  n = std::min(n, SplitSchedule::kMaxCtas);
+  if (dev < 64) cache[dev].store(n, std::memory_order_relaxed);
+  return n;
+}
+
+}  // namespace flashspan
