@@ -202,6 +202,14 @@ if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
       fail "${b#flashspan_}" "$build/benchmarks/$b not built"
     fi
   done
+  # Long-context plans (issue 17, plan format 2): plan bytes and build time at S = 4M causal
+  # Hmask = 1 (Hq = 64) and S = 1M causal Hq = Hmask = 64, forward only and with backward.
+  if [ -x "$build/benchmarks/flashspan_plan_bench" ]; then
+    step "plan bench 4M" plan_bench_4m.log "$build/benchmarks/flashspan_plan_bench" --S 4194304 --heads 64 \
+      --masks causal --runs 3
+    step "plan bench 1M Hmask=64" plan_bench_1m_h64.log "$build/benchmarks/flashspan_plan_bench" --S 1048576 \
+      --heads 64 --hmask 64 --masks causal --runs 3
+  fi
   step "pack_gqa bench" pack_gqa_bench.log python3 "$root/benchmarks/pack_gqa_bench.py" --reps 10
   step "flashspan-bench --quick" bench.log python3 -m flashspan.bench --quick \
     --time-limit "${GPU_CHECK_BENCH_SECONDS:-180}" --output-dir "$out/bench"

@@ -461,11 +461,18 @@ class MaskPlan:
         sample_of_qb = np.searchsorted(qbs, np.arange(nqb), side="right") - 1
         for kind, value in (("partial", 1), ("full", 2)):
             rowptr = self.array(p + f"q2k_{kind}_ptr")
-            kb = self.array(p + f"q2k_{kind}_kb")
             counts = np.diff(rowptr)
             rows = np.repeat(np.arange(hm * nqb), counts)
+            if kind == "partial":
+                kb = self.array(p + "q2k_partial_kb")[: rows.size]
+            else:
+                # Full blocks are stored as runs (first, end) of key blocks (plan format 2).
+                runs = self.array(p + "q2k_full_runs").reshape(-1, 2)[: rows.size].astype(np.int64)
+                lens = runs[:, 1] - runs[:, 0]
+                rows = np.repeat(rows, lens)
+                kb = np.repeat(runs[:, 0], lens) + (np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens))
             heads, gq = rows // nqb, rows % nqb
-            gk = kbs[sample_of_qb[gq]] + kb[: rows.size]
+            gk = kbs[sample_of_qb[gq]] + kb
             grid[heads, gq, gk] = value
         return grid
 

@@ -59,8 +59,8 @@ struct BwdSplit : SplitSchedule {
   float* dv_accum = nullptr;      // [slots, block_k, head_dv] fp32
 };
 
-// Forward: steps are the key blocks of the query block's Q2K lists in ascending block order
-// (the merge of the full and partial lists, BlockCursor). One slot per item of a split
+// Forward: steps are the key blocks of the query block's Q2K row in BlockCursor order
+// (partial entries, then full runs; block_range.cuh). One slot per item of a split
 // task (a task's slots are consecutive, from task_slot[t]): the item writes its unnormalised
 // output accumulator and per-row running max (log2 units) and sum; a combine kernel merges
 // them (split_schedule.cuh, flex_fwd_split_combine_kernel).

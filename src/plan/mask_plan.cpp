@@ -47,7 +47,7 @@ PlanViewPtrs MaskPlan::fwd_view() const {
   v.q2k_partial_kb = array("fwd_q2k_partial_kb");
   v.q2k_partial_bits = reinterpret_cast<const uint32_t*>(array("fwd_q2k_partial_bits"));
   v.q2k_full_ptr = array("fwd_q2k_full_ptr");
-  v.q2k_full_kb = array("fwd_q2k_full_kb");
+  v.q2k_full_runs = array("fwd_q2k_full_runs");
   v.tasks = array("fwd_tasks");
   v.num_tasks = counts.num_tasks;
   return v;
@@ -69,12 +69,12 @@ PlanViewPtrs MaskPlan::bwd_view() const {
   v.q2k_partial_kb = array("bwd_q2k_partial_kb");
   v.q2k_partial_bits = reinterpret_cast<const uint32_t*>(array("bwd_q2k_partial_bits"));
   v.q2k_full_ptr = array("bwd_q2k_full_ptr");
-  v.q2k_full_kb = array("bwd_q2k_full_kb");
+  v.q2k_full_runs = array("bwd_q2k_full_runs");
   v.k2q_partial_ptr = array("bwd_k2q_partial_ptr");
   v.k2q_partial_qb = array("bwd_k2q_partial_qb");
   v.k2q_partial_idx = array("bwd_k2q_partial_idx");
   v.k2q_full_ptr = array("bwd_k2q_full_ptr");
-  v.k2q_full_qb = array("bwd_k2q_full_qb");
+  v.k2q_full_runs = array("bwd_k2q_full_runs");
   v.tasks = array("bwd_tasks");
   v.num_tasks = counts.num_bwd_tasks;
   return v;
@@ -137,9 +137,9 @@ void check_plan_request(const PlanRequest& req) {
 void check_list_entries(const char* view, const char* list, int64_t entries, int bq, int bk, int mask_heads) {
   FS_CHECK_SUPPORTED(entries >= 0 && entries <= kMaxListEntries, "mask_func: the ", view, " view (tile ", bq, "x",
                      bk, ", ", mask_heads, " mask head", mask_heads == 1 ? "" : "s", ") would list ", entries, " ",
-                     list, " blocks, more than the plan format's limit of ", kMaxListEntries,
+                     list, " entries, more than the plan format's limit of ", kMaxListEntries,
                      " (2^31 - 1) entries per list; use fewer mask heads (Hmask = 1), shorter sequences",
-                     std::string(view) == "backward" ? ", or build_backward=False" : "");
+                     std::string(view).rfind("backward", 0) == 0 ? ", or build_backward=False" : "");
 }
 
 void assign_plan_layout(MaskPlan& plan, bool keep_mask) {
@@ -148,11 +148,13 @@ void assign_plan_layout(MaskPlan& plan, bool keep_mask) {
   const Consumer& c = plan.signature.consumer;
   check_list_entries("forward", "partial", n.fwd_partial, c.fwd_block_q, c.fwd_block_k,
                      fwd_mask_heads(g, plan.signature.pack_gqa));
-  check_list_entries("forward", "full", n.fwd_full, c.fwd_block_q, c.fwd_block_k,
+  check_list_entries("forward", "full-run", n.fwd_full_runs, c.fwd_block_q, c.fwd_block_k,
                      fwd_mask_heads(g, plan.signature.pack_gqa));
   if (plan.signature.has_backward) {
     check_list_entries("backward", "partial", n.bwd_partial, c.bwd_block_q, c.bwd_block_k, g.num_heads_mask);
-    check_list_entries("backward", "full", n.bwd_full, c.bwd_block_q, c.bwd_block_k, g.num_heads_mask);
+    check_list_entries("backward", "full-run", n.bwd_full_runs, c.bwd_block_q, c.bwd_block_k, g.num_heads_mask);
+    check_list_entries("backward K2Q", "full-run", n.bwd_k2q_full_runs, c.bwd_block_q, c.bwd_block_k,
+                       g.num_heads_mask);
   }
   FS_CHECK_SUPPORTED(n.num_tasks >= 0 && n.num_tasks <= kMaxListEntries && n.num_bwd_tasks >= 0 &&
                          n.num_bwd_tasks <= kMaxListEntries,
@@ -173,7 +175,7 @@ void assign_plan_layout(MaskPlan& plan, bool keep_mask) {
   add("fwd_q2k_partial_ptr", Hmv * n.fwd_num_q_blocks + 1);
   add("fwd_q2k_full_ptr", Hmv * n.fwd_num_q_blocks + 1);
   add("fwd_q2k_partial_kb", n.fwd_partial);
-  add("fwd_q2k_full_kb", n.fwd_full);
+  add("fwd_q2k_full_runs", 2 * n.fwd_full_runs);
   add("fwd_tasks", 4 * n.num_tasks);
   add("fwd_q2k_partial_bits", n.fwd_partial * payload_words(c.fwd_block_q, c.fwd_block_k));
   if (plan.signature.has_backward) {
@@ -182,12 +184,12 @@ void assign_plan_layout(MaskPlan& plan, bool keep_mask) {
     add("bwd_q2k_partial_ptr", Hm * n.bwd_num_q_blocks + 1);
     add("bwd_q2k_full_ptr", Hm * n.bwd_num_q_blocks + 1);
     add("bwd_q2k_partial_kb", n.bwd_partial);
-    add("bwd_q2k_full_kb", n.bwd_full);
+    add("bwd_q2k_full_runs", 2 * n.bwd_full_runs);
     add("bwd_k2q_partial_ptr", Hm * n.bwd_num_k_blocks + 1);
     add("bwd_k2q_full_ptr", Hm * n.bwd_num_k_blocks + 1);
     add("bwd_k2q_partial_qb", n.bwd_partial);
     add("bwd_k2q_partial_idx", n.bwd_partial);
-    add("bwd_k2q_full_qb", n.bwd_full);
+    add("bwd_k2q_full_runs", 2 * n.bwd_k2q_full_runs);
     add("bwd_tasks", 4 * n.num_bwd_tasks);
     add("bwd_q2k_partial_bits", n.bwd_partial * payload_words(c.bwd_block_q, c.bwd_block_k));
   }

@@ -17,17 +17,28 @@
 //   full    — every element (all Bq x Bk of them) is visible and inside both sequences;
 //   partial — anything else: listed with a payload (payload_layout.h), bit = 1 iff the
 //             element is visible and inside both sequences.
-// Lists inside a row are sorted by ascending block index.
+// Partial blocks are listed one entry each, sorted by ascending block index. Full blocks are
+// listed as RUNS (plan format 2): maximal ranges [first, end) of consecutive full blocks,
+// ascending, disjoint and non-adjacent, so a row's full blocks cost one pair per run. For an
+// interval mask a query block's full key blocks are a union of at most (nfunc+1)/2 runs, so
+// the Q2K full lists grow with query blocks x nfunc, not with visible blocks (a causal row
+// is one run). Kernels read a row through one cursor (kernels/common/block_range.cuh): its
+// partial entries first, then its full runs.
 //
 // Arrays of a view (prefix "fwd_" or "bwd_"):
 //   q_block_start [B+1], k_block_start [B+1]
 //   q2k_partial_ptr [Hmask*NQB+1], q2k_partial_kb [nnz_p]   (sample-local key block index)
 //   q2k_partial_bits [nnz_p * Bq*Bk/32]                      (payload of the pair, CSR order)
-//   q2k_full_ptr [Hmask*NQB+1], q2k_full_kb [nnz_f]
+//   q2k_full_ptr [Hmask*NQB+1] (run index), q2k_full_runs [2 * runs_f]
+//     (pairs first, end: sample-local key blocks, end exclusive)
 // Backward view only (transposed relation, for dK/dV):
 //   k2q_partial_ptr [Hmask*NKB+1], k2q_partial_qb [nnz_p], k2q_partial_idx [nnz_p]
 //     (k2q_partial_idx = index of the same pair in q2k_partial_kb, i.e. its payload)
-//   k2q_full_ptr [Hmask*NKB+1], k2q_full_qb [nnz_f]
+//   k2q_full_ptr [Hmask*NKB+1] (run index), k2q_full_runs [2 * runs_k2q]
+//     (pairs first, end: sample-local query blocks; the maximal runs of query blocks whose
+//     Q2K full runs contain the key block)
+// Every list index (CSR pointers, entry and run indices) is int32: one list holds at most
+// 2^31 - 1 entries or runs (plan_layout.h, kMaxListEntries; larger plans are refused).
 // Schedules (for persistent kernels), 4 int32 per task, ordered by cost (number of
 // partial + full blocks) descending, ties by (batch, head, block) ascending:
 //   fwd_tasks [num_tasks*4]: {local query block, query head, batch, cost}, over all Hq heads
@@ -94,9 +105,11 @@ struct PlanArray {
 
 struct PlanCounts {
   int64_t fwd_num_q_blocks = 0, fwd_num_k_blocks = 0;
-  int64_t fwd_partial = 0, fwd_full = 0;
+  int64_t fwd_partial = 0, fwd_full = 0;  // blocks (summed over the view's CSR heads)
+  int64_t fwd_full_runs = 0;              // entries of fwd_q2k_full_runs / 2
   int64_t bwd_num_q_blocks = 0, bwd_num_k_blocks = 0;
   int64_t bwd_partial = 0, bwd_full = 0;
+  int64_t bwd_full_runs = 0, bwd_k2q_full_runs = 0;
   int64_t visible_pairs = 0;  // visible (q, k) pairs summed over mask heads (as the C ABI reports)
   int64_t num_tasks = 0, num_bwd_tasks = 0;
 };

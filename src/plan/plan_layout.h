@@ -24,7 +24,7 @@ constexpr int64_t kPlanAlign = 32;  // int32 elements (128 bytes)
 constexpr int64_t kMaxListEntries = (int64_t(1) << 31) - 1;
 
 // Throws Error(kNotSupported) when `entries` > kMaxListEntries, naming the view ("forward" /
-// "backward"), the list ("partial" / "full"), its tile, the number of entries asked for and
+// "backward" / "backward K2Q"), the list ("partial" / "full-run"), its tile, the number of entries asked for and
 // the limit. `entries` is the exact 64-bit count (never a wrapped one).
 void check_list_entries(const char* view, const char* list, int64_t entries, int bq, int bk, int mask_heads);
 
@@ -42,13 +42,13 @@ void check_plan_request(const PlanRequest& req);
 inline bool plan_is_packed(const PlanRequest& req) { return req.pack_gqa && req.geometry->group_size() > 1; }
 
 // Fills plan.arrays and plan.buffer_elements from plan.geometry, plan.signature and
-// plan.counts (fwd/bwd block and nnz counts must be set). Array order:
+// plan.counts (fwd/bwd block, partial and full-run counts must be set). Array order:
 //   cu_seqlens_q, cu_seqlens_k,
 //   fwd_q_block_start, fwd_k_block_start, fwd_q2k_partial_ptr, fwd_q2k_full_ptr,
-//   fwd_q2k_partial_kb, fwd_q2k_full_kb, fwd_tasks, fwd_q2k_partial_bits,
+//   fwd_q2k_partial_kb, fwd_q2k_full_runs, fwd_tasks, fwd_q2k_partial_bits,
 //   [bwd_q_block_start, bwd_k_block_start, bwd_q2k_partial_ptr, bwd_q2k_full_ptr,
-//    bwd_q2k_partial_kb, bwd_q2k_full_kb, bwd_k2q_partial_ptr, bwd_k2q_full_ptr,
-//    bwd_k2q_partial_qb, bwd_k2q_partial_idx, bwd_k2q_full_qb, bwd_tasks, bwd_q2k_partial_bits]
+//    bwd_q2k_partial_kb, bwd_q2k_full_runs, bwd_k2q_partial_ptr, bwd_k2q_full_ptr,
+//    bwd_k2q_partial_qb, bwd_k2q_partial_idx, bwd_k2q_full_runs, bwd_tasks, bwd_q2k_partial_bits]
 //   [mask_func]  (keep_mask only)
 // All sizes are int64; throws Error(kNotSupported) (check_list_entries) when a list exceeds
 // kMaxListEntries or a schedule has more than kMaxListEntries tasks, before anything is

@@ -21,12 +21,14 @@ struct PlanRequest {
 // keep_mask is true.
 std::unique_ptr<MaskPlan> build_mask_plan_host(const PlanRequest& req, const int32_t* mask, bool keep_mask);
 
-// CUDA planner: classify -> count and scan -> read one small header back (exact sizes,
-// device-side validation errors raised as flashspan::Error) -> materialise. `mask` is
-// device memory, contiguous [Hmask, nfunc, total_q]. Runs on `stream` (cudaStream_t).
-// Defined only when built with CUDA (FLASHSPAN_WITH_CUDA).
-// The plan's arrays are written in stream order on `stream` (the call synchronizes once, for
-// the header); scratch is allocated and freed inside the call. Runs on the current device.
+// CUDA planner: classify -> count and scan -> read a small header back (exact 64-bit sizes,
+// device-side validation errors and format-limit errors raised as flashspan::Error) ->
+// materialise. `mask` is device memory, contiguous [Hmask, nfunc, total_q]. Runs on
+// `stream` (cudaStream_t). Defined only when built with CUDA (FLASHSPAN_WITH_CUDA).
+// The plan's arrays are written in stream order on `stream` (the call synchronizes once for
+// the header, and a second time with backward, for the K2Q full-run count); scratch is
+// allocated and freed inside the call. Runs on the current device. Allocation failures are
+// Error(kOutOfMemory) naming the allocation and its bytes; the CUDA context stays usable.
 std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int32_t* mask, void* stream);
 
 #ifdef FLASHSPAN_WITH_CUDA

@@ -4,11 +4,15 @@
 //   1. validate endpoints (first error by (mask head, row, endpoint)), count partial / full
 //      blocks per Q2K row of each view (one CTA per (mask head, query block)), exclusive
 //      scans (CUB), a one-thread kernel that fills the header;
-//   2. read the header back once (the only synchronization), raise endpoint errors with
-//      the host planner's message, allocate the plan buffer exactly (one cudaMalloc);
-//   3. materialise: block lists and payloads (classifier re-run per query block), K2Q by a
-//      stable radix sort of the backward Q2K entries by K2Q row (so each K2Q row keeps the
-//      ascending Q2K order of query blocks), schedules by a radix sort of
+//   2. read the header back (exact 64-bit list sizes), raise endpoint errors with the host
+//      planner's message and format-limit errors before anything is sized from the counts;
+//   3. backward only: the backward Q2K lists into scratch, the K2Q full-run events counted
+//      per Q2K row (plan_runs.h) and a second read-back of their total; then the plan buffer
+//      is allocated exactly (one cudaMalloc);
+//   4. materialise: partial lists, full runs and payloads (classifier re-run per query
+//      block), K2Q partial entries by a stable radix sort of the backward Q2K entries by K2Q
+//      row (so each K2Q row keeps the ascending Q2K order of query blocks), K2Q full runs by
+//      stable sorts of the start and end events by K2Q row, schedules by a radix sort of
 //      ((~cost) << 32 | task index).
 // Scratch (linear in blocks and listed entries) comes from two cudaMallocAsync arenas and
 // is freed in stream order before returning.
@@ -266,7 +270,8 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   if (bwd) setup_view(bv, g, c.bwd_block_q, c.bwd_block_k, false);
 
   // ---- Phase 1 scratch: meta (cu_q, cu_k, fwd/bwd block starts, each B+1), counts and
-  // pointers [fwd p | fwd f | bwd p | bwd f] (each rows + 1), header, scan temp storage.
+  // pointers [fwd p | fwd f | bwd p | bwd f] (each rows + 1, 64-bit), K2Q event counts and
+  // offsets [starts | ends] (bwd rows + 1 each), header, scan temp storage.
   const long long fr = fv.rows + 1, br = bwd ? bv.rows + 1 : 0;
   size_t scan_bytes = 0;
   for (long long n : {fr, br}) {
@@ -277,13 +282,15 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     scan_bytes = std::max(scan_bytes, need);
   }
   int32_t* d_meta = nullptr;
-  long long *d_cnt = nullptr, *d_ptr = nullptr;
+  long long *d_cnt = nullptr, *d_ptr = nullptr, *d_ev_cnt = nullptr, *d_ev_off = nullptr;
   Header* d_hdr = nullptr;
   void* scan_tmp = nullptr;
   auto phase1 = make_arena(st, [&](auto& a) {
     d_meta = a.template take<int32_t>(6ll * (B + 1));
     d_cnt = a.template take<long long>(2 * fr + 2 * br);
     d_ptr = a.template take<long long>(2 * fr + 2 * br);
+    d_ev_cnt = a.template take<long long>(2 * br);
+    d_ev_off = a.template take<long long>(2 * br);
     d_hdr = a.template take<Header>(1);
     scan_tmp = a.template take<char>(static_cast<long long>(scan_bytes));
   });
@@ -302,6 +309,7 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   bv.d_qbs = d_meta + 4 * (B + 1);
   bv.d_kbs = d_meta + 5 * (B + 1);
   FS_PLAN_CUDA(cudaMemsetAsync(d_cnt, 0, size_t(2 * fr + 2 * br) * sizeof(long long), st));
+  if (bwd) FS_PLAN_CUDA(cudaMemsetAsync(d_ev_cnt, 0, size_t(2 * br) * sizeof(long long), st));
   fv.p_cnt = d_cnt;
   fv.f_cnt = d_cnt + fr;
   fv.p_ptr = d_ptr;
@@ -314,8 +322,11 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   }
   init_header_kernel<<<1, 1, 0, st>>>(d_hdr);
   FS_PLAN_LAUNCHED();
+  auto hdr_field = [&](size_t offset) {
+    return reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(d_hdr) + offset);
+  };
 
-  // ---- 1. Validate, count, scan.
+  // ---- 1. Validate, count (partial blocks and full runs per row), scan.
   if (Hm * T > 0) {
     validate_kernel<<<grid_for(Hm * T), kThreads, 0, st>>>(mask, T, g.nfunc, Hm, B, d_cu_q, d_cu_k, d_hdr);
     FS_PLAN_LAUNCHED();
@@ -325,9 +336,8 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     RelationArgs a = relation_args(g, mask, d_cu_q, d_cu_k, *v);
     a.p_cnt = v->p_cnt;
     a.f_cnt = v->f_cnt;
-    a.visible = v == &fv ? reinterpret_cast<unsigned long long*>(reinterpret_cast<char*>(d_hdr) +
-                                                                   offsetof(Header, visible))
-                         : nullptr;
+    a.visible = v == &fv ? hdr_field(offsetof(Header, visible)) : nullptr;
+    a.full_blocks = hdr_field(v == &fv ? offsetof(Header, fwd_full_blocks) : offsetof(Header, bwd_full_blocks));
     relation_kernel<false><<<grid_1d(v->rows, "CUDA planner: relation"), kThreads, v->smem, st>>>(a);
     FS_PLAN_LAUNCHED();
   }
@@ -345,12 +355,19 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
                                           bwd ? bv.f_ptr + bv.rows : nullptr);
   FS_PLAN_LAUNCHED();
 
-  // ---- 2. The one read-back.
+  // ---- 2. First read-back: exact 64-bit list sizes, endpoint errors.
   Header h{};
   FS_PLAN_CUDA(cudaMemcpyAsync(&h, d_hdr, sizeof(Header), cudaMemcpyDeviceToHost, st));
   FS_PLAN_CUDA(cudaStreamSynchronize(st));
   if (h.err_key != ~0ull) throw_endpoint_error(int(h.err_kind), h.err_hm, h.err_row, h.err_index, h.err_value,
                                                h.err_limit, g);
+  // Refuse lists past the format's limit before anything is sized from them.
+  check_list_entries("forward", "partial", h.fwd_partial, fv.bq, fv.bk, fwd_mask_heads(g, packed));
+  check_list_entries("forward", "full-run", h.fwd_full, fv.bq, fv.bk, fwd_mask_heads(g, packed));
+  if (bwd) {
+    check_list_entries("backward", "partial", h.bwd_partial, bv.bq, bv.bk, Hm);
+    check_list_entries("backward", "full-run", h.bwd_full, bv.bq, bv.bk, Hm);
+  }
 
   auto plan = std::make_unique<MaskPlan>();
   plan->geometry = g;
@@ -361,17 +378,73 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   n.fwd_num_q_blocks = fv.nqb;
   n.fwd_num_k_blocks = fv.nkb;
   n.fwd_partial = h.fwd_partial;
-  n.fwd_full = h.fwd_full;
+  n.fwd_full = static_cast<int64_t>(h.fwd_full_blocks);
+  n.fwd_full_runs = h.fwd_full;
   // A packed view with one shared mask head holds every query row G times.
   n.visible_pairs = static_cast<int64_t>(h.visible) / (fv.shared_mask ? fv.group : 1);
   n.num_tasks = int64_t(g.num_heads_q / fv.group) * fv.nqb;
+
+  // ---- 3. Backward: Q2K lists into scratch, K2Q full-run events counted, second read-back
+  // (the K2Q run count sizes the plan). The lists are copied into the plan afterwards.
+  const long long np = h.bwd_partial, nfr = h.bwd_full;
+  const long long k2q_rows = bwd ? int64_t(Hm) * bv.nkb : 0;
+  const int end_bit = bits_for(k2q_rows);
+  int32_t *b_p_kb = nullptr, *b_runs = nullptr, *p_qb = nullptr;
+  uint32_t* p_key = nullptr;
+  std::unique_ptr<Arena> phase_b;
+  K2QEventArgs ev{};
   if (bwd) {
     n.bwd_num_q_blocks = bv.nqb;
     n.bwd_num_k_blocks = bv.nkb;
-    n.bwd_partial = h.bwd_partial;
-    n.bwd_full = h.bwd_full;
+    n.bwd_partial = np;
+    n.bwd_full = static_cast<int64_t>(h.bwd_full_blocks);
+    n.bwd_full_runs = nfr;
     n.num_bwd_tasks = int64_t(g.num_heads_kv) * bv.nkb;
+    phase_b = make_arena(st, [&](auto& a) {
+      b_p_kb = a.template take<int32_t>(np);
+      b_runs = a.template take<int32_t>(2 * nfr);
+      p_key = a.template take<uint32_t>(np);
+      p_qb = a.template take<int32_t>(np);
+    });
+    if (bv.rows > 0) {
+      RelationArgs a = relation_args(g, mask, d_cu_q, d_cu_k, bv);
+      a.p_ptr = bv.p_ptr;
+      a.f_ptr = bv.f_ptr;
+      a.p_kb = b_p_kb;
+      a.f_runs = b_runs;
+      a.p_key = p_key;
+      a.p_qb = p_qb;
+      relation_kernel<true><<<grid_1d(bv.rows, "CUDA planner: relation"), kThreads, bv.smem, st>>>(a);
+      FS_PLAN_LAUNCHED();
+      ev.batch = B;
+      ev.qbs = bv.d_qbs;
+      ev.kbs = bv.d_kbs;
+      ev.nqb_all = bv.nqb;
+      ev.nkb_all = bv.nkb;
+      ev.rows = bv.rows;
+      ev.f_ptr = bv.f_ptr;
+      ev.runs = b_runs;
+      ev.s_cnt = d_ev_cnt;
+      ev.e_cnt = d_ev_cnt + br;
+      ev.s_off = d_ev_off;
+      ev.e_off = d_ev_off + br;
+      k2q_events_kernel<false><<<grid_for(bv.rows), kThreads, 0, st>>>(ev);
+      FS_PLAN_LAUNCHED();
+      for (int k = 0; k < 2; ++k) {
+        size_t bytes = scan_bytes;
+        FS_PLAN_CUDA(cub::DeviceScan::ExclusiveSum(scan_tmp, bytes, d_ev_cnt + k * br, d_ev_off + k * br, br, st));
+      }
+      finalize_k2q_header_kernel<<<1, 1, 0, st>>>(d_hdr, d_ev_off + bv.rows, d_ev_off + br + bv.rows);
+      FS_PLAN_LAUNCHED();
+      FS_PLAN_CUDA(cudaMemcpyAsync(&h, d_hdr, sizeof(Header), cudaMemcpyDeviceToHost, st));
+      FS_PLAN_CUDA(cudaStreamSynchronize(st));
+      FS_CHECK(h.k2q_starts == h.k2q_ends, Status::kInternal, "CUDA planner: K2Q full runs have ", h.k2q_starts,
+               " starts but ", h.k2q_ends, " ends");
+    }
+    n.bwd_k2q_full_runs = h.k2q_starts;
   }
+  const long long nk2q = n.bwd_k2q_full_runs;
+
   // Throws (naming the limit and the exact 64-bit sizes) before anything is allocated or
   // written when a list passes the format's int32 limit.
   assign_plan_layout(*plan, /*keep_mask=*/false);
@@ -380,29 +453,20 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   FS_PLAN_CUDA(cudaMemsetAsync(buf, 0, size_t(plan->buffer_elements) * sizeof(int32_t), st));
 
   // ---- Phase 2 scratch: K2Q sort inputs/outputs and temp storage, schedule sort keys.
-  const long long np = n.bwd_partial, nf = n.bwd_full;
-  const long long k2q_rows = bwd ? int64_t(Hm) * bv.nkb : 0;
-  const int end_bit = bits_for(k2q_rows);
   size_t k2q_bytes = 0;
-  if (np > 0) {
+  for (long long items : {np, nk2q}) {
+    if (items <= 0) continue;
     size_t need = 0;
     FS_PLAN_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, need, static_cast<uint32_t*>(nullptr),
                                                  static_cast<uint32_t*>(nullptr), static_cast<int32_t*>(nullptr),
-                                                 static_cast<int32_t*>(nullptr), np, 0, end_bit, st));
-    k2q_bytes = std::max(k2q_bytes, need);
-  }
-  if (nf > 0) {
-    size_t need = 0;
-    FS_PLAN_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, need, static_cast<uint32_t*>(nullptr),
-                                                 static_cast<uint32_t*>(nullptr), static_cast<int32_t*>(nullptr),
-                                                 static_cast<int32_t*>(nullptr), nf, 0, end_bit, st));
+                                                 static_cast<int32_t*>(nullptr), items, 0, end_bit, st));
     k2q_bytes = std::max(k2q_bytes, need);
   }
   ScheduleScratch fs, bs;
   fs.tmp_bytes = schedule_sort_bytes(n.num_tasks, st);
   bs.tmp_bytes = schedule_sort_bytes(n.num_bwd_tasks, st);
-  uint32_t *p_key = nullptr, *f_key = nullptr, *keys_sorted = nullptr;
-  int32_t *p_qb = nullptr, *f_qb = nullptr, *iota = nullptr;
+  uint32_t *keys_sorted = nullptr, *keys_sorted2 = nullptr;
+  int32_t *iota = nullptr, *s_sorted = nullptr, *e_sorted = nullptr;
   void* k2q_tmp = nullptr;
   auto phase2 = make_arena(st, [&](auto& a) {
     fs.keys = a.template take<unsigned long long>(n.num_tasks);
@@ -412,16 +476,19 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     bs.keys = a.template take<unsigned long long>(n.num_bwd_tasks);
     bs.sorted = a.template take<unsigned long long>(n.num_bwd_tasks);
     bs.tmp = a.template take<char>(static_cast<long long>(bs.tmp_bytes));
-    p_key = a.template take<uint32_t>(np);
-    p_qb = a.template take<int32_t>(np);
-    f_key = a.template take<uint32_t>(nf);
-    f_qb = a.template take<int32_t>(nf);
-    keys_sorted = a.template take<uint32_t>(std::max(np, nf));
+    keys_sorted = a.template take<uint32_t>(std::max(np, nk2q));
+    keys_sorted2 = a.template take<uint32_t>(nk2q);
     iota = a.template take<int32_t>(np);
+    ev.s_key = a.template take<uint32_t>(nk2q);
+    ev.s_val = a.template take<int32_t>(nk2q);
+    ev.e_key = a.template take<uint32_t>(nk2q);
+    ev.e_val = a.template take<int32_t>(nk2q);
+    s_sorted = a.template take<int32_t>(nk2q);
+    e_sorted = a.template take<int32_t>(nk2q);
     k2q_tmp = a.template take<char>(static_cast<long long>(k2q_bytes));
   });
 
-  // ---- 3. Materialise. Small arrays first, in one launch.
+  // ---- 4. Materialise. Small arrays first, in one launch (64-bit pointers narrowed).
   {
     Segments s{};
     auto seg = [&](const auto* src, const char* name, long long count) {
@@ -455,10 +522,10 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   }
   if (fv.rows > 0) {
     RelationArgs a = relation_args(g, mask, d_cu_q, d_cu_k, fv);
-    a.p_ptr = arr(*plan, "fwd_q2k_partial_ptr");
-    a.f_ptr = arr(*plan, "fwd_q2k_full_ptr");
+    a.p_ptr = fv.p_ptr;
+    a.f_ptr = fv.f_ptr;
     a.p_kb = arr(*plan, "fwd_q2k_partial_kb");
-    a.f_kb = arr(*plan, "fwd_q2k_full_kb");
+    a.f_runs = arr(*plan, "fwd_q2k_full_runs");
     relation_kernel<true><<<grid_1d(fv.rows, "CUDA planner: relation"), kThreads, fv.smem, st>>>(a);
     FS_PLAN_LAUNCHED();
   }
@@ -475,28 +542,22 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     sa.nblk_all = fv.nqb;
     sa.p_ptr = arr(*plan, "fwd_q2k_partial_ptr");
     sa.f_ptr = arr(*plan, "fwd_q2k_full_ptr");
+    sa.runs = arr(*plan, "fwd_q2k_full_runs");
     sa.num_tasks = n.num_tasks;
     build_schedule(sa, arr(*plan, "fwd_tasks"), fs, st);
   }
 
   if (bwd) {
-    if (bv.rows > 0) {
-      RelationArgs a = relation_args(g, mask, d_cu_q, d_cu_k, bv);
-      a.p_ptr = arr(*plan, "bwd_q2k_partial_ptr");
-      a.f_ptr = arr(*plan, "bwd_q2k_full_ptr");
-      a.p_kb = arr(*plan, "bwd_q2k_partial_kb");
-      a.f_kb = arr(*plan, "bwd_q2k_full_kb");
-      a.p_key = p_key;
-      a.p_qb = p_qb;
-      a.f_key = f_key;
-      a.f_qb = f_qb;
-      relation_kernel<true><<<grid_1d(bv.rows, "CUDA planner: relation"), kThreads, bv.smem, st>>>(a);
-      FS_PLAN_LAUNCHED();
-    }
+    if (np > 0)
+      FS_PLAN_CUDA(cudaMemcpyAsync(arr(*plan, "bwd_q2k_partial_kb"), b_p_kb, size_t(np) * sizeof(int32_t),
+                                   cudaMemcpyDeviceToDevice, st));
+    if (nfr > 0)
+      FS_PLAN_CUDA(cudaMemcpyAsync(arr(*plan, "bwd_q2k_full_runs"), b_runs, size_t(2 * nfr) * sizeof(int32_t),
+                                   cudaMemcpyDeviceToDevice, st));
     launch_payloads(g, mask, d_cu_q, bv, np, arr(*plan, "bwd_q2k_partial_ptr"), arr(*plan, "bwd_q2k_partial_kb"),
                     reinterpret_cast<uint32_t*>(arr(*plan, "bwd_q2k_partial_bits")), st);
-    // K2Q: stable radix sort of the entries (in Q2K order) by K2Q row keeps each K2Q row's
-    // query blocks ascending, as the host planner's row-order scatter does.
+    // K2Q partial: stable radix sort of the entries (in Q2K order) by K2Q row keeps each K2Q
+    // row's query blocks ascending, as the host planner's row-order scatter does.
     int32_t* k2q_p_ptr = arr(*plan, "bwd_k2q_partial_ptr");
     int32_t* k2q_f_ptr = arr(*plan, "bwd_k2q_full_ptr");
     if (np > 0) {
@@ -511,12 +572,21 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     }
     lower_bound_ptr_kernel<<<grid_for(k2q_rows + 1), kThreads, 0, st>>>(keys_sorted, np, k2q_p_ptr, k2q_rows);
     FS_PLAN_LAUNCHED();
-    if (nf > 0) {
+    // K2Q full runs: events in Q2K row order, stable-sorted by K2Q row; start k pairs with end k.
+    if (nk2q > 0) {
+      k2q_events_kernel<true><<<grid_for(bv.rows), kThreads, 0, st>>>(ev);
+      FS_PLAN_LAUNCHED();
       size_t bytes = k2q_bytes;
-      FS_PLAN_CUDA(cub::DeviceRadixSort::SortPairs(k2q_tmp, bytes, f_key, keys_sorted, f_qb,
-                                                   arr(*plan, "bwd_k2q_full_qb"), nf, 0, end_bit, st));
+      FS_PLAN_CUDA(cub::DeviceRadixSort::SortPairs(k2q_tmp, bytes, ev.s_key, keys_sorted, ev.s_val, s_sorted, nk2q, 0,
+                                                   end_bit, st));
+      bytes = k2q_bytes;
+      FS_PLAN_CUDA(cub::DeviceRadixSort::SortPairs(k2q_tmp, bytes, ev.e_key, keys_sorted2, ev.e_val, e_sorted, nk2q,
+                                                   0, end_bit, st));
+      interleave_runs_kernel<<<grid_for(nk2q), kThreads, 0, st>>>(s_sorted, e_sorted, arr(*plan, "bwd_k2q_full_runs"),
+                                                                   nk2q);
+      FS_PLAN_LAUNCHED();
     }
-    lower_bound_ptr_kernel<<<grid_for(k2q_rows + 1), kThreads, 0, st>>>(keys_sorted, nf, k2q_f_ptr, k2q_rows);
+    lower_bound_ptr_kernel<<<grid_for(k2q_rows + 1), kThreads, 0, st>>>(keys_sorted, nk2q, k2q_f_ptr, k2q_rows);
     FS_PLAN_LAUNCHED();
 
     ScheduleArgs sa{};
@@ -528,6 +598,7 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
     sa.nblk_all = bv.nkb;
     sa.p_ptr = k2q_p_ptr;
     sa.f_ptr = k2q_f_ptr;
+    sa.runs = arr(*plan, "bwd_k2q_full_runs");
     sa.num_tasks = n.num_bwd_tasks;
     build_schedule(sa, arr(*plan, "bwd_tasks"), bs, st);
   }

@@ -8,7 +8,9 @@
 // O(rows * nfunc + query blocks * key blocks) per view. A block is full iff its count is
 // Bq*Bk (visible keys are always inside the sample, so this also means "inside both
 // sequences"), empty iff 0, partial otherwise. Only partial blocks touch elements: their
-// payload bits are set from the row intervals clipped to the block.
+// payload bits are set from the row intervals clipped to the block. Full blocks are stored
+// as maximal runs (mask_plan.h); the K2Q full runs come from the Q2K runs by the events of
+// plan_runs.h.
 //
 // The packed-GQA forward view (mask_plan.h) runs the same code over packed rows: a block's
 // rows come from block_rows() (packed_rows.h), the mapping the CUDA planner also uses.
@@ -20,6 +22,7 @@
 #include "core/error.h"
 #include "plan/packed_rows.h"
 #include "plan/plan_layout.h"
+#include "plan/plan_runs.h"
 #include "plan/planner.h"
 
 namespace flashspan {
@@ -31,7 +34,9 @@ struct HostRelation {
   int bq = 0, bk = 0;
   std::vector<int32_t> qbs, kbs;            // block starts [B+1]
   std::vector<int32_t> p_ptr, f_ptr;        // [heads*NQB + 1]
-  std::vector<int32_t> p_kb, f_kb;          // sample-local key blocks
+  std::vector<int32_t> p_kb;                // sample-local key blocks
+  std::vector<int32_t> f_runs;              // (first, end) pairs of full key blocks
+  int64_t full_blocks = 0;
   std::vector<uint32_t> bits;               // payloads, CSR order
   int64_t visible = 0;                      // visible pairs summed over the CSR's (virtual) heads
 };
@@ -75,7 +80,8 @@ void build_relation(const int32_t* mask, const FlexGeometry& g, int bq, int bk, 
   rel.p_ptr.assign(heads * nqb_all + 1, 0);
   rel.f_ptr.assign(heads * nqb_all + 1, 0);
   rel.p_kb.clear();
-  rel.f_kb.clear();
+  rel.f_runs.clear();
+  rel.full_blocks = 0;
   rel.bits.clear();
   rel.visible = 0;
 
@@ -99,17 +105,26 @@ void build_relation(const int32_t* mask, const FlexGeometry& g, int bq, int bk, 
         partial.clear();
         const int64_t csr_row = hm * nqb_all + rel.qbs[b] + i;
         int32_t count = 0;
+        bool in_run = false;
         for (int64_t kb = 0; kb < nkb; ++kb) {
           count += diff[kb];
           rel.visible += count;
-          if (count == full_count) rel.f_kb.push_back(static_cast<int32_t>(kb));
-          else if (count > 0) partial.push_back(static_cast<int32_t>(kb));
+          const bool full = count == full_count;
+          if (full) {
+            ++rel.full_blocks;
+            if (!in_run) rel.f_runs.push_back(static_cast<int32_t>(kb));
+          } else {
+            if (in_run) rel.f_runs.push_back(static_cast<int32_t>(kb));
+            if (count > 0) partial.push_back(static_cast<int32_t>(kb));
+          }
+          in_run = full;
         }
-        check_list_entries(view, "full", int64_t(rel.f_kb.size()), bq, bk, heads);
+        if (in_run) rel.f_runs.push_back(static_cast<int32_t>(nkb));
+        check_list_entries(view, "full-run", int64_t(rel.f_runs.size() / 2), bq, bk, heads);
         check_list_entries(view, "partial", int64_t(rel.p_kb.size() + partial.size()), bq, bk, heads);
         rel.p_kb.insert(rel.p_kb.end(), partial.begin(), partial.end());
         rel.p_ptr[csr_row + 1] = static_cast<int32_t>(partial.size());
-        rel.f_ptr[csr_row + 1] = static_cast<int32_t>(rel.f_kb.size());  // fixed up below
+        rel.f_ptr[csr_row + 1] = static_cast<int32_t>(rel.f_runs.size() / 2);  // running total
 
         // Payloads: bit = 1 iff the element is visible (visible keys are in bounds).
         if (partial.empty()) continue;
@@ -198,33 +213,40 @@ std::unique_ptr<MaskPlan> build_mask_plan_host(const PlanRequest& req, const int
   n.fwd_num_q_blocks = fwd.qbs.back();
   n.fwd_num_k_blocks = fwd.kbs.back();
   n.fwd_partial = int64_t(fwd.p_kb.size());
-  n.fwd_full = int64_t(fwd.f_kb.size());
+  n.fwd_full = fwd.full_blocks;
+  n.fwd_full_runs = int64_t(fwd.f_runs.size() / 2);
   // A packed view with one shared mask head holds every query row G times.
   n.visible_pairs = g.num_heads_mask == 1 ? fwd.visible / pack : fwd.visible;
   n.num_tasks = int64_t(g.num_heads_q / pack) * n.fwd_num_q_blocks;
 
   // K2Q (backward): transpose of the backward Q2K, rows hm * NKB + gk. Iterating Q2K rows in
-  // ascending order keeps every K2Q row sorted by query block.
-  std::vector<int32_t> k2q_p_ptr, k2q_f_ptr, k2q_p_qb, k2q_p_idx, k2q_f_qb;
+  // ascending order keeps every K2Q row sorted by query block. Full runs: per Q2K row, the
+  // K2Q run starts (runs(i) \ runs(i-1)) and ends (runs(i) \ runs(i+1)) of plan_runs.h.
+  std::vector<int32_t> k2q_p_ptr, k2q_f_ptr, k2q_p_qb, k2q_p_idx, k2q_f_runs;
   if (req.build_backward) {
     build_relation(mask, g, c.bwd_block_q, c.bwd_block_k, 1, "backward", bwd);
     n.bwd_num_q_blocks = bwd.qbs.back();
     n.bwd_num_k_blocks = bwd.kbs.back();
     n.bwd_partial = int64_t(bwd.p_kb.size());
-    n.bwd_full = int64_t(bwd.f_kb.size());
+    n.bwd_full = bwd.full_blocks;
+    n.bwd_full_runs = int64_t(bwd.f_runs.size() / 2);
     n.num_bwd_tasks = int64_t(g.num_heads_kv) * n.bwd_num_k_blocks;
     const int64_t NQB = n.bwd_num_q_blocks, NKB = n.bwd_num_k_blocks;
     k2q_p_ptr.assign(g.num_heads_mask * NKB + 1, 0);
     k2q_f_ptr.assign(g.num_heads_mask * NKB + 1, 0);
     k2q_p_qb.resize(bwd.p_kb.size());
     k2q_p_idx.resize(bwd.p_kb.size());
-    k2q_f_qb.resize(bwd.f_kb.size());
+
     // Pass 1: count per K2Q row; pass 2: scatter with per-row cursors.
     for (int pass = 0; pass < 2; ++pass) {
       std::vector<int32_t> pcur, fcur;
       if (pass == 1) {
         for (size_t r = 1; r < k2q_p_ptr.size(); ++r) k2q_p_ptr[r] += k2q_p_ptr[r - 1];
         for (size_t r = 1; r < k2q_f_ptr.size(); ++r) k2q_f_ptr[r] += k2q_f_ptr[r - 1];
+        n.bwd_k2q_full_runs = k2q_f_ptr.back();
+        check_list_entries("backward K2Q", "full-run", n.bwd_k2q_full_runs, c.bwd_block_q, c.bwd_block_k,
+                           g.num_heads_mask);
+        k2q_f_runs.assign(2 * size_t(n.bwd_k2q_full_runs), 0);
         pcur.assign(k2q_p_ptr.begin(), k2q_p_ptr.end() - 1);
         fcur.assign(k2q_f_ptr.begin(), k2q_f_ptr.end() - 1);
       }
@@ -241,11 +263,26 @@ std::unique_ptr<MaskPlan> build_mask_plan_host(const PlanRequest& req, const int
                 k2q_p_idx[pcur[kr]++] = e;
               }
             }
-            for (int32_t e = bwd.f_ptr[row]; e < bwd.f_ptr[row + 1]; ++e) {
-              const int64_t kr = hm * NKB + bwd.kbs[b] + bwd.f_kb[e];
-              if (pass == 0) ++k2q_f_ptr[kr + 1];
-              else k2q_f_qb[fcur[kr]++] = i;
-            }
+            const int32_t nqb = bwd.qbs[b + 1] - bwd.qbs[b];
+            const int32_t* runs = bwd.f_runs.data();
+            const int64_t j0 = bwd.f_ptr[row], j1 = bwd.f_ptr[row + 1];
+            const int64_t prev0 = i > 0 ? bwd.f_ptr[row - 1] : j0, next1 = i + 1 < nqb ? bwd.f_ptr[row + 2] : j1;
+            const int64_t kr0 = hm * NKB + bwd.kbs[b];
+            // Starts: one K2Q run per key block of runs(i) \ runs(i-1).
+            runs_minus(runs + 2 * j0, j1 - j0, runs + 2 * prev0, j0 - prev0, [&](int32_t lo, int32_t hi) {
+              for (int32_t kb = lo; kb < hi; ++kb) {
+                if (pass == 0) {
+                  ++k2q_f_ptr[kr0 + kb + 1];
+                } else {
+                  k2q_f_runs[2 * int64_t(fcur[kr0 + kb])] = i;  // the end is set by its end event
+                }
+              }
+            });
+            if (pass == 0) continue;
+            // Ends: runs(i) \ runs(i+1); the run being closed is the last one started.
+            runs_minus(runs + 2 * j0, j1 - j0, runs + 2 * j1, next1 - j1, [&](int32_t lo, int32_t hi) {
+              for (int32_t kb = lo; kb < hi; ++kb) k2q_f_runs[2 * int64_t(fcur[kr0 + kb]++) + 1] = i + 1;
+            });
           }
         }
       }
@@ -261,7 +298,7 @@ std::unique_ptr<MaskPlan> build_mask_plan_host(const PlanRequest& req, const int
   put(*plan, "fwd_q2k_partial_ptr", fwd.p_ptr);
   put(*plan, "fwd_q2k_full_ptr", fwd.f_ptr);
   put(*plan, "fwd_q2k_partial_kb", fwd.p_kb);
-  put(*plan, "fwd_q2k_full_kb", fwd.f_kb);
+  put(*plan, "fwd_q2k_full_runs", fwd.f_runs);
   put(*plan, "fwd_q2k_partial_bits", fwd.bits);
   {
     // Tasks over query heads, or kv heads of a packed view (CSR head 0 when Hmask == 1).
@@ -269,7 +306,8 @@ std::unique_ptr<MaskPlan> build_mask_plan_host(const PlanRequest& req, const int
     build_schedule(g.batch, g.num_heads_q / pack, fwd.qbs,
                    [&](int b, int h, int32_t i) {
                      const int64_t r = g.mask_head(h) * NQB + fwd.qbs[b] + i;
-                     return fwd.p_ptr[r + 1] - fwd.p_ptr[r] + fwd.f_ptr[r + 1] - fwd.f_ptr[r];
+                     return int32_t(fwd.p_ptr[r + 1] - fwd.p_ptr[r] +
+                                    run_blocks(fwd.f_runs.data(), fwd.f_ptr[r], fwd.f_ptr[r + 1]));
                    },
                    arr(*plan, "fwd_tasks"));
   }
@@ -279,13 +317,13 @@ std::unique_ptr<MaskPlan> build_mask_plan_host(const PlanRequest& req, const int
     put(*plan, "bwd_q2k_partial_ptr", bwd.p_ptr);
     put(*plan, "bwd_q2k_full_ptr", bwd.f_ptr);
     put(*plan, "bwd_q2k_partial_kb", bwd.p_kb);
-    put(*plan, "bwd_q2k_full_kb", bwd.f_kb);
+    put(*plan, "bwd_q2k_full_runs", bwd.f_runs);
     put(*plan, "bwd_q2k_partial_bits", bwd.bits);
     put(*plan, "bwd_k2q_partial_ptr", k2q_p_ptr);
     put(*plan, "bwd_k2q_full_ptr", k2q_f_ptr);
     put(*plan, "bwd_k2q_partial_qb", k2q_p_qb);
     put(*plan, "bwd_k2q_partial_idx", k2q_p_idx);
-    put(*plan, "bwd_k2q_full_qb", k2q_f_qb);
+    put(*plan, "bwd_k2q_full_runs", k2q_f_runs);
     const int64_t NKB = n.bwd_num_k_blocks;
     const int group = g.group_size();
     build_schedule(g.batch, g.num_heads_kv, bwd.kbs,
@@ -293,7 +331,8 @@ std::unique_ptr<MaskPlan> build_mask_plan_host(const PlanRequest& req, const int
                      int32_t cost = 0;
                      for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
                        const int64_t r = g.mask_head(h) * NKB + bwd.kbs[b] + kb;
-                       cost += k2q_p_ptr[r + 1] - k2q_p_ptr[r] + k2q_f_ptr[r + 1] - k2q_f_ptr[r];
+                       cost += int32_t(k2q_p_ptr[r + 1] - k2q_p_ptr[r] +
+                                       run_blocks(k2q_f_runs.data(), k2q_f_ptr[r], k2q_f_ptr[r + 1]));
                      }
                      return cost;
                    },

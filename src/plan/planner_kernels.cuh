@@ -12,6 +12,7 @@
 #include "kernels/common/payload_layout.h"
 #include "plan/packed_rows.h"
 #include "plan/payload_word.h"
+#include "plan/plan_runs.h"
 
 namespace flashspan {
 namespace plan_gpu {
@@ -33,7 +34,9 @@ struct Header {
   unsigned long long err_key;
   unsigned long long visible;
   long long err_kind, err_hm, err_row, err_index, err_value, err_limit;
-  long long fwd_partial, fwd_full, bwd_partial, bwd_full;
+  long long fwd_partial, fwd_full, bwd_partial, bwd_full;  // list entries: partial blocks, full runs
+  unsigned long long fwd_full_blocks, bwd_full_blocks;     // full blocks (sums of run lengths)
+  long long k2q_starts, k2q_ends;                         // K2Q full-run events (second read-back)
 };
 
 // Largest b in [0, n-1] with scale * starts[b] <= x (starts nondecreasing, starts[0] = 0).
@@ -52,6 +55,8 @@ __global__ void init_header_kernel(Header* h) {
   h->visible = 0;
   h->err_kind = h->err_hm = h->err_row = h->err_index = h->err_value = h->err_limit = 0;
   h->fwd_partial = h->fwd_full = h->bwd_partial = h->bwd_full = 0;
+  h->fwd_full_blocks = h->bwd_full_blocks = 0;
+  h->k2q_starts = h->k2q_ends = 0;
 }
 
 // One thread per (mask head, row): the row's first bad endpoint (host check order: negative,
@@ -127,18 +132,17 @@ struct RelationArgs {
   long long nqb_all, nkb_all;
   int chunk;            // key blocks per pass (<= kChunk); sizes the shared difference array
   // Count pass.
-  long long* p_cnt;     // [Hmask*NQB] partial / full blocks per CSR row (64-bit: scanned in place
+  long long* p_cnt;     // [Hmask*NQB] partial blocks / full runs per CSR row (64-bit: scanned
   long long* f_cnt;     //  into 64-bit pointers, so totals past 2^31 are exact)
-  unsigned long long* visible;  // optional: visible pairs
+  unsigned long long* visible;      // optional: visible pairs
+  unsigned long long* full_blocks;  // full blocks of the view
   // Materialise pass.
-  const int32_t* p_ptr;  // the plan's CSR pointers (totals checked <= kMaxListEntries)
-  const int32_t* f_ptr;
+  const long long* p_ptr;  // scanned counts (totals checked <= kMaxListEntries)
+  const long long* f_ptr;
   int32_t* p_kb;
-  int32_t* f_kb;
-  uint32_t* p_key;      // optional (backward): K2Q row of each entry, and its local query block
+  int32_t* f_runs;      // (first, end) pairs
+  uint32_t* p_key;      // optional (backward): K2Q row of each partial entry, and its local query block
   int32_t* p_qb;
-  uint32_t* f_key;
-  int32_t* f_qb;
 };
 
 // Adds [a, e) (columns relative to the pass start, a < e) to the pass's difference array.
@@ -159,9 +163,13 @@ __device__ __forceinline__ void add_interval_shared(int32_t* diff, long long a, 
 // Classifies the key blocks of one (mask head, query block): per pass of `chunk` key blocks,
 // the rows' intervals fill a shared difference array (one thread per (row, interval); each
 // endpoint is read once per pass, coalesced over rows), a block scan turns it into
-// per-block visible counts (full = Bq*Bk, empty = 0, else partial).
-// kMaterialize = false: counts per CSR row (+ visible pairs). true: writes the ascending
-// block lists at the scanned offsets (payloads: payload_kernel). Endpoints are clamped to
+// per-block visible counts (full = Bq*Bk, empty = 0, else partial). A full run starts at a
+// full block whose predecessor is not full and ends at the first non-full block after it
+// (or the row's end); the predecessor of a thread's first block is the exclusive scan value
+// (the visible count of the block before it), of a pass's first block the carry s_carry.
+// kMaterialize = false: partial blocks and full runs per CSR row (+ visible pairs and full
+// blocks). true: writes the ascending partial list and the runs at the scanned offsets
+// (payloads: payload_kernel). Endpoints are clamped to
 // [0, len_k] so that invalid input (rejected after the count pass) cannot index out of
 // bounds.
 template <bool kMaterialize>
@@ -169,7 +177,8 @@ __global__ void __launch_bounds__(kThreads) relation_kernel(RelationArgs a) {
   using BlockScan = cub::BlockScan<int32_t, kThreads>;
   __shared__ typename BlockScan::TempStorage scan_tmp;
   __shared__ long long s_p, s_f;
-  __shared__ unsigned long long s_vis;
+  __shared__ unsigned long long s_vis, s_full;
+  __shared__ int s_carry[2];  // by pass parity: is the last block of the previous pass full?
   extern __shared__ int32_t diff[];  // [chunk + 1]: difference array of one pass
 
   const long long csr_row = blockIdx.x;
@@ -190,6 +199,8 @@ __global__ void __launch_bounds__(kThreads) relation_kernel(RelationArgs a) {
     s_p = 0;
     s_f = 0;
     s_vis = 0;
+    s_full = 0;
+    s_carry[0] = 0;
   }
   __syncthreads();
 
@@ -202,8 +213,9 @@ __global__ void __launch_bounds__(kThreads) relation_kernel(RelationArgs a) {
   }
   int32_t run_p = 0, run_f = 0;  // list entries written by earlier passes (uniform)
   int32_t my_p = 0, my_f = 0;
-  long long my_vis = 0;
-  for (long long c0 = 0; c0 < nkb; c0 += a.chunk) {
+  long long my_vis = 0, my_full = 0;
+  int pass = 0;
+  for (long long c0 = 0; c0 < nkb; c0 += a.chunk, ++pass) {
     const int C = (int)min((long long)a.chunk, nkb - c0);
     for (int x = tid; x <= C; x += kThreads) diff[x] = 0;
     __syncthreads();
@@ -228,15 +240,23 @@ __global__ void __launch_bounds__(kThreads) relation_kernel(RelationArgs a) {
     }
     int32_t run;
     BlockScan(scan_tmp).ExclusiveSum(tsum, run);
-    int32_t np = 0, nf = 0;
+    // Is the block before this thread's first block full? (a pass's first: the carry)
+    const bool first_prev_full = tid == 0 ? s_carry[pass & 1] != 0 : run == full;
+    int32_t np = 0, nf = 0;  // partial blocks, run starts
+    bool prev_full = first_prev_full;
 #pragma unroll
     for (int k = 0; k < kItems; ++k) {
       run += cnt[k];
       cnt[k] = run;  // visible elements of key block c0 + tid*kItems + k
-      if (tid * kItems + k < C) {
+      const int x = tid * kItems + k;
+      if (x < C) {
+        const bool f = run == full;
         my_vis += run;
-        np += run > 0 && run != full;
-        nf += run == full;
+        my_full += f;
+        np += run > 0 && !f;
+        nf += f && !prev_full;
+        prev_full = f;
+        if (x == C - 1) s_carry[(pass + 1) & 1] = f;
       }
     }
     if (!kMaterialize) {
@@ -246,20 +266,21 @@ __global__ void __launch_bounds__(kThreads) relation_kernel(RelationArgs a) {
       __syncthreads();  // scan_tmp reuse
       int32_t excl, total;
       BlockScan(scan_tmp).ExclusiveSum((np << 16) | nf, excl, total);  // per pass: <= 4096 each
+      // fp = runs started before the current block (the open run, if any, is fp - 1).
       long long pp = p_base + run_p + (excl >> 16), fp = f_base + run_f + (excl & 0xffff);
+      bool pf = first_prev_full;
 #pragma unroll
       for (int k = 0; k < kItems; ++k) {
         const int x = tid * kItems + k;
-        if (x >= C || cnt[k] == 0) continue;
+        if (x >= C) continue;
         const int32_t kb = (int32_t)(c0 + x);
-        if (cnt[k] == full) {
-          a.f_kb[fp] = kb;
-          if (a.f_key) {
-            a.f_key[fp] = (uint32_t)(hm * a.nkb_all + a.kbs[b] + kb);
-            a.f_qb[fp] = (int32_t)i;
-          }
-          ++fp;
-        } else {
+        const bool f = cnt[k] == full;
+        if (f && !pf) a.f_runs[2 * fp++] = kb;
+        if (!f && pf) a.f_runs[2 * (fp - 1) + 1] = kb;
+        if (f && c0 + x == nkb - 1) a.f_runs[2 * (fp - 1) + 1] = (int32_t)nkb;
+        pf = f;
+        if (cnt[k] == 0 || f) continue;
+        {
           a.p_kb[pp] = kb;
           if (a.p_key) {
             a.p_key[pp] = (uint32_t)(hm * a.nkb_all + a.kbs[b] + kb);
@@ -278,11 +299,13 @@ __global__ void __launch_bounds__(kThreads) relation_kernel(RelationArgs a) {
     if (my_p) atomicAdd(reinterpret_cast<unsigned long long*>(&s_p), (unsigned long long)my_p);
     if (my_f) atomicAdd(reinterpret_cast<unsigned long long*>(&s_f), (unsigned long long)my_f);
     if (a.visible && my_vis) atomicAdd(&s_vis, (unsigned long long)my_vis);
+    if (my_full) atomicAdd(&s_full, (unsigned long long)my_full);
     __syncthreads();
     if (tid == 0) {
       a.p_cnt[csr_row] = s_p;
       a.f_cnt[csr_row] = s_f;
       if (a.visible && s_vis) atomicAdd(a.visible, s_vis);
+      if (s_full) atomicAdd(a.full_blocks, s_full);
     }
   }
 }
@@ -371,9 +394,82 @@ __global__ void gather_kernel(const int32_t* __restrict__ idx, const int32_t* __
     out[x] = qb_of[idx[x]];
 }
 
+// K2Q full runs from the backward Q2K runs (plan_runs.h): one thread per Q2K row (hm, gq),
+// query block i of sample b. Starts are the key blocks of runs(i) \ runs(i-1), ends those of
+// runs(i) \ runs(i+1) (neighbours within the sample only). kEmit = false: counts per row
+// (s_cnt, e_cnt). true: writes each event's K2Q row key and value (start: i, end: i + 1) at
+// the scanned offsets, in (row, key block) order, so that a stable sort by key keeps each
+// K2Q row's events in ascending query-block order and the k-th start pairs with the k-th end.
+struct K2QEventArgs {
+  int batch;
+  const int32_t* qbs;  // backward block starts [B+1]
+  const int32_t* kbs;
+  long long nqb_all, nkb_all, rows;  // rows = Hmask * NQB
+  const long long* f_ptr;             // Q2K full-run pointers (64-bit scratch) [rows + 1]
+  const int32_t* runs;                // Q2K full runs (pairs)
+  long long* s_cnt;                   // count pass
+  long long* e_cnt;
+  const long long* s_off;             // emit pass
+  const long long* e_off;
+  uint32_t* s_key;
+  int32_t* s_val;
+  uint32_t* e_key;
+  int32_t* e_val;
+};
+
+template <bool kEmit>
+__global__ void k2q_events_kernel(K2QEventArgs a) {
+  for (long long row = (long long)blockIdx.x * blockDim.x + threadIdx.x; row < a.rows;
+       row += (long long)gridDim.x * blockDim.x) {
+    const long long hm = row / a.nqb_all, gq = row - hm * a.nqb_all;
+    const int b = find_segment(a.qbs, a.batch, gq);
+    const long long i = gq - a.qbs[b], nqb = a.qbs[b + 1] - a.qbs[b];
+    const long long j0 = a.f_ptr[row], j1 = a.f_ptr[row + 1];
+    const long long p0 = i > 0 ? a.f_ptr[row - 1] : j0;
+    const long long n1 = i + 1 < nqb ? a.f_ptr[row + 2] : j1;
+    const uint32_t key0 = (uint32_t)(hm * a.nkb_all + a.kbs[b]);
+    if (!kEmit) {
+      long long ns = 0, ne = 0;
+      runs_minus(a.runs + 2 * j0, j1 - j0, a.runs + 2 * p0, j0 - p0, [&](int32_t lo, int32_t hi) { ns += hi - lo; });
+      runs_minus(a.runs + 2 * j0, j1 - j0, a.runs + 2 * j1, n1 - j1, [&](int32_t lo, int32_t hi) { ne += hi - lo; });
+      a.s_cnt[row] = ns;
+      a.e_cnt[row] = ne;
+    } else {
+      long long s = a.s_off[row], e = a.e_off[row];
+      runs_minus(a.runs + 2 * j0, j1 - j0, a.runs + 2 * p0, j0 - p0, [&](int32_t lo, int32_t hi) {
+        for (int32_t kb = lo; kb < hi; ++kb, ++s) {
+          a.s_key[s] = key0 + (uint32_t)kb;
+          a.s_val[s] = (int32_t)i;
+        }
+      });
+      runs_minus(a.runs + 2 * j0, j1 - j0, a.runs + 2 * j1, n1 - j1, [&](int32_t lo, int32_t hi) {
+        for (int32_t kb = lo; kb < hi; ++kb, ++e) {
+          a.e_key[e] = key0 + (uint32_t)kb;
+          a.e_val[e] = (int32_t)(i + 1);
+        }
+      });
+    }
+  }
+}
+
+// K2Q run k = (sorted start value k, sorted end value k).
+__global__ void interleave_runs_kernel(const int32_t* __restrict__ starts, const int32_t* __restrict__ ends,
+                                       int32_t* runs, long long n) {
+  for (long long x = (long long)blockIdx.x * blockDim.x + threadIdx.x; x < n; x += (long long)gridDim.x * blockDim.x) {
+    runs[2 * x] = starts[x];
+    runs[2 * x + 1] = ends[x];
+  }
+}
+
+// Copies the K2Q event totals (last entries of the scans) into the header.
+__global__ void finalize_k2q_header_kernel(Header* h, const long long* s_end, const long long* e_end) {
+  h->k2q_starts = *s_end;
+  h->k2q_ends = *e_end;
+}
+
 // Schedules. Task t enumerates (batch, head, block) in ascending order:
 //   t = heads * starts[b] + head * nblk(b) + blk.
-// Its cost sums the CSR row lengths (partial + full) of rows
+// Its cost sums the CSR row lengths (partial entries + full blocks of the runs) of rows
 //   mask_head(h) * nblk_all + starts[b] + blk for h in [head*group, (head+1)*group).
 struct ScheduleArgs {
   int batch, heads, group;
@@ -381,7 +477,8 @@ struct ScheduleArgs {
   const int32_t* starts;
   long long nblk_all;
   const int32_t* p_ptr;
-  const int32_t* f_ptr;
+  const int32_t* f_ptr;  // run pointers
+  const int32_t* runs;   // full runs (pairs)
   long long num_tasks;
 };
 
@@ -403,7 +500,7 @@ __global__ void schedule_keys_kernel(ScheduleArgs a, unsigned long long* keys) {
     int32_t cost = 0;
     for (int h = head * a.group; h < (head + 1) * a.group; ++h) {
       const long long r = (a.shared_mask ? 0 : (long long)h) * a.nblk_all + a.starts[b] + blk;
-      cost += a.p_ptr[r + 1] - a.p_ptr[r] + a.f_ptr[r + 1] - a.f_ptr[r];
+      cost += (int32_t)(a.p_ptr[r + 1] - a.p_ptr[r] + run_blocks(a.runs, a.f_ptr[r], a.f_ptr[r + 1]));
     }
     keys[t] = ((unsigned long long)(0xFFFFFFFFu - (uint32_t)cost) << 32) | (unsigned long long)t;
   }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "plan/mask_plan.h"
+#include "plan/plan_runs.h"
 
 namespace fs_test {
 
@@ -27,6 +28,21 @@ inline bool visible(const int32_t* mask, const flashspan::FlexGeometry& g, int h
   for (int f = 1; f + 1 < g.nfunc; f += 2)
     if (ep(f) <= k && k < ep(f + 1)) return true;
   return false;
+}
+
+// Expands runs [j0, j1) of a (first, end) pair list into blocks, checking that the runs are
+// canonical: non-empty, ascending, disjoint and non-adjacent (maximal). `what` names the row.
+inline std::vector<int32_t> expand_runs(const int32_t* runs, int64_t j0, int64_t j1, const std::string& what) {
+  std::vector<int32_t> out;
+  int64_t prev_end = -2;
+  for (int64_t j = j0; j < j1; ++j) {
+    const int32_t first = runs[2 * j], end = runs[2 * j + 1];
+    EXPECT_LT(first, end) << what << ": empty run " << j;
+    EXPECT_GT(first, prev_end) << what << ": run " << j << " not after (or adjacent to) the previous one";
+    for (int32_t x = first; x < end; ++x) out.push_back(x);
+    prev_end = end;
+  }
+  return out;
 }
 
 struct ViewNames {
@@ -103,7 +119,8 @@ inline int64_t check_q2k_view(const flashspan::MaskPlan& plan, const int32_t* ma
         }
         const std::vector<int32_t> got_p(v.q2k_partial_kb + v.q2k_partial_ptr[r],
                                          v.q2k_partial_kb + v.q2k_partial_ptr[r + 1]);
-        const std::vector<int32_t> got_f(v.q2k_full_kb + v.q2k_full_ptr[r], v.q2k_full_kb + v.q2k_full_ptr[r + 1]);
+        const std::vector<int32_t> got_f =
+            expand_runs(v.q2k_full_runs, v.q2k_full_ptr[r], v.q2k_full_ptr[r + 1], "Q2K full runs");
         if (got_p != exp_p || got_f != exp_f) {
           ADD_FAILURE() << (bwd ? "bwd" : "fwd") << " Q2K row hm=" << hm << " b=" << b << " qb=" << i
                         << ": partial/full lists differ from brute force (" << got_p.size() << "/" << got_f.size()
@@ -123,7 +140,10 @@ inline int64_t check_q2k_view(const flashspan::MaskPlan& plan, const int32_t* ma
     }
   }
   EXPECT_EQ(v.q2k_partial_ptr[heads * v.num_q_blocks], plan.counts.fwd_partial * !bwd + plan.counts.bwd_partial * bwd);
-  EXPECT_EQ(v.q2k_full_ptr[heads * v.num_q_blocks], plan.counts.fwd_full * !bwd + plan.counts.bwd_full * bwd);
+  EXPECT_EQ(v.q2k_full_ptr[heads * v.num_q_blocks],
+            plan.counts.fwd_full_runs * !bwd + plan.counts.bwd_full_runs * bwd);
+  EXPECT_EQ(flashspan::run_blocks(v.q2k_full_runs, 0, v.q2k_full_ptr[heads * v.num_q_blocks]),
+            plan.counts.fwd_full * !bwd + plan.counts.bwd_full * bwd);
   int64_t n = 0;
   plan.array(bwd ? "bwd_q2k_partial_ptr" : "fwd_q2k_partial_ptr", &n);
   EXPECT_EQ(n, heads * v.num_q_blocks + 1);
@@ -143,16 +163,16 @@ inline void check_k2q(const flashspan::MaskPlan& plan) {
         const int64_t r = hm * NQB + v.q_block_start[b] + i;
         for (int32_t e = v.q2k_partial_ptr[r]; e < v.q2k_partial_ptr[r + 1]; ++e)
           tp[hm * NKB + v.k_block_start[b] + v.q2k_partial_kb[e]].push_back({i, e});
-        for (int32_t e = v.q2k_full_ptr[r]; e < v.q2k_full_ptr[r + 1]; ++e)
-          tf[hm * NKB + v.k_block_start[b] + v.q2k_full_kb[e]].push_back({i, e});
+        for (int32_t kb : expand_runs(v.q2k_full_runs, v.q2k_full_ptr[r], v.q2k_full_ptr[r + 1], "Q2K full runs"))
+          tf[hm * NKB + v.k_block_start[b] + kb].push_back({i, 0});
       }
   int failures = 0;
   for (int64_t kr = 0; kr < g.num_heads_mask * NKB && failures < 10; ++kr) {
     std::vector<std::pair<int32_t, int32_t>> gp, gf;
     for (int32_t s = v.k2q_partial_ptr[kr]; s < v.k2q_partial_ptr[kr + 1]; ++s)
       gp.push_back({v.k2q_partial_qb[s], v.k2q_partial_idx[s]});
-    for (int32_t s = v.k2q_full_ptr[kr]; s < v.k2q_full_ptr[kr + 1]; ++s) gf.push_back({v.k2q_full_qb[s], 0});
-    for (auto& x : tf[kr]) x.second = 0;
+    for (int32_t qb : expand_runs(v.k2q_full_runs, v.k2q_full_ptr[kr], v.k2q_full_ptr[kr + 1], "K2Q full runs"))
+      gf.push_back({qb, 0});
     if (gp != tp[kr] || gf != tf[kr]) {
       ADD_FAILURE() << "K2Q row " << kr << " is not the transpose of Q2K";
       ++failures;
@@ -160,6 +180,7 @@ inline void check_k2q(const flashspan::MaskPlan& plan) {
   }
   EXPECT_EQ(v.k2q_partial_ptr[0], 0);
   EXPECT_EQ(v.k2q_full_ptr[0], 0);
+  EXPECT_EQ(v.k2q_full_ptr[g.num_heads_mask * NKB], plan.counts.bwd_k2q_full_runs);
 }
 
 // A schedule must list every (batch, head, block) once, with the right cost, sorted by cost
@@ -216,7 +237,8 @@ inline void check_plan(const flashspan::MaskPlan& plan, const int32_t* mask) {
   check_schedule(f.tasks, f.num_tasks, g, g.num_heads_q / G, f.q_block_start,
                  [&](int b, int h, int32_t i) {
                    const int64_t r = g.mask_head(h) * f.num_q_blocks + f.q_block_start[b] + i;
-                   return f.q2k_partial_ptr[r + 1] - f.q2k_partial_ptr[r] + f.q2k_full_ptr[r + 1] - f.q2k_full_ptr[r];
+                   return int32_t(f.q2k_partial_ptr[r + 1] - f.q2k_partial_ptr[r] +
+                                  flashspan::run_blocks(f.q2k_full_runs, f.q2k_full_ptr[r], f.q2k_full_ptr[r + 1]));
                  },
                  "fwd_tasks");
   if (!plan.signature.has_backward) {
@@ -233,8 +255,8 @@ inline void check_plan(const flashspan::MaskPlan& plan, const int32_t* mask) {
                    int32_t c = 0;
                    for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
                      const int64_t r = g.mask_head(h) * bv.num_k_blocks + bv.k_block_start[b] + kb;
-                     c += bv.k2q_partial_ptr[r + 1] - bv.k2q_partial_ptr[r] + bv.k2q_full_ptr[r + 1] -
-                          bv.k2q_full_ptr[r];
+                     c += int32_t(bv.k2q_partial_ptr[r + 1] - bv.k2q_partial_ptr[r] +
+                                  flashspan::run_blocks(bv.k2q_full_runs, bv.k2q_full_ptr[r], bv.k2q_full_ptr[r + 1]));
                    }
                    return c;
                  },

@@ -200,6 +200,46 @@ inline SampleMask mask_random(int64_t lq, int64_t lk, int nfunc, bool blocky, ui
   return m;
 }
 
+// Many full runs per row (issue 17): (nfunc + 1) / 2 alternating visible / hidden intervals.
+// Row q's intervals are [start_j, start_j + width_j) with gaps between them; widths and gaps
+// are multiples of `unit` (64: whole key blocks of every tile, so most query blocks have
+// (nfunc + 1) / 2 full runs) drawn per band of `band` rows, shifted by a per-band offset;
+// every third band is jittered by q % 5 keys per row (partial blocks at the run edges).
+// The first interval starts at 0 for even bands (endpoint 0 is its end), else is empty.
+inline SampleMask mask_many_runs(int64_t lq, int64_t lk, int nfunc, uint64_t seed, int64_t unit = 64,
+                                 int64_t band = 128) {
+  std::mt19937_64 rng(seed);
+  SampleMask m{nfunc, std::vector<int32_t>(static_cast<size_t>(nfunc) * lq)};
+  const int nint = (nfunc + 1) / 2;
+  std::vector<int64_t> widths(nint), gaps(nint);
+  int64_t offset = 0;
+  bool jitter = false, first_at_zero = true;
+  for (int64_t q = 0; q < lq; ++q) {
+    if (q % band == 0) {
+      for (int j = 0; j < nint; ++j) {
+        widths[j] = unit * rand_int(rng, 1, 3);
+        gaps[j] = unit * rand_int(rng, 1, 2);
+      }
+      offset = unit * rand_int(rng, 1, 2);
+      jitter = (q / band) % 3 == 2;
+      first_at_zero = (q / band) % 2 == 0;
+    }
+    const int64_t wiggle = jitter ? q % 5 : 0;  // < unit: keeps the intervals ordered
+    std::vector<std::pair<int64_t, int64_t>> iv;
+    if (!first_at_zero) iv.push_back({0, 0});  // first interval empty: nint - 1 real ones
+    int64_t pos = first_at_zero ? 0 : offset;
+    for (int j = first_at_zero ? 0 : 1; j < nint; ++j) {
+      const int64_t a = std::min(lk, pos + (j > 0 ? wiggle : 0));
+      const int64_t e = std::min(lk, pos + widths[j] + wiggle);
+      if (j == 0) iv.push_back({0, e});
+      else if (a < e) iv.push_back({a, e});
+      pos += widths[j] + gaps[j];  // gaps >= unit > wiggle: the intervals stay ordered
+    }
+    write_row(m, lq, q, iv);
+  }
+  return m;
+}
+
 inline SampleMask mask_by_name(const std::string& name, int64_t S) {
   if (name == "causal") return mask_causal(S);
   if (name == "document_causal") return mask_document_causal(S);

@@ -1728,8 +1728,9 @@ TEST(FlexGpu, SupportChecks) {
 // Long-context plans (issue 17). The CUDA planner on causal endpoints at S = 1,048,576 with
 // Hq = Hmask = 64 (forward only and with backward) and S = 4,194,304 with Hmask = 8 -- sizes
 // whose per-block lists passed 2^31 entries and crashed the process with an illegal memory
-// access. The plan must build, or raise the documented Error(kNotSupported) naming the
-// format limit when its lists really exceed it; its counts must equal the closed-form causal
+// access. With full blocks stored as runs (plan format 2) these plans are small, so they must
+// build (the documented Error(kNotSupported) naming the format limit is accepted only when
+// the format's lists really exceed it); their counts must equal the closed-form causal
 // counts; the last CSR rows of the last head (lists and payload bits) and a few K2Q rows
 // must equal the brute-force classification of those rows; and a small attention call
 // afterwards must still match the CPU reference (the CUDA context survived).
@@ -1753,9 +1754,18 @@ std::vector<int32_t> plan_slice(const MaskPlan& plan, const char* name, int64_t 
   return out;
 }
 
-// Full blocks of a list slice as block numbers, whatever the list's encoding: `full` is the
-// slice of *_full_kb / *_full_qb (one entry per block).
-std::vector<int32_t> full_blocks(const std::vector<int32_t>& full) { return full; }
+// Full blocks of runs [j0, j1) of the plan's run list `name` ((first, end) pairs), expanded;
+// the runs must be canonical (non-empty, ascending, non-adjacent).
+std::vector<int32_t> full_blocks(const MaskPlan& plan, const char* name, int64_t j0, int64_t j1) {
+  const std::vector<int32_t> runs = plan_slice(plan, name, 2 * j0, 2 * (j1 - j0));
+  std::vector<int32_t> out;
+  for (size_t j = 0; j + 1 < runs.size(); j += 2) {
+    EXPECT_LT(runs[j], runs[j + 1]) << name << ": empty run";
+    if (j > 0) EXPECT_GT(runs[j], runs[j - 1]) << name << ": runs not maximal";
+    for (int32_t x = runs[j]; x < runs[j + 1]; ++x) out.push_back(x);
+  }
+  return out;
+}
 
 // Checks the Q2K rows (lists and payload bits) of query blocks `rows` of CSR head `hm`.
 void check_causal_q2k_rows(const MaskPlan& plan, bool bwd, const CausalTiles& t, int hm,
@@ -1769,8 +1779,8 @@ void check_causal_q2k_rows(const MaskPlan& plan, bool bwd, const CausalTiles& t,
     const std::vector<int32_t> pp = plan_slice(plan, name("q2k_partial_ptr").c_str(), r, 2);
     const std::vector<int32_t> fp = plan_slice(plan, name("q2k_full_ptr").c_str(), r, 2);
     const std::vector<int32_t> pkb = plan_slice(plan, name("q2k_partial_kb").c_str(), pp[0], pp[1] - pp[0]);
-    const std::vector<int32_t> fkb =
-        full_blocks(plan_slice(plan, name("q2k_full_kb").c_str(), fp[0], fp[1] - fp[0]));
+    const std::vector<int32_t> fkb = full_blocks(plan, name("q2k_full_runs").c_str(), fp[0], fp[1]);
+    EXPECT_EQ(fp[1] - fp[0], t.full(i) > 0 ? 1 : 0) << "a causal row's full blocks are one run";
     std::vector<int32_t> want_f, want_p;
     for (int64_t kb = 0; kb < t.full(i); ++kb) want_f.push_back(int32_t(kb));
     for (int64_t kb = t.full(i); kb < t.touched(i); ++kb) want_p.push_back(int32_t(kb));
@@ -1801,7 +1811,7 @@ void check_causal_k2q_rows(const MaskPlan& plan, const CausalTiles& t, int hm, c
     const std::vector<int32_t> pp = plan_slice(plan, "bwd_k2q_partial_ptr", r, 2);
     const std::vector<int32_t> fp = plan_slice(plan, "bwd_k2q_full_ptr", r, 2);
     const std::vector<int32_t> pqb = plan_slice(plan, "bwd_k2q_partial_qb", pp[0], pp[1] - pp[0]);
-    const std::vector<int32_t> fqb = full_blocks(plan_slice(plan, "bwd_k2q_full_qb", fp[0], fp[1] - fp[0]));
+    const std::vector<int32_t> fqb = full_blocks(plan, "bwd_k2q_full_runs", fp[0], fp[1]);
     std::vector<int32_t> want_p, want_f;
     for (int64_t i = 0; i < t.nqb; ++i) {
       if (kb < t.full(i)) want_f.push_back(int32_t(i));
@@ -1812,19 +1822,26 @@ void check_causal_k2q_rows(const MaskPlan& plan, const CausalTiles& t, int hm, c
   }
 }
 
-// Entries the current plan format lists for a causal view of `heads` mask heads: one per
-// full block (full) and one per partial block (partial).
+// Counts of a causal view of `heads` mask heads: partial blocks (one list entry each), full
+// blocks, Q2K full runs (one per query block with a full block), K2Q full runs (one per key
+// block that some query block sees whole: the query blocks from there to the end).
 struct CausalCounts {
-  int64_t partial = 0, full = 0;
+  int64_t partial = 0, full = 0, runs = 0, k2q_runs = 0;
 };
 CausalCounts causal_counts(const CausalTiles& t, int heads) {
   CausalCounts c;
+  std::vector<bool> seen_full(size_t(t.nkb), false);
   for (int64_t i = 0; i < t.nqb; ++i) {
     c.full += t.full(i);
+    c.runs += t.full(i) > 0;
     c.partial += t.touched(i) - t.full(i);
+    for (int64_t kb = 0; kb < t.full(i); ++kb) seen_full[size_t(kb)] = true;
   }
+  for (bool f : seen_full) c.k2q_runs += f;
   c.full *= heads;
+  c.runs *= heads;
   c.partial *= heads;
+  c.k2q_runs *= heads;
   return c;
 }
 
@@ -1837,8 +1854,10 @@ void run_scale_case(int64_t S, int heads, bool backward) {
   const CausalTiles tf{c.fwd_block_q, c.fwd_block_k, S / c.fwd_block_q, S / c.fwd_block_k};
   const CausalTiles tb{c.bwd_block_q, c.bwd_block_k, S / c.bwd_block_q, S / c.bwd_block_k};
   const CausalCounts cf = causal_counts(tf, heads), cb = causal_counts(tb, heads);
-  const bool over = cf.partial > kMaxListEntries || cf.full > kMaxListEntries ||
-                    (backward && (cb.partial > kMaxListEntries || cb.full > kMaxListEntries));
+  // List entries of plan format 2: partial blocks and full runs.
+  const bool over = cf.partial > kMaxListEntries || cf.runs > kMaxListEntries ||
+                    (backward && (cb.partial > kMaxListEntries || cb.runs > kMaxListEntries ||
+                                  cb.k2q_runs > kMaxListEntries));
   {
     // Causal endpoints [H, 1, S]: head 0 uploaded, copied to the other heads on the device.
     std::vector<int32_t> row(static_cast<size_t>(S));
@@ -1871,11 +1890,14 @@ void run_scale_case(int64_t S, int heads, bool backward) {
                   static_cast<long long>(plan->counts.fwd_partial), static_cast<long long>(plan->counts.fwd_full));
       EXPECT_EQ(plan->counts.fwd_partial, cf.partial);
       EXPECT_EQ(plan->counts.fwd_full, cf.full);
+      EXPECT_EQ(plan->counts.fwd_full_runs, cf.runs);
       EXPECT_EQ(plan->counts.visible_pairs, int64_t(heads) * (S * (S + 1) / 2));
       check_causal_q2k_rows(*plan, false, tf, heads - 1, {0, 1, tf.nqb / 2, tf.nqb - 2, tf.nqb - 1});
       if (backward) {
         EXPECT_EQ(plan->counts.bwd_partial, cb.partial);
         EXPECT_EQ(plan->counts.bwd_full, cb.full);
+        EXPECT_EQ(plan->counts.bwd_full_runs, cb.runs);
+        EXPECT_EQ(plan->counts.bwd_k2q_full_runs, cb.k2q_runs);
         check_causal_q2k_rows(*plan, true, tb, heads - 1, {tb.nqb - 2, tb.nqb - 1});
         check_causal_k2q_rows(*plan, tb, heads - 1, {0, tb.nkb / 2, tb.nkb - 1});
       }

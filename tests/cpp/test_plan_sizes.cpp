@@ -84,13 +84,17 @@ TEST(PlanSizes, LimitIsInt32Max) { EXPECT_EQ(kMaxListEntries, k2p31 - 1); }
 TEST(PlanSizes, ListsJustBelowTheLimitGetExact64BitOffsets) {
   auto owned = shell(true);
   MaskPlan& plan = *owned;
-  plan.counts.fwd_full = kMaxListEntries;
+  plan.counts.fwd_full_runs = kMaxListEntries;
   plan.counts.fwd_partial = kMaxListEntries;
-  plan.counts.bwd_full = kMaxListEntries;
+  plan.counts.bwd_full_runs = kMaxListEntries;
+  plan.counts.bwd_k2q_full_runs = kMaxListEntries;
   plan.counts.bwd_partial = kMaxListEntries;
+  plan.counts.fwd_full = plan.counts.bwd_full = int64_t(1) << 40;  // full blocks: not list entries
   ASSERT_EQ(layout_error(plan), "");
   expect_consistent_layout(plan);
-  EXPECT_EQ(find(plan, "fwd_q2k_full_kb").count, kMaxListEntries);
+  // Runs are (first, end) pairs: 2 (2^31 - 1) elements, past 2^32.
+  EXPECT_EQ(find(plan, "fwd_q2k_full_runs").count, 2 * kMaxListEntries);
+  EXPECT_EQ(find(plan, "bwd_k2q_full_runs").count, 2 * kMaxListEntries);
   // 128x64 payloads: 256 words per partial block -> (2^31 - 1) * 256 elements (> 2^38).
   EXPECT_EQ(find(plan, "fwd_q2k_partial_bits").count, kMaxListEntries * 256);
   EXPECT_EQ(find(plan, "bwd_q2k_partial_bits").count, kMaxListEntries * 256);
@@ -102,23 +106,24 @@ TEST(PlanSizes, ListsJustBelowTheLimitGetExact64BitOffsets) {
 }
 
 TEST(PlanSizes, EveryListPastTheLimitIsRefusedWithItsExactSize) {
-  // Which count to set: 0 fwd_partial, 1 fwd_full, 2 bwd_partial, 3 bwd_full.
-  const char* views[4] = {"forward", "forward", "backward", "backward"};
-  const char* lists[4] = {"partial", "full", "partial", "full"};
-  const char* tiles[4] = {"128x64", "128x64", "64x128", "64x128"};
-  for (int which = 0; which < 4; ++which) {
+  // Which count to set: 0 fwd_partial, 1 fwd_full_runs, 2 bwd_partial, 3 bwd_full_runs,
+  // 4 bwd_k2q_full_runs.
+  const char* views[5] = {"forward", "forward", "backward", "backward", "backward K2Q"};
+  const char* lists[5] = {"partial", "full-run", "partial", "full-run", "full-run"};
+  const char* tiles[5] = {"128x64", "128x64", "64x128", "64x128", "64x128"};
+  for (int which = 0; which < 5; ++which) {
     for (int64_t n : {k2p31, k2p31 + 1, k2p32 - 1, k2p32, k2p32 + 5, int64_t(1) << 40}) {
       auto owned = shell(true);
   MaskPlan& plan = *owned;
-      int64_t* field[4] = {&plan.counts.fwd_partial, &plan.counts.fwd_full, &plan.counts.bwd_partial,
-                           &plan.counts.bwd_full};
+      int64_t* field[5] = {&plan.counts.fwd_partial, &plan.counts.fwd_full_runs, &plan.counts.bwd_partial,
+                           &plan.counts.bwd_full_runs, &plan.counts.bwd_k2q_full_runs};
       *field[which] = n;
       Status st = Status::kSuccess;
       const std::string msg = layout_error(plan, &st);
       ASSERT_NE(msg, "") << views[which] << " " << lists[which] << " " << n << " accepted";
       EXPECT_EQ(st, Status::kNotSupported);
       // The exact 64-bit count (not the wrapped low 32 bits), the limit, the view, list and tile.
-      EXPECT_NE(msg.find(std::to_string(n) + " " + lists[which] + " blocks"), std::string::npos) << msg;
+      EXPECT_NE(msg.find(std::to_string(n) + " " + lists[which] + " entries"), std::string::npos) << msg;
       EXPECT_NE(msg.find("2147483647"), std::string::npos) << msg;
       EXPECT_NE(msg.find(std::string("the ") + views[which] + " view"), std::string::npos) << msg;
       EXPECT_NE(msg.find(tiles[which]), std::string::npos) << msg;
@@ -130,8 +135,9 @@ TEST(PlanSizes, EveryListPastTheLimitIsRefusedWithItsExactSize) {
 TEST(PlanSizes, ForwardOnlyPlanIgnoresBackwardCounts) {
   auto owned = shell(false);
   MaskPlan& plan = *owned;
-  plan.counts.fwd_full = kMaxListEntries;
-  plan.counts.bwd_full = k2p32;  // not part of a forward-only plan
+  plan.counts.fwd_full_runs = kMaxListEntries;
+  plan.counts.bwd_full_runs = k2p32;  // not part of a forward-only plan
+  plan.counts.bwd_k2q_full_runs = k2p32;
   EXPECT_EQ(layout_error(plan), "");
   expect_consistent_layout(plan);
   for (const PlanArray& a : plan.arrays) EXPECT_EQ(a.name.rfind("bwd_", 0), std::string::npos) << a.name;
@@ -142,7 +148,7 @@ TEST(PlanSizes, WrappedOrNegativeCountsAreRefused) {
   for (int64_t n : {int64_t(-1), -k2p31}) {
     auto owned = shell(true);
   MaskPlan& plan = *owned;
-    plan.counts.fwd_full = n;
+    plan.counts.fwd_full_runs = n;
     EXPECT_NE(layout_error(plan), "") << n;
   }
   EXPECT_THROW(flashspan::check_list_entries("forward", "full", -5, 128, 64, 1), Error);

@@ -559,13 +559,47 @@ TEST(PackGqa, DecodeTileChoice) {
 }
 
 
+// Issue 17: masks with many full runs per row (up to (31 + 1) / 2 = 16 intervals, alternating
+// visible / hidden, per-head, two samples of different lengths): lists, runs, payloads, K2Q
+// runs and schedules checked against brute force for every consumer tile, and the runs are
+// really many (a planner storing one run per row would fail the brute force).
+TEST(Planner, ManyRunsPerRowMatchBruteForce) {
+  for (int nfunc : {1, 3, 7, 15, 31}) {
+    SCOPED_TRACE("nfunc " + std::to_string(nfunc));
+    const FlexGeometry g = fs_test::make_geometry(true, {260, 130}, {2200, 1500}, 2, 1, 2, nfunc);
+    std::vector<std::vector<SampleMask>> hs(2);
+    uint64_t seed = 1700 + nfunc;
+    for (auto& h : hs) {
+      h.push_back(fs_test::mask_many_runs(260, 2200, nfunc, seed++));
+      h.push_back(fs_test::mask_many_runs(130, 1500, nfunc, seed++));
+    }
+    const auto mask = fs_test::assemble_mask(g, hs);
+    for (const Consumer& c : {kSm80, kSm90, kSm80Big}) {
+      SCOPED_TRACE(::testing::Message() << "tile " << c.fwd_block_q << "x" << c.fwd_block_k);
+      auto plan = plan_host(g, mask, c, true);
+      fs_test::check_plan(*plan, mask.data());
+      const auto v = plan->fwd_view();
+      int32_t max_runs = 0;
+      for (int64_t r = 0; r < 2 * v.num_q_blocks; ++r)
+        max_runs = std::max(max_runs, v.q2k_full_ptr[r + 1] - v.q2k_full_ptr[r]);
+      if (nfunc >= 15) {
+        EXPECT_GE(max_runs, 6) << "the mask should give many full runs per query block";
+      }
+      EXPECT_EQ(plan->counts.fwd_full_runs, v.q2k_full_ptr[2 * v.num_q_blocks]);
+      if (nfunc >= 7 && c.fwd_block_k == 64) {  // intervals of 64..192 keys: runs of 1..3 blocks
+        EXPECT_LT(plan->counts.fwd_full_runs, plan->counts.fwd_full) << "runs should merge full blocks";
+      }
+    }
+  }
+}
+
 // The checker itself must catch corrupted plans (a checker that cannot fail proves nothing).
 
 TEST(PlannerChecker, DetectsCorruption) {
   const SampleMask m = fs_test::mask_causal(600);
   const FlexGeometry g = fs_test::make_geometry(false, {600}, {600}, 2, 1, 1, m.nfunc);
-  for (const char* what : {"fwd_q2k_partial_bits", "bwd_q2k_partial_bits", "fwd_q2k_full_kb", "bwd_k2q_partial_idx",
-                           "bwd_k2q_full_qb", "fwd_tasks", "bwd_tasks"}) {
+  for (const char* what : {"fwd_q2k_partial_bits", "bwd_q2k_partial_bits", "fwd_q2k_full_runs", "bwd_k2q_partial_idx",
+                           "bwd_k2q_full_runs", "bwd_q2k_full_runs", "fwd_tasks", "bwd_tasks"}) {
     SCOPED_TRACE(what);
     auto plan = plan_host(g, m.ep, kSm80, true);
     int64_t n = 0;

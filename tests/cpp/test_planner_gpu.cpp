@@ -69,6 +69,9 @@ void expect_same_plan(const MaskPlan& host, const MaskPlan& dev) {
   EXPECT_EQ(a.bwd_num_k_blocks, b.bwd_num_k_blocks);
   EXPECT_EQ(a.bwd_partial, b.bwd_partial);
   EXPECT_EQ(a.bwd_full, b.bwd_full);
+  EXPECT_EQ(a.fwd_full_runs, b.fwd_full_runs);
+  EXPECT_EQ(a.bwd_full_runs, b.bwd_full_runs);
+  EXPECT_EQ(a.bwd_k2q_full_runs, b.bwd_k2q_full_runs);
   EXPECT_EQ(a.visible_pairs, b.visible_pairs);
   EXPECT_EQ(a.num_tasks, b.num_tasks);
   EXPECT_EQ(a.num_bwd_tasks, b.num_bwd_tasks);
@@ -180,6 +183,25 @@ TEST(PlannerGpu, RandomMasksGqaPerHead) {
       const auto mask = fs_test::assemble_mask(g, hs);
       for (const Consumer& c : {kSm80, kSm90}) compare_case(g, mask, c, true);
     }
+  }
+}
+
+// Issue 17: many full runs per row (alternating intervals, nfunc up to 31), per-head masks,
+// THD with two samples: the CUDA planner's runs, K2Q runs (events) and schedules equal the
+// host planner's bit for bit and pass the brute-force checker.
+TEST(PlannerGpu, ManyRunsPerRow) {
+  SKIP_WITHOUT_GPU();
+  for (int nfunc : {7, 31}) {
+    SCOPED_TRACE("nfunc " + std::to_string(nfunc));
+    const FlexGeometry g = fs_test::make_geometry(true, {200, 72}, {2100, 900}, 2, 1, 2, nfunc);
+    std::vector<std::vector<SampleMask>> hs(2);
+    uint64_t seed = 2700 + nfunc;
+    for (auto& h : hs) {
+      h.push_back(fs_test::mask_many_runs(200, 2100, nfunc, seed++));
+      h.push_back(fs_test::mask_many_runs(72, 900, nfunc, seed++));
+    }
+    const auto mask = fs_test::assemble_mask(g, hs);
+    for (const Consumer& c : {kSm80, kSm90}) compare_case(g, mask, c, true);
   }
 }
 

@@ -180,7 +180,9 @@ def test_arrays(fs):
     nqb = int(snap["fwd_q_block_start"][-1])
     assert snap["fwd_q2k_partial_ptr"].shape == (2 * nqb + 1,)
     assert snap["fwd_q2k_partial_ptr"][-1] == plan.fwd_partial_blocks
-    assert snap["fwd_q2k_full_ptr"][-1] == plan.fwd_full_blocks
+    runs = snap["fwd_q2k_full_runs"].reshape(-1, 2)
+    assert runs.shape[0] == snap["fwd_q2k_full_ptr"][-1]
+    assert int((runs[:, 1] - runs[:, 0]).sum()) == plan.fwd_full_blocks
     assert snap["fwd_tasks"].size == 4 * plan.num_tasks
     assert torch.equal(torch.from_numpy(snap["mask_func"]).view_as(p.mask_func), p.mask_func)
     with pytest.raises(ValueError, match="no array named 'nope'"):
@@ -255,3 +257,19 @@ def test_plan_arch_choice(fs):
     assert_close(fs.flex_attn_func(p.q, p.k, p.v, plan90), p.reference()[0], torch.float32, "out")
     with pytest.raises(ValueError, match="arch"):
         fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, arch=81)
+
+
+def test_kernel_family_environment(fs, monkeypatch):
+    """FLASHSPAN_KERNEL_FAMILY picks the family of plans built with arch=None: sm80 forces the
+    portable family; another value is an error naming the variable. (CPU plans are 80 under auto.)"""
+    p = make_problem(13, batch=1, seqlen_q=150, seqlen_k=140, hq=2, hkv=2, dqk=64, dv=64)
+    for value in ("sm80", "auto", "sm90", ""):
+        monkeypatch.setenv("FLASHSPAN_KERNEL_FAMILY", value)
+        plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+        if value == "sm80" or not p.q.is_cuda:
+            assert plan.arch == 80, value
+        else:  # 90 on an sm_90 device with a 90a build, else 80
+            assert plan.arch in (80, 90), value
+    monkeypatch.setenv("FLASHSPAN_KERNEL_FAMILY", "sm70")
+    with pytest.raises(ValueError, match="FLASHSPAN_KERNEL_FAMILY"):
+        fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)

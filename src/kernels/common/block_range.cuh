@@ -1,7 +1,15 @@
-// Walks one CSR row of a plan's partial and full block lists in ascending block order
-// (both lists are sorted; a block is in at most one of them). Ascending order makes the
-// floating-point accumulation order a fixed function of the plan (bitwise reproducible)
-// and keeps neighbouring CTAs on neighbouring blocks.
+// The one plan-reading cursor of the kernels (both families): walks one CSR row of a plan
+// (plan format 2, mask_plan.h) -- a Q2K row (query block -> key blocks) or a K2Q row (key
+// block -> query blocks). Order: first the row's partial entries (ascending block index,
+// one entry each, entry index = payload index for Q2K), then the blocks of its full runs
+// (ascending). The order is a fixed function of the plan, so the floating-point accumulation
+// order is too (bitwise reproducible).
+//
+// State (4 ints, as the earlier merge of two entry lists): [pos, end) is the current
+// segment -- partial entry indices while run < 0, else the blocks of the current run;
+// run = ~(first run index) in the partial phase, then the next run index; run_end = the
+// row's end in the run list. Runs are non-empty (planner guarantee), so one run load
+// always yields a block.
 #pragma once
 
 #include <cstdint>
@@ -9,53 +17,97 @@
 namespace flashspan::kern {
 
 struct BlockCursor {
-  const int32_t* partial_blk;
-  const int32_t* full_blk;
-  int ip, ip_end, jf, jf_end;
+  const int32_t* partial_blk;  // q2k_partial_kb / k2q_partial_qb
+  const int32_t* runs;         // q2k_full_runs / k2q_full_runs: (first, end) pairs
+  int pos, end, run, run_end;
 
-  // Next block: its index, whether it is partial, and (partial only) its entry index in the
-  // partial list, which is also its payload index. False when both lists are exhausted.
-  __device__ __forceinline__ bool next(int& blk, bool& partial, int& entry) {
-    const bool has_p = ip < ip_end, has_f = jf < jf_end;
-    if (!has_p && !has_f) return false;
-    const int bp = has_p ? __ldg(partial_blk + ip) : 0x7fffffff;
-    const int bf = has_f ? __ldg(full_blk + jf) : 0x7fffffff;
-    if (bp < bf) {
-      blk = bp;
-      partial = true;
-      entry = ip++;
-    } else {
-      blk = bf;
-      partial = false;
-      entry = jf++;
-    }
+  // Row with partial entries [ip, ip_end) and full runs [jr, jr_end).
+  __device__ __forceinline__ static BlockCursor make(const int32_t* partial_blk, const int32_t* runs, int ip,
+                                                     int ip_end, int jr, int jr_end) {
+    return BlockCursor{partial_blk, runs, ip, ip_end, ~jr, jr_end};
+  }
+
+  // CSR row r of a view: ptr arrays [rows + 1].
+  __device__ __forceinline__ static BlockCursor row(const int32_t* partial_ptr, const int32_t* partial_blk,
+                                                    const int32_t* full_ptr, const int32_t* runs, int64_t r) {
+    return make(partial_blk, runs, __ldg(partial_ptr + r), __ldg(partial_ptr + r + 1), __ldg(full_ptr + r),
+                __ldg(full_ptr + r + 1));
+  }
+
+  __device__ __forceinline__ bool in_partial_phase() const { return run < 0; }
+
+  // Moves to the next run when the current segment is exhausted; false at the row's end.
+  __device__ __forceinline__ bool refill() {
+    if (pos < end) return true;
+    if (run < 0) run = ~run;
+    if (run >= run_end) return false;
+    const int2 r = __ldg(reinterpret_cast<const int2*>(runs) + run);
+    ++run;
+    pos = r.x;
+    end = r.y;
     return true;
   }
 
-  __device__ __forceinline__ int remaining() const { return (ip_end - ip) + (jf_end - jf); }
+  // Next block: its index, whether it is partial, and (partial only) its entry index in the
+  // partial list (the payload index of a Q2K entry; K2Q maps it through k2q_partial_idx).
+  // False when the row is exhausted.
+  __device__ __forceinline__ bool next(int& blk, bool& partial, int& entry) {
+    if (!refill()) return false;
+    partial = run < 0;
+    entry = pos;
+    blk = partial ? __ldg(partial_blk + pos) : pos;
+    ++pos;
+    return true;
+  }
 
-  // Skips the first j blocks of the merged order, so that next() continues exactly where j
-  // calls of next() would have left it. Merge-path binary search for a = the number of
-  // partial blocks among the j smallest (the lists are sorted and disjoint):
-  // P[mid] < F[j-mid-1] implies a > mid, otherwise a <= mid.
+  // True when next() would return false (constant time).
+  __device__ __forceinline__ bool done() const { return pos >= end && (run < 0 ? ~run : run) >= run_end; }
+
+  // Blocks left (partial entries + full blocks of the remaining runs); loops over the runs.
+  __device__ __forceinline__ int remaining() const {
+    int n = end - pos;
+    for (int j = run < 0 ? ~run : run; j < run_end; ++j) {
+      const int2 r = __ldg(reinterpret_cast<const int2*>(runs) + j);
+      n += r.y - r.x;
+    }
+    return n;
+  }
+
+  // Skips the next j blocks, so that next() continues exactly where j calls of next() would
+  // have left it. O(runs skipped).
   __device__ __forceinline__ void skip(int j) {
-    const int np = ip_end - ip, nf = jf_end - jf;
-    if (j >= np + nf) {
-      ip = ip_end;
-      jf = jf_end;
-      return;
-    }
-    int lo = j - nf > 0 ? j - nf : 0, hi = j < np ? j : np;
-    while (lo < hi) {
-      const int mid = (lo + hi) >> 1;
-      if (__ldg(partial_blk + ip + mid) < __ldg(full_blk + jf + (j - mid - 1))) {
-        lo = mid + 1;
-      } else {
-        hi = mid;
+    while (j > 0) {
+      const int avail = end - pos;
+      if (j <= avail) {
+        pos += j;
+        return;
       }
+      j -= avail;
+      pos = end;
+      if (!refill()) return;
     }
-    ip += lo;
-    jf += j - lo;
+  }
+};
+
+// A BlockCursor restricted to blocks [begin, begin + count) of its row (a work item of a
+// split task): skips `begin`, then stops after `count` blocks (`left` more).
+struct ItemCursor {
+  BlockCursor cur;
+  int left;
+
+  __device__ __forceinline__ static ItemCursor make(BlockCursor row, int begin, int count) {
+    if (begin > 0) row.skip(begin);
+    return ItemCursor{row, count};
+  }
+  __device__ __forceinline__ bool next(int& blk, bool& partial, int& entry) {
+    if (left <= 0) return false;
+    --left;
+    return cur.next(blk, partial, entry);
+  }
+  __device__ __forceinline__ bool done() const { return left <= 0 || cur.done(); }
+  __device__ __forceinline__ int remaining() const {
+    const int n = cur.remaining();
+    return n < left ? n : left;
   }
 };
 

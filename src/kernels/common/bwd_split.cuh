@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/block_range.cuh"
 #include "kernels/params.h"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/split_schedule.cuh"
@@ -41,8 +42,8 @@ __global__ void __launch_bounds__(256) flex_bwd_split_count_kernel(const BwdPara
   int n = 0;
   for (int h = hkv * p.group_size; h < (hkv + 1) * p.group_size; ++h) {
     const int64_t r = int64_t(p.mask_per_head ? h : 0) * p.view.num_k_blocks + gk;
-    n += __ldg(p.view.k2q_partial_ptr + r + 1) - __ldg(p.view.k2q_partial_ptr + r);
-    n += __ldg(p.view.k2q_full_ptr + r + 1) - __ldg(p.view.k2q_full_ptr + r);
+    n += BlockCursor::row(p.view.k2q_partial_ptr, p.view.k2q_partial_qb, p.view.k2q_full_ptr, p.view.k2q_full_runs, r)
+             .remaining();
   }
   p.split.task_iters[t] = n;
 }

@@ -25,6 +25,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/block_range.cuh"
 #include "kernels/params.h"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/split_schedule.cuh"
@@ -39,8 +40,9 @@ __global__ void __launch_bounds__(256) flex_fwd_split_count_kernel(const FwdPara
   const int32_t* task = p.view.tasks + 4 * int64_t(t);
   const int qb = __ldg(task + 0), h = __ldg(task + 1), b = __ldg(task + 2);
   const int64_t r = int64_t(p.mask_per_head ? h : 0) * p.view.num_q_blocks + __ldg(p.view.q_block_start + b) + qb;
-  p.split.task_iters[t] = (__ldg(p.view.q2k_partial_ptr + r + 1) - __ldg(p.view.q2k_partial_ptr + r)) +
-                          (__ldg(p.view.q2k_full_ptr + r + 1) - __ldg(p.view.q2k_full_ptr + r));
+  p.split.task_iters[t] =
+      BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb, p.view.q2k_full_ptr, p.view.q2k_full_runs, r)
+          .remaining();
 }
 
 // B. Items of task blockIdx.x. Grid num_tasks, 256 threads. Nothing to do when no task is

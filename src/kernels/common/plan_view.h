@@ -1,6 +1,7 @@
 // The plan's arrays as a kernel sees them: raw pointers of one view (forward or backward)
 // of a MaskPlan (src/plan/mask_plan.h documents the arrays and block indexing). Plain C++,
 // no CUDA: filled on the host by MaskPlan::fwd_view()/bwd_view(), passed to kernels by value.
+// Kernels read a row through kernels/common/block_range.cuh (BlockCursor / ItemCursor).
 #pragma once
 
 #include <cstdint>
@@ -18,13 +19,13 @@ struct PlanViewPtrs {
   const int32_t* q2k_partial_ptr = nullptr;
   const int32_t* q2k_partial_kb = nullptr;
   const uint32_t* q2k_partial_bits = nullptr;
-  const int32_t* q2k_full_ptr = nullptr;
-  const int32_t* q2k_full_kb = nullptr;
+  const int32_t* q2k_full_ptr = nullptr;   // run index
+  const int32_t* q2k_full_runs = nullptr;  // (first, end) pairs (plan format 2: full blocks as runs)
   const int32_t* k2q_partial_ptr = nullptr;  // backward view only
   const int32_t* k2q_partial_qb = nullptr;
   const int32_t* k2q_partial_idx = nullptr;
-  const int32_t* k2q_full_ptr = nullptr;
-  const int32_t* k2q_full_qb = nullptr;
+  const int32_t* k2q_full_ptr = nullptr;   // run index
+  const int32_t* k2q_full_runs = nullptr;  // (first, end) pairs
   const int32_t* tasks = nullptr;            // fwd_tasks or bwd_tasks
   int64_t num_tasks = 0;
 };

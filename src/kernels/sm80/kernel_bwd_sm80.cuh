@@ -214,30 +214,35 @@ __device__ __forceinline__ void zero_acc(float (&acc)[kM][kN][4]) {
   }
 }
 
-// Iterates (query head of the kv group, query block) pairs over the K2Q lists of one key block:
-// head by head, each head's list in ascending query-block order. seek(begin) then next()
-// visits pairs begin, begin + 1, ... of that order, at most `left` of them.
-// The cursor's next partial and full block numbers are read one step ahead (bp, bf), so the
-// block next() returns never waits on a global load: the dK/dV loop computes the next Q/dO
-// tile's address from it right away.
+// Iterates (query head of the kv group, query block) pairs over the K2Q rows of one key block:
+// head by head, each head's row in BlockCursor order (partial entries, then full runs).
+// seek(begin) then next() visits pairs begin, begin + 1, ... of that order, at most `left` of
+// them. The cursor's next block is read one step ahead (nb, ne), so the block next() returns
+// never waits on a global load: the dK/dV loop computes the next Q/dO tile's address from it
+// right away.
 struct K2QWalk {
-  static constexpr int kNone = 0x7fffffff;  // list exhausted (sorts after every block)
+  static constexpr int kNone = 0x7fffffff;  // head's row exhausted
   const BwdParams* p;
   int h, h_end, b, kb;
   int left;
   BlockCursor cur;
-  int bp = kNone, bf = kNone;  // k2q_partial_qb[cur.ip], k2q_full_qb[cur.jf] (kNone past the end)
+  int nb = kNone, ne = -1;  // next block of the cursor and its partial entry index (-1: full)
 
   __device__ __forceinline__ void open_head() {
     const int hm = p->mask_per_head ? h : 0;
     const int64_t r = int64_t(hm) * p->view.num_k_blocks + __ldg(p->view.k_block_start + b) + kb;
-    cur = BlockCursor{p->view.k2q_partial_qb, p->view.k2q_full_qb, __ldg(p->view.k2q_partial_ptr + r),
-                      __ldg(p->view.k2q_partial_ptr + r + 1), __ldg(p->view.k2q_full_ptr + r),
-                      __ldg(p->view.k2q_full_ptr + r + 1)};
+    cur = BlockCursor::row(p->view.k2q_partial_ptr, p->view.k2q_partial_qb, p->view.k2q_full_ptr,
+                           p->view.k2q_full_runs, r);
   }
   __device__ __forceinline__ void peek() {
-    bp = cur.ip < cur.ip_end ? __ldg(cur.partial_blk + cur.ip) : kNone;
-    bf = cur.jf < cur.jf_end ? __ldg(cur.full_blk + cur.jf) : kNone;
+    int blk = 0, entry = 0;
+    bool partial = false;
+    if (cur.next(blk, partial, entry)) {
+      nb = blk;
+      ne = partial ? entry : -1;
+    } else {
+      nb = kNone;
+    }
   }
   // Opens the head holding pair `begin` (heads before it are skipped whole) and positions
   // the cursor on that pair.
@@ -253,25 +258,16 @@ struct K2QWalk {
     cur.skip(begin);
     peek();
   }
-  // Next pair; payload = payload index of a partial pair (-1 for a full one). The same
-  // merge as BlockCursor::next (the lists are disjoint: bp == bf only when both are kNone).
+  // Next pair; payload = payload index of a partial pair (-1 for a full one).
   __device__ __forceinline__ bool next(int& head, int& qb, int& payload) {
     if (left <= 0) return false;
     while (true) {
-      if (bp != kNone || bf != kNone) {
+      if (nb != kNone) {
         --left;
         head = h;
-        if (bp < bf) {
-          qb = bp;
-          payload = __ldg(p->view.k2q_partial_idx + cur.ip);
-          ++cur.ip;
-          bp = cur.ip < cur.ip_end ? __ldg(cur.partial_blk + cur.ip) : kNone;
-        } else {
-          qb = bf;
-          payload = -1;
-          ++cur.jf;
-          bf = cur.jf < cur.jf_end ? __ldg(cur.full_blk + cur.jf) : kNone;
-        }
+        qb = nb;
+        payload = ne >= 0 ? __ldg(p->view.k2q_partial_idx + ne) : -1;
+        peek();
         return true;
       }
       if (++h >= h_end) return false;
@@ -735,27 +731,30 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
   const int64_t qrow = int64_t(p.varlen ? q_start : 0) + row0;
   const int64_t krow_base = p.varlen ? k_start : 0;
 
-  // Q2K cursor with the next partial / full key block read one step ahead (kNone past the
-  // end; the lists are disjoint, so bp == bf only when both are exhausted).
+  // Q2K cursor (BlockCursor order: partial entries, then full runs) with its next key block
+  // read one step ahead (nb = kNone past the end; ne = its payload index, -1 for a full block).
   constexpr int kNone = 0x7fffffff;
   const int64_t r = int64_t(hm) * p.view.num_q_blocks + gq;
-  int ip = __ldg(p.view.q2k_partial_ptr + r), jf = __ldg(p.view.q2k_full_ptr + r);
-  const int ip_end = __ldg(p.view.q2k_partial_ptr + r + 1), jf_end = __ldg(p.view.q2k_full_ptr + r + 1);
-  int bp = ip < ip_end ? __ldg(p.view.q2k_partial_kb + ip) : kNone;
-  int bf = jf < jf_end ? __ldg(p.view.q2k_full_kb + jf) : kNone;
-  // Next key block (ascending) and its payload index (-1 for a full block).
-  auto next_block = [&](int& kbb, int& payload) -> bool {
-    if (bp == kNone && bf == kNone) return false;
-    if (bp < bf) {
-      kbb = bp;
-      payload = ip++;
-      bp = ip < ip_end ? __ldg(p.view.q2k_partial_kb + ip) : kNone;
+  BlockCursor cur = BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb, p.view.q2k_full_ptr,
+                                     p.view.q2k_full_runs, r);
+  int nb = kNone, ne = -1;
+  auto peek = [&]() {
+    int blk = 0, entry = 0;
+    bool partial = false;
+    if (cur.next(blk, partial, entry)) {
+      nb = blk;
+      ne = partial ? entry : -1;
     } else {
-      kbb = bf;
-      payload = -1;
-      ++jf;
-      bf = jf < jf_end ? __ldg(p.view.q2k_full_kb + jf) : kNone;
+      nb = kNone;
     }
+  };
+  peek();
+  // Next key block and its payload index (-1 for a full block).
+  auto next_block = [&](int& kbb, int& payload) -> bool {
+    if (nb == kNone) return false;
+    kbb = nb;
+    payload = ne;
+    peek();
     return true;
   };
 

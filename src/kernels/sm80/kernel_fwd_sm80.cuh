@@ -136,7 +136,7 @@ __device__ __forceinline__ void load_kv_rows8(const Loader& ld, uint32_t smem_ti
   }
 }
 
-// One work item: key blocks [begin, begin + count) of the merged Q2K walk of query block qb
+// One work item: key blocks [begin, begin + count) of the Q2K walk (BlockCursor order) of query block qb
 // of task head h (the query head; the kv head when packed) of sample b. kPersistent = false:
 // the whole walk, slot -1 (begin, count and s_item unused). kPersistent = true: the slot is
 // read at the end from s_item[3] (kept out of registers during the walk). Slot -1 (an
@@ -172,9 +172,8 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
   const int rows_valid = min(T::kBlockQ, len_q * pack - row0);
 
   const int64_t r = int64_t(hm) * p.view.num_q_blocks + __ldg(p.view.q_block_start + b) + qb;
-  BlockCursor cur{p.view.q2k_partial_kb, p.view.q2k_full_kb, __ldg(p.view.q2k_partial_ptr + r),
-                  __ldg(p.view.q2k_partial_ptr + r + 1), __ldg(p.view.q2k_full_ptr + r),
-                  __ldg(p.view.q2k_full_ptr + r + 1)};
+  BlockCursor cur = BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb, p.view.q2k_full_ptr,
+                                     p.view.q2k_full_runs, r);
 
   // Position 0 of head head0 in sample b.
   const uint16_t* q = static_cast<const uint16_t*>(p.q) + int64_t(b) * p.qa.batch_stride +
@@ -184,18 +183,13 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
   const uint16_t* v = static_cast<const uint16_t*>(p.v) + int64_t(b) * p.va.batch_stride +
                       int64_t(p.varlen ? k_start : 0) * p.va.row_stride + int64_t(hkv) * p.va.head_stride;
 
-  if (kPersistent && (begin > 0 || count < cur.remaining())) {
-    // Restrict the walk to [begin, begin + count): the end is where `count` more next()
-    // calls would leave a copy of the cursor.
-    cur.skip(begin);
-    BlockCursor end = cur;
-    end.skip(count);
-    cur.ip_end = end.ip;
-    cur.jf_end = end.jf;
-  }
+  // Persistent items walk blocks [begin, begin + count) of the row: skip `begin`, then stop
+  // after `count` blocks (`left` counts the blocks still to fetch after the current one).
+  [[maybe_unused]] int left = count - 1;
+  if (kPersistent && begin > 0) cur.skip(begin);
   int kb = 0, entry = 0;
   bool partial = false;
-  bool have = cur.next(kb, partial, entry);
+  bool have = (!kPersistent || count > 0) && cur.next(kb, partial, entry);
   load_q_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ, q, p.qa.row_stride, p.qa.head_stride, row0, pack,
                                                       rows_valid, p.head_dqk, tid);
   using LoaderK = TileRowLoader8<T::kBlockK, T::kDqk, T::kThreads>;
@@ -298,7 +292,13 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
 
     int kb_next = 0, entry_next = 0;
     bool partial_next = false;
-    const bool have_next = cur.next(kb_next, partial_next, entry_next);
+    bool have_next;
+    if constexpr (kPersistent) {
+      have_next = left > 0 && cur.next(kb_next, partial_next, entry_next);
+      --left;
+    } else {
+      have_next = cur.next(kb_next, partial_next, entry_next);
+    }
     cp_async_wait<0>();
     __syncthreads();  // V[kb] visible; every warp is done with K[kb]
     if (have_next) {

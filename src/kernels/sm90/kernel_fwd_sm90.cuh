@@ -43,6 +43,14 @@
 // log, -inf for empty rows) and reduce max_logit with atomics; items of split tasks write
 // the unnormalised fp32 O, the running max (log2 units) and row sum into their workspace
 // slot (FwdSplit) for the combine kernel (launch_fwd_sm90.cu).
+//
+// Why raw PTX (inline asm: wgmma_sm90.inc, the mbarrier / TMA / setmaxnreg wrappers below) and
+// not CuTe from the pinned nvidia-cutlass headers: the kernel needs only a handful of Hopper
+// instructions (four wgmma forms, one TMA load form, mbarrier init/arrive/expect_tx/try_wait,
+// setmaxnreg, fences), each checked on an H200 (HOPPER_BRIEF.md); written out, the register
+// order of every fragment stays explicit, which is what lets the plan's payload words map onto
+// the accumulator registers with compile-time bit indices; and the build needs no extra header
+// package and none of CuTe's template compile time (the CPU CI builds every CUDA file on 2 cores).
 #pragma once
 
 #include <cuda.h>
@@ -270,27 +278,19 @@ __device__ __forceinline__ void pack_p(const float (&s)[16][4], uint32_t (&pa)[8
 }
 
 // A work item as the producer hands it to the consumers: key blocks [begin, begin + count)
-// of the merged walk of query block qb (sample-local) of query head h of sample b; slot >= 0
+// of the Q2K walk (BlockCursor order) of query block qb (sample-local) of query head h of sample b; slot >= 0
 // for a piece of a split task. qb < 0 ends the CTA.
 struct Item {
   int qb, h, b, begin, count, slot;
 };
 
-// The CSR cursor of an item, restricted to [begin, begin + count).
-__device__ __forceinline__ kern::BlockCursor item_cursor(const FwdParams& p, const Item& it) {
+// The CSR cursor of an item, restricted to [begin, begin + count) (block_range.cuh).
+__device__ __forceinline__ kern::ItemCursor item_cursor(const FwdParams& p, const Item& it) {
   const int hm = p.mask_per_head ? it.h : 0;
   const int64_t r = int64_t(hm) * p.view.num_q_blocks + __ldg(p.view.q_block_start + it.b) + it.qb;
-  kern::BlockCursor cur{p.view.q2k_partial_kb, p.view.q2k_full_kb, __ldg(p.view.q2k_partial_ptr + r),
-                        __ldg(p.view.q2k_partial_ptr + r + 1), __ldg(p.view.q2k_full_ptr + r),
-                        __ldg(p.view.q2k_full_ptr + r + 1)};
-  if (it.begin > 0 || it.count < cur.remaining()) {
-    cur.skip(it.begin);
-    kern::BlockCursor end = cur;
-    end.skip(it.count);
-    cur.ip_end = end.ip;
-    cur.jf_end = end.jf;
-  }
-  return cur;
+  return kern::ItemCursor::make(kern::BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb,
+                                                       p.view.q2k_full_ptr, p.view.q2k_full_runs, r),
+                                it.begin, it.count);
 }
 
 // ---------------------------------------------------------------------------
@@ -344,7 +344,7 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     mbar_arrive(item_full + 8 * rs);  // release: the entry is visible to the waiting consumers
     if (it.qb < 0) return;
 
-    kern::BlockCursor cur = item_cursor(p, it);
+    kern::ItemCursor cur = item_cursor(p, it);
     const int q_row = (p.varlen ? __ldg(p.cu_seqlens_q + it.b) : 0) + it.qb * kBlockQ;
     const int k_row0 = p.varlen ? __ldg(p.cu_seqlens_k + it.b) : 0;
     const int bcoord = p.varlen ? 0 : it.b;
@@ -403,7 +403,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     mbar_arrive(item_empty + 8 * rs);
     if (it.qb < 0) return;
 
-    kern::BlockCursor cur = item_cursor(p, it);
+    kern::ItemCursor cur = item_cursor(p, it);
     float o[kNO][4];
 #pragma unroll
     for (int n = 0; n < kNO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -439,7 +439,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         issue_qk<kD, kBf16>(s, q_tile, k_tile);
         wg_commit();
         wg_wait<0>();
-        release_q(cur.remaining() == 0);
+        release_q(cur.done());
         reg_fence(s);
         float corr[2];
         softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);
@@ -477,7 +477,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           issue_qk<kD, kBf16>(s, q_tile, base + L::kK + st_prev * L::kTileBytes);
           wg_commit();
           wg_wait<0>();
-          release_q(cur.remaining() == 0);
+          release_q(cur.done());
           reg_fence(s);
           float corr[2];
           softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);  // o = 0: no rescale
@@ -501,7 +501,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           issue_pv<kD, kBf16>(o, pa, base + L::kV + st_prev * L::kTileBytes);
           wg_commit();
           wg_wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
-          release_q(cur.remaining() == 0);
+          release_q(cur.done());
           reg_fence(s);
           float corr[2];
           softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);
