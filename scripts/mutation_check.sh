@@ -59,10 +59,11 @@ mutate() {
 import pathlib, sys
 root, mid = pathlib.Path(sys.argv[1]), sys.argv[2]
 M = {
-    "M1": [("if (count == full_count) rel.f_kb.push_back", "if (count >= full_count - 1) rel.f_kb.push_back")],
-    "M2": [("np += run > 0 && run != full;", "np += run > 0 && run < full - 1;"),
-           ("nf += run == full;", "nf += run >= full - 1;"),
-           ("if (cnt[k] == full) {", "if (cnt[k] >= full - 1) {")],
+    "M1": [("const bool full = count == full_count;", "const bool full = count >= full_count - 1;  // MUTANT")],
+    "M2": [("const bool first_prev_full = tid == 0 ? s_carry[pass & 1] != 0 : run == full;",
+            "const bool first_prev_full = tid == 0 ? s_carry[pass & 1] != 0 : run >= full - 1;  // MUTANT"),
+           ("const bool f = run == full;", "const bool f = run >= full - 1;  // MUTANT"),
+           ("const bool f = cnt[k] == full;", "const bool f = cnt[k] >= full - 1;  // MUTANT")],
     "M3": [("const int64_t c1 = std::min(c0 + kKeyBlock, lk);",
             "const int64_t c1 = c0 + kKeyBlock <= lk ? c0 + kKeyBlock : c0;  // MUTANT: tail block dropped")],
     "M4": [("const Acc scale = static_cast<Acc>(a.softmax_scale);",
