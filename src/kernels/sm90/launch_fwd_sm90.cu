@@ -36,8 +36,10 @@ __global__ void __launch_bounds__(256) fwd_split_count_kernel_sm90(const FwdPara
   const int32_t* task = p.view.tasks + 4 * int64_t(t);
   const int qb = __ldg(task + 0), h = __ldg(task + 1), b = __ldg(task + 2);
   const int64_t r = int64_t(p.mask_per_head ? h : 0) * p.view.num_q_blocks + __ldg(p.view.q_block_start + b) + qb;
-  p.split.task_iters[t] = (__ldg(p.view.q2k_partial_ptr + r + 1) - __ldg(p.view.q2k_partial_ptr + r)) +
-                          (__ldg(p.view.q2k_full_ptr + r + 1) - __ldg(p.view.q2k_full_ptr + r));
+  // Blocks of the row: partial entries + full blocks of its runs (plan format 2).
+  p.split.task_iters[t] =
+      kern::BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb, p.view.q2k_full_ptr, p.view.q2k_full_runs, r)
+          .remaining();
 }
 
 // B. Items of task blockIdx.x, split or not: the sm90 kernel always runs the item list.
