@@ -211,7 +211,7 @@ def test_plan_reuse_across_two_streams(fs):
 def test_cuda_errors(fs):
     p = _problem(19, torch.bfloat16, False)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
-    with pytest.raises(TypeError, match="built for cuda"):
+    with pytest.raises(ValueError, match="built for cuda"):
         fs.flex_attn_func(p.q.cpu(), p.k.cpu(), p.v.cpu(), mask_plan=plan)
     with pytest.raises(TypeError, match="dtype"):
         fs.create_mask_plan(p.mask_func, p.q.float(), p.k, p.v)
