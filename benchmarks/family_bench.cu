@@ -4,8 +4,9 @@
 // D. Plans from the CUDA planner; each call gets its workspace (split schedule). Prints the
 // median of CUDA-event timings after warmup (L2 flushed before every timed run), TFLOP/s over
 // visible pairs (4 D flops a pair), the ratio sm90 / sm80 and the largest |difference|
-// between the two families' outputs (both checked against nothing else here: the GPU tests
-// check each against the CPU reference).
+// between the two families' outputs. The sm90 output is checked against the sm80 output (itself
+// checked against the CPU reference by the GPU tests) with the tests' criterion
+// (tests/cpp/error_criteria.h): any mask that fails it makes the benchmark exit 1.
 //
 // Usage: flashspan_family_bench [iters] [S] [D] [H] [fp16]   (defaults: 10 32768 128 4 bf16)
 #include <cuda_fp16.h>
@@ -26,6 +27,8 @@
 #include "dispatch/flex_launch.h"
 #include "kernels/sm90/launch_sm90.h"
 #include "plan/planner.h"
+#define FS_CRITERIA_NO_GTEST
+#include "error_criteria.h"
 #include "planner_masks.h"
 
 using namespace flashspan;
@@ -129,6 +132,7 @@ int main(int argc, char** argv) {
   ck(cudaDeviceSynchronize(), "fill");
   std::vector<uint16_t> h80(n), h90(n);
 
+  bool mismatch = false;
   for (const std::string& name : fs_test::benchmark_mask_names()) {
     const fs_test::SampleMask m = fs_test::mask_by_name(name, S);
     FlexGeometry g;
@@ -183,9 +187,18 @@ int main(int argc, char** argv) {
       ck(cudaMemcpy(h80.data(), o80, n * 2, cudaMemcpyDeviceToHost), "download");
       ck(cudaMemcpy(h90.data(), o90, n * 2, cudaMemcpyDeviceToHost), "download");
       maxdiff = 0;
+      std::vector<double> d80(n), d90(n);
       for (size_t i = 0; i < n; ++i) {
-        const double d = std::fabs(double(to_f(h80[i], fp16)) - double(to_f(h90[i], fp16)));
+        d80[i] = double(to_f(h80[i], fp16));
+        d90[i] = double(to_f(h90[i], fp16));
+        const double d = std::fabs(d80[i] - d90[i]);
         if (!(d <= maxdiff)) maxdiff = std::isnan(d) ? INFINITY : d;
+      }
+      const std::string err = fs_test::tensor_error(d90, d80, dt);
+      if (!err.empty()) {
+        std::fprintf(stderr, "%s: sm90 output differs from sm80 beyond the test criterion: %s\n", name.c_str(),
+                     err.c_str());
+        mismatch = true;
       }
     }
     std::printf("%-16s %10.3f %10.1f %10.3f %10.1f %8.2f %10.4f\n", name.c_str(), ms[0], tf[0], ms[1], tf[1],
@@ -195,5 +208,10 @@ int main(int argc, char** argv) {
   }
   for (void* p : {(void*)q, (void*)k, (void*)v, (void*)o80, (void*)o90, (void*)lse}) cudaFree(p);
   cudaFree(flush);
+  if (mismatch) {
+    std::fprintf(stderr, "FAILED: the two families disagree on at least one mask\n");
+    return 1;
+  }
+  std::printf("correctness: sm90 matches sm80 on every mask (tests/cpp/error_criteria.h)\n");
   return 0;
 }
