@@ -29,81 +29,15 @@
 #include "plan/planner.h"
 #define FS_CRITERIA_NO_GTEST
 #include "error_criteria.h"
+#include "bench_util.cuh"
+#include "core/half_conv.h"
 #include "planner_masks.h"
 
 using namespace flashspan;
-
-namespace {
-
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-TensorView dev_view(void* p, DType t, std::vector<int64_t> shape) {
-  TensorView v;
-  v.data = p;
-  v.dtype = t;
-  v.device = DeviceType::kCUDA;
-  v.ndim = int(shape.size());
-  int64_t s = 1;
-  for (int i = v.ndim - 1; i >= 0; --i) {
-    v.shape[i] = shape[i];
-    v.strides[i] = s;
-    s *= shape[i];
-  }
-  return v;
-}
-
-__global__ void fill_random_16(uint16_t* p, size_t n, uint32_t seed, int fp16) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    const float f = (float(x & 0xffff) / 65535.0f - 0.5f) * 2.0f;
-    p[i] = fp16 ? __half_as_ushort(__float2half(f)) : uint16_t(__float_as_uint(f) >> 16);
-  }
-}
-
-template <class Fn>
-double time_ms(Fn&& fn, int iters, void* flush, size_t flush_bytes) {
-  cudaEvent_t a, b;
-  ck(cudaEventCreate(&a), "event");
-  ck(cudaEventCreate(&b), "event");
-  for (int i = 0; i < 3; ++i) fn();
-  std::vector<float> ms;
-  for (int i = 0; i < iters; ++i) {
-    ck(cudaMemsetAsync(flush, i & 0xff, flush_bytes), "L2 flush");
-    ck(cudaEventRecord(a), "record");
-    fn();
-    ck(cudaEventRecord(b), "record");
-    ck(cudaEventSynchronize(b), "sync");
-    float t = 0;
-    ck(cudaEventElapsedTime(&t, a, b), "elapsed");
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
-}
-
-float to_f(uint16_t x, bool fp16) {
-  if (fp16) {
-    __half h;
-    std::memcpy(&h, &x, 2);
-    return __half2float(h);
-  }
-  uint32_t u = uint32_t(x) << 16;
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-}
-
-}  // namespace
+using fs_bench::ck;
+using fs_bench::dev_view;
+using fs_bench::fill_random_16;
+using fs_bench::time_ms;
 
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 10;
@@ -189,8 +123,8 @@ int main(int argc, char** argv) {
       maxdiff = 0;
       std::vector<double> d80(n), d90(n);
       for (size_t i = 0; i < n; ++i) {
-        d80[i] = double(to_f(h80[i], fp16));
-        d90[i] = double(to_f(h90[i], fp16));
+        d80[i] = double(fp16 ? half_bits_to_float(h80[i]) : bf16_bits_to_float(h80[i]));
+        d90[i] = double(fp16 ? half_bits_to_float(h90[i]) : bf16_bits_to_float(h90[i]));
         const double d = std::fabs(d80[i] - d90[i]);
         if (!(d <= maxdiff)) maxdiff = std::isnan(d) ? INFINITY : d;
       }

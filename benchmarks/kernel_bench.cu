@@ -28,33 +28,16 @@
 #define FS_CRITERIA_NO_GTEST
 #include "error_criteria.h"
 #include "kernel_internals.h"
+#include "bench_util.cuh"
 #include "plan/planner.h"
 
 using namespace flashspan;
+using fs_bench::ck;
+using fs_bench::dev_view;
+using fs_bench::fill_random_16;
+using fs_bench::time_ms;
 
 namespace {
-
-void ck(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-    std::exit(1);
-  }
-}
-
-TensorView dev_view(void* p, DType t, std::vector<int64_t> shape) {
-  TensorView v;
-  v.data = p;
-  v.dtype = t;
-  v.device = DeviceType::kCUDA;
-  v.ndim = int(shape.size());
-  int64_t s = 1;
-  for (int i = v.ndim - 1; i >= 0; --i) {
-    v.shape[i] = shape[i];
-    v.strides[i] = s;
-    s *= shape[i];
-  }
-  return v;
-}
 
 std::unique_ptr<MaskPlan> upload(const MaskPlan& h) {
   auto d = std::make_unique<MaskPlan>();
@@ -68,44 +51,6 @@ std::unique_ptr<MaskPlan> upload(const MaskPlan& h) {
   ck(cudaMemcpy(d->device_buffer, h.host_buffer.data(), size_t(h.buffer_elements) * 4, cudaMemcpyHostToDevice),
      "plan upload");
   return d;
-}
-
-__global__ void fill_random_bf16(uint16_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
-    x ^= x >> 13;
-    x *= 0x5bd1e995u;
-    x ^= x >> 15;
-    const float f = (float(x & 0xffff) / 65535.0f - 0.5f) * 2.0f;
-    p[i] = uint16_t(__float_as_uint(f) >> 16);
-  }
-}
-
-double median(std::vector<float> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
-template <class Fn>
-double time_ms(Fn&& fn, int iters, void* flush, size_t flush_bytes) {
-  cudaEvent_t a, b;
-  ck(cudaEventCreate(&a), "event");
-  ck(cudaEventCreate(&b), "event");
-  for (int i = 0; i < 3; ++i) fn();  // warmup
-  std::vector<float> ms;
-  for (int i = 0; i < iters; ++i) {
-    ck(cudaMemsetAsync(flush, i & 0xff, flush_bytes), "L2 flush");
-    ck(cudaEventRecord(a), "record");
-    fn();
-    ck(cudaEventRecord(b), "record");
-    ck(cudaEventSynchronize(b), "sync");
-    float t = 0;
-    ck(cudaEventElapsedTime(&t, a, b), "elapsed");
-    ms.push_back(t);
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return median(ms);
 }
 
 // ---------------------------------------------------------------------------
@@ -257,7 +202,7 @@ int main(int argc, char** argv) {
     for (uint16_t** p : {&q, &k, &v, &o, &dout, &dq, &dk, &dv}) ck(cudaMalloc(p, n * 2), "cudaMalloc");
     ck(cudaMalloc(&lse, size_t(B) * H * S * 4), "cudaMalloc lse");
     uint32_t seed = 1;
-    for (uint16_t* p : {q, k, v, dout}) fill_random_bf16<<<1024, 256>>>(p, n, seed++);
+    for (uint16_t* p : {q, k, v, dout}) fill_random_16<<<1024, 256>>>(p, n, seed++, 0);
     ck(cudaDeviceSynchronize(), "fill");
 
     for (int causal = 0; causal < 2; ++causal) {
