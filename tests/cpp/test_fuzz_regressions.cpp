@@ -27,6 +27,17 @@ fs_tensor_t describe(void* data, fs_dtype_t dt, const std::vector<int64_t>& shap
 constexpr fs_dtype_t kF32{FS_DTYPE_FLOAT, 32, 1};
 constexpr fs_dtype_t kI32{FS_DTYPE_INT, 32, 1};
 
+// Plan arguments over (q, k, v, mask_func) with pack_gqa left to the library (-1).
+fs_mask_plan_args_t plan_args(const fs_tensor_t* m, const fs_tensor_t* q, const fs_tensor_t* k, const fs_tensor_t* v) {
+  fs_mask_plan_args_t a{};
+  a.mask_func = m;
+  a.q = q;
+  a.k = k;
+  a.v = v;
+  a.pack_gqa = -1;
+  return a;
+}
+
 // fuzz_plan: a shape whose element count overflows int64 made the compact strides overflow
 // (signed overflow in tensor_view_from_fs, UBSan).
 TEST(FuzzRegressions, ShapeWithMoreThan2To63ElementsIsRejected) {
@@ -35,12 +46,7 @@ TEST(FuzzRegressions, ShapeWithMoreThan2To63ElementsIsRejected) {
   std::vector<int32_t> mask(8, 1);
   fs_tensor_t q = describe(nullptr, kF32, qs), k = describe(nullptr, kF32, ks), v = describe(nullptr, kF32, ks);
   fs_tensor_t m = describe(mask.data(), kI32, ms);
-  fs_mask_plan_args_t a{};
-  a.mask_func = &m;
-  a.q = &q;
-  a.k = &k;
-  a.v = &v;
-  a.pack_gqa = -1;
+  fs_mask_plan_args_t a = plan_args(&m, &q, &k, &v);
   fs_mask_plan_t plan = nullptr;
   EXPECT_EQ(fs_create_mask_plan(&a, &plan), FS_STATUS_INVALID_ARGUMENT);
   EXPECT_EQ(plan, nullptr);
@@ -56,12 +62,7 @@ TEST(FuzzRegressions, MisalignedDataPointerIsRejected) {
   std::vector<float> q(B * S * H * D, 0.5f), out(q.size() + 4), lse(B * H * S);
   std::vector<int32_t> mask(B * S, S);
   fs_tensor_t tq = describe(q.data(), kF32, qs), tm = describe(mask.data(), kI32, ms);
-  fs_mask_plan_args_t a{};
-  a.mask_func = &tm;
-  a.q = &tq;
-  a.k = &tq;
-  a.v = &tq;
-  a.pack_gqa = -1;
+  fs_mask_plan_args_t a = plan_args(&tm, &tq, &tq, &tq);
   fs_mask_plan_t plan = nullptr;
   ASSERT_EQ(fs_create_mask_plan(&a, &plan), FS_STATUS_SUCCESS) << fs_get_last_error();
   fs_tensor_t to = describe(out.data(), kF32, qs, /*byte_offset=*/1), tl = describe(lse.data(), kF32, ls);
@@ -77,10 +78,6 @@ TEST(FuzzRegressions, MisalignedDataPointerIsRejected) {
   fs_mask_plan_destroy(plan);
 }
 
-}  // namespace
-
-namespace {
-
 // Found reading the code the fuzzer pointed at: heads, head dims and B were cast to int
 // without a range check (Hq = 2^32 + 2 became 2).
 TEST(FuzzRegressions, ExtentsBeyondIntAreRejectedNotTruncated) {
@@ -89,12 +86,7 @@ TEST(FuzzRegressions, ExtentsBeyondIntAreRejectedNotTruncated) {
   std::vector<int32_t> mask(8, 1);
   fs_tensor_t q = describe(nullptr, kF32, qs), k = describe(nullptr, kF32, ks), v = describe(nullptr, kF32, ks);
   fs_tensor_t m = describe(mask.data(), kI32, ms);
-  fs_mask_plan_args_t a{};
-  a.mask_func = &m;
-  a.q = &q;
-  a.k = &k;
-  a.v = &v;
-  a.pack_gqa = -1;
+  fs_mask_plan_args_t a = plan_args(&m, &q, &k, &v);
   fs_mask_plan_t plan = nullptr;
   EXPECT_EQ(fs_create_mask_plan(&a, &plan), FS_STATUS_INVALID_ARGUMENT);
   EXPECT_NE(std::string(fs_get_last_error()).find("the number of heads must be below 2^31"), std::string::npos)
@@ -106,10 +98,6 @@ TEST(FuzzRegressions, ExtentsBeyondIntAreRejectedNotTruncated) {
       << fs_get_last_error();
 }
 
-}  // namespace
-
-namespace {
-
 // fuzz_ops oracle: an output whose strides overlap (stride 0 on a dimension of extent > 1) was
 // accepted; every result of that dimension but one was lost without an error.
 TEST(FuzzRegressions, SelfOverlappingOutputIsRejected) {
@@ -118,12 +106,7 @@ TEST(FuzzRegressions, SelfOverlappingOutputIsRejected) {
   std::vector<float> q(B * S * H * D, 0.5f), out(q.size()), lse(B * H * S);
   std::vector<int32_t> mask(B * S, S);
   fs_tensor_t tq = describe(q.data(), kF32, qs), tm = describe(mask.data(), kI32, ms);
-  fs_mask_plan_args_t a{};
-  a.mask_func = &tm;
-  a.q = &tq;
-  a.k = &tq;
-  a.v = &tq;
-  a.pack_gqa = -1;
+  fs_mask_plan_args_t a = plan_args(&tm, &tq, &tq, &tq);
   fs_mask_plan_t plan = nullptr;
   ASSERT_EQ(fs_create_mask_plan(&a, &plan), FS_STATUS_SUCCESS) << fs_get_last_error();
   const int64_t overlapping[4] = {S * H * D, 0, D, 1};  // every query position writes the same row
