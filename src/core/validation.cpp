@@ -179,6 +179,10 @@ FlexGeometry validate_plan_inputs(const PlanInputs& in, const int32_t* cu_q_host
     // 0 is valid (the seed accepts it): every sample is then empty on that side.
     FS_CHECK_ARG(in.max_seqlen_q >= 0, "max_seqlen_q: must be >= 0 for THD, got ", in.max_seqlen_q);
     FS_CHECK_ARG(in.max_seqlen_k >= 0, "max_seqlen_k: must be >= 0 for THD, got ", in.max_seqlen_k);
+    FS_CHECK_ARG(in.max_seqlen_q < (int64_t(1) << 31), "max_seqlen_q: must be below 2^31 (cu_seqlens are int32), got ",
+                 in.max_seqlen_q);
+    FS_CHECK_ARG(in.max_seqlen_k < (int64_t(1) << 31), "max_seqlen_k: must be below 2^31 (cu_seqlens are int32), got ",
+                 in.max_seqlen_k);
     g.max_seqlen_q = in.max_seqlen_q;
     g.max_seqlen_k = in.max_seqlen_k;
     g.cu_seqlens_q = read_cu_seqlens(in.cu_seqlens_q, "cu_seqlens_q", g.batch + 1, cu_q_host);

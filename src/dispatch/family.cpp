@@ -29,7 +29,7 @@ Consumer consumer_for_plan_sm80(const FlexGeometry& g, bool pack_gqa) {
   Consumer c = consumer_sm80(g.head_dim_qk, g.head_dim_v);
   const int G = g.num_heads_kv > 0 ? g.group_size() : 1;
   if (pack_gqa && G > 1 && g.head_dim_qk <= 128 && g.head_dim_v <= 128 &&
-      int64_t(g.max_seqlen_q) * G <= kDecodeBlockQ) {
+      g.max_seqlen_q <= kDecodeBlockQ / G) {  // max_seqlen_q * G <= kDecodeBlockQ, without overflow
     c.fwd_block_q = kDecodeBlockQ;
     c.fwd_block_k = 64;
   }

@@ -118,8 +118,11 @@ inline FwdWorkspaceLayout fwd_workspace_layout(const FlexGeometry& g, bool pack_
   const int64_t max_steps = (g.max_seqlen_k + bk - 1) / bk;
   if (max_steps <= SplitSchedule::kChunkMin || g.total_q == 0) return w;
   const int64_t pack = fwd_pack_group(g, pack_gqa);
-  const int64_t by_batch = int64_t(g.batch) * ((g.max_seqlen_q * pack + bq - 1) / bq);
+  // A sample is never longer than total_q (THD's max_seqlen_q may be a looser bound); the
+  // product B * blocks-per-sample is only formed when it stays below by_total (no overflow).
   const int64_t by_total = (g.total_q * pack + bq - 1) / bq + g.batch;
+  const int64_t per_sample = (std::min(g.max_seqlen_q, g.total_q) * pack + bq - 1) / bq;
+  const int64_t by_batch = (g.batch > 0 && per_sample > by_total / g.batch) ? by_total : int64_t(g.batch) * per_sample;
   w.max_tasks = int64_t(g.num_heads_q / pack) * std::min(by_batch, by_total);
   w.max_slots = std::min<int64_t>(2 * SplitSchedule::kMaxSplit, w.max_tasks * ((max_steps + 7) / 8));
   w.max_items = w.max_tasks + w.max_slots;

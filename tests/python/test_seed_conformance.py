@@ -363,6 +363,12 @@ def test_thd_with_max_seqlen_q_zero_is_accepted(fs):
     with pytest.raises(ValueError, match=r"max_seqlen_q: must be >= 0 for THD, got -1"):
         fs.create_mask_plan(torch.zeros(1, 1, 0, dtype=torch.int32), q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
                             max_seqlen_q=-1, max_seqlen_k=3)
+    for name in ("max_seqlen_q", "max_seqlen_k"):
+        # A bound of 2^31 or more is rejected by name (it overflowed tile arithmetic before: fuzz regression).
+        huge = {"max_seqlen_q": 0, "max_seqlen_k": 3, name: 2**63 - 1}
+        with pytest.raises(ValueError, match=name + r": must be below 2\^31 \(cu_seqlens are int32\), got 9223372036854775807"):
+            fs.create_mask_plan(torch.zeros(1, 1, 0, dtype=torch.int32), q, k, v, cu_seqlens_q=cu_q, cu_seqlens_k=cu_k,
+                                **huge)
 
 
 def test_bshd_batch_zero_is_a_clear_value_error(fs):
