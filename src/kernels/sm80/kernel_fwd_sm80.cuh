@@ -146,9 +146,11 @@ __device__ __forceinline__ void load_kv_rows8(const Loader& ld, uint32_t smem_ti
 // atomic in both cases.
 // Shared memory: the item's first loads (Q, K[first]) are issued before the loop's first
 // __syncthreads, so the caller must __syncthreads between two items of one CTA.
-template <class T, bool kBf16, bool kMaxLogit, bool kPersistent>
+template <class T, class E, bool kMaxLogit, bool kPersistent>
 __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const int32_t* s_item, int qb, int h,
                                          int b, int begin, int count) {
+  using Elem = typename E::Storage;
+  static_assert(E::kBits == 16, "the sm80 loaders and ldmatrix move 16-bit elements");
   constexpr int kMT = T::kMT;
   const uint32_t sK = sQ + T::kSmemQ;
   const uint32_t sV = sK + T::kSmemK;
@@ -176,12 +178,12 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
                                      p.view.q2k_full_runs, r);
 
   // Position 0 of head head0 in sample b.
-  const uint16_t* q = static_cast<const uint16_t*>(p.q) + int64_t(b) * p.qa.batch_stride +
-                      int64_t(p.varlen ? q_start : 0) * p.qa.row_stride + int64_t(head0) * p.qa.head_stride;
-  const uint16_t* k = static_cast<const uint16_t*>(p.k) + int64_t(b) * p.ka.batch_stride +
-                      int64_t(p.varlen ? k_start : 0) * p.ka.row_stride + int64_t(hkv) * p.ka.head_stride;
-  const uint16_t* v = static_cast<const uint16_t*>(p.v) + int64_t(b) * p.va.batch_stride +
-                      int64_t(p.varlen ? k_start : 0) * p.va.row_stride + int64_t(hkv) * p.va.head_stride;
+  const Elem* q = static_cast<const Elem*>(p.q) + int64_t(b) * p.qa.batch_stride +
+                  int64_t(p.varlen ? q_start : 0) * p.qa.row_stride + int64_t(head0) * p.qa.head_stride;
+  const Elem* k = static_cast<const Elem*>(p.k) + int64_t(b) * p.ka.batch_stride +
+                  int64_t(p.varlen ? k_start : 0) * p.ka.row_stride + int64_t(hkv) * p.ka.head_stride;
+  const Elem* v = static_cast<const Elem*>(p.v) + int64_t(b) * p.va.batch_stride +
+                  int64_t(p.varlen ? k_start : 0) * p.va.row_stride + int64_t(hkv) * p.va.head_stride;
 
   // Persistent items walk blocks [begin, begin + count) of the row: skip `begin`, then stop
   // after `count` blocks (`left` counts the blocks still to fetch after the current one).
@@ -257,8 +259,8 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
           ldmatrix_x4(bb, bK.at(kk, n * 8));
 #pragma unroll
           for (int i = 0; i < kMT; ++i) {
-            mma_16816<kBf16>(s[i][n], a[i], bb[0], bb[1]);
-            mma_16816<kBf16>(s[i][n + 1], a[i], bb[2], bb[3]);
+            mma_16816<E>(s[i][n], a[i], bb[0], bb[1]);
+            mma_16816<E>(s[i][n + 1], a[i], bb[2], bb[3]);
           }
         }
       }
@@ -283,10 +285,10 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
     for (int i = 0; i < kMT; ++i) {
 #pragma unroll
       for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
-        pa[i][kk][0] = pack2<kBf16>(s[i][2 * kk][0], s[i][2 * kk][1]);
-        pa[i][kk][1] = pack2<kBf16>(s[i][2 * kk][2], s[i][2 * kk][3]);
-        pa[i][kk][2] = pack2<kBf16>(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
-        pa[i][kk][3] = pack2<kBf16>(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
+        pa[i][kk][0] = pack2<E>(s[i][2 * kk][0], s[i][2 * kk][1]);
+        pa[i][kk][1] = pack2<E>(s[i][2 * kk][2], s[i][2 * kk][3]);
+        pa[i][kk][2] = pack2<E>(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
+        pa[i][kk][3] = pack2<E>(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
       }
     }
 
@@ -322,8 +324,8 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
           ldmatrix_x4_trans(bb, bV.at(n / 2, kk * 16));
 #pragma unroll
           for (int i = 0; i < kMT; ++i) {
-            mma_16816<kBf16>(acc_o[i][n], pa[i][kk], bb[0], bb[1]);
-            mma_16816<kBf16>(acc_o[i][n + 1], pa[i][kk], bb[2], bb[3]);
+            mma_16816<E>(acc_o[i][n], pa[i][kk], bb[0], bb[1]);
+            mma_16816<E>(acc_o[i][n + 1], pa[i][kk], bb[2], bb[3]);
           }
         }
       }
@@ -371,8 +373,8 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
     // with the run-time row mapping cost it 100+ bytes of spills at D = 128 (ptxas -v). The
     // persistent kernel is the other way round (the two copies put spills in its main loop,
     // one does not), so it runs the packed copy, which with pack = 1 is the unpacked mapping.
-    uint16_t* o = static_cast<uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride +
-                  (int64_t(p.varlen ? q_start : 0) + row0) * p.oa.row_stride + int64_t(h) * p.oa.head_stride;
+    Elem* o = static_cast<Elem*>(p.o) + int64_t(b) * p.oa.batch_stride +
+              (int64_t(p.varlen ? q_start : 0) + row0) * p.oa.row_stride + int64_t(h) * p.oa.head_stride;
 #pragma unroll
     for (int i = 0; i < kMT; ++i) {
 #pragma unroll
@@ -381,13 +383,13 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
         const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
         const int row = m0 + 16 * i + g + 8 * hi;
         if (row < rows_valid) {
-          uint16_t* orow = o + int64_t(row) * p.oa.row_stride;
+          Elem* orow = o + int64_t(row) * p.oa.row_stride;
 #pragma unroll
           for (int n = 0; n < T::kNO; ++n) {
             const int col = n * 8 + 2 * t;
             if (col < p.head_dv) {
               *reinterpret_cast<uint32_t*>(orow + col) =
-                  pack2<kBf16>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
+                  pack2<E>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
             }
           }
           if (p.lse != nullptr && t == 0) {
@@ -403,8 +405,8 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
     // h * pack + sub. The base `o` is written with the same terms as above (position row0,
     // which may lie past the sample: only o + (pos - row0) rows are dereferenced), which keeps
     // ptxas from holding extra values across the main loop.
-    uint16_t* o = static_cast<uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride +
-                  (int64_t(p.varlen ? q_start : 0) + row0) * p.oa.row_stride + int64_t(h) * pack * p.oa.head_stride;
+    Elem* o = static_cast<Elem*>(p.o) + int64_t(b) * p.oa.batch_stride +
+              (int64_t(p.varlen ? q_start : 0) + row0) * p.oa.row_stride + int64_t(h) * pack * p.oa.head_stride;
 #pragma unroll
     for (int i = 0; i < kMT; ++i) {
 #pragma unroll
@@ -415,13 +417,13 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
         if (row < rows_valid) {
           // Packed row row0 + row = pos * pack + sub.
           const int pos = (row0 + row) / pack, sub = row0 + row - pos * pack;
-          uint16_t* orow = o + int64_t(pos - row0) * p.oa.row_stride + int64_t(sub) * p.oa.head_stride;
+          Elem* orow = o + int64_t(pos - row0) * p.oa.row_stride + int64_t(sub) * p.oa.head_stride;
 #pragma unroll
           for (int n = 0; n < T::kNO; ++n) {
             const int col = n * 8 + 2 * t;
             if (col < p.head_dv) {
               *reinterpret_cast<uint32_t*>(orow + col) =
-                  pack2<kBf16>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
+                  pack2<E>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
             }
           }
           if (p.lse != nullptr && t == 0) {
@@ -484,7 +486,7 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
 // otherwise the persistent kernel below does the work and these CTAs exit at once. Two
 // kernels rather than one: the persistent item loop costs registers (ptxas holds values
 // across it), which the common unsplit case (e.g. causal masks) should not pay.
-template <class T, bool kBf16, bool kMaxLogit>
+template <class T, class E, bool kMaxLogit>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm80(const FwdParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   if (p.split.items != nullptr && p.split.hdr[SplitSchedule::kNumSplit] > 0) return;
@@ -502,13 +504,13 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
     h = __ldg(task + 1);
     b = __ldg(task + 2);
   }
-  fwd_item<T, kBf16, kMaxLogit, false>(p, smem_u32(smem), nullptr, qb, h, b, 0, 0x7fffffff);
+  fwd_item<T, E, kMaxLogit, false>(p, smem_u32(smem), nullptr, qb, h, b, 0, 0x7fffffff);
 }
 
 // Persistent forward kernel of the split schedule (task mode, p.split.items set): each CTA
 // claims items in list order with an atomic counter until the list is exhausted (items of
 // long tasks come first). Exits at once when the schedule split no task.
-template <class T, bool kBf16, bool kMaxLogit>
+template <class T, class E, bool kMaxLogit>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_persistent_kernel_sm80(const FwdParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t s_item[4];  // {task, begin, end, slot} of the current item
@@ -519,7 +521,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_persisten
     if (task_index < 0) return;
     const int begin = s_item[1], count = s_item[2] - begin;
     const int32_t* task = p.view.tasks + 4 * int64_t(task_index);
-    fwd_item<T, kBf16, kMaxLogit, true>(p, sQ, s_item, __ldg(task + 0), __ldg(task + 1), __ldg(task + 2), begin,
+    fwd_item<T, E, kMaxLogit, true>(p, sQ, s_item, __ldg(task + 0), __ldg(task + 1), __ldg(task + 2), begin,
                                         count);
   }
 }
