@@ -127,25 +127,6 @@ void check_call_tensors(const FlexGeometry& g, const TensorView& q, const Tensor
   }
 }
 
-// An output must not overlap itself: with a zero stride (an expanded tensor) or strides that
-// interleave, several results land in one element and all but one are lost silently. Sorted by
-// stride, each dimension's stride must reach past everything the inner dimensions span.
-void check_no_self_overlap(const TensorView& t, const char* name) {
-  if (!t.defined() || t.numel() == 0) return;
-  std::array<std::pair<int64_t, int64_t>, kMaxDims> dims{};  // (|stride|, extent) of extents > 1
-  int n = 0;
-  for (int i = 0; i < t.ndim; ++i)
-    if (t.size(i) > 1) dims[n++] = {t.stride(i) < 0 ? -t.stride(i) : t.stride(i), t.size(i)};
-  std::sort(dims.begin(), dims.begin() + n);
-  int64_t span = 1;  // elements an inner block covers
-  for (int i = 0; i < n; ++i) {
-    FS_CHECK_ARG(dims[i].first >= span, name, ": strides make different elements share memory (stride ",
-                 dims[i].first, " with extent ", dims[i].second, " inside a block of ", span,
-                 " elements; shape ", t.shape_str(), "): an output must not overlap itself");
-    span = dims[i].first * (dims[i].second - 1) + span;
-  }
-}
-
 void check_max_logit(const FlexGeometry& g, const TensorView& m) {
   if (!m.defined()) return;
   const int64_t s[1] = {g.num_heads_q};
