@@ -512,7 +512,8 @@ def _prepare(q: Tensor, k: Tensor, v: Tensor, a: dict, need_backward: bool):
 
 
 def _flex_shaped(geo: _Geometry, t: Tensor, kv: bool = False) -> Tensor:
-    """An empty tensor of t's flex shape (create_mask_plan reads shapes, dtype and device only)."""
+    """A stand-in of t's flex shape for create_mask_plan, which reads shape, dtype and device only: one row of
+    storage expanded (stride 0 but the last dim), so no tensor of the full size is allocated."""
     thd = geo.thd_kv if kv else geo.thd_q
     if thd:
         shape = tuple(t.shape)
@@ -520,7 +521,7 @@ def _flex_shaped(geo: _Geometry, t: Tensor, kv: bool = False) -> Tensor:
         shape = (t.shape[0], t.shape[2], t.shape[1], t.shape[3])
     else:
         shape = (t.shape[0] * t.shape[2], t.shape[1], t.shape[3])
-    return torch.empty(shape, dtype=t.dtype, device=t.device)
+    return torch.zeros((shape[-1],), dtype=t.dtype, device=t.device).expand(shape)
 
 
 def _kernel_ready(t: Tensor) -> Tensor:

@@ -33,13 +33,13 @@ def flex_route(monkeypatch):
     sdpa_lowering.clear_plan_cache()
 
 
-def mask_problem(seed: int, dtype=None):
+def mask_problem(seed: int, dtype=None, big=False):
     """random_problem restricted to the pure-mask subset (H_k = H_v, no score modifier, dropout or block mask) in a
     flex dtype; packed V moved to K's token offsets (flex has one key layout)."""
     rng = random.Random(seed)
     dtype = dtype or rng.choice(LOWP)
     for attempt in range(100):
-        p = random_problem(seed * 101 + attempt, dtype=dtype, allow_dropout=False)
+        p = random_problem(seed * 101 + attempt, dtype=dtype, allow_dropout=False, big=big)
         if p.case.v.shape[1] == p.case.k.shape[1]:
             break
     c = p.case
@@ -69,6 +69,12 @@ def mask_problem(seed: int, dtype=None):
 @pytest.mark.parametrize("seed", range(NUM_RANDOM))
 def test_random_lowered_against_oracle(fs, flex_route, seed):
     _run(fs, mask_problem(seed))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_lowered_long_sequences(fs, flex_route, seed):
+    # S up to 150 / 270: several flex blocks per sample (partial and full blocks of the plan).
+    _run(fs, mask_problem(50_000 + seed, big=True))
 
 
 def _rows(offsets, lens) -> torch.Tensor:
@@ -301,6 +307,7 @@ UNSUPPORTED = {
     "softcap": lambda q: dict(softcap=5.0),
     "sink_token": lambda q: dict(sink_token=torch.zeros(q.shape[1])),
     "dropout": lambda q: dict(dropout=(0.1, torch.tensor([1]), torch.tensor([0]))),
+    "dropout ": lambda q: dict(dropout=(torch.ones(1, 1, 1, 1, dtype=torch.uint8), torch.tensor([1.0]))),
     "block_mask": lambda q: dict(block_mask=torch.ones(1, 1, 1, 1, dtype=torch.uint8)),
     "gate": lambda q: dict(gate=torch.zeros_like(q)),
     "score_max": lambda q: dict(score_max=torch.empty(*q.shape[:3], 1)),
@@ -311,8 +318,30 @@ UNSUPPORTED = {
 @pytest.mark.parametrize("feature", sorted(UNSUPPORTED))
 def test_unsupported_feature_named(fs, flex_route, feature):
     q, k, v = _dense(1, 2, 2, 16, 16, 16, 16)
-    with pytest.raises(NotImplementedError, match=feature):
+    with pytest.raises(NotImplementedError, match=feature.strip()):
         fs.sdpa(q, k, v, **UNSUPPORTED[feature](q))
+
+
+def test_unsupported_in_backward_named(fs, flex_route):
+    """sdpa_backward with a feature the lowering lacks: the same named error (no silent drop of the feature)."""
+    q, k, v = _dense(1, 2, 2, 16, 16, 16, 16)
+    o, stats = fs.sdpa(q, k, v, generate_stats=True)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        fs.sdpa_backward(q, k, v, o, torch.ones_like(o), stats, softcap=3.0)
+    with pytest.raises(NotImplementedError, match="bias"):
+        bias = torch.zeros(1, 1, 16, 16, dtype=q.dtype)
+        fs.sdpa_backward(q, k, v, o, torch.ones_like(o), stats, bias=bias, dBias=torch.empty_like(bias))
+
+
+def test_default_route(fs, monkeypatch):
+    from flashspan import sdpa_lowering
+
+    monkeypatch.delenv(sdpa_lowering.ROUTE_ENV, raising=False)
+    assert sdpa_lowering.route(torch.empty(1)) == "reference"
+    monkeypatch.setenv(sdpa_lowering.ROUTE_ENV, "flex")
+    assert sdpa_lowering.route(torch.empty(1)) == "flex"
+    monkeypatch.setenv(sdpa_lowering.ROUTE_ENV, "reference")
+    assert sdpa_lowering.route(torch.empty(1)) == "reference"
 
 
 def test_unsupported_layouts_named(fs, flex_route):
