@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import math
 from typing import Optional, Union
 
@@ -10,6 +11,7 @@ from torch import Tensor
 
 from . import _lib
 from . import _sdpa_lib as L
+from . import sdpa_lowering
 
 __all__ = ["sdpa", "sdpa_backward", "TOP_LEFT", "BOTTOM_RIGHT", "dropout_offset_increment"]
 
@@ -17,6 +19,7 @@ TOP_LEFT = "TOP_LEFT"
 BOTTOM_RIGHT = "BOTTOM_RIGHT"
 
 _CACHE = L.OpCache()
+_VALIDATED = L.OpCache(256)  # calls whose descriptors passed the C layer's rules (flex route)
 
 
 def dropout_offset_increment(max_seq_len_kv: int) -> int:
@@ -86,6 +89,24 @@ class _Call:
         )
 
     def _build(self) -> L.Op:
+        attrs, descs = self._attributes()
+        return L.Op(self.direction, descs, attrs)
+
+    def validate(self) -> None:
+        """Runs the C layer's argument rules on the call's descriptors (fs_sdpa_*_create) without running it: the
+        flex route (sdpa_lowering) rejects exactly the bad input the CPU reference rejects, with the same errors."""
+        _VALIDATED.get(self._key(), self._create_only)
+
+    def _create_only(self) -> bool:
+        attrs, descs = self._attributes()
+        lib = L.lib()
+        handle = ctypes.c_void_p()
+        create = getattr(lib, f"fs_sdpa_{self.direction}_create")
+        _lib.check(create(*[_lib.ptr(d) for d in descs], attrs.handle, ctypes.byref(handle)))
+        getattr(lib, f"fs_sdpa_{self.direction}_destroy")(handle)
+        return True
+
+    def _attributes(self):
         attrs = L.Attributes(self.direction == "bwd")
         for name, value in self.options:
             attrs.set(name, value)
@@ -107,7 +128,7 @@ class _Call:
         for slot in _POSITIONAL[self.direction]:
             b = self.slots.get(slot)
             descs.append(None if b is None else b.desc(_SLOT_NAMES[slot]))
-        return L.Op(self.direction, descs, attrs)
+        return attrs, descs
 
     def run(self) -> None:
         op = _CACHE.get(self._key(), self._build)
@@ -184,6 +205,7 @@ class _Layout:
         if k.dim() != v.dim():
             raise ValueError(f"k, v: must both be 4-D (B, H, S, D) or both 3-D (T, H, D), got {k.dim()}-D and {v.dim()}-D")
         self.cu_q, self.cu_kv = cu_q, cu_kv
+        self.seq_len_q, self.seq_len_kv = seq_len_q, seq_len_kv
         if self.thd_q:
             if cu_q is None and "q" not in self.ragged_offsets:
                 raise ValueError("q: a 3-D (T, H, D) tensor is packed (THD): pass cu_seq_len_q (token offsets), or "
@@ -237,6 +259,17 @@ class _Layout:
             if o.numel() and int(o[-1].item()) > T:
                 raise ValueError(f"{name}: the ragged offsets reach token {int(o[-1].item())} but the packed tensor has "
                                  f"T = {T} tokens")
+            # Each sample's rows [offset, offset + length) must lie inside the packed tensor too.
+            lens, cu = (self.seq_len_q, self.cu_q) if side_q else (self.seq_len_kv, self.cu_kv)
+            if cu is not None and cu.device.type == "cpu":
+                lens = cu.reshape(-1).to(torch.int64).diff()
+            if lens is not None and lens.device.type == "cpu" and lens.numel() == o.numel() - 1:
+                ends = o[:-1] + lens.reshape(-1).to(torch.int64)
+                bad = torch.nonzero((ends > T) | (o[:-1] < 0)).reshape(-1)
+                if bad.numel():
+                    b = int(bad[0])
+                    raise ValueError(f"{name}: the ragged offsets place sample {b}'s rows [{int(o[b])}, {int(ends[b])}) "
+                                     f"outside the packed tensor's T = {T} tokens")
         call.ragged[slot] = (_Bound(offsets.reshape(-1)), t.stride(0))
 
 
@@ -318,7 +351,12 @@ def _like_layout(shape, like: Tensor, dtype, device) -> Tensor:
 
 
 def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: Optional[Tensor] = None, **kw):
-    """Runs one forward; returns (o, stats or None). ``kw`` holds the remaining graph.sdpa arguments."""
+    """Runs one forward; returns (o, stats or None). ``kw`` holds the remaining graph.sdpa arguments.
+
+    CPU tensors run the CPU reference of the C layer; CUDA tensors (and CPU tensors with FLASHSPAN_SDPA_ROUTE=flex)
+    run the flex lowering (sdpa_lowering.py) after the same argument checks."""
+    build_backward = kw.pop("_flex_build_backward", False)
+    args = dict(kw)
     lay = _Layout(q, k, v, kw["seq_len_q"], kw["seq_len_kv"], kw["cu_seq_len_q"], kw["cu_seq_len_kv"],
                   kw.pop("ragged_offsets"), kw.pop("max_seq_len_q"), kw.pop("max_seq_len_kv"),
                   kw["paged_attention_k_table"] is not None or kw["paged_attention_v_table"] is not None)
@@ -354,12 +392,19 @@ def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: 
     if m is not None:
         call.option("paged_attention_max_seq_len_kv", int(m))
     _apply_common(call, lay, q, backward=False, **kw)
+    if sdpa_lowering.route(q) == "flex":
+        call.validate()
+        sdpa_lowering.forward(q, k, v, o, stats, args, build_backward)
+        return o, stats
     call.run()
     return o, stats
 
 
 def _backward(q, k, v, o, dO, stats, *, dq=None, dk=None, dv=None, **kw):
-    """Runs one backward into dq/dk/dv (allocated in q/k/v's layouts when None); returns them."""
+    """Runs one backward into dq/dk/dv (allocated in q/k/v's layouts when None); returns them (routes as
+    :func:`_forward`)."""
+    args = dict(kw)
+    stats_in = stats
     lay = _Layout(q, k, v, kw["seq_len_q"], kw["seq_len_kv"], kw["cu_seq_len_q"], kw["cu_seq_len_kv"],
                   kw.pop("ragged_offsets"), kw.pop("max_seq_len_q"), kw.pop("max_seq_len_kv"), False)
     call = _Call("bwd")
@@ -387,6 +432,10 @@ def _backward(q, k, v, o, dO, stats, *, dq=None, dk=None, dv=None, **kw):
     if kw.pop("use_deterministic_algorithm"):
         call.option("deterministic_algorithm", 1)
     _apply_common(call, lay, q, backward=True, **kw)
+    if sdpa_lowering.route(q) == "flex":
+        call.validate()
+        sdpa_lowering.backward(q, k, v, o, dO, stats_in, dq, dk, dv, args)
+        return dq, dk, dv
     call.run()
     return dq, dk, dv
 
@@ -529,8 +578,13 @@ def sdpa(
         ``(o, stats)``; ``stats`` is None unless generate_stats. ``o`` has q's layout (THD: packed ``(T, H_q, D_v)``).
 
     Raises:
-        ValueError / TypeError naming the argument and the rule (docs/SDPA.md lists them); RuntimeError when a
-        configuration is not supported (CUDA tensors: SDPA GPU kernels are not built yet).
+        ValueError / TypeError naming the argument and the rule (docs/SDPA.md lists them); NotImplementedError (a
+        RuntimeError) naming the feature when a CUDA call needs one the GPU path does not have yet.
+
+    Where it runs: CPU tensors run the CPU reference (every feature). CUDA tensors run the pure-mask subset (causal
+    / bands / sliding windows with either alignment, padding, THD, GQA / MQA, LSE, max_logit, deterministic
+    backward) on the flex kernels through ``flashspan.sdpa_lowering``; bias, ALiBi, softcap, sinks, dropout, block
+    mask, paged K/V, gate, H_k != H_v and score_max / score_sum_exp raise NotImplementedError there (docs/SDPA.md).
 
     Example::
 
@@ -573,7 +627,7 @@ def sdpa(
         raise ValueError("stats_use_log2: the backward consumes natural-log stats; request base-2 stats without "
                          "gradients")
     spec = {
-        "fwd": dict(fwd, generate_stats=True, **fwd_only),
+        "fwd": dict(fwd, generate_stats=True, _flex_build_backward=True, **fwd_only),
         "bwd": dict(fwd, use_deterministic_algorithm=torch.are_deterministic_algorithms_enabled()),
     }
     for key in ("rng_dump",):

@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/half_conv.h"
 #include "core/philox.h"
+#include "core/validation.h"
 
 namespace flashspan::sdpa {
 namespace {
@@ -188,7 +189,9 @@ void check_common(Problem& p, const Checker& c) {
                    slot_name(table), ": page table shape must be [B, 1, max_pages, 1] = [", p.B,
                    ", 1, max_pages, 1], got ", pt.shape_str());
       (side == 0 ? p.page_size_k : p.page_size_v) = bs;
-      capacity = std::min(capacity, pt.size(2) * bs);
+      int64_t cap = 0;
+      if (__builtin_mul_overflow(pt.size(2), bs, &cap)) cap = std::numeric_limits<int64_t>::max();
+      capacity = std::min(capacity, cap);
     } else {
       FS_CHECK_ARG(t.size(0) == p.B, slot_name(slot), ": batch ", t.size(0), " differs from q's B = ", p.B);
       FS_CHECK_ARG(dense_skv < 0 || t.size(2) == dense_skv, "k, v: sequence lengths differ (S_kv ", dense_skv, " vs ",
@@ -275,6 +278,14 @@ void check_common(Problem& p, const Checker& c) {
   FS_CHECK_ARG(!p.has_right || p.right >= 0, "diagonal_band_right_bound: must be >= 0 (0 = causal), got ", p.right);
   FS_CHECK_ARG(!p.has_left || p.left >= 1, "diagonal_band_left_bound: must be >= 1 when set (it masks columns at or "
                "before row - left_bound, so it counts the visible tokens including the diagonal), got ", p.left);
+  FS_CHECK_ARG(p.alignment != Alignment::kBottomRight || p.has_left || p.has_right,
+               "diagonal_alignment: BOTTOM_RIGHT only re-anchors a diagonal band; set diagonal_band_right_bound (0 = "
+               "causal) and/or diagonal_band_left_bound, or use TOP_LEFT");
+  // A bound past S_q + S_kv masks nothing more; clamping keeps row + bound from overflowing.
+  int64_t reach = 0;
+  if (__builtin_add_overflow(p.Sq, p.Skv, &reach)) reach = std::numeric_limits<int64_t>::max();
+  p.left = std::min(p.left, reach);
+  p.right = std::min(p.right, reach);
 
   // --- score modifiers ------------------------------------------------------------------------
   if (a.alibi) {
@@ -452,9 +463,28 @@ void Problem::bind(void* const* pack, int32_t num_slots) {
     // An empty tensor may come without memory; so may a packed (ragged) one whose samples are all
     // empty (read_runtime_host checks that).
     FS_CHECK_ARG(pack[s] != nullptr || t.numel() == 0 || ragged(s), slot_name(s), ": data pointer is NULL");
-    t.data = pack[s];
+    t.data = pack[s] == nullptr ? nullptr : static_cast<char*>(pack[s]) + a.byte_offset[s];
+    // The reference and the kernels access elements as their type: a misaligned start is
+    // undefined behaviour on the CPU and a fault on the GPU.
+    const int item = dtype_size(t.dtype);
+    FS_CHECK_ARG(t.data == nullptr || reinterpret_cast<uintptr_t>(t.data) % item == 0, slot_name(s),
+                 ": data pointer (variant_pack pointer + byte_offset) must be aligned to the element size (", item,
+                 " bytes for ", dtype_name(t.dtype), ")");
   }
 }
+
+namespace {
+
+// Every element of an output is its own memory: a zero or interleaving stride would make several
+// results land in one element (all but one lost). Packed (ragged) outputs skip the batch
+// dimension, which their offsets address.
+void check_outputs_disjoint(const Problem& p, std::initializer_list<int> slots) {
+  for (int s : slots) {
+    if (p.has(s)) check_no_self_overlap(p.t(s), slot_name(s), p.ragged(s) ? 1 : 0);
+  }
+}
+
+}  // namespace
 
 Problem validate_forward(const Attributes& attrs) {
   FS_CHECK_ARG(!attrs.backward, "attributes: were created for the backward pass, the forward needs forward attributes");
@@ -477,6 +507,7 @@ Problem validate_forward(const Attributes& attrs) {
     if (a.has(s)) c.exact(s, {p.B, p.Hq, p.Sq, 1}, DType::kFloat32, "[B, H_q, S_q, 1], float32");
   }
   if (a.has(FS_SDPA_MAX_LOGIT)) c.small(FS_SDPA_MAX_LOGIT, p.Hq, false, "one value per query head");
+  check_outputs_disjoint(p, {FS_SDPA_O, FS_SDPA_STATS, FS_SDPA_SCORE_MAX, FS_SDPA_SCORE_SUM_EXP, FS_SDPA_RNG_DUMP});
   return p;
 }
 
@@ -519,6 +550,7 @@ Problem validate_backward(const Attributes& attrs) {
     FS_CHECK_ARG(a.has(FS_SDPA_GATE), "dgate: requires the gate of the forward (set gate)");
     c.exact(FS_SDPA_DGATE, {p.B, p.Hq, p.Sq, p.Dv}, io, "shape of gate, dtype of q");
   }
+  check_outputs_disjoint(p, {FS_SDPA_DQ, FS_SDPA_DK, FS_SDPA_DV, FS_SDPA_DBIAS, FS_SDPA_DGATE});
   return p;
 }
 
@@ -555,8 +587,8 @@ std::vector<int64_t> read_lengths(const Problem& p, int seq_slot, int cu_slot, i
     const TensorView& t = p.t(cu_slot);
     FS_CHECK_ARG(read_index(t, 0) == 0, slot_name(cu_slot), ": must start at 0 (prefix sums), got ", read_index(t, 0));
     for (int64_t b = 0; b < p.B; ++b) {
-      len[b] = read_index(t, b + 1) - read_index(t, b);
-      FS_CHECK_ARG(len[b] >= 0, slot_name(cu_slot), ": must be nondecreasing, but [", b + 1, "] = ",
+      FS_CHECK_ARG(!__builtin_sub_overflow(read_index(t, b + 1), read_index(t, b), &len[b]) && len[b] >= 0,
+                   slot_name(cu_slot), ": must be nondecreasing, but [", b + 1, "] = ",
                    read_index(t, b + 1), " < [", b, "] = ", read_index(t, b));
       FS_CHECK_ARG(len[b] <= max_len, slot_name(cu_slot), ": sample ", b, " has length ", len[b], ", longer than ",
                    max_name, " = ", max_len);
@@ -589,7 +621,8 @@ Runtime read_runtime_host(const Problem& p) {
       for (int64_t b = 0; b < p.B; ++b) {
         const int64_t o = read_index(p.t(r), b);
         FS_CHECK_ARG(o >= 0, slot_name(r), "[", b, "] = ", o, " is negative");
-        start[b] = o * mult;
+        FS_CHECK_ARG(!__builtin_mul_overflow(o, mult, &start[b]), slot_name(r), "[", b, "] = ", o, " times the multiplier ",
+                     mult, " overflows int64");
       }
     } else {
       for (int64_t b = 0; b < p.B; ++b) start[b] = b * p.t(s).stride(0);
