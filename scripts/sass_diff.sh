@@ -13,10 +13,11 @@
 #     FILES  .cu files relative to the repo root, default the kernel launch units and
 #            src/dispatch/flex_dispatch.cu
 #   Env: SASS_NAME_SED  sed script applied to the demangled kernel names of both sides before
-#                       they are paired (e.g. 's/flashspan::kern::Bf16/true/g' when a template
+#                       they are paired (e.g. 's/flashspan::BFloat16/true/g' when a template
 #                       parameter changes spelling only); SASS_CACHE (default build-sass/cache):
-#                       results are cached by the sha1 of src/ + include/, so an unchanged
-#                       tree is not rebuilt; SASS_JOBS (default 1) parallel nvcc jobs.
+#                       cubins are cached by the sha1 of the unit's preprocessed source and of
+#                       the tree files it includes, so an unchanged unit is not rebuilt;
+#                       SASS_JOBS (default 1) parallel nvcc jobs.
 #   SASS_CUOBJDUMP     cuobjdump to use (default: cuobjdump on PATH or in /usr/local/cuda/bin,
 #                      else build-sass/tools/cuobjdump; the pip wheels nvidia-cuda-cuobjdump and
 #                      nvidia-cuda-nvdisasm hold one, with nvdisasm beside it).
@@ -52,27 +53,42 @@ tree_hash() {  # $1 = a directory holding src/ and include/
   (cd "$1" && find src include -type f | LC_ALL=C sort | xargs sha1sum | sha1sum | cut -c1-16)
 }
 
-# build_side DIR -> prints the cache directory of DIR's tree
+nvcc_flags() {  # $1 = tree, $2 = arch
+  echo -O3 -DNDEBUG -DFLASHSPAN_WITH_CUDA=1 -I"$1/include" -I"$1/src" --expt-relaxed-constexpr -lineinfo \
+       -std=c++20 -arch="sm_$2"
+}
+
+# build_side DIR -> prints the directory of DIR's results (ARCH/NAME.cubin, ARCH/NAME.ptxas).
+# Cubins are cached by content (the key below), so a unit whose code did not change is not
+# rebuilt, in whichever tree it is.
 build_side() {
-  local dir=$1 h out
-  h=$(tree_hash "$dir")
-  out=$cache/$h
-  local arch f name cubin
+  local dir=$1 out
+  out=$cache/side-$(tree_hash "$dir")
+  local arch f name key obj
   local pids=()
   for arch in ${archs//,/ }; do
+    mkdir -p "$out/$arch" "$cache/obj/$arch"
     for f in "${files[@]}"; do
       name=$(basename "$f" .cu)
-      cubin=$out/$arch/$name.cubin
-      [ -s "$cubin" ] && continue
-      mkdir -p "$out/$arch"
+      # Key: the preprocessed unit (line markers dropped) and the text of every file of the tree
+      # it includes (code under #if __CUDA_ARCH__ is not in the host-side preprocessed text).
+      # shellcheck disable=SC2046
+      key=$( { nvcc $(nvcc_flags "$dir" "$arch") -E "$dir/$f" 2>/dev/null | grep -v '^#';
+               nvcc $(nvcc_flags "$dir" "$arch") -M "$dir/$f" 2>/dev/null | tr ' \\' '\n\n' |
+                 grep "^$dir/" | LC_ALL=C sort -u | sed "s|^$dir/||" |
+                 while read -r d; do echo "$d"; cat "$dir/$d"; done;
+               echo "$arch"; } | sha1sum | cut -c1-16)
+      obj=$cache/obj/$arch/$name-$key
+      ln -sfn "$obj.cubin" "$out/$arch/$name.cubin"
+      ln -sfn "$obj.ptxas" "$out/$arch/$name.ptxas"
+      [ -s "$obj.cubin" ] && continue
       (
-        if ! nvcc -O3 -DNDEBUG -DFLASHSPAN_WITH_CUDA=1 -I"$dir/include" -I"$dir/src" \
-             --expt-relaxed-constexpr -lineinfo -std=c++20 -arch="sm_$arch" -cubin \
-             -Xptxas -v -o "$cubin.tmp" "$dir/$f" > "$out/$arch/$name.ptxas" 2>&1; then
-          echo "build failed: $dir/$f sm_$arch (log: $out/$arch/$name.ptxas)" >&2
+        # shellcheck disable=SC2046
+        if ! nvcc $(nvcc_flags "$dir" "$arch") -cubin -Xptxas -v -o "$obj.cubin.tmp" "$dir/$f" > "$obj.ptxas" 2>&1; then
+          echo "build failed: $dir/$f sm_$arch (log: $obj.ptxas)" >&2
           exit 2
         fi
-        mv "$cubin.tmp" "$cubin"
+        mv "$obj.cubin.tmp" "$obj.cubin"
       ) &
       pids+=($!)
       if [ ${#pids[@]} -ge "$jobs" ]; then wait "${pids[0]}" || exit 2; pids=("${pids[@]:1}"); fi
