@@ -546,7 +546,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
         }
       }
     }
-    if (p.dq_accum != nullptr) {
+    if (!p.deterministic) {
       // ---- dQ phase (atomic path): dQ[q] += dS K over this key block, added in fp32 to the
       // workspace accumulator.
       const LdsmAddr<T::kBlockK> aS = LdsmAddr<T::kBlockK>::unpack(addr_tab[buf][5]);
@@ -596,7 +596,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
   }
   cp_async_wait<0>();
 
-  const int slot = p.split.items == nullptr ? -1 : reinterpret_cast<const int32_t*>(smem + T::kSmemItem)[3];
+  const int slot = !p.split_schedule ? -1 : reinterpret_cast<const int32_t*>(smem + T::kSmemItem)[3];
   if (slot >= 0) {
     // ---- Split task: add this item's sums to the slot's fp32 accumulators [block_k, D].
     float* dka = p.split.dk_accum + int64_t(slot) * T::kBlockK * p.head_dqk;
@@ -661,7 +661,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
 
 // dK/dV kernel. Without a split schedule (deterministic path, grid mode): one CTA per task
 // (or per (key block, kv head) cell in grid mode), the whole K2Q walk, direct writes.
-// With one (p.split.items): a persistent grid; each CTA claims items in list order with an
+// With one (p.split_schedule): a persistent grid; each CTA claims items in list order with an
 // atomic counter until the list is exhausted (items of long tasks come first).
 template <class T, class E>
 __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const BwdParams p) {
@@ -669,7 +669,7 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const B
   int32_t* s_item = reinterpret_cast<int32_t*>(smem + T::kSmemItem);
   for (int round = 0;; ++round) {
     int kb, hkv, b, begin = 0, count = 0x7fffffff;
-    if (p.split.items == nullptr) {
+    if (!p.split_schedule) {
       if (round > 0) return;
       if (p.grid_mode) {
         // Folded grid (grid.h): CTA = kv head * NKB + global key block.
