@@ -138,6 +138,13 @@ def test_descriptor_byte_offset_is_added_to_the_pack_pointer(fs):
 # ---------------------------------------------------------------------------
 
 
+def test_length_errors_name_the_argument_first(fs):
+    # "<argument>: <rule>", like every other message (the SDPA fuzzer found "seq_len_q[0] = ... is outside").
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"^seq_len_q: sample 0 has length -9223372036854775808, outside \[0, S_q = 8\]"):
+        fs.sdpa(q, k, v, use_padding_mask=True, seq_len_q=torch.tensor([-(2**63), 1]), seq_len_kv=torch.tensor([8, 8]))
+
+
 def test_cumulative_lengths_that_overflow_are_rejected(fs):
     q, k, v = _qkv()
     cu = torch.tensor([0, 1, -(2**63)], dtype=torch.int64)  # -2^63 - 1 overflows int64
@@ -169,7 +176,7 @@ def test_ragged_offset_times_multiplier_overflow_is_rejected(fs):
     ptrs = _pack(q=qt.data_ptr(), k=k.data_ptr(), v=k.data_ptr(), o=o.data_ptr(), seq_len_q=lens.data_ptr(),
                  seq_len_kv=lens_kv.data_ptr())
     ptrs[L.RAGGED[L.Q]] = offs.data_ptr()
-    with pytest.raises(ValueError, match=r"^ragged offset of q\[1\] = 4611686018427387904 times the multiplier 32 "
+    with pytest.raises(ValueError, match=r"^ragged offset of q: entry 1 = 4611686018427387904 times the multiplier 32 "
                                          r"overflows int64"):
         op.execute(ptrs, None, None)
 
