@@ -200,27 +200,7 @@ FS_API fs_status_t fs_create_mask_plan(const fs_mask_plan_args_t* args, fs_mask_
     std::vector<int32_t> cu_q_host, cu_k_host;
     if (on_cuda && in.cu_seqlens_q.defined() && in.cu_seqlens_k.defined()) {
 #ifdef FLASHSPAN_WITH_CUDA
-      // One small copy of the B+1 cumulative lengths: geometry is host metadata of the plan.
-      FS_CHECK_TYPE(in.cu_seqlens_q.dtype == DType::kInt32, "cu_seqlens_q: dtype must be int32, got ",
-                    dtype_name(in.cu_seqlens_q.dtype));
-      FS_CHECK_TYPE(in.cu_seqlens_k.dtype == DType::kInt32, "cu_seqlens_k: dtype must be int32, got ",
-                    dtype_name(in.cu_seqlens_k.dtype));
-      FS_CHECK_ARG(in.cu_seqlens_q.ndim == 1 && in.cu_seqlens_k.ndim == 1 &&
-                       (in.cu_seqlens_q.size(0) < 2 || in.cu_seqlens_q.stride(0) == 1) &&
-                       (in.cu_seqlens_k.size(0) < 2 || in.cu_seqlens_k.stride(0) == 1),
-                   "cu_seqlens_q, cu_seqlens_k: must be contiguous 1-D int32 tensors [B+1]");
-      FS_CHECK_TYPE(in.cu_seqlens_q.is_cuda() && in.cu_seqlens_k.is_cuda(),
-                    "cu_seqlens_q, cu_seqlens_k: must be on the same device as q");
-      cu_q_host.resize(in.cu_seqlens_q.numel());
-      cu_k_host.resize(in.cu_seqlens_k.numel());
-      auto stream = static_cast<cudaStream_t>(args->stream);
-      cuda_check(cudaMemcpyAsync(cu_q_host.data(), in.cu_seqlens_q.data, cu_q_host.size() * sizeof(int32_t),
-                                 cudaMemcpyDeviceToHost, stream),
-                 "cu_seqlens_q: copy to host");
-      cuda_check(cudaMemcpyAsync(cu_k_host.data(), in.cu_seqlens_k.data, cu_k_host.size() * sizeof(int32_t),
-                                 cudaMemcpyDeviceToHost, stream),
-                 "cu_seqlens_k: copy to host");
-      cuda_check(cudaStreamSynchronize(stream), "cu_seqlens: synchronize");
+      copy_cu_seqlens_to_host(in.cu_seqlens_q, in.cu_seqlens_k, args->stream, &cu_q_host, &cu_k_host);  // plan/planner.h
 #else
       FS_CHECK_SUPPORTED(false, "q: is a CUDA tensor but this build of flashspan has no CUDA support");
 #endif
