@@ -317,3 +317,25 @@ def test_gradcheck_float64(fs, name):
         return fs.sdpa(a["q"], a["k"], a["v"], **extra, **kw)[0]
 
     assert torch.autograd.gradcheck(f, inputs, eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+@pytest.mark.parametrize("dqk, dv", [(192, 128), (256, 256), (256, 8), (8, 256)])
+def test_large_and_unequal_head_dims(fs, dqk, dv):
+    # Head dims up to 256, d_qk != d_v (the seed's (192, 128) among them), forward and backward vs the oracle.
+    g = torch.Generator().manual_seed(dqk + dv)
+    B, Hq, Hk, Sq, Skv = 1, 2, 1, 5, 7
+    q = torch.randn(B, Hq, Sq, dqk, generator=g, dtype=torch.float64)
+    k = torch.randn(B, Hk, Skv, dqk, generator=g, dtype=torch.float64)
+    v = torch.randn(B, Hk, Skv, dv, generator=g, dtype=torch.float64)
+    ours = [t.clone().requires_grad_() for t in (q, k, v)]
+    o, lse = fs.sdpa(*ours, attn_scale=1 / math.sqrt(dqk), diagonal_band_right_bound=0,
+                     diagonal_alignment="BOTTOM_RIGHT", generate_stats=True)
+    assert o.shape == (B, Hq, Sq, dv)
+    ref_in = [t.clone().requires_grad_() for t in (q, k, v)]
+    case = sdpa_ref.Case(q=q, k=k, v=v, len_q=[Sq], len_kv=[Skv], scale=1 / math.sqrt(dqk), bottom_right=True, right=0)
+    out = sdpa_ref.forward(case, *ref_in)
+    assert_close(o, out["o"], torch.float64, "o")
+    assert_close(lse[..., 0], out["lse"], torch.float64, "lse")
+    do = torch.randn(o.shape, generator=g, dtype=torch.float64)
+    for name, a, b in zip("qkv", torch.autograd.grad(o, ours, do), torch.autograd.grad(out["o"], ref_in, do)):
+        assert_close(a, b, torch.float64, f"d{name}")
