@@ -302,7 +302,9 @@ typedef enum fs_sdpa_diagonal_alignment {
 /* Options of one forward (backward = 0) or backward (backward = 1) operation. The setters
  * carry the seed's names; each returns FS_STATUS_INVALID_ARGUMENT when it does not apply to
  * the attribute object's direction. Tensor setters copy the descriptor (shape, strides,
- * dtype, device); its data pointer is not used: execute() takes the pointers. NULL unbinds. */
+ * dtype, device, byte_offset); its data pointer is not used: execute() takes the pointers, each
+ * plus its descriptor's byte_offset, aligned to the element size. Outputs must not overlap
+ * themselves (no zero or interleaving strides). NULL unbinds. */
 typedef struct fs_sdpa_attributes* fs_sdpa_attributes_t;
 
 FS_API fs_status_t fs_sdpa_attributes_create(int32_t backward, fs_sdpa_attributes_t* attr);

@@ -205,6 +205,7 @@ class _Layout:
         if k.dim() != v.dim():
             raise ValueError(f"k, v: must both be 4-D (B, H, S, D) or both 3-D (T, H, D), got {k.dim()}-D and {v.dim()}-D")
         self.cu_q, self.cu_kv = cu_q, cu_kv
+        self.seq_len_q, self.seq_len_kv = seq_len_q, seq_len_kv
         if self.thd_q:
             if cu_q is None and "q" not in self.ragged_offsets:
                 raise ValueError("q: a 3-D (T, H, D) tensor is packed (THD): pass cu_seq_len_q (token offsets), or "
@@ -258,6 +259,17 @@ class _Layout:
             if o.numel() and int(o[-1].item()) > T:
                 raise ValueError(f"{name}: the ragged offsets reach token {int(o[-1].item())} but the packed tensor has "
                                  f"T = {T} tokens")
+            # Each sample's rows [offset, offset + length) must lie inside the packed tensor too.
+            lens, cu = (self.seq_len_q, self.cu_q) if side_q else (self.seq_len_kv, self.cu_kv)
+            if cu is not None and cu.device.type == "cpu":
+                lens = cu.reshape(-1).to(torch.int64).diff()
+            if lens is not None and lens.device.type == "cpu" and lens.numel() == o.numel() - 1:
+                ends = o[:-1] + lens.reshape(-1).to(torch.int64)
+                bad = torch.nonzero((ends > T) | (o[:-1] < 0)).reshape(-1)
+                if bad.numel():
+                    b = int(bad[0])
+                    raise ValueError(f"{name}: the ragged offsets place sample {b}'s rows [{int(o[b])}, {int(ends[b])}) "
+                                     f"outside the packed tensor's T = {T} tokens")
         call.ragged[slot] = (_Bound(offsets.reshape(-1)), t.stride(0))
 
 

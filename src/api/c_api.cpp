@@ -127,25 +127,6 @@ void check_call_tensors(const FlexGeometry& g, const TensorView& q, const Tensor
   }
 }
 
-// An output must not overlap itself: with a zero stride (an expanded tensor) or strides that
-// interleave, several results land in one element and all but one are lost silently. Sorted by
-// stride, each dimension's stride must reach past everything the inner dimensions span.
-void check_no_self_overlap(const TensorView& t, const char* name) {
-  if (!t.defined() || t.numel() == 0) return;
-  std::array<std::pair<int64_t, int64_t>, kMaxDims> dims{};  // (|stride|, extent) of extents > 1
-  int n = 0;
-  for (int i = 0; i < t.ndim; ++i)
-    if (t.size(i) > 1) dims[n++] = {t.stride(i) < 0 ? -t.stride(i) : t.stride(i), t.size(i)};
-  std::sort(dims.begin(), dims.begin() + n);
-  int64_t span = 1;  // elements an inner block covers
-  for (int i = 0; i < n; ++i) {
-    FS_CHECK_ARG(dims[i].first >= span, name, ": strides make different elements share memory (stride ",
-                 dims[i].first, " with extent ", dims[i].second, " inside a block of ", span,
-                 " elements; shape ", t.shape_str(), "): an output must not overlap itself");
-    span = dims[i].first * (dims[i].second - 1) + span;
-  }
-}
-
 void check_max_logit(const FlexGeometry& g, const TensorView& m) {
   if (!m.defined()) return;
   const int64_t s[1] = {g.num_heads_q};
@@ -219,27 +200,7 @@ FS_API fs_status_t fs_create_mask_plan(const fs_mask_plan_args_t* args, fs_mask_
     std::vector<int32_t> cu_q_host, cu_k_host;
     if (on_cuda && in.cu_seqlens_q.defined() && in.cu_seqlens_k.defined()) {
 #ifdef FLASHSPAN_WITH_CUDA
-      // One small copy of the B+1 cumulative lengths: geometry is host metadata of the plan.
-      FS_CHECK_TYPE(in.cu_seqlens_q.dtype == DType::kInt32, "cu_seqlens_q: dtype must be int32, got ",
-                    dtype_name(in.cu_seqlens_q.dtype));
-      FS_CHECK_TYPE(in.cu_seqlens_k.dtype == DType::kInt32, "cu_seqlens_k: dtype must be int32, got ",
-                    dtype_name(in.cu_seqlens_k.dtype));
-      FS_CHECK_ARG(in.cu_seqlens_q.ndim == 1 && in.cu_seqlens_k.ndim == 1 &&
-                       (in.cu_seqlens_q.size(0) < 2 || in.cu_seqlens_q.stride(0) == 1) &&
-                       (in.cu_seqlens_k.size(0) < 2 || in.cu_seqlens_k.stride(0) == 1),
-                   "cu_seqlens_q, cu_seqlens_k: must be contiguous 1-D int32 tensors [B+1]");
-      FS_CHECK_TYPE(in.cu_seqlens_q.is_cuda() && in.cu_seqlens_k.is_cuda(),
-                    "cu_seqlens_q, cu_seqlens_k: must be on the same device as q");
-      cu_q_host.resize(in.cu_seqlens_q.numel());
-      cu_k_host.resize(in.cu_seqlens_k.numel());
-      auto stream = static_cast<cudaStream_t>(args->stream);
-      cuda_check(cudaMemcpyAsync(cu_q_host.data(), in.cu_seqlens_q.data, cu_q_host.size() * sizeof(int32_t),
-                                 cudaMemcpyDeviceToHost, stream),
-                 "cu_seqlens_q: copy to host");
-      cuda_check(cudaMemcpyAsync(cu_k_host.data(), in.cu_seqlens_k.data, cu_k_host.size() * sizeof(int32_t),
-                                 cudaMemcpyDeviceToHost, stream),
-                 "cu_seqlens_k: copy to host");
-      cuda_check(cudaStreamSynchronize(stream), "cu_seqlens: synchronize");
+      copy_cu_seqlens_to_host(in.cu_seqlens_q, in.cu_seqlens_k, args->stream, &cu_q_host, &cu_k_host);  // plan/planner.h
 #else
       FS_CHECK_SUPPORTED(false, "q: is a CUDA tensor but this build of flashspan has no CUDA support");
 #endif

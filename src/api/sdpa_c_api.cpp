@@ -39,8 +39,9 @@ void bind_descriptor(sdpa::Attributes& a, int slot, const fs_tensor_t* t) {
     view.shape[0] = 1;
     view.strides[0] = 1;
   }
-  view.data = nullptr;  // the variant pack gives the data at execute()
+  view.data = nullptr;  // the variant pack gives the data at execute(), byte_offset is added to it
   a.tensors[slot] = view;
+  a.byte_offset[slot] = t == nullptr ? 0 : t->byte_offset;
 }
 
 void set_tensor(fs_sdpa_attributes_t attr, int slot, const fs_tensor_t* t, Direction dir, const char* setter) {

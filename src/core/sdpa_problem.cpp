@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/half_conv.h"
 #include "core/philox.h"
+#include "core/validation.h"
 
 namespace flashspan::sdpa {
 namespace {
@@ -76,13 +77,15 @@ struct Checker {
     last_dim_contiguous(slot);
   }
   // A small tensor of `count` elements, compact, of one of the given dtypes.
-  void small(int slot, int64_t count, bool index_dtype, const char* what) const {
+  // allow_f64: float64 is accepted too (sinks of a float64 CPU call: finite differences need them exact).
+  void small(int slot, int64_t count, bool index_dtype, const char* what, bool allow_f64 = false) const {
     const TensorView& t = a.t(slot);
     if (index_dtype) {
       FS_CHECK_TYPE(is_index(t.dtype), slot_name(slot), ": dtype must be int32 or int64 (", what, "), got ",
                     dtype_name(t.dtype));
     } else {
-      FS_CHECK_TYPE(t.dtype == DType::kFloat32, slot_name(slot), ": dtype must be float32 (", what, "), got ",
+      FS_CHECK_TYPE(t.dtype == DType::kFloat32 || (allow_f64 && t.dtype == DType::kFloat64), slot_name(slot),
+                    ": dtype must be float32", allow_f64 ? " or float64 (q is float64)" : "", " (", what, "), got ",
                     dtype_name(t.dtype));
     }
     same_device(slot);
@@ -188,7 +191,9 @@ void check_common(Problem& p, const Checker& c) {
                    slot_name(table), ": page table shape must be [B, 1, max_pages, 1] = [", p.B,
                    ", 1, max_pages, 1], got ", pt.shape_str());
       (side == 0 ? p.page_size_k : p.page_size_v) = bs;
-      capacity = std::min(capacity, pt.size(2) * bs);
+      int64_t cap = 0;
+      if (__builtin_mul_overflow(pt.size(2), bs, &cap)) cap = std::numeric_limits<int64_t>::max();
+      capacity = std::min(capacity, cap);
     } else {
       FS_CHECK_ARG(t.size(0) == p.B, slot_name(slot), ": batch ", t.size(0), " differs from q's B = ", p.B);
       FS_CHECK_ARG(dense_skv < 0 || t.size(2) == dense_skv, "k, v: sequence lengths differ (S_kv ", dense_skv, " vs ",
@@ -275,6 +280,14 @@ void check_common(Problem& p, const Checker& c) {
   FS_CHECK_ARG(!p.has_right || p.right >= 0, "diagonal_band_right_bound: must be >= 0 (0 = causal), got ", p.right);
   FS_CHECK_ARG(!p.has_left || p.left >= 1, "diagonal_band_left_bound: must be >= 1 when set (it masks columns at or "
                "before row - left_bound, so it counts the visible tokens including the diagonal), got ", p.left);
+  FS_CHECK_ARG(p.alignment != Alignment::kBottomRight || p.has_left || p.has_right,
+               "diagonal_alignment: BOTTOM_RIGHT only re-anchors a diagonal band; set diagonal_band_right_bound (0 = "
+               "causal) and/or diagonal_band_left_bound, or use TOP_LEFT");
+  // A bound past S_q + S_kv masks nothing more; clamping keeps row + bound from overflowing.
+  int64_t reach = 0;
+  if (__builtin_add_overflow(p.Sq, p.Skv, &reach)) reach = std::numeric_limits<int64_t>::max();
+  p.left = std::min(p.left, reach);
+  p.right = std::min(p.right, reach);
 
   // --- score modifiers ------------------------------------------------------------------------
   if (a.alibi) {
@@ -305,7 +318,9 @@ void check_common(Problem& p, const Checker& c) {
     c.same_device(FS_SDPA_BLOCK_MASK);
     c.last_dim_contiguous(FS_SDPA_BLOCK_MASK);
   }
-  if (a.has(FS_SDPA_SINK_TOKEN)) c.small(FS_SDPA_SINK_TOKEN, p.Hq, false, "one logit per query head, shape (H_q,) or (1, H_q, 1, 1)");
+  if (a.has(FS_SDPA_SINK_TOKEN))
+    c.small(FS_SDPA_SINK_TOKEN, p.Hq, false, "one logit per query head, shape (H_q,) or (1, H_q, 1, 1)",
+            q.dtype == DType::kFloat64);
 
   // --- dropout -----------------------------------------------------------------------------
   FS_CHECK_ARG(!(a.dropout_probability && a.dropout_mask_form),
@@ -452,9 +467,28 @@ void Problem::bind(void* const* pack, int32_t num_slots) {
     // An empty tensor may come without memory; so may a packed (ragged) one whose samples are all
     // empty (read_runtime_host checks that).
     FS_CHECK_ARG(pack[s] != nullptr || t.numel() == 0 || ragged(s), slot_name(s), ": data pointer is NULL");
-    t.data = pack[s];
+    t.data = pack[s] == nullptr ? nullptr : static_cast<char*>(pack[s]) + a.byte_offset[s];
+    // The reference and the kernels access elements as their type: a misaligned start is
+    // undefined behaviour on the CPU and a fault on the GPU.
+    const int item = dtype_size(t.dtype);
+    FS_CHECK_ARG(t.data == nullptr || reinterpret_cast<uintptr_t>(t.data) % item == 0, slot_name(s),
+                 ": data pointer (variant_pack pointer + byte_offset) must be aligned to the element size (", item,
+                 " bytes for ", dtype_name(t.dtype), ")");
   }
 }
+
+namespace {
+
+// Every element of an output is its own memory: a zero or interleaving stride would make several
+// results land in one element (all but one lost). Packed (ragged) outputs skip the batch
+// dimension, which their offsets address.
+void check_outputs_disjoint(const Problem& p, std::initializer_list<int> slots) {
+  for (int s : slots) {
+    if (p.has(s)) check_no_self_overlap(p.t(s), slot_name(s), p.ragged(s) ? 1 : 0);
+  }
+}
+
+}  // namespace
 
 Problem validate_forward(const Attributes& attrs) {
   FS_CHECK_ARG(!attrs.backward, "attributes: were created for the backward pass, the forward needs forward attributes");
@@ -477,6 +511,7 @@ Problem validate_forward(const Attributes& attrs) {
     if (a.has(s)) c.exact(s, {p.B, p.Hq, p.Sq, 1}, DType::kFloat32, "[B, H_q, S_q, 1], float32");
   }
   if (a.has(FS_SDPA_MAX_LOGIT)) c.small(FS_SDPA_MAX_LOGIT, p.Hq, false, "one value per query head");
+  check_outputs_disjoint(p, {FS_SDPA_O, FS_SDPA_STATS, FS_SDPA_SCORE_MAX, FS_SDPA_SCORE_SUM_EXP, FS_SDPA_RNG_DUMP});
   return p;
 }
 
@@ -513,12 +548,13 @@ Problem validate_backward(const Attributes& attrs) {
   }
   if (a.has(FS_SDPA_DSINK_TOKEN)) {
     FS_CHECK_ARG(a.has(FS_SDPA_SINK_TOKEN), "dSink_token: requires sink_token to be provided");
-    c.small(FS_SDPA_DSINK_TOKEN, p.Hq, false, "one gradient per query head");
+    c.small(FS_SDPA_DSINK_TOKEN, p.Hq, false, "one gradient per query head", p.dtype == DType::kFloat64);
   }
   if (a.has(FS_SDPA_DGATE)) {
     FS_CHECK_ARG(a.has(FS_SDPA_GATE), "dgate: requires the gate of the forward (set gate)");
     c.exact(FS_SDPA_DGATE, {p.B, p.Hq, p.Sq, p.Dv}, io, "shape of gate, dtype of q");
   }
+  check_outputs_disjoint(p, {FS_SDPA_DQ, FS_SDPA_DK, FS_SDPA_DV, FS_SDPA_DBIAS, FS_SDPA_DGATE});
   return p;
 }
 
@@ -548,15 +584,15 @@ std::vector<int64_t> read_lengths(const Problem& p, int seq_slot, int cu_slot, i
     const TensorView& t = p.t(seq_slot);
     for (int64_t b = 0; b < p.B; ++b) {
       len[b] = read_index(t, b);
-      FS_CHECK_ARG(len[b] >= 0 && len[b] <= max_len, slot_name(seq_slot), "[", b, "] = ", len[b], " is outside [0, ",
+      FS_CHECK_ARG(len[b] >= 0 && len[b] <= max_len, slot_name(seq_slot), ": sample ", b, " has length ", len[b], ", outside [0, ",
                    max_name, " = ", max_len, "]");
     }
   } else if (p.has(cu_slot)) {
     const TensorView& t = p.t(cu_slot);
     FS_CHECK_ARG(read_index(t, 0) == 0, slot_name(cu_slot), ": must start at 0 (prefix sums), got ", read_index(t, 0));
     for (int64_t b = 0; b < p.B; ++b) {
-      len[b] = read_index(t, b + 1) - read_index(t, b);
-      FS_CHECK_ARG(len[b] >= 0, slot_name(cu_slot), ": must be nondecreasing, but [", b + 1, "] = ",
+      FS_CHECK_ARG(!__builtin_sub_overflow(read_index(t, b + 1), read_index(t, b), &len[b]) && len[b] >= 0,
+                   slot_name(cu_slot), ": must be nondecreasing, but [", b + 1, "] = ",
                    read_index(t, b + 1), " < [", b, "] = ", read_index(t, b));
       FS_CHECK_ARG(len[b] <= max_len, slot_name(cu_slot), ": sample ", b, " has length ", len[b], ", longer than ",
                    max_name, " = ", max_len);
@@ -588,8 +624,9 @@ Runtime read_runtime_host(const Problem& p) {
       const int64_t mult = p.ragged_multiplier(s);
       for (int64_t b = 0; b < p.B; ++b) {
         const int64_t o = read_index(p.t(r), b);
-        FS_CHECK_ARG(o >= 0, slot_name(r), "[", b, "] = ", o, " is negative");
-        start[b] = o * mult;
+        FS_CHECK_ARG(o >= 0, slot_name(r), ": entry ", b, " = ", o, " is negative");
+        FS_CHECK_ARG(!__builtin_mul_overflow(o, mult, &start[b]), slot_name(r), ": entry ", b, " = ", o, " times the multiplier ",
+                     mult, " overflows int64");
       }
     } else {
       for (int64_t b = 0; b < p.B; ++b) start[b] = b * p.t(s).stride(0);
@@ -631,8 +668,10 @@ Runtime read_runtime_host(const Problem& p) {
   }
   if (p.has(FS_SDPA_DROPOUT_SCALE)) rt.dropout_mask_scale = read_float(p.t(FS_SDPA_DROPOUT_SCALE));
   if (p.has(FS_SDPA_SINK_TOKEN)) {
-    const float* s = p.t(FS_SDPA_SINK_TOKEN).ptr<const float>();
-    rt.sinks.assign(s, s + p.Hq);
+    const TensorView& t = p.t(FS_SDPA_SINK_TOKEN);
+    rt.sinks.resize(p.Hq);
+    for (int64_t h = 0; h < p.Hq; ++h)
+      rt.sinks[h] = t.dtype == DType::kFloat64 ? t.ptr<const double>()[h] : t.ptr<const float>()[h];
   }
   return rt;
 }

@@ -37,6 +37,7 @@ struct Attributes {
   bool backward = false;
   std::array<TensorView, kNumSlots> tensors{};         // descriptors (data pointers unused)
   std::array<int64_t, kNumSlots> ragged_multiplier{};  // per ragged-offset slot (0 = unset -> 1)
+  std::array<uint64_t, kNumSlots> byte_offset{};       // of each descriptor, added to its variant-pack pointer
 
   std::optional<bool> generate_stats;
   bool stats_use_log2 = false;
@@ -83,8 +84,9 @@ struct Problem {
   int group_k() const { return static_cast<int>(Hq / Hk); }
   int group_v() const { return static_cast<int>(Hq / Hv); }
 
-  // Points every bound slot at variant_pack[slot]; an unbound slot must get NULL and a
-  // bound one a non-NULL pointer (unless the tensor is empty).
+  // Points every bound slot at variant_pack[slot] + the descriptor's byte_offset; an unbound
+  // slot must get NULL, a bound one a non-NULL pointer (unless the tensor is empty) aligned to
+  // its element size.
   void bind(void* const* variant_pack, int32_t num_slots);
 };
 
@@ -100,7 +102,7 @@ struct Runtime {
   float attn_scale = 1.0f;
   uint64_t dropout_seed = 0, dropout_offset = 0;
   float dropout_mask_scale = 1.0f;
-  std::vector<float> sinks;  // H_q values (empty without sinks)
+  std::vector<double> sinks;  // H_q values (empty without sinks); float32 or float64 tensors
 };
 
 // Reads and checks the runtime values of a problem whose tensors are bound to host memory.

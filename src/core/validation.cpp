@@ -1,6 +1,9 @@
 #include "core/validation.h"
 
+#include <algorithm>
+#include <array>
 #include <cmath>
+#include <utility>
 #include <string>
 
 namespace flashspan {
@@ -288,6 +291,30 @@ void expected_out_shape(const FlexGeometry& g, int64_t* s, int* n) {
 void expected_lse_shape(const FlexGeometry& g, int64_t* s, int* n) {
   if (g.varlen) set_shape(s, n, {g.num_heads_q, g.total_q});
   else set_shape(s, n, {g.batch, g.num_heads_q, g.max_seqlen_q});
+}
+
+// An output must not overlap itself: with a zero stride (an expanded tensor) or strides that
+// interleave, several results land in one element and all but one are lost silently. Sorted by
+// stride, each dimension's stride must reach past everything the inner dimensions span.
+void check_no_self_overlap(const TensorView& t, const char* name, int first_dim) {
+  if (!t.defined() || t.numel() == 0) return;
+  std::array<std::pair<int64_t, int64_t>, kMaxDims> dims{};  // (|stride|, extent) of extents > 1
+  int n = 0;
+  for (int i = first_dim; i < t.ndim; ++i)
+    if (t.size(i) > 1) {
+      const int64_t s = t.stride(i);
+      dims[n++] = {s == INT64_MIN ? INT64_MAX : (s < 0 ? -s : s), t.size(i)};
+    }
+  std::sort(dims.begin(), dims.begin() + n);
+  int64_t span = 1;  // elements an inner block covers
+  for (int i = 0; i < n; ++i) {
+    FS_CHECK_ARG(dims[i].first >= span, name, ": strides make different elements share memory (stride ",
+                 dims[i].first, " with extent ", dims[i].second, " inside a block of ", span,
+                 " elements; shape ", t.shape_str(), "): an output must not overlap itself");
+    // Saturating: a span past 2^62 elements already exceeds every stride a later check can meet.
+    const __int128 next = __int128(dims[i].first) * (dims[i].second - 1) + span;
+    span = next > (__int128(1) << 62) ? (int64_t(1) << 62) : int64_t(next);
+  }
 }
 
 }  // namespace flashspan

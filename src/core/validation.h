@@ -45,6 +45,9 @@ void check_same_tensor_shape(const TensorView& t, const char* name, const int64_
                              DeviceType device, int device_id);
 void check_last_dim_contiguous(const TensorView& t, const char* name);
 void check_softmax_scale(float scale, bool want_max_logit);
+// An output must not overlap itself (a zero stride, or strides that interleave): dimensions
+// first_dim.. are checked (a packed THD output skips its batch dimension, addressed by offsets).
+void check_no_self_overlap(const TensorView& t, const char* name, int first_dim = 0);
 
 // Expected shapes of q/k/v/out/lse for a geometry (BSHD or THD).
 void expected_q_shape(const FlexGeometry& g, int64_t* shape, int* ndim);

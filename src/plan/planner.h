@@ -3,7 +3,9 @@
 #pragma once
 
 #include <memory>
+#include <vector>
 
+#include "core/tensor_view.h"
 #include "plan/mask_plan.h"
 
 namespace flashspan {
@@ -32,6 +34,14 @@ std::unique_ptr<MaskPlan> build_mask_plan_host(const PlanRequest& req, const int
 std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int32_t* mask, void* stream);
 
 #ifdef FLASHSPAN_WITH_CUDA
+// THD plans of CUDA tensors: validate_plan_inputs reads the B+1 cumulative lengths on the host
+// (the geometry is host metadata of a plan), so they are copied here: dtype int32, rank 1,
+// contiguous and on a CUDA device are checked first (Error(kTypeMismatch/kInvalidArgument)
+// naming cu_seqlens_q / cu_seqlens_k), then one copy each on `stream` (cudaStream_t) and one
+// synchronize. Fills `q_host` / `k_host` with the values. Defined only when built with CUDA.
+void copy_cu_seqlens_to_host(const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, void* stream,
+                             std::vector<int32_t>* q_host, std::vector<int32_t>* k_host);
+
 // Uploads a host plan into a new CUDA plan (same arrays, counts, signature; one cudaMalloc,
 // synchronous copy), e.g. to feed kernels a host-planned mask in tests. Throws
 // Error(kInvalidArgument) for a plan already on the device, Error(kCudaError/kOutOfMemory).

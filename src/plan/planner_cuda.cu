@@ -605,6 +605,28 @@ std::unique_ptr<MaskPlan> build_mask_plan_cuda(const PlanRequest& req, const int
   return plan;
 }
 
+void copy_cu_seqlens_to_host(const TensorView& cu_seqlens_q, const TensorView& cu_seqlens_k, void* stream,
+                             std::vector<int32_t>* q_host, std::vector<int32_t>* k_host) {
+  const TensorView* both[2] = {&cu_seqlens_q, &cu_seqlens_k};
+  const char* names[2] = {"cu_seqlens_q", "cu_seqlens_k"};
+  std::vector<int32_t>* hosts[2] = {q_host, k_host};
+  for (int i = 0; i < 2; ++i) {
+    const TensorView& t = *both[i];
+    FS_CHECK_TYPE(t.dtype == DType::kInt32, names[i], ": dtype must be int32, got ", dtype_name(t.dtype));
+    FS_CHECK_ARG(t.ndim == 1 && (t.size(0) < 2 || t.stride(0) == 1), names[i],
+                 ": must be a contiguous 1-D int32 tensor [B+1]");
+    FS_CHECK_TYPE(t.is_cuda(), names[i], ": must be on the same device as q (a CUDA device)");
+  }
+  auto s = static_cast<cudaStream_t>(stream);
+  for (int i = 0; i < 2; ++i) {
+    hosts[i]->resize(both[i]->numel());
+    if (!hosts[i]->empty())
+      FS_PLAN_CUDA(cudaMemcpyAsync(hosts[i]->data(), both[i]->data, hosts[i]->size() * sizeof(int32_t),
+                                   cudaMemcpyDeviceToHost, s));
+  }
+  FS_PLAN_CUDA(cudaStreamSynchronize(s));
+}
+
 std::unique_ptr<MaskPlan> copy_plan_to_device(const MaskPlan& host_plan) {
   FS_CHECK_ARG(!host_plan.on_device(), "plan: is already a device plan");
   auto plan = std::make_unique<MaskPlan>();

@@ -294,6 +294,49 @@ TEST(PlannerGpu, NonDefaultStream) {
   cudaStreamDestroy(s);
 }
 
+// THD on CUDA tensors: the cumulative lengths are read back to the host (the geometry is host
+// metadata), after their dtype, rank, contiguity and device are checked by name.
+TEST(PlannerGpu, CopyCuSeqlensToHost) {
+  SKIP_WITHOUT_GPU();
+  using flashspan::DeviceType;
+  using flashspan::DType;
+  using flashspan::TensorView;
+  const std::vector<int32_t> cu_q{0, 0, 200, 330}, cu_k{0, 50, 50, 310};
+  DeviceMask dq(cu_q), dk(cu_k);  // device copies of the int32 values
+  auto view = [](int32_t* p, int64_t n) {
+    TensorView t;
+    t.data = p;
+    t.dtype = DType::kInt32;
+    t.device = DeviceType::kCUDA;
+    t.ndim = 1;
+    t.shape[0] = n;
+    t.strides[0] = 1;
+    return t;
+  };
+  std::vector<int32_t> hq{-7}, hk{-7};  // stale contents must be replaced
+  flashspan::copy_cu_seqlens_to_host(view(dq.ptr, 4), view(dk.ptr, 4), nullptr, &hq, &hk);
+  EXPECT_EQ(hq, cu_q);
+  EXPECT_EQ(hk, cu_k);
+
+  auto expect_error = [&](TensorView q, TensorView k, const std::string& msg) {
+    try {
+      flashspan::copy_cu_seqlens_to_host(q, k, nullptr, &hq, &hk);
+      ADD_FAILURE() << "no error; expected: " << msg;
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind(msg, 0), 0u) << e.what();
+    }
+  };
+  TensorView wrong_dtype = view(dq.ptr, 4);
+  wrong_dtype.dtype = DType::kInt64;
+  expect_error(wrong_dtype, view(dk.ptr, 4), "cu_seqlens_q: dtype must be int32, got int64");
+  TensorView strided = view(dk.ptr, 2);
+  strided.strides[0] = 2;
+  expect_error(view(dq.ptr, 4), strided, "cu_seqlens_k: must be a contiguous 1-D int32 tensor [B+1]");
+  TensorView on_host = view(dk.ptr, 4);
+  on_host.device = DeviceType::kCPU;
+  expect_error(view(dq.ptr, 4), on_host, "cu_seqlens_k: must be on the same device as q (a CUDA device)");
+}
+
 TEST(PlannerGpu, CopyPlanToDeviceRoundTrip) {
   SKIP_WITHOUT_GPU();
   const SampleMask m = fs_test::mask_tree(3000, true);
