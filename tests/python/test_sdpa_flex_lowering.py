@@ -297,6 +297,44 @@ def test_plan_cache_reuse_and_invalidation(fs, flex_route):
     assert flex_route.plan_cache_size() == 2
 
 
+@pytest.mark.parametrize("bound", [2**31, 2**62, 2**63 - 1])
+def test_huge_band_bounds_mask_nothing(fs, flex_route, bound):
+    """Bounds past every length (up to INT64_MAX) behave as no bound: no int64 overflow in the endpoints."""
+    q, k, v = _dense(2, 2, 2, 9, 13, 16, 16, dtype=torch.float32)
+    want, _ = fs.sdpa(q, k, v, attn_scale=0.3)
+    for kw in (dict(diagonal_band_left_bound=bound), dict(diagonal_band_right_bound=bound),
+               dict(diagonal_band_left_bound=bound, diagonal_band_right_bound=bound, diagonal_alignment="BOTTOM_RIGHT")):
+        got, _ = fs.sdpa(q, k, v, attn_scale=0.3, **kw)
+        assert_close(got, want, torch.float32, f"o {kw}")
+
+
+@pytest.mark.parametrize("thd", [False, True])
+def test_length_values_rejected_like_the_reference(fs, monkeypatch, thd):
+    """Out-of-range lengths: the lowering (host-readable lengths) raises the CPU reference's ValueError message."""
+    from flashspan import sdpa_lowering
+
+    q, k, v = _dense(2, 2, 2, 8, 8, 16, 16, dtype=torch.float32)
+    if thd:
+        q, k, v = (t.transpose(1, 2).reshape(16, 2, 16) for t in (q, k, v))
+    cases = [dict(cu_seq_len_q=torch.tensor([0, 5, 3]), cu_seq_len_kv=torch.tensor([0, 8, 16])),
+             dict(cu_seq_len_q=torch.tensor([1, 5, 9]), cu_seq_len_kv=torch.tensor([0, 8, 16]))]
+    if not thd:
+        cases += [dict(seq_len_q=torch.tensor([9, 1]), seq_len_kv=torch.tensor([8, 8])),
+                  dict(seq_len_q=torch.tensor([2, 1]), seq_len_kv=torch.tensor([8, -1])),
+                  dict(cu_seq_len_q=torch.tensor([0, 9, 10]), seq_len_kv=torch.tensor([8, 8]))]
+    else:
+        for c in cases:
+            c.update(max_seq_len_q=8, max_seq_len_kv=8)
+    for kw in cases:
+        messages = []
+        for route in ("reference", "flex"):
+            monkeypatch.setenv(sdpa_lowering.ROUTE_ENV, route)
+            with pytest.raises(ValueError) as e:
+                fs.sdpa(q, k, v, use_padding_mask=True, **kw)
+            messages.append(str(e.value))
+        assert messages[0] == messages[1], kw
+
+
 # ---------------------------------------------------------------------------
 # What the lowering does not express: named errors (and bad input keeps its ValueError)
 # ---------------------------------------------------------------------------
