@@ -355,3 +355,28 @@ def test_packed_page_table_offsets_past_the_table_are_rejected(fs):
         with pytest.raises(ValueError, match=r"^paged_attention_k_table: the ragged offsets place sample 1's 2 page "
                                              r"entries at \[100000, 100002\), outside the table's 4 entries"):
             fs.sdpa(q, kc, kc, ragged_offsets={"paged_attention_k_table": torch.tensor([0, 100000, 100002])}, **kw)
+
+
+def test_deprecated_setters_keep_the_seeds_precedence(fs):
+    # set_causal_mask / set_causal_mask_bottom_right set the alignment and right bound 0 only when no right bound
+    # was given; set_sliding_window_length is set_diagonal_band_left_bound; set_is_inference(x) is
+    # set_generate_stats(!x).
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 2, n, 8, generator=g, dtype=torch.float64) for n in (6, 9, 9))
+    run = lambda **kw: fs.sdpa(q, k, v, generate_stats=True, **kw)
+    with torch.no_grad():
+        band2, _ = run(diagonal_band_right_bound=2)
+        assert torch.equal(run(use_causal_mask=True, diagonal_band_right_bound=2)[0], band2)
+        causal, _ = run(diagonal_band_right_bound=0)
+        assert torch.equal(run(use_causal_mask=True)[0], causal)
+        br, _ = run(diagonal_alignment="BOTTOM_RIGHT", diagonal_band_right_bound=0)
+        assert torch.equal(run(use_causal_mask_bottom_right=True)[0], br)
+        assert not torch.equal(br, causal)  # S_q != S_kv: the alignments differ
+        br2, _ = run(diagonal_alignment="BOTTOM_RIGHT", diagonal_band_right_bound=2)
+        assert torch.equal(run(use_causal_mask_bottom_right=True, diagonal_band_right_bound=2)[0], br2)
+        win, _ = run(diagonal_band_left_bound=3, diagonal_band_right_bound=0)
+        assert torch.equal(run(sliding_window_length=3, use_causal_mask=True)[0], win)
+        o, stats = fs.sdpa(q, k, v, is_inference=False)
+        assert stats is not None and stats.shape == (2, 2, 6, 1)
+        o, stats = fs.sdpa(q, k, v, is_inference=True)
+        assert stats is None
