@@ -97,24 +97,40 @@ bool is_poison(const float* p) {
   return x == kPoison;
 }
 
+// How often inputs reach each stage (printed at exit when FSFUZZ_STATS is set): a harness whose
+// inputs never get past validation would check nothing.
+struct Stats {
+  long inputs = 0, created = 0, executed = 0, value_checked = 0, value_checked_alibi = 0;
+  ~Stats() {
+    if (std::getenv("FSFUZZ_STATS"))
+      std::fprintf(stderr, "fuzz_sdpa stats: %ld inputs, %ld created, %ld executed, %ld value-checked (%ld with ALiBi)\n",
+                   inputs, created, executed, value_checked, value_checked_alibi);
+  }
+};
+Stats g_stats;
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   FuzzedDataProvider f(data, size);
+  ++g_stats.inputs;
   Problem P{};
   P.backward = f.ConsumeBool();
-  const bool brk = f.ConsumeIntegralInRange(0, 3) == 0;  // break one thing
-  P.B = f.ConsumeIntegralInRange<int64_t>(1, 3);
+  // Choices are arranged so that an exhausted input (FuzzedDataProvider then returns the range
+  // minimum) still decodes to a rich, valid problem: B = 2, GQA, S_q = 5, S_kv = 7, float32, bias,
+  // causal ALiBi, softcap, sinks, gate, block mask, stats.
+  const bool brk = f.ConsumeIntegralInRange(0, 3) == 3;  // break one thing
+  P.B = 1 + (f.ConsumeIntegralInRange<int64_t>(0, 2) + 1) % 3;
   P.Hk = f.ConsumeIntegralInRange<int64_t>(1, 2);
-  P.Hq = P.Hk * f.ConsumeIntegralInRange<int64_t>(1, 3);
+  P.Hq = P.Hk * (1 + (f.ConsumeIntegralInRange<int64_t>(0, 2) + 1) % 3);
   P.Hv = f.ConsumeBool() ? P.Hk : (f.ConsumeBool() ? P.Hq : 1);
   static const int64_t kDims[] = {8, 16, 24, 32};
-  P.Dqk = kDims[f.ConsumeIntegralInRange(0, 3)];
+  P.Dqk = kDims[(f.ConsumeIntegralInRange(0, 3) + 1) % 4];
   P.Dv = f.ConsumeBool() ? P.Dqk : kDims[f.ConsumeIntegralInRange(0, 3)];
-  P.Sq = f.ConsumeIntegralInRange<int64_t>(0, 12);
-  P.Skv = f.ConsumeIntegralInRange<int64_t>(0, 12);
+  P.Sq = (f.ConsumeIntegralInRange<int64_t>(0, 12) + 5) % 13;
+  P.Skv = (f.ConsumeIntegralInRange<int64_t>(0, 12) + 7) % 13;
   const int dsel = f.ConsumeIntegralInRange(0, 7);
-  P.io = dsel == 0 ? dtype(kF16) : dsel == 1 ? dtype(kBF16) : dsel == 2 ? dtype(kF64) : f32();
+  P.io = dsel == 5 ? dtype(kF16) : dsel == 6 ? dtype(kBF16) : dsel == 7 ? dtype(kF64) : f32();
   const bool io32 = P.io.code == FS_DTYPE_FLOAT && P.io.bits == 32;
 
   // --- sequence lengths, packing, paging --------------------------------------------------
@@ -124,8 +140,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const bool paged = !P.backward && padding && !rag_kv && f.ConsumeIntegralInRange(0, 3) == 0;
   std::vector<int64_t> len_q(size_t(P.B), P.Sq), len_kv(size_t(P.B), P.Skv);
   if (padding) {
-    for (auto& l : len_q) l = f.ConsumeIntegralInRange<int64_t>(0, P.Sq);
-    for (auto& l : len_kv) l = f.ConsumeIntegralInRange<int64_t>(0, P.Skv);
+    for (auto& l : len_q) l = P.Sq - f.ConsumeIntegralInRange<int64_t>(0, P.Sq);
+    for (auto& l : len_kv) l = P.Skv - f.ConsumeIntegralInRange<int64_t>(0, P.Skv);
   }
   // Token offsets of a packed side (prefix sums with optional gaps).
   auto token_offsets = [&](const std::vector<int64_t>& len) {
@@ -246,7 +262,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   auto set = [&](fs_status_t st, const char* what) { check_error(st, what); };
 
   // --- options ------------------------------------------------------------------------------
-  const bool stats = P.backward || f.ConsumeBool();
+  const bool stats = P.backward || !f.ConsumeBool();
   if (stats) {
     Slot& s = S(FS_SDPA_STATS);
     s.bound = true;
@@ -363,7 +379,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!has_right) has_right = true, right = 0;
   }
   const bool alibi = f.ConsumeIntegralInRange(0, 4) == 0;
-  if (alibi) set(fs_sdpa_attributes_set_alibi_mask(attr, 1), "set_alibi_mask");
+  if (alibi) {
+    set(fs_sdpa_attributes_set_alibi_mask(attr, 1), "set_alibi_mask");
+    if (f.ConsumeIntegralInRange(0, 3) != 0 && !(has_right && right == 0)) {  // mostly the causal band it needs
+      right = 0;
+      has_right = true;
+      set(fs_sdpa_attributes_set_diagonal_band_right_bound(attr, 0), "set_diagonal_band_right_bound");
+    }
+  }
   float softcap = 0.0f;
   if (f.ConsumeIntegralInRange(0, 3) == 0) {
     static const float kCaps[] = {2.0f, 5.0f, 0.0f, -1.0f, NAN};
@@ -399,7 +422,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     s.bound = true;
     s.t.make(dtype(kU8), {f.ConsumeBool() ? 1 : P.B, f.ConsumeBool() ? 1 : P.Hq, cdiv(P.Sq, 128), cdiv(cdiv(P.Skv, 128), 8)},
              {}, 1 << 12, 0);
-    for (size_t i = 0; i < s.t.mem.size(); ++i) s.t.mem[i] = f.ConsumeIntegral<uint8_t>();
+    for (size_t i = 0; i < s.t.mem.size(); ++i) s.t.mem[i] = uint8_t(~f.ConsumeIntegral<uint8_t>());
     maybe_break(FS_SDPA_BLOCK_MASK);
     set(fs_sdpa_attributes_set_block_mask(attr, s.desc()), "set_block_mask");
   }
@@ -537,6 +560,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   fs_sdpa_attributes_destroy(attr);  // the operation keeps its own copy
   if (st != FS_STATUS_SUCCESS) return 0;
+  ++g_stats.created;
 
   const int skip = f.ConsumeIntegralInRange(0, 15);  // 1: no check_support, 2: no compile
   bool ready = true;
@@ -570,6 +594,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (ready && !brk && st != FS_STATUS_SUCCESS)
     fail(std::string("execute failed on valid runtime values after create + compile: ") + fs_get_last_error());
 
+  if (st == FS_STATUS_SUCCESS) ++g_stats.executed;
   if (st == FS_STATUS_SUCCESS) {
     // Every element of every float32 output was written (padding rows too; packed outputs: sample rows).
     for (int slot = 0; slot < FS_SDPA_NUM_SLOTS; ++slot) {
@@ -599,9 +624,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
   }
 
-  // --- float64 check of a float32 forward (no Philox dropout; small problems) ---------------------
-  if (st == FS_STATUS_SUCCESS && !P.backward && io32 && !philox && std::isfinite(scale) && std::fabs(scale) < 10 &&
-      broken < 0) {
+  // --- float64 check of a float32 call (no Philox dropout; small problems): the forward's O, stats,
+  // row max, sum of exp and max logit; the backward's dV = sum_i P_ij dropout_ij dO_i (gated), with
+  // P_ij = exp(x_ij - stats_i) from the given stats (a check of the backward's logits, masks, GQA
+  // reduction and packed / strided addressing; dQ / dK are checked against finite differences in
+  // tests/cpp/test_sdpa_api.cpp and against autograd in the Python suites).
+  if (st == FS_STATUS_SUCCESS && io32 && !philox && std::isfinite(scale) && std::fabs(scale) < 10 && broken < 0) {
+    ++g_stats.value_checked;
+    if (alibi) ++g_stats.value_checked_alibi;
     auto ld = [&](int slot, int64_t e) -> double {
       const Slot& s = S(slot);
       if (s.t.t.dtype.code == FS_DTYPE_UINT) return double(static_cast<const uint8_t*>(s.t.t.data)[e]);
@@ -625,9 +655,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const auto& str = s.t.strides;
       return ld(slot, blk * str[0] + h * str[1] + (j % bs) * str[2] + d * str[3]);
     };
-    const bool log2 = false;
-    (void)log2;
     std::vector<double> head_max(size_t(P.Hq), -INFINITY);
+    std::vector<double> dv_acc(P.backward ? size_t(P.B * P.Hv * P.Skv * P.Dv) : 0, 0.0);
     for (int64_t b = 0; b < P.B; ++b) {
       const int64_t lq = len_q[size_t(b)], lk = len_kv[size_t(b)];
       const int64_t sh = align == FS_SDPA_BOTTOM_RIGHT ? lk - lq : 0;
@@ -660,6 +689,20 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
             m = std::max(m, s);
           }
           head_max[size_t(h)] = std::max(head_max[size_t(h)], m);
+          if (P.backward) {
+            const double lse_in = S(FS_SDPA_STATS).f32()[at(S(FS_SDPA_STATS), b, h, i, 0)];
+            for (int64_t j = 0; j < lk; ++j) {
+              if (!(x[size_t(j)] > -INFINITY)) continue;
+              double p = std::exp(x[size_t(j)] - lse_in);
+              if (S(FS_SDPA_DROPOUT_MASK).bound) p *= ld(FS_SDPA_DROPOUT_MASK, bc(S(FS_SDPA_DROPOUT_MASK), b, h, i, j)) / 0.7;
+              for (int64_t d = 0; d < P.Dv; ++d) {
+                double g = ld(FS_SDPA_DO, at(S(FS_SDPA_DO), b, h, i, d));
+                if (S(FS_SDPA_GATE).bound) g /= 1.0 + std::exp(-ld(FS_SDPA_GATE, at(S(FS_SDPA_GATE), b, h, i, d)));
+                dv_acc[size_t(((b * P.Hv + hv) * P.Skv + j) * P.Dv + d)] += p * g;
+              }
+            }
+            continue;
+          }
           const double sink = S(FS_SDPA_SINK_TOKEN).bound ? ld(FS_SDPA_SINK_TOKEN, h) : -INFINITY;
           const double mall = std::max(m, sink);
           double sum = 0, lse = -INFINITY;
@@ -706,6 +749,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
           }
         }
       }
+    }
+    if (P.backward) {
+      double vmax = 1.0;
+      for (double y : dv_acc) vmax = std::max(vmax, std::fabs(y));
+      for (int64_t b = 0; b < P.B; ++b)
+        for (int64_t hv = 0; hv < P.Hv; ++hv)
+          for (int64_t j = 0; j < len_kv[size_t(b)]; ++j)
+            for (int64_t d = 0; d < P.Dv; ++d) {
+              const double want = dv_acc[size_t(((b * P.Hv + hv) * P.Skv + j) * P.Dv + d)];
+              const double got = S(FS_SDPA_DV).f32()[at(S(FS_SDPA_DV), b, hv, j, d)];
+              if (!(std::fabs(got - want) <= 1e-3 * vmax))
+                fail("dV differs from the float64 computation at (" + std::to_string(b) + ", " + std::to_string(hv) +
+                     ", " + std::to_string(j) + ", " + std::to_string(d) + "): " + std::to_string(got) + " vs " +
+                     std::to_string(want));
+            }
     }
     if (S(FS_SDPA_MAX_LOGIT).bound) {
       for (int64_t h = 0; h < P.Hq; ++h) {

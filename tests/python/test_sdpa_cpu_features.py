@@ -339,3 +339,19 @@ def test_large_and_unequal_head_dims(fs, dqk, dv):
     do = torch.randn(o.shape, generator=g, dtype=torch.float64)
     for name, a, b in zip("qkv", torch.autograd.grad(o, ours, do), torch.autograd.grad(out["o"], ref_in, do)):
         assert_close(a, b, torch.float64, f"d{name}")
+
+
+def test_packed_page_table_offsets_past_the_table_are_rejected(fs):
+    # A packed page table is seen by the C layer as [B, 1, max_pages, 1]: an offset past its memory was read out of
+    # bounds; flashspan.sdpa names it.
+    q = torch.randn(2, 1, 1, 8)
+    kc = torch.randn(6, 1, 4, 8)
+    store = torch.tensor([0, 1, 2, 3], dtype=torch.int32)
+    table = store.as_strided((2, 1, 2, 1), (0, 2, 1, 1))
+    kw = dict(use_padding_mask=True, seq_len_q=torch.tensor([1, 1]), seq_len_kv=torch.tensor([8, 5]),
+              paged_attention_k_table=table, paged_attention_v_table=table, paged_attention_max_seq_len_kv=8)
+    with torch.no_grad():
+        fs.sdpa(q, kc, kc, ragged_offsets={"paged_attention_k_table": torch.tensor([0, 2, 4])}, **kw)  # in bounds
+        with pytest.raises(ValueError, match=r"^paged_attention_k_table: the ragged offsets place sample 1's 2 page "
+                                             r"entries at \[100000, 100002\), outside the table's 4 entries"):
+            fs.sdpa(q, kc, kc, ragged_offsets={"paged_attention_k_table": torch.tensor([0, 100000, 100002])}, **kw)
