@@ -565,7 +565,18 @@ def forward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, stats: Optional[Tensor],
             build_backward: bool = False) -> None:
     """Runs one SDPA forward on the flex engine, writing ``o`` (and ``stats``, and ``a['max_logit']``) in place.
 
-    ``a`` holds the graph.sdpa arguments (already validated by the C layer's rules)."""
+    Args:
+        q, k, v: SDPA tensors ``(B, H_q, S_q, D_qk)`` / ``(B, H_kv, S_kv, D_qk)`` / ``(B, H_kv, S_kv, D_v)`` (any
+            strides, last dim contiguous) or packed ``(T, H, D)``; fp16 / bf16 (CPU route: also fp32).
+        o: output, q's shape with D_v, dtype of q (packed: ``(T_q, H_q, D_v)``).
+        stats: None or fp32 ``(B, H_q, S_q, 1)`` (packed: ``(T_q, H_q, 1)``): the LSE, natural log or base 2
+            (``a['stats_use_log2']``); -inf for rows that see no key.
+        a: the remaining graph.sdpa arguments, already checked by the C layer's rules (``_Call.validate``).
+        build_backward: build the plan with backward metadata (gradients will follow).
+
+    Raises NotImplementedError naming a feature the lowering cannot express (check_supported), ValueError for
+    lengths that break the reference's rules (host-readable lengths only), RuntimeError from the flex layer.
+    """
     from .execution import run_forward
 
     check_supported(q, k, v, a, backward=False)
@@ -595,7 +606,13 @@ def forward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, stats: Optional[Tensor],
 
 def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, dO: Tensor, stats: Tensor, dq: Tensor, dk: Tensor,
              dv: Tensor, a: dict) -> None:
-    """Runs one SDPA backward on the flex engine into dq, dk, dv (natural-log ``stats`` from the forward)."""
+    """Runs one SDPA backward on the flex engine into dq, dk, dv (shapes and dtypes of q, k, v; padding rows 0).
+
+    ``o`` and ``dO`` have the forward output's layout (padding rows of dO are never read), ``stats`` is the
+    forward's natural-log LSE (``(B, H_q, S_q, 1)``; packed q: ``(T_q, H_q, 1)`` or padded
+    ``(B, H_q, S_max, 1)``). ``a['use_deterministic_algorithm']`` selects flex's bitwise reproducible backward.
+    Raises as :func:`forward`.
+    """
     from .execution import run_backward
 
     check_supported(q, k, v, a, backward=True)
