@@ -350,6 +350,32 @@ def _like_layout(shape, like: Tensor, dtype, device) -> Tensor:
 # ---------------------------------------------------------------------------
 
 
+def _check_packed_table(table: Tensor, offsets: Tensor, container: Tensor, kw: dict, name: str) -> None:
+    """Host check (CPU tensors) that a packed page table's memory holds every page its samples read: the C layer
+    sees only the [B, 1, max_pages, 1] descriptor, so an offset past the table's storage was read out of bounds."""
+    lens, cu = kw.get("seq_len_kv"), kw.get("cu_seq_len_kv")
+    if table.device.type != "cpu" or offsets.device.type != "cpu" or container.dim() != 4:
+        return
+    if cu is not None and cu.device.type == "cpu":
+        lens = cu.reshape(-1).to(torch.int64).diff()
+    if lens is None or lens.device.type != "cpu":
+        return
+    o = offsets.reshape(-1).to(torch.int64)
+    lens = lens.reshape(-1).to(torch.int64)
+    if o.numel() < lens.numel():
+        return  # the C layer names the offsets' shape
+    bs = max(int(container.shape[2]), 1)
+    pages = (lens.clamp(min=0) + bs - 1) // bs
+    avail = table.untyped_storage().nbytes() // table.element_size() - table.storage_offset()
+    step = max(int(table.stride(2)), 1)
+    last = (o[: lens.numel()] + pages - 1) * step  # entry of each sample's last page
+    bad = torch.nonzero((pages > 0) & ((last >= avail) | (o[: lens.numel()] < 0))).reshape(-1)
+    if bad.numel():
+        b = int(bad[0])
+        raise ValueError(f"{name}: the ragged offsets place sample {b}'s {int(pages[b])} page entries at "
+                         f"[{int(o[b])}, {int(o[b] + pages[b])}), outside the table's {avail // step} entries")
+
+
 def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: Optional[Tensor] = None, **kw):
     """Runs one forward; returns (o, stats or None). ``kw`` holds the remaining graph.sdpa arguments.
 
@@ -388,6 +414,7 @@ def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: 
                 raise ValueError(f"ragged_offsets: paged_attention_{side}_table is not given")
             # Offsets count page-table entries: one entry per page along dim 2.
             call.ragged[slot] = (_Bound(off.reshape(-1)), call.slots[slot].stride[2])
+            _check_packed_table(call.slots[slot].tensor, off, k if side == "k" else v, kw, f"paged_attention_{side}_table")
     m = kw.pop("paged_attention_max_seq_len_kv")
     if m is not None:
         call.option("paged_attention_max_seq_len_kv", int(m))
