@@ -165,19 +165,6 @@ def _tensor_arg(x, name: str, device: torch.device, dtype=None) -> Optional[Tens
     raise TypeError(f"{name} must be a torch.Tensor or a number, got {type(x).__name__}")
 
 
-def _alignment(value) -> int:
-    if value is None:
-        return L.TOP_LEFT
-    name = getattr(value, "name", value)
-    if isinstance(name, str):
-        up = name.upper()
-        if up in ("TOP_LEFT", "BOTTOM_RIGHT"):
-            return L.TOP_LEFT if up == "TOP_LEFT" else L.BOTTOM_RIGHT
-    if isinstance(value, int) and value in (0, 1):
-        return int(value)
-    raise ValueError(f"diagonal_alignment: must be TOP_LEFT or BOTTOM_RIGHT, got {value!r}")
-
-
 def _max_len(lengths: Optional[Tensor], cu: Optional[Tensor], given: Optional[int], side: str) -> int:
     """S_max of a THD side: the given value, else the longest sample (one host read)."""
     if given is not None:
@@ -293,7 +280,7 @@ def _apply_common(call: _Call, lay: _Layout, q: Tensor, *, attn_scale, bias, blo
                     (L.CU_SEQ_LEN_KV, cu_seq_len_kv)):
         if t is not None:
             call.set(slot, t.reshape(-1) if t.dim() == 0 else t)
-    call.option("diagonal_alignment", _alignment(diagonal_alignment))
+    call.option("diagonal_alignment", L.alignment_code(diagonal_alignment))
     # Deprecated spellings first, so explicit bounds given alongside keep the seed's precedence.
     if use_causal_mask:
         call.option("causal_mask", 1)

@@ -52,6 +52,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ._sdpa_lib import BOTTOM_RIGHT, alignment_code
+
 ROUTE_ENV = "FLASHSPAN_SDPA_ROUTE"
 PLAN_CACHE_SIZE = 32
 LOG2E = 1.4426950408889634
@@ -123,9 +125,7 @@ def check_supported(q: Tensor, k: Tensor, v: Tensor, a: dict, backward: bool) ->
 def mask_params(a: dict) -> tuple[Optional[int], Optional[int], bool]:
     """(left, right, bottom_right) after the seed's precedence: alignment, then the deprecated setters (alignment and
     a right bound of 0 unless one is set), then sliding_window_length, then the explicit bounds (as the C layer)."""
-    from .sdpa import _alignment  # local: sdpa imports this module
-
-    bottom_right = _alignment(a.get("diagonal_alignment")) == 1
+    bottom_right = alignment_code(a.get("diagonal_alignment")) == BOTTOM_RIGHT
     left = right = None
     if a.get("use_causal_mask"):
         bottom_right = False

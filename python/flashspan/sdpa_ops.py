@@ -227,7 +227,8 @@ for _name, _impl, _fake in (
     ("sdpa_bwd", _sdpa_bwd_impl, _sdpa_bwd_fake),
     ("_sdpa_bwd_full", _sdpa_bwd_full_impl, _sdpa_bwd_full_fake),
 ):
-    # CUDA tensors reach the same C entry points, which say plainly that no SDPA GPU kernel is built yet.
+    # CUDA tensors take flashspan.sdpa's CUDA route: pure-mask configurations lowered onto the flex kernels
+    # (sdpa_lowering.py); other features raise NotImplementedError naming them (docs/SDPA.md).
     _lib.impl(_name, _impl, "CPU")
     _lib.impl(_name, _impl, "CUDA")
     torch.library.register_fake(f"flashspan::{_name}", _fake, lib=_lib)
