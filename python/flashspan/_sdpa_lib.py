@@ -27,6 +27,22 @@ NUM_SLOTS = 45
 
 TOP_LEFT, BOTTOM_RIGHT = 0, 1
 
+
+def alignment_code(value) -> int:
+    """The C enum of a ``diagonal_alignment`` argument: TOP_LEFT (default, also for None) or BOTTOM_RIGHT, given as
+    an enum with that ``name``, its name as a string (any case), or 0 / 1. ValueError names the argument otherwise."""
+    if value is None:
+        return TOP_LEFT
+    name = getattr(value, "name", value)
+    if isinstance(name, str):
+        up = name.upper()
+        if up in ("TOP_LEFT", "BOTTOM_RIGHT"):
+            return TOP_LEFT if up == "TOP_LEFT" else BOTTOM_RIGHT
+    if isinstance(value, int) and value in (0, 1):
+        return int(value)
+    raise ValueError(f"diagonal_alignment: must be TOP_LEFT or BOTTOM_RIGHT, got {value!r}")
+
+
 _T = POINTER(_lib.FsTensor)
 _H = c_void_p
 _st = c_int32

@@ -165,19 +165,6 @@ def _tensor_arg(x, name: str, device: torch.device, dtype=None) -> Optional[Tens
     raise TypeError(f"{name} must be a torch.Tensor or a number, got {type(x).__name__}")
 
 
-def _alignment(value) -> int:
-    if value is None:
-        return L.TOP_LEFT
-    name = getattr(value, "name", value)
-    if isinstance(name, str):
-        up = name.upper()
-        if up in ("TOP_LEFT", "BOTTOM_RIGHT"):
-            return L.TOP_LEFT if up == "TOP_LEFT" else L.BOTTOM_RIGHT
-    if isinstance(value, int) and value in (0, 1):
-        return int(value)
-    raise ValueError(f"diagonal_alignment: must be TOP_LEFT or BOTTOM_RIGHT, got {value!r}")
-
-
 def _max_len(lengths: Optional[Tensor], cu: Optional[Tensor], given: Optional[int], side: str) -> int:
     """S_max of a THD side: the given value, else the longest sample (one host read)."""
     if given is not None:
@@ -293,7 +280,7 @@ def _apply_common(call: _Call, lay: _Layout, q: Tensor, *, attn_scale, bias, blo
                     (L.CU_SEQ_LEN_KV, cu_seq_len_kv)):
         if t is not None:
             call.set(slot, t.reshape(-1) if t.dim() == 0 else t)
-    call.option("diagonal_alignment", _alignment(diagonal_alignment))
+    call.option("diagonal_alignment", L.alignment_code(diagonal_alignment))
     # Deprecated spellings first, so explicit bounds given alongside keep the seed's precedence.
     if use_causal_mask:
         call.option("causal_mask", 1)
@@ -350,6 +337,32 @@ def _like_layout(shape, like: Tensor, dtype, device) -> Tensor:
 # ---------------------------------------------------------------------------
 
 
+def _check_packed_table(table: Tensor, offsets: Tensor, container: Tensor, kw: dict, name: str) -> None:
+    """Host check (CPU tensors) that a packed page table's memory holds every page its samples read: the C layer
+    sees only the [B, 1, max_pages, 1] descriptor, so an offset past the table's storage was read out of bounds."""
+    lens, cu = kw.get("seq_len_kv"), kw.get("cu_seq_len_kv")
+    if table.device.type != "cpu" or offsets.device.type != "cpu" or container.dim() != 4:
+        return
+    if cu is not None and cu.device.type == "cpu":
+        lens = cu.reshape(-1).to(torch.int64).diff()
+    if lens is None or lens.device.type != "cpu":
+        return
+    o = offsets.reshape(-1).to(torch.int64)
+    lens = lens.reshape(-1).to(torch.int64)
+    if o.numel() < lens.numel():
+        return  # the C layer names the offsets' shape
+    bs = max(int(container.shape[2]), 1)
+    pages = (lens.clamp(min=0) + bs - 1) // bs
+    avail = table.untyped_storage().nbytes() // table.element_size() - table.storage_offset()
+    step = max(int(table.stride(2)), 1)
+    last = (o[: lens.numel()] + pages - 1) * step  # entry of each sample's last page
+    bad = torch.nonzero((pages > 0) & ((last >= avail) | (o[: lens.numel()] < 0))).reshape(-1)
+    if bad.numel():
+        b = int(bad[0])
+        raise ValueError(f"{name}: the ragged offsets place sample {b}'s {int(pages[b])} page entries at "
+                         f"[{int(o[b])}, {int(o[b] + pages[b])}), outside the table's {avail // step} entries")
+
+
 def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: Optional[Tensor] = None, **kw):
     """Runs one forward; returns (o, stats or None). ``kw`` holds the remaining graph.sdpa arguments.
 
@@ -388,6 +401,7 @@ def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: 
                 raise ValueError(f"ragged_offsets: paged_attention_{side}_table is not given")
             # Offsets count page-table entries: one entry per page along dim 2.
             call.ragged[slot] = (_Bound(off.reshape(-1)), call.slots[slot].stride[2])
+            _check_packed_table(call.slots[slot].tensor, off, k if side == "k" else v, kw, f"paged_attention_{side}_table")
     m = kw.pop("paged_attention_max_seq_len_kv")
     if m is not None:
         call.option("paged_attention_max_seq_len_kv", int(m))

@@ -52,6 +52,8 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ._sdpa_lib import BOTTOM_RIGHT, alignment_code
+
 ROUTE_ENV = "FLASHSPAN_SDPA_ROUTE"
 PLAN_CACHE_SIZE = 32
 LOG2E = 1.4426950408889634
@@ -123,9 +125,7 @@ def check_supported(q: Tensor, k: Tensor, v: Tensor, a: dict, backward: bool) ->
 def mask_params(a: dict) -> tuple[Optional[int], Optional[int], bool]:
     """(left, right, bottom_right) after the seed's precedence: alignment, then the deprecated setters (alignment and
     a right bound of 0 unless one is set), then sliding_window_length, then the explicit bounds (as the C layer)."""
-    from .sdpa import _alignment  # local: sdpa imports this module
-
-    bottom_right = _alignment(a.get("diagonal_alignment")) == 1
+    bottom_right = alignment_code(a.get("diagonal_alignment")) == BOTTOM_RIGHT
     left = right = None
     if a.get("use_causal_mask"):
         bottom_right = False
@@ -139,7 +139,16 @@ def mask_params(a: dict) -> tuple[Optional[int], Optional[int], bool]:
         left = int(a["diagonal_band_left_bound"])
     if a.get("diagonal_band_right_bound") is not None:
         right = int(a["diagonal_band_right_bound"])
+    # A bound past every sequence length masks nothing more: clamped so the int64 endpoint arithmetic cannot
+    # overflow (lengths are below 2^31).
+    if left is not None:
+        left = min(left, _BOUND_CLAMP)
+    if right is not None:
+        right = min(right, _BOUND_CLAMP)
     return left, right, bottom_right
+
+
+_BOUND_CLAMP = 1 << 40
 
 
 def scale_of(attn_scale) -> float:
@@ -158,6 +167,37 @@ def scale_of(attn_scale) -> float:
 
 def _host_ints(t: Tensor) -> list:
     return [int(x) for x in t.reshape(-1).tolist()]
+
+
+def host_lengths(seq: Optional[Tensor], cu: Optional[Tensor], B: int, S: int, side: str,
+                 max_total: Optional[int] = None) -> list:
+    """Sample lengths of one side as host ints, checked with the CPU reference's rules and messages
+    (src/core/sdpa_problem.cpp, read_lengths): ``side`` is "q" or "kv", ``S`` the side's S_max."""
+    max_name = f"S_{side}"
+    if seq is not None:
+        lens = _host_ints(seq)[:B]
+        for b, n in enumerate(lens):
+            if not 0 <= n <= S:
+                raise ValueError(f"seq_len_{side}: sample {b} has length {n}, outside [0, {max_name} = {S}]")
+    elif cu is not None:
+        c = _host_ints(cu)
+        name = f"cu_seq_len_{side}"
+        if c[0] != 0:
+            raise ValueError(f"{name}: must start at 0 (prefix sums), got {c[0]}")
+        lens = []
+        for b in range(B):
+            n = c[b + 1] - c[b]
+            if n < 0 or n >= 1 << 63:
+                raise ValueError(f"{name}: must be nondecreasing, but [{b + 1}] = {c[b + 1]} < [{b}] = {c[b]}")
+            if n > S:
+                raise ValueError(f"{name}: sample {b} has length {n}, longer than {max_name} = {S}")
+            lens.append(n)
+    else:
+        lens = [S] * B
+    if max_total is not None and sum(lens) > max_total:
+        raise ValueError(f"max_total_seq_len_{side}: the samples hold {sum(lens)} tokens, more than the declared "
+                         f"{max_total}")
+    return lens
 
 
 class _Geometry:
@@ -200,8 +240,8 @@ class _Geometry:
 
         if not self.varlen:
             Sq, Skv = self.Sq, self.Skv
-            self.len_q = self._dense_lengths(seq_q, cu_q, B, Sq, dev, padded, "q")
-            self.len_kv = self._dense_lengths(seq_kv, cu_kv, B, Skv, dev, padded, "kv")
+            self.len_q = self._dense_lengths(seq_q, cu_q, B, Sq, dev, padded, "q", a.get("max_total_seq_len_q"))
+            self.len_kv = self._dense_lengths(seq_kv, cu_kv, B, Skv, dev, padded, "kv", a.get("max_total_seq_len_kv"))
             r = torch.arange(B * Sq, device=dev, dtype=torch.int64)
             self.row_b, self.row_i = r // max(Sq, 1), r % max(Sq, 1)
             if padded:
@@ -212,9 +252,10 @@ class _Geometry:
             return
 
         # Flex THD: host geometry (B+1 offsets per side, read once per plan).
-        q_starts, q_lens, Tq, q_all = self._side_host(q, self.thd_q, seq_q, cu_q, ragged, "q", a.get("max_seq_len_q"))
+        q_starts, q_lens, Tq, q_all = self._side_host(q, self.thd_q, seq_q, cu_q, ragged, "q", a.get("max_seq_len_q"),
+                                                      a.get("max_total_seq_len_q"))
         k_starts, k_lens, Tk, k_all = self._side_host(k, self.thd_kv, seq_kv, cu_kv, ragged, "k",
-                                                      a.get("max_seq_len_kv"))
+                                                      a.get("max_seq_len_kv"), a.get("max_total_seq_len_kv"))
         if self.thd_kv:
             self._same_offsets(ragged, "v", "k", k_starts)
         if self.thd_q:
@@ -249,53 +290,35 @@ class _Geometry:
             self.valid_k = (ki >= 0) & (ki < self.len_kv[kb])
 
     @staticmethod
-    def _dense_lengths(seq, cu, B, S, dev, padded, side) -> Tensor:
+    def _dense_lengths(seq, cu, B, S, dev, padded, side, max_total) -> Tensor:
         if not padded:
             return torch.full((B,), S, dtype=torch.int64, device=dev)
+        t = seq if seq is not None else cu
+        if t.device.type == "cpu":  # the reference's value rules, where they cost no device sync
+            return torch.tensor(host_lengths(seq, cu, B, S, side, max_total), dtype=torch.int64, device=dev)
         if seq is not None:
             lens = seq.reshape(-1).to(device=dev, dtype=torch.int64)
         else:
             c = cu.reshape(-1).to(device=dev, dtype=torch.int64)
             lens = c[1:] - c[:-1]
-        if lens.device.type == "cpu":  # the reference's value rules, where they cost no device sync
-            bad = (lens < 0) | (lens > S)
-            if bool(bad.any()):
-                b = int(torch.nonzero(bad)[0, 0])
-                name = f"seq_len_{side}" if seq is not None else f"cu_seq_len_{side}"
-                raise ValueError(f"{name}: sample {b} has length {int(lens[b])}, outside [0, S_{side} = {S}]")
-        # Device lengths are clamped into [0, S]: the endpoints stay valid flex input whatever the values.
+        # Device lengths are clamped into [0, S] (no sync to check them): the endpoints stay valid flex input.
         return lens.clamp(0, S)
 
-    def _side_host(self, t: Tensor, thd: bool, seq, cu, ragged: dict, name: str, s_max):
+    def _side_host(self, t: Tensor, thd: bool, seq, cu, ragged: dict, name: str, s_max, max_total):
         """(starts, lengths, T, all_valid) of one side in the flex THD layout, as host lists."""
         B = self.B
         side = "q" if name == "q" else "kv"
         if not thd:  # a dense side: sample b is rows [b*S, (b+1)*S)
             S = t.shape[2]
-            if seq is not None:
-                lens = _host_ints(seq)
-            elif cu is not None:
-                c = _host_ints(cu)
-                lens = [c[i + 1] - c[i] for i in range(B)]
-            else:
-                lens = [S] * B
-            for b, n in enumerate(lens):
-                if not 0 <= n <= S:
-                    raise ValueError(f"seq_len_{side}: sample {b} has length {n}, outside [0, S_{side} = {S}]")
+            lens = host_lengths(seq, cu, B, S, side, max_total)
             return [b * S for b in range(B)], lens, B * S, all(n == S for n in lens)
         T = t.shape[0]
+        if s_max is None:  # as sdpa._Layout: the longest sample
+            s_max = max(host_lengths(seq, cu, B, 1 << 62, side), default=0)
+        lens = host_lengths(seq, cu, B, int(s_max), side, max_total)
         offsets = ragged.get(name)
-        cu_host = _host_ints(cu) if cu is not None else None
-        if seq is not None:
-            lens = _host_ints(seq)
-        else:
-            lens = [cu_host[i + 1] - cu_host[i] for i in range(B)]
-        starts = _host_ints(offsets)[:B] if offsets is not None else cu_host[:B]
-        s_bound = int(s_max) if s_max is not None else max(lens, default=0)
+        starts = _host_ints(offsets)[:B] if offsets is not None else _host_ints(cu)[:B]
         for b in range(B):
-            if lens[b] < 0 or lens[b] > s_bound:
-                raise ValueError(f"{'seq_len' if seq is not None else 'cu_seq_len'}_{side}: sample {b} has length "
-                                 f"{lens[b]}, outside [0, max_seq_len_{side} = {s_bound}]")
             end = starts[b + 1] if b + 1 < B else T
             if starts[b] < 0 or starts[b] + lens[b] > end:
                 raise _unsupported(
@@ -542,7 +565,18 @@ def forward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, stats: Optional[Tensor],
             build_backward: bool = False) -> None:
     """Runs one SDPA forward on the flex engine, writing ``o`` (and ``stats``, and ``a['max_logit']``) in place.
 
-    ``a`` holds the graph.sdpa arguments (already validated by the C layer's rules)."""
+    Args:
+        q, k, v: SDPA tensors ``(B, H_q, S_q, D_qk)`` / ``(B, H_kv, S_kv, D_qk)`` / ``(B, H_kv, S_kv, D_v)`` (any
+            strides, last dim contiguous) or packed ``(T, H, D)``; fp16 / bf16 (CPU route: also fp32).
+        o: output, q's shape with D_v, dtype of q (packed: ``(T_q, H_q, D_v)``).
+        stats: None or fp32 ``(B, H_q, S_q, 1)`` (packed: ``(T_q, H_q, 1)``): the LSE, natural log or base 2
+            (``a['stats_use_log2']``); -inf for rows that see no key.
+        a: the remaining graph.sdpa arguments, already checked by the C layer's rules (``_Call.validate``).
+        build_backward: build the plan with backward metadata (gradients will follow).
+
+    Raises NotImplementedError naming a feature the lowering cannot express (check_supported), ValueError for
+    lengths that break the reference's rules (host-readable lengths only), RuntimeError from the flex layer.
+    """
     from .execution import run_forward
 
     check_supported(q, k, v, a, backward=False)
@@ -572,7 +606,13 @@ def forward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, stats: Optional[Tensor],
 
 def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, dO: Tensor, stats: Tensor, dq: Tensor, dk: Tensor,
              dv: Tensor, a: dict) -> None:
-    """Runs one SDPA backward on the flex engine into dq, dk, dv (natural-log ``stats`` from the forward)."""
+    """Runs one SDPA backward on the flex engine into dq, dk, dv (shapes and dtypes of q, k, v; padding rows 0).
+
+    ``o`` and ``dO`` have the forward output's layout (padding rows of dO are never read), ``stats`` is the
+    forward's natural-log LSE (``(B, H_q, S_q, 1)``; packed q: ``(T_q, H_q, 1)`` or padded
+    ``(B, H_q, S_max, 1)``). ``a['use_deterministic_algorithm']`` selects flex's bitwise reproducible backward.
+    Raises as :func:`forward`.
+    """
     from .execution import run_backward
 
     check_supported(q, k, v, a, backward=True)

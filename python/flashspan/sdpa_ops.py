@@ -45,12 +45,19 @@ _lib.define(_SDPA_BWD)
 _lib.define(_SDPA_BWD_FULL)
 
 _IO_DTYPES = (torch.float16, torch.bfloat16)
+# CPU tensors run the CPU reference, which also takes float32 and float64 (as flashspan.sdpa does): the
+# float64 path is what torch.autograd.gradcheck checks the registered backward against.
+_CPU_DTYPES = _IO_DTYPES + (torch.float32, torch.float64)
 
 
 def _check_io(op: str, **tensors: Tensor) -> None:
-    ref = next(iter(tensors.values())).dtype
-    if ref not in _IO_DTYPES:
-        raise ValueError(f"{op}: q: unsupported dtype {ref}; supported: torch.float16, torch.bfloat16")
+    first = next(iter(tensors.values()))
+    ref = first.dtype
+    allowed = _CPU_DTYPES if first.device.type == "cpu" else _IO_DTYPES
+    if ref not in allowed:
+        name = next(iter(tensors))
+        raise ValueError(f"{op}: {name}: unsupported dtype {ref}; supported: torch.float16, torch.bfloat16"
+                         + (" (CPU tensors: also torch.float32, torch.float64)" if first.device.type == "cpu" else ""))
     mixed = {n: str(t.dtype) for n, t in tensors.items() if t.dtype != ref}
     if mixed:
         raise ValueError(f"{op}: all io tensors must share one dtype ({ref}); got {mixed}")
@@ -102,7 +109,8 @@ def _common_kwargs(op, q, k, v, attn_scale, is_causal, causal_bottom_right, wind
     padded = thd or seq_len_q is not None
     sink = None
     if sinks is not None:
-        sink = sinks.to(torch.float32).contiguous().reshape(-1)
+        # float32 logits (float64 for a float64 CPU call, so finite differences see them exactly)
+        sink = sinks.to(torch.float64 if q.dtype == torch.float64 else torch.float32).contiguous().reshape(-1)
     return dict(
         attn_scale=float(attn_scale), use_padding_mask=padded, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
         cu_seq_len_q=cu_seqlens_q, cu_seq_len_kv=cu_seqlens_kv, diagonal_alignment=alignment,
@@ -163,7 +171,8 @@ def _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, 
         lse = lse.unsqueeze(-1)  # (B, H, S) -> (B, H, S, 1)
     dsink = None
     if sinks is not None:
-        dsink = torch.empty(q.shape[1], dtype=torch.float32, device=q.device)
+        dsink = torch.empty(q.shape[1], dtype=torch.float64 if q.dtype == torch.float64 else torch.float32,
+                            device=q.device)
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
     dq, dk, dv = _backward(q, k, v, o, grad_out, lse, dBias=None, dSink_token=dsink, dgate=None,
@@ -208,7 +217,8 @@ def _sdpa_bwd_full_fake(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal
                         window_right, sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
                         max_seqlen_kv, is_deterministic):
     dq, dk, dv = _grads_fake(q, k, v, cu_seqlens_q is not None)
-    dsink = q.new_empty((q.shape[1],) if sinks is not None else (0,), dtype=torch.float32)
+    dsink = q.new_empty((q.shape[1],) if sinks is not None else (0,),
+                        dtype=torch.float64 if q.dtype == torch.float64 and sinks is not None else torch.float32)
     return dq, dk, dv, dsink
 
 
@@ -217,7 +227,8 @@ for _name, _impl, _fake in (
     ("sdpa_bwd", _sdpa_bwd_impl, _sdpa_bwd_fake),
     ("_sdpa_bwd_full", _sdpa_bwd_full_impl, _sdpa_bwd_full_fake),
 ):
-    # CUDA tensors reach the same C entry points, which say plainly that no SDPA GPU kernel is built yet.
+    # CUDA tensors take flashspan.sdpa's CUDA route: pure-mask configurations lowered onto the flex kernels
+    # (sdpa_lowering.py); other features raise NotImplementedError naming them (docs/SDPA.md).
     _lib.impl(_name, _impl, "CPU")
     _lib.impl(_name, _impl, "CUDA")
     torch.library.register_fake(f"flashspan::{_name}", _fake, lib=_lib)
@@ -252,8 +263,12 @@ def _sdpa_backward(ctx, grad_o, _grad_lse):
     if grad_o is None:
         return nones
     if not ctx.return_lse:
-        raise RuntimeError("flashspan::sdpa_fwd autograd requires return_lse=True (the backward consumes the "
-                           "forward's stats)")
+        # The forward did not keep its stats (the seed's op raises here): recompute them, one more forward.
+        _, lse = torch.ops.flashspan.sdpa_fwd(
+            q, k, v, ctx.attn_scale, is_causal=ctx.is_causal, causal_bottom_right=ctx.causal_bottom_right,
+            window_left=ctx.window_left, window_right=ctx.window_right, sinks=sinks, seq_len_q=seq_len_q,
+            seq_len_kv=seq_len_kv, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, max_seqlen_q=ctx.max_seqlen_q,
+            max_seqlen_kv=ctx.max_seqlen_kv, return_lse=True)
     deterministic = torch.are_deterministic_algorithms_enabled()
     dsinks = None
     if sinks is None and seq_len_q is None:
@@ -305,7 +320,8 @@ def sdpa_torch(
     ``seq_len_q/kv``: ``(B,)`` per-sample lengths of a padded dense batch.
 
     Returns ``o`` (q's layout; THD packed ``(T, H_q, D_v)``), or ``(o, lse)`` with ``return_lse=True``
-    (fp32 ``(B, H_q, S_q, 1)``; THD ``(T, H_q, 1)``). Autograd needs ``return_lse=True``.
+    (fp32 ``(B, H_q, S_q, 1)``; THD ``(T, H_q, 1)``). Differentiable with or without ``return_lse`` (the stats
+    are computed whenever an input requires grad). CPU tensors may also be float32 / float64.
 
     Example::
 
@@ -314,9 +330,13 @@ def sdpa_torch(
         o.float().sum().backward()
     """
     attn_scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    # Autograd needs the forward's stats: ask for them whenever a gradient can flow (the seed's wrapper
+    # leaves that to the caller and its backward then fails), and return them only when requested.
+    needs_grad = torch.is_grad_enabled() and any(
+        isinstance(t, Tensor) and t.requires_grad for t in (query, key, value, sinks))
     o, lse = torch.ops.flashspan.sdpa_fwd(
         query, key, value, attn_scale, is_causal=is_causal, causal_bottom_right=causal_bottom_right,
         window_left=window_left, window_right=window_right, sinks=sinks, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
         cu_seqlens_q=cu_seqlens_q, cu_seqlens_kv=cu_seqlens_kv, max_seqlen_q=max_seqlen_q,
-        max_seqlen_kv=max_seqlen_kv, return_lse=return_lse)
+        max_seqlen_kv=max_seqlen_kv, return_lse=return_lse or needs_grad)
     return (o, lse) if return_lse else o

@@ -77,13 +77,15 @@ struct Checker {
     last_dim_contiguous(slot);
   }
   // A small tensor of `count` elements, compact, of one of the given dtypes.
-  void small(int slot, int64_t count, bool index_dtype, const char* what) const {
+  // allow_f64: float64 is accepted too (sinks of a float64 CPU call: finite differences need them exact).
+  void small(int slot, int64_t count, bool index_dtype, const char* what, bool allow_f64 = false) const {
     const TensorView& t = a.t(slot);
     if (index_dtype) {
       FS_CHECK_TYPE(is_index(t.dtype), slot_name(slot), ": dtype must be int32 or int64 (", what, "), got ",
                     dtype_name(t.dtype));
     } else {
-      FS_CHECK_TYPE(t.dtype == DType::kFloat32, slot_name(slot), ": dtype must be float32 (", what, "), got ",
+      FS_CHECK_TYPE(t.dtype == DType::kFloat32 || (allow_f64 && t.dtype == DType::kFloat64), slot_name(slot),
+                    ": dtype must be float32", allow_f64 ? " or float64 (q is float64)" : "", " (", what, "), got ",
                     dtype_name(t.dtype));
     }
     same_device(slot);
@@ -316,7 +318,9 @@ void check_common(Problem& p, const Checker& c) {
     c.same_device(FS_SDPA_BLOCK_MASK);
     c.last_dim_contiguous(FS_SDPA_BLOCK_MASK);
   }
-  if (a.has(FS_SDPA_SINK_TOKEN)) c.small(FS_SDPA_SINK_TOKEN, p.Hq, false, "one logit per query head, shape (H_q,) or (1, H_q, 1, 1)");
+  if (a.has(FS_SDPA_SINK_TOKEN))
+    c.small(FS_SDPA_SINK_TOKEN, p.Hq, false, "one logit per query head, shape (H_q,) or (1, H_q, 1, 1)",
+            q.dtype == DType::kFloat64);
 
   // --- dropout -----------------------------------------------------------------------------
   FS_CHECK_ARG(!(a.dropout_probability && a.dropout_mask_form),
@@ -544,7 +548,7 @@ Problem validate_backward(const Attributes& attrs) {
   }
   if (a.has(FS_SDPA_DSINK_TOKEN)) {
     FS_CHECK_ARG(a.has(FS_SDPA_SINK_TOKEN), "dSink_token: requires sink_token to be provided");
-    c.small(FS_SDPA_DSINK_TOKEN, p.Hq, false, "one gradient per query head");
+    c.small(FS_SDPA_DSINK_TOKEN, p.Hq, false, "one gradient per query head", p.dtype == DType::kFloat64);
   }
   if (a.has(FS_SDPA_DGATE)) {
     FS_CHECK_ARG(a.has(FS_SDPA_GATE), "dgate: requires the gate of the forward (set gate)");
@@ -580,7 +584,7 @@ std::vector<int64_t> read_lengths(const Problem& p, int seq_slot, int cu_slot, i
     const TensorView& t = p.t(seq_slot);
     for (int64_t b = 0; b < p.B; ++b) {
       len[b] = read_index(t, b);
-      FS_CHECK_ARG(len[b] >= 0 && len[b] <= max_len, slot_name(seq_slot), "[", b, "] = ", len[b], " is outside [0, ",
+      FS_CHECK_ARG(len[b] >= 0 && len[b] <= max_len, slot_name(seq_slot), ": sample ", b, " has length ", len[b], ", outside [0, ",
                    max_name, " = ", max_len, "]");
     }
   } else if (p.has(cu_slot)) {
@@ -620,8 +624,8 @@ Runtime read_runtime_host(const Problem& p) {
       const int64_t mult = p.ragged_multiplier(s);
       for (int64_t b = 0; b < p.B; ++b) {
         const int64_t o = read_index(p.t(r), b);
-        FS_CHECK_ARG(o >= 0, slot_name(r), "[", b, "] = ", o, " is negative");
-        FS_CHECK_ARG(!__builtin_mul_overflow(o, mult, &start[b]), slot_name(r), "[", b, "] = ", o, " times the multiplier ",
+        FS_CHECK_ARG(o >= 0, slot_name(r), ": entry ", b, " = ", o, " is negative");
+        FS_CHECK_ARG(!__builtin_mul_overflow(o, mult, &start[b]), slot_name(r), ": entry ", b, " = ", o, " times the multiplier ",
                      mult, " overflows int64");
       }
     } else {
@@ -664,8 +668,10 @@ Runtime read_runtime_host(const Problem& p) {
   }
   if (p.has(FS_SDPA_DROPOUT_SCALE)) rt.dropout_mask_scale = read_float(p.t(FS_SDPA_DROPOUT_SCALE));
   if (p.has(FS_SDPA_SINK_TOKEN)) {
-    const float* s = p.t(FS_SDPA_SINK_TOKEN).ptr<const float>();
-    rt.sinks.assign(s, s + p.Hq);
+    const TensorView& t = p.t(FS_SDPA_SINK_TOKEN);
+    rt.sinks.resize(p.Hq);
+    for (int64_t h = 0; h < p.Hq; ++h)
+      rt.sinks[h] = t.dtype == DType::kFloat64 ? t.ptr<const double>()[h] : t.ptr<const float>()[h];
   }
   return rt;
 }

@@ -102,7 +102,7 @@ struct Runtime {
   float attn_scale = 1.0f;
   uint64_t dropout_seed = 0, dropout_offset = 0;
   float dropout_mask_scale = 1.0f;
-  std::vector<float> sinks;  // H_q values (empty without sinks)
+  std::vector<double> sinks;  // H_q values (empty without sinks); float32 or float64 tensors
 };
 
 // Reads and checks the runtime values of a problem whose tensors are bound to host memory.

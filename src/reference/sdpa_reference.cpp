@@ -101,9 +101,11 @@ struct Context {
   const Runtime& rt;
 
   // Element offset of (b, h, s, 0) of a sequence tensor slot (ragged or strided).
+  // Slots that cannot be packed (score_max, score_sum_exp) have no row_start: batch stride.
   int64_t seq(int slot, int64_t b, int64_t h, int64_t s) const {
     const TensorView& t = p.t(slot);
-    return rt.row_start[slot][b] + h * t.stride(1) + s * t.stride(2);
+    const int64_t start = rt.row_start[slot].empty() ? b * t.stride(0) : rt.row_start[slot][b];
+    return start + h * t.stride(1) + s * t.stride(2);
   }
   // K or V row (b, h, s), through the page table when the side is paged.
   int64_t kv(int slot, int64_t b, int64_t h, int64_t s) const {
@@ -385,11 +387,11 @@ void backward_impl(const Problem& p, const Runtime& rt) {
   }
 
   if (want_dsink) {
-    float* out = p.t(FS_SDPA_DSINK_TOKEN).ptr<float>();
+    const TensorView& out = p.t(FS_SDPA_DSINK_TOKEN);
     for (int64_t h = 0; h < p.Hq; ++h) {
       Acc s = 0;
       for (int64_t b = 0; b < p.B; ++b) s += dsink_part[b * p.Hq + h];
-      out[h] = static_cast<float>(s);
+      store_one(out, h, s);
     }
   }
 

@@ -26,10 +26,10 @@ export CCACHE_DIR=${CCACHE_DIR:-$HOME/.cache/ccache}
 
 CC=clang CXX=clang++ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DFLASHSPAN_CUDA=OFF -DFLASHSPAN_BUILD_TESTS=OFF -DFLASHSPAN_FUZZ=ON >/dev/null
-cmake --build "$build" -j"$(nproc)" --target fuzz_plan fuzz_ops
+cmake --build "$build" -j"$(nproc)" --target fuzz_plan fuzz_ops fuzz_sdpa
 
 status=0
-for target in plan ops; do
+for target in plan ops sdpa; do
   bin="$build/tests/fuzz/fuzz_$target"
   work=$(mktemp -d)
   regressions=("$root"/tests/fuzz/regressions/"$target"-*)

@@ -138,6 +138,13 @@ def test_descriptor_byte_offset_is_added_to_the_pack_pointer(fs):
 # ---------------------------------------------------------------------------
 
 
+def test_length_errors_name_the_argument_first(fs):
+    # "<argument>: <rule>", like every other message (the SDPA fuzzer found "seq_len_q[0] = ... is outside").
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=r"^seq_len_q: sample 0 has length -9223372036854775808, outside \[0, S_q = 8\]"):
+        fs.sdpa(q, k, v, use_padding_mask=True, seq_len_q=torch.tensor([-(2**63), 1]), seq_len_kv=torch.tensor([8, 8]))
+
+
 def test_cumulative_lengths_that_overflow_are_rejected(fs):
     q, k, v = _qkv()
     cu = torch.tensor([0, 1, -(2**63)], dtype=torch.int64)  # -2^63 - 1 overflows int64
@@ -169,7 +176,7 @@ def test_ragged_offset_times_multiplier_overflow_is_rejected(fs):
     ptrs = _pack(q=qt.data_ptr(), k=k.data_ptr(), v=k.data_ptr(), o=o.data_ptr(), seq_len_q=lens.data_ptr(),
                  seq_len_kv=lens_kv.data_ptr())
     ptrs[L.RAGGED[L.Q]] = offs.data_ptr()
-    with pytest.raises(ValueError, match=r"^ragged offset of q\[1\] = 4611686018427387904 times the multiplier 32 "
+    with pytest.raises(ValueError, match=r"^ragged offset of q: entry 1 = 4611686018427387904 times the multiplier 32 "
                                          r"overflows int64"):
         op.execute(ptrs, None, None)
 
@@ -184,3 +191,153 @@ def test_ragged_rows_outside_the_packed_tensor_are_rejected(fs):
                                              r"tensor's T = 8 tokens"):
             fs.sdpa(q, k, k, use_padding_mask=True, seq_len_q=torch.tensor([4, 4]), seq_len_kv=torch.tensor([8, 8]),
                     ragged_offsets={"q": torch.tensor(offs)}, max_seq_len_q=4)
+
+
+# ---------------------------------------------------------------------------
+# Every invalid combination the seed names: a ValueError / TypeError (RuntimeError for a valid but unsupported
+# configuration) whose message starts with the argument and states the rule.
+# ---------------------------------------------------------------------------
+
+_BF = torch.bfloat16
+_SL = torch.tensor([3, 8], dtype=torch.int32)
+
+
+def _bad_cases():
+    q, k, v = (torch.randn(B, H, S, D, dtype=_BF) for _ in range(3))
+    pad = dict(use_padding_mask=True, seq_len_q=_SL, seq_len_kv=_SL)
+    kc = torch.randn(4, H, 4, D, dtype=_BF)
+    pt = torch.zeros(B, 1, 2, 1, dtype=torch.int32)
+    return {
+        "alibi without causal": ((q, k, v), dict(use_alibi_mask=True), ValueError,
+                                 r"use_alibi_mask: ALiBi requires causal masking"),
+        "alibi with right bound 2": ((q, k, v), dict(use_alibi_mask=True, diagonal_band_right_bound=2), ValueError,
+                                     r"use_alibi_mask: ALiBi requires causal masking .* got diagonal_band_right_bound = 2"),
+        "bottom-right without a band": ((q, k, v), dict(diagonal_alignment="BOTTOM_RIGHT"), ValueError,
+                                        r"diagonal_alignment: BOTTOM_RIGHT only re-anchors a diagonal band"),
+        "alignment not an enum": ((q, k, v), dict(diagonal_alignment="MIDDLE"), ValueError,
+                                  r"diagonal_alignment: must be TOP_LEFT or BOTTOM_RIGHT"),
+        "negative right bound": ((q, k, v), dict(diagonal_band_right_bound=-1), ValueError,
+                                 r"diagonal_band_right_bound: must be >= 0"),
+        "left bound 0": ((q, k, v), dict(diagonal_band_left_bound=0), ValueError,
+                         r"diagonal_band_left_bound: must be >= 1"),
+        "mixed dtypes": ((q, k.half(), v), {}, TypeError, r"k: dtype float16 differs from q's bfloat16"),
+        "v dtype": ((q, k, v.float()), {}, TypeError, r"v: dtype float32 differs from q's bfloat16"),
+        "both length forms on q": ((q, k, v), dict(pad, cu_seq_len_q=torch.tensor([0, 3, 11])), ValueError,
+                                   r"seq_len_q, cu_seq_len_q: cannot both be set"),
+        "both length forms on kv": ((q, k, v), dict(pad, cu_seq_len_kv=torch.tensor([0, 3, 11])), ValueError,
+                                    r"seq_len_kv, cu_seq_len_kv: cannot both be set"),
+        "lengths without padding mask": ((q, k, v), dict(seq_len_q=_SL, seq_len_kv=_SL), ValueError,
+                                         r"seq_len_q: sequence lengths are only used with the padding mask"),
+        "padding mask without kv lengths": ((q, k, v), dict(use_padding_mask=True, seq_len_q=_SL), ValueError,
+                                            r"use_padding_mask: requires a Q-side .* the KV side is missing"),
+        "head dim not a multiple of 8": ((q[..., :12], k[..., :12], v), {}, ValueError,
+                                         r"q: head dim D_qk = 12 must be a positive multiple of 8"),
+        "v head dim not a multiple of 8": ((q, k, v[..., :4]), {}, ValueError,
+                                           r"v: head dim D_v = 4 must be a positive multiple of 8"),
+        "head dim above 256": ((torch.randn(1, 1, 2, 264, dtype=_BF),) * 3, {}, RuntimeError,
+                               r"q, v: head dims \(D_qk, D_v\) = \(264, 264\) are not supported"),
+        "heads not dividing": ((q.repeat(1, 3, 1, 1)[:, :3], k, v), {}, ValueError,
+                               r"k, v: for MHA / GQA / MQA the K and V head counts must divide H_q = 3"),
+        "dropout probability 1": ((q, k, v), dict(dropout=(1.0, 1, 2)), ValueError,
+                                  r"dropout: probability must be in \[0, 1\)"),
+        "dropout probability negative": ((q, k, v), dict(dropout=(-0.25, 1, 2)), ValueError,
+                                         r"dropout: probability must be in \[0, 1\)"),
+        "dropout seed not an integer": ((q, k, v), dict(dropout=(0.1, torch.tensor([1.0]), torch.tensor([1]))),
+                                        TypeError, r"dropout seed: dtype must be int32 or int64"),
+        "dropout mask not broadcastable": ((q, k, v), dict(dropout=(torch.ones(1, 1, 3, S, dtype=torch.uint8),
+                                                                    torch.tensor([1.0]))), ValueError,
+                                           r"dropout mask: is not broadcastable to \[2, 2, 8, 8\]: dimension 2"),
+        "rng_dump without Philox dropout": ((q, k, v), dict(rng_dump=torch.empty(B, H, S, S)), ValueError,
+                                            r"rng_dump: needs Philox dropout"),
+        "bias not broadcastable": ((q, k, v), dict(bias=torch.randn(1, 1, 3, S)), ValueError,
+                                   r"bias: is not broadcastable to \[2, 2, 8, 8\]: dimension 2 \(S_q\) is 3"),
+        "bias rank": ((q, k, v), dict(bias=torch.randn(S, S)), ValueError, r"bias: must be a 4-D tensor"),
+        "bias dtype": ((q, k, v), dict(bias=torch.randn(1, 1, S, S, dtype=torch.float16)), TypeError,
+                       r"bias: dtype must be q's \(bfloat16\) or float32"),
+        "page table shape": ((q, kc, kc), dict(pad, paged_attention_k_table=torch.zeros(B, 2, 1, dtype=torch.int32),
+                                               paged_attention_v_table=pt), ValueError,
+                             r"paged_attention_k_table: page table shape must be \[B, 1, max_pages, 1\]"),
+        "page table dtype": ((q, kc, kc), dict(pad, paged_attention_k_table=pt.long(), paged_attention_v_table=pt),
+                             TypeError, r"paged_attention_k_table: dtype must be int32"),
+        "paged block size not a power of two": ((q, torch.randn(4, H, 3, D, dtype=_BF), kc),
+                                                dict(pad, paged_attention_k_table=torch.zeros(B, 1, 3, 1,
+                                                                                              dtype=torch.int32),
+                                                     paged_attention_v_table=pt), ValueError,
+                                                r"k: the block size of a paged container .* power of two, got 3"),
+        "paged without padding": ((q, kc, kc), dict(paged_attention_k_table=pt, paged_attention_v_table=pt),
+                                  ValueError, r"paged_attention_k_table, paged_attention_v_table: paged K/V caches "
+                                              r"need the padding mask"),
+        "page entry outside the container": ((q, kc, kc), dict(pad, paged_attention_k_table=torch.full_like(pt, 9),
+                                                               paged_attention_v_table=pt), ValueError,
+                                             r"paged_attention_k_table: entry \(batch 0, page 0\) = 9 is outside"),
+        "max_seq_len_kv without paging": ((q, k, v), dict(paged_attention_max_seq_len_kv=8), ValueError,
+                                          r"paged_attention_max_seq_len_kv: is only meaningful with paged K/V"),
+        "max_total without a ragged layout": ((q, k, v), dict(max_total_seq_len_q=5), ValueError,
+                                              r"max_total_seq_len_q: is only supported with a packed \(ragged\) Q-side"),
+        "max_total smaller than the tokens": ((torch.randn(11, H, D, dtype=_BF), k, v),
+                                              dict(use_padding_mask=True, cu_seq_len_q=torch.tensor([0, 3, 11]),
+                                                   seq_len_kv=_SL, max_total_seq_len_q=10), ValueError,
+                                              r"max_total_seq_len_q: the samples hold 11 tokens, more than the "
+                                              r"declared 10"),
+        "length above S": ((q, k, v), dict(pad, seq_len_q=torch.tensor([9, 1])), ValueError,
+                           r"seq_len_q: sample 0 has length 9, outside \[0, S_q = 8\]"),
+        "cu lengths decreasing": ((q, k, v), dict(use_padding_mask=True, cu_seq_len_q=torch.tensor([0, 5, 3]),
+                                                  seq_len_kv=_SL), ValueError,
+                                  r"cu_seq_len_q: must be nondecreasing"),
+        "cu lengths not starting at 0": ((q, k, v), dict(use_padding_mask=True, cu_seq_len_q=torch.tensor([1, 5, 7]),
+                                                         seq_len_kv=_SL), ValueError,
+                                         r"cu_seq_len_q: must start at 0"),
+        "softcap not positive": ((q, k, v), dict(softcap=0.0), ValueError, r"softcap: must be a finite positive value"),
+        "attn_scale not finite": ((q, k, v), dict(attn_scale=float("inf")), ValueError, r"attn_scale: must be finite"),
+        "sinks per head": ((q, k, v), dict(sink_token=torch.randn(3)), ValueError,
+                           r"sink_token: must have 2 element\(s\)"),
+        "gate shape": ((q, k, v), dict(gate=torch.randn(B, H, S, 8, dtype=_BF)), ValueError,
+                       r"gate: shape must be \[2, 2, 8, 16\]"),
+        "block mask dtype": ((q, k, v), dict(block_mask=torch.ones(1, 1, 1, 1, dtype=torch.int32)), TypeError,
+                             r"block_mask: dtype must be uint8"),
+        "block mask shape": ((q, k, v), dict(block_mask=torch.ones(1, 1, 2, 1, dtype=torch.uint8)), ValueError,
+                             r"block_mask: shape must be \[1\|B, 1\|H_q, ceil\(S_q/128\)"),
+        "implementation not an enum": ((q, k, v), dict(generate_stats=False, stats_use_log2=True,
+                                                              implementation="FAST"), ValueError,
+                                             r"implementation: must be AUTO, COMPOSITE or UNIFIED"),
+    }
+
+
+_BAD = _bad_cases()
+
+
+@pytest.mark.parametrize("name", list(_BAD))
+def test_seed_invalid_combinations_are_named(fs, name):
+    (q, k, v), kw, exc, pattern = _BAD[name]
+    with pytest.raises(exc, match="^" + pattern):
+        with torch.no_grad():
+            fs.sdpa(q, k, v, **kw)
+
+
+def test_backward_only_rules_are_named(fs):
+    q, k, v = (torch.randn(B, H, S, D, dtype=_BF) for _ in range(3))
+    stats = torch.zeros(B, H, S, 1)
+    with pytest.raises(ValueError, match=r"^dBias: needs the bias of the forward"):
+        fs.sdpa_backward(q, k, v, q, q, stats, dBias=torch.empty(1, 1, S, S))
+    with pytest.raises(ValueError, match=r"^dSink_token: requires sink_token"):
+        fs.sdpa_backward(q, k, v, q, q, stats, dSink_token=torch.empty(H))
+    with pytest.raises(ValueError, match=r"^dBias: shape must equal bias's \[1, 1, 8, 8\]"):
+        fs.sdpa_backward(q, k, v, q, q, stats, bias=torch.randn(1, 1, S, S), dBias=torch.empty(1, H, S, S))
+    with pytest.raises(ValueError, match=r"^stats: shape must be \[2, 2, 8, 1\]"):
+        fs.sdpa_backward(q, k, v, q, q, torch.zeros(B, H, S, 2))
+    with pytest.raises(ValueError, match=r"^stats_use_log2: the backward consumes natural-log stats"):
+        fs.sdpa(q.clone().requires_grad_(), k, v, stats_use_log2=True)
+
+
+@pytest.mark.parametrize("kw, pattern", [
+    (dict(is_causal=True, window_right=2), r"sdpa_fwd: is_causal masks every future column but window_right=2"),
+    (dict(causal_bottom_right=True), r"sdpa_fwd: causal_bottom_right only re-anchors an active diagonal band"),
+    (dict(window_left=0), r"sdpa_fwd: window_left counts the visible tokens including the diagonal"),
+    (dict(window_right=-2), r"sdpa_fwd: window_right must be -1 \(unbounded\) or >= 0"),
+    (dict(seq_len_q=torch.tensor([3, 8])), r"sdpa_fwd: the padded path needs both seq_len_q and seq_len_kv"),
+    (dict(cu_seqlens_kv=torch.tensor([0, 3, 8])), r"sdpa_fwd: cu_seqlens_kv without cu_seqlens_q"),
+])
+def test_op_invalid_combinations_are_named(fs, kw, pattern):
+    q, k, v = (torch.randn(B, H, S, D, dtype=_BF) for _ in range(3))
+    with pytest.raises(ValueError, match="^" + pattern):
+        torch.ops.flashspan.sdpa_fwd(q, k, v, 0.5, **kw)

@@ -278,6 +278,39 @@ def test_custom_ops_take_the_lowering(fs, flex_route):
         assert_close(ot[s:e].transpose(0, 1).unsqueeze(0), r["o"], torch.float16, f"thd o[{b}]")
 
 
+@pytest.mark.no_poison
+@pytest.mark.parametrize("varlen", [False, True])
+def test_compiled_custom_ops_take_the_lowering(fs, flex_route, monkeypatch, varlen):
+    """torch.compile(fullgraph=True) over sdpa_torch: forward and backward through the lowering equal eager on the
+    reference route."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(5)
+    if varlen:
+        cu = torch.tensor([0, 6, 6, 17], dtype=torch.int32)
+        q, k, v = (torch.randn(17, 2, 16, generator=g).half() for _ in range(3))
+        kw = dict(is_causal=True, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=11, max_seqlen_kv=11)
+    else:
+        q, k, v = (torch.randn(2, 2, 13, 16, generator=g).half() for _ in range(3))
+        kw = dict(is_causal=True, window_left=4, causal_bottom_right=True)
+
+    def f(q, k, v):
+        o, lse = fs.sdpa_torch(q, k, v, return_lse=True, **kw)
+        return o.float() * 2, lse
+
+    def run(fn):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        o, lse = fn(*leaves)
+        loss = o.sum() + lse.masked_fill(torch.isinf(lse), 0).sum()
+        return (o.detach(), lse.detach()) + torch.autograd.grad(loss, leaves)
+
+    got = run(torch.compile(f, backend="aot_eager", fullgraph=True))
+    flex_route.clear_plan_cache()
+    monkeypatch.setenv(flex_route.ROUTE_ENV, "reference")
+    want = run(f)
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), got, want):
+        assert_close(a, b, torch.float16 if name != "lse" else torch.float32, name)
+
+
 def test_plan_cache_reuse_and_invalidation(fs, flex_route):
     q, k, v = _dense(2, 2, 2, 24, 24, 16, 16, dtype=torch.float32)
     lq = torch.tensor([24, 10])
@@ -295,6 +328,44 @@ def test_plan_cache_reuse_and_invalidation(fs, flex_route):
     assert_close(valid_rows(o3, [24, 10]), valid_rows(ref["o"], [24, 10]), torch.float32, "o after lk changed")
     fs.sdpa(q, k, v, **dict(kw, diagonal_band_right_bound=1))  # other mask parameters: another plan
     assert flex_route.plan_cache_size() == 2
+
+
+@pytest.mark.parametrize("bound", [2**31, 2**62, 2**63 - 1])
+def test_huge_band_bounds_mask_nothing(fs, flex_route, bound):
+    """Bounds past every length (up to INT64_MAX) behave as no bound: no int64 overflow in the endpoints."""
+    q, k, v = _dense(2, 2, 2, 9, 13, 16, 16, dtype=torch.float32)
+    want, _ = fs.sdpa(q, k, v, attn_scale=0.3)
+    for kw in (dict(diagonal_band_left_bound=bound), dict(diagonal_band_right_bound=bound),
+               dict(diagonal_band_left_bound=bound, diagonal_band_right_bound=bound, diagonal_alignment="BOTTOM_RIGHT")):
+        got, _ = fs.sdpa(q, k, v, attn_scale=0.3, **kw)
+        assert_close(got, want, torch.float32, f"o {kw}")
+
+
+@pytest.mark.parametrize("thd", [False, True])
+def test_length_values_rejected_like_the_reference(fs, monkeypatch, thd):
+    """Out-of-range lengths: the lowering (host-readable lengths) raises the CPU reference's ValueError message."""
+    from flashspan import sdpa_lowering
+
+    q, k, v = _dense(2, 2, 2, 8, 8, 16, 16, dtype=torch.float32)
+    if thd:
+        q, k, v = (t.transpose(1, 2).reshape(16, 2, 16) for t in (q, k, v))
+    cases = [dict(cu_seq_len_q=torch.tensor([0, 5, 3]), cu_seq_len_kv=torch.tensor([0, 8, 16])),
+             dict(cu_seq_len_q=torch.tensor([1, 5, 9]), cu_seq_len_kv=torch.tensor([0, 8, 16]))]
+    if not thd:
+        cases += [dict(seq_len_q=torch.tensor([9, 1]), seq_len_kv=torch.tensor([8, 8])),
+                  dict(seq_len_q=torch.tensor([2, 1]), seq_len_kv=torch.tensor([8, -1])),
+                  dict(cu_seq_len_q=torch.tensor([0, 9, 10]), seq_len_kv=torch.tensor([8, 8]))]
+    else:
+        for c in cases:
+            c.update(max_seq_len_q=8, max_seq_len_kv=8)
+    for kw in cases:
+        messages = []
+        for route in ("reference", "flex"):
+            monkeypatch.setenv(sdpa_lowering.ROUTE_ENV, route)
+            with pytest.raises(ValueError) as e:
+                fs.sdpa(q, k, v, use_padding_mask=True, **kw)
+            messages.append(str(e.value))
+        assert messages[0] == messages[1], kw
 
 
 # ---------------------------------------------------------------------------
@@ -445,3 +516,42 @@ def test_gpu_unsupported_feature_named(fs):
         fs.sdpa(q, k, v, softcap=5.0)
     with pytest.raises(NotImplementedError, match="head dims"):
         fs.sdpa(*(t.cuda() for t in _dense(1, 2, 2, 16, 16, 136, 136)))
+
+
+@gpu
+@pytest.mark.parametrize("varlen", [False, True])
+def test_gpu_custom_ops_deterministic_backward(fs, monkeypatch, varlen):
+    """sdpa_torch (the custom ops) on CUDA against the CPU reference, and the deterministic backward bitwise
+    reproducible."""
+    from flashspan import sdpa_lowering
+
+    monkeypatch.delenv(sdpa_lowering.ROUTE_ENV, raising=False)
+    g = torch.Generator().manual_seed(11)
+    if varlen:
+        cu = torch.tensor([0, 100, 100, 333], dtype=torch.int32)
+        q, k, v = (torch.randn(333, 4, 64, generator=g).bfloat16() for _ in range(3))
+        kw = dict(is_causal=True, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=233, max_seqlen_kv=233)
+    else:
+        q, k, v = (torch.randn(2, 4, 200, 64, generator=g).bfloat16() for _ in range(3))
+        kw = dict(is_causal=True, window_left=50, causal_bottom_right=True)
+
+    def run(dev):
+        leaves = [t.to(dev).requires_grad_() for t in (q, k, v)]
+        kwd = {n: (t.to(dev) if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+        o, lse = fs.sdpa_torch(*leaves, return_lse=True, **kwd)
+        do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.dtype).to(dev)
+        grads = torch.autograd.grad(o, leaves, do)
+        return [t.detach().cpu() for t in (o, lse) + grads]
+
+    want = run("cpu")
+    got = run("cuda")
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), got, want):
+        assert_close(a, b, torch.bfloat16 if name != "lse" else torch.float32, name)
+    prev = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)  # sdpa_bwd's is_deterministic follows it
+    try:
+        first, second = run("cuda"), run("cuda")
+    finally:
+        torch.use_deterministic_algorithms(prev[0], warn_only=prev[1])
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)

@@ -1,0 +1,183 @@
+// The SDPA C++ API (flashspan.hpp: SdpaAttributes / SdpaFwd / SdpaBwd / SdpaVariantPack) on CPU
+// tensors: the forward against a naive double computation written here (GQA, bottom-right
+// causal through the deprecated setter, sinks, output gate, stats), the backward against
+// central finite differences of the forward in float64 (dQ, dK, dV, dSink, dgate), and errors
+// as api::Exception with the status and "<argument>: <rule>".
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "flashspan/flashspan.hpp"
+
+namespace {
+
+using namespace flashspan::api;
+
+constexpr fs_dtype_t kF64{FS_DTYPE_FLOAT, 64, 1};
+constexpr int64_t B = 2, Hq = 2, Hk = 1, Sq = 5, Skv = 7, D = 8;
+constexpr float kScale = 0.45f;
+
+struct Data {
+  std::vector<double> q, k, v, gate, sinks;
+  Data() {
+    std::mt19937 rng(7);
+    std::normal_distribution<double> n;
+    auto fill = [&](std::vector<double>& x, size_t count) {
+      x.resize(count);
+      for (auto& e : x) e = n(rng);
+    };
+    fill(q, B * Hq * Sq * D);
+    fill(k, B * Hk * Skv * D);
+    fill(v, B * Hk * Skv * D);
+    fill(gate, B * Hq * Sq * D);
+    fill(sinks, Hq);
+  }
+};
+
+fs_device_t cpu() { return {FS_DEVICE_CPU, 0}; }
+
+// O and stats through SdpaFwd (BOTTOM_RIGHT causal via set_causal_mask_bottom_right, sinks, gate).
+void forward(Data& d, std::vector<double>& o, std::vector<float>* stats) {
+  o.assign(B * Hq * Sq * D, NAN);
+  TensorDesc q(d.q.data(), kF64, cpu(), {B, Hq, Sq, D}), k(d.k.data(), kF64, cpu(), {B, Hk, Skv, D}),
+      v(d.v.data(), kF64, cpu(), {B, Hk, Skv, D}), od(o.data(), kF64, cpu(), {B, Hq, Sq, D});
+  TensorDesc sinks(d.sinks.data(), kF64, cpu(), {Hq}), gate(d.gate.data(), kF64, cpu(), {B, Hq, Sq, D});
+  if (stats) stats->assign(B * Hq * Sq, NAN);
+  TensorDesc st(stats ? stats->data() : nullptr, kFloat32, cpu(), {B, Hq, Sq, 1});
+  SdpaAttributes attr;
+  attr.set_attn_scale(kScale).set_causal_mask_bottom_right(true).set_sink_token(sinks).set_gate(gate).set_generate_stats(
+      stats != nullptr);
+  SdpaFwd fwd(q, k, v, od, stats ? &st : nullptr, attr);
+  fwd.check_support();
+  fwd.compile();
+  SdpaVariantPack pack;
+  pack.set(FS_SDPA_Q, d.q.data()).set(FS_SDPA_K, d.k.data()).set(FS_SDPA_V, d.v.data()).set(FS_SDPA_O, o.data());
+  pack.set(FS_SDPA_SINK_TOKEN, d.sinks.data()).set(FS_SDPA_GATE, d.gate.data());
+  if (stats) pack.set(FS_SDPA_STATS, stats->data());
+  fwd.execute(pack, nullptr, fwd.workspace_size());
+}
+
+TEST(SdpaApi, ForwardMatchesNaiveDouble) {
+  Data d;
+  std::vector<double> o;
+  std::vector<float> stats;
+  forward(d, o, &stats);
+  const int64_t shift = Skv - Sq;
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < Hq; ++h)
+      for (int64_t i = 0; i < Sq; ++i) {
+        std::vector<double> x;
+        double m = d.sinks[h];
+        for (int64_t j = 0; j <= i + shift; ++j) {
+          double s = 0;
+          for (int64_t e = 0; e < D; ++e) s += d.q[((b * Hq + h) * Sq + i) * D + e] * d.k[((b * Hk) * Skv + j) * D + e];
+          x.push_back(kScale * s);
+          m = std::max(m, x.back());
+        }
+        double sum = std::exp(d.sinks[h] - m);
+        for (double xj : x) sum += std::exp(xj - m);
+        const double lse = m + std::log(sum);
+        EXPECT_NEAR(stats[(b * Hq + h) * Sq + i], lse, 1e-5);
+        for (int64_t e = 0; e < D; ++e) {
+          double acc = 0;
+          for (size_t j = 0; j < x.size(); ++j) acc += std::exp(x[j] - lse) * d.v[((b * Hk) * Skv + int64_t(j)) * D + e];
+          const int64_t oi = ((b * Hq + h) * Sq + i) * D + e;
+          acc /= 1.0 + std::exp(-d.gate[oi]);
+          EXPECT_NEAR(o[oi], acc, 1e-12) << "b " << b << " h " << h << " i " << i << " d " << e;
+        }
+      }
+}
+
+TEST(SdpaApi, BackwardMatchesFiniteDifferences) {
+  Data d;
+  std::vector<double> o;
+  std::vector<float> stats32;
+  forward(d, o, &stats32);
+  std::vector<double> dout(o.size());
+  std::mt19937 rng(3);
+  std::normal_distribution<double> n;
+  for (auto& e : dout) e = n(rng);
+  // Backward through SdpaBwd (stats are float32: the forward's LSE).
+  std::vector<double> dq(d.q.size(), NAN), dk(d.k.size(), NAN), dv(d.v.size(), NAN), dgate(d.gate.size(), NAN);
+  std::vector<double> dsink(Hq, NAN);
+  TensorDesc q(d.q.data(), kF64, cpu(), {B, Hq, Sq, D}), k(d.k.data(), kF64, cpu(), {B, Hk, Skv, D}),
+      v(d.v.data(), kF64, cpu(), {B, Hk, Skv, D}), od(o.data(), kF64, cpu(), {B, Hq, Sq, D}),
+      dod(dout.data(), kF64, cpu(), {B, Hq, Sq, D}), st(stats32.data(), kFloat32, cpu(), {B, Hq, Sq, 1}),
+      dqd(dq.data(), kF64, cpu(), {B, Hq, Sq, D}), dkd(dk.data(), kF64, cpu(), {B, Hk, Skv, D}),
+      dvd(dv.data(), kF64, cpu(), {B, Hk, Skv, D});
+  TensorDesc sinks(d.sinks.data(), kF64, cpu(), {Hq}), gate(d.gate.data(), kF64, cpu(), {B, Hq, Sq, D}),
+      dsd(dsink.data(), kF64, cpu(), {Hq}), dgd(dgate.data(), kF64, cpu(), {B, Hq, Sq, D});
+  SdpaBackwardAttributes attr;
+  attr.set_attn_scale(kScale).set_causal_mask_bottom_right(true).set_sink_token(sinks).set_gate(gate);
+  attr.set_dsink_token(dsd).set_dgate(dgd).set_deterministic_algorithm(true);
+  SdpaBwd bwd(q, k, v, od, dod, st, dqd, dkd, dvd, attr);
+  bwd.check_support();
+  bwd.compile();
+  SdpaVariantPack pack;
+  pack.set(FS_SDPA_Q, d.q.data()).set(FS_SDPA_K, d.k.data()).set(FS_SDPA_V, d.v.data()).set(FS_SDPA_O, o.data());
+  pack.set(FS_SDPA_DO, dout.data()).set(FS_SDPA_STATS, stats32.data()).set(FS_SDPA_DQ, dq.data());
+  pack.set(FS_SDPA_DK, dk.data()).set(FS_SDPA_DV, dv.data()).set(FS_SDPA_SINK_TOKEN, d.sinks.data());
+  pack.set(FS_SDPA_GATE, d.gate.data()).set(FS_SDPA_DSINK_TOKEN, dsink.data()).set(FS_SDPA_DGATE, dgate.data());
+  bwd.execute(pack, nullptr, bwd.workspace_size());
+
+  // L = sum(O * dO); central differences of every input element.
+  auto loss = [&]() {
+    std::vector<double> oo;
+    forward(d, oo, nullptr);
+    double l = 0;
+    for (size_t e = 0; e < oo.size(); ++e) l += oo[e] * dout[e];
+    return l;
+  };
+  // The float32 LSE limits the analytic gradients to ~1e-6 relative.
+  auto check = [&](std::vector<double>& x, const std::vector<double>& grad, const char* name) {
+    for (size_t e = 0; e < x.size(); ++e) {
+      const double keep = x[e], h = 1e-5;
+      x[e] = keep + h;
+      const double lp = loss();
+      x[e] = keep - h;
+      const double lm = loss();
+      x[e] = keep;
+      EXPECT_NEAR(grad[e], (lp - lm) / (2 * h), 1e-4 * (1 + std::fabs(grad[e]))) << name << "[" << e << "]";
+    }
+  };
+  check(d.q, dq, "dQ");
+  check(d.k, dk, "dK");
+  check(d.v, dv, "dV");
+  check(d.sinks, dsink, "dSink");
+  check(d.gate, dgate, "dgate");
+}
+
+TEST(SdpaApi, ErrorsAreExceptionsNamingTheArgument) {
+  Data d;
+  std::vector<double> o(B * Hq * Sq * D);
+  TensorDesc q(d.q.data(), kF64, cpu(), {B, Hq, Sq, D}), k(d.k.data(), kF64, cpu(), {B, Hk, Skv, D}),
+      v(d.v.data(), kF64, cpu(), {B, Hk, Skv, D}), od(o.data(), kF64, cpu(), {B, Hq, Sq, D});
+  SdpaAttributes attr;
+  attr.set_alibi_mask(true);
+  try {
+    SdpaFwd fwd(q, k, v, od, nullptr, attr);
+    FAIL() << "ALiBi without causal masking was accepted";
+  } catch (const Exception& e) {
+    EXPECT_EQ(e.status(), FS_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(e.what()).rfind("use_alibi_mask: ALiBi requires causal masking", 0), 0u) << e.what();
+  }
+  SdpaBackwardAttributes battr;
+  try {
+    battr.set_dsink_token(TensorDesc(nullptr, kFloat32, cpu(), {Hq}));
+    SdpaAttributes fattr;
+    fattr.set_diagonal_alignment(DiagonalAlignment::kBottomRight);
+    SdpaFwd fwd(q, k, v, od, nullptr, fattr);
+    FAIL() << "BOTTOM_RIGHT without a band was accepted";
+  } catch (const Exception& e) {
+    EXPECT_EQ(e.status(), FS_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(e.what()).rfind("diagonal_alignment: BOTTOM_RIGHT only re-anchors a diagonal band", 0), 0u)
+        << e.what();
+  }
+  // A forward-only setter on backward attributes is refused by the C layer.
+  EXPECT_NE(fs_sdpa_attributes_set_generate_stats(battr.handle(), 1), FS_STATUS_SUCCESS);
+  EXPECT_EQ(std::string(fs_get_last_error()).rfind("set_generate_stats: is a forward attribute", 0), 0u);
+}
+
+}  // namespace
