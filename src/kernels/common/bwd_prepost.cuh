@@ -27,25 +27,26 @@ __device__ __forceinline__ QueryRow query_row(const BwdParams& p, int64_t t) {
 // 1. Preprocess: one warp per (query row, head), unit w = h * total_q + t; grid-stride over the
 // Hq * total_q units (grid_stride_1d(units, 8), 256 threads), so no batch size, head count or
 // sample count reaches a grid limit (grid.h).
-template <bool kBf16>
+template <class E>
 __global__ void __launch_bounds__(256) flex_bwd_preprocess_kernel(const BwdParams p) {
+  using Elem = typename E::Storage;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t units = int64_t(p.num_heads_q) * p.total_q;
   for (int64_t w = int64_t(blockIdx.x) * 8 + warp; w < units; w += int64_t(gridDim.x) * 8) {
     const int64_t h = w / p.total_q, t = w - h * p.total_q;
     const QueryRow r = query_row(p, t);
-    const uint16_t* o = static_cast<const uint16_t*>(p.o) + r.b * p.oa.batch_stride + r.row * p.oa.row_stride +
-                        h * p.oa.head_stride;
-    const uint16_t* d = static_cast<const uint16_t*>(p.dout) + r.b * p.doa.batch_stride + r.row * p.doa.row_stride +
-                        h * p.doa.head_stride;
+    const Elem* o = static_cast<const Elem*>(p.o) + r.b * p.oa.batch_stride + r.row * p.oa.row_stride +
+                    h * p.oa.head_stride;
+    const Elem* d = static_cast<const Elem*>(p.dout) + r.b * p.doa.batch_stride + r.row * p.doa.row_stride +
+                    h * p.doa.head_stride;
     float acc = 0.0f;
     for (int c = lane * 8; c < p.head_dv; c += 256) {
       const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
       const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
-      const uint16_t* oe = reinterpret_cast<const uint16_t*>(&ov);
-      const uint16_t* de = reinterpret_cast<const uint16_t*>(&dv);
+      const Elem* oe = reinterpret_cast<const Elem*>(&ov);
+      const Elem* de = reinterpret_cast<const Elem*>(&dv);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) acc += to_float<kBf16>(oe[e]) * to_float<kBf16>(de[e]);
+      for (int e = 0; e < 8; ++e) acc += to_float<E>(oe[e]) * to_float<E>(de[e]);
     }
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
@@ -63,19 +64,20 @@ __global__ void __launch_bounds__(256) flex_bwd_preprocess_kernel(const BwdParam
 // ---------------------------------------------------------------------------------------
 // 2b. dQ conversion (atomic path): dq = scale * dq_accum in the input dtype. One warp per
 // (query row, head), grid-stride as the preprocess.
-template <bool kBf16>
+template <class E>
 __global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel(const BwdParams p) {
+  using Elem = typename E::Storage;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t units = int64_t(p.num_heads_q) * p.total_q;
   for (int64_t w = int64_t(blockIdx.x) * 8 + warp; w < units; w += int64_t(gridDim.x) * 8) {
     const int64_t h = w / p.total_q, t = w - h * p.total_q;
     const QueryRow r = query_row(p, t);
     const float* src = p.dq_accum + w * p.head_dqk;  // [Hq, total_q, Dqk]
-    uint16_t* dst = static_cast<uint16_t*>(p.dq) + r.b * p.dqa.batch_stride + r.row * p.dqa.row_stride +
-                    h * p.dqa.head_stride;
+    Elem* dst = static_cast<Elem*>(p.dq) + r.b * p.dqa.batch_stride + r.row * p.dqa.row_stride +
+                h * p.dqa.head_stride;
     for (int c = lane * 2; c < p.head_dqk; c += 64) {
       const float2 x = *reinterpret_cast<const float2*>(src + c);
-      *reinterpret_cast<uint32_t*>(dst + c) = pack2<kBf16>(x.x * p.scale, x.y * p.scale);
+      *reinterpret_cast<uint32_t*>(dst + c) = pack2<E>(x.x * p.scale, x.y * p.scale);
     }
   }
 }

@@ -66,8 +66,9 @@ __global__ void __launch_bounds__(256) flex_bwd_split_items_kernel(const BwdPara
 }
 
 // C. dk / dv rows of split task blockIdx.x from its accumulators. Grid num_tasks, 256 threads.
-template <bool kBf16>
+template <class E>
 __global__ void __launch_bounds__(256) flex_bwd_split_convert_kernel(const BwdParams p) {
+  using Elem = typename E::Storage;
   const BwdSplit& sp = p.split;
   const int t = blockIdx.x;
   const int slot = sp.task_slot[t];
@@ -81,25 +82,25 @@ __global__ void __launch_bounds__(256) flex_bwd_split_convert_kernel(const BwdPa
   const int64_t krow = int64_t(p.varlen ? k_start : 0) + key0;
   {
     const float* src = sp.dk_accum + int64_t(slot) * bk * p.head_dqk;
-    uint16_t* dst = static_cast<uint16_t*>(p.dk) + int64_t(b) * p.dka.batch_stride + krow * p.dka.row_stride +
-                    int64_t(hkv) * p.dka.head_stride;
+    Elem* dst = static_cast<Elem*>(p.dk) + int64_t(b) * p.dka.batch_stride + krow * p.dka.row_stride +
+                int64_t(hkv) * p.dka.head_stride;
     const int pairs = p.head_dqk / 2;
     for (int i = threadIdx.x; i < keys_valid * pairs; i += blockDim.x) {
       const int key = i / pairs, c = 2 * (i - key * pairs);
       const float2 x = *reinterpret_cast<const float2*>(src + int64_t(key) * p.head_dqk + c);
       *reinterpret_cast<uint32_t*>(dst + int64_t(key) * p.dka.row_stride + c) =
-          pack2<kBf16>(x.x * p.scale, x.y * p.scale);
+          pack2<E>(x.x * p.scale, x.y * p.scale);
     }
   }
   {
     const float* src = sp.dv_accum + int64_t(slot) * bk * p.head_dv;
-    uint16_t* dst = static_cast<uint16_t*>(p.dv) + int64_t(b) * p.dva.batch_stride + krow * p.dva.row_stride +
-                    int64_t(hkv) * p.dva.head_stride;
+    Elem* dst = static_cast<Elem*>(p.dv) + int64_t(b) * p.dva.batch_stride + krow * p.dva.row_stride +
+                int64_t(hkv) * p.dva.head_stride;
     const int pairs = p.head_dv / 2;
     for (int i = threadIdx.x; i < keys_valid * pairs; i += blockDim.x) {
       const int key = i / pairs, c = 2 * (i - key * pairs);
       const float2 x = *reinterpret_cast<const float2*>(src + int64_t(key) * p.head_dv + c);
-      *reinterpret_cast<uint32_t*>(dst + int64_t(key) * p.dva.row_stride + c) = pack2<kBf16>(x.x, x.y);
+      *reinterpret_cast<uint32_t*>(dst + int64_t(key) * p.dva.row_stride + c) = pack2<E>(x.x, x.y);
     }
   }
 }

@@ -56,8 +56,9 @@ __global__ void __launch_bounds__(256) flex_fwd_split_items_kernel(const FwdPara
 // block_q <= kMaxCombineRows.
 constexpr int kMaxCombineRows = 128;
 
-template <bool kBf16>
+template <class E>
 __global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FwdParams p) {
+  using Elem = typename E::Storage;
   const FwdSplit& sp = p.split;
   const int t = blockIdx.x;
   const int slot0 = sp.task_slot[t];
@@ -96,8 +97,8 @@ __global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FwdPa
   }
   __syncthreads();  // s_m, s_inv, s_off
 
-  uint16_t* o = static_cast<uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride + q_row0 * p.oa.row_stride +
-                int64_t(head0) * p.oa.head_stride;
+  Elem* o = static_cast<Elem*>(p.o) + int64_t(b) * p.oa.batch_stride + q_row0 * p.oa.row_stride +
+            int64_t(head0) * p.oa.head_stride;
   const int pairs = p.head_dv / 2;
   for (int idx = threadIdx.x; idx < rows_valid * pairs; idx += blockDim.x) {
     const int row = idx / pairs, c = 2 * (idx - row * pairs);
@@ -111,7 +112,7 @@ __global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FwdPa
       acc.y += w * x.y;
     }
     const float inv = s_inv[row];
-    *reinterpret_cast<uint32_t*>(o + s_off[row] + c) = pack2<kBf16>(acc.x * inv, acc.y * inv);
+    *reinterpret_cast<uint32_t*>(o + s_off[row] + c) = pack2<E>(acc.x * inv, acc.y * inv);
   }
 }
 

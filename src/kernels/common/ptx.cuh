@@ -1,5 +1,5 @@
 // Thin inline-PTX wrappers used by the kernels of every family (sm_80 and newer): shared
-// memory addresses, cp.async, exp2, 16-bit packing/unpacking, float atomics.
+// memory addresses, cp.async, exp2, element conversions (core/element_type.h tags), float atomics.
 //
 //   cp_async_16      cp.async.cg.shared.global 16 bytes, zero-filled when the predicate is false
 //   exp2_approx      ex2.approx.ftz.f32 (exp2(-inf) = +0)
@@ -10,6 +10,8 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+
+#include "core/element_type.h"
 
 namespace flashspan::kern {
 
@@ -39,10 +41,12 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
-// Two floats -> one .b32 of two 16-bit values (lo = first element, the lower column).
-template <bool kBf16>
+// Two floats -> one .b32 of two 16-bit elements of type E (lo = first element, the lower
+// column), rounded to nearest even.
+template <class E>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  if constexpr (kBf16) {
+  static_assert(E::kDType == DType::kBFloat16 || E::kDType == DType::kFloat16, "pack2: 16-bit element types only");
+  if constexpr (E::kDType == DType::kBFloat16) {
     __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
     return *reinterpret_cast<uint32_t*>(&v);
   } else {
@@ -51,9 +55,11 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
   }
 }
 
-template <bool kBf16>
-__device__ __forceinline__ float to_float(uint16_t bits) {
-  if constexpr (kBf16) {
+// One element of type E -> float (exact for the 16-bit types).
+template <class E>
+__device__ __forceinline__ float to_float(typename E::Storage bits) {
+  static_assert(E::kDType == DType::kBFloat16 || E::kDType == DType::kFloat16, "to_float: 16-bit element types only");
+  if constexpr (E::kDType == DType::kBFloat16) {
     return __uint_as_float(uint32_t(bits) << 16);
   } else {
     return __half2float(__ushort_as_half(bits));

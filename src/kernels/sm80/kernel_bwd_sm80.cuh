@@ -115,7 +115,7 @@ struct BwdTraitsSm80 {
 // The kM A fragments are read once and serve every n8 block; each B fragment serves kM x 2 mma.
 // Column pairs at or past n_valid (relative to the warp's first column) are skipped unless
 // kExact (run-time head dims below the tile's).
-template <int kM, int kN, bool kATrans, bool kBKn, bool kExact, bool kBf16, int kDa, int kDb>
+template <int kM, int kN, bool kATrans, bool kBKn, bool kExact, class E, int kDa, int kDb>
 __device__ __forceinline__ void warp_mma_k16(float (&acc)[kM][kN][4], const LdsmAddr<kDa>& a, const LdsmAddr<kDb>& b,
                                              int kk, int n_valid) {
   static_assert(kN % 2 == 0, "two n8 blocks per B fragment");
@@ -139,8 +139,8 @@ __device__ __forceinline__ void warp_mma_k16(float (&acc)[kM][kN][4], const Ldsm
       }
 #pragma unroll
       for (int m = 0; m < kM; ++m) {
-        mma_16816<kBf16>(acc[m][n], af[m], bf[0], bf[1]);
-        mma_16816<kBf16>(acc[m][n + 1], af[m], bf[2], bf[3]);
+        mma_16816<E>(acc[m][n], af[m], bf[0], bf[1]);
+        mma_16816<E>(acc[m][n + 1], af[m], bf[2], bf[3]);
       }
     }
   }
@@ -165,10 +165,10 @@ __device__ __forceinline__ void red_add_f32x2(float* p, float x, float y) {
 }
 
 // d = A B + c (mma_16816 with a separate C operand).
-template <bool kBf16>
+template <class E>
 __device__ __forceinline__ void mma_16816_c(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
                                             const float (&c)[4]) {
-  if constexpr (kBf16) {
+  if constexpr (E::kDType == DType::kBFloat16) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%10,%11,%12,%13};\n"
@@ -186,7 +186,7 @@ __device__ __forceinline__ void mma_16816_c(float (&d)[4], const uint32_t (&a)[4
 // The first k16 step (kk = 0) of warp_mma_k16 with ldsm_a / ldsm_b_nk operands and every
 // column pair present, starting from c instead of acc: acc[m][n] = A B + c[m] (every n8 block
 // of m16 tile m starts from the same c[m], so no per-block copies of it are made).
-template <int kM, int kN, bool kBf16, int kDa, int kDb>
+template <int kM, int kN, class E, int kDa, int kDb>
 __device__ __forceinline__ void warp_mma_k16_first(float (&acc)[kM][kN][4], const float (&c)[kM][4],
                                                    const LdsmAddr<kDa>& a, const LdsmAddr<kDb>& b) {
   static_assert(kN % 2 == 0, "two n8 blocks per B fragment");
@@ -199,8 +199,8 @@ __device__ __forceinline__ void warp_mma_k16_first(float (&acc)[kM][kN][4], cons
     ldmatrix_x4(bf, b.at(0, n * 8));
 #pragma unroll
     for (int m = 0; m < kM; ++m) {
-      mma_16816_c<kBf16>(acc[m][n], af[m], bf[0], bf[1], c[m]);
-      mma_16816_c<kBf16>(acc[m][n + 1], af[m], bf[2], bf[3], c[m]);
+      mma_16816_c<E>(acc[m][n], af[m], bf[0], bf[1], c[m]);
+      mma_16816_c<E>(acc[m][n + 1], af[m], bf[2], bf[3], c[m]);
     }
   }
 }
@@ -277,10 +277,10 @@ struct K2QWalk {
   }
 };
 
-// Row `row` of head h of sample b in a [B,S,H,D] / [T,H,D] tensor (params.h).
-__device__ __forceinline__ const uint16_t* row_ptr(const void* base, const TensorAddr& a, int b, int64_t row,
-                                                   int h) {
-  return static_cast<const uint16_t*>(base) + int64_t(b) * a.batch_stride + row * a.row_stride +
+// Row `row` of head h of sample b in a [B,S,H,D] / [T,H,D] tensor (params.h) of elements Elem.
+template <class Elem>
+__device__ __forceinline__ const Elem* row_ptr(const void* base, const TensorAddr& a, int b, int64_t row, int h) {
+  return static_cast<const Elem*>(base) + int64_t(b) * a.batch_stride + row * a.row_stride +
          int64_t(h) * a.head_stride;
 }
 
@@ -294,9 +294,11 @@ __device__ __forceinline__ const uint16_t* row_ptr(const void* base, const Tenso
 // Shared memory: the item's first loads (K, V, Q/dO[0]) are issued before the loop's first
 // __syncthreads, so the caller must __syncthreads between two items of one CTA.
 // Warp tiles: BwdTraitsSm80 (S/dP, dK/dV and dQ phases each have their own 2-D layout).
-template <class T, bool kBf16>
+template <class T, class E>
 __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int kb, int hkv, int b, int begin,
                                           int count) {
+  using Elem = typename E::Storage;
+  static_assert(E::kBits == 16, "the sm80 loaders and ldmatrix move 16-bit elements");
   const uint32_t sK = smem_u32(smem);
   const uint32_t sV = sK + T::kSmemK;
   const uint32_t sQ0 = sV + T::kSmemV;                // Q[2]
@@ -313,9 +315,9 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
   const int64_t krow = int64_t(p.varlen ? k_start : 0) + key0;
   const int64_t qrow_base = p.varlen ? q_start : 0;
 
-  load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, row_ptr(p.k, p.ka, b, krow, hkv), p.ka.row_stride,
+  load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, row_ptr<Elem>(p.k, p.ka, b, krow, hkv), p.ka.row_stride,
                                                     keys_valid, p.head_dqk, tid);
-  load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, row_ptr(p.v, p.va, b, krow, hkv), p.va.row_stride,
+  load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, row_ptr<Elem>(p.v, p.va, b, krow, hkv), p.va.row_stride,
                                                    keys_valid, p.head_dv, tid);
 
   K2QWalk walk{&p, hkv * p.group_size, (hkv + 1) * p.group_size, b, kb, count, {}};
@@ -341,10 +343,10 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
   // in registers, which the loop has none to spare for (ptxas would otherwise recompute them
   // from b, the strides and tid every iteration).
   volatile uintptr_t thr_src[4];
-  thr_src[2] = reinterpret_cast<uintptr_t>(row_ptr(p.q, p.qa, b, qrow_base, 0));
-  thr_src[3] = reinterpret_cast<uintptr_t>(row_ptr(p.dout, p.doa, b, qrow_base, 0));
-  thr_src[0] = reinterpret_cast<uintptr_t>(row_ptr(p.q, p.qa, b, qrow_base, 0) + ldq.offset());
-  thr_src[1] = reinterpret_cast<uintptr_t>(row_ptr(p.dout, p.doa, b, qrow_base, 0) + ldo.offset());
+  thr_src[2] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(p.q, p.qa, b, qrow_base, 0));
+  thr_src[3] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(p.dout, p.doa, b, qrow_base, 0));
+  thr_src[0] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(p.q, p.qa, b, qrow_base, 0) + ldq.offset());
+  thr_src[1] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(p.dout, p.doa, b, qrow_base, 0) + ldo.offset());
   auto load_q_do = [&](int buf, int hh, int qq) {
     const int rows = len_q - qq * T::kBlockQ;
     // Element offset of (query block qq, head hh) from row 0 / head 0 (both non-negative).
@@ -353,20 +355,20 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
         int64_t(uint32_t(hh)) * p.doa.head_stride + int64_t(uint32_t(qq * T::kBlockQ)) * p.doa.row_stride;
     if constexpr (kRowLoaders) {
       if (rows >= T::kBlockQ) {
-        ldq.load_full(sQ0 + buf * T::kSmemQ, reinterpret_cast<const uint16_t*>(thr_src[0]) + oq);
-        ldo.load_full(sO0 + buf * T::kSmemO, reinterpret_cast<const uint16_t*>(thr_src[1]) + oo);
+        ldq.load_full(sQ0 + buf * T::kSmemQ, reinterpret_cast<const Elem*>(thr_src[0]) + oq);
+        ldo.load_full(sO0 + buf * T::kSmemO, reinterpret_cast<const Elem*>(thr_src[1]) + oo);
       } else {
-        ldq.load_partial(sQ0 + buf * T::kSmemQ, reinterpret_cast<const uint16_t*>(thr_src[0]) + oq,
-                         reinterpret_cast<const uint16_t*>(thr_src[2]) + oq, rows, tid);
-        ldo.load_partial(sO0 + buf * T::kSmemO, reinterpret_cast<const uint16_t*>(thr_src[1]) + oo,
-                         reinterpret_cast<const uint16_t*>(thr_src[3]) + oo, rows, tid);
+        ldq.load_partial(sQ0 + buf * T::kSmemQ, reinterpret_cast<const Elem*>(thr_src[0]) + oq,
+                         reinterpret_cast<const Elem*>(thr_src[2]) + oq, rows, tid);
+        ldo.load_partial(sO0 + buf * T::kSmemO, reinterpret_cast<const Elem*>(thr_src[1]) + oo,
+                         reinterpret_cast<const Elem*>(thr_src[3]) + oo, rows, tid);
       }
     } else {
       load_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ0 + buf * T::kSmemQ,
-                                                        reinterpret_cast<const uint16_t*>(thr_src[2]) + oq,
+                                                        reinterpret_cast<const Elem*>(thr_src[2]) + oq,
                                                         p.qa.row_stride, rows, p.head_dqk, tid);
       load_tile_async<T::kBlockQ, T::kDv, T::kThreads>(sO0 + buf * T::kSmemO,
-                                                       reinterpret_cast<const uint16_t*>(thr_src[3]) + oo,
+                                                       reinterpret_cast<const Elem*>(thr_src[3]) + oo,
                                                        p.doa.row_stride, rows, p.head_dv, tid);
     }
   };
@@ -468,7 +470,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
 #pragma unroll
       for (int kk = 0; kk < T::kDqk / 16; ++kk) {
         if (T::kExact || kk * 16 < p.head_dqk) {
-          warp_mma_k16<T::kSMT, T::kSNT, false, false, true, kBf16>(s, aQ, bK, kk, 0);
+          warp_mma_k16<T::kSMT, T::kSNT, false, false, true, E>(s, aQ, bK, kk, 0);
         }
       }
     }
@@ -500,11 +502,11 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
         for (int i = 0; i < 4; ++i) minus_d[mi][i] = -delta[mi][i >> 1];
       }
       const LdsmAddr<T::kDv> aO = LdsmAddr<T::kDv>::unpack(addr_tab[buf][1]);
-      warp_mma_k16_first<T::kSMT, T::kSNT, kBf16>(dp, minus_d, aO, bV);  // k16 step 0 (head_dv >= 1)
+      warp_mma_k16_first<T::kSMT, T::kSNT, E>(dp, minus_d, aO, bV);  // k16 step 0 (head_dv >= 1)
 #pragma unroll
       for (int kk = 1; kk < T::kDv / 16; ++kk) {
         if (T::kExact || kk * 16 < p.head_dv) {
-          warp_mma_k16<T::kSMT, T::kSNT, false, false, true, kBf16>(dp, aO, bV, kk, 0);
+          warp_mma_k16<T::kSMT, T::kSNT, false, false, true, E>(dp, aO, bV, kk, 0);
         }
       }
     }
@@ -517,9 +519,9 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
           const float ds0 = s[mi][n][2 * hi] * dp[mi][n][2 * hi];  // P (dP - D)
           const float ds1 = s[mi][n][2 * hi + 1] * dp[mi][n][2 * hi + 1];
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + ps_off(mi, n, hi)),
-                       "r"(pack2<kBf16>(s[mi][n][2 * hi], s[mi][n][2 * hi + 1]))
+                       "r"(pack2<E>(s[mi][n][2 * hi], s[mi][n][2 * hi + 1]))
                        : "memory");
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + ps_off(mi, n, hi)), "r"(pack2<kBf16>(ds0, ds1))
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + ps_off(mi, n, hi)), "r"(pack2<E>(ds0, ds1))
                        : "memory");
         }
       }
@@ -533,14 +535,14 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
         const LdsmAddr<T::kDv> bO = LdsmAddr<T::kDv>::unpack(addr_tab[buf][3]);
 #pragma unroll
         for (int kk = 0; kk < T::kBlockQ / 16; ++kk) {
-          warp_mma_k16<kKMT, T::kNV, true, true, T::kExact, kBf16>(acc_dv, aP, bO, kk, p.head_dv - dv0);
+          warp_mma_k16<kKMT, T::kNV, true, true, T::kExact, E>(acc_dv, aP, bO, kk, p.head_dv - dv0);
         }
       }
       if (T::kExact || dk0 < p.head_dqk) {
         const LdsmAddr<T::kDqk> bQ = LdsmAddr<T::kDqk>::unpack(addr_tab[buf][2]);
 #pragma unroll
         for (int kk = 0; kk < T::kBlockQ / 16; ++kk) {
-          warp_mma_k16<kKMT, T::kNK, true, true, T::kExact, kBf16>(acc_dk, adS, bQ, kk, p.head_dqk - dk0);
+          warp_mma_k16<kKMT, T::kNK, true, true, T::kExact, E>(acc_dk, adS, bQ, kk, p.head_dqk - dk0);
         }
       }
     }
@@ -563,7 +565,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
           for (int j = 0; j < 4; ++j) bKq.sw[j] += uint32_t(pass * (T::kDqk / T::kQPass) * 2);  // + 16 B per chunk
 #pragma unroll
           for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
-            warp_mma_k16<T::kQMT, T::kNQA, false, true, T::kExact, kBf16>(acc_q, aS, bKq, kk, p.head_dqk - c0);
+            warp_mma_k16<T::kQMT, T::kNQA, false, true, T::kExact, E>(acc_q, aS, bKq, kk, p.head_dqk - c0);
           }
 #pragma unroll
           for (int mi = 0; mi < T::kQMT; ++mi) {
@@ -626,10 +628,10 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
   }
 
   // ---- Epilogue: dK (scaled) and dV; key blocks nobody sees get zeros.
-  uint16_t* dk = static_cast<uint16_t*>(p.dk) + int64_t(b) * p.dka.batch_stride + krow * p.dka.row_stride +
-                 int64_t(hkv) * p.dka.head_stride;
-  uint16_t* dv = static_cast<uint16_t*>(p.dv) + int64_t(b) * p.dva.batch_stride + krow * p.dva.row_stride +
-                 int64_t(hkv) * p.dva.head_stride;
+  Elem* dk = static_cast<Elem*>(p.dk) + int64_t(b) * p.dka.batch_stride + krow * p.dka.row_stride +
+             int64_t(hkv) * p.dka.head_stride;
+  Elem* dv = static_cast<Elem*>(p.dv) + int64_t(b) * p.dva.batch_stride + krow * p.dva.row_stride +
+             int64_t(hkv) * p.dva.head_stride;
 #pragma unroll
   for (int mi = 0; mi < kKMT; ++mi) {
 #pragma unroll
@@ -641,7 +643,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
           const int col = dk0 + n * 8 + 2 * t;
           if (col < p.head_dqk) {
             *reinterpret_cast<uint32_t*>(dk + int64_t(key) * p.dka.row_stride + col) =
-                pack2<kBf16>(acc_dk[mi][n][2 * hi] * p.scale, acc_dk[mi][n][2 * hi + 1] * p.scale);
+                pack2<E>(acc_dk[mi][n][2 * hi] * p.scale, acc_dk[mi][n][2 * hi + 1] * p.scale);
           }
         }
 #pragma unroll
@@ -649,7 +651,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
           const int col = dv0 + n * 8 + 2 * t;
           if (col < p.head_dv) {
             *reinterpret_cast<uint32_t*>(dv + int64_t(key) * p.dva.row_stride + col) =
-                pack2<kBf16>(acc_dv[mi][n][2 * hi], acc_dv[mi][n][2 * hi + 1]);
+                pack2<E>(acc_dv[mi][n][2 * hi], acc_dv[mi][n][2 * hi + 1]);
           }
         }
       }
@@ -661,7 +663,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
 // (or per (key block, kv head) cell in grid mode), the whole K2Q walk, direct writes.
 // With one (p.split.items): a persistent grid; each CTA claims items in list order with an
 // atomic counter until the list is exhausted (items of long tasks come first).
-template <class T, bool kBf16>
+template <class T, class E>
 __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const BwdParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   int32_t* s_item = reinterpret_cast<int32_t*>(smem + T::kSmemItem);
@@ -692,7 +694,7 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const B
       hkv = __ldg(task + 1);
       b = __ldg(task + 2);
     }
-    dkdv_item<T, kBf16>(p, smem, kb, hkv, b, begin, count);
+    dkdv_item<T, E>(p, smem, kb, hkv, b, begin, count);
   }
 }
 
@@ -707,8 +709,10 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const B
 // thread's source pointers (row 0 of the sample, head hkv); a K/V tile costs one 64-bit
 // multiply-add per matrix plus the copies. The Q2K cursor reads one block ahead, so the next
 // K/V tile's address never waits on a global load.
-template <class T, bool kBf16>
+template <class T, class E>
 __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const BwdParams p) {
+  using Elem = typename E::Storage;
+  static_assert(E::kBits == 16, "the sm80 loaders and ldmatrix move 16-bit elements");
   extern __shared__ __align__(128) uint8_t smem[];
   const uint32_t sQ = smem_u32(smem);
   const uint32_t sO = sQ + T::kSmemQ;
@@ -767,8 +771,8 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
   LoaderV ldv;
   ldk.init(p.ka.row_stride, T::kExact ? T::kDqk : p.head_dqk, tid);
   ldv.init(p.va.row_stride, T::kExact ? T::kDv : p.head_dv, tid);
-  const uint16_t* const gk_thr = row_ptr(p.k, p.ka, b, krow_base, hkv) + ldk.offset();
-  const uint16_t* const gv_thr = row_ptr(p.v, p.va, b, krow_base, hkv) + ldv.offset();
+  const Elem* const gk_thr = row_ptr<Elem>(p.k, p.ka, b, krow_base, hkv) + ldk.offset();
+  const Elem* const gv_thr = row_ptr<Elem>(p.v, p.va, b, krow_base, hkv) + ldv.offset();
   auto load_kv = [&](int buf, int kbb) {
     const int rows = len_k - kbb * T::kBlockK;
     // Element offsets of key block kbb from row 0 (non-negative).
@@ -783,9 +787,9 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
     }
   };
 
-  load_tile_async<T::kBlockQ, T::kDqk, T::kThreadsQ>(sQ, row_ptr(p.q, p.qa, b, qrow, h), p.qa.row_stride,
+  load_tile_async<T::kBlockQ, T::kDqk, T::kThreadsQ>(sQ, row_ptr<Elem>(p.q, p.qa, b, qrow, h), p.qa.row_stride,
                                                      rows_valid, p.head_dqk, tid);
-  load_tile_async<T::kBlockQ, T::kDv, T::kThreadsQ>(sO, row_ptr(p.dout, p.doa, b, qrow, h), p.doa.row_stride,
+  load_tile_async<T::kBlockQ, T::kDv, T::kThreadsQ>(sO, row_ptr<Elem>(p.dout, p.doa, b, qrow, h), p.doa.row_stride,
                                                     rows_valid, p.head_dv, tid);
   int kb = 0, payload = -1;
   bool have = next_block(kb, payload);
@@ -836,7 +840,7 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
     float s[T::kNSQ][4];
 #pragma unroll
     for (int n = 0; n < T::kNSQ; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-    warp_mma_a_bnk<T::kDqk / 16, T::kNSQ, T::kExact, kBf16>(s, LdsmAddr<T::kDqk>::unpack(addr_tab[buf][3]), bK,
+    warp_mma_a_bnk<T::kDqk / 16, T::kNSQ, T::kExact, E>(s, LdsmAddr<T::kDqk>::unpack(addr_tab[buf][3]), bK,
                                                             p.head_dqk);
     // P = exp2(S scale log2(e) - lse2), scaling and subtraction as one fma; the mask sets
     // -inf after it (exp2(-inf) = 0; an empty row's lse2 = +inf gives -inf too).
@@ -852,11 +856,11 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
     // dP - D: k16 step 0 seeded with -D (head_dv >= 1), the rest accumulated.
     float dp[1][T::kNSQ][4];
     const LdsmAddr<T::kDv> aO = LdsmAddr<T::kDv>::unpack(addr_tab[buf][4]);
-    warp_mma_k16_first<1, T::kNSQ, kBf16>(dp, minus_d, aO, bV);
+    warp_mma_k16_first<1, T::kNSQ, E>(dp, minus_d, aO, bV);
 #pragma unroll
     for (int kk = 1; kk < T::kDv / 16; ++kk) {
       if (T::kExact || kk * 16 < p.head_dv) {
-        warp_mma_k16<1, T::kNSQ, false, false, true, kBf16>(dp, aO, bV, kk, 0);
+        warp_mma_k16<1, T::kNSQ, false, false, true, E>(dp, aO, bV, kk, 0);
       }
     }
 #pragma unroll
@@ -869,17 +873,17 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
 #pragma unroll
     for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
       uint32_t a[4];
-      a[0] = pack2<kBf16>(s[2 * kk][0], s[2 * kk][1]);
-      a[1] = pack2<kBf16>(s[2 * kk][2], s[2 * kk][3]);
-      a[2] = pack2<kBf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-      a[3] = pack2<kBf16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+      a[0] = pack2<E>(s[2 * kk][0], s[2 * kk][1]);
+      a[1] = pack2<E>(s[2 * kk][2], s[2 * kk][3]);
+      a[2] = pack2<E>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      a[3] = pack2<E>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
       for (int n = 0; n < T::kNQ; n += 2) {
         if (T::kExact || n * 8 < p.head_dqk) {
           uint32_t bb[4];
           ldmatrix_x4_trans(bb, bKq.at(n / 2, kk * 16));
-          mma_16816<kBf16>(acc[n], a, bb[0], bb[1]);
-          mma_16816<kBf16>(acc[n + 1], a, bb[2], bb[3]);
+          mma_16816<E>(acc[n], a, bb[0], bb[1]);
+          mma_16816<E>(acc[n + 1], a, bb[2], bb[3]);
         }
       }
     }
@@ -890,8 +894,8 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
   cp_async_wait<0>();
 
   const int t = lane & 3;
-  uint16_t* dq = static_cast<uint16_t*>(p.dq) + int64_t(b) * p.dqa.batch_stride + qrow * p.dqa.row_stride +
-                 int64_t(h) * p.dqa.head_stride;
+  Elem* dq = static_cast<Elem*>(p.dq) + int64_t(b) * p.dqa.batch_stride + qrow * p.dqa.row_stride +
+             int64_t(h) * p.dqa.head_stride;
 #pragma unroll
   for (int hi = 0; hi < 2; ++hi) {
     const int row = warp * 16 + g + 8 * hi;
@@ -901,7 +905,7 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
         const int col = n * 8 + 2 * t;
         if (col < p.head_dqk) {
           *reinterpret_cast<uint32_t*>(dq + int64_t(row) * p.dqa.row_stride + col) =
-              pack2<kBf16>(acc[n][2 * hi] * p.scale, acc[n][2 * hi + 1] * p.scale);
+              pack2<E>(acc[n][2 * hi] * p.scale, acc[n][2 * hi + 1] * p.scale);
         }
       }
     }

@@ -25,6 +25,7 @@
 
 #include "kernels/common/block_range.cuh"
 #include "kernels/common/grid.h"
+#include "kernels/common/seqlen_info.cuh"
 #include "kernels/common/split_schedule.cuh"
 #include "kernels/params.h"
 #include "kernels/sm80/mask_apply_sm80.cuh"
@@ -136,6 +137,266 @@ __device__ __forceinline__ void load_kv_rows8(const Loader& ld, uint32_t smem_ti
   }
 }
 
+// ---------------------------------------------------------------------------------------
+// Roles of a forward work item. Each is a __forceinline__ function over the item's state,
+// passed by reference, so the kernel compiles as one body (same code as the former single
+// function: scripts/sass_diff.sh).
+
+// KV loader (contiguous K/V rows today): key block kb of K or V into its shared-memory tile,
+// rows past the sample's length zero-filled. TileRowLoader8 (tile_io_sm80.cuh) where
+// FwdTraitsSm80::kLoader8, else load_tile_async.
+template <class T>
+struct FwdKvLoaderSm80 {
+  using LoaderK = TileRowLoader8<T::kBlockK, T::kDqk, T::kThreads>;
+  using LoaderV = TileRowLoader8<T::kBlockK, T::kDv, T::kThreads>;
+  [[maybe_unused]] LoaderK ld_k;
+  [[maybe_unused]] LoaderV ld_v;
+
+  __device__ __forceinline__ void init(const QkvParams& p, int tid) {
+    if constexpr (T::kLoader8) {
+      static_assert(LoaderK::kApplies && LoaderV::kApplies);
+      ld_k.init(p.ka.row_stride, T::kExact ? T::kDqk : p.head_dqk, tid);
+      ld_v.init(p.va.row_stride, T::kExact ? T::kDv : p.head_dv, tid);
+    }
+  }
+  // k, v: position 0 of the item's kv head in the sample.
+  template <class Elem>
+  __device__ __forceinline__ void load_k(const QkvParams& p, uint32_t sK, const Elem* k, int kb, int len_k,
+                                         int tid) const {
+    if constexpr (T::kLoader8) {
+      load_kv_rows8<T::kBlockK>(ld_k, sK, k + int64_t(kb) * T::kBlockK * p.ka.row_stride, len_k - kb * T::kBlockK,
+                                tid);
+    } else {
+      load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + int64_t(kb) * T::kBlockK * p.ka.row_stride,
+                                                        p.ka.row_stride, len_k - kb * T::kBlockK, p.head_dqk, tid);
+    }
+  }
+  template <class Elem>
+  __device__ __forceinline__ void load_v(const QkvParams& p, uint32_t sV, const Elem* v, int kb, int len_k,
+                                         int tid) const {
+    if constexpr (T::kLoader8) {
+      load_kv_rows8<T::kBlockK>(ld_v, sV, v + int64_t(kb) * T::kBlockK * p.va.row_stride, len_k - kb * T::kBlockK,
+                                tid);
+    } else {
+      load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, v + int64_t(kb) * T::kBlockK * p.va.row_stride,
+                                                       p.va.row_stride, len_k - kb * T::kBlockK, p.head_dv, tid);
+    }
+  }
+};
+
+// Mask policy (the plan's payload today): a partial key block's predicate bits applied to
+// m16 tile mt of the block's scores (mask_apply_sm80.cuh); full blocks are not masked.
+template <class T>
+struct PlanPayloadMaskSm80 {
+  static constexpr size_t kWordsPerTile = size_t(T::kBlockQ) * T::kBlockK / 32;
+  __device__ __forceinline__ static void apply(const QkvParams& p, float (&s)[T::kNS][4], const bool& partial,
+                                               const int& entry, int mt, int lane) {
+    if (partial) {
+      apply_payload<T::kNS>(s, p.view.q2k_partial_bits + size_t(entry) * kWordsPerTile, mt, 0, T::kBlockK, lane);
+    }
+  }
+};
+
+// Softmax with rescale: scores to log2 units, the mask, then the online softmax step (s
+// becomes P; m, l updated; the output accumulator rescaled). Then P as 16-bit A fragments of
+// the P V GEMM (k-step kk = key columns 16kk..16kk+15): half the registers of the fp32
+// scores, which are dead from here on.
+template <class T, class E, class Mask>
+__device__ __forceinline__ void fwd_softmax_sm80(float (&s)[T::kMT][T::kNS][4], float (&m)[T::kMT][2],
+                                                 float (&l)[T::kMT][2], float (&acc_o)[T::kMT][T::kNO][4],
+                                                 uint32_t (&pa)[T::kMT][T::kBlockK / 16][4], const QkvParams& p,
+                                                 const bool& partial, const int& entry, int warp, int lane) {
+  constexpr int kMT = T::kMT;
+#pragma unroll
+  for (int i = 0; i < kMT; ++i) {
+#pragma unroll
+    for (int n = 0; n < T::kNS; ++n) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[i][n][e] *= p.scale_log2;
+    }
+    Mask::apply(p, s[i], partial, entry, warp * kMT + i, lane);
+    online_softmax_step<T::kNS, T::kNO>(s[i], m[i], l[i], acc_o[i]);
+  }
+#pragma unroll
+  for (int i = 0; i < kMT; ++i) {
+#pragma unroll
+    for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
+      pa[i][kk][0] = pack2<E>(s[i][2 * kk][0], s[i][2 * kk][1]);
+      pa[i][kk][1] = pack2<E>(s[i][2 * kk][2], s[i][2 * kk][3]);
+      pa[i][kk][2] = pack2<E>(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
+      pa[i][kk][3] = pack2<E>(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
+    }
+  }
+}
+
+// Where the rows of a work item go: row r of the block is position (row0 + r) / pack of
+// query head head0 + (row0 + r) % pack of sample b (task head h; head0 = h * pack).
+struct FwdRowsSm80 {
+  int b, h, pack, q_start, row0, rows_valid;
+  int m0;  // first row of the warp; m16 tile i starts at m0 + 16 i
+  int g, t;
+};
+
+// Epilogue of a piece of a split task: unnormalised fp32 O, m (log2 units, quad-uniform
+// after the softmax's quad_max) and l (summed over the quad) of every valid row into
+// workspace slot `slot` (FwdSplit) for the combine kernel.
+template <class T>
+__device__ __forceinline__ void fwd_store_split_partial_sm80(const FwdParams& p, FwdRowsSm80 rw, int slot,
+                                                             const float (&acc_o)[T::kMT][T::kNO][4],
+                                                             const float (&m)[T::kMT][2], const float (&l)[T::kMT][2]) {
+  float* oacc = p.split.o_accum + int64_t(slot) * T::kBlockQ * p.head_dv;
+  float* ml = p.split.ml + int64_t(slot) * 2 * T::kBlockQ;
+#pragma unroll
+  for (int i = 0; i < T::kMT; ++i) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const float lsum = quad_sum(l[i][hi]);
+      const int row = rw.m0 + 16 * i + rw.g + 8 * hi;
+      if (row < rw.rows_valid) {
+        float* orow = oacc + int64_t(row) * p.head_dv;
+#pragma unroll
+        for (int n = 0; n < T::kNO; ++n) {
+          const int col = n * 8 + 2 * rw.t;
+          if (col < p.head_dv) {
+            *reinterpret_cast<float2*>(orow + col) = make_float2(acc_o[i][n][2 * hi], acc_o[i][n][2 * hi + 1]);
+          }
+        }
+        if (rw.t == 0) {
+          ml[row] = m[i][hi];
+          ml[T::kBlockQ + row] = lsum;
+        }
+      }
+    }
+  }
+}
+
+// Epilogue of a whole task, unpacked rows (pack = 1): O normalised (0 for empty rows), LSE
+// (natural log, -inf for empty rows). The one-CTA-per-task kernel has two copies of this loop
+// (unpacked, packed): one loop with the run-time row mapping cost it 100+ bytes of spills at
+// D = 128 (ptxas -v). The persistent kernel is the other way round (the two copies put
+// spills in its main loop, one does not), so it runs the packed copy, which with pack = 1 is
+// the unpacked mapping.
+template <class T, class E>
+__device__ __forceinline__ void fwd_store_rows_sm80(const FwdParams& p, FwdRowsSm80 rw,
+                                                    const float (&acc_o)[T::kMT][T::kNO][4],
+                                                    const float (&m)[T::kMT][2], const float (&l)[T::kMT][2]) {
+  using Elem = typename E::Storage;
+  constexpr float kLn2 = 0.6931471805599453f;
+  Elem* o = static_cast<Elem*>(p.o) + int64_t(rw.b) * p.oa.batch_stride +
+            (int64_t(p.varlen ? rw.q_start : 0) + rw.row0) * p.oa.row_stride + int64_t(rw.h) * p.oa.head_stride;
+#pragma unroll
+  for (int i = 0; i < T::kMT; ++i) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const float lsum = quad_sum(l[i][hi]);
+      const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+      const int row = rw.m0 + 16 * i + rw.g + 8 * hi;
+      if (row < rw.rows_valid) {
+        Elem* orow = o + int64_t(row) * p.oa.row_stride;
+#pragma unroll
+        for (int n = 0; n < T::kNO; ++n) {
+          const int col = n * 8 + 2 * rw.t;
+          if (col < p.head_dv) {
+            *reinterpret_cast<uint32_t*>(orow + col) =
+                pack2<E>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
+          }
+        }
+        if (p.lse != nullptr && rw.t == 0) {
+          const float lse = lsum > 0.0f ? (m[i][hi] + __log2f(lsum)) * kLn2 : -INFINITY;
+          p.lse[int64_t(rw.b) * p.lsea.batch_stride + int64_t(rw.h) * p.lsea.head_stride +
+                (int64_t(p.varlen ? rw.q_start : 0) + rw.row0 + row) * p.lsea.row_stride] = lse;
+        }
+      }
+    }
+  }
+}
+
+// The same for packed rows (any pack >= 1): row `row` is position pos of query head
+// h * pack + sub. The base `o` is written with the same terms as above (position row0,
+// which may lie past the sample: only o + (pos - row0) rows are dereferenced), which keeps
+// ptxas from holding extra values across the main loop.
+template <class T, class E>
+__device__ __forceinline__ void fwd_store_packed_rows_sm80(const FwdParams& p, FwdRowsSm80 rw,
+                                                           const float (&acc_o)[T::kMT][T::kNO][4],
+                                                           const float (&m)[T::kMT][2], const float (&l)[T::kMT][2]) {
+  using Elem = typename E::Storage;
+  constexpr float kLn2 = 0.6931471805599453f;
+  const int pack = rw.pack, row0 = rw.row0;
+  Elem* o = static_cast<Elem*>(p.o) + int64_t(rw.b) * p.oa.batch_stride +
+            (int64_t(p.varlen ? rw.q_start : 0) + row0) * p.oa.row_stride + int64_t(rw.h) * pack * p.oa.head_stride;
+#pragma unroll
+  for (int i = 0; i < T::kMT; ++i) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const float lsum = quad_sum(l[i][hi]);
+      const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+      const int row = rw.m0 + 16 * i + rw.g + 8 * hi;
+      if (row < rw.rows_valid) {
+        // Packed row row0 + row = pos * pack + sub.
+        const int pos = (row0 + row) / pack, sub = row0 + row - pos * pack;
+        Elem* orow = o + int64_t(pos - row0) * p.oa.row_stride + int64_t(sub) * p.oa.head_stride;
+#pragma unroll
+        for (int n = 0; n < T::kNO; ++n) {
+          const int col = n * 8 + 2 * rw.t;
+          if (col < p.head_dv) {
+            *reinterpret_cast<uint32_t*>(orow + col) =
+                pack2<E>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
+          }
+        }
+        if (p.lse != nullptr && rw.t == 0) {
+          const float lse = lsum > 0.0f ? (m[i][hi] + __log2f(lsum)) * kLn2 : -INFINITY;
+          p.lse[int64_t(rw.b) * p.lsea.batch_stride + int64_t(rw.h * pack + sub) * p.lsea.head_stride +
+                (int64_t(p.varlen ? rw.q_start : 0) + pos) * p.lsea.row_stride] = lse;
+        }
+      }
+    }
+  }
+}
+
+// max_logit: max over visible scores of scale * q.k, reduced into p.max_logit with the float
+// atomic. The running max is in log2 units. Rows past rows_valid never see a key (m = -inf),
+// so they need no masking here. `red`: kBlockQ floats of shared memory.
+template <class T>
+__device__ __forceinline__ void fwd_max_logit_sm80(const FwdParams& p, float* red, FwdRowsSm80 rw,
+                                                   const float (&m)[T::kMT][2], int head0, int warp, int lane,
+                                                   int tid) {
+  constexpr float kLn2 = 0.6931471805599453f;
+  if (rw.pack == 1) {
+    // One head: warp shuffles, then one atomic per CTA.
+    float mx = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < T::kMT; ++i) mx = fmaxf(mx, fmaxf(m[i][0], m[i][1]));
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+    if (lane == 0) red[warp] = mx;
+    __syncthreads();
+    if (tid == 0) {
+      float v = red[0];
+#pragma unroll
+      for (int w = 1; w < T::kWarps; ++w) v = fmaxf(v, red[w]);
+      if (v != -INFINITY) atomic_max_float(p.max_logit + rw.h, v * kLn2);
+    }
+  } else {
+    // Packed rows: row r belongs to query head head0 + (row0 + r) % pack. Per-row maxima
+    // (quad-uniform after the softmax's quad_max) go to shared memory; thread j < pack
+    // reduces rows j, j + pack, ... (one head) and issues one atomic per head.
+    if (rw.t == 0) {
+#pragma unroll
+      for (int i = 0; i < T::kMT; ++i) {
+        red[rw.m0 + 16 * i + rw.g] = m[i][0];
+        red[rw.m0 + 16 * i + rw.g + 8] = m[i][1];
+      }
+    }
+    __syncthreads();
+    const int heads = min(rw.pack, rw.rows_valid);
+    for (int j = tid; j < heads; j += T::kThreads) {
+      float v = -INFINITY;
+      for (int r = j; r < rw.rows_valid; r += rw.pack) v = fmaxf(v, red[r]);
+      if (v != -INFINITY) atomic_max_float(p.max_logit + head0 + (rw.row0 + j) % rw.pack, v * kLn2);
+    }
+  }
+}
+
 // One work item: key blocks [begin, begin + count) of the Q2K walk (BlockCursor order) of query block qb
 // of task head h (the query head; the kv head when packed) of sample b. kPersistent = false:
 // the whole walk, slot -1 (begin, count and s_item unused). kPersistent = true: the slot is
@@ -146,9 +407,16 @@ __device__ __forceinline__ void load_kv_rows8(const Loader& ld, uint32_t smem_ti
 // atomic in both cases.
 // Shared memory: the item's first loads (Q, K[first]) are issued before the loop's first
 // __syncthreads, so the caller must __syncthreads between two items of one CTA.
-template <class T, bool kBf16, bool kMaxLogit, bool kPersistent>
+// Composition of the roles above: SeqlenInfo, the Q2K cursor walk, FwdKvLoaderSm80, the
+// mainloop (the Q K^T and P V GEMMs inline, PlanPayloadMaskSm80 + fwd_softmax_sm80 between
+// them), one epilogue (fwd_store_*_sm80) and fwd_max_logit_sm80. The GEMMs and the block walk
+// stay inline: as functions they changed the kernels' SASS (ptxas allocates the
+// near-255-register loop differently), which scripts/sass_diff.sh rejects.
+template <class T, class E, bool kMaxLogit, bool kPersistent>
 __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const int32_t* s_item, int qb, int h,
                                          int b, int begin, int count) {
+  using Elem = typename E::Storage;
+  static_assert(E::kBits == 16, "the sm80 loaders and ldmatrix move 16-bit elements");
   constexpr int kMT = T::kMT;
   const uint32_t sK = sQ + T::kSmemQ;
   const uint32_t sV = sK + T::kSmemK;
@@ -166,8 +434,8 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
   // CSR mask head: the query head unpacked; packed, the kv head's virtual mask head (Hmask = Hq)
   // or 0 -- both are `h`.
   const int hm = p.mask_per_head ? h : 0;
-  const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
-  const int k_start = __ldg(p.cu_seqlens_k + b), len_k = __ldg(p.cu_seqlens_k + b + 1) - k_start;
+  const SeqlenInfo sl(p, b);
+  const int q_start = sl.q_start, len_q = sl.len_q, k_start = sl.k_start, len_k = sl.len_k;
   const int row0 = qb * T::kBlockQ;
   const int rows_valid = min(T::kBlockQ, len_q * pack - row0);
 
@@ -176,12 +444,12 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
                                      p.view.q2k_full_runs, r);
 
   // Position 0 of head head0 in sample b.
-  const uint16_t* q = static_cast<const uint16_t*>(p.q) + int64_t(b) * p.qa.batch_stride +
-                      int64_t(p.varlen ? q_start : 0) * p.qa.row_stride + int64_t(head0) * p.qa.head_stride;
-  const uint16_t* k = static_cast<const uint16_t*>(p.k) + int64_t(b) * p.ka.batch_stride +
-                      int64_t(p.varlen ? k_start : 0) * p.ka.row_stride + int64_t(hkv) * p.ka.head_stride;
-  const uint16_t* v = static_cast<const uint16_t*>(p.v) + int64_t(b) * p.va.batch_stride +
-                      int64_t(p.varlen ? k_start : 0) * p.va.row_stride + int64_t(hkv) * p.va.head_stride;
+  const Elem* q = static_cast<const Elem*>(p.q) + int64_t(b) * p.qa.batch_stride +
+                  int64_t(p.varlen ? q_start : 0) * p.qa.row_stride + int64_t(head0) * p.qa.head_stride;
+  const Elem* k = static_cast<const Elem*>(p.k) + int64_t(b) * p.ka.batch_stride +
+                  int64_t(p.varlen ? k_start : 0) * p.ka.row_stride + int64_t(hkv) * p.ka.head_stride;
+  const Elem* v = static_cast<const Elem*>(p.v) + int64_t(b) * p.va.batch_stride +
+                  int64_t(p.varlen ? k_start : 0) * p.va.row_stride + int64_t(hkv) * p.va.head_stride;
 
   // Persistent items walk blocks [begin, begin + count) of the row: skip `begin`, then stop
   // after `count` blocks (`left` counts the blocks still to fetch after the current one).
@@ -192,24 +460,9 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
   bool have = (!kPersistent || count > 0) && cur.next(kb, partial, entry);
   load_q_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ, q, p.qa.row_stride, p.qa.head_stride, row0, pack,
                                                       rows_valid, p.head_dqk, tid);
-  using LoaderK = TileRowLoader8<T::kBlockK, T::kDqk, T::kThreads>;
-  using LoaderV = TileRowLoader8<T::kBlockK, T::kDv, T::kThreads>;
-  [[maybe_unused]] LoaderK ld_k;
-  [[maybe_unused]] LoaderV ld_v;
-  if constexpr (T::kLoader8) {
-    static_assert(LoaderK::kApplies && LoaderV::kApplies);
-    ld_k.init(p.ka.row_stride, T::kExact ? T::kDqk : p.head_dqk, tid);
-    ld_v.init(p.va.row_stride, T::kExact ? T::kDv : p.head_dv, tid);
-  }
-  if (have) {
-    if constexpr (T::kLoader8) {
-      load_kv_rows8<T::kBlockK>(ld_k, sK, k + int64_t(kb) * T::kBlockK * p.ka.row_stride, len_k - kb * T::kBlockK,
-                                tid);
-    } else {
-      load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + int64_t(kb) * T::kBlockK * p.ka.row_stride,
-                                                        p.ka.row_stride, len_k - kb * T::kBlockK, p.head_dqk, tid);
-    }
-  }
+  FwdKvLoaderSm80<T> kv;
+  kv.init(p, tid);
+  if (have) kv.load_k(p, sK, k, kb, len_k, tid);
   cp_async_commit();
 
   float acc_o[kMT][T::kNO][4];
@@ -222,7 +475,6 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
     l[i][0] = l[i][1] = 0.0f;
   }
   const int m0 = warp * 16 * kMT;  // first row of the warp; m16 tile i starts at m0 + 16 i
-  const size_t words_per_tile = size_t(T::kBlockQ) * T::kBlockK / 32;
   const LdsmAddr<T::kDqk> aQ = ldsm_a<T::kDqk>(sQ + m0 * T::kDqk * 2, lane);
   const LdsmAddr<T::kDqk> bK = ldsm_b_nk<T::kDqk>(sK, lane);
   const LdsmAddr<T::kDv> bV = ldsm_b_kn<T::kDv>(sV, lane);
@@ -230,13 +482,7 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
   while (have) {
     cp_async_wait<0>();
     __syncthreads();  // K[kb] visible to all; every warp is done with V of the previous block
-    if constexpr (T::kLoader8) {
-      load_kv_rows8<T::kBlockK>(ld_v, sV, v + int64_t(kb) * T::kBlockK * p.va.row_stride, len_k - kb * T::kBlockK,
-                                tid);
-    } else {
-      load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, v + int64_t(kb) * T::kBlockK * p.va.row_stride,
-                                                       p.va.row_stride, len_k - kb * T::kBlockK, p.head_dv, tid);
-    }
+    kv.load_v(p, sV, v, kb, len_k, tid);
     cp_async_commit();
 
     float s[kMT][T::kNS][4];
@@ -257,38 +503,14 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
           ldmatrix_x4(bb, bK.at(kk, n * 8));
 #pragma unroll
           for (int i = 0; i < kMT; ++i) {
-            mma_16816<kBf16>(s[i][n], a[i], bb[0], bb[1]);
-            mma_16816<kBf16>(s[i][n + 1], a[i], bb[2], bb[3]);
+            mma_16816<E>(s[i][n], a[i], bb[0], bb[1]);
+            mma_16816<E>(s[i][n + 1], a[i], bb[2], bb[3]);
           }
         }
       }
     }
-#pragma unroll
-    for (int i = 0; i < kMT; ++i) {
-#pragma unroll
-      for (int n = 0; n < T::kNS; ++n) {
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[i][n][e] *= p.scale_log2;
-      }
-      if (partial) {
-        apply_payload<T::kNS>(s[i], p.view.q2k_partial_bits + size_t(entry) * words_per_tile, warp * kMT + i, 0,
-                              T::kBlockK, lane);
-      }
-      online_softmax_step<T::kNS, T::kNO>(s[i], m[i], l[i], acc_o[i]);
-    }
-    // P as 16-bit A fragments of the P V GEMM (k-step kk = key columns 16kk..16kk+15): half
-    // the registers of the fp32 scores, which are dead from here on.
     uint32_t pa[kMT][T::kBlockK / 16][4];
-#pragma unroll
-    for (int i = 0; i < kMT; ++i) {
-#pragma unroll
-      for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
-        pa[i][kk][0] = pack2<kBf16>(s[i][2 * kk][0], s[i][2 * kk][1]);
-        pa[i][kk][1] = pack2<kBf16>(s[i][2 * kk][2], s[i][2 * kk][3]);
-        pa[i][kk][2] = pack2<kBf16>(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
-        pa[i][kk][3] = pack2<kBf16>(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
-      }
-    }
+    fwd_softmax_sm80<T, E, PlanPayloadMaskSm80<T>>(s, m, l, acc_o, pa, p, partial, entry, warp, lane);
 
     int kb_next = 0, entry_next = 0;
     bool partial_next = false;
@@ -301,16 +523,7 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
     }
     cp_async_wait<0>();
     __syncthreads();  // V[kb] visible; every warp is done with K[kb]
-    if (have_next) {
-      if constexpr (T::kLoader8) {
-        load_kv_rows8<T::kBlockK>(ld_k, sK, k + int64_t(kb_next) * T::kBlockK * p.ka.row_stride,
-                                  len_k - kb_next * T::kBlockK, tid);
-      } else {
-        load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + int64_t(kb_next) * T::kBlockK * p.ka.row_stride,
-                                                          p.ka.row_stride, len_k - kb_next * T::kBlockK, p.head_dqk,
-                                                          tid);
-      }
-    }
+    if (have_next) kv.load_k(p, sK, k, kb_next, len_k, tid);
     cp_async_commit();
 
 #pragma unroll
@@ -322,8 +535,8 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
           ldmatrix_x4_trans(bb, bV.at(n / 2, kk * 16));
 #pragma unroll
           for (int i = 0; i < kMT; ++i) {
-            mma_16816<kBf16>(acc_o[i][n], pa[i][kk], bb[0], bb[1]);
-            mma_16816<kBf16>(acc_o[i][n + 1], pa[i][kk], bb[2], bb[3]);
+            mma_16816<E>(acc_o[i][n], pa[i][kk], bb[0], bb[1]);
+            mma_16816<E>(acc_o[i][n + 1], pa[i][kk], bb[2], bb[3]);
           }
         }
       }
@@ -335,146 +548,22 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
   }
   cp_async_wait<0>();
 
-  constexpr float kLn2 = 0.6931471805599453f;
   const int g = lane >> 2, t = lane & 3;
+  const FwdRowsSm80 rw{b, h, pack, q_start, row0, rows_valid, m0, g, t};
   const int slot = kPersistent ? s_item[3] : -1;
   if (slot >= 0) {
-    // Piece of a split task: unnormalised fp32 O, m (log2 units, quad-uniform after the
-    // softmax's quad_max) and l (summed over the quad) of every valid row.
-    float* oacc = p.split.o_accum + int64_t(slot) * T::kBlockQ * p.head_dv;
-    float* ml = p.split.ml + int64_t(slot) * 2 * T::kBlockQ;
-#pragma unroll
-    for (int i = 0; i < kMT; ++i) {
-#pragma unroll
-      for (int hi = 0; hi < 2; ++hi) {
-        const float lsum = quad_sum(l[i][hi]);
-        const int row = m0 + 16 * i + g + 8 * hi;
-        if (row < rows_valid) {
-          float* orow = oacc + int64_t(row) * p.head_dv;
-#pragma unroll
-          for (int n = 0; n < T::kNO; ++n) {
-            const int col = n * 8 + 2 * t;
-            if (col < p.head_dv) {
-              *reinterpret_cast<float2*>(orow + col) = make_float2(acc_o[i][n][2 * hi], acc_o[i][n][2 * hi + 1]);
-            }
-          }
-          if (t == 0) {
-            ml[row] = m[i][hi];
-            ml[T::kBlockQ + row] = lsum;
-          }
-        }
-      }
-    }
+    fwd_store_split_partial_sm80<T>(p, rw, slot, acc_o, m, l);
   } else if (!kPersistent && pack == 1) {
-    // Epilogue: normalise, write O (0 for empty rows), LSE (natural log, -inf for empty rows).
-    // The one-CTA-per-task kernel has two copies of this loop (unpacked, packed): one loop
-    // with the run-time row mapping cost it 100+ bytes of spills at D = 128 (ptxas -v). The
-    // persistent kernel is the other way round (the two copies put spills in its main loop,
-    // one does not), so it runs the packed copy, which with pack = 1 is the unpacked mapping.
-    uint16_t* o = static_cast<uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride +
-                  (int64_t(p.varlen ? q_start : 0) + row0) * p.oa.row_stride + int64_t(h) * p.oa.head_stride;
-#pragma unroll
-    for (int i = 0; i < kMT; ++i) {
-#pragma unroll
-      for (int hi = 0; hi < 2; ++hi) {
-        const float lsum = quad_sum(l[i][hi]);
-        const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-        const int row = m0 + 16 * i + g + 8 * hi;
-        if (row < rows_valid) {
-          uint16_t* orow = o + int64_t(row) * p.oa.row_stride;
-#pragma unroll
-          for (int n = 0; n < T::kNO; ++n) {
-            const int col = n * 8 + 2 * t;
-            if (col < p.head_dv) {
-              *reinterpret_cast<uint32_t*>(orow + col) =
-                  pack2<kBf16>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
-            }
-          }
-          if (p.lse != nullptr && t == 0) {
-            const float lse = lsum > 0.0f ? (m[i][hi] + __log2f(lsum)) * kLn2 : -INFINITY;
-            p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride +
-                  (int64_t(p.varlen ? q_start : 0) + row0 + row) * p.lsea.row_stride] = lse;
-          }
-        }
-      }
-    }
+    fwd_store_rows_sm80<T, E>(p, rw, acc_o, m, l);
   } else {
-    // The same for packed rows (any pack >= 1): row `row` is position pos of query head
-    // h * pack + sub. The base `o` is written with the same terms as above (position row0,
-    // which may lie past the sample: only o + (pos - row0) rows are dereferenced), which keeps
-    // ptxas from holding extra values across the main loop.
-    uint16_t* o = static_cast<uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride +
-                  (int64_t(p.varlen ? q_start : 0) + row0) * p.oa.row_stride + int64_t(h) * pack * p.oa.head_stride;
-#pragma unroll
-    for (int i = 0; i < kMT; ++i) {
-#pragma unroll
-      for (int hi = 0; hi < 2; ++hi) {
-        const float lsum = quad_sum(l[i][hi]);
-        const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-        const int row = m0 + 16 * i + g + 8 * hi;
-        if (row < rows_valid) {
-          // Packed row row0 + row = pos * pack + sub.
-          const int pos = (row0 + row) / pack, sub = row0 + row - pos * pack;
-          uint16_t* orow = o + int64_t(pos - row0) * p.oa.row_stride + int64_t(sub) * p.oa.head_stride;
-#pragma unroll
-          for (int n = 0; n < T::kNO; ++n) {
-            const int col = n * 8 + 2 * t;
-            if (col < p.head_dv) {
-              *reinterpret_cast<uint32_t*>(orow + col) =
-                  pack2<kBf16>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
-            }
-          }
-          if (p.lse != nullptr && t == 0) {
-            const float lse = lsum > 0.0f ? (m[i][hi] + __log2f(lsum)) * kLn2 : -INFINITY;
-            p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h * pack + sub) * p.lsea.head_stride +
-                  (int64_t(p.varlen ? q_start : 0) + pos) * p.lsea.row_stride] = lse;
-          }
-        }
-      }
-    }
+    fwd_store_packed_rows_sm80<T, E>(p, rw, acc_o, m, l);
   }
-
   if constexpr (kMaxLogit) {
-    // max over visible scores of scale * q.k: the running max is in log2 units. Rows past
-    // rows_valid never see a key (m = -inf), so they need no masking here. One-warp tiles
-    // test the pointer here (kMaxLogitAtRunTime; uniform over the CTA, so no barrier below
-    // is skipped by part of it).
+    // One-warp tiles test the pointer here (kMaxLogitAtRunTime; uniform over the CTA, so no
+    // barrier of the reduction is skipped by part of it).
     if (T::kMaxLogitAtRunTime && p.max_logit == nullptr) return;
     __shared__ float red[T::kBlockQ];
-    if (pack == 1) {
-      // One head: warp shuffles, then one atomic per CTA.
-      float mx = -INFINITY;
-#pragma unroll
-      for (int i = 0; i < kMT; ++i) mx = fmaxf(mx, fmaxf(m[i][0], m[i][1]));
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      if (lane == 0) red[warp] = mx;
-      __syncthreads();
-      if (tid == 0) {
-        float v = red[0];
-#pragma unroll
-        for (int w = 1; w < T::kWarps; ++w) v = fmaxf(v, red[w]);
-        if (v != -INFINITY) atomic_max_float(p.max_logit + h, v * kLn2);
-      }
-    } else {
-      // Packed rows: row r belongs to query head head0 + (row0 + r) % pack. Per-row maxima
-      // (quad-uniform after the softmax's quad_max) go to shared memory; thread j < pack
-      // reduces rows j, j + pack, ... (one head) and issues one atomic per head.
-      if (t == 0) {
-#pragma unroll
-        for (int i = 0; i < kMT; ++i) {
-          red[m0 + 16 * i + g] = m[i][0];
-          red[m0 + 16 * i + g + 8] = m[i][1];
-        }
-      }
-      __syncthreads();
-      const int heads = min(pack, rows_valid);
-      for (int j = tid; j < heads; j += T::kThreads) {
-        float v = -INFINITY;
-        for (int r = j; r < rows_valid; r += pack) v = fmaxf(v, red[r]);
-        if (v != -INFINITY) atomic_max_float(p.max_logit + head0 + (row0 + j) % pack, v * kLn2);
-      }
-    }
+    fwd_max_logit_sm80<T>(p, red, rw, m, head0, warp, lane, tid);
   }
 }
 
@@ -484,7 +573,7 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
 // otherwise the persistent kernel below does the work and these CTAs exit at once. Two
 // kernels rather than one: the persistent item loop costs registers (ptxas holds values
 // across it), which the common unsplit case (e.g. causal masks) should not pay.
-template <class T, bool kBf16, bool kMaxLogit>
+template <class T, class E, bool kMaxLogit>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm80(const FwdParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   if (p.split.items != nullptr && p.split.hdr[SplitSchedule::kNumSplit] > 0) return;
@@ -502,13 +591,13 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
     h = __ldg(task + 1);
     b = __ldg(task + 2);
   }
-  fwd_item<T, kBf16, kMaxLogit, false>(p, smem_u32(smem), nullptr, qb, h, b, 0, 0x7fffffff);
+  fwd_item<T, E, kMaxLogit, false>(p, smem_u32(smem), nullptr, qb, h, b, 0, 0x7fffffff);
 }
 
 // Persistent forward kernel of the split schedule (task mode, p.split.items set): each CTA
 // claims items in list order with an atomic counter until the list is exhausted (items of
 // long tasks come first). Exits at once when the schedule split no task.
-template <class T, bool kBf16, bool kMaxLogit>
+template <class T, class E, bool kMaxLogit>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_persistent_kernel_sm80(const FwdParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
   __shared__ int32_t s_item[4];  // {task, begin, end, slot} of the current item
@@ -519,7 +608,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_persisten
     if (task_index < 0) return;
     const int begin = s_item[1], count = s_item[2] - begin;
     const int32_t* task = p.view.tasks + 4 * int64_t(task_index);
-    fwd_item<T, kBf16, kMaxLogit, true>(p, sQ, s_item, __ldg(task + 0), __ldg(task + 1), __ldg(task + 2), begin,
+    fwd_item<T, E, kMaxLogit, true>(p, sQ, s_item, __ldg(task + 0), __ldg(task + 1), __ldg(task + 2), begin,
                                         count);
   }
 }

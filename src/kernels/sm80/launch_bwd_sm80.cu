@@ -17,9 +17,9 @@ namespace flashspan::sm80 {
 namespace {
 
 // Split schedule + persistent dK/dV + conversion of the split tasks' rows.
-template <class T, bool kBf16>
+template <class T, class E>
 void run_dkdv_split(const BwdParams& p_in, cudaStream_t stream) {
-  auto dkdv = kern::flex_bwd_dkdv_kernel_sm80<T, kBf16>;
+  auto dkdv = kern::flex_bwd_dkdv_kernel_sm80<T, E>;
   static std::atomic<int> ctas_cache[64];
   BwdParams p = p_in;
   p.split.num_ctas = persistent_ctas(dkdv, T::kThreads, T::kSmemBytes, ctas_cache, "flex backward dK/dV");
@@ -33,21 +33,21 @@ void run_dkdv_split(const BwdParams& p_in, cudaStream_t stream) {
   check_launch("flex backward split items (sm80)");
   dkdv<<<grid_1d(p.split.num_ctas, "flex backward dK/dV, persistent"), T::kThreads, T::kSmemBytes, stream>>>(p);
   check_launch("flex backward dK/dV, persistent (sm80)");
-  kern::flex_bwd_split_convert_kernel<kBf16><<<tasks, 256, 0, stream>>>(p);
+  kern::flex_bwd_split_convert_kernel<E><<<tasks, 256, 0, stream>>>(p);
   check_launch("flex backward split convert (sm80)");
 }
 
-template <class T, bool kBf16>
+template <class T, class E>
 void run_bwd(const BwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stream) {
   static_assert(T::kSmemBytes == bwd_dkdv_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
   static_assert(T::kSmemBytesQ == bwd_dq_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
-  auto dkdv = kern::flex_bwd_dkdv_kernel_sm80<T, kBf16>;
-  auto dq = kern::flex_bwd_dq_kernel_sm80<T, kBf16>;
+  auto dkdv = kern::flex_bwd_dkdv_kernel_sm80<T, E>;
+  auto dq = kern::flex_bwd_dq_kernel_sm80<T, E>;
   static std::atomic<uint64_t> dkdv_set{0}, dq_set{0};
   ensure_smem_limit(dkdv, T::kSmemBytes, dkdv_set, "flex backward dK/dV: cudaFuncSetAttribute");
   if (cfg.deterministic) ensure_smem_limit(dq, T::kSmemBytesQ, dq_set, "flex backward dQ: cudaFuncSetAttribute");
   if (p.split.items != nullptr) {
-    run_dkdv_split<T, kBf16>(p, stream);
+    run_dkdv_split<T, E>(p, stream);
   } else if (cfg.num_bwd_tasks > 0) {
     // Grid mode: (key block, kv head) folded into x (grid.h); task mode: one CTA per task.
     const unsigned grid =
@@ -60,7 +60,7 @@ void run_bwd(const BwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stream) 
     if (cfg.total_q > 0) {
       // One warp per (query row, head), grid-stride (bwd_prepost.cuh).
       const unsigned grid = grid_stride_1d(int64_t(p.num_heads_q) * cfg.total_q, 8);
-      kern::flex_bwd_dq_convert_kernel<kBf16><<<grid, 256, 0, stream>>>(p);
+      kern::flex_bwd_dq_convert_kernel<E><<<grid, 256, 0, stream>>>(p);
       check_launch("flex backward dQ convert (sm80)");
     }
   } else if (cfg.num_q_blocks > 0) {
@@ -73,11 +73,7 @@ void run_bwd(const BwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stream) 
 
 template <class T>
 void run_bwd_dtype(const BwdParams& p, DType dtype, const BwdLaunchSm80& cfg, cudaStream_t stream) {
-  if (dtype == DType::kBFloat16) {
-    run_bwd<T, true>(p, cfg, stream);
-  } else {
-    run_bwd<T, false>(p, cfg, stream);
-  }
+  with_element_type(dtype, "flex backward (sm80)", [&](auto e) { run_bwd<T, decltype(e)>(p, cfg, stream); });
 }
 
 }  // namespace
@@ -93,11 +89,9 @@ void launch_bwd_sm80(const BwdParams& p, const TileSm80& tile, DType dtype, cons
     // One warp per (query row, head), grid-stride (bwd_prepost.cuh): any batch size, head
     // count or THD sample count fits one launch.
     const unsigned grid = grid_stride_1d(int64_t(p.num_heads_q) * cfg.total_q, 8);
-    if (dtype == DType::kBFloat16) {
-      kern::flex_bwd_preprocess_kernel<true><<<grid, 256, 0, stream>>>(p);
-    } else {
-      kern::flex_bwd_preprocess_kernel<false><<<grid, 256, 0, stream>>>(p);
-    }
+    with_element_type(dtype, "flex backward preprocess (sm80)", [&](auto e) {
+      kern::flex_bwd_preprocess_kernel<decltype(e)><<<grid, 256, 0, stream>>>(p);
+    });
     check_launch("flex backward preprocess (sm80)");
   }
   // Head dims equal to the tile's run the branch-free (exact) variant; the (192, 128) and

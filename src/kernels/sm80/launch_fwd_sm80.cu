@@ -21,17 +21,17 @@ __global__ void fill_neg_inf_kernel(float* p, int n) {
   if (i < n) p[i] = -INFINITY;
 }
 
-template <class T, bool kBf16, bool kMaxLogit>
+template <class T, class E, bool kMaxLogit>
 void run_fwd(const FwdParams& p, int num_tasks, cudaStream_t stream) {
   static_assert(T::kSmemBytes == fwd_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
-  auto kernel = kern::flex_fwd_kernel_sm80<T, kBf16, kMaxLogit>;
+  auto kernel = kern::flex_fwd_kernel_sm80<T, E, kMaxLogit>;
   static std::atomic<uint64_t> smem_set{0};
   ensure_smem_limit(kernel, T::kSmemBytes, smem_set, "flex forward: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
   if (p.split.items != nullptr) {
     // Split schedule (fwd_split.cuh). Whether any task is split is decided on the
     // device (scan kernel): the one-CTA-per-task kernel runs when none is, the persistent
     // kernel and the combine when some are; the other kernel's CTAs exit at once.
-    auto persistent = kern::flex_fwd_persistent_kernel_sm80<T, kBf16, kMaxLogit>;
+    auto persistent = kern::flex_fwd_persistent_kernel_sm80<T, E, kMaxLogit>;
     static std::atomic<uint64_t> smem_set_p{0};
     ensure_smem_limit(persistent, T::kSmemBytes, smem_set_p,
                       "flex forward (persistent): cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
@@ -50,7 +50,7 @@ void run_fwd(const FwdParams& p, int num_tasks, cudaStream_t stream) {
     check_launch("flex forward (sm80)");
     persistent<<<grid_1d(ps.split.num_ctas, "flex forward, persistent"), T::kThreads, T::kSmemBytes, stream>>>(ps);
     check_launch("flex forward, persistent (sm80)");
-    kern::flex_fwd_split_combine_kernel<kBf16><<<tasks, 256, 0, stream>>>(ps);
+    kern::flex_fwd_split_combine_kernel<E><<<tasks, 256, 0, stream>>>(ps);
     check_launch("flex forward split combine (sm80)");
     return;
   }
@@ -62,24 +62,20 @@ void run_fwd(const FwdParams& p, int num_tasks, cudaStream_t stream) {
   check_launch("flex forward (sm80)");
 }
 
-template <class T, bool kBf16>
+template <class T, class E>
 void run_fwd_ml(const FwdParams& p, int num_tasks, cudaStream_t stream) {
   if constexpr (T::kMaxLogitAtRunTime) {
-    run_fwd<T, kBf16, true>(p, num_tasks, stream);
+    run_fwd<T, E, true>(p, num_tasks, stream);
   } else if (p.max_logit != nullptr) {
-    run_fwd<T, kBf16, true>(p, num_tasks, stream);
+    run_fwd<T, E, true>(p, num_tasks, stream);
   } else {
-    run_fwd<T, kBf16, false>(p, num_tasks, stream);
+    run_fwd<T, E, false>(p, num_tasks, stream);
   }
 }
 
 template <class T>
 void run_fwd_dtype(const FwdParams& p, DType dtype, int num_tasks, cudaStream_t stream) {
-  if (dtype == DType::kBFloat16) {
-    run_fwd_ml<T, true>(p, num_tasks, stream);
-  } else {
-    run_fwd_ml<T, false>(p, num_tasks, stream);
-  }
+  with_element_type(dtype, "flex forward (sm80)", [&](auto e) { run_fwd_ml<T, decltype(e)>(p, num_tasks, stream); });
 }
 
 template <int kBQ, int kD1, int kD2, int kMT, int kMinBlocks, bool kAlwaysExact>

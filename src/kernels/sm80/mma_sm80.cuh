@@ -18,10 +18,11 @@
 
 namespace flashspan::kern {
 
-// D = A * B + D in fp32. kBf16 picks the input type.
-template <bool kBf16>
+// D = A * B + D in fp32; the element type E (core/element_type.h) picks the input type.
+template <class E>
 __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  if constexpr (kBf16) {
+  static_assert(E::kDType == DType::kBFloat16 || E::kDType == DType::kFloat16, "mma_16816: fp16/bf16 inputs only");
+  if constexpr (E::kDType == DType::kBFloat16) {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
         "{%0,%1,%2,%3};\n"

@@ -259,7 +259,7 @@ __device__ __forceinline__ LdsmAddr<kD> ldsm_b_kn(uint32_t tile, int lane, int c
 // B (16*kSteps x 8*kN) from `b` (an ldsm_b_nk address), one k16 step at a time. Steps at or
 // past `k_valid` columns (a run-time head dim smaller than the tile's) are skipped unless
 // kExact. kN is even: each B fragment read serves two n8 blocks.
-template <int kSteps, int kN, bool kExact, bool kBf16, int kDa, int kDb>
+template <int kSteps, int kN, bool kExact, class E, int kDa, int kDb>
 __device__ __forceinline__ void warp_mma_a_bnk(float (&acc)[kN][4], const LdsmAddr<kDa>& a, const LdsmAddr<kDb>& b,
                                                int k_valid) {
   static_assert(kN % 2 == 0, "two n8 blocks per B fragment");
@@ -272,8 +272,8 @@ __device__ __forceinline__ void warp_mma_a_bnk(float (&acc)[kN][4], const LdsmAd
       for (int n = 0; n < kN; n += 2) {
         uint32_t bf[4];
         ldmatrix_x4(bf, b.at(kk, n * 8));
-        mma_16816<kBf16>(acc[n], af, bf[0], bf[1]);
-        mma_16816<kBf16>(acc[n + 1], af, bf[2], bf[3]);
+        mma_16816<E>(acc[n], af, bf[0], bf[1]);
+        mma_16816<E>(acc[n + 1], af, bf[2], bf[3]);
       }
     }
   }

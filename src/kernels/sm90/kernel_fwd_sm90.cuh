@@ -156,27 +156,27 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
 
 #include "kernels/sm90/wgmma_sm90.inc"
 
-template <bool kBf16>
+template <class E>
 __device__ __forceinline__ void mma_qk(float (&s)[16][4], uint64_t da, uint64_t db, int scale_d) {
   float(&d)[64] = *reinterpret_cast<float(*)[64]>(&s[0][0]);
-  if constexpr (kBf16) {
+  if constexpr (E::kDType == DType::kBFloat16) {
     wgmma_ss_m64n128k16_bf16(d, da, db, scale_d);
   } else {
     wgmma_ss_m64n128k16_f16(d, da, db, scale_d);
   }
 }
 
-template <int kD, bool kBf16>
+template <int kD, class E>
 __device__ __forceinline__ void mma_pv(float (&o)[kD / 8][4], const uint32_t (&a)[4], uint64_t db) {
   float(&d)[kD / 2] = *reinterpret_cast<float(*)[kD / 2]>(&o[0][0]);
   if constexpr (kD == 128) {
-    if constexpr (kBf16) {
+    if constexpr (E::kDType == DType::kBFloat16) {
       wgmma_rs_m64n128k16_bf16_tnspb(d, a, db, 1);
     } else {
       wgmma_rs_m64n128k16_f16_tnspb(d, a, db, 1);
     }
   } else {
-    if constexpr (kBf16) {
+    if constexpr (E::kDType == DType::kBFloat16) {
       wgmma_rs_m64n64k16_bf16_tnspb(d, a, db, 1);
     } else {
       wgmma_rs_m64n64k16_f16_tnspb(d, a, db, 1);
@@ -185,20 +185,20 @@ __device__ __forceinline__ void mma_pv(float (&o)[kD / 8][4], const uint32_t (&a
 }
 
 // S = Q K^T for this warpgroup's 64 rows: kD / 16 k-steps of m64n128k16 (both K-major).
-template <int kD, bool kBf16>
+template <int kD, class E>
 __device__ __forceinline__ void issue_qk(float (&s)[16][4], uint32_t q_tile, uint32_t k_tile) {
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
     const uint32_t off = (kk >> 2) * kSlabBytes + 32 * (kk & 3);
-    mma_qk<kBf16>(s, smem_desc(q_tile + off, 16, 1024), smem_desc(k_tile + off, 16, 1024), kk > 0);
+    mma_qk<E>(s, smem_desc(q_tile + off, 16, 1024), smem_desc(k_tile + off, 16, 1024), kk > 0);
   }
 }
 
 // O += P V: 8 k-steps (16 keys each) of m64n{kD}k16, V N-major (LBO = slab stride).
-template <int kD, bool kBf16>
+template <int kD, class E>
 __device__ __forceinline__ void issue_pv(float (&o)[kD / 8][4], const uint32_t (&pa)[8][4], uint32_t v_tile) {
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk) mma_pv<kD, kBf16>(o, pa[kk], smem_desc(v_tile + kk * 2048, kSlabBytes, 1024));
+  for (int kk = 0; kk < 8; ++kk) mma_pv<kD, E>(o, pa[kk], smem_desc(v_tile + kk * 2048, kSlabBytes, 1024));
 }
 
 __device__ __forceinline__ float quad_max90(float x) {
@@ -266,14 +266,14 @@ __device__ __forceinline__ void rescale_o(float (&o)[kNO][4], const float (&corr
 }
 
 // P as A fragments of O += P V: k-step kk (keys 16kk ..) = n8 blocks 2kk, 2kk + 1.
-template <bool kBf16>
+template <class E>
 __device__ __forceinline__ void pack_p(const float (&s)[16][4], uint32_t (&pa)[8][4]) {
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) {
-    pa[kk][0] = kern::pack2<kBf16>(s[2 * kk][0], s[2 * kk][1]);
-    pa[kk][1] = kern::pack2<kBf16>(s[2 * kk][2], s[2 * kk][3]);
-    pa[kk][2] = kern::pack2<kBf16>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    pa[kk][3] = kern::pack2<kBf16>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    pa[kk][0] = kern::pack2<E>(s[2 * kk][0], s[2 * kk][1]);
+    pa[kk][1] = kern::pack2<E>(s[2 * kk][2], s[2 * kk][3]);
+    pa[kk][2] = kern::pack2<E>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[kk][3] = kern::pack2<E>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
   }
 }
 
@@ -380,8 +380,9 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
 // Consumers (two warpgroups)
 // ---------------------------------------------------------------------------
 
-template <int kD, bool kBf16, bool kMaxLogit, bool kOverlap>
+template <int kD, class E, bool kMaxLogit, bool kOverlap>
 __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, const int32_t* s_item) {
+  using Elem = typename E::Storage;
   using L = FwdSm90Layout<kD>;
   constexpr int kNO = kD / 8;  // n8 blocks of O
   constexpr float kLn2 = 0.6931471805599453f;
@@ -436,7 +437,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         mbar_wait(k_full + 8 * st, ph);
         float s[16][4];
         wg_fence();
-        issue_qk<kD, kBf16>(s, q_tile, k_tile);
+        issue_qk<kD, E>(s, q_tile, k_tile);
         wg_commit();
         wg_wait<0>();
         release_q(cur.done());
@@ -445,10 +446,10 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);
         rescale_o(o, corr);
         uint32_t pa[8][4];
-        pack_p<kBf16>(s, pa);
+        pack_p<E>(s, pa);
         mbar_wait(v_full + 8 * st, ph);
         wg_fence();
-        issue_pv<kD, kBf16>(o, pa, v_tile);
+        issue_pv<kD, E>(o, pa, v_tile);
         wg_commit();
         wg_wait<0>();
         reg_fence(o);
@@ -474,14 +475,14 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           mbar_wait(k_full + 8 * st_prev, ph_prev);
           float s[16][4];
           wg_fence();
-          issue_qk<kD, kBf16>(s, q_tile, base + L::kK + st_prev * L::kTileBytes);
+          issue_qk<kD, E>(s, q_tile, base + L::kK + st_prev * L::kTileBytes);
           wg_commit();
           wg_wait<0>();
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
           softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);  // o = 0: no rescale
-          pack_p<kBf16>(s, pa);
+          pack_p<E>(s, pa);
           ++kv_it;
         }
         while (cur.next(kb, partial, entry)) {
@@ -496,9 +497,9 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           mbar_wait(v_full + 8 * st_prev, ph_prev);
           float s[16][4];
           wg_fence();
-          issue_qk<kD, kBf16>(s, q_tile, base + L::kK + st * L::kTileBytes);
+          issue_qk<kD, E>(s, q_tile, base + L::kK + st * L::kTileBytes);
           wg_commit();
-          issue_pv<kD, kBf16>(o, pa, base + L::kV + st_prev * L::kTileBytes);
+          issue_pv<kD, E>(o, pa, base + L::kV + st_prev * L::kTileBytes);
           wg_commit();
           wg_wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
           release_q(cur.done());
@@ -509,14 +510,14 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           reg_fence(o);
           mbar_arrive(kv_empty + 8 * st_prev);
           rescale_o(o, corr);
-          pack_p<kBf16>(s, pa);
+          pack_p<E>(s, pa);
           st_prev = st;
           ph_prev = ph;
           ++kv_it;
         }
         mbar_wait(v_full + 8 * st_prev, ph_prev);
         wg_fence();
-        issue_pv<kD, kBf16>(o, pa, base + L::kV + st_prev * L::kTileBytes);
+        issue_pv<kD, E>(o, pa, base + L::kV + st_prev * L::kTileBytes);
         wg_commit();
         wg_wait<0>();
         reg_fence(o);
@@ -550,19 +551,19 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         }
       }
     } else {
-      uint16_t* ob = static_cast<uint16_t*>(p.o) + int64_t(it.b) * p.oa.batch_stride +
-                     (q_row0 + row0) * p.oa.row_stride + int64_t(it.h) * p.oa.head_stride;
+      Elem* ob = static_cast<Elem*>(p.o) + int64_t(it.b) * p.oa.batch_stride +
+                 (q_row0 + row0) * p.oa.row_stride + int64_t(it.h) * p.oa.head_stride;
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
         const float lsum = quad_sum90(l[hi]);
         const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
         const int row = 64 * c + 16 * warp + g + 8 * hi;
         if (row < rows_valid) {
-          uint16_t* orow = ob + int64_t(row) * p.oa.row_stride;
+          Elem* orow = ob + int64_t(row) * p.oa.row_stride;
 #pragma unroll
           for (int n = 0; n < kNO; ++n) {
             *reinterpret_cast<uint32_t*>(orow + 8 * n + 2 * qd) =
-                kern::pack2<kBf16>(o[n][2 * hi] * inv, o[n][2 * hi + 1] * inv);
+                kern::pack2<E>(o[n][2 * hi] * inv, o[n][2 * hi + 1] * inv);
           }
           if (p.lse != nullptr && qd == 0) {
             p.lse[int64_t(it.b) * p.lsea.batch_stride + int64_t(it.h) * p.lsea.head_stride +
@@ -586,7 +587,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
 
 // The kernel. Built for every target; the body exists only for sm_90a (the host checks the
 // loaded binary's version before choosing this family: launch_fwd_sm90.cu).
-template <int kD, bool kBf16, bool kMaxLogit, bool kOverlap>
+template <int kD, class E, bool kMaxLogit, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
     flex_fwd_kernel_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
@@ -617,7 +618,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) producer<kD>(p, &tm_q, &tm_k, &tm_v, base, s_item);
   } else {
     asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-    consumer<kD, kBf16, kMaxLogit, kOverlap>(p, base, s_item);
+    consumer<kD, E, kMaxLogit, kOverlap>(p, base, s_item);
   }
 #else
   // No sm_90a code in this image: never launched (the host checks the binary version).

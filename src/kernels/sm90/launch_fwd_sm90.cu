@@ -50,8 +50,9 @@ __global__ void __launch_bounds__(256) fwd_split_items_kernel_sm90(const FwdPara
 // C. Rows of split task blockIdx.x from its items' slots (unpacked rows, 128-row blocks):
 // m = max m_i, l = sum l_i 2^(m_i - m), out = sum O_i 2^(m_i - m) / l, LSE = (m + log2 l) ln 2;
 // rows without a visible key get out 0 and LSE -inf.
-template <bool kBf16>
+template <class E>
 __global__ void __launch_bounds__(256) fwd_split_combine_kernel_sm90(const FwdParams p) {
+  using Elem = typename E::Storage;
   const FwdSplit& sp = p.split;
   const int t = blockIdx.x;
   const int slot0 = sp.task_slot[t];
@@ -83,8 +84,8 @@ __global__ void __launch_bounds__(256) fwd_split_combine_kernel_sm90(const FwdPa
     }
   }
   __syncthreads();
-  uint16_t* o = static_cast<uint16_t*>(p.o) + int64_t(b) * p.oa.batch_stride + q_row0 * p.oa.row_stride +
-                int64_t(h) * p.oa.head_stride;
+  Elem* o = static_cast<Elem*>(p.o) + int64_t(b) * p.oa.batch_stride + q_row0 * p.oa.row_stride +
+            int64_t(h) * p.oa.head_stride;
   const int pairs = p.head_dv / 2;
   for (int idx = threadIdx.x; idx < rows_valid * pairs; idx += blockDim.x) {
     const int row = idx / pairs, c = 2 * (idx - row * pairs);
@@ -98,7 +99,7 @@ __global__ void __launch_bounds__(256) fwd_split_combine_kernel_sm90(const FwdPa
       acc.y += w * x.y;
     }
     const float inv = s_inv[row];
-    *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.oa.row_stride + c) = kern::pack2<kBf16>(acc.x * inv, acc.y * inv);
+    *reinterpret_cast<uint32_t*>(o + int64_t(row) * p.oa.row_stride + c) = kern::pack2<E>(acc.x * inv, acc.y * inv);
   }
 }
 
@@ -172,11 +173,11 @@ int device_sms(int dev) {
   return sms;
 }
 
-template <int kD, bool kBf16, bool kMaxLogit, bool kOverlap>
+template <int kD, class E, bool kMaxLogit, bool kOverlap>
 void run(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
          cudaStream_t stream) {
   using L = kern90::FwdSm90Layout<kD>;
-  auto kernel = kern90::flex_fwd_kernel_sm90<kD, kBf16, kMaxLogit, kOverlap>;
+  auto kernel = kern90::flex_fwd_kernel_sm90<kD, E, kMaxLogit, kOverlap>;
   static std::atomic<uint64_t> smem_set{0};
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), "sm90 forward: cudaGetDevice");
@@ -200,7 +201,7 @@ void run(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const
     check_launch("flex forward split items (sm90)");
     kernel<<<unsigned(sms), kern90::kThreads, L::kBytes, stream>>>(ps, mq, mk, mv);
     check_launch("flex forward (sm90)");
-    fwd_split_combine_kernel_sm90<kBf16><<<tasks, 256, 0, stream>>>(ps);
+    fwd_split_combine_kernel_sm90<E><<<tasks, 256, 0, stream>>>(ps);
     check_launch("flex forward split combine (sm90)");
     return;
   }
@@ -222,27 +223,26 @@ bool overlap_disabled() {
   return off;
 }
 
-template <int kD, bool kBf16, bool kMaxLogit>
+template <int kD, class E, bool kMaxLogit>
 void run_o(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
            cudaStream_t s) {
   if constexpr (kD == 64) {
     if (!overlap_disabled()) {
-      run<kD, kBf16, kMaxLogit, true>(p, mq, mk, mv, s);
+      run<kD, E, kMaxLogit, true>(p, mq, mk, mv, s);
       return;
     }
   }
-  run<kD, kBf16, kMaxLogit, false>(p, mq, mk, mv, s);
+  run<kD, E, kMaxLogit, false>(p, mq, mk, mv, s);
 }
 
 template <int kD>
 void run_d(const FwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
            cudaStream_t s) {
   const bool ml = p.max_logit != nullptr;
-  if (dtype == DType::kBFloat16) {
-    ml ? run_o<kD, true, true>(p, mq, mk, mv, s) : run_o<kD, true, false>(p, mq, mk, mv, s);
-  } else {
-    ml ? run_o<kD, false, true>(p, mq, mk, mv, s) : run_o<kD, false, false>(p, mq, mk, mv, s);
-  }
+  with_element_type(dtype, "flex forward (sm90)", [&](auto e) {
+    using E = decltype(e);
+    ml ? run_o<kD, E, true>(p, mq, mk, mv, s) : run_o<kD, E, false>(p, mq, mk, mv, s);
+  });
 }
 
 }  // namespace
@@ -266,7 +266,7 @@ bool device_supported(int device_id) {
         minor == 0 && cudaGetDevice(&prev) == cudaSuccess && cudaSetDevice(device_id) == cudaSuccess) {
       // The binary the runtime loads for this device: 90 only when sm_90a code was built.
       cudaFuncAttributes attr{};
-      ok = cudaFuncGetAttributes(&attr, kern90::flex_fwd_kernel_sm90<128, true, false, false>) == cudaSuccess &&
+      ok = cudaFuncGetAttributes(&attr, kern90::flex_fwd_kernel_sm90<128, BFloat16, false, false>) == cudaSuccess &&
            attr.binaryVersion == 90;
       (void)cudaSetDevice(prev);
     }
