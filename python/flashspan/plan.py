@@ -622,16 +622,16 @@ def create_mask_plan(
         pack_gqa, build_backward, arch = options["pack_gqa"], options["build_backward"], options["arch"]
     for name, t in (("mask_func", mask_func), ("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+            raise TypeError(f"create_mask_plan: {name} must be a torch.Tensor, got {type(t).__name__}")
     if (cu_seqlens_q is None) != (cu_seqlens_k is None):
-        raise ValueError("cu_seqlens_q and cu_seqlens_k must be given together (THD) or both omitted (BSHD)")
+        raise ValueError("create_mask_plan: cu_seqlens_q and cu_seqlens_k must be given together (THD) or both omitted (BSHD)")
     varlen = cu_seqlens_q is not None
     max_seqlen_q = _optional_int("max_seqlen_q", max_seqlen_q)
     max_seqlen_k = _optional_int("max_seqlen_k", max_seqlen_k)
     if varlen:
         for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
             if not isinstance(t, torch.Tensor):
-                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+                raise TypeError(f"create_mask_plan: {name} must be a torch.Tensor, got {type(t).__name__}")
         if max_seqlen_q is None:
             max_seqlen_q = _max_len(cu_seqlens_q, "cu_seqlens_q")
         if max_seqlen_k is None:
@@ -640,7 +640,7 @@ def create_mask_plan(
         if max_seqlen_q is not None or max_seqlen_k is not None:
             for name, m, dim in (("max_seqlen_q", max_seqlen_q, q), ("max_seqlen_k", max_seqlen_k, k)):
                 if m is not None and dim.dim() == 4 and int(m) != dim.shape[1]:
-                    raise ValueError(f"{name}={m} does not match the BSHD sequence length {dim.shape[1]}")
+                    raise ValueError(f"create_mask_plan: {name}={m} does not match the BSHD sequence length {dim.shape[1]}")
         max_seqlen_q = max_seqlen_k = 0
     for name, flag in (("pack_gqa", pack_gqa), ("build_backward", build_backward)):
         if flag is not None and type(flag) is not bool:
@@ -654,7 +654,7 @@ def create_mask_plan(
         build_backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     arch = _optional_int("arch", arch)
     if arch is not None and arch not in (80, 90):
-        raise ValueError(f"arch must be 80, 90 or None, got {arch}")
+        raise ValueError(f"create_mask_plan: arch must be 80, 90 or None, got {arch}")
     if pack_gqa is None:
         pack_gqa_code = -1
     else:
@@ -728,15 +728,15 @@ def _optional_int(name: str, value: Any) -> Optional[int]:
     if value is None:
         return None
     if isinstance(value, bool):
-        raise TypeError(f"{name} must be an int or None, got bool")
+        raise TypeError(f"create_mask_plan: {name} must be an int or None, got bool")
     try:
         return operator.index(value)
     except TypeError:
-        raise TypeError(f"{name} must be an int or None, got {type(value).__name__} {value!r}") from None
+        raise TypeError(f"create_mask_plan: {name} must be an int or None, got {type(value).__name__} {value!r}") from None
 
 
 def _max_len(cu: torch.Tensor, name: str) -> int:
     """Longest sample of cumulative lengths ``cu`` (named ``name`` in errors); reads them back to the host."""
     if cu.dim() != 1 or cu.numel() < 2:
-        raise ValueError(f"{name} must be a 1-D tensor of B+1 >= 2 values, got shape {tuple(cu.shape)}")
+        raise ValueError(f"create_mask_plan: {name} must be a 1-D tensor of B+1 >= 2 values, got shape {tuple(cu.shape)}")
     return int((cu[1:] - cu[:-1]).max().item())

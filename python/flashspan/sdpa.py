@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import numbers
 from typing import Optional, Union
 
 import torch
@@ -218,7 +219,8 @@ class _Layout:
             return
         if not thd:
             if t.dim() != 4:
-                raise ValueError(f"{name}: must be 4-D (B, H, S, D) like q, got shape {tuple(t.shape)}")
+                form = "(B, H_q, S_q, 1)" if name == "stats" else "(B, H, S, D) like q"
+                raise ValueError(f"{name}: must be 4-D {form}, got shape {tuple(t.shape)}")
             call.set(slot, t)
             return
         if t.dim() != 3:
@@ -269,6 +271,9 @@ def _apply_common(call: _Call, lay: _Layout, q: Tensor, *, attn_scale, bias, blo
     if isinstance(attn_scale, Tensor):
         call.set(L.ATTN_SCALE, attn_scale.reshape(-1) if attn_scale.dim() == 0 else attn_scale)
     elif attn_scale is not None:
+        if isinstance(attn_scale, bool) or not isinstance(attn_scale, numbers.Real):
+            raise TypeError(f"attn_scale: must be a float, a 1-element float32 tensor or None, got "
+                            f"{type(attn_scale).__name__} {attn_scale!r}")
         call.option("attn_scale", float(attn_scale))
     call.set(L.BIAS, bias)
     call.set(L.BLOCK_MASK, block_mask)
@@ -564,7 +569,7 @@ def sdpa(
         bias: additive, ``(1|B, 1|H_q, 1|S_q, 1|S_kv)``, dtype of q or fp32; differentiable.
         block_mask: uint8 ``(1|B, 1|H_q, ceil(S_q/128), ceil(ceil(S_kv/128)/8))``; bit ``kb % 8`` of byte ``kb // 8``
             set = the 128x128 tile (query block, key block kb) is computed.
-        use_alibi_mask: ALiBi (needs ``diagonal_band_right_bound=0``).
+        use_alibi_mask: ALiBi (needs ``diagonal_band_right_bound=0``); the ALiBi paper's slopes for H_q heads.
         use_padding_mask, seq_len_q, seq_len_kv, cu_seq_len_q, cu_seq_len_kv: per-sample lengths, ``(B,)`` /
             ``(B, 1, 1, 1)`` or prefix sums ``(B+1,)``, int32 / int64; one form per side.
         diagonal_alignment: ``"TOP_LEFT"`` or ``"BOTTOM_RIGHT"``.
@@ -572,7 +577,8 @@ def sdpa(
         diagonal_band_right_bound: masks columns beyond ``row + right_bound`` (0 = causal).
         dropout: ``(probability, seed, offset)`` (Philox, seed/offset int tensors or ints) or ``(mask, scale)``.
         rng_dump: output ``(B, H_q, S_q, S_kv)`` (uint8 or float) receiving the Philox keep mask.
-        paged_attention_k_table, paged_attention_v_table: int32 ``(B, 1, max_pages, 1)``;
+        paged_attention_k_table, paged_attention_v_table: int32 ``(B, 1, max_pages, 1)``; need
+            ``use_padding_mask`` with Q- and KV-side lengths (as in the seed); forward only.
             paged_attention_max_seq_len_kv: the logical S_kv (default max_pages * block_size).
         max_total_seq_len_q, max_total_seq_len_kv: packed token totals (THD only).
         generate_stats: return the fp32 LSE stats ``(B, H_q, S_q, 1)`` (THD: ``(T, H_q, 1)``); default: only when

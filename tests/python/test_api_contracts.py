@@ -196,7 +196,7 @@ def test_cu_seqlens_shape_error_names_the_tensor(fs, which):
     kw.pop("max_seqlen_q", None)
     kw.pop("max_seqlen_k", None)
     kw[which] = kw[which].view(1, -1)  # 2-D
-    with pytest.raises(ValueError, match=rf"^{which} must be a 1-D tensor of B\+1 >= 2 values, got shape \(1, 3\)"):
+    with pytest.raises(ValueError, match=rf"^create_mask_plan: {which} must be a 1-D tensor of B\+1 >= 2 values, got shape \(1, 3\)"):
         fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **kw)
 
 
@@ -211,7 +211,7 @@ def test_max_seqlen_must_be_an_int(fs, which, value, varlen):
     else:
         p, kw = _bshd(), {}
     kw[which] = value
-    with pytest.raises(TypeError, match=rf"^{which} must be an int or None, got {type(value).__name__}"):
+    with pytest.raises(TypeError, match=rf"^create_mask_plan: {which} must be an int or None, got {type(value).__name__}"):
         fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **kw)
 
 

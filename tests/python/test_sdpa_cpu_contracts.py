@@ -289,6 +289,9 @@ def _bad_cases():
                                          r"cu_seq_len_q: must start at 0"),
         "softcap not positive": ((q, k, v), dict(softcap=0.0), ValueError, r"softcap: must be a finite positive value"),
         "attn_scale not finite": ((q, k, v), dict(attn_scale=float("inf")), ValueError, r"attn_scale: must be finite"),
+        "attn_scale not a number": ((q, k, v), dict(attn_scale="0.5"), TypeError,
+                                    r"attn_scale: must be a float, a 1-element float32 tensor or None, got str"),
+        "attn_scale a bool": ((q, k, v), dict(attn_scale=True), TypeError, r"attn_scale: must be a float"),
         "sinks per head": ((q, k, v), dict(sink_token=torch.randn(3)), ValueError,
                            r"sink_token: must have 2 element\(s\)"),
         "gate shape": ((q, k, v), dict(gate=torch.randn(B, H, S, 8, dtype=_BF)), ValueError,
@@ -325,6 +328,8 @@ def test_backward_only_rules_are_named(fs):
         fs.sdpa_backward(q, k, v, q, q, stats, bias=torch.randn(1, 1, S, S), dBias=torch.empty(1, H, S, S))
     with pytest.raises(ValueError, match=r"^stats: shape must be \[2, 2, 8, 1\]"):
         fs.sdpa_backward(q, k, v, q, q, torch.zeros(B, H, S, 2))
+    with pytest.raises(ValueError, match=r"^stats: must be 4-D \(B, H_q, S_q, 1\), got shape \(2, 2, 8\)"):
+        fs.sdpa_backward(q, k, v, q, q, torch.zeros(B, H, S))
     with pytest.raises(ValueError, match=r"^stats_use_log2: the backward consumes natural-log stats"):
         fs.sdpa(q.clone().requires_grad_(), k, v, stats_use_log2=True)
 
