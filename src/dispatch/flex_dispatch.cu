@@ -198,6 +198,7 @@ void launch_flex_fwd(const FlexFwdLaunch& a) {
     p.split.o_accum = reinterpret_cast<float*>(ws + wl.o_accum);
     p.split.ml = reinterpret_cast<float*>(ws + wl.ml);
     p.split.num_tasks = static_cast<int>(p.view.num_tasks);
+    p.split_schedule = 1;
   }
   if (sm90) {
     FS_CHECK(sm90::device_supported(g.device_id) && sm90::fwd_config_supported(g, plan.signature.pack_gqa),
@@ -254,6 +255,7 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
   char* ws = static_cast<char*>(a.workspace);
   p.delta = reinterpret_cast<float*>(ws + wl.delta);
   p.lse2 = reinterpret_cast<float*>(ws + wl.lse2);
+  p.deterministic = a.deterministic ? 1 : 0;
   p.dq_accum = a.deterministic ? nullptr : reinterpret_cast<float*>(ws + wl.dq_accum);
   p.total_q = g.total_q;
   p.seqlen_q = g.varlen ? 0 : g.max_seqlen_q;
@@ -281,10 +283,10 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
     p.split.dk_accum = reinterpret_cast<float*>(ws + wl.dk_accum);
     p.split.dv_accum = reinterpret_cast<float*>(ws + wl.dv_accum);
     p.split.num_tasks = static_cast<int>(p.view.num_tasks);
+    p.split_schedule = 1;
   }
 
   sm80::BwdLaunchSm80 cfg;
-  cfg.deterministic = a.deterministic;
   cfg.num_q_blocks = static_cast<int>(p.view.num_q_blocks);
   cfg.num_bwd_tasks = static_cast<int>(p.grid_mode ? p.view.num_k_blocks : p.view.num_tasks);
   cfg.total_q = g.total_q;

@@ -105,7 +105,10 @@ struct FwdParams : QkvParams {
   // block whose task head is h is position (row0 + r) / pack of query head
   // h * pack + (row0 + r) % pack.
   int pack = 1;
-  FwdSplit split;  // task mode with a workspace only (split.items != nullptr)
+  FwdSplit split;  // bound when split_schedule = 1
+  // 1: the split schedule runs (task mode with a workspace; `split` bound, fwd_split.cuh);
+  // 0: one CTA per task or grid cell writes its rows directly (`split` unused).
+  int split_schedule = 0;
 };
 
 struct BwdParams : QkvParams {
@@ -123,10 +126,16 @@ struct BwdParams : QkvParams {
   // empty row, so that exp2(s - lse2) = 0 there).
   float* delta = nullptr;
   float* lse2 = nullptr;
-  float* dq_accum = nullptr;  // [Hq, total_q, Dqk] fp32 (atomic dQ path), else unused
+  float* dq_accum = nullptr;  // [Hq, total_q, Dqk] fp32 when deterministic = 0, else unused (nullptr)
   int64_t total_q = 0;
   int64_t seqlen_q = 0;  // BSHD: Sq of every sample (flattened row t is position t % Sq of sample t / Sq); THD: 0
-  BwdSplit split;  // non-deterministic task mode only (split.items != nullptr)
+  BwdSplit split;  // bound when split_schedule = 1
+  // 1: dQ by the separate dQ kernel in a fixed order (bitwise reproducible), no split schedule;
+  // 0: the dK/dV kernel adds dS K into dq_accum with fp32 atomics, then a convert kernel.
+  int deterministic = 0;
+  // 1: the dK/dV split schedule runs (deterministic = 0, task mode; `split` bound,
+  // bwd_split.cuh); 0: one dK/dV CTA per task or grid cell (`split` unused).
+  int split_schedule = 0;
 };
 
 }  // namespace flashspan

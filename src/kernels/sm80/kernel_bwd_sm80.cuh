@@ -28,6 +28,7 @@
 
 #include "kernels/common/block_range.cuh"
 #include "kernels/common/grid.h"
+#include "kernels/common/seqlen_info.cuh"
 #include "kernels/common/split_schedule.cuh"
 #include "kernels/params.h"
 #include "kernels/sm80/mask_apply_sm80.cuh"
@@ -284,6 +285,141 @@ __device__ __forceinline__ const Elem* row_ptr(const void* base, const TensorAdd
          int64_t(h) * a.head_stride;
 }
 
+// Q/dO loader of the dK/dV kernel (role: loads). A full query block (every block of the sample
+// but a partial last one) loads through the thread's precomputed chunk offsets (TileRowLoader),
+// one base per tile; the partial last block takes load_tile_async (row checks, zero fill).
+// Both or neither row loader (the (192, 128) tile's Q rows are 24 chunks: load_tile_async's
+// generic layout, which then serves dO too).
+template <class T, class Elem>
+struct BwdQdoLoaderSm80 {
+  using LoaderQ = TileRowLoader<T::kBlockQ, T::kDqk, T::kThreads>;
+  using LoaderO = TileRowLoader<T::kBlockQ, T::kDv, T::kThreads>;
+  static constexpr bool kRowLoaders = LoaderQ::kApplies && LoaderO::kApplies;
+  LoaderQ ldq{};
+  LoaderO ldo{};
+  // Row 0 of sample b's query rows (head 0) of Q and dO, [0, 1] plus the thread's chunk
+  // offset, [2, 3] without. Kept in local memory (volatile: read back per tile) rather than
+  // in registers, which the loop has none to spare for (ptxas would otherwise recompute them
+  // from b, the strides and tid every iteration).
+  volatile uintptr_t thr_src[4];
+
+  __device__ __forceinline__ void init(const BwdParams& p, int b, int64_t qrow_base, int tid) {
+    if constexpr (kRowLoaders) {
+      ldq.init(p.qa.row_stride, T::kExact ? T::kDqk : p.head_dqk, tid);
+      ldo.init(p.doa.row_stride, T::kExact ? T::kDv : p.head_dv, tid);
+    }
+    thr_src[2] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(p.q, p.qa, b, qrow_base, 0));
+    thr_src[3] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(p.dout, p.doa, b, qrow_base, 0));
+    thr_src[0] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(p.q, p.qa, b, qrow_base, 0) + ldq.offset());
+    thr_src[1] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(p.dout, p.doa, b, qrow_base, 0) + ldo.offset());
+  }
+  // Query block qq of head hh into Q/dO buffer buf (sQ0/sO0: buffer 0).
+  __device__ __forceinline__ void load(const BwdParams& p, uint32_t sQ0, uint32_t sO0, int buf, int hh, int qq,
+                                       int len_q, int tid) {
+    const int rows = len_q - qq * T::kBlockQ;
+    // Element offset of (query block qq, head hh) from row 0 / head 0 (both non-negative).
+    const int64_t oq = int64_t(uint32_t(hh)) * p.qa.head_stride + int64_t(uint32_t(qq * T::kBlockQ)) * p.qa.row_stride;
+    const int64_t oo =
+        int64_t(uint32_t(hh)) * p.doa.head_stride + int64_t(uint32_t(qq * T::kBlockQ)) * p.doa.row_stride;
+    if constexpr (kRowLoaders) {
+      if (rows >= T::kBlockQ) {
+        ldq.load_full(sQ0 + buf * T::kSmemQ, reinterpret_cast<const Elem*>(thr_src[0]) + oq);
+        ldo.load_full(sO0 + buf * T::kSmemO, reinterpret_cast<const Elem*>(thr_src[1]) + oo);
+      } else {
+        ldq.load_partial(sQ0 + buf * T::kSmemQ, reinterpret_cast<const Elem*>(thr_src[0]) + oq,
+                         reinterpret_cast<const Elem*>(thr_src[2]) + oq, rows, tid);
+        ldo.load_partial(sO0 + buf * T::kSmemO, reinterpret_cast<const Elem*>(thr_src[1]) + oo,
+                         reinterpret_cast<const Elem*>(thr_src[3]) + oo, rows, tid);
+      }
+    } else {
+      load_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ0 + buf * T::kSmemQ,
+                                                        reinterpret_cast<const Elem*>(thr_src[2]) + oq,
+                                                        p.qa.row_stride, rows, p.head_dqk, tid);
+      load_tile_async<T::kBlockQ, T::kDv, T::kThreads>(sO0 + buf * T::kSmemO,
+                                                       reinterpret_cast<const Elem*>(thr_src[3]) + oo,
+                                                       p.doa.row_stride, rows, p.head_dv, tid);
+    }
+  }
+};
+
+// Epilogues of a dK/dV work item (__forceinline__, state by reference: the kernel compiles as
+// one body, scripts/sass_diff.sh). The warp's dK/dV tile: keys km0 + 16 mi + g + 8 hi, dK
+// columns dk0 + 8 n + 2 t, dV columns dv0 + 8 n + 2 t (BwdTraitsSm80).
+struct DkdvTileSm80 {
+  int km0, dk0, dv0, keys_valid, g, t;
+};
+
+// A piece of a split task: its dK/dV partial sums (dK unscaled) added with fp32 atomics to
+// accumulator slot `slot` [block_k, D] of the split schedule (bwd_split.cuh converts them).
+template <class T>
+__device__ __forceinline__ void dkdv_add_split_partial_sm80(const BwdParams& p, int slot, DkdvTileSm80 wt,
+                                                            const float (&acc_dk)[T::kKMT][T::kNK][4],
+                                                            const float (&acc_dv)[T::kKMT][T::kNV][4]) {
+  float* dka = p.split.dk_accum + int64_t(slot) * T::kBlockK * p.head_dqk;
+  float* dva = p.split.dv_accum + int64_t(slot) * T::kBlockK * p.head_dv;
+#pragma unroll
+  for (int mi = 0; mi < T::kKMT; ++mi) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int key = wt.km0 + 16 * mi + wt.g + 8 * hi;
+      if (key < wt.keys_valid) {
+#pragma unroll
+        for (int n = 0; n < T::kNK; ++n) {
+          const int col = wt.dk0 + n * 8 + 2 * wt.t;
+          if (col < p.head_dqk) {
+            atomic_add_f32x2(dka + int64_t(key) * p.head_dqk + col, acc_dk[mi][n][2 * hi], acc_dk[mi][n][2 * hi + 1]);
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < T::kNV; ++n) {
+          const int col = wt.dv0 + n * 8 + 2 * wt.t;
+          if (col < p.head_dv) {
+            atomic_add_f32x2(dva + int64_t(key) * p.head_dv + col, acc_dv[mi][n][2 * hi], acc_dv[mi][n][2 * hi + 1]);
+          }
+        }
+      }
+    }
+  }
+}
+
+// A whole task: dK (times the softmax scale) and dV rows of key block rows krow.. of kv head
+// hkv, sample b, in the input dtype; key blocks no query sees get zeros.
+template <class T, class E>
+__device__ __forceinline__ void dkdv_store_sm80(const BwdParams& p, int b, int hkv, int64_t krow, DkdvTileSm80 wt,
+                                                const float (&acc_dk)[T::kKMT][T::kNK][4],
+                                                const float (&acc_dv)[T::kKMT][T::kNV][4]) {
+  using Elem = typename E::Storage;
+  Elem* dk = static_cast<Elem*>(p.dk) + int64_t(b) * p.dka.batch_stride + krow * p.dka.row_stride +
+             int64_t(hkv) * p.dka.head_stride;
+  Elem* dv = static_cast<Elem*>(p.dv) + int64_t(b) * p.dva.batch_stride + krow * p.dva.row_stride +
+             int64_t(hkv) * p.dva.head_stride;
+#pragma unroll
+  for (int mi = 0; mi < T::kKMT; ++mi) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int key = wt.km0 + 16 * mi + wt.g + 8 * hi;
+      if (key < wt.keys_valid) {
+#pragma unroll
+        for (int n = 0; n < T::kNK; ++n) {
+          const int col = wt.dk0 + n * 8 + 2 * wt.t;
+          if (col < p.head_dqk) {
+            *reinterpret_cast<uint32_t*>(dk + int64_t(key) * p.dka.row_stride + col) =
+                pack2<E>(acc_dk[mi][n][2 * hi] * p.scale, acc_dk[mi][n][2 * hi + 1] * p.scale);
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < T::kNV; ++n) {
+          const int col = wt.dv0 + n * 8 + 2 * wt.t;
+          if (col < p.head_dv) {
+            *reinterpret_cast<uint32_t*>(dv + int64_t(key) * p.dva.row_stride + col) =
+                pack2<E>(acc_dv[mi][n][2 * hi], acc_dv[mi][n][2 * hi + 1]);
+          }
+        }
+      }
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // 2. dK/dV of one work item: pairs [begin, begin + count) of key block kb of kv head hkv of
 // sample b (K2QWalk order). The accumulator slot is read at the end (kept out of registers
@@ -308,8 +444,8 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
 
-  const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
-  const int k_start = __ldg(p.cu_seqlens_k + b), len_k = __ldg(p.cu_seqlens_k + b + 1) - k_start;
+  const SeqlenInfo sl(p, b);
+  const int q_start = sl.q_start, len_q = sl.len_q, k_start = sl.k_start, len_k = sl.len_k;
   const int key0 = kb * T::kBlockK;
   const int keys_valid = min(T::kBlockK, len_k - key0);
   const int64_t krow = int64_t(p.varlen ? k_start : 0) + key0;
@@ -324,55 +460,9 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
   walk.seek(begin);
   int h = 0, qb = 0, payload = -1;
   bool have = walk.next(h, qb, payload);
-  // Q/dO tiles: a full query block (every block of the sample but a partial last one) loads
-  // through the thread's precomputed chunk offsets (TileRowLoader), one base per tile; the
-  // partial last block takes load_tile_async (row checks, zero fill).
-  using LoaderQ = TileRowLoader<T::kBlockQ, T::kDqk, T::kThreads>;
-  using LoaderO = TileRowLoader<T::kBlockQ, T::kDv, T::kThreads>;
-  // Both or neither (the (192, 128) tile's Q rows are 24 chunks: load_tile_async's generic
-  // layout, which then serves dO too).
-  constexpr bool kRowLoaders = LoaderQ::kApplies && LoaderO::kApplies;
-  LoaderQ ldq{};
-  LoaderO ldo{};
-  if constexpr (kRowLoaders) {
-    ldq.init(p.qa.row_stride, T::kExact ? T::kDqk : p.head_dqk, tid);
-    ldo.init(p.doa.row_stride, T::kExact ? T::kDv : p.head_dv, tid);
-  }
-  // Row 0 of sample b's query rows (head 0) of Q and dO, [0, 1] plus the thread's chunk
-  // offset, [2, 3] without. Kept in local memory (volatile: read back per tile) rather than
-  // in registers, which the loop has none to spare for (ptxas would otherwise recompute them
-  // from b, the strides and tid every iteration).
-  volatile uintptr_t thr_src[4];
-  thr_src[2] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(p.q, p.qa, b, qrow_base, 0));
-  thr_src[3] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(p.dout, p.doa, b, qrow_base, 0));
-  thr_src[0] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(p.q, p.qa, b, qrow_base, 0) + ldq.offset());
-  thr_src[1] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(p.dout, p.doa, b, qrow_base, 0) + ldo.offset());
-  auto load_q_do = [&](int buf, int hh, int qq) {
-    const int rows = len_q - qq * T::kBlockQ;
-    // Element offset of (query block qq, head hh) from row 0 / head 0 (both non-negative).
-    const int64_t oq = int64_t(uint32_t(hh)) * p.qa.head_stride + int64_t(uint32_t(qq * T::kBlockQ)) * p.qa.row_stride;
-    const int64_t oo =
-        int64_t(uint32_t(hh)) * p.doa.head_stride + int64_t(uint32_t(qq * T::kBlockQ)) * p.doa.row_stride;
-    if constexpr (kRowLoaders) {
-      if (rows >= T::kBlockQ) {
-        ldq.load_full(sQ0 + buf * T::kSmemQ, reinterpret_cast<const Elem*>(thr_src[0]) + oq);
-        ldo.load_full(sO0 + buf * T::kSmemO, reinterpret_cast<const Elem*>(thr_src[1]) + oo);
-      } else {
-        ldq.load_partial(sQ0 + buf * T::kSmemQ, reinterpret_cast<const Elem*>(thr_src[0]) + oq,
-                         reinterpret_cast<const Elem*>(thr_src[2]) + oq, rows, tid);
-        ldo.load_partial(sO0 + buf * T::kSmemO, reinterpret_cast<const Elem*>(thr_src[1]) + oo,
-                         reinterpret_cast<const Elem*>(thr_src[3]) + oo, rows, tid);
-      }
-    } else {
-      load_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ0 + buf * T::kSmemQ,
-                                                        reinterpret_cast<const Elem*>(thr_src[2]) + oq,
-                                                        p.qa.row_stride, rows, p.head_dqk, tid);
-      load_tile_async<T::kBlockQ, T::kDv, T::kThreads>(sO0 + buf * T::kSmemO,
-                                                       reinterpret_cast<const Elem*>(thr_src[3]) + oo,
-                                                       p.doa.row_stride, rows, p.head_dv, tid);
-    }
-  };
-  if (have) load_q_do(0, h, qb);
+  BwdQdoLoaderSm80<T, Elem> qdo;
+  qdo.init(p, b, qrow_base, tid);
+  if (have) qdo.load(p, sQ0, sO0, 0, h, qb, len_q, tid);
   cp_async_commit();
 
   constexpr int kKMT = T::kKMT;
@@ -430,7 +520,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
     __syncthreads();  // Q/dO[buf] (and K, V) visible; the previous block's dK/dV and dQ phases are done
     int h_next = 0, qb_next = 0, payload_next = -1;
     const bool have_next = walk.next(h_next, qb_next, payload_next);
-    if (have_next) load_q_do(buf ^ 1, h_next, qb_next);
+    if (have_next) qdo.load(p, sQ0, sO0, buf ^ 1, h_next, qb_next, len_q, tid);
     cp_async_commit();
 
     // ---- S/dP phase: S = Q K^T -> P, then dP = dO V^T -> dS; P and dS to smem, for the warp
@@ -546,7 +636,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
         }
       }
     }
-    if (p.dq_accum != nullptr) {
+    if (!p.deterministic) {
       // ---- dQ phase (atomic path): dQ[q] += dS K over this key block, added in fp32 to the
       // workspace accumulator.
       const LdsmAddr<T::kBlockK> aS = LdsmAddr<T::kBlockK>::unpack(addr_tab[buf][5]);
@@ -596,72 +686,18 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
   }
   cp_async_wait<0>();
 
-  const int slot = p.split.items == nullptr ? -1 : reinterpret_cast<const int32_t*>(smem + T::kSmemItem)[3];
+  const int slot = !p.split_schedule ? -1 : reinterpret_cast<const int32_t*>(smem + T::kSmemItem)[3];
+  const DkdvTileSm80 wt{km0, dk0, dv0, keys_valid, g, t};
   if (slot >= 0) {
-    // ---- Split task: add this item's sums to the slot's fp32 accumulators [block_k, D].
-    float* dka = p.split.dk_accum + int64_t(slot) * T::kBlockK * p.head_dqk;
-    float* dva = p.split.dv_accum + int64_t(slot) * T::kBlockK * p.head_dv;
-#pragma unroll
-    for (int mi = 0; mi < kKMT; ++mi) {
-#pragma unroll
-      for (int hi = 0; hi < 2; ++hi) {
-        const int key = km0 + 16 * mi + g + 8 * hi;
-        if (key < keys_valid) {
-#pragma unroll
-          for (int n = 0; n < T::kNK; ++n) {
-            const int col = dk0 + n * 8 + 2 * t;
-            if (col < p.head_dqk) {
-              atomic_add_f32x2(dka + int64_t(key) * p.head_dqk + col, acc_dk[mi][n][2 * hi], acc_dk[mi][n][2 * hi + 1]);
-            }
-          }
-#pragma unroll
-          for (int n = 0; n < T::kNV; ++n) {
-            const int col = dv0 + n * 8 + 2 * t;
-            if (col < p.head_dv) {
-              atomic_add_f32x2(dva + int64_t(key) * p.head_dv + col, acc_dv[mi][n][2 * hi], acc_dv[mi][n][2 * hi + 1]);
-            }
-          }
-        }
-      }
-    }
+    dkdv_add_split_partial_sm80<T>(p, slot, wt, acc_dk, acc_dv);
     return;
   }
-
-  // ---- Epilogue: dK (scaled) and dV; key blocks nobody sees get zeros.
-  Elem* dk = static_cast<Elem*>(p.dk) + int64_t(b) * p.dka.batch_stride + krow * p.dka.row_stride +
-             int64_t(hkv) * p.dka.head_stride;
-  Elem* dv = static_cast<Elem*>(p.dv) + int64_t(b) * p.dva.batch_stride + krow * p.dva.row_stride +
-             int64_t(hkv) * p.dva.head_stride;
-#pragma unroll
-  for (int mi = 0; mi < kKMT; ++mi) {
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      const int key = km0 + 16 * mi + g + 8 * hi;
-      if (key < keys_valid) {
-#pragma unroll
-        for (int n = 0; n < T::kNK; ++n) {
-          const int col = dk0 + n * 8 + 2 * t;
-          if (col < p.head_dqk) {
-            *reinterpret_cast<uint32_t*>(dk + int64_t(key) * p.dka.row_stride + col) =
-                pack2<E>(acc_dk[mi][n][2 * hi] * p.scale, acc_dk[mi][n][2 * hi + 1] * p.scale);
-          }
-        }
-#pragma unroll
-        for (int n = 0; n < T::kNV; ++n) {
-          const int col = dv0 + n * 8 + 2 * t;
-          if (col < p.head_dv) {
-            *reinterpret_cast<uint32_t*>(dv + int64_t(key) * p.dva.row_stride + col) =
-                pack2<E>(acc_dv[mi][n][2 * hi], acc_dv[mi][n][2 * hi + 1]);
-          }
-        }
-      }
-    }
-  }
+  dkdv_store_sm80<T, E>(p, b, hkv, krow, wt, acc_dk, acc_dv);
 }
 
 // dK/dV kernel. Without a split schedule (deterministic path, grid mode): one CTA per task
 // (or per (key block, kv head) cell in grid mode), the whole K2Q walk, direct writes.
-// With one (p.split.items): a persistent grid; each CTA claims items in list order with an
+// With one (p.split_schedule): a persistent grid; each CTA claims items in list order with an
 // atomic counter until the list is exhausted (items of long tasks come first).
 template <class T, class E>
 __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const BwdParams p) {
@@ -669,7 +705,7 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const B
   int32_t* s_item = reinterpret_cast<int32_t*>(smem + T::kSmemItem);
   for (int round = 0;; ++round) {
     int kb, hkv, b, begin = 0, count = 0x7fffffff;
-    if (p.split.items == nullptr) {
+    if (!p.split_schedule) {
       if (round > 0) return;
       if (p.grid_mode) {
         // Folded grid (grid.h): CTA = kv head * NKB + global key block.
@@ -695,6 +731,30 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const B
       b = __ldg(task + 2);
     }
     dkdv_item<T, E>(p, smem, kb, hkv, b, begin, count);
+  }
+}
+
+// Epilogue of the dQ kernel: dQ (times the softmax scale) of the warp's rows r0 and r0 + 8
+// of the block (query rows qrow.. of head h, sample b) in the input dtype, columns 8 n + 2 t.
+template <class T, class E>
+__device__ __forceinline__ void dq_store_sm80(const BwdParams& p, int b, int h, int64_t qrow, int rows_valid, int r0,
+                                              int t, const float (&acc)[T::kNQ][4]) {
+  using Elem = typename E::Storage;
+  Elem* dq = static_cast<Elem*>(p.dq) + int64_t(b) * p.dqa.batch_stride + qrow * p.dqa.row_stride +
+             int64_t(h) * p.dqa.head_stride;
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int row = r0 + 8 * hi;
+    if (row < rows_valid) {
+#pragma unroll
+      for (int n = 0; n < T::kNQ; ++n) {
+        const int col = n * 8 + 2 * t;
+        if (col < p.head_dqk) {
+          *reinterpret_cast<uint32_t*>(dq + int64_t(row) * p.dqa.row_stride + col) =
+              pack2<E>(acc[n][2 * hi] * p.scale, acc[n][2 * hi + 1] * p.scale);
+        }
+      }
+    }
   }
 }
 
@@ -728,8 +788,8 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
   const int qb = gq - __ldg(p.view.q_block_start + b);
   const int hkv = h / p.group_size;
   const int hm = p.mask_per_head ? h : 0;
-  const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
-  const int k_start = __ldg(p.cu_seqlens_k + b), len_k = __ldg(p.cu_seqlens_k + b + 1) - k_start;
+  const SeqlenInfo sl(p, b);
+  const int q_start = sl.q_start, len_q = sl.len_q, k_start = sl.k_start, len_k = sl.len_k;
   const int row0 = qb * T::kBlockQ;
   const int rows_valid = min(T::kBlockQ, len_q - row0);
   const int64_t qrow = int64_t(p.varlen ? q_start : 0) + row0;
@@ -893,23 +953,7 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
   }
   cp_async_wait<0>();
 
-  const int t = lane & 3;
-  Elem* dq = static_cast<Elem*>(p.dq) + int64_t(b) * p.dqa.batch_stride + qrow * p.dqa.row_stride +
-             int64_t(h) * p.dqa.head_stride;
-#pragma unroll
-  for (int hi = 0; hi < 2; ++hi) {
-    const int row = warp * 16 + g + 8 * hi;
-    if (row < rows_valid) {
-#pragma unroll
-      for (int n = 0; n < T::kNQ; ++n) {
-        const int col = n * 8 + 2 * t;
-        if (col < p.head_dqk) {
-          *reinterpret_cast<uint32_t*>(dq + int64_t(row) * p.dqa.row_stride + col) =
-              pack2<E>(acc[n][2 * hi] * p.scale, acc[n][2 * hi + 1] * p.scale);
-        }
-      }
-    }
-  }
+  dq_store_sm80<T, E>(p, b, h, qrow, rows_valid, warp * 16 + g, lane & 3, acc);
 }
 
 }  // namespace flashspan::kern

@@ -568,7 +568,7 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
 }
 
 // Forward kernel, one CTA per task (or per (query block, task head) cell in grid mode): the
-// whole Q2K walk, direct writes. With a split schedule (p.split.items) it runs only when the
+// whole Q2K walk, direct writes. With a split schedule (p.split_schedule) it runs only when the
 // schedule split no task (hdr[kNumSplit] = 0, decided on the device by the scan kernel);
 // otherwise the persistent kernel below does the work and these CTAs exit at once. Two
 // kernels rather than one: the persistent item loop costs registers (ptxas holds values
@@ -576,7 +576,7 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
 template <class T, class E, bool kMaxLogit>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm80(const FwdParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
-  if (p.split.items != nullptr && p.split.hdr[SplitSchedule::kNumSplit] > 0) return;
+  if (p.split_schedule && p.split.hdr[SplitSchedule::kNumSplit] > 0) return;
   int qb, h, b;
   if (p.grid_mode) {
     // Folded grid (grid.h): CTA = task head * NQB + global query block.
@@ -594,7 +594,7 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
   fwd_item<T, E, kMaxLogit, false>(p, smem_u32(smem), nullptr, qb, h, b, 0, 0x7fffffff);
 }
 
-// Persistent forward kernel of the split schedule (task mode, p.split.items set): each CTA
+// Persistent forward kernel of the split schedule (task mode, p.split_schedule = 1): each CTA
 // claims items in list order with an atomic counter until the list is exhausted (items of
 // long tasks come first). Exits at once when the schedule split no task.
 template <class T, class E, bool kMaxLogit>

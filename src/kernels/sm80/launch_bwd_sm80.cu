@@ -45,8 +45,8 @@ void run_bwd(const BwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stream) 
   auto dq = kern::flex_bwd_dq_kernel_sm80<T, E>;
   static std::atomic<uint64_t> dkdv_set{0}, dq_set{0};
   ensure_smem_limit(dkdv, T::kSmemBytes, dkdv_set, "flex backward dK/dV: cudaFuncSetAttribute");
-  if (cfg.deterministic) ensure_smem_limit(dq, T::kSmemBytesQ, dq_set, "flex backward dQ: cudaFuncSetAttribute");
-  if (p.split.items != nullptr) {
+  if (p.deterministic) ensure_smem_limit(dq, T::kSmemBytesQ, dq_set, "flex backward dQ: cudaFuncSetAttribute");
+  if (p.split_schedule) {
     run_dkdv_split<T, E>(p, stream);
   } else if (cfg.num_bwd_tasks > 0) {
     // Grid mode: (key block, kv head) folded into x (grid.h); task mode: one CTA per task.
@@ -56,7 +56,7 @@ void run_bwd(const BwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stream) 
     dkdv<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
     check_launch("flex backward dK/dV (sm80)");
   }
-  if (!cfg.deterministic) {
+  if (!p.deterministic) {
     if (cfg.total_q > 0) {
       // One warp per (query row, head), grid-stride (bwd_prepost.cuh).
       const unsigned grid = grid_stride_1d(int64_t(p.num_heads_q) * cfg.total_q, 8);
@@ -80,7 +80,7 @@ void run_bwd_dtype(const BwdParams& p, DType dtype, const BwdLaunchSm80& cfg, cu
 
 void launch_bwd_sm80(const BwdParams& p, const TileSm80& tile, DType dtype, const BwdLaunchSm80& cfg,
                      cudaStream_t stream) {
-  if (!cfg.deterministic && cfg.total_q > 0) {
+  if (!p.deterministic && cfg.total_q > 0) {
     check_cuda(cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * size_t(p.num_heads_q) * size_t(cfg.total_q) *
                                                  size_t(p.head_dqk), stream),
                "flex backward: clearing the dQ accumulator");

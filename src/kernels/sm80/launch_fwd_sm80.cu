@@ -4,7 +4,7 @@
 // (packed decode plans, consumer_for_plan) on the 128 head-dim tile, exact and predicated
 // x {fp16, bf16}, max_logit tested at run time (FwdTraitsSm80::kMaxLogitAtRunTime).
 // Each variant is a one-CTA-per-task and a persistent kernel.
-// With a split schedule (p.split.items, task mode with a workspace): count, scan, items,
+// With a split schedule (p.split_schedule, task mode with a workspace): count, scan, items,
 // the persistent forward grid and the combine of split tasks (fwd_split.cuh).
 // Packed GQA is a run-time row mapping (FwdParams::pack), not an instantiation.
 #include "kernels/common/fwd_split.cuh"
@@ -27,7 +27,7 @@ void run_fwd(const FwdParams& p, int num_tasks, cudaStream_t stream) {
   auto kernel = kern::flex_fwd_kernel_sm80<T, E, kMaxLogit>;
   static std::atomic<uint64_t> smem_set{0};
   ensure_smem_limit(kernel, T::kSmemBytes, smem_set, "flex forward: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-  if (p.split.items != nullptr) {
+  if (p.split_schedule) {
     // Split schedule (fwd_split.cuh). Whether any task is split is decided on the
     // device (scan kernel): the one-CTA-per-task kernel runs when none is, the persistent
     // kernel and the combine when some are; the other kernel's CTAs exit at once.

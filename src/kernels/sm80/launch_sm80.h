@@ -15,8 +15,8 @@ namespace flashspan::sm80 {
 
 void launch_fwd_sm80(const FwdParams& p, const TileSm80& tile, DType dtype, int num_tasks, cudaStream_t stream);
 
+// Launch sizes of the backward (the dQ mode is BwdParams::deterministic).
 struct BwdLaunchSm80 {
-  bool deterministic = false;
   int num_q_blocks = 0;     // bwd view NQB (all samples)
   int num_bwd_tasks = 0;    // dK/dV CTAs (tasks, or key blocks in grid mode)
   int64_t total_q = 0;

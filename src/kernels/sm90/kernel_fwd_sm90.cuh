@@ -6,7 +6,7 @@
 //
 // CTA = 3 warpgroups (384 threads), persistent (one CTA per SM, 1 per SM by shared memory):
 //   WG0, the producer: after setmaxnreg.dec only thread 0 works. It takes the CTA's work items
-//     (the split schedule's item list through the atomic counter when p.split.items is set,
+//     (the split schedule's item list through the atomic counter when p.split_schedule is set,
 //     otherwise tasks / grid cells blockIdx.x, blockIdx.x + gridDim.x, ...), hands each item to
 //     the consumers through a 2-entry shared ring, and issues the bulk tensor copies (TMA) of
 //     the item's Q tile and of K, V of every key block of its walk into a kStages ring.
@@ -312,7 +312,7 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
   uint32_t kv_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
     Item it{-1, 0, 0, 0, 0, -1};
-    if (p.split.items != nullptr) {
+    if (p.split_schedule) {
       const int i = atomicAdd(p.split.hdr + SplitSchedule::kCounter, 1);
       if (i < p.split.hdr[SplitSchedule::kTotal]) {
         const int4 x = reinterpret_cast<const int4*>(p.split.items)[i];

@@ -188,7 +188,7 @@ void run(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const
     smem_set.fetch_or(bit, std::memory_order_acq_rel);
   }
   const int sms = device_sms(dev);
-  if (p.split.items != nullptr) {
+  if (p.split_schedule) {
     FwdParams ps = p;
     ps.split.num_ctas = sms;
     const unsigned tasks = grid_1d(ps.split.num_tasks, "flex forward (sm90 tasks)");  // grid.h
