@@ -167,10 +167,15 @@ def _bind(
         raise ValueError(f"{where}: {name}: dtype {t.dtype} differs from the compiled {spec.dtype}")
     if t.device != spec.device:
         raise ValueError(f"{where}: {name}: device {t.device} differs from the compiled {spec.device}")
-    if t.shape != spec.shape or t.stride() != spec.stride:
+    if t.shape != spec.shape:
         raise ValueError(
-            f"{where}: {name}: shape {tuple(t.shape)} or strides differ from the compiled descriptor "
-            f"(strides {t.stride()}; compiled shape {spec.shape}, strides {spec.stride})"
+            f"{where}: {name}: shape {tuple(t.shape)} differs from the compiled {tuple(spec.shape)} "
+            f"(compile a new object for a new geometry)"
+        )
+    if t.stride() != spec.stride:
+        raise ValueError(
+            f"{where}: {name}: strides {t.stride()} differ from the compiled {tuple(spec.stride)} (same shape "
+            f"{tuple(t.shape)}; the compiled descriptor fixes the memory layout: pass a tensor laid out like the sample)"
         )
     d.struct.data = t.data_ptr() or None
 

@@ -665,14 +665,17 @@ def create_mask_plan(
     mask_func = mask_func.contiguous()
     if varlen:
         cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
-    descs = [
-        _lib.TensorDesc(mask_func, "mask_func"),
-        _lib.TensorDesc(q, "q"),
-        _lib.TensorDesc(k, "k"),
-        _lib.TensorDesc(v, "v"),
-        _lib.desc(cu_seqlens_q, "cu_seqlens_q"),
-        _lib.desc(cu_seqlens_k, "cu_seqlens_k"),
-    ]
+    try:
+        descs = [
+            _lib.TensorDesc(mask_func, "mask_func"),
+            _lib.TensorDesc(q, "q"),
+            _lib.TensorDesc(k, "k"),
+            _lib.TensorDesc(v, "v"),
+            _lib.desc(cu_seqlens_q, "cu_seqlens_q"),
+            _lib.desc(cu_seqlens_k, "cu_seqlens_k"),
+        ]
+    except (TypeError, ValueError) as e:  # device / dtype the C ABI has no code for: name the call too
+        raise type(e)(f"create_mask_plan: {e}") from None
     args = _lib.FsMaskPlanArgs(
         _lib.ptr(descs[0]),
         _lib.ptr(descs[1]),

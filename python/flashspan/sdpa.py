@@ -292,6 +292,11 @@ def _apply_common(call: _Call, lay: _Layout, q: Tensor, *, attn_scale, bias, blo
     if use_causal_mask_bottom_right:
         call.option("causal_mask_bottom_right", 1)
     if sliding_window_length is not None:
+        if diagonal_band_left_bound is not None and int(diagonal_band_left_bound) != int(sliding_window_length):
+            raise ValueError(
+                f"sliding_window_length, diagonal_band_left_bound: both set the left bound (sliding_window_length is "
+                f"the deprecated spelling of diagonal_band_left_bound) but disagree, got {sliding_window_length} and "
+                f"{diagonal_band_left_bound}; pass only diagonal_band_left_bound")
         call.option("sliding_window_length", int(sliding_window_length))
     if diagonal_band_left_bound is not None:
         call.option("diagonal_band_left_bound", int(diagonal_band_left_bound))
@@ -592,7 +597,9 @@ def sdpa(
         gate: ``O * sigmoid(gate)``, shape of O; differentiable.
         ragged_offsets: ``{"q": token offsets (B+1,), ...}`` for partially packed THD tensors.
         max_seq_len_q, max_seq_len_kv: S_max of THD tensors (else read from the lengths: one host sync).
-        use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, is_inference: deprecated seed spellings.
+        use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, is_inference: deprecated seed spellings
+            (an explicit bound given alongside wins over use_causal_mask*; sliding_window_length differing from
+            diagonal_band_left_bound, or is_inference equal to generate_stats, is a ValueError).
 
     Returns:
         ``(o, stats)``; ``stats`` is None unless generate_stats. ``o`` has q's layout (THD: packed ``(T, H_q, D_v)``).
@@ -615,8 +622,13 @@ def sdpa(
     """
     del name, unfuse_fma
     _check_unsupported(implementation, compute_data_type)
-    if is_inference is not None and generate_stats is None:
-        generate_stats = not is_inference
+    if is_inference is not None:
+        if generate_stats is not None and bool(generate_stats) == bool(is_inference):
+            raise ValueError(
+                f"is_inference, generate_stats: is_inference (deprecated) is the negation of generate_stats, got "
+                f"is_inference={is_inference!r} and generate_stats={generate_stats!r}; pass only generate_stats")
+        if generate_stats is None:
+            generate_stats = not is_inference
     paged = paged_attention_k_table is not None or paged_attention_v_table is not None
     fwd = dict(
         attn_scale=attn_scale, block_mask=block_mask, use_alibi_mask=use_alibi_mask, use_padding_mask=use_padding_mask,

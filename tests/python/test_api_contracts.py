@@ -125,6 +125,14 @@ def test_head_dim_not_supported(fs):
         fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
 
 
+def test_unsupported_device_names_the_call_and_tensor(fs):
+    p = _bshd()
+    with pytest.raises(TypeError, match=r"^create_mask_plan: q: device meta is not supported \(CPU or CUDA tensors only\)"):
+        fs.create_mask_plan(p.mask_func, p.q.to("meta"), p.k, p.v)
+    with pytest.raises(TypeError, match=r"^create_mask_plan: mask_func: device meta is not supported"):
+        fs.create_mask_plan(p.mask_func.to("meta"), p.q, p.k, p.v)
+
+
 def test_thd_errors(fs):
     p = make_problem(0, varlen=True, batch=2, seqlen_q=[4, 6], seqlen_k=[5, 5], hq=2, hkv=2)
     kw = p.plan_kwargs()

@@ -292,6 +292,12 @@ def _bad_cases():
         "attn_scale not a number": ((q, k, v), dict(attn_scale="0.5"), TypeError,
                                     r"attn_scale: must be a float, a 1-element float32 tensor or None, got str"),
         "attn_scale a bool": ((q, k, v), dict(attn_scale=True), TypeError, r"attn_scale: must be a float"),
+        "sliding window and left bound disagree": ((q, k, v), dict(sliding_window_length=4, diagonal_band_left_bound=3),
+                                                   ValueError, r"sliding_window_length, diagonal_band_left_bound: both "
+                                                               r"set the left bound .* got 4 and 3"),
+        "is_inference equal to generate_stats": ((q, k, v), dict(is_inference=True, generate_stats=True), ValueError,
+                                                 r"is_inference, generate_stats: is_inference \(deprecated\) is the "
+                                                 r"negation of generate_stats"),
         "sinks per head": ((q, k, v), dict(sink_token=torch.randn(3)), ValueError,
                            r"sink_token: must have 2 element\(s\)"),
         "gate shape": ((q, k, v), dict(gate=torch.randn(B, H, S, 8, dtype=_BF)), ValueError,

@@ -135,6 +135,14 @@ def test_debug_snapshot_has_the_seeds_shape(fs, varlen, build_backward):
             assert isinstance(t, torch.Tensor) and t.dtype == torch.int32 and t.device == plan.device, (g, name)
     if not build_backward:
         assert snap["backward"] is None and snap["dq"] is None
+    # The array names docs/SEED_API.md lists.
+    q2k = {"q_block_start", "k_block_start", "q2k_partial_ptr", "q2k_partial_kb", "q2k_partial_bits",
+           "q2k_full_ptr", "q2k_full_runs"}
+    assert set(snap["forward"]) == q2k | {"tasks"}
+    if build_backward:
+        assert set(snap["backward"]) == q2k | {"tasks", "k2q_partial_ptr", "k2q_partial_qb", "k2q_partial_idx",
+                                               "k2q_full_ptr", "k2q_full_runs"}
+        assert set(snap["dq"]) == q2k
     # The arrays are the plan's own (fwd_* / bwd_* without the prefix), copied.
     for name, t in snap["forward"].items():
         assert t.tolist() == plan.array("fwd_" + name).tolist(), name
