@@ -734,6 +734,43 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const B
   }
 }
 
+// K/V loader of the dQ kernel (role: loads): the thread's chunk offsets once; per tile one
+// base offset, a full block through load_full, the sample's partial last block through
+// load_partial (row checks). gk_thr/gv_thr: row 0 of the sample, kv head hkv, plus the
+// thread's chunk offset.
+template <class T, class Elem>
+struct BwdKvLoaderSm80 {
+  using LoaderK = TileRowLoader8<T::kBlockK, T::kDqk, T::kThreadsQ>;
+  using LoaderV = TileRowLoader8<T::kBlockK, T::kDv, T::kThreadsQ>;
+  static_assert(LoaderK::kApplies && LoaderV::kApplies);
+  LoaderK ldk;
+  LoaderV ldv;
+  const Elem* gk_thr;
+  const Elem* gv_thr;
+
+  __device__ __forceinline__ void init(const BwdParams& p, int b, int64_t krow_base, int hkv, int tid) {
+    ldk.init(p.ka.row_stride, T::kExact ? T::kDqk : p.head_dqk, tid);
+    ldv.init(p.va.row_stride, T::kExact ? T::kDv : p.head_dv, tid);
+    gk_thr = row_ptr<Elem>(p.k, p.ka, b, krow_base, hkv) + ldk.offset();
+    gv_thr = row_ptr<Elem>(p.v, p.va, b, krow_base, hkv) + ldv.offset();
+  }
+  // Key block kbb into K/V buffer buf (sK0/sV0: buffer 0).
+  __device__ __forceinline__ void load(const BwdParams& p, uint32_t sK0, uint32_t sV0, int buf, int kbb, int len_k,
+                                       int tid) const {
+    const int rows = len_k - kbb * T::kBlockK;
+    // Element offsets of key block kbb from row 0 (non-negative).
+    const int64_t off_k = int64_t(uint32_t(kbb * T::kBlockK)) * p.ka.row_stride;
+    const int64_t off_v = int64_t(uint32_t(kbb * T::kBlockK)) * p.va.row_stride;
+    if (rows >= T::kBlockK) {
+      ldk.load_full(sK0 + buf * T::kSmemK, gk_thr + off_k);
+      ldv.load_full(sV0 + buf * T::kSmemV, gv_thr + off_v);
+    } else {
+      ldk.load_partial(sK0 + buf * T::kSmemK, gk_thr + off_k, rows, tid);
+      ldv.load_partial(sV0 + buf * T::kSmemV, gv_thr + off_v, rows, tid);
+    }
+  }
+};
+
 // Epilogue of the dQ kernel: dQ (times the softmax scale) of the warp's rows r0 and r0 + 8
 // of the block (query rows qrow.. of head h, sample b) in the input dtype, columns 8 n + 2 t.
 template <class T, class E>
@@ -822,30 +859,8 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
     return true;
   };
 
-  // K/V tiles: the thread's chunk offsets once; per tile one base offset, a full block
-  // through load_full, the sample's partial last block through load_partial (row checks).
-  using LoaderK = TileRowLoader8<T::kBlockK, T::kDqk, T::kThreadsQ>;
-  using LoaderV = TileRowLoader8<T::kBlockK, T::kDv, T::kThreadsQ>;
-  static_assert(LoaderK::kApplies && LoaderV::kApplies);
-  LoaderK ldk;
-  LoaderV ldv;
-  ldk.init(p.ka.row_stride, T::kExact ? T::kDqk : p.head_dqk, tid);
-  ldv.init(p.va.row_stride, T::kExact ? T::kDv : p.head_dv, tid);
-  const Elem* const gk_thr = row_ptr<Elem>(p.k, p.ka, b, krow_base, hkv) + ldk.offset();
-  const Elem* const gv_thr = row_ptr<Elem>(p.v, p.va, b, krow_base, hkv) + ldv.offset();
-  auto load_kv = [&](int buf, int kbb) {
-    const int rows = len_k - kbb * T::kBlockK;
-    // Element offsets of key block kbb from row 0 (non-negative).
-    const int64_t off_k = int64_t(uint32_t(kbb * T::kBlockK)) * p.ka.row_stride;
-    const int64_t off_v = int64_t(uint32_t(kbb * T::kBlockK)) * p.va.row_stride;
-    if (rows >= T::kBlockK) {
-      ldk.load_full(sK0 + buf * T::kSmemK, gk_thr + off_k);
-      ldv.load_full(sV0 + buf * T::kSmemV, gv_thr + off_v);
-    } else {
-      ldk.load_partial(sK0 + buf * T::kSmemK, gk_thr + off_k, rows, tid);
-      ldv.load_partial(sV0 + buf * T::kSmemV, gv_thr + off_v, rows, tid);
-    }
-  };
+  BwdKvLoaderSm80<T, Elem> kv;
+  kv.init(p, b, krow_base, hkv, tid);
 
   load_tile_async<T::kBlockQ, T::kDqk, T::kThreadsQ>(sQ, row_ptr<Elem>(p.q, p.qa, b, qrow, h), p.qa.row_stride,
                                                      rows_valid, p.head_dqk, tid);
@@ -853,7 +868,7 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
                                                     rows_valid, p.head_dv, tid);
   int kb = 0, payload = -1;
   bool have = next_block(kb, payload);
-  if (have) load_kv(0, kb);
+  if (have) kv.load(p, sK0, sV0, 0, kb, len_k, tid);
   cp_async_commit();
 
   // Row statistics of the thread's rows 16 warp + g (+ 8): lse2 (+inf for rows past len_q:
@@ -892,7 +907,7 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
     __syncthreads();  // K/V[buf] visible; everyone is done with K/V[buf ^ 1]
     int kb_next = 0, payload_next = -1;
     const bool have_next = next_block(kb_next, payload_next);
-    if (have_next) load_kv(buf ^ 1, kb_next);
+    if (have_next) kv.load(p, sK0, sV0, buf ^ 1, kb_next, len_k, tid);
     cp_async_commit();
     const LdsmAddr<T::kDqk> bK = LdsmAddr<T::kDqk>::unpack(addr_tab[buf][0]);
     const LdsmAddr<T::kDv> bV = LdsmAddr<T::kDv>::unpack(addr_tab[buf][1]);
