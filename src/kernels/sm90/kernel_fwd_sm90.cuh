@@ -380,12 +380,78 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
 // Consumers (two warpgroups)
 // ---------------------------------------------------------------------------
 
+// Epilogues of a consumer warpgroup's 64 rows of a work item (c: warpgroup, warp, g = lane / 4,
+// qd = lane % 4; the wgmma m64nN accumulator order, as the sm80 m16n8 one per warp).
+// A piece of a split task: unnormalised fp32 O, m and l of every valid row into slot `slot`.
+template <int kD>
+__device__ __forceinline__ void fwd_store_split_partial_sm90(const FwdParams& p, int slot, int rows_valid, int c,
+                                                             int warp, int g, int qd, const float (&o)[kD / 8][4],
+                                                             const float (&m)[2], const float (&l)[2]) {
+  constexpr int kNO = kD / 8;
+  float* oacc = p.split.o_accum + int64_t(slot) * kBlockQ * kD;
+  float* ml = p.split.ml + int64_t(slot) * 2 * kBlockQ;
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const float lsum = quad_sum90(l[hi]);
+    const int row = 64 * c + 16 * warp + g + 8 * hi;
+    if (row < rows_valid) {
+      float* orow = oacc + int64_t(row) * kD;
+#pragma unroll
+      for (int n = 0; n < kNO; ++n) {
+        *reinterpret_cast<float2*>(orow + 8 * n + 2 * qd) = make_float2(o[n][2 * hi], o[n][2 * hi + 1]);
+      }
+      if (qd == 0) {
+        ml[row] = m[hi];
+        ml[kBlockQ + row] = lsum;
+      }
+    }
+  }
+}
+
+// A whole task: O normalised (0 for rows without a visible key) and LSE (natural log, -inf
+// for those rows) of query rows qrow0.. of head h, sample b.
+template <int kD, class E>
+__device__ __forceinline__ void fwd_store_rows_sm90(const FwdParams& p, int b, int h, int64_t qrow0, int rows_valid,
+                                                    int c, int warp, int g, int qd, const float (&o)[kD / 8][4],
+                                                    const float (&m)[2], const float (&l)[2]) {
+  using Elem = typename E::Storage;
+  constexpr int kNO = kD / 8;
+  constexpr float kLn2 = 0.6931471805599453f;
+  Elem* ob = static_cast<Elem*>(p.o) + int64_t(b) * p.oa.batch_stride + qrow0 * p.oa.row_stride +
+             int64_t(h) * p.oa.head_stride;
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const float lsum = quad_sum90(l[hi]);
+    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+    const int row = 64 * c + 16 * warp + g + 8 * hi;
+    if (row < rows_valid) {
+      Elem* orow = ob + int64_t(row) * p.oa.row_stride;
+#pragma unroll
+      for (int n = 0; n < kNO; ++n) {
+        *reinterpret_cast<uint32_t*>(orow + 8 * n + 2 * qd) = kern::pack2<E>(o[n][2 * hi] * inv, o[n][2 * hi + 1] * inv);
+      }
+      if (p.lse != nullptr && qd == 0) {
+        p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride + (qrow0 + row) * p.lsea.row_stride] =
+            lsum > 0.0f ? (m[hi] + __log2f(lsum)) * kLn2 : -INFINITY;
+      }
+    }
+  }
+}
+
+// max_logit of the warp's rows (rows past rows_valid never see a key: m = -inf, no masking).
+__device__ __forceinline__ void fwd_max_logit_sm90(const FwdParams& p, int h, int lane, const float (&m)[2]) {
+  constexpr float kLn2 = 0.6931471805599453f;
+  float mx = fmaxf(m[0], m[1]);
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+  if (lane == 0 && mx != -INFINITY) kern::atomic_max_float(p.max_logit + h, mx * kLn2);
+}
+
 template <int kD, class E, bool kMaxLogit, bool kOverlap>
 __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, const int32_t* s_item) {
   using Elem = typename E::Storage;
   using L = FwdSm90Layout<kD>;
   constexpr int kNO = kD / 8;  // n8 blocks of O
-  constexpr float kLn2 = 0.6931471805599453f;
   const uint32_t bars = base + L::kBar;
   const uint32_t q_full = bars, q_empty = bars + 8;
   const uint32_t k_full = bars + 16, v_full = k_full + 8 * kStages, kv_empty = v_full + 8 * kStages;
@@ -532,54 +598,11 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     const int rows_valid = min(kBlockQ, len_q - row0);
     const int64_t q_row0 = p.varlen ? q_start : 0;
     if (it.slot >= 0) {
-      float* oacc = p.split.o_accum + int64_t(it.slot) * kBlockQ * kD;
-      float* ml = p.split.ml + int64_t(it.slot) * 2 * kBlockQ;
-#pragma unroll
-      for (int hi = 0; hi < 2; ++hi) {
-        const float lsum = quad_sum90(l[hi]);
-        const int row = 64 * c + 16 * warp + g + 8 * hi;
-        if (row < rows_valid) {
-          float* orow = oacc + int64_t(row) * kD;
-#pragma unroll
-          for (int n = 0; n < kNO; ++n) {
-            *reinterpret_cast<float2*>(orow + 8 * n + 2 * qd) = make_float2(o[n][2 * hi], o[n][2 * hi + 1]);
-          }
-          if (qd == 0) {
-            ml[row] = m[hi];
-            ml[kBlockQ + row] = lsum;
-          }
-        }
-      }
+      fwd_store_split_partial_sm90<kD>(p, it.slot, rows_valid, c, warp, g, qd, o, m, l);
     } else {
-      Elem* ob = static_cast<Elem*>(p.o) + int64_t(it.b) * p.oa.batch_stride +
-                 (q_row0 + row0) * p.oa.row_stride + int64_t(it.h) * p.oa.head_stride;
-#pragma unroll
-      for (int hi = 0; hi < 2; ++hi) {
-        const float lsum = quad_sum90(l[hi]);
-        const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-        const int row = 64 * c + 16 * warp + g + 8 * hi;
-        if (row < rows_valid) {
-          Elem* orow = ob + int64_t(row) * p.oa.row_stride;
-#pragma unroll
-          for (int n = 0; n < kNO; ++n) {
-            *reinterpret_cast<uint32_t*>(orow + 8 * n + 2 * qd) =
-                kern::pack2<E>(o[n][2 * hi] * inv, o[n][2 * hi + 1] * inv);
-          }
-          if (p.lse != nullptr && qd == 0) {
-            p.lse[int64_t(it.b) * p.lsea.batch_stride + int64_t(it.h) * p.lsea.head_stride +
-                  (q_row0 + row0 + row) * p.lsea.row_stride] =
-                lsum > 0.0f ? (m[hi] + __log2f(lsum)) * kLn2 : -INFINITY;
-          }
-        }
-      }
+      fwd_store_rows_sm90<kD, E>(p, it.b, it.h, q_row0 + row0, rows_valid, c, warp, g, qd, o, m, l);
     }
-    if constexpr (kMaxLogit) {
-      // Rows past rows_valid never see a key (m = -inf): no masking needed.
-      float mx = fmaxf(m[0], m[1]);
-#pragma unroll
-      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-      if (lane == 0 && mx != -INFINITY) kern::atomic_max_float(p.max_logit + it.h, mx * kLn2);
-    }
+    if constexpr (kMaxLogit) fwd_max_logit_sm90(p, it.h, lane, m);
   }
 }
 
