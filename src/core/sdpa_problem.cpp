@@ -223,8 +223,8 @@ void check_common(Problem& p, const Checker& c) {
   const bool any_q = seq_q || cu_q, any_kv = seq_kv || cu_kv;
   if (a.padding_mask) {
     FS_CHECK_ARG(any_q && any_kv, "use_padding_mask: requires a Q-side length tensor (seq_len_q or cu_seq_len_q) and "
-                 "a KV-side one (seq_len_kv or cu_seq_len_kv), provided together; the ",
-                 any_q ? "KV side" : (any_kv ? "Q side" : "Q and KV sides"), " is missing");
+                 "a KV-side one (seq_len_kv or cu_seq_len_kv), provided together; missing: ",
+                 any_q ? "the KV side" : (any_kv ? "the Q side" : "both sides"));
   } else {
     FS_CHECK_ARG(!any_q && !any_kv, any_q ? (seq_q ? "seq_len_q" : "cu_seq_len_q")
                                           : (seq_kv ? "seq_len_kv" : "cu_seq_len_kv"),

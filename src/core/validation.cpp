@@ -141,7 +141,8 @@ FlexGeometry validate_plan_inputs(const PlanInputs& in, const int32_t* cu_q_host
   g.head_dim_v = static_cast<int>(v.size(-1));
   FS_CHECK_ARG(g.num_heads_q > 0, "q: number of heads must be positive");
   FS_CHECK_ARG(g.num_heads_kv > 0, "k: number of heads must be positive");
-  FS_CHECK_ARG(v.size(h) == g.num_heads_kv, "v: has ", v.size(h), " heads, k has ", g.num_heads_kv);
+  FS_CHECK_ARG(v.size(h) == g.num_heads_kv, "v: number of heads ", v.size(h), " differs from k's ", g.num_heads_kv,
+               " (K and V share one head count, Hkv)");
   FS_CHECK_ARG(g.num_heads_q % g.num_heads_kv == 0, "q, k: Hq % Hkv must be 0 (MHA/GQA/MQA), got Hq = ", g.num_heads_q,
                ", Hkv = ", g.num_heads_kv);
   FS_CHECK_ARG(k.size(-1) == g.head_dim_qk, "k: head dim ", k.size(-1), " differs from q's ", g.head_dim_qk);

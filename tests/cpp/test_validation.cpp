@@ -230,7 +230,8 @@ TEST(Validation, HeadCounts) {
         in.v = shape_view(DType::kFloat16, {2, 7, 0, 8});
       },
       kArg, "k: number of heads"));
-  EXPECT_TRUE(bshd_error([](PlanInputs& in) { in.v = shape_view(DType::kFloat16, {2, 7, 1, 8}); }, kArg, "v: has 1 heads"));
+  EXPECT_TRUE(bshd_error([](PlanInputs& in) { in.v = shape_view(DType::kFloat16, {2, 7, 1, 8}); }, kArg,
+                         "v: number of heads 1 differs from k's"));
   EXPECT_TRUE(bshd_error(
       [](PlanInputs& in) {
         in.k = shape_view(DType::kFloat16, {2, 7, 3, 16});

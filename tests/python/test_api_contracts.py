@@ -79,7 +79,7 @@ def _set_kv_heads(p, heads):
         (lambda p: setattr(p, "k", p.k.half()), TypeError, "k: dtype"),
         (lambda p: setattr(p, "q", p.q.double()), TypeError, "q"),
         (lambda p: _set_kv_heads(p, 3), ValueError, "Hq % Hkv must be 0"),
-        (lambda p: setattr(p, "v", p.v[:, :, :1]), ValueError, "v: has 1 heads"),
+        (lambda p: setattr(p, "v", p.v[:, :, :1]), ValueError, "v: number of heads 1 differs from k"),
         (lambda p: setattr(p, "k", p.k[..., :8]), ValueError, "k: head dim"),
         (lambda p: setattr(p, "q", p.q[0]), ValueError, "q: must have rank"),
         (lambda p: setattr(p, "v", p.v[:1]), ValueError, "v: batch"),
@@ -131,6 +131,14 @@ def test_unsupported_device_names_the_call_and_tensor(fs):
         fs.create_mask_plan(p.mask_func, p.q.to("meta"), p.k, p.v)
     with pytest.raises(TypeError, match=r"^create_mask_plan: mask_func: device meta is not supported"):
         fs.create_mask_plan(p.mask_func.to("meta"), p.q, p.k, p.v)
+
+
+def test_v_heads_must_equal_k_heads(fs):
+    p = _bshd()  # Hq = 4, Hkv = 2
+    v = torch.cat([p.v, p.v], dim=2)
+    with pytest.raises(ValueError, match=r"^create_mask_plan: v: number of heads 4 differs from k's 2 \(K and V share "
+                                         r"one head count, Hkv\)"):
+        fs.create_mask_plan(p.mask_func, p.q, p.k, v)
 
 
 def test_thd_errors(fs):
