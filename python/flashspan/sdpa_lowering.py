@@ -364,26 +364,23 @@ class _Geometry:
 
     def to_flex_q(self, t: Tensor) -> Tensor:
         """A q-side SDPA tensor (q, o, dO) in the flex layout, padding / gap rows zeroed."""
-        if self.thd_q:
-            f = t
-        elif not self.varlen:
-            f = t.transpose(1, 2)
-        else:
-            f = t.transpose(1, 2).reshape(self.B * self.Sq, t.shape[1], t.shape[3])
-        if self.valid_q is not None:
-            f = torch.where(self._rows(self.valid_q, f), f, torch.zeros((), dtype=f.dtype, device=f.device))
-        return f
+        return self._to_flex(t, self.thd_q, self.Sq, self.valid_q)
 
     def to_flex_k(self, t: Tensor) -> Tensor:
         """A kv-side SDPA tensor (k, v) in the flex layout, padding / gap keys zeroed."""
-        if self.thd_kv:
+        return self._to_flex(t, self.thd_kv, self.Skv, self.valid_k)
+
+    def _to_flex(self, t: Tensor, thd: bool, S: Optional[int], valid: Optional[Tensor]) -> Tensor:
+        """One side's tensor (packed ``(T, H, D)`` when ``thd``, else ``(B, H, S, D)``) as flex THD / BSHD, rows where
+        ``valid`` is False zeroed."""
+        if thd:
             f = t
         elif not self.varlen:
             f = t.transpose(1, 2)
         else:
-            f = t.transpose(1, 2).reshape(self.B * self.Skv, t.shape[1], t.shape[3])
-        if self.valid_k is not None:
-            f = torch.where(self._rows(self.valid_k, f), f, torch.zeros((), dtype=f.dtype, device=f.device))
+            f = t.transpose(1, 2).reshape(self.B * S, t.shape[1], t.shape[3])
+        if valid is not None:
+            f = torch.where(self._rows(valid, f), f, torch.zeros((), dtype=f.dtype, device=f.device))
         return f
 
     def _rows(self, valid: Tensor, f: Tensor) -> Tensor:
