@@ -28,6 +28,7 @@
 
 #include "kernels/common/block_range.cuh"
 #include "kernels/common/grid.h"
+#include "kernels/common/k2q_walk.cuh"
 #include "kernels/common/seqlen_info.cuh"
 #include "kernels/common/split_schedule.cuh"
 #include "kernels/params.h"
@@ -214,69 +215,6 @@ __device__ __forceinline__ void zero_acc(float (&acc)[kM][kN][4]) {
     for (int n = 0; n < kN; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
   }
 }
-
-// Iterates (query head of the kv group, query block) pairs over the K2Q rows of one key block:
-// head by head, each head's row in BlockCursor order (partial entries, then full runs).
-// seek(begin) then next() visits pairs begin, begin + 1, ... of that order, at most `left` of
-// them. The cursor's next block is read one step ahead (nb, ne), so the block next() returns
-// never waits on a global load: the dK/dV loop computes the next Q/dO tile's address from it
-// right away.
-struct K2QWalk {
-  static constexpr int kNone = 0x7fffffff;  // head's row exhausted
-  const BwdParams* p;
-  int h, h_end, b, kb;
-  int left;
-  BlockCursor cur;
-  int nb = kNone, ne = -1;  // next block of the cursor and its partial entry index (-1: full)
-
-  __device__ __forceinline__ void open_head() {
-    const int hm = p->mask_per_head ? h : 0;
-    const int64_t r = int64_t(hm) * p->view.num_k_blocks + __ldg(p->view.k_block_start + b) + kb;
-    cur = BlockCursor::row(p->view.k2q_partial_ptr, p->view.k2q_partial_qb, p->view.k2q_full_ptr,
-                           p->view.k2q_full_runs, r);
-  }
-  __device__ __forceinline__ void peek() {
-    int blk = 0, entry = 0;
-    bool partial = false;
-    if (cur.next(blk, partial, entry)) {
-      nb = blk;
-      ne = partial ? entry : -1;
-    } else {
-      nb = kNone;
-    }
-  }
-  // Opens the head holding pair `begin` (heads before it are skipped whole) and positions
-  // the cursor on that pair.
-  __device__ __forceinline__ void seek(int begin) {
-    open_head();
-    while (true) {
-      const int n = cur.remaining();
-      if (begin < n || h + 1 >= h_end) break;
-      begin -= n;
-      ++h;
-      open_head();
-    }
-    cur.skip(begin);
-    peek();
-  }
-  // Next pair; payload = payload index of a partial pair (-1 for a full one).
-  __device__ __forceinline__ bool next(int& head, int& qb, int& payload) {
-    if (left <= 0) return false;
-    while (true) {
-      if (nb != kNone) {
-        --left;
-        head = h;
-        qb = nb;
-        payload = ne >= 0 ? __ldg(p->view.k2q_partial_idx + ne) : -1;
-        peek();
-        return true;
-      }
-      if (++h >= h_end) return false;
-      open_head();
-      peek();
-    }
-  }
-};
 
 // Row `row` of head h of sample b in a [B,S,H,D] / [T,H,D] tensor (params.h) of elements Elem.
 template <class Elem>

@@ -60,6 +60,7 @@
 #include "kernels/common/block_range.cuh"
 #include "kernels/params.h"
 #include "kernels/common/ptx.cuh"
+#include "kernels/sm90/ptx_sm90.cuh"
 
 namespace flashspan::kern90 {
 
@@ -88,73 +89,6 @@ struct FwdSm90Layout {
 };
 
 #if defined(__CUDA_ARCH__)
-
-// ---------------------------------------------------------------------------
-// PTX wrappers (sm_90)
-// ---------------------------------------------------------------------------
-
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
-  uint32_t ok;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return ok != 0;
-}
-// Waits until the phase of parity `parity` of `bar` has completed. A wait that lasts more
-// than ~2^33 cycles (seconds) is a protocol bug: trap rather than hang the device.
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  if (mbar_try_wait(bar, parity)) return;
-  const long long t0 = clock64();
-  while (!mbar_try_wait(bar, parity)) {
-    if (clock64() - t0 > (1ll << 33)) __trap();
-  }
-}
-__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
-                                            uint32_t bar) {
-  asm volatile(
-      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
-      "%5}], [%6];\n" ::"r"(dst),
-      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
-      : "memory");
-}
-__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
-  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
-}
-__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void wg_wait() {
-  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
-}
-template <int N>
-__device__ __forceinline__ void reg_fence(float (&d)[N][4]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) asm volatile("" : "+f"(d[i][r])::"memory");
-  }
-}
-
-// 64-bit shared-memory matrix descriptor (PTX ISA 9.0 sec. 9.7.15.5.1.2.2): start address,
-// leading / stride byte offsets (>> 4, 14 bits each), base offset 0 (tiles are 1024-aligned),
-// swizzle mode 1 = 128B.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
-  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo & 0x3FFFF) >> 4) << 16) |
-         (uint64_t((sbo & 0x3FFFF) >> 4) << 32) | (uint64_t(1) << 62);
-}
-
-#include "kernels/sm90/wgmma_sm90.inc"
 
 template <class E>
 __device__ __forceinline__ void mma_qk(float (&s)[16][4], uint64_t da, uint64_t db, int scale_d) {
@@ -199,15 +133,6 @@ template <int kD, class E>
 __device__ __forceinline__ void issue_pv(float (&o)[kD / 8][4], const uint32_t (&pa)[8][4], uint32_t v_tile) {
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) mma_pv<kD, E>(o, pa[kk], smem_desc(v_tile + kk * 2048, kSlabBytes, 1024));
-}
-
-__device__ __forceinline__ float quad_max90(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum90(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
 // Scores of one key block (fp32 accumulators, this thread's rows g and g + 8 of its warp) to

@@ -5,7 +5,6 @@
 // the persistent kernel always claims from it, longest tasks first), the persistent kernel,
 // and the combine of split tasks.
 #include <cuda.h>
-#include <cudaTypedefs.h>
 
 #include <algorithm>
 #include <atomic>
@@ -17,6 +16,7 @@
 #include "kernels/common/split_schedule.cuh"
 #include "kernels/sm90/kernel_fwd_sm90.cuh"
 #include "kernels/sm90/launch_sm90.h"
+#include "kernels/sm90/tma_sm90.h"
 
 namespace flashspan::sm90 {
 namespace {
@@ -106,58 +106,6 @@ __global__ void __launch_bounds__(256) fwd_split_combine_kernel_sm90(const FwdPa
 __global__ void fill_neg_inf_kernel_sm90(float* p, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) p[i] = -INFINITY;
-}
-
-// cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda).
-PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
-  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
-    void* f = nullptr;
-    cudaDriverEntryPointQueryResult q{};
-    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
-    FS_CHECK(e == cudaSuccess && q == cudaDriverEntryPointSuccess && f != nullptr, Status::kCudaError,
-             "sm90 forward: cuTensorMapEncodeTiled is not available from the driver");
-    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
-  }();
-  return fn;
-}
-
-// Tensor map of a q/k/v tensor, BSHD [B, S, H, D] or THD [T, H, D], as a 4-D map
-// {D, rows, H, B} (THD: B = 1), box {64, 128, 1, 1}, 128B swizzle, zero fill out of bounds.
-CUtensorMap make_map(const TensorView& t, bool varlen, DType dtype, const char* name) {
-  const int64_t es = 2;
-  uint64_t dims[4];
-  uint64_t strides[3];  // bytes, dims 1..3
-  auto safe = [&](int64_t extent, int64_t stride) -> uint64_t {
-    // A dimension of extent 1 is only ever indexed at 0: any valid stride does.
-    return extent <= 1 ? uint64_t(16) : uint64_t(stride * es);
-  };
-  if (varlen) {
-    dims[0] = uint64_t(t.shape[2]);
-    dims[1] = uint64_t(std::max<int64_t>(t.shape[0], 1));
-    dims[2] = uint64_t(t.shape[1]);
-    dims[3] = 1;
-    strides[0] = safe(t.shape[0], t.strides[0]);
-    strides[1] = safe(t.shape[1], t.strides[1]);
-    strides[2] = 16;
-  } else {
-    dims[0] = uint64_t(t.shape[3]);
-    dims[1] = uint64_t(std::max<int64_t>(t.shape[1], 1));
-    dims[2] = uint64_t(t.shape[2]);
-    dims[3] = uint64_t(t.shape[0]);
-    strides[0] = safe(t.shape[1], t.strides[1]);
-    strides[1] = safe(t.shape[2], t.strides[2]);
-    strides[2] = safe(t.shape[0], t.strides[0]);
-  }
-  const uint32_t box[4] = {64, uint32_t(kern90::kBlockK), 1, 1};
-  const uint32_t estr[4] = {1, 1, 1, 1};
-  CUtensorMap m;
-  const CUresult r = encode_fn()(&m, dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                                 4, t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
-  FS_CHECK(r == CUDA_SUCCESS, Status::kCudaError, name, ": cuTensorMapEncodeTiled failed (error ", int(r),
-           ") for the sm90 forward's tensor map");
-  return m;
 }
 
 int device_sms(int dev) {
@@ -293,9 +241,9 @@ void launch_fwd_sm90(const FwdParams& p, const TensorView& q, const TensorView& 
   }
   if (p.view.num_q_blocks == 0 || (!p.grid_mode && p.view.num_tasks == 0)) return;
   const bool varlen = p.varlen != 0;
-  const CUtensorMap mq = make_map(q, varlen, dtype, "q");
-  const CUtensorMap mk = make_map(k, varlen, dtype, "k");
-  const CUtensorMap mv = make_map(v, varlen, dtype, "v");
+  const CUtensorMap mq = make_tensor_map_sm90(q, varlen, dtype, kern90::kBlockQ, "q");
+  const CUtensorMap mk = make_tensor_map_sm90(k, varlen, dtype, kern90::kBlockK, "k");
+  const CUtensorMap mv = make_tensor_map_sm90(v, varlen, dtype, kern90::kBlockK, "v");
   if (p.head_dqk == 64) {
     run_d<64>(p, dtype, mq, mk, mv, stream);
   } else {

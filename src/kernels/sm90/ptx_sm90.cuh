@@ -1,0 +1,169 @@
+// Hopper (sm_90a) instruction wrappers shared by the sm90 kernels (forward and backward):
+// mbarriers, the bulk tensor copy (TMA) load, bulk reduce-add, named barriers, proxy fences,
+// setmaxnreg, wgmma fences / groups and the shared-memory matrix descriptor; the wgmma forms
+// themselves are generated into wgmma_sm90.inc (scripts/gen_wgmma_sm90.py).
+//
+// Why raw PTX and not CuTe (nvidia-cutlass headers): the kernels use a handful of Hopper
+// instructions, each checked on an H200 (HOPPER_BRIEF.md); written out, the register order of
+// every fragment stays explicit, which is what lets the plan's payload words map onto the
+// accumulator registers with compile-time bit indices; and the build needs none of CuTe's
+// template compile time (the CPU CI builds every CUDA file on 2 cores).
+//
+// Every wrapper exists only in device code for sm_90 and newer (the kernels test
+// __CUDA_ARCH_FEAT_SM90_ALL before using them).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "kernels/common/ptx.cuh"
+
+namespace flashspan::kern90 {
+
+#if defined(__CUDA_ARCH__)
+
+// ---------------------------------------------------------------------------
+// mbarrier (PTX ISA 9.0 sec. 9.7.13.15). `bar` is a shared-memory address (smem_u32).
+// ---------------------------------------------------------------------------
+
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// Makes the initialisation of the mbarriers visible (to the async proxy and other threads);
+// one thread, after its mbar_init calls, before the CTA-wide barrier.
+__device__ __forceinline__ void fence_barrier_init() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
+  uint32_t ok;
+  asm volatile(
+      "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
+      : "=r"(ok)
+      : "r"(bar), "r"(parity)
+      : "memory");
+  return ok != 0;
+}
+// Waits until the phase of parity `parity` of `bar` has completed. A wait that lasts more
+// than ~2^33 cycles (seconds) is a protocol bug: trap rather than hang the device.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  if (mbar_try_wait(bar, parity)) return;
+  const long long t0 = clock64();
+  while (!mbar_try_wait(bar, parity)) {
+    if (clock64() - t0 > (1ll << 33)) __trap();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Bulk copies (TMA) and bulk reductions (PTX ISA 9.0 sec. 9.7.9.25)
+// ---------------------------------------------------------------------------
+
+// 4-D tile load {c0 innermost .. c3} of `map` into shared memory at `dst`, completing `bytes`
+// (the whole box, also where it lies partly out of bounds) on the transaction count of `bar`.
+__device__ __forceinline__ void tma_load_4d(uint32_t dst, const CUtensorMap* map, int c0, int c1, int c2, int c3,
+                                            uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, "
+      "%5}], [%6];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(bar)
+      : "memory");
+}
+__device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
+  asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
+}
+// dst[0 .. bytes/4) += src[0 .. bytes/4) in fp32, by the bulk copy engine (one thread issues
+// it; 16-byte aligned addresses, bytes a multiple of 16). Completion through bulk groups.
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n" ::"l"(dst), "r"(src),
+               "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Waits until at most N of the thread's bulk groups still read their shared-memory source.
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+// Waits until at most N of the thread's bulk groups are incomplete (writes done).
+template <int N>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// ---------------------------------------------------------------------------
+// Fences, named barriers, register reallocation
+// ---------------------------------------------------------------------------
+
+// Orders this thread's ordinary shared-memory stores before later async-proxy reads (wgmma
+// operands, bulk copies); the readers still need a barrier after it.
+__device__ __forceinline__ void fence_proxy_async_smem() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// Named barrier `id` (1..15; 0 is __syncthreads') over `count` threads (a multiple of 32).
+__device__ __forceinline__ void named_bar_sync(int id, int count) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+__device__ __forceinline__ void named_bar_arrive(int id, int count) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "r"(count) : "memory");
+}
+// Register budget of the calling warpgroup (all its warps execute it). Takes effect only when
+// the kernel's entry register count is fixed (__launch_bounds__(threads, 1)).
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegs) : "memory");
+}
+template <int kRegs>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegs) : "memory");
+}
+
+// ---------------------------------------------------------------------------
+// wgmma ordering (PTX ISA 9.0 sec. 9.7.15.4, 9.7.15.7)
+// ---------------------------------------------------------------------------
+
+__device__ __forceinline__ void wg_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wg_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void wg_wait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+// After a wgmma wait: the accumulator registers are read only after it (the compiler must not
+// hoist their reads above the wait).
+template <int N>
+__device__ __forceinline__ void reg_fence(float (&d)[N][4]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) asm volatile("" : "+f"(d[i][r])::"memory");
+  }
+}
+
+// 64-bit shared-memory matrix descriptor (PTX ISA 9.0 sec. 9.7.15.5.1.2.2): start address,
+// leading / stride byte offsets (>> 4, 14 bits each), base offset 0 (tiles are 1024-aligned),
+// swizzle mode 1 = 128B.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo & 0x3FFFF) >> 4) << 16) |
+         (uint64_t((sbo & 0x3FFFF) >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+#include "kernels/sm90/wgmma_sm90.inc"
+
+// Row max / sum over the quad of lanes that holds one accumulator row (HOPPER_BRIEF.md 1.3).
+__device__ __forceinline__ float quad_max90(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+__device__ __forceinline__ float quad_sum90(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+#endif  // __CUDA_ARCH__
+
+}  // namespace flashspan::kern90

@@ -1,0 +1,66 @@
+// Tensor maps of the sm90 kernels (tma_sm90.h).
+#include "kernels/sm90/tma_sm90.h"
+
+#include <cuda_runtime.h>
+#include <cudaTypedefs.h>
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace flashspan::sm90 {
+namespace {
+
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no -lcuda).
+PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* f = nullptr;
+    cudaDriverEntryPointQueryResult q{};
+    const cudaError_t e = cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &f, 12000, cudaEnableDefault, &q);
+    FS_CHECK(e == cudaSuccess && q == cudaDriverEntryPointSuccess && f != nullptr, Status::kCudaError,
+             "sm90 kernels: cuTensorMapEncodeTiled is not available from the driver");
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(f);
+  }();
+  return fn;
+}
+
+}  // namespace
+
+CUtensorMap make_tensor_map_sm90(const TensorView& t, bool varlen, DType dtype, int box_rows, const char* name) {
+  const int64_t es = 2;
+  uint64_t dims[4];
+  uint64_t strides[3];  // bytes, dims 1..3
+  auto safe = [&](int64_t extent, int64_t stride) -> uint64_t {
+    // A dimension of extent 1 is only ever indexed at 0: any valid stride does.
+    return extent <= 1 ? uint64_t(16) : uint64_t(stride * es);
+  };
+  if (varlen) {
+    dims[0] = uint64_t(t.shape[2]);
+    dims[1] = uint64_t(std::max<int64_t>(t.shape[0], 1));
+    dims[2] = uint64_t(t.shape[1]);
+    dims[3] = 1;
+    strides[0] = safe(t.shape[0], t.strides[0]);
+    strides[1] = safe(t.shape[1], t.strides[1]);
+    strides[2] = 16;
+  } else {
+    dims[0] = uint64_t(t.shape[3]);
+    dims[1] = uint64_t(std::max<int64_t>(t.shape[1], 1));
+    dims[2] = uint64_t(t.shape[2]);
+    dims[3] = uint64_t(t.shape[0]);
+    strides[0] = safe(t.shape[1], t.strides[1]);
+    strides[1] = safe(t.shape[2], t.strides[2]);
+    strides[2] = safe(t.shape[0], t.strides[0]);
+  }
+  const uint32_t box[4] = {64, uint32_t(box_rows), 1, 1};
+  const uint32_t estr[4] = {1, 1, 1, 1};
+  CUtensorMap m;
+  const CUresult r = encode_fn()(&m, dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                                 4, t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  FS_CHECK(r == CUDA_SUCCESS, Status::kCudaError, name, ": cuTensorMapEncodeTiled failed (error ", int(r),
+           ") for an sm90 kernel's tensor map");
+  return m;
+}
+
+}  // namespace flashspan::sm90

@@ -1,0 +1,18 @@
+// Tensor maps (TMA descriptors) of the sm90 kernels' Q/K/V-like inputs, encoded on the host
+// per call (cuTensorMapEncodeTiled through the runtime's driver entry point: no -lcuda, no
+// stream operation, so capture-safe).
+#pragma once
+
+#include <cuda.h>
+
+#include "core/tensor_view.h"
+
+namespace flashspan::sm90 {
+
+// Tensor map of a BSHD [B, S, H, D] or THD [T, H, D] tensor (16-bit elements, last dimension
+// contiguous, other strides multiples of 16 bytes) as a 4-D map {D, rows, H, B} (THD: B = 1),
+// box {64, box_rows, 1, 1} (one 128-byte column slab of box_rows rows), 128B swizzle, zero
+// fill out of bounds. `name` is the argument named in errors.
+CUtensorMap make_tensor_map_sm90(const TensorView& t, bool varlen, DType dtype, int box_rows, const char* name);
+
+}  // namespace flashspan::sm90
