@@ -1,14 +1,17 @@
-// Forward of the two kernel families side by side in one process: the portable sm80 family
-// (mma.sync, plans of consumer_for(80)) and the sm90 family (TMA + wgmma, consumer_for(90)),
-// on the eight BENCHMARK.md masks. BF16 (or FP16), B = 1, Hq = Hkv = H, Hmask = 1, Dqk = Dv =
+// Forward (or, with `bwd`, backward) of the two kernel families side by side in one process:
+// the portable sm80 family (mma.sync, plans of consumer_for(80)) and the sm90 family (TMA +
+// wgmma, consumer_for(90); its backward through sm90::set_bwd_enabled(1)), on the eight
+// BENCHMARK.md masks. BF16 (or FP16), B = 1, Hq = Hkv = H, Hmask = 1, Dqk = Dv =
 // D. Plans from the CUDA planner; each call gets its workspace (split schedule). Prints the
 // median of CUDA-event timings after warmup (L2 flushed before every timed run), TFLOP/s over
-// visible pairs (4 D flops a pair), the ratio sm90 / sm80 and the largest |difference|
-// between the two families' outputs. The sm90 output is checked against the sm80 output (itself
-// checked against the CPU reference by the GPU tests) with the tests' criterion
-// (tests/cpp/error_criteria.h): any mask that fails it makes the benchmark exit 1.
+// visible pairs (4 D flops a pair forward, 2.5x that backward), the ratio sm90 / sm80 and the
+// largest |difference| between the two families' outputs (backward: dq, dk, dv). The sm90
+// outputs are checked against the sm80 ones (themselves checked against the CPU reference by
+// the GPU tests) with the tests' criterion (tests/cpp/error_criteria.h): any mask that fails
+// it makes the benchmark exit 1. The backward is the non-deterministic one.
 //
-// Usage: flashspan_family_bench [iters] [S] [D] [H] [fp16]   (defaults: 10 32768 128 4 bf16)
+// Usage: flashspan_family_bench [iters] [S] [D] [H] [bf16|fp16] [fwd|bwd]
+//        (defaults: 10 32768 128 4 bf16 fwd); FAMILY_BENCH_MASKS=causal,hstu runs only those masks.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
@@ -45,29 +48,41 @@ int main(int argc, char** argv) {
   const int D = argc > 3 ? std::atoi(argv[3]) : 128;
   const int H = argc > 4 ? std::atoi(argv[4]) : 4;
   const bool fp16 = argc > 5 && std::string(argv[5]) == "fp16";
+  const bool bwd = argc > 6 && std::string(argv[6]) == "bwd";
+  if (bwd) sm90::set_bwd_enabled(1);
   const DType dt = fp16 ? DType::kFloat16 : DType::kBFloat16;
   cudaDeviceProp prop;
   ck(cudaGetDeviceProperties(&prop, 0), "device");
-  std::printf("device: %s (sm_%d%d, %d SMs); S=%lld D=%d H=%d %s, sm90 family available: %s\n", prop.name, prop.major,
-              prop.minor, prop.multiProcessorCount, (long long)S, D, H, dtype_name(dt),
-              sm90::device_supported(0) ? "yes" : "no");
+  std::printf("device: %s (sm_%d%d, %d SMs); S=%lld D=%d H=%d %s %s, sm90 family available: %s\n", prop.name,
+              prop.major, prop.minor, prop.multiProcessorCount, (long long)S, D, H, dtype_name(dt),
+              bwd ? "backward" : "forward", sm90::device_supported(0) ? "yes" : "no");
   std::printf("%-16s %10s %10s %10s %10s %8s %10s\n", "mask", "sm80 ms", "sm80 TF/s", "sm90 ms", "sm90 TF/s", "ratio",
               "max|diff|");
   const size_t flush_bytes = size_t(256) << 20;
   void* flush = nullptr;
   ck(cudaMalloc(&flush, flush_bytes), "flush buffer");
   const size_t n = size_t(S) * H * D;
-  uint16_t *q, *k, *v, *o80, *o90;
-  for (uint16_t** p : {&q, &k, &v, &o80, &o90}) ck(cudaMalloc(p, n * 2), "cudaMalloc");
+  uint16_t *q, *k, *v, *o80, *o90, *dout;
+  for (uint16_t** p : {&q, &k, &v, &o80, &o90, &dout}) ck(cudaMalloc(p, n * 2), "cudaMalloc");
+  // Backward outputs of each family: dq, dk, dv.
+  uint16_t* grads[2][3] = {};
+  if (bwd) {
+    for (auto& fam : grads) {
+      for (uint16_t*& g : fam) ck(cudaMalloc(&g, n * 2), "cudaMalloc grads");
+    }
+  }
   float* lse;
   ck(cudaMalloc(&lse, size_t(H) * S * 4), "cudaMalloc lse");
   uint32_t seed = 1;
-  for (uint16_t* p : {q, k, v}) fill_random_16<<<1024, 256>>>(p, n, seed++, fp16 ? 1 : 0);
+  for (uint16_t* p : {q, k, v, dout}) fill_random_16<<<1024, 256>>>(p, n, seed++, fp16 ? 1 : 0);
   ck(cudaDeviceSynchronize(), "fill");
   std::vector<uint16_t> h80(n), h90(n);
 
   bool mismatch = false;
+  // FAMILY_BENCH_MASKS=causal,hstu restricts the masks (e.g. for a profiler run).
+  const char* only = std::getenv("FAMILY_BENCH_MASKS");
   for (const std::string& name : fs_test::benchmark_mask_names()) {
+    if (only != nullptr && ("," + std::string(only) + ",").find("," + name + ",") == std::string::npos) continue;
     const fs_test::SampleMask m = fs_test::mask_by_name(name, S);
     FlexGeometry g;
     g.varlen = false;
@@ -93,7 +108,7 @@ int main(int argc, char** argv) {
       PlanRequest req;
       req.geometry = &g;
       req.consumer = consumer_for(arch, D, D);
-      req.build_backward = false;
+      req.build_backward = bwd;
       auto plan = build_mask_plan_cuda(req, dmask, nullptr);
       ck(cudaDeviceSynchronize(), "plan");
       const double pairs = double(H) * double(plan->counts.visible_pairs);
@@ -111,28 +126,64 @@ int main(int argc, char** argv) {
       ck(cudaMalloc(&ws, std::max<size_t>(ws_bytes, 16)), "workspace");
       fa.workspace = ws;
       fa.workspace_bytes = ws_bytes;
-      ms[fam] = time_ms([&] { launch_flex_fwd(fa); }, iters, flush, flush_bytes);
-      tf[fam] = 4.0 * D * pairs / (ms[fam] * 1e-3) / 1e12;
+      if (!bwd) {
+        ms[fam] = time_ms([&] { launch_flex_fwd(fa); }, iters, flush, flush_bytes);
+        tf[fam] = 4.0 * D * pairs / (ms[fam] * 1e-3) / 1e12;
+      } else {
+        launch_flex_fwd(fa);  // O and LSE of this family for its backward
+        FlexBwdLaunch ba;
+        ba.geometry = &g;
+        ba.plan = plan.get();
+        ba.q = fa.q;
+        ba.k = fa.k;
+        ba.v = fa.v;
+        ba.out = fa.out;
+        ba.dout = dev_view(dout, dt, {1, S, H, D});
+        ba.lse = fa.lse;
+        ba.dq = dev_view(grads[fam][0], dt, {1, S, H, D});
+        ba.dk = dev_view(grads[fam][1], dt, {1, S, H, D});
+        ba.dv = dev_view(grads[fam][2], dt, {1, S, H, D});
+        ba.softmax_scale = fa.softmax_scale;
+        ba.deterministic = false;
+        const size_t bws_bytes = flex_bwd_workspace_size(g, *plan, false);
+        void* bws = nullptr;
+        ck(cudaMalloc(&bws, std::max<size_t>(bws_bytes, 16)), "backward workspace");
+        ba.workspace = bws;
+        ba.workspace_bytes = bws_bytes;
+        const int64_t before = sm90::bwd_launches();
+        ms[fam] = time_ms([&] { launch_flex_bwd(ba); }, iters, flush, flush_bytes);
+        tf[fam] = 2.5 * 4.0 * D * pairs / (ms[fam] * 1e-3) / 1e12;
+        if (arch == 90 && sm90::bwd_launches() == before) {
+          std::printf("note: %s: the sm90 plan's backward ran on the sm80 kernels (not covered by the sm90 backward)\n",
+                      name.c_str());
+        }
+        ck(cudaDeviceSynchronize(), "bench");
+        ck(cudaFree(bws), "free");
+      }
       ck(cudaDeviceSynchronize(), "bench");
       ck(cudaFree(ws), "free");
     }
     double maxdiff = -1;
     if (ms[1] > 0) {
-      ck(cudaMemcpy(h80.data(), o80, n * 2, cudaMemcpyDeviceToHost), "download");
-      ck(cudaMemcpy(h90.data(), o90, n * 2, cudaMemcpyDeviceToHost), "download");
       maxdiff = 0;
-      std::vector<double> d80(n), d90(n);
-      for (size_t i = 0; i < n; ++i) {
-        d80[i] = double(fp16 ? half_bits_to_float(h80[i]) : bf16_bits_to_float(h80[i]));
-        d90[i] = double(fp16 ? half_bits_to_float(h90[i]) : bf16_bits_to_float(h90[i]));
-        const double d = std::fabs(d80[i] - d90[i]);
-        if (!(d <= maxdiff)) maxdiff = std::isnan(d) ? INFINITY : d;
-      }
-      const std::string err = fs_test::tensor_error(d90, d80, dt);
-      if (!err.empty()) {
-        std::fprintf(stderr, "%s: sm90 output differs from sm80 beyond the test criterion: %s\n", name.c_str(),
-                     err.c_str());
-        mismatch = true;
+      const int outputs = bwd ? 3 : 1;
+      static const char* const kNames[3] = {"dq", "dk", "dv"};
+      for (int o = 0; o < outputs; ++o) {
+        ck(cudaMemcpy(h80.data(), bwd ? grads[0][o] : o80, n * 2, cudaMemcpyDeviceToHost), "download");
+        ck(cudaMemcpy(h90.data(), bwd ? grads[1][o] : o90, n * 2, cudaMemcpyDeviceToHost), "download");
+        std::vector<double> d80(n), d90(n);
+        for (size_t i = 0; i < n; ++i) {
+          d80[i] = double(fp16 ? half_bits_to_float(h80[i]) : bf16_bits_to_float(h80[i]));
+          d90[i] = double(fp16 ? half_bits_to_float(h90[i]) : bf16_bits_to_float(h90[i]));
+          const double d = std::fabs(d80[i] - d90[i]);
+          if (!(d <= maxdiff)) maxdiff = std::isnan(d) ? INFINITY : d;
+        }
+        const std::string err = fs_test::tensor_error(d90, d80, dt);
+        if (!err.empty()) {
+          std::fprintf(stderr, "%s: sm90 %s differs from sm80 beyond the test criterion: %s\n", name.c_str(),
+                       bwd ? kNames[o] : "out", err.c_str());
+          mismatch = true;
+        }
       }
     }
     std::printf("%-16s %10.3f %10.1f %10.3f %10.1f %8.2f %10.4f\n", name.c_str(), ms[0], tf[0], ms[1], tf[1],
@@ -140,12 +191,16 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     cudaFree(dmask);
   }
-  for (void* p : {(void*)q, (void*)k, (void*)v, (void*)o80, (void*)o90, (void*)lse}) cudaFree(p);
+  for (void* p : {(void*)q, (void*)k, (void*)v, (void*)o80, (void*)o90, (void*)dout, (void*)lse}) cudaFree(p);
+  for (auto& fam : grads) {
+    for (uint16_t* g : fam) cudaFree(g);
+  }
   cudaFree(flush);
   if (mismatch) {
     std::fprintf(stderr, "FAILED: the two families disagree on at least one mask\n");
     return 1;
   }
-  std::printf("correctness: sm90 matches sm80 on every mask (tests/cpp/error_criteria.h)\n");
+  std::printf("correctness: sm90 matches sm80 on every mask (%s; tests/cpp/error_criteria.h)\n",
+              bwd ? "dq, dk, dv" : "out");
   return 0;
 }

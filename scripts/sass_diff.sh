@@ -37,7 +37,8 @@ shift $(( $# >= 2 ? 2 : $# )) || true
 files=("$@")
 if [ ${#files[@]} -eq 0 ]; then
   files=(src/kernels/sm80/launch_fwd_sm80.cu src/kernels/sm80/launch_bwd_sm80.cu
-         src/kernels/sm90/launch_fwd_sm90.cu src/dispatch/flex_dispatch.cu)
+         src/kernels/sm90/launch_fwd_sm90.cu src/kernels/sm90/launch_bwd_sm90.cu
+         src/kernels/common/launch_bwd_common.cu src/dispatch/flex_dispatch.cu)
 fi
 cache=${SASS_CACHE:-$root/build-sass/cache}
 cuobjdump=${SASS_CUOBJDUMP:-$(command -v cuobjdump || true)}

@@ -1,8 +1,8 @@
 // Entry points of flex_launch.h: workspace sizes, support checks and launches. The plan's
 // consumer arch picks the kernel family: arch 80, the portable sm80 family (mma.sync), on any
 // sm_80+ GPU; arch 90, the Hopper forward (src/kernels/sm90: TMA + wgmma) on sm_90 for the
-// configurations it covers (sm90::fwd_config_supported), whose backward runs on the sm80
-// kernels (same backward tile).
+// configurations it covers (sm90::fwd_config_supported), and the Hopper backward where it runs
+// (sm90::bwd_config_supported, sm90::bwd_enabled), else the sm80 backward (same backward tile).
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -67,10 +67,9 @@ size_t flex_fwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool
 }
 
 size_t flex_bwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool deterministic) {
-  (void)plan;
   // delta and lse2, fp32 [Hq, total_q] each; the atomic path adds the dQ accumulator and
   // the dK/dV split schedule (launch_sm80.h, BwdWorkspaceLayout).
-  return bwd_workspace_layout(g, deterministic).total;
+  return bwd_workspace_layout(g, deterministic, plan.signature.consumer.arch == 90).total;
 }
 
 void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool backward) {
@@ -120,8 +119,11 @@ void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool ba
            "): ", cudaGetErrorString(e2));
   const sm80::TileSm80 t = c.arch == 90 ? sm80::tile_sm80(g.head_dim_qk, g.head_dim_v) : plan_tile(g, plan);
   const int fwd_need = c.arch == 90 ? sm90::fwd_smem_bytes(g.head_dim_qk) : sm80::fwd_smem_bytes(t);
-  // Both backward dQ paths can be chosen at execute time: require the larger.
-  const int need = backward ? std::max(fwd_need, sm80::bwd_smem_bytes(t, true)) : fwd_need;
+  // Both backward dQ paths can be chosen at execute time: require the larger (and, for an sm90
+  // plan, the sm90 backward's).
+  int bwd_need = sm80::bwd_smem_bytes(t, true);
+  if (c.arch == 90 && sm90::bwd_config_supported(g, false)) bwd_need = std::max(bwd_need, sm90::bwd_smem_bytes(g.head_dim_qk, g.head_dim_v));
+  const int need = backward ? std::max(fwd_need, bwd_need) : fwd_need;
   FS_CHECK_SUPPORTED(need <= smem_optin, "(head_dim_qk, head_dim_v) = (", g.head_dim_qk, ", ", g.head_dim_v, "): the ",
                      backward ? "backward" : "forward", " kernels need ", need,
                      " bytes of shared memory per block; device cuda:", g.device_id, " allows ", smem_optin);
@@ -251,7 +253,8 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
     p.dlse = a.dlse.ptr<const float>();
     p.dlsea = lse_addr(a.dlse, g.varlen);
   }
-  const BwdWorkspaceLayout wl = bwd_workspace_layout(g, a.deterministic);
+  const bool sm90_plan = plan.signature.consumer.arch == 90;
+  const BwdWorkspaceLayout wl = bwd_workspace_layout(g, a.deterministic, sm90_plan);
   char* ws = static_cast<char*>(a.workspace);
   p.delta = reinterpret_cast<float*>(ws + wl.delta);
   p.lse2 = reinterpret_cast<float*>(ws + wl.lse2);
@@ -286,6 +289,13 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
     p.split_schedule = 1;
   }
 
+  if (sm90_plan && sm90::bwd_enabled() && sm90::bwd_config_supported(g, a.deterministic)) {
+    // The Hopper backward (same backward tile and split schedule as the sm80 kernels; dQ
+    // accumulated in 64-row tiles, which the workspace of an sm90 plan has room for).
+    p.dq_blocked = 1;
+    sm90::launch_bwd_sm90(p, a.q, a.k, a.v, a.dout, g.dtype, g.total_q, static_cast<cudaStream_t>(a.stream));
+    return;
+  }
   sm80::BwdLaunchSm80 cfg;
   cfg.num_q_blocks = static_cast<int>(p.view.num_q_blocks);
   cfg.num_bwd_tasks = static_cast<int>(p.grid_mode ? p.view.num_k_blocks : p.view.num_tasks);

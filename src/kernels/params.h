@@ -136,6 +136,10 @@ struct BwdParams : QkvParams {
   // 1: the dK/dV split schedule runs (deterministic = 0, task mode; `split` bound,
   // bwd_split.cuh); 0: one dK/dV CTA per task or grid cell (`split` unused).
   int split_schedule = 0;
+  // Layout of dq_accum (deterministic = 0): 0 = [Hq, total_q, Dqk]; 1 = the sm90 backward's
+  // tiles, one 64 x Dqk tile per (query head, global query block of the backward view) in the
+  // kernel's register order (kernels/sm90/kernel_bwd_sm90.cuh, dq_tile_offset_sm90).
+  int dq_blocked = 0;
 };
 
 }  // namespace flashspan

@@ -475,7 +475,7 @@ void run_case(const Case& case_in) {
   if (c.expect_split) {
     // Schedule header (BwdSplit): {items, counter, chunk, split tasks}.
     ASSERT_FALSE(c.deterministic) << "split schedules exist only on the non-deterministic path";
-    const BwdWorkspaceLayout wl = bwd_workspace_layout(p.gd, false);
+    const BwdWorkspaceLayout wl = bwd_workspace_layout(p.gd, false, p.plan->signature.consumer.arch == 90);
     int32_t hdr[BwdSplit::kHdrInts] = {};
     ASSERT_EQ(cudaMemcpy(hdr, static_cast<char*>(b->ws->p) + wl.hdr, sizeof(hdr), cudaMemcpyDeviceToHost),
               cudaSuccess);
@@ -2176,6 +2176,196 @@ TEST(FlexGpuSm90, SanitizerSmall) {
   f.sq = 2200;
   f.sk = 2200;
   run_case(f);
+}
+
+// ---------------------------------------------------------------------------
+// The sm90 backward (kernel_bwd_sm90.cuh: Dqk = Dv = 128, fp16/bf16, non-deterministic), run on
+// sm90 plans whatever FLASHSPAN_EXPERIMENTAL says (sm90::set_bwd_enabled); every case checks
+// that the sm90 backward was the kernel that ran (sm90::bwd_launches).
+// ---------------------------------------------------------------------------
+
+struct Sm90BwdOn {
+  Sm90BwdOn() { sm90::set_bwd_enabled(1); }
+  ~Sm90BwdOn() { sm90::set_bwd_enabled(-1); }
+};
+
+void run_case_sm90_bwd(const Case& c) {
+  ASSERT_TRUE(c.backward && !c.deterministic && c.arch == 90 && c.h.dqk == 128 && c.h.dv == 128) << c.describe();
+  const int64_t before = sm90::bwd_launches();
+  run_case(c);
+  EXPECT_GT(sm90::bwd_launches(), before) << "the sm90 backward did not run: " << c.describe();
+}
+
+// A random case of the sm90 backward: random_case_sm90 (BSHD / THD with empty samples, GQA /
+// MQA, Hmask 1 or Hq, random interval masks at granularities 1 / 16 / 64 / 128, block-structured
+// masks with empty rows, strided tensors, dlse, random softmax scale) at D = 128.
+Case bwd_case_sm90(uint64_t seed) {
+  Case c = random_case_sm90(seed);
+  c.h.dqk = c.h.dv = 128;
+  c.backward = true;
+  c.deterministic = false;
+  return c;
+}
+
+TEST(FlexGpuSm90, BwdRandomCases) {
+  REQUIRE_SM90();
+  Sm90BwdOn on;
+  for (uint64_t s = 1; s <= 48; ++s) run_case_sm90_bwd(bwd_case_sm90(s + 500));
+}
+
+TEST(FlexGpuSm90, BwdBenchmarkMasks) {
+  REQUIRE_SM90();
+  Sm90BwdOn on;
+  uint64_t seed = 9500;
+  for (const std::string& name : fs_test::benchmark_mask_names()) {
+    Case c;
+    c.arch = 90;
+    c.mask = name;
+    c.sq = name == "causal" || name == "tree_bfs" ? 2048 : 1000;
+    c.h = HeadConfig{4, 2, 1, 1, 128, 128, (seed & 1) ? DType::kBFloat16 : DType::kFloat16};
+    c.deterministic = false;
+    c.seed = ++seed;
+    run_case_sm90_bwd(c);
+  }
+}
+
+// Fully empty rows (zero gradients, no NaN), only full blocks, one query and THD with empty
+// samples, negative scores with MQA and Hmask = Hq, strided tensors with dlse, GQA groups of 8.
+TEST(FlexGpuSm90, BwdSpecialCases) {
+  REQUIRE_SM90();
+  Sm90BwdOn on;
+  uint64_t seed = 9600;
+  auto base = [&](int hq, int hkv, int hmask, int nfunc, DType dt) {
+    Case c;
+    c.arch = 90;
+    c.h = HeadConfig{hq, hkv, hmask, nfunc, 128, 128, dt};
+    c.deterministic = false;
+    c.seed = ++seed;
+    return c;
+  };
+  {
+    Case c = base(2, 1, 1, 1, DType::kFloat16);  // every row empty
+    c.sq = 200;
+    c.sk = 190;
+    c.mopt.p_empty_row = 1.0;
+    run_case_sm90_bwd(c);
+  }
+  {
+    Case c = base(4, 2, 1, 1, DType::kBFloat16);  // only full blocks
+    c.batch = 2;
+    c.sq = 256;
+    c.sk = 384;
+    c.mopt.p_full_row = 1.0;
+    c.mopt.p_empty_row = 0.0;
+    run_case_sm90_bwd(c);
+  }
+  {
+    Case c = base(4, 2, 4, 3, DType::kFloat16);  // one query, THD with empty samples
+    c.varlen = true;
+    c.lq = {1, 0, 3, 70};
+    c.lk = {300, 5, 0, 129};
+    c.batch = 4;
+    run_case_sm90_bwd(c);
+  }
+  {
+    Case c = base(3, 1, 3, 3, DType::kBFloat16);  // negative scores, MQA, Hmask = Hq
+    c.batch = 2;
+    c.sq = 300;
+    c.sk = 333;
+    c.negative_logits = true;
+    c.mopt.granularity = 128;
+    run_case_sm90_bwd(c);
+  }
+  {
+    Case c = base(4, 4, 1, 3, DType::kBFloat16);  // strided tensors, LSE gradient
+    c.batch = 2;
+    c.sq = 257;
+    c.sk = 255;
+    c.strided = true;
+    c.dlse = true;
+    run_case_sm90_bwd(c);
+  }
+  {
+    Case c = base(8, 1, 8, 5, DType::kFloat16);  // a GQA group of 8 per key block walk
+    c.varlen = true;
+    c.lq = {400, 130};
+    c.lk = {350, 520};
+    c.batch = 2;
+    run_case_sm90_bwd(c);
+  }
+}
+
+// Long K2Q walks: the split schedule (persistent grid claiming items, fp32 slots converted
+// afterwards); plans without task lists (grid mode).
+TEST(FlexGpuSm90, BwdSplitAndGrid) {
+  REQUIRE_SM90();
+  Sm90BwdOn on;
+  {
+    Case c = split_case("sink_local", HeadConfig{4, 1, 1, 1, 128, 128, DType::kBFloat16}, 9701);
+    c.arch = 90;
+    c.sq = 2048;
+    run_case_sm90_bwd(c);
+  }
+  {
+    Case c = split_case("global", HeadConfig{4, 1, 1, 5, 128, 128, DType::kFloat16}, 9702);
+    c.arch = 90;
+    c.varlen = true;
+    c.lq = {1100, 300, 0};
+    c.lk = {1024, 257, 50};
+    c.batch = 3;
+    run_case_sm90_bwd(c);
+  }
+  {
+    Case c = split_case("sink_window", HeadConfig{8, 2, 8, 3, 128, 128, DType::kBFloat16}, 9703);
+    c.arch = 90;
+    c.batch = 2;
+    c.sq = 1024;
+    c.sk = 1100;
+    c.strided = true;
+    run_case_sm90_bwd(c);
+  }
+  {
+    Case c;
+    c.arch = 90;
+    c.varlen = true;
+    c.lq = {200, 0, 90};
+    c.lk = {150, 70, 0};
+    c.batch = 3;
+    c.h = HeadConfig{4, 2, 4, 3, 128, 128, DType::kBFloat16};
+    c.grid_mode = true;
+    c.deterministic = false;
+    c.seed = 9704;
+    run_case_sm90_bwd(c);
+  }
+}
+
+// Small backward cases for compute-sanitizer (memcheck / racecheck / synccheck).
+TEST(FlexGpuSm90, BwdSanitizerSmall) {
+  REQUIRE_SM90();
+  Sm90BwdOn on;
+  Case a;
+  a.arch = 90;
+  a.sq = 200;
+  a.sk = 140;
+  a.h = HeadConfig{2, 1, 2, 3, 128, 128, DType::kBFloat16};
+  a.deterministic = false;
+  a.seed = 9801;
+  run_case_sm90_bwd(a);
+  Case b;
+  b.arch = 90;
+  b.varlen = true;
+  b.lq = {70, 0, 165};
+  b.lk = {66, 20, 0};
+  b.batch = 3;
+  b.h = HeadConfig{2, 2, 1, 1, 128, 128, DType::kFloat16};
+  b.deterministic = false;
+  b.seed = 9802;
+  run_case_sm90_bwd(b);
+  Case f = split_case("global", HeadConfig{2, 1, 2, 5, 128, 128, DType::kBFloat16}, 9803);
+  f.arch = 90;
+  f.sq = 1400;
+  f.sk = 1400;
+  run_case_sm90_bwd(f);
 }
 
 #endif  // FLASHSPAN_WITH_CUDA

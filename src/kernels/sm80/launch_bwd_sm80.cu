@@ -7,9 +7,8 @@
 // and a persistent dK/dV grid; otherwise one CTA per task (or grid cell), as before.
 #include <algorithm>
 
-#include "kernels/common/bwd_prepost.cuh"
-#include "kernels/common/bwd_split.cuh"
 #include "kernels/common/grid.h"
+#include "kernels/common/launch_bwd_common.h"
 #include "kernels/sm80/kernel_bwd_sm80.cuh"
 #include "kernels/sm80/launch_sm80.h"
 
@@ -23,18 +22,10 @@ void run_dkdv_split(const BwdParams& p_in, cudaStream_t stream) {
   static std::atomic<int> ctas_cache[64];
   BwdParams p = p_in;
   p.split.num_ctas = persistent_ctas(dkdv, T::kThreads, T::kSmemBytes, ctas_cache, "flex backward dK/dV");
-  const unsigned tasks = grid_1d(p.split.num_tasks, "flex backward dK/dV (tasks)");
-  kern::flex_bwd_split_count_kernel<<<grid_1d((int64_t(tasks) + 255) / 256, "flex backward split count"), 256, 0,
-                                      stream>>>(p);
-  check_launch("flex backward split count (sm80)");
-  kern::split_scan_kernel<false><<<1, kern::kSplitScanThreads, 0, stream>>>(p.split);
-  check_launch("flex backward split scan (sm80)");
-  kern::flex_bwd_split_items_kernel<<<tasks, 256, 0, stream>>>(p);
-  check_launch("flex backward split items (sm80)");
+  launch_bwd_split_schedule(p, stream);
   dkdv<<<grid_1d(p.split.num_ctas, "flex backward dK/dV, persistent"), T::kThreads, T::kSmemBytes, stream>>>(p);
   check_launch("flex backward dK/dV, persistent (sm80)");
-  kern::flex_bwd_split_convert_kernel<E><<<tasks, 256, 0, stream>>>(p);
-  check_launch("flex backward split convert (sm80)");
+  launch_bwd_split_convert(p, E::kDType, stream);
 }
 
 template <class T, class E>
@@ -57,12 +48,7 @@ void run_bwd(const BwdParams& p, const BwdLaunchSm80& cfg, cudaStream_t stream) 
     check_launch("flex backward dK/dV (sm80)");
   }
   if (!p.deterministic) {
-    if (cfg.total_q > 0) {
-      // One warp per (query row, head), grid-stride (bwd_prepost.cuh).
-      const unsigned grid = grid_stride_1d(int64_t(p.num_heads_q) * cfg.total_q, 8);
-      kern::flex_bwd_dq_convert_kernel<E><<<grid, 256, 0, stream>>>(p);
-      check_launch("flex backward dQ convert (sm80)");
-    }
+    launch_bwd_dq_convert(p, E::kDType, cfg.total_q, stream);
   } else if (cfg.num_q_blocks > 0) {
     // (query block, query head) folded into x (grid.h).
     dq<<<grid_2d_folded(cfg.num_q_blocks, p.num_heads_q, "flex backward dQ"), T::kThreadsQ, T::kSmemBytesQ,
@@ -80,20 +66,7 @@ void run_bwd_dtype(const BwdParams& p, DType dtype, const BwdLaunchSm80& cfg, cu
 
 void launch_bwd_sm80(const BwdParams& p, const TileSm80& tile, DType dtype, const BwdLaunchSm80& cfg,
                      cudaStream_t stream) {
-  if (!p.deterministic && cfg.total_q > 0) {
-    check_cuda(cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * size_t(p.num_heads_q) * size_t(cfg.total_q) *
-                                                 size_t(p.head_dqk), stream),
-               "flex backward: clearing the dQ accumulator");
-  }
-  if (cfg.total_q > 0) {
-    // One warp per (query row, head), grid-stride (bwd_prepost.cuh): any batch size, head
-    // count or THD sample count fits one launch.
-    const unsigned grid = grid_stride_1d(int64_t(p.num_heads_q) * cfg.total_q, 8);
-    with_element_type(dtype, "flex backward preprocess (sm80)", [&](auto e) {
-      kern::flex_bwd_preprocess_kernel<decltype(e)><<<grid, 256, 0, stream>>>(p);
-    });
-    check_launch("flex backward preprocess (sm80)");
-  }
+  launch_bwd_preprocess(p, dtype, cfg.total_q, stream);
   // Head dims equal to the tile's run the branch-free (exact) variant; the (192, 128) and
   // (256, 256) tiles serve only those dims.
   const bool exact = p.head_dqk == tile.dqk_tile && p.head_dv == tile.dv_tile;

@@ -564,10 +564,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x < 128) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
     if (threadIdx.x == 0) producer<kD>(p, &tm_q, &tm_k, &tm_v, base, s_item);
-  } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
-    consumer<kD, E, kMaxLogit, kOverlap>(p, base, s_item);
+    // Exit here rather than fall through to the kernel's end: when the 24-register warpgroup's
+    // path merges with the consumers' (the shared exit), ptxas (nvcc 13.0) caps the consumers'
+    // registers near 204 instead of their 240 (the D = 128 overlapped loop then spilled 240 B and
+    // serialised its wgmma, C7512); with the exit it does not (kernel_bwd_sm90.cuh, same rule).
+    asm volatile("exit;");
   }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  consumer<kD, E, kMaxLogit, kOverlap>(p, base, s_item);
 #else
   // No sm_90a code in this image: never launched (the host checks the binary version).
   __trap();

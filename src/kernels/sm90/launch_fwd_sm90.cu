@@ -159,28 +159,29 @@ void run(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const
   check_launch("flex forward (sm90)");
 }
 
-// Consumer schedule: intra-warpgroup overlap of the softmax with the P V GEMM (kOverlap) for
-// D = 64, unless FLASHSPAN_SM90_OVERLAP=0 (the serial schedule, for comparison). D = 128 runs
-// the serial schedule: its overlapped loop needs more registers than ptxas (nvcc 13.0) gives the
-// consumer region (C7512, ~240 bytes of spills), and measured slower on the H200 (PERF_LOG v1.0).
-bool overlap_disabled() {
-  static const bool off = [] {
+// Consumer schedule: intra-warpgroup overlap of the softmax with the P V GEMM (kOverlap).
+// FLASHSPAN_SM90_OVERLAP: unset = overlap for D = 64, serial for D = 128; 0 = serial for both;
+// 1 = overlap for both. (The D = 128 overlapped loop spilled under nvcc 13.0 until the producer
+// warpgroup got its own exit, kernel_fwd_sm90.cuh; its speed decides the default, PERF_LOG.)
+int overlap_mode() {
+  static const int mode = [] {
     const char* e = std::getenv("FLASHSPAN_SM90_OVERLAP");
-    return e != nullptr && e[0] == '0';
+    if (e == nullptr || e[0] == '\0') return -1;
+    return e[0] == '0' ? 0 : 1;
   }();
-  return off;
+  return mode;
 }
 
 template <int kD, class E, bool kMaxLogit>
 void run_o(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
            cudaStream_t s) {
-  if constexpr (kD == 64) {
-    if (!overlap_disabled()) {
-      run<kD, E, kMaxLogit, true>(p, mq, mk, mv, s);
-      return;
-    }
+  const int mode = overlap_mode();
+  const bool overlap = mode == 1 || (mode == -1 && kD == 64);
+  if (overlap) {
+    run<kD, E, kMaxLogit, true>(p, mq, mk, mv, s);
+  } else {
+    run<kD, E, kMaxLogit, false>(p, mq, mk, mv, s);
   }
-  run<kD, E, kMaxLogit, false>(p, mq, mk, mv, s);
 }
 
 template <int kD>

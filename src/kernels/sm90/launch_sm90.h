@@ -1,6 +1,7 @@
-// Host side of the sm90 (Hopper: TMA + wgmma) kernel family. Only the forward exists so far;
-// the backward of a plan built for this family runs on the sm80 kernels (the sm90 consumer's
-// backward tile, 64 x 128, is the sm80 one for head dims <= 128).
+// Host side of the sm90 (Hopper: TMA + wgmma) kernel family: the forward, and the backward for
+// the configurations it covers (bwd_config_supported); the backward of other sm90 plans runs
+// on the sm80 kernels (the sm90 consumer's backward tile, 64 x 128, is the sm80 one for head
+// dims <= 128).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -27,5 +28,27 @@ int fwd_smem_bytes(int d);
 // pack = 1, split schedule bound when a workspace was given); q, k, v for the tensor maps.
 void launch_fwd_sm90(const FwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                      DType dtype, cudaStream_t stream);
+
+// Whether the sm90 backward is switched on: yes unless FLASHSPAN_SM90_BWD=0 (the portable
+// backward, for comparison). Read once per process.
+bool bwd_enabled();
+// Overrides bwd_enabled() for this process (tests and benchmarks): 1 on, 0 off, -1 back to the
+// environment's answer.
+void set_bwd_enabled(int on);
+// Calls of launch_bwd_sm90 in this process so far (tests check that the sm90 backward ran).
+int64_t bwd_launches();
+
+// Whether the sm90 backward kernel covers a configuration (independent of the device): fp16 or
+// bf16, Dqk = Dv = 128, the atomic dQ path (deterministic = false).
+bool bwd_config_supported(const FlexGeometry& g, bool deterministic);
+
+// Dynamic shared memory of the sm90 backward for these head dims (bytes; 0 when it has none).
+int bwd_smem_bytes(int dqk, int dv);
+
+// Enqueues the sm90 backward (preprocess, dK/dV + dQ kernel, split schedule and converts): p as
+// launch_flex_bwd fills it (backward view of a consumer_for(90) plan, deterministic = 0, the
+// split schedule bound in task mode); q, k, v, dout for the tensor maps.
+void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView& dout, DType dtype, int64_t total_q, cudaStream_t stream);
 
 }  // namespace flashspan::sm90

@@ -1,0 +1,58 @@
+// Host launchers of the backward's arch-neutral kernels (launch_bwd_common.h).
+#include "kernels/common/launch_bwd_common.h"
+
+#include "kernels/common/bwd_prepost.cuh"
+#include "kernels/common/bwd_split.cuh"
+#include "kernels/common/grid.h"
+#include "kernels/common/launch_util.h"
+#include "kernels/common/split_schedule.cuh"
+
+namespace flashspan {
+
+void launch_bwd_preprocess(const BwdParams& p, DType dtype, int64_t total_q, cudaStream_t stream) {
+  if (!p.deterministic && total_q > 0) {
+    check_cuda(cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * size_t(p.num_heads_q) * size_t(total_q) *
+                                                 size_t(p.head_dqk), stream),
+               "flex backward: clearing the dQ accumulator");
+  }
+  if (total_q > 0) {
+    // One warp per (query row, head), grid-stride (bwd_prepost.cuh): any batch size, head
+    // count or THD sample count fits one launch.
+    const unsigned grid = grid_stride_1d(int64_t(p.num_heads_q) * total_q, 8);
+    with_element_type(dtype, "flex backward preprocess", [&](auto e) {
+      kern::flex_bwd_preprocess_kernel<decltype(e)><<<grid, 256, 0, stream>>>(p);
+    });
+    check_launch("flex backward preprocess");
+  }
+}
+
+void launch_bwd_split_schedule(const BwdParams& p, cudaStream_t stream) {
+  const unsigned tasks = grid_1d(p.split.num_tasks, "flex backward dK/dV (tasks)");
+  kern::flex_bwd_split_count_kernel<<<grid_1d((int64_t(tasks) + 255) / 256, "flex backward split count"), 256, 0,
+                                      stream>>>(p);
+  check_launch("flex backward split count");
+  kern::split_scan_kernel<false><<<1, kern::kSplitScanThreads, 0, stream>>>(p.split);
+  check_launch("flex backward split scan");
+  kern::flex_bwd_split_items_kernel<<<tasks, 256, 0, stream>>>(p);
+  check_launch("flex backward split items");
+}
+
+void launch_bwd_split_convert(const BwdParams& p, DType dtype, cudaStream_t stream) {
+  const unsigned tasks = grid_1d(p.split.num_tasks, "flex backward dK/dV (tasks)");
+  with_element_type(dtype, "flex backward split convert", [&](auto e) {
+    kern::flex_bwd_split_convert_kernel<decltype(e)><<<tasks, 256, 0, stream>>>(p);
+  });
+  check_launch("flex backward split convert");
+}
+
+void launch_bwd_dq_convert(const BwdParams& p, DType dtype, int64_t total_q, cudaStream_t stream) {
+  if (total_q <= 0) return;
+  // One warp per (query row, head), grid-stride (bwd_prepost.cuh).
+  const unsigned grid = grid_stride_1d(int64_t(p.num_heads_q) * total_q, 8);
+  with_element_type(dtype, "flex backward dQ convert", [&](auto e) {
+    kern::flex_bwd_dq_convert_kernel<decltype(e)><<<grid, 256, 0, stream>>>(p);
+  });
+  check_launch("flex backward dQ convert");
+}
+
+}  // namespace flashspan

@@ -1,0 +1,25 @@
+// Host launchers of the backward's arch-neutral kernels (kernels/common: bwd_prepost.cuh,
+// bwd_split.cuh, split_schedule.cuh), called by the backward launcher of every kernel family
+// (sm80::launch_bwd_sm80, sm90::launch_bwd_sm90) around its dK/dV kernel:
+//   launch_bwd_preprocess     clears dq_accum (atomic dQ path), D and lse2 into the workspace
+//   launch_bwd_split_schedule count, scan and item list of the dK/dV split schedule
+//                             (p.split.num_ctas: the family's persistent grid)
+//   launch_bwd_split_convert  dk / dv rows of the split tasks from their fp32 slots
+//   launch_bwd_dq_convert     dq = scale * dq_accum (atomic dQ path)
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/element_type.h"
+#include "kernels/params.h"
+
+namespace flashspan {
+
+void launch_bwd_preprocess(const BwdParams& p, DType dtype, int64_t total_q, cudaStream_t stream);
+void launch_bwd_split_schedule(const BwdParams& p, cudaStream_t stream);
+void launch_bwd_split_convert(const BwdParams& p, DType dtype, cudaStream_t stream);
+void launch_bwd_dq_convert(const BwdParams& p, DType dtype, int64_t total_q, cudaStream_t stream);
+
+}  // namespace flashspan

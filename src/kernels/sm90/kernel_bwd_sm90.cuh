@@ -1,0 +1,660 @@
+// Flex attention backward kernel for sm_90a (Hopper): dK/dV (and the dQ contribution) of the
+// plan's K2Q walk with TMA + wgmma + warp specialization.
+//
+// Algorithm: FlashAttention-2/3 backward (Dao 2023, Alg. 2; Shah et al. 2024, sec. 3) over the
+// plan's backward view (tile 64 query rows x 128 keys, payload rows = queries, cols = keys),
+// for plans whose consumer is consumer_for(90) and head dims Dqk = Dv = kD = 128:
+//   per (key block, kv head, batch) work item, for every (query head of the kv group, query
+//   block) pair of its K2Q walk (kernels/common/k2q_walk.cuh):
+//     S^T = K Q^T, P^T = exp2(S^T scale log2(e) - lse2)   (masked: 0)
+//     dP^T = V dO^T, dS^T = P^T (dP^T - D)
+//     dV += P^T dO, dK += dS^T Q                          (registers, whole item)
+//     dQ_part = dS K                                      (fp32, added to dq_accum in global
+//                                                          memory by the bulk copy engine)
+//   then dK (times the softmax scale) and dV are written, or, for a piece of a split task, added
+//   to the split schedule's fp32 slot (bwd_split.cuh converts it).
+// The preprocess (D = rowsum(dO O) - dlse, lse2 = LSE log2(e)) and the postprocess (dq = scale
+// dq_accum, the split convert) are the shared kernels of kernels/common (launch_bwd_common.h).
+//
+// CTA = 3 warpgroups (384 threads), persistent (one CTA per SM, 1 per SM by shared memory):
+//   WG0 warp 0, the producer: takes the CTA's work items (the split schedule's item list through
+//     the atomic counter when p.split_schedule is set, otherwise tasks / grid cells blockIdx.x,
+//     blockIdx.x + gridDim.x, ...), hands each to the other roles through a 2-entry shared ring,
+//     loads K and V of the key block (TMA, once per item) and, for each step, Q and dO of the
+//     query block (TMA, a kStages ring) and the step's 64 lse2 / D values and its (head, query
+//     block, payload) into shared memory (all 32 lanes: plain loads and stores).
+//   WG0 warp 1, the dQ writer: per step, adds the 64 x kD fp32 dQ tile that the consumers left
+//     in shared memory to the step's tile of dq_accum with one bulk reduce-add
+//     (cp.reduce.async.bulk .add.f32, 32 KB). dq_accum holds one such tile per (query head,
+//     query block), in the consumers' register order (dq_tile_offset_sm90), so that the tile is
+//     one contiguous block in shared and global memory; flex_bwd_dq_convert_kernel_sm90 writes dq.
+//     (Per-row reductions into a [Hq, total_q, kD] accumulator, 64 bulk operations a step, held
+//     the kernel at 466 TFLOP/s on the H200 against 589 without any dQ reduction: PERF_LOG v1.4.)
+//   WG1, WG2, the consumers (setmaxnreg 240): warpgroup c owns keys 64c .. 64c+63 of the key
+//     block, so S^T / dP^T are m64n64 accumulators (rows = keys, cols = queries) and dK / dV
+//     m64n{kD} accumulators that stay in registers for the whole item. P^T and dS^T feed the
+//     dV / dK GEMMs from registers (wgmma RS: an m64n64 accumulator's registers are the A
+//     fragments of four k16 steps, HOPPER_BRIEF.md 1.3); dS^T also goes to shared memory
+//     (bf16/fp16, [128 keys][64 queries], 128B-swizzled), from which both warpgroups read dS as
+//     the M-major A operand of dQ = dS K (warpgroup c: dQ columns 64c .. 64c+63, m64n64).
+//   Synchronisation: mbarriers (kv_full / kv_empty, qdo_full[s] / qdo_empty[s], dq_full /
+//   dq_empty, item_full[i] / item_empty[i]) and one named barrier between the consumer
+//   warpgroups (dS complete before the dQ GEMM; dS is double-buffered, so one barrier a step).
+//
+// Payload (payload_layout.h, kM16N64Frag: element (query r, key c) of the 64 x 128 tile lives in
+// lane 4 (r % 8) + (c % 8) / 2 of 16-row sub-tile (r / 16, c / 64), bit 4 ((c % 64) / 8) +
+// 2 ((r % 16) / 8) + c % 2). The consumer's accumulator is the transposed tile (rows = keys), so
+// a thread needs the words of other lanes: for its keys 64c + 16w + g (+8) and queries
+// 8j + 2q (+1) (w = warp of the warpgroup, g = lane / 4, q = lane % 4) those are the 8 words
+// (j / 2) 64 + 32c + 8q + 4e + g / 2 (e = query parity), each tested at bit
+// 8w + (g % 2) + 4 (key half) + 2 (j % 2): 8 coalesced loads and 32 bit tests a partial step.
+//
+// Rows and keys outside the sample: a block holding them is never full, so the payload masks
+// them (P = 0, dS = 0); the step's lse2 / D of rows past the sample are +inf / 0 (no NaN can
+// enter from another sample's or unwritten workspace rows); dQ rows past the sample are not
+// added, dK / dV rows past the sample not written.
+//
+// Shared memory (1024-byte aligned, 128B-swizzled tiles as TMA writes them): K, V (128 rows x
+// kD, kD / 64 slabs of 16 KB), kStages x Q, dO (64 rows x kD, slabs of 8 KB), 2 x dS^T (16 KB),
+// the fp32 dQ tile (64 x kD floats in register order: the consumers' 16-byte stores are
+// conflict-free), the step statistics, infos, the item ring and the barriers: 199 KB.
+// wgmma descriptors (SBO = 1024 = 8 rows x 128 B everywhere):
+//   S^T, dP^T (SS, both K-major): A = K / V rows 64c.., B = Q / dO; k16 step +32 B in a slab.
+//   dV, dK (RS, B = dO / Q N-major): LBO = 8 KB (Q slab stride), k16 step = 16 query rows = 2 KB.
+//   dQ (SS, A = dS M-major, B = K N-major): k16 step = 16 keys = 2 KB; B = K slab c.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "kernels/common/block_range.cuh"
+#include "kernels/common/bwd_prepost.cuh"
+#include "kernels/common/k2q_walk.cuh"
+#include "kernels/common/ptx.cuh"
+#include "kernels/common/seqlen_info.cuh"
+#include "kernels/params.h"
+#include "kernels/sm90/ptx_sm90.cuh"
+#include "kernels/sm90/tile_sm90.h"
+
+namespace flashspan::kern90 {
+
+template <int kD>
+struct BwdSm90Layout {
+  static_assert(kD == 128, "sm90 backward: head dim 128");
+  static constexpr int kBlockQ = sm90::kTileSm90.bwd_bq;  // 64
+  static constexpr int kBlockK = sm90::kTileSm90.bwd_bk;  // 128
+  static_assert(kBlockQ == 64 && kBlockK == 128, "the consumer layout below assumes the 64 x 128 backward tile");
+  static constexpr int kStages = 2;
+  static constexpr int kThreads = 384;
+  static constexpr int kConsumerThreads = 256;
+  static constexpr int kSlabs = kD / 64;
+  static constexpr int kSlabK = kBlockK * 128;  // 128 keys x 64 16-bit columns
+  static constexpr int kSlabQ = kBlockQ * 128;  // 64 query rows x 64 16-bit columns
+  static constexpr int kTileK = kSlabs * kSlabK;
+  static constexpr int kTileQ = kSlabs * kSlabQ;
+  static constexpr int kDqBytes = kBlockQ * kD * 4;  // the fp32 dQ tile
+  static constexpr int kK = 0;
+  static constexpr int kV = kK + kTileK;
+  static constexpr int kQ = kV + kTileK;            // [kStages]
+  static constexpr int kDO = kQ + kStages * kTileQ;  // [kStages]
+  static constexpr int kDS = kDO + kStages * kTileQ;  // [2] dS^T, 128 keys x 128 B
+  static constexpr int kDSBytes = kBlockK * 128;
+  static constexpr int kDQ = kDS + 2 * kDSBytes;
+  static constexpr int kStat = kDQ + kDqBytes;  // [kStages][2][64] fp32: lse2, D
+  static constexpr int kPayBytes = kBlockQ * kBlockK / 8;        // one partial block's payload (1 KB)
+  static constexpr int kPay = kStat + kStages * 2 * kBlockQ * 4;  // [kStages] payload of a partial step
+  static constexpr int kInfo = kPay + kStages * kPayBytes;         // [kStages] int4 {h, qb, payload, -}
+  static constexpr int kDqInfo = kInfo + kStages * 16;              // int64: the step's dq_accum tile
+  static constexpr int kItem = kDqInfo + 16;                         // [2][8] int32: the item ring
+  static constexpr int kBar = kItem + 2 * 8 * 4;
+  // kv_full, kv_empty, qdo_full[kStages], qdo_empty[kStages], dq_full, dq_empty, item_full[2], item_empty[2]
+  static constexpr int kNumBars = 2 + 2 * kStages + 2 + 4;
+  static constexpr int kUsed = kBar + 8 * kNumBars;
+  static constexpr int kBytes = kUsed + 1024;  // + slack to align the dynamic base to 1024
+  static_assert(kBytes <= 232448, "sm90 backward: more shared memory than an sm_90 block may have (227 KB)");
+  // Barrier addresses relative to kBar.
+  static constexpr int kKvFull = 0, kKvEmpty = 8, kQdoFull = 16, kQdoEmpty = kQdoFull + 8 * kStages;
+  static constexpr int kDqFull = kQdoEmpty + 8 * kStages, kDqEmpty = kDqFull + 8;
+  static constexpr int kItemFull = kDqEmpty + 8, kItemEmpty = kItemFull + 16;
+};
+
+// A work item as the producer hands it to the other roles: key block kb (sample-local) of kv
+// head hkv of sample b, `steps` (query head, query block) pairs of its K2Q walk from pair `begin`;
+// slot >= 0 for a piece of a split task. kb < 0 ends the CTA.
+struct BwdItem {
+  int kb, hkv, b, begin, steps, slot;
+};
+
+// Float index of dQ element (query row r, column d) inside a 64 x kD dq_accum tile: the
+// consumers' register order, so that warpgroup c's thread t stores its accumulators dq[j][0..3]
+// as one float4 at ((c * 8 + j) * 128 + t) * 4 (16-byte stores, conflict-free). Thread
+// t = 32 w + 4 g + qd of warpgroup c holds rows 16 w + g (+8), columns 64 c + 8 j + 2 qd (+1)
+// (the m64n64 accumulator, HOPPER_BRIEF.md 1.3); kD = 128.
+__host__ __device__ __forceinline__ int dq_tile_offset_sm90(int r, int d) {
+  const int w = r >> 4, g = r & 7, hi = (r >> 3) & 1;
+  const int c = d >> 6, j = (d & 63) >> 3, qd = (d & 7) >> 1, e = d & 1;
+  return ((c * 8 + j) * 128 + 32 * w + 4 * g + qd) * 4 + 2 * hi + e;
+}
+
+#if defined(__CUDA_ARCH__)
+
+// ---------------------------------------------------------------------------
+// wgmma forms of the backward (wgmma_sm90.inc)
+// ---------------------------------------------------------------------------
+
+// acc (m64n64) += A (64 x 16, K-major, smem) B^T (64 x 16, K-major, smem): S^T and dP^T steps.
+template <class E>
+__device__ __forceinline__ void mma_ss_64x64(float (&s)[8][4], uint64_t da, uint64_t db, int scale_d) {
+  float(&d)[32] = *reinterpret_cast<float(*)[32]>(&s[0][0]);
+  if constexpr (E::kDType == DType::kBFloat16) {
+    wgmma_ss_m64n64k16_bf16(d, da, db, scale_d);
+  } else {
+    wgmma_ss_m64n64k16_f16(d, da, db, scale_d);
+  }
+}
+// acc (m64n128) += A (registers, 64 x 16) B (16 x 128, N-major smem): dV and dK steps.
+template <class E>
+__device__ __forceinline__ void mma_rs_64x128(float (&o)[16][4], const uint32_t (&a)[4], uint64_t db) {
+  float(&d)[64] = *reinterpret_cast<float(*)[64]>(&o[0][0]);
+  if constexpr (E::kDType == DType::kBFloat16) {
+    wgmma_rs_m64n128k16_bf16_tnspb(d, a, db, 1);
+  } else {
+    wgmma_rs_m64n128k16_f16_tnspb(d, a, db, 1);
+  }
+}
+// acc (m64n64) += A (64 x 16, M-major smem) B (16 x 64, N-major smem): dQ steps.
+template <class E>
+__device__ __forceinline__ void mma_ss_64x64_tnspab(float (&s)[8][4], uint64_t da, uint64_t db, int scale_d) {
+  float(&d)[32] = *reinterpret_cast<float(*)[32]>(&s[0][0]);
+  if constexpr (E::kDType == DType::kBFloat16) {
+    wgmma_ss_m64n64k16_bf16_tnspab(d, da, db, scale_d);
+  } else {
+    wgmma_ss_m64n64k16_f16_tnspab(d, da, db, scale_d);
+  }
+}
+
+// An m64n64 accumulator (rows = keys, cols = queries) as the A fragments of four k16 steps
+// (queries 16kk .. 16kk + 15), packed to 16 bit (HOPPER_BRIEF.md 1.3).
+template <class E>
+__device__ __forceinline__ void pack_a_64x64(const float (&s)[8][4], uint32_t (&a)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    a[kk][0] = kern::pack2<E>(s[2 * kk][0], s[2 * kk][1]);
+    a[kk][1] = kern::pack2<E>(s[2 * kk][2], s[2 * kk][3]);
+    a[kk][2] = kern::pack2<E>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[kk][3] = kern::pack2<E>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
+template <int kN>
+__device__ __forceinline__ void zero_frag(float (&d)[kN][4]) {
+#pragma unroll
+  for (int i = 0; i < kN; ++i) d[i][0] = d[i][1] = d[i][2] = d[i][3] = 0.0f;
+}
+
+// ---------------------------------------------------------------------------
+// Tile scheduler of the backward producer: the CTA's next work item.
+// ---------------------------------------------------------------------------
+
+// Steps of task (kb, hkv, b): the K2Q lists of the kv group's query heads (bwd_split.cuh counts
+// the same).
+__device__ __forceinline__ int bwd_task_steps(const BwdParams& p, int kb, int hkv, int b) {
+  const int64_t gk = int64_t(__ldg(p.view.k_block_start + b)) + kb;
+  int n = 0;
+  for (int h = hkv * p.group_size; h < (hkv + 1) * p.group_size; ++h) {
+    const int64_t r = int64_t(p.mask_per_head ? h : 0) * p.view.num_k_blocks + gk;
+    n += kern::BlockCursor::row(p.view.k2q_partial_ptr, p.view.k2q_partial_qb, p.view.k2q_full_ptr,
+                                p.view.k2q_full_runs, r)
+             .remaining();
+  }
+  return n;
+}
+
+// Item `item_it` of this CTA (lane 0 claims from the split schedule; every lane gets the item).
+__device__ __forceinline__ BwdItem next_bwd_item(const BwdParams& p, uint32_t item_it, int lane) {
+  BwdItem it{-1, 0, 0, 0, 0, -1};
+  int begin = 0, count = 0x7fffffff;
+  if (p.split_schedule) {
+    int i = 0;
+    if (lane == 0) i = atomicAdd(p.split.hdr + SplitSchedule::kCounter, 1);
+    i = __shfl_sync(0xffffffffu, i, 0);
+    if (i < p.split.hdr[SplitSchedule::kTotal]) {
+      const int4 x = reinterpret_cast<const int4*>(p.split.items)[i];
+      const int32_t* task = p.view.tasks + 4 * int64_t(x.x);
+      it = BwdItem{__ldg(task + 0), __ldg(task + 1), __ldg(task + 2), 0, 0, x.w};
+      begin = x.y;
+      count = x.z - x.y;
+    }
+  } else {
+    const int64_t i = int64_t(blockIdx.x) + int64_t(item_it) * gridDim.x;
+    const int hkv_count = p.num_heads_q / p.group_size;
+    if (p.grid_mode) {
+      if (i < p.view.num_k_blocks * hkv_count) {
+        const int gk = int(i % p.view.num_k_blocks);
+        const int b = kern::find_block_owner(p.view.k_block_start, p.batch, gk);
+        it = BwdItem{gk - __ldg(p.view.k_block_start + b), int(i / p.view.num_k_blocks), b, 0, 0, -1};
+      }
+    } else if (i < p.view.num_tasks) {
+      const int32_t* task = p.view.tasks + 4 * i;
+      it = BwdItem{__ldg(task + 0), __ldg(task + 1), __ldg(task + 2), 0, 0, -1};
+    }
+  }
+  if (it.kb >= 0) {
+    const int n = bwd_task_steps(p, it.kb, it.hkv, it.b) - begin;
+    it.begin = begin;
+    it.steps = max(0, min(n, count));
+  }
+  return it;
+}
+
+// ---------------------------------------------------------------------------
+// Producer (warp 0 of WG0)
+// ---------------------------------------------------------------------------
+
+template <int kD>
+__device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                             const CUtensorMap* tm_v, const CUtensorMap* tm_do, uint32_t base,
+                                             uint8_t* smem) {
+  using L = BwdSm90Layout<kD>;
+  const int lane = threadIdx.x & 31;
+  const uint32_t bars = base + L::kBar;
+  if (lane == 0) {
+    prefetch_tensormap(tm_q);
+    prefetch_tensormap(tm_k);
+    prefetch_tensormap(tm_v);
+    prefetch_tensormap(tm_do);
+  }
+  float* s_stat = reinterpret_cast<float*>(smem + L::kStat);
+  int4* s_info = reinterpret_cast<int4*>(smem + L::kInfo);
+  uint32_t step_it = 0;
+  for (uint32_t item_it = 0;; ++item_it) {
+    const BwdItem it = next_bwd_item(p, item_it, lane);
+    const uint32_t rs = item_it & 1;
+    mbar_wait(bars + L::kItemEmpty + 8 * rs, ((item_it >> 1) & 1) ^ 1);
+    if (lane == 0) {
+      volatile int32_t* e = reinterpret_cast<int32_t*>(smem + L::kItem) + 8 * rs;
+      e[0] = it.kb;
+      e[1] = it.hkv;
+      e[2] = it.b;
+      e[3] = it.begin;
+      e[4] = it.steps;
+      e[5] = it.slot;
+      mbar_arrive(bars + L::kItemFull + 8 * rs);  // release: the entry is visible to the waiting roles
+    }
+    if (it.kb < 0) return;
+
+    const kern::SeqlenInfo sl(p, it.b);
+    const int bcoord = p.varlen ? 0 : it.b;
+    const int q_row0 = p.varlen ? sl.q_start : 0;
+    if (lane == 0) {
+      mbar_wait(bars + L::kKvEmpty, (item_it & 1) ^ 1);
+      const int row = (p.varlen ? sl.k_start : 0) + it.kb * L::kBlockK;
+      mbar_arrive_expect_tx(bars + L::kKvFull, 2 * L::kTileK);
+#pragma unroll
+      for (int s = 0; s < L::kSlabs; ++s) {
+        tma_load_4d(base + L::kK + s * L::kSlabK, tm_k, 64 * s, row, it.hkv, bcoord, bars + L::kKvFull);
+        tma_load_4d(base + L::kV + s * L::kSlabK, tm_v, 64 * s, row, it.hkv, bcoord, bars + L::kKvFull);
+      }
+    }
+    kern::K2QWalk walk{&p, it.hkv * p.group_size, (it.hkv + 1) * p.group_size, it.b, it.kb, it.steps, {}};
+    walk.seek(it.begin);
+    for (int s = 0; s < it.steps; ++s, ++step_it) {
+      int h = 0, qb = 0, payload = -1;
+      walk.next(h, qb, payload);
+      const uint32_t st = step_it % L::kStages, ph = (step_it / L::kStages) & 1;
+      mbar_wait(bars + L::kQdoEmpty + 8 * st, ph ^ 1);
+      const uint32_t full = bars + L::kQdoFull + 8 * st;
+      if (lane == 0) {
+        // First of the 33 arrivals of this phase: the transaction bytes of the Q and dO boxes
+        // and of a partial step's payload (copied into the stage, so that the consumers read
+        // it from shared memory after their S GEMM instead of holding it in registers).
+        mbar_arrive_expect_tx(full, 2 * L::kTileQ + (payload >= 0 ? L::kPayBytes : 0));
+        if (payload >= 0) {
+          bulk_load(base + L::kPay + st * L::kPayBytes, p.view.q2k_partial_bits + size_t(payload) * (L::kPayBytes / 4),
+                    L::kPayBytes, full);
+        }
+        const int row = q_row0 + qb * L::kBlockQ;
+#pragma unroll
+        for (int sl2 = 0; sl2 < L::kSlabs; ++sl2) {
+          tma_load_4d(base + L::kQ + st * L::kTileQ + sl2 * L::kSlabQ, tm_q, 64 * sl2, row, h, bcoord, full);
+          tma_load_4d(base + L::kDO + st * L::kTileQ + sl2 * L::kSlabQ, tm_do, 64 * sl2, row, h, bcoord, full);
+        }
+      }
+      // The step's statistics (rows past the sample: lse2 = +inf, D = 0) and its info.
+      const int q_left = sl.len_q - qb * L::kBlockQ;
+      const int64_t ws = int64_t(h) * p.total_q + sl.q_start + int64_t(qb) * L::kBlockQ;
+      float* stat = s_stat + st * 2 * L::kBlockQ;
+#pragma unroll
+      for (int r = lane; r < L::kBlockQ; r += 32) {
+        const bool valid = r < q_left;
+        stat[r] = valid ? __ldg(p.lse2 + ws + r) : INFINITY;
+        stat[L::kBlockQ + r] = valid ? __ldg(p.delta + ws + r) : 0.0f;
+      }
+      if (lane == 0) s_info[st] = make_int4(h, qb, payload, 0);
+      mbar_arrive(full);  // every lane releases its own statistics (and lane 0 the info)
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// dQ writer (warp 1 of WG0)
+// ---------------------------------------------------------------------------
+
+template <int kD>
+__device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base, uint8_t* smem) {
+  using L = BwdSm90Layout<kD>;
+  const int lane = threadIdx.x & 31;
+  const uint32_t bars = base + L::kBar;
+  const volatile int64_t* dq_info = reinterpret_cast<const int64_t*>(smem + L::kDqInfo);
+  uint32_t dq_it = 0;
+  for (uint32_t item_it = 0;; ++item_it) {
+    const uint32_t rs = item_it & 1;
+    mbar_wait(bars + L::kItemFull + 8 * rs, (item_it >> 1) & 1);
+    const volatile int32_t* e = reinterpret_cast<const int32_t*>(smem + L::kItem) + 8 * rs;
+    const int kb = e[0], steps = e[4];
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bars + L::kItemEmpty + 8 * rs);
+    if (kb < 0) break;
+    if (lane == 0) {
+      for (int s = 0; s < steps; ++s, ++dq_it) {
+        mbar_wait(bars + L::kDqFull, dq_it & 1);
+        const int64_t tile = *dq_info;
+        bulk_reduce_add_f32(p.dq_accum + tile * (L::kBlockQ * kD), base + L::kDQ, L::kDqBytes);
+        bulk_commit_group();
+        bulk_wait_group_read<0>();  // the shared dQ tile may be overwritten
+        mbar_arrive(bars + L::kDqEmpty);
+      }
+    }
+  }
+  bulk_wait_group<0>();  // every reduction written before the CTA exits
+}
+
+// ---------------------------------------------------------------------------
+// Consumers (two warpgroups)
+// ---------------------------------------------------------------------------
+
+// Epilogue of a work item (consumer warpgroup c, warp w, g = lane / 4, qd = lane % 4): the
+// thread holds keys 64c + 16w + g + 8 hi of the key block, columns 8 n + 2 qd (+1).
+// slot >= 0: dK (unscaled) and dV added with fp32 atomics to split slot `slot`; else dK (times
+// the softmax scale) and dV rows of the valid keys written in the input dtype.
+template <int kD, class E>
+__device__ __forceinline__ void dkdv_epilogue_sm90(const BwdParams& p, const BwdItem& it, int keys_valid,
+                                                   int64_t krow, int key_thr, int qd, const float (&dk)[kD / 8][4],
+                                                   const float (&dv)[kD / 8][4]) {
+  using Elem = typename E::Storage;
+  using L = BwdSm90Layout<kD>;
+  if (it.slot >= 0) {
+    float* dka = p.split.dk_accum + int64_t(it.slot) * L::kBlockK * kD;
+    float* dva = p.split.dv_accum + int64_t(it.slot) * L::kBlockK * kD;
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int key = key_thr + 8 * hi;
+      if (key < keys_valid) {
+#pragma unroll
+        for (int n = 0; n < kD / 8; ++n) {
+          kern::atomic_add_f32x2(dka + int64_t(key) * kD + 8 * n + 2 * qd, dk[n][2 * hi], dk[n][2 * hi + 1]);
+          kern::atomic_add_f32x2(dva + int64_t(key) * kD + 8 * n + 2 * qd, dv[n][2 * hi], dv[n][2 * hi + 1]);
+        }
+      }
+    }
+    return;
+  }
+  Elem* dkp = static_cast<Elem*>(p.dk) + int64_t(it.b) * p.dka.batch_stride + krow * p.dka.row_stride +
+              int64_t(it.hkv) * p.dka.head_stride;
+  Elem* dvp = static_cast<Elem*>(p.dv) + int64_t(it.b) * p.dva.batch_stride + krow * p.dva.row_stride +
+              int64_t(it.hkv) * p.dva.head_stride;
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int key = key_thr + 8 * hi;
+    if (key < keys_valid) {
+      Elem* krow_k = dkp + int64_t(key) * p.dka.row_stride;
+      Elem* krow_v = dvp + int64_t(key) * p.dva.row_stride;
+#pragma unroll
+      for (int n = 0; n < kD / 8; ++n) {
+        *reinterpret_cast<uint32_t*>(krow_k + 8 * n + 2 * qd) =
+            kern::pack2<E>(dk[n][2 * hi] * p.scale, dk[n][2 * hi + 1] * p.scale);
+        *reinterpret_cast<uint32_t*>(krow_v + 8 * n + 2 * qd) = kern::pack2<E>(dv[n][2 * hi], dv[n][2 * hi + 1]);
+      }
+    }
+  }
+}
+
+template <int kD, class E>
+__device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, uint8_t* smem) {
+  using L = BwdSm90Layout<kD>;
+  constexpr int kN = kD / 8;  // n8 blocks of dK / dV
+  const uint32_t bars = base + L::kBar;
+  const int c = (threadIdx.x - 128) >> 7;  // consumer warpgroup: keys 64c .. 64c + 63
+  const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
+  const int key_thr = 64 * c + 16 * w + g;  // the thread's first key of the block (+8: second)
+  const float* s_stat = reinterpret_cast<const float*>(smem + L::kStat);
+  const int4* s_info = reinterpret_cast<const int4*>(smem + L::kInfo);
+  float* s_dq = reinterpret_cast<float*>(smem + L::kDQ);
+  // Payload: word offsets (j / 2) 64 + 32c + 8qd + 4e + g / 2 and the thread's bit shift.
+  const int pw_thr = 32 * c + 8 * qd + (g >> 1);
+  const int pw_shift = 8 * w + (g & 1);
+  // dS^T store offset of the thread's pairs (key row key_thr, chunk j ^ (key & 7), 4 qd bytes).
+  const uint32_t ds_row = uint32_t(key_thr) * 128 + 4 * qd;
+  // Operand tiles of this warpgroup.
+  const uint32_t k_tile = base + L::kK + c * 64 * 128;  // K rows 64c.. (A of S^T)
+  const uint32_t v_tile = base + L::kV + c * 64 * 128;  // V rows 64c.. (A of dP^T)
+  const uint32_t kq_tile = base + L::kK + c * L::kSlabK;  // K columns 64c.. (B of dQ)
+
+  uint32_t step_it = 0;
+  for (uint32_t item_it = 0;; ++item_it) {
+    const uint32_t rs = item_it & 1;
+    mbar_wait(bars + L::kItemFull + 8 * rs, (item_it >> 1) & 1);
+    const volatile int32_t* e = reinterpret_cast<const int32_t*>(smem + L::kItem) + 8 * rs;
+    const BwdItem it{e[0], e[1], e[2], e[3], e[4], e[5]};
+    mbar_arrive(bars + L::kItemEmpty + 8 * rs);
+    if (it.kb < 0) return;
+
+    float dk[kN][4], dv[kN][4];
+    zero_frag(dk);
+    zero_frag(dv);
+    mbar_wait(bars + L::kKvFull, item_it & 1);
+    const kern::SeqlenInfo sl(p, it.b);
+    const int64_t qblk0 = __ldg(p.view.q_block_start + it.b);  // the sample's first global query block
+    for (int s = 0; s < it.steps; ++s, ++step_it) {
+      const uint32_t st = step_it % L::kStages, ph = (step_it / L::kStages) & 1;
+      const uint32_t q_tile = base + L::kQ + st * L::kTileQ;
+      const uint32_t do_tile = base + L::kDO + st * L::kTileQ;
+      mbar_wait(bars + L::kQdoFull + 8 * st, ph);
+      // S^T = K Q^T and dP^T = V dO^T (kD / 16 k16 steps each, both operands K-major).
+      float sacc[8][4], dpacc[8][4];
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint32_t offk = (kk >> 2) * L::kSlabK + 32 * (kk & 3);
+        const uint32_t offq = (kk >> 2) * L::kSlabQ + 32 * (kk & 3);
+        mma_ss_64x64<E>(sacc, smem_desc(k_tile + offk, 16, 1024), smem_desc(q_tile + offq, 16, 1024), kk > 0);
+      }
+      wg_commit();
+#pragma unroll
+      for (int kk = 0; kk < kD / 16; ++kk) {
+        const uint32_t offk = (kk >> 2) * L::kSlabK + 32 * (kk & 3);
+        const uint32_t offq = (kk >> 2) * L::kSlabQ + 32 * (kk & 3);
+        mma_ss_64x64<E>(dpacc, smem_desc(v_tile + offk, 16, 1024), smem_desc(do_tile + offq, 16, 1024), kk > 0);
+      }
+      wg_commit();
+      const float* lse2 = s_stat + st * 2 * L::kBlockQ;
+      const float* delta = lse2 + L::kBlockQ;
+      const int4 info = s_info[st];  // {h, qb, payload}
+      wg_wait<1>();
+      reg_fence(sacc);
+      // Payload words of a partial step, pre-shifted (a full block: every bit set, so the mask
+      // test below is branch-free).
+      uint32_t pw[4][2] = {{~0u, ~0u}, {~0u, ~0u}, {~0u, ~0u}, {~0u, ~0u}};
+      if (info.z >= 0) {
+        const uint32_t* bits = reinterpret_cast<const uint32_t*>(smem + L::kPay + st * L::kPayBytes) + pw_thr;
+#pragma unroll
+        for (int m = 0; m < 4; ++m) {
+#pragma unroll
+          for (int x = 0; x < 2; ++x) pw[m][x] = bits[64 * m + 4 * x] >> pw_shift;
+        }
+      }
+      // P^T = exp2(S^T scale log2(e) - lse2[query]); masked elements 0.
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          float x = kern::exp2_approx(fmaf(sacc[j][r], p.scale_log2, (r & 1) ? -l2.y : -l2.x));
+          if (!((pw[j >> 1][r & 1] >> (4 * (r >> 1) + 2 * (j & 1))) & 1u)) x = 0.0f;
+          sacc[j][r] = x;
+        }
+      }
+      wg_wait<0>();
+      reg_fence(dpacc);
+      // dS^T = P^T (dP^T - D[query]).
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        const float2 dd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * qd);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) dpacc[j][r] = sacc[j][r] * (dpacc[j][r] - ((r & 1) ? dd.y : dd.x));
+      }
+      uint32_t pa[4][4], dsa[4][4];
+      pack_a_64x64<E>(sacc, pa);
+      pack_a_64x64<E>(dpacc, dsa);
+      // dV += P^T dO (A from registers, B = dO N-major: LBO = slab stride), running while dS^T
+      // goes to shared memory.
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) mma_rs_64x128<E>(dv, pa[kk], smem_desc(do_tile + kk * 2048, L::kSlabQ, 1024));
+      wg_commit();
+      // dS^T to shared memory: key rows of 64 queries (128 B), chunk j at j ^ (key % 8).
+      const uint32_t ds_buf = base + L::kDS + (step_it & 1) * L::kDSBytes;
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          const uint32_t addr = ds_buf + ds_row + hi * 8 * 128 + ((j ^ g) << 4);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dsa[j >> 1][2 * (j & 1) + hi]) : "memory");
+        }
+      }
+      fence_proxy_async_smem();
+      named_bar_sync(1, L::kConsumerThreads);  // dS^T of both warpgroups in shared memory
+      wg_wait<0>();  // dV done: P^T's registers are free before the dQ accumulators become live
+      // dQ (columns 64c..) = dS K (A = dS^T tile M-major, B = K slab c N-major, 8 k16 steps),
+      // then dK += dS^T Q (A from registers), which runs while dQ goes to shared memory.
+      float dq[8][4];
+      wg_fence();
+#pragma unroll
+      for (int kk = 0; kk < L::kBlockK / 16; ++kk) {
+        mma_ss_64x64_tnspab<E>(dq, smem_desc(ds_buf + kk * 2048, L::kDSBytes, 1024),
+                               smem_desc(kq_tile + kk * 2048, L::kSlabK, 1024), kk > 0);
+      }
+      wg_commit();
+#pragma unroll
+      for (int kk = 0; kk < 4; ++kk) mma_rs_64x128<E>(dk, dsa[kk], smem_desc(q_tile + kk * 2048, L::kSlabQ, 1024));
+      wg_commit();
+      wg_wait<1>();  // dQ done (dK may still run)
+      reg_fence(dq);
+      // dQ tile to shared memory for the writer, in register order (dq_tile_offset_sm90).
+      mbar_wait(bars + L::kDqEmpty, (step_it & 1) ^ 1);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        *reinterpret_cast<float4*>(s_dq + ((c * 8 + j) * 128 + t) * 4) = make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
+      }
+      if (t == 0 && c == 0) {
+        // The step's dq_accum tile: (query head, global query block).
+        *reinterpret_cast<volatile int64_t*>(smem + L::kDqInfo) = int64_t(info.x) * p.view.num_q_blocks + qblk0 + info.y;
+      }
+      fence_proxy_async_smem();
+      mbar_arrive(bars + L::kDqFull);
+      wg_wait<0>();  // dK done
+      mbar_arrive(bars + L::kQdoEmpty + 8 * st);  // Q, dO, the statistics and the info are free
+    }
+    reg_fence(dk);
+    reg_fence(dv);
+    mbar_arrive(bars + L::kKvEmpty);  // K and V are free (every GEMM of the item has completed)
+    const int key0 = it.kb * L::kBlockK;
+    const int keys_valid = min(L::kBlockK, sl.len_k - key0);
+    const int64_t krow = int64_t(p.varlen ? sl.k_start : 0) + key0;
+    dkdv_epilogue_sm90<kD, E>(p, it, keys_valid, krow, key_thr, qd, dk, dv);
+  }
+}
+
+#endif  // __CUDA_ARCH__
+
+// The kernel. Built for every target; the body exists only for sm_90a (the host checks the
+// loaded binary's version before choosing this family: launch_fwd_sm90.cu, device_supported).
+template <int kD, class E>
+__global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
+    flex_bwd_kernel_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                         const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+                         const __grid_constant__ CUtensorMap tm_do) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = BwdSm90Layout<kD>;
+  extern __shared__ __align__(1024) uint8_t smem_raw[];
+  const uint32_t raw = kern::smem_u32(smem_raw);
+  const uint32_t base = (raw + 1023u) & ~1023u;
+  uint8_t* smem = smem_raw + (base - raw);
+  const uint32_t bars = base + L::kBar;
+  if (threadIdx.x == 0) {
+    mbar_init(bars + L::kKvFull, 1);                       // producer arrive + tx
+    mbar_init(bars + L::kKvEmpty, L::kConsumerThreads);
+    for (int s = 0; s < L::kStages; ++s) {
+      mbar_init(bars + L::kQdoFull + 8 * s, 33);           // lane 0's arrive + tx, then each producer lane's
+      mbar_init(bars + L::kQdoEmpty + 8 * s, L::kConsumerThreads);
+    }
+    mbar_init(bars + L::kDqFull, L::kConsumerThreads);
+    mbar_init(bars + L::kDqEmpty, 1);                      // the writer's lane 0
+    for (int i = 0; i < 2; ++i) {
+      mbar_init(bars + L::kItemFull + 8 * i, 1);
+      mbar_init(bars + L::kItemEmpty + 8 * i, L::kConsumerThreads + 1);  // consumers + the writer
+    }
+    fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x < 128) {
+    setmaxnreg_dec<40>();
+    const int warp = threadIdx.x >> 5;
+    if (warp == 0) {
+      bwd_producer<kD>(p, &tm_q, &tm_k, &tm_v, &tm_do, base, smem);
+    } else if (warp == 1) {
+      bwd_dq_writer<kD>(p, base, smem);
+    }
+    // Exit here rather than fall through to the kernel's end: when the 24-register warpgroup's
+    // path merges with the consumers' (the shared exit), ptxas (nvcc 13.0) caps the consumers'
+    // registers near 204 instead of their 240 and spills (C7512); with the exit it does not.
+    asm volatile("exit;");
+  }
+  setmaxnreg_inc<232>();
+  bwd_consumer<kD, E>(p, base, smem);
+#else
+  // No sm_90a code in this image: never launched (the host checks the binary version).
+  __trap();
+#endif
+}
+
+// dq = scale * dq_accum from the sm90 backward's tiles (one per (query head, global query
+// block), dq_tile_offset_sm90) in the input dtype. One warp per (query row, head), grid-stride
+// over the Hq * total_q units, as the shared convert (bwd_prepost.cuh); kD = 128.
+template <class E>
+__global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel_sm90(const BwdParams p) {
+  using Elem = typename E::Storage;
+  constexpr int kD = 128, kBq = BwdSm90Layout<128>::kBlockQ;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t units = int64_t(p.num_heads_q) * p.total_q;
+  for (int64_t w = int64_t(blockIdx.x) * 8 + warp; w < units; w += int64_t(gridDim.x) * 8) {
+    const int64_t h = w / p.total_q, t = w - h * p.total_q;
+    const kern::QueryRow qr = kern::query_row(p, t);
+    // Sample and sample-local position of row t (THD: the last sample starting at or before t;
+    // empty samples own no row).
+    const int b = p.varlen ? kern::find_block_owner(p.cu_seqlens_q, p.batch, int(t)) : int(qr.b);
+    const int64_t pos = p.varlen ? t - __ldg(p.cu_seqlens_q + b) : qr.row;
+    const int64_t tile = h * p.view.num_q_blocks + __ldg(p.view.q_block_start + b) + pos / kBq;
+    const float* src = p.dq_accum + tile * (kBq * kD);
+    const int rr = int(pos % kBq);
+    Elem* dst = static_cast<Elem*>(p.dq) + qr.b * p.dqa.batch_stride + qr.row * p.dqa.row_stride + h * p.dqa.head_stride;
+#pragma unroll
+    for (int d = 2 * lane; d < kD; d += 64) {
+      const float2 x = *reinterpret_cast<const float2*>(src + dq_tile_offset_sm90(rr, d));
+      *reinterpret_cast<uint32_t*>(dst + d) = kern::pack2<E>(x.x * p.scale, x.y * p.scale);
+    }
+  }
+}
+
+}  // namespace flashspan::kern90

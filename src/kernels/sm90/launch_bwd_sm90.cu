@@ -1,0 +1,116 @@
+// Instantiations and launch of the sm90 flex backward (kernel_bwd_sm90.cuh): head dims
+// (128, 128) x {fp16, bf16}; the shared preprocess / split schedule / convert kernels of
+// kernels/common (launch_bwd_common.h) around it; tensor maps of Q, K, V, dO encoded on the host
+// per call (no stream operation, so capture-safe).
+#include <cuda.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/error.h"
+#include "kernels/common/grid.h"
+#include "kernels/common/launch_bwd_common.h"
+#include "kernels/common/launch_util.h"
+#include "kernels/sm90/kernel_bwd_sm90.cuh"
+#include "kernels/sm90/launch_sm90.h"
+#include "kernels/sm90/tile_sm90.h"
+#include "kernels/sm90/tma_sm90.h"
+
+namespace flashspan::sm90 {
+namespace {
+
+using Layout128 = kern90::BwdSm90Layout<128>;
+
+// Persistent grid: one CTA per SM (shared memory allows one); with the split schedule every
+// CTA claims items from the list, otherwise CTA i runs tasks (or grid cells) i, i + grid, ...
+template <class E>
+void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
+             const CUtensorMap& mdo, cudaStream_t stream) {
+  using L = Layout128;
+  auto kernel = kern90::flex_bwd_kernel_sm90<128, E>;
+  static std::atomic<uint64_t> smem_set{0};
+  ensure_smem_limit(kernel, L::kBytes, smem_set, "flex backward (sm90): cudaFuncSetAttribute");
+  static std::atomic<int> ctas_cache[64];
+  const int ctas = persistent_ctas(kernel, L::kThreads, L::kBytes, ctas_cache, "flex backward (sm90)");
+  BwdParams p = p_in;
+  if (p.split_schedule) {
+    p.split.num_ctas = ctas;
+    launch_bwd_split_schedule(p, stream);
+    kernel<<<grid_1d(ctas, "flex backward (sm90), persistent"), L::kThreads, L::kBytes, stream>>>(p, mq, mk, mv, mdo);
+    check_launch("flex backward (sm90), persistent");
+    launch_bwd_split_convert(p, E::kDType, stream);
+    return;
+  }
+  const int64_t items =
+      p.grid_mode ? p.view.num_k_blocks * int64_t(p.num_heads_q / p.group_size) : p.view.num_tasks;
+  if (items <= 0) return;
+  const unsigned grid = unsigned(std::min<int64_t>(ctas, items));
+  kernel<<<grid, L::kThreads, L::kBytes, stream>>>(p, mq, mk, mv, mdo);
+  check_launch("flex backward (sm90)");
+}
+
+}  // namespace
+
+namespace {
+std::atomic<int> g_bwd_override{-1};
+std::atomic<int64_t> g_bwd_launches{0};
+}  // namespace
+
+int64_t bwd_launches() { return g_bwd_launches.load(std::memory_order_relaxed); }
+
+void set_bwd_enabled(int on) { g_bwd_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+
+bool bwd_enabled() {
+  const int o = g_bwd_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  // On by default (checked on an H200: the GPU suite, compute-sanitizer, PERF_LOG v1.4);
+  // FLASHSPAN_SM90_BWD=0 keeps the portable sm80 backward for comparison.
+  static const bool on = [] {
+    const char* off = std::getenv("FLASHSPAN_SM90_BWD");
+    return !(off != nullptr && std::strcmp(off, "0") == 0);
+  }();
+  return on;
+}
+
+bool bwd_config_supported(const FlexGeometry& g, bool deterministic) {
+  return (g.dtype == DType::kFloat16 || g.dtype == DType::kBFloat16) &&
+         bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v) && !deterministic;
+}
+
+int bwd_smem_bytes(int dqk, int dv) { return bwd_runs_head_dims_sm90(dqk, dv) ? Layout128::kBytes : 0; }
+
+void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                     const TensorView& dout, DType dtype, int64_t total_q, cudaStream_t stream) {
+  FS_CHECK(p.head_dqk == 128 && p.head_dv == 128 && !p.deterministic && p.view.block_q == kTileSm90.bwd_bq &&
+               p.view.block_k == kTileSm90.bwd_bk,
+           Status::kInternal, "sm90 backward: unsupported configuration reached the launcher (D ", p.head_dqk, "/",
+           p.head_dv, ", tile ", p.view.block_q, "x", p.view.block_k, ", deterministic ", p.deterministic, ")");
+  FS_CHECK(p.dq_blocked == 1, Status::kInternal, "sm90 backward: the dQ accumulator is not bound in tiles");
+  g_bwd_launches.fetch_add(1, std::memory_order_relaxed);
+  // dq_accum in tiles (kernel_bwd_sm90.cuh): one 64 x 128 fp32 tile per (query head, query block).
+  if (total_q > 0) {
+    check_cuda(cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks) *
+                                                 size_t(Layout128::kBlockQ) * 128, stream),
+               "flex backward (sm90): clearing the dQ accumulator");
+  }
+  BwdParams pre = p;
+  pre.deterministic = 1;  // the shared preprocess clears a [Hq, total_q, Dqk] accumulator otherwise
+  launch_bwd_preprocess(pre, dtype, total_q, stream);
+  const bool varlen = p.varlen != 0;
+  const CUtensorMap mq = make_tensor_map_sm90(q, varlen, dtype, kTileSm90.bwd_bq, "q");
+  const CUtensorMap mk = make_tensor_map_sm90(k, varlen, dtype, kTileSm90.bwd_bk, "k");
+  const CUtensorMap mv = make_tensor_map_sm90(v, varlen, dtype, kTileSm90.bwd_bk, "v");
+  const CUtensorMap mdo = make_tensor_map_sm90(dout, varlen, dtype, kTileSm90.bwd_bq, "dout");
+  with_element_type(dtype, "flex backward (sm90)", [&](auto e) { run_bwd<decltype(e)>(p, mq, mk, mv, mdo, stream); });
+  if (total_q > 0) {
+    const unsigned grid = grid_stride_1d(int64_t(p.num_heads_q) * total_q, 8);
+    with_element_type(dtype, "flex backward dQ convert (sm90)", [&](auto e) {
+      kern90::flex_bwd_dq_convert_kernel_sm90<decltype(e)><<<grid, 256, 0, stream>>>(p);
+    });
+    check_launch("flex backward dQ convert (sm90)");
+  }
+}
+
+}  // namespace flashspan::sm90
