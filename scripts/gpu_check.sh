@@ -162,23 +162,29 @@ fi
 # 1. The whole C++ suite (GPU tests included; CPU tests are cheap). No test may be skipped.
 #    It includes FlexGpu.LaunchLimits* (issue 18: B = 300,000, 100,000 THD samples, Hq = 256; ~10 s).
 gtest_run "gtest (all)" gtest.log "$tests" --gtest_brief=1
-# The sm90 D = 64 forward without producer/consumer overlap is chosen by an environment
-# variable read once per process: its own run, so that compiled variant is tested too.
+# The sm90 forward's consumer schedule (FLASHSPAN_SM90_OVERLAP: 0 serial for both head dims, 1
+# overlapped for both) and the sm90 plans' backward family (FLASHSPAN_SM90_BWD=0: the sm80
+# kernels) are chosen by environment variables read once per process: one run each, so that
+# every compiled variant is tested.
 if "$tests" --gtest_list_tests --gtest_filter='FlexGpuSm90.*' 2>/dev/null | grep -q '^  '; then
   gtest_run "gtest sm90 no-overlap" gtest_sm90_no_overlap.log env FLASHSPAN_SM90_OVERLAP=0 "$tests" --gtest_brief=1 \
-    --gtest_filter='FlexGpuSm90.*'
+    --gtest_filter='FlexGpuSm90.*:-FlexGpuSm90.Bwd*'
+  gtest_run "gtest sm90 overlap" gtest_sm90_overlap.log env FLASHSPAN_SM90_OVERLAP=1 "$tests" --gtest_brief=1 \
+    --gtest_filter='FlexGpuSm90.*:-FlexGpuSm90.Bwd*'
+  gtest_run "gtest sm90 sm80-bwd" gtest_sm90_sm80_bwd.log env FLASHSPAN_SM90_BWD=0 "$tests" --gtest_brief=1 \
+    --gtest_filter='FlexGpuSm90.RandomCases:FlexGpuSm90.SpecialCases'
 fi
 
 # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one. Missing sanitizer = failure.
 if [ "${GPU_CHECK_NO_SANITIZER:-0}" = 1 ]; then
   waive "memcheck + racecheck + synccheck" "GPU_CHECK_NO_SANITIZER=1"
 elif command -v compute-sanitizer >/dev/null; then
-  filt=${GPU_CHECK_SANITIZER_FILTER:-'FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpu.PackedGqaGridAndNoWorkspace:PlannerGpu.ThdWithEmptySamples:PlannerGpu.RandomMasksGqaPerHead'}
+  filt=${GPU_CHECK_SANITIZER_FILTER:-'FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.BwdSanitizerSmall:FlexGpu.PackedGqaGridAndNoWorkspace:PlannerGpu.ThdWithEmptySamples:PlannerGpu.RandomMasksGqaPerHead'}
   gtest_run "memcheck" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" --gtest_filter="$filt"
   gtest_run "racecheck" racecheck.log compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" \
-    --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:PlannerGpu.ThdWithEmptySamples}"
+    --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.BwdSanitizerSmall:PlannerGpu.ThdWithEmptySamples}"
   gtest_run "synccheck (sm90)" synccheck.log compute-sanitizer --tool synccheck --error-exitcode 3 "$tests" \
-    --gtest_filter=FlexGpuSm90.SanitizerSmall
+    --gtest_filter='FlexGpuSm90.SanitizerSmall:FlexGpuSm90.BwdSanitizerSmall'
 else
   fail "compute-sanitizer" "compute-sanitizer not found (PATH=$PATH): the memcheck / racecheck steps cannot run"
 fi
@@ -202,6 +208,10 @@ if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
       fail "${b#flashspan_}" "$build/benchmarks/$b not built"
     fi
   done
+  # sm80 vs sm90 backward side by side (3 iterations, S = 32768, D = 128, H = 4).
+  if [ -x "$build/benchmarks/flashspan_family_bench" ]; then
+    step "family_bench bwd" family_bench_bwd.log "$build/benchmarks/flashspan_family_bench" 3 32768 128 4 bf16 bwd
+  fi
   # Long-context plans (issue 17, plan format 2): plan bytes and build time at S = 4M causal
   # Hmask = 1 (Hq = 64) and S = 1M causal Hq = Hmask = 64, forward only and with backward.
   if [ -x "$build/benchmarks/flashspan_plan_bench" ]; then
