@@ -2179,7 +2179,7 @@ TEST(FlexGpuSm90, SanitizerSmall) {
 }
 
 // ---------------------------------------------------------------------------
-// The sm90 backward (kernel_bwd_sm90.cuh: Dqk = Dv = 128, fp16/bf16, non-deterministic), run on
+// The sm90 backward (kernel_bwd_sm90.cuh: Dqk = Dv in {64, 128}, fp16/bf16, non-deterministic), run on
 // sm90 plans whatever FLASHSPAN_EXPERIMENTAL says (sm90::set_bwd_enabled); every case checks
 // that the sm90 backward was the kernel that ran (sm90::bwd_launches).
 // ---------------------------------------------------------------------------
@@ -2190,7 +2190,8 @@ struct Sm90BwdOn {
 };
 
 void run_case_sm90_bwd(const Case& c) {
-  ASSERT_TRUE(c.backward && !c.deterministic && c.arch == 90 && c.h.dqk == 128 && c.h.dv == 128) << c.describe();
+  ASSERT_TRUE(c.backward && !c.deterministic && c.arch == 90 && c.h.dqk == c.h.dv && (c.h.dqk == 64 || c.h.dqk == 128))
+      << c.describe();
   const int64_t before = sm90::bwd_launches();
   run_case(c);
   EXPECT_GT(sm90::bwd_launches(), before) << "the sm90 backward did not run: " << c.describe();
@@ -2198,10 +2199,11 @@ void run_case_sm90_bwd(const Case& c) {
 
 // A random case of the sm90 backward: random_case_sm90 (BSHD / THD with empty samples, GQA /
 // MQA, Hmask 1 or Hq, random interval masks at granularities 1 / 16 / 64 / 128, block-structured
-// masks with empty rows, strided tensors, dlse, random softmax scale) at D = 128.
+// masks with empty rows, strided tensors, dlse, random softmax scale) at D = 128 (two thirds of
+// the seeds) or 64.
 Case bwd_case_sm90(uint64_t seed) {
   Case c = random_case_sm90(seed);
-  c.h.dqk = c.h.dv = 128;
+  c.h.dqk = c.h.dv = seed % 3 == 0 ? 64 : 128;
   c.backward = true;
   c.deterministic = false;
   return c;
@@ -2218,14 +2220,16 @@ TEST(FlexGpuSm90, BwdBenchmarkMasks) {
   Sm90BwdOn on;
   uint64_t seed = 9500;
   for (const std::string& name : fs_test::benchmark_mask_names()) {
-    Case c;
-    c.arch = 90;
-    c.mask = name;
-    c.sq = name == "causal" || name == "tree_bfs" ? 2048 : 1000;
-    c.h = HeadConfig{4, 2, 1, 1, 128, 128, (seed & 1) ? DType::kBFloat16 : DType::kFloat16};
-    c.deterministic = false;
-    c.seed = ++seed;
-    run_case_sm90_bwd(c);
+    for (int d : {128, 64}) {
+      Case c;
+      c.arch = 90;
+      c.mask = name;
+      c.sq = name == "causal" || name == "tree_bfs" ? 2048 : 1000;
+      c.h = HeadConfig{4, 2, 1, 1, d, d, (seed & 1) ? DType::kBFloat16 : DType::kFloat16};
+      c.deterministic = false;
+      c.seed = ++seed;
+      run_case_sm90_bwd(c);
+    }
   }
 }
 
@@ -2293,6 +2297,16 @@ TEST(FlexGpuSm90, BwdSpecialCases) {
     c.batch = 2;
     run_case_sm90_bwd(c);
   }
+  {
+    Case c = base(4, 2, 4, 3, DType::kBFloat16);  // D = 64: THD with empty samples, strided
+    c.h.dqk = c.h.dv = 64;
+    c.varlen = true;
+    c.lq = {300, 0, 65};
+    c.lk = {257, 40, 0};
+    c.batch = 3;
+    c.strided = true;
+    run_case_sm90_bwd(c);
+  }
 }
 
 // Long K2Q walks: the split schedule (persistent grid claiming items, fp32 slots converted
@@ -2313,6 +2327,12 @@ TEST(FlexGpuSm90, BwdSplitAndGrid) {
     c.lq = {1100, 300, 0};
     c.lk = {1024, 257, 50};
     c.batch = 3;
+    run_case_sm90_bwd(c);
+  }
+  {
+    Case c = split_case("sink_local", HeadConfig{4, 1, 1, 1, 64, 64, DType::kFloat16}, 9705);
+    c.arch = 90;
+    c.sq = 2048;
     run_case_sm90_bwd(c);
   }
   {
@@ -2366,6 +2386,10 @@ TEST(FlexGpuSm90, BwdSanitizerSmall) {
   f.sq = 1400;
   f.sk = 1400;
   run_case_sm90_bwd(f);
+  Case d = a;  // D = 64
+  d.h.dqk = d.h.dv = 64;
+  d.seed = 9804;
+  run_case_sm90_bwd(d);
 }
 
 #endif  // FLASHSPAN_WITH_CUDA

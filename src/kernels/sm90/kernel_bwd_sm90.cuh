@@ -3,7 +3,7 @@
 //
 // Algorithm: FlashAttention-2/3 backward (Dao 2023, Alg. 2; Shah et al. 2024, sec. 3) over the
 // plan's backward view (tile 64 query rows x 128 keys, payload rows = queries, cols = keys),
-// for plans whose consumer is consumer_for(90) and head dims Dqk = Dv = kD = 128:
+// for plans whose consumer is consumer_for(90) and head dims Dqk = Dv = kD in {64, 128}:
 //   per (key block, kv head, batch) work item, for every (query head of the kv group, query
 //   block) pair of its K2Q walk (kernels/common/k2q_walk.cuh):
 //     S^T = K Q^T, P^T = exp2(S^T scale log2(e) - lse2)   (masked: 0)
@@ -36,7 +36,8 @@
 //     dV / dK GEMMs from registers (wgmma RS: an m64n64 accumulator's registers are the A
 //     fragments of four k16 steps, HOPPER_BRIEF.md 1.3); dS^T also goes to shared memory
 //     (bf16/fp16, [128 keys][64 queries], 128B-swizzled), from which both warpgroups read dS as
-//     the M-major A operand of dQ = dS K (warpgroup c: dQ columns 64c .. 64c+63, m64n64).
+//     the M-major A operand of dQ = dS K (warpgroup c: dQ columns c kD/2 .. (c+1) kD/2 - 1,
+//     m64n{kD/2}).
 //   Synchronisation: mbarriers (kv_full / kv_empty, qdo_full[s] / qdo_empty[s], dq_full /
 //   dq_empty, item_full[i] / item_empty[i]) and one named barrier between the consumer
 //   warpgroups (dS complete before the dQ GEMM; dS is double-buffered, so one barrier a step).
@@ -81,7 +82,7 @@ namespace flashspan::kern90 {
 
 template <int kD>
 struct BwdSm90Layout {
-  static_assert(kD == 128, "sm90 backward: head dim 128");
+  static_assert(kD == 64 || kD == 128, "sm90 backward: head dim 64 or 128");
   static constexpr int kBlockQ = sm90::kTileSm90.bwd_bq;  // 64
   static constexpr int kBlockK = sm90::kTileSm90.bwd_bk;  // 128
   static_assert(kBlockQ == 64 && kBlockK == 128, "the consumer layout below assumes the 64 x 128 backward tile");
@@ -94,6 +95,7 @@ struct BwdSm90Layout {
   static constexpr int kTileK = kSlabs * kSlabK;
   static constexpr int kTileQ = kSlabs * kSlabQ;
   static constexpr int kDqBytes = kBlockQ * kD * 4;  // the fp32 dQ tile
+  static constexpr int kDqN = kD / 2;                 // dQ columns of one consumer warpgroup
   static constexpr int kK = 0;
   static constexpr int kV = kK + kTileK;
   static constexpr int kQ = kV + kTileK;            // [kStages]
@@ -128,13 +130,14 @@ struct BwdItem {
 
 // Float index of dQ element (query row r, column d) inside a 64 x kD dq_accum tile: the
 // consumers' register order, so that warpgroup c's thread t stores its accumulators dq[j][0..3]
-// as one float4 at ((c * 8 + j) * 128 + t) * 4 (16-byte stores, conflict-free). Thread
-// t = 32 w + 4 g + qd of warpgroup c holds rows 16 w + g (+8), columns 64 c + 8 j + 2 qd (+1)
-// (the m64n64 accumulator, HOPPER_BRIEF.md 1.3); kD = 128.
+// as one float4 at ((c * kD / 16 + j) * 128 + t) * 4 (16-byte stores, conflict-free). Thread
+// t = 32 w + 4 g + qd of warpgroup c holds rows 16 w + g (+8), columns c kD / 2 + 8 j + 2 qd (+1)
+// (the m64n{kD/2} accumulator, HOPPER_BRIEF.md 1.3).
+template <int kD>
 __host__ __device__ __forceinline__ int dq_tile_offset_sm90(int r, int d) {
   const int w = r >> 4, g = r & 7, hi = (r >> 3) & 1;
-  const int c = d >> 6, j = (d & 63) >> 3, qd = (d & 7) >> 1, e = d & 1;
-  return ((c * 8 + j) * 128 + 32 * w + 4 * g + qd) * 4 + 2 * hi + e;
+  const int c = d / (kD / 2), j = (d % (kD / 2)) >> 3, qd = (d & 7) >> 1, e = d & 1;
+  return ((c * (kD / 16) + j) * 128 + 32 * w + 4 * g + qd) * 4 + 2 * hi + e;
 }
 
 #if defined(__CUDA_ARCH__)
@@ -153,24 +156,40 @@ __device__ __forceinline__ void mma_ss_64x64(float (&s)[8][4], uint64_t da, uint
     wgmma_ss_m64n64k16_f16(d, da, db, scale_d);
   }
 }
-// acc (m64n128) += A (registers, 64 x 16) B (16 x 128, N-major smem): dV and dK steps.
-template <class E>
-__device__ __forceinline__ void mma_rs_64x128(float (&o)[16][4], const uint32_t (&a)[4], uint64_t db) {
-  float(&d)[64] = *reinterpret_cast<float(*)[64]>(&o[0][0]);
-  if constexpr (E::kDType == DType::kBFloat16) {
-    wgmma_rs_m64n128k16_bf16_tnspb(d, a, db, 1);
+// acc (m64n{kD}) += A (registers, 64 x 16) B (16 x kD, N-major smem): dV and dK steps.
+template <int kD, class E>
+__device__ __forceinline__ void mma_rs_64xD(float (&o)[kD / 8][4], const uint32_t (&a)[4], uint64_t db) {
+  float(&d)[kD / 2] = *reinterpret_cast<float(*)[kD / 2]>(&o[0][0]);
+  if constexpr (kD == 128) {
+    if constexpr (E::kDType == DType::kBFloat16) {
+      wgmma_rs_m64n128k16_bf16_tnspb(d, a, db, 1);
+    } else {
+      wgmma_rs_m64n128k16_f16_tnspb(d, a, db, 1);
+    }
   } else {
-    wgmma_rs_m64n128k16_f16_tnspb(d, a, db, 1);
+    if constexpr (E::kDType == DType::kBFloat16) {
+      wgmma_rs_m64n64k16_bf16_tnspb(d, a, db, 1);
+    } else {
+      wgmma_rs_m64n64k16_f16_tnspb(d, a, db, 1);
+    }
   }
 }
-// acc (m64n64) += A (64 x 16, M-major smem) B (16 x 64, N-major smem): dQ steps.
-template <class E>
-__device__ __forceinline__ void mma_ss_64x64_tnspab(float (&s)[8][4], uint64_t da, uint64_t db, int scale_d) {
-  float(&d)[32] = *reinterpret_cast<float(*)[32]>(&s[0][0]);
-  if constexpr (E::kDType == DType::kBFloat16) {
-    wgmma_ss_m64n64k16_bf16_tnspab(d, da, db, scale_d);
+// acc (m64n{kD/2}) += A (64 x 16, M-major smem) B (16 x kD/2, N-major smem): dQ steps.
+template <int kD, class E>
+__device__ __forceinline__ void mma_dq(float (&s)[kD / 16][4], uint64_t da, uint64_t db, int scale_d) {
+  float(&d)[kD / 4] = *reinterpret_cast<float(*)[kD / 4]>(&s[0][0]);
+  if constexpr (kD == 128) {
+    if constexpr (E::kDType == DType::kBFloat16) {
+      wgmma_ss_m64n64k16_bf16_tnspab(d, da, db, scale_d);
+    } else {
+      wgmma_ss_m64n64k16_f16_tnspab(d, da, db, scale_d);
+    }
   } else {
-    wgmma_ss_m64n64k16_f16_tnspab(d, da, db, scale_d);
+    if constexpr (E::kDType == DType::kBFloat16) {
+      wgmma_ss_m64n32k16_bf16_tnspab(d, da, db, scale_d);
+    } else {
+      wgmma_ss_m64n32k16_f16_tnspab(d, da, db, scale_d);
+    }
   }
 }
 
@@ -439,7 +458,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
   // Operand tiles of this warpgroup.
   const uint32_t k_tile = base + L::kK + c * 64 * 128;  // K rows 64c.. (A of S^T)
   const uint32_t v_tile = base + L::kV + c * 64 * 128;  // V rows 64c.. (A of dP^T)
-  const uint32_t kq_tile = base + L::kK + c * L::kSlabK;  // K columns 64c.. (B of dQ)
+  // K columns c kD/2 .. (B of dQ): slab (c kD/2) / 64, plus 64 bytes for the second half of a
+  // slab (kD = 64; the 128B swizzle is applied to the absolute address, so a start inside the
+  // swizzle row addresses the right elements, as the K-major k16 steps do).
+  const uint32_t kq_tile = base + L::kK + (c * L::kDqN / 64) * L::kSlabK + (c * L::kDqN % 64) * 2;
 
   uint32_t step_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
@@ -521,7 +543,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       // goes to shared memory.
       wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) mma_rs_64x128<E>(dv, pa[kk], smem_desc(do_tile + kk * 2048, L::kSlabQ, 1024));
+      for (int kk = 0; kk < 4; ++kk) mma_rs_64xD<kD, E>(dv, pa[kk], smem_desc(do_tile + kk * 2048, L::kSlabQ, 1024));
       wg_commit();
       // dS^T to shared memory: key rows of 64 queries (128 B), chunk j at j ^ (key % 8).
       const uint32_t ds_buf = base + L::kDS + (step_it & 1) * L::kDSBytes;
@@ -536,26 +558,27 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       fence_proxy_async_smem();
       named_bar_sync(1, L::kConsumerThreads);  // dS^T of both warpgroups in shared memory
       wg_wait<0>();  // dV done: P^T's registers are free before the dQ accumulators become live
-      // dQ (columns 64c..) = dS K (A = dS^T tile M-major, B = K slab c N-major, 8 k16 steps),
+      // dQ (columns c kD/2 ..) = dS K (A = dS^T tile M-major, B = K N-major, 8 k16 steps),
       // then dK += dS^T Q (A from registers), which runs while dQ goes to shared memory.
-      float dq[8][4];
+      float dq[kD / 16][4];
       wg_fence();
 #pragma unroll
       for (int kk = 0; kk < L::kBlockK / 16; ++kk) {
-        mma_ss_64x64_tnspab<E>(dq, smem_desc(ds_buf + kk * 2048, L::kDSBytes, 1024),
-                               smem_desc(kq_tile + kk * 2048, L::kSlabK, 1024), kk > 0);
+        mma_dq<kD, E>(dq, smem_desc(ds_buf + kk * 2048, L::kDSBytes, 1024),
+                      smem_desc(kq_tile + kk * 2048, L::kSlabK, 1024), kk > 0);
       }
       wg_commit();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) mma_rs_64x128<E>(dk, dsa[kk], smem_desc(q_tile + kk * 2048, L::kSlabQ, 1024));
+      for (int kk = 0; kk < 4; ++kk) mma_rs_64xD<kD, E>(dk, dsa[kk], smem_desc(q_tile + kk * 2048, L::kSlabQ, 1024));
       wg_commit();
       wg_wait<1>();  // dQ done (dK may still run)
       reg_fence(dq);
       // dQ tile to shared memory for the writer, in register order (dq_tile_offset_sm90).
       mbar_wait(bars + L::kDqEmpty, (step_it & 1) ^ 1);
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
-        *reinterpret_cast<float4*>(s_dq + ((c * 8 + j) * 128 + t) * 4) = make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
+      for (int j = 0; j < kD / 16; ++j) {
+        *reinterpret_cast<float4*>(s_dq + ((c * (kD / 16) + j) * 128 + t) * 4) =
+            make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
       }
       if (t == 0 && c == 0) {
         // The step's dq_accum tile: (query head, global query block).
@@ -631,11 +654,11 @@ __global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
 
 // dq = scale * dq_accum from the sm90 backward's tiles (one per (query head, global query
 // block), dq_tile_offset_sm90) in the input dtype. One warp per (query row, head), grid-stride
-// over the Hq * total_q units, as the shared convert (bwd_prepost.cuh); kD = 128.
-template <class E>
+// over the Hq * total_q units, as the shared convert (bwd_prepost.cuh).
+template <int kD, class E>
 __global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel_sm90(const BwdParams p) {
   using Elem = typename E::Storage;
-  constexpr int kD = 128, kBq = BwdSm90Layout<128>::kBlockQ;
+  constexpr int kBq = BwdSm90Layout<kD>::kBlockQ;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t units = int64_t(p.num_heads_q) * p.total_q;
   for (int64_t w = int64_t(blockIdx.x) * 8 + warp; w < units; w += int64_t(gridDim.x) * 8) {
@@ -651,7 +674,7 @@ __global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel_sm90(const Bwd
     Elem* dst = static_cast<Elem*>(p.dq) + qr.b * p.dqa.batch_stride + qr.row * p.dqa.row_stride + h * p.dqa.head_stride;
 #pragma unroll
     for (int d = 2 * lane; d < kD; d += 64) {
-      const float2 x = *reinterpret_cast<const float2*>(src + dq_tile_offset_sm90(rr, d));
+      const float2 x = *reinterpret_cast<const float2*>(src + dq_tile_offset_sm90<kD>(rr, d));
       *reinterpret_cast<uint32_t*>(dst + d) = kern::pack2<E>(x.x * p.scale, x.y * p.scale);
     }
   }

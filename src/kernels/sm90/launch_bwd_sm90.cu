@@ -1,5 +1,5 @@
 // Instantiations and launch of the sm90 flex backward (kernel_bwd_sm90.cuh): head dims
-// (128, 128) x {fp16, bf16}; the shared preprocess / split schedule / convert kernels of
+// {(64, 64), (128, 128)} x {fp16, bf16}; the shared preprocess / split schedule / convert kernels of
 // kernels/common (launch_bwd_common.h) around it; tensor maps of Q, K, V, dO encoded on the host
 // per call (no stream operation, so capture-safe).
 #include <cuda.h>
@@ -21,15 +21,13 @@
 namespace flashspan::sm90 {
 namespace {
 
-using Layout128 = kern90::BwdSm90Layout<128>;
-
 // Persistent grid: one CTA per SM (shared memory allows one); with the split schedule every
 // CTA claims items from the list, otherwise CTA i runs tasks (or grid cells) i, i + grid, ...
-template <class E>
+template <int kD, class E>
 void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
              const CUtensorMap& mdo, cudaStream_t stream) {
-  using L = Layout128;
-  auto kernel = kern90::flex_bwd_kernel_sm90<128, E>;
+  using L = kern90::BwdSm90Layout<kD>;
+  auto kernel = kern90::flex_bwd_kernel_sm90<kD, E>;
   static std::atomic<uint64_t> smem_set{0};
   ensure_smem_limit(kernel, L::kBytes, smem_set, "flex backward (sm90): cudaFuncSetAttribute");
   static std::atomic<int> ctas_cache[64];
@@ -79,20 +77,23 @@ bool bwd_config_supported(const FlexGeometry& g, bool deterministic) {
          bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v) && !deterministic;
 }
 
-int bwd_smem_bytes(int dqk, int dv) { return bwd_runs_head_dims_sm90(dqk, dv) ? Layout128::kBytes : 0; }
+int bwd_smem_bytes(int dqk, int dv) {
+  if (!bwd_runs_head_dims_sm90(dqk, dv)) return 0;
+  return dqk == 64 ? kern90::BwdSm90Layout<64>::kBytes : kern90::BwdSm90Layout<128>::kBytes;
+}
 
 void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& dout, DType dtype, int64_t total_q, cudaStream_t stream) {
-  FS_CHECK(p.head_dqk == 128 && p.head_dv == 128 && !p.deterministic && p.view.block_q == kTileSm90.bwd_bq &&
+  FS_CHECK(bwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && !p.deterministic && p.view.block_q == kTileSm90.bwd_bq &&
                p.view.block_k == kTileSm90.bwd_bk,
            Status::kInternal, "sm90 backward: unsupported configuration reached the launcher (D ", p.head_dqk, "/",
            p.head_dv, ", tile ", p.view.block_q, "x", p.view.block_k, ", deterministic ", p.deterministic, ")");
   FS_CHECK(p.dq_blocked == 1, Status::kInternal, "sm90 backward: the dQ accumulator is not bound in tiles");
   g_bwd_launches.fetch_add(1, std::memory_order_relaxed);
-  // dq_accum in tiles (kernel_bwd_sm90.cuh): one 64 x 128 fp32 tile per (query head, query block).
+  // dq_accum in tiles (kernel_bwd_sm90.cuh): one 64 x D fp32 tile per (query head, query block).
   if (total_q > 0) {
     check_cuda(cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks) *
-                                                 size_t(Layout128::kBlockQ) * 128, stream),
+                                                 size_t(kTileSm90.bwd_bq) * size_t(p.head_dqk), stream),
                "flex backward (sm90): clearing the dQ accumulator");
   }
   BwdParams pre = p;
@@ -103,11 +104,20 @@ void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& 
   const CUtensorMap mk = make_tensor_map_sm90(k, varlen, dtype, kTileSm90.bwd_bk, "k");
   const CUtensorMap mv = make_tensor_map_sm90(v, varlen, dtype, kTileSm90.bwd_bk, "v");
   const CUtensorMap mdo = make_tensor_map_sm90(dout, varlen, dtype, kTileSm90.bwd_bq, "dout");
-  with_element_type(dtype, "flex backward (sm90)", [&](auto e) { run_bwd<decltype(e)>(p, mq, mk, mv, mdo, stream); });
+  const bool d64 = p.head_dqk == 64;
+  with_element_type(dtype, "flex backward (sm90)", [&](auto e) {
+    using E = decltype(e);
+    d64 ? run_bwd<64, E>(p, mq, mk, mv, mdo, stream) : run_bwd<128, E>(p, mq, mk, mv, mdo, stream);
+  });
   if (total_q > 0) {
     const unsigned grid = grid_stride_1d(int64_t(p.num_heads_q) * total_q, 8);
     with_element_type(dtype, "flex backward dQ convert (sm90)", [&](auto e) {
-      kern90::flex_bwd_dq_convert_kernel_sm90<decltype(e)><<<grid, 256, 0, stream>>>(p);
+      using E = decltype(e);
+      if (d64) {
+        kern90::flex_bwd_dq_convert_kernel_sm90<64, E><<<grid, 256, 0, stream>>>(p);
+      } else {
+        kern90::flex_bwd_dq_convert_kernel_sm90<128, E><<<grid, 256, 0, stream>>>(p);
+      }
     });
     check_launch("flex backward dQ convert (sm90)");
   }

@@ -20,8 +20,8 @@ constexpr TileSm90 tile_sm90(int /*dqk*/, int /*dv*/) { return kTileSm90; }
 // Head dims the sm90 forward runs (Dqk = Dv in {64, 128}); other dims of an sm90 plan are
 // refused (the plan choice gives them the sm80 family).
 constexpr bool fwd_runs_head_dims_sm90(int dqk, int dv) { return dqk == dv && (dqk == 64 || dqk == 128); }
-// Head dims the sm90 backward runs (Dqk = Dv = 128); an sm90 plan's backward for other dims
-// runs on the sm80 kernels, whose backward tile (64 x 128 up to D = 128) it shares.
-constexpr bool bwd_runs_head_dims_sm90(int dqk, int dv) { return dqk == 128 && dv == 128; }
+// Head dims the sm90 backward runs (Dqk = Dv in {64, 128}); an sm90 plan's backward for other
+// dims runs on the sm80 kernels, whose backward tile (64 x 128 up to D = 128) it shares.
+constexpr bool bwd_runs_head_dims_sm90(int dqk, int dv) { return dqk == dv && (dqk == 64 || dqk == 128); }
 
 }  // namespace flashspan::sm90
