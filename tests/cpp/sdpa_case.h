@@ -164,6 +164,13 @@ inline void poison_padding(Storage& t, const std::vector<int64_t>& len) {
         for (int64_t d = 0; d < t.lay.D; ++d) t.set(t.lay.at(b, h, i, d), NAN);
 }
 
+// Prefix sums with a leading 0 (cu_seq_len) of per-sample lengths.
+inline std::vector<int64_t> prefix_sums(const std::vector<int64_t>& len) {
+  std::vector<int64_t> cu(len.size() + 1, 0);
+  for (size_t b = 0; b < len.size(); ++b) cu[b + 1] = cu[b] + len[b];
+  return cu;
+}
+
 // The samples' lengths of a case: full without padding; else random (one full sample per side,
 // sample 1 without keys when zero_kv_sample).
 inline void sample_lengths(const Case& c, std::mt19937_64& rng, std::vector<int64_t>& len_q,

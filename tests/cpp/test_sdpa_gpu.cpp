@@ -149,13 +149,8 @@ std::unique_ptr<Problem> make_problem(const Case& c) {
     p->seq_q.make(p->len_q, c.lengths64);
     p->seq_kv.make(p->len_kv, c.lengths64);
   } else if (c.lengths == 2) {
-    std::vector<int64_t> cq(size_t(c.B + 1), 0), ck(size_t(c.B + 1), 0);
-    for (int64_t b = 0; b < c.B; ++b) {
-      cq[size_t(b + 1)] = cq[size_t(b)] + p->len_q[size_t(b)];
-      ck[size_t(b + 1)] = ck[size_t(b)] + p->len_kv[size_t(b)];
-    }
-    p->cu_q.make(cq, c.lengths64);
-    p->cu_kv.make(ck, c.lengths64);
+    p->cu_q.make(prefix_sums(p->len_q), c.lengths64);
+    p->cu_kv.make(prefix_sums(p->len_kv), c.lengths64);
   }
   if (c.kind_q == Kind::kThd) p->rag_q.make(tok_q, !c.lengths64);
   if (c.kind_kv == Kind::kThd) p->rag_kv.make(tok_kv, c.lengths64);

@@ -115,13 +115,8 @@ std::unique_ptr<Call> make_call(const Case& c) {
   fill_valid(p->v, p->len_kv, rng);
   fill_valid(p->dO, p->len_q, rng);
   if (c.lengths == 2) {
-    std::vector<int64_t> cq(size_t(c.B + 1), 0), ck(size_t(c.B + 1), 0);
-    for (int64_t b = 0; b < c.B; ++b) {
-      cq[size_t(b + 1)] = cq[size_t(b)] + p->len_q[size_t(b)];
-      ck[size_t(b + 1)] = ck[size_t(b)] + p->len_kv[size_t(b)];
-    }
-    p->cu_q.make(cq, c.lengths64);
-    p->cu_kv.make(ck, c.lengths64);
+    p->cu_q.make(prefix_sums(p->len_q), c.lengths64);
+    p->cu_kv.make(prefix_sums(p->len_kv), c.lengths64);
   } else if (pad) {
     p->seq_q.make(p->len_q, c.lengths64);
     p->seq_kv.make(p->len_kv, c.lengths64);
