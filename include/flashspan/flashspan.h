@@ -240,8 +240,13 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
  * validates every rule, then check_support -> compile -> workspace_size -> execute. execute()
  * takes only data pointers (a variant pack indexed by fs_sdpa_slot_t): nothing is allocated,
  * nothing is read on the host for CUDA tensors, so it can be captured in a CUDA graph.
- * CPU tensors run the CPU reference. GPU kernels for SDPA are not built yet: check_support
- * reports FS_STATUS_NOT_SUPPORTED for CUDA tensors.
+ * CPU tensors run the CPU reference. CUDA tensors run the GPU kernels (sm_80 and newer) for
+ * the pure-mask configurations (causal, bands, windows, padding, ragged THD, GQA/MQA with
+ * H_k = H_v, LSE natural or base 2, max_logit, deterministic backward; docs/SDPA.md; not yet
+ * run on a GPU); check_support reports FS_STATUS_NOT_SUPPORTED naming any other feature (bias,
+ * ALiBi, softcap, sinks, dropout, paged K/V, block mask, gate, score_max / score_sum_exp, a
+ * tensor attn_scale, H_k != H_v). Their sequence lengths and ragged offsets stay in device
+ * memory; the backward's workspace (workspace_size) holds B * S_q rows per query head.
  * ========================================================================= */
 
 /* Tensor slots: the index of each tensor in a variant pack, and the name setters bind. */

@@ -187,7 +187,11 @@ class Op:
         self.handle = _H()
         create = getattr(self._lib, f"fs_sdpa_{direction}_create")
         _lib.check(create(*[_lib.ptr(d) for d in descs], attrs.handle, ctypes.byref(self.handle)))
-        _lib.check(getattr(self._lib, f"fs_sdpa_{direction}_check_support")(self.handle))
+        status = getattr(self._lib, f"fs_sdpa_{direction}_check_support")(self.handle)
+        if status == _lib.STATUS_NOT_SUPPORTED:
+            # A feature or configuration the device path does not run (the C layer names it).
+            raise NotImplementedError(_lib.last_error())
+        _lib.check(status)
         _lib.check(getattr(self._lib, f"fs_sdpa_{direction}_compile")(self.handle))
         n = c_size_t(0)
         _lib.check(getattr(self._lib, f"fs_sdpa_{direction}_workspace_size")(self.handle, ctypes.byref(n)))

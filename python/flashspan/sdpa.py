@@ -416,10 +416,13 @@ def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: 
     if m is not None:
         call.option("paged_attention_max_seq_len_kv", int(m))
     _apply_common(call, lay, q, backward=False, **kw)
-    if sdpa_lowering.route(q) == "flex":
+    route = sdpa_lowering.route(q)
+    if route == "flex":
         call.validate()
         sdpa_lowering.forward(q, k, v, o, stats, args, build_backward)
         return o, stats
+    if route == "native":
+        _scale_on_host(call)
     call.run()
     return o, stats
 
@@ -456,12 +459,26 @@ def _backward(q, k, v, o, dO, stats, *, dq=None, dk=None, dv=None, **kw):
     if kw.pop("use_deterministic_algorithm"):
         call.option("deterministic_algorithm", 1)
     _apply_common(call, lay, q, backward=True, **kw)
-    if sdpa_lowering.route(q) == "flex":
+    route = sdpa_lowering.route(q)
+    if route == "flex":
         call.validate()
         sdpa_lowering.backward(q, k, v, o, dO, stats_in, dq, dk, dv, args)
         return dq, dk, dv
+    if route == "native":
+        _scale_on_host(call)
     call.run()
     return dq, dk, dv
+
+
+def _scale_on_host(call: _Call) -> None:
+    """The GPU kernels take attn_scale as a float: a tensor scale is checked by the C layer's rules (one float32
+    element on q's device), then read on the host (one device sync per call, as the flex lowering does)."""
+    bound = call.slots.get(L.ATTN_SCALE)
+    if bound is None:
+        return
+    call.validate()
+    del call.slots[L.ATTN_SCALE]
+    call.option("attn_scale", float(bound.tensor.reshape(-1)[0].item()))
 
 
 def _check_unsupported(implementation, compute_data_type) -> None:
@@ -612,6 +629,8 @@ def sdpa(
     / bands / sliding windows with either alignment, padding, THD, GQA / MQA, LSE, max_logit, deterministic
     backward) on the flex kernels through ``flashspan.sdpa_lowering``; bias, ALiBi, softcap, sinks, dropout, block
     mask, paged K/V, gate, H_k != H_v and score_max / score_sum_exp raise NotImplementedError there (docs/SDPA.md).
+    With ``FLASHSPAN_EXPERIMENTAL=1`` in the environment, CUDA tensors run the same subset on the C layer's own SDPA
+    GPU kernels instead (no lowering; not yet run on a GPU), which raise NotImplementedError naming the feature.
 
     Example::
 

@@ -37,7 +37,9 @@ was built with backward metadata (``sdpa()`` asks for it when gradients are need
 
 The private switch ``FLASHSPAN_SDPA_ROUTE=flex`` (environment) runs this lowering on CPU tensors too, where the
 flex calls run flex's CPU backend: that is how CI tests this code path without a GPU. ``FLASHSPAN_SDPA_ROUTE`` unset
-(or ``reference``) keeps CPU tensors on the SDPA CPU reference; CUDA tensors always take the lowering.
+(or ``reference``) keeps CPU tensors on the SDPA CPU reference. CUDA tensors take this lowering, unless
+``FLASHSPAN_EXPERIMENTAL=1``: then they run the SDPA operation of the C layer itself (its native GPU kernels with the
+analytic mask, issue 24; not yet run on a GPU, hence off by default), which names the features it does not run.
 """
 
 from __future__ import annotations
@@ -55,6 +57,7 @@ from torch import Tensor
 from ._sdpa_lib import BOTTOM_RIGHT, alignment_code
 
 ROUTE_ENV = "FLASHSPAN_SDPA_ROUTE"
+EXPERIMENTAL_ENV = "FLASHSPAN_EXPERIMENTAL"
 PLAN_CACHE_SIZE = 32
 LOG2E = 1.4426950408889634
 
@@ -68,9 +71,11 @@ def _gpu_head_dims_ok(dqk: int, dv: int) -> bool:
 
 
 def route(q: Tensor) -> str:
-    """``"flex"`` (this lowering) or ``"reference"`` (the SDPA CPU reference of the C layer) for a call on q."""
+    """Where a call on q runs: ``"flex"`` (this lowering), ``"reference"`` (the SDPA CPU reference of the C layer,
+    CPU tensors) or ``"native"`` (the C layer's SDPA operation on the GPU kernels, for non-CPU tensors when the
+    environment sets ``FLASHSPAN_EXPERIMENTAL=1``)."""
     if q.device.type != "cpu":
-        return "flex"
+        return "native" if os.environ.get(EXPERIMENTAL_ENV, "").strip() == "1" else "flex"
     return "flex" if os.environ.get(ROUTE_ENV, "").strip().lower() == "flex" else "reference"
 
 

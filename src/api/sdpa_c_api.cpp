@@ -1,6 +1,8 @@
 // C ABI glue of SDPA (flashspan.h, "SDPA" section): the attribute object's setters, and the
 // forward / backward operations (create -> check_support -> compile -> workspace_size ->
-// execute). Validation lives in core/sdpa_problem; CPU tensors run reference/sdpa_reference.
+// execute). Validation lives in core/sdpa_problem; CPU tensors run reference/sdpa_reference,
+// CUDA tensors the GPU kernels through dispatch/sdpa_launch.h (the pure-mask configurations;
+// other features are refused by check_support with an error naming them).
 #include <memory>
 #include <string>
 
@@ -8,6 +10,7 @@
 #include "core/error.h"
 #include "core/sdpa_problem.h"
 #include "core/tensor_view.h"
+#include "dispatch/sdpa_launch.h"
 #include "flashspan/flashspan.h"
 #include "reference/sdpa_reference.h"
 
@@ -59,12 +62,45 @@ struct SdpaOp {
   bool supported = false;
   bool compiled = false;
 
+  bool on_cuda() const { return problem.device == DeviceType::kCUDA; }
   void check_support() {
-    if (problem.device == DeviceType::kCUDA) {
-      throw Error(Status::kNotSupported,
-                  "q: is a CUDA tensor, but flashspan has no SDPA GPU kernels yet; CPU tensors run the CPU reference");
+    if (on_cuda()) {
+#ifdef FLASHSPAN_WITH_CUDA
+      sdpa_check_support_gpu(problem);
+#else
+      sdpa_check_features_gpu(problem);  // the feature messages first, as a CUDA build gives them
+      throw Error(Status::kNotSupported, "q: is a CUDA tensor but this build of flashspan has no CUDA support");
+#endif
     }
     supported = true;
+  }
+  size_t workspace_size() const {
+    if (!on_cuda()) return 0;  // the CPU reference needs no workspace
+    return problem.a.backward ? sdpa_bwd_workspace_size(problem) : sdpa_fwd_workspace_size(problem);
+  }
+  // Runs the bound problem: the CPU reference, or the GPU kernels on the stream.
+  void run(const sdpa::Problem& p, void* workspace, size_t workspace_bytes, void* stream) const {
+    if (!on_cuda()) {
+      if (p.a.backward) {
+        reference::sdpa_backward(p);
+      } else {
+        reference::sdpa_forward(p);
+      }
+      return;
+    }
+    const size_t need = workspace_size();
+    FS_CHECK_ARG(workspace_bytes >= need, "workspace: ", workspace_bytes, " bytes given, ", need, " needed");
+    FS_CHECK_ARG(need == 0 || workspace != nullptr, "workspace: is NULL but ", need, " bytes are needed");
+#ifdef FLASHSPAN_WITH_CUDA
+    if (p.a.backward) {
+      launch_sdpa_bwd(p, workspace, workspace_bytes, stream);
+    } else {
+      launch_sdpa_fwd(p, workspace, workspace_bytes, stream);
+    }
+#else
+    (void)stream;
+    throw Error(Status::kNotSupported, "q: is a CUDA tensor but this build of flashspan has no CUDA support");
+#endif
   }
   void compile() {
     FS_CHECK_ARG(supported, "op: check_support() must succeed before compile()");
@@ -303,7 +339,7 @@ FS_API fs_status_t fs_sdpa_fwd_workspace_size(fs_sdpa_fwd_t op, size_t* bytes) {
   return guarded([&] {
     FS_CHECK_ARG(op != nullptr, "op: is NULL");
     FS_CHECK_ARG(bytes != nullptr, "bytes: is NULL");
-    *bytes = 0;  // the CPU reference needs no workspace
+    *bytes = op->workspace_size();
   });
 }
 
@@ -311,11 +347,8 @@ FS_API fs_status_t fs_sdpa_fwd_execute(fs_sdpa_fwd_t op, void* const* variant_pa
                                        void* workspace, size_t workspace_bytes, void* stream) {
   return guarded([&] {
     FS_CHECK_ARG(op != nullptr, "op: is NULL");
-    (void)workspace;
-    (void)workspace_bytes;
-    (void)stream;
     const sdpa::Problem p = op->bound(variant_pack, num_slots);
-    reference::sdpa_forward(p);
+    op->run(p, workspace, workspace_bytes, stream);
   });
 }
 
@@ -367,7 +400,7 @@ FS_API fs_status_t fs_sdpa_bwd_workspace_size(fs_sdpa_bwd_t op, size_t* bytes) {
   return guarded([&] {
     FS_CHECK_ARG(op != nullptr, "op: is NULL");
     FS_CHECK_ARG(bytes != nullptr, "bytes: is NULL");
-    *bytes = 0;
+    *bytes = op->workspace_size();
   });
 }
 
@@ -375,11 +408,8 @@ FS_API fs_status_t fs_sdpa_bwd_execute(fs_sdpa_bwd_t op, void* const* variant_pa
                                        void* workspace, size_t workspace_bytes, void* stream) {
   return guarded([&] {
     FS_CHECK_ARG(op != nullptr, "op: is NULL");
-    (void)workspace;
-    (void)workspace_bytes;
-    (void)stream;
     const sdpa::Problem p = op->bound(variant_pack, num_slots);
-    reference::sdpa_backward(p);
+    op->run(p, workspace, workspace_bytes, stream);
   });
 }
 

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/sdpa_band.h"
 #include "core/tensor_view.h"
 #include "flashspan/flashspan.h"
 
@@ -82,6 +83,8 @@ struct Problem {
   bool ragged(int slot) const;
   int64_t ragged_multiplier(int slot) const;  // of the sequence tensor slot
   int group_k() const { return static_cast<int>(Hq / Hk); }
+  // The resolved diagonal band (core/sdpa_band.h: what the reference and the kernels test).
+  Band band() const { return Band{has_left ? 1 : 0, has_right ? 1 : 0, alignment == Alignment::kBottomRight ? 1 : 0, left, right}; }
   int group_v() const { return static_cast<int>(Hq / Hv); }
 
   // Points every bound slot at variant_pack[slot] + the descriptor's byte_offset; an unbound

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 
+#include "core/sdpa_band.h"
 #include "kernels/common/plan_view.h"
 
 namespace flashspan {
@@ -67,6 +68,49 @@ struct BwdSplit : SplitSchedule {
 struct FwdSplit : SplitSchedule {
   float* o_accum = nullptr;  // [slots, block_q, dv] fp32, unnormalised
   float* ml = nullptr;       // [slots, 2, block_q] fp32: running max m (log2 units), then sum l
+};
+
+// ---------------------------------------------------------------------------------------
+// The analytic mask of SDPA (kernels/common/analytic_mask.h): the kernels derive empty /
+// partial / full tiles and the element mask from positions, so there is no plan; the sample
+// lengths and the per-sample starts of every tensor are read from the caller's device arrays
+// (int32 or int64, never copied to the host).
+
+// An int32 or int64 array in device memory (an SDPA length or offset tensor); ptr nullptr:
+// not given.
+struct IndexArray {
+  const void* ptr = nullptr;
+  int32_t is64 = 0;
+};
+
+// The SDPA tensors the analytic kernels address per sample (AnalyticMaskParams::start).
+enum SdpaTensor : int {
+  kSdpaQ = 0, kSdpaK, kSdpaV, kSdpaO, kSdpaStats, kSdpaDO, kSdpaDQ, kSdpaDK, kSdpaDV, kSdpaNumTensors
+};
+
+// Element offset of (sample b, head 0, row 0) of one tensor: ragged (packed THD, ragged.ptr
+// set) at ragged[b] * mult, else (padded) at b * batch_stride. A row r and head h of the
+// sample are then at start + r * row_stride + h * head_stride (the tensor's TensorAddr).
+struct SampleStart {
+  IndexArray ragged;
+  int64_t mult = 1;
+  int64_t batch_stride = 0;
+};
+
+// Per-call parameters of the analytic mask. Sample lengths come from seq_len (B values) or
+// cu_seq_len (B + 1 prefix sums), or are max_q / max_kv when neither is given; they are
+// clamped to [0, max] (bad values never address past a padded tensor). Padded outputs get
+// every row of [0, max) written (O 0, stats -inf, gradients 0 past the sample's length),
+// ragged ones only the sample's rows. Rows of sample b in the backward workspace start at
+// b * max_q (BwdParams::total_q = B * max_q).
+struct AnalyticMaskParams {
+  sdpa::Band band;
+  IndexArray seq_len_q, seq_len_kv;
+  IndexArray cu_seq_len_q, cu_seq_len_kv;
+  int32_t max_q = 0, max_kv = 0;                 // S_q, S_kv
+  int32_t num_q_blocks = 0, num_k_blocks = 0;   // per sample, of the launched tiles (launchers)
+  float lse_unit = 0.6931471805599453f;          // forward stats: ln 2 (natural log) or 1 (base 2)
+  SampleStart start[kSdpaNumTensors];
 };
 
 // What every flex kernel reads, forward or backward: the Q/K/V inputs, the sequence lengths,
@@ -140,6 +184,18 @@ struct BwdParams : QkvParams {
   // tiles, one 64 x Dqk tile per (query head, global query block of the backward view) in the
   // kernel's register order (kernels/sm90/kernel_bwd_sm90.cuh, dq_tile_offset_sm90).
   int dq_blocked = 0;
+};
+
+// The parameters of the analytic-mask kernels (SDPA): the flex parameters (no plan view, grid
+// mode, no split schedule; TensorAddr batch strides 0, the samples' starts being in
+// `analytic`) plus the analytic mask. Derived structs, so that FwdParams / BwdParams, and
+// with them the plan kernels' parameter blocks, are unchanged; the kernels reach `analytic`
+// from a FwdParams / BwdParams reference through analytic_of (analytic_seqlen.cuh).
+struct SdpaFwdParams : FwdParams {
+  AnalyticMaskParams analytic;
+};
+struct SdpaBwdParams : BwdParams {
+  AnalyticMaskParams analytic;
 };
 
 }  // namespace flashspan

@@ -130,18 +130,9 @@ struct Context {
                         (i / kBlockMaskTile) * m.stride(2) + (kb / 8) * m.stride(3);
     return (m.ptr<const uint8_t>()[off] >> (kb % 8)) & 1u;
   }
-  int64_t shift(int64_t lq, int64_t lk) const {
-    return p.alignment == sdpa::Alignment::kBottomRight ? lk - lq : 0;
-  }
+  int64_t shift(int64_t lq, int64_t lk) const { return p.band().shift(lq, lk); }
   // Candidate columns [lo, hi) of row i (the diagonal band within the sample).
-  void band(int64_t i, int64_t lq, int64_t lk, int64_t* lo, int64_t* hi) const {
-    const int64_t sh = shift(lq, lk);
-    *lo = 0;
-    *hi = lk;
-    if (p.has_right) *hi = std::min(*hi, i + sh + p.right + 1);
-    if (p.has_left) *lo = std::max(*lo, i + sh - p.left + 1);
-    if (*hi < *lo) *hi = *lo;
-  }
+  void band(int64_t i, int64_t lq, int64_t lk, int64_t* lo, int64_t* hi) const { p.band().columns(i, lq, lk, lo, hi); }
   // Dropout multiplier of element (b, h, i, j): keep / (1 - p), mask * scale, or 1.
   Acc dropout_mult(int64_t b, int64_t h, int64_t i, int64_t j) const {
     if (p.dropout) {

@@ -2,7 +2,9 @@
 // tensors: the forward against a naive double computation written here (GQA, bottom-right
 // causal through the deprecated setter, sinks, output gate, stats), the backward against
 // central finite differences of the forward in float64 (dQ, dK, dV, dSink, dgate), and errors
-// as api::Exception with the status and "<argument>: <rule>".
+// as api::Exception with the status and "<argument>: <rule>". On CUDA descriptors (no GPU
+// needed: check_support refuses before any CUDA call) the features the GPU kernels do not run
+// yet are named, and the backward's workspace size follows its layout.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -178,6 +180,147 @@ TEST(SdpaApi, ErrorsAreExceptionsNamingTheArgument) {
   // A forward-only setter on backward attributes is refused by the C layer.
   EXPECT_NE(fs_sdpa_attributes_set_generate_stats(battr.handle(), 1), FS_STATUS_SUCCESS);
   EXPECT_EQ(std::string(fs_get_last_error()).rfind("set_generate_stats: is a forward attribute", 0), 0u);
+}
+
+// ---------------------------------------------------------------------------
+// CUDA descriptors: what check_support names before any CUDA call (CPU-testable)
+// ---------------------------------------------------------------------------
+
+fs_device_t cuda() { return {FS_DEVICE_CUDA, 0}; }
+
+// check_support() of a forward on CUDA bf16 descriptors [B, H, S, 64] with `setup` applied;
+// returns the exception's message ("" when it succeeded or failed for a device reason).
+template <class Setup>
+std::string cuda_fwd_refusal(Setup setup, int64_t hv = Hk, bool stats = false) {
+  TensorDesc q(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), k(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64}),
+      v(nullptr, kBFloat16, cuda(), {B, hv, Skv, 64}), o(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64});
+  TensorDesc st(nullptr, kFloat32, cuda(), {B, Hq, Sq, 1});
+  SdpaAttributes attr;
+  setup(attr);
+  SdpaFwd fwd(q, k, v, o, stats ? &st : nullptr, attr);
+  try {
+    fwd.check_support();
+  } catch (const Exception& e) {
+    if (e.status() == FS_STATUS_NOT_SUPPORTED) return e.what();
+  }
+  return "";
+}
+
+TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
+  const std::string tail = ": not supported on CUDA tensors yet";
+  auto starts = [](const std::string& msg, const std::string& prefix) { return msg.rfind(prefix, 0) == 0; };
+  const TensorDesc bias(nullptr, kBFloat16, cuda(), {1, Hq, Sq, Skv});
+  EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_bias(bias); }), "bias" + tail));
+  EXPECT_TRUE(starts(cuda_fwd_refusal([](SdpaAttributes& a) { a.set_causal_mask(true).set_alibi_mask(true); }),
+                     "use_alibi_mask (ALiBi)" + tail));
+  EXPECT_TRUE(starts(cuda_fwd_refusal([](SdpaAttributes& a) { a.set_softcap(30.0f); }), "softcap" + tail));
+  const TensorDesc sinks(nullptr, kFloat32, cuda(), {Hq});
+  EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_sink_token(sinks); }),
+                     "sink_token (attention sinks)" + tail));
+  const TensorDesc seed(nullptr, kInt64, cuda(), {1}), offset(nullptr, kInt64, cuda(), {1});
+  EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_dropout(0.1f, seed, offset); }), "dropout" + tail));
+  const TensorDesc bm(nullptr, kUInt8, cuda(), {1, 1, 1, 1});
+  EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_block_mask(bm); }), "block_mask" + tail));
+  const TensorDesc gate(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64});
+  EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_gate(gate); }), "gate" + tail));
+  const TensorDesc row_stat(nullptr, kFloat32, cuda(), {B, Hq, Sq, 1});
+  EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_logit_max(row_stat); }),
+                     "score_max (logit_max output)" + tail));
+  EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_score_sum_exp(row_stat); }),
+                     "score_sum_exp" + tail));
+  const TensorDesc scale(nullptr, kFloat32, cuda(), {1});
+  EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_attn_scale(scale); }),
+                     "attn_scale as a tensor (pass it as a float)" + tail));
+  EXPECT_TRUE(starts(cuda_fwd_refusal([](SdpaAttributes&) {}, /*hv=*/2), "k, v: H_k = 1 != H_v = 2"));
+  // Paged K/V: containers [blocks, H, block, D] with page tables (and the padding mask).
+  {
+    TensorDesc q(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), kc(nullptr, kBFloat16, cuda(), {4, Hk, 4, 64}),
+        vc(nullptr, kBFloat16, cuda(), {4, Hk, 4, 64}), o(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64});
+    const TensorDesc table(nullptr, kInt32, cuda(), {B, 1, 2, 1}), lq(nullptr, kInt32, cuda(), {B}),
+        lk(nullptr, kInt32, cuda(), {B});
+    SdpaAttributes attr;
+    attr.set_padding_mask(true).set_seq_len_q(lq).set_seq_len_kv(lk);
+    attr.set_paged_attention_k_table(table).set_paged_attention_v_table(table);
+    SdpaFwd fwd(q, kc, vc, o, nullptr, attr);
+    try {
+      fwd.check_support();
+      ADD_FAILURE() << "paged K/V accepted on CUDA tensors";
+    } catch (const Exception& e) {
+      EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
+      EXPECT_TRUE(starts(e.what(), "paged_attention_k_table, paged_attention_v_table (paged K/V caches)" + tail))
+          << e.what();
+    }
+  }
+  // Backward-only features.
+  {
+    TensorDesc q(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), k(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64}),
+        v(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64}), o(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}),
+        dO(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), st(nullptr, kFloat32, cuda(), {B, Hq, Sq, 1}),
+        dq(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), dk(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64}),
+        dv(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64});
+    SdpaBackwardAttributes attr;
+    attr.set_bias(bias).set_dbias(bias);
+    SdpaBwd bwd(q, k, v, o, dO, st, dq, dk, dv, attr);
+    try {
+      bwd.check_support();
+      ADD_FAILURE() << "dBias accepted on CUDA tensors";
+    } catch (const Exception& e) {
+      EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
+      EXPECT_TRUE(starts(e.what(), "bias" + tail)) << e.what();
+    }
+  }
+}
+
+TEST(SdpaApi, CudaLayoutRules) {
+  auto starts = [](const std::string& msg, const std::string& prefix) { return msg.rfind(prefix, 0) == 0; };
+  // Head dims the GPU kernels do not run.
+  {
+    TensorDesc q(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 160}), k(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 160}),
+        v(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 128}), o(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 128});
+    SdpaFwd fwd(q, k, v, o, nullptr, SdpaAttributes());
+    try {
+      fwd.check_support();
+      ADD_FAILURE() << "head dims (160, 128) accepted on CUDA tensors";
+    } catch (const Exception& e) {
+      EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
+      EXPECT_TRUE(starts(e.what(), "q, v: head dims (D_qk, D_v) = (160, 128) are not supported on CUDA tensors"))
+          << e.what();
+    }
+  }
+  // A ragged multiplier that cannot keep samples on 16-byte boundaries, and O packed with the
+  // stats padded.
+  const TensorDesc offs(nullptr, kInt32, cuda(), {B + 1}), lq(nullptr, kInt32, cuda(), {B}), lk(nullptr, kInt32, cuda(), {B});
+  EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) {
+                       a.set_padding_mask(true).set_seq_len_q(lq).set_seq_len_kv(lk).set_ragged_offset(FS_SDPA_Q, offs, 1);
+                     }),
+                     "ragged offset of q: the multiplier 1 must be a multiple of 8 on CUDA tensors"));
+  EXPECT_TRUE(starts(cuda_fwd_refusal(
+                         [&](SdpaAttributes& a) {
+                           a.set_padding_mask(true).set_seq_len_q(lq).set_seq_len_kv(lk).set_generate_stats(true);
+                           a.set_ragged_offset(FS_SDPA_O, offs, Hq * 64);
+                         },
+                         Hk, /*stats=*/true),
+                     "o, stats: one is packed (ragged offsets) and the other padded"));
+}
+
+TEST(SdpaApi, CudaBackwardWorkspaceSize) {
+  // D and LSE log2(e) of B * S_q rows per query head (256-byte aligned each), plus the fp32 dQ
+  // accumulator unless deterministic; the forward needs none.
+  TensorDesc q(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), k(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64}),
+      v(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64}), o(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}),
+      dO(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), st(nullptr, kFloat32, cuda(), {B, Hq, Sq, 1}),
+      dq(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), dk(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64}),
+      dv(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64});
+  auto align = [](size_t x) { return (x + 255) / 256 * 256; };
+  const size_t rows = size_t(Hq * B * Sq) * sizeof(float);
+  for (bool det : {true, false}) {
+    SdpaBackwardAttributes attr;
+    attr.set_causal_mask(true).set_deterministic_algorithm(det);
+    SdpaBwd bwd(q, k, v, o, dO, st, dq, dk, dv, attr);
+    EXPECT_EQ(bwd.workspace_size(), 2 * align(rows) + (det ? 0 : align(align(rows) * 64))) << "deterministic " << det;
+  }
+  SdpaFwd fwd(q, k, v, o, nullptr, SdpaAttributes());
+  EXPECT_EQ(fwd.workspace_size(), 0u);
 }
 
 }  // namespace

@@ -3,10 +3,15 @@
 //   preprocess:  D_i = dO_i . O_i - dlse_i and lse2_i = LSE_i * log2(e) (+inf for an empty
 //                row) into the workspace, [Hq, total_q] fp32 each (params.h, BwdParams).
 //   dQ convert:  dq = scale * dq_accum in the input dtype (atomic dQ path).
+// kAnalytic (SDPA, AnalyticMaskParams): the rows are those of every sample padded to S_q
+// (p.varlen = 0, p.seqlen_q = S_q); a row past its sample's length is an empty row (D = 0,
+// lse2 = +inf, O / dO / LSE never read) and its dQ is written as 0 when dQ is padded, not at
+// all when it is ragged. Tensors start at their own per-sample offsets.
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/params.h"
 
@@ -27,18 +32,32 @@ __device__ __forceinline__ QueryRow query_row(const BwdParams& p, int64_t t) {
 // 1. Preprocess: one warp per (query row, head), unit w = h * total_q + t; grid-stride over the
 // Hq * total_q units (grid_stride_1d(units, 8), 256 threads), so no batch size, head count or
 // sample count reaches a grid limit (grid.h).
-template <class E>
-__global__ void __launch_bounds__(256) flex_bwd_preprocess_kernel(const BwdParams p) {
+template <class E, bool kAnalytic>
+__device__ __forceinline__ void bwd_preprocess_rows(const BwdParams& p) {
   using Elem = typename E::Storage;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t units = int64_t(p.num_heads_q) * p.total_q;
   for (int64_t w = int64_t(blockIdx.x) * 8 + warp; w < units; w += int64_t(gridDim.x) * 8) {
     const int64_t h = w / p.total_q, t = w - h * p.total_q;
     const QueryRow r = query_row(p, t);
+    if constexpr (kAnalytic) {
+      const AnalyticMaskParams& a = analytic_of(p);
+      if (r.row >= sample_length(a.seq_len_q, a.cu_seq_len_q, a.max_q, int(r.b))) {
+        if (lane == 0) {
+          p.delta[w] = 0.0f;
+          p.lse2[w] = INFINITY;
+        }
+        continue;
+      }
+    }
     const Elem* o = static_cast<const Elem*>(p.o) + r.b * p.oa.batch_stride + r.row * p.oa.row_stride +
                     h * p.oa.head_stride;
     const Elem* d = static_cast<const Elem*>(p.dout) + r.b * p.doa.batch_stride + r.row * p.doa.row_stride +
                     h * p.doa.head_stride;
+    if constexpr (kAnalytic) {  // tensors start at their samples' own offsets (batch_stride 0)
+      o += sample_start(analytic_of(p).start[kSdpaO], int(r.b));
+      d += sample_start(analytic_of(p).start[kSdpaDO], int(r.b));
+    }
     float acc = 0.0f;
     for (int c = lane * 8; c < p.head_dv; c += 256) {
       const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
@@ -55,7 +74,13 @@ __global__ void __launch_bounds__(256) flex_bwd_preprocess_kernel(const BwdParam
         acc -= p.dlse[r.b * p.dlsea.batch_stride + h * p.dlsea.head_stride + r.row * p.dlsea.row_stride];
       }
       p.delta[w] = acc;  // workspace [Hq, total_q]: index h * total_q + t = w
-      const float lse = p.lse[r.b * p.lsea.batch_stride + h * p.lsea.head_stride + r.row * p.lsea.row_stride];
+      float lse;
+      if constexpr (kAnalytic) {
+        lse = p.lse[sample_start(analytic_of(p).start[kSdpaStats], int(r.b)) + h * p.lsea.head_stride +
+                    r.row * p.lsea.row_stride];
+      } else {
+        lse = p.lse[r.b * p.lsea.batch_stride + h * p.lsea.head_stride + r.row * p.lsea.row_stride];
+      }
       p.lse2[w] = lse == -INFINITY ? INFINITY : lse * kLog2e;
     }
   }
@@ -64,8 +89,8 @@ __global__ void __launch_bounds__(256) flex_bwd_preprocess_kernel(const BwdParam
 // ---------------------------------------------------------------------------------------
 // 2b. dQ conversion (atomic path): dq = scale * dq_accum in the input dtype. One warp per
 // (query row, head), grid-stride as the preprocess.
-template <class E>
-__global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel(const BwdParams p) {
+template <class E, bool kAnalytic>
+__device__ __forceinline__ void bwd_dq_convert_rows(const BwdParams& p) {
   using Elem = typename E::Storage;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t units = int64_t(p.num_heads_q) * p.total_q;
@@ -75,11 +100,37 @@ __global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel(const BwdParam
     const float* src = p.dq_accum + w * p.head_dqk;  // [Hq, total_q, Dqk]
     Elem* dst = static_cast<Elem*>(p.dq) + r.b * p.dqa.batch_stride + r.row * p.dqa.row_stride +
                 h * p.dqa.head_stride;
+    if constexpr (kAnalytic) {
+      // A padded dQ's rows past the sample are converted too (their accumulator rows are 0);
+      // a ragged dQ has no such rows.
+      const AnalyticMaskParams& a = analytic_of(p);
+      const SampleStart& st = a.start[kSdpaDQ];
+      if (st.ragged.ptr != nullptr && r.row >= sample_length(a.seq_len_q, a.cu_seq_len_q, a.max_q, int(r.b))) continue;
+      dst += sample_start(st, int(r.b));
+    }
     for (int c = lane * 2; c < p.head_dqk; c += 64) {
       const float2 x = *reinterpret_cast<const float2*>(src + c);
       *reinterpret_cast<uint32_t*>(dst + c) = pack2<E>(x.x * p.scale, x.y * p.scale);
     }
   }
+}
+
+// The kernels: flex (plan) rows and SDPA (analytic mask) rows.
+template <class E>
+__global__ void __launch_bounds__(256) flex_bwd_preprocess_kernel(const BwdParams p) {
+  bwd_preprocess_rows<E, false>(p);
+}
+template <class E>
+__global__ void __launch_bounds__(256) sdpa_bwd_preprocess_kernel(const SdpaBwdParams p) {
+  bwd_preprocess_rows<E, true>(p);
+}
+template <class E>
+__global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel(const BwdParams p) {
+  bwd_dq_convert_rows<E, false>(p);
+}
+template <class E>
+__global__ void __launch_bounds__(256) sdpa_bwd_dq_convert_kernel(const SdpaBwdParams p) {
+  bwd_dq_convert_rows<E, true>(p);
 }
 
 }  // namespace flashspan::kern

@@ -26,6 +26,8 @@
 
 #include <cstdint>
 
+#include "kernels/common/analytic_mask.h"
+#include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/block_range.cuh"
 #include "kernels/common/grid.h"
 #include "kernels/common/k2q_walk.cuh"
@@ -36,6 +38,7 @@
 #include "kernels/sm80/mma_sm80.cuh"
 #include "kernels/sm80/softmax_sm80.cuh"
 #include "kernels/sm80/tile_io_sm80.cuh"
+#include "kernels/sm80/tile_sm80.h"
 
 namespace flashspan::kern {
 
@@ -223,6 +226,121 @@ __device__ __forceinline__ const Elem* row_ptr(const void* base, const TensorAdd
          int64_t(h) * a.head_stride;
 }
 
+// ---------------------------------------------------------------------------------------
+// Mask policies of the backward kernels (the compile-time Mask role, as in the forward,
+// kernel_fwd_sm80.cuh): the plan's payload (PlanPayloadMaskBwdSm80) or the analytic mask of
+// SDPA (AnalyticMaskBwdSm80). Per work item:
+//   typename Mask::Seqlen sl(p, b)             the sample's lengths; q_start = its first row in
+//                                              the workspace (and the plan's row starts)
+//   Mask::k2q(p, sl, hkv, b, kb, count, begin)  dK/dV: (query head, query block) pairs,
+//                                              next(head, qb, payload), payload < 0: full
+//   Mask::q2k(p, sl, hm, gq, qb)               dQ: key blocks, next(blk, partial, entry)
+//   Mask::sample_ptr<Elem>(p, base, x, b), Mask::batch(b), Mask::row0(p, start)
+//                                              row_ptr(sample_ptr, a, batch(b), row0 + r, h) is
+//                                              row r of head h of sample b of tensor x
+//   Mask::rows_store(p, x, row0, rows, rows_valid, sl)  rows of a block an output writes
+//   mask = Mask::dkdv_item(sl, kb) / Mask::dq_item(sl, qb); mask.apply<kN>(p, s, payload,
+//   qb, kb, mt, c0, lane): a partial block's element mask on m16 tile mt, columns c0.. of
+//   the warp tile.
+
+// The plan's payload; the hooks are the code the kernels had inline (scripts/sass_diff.sh:
+// these instantiations compile to the same SASS).
+template <class T>
+struct PlanPayloadMaskBwdSm80 {
+  static constexpr bool kAnalytic = false;
+  using Seqlen = SeqlenInfo;
+
+  __device__ __forceinline__ static K2QWalk k2q(const BwdParams& p, const Seqlen&, int hkv, int b, int kb, int count,
+                                                int begin) {
+    K2QWalk walk{&p, hkv * p.group_size, (hkv + 1) * p.group_size, b, kb, count, {}};
+    walk.seek(begin);
+    return walk;
+  }
+  __device__ __forceinline__ static BlockCursor q2k(const BwdParams& p, const Seqlen&, int hm, int gq, int /*qb*/) {
+    const int64_t r = int64_t(hm) * p.view.num_q_blocks + gq;
+    return BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb, p.view.q2k_full_ptr, p.view.q2k_full_runs,
+                            r);
+  }
+  template <class Elem>
+  __device__ __forceinline__ static Elem* sample_ptr(const BwdParams&, const void* base, int /*x*/, int /*b*/) {
+    return static_cast<Elem*>(const_cast<void*>(base));
+  }
+  __device__ __forceinline__ static int batch(int b) { return b; }
+  __device__ __forceinline__ static int row0(const BwdParams& p, int start) { return p.varlen ? start : 0; }
+  __device__ __forceinline__ static int rows_store(const BwdParams&, int /*x*/, int /*row0*/, int /*rows*/,
+                                                   int rows_valid, const Seqlen&) {
+    return rows_valid;
+  }
+  __device__ __forceinline__ static PlanPayloadMaskBwdSm80 dkdv_item(const Seqlen&, int /*kb*/) { return {}; }
+  __device__ __forceinline__ static PlanPayloadMaskBwdSm80 dq_item(const Seqlen&, int /*qb*/) { return {}; }
+  template <int kN>
+  __device__ __forceinline__ static void apply(const BwdParams& p, float (&s)[kN][4], int payload, int /*qb*/,
+                                               int /*kb*/, int mt, int c0, int lane) {
+    if (payload >= 0) {
+      apply_payload<kN>(s, p.view.q2k_partial_bits + size_t(payload) * (size_t(T::kBlockQ) * T::kBlockK / 32), mt, c0,
+                        T::kBlockK, lane);
+    }
+  }
+};
+
+// A partial tile's element mask for a backward work item of the analytic mask: the item's
+// fixed block's terms (dK/dV: KeyBlockMask of key block kb; dQ: QueryBlockMask of query block
+// qb), the tile of the other side's block from them (analytic_mask.h).
+template <class T>
+struct AnalyticDkdvMaskSm80 {
+  KeyBlockMask block;
+  template <int kN>
+  __device__ __forceinline__ void apply(const BwdParams&, float (&s)[kN][4], int payload, int qb, int /*kb*/, int mt,
+                                        int c0, int lane) const {
+    if (payload >= 0) apply_tile_mask<kN>(s, block.tile(int64_t(qb) * T::kBlockQ), mt, c0, lane);
+  }
+};
+template <class T>
+struct AnalyticDqMaskSm80 {
+  QueryBlockMask block;
+  template <int kN>
+  __device__ __forceinline__ void apply(const BwdParams&, float (&s)[kN][4], int payload, int /*qb*/, int kb, int mt,
+                                        int c0, int lane) const {
+    if (payload >= 0) apply_tile_mask<kN>(s, block.tile(int64_t(kb) * T::kBlockK), mt, c0, lane);
+  }
+};
+
+// The analytic mask of SDPA: blocks and element masks from positions, lengths and tensor
+// starts from the caller's device arrays (AnalyticMaskParams).
+template <class T>
+struct AnalyticMaskBwdSm80 {
+  static constexpr bool kAnalytic = true;
+  using Seqlen = AnalyticSeqlen;
+
+  __device__ __forceinline__ static AnalyticK2QWalk k2q(const BwdParams& p, const Seqlen& sl, int hkv, int, int kb,
+                                                        int count, int begin) {
+    const AnalyticCursor row = k2q_cursor(sl.mask, kb, T::kBlockQ, T::kBlockK);
+    AnalyticK2QWalk walk{hkv * p.group_size, (hkv + 1) * p.group_size, count, row, row};
+    walk.seek(begin);
+    return walk;
+  }
+  __device__ __forceinline__ static AnalyticCursor q2k(const BwdParams&, const Seqlen& sl, int, int, int qb) {
+    return q2k_cursor(sl.mask, qb, T::kBlockQ, T::kBlockK);
+  }
+  template <class Elem>
+  __device__ __forceinline__ static Elem* sample_ptr(const BwdParams& p, const void* base, int x, int b) {
+    return static_cast<Elem*>(const_cast<void*>(base)) + sample_start(analytic_of(p).start[x], b);
+  }
+  __device__ __forceinline__ static int batch(int) { return 0; }
+  __device__ __forceinline__ static int row0(const BwdParams&, int) { return 0; }
+  __device__ __forceinline__ static int rows_store(const BwdParams& p, int x, int row0, int rows, int rows_valid,
+                                                   const Seqlen&) {
+    const AnalyticMaskParams& a = analytic_of(p);
+    return rows_to_store(a, x, row0, rows, rows_valid + row0, x == kSdpaDQ ? a.max_q : a.max_kv);
+  }
+  __device__ __forceinline__ static AnalyticDkdvMaskSm80<T> dkdv_item(const Seqlen& sl, int kb) {
+    return {KeyBlockMask::make(sl.mask, int64_t(kb) * T::kBlockK)};
+  }
+  __device__ __forceinline__ static AnalyticDqMaskSm80<T> dq_item(const Seqlen& sl, int qb) {
+    return {QueryBlockMask::make(sl.mask, int64_t(qb) * T::kBlockQ)};
+  }
+};
+
 // Q/dO loader of the dK/dV kernel (role: loads). A full query block (every block of the sample
 // but a partial last one) loads through the thread's precomputed chunk offsets (TileRowLoader),
 // one base per tile; the partial last block takes load_tile_async (row checks, zero fill).
@@ -241,15 +359,20 @@ struct BwdQdoLoaderSm80 {
   // from b, the strides and tid every iteration).
   volatile uintptr_t thr_src[4];
 
+  // Mask: the backward mask policy (its sample_ptr / batch hooks address sample b).
+  template <class Mask>
   __device__ __forceinline__ void init(const BwdParams& p, int b, int64_t qrow_base, int tid) {
     if constexpr (kRowLoaders) {
       ldq.init(p.qa.row_stride, T::kExact ? T::kDqk : p.head_dqk, tid);
       ldo.init(p.doa.row_stride, T::kExact ? T::kDv : p.head_dv, tid);
     }
-    thr_src[2] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(p.q, p.qa, b, qrow_base, 0));
-    thr_src[3] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(p.dout, p.doa, b, qrow_base, 0));
-    thr_src[0] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(p.q, p.qa, b, qrow_base, 0) + ldq.offset());
-    thr_src[1] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(p.dout, p.doa, b, qrow_base, 0) + ldo.offset());
+    const void* q = Mask::template sample_ptr<const Elem>(p, p.q, kSdpaQ, b);
+    const void* dout = Mask::template sample_ptr<const Elem>(p, p.dout, kSdpaDO, b);
+    const int bb = Mask::batch(b);
+    thr_src[2] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(q, p.qa, bb, qrow_base, 0));
+    thr_src[3] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(dout, p.doa, bb, qrow_base, 0));
+    thr_src[0] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(q, p.qa, bb, qrow_base, 0) + ldq.offset());
+    thr_src[1] = reinterpret_cast<uintptr_t>(row_ptr<Elem>(dout, p.doa, bb, qrow_base, 0) + ldo.offset());
   }
   // Query block qq of head hh into Q/dO buffer buf (sQ0/sO0: buffer 0).
   __device__ __forceinline__ void load(const BwdParams& p, uint32_t sQ0, uint32_t sO0, int buf, int hh, int qq,
@@ -322,15 +445,15 @@ __device__ __forceinline__ void dkdv_add_split_partial_sm80(const BwdParams& p, 
 
 // A whole task: dK (times the softmax scale) and dV rows of key block rows krow.. of kv head
 // hkv, sample b, in the input dtype; key blocks no query sees get zeros.
-template <class T, class E>
+template <class T, class E, class Mask>
 __device__ __forceinline__ void dkdv_store_sm80(const BwdParams& p, int b, int hkv, int64_t krow, DkdvTileSm80 wt,
                                                 const float (&acc_dk)[T::kKMT][T::kNK][4],
                                                 const float (&acc_dv)[T::kKMT][T::kNV][4]) {
   using Elem = typename E::Storage;
-  Elem* dk = static_cast<Elem*>(p.dk) + int64_t(b) * p.dka.batch_stride + krow * p.dka.row_stride +
-             int64_t(hkv) * p.dka.head_stride;
-  Elem* dv = static_cast<Elem*>(p.dv) + int64_t(b) * p.dva.batch_stride + krow * p.dva.row_stride +
-             int64_t(hkv) * p.dva.head_stride;
+  Elem* dk = Mask::template sample_ptr<Elem>(p, p.dk, kSdpaDK, b) + int64_t(Mask::batch(b)) * p.dka.batch_stride +
+             krow * p.dka.row_stride + int64_t(hkv) * p.dka.head_stride;
+  Elem* dv = Mask::template sample_ptr<Elem>(p, p.dv, kSdpaDV, b) + int64_t(Mask::batch(b)) * p.dva.batch_stride +
+             krow * p.dva.row_stride + int64_t(hkv) * p.dva.head_stride;
 #pragma unroll
   for (int mi = 0; mi < T::kKMT; ++mi) {
 #pragma unroll
@@ -368,7 +491,7 @@ __device__ __forceinline__ void dkdv_store_sm80(const BwdParams& p, int b, int h
 // Shared memory: the item's first loads (K, V, Q/dO[0]) are issued before the loop's first
 // __syncthreads, so the caller must __syncthreads between two items of one CTA.
 // Warp tiles: BwdTraitsSm80 (S/dP, dK/dV and dQ phases each have their own 2-D layout).
-template <class T, class E>
+template <class T, class E, class Mask = PlanPayloadMaskBwdSm80<T>>
 __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int kb, int hkv, int b, int begin,
                                           int count) {
   using Elem = typename E::Storage;
@@ -382,24 +505,28 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2, t = lane & 3;
 
-  const SeqlenInfo sl(p, b);
+  const typename Mask::Seqlen sl(p, b);
   const int q_start = sl.q_start, len_q = sl.len_q, k_start = sl.k_start, len_k = sl.len_k;
   const int key0 = kb * T::kBlockK;
   const int keys_valid = min(T::kBlockK, len_k - key0);
-  const int64_t krow = int64_t(p.varlen ? k_start : 0) + key0;
-  const int64_t qrow_base = p.varlen ? q_start : 0;
+  const int keys_store = Mask::rows_store(p, kSdpaDK, key0, T::kBlockK, keys_valid, sl);
+  if (Mask::kAnalytic && keys_store <= 0) return;  // a ragged dK/dV's block past the sample
+  const int64_t krow = int64_t(Mask::row0(p, k_start)) + key0;
+  const int64_t qrow_base = Mask::row0(p, q_start);
 
-  load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, row_ptr<Elem>(p.k, p.ka, b, krow, hkv), p.ka.row_stride,
-                                                    keys_valid, p.head_dqk, tid);
-  load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, row_ptr<Elem>(p.v, p.va, b, krow, hkv), p.va.row_stride,
-                                                   keys_valid, p.head_dv, tid);
+  load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(
+      sK, row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.k, kSdpaK, b), p.ka, Mask::batch(b), krow, hkv),
+      p.ka.row_stride, keys_valid, p.head_dqk, tid);
+  load_tile_async<T::kBlockK, T::kDv, T::kThreads>(
+      sV, row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.v, kSdpaV, b), p.va, Mask::batch(b), krow, hkv),
+      p.va.row_stride, keys_valid, p.head_dv, tid);
 
-  K2QWalk walk{&p, hkv * p.group_size, (hkv + 1) * p.group_size, b, kb, count, {}};
-  walk.seek(begin);
+  auto walk = Mask::k2q(p, sl, hkv, b, kb, count, begin);
+  const auto mask = Mask::dkdv_item(sl, kb);
   int h = 0, qb = 0, payload = -1;
   bool have = walk.next(h, qb, payload);
   BwdQdoLoaderSm80<T, Elem> qdo;
-  qdo.init(p, b, qrow_base, tid);
+  qdo.template init<Mask>(p, b, qrow_base, tid);
   if (have) qdo.load(p, sQ0, sO0, 0, h, qb, len_q, tid);
   cp_async_commit();
 
@@ -417,7 +544,6 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
   // dQ warp tile: query rows qm0 .., columns dq0 + pass * Dqk / kQPass ..
   const int qm0 = (warp / T::kQWN) * (16 * T::kQMT);
   const int dq0 = (warp % T::kQWN) * (8 * T::kNQA);
-  const size_t words_per_tile = size_t(T::kBlockQ) * T::kBlockK / 32;
   // Workspace index of the thread's first S/dP row (row sm0 + g of a block) relative to the
   // block's first row of head 0.
   const int stat_thr = q_start + sm0 + g;
@@ -511,10 +637,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
 #pragma unroll
         for (int i = 0; i < 4; ++i) s[mi][n][i] = fmaf(s[mi][n][i], p.scale_log2, -lse2[mi][i >> 1]);
       }
-      if (payload >= 0) {
-        apply_payload<T::kSNT>(s[mi], p.view.q2k_partial_bits + size_t(payload) * words_per_tile, sm0 / 16 + mi, sc0,
-                               T::kBlockK, lane);
-      }
+      mask.template apply<T::kSNT>(p, s[mi], payload, qb, kb, sm0 / 16 + mi, sc0, lane);
 #pragma unroll
       for (int n = 0; n < T::kSNT; ++n) {
 #pragma unroll
@@ -625,12 +748,12 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
   cp_async_wait<0>();
 
   const int slot = !p.split_schedule ? -1 : reinterpret_cast<const int32_t*>(smem + T::kSmemItem)[3];
-  const DkdvTileSm80 wt{km0, dk0, dv0, keys_valid, g, t};
+  const DkdvTileSm80 wt{km0, dk0, dv0, keys_store, g, t};
   if (slot >= 0) {
     dkdv_add_split_partial_sm80<T>(p, slot, wt, acc_dk, acc_dv);
     return;
   }
-  dkdv_store_sm80<T, E>(p, b, hkv, krow, wt, acc_dk, acc_dv);
+  dkdv_store_sm80<T, E, Mask>(p, b, hkv, krow, wt, acc_dk, acc_dv);
 }
 
 // dK/dV kernel. Without a split schedule (deterministic path, grid mode): one CTA per task
@@ -686,11 +809,17 @@ struct BwdKvLoaderSm80 {
   const Elem* gk_thr;
   const Elem* gv_thr;
 
+  // Mask: the backward mask policy (its sample_ptr / batch hooks address sample b).
+  template <class Mask>
   __device__ __forceinline__ void init(const BwdParams& p, int b, int64_t krow_base, int hkv, int tid) {
     ldk.init(p.ka.row_stride, T::kExact ? T::kDqk : p.head_dqk, tid);
     ldv.init(p.va.row_stride, T::kExact ? T::kDv : p.head_dv, tid);
-    gk_thr = row_ptr<Elem>(p.k, p.ka, b, krow_base, hkv) + ldk.offset();
-    gv_thr = row_ptr<Elem>(p.v, p.va, b, krow_base, hkv) + ldv.offset();
+    gk_thr = row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.k, kSdpaK, b), p.ka, Mask::batch(b), krow_base,
+                           hkv) +
+             ldk.offset();
+    gv_thr = row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.v, kSdpaV, b), p.va, Mask::batch(b), krow_base,
+                           hkv) +
+             ldv.offset();
   }
   // Key block kbb into K/V buffer buf (sK0/sV0: buffer 0).
   __device__ __forceinline__ void load(const BwdParams& p, uint32_t sK0, uint32_t sV0, int buf, int kbb, int len_k,
@@ -711,12 +840,12 @@ struct BwdKvLoaderSm80 {
 
 // Epilogue of the dQ kernel: dQ (times the softmax scale) of the warp's rows r0 and r0 + 8
 // of the block (query rows qrow.. of head h, sample b) in the input dtype, columns 8 n + 2 t.
-template <class T, class E>
+template <class T, class E, class Mask>
 __device__ __forceinline__ void dq_store_sm80(const BwdParams& p, int b, int h, int64_t qrow, int rows_valid, int r0,
                                               int t, const float (&acc)[T::kNQ][4]) {
   using Elem = typename E::Storage;
-  Elem* dq = static_cast<Elem*>(p.dq) + int64_t(b) * p.dqa.batch_stride + qrow * p.dqa.row_stride +
-             int64_t(h) * p.dqa.head_stride;
+  Elem* dq = Mask::template sample_ptr<Elem>(p, p.dq, kSdpaDQ, b) + int64_t(Mask::batch(b)) * p.dqa.batch_stride +
+             qrow * p.dqa.row_stride + int64_t(h) * p.dqa.head_stride;
 #pragma unroll
   for (int hi = 0; hi < 2; ++hi) {
     const int row = r0 + 8 * hi;
@@ -744,8 +873,10 @@ __device__ __forceinline__ void dq_store_sm80(const BwdParams& p, int b, int h, 
 // thread's source pointers (row 0 of the sample, head hkv); a K/V tile costs one 64-bit
 // multiply-add per matrix plus the copies. The Q2K cursor reads one block ahead, so the next
 // K/V tile's address never waits on a global load.
-template <class T, class E>
-__global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const BwdParams p) {
+// The body of the dQ kernel for a mask policy (plan: flex_bwd_dq_kernel_sm80, the cell of
+// the plan's backward view; analytic: sdpa_bwd_dq_kernel_sm80, query block qb of sample b).
+template <class T, class E, class Mask>
+__device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
   using Elem = typename E::Storage;
   static_assert(E::kBits == 16, "the sm80 loaders and ldmatrix move 16-bit elements");
   extern __shared__ __align__(128) uint8_t smem[];
@@ -756,26 +887,39 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int g = lane >> 2;
 
-  // Folded grid (grid.h): CTA = query head * NQB + global query block.
-  const GridCell cell = unfold_2d(blockIdx.x, int(p.view.num_q_blocks));
-  const int gq = cell.x, h = cell.y;
-  const int b = find_block_owner(p.view.q_block_start, p.batch, gq);
-  const int qb = gq - __ldg(p.view.q_block_start + b);
+  int gq, h, b, qb;
+  if constexpr (Mask::kAnalytic) {
+    // Folded grid (grid.h): cell x = b * num_q_blocks + qb, y = query head.
+    const int nqb = analytic_of(p).num_q_blocks;
+    const GridCell cell = unfold_2d(blockIdx.x, nqb * p.batch);
+    gq = cell.x;
+    h = cell.y;
+    b = cell.x / nqb;
+    qb = cell.x - b * nqb;
+  } else {
+    // Folded grid (grid.h): CTA = query head * NQB + global query block.
+    const GridCell cell = unfold_2d(blockIdx.x, int(p.view.num_q_blocks));
+    gq = cell.x;
+    h = cell.y;
+    b = find_block_owner(p.view.q_block_start, p.batch, gq);
+    qb = gq - __ldg(p.view.q_block_start + b);
+  }
   const int hkv = h / p.group_size;
   const int hm = p.mask_per_head ? h : 0;
-  const SeqlenInfo sl(p, b);
+  const typename Mask::Seqlen sl(p, b);
   const int q_start = sl.q_start, len_q = sl.len_q, k_start = sl.k_start, len_k = sl.len_k;
   const int row0 = qb * T::kBlockQ;
   const int rows_valid = min(T::kBlockQ, len_q - row0);
-  const int64_t qrow = int64_t(p.varlen ? q_start : 0) + row0;
-  const int64_t krow_base = p.varlen ? k_start : 0;
+  const int rows_store = Mask::rows_store(p, kSdpaDQ, row0, T::kBlockQ, rows_valid, sl);
+  if (Mask::kAnalytic && rows_store <= 0) return;  // a ragged dQ's block past the sample
+  const int64_t qrow = int64_t(Mask::row0(p, q_start)) + row0;
+  const int64_t krow_base = Mask::row0(p, k_start);
 
   // Q2K cursor (BlockCursor order: partial entries, then full runs) with its next key block
   // read one step ahead (nb = kNone past the end; ne = its payload index, -1 for a full block).
   constexpr int kNone = 0x7fffffff;
-  const int64_t r = int64_t(hm) * p.view.num_q_blocks + gq;
-  BlockCursor cur = BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb, p.view.q2k_full_ptr,
-                                     p.view.q2k_full_runs, r);
+  auto cur = Mask::q2k(p, sl, hm, gq, qb);
+  const auto mask = Mask::dq_item(sl, qb);
   int nb = kNone, ne = -1;
   auto peek = [&]() {
     int blk = 0, entry = 0;
@@ -798,12 +942,14 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
   };
 
   BwdKvLoaderSm80<T, Elem> kv;
-  kv.init(p, b, krow_base, hkv, tid);
+  kv.template init<Mask>(p, b, krow_base, hkv, tid);
 
-  load_tile_async<T::kBlockQ, T::kDqk, T::kThreadsQ>(sQ, row_ptr<Elem>(p.q, p.qa, b, qrow, h), p.qa.row_stride,
-                                                     rows_valid, p.head_dqk, tid);
-  load_tile_async<T::kBlockQ, T::kDv, T::kThreadsQ>(sO, row_ptr<Elem>(p.dout, p.doa, b, qrow, h), p.doa.row_stride,
-                                                    rows_valid, p.head_dv, tid);
+  load_tile_async<T::kBlockQ, T::kDqk, T::kThreadsQ>(
+      sQ, row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.q, kSdpaQ, b), p.qa, Mask::batch(b), qrow, h),
+      p.qa.row_stride, rows_valid, p.head_dqk, tid);
+  load_tile_async<T::kBlockQ, T::kDv, T::kThreadsQ>(
+      sO, row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.dout, kSdpaDO, b), p.doa, Mask::batch(b), qrow, h),
+      p.doa.row_stride, rows_valid, p.head_dv, tid);
   int kb = 0, payload = -1;
   bool have = next_block(kb, payload);
   if (have) kv.load(p, sK0, sV0, 0, kb, len_k, tid);
@@ -823,7 +969,6 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
   float acc[T::kNQ][4];
 #pragma unroll
   for (int n = 0; n < T::kNQ; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
-  const size_t words_per_tile = size_t(T::kBlockQ) * T::kBlockK / 32;
   // Fragment addresses, computed once and read back per iteration from a per-thread
   // local-memory table (indexed by the run-time buffer, so it stays in local memory; one
   // 16-byte load each): ptxas would otherwise re-derive them from tid every iteration.
@@ -862,10 +1007,7 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
 #pragma unroll
       for (int i = 0; i < 4; ++i) s[n][i] = fmaf(s[n][i], p.scale_log2, -lse2[i >> 1]);
     }
-    if (payload >= 0) {
-      apply_payload<T::kNSQ>(s, p.view.q2k_partial_bits + size_t(payload) * words_per_tile, warp, 0, T::kBlockK,
-                             lane);
-    }
+    mask.template apply<T::kNSQ>(p, s, payload, qb, kb, warp, 0, lane);
     // dP - D: k16 step 0 seeded with -D (head_dv >= 1), the rest accumulated.
     float dp[1][T::kNSQ][4];
     const LdsmAddr<T::kDv> aO = LdsmAddr<T::kDv>::unpack(addr_tab[buf][4]);
@@ -906,7 +1048,58 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
   }
   cp_async_wait<0>();
 
-  dq_store_sm80<T, E>(p, b, h, qrow, rows_valid, warp * 16 + g, lane & 3, acc);
+  dq_store_sm80<T, E, Mask>(p, b, h, qrow, rows_store, warp * 16 + g, lane & 3, acc);
+}
+
+template <class T, class E>
+__global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const BwdParams p) {
+  dq_kernel_sm80<T, E, PlanPayloadMaskBwdSm80<T>>(p);
+}
+
+// ---------------------------------------------------------------------------------------
+// SDPA (analytic mask): dK/dV, one CTA per (key block, kv head) of every sample padded to
+// S_kv keys (cell x = b * num_k_blocks + kb); blocks past a sample's length write the padded
+// keys' zeros (padded dK/dV) or exit (ragged). The dQ kernel (deterministic), one CTA per
+// (query block, query head) of every sample padded to S_q rows.
+template <class T, class E>
+__global__ void __launch_bounds__(T::kThreads) sdpa_bwd_dkdv_kernel_sm80(const SdpaBwdParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int nkb = p.analytic.num_k_blocks;
+  const GridCell cell = unfold_2d(blockIdx.x, nkb * p.batch);
+  const int b = cell.x / nkb;
+  dkdv_item<T, E, AnalyticMaskBwdSm80<T>>(p, smem, cell.x - b * nkb, cell.y, b, 0, 0x7fffffff);
+}
+
+template <class T, class E>
+__global__ void __launch_bounds__(T::kThreadsQ) sdpa_bwd_dq_kernel_sm80(const SdpaBwdParams p) {
+  dq_kernel_sm80<T, E, AnalyticMaskBwdSm80<T>>(p);
+}
+
+// ---------------------------------------------------------------------------------------
+// The backward instantiations of a tile (host): fn(BwdTraitsSm80<...>{}) for the call's head
+// dims, so the plan and the SDPA launchers instantiate the same table. Head dims equal to the
+// tile's run the branch-free (exact) variant; the (192, 128) and (256, 256) tiles serve only
+// those dims.
+template <class Fn>
+void with_bwd_traits_sm80(const sm80::TileSm80& tile, int dqk, int dv, Fn&& fn) {
+  const bool exact = dqk == tile.dqk_tile && dv == tile.dv_tile;
+  if (tile.dqk_tile == 64) {
+    if (exact) {
+      fn(BwdTraitsSm80<64, 128, 64, 64, true>{});
+    } else {
+      fn(BwdTraitsSm80<64, 128, 64, 64, false>{});
+    }
+  } else if (tile.dqk_tile == 128) {
+    if (exact) {
+      fn(BwdTraitsSm80<64, 128, 128, 128, true>{});
+    } else {
+      fn(BwdTraitsSm80<64, 128, 128, 128, false>{});
+    }
+  } else if (tile.dqk_tile == 192) {
+    fn(BwdTraitsSm80<64, 64, 192, 128, true>{});
+  } else {
+    fn(BwdTraitsSm80<64, 64, 256, 256, true>{});
+  }
 }
 
 }  // namespace flashspan::kern

@@ -23,6 +23,8 @@
 
 #include <cstdint>
 
+#include "kernels/common/analytic_mask.h"
+#include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/block_range.cuh"
 #include "kernels/common/grid.h"
 #include "kernels/common/seqlen_info.cuh"
@@ -32,6 +34,7 @@
 #include "kernels/sm80/mma_sm80.cuh"
 #include "kernels/sm80/softmax_sm80.cuh"
 #include "kernels/sm80/tile_io_sm80.cuh"
+#include "kernels/sm80/tile_sm80.h"
 
 namespace flashspan::kern {
 
@@ -184,11 +187,42 @@ struct FwdKvLoaderSm80 {
   }
 };
 
-// Mask policy (the plan's payload today): a partial key block's predicate bits applied to
-// m16 tile mt of the block's scores (mask_apply_sm80.cuh); full blocks are not masked.
+// Mask policies of the forward, a template parameter of fwd_item (the compile-time Mask role):
+// which key blocks a query block walks (full or partial), how a partial block's scores are
+// masked, and the sample geometry that comes with it. Per work item (query block qb of task
+// head h, CSR mask head hm, sample b):
+//   typename Mask::Seqlen sl(p, b)      the sample's lengths (and the plan's row starts)
+//   Mask::q2k(p, sl, hm, b, qb)         the Q2K cursor: next(blk, partial, entry), skip(n)
+//   Mask::sample_ptr<Elem>(p, base, a, x, b, start)   row 0, head 0 of sample b of tensor x
+//   Mask::rows_store(p, row0, rows_valid) rows of the block the epilogue writes
+//   Mask mask = Mask::item(p, sl, row0); mask.apply(p, s, partial, entry, mt, lane)
+//                                       a partial block's element mask on m16 tile mt
+
+// The plan's payload: a partial key block's predicate bits applied to m16 tile mt of the
+// block's scores (mask_apply_sm80.cuh); full blocks are not masked. The hooks are the code the
+// kernel had inline (scripts/sass_diff.sh: these instantiations compile to the same SASS).
 template <class T>
 struct PlanPayloadMaskSm80 {
+  static constexpr bool kAnalytic = false;
   static constexpr size_t kWordsPerTile = size_t(T::kBlockQ) * T::kBlockK / 32;
+  using Seqlen = SeqlenInfo;
+
+  __device__ __forceinline__ static BlockCursor q2k(const FwdParams& p, const Seqlen&, int hm, int b, int qb) {
+    const int64_t r = int64_t(hm) * p.view.num_q_blocks + __ldg(p.view.q_block_start + b) + qb;
+    return BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb, p.view.q2k_full_ptr, p.view.q2k_full_runs,
+                            r);
+  }
+  template <class Elem>
+  __device__ __forceinline__ static const Elem* sample_ptr(const FwdParams& p, const void* base, const TensorAddr& a,
+                                                           int /*x*/, int b, int start) {
+    return static_cast<const Elem*>(base) + int64_t(b) * a.batch_stride + int64_t(p.varlen ? start : 0) * a.row_stride;
+  }
+  __device__ __forceinline__ static int rows_store(const FwdParams&, int /*row0*/, int rows_valid) {
+    return rows_valid;
+  }
+  __device__ __forceinline__ static PlanPayloadMaskSm80 item(const FwdParams&, const Seqlen&, int /*row0*/) {
+    return PlanPayloadMaskSm80{};
+  }
   __device__ __forceinline__ static void apply(const QkvParams& p, float (&s)[T::kNS][4], const bool& partial,
                                                const int& entry, int mt, int lane) {
     if (partial) {
@@ -197,12 +231,42 @@ struct PlanPayloadMaskSm80 {
   }
 };
 
+// The analytic mask of SDPA (analytic_mask.h): blocks and element masks from positions, the
+// sample's lengths and tensor starts from the caller's device arrays (AnalyticMaskParams).
+// Per item it keeps the query block's mask terms (QueryBlockMask); entry = the key block.
+template <class T>
+struct AnalyticMaskSm80 {
+  static constexpr bool kAnalytic = true;
+  using Seqlen = AnalyticSeqlen;
+  QueryBlockMask block;
+
+  __device__ __forceinline__ static AnalyticCursor q2k(const FwdParams&, const Seqlen& sl, int, int, int qb) {
+    return q2k_cursor(sl.mask, qb, T::kBlockQ, T::kBlockK);
+  }
+  template <class Elem>
+  __device__ __forceinline__ static const Elem* sample_ptr(const FwdParams& p, const void* base, const TensorAddr&,
+                                                           int x, int b, int) {
+    return static_cast<const Elem*>(base) + sample_start(analytic_of(p).start[x], b);
+  }
+  __device__ __forceinline__ static int rows_store(const FwdParams& p, int row0, int rows_valid) {
+    const AnalyticMaskParams& a = analytic_of(p);
+    return rows_to_store(a, kSdpaO, row0, T::kBlockQ, rows_valid + row0, a.max_q);
+  }
+  __device__ __forceinline__ static AnalyticMaskSm80 item(const FwdParams&, const Seqlen& sl, int row0) {
+    return AnalyticMaskSm80{QueryBlockMask::make(sl.mask, row0)};
+  }
+  __device__ __forceinline__ void apply(const QkvParams&, float (&s)[T::kNS][4], const bool& partial,
+                                        const int& entry, int mt, int lane) const {
+    if (partial) apply_tile_mask<T::kNS>(s, block.tile(int64_t(entry) * T::kBlockK), mt, 0, lane);
+  }
+};
+
 // Softmax with rescale: scores to log2 units, the mask, then the online softmax step (s
 // becomes P; m, l updated; the output accumulator rescaled). Then P as 16-bit A fragments of
 // the P V GEMM (k-step kk = key columns 16kk..16kk+15): half the registers of the fp32
 // scores, which are dead from here on.
 template <class T, class E, class Mask>
-__device__ __forceinline__ void fwd_softmax_sm80(float (&s)[T::kMT][T::kNS][4], float (&m)[T::kMT][2],
+__device__ __forceinline__ void fwd_softmax_sm80(const Mask& mask, float (&s)[T::kMT][T::kNS][4], float (&m)[T::kMT][2],
                                                  float (&l)[T::kMT][2], float (&acc_o)[T::kMT][T::kNO][4],
                                                  uint32_t (&pa)[T::kMT][T::kBlockK / 16][4], const QkvParams& p,
                                                  const bool& partial, const int& entry, int warp, int lane) {
@@ -214,7 +278,7 @@ __device__ __forceinline__ void fwd_softmax_sm80(float (&s)[T::kMT][T::kNS][4], 
 #pragma unroll
       for (int e = 0; e < 4; ++e) s[i][n][e] *= p.scale_log2;
     }
-    Mask::apply(p, s[i], partial, entry, warp * kMT + i, lane);
+    mask.apply(p, s[i], partial, entry, warp * kMT + i, lane);
     online_softmax_step<T::kNS, T::kNO>(s[i], m[i], l[i], acc_o[i]);
   }
 #pragma unroll
@@ -231,10 +295,30 @@ __device__ __forceinline__ void fwd_softmax_sm80(float (&s)[T::kMT][T::kNS][4], 
 
 // Where the rows of a work item go: row r of the block is position (row0 + r) / pack of
 // query head head0 + (row0 + r) % pack of sample b (task head h; head0 = h * pack).
+// rows_valid: the rows the epilogue writes. lse_index: the LSE element of an unpacked row
+// (fwd_store_rows_sm80).
 struct FwdRowsSm80 {
+  static constexpr bool kAnalytic = false;
   int b, h, pack, q_start, row0, rows_valid;
   int m0;  // first row of the warp; m16 tile i starts at m0 + 16 i
   int g, t;
+
+  // Element of row row0 + row of head h of the LSE.
+  __device__ __forceinline__ int64_t lse_index(const FwdParams& p, int row) const {
+    return int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride +
+           (int64_t(p.varlen ? q_start : 0) + row0 + row) * p.lsea.row_stride;
+  }
+};
+
+// The same rows of an SDPA call (analytic mask): O and the stats start at their own
+// per-sample offsets (AnalyticMaskParams::start), and the stats may be in base 2.
+struct FwdRowsAnalyticSm80 : FwdRowsSm80 {
+  static constexpr bool kAnalytic = true;
+  int64_t o_start, lse_start;
+
+  __device__ __forceinline__ int64_t lse_index(const FwdParams& p, int row) const {
+    return lse_start + int64_t(h) * p.lsea.head_stride + int64_t(row0 + row) * p.lsea.row_stride;
+  }
 };
 
 // Epilogue of a piece of a split task: unnormalised fp32 O, m (log2 units, quad-uniform
@@ -276,14 +360,19 @@ __device__ __forceinline__ void fwd_store_split_partial_sm80(const FwdParams& p,
 // D = 128 (ptxas -v). The persistent kernel is the other way round (the two copies put
 // spills in its main loop, one does not), so it runs the packed copy, which with pack = 1 is
 // the unpacked mapping.
-template <class T, class E>
-__device__ __forceinline__ void fwd_store_rows_sm80(const FwdParams& p, FwdRowsSm80 rw,
+template <class T, class E, class Rows>
+__device__ __forceinline__ void fwd_store_rows_sm80(const FwdParams& p, Rows rw,
                                                     const float (&acc_o)[T::kMT][T::kNO][4],
                                                     const float (&m)[T::kMT][2], const float (&l)[T::kMT][2]) {
   using Elem = typename E::Storage;
   constexpr float kLn2 = 0.6931471805599453f;
-  Elem* o = static_cast<Elem*>(p.o) + int64_t(rw.b) * p.oa.batch_stride +
-            (int64_t(p.varlen ? rw.q_start : 0) + rw.row0) * p.oa.row_stride + int64_t(rw.h) * p.oa.head_stride;
+  Elem* o;  // row row0 of head h (a member function computing it changed the plan kernels' SASS)
+  if constexpr (Rows::kAnalytic) {
+    o = static_cast<Elem*>(p.o) + rw.o_start + int64_t(rw.row0) * p.oa.row_stride + int64_t(rw.h) * p.oa.head_stride;
+  } else {
+    o = static_cast<Elem*>(p.o) + int64_t(rw.b) * p.oa.batch_stride +
+        (int64_t(p.varlen ? rw.q_start : 0) + rw.row0) * p.oa.row_stride + int64_t(rw.h) * p.oa.head_stride;
+  }
 #pragma unroll
   for (int i = 0; i < T::kMT; ++i) {
 #pragma unroll
@@ -302,9 +391,10 @@ __device__ __forceinline__ void fwd_store_rows_sm80(const FwdParams& p, FwdRowsS
           }
         }
         if (p.lse != nullptr && rw.t == 0) {
-          const float lse = lsum > 0.0f ? (m[i][hi] + __log2f(lsum)) * kLn2 : -INFINITY;
-          p.lse[int64_t(rw.b) * p.lsea.batch_stride + int64_t(rw.h) * p.lsea.head_stride +
-                (int64_t(p.varlen ? rw.q_start : 0) + rw.row0 + row) * p.lsea.row_stride] = lse;
+          // (m + log2 l) in natural-log units, or base 2 (SDPA's stats_use_log2: lse_unit 1).
+          const float unit = Rows::kAnalytic ? analytic_of(p).lse_unit : kLn2;
+          const float lse = lsum > 0.0f ? (m[i][hi] + __log2f(lsum)) * unit : -INFINITY;
+          p.lse[rw.lse_index(p, row)] = lse;
         }
       }
     }
@@ -412,7 +502,7 @@ __device__ __forceinline__ void fwd_max_logit_sm80(const FwdParams& p, float* re
 // them), one epilogue (fwd_store_*_sm80) and fwd_max_logit_sm80. The GEMMs and the block walk
 // stay inline: as functions they changed the kernels' SASS (ptxas allocates the
 // near-255-register loop differently), which scripts/sass_diff.sh rejects.
-template <class T, class E, bool kMaxLogit, bool kPersistent>
+template <class T, class E, bool kMaxLogit, bool kPersistent, class Mask = PlanPayloadMaskSm80<T>>
 __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const int32_t* s_item, int qb, int h,
                                          int b, int begin, int count) {
   using Elem = typename E::Storage;
@@ -434,22 +524,20 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
   // CSR mask head: the query head unpacked; packed, the kv head's virtual mask head (Hmask = Hq)
   // or 0 -- both are `h`.
   const int hm = p.mask_per_head ? h : 0;
-  const SeqlenInfo sl(p, b);
+  const typename Mask::Seqlen sl(p, b);
   const int q_start = sl.q_start, len_q = sl.len_q, k_start = sl.k_start, len_k = sl.len_k;
   const int row0 = qb * T::kBlockQ;
   const int rows_valid = min(T::kBlockQ, len_q * pack - row0);
+  const int rows_store = Mask::rows_store(p, row0, rows_valid);
+  if (Mask::kAnalytic && rows_store <= 0) return;  // a ragged output's block past the sample
 
-  const int64_t r = int64_t(hm) * p.view.num_q_blocks + __ldg(p.view.q_block_start + b) + qb;
-  BlockCursor cur = BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb, p.view.q2k_full_ptr,
-                                     p.view.q2k_full_runs, r);
+  auto cur = Mask::q2k(p, sl, hm, b, qb);
 
   // Position 0 of head head0 in sample b.
-  const Elem* q = static_cast<const Elem*>(p.q) + int64_t(b) * p.qa.batch_stride +
-                  int64_t(p.varlen ? q_start : 0) * p.qa.row_stride + int64_t(head0) * p.qa.head_stride;
-  const Elem* k = static_cast<const Elem*>(p.k) + int64_t(b) * p.ka.batch_stride +
-                  int64_t(p.varlen ? k_start : 0) * p.ka.row_stride + int64_t(hkv) * p.ka.head_stride;
-  const Elem* v = static_cast<const Elem*>(p.v) + int64_t(b) * p.va.batch_stride +
-                  int64_t(p.varlen ? k_start : 0) * p.va.row_stride + int64_t(hkv) * p.va.head_stride;
+  const Elem* q = Mask::template sample_ptr<Elem>(p, p.q, p.qa, kSdpaQ, b, q_start) + int64_t(head0) * p.qa.head_stride;
+  const Elem* k = Mask::template sample_ptr<Elem>(p, p.k, p.ka, kSdpaK, b, k_start) + int64_t(hkv) * p.ka.head_stride;
+  const Elem* v = Mask::template sample_ptr<Elem>(p, p.v, p.va, kSdpaV, b, k_start) + int64_t(hkv) * p.va.head_stride;
+  const Mask mask = Mask::item(p, sl, row0);
 
   // Persistent items walk blocks [begin, begin + count) of the row: skip `begin`, then stop
   // after `count` blocks (`left` counts the blocks still to fetch after the current one).
@@ -510,7 +598,7 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
       }
     }
     uint32_t pa[kMT][T::kBlockK / 16][4];
-    fwd_softmax_sm80<T, E, PlanPayloadMaskSm80<T>>(s, m, l, acc_o, pa, p, partial, entry, warp, lane);
+    fwd_softmax_sm80<T, E>(mask, s, m, l, acc_o, pa, p, partial, entry, warp, lane);
 
     int kb_next = 0, entry_next = 0;
     bool partial_next = false;
@@ -549,9 +637,13 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
   cp_async_wait<0>();
 
   const int g = lane >> 2, t = lane & 3;
-  const FwdRowsSm80 rw{b, h, pack, q_start, row0, rows_valid, m0, g, t};
+  const FwdRowsSm80 rw{b, h, pack, q_start, row0, rows_store, m0, g, t};
   const int slot = kPersistent ? s_item[3] : -1;
-  if (slot >= 0) {
+  if constexpr (Mask::kAnalytic) {
+    const FwdRowsAnalyticSm80 rwa{rw, sample_start(analytic_of(p).start[kSdpaO], b),
+                                  sample_start(analytic_of(p).start[kSdpaStats], b)};
+    fwd_store_rows_sm80<T, E>(p, rwa, acc_o, m, l);
+  } else if (slot >= 0) {
     fwd_store_split_partial_sm80<T>(p, rw, slot, acc_o, m, l);
   } else if (!kPersistent && pack == 1) {
     fwd_store_rows_sm80<T, E>(p, rw, acc_o, m, l);
@@ -559,9 +651,9 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
     fwd_store_packed_rows_sm80<T, E>(p, rw, acc_o, m, l);
   }
   if constexpr (kMaxLogit) {
-    // One-warp tiles test the pointer here (kMaxLogitAtRunTime; uniform over the CTA, so no
-    // barrier of the reduction is skipped by part of it).
-    if (T::kMaxLogitAtRunTime && p.max_logit == nullptr) return;
+    // One-warp tiles and the analytic kernels test the pointer here (kMaxLogitAtRunTime;
+    // uniform over the CTA, so no barrier of the reduction is skipped by part of it).
+    if ((T::kMaxLogitAtRunTime || Mask::kAnalytic) && p.max_logit == nullptr) return;
     __shared__ float red[T::kBlockQ];
     fwd_max_logit_sm80<T>(p, red, rw, m, head0, warp, lane, tid);
   }
@@ -594,6 +686,20 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
   fwd_item<T, E, kMaxLogit, false>(p, smem_u32(smem), nullptr, qb, h, b, 0, 0x7fffffff);
 }
 
+// Forward kernel of SDPA (analytic mask): one CTA per (query block, query head) of every
+// sample, padded to S_q rows: cell x = b * num_q_blocks + qb (folded grid, grid.h). Blocks
+// past a sample's length write the padded rows of padded outputs (O 0, LSE -inf) or exit
+// (ragged outputs). max_logit is tested at run time (one instantiation for both cases).
+template <class T, class E>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) sdpa_fwd_kernel_sm80(const SdpaFwdParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int nqb = p.analytic.num_q_blocks;
+  const GridCell cell = unfold_2d(blockIdx.x, nqb * p.batch);
+  const int b = cell.x / nqb;
+  fwd_item<T, E, true, false, AnalyticMaskSm80<T>>(p, smem_u32(smem), nullptr, cell.x - b * nqb, cell.y, b, 0,
+                                                   0x7fffffff);
+}
+
 // Persistent forward kernel of the split schedule (task mode, p.split_schedule = 1): each CTA
 // claims items in list order with an atomic counter until the list is exhausted (items of
 // long tasks come first). Exits at once when the schedule split no task.
@@ -610,6 +716,52 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_persisten
     const int32_t* task = p.view.tasks + 4 * int64_t(task_index);
     fwd_item<T, E, kMaxLogit, true>(p, sQ, s_item, __ldg(task + 0), __ldg(task + 1), __ldg(task + 2), begin,
                                         count);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// The forward instantiations of a tile (host): fn(FwdTraitsSm80<...>{}) for the tile the
+// launcher runs and the call's head dims, so the plan and the SDPA launchers instantiate the
+// same table. Head dims equal to the tile's run the branch-free (exact) variant; (192, 128)
+// and (256, 256) always do. kDecode: include the 16 x 64 decode tile (plan launches only).
+
+template <int kBQ, int kD1, int kD2, int kMT, int kMinBlocks, bool kAlwaysExact, class Fn>
+void with_fwd_tile_traits_sm80(int dqk, int dv, Fn&& fn) {
+  if constexpr (kAlwaysExact) {
+    fn(FwdTraitsSm80<kBQ, 64, kD1, kD2, kMT, kMinBlocks, true>{});
+  } else if (dqk == kD1 && dv == kD2) {
+    fn(FwdTraitsSm80<kBQ, 64, kD1, kD2, kMT, kMinBlocks, true>{});
+  } else {
+    fn(FwdTraitsSm80<kBQ, 64, kD1, kD2, kMT, kMinBlocks, false>{});
+  }
+}
+
+template <bool kDecode, class Fn>
+void with_fwd_traits_sm80(const sm80::TileSm80& tile, int dqk, int dv, Fn&& fn) {
+  if constexpr (kDecode) {
+    if (tile.fwd_bq == kDecodeBlockQ) {
+      // Decode tile (fwd_tile_for_plan_sm80: head dims <= 128 on the 128 head-dim tile): one
+      // warp of 16 rows, 36 KB of shared memory, so 6 CTAs per H200 SM (4 on an A100) keep
+      // enough K/V loads in flight; at 32 threads registers never limit occupancy (the
+      // minimum-blocks hint only documents it).
+      static_assert(kDecodeBlockQ == 16, "the decode tile is one warp of one m16 tile");
+      with_fwd_tile_traits_sm80<kDecodeBlockQ, 128, 128, 1, 4, false>(dqk, dv, fn);
+      return;
+    }
+  }
+  // Tiles: 128x64 with 4 warps of 32 rows (2 CTAs per SM) up to D = 128 and for (192, 128);
+  // 64x64 with 4 warps of 16 rows for (256, 256), whose output accumulator alone takes 128
+  // registers a thread.
+  if (tile.dqk_tile == 64) {
+    with_fwd_tile_traits_sm80<128, 64, 64, 2, 2, false>(dqk, dv, fn);
+  } else if (tile.dqk_tile == 128) {
+    // Measured on an H200 (BF16, D=128, S=8K/32K): 4 warps x 32 rows at 2 CTAs/SM reached
+    // 348 TFLOP/s, 8 warps x 16 rows at 1 CTA/SM 244 (twice the K/V fragment traffic).
+    with_fwd_tile_traits_sm80<128, 128, 128, 2, 2, false>(dqk, dv, fn);
+  } else if (tile.dqk_tile == 192) {
+    with_fwd_tile_traits_sm80<128, 192, 128, 2, 1, true>(dqk, dv, fn);
+  } else {
+    with_fwd_tile_traits_sm80<64, 256, 256, 1, 1, true>(dqk, dv, fn);
   }
 }
 

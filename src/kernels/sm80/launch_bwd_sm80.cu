@@ -67,26 +67,8 @@ void run_bwd_dtype(const BwdParams& p, DType dtype, const BwdLaunchSm80& cfg, cu
 void launch_bwd_sm80(const BwdParams& p, const TileSm80& tile, DType dtype, const BwdLaunchSm80& cfg,
                      cudaStream_t stream) {
   launch_bwd_preprocess(p, dtype, cfg.total_q, stream);
-  // Head dims equal to the tile's run the branch-free (exact) variant; the (192, 128) and
-  // (256, 256) tiles serve only those dims.
-  const bool exact = p.head_dqk == tile.dqk_tile && p.head_dv == tile.dv_tile;
-  if (tile.dqk_tile == 64) {
-    if (exact) {
-      run_bwd_dtype<kern::BwdTraitsSm80<64, 128, 64, 64, true>>(p, dtype, cfg, stream);
-    } else {
-      run_bwd_dtype<kern::BwdTraitsSm80<64, 128, 64, 64, false>>(p, dtype, cfg, stream);
-    }
-  } else if (tile.dqk_tile == 128) {
-    if (exact) {
-      run_bwd_dtype<kern::BwdTraitsSm80<64, 128, 128, 128, true>>(p, dtype, cfg, stream);
-    } else {
-      run_bwd_dtype<kern::BwdTraitsSm80<64, 128, 128, 128, false>>(p, dtype, cfg, stream);
-    }
-  } else if (tile.dqk_tile == 192) {
-    run_bwd_dtype<kern::BwdTraitsSm80<64, 64, 192, 128, true>>(p, dtype, cfg, stream);
-  } else {
-    run_bwd_dtype<kern::BwdTraitsSm80<64, 64, 256, 256, true>>(p, dtype, cfg, stream);
-  }
+  kern::with_bwd_traits_sm80(tile, p.head_dqk, p.head_dv,
+                             [&](auto t) { run_bwd_dtype<decltype(t)>(p, dtype, cfg, stream); });
 }
 
 }  // namespace flashspan::sm80

@@ -78,50 +78,19 @@ void run_fwd_dtype(const FwdParams& p, DType dtype, int num_tasks, cudaStream_t 
   with_element_type(dtype, "flex forward (sm80)", [&](auto e) { run_fwd_ml<T, decltype(e)>(p, num_tasks, stream); });
 }
 
-template <int kBQ, int kD1, int kD2, int kMT, int kMinBlocks, bool kAlwaysExact>
-void run_fwd_tile(const FwdParams& p, DType dtype, int num_tasks, cudaStream_t stream) {
-  if constexpr (kAlwaysExact) {
-    run_fwd_dtype<kern::FwdTraitsSm80<kBQ, 64, kD1, kD2, kMT, kMinBlocks, true>>(p, dtype, num_tasks, stream);
-  } else if (p.head_dqk == kD1 && p.head_dv == kD2) {
-    run_fwd_dtype<kern::FwdTraitsSm80<kBQ, 64, kD1, kD2, kMT, kMinBlocks, true>>(p, dtype, num_tasks, stream);
-  } else {
-    run_fwd_dtype<kern::FwdTraitsSm80<kBQ, 64, kD1, kD2, kMT, kMinBlocks, false>>(p, dtype, num_tasks, stream);
-  }
-}
-
 }  // namespace
 
+void reset_max_logit(float* max_logit, int n, cudaStream_t stream) {
+  fill_neg_inf_kernel<<<grid_1d((int64_t(n) + 127) / 128, "flex forward: max_logit reset"), 128, 0, stream>>>(
+      max_logit, n);
+  check_launch("flex forward: max_logit reset");
+}
+
 void launch_fwd_sm80(const FwdParams& p, const TileSm80& tile, DType dtype, int num_tasks, cudaStream_t stream) {
-  if (p.max_logit != nullptr) {
-    fill_neg_inf_kernel<<<grid_1d((int64_t(p.num_heads_q) + 127) / 128, "flex forward: max_logit reset"), 128, 0,
-                          stream>>>(p.max_logit, p.num_heads_q);
-    check_launch("flex forward: max_logit reset");
-  }
+  if (p.max_logit != nullptr) reset_max_logit(p.max_logit, p.num_heads_q, stream);
   if (p.view.num_q_blocks == 0 || (!p.grid_mode && num_tasks == 0)) return;
-  if (tile.fwd_bq == kDecodeBlockQ) {
-    // Decode tile (fwd_tile_for_plan_sm80: head dims <= 128 on the 128 head-dim tile): one
-    // warp of 16 rows, 36 KB of shared memory, so 6 CTAs per H200 SM (4 on an A100) keep
-    // enough K/V loads in flight; at 32 threads registers never limit occupancy (the
-    // minimum-blocks hint only documents it).
-    static_assert(kDecodeBlockQ == 16, "the decode tile is one warp of one m16 tile");
-    run_fwd_tile<kDecodeBlockQ, 128, 128, 1, 4, false>(p, dtype, num_tasks, stream);
-    return;
-  }
-  // Tiles: 128x64 with 4 warps of 32 rows (2 CTAs per SM) up to D = 128 and for (192, 128);
-  // 64x64 with 4 warps of 16 rows for (256, 256), whose output accumulator alone takes 128
-  // registers a thread. Head dims equal to the tile's run the branch-free (exact) variant;
-  // (192, 128) and (256, 256) always do.
-  if (tile.dqk_tile == 64) {
-    run_fwd_tile<128, 64, 64, 2, 2, false>(p, dtype, num_tasks, stream);
-  } else if (tile.dqk_tile == 128) {
-    // Measured on an H200 (BF16, D=128, S=8K/32K): 4 warps x 32 rows at 2 CTAs/SM reached
-    // 348 TFLOP/s, 8 warps x 16 rows at 1 CTA/SM 244 (twice the K/V fragment traffic).
-    run_fwd_tile<128, 128, 128, 2, 2, false>(p, dtype, num_tasks, stream);
-  } else if (tile.dqk_tile == 192) {
-    run_fwd_tile<128, 192, 128, 2, 1, true>(p, dtype, num_tasks, stream);
-  } else {
-    run_fwd_tile<64, 256, 256, 1, 1, true>(p, dtype, num_tasks, stream);
-  }
+  kern::with_fwd_traits_sm80<true>(tile, p.head_dqk, p.head_dv,
+                                   [&](auto t) { run_fwd_dtype<decltype(t)>(p, dtype, num_tasks, stream); });
 }
 
 }  // namespace flashspan::sm80

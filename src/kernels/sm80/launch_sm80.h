@@ -1,5 +1,7 @@
 // Entry points of the sm80 (mma.sync) kernel family: the forward and backward launchers
-// (launch_fwd_sm80.cu, launch_bwd_sm80.cu), called by src/dispatch with filled params.
+// (launch_fwd_sm80.cu, launch_bwd_sm80.cu) of flex (plan-driven masks) and those of SDPA
+// (launch_sdpa_fwd_sm80.cu, launch_sdpa_bwd_sm80.cu: the analytic mask, params.h
+// AnalyticMaskParams), called by src/dispatch with filled params.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,6 +16,8 @@
 namespace flashspan::sm80 {
 
 void launch_fwd_sm80(const FwdParams& p, const TileSm80& tile, DType dtype, int num_tasks, cudaStream_t stream);
+// Sets max_logit[0, n) to -inf on the stream (the forward reduces into it with atomics).
+void reset_max_logit(float* max_logit, int n, cudaStream_t stream);
 
 // Launch sizes of the backward (the dQ mode is BwdParams::deterministic).
 struct BwdLaunchSm80 {
@@ -23,5 +27,12 @@ struct BwdLaunchSm80 {
 };
 void launch_bwd_sm80(const BwdParams& p, const TileSm80& tile, DType dtype, const BwdLaunchSm80& cfg,
                      cudaStream_t stream);
+
+// SDPA with the analytic mask (p.analytic), tile_sm80(head dims): one CTA per (query block,
+// query head) of every sample padded to S_q rows (forward, deterministic dQ), per (key block,
+// kv head) padded to S_kv (dK/dV); no plan, no task list, no split schedule. The backward
+// workspace (p.delta, p.lse2, p.dq_accum) has B * S_q rows per head (p.total_q).
+void launch_sdpa_fwd_sm80(const SdpaFwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream);
+void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream);
 
 }  // namespace flashspan::sm80

@@ -1,0 +1,61 @@
+// SDPA on the GPU (sdpa_launch.h): the device checks, and the launches of a validated, bound
+// sdpa::Problem on the sm80 kernels with the analytic mask (launch_sdpa_fwd_sm80 /
+// launch_sdpa_bwd_sm80) with the parameters of sdpa_params.cpp. Nothing is read back from the
+// device: sequence lengths and ragged offsets stay in device memory, where the kernels read them.
+#include <cuda_runtime.h>
+
+#include "core/error.h"
+#include "dispatch/sdpa_launch.h"
+#include "dispatch/tensor_addr.h"
+#include "kernels/sm80/launch_sm80.h"
+
+namespace flashspan {
+
+namespace {
+
+using sdpa::Problem;
+
+void check_vec_aligned_slots(const Problem& p, std::initializer_list<int> slots) {
+  for (int s : slots) {
+    if (p.has(s)) check_vec_aligned(p.t(s), sdpa::slot_name(s));
+  }
+}
+
+// The tile of the sm80 kernels for the call's head dims (tile_sm80.h).
+sm80::TileSm80 tile_of(const Problem& p) { return sm80::tile_sm80(static_cast<int>(p.Dqk), static_cast<int>(p.Dv)); }
+
+}  // namespace
+
+void sdpa_check_support_gpu(const Problem& p) {
+  sdpa_check_features_gpu(p);
+  int major = 0, smem_optin = 0;
+  const cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device_id);
+  FS_CHECK(e == cudaSuccess, Status::kCudaError, "cudaDeviceGetAttribute(cuda:", p.device_id,
+           "): ", cudaGetErrorString(e));
+  FS_CHECK_SUPPORTED(major >= 8, "device cuda:", p.device_id, " has compute capability ", major,
+                     ".x; the SDPA GPU kernels need 8.0 or newer");
+  const cudaError_t e2 = cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, p.device_id);
+  FS_CHECK(e2 == cudaSuccess, Status::kCudaError, "cudaDeviceGetAttribute(cuda:", p.device_id,
+           "): ", cudaGetErrorString(e2));
+  const sm80::TileSm80 t = tile_of(p);
+  const int need = p.a.backward ? sm80::bwd_smem_bytes(t, p.a.deterministic) : sm80::fwd_smem_bytes(t);
+  FS_CHECK_SUPPORTED(need <= smem_optin, "q, v: head dims (D_qk, D_v) = (", p.Dqk, ", ", p.Dv, "): the ",
+                     p.a.backward ? "backward" : "forward", " kernels need ", need,
+                     " bytes of shared memory per block; device cuda:", p.device_id, " allows ", smem_optin);
+}
+
+void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, void* stream) {
+  (void)workspace;
+  (void)workspace_bytes;
+  check_vec_aligned_slots(p, {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O});
+  sm80::launch_sdpa_fwd_sm80(sdpa_fwd_params(p), tile_of(p), p.dtype, static_cast<cudaStream_t>(stream));
+}
+
+void launch_sdpa_bwd(const Problem& p, void* workspace, size_t workspace_bytes, void* stream) {
+  const SdpaBwdParams b = sdpa_bwd_params(p, workspace, workspace_bytes);
+  check_vec_aligned_slots(p, {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_DO, FS_SDPA_DQ, FS_SDPA_DK,
+                              FS_SDPA_DV});
+  sm80::launch_sdpa_bwd_sm80(b, tile_of(p), p.dtype, static_cast<cudaStream_t>(stream));
+}
+
+}  // namespace flashspan

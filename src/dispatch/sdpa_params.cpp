@@ -1,0 +1,151 @@
+// The kernels' parameters of an SDPA call (sdpa_launch.h: sdpa_fwd_params, sdpa_bwd_params,
+// the workspace size): host code only, so CPU tests can check what the kernels will be given.
+//
+// Addressing. A [B, H, S, D] descriptor (any strides, last dim contiguous) gives the
+// TensorAddr row and head strides; where sample b starts is the kernels' business
+// (SampleStart: ragged offsets times the multiplier, or b * stride(0)), so TensorAddr's batch
+// stride is 0 and `varlen` unused. The stats [B, H_q, S_q, 1] likewise.
+#include "core/error.h"
+#include "dispatch/sdpa_launch.h"
+#include "dispatch/workspace.h"
+
+namespace flashspan {
+
+namespace {
+
+using sdpa::Problem;
+
+IndexArray index_array(const Problem& p, int slot) {
+  IndexArray a;
+  if (p.has(slot)) {
+    a.ptr = p.t(slot).data;
+    a.is64 = p.t(slot).dtype == DType::kInt64 ? 1 : 0;
+  }
+  return a;
+}
+
+// Row and head strides of a [B, H, S, D] (or [B, H_q, S_q, 1] stats) descriptor.
+TensorAddr addr_of(const Problem& p, int slot) {
+  TensorAddr a;
+  if (!p.has(slot)) return a;
+  a.batch_stride = 0;
+  a.head_stride = p.t(slot).stride(1);
+  a.row_stride = p.t(slot).stride(2);
+  return a;
+}
+
+// A tensor's data pointer and strides into its params fields.
+template <class Ptr>
+void bind_tensor(const Problem& p, int slot, Ptr& data, TensorAddr& addr) {
+  data = static_cast<Ptr>(p.t(slot).data);
+  addr = addr_of(p, slot);
+}
+
+SampleStart start_of(const Problem& p, int slot) {
+  SampleStart s;
+  if (!p.has(slot)) return s;
+  if (p.ragged(slot)) {
+    s.ragged = index_array(p, sdpa::ragged_slot_of(slot));
+    s.mult = p.ragged_multiplier(slot);
+  } else {
+    s.batch_stride = p.t(slot).stride(0);
+  }
+  return s;
+}
+
+// What forward and backward share: inputs, head geometry, scale, the analytic mask.
+void fill_common(const Problem& p, QkvParams& q, AnalyticMaskParams& a) {
+  bind_tensor(p, FS_SDPA_Q, q.q, q.qa);
+  bind_tensor(p, FS_SDPA_K, q.k, q.ka);
+  bind_tensor(p, FS_SDPA_V, q.v, q.va);
+  q.varlen = 0;
+  q.batch = static_cast<int>(p.B);
+  q.num_heads_q = static_cast<int>(p.Hq);
+  q.group_size = static_cast<int>(p.Hq / p.Hk);
+  q.mask_per_head = 0;
+  q.head_dqk = static_cast<int>(p.Dqk);
+  q.head_dv = static_cast<int>(p.Dv);
+  // attn_scale as a float (a tensor scale is refused by sdpa_check_features_gpu); default 1.
+  q.scale = p.a.attn_scale_value.value_or(1.0f);
+  q.scale_log2 = q.scale * 1.4426950408889634f;
+  q.grid_mode = 1;
+  a.band = p.band();
+  a.seq_len_q = index_array(p, FS_SDPA_SEQ_LEN_Q);
+  a.seq_len_kv = index_array(p, FS_SDPA_SEQ_LEN_KV);
+  a.cu_seq_len_q = index_array(p, FS_SDPA_CU_SEQ_LEN_Q);
+  a.cu_seq_len_kv = index_array(p, FS_SDPA_CU_SEQ_LEN_KV);
+  a.max_q = static_cast<int32_t>(p.Sq);
+  a.max_kv = static_cast<int32_t>(p.Skv);
+  const struct {
+    int tensor, slot;
+  } map[] = {{kSdpaQ, FS_SDPA_Q},         {kSdpaK, FS_SDPA_K},   {kSdpaV, FS_SDPA_V},
+             {kSdpaO, FS_SDPA_O},         {kSdpaStats, FS_SDPA_STATS}, {kSdpaDO, FS_SDPA_DO},
+             {kSdpaDQ, FS_SDPA_DQ},       {kSdpaDK, FS_SDPA_DK}, {kSdpaDV, FS_SDPA_DV}};
+  for (const auto& m : map) a.start[m.tensor] = start_of(p, m.slot);
+}
+
+// delta and lse2 [H_q, B * S_q] fp32 (+ the dQ accumulator [H_q, B * S_q, D_qk] unless
+// deterministic): the first part of the flex backward layout (workspace.h) for B * S_q rows,
+// without the split schedule (the SDPA kernels run a grid).
+BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
+  FlexGeometry g;
+  g.batch = static_cast<int>(p.B);
+  g.num_heads_q = static_cast<int>(p.Hq);
+  g.num_heads_kv = static_cast<int>(p.Hk);
+  g.head_dim_qk = static_cast<int>(p.Dqk);
+  g.head_dim_v = static_cast<int>(p.Dv);
+  g.total_q = p.B * p.Sq;
+  g.max_seqlen_q = p.Sq;
+  g.total_k = p.B * p.Skv;
+  g.max_seqlen_k = p.Skv;
+  BwdWorkspaceLayout w = bwd_workspace_layout(g, p.a.deterministic);
+  // The layout's dQ accumulator ends ws_align(per * D_qk) after its start (per = the aligned
+  // bytes of delta, at offset lse2); the split schedule after it is not used.
+  if (!p.a.deterministic) w.total = w.dq_accum + ws_align(w.lse2 * size_t(p.Dqk));
+  return w;
+}
+
+}  // namespace
+
+size_t sdpa_fwd_workspace_size(const Problem&) { return 0; }
+
+size_t sdpa_bwd_workspace_size(const Problem& p) { return sdpa_bwd_layout(p).total; }
+
+SdpaFwdParams sdpa_fwd_params(const Problem& p) {
+  SdpaFwdParams f;
+  fill_common(p, f, f.analytic);
+  bind_tensor(p, FS_SDPA_O, f.o, f.oa);
+  if (p.has(FS_SDPA_STATS)) bind_tensor(p, FS_SDPA_STATS, f.lse, f.lsea);
+  if (p.has(FS_SDPA_MAX_LOGIT)) f.max_logit = p.t(FS_SDPA_MAX_LOGIT).ptr<float>();
+  f.analytic.lse_unit = p.a.stats_use_log2 ? 1.0f : 0.6931471805599453f;
+  f.pack = 1;
+  f.split_schedule = 0;
+  return f;
+}
+
+SdpaBwdParams sdpa_bwd_params(const Problem& p, void* workspace, size_t workspace_bytes) {
+  const BwdWorkspaceLayout wl = sdpa_bwd_layout(p);
+  FS_CHECK_ARG(workspace_bytes >= wl.total && (wl.total == 0 || workspace != nullptr), "workspace: needs ", wl.total,
+               " bytes, got ", workspace_bytes);
+  FS_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace) % 16 == 0, "workspace: must be 16-byte aligned");
+  SdpaBwdParams b;
+  fill_common(p, b, b.analytic);
+  bind_tensor(p, FS_SDPA_O, b.o, b.oa);
+  bind_tensor(p, FS_SDPA_DO, b.dout, b.doa);
+  bind_tensor(p, FS_SDPA_DQ, b.dq, b.dqa);
+  bind_tensor(p, FS_SDPA_DK, b.dk, b.dka);
+  bind_tensor(p, FS_SDPA_DV, b.dv, b.dva);
+  bind_tensor(p, FS_SDPA_STATS, b.lse, b.lsea);
+  char* ws = static_cast<char*>(workspace);
+  b.delta = reinterpret_cast<float*>(ws + wl.delta);
+  b.lse2 = reinterpret_cast<float*>(ws + wl.lse2);
+  b.deterministic = p.a.deterministic ? 1 : 0;
+  b.dq_accum = p.a.deterministic ? nullptr : reinterpret_cast<float*>(ws + wl.dq_accum);
+  // Workspace rows: sample b's row i is b * S_q + i (bwd_prepost.cuh: query_row with seqlen_q).
+  b.total_q = p.B * p.Sq;
+  b.seqlen_q = p.Sq;
+  b.split_schedule = 0;
+  return b;
+}
+
+}  // namespace flashspan

@@ -1,0 +1,97 @@
+// The host rules of SDPA on the GPU (sdpa_launch.h, sdpa_check_features_gpu): which features
+// the analytic-mask kernels run, checked on the descriptors alone, so that CPU builds and CPU
+// tests see the same messages a GPU call gets.
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+
+#include "core/error.h"
+#include "dispatch/sdpa_launch.h"
+#include "kernels/sm80/tile_sm80.h"
+
+namespace flashspan {
+
+namespace {
+
+using sdpa::Problem;
+
+// The message of a feature the GPU kernels do not run yet.
+[[noreturn]] void not_native(const char* feature) {
+  throw Error(Status::kNotSupported,
+              detail::concat(feature, ": not supported on CUDA tensors yet (the native SDPA GPU kernels run the pure-mask "
+                                      "configurations: causal, bands, windows, padding, THD, GQA/MQA); CPU tensors run "
+                                      "it on the CPU reference"));
+}
+
+// 16-bit tensors move 16-byte chunks: a packed tensor's sample must start on 8 elements, which
+// the host can only guarantee through the multiplier (the offsets live in device memory).
+void check_ragged_multiplier(const Problem& p, int slot) {
+  if (!p.has(slot) || !p.ragged(slot)) return;
+  const int64_t m = p.ragged_multiplier(slot);
+  FS_CHECK_SUPPORTED(m % 8 == 0, sdpa::slot_name(sdpa::ragged_slot_of(slot)), ": the multiplier ", m,
+                     " must be a multiple of 8 on CUDA tensors (samples must start on 16-byte boundaries; e.g. token "
+                     "offsets with the multiplier H * D, the row stride of a packed (T, H, D) tensor)");
+}
+
+// The kernels' vector rule on a descriptor's strides (check_vec_aligned checks the data
+// pointers at execute).
+void check_strides(const Problem& p, int slot) {
+  if (!p.has(slot)) return;
+  const TensorView& t = p.t(slot);
+  for (int d = 0; d + 1 < t.ndim; ++d) {
+    if (d == 0 && p.ragged(slot)) continue;  // a packed tensor's batch dimension is addressed by its offsets
+    FS_CHECK_SUPPORTED(t.shape[d] <= 1 || t.strides[d] % 8 == 0, sdpa::slot_name(slot), ": stride ", t.strides[d],
+                       " of dimension ", d, " must be a multiple of 8 elements for the GPU kernels");
+  }
+}
+
+}  // namespace
+
+void sdpa_check_features_gpu(const Problem& p) {
+  const sdpa::Attributes& a = p.a;
+  if (p.has(FS_SDPA_BIAS)) not_native("bias");
+  if (p.has(FS_SDPA_DBIAS)) not_native("dBias");
+  if (a.alibi) not_native("use_alibi_mask (ALiBi)");
+  if (a.softcap) not_native("softcap");
+  if (p.has(FS_SDPA_SINK_TOKEN)) not_native("sink_token (attention sinks)");
+  if (p.has(FS_SDPA_DSINK_TOKEN)) not_native("dSink_token");
+  if (p.dropout || a.dropout_mask_form) not_native("dropout");
+  if (p.has(FS_SDPA_RNG_DUMP)) not_native("rng_dump");
+  if (p.paged) not_native("paged_attention_k_table, paged_attention_v_table (paged K/V caches)");
+  if (p.has(FS_SDPA_BLOCK_MASK)) not_native("block_mask");
+  if (p.has(FS_SDPA_GATE)) not_native("gate");
+  if (p.has(FS_SDPA_DGATE)) not_native("dgate");
+  if (p.has(FS_SDPA_SCORE_MAX)) not_native("score_max (logit_max output)");
+  if (p.has(FS_SDPA_SCORE_SUM_EXP)) not_native("score_sum_exp");
+  if (p.has(FS_SDPA_ATTN_SCALE)) not_native("attn_scale as a tensor (pass it as a float)");
+  FS_CHECK_SUPPORTED(p.Hk == p.Hv, "k, v: H_k = ", p.Hk, " != H_v = ", p.Hv,
+                     " is not supported on CUDA tensors yet (the GPU kernels share one K/V head count)");
+  FS_CHECK_SUPPORTED(p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16,
+                     "q: the GPU kernels take float16 or bfloat16, got ", dtype_name(p.dtype));
+  FS_CHECK_SUPPORTED(sm80::runs_head_dims_sm80(static_cast<int>(p.Dqk), static_cast<int>(p.Dv)),
+                     "q, v: head dims (D_qk, D_v) = (", p.Dqk, ", ", p.Dv,
+                     ") are not supported on CUDA tensors: the GPU kernels run each in {8, 16, ..., 128}, or (192, "
+                     "128), or (256, 256)");
+  // Positions and workspace rows are int32 in the kernels.
+  constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
+  FS_CHECK_SUPPORTED(p.Sq <= kMaxRows && p.Skv <= kMaxRows && p.B <= kMaxRows / std::max<int64_t>(p.Sq, 1),
+                     "q, k: B * S_q = ", p.B, " * ", p.Sq, " and S_kv = ", p.Skv,
+                     " must stay below 2^31 for the GPU kernels (int32 row indices)");
+  for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_DO, FS_SDPA_DQ, FS_SDPA_DK, FS_SDPA_DV}) {
+    check_strides(p, s);
+    check_ragged_multiplier(p, s);
+  }
+  // One row limit per epilogue: O with its stats, dK with dV.
+  if (p.has(FS_SDPA_STATS) && !a.backward) {
+    FS_CHECK_SUPPORTED(p.ragged(FS_SDPA_O) == p.ragged(FS_SDPA_STATS),
+                       "o, stats: one is packed (ragged offsets) and the other padded; on CUDA tensors both must be "
+                       "packed or both padded");
+  }
+  if (a.backward) {
+    FS_CHECK_SUPPORTED(p.ragged(FS_SDPA_DK) == p.ragged(FS_SDPA_DV),
+                       "dK, dV: one is packed (ragged offsets) and the other padded; on CUDA tensors both must be "
+                       "packed or both padded");
+  }
+}
+
+}  // namespace flashspan

@@ -1,0 +1,68 @@
+// Instantiations and launch of the sm80 SDPA backward (analytic mask, kernel_bwd_sm80.cuh):
+// preprocess (D, lse2), dK/dV (sdpa_bwd_dkdv_kernel_sm80; it also adds dS K into the fp32 dQ
+// accumulator when not deterministic), then the dQ convert or, deterministic, the ordered
+// dQ kernel (sdpa_bwd_dq_kernel_sm80). The backward tiles of the flex kernels
+// (with_bwd_traits_sm80) x {fp16, bf16}: 24 main kernels. No split schedule: one CTA per
+// (key block, kv head) of every sample.
+#include "kernels/common/bwd_prepost.cuh"
+#include "kernels/common/grid.h"
+#include "kernels/sm80/kernel_bwd_sm80.cuh"
+#include "kernels/sm80/launch_sm80.h"
+
+namespace flashspan::sm80 {
+namespace {
+
+template <class T, class E>
+void run_sdpa_bwd(const SdpaBwdParams& p_in, cudaStream_t stream) {
+  static_assert(T::kSmemBytes == bwd_dkdv_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
+  static_assert(T::kSmemBytesQ == bwd_dq_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
+  SdpaBwdParams p = p_in;
+  p.analytic.num_q_blocks = (p.analytic.max_q + T::kBlockQ - 1) / T::kBlockQ;
+  p.analytic.num_k_blocks = (p.analytic.max_kv + T::kBlockK - 1) / T::kBlockK;
+  auto dkdv = kern::sdpa_bwd_dkdv_kernel_sm80<T, E>;
+  auto dq = kern::sdpa_bwd_dq_kernel_sm80<T, E>;
+  static std::atomic<uint64_t> dkdv_set{0}, dq_set{0};
+  ensure_smem_limit(dkdv, T::kSmemBytes, dkdv_set, "sdpa backward dK/dV: cudaFuncSetAttribute");
+  if (p.deterministic) ensure_smem_limit(dq, T::kSmemBytesQ, dq_set, "sdpa backward dQ: cudaFuncSetAttribute");
+  if (p.analytic.num_k_blocks > 0) {
+    // (key block of a sample, kv head) folded into x (grid.h); cell x = b * nkb + kb.
+    const unsigned grid = grid_2d_folded(int64_t(p.batch) * p.analytic.num_k_blocks, p.num_heads_q / p.group_size,
+                                         "sdpa backward dK/dV");
+    dkdv<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
+    check_launch("sdpa backward dK/dV (sm80)");
+  }
+  if (p.total_q == 0) return;
+  if (!p.deterministic) {
+    // One warp per (query row, head), grid-stride (bwd_prepost.cuh).
+    kern::sdpa_bwd_dq_convert_kernel<E><<<grid_stride_1d(int64_t(p.num_heads_q) * p.total_q, 8), 256, 0, stream>>>(p);
+    check_launch("sdpa backward dQ convert (sm80)");
+  } else {
+    // (query block of a sample, query head) folded into x (grid.h).
+    dq<<<grid_2d_folded(int64_t(p.batch) * p.analytic.num_q_blocks, p.num_heads_q, "sdpa backward dQ"), T::kThreadsQ,
+         T::kSmemBytesQ, stream>>>(p);
+    check_launch("sdpa backward dQ (sm80)");
+  }
+}
+
+}  // namespace
+
+void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream) {
+  if (p.total_q > 0) {
+    if (!p.deterministic) {
+      check_cuda(cudaMemsetAsync(p.dq_accum, 0,
+                                 sizeof(float) * size_t(p.num_heads_q) * size_t(p.total_q) * size_t(p.head_dqk), stream),
+                 "sdpa backward: clearing the dQ accumulator");
+    }
+    // One warp per (query row, head), grid-stride (bwd_prepost.cuh).
+    const unsigned grid = grid_stride_1d(int64_t(p.num_heads_q) * p.total_q, 8);
+    with_element_type(dtype, "sdpa backward preprocess (sm80)", [&](auto e) {
+      kern::sdpa_bwd_preprocess_kernel<decltype(e)><<<grid, 256, 0, stream>>>(p);
+    });
+    check_launch("sdpa backward preprocess (sm80)");
+  }
+  kern::with_bwd_traits_sm80(tile, p.head_dqk, p.head_dv, [&](auto t) {
+    with_element_type(dtype, "sdpa backward (sm80)", [&](auto e) { run_sdpa_bwd<decltype(t), decltype(e)>(p, stream); });
+  });
+}
+
+}  // namespace flashspan::sm80

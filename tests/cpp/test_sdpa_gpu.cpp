@@ -1,0 +1,433 @@
+// GPU tests of SDPA on the analytic-mask kernels (the C++ API on CUDA tensors: check_support,
+// workspace_size, execute; dispatch/sdpa_dispatch.cu, kernels/sm80 sdpa_*_kernel_sm80) against
+// the SDPA CPU reference run through the same API on host copies of the same 16-bit inputs.
+//
+// Every case: random shapes (S_q != S_kv), head dims, GQA / MQA, float16 / bfloat16, a mask in
+// either alignment (none, causal, bands, windows), padding (seq_len or cu_seq_len, int32 or
+// int64) and ragged (packed THD) sides with gaps and zero-length samples, BHSD / BSHD /
+// padded-stride layouts. Inputs are NaN outside the samples (padding rows, gaps: never
+// read); outputs and workspaces are NaN / 0xFF-poisoned before every run; padded outputs must
+// hold 0 / -inf past the samples and ragged ones must leave the gaps untouched. The backward
+// takes the reference's O (rounded) and LSE, with their padding re-poisoned, so it is checked
+// on its own. Error criteria: tests/cpp/error_criteria.h.
+// Skips when no CUDA device is visible (or the build has no CUDA).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "error_criteria.h"
+#include "flashspan/flashspan.hpp"
+#include "gpu_harness.h"
+#include "sdpa_case.h"
+
+namespace flashspan::test {
+namespace {
+
+#ifndef FLASHSPAN_WITH_CUDA
+
+TEST(SdpaGpu, Skipped) { GTEST_SKIP() << "flashspan was built without CUDA"; }
+
+#else
+
+namespace api = flashspan::api;
+using namespace sdpa_case;
+
+// ---------------------------------------------------------------------------
+// A tensor: host storage in its layout (sdpa_case.h), a device twin, its descriptors
+// ---------------------------------------------------------------------------
+
+struct Tensor : Storage {
+  std::unique_ptr<DevBuf> dev;
+
+  void alloc(const Layout& l, DType t) {
+    alloc_host(l, t);
+    dev = std::make_unique<DevBuf>(host.size());
+  }
+  void upload() { cuda_ok(cudaMemcpy(dev->p, host.data(), host.size(), cudaMemcpyHostToDevice), "upload"); }
+  void poison_device() { cuda_ok(cudaMemset(dev->p, 0xff, host.size()), "poison"); }
+  std::vector<uint8_t> download() const {
+    std::vector<uint8_t> out(host.size());
+    cuda_ok(cudaMemcpy(out.data(), dev->p, out.size(), cudaMemcpyDeviceToHost), "download");
+    return out;
+  }
+  api::TensorDesc desc(bool cuda) const {
+    const fs_dtype_t t = dtype == DType::kFloat32 ? api::kFloat32 : dtype == DType::kBFloat16 ? api::kBFloat16 : api::kFloat16;
+    const fs_device_t d{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0};
+    return api::TensorDesc(nullptr, t, d, {lay.B, lay.H, lay.S, lay.D}, lay.strides);
+  }
+  void* ptr(bool cuda) const { return cuda ? dev->p : const_cast<uint8_t*>(host.data()); }
+};
+
+// An int32 / int64 index tensor on host and device.
+struct Index {
+  std::vector<int64_t> values;
+  bool is64 = false;
+  std::vector<uint8_t> host;
+  std::unique_ptr<DevBuf> dev;
+
+  void make(std::vector<int64_t> v, bool i64) {
+    values = std::move(v);
+    is64 = i64;
+    const size_t es = i64 ? 8 : 4;
+    host.resize(std::max<size_t>(values.size(), 1) * es);
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (i64) {
+        std::memcpy(host.data() + 8 * i, &values[i], 8);
+      } else {
+        const int32_t x = int32_t(values[i]);
+        std::memcpy(host.data() + 4 * i, &x, 4);
+      }
+    }
+    dev = std::make_unique<DevBuf>(host.size());
+    cuda_ok(cudaMemcpy(dev->p, host.data(), host.size(), cudaMemcpyHostToDevice), "upload index");
+  }
+  bool defined() const { return dev != nullptr; }
+  api::TensorDesc desc(bool cuda) const {
+    return api::TensorDesc(nullptr, is64 ? api::kInt64 : api::kInt32, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0},
+                           {int64_t(values.size())});
+  }
+  void* ptr(bool cuda) const { return cuda ? dev->p : const_cast<uint8_t*>(host.data()); }
+};
+
+// Everything one case runs on: inputs, outputs, lengths, offsets.
+struct Problem {
+  Case c;
+  std::vector<int64_t> len_q, len_kv;
+  Layout lq_qk, lq_v, lq_stats, lkv_qk, lkv_v;  // Q side (D_qk / D_v / stats), KV side
+  Tensor q, k, v, o, stats, dO, dq, dk, dv;
+  Tensor max_logit;
+  Index seq_q, seq_kv, cu_q, cu_kv, rag_q, rag_kv;
+
+  bool padding() const { return c.lengths != 0 || c.kind_q == Kind::kThd || c.kind_kv == Kind::kThd; }
+};
+
+std::unique_ptr<Problem> make_problem(const Case& c) {
+  auto p = std::make_unique<Problem>();
+  p->c = c;
+  std::mt19937_64 rng(c.seed * 7919 + 17);
+  const bool pad = p->padding();
+  sample_lengths(c, rng, p->len_q, p->len_kv);
+  // cu_seq_len describes packed samples without gaps; seq_len allows gaps.
+  const bool gaps = c.lengths != 2;
+  const std::vector<int64_t> tok_q = token_offsets(p->len_q, gaps, rng), tok_kv = token_offsets(p->len_kv, gaps, rng);
+  p->lq_qk = make_layout(c.kind_q, c.B, c.Hq, c.Sq, c.Dqk, tok_q);
+  p->lq_v = make_layout(c.kind_q, c.B, c.Hq, c.Sq, c.Dv, tok_q);
+  p->lq_stats = make_layout(c.kind_q == Kind::kThd ? Kind::kThd : Kind::kBhsd, c.B, c.Hq, c.Sq, 1, tok_q);
+  p->lkv_qk = make_layout(c.kind_kv, c.B, c.Hk, c.Skv, c.Dqk, tok_kv);
+  p->lkv_v = make_layout(c.kind_kv, c.B, c.Hk, c.Skv, c.Dv, tok_kv);
+  p->q.alloc(p->lq_qk, c.dtype);
+  p->k.alloc(p->lkv_qk, c.dtype);
+  p->v.alloc(p->lkv_v, c.dtype);
+  p->o.alloc(p->lq_v, c.dtype);
+  p->dO.alloc(p->lq_v, c.dtype);
+  p->dq.alloc(p->lq_qk, c.dtype);
+  p->dk.alloc(p->lkv_qk, c.dtype);
+  p->dv.alloc(p->lkv_v, c.dtype);
+  p->stats.alloc(p->lq_stats, DType::kFloat32);
+  Layout ml;
+  ml.B = 1;
+  ml.H = c.Hq;
+  ml.S = 1;
+  ml.D = 1;
+  ml.strides = {c.Hq, 1, 1, 1};
+  ml.storage = c.Hq;
+  p->max_logit.alloc(ml, DType::kFloat32);
+  fill_valid(p->q, p->len_q, rng);
+  fill_valid(p->k, p->len_kv, rng);
+  fill_valid(p->v, p->len_kv, rng);
+  fill_valid(p->dO, p->len_q, rng);
+  for (Tensor* t : {&p->q, &p->k, &p->v, &p->dO}) t->upload();
+  if (c.lengths == 1 || (pad && c.lengths == 0)) {
+    p->seq_q.make(p->len_q, c.lengths64);
+    p->seq_kv.make(p->len_kv, c.lengths64);
+  } else if (c.lengths == 2) {
+    p->cu_q.make(prefix_sums(p->len_q), c.lengths64);
+    p->cu_kv.make(prefix_sums(p->len_kv), c.lengths64);
+  }
+  if (c.kind_q == Kind::kThd) p->rag_q.make(tok_q, !c.lengths64);
+  if (c.kind_kv == Kind::kThd) p->rag_kv.make(tok_kv, c.lengths64);
+  return p;
+}
+
+// The options of a case on an attribute object (forward or backward).
+template <class Attr>
+void set_options(const Problem& p, Attr& a, bool cuda) {
+  const Case& c = p.c;
+  a.set_attn_scale(c.scale);
+  if (c.bottom_right) a.set_diagonal_alignment(api::DiagonalAlignment::kBottomRight);
+  if (c.has_left) a.set_diagonal_band_left_bound(c.left);
+  if (c.has_right) a.set_diagonal_band_right_bound(c.right);
+  if (p.padding()) {
+    a.set_padding_mask(true);
+    if (p.seq_q.defined()) a.set_seq_len_q(p.seq_q.desc(cuda)).set_seq_len_kv(p.seq_kv.desc(cuda));
+    if (p.cu_q.defined()) a.set_cu_seq_len_q(p.cu_q.desc(cuda)).set_cu_seq_len_kv(p.cu_kv.desc(cuda));
+  }
+}
+
+// Ragged offsets (token offsets, multiplier = the row stride) of the side's tensors.
+template <class Attr>
+void set_ragged(const Problem& p, Attr& a, bool cuda, std::initializer_list<std::pair<fs_sdpa_slot_t, const Tensor*>> ts) {
+  for (const auto& [slot, t] : ts) {
+    if (!t->lay.ragged()) continue;
+    const bool q_side = slot == FS_SDPA_Q || slot == FS_SDPA_O || slot == FS_SDPA_STATS || slot == FS_SDPA_DO ||
+                        slot == FS_SDPA_DQ;
+    a.set_ragged_offset(slot, (q_side ? p.rag_q : p.rag_kv).desc(cuda), t->lay.strides[2]);
+  }
+}
+
+void set_index_pointers(const Problem& p, api::SdpaVariantPack& pack, bool cuda) {
+  if (p.seq_q.defined()) pack.set(FS_SDPA_SEQ_LEN_Q, p.seq_q.ptr(cuda)).set(FS_SDPA_SEQ_LEN_KV, p.seq_kv.ptr(cuda));
+  if (p.cu_q.defined()) pack.set(FS_SDPA_CU_SEQ_LEN_Q, p.cu_q.ptr(cuda)).set(FS_SDPA_CU_SEQ_LEN_KV, p.cu_kv.ptr(cuda));
+  const std::pair<fs_sdpa_slot_t, const Tensor*> q_side[] = {
+      {FS_SDPA_RAGGED_OFFSET_Q, &p.q}, {FS_SDPA_RAGGED_OFFSET_O, &p.o}, {FS_SDPA_RAGGED_OFFSET_STATS, &p.stats},
+      {FS_SDPA_RAGGED_OFFSET_DO, &p.dO}, {FS_SDPA_RAGGED_OFFSET_DQ, &p.dq}};
+  for (const auto& [slot, t] : q_side)
+    if (t->lay.ragged()) pack.set(slot, p.rag_q.ptr(cuda));
+  const std::pair<fs_sdpa_slot_t, const Tensor*> kv_side[] = {
+      {FS_SDPA_RAGGED_OFFSET_K, &p.k}, {FS_SDPA_RAGGED_OFFSET_V, &p.v}, {FS_SDPA_RAGGED_OFFSET_DK, &p.dk},
+      {FS_SDPA_RAGGED_OFFSET_DV, &p.dv}};
+  for (const auto& [slot, t] : kv_side)
+    if (t->lay.ragged()) pack.set(slot, p.rag_kv.ptr(cuda));
+}
+
+// The forward on the CPU reference (cuda = false, host buffers) or the GPU (device buffers).
+void run_forward(Problem& p, bool cuda, bool log2, void* stream = nullptr) {
+  api::SdpaAttributes a;
+  set_options(p, a, cuda);
+  set_ragged(p, a, cuda, {{FS_SDPA_Q, &p.q}, {FS_SDPA_K, &p.k}, {FS_SDPA_V, &p.v}, {FS_SDPA_O, &p.o},
+                          {FS_SDPA_STATS, &p.stats}});
+  a.set_generate_stats(true).set_stats_use_log2(log2);
+  if (p.c.max_logit) a.set_max_logit(api::TensorDesc(nullptr, api::kFloat32, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0}, {p.c.Hq}));
+  const api::TensorDesc st = p.stats.desc(cuda);
+  api::SdpaFwd fwd(p.q.desc(cuda), p.k.desc(cuda), p.v.desc(cuda), p.o.desc(cuda), &st, a);
+  fwd.check_support();
+  fwd.compile();
+  api::SdpaVariantPack pack;
+  pack.set(FS_SDPA_Q, p.q.ptr(cuda)).set(FS_SDPA_K, p.k.ptr(cuda)).set(FS_SDPA_V, p.v.ptr(cuda));
+  pack.set(FS_SDPA_O, p.o.ptr(cuda)).set(FS_SDPA_STATS, p.stats.ptr(cuda));
+  if (p.c.max_logit) pack.set(FS_SDPA_MAX_LOGIT, p.max_logit.ptr(cuda));
+  set_index_pointers(p, pack, cuda);
+  const size_t ws = fwd.workspace_size();
+  DevBuf w(cuda ? ws : 0);
+  if (cuda && ws) cuda_ok(cudaMemset(w.p, 0xff, ws), "poison workspace");
+  fwd.execute(pack, w.p, ws, stream);
+  if (cuda) cuda_ok(cudaDeviceSynchronize(), "sdpa forward");
+}
+
+void run_backward(Problem& p, bool cuda, void* stream = nullptr) {
+  api::SdpaBackwardAttributes a;
+  set_options(p, a, cuda);
+  set_ragged(p, a, cuda, {{FS_SDPA_Q, &p.q}, {FS_SDPA_K, &p.k}, {FS_SDPA_V, &p.v}, {FS_SDPA_O, &p.o},
+                          {FS_SDPA_STATS, &p.stats}, {FS_SDPA_DO, &p.dO}, {FS_SDPA_DQ, &p.dq}, {FS_SDPA_DK, &p.dk},
+                          {FS_SDPA_DV, &p.dv}});
+  a.set_deterministic_algorithm(p.c.deterministic);
+  api::SdpaBwd bwd(p.q.desc(cuda), p.k.desc(cuda), p.v.desc(cuda), p.o.desc(cuda), p.dO.desc(cuda),
+                   p.stats.desc(cuda), p.dq.desc(cuda), p.dk.desc(cuda), p.dv.desc(cuda), a);
+  bwd.check_support();
+  bwd.compile();
+  api::SdpaVariantPack pack;
+  pack.set(FS_SDPA_Q, p.q.ptr(cuda)).set(FS_SDPA_K, p.k.ptr(cuda)).set(FS_SDPA_V, p.v.ptr(cuda));
+  pack.set(FS_SDPA_O, p.o.ptr(cuda)).set(FS_SDPA_DO, p.dO.ptr(cuda)).set(FS_SDPA_STATS, p.stats.ptr(cuda));
+  pack.set(FS_SDPA_DQ, p.dq.ptr(cuda)).set(FS_SDPA_DK, p.dk.ptr(cuda)).set(FS_SDPA_DV, p.dv.ptr(cuda));
+  set_index_pointers(p, pack, cuda);
+  const size_t ws = bwd.workspace_size();
+  DevBuf w(cuda ? ws : 0);
+  if (cuda && ws) cuda_ok(cudaMemset(w.p, 0xff, ws), "poison workspace");
+  bwd.execute(pack, w.p, ws, stream);
+  if (cuda) cuda_ok(cudaDeviceSynchronize(), "sdpa backward");
+}
+
+// got (device result) against ref (host reference result), both whole storages: the error
+// criteria on the written elements, and elements the reference left NaN (gaps of ragged
+// tensors) still NaN on the device.
+::testing::AssertionResult same_result(const Tensor& ref, const std::vector<uint8_t>& got_bytes, bool stat) {
+  const std::vector<double> r = Tensor::values(ref.host, ref.dtype), g = Tensor::values(got_bytes, ref.dtype);
+  for (size_t i = 0; i < r.size(); ++i)
+    if (std::isnan(r[i]) && !std::isnan(g[i]))
+      return ::testing::AssertionFailure() << "element " << i << " outside the samples was written: " << g[i];
+  return stat ? fs_test::stat_close(g, r) : fs_test::tensor_close(g, r, ref.dtype);
+}
+
+void run_case(const Case& c, bool backward = true) {
+  SCOPED_TRACE(c.str());
+  auto p = make_problem(c);
+  // Reference forward on the host buffers (outputs NaN before), GPU forward on poisoned
+  // device outputs; the same for the backward, which takes the reference's O and LSE.
+  const bool log2 = c.log2_stats && !backward;
+  run_forward(*p, /*cuda=*/false, log2);
+  p->o.poison_device();
+  p->stats.poison_device();
+  p->max_logit.poison_device();
+  run_forward(*p, /*cuda=*/true, log2);
+  EXPECT_TRUE(same_result(p->o, p->o.download(), false)) << "O";
+  EXPECT_TRUE(same_result(p->stats, p->stats.download(), true)) << "stats";
+  if (c.max_logit) {
+    EXPECT_TRUE(same_result(p->max_logit, p->max_logit.download(), true)) << "max_logit";
+  }
+  if (!backward) return;
+  // The backward's O / LSE: the reference's, padding rows NaN again (never read).
+  poison_padding(p->o, p->len_q);
+  poison_padding(p->stats, p->len_q);
+  p->o.upload();
+  p->stats.upload();
+  run_backward(*p, /*cuda=*/false);
+  for (Tensor* t : {&p->dq, &p->dk, &p->dv}) t->poison_device();
+  run_backward(*p, /*cuda=*/true);
+  EXPECT_TRUE(same_result(p->dq, p->dq.download(), false)) << "dQ";
+  EXPECT_TRUE(same_result(p->dk, p->dk.download(), false)) << "dK";
+  EXPECT_TRUE(same_result(p->dv, p->dv.download(), false)) << "dV";
+}
+
+TEST(SdpaGpu, RandomCases) {
+  REQUIRE_GPU();
+  for (uint64_t seed = 1; seed <= 120; ++seed) {
+    run_case(random_case(seed));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, MasksInBothAlignments) {
+  // Every mask kind with S_q < S_kv and S_q > S_kv, both alignments, padded and THD.
+  REQUIRE_GPU();
+  uint64_t seed = 1000;
+  for (const auto& [sq, skv] : {std::pair<int64_t, int64_t>{77, 200}, {200, 77}, {128, 128}})
+    for (int br = 0; br < 2; ++br)
+      for (int m = 0; m < 5; ++m) {
+        Case c;
+        c.seed = ++seed;
+        c.B = 2;
+        c.Hq = 4;
+        c.Hk = 2;
+        c.Sq = sq;
+        c.Skv = skv;
+        c.bottom_right = br;
+        c.has_right = m != 3;
+        c.right = m == 2 ? 5 : 0;
+        c.has_left = m >= 1 && m != 2;
+        c.left = m == 4 ? 1 : 33;
+        if (br && !c.has_left && !c.has_right) c.has_right = true;
+        c.kind_q = c.kind_kv = m % 2 ? Kind::kThd : Kind::kBhsd;
+        c.lengths = m % 3 == 0 ? 0 : 1;
+        run_case(c);
+        if (::testing::Test::HasFailure()) return;
+      }
+}
+
+TEST(SdpaGpu, ZeroLengthKvRowGivesZeroNotNaN) {
+  // A sample with no keys: O = 0, LSE = -inf, zero gradients, nothing NaN (the seed's
+  // kernels return NaN there).
+  REQUIRE_GPU();
+  for (Kind kind : {Kind::kBhsd, Kind::kThd}) {
+    Case c;
+    c.seed = 77;
+    c.B = 3;
+    c.Hq = 2;
+    c.Hk = 1;
+    c.Sq = 50;
+    c.Skv = 90;
+    c.has_right = true;
+    c.bottom_right = true;
+    c.kind_q = c.kind_kv = kind;
+    c.lengths = 1;
+    c.zero_kv_sample = true;
+    SCOPED_TRACE(c.str());
+    auto p = make_problem(c);
+    ASSERT_EQ(p->len_kv[1], 0);
+    p->o.poison_device();
+    p->stats.poison_device();
+    run_forward(*p, true, false);
+    const std::vector<double> o = Tensor::values(p->o.download(), c.dtype);
+    const std::vector<double> st = Tensor::values(p->stats.download(), DType::kFloat32);
+    for (int64_t h = 0; h < c.Hq; ++h)
+      for (int64_t i = 0; i < p->len_q[1]; ++i) {
+        EXPECT_EQ(st[size_t(p->stats.lay.at(1, h, i, 0))], -INFINITY);
+        for (int64_t d = 0; d < c.Dv; ++d) EXPECT_EQ(o[size_t(p->o.lay.at(1, h, i, d))], 0.0);
+      }
+    run_case(c);
+  }
+}
+
+TEST(SdpaGpu, HeadDims) {
+  REQUIRE_GPU();
+  const std::pair<int64_t, int64_t> dims[] = {{8, 8},   {16, 32}, {32, 32},  {48, 64},  {64, 64},   {64, 128},
+                                              {80, 80}, {96, 96}, {112, 64}, {128, 128}, {192, 128}, {256, 256}};
+  uint64_t seed = 2000;
+  for (const auto& [dqk, dv] : dims)
+    for (DType t : {DType::kFloat16, DType::kBFloat16}) {
+      Case c;
+      c.seed = ++seed;
+      c.dtype = t;
+      c.B = 2;
+      c.Hq = 2;
+      c.Hk = 1;
+      c.Sq = 150;
+      c.Skv = 170;
+      c.Dqk = dqk;
+      c.Dv = dv;
+      c.has_right = true;
+      c.has_left = true;
+      c.left = 60;
+      c.lengths = 1;
+      c.scale = 1.0f / std::sqrt(float(dqk));
+      run_case(c);
+      if (::testing::Test::HasFailure()) return;
+    }
+}
+
+TEST(SdpaGpu, DeterministicBackwardIsBitwiseReproducible) {
+  REQUIRE_GPU();
+  Case c;
+  c.seed = 3000;
+  c.B = 2;
+  c.Hq = 8;
+  c.Hk = 2;
+  c.Sq = 300;
+  c.Skv = 260;
+  c.Dqk = c.Dv = 128;
+  c.has_right = true;
+  c.bottom_right = true;
+  c.kind_q = c.kind_kv = Kind::kThd;
+  c.lengths = 1;
+  c.deterministic = true;
+  auto p = make_problem(c);
+  run_forward(*p, false, false);
+  poison_padding(p->o, p->len_q);
+  poison_padding(p->stats, p->len_q);
+  p->o.upload();
+  p->stats.upload();
+  std::vector<std::vector<uint8_t>> first;
+  for (int run = 0; run < 3; ++run) {
+    for (Tensor* t : {&p->dq, &p->dk, &p->dv}) t->poison_device();
+    run_backward(*p, true);
+    std::vector<std::vector<uint8_t>> now = {p->dq.download(), p->dk.download(), p->dv.download()};
+    if (run == 0) {
+      first = now;
+    } else {
+      EXPECT_TRUE(now == first) << "run " << run << " differs bitwise from run 0";
+    }
+  }
+}
+
+TEST(SdpaGpu, LayoutsPerSide) {
+  // Every pairing of the Q side's and the KV side's layouts (one side packed, the other dense).
+  REQUIRE_GPU();
+  uint64_t seed = 4000;
+  for (Kind kq : kAllKinds)
+    for (Kind kkv : kAllKinds) {
+      run_case(layout_case(++seed, kq, kkv));
+      if (::testing::Test::HasFailure()) return;
+    }
+}
+
+#endif  // FLASHSPAN_WITH_CUDA
+
+}  // namespace
+}  // namespace flashspan::test

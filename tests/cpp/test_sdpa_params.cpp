@@ -1,0 +1,452 @@
+// The SDPA dispatch on the host (dispatch/sdpa_params.cpp): the parameters the analytic-mask
+// kernels get for a call (strides, per-tensor sample starts, lengths, band, workspace rows),
+// run through a scalar model of the sm80 kernels' block structure (kernel_fwd_sm80.cuh fwd_item,
+// kernel_bwd_sm80.cuh dkdv_item and the dQ kernel, bwd_prepost.cuh) built from the kernels' own
+// device helpers compiled for the host (analytic_seqlen.cuh, analytic_mask.h: lengths, sample
+// starts, rows a block stores, the Q2K / K2Q cursors and walk, the block-mask terms), against
+// the SDPA CPU reference on the same inputs. It checks, without a GPU, everything of the
+// native path but the mma fragments (whose (row, col) mapping is the payload's, and which the
+// GPU tests cover): random cases of sdpa_case.h (padding NaN-poisoned, THD with gaps and empty
+// samples, GQA, both alignments, every layout), outputs NaN-poisoned, padded rows 0 / -inf,
+// gaps untouched.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/half_conv.h"
+#include "core/sdpa_problem.h"
+#include "dispatch/sdpa_launch.h"
+#include "error_criteria.h"
+#include "kernels/sm80/tile_sm80.h"
+#include "reference/sdpa_reference.h"
+#include "sdpa_case.h"
+
+// The analytic kernels' device helpers, compiled for the host (plain integer code and loads).
+#define __device__
+#define __forceinline__ inline
+template <class T>
+inline T __ldg(const T* p) {
+  return *p;
+}
+#include "kernels/common/analytic_seqlen.cuh"
+#undef __device__
+#undef __forceinline__
+
+namespace flashspan::test {
+namespace {
+
+using namespace sdpa_case;
+using kern::AnalyticCursor;
+using kern::AnalyticK2QWalk;
+using kern::AnalyticSeqlen;
+using kern::KeyBlockMask;
+using kern::QueryBlockMask;
+using kern::TileMask;
+
+constexpr double kLn2 = 0.6931471805599453, kLog2e = 1.4426950408889634;
+
+// ---------------------------------------------------------------------------
+// One call on host memory: storages, index arrays, the validated sdpa::Problem
+// ---------------------------------------------------------------------------
+
+struct Index {
+  std::vector<int64_t> v;
+  bool is64 = false;
+  std::vector<uint8_t> bytes;
+  void make(const std::vector<int64_t>& values, bool i64) {
+    v = values;
+    is64 = i64;
+    bytes.resize(std::max<size_t>(v.size(), 1) * (i64 ? 8 : 4));
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i64) {
+        std::memcpy(bytes.data() + 8 * i, &v[i], 8);
+      } else {
+        const int32_t x = int32_t(v[i]);
+        std::memcpy(bytes.data() + 4 * i, &x, 4);
+      }
+    }
+  }
+  bool defined() const { return !v.empty(); }
+  TensorView view() const {
+    TensorView t;
+    t.data = nullptr;
+    t.dtype = is64 ? DType::kInt64 : DType::kInt32;
+    t.ndim = 1;
+    t.shape[0] = int64_t(v.size());
+    t.strides[0] = 1;
+    return t;
+  }
+};
+
+struct Call {
+  Case c;
+  std::vector<int64_t> len_q, len_kv;
+  Storage q, k, v, o, stats, dO, dq, dk, dv;
+  Index seq_q, seq_kv, cu_q, cu_kv, rag_q, rag_kv;
+};
+
+std::unique_ptr<Call> make_call(const Case& c) {
+  auto p = std::make_unique<Call>();
+  p->c = c;
+  std::mt19937_64 rng(c.seed * 7919 + 17);
+  sample_lengths(c, rng, p->len_q, p->len_kv);
+  const bool pad = c.lengths != 0 || c.kind_q == Kind::kThd || c.kind_kv == Kind::kThd;
+  const bool gaps = c.lengths != 2;
+  const std::vector<int64_t> tq = token_offsets(p->len_q, gaps, rng), tk = token_offsets(p->len_kv, gaps, rng);
+  p->q.alloc_host(make_layout(c.kind_q, c.B, c.Hq, c.Sq, c.Dqk, tq), c.dtype);
+  p->dq.alloc_host(p->q.lay, c.dtype);
+  p->o.alloc_host(make_layout(c.kind_q, c.B, c.Hq, c.Sq, c.Dv, tq), c.dtype);
+  p->dO.alloc_host(p->o.lay, c.dtype);
+  p->stats.alloc_host(make_layout(c.kind_q == Kind::kThd ? Kind::kThd : Kind::kBhsd, c.B, c.Hq, c.Sq, 1, tq),
+                      DType::kFloat32);
+  p->k.alloc_host(make_layout(c.kind_kv, c.B, c.Hk, c.Skv, c.Dqk, tk), c.dtype);
+  p->dk.alloc_host(p->k.lay, c.dtype);
+  p->v.alloc_host(make_layout(c.kind_kv, c.B, c.Hk, c.Skv, c.Dv, tk), c.dtype);
+  p->dv.alloc_host(p->v.lay, c.dtype);
+  fill_valid(p->q, p->len_q, rng);
+  fill_valid(p->k, p->len_kv, rng);
+  fill_valid(p->v, p->len_kv, rng);
+  fill_valid(p->dO, p->len_q, rng);
+  if (c.lengths == 2) {
+    p->cu_q.make(prefix_sums(p->len_q), c.lengths64);
+    p->cu_kv.make(prefix_sums(p->len_kv), c.lengths64);
+  } else if (pad) {
+    p->seq_q.make(p->len_q, c.lengths64);
+    p->seq_kv.make(p->len_kv, c.lengths64);
+  }
+  if (c.kind_q == Kind::kThd) p->rag_q.make(tq, !c.lengths64);
+  if (c.kind_kv == Kind::kThd) p->rag_kv.make(tk, c.lengths64);
+  return p;
+}
+
+TensorView view_of(const Storage& s) {
+  TensorView t;
+  t.dtype = s.dtype;
+  t.ndim = 4;
+  const int64_t shape[4] = {s.lay.B, s.lay.H, s.lay.S, s.lay.D};
+  for (int d = 0; d < 4; ++d) {
+    t.shape[d] = shape[d];
+    t.strides[d] = s.lay.strides[size_t(d)];
+  }
+  return t;
+}
+
+// The validated problem of the call, bound to the given storages of its outputs (the inputs
+// are the call's).
+sdpa::Problem problem(Call& p, bool backward, Storage& o, Storage& stats, Storage* dq, Storage* dk, Storage* dv) {
+  const Case& c = p.c;
+  sdpa::Attributes a;
+  a.backward = backward;
+  std::vector<std::pair<int, Storage*>> ts = {{FS_SDPA_Q, &p.q}, {FS_SDPA_K, &p.k}, {FS_SDPA_V, &p.v},
+                                              {FS_SDPA_O, &o},   {FS_SDPA_STATS, &stats}};
+  if (backward) {
+    ts.insert(ts.end(), {{FS_SDPA_DO, &p.dO}, {FS_SDPA_DQ, dq}, {FS_SDPA_DK, dk}, {FS_SDPA_DV, dv}});
+  }
+  void* pack[sdpa::kNumSlots] = {};
+  for (auto& [slot, s] : ts) {
+    a.tensors[size_t(slot)] = view_of(*s);
+    pack[slot] = s->host.data();
+    if (s->lay.ragged()) {
+      const bool q_side = slot == FS_SDPA_Q || slot == FS_SDPA_O || slot == FS_SDPA_STATS || slot == FS_SDPA_DO ||
+                          slot == FS_SDPA_DQ;
+      const Index& r = q_side ? p.rag_q : p.rag_kv;
+      const int rs = sdpa::ragged_slot_of(slot);
+      a.tensors[size_t(rs)] = r.view();
+      a.ragged_multiplier[size_t(rs)] = s->lay.strides[2];
+      pack[rs] = const_cast<uint8_t*>(r.bytes.data());
+    }
+  }
+  for (auto [slot, idx] : {std::pair<int, Index*>{FS_SDPA_SEQ_LEN_Q, &p.seq_q}, {FS_SDPA_SEQ_LEN_KV, &p.seq_kv},
+                           {FS_SDPA_CU_SEQ_LEN_Q, &p.cu_q}, {FS_SDPA_CU_SEQ_LEN_KV, &p.cu_kv}}) {
+    if (!idx->defined()) continue;
+    a.tensors[size_t(slot)] = idx->view();
+    pack[slot] = idx->bytes.data();
+    a.padding_mask = true;
+  }
+  a.attn_scale_value = c.scale;
+  a.alignment = c.bottom_right ? FS_SDPA_BOTTOM_RIGHT : FS_SDPA_TOP_LEFT;
+  if (c.has_left) a.left_bound = c.left;
+  if (c.has_right) a.right_bound = c.right;
+  if (!backward) {
+    a.generate_stats = true;
+    a.stats_use_log2 = c.log2_stats;
+  }
+  a.deterministic = c.deterministic;
+  sdpa::Problem pr = backward ? sdpa::validate_backward(a) : sdpa::validate_forward(a);
+  pr.bind(pack, sdpa::kNumSlots);
+  return pr;
+}
+
+// ---------------------------------------------------------------------------
+// The scalar model of the kernels, on the parameters dispatch gives them
+// ---------------------------------------------------------------------------
+
+double ld(DType t, const void* base, int64_t off) {
+  const uint16_t x = static_cast<const uint16_t*>(base)[off];
+  return t == DType::kBFloat16 ? bf16_bits_to_float(x) : half_bits_to_float(x);
+}
+void st(DType t, void* base, int64_t off, double x) {
+  static_cast<uint16_t*>(base)[off] =
+      t == DType::kBFloat16 ? float_to_bf16_bits(float(x)) : float_to_half_bits(float(x));
+}
+
+// Element of (sample b, row, head h, column d) of one tensor, as the kernels address it.
+int64_t at(const AnalyticMaskParams& a, int x, const TensorAddr& ad, int b, int64_t row, int h, int d) {
+  return kern::sample_start(a.start[x], b) + row * ad.row_stride + int64_t(h) * ad.head_stride + d;
+}
+
+// A row of q / k / v / dO of a sample, zero past the sample's length (the kernels zero-fill).
+std::vector<double> row_of(DType t, const void* base, const AnalyticMaskParams& a, int x, const TensorAddr& ad, int b,
+                           int64_t row, int64_t len, int h, int dim) {
+  std::vector<double> r(size_t(dim), 0.0);
+  if (row < len)
+    for (int d = 0; d < dim; ++d) r[size_t(d)] = ld(t, base, at(a, x, ad, b, row, h, d));
+  return r;
+}
+
+double dot(const std::vector<double>& x, const std::vector<double>& y) {
+  double s = 0;
+  for (size_t i = 0; i < x.size(); ++i) s += x[i] * y[i];
+  return s;
+}
+
+// fwd_item over the grid of sdpa_fwd_kernel_sm80 (tile bq x bk).
+void model_forward(const SdpaFwdParams& p, DType t, int bq, int bk) {
+  const AnalyticMaskParams& a = p.analytic;
+  const int nqb = (a.max_q + bq - 1) / bq;
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < p.num_heads_q; ++h)
+      for (int qb = 0; qb < nqb; ++qb) {
+        const AnalyticSeqlen sl(a, b);
+        const int row0 = qb * bq, rows_valid = std::min(bq, sl.len_q - row0);
+        const int rows_store = kern::rows_to_store(a, kSdpaO, row0, bq, rows_valid + row0, a.max_q);
+        if (rows_store <= 0) continue;
+        const int hkv = h / p.group_size;
+        const QueryBlockMask qm = QueryBlockMask::make(sl.mask, row0);
+        for (int r = 0; r < rows_store; ++r) {
+          const std::vector<double> qi = row_of(t, p.q, a, kSdpaQ, p.qa, b, row0 + r, sl.len_q, h, p.head_dqk);
+          std::vector<std::pair<double, int>> xs;  // (logit, key) of the visible keys
+          AnalyticCursor cur = kern::q2k_cursor(sl.mask, qb, bq, bk);
+          int blk = 0, entry = 0;
+          bool partial = false;
+          while (cur.next(blk, partial, entry)) {
+            const TileMask tm = qm.tile(int64_t(blk) * bk);
+            for (int col = 0; col < bk; ++col) {
+              if (partial && !tm.visible(r, col)) continue;
+              const int key = blk * bk + col;
+              const std::vector<double> kj = row_of(t, p.k, a, kSdpaK, p.ka, b, key, sl.len_k, hkv, p.head_dqk);
+              xs.emplace_back(double(p.scale) * dot(qi, kj), key);
+            }
+          }
+          double m = -INFINITY, l = 0;
+          for (auto& x : xs) m = std::max(m, x.first);
+          for (auto& x : xs) l += std::exp(x.first - m);
+          for (int d = 0; d < p.head_dv; ++d) {
+            double o = 0;
+            for (auto& x : xs) o += std::exp(x.first - m) / l * ld(t, p.v, at(a, kSdpaV, p.va, b, x.second, hkv, d));
+            st(t, p.o, at(a, kSdpaO, p.oa, b, row0 + r, h, d), xs.empty() ? 0.0 : o);
+          }
+          if (p.lse != nullptr) {
+            const double lse = xs.empty() ? -INFINITY : (m + std::log(l)) * (double(a.lse_unit) / kLn2);
+            p.lse[at(a, kSdpaStats, p.lsea, b, row0 + r, h, 0)] = float(lse);
+          }
+        }
+      }
+}
+
+// The backward kernels (preprocess, dK/dV with dQ atomics or the dQ kernel, dQ convert) on
+// their grids (tile bq x bk).
+void model_backward(const SdpaBwdParams& p, DType t, int bq, int bk) {
+  const AnalyticMaskParams& a = p.analytic;
+  const int Dqk = p.head_dqk, Dv = p.head_dv, G = p.group_size;
+  // Preprocess: rows of every sample padded to S_q.
+  for (int h = 0; h < p.num_heads_q; ++h)
+    for (int64_t tq = 0; tq < p.total_q; ++tq) {
+      const int b = int(tq / p.seqlen_q), i = int(tq % p.seqlen_q);
+      const int64_t w = int64_t(h) * p.total_q + tq;
+      if (i >= AnalyticSeqlen(a, b).len_q) {
+        p.delta[w] = 0.0f;
+        p.lse2[w] = INFINITY;
+        continue;
+      }
+      double acc = 0;
+      for (int d = 0; d < Dv; ++d) {
+        acc += ld(t, p.o, at(a, kSdpaO, p.oa, b, i, h, d)) * ld(t, p.dout, at(a, kSdpaDO, p.doa, b, i, h, d));
+      }
+      p.delta[w] = float(acc);
+      const float lse = p.lse[at(a, kSdpaStats, p.lsea, b, i, h, 0)];
+      p.lse2[w] = lse == -INFINITY ? INFINITY : float(double(lse) * kLog2e);
+    }
+  if (!p.deterministic) std::fill(p.dq_accum, p.dq_accum + size_t(p.num_heads_q) * size_t(p.total_q) * Dqk, 0.0f);
+  // One (query row i, key j) pair of head h: P and dS (0 when P is 0).
+  auto pair = [&](int b, int h, int hkv, int i, int j, const AnalyticSeqlen& sl, double& P, double& dS) {
+    const int64_t w = int64_t(h) * p.total_q + sl.q_start + i;
+    const std::vector<double> qi = row_of(t, p.q, a, kSdpaQ, p.qa, b, i, sl.len_q, h, Dqk);
+    const std::vector<double> kj = row_of(t, p.k, a, kSdpaK, p.ka, b, j, sl.len_k, hkv, Dqk);
+    const std::vector<double> doi = row_of(t, p.dout, a, kSdpaDO, p.doa, b, i, sl.len_q, h, Dv);
+    const std::vector<double> vj = row_of(t, p.v, a, kSdpaV, p.va, b, j, sl.len_k, hkv, Dv);
+    const double lse2 = i < sl.len_q ? p.lse2[w] : INFINITY, delta = i < sl.len_q ? p.delta[w] : 0.0;
+    P = std::exp2(dot(qi, kj) * p.scale_log2 - lse2);
+    dS = P * (dot(doi, vj) - delta);
+  };
+  // dK/dV: one item per (key block of a sample padded to S_kv, kv head).
+  const int nkb = (a.max_kv + bk - 1) / bk;
+  for (int b = 0; b < p.batch; ++b)
+    for (int hkv = 0; hkv < p.num_heads_q / G; ++hkv)
+      for (int kb = 0; kb < nkb; ++kb) {
+        const AnalyticSeqlen sl(a, b);
+        const int key0 = kb * bk, keys_valid = std::min(bk, sl.len_k - key0);
+        const int keys_store = kern::rows_to_store(a, kSdpaDK, key0, bk, keys_valid + key0, a.max_kv);
+        if (keys_store <= 0) continue;
+        const AnalyticCursor row = kern::k2q_cursor(sl.mask, kb, bq, bk);
+        AnalyticK2QWalk walk{hkv * G, (hkv + 1) * G, 0x7fffffff, row, row};
+        walk.seek(0);
+        const KeyBlockMask km = KeyBlockMask::make(sl.mask, key0);
+        std::vector<double> dk(size_t(bk * Dqk), 0.0), dv(size_t(bk * Dv), 0.0);
+        int h = 0, qb = 0, payload = 0;
+        while (walk.next(h, qb, payload)) {
+          const TileMask tm = km.tile(int64_t(qb) * bq);
+          for (int r = 0; r < bq; ++r)
+            for (int col = 0; col < bk; ++col) {
+              if (payload >= 0 && !tm.visible(r, col)) continue;
+              const int i = qb * bq + r, j = key0 + col;
+              double P = 0, dS = 0;
+              pair(b, h, hkv, i, j, sl, P, dS);
+              if (P == 0) continue;
+              const std::vector<double> qi = row_of(t, p.q, a, kSdpaQ, p.qa, b, i, sl.len_q, h, Dqk);
+              const std::vector<double> doi = row_of(t, p.dout, a, kSdpaDO, p.doa, b, i, sl.len_q, h, Dv);
+              for (int d = 0; d < Dqk; ++d) dk[size_t(col * Dqk + d)] += dS * qi[size_t(d)];
+              for (int d = 0; d < Dv; ++d) dv[size_t(col * Dv + d)] += P * doi[size_t(d)];
+              if (!p.deterministic) {
+                const std::vector<double> kj = row_of(t, p.k, a, kSdpaK, p.ka, b, j, sl.len_k, hkv, Dqk);
+                float* acc = p.dq_accum + (int64_t(h) * p.total_q + sl.q_start + i) * Dqk;
+                for (int d = 0; d < Dqk; ++d) acc[d] += float(dS * kj[size_t(d)]);
+              }
+            }
+        }
+        for (int col = 0; col < keys_store; ++col) {
+          for (int d = 0; d < Dqk; ++d) {
+            st(t, p.dk, at(a, kSdpaDK, p.dka, b, key0 + col, hkv, d), dk[size_t(col * Dqk + d)] * p.scale);
+          }
+          for (int d = 0; d < Dv; ++d) st(t, p.dv, at(a, kSdpaDV, p.dva, b, key0 + col, hkv, d), dv[size_t(col * Dv + d)]);
+        }
+      }
+  if (!p.deterministic) {
+    // dQ convert: rows of every sample padded to S_q; a ragged dQ skips the rows past a sample.
+    for (int h = 0; h < p.num_heads_q; ++h)
+      for (int64_t tq = 0; tq < p.total_q; ++tq) {
+        const int b = int(tq / p.seqlen_q), i = int(tq % p.seqlen_q);
+        if (a.start[kSdpaDQ].ragged.ptr != nullptr && i >= AnalyticSeqlen(a, b).len_q) continue;
+        const float* acc = p.dq_accum + (int64_t(h) * p.total_q + tq) * Dqk;
+        for (int d = 0; d < Dqk; ++d) st(t, p.dq, at(a, kSdpaDQ, p.dqa, b, i, h, d), double(acc[d]) * p.scale);
+      }
+    return;
+  }
+  // The deterministic dQ kernel: one item per (query block of a sample padded to S_q, head).
+  const int nqb = (a.max_q + bq - 1) / bq;
+  for (int b = 0; b < p.batch; ++b)
+    for (int h = 0; h < p.num_heads_q; ++h)
+      for (int qb = 0; qb < nqb; ++qb) {
+        const AnalyticSeqlen sl(a, b);
+        const int row0 = qb * bq, rows_valid = std::min(bq, sl.len_q - row0);
+        const int rows_store = kern::rows_to_store(a, kSdpaDQ, row0, bq, rows_valid + row0, a.max_q);
+        if (rows_store <= 0) continue;
+        const QueryBlockMask qm = QueryBlockMask::make(sl.mask, row0);
+        std::vector<double> dq(size_t(bq * Dqk), 0.0);
+        AnalyticCursor cur = kern::q2k_cursor(sl.mask, qb, bq, bk);
+        int kb = 0, entry = 0;
+        bool partial = false;
+        while (cur.next(kb, partial, entry)) {
+          const TileMask tm = qm.tile(int64_t(kb) * bk);
+          for (int r = 0; r < bq; ++r)
+            for (int col = 0; col < bk; ++col) {
+              if (partial && !tm.visible(r, col)) continue;
+              const int i = row0 + r, j = kb * bk + col;
+              double P = 0, dS = 0;
+              pair(b, h, h / G, i, j, sl, P, dS);
+              if (P == 0) continue;
+              const std::vector<double> kj = row_of(t, p.k, a, kSdpaK, p.ka, b, j, sl.len_k, h / G, Dqk);
+              for (int d = 0; d < Dqk; ++d) dq[size_t(r * Dqk + d)] += dS * kj[size_t(d)];
+            }
+        }
+        for (int r = 0; r < rows_store; ++r)
+          for (int d = 0; d < Dqk; ++d) st(t, p.dq, at(a, kSdpaDQ, p.dqa, b, row0 + r, h, d), dq[size_t(r * Dqk + d)] * p.scale);
+      }
+}
+
+// ---------------------------------------------------------------------------
+// Model against the reference
+// ---------------------------------------------------------------------------
+
+::testing::AssertionResult same(const Storage& ref, const Storage& got, bool stat) {
+  const std::vector<double> r = Storage::values(ref.host, ref.dtype), g = Storage::values(got.host, got.dtype);
+  for (size_t i = 0; i < r.size(); ++i)
+    if (std::isnan(r[i]) && !std::isnan(g[i]))
+      return ::testing::AssertionFailure() << "element " << i << " outside the samples was written: " << g[i];
+  return stat ? fs_test::stat_close(g, r) : fs_test::tensor_close(g, r, ref.dtype);
+}
+
+void run_case(const Case& c) {
+  SCOPED_TRACE(c.str());
+  auto call = make_call(c);
+  Call& p = *call;
+  const sm80::TileSm80 tile = sm80::tile_sm80(int(c.Dqk), int(c.Dv));
+  // Forward: the reference into (o, stats), the model into fresh NaN storages.
+  Storage o_m, st_m;
+  o_m.alloc_host(p.o.lay, p.o.dtype);
+  st_m.alloc_host(p.stats.lay, p.stats.dtype);
+  reference::sdpa_forward(problem(p, false, p.o, p.stats, nullptr, nullptr, nullptr));
+  const sdpa::Problem fwd = problem(p, false, o_m, st_m, nullptr, nullptr, nullptr);
+  EXPECT_EQ(sdpa_fwd_workspace_size(fwd), 0u);
+  model_forward(sdpa_fwd_params(fwd), c.dtype, tile.fwd_bq, tile.fwd_bk);
+  EXPECT_TRUE(same(p.o, o_m, false)) << "O";
+  EXPECT_TRUE(same(p.stats, st_m, true)) << "stats";
+  if (c.log2_stats) return;  // the backward takes natural-log stats
+  // Backward on the reference's O / LSE with their padding NaN again (never read).
+  poison_padding(p.o, p.len_q);
+  poison_padding(p.stats, p.len_q);
+  Storage dq_m, dk_m, dv_m;
+  dq_m.alloc_host(p.dq.lay, c.dtype);
+  dk_m.alloc_host(p.dk.lay, c.dtype);
+  dv_m.alloc_host(p.dv.lay, c.dtype);
+  reference::sdpa_backward(problem(p, true, p.o, p.stats, &p.dq, &p.dk, &p.dv));
+  const sdpa::Problem bwd = problem(p, true, p.o, p.stats, &dq_m, &dk_m, &dv_m);
+  std::vector<uint8_t> ws(sdpa_bwd_workspace_size(bwd) + 16);
+  void* w = ws.data() + (16 - reinterpret_cast<uintptr_t>(ws.data()) % 16) % 16;
+  std::fill(ws.begin(), ws.end(), 0xff);
+  model_backward(sdpa_bwd_params(bwd, w, ws.size() - 16), c.dtype, tile.bwd_bq, tile.bwd_bk);
+  EXPECT_TRUE(same(p.dq, dq_m, false)) << "dQ";
+  EXPECT_TRUE(same(p.dk, dk_m, false)) << "dK";
+  EXPECT_TRUE(same(p.dv, dv_m, false)) << "dV";
+}
+
+TEST(SdpaParams, KernelModelMatchesReference) {
+  // The GPU tests' random cases, shortened (the model is a scalar loop).
+  for (uint64_t seed = 1; seed <= 40; ++seed) {
+    Case c = random_case(seed);
+    c.Sq = 1 + c.Sq % 140;
+    c.Skv = 1 + c.Skv % 140;
+    c.max_logit = false;
+    run_case(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaParams, LayoutsPerSide) {
+  uint64_t seed = 500;
+  for (Kind kq : kAllKinds)
+    for (Kind kkv : kAllKinds) {
+      run_case(layout_case(++seed, kq, kkv));
+      if (::testing::Test::HasFailure()) return;
+    }
+}
+
+}  // namespace
+}  // namespace flashspan::test
