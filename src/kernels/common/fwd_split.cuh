@@ -53,8 +53,7 @@ __global__ void __launch_bounds__(256) flex_fwd_split_items_kernel(const FwdPara
 }
 
 // C. Rows of split task blockIdx.x from its items' slots. Grid num_tasks, 256 threads;
-// block_q <= kMaxCombineRows.
-constexpr int kMaxCombineRows = 128;
+// block_q <= FwdSplit::kMaxBlockQ.
 
 template <class E>
 __global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FwdParams p) {
@@ -72,8 +71,8 @@ __global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FwdPa
   const int row0 = qb * bq;
   const int rows_valid = min(bq, len_q * pack - row0);
   const int64_t q_row0 = p.varlen ? q_start : 0;
-  __shared__ float s_m[kMaxCombineRows], s_inv[kMaxCombineRows];
-  __shared__ int64_t s_off[kMaxCombineRows];  // row's offset in O from (position 0, head head0)
+  __shared__ float s_m[FwdSplit::kMaxBlockQ], s_inv[FwdSplit::kMaxBlockQ];
+  __shared__ int64_t s_off[FwdSplit::kMaxBlockQ];  // row's offset in O from (position 0, head head0)
   constexpr float kLn2 = 0.6931471805599453f;
 
   for (int row = threadIdx.x; row < rows_valid; row += blockDim.x) {

@@ -1,8 +1,9 @@
 // Flex attention forward kernel for sm_90a (Hopper): TMA + wgmma + warp specialization.
 //
 // Algorithm: FlashAttention-2/3 forward (online softmax) over the plan's block-sparse Q2K
-// lists, for plans whose consumer is consumer_for(90, d, d): 128 query rows x 128 keys per
-// block, head dims Dqk = Dv = kD in {64, 128}, fp16 / bf16, unpacked rows (pack = 1).
+// lists, for plans whose consumer is consumer_for(90, d, d): the forward tile of
+// tile_sm90.h (128 query rows x 128 keys per block), head dims Dqk = Dv = kD in {64, 128}
+// (fwd_runs_head_dims_sm90), fp16 / bf16, unpacked rows (pack = 1).
 //
 // CTA = 3 warpgroups (384 threads), persistent (one CTA per SM, 1 per SM by shared memory):
 //   WG0, the producer: after setmaxnreg.dec only thread 0 works. It takes the CTA's work items
@@ -61,19 +62,25 @@
 #include "kernels/params.h"
 #include "kernels/common/ptx.cuh"
 #include "kernels/sm90/ptx_sm90.cuh"
+#include "kernels/sm90/tile_sm90.h"
 
 namespace flashspan::kern90 {
 
+// The forward tile of the sm90 tile table (tile_sm90.h, the one the plans are laid out for).
+// The kernel is written for 128 x 128: two consumer warpgroups of 64 rows, S fragments of 128
+// keys (s[16][4], two payload words a row pair), tiles of equal rows for Q, K and V.
+constexpr int kBlockQ = sm90::kTileSm90.fwd_bq, kBlockK = sm90::kTileSm90.fwd_bk;
+static_assert(kBlockQ == 2 * 64 && kBlockK == 128, "sm90 forward: the kernel is written for a 128 x 128 tile");
 // kStages K/V stages. 3 fit next to Q for D = 128 (224 KB of tiles) but measured no faster on
 // the H200 (S=131072 causal 532 vs 545 TFLOP/s with 2, PERF_LOG v1.0): 2 leave more of the
 // unified L1 to the payload and CSR reads.
-constexpr int kBlockQ = 128, kBlockK = 128, kStages = 2, kThreads = 384;
+constexpr int kStages = 2, kThreads = 384;
 constexpr int kConsumerThreads = 256;
-constexpr int kSlabBytes = 128 * 128;  // 128 rows x 64 16-bit columns
+constexpr int kSlabBytes = kBlockQ * 128;  // a tile's rows x 64 16-bit columns (128 bytes)
 
 template <int kD>
 struct FwdSm90Layout {
-  static_assert(kD == 64 || kD == 128, "sm90 forward: head dim 64 or 128");
+  static_assert(sm90::fwd_runs_head_dims_sm90(kD, kD), "sm90 forward: a head dim of the sm90 tile table");
   static constexpr int kSlabs = kD / 64;
   static constexpr int kTileBytes = kSlabs * kSlabBytes;  // Q, one K stage or one V stage
   static constexpr int kQ = 0;

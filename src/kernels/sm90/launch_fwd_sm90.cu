@@ -16,6 +16,7 @@
 #include "kernels/common/split_schedule.cuh"
 #include "kernels/sm90/kernel_fwd_sm90.cuh"
 #include "kernels/sm90/launch_sm90.h"
+#include "kernels/sm90/tile_sm90.h"
 #include "kernels/sm90/tma_sm90.h"
 
 namespace flashspan::sm90 {
@@ -197,8 +198,8 @@ void run_d(const FwdParams& p, DType dtype, const CUtensorMap& mq, const CUtenso
 
 bool fwd_config_supported(const FlexGeometry& g, bool pack_gqa) {
   const bool packed = pack_gqa && g.num_heads_kv > 0 && g.group_size() > 1;
-  return (g.dtype == DType::kFloat16 || g.dtype == DType::kBFloat16) && g.head_dim_qk == g.head_dim_v &&
-         (g.head_dim_qk == 64 || g.head_dim_qk == 128) && !packed;
+  return (g.dtype == DType::kFloat16 || g.dtype == DType::kBFloat16) &&
+         fwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v) && !packed;
 }
 
 bool device_supported(int device_id) {
@@ -230,7 +231,7 @@ int fwd_smem_bytes(int d) {
 
 void launch_fwd_sm90(const FwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                      DType dtype, cudaStream_t stream) {
-  FS_CHECK(p.pack == 1 && p.head_dqk == p.head_dv && (p.head_dqk == 64 || p.head_dqk == 128) && p.view.block_q == kern90::kBlockQ &&
+  FS_CHECK(p.pack == 1 && fwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.view.block_q == kern90::kBlockQ &&
                p.view.block_k == kern90::kBlockK,
            Status::kInternal, "sm90 forward: unsupported configuration reached the launcher (D ", p.head_dqk, "/", p.head_dv,
            ", tile ", p.view.block_q, "x", p.view.block_k, ", pack ", p.pack, ")");
