@@ -28,7 +28,9 @@
 #include "kernels/common/block_range.cuh"
 #include "kernels/params.h"
 #include "kernels/common/ptx.cuh"
+#include "kernels/common/softmax.cuh"
 #include "kernels/common/split_schedule.cuh"
+#include "kernels/common/tile_scheduler.cuh"
 
 namespace flashspan::kern {
 
@@ -37,8 +39,8 @@ namespace flashspan::kern {
 __global__ void __launch_bounds__(256) flex_fwd_split_count_kernel(const FwdParams p) {
   const int t = blockIdx.x * 256 + threadIdx.x;
   if (t >= p.split.num_tasks) return;
-  const int32_t* task = p.view.tasks + 4 * int64_t(t);
-  const int qb = __ldg(task + 0), h = __ldg(task + 1), b = __ldg(task + 2);
+  const Task task = load_task(p.view.tasks, t);
+  const int qb = task.block, h = task.head, b = task.batch;
   const int64_t r = int64_t(p.mask_per_head ? h : 0) * p.view.num_q_blocks + __ldg(p.view.q_block_start + b) + qb;
   p.split.task_iters[t] =
       BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb, p.view.q2k_full_ptr, p.view.q2k_full_runs, r)
@@ -63,8 +65,8 @@ __global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FwdPa
   const int slot0 = sp.task_slot[t];
   if (slot0 < 0) return;
   const int n = sp.item_start[t + 1] - sp.item_start[t];
-  const int32_t* task = p.view.tasks + 4 * int64_t(t);
-  const int qb = __ldg(task + 0), h = __ldg(task + 1), b = __ldg(task + 2);
+  const Task task = load_task(p.view.tasks, t);
+  const int qb = task.block, h = task.head, b = task.batch;
   const int bq = p.view.block_q;
   const int pack = p.pack, head0 = h * pack;
   const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
@@ -73,7 +75,6 @@ __global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FwdPa
   const int64_t q_row0 = p.varlen ? q_start : 0;
   __shared__ float s_m[FwdSplit::kMaxBlockQ], s_inv[FwdSplit::kMaxBlockQ];
   __shared__ int64_t s_off[FwdSplit::kMaxBlockQ];  // row's offset in O from (position 0, head head0)
-  constexpr float kLn2 = 0.6931471805599453f;
 
   for (int row = threadIdx.x; row < rows_valid; row += blockDim.x) {
     // Row `row`: position pos of query head head0 + sub.
@@ -91,7 +92,7 @@ __global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FwdPa
     s_inv[row] = l > 0.0f ? 1.0f / l : 0.0f;
     if (p.lse != nullptr) {
       p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(head0 + sub) * p.lsea.head_stride +
-            (q_row0 + pos) * p.lsea.row_stride] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
+            (q_row0 + pos) * p.lsea.row_stride] = lse_from_stats(m, l);
     }
   }
   __syncthreads();  // s_m, s_inv, s_off

@@ -59,8 +59,10 @@
 #include <cstdint>
 
 #include "kernels/common/block_range.cuh"
-#include "kernels/params.h"
 #include "kernels/common/ptx.cuh"
+#include "kernels/common/softmax.cuh"
+#include "kernels/common/tile_scheduler.cuh"
+#include "kernels/params.h"
 #include "kernels/sm90/ptx_sm90.cuh"
 #include "kernels/sm90/tile_sm90.h"
 
@@ -248,8 +250,8 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
       const int i = atomicAdd(p.split.hdr + SplitSchedule::kCounter, 1);
       if (i < p.split.hdr[SplitSchedule::kTotal]) {
         const int4 x = reinterpret_cast<const int4*>(p.split.items)[i];
-        const int32_t* task = p.view.tasks + 4 * int64_t(x.x);
-        it = Item{__ldg(task + 0), __ldg(task + 1), __ldg(task + 2), x.y, x.z - x.y, x.w};
+        const kern::Task task = kern::load_task(p.view.tasks, x.x);
+        it = Item{task.block, task.head, task.batch, x.y, x.z - x.y, x.w};
       }
     } else {
       const int64_t i = int64_t(blockIdx.x) + int64_t(item_it) * gridDim.x;
@@ -260,8 +262,8 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
           it = Item{gq - __ldg(p.view.q_block_start + b), int(i / p.view.num_q_blocks), b, 0, 0x7fffffff, -1};
         }
       } else if (i < p.view.num_tasks) {
-        const int32_t* task = p.view.tasks + 4 * i;
-        it = Item{__ldg(task + 0), __ldg(task + 1), __ldg(task + 2), 0, 0x7fffffff, -1};
+        const kern::Task task = kern::load_task(p.view.tasks, i);
+        it = Item{task.block, task.head, task.batch, 0, 0x7fffffff, -1};
       }
     }
     const uint32_t rs = item_it & 1;
@@ -348,7 +350,6 @@ __device__ __forceinline__ void fwd_store_rows_sm90(const FwdParams& p, int b, i
                                                     const float (&m)[2], const float (&l)[2]) {
   using Elem = typename E::Storage;
   constexpr int kNO = kD / 8;
-  constexpr float kLn2 = 0.6931471805599453f;
   Elem* ob = static_cast<Elem*>(p.o) + int64_t(b) * p.oa.batch_stride + qrow0 * p.oa.row_stride +
              int64_t(h) * p.oa.head_stride;
 #pragma unroll
@@ -364,7 +365,7 @@ __device__ __forceinline__ void fwd_store_rows_sm90(const FwdParams& p, int b, i
       }
       if (p.lse != nullptr && qd == 0) {
         p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride + (qrow0 + row) * p.lsea.row_stride] =
-            lsum > 0.0f ? (m[hi] + __log2f(lsum)) * kLn2 : -INFINITY;
+            kern::lse_from_stats(m[hi], lsum);
       }
     }
   }
@@ -372,11 +373,10 @@ __device__ __forceinline__ void fwd_store_rows_sm90(const FwdParams& p, int b, i
 
 // max_logit of the warp's rows (rows past rows_valid never see a key: m = -inf, no masking).
 __device__ __forceinline__ void fwd_max_logit_sm90(const FwdParams& p, int h, int lane, const float (&m)[2]) {
-  constexpr float kLn2 = 0.6931471805599453f;
   float mx = fmaxf(m[0], m[1]);
 #pragma unroll
   for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  if (lane == 0 && mx != -INFINITY) kern::atomic_max_float(p.max_logit + h, mx * kLn2);
+  if (lane == 0 && mx != -INFINITY) kern::atomic_max_float(p.max_logit + h, mx * kern::kLn2);
 }
 
 template <int kD, class E, bool kMaxLogit, bool kOverlap>

@@ -34,8 +34,8 @@ void check_launch(const char* what) {
 __global__ void __launch_bounds__(256) fwd_split_count_kernel_sm90(const FwdParams p) {
   const int t = blockIdx.x * 256 + threadIdx.x;
   if (t >= p.split.num_tasks) return;
-  const int32_t* task = p.view.tasks + 4 * int64_t(t);
-  const int qb = __ldg(task + 0), h = __ldg(task + 1), b = __ldg(task + 2);
+  const kern::Task task = kern::load_task(p.view.tasks, t);
+  const int qb = task.block, h = task.head, b = task.batch;
   const int64_t r = int64_t(p.mask_per_head ? h : 0) * p.view.num_q_blocks + __ldg(p.view.q_block_start + b) + qb;
   // Blocks of the row: partial entries + full blocks of its runs (plan format 2).
   p.split.task_iters[t] =
@@ -59,10 +59,9 @@ __global__ void __launch_bounds__(256) fwd_split_combine_kernel_sm90(const FwdPa
   const int slot0 = sp.task_slot[t];
   if (slot0 < 0) return;
   constexpr int bq = kern90::kBlockQ;
-  constexpr float kLn2 = 0.6931471805599453f;
   const int n = sp.item_start[t + 1] - sp.item_start[t];
-  const int32_t* task = p.view.tasks + 4 * int64_t(t);
-  const int qb = __ldg(task + 0), h = __ldg(task + 1), b = __ldg(task + 2);
+  const kern::Task task = kern::load_task(p.view.tasks, t);
+  const int qb = task.block, h = task.head, b = task.batch;
   const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
   const int row0 = qb * bq;
   const int rows_valid = min(bq, len_q - row0);
@@ -81,7 +80,7 @@ __global__ void __launch_bounds__(256) fwd_split_combine_kernel_sm90(const FwdPa
     s_inv[row] = l > 0.0f ? 1.0f / l : 0.0f;
     if (p.lse != nullptr) {
       p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride + (q_row0 + row) * p.lsea.row_stride] =
-          l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
+          kern::lse_from_stats(m, l);
     }
   }
   __syncthreads();
