@@ -188,6 +188,20 @@ __device__ __forceinline__ void softmax_block(float (&s)[16][4], bool partial, u
   }
 }
 
+// The payload words of warp sub-tile mt (16 rows) of key block `entry` of the Q2K partial list
+// when the block is partial (w0: columns 0..63, w1: 64..127), read before the block's K tile
+// is waited for; all-ones (no bit is tested) for a full block.
+__device__ __forceinline__ void load_payload_words(const FwdParams& p, bool partial, int entry, int mt, int lane,
+                                                   uint32_t& w0, uint32_t& w1) {
+  w0 = 0xffffffffu;
+  w1 = 0xffffffffu;
+  if (partial) {
+    const uint32_t* bits = p.view.q2k_partial_bits + size_t(entry) * (kBlockQ * kBlockK / 32);
+    w0 = __ldg(bits + (mt * 2 + 0) * 32 + lane);
+    w1 = __ldg(bits + (mt * 2 + 1) * 32 + lane);
+  }
+}
+
 template <int kNO>
 __device__ __forceinline__ void rescale_o(float (&o)[kNO][4], const float (&corr)[2]) {
 #pragma unroll
@@ -426,12 +440,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         const uint32_t st = kv_it % kStages, ph = (kv_it / kStages) & 1;
         const uint32_t k_tile = base + L::kK + st * L::kTileBytes;
         const uint32_t v_tile = base + L::kV + st * L::kTileBytes;
-        uint32_t w0 = 0xffffffffu, w1 = 0xffffffffu;
-        if (partial) {
-          const uint32_t* bits = p.view.q2k_partial_bits + size_t(entry) * (kBlockQ * kBlockK / 32);
-          w0 = __ldg(bits + (mt * 2 + 0) * 32 + lane);
-          w1 = __ldg(bits + (mt * 2 + 1) * 32 + lane);
-        }
+        uint32_t w0, w1;
+        load_payload_words(p, partial, entry, mt, lane, w0, w1);
         mbar_wait(k_full + 8 * st, ph);
         float s[16][4];
         wg_fence();
@@ -464,12 +474,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         uint32_t st_prev = kv_it % kStages, ph_prev = (kv_it / kStages) & 1;
         uint32_t pa[8][4];
         {
-          uint32_t w0 = 0xffffffffu, w1 = 0xffffffffu;
-          if (partial) {
-            const uint32_t* bits = p.view.q2k_partial_bits + size_t(entry) * (kBlockQ * kBlockK / 32);
-            w0 = __ldg(bits + (mt * 2 + 0) * 32 + lane);
-            w1 = __ldg(bits + (mt * 2 + 1) * 32 + lane);
-          }
+          uint32_t w0, w1;
+          load_payload_words(p, partial, entry, mt, lane, w0, w1);
           mbar_wait(k_full + 8 * st_prev, ph_prev);
           float s[16][4];
           wg_fence();
@@ -485,12 +491,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         }
         while (cur.next(kb, partial, entry)) {
           const uint32_t st = kv_it % kStages, ph = (kv_it / kStages) & 1;
-          uint32_t w0 = 0xffffffffu, w1 = 0xffffffffu;
-          if (partial) {
-            const uint32_t* bits = p.view.q2k_partial_bits + size_t(entry) * (kBlockQ * kBlockK / 32);
-            w0 = __ldg(bits + (mt * 2 + 0) * 32 + lane);
-            w1 = __ldg(bits + (mt * 2 + 1) * 32 + lane);
-          }
+          uint32_t w0, w1;
+          load_payload_words(p, partial, entry, mt, lane, w0, w1);
           mbar_wait(k_full + 8 * st, ph);
           mbar_wait(v_full + 8 * st_prev, ph_prev);
           float s[16][4];
