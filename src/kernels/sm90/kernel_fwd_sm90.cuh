@@ -7,10 +7,11 @@
 //
 // CTA = 3 warpgroups (384 threads), persistent (one CTA per SM, 1 per SM by shared memory):
 //   WG0, the producer: after setmaxnreg.dec only thread 0 works. It takes the CTA's work items
-//     (the split schedule's item list through the atomic counter when p.split_schedule is set,
-//     otherwise tasks / grid cells blockIdx.x, blockIdx.x + gridDim.x, ...), hands each item to
-//     the consumers through a 2-entry shared ring, and issues the bulk tensor copies (TMA) of
-//     the item's Q tile and of K, V of every key block of its walk into a kStages ring.
+//     from the TileScheduler (tile_scheduler.cuh: the split schedule's item list through the
+//     atomic counter when p.split_schedule is set, otherwise tasks / grid cells blockIdx.x,
+//     blockIdx.x + gridDim.x, ...), hands each item to the consumers through a 2-entry shared
+//     ring, and issues the bulk tensor copies (TMA) of the item's Q tile and of K, V of every
+//     key block of its walk into a kStages ring.
 //   WG1, WG2, the consumers (setmaxnreg.inc): warpgroup c owns query rows 64c .. 64c+63. Per
 //     key block: S = Q K^T (wgmma SS, m64n128k16), scale, partial blocks masked by the payload,
 //     online softmax in registers, P converted to 16-bit A fragments in registers, O += P V
@@ -225,17 +226,16 @@ __device__ __forceinline__ void pack_p(const float (&s)[16][4], uint32_t (&pa)[8
   }
 }
 
-// A work item as the producer hands it to the consumers: key blocks [begin, begin + count)
-// of the Q2K walk (BlockCursor order) of query block qb (sample-local) of query head h of sample b; slot >= 0
-// for a piece of a split task. qb < 0 ends the CTA.
-struct Item {
-  int qb, h, b, begin, count, slot;
-};
+// Work items (kern::WorkItem, tile_scheduler.cuh): key blocks [begin, begin + count) of the Q2K
+// walk (BlockCursor order) of local query block `block` of query head `head` of sample
+// `batch`; slot >= 0 for a piece of a split task. The producer takes them from the
+// TileScheduler and hands them to the consumers; block < 0 ends the CTA.
+using kern::WorkItem;
 
 // The CSR cursor of an item, restricted to [begin, begin + count) (block_range.cuh).
-__device__ __forceinline__ kern::ItemCursor item_cursor(const FwdParams& p, const Item& it) {
-  const int hm = p.mask_per_head ? it.h : 0;
-  const int64_t r = int64_t(hm) * p.view.num_q_blocks + __ldg(p.view.q_block_start + it.b) + it.qb;
+__device__ __forceinline__ kern::ItemCursor item_cursor(const FwdParams& p, const WorkItem& it) {
+  const int hm = p.mask_per_head ? it.head : 0;
+  const int64_t r = int64_t(hm) * p.view.num_q_blocks + __ldg(p.view.q_block_start + it.batch) + it.block;
   return kern::ItemCursor::make(kern::BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb,
                                                        p.view.q2k_full_ptr, p.view.q2k_full_runs, r),
                                 it.begin, it.count);
@@ -256,52 +256,32 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
   prefetch_tensormap(tm_q);
   prefetch_tensormap(tm_k);
   prefetch_tensormap(tm_v);
-  const int task_heads = p.num_heads_q;  // pack = 1
+  const kern::TileScheduler sched = kern::TileScheduler::forward(p, p.num_heads_q);  // pack = 1
   uint32_t kv_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
-    Item it{-1, 0, 0, 0, 0, -1};
-    if (p.split_schedule) {
-      const int i = atomicAdd(p.split.hdr + SplitSchedule::kCounter, 1);
-      if (i < p.split.hdr[SplitSchedule::kTotal]) {
-        const int4 x = reinterpret_cast<const int4*>(p.split.items)[i];
-        const kern::Task task = kern::load_task(p.view.tasks, x.x);
-        it = Item{task.block, task.head, task.batch, x.y, x.z - x.y, x.w};
-      }
-    } else {
-      const int64_t i = int64_t(blockIdx.x) + int64_t(item_it) * gridDim.x;
-      if (p.grid_mode) {
-        if (i < p.view.num_q_blocks * task_heads) {
-          const int gq = int(i % p.view.num_q_blocks);
-          const int b = kern::find_block_owner(p.view.q_block_start, p.batch, gq);
-          it = Item{gq - __ldg(p.view.q_block_start + b), int(i / p.view.num_q_blocks), b, 0, 0x7fffffff, -1};
-        }
-      } else if (i < p.view.num_tasks) {
-        const kern::Task task = kern::load_task(p.view.tasks, i);
-        it = Item{task.block, task.head, task.batch, 0, 0x7fffffff, -1};
-      }
-    }
+    const WorkItem it = sched.next(item_it);
     const uint32_t rs = item_it & 1;
     mbar_wait(item_empty + 8 * rs, ((item_it >> 1) & 1) ^ 1);
     volatile int32_t* e = s_item + 8 * rs;
-    e[0] = it.qb;
-    e[1] = it.h;
-    e[2] = it.b;
+    e[0] = it.block;
+    e[1] = it.head;
+    e[2] = it.batch;
     e[3] = it.begin;
     e[4] = it.count;
     e[5] = it.slot;
     mbar_arrive(item_full + 8 * rs);  // release: the entry is visible to the waiting consumers
-    if (it.qb < 0) return;
+    if (it.block < 0) return;
 
     kern::ItemCursor cur = item_cursor(p, it);
-    const int q_row = (p.varlen ? __ldg(p.cu_seqlens_q + it.b) : 0) + it.qb * kBlockQ;
-    const int k_row0 = p.varlen ? __ldg(p.cu_seqlens_k + it.b) : 0;
-    const int bcoord = p.varlen ? 0 : it.b;
-    const int hkv = it.h / p.group_size;
+    const int q_row = (p.varlen ? __ldg(p.cu_seqlens_q + it.batch) : 0) + it.block * kBlockQ;
+    const int k_row0 = p.varlen ? __ldg(p.cu_seqlens_k + it.batch) : 0;
+    const int bcoord = p.varlen ? 0 : it.batch;
+    const int hkv = it.head / p.group_size;
 
     mbar_wait(q_empty, (item_it & 1) ^ 1);
     mbar_arrive_expect_tx(q_full, L::kTileBytes);
 #pragma unroll
-    for (int s = 0; s < L::kSlabs; ++s) tma_load_4d(base + L::kQ + s * kSlabBytes, tm_q, 64 * s, q_row, it.h, bcoord, q_full);
+    for (int s = 0; s < L::kSlabs; ++s) tma_load_4d(base + L::kQ + s * kSlabBytes, tm_q, 64 * s, q_row, it.head, bcoord, q_full);
 
     int kb = 0, entry = 0;
     bool partial = false;
@@ -412,9 +392,9 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     const uint32_t rs = item_it & 1;
     mbar_wait(item_full + 8 * rs, (item_it >> 1) & 1);
     const volatile int32_t* e = s_item + 8 * rs;
-    const Item it{e[0], e[1], e[2], e[3], e[4], e[5]};
+    const WorkItem it{e[0], e[1], e[2], e[3], e[4], e[5]};
     mbar_arrive(item_empty + 8 * rs);
-    if (it.qb < 0) return;
+    if (it.block < 0) return;
 
     kern::ItemCursor cur = item_cursor(p, it);
     float o[kNO][4];
@@ -527,16 +507,16 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     release_q(true);  // an item without key blocks
 
     // Epilogue.
-    const int q_start = __ldg(p.cu_seqlens_q + it.b), len_q = __ldg(p.cu_seqlens_q + it.b + 1) - q_start;
-    const int row0 = it.qb * kBlockQ;
+    const int q_start = __ldg(p.cu_seqlens_q + it.batch), len_q = __ldg(p.cu_seqlens_q + it.batch + 1) - q_start;
+    const int row0 = it.block * kBlockQ;
     const int rows_valid = min(kBlockQ, len_q - row0);
     const int64_t q_row0 = p.varlen ? q_start : 0;
     if (it.slot >= 0) {
       fwd_store_split_partial_sm90<kD>(p, it.slot, rows_valid, c, warp, g, qd, o, m, l);
     } else {
-      fwd_store_rows_sm90<kD, E>(p, it.b, it.h, q_row0 + row0, rows_valid, c, warp, g, qd, o, m, l);
+      fwd_store_rows_sm90<kD, E>(p, it.batch, it.head, q_row0 + row0, rows_valid, c, warp, g, qd, o, m, l);
     }
-    if constexpr (kMaxLogit) fwd_max_logit_sm90(p, it.h, lane, m);
+    if constexpr (kMaxLogit) fwd_max_logit_sm90(p, it.head, lane, m);
   }
 }
 
