@@ -8,11 +8,12 @@
 //   A. count   (one thread per task): task_iters[t] = key blocks of task t's Q2K row
 //               (full + partial list lengths).
 //   S. scan, B. items: split_schedule.cuh with one slot per item of a split task.
-//   forward    (kernel_fwd_sm80.cuh) when no task was split (hdr[kNumSplit] = 0): the one-
-//               CTA-per-task kernel, as without a schedule. Otherwise the persistent kernel
-//               claims items with an atomic counter; an unsplit task's item writes O, LSE as
-//               always; an item of a split task writes its unnormalised fp32 O_i and per-row
-//               m_i (log2 units), l_i to its slot.
+//   forward    sm80 (kernel_fwd_sm80.cuh): when no task was split (hdr[kNumSplit] = 0), the
+//               one-CTA-per-task kernel, as without a schedule; otherwise the persistent
+//               kernel. sm90 (kernel_fwd_sm90.cuh): always its persistent kernel. A persistent
+//               kernel claims items with an atomic counter; an unsplit task's item writes O,
+//               LSE as always; an item of a split task writes its unnormalised fp32 O_i and
+//               per-row m_i (log2 units), l_i to its slot.
 //   C. combine (one CTA per task, split tasks only): per row m = max m_i,
 //               l = sum l_i 2^(m_i - m), out = sum O_i 2^(m_i - m) / l,
 //               LSE = (m + log2 l) ln 2; rows with no visible key (l = 0) give out 0 and
@@ -47,10 +48,12 @@ __global__ void __launch_bounds__(256) flex_fwd_split_count_kernel(const FwdPara
           .remaining();
 }
 
-// B. Items of task blockIdx.x. Grid num_tasks, 256 threads. Nothing to do when no task is
-// split (the one-CTA-per-task kernel runs then and reads no item).
+// B. Items of task blockIdx.x. Grid num_tasks, 256 threads. kAlways = false: nothing to do
+// when no task is split (sm80: the one-CTA-per-task kernel runs then and reads no item);
+// kAlways = true: every call (sm90: the persistent kernel always runs the item list).
+template <bool kAlways>
 __global__ void __launch_bounds__(256) flex_fwd_split_items_kernel(const FwdParams p) {
-  if (p.split.hdr[SplitSchedule::kNumSplit] == 0) return;
+  if (!kAlways && p.split.hdr[SplitSchedule::kNumSplit] == 0) return;
   write_split_items<true>(p.split, blockIdx.x);
 }
 
