@@ -30,12 +30,12 @@
 #include "kernels/common/grid.h"
 #include "kernels/common/k2q_walk.cuh"
 #include "kernels/common/seqlen_info.cuh"
+#include "kernels/common/softmax.cuh"
 #include "kernels/common/split_schedule.cuh"
 #include "kernels/common/tile_scheduler.cuh"
 #include "kernels/params.h"
 #include "kernels/sm80/mask_apply_sm80.cuh"
 #include "kernels/sm80/mma_sm80.cuh"
-#include "kernels/sm80/softmax_sm80.cuh"
 #include "kernels/sm80/tile_io_sm80.cuh"
 
 namespace flashspan::kern {

@@ -32,7 +32,6 @@
 #include "kernels/params.h"
 #include "kernels/sm80/mask_apply_sm80.cuh"
 #include "kernels/sm80/mma_sm80.cuh"
-#include "kernels/sm80/softmax_sm80.cuh"
 #include "kernels/sm80/tile_io_sm80.cuh"
 
 namespace flashspan::kern {
@@ -220,15 +219,7 @@ __device__ __forceinline__ void fwd_softmax_sm80(float (&s)[T::kMT][T::kNS][4], 
     online_softmax_step<T::kNS, T::kNO>(s[i], m[i], l[i], acc_o[i]);
   }
 #pragma unroll
-  for (int i = 0; i < kMT; ++i) {
-#pragma unroll
-    for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
-      pa[i][kk][0] = pack2<E>(s[i][2 * kk][0], s[i][2 * kk][1]);
-      pa[i][kk][1] = pack2<E>(s[i][2 * kk][2], s[i][2 * kk][3]);
-      pa[i][kk][2] = pack2<E>(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
-      pa[i][kk][3] = pack2<E>(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
-    }
-  }
+  for (int i = 0; i < kMT; ++i) pack_p<E>(s[i], pa[i]);
 }
 
 // Where the rows of a work item go: row r of the block is position (row0 + r) / pack of

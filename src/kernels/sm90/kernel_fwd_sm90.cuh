@@ -63,6 +63,7 @@
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/softmax.cuh"
 #include "kernels/common/tile_scheduler.cuh"
+#include "kernels/common/variant.cuh"
 #include "kernels/params.h"
 #include "kernels/sm90/ptx_sm90.cuh"
 #include "kernels/sm90/tile_sm90.h"
@@ -143,87 +144,6 @@ template <int kD, class E>
 __device__ __forceinline__ void issue_pv(float (&o)[kD / 8][4], const uint32_t (&pa)[8][4], uint32_t v_tile) {
 #pragma unroll
   for (int kk = 0; kk < 8; ++kk) mma_pv<kD, E>(o, pa[kk], smem_desc(v_tile + kk * 2048, kSlabBytes, 1024));
-}
-
-// Scores of one key block (fp32 accumulators, this thread's rows g and g + 8 of its warp) to
-// probabilities: scale to log2 units, mask a partial block with its payload words (w0: columns
-// 0..63, w1: 64..127), online softmax update of the running max m and the thread-partial row
-// sums l. Returns in corr[hi] the factor the output accumulator of row hi must be rescaled by.
-__device__ __forceinline__ void softmax_block(float (&s)[16][4], bool partial, uint32_t w0, uint32_t w1,
-                                              float scale_log2, float (&m)[2], float (&l)[2], float (&corr)[2]) {
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) s[j][r] *= scale_log2;
-  }
-  if (partial) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const uint32_t w = j < 8 ? w0 : w1;
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        if (!((w >> (4 * (j & 7) + r)) & 1u)) s[j][r] = -INFINITY;
-      }
-    }
-  }
-#pragma unroll
-  for (int hi = 0; hi < 2; ++hi) {
-    float mx = m[hi];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * hi], s[j][2 * hi + 1]));
-    mx = quad_max90(mx);
-    const float m_use = mx == -INFINITY ? 0.0f : mx;
-    corr[hi] = kern::exp2_approx(m[hi] - m_use);  // m = -inf -> 0
-    m[hi] = mx;
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const float pv = kern::exp2_approx(s[j][2 * hi + x] - m_use);
-        s[j][2 * hi + x] = pv;
-        sum += pv;
-      }
-    }
-    l[hi] = l[hi] * corr[hi] + sum;
-  }
-}
-
-// The payload words of warp sub-tile mt (16 rows) of key block `entry` of the Q2K partial list
-// when the block is partial (w0: columns 0..63, w1: 64..127), read before the block's K tile
-// is waited for; all-ones (no bit is tested) for a full block.
-__device__ __forceinline__ void load_payload_words(const FwdParams& p, bool partial, int entry, int mt, int lane,
-                                                   uint32_t& w0, uint32_t& w1) {
-  w0 = 0xffffffffu;
-  w1 = 0xffffffffu;
-  if (partial) {
-    const uint32_t* bits = p.view.q2k_partial_bits + size_t(entry) * (kBlockQ * kBlockK / 32);
-    w0 = __ldg(bits + (mt * 2 + 0) * 32 + lane);
-    w1 = __ldg(bits + (mt * 2 + 1) * 32 + lane);
-  }
-}
-
-template <int kNO>
-__device__ __forceinline__ void rescale_o(float (&o)[kNO][4], const float (&corr)[2]) {
-#pragma unroll
-  for (int n = 0; n < kNO; ++n) {
-    o[n][0] *= corr[0];
-    o[n][1] *= corr[0];
-    o[n][2] *= corr[1];
-    o[n][3] *= corr[1];
-  }
-}
-
-// P as A fragments of O += P V: k-step kk (keys 16kk ..) = n8 blocks 2kk, 2kk + 1.
-template <class E>
-__device__ __forceinline__ void pack_p(const float (&s)[16][4], uint32_t (&pa)[8][4]) {
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-    pa[kk][0] = kern::pack2<E>(s[2 * kk][0], s[2 * kk][1]);
-    pa[kk][1] = kern::pack2<E>(s[2 * kk][2], s[2 * kk][3]);
-    pa[kk][2] = kern::pack2<E>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    pa[kk][3] = kern::pack2<E>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-  }
 }
 
 // Work items (kern::WorkItem, tile_scheduler.cuh): key blocks [begin, begin + count) of the Q2K
@@ -320,7 +240,7 @@ __device__ __forceinline__ void fwd_store_split_partial_sm90(const FwdParams& p,
   float* ml = p.split.ml + int64_t(slot) * 2 * kBlockQ;
 #pragma unroll
   for (int hi = 0; hi < 2; ++hi) {
-    const float lsum = quad_sum90(l[hi]);
+    const float lsum = kern::quad_sum(l[hi]);
     const int row = 64 * c + 16 * warp + g + 8 * hi;
     if (row < rows_valid) {
       float* orow = oacc + int64_t(row) * kD;
@@ -348,7 +268,7 @@ __device__ __forceinline__ void fwd_store_rows_sm90(const FwdParams& p, int b, i
              int64_t(h) * p.oa.head_stride;
 #pragma unroll
   for (int hi = 0; hi < 2; ++hi) {
-    const float lsum = quad_sum90(l[hi]);
+    const float lsum = kern::quad_sum(l[hi]);
     const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
     const int row = 64 * c + 16 * warp + g + 8 * hi;
     if (row < rows_valid) {
@@ -386,6 +306,10 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
   const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
   const int mt = 4 * c + warp;  // 16-row payload sub-tile of this warp
   const uint32_t q_tile = base + L::kQ + c * 64 * 128;
+  // Roles (kernels/common): the variant's scores -> logits step with the plan's payload as the
+  // mask, the online softmax.
+  using Mask = kern::PlanPayloadMask<kBlockK / 8>;
+  const kern::Variant<Mask> variant{p.scale_log2};
 
   uint32_t kv_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
@@ -400,7 +324,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     float o[kNO][4];
 #pragma unroll
     for (int n = 0; n < kNO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    kern::OnlineSoftmax sm;
+    sm.init();
 
     mbar_wait(q_full, item_it & 1);
     // Q is released to the producer as soon as the item's last S GEMM has completed, so that the
@@ -420,8 +345,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         const uint32_t st = kv_it % kStages, ph = (kv_it / kStages) & 1;
         const uint32_t k_tile = base + L::kK + st * L::kTileBytes;
         const uint32_t v_tile = base + L::kV + st * L::kTileBytes;
-        uint32_t w0, w1;
-        load_payload_words(p, partial, entry, mt, lane, w0, w1);
+        Mask mask;
+        mask.load(p.view.q2k_partial_bits, partial, entry, kBlockQ, mt, lane);
         mbar_wait(k_full + 8 * st, ph);
         float s[16][4];
         wg_fence();
@@ -431,10 +356,11 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         release_q(cur.done());
         reg_fence(s);
         float corr[2];
-        softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);
-        rescale_o(o, corr);
+        variant.logits(s, mask, partial);
+        sm.update(s, corr);
+        kern::OnlineSoftmax::rescale(o, corr);
         uint32_t pa[8][4];
-        pack_p<E>(s, pa);
+        kern::pack_p<E>(s, pa);
         mbar_wait(v_full + 8 * st, ph);
         wg_fence();
         issue_pv<kD, E>(o, pa, v_tile);
@@ -454,8 +380,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         uint32_t st_prev = kv_it % kStages, ph_prev = (kv_it / kStages) & 1;
         uint32_t pa[8][4];
         {
-          uint32_t w0, w1;
-          load_payload_words(p, partial, entry, mt, lane, w0, w1);
+          Mask mask;
+          mask.load(p.view.q2k_partial_bits, partial, entry, kBlockQ, mt, lane);
           mbar_wait(k_full + 8 * st_prev, ph_prev);
           float s[16][4];
           wg_fence();
@@ -465,14 +391,15 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
-          softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);  // o = 0: no rescale
-          pack_p<E>(s, pa);
+          variant.logits(s, mask, partial);
+          sm.update(s, corr);  // o = 0: no rescale
+          kern::pack_p<E>(s, pa);
           ++kv_it;
         }
         while (cur.next(kb, partial, entry)) {
           const uint32_t st = kv_it % kStages, ph = (kv_it / kStages) & 1;
-          uint32_t w0, w1;
-          load_payload_words(p, partial, entry, mt, lane, w0, w1);
+          Mask mask;
+          mask.load(p.view.q2k_partial_bits, partial, entry, kBlockQ, mt, lane);
           mbar_wait(k_full + 8 * st, ph);
           mbar_wait(v_full + 8 * st_prev, ph_prev);
           float s[16][4];
@@ -485,12 +412,13 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
-          softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);
+          variant.logits(s, mask, partial);
+          sm.update(s, corr);
           wg_wait<0>();
           reg_fence(o);
           mbar_arrive(kv_empty + 8 * st_prev);
-          rescale_o(o, corr);
-          pack_p<E>(s, pa);
+          kern::OnlineSoftmax::rescale(o, corr);
+          kern::pack_p<E>(s, pa);
           st_prev = st;
           ph_prev = ph;
           ++kv_it;
@@ -512,11 +440,11 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     const int rows_valid = min(kBlockQ, len_q - row0);
     const int64_t q_row0 = p.varlen ? q_start : 0;
     if (it.slot >= 0) {
-      fwd_store_split_partial_sm90<kD>(p, it.slot, rows_valid, c, warp, g, qd, o, m, l);
+      fwd_store_split_partial_sm90<kD>(p, it.slot, rows_valid, c, warp, g, qd, o, sm.m, sm.l);
     } else {
-      fwd_store_rows_sm90<kD, E>(p, it.batch, it.head, q_row0 + row0, rows_valid, c, warp, g, qd, o, m, l);
+      fwd_store_rows_sm90<kD, E>(p, it.batch, it.head, q_row0 + row0, rows_valid, c, warp, g, qd, o, sm.m, sm.l);
     }
-    if constexpr (kMaxLogit) fwd_max_logit_sm90(p, it.head, lane, m);
+    if constexpr (kMaxLogit) fwd_max_logit_sm90(p, it.head, lane, sm.m);
   }
 }
 
