@@ -13,9 +13,12 @@
 //     ring, and issues the bulk tensor copies (TMA) of the item's Q tile and of K, V of every
 //     key block of its walk into a kStages ring.
 //   WG1, WG2, the consumers (setmaxnreg.inc): warpgroup c owns query rows 64c .. 64c+63. Per
-//     key block: S = Q K^T (wgmma SS, m64n128k16), scale, partial blocks masked by the payload,
-//     online softmax in registers, P converted to 16-bit A fragments in registers, O += P V
-//     (wgmma RS, m64n{kD}k16, V read N-major). Full blocks do no masking work.
+//     key block: S = Q K^T (wgmma SS, m64n128k16), the scores -> logits step (kern::Variant,
+//     variant.cuh: scale; a partial block masked by its payload words, PlanPayloadMask), the
+//     online softmax in registers (kern::OnlineSoftmax, softmax.cuh), P converted to 16-bit A
+//     fragments in registers (kern::pack_p), O += P V (wgmma RS, m64n{kD}k16, V read N-major).
+//     Full blocks do no masking work. After the walk, the forward epilogue
+//     (kern::FwdEpilogue, epilogue_fwd.cuh) of each warp's 16 rows.
 //   Consumer schedule (kOverlap): serial (S, softmax, P V per block) or, for D = 64, the
 //     intra-warpgroup overlap of FlashAttention-3 (S_j issued, then P_{j-1} V_{j-1}; the softmax
 //     of S_j runs while the P V GEMM is in flight; launch_fwd_sm90.cu says why not for D = 128).
@@ -28,7 +31,8 @@
 // as the m16n8 fragments of its 16 rows (HOPPER_BRIEF.md 1.3), so the plan's payload words are
 // already in the consumer's register order: warp w of consumer WG c reads 16-row sub-tile
 // mt = 4c + w, register s[j][r] (n8 block j of the 128 columns) is bit 4 (j % 8) + r of the
-// lane's word of 64-column chunk j / 8. No translation, no extra plan layout.
+// lane's word of 64-column chunk j / 8 (PlanPayloadMask<16>, the mask role the sm80 warp tiles
+// share). No translation, no extra plan layout.
 //
 // Shared memory (1024-byte aligned, 128B-swizzled tiles as TMA writes them): a tile of 128
 // rows x kD columns is kD / 64 slabs of 128 rows x 128 bytes (16 KB each); Q, then kStages K
@@ -41,12 +45,12 @@
 // in THD, zero fill past the tensor); a block holding such rows or keys past the sample is
 // never full, so the payload masks them (score -inf, P = 0) and those rows are not written.
 //
-// Results: unsplit items write O normalised (0 for rows with no visible key), LSE (natural
-// log, -inf for empty rows) and reduce max_logit with atomics; items of split tasks write
-// the unnormalised fp32 O, the running max (log2 units) and row sum into their workspace
-// slot (FwdSplit) for the combine kernel (launch_fwd_sm90.cu).
+// Results (FwdEpilogue): unsplit items write O normalised (0 for rows with no visible key), LSE
+// (natural log, -inf for empty rows) and reduce max_logit with atomics; items of split tasks
+// write the unnormalised fp32 O, the running max (log2 units) and row sum into their workspace
+// slot (FwdSplit) for the combine kernel (fwd_split.cuh, the one both families launch).
 //
-// Why raw PTX (inline asm: wgmma_sm90.inc, the mbarrier / TMA / setmaxnreg wrappers below) and
+// Why raw PTX (inline asm: wgmma_sm90.inc, the mbarrier / TMA / setmaxnreg wrappers of ptx_sm90.cuh) and
 // not CuTe from the pinned nvidia-cutlass headers: the kernel needs only a handful of Hopper
 // instructions (four wgmma forms, one TMA load form, mbarrier init/arrive/expect_tx/try_wait,
 // setmaxnreg, fences), each checked on an H200 (HOPPER_BRIEF.md); written out, the register
@@ -60,6 +64,7 @@
 #include <cstdint>
 
 #include "kernels/common/block_range.cuh"
+#include "kernels/common/epilogue_fwd.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/softmax.cuh"
 #include "kernels/common/tile_scheduler.cuh"
@@ -228,74 +233,8 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
 // Consumers (two warpgroups)
 // ---------------------------------------------------------------------------
 
-// Epilogues of a consumer warpgroup's 64 rows of a work item (c: warpgroup, warp, g = lane / 4,
-// qd = lane % 4; the wgmma m64nN accumulator order, as the sm80 m16n8 one per warp).
-// A piece of a split task: unnormalised fp32 O, m and l of every valid row into slot `slot`.
-template <int kD>
-__device__ __forceinline__ void fwd_store_split_partial_sm90(const FwdParams& p, int slot, int rows_valid, int c,
-                                                             int warp, int g, int qd, const float (&o)[kD / 8][4],
-                                                             const float (&m)[2], const float (&l)[2]) {
-  constexpr int kNO = kD / 8;
-  float* oacc = p.split.o_accum + int64_t(slot) * kBlockQ * kD;
-  float* ml = p.split.ml + int64_t(slot) * 2 * kBlockQ;
-#pragma unroll
-  for (int hi = 0; hi < 2; ++hi) {
-    const float lsum = kern::quad_sum(l[hi]);
-    const int row = 64 * c + 16 * warp + g + 8 * hi;
-    if (row < rows_valid) {
-      float* orow = oacc + int64_t(row) * kD;
-#pragma unroll
-      for (int n = 0; n < kNO; ++n) {
-        *reinterpret_cast<float2*>(orow + 8 * n + 2 * qd) = make_float2(o[n][2 * hi], o[n][2 * hi + 1]);
-      }
-      if (qd == 0) {
-        ml[row] = m[hi];
-        ml[kBlockQ + row] = lsum;
-      }
-    }
-  }
-}
-
-// A whole task: O normalised (0 for rows without a visible key) and LSE (natural log, -inf
-// for those rows) of query rows qrow0.. of head h, sample b.
-template <int kD, class E>
-__device__ __forceinline__ void fwd_store_rows_sm90(const FwdParams& p, int b, int h, int64_t qrow0, int rows_valid,
-                                                    int c, int warp, int g, int qd, const float (&o)[kD / 8][4],
-                                                    const float (&m)[2], const float (&l)[2]) {
-  using Elem = typename E::Storage;
-  constexpr int kNO = kD / 8;
-  Elem* ob = static_cast<Elem*>(p.o) + int64_t(b) * p.oa.batch_stride + qrow0 * p.oa.row_stride +
-             int64_t(h) * p.oa.head_stride;
-#pragma unroll
-  for (int hi = 0; hi < 2; ++hi) {
-    const float lsum = kern::quad_sum(l[hi]);
-    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-    const int row = 64 * c + 16 * warp + g + 8 * hi;
-    if (row < rows_valid) {
-      Elem* orow = ob + int64_t(row) * p.oa.row_stride;
-#pragma unroll
-      for (int n = 0; n < kNO; ++n) {
-        *reinterpret_cast<uint32_t*>(orow + 8 * n + 2 * qd) = kern::pack2<E>(o[n][2 * hi] * inv, o[n][2 * hi + 1] * inv);
-      }
-      if (p.lse != nullptr && qd == 0) {
-        p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride + (qrow0 + row) * p.lsea.row_stride] =
-            kern::lse_from_stats(m[hi], lsum);
-      }
-    }
-  }
-}
-
-// max_logit of the warp's rows (rows past rows_valid never see a key: m = -inf, no masking).
-__device__ __forceinline__ void fwd_max_logit_sm90(const FwdParams& p, int h, int lane, const float (&m)[2]) {
-  float mx = fmaxf(m[0], m[1]);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  if (lane == 0 && mx != -INFINITY) kern::atomic_max_float(p.max_logit + h, mx * kern::kLn2);
-}
-
 template <int kD, class E, bool kMaxLogit, bool kOverlap>
 __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, const int32_t* s_item) {
-  using Elem = typename E::Storage;
   using L = FwdSm90Layout<kD>;
   constexpr int kNO = kD / 8;  // n8 blocks of O
   const uint32_t bars = base + L::kBar;
@@ -303,13 +242,15 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
   const uint32_t k_full = bars + 16, v_full = k_full + 8 * kStages, kv_empty = v_full + 8 * kStages;
   const uint32_t item_full = kv_empty + 8 * kStages, item_empty = item_full + 16;
   const int c = (threadIdx.x - 128) >> 7;  // consumer warpgroup: rows 64c .. 64c + 63
-  const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
+  const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
   const int mt = 4 * c + warp;  // 16-row payload sub-tile of this warp
   const uint32_t q_tile = base + L::kQ + c * 64 * 128;
   // Roles (kernels/common): the variant's scores -> logits step with the plan's payload as the
-  // mask, the online softmax.
+  // mask, the online softmax, the forward epilogue.
   using Mask = kern::PlanPayloadMask<kBlockK / 8>;
+  using Epilogue = kern::FwdEpilogue<E, kBlockQ, kD>;
   const kern::Variant<Mask> variant{p.scale_log2};
+  const kern::AccFragment frag(lane);
 
   uint32_t kv_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
@@ -434,17 +375,18 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     }
     release_q(true);  // an item without key blocks
 
-    // Epilogue.
+    // Epilogue: this warp's 16 rows of the block.
     const int q_start = __ldg(p.cu_seqlens_q + it.batch), len_q = __ldg(p.cu_seqlens_q + it.batch + 1) - q_start;
     const int row0 = it.block * kBlockQ;
     const int rows_valid = min(kBlockQ, len_q - row0);
     const int64_t q_row0 = p.varlen ? q_start : 0;
+    const int r0 = 64 * c + 16 * warp;
     if (it.slot >= 0) {
-      fwd_store_split_partial_sm90<kD>(p, it.slot, rows_valid, c, warp, g, qd, o, sm.m, sm.l);
+      Epilogue::store_split_partial(p, it.slot, rows_valid, r0, frag, o, sm);
     } else {
-      fwd_store_rows_sm90<kD, E>(p, it.batch, it.head, q_row0 + row0, rows_valid, c, warp, g, qd, o, sm.m, sm.l);
+      Epilogue::store_rows(p, kern::FwdRows{it.batch, it.head, q_row0 + row0, rows_valid}, r0, frag, o, sm);
     }
-    if constexpr (kMaxLogit) fwd_max_logit_sm90(p, it.head, lane, sm.m);
+    if constexpr (kMaxLogit) Epilogue::max_logit(p, it.head, lane, sm);
   }
 }
 
