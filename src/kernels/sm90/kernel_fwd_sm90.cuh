@@ -417,14 +417,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(bars + 16 + 8 * (3 * kStages + i), 1);                     // item_full
       mbar_init(bars + 16 + 8 * (3 * kStages + 2 + i), kConsumerThreads);  // item_empty
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_barrier_init();
   }
   __syncthreads();
   if (threadIdx.x < 128) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    setmaxnreg_dec<24>();
     if (threadIdx.x == 0) producer<kD>(p, &tm_q, &tm_k, &tm_v, base, s_item);
   } else {
-    asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+    setmaxnreg_inc<240>();
     consumer<kD, E, kMaxLogit, kOverlap>(p, base, s_item);
   }
 #else
