@@ -18,6 +18,9 @@
 #                       cubins are cached by the sha1 of the unit's preprocessed source and of
 #                       the tree files it includes, so an unchanged unit is not rebuilt;
 #                       SASS_JOBS (default 1) parallel nvcc jobs.
+#                       SASS_POOL=1: kernels are paired by name over all FILES together (a
+#                       unit missing from one side is skipped there), for kernels that move
+#                       from one unit to another; the report then names one unit, "pool".
 #   SASS_CUOBJDUMP     cuobjdump to use (default: cuobjdump on PATH or in /usr/local/cuda/bin,
 #                      else build-sass/tools/cuobjdump; the pip wheels nvidia-cuda-cuobjdump and
 #                      nvidia-cuda-nvdisasm hold one, with nvdisasm beside it).
@@ -71,6 +74,7 @@ build_side() {
     mkdir -p "$out/$arch" "$cache/obj/$arch"
     for f in "${files[@]}"; do
       name=$(basename "$f" .cu)
+      [ -z "${SASS_POOL:-}" ] || [ -f "$dir/$f" ] || continue
       # Key: the preprocessed unit (line markers dropped) and the text of every file of the tree
       # it includes (code under #if __CUDA_ARCH__ is not in the host-side preprocessed text).
       # shellcheck disable=SC2046
@@ -167,13 +171,38 @@ else
 fi
 new_name=${SASS_NEW_REV:-working tree}
 
+# pool_sass DIR ARCH -> DIR/ARCH/pool.k: the kernels of every unit of DIR (SASS_POOL).
+pool_sass() {
+  local out=$1 arch=$2 f name
+  local kd=$out/$arch/pool.k
+  rm -rf "$kd"; mkdir -p "$kd"
+  : > "$kd/names.tsv"; : > "$kd/res.tsv"
+  for f in "${files[@]}"; do
+    name=$(basename "$f" .cu)
+    [ -e "$out/$arch/$name.cubin" ] || continue
+    split_sass "$out" "$arch" "$name"
+    cp "$out/$arch/$name.k"/*.sass "$kd"/ 2>/dev/null || true
+    cat "$out/$arch/$name.k/names.tsv" >> "$kd/names.tsv"
+    cat "$out/$arch/$name.k/res.tsv" >> "$kd/res.tsv"
+  done
+  sort -u -o "$kd/names.tsv" "$kd/names.tsv"
+  sort -u -o "$kd/res.tsv" "$kd/res.tsv"
+}
+
+units=("${files[@]}")
+[ -z "${SASS_POOL:-}" ] || units=(pool)
 status=0
 total=0
 for arch in ${archs//,/ }; do
-  for f in "${files[@]}"; do
+  for f in "${units[@]}"; do
     name=$(basename "$f" .cu)
-    split_sass "$a" "$arch" "$name"
-    split_sass "$b" "$arch" "$name"
+    if [ -n "${SASS_POOL:-}" ]; then
+      pool_sass "$a" "$arch"
+      pool_sass "$b" "$arch"
+    else
+      split_sass "$a" "$arch" "$name"
+      split_sass "$b" "$arch" "$name"
+    fi
     ka=$a/$arch/$name.k kb=$b/$arch/$name.k
     n_same=0 n_diff=0 n_res=0
     # Name-free check: the multiset of kernel bodies.

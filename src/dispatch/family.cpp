@@ -1,12 +1,28 @@
-// The kernel-family registry (family.h): the sm80 family from its tile table, the sm90 slot.
+// The kernel-family registry (family.h): the sm80 and sm90 families from their tile tables
+// (kernels/sm80/tile_sm80.h, kernels/sm90/tile_sm90.h).
 #include "dispatch/family.h"
 
 #include "core/error.h"
 #include "core/validation.h"
+#include "kernels/sm90/tile_sm90.h"
 
 namespace flashspan {
 
 namespace {
+
+// The consumer of family `arch` with the tiles of its tile table (TileSm80 or TileSm90: fwd_bq,
+// fwd_bk, bwd_bq, bwd_bk). Both families read the kM16N64Frag payload.
+template <class Tile>
+Consumer consumer_of_tile(int arch, const Tile& t) {
+  Consumer c;
+  c.arch = arch;
+  c.layout = PayloadLayout::kM16N64Frag;
+  c.fwd_block_q = t.fwd_bq;
+  c.fwd_block_k = t.fwd_bk;
+  c.bwd_block_q = t.bwd_bq;
+  c.bwd_block_k = t.bwd_bk;
+  return c;
+}
 
 // sm80: the tiles of kernels/sm80/tile_sm80.h. Why these tiles: 128x64 keeps the Q tile plus
 // two K/V stages inside sm80 shared memory up to D = 192; (256, 256) needs the smaller 64-row
@@ -14,15 +30,7 @@ namespace {
 // dK/dV kernel keeps both accumulators of its keys in registers, which only fits with 64 keys
 // per block. Larger dims than the kernels run (CPU plans only) take the smallest tile.
 Consumer consumer_sm80(int head_dim_qk, int head_dim_v) {
-  const sm80::TileSm80 t = sm80::tile_sm80(head_dim_qk, head_dim_v);
-  Consumer c;
-  c.arch = 80;
-  c.layout = PayloadLayout::kM16N64Frag;
-  c.fwd_block_q = t.fwd_bq;
-  c.fwd_block_k = t.fwd_bk;
-  c.bwd_block_q = t.bwd_bq;
-  c.bwd_block_k = t.bwd_bk;
-  return c;
+  return consumer_of_tile(80, sm80::tile_sm80(head_dim_qk, head_dim_v));
 }
 
 Consumer consumer_for_plan_sm80(const FlexGeometry& g, bool pack_gqa) {
@@ -42,17 +50,10 @@ void check_head_dims_sm80(int dqk, int dv) {
                      ") is not supported on the GPU: each in {8, 16, ..., 128}, or (192, 128), or (256, 256)");
 }
 
-// sm90: two consumer warpgroups of 64 rows each, 128 keys (the forward of src/kernels/sm90;
-// its plans' backward runs on the sm80 kernels, whose backward tile this is).
-Consumer consumer_sm90(int, int) {
-  Consumer c;
-  c.arch = 90;
-  c.layout = PayloadLayout::kM16N64Frag;
-  c.fwd_block_q = 128;
-  c.fwd_block_k = 128;
-  c.bwd_block_q = 64;
-  c.bwd_block_k = 128;
-  return c;
+// sm90: the tiles of kernels/sm90/tile_sm90.h (forward: two consumer warpgroups of 64 rows
+// each, 128 keys; backward 64 x 128, the sm80 kernels' backward tile for head dims <= 128).
+Consumer consumer_sm90(int head_dim_qk, int head_dim_v) {
+  return consumer_of_tile(90, sm90::tile_sm90(head_dim_qk, head_dim_v));
 }
 
 Consumer consumer_for_plan_sm90(const FlexGeometry& g, bool) { return consumer_sm90(g.head_dim_qk, g.head_dim_v); }

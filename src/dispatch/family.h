@@ -1,8 +1,8 @@
 // Kernel-family registry, keyed by architecture: which tile (Consumer) a family plans for,
 // which head dims it runs, and the launch heuristics that pick between its tiles. Planner
 // requests (src/api), dispatch (flex_dispatch.cu) and tests all ask here, and the families
-// answer from their own tile tables (kernels/sm80/tile_sm80.h), so the plan a caller builds
-// and the kernel that runs it agree by construction.
+// answer from their own tile tables (kernels/sm80/tile_sm80.h, kernels/sm90/tile_sm90.h), so
+// the plan a caller builds and the kernel that runs it agree by construction.
 //
 // Families: 80 = portable mma.sync kernels (sm_80 and newer, forward and backward), 90 = Hopper
 // TMA + wgmma (src/kernels/sm90: the forward; its plans' backward runs on the sm80 kernels).

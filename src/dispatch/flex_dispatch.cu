@@ -60,10 +60,9 @@ void check_tile(const FlexGeometry& g, const MaskPlan& plan, bool backward) {
 
 size_t flex_fwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool has_max_logit) {
   (void)has_max_logit;
-  // The split schedule of the forward (launch_sm80.h, FwdWorkspaceLayout; its task
-  // bound depends on plan.signature.pack_gqa); max_logit is reset in place.
-  const Consumer& c = plan.signature.consumer;
-  return fwd_workspace_layout(g, plan.signature.pack_gqa, c.fwd_block_q, c.fwd_block_k).total;
+  // The split schedule of the forward (FwdWorkspaceLayout, from the plan's signature: its
+  // consumer's forward tile and pack_gqa); max_logit is reset in place.
+  return fwd_workspace_layout(g, plan.signature).total;
 }
 
 size_t flex_bwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool deterministic) {
@@ -89,7 +88,8 @@ void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool ba
   FS_CHECK_SUPPORTED(c.arch == 80 || c.arch == 90, "mask_plan: built for kernel family sm", c.arch,
                      ", which this build does not have (sm80 and sm90 exist)");
   if (c.arch == 90) {
-    // Forward: the sm90 kernel (its own 128x128 tile); backward: the sm80 kernels, whose
+    // Forward: the sm90 kernel, on the forward tile of the sm90 family's consumer
+    // (kernels/sm90/tile_sm90.h through family.cpp); backward: the sm80 kernels, whose
     // backward tile the sm90 consumer shares for the head dims the sm90 forward covers.
     FS_CHECK_SUPPORTED(sm90::device_supported(g.device_id), "mask_plan: built for kernel family sm90, which needs a "
                        "compute capability 9.0 device and a build with 90a in FLASHSPAN_CUDA_ARCHS (device cuda:",
@@ -98,9 +98,11 @@ void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool ba
                        "mask_plan: the sm90 forward runs float16/bfloat16, head_dim_qk = head_dim_v in {64, 128}, "
                        "unpacked GQA; got (", g.head_dim_qk, ", ", g.head_dim_v, ") ", dtype_name(g.dtype),
                        plan.signature.pack_gqa ? " packed" : "", ": build the plan with arch=80");
-    FS_CHECK_SUPPORTED(c.fwd_block_q == 128 && c.fwd_block_k == 128 && c.layout == PayloadLayout::kM16N64Frag,
-                       "mask_plan: forward tile ", c.fwd_block_q, "x", c.fwd_block_k,
-                       " is not the sm90 forward's 128x128");
+    const Consumer want = consumer_for(90, g.head_dim_qk, g.head_dim_v);
+    FS_CHECK_SUPPORTED(c.fwd_block_q == want.fwd_block_q && c.fwd_block_k == want.fwd_block_k &&
+                           c.layout == want.layout,
+                       "mask_plan: forward tile ", c.fwd_block_q, "x", c.fwd_block_k, " is not the sm90 forward's ",
+                       want.fwd_block_q, "x", want.fwd_block_k);
     if (backward) {
       const sm80::TileSm80 t = sm80::tile_sm80(g.head_dim_qk, g.head_dim_v);
       FS_CHECK_SUPPORTED(c.bwd_block_q == t.bwd_bq && c.bwd_block_k == t.bwd_bk, "mask_plan: backward tile ",
@@ -175,26 +177,19 @@ void launch_flex_fwd(const FlexFwdLaunch& a) {
   // Split schedule (fwd_split.cuh) in task mode when the caller gave the workspace; a
   // call without one (workspace_bytes = 0; internal callers only, the C API checks the size)
   // runs one CTA per task as before (sm90: a persistent grid over the task list).
-  // The forward tile is the plan's (default or decode tile); flex_check_support_gpu has
-  // checked that a kernel of the plan's family provides it.
-  const bool sm90 = plan.signature.consumer.arch == 90;
-  sm80::TileSm80 tile{};
-  if (sm90) {
-    tile.fwd_bq = plan.signature.consumer.fwd_block_q;
-    tile.fwd_bk = plan.signature.consumer.fwd_block_k;
-  } else {
-    tile = plan_tile(g, plan);
-  }
-  const FwdWorkspaceLayout wl =
-      fwd_workspace_layout(g, plan.signature.pack_gqa, tile.fwd_bq, tile.fwd_bk);
+  // The forward tile is the plan's consumer's (default or decode tile); flex_check_support_gpu
+  // has checked that a kernel of the plan's family provides it.
+  const Consumer& c = plan.signature.consumer;
+  const FwdWorkspaceLayout wl = fwd_workspace_layout(g, plan.signature);
   FS_CHECK_ARG(a.workspace_bytes == 0 || (a.workspace_bytes >= wl.total && a.workspace != nullptr),
                "workspace: needs ", wl.total, " bytes, got ", a.workspace_bytes);
   if (wl.total > 0 && a.workspace_bytes > 0 && !p.grid_mode && p.view.num_tasks > 0) {
     FS_CHECK_ARG(reinterpret_cast<uintptr_t>(a.workspace) % 16 == 0, "workspace: must be 16-byte aligned");
     FS_CHECK(p.view.num_tasks <= wl.max_tasks, Status::kInternal, "mask_plan: ", p.view.num_tasks,
              " forward tasks exceed the workspace bound ", wl.max_tasks);
-    FS_CHECK(p.view.block_q == tile.fwd_bq && p.view.block_q <= 128,  // kern::kMaxCombineRows
-             Status::kInternal, "mask_plan: forward query block ", p.view.block_q, " is not the sm80 kernel's");
+    FS_CHECK(p.view.block_q == c.fwd_block_q && p.view.block_q <= FwdSplit::kMaxBlockQ, Status::kInternal,
+             "mask_plan: forward query block ", p.view.block_q, " is not the consumer's ", c.fwd_block_q,
+             " or exceeds the split combine's ", FwdSplit::kMaxBlockQ, " rows");
     char* ws = static_cast<char*>(a.workspace);
     wl.bind(p.split, ws);
     p.split.o_accum = reinterpret_cast<float*>(ws + wl.o_accum);
@@ -202,7 +197,7 @@ void launch_flex_fwd(const FlexFwdLaunch& a) {
     p.split.num_tasks = static_cast<int>(p.view.num_tasks);
     p.split_schedule = 1;
   }
-  if (sm90) {
+  if (c.arch == 90) {
     FS_CHECK(sm90::device_supported(g.device_id) && sm90::fwd_config_supported(g, plan.signature.pack_gqa),
              Status::kNotSupported, "mask_plan: built for kernel family sm90, which cannot run this call on device cuda:",
              g.device_id, " (needs compute capability 9.0, a 90a build, float16/bfloat16, head_dim_qk = head_dim_v in "
@@ -210,8 +205,8 @@ void launch_flex_fwd(const FlexFwdLaunch& a) {
     sm90::launch_fwd_sm90(p, a.q, a.k, a.v, g.dtype, static_cast<cudaStream_t>(a.stream));
     return;
   }
-  sm80::launch_fwd_sm80(p, tile, g.dtype,
-                        static_cast<int>(p.view.num_tasks), static_cast<cudaStream_t>(a.stream));
+  sm80::launch_fwd_sm80(p, plan_tile(g, plan), g.dtype, static_cast<int>(p.view.num_tasks),
+                        static_cast<cudaStream_t>(a.stream));
 }
 
 void launch_flex_bwd(const FlexBwdLaunch& a) {

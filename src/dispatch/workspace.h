@@ -105,8 +105,8 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, bool deter
   return w;
 }
 
-// Byte offsets into the forward workspace (a pure function of the geometry, the plan's
-// pack_gqa flag and its forward tile Bq x Bk: plan.signature.consumer.fwd_block_q/_k).
+// Byte offsets into the forward workspace (a pure function of the geometry and the plan's
+// signature: its pack_gqa flag and its consumer's forward tile Bq x Bk, fwd_block_q/_k).
 // Empty (total 0) when no task can be split: a task has at most ceil(max_seqlen_k / Bk)
 // steps and the chunk is at least kChunkMin. All offsets 256-aligned.
 //   split schedule (FwdSplit): hdr int32 [4]; task_iters, task_slot int32 [max_tasks];
@@ -126,13 +126,13 @@ struct FwdWorkspaceLayout : SplitScheduleOffsets {
   int64_t max_tasks = 0, max_items = 0, max_slots = 0;
 };
 
-inline FwdWorkspaceLayout fwd_workspace_layout(const FlexGeometry& g, bool pack_gqa, int fwd_bq, int fwd_bk) {
+inline FwdWorkspaceLayout fwd_workspace_layout(const FlexGeometry& g, const PlanSignature& sig) {
   FwdWorkspaceLayout w;
-  const int64_t bq = fwd_bq, bk = fwd_bk;
+  const int64_t bq = sig.consumer.fwd_block_q, bk = sig.consumer.fwd_block_k;
   if (bq <= 0 || bk <= 0) return w;
   const int64_t max_steps = (g.max_seqlen_k + bk - 1) / bk;
   if (max_steps <= SplitSchedule::kChunkMin || g.total_q == 0) return w;
-  const int64_t pack = fwd_pack_group(g, pack_gqa);
+  const int64_t pack = fwd_pack_group(g, sig.pack_gqa);
   // A sample is never longer than total_q (THD's max_seqlen_q may be a looser bound); the
   // product B * blocks-per-sample is only formed when it stays below by_total (no overflow).
   const int64_t by_total = (g.total_q * pack + bq - 1) / bq + g.batch;

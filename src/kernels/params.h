@@ -66,6 +66,9 @@ struct BwdSplit : SplitSchedule {
 // output accumulator and per-row running max (log2 units) and sum; a combine kernel merges
 // them (split_schedule.cuh, flex_fwd_split_combine_kernel).
 struct FwdSplit : SplitSchedule {
+  // Rows of a query block the combine kernel takes (its per-row shared arrays): forward tiles
+  // of every family have block_q <= kMaxBlockQ.
+  static constexpr int kMaxBlockQ = 128;
   float* o_accum = nullptr;  // [slots, block_q, dv] fp32, unnormalised
   float* ml = nullptr;       // [slots, 2, block_q] fp32: running max m (log2 units), then sum l
 };

@@ -431,9 +431,7 @@ void run_case(const Case& case_in) {
   EXPECT_EQ(f->lse.padding_changed(), 0) << "lse: stray writes";
   if (c.expect_fwd_split) {
     // Schedule header (SplitSchedule): {items, counter, chunk, slots}.
-    const Consumer& pc = p.plan->signature.consumer;
-    const FwdWorkspaceLayout wl =
-        fwd_workspace_layout(p.gd, p.plan->signature.pack_gqa, pc.fwd_block_q, pc.fwd_block_k);
+    const FwdWorkspaceLayout wl = fwd_workspace_layout(p.gd, p.plan->signature);
     ASSERT_GT(wl.total, 0u) << "no forward workspace for this geometry";
     int32_t hdr[SplitSchedule::kHdrInts] = {};
     ASSERT_EQ(cudaMemcpy(hdr, static_cast<char*>(f->ws->p) + wl.hdr, sizeof(hdr), cudaMemcpyDeviceToHost),
@@ -1549,7 +1547,11 @@ TEST(FlexGpu, PackedFwdWorkspaceBound) {
     const FlexGeometry g = make_thd_geometry(lq, lk, h);
     for (bool pack : {false, true}) {
       for (int bq : {128, kDecodeBlockQ}) {
-        const FwdWorkspaceLayout wl = fwd_workspace_layout(g, pack, bq, 64);
+        PlanSignature sig;
+        sig.consumer.fwd_block_q = bq;
+        sig.consumer.fwd_block_k = 64;
+        sig.pack_gqa = pack;
+        const FwdWorkspaceLayout wl = fwd_workspace_layout(g, sig);
         const int64_t P = pack ? G : 1;
         int64_t nqb = 0;
         for (int b = 0; b < B; ++b) nqb += (lq[b] * P + bq - 1) / bq;

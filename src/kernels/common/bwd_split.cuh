@@ -29,6 +29,7 @@
 #include "kernels/params.h"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/split_schedule.cuh"
+#include "kernels/common/tile_scheduler.cuh"
 
 namespace flashspan::kern {
 
@@ -36,8 +37,8 @@ namespace flashspan::kern {
 __global__ void __launch_bounds__(256) flex_bwd_split_count_kernel(const BwdParams p) {
   const int t = blockIdx.x * 256 + threadIdx.x;
   if (t >= p.split.num_tasks) return;
-  const int32_t* task = p.view.tasks + 4 * int64_t(t);
-  const int kb = __ldg(task + 0), hkv = __ldg(task + 1), b = __ldg(task + 2);
+  const Task task = load_task(p.view.tasks, t);
+  const int kb = task.block, hkv = task.head, b = task.batch;
   const int64_t gk = int64_t(__ldg(p.view.k_block_start + b)) + kb;
   int n = 0;
   for (int h = hkv * p.group_size; h < (hkv + 1) * p.group_size; ++h) {
@@ -73,8 +74,8 @@ __global__ void __launch_bounds__(256) flex_bwd_split_convert_kernel(const BwdPa
   const int t = blockIdx.x;
   const int slot = sp.task_slot[t];
   if (slot < 0) return;
-  const int32_t* task = p.view.tasks + 4 * int64_t(t);
-  const int kb = __ldg(task + 0), hkv = __ldg(task + 1), b = __ldg(task + 2);
+  const Task task = load_task(p.view.tasks, t);
+  const int kb = task.block, hkv = task.head, b = task.batch;
   const int bk = p.view.block_k;
   const int k_start = __ldg(p.cu_seqlens_k + b), len_k = __ldg(p.cu_seqlens_k + b + 1) - k_start;
   const int key0 = kb * bk;

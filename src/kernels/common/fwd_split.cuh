@@ -8,11 +8,12 @@
 //   A. count   (one thread per task): task_iters[t] = key blocks of task t's Q2K row
 //               (full + partial list lengths).
 //   S. scan, B. items: split_schedule.cuh with one slot per item of a split task.
-//   forward    (kernel_fwd_sm80.cuh) when no task was split (hdr[kNumSplit] = 0): the one-
-//               CTA-per-task kernel, as without a schedule. Otherwise the persistent kernel
-//               claims items with an atomic counter; an unsplit task's item writes O, LSE as
-//               always; an item of a split task writes its unnormalised fp32 O_i and per-row
-//               m_i (log2 units), l_i to its slot.
+//   forward    sm80 (kernel_fwd_sm80.cuh): when no task was split (hdr[kNumSplit] = 0), the
+//               one-CTA-per-task kernel, as without a schedule; otherwise the persistent
+//               kernel. sm90 (kernel_fwd_sm90.cuh): always its persistent kernel. A persistent
+//               kernel claims items with an atomic counter; an unsplit task's item writes O,
+//               LSE as always; an item of a split task writes its unnormalised fp32 O_i and
+//               per-row m_i (log2 units), l_i to its slot.
 //   C. combine (one CTA per task, split tasks only): per row m = max m_i,
 //               l = sum l_i 2^(m_i - m), out = sum O_i 2^(m_i - m) / l,
 //               LSE = (m + log2 l) ln 2; rows with no visible key (l = 0) give out 0 and
@@ -28,7 +29,9 @@
 #include "kernels/common/block_range.cuh"
 #include "kernels/params.h"
 #include "kernels/common/ptx.cuh"
+#include "kernels/common/softmax.cuh"
 #include "kernels/common/split_schedule.cuh"
+#include "kernels/common/tile_scheduler.cuh"
 
 namespace flashspan::kern {
 
@@ -37,24 +40,25 @@ namespace flashspan::kern {
 __global__ void __launch_bounds__(256) flex_fwd_split_count_kernel(const FwdParams p) {
   const int t = blockIdx.x * 256 + threadIdx.x;
   if (t >= p.split.num_tasks) return;
-  const int32_t* task = p.view.tasks + 4 * int64_t(t);
-  const int qb = __ldg(task + 0), h = __ldg(task + 1), b = __ldg(task + 2);
+  const Task task = load_task(p.view.tasks, t);
+  const int qb = task.block, h = task.head, b = task.batch;
   const int64_t r = int64_t(p.mask_per_head ? h : 0) * p.view.num_q_blocks + __ldg(p.view.q_block_start + b) + qb;
   p.split.task_iters[t] =
       BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb, p.view.q2k_full_ptr, p.view.q2k_full_runs, r)
           .remaining();
 }
 
-// B. Items of task blockIdx.x. Grid num_tasks, 256 threads. Nothing to do when no task is
-// split (the one-CTA-per-task kernel runs then and reads no item).
+// B. Items of task blockIdx.x. Grid num_tasks, 256 threads. kAlways = false: nothing to do
+// when no task is split (sm80: the one-CTA-per-task kernel runs then and reads no item);
+// kAlways = true: every call (sm90: the persistent kernel always runs the item list).
+template <bool kAlways>
 __global__ void __launch_bounds__(256) flex_fwd_split_items_kernel(const FwdParams p) {
-  if (p.split.hdr[SplitSchedule::kNumSplit] == 0) return;
+  if (!kAlways && p.split.hdr[SplitSchedule::kNumSplit] == 0) return;
   write_split_items<true>(p.split, blockIdx.x);
 }
 
 // C. Rows of split task blockIdx.x from its items' slots. Grid num_tasks, 256 threads;
-// block_q <= kMaxCombineRows.
-constexpr int kMaxCombineRows = 128;
+// block_q <= FwdSplit::kMaxBlockQ.
 
 template <class E>
 __global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FwdParams p) {
@@ -64,17 +68,16 @@ __global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FwdPa
   const int slot0 = sp.task_slot[t];
   if (slot0 < 0) return;
   const int n = sp.item_start[t + 1] - sp.item_start[t];
-  const int32_t* task = p.view.tasks + 4 * int64_t(t);
-  const int qb = __ldg(task + 0), h = __ldg(task + 1), b = __ldg(task + 2);
+  const Task task = load_task(p.view.tasks, t);
+  const int qb = task.block, h = task.head, b = task.batch;
   const int bq = p.view.block_q;
   const int pack = p.pack, head0 = h * pack;
   const int q_start = __ldg(p.cu_seqlens_q + b), len_q = __ldg(p.cu_seqlens_q + b + 1) - q_start;
   const int row0 = qb * bq;
   const int rows_valid = min(bq, len_q * pack - row0);
   const int64_t q_row0 = p.varlen ? q_start : 0;
-  __shared__ float s_m[kMaxCombineRows], s_inv[kMaxCombineRows];
-  __shared__ int64_t s_off[kMaxCombineRows];  // row's offset in O from (position 0, head head0)
-  constexpr float kLn2 = 0.6931471805599453f;
+  __shared__ float s_m[FwdSplit::kMaxBlockQ], s_inv[FwdSplit::kMaxBlockQ];
+  __shared__ int64_t s_off[FwdSplit::kMaxBlockQ];  // row's offset in O from (position 0, head head0)
 
   for (int row = threadIdx.x; row < rows_valid; row += blockDim.x) {
     // Row `row`: position pos of query head head0 + sub.
@@ -92,7 +95,7 @@ __global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FwdPa
     s_inv[row] = l > 0.0f ? 1.0f / l : 0.0f;
     if (p.lse != nullptr) {
       p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(head0 + sub) * p.lsea.head_stride +
-            (q_row0 + pos) * p.lsea.row_stride] = l > 0.0f ? (m + log2f(l)) * kLn2 : -INFINITY;
+            (q_row0 + pos) * p.lsea.row_stride] = lse_from_stats(m, l);
     }
   }
   __syncthreads();  // s_m, s_inv, s_off

@@ -32,11 +32,12 @@
 #include "kernels/common/grid.h"
 #include "kernels/common/k2q_walk.cuh"
 #include "kernels/common/seqlen_info.cuh"
+#include "kernels/common/softmax.cuh"
 #include "kernels/common/split_schedule.cuh"
+#include "kernels/common/tile_scheduler.cuh"
 #include "kernels/params.h"
 #include "kernels/sm80/mask_apply_sm80.cuh"
 #include "kernels/sm80/mma_sm80.cuh"
-#include "kernels/sm80/softmax_sm80.cuh"
 #include "kernels/sm80/tile_io_sm80.cuh"
 #include "kernels/sm80/tile_sm80.h"
 
@@ -776,20 +777,20 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const B
         b = find_block_owner(p.view.k_block_start, p.batch, gk);
         kb = gk - __ldg(p.view.k_block_start + b);
       } else {
-        const int32_t* task = p.view.tasks + 4 * int64_t(blockIdx.x);
-        kb = __ldg(task + 0);
-        hkv = __ldg(task + 1);
-        b = __ldg(task + 2);
+        const Task task = load_task(p.view.tasks, blockIdx.x);
+        kb = task.block;
+        hkv = task.head;
+        b = task.batch;
       }
     } else {
       const int task_index = claim_split_item(p.split, s_item);
       if (task_index < 0) return;
       begin = s_item[1];
       count = s_item[2] - begin;
-      const int32_t* task = p.view.tasks + 4 * int64_t(task_index);
-      kb = __ldg(task + 0);
-      hkv = __ldg(task + 1);
-      b = __ldg(task + 2);
+      const Task task = load_task(p.view.tasks, task_index);
+      kb = task.block;
+      hkv = task.head;
+      b = task.batch;
     }
     dkdv_item<T, E>(p, smem, kb, hkv, b, begin, count);
   }

@@ -28,11 +28,12 @@
 #include "kernels/common/block_range.cuh"
 #include "kernels/common/grid.h"
 #include "kernels/common/seqlen_info.cuh"
+#include "kernels/common/softmax.cuh"
 #include "kernels/common/split_schedule.cuh"
+#include "kernels/common/tile_scheduler.cuh"
 #include "kernels/params.h"
 #include "kernels/sm80/mask_apply_sm80.cuh"
 #include "kernels/sm80/mma_sm80.cuh"
-#include "kernels/sm80/softmax_sm80.cuh"
 #include "kernels/sm80/tile_io_sm80.cuh"
 #include "kernels/sm80/tile_sm80.h"
 
@@ -282,15 +283,7 @@ __device__ __forceinline__ void fwd_softmax_sm80(const Mask& mask, float (&s)[T:
     online_softmax_step<T::kNS, T::kNO>(s[i], m[i], l[i], acc_o[i]);
   }
 #pragma unroll
-  for (int i = 0; i < kMT; ++i) {
-#pragma unroll
-    for (int kk = 0; kk < T::kBlockK / 16; ++kk) {
-      pa[i][kk][0] = pack2<E>(s[i][2 * kk][0], s[i][2 * kk][1]);
-      pa[i][kk][1] = pack2<E>(s[i][2 * kk][2], s[i][2 * kk][3]);
-      pa[i][kk][2] = pack2<E>(s[i][2 * kk + 1][0], s[i][2 * kk + 1][1]);
-      pa[i][kk][3] = pack2<E>(s[i][2 * kk + 1][2], s[i][2 * kk + 1][3]);
-    }
-  }
+  for (int i = 0; i < kMT; ++i) pack_p<E>(s[i], pa[i]);
 }
 
 // Where the rows of a work item go: row r of the block is position (row0 + r) / pack of
@@ -365,7 +358,6 @@ __device__ __forceinline__ void fwd_store_rows_sm80(const FwdParams& p, Rows rw,
                                                     const float (&acc_o)[T::kMT][T::kNO][4],
                                                     const float (&m)[T::kMT][2], const float (&l)[T::kMT][2]) {
   using Elem = typename E::Storage;
-  constexpr float kLn2 = 0.6931471805599453f;
   Elem* o;  // row row0 of head h (a member function computing it changed the plan kernels' SASS)
   if constexpr (Rows::kAnalytic) {
     o = static_cast<Elem*>(p.o) + rw.o_start + int64_t(rw.row0) * p.oa.row_stride + int64_t(rw.h) * p.oa.head_stride;
@@ -410,7 +402,6 @@ __device__ __forceinline__ void fwd_store_packed_rows_sm80(const FwdParams& p, F
                                                            const float (&acc_o)[T::kMT][T::kNO][4],
                                                            const float (&m)[T::kMT][2], const float (&l)[T::kMT][2]) {
   using Elem = typename E::Storage;
-  constexpr float kLn2 = 0.6931471805599453f;
   const int pack = rw.pack, row0 = rw.row0;
   Elem* o = static_cast<Elem*>(p.o) + int64_t(rw.b) * p.oa.batch_stride +
             (int64_t(p.varlen ? rw.q_start : 0) + row0) * p.oa.row_stride + int64_t(rw.h) * pack * p.oa.head_stride;
@@ -434,7 +425,7 @@ __device__ __forceinline__ void fwd_store_packed_rows_sm80(const FwdParams& p, F
           }
         }
         if (p.lse != nullptr && rw.t == 0) {
-          const float lse = lsum > 0.0f ? (m[i][hi] + __log2f(lsum)) * kLn2 : -INFINITY;
+          const float lse = lse_from_stats(m[i][hi], lsum);
           p.lse[int64_t(rw.b) * p.lsea.batch_stride + int64_t(rw.h * pack + sub) * p.lsea.head_stride +
                 (int64_t(p.varlen ? rw.q_start : 0) + pos) * p.lsea.row_stride] = lse;
         }
@@ -450,7 +441,6 @@ template <class T>
 __device__ __forceinline__ void fwd_max_logit_sm80(const FwdParams& p, float* red, FwdRowsSm80 rw,
                                                    const float (&m)[T::kMT][2], int head0, int warp, int lane,
                                                    int tid) {
-  constexpr float kLn2 = 0.6931471805599453f;
   if (rw.pack == 1) {
     // One head: warp shuffles, then one atomic per CTA.
     float mx = -INFINITY;
@@ -678,10 +668,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
     b = find_block_owner(p.view.q_block_start, p.batch, gq);
     qb = gq - __ldg(p.view.q_block_start + b);
   } else {
-    const int32_t* task = p.view.tasks + 4 * int64_t(blockIdx.x);
-    qb = __ldg(task + 0);
-    h = __ldg(task + 1);
-    b = __ldg(task + 2);
+    const Task task = load_task(p.view.tasks, blockIdx.x);
+    qb = task.block;
+    h = task.head;
+    b = task.batch;
   }
   fwd_item<T, E, kMaxLogit, false>(p, smem_u32(smem), nullptr, qb, h, b, 0, 0x7fffffff);
 }
@@ -713,9 +703,8 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_persisten
     const int task_index = claim_split_item(p.split, s_item);  // also frees the tiles and red
     if (task_index < 0) return;
     const int begin = s_item[1], count = s_item[2] - begin;
-    const int32_t* task = p.view.tasks + 4 * int64_t(task_index);
-    fwd_item<T, E, kMaxLogit, true>(p, sQ, s_item, __ldg(task + 0), __ldg(task + 1), __ldg(task + 2), begin,
-                                        count);
+    const Task task = load_task(p.view.tasks, task_index);
+    fwd_item<T, E, kMaxLogit, true>(p, sQ, s_item, task.block, task.head, task.batch, begin, count);
   }
 }
 

@@ -5,21 +5,16 @@
 // x {fp16, bf16}, max_logit tested at run time (FwdTraitsSm80::kMaxLogitAtRunTime).
 // Each variant is a one-CTA-per-task and a persistent kernel.
 // With a split schedule (p.split_schedule, task mode with a workspace): count, scan, items,
-// the persistent forward grid and the combine of split tasks (fwd_split.cuh).
+// the persistent forward grid and the combine of split tasks (fwd_split.cuh, launched through
+// kernels/common/fwd_launch.h).
 // Packed GQA is a run-time row mapping (FwdParams::pack), not an instantiation.
-#include "kernels/common/fwd_split.cuh"
+#include "kernels/common/fwd_launch.h"
 #include "kernels/common/grid.h"
 #include "kernels/sm80/kernel_fwd_sm80.cuh"
 #include "kernels/sm80/launch_sm80.h"
 
 namespace flashspan::sm80 {
 namespace {
-
-// max_logit starts at -inf on the stream (cudaMemsetAsync cannot write -inf).
-__global__ void fill_neg_inf_kernel(float* p, int n) {
-  const int i = blockIdx.x * blockDim.x + threadIdx.x;
-  if (i < n) p[i] = -INFINITY;
-}
 
 template <class T, class E, bool kMaxLogit>
 void run_fwd(const FwdParams& p, int num_tasks, cudaStream_t stream) {
@@ -38,20 +33,12 @@ void run_fwd(const FwdParams& p, int num_tasks, cudaStream_t stream) {
     static std::atomic<int> ctas_cache[64];
     FwdParams ps = p;
     ps.split.num_ctas = persistent_ctas(persistent, T::kThreads, T::kSmemBytes, ctas_cache, "flex forward (persistent)");
-    const unsigned tasks = grid_1d(ps.split.num_tasks, "flex forward (tasks)");
-    kern::flex_fwd_split_count_kernel<<<grid_1d((int64_t(tasks) + 255) / 256, "flex forward split count"), 256, 0,
-                                        stream>>>(ps);
-    check_launch("flex forward split count (sm80)");
-    kern::split_scan_kernel<true><<<1, kern::kSplitScanThreads, 0, stream>>>(ps.split);
-    check_launch("flex forward split scan (sm80)");
-    kern::flex_fwd_split_items_kernel<<<tasks, 256, 0, stream>>>(ps);
-    check_launch("flex forward split items (sm80)");
-    kernel<<<tasks, T::kThreads, T::kSmemBytes, stream>>>(ps);
+    launch_fwd_split_schedule(ps, false, stream);
+    kernel<<<grid_1d(ps.split.num_tasks, "flex forward (tasks)"), T::kThreads, T::kSmemBytes, stream>>>(ps);
     check_launch("flex forward (sm80)");
     persistent<<<grid_1d(ps.split.num_ctas, "flex forward, persistent"), T::kThreads, T::kSmemBytes, stream>>>(ps);
     check_launch("flex forward, persistent (sm80)");
-    kern::flex_fwd_split_combine_kernel<E><<<tasks, 256, 0, stream>>>(ps);
-    check_launch("flex forward split combine (sm80)");
+    launch_fwd_split_combine(ps, E::kDType, stream);
     return;
   }
   // Grid mode: (query block, task head) folded into x (grid.h); task heads are the kv heads
@@ -80,14 +67,8 @@ void run_fwd_dtype(const FwdParams& p, DType dtype, int num_tasks, cudaStream_t 
 
 }  // namespace
 
-void reset_max_logit(float* max_logit, int n, cudaStream_t stream) {
-  fill_neg_inf_kernel<<<grid_1d((int64_t(n) + 127) / 128, "flex forward: max_logit reset"), 128, 0, stream>>>(
-      max_logit, n);
-  check_launch("flex forward: max_logit reset");
-}
-
 void launch_fwd_sm80(const FwdParams& p, const TileSm80& tile, DType dtype, int num_tasks, cudaStream_t stream) {
-  if (p.max_logit != nullptr) reset_max_logit(p.max_logit, p.num_heads_q, stream);
+  if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
   if (p.view.num_q_blocks == 0 || (!p.grid_mode && num_tasks == 0)) return;
   kern::with_fwd_traits_sm80<true>(tile, p.head_dqk, p.head_dv,
                                    [&](auto t) { run_fwd_dtype<decltype(t)>(p, dtype, num_tasks, stream); });

@@ -4,6 +4,7 @@
 // schedule): 12 kernels.
 #include "kernels/common/grid.h"
 #include "kernels/sm80/kernel_fwd_sm80.cuh"
+#include "kernels/common/fwd_launch.h"
 #include "kernels/sm80/launch_sm80.h"
 
 namespace flashspan::sm80 {
@@ -27,7 +28,7 @@ void run_sdpa_fwd(const SdpaFwdParams& p_in, cudaStream_t stream) {
 }  // namespace
 
 void launch_sdpa_fwd_sm80(const SdpaFwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream) {
-  if (p.max_logit != nullptr) reset_max_logit(p.max_logit, p.num_heads_q, stream);
+  if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
   kern::with_fwd_traits_sm80<false>(tile, p.head_dqk, p.head_dv, [&](auto t) {
     with_element_type(dtype, "sdpa forward (sm80)", [&](auto e) { run_sdpa_fwd<decltype(t), decltype(e)>(p, stream); });
   });

@@ -16,8 +16,6 @@
 namespace flashspan::sm80 {
 
 void launch_fwd_sm80(const FwdParams& p, const TileSm80& tile, DType dtype, int num_tasks, cudaStream_t stream);
-// Sets max_logit[0, n) to -inf on the stream (the forward reduces into it with atomics).
-void reset_max_logit(float* max_logit, int n, cudaStream_t stream);
 
 // Launch sizes of the backward (the dQ mode is BwdParams::deterministic).
 struct BwdLaunchSm80 {

@@ -1,19 +1,24 @@
 // Flex attention forward kernel for sm_90a (Hopper): TMA + wgmma + warp specialization.
 //
 // Algorithm: FlashAttention-2/3 forward (online softmax) over the plan's block-sparse Q2K
-// lists, for plans whose consumer is consumer_for(90, d, d): 128 query rows x 128 keys per
-// block, head dims Dqk = Dv = kD in {64, 128}, fp16 / bf16, unpacked rows (pack = 1).
+// lists, for plans whose consumer is consumer_for(90, d, d): the forward tile of
+// tile_sm90.h (128 query rows x 128 keys per block), head dims Dqk = Dv = kD in {64, 128}
+// (fwd_runs_head_dims_sm90), fp16 / bf16, unpacked rows (pack = 1).
 //
 // CTA = 3 warpgroups (384 threads), persistent (one CTA per SM, 1 per SM by shared memory):
 //   WG0, the producer: after setmaxnreg.dec only thread 0 works. It takes the CTA's work items
-//     (the split schedule's item list through the atomic counter when p.split_schedule is set,
-//     otherwise tasks / grid cells blockIdx.x, blockIdx.x + gridDim.x, ...), hands each item to
-//     the consumers through a 2-entry shared ring, and issues the bulk tensor copies (TMA) of
-//     the item's Q tile and of K, V of every key block of its walk into a kStages ring.
+//     from the TileScheduler (tile_scheduler.cuh: the split schedule's item list through the
+//     atomic counter when p.split_schedule is set, otherwise tasks / grid cells blockIdx.x,
+//     blockIdx.x + gridDim.x, ...), hands each item to the consumers through a 2-entry shared
+//     ring, and issues the bulk tensor copies (TMA) of the item's Q tile and of K, V of every
+//     key block of its walk into a kStages ring.
 //   WG1, WG2, the consumers (setmaxnreg.inc): warpgroup c owns query rows 64c .. 64c+63. Per
-//     key block: S = Q K^T (wgmma SS, m64n128k16), scale, partial blocks masked by the payload,
-//     online softmax in registers, P converted to 16-bit A fragments in registers, O += P V
-//     (wgmma RS, m64n{kD}k16, V read N-major). Full blocks do no masking work.
+//     key block: S = Q K^T (wgmma SS, m64n128k16), the scores -> logits step (kern::Variant,
+//     variant.cuh: scale; a partial block masked by its payload words, PlanPayloadMask), the
+//     online softmax in registers (kern::OnlineSoftmax, softmax.cuh), P converted to 16-bit A
+//     fragments in registers (kern::pack_p), O += P V (wgmma RS, m64n{kD}k16, V read N-major).
+//     Full blocks do no masking work. After the walk, the forward epilogue
+//     (kern::FwdEpilogue, epilogue_fwd.cuh) of each warp's 16 rows.
 //   Consumer schedule (kOverlap): serial (S, softmax, P V per block) or, for D = 64, the
 //     intra-warpgroup overlap of FlashAttention-3 (S_j issued, then P_{j-1} V_{j-1}; the softmax
 //     of S_j runs while the P V GEMM is in flight; launch_fwd_sm90.cu says why not for D = 128).
@@ -26,7 +31,8 @@
 // as the m16n8 fragments of its 16 rows (HOPPER_BRIEF.md 1.3), so the plan's payload words are
 // already in the consumer's register order: warp w of consumer WG c reads 16-row sub-tile
 // mt = 4c + w, register s[j][r] (n8 block j of the 128 columns) is bit 4 (j % 8) + r of the
-// lane's word of 64-column chunk j / 8. No translation, no extra plan layout.
+// lane's word of 64-column chunk j / 8 (PlanPayloadMask<16>, the mask role the sm80 warp tiles
+// share). No translation, no extra plan layout.
 //
 // Shared memory (1024-byte aligned, 128B-swizzled tiles as TMA writes them): a tile of 128
 // rows x kD columns is kD / 64 slabs of 128 rows x 128 bytes (16 KB each); Q, then kStages K
@@ -39,12 +45,12 @@
 // in THD, zero fill past the tensor); a block holding such rows or keys past the sample is
 // never full, so the payload masks them (score -inf, P = 0) and those rows are not written.
 //
-// Results: unsplit items write O normalised (0 for rows with no visible key), LSE (natural
-// log, -inf for empty rows) and reduce max_logit with atomics; items of split tasks write
-// the unnormalised fp32 O, the running max (log2 units) and row sum into their workspace
-// slot (FwdSplit) for the combine kernel (launch_fwd_sm90.cu).
+// Results (FwdEpilogue): unsplit items write O normalised (0 for rows with no visible key), LSE
+// (natural log, -inf for empty rows) and reduce max_logit with atomics; items of split tasks
+// write the unnormalised fp32 O, the running max (log2 units) and row sum into their workspace
+// slot (FwdSplit) for the combine kernel (fwd_split.cuh, the one both families launch).
 //
-// Why raw PTX (inline asm: wgmma_sm90.inc, the mbarrier / TMA / setmaxnreg wrappers below) and
+// Why raw PTX (inline asm: wgmma_sm90.inc, the mbarrier / TMA / setmaxnreg wrappers of ptx_sm90.cuh) and
 // not CuTe from the pinned nvidia-cutlass headers: the kernel needs only a handful of Hopper
 // instructions (four wgmma forms, one TMA load form, mbarrier init/arrive/expect_tx/try_wait,
 // setmaxnreg, fences), each checked on an H200 (HOPPER_BRIEF.md); written out, the register
@@ -58,22 +64,32 @@
 #include <cstdint>
 
 #include "kernels/common/block_range.cuh"
-#include "kernels/params.h"
+#include "kernels/common/epilogue_fwd.cuh"
 #include "kernels/common/ptx.cuh"
+#include "kernels/common/softmax.cuh"
+#include "kernels/common/tile_scheduler.cuh"
+#include "kernels/common/variant.cuh"
+#include "kernels/params.h"
 #include "kernels/sm90/ptx_sm90.cuh"
+#include "kernels/sm90/tile_sm90.h"
 
 namespace flashspan::kern90 {
 
+// The forward tile of the sm90 tile table (tile_sm90.h, the one the plans are laid out for).
+// The kernel is written for 128 x 128: two consumer warpgroups of 64 rows, S fragments of 128
+// keys (s[16][4], two payload words a row pair), tiles of equal rows for Q, K and V.
+constexpr int kBlockQ = sm90::kTileSm90.fwd_bq, kBlockK = sm90::kTileSm90.fwd_bk;
+static_assert(kBlockQ == 2 * 64 && kBlockK == 128, "sm90 forward: the kernel is written for a 128 x 128 tile");
 // kStages K/V stages. 3 fit next to Q for D = 128 (224 KB of tiles) but measured no faster on
 // the H200 (S=131072 causal 532 vs 545 TFLOP/s with 2, PERF_LOG v1.0): 2 leave more of the
 // unified L1 to the payload and CSR reads.
-constexpr int kBlockQ = 128, kBlockK = 128, kStages = 2, kThreads = 384;
+constexpr int kStages = 2, kThreads = 384;
 constexpr int kConsumerThreads = 256;
-constexpr int kSlabBytes = 128 * 128;  // 128 rows x 64 16-bit columns
+constexpr int kSlabBytes = kBlockQ * 128;  // a tile's rows x 64 16-bit columns (128 bytes)
 
 template <int kD>
 struct FwdSm90Layout {
-  static_assert(kD == 64 || kD == 128, "sm90 forward: head dim 64 or 128");
+  static_assert(sm90::fwd_runs_head_dims_sm90(kD, kD), "sm90 forward: a head dim of the sm90 tile table");
   static constexpr int kSlabs = kD / 64;
   static constexpr int kTileBytes = kSlabs * kSlabBytes;  // Q, one K stage or one V stage
   static constexpr int kQ = 0;
@@ -135,84 +151,16 @@ __device__ __forceinline__ void issue_pv(float (&o)[kD / 8][4], const uint32_t (
   for (int kk = 0; kk < 8; ++kk) mma_pv<kD, E>(o, pa[kk], smem_desc(v_tile + kk * 2048, kSlabBytes, 1024));
 }
 
-// Scores of one key block (fp32 accumulators, this thread's rows g and g + 8 of its warp) to
-// probabilities: scale to log2 units, mask a partial block with its payload words (w0: columns
-// 0..63, w1: 64..127), online softmax update of the running max m and the thread-partial row
-// sums l. Returns in corr[hi] the factor the output accumulator of row hi must be rescaled by.
-__device__ __forceinline__ void softmax_block(float (&s)[16][4], bool partial, uint32_t w0, uint32_t w1,
-                                              float scale_log2, float (&m)[2], float (&l)[2], float (&corr)[2]) {
-#pragma unroll
-  for (int j = 0; j < 16; ++j) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) s[j][r] *= scale_log2;
-  }
-  if (partial) {
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-      const uint32_t w = j < 8 ? w0 : w1;
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        if (!((w >> (4 * (j & 7) + r)) & 1u)) s[j][r] = -INFINITY;
-      }
-    }
-  }
-#pragma unroll
-  for (int hi = 0; hi < 2; ++hi) {
-    float mx = m[hi];
-#pragma unroll
-    for (int j = 0; j < 16; ++j) mx = fmaxf(mx, fmaxf(s[j][2 * hi], s[j][2 * hi + 1]));
-    mx = quad_max90(mx);
-    const float m_use = mx == -INFINITY ? 0.0f : mx;
-    corr[hi] = kern::exp2_approx(m[hi] - m_use);  // m = -inf -> 0
-    m[hi] = mx;
-    float sum = 0.0f;
-#pragma unroll
-    for (int j = 0; j < 16; ++j) {
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const float pv = kern::exp2_approx(s[j][2 * hi + x] - m_use);
-        s[j][2 * hi + x] = pv;
-        sum += pv;
-      }
-    }
-    l[hi] = l[hi] * corr[hi] + sum;
-  }
-}
-
-template <int kNO>
-__device__ __forceinline__ void rescale_o(float (&o)[kNO][4], const float (&corr)[2]) {
-#pragma unroll
-  for (int n = 0; n < kNO; ++n) {
-    o[n][0] *= corr[0];
-    o[n][1] *= corr[0];
-    o[n][2] *= corr[1];
-    o[n][3] *= corr[1];
-  }
-}
-
-// P as A fragments of O += P V: k-step kk (keys 16kk ..) = n8 blocks 2kk, 2kk + 1.
-template <class E>
-__device__ __forceinline__ void pack_p(const float (&s)[16][4], uint32_t (&pa)[8][4]) {
-#pragma unroll
-  for (int kk = 0; kk < 8; ++kk) {
-    pa[kk][0] = kern::pack2<E>(s[2 * kk][0], s[2 * kk][1]);
-    pa[kk][1] = kern::pack2<E>(s[2 * kk][2], s[2 * kk][3]);
-    pa[kk][2] = kern::pack2<E>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    pa[kk][3] = kern::pack2<E>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-  }
-}
-
-// A work item as the producer hands it to the consumers: key blocks [begin, begin + count)
-// of the Q2K walk (BlockCursor order) of query block qb (sample-local) of query head h of sample b; slot >= 0
-// for a piece of a split task. qb < 0 ends the CTA.
-struct Item {
-  int qb, h, b, begin, count, slot;
-};
+// Work items (kern::WorkItem, tile_scheduler.cuh): key blocks [begin, begin + count) of the Q2K
+// walk (BlockCursor order) of local query block `block` of query head `head` of sample
+// `batch`; slot >= 0 for a piece of a split task. The producer takes them from the
+// TileScheduler and hands them to the consumers; block < 0 ends the CTA.
+using kern::WorkItem;
 
 // The CSR cursor of an item, restricted to [begin, begin + count) (block_range.cuh).
-__device__ __forceinline__ kern::ItemCursor item_cursor(const FwdParams& p, const Item& it) {
-  const int hm = p.mask_per_head ? it.h : 0;
-  const int64_t r = int64_t(hm) * p.view.num_q_blocks + __ldg(p.view.q_block_start + it.b) + it.qb;
+__device__ __forceinline__ kern::ItemCursor item_cursor(const FwdParams& p, const WorkItem& it) {
+  const int hm = p.mask_per_head ? it.head : 0;
+  const int64_t r = int64_t(hm) * p.view.num_q_blocks + __ldg(p.view.q_block_start + it.batch) + it.block;
   return kern::ItemCursor::make(kern::BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb,
                                                        p.view.q2k_full_ptr, p.view.q2k_full_runs, r),
                                 it.begin, it.count);
@@ -233,52 +181,32 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
   prefetch_tensormap(tm_q);
   prefetch_tensormap(tm_k);
   prefetch_tensormap(tm_v);
-  const int task_heads = p.num_heads_q;  // pack = 1
+  const kern::TileScheduler sched = kern::TileScheduler::forward(p, p.num_heads_q);  // pack = 1
   uint32_t kv_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
-    Item it{-1, 0, 0, 0, 0, -1};
-    if (p.split_schedule) {
-      const int i = atomicAdd(p.split.hdr + SplitSchedule::kCounter, 1);
-      if (i < p.split.hdr[SplitSchedule::kTotal]) {
-        const int4 x = reinterpret_cast<const int4*>(p.split.items)[i];
-        const int32_t* task = p.view.tasks + 4 * int64_t(x.x);
-        it = Item{__ldg(task + 0), __ldg(task + 1), __ldg(task + 2), x.y, x.z - x.y, x.w};
-      }
-    } else {
-      const int64_t i = int64_t(blockIdx.x) + int64_t(item_it) * gridDim.x;
-      if (p.grid_mode) {
-        if (i < p.view.num_q_blocks * task_heads) {
-          const int gq = int(i % p.view.num_q_blocks);
-          const int b = kern::find_block_owner(p.view.q_block_start, p.batch, gq);
-          it = Item{gq - __ldg(p.view.q_block_start + b), int(i / p.view.num_q_blocks), b, 0, 0x7fffffff, -1};
-        }
-      } else if (i < p.view.num_tasks) {
-        const int32_t* task = p.view.tasks + 4 * i;
-        it = Item{__ldg(task + 0), __ldg(task + 1), __ldg(task + 2), 0, 0x7fffffff, -1};
-      }
-    }
+    const WorkItem it = sched.next(item_it);
     const uint32_t rs = item_it & 1;
     mbar_wait(item_empty + 8 * rs, ((item_it >> 1) & 1) ^ 1);
     volatile int32_t* e = s_item + 8 * rs;
-    e[0] = it.qb;
-    e[1] = it.h;
-    e[2] = it.b;
+    e[0] = it.block;
+    e[1] = it.head;
+    e[2] = it.batch;
     e[3] = it.begin;
     e[4] = it.count;
     e[5] = it.slot;
     mbar_arrive(item_full + 8 * rs);  // release: the entry is visible to the waiting consumers
-    if (it.qb < 0) return;
+    if (it.block < 0) return;
 
     kern::ItemCursor cur = item_cursor(p, it);
-    const int q_row = (p.varlen ? __ldg(p.cu_seqlens_q + it.b) : 0) + it.qb * kBlockQ;
-    const int k_row0 = p.varlen ? __ldg(p.cu_seqlens_k + it.b) : 0;
-    const int bcoord = p.varlen ? 0 : it.b;
-    const int hkv = it.h / p.group_size;
+    const int q_row = (p.varlen ? __ldg(p.cu_seqlens_q + it.batch) : 0) + it.block * kBlockQ;
+    const int k_row0 = p.varlen ? __ldg(p.cu_seqlens_k + it.batch) : 0;
+    const int bcoord = p.varlen ? 0 : it.batch;
+    const int hkv = it.head / p.group_size;
 
     mbar_wait(q_empty, (item_it & 1) ^ 1);
     mbar_arrive_expect_tx(q_full, L::kTileBytes);
 #pragma unroll
-    for (int s = 0; s < L::kSlabs; ++s) tma_load_4d(base + L::kQ + s * kSlabBytes, tm_q, 64 * s, q_row, it.h, bcoord, q_full);
+    for (int s = 0; s < L::kSlabs; ++s) tma_load_4d(base + L::kQ + s * kSlabBytes, tm_q, 64 * s, q_row, it.head, bcoord, q_full);
 
     int kb = 0, entry = 0;
     bool partial = false;
@@ -305,76 +233,8 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
 // Consumers (two warpgroups)
 // ---------------------------------------------------------------------------
 
-// Epilogues of a consumer warpgroup's 64 rows of a work item (c: warpgroup, warp, g = lane / 4,
-// qd = lane % 4; the wgmma m64nN accumulator order, as the sm80 m16n8 one per warp).
-// A piece of a split task: unnormalised fp32 O, m and l of every valid row into slot `slot`.
-template <int kD>
-__device__ __forceinline__ void fwd_store_split_partial_sm90(const FwdParams& p, int slot, int rows_valid, int c,
-                                                             int warp, int g, int qd, const float (&o)[kD / 8][4],
-                                                             const float (&m)[2], const float (&l)[2]) {
-  constexpr int kNO = kD / 8;
-  float* oacc = p.split.o_accum + int64_t(slot) * kBlockQ * kD;
-  float* ml = p.split.ml + int64_t(slot) * 2 * kBlockQ;
-#pragma unroll
-  for (int hi = 0; hi < 2; ++hi) {
-    const float lsum = quad_sum90(l[hi]);
-    const int row = 64 * c + 16 * warp + g + 8 * hi;
-    if (row < rows_valid) {
-      float* orow = oacc + int64_t(row) * kD;
-#pragma unroll
-      for (int n = 0; n < kNO; ++n) {
-        *reinterpret_cast<float2*>(orow + 8 * n + 2 * qd) = make_float2(o[n][2 * hi], o[n][2 * hi + 1]);
-      }
-      if (qd == 0) {
-        ml[row] = m[hi];
-        ml[kBlockQ + row] = lsum;
-      }
-    }
-  }
-}
-
-// A whole task: O normalised (0 for rows without a visible key) and LSE (natural log, -inf
-// for those rows) of query rows qrow0.. of head h, sample b.
-template <int kD, class E>
-__device__ __forceinline__ void fwd_store_rows_sm90(const FwdParams& p, int b, int h, int64_t qrow0, int rows_valid,
-                                                    int c, int warp, int g, int qd, const float (&o)[kD / 8][4],
-                                                    const float (&m)[2], const float (&l)[2]) {
-  using Elem = typename E::Storage;
-  constexpr int kNO = kD / 8;
-  constexpr float kLn2 = 0.6931471805599453f;
-  Elem* ob = static_cast<Elem*>(p.o) + int64_t(b) * p.oa.batch_stride + qrow0 * p.oa.row_stride +
-             int64_t(h) * p.oa.head_stride;
-#pragma unroll
-  for (int hi = 0; hi < 2; ++hi) {
-    const float lsum = quad_sum90(l[hi]);
-    const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
-    const int row = 64 * c + 16 * warp + g + 8 * hi;
-    if (row < rows_valid) {
-      Elem* orow = ob + int64_t(row) * p.oa.row_stride;
-#pragma unroll
-      for (int n = 0; n < kNO; ++n) {
-        *reinterpret_cast<uint32_t*>(orow + 8 * n + 2 * qd) = kern::pack2<E>(o[n][2 * hi] * inv, o[n][2 * hi + 1] * inv);
-      }
-      if (p.lse != nullptr && qd == 0) {
-        p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(h) * p.lsea.head_stride + (qrow0 + row) * p.lsea.row_stride] =
-            lsum > 0.0f ? (m[hi] + __log2f(lsum)) * kLn2 : -INFINITY;
-      }
-    }
-  }
-}
-
-// max_logit of the warp's rows (rows past rows_valid never see a key: m = -inf, no masking).
-__device__ __forceinline__ void fwd_max_logit_sm90(const FwdParams& p, int h, int lane, const float (&m)[2]) {
-  constexpr float kLn2 = 0.6931471805599453f;
-  float mx = fmaxf(m[0], m[1]);
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-  if (lane == 0 && mx != -INFINITY) kern::atomic_max_float(p.max_logit + h, mx * kLn2);
-}
-
 template <int kD, class E, bool kMaxLogit, bool kOverlap>
 __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, const int32_t* s_item) {
-  using Elem = typename E::Storage;
   using L = FwdSm90Layout<kD>;
   constexpr int kNO = kD / 8;  // n8 blocks of O
   const uint32_t bars = base + L::kBar;
@@ -382,24 +242,31 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
   const uint32_t k_full = bars + 16, v_full = k_full + 8 * kStages, kv_empty = v_full + 8 * kStages;
   const uint32_t item_full = kv_empty + 8 * kStages, item_empty = item_full + 16;
   const int c = (threadIdx.x - 128) >> 7;  // consumer warpgroup: rows 64c .. 64c + 63
-  const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
+  const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
   const int mt = 4 * c + warp;  // 16-row payload sub-tile of this warp
   const uint32_t q_tile = base + L::kQ + c * 64 * 128;
+  // Roles (kernels/common): the variant's scores -> logits step with the plan's payload as the
+  // mask, the online softmax, the forward epilogue.
+  using Mask = kern::PlanPayloadMask<kBlockK / 8>;
+  using Epilogue = kern::FwdEpilogue<E, kBlockQ, kD>;
+  const kern::Variant<Mask> variant{p.scale_log2};
+  const kern::AccFragment frag(lane);
 
   uint32_t kv_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
     const uint32_t rs = item_it & 1;
     mbar_wait(item_full + 8 * rs, (item_it >> 1) & 1);
     const volatile int32_t* e = s_item + 8 * rs;
-    const Item it{e[0], e[1], e[2], e[3], e[4], e[5]};
+    const WorkItem it{e[0], e[1], e[2], e[3], e[4], e[5]};
     mbar_arrive(item_empty + 8 * rs);
-    if (it.qb < 0) return;
+    if (it.block < 0) return;
 
     kern::ItemCursor cur = item_cursor(p, it);
     float o[kNO][4];
 #pragma unroll
     for (int n = 0; n < kNO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+    kern::OnlineSoftmax sm;
+    sm.init();
 
     mbar_wait(q_full, item_it & 1);
     // Q is released to the producer as soon as the item's last S GEMM has completed, so that the
@@ -419,12 +286,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         const uint32_t st = kv_it % kStages, ph = (kv_it / kStages) & 1;
         const uint32_t k_tile = base + L::kK + st * L::kTileBytes;
         const uint32_t v_tile = base + L::kV + st * L::kTileBytes;
-        uint32_t w0 = 0xffffffffu, w1 = 0xffffffffu;
-        if (partial) {
-          const uint32_t* bits = p.view.q2k_partial_bits + size_t(entry) * (kBlockQ * kBlockK / 32);
-          w0 = __ldg(bits + (mt * 2 + 0) * 32 + lane);
-          w1 = __ldg(bits + (mt * 2 + 1) * 32 + lane);
-        }
+        Mask mask;
+        mask.load(p.view.q2k_partial_bits, partial, entry, kBlockQ, mt, lane);
         mbar_wait(k_full + 8 * st, ph);
         float s[16][4];
         wg_fence();
@@ -434,10 +297,11 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         release_q(cur.done());
         reg_fence(s);
         float corr[2];
-        softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);
-        rescale_o(o, corr);
+        variant.logits(s, mask, partial);
+        sm.update(s, corr);
+        kern::OnlineSoftmax::rescale(o, corr);
         uint32_t pa[8][4];
-        pack_p<E>(s, pa);
+        kern::pack_p<E>(s, pa);
         mbar_wait(v_full + 8 * st, ph);
         wg_fence();
         issue_pv<kD, E>(o, pa, v_tile);
@@ -457,12 +321,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         uint32_t st_prev = kv_it % kStages, ph_prev = (kv_it / kStages) & 1;
         uint32_t pa[8][4];
         {
-          uint32_t w0 = 0xffffffffu, w1 = 0xffffffffu;
-          if (partial) {
-            const uint32_t* bits = p.view.q2k_partial_bits + size_t(entry) * (kBlockQ * kBlockK / 32);
-            w0 = __ldg(bits + (mt * 2 + 0) * 32 + lane);
-            w1 = __ldg(bits + (mt * 2 + 1) * 32 + lane);
-          }
+          Mask mask;
+          mask.load(p.view.q2k_partial_bits, partial, entry, kBlockQ, mt, lane);
           mbar_wait(k_full + 8 * st_prev, ph_prev);
           float s[16][4];
           wg_fence();
@@ -472,18 +332,15 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
-          softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);  // o = 0: no rescale
-          pack_p<E>(s, pa);
+          variant.logits(s, mask, partial);
+          sm.update(s, corr);  // o = 0: no rescale
+          kern::pack_p<E>(s, pa);
           ++kv_it;
         }
         while (cur.next(kb, partial, entry)) {
           const uint32_t st = kv_it % kStages, ph = (kv_it / kStages) & 1;
-          uint32_t w0 = 0xffffffffu, w1 = 0xffffffffu;
-          if (partial) {
-            const uint32_t* bits = p.view.q2k_partial_bits + size_t(entry) * (kBlockQ * kBlockK / 32);
-            w0 = __ldg(bits + (mt * 2 + 0) * 32 + lane);
-            w1 = __ldg(bits + (mt * 2 + 1) * 32 + lane);
-          }
+          Mask mask;
+          mask.load(p.view.q2k_partial_bits, partial, entry, kBlockQ, mt, lane);
           mbar_wait(k_full + 8 * st, ph);
           mbar_wait(v_full + 8 * st_prev, ph_prev);
           float s[16][4];
@@ -496,12 +353,13 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
-          softmax_block(s, partial, w0, w1, p.scale_log2, m, l, corr);
+          variant.logits(s, mask, partial);
+          sm.update(s, corr);
           wg_wait<0>();
           reg_fence(o);
           mbar_arrive(kv_empty + 8 * st_prev);
-          rescale_o(o, corr);
-          pack_p<E>(s, pa);
+          kern::OnlineSoftmax::rescale(o, corr);
+          kern::pack_p<E>(s, pa);
           st_prev = st;
           ph_prev = ph;
           ++kv_it;
@@ -517,17 +375,18 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     }
     release_q(true);  // an item without key blocks
 
-    // Epilogue.
-    const int q_start = __ldg(p.cu_seqlens_q + it.b), len_q = __ldg(p.cu_seqlens_q + it.b + 1) - q_start;
-    const int row0 = it.qb * kBlockQ;
+    // Epilogue: this warp's 16 rows of the block.
+    const int q_start = __ldg(p.cu_seqlens_q + it.batch), len_q = __ldg(p.cu_seqlens_q + it.batch + 1) - q_start;
+    const int row0 = it.block * kBlockQ;
     const int rows_valid = min(kBlockQ, len_q - row0);
     const int64_t q_row0 = p.varlen ? q_start : 0;
+    const int r0 = 64 * c + 16 * warp;
     if (it.slot >= 0) {
-      fwd_store_split_partial_sm90<kD>(p, it.slot, rows_valid, c, warp, g, qd, o, m, l);
+      Epilogue::store_split_partial(p, it.slot, rows_valid, r0, frag, o, sm);
     } else {
-      fwd_store_rows_sm90<kD, E>(p, it.b, it.h, q_row0 + row0, rows_valid, c, warp, g, qd, o, m, l);
+      Epilogue::store_rows(p, kern::FwdRows{it.batch, it.head, q_row0 + row0, rows_valid}, r0, frag, o, sm);
     }
-    if constexpr (kMaxLogit) fwd_max_logit_sm90(p, it.h, lane, m);
+    if constexpr (kMaxLogit) Epilogue::max_logit(p, it.head, lane, sm);
   }
 }
 
@@ -558,11 +417,11 @@ __global__ void __launch_bounds__(kThreads, 1)
       mbar_init(bars + 16 + 8 * (3 * kStages + i), 1);                     // item_full
       mbar_init(bars + 16 + 8 * (3 * kStages + 2 + i), kConsumerThreads);  // item_empty
     }
-    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    fence_barrier_init();
   }
   __syncthreads();
   if (threadIdx.x < 128) {
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n" ::: "memory");
+    setmaxnreg_dec<24>();
     if (threadIdx.x == 0) producer<kD>(p, &tm_q, &tm_k, &tm_v, base, s_item);
     // Exit here rather than fall through to the kernel's end: when the 24-register warpgroup's
     // path merges with the consumers' (the shared exit), ptxas (nvcc 13.0) caps the consumers'
@@ -570,7 +429,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     // serialised its wgmma, C7512); with the exit it does not (kernel_bwd_sm90.cuh, same rule).
     asm volatile("exit;");
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n" ::: "memory");
+  setmaxnreg_inc<240>();
   consumer<kD, E, kMaxLogit, kOverlap>(p, base, s_item);
 #else
   // No sm_90a code in this image: never launched (the host checks the binary version).

@@ -162,16 +162,6 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
 
 #include "kernels/sm90/wgmma_sm90.inc"
 
-// Row max / sum over the quad of lanes that holds one accumulator row (HOPPER_BRIEF.md 1.3).
-__device__ __forceinline__ float quad_max90(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum90(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
 #endif  // __CUDA_ARCH__
 
 }  // namespace flashspan::kern90

@@ -1,0 +1,28 @@
+// Host launches of the forward's arch-neutral kernels, shared by the launchers of every family
+// (launch_fwd_sm80.cu, launch_fwd_sm90.cu): the max_logit reset and the split schedule's count,
+// scan, items and combine (fwd_split.cuh). Instantiated once, in fwd_launch.cu.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "core/tensor_view.h"
+#include "kernels/params.h"
+
+namespace flashspan {
+
+// max_logit[0 .. heads) = -inf on the stream (the forward reduces into it; cudaMemsetAsync
+// cannot write -inf).
+void launch_max_logit_reset(float* max_logit, int heads, cudaStream_t stream);
+
+// Steps A (count), S (scan) and B (items) of the split schedule of p.split, whose num_ctas is
+// the persistent grid the forward will run. items_always: write the items of every task (a
+// family whose persistent kernel runs the item list on every call, sm90); otherwise only
+// when the scan split some task (sm80: when none is, the one-CTA-per-task kernel runs and
+// reads no item).
+void launch_fwd_split_schedule(const FwdParams& p, bool items_always, cudaStream_t stream);
+
+// Step C: the rows of the split tasks from their items' slots (tasks that were not split
+// return at once).
+void launch_fwd_split_combine(const FwdParams& p, DType dtype, cudaStream_t stream);
+
+}  // namespace flashspan

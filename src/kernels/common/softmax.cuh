@@ -1,0 +1,134 @@
+// The softmax role of the forward kernels of every family (arch-neutral, no mma): the online
+// softmax (FlashAttention-2, Dao 2023, Alg. 1) on accumulator fragments, and the LSE a row's
+// statistics finalize to.
+//
+// Fragments: a thread holds two rows of a warp's 16-row tile (hi = 0: row g, hi = 1: row
+// g + 8, g = lane / 4) and, for each n8 block of columns, two columns: register r = 2 hi + e.
+// That is the m16n8 C fragment of mma.sync and, per warp, a wgmma m64nN accumulator
+// (HOPPER_BRIEF.md 1.3; variant.cuh, AccFragment). The four lanes of a quad hold one row, so a
+// row reduction is the thread's own registers and two xor-shuffles.
+//
+// Statistics of a row: the running max m of its logits in log2 units (scores arrive multiplied
+// by scale * log2(e), masked ones are -inf; m stays -inf while the row has seen no visible key)
+// and the row sum l of exp2(s - m), kept thread-partial (quad_sum gives the row's). A row
+// without any visible key uses 0 instead of m in the exponents, so nothing becomes NaN.
+#pragma once
+
+#include <cmath>
+
+#include "kernels/common/ptx.cuh"
+
+namespace flashspan::kern {
+
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+
+// Natural-log LSE of a row from its statistics, as every forward epilogue and split combine
+// writes it: (m + log2 l) ln 2, -inf for a row without a visible key (l = 0). __log2f
+// (MUFU.LG2) is exact enough here: a positive l is >= 1 (the row's max contributes 2^0).
+__device__ __forceinline__ float lse_from_stats(float m, float l) {
+  return l > 0.0f ? (m + __log2f(l)) * kLn2 : -INFINITY;
+}
+
+// The statistics of a thread's two rows and their online update, one key block at a time.
+struct OnlineSoftmax {
+  float m[2];  // running max (log2 units), quad-uniform
+  float l[2];  // thread-partial running sum
+
+  __device__ __forceinline__ void init() {
+    m[0] = m[1] = -INFINITY;
+    l[0] = l[1] = 0.0f;
+  }
+
+  // Row hi of one key block: its logits in s (kN n8 blocks) become p = exp2(s - m_new); m, l
+  // (that row's statistics) updated. Returns the factor the row's output accumulator must be
+  // rescaled by (0 while m was -inf).
+  template <int kN>
+  __device__ __forceinline__ static float update_row(float (&s)[kN][4], int hi, float& m, float& l) {
+    float mx = m;
+#pragma unroll
+    for (int n = 0; n < kN; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hi], s[n][2 * hi + 1]));
+    mx = quad_max(mx);
+    const float m_use = mx == -INFINITY ? 0.0f : mx;
+    const float corr = exp2_approx(m - m_use);  // m = -inf -> 0
+    m = mx;
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float p = exp2_approx(s[n][2 * hi + e] - m_use);
+        s[n][2 * hi + e] = p;
+        sum += p;
+      }
+    }
+    l = l * corr + sum;
+    return corr;
+  }
+
+  // Both rows of one key block; corr[hi] for rescale().
+  template <int kN>
+  __device__ __forceinline__ void update(float (&s)[kN][4], float (&corr)[2]) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) corr[hi] = update_row(s, hi, m[hi], l[hi]);
+  }
+
+  // The output accumulator (kNO n8 blocks) of row hi, or of both rows, times the factors.
+  template <int kNO>
+  __device__ __forceinline__ static void rescale_row(float (&o)[kNO][4], int hi, float corr) {
+#pragma unroll
+    for (int n = 0; n < kNO; ++n) {
+      o[n][2 * hi] *= corr;
+      o[n][2 * hi + 1] *= corr;
+    }
+  }
+  template <int kNO>
+  __device__ __forceinline__ static void rescale(float (&o)[kNO][4], const float (&corr)[2]) {
+#pragma unroll
+    for (int n = 0; n < kNO; ++n) {
+      o[n][0] *= corr[0];
+      o[n][1] *= corr[0];
+      o[n][2] *= corr[1];
+      o[n][3] *= corr[1];
+    }
+  }
+
+  // The full sum of row hi (over the quad).
+  __device__ __forceinline__ float row_sum(int hi) const { return quad_sum(l[hi]); }
+};
+
+// One key block of both rows with the output rescale of each row right after its update (the
+// one-pass form of the serial schedules: m, l, acc_o of the thread's two rows).
+template <int kN, int kNo>
+__device__ __forceinline__ void online_softmax_step(float (&s)[kN][4], float (&m)[2], float (&l)[2],
+                                                    float (&acc_o)[kNo][4]) {
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const float corr = OnlineSoftmax::update_row(s, hi, m[hi], l[hi]);
+    OnlineSoftmax::rescale_row(acc_o, hi, corr);
+  }
+}
+
+// P (the probabilities of one key block, kN n8 blocks) as the 16-bit A fragments of the P V
+// GEMM: k-step kk (keys 16 kk .. 16 kk + 15) = n8 blocks 2 kk, 2 kk + 1. The A fragment of
+// mma.sync m16n8k16 and of wgmma's register-A form (k16) hold the same elements as the two
+// accumulator blocks (HOPPER_BRIEF.md 1.3), so this is a repack, no data movement.
+template <class E, int kN>
+__device__ __forceinline__ void pack_p(const float (&s)[kN][4], uint32_t (&pa)[kN / 2][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kN / 2; ++kk) {
+    pa[kk][0] = pack2<E>(s[2 * kk][0], s[2 * kk][1]);
+    pa[kk][1] = pack2<E>(s[2 * kk][2], s[2 * kk][3]);
+    pa[kk][2] = pack2<E>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    pa[kk][3] = pack2<E>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+  }
+}
+
+}  // namespace flashspan::kern

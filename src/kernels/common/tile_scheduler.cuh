@@ -1,0 +1,101 @@
+// The tile scheduler role of the kernels of every family (arch-neutral): which work item a CTA
+// runs next -- a block of the plan's view (query block forward, key block backward), its head
+// and sample, and the range of its walk -- from one of the three sources of QkvParams:
+//   split items  (split_schedule = 1): the split schedule's item list (split_schedule.cuh),
+//                claimed in list order with its atomic counter;
+//   grid cells   (grid_mode = 1): (block, head) over every block of every sample, for task
+//                lists that omit blocks (folded as grid.h's grids: block fastest);
+//   tasks        (otherwise): the view's task list, in its cost order.
+// A persistent CTA asks for its n-th item (next): cell or task blockIdx.x + n gridDim.x, or the
+// next claimed item. A one-CTA-per-task kernel reads its task with load_task.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/block_range.cuh"
+#include "kernels/params.h"
+
+namespace flashspan::kern {
+
+// An entry of a view's task list (mask_plan.h: {block, head, sample, cost}, longest first):
+// forward {local query block, query head (the kv head when packed), sample}, backward
+// {local key block, kv head, sample}. `tasks` is the view's pointer (view.tasks), taken by
+// value: binding a reference to a kernel's parameter struct changed the sm80 kernels' code.
+struct Task {
+  int block, head, batch;
+};
+
+__device__ __forceinline__ Task load_task(const int32_t* tasks, int64_t t) {
+  const int32_t* e = tasks + 4 * t;
+  return Task{__ldg(e + 0), __ldg(e + 1), __ldg(e + 2)};
+}
+
+// A unit of work: steps [begin, begin + count) of the walk (the Q2K row forward, the K2Q walk
+// backward) of local block `block` of head `head`, sample `batch`; slot >= 0 for an item of a
+// split task (its workspace slot), -1 otherwise. block < 0: no work left.
+struct WorkItem {
+  int block, head, batch, begin, count, slot;
+  static constexpr int kWholeWalk = 0x7fffffff;  // count of an unsplit item
+};
+
+// The scheduler of one kernel launch: copies of the few parameters it reads (values, for the
+// reason load_task gives).
+struct TileScheduler {
+  const int32_t* tasks;        // view.tasks
+  int64_t num_tasks;           // view.num_tasks
+  const int32_t* block_start;  // first global block of each sample (view.q_block_start / k_block_start)
+  int64_t num_blocks;          // global blocks over all samples
+  int heads;                   // task heads: query heads forward (kv heads when packed), kv heads backward
+  int batch;
+  int32_t* hdr;                // split.hdr: item count and claim counter
+  const int32_t* items;        // split.items {task, begin, end, slot}
+  int split_schedule, grid_mode;
+
+  // Forward: query blocks of `task_heads` heads (Hq / pack).
+  __device__ __forceinline__ static TileScheduler forward(const FwdParams& p, int task_heads) {
+    return TileScheduler{p.view.tasks, p.view.num_tasks, p.view.q_block_start, p.view.num_q_blocks, task_heads,
+                         p.batch,      p.split.hdr,      p.split.items,        p.split_schedule,    p.grid_mode};
+  }
+  // Backward (dK/dV): key blocks of the kv heads.
+  __device__ __forceinline__ static TileScheduler backward(const BwdParams& p) {
+    return TileScheduler{p.view.tasks, p.view.num_tasks, p.view.k_block_start, p.view.num_k_blocks,
+                         p.num_heads_q / p.group_size, p.batch, p.split.hdr, p.split.items, p.split_schedule,
+                         p.grid_mode};
+  }
+
+  __device__ __forceinline__ static WorkItem none() { return WorkItem{-1, 0, 0, 0, 0, -1}; }
+
+  // The whole walk of task t; none past the list.
+  __device__ __forceinline__ WorkItem task(int64_t t) const {
+    if (t >= num_tasks) return none();
+    const Task k = load_task(tasks, t);
+    return WorkItem{k.block, k.head, k.batch, 0, WorkItem::kWholeWalk, -1};
+  }
+  // The whole walk of grid cell i = head * num_blocks + global block; none past the grid.
+  __device__ __forceinline__ WorkItem cell(int64_t i) const {
+    if (i >= num_blocks * heads) return none();
+    const int gb = int(i % num_blocks);
+    const int b = find_block_owner(block_start, batch, gb);
+    return WorkItem{gb - __ldg(block_start + b), int(i / num_blocks), b, 0, WorkItem::kWholeWalk, -1};
+  }
+  // Item i of the split schedule's list (i < its item count).
+  __device__ __forceinline__ WorkItem split_item(int i) const {
+    const int4 x = reinterpret_cast<const int4*>(items)[i];
+    const Task k = load_task(tasks, x.x);
+    return WorkItem{k.block, k.head, k.batch, x.y, x.z - x.y, x.w};
+  }
+  // The next unclaimed item of the split list (one thread claims it); none once it is exhausted.
+  __device__ __forceinline__ WorkItem claim() const {
+    const int i = atomicAdd(hdr + SplitSchedule::kCounter, 1);
+    if (i >= hdr[SplitSchedule::kTotal]) return none();
+    return split_item(i);
+  }
+  // Item n of this CTA of a persistent grid (n = 0, 1, ...; one thread asks).
+  __device__ __forceinline__ WorkItem next(uint32_t n) const {
+    if (split_schedule) return claim();
+    const int64_t i = int64_t(blockIdx.x) + int64_t(n) * gridDim.x;
+    return grid_mode ? cell(i) : task(i);
+  }
+};
+
+}  // namespace flashspan::kern

@@ -1,0 +1,95 @@
+// The variant role of the forward kernels of every family (arch-neutral, no mma): the scores ->
+// logits step between the Q K^T GEMM and the softmax (FlashInfer's attention variants put the
+// score modifier and the mask behind one such step):
+//   logits = mask(mod(scale * log2(e) * s))   (log2 units, masked = -inf)
+// Variant<Mask, ScoreMod> composes it from two policies:
+//   Mask      which scores of a key block are visible: today the plan's payload
+//             (PlanPayloadMask); an analytic mask (SDPA: causal, bands, padding) computes the
+//             same answer from positions, with AccFragment giving each register's (row, col).
+//             load() runs before the block's scores exist (its reads overlap the GEMM),
+//             apply() on them; a full block (partial = false) is never masked.
+//   ScoreMod  a modifier of the scaled scores (softcap, ALiBi, bias for SDPA); none today.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/common/payload_layout.h"
+
+namespace flashspan::kern {
+
+// Where a lane's accumulator registers sit in a warp's 16-row tile: register r (0..3) of n8
+// block j holds row g + 8 (r / 2) and column 8 j + 2 q + r % 2 (g = lane / 4, q = lane % 4):
+// the m16n8 C fragment of mma.sync and, per warp, the wgmma m64nN accumulator
+// (HOPPER_BRIEF.md 1.3).
+struct AccFragment {
+  int g, q;
+
+  __device__ __forceinline__ explicit AccFragment(int lane) : g(lane >> 2), q(lane & 3) {}
+  // Row of register r (or of row half hi = r / 2) inside the warp's 16 rows.
+  __device__ __forceinline__ int row(int r) const { return g + 8 * (r >> 1); }
+  __device__ __forceinline__ int row_of_half(int hi) const { return g + 8 * hi; }
+  // Column of register r of n8 block j inside the tile's columns.
+  __device__ __forceinline__ int col(int j, int r) const { return 8 * j + 2 * q + (r & 1); }
+};
+
+// The plan's payload (payload_layout.h, kM16N64Frag) as the mask of a warp's 16-row tile of a
+// key block of kN n8 blocks (kN % 8 == 0): one 32-bit word per 64 columns, in the lane's own
+// register order, so apply() tests compile-time bit indices.
+template <int kN>
+struct PlanPayloadMask {
+  static_assert(kN % 8 == 0, "PlanPayloadMask: whole 64-column chunks");
+  static constexpr int kWords = kN / 8;
+  uint32_t w[kWords];
+
+  // The lane's words of sub-tile row mt of payload `entry` (a block_q x 64 kWords tile of the
+  // view's q2k_partial_bits, passed by value like load_task's tasks) when the block is
+  // partial; all-ones (never tested) otherwise.
+  __device__ __forceinline__ void load(const uint32_t* q2k_partial_bits, bool partial, int entry, int block_q, int mt,
+                                       int lane) {
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) w[i] = 0xffffffffu;
+    if (partial) {
+      const uint32_t* bits = q2k_partial_bits + size_t(entry) * (block_q * 64 * kWords / 32);
+#pragma unroll
+      for (int i = 0; i < kWords; ++i) w[i] = __ldg(bits + (mt * kWords + i) * 32 + lane);
+    }
+  }
+  // Logits of invisible pairs to -inf.
+  __device__ __forceinline__ void apply(float (&s)[kN][4]) const {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        if (!((w[j / 8] >> payload_bit_of_register(j % 8, r >> 1, r & 1)) & 1u)) s[j][r] = -INFINITY;
+      }
+    }
+  }
+};
+
+// No score modifier: the scaled scores are the logits.
+struct NoScoreMod {
+  template <int kN>
+  __device__ __forceinline__ void apply(float (&)[kN][4]) const {}
+};
+
+template <class Mask, class ScoreMod = NoScoreMod>
+struct Variant {
+  float scale_log2;  // softmax scale * log2(e)
+  ScoreMod mod;
+
+  // One key block's raw scores q.k (a warp's 16-row tile) to logits; `mask` was loaded for this
+  // block, and masks only when the block is partial.
+  template <int kN>
+  __device__ __forceinline__ void logits(float (&s)[kN][4], const Mask& mask, bool partial) const {
+#pragma unroll
+    for (int j = 0; j < kN; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s[j][r] *= scale_log2;
+    }
+    mod.apply(s);
+    if (partial) mask.apply(s);
+  }
+};
+
+}  // namespace flashspan::kern
