@@ -183,19 +183,25 @@ void set_ragged(const Problem& p, Attr& a, bool cuda, std::initializer_list<std:
   }
 }
 
-void set_index_pointers(const Problem& p, api::SdpaVariantPack& pack, bool cuda) {
+// Index tensors of the variant pack; the gradient slots' ragged offsets only for the backward
+// (an operation refuses a pointer for a tensor its attributes do not have).
+void set_index_pointers(const Problem& p, api::SdpaVariantPack& pack, bool cuda, bool backward) {
   if (p.seq_q.defined()) pack.set(FS_SDPA_SEQ_LEN_Q, p.seq_q.ptr(cuda)).set(FS_SDPA_SEQ_LEN_KV, p.seq_kv.ptr(cuda));
   if (p.cu_q.defined()) pack.set(FS_SDPA_CU_SEQ_LEN_Q, p.cu_q.ptr(cuda)).set(FS_SDPA_CU_SEQ_LEN_KV, p.cu_kv.ptr(cuda));
   const std::pair<fs_sdpa_slot_t, const Tensor*> q_side[] = {
       {FS_SDPA_RAGGED_OFFSET_Q, &p.q}, {FS_SDPA_RAGGED_OFFSET_O, &p.o}, {FS_SDPA_RAGGED_OFFSET_STATS, &p.stats},
       {FS_SDPA_RAGGED_OFFSET_DO, &p.dO}, {FS_SDPA_RAGGED_OFFSET_DQ, &p.dq}};
-  for (const auto& [slot, t] : q_side)
-    if (t->lay.ragged()) pack.set(slot, p.rag_q.ptr(cuda));
+  for (const auto& [slot, t] : q_side) {
+    const bool grad = slot == FS_SDPA_RAGGED_OFFSET_DO || slot == FS_SDPA_RAGGED_OFFSET_DQ;
+    if (t->lay.ragged() && (backward || !grad)) pack.set(slot, p.rag_q.ptr(cuda));
+  }
   const std::pair<fs_sdpa_slot_t, const Tensor*> kv_side[] = {
       {FS_SDPA_RAGGED_OFFSET_K, &p.k}, {FS_SDPA_RAGGED_OFFSET_V, &p.v}, {FS_SDPA_RAGGED_OFFSET_DK, &p.dk},
       {FS_SDPA_RAGGED_OFFSET_DV, &p.dv}};
-  for (const auto& [slot, t] : kv_side)
-    if (t->lay.ragged()) pack.set(slot, p.rag_kv.ptr(cuda));
+  for (const auto& [slot, t] : kv_side) {
+    const bool grad = slot == FS_SDPA_RAGGED_OFFSET_DK || slot == FS_SDPA_RAGGED_OFFSET_DV;
+    if (t->lay.ragged() && (backward || !grad)) pack.set(slot, p.rag_kv.ptr(cuda));
+  }
 }
 
 // The forward on the CPU reference (cuda = false, host buffers) or the GPU (device buffers).
@@ -214,7 +220,7 @@ void run_forward(Problem& p, bool cuda, bool log2, void* stream = nullptr) {
   pack.set(FS_SDPA_Q, p.q.ptr(cuda)).set(FS_SDPA_K, p.k.ptr(cuda)).set(FS_SDPA_V, p.v.ptr(cuda));
   pack.set(FS_SDPA_O, p.o.ptr(cuda)).set(FS_SDPA_STATS, p.stats.ptr(cuda));
   if (p.c.max_logit) pack.set(FS_SDPA_MAX_LOGIT, p.max_logit.ptr(cuda));
-  set_index_pointers(p, pack, cuda);
+  set_index_pointers(p, pack, cuda, false);
   const size_t ws = fwd.workspace_size();
   DevBuf w(cuda ? ws : 0);
   if (cuda && ws) cuda_ok(cudaMemset(w.p, 0xff, ws), "poison workspace");
@@ -237,7 +243,7 @@ void run_backward(Problem& p, bool cuda, void* stream = nullptr) {
   pack.set(FS_SDPA_Q, p.q.ptr(cuda)).set(FS_SDPA_K, p.k.ptr(cuda)).set(FS_SDPA_V, p.v.ptr(cuda));
   pack.set(FS_SDPA_O, p.o.ptr(cuda)).set(FS_SDPA_DO, p.dO.ptr(cuda)).set(FS_SDPA_STATS, p.stats.ptr(cuda));
   pack.set(FS_SDPA_DQ, p.dq.ptr(cuda)).set(FS_SDPA_DK, p.dk.ptr(cuda)).set(FS_SDPA_DV, p.dv.ptr(cuda));
-  set_index_pointers(p, pack, cuda);
+  set_index_pointers(p, pack, cuda, true);
   const size_t ws = bwd.workspace_size();
   DevBuf w(cuda ? ws : 0);
   if (cuda && ws) cuda_ok(cudaMemset(w.p, 0xff, ws), "poison workspace");
