@@ -74,6 +74,7 @@
 #include "kernels/common/k2q_walk.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/seqlen_info.cuh"
+#include "kernels/common/tile_scheduler.cuh"
 #include "kernels/params.h"
 #include "kernels/sm90/ptx_sm90.cuh"
 #include "kernels/sm90/tile_sm90.h"
@@ -230,40 +231,19 @@ __device__ __forceinline__ int bwd_task_steps(const BwdParams& p, int kb, int hk
   return n;
 }
 
-// Item `item_it` of this CTA (lane 0 claims from the split schedule; every lane gets the item).
+// Item `item_it` of this CTA from the shared tile scheduler (common/tile_scheduler.cuh: split
+// items, grid cells or tasks), asked by lane 0 and broadcast to the warp, with its step count.
 __device__ __forceinline__ BwdItem next_bwd_item(const BwdParams& p, uint32_t item_it, int lane) {
-  BwdItem it{-1, 0, 0, 0, 0, -1};
-  int begin = 0, count = 0x7fffffff;
-  if (p.split_schedule) {
-    int i = 0;
-    if (lane == 0) i = atomicAdd(p.split.hdr + SplitSchedule::kCounter, 1);
-    i = __shfl_sync(0xffffffffu, i, 0);
-    if (i < p.split.hdr[SplitSchedule::kTotal]) {
-      const int4 x = reinterpret_cast<const int4*>(p.split.items)[i];
-      const int32_t* task = p.view.tasks + 4 * int64_t(x.x);
-      it = BwdItem{__ldg(task + 0), __ldg(task + 1), __ldg(task + 2), 0, 0, x.w};
-      begin = x.y;
-      count = x.z - x.y;
-    }
-  } else {
-    const int64_t i = int64_t(blockIdx.x) + int64_t(item_it) * gridDim.x;
-    const int hkv_count = p.num_heads_q / p.group_size;
-    if (p.grid_mode) {
-      if (i < p.view.num_k_blocks * hkv_count) {
-        const int gk = int(i % p.view.num_k_blocks);
-        const int b = kern::find_block_owner(p.view.k_block_start, p.batch, gk);
-        it = BwdItem{gk - __ldg(p.view.k_block_start + b), int(i / p.view.num_k_blocks), b, 0, 0, -1};
-      }
-    } else if (i < p.view.num_tasks) {
-      const int32_t* task = p.view.tasks + 4 * i;
-      it = BwdItem{__ldg(task + 0), __ldg(task + 1), __ldg(task + 2), 0, 0, -1};
-    }
-  }
-  if (it.kb >= 0) {
-    const int n = bwd_task_steps(p, it.kb, it.hkv, it.b) - begin;
-    it.begin = begin;
-    it.steps = max(0, min(n, count));
-  }
+  kern::WorkItem w = kern::TileScheduler::none();
+  if (lane == 0) w = kern::TileScheduler::backward(p).next(item_it);
+  w.block = __shfl_sync(0xffffffffu, w.block, 0);
+  w.head = __shfl_sync(0xffffffffu, w.head, 0);
+  w.batch = __shfl_sync(0xffffffffu, w.batch, 0);
+  w.begin = __shfl_sync(0xffffffffu, w.begin, 0);
+  w.count = __shfl_sync(0xffffffffu, w.count, 0);
+  w.slot = __shfl_sync(0xffffffffu, w.slot, 0);
+  BwdItem it{w.block, w.head, w.batch, w.begin, 0, w.slot};
+  if (it.kb >= 0) it.steps = max(0, min(bwd_task_steps(p, it.kb, it.hkv, it.b) - w.begin, w.count));
   return it;
 }
 
