@@ -11,7 +11,7 @@ export PATH="$PATH:/usr/local/cuda/bin"
 echo "== pip install . (compiling flashspan; progress below)"
 log=$(mktemp)
 if ! python3 -m pip install -v --no-build-isolation "$root" -C build-dir="$root/build/wheel" 2>&1 \
-    | tee "$log" | grep --line-buffered -E '^\[[0-9]+/[0-9]+\]|^Successfully installed'; then
+    | tee "$log" | bash "$root/scripts/build_progress.sh"; then
   tail -60 "$log"
   exit 1
 fi
