@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import enum
 import math
 import numbers
 from typing import Optional, Union
@@ -14,10 +15,25 @@ from . import _lib
 from . import _sdpa_lib as L
 from . import sdpa_lowering
 
-__all__ = ["sdpa", "sdpa_backward", "TOP_LEFT", "BOTTOM_RIGHT", "dropout_offset_increment"]
+__all__ = ["sdpa", "sdpa_backward", "diagonal_alignment", "TOP_LEFT", "BOTTOM_RIGHT", "dropout_offset_increment"]
 
-TOP_LEFT = "TOP_LEFT"
-BOTTOM_RIGHT = "BOTTOM_RIGHT"
+
+class diagonal_alignment(str, enum.Enum):
+    """Where the diagonal of the causal / band masks starts (the seed's ``cudnn.diagonal_alignment``).
+
+    ``TOP_LEFT``: row i's diagonal is key i. ``BOTTOM_RIGHT``: key i + S_kv - S_q (the last query row sees the last
+    key; the KV-cache convention). Members are strings, so ``"TOP_LEFT"`` / ``"BOTTOM_RIGHT"`` (any case) work too.
+    """
+
+    TOP_LEFT = "TOP_LEFT"
+    BOTTOM_RIGHT = "BOTTOM_RIGHT"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TOP_LEFT = diagonal_alignment.TOP_LEFT
+BOTTOM_RIGHT = diagonal_alignment.BOTTOM_RIGHT
 
 _CACHE = L.OpCache()
 _VALIDATED = L.OpCache(256)  # calls whose descriptors passed the C layer's rules (flex route)
@@ -577,7 +593,7 @@ def sdpa(
         use_alibi_mask: ALiBi (needs ``diagonal_band_right_bound=0``); the ALiBi paper's slopes for H_q heads.
         use_padding_mask, seq_len_q, seq_len_kv, cu_seq_len_q, cu_seq_len_kv: per-sample lengths, ``(B,)`` /
             ``(B, 1, 1, 1)`` or prefix sums ``(B+1,)``, int32 / int64; one form per side.
-        diagonal_alignment: ``"TOP_LEFT"`` or ``"BOTTOM_RIGHT"``.
+        diagonal_alignment: ``flashspan.diagonal_alignment.TOP_LEFT`` / ``BOTTOM_RIGHT`` (or those names as strings).
         diagonal_band_left_bound: masks columns at or before ``row - left_bound`` (>= 1).
         diagonal_band_right_bound: masks columns beyond ``row + right_bound`` (0 = causal).
         dropout: ``(probability, seed, offset)`` (Philox, seed/offset int tensors or ints) or ``(mask, scale)``.
@@ -727,3 +743,11 @@ def sdpa_backward(
         max_seq_len_q=max_seq_len_q, max_seq_len_kv=max_seq_len_kv, use_causal_mask=use_causal_mask,
         use_causal_mask_bottom_right=use_causal_mask_bottom_right, sliding_window_length=sliding_window_length,
     )
+
+
+# The package exports the function `sdpa` under this module's name, so `flashspan.sdpa` is the function, not the
+# module: the module's public names are made reachable through the function too (flashspan.sdpa.TOP_LEFT,
+# flashspan.sdpa.dropout_offset_increment, ...), as docs/SDPA.md writes them.
+for _name in __all__:
+    setattr(sdpa, _name, globals()[_name])
+del _name
