@@ -48,3 +48,43 @@ def test_diagonal_alignment_enum_mirrors_the_seeds(fs):
     top, _ = fs.sdpa(q, k, v, attn_scale=0.5, diagonal_alignment=da.TOP_LEFT, diagonal_band_right_bound=0)
     bottom, _ = fs.sdpa(q, k, v, attn_scale=0.5, diagonal_alignment=da.BOTTOM_RIGHT, diagonal_band_right_bound=0)
     assert not torch.equal(top, bottom)
+
+
+# -- the explicit API ------------------------------------------------------------------------------------------
+
+
+def _bwd_problem(fs):
+    p = make_problem(3, batch=1, seqlen_q=9, seqlen_k=9, hq=2, hkv=2)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True)
+    out = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan)
+    lse = torch.empty(plan.lse_shape())
+    fwd = fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse)
+    fwd.compile()
+    fwd.execute(p.q, p.k, p.v, out, plan, lse, workspace=None)
+    do = torch.randn_like(out)
+    grads = [torch.empty_like(t) for t in (p.q, p.k, p.v)]
+    bwd = fs.FlexAttentionBwd(p.q, p.k, p.v, out, do, lse, *grads, plan)
+    bwd.compile()
+    return p, plan, out, lse, do, grads, bwd
+
+
+def test_backward_execute_requires_workspace_as_its_signature_says(fs):
+    """The seed's FlexAttentionBwd.execute has `workspace` keyword-only and required; the shown signature said so
+    but a call without it worked. Now both agree: omitting it is the TypeError Python raises for such a call."""
+    p, plan, out, lse, do, (dq, dk, dv), bwd = _bwd_problem(fs)
+    param = inspect.signature(bwd.execute).parameters["workspace"]
+    assert param.kind is inspect.Parameter.KEYWORD_ONLY and param.default is inspect.Parameter.empty
+    with pytest.raises(TypeError, match=r"execute\(\) missing 1 required keyword-only argument: 'workspace'"):
+        bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan)
+    bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, workspace=None)  # workspace_size is 0 on the CPU
+    assert torch.isfinite(dq).all()
+
+
+def test_softmax_scale_deprecation_points_to_execute(fs):
+    p = make_problem(3, batch=1, seqlen_q=9, seqlen_k=9, hq=2, hkv=2)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True)
+    out = torch.empty(plan.out_shape())
+    with pytest.warns(DeprecationWarning) as record:
+        fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, softmax_scale=0.5)
+    msg = str(record[0].message)
+    assert "execute(..., softmax_scale=" in msg and "use 'softmax_scale'" not in msg, msg
