@@ -88,3 +88,33 @@ def test_softmax_scale_deprecation_points_to_execute(fs):
         fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, softmax_scale=0.5)
     msg = str(record[0].message)
     assert "execute(..., softmax_scale=" in msg and "use 'softmax_scale'" not in msg, msg
+
+
+# -- masks.sliding_window: what its window parameters count ---------------------------------------------------
+
+
+def test_sliding_window_parameters_say_what_they_count(fs):
+    """`left=w` saw w + 1 keys (w before the diagonal) where SDPA's diagonal_band_left_bound = w sees w (the
+    diagonal included): the builder's parameters are now named for what they count, before / after the diagonal."""
+    import flashspan.masks as fm
+
+    S, w = 12, 3
+    dense = fm.to_dense(fm.sliding_window(S, before=w), S, S)[0, 0]
+    assert dense.sum(1).tolist() == [min(i, w) + 1 for i in range(S)]  # w keys before the diagonal, plus it
+    # The same band through SDPA's bound, which counts the diagonal: diagonal_band_left_bound = before + 1.
+    q = torch.randn(1, 1, S, 8)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    plan = fs.create_mask_plan(fm.sliding_window(S, before=w, after=0), q.transpose(1, 2), k.transpose(1, 2),
+                               v.transpose(1, 2))
+    flex = fs.flex_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask_plan=plan,
+                             softmax_scale=0.5).transpose(1, 2)
+    sdpa, _ = fs.sdpa(q, k, v, attn_scale=0.5, diagonal_band_left_bound=w + 1, diagonal_band_right_bound=0)
+    torch.testing.assert_close(flex, sdpa)
+    # The earlier keywords keep working, with a DeprecationWarning that says what they count.
+    with pytest.warns(DeprecationWarning, match=r"left=3 is deprecated; use before=3 .*diagonal_band_left_bound = 4"):
+        old = fm.sliding_window(S, left=w)
+    assert torch.equal(old, fm.sliding_window(S, before=w))
+    with pytest.warns(DeprecationWarning, match="right=2 is deprecated; use after=2"):
+        assert torch.equal(fm.sliding_window(S, before=1, right=2), fm.sliding_window(S, before=1, after=2))
+    with pytest.raises(TypeError, match="both 'before' and its deprecated name 'left'"):
+        fm.sliding_window(S, before=1, left=1)
