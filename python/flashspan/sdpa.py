@@ -14,6 +14,7 @@ from torch import Tensor
 from . import _lib
 from . import _sdpa_lib as L
 from . import sdpa_lowering
+from .autograd import no_double_backward
 
 __all__ = ["sdpa", "sdpa_backward", "diagonal_alignment", "TOP_LEFT", "BOTTOM_RIGHT", "dropout_offset_increment"]
 
@@ -523,6 +524,8 @@ class _SdpaFunction(torch.autograd.Function):
         dq, dk, dv = _backward(q, k, v, o, do.contiguous() if do.stride(-1) != 1 else do, stats, **kw)
         if dsink is not None:
             dsink = dsink.to(sink_token.dtype).reshape(sink_token.shape)
+        dq, dk, dv, dbias, dsink, dgate = no_double_backward("sdpa", (q, k, v, bias, sink_token, gate),
+                                                             (dq, dk, dv, dbias, dsink, dgate))
         return dq, dk, dv, dbias, dsink, dgate, None
 
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from .autograd import no_double_backward
 from .sdpa import BOTTOM_RIGHT, TOP_LEFT, _backward, _forward, _like_layout
 
 __all__ = ["sdpa_torch"]
@@ -269,6 +271,18 @@ def _sdpa_backward(ctx, grad_o, _grad_lse):
             window_left=ctx.window_left, window_right=ctx.window_right, sinks=sinks, seq_len_q=seq_len_q,
             seq_len_kv=seq_len_kv, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, max_seqlen_q=ctx.max_seqlen_q,
             max_seqlen_kv=ctx.max_seqlen_kv, return_lse=True)
+    # Under create_graph=True grad mode is on here; the backward ops have no autograd kernel of their own (they are
+    # not differentiable), so they run without it and no_double_backward names the op if their results are
+    # differentiated again (torch's fallback would warn and go on).
+    create_graph = torch.is_grad_enabled() and not torch.compiler.is_compiling()
+    with torch.no_grad() if create_graph else contextlib.nullcontext():
+        dq, dk, dv, dsinks = _run_backward(ctx, grad_o, q, k, v, o, lse, sinks, seq_len_q, seq_len_kv, cu_q, cu_kv)
+    dq, dk, dv, dsinks = no_double_backward("sdpa_fwd", (q, k, v, sinks), (dq, dk, dv, dsinks))
+    # One gradient slot per op input.
+    return (dq, dk, dv, None, None, None, None, None, dsinks) + (None,) * 7
+
+
+def _run_backward(ctx, grad_o, q, k, v, o, lse, sinks, seq_len_q, seq_len_kv, cu_q, cu_kv):
     deterministic = torch.are_deterministic_algorithms_enabled()
     dsinks = None
     if sinks is None and seq_len_q is None:
@@ -284,8 +298,7 @@ def _sdpa_backward(ctx, grad_o, _grad_lse):
             deterministic)
         if sinks is not None:
             dsinks = dsink.to(sinks.dtype).reshape(sinks.shape)
-    # One gradient slot per op input.
-    return (dq, dk, dv, None, None, None, None, None, dsinks) + (None,) * 7
+    return dq, dk, dv, dsinks
 
 
 torch.library.register_autograd("flashspan::sdpa_fwd", _sdpa_backward, setup_context=_setup_context, lib=_lib)

@@ -118,3 +118,38 @@ def test_sliding_window_parameters_say_what_they_count(fs):
         assert torch.equal(fm.sliding_window(S, before=1, right=2), fm.sliding_window(S, before=1, after=2))
     with pytest.raises(TypeError, match="both 'before' and its deprecated name 'left'"):
         fm.sliding_window(S, before=1, left=1)
+
+
+# -- double backward --------------------------------------------------------------------------------------------
+
+
+def test_double_backward_names_the_call(fs):
+    """torch's generic "element 0 of tensors does not require grad" said nothing about flashspan."""
+    p = make_problem(5, batch=1, seqlen_q=8, seqlen_k=8, hq=2, hkv=2, requires_grad=True)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True)
+    out = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan)
+    (dq,) = torch.autograd.grad(out.square().sum(), p.q, create_graph=True)
+    with pytest.raises(RuntimeError, match=r"flex_attn_func: flashspan's backward is not differentiable"):
+        dq.sum().backward()
+    # First-order gradients under create_graph=True are unchanged.
+    (ref,) = torch.autograd.grad(fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan).square().sum(), p.q)
+    assert torch.equal(dq.detach(), ref)
+
+
+@pytest.mark.parametrize("front_end", ["sdpa", "sdpa_fwd"])
+def test_double_backward_through_sdpa_names_the_call(fs, front_end):
+    """The same for flashspan.sdpa (generic torch error before) and the custom op (torch's fallback only warned
+    "may lead to silently incorrect behavior" and returned a result)."""
+    q = torch.randn(1, 2, 6, 8, requires_grad=True)
+    k, v = torch.randn_like(q), torch.randn_like(q)
+    if front_end == "sdpa":
+        o, _ = fs.sdpa(q, k, v, attn_scale=0.5)
+    else:
+        o, _ = torch.ops.flashspan.sdpa_fwd(q, k, v, 0.5)
+    (dq,) = torch.autograd.grad(o.square().sum(), q, create_graph=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "autograd kernel was not registered" warning either
+        with pytest.raises(RuntimeError, match=rf"^{front_end}: flashspan's backward is not differentiable"):
+            dq.sum().backward()
+    (ref,) = torch.autograd.grad(fs.sdpa(q, k, v, attn_scale=0.5)[0].square().sum(), q)
+    torch.testing.assert_close(dq.detach(), ref)
