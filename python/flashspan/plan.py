@@ -573,8 +573,10 @@ def create_mask_plan(
             sample-local, nondecreasing endpoints in ``[0, Sk_b]``.
         q, k, v: sample tensors (only shape, dtype and device are read): BSHD
             ``[B,Sq,Hq,Dqk]``, ``[B,Sk,Hkv,Dqk]``, ``[B,Sk,Hkv,Dv]``, or THD ``[Tq,Hq,Dqk]``, ...
-        cu_seqlens_q, cu_seqlens_k: int32 ``[B+1]`` (both for THD, neither for BSHD);
-            the plan copies them.
+        cu_seqlens_q, cu_seqlens_k: int32 ``[B+1]`` (both for THD, neither for BSHD), prefix
+            sums from 0 to the packed tensors' token counts ``Tq`` / ``Tk`` (ValueError
+            otherwise: a token after the last sample would be a row no sample writes; the
+            same rule as SDPA's cu_seqlens, docs/SDPA.md); the plan copies them.
         max_seqlen_q, max_seqlen_k: THD maxima (computed from cu_seqlens when None,
             which reads them back from the device); ints (TypeError otherwise: a float
             is not truncated silently). For BSHD they may be given only when they equal

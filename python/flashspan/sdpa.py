@@ -14,6 +14,7 @@ from torch import Tensor
 from . import _lib
 from . import _sdpa_lib as L
 from . import sdpa_lowering
+from ._sdpa_lib import check_packed_end
 from .autograd import no_double_backward
 
 __all__ = ["sdpa", "sdpa_backward", "diagonal_alignment", "TOP_LEFT", "BOTTOM_RIGHT", "dropout_offset_increment"]
@@ -254,14 +255,18 @@ class _Layout:
             offsets = self.ragged_offsets.get(source)
         if offsets is None and name == "dgate":
             offsets = self.ragged_offsets.get("q")
+        packed_by_cu = offsets is None  # the cumulative lengths are also the packing: samples fill the tensor
         if offsets is None:
             offsets = self.cu_q if side_q else self.cu_kv
         if offsets is None:
             raise ValueError(f"{name}: a packed (T, H, D) tensor needs ragged offsets or cu_seq_len_"
                              f"{'q' if side_q else 'kv'}")
         if t.device.type == "cpu" and offsets.device.type == "cpu" and offsets.numel() and T >= 0:
-            # Host check that every sample fits in the packed tensor (GPU calls skip it: it would sync).
+            # Host check that every sample fits in the packed tensor (GPU calls skip it: it would sync; the flex
+            # lowering checks there, on the offsets it reads anyway).
             o = offsets.reshape(-1).to(torch.int64)
+            if packed_by_cu:
+                check_packed_end(o.tolist(), T, "q" if side_q else "kv", name)
             if o.numel() and int(o[-1].item()) > T:
                 raise ValueError(f"{name}: the ragged offsets reach token {int(o[-1].item())} but the packed tensor has "
                                  f"T = {T} tokens")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import re
 from typing import Optional
 
 import torch
@@ -50,6 +51,26 @@ _IO_DTYPES = (torch.float16, torch.bfloat16)
 # CPU tensors run the CPU reference, which also takes float32 and float64 (as flashspan.sdpa does): the
 # float64 path is what torch.autograd.gradcheck checks the registered backward against.
 _CPU_DTYPES = _IO_DTYPES + (torch.float32, torch.float64)
+
+
+# The shared engine (flashspan.sdpa, the C layer) names graph.sdpa's arguments; the ops' callers wrote these.
+_OP_NAMES = (("cu_seq_len_q", "cu_seqlens_q"), ("cu_seq_len_kv", "cu_seqlens_kv"), ("sink_token", "sinks"),
+             ("dO", "grad_out"), ("stats", "lse"), ("diagonal_band_left_bound", "window_left"),
+             ("diagonal_band_right_bound", "window_right"))
+_OP_DIMS = {True: (("S_q", "max_seqlen_q"), ("S_kv", "max_seqlen_kv")),  # THD: the given maxima
+            False: (("S_q", "q.shape[2]"), ("S_kv", "k.shape[2]"))}      # BHSD: the tensors' dims
+
+
+@contextlib.contextmanager
+def _op_names(op: str, thd: bool):
+    """Re-raises a broken rule of the shared engine under the op's argument names, prefixed with the op."""
+    try:
+        yield
+    except (ValueError, TypeError, NotImplementedError) as e:
+        msg = str(e)
+        for graph, own in _OP_NAMES + _OP_DIMS[thd]:
+            msg = re.sub(rf"(?<![\w.]){re.escape(graph)}\b", own, msg)
+        raise type(e)(msg if msg.startswith(f"{op}: ") else f"{op}: {msg}") from None
 
 
 def _check_io(op: str, **tensors: Tensor) -> None:
@@ -135,9 +156,10 @@ def _sdpa_fwd_impl(q, k, v, attn_scale, is_causal=False, causal_bottom_right=Fal
     kw, _thd = _common_kwargs("sdpa_fwd", q, k, v, attn_scale, is_causal, causal_bottom_right, window_left,
                               window_right, sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
                               max_seqlen_kv)
-    o, stats = _forward(q, k, v, stats_needed=return_lse, generate_stats=None, paged_attention_k_table=None,
-                        paged_attention_v_table=None, paged_attention_max_seq_len_kv=None, stats_use_log2=False,
-                        score_max=None, score_sum_exp=None, max_logit=None, **kw)
+    with _op_names("sdpa_fwd", _thd):
+        o, stats = _forward(q, k, v, stats_needed=return_lse, generate_stats=None, paged_attention_k_table=None,
+                            paged_attention_v_table=None, paged_attention_max_seq_len_kv=None, stats_use_log2=False,
+                            score_max=None, score_sum_exp=None, max_logit=None, **kw)
     if stats is None:
         stats = torch.empty(0, dtype=torch.float32, device=q.device)
     return o, stats
@@ -177,8 +199,9 @@ def _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, 
                             device=q.device)
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    dq, dk, dv = _backward(q, k, v, o, grad_out, lse, dBias=None, dSink_token=dsink, dgate=None,
-                           use_deterministic_algorithm=is_deterministic, **kw)
+    with _op_names(op, thd):
+        dq, dk, dv = _backward(q, k, v, o, grad_out, lse, dBias=None, dSink_token=dsink, dgate=None,
+                               use_deterministic_algorithm=is_deterministic, **kw)
     return dq, dk, dv, dsink
 
 

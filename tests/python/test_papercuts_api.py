@@ -153,3 +153,76 @@ def test_double_backward_through_sdpa_names_the_call(fs, front_end):
             dq.sum().backward()
     (ref,) = torch.autograd.grad(fs.sdpa(q, k, v, attn_scale=0.5)[0].square().sum(), q)
     torch.testing.assert_close(dq.detach(), ref)
+
+
+# -- error messages: each front end names its own arguments ---------------------------------------------------
+
+
+def _thd(T=20, H=2, D=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(T, H, D, generator=g), torch.randn(T, H, D, generator=g), torch.randn(T, H, D, generator=g)
+
+
+@pytest.mark.parametrize("kwargs, pattern", [
+    # a sample longer than the given maximum
+    (dict(cu_seqlens_q=[0, 8, 20], cu_seqlens_kv=[0, 8, 20], max_seqlen_q=4, max_seqlen_kv=12),
+     r"^sdpa_fwd: cu_seqlens_q: sample 0 has length 8, longer than max_seqlen_q = 4$"),
+    (dict(cu_seqlens_q=[0, 8, 20], cu_seqlens_kv=[0, 8, 20], max_seqlen_q=12, max_seqlen_kv=5),
+     r"^sdpa_fwd: cu_seqlens_kv: sample 0 has length 8, longer than max_seqlen_kv = 5$"),
+    # decreasing offsets
+    (dict(cu_seqlens_q=[0, 9, 8], cu_seqlens_kv=[0, 8, 20], max_seqlen_q=9, max_seqlen_kv=12),
+     r"^sdpa_fwd: cu_seqlens_q: must be nondecreasing"),
+    # past the packed tensor
+    (dict(cu_seqlens_q=[0, 8, 30], cu_seqlens_kv=[0, 8, 20], max_seqlen_q=22, max_seqlen_kv=12),
+     r"^sdpa_fwd: cu_seqlens_q: must end at the total length 20 \(q's T\), got 30$"),
+])
+def test_op_messages_name_the_ops_arguments(fs, kwargs, pattern):
+    """The custom op's messages used graph.sdpa's names (cu_seq_len_q, S_q) for what the caller wrote as
+    cu_seqlens_q / max_seqlen_q."""
+    q, k, v = _thd()
+    kw = {n: (torch.tensor(x, dtype=torch.int32) if isinstance(x, list) else x) for n, x in kwargs.items()}
+    with pytest.raises(ValueError, match=pattern) as e:
+        torch.ops.flashspan.sdpa_fwd(q, k, v, 0.25, **kw)
+    assert not re.search(r"\b(cu_seq_len_(q|kv)|S_q|S_kv)\b", str(e.value)), str(e.value)
+
+
+def test_op_backward_messages_name_the_ops_arguments(fs):
+    q, k, v = _thd()
+    cu = torch.tensor([0, 8, 20], dtype=torch.int32)
+    o, lse = torch.ops.flashspan.sdpa_fwd(q, k, v, 0.25, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=12,
+                                          max_seqlen_kv=12)
+    with pytest.raises(ValueError, match=r"^sdpa_bwd: cu_seqlens_q: sample 1 has length 12, longer than "
+                                         r"max_seqlen_q = 11$"):
+        torch.ops.flashspan.sdpa_bwd(torch.ones_like(o), q, k, v, o, lse, 0.25, cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                     max_seqlen_q=11, max_seqlen_kv=12)
+
+
+# -- cumulative lengths must cover the packed tensor, in both front ends ----------------------------------------
+
+
+def test_cu_seqlens_must_end_at_the_packed_length_in_both_front_ends(fs):
+    """sdpa_fwd accepted cu_seqlens ending before the last token (those rows were never written) where flex's
+    create_mask_plan rejects the same tensor. One rule now (docs/SEED_API.md, docs/SDPA.md): cumulative lengths
+    that describe a packed tensor end at its token count T."""
+    q, k, v = _thd(T=20)
+    cu = torch.tensor([0, 8, 16], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^create_mask_plan: cu_seqlens_q: must end at the total length 20, got 16"):
+        fs.create_mask_plan(torch.full((1, 1, 20), 8, dtype=torch.int32), q, k, v, cu_seqlens_q=cu, cu_seqlens_k=cu)
+    with pytest.raises(ValueError, match=r"^sdpa_fwd: cu_seqlens_q: must end at the total length 20 \(q's T\), "
+                                         r"got 16"):
+        torch.ops.flashspan.sdpa_fwd(q, k, v, 0.25, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=8, max_seqlen_kv=8)
+    full = torch.tensor([0, 8, 20], dtype=torch.int32)
+    with pytest.raises(ValueError, match=r"^sdpa_fwd: cu_seqlens_kv: must end at the total length 20 \(k's T\), "
+                                         r"got 16"):
+        torch.ops.flashspan.sdpa_fwd(q, k, v, 0.25, cu_seqlens_q=full, cu_seqlens_kv=cu, max_seqlen_q=12,
+                                     max_seqlen_kv=8)
+    # graph.sdpa: cumulative lengths that are also the packing (no ragged_offsets) follow the same rule ...
+    with pytest.raises(ValueError, match=r"^cu_seq_len_q: must end at the total length 20 \(q's T\), got 16"):
+        fs.sdpa(q, k, v, use_padding_mask=True, cu_seq_len_q=cu, cu_seq_len_kv=full)
+    # ... while explicit ragged offsets may leave tokens outside every sample (the graph API's gaps).
+    o, _ = fs.sdpa(q, k, v, use_padding_mask=True, cu_seq_len_q=cu, cu_seq_len_kv=full,
+                   ragged_offsets={"q": cu})
+    assert o.shape == (20, 2, 16)
+    o, _ = torch.ops.flashspan.sdpa_fwd(q, k, v, 0.25, cu_seqlens_q=full, cu_seqlens_kv=full, max_seqlen_q=12,
+                                        max_seqlen_kv=12)
+    assert torch.isfinite(o).all()
