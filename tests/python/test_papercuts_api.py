@@ -226,3 +226,24 @@ def test_cu_seqlens_must_end_at_the_packed_length_in_both_front_ends(fs):
     o, _ = torch.ops.flashspan.sdpa_fwd(q, k, v, 0.25, cu_seqlens_q=full, cu_seqlens_kv=full, max_seqlen_q=12,
                                         max_seqlen_kv=12)
     assert torch.isfinite(o).all()
+
+
+# -- BHSD tensors given to flex -----------------------------------------------------------------------------------
+
+
+def test_bhsd_tensors_given_to_flex_are_called_bhsd(fs):
+    """SDPA's BHSD tensors passed to flex got an error blaming the mask's length."""
+    B, H, S, D = 2, 4, 16, 8
+    q = torch.randn(B, H, S, D)
+    mask = _causal(S, B)
+    with pytest.raises(ValueError, match=r"^create_mask_plan: q, k, v: shapes .* fit BHSD .*B=2, H=4, S=16, D=8.*"
+                                         r"flex takes BSHD .*transpose\(1, 2\)"):
+        fs.create_mask_plan(mask, q, q, q)
+    # A plan built right, then called with BHSD tensors.
+    plan = fs.create_mask_plan(mask, q.transpose(1, 2), q.transpose(1, 2), q.transpose(1, 2))
+    with pytest.raises(ValueError, match=r"^flex_attn_func: q has shape \(2, 4, 16, 8\) .*fit BHSD.*transpose\(1, 2\)"):
+        fs.flex_attn_func(q, q, q, mask_plan=plan)
+    # Shapes that fit neither keep the plain message.
+    with pytest.raises(ValueError, match=r"mask_func: length") as e:
+        fs.create_mask_plan(mask, torch.randn(B, 5, H, D), torch.randn(B, 5, H, D), torch.randn(B, 5, H, D))
+    assert "BHSD" not in str(e.value)
