@@ -201,6 +201,9 @@ class _Layout:
 
     def __init__(self, q: Tensor, k: Tensor, v: Tensor, seq_len_q, seq_len_kv, cu_q, cu_kv, ragged_offsets,
                  max_seq_len_q, max_seq_len_kv, paged: bool):
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
         self.ragged_offsets = dict(ragged_offsets or {})
         unknown = set(self.ragged_offsets) - {"q", "k", "v", "o", "stats", "dO", "dQ", "dK", "dV", "gate", "dgate",
                                               "paged_attention_k_table", "paged_attention_v_table"}
@@ -294,8 +297,9 @@ def _apply_common(call: _Call, lay: _Layout, q: Tensor, *, attn_scale, bias, blo
         call.set(L.ATTN_SCALE, attn_scale.reshape(-1) if attn_scale.dim() == 0 else attn_scale)
     elif attn_scale is not None:
         if isinstance(attn_scale, bool) or not isinstance(attn_scale, numbers.Real):
-            raise TypeError(f"attn_scale: must be a float, a 1-element float32 tensor or None, got "
-                            f"{type(attn_scale).__name__} {attn_scale!r}")
+            # ValueError, as flex's softmax_scale (the seed's class for a scale that is not a finite number).
+            raise ValueError(f"attn_scale: must be a finite float, a 1-element float32 tensor or None, got "
+                             f"{type(attn_scale).__name__} {attn_scale!r}")
         call.option("attn_scale", float(attn_scale))
     call.set(L.BIAS, bias)
     call.set(L.BLOCK_MASK, block_mask)

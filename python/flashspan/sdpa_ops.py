@@ -77,13 +77,14 @@ def _check_io(op: str, **tensors: Tensor) -> None:
     first = next(iter(tensors.values()))
     ref = first.dtype
     allowed = _CPU_DTYPES if first.device.type == "cpu" else _IO_DTYPES
+    # TypeError, as flex and graph.sdpa raise for a dtype (docs/ERRORS.md).
     if ref not in allowed:
         name = next(iter(tensors))
-        raise ValueError(f"{op}: {name}: unsupported dtype {ref}; supported: torch.float16, torch.bfloat16"
-                         + (" (CPU tensors: also torch.float32, torch.float64)" if first.device.type == "cpu" else ""))
+        raise TypeError(f"{op}: {name}: unsupported dtype {ref}; supported: torch.float16, torch.bfloat16"
+                        + (" (CPU tensors: also torch.float32, torch.float64)" if first.device.type == "cpu" else ""))
     mixed = {n: str(t.dtype) for n, t in tensors.items() if t.dtype != ref}
     if mixed:
-        raise ValueError(f"{op}: all io tensors must share one dtype ({ref}); got {mixed}")
+        raise TypeError(f"{op}: all io tensors must share one dtype ({ref}); got {mixed}")
 
 
 def _band(op: str, is_causal: bool, causal_bottom_right: bool, window_left: int, window_right: int):
@@ -188,7 +189,7 @@ def _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, 
          seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, is_deterministic, op):
     _check_io(op, grad_out=grad_out, q=q, k=k, v=v, o=o)
     if lse.dtype != torch.float32:
-        raise ValueError(f"{op}: lse must be float32, got {lse.dtype}")
+        raise TypeError(f"{op}: lse: dtype must be float32, got {lse.dtype}")
     kw, thd = _common_kwargs(op, q, k, v, attn_scale, is_causal, causal_bottom_right, window_left, window_right,
                              sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
     if not thd and lse.dim() == 3:

@@ -247,3 +247,85 @@ def test_bhsd_tensors_given_to_flex_are_called_bhsd(fs):
     with pytest.raises(ValueError, match=r"mask_func: length") as e:
         fs.create_mask_plan(mask, torch.randn(B, 5, H, D), torch.randn(B, 5, H, D), torch.randn(B, 5, H, D))
     assert "BHSD" not in str(e.value)
+
+
+# -- one exception class per kind of rule, across flex and SDPA (docs/ERRORS.md) -------------------------------
+
+
+def _flex_plan(q, k=None, v=None, **kw):
+    import flashspan
+
+    k = q if k is None else k
+    v = q if v is None else v
+    B, S = (q.shape[0], q.shape[1]) if isinstance(q, torch.Tensor) else (1, 8)
+    return flashspan.create_mask_plan(_causal(S, B), q, k, v, **kw)
+
+
+def _bshd(*shape, dtype=torch.float32):
+    return torch.randn(*shape).to(dtype)
+
+
+def _flex_call(**kw):
+    import flashspan
+
+    q = _bshd(1, 8, 2, 16)
+    plan = _flex_plan(q)
+    return flashspan.flex_attn_func(q, q, q, mask_plan=plan, **kw)
+
+
+def _sdpa(q, k=None, v=None, **kw):
+    import flashspan
+
+    return flashspan.sdpa(q, q if k is None else k, q if v is None else v, **kw)
+
+
+def _op(q, k=None, v=None, scale=0.25, **kw):
+    return torch.ops.flashspan.sdpa_fwd(q, q if k is None else k, q if v is None else v, scale, **kw)
+
+
+_BHSD = (1, 2, 8, 16)
+KINDS = [
+    # (kind, expected class, flex call, SDPA calls)
+    ("head dim above 256", ValueError,
+     lambda: _flex_plan(_bshd(1, 8, 2, 512)),
+     [lambda: _sdpa(torch.randn(1, 2, 8, 512)), lambda: _op(torch.randn(1, 2, 8, 512))]),
+    ("head dim not a multiple of 8", ValueError,
+     lambda: _flex_plan(_bshd(1, 8, 2, 12)),
+     [lambda: _sdpa(torch.randn(1, 2, 8, 12)), lambda: _op(torch.randn(1, 2, 8, 12))]),
+    ("dtype not supported", TypeError,
+     lambda: _flex_plan(torch.ones(1, 8, 2, 16, dtype=torch.int32)),
+     [lambda: _sdpa(torch.ones(*_BHSD, dtype=torch.int32)), lambda: _op(torch.ones(*_BHSD, dtype=torch.int32))]),
+    ("mixed dtypes", TypeError,
+     lambda: _flex_plan(_bshd(1, 8, 2, 16), _bshd(1, 8, 2, 16, dtype=torch.float16)),
+     [lambda: _sdpa(torch.randn(*_BHSD), torch.randn(*_BHSD).half()),
+      lambda: _op(torch.randn(*_BHSD), torch.randn(*_BHSD).half())]),
+    ("not a tensor", TypeError,
+     lambda: _flex_plan([1.0]),
+     [lambda: _sdpa([1.0], [1.0], [1.0])]),
+    ("scale not a finite number", ValueError,
+     lambda: _flex_call(softmax_scale=float("nan")),
+     [lambda: _sdpa(torch.randn(*_BHSD), attn_scale=float("nan")), lambda: _op(torch.randn(*_BHSD), scale=float("inf"))]),
+    ("scale not a number", ValueError,
+     lambda: _flex_call(softmax_scale="0.5"),
+     [lambda: _sdpa(torch.randn(*_BHSD), attn_scale="0.5")]),
+    ("K head count does not divide Q's", ValueError,
+     lambda: _flex_plan(_bshd(1, 8, 3, 16), _bshd(1, 8, 2, 16), _bshd(1, 8, 2, 16)),
+     [lambda: _sdpa(torch.randn(1, 3, 8, 16), torch.randn(*_BHSD), torch.randn(*_BHSD)),
+      lambda: _op(torch.randn(1, 3, 8, 16), torch.randn(*_BHSD), torch.randn(*_BHSD))]),
+    ("last dimension not contiguous", ValueError,
+     lambda: _flex_plan(_bshd(1, 8, 2, 32)[..., ::2]),
+     [lambda: _sdpa(torch.randn(1, 2, 8, 32)[..., ::2]), lambda: _op(torch.randn(1, 2, 8, 32)[..., ::2])]),
+]
+
+
+@pytest.mark.parametrize("kind, exc, flex, sdpa_calls", KINDS, ids=[k[0] for k in KINDS])
+def test_one_exception_class_per_kind_of_rule(fs, kind, exc, flex, sdpa_calls):
+    """SDPA rejected head dim 512 with RuntimeError where flex raises ValueError (and the op raised ValueError for
+    a dtype where flex and graph.sdpa raise TypeError): each kind of rule has one class in every front end."""
+    calls = [("flex", flex)] + [(f"sdpa #{i}", c) for i, c in enumerate(sdpa_calls)]
+    for where, call in calls:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(Exception) as e:
+                call()
+        assert type(e.value) is exc, f"{kind}, {where}: {type(e.value).__name__}: {e.value}"
