@@ -37,3 +37,32 @@ def test_main_job_shows_ninja_progress_of_a_verbose_pip_install():
     ]
     # main_job.sh pipes the install through that filter.
     assert "build_progress.sh" in open(os.path.join(_SCRIPTS, "main_job.sh")).read()
+
+
+def _case(name, status, out="", skipped=False):
+    skip = '<skipped message="SKIP_REGULAR_EXPRESSION_MATCHED"/>' if skipped else ""
+    return (f'<testcase name="{name}" classname="{name}" time="0.01" status="{status}">{skip}'
+            f"<system-out>{out}</system-out></testcase>")
+
+
+def test_ctest_summary_says_how_many_were_skipped_and_why(tmp_path):
+    """ctest ends with "100% tests passed ... out of 186" on a CPU machine where 78 of them skipped (the GPU
+    tests): scripts/test.sh now prints a summary with the skipped count and their reasons."""
+    gpu = "[ RUN      ] FlexGpu.Causal\n/x/gpu_harness.h:28: Skipped\nno CUDA device is visible\n[  SKIPPED ] FlexGpu.Causal"
+    nocuda = "/x/test_flex_gpu.cpp:52: Skipped\nflashspan was built without CUDA\n[  SKIPPED ] FlexGpu.Skipped"
+    cases = ([_case(f"Planner.T{i}", "run", "[       OK ] Planner.T") for i in range(3)]
+             + [_case(f"FlexGpu.G{i}", "notrun", gpu, skipped=True) for i in range(2)]
+             + [_case("FlexGpu.Skipped", "notrun", nocuda, skipped=True)])
+    junit = tmp_path / "ctest.xml"
+    junit.write_text(f'<?xml version="1.0" encoding="UTF-8"?>\n<testsuite name="(empty)" tests="6" failures="0" '
+                     f'skipped="3">{"".join(cases)}</testsuite>')
+    r = subprocess.run(["python3", os.path.join(_SCRIPTS, "ctest_summary.py"), str(junit)], capture_output=True,
+                       text=True, check=True)
+    lines = r.stdout.splitlines()
+    assert lines[0] == "C++ tests (ctest): 6 tests, 3 passed, 3 skipped, 0 failed", r.stdout
+    assert "  2 skipped: no CUDA device is visible" in lines
+    assert "  1 skipped: flashspan was built without CUDA" in lines
+    assert any("not a full run" in line for line in lines), r.stdout
+    # scripts/test.sh writes the report and prints the summary after ctest.
+    test_sh = open(os.path.join(_SCRIPTS, "test.sh")).read()
+    assert "--output-junit" in test_sh and "ctest_summary.py" in test_sh
