@@ -3,6 +3,8 @@
 # installs the Python package with `pip install .`, and runs the Python tests (pytest).
 # GPU tests skip with a reason when no GPU is visible.
 # Env: FLASHSPAN_BUILD_DIR (default build/), FLASHSPAN_CMAKE_ARGS (extra CMake args),
+# FLASHSPAN_WERROR (default ON: the CMake build treats the host compiler's warnings as errors, so CI
+# stays warning-free; OFF for a compiler that warns where GCC 12 does not),
 # FLASHSPAN_FUZZ=0 skips fuzzing (tests/fuzz/run_fuzz.sh: a fixed-seed gate by default,
 # FLASHSPAN_FUZZ_SECONDS=N hunts for N s per target with a fresh seed).
 set -euo pipefail
@@ -14,7 +16,8 @@ jobs=$(nproc)
 
 echo "== configure + build ($build)"
 # shellcheck disable=SC2086
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${FLASHSPAN_CMAKE_ARGS:-}
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHSPAN_WERROR="${FLASHSPAN_WERROR:-ON}" \
+  ${FLASHSPAN_CMAKE_ARGS:-}
 cmake --build "$build" -j"$jobs"
 
 echo "== C++ tests"
