@@ -50,9 +50,11 @@ if [ "${FLASHSPAN_EMU_TESTS:-auto}" = 1 ] || { [ "${FLASHSPAN_EMU_TESTS:-auto}" 
 fi
 
 echo "== pip install ."
+# The same FLASHSPAN_WERROR as the CMake build: the compile flags then match, so ccache serves every
+# object of this second build.
 # shellcheck disable=SC2086
 python3 -m pip install -q --no-build-isolation "$root" \
-  -C build-dir="$build/wheel" ${FLASHSPAN_PIP_ARGS:-}
+  -C build-dir="$build/wheel" -C cmake.define.FLASHSPAN_WERROR="${FLASHSPAN_WERROR:-ON}" ${FLASHSPAN_PIP_ARGS:-}
 
 echo "== Python tests (installed package)"
 cd "$root"
