@@ -1,4 +1,4 @@
-"""FlexAttnFunc: the autograd.Function behind flex_attn_func (out and lse differentiable, max_logit not); no double backward."""
+"""FlexAttnFunc, the autograd.Function behind flex_attn_func (out, lse differentiable once; max_logit not)."""
 
 from __future__ import annotations
 

@@ -154,10 +154,10 @@ def _common_kwargs(op, q, k, v, attn_scale, is_causal, causal_bottom_right, wind
 def _sdpa_fwd_impl(q, k, v, attn_scale, is_causal=False, causal_bottom_right=False, window_left=-1, window_right=-1,
                    sinks=None, seq_len_q=None, seq_len_kv=None, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=0,
                    max_seqlen_kv=0, return_lse=True):
-    kw, _thd = _common_kwargs("sdpa_fwd", q, k, v, attn_scale, is_causal, causal_bottom_right, window_left,
-                              window_right, sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
-                              max_seqlen_kv)
-    with _op_names("sdpa_fwd", _thd):
+    kw, thd = _common_kwargs("sdpa_fwd", q, k, v, attn_scale, is_causal, causal_bottom_right, window_left,
+                             window_right, sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
+                             max_seqlen_kv)
+    with _op_names("sdpa_fwd", thd):
         o, stats = _forward(q, k, v, stats_needed=return_lse, generate_stats=None, paged_attention_k_table=None,
                             paged_attention_v_table=None, paged_attention_max_seq_len_kv=None, stats_use_log2=False,
                             score_max=None, score_sum_exp=None, max_logit=None, **kw)
