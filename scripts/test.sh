@@ -35,7 +35,8 @@ if [ "${FLASHSPAN_FUZZ:-1}" != 0 ] && [ "${FLASHSPAN_FUZZ_SECONDS:-}" != 0 ] && 
 fi
 
 # Without a GPU, the CUDA planner's GPU tests also run on the CPU through the emulation
-# layer of tests/emu (its logic, not its speed; ~2 min on 2 cores, every test). FLASHSPAN_EMU_TESTS=0 skips.
+# layer of tests/emu (its logic, not its speed; every test; how long: README "Measured times").
+# FLASHSPAN_EMU_TESTS=0 skips.
 if [ "${FLASHSPAN_EMU_TESTS:-auto}" = 1 ] || { [ "${FLASHSPAN_EMU_TESTS:-auto}" = auto ] && ! nvidia-smi -L >/dev/null 2>&1; }; then
   echo "== CUDA planner tests on the CPU (tests/emu)"
   # Compiled in the build tree through ccache (a g++ link to ccache first on PATH): an unchanged
