@@ -633,8 +633,10 @@ def sdpa(
         ``(o, stats)``; ``stats`` is None unless generate_stats. ``o`` has q's layout (THD: packed ``(T, H_q, D_v)``).
 
     Raises:
-        ValueError / TypeError naming the argument and the rule (docs/SDPA.md lists them); NotImplementedError (a
-        RuntimeError) naming the feature when a CUDA call needs one the GPU path does not have yet.
+        ValueError / TypeError naming the argument and the rule (docs/SDPA.md lists them; docs/ERRORS.md gives the
+        class of each kind of rule, the same as flex's); NotImplementedError (a RuntimeError) naming the feature when
+        a CUDA call needs one the GPU path does not have yet; RuntimeError when its gradients are differentiated
+        again (double backward).
 
     Where it runs: CPU tensors run the CPU reference (every feature). CUDA tensors run the pure-mask subset (causal
     / bands / sliding windows with either alignment, padding, THD, GQA / MQA, LSE, max_logit, deterministic
