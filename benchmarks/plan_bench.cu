@@ -56,7 +56,8 @@ int main(int argc, char** argv) {
     else if (a == "--runs" && i + 1 < argc) runs = std::atoi(argv[++i]);
     else if (a == "--heads" && i + 1 < argc) heads = std::atoi(argv[++i]);
     else if (a == "--hmask" && i + 1 < argc) hmask = std::atoi(argv[++i]);
-    else if (a == "--masks" && i + 1 < argc) only = "," + std::string(argv[++i]) + ",";
+    // append, not "," + std::string(...): GCC 12 warns (-Wrestrict) on the inlined insert at position 0.
+    else if (a == "--masks" && i + 1 < argc) only = std::string(",").append(argv[++i]).append(",");
     else if (a == "--host") host = true;
     else if (a == "--check") check = true;
     else {

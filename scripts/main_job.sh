@@ -6,12 +6,12 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 export PATH="$PATH:/usr/local/cuda/bin"
-# The first install compiles the library (about 2 minutes on 2 cores; ccache makes later ones
-# cheap): ninja's [n/N] progress lines are shown, the full log is printed if it fails.
+# The first install compiles the library (how long on 2 cores: README "Measured times"; ccache makes
+# later ones cheap): ninja's [n/N] progress lines are shown, the full log is printed if it fails.
 echo "== pip install . (compiling flashspan; progress below)"
 log=$(mktemp)
 if ! python3 -m pip install -v --no-build-isolation "$root" -C build-dir="$root/build/wheel" 2>&1 \
-    | tee "$log" | grep --line-buffered -E '^\[[0-9]+/[0-9]+\]|^Successfully installed'; then
+    | tee "$log" | bash "$root/scripts/build_progress.sh"; then
   tail -60 "$log"
   exit 1
 fi

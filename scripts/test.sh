@@ -3,6 +3,8 @@
 # installs the Python package with `pip install .`, and runs the Python tests (pytest).
 # GPU tests skip with a reason when no GPU is visible.
 # Env: FLASHSPAN_BUILD_DIR (default build/), FLASHSPAN_CMAKE_ARGS (extra CMake args),
+# FLASHSPAN_WERROR (default ON: the CMake build treats the host compiler's warnings as errors, so CI
+# stays warning-free; OFF for a compiler that warns where GCC 12 does not),
 # FLASHSPAN_FUZZ=0 skips fuzzing (tests/fuzz/run_fuzz.sh: a fixed-seed gate by default,
 # FLASHSPAN_FUZZ_SECONDS=N hunts for N s per target with a fresh seed).
 set -euo pipefail
@@ -14,11 +16,15 @@ jobs=$(nproc)
 
 echo "== configure + build ($build)"
 # shellcheck disable=SC2086
-cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release ${FLASHSPAN_CMAKE_ARGS:-}
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFLASHSPAN_WERROR="${FLASHSPAN_WERROR:-ON}" \
+  ${FLASHSPAN_CMAKE_ARGS:-}
 cmake --build "$build" -j"$jobs"
 
 echo "== C++ tests"
-ctest --test-dir "$build" --output-on-failure -j"$jobs"
+ctest --test-dir "$build" --output-on-failure -j"$jobs" --output-junit "$build/ctest-junit.xml"
+# ctest's "100% tests passed" counts skipped tests (the GPU tests, without a GPU) as passed: say how many
+# were skipped and why, so a CPU run is not mistaken for a full one.
+python3 "$root/scripts/ctest_summary.py" "$build/ctest-junit.xml"
 
 # libFuzzer targets over the C ABI (tests/fuzz; clang, ASan + UBSan, CPU): the regression inputs,
 # then a fixed-seed, fixed-count mutation run per target (reproducible on every machine).
@@ -29,7 +35,8 @@ if [ "${FLASHSPAN_FUZZ:-1}" != 0 ] && [ "${FLASHSPAN_FUZZ_SECONDS:-}" != 0 ] && 
 fi
 
 # Without a GPU, the CUDA planner's GPU tests also run on the CPU through the emulation
-# layer of tests/emu (its logic, not its speed; ~2 min on 2 cores, every test). FLASHSPAN_EMU_TESTS=0 skips.
+# layer of tests/emu (its logic, not its speed; every test; how long: README "Measured times").
+# FLASHSPAN_EMU_TESTS=0 skips.
 if [ "${FLASHSPAN_EMU_TESTS:-auto}" = 1 ] || { [ "${FLASHSPAN_EMU_TESTS:-auto}" = auto ] && ! nvidia-smi -L >/dev/null 2>&1; }; then
   echo "== CUDA planner tests on the CPU (tests/emu)"
   # Compiled in the build tree through ccache (a g++ link to ccache first on PATH): an unchanged
@@ -44,9 +51,11 @@ if [ "${FLASHSPAN_EMU_TESTS:-auto}" = 1 ] || { [ "${FLASHSPAN_EMU_TESTS:-auto}" 
 fi
 
 echo "== pip install ."
+# The same FLASHSPAN_WERROR as the CMake build: the compile flags then match, so ccache serves every
+# object of this second build.
 # shellcheck disable=SC2086
 python3 -m pip install -q --no-build-isolation "$root" \
-  -C build-dir="$build/wheel" ${FLASHSPAN_PIP_ARGS:-}
+  -C build-dir="$build/wheel" -C cmake.define.FLASHSPAN_WERROR="${FLASHSPAN_WERROR:-ON}" ${FLASHSPAN_PIP_ARGS:-}
 
 echo "== Python tests (installed package)"
 cd "$root"

@@ -7,7 +7,7 @@ import importlib
 from .api import flex_attn_func
 from .execution import FlexAttentionBwd, FlexAttentionFwd
 from .plan import MaskPlan, create_mask_plan
-from .sdpa import sdpa, sdpa_backward
+from .sdpa import diagonal_alignment, dropout_offset_increment, sdpa, sdpa_backward
 from .sdpa_ops import sdpa_torch
 
 __version__ = "0.1.0"
@@ -21,6 +21,8 @@ __all__ = [
     "sdpa",
     "sdpa_backward",
     "sdpa_torch",
+    "diagonal_alignment",
+    "dropout_offset_increment",
     "masks",
     "__version__",
 ]

@@ -56,7 +56,8 @@ def flex_attn_func(
     Raises ValueError (shape, device, scale, plan without backward for a call that needs
     gradients), TypeError (not a tensor or MaskPlan, dtype, a flag that is not a bool), each
     naming the argument and the rule; RuntimeError for an unsupported configuration or a
-    CUDA failure.
+    CUDA failure. Gradients are first order: differentiating the gradients again (double
+    backward after ``create_graph=True``) raises RuntimeError naming ``flex_attn_func``.
 
     Example::
 

@@ -1,4 +1,4 @@
-"""FlexAttnFunc: the autograd.Function behind flex_attn_func (out and lse differentiable, max_logit not)."""
+"""FlexAttnFunc, the autograd.Function behind flex_attn_func (out, lse differentiable once; max_logit not)."""
 
 from __future__ import annotations
 
@@ -6,6 +6,36 @@ import torch
 
 from . import _ops  # registers torch.ops.flashspan.*
 from .execution import run_backward
+
+
+class _NoDoubleBackward(torch.autograd.Function):
+    """Identity on the gradients a flashspan backward returns under ``create_graph=True``, whose own backward
+    raises: flashspan's backward kernels are not differentiable, and without this node torch only says "element 0
+    of tensors does not require grad" when something differentiates those gradients."""
+
+    @staticmethod
+    def forward(ctx, where, anchor, *grads):
+        ctx.where = where
+        # Copies: an output that is an input (or a view made here) would tie autograd's view rules to these tensors.
+        return tuple(None if g is None else g.clone() for g in grads)
+
+    @staticmethod
+    def backward(ctx, *_):
+        raise RuntimeError(
+            f"{ctx.where}: flashspan's backward is not differentiable: the gradients it returned (under "
+            "create_graph=True) cannot be differentiated again (double backward: gradient penalties, Hessian-vector "
+            "products); compute those terms with a differentiable attention, e.g. torch's scaled_dot_product_attention")
+
+
+def no_double_backward(where: str, inputs: tuple, grads: tuple) -> tuple:
+    """``grads`` as a backward returns them; under ``create_graph=True`` (grad mode on inside the backward) routed
+    through a node, hung on one of the saved ``inputs`` that requires grad, that names ``where`` when differentiated."""
+    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
+        return grads
+    anchor = next((t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad), None)
+    if anchor is None:
+        return grads
+    return _NoDoubleBackward.apply(where, anchor, *grads)
 
 
 class FlexAttnFunc(torch.autograd.Function):
@@ -41,4 +71,5 @@ class FlexAttnFunc(torch.autograd.Function):
             )
         else:
             dq, dk, dv = run_backward(q, k, v, out, dout, lse, dlse, ctx.plan, ctx.softmax_scale, ctx.deterministic)
+        dq, dk, dv = no_double_backward("flex_attn_func", (q, k, v), (dq, dk, dv))
         return dq, dk, dv, None, None, None, None

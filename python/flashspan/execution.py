@@ -17,6 +17,10 @@ from .plan import MaskPlan
 # The workspace must start on this boundary (the seed's rule, which its kernels carve from).
 WORKSPACE_ALIGNMENT = 128
 
+# Default of FlexAttentionBwd.execute's workspace, which the seed's signature makes required (keyword-only, no
+# default): the parameter needs a default only because the deprecated keywords (**legacy) follow it.
+_WORKSPACE_REQUIRED = object()
+
 
 def _check_plan(plan: MaskPlan, where: str) -> ctypes.c_void_p:
     """The live handle of ``plan``; errors start with ``where`` (the call that got it)."""
@@ -113,8 +117,12 @@ def _legacy_kwargs(where: str, legacy: dict, aliases: dict, values: dict) -> dic
             raise TypeError(f"{where}() got an unexpected keyword argument {old!r}")
         if values.get(new) is not None:
             raise TypeError(f"{where}() got values for both {new!r} and its deprecated name {old!r}")
-        warnings.warn(f"{where}: keyword {old!r} is deprecated; use {new!r} (the seed's name)", DeprecationWarning,
-                      stacklevel=3)
+        if new == old:  # a constructor keyword that moved to execute() (softmax_scale)
+            msg = (f"{where}: the constructor's keyword {old!r} is deprecated; pass it to every call, "
+                   f"execute(..., {old}=...), as the seed does (the constructor's value is only execute()'s default)")
+        else:
+            msg = f"{where}: keyword {old!r} is deprecated; use {new!r} (the seed's name)"
+        warnings.warn(msg, DeprecationWarning, stacklevel=3)
         values[new] = value
     return values
 
@@ -629,7 +637,7 @@ class FlexAttentionBwd(_OpBase):
         mask_plan: Optional[MaskPlan] = None,
         dlse_tensor: Optional[torch.Tensor] = None,
         *,
-        workspace: Optional[torch.Tensor] = None,
+        workspace: Optional[torch.Tensor] = _WORKSPACE_REQUIRED,
         softmax_scale: Optional[float] = None,
         current_stream: Any = None,
         **legacy,
@@ -637,11 +645,15 @@ class FlexAttentionBwd(_OpBase):
         """Writes dq, dk, dv on ``current_stream``; allocates nothing and never synchronises.
 
         ``dlse_tensor`` (fp32, shape of lse) must be given exactly when the object was
-        constructed with ``sample_dlse``. ``workspace`` is required by the seed's signature;
-        flashspan also accepts it omitted when ``workspace_size`` is 0 (CPU). Other
+        constructed with ``sample_dlse``. ``workspace`` is keyword-only and required, as in the
+        seed (``workspace=None`` when ``workspace_size`` is 0, e.g. on the CPU). Other
         arguments as :meth:`FlexAttentionFwd.execute`.
         """
         where = self._EXECUTE
+        if workspace is _WORKSPACE_REQUIRED:
+            # The shown (seed's) signature has no default; the call behaves as that signature says.
+            raise TypeError(f"{where}() missing 1 required keyword-only argument: 'workspace' (workspace=None "
+                            "when workspace_size is 0, e.g. on the CPU)")
         if legacy:
             a = _legacy_kwargs(where, legacy, self._LEGACY_EXECUTE, {
                 "q_tensor": q_tensor, "k_tensor": k_tensor, "v_tensor": v_tensor, "o_tensor": o_tensor,

@@ -35,7 +35,7 @@ raises ``TypeError`` naming the argument). Which zero lengths are allowed:
   a bug upstream (``causal(len(tokens))`` with no tokens), so it raises ``ValueError``;
 * a separate key length ``seqlen_k`` may be 0: every row then sees no key, which
   flashspan defines (output 0, LSE ``-inf``), e.g. an empty KV cache;
-* window sizes (``left``, ``right``, ``window``, ``radius``), ``sink``,
+* window sizes (``before``, ``after``, ``window``, ``radius``), ``sink``,
   ``prefix_length`` and ``num_global`` may be 0 (a window of the diagonal only, no
   sinks, no prefix, no global tokens); a single document or tree node may have
   length 0 (it contributes no rows);
@@ -50,7 +50,7 @@ Example::
     >>> import flashspan.masks as fm
     >>> fm.causal(4).tolist()
     [[[1, 2, 3, 4]]]
-    >>> fm.sliding_window(5, left=1).tolist()   # causal window of 1 key back
+    >>> fm.sliding_window(5, before=1).tolist()   # causal window: the diagonal and 1 key before it
     [[[0, 0, 0, 0, 0], [0, 0, 1, 2, 3], [1, 2, 3, 4, 5]]]
     >>> fm.to_dense(fm.causal(3), 3, 3)[0, 0].int().tolist()
     [[1, 0, 0], [1, 1, 0], [1, 1, 1]]
@@ -266,30 +266,69 @@ def causal(seqlen_q: int, seqlen_k: Optional[int] = None, *, bottom_right: bool 
     return _finish((q + shift + 1).clamp(0, sk).unsqueeze(0), batch, heads, device)
 
 
-def sliding_window(seqlen_q: int, seqlen_k: Optional[int] = None, *, left: Optional[int] = None,
-                   right: Optional[int] = 0, bottom_right: bool = False, batch: int = 1, heads: int = 1,
-                   device: DeviceLike = None) -> torch.Tensor:
-    """Sliding-window (band) mask, nfunc = 3: row ``q`` sees ``[q' - left, q' + right + 1)``
-    clipped to ``[0, Sk)``, where ``q' = q`` (top-left) or ``q + Sk - Sq`` (bottom-right).
+def sliding_window(seqlen_q: int, seqlen_k: Optional[int] = None, *, before: Optional[int] = None,
+                   after: Optional[int] = 0, bottom_right: bool = False, batch: int = 1, heads: int = 1,
+                   device: DeviceLike = None, **deprecated) -> torch.Tensor:
+    """Sliding-window (band) mask, nfunc = 3: row ``q`` sees its diagonal key ``q'``, the ``before`` keys
+    before it and the ``after`` keys after it, ``[q' - before, q' + after + 1)`` clipped to ``[0, Sk)``,
+    where ``q' = q`` (top-left) or ``q + Sk - Sq`` (bottom-right).
 
-    ``left=None`` / ``right=None`` make that side unbounded; ``right=0`` (the default)
-    is a causal window. The BENCHMARK.md ``local`` mask is ``sliding_window(S, left=512)``.
+    ``before=None`` / ``after=None`` make that side unbounded; ``after=0`` (the default) is a
+    causal window. A row sees up to ``before + 1 + after`` keys: the diagonal is never counted
+    in ``before`` / ``after``. SDPA's ``diagonal_band_left_bound`` (and the custom op's
+    ``window_left``) count the diagonal too, so ``before=w`` is ``diagonal_band_left_bound = w + 1``;
+    ``after=r`` is ``diagonal_band_right_bound = r``. The BENCHMARK.md ``local`` mask is
+    ``sliding_window(S, before=512)``. The keywords ``left`` / ``right`` of earlier versions
+    (the same counts as ``before`` / ``after``) still work, with a DeprecationWarning.
 
     Returns:
         int32 ``[heads, 3, batch * Sq]`` with endpoints ``(0, lo, hi)``.
 
     Example::
 
-        >>> sliding_window(4, left=1, right=1).tolist()
+        >>> sliding_window(4, before=1, after=1).tolist()
         [[[0, 0, 0, 0], [0, 0, 1, 2], [2, 3, 4, 4]]]
     """
+    before, after = _window_keywords(deprecated, before, after)
     sq = _check_len("seqlen_q", seqlen_q, 1)
     sk = sq if seqlen_k is None else _check_len("seqlen_k", seqlen_k)
     q = torch.arange(sq, dtype=torch.int64) + (sk - sq if bottom_right else 0)
-    lo = torch.zeros_like(q) if left is None else (q - _check_len("left", left)).clamp(0, sk)
-    hi = torch.full_like(q, sk) if right is None else (q + _check_len("right", right) + 1).clamp(0, sk)
+    lo = torch.zeros_like(q) if before is None else (q - _check_len("before", before)).clamp(0, sk)
+    hi = torch.full_like(q, sk) if after is None else (q + _check_len("after", after) + 1).clamp(0, sk)
     lo = torch.minimum(lo, hi)
     return _finish(torch.stack([torch.zeros_like(q), lo, hi]), batch, heads, device)
+
+
+def _window_keywords(deprecated: dict, before, after):
+    """(before, after) of sliding_window with its earlier keywords ``left`` / ``right`` mapped onto them
+    (DeprecationWarning: "left" read as SDPA's left bound, which counts the diagonal, is one key off)."""
+    import warnings
+
+    for old, new in (("left", "before"), ("right", "after")):
+        if old not in deprecated:
+            continue
+        value = deprecated.pop(old)
+        given = before if new == "before" else after
+        if given != (None if new == "before" else 0):
+            raise TypeError(f"sliding_window() got values for both {new!r} and its deprecated name {old!r}")
+        if new == "before":
+            before = value
+            if value is None:
+                why = "the same window: no bound before the diagonal"
+            else:
+                n = _check_int(old, value)
+                why = (f"the same window: the {n} keys before the diagonal, and the diagonal; 'left' read as SDPA's "
+                       f"diagonal_band_left_bound, which counts the diagonal, is one key off: this window is "
+                       f"diagonal_band_left_bound = {n + 1}")
+        else:
+            after = value
+            why = ("the same window: no bound after the diagonal" if value is None else
+                   f"the same window: the {value} keys after the diagonal, SDPA's diagonal_band_right_bound = {value}")
+        warnings.warn(f"sliding_window: {old}={value} is deprecated; use {new}={value} ({why})", DeprecationWarning,
+                      stacklevel=3)
+    if deprecated:
+        raise TypeError(f"sliding_window() got an unexpected keyword argument {next(iter(deprecated))!r}")
+    return before, after
 
 
 def sink_window(seqlen_q: int, seqlen_k: Optional[int] = None, *, sink: int = 4, window: int = 512,
@@ -298,8 +337,10 @@ def sink_window(seqlen_q: int, seqlen_k: Optional[int] = None, *, sink: int = 4,
     """Attention sinks plus a causal sliding window (StreamingLLM), nfunc = 3.
 
     Row ``q`` (diagonal position ``q'`` as in :func:`sliding_window`) sees
-    ``[0, min(q' + 1, sink)) U [clamp(q' - window, sink, q' + 1), q' + 1)``, clipped to ``Sk``.
-    The BENCHMARK.md ``sink_local`` mask is ``sink_window(S, sink=4, window=512)``.
+    ``[0, min(q' + 1, sink)) U [clamp(q' - window, sink, q' + 1), q' + 1)``, clipped to ``Sk``:
+    ``window`` counts the keys before the diagonal, as :func:`sliding_window`'s ``before`` (up to
+    ``sink + window + 1`` keys per row). The BENCHMARK.md ``sink_local`` mask is
+    ``sink_window(S, sink=4, window=512)``.
 
     Returns:
         int32 ``[heads, 3, batch * Sq]``.
@@ -675,7 +716,7 @@ def benchmark_mask(name: str, seqlen: int, *, seed: int = 0, batch: int = 1,
     elif name == "document_causal":
         ep = document_causal(random_document_lengths(s, _scaled(4096, s), _scaled(16384, s), seed))
     elif name == "local":
-        ep = sliding_window(s, left=_scaled(512, s))
+        ep = sliding_window(s, before=_scaled(512, s))
     elif name == "sink_local":
         ep = sink_window(s, sink=4, window=_scaled(512, s))
     elif name in ("tree_dfs", "tree_bfs"):

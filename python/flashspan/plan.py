@@ -335,6 +335,11 @@ class MaskPlan:
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
             if tuple(t.shape) != want:
+                if (self.layout == "bshd" and all(x.dim() == 4 for x in (q, k, v))
+                        and all(tuple(x.transpose(1, 2).shape) == shapes[n] for n, x in (("q", q), ("k", k), ("v", v)))):
+                    raise ValueError(f"{where}: {name} has shape {tuple(t.shape)} but the mask plan was built for "
+                                     f"{want} (BSHD): q, k, v fit BHSD (SDPA's layout); flex takes BSHD: pass "
+                                     f"q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)")
                 raise ValueError(
                     f"{where}: {name} has shape {tuple(t.shape)} but the mask plan was built for {want} "
                     f"({self.layout.upper()}); build a new plan for a new geometry (plan: {self.signature})"
@@ -573,8 +578,10 @@ def create_mask_plan(
             sample-local, nondecreasing endpoints in ``[0, Sk_b]``.
         q, k, v: sample tensors (only shape, dtype and device are read): BSHD
             ``[B,Sq,Hq,Dqk]``, ``[B,Sk,Hkv,Dqk]``, ``[B,Sk,Hkv,Dv]``, or THD ``[Tq,Hq,Dqk]``, ...
-        cu_seqlens_q, cu_seqlens_k: int32 ``[B+1]`` (both for THD, neither for BSHD);
-            the plan copies them.
+        cu_seqlens_q, cu_seqlens_k: int32 ``[B+1]`` (both for THD, neither for BSHD), prefix
+            sums from 0 to the packed tensors' token counts ``Tq`` / ``Tk`` (ValueError
+            otherwise: a token after the last sample would be a row no sample writes; the
+            same rule as SDPA's cu_seqlens, docs/SDPA.md); the plan copies them.
         max_seqlen_q, max_seqlen_k: THD maxima (computed from cu_seqlens when None,
             which reads them back from the device); ints (TypeError otherwise: a float
             is not truncated silently). For BSHD they may be given only when they equal
@@ -697,8 +704,30 @@ def create_mask_plan(
         return _lib.lib().fs_create_mask_plan(ctypes.byref(args), ctypes.byref(handle))
 
     # The CUDA planner selects q's device; the guard restores the caller's current device.
-    _lib.check(_lib.on_device(q, build), "create_mask_plan")
+    try:
+        _lib.check(_lib.on_device(q, build), "create_mask_plan")
+    except ValueError as e:
+        if not varlen:
+            _raise_if_bhsd(mask_func, q, k, v, e)
+        raise
     return MaskPlan._from_handle(handle)
+
+
+def _raise_if_bhsd(mask_func: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, error) -> None:
+    """A BSHD plan was refused: when q, k, v fit SDPA's BHSD layout ([B, H, S, D]) and not BSHD, say that
+    instead of the rule BSHD broke (typically the mask length, B*Sq, read with H as Sq)."""
+    if mask_func.dim() != 3 or any(t.dim() != 4 for t in (q, k, v)):
+        return
+    B, H, S, D = q.shape
+    rows = mask_func.shape[2]
+    fits = (rows == B * S and rows != B * H and k.shape[0] == v.shape[0] == B and k.shape[3] == D
+            and k.shape[1] == v.shape[1] and k.shape[2] == v.shape[2] and k.shape[1] > 0 and H % k.shape[1] == 0)
+    if fits:
+        raise ValueError(
+            f"create_mask_plan: q, k, v: shapes {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)} fit BHSD (SDPA's "
+            f"layout: B={B}, H={H}, S={S}, D={D}; mask_func has B*S = {rows} rows) rather than BSHD; flex takes BSHD "
+            f"[batch, seqlen, heads, head_dim]: pass q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2) "
+            f"(read as BSHD: {error})") from None
 
 
 def _seed_create_mask_plan(

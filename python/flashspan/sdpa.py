@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import enum
 import math
 import numbers
 from typing import Optional, Union
@@ -13,11 +14,28 @@ from torch import Tensor
 from . import _lib
 from . import _sdpa_lib as L
 from . import sdpa_lowering
+from ._sdpa_lib import check_packed_end
+from .autograd import no_double_backward
 
-__all__ = ["sdpa", "sdpa_backward", "TOP_LEFT", "BOTTOM_RIGHT", "dropout_offset_increment"]
+__all__ = ["sdpa", "sdpa_backward", "diagonal_alignment", "TOP_LEFT", "BOTTOM_RIGHT", "dropout_offset_increment"]
 
-TOP_LEFT = "TOP_LEFT"
-BOTTOM_RIGHT = "BOTTOM_RIGHT"
+
+class diagonal_alignment(str, enum.Enum):
+    """Where the diagonal of the causal / band masks starts (the seed's ``cudnn.diagonal_alignment``).
+
+    ``TOP_LEFT``: row i's diagonal is key i. ``BOTTOM_RIGHT``: key i + S_kv - S_q (the last query row sees the last
+    key; the KV-cache convention). Members are strings, so ``"TOP_LEFT"`` / ``"BOTTOM_RIGHT"`` (any case) work too.
+    """
+
+    TOP_LEFT = "TOP_LEFT"
+    BOTTOM_RIGHT = "BOTTOM_RIGHT"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+TOP_LEFT = diagonal_alignment.TOP_LEFT
+BOTTOM_RIGHT = diagonal_alignment.BOTTOM_RIGHT
 
 _CACHE = L.OpCache()
 _VALIDATED = L.OpCache(256)  # calls whose descriptors passed the C layer's rules (flex route)
@@ -183,6 +201,9 @@ class _Layout:
 
     def __init__(self, q: Tensor, k: Tensor, v: Tensor, seq_len_q, seq_len_kv, cu_q, cu_kv, ragged_offsets,
                  max_seq_len_q, max_seq_len_kv, paged: bool):
+        for name, t in (("q", q), ("k", k), ("v", v)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
         self.ragged_offsets = dict(ragged_offsets or {})
         unknown = set(self.ragged_offsets) - {"q", "k", "v", "o", "stats", "dO", "dQ", "dK", "dV", "gate", "dgate",
                                               "paged_attention_k_table", "paged_attention_v_table"}
@@ -237,14 +258,18 @@ class _Layout:
             offsets = self.ragged_offsets.get(source)
         if offsets is None and name == "dgate":
             offsets = self.ragged_offsets.get("q")
+        packed_by_cu = offsets is None  # the cumulative lengths are also the packing: samples fill the tensor
         if offsets is None:
             offsets = self.cu_q if side_q else self.cu_kv
         if offsets is None:
             raise ValueError(f"{name}: a packed (T, H, D) tensor needs ragged offsets or cu_seq_len_"
                              f"{'q' if side_q else 'kv'}")
         if t.device.type == "cpu" and offsets.device.type == "cpu" and offsets.numel() and T >= 0:
-            # Host check that every sample fits in the packed tensor (GPU calls skip it: it would sync).
+            # Host check that every sample fits in the packed tensor (GPU calls skip it: it would sync; the flex
+            # lowering checks there, on the offsets it reads anyway).
             o = offsets.reshape(-1).to(torch.int64)
+            if packed_by_cu:
+                check_packed_end(o.tolist(), T, "q" if side_q else "kv", name)
             if o.numel() and int(o[-1].item()) > T:
                 raise ValueError(f"{name}: the ragged offsets reach token {int(o[-1].item())} but the packed tensor has "
                                  f"T = {T} tokens")
@@ -272,8 +297,9 @@ def _apply_common(call: _Call, lay: _Layout, q: Tensor, *, attn_scale, bias, blo
         call.set(L.ATTN_SCALE, attn_scale.reshape(-1) if attn_scale.dim() == 0 else attn_scale)
     elif attn_scale is not None:
         if isinstance(attn_scale, bool) or not isinstance(attn_scale, numbers.Real):
-            raise TypeError(f"attn_scale: must be a float, a 1-element float32 tensor or None, got "
-                            f"{type(attn_scale).__name__} {attn_scale!r}")
+            # ValueError, as flex's softmax_scale (the seed's class for a scale that is not a finite number).
+            raise ValueError(f"attn_scale: must be a finite float, a 1-element float32 tensor or None, got "
+                             f"{type(attn_scale).__name__} {attn_scale!r}")
         call.option("attn_scale", float(attn_scale))
     call.set(L.BIAS, bias)
     call.set(L.BLOCK_MASK, block_mask)
@@ -524,6 +550,8 @@ class _SdpaFunction(torch.autograd.Function):
         dq, dk, dv = _backward(q, k, v, o, do.contiguous() if do.stride(-1) != 1 else do, stats, **kw)
         if dsink is not None:
             dsink = dsink.to(sink_token.dtype).reshape(sink_token.shape)
+        dq, dk, dv, dbias, dsink, dgate = no_double_backward("sdpa", (q, k, v, bias, sink_token, gate),
+                                                             (dq, dk, dv, dbias, dsink, dgate))
         return dq, dk, dv, dbias, dsink, dgate, None
 
 
@@ -594,7 +622,7 @@ def sdpa(
         use_alibi_mask: ALiBi (needs ``diagonal_band_right_bound=0``); the ALiBi paper's slopes for H_q heads.
         use_padding_mask, seq_len_q, seq_len_kv, cu_seq_len_q, cu_seq_len_kv: per-sample lengths, ``(B,)`` /
             ``(B, 1, 1, 1)`` or prefix sums ``(B+1,)``, int32 / int64; one form per side.
-        diagonal_alignment: ``"TOP_LEFT"`` or ``"BOTTOM_RIGHT"``.
+        diagonal_alignment: ``flashspan.diagonal_alignment.TOP_LEFT`` / ``BOTTOM_RIGHT`` (or those names as strings).
         diagonal_band_left_bound: masks columns at or before ``row - left_bound`` (>= 1).
         diagonal_band_right_bound: masks columns beyond ``row + right_bound`` (0 = causal).
         dropout: ``(probability, seed, offset)`` (Philox, seed/offset int tensors or ints) or ``(mask, scale)``.
@@ -622,8 +650,10 @@ def sdpa(
         ``(o, stats)``; ``stats`` is None unless generate_stats. ``o`` has q's layout (THD: packed ``(T, H_q, D_v)``).
 
     Raises:
-        ValueError / TypeError naming the argument and the rule (docs/SDPA.md lists them); NotImplementedError (a
-        RuntimeError) naming the feature when a CUDA call needs one the GPU path does not have yet.
+        ValueError / TypeError naming the argument and the rule (docs/SDPA.md lists them; docs/ERRORS.md gives the
+        class of each kind of rule, the same as flex's); NotImplementedError (a RuntimeError) naming the feature when
+        a CUDA call needs one the GPU path does not have yet; RuntimeError when its gradients are differentiated
+        again (double backward).
 
     Where it runs: CPU tensors run the CPU reference (every feature). CUDA tensors run the pure-mask subset (causal
     / bands / sliding windows with either alignment, padding, THD, GQA / MQA, LSE, max_logit, deterministic
@@ -746,3 +776,11 @@ def sdpa_backward(
         max_seq_len_q=max_seq_len_q, max_seq_len_kv=max_seq_len_kv, use_causal_mask=use_causal_mask,
         use_causal_mask_bottom_right=use_causal_mask_bottom_right, sliding_window_length=sliding_window_length,
     )
+
+
+# The package exports the function `sdpa` under this module's name, so `flashspan.sdpa` is the function, not the
+# module: the module's public names are made reachable through the function too (flashspan.sdpa.TOP_LEFT,
+# flashspan.sdpa.dropout_offset_increment, ...), as docs/SDPA.md writes them.
+for _name in __all__:
+    setattr(sdpa, _name, globals()[_name])
+del _name

@@ -54,7 +54,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._sdpa_lib import BOTTOM_RIGHT, alignment_code
+from ._sdpa_lib import BOTTOM_RIGHT, alignment_code, check_packed_end
 
 ROUTE_ENV = "FLASHSPAN_SDPA_ROUTE"
 EXPERIMENTAL_ENV = "FLASHSPAN_EXPERIMENTAL"
@@ -322,6 +322,8 @@ class _Geometry:
             s_max = max(host_lengths(seq, cu, B, 1 << 62, side), default=0)
         lens = host_lengths(seq, cu, B, int(s_max), side, max_total)
         offsets = ragged.get(name)
+        if offsets is None:
+            check_packed_end(_host_ints(cu), T, side, name)
         starts = _host_ints(offsets)[:B] if offsets is not None else _host_ints(cu)[:B]
         for b in range(B):
             end = starts[b + 1] if b + 1 < B else T

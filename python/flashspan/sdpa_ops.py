@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import re
 from typing import Optional
 
 import torch
 from torch import Tensor
 
+from .autograd import no_double_backward
 from .sdpa import BOTTOM_RIGHT, TOP_LEFT, _backward, _forward, _like_layout
 
 __all__ = ["sdpa_torch"]
@@ -50,17 +53,38 @@ _IO_DTYPES = (torch.float16, torch.bfloat16)
 _CPU_DTYPES = _IO_DTYPES + (torch.float32, torch.float64)
 
 
+# The shared engine (flashspan.sdpa, the C layer) names graph.sdpa's arguments; the ops' callers wrote these.
+_OP_NAMES = (("cu_seq_len_q", "cu_seqlens_q"), ("cu_seq_len_kv", "cu_seqlens_kv"), ("sink_token", "sinks"),
+             ("dO", "grad_out"), ("stats", "lse"), ("diagonal_band_left_bound", "window_left"),
+             ("diagonal_band_right_bound", "window_right"))
+_OP_DIMS = {True: (("S_q", "max_seqlen_q"), ("S_kv", "max_seqlen_kv")),  # THD: the given maxima
+            False: (("S_q", "q.shape[2]"), ("S_kv", "k.shape[2]"))}      # BHSD: the tensors' dims
+
+
+@contextlib.contextmanager
+def _op_names(op: str, thd: bool):
+    """Re-raises a broken rule of the shared engine under the op's argument names, prefixed with the op."""
+    try:
+        yield
+    except (ValueError, TypeError, NotImplementedError) as e:
+        msg = str(e)
+        for graph, own in _OP_NAMES + _OP_DIMS[thd]:
+            msg = re.sub(rf"(?<![\w.]){re.escape(graph)}\b", own, msg)
+        raise type(e)(msg if msg.startswith(f"{op}: ") else f"{op}: {msg}") from None
+
+
 def _check_io(op: str, **tensors: Tensor) -> None:
     first = next(iter(tensors.values()))
     ref = first.dtype
     allowed = _CPU_DTYPES if first.device.type == "cpu" else _IO_DTYPES
+    # TypeError, as flex and graph.sdpa raise for a dtype (docs/ERRORS.md).
     if ref not in allowed:
         name = next(iter(tensors))
-        raise ValueError(f"{op}: {name}: unsupported dtype {ref}; supported: torch.float16, torch.bfloat16"
-                         + (" (CPU tensors: also torch.float32, torch.float64)" if first.device.type == "cpu" else ""))
+        raise TypeError(f"{op}: {name}: unsupported dtype {ref}; supported: torch.float16, torch.bfloat16"
+                        + (" (CPU tensors: also torch.float32, torch.float64)" if first.device.type == "cpu" else ""))
     mixed = {n: str(t.dtype) for n, t in tensors.items() if t.dtype != ref}
     if mixed:
-        raise ValueError(f"{op}: all io tensors must share one dtype ({ref}); got {mixed}")
+        raise TypeError(f"{op}: all io tensors must share one dtype ({ref}); got {mixed}")
 
 
 def _band(op: str, is_causal: bool, causal_bottom_right: bool, window_left: int, window_right: int):
@@ -130,12 +154,13 @@ def _common_kwargs(op, q, k, v, attn_scale, is_causal, causal_bottom_right, wind
 def _sdpa_fwd_impl(q, k, v, attn_scale, is_causal=False, causal_bottom_right=False, window_left=-1, window_right=-1,
                    sinks=None, seq_len_q=None, seq_len_kv=None, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=0,
                    max_seqlen_kv=0, return_lse=True):
-    kw, _thd = _common_kwargs("sdpa_fwd", q, k, v, attn_scale, is_causal, causal_bottom_right, window_left,
-                              window_right, sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
-                              max_seqlen_kv)
-    o, stats = _forward(q, k, v, stats_needed=return_lse, generate_stats=None, paged_attention_k_table=None,
-                        paged_attention_v_table=None, paged_attention_max_seq_len_kv=None, stats_use_log2=False,
-                        score_max=None, score_sum_exp=None, max_logit=None, **kw)
+    kw, thd = _common_kwargs("sdpa_fwd", q, k, v, attn_scale, is_causal, causal_bottom_right, window_left,
+                             window_right, sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
+                             max_seqlen_kv)
+    with _op_names("sdpa_fwd", thd):
+        o, stats = _forward(q, k, v, stats_needed=return_lse, generate_stats=None, paged_attention_k_table=None,
+                            paged_attention_v_table=None, paged_attention_max_seq_len_kv=None, stats_use_log2=False,
+                            score_max=None, score_sum_exp=None, max_logit=None, **kw)
     if stats is None:
         stats = torch.empty(0, dtype=torch.float32, device=q.device)
     return o, stats
@@ -164,7 +189,7 @@ def _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, 
          seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, is_deterministic, op):
     _check_io(op, grad_out=grad_out, q=q, k=k, v=v, o=o)
     if lse.dtype != torch.float32:
-        raise ValueError(f"{op}: lse must be float32, got {lse.dtype}")
+        raise TypeError(f"{op}: lse: dtype must be float32, got {lse.dtype}")
     kw, thd = _common_kwargs(op, q, k, v, attn_scale, is_causal, causal_bottom_right, window_left, window_right,
                              sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
     if not thd and lse.dim() == 3:
@@ -175,8 +200,9 @@ def _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, 
                             device=q.device)
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
-    dq, dk, dv = _backward(q, k, v, o, grad_out, lse, dBias=None, dSink_token=dsink, dgate=None,
-                           use_deterministic_algorithm=is_deterministic, **kw)
+    with _op_names(op, thd):
+        dq, dk, dv = _backward(q, k, v, o, grad_out, lse, dBias=None, dSink_token=dsink, dgate=None,
+                               use_deterministic_algorithm=is_deterministic, **kw)
     return dq, dk, dv, dsink
 
 
@@ -269,6 +295,18 @@ def _sdpa_backward(ctx, grad_o, _grad_lse):
             window_left=ctx.window_left, window_right=ctx.window_right, sinks=sinks, seq_len_q=seq_len_q,
             seq_len_kv=seq_len_kv, cu_seqlens_q=cu_q, cu_seqlens_kv=cu_kv, max_seqlen_q=ctx.max_seqlen_q,
             max_seqlen_kv=ctx.max_seqlen_kv, return_lse=True)
+    # Under create_graph=True grad mode is on here; the backward ops have no autograd kernel of their own (they are
+    # not differentiable), so they run without it and no_double_backward names the op if their results are
+    # differentiated again (torch's fallback would warn and go on).
+    create_graph = torch.is_grad_enabled() and not torch.compiler.is_compiling()
+    with torch.no_grad() if create_graph else contextlib.nullcontext():
+        dq, dk, dv, dsinks = _run_backward(ctx, grad_o, q, k, v, o, lse, sinks, seq_len_q, seq_len_kv, cu_q, cu_kv)
+    dq, dk, dv, dsinks = no_double_backward("sdpa_fwd", (q, k, v, sinks), (dq, dk, dv, dsinks))
+    # One gradient slot per op input.
+    return (dq, dk, dv, None, None, None, None, None, dsinks) + (None,) * 7
+
+
+def _run_backward(ctx, grad_o, q, k, v, o, lse, sinks, seq_len_q, seq_len_kv, cu_q, cu_kv):
     deterministic = torch.are_deterministic_algorithms_enabled()
     dsinks = None
     if sinks is None and seq_len_q is None:
@@ -284,8 +322,7 @@ def _sdpa_backward(ctx, grad_o, _grad_lse):
             deterministic)
         if sinks is not None:
             dsinks = dsink.to(sinks.dtype).reshape(sinks.shape)
-    # One gradient slot per op input.
-    return (dq, dk, dv, None, None, None, None, None, dsinks) + (None,) * 7
+    return dq, dk, dv, dsinks
 
 
 torch.library.register_autograd("flashspan::sdpa_fwd", _sdpa_backward, setup_context=_setup_context, lib=_lib)

@@ -153,8 +153,10 @@ void check_common(Problem& p, const Checker& c) {
   FS_CHECK_ARG(k.size(3) == p.Dqk, "k: head dim ", k.size(3), " differs from q's D_qk = ", p.Dqk);
   FS_CHECK_ARG(p.Dqk % 8 == 0 && p.Dqk > 0, "q: head dim D_qk = ", p.Dqk, " must be a positive multiple of 8");
   FS_CHECK_ARG(p.Dv % 8 == 0 && p.Dv > 0, "v: head dim D_v = ", p.Dv, " must be a positive multiple of 8");
-  FS_CHECK_SUPPORTED(p.Dqk <= 256 && p.Dv <= 256, "q, v: head dims (D_qk, D_v) = (", p.Dqk, ", ", p.Dv,
-                     ") are not supported: each must be at most 256");
+  // A broken rule (INVALID_ARGUMENT -> ValueError), as flex's head-dim rule at plan creation: one class per kind
+  // of rule across the front ends (docs/ERRORS.md).
+  FS_CHECK_ARG(p.Dqk <= 256 && p.Dv <= 256, "q, v: head dims (D_qk, D_v) = (", p.Dqk, ", ", p.Dv,
+               ") are not supported: each must be at most 256");
   FS_CHECK_ARG(p.Hq % p.Hk == 0 && p.Hq % p.Hv == 0,
                "k, v: for MHA / GQA / MQA the K and V head counts must divide H_q = ", p.Hq, ", got H_k = ", p.Hk,
                ", H_v = ", p.Hv);

@@ -1763,7 +1763,9 @@ std::vector<int32_t> full_blocks(const MaskPlan& plan, const char* name, int64_t
   std::vector<int32_t> out;
   for (size_t j = 0; j + 1 < runs.size(); j += 2) {
     EXPECT_LT(runs[j], runs[j + 1]) << name << ": empty run";
-    if (j > 0) EXPECT_GT(runs[j], runs[j - 1]) << name << ": runs not maximal";
+    if (j > 0) {  // braces: EXPECT_* expands to an if/else (-Wdangling-else)
+      EXPECT_GT(runs[j], runs[j - 1]) << name << ": runs not maximal";
+    }
     for (int32_t x = runs[j]; x < runs[j + 1]; ++x) out.push_back(x);
   }
   return out;

@@ -4,7 +4,8 @@
 # the dynamic shared array are rewritten into plain C++ in a scratch copy of the sources.
 #
 #   tests/emu/run_planner_emu.sh [gtest filter]     (default: every test, S = 131072 and the
-#                                                    packed-GQA cases included; ~2 min on 2 cores)
+#                                                    packed-GQA cases included; how long on 2
+#                                                    cores: README "Measured times")
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
 OUT="${EMU_OUT:-$(mktemp -d)}"

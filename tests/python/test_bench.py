@@ -331,3 +331,92 @@ def test_dense_only_filters_dense_shapes(tmp_path):
     with pytest.raises(SystemExit):
         bench.main(["--dense", "--no-masks", "--dense-only", "no such shape", "--device", "cpu",
                     "--output-dir", str(tmp_path / "none")])
+
+
+# -- issue 25: what the report says -----------------------------------------------------------------------
+
+
+def _timed_rows(values, phases=("forward", "backward")):
+    """Report rows of two workloads and two backends with the given TFLOP/s (cycled)."""
+    base = dict(B=1, Hq=2, Hkv=2, S=64, Dqk=16, Dv=16, nfunc=1, density=0.5, visible_pairs=4096, status="ok",
+                median_ms=1.5, min_ms=1.25, max_ms=2.5, reps=3, first_call_ms=9.0)
+    rows, i = [], 0
+    for wl in ("causal", "local"):
+        for phase in phases:
+            for be in ("flashspan", "sdpa_math_mask"):
+                rows.append(dict(base, workload=wl, phase=phase, backend=be, tflops=values[i % len(values)]))
+                i += 1
+    return rows
+
+
+def test_throughput_unit_follows_the_magnitude():
+    """A CPU run's chart was in TFLOP/s with bars reading 0.000: below 1 TFLOP/s the chart and every table
+    use GFLOP/s; GPU runs keep TFLOP/s."""
+    from flashspan.bench import report
+
+    cpu = _timed_rows([0.0123, 0.0004, 0.0031])
+    gpu = _timed_rows([351.0, 0.5])
+    assert report.throughput_unit(cpu) == ("GFLOP/s", 1e3)
+    assert report.throughput_unit(gpu) == ("TFLOP/s", 1.0)
+    table = "\n".join(report.summary_table(cpu, ["causal", "local"]))
+    assert "GFLOP/s" in table and "TFLOP/s" not in table
+    assert "| 12.3 |" in table and "| 0.4 |" in table, table
+    gpu_table = "\n".join(report.summary_table(gpu, ["causal", "local"]))
+    assert "TFLOP/s" in gpu_table and "| 351 |" in gpu_table and "| 0.5 |" in gpu_table
+
+
+def _markdown(tmp_path, rows, reps=3):
+    from flashspan.bench import report
+
+    doc = {"environment": {"torch": torch.__version__}, "checks": [], "results": rows,
+           "config": {"mode": "cpu-reference", "seqlen": 64, "dtype": "bfloat16", "phases": ["forward", "backward"],
+                      "warmup": 1, "reps": reps}}
+    path = tmp_path / "r.md"
+    report.write_markdown(str(path), doc)
+    return path.read_text()
+
+
+def test_markdown_gives_the_spread_and_the_unit(tmp_path):
+    """The markdown gave the median without its spread, and TFLOP/s columns of a CPU run."""
+    rows = _timed_rows([0.0123, 0.0004])
+    rows.append(dict(rows[0], phase="plan_fwd", tflops=None, median_ms=0.75, min_ms=0.5, max_ms=1.0))
+    md = _markdown(tmp_path, rows)
+    assert "| phase | backend | median ms | min–max ms | GFLOP/s |" in md, md
+    assert "| preparation | backend | median ms | min–max ms |" in md, md
+    assert "| forward | flashspan | 1.5 | 1.25–2.5 | 12.3 |" in md, md
+    assert "| plan_fwd | flashspan | 0.75 | 0.5–1 |" in md, md
+    assert "TFLOP/s" not in md.replace("GFLOP/s", ""), md
+
+
+def test_every_phase_reports_its_own_first_call(monkeypatch):
+    """sdpa_math_mask's (and FlexAttention's) `combined` first call repeated the backward's: each phase's first
+    call is now timed on its own."""
+    _library_or_skip()
+    from flashspan.bench.runners import Inputs, SdpaRunner
+    from flashspan.bench.timing import Timer
+    from flashspan.bench.workloads import Workload
+
+    wl = Workload(name="causal", kind="flex", batch=1, heads_q=2, heads_kv=2, seqlen=32, head_dim_qk=16,
+                  head_dim_v=16, mask_func=fm.causal(32), mask_name="causal", sdpa_causal=True)
+    timer = Timer(torch.device("cpu"), warmup=0, reps=1)
+    ticks = iter(range(1, 100))
+    monkeypatch.setattr(Timer, "first_call", lambda self, fn: (fn(), float(next(ticks)))[1])
+    for runner in (SdpaRunner(wl, Inputs(wl, torch.float32, torch.device("cpu"), 0), timer, "sdpa_math_mask"),
+                   FlashspanRunner(wl, Inputs(wl, torch.float32, torch.device("cpu"), 0), timer)):
+        runner.prepare(("forward", "backward", "combined"))
+        first = runner.first_call_ms
+        assert set(first) == {"forward", "backward", "combined"}, (runner.name, first)
+        assert len(set(first.values())) == 3, (runner.name, first)
+        runner.close()
+
+
+def test_preparation_timings_use_the_configured_reps(tmp_path):
+    """Plan-build and dense-mask rows said "reps": 2 while the config said 3."""
+    _library_or_skip()
+    rc, out = _run(tmp_path, "--reps", "3", "--phase", "forward")
+    assert rc == 0
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["config"]["reps"] == 3
+    prep = [r for r in doc["results"] if r["phase"] in ("plan_fwd", "plan_fwd_bwd", "dense_mask")]
+    assert {r["phase"] for r in prep} == {"plan_fwd", "plan_fwd_bwd", "dense_mask"}
+    assert all(r["reps"] == 3 for r in prep), [(r["phase"], r["reps"]) for r in prep]

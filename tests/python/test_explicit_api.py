@@ -136,7 +136,7 @@ def test_execute_errors_name_the_call(fs):
         bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan_closed, workspace=ws)
     if bwd.workspace_size:
         with pytest.raises(ValueError, match=pre + r"workspace"):
-            bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan)
+            bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, workspace=None)
     bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, workspace=ws)
     with pytest.raises(ValueError, match=r"^FlexAttentionBwd: sample_mask_plan: needs a plan built with backward"):
         fs.FlexAttentionBwd(p.q, p.k, p.v, out, do, lse, dq, dk, dv,
@@ -181,7 +181,7 @@ def test_backward_execute_needs_plan_with_backward(fs):
     bwd.check_support()
     bwd.compile()
     with pytest.raises(ValueError, match="without backward metadata"):
-        bwd.execute(p.q, p.k, p.v, out, out, lse, dq, dk, dv, plan_f)
+        bwd.execute(p.q, p.k, p.v, out, out, lse, dq, dk, dv, plan_f, workspace=None)
 
 
 def test_softmax_scale_at_execute(fs):
@@ -293,11 +293,11 @@ def test_backward_with_dlse(fs):
     for name, g, w in zip("qkv", (dq, dk, dv), want):
         assert_close(g, w, torch.float32, f"d{name}", factor=4)
     with pytest.raises(ValueError, match="dlse"):
-        bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan)
+        bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, workspace=None)
     plain = fs.FlexAttentionBwd(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan)
     plain.compile()
     with pytest.raises(ValueError, match="dlse"):
-        plain.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, dlse_tensor=dlse)
+        plain.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, dlse_tensor=dlse, workspace=None)
     with pytest.warns(DeprecationWarning, match="'dlse'"):
         old = fs.FlexAttentionBwd(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan, dlse=dlse)
     assert old.has_dlse

@@ -82,16 +82,16 @@ def test_causal(sq, sk, bottom_right):
 
 
 @pytest.mark.parametrize("sq,sk", SHAPES)
-@pytest.mark.parametrize("left,right", [(None, 0), (2, 0), (0, 0), (1, 2), (3, None), (None, None), (20, 1)])
+@pytest.mark.parametrize("before,after", [(None, 0), (2, 0), (0, 0), (1, 2), (3, None), (None, None), (20, 1)])
 @pytest.mark.parametrize("bottom_right", [False, True])
-def test_sliding_window(sq, sk, left, right, bottom_right):
+def test_sliding_window(sq, sk, before, after, bottom_right):
     off = sk - sq if bottom_right else 0
 
     def pred(q, k):
         p = q + off
-        return (left is None or k >= p - left) and (right is None or k <= p + right)
+        return (before is None or k >= p - before) and (after is None or k <= p + after)
 
-    m = fm.sliding_window(sq, sk, left=left, right=right, bottom_right=bottom_right)
+    m = fm.sliding_window(sq, sk, before=before, after=after, bottom_right=bottom_right)
     assert m.shape[1] == 3
     assert_mask(m, brute(sq, sk, pred), sk)
 
@@ -447,7 +447,7 @@ def test_from_mask_mod_natural_masks():
     assert torch.equal(fm.from_mask_mod(lambda b, h, q, kv: q >= kv, 9, chunk_elements=1), fm.causal(9))
     sw = fm.from_mask_mod(lambda b, h, q, kv: (kv <= q) & (kv >= q - 2), 7, 7, nfunc=3)
     assert sw.shape[1] == 3  # canonical endpoints: same visible set, not the same numbers
-    assert torch.equal(fm.to_dense(sw, seqlen_k=7), fm.to_dense(fm.sliding_window(7, left=2), seqlen_k=7))
+    assert torch.equal(fm.to_dense(sw, seqlen_k=7), fm.to_dense(fm.sliding_window(7, before=2), seqlen_k=7))
     br = fm.from_mask_mod(lambda b, h, q, kv: kv <= q + 4, 3, 7)
     assert torch.equal(br, fm.causal(3, 7, bottom_right=True))
 
@@ -504,7 +504,7 @@ def test_compact_and_pad_errors():
     with pytest.raises(TypeError, match="int"):
         fm.causal(4.0)
     with pytest.raises(ValueError, match=">= 0"):
-        fm.sliding_window(4, left=-1)
+        fm.sliding_window(4, before=-1)
 
 
 def test_visible_pairs_and_density():
@@ -541,7 +541,7 @@ def test_from_dense_requires_bool(dtype):
 _NO_ROWS = [
     (lambda n: fm.causal(n), "seqlen_q"),
     (lambda n: fm.causal(n, 4), "seqlen_q"),
-    (lambda n: fm.sliding_window(n, left=2), "seqlen_q"),
+    (lambda n: fm.sliding_window(n, before=2), "seqlen_q"),
     (lambda n: fm.sink_window(n, sink=1, window=2), "seqlen_q"),
     (lambda n: fm.prefix_lm(n, 0), "seqlen"),
     (lambda n: fm.longformer(n, radius=1, num_global=0), "seqlen"),
@@ -574,7 +574,7 @@ def test_structured_builders_reject_no_rows(build):
 def test_zero_sizes_that_mean_something_are_accepted():
     """Sk = 0 (rows see nothing), zero windows/sinks/prefix/globals and empty documents are meaningful."""
     assert fm.causal(3, 0).tolist() == [[[0, 0, 0]]]
-    assert fm.to_dense(fm.sliding_window(4, left=0), seqlen_k=4)[0].equal(torch.eye(4, dtype=torch.bool))
+    assert fm.to_dense(fm.sliding_window(4, before=0), seqlen_k=4)[0].equal(torch.eye(4, dtype=torch.bool))
     assert fm.sink_window(3, sink=0, window=0).shape == (1, 3, 3)
     assert fm.prefix_lm(3, 0).tolist() == fm.causal(3).tolist()
     assert fm.longformer(4, radius=0, num_global=0).shape[2] == 4
@@ -586,7 +586,7 @@ def test_zero_sizes_that_mean_something_are_accepted():
     (lambda: fm.causal(4.0), "seqlen_q"),
     (lambda: fm.causal(True), "seqlen_q"),
     (lambda: fm.causal(4, 2.5), "seqlen_k"),
-    (lambda: fm.sliding_window(4, left=1.5), "left"),
+    (lambda: fm.sliding_window(4, before=1.5), "before"),
     (lambda: fm.sink_window(4, sink=1.0), "sink"),
     (lambda: fm.document_causal([2.5, 1.5]), r"document_lengths\[0\]"),
     (lambda: fm.document_causal(torch.tensor([2.0, 2.0])), "document_lengths"),

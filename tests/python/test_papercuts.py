@@ -1,5 +1,6 @@
 """Issue 11's papercuts found by a new user: each fixed one has a test here (the others live next to
-the code they concern: test_seed_conformance.py for empty geometries and flag types)."""
+the code they concern: test_seed_conformance.py for empty geometries and flag types). Issue 25's are in
+test_papercuts_api.py, test_scripts.py and test_bench.py."""
 
 import os
 import subprocess
@@ -37,13 +38,17 @@ def test_git_revision_of_an_installed_package_never_asks_the_folders_around_it(t
     assert report.source_checkout(os.path.join(_REPO, "python", "flashspan")) == _REPO
 
 
-def test_chart_uses_tflops_with_values_and_a_legend_on_every_panel(tmp_path):
+@pytest.mark.parametrize("values, unit, labels", [
+    ((0.0123, 0.0045), "GFLOP/s", ("12.3", "4.5")),  # a CPU run (issue 25: TFLOP/s bars read 0.000)
+    ((351.0, 66.2), "TFLOP/s", ("351", "66.2")),     # a GPU run
+])
+def test_chart_unit_follows_the_magnitude_with_values_and_a_legend_on_every_panel(tmp_path, values, unit, labels):
     pytest.importorskip("matplotlib")
     from flashspan.bench import report
     import matplotlib.pyplot as plt
 
     rows = [dict(workload=w, backend=b, phase=ph, tflops=t, status="ok")
-            for ph in ("forward", "backward") for w, t in (("causal", 0.012), ("local", 0.004))
+            for ph in ("forward", "backward") for w, t in zip(("causal", "local"), values)
             for b in ("flashspan", "flex")]
     captured = {}
     real_savefig = plt.Figure.savefig
@@ -60,10 +65,10 @@ def test_chart_uses_tflops_with_values_and_a_legend_on_every_panel(tmp_path):
     axes = captured["fig"].axes
     assert len(axes) == 2
     for ax in axes:
-        assert ax.get_ylabel().startswith("TFLOP/s")
+        assert ax.get_ylabel().startswith(unit)
         assert ax.get_legend() is not None
-        labels = [t.get_text() for t in ax.texts]
-        assert "0.012" in labels and "0.004" in labels
+        texts = [t.get_text() for t in ax.texts]
+        assert all(label in texts for label in labels), texts
     assert os.path.getsize(tmp_path / "c.png") > 0
 
 

@@ -310,9 +310,9 @@ def test_gradcheck_thd_float64(fs):
 
 def test_cuda_only_dtypes_still_rejected_on_the_op_path(fs):
     q, k, v = _dense(14, dtype=torch.float32)
-    with pytest.raises(ValueError, match=r"sdpa_fwd: all io tensors must share one dtype"):
+    with pytest.raises(TypeError, match=r"sdpa_fwd: all io tensors must share one dtype"):
         torch.ops.flashspan.sdpa_fwd(q, k.double(), v, 0.5)
-    with pytest.raises(ValueError, match=r"sdpa_fwd: q: unsupported dtype torch.int32"):
+    with pytest.raises(TypeError, match=r"sdpa_fwd: q: unsupported dtype torch.int32"):
         torch.ops.flashspan.sdpa_fwd(q.int(), k.int(), v.int(), 0.5)
 
 

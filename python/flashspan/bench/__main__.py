@@ -81,7 +81,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "attn_mask from the endpoints: every mask), plus sdpa_math (is_causal) with --dense")
     p.add_argument("--quick", action="store_true", help="S=32768 (GPU), fewer repetitions, fewer dense shapes")
     p.add_argument("--warmup", type=int, help="untimed calls before timing (default 3; quick 1; CPU 1)")
-    p.add_argument("--reps", type=int, help="timed repetitions, median reported (default 10; quick 5; CPU 3)")
+    p.add_argument("--reps", type=int, help="timed repetitions of every phase and preparation (plan build, block "
+                   "mask), median and min-max reported (default 10; quick 5; CPU 3)")
     p.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
     p.add_argument("--seed", type=int, default=0, help="seed of inputs, document lengths and tree jitter")
     p.add_argument("--check-rows", type=int, default=128, help="rows (and half as many key columns) spot-checked")
@@ -384,10 +385,11 @@ def add_speedups(rows: list) -> None:
 
 def summary_line(rows: list) -> str:
     parts = []
+    unit, factor = report.throughput_unit(rows)
     for r in rows:
         if r["phase"] in PHASES and r.get("tflops") is not None and r["backend"] == "flashspan":
             sp = " ".join(f"{k[len('speedup_vs_'):]}={r[k]:.2f}x" for k in sorted(r) if k.startswith("speedup_vs_"))
-            parts.append(f"{r['phase']} {r['median_ms']:.4g} ms {r['tflops']:.4g} TFLOP/s {sp}".strip())
+            parts.append(f"{r['phase']} {r['median_ms']:.4g} ms {r['tflops'] * factor:.4g} {unit} {sp}".strip())
     return "; ".join(parts)
 
 

@@ -148,8 +148,24 @@ def write_csv(path: str, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
+def throughput_unit(rows: list[dict]) -> tuple[str, float]:
+    """(unit, factor from TFLOP/s) for the throughputs of a report: GFLOP/s when every one is below 1 TFLOP/s
+    (CPU runs, where TFLOP/s would read 0.000), else TFLOP/s. One unit for the chart and every table."""
+    values = [r["tflops"] for r in rows if r.get("tflops") is not None]
+    if values and max(values) < 1.0:
+        return "GFLOP/s", 1e3
+    return "TFLOP/s", 1.0
+
+
+def _spread(r: dict) -> str:
+    """min–max of a timing row (the spread next to its median)."""
+    if r.get("min_ms") is None or r.get("max_ms") is None:
+        return "—"
+    return f"{_fmt(r['min_ms'])}–{_fmt(r['max_ms'])}"
+
+
 def summary_table(rows: list[dict], workloads: list[str]) -> list[str]:
-    """One line per (workload, phase): TFLOP/s of flashspan and of every peer that ran."""
+    """One line per (workload, phase): throughput of flashspan and of every peer that ran (unit: throughput_unit)."""
     phases = [p for p in ("forward", "backward", "combined") if any(r["phase"] == p for r in rows)]
     backends = []
     for r in rows:
@@ -160,7 +176,8 @@ def summary_table(rows: list[dict], workloads: list[str]) -> list[str]:
         backends.insert(0, "flashspan")
     if not backends:
         return []
-    out = ["## Summary (TFLOP/s over visible pairs; flashspan speedup in parentheses)", "",
+    unit, factor = throughput_unit(rows)
+    out = [f"## Summary ({unit} over visible pairs; flashspan speedup in parentheses)", "",
            "| workload | phase | " + " | ".join(backends) + " |",
            "|---|---|" + "---|" * len(backends)]
     for wl in workloads:
@@ -173,7 +190,7 @@ def summary_table(rows: list[dict], workloads: list[str]) -> list[str]:
                 if r is None or r.get("tflops") is None:
                     cells.append("—")
                     continue
-                cell = _fmt(r["tflops"])
+                cell = _fmt(r["tflops"] * factor)
                 if be != "flashspan" and fs is not None and fs.get(f"speedup_vs_{be}") is not None:
                     cell += f" ({fs[f'speedup_vs_{be}']:.2f}×)"
                 if r["status"] not in ("ok",):
@@ -199,8 +216,10 @@ def write_markdown(path: str, doc: dict) -> None:
     lines += ["| | |", "|---|---|"] + [f"| {k} | `{env.get(k)}` |" for k in keys if k in env] + [""]
     how = ("CUDA events, L2 flushed with a 256 MB write before every rep" if cfg.get("mode") == "gpu"
            else "wall clock")
+    unit, factor = throughput_unit(rows)
     lines += [f"Config: dtype {cfg['dtype']}, phases {', '.join(cfg['phases'])}, warmup {cfg['warmup']}, "
-              f"reps {cfg['reps']} (median; {how}; first call timed apart). TFLOP/s count visible pairs "
+              f"reps {cfg['reps']} (median and min–max of the reps, plan builds included; {how}; the first call "
+              f"of each phase timed apart). {unit} count visible pairs "
               "only: 2·(Dqk+Dv) FLOP per pair forward, 2.5× that backward, 3.5× for forward+backward "
               "(`combined`). Speedup of flashspan over X = X time / flashspan time (> 1: flashspan faster).", ""]
     workloads = []
@@ -222,21 +241,23 @@ def write_markdown(path: str, doc: dict) -> None:
                       f"{plan['bytes']} bytes, consumer sm{plan['arch']}", ""]
         prep = [r for r in wrows if r["phase"] in ("plan_fwd", "plan_fwd_bwd", "block_mask", "dense_mask")]
         if prep:
-            lines += ["| preparation | backend | median ms | first call ms | status |", "|---|---|---|---|---|"]
+            lines += ["| preparation | backend | median ms | min–max ms | first call ms | status |",
+                      "|---|---|---|---|---|---|"]
             for r in prep:
-                lines.append(f"| {r['phase']} | {r['backend']} | {_fmt(r.get('median_ms'))} | "
+                lines.append(f"| {r['phase']} | {r['backend']} | {_fmt(r.get('median_ms'))} | {_spread(r)} | "
                              f"{_fmt(r.get('first_call_ms'))} | {r['status']} |")
             lines.append("")
         timed = [r for r in wrows if r["phase"] in ("forward", "backward", "combined")]
         if timed:
-            lines += ["| phase | backend | median ms | TFLOP/s | first call ms | speedup of flashspan | status |",
-                      "|---|---|---|---|---|---|---|"]
+            lines += [f"| phase | backend | median ms | min–max ms | {unit} | first call ms | speedup of flashspan "
+                      "| status |", "|---|---|---|---|---|---|---|---|"]
             for r in timed:
                 sp = ", ".join(f"{k[len('speedup_vs_'):]} {r[k]:.2f}×" for k in CSV_FIELDS
                                if k.startswith("speedup_vs_") and r.get(k) is not None)
                 status = r["status"] if r["status"] == "ok" else f"**{r['status']}** {r.get('reason') or ''}"
-                lines.append(f"| {r['phase']} | {r['backend']} | {_fmt(r.get('median_ms'))} | "
-                             f"{_fmt(r.get('tflops'))} | {_fmt(r.get('first_call_ms'))} | {sp or '—'} | {status} |")
+                thr = None if r.get("tflops") is None else r["tflops"] * factor
+                lines.append(f"| {r['phase']} | {r['backend']} | {_fmt(r.get('median_ms'))} | {_spread(r)} | "
+                             f"{_fmt(thr)} | {_fmt(r.get('first_call_ms'))} | {sp or '—'} | {status} |")
             lines.append("")
         unavailable = [r for r in wrows if r["phase"] == "-"]
         for r in unavailable:
@@ -256,7 +277,7 @@ def write_markdown(path: str, doc: dict) -> None:
 
 
 def write_chart(path: str, rows: list[dict], title: str) -> Optional[str]:
-    """Grouped bars of TFLOP/s per workload, one panel per phase. Returns None on success,
+    """Grouped bars of throughput (throughput_unit) per workload, one panel per phase. Returns None on success,
     else why no chart was written (matplotlib missing, nothing timed)."""
     try:
         import matplotlib
@@ -280,9 +301,8 @@ def write_chart(path: str, rows: list[dict], title: str) -> Optional[str]:
     fig_width = max(8.0, 0.65 * len(workloads) * max(1, len(backends)))
     fig, axes = plt.subplots(len(phases), 1, figsize=(fig_width, 3.6 * len(phases)), squeeze=False)
     width = 0.8 / max(1, len(backends))
-    # TFLOP/s, as in every table of the report (a CPU run shows small values with more decimals).
-    scale, unit = 1.0, "TFLOP/s"
-    small = max(r["tflops"] for r in ok) < 1.0
+    # The unit of the tables (GFLOP/s for a CPU run, whose TFLOP/s would read 0.000).
+    unit, scale = throughput_unit(ok)
     for ax, phase in zip(axes[:, 0], phases):
         for j, be in enumerate(backends):
             xs, ys, bad = [], [], []
@@ -298,8 +318,7 @@ def write_chart(path: str, rows: list[dict], title: str) -> Optional[str]:
                     b.set_hatch("xx")
                     b.set_edgecolor("red")
             # The value on every bar (the tables' numbers, readable without the axis).
-            ax.bar_label(bars, labels=[(f"{y:.3f}" if small else f"{y:.0f}") for y in ys], fontsize=6,
-                         rotation=90, padding=2)
+            ax.bar_label(bars, labels=[_fmt(y) for y in ys], fontsize=6, rotation=90, padding=2)
         ax.set_xticks(range(len(workloads)))
         ax.set_xticklabels(workloads, rotation=30, ha="right", fontsize=8)
         ax.set_ylabel(f"{unit} (visible pairs)")

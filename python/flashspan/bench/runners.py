@@ -79,6 +79,14 @@ class Runner:
         """BSHD tensors of the first calls: out (and dq, dk, dv when a backward ran)."""
         return {}
 
+    def _first_backward_calls(self) -> None:
+        """First calls of the PyTorch peers' combined and backward phases, each timed on its own (in that order:
+        the first forward+backward compiles or initialises the backward, so that cost lands in `combined`), and
+        the forward graph (``_graph_out``) the backward phase differentiates again and again."""
+        self.first_call_ms["combined"] = self.timer.first_call(self.combined)
+        self._graph_out = self._call()
+        self.first_call_ms["backward"] = self.timer.first_call(self.backward)
+
     def unsupported(self, phase: str) -> Optional[str]:
         """Why this phase cannot be timed after prepare() (None: it can)."""
         return None
@@ -103,7 +111,7 @@ class FlashspanRunner(Runner):
 
         i, wl = self.inp, self.wl
         mf = wl.mask_func
-        reps = 3 if self.timer.cuda else 2
+        reps = self.timer.reps  # the config's reps, as every timed row
         # Plan build, forward only and with backward (the CUDA planner syncs once itself).
         self.prep_timings["plan_fwd"] = self.timer.measure_host(
             lambda: flashspan.create_mask_plan(mf, i.q, i.k, i.v, build_backward=False), reps)
@@ -136,6 +144,7 @@ class FlashspanRunner(Runner):
             self.bwd.compile()
             self.bwd_ws = torch.empty(self.bwd.workspace_size, dtype=torch.uint8, device=i.q.device)
             self.first_call_ms["backward"] = self.timer.first_call(self.backward)
+            self.first_call_ms["combined"] = self.timer.first_call(self.combined)
             self.ran_backward = True
 
     def forward(self):
@@ -283,7 +292,7 @@ class FlexRunner(Runner):
             self.block_mask = state["fn"](mod, b_arg, h_arg, wl.seqlen, wl.seqlen, device=dev)
 
         try:
-            self.prep_timings["block_mask"] = self.timer.measure_host(build, 2)
+            self.prep_timings["block_mask"] = self.timer.measure_host(build, self.timer.reps)
         except Exception as e:
             if state["fn"] is create_block_mask:
                 raise
@@ -291,7 +300,7 @@ class FlexRunner(Runner):
             self.block_mask_note = (f"torch.compile(create_block_mask) failed ({type(e).__name__}: "
                                     f"{str(e)[:200]}); eager used")
             state["fn"] = create_block_mask
-            self.prep_timings["block_mask"] = self.timer.measure_host(build, 2)
+            self.prep_timings["block_mask"] = self.timer.measure_host(build, self.timer.reps)
         # FlexAttention has no CPU backward: on CPU (only when asked for) it is timed forward only.
         self.forward_only = not self.timer.cuda
         self.q, self.k, self.v, self.do = self.inp.bhsd(requires_grad=not self.forward_only)
@@ -307,9 +316,7 @@ class FlexRunner(Runner):
         self.out_first = self.forward().detach()
         self._grads = None
         if self.train_forward:
-            # The first fwd+bwd call compiles the backward; reported as both phases' first call.
-            self.first_call_ms["combined"] = self.first_call_ms["backward"] = self.timer.first_call(self.combined)
-            self._graph_out = self._call()
+            self._first_backward_calls()
             self._grads = torch.autograd.grad(self._graph_out, (self.q, self.k, self.v), self.do, retain_graph=True)
 
     def unsupported(self, phase: str) -> Optional[str]:
@@ -416,7 +423,7 @@ class SdpaRunner(Runner):
             def build():
                 holder["mask"] = self._build_dense_mask()
 
-            self.prep_timings["dense_mask"] = self.timer.measure_host(build, 2)
+            self.prep_timings["dense_mask"] = self.timer.measure_host(build, self.timer.reps)
             self.attn_mask = holder["mask"]
             kwargs = {"attn_mask": self.attn_mask, "scale": self.inp.scale}
         else:
@@ -433,9 +440,7 @@ class SdpaRunner(Runner):
                 self.out_first = self.forward().detach()
                 self._grads = None
                 if self.train_forward:
-                    self.first_call_ms["combined"] = self.first_call_ms["backward"] = \
-                        self.timer.first_call(self.combined)
-                    self._graph_out = self._call()
+                    self._first_backward_calls()
                     self._grads = torch.autograd.grad(self._graph_out, (self.q, self.k, self.v), self.do,
                                                       retain_graph=True)
         except RuntimeError as e:
