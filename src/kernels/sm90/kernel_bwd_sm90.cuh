@@ -143,57 +143,6 @@ __host__ __device__ __forceinline__ int dq_tile_offset_sm90(int r, int d) {
 
 #if defined(__CUDA_ARCH__)
 
-// ---------------------------------------------------------------------------
-// wgmma forms of the backward (wgmma_sm90.inc)
-// ---------------------------------------------------------------------------
-
-// acc (m64n64) += A (64 x 16, K-major, smem) B^T (64 x 16, K-major, smem): S^T and dP^T steps.
-template <class E>
-__device__ __forceinline__ void mma_ss_64x64(float (&s)[8][4], uint64_t da, uint64_t db, int scale_d) {
-  float(&d)[32] = *reinterpret_cast<float(*)[32]>(&s[0][0]);
-  if constexpr (E::kDType == DType::kBFloat16) {
-    wgmma_ss_m64n64k16_bf16(d, da, db, scale_d);
-  } else {
-    wgmma_ss_m64n64k16_f16(d, da, db, scale_d);
-  }
-}
-// acc (m64n{kD}) += A (registers, 64 x 16) B (16 x kD, N-major smem): dV and dK steps.
-template <int kD, class E>
-__device__ __forceinline__ void mma_rs_64xD(float (&o)[kD / 8][4], const uint32_t (&a)[4], uint64_t db) {
-  float(&d)[kD / 2] = *reinterpret_cast<float(*)[kD / 2]>(&o[0][0]);
-  if constexpr (kD == 128) {
-    if constexpr (E::kDType == DType::kBFloat16) {
-      wgmma_rs_m64n128k16_bf16_tnspb(d, a, db, 1);
-    } else {
-      wgmma_rs_m64n128k16_f16_tnspb(d, a, db, 1);
-    }
-  } else {
-    if constexpr (E::kDType == DType::kBFloat16) {
-      wgmma_rs_m64n64k16_bf16_tnspb(d, a, db, 1);
-    } else {
-      wgmma_rs_m64n64k16_f16_tnspb(d, a, db, 1);
-    }
-  }
-}
-// acc (m64n{kD/2}) += A (64 x 16, M-major smem) B (16 x kD/2, N-major smem): dQ steps.
-template <int kD, class E>
-__device__ __forceinline__ void mma_dq(float (&s)[kD / 16][4], uint64_t da, uint64_t db, int scale_d) {
-  float(&d)[kD / 4] = *reinterpret_cast<float(*)[kD / 4]>(&s[0][0]);
-  if constexpr (kD == 128) {
-    if constexpr (E::kDType == DType::kBFloat16) {
-      wgmma_ss_m64n64k16_bf16_tnspab(d, da, db, scale_d);
-    } else {
-      wgmma_ss_m64n64k16_f16_tnspab(d, da, db, scale_d);
-    }
-  } else {
-    if constexpr (E::kDType == DType::kBFloat16) {
-      wgmma_ss_m64n32k16_bf16_tnspab(d, da, db, scale_d);
-    } else {
-      wgmma_ss_m64n32k16_f16_tnspab(d, da, db, scale_d);
-    }
-  }
-}
-
 // An m64n64 accumulator (rows = keys, cols = queries) as the A fragments of four k16 steps
 // (queries 16kk .. 16kk + 15), packed to 16 bit (HOPPER_BRIEF.md 1.3).
 template <class E>
@@ -470,14 +419,14 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       for (int kk = 0; kk < kD / 16; ++kk) {
         const uint32_t offk = (kk >> 2) * L::kSlabK + 32 * (kk & 3);
         const uint32_t offq = (kk >> 2) * L::kSlabQ + 32 * (kk & 3);
-        mma_ss_64x64<E>(sacc, smem_desc(k_tile + offk, 16, 1024), smem_desc(q_tile + offq, 16, 1024), kk > 0);
+        wgmma_ss<64, E>(sacc, smem_desc(k_tile + offk, 16, 1024), smem_desc(q_tile + offq, 16, 1024), kk > 0);
       }
       wg_commit();
 #pragma unroll
       for (int kk = 0; kk < kD / 16; ++kk) {
         const uint32_t offk = (kk >> 2) * L::kSlabK + 32 * (kk & 3);
         const uint32_t offq = (kk >> 2) * L::kSlabQ + 32 * (kk & 3);
-        mma_ss_64x64<E>(dpacc, smem_desc(v_tile + offk, 16, 1024), smem_desc(do_tile + offq, 16, 1024), kk > 0);
+        wgmma_ss<64, E>(dpacc, smem_desc(v_tile + offk, 16, 1024), smem_desc(do_tile + offq, 16, 1024), kk > 0);
       }
       wg_commit();
       const float* lse2 = s_stat + st * 2 * L::kBlockQ;
@@ -523,7 +472,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       // goes to shared memory.
       wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) mma_rs_64xD<kD, E>(dv, pa[kk], smem_desc(do_tile + kk * 2048, L::kSlabQ, 1024));
+      for (int kk = 0; kk < 4; ++kk) wgmma_rs_tnspb<kD, E>(dv, pa[kk], smem_desc(do_tile + kk * 2048, L::kSlabQ, 1024));
       wg_commit();
       // dS^T to shared memory: key rows of 64 queries (128 B), chunk j at j ^ (key % 8).
       const uint32_t ds_buf = base + L::kDS + (step_it & 1) * L::kDSBytes;
@@ -544,12 +493,12 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       wg_fence();
 #pragma unroll
       for (int kk = 0; kk < L::kBlockK / 16; ++kk) {
-        mma_dq<kD, E>(dq, smem_desc(ds_buf + kk * 2048, L::kDSBytes, 1024),
+        wgmma_ss_tnspab<kD / 2, E>(dq, smem_desc(ds_buf + kk * 2048, L::kDSBytes, 1024),
                       smem_desc(kq_tile + kk * 2048, L::kSlabK, 1024), kk > 0);
       }
       wg_commit();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) mma_rs_64xD<kD, E>(dk, dsa[kk], smem_desc(q_tile + kk * 2048, L::kSlabQ, 1024));
+      for (int kk = 0; kk < 4; ++kk) wgmma_rs_tnspb<kD, E>(dk, dsa[kk], smem_desc(q_tile + kk * 2048, L::kSlabQ, 1024));
       wg_commit();
       wg_wait<1>();  // dQ done (dK may still run)
       reg_fence(dq);

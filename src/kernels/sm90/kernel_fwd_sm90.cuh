@@ -106,41 +106,13 @@ struct FwdSm90Layout {
 
 #if defined(__CUDA_ARCH__)
 
-template <class E>
-__device__ __forceinline__ void mma_qk(float (&s)[16][4], uint64_t da, uint64_t db, int scale_d) {
-  float(&d)[64] = *reinterpret_cast<float(*)[64]>(&s[0][0]);
-  if constexpr (E::kDType == DType::kBFloat16) {
-    wgmma_ss_m64n128k16_bf16(d, da, db, scale_d);
-  } else {
-    wgmma_ss_m64n128k16_f16(d, da, db, scale_d);
-  }
-}
-
-template <int kD, class E>
-__device__ __forceinline__ void mma_pv(float (&o)[kD / 8][4], const uint32_t (&a)[4], uint64_t db) {
-  float(&d)[kD / 2] = *reinterpret_cast<float(*)[kD / 2]>(&o[0][0]);
-  if constexpr (kD == 128) {
-    if constexpr (E::kDType == DType::kBFloat16) {
-      wgmma_rs_m64n128k16_bf16_tnspb(d, a, db, 1);
-    } else {
-      wgmma_rs_m64n128k16_f16_tnspb(d, a, db, 1);
-    }
-  } else {
-    if constexpr (E::kDType == DType::kBFloat16) {
-      wgmma_rs_m64n64k16_bf16_tnspb(d, a, db, 1);
-    } else {
-      wgmma_rs_m64n64k16_f16_tnspb(d, a, db, 1);
-    }
-  }
-}
-
 // S = Q K^T for this warpgroup's 64 rows: kD / 16 k-steps of m64n128k16 (both K-major).
 template <int kD, class E>
 __device__ __forceinline__ void issue_qk(float (&s)[16][4], uint32_t q_tile, uint32_t k_tile) {
 #pragma unroll
   for (int kk = 0; kk < kD / 16; ++kk) {
     const uint32_t off = (kk >> 2) * kSlabBytes + 32 * (kk & 3);
-    mma_qk<E>(s, smem_desc(q_tile + off, 16, 1024), smem_desc(k_tile + off, 16, 1024), kk > 0);
+    wgmma_ss<128, E>(s, smem_desc(q_tile + off, 16, 1024), smem_desc(k_tile + off, 16, 1024), kk > 0);
   }
 }
 
@@ -148,7 +120,7 @@ __device__ __forceinline__ void issue_qk(float (&s)[16][4], uint32_t q_tile, uin
 template <int kD, class E>
 __device__ __forceinline__ void issue_pv(float (&o)[kD / 8][4], const uint32_t (&pa)[8][4], uint32_t v_tile) {
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk) mma_pv<kD, E>(o, pa[kk], smem_desc(v_tile + kk * 2048, kSlabBytes, 1024));
+  for (int kk = 0; kk < 8; ++kk) wgmma_rs_tnspb<kD, E>(o, pa[kk], smem_desc(v_tile + kk * 2048, kSlabBytes, 1024));
 }
 
 // Work items (kern::WorkItem, tile_scheduler.cuh): key blocks [begin, begin + count) of the Q2K

@@ -162,6 +162,45 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
 
 #include "kernels/sm90/wgmma_sm90.inc"
 
+// The wgmma forms by element type and N, on accumulators held as kN / 8 n8 blocks of 4 floats
+// (the m64nN fp32 accumulator, HOPPER_BRIEF.md 1.3): acc (+)= A B.
+// SS, both operands K-major (kN 64 or 128); scale_d = 0 overwrites acc.
+template <int kN, class E>
+__device__ __forceinline__ void wgmma_ss(float (&acc)[kN / 8][4], uint64_t da, uint64_t db, int scale_d) {
+  static_assert(kN == 64 || kN == 128, "wgmma_ss: N 64 or 128");
+  float(&d)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc[0][0]);
+  constexpr bool bf16 = E::kDType == DType::kBFloat16;
+  if constexpr (kN == 128) {
+    if constexpr (bf16) wgmma_ss_m64n128k16_bf16(d, da, db, scale_d); else wgmma_ss_m64n128k16_f16(d, da, db, scale_d);
+  } else {
+    if constexpr (bf16) wgmma_ss_m64n64k16_bf16(d, da, db, scale_d); else wgmma_ss_m64n64k16_f16(d, da, db, scale_d);
+  }
+}
+// RS: A (64 x 16) from four registers, B N-major (kN 64 or 128); accumulates.
+template <int kN, class E>
+__device__ __forceinline__ void wgmma_rs_tnspb(float (&acc)[kN / 8][4], const uint32_t (&a)[4], uint64_t db) {
+  static_assert(kN == 64 || kN == 128, "wgmma_rs_tnspb: N 64 or 128");
+  float(&d)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc[0][0]);
+  constexpr bool bf16 = E::kDType == DType::kBFloat16;
+  if constexpr (kN == 128) {
+    if constexpr (bf16) wgmma_rs_m64n128k16_bf16_tnspb(d, a, db, 1); else wgmma_rs_m64n128k16_f16_tnspb(d, a, db, 1);
+  } else {
+    if constexpr (bf16) wgmma_rs_m64n64k16_bf16_tnspb(d, a, db, 1); else wgmma_rs_m64n64k16_f16_tnspb(d, a, db, 1);
+  }
+}
+// SS, A M-major and B N-major (kN 32 or 64); scale_d = 0 overwrites acc.
+template <int kN, class E>
+__device__ __forceinline__ void wgmma_ss_tnspab(float (&acc)[kN / 8][4], uint64_t da, uint64_t db, int scale_d) {
+  static_assert(kN == 32 || kN == 64, "wgmma_ss_tnspab: N 32 or 64");
+  float(&d)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc[0][0]);
+  constexpr bool bf16 = E::kDType == DType::kBFloat16;
+  if constexpr (kN == 64) {
+    if constexpr (bf16) wgmma_ss_m64n64k16_bf16_tnspab(d, da, db, scale_d); else wgmma_ss_m64n64k16_f16_tnspab(d, da, db, scale_d);
+  } else {
+    if constexpr (bf16) wgmma_ss_m64n32k16_bf16_tnspab(d, da, db, scale_d); else wgmma_ss_m64n32k16_f16_tnspab(d, da, db, scale_d);
+  }
+}
+
 #endif  // __CUDA_ARCH__
 
 }  // namespace flashspan::kern90
