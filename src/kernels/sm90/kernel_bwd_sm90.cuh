@@ -415,19 +415,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       // S^T = K Q^T and dP^T = V dO^T (kD / 16 k16 steps each, both operands K-major).
       float sacc[8][4], dpacc[8][4];
       wg_fence();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const uint32_t offk = (kk >> 2) * L::kSlabK + 32 * (kk & 3);
-        const uint32_t offq = (kk >> 2) * L::kSlabQ + 32 * (kk & 3);
-        wgmma_ss<64, E>(sacc, smem_desc(k_tile + offk, 16, 1024), smem_desc(q_tile + offq, 16, 1024), kk > 0);
-      }
+      wgmma_ss_kmajor<64, kD, L::kSlabK, L::kSlabQ, E>(sacc, k_tile, q_tile);
       wg_commit();
-#pragma unroll
-      for (int kk = 0; kk < kD / 16; ++kk) {
-        const uint32_t offk = (kk >> 2) * L::kSlabK + 32 * (kk & 3);
-        const uint32_t offq = (kk >> 2) * L::kSlabQ + 32 * (kk & 3);
-        wgmma_ss<64, E>(dpacc, smem_desc(v_tile + offk, 16, 1024), smem_desc(do_tile + offq, 16, 1024), kk > 0);
-      }
+      wgmma_ss_kmajor<64, kD, L::kSlabK, L::kSlabQ, E>(dpacc, v_tile, do_tile);
       wg_commit();
       const float* lse2 = s_stat + st * 2 * L::kBlockQ;
       const float* delta = lse2 + L::kBlockQ;

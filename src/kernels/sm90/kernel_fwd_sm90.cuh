@@ -109,11 +109,7 @@ struct FwdSm90Layout {
 // S = Q K^T for this warpgroup's 64 rows: kD / 16 k-steps of m64n128k16 (both K-major).
 template <int kD, class E>
 __device__ __forceinline__ void issue_qk(float (&s)[16][4], uint32_t q_tile, uint32_t k_tile) {
-#pragma unroll
-  for (int kk = 0; kk < kD / 16; ++kk) {
-    const uint32_t off = (kk >> 2) * kSlabBytes + 32 * (kk & 3);
-    wgmma_ss<128, E>(s, smem_desc(q_tile + off, 16, 1024), smem_desc(k_tile + off, 16, 1024), kk > 0);
-  }
+  wgmma_ss_kmajor<128, kD, kSlabBytes, kSlabBytes, E>(s, q_tile, k_tile);
 }
 
 // O += P V: 8 k-steps (16 keys each) of m64n{kD}k16, V N-major (LBO = slab stride).

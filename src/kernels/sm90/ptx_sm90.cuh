@@ -176,6 +176,19 @@ __device__ __forceinline__ void wgmma_ss(float (&acc)[kN / 8][4], uint64_t da, u
     if constexpr (bf16) wgmma_ss_m64n64k16_bf16(d, da, db, scale_d); else wgmma_ss_m64n64k16_f16(d, da, db, scale_d);
   }
 }
+// acc = A B over kK / 16 k16 steps with both operands K-major 128B-swizzled tiles stored as
+// 64-column slabs of kASlab / kBSlab bytes (TMA's layout): a k16 step is 32 bytes inside a slab,
+// the next slab every 4 steps. The S = Q K^T form of the forward and the S^T, dP^T forms of the
+// backward.
+template <int kN, int kK, int kASlab, int kBSlab, class E>
+__device__ __forceinline__ void wgmma_ss_kmajor(float (&acc)[kN / 8][4], uint32_t a_tile, uint32_t b_tile) {
+#pragma unroll
+  for (int kk = 0; kk < kK / 16; ++kk) {
+    const uint32_t offa = (kk >> 2) * kASlab + 32 * (kk & 3);
+    const uint32_t offb = (kk >> 2) * kBSlab + 32 * (kk & 3);
+    wgmma_ss<kN, E>(acc, smem_desc(a_tile + offa, 16, 1024), smem_desc(b_tile + offb, 16, 1024), kk > 0);
+  }
+}
 // RS: A (64 x 16) from four registers, B N-major (kN 64 or 128); accumulates.
 template <int kN, class E>
 __device__ __forceinline__ void wgmma_rs_tnspb(float (&acc)[kN / 8][4], const uint32_t (&a)[4], uint64_t db) {
