@@ -68,7 +68,7 @@ size_t flex_fwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool
 size_t flex_bwd_workspace_size(const FlexGeometry& g, const MaskPlan& plan, bool deterministic) {
   // delta and lse2, fp32 [Hq, total_q] each; the atomic path adds the dQ accumulator and
   // the dK/dV split schedule (launch_sm80.h, BwdWorkspaceLayout).
-  return bwd_workspace_layout(g, deterministic, plan.signature.consumer.arch == 90).total;
+  return bwd_workspace_layout(g, plan.signature, deterministic).total;
 }
 
 void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool backward) {
@@ -249,7 +249,7 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
     p.dlsea = lse_addr(a.dlse, g.varlen);
   }
   const bool sm90_plan = plan.signature.consumer.arch == 90;
-  const BwdWorkspaceLayout wl = bwd_workspace_layout(g, a.deterministic, sm90_plan);
+  const BwdWorkspaceLayout wl = bwd_workspace_layout(g, plan.signature, a.deterministic);
   char* ws = static_cast<char*>(a.workspace);
   p.delta = reinterpret_cast<float*>(ws + wl.delta);
   p.lse2 = reinterpret_cast<float*>(ws + wl.lse2);
@@ -275,8 +275,9 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
     // Split schedule of the dK/dV kernel (bwd_split.cuh); num_ctas is set at launch.
     FS_CHECK(p.view.num_tasks <= wl.max_tasks, Status::kInternal, "mask_plan: ", p.view.num_tasks,
              " backward tasks exceed the workspace bound ", wl.max_tasks);
-    FS_CHECK(p.view.block_k == sm80::tile_sm80(g.head_dim_qk, g.head_dim_v).bwd_bk, Status::kInternal,
-             "mask_plan: backward key block ", p.view.block_k, " is not the sm80 kernel's");
+    FS_CHECK(p.view.block_k == plan.signature.consumer.bwd_block_k, Status::kInternal,
+             "mask_plan: backward key block ", p.view.block_k, " is not its consumer's (the workspace layout's) ",
+             plan.signature.consumer.bwd_block_k);
     wl.bind(p.split, ws);
     p.split.dk_accum = reinterpret_cast<float*>(ws + wl.dk_accum);
     p.split.dv_accum = reinterpret_cast<float*>(ws + wl.dv_accum);

@@ -6,6 +6,7 @@
 // (SampleStart: ragged offsets times the multiplier, or b * stride(0)), so TensorAddr's batch
 // stride is 0 and `varlen` unused. The stats [B, H_q, S_q, 1] likewise.
 #include "core/error.h"
+#include "dispatch/family.h"
 #include "dispatch/sdpa_launch.h"
 #include "dispatch/workspace.h"
 
@@ -98,7 +99,10 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
   g.max_seqlen_q = p.Sq;
   g.total_k = p.B * p.Skv;
   g.max_seqlen_k = p.Skv;
-  BwdWorkspaceLayout w = bwd_workspace_layout(g, p.a.deterministic);
+  // The sm80 kernels' backward tile for these head dims (the family's tile table).
+  PlanSignature sig;
+  sig.consumer = consumer_for(80, g.head_dim_qk, g.head_dim_v);
+  BwdWorkspaceLayout w = bwd_workspace_layout(g, sig, p.a.deterministic);
   // The layout's dQ accumulator ends ws_align(per * D_qk) after its start (per = the aligned
   // bytes of delta, at offset lse2); the split schedule after it is not used.
   if (!p.a.deterministic) w.total = w.dq_accum + ws_align(w.lse2 * size_t(p.Dqk));

@@ -10,19 +10,18 @@
 
 #include "core/geometry.h"
 #include "kernels/params.h"
-#include "kernels/sm80/tile_sm80.h"
 #include "plan/mask_plan.h"
 
 namespace flashspan {
 
-// Byte offsets into the backward workspace (a pure function of the geometry; the tile comes
-// from the head dims, as the plan's consumer must match it). All offsets 256-aligned.
+// Byte offsets into the backward workspace (a pure function of the geometry and the plan's
+// signature: its consumer's backward tile Bq x Bk and family). All offsets 256-aligned.
 //   delta, lse2        fp32 [Hq, total_q] each
 //   deterministic = false adds:
-//   dq_accum           fp32 [Hq, total_q, Dqk]; with dq_tiles (plans of the sm90 family, whose
-//                      backward kernel adds dQ in 64-row tiles, kernels/sm90/kernel_bwd_sm90.cuh)
-//                      the larger of that and [Hq, max_q_blocks, 64, Dqk], max_q_blocks =
-//                      min(B * ceil(max_seqlen_q / 64), ceil(total_q / 64) + B) (>= the plan's
+//   dq_accum           fp32 [Hq, total_q, Dqk]; for plans of the sm90 family (whose backward
+//                      kernel adds dQ in Bq-row tiles, kernels/sm90/kernel_bwd_sm90.cuh) the
+//                      larger of that and [Hq, max_q_blocks, Bq, Dqk], max_q_blocks =
+//                      min(B * ceil(max_seqlen_q / Bq), ceil(total_q / Bq) + B) (>= the plan's
 //                      backward query blocks)
 //   split schedule     (BwdSplit): hdr int32 [4]; task_iters, task_slot int32 [max_tasks];
 //                      item_start int32 [max_tasks + 1]; items int32 [max_items, 4];
@@ -64,7 +63,7 @@ struct BwdWorkspaceLayout : SplitScheduleOffsets {
 
 inline size_t ws_align(size_t x) { return (x + 255) / 256 * 256; }
 
-inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, bool deterministic, bool dq_tiles = false) {
+inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, const PlanSignature& sig, bool deterministic) {
   BwdWorkspaceLayout w;
   const size_t per = ws_align(sizeof(float) * size_t(g.num_heads_q) * size_t(g.total_q));
   w.delta = 0;
@@ -76,8 +75,8 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, bool deter
   }
   w.dq_accum = off;
   size_t dq_bytes = per * size_t(g.head_dim_qk);
-  if (dq_tiles && g.total_q > 0) {
-    constexpr int64_t kTileRows = 64;  // sm90::kTileSm90.bwd_bq
+  if (sig.consumer.arch == 90 && g.total_q > 0 && sig.consumer.bwd_block_q > 0) {
+    const int64_t kTileRows = sig.consumer.bwd_block_q;
     const int64_t by_total = (g.total_q + kTileRows - 1) / kTileRows + g.batch;
     const int64_t per_sample = (std::min(g.max_seqlen_q, g.total_q) + kTileRows - 1) / kTileRows;
     const int64_t by_batch =
@@ -87,7 +86,7 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, bool deter
     dq_bytes = std::max(dq_bytes, tiles);
   }
   off += ws_align(dq_bytes);
-  const int64_t bk = sm80::tile_sm80(g.head_dim_qk, g.head_dim_v).bwd_bk;
+  const int64_t bk = sig.consumer.bwd_block_k;
   const int64_t by_batch = int64_t(g.batch) * ((g.max_seqlen_k + bk - 1) / bk);
   const int64_t by_total = (g.total_k + bk - 1) / bk + g.batch;
   w.max_tasks = int64_t(g.num_heads_kv) * (by_batch < by_total ? by_batch : by_total);

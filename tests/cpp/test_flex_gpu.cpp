@@ -473,7 +473,7 @@ void run_case(const Case& case_in) {
   if (c.expect_split) {
     // Schedule header (BwdSplit): {items, counter, chunk, split tasks}.
     ASSERT_FALSE(c.deterministic) << "split schedules exist only on the non-deterministic path";
-    const BwdWorkspaceLayout wl = bwd_workspace_layout(p.gd, false, p.plan->signature.consumer.arch == 90);
+    const BwdWorkspaceLayout wl = bwd_workspace_layout(p.gd, p.plan->signature, false);
     int32_t hdr[BwdSplit::kHdrInts] = {};
     ASSERT_EQ(cudaMemcpy(hdr, static_cast<char*>(b->ws->p) + wl.hdr, sizeof(hdr), cudaMemcpyDeviceToHost),
               cudaSuccess);
