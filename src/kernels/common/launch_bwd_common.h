@@ -1,7 +1,7 @@
 // Host launchers of the backward's arch-neutral kernels (kernels/common: bwd_prepost.cuh,
 // bwd_split.cuh, split_schedule.cuh), called by the backward launcher of every kernel family
 // (sm80::launch_bwd_sm80, sm90::launch_bwd_sm90) around its dK/dV kernel:
-//   launch_bwd_preprocess     clears dq_accum (atomic dQ path), D and lse2 into the workspace
+//   launch_bwd_preprocess     clears dq_accum (atomic dQ path, either layout), D and lse2 into the workspace
 //   launch_bwd_split_schedule count, scan and item list of the dK/dV split schedule
 //                             (p.split.num_ctas: the family's persistent grid)
 //   launch_bwd_split_convert  dk / dv rows of the split tasks from their fp32 slots

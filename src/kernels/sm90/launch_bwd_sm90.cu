@@ -90,15 +90,7 @@ void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& 
            p.head_dv, ", tile ", p.view.block_q, "x", p.view.block_k, ", deterministic ", p.deterministic, ")");
   FS_CHECK(p.dq_blocked == 1, Status::kInternal, "sm90 backward: the dQ accumulator is not bound in tiles");
   g_bwd_launches.fetch_add(1, std::memory_order_relaxed);
-  // dq_accum in tiles (kernel_bwd_sm90.cuh): one 64 x D fp32 tile per (query head, query block).
-  if (total_q > 0) {
-    check_cuda(cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks) *
-                                                 size_t(kTileSm90.bwd_bq) * size_t(p.head_dqk), stream),
-               "flex backward (sm90): clearing the dQ accumulator");
-  }
-  BwdParams pre = p;
-  pre.deterministic = 1;  // the shared preprocess clears a [Hq, total_q, Dqk] accumulator otherwise
-  launch_bwd_preprocess(pre, dtype, total_q, stream);
+  launch_bwd_preprocess(p, dtype, total_q, stream);  // clears the tiled dq_accum too (dq_blocked)
   const bool varlen = p.varlen != 0;
   const CUtensorMap mq = make_tensor_map_sm90(q, varlen, dtype, kTileSm90.bwd_bq, "q");
   const CUtensorMap mk = make_tensor_map_sm90(k, varlen, dtype, kTileSm90.bwd_bk, "k");
