@@ -254,7 +254,11 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
   p.delta = reinterpret_cast<float*>(ws + wl.delta);
   p.lse2 = reinterpret_cast<float*>(ws + wl.lse2);
   p.deterministic = a.deterministic ? 1 : 0;
-  p.dq_accum = a.deterministic ? nullptr : reinterpret_cast<float*>(ws + wl.dq_accum);
+  // The Hopper backward where it covers the call (same backward tile and split schedule as the
+  // sm80 kernels; dQ accumulated in 64-row tiles, which the workspace of an sm90 plan has room
+  // for, deterministic or not).
+  const bool run_sm90 = sm90_plan && sm90::bwd_enabled() && sm90::bwd_config_supported(g, a.deterministic);
+  p.dq_accum = a.deterministic && !run_sm90 ? nullptr : reinterpret_cast<float*>(ws + wl.dq_accum);
   p.total_q = g.total_q;
   p.seqlen_q = g.varlen ? 0 : g.max_seqlen_q;
   p.cu_seqlens_q = plan_array(plan, "cu_seqlens_q");
@@ -285,10 +289,14 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
     p.split_schedule = 1;
   }
 
-  if (sm90_plan && sm90::bwd_enabled() && sm90::bwd_config_supported(g, a.deterministic)) {
-    // The Hopper backward (same backward tile and split schedule as the sm80 kernels; dQ
-    // accumulated in 64-row tiles, which the workspace of an sm90 plan has room for).
+  if (run_sm90) {
     p.dq_blocked = 1;
+    if (a.deterministic) {
+      // Every key block of every kv head in descending order (grid cells), the dQ tiles added
+      // in that order through their counters (kernel_bwd_sm90.cuh).
+      p.dq_sem = reinterpret_cast<int32_t*>(ws + wl.dq_sem);
+      p.grid_mode = 1;
+    }
     sm90::launch_bwd_sm90(p, a.q, a.k, a.v, a.dout, g.dtype, g.total_q, static_cast<cudaStream_t>(a.stream));
     return;
   }

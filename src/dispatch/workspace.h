@@ -10,6 +10,7 @@
 
 #include "core/geometry.h"
 #include "kernels/params.h"
+#include "kernels/sm90/tile_sm90.h"
 #include "plan/mask_plan.h"
 
 namespace flashspan {
@@ -17,6 +18,9 @@ namespace flashspan {
 // Byte offsets into the backward workspace (a pure function of the geometry and the plan's
 // signature: its consumer's backward tile Bq x Bk and family). All offsets 256-aligned.
 //   delta, lse2        fp32 [Hq, total_q] each
+//   deterministic = true, sm90 plans of head dims the sm90 backward runs, adds:
+//   dq_accum           fp32 [Hq, max_q_blocks, Bq, Dqk] (the sm90 tiles, below)
+//   dq_sem             int32 [Hq, max_q_blocks]: the tiles' ordering counters
 //   deterministic = false adds:
 //   dq_accum           fp32 [Hq, total_q, Dqk]; for plans of the sm90 family (whose backward
 //                      kernel adds dQ in Bq-row tiles, kernels/sm90/kernel_bwd_sm90.cuh) the
@@ -55,7 +59,7 @@ struct SplitScheduleOffsets {
 };
 
 struct BwdWorkspaceLayout : SplitScheduleOffsets {
-  size_t delta = 0, lse2 = 0, dq_accum = 0;
+  size_t delta = 0, lse2 = 0, dq_accum = 0, dq_sem = 0;
   size_t dk_accum = 0, dv_accum = 0;
   size_t total = 0;
   int64_t max_tasks = 0, max_items = 0, max_split = 0;
@@ -69,23 +73,33 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, const Plan
   w.delta = 0;
   w.lse2 = per;
   size_t off = 2 * per;
+  // Query blocks of the backward tile over all samples, a bound of the plan's (sm90 plans).
+  const bool sm90 = sig.consumer.arch == 90 && g.total_q > 0 && sig.consumer.bwd_block_q > 0;
+  int64_t max_q_blocks = 0;
+  if (sm90) {
+    const int64_t rows = sig.consumer.bwd_block_q;
+    const int64_t by_total = (g.total_q + rows - 1) / rows + g.batch;
+    const int64_t per_sample = (std::min(g.max_seqlen_q, g.total_q) + rows - 1) / rows;
+    const int64_t by_batch =
+        (g.batch > 0 && per_sample > by_total / g.batch) ? by_total : int64_t(g.batch) * per_sample;
+    max_q_blocks = std::min(by_batch, by_total);
+  }
+  const size_t dq_tiles = sizeof(float) * size_t(g.num_heads_q) * size_t(max_q_blocks) *
+                          size_t(std::max(sig.consumer.bwd_block_q, 0)) * size_t(g.head_dim_qk);
   if (deterministic) {
+    // The sm90 backward's deterministic path: the tiles and one counter per tile (dq_sem);
+    // the sm80 family's dQ kernel needs neither.
+    if (sm90 && sm90::bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v)) {
+      w.dq_accum = off;
+      off += ws_align(dq_tiles);
+      w.dq_sem = off;
+      off += ws_align(sizeof(int32_t) * size_t(g.num_heads_q) * size_t(max_q_blocks));
+    }
     w.total = off;
     return w;
   }
   w.dq_accum = off;
-  size_t dq_bytes = per * size_t(g.head_dim_qk);
-  if (sig.consumer.arch == 90 && g.total_q > 0 && sig.consumer.bwd_block_q > 0) {
-    const int64_t kTileRows = sig.consumer.bwd_block_q;
-    const int64_t by_total = (g.total_q + kTileRows - 1) / kTileRows + g.batch;
-    const int64_t per_sample = (std::min(g.max_seqlen_q, g.total_q) + kTileRows - 1) / kTileRows;
-    const int64_t by_batch =
-        (g.batch > 0 && per_sample > by_total / g.batch) ? by_total : int64_t(g.batch) * per_sample;
-    const size_t tiles = sizeof(float) * size_t(g.num_heads_q) * size_t(std::min(by_batch, by_total)) *
-                         size_t(kTileRows) * size_t(g.head_dim_qk);
-    dq_bytes = std::max(dq_bytes, tiles);
-  }
-  off += ws_align(dq_bytes);
+  off += ws_align(std::max(per * size_t(g.head_dim_qk), dq_tiles));
   const int64_t bk = sig.consumer.bwd_block_k;
   const int64_t by_batch = int64_t(g.batch) * ((g.max_seqlen_k + bk - 1) / bk);
   const int64_t by_total = (g.total_k + bk - 1) / bk + g.batch;

@@ -173,20 +173,29 @@ struct BwdParams : QkvParams {
   // empty row, so that exp2(s - lse2) = 0 there).
   float* delta = nullptr;
   float* lse2 = nullptr;
-  float* dq_accum = nullptr;  // [Hq, total_q, Dqk] fp32 when deterministic = 0, else unused (nullptr)
+  // [Hq, total_q, Dqk] fp32 when deterministic = 0 (or the dq_blocked tiles below); nullptr on the
+  // sm80 deterministic path (its dQ kernel writes dq directly).
+  float* dq_accum = nullptr;
   int64_t total_q = 0;
   int64_t seqlen_q = 0;  // BSHD: Sq of every sample (flattened row t is position t % Sq of sample t / Sq); THD: 0
   BwdSplit split;  // bound when split_schedule = 1
-  // 1: dQ by the separate dQ kernel in a fixed order (bitwise reproducible), no split schedule;
-  // 0: the dK/dV kernel adds dS K into dq_accum with fp32 atomics, then a convert kernel.
+  // 1: dQ added in a fixed order (bitwise reproducible), no split schedule: by the separate dQ
+  // kernel (sm80 family), or by the dK/dV kernel in descending key-block order through dq_sem
+  // (sm90 family); 0: the dK/dV kernel adds dS K into dq_accum with fp32 atomics (or bulk
+  // reduce-adds), then a convert kernel.
   int deterministic = 0;
   // 1: the dK/dV split schedule runs (deterministic = 0, task mode; `split` bound,
   // bwd_split.cuh); 0: one dK/dV CTA per task or grid cell (`split` unused).
   int split_schedule = 0;
-  // Layout of dq_accum (deterministic = 0): 0 = [Hq, total_q, Dqk]; 1 = the sm90 backward's
+  // Layout of dq_accum: 0 = [Hq, total_q, Dqk]; 1 = the sm90 backward's
   // tiles, one 64 x Dqk tile per (query head, global query block of the backward view) in the
   // kernel's register order (kernels/sm90/kernel_bwd_sm90.cuh, dq_tile_offset_sm90).
   int dq_blocked = 0;
+  // The sm90 deterministic backward (dq_blocked = 1, deterministic = 1): one int32 counter per
+  // dq_accum tile, zeroed by the preprocess; a key block adds its dQ tile once the counter
+  // equals the number of key blocks after it in the tile's Q2K row (descending key-block
+  // order, kernels/sm90/kernel_bwd_sm90.cuh), then increments it. nullptr otherwise.
+  int32_t* dq_sem = nullptr;
 };
 
 // The parameters of the analytic-mask kernels (SDPA): the flex parameters (no plan view, grid

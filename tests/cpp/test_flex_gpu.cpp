@@ -2194,7 +2194,7 @@ struct Sm90BwdOn {
 };
 
 void run_case_sm90_bwd(const Case& c) {
-  ASSERT_TRUE(c.backward && !c.deterministic && c.arch == 90 && c.h.dqk == c.h.dv && (c.h.dqk == 64 || c.h.dqk == 128))
+  ASSERT_TRUE(c.backward && c.arch == 90 && c.h.dqk == c.h.dv && (c.h.dqk == 64 || c.h.dqk == 128))
       << c.describe();
   const int64_t before = sm90::bwd_launches();
   run_case(c);
@@ -2363,6 +2363,56 @@ TEST(FlexGpuSm90, BwdSplitAndGrid) {
   }
 }
 
+// The deterministic sm90 backward (dQ tiles added in descending key-block order through their
+// counters): random cases and the benchmark masks against the reference, and dq / dk / dv
+// bitwise identical over three runs of a causal GQA THD case with long K2Q walks.
+TEST(FlexGpuSm90, BwdDeterministic) {
+  REQUIRE_SM90();
+  Sm90BwdOn on;
+  for (uint64_t s = 1; s <= 24; ++s) {
+    Case c = bwd_case_sm90(s + 700);
+    c.deterministic = true;
+    run_case_sm90_bwd(c);
+  }
+  uint64_t seed = 9900;
+  for (const char* name : {"causal", "document_causal", "tree_bfs", "sink_local"}) {
+    Case c;
+    c.arch = 90;
+    c.mask = name;
+    c.sq = 2048;
+    c.h = HeadConfig{4, 2, 1, 1, 128, 128, (seed & 1) ? DType::kBFloat16 : DType::kFloat16};
+    c.deterministic = true;
+    c.seed = ++seed;
+    run_case_sm90_bwd(c);
+  }
+  Case c;
+  c.arch = 90;
+  c.varlen = true;
+  c.lq = {1500, 0, 333};
+  c.lk = {1400, 60, 500};
+  c.batch = 3;
+  c.h = HeadConfig{4, 2, 1, 3, 128, 128, DType::kBFloat16};
+  c.deterministic = true;
+  c.seed = 9950;
+  auto p = make_problem(c);
+  std::vector<uint8_t> first[3];
+  const int64_t before = sm90::bwd_launches();
+  for (int run = 0; run < 3; ++run) {
+    auto b = alloc_bwd(*p, false);
+    launch_bwd(*p, *b, nullptr);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    const std::vector<uint8_t> got[3] = {raw_bytes(b->ddq), raw_bytes(b->ddk), raw_bytes(b->ddv)};
+    for (int i = 0; i < 3; ++i) {
+      if (run == 0) {
+        first[i] = got[i];
+      } else {
+        EXPECT_TRUE(got[i] == first[i]) << "run " << run << " differs in output " << i;
+      }
+    }
+  }
+  EXPECT_EQ(sm90::bwd_launches(), before + 3) << "the sm90 backward did not run";
+}
+
 // Small backward cases for compute-sanitizer (memcheck / racecheck / synccheck).
 TEST(FlexGpuSm90, BwdSanitizerSmall) {
   REQUIRE_SM90();
@@ -2394,6 +2444,10 @@ TEST(FlexGpuSm90, BwdSanitizerSmall) {
   d.h.dqk = d.h.dv = 64;
   d.seed = 9804;
   run_case_sm90_bwd(d);
+  Case e = b;  // deterministic (dQ tile counters)
+  e.deterministic = true;
+  e.seed = 9805;
+  run_case_sm90_bwd(e);
 }
 
 #endif  // FLASHSPAN_WITH_CUDA

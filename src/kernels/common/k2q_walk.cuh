@@ -73,4 +73,78 @@ struct K2QWalk {
   }
 };
 
+// The same pairs as K2QWalk, each head's query blocks in ascending order (its partial entries
+// and full runs merged), for walks whose order is a schedule, not only a summation order: the
+// deterministic sm90 backward adds a query block's dQ in descending key-block order, and with
+// ascending walks a larger key block (whose walk starts at a later query block in causal-like
+// masks) reaches each query block first, so that order costs no waiting. (BlockCursor order
+// visits every partial entry first: a document's last, partial query block would be the second
+// step of every key block of the document, all waiting on each other there.)
+// seek(begin) costs O(begin) steps: the deterministic path starts every walk at 0.
+struct K2QWalkAscending {
+  static constexpr int kEnd = 0x7fffffff;
+  const BwdParams* p;
+  int h, h_end, b, kb;
+  int left;
+  int ip = 0, ip_end = 0;  // the head's partial entries [ip, ip_end)
+  int pb = kEnd;           // query block of entry ip (kEnd past the end), read one entry ahead
+  int jr = 0, jr_end = 0;  // the head's full runs not yet opened [jr, jr_end)
+  int rf = 0, re = 0;      // the open run's blocks [rf, re)
+
+  __device__ __forceinline__ void read_pb() { pb = ip < ip_end ? __ldg(p->view.k2q_partial_qb + ip) : kEnd; }
+  __device__ __forceinline__ void open_run() {
+    if (rf >= re && jr < jr_end) {
+      const int2 r = __ldg(reinterpret_cast<const int2*>(p->view.k2q_full_runs) + jr);
+      ++jr;
+      rf = r.x;
+      re = r.y;
+    }
+  }
+  __device__ __forceinline__ void open_head() {
+    const int hm = p->mask_per_head ? h : 0;
+    const int64_t r = int64_t(hm) * p->view.num_k_blocks + __ldg(p->view.k_block_start + b) + kb;
+    ip = __ldg(p->view.k2q_partial_ptr + r);
+    ip_end = __ldg(p->view.k2q_partial_ptr + r + 1);
+    jr = __ldg(p->view.k2q_full_ptr + r);
+    jr_end = __ldg(p->view.k2q_full_ptr + r + 1);
+    rf = re = 0;
+    read_pb();
+    open_run();
+  }
+  __device__ __forceinline__ void seek(int begin) {
+    open_head();
+    int h0 = 0, q0 = 0, e0 = 0;
+    const int keep = left;
+    left = begin;
+    while (left > 0 && next(h0, q0, e0)) {
+    }
+    left = keep;
+  }
+  // Next pair; payload = payload index of a partial pair (-1 for a full one).
+  __device__ __forceinline__ bool next(int& head, int& qb, int& payload) {
+    if (left <= 0) return false;
+    while (true) {
+      const int fb = rf < re ? rf : kEnd;
+      if (pb != kEnd || fb != kEnd) {
+        --left;
+        head = h;
+        if (pb < fb) {
+          qb = pb;
+          payload = __ldg(p->view.k2q_partial_idx + ip);
+          ++ip;
+          read_pb();
+        } else {
+          qb = fb;
+          payload = -1;
+          ++rf;
+          open_run();
+        }
+        return true;
+      }
+      if (++h >= h_end) return false;
+      open_head();
+    }
+  }
+};
+
 }  // namespace flashspan::kern

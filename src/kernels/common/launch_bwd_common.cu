@@ -10,13 +10,19 @@
 namespace flashspan {
 
 void launch_bwd_preprocess(const BwdParams& p, DType dtype, int64_t total_q, cudaStream_t stream) {
-  if (!p.deterministic && total_q > 0) {
+  if (p.dq_accum != nullptr && total_q > 0) {
     // dq_accum: [Hq, total_q, Dqk], or with dq_blocked one Bq x Dqk tile per (query head, global
     // query block of the backward view) (params.h).
     const size_t rows = p.dq_blocked ? size_t(p.view.num_q_blocks) * size_t(p.view.block_q) : size_t(total_q);
     check_cuda(cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * size_t(p.num_heads_q) * rows * size_t(p.head_dqk),
                                stream),
                "flex backward: clearing the dQ accumulator");
+  }
+  if (p.dq_sem != nullptr && total_q > 0) {
+    // The ordering counters of the dQ tiles (deterministic sm90 backward): one per tile.
+    check_cuda(cudaMemsetAsync(p.dq_sem, 0, sizeof(int32_t) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks),
+                               stream),
+               "flex backward: clearing the dQ tile counters");
   }
   if (total_q > 0) {
     // One warp per (query row, head), grid-stride (bwd_prepost.cuh): any batch size, head

@@ -78,6 +78,15 @@ struct TileScheduler {
     const int b = find_block_owner(block_start, batch, gb);
     return WorkItem{gb - __ldg(block_start + b), int(i / num_blocks), b, 0, WorkItem::kWholeWalk, -1};
   }
+  // The whole walk of cell i in descending block order, heads fastest: block num_blocks - 1 -
+  // i / heads of head i % heads (the deterministic sm90 backward: a key block's dQ tiles wait
+  // for the larger key blocks, which this order starts first). None past the grid.
+  __device__ __forceinline__ WorkItem cell_descending(int64_t i) const {
+    if (i >= num_blocks * heads) return none();
+    const int gb = int(num_blocks - 1 - i / heads);
+    const int b = find_block_owner(block_start, batch, gb);
+    return WorkItem{gb - __ldg(block_start + b), int(i % heads), b, 0, WorkItem::kWholeWalk, -1};
+  }
   // Item i of the split schedule's list (i < its item count).
   __device__ __forceinline__ WorkItem split_item(int i) const {
     const int4 x = reinterpret_cast<const int4*>(items)[i];
@@ -95,6 +104,16 @@ struct TileScheduler {
     if (split_schedule) return claim();
     const int64_t i = int64_t(blockIdx.x) + int64_t(n) * gridDim.x;
     return grid_mode ? cell(i) : task(i);
+  }
+  // Item n of this CTA in the descending cell order (cell_descending), one wave of gridDim.x
+  // cells at a time, the CTAs taking a wave's cells forwards on even waves and backwards on odd
+  // ones (snake): causal walks grow with the cell index, so a plain stride would give the last
+  // CTA the longest cell of every wave (+25 % work at S = 32K causal). A CTA's cells still rise
+  // in index, so the lowest unfinished cell's CTA is always running it: waits on lower cells
+  // (larger blocks) cannot deadlock.
+  __device__ __forceinline__ WorkItem next_descending(uint32_t n) const {
+    const int64_t lane = (n & 1) ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
+    return cell_descending(int64_t(n) * gridDim.x + lane);
   }
 };
 

@@ -30,6 +30,19 @@
 //     one contiguous block in shared and global memory; flex_bwd_dq_convert_kernel_sm90 writes dq.
 //     (Per-row reductions into a [Hq, total_q, kD] accumulator, 64 bulk operations a step, held
 //     the kernel at 466 TFLOP/s on the H200 against 589 without any dQ reduction: PERF_LOG v1.4.)
+//   Deterministic (p.deterministic, bitwise reproducible): no split schedule; the CTAs take the
+//     grid cells in descending key-block order, heads fastest, in waves (snake order,
+//     TileScheduler::next_descending), each walk in ascending query-block order
+//     (K2QWalkAscending),
+//     and the writer adds a dQ tile only once the tile's counter (p.dq_sem) equals the number of
+//     key blocks after its own in the tile's Q2K row (dq_order_rank, computed ahead by warp 2 of
+//     WG0, the dQ order warp, which walks the items' K2Q pairs as the producer does), then waits for the addition to be written and increments the counter
+//     (release). So every tile sums its contributions in descending key-block order. This is
+//     the order in which causal-like walks reach a query block anyway (a key block's walk starts
+//     at its diagonal, so larger key blocks arrive first), as FlashAttention-3's deterministic
+//     causal backward orders it. No deadlock: the lowest-numbered unfinished cell depends only on
+//     lower-numbered cells (larger key blocks), all finished, and its CTA (a CTA's cells rise in
+//     number; at most one CTA per SM, all resident) has finished its earlier cells.
 //   WG1, WG2, the consumers (setmaxnreg 240): warpgroup c owns keys 64c .. 64c+63 of the key
 //     block, so S^T / dP^T are m64n64 accumulators (rows = keys, cols = queries) and dK / dV
 //     m64n{kD} accumulators that stay in registers for the whole item. P^T and dS^T feed the
@@ -109,10 +122,12 @@ struct BwdSm90Layout {
   static constexpr int kPay = kStat + kStages * 2 * kBlockQ * 4;  // [kStages] payload of a partial step
   static constexpr int kInfo = kPay + kStages * kPayBytes;         // [kStages] int4 {h, qb, payload, -}
   static constexpr int kDqInfo = kInfo + kStages * 16;              // int64: the step's dq_accum tile
-  static constexpr int kItem = kDqInfo + 16;                         // [2][8] int32: the item ring
+  static constexpr int kRank = kDqInfo + 16;                         // [2] int32: the dQ order ring
+  static constexpr int kItem = kRank + 16;                           // [2][8] int32: the item ring
   static constexpr int kBar = kItem + 2 * 8 * 4;
-  // kv_full, kv_empty, qdo_full[kStages], qdo_empty[kStages], dq_full, dq_empty, item_full[2], item_empty[2]
-  static constexpr int kNumBars = 2 + 2 * kStages + 2 + 4;
+  // kv_full, kv_empty, qdo_full[kStages], qdo_empty[kStages], dq_full, dq_empty, item_full[2], item_empty[2],
+  // rank_full[2], rank_empty[2]
+  static constexpr int kNumBars = 2 + 2 * kStages + 2 + 4 + 4;
   static constexpr int kUsed = kBar + 8 * kNumBars;
   static constexpr int kBytes = kUsed + 1024;  // + slack to align the dynamic base to 1024
   static_assert(kBytes <= 232448, "sm90 backward: more shared memory than an sm_90 block may have (227 KB)");
@@ -120,6 +135,7 @@ struct BwdSm90Layout {
   static constexpr int kKvFull = 0, kKvEmpty = 8, kQdoFull = 16, kQdoEmpty = kQdoFull + 8 * kStages;
   static constexpr int kDqFull = kQdoEmpty + 8 * kStages, kDqEmpty = kDqFull + 8;
   static constexpr int kItemFull = kDqEmpty + 8, kItemEmpty = kItemFull + 16;
+  static constexpr int kRankFull = kItemEmpty + 16, kRankEmpty = kRankFull + 16;
 };
 
 // A work item as the producer hands it to the other roles: key block kb (sample-local) of kv
@@ -184,7 +200,10 @@ __device__ __forceinline__ int bwd_task_steps(const BwdParams& p, int kb, int hk
 // items, grid cells or tasks), asked by lane 0 and broadcast to the warp, with its step count.
 __device__ __forceinline__ BwdItem next_bwd_item(const BwdParams& p, uint32_t item_it, int lane) {
   kern::WorkItem w = kern::TileScheduler::none();
-  if (lane == 0) w = kern::TileScheduler::backward(p).next(item_it);
+  if (lane == 0) {
+    const kern::TileScheduler sched = kern::TileScheduler::backward(p);
+    w = p.deterministic ? sched.next_descending(item_it) : sched.next(item_it);
+  }
   w.block = __shfl_sync(0xffffffffu, w.block, 0);
   w.head = __shfl_sync(0xffffffffu, w.head, 0);
   w.batch = __shfl_sync(0xffffffffu, w.batch, 0);
@@ -196,11 +215,32 @@ __device__ __forceinline__ BwdItem next_bwd_item(const BwdParams& p, uint32_t it
   return it;
 }
 
+// Deterministic order of the dQ tile (query head h, local query block qb of sample b): the
+// number of key blocks after kb (larger index) in the tile's Q2K row, i.e. how many additions
+// precede kb's when the key blocks add in descending order. One warp (all lanes); the row's
+// partial entries and full runs are read in parallel.
+__device__ __forceinline__ int dq_order_rank(const BwdParams& p, int h, int b, int qb, int kb, int lane) {
+  const int64_t r = int64_t(p.mask_per_head ? h : 0) * p.view.num_q_blocks + __ldg(p.view.q_block_start + b) + qb;
+  int n = 0;
+  const int i1 = __ldg(p.view.q2k_partial_ptr + r + 1);
+  for (int i = __ldg(p.view.q2k_partial_ptr + r) + lane; i < i1; i += 32) n += __ldg(p.view.q2k_partial_kb + i) > kb;
+  const int j1 = __ldg(p.view.q2k_full_ptr + r + 1);
+  for (int j = __ldg(p.view.q2k_full_ptr + r) + lane; j < j1; j += 32) {
+    const int2 run = __ldg(reinterpret_cast<const int2*>(p.view.q2k_full_runs) + j);
+    n += max(0, run.y - max(run.x, kb + 1));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) n += __shfl_xor_sync(0xffffffffu, n, o);
+  return n;
+}
+
 // ---------------------------------------------------------------------------
 // Producer (warp 0 of WG0)
 // ---------------------------------------------------------------------------
 
-template <int kD>
+// Walk: kern::K2QWalk (BlockCursor order, what the split schedule counts) or, deterministic,
+// kern::K2QWalkAscending (the dQ order warp walks the same).
+template <int kD, class Walk>
 __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                              const CUtensorMap* tm_v, const CUtensorMap* tm_do, uint32_t base,
                                              uint8_t* smem) {
@@ -245,7 +285,7 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
         tma_load_4d(base + L::kV + s * L::kSlabK, tm_v, 64 * s, row, it.hkv, bcoord, bars + L::kKvFull);
       }
     }
-    kern::K2QWalk walk{&p, it.hkv * p.group_size, (it.hkv + 1) * p.group_size, it.b, it.kb, it.steps, {}};
+    Walk walk{&p, it.hkv * p.group_size, (it.hkv + 1) * p.group_size, it.b, it.kb, it.steps};
     walk.seek(it.begin);
     for (int s = 0; s < it.steps; ++s, ++step_it) {
       int h = 0, qb = 0, payload = -1;
@@ -295,6 +335,7 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
   const int lane = threadIdx.x & 31;
   const uint32_t bars = base + L::kBar;
   const volatile int64_t* dq_info = reinterpret_cast<const int64_t*>(smem + L::kDqInfo);
+  const volatile int32_t* s_rank = reinterpret_cast<const int32_t*>(smem + L::kRank);
   uint32_t dq_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
     const uint32_t rs = item_it & 1;
@@ -308,14 +349,72 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
       for (int s = 0; s < steps; ++s, ++dq_it) {
         mbar_wait(bars + L::kDqFull, dq_it & 1);
         const int64_t tile = *dq_info;
+        int32_t* sem = p.dq_sem != nullptr ? p.dq_sem + tile : nullptr;
+        if (sem != nullptr) {
+          // Deterministic: wait until every larger key block of the tile's row has added.
+          const uint32_t rs2 = dq_it & 1;
+          mbar_wait(bars + L::kRankFull + 8 * rs2, (dq_it >> 1) & 1);
+          const int rank = s_rank[rs2];
+          mbar_arrive(bars + L::kRankEmpty + 8 * rs2);
+          // Poll without sleeping first: a sleeping waiter can oversleep its turn by tens of
+          // microseconds, and a tile that every key block adds at the same walk position
+          // (longformer's global query rows) is a chain of such turns.
+          for (int polls = 0; ld_acquire_gpu(sem) != rank; ++polls) {
+            if (polls >= 256) __nanosleep(32);
+          }
+          fence_proxy_async_global();
+        }
         bulk_reduce_add_f32(p.dq_accum + tile * (L::kBlockQ * kD), base + L::kDQ, L::kDqBytes);
         bulk_commit_group();
         bulk_wait_group_read<0>();  // the shared dQ tile may be overwritten
         mbar_arrive(bars + L::kDqEmpty);
+        if (sem != nullptr) {
+          bulk_wait_group<0>();  // the addition is written: the next key block may add
+          fence_proxy_async_global();
+          red_release_gpu_add(sem, 1);
+        }
       }
     }
   }
   bulk_wait_group<0>();  // every reduction written before the CTA exits
+}
+
+// ---------------------------------------------------------------------------
+// dQ order (warp 2 of WG0; deterministic only)
+// ---------------------------------------------------------------------------
+
+// Walks each item's K2Q pairs as the producer does (ascending, K2QWalkAscending) and hands the writer, through a 2-entry
+// ring, the order of every step's dQ addition (dq_order_rank), ahead of the step. A warp of its
+// own so that the producer's register budget (40) stays as it was for both paths.
+template <int kD>
+__device__ __forceinline__ void bwd_dq_order(const BwdParams& p, uint8_t* smem, uint32_t bars) {
+  using L = BwdSm90Layout<kD>;
+  const int lane = threadIdx.x & 31;
+  volatile int32_t* s_rank = reinterpret_cast<int32_t*>(smem + L::kRank);
+  uint32_t step_it = 0;
+  for (uint32_t item_it = 0;; ++item_it) {
+    const uint32_t rs = item_it & 1;
+    mbar_wait(bars + L::kItemFull + 8 * rs, (item_it >> 1) & 1);
+    const volatile int32_t* e = reinterpret_cast<const int32_t*>(smem + L::kItem) + 8 * rs;
+    const int kb = e[0], hkv = e[1], b = e[2], begin = e[3], steps = e[4];
+    __syncwarp();
+    if (lane == 0) mbar_arrive(bars + L::kItemEmpty + 8 * rs);
+    if (kb < 0) return;
+    kern::K2QWalkAscending walk{&p, hkv * p.group_size, (hkv + 1) * p.group_size, b, kb, steps};
+    walk.seek(begin);
+    for (int s = 0; s < steps; ++s, ++step_it) {
+      int h = 0, qb = 0, payload = -1;
+      walk.next(h, qb, payload);
+      const int rank = dq_order_rank(p, h, b, qb, kb, lane);
+      const uint32_t r2 = step_it & 1;
+      mbar_wait(bars + L::kRankEmpty + 8 * r2, ((step_it >> 1) & 1) ^ 1);
+      if (lane == 0) {
+        s_rank[r2] = rank;
+        mbar_arrive(bars + L::kRankFull + 8 * r2);  // release: the entry is visible to the writer
+      }
+      __syncwarp();
+    }
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -545,7 +644,10 @@ __global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
     mbar_init(bars + L::kDqEmpty, 1);                      // the writer's lane 0
     for (int i = 0; i < 2; ++i) {
       mbar_init(bars + L::kItemFull + 8 * i, 1);
-      mbar_init(bars + L::kItemEmpty + 8 * i, L::kConsumerThreads + 1);  // consumers + the writer
+      // consumers + the writer (+ the dQ order warp when deterministic)
+      mbar_init(bars + L::kItemEmpty + 8 * i, L::kConsumerThreads + 1 + (p.deterministic ? 1 : 0));
+      mbar_init(bars + L::kRankFull + 8 * i, 1);
+      mbar_init(bars + L::kRankEmpty + 8 * i, 1);
     }
     fence_barrier_init();
   }
@@ -554,9 +656,15 @@ __global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
     setmaxnreg_dec<40>();
     const int warp = threadIdx.x >> 5;
     if (warp == 0) {
-      bwd_producer<kD>(p, &tm_q, &tm_k, &tm_v, &tm_do, base, smem);
+      if (p.deterministic) {
+        bwd_producer<kD, kern::K2QWalkAscending>(p, &tm_q, &tm_k, &tm_v, &tm_do, base, smem);
+      } else {
+        bwd_producer<kD, kern::K2QWalk>(p, &tm_q, &tm_k, &tm_v, &tm_do, base, smem);
+      }
     } else if (warp == 1) {
       bwd_dq_writer<kD>(p, base, smem);
+    } else if (warp == 2 && p.deterministic) {
+      bwd_dq_order<kD>(p, smem, bars);
     }
     // Exit here rather than fall through to the kernel's end: when the 24-register warpgroup's
     // path merges with the consumers' (the shared exit), ptxas (nvcc 13.0) caps the consumers'

@@ -1,5 +1,5 @@
 // Instantiations and launch of the sm90 flex backward (kernel_bwd_sm90.cuh): head dims
-// {(64, 64), (128, 128)} x {fp16, bf16}; the shared preprocess / split schedule / convert kernels of
+// {(64, 64), (128, 128)} x {fp16, bf16}, deterministic or not (a runtime parameter); the shared preprocess / split schedule / convert kernels of
 // kernels/common (launch_bwd_common.h) around it; tensor maps of Q, K, V, dO encoded on the host
 // per call (no stream operation, so capture-safe).
 #include <cuda.h>
@@ -72,9 +72,9 @@ bool bwd_enabled() {
   return on;
 }
 
-bool bwd_config_supported(const FlexGeometry& g, bool deterministic) {
+bool bwd_config_supported(const FlexGeometry& g, bool /*deterministic: both paths run*/) {
   return (g.dtype == DType::kFloat16 || g.dtype == DType::kBFloat16) &&
-         bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v) && !deterministic;
+         bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v);
 }
 
 int bwd_smem_bytes(int dqk, int dv) {
@@ -84,10 +84,12 @@ int bwd_smem_bytes(int dqk, int dv) {
 
 void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& dout, DType dtype, int64_t total_q, cudaStream_t stream) {
-  FS_CHECK(bwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && !p.deterministic && p.view.block_q == kTileSm90.bwd_bq &&
+  FS_CHECK(bwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.view.block_q == kTileSm90.bwd_bq &&
                p.view.block_k == kTileSm90.bwd_bk,
            Status::kInternal, "sm90 backward: unsupported configuration reached the launcher (D ", p.head_dqk, "/",
-           p.head_dv, ", tile ", p.view.block_q, "x", p.view.block_k, ", deterministic ", p.deterministic, ")");
+           p.head_dv, ", tile ", p.view.block_q, "x", p.view.block_k, ")");
+  FS_CHECK(!p.deterministic || (p.dq_sem != nullptr && p.grid_mode == 1 && p.split_schedule == 0), Status::kInternal,
+           "sm90 backward: the deterministic path needs the dQ tile counters and the grid of every key block");
   FS_CHECK(p.dq_blocked == 1, Status::kInternal, "sm90 backward: the dQ accumulator is not bound in tiles");
   g_bwd_launches.fetch_add(1, std::memory_order_relaxed);
   launch_bwd_preprocess(p, dtype, total_q, stream);  // clears the tiled dq_accum too (dq_blocked)

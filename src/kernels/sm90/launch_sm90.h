@@ -39,15 +39,16 @@ void set_bwd_enabled(int on);
 int64_t bwd_launches();
 
 // Whether the sm90 backward kernel covers a configuration (independent of the device): fp16 or
-// bf16, Dqk = Dv in {64, 128}, the atomic dQ path (deterministic = false).
+// bf16, Dqk = Dv in {64, 128}, deterministic or not.
 bool bwd_config_supported(const FlexGeometry& g, bool deterministic);
 
 // Dynamic shared memory of the sm90 backward for these head dims (bytes; 0 when it has none).
 int bwd_smem_bytes(int dqk, int dv);
 
 // Enqueues the sm90 backward (preprocess, dK/dV + dQ kernel, split schedule and converts): p as
-// launch_flex_bwd fills it (backward view of a consumer_for(90) plan, deterministic = 0, the
-// split schedule bound in task mode); q, k, v, dout for the tensor maps.
+// launch_flex_bwd fills it (backward view of a consumer_for(90) plan, dq_blocked = 1; the split
+// schedule bound in task mode when deterministic = 0; dq_sem bound and grid_mode = 1 when
+// deterministic = 1); q, k, v, dout for the tensor maps.
 void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& dout, DType dtype, int64_t total_q, cudaStream_t stream);
 
