@@ -49,10 +49,17 @@ void run(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const
   check_launch("flex forward (sm90)");
 }
 
+// FLASHSPAN_SM90_FWD_OVERLAP_ALL=1 (a build-time define, for measurements): the (192, 128) and
+// (256, 256) kernels are built with the overlapped consumers too, chosen by
+// FLASHSPAN_SM90_OVERLAP=1 as for the 128 kernel.
+#ifndef FLASHSPAN_SM90_FWD_OVERLAP_ALL
+#define FLASHSPAN_SM90_FWD_OVERLAP_ALL 0
+#endif
+
 template <int kDqk, int kDv, class E, bool kMaxLogit>
 void run_o(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
            cudaStream_t s) {
-  if constexpr (kDqk <= 128 && kDv <= 128) {
+  if constexpr ((kDqk <= 128 && kDv <= 128) || FLASHSPAN_SM90_FWD_OVERLAP_ALL) {
     const int mode = fwd_overlap_mode_sm90();
     if (mode == 1 || (mode == -1 && kDqk == 64)) {
       run<kDqk, kDv, E, kMaxLogit, true>(p, mq, mk, mv, s);
