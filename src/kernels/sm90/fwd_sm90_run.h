@@ -15,8 +15,10 @@ namespace flashspan::sm90 {
 // softmax with the P V GEMM (kOverlap). FLASHSPAN_SM90_OVERLAP: unset = overlap for D = 64, serial
 // for D = 128; 0 = serial for both; 1 = overlap for both. (The D = 128 overlapped loop spilled
 // under nvcc 13.0 until the producer warpgroup got its own exit, kernel_fwd_sm90.cuh; its speed
-// decides the default, PERF_LOG.) The (192, 128) and (256, 256) kernels are built serial only
-// (one instantiation per dtype and max_logit: CI build time). Read once per process.
+// decides the default, PERF_LOG.) The (192, 128) and (256, 256) kernels are built serial only:
+// their overlapped consumers measured 5-12 % slower on the H200 (PERF_LOG v1.5), and each kernel
+// costs CI build time (fwd_sm90_run.cuh: FLASHSPAN_SM90_FWD_OVERLAP_ALL builds them for
+// measurements). Read once per process.
 int fwd_overlap_mode_sm90();
 
 // Launches the (kDqk, kDv) kernel (the kernel head dims of tile_sm90(p.head_dqk, p.head_dv)).
