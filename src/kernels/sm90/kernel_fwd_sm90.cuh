@@ -16,15 +16,16 @@
 //     ring, and issues the bulk tensor copies (TMA) of the item's Q tile and of K, V of every
 //     key block of its walk into a kStages ring.
 //   WG1, WG2, the consumers (setmaxnreg.inc): warpgroup c owns query rows 64c .. 64c+63. Per
-//     key block: S = Q K^T (wgmma SS, m64n128k16), the scores -> logits step (kern::Variant,
+//     key block: S = Q K^T (wgmma SS, m64n{kBlockK}k16), the scores -> logits step (kern::Variant,
 //     variant.cuh: scale; a partial block masked by its payload words, PlanPayloadMask), the
 //     online softmax in registers (kern::OnlineSoftmax, softmax.cuh), P converted to 16-bit A
 //     fragments in registers (kern::pack_p), O += P V (wgmma RS, m64n{kDv}k16, V read N-major).
 //     Full blocks do no masking work. After the walk, the forward epilogue
 //     (kern::FwdEpilogue, epilogue_fwd.cuh) of each warp's 16 rows.
-//   Consumer schedule (kOverlap): serial (S, softmax, P V per block) or, for D = 64, the
-//     intra-warpgroup overlap of FlashAttention-3 (S_j issued, then P_{j-1} V_{j-1}; the softmax
-//     of S_j runs while the P V GEMM is in flight; launch_fwd_sm90.cu says why not for D = 128).
+//   Consumer schedule (kOverlap): serial (S, softmax, P V per block) or, for the (64, 64) kernel,
+//     the intra-warpgroup overlap of FlashAttention-3 (S_j issued, then P_{j-1} V_{j-1}; the
+//     softmax of S_j runs while the P V GEMM is in flight; fwd_sm90_run.h says why not for the
+//     larger kernels).
 //     The two consumer warpgroups are not explicitly ping-ponged (no scheduler barrier yet).
 //   Synchronisation: mbarriers only (q_full / q_empty, k_full[s] / v_full[s] / kv_empty[s],
 //     item_full[i] / item_empty[i]); the producer fills with expect_tx + TMA complete_tx, the
@@ -140,7 +141,6 @@ using kern::WorkItem;
 
 // The CSR cursor of an item, restricted to [begin, begin + count) (block_range.cuh).
 __device__ __forceinline__ kern::ItemCursor item_cursor(const FwdParams& p, const WorkItem& it) {
-  // (the view's Q2K lists are laid out for the plan's forward tile, the kernel's: launcher)
   const int hm = p.mask_per_head ? it.head : 0;
   const int64_t r = int64_t(hm) * p.view.num_q_blocks + __ldg(p.view.q_block_start + it.batch) + it.block;
   return kern::ItemCursor::make(kern::BlockCursor::row(p.view.q2k_partial_ptr, p.view.q2k_partial_kb,
