@@ -1,10 +1,11 @@
 // Forward (or, with `bwd`, backward) of the two kernel families side by side in one process:
 // the portable sm80 family (mma.sync, plans of consumer_for(80)) and the sm90 family (TMA +
 // wgmma, consumer_for(90); its backward through sm90::set_bwd_enabled(1)), on the eight
-// BENCHMARK.md masks. BF16 (or FP16), B = 1, Hq = Hkv = H, Hmask = 1, Dqk = Dv =
-// D. Plans from the CUDA planner; each call gets its workspace (split schedule). Prints the
-// median of CUDA-event timings after warmup (L2 flushed before every timed run), TFLOP/s over
-// visible pairs (4 D flops a pair forward, 2.5x that backward), the ratio sm90 / sm80 and the
+// BENCHMARK.md masks. BF16 (or FP16), B = 1, Hq = Hkv = H, Hmask = 1, head dims D (Dqk = Dv)
+// or DqkxDv (e.g. 192x128). Plans from the CUDA planner; each call gets its workspace (split
+// schedule). Prints the median of CUDA-event timings after warmup (L2 flushed before every
+// timed run), TFLOP/s over visible pairs (2 (Dqk + Dv) flops a pair forward, 2.5x that
+// backward), the ratio sm90 / sm80 and the
 // largest |difference| between the two families' outputs (backward: dq, dk, dv). The sm90
 // outputs are checked against the sm80 ones (themselves checked against the CPU reference by
 // the GPU tests) with the tests' criterion (tests/cpp/error_criteria.h): any mask that fails
@@ -12,7 +13,7 @@
 // FAMILY_BENCH_DETERMINISTIC=1 the deterministic one (both families). FAMILY_BENCH_SM90_ONLY=1
 // runs the sm90 family alone (for a profiler; nothing is compared).
 //
-// Usage: flashspan_family_bench [iters] [S] [D] [H] [bf16|fp16] [fwd|bwd]
+// Usage: flashspan_family_bench [iters] [S] [D|DqkxDv] [H] [bf16|fp16] [fwd|bwd]
 //        (defaults: 10 32768 128 4 bf16 fwd); FAMILY_BENCH_MASKS=causal,hstu runs only those masks.
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -47,7 +48,14 @@ using fs_bench::time_ms;
 int main(int argc, char** argv) {
   const int iters = argc > 1 ? std::atoi(argv[1]) : 10;
   const int64_t S = argc > 2 ? std::atoll(argv[2]) : 32768;
-  const int D = argc > 3 ? std::atoi(argv[3]) : 128;
+  const std::string dims = argc > 3 ? std::string(argv[3]) : "128";
+  const size_t x = dims.find('x');
+  const int D = std::atoi(dims.c_str());  // Dqk
+  const int Dv = x == std::string::npos ? D : std::atoi(dims.c_str() + x + 1);
+  if (D <= 0 || Dv <= 0) {
+    std::fprintf(stderr, "head dims: D or DqkxDv expected, got '%s'\n", dims.c_str());
+    return 2;
+  }
   const int H = argc > 4 ? std::atoi(argv[4]) : 4;
   const bool fp16 = argc > 5 && std::string(argv[5]) == "fp16";
   const bool bwd = argc > 6 && std::string(argv[6]) == "bwd";
@@ -55,30 +63,32 @@ int main(int argc, char** argv) {
   const DType dt = fp16 ? DType::kFloat16 : DType::kBFloat16;
   cudaDeviceProp prop;
   ck(cudaGetDeviceProperties(&prop, 0), "device");
-  std::printf("device: %s (sm_%d%d, %d SMs); S=%lld D=%d H=%d %s %s, sm90 family available: %s\n", prop.name,
-              prop.major, prop.minor, prop.multiProcessorCount, (long long)S, D, H, dtype_name(dt),
+  std::printf("device: %s (sm_%d%d, %d SMs); S=%lld Dqk=%d Dv=%d H=%d %s %s, sm90 family available: %s\n", prop.name,
+              prop.major, prop.minor, prop.multiProcessorCount, (long long)S, D, Dv, H, dtype_name(dt),
               bwd ? "backward" : "forward", sm90::device_supported(0) ? "yes" : "no");
   std::printf("%-16s %10s %10s %10s %10s %8s %10s\n", "mask", "sm80 ms", "sm80 TF/s", "sm90 ms", "sm90 TF/s", "ratio",
               "max|diff|");
   const size_t flush_bytes = size_t(256) << 20;
   void* flush = nullptr;
   ck(cudaMalloc(&flush, flush_bytes), "flush buffer");
-  const size_t n = size_t(S) * H * D;
+  const size_t n = size_t(S) * H * D;    // q, k, dq, dk
+  const size_t nv = size_t(S) * H * Dv;  // v, out, dout, dv
   uint16_t *q, *k, *v, *o80, *o90, *dout;
-  for (uint16_t** p : {&q, &k, &v, &o80, &o90, &dout}) ck(cudaMalloc(p, n * 2), "cudaMalloc");
+  for (uint16_t** p : {&q, &k}) ck(cudaMalloc(p, n * 2), "cudaMalloc");
+  for (uint16_t** p : {&v, &o80, &o90, &dout}) ck(cudaMalloc(p, nv * 2), "cudaMalloc");
   // Backward outputs of each family: dq, dk, dv.
   uint16_t* grads[2][3] = {};
   if (bwd) {
     for (auto& fam : grads) {
-      for (uint16_t*& g : fam) ck(cudaMalloc(&g, n * 2), "cudaMalloc grads");
+      for (int i = 0; i < 3; ++i) ck(cudaMalloc(&fam[i], (i == 2 ? nv : n) * 2), "cudaMalloc grads");
     }
   }
   float* lse;
   ck(cudaMalloc(&lse, size_t(H) * S * 4), "cudaMalloc lse");
   uint32_t seed = 1;
-  for (uint16_t* p : {q, k, v, dout}) fill_random_16<<<1024, 256>>>(p, n, seed++, fp16 ? 1 : 0);
+  for (uint16_t* p : {q, k, v, dout}) fill_random_16<<<1024, 256>>>(p, p == q || p == k ? n : nv, seed++, fp16 ? 1 : 0);
   ck(cudaDeviceSynchronize(), "fill");
-  std::vector<uint16_t> h80(n), h90(n);
+  std::vector<uint16_t> h80(std::max(n, nv)), h90(std::max(n, nv));
 
   bool mismatch = false;
   // FAMILY_BENCH_MASKS=causal,hstu restricts the masks (e.g. for a profiler run).
@@ -100,7 +110,8 @@ int main(int argc, char** argv) {
     g.num_heads_q = g.num_heads_kv = H;
     g.num_heads_mask = 1;
     g.nfunc = m.nfunc;
-    g.head_dim_qk = g.head_dim_v = D;
+    g.head_dim_qk = D;
+    g.head_dim_v = Dv;
     g.dtype = dt;
     g.device = DeviceType::kCUDA;
     g.device_id = 0;
@@ -116,7 +127,7 @@ int main(int argc, char** argv) {
       if (arch == 80 && sm90_only) continue;
       PlanRequest req;
       req.geometry = &g;
-      req.consumer = consumer_for(arch, D, D);
+      req.consumer = consumer_for(arch, D, Dv);
       req.build_backward = bwd;
       auto plan = build_mask_plan_cuda(req, dmask, nullptr);
       ck(cudaDeviceSynchronize(), "plan");
@@ -126,8 +137,8 @@ int main(int argc, char** argv) {
       fa.plan = plan.get();
       fa.q = dev_view(q, dt, {1, S, H, D});
       fa.k = dev_view(k, dt, {1, S, H, D});
-      fa.v = dev_view(v, dt, {1, S, H, D});
-      fa.out = dev_view(fam == 0 ? o80 : o90, dt, {1, S, H, D});
+      fa.v = dev_view(v, dt, {1, S, H, Dv});
+      fa.out = dev_view(fam == 0 ? o80 : o90, dt, {1, S, H, Dv});
       fa.lse = dev_view(lse, DType::kFloat32, {1, H, S});
       fa.softmax_scale = default_softmax_scale(D);
       const size_t ws_bytes = flex_fwd_workspace_size(g, *plan, false);
@@ -137,7 +148,7 @@ int main(int argc, char** argv) {
       fa.workspace_bytes = ws_bytes;
       if (!bwd) {
         ms[fam] = time_ms([&] { launch_flex_fwd(fa); }, iters, flush, flush_bytes);
-        tf[fam] = 4.0 * D * pairs / (ms[fam] * 1e-3) / 1e12;
+        tf[fam] = 2.0 * (D + Dv) * pairs / (ms[fam] * 1e-3) / 1e12;
       } else {
         launch_flex_fwd(fa);  // O and LSE of this family for its backward
         FlexBwdLaunch ba;
@@ -147,11 +158,11 @@ int main(int argc, char** argv) {
         ba.k = fa.k;
         ba.v = fa.v;
         ba.out = fa.out;
-        ba.dout = dev_view(dout, dt, {1, S, H, D});
+        ba.dout = dev_view(dout, dt, {1, S, H, Dv});
         ba.lse = fa.lse;
         ba.dq = dev_view(grads[fam][0], dt, {1, S, H, D});
         ba.dk = dev_view(grads[fam][1], dt, {1, S, H, D});
-        ba.dv = dev_view(grads[fam][2], dt, {1, S, H, D});
+        ba.dv = dev_view(grads[fam][2], dt, {1, S, H, Dv});
         ba.softmax_scale = fa.softmax_scale;
         ba.deterministic = det;
         const size_t bws_bytes = flex_bwd_workspace_size(g, *plan, det);
@@ -161,7 +172,7 @@ int main(int argc, char** argv) {
         ba.workspace_bytes = bws_bytes;
         const int64_t before = sm90::bwd_launches();
         ms[fam] = time_ms([&] { launch_flex_bwd(ba); }, iters, flush, flush_bytes);
-        tf[fam] = 2.5 * 4.0 * D * pairs / (ms[fam] * 1e-3) / 1e12;
+        tf[fam] = 2.5 * 2.0 * (D + Dv) * pairs / (ms[fam] * 1e-3) / 1e12;
         if (arch == 90 && sm90::bwd_launches() == before) {
           std::printf("note: %s: the sm90 plan's backward ran on the sm80 kernels (not covered by the sm90 backward)\n",
                       name.c_str());
@@ -178,10 +189,11 @@ int main(int argc, char** argv) {
       const int outputs = bwd ? 3 : 1;
       static const char* const kNames[3] = {"dq", "dk", "dv"};
       for (int o = 0; o < outputs; ++o) {
-        ck(cudaMemcpy(h80.data(), bwd ? grads[0][o] : o80, n * 2, cudaMemcpyDeviceToHost), "download");
-        ck(cudaMemcpy(h90.data(), bwd ? grads[1][o] : o90, n * 2, cudaMemcpyDeviceToHost), "download");
-        std::vector<double> d80(n), d90(n);
-        for (size_t i = 0; i < n; ++i) {
+        const size_t no = bwd && o < 2 ? n : nv;  // dq, dk: Dqk; out, dv: Dv
+        ck(cudaMemcpy(h80.data(), bwd ? grads[0][o] : o80, no * 2, cudaMemcpyDeviceToHost), "download");
+        ck(cudaMemcpy(h90.data(), bwd ? grads[1][o] : o90, no * 2, cudaMemcpyDeviceToHost), "download");
+        std::vector<double> d80(no), d90(no);
+        for (size_t i = 0; i < no; ++i) {
           d80[i] = double(fp16 ? half_bits_to_float(h80[i]) : bf16_bits_to_float(h80[i]));
           d90[i] = double(fp16 ? half_bits_to_float(h90[i]) : bf16_bits_to_float(h90[i]));
           const double d = std::fabs(d80[i] - d90[i]);

@@ -162,8 +162,8 @@ fi
 # 1. The whole C++ suite (GPU tests included; CPU tests are cheap). No test may be skipped.
 #    It includes FlexGpu.LaunchLimits* (issue 18: B = 300,000, 100,000 THD samples, Hq = 256; ~10 s).
 gtest_run "gtest (all)" gtest.log "$tests" --gtest_brief=1
-# The sm90 forward's consumer schedule (FLASHSPAN_SM90_OVERLAP: 0 serial for both head dims, 1
-# overlapped for both) and the sm90 plans' backward family (FLASHSPAN_SM90_BWD=0: the sm80
+# The sm90 forward's consumer schedule (FLASHSPAN_SM90_OVERLAP: 0 serial for the 64 and 128
+# kernels, 1 overlapped for both; the (192, 128) and (256, 256) kernels are serial only) and the sm90 plans' backward family (FLASHSPAN_SM90_BWD=0: the sm80
 # kernels) are chosen by environment variables read once per process: one run each, so that
 # every compiled variant is tested.
 if "$tests" --gtest_list_tests --gtest_filter='FlexGpuSm90.*' 2>/dev/null | grep -q '^  '; then
@@ -179,12 +179,12 @@ fi
 if [ "${GPU_CHECK_NO_SANITIZER:-0}" = 1 ]; then
   waive "memcheck + racecheck + synccheck" "GPU_CHECK_NO_SANITIZER=1"
 elif command -v compute-sanitizer >/dev/null; then
-  filt=${GPU_CHECK_SANITIZER_FILTER:-'FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.BwdSanitizerSmall:FlexGpu.PackedGqaGridAndNoWorkspace:PlannerGpu.ThdWithEmptySamples:PlannerGpu.RandomMasksGqaPerHead'}
+  filt=${GPU_CHECK_SANITIZER_FILTER:-'FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpu.PackedGqaGridAndNoWorkspace:PlannerGpu.ThdWithEmptySamples:PlannerGpu.RandomMasksGqaPerHead'}
   gtest_run "memcheck" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" --gtest_filter="$filt"
   gtest_run "racecheck" racecheck.log compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" \
-    --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.BwdSanitizerSmall:PlannerGpu.ThdWithEmptySamples}"
+    --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:PlannerGpu.ThdWithEmptySamples}"
   gtest_run "synccheck (sm90)" synccheck.log compute-sanitizer --tool synccheck --error-exitcode 3 "$tests" \
-    --gtest_filter='FlexGpuSm90.SanitizerSmall:FlexGpuSm90.BwdSanitizerSmall'
+    --gtest_filter='FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall'
 else
   fail "compute-sanitizer" "compute-sanitizer not found (PATH=$PATH): the memcheck / racecheck steps cannot run"
 fi

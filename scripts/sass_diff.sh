@@ -10,8 +10,9 @@
 #     REV    git revision to compare the working tree with (default HEAD); with
 #            SASS_NEW_REV=<rev> that revision is compared instead of the working tree
 #     ARCHS  comma-separated, default "80,90a" (the archs CMake builds by default)
-#     FILES  .cu files relative to the repo root, default the kernel launch units and
-#            src/dispatch/flex_dispatch.cu
+#     FILES  .cu files relative to the repo root, default the kernel launch units (the sm90
+#            forward's kernels are in fwd_sm90_d*.cu since v1.5: against an older REV use
+#            SASS_POOL=1) and src/dispatch/flex_dispatch.cu
 #   Env: SASS_NAME_SED  sed script applied to the demangled kernel names of both sides before
 #                       they are paired (e.g. 's/flashspan::BFloat16/true/g' when a template
 #                       parameter changes spelling only); SASS_CACHE (default build-sass/cache):
@@ -40,7 +41,8 @@ shift $(( $# >= 2 ? 2 : $# )) || true
 files=("$@")
 if [ ${#files[@]} -eq 0 ]; then
   files=(src/kernels/sm80/launch_fwd_sm80.cu src/kernels/sm80/launch_bwd_sm80.cu
-         src/kernels/sm90/launch_fwd_sm90.cu src/kernels/sm90/launch_bwd_sm90.cu
+         src/kernels/sm90/launch_fwd_sm90.cu src/kernels/sm90/fwd_sm90_d64.cu src/kernels/sm90/fwd_sm90_d128.cu
+         src/kernels/sm90/fwd_sm90_d192.cu src/kernels/sm90/fwd_sm90_d256.cu src/kernels/sm90/launch_bwd_sm90.cu
          src/kernels/common/launch_bwd_common.cu src/dispatch/flex_dispatch.cu)
 fi
 cache=${SASS_CACHE:-$root/build-sass/cache}

@@ -51,9 +51,20 @@ void check_head_dims_sm80(int dqk, int dv) {
 }
 
 // sm90: the tiles of kernels/sm90/tile_sm90.h (forward: two consumer warpgroups of 64 rows
-// each, 128 keys; backward 64 x 128, the sm80 kernels' backward tile for head dims <= 128).
+// each, 128 keys, 64 for (256, 256); backward: the tile its backward kernel runs, 64 x 128 up to
+// D = 128 and the sm80 kernels' 64 x 64 for (192, 128) and (256, 256)).
+// For (192, 128) and (256, 256) the forward runs 128 x 128 / 128 x 64 tiles of its own, the
+// backward the sm80 kernels' 64 x 64 tile: the backward part of the two tables must agree
+// wherever an sm90 plan's backward can run on the sm80 kernels.
 Consumer consumer_sm90(int head_dim_qk, int head_dim_v) {
-  return consumer_of_tile(90, sm90::tile_sm90(head_dim_qk, head_dim_v));
+  const sm90::TileSm90 t = sm90::tile_sm90(head_dim_qk, head_dim_v);
+  if (sm80::runs_head_dims_sm80(head_dim_qk, head_dim_v) && !sm90::bwd_runs_head_dims_sm90(head_dim_qk, head_dim_v)) {
+    const sm80::TileSm80 b = sm80::tile_sm80(head_dim_qk, head_dim_v);
+    FS_CHECK(t.bwd_bq == b.bwd_bq && t.bwd_bk == b.bwd_bk, Status::kInternal, "tile_sm90: backward tile ", t.bwd_bq,
+             "x", t.bwd_bk, " of head dims (", head_dim_qk, ", ", head_dim_v, ") is not the sm80 backward's ",
+             b.bwd_bq, "x", b.bwd_bk);
+  }
+  return consumer_of_tile(90, t);
 }
 
 Consumer consumer_for_plan_sm90(const FlexGeometry& g, bool) { return consumer_sm90(g.head_dim_qk, g.head_dim_v); }

@@ -89,14 +89,14 @@ void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool ba
                      ", which this build does not have (sm80 and sm90 exist)");
   if (c.arch == 90) {
     // Forward: the sm90 kernel, on the forward tile of the sm90 family's consumer
-    // (kernels/sm90/tile_sm90.h through family.cpp); backward: the sm80 kernels, whose
-    // backward tile the sm90 consumer shares for the head dims the sm90 forward covers.
+    // (kernels/sm90/tile_sm90.h through family.cpp); backward: the sm90 kernel where it runs,
+    // else the sm80 kernels, whose backward tile the sm90 consumer has (tile_sm90.h).
     FS_CHECK_SUPPORTED(sm90::device_supported(g.device_id), "mask_plan: built for kernel family sm90, which needs a "
                        "compute capability 9.0 device and a build with 90a in FLASHSPAN_CUDA_ARCHS (device cuda:",
                        g.device_id, "); build the plan with arch=80");
     FS_CHECK_SUPPORTED(sm90::fwd_config_supported(g, plan.signature.pack_gqa),
-                       "mask_plan: the sm90 forward runs float16/bfloat16, head_dim_qk = head_dim_v in {64, 128}, "
-                       "unpacked GQA; got (", g.head_dim_qk, ", ", g.head_dim_v, ") ", dtype_name(g.dtype),
+                       "mask_plan: the sm90 forward runs float16/bfloat16, head dims each a multiple of 8 up to 128, "
+                       "or (192, 128), or (256, 256), unpacked GQA; got (", g.head_dim_qk, ", ", g.head_dim_v, ") ", dtype_name(g.dtype),
                        plan.signature.pack_gqa ? " packed" : "", ": build the plan with arch=80");
     const Consumer want = consumer_for(90, g.head_dim_qk, g.head_dim_v);
     FS_CHECK_SUPPORTED(c.fwd_block_q == want.fwd_block_q && c.fwd_block_k == want.fwd_block_k &&
@@ -120,7 +120,7 @@ void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool ba
   FS_CHECK(e2 == cudaSuccess, Status::kCudaError, "cudaDeviceGetAttribute(cuda:", g.device_id,
            "): ", cudaGetErrorString(e2));
   const sm80::TileSm80 t = c.arch == 90 ? sm80::tile_sm80(g.head_dim_qk, g.head_dim_v) : plan_tile(g, plan);
-  const int fwd_need = c.arch == 90 ? sm90::fwd_smem_bytes(g.head_dim_qk) : sm80::fwd_smem_bytes(t);
+  const int fwd_need = c.arch == 90 ? sm90::fwd_smem_bytes(g.head_dim_qk, g.head_dim_v) : sm80::fwd_smem_bytes(t);
   // Both backward dQ paths can be chosen at execute time: require the larger (and, for an sm90
   // plan, the sm90 backward's).
   int bwd_need = sm80::bwd_smem_bytes(t, true);
@@ -200,8 +200,8 @@ void launch_flex_fwd(const FlexFwdLaunch& a) {
   if (c.arch == 90) {
     FS_CHECK(sm90::device_supported(g.device_id) && sm90::fwd_config_supported(g, plan.signature.pack_gqa),
              Status::kNotSupported, "mask_plan: built for kernel family sm90, which cannot run this call on device cuda:",
-             g.device_id, " (needs compute capability 9.0, a 90a build, float16/bfloat16, head_dim_qk = head_dim_v in "
-             "{64, 128}, unpacked GQA); build the plan with arch=80");
+             g.device_id, " (needs compute capability 9.0, a 90a build, float16/bfloat16, head dims each a multiple of 8 "
+             "up to 128, or (192, 128), or (256, 256), unpacked GQA); build the plan with arch=80");
     sm90::launch_fwd_sm90(p, a.q, a.k, a.v, g.dtype, static_cast<cudaStream_t>(a.stream));
     return;
   }

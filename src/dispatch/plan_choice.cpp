@@ -34,8 +34,8 @@ int family_from_env() {
 // CUDA plans on devices or configurations the sm90 forward does not cover, take the portable
 // sm80 family (so CPU and CUDA plans of such calls compare bitwise); a CUDA plan on an sm_90
 // device with the sm90 code built takes the sm90 family when the environment allows it
-// (family_from_env) and the sm90 forward covers the call (fp16/bf16, Dqk = Dv in {64, 128},
-// unpacked rows: `pack_gqa` is the caller's request; with -1 (choose) calls the packing
+// (family_from_env) and the sm90 forward covers the call (fp16/bf16, head dims of
+// fwd_runs_head_dims_sm90 in tile_sm90.h, unpacked rows: `pack_gqa` is the caller's request; with -1 (choose) calls the packing
 // heuristic would pack keep the sm80 family, the others resolve to unpacked).
 int resolve_arch(int requested, const FlexGeometry& g, int32_t pack_gqa) {
   FS_CHECK_ARG(requested == 0 || requested == 80 || requested == 90, "arch: must be 0 (choose), 80 or 90, got ",

@@ -1983,9 +1983,12 @@ TEST(PlanScaleGpu, OutOfMemoryIsAnErrorNotACrash) {
 }
 
 // ---------------------------------------------------------------------------
-// The sm90 family (src/kernels/sm90: TMA + wgmma forward on consumer_for(90) plans, 128x128
-// tiles; the backward of such plans runs on the sm80 kernels). Skipped where the device or
-// the build cannot run it (sm90::device_supported).
+// The sm90 family (src/kernels/sm90: TMA + wgmma forward on consumer_for(90) plans, the tiles
+// of tile_sm90.h: 128 x 128, 128 x 64 for (256, 256); kernels of head dims (64, 64),
+// (128, 128), (192, 128), (256, 256), smaller dims on the next larger kernel with zero-filled
+// tensor-map loads; the backward of such plans runs on the sm90 backward for 64 / 128, else on
+// the sm80 kernels). Skipped where the device or the build cannot run it
+// (sm90::device_supported).
 // ---------------------------------------------------------------------------
 
 #define REQUIRE_SM90()                                                                          \
@@ -1994,15 +1997,30 @@ TEST(PlanScaleGpu, OutOfMemoryIsAnErrorNotACrash) {
     if (!sm90::device_supported(0)) GTEST_SKIP() << "no sm_90 device or no sm_90a code built"; \
   } while (0)
 
-// A random case the sm90 forward covers: fp16/bf16, Dqk = Dv in {64, 128}, unpacked, random
-// BSHD / THD (empty samples), GQA / MQA, Hmask 1 or Hq, lengths not multiples of the tile,
-// random interval masks at granularities 1, 16, 128, random softmax scale.
+// A random case the sm90 forward covers: fp16/bf16, head dims of every sm90 kernel (a third
+// of the cases: dims below the kernel's, multiples of 8, Dqk != Dv), unpacked, random BSHD /
+// THD (empty samples), GQA / MQA, Hmask 1 or Hq, lengths not multiples of the tile, random
+// interval masks at granularities 1, 16, 128, random softmax scale.
 Case random_case_sm90(uint64_t seed) {
   Case c = random_case(seed);
   Rng rng(seed * 104729 + 7);
   auto pick = [&](int n) { return int(rng() % uint64_t(n)); };
   c.arch = 90;
-  c.h.dqk = c.h.dv = pick(2) ? 128 : 64;
+  static const int kernel_dims[][2] = {{64, 64}, {128, 128}, {192, 128}, {256, 256}};
+  if (pick(3) == 0) {
+    c.h.dqk = 8 * (1 + pick(16));
+    c.h.dv = 8 * (1 + pick(16));
+  } else {
+    const int di = pick(4);
+    c.h.dqk = kernel_dims[di][0];
+    c.h.dv = kernel_dims[di][1];
+  }
+  if (c.h.dqk >= 192) {  // CPU reference time: as random_case's big dims
+    c.sq = std::min<int64_t>(c.sq, 200);
+    c.sk = std::min<int64_t>(c.sk, 200);
+    for (auto& l : c.lq) l = std::min<int64_t>(l, 200);
+    for (auto& l : c.lk) l = std::min<int64_t>(l, 200);
+  }
   if (pick(3) == 0) c.mopt.granularity = 128;
   c.backward = pick(4) == 0;
   return c;
@@ -2010,19 +2028,43 @@ Case random_case_sm90(uint64_t seed) {
 
 TEST(FlexGpuSm90, RandomCases) {
   REQUIRE_SM90();
-  for (uint64_t s = 1; s <= 64; ++s) run_case(random_case_sm90(s));
+  for (uint64_t s = 1; s <= 96; ++s) run_case(random_case_sm90(s));
+}
+
+// Every kernel head dims pair and dims below them (exact, Dqk != Dv, dims under one 64-column
+// slab, odd multiples of 8), both dtypes, on a GQA THD problem with an empty sample and
+// lengths off both key tiles (128 and 64); forward and backward (sm90 backward for 64 / 128,
+// the sm80 backward on the sm90 plan's backward tile otherwise).
+TEST(FlexGpuSm90, HeadDims) {
+  REQUIRE_SM90();
+  const int dims[][2] = {{64, 64},  {128, 128}, {192, 128}, {256, 256}, {8, 8},   {40, 40},
+                         {96, 96},  {16, 64},   {128, 40},  {24, 120},  {72, 8},  {112, 104}};
+  uint64_t seed = 9400;
+  for (const auto& d : dims) {
+    for (DType t : {DType::kBFloat16, DType::kFloat16}) {
+      Case c;
+      c.arch = 90;
+      c.varlen = true;
+      c.lq = {150, 0, 70};
+      c.lk = {129, 40, 0};
+      c.batch = 3;
+      c.h = HeadConfig{4, 2, 4, 3, d[0], d[1], t};
+      c.seed = ++seed;
+      run_case(c);
+    }
+  }
 }
 
 TEST(FlexGpuSm90, BenchmarkMasks) {
   REQUIRE_SM90();
   uint64_t seed = 9000;
   for (const std::string& name : fs_test::benchmark_mask_names()) {
-    for (int d : {128, 64}) {
+    for (const auto& d : std::vector<std::pair<int, int>>{{128, 128}, {64, 64}, {192, 128}, {256, 256}, {96, 48}}) {
       Case c;
       c.arch = 90;
       c.mask = name;
       c.sq = name == "causal" || name == "tree_bfs" ? 2048 : 1000;
-      c.h = HeadConfig{2, 1, 1, 1, d, d, d == 128 ? DType::kBFloat16 : DType::kFloat16};
+      c.h = HeadConfig{2, 1, 1, 1, d.first, d.second, d.first % 128 == 0 ? DType::kBFloat16 : DType::kFloat16};
       c.backward = false;
       c.seed = ++seed;
       run_case(c);
@@ -2096,6 +2138,44 @@ TEST(FlexGpuSm90, SpecialCases) {
     c.seed = ++seed;
     run_case(c);
   }
+  for (const auto& d : std::vector<std::pair<int, int>>{{192, 128}, {256, 256}, {24, 56}}) {
+    {
+      Case c;  // one query, THD with empty samples, GQA
+      c.arch = 90;
+      c.varlen = true;
+      c.lq = {1, 0, 3, 65};
+      c.lk = {200, 5, 0, 64};
+      c.batch = 4;
+      c.h = HeadConfig{4, 2, 4, 3, d.first, d.second, DType::kBFloat16};
+      c.seed = ++seed;
+      run_case(c);
+    }
+    {
+      Case c;  // every row sees every key, tile-aligned: only full blocks
+      c.arch = 90;
+      c.batch = 2;
+      c.sq = 256;
+      c.sk = 384;
+      c.h = HeadConfig{4, 2, 1, 1, d.first, d.second, DType::kFloat16};
+      c.mopt.p_full_row = 1.0;
+      c.mopt.p_empty_row = 0.0;
+      c.seed = ++seed;
+      run_case(c);
+    }
+    {
+      Case c;  // all scores negative, MQA, Hmask = Hq, block-granular mask, strided tensors
+      c.arch = 90;
+      c.batch = 2;
+      c.sq = 190;
+      c.sk = 201;
+      c.h = HeadConfig{3, 1, 3, 3, d.first, d.second, DType::kBFloat16};
+      c.negative_logits = true;
+      c.mopt.granularity = 64;
+      c.strided = true;
+      c.seed = ++seed;
+      run_case(c);
+    }
+  }
   {
     Case c;  // strided (heads-outer, padded) tensors, optional outputs off
     c.arch = 90;
@@ -2151,6 +2231,33 @@ TEST(FlexGpuSm90, FwdSplitAndUnsplit) {
     c.seed = 9205;
     run_case(c);
   }
+  {
+    Case c = fwd_split_case("global", HeadConfig{4, 2, 4, 5, 192, 128, DType::kBFloat16}, 9206);
+    c.arch = 90;
+    c.sq = 2600;
+    c.sk = 2600;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("dense", HeadConfig{2, 1, 1, 1, 256, 256, DType::kFloat16}, 9207);
+    c.arch = 90;
+    c.varlen = true;
+    c.lq = {1100, 0, 300};
+    c.lk = {2300, 50, 2100};
+    c.batch = 3;
+    run_case(c);
+  }
+  {
+    Case c = fwd_split_case("global", HeadConfig{4, 1, 4, 5, 40, 104, DType::kBFloat16}, 9208);
+    c.arch = 90;
+    c.sq = 2600;
+    c.sk = 2600;
+    run_case(c);
+    c.grid_mode = true;  // grid mode: no task list, nothing split
+    c.expect_fwd_split = false;
+    c.seed = 9209;
+    run_case(c);
+  }
 }
 
 // Small cases for compute-sanitizer (memcheck / racecheck / synccheck).
@@ -2179,6 +2286,40 @@ TEST(FlexGpuSm90, SanitizerSmall) {
   f.arch = 90;
   f.sq = 2200;
   f.sk = 2200;
+  run_case(f);
+}
+
+// Small cases of the (192, 128) and (256, 256) kernels and of dims below a kernel's (zero-filled
+// loads, columns past Dv not stored) for compute-sanitizer (scripts/gpu_check.sh filters).
+TEST(FlexGpuSm90, SanitizerHeadDims) {
+  REQUIRE_SM90();
+  Case a;
+  a.arch = 90;
+  a.batch = 1;
+  a.sq = 200;
+  a.sk = 140;
+  a.h = HeadConfig{2, 1, 2, 3, 192, 128, DType::kBFloat16};
+  a.backward = false;
+  a.seed = 9311;
+  run_case(a);
+  Case b;
+  b.arch = 90;
+  b.varlen = true;
+  b.lq = {70, 0, 165};
+  b.lk = {66, 20, 0};
+  b.batch = 3;
+  b.h = HeadConfig{2, 2, 1, 1, 256, 256, DType::kFloat16};
+  b.backward = false;
+  b.seed = 9312;
+  run_case(b);
+  Case d = b;
+  d.h = HeadConfig{2, 1, 2, 3, 24, 72, DType::kBFloat16};
+  d.seed = 9313;
+  run_case(d);
+  Case f = fwd_split_case("global", HeadConfig{2, 1, 2, 5, 256, 256, DType::kBFloat16}, 9314);
+  f.arch = 90;
+  f.sq = 1200;
+  f.sk = 1200;
   run_case(f);
 }
 

@@ -75,6 +75,27 @@ TEST(ConsumerFor, TileTable) {
   EXPECT_EQ(kSm90.fwd_block_k, 128);
   EXPECT_EQ(kSm90.bwd_block_q, 64);
   EXPECT_EQ(kSm90.bwd_block_k, 128);
+  // sm90 forward tiles by head dims (tile_sm90.h): 128 x 128 up to D = 128 and for (192, 128),
+  // 128 x 64 for (256, 256); the backward tile is the one the plan's backward kernel runs
+  // (64 x 128 up to D = 128; the sm80 backward's 64 x 64 for (192, 128) and (256, 256)).
+  for (const auto& d : std::vector<std::pair<int, int>>{{8, 8}, {40, 72}, {64, 64}, {128, 40}, {128, 128}}) {
+    const Consumer c = flashspan::consumer_for(90, d.first, d.second);
+    EXPECT_EQ(c.fwd_block_q, 128);
+    EXPECT_EQ(c.fwd_block_k, 128);
+    EXPECT_EQ(c.bwd_block_q, 64);
+    EXPECT_EQ(c.bwd_block_k, 128);
+  }
+  const Consumer s192 = flashspan::consumer_for(90, 192, 128), s256 = flashspan::consumer_for(90, 256, 256);
+  EXPECT_EQ(s192.fwd_block_q, 128);
+  EXPECT_EQ(s192.fwd_block_k, 128);
+  EXPECT_EQ(s256.fwd_block_q, 128);
+  EXPECT_EQ(s256.fwd_block_k, 64);
+  const std::pair<Consumer, Consumer> bwd_pairs[] = {{s192, flashspan::consumer_for(80, 192, 128)},
+                                                     {s256, flashspan::consumer_for(80, 256, 256)}};
+  for (const auto& [c90, c80] : bwd_pairs) {
+    EXPECT_EQ(c90.bwd_block_q, c80.bwd_block_q);
+    EXPECT_EQ(c90.bwd_block_k, c80.bwd_block_k);
+  }
   try {
     flashspan::consumer_for(70, 128, 128);
     ADD_FAILURE() << "arch 70 accepted";

@@ -1,6 +1,7 @@
 // The forward epilogue role (arch-neutral, no mma): what a work item writes once its walk is
-// done, from a warp's 16-row tile of output accumulators (kDv / 8 n8 blocks, every column a
-// head column) and the tile's softmax statistics (softmax.cuh):
+// done, from a warp's 16-row tile of output accumulators (kDv / 8 n8 blocks: the kernel's head
+// dim; a call's Dv = p.head_dv <= kDv, a multiple of 8, and only its columns are written) and
+// the tile's softmax statistics (softmax.cuh):
 //   store_rows           an unsplit item: O normalised by the row sum (0 for a row without a
 //                        visible key) in the input dtype, and LSE (lse_from_stats, -inf there);
 //   store_split_partial  a piece of a split task: the unnormalised fp32 O, m (log2 units) and l
@@ -48,7 +49,9 @@ struct FwdEpilogue {
         Elem* orow = ob + int64_t(row) * p.oa.row_stride;
 #pragma unroll
         for (int n = 0; n < kNO; ++n) {
-          *reinterpret_cast<uint32_t*>(orow + f.col(n, 0)) = pack2<E>(o[n][2 * hi] * inv, o[n][2 * hi + 1] * inv);
+          if (8 * n < p.head_dv) {
+            *reinterpret_cast<uint32_t*>(orow + f.col(n, 0)) = pack2<E>(o[n][2 * hi] * inv, o[n][2 * hi + 1] * inv);
+          }
         }
         if (p.lse != nullptr && f.q == 0) {
           p.lse[int64_t(rw.batch) * p.lsea.batch_stride + int64_t(rw.head) * p.lsea.head_stride +
@@ -59,21 +62,23 @@ struct FwdEpilogue {
   }
 
   // The thread's rows of the 16-row tile at block row r0 of a piece of a split task, into
-  // workspace slot `slot` (o_accum [slots, kBlockQ, kDv], ml [slots, 2, kBlockQ]).
+  // workspace slot `slot` (o_accum [slots, kBlockQ, Dv], ml [slots, 2, kBlockQ]; Dv = p.head_dv,
+  // as the workspace layout and the combine kernel have it).
   __device__ __forceinline__ static void store_split_partial(const FwdParams& p, int slot, int rows_valid, int r0,
                                                              const AccFragment& f, const float (&o)[kNO][4],
                                                              const OnlineSoftmax& sm) {
-    float* oacc = p.split.o_accum + int64_t(slot) * kBlockQ * kDv;
+    const int dv = p.head_dv;
+    float* oacc = p.split.o_accum + int64_t(slot) * kBlockQ * dv;
     float* ml = p.split.ml + int64_t(slot) * 2 * kBlockQ;
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
       const float lsum = sm.row_sum(hi);
       const int row = r0 + f.row_of_half(hi);
       if (row < rows_valid) {
-        float* orow = oacc + int64_t(row) * kDv;
+        float* orow = oacc + int64_t(row) * dv;
 #pragma unroll
         for (int n = 0; n < kNO; ++n) {
-          *reinterpret_cast<float2*>(orow + f.col(n, 0)) = make_float2(o[n][2 * hi], o[n][2 * hi + 1]);
+          if (8 * n < dv) *reinterpret_cast<float2*>(orow + f.col(n, 0)) = make_float2(o[n][2 * hi], o[n][2 * hi + 1]);
         }
         if (f.q == 0) {
           ml[row] = sm.m[hi];

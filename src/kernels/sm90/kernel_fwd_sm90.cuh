@@ -1,9 +1,12 @@
 // Flex attention forward kernel for sm_90a (Hopper): TMA + wgmma + warp specialization.
 //
 // Algorithm: FlashAttention-2/3 forward (online softmax) over the plan's block-sparse Q2K
-// lists, for plans whose consumer is consumer_for(90, d, d): the forward tile of
-// tile_sm90.h (128 query rows x 128 keys per block), head dims Dqk = Dv = kD in {64, 128}
-// (fwd_runs_head_dims_sm90), fp16 / bf16, unpacked rows (pack = 1).
+// lists, for plans whose consumer is consumer_for(90, dqk, dv): the forward tile of
+// tile_sm90.h (128 query rows x kBlockK keys per block: 128, or 64 for (256, 256)), kernel head
+// dims (kDqk, kDv) in {(64, 64), (128, 128), (192, 128), (256, 256)}; a call's smaller dims
+// (multiples of 8, fwd_runs_head_dims_sm90) run on the next larger kernel: the tensor maps'
+// inner extent is the true head dim, so TMA fills the columns past it with zeros (Q K^T
+// unchanged, O's extra columns 0 and not stored). fp16 / bf16, unpacked rows (pack = 1).
 //
 // CTA = 3 warpgroups (384 threads), persistent (one CTA per SM, 1 per SM by shared memory):
 //   WG0, the producer: after setmaxnreg.dec only thread 0 works. It takes the CTA's work items
@@ -13,15 +16,16 @@
 //     ring, and issues the bulk tensor copies (TMA) of the item's Q tile and of K, V of every
 //     key block of its walk into a kStages ring.
 //   WG1, WG2, the consumers (setmaxnreg.inc): warpgroup c owns query rows 64c .. 64c+63. Per
-//     key block: S = Q K^T (wgmma SS, m64n128k16), the scores -> logits step (kern::Variant,
+//     key block: S = Q K^T (wgmma SS, m64n{kBlockK}k16), the scores -> logits step (kern::Variant,
 //     variant.cuh: scale; a partial block masked by its payload words, PlanPayloadMask), the
 //     online softmax in registers (kern::OnlineSoftmax, softmax.cuh), P converted to 16-bit A
-//     fragments in registers (kern::pack_p), O += P V (wgmma RS, m64n{kD}k16, V read N-major).
+//     fragments in registers (kern::pack_p), O += P V (wgmma RS, m64n{kDv}k16, V read N-major).
 //     Full blocks do no masking work. After the walk, the forward epilogue
 //     (kern::FwdEpilogue, epilogue_fwd.cuh) of each warp's 16 rows.
-//   Consumer schedule (kOverlap): serial (S, softmax, P V per block) or, for D = 64, the
-//     intra-warpgroup overlap of FlashAttention-3 (S_j issued, then P_{j-1} V_{j-1}; the softmax
-//     of S_j runs while the P V GEMM is in flight; launch_fwd_sm90.cu says why not for D = 128).
+//   Consumer schedule (kOverlap): serial (S, softmax, P V per block) or, for the (64, 64) kernel,
+//     the intra-warpgroup overlap of FlashAttention-3 (S_j issued, then P_{j-1} V_{j-1}; the
+//     softmax of S_j runs while the P V GEMM is in flight; fwd_sm90_run.h says why not for the
+//     larger kernels).
 //     The two consumer warpgroups are not explicitly ping-ponged (no scheduler barrier yet).
 //   Synchronisation: mbarriers only (q_full / q_empty, k_full[s] / v_full[s] / kv_empty[s],
 //     item_full[i] / item_empty[i]); the producer fills with expect_tx + TMA complete_tx, the
@@ -30,16 +34,17 @@
 // Payload (payload_layout.h, kM16N64Frag): a warp's wgmma accumulator holds the same elements
 // as the m16n8 fragments of its 16 rows (HOPPER_BRIEF.md 1.3), so the plan's payload words are
 // already in the consumer's register order: warp w of consumer WG c reads 16-row sub-tile
-// mt = 4c + w, register s[j][r] (n8 block j of the 128 columns) is bit 4 (j % 8) + r of the
-// lane's word of 64-column chunk j / 8 (PlanPayloadMask<16>, the mask role the sm80 warp tiles
-// share). No translation, no extra plan layout.
+// mt = 4c + w, register s[j][r] (n8 block j of the kBlockK columns) is bit 4 (j % 8) + r of the
+// lane's word of 64-column chunk j / 8 (PlanPayloadMask<kBlockK / 8>, the mask role the sm80 warp
+// tiles share). No translation, no extra plan layout.
 //
-// Shared memory (1024-byte aligned, 128B-swizzled tiles as TMA writes them): a tile of 128
-// rows x kD columns is kD / 64 slabs of 128 rows x 128 bytes (16 KB each); Q, then kStages K
-// tiles, then kStages V tiles, then the barriers and the item ring. D = 128: 161 KB.
+// Shared memory (1024-byte aligned, 128B-swizzled tiles as TMA writes them): a tile of R
+// rows x D columns is D / 64 slabs of R rows x 128 bytes; Q (128 x kDqk), then kStages K tiles
+// (kBlockK x kDqk), then kStages V tiles (kBlockK x kDv), then the barriers and the item ring.
+// (128, 128): 161 KB; (192, 128): 209 KB; (256, 256): 193 KB (tile_sm90.h says why).
 // wgmma descriptors: K-major tiles (Q, K): SBO = 1024 (8 rows x 128 B), k16 step = +32 B inside
-// a slab, next slab every 4 steps; V as N-major B: LBO = 16 KB (slab stride), SBO = 1024,
-// k16 step (16 keys) = +2 KB.
+// a slab, next slab every 4 steps; V as N-major B: LBO = kBlockK x 128 B (slab stride),
+// SBO = 1024, k16 step (16 keys) = +2 KB.
 //
 // Rows outside the sample: the Q box may cover rows past the sample (the next sample's rows
 // in THD, zero fill past the tensor); a block holding such rows or keys past the sample is
@@ -75,27 +80,33 @@
 
 namespace flashspan::kern90 {
 
-// The forward tile of the sm90 tile table (tile_sm90.h, the one the plans are laid out for).
-// The kernel is written for 128 x 128: two consumer warpgroups of 64 rows, S fragments of 128
-// keys (s[16][4], two payload words a row pair), tiles of equal rows for Q, K and V.
-constexpr int kBlockQ = sm90::kTileSm90.fwd_bq, kBlockK = sm90::kTileSm90.fwd_bk;
-static_assert(kBlockQ == 2 * 64 && kBlockK == 128, "sm90 forward: the kernel is written for a 128 x 128 tile");
 // kStages K/V stages. 3 fit next to Q for D = 128 (224 KB of tiles) but measured no faster on
 // the H200 (S=131072 causal 532 vs 545 TFLOP/s with 2, PERF_LOG v1.0): 2 leave more of the
 // unified L1 to the payload and CSR reads.
 constexpr int kStages = 2, kThreads = 384;
 constexpr int kConsumerThreads = 256;
-constexpr int kSlabBytes = kBlockQ * 128;  // a tile's rows x 64 16-bit columns (128 bytes)
 
-template <int kD>
+// The forward tile of kernel head dims (kDqk, kDv): the sm90 tile table's (tile_sm90.h, the
+// one the plans are laid out for) and the shared-memory layout. Two consumer warpgroups of 64
+// rows, S fragments of kBlockK keys (s[kBlockK / 8][4], kBlockK / 64 payload words a row pair),
+// P V in kBlockK / 16 k16 steps.
+template <int kDqk, int kDv>
 struct FwdSm90Layout {
-  static_assert(sm90::fwd_runs_head_dims_sm90(kD, kD), "sm90 forward: a head dim of the sm90 tile table");
-  static constexpr int kSlabs = kD / 64;
-  static constexpr int kTileBytes = kSlabs * kSlabBytes;  // Q, one K stage or one V stage
+  static constexpr sm90::TileSm90 kTile = sm90::tile_sm90(kDqk, kDv);
+  static_assert(kTile.dqk_tile == kDqk && kTile.dv_tile == kDv, "sm90 forward: kernel head dims of the sm90 tile table");
+  static constexpr int kBlockQ = kTile.fwd_bq, kBlockK = kTile.fwd_bk;
+  static_assert(kBlockQ == 2 * 64 && (kBlockK == 128 || kBlockK == 64),
+                "sm90 forward: the kernel is written for 128 query rows and 64 or 128 keys");
+  static_assert(kDqk % 64 == 0 && kDv % 64 == 0 && kDv <= 256, "sm90 forward: whole 64-column slabs, m64n{<=256}");
+  static constexpr int kQSlab = kBlockQ * 128;  // a tile's rows x 64 16-bit columns (128 bytes)
+  static constexpr int kKSlab = kBlockK * 128;  // K and V tiles
+  static constexpr int kQBytes = kDqk / 64 * kQSlab;
+  static constexpr int kKBytes = kDqk / 64 * kKSlab;  // one K stage
+  static constexpr int kVBytes = kDv / 64 * kKSlab;   // one V stage
   static constexpr int kQ = 0;
-  static constexpr int kK = kQ + kTileBytes;
-  static constexpr int kV = kK + kStages * kTileBytes;
-  static constexpr int kBar = kV + kStages * kTileBytes;
+  static constexpr int kK = kQ + kQBytes;
+  static constexpr int kV = kK + kStages * kKBytes;
+  static constexpr int kBar = kV + kStages * kVBytes;
   // q_full, q_empty, k_full[kStages], v_full[kStages], kv_empty[kStages], item_full[2], item_empty[2]
   static constexpr int kNumBars = 2 + 3 * kStages + 4;
   static constexpr int kItem = kBar + 8 * kNumBars;  // int32 [2][8]: the item ring
@@ -106,17 +117,20 @@ struct FwdSm90Layout {
 
 #if defined(__CUDA_ARCH__)
 
-// S = Q K^T for this warpgroup's 64 rows: kD / 16 k-steps of m64n128k16 (both K-major).
-template <int kD, class E>
-__device__ __forceinline__ void issue_qk(float (&s)[16][4], uint32_t q_tile, uint32_t k_tile) {
-  wgmma_ss_kmajor<128, kD, kSlabBytes, kSlabBytes, E>(s, q_tile, k_tile);
+// S = Q K^T for this warpgroup's 64 rows: kDqk / 16 k-steps of m64n{kBlockK}k16 (both K-major).
+template <class L, class E>
+__device__ __forceinline__ void issue_qk(float (&s)[L::kBlockK / 8][4], uint32_t q_tile, uint32_t k_tile) {
+  wgmma_ss_kmajor<L::kBlockK, L::kTile.dqk_tile, L::kQSlab, L::kKSlab, E>(s, q_tile, k_tile);
 }
 
-// O += P V: 8 k-steps (16 keys each) of m64n{kD}k16, V N-major (LBO = slab stride).
-template <int kD, class E>
-__device__ __forceinline__ void issue_pv(float (&o)[kD / 8][4], const uint32_t (&pa)[8][4], uint32_t v_tile) {
+// O += P V: kBlockK / 16 k-steps (16 keys each) of m64n{kDv}k16, V N-major (LBO = slab stride).
+template <class L, class E>
+__device__ __forceinline__ void issue_pv(float (&o)[L::kTile.dv_tile / 8][4], const uint32_t (&pa)[L::kBlockK / 16][4],
+                                         uint32_t v_tile) {
 #pragma unroll
-  for (int kk = 0; kk < 8; ++kk) wgmma_rs_tnspb<kD, E>(o, pa[kk], smem_desc(v_tile + kk * 2048, kSlabBytes, 1024));
+  for (int kk = 0; kk < L::kBlockK / 16; ++kk) {
+    wgmma_rs_tnspb<L::kTile.dv_tile, E>(o, pa[kk], smem_desc(v_tile + kk * 2048, L::kKSlab, 1024));
+  }
 }
 
 // Work items (kern::WorkItem, tile_scheduler.cuh): key blocks [begin, begin + count) of the Q2K
@@ -138,10 +152,10 @@ __device__ __forceinline__ kern::ItemCursor item_cursor(const FwdParams& p, cons
 // Producer (one thread)
 // ---------------------------------------------------------------------------
 
-template <int kD>
+template <class L>
 __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                          const CUtensorMap* tm_v, uint32_t base, int32_t* s_item) {
-  using L = FwdSm90Layout<kD>;
+  constexpr int kBlockQ = L::kBlockQ, kBlockK = L::kBlockK;
   const uint32_t bars = base + L::kBar;
   const uint32_t q_full = bars, q_empty = bars + 8;
   const uint32_t k_full = bars + 16, v_full = k_full + 8 * kStages, kv_empty = v_full + 8 * kStages;
@@ -172,9 +186,13 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     const int hkv = it.head / p.group_size;
 
     mbar_wait(q_empty, (item_it & 1) ^ 1);
-    mbar_arrive_expect_tx(q_full, L::kTileBytes);
+    // Full boxes count towards the transaction bytes also where they lie past the tensor's
+    // rows or head dim (zero filled).
+    mbar_arrive_expect_tx(q_full, L::kQBytes);
 #pragma unroll
-    for (int s = 0; s < L::kSlabs; ++s) tma_load_4d(base + L::kQ + s * kSlabBytes, tm_q, 64 * s, q_row, it.head, bcoord, q_full);
+    for (int s = 0; s < L::kTile.dqk_tile / 64; ++s) {
+      tma_load_4d(base + L::kQ + s * L::kQSlab, tm_q, 64 * s, q_row, it.head, bcoord, q_full);
+    }
 
     int kb = 0, entry = 0;
     bool partial = false;
@@ -182,15 +200,15 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
       const uint32_t st = kv_it % kStages, ph = (kv_it / kStages) & 1;
       mbar_wait(kv_empty + 8 * st, ph ^ 1);
       const int row = k_row0 + kb * kBlockK;
-      mbar_arrive_expect_tx(k_full + 8 * st, L::kTileBytes);
+      mbar_arrive_expect_tx(k_full + 8 * st, L::kKBytes);
 #pragma unroll
-      for (int s = 0; s < L::kSlabs; ++s) {
-        tma_load_4d(base + L::kK + st * L::kTileBytes + s * kSlabBytes, tm_k, 64 * s, row, hkv, bcoord, k_full + 8 * st);
+      for (int s = 0; s < L::kTile.dqk_tile / 64; ++s) {
+        tma_load_4d(base + L::kK + st * L::kKBytes + s * L::kKSlab, tm_k, 64 * s, row, hkv, bcoord, k_full + 8 * st);
       }
-      mbar_arrive_expect_tx(v_full + 8 * st, L::kTileBytes);
+      mbar_arrive_expect_tx(v_full + 8 * st, L::kVBytes);
 #pragma unroll
-      for (int s = 0; s < L::kSlabs; ++s) {
-        tma_load_4d(base + L::kV + st * L::kTileBytes + s * kSlabBytes, tm_v, 64 * s, row, hkv, bcoord, v_full + 8 * st);
+      for (int s = 0; s < L::kTile.dv_tile / 64; ++s) {
+        tma_load_4d(base + L::kV + st * L::kVBytes + s * L::kKSlab, tm_v, 64 * s, row, hkv, bcoord, v_full + 8 * st);
       }
       ++kv_it;
     }
@@ -201,10 +219,12 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
 // Consumers (two warpgroups)
 // ---------------------------------------------------------------------------
 
-template <int kD, class E, bool kMaxLogit, bool kOverlap>
+template <class L, class E, bool kMaxLogit, bool kOverlap>
 __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, const int32_t* s_item) {
-  using L = FwdSm90Layout<kD>;
-  constexpr int kNO = kD / 8;  // n8 blocks of O
+  constexpr int kBlockQ = L::kBlockQ, kBlockK = L::kBlockK;
+  constexpr int kNO = L::kTile.dv_tile / 8;  // n8 blocks of O
+  constexpr int kNS = kBlockK / 8;           // n8 blocks of S
+  constexpr int kKP = kBlockK / 16;          // k16 steps of P V
   const uint32_t bars = base + L::kBar;
   const uint32_t q_full = bars, q_empty = bars + 8;
   const uint32_t k_full = bars + 16, v_full = k_full + 8 * kStages, kv_empty = v_full + 8 * kStages;
@@ -216,7 +236,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
   // Roles (kernels/common): the variant's scores -> logits step with the plan's payload as the
   // mask, the online softmax, the forward epilogue.
   using Mask = kern::PlanPayloadMask<kBlockK / 8>;
-  using Epilogue = kern::FwdEpilogue<E, kBlockQ, kD>;
+  using Epilogue = kern::FwdEpilogue<E, kBlockQ, L::kTile.dv_tile>;
   const kern::Variant<Mask> variant{p.scale_log2};
   const kern::AccFragment frag(lane);
 
@@ -252,14 +272,14 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
       // Serial schedule: S, softmax, P V, one block after the other.
       while (cur.next(kb, partial, entry)) {
         const uint32_t st = kv_it % kStages, ph = (kv_it / kStages) & 1;
-        const uint32_t k_tile = base + L::kK + st * L::kTileBytes;
-        const uint32_t v_tile = base + L::kV + st * L::kTileBytes;
+        const uint32_t k_tile = base + L::kK + st * L::kKBytes;
+        const uint32_t v_tile = base + L::kV + st * L::kVBytes;
         Mask mask;
         mask.load(p.view.q2k_partial_bits, partial, entry, kBlockQ, mt, lane);
         mbar_wait(k_full + 8 * st, ph);
-        float s[16][4];
+        float s[kNS][4];
         wg_fence();
-        issue_qk<kD, E>(s, q_tile, k_tile);
+        issue_qk<L, E>(s, q_tile, k_tile);
         wg_commit();
         wg_wait<0>();
         release_q(cur.done());
@@ -268,11 +288,11 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         variant.logits(s, mask, partial);
         sm.update(s, corr);
         kern::OnlineSoftmax::rescale(o, corr);
-        uint32_t pa[8][4];
+        uint32_t pa[kKP][4];
         kern::pack_p<E>(s, pa);
         mbar_wait(v_full + 8 * st, ph);
         wg_fence();
-        issue_pv<kD, E>(o, pa, v_tile);
+        issue_pv<L, E>(o, pa, v_tile);
         wg_commit();
         wg_wait<0>();
         reg_fence(o);
@@ -287,14 +307,14 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
       // issue and wait (ptxas serialises wgmma behind waits in divergent paths, C7518).
       if (cur.next(kb, partial, entry)) {
         uint32_t st_prev = kv_it % kStages, ph_prev = (kv_it / kStages) & 1;
-        uint32_t pa[8][4];
+        uint32_t pa[kKP][4];
         {
           Mask mask;
           mask.load(p.view.q2k_partial_bits, partial, entry, kBlockQ, mt, lane);
           mbar_wait(k_full + 8 * st_prev, ph_prev);
-          float s[16][4];
+          float s[kNS][4];
           wg_fence();
-          issue_qk<kD, E>(s, q_tile, base + L::kK + st_prev * L::kTileBytes);
+          issue_qk<L, E>(s, q_tile, base + L::kK + st_prev * L::kKBytes);
           wg_commit();
           wg_wait<0>();
           release_q(cur.done());
@@ -311,11 +331,11 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           mask.load(p.view.q2k_partial_bits, partial, entry, kBlockQ, mt, lane);
           mbar_wait(k_full + 8 * st, ph);
           mbar_wait(v_full + 8 * st_prev, ph_prev);
-          float s[16][4];
+          float s[kNS][4];
           wg_fence();
-          issue_qk<kD, E>(s, q_tile, base + L::kK + st * L::kTileBytes);
+          issue_qk<L, E>(s, q_tile, base + L::kK + st * L::kKBytes);
           wg_commit();
-          issue_pv<kD, E>(o, pa, base + L::kV + st_prev * L::kTileBytes);
+          issue_pv<L, E>(o, pa, base + L::kV + st_prev * L::kVBytes);
           wg_commit();
           wg_wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
           release_q(cur.done());
@@ -334,7 +354,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         }
         mbar_wait(v_full + 8 * st_prev, ph_prev);
         wg_fence();
-        issue_pv<kD, E>(o, pa, base + L::kV + st_prev * L::kTileBytes);
+        issue_pv<L, E>(o, pa, base + L::kV + st_prev * L::kVBytes);
         wg_commit();
         wg_wait<0>();
         reg_fence(o);
@@ -362,12 +382,12 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
 
 // The kernel. Built for every target; the body exists only for sm_90a (the host checks the
 // loaded binary's version before choosing this family: launch_fwd_sm90.cu).
-template <int kD, class E, bool kMaxLogit, bool kOverlap>
+template <int kDqk, int kDv, class E, bool kMaxLogit, bool kOverlap>
 __global__ void __launch_bounds__(kThreads, 1)
     flex_fwd_kernel_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = FwdSm90Layout<kD>;
+  using L = FwdSm90Layout<kDqk, kDv>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = kern::smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -390,7 +410,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (threadIdx.x < 128) {
     setmaxnreg_dec<24>();
-    if (threadIdx.x == 0) producer<kD>(p, &tm_q, &tm_k, &tm_v, base, s_item);
+    if (threadIdx.x == 0) producer<L>(p, &tm_q, &tm_k, &tm_v, base, s_item);
     // Exit here rather than fall through to the kernel's end: when the 24-register warpgroup's
     // path merges with the consumers' (the shared exit), ptxas (nvcc 13.0) caps the consumers'
     // registers near 204 instead of their 240 (the D = 128 overlapped loop then spilled 240 B and
@@ -398,7 +418,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("exit;");
   }
   setmaxnreg_inc<240>();
-  consumer<kD, E, kMaxLogit, kOverlap>(p, base, s_item);
+  consumer<L, E, kMaxLogit, kOverlap>(p, base, s_item);
 #else
   // No sm_90a code in this image: never launched (the host checks the binary version).
   __trap();

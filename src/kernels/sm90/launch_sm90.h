@@ -1,7 +1,6 @@
 // Host side of the sm90 (Hopper: TMA + wgmma) kernel family: the forward, and the backward for
 // the configurations it covers (bwd_config_supported); the backward of other sm90 plans runs
-// on the sm80 kernels (the sm90 consumer's backward tile, 64 x 128, is the sm80 one for head
-// dims <= 128).
+// on the sm80 kernels (the sm90 consumer's backward tile is the sm80 one there: tile_sm90.h).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -13,7 +12,8 @@
 namespace flashspan::sm90 {
 
 // Whether the sm90 forward kernel covers a configuration (independent of the device): fp16 or
-// bf16, Dqk = Dv in {64, 128}, unpacked forward rows. Plans of the sm90 family are only built
+// bf16, head dims of fwd_runs_head_dims_sm90 (tile_sm90.h: each a multiple of 8 up to 128, or
+// (192, 128), or (256, 256)), unpacked forward rows. Plans of the sm90 family are only built
 // for such configurations (c_api.cpp, resolve_arch).
 bool fwd_config_supported(const FlexGeometry& g, bool pack_gqa);
 
@@ -21,8 +21,8 @@ bool fwd_config_supported(const FlexGeometry& g, bool pack_gqa);
 // sm_90a code loaded for it (a build without 90a in FLASHSPAN_CUDA_ARCHS has none). Cached.
 bool device_supported(int device_id);
 
-// Dynamic shared memory of the sm90 forward for head dim d (bytes).
-int fwd_smem_bytes(int d);
+// Dynamic shared memory of the sm90 forward for these head dims (bytes; 0 when it has none).
+int fwd_smem_bytes(int dqk, int dv);
 
 // Enqueues the sm90 forward: p as launch_flex_fwd fills it (view of a consumer_for(90) plan,
 // pack = 1, split schedule bound when a workspace was given); q, k, v for the tensor maps.

@@ -204,13 +204,15 @@ __device__ __forceinline__ void wgmma_ss_kmajor(float (&acc)[kN / 8][4], uint32_
     wgmma_ss<kN, E>(acc, smem_desc(a_tile + offa, 16, 1024), smem_desc(b_tile + offb, 16, 1024), kk > 0);
   }
 }
-// RS: A (64 x 16) from four registers, B N-major (kN 64 or 128); accumulates.
+// RS: A (64 x 16) from four registers, B N-major (kN 64, 128 or 256); accumulates.
 template <int kN, class E>
 __device__ __forceinline__ void wgmma_rs_tnspb(float (&acc)[kN / 8][4], const uint32_t (&a)[4], uint64_t db) {
-  static_assert(kN == 64 || kN == 128, "wgmma_rs_tnspb: N 64 or 128");
+  static_assert(kN == 64 || kN == 128 || kN == 256, "wgmma_rs_tnspb: N 64, 128 or 256");
   float(&d)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc[0][0]);
   constexpr bool bf16 = E::kDType == DType::kBFloat16;
-  if constexpr (kN == 128) {
+  if constexpr (kN == 256) {
+    if constexpr (bf16) wgmma_rs_m64n256k16_bf16_tnspb(d, a, db, 1); else wgmma_rs_m64n256k16_f16_tnspb(d, a, db, 1);
+  } else if constexpr (kN == 128) {
     if constexpr (bf16) wgmma_rs_m64n128k16_bf16_tnspb(d, a, db, 1); else wgmma_rs_m64n128k16_f16_tnspb(d, a, db, 1);
   } else {
     if constexpr (bf16) wgmma_rs_m64n64k16_bf16_tnspb(d, a, db, 1); else wgmma_rs_m64n64k16_f16_tnspb(d, a, db, 1);

@@ -6,22 +6,50 @@
 
 namespace flashspan::sm90 {
 
-// Forward: 128 query rows (two consumer warpgroups of 64 rows) x 128 keys. Backward: 64 query
-// rows x 128 keys (two consumer warpgroups of 64 keys each, dK/dV of a key block in registers);
-// the seed system's sm90 backward uses the same 64 x 128 tile for head dims <= 128.
+// dqk_tile x dv_tile: the head dims of the forward kernel that runs (>= the call's; smaller
+// dims run on the next larger kernel with the tensor maps' zero fill past the true dims).
+// Forward: 128 query rows (two consumer warpgroups of 64 rows) x fwd_bk keys. Backward:
+// 64 query rows x bwd_bk keys.
 struct TileSm90 {
+  int dqk_tile, dv_tile;
   int fwd_bq, fwd_bk;
   int bwd_bq, bwd_bk;
 };
-inline constexpr TileSm90 kTileSm90{128, 128, 64, 128};
 
-constexpr TileSm90 tile_sm90(int /*dqk*/, int /*dv*/) { return kTileSm90; }
+// The tile of the 64 / 128 head dims, the ones the sm90 backward runs (kernel_bwd_sm90.cuh):
+// forward 128 x 128; backward 64 x 128 (two consumer warpgroups of 64 keys each, dK/dV of a
+// key block in registers), the seed system's sm90 backward tile for head dims <= 128 and the
+// sm80 kernels' backward tile there (tile_sm80.h).
+inline constexpr TileSm90 kTileSm90{128, 128, 128, 128, 64, 128};
 
-// Head dims the sm90 forward runs (Dqk = Dv in {64, 128}); other dims of an sm90 plan are
-// refused (the plan choice gives them the sm80 family).
-constexpr bool fwd_runs_head_dims_sm90(int dqk, int dv) { return dqk == dv && (dqk == 64 || dqk == 128); }
+// Head dims the sm90 forward runs: each dim a multiple of 8 up to 128 (on the 64 or 128
+// kernel: the next one covering both dims), or exactly (192, 128) or (256, 256). Plans of
+// other dims take the sm80 family (plan_choice.cpp).
+constexpr bool fwd_runs_head_dims_sm90(int dqk, int dv) {
+  return (dqk >= 8 && dv >= 8 && dqk <= 128 && dv <= 128 && dqk % 8 == 0 && dv % 8 == 0) ||
+         (dqk == 192 && dv == 128) || (dqk == 256 && dv == 256);
+}
+
+// Why these tiles (227 KB of shared memory a block; Q, then 2 K stages and 2 V stages):
+//   dims <= 64:  (64, 64) kernel, 128 x 128: 16 + 2 x 16 + 2 x 16 = 80 KB.
+//   dims <= 128: (128, 128) kernel, 128 x 128: 32 + 2 x 32 + 2 x 32 = 160 KB.
+//   (192, 128):  128 x 128: 48 + 2 x 48 + 2 x 32 = 208 KB.
+//   (256, 256):  128 x 64 (128 keys would need 320 KB): 64 + 2 x 32 + 2 x 32 = 192 KB; the
+//                seed system uses 128 x 64 for D = 256 too.
+// The backward part is the tile the backward of such a plan runs on: the sm90 backward
+// (64 / 128 dims) and the sm80 backward share 64 x 128 up to D = 128; (192, 128) and
+// (256, 256) run the sm80 backward, whose tile there is 64 x 64 (tile_sm80.h; family.cpp
+// checks that the two tables agree). Other dims (CPU plans only) take kTileSm90.
+constexpr TileSm90 tile_sm90(int dqk, int dv) {
+  if (dqk <= 64 && dv <= 64) return TileSm90{64, 64, 128, 128, 64, 128};
+  if (dqk <= 128 && dv <= 128) return kTileSm90;
+  if (dqk == 192 && dv == 128) return TileSm90{192, 128, 128, 128, 64, 64};
+  if (dqk == 256 && dv == 256) return TileSm90{256, 256, 128, 64, 64, 64};
+  return kTileSm90;
+}
+
 // Head dims the sm90 backward runs (Dqk = Dv in {64, 128}); an sm90 plan's backward for other
-// dims runs on the sm80 kernels, whose backward tile (64 x 128 up to D = 128) it shares.
+// dims runs on the sm80 kernels, whose backward tile it has (above).
 constexpr bool bwd_runs_head_dims_sm90(int dqk, int dv) { return dqk == dv && (dqk == 64 || dqk == 128); }
 
 }  // namespace flashspan::sm90

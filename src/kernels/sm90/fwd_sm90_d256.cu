@@ -1,0 +1,7 @@
+// The sm90 forward kernels of kernel head dims (256, 256) (fwd_sm90_run.cuh): fp16 / bf16 x max_logit
+// off / on.
+#include "kernels/sm90/fwd_sm90_run.cuh"
+
+namespace flashspan::sm90 {
+FLASHSPAN_SM90_FWD_INSTANTIATE(256, 256)
+}  // namespace flashspan::sm90

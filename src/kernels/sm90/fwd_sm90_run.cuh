@@ -1,0 +1,105 @@
+// The host side of one sm90 forward kernel head-dim pair (kernel_fwd_sm90.cuh), included by the
+// instantiation units fwd_sm90_d{64,128,192,256}.cu (one unit per kernel head dims, so that the
+// CI's two cores compile them side by side): the persistent launch, with the split schedule of
+// long walks when the caller gave a workspace (count, scan, item list, the persistent kernel,
+// the combine of split tasks: the arch-neutral kernels of fwd_split.cuh through
+// kernels/common/fwd_launch.h); fp16 / bf16, max_logit off / on, and the consumer schedule.
+#pragma once
+
+#include <cuda.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+
+#include "core/error.h"
+#include "kernels/common/fwd_launch.h"
+#include "kernels/common/launch_util.h"
+#include "kernels/sm90/fwd_sm90_run.h"
+#include "kernels/sm90/kernel_fwd_sm90.cuh"
+#include "kernels/sm90/launch_sm90.h"
+
+namespace flashspan::sm90 {
+
+namespace fwd_detail {
+
+// The persistent grid: one CTA per SM (the kernel's 384 threads fill an SM's register file;
+// launch_util.h, persistent_ctas), capped by SplitSchedule::kMaxCtas.
+template <int kDqk, int kDv, class E, bool kMaxLogit, bool kOverlap>
+void run(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
+         cudaStream_t stream) {
+  using L = kern90::FwdSm90Layout<kDqk, kDv>;
+  auto kernel = kern90::flex_fwd_kernel_sm90<kDqk, kDv, E, kMaxLogit, kOverlap>;
+  static std::atomic<uint64_t> smem_set{0};
+  ensure_smem_limit(kernel, L::kBytes, smem_set, "sm90 forward: cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+  static std::atomic<int> ctas_cache[64];
+  const int ctas = persistent_ctas(kernel, kern90::kThreads, L::kBytes, ctas_cache, "sm90 forward: persistent grid");
+  if (p.split_schedule) {
+    FwdParams ps = p;
+    ps.split.num_ctas = ctas;
+    launch_fwd_split_schedule(ps, true, stream);
+    kernel<<<unsigned(ctas), kern90::kThreads, L::kBytes, stream>>>(ps, mq, mk, mv);
+    check_launch("flex forward (sm90)");
+    launch_fwd_split_combine(ps, E::kDType, stream);
+    return;
+  }
+  const int64_t items = p.grid_mode ? p.view.num_q_blocks * p.num_heads_q : p.view.num_tasks;
+  const unsigned grid = unsigned(std::min<int64_t>(ctas, items));
+  kernel<<<grid, kern90::kThreads, L::kBytes, stream>>>(p, mq, mk, mv);
+  check_launch("flex forward (sm90)");
+}
+
+// FLASHSPAN_SM90_FWD_OVERLAP_ALL=1 (a build-time define, for measurements): the (192, 128) and
+// (256, 256) kernels are built with the overlapped consumers too, chosen by
+// FLASHSPAN_SM90_OVERLAP=1 as for the 128 kernel.
+#ifndef FLASHSPAN_SM90_FWD_OVERLAP_ALL
+#define FLASHSPAN_SM90_FWD_OVERLAP_ALL 0
+#endif
+
+template <int kDqk, int kDv, class E, bool kMaxLogit>
+void run_o(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
+           cudaStream_t s) {
+  if constexpr ((kDqk <= 128 && kDv <= 128) || FLASHSPAN_SM90_FWD_OVERLAP_ALL) {
+    const int mode = fwd_overlap_mode_sm90();
+    if (mode == 1 || (mode == -1 && kDqk == 64)) {
+      run<kDqk, kDv, E, kMaxLogit, true>(p, mq, mk, mv, s);
+      return;
+    }
+  }
+  run<kDqk, kDv, E, kMaxLogit, false>(p, mq, mk, mv, s);
+}
+
+}  // namespace fwd_detail
+
+template <int kDqk, int kDv>
+void run_fwd_sm90(const FwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
+                  cudaStream_t s) {
+  const bool ml = p.max_logit != nullptr;
+  with_element_type(dtype, "flex forward (sm90)", [&](auto e) {
+    using E = decltype(e);
+    ml ? fwd_detail::run_o<kDqk, kDv, E, true>(p, mq, mk, mv, s) : fwd_detail::run_o<kDqk, kDv, E, false>(p, mq, mk, mv, s);
+  });
+}
+
+template <int kDqk, int kDv>
+int fwd_smem_bytes_of() {
+  return kern90::FwdSm90Layout<kDqk, kDv>::kBytes;
+}
+
+template <int kDqk, int kDv>
+int fwd_binary_version_of() {
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, kern90::flex_fwd_kernel_sm90<kDqk, kDv, BFloat16, false, false>) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return -1;
+  }
+  return attr.binaryVersion;
+}
+
+#define FLASHSPAN_SM90_FWD_INSTANTIATE(DQK, DV)                                                                    \
+  template void run_fwd_sm90<DQK, DV>(const FwdParams&, DType, const CUtensorMap&, const CUtensorMap&,             \
+                                      const CUtensorMap&, cudaStream_t);                                           \
+  template int fwd_smem_bytes_of<DQK, DV>();                                                                       \
+  template int fwd_binary_version_of<DQK, DV>();
+
+}  // namespace flashspan::sm90

@@ -1,0 +1,36 @@
+// Declarations of the per-head-dim sm90 forward entry points (fwd_sm90_run.cuh, instantiated in
+// fwd_sm90_d{64,128,192,256}.cu for the kernel head dims (kDqk, kDv) of tile_sm90.h), so that
+// launch_fwd_sm90.cu compiles none of the kernels itself.
+#pragma once
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+
+#include "core/tensor_view.h"
+#include "kernels/params.h"
+
+namespace flashspan::sm90 {
+
+// Consumer schedule of the (64, 64) and (128, 128) kernels: intra-warpgroup overlap of the
+// softmax with the P V GEMM (kOverlap). FLASHSPAN_SM90_OVERLAP: unset = overlap for D = 64, serial
+// for D = 128; 0 = serial for both; 1 = overlap for both. (The D = 128 overlapped loop spilled
+// under nvcc 13.0 until the producer warpgroup got its own exit, kernel_fwd_sm90.cuh; its speed
+// decides the default, PERF_LOG.) The (192, 128) and (256, 256) kernels are built serial only:
+// their overlapped consumers measured 5-12 % slower on the H200 (PERF_LOG v1.5), and each kernel
+// costs CI build time (fwd_sm90_run.cuh: FLASHSPAN_SM90_FWD_OVERLAP_ALL builds them for
+// measurements). Read once per process.
+int fwd_overlap_mode_sm90();
+
+// Launches the (kDqk, kDv) kernel (the kernel head dims of tile_sm90(p.head_dqk, p.head_dv)).
+template <int kDqk, int kDv>
+void run_fwd_sm90(const FwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
+                  cudaStream_t s);
+// Dynamic shared memory of the (kDqk, kDv) kernel (bytes).
+template <int kDqk, int kDv>
+int fwd_smem_bytes_of();
+// The binary version the runtime loads for the current device's (kDqk, kDv) kernel (90 when
+// sm_90a code was built for it), -1 when it has none.
+template <int kDqk, int kDv>
+int fwd_binary_version_of();
+
+}  // namespace flashspan::sm90
