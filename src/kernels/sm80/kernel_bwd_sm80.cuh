@@ -1043,6 +1043,7 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
         }
       }
     }
+    kb = kb_next;  // the analytic mask's tile of the next block (the plan's reads only payload)
     payload = payload_next;
     have = have_next;
     buf ^= 1;
