@@ -345,7 +345,7 @@ TEST(SdpaGpu, RandomCases) {
 // A random case with issue 24's score modifiers on top (seeded): softcap, ALiBi (its masks made
 // causal), sinks (no max_logit with them: the GPU refuses the pair), the host scale tensor,
 // H_v != H_k (the backward's two dK/dV passes).
-Case score_mod_case(uint64_t seed, bool* backward) {
+Case score_mod_case(uint64_t seed) {
   Case c = random_case(seed);
   std::mt19937_64 rng(seed * 31 + 5);
   if (rng() % 2) c.softcap = float(2 + rng() % 40) * 0.5f;
@@ -359,7 +359,6 @@ Case score_mod_case(uint64_t seed, bool* backward) {
   c.scale_tensor = rng() % 3 == 0;
   // Larger scales make softcap and the sinks matter.
   if (rng() % 2) c.scale = 3.0f / std::sqrt(float(c.Dqk));
-  *backward = true;
   if (rng() % 4 == 0 && c.Hq % 2 == 0 && c.Hk > 0) {
     // H_v != H_k, both dividing H_q.
     c.Hv = c.Hk == c.Hq ? c.Hq / 2 : c.Hq;
@@ -372,9 +371,7 @@ TEST(SdpaGpu, ScoreModifiersRandom) {
   // softcap (forward and its derivative), ALiBi, sinks with dSink, host attn_scale tensor, H_k != H_v.
   REQUIRE_GPU();
   for (uint64_t seed = 5001; seed <= 5080; ++seed) {
-    bool backward = true;
-    const Case c = score_mod_case(seed, &backward);
-    run_case(c, backward);
+    run_case(score_mod_case(seed));
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -396,7 +393,6 @@ TEST(SdpaGpu, ScoreModifiersEachAlone) {
       c.lengths = 1;
       c.deterministic = det;
       c.scale = 2.0f / 8.0f;
-      const bool backward = true;
       switch (f) {
         case 0: c.softcap = 3.0f; break;
         case 1: c.alibi = true; break;
@@ -405,7 +401,7 @@ TEST(SdpaGpu, ScoreModifiersEachAlone) {
         case 4: c.Hv = 4; break;
         default: c.softcap = 5.0f; c.alibi = true; c.sinks = true; c.kind_q = c.kind_kv = Kind::kThd; break;
       }
-      run_case(c, backward);
+      run_case(c);
       if (::testing::Test::HasFailure()) return;
     }
 }

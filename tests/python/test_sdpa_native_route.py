@@ -4,6 +4,7 @@ route choice, the route's Python plumbing (run on CPU tensors, where the operati
 C layer's NotImplementedError naming each feature the GPU kernels do not run (CUDA descriptors, no GPU needed).
 GPU tests (skipped without one) compare the native route with the CPU reference."""
 
+import math
 import random
 import re
 
