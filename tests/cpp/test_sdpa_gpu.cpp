@@ -406,6 +406,35 @@ TEST(SdpaGpu, ScoreModifiersEachAlone) {
     }
 }
 
+TEST(SdpaGpu, SanitizerSmall) {
+  // One small case per backward path with every new feature on (softcap, ALiBi, sinks / dSink,
+  // host scale tensor, H_k != H_v's two dK/dV passes), packed THD with gaps and a sample without
+  // keys: the case to run under compute-sanitizer --tool memcheck.
+  REQUIRE_GPU();
+  for (int det = 0; det < 2; ++det) {
+    Case c;
+    c.seed = 7000 + det;
+    c.B = 3;
+    c.Hq = 4;
+    c.Hk = 2;
+    c.Hv = 1;
+    c.Sq = 70;
+    c.Skv = 150;
+    c.Dqk = c.Dv = 32;
+    c.has_right = true;
+    c.bottom_right = true;
+    c.kind_q = c.kind_kv = Kind::kThd;
+    c.lengths = 1;
+    c.zero_kv_sample = true;
+    c.deterministic = det;
+    c.softcap = 4.0f;
+    c.alibi = true;
+    c.sinks = true;
+    c.scale_tensor = true;
+    run_case(c);
+  }
+}
+
 TEST(SdpaGpu, MasksInBothAlignments) {
   // Every mask kind with S_q < S_kv and S_q > S_kv, both alignments, padded and THD.
   REQUIRE_GPU();

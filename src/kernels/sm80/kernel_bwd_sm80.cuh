@@ -552,13 +552,24 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
 
   // K and V heads of the tiles: the work item's head, but with H_k != H_v (SDPA's two passes,
   // dkdv_role) the other tensor's head follows the walk's query head (tile_head: the one loaded).
+  // The reload's state stays in local memory (volatile: read back only when a head changes),
+  // out of the loop's registers: the source rows (key row krow, head 0) and the loaded head.
   int hk_tile = hkv, hv_tile = hkv;
-  [[maybe_unused]] int tile_head = -1;
+  [[maybe_unused]] volatile uintptr_t reload_src = 0;
+  [[maybe_unused]] volatile int tile_head = -1;
   if constexpr (Mask::kAnalytic) {
     const SdpaScoreParams& sc = analytic_of(p).score;
     const int h0 = hkv * Mask::group(p);  // the walk's first query head
-    if (sc.dkdv_role == 1) hv_tile = tile_head = h0 / sc.group_v;
-    if (sc.dkdv_role == 2) hk_tile = tile_head = h0 / p.group_size;
+    if (sc.dkdv_role == 1) {
+      hv_tile = tile_head = h0 / sc.group_v;
+      reload_src = reinterpret_cast<uintptr_t>(
+          row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.v, kSdpaV, b), p.va, 0, krow, 0));
+    }
+    if (sc.dkdv_role == 2) {
+      hk_tile = tile_head = h0 / p.group_size;
+      reload_src = reinterpret_cast<uintptr_t>(
+          row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.k, kSdpaK, b), p.ka, 0, krow, 0));
+    }
   }
   load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(
       sK, row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.k, kSdpaK, b), p.ka, Mask::batch(b), krow, hk_tile),
@@ -636,14 +647,14 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
         const int need = sc.dkdv_role == 1 ? h / sc.group_v : h / p.group_size;
         if (need != tile_head) {
           tile_head = need;
+          const Elem* src = reinterpret_cast<const Elem*>(reload_src);
+          const int rows = min(T::kBlockK, len_k - kb * T::kBlockK);
           if (sc.dkdv_role == 1) {
-            load_tile_async<T::kBlockK, T::kDv, T::kThreads>(
-                sV, row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.v, kSdpaV, b), p.va, 0, krow, need),
-                p.va.row_stride, keys_valid, p.head_dv, tid);
+            load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, src + int64_t(need) * p.va.head_stride,
+                                                             p.va.row_stride, rows, p.head_dv, tid);
           } else {
-            load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(
-                sK, row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.k, kSdpaK, b), p.ka, 0, krow, need),
-                p.ka.row_stride, keys_valid, p.head_dqk, tid);
+            load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, src + int64_t(need) * p.ka.head_stride,
+                                                              p.ka.row_stride, rows, p.head_dqk, tid);
           }
           cp_async_commit();
           cp_async_wait<0>();
@@ -1020,8 +1031,6 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
   constexpr int kNone = 0x7fffffff;
   auto cur = Mask::q2k(p, sl, hm, gq, qb);
   const auto mask = Mask::dq_item(sl, qb);
-  [[maybe_unused]] SdpaScoreMod mod{};
-  if constexpr (Mask::kAnalytic) mod = SdpaScoreMod::make(analytic_of(p).score, h);
   int nb = kNone, ne = -1;
   auto peek = [&]() {
     int blk = 0, entry = 0;
@@ -1109,6 +1118,7 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
     if constexpr (Mask::kAnalytic) {
       // SDPA: the score modifiers, the mask, then s = P d logit / d x (softcap's derivative)
       // before the dP GEMM.
+      const SdpaScoreMod mod = SdpaScoreMod::make(analytic_of(p).score, h);  // (per block: not held across)
       const int base = mask.diag(p, qb, kb, warp, 0);
       sdpa_bwd_logits<T::kNSQ>(p, s, lse2, mod, base, lane);
       mask.template apply<T::kNSQ>(p, s, payload, qb, kb, warp, 0, lane);
