@@ -25,6 +25,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/analytic_mask.h"
 #include "kernels/common/analytic_seqlen.cuh"
@@ -555,19 +556,27 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
   // The reload's state stays in local memory (volatile: read back only when a head changes),
   // out of the loop's registers: the source rows (key row krow, head 0) and the loaded head.
   int hk_tile = hkv, hv_tile = hkv;
-  [[maybe_unused]] volatile uintptr_t reload_src = 0;
-  [[maybe_unused]] volatile int tile_head = -1;
+  struct ReloadState {
+    volatile uintptr_t src;
+    volatile int head;
+  };
+  struct NoReload {};
+  [[maybe_unused]] std::conditional_t<Mask::kAnalytic, ReloadState, NoReload> rl;  // (plan: nothing)
   if constexpr (Mask::kAnalytic) {
+    rl.src = 0;
+    rl.head = -1;
     const SdpaScoreParams& sc = analytic_of(p).score;
     const int h0 = hkv * Mask::group(p);  // the walk's first query head
     if (sc.dkdv_role == 1) {
-      hv_tile = tile_head = h0 / sc.group_v;
-      reload_src = reinterpret_cast<uintptr_t>(
+      hv_tile = h0 / sc.group_v;
+      rl.head = hv_tile;
+      rl.src = reinterpret_cast<uintptr_t>(
           row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.v, kSdpaV, b), p.va, 0, krow, 0));
     }
     if (sc.dkdv_role == 2) {
-      hk_tile = tile_head = h0 / p.group_size;
-      reload_src = reinterpret_cast<uintptr_t>(
+      hk_tile = h0 / p.group_size;
+      rl.head = hk_tile;
+      rl.src = reinterpret_cast<uintptr_t>(
           row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.k, kSdpaK, b), p.ka, 0, krow, 0));
     }
   }
@@ -645,9 +654,9 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
       const SdpaScoreParams& sc = analytic_of(p).score;
       if (sc.dkdv_role != 0) {
         const int need = sc.dkdv_role == 1 ? h / sc.group_v : h / p.group_size;
-        if (need != tile_head) {
-          tile_head = need;
-          const Elem* src = reinterpret_cast<const Elem*>(reload_src);
+        if (need != rl.head) {
+          rl.head = need;
+          const Elem* src = reinterpret_cast<const Elem*>(rl.src);
           const int rows = min(T::kBlockK, len_k - kb * T::kBlockK);
           if (sc.dkdv_role == 1) {
             load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, src + int64_t(need) * p.va.head_stride,
