@@ -497,11 +497,12 @@ def _backward(q, k, v, o, dO, stats, *, dq=None, dk=None, dv=None, **kw):
 
 
 def _scale_on_host(call: _Call) -> None:
-    """The GPU kernels take attn_scale as a float: a tensor scale is checked by the C layer's rules (one float32
-    element on q's device), then read on the host (one device sync per call, as the flex lowering does)."""
+    """The GPU kernels take attn_scale as a float: a device tensor scale is checked by the C layer's rules (one
+    float32 element on q's device), then read on the host (one device sync per call, as the flex lowering does); a
+    host tensor goes to the C layer as it is (read there, no sync)."""
     bound = call.slots.get(L.ATTN_SCALE)
-    if bound is None:
-        return
+    if bound is None or bound.tensor.device.type == "cpu":
+        return  # none, or a host scalar: the C layer takes it as a pass-by-value scale
     call.validate()
     del call.slots[L.ATTN_SCALE]
     call.option("attn_scale", float(bound.tensor.reshape(-1)[0].item()))

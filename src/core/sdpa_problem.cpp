@@ -266,7 +266,16 @@ void check_common(Problem& p, const Checker& c) {
   // --- scale --------------------------------------------------------------------------------
   if (a.has(FS_SDPA_ATTN_SCALE)) {
     FS_CHECK_ARG(!a.attn_scale_value, "attn_scale: set both as a float and as a tensor; use one");
-    c.small(FS_SDPA_ATTN_SCALE, 1, false, "one scale factor");
+    const TensorView& st = a.t(FS_SDPA_ATTN_SCALE);
+    if (st.device == DeviceType::kCPU && q.device != DeviceType::kCPU) {
+      // A host scalar with device tensors: the seed's pass-by-value scale, read on the host.
+      FS_CHECK_TYPE(st.dtype == DType::kFloat32, "attn_scale: dtype must be float32 (one scale factor), got ",
+                    dtype_name(st.dtype));
+      FS_CHECK_ARG(st.numel() == 1, "attn_scale: must have 1 element(s) (one scale factor), got shape ",
+                   st.shape_str());
+    } else {
+      c.small(FS_SDPA_ATTN_SCALE, 1, false, "one scale factor");
+    }
   } else if (a.attn_scale_value) {
     FS_CHECK_ARG(std::isfinite(*a.attn_scale_value), "attn_scale: must be finite, got ", *a.attn_scale_value);
   }
@@ -676,6 +685,16 @@ Runtime read_runtime_host(const Problem& p) {
       rt.sinks[h] = t.dtype == DType::kFloat64 ? t.ptr<const double>()[h] : t.ptr<const float>()[h];
   }
   return rt;
+}
+
+float host_attn_scale(const Problem& p) {
+  if (!p.has(FS_SDPA_ATTN_SCALE)) return p.a.attn_scale_value.value_or(1.0f);
+  const TensorView& t = p.t(FS_SDPA_ATTN_SCALE);
+  FS_CHECK_ARG(t.device == DeviceType::kCPU, "attn_scale: a tensor scale in device memory cannot be read on the host");
+  FS_CHECK_ARG(t.data != nullptr, "attn_scale: data pointer is NULL");
+  const float s = read_float(t);
+  FS_CHECK_ARG(std::isfinite(s), "attn_scale: must be finite, got ", s);
+  return s;
 }
 
 float alibi_slope(int64_t h, int64_t num_heads) {

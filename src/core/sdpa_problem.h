@@ -111,6 +111,10 @@ struct Runtime {
 // Reads and checks the runtime values of a problem whose tensors are bound to host memory.
 Runtime read_runtime_host(const Problem& p);
 
+// The attention scale of a problem whose attn_scale is a float or a host tensor (read here,
+// checked finite); 1 when neither is given.
+float host_attn_scale(const Problem& p);
+
 // ALiBi slope of query head h out of H heads (ALiBi paper, Press et al. 2022, and the
 // cuDNN frontend's get_alibi_slope): with n = 2^floor(log2 H), heads h < n get
 // 2^(-8 (h + 1) / n) and the remaining heads 2^(-4 (2 (h - n) + 1) / n).

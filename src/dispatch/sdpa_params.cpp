@@ -66,9 +66,22 @@ void fill_common(const Problem& p, QkvParams& q, AnalyticMaskParams& a) {
   q.mask_per_head = 0;
   q.head_dqk = static_cast<int>(p.Dqk);
   q.head_dv = static_cast<int>(p.Dv);
-  // attn_scale as a float (a tensor scale is refused by sdpa_check_features_gpu); default 1.
-  q.scale = p.a.attn_scale_value.value_or(1.0f);
+  // attn_scale as a float or a host tensor read here (a device tensor is refused by
+  // sdpa_check_features_gpu); default 1.
+  q.scale = sdpa::host_attn_scale(p);
   q.scale_log2 = q.scale * 1.4426950408889634f;
+  // Score modifiers and sinks (SdpaScoreParams).
+  SdpaScoreParams& sc = a.score;
+  sc.softcap2 = p.a.softcap ? *p.a.softcap * 1.4426950408889634f : 0.0f;
+  sc.alibi_n = 0;
+  if (p.a.alibi) {
+    int64_t n = 1;
+    while (n * 2 <= p.Hq) n *= 2;
+    sc.alibi_n = static_cast<int32_t>(n);
+  }
+  sc.sink = p.has(FS_SDPA_SINK_TOKEN) ? p.t(FS_SDPA_SINK_TOKEN).ptr<float>() : nullptr;
+  sc.dsink = nullptr;
+  sc.group_v = static_cast<int32_t>(p.Hq / p.Hv);
   q.grid_mode = 1;
   a.band = p.band();
   a.seq_len_q = index_array(p, FS_SDPA_SEQ_LEN_Q);
@@ -144,6 +157,7 @@ SdpaBwdParams sdpa_bwd_params(const Problem& p, void* workspace, size_t workspac
   b.delta = reinterpret_cast<float*>(ws + wl.delta);
   b.lse2 = reinterpret_cast<float*>(ws + wl.lse2);
   b.deterministic = p.a.deterministic ? 1 : 0;
+  if (p.has(FS_SDPA_DSINK_TOKEN)) b.analytic.score.dsink = p.t(FS_SDPA_DSINK_TOKEN).ptr<float>();
   b.dq_accum = p.a.deterministic ? nullptr : reinterpret_cast<float*>(ws + wl.dq_accum);
   // Workspace rows: sample b's row i is b * S_q + i (bwd_prepost.cuh: query_row with seqlen_q).
   b.total_q = p.B * p.Sq;

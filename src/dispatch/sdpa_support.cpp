@@ -51,10 +51,9 @@ void sdpa_check_features_gpu(const Problem& p) {
   const sdpa::Attributes& a = p.a;
   if (p.has(FS_SDPA_BIAS)) not_native("bias");
   if (p.has(FS_SDPA_DBIAS)) not_native("dBias");
-  if (a.alibi) not_native("use_alibi_mask (ALiBi)");
-  if (a.softcap) not_native("softcap");
-  if (p.has(FS_SDPA_SINK_TOKEN)) not_native("sink_token (attention sinks)");
-  if (p.has(FS_SDPA_DSINK_TOKEN)) not_native("dSink_token");
+  // softcap, ALiBi and sinks (dSink) run natively (sdpa_score_mod.cuh); max_logit excludes the
+  // sink, which the kernels' running max includes.
+  if (p.has(FS_SDPA_SINK_TOKEN) && p.has(FS_SDPA_MAX_LOGIT)) not_native("max_logit together with sink_token");
   if (p.dropout || a.dropout_mask_form) not_native("dropout");
   if (p.has(FS_SDPA_RNG_DUMP)) not_native("rng_dump");
   if (p.paged) not_native("paged_attention_k_table, paged_attention_v_table (paged K/V caches)");
@@ -63,9 +62,11 @@ void sdpa_check_features_gpu(const Problem& p) {
   if (p.has(FS_SDPA_DGATE)) not_native("dgate");
   if (p.has(FS_SDPA_SCORE_MAX)) not_native("score_max (logit_max output)");
   if (p.has(FS_SDPA_SCORE_SUM_EXP)) not_native("score_sum_exp");
-  if (p.has(FS_SDPA_ATTN_SCALE)) not_native("attn_scale as a tensor (pass it as a float)");
-  FS_CHECK_SUPPORTED(p.Hk == p.Hv, "k, v: H_k = ", p.Hk, " != H_v = ", p.Hv,
-                     " is not supported on CUDA tensors yet (the GPU kernels share one K/V head count)");
+  // A host scalar attn_scale is read at execute (the seed's pass-by-value scale); a device one
+  // would need a read of device memory on the host.
+  if (p.has(FS_SDPA_ATTN_SCALE) && p.t(FS_SDPA_ATTN_SCALE).device != DeviceType::kCPU) {
+    not_native("attn_scale as a device tensor (pass it as a float or a host tensor)");
+  }
   FS_CHECK_SUPPORTED(p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16,
                      "q: the GPU kernels take float16 or bfloat16, got ", dtype_name(p.dtype));
   FS_CHECK_SUPPORTED(sm80::runs_head_dims_sm80(static_cast<int>(p.Dqk), static_cast<int>(p.Dv)),

@@ -106,7 +106,29 @@ struct SampleStart {
 // every row of [0, max) written (O 0, stats -inf, gradients 0 past the sample's length),
 // ragged ones only the sample's rows. Rows of sample b in the backward workspace start at
 // b * max_q (BwdParams::total_q = B * max_q).
+// Score modifiers and sinks of an SDPA call (kernels/common/sdpa_score_mod.cuh), run-time
+// flags inside the one analytic instantiation of each kernel (no template axis):
+//   softcap2   softcap * log2(e) (0: none): logits x -> softcap tanh(x / softcap), in log2 units
+//   alibi_n    ALiBi (0: none): the largest power of two <= H_q; head h's slope is
+//              2^(-8 (h + 1) / n) for h < n, else 2^(-4 (2 (h - n) + 1) / n) (core/sdpa_problem.h)
+//   sink       H_q float32 sink logits (natural units) in the softmax denominator, or null
+//   dsink      H_q float32 dSink outputs (backward), or null
+//   group_v    H_q / H_v (the V head of query head h is h / group_v; K's is h / group_size)
+//   dkdv_role  backward dK/dV kernel: 0 one pass (H_k = H_v: a work item's query heads share
+//              K and V); with H_k != H_v two passes, 1: work items per K head, dK only (the V
+//              tile reloaded when a query head's V head changes), 2: per V head, dV only (K
+//              reloaded); the atomic dQ path adds dS K in passes 0 and 1 only
+struct SdpaScoreParams {
+  float softcap2 = 0.0f;
+  int32_t alibi_n = 0;
+  const float* sink = nullptr;
+  float* dsink = nullptr;
+  int32_t group_v = 1;
+  int32_t dkdv_role = 0;
+};
+
 struct AnalyticMaskParams {
+  SdpaScoreParams score;
   sdpa::Band band;
   IndexArray seq_len_q, seq_len_kv;
   IndexArray cu_seq_len_q, cu_seq_len_kv;

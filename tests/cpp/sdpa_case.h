@@ -126,6 +126,14 @@ struct Case {
   bool zero_kv_sample = false;  // one sample with len_kv = 0 (and len_q > 0)
   bool log2_stats = false, max_logit = false, deterministic = false;
   float scale = 0.125f;
+  // Score modifiers and the rest of issue 24's second part (test_sdpa_gpu.cpp): softcap (0:
+  // none), ALiBi (needs causal), per-head sinks (with dSink in the backward), attn_scale as a
+  // host (1, 1, 1, 1) tensor, H_v (0: H_k).
+  float softcap = 0.0f;
+  bool alibi = false, sinks = false, scale_tensor = false;
+  int64_t Hv = 0;
+
+  int64_t heads_v() const { return Hv > 0 ? Hv : Hk; }
 
   std::string str() const {
     std::ostringstream os;
@@ -136,6 +144,11 @@ struct Case {
        << (bottom_right ? " BOTTOM_RIGHT" : " TOP_LEFT") << (zero_kv_sample ? " zero-kv-sample" : "")
        << (log2_stats ? " log2" : "") << (max_logit ? " max_logit" : "") << (deterministic ? " deterministic" : "")
        << " scale " << scale;
+    if (softcap > 0) os << " softcap " << softcap;
+    if (alibi) os << " alibi";
+    if (sinks) os << " sinks";
+    if (scale_tensor) os << " scale-tensor";
+    if (Hv > 0) os << " Hv" << Hv;
     return os.str();
   }
 };

@@ -211,12 +211,18 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
   auto starts = [](const std::string& msg, const std::string& prefix) { return msg.rfind(prefix, 0) == 0; };
   const TensorDesc bias(nullptr, kBFloat16, cuda(), {1, Hq, Sq, Skv});
   EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_bias(bias); }), "bias" + tail));
-  EXPECT_TRUE(starts(cuda_fwd_refusal([](SdpaAttributes& a) { a.set_causal_mask(true).set_alibi_mask(true); }),
-                     "use_alibi_mask (ALiBi)" + tail));
-  EXPECT_TRUE(starts(cuda_fwd_refusal([](SdpaAttributes& a) { a.set_softcap(30.0f); }), "softcap" + tail));
+  // Native now (issue 24): ALiBi, softcap, sinks, a host attn_scale tensor, H_k != H_v in the
+  // forward; no feature refusal (check_support then stops at the device, if any).
+  EXPECT_EQ(cuda_fwd_refusal([](SdpaAttributes& a) { a.set_causal_mask(true).set_alibi_mask(true); }), "");
+  EXPECT_EQ(cuda_fwd_refusal([](SdpaAttributes& a) { a.set_softcap(30.0f); }), "");
   const TensorDesc sinks(nullptr, kFloat32, cuda(), {Hq});
-  EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_sink_token(sinks); }),
-                     "sink_token (attention sinks)" + tail));
+  EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_sink_token(sinks); }), "");
+  const TensorDesc host_scale(nullptr, kFloat32, cpu(), {1, 1, 1, 1});
+  EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_attn_scale(host_scale); }), "");
+  EXPECT_EQ(cuda_fwd_refusal([](SdpaAttributes&) {}, /*hv=*/2), "");
+  const TensorDesc ml(nullptr, kFloat32, cuda(), {Hq});
+  EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_sink_token(sinks).set_max_logit(ml); }),
+                     "max_logit together with sink_token" + tail));
   const TensorDesc seed(nullptr, kInt64, cuda(), {1}), offset(nullptr, kInt64, cuda(), {1});
   EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_dropout(0.1f, seed, offset); }), "dropout" + tail));
   const TensorDesc bm(nullptr, kUInt8, cuda(), {1, 1, 1, 1});
@@ -230,8 +236,7 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
                      "score_sum_exp" + tail));
   const TensorDesc scale(nullptr, kFloat32, cuda(), {1});
   EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_attn_scale(scale); }),
-                     "attn_scale as a tensor (pass it as a float)" + tail));
-  EXPECT_TRUE(starts(cuda_fwd_refusal([](SdpaAttributes&) {}, /*hv=*/2), "k, v: H_k = 1 != H_v = 2"));
+                     "attn_scale as a device tensor (pass it as a float or a host tensor)" + tail));
   // Paged K/V: containers [blocks, H, block, D] with page tables (and the padding mask).
   {
     TensorDesc q(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), kc(nullptr, kBFloat16, cuda(), {4, Hk, 4, 64}),
@@ -267,6 +272,18 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
     } catch (const Exception& e) {
       EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
       EXPECT_TRUE(starts(e.what(), "bias" + tail)) << e.what();
+    }
+    // H_k != H_v and sinks with dSink: native in the backward too (no feature refusal).
+    TensorDesc v2(nullptr, kBFloat16, cuda(), {B, 2 * Hk, Skv, 64}), dv2(nullptr, kBFloat16, cuda(), {B, 2 * Hk, Skv, 64});
+    SdpaBackwardAttributes attr2;
+    attr2.set_sink_token(TensorDesc(nullptr, kFloat32, cuda(), {Hq}))
+        .set_dsink_token(TensorDesc(nullptr, kFloat32, cuda(), {Hq}))
+        .set_softcap(20.0f);
+    SdpaBwd bwd2(q, k, v2, o, dO, st, dq, dk, dv2, attr2);
+    try {
+      bwd2.check_support();
+    } catch (const Exception& e) {
+      EXPECT_NE(e.status(), FS_STATUS_NOT_SUPPORTED) << e.what();
     }
   }
 }

@@ -104,6 +104,8 @@ struct Problem {
   Layout lq_qk, lq_v, lq_stats, lkv_qk, lkv_v;  // Q side (D_qk / D_v / stats), KV side
   Tensor q, k, v, o, stats, dO, dq, dk, dv;
   Tensor max_logit;
+  Tensor sink, dsink;  // [H_q] float32 (sinks)
+  float scale_host[1] = {0};  // the (1, 1, 1, 1) host attn_scale tensor (scale_tensor)
   Index seq_q, seq_kv, cu_q, cu_kv, rag_q, rag_kv;
 
   bool padding() const { return c.lengths != 0 || c.kind_q == Kind::kThd || c.kind_kv == Kind::kThd; }
@@ -122,7 +124,7 @@ std::unique_ptr<Problem> make_problem(const Case& c) {
   p->lq_v = make_layout(c.kind_q, c.B, c.Hq, c.Sq, c.Dv, tok_q);
   p->lq_stats = make_layout(c.kind_q == Kind::kThd ? Kind::kThd : Kind::kBhsd, c.B, c.Hq, c.Sq, 1, tok_q);
   p->lkv_qk = make_layout(c.kind_kv, c.B, c.Hk, c.Skv, c.Dqk, tok_kv);
-  p->lkv_v = make_layout(c.kind_kv, c.B, c.Hk, c.Skv, c.Dv, tok_kv);
+  p->lkv_v = make_layout(c.kind_kv, c.B, c.heads_v(), c.Skv, c.Dv, tok_kv);
   p->q.alloc(p->lq_qk, c.dtype);
   p->k.alloc(p->lkv_qk, c.dtype);
   p->v.alloc(p->lkv_v, c.dtype);
@@ -140,6 +142,14 @@ std::unique_ptr<Problem> make_problem(const Case& c) {
   ml.strides = {c.Hq, 1, 1, 1};
   ml.storage = c.Hq;
   p->max_logit.alloc(ml, DType::kFloat32);
+  if (c.sinks) {
+    p->sink.alloc(ml, DType::kFloat32);
+    p->dsink.alloc(ml, DType::kFloat32);
+    std::normal_distribution<double> n(0.0, 1.5);
+    for (int64_t h = 0; h < c.Hq; ++h) p->sink.set(h, n(rng));
+    p->sink.upload();
+  }
+  p->scale_host[0] = c.scale;
   fill_valid(p->q, p->len_q, rng);
   fill_valid(p->k, p->len_kv, rng);
   fill_valid(p->v, p->len_kv, rng);
@@ -161,7 +171,15 @@ std::unique_ptr<Problem> make_problem(const Case& c) {
 template <class Attr>
 void set_options(const Problem& p, Attr& a, bool cuda) {
   const Case& c = p.c;
-  a.set_attn_scale(c.scale);
+  if (c.scale_tensor) {
+    // A host scalar tensor of shape (1, 1, 1, 1), also with CUDA tensors (pass by value).
+    a.set_attn_scale(api::TensorDesc(nullptr, api::kFloat32, fs_device_t{FS_DEVICE_CPU, 0}, {1, 1, 1, 1}));
+  } else {
+    a.set_attn_scale(c.scale);
+  }
+  if (c.softcap > 0) a.set_softcap(c.softcap);
+  if (c.alibi) a.set_alibi_mask(true);
+  if (c.sinks) a.set_sink_token(api::TensorDesc(nullptr, api::kFloat32, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0}, {c.Hq}));
   if (c.bottom_right) a.set_diagonal_alignment(api::DiagonalAlignment::kBottomRight);
   if (c.has_left) a.set_diagonal_band_left_bound(c.left);
   if (c.has_right) a.set_diagonal_band_right_bound(c.right);
@@ -186,6 +204,8 @@ void set_ragged(const Problem& p, Attr& a, bool cuda, std::initializer_list<std:
 // Index tensors of the variant pack; the gradient slots' ragged offsets only for the backward
 // (an operation refuses a pointer for a tensor its attributes do not have).
 void set_index_pointers(const Problem& p, api::SdpaVariantPack& pack, bool cuda, bool backward) {
+  if (p.c.scale_tensor) pack.set(FS_SDPA_ATTN_SCALE, const_cast<float*>(p.scale_host));
+  if (p.c.sinks) pack.set(FS_SDPA_SINK_TOKEN, p.sink.ptr(cuda));
   if (p.seq_q.defined()) pack.set(FS_SDPA_SEQ_LEN_Q, p.seq_q.ptr(cuda)).set(FS_SDPA_SEQ_LEN_KV, p.seq_kv.ptr(cuda));
   if (p.cu_q.defined()) pack.set(FS_SDPA_CU_SEQ_LEN_Q, p.cu_q.ptr(cuda)).set(FS_SDPA_CU_SEQ_LEN_KV, p.cu_kv.ptr(cuda));
   const std::pair<fs_sdpa_slot_t, const Tensor*> q_side[] = {
@@ -235,6 +255,7 @@ void run_backward(Problem& p, bool cuda, void* stream = nullptr) {
                           {FS_SDPA_STATS, &p.stats}, {FS_SDPA_DO, &p.dO}, {FS_SDPA_DQ, &p.dq}, {FS_SDPA_DK, &p.dk},
                           {FS_SDPA_DV, &p.dv}});
   a.set_deterministic_algorithm(p.c.deterministic);
+  if (p.c.sinks) a.set_dsink_token(api::TensorDesc(nullptr, api::kFloat32, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0}, {p.c.Hq}));
   api::SdpaBwd bwd(p.q.desc(cuda), p.k.desc(cuda), p.v.desc(cuda), p.o.desc(cuda), p.dO.desc(cuda),
                    p.stats.desc(cuda), p.dq.desc(cuda), p.dk.desc(cuda), p.dv.desc(cuda), a);
   bwd.check_support();
@@ -243,6 +264,7 @@ void run_backward(Problem& p, bool cuda, void* stream = nullptr) {
   pack.set(FS_SDPA_Q, p.q.ptr(cuda)).set(FS_SDPA_K, p.k.ptr(cuda)).set(FS_SDPA_V, p.v.ptr(cuda));
   pack.set(FS_SDPA_O, p.o.ptr(cuda)).set(FS_SDPA_DO, p.dO.ptr(cuda)).set(FS_SDPA_STATS, p.stats.ptr(cuda));
   pack.set(FS_SDPA_DQ, p.dq.ptr(cuda)).set(FS_SDPA_DK, p.dk.ptr(cuda)).set(FS_SDPA_DV, p.dv.ptr(cuda));
+  if (p.c.sinks) pack.set(FS_SDPA_DSINK_TOKEN, p.dsink.ptr(cuda));
   set_index_pointers(p, pack, cuda, true);
   const size_t ws = bwd.workspace_size();
   DevBuf w(cuda ? ws : 0);
@@ -254,12 +276,21 @@ void run_backward(Problem& p, bool cuda, void* stream = nullptr) {
 // got (device result) against ref (host reference result), both whole storages: the error
 // criteria on the written elements, and elements the reference left NaN (gaps of ragged
 // tensors) still NaN on the device.
-::testing::AssertionResult same_result(const Tensor& ref, const std::vector<uint8_t>& got_bytes, bool stat) {
+::testing::AssertionResult same_result(const Tensor& ref, const std::vector<uint8_t>& got_bytes, bool stat,
+                                       double floor = fs_test::kFloor) {
   const std::vector<double> r = Tensor::values(ref.host, ref.dtype), g = Tensor::values(got_bytes, ref.dtype);
   for (size_t i = 0; i < r.size(); ++i)
     if (std::isnan(r[i]) && !std::isnan(g[i]))
       return ::testing::AssertionFailure() << "element " << i << " outside the samples was written: " << g[i];
-  return stat ? fs_test::stat_close(g, r) : fs_test::tensor_close(g, r, ref.dtype);
+  return stat ? fs_test::stat_close(g, r) : fs_test::tensor_close(g, r, ref.dtype, floor);
+}
+
+// max |x| over the finite elements of a host storage (NaN padding skipped).
+double max_abs(const Tensor& t) {
+  double m = 0;
+  for (double x : Tensor::values(t.host, t.dtype))
+    if (std::isfinite(x)) m = std::max(m, std::abs(x));
+  return m;
 }
 
 void run_case(const Case& c, bool backward = true) {
@@ -286,9 +317,20 @@ void run_case(const Case& c, bool backward = true) {
   p->stats.upload();
   run_backward(*p, /*cuda=*/false);
   for (Tensor* t : {&p->dq, &p->dk, &p->dv}) t->poison_device();
+  if (c.sinks) p->dsink.poison_device();
   run_backward(*p, /*cuda=*/true);
-  EXPECT_TRUE(same_result(p->dq, p->dq.download(), false)) << "dQ";
-  EXPECT_TRUE(same_result(p->dk, p->dk.download(), false)) << "dK";
+  if (c.sinks) {
+    // dSink (fp32): a sum over every row, against the reference's with the fp16 numbers.
+    EXPECT_TRUE(fs_test::tensor_close(Tensor::values(p->dsink.download(), DType::kFloat32),
+                                      Tensor::values(p->dsink.host, DType::kFloat32), DType::kFloat16))
+        << "dSink";
+  }
+  // dQ / dK floors: the rounding of dP - D (error_criteria.h, grad_floor).
+  const double mdo = max_abs(p->dO), mv = max_abs(p->v);
+  EXPECT_TRUE(same_result(p->dq, p->dq.download(), false, fs_test::grad_floor(c.scale, c.Dv, mdo, mv, max_abs(p->k))))
+      << "dQ";
+  EXPECT_TRUE(same_result(p->dk, p->dk.download(), false, fs_test::grad_floor(c.scale, c.Dv, mdo, mv, max_abs(p->q))))
+      << "dK";
   EXPECT_TRUE(same_result(p->dv, p->dv.download(), false)) << "dV";
 }
 
@@ -297,6 +339,99 @@ TEST(SdpaGpu, RandomCases) {
   for (uint64_t seed = 1; seed <= 120; ++seed) {
     run_case(random_case(seed));
     if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// A random case with issue 24's score modifiers on top (seeded): softcap, ALiBi (its masks made
+// causal), sinks (no max_logit with them: the GPU refuses the pair), the host scale tensor,
+// H_v != H_k (the backward's two dK/dV passes).
+Case score_mod_case(uint64_t seed) {
+  Case c = random_case(seed);
+  std::mt19937_64 rng(seed * 31 + 5);
+  if (rng() % 2) c.softcap = float(2 + rng() % 40) * 0.5f;
+  if (rng() % 3 == 0) {
+    c.alibi = true;
+    c.has_right = true;
+    c.right = 0;
+  }
+  c.sinks = rng() % 2;
+  if (c.sinks) c.max_logit = false;
+  c.scale_tensor = rng() % 3 == 0;
+  // Larger scales make softcap and the sinks matter.
+  if (rng() % 2) c.scale = 3.0f / std::sqrt(float(c.Dqk));
+  if (rng() % 4 == 0 && c.Hq % 2 == 0 && c.Hk > 0) {
+    // H_v != H_k, both dividing H_q.
+    c.Hv = c.Hk == c.Hq ? c.Hq / 2 : c.Hq;
+  }
+  if (c.Hv == c.Hk) c.Hv = 0;
+  return c;
+}
+
+TEST(SdpaGpu, ScoreModifiersRandom) {
+  // softcap (forward and its derivative), ALiBi, sinks with dSink, host attn_scale tensor, H_k != H_v.
+  REQUIRE_GPU();
+  for (uint64_t seed = 5001; seed <= 5080; ++seed) {
+    run_case(score_mod_case(seed));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, ScoreModifiersEachAlone) {
+  // Each feature alone on one multi-block shape (GQA, padding, both alignments for the band).
+  REQUIRE_GPU();
+  for (int f = 0; f < 6; ++f)
+    for (int det = 0; det < 2; ++det) {
+      Case c;
+      c.seed = 6000 + 2 * f + det;
+      c.B = 2;
+      c.Hq = 4;
+      c.Hk = 2;
+      c.Sq = 200;
+      c.Skv = 300;
+      c.has_right = true;
+      c.bottom_right = true;
+      c.lengths = 1;
+      c.deterministic = det;
+      c.scale = 2.0f / 8.0f;
+      switch (f) {
+        case 0: c.softcap = 3.0f; break;
+        case 1: c.alibi = true; break;
+        case 2: c.sinks = true; break;
+        case 3: c.scale_tensor = true; break;
+        case 4: c.Hv = 4; break;
+        default: c.softcap = 5.0f; c.alibi = true; c.sinks = true; c.kind_q = c.kind_kv = Kind::kThd; break;
+      }
+      run_case(c);
+      if (::testing::Test::HasFailure()) return;
+    }
+}
+
+TEST(SdpaGpu, SanitizerSmall) {
+  // One small case per backward path with every new feature on (softcap, ALiBi, sinks / dSink,
+  // host scale tensor, H_k != H_v's two dK/dV passes), packed THD with gaps and a sample without
+  // keys: the case to run under compute-sanitizer --tool memcheck.
+  REQUIRE_GPU();
+  for (int det = 0; det < 2; ++det) {
+    Case c;
+    c.seed = 7000 + det;
+    c.B = 3;
+    c.Hq = 4;
+    c.Hk = 2;
+    c.Hv = 1;
+    c.Sq = 70;
+    c.Skv = 150;
+    c.Dqk = c.Dv = 32;
+    c.has_right = true;
+    c.bottom_right = true;
+    c.kind_q = c.kind_kv = Kind::kThd;
+    c.lengths = 1;
+    c.zero_kv_sample = true;
+    c.deterministic = det;
+    c.softcap = 4.0f;
+    c.alibi = true;
+    c.sinks = true;
+    c.scale_tensor = true;
+    run_case(c);
   }
 }
 

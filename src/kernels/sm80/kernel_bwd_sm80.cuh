@@ -25,12 +25,14 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/analytic_mask.h"
 #include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/block_range.cuh"
 #include "kernels/common/grid.h"
 #include "kernels/common/k2q_walk.cuh"
+#include "kernels/common/sdpa_score_mod.cuh"
 #include "kernels/common/seqlen_info.cuh"
 #include "kernels/common/softmax.cuh"
 #include "kernels/common/split_schedule.cuh"
@@ -287,24 +289,51 @@ struct PlanPayloadMaskBwdSm80 {
 // A partial tile's element mask for a backward work item of the analytic mask: the item's
 // fixed block's terms (dK/dV: KeyBlockMask of key block kb; dQ: QueryBlockMask of query block
 // qb), the tile of the other side's block from them (analytic_mask.h).
+// diag(p, qb, kb, mt, c0): the diagonal offset j - i - shift of element (row 16 mt, column c0)
+// of tile (qb, kb), for the score modifiers (sdpa_score_mod.cuh).
 template <class T>
 struct AnalyticDkdvMaskSm80 {
-  KeyBlockMask block;
+  KeyBlockMask block;  // lo0 = d_min + shift - key0
   template <int kN>
   __device__ __forceinline__ void apply(const BwdParams&, float (&s)[kN][4], int payload, int qb, int /*kb*/, int mt,
                                         int c0, int lane) const {
     if (payload >= 0) apply_tile_mask<kN>(s, block.tile(int64_t(qb) * T::kBlockQ), mt, c0, lane);
   }
+  __device__ __forceinline__ int diag(const BwdParams& p, int qb, int /*kb*/, int mt, int c0) const {
+    return diag_base(c0, int64_t(qb) * T::kBlockQ + 16 * mt + (block.lo0 - analytic_of(p).band.d_min()));
+  }
 };
 template <class T>
 struct AnalyticDqMaskSm80 {
-  QueryBlockMask block;
+  QueryBlockMask block;  // lo0 = d_min + row0 + shift
   template <int kN>
   __device__ __forceinline__ void apply(const BwdParams&, float (&s)[kN][4], int payload, int /*qb*/, int kb, int mt,
                                         int c0, int lane) const {
     if (payload >= 0) apply_tile_mask<kN>(s, block.tile(int64_t(kb) * T::kBlockK), mt, c0, lane);
   }
+  __device__ __forceinline__ int diag(const BwdParams& p, int /*qb*/, int kb, int mt, int c0) const {
+    return diag_base(int64_t(kb) * T::kBlockK + c0, 16 * mt + (block.lo0 - analytic_of(p).band.d_min()));
+  }
 };
+
+// SDPA's shifted logits of a warp's fragment in the backward: logit2 - lse2 (log2 units), the
+// score modifiers between the scaling and the subtraction (sdpa_score_mod.cuh); the mask
+// follows.
+template <int kN>
+__device__ __forceinline__ void sdpa_bwd_logits(const BwdParams& p, float (&s)[kN][4], const float (&lse2)[2],
+                                                const SdpaScoreMod& mod, int base, int lane) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[n][i] *= p.scale_log2;
+  }
+  if (mod.active()) mod.apply<kN>(s, base, lane);
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[n][i] -= lse2[i >> 1];
+  }
+}
 
 // The analytic mask of SDPA: blocks and element masks from positions, lengths and tensor
 // starts from the caller's device arrays (AnalyticMaskParams).
@@ -313,10 +342,16 @@ struct AnalyticMaskBwdSm80 {
   static constexpr bool kAnalytic = true;
   using Seqlen = AnalyticSeqlen;
 
+  // The query heads of work-item head hkv: K's group, or V's in the dV pass (dkdv_role 2).
+  __device__ __forceinline__ static int group(const BwdParams& p) {
+    const SdpaScoreParams& sc = analytic_of(p).score;
+    return sc.dkdv_role == 2 ? sc.group_v : p.group_size;
+  }
   __device__ __forceinline__ static AnalyticK2QWalk k2q(const BwdParams& p, const Seqlen& sl, int hkv, int, int kb,
                                                         int count, int begin) {
     const AnalyticCursor row = k2q_cursor(sl.mask, kb, T::kBlockQ, T::kBlockK);
-    AnalyticK2QWalk walk{hkv * p.group_size, (hkv + 1) * p.group_size, count, row, row};
+    const int gx = group(p);
+    AnalyticK2QWalk walk{hkv * gx, (hkv + 1) * gx, count, row, row};
     walk.seek(begin);
     return walk;
   }
@@ -449,7 +484,8 @@ __device__ __forceinline__ void dkdv_add_split_partial_sm80(const BwdParams& p, 
 template <class T, class E, class Mask>
 __device__ __forceinline__ void dkdv_store_sm80(const BwdParams& p, int b, int hkv, int64_t krow, DkdvTileSm80 wt,
                                                 const float (&acc_dk)[T::kKMT][T::kNK][4],
-                                                const float (&acc_dv)[T::kKMT][T::kNV][4]) {
+                                                const float (&acc_dv)[T::kKMT][T::kNV][4], bool store_dk = true,
+                                                bool store_dv = true) {
   using Elem = typename E::Storage;
   Elem* dk = Mask::template sample_ptr<Elem>(p, p.dk, kSdpaDK, b) + int64_t(Mask::batch(b)) * p.dka.batch_stride +
              krow * p.dka.row_stride + int64_t(hkv) * p.dka.head_stride;
@@ -464,7 +500,7 @@ __device__ __forceinline__ void dkdv_store_sm80(const BwdParams& p, int b, int h
 #pragma unroll
         for (int n = 0; n < T::kNK; ++n) {
           const int col = wt.dk0 + n * 8 + 2 * wt.t;
-          if (col < p.head_dqk) {
+          if (store_dk && col < p.head_dqk) {
             *reinterpret_cast<uint32_t*>(dk + int64_t(key) * p.dka.row_stride + col) =
                 pack2<E>(acc_dk[mi][n][2 * hi] * p.scale, acc_dk[mi][n][2 * hi + 1] * p.scale);
           }
@@ -472,7 +508,7 @@ __device__ __forceinline__ void dkdv_store_sm80(const BwdParams& p, int b, int h
 #pragma unroll
         for (int n = 0; n < T::kNV; ++n) {
           const int col = wt.dv0 + n * 8 + 2 * wt.t;
-          if (col < p.head_dv) {
+          if (store_dv && col < p.head_dv) {
             *reinterpret_cast<uint32_t*>(dv + int64_t(key) * p.dva.row_stride + col) =
                 pack2<E>(acc_dv[mi][n][2 * hi], acc_dv[mi][n][2 * hi + 1]);
           }
@@ -515,11 +551,40 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
   const int64_t krow = int64_t(Mask::row0(p, k_start)) + key0;
   const int64_t qrow_base = Mask::row0(p, q_start);
 
+  // K and V heads of the tiles: the work item's head, but with H_k != H_v (SDPA's two passes,
+  // dkdv_role) the other tensor's head follows the walk's query head (tile_head: the one loaded).
+  // The reload's state stays in local memory (volatile: read back only when a head changes),
+  // out of the loop's registers: the source rows (key row krow, head 0) and the loaded head.
+  int hk_tile = hkv, hv_tile = hkv;
+  struct ReloadState {
+    volatile uintptr_t src;
+    volatile int head;
+  };
+  struct NoReload {};
+  [[maybe_unused]] std::conditional_t<Mask::kAnalytic, ReloadState, NoReload> rl;  // (plan: nothing)
+  if constexpr (Mask::kAnalytic) {
+    rl.src = 0;
+    rl.head = -1;
+    const SdpaScoreParams& sc = analytic_of(p).score;
+    const int h0 = hkv * Mask::group(p);  // the walk's first query head
+    if (sc.dkdv_role == 1) {
+      hv_tile = h0 / sc.group_v;
+      rl.head = hv_tile;
+      rl.src = reinterpret_cast<uintptr_t>(
+          row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.v, kSdpaV, b), p.va, 0, krow, 0));
+    }
+    if (sc.dkdv_role == 2) {
+      hk_tile = h0 / p.group_size;
+      rl.head = hk_tile;
+      rl.src = reinterpret_cast<uintptr_t>(
+          row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.k, kSdpaK, b), p.ka, 0, krow, 0));
+    }
+  }
   load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(
-      sK, row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.k, kSdpaK, b), p.ka, Mask::batch(b), krow, hkv),
+      sK, row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.k, kSdpaK, b), p.ka, Mask::batch(b), krow, hk_tile),
       p.ka.row_stride, keys_valid, p.head_dqk, tid);
   load_tile_async<T::kBlockK, T::kDv, T::kThreads>(
-      sV, row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.v, kSdpaV, b), p.va, Mask::batch(b), krow, hkv),
+      sV, row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.v, kSdpaV, b), p.va, Mask::batch(b), krow, hv_tile),
       p.va.row_stride, keys_valid, p.head_dv, tid);
 
   auto walk = Mask::k2q(p, sl, hkv, b, kb, count, begin);
@@ -583,6 +648,29 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
   while (have) {
     cp_async_wait<0>();
     __syncthreads();  // Q/dO[buf] (and K, V) visible; the previous block's dK/dV and dQ phases are done
+    if constexpr (Mask::kAnalytic) {
+      // H_k != H_v: this query head's V (dK pass) or K (dV pass) tile, when it changes; nobody
+      // reads the tiles between the barrier above and the one here.
+      const SdpaScoreParams& sc = analytic_of(p).score;
+      if (sc.dkdv_role != 0) {
+        const int need = sc.dkdv_role == 1 ? h / sc.group_v : h / p.group_size;
+        if (need != rl.head) {
+          rl.head = need;
+          const Elem* src = reinterpret_cast<const Elem*>(rl.src);
+          const int rows = min(T::kBlockK, len_k - kb * T::kBlockK);
+          if (sc.dkdv_role == 1) {
+            load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, src + int64_t(need) * p.va.head_stride,
+                                                             p.va.row_stride, rows, p.head_dv, tid);
+          } else {
+            load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, src + int64_t(need) * p.ka.head_stride,
+                                                              p.ka.row_stride, rows, p.head_dqk, tid);
+          }
+          cp_async_commit();
+          cp_async_wait<0>();
+          __syncthreads();
+        }
+      }
+    }
     int h_next = 0, qb_next = 0, payload_next = -1;
     const bool have_next = walk.next(h_next, qb_next, payload_next);
     if (have_next) qdo.load(p, sQ0, sO0, buf ^ 1, h_next, qb_next, len_q, tid);
@@ -631,18 +719,40 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
     }
     // P = exp2(S scale log2(e) - lse2), the scaling and the subtraction as one fma (the mask
     // sets -inf after it: exp2(-inf) = 0 as before; an empty row's lse2 = +inf gives -inf too).
+    if constexpr (Mask::kAnalytic) {
+      // SDPA: the score modifiers, then P to shared memory now and s = P d logit / d x (the
+      // factor of dS, softcap's derivative; P without softcap).
+      const SdpaScoreMod mod = SdpaScoreMod::make(analytic_of(p).score, h);
 #pragma unroll
-    for (int mi = 0; mi < T::kSMT; ++mi) {
+      for (int mi = 0; mi < T::kSMT; ++mi) {
+        const int base = mask.diag(p, qb, kb, sm0 / 16 + mi, sc0);
+        sdpa_bwd_logits<T::kSNT>(p, s[mi], lse2[mi], mod, base, lane);
+        mask.template apply<T::kSNT>(p, s[mi], payload, qb, kb, sm0 / 16 + mi, sc0, lane);
 #pragma unroll
-      for (int n = 0; n < T::kSNT; ++n) {
+        for (int n = 0; n < T::kSNT; ++n) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s[mi][n][i] = fmaf(s[mi][n][i], p.scale_log2, -lse2[mi][i >> 1]);
+          for (int hi = 0; hi < 2; ++hi) {
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + ps_off(mi, n, hi)),
+                         "r"(pack2<E>(exp2_approx(s[mi][n][2 * hi]), exp2_approx(s[mi][n][2 * hi + 1])))
+                         : "memory");
+          }
+        }
+        mod.probs_dlogit<T::kSNT>(s[mi], lse2[mi], base, lane);
       }
-      mask.template apply<T::kSNT>(p, s[mi], payload, qb, kb, sm0 / 16 + mi, sc0, lane);
+    } else {
 #pragma unroll
-      for (int n = 0; n < T::kSNT; ++n) {
+      for (int mi = 0; mi < T::kSMT; ++mi) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) s[mi][n][i] = exp2_approx(s[mi][n][i]);  // P
+        for (int n = 0; n < T::kSNT; ++n) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[mi][n][i] = fmaf(s[mi][n][i], p.scale_log2, -lse2[mi][i >> 1]);
+        }
+        mask.template apply<T::kSNT>(p, s[mi], payload, qb, kb, sm0 / 16 + mi, sc0, lane);
+#pragma unroll
+        for (int n = 0; n < T::kSNT; ++n) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[mi][n][i] = exp2_approx(s[mi][n][i]);  // P
+        }
       }
     }
     float dp[T::kSMT][T::kSNT][4];
@@ -670,9 +780,11 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
         for (int hi = 0; hi < 2; ++hi) {
           const float ds0 = s[mi][n][2 * hi] * dp[mi][n][2 * hi];  // P (dP - D)
           const float ds1 = s[mi][n][2 * hi + 1] * dp[mi][n][2 * hi + 1];
-          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + ps_off(mi, n, hi)),
-                       "r"(pack2<E>(s[mi][n][2 * hi], s[mi][n][2 * hi + 1]))
-                       : "memory");
+          if constexpr (!Mask::kAnalytic) {  // (SDPA stored P before the dP GEMM)
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + ps_off(mi, n, hi)),
+                         "r"(pack2<E>(s[mi][n][2 * hi], s[mi][n][2 * hi + 1]))
+                         : "memory");
+          }
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + ps_off(mi, n, hi)), "r"(pack2<E>(ds0, ds1))
                        : "memory");
         }
@@ -698,7 +810,9 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
         }
       }
     }
-    if (!p.deterministic) {
+    bool add_dq = !p.deterministic;
+    if constexpr (Mask::kAnalytic) add_dq = add_dq && analytic_of(p).score.dkdv_role != 2;  // once per dQ
+    if (add_dq) {
       // ---- dQ phase (atomic path): dQ[q] += dS K over this key block, added in fp32 to the
       // workspace accumulator.
       const LdsmAddr<T::kBlockK> aS = LdsmAddr<T::kBlockK>::unpack(addr_tab[buf][5]);
@@ -754,7 +868,12 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
     dkdv_add_split_partial_sm80<T>(p, slot, wt, acc_dk, acc_dv);
     return;
   }
-  dkdv_store_sm80<T, E, Mask>(p, b, hkv, krow, wt, acc_dk, acc_dv);
+  if constexpr (Mask::kAnalytic) {
+    const int role = analytic_of(p).score.dkdv_role;
+    dkdv_store_sm80<T, E, Mask>(p, b, hkv, krow, wt, acc_dk, acc_dv, role != 2, role != 1);
+  } else {
+    dkdv_store_sm80<T, E, Mask>(p, b, hkv, krow, wt, acc_dk, acc_dv);
+  }
 }
 
 // dK/dV kernel. Without a split schedule (deterministic path, grid mode): one CTA per task
@@ -812,14 +931,14 @@ struct BwdKvLoaderSm80 {
 
   // Mask: the backward mask policy (its sample_ptr / batch hooks address sample b).
   template <class Mask>
-  __device__ __forceinline__ void init(const BwdParams& p, int b, int64_t krow_base, int hkv, int tid) {
+  __device__ __forceinline__ void init(const BwdParams& p, int b, int64_t krow_base, int hkv, int hv, int tid) {
     ldk.init(p.ka.row_stride, T::kExact ? T::kDqk : p.head_dqk, tid);
     ldv.init(p.va.row_stride, T::kExact ? T::kDv : p.head_dv, tid);
     gk_thr = row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.k, kSdpaK, b), p.ka, Mask::batch(b), krow_base,
                            hkv) +
              ldk.offset();
     gv_thr = row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.v, kSdpaV, b), p.va, Mask::batch(b), krow_base,
-                           hkv) +
+                           hv) +
              ldv.offset();
   }
   // Key block kbb into K/V buffer buf (sK0/sV0: buffer 0).
@@ -943,7 +1062,9 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
   };
 
   BwdKvLoaderSm80<T, Elem> kv;
-  kv.template init<Mask>(p, b, krow_base, hkv, tid);
+  int hv = hkv;  // V's head: K's, but for SDPA with H_k != H_v
+  if constexpr (Mask::kAnalytic) hv = h / analytic_of(p).score.group_v;
+  kv.template init<Mask>(p, b, krow_base, hkv, hv, tid);
 
   load_tile_async<T::kBlockQ, T::kDqk, T::kThreadsQ>(
       sQ, row_ptr<Elem>(Mask::template sample_ptr<const Elem>(p, p.q, kSdpaQ, b), p.qa, Mask::batch(b), qrow, h),
@@ -1003,12 +1124,22 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
                                                             p.head_dqk);
     // P = exp2(S scale log2(e) - lse2), scaling and subtraction as one fma; the mask sets
     // -inf after it (exp2(-inf) = 0; an empty row's lse2 = +inf gives -inf too).
+    if constexpr (Mask::kAnalytic) {
+      // SDPA: the score modifiers, the mask, then s = P d logit / d x (softcap's derivative)
+      // before the dP GEMM.
+      const SdpaScoreMod mod = SdpaScoreMod::make(analytic_of(p).score, h);  // (per block: not held across)
+      const int base = mask.diag(p, qb, kb, warp, 0);
+      sdpa_bwd_logits<T::kNSQ>(p, s, lse2, mod, base, lane);
+      mask.template apply<T::kNSQ>(p, s, payload, qb, kb, warp, 0, lane);
+      mod.probs_dlogit<T::kNSQ>(s, lse2, base, lane);
+    } else {
 #pragma unroll
-    for (int n = 0; n < T::kNSQ; ++n) {
+      for (int n = 0; n < T::kNSQ; ++n) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[n][i] = fmaf(s[n][i], p.scale_log2, -lse2[i >> 1]);
+        for (int i = 0; i < 4; ++i) s[n][i] = fmaf(s[n][i], p.scale_log2, -lse2[i >> 1]);
+      }
+      mask.template apply<T::kNSQ>(p, s, payload, qb, kb, warp, 0, lane);
     }
-    mask.template apply<T::kNSQ>(p, s, payload, qb, kb, warp, 0, lane);
     // dP - D: k16 step 0 seeded with -D (head_dv >= 1), the rest accumulated.
     float dp[1][T::kNSQ][4];
     const LdsmAddr<T::kDv> aO = LdsmAddr<T::kDv>::unpack(addr_tab[buf][4]);
@@ -1022,7 +1153,13 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
 #pragma unroll
     for (int n = 0; n < T::kNSQ; ++n) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) s[n][i] = exp2_approx(s[n][i]) * dp[0][n][i];  // dS = P (dP - D)
+      for (int i = 0; i < 4; ++i) {
+        if constexpr (Mask::kAnalytic) {
+          s[n][i] *= dp[0][n][i];  // dS = P d logit / d x (dP - D)
+        } else {
+          s[n][i] = exp2_approx(s[n][i]) * dp[0][n][i];  // dS = P (dP - D)
+        }
+      }
     }
     // dQ += dS K: dS (registers, 16-bit) is the A operand, K[key][d] the B operand.
     const LdsmAddr<T::kDqk> bKq = LdsmAddr<T::kDqk>::unpack(addr_tab[buf][2]);
@@ -1043,6 +1180,7 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
         }
       }
     }
+    kb = kb_next;  // the analytic mask's tile of the next block (the plan's reads only payload)
     payload = payload_next;
     have = have_next;
     buf ^= 1;

@@ -27,6 +27,7 @@
 #include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/block_range.cuh"
 #include "kernels/common/grid.h"
+#include "kernels/common/sdpa_score_mod.cuh"
 #include "kernels/common/seqlen_info.cuh"
 #include "kernels/common/softmax.cuh"
 #include "kernels/common/split_schedule.cuh"
@@ -221,7 +222,8 @@ struct PlanPayloadMaskSm80 {
   __device__ __forceinline__ static int rows_store(const FwdParams&, int /*row0*/, int rows_valid) {
     return rows_valid;
   }
-  __device__ __forceinline__ static PlanPayloadMaskSm80 item(const FwdParams&, const Seqlen&, int /*row0*/) {
+  __device__ __forceinline__ static PlanPayloadMaskSm80 item(const FwdParams&, const Seqlen&, int /*row0*/,
+                                                             int /*head*/) {
     return PlanPayloadMaskSm80{};
   }
   __device__ __forceinline__ static void apply(const QkvParams& p, float (&s)[T::kNS][4], const bool& partial,
@@ -234,12 +236,16 @@ struct PlanPayloadMaskSm80 {
 
 // The analytic mask of SDPA (analytic_mask.h): blocks and element masks from positions, the
 // sample's lengths and tensor starts from the caller's device arrays (AnalyticMaskParams).
-// Per item it keeps the query block's mask terms (QueryBlockMask); entry = the key block.
+// Per item it keeps the query block's mask terms (QueryBlockMask) and the head's ALiBi slope;
+// entry = the key block. apply() runs SDPA's score modifiers (sdpa_score_mod.cuh: softcap,
+// ALiBi; run-time flags) on every block before the mask; init_stats() seeds the row
+// statistics with the head's sink.
 template <class T>
 struct AnalyticMaskSm80 {
   static constexpr bool kAnalytic = true;
   using Seqlen = AnalyticSeqlen;
   QueryBlockMask block;
+  float a2;  // ALiBi slope * log2 e of the item's head (0: none)
 
   __device__ __forceinline__ static AnalyticCursor q2k(const FwdParams&, const Seqlen& sl, int, int, int qb) {
     return q2k_cursor(sl.mask, qb, T::kBlockQ, T::kBlockK);
@@ -253,12 +259,42 @@ struct AnalyticMaskSm80 {
     const AnalyticMaskParams& a = analytic_of(p);
     return rows_to_store(a, kSdpaO, row0, T::kBlockQ, rows_valid + row0, a.max_q);
   }
-  __device__ __forceinline__ static AnalyticMaskSm80 item(const FwdParams&, const Seqlen& sl, int row0) {
-    return AnalyticMaskSm80{QueryBlockMask::make(sl.mask, row0)};
+  __device__ __forceinline__ static AnalyticMaskSm80 item(const FwdParams& p, const Seqlen& sl, int row0, int head) {
+    const SdpaScoreParams& sp = analytic_of(p).score;
+    return AnalyticMaskSm80{QueryBlockMask::make(sl.mask, row0), sp.alibi_n > 0 ? alibi_slope_dev(head, sp.alibi_n) * kLog2e : 0.0f};
   }
-  __device__ __forceinline__ void apply(const QkvParams&, float (&s)[T::kNS][4], const bool& partial,
+  __device__ __forceinline__ void apply(const QkvParams& q, float (&s)[T::kNS][4], const bool& partial,
                                         const int& entry, int mt, int lane) const {
+    const AnalyticMaskParams& a = analytic_of(static_cast<const FwdParams&>(q));
+    const float c2 = a.score.softcap2;
+    if (c2 != 0.0f || a2 != 0.0f) {
+      // Diagonal offset of the m16 tile's element (0, 0): key entry * kBlockK, row r0 + 16 mt
+      // (r0 + shift = block.lo0 - d_min).
+      const SdpaScoreMod mod{c2, c2 != 0.0f ? 1.0f / c2 : 0.0f, a2};
+      mod.apply<T::kNS>(s, diag_base(int64_t(entry) * T::kBlockK, block.lo0 - a.band.d_min() + 16 * mt), lane);
+    }
     if (partial) apply_tile_mask<T::kNS>(s, block.tile(int64_t(entry) * T::kBlockK), mt, 0, lane);
+  }
+  // Row statistics of the thread's rows (m16 tile i: rows r0 + 16 i + g + 8 hi of the block at
+  // row `first`) seeded with the head's sink (log2 units: m = sink, l = 1 on one lane of the
+  // quad), so that it joins the denominator; rows past the sample keep m = -inf, l = 0 (O = 0,
+  // LSE = -inf).
+  template <int kMT>
+  __device__ __forceinline__ static void init_stats(const FwdParams& p, int head, int first, int len_q, int lane,
+                                                    float (&m)[kMT][2], float (&l)[kMT][2]) {
+    const float* sink = analytic_of(p).score.sink;
+    if (sink == nullptr) return;
+    const float s2 = __ldg(sink + head) * kLog2e;
+#pragma unroll
+    for (int i = 0; i < kMT; ++i) {
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        if (first + 16 * i + (lane >> 2) + 8 * hi < len_q) {
+          m[i][hi] = s2;
+          l[i][hi] = (lane & 3) == 0 ? 1.0f : 0.0f;
+        }
+      }
+    }
   }
 };
 
@@ -526,8 +562,10 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
   // Position 0 of head head0 in sample b.
   const Elem* q = Mask::template sample_ptr<Elem>(p, p.q, p.qa, kSdpaQ, b, q_start) + int64_t(head0) * p.qa.head_stride;
   const Elem* k = Mask::template sample_ptr<Elem>(p, p.k, p.ka, kSdpaK, b, k_start) + int64_t(hkv) * p.ka.head_stride;
-  const Elem* v = Mask::template sample_ptr<Elem>(p, p.v, p.va, kSdpaV, b, k_start) + int64_t(hkv) * p.va.head_stride;
-  const Mask mask = Mask::item(p, sl, row0);
+  int hv = hkv;  // V's head: K's, but for SDPA with H_k != H_v
+  if constexpr (Mask::kAnalytic) hv = head0 / analytic_of(p).score.group_v;
+  const Elem* v = Mask::template sample_ptr<Elem>(p, p.v, p.va, kSdpaV, b, k_start) + int64_t(hv) * p.va.head_stride;
+  const Mask mask = Mask::item(p, sl, row0, head0);
 
   // Persistent items walk blocks [begin, begin + count) of the row: skip `begin`, then stop
   // after `count` blocks (`left` counts the blocks still to fetch after the current one).
@@ -553,6 +591,7 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
     l[i][0] = l[i][1] = 0.0f;
   }
   const int m0 = warp * 16 * kMT;  // first row of the warp; m16 tile i starts at m0 + 16 i
+  if constexpr (Mask::kAnalytic) Mask::init_stats(p, head0, row0 + m0, len_q, lane, m, l);
   const LdsmAddr<T::kDqk> aQ = ldsm_a<T::kDqk>(sQ + m0 * T::kDqk * 2, lane);
   const LdsmAddr<T::kDqk> bK = ldsm_b_nk<T::kDqk>(sK, lane);
   const LdsmAddr<T::kDv> bV = ldsm_b_kn<T::kDv>(sV, lane);

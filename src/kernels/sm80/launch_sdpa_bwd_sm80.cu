@@ -9,6 +9,33 @@
 #include "kernels/sm80/kernel_bwd_sm80.cuh"
 #include "kernels/sm80/launch_sm80.h"
 
+namespace flashspan::kern {
+namespace {
+
+// dSink_h = -sum_i exp(sink_h - LSE_i) D_i over every row of query head h (one CTA per head,
+// 256 threads): strided partial sums, then a shared-memory tree in a fixed order, so the
+// result is bitwise reproducible. Rows past their sample have D = 0 and lse2 = +inf (the
+// preprocess), so they add 0.
+__global__ void __launch_bounds__(256) sdpa_bwd_dsink_kernel(const SdpaBwdParams p) {
+  __shared__ float red[256];
+  const int h = blockIdx.x;
+  const float s2 = __ldg(p.analytic.score.sink + h) * kLog2e;
+  const float* lse2 = p.lse2 + int64_t(h) * p.total_q;
+  const float* delta = p.delta + int64_t(h) * p.total_q;
+  float acc = 0.0f;
+  for (int64_t t = threadIdx.x; t < p.total_q; t += 256) acc -= exp2f(s2 - lse2[t]) * delta[t];
+  red[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = 128; w > 0; w >>= 1) {
+    if (int(threadIdx.x) < w) red[threadIdx.x] += red[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) p.analytic.score.dsink[h] = red[0];
+}
+
+}  // namespace
+}  // namespace flashspan::kern
+
 namespace flashspan::sm80 {
 namespace {
 
@@ -25,11 +52,17 @@ void run_sdpa_bwd(const SdpaBwdParams& p_in, cudaStream_t stream) {
   ensure_smem_limit(dkdv, T::kSmemBytes, dkdv_set, "sdpa backward dK/dV: cudaFuncSetAttribute");
   if (p.deterministic) ensure_smem_limit(dq, T::kSmemBytesQ, dq_set, "sdpa backward dQ: cudaFuncSetAttribute");
   if (p.analytic.num_k_blocks > 0) {
-    // (key block of a sample, kv head) folded into x (grid.h); cell x = b * nkb + kb.
-    const unsigned grid = grid_2d_folded(int64_t(p.batch) * p.analytic.num_k_blocks, p.num_heads_q / p.group_size,
-                                         "sdpa backward dK/dV");
-    dkdv<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
-    check_launch("sdpa backward dK/dV (sm80)");
+    // (key block of a sample, kv head) folded into x (grid.h); cell x = b * nkb + kb. H_k != H_v:
+    // a dK pass over the K heads and a dV pass over the V heads (SdpaScoreParams::dkdv_role).
+    const bool two = p.group_size != p.analytic.score.group_v;
+    for (int role = two ? 1 : 0; role <= (two ? 2 : 0); ++role) {
+      SdpaBwdParams pr = p;
+      pr.analytic.score.dkdv_role = role;
+      const int heads = p.num_heads_q / (role == 2 ? p.analytic.score.group_v : p.group_size);
+      const unsigned grid = grid_2d_folded(int64_t(p.batch) * p.analytic.num_k_blocks, heads, "sdpa backward dK/dV");
+      dkdv<<<grid, T::kThreads, T::kSmemBytes, stream>>>(pr);
+      check_launch("sdpa backward dK/dV (sm80)");
+    }
   }
   if (p.total_q == 0) return;
   if (!p.deterministic) {
@@ -59,6 +92,15 @@ void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dt
       kern::sdpa_bwd_preprocess_kernel<decltype(e)><<<grid, 256, 0, stream>>>(p);
     });
     check_launch("sdpa backward preprocess (sm80)");
+  }
+  if (p.analytic.score.dsink != nullptr) {
+    if (p.total_q > 0) {
+      kern::sdpa_bwd_dsink_kernel<<<p.num_heads_q, 256, 0, stream>>>(p);
+      check_launch("sdpa backward dSink (sm80)");
+    } else {
+      check_cuda(cudaMemsetAsync(p.analytic.score.dsink, 0, sizeof(float) * size_t(p.num_heads_q), stream),
+                 "sdpa backward: clearing dSink");
+    }
   }
   kern::with_bwd_traits_sm80(tile, p.head_dqk, p.head_dv, [&](auto t) {
     with_element_type(dtype, "sdpa backward (sm80)", [&](auto e) { run_sdpa_bwd<decltype(t), decltype(e)>(p, stream); });

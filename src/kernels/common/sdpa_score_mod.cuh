@@ -1,0 +1,103 @@
+// The score modifiers of SDPA (softcap, ALiBi) and its sinks, as the analytic-mask kernels of
+// every family apply them: the ScoreMod part of the scores -> logits step (variant.cuh), run
+// between the scaling and the mask, on a warp's accumulator fragments (AccFragment layout).
+// Run-time flags (SdpaScoreParams, params.h) inside the one analytic instantiation of each
+// kernel: the plan (flex) kernels never see them.
+//
+// In log2 units (the kernels' scores are scale * log2(e) * q.k): with c2 = softcap * log2(e)
+// and a2 = slope_h * log2(e),
+//   logit2 = c2 tanh(x2 / c2) + a2 (j - i - shift)
+// which is log2(e) times the CPU reference's softcap * tanh(x / softcap) + slope (j - i - shift)
+// (docs/SDPA.md). Its derivative with respect to x2 is 1 - t^2, t = tanh(x2 / c2) =
+// (logit2 - a2 (j - i - shift)) / c2 (the backward recovers t from the logit it recomputes).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/common/analytic_mask.h"
+#include "kernels/common/ptx.cuh"
+#include "kernels/params.h"
+
+namespace flashspan::kern {
+
+// tanh from one ex2.approx and one approximate division (absolute error ~1e-7, far below the
+// 16-bit outputs' rounding): tanhf's inlined polynomial, unrolled over every score of a
+// fragment, made the forward units build 50 % slower. |x| > 15 gives +-1 exactly in float.
+__device__ __forceinline__ float tanh_fast(float x) {
+  const float z = fminf(fmaxf(x, -15.0f), 15.0f);
+  return 1.0f - __fdividef(2.0f, exp2_approx(z * (2.0f * kLog2e)) + 1.0f);
+}
+
+// ALiBi slope of query head h for n = the largest power of two <= H_q (sdpa::alibi_slope).
+__device__ __forceinline__ float alibi_slope_dev(int h, int n) {
+  const float e = h < n ? -8.0f * float(h + 1) / float(n) : -4.0f * float(2 * (h - n) + 1) / float(n);
+  return exp2f(e);
+}
+
+// The modifiers of one query head.
+struct SdpaScoreMod {
+  float c2, inv_c2;  // softcap * log2 e and its inverse (c2 = 0: no softcap)
+  float a2;          // ALiBi slope * log2 e (0: none)
+
+  __device__ __forceinline__ static SdpaScoreMod make(const SdpaScoreParams& sp, int h) {
+    SdpaScoreMod m;
+    m.c2 = sp.softcap2;
+    m.inv_c2 = sp.softcap2 != 0.0f ? 1.0f / sp.softcap2 : 0.0f;
+    m.a2 = sp.alibi_n > 0 ? alibi_slope_dev(h, sp.alibi_n) * kLog2e : 0.0f;
+    return m;
+  }
+  __device__ __forceinline__ bool active() const { return c2 != 0.0f || a2 != 0.0f; }
+
+  // The modified logits of a warp's 16-row fragment of kN n8 blocks, in place. base: the
+  // diagonal offset j - i - shift of the fragment's element (row 0, column 0); element (row
+  // g + 8 (r / 2), column 8 n + 2 q + r % 2) of the fragment is offset by column - row.
+  template <int kN>
+  __device__ __forceinline__ void apply(float (&s)[kN][4], int base, int lane) const {
+    if (c2 != 0.0f) {
+#pragma unroll
+      for (int n = 0; n < kN; ++n) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) s[n][r] = c2 * tanh_fast(s[n][r] * inv_c2);
+      }
+    }
+    if (a2 != 0.0f) {
+      const int d0 = base + 2 * (lane & 3) - (lane >> 2);
+#pragma unroll
+      for (int n = 0; n < kN; ++n) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) s[n][r] = fmaf(a2, float(d0 + 8 * n + (r & 1) - 8 * (r >> 1)), s[n][r]);
+      }
+    }
+  }
+
+  // P times d logit2 / d x2 (softcap's 1 - t^2; 1 without softcap) of the fragment's elements,
+  // in place, from y = logit2 - lse2 (-inf where masked, giving 0): the dS factor the backward
+  // multiplies by (dP - D). lse2[hi]: the statistic of row half hi.
+  template <int kN>
+  __device__ __forceinline__ void probs_dlogit(float (&y)[kN][4], const float (&lse2)[2], int base, int lane) const {
+    const int d0 = base + 2 * (lane & 3) - (lane >> 2);
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float pr = exp2_approx(y[n][r]);
+        if (c2 != 0.0f) {
+          const float logit = y[n][r] + lse2[r >> 1];
+          const float t = (a2 != 0.0f ? fmaf(-a2, float(d0 + 8 * n + (r & 1) - 8 * (r >> 1)), logit) : logit) * inv_c2;
+          y[n][r] = pr > 0.0f ? pr * fmaf(-t, t, 1.0f) : 0.0f;
+        } else {
+          y[n][r] = pr;
+        }
+      }
+    }
+  }
+};
+
+// j - i - shift of tile element (r0, c0) of a sample, clamped into int (a band never reaches
+// the clamp on a visible element: |j - i - shift| <= S_q + S_kv < 2^31).
+__device__ __forceinline__ int diag_base(int64_t c0, int64_t r0_plus_shift) {
+  return int(clamp64(c0 - r0_plus_shift, -(int64_t(1) << 30), int64_t(1) << 30));
+}
+
+}  // namespace flashspan::kern
