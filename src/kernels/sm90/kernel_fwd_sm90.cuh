@@ -219,8 +219,16 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
 // Consumers (two warpgroups)
 // ---------------------------------------------------------------------------
 
+// FLASHSPAN_SM90_FWD_PINGPONG=1 (build-time, default 0; for measurements): the serial schedule's
+// two consumer warpgroups take turns issuing their S GEMMs (named barriers 2 and 3, FA3's
+// warp-scheduler barriers), so that one warpgroup's softmax runs under the other's GEMMs.
+#ifndef FLASHSPAN_SM90_FWD_PINGPONG
+#define FLASHSPAN_SM90_FWD_PINGPONG 0
+#endif
+
 template <class L, class E, bool kMaxLogit, bool kOverlap>
 __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, const int32_t* s_item) {
+  constexpr bool kPingPong = FLASHSPAN_SM90_FWD_PINGPONG && !kOverlap;
   constexpr int kBlockQ = L::kBlockQ, kBlockK = L::kBlockK;
   constexpr int kNO = L::kTile.dv_tile / 8;  // n8 blocks of O
   constexpr int kNS = kBlockK / 8;           // n8 blocks of S
@@ -240,6 +248,12 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
   const kern::Variant<Mask> variant{p.scale_log2};
   const kern::AccFragment frag(lane);
 
+  // Ping-pong: warpgroup 0 issues first; each S GEMM issue waits for barrier 2 + c and then
+  // opens the other's (both warpgroups run the same blocks, so the turns pair up; warpgroup 0
+  // takes warpgroup 1's opening arrival back before it leaves).
+  if constexpr (kPingPong) {
+    if (c == 1) named_bar_arrive(2, 256);
+  }
   uint32_t kv_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
     const uint32_t rs = item_it & 1;
@@ -247,7 +261,12 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     const volatile int32_t* e = s_item + 8 * rs;
     const WorkItem it{e[0], e[1], e[2], e[3], e[4], e[5]};
     mbar_arrive(item_empty + 8 * rs);
-    if (it.block < 0) return;
+    if (it.block < 0) {
+      if constexpr (kPingPong) {
+        if (c == 0) named_bar_sync(2, 256);
+      }
+      return;
+    }
 
     kern::ItemCursor cur = item_cursor(p, it);
     float o[kNO][4];
@@ -278,9 +297,11 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         mask.load(p.view.q2k_partial_bits, partial, entry, kBlockQ, mt, lane);
         mbar_wait(k_full + 8 * st, ph);
         float s[kNS][4];
+        if constexpr (kPingPong) named_bar_sync(2 + c, 256);
         wg_fence();
         issue_qk<L, E>(s, q_tile, k_tile);
         wg_commit();
+        if constexpr (kPingPong) named_bar_arrive(3 - c, 256);
         wg_wait<0>();
         release_q(cur.done());
         reg_fence(s);
