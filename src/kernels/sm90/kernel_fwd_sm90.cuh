@@ -219,16 +219,19 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
 // Consumers (two warpgroups)
 // ---------------------------------------------------------------------------
 
-// FLASHSPAN_SM90_FWD_PINGPONG=1 (build-time, default 0; for measurements): the serial schedule's
-// two consumer warpgroups take turns issuing their S GEMMs (named barriers 2 and 3, FA3's
-// warp-scheduler barriers), so that one warpgroup's softmax runs under the other's GEMMs.
+// Ping-pong: the serial schedule's two consumer warpgroups take turns issuing their S GEMMs
+// (named barriers 2 and 3, FA3's warp-scheduler barriers), so that one warpgroup's softmax runs
+// under the other's GEMMs. On for the (192, 128) kernel, whose S GEMM (K = 192) is the longest
+// against its softmax: causal S=32768 H=16 560 -> 595 TFLOP/s on the H200; it cost the (128, 128)
+// kernel 2-5 % on five masks and left (256, 256) unchanged (PERF_LOG v1.7).
+// FLASHSPAN_SM90_FWD_PINGPONG=1 (build-time, for measurements) turns it on for every serial kernel.
 #ifndef FLASHSPAN_SM90_FWD_PINGPONG
 #define FLASHSPAN_SM90_FWD_PINGPONG 0
 #endif
 
 template <class L, class E, bool kMaxLogit, bool kOverlap>
 __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, const int32_t* s_item) {
-  constexpr bool kPingPong = FLASHSPAN_SM90_FWD_PINGPONG && !kOverlap;
+  constexpr bool kPingPong = !kOverlap && (FLASHSPAN_SM90_FWD_PINGPONG || L::kTile.dqk_tile == 192);
   constexpr int kBlockQ = L::kBlockQ, kBlockK = L::kBlockK;
   constexpr int kNO = L::kTile.dv_tile / 8;  // n8 blocks of O
   constexpr int kNS = kBlockK / 8;           // n8 blocks of S

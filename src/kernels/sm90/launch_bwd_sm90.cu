@@ -72,9 +72,20 @@ bool bwd_enabled() {
   return on;
 }
 
-bool bwd_config_supported(const FlexGeometry& g, bool /*deterministic: both paths run*/) {
+// FLASHSPAN_SM90_BWD_DETERMINISTIC=0 gives deterministic calls the sm80 backward (its separate
+// dQ kernel): the ordered dQ tiles are slower than it where every key block adds one tile at the
+// same walk position (longformer's global query rows, PERF_LOG v1.6).
+bool bwd_deterministic_enabled() {
+  static const bool on = [] {
+    const char* off = std::getenv("FLASHSPAN_SM90_BWD_DETERMINISTIC");
+    return !(off != nullptr && std::strcmp(off, "0") == 0);
+  }();
+  return on;
+}
+
+bool bwd_config_supported(const FlexGeometry& g, bool deterministic) {
   return (g.dtype == DType::kFloat16 || g.dtype == DType::kBFloat16) &&
-         bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v);
+         bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v) && (!deterministic || bwd_deterministic_enabled());
 }
 
 int bwd_smem_bytes(int dqk, int dv) {
