@@ -175,7 +175,7 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
   prefetch_tensormap(tm_k);
   prefetch_tensormap(tm_v);
   const kern::TileScheduler sched = kern::TileScheduler::forward(p, p.num_heads_q / p.pack);  // kv heads when packed
-  const int pack = p.pack;
+  const int pack = p.pack, pack_shift = __ffs(pack) - 1;  // G, log2 G (a power of two)
   uint32_t kv_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
     const WorkItem it = sched.next(item_it);
@@ -195,8 +195,8 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     // The Q box: rows q_row .. q_row + 127 of query head it.head, or packed (pack = G > 1) the
     // G heads from G it.head of positions q_row .. q_row + 128 / G - 1 (tensor map dims swapped:
     // launch_fwd_sm90.cu).
-    const int q_pos = (p.varlen ? __ldg(p.cu_seqlens_q + it.batch) : 0) + it.block * (kBlockQ / pack);
-    const int q_c1 = pack > 1 ? it.head * pack : q_pos, q_c2 = pack > 1 ? q_pos : it.head;
+    const int q_pos = (p.varlen ? __ldg(p.cu_seqlens_q + it.batch) : 0) + it.block * (kBlockQ >> pack_shift);
+    const int q_c1 = pack > 1 ? it.head << pack_shift : q_pos, q_c2 = pack > 1 ? q_pos : it.head;
     const int k_row0 = p.varlen ? __ldg(p.cu_seqlens_k + it.batch) : 0;
     const int bcoord = p.varlen ? 0 : it.batch;
     const int hkv = it.head * pack / p.group_size;  // packed: pack = group_size, the task head
