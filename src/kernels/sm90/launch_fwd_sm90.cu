@@ -34,20 +34,20 @@ int fwd_overlap_mode_sm90() {
 namespace {
 std::atomic<int> g_packed_override{-1};
 std::atomic<int64_t> g_fwd_launches{0};
+// Experimental until the GPU suite has passed with it: FLASHSPAN_EXPERIMENTAL=1 (the variable
+// the Python layer reads for its native SDPA route), read once when the library is loaded, so
+// that which plans take this path does not depend on which call reads it first.
+const bool g_packed_env = [] {
+  const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
+  return e != nullptr && std::strcmp(e, "1") == 0;
+}();
 }  // namespace
 
 void set_fwd_packed_enabled(int on) { g_packed_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
 
 bool fwd_packed_enabled() {
   const int o = g_packed_override.load(std::memory_order_relaxed);
-  if (o >= 0) return o == 1;
-  // Experimental until the GPU suite has passed with it (FLASHSPAN_EXPERIMENTAL=1, as the
-  // Python layer reads the same variable for its native SDPA route).
-  static const bool on = [] {
-    const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
-  return on;
+  return o >= 0 ? o == 1 : g_packed_env;
 }
 
 int64_t fwd_launches() { return g_fwd_launches.load(std::memory_order_relaxed); }

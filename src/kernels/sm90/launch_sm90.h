@@ -19,7 +19,7 @@ namespace flashspan::sm90 {
 bool fwd_config_supported(const FlexGeometry& g, bool pack_gqa);
 
 // Whether packed-GQA plans may run on the sm90 forward: only with FLASHSPAN_EXPERIMENTAL=1 in
-// the environment (read once per process) until the GPU suite has run with it; otherwise
+// the environment (read once, when the library is loaded) until the GPU suite has run with it; otherwise
 // packed plans keep the sm80 family. set_fwd_packed_enabled overrides it for this process
 // (tests: 1 on, 0 off, -1 back to the environment's answer).
 bool fwd_packed_enabled();
