@@ -62,8 +62,9 @@ bool choose_pack_gqa(const FlexGeometry& g, const Consumer& c);
 // What a plan request gets (the C ABI's fs_create_mask_plan asks here): the kernel family
 // (requested_arch 0 = choose, else 80 or 90: resolve_arch in family.cpp says how), pack_gqa
 // (requested -1 = choose_pack_gqa on the sm80 consumer's tile for an automatically chosen
-// family, else on the plan's family's; else 0/1) and the consumer (consumer_for_plan). Throws Error(kInvalidArgument) naming `arch`
-// or FLASHSPAN_KERNEL_FAMILY for a value outside their rules.
+// family, else on the plan's family's; else 0/1) and the consumer (consumer_for_plan). Throws
+// Error(kInvalidArgument) naming `arch` or FLASHSPAN_KERNEL_FAMILY for a value outside their
+// rules.
 struct PlanChoice {
   int arch = 80;
   Consumer consumer;
