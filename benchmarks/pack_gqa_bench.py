@@ -10,6 +10,8 @@ for reference: PyTorch SDPA with enable_gqa and no mask (its default backend cho
 Sq = 1 that is the same attention, for Sq > 1 it attends to all Sk keys).
 
 Usage: python benchmarks/pack_gqa_bench.py [--sk 32768] [--batch 4] [--reps 20]
+(FLASHSPAN_EXPERIMENTAL=1: packed plans that are not decode shapes take the sm90 forward; the
+arch column says which family each plan got.)
 Prints a markdown table: ms and effective K/V bandwidth (bytes of K and V read once per
 kv head / time), which is what a decode step is bound by.
 """
@@ -50,19 +52,20 @@ def main() -> None:
     b, sk, d = args.batch, args.sk, args.dim
     print(f"GPU {torch.cuda.get_device_name()}, B={b} Sk={sk} D={d} BF16, bottom-right causal; "
           f"median of {args.reps}")
-    print("| Sq | Hq/Hkv | unpacked ms | packed ms | speedup | packed K/V GB/s | SDPA no-mask ms | max |packed-unpacked| | err vs fp32 |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| Sq | Hq/Hkv | arch (unpacked/packed) | unpacked ms | packed ms | speedup | packed K/V GB/s | SDPA no-mask ms | max |packed-unpacked| | err vs fp32 |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     failures = []
-    for sq, hq, hkv in [(1, 32, 8), (1, 64, 8), (4, 32, 8), (16, 32, 4), (64, 32, 8), (128, 32, 8)]:
+    for sq, hq, hkv in [(1, 32, 8), (1, 64, 8), (4, 32, 8), (4, 64, 8), (16, 32, 4), (64, 32, 8), (128, 32, 8)]:
         torch.manual_seed(sq * 1000 + hq)
         q = torch.randn(b, sq, hq, d, device=dev, dtype=torch.bfloat16)
         k = torch.randn(b, sk, hkv, d, device=dev, dtype=torch.bfloat16)
         v = torch.randn(b, sk, hkv, d, device=dev, dtype=torch.bfloat16)
         mf = bottom_right_causal(b, sq, sk, dev)
-        outs, ms = {}, {}
+        outs, ms, arch = {}, {}, {}
         for pack in (False, True):
             plan = flashspan.create_mask_plan(mf, q, k, v, pack_gqa=pack)
             assert plan.pack_gqa == pack
+            arch[pack] = plan.arch  # the family chosen (sm90 packed: FLASHSPAN_EXPERIMENTAL=1, not decode)
             outs[pack] = flashspan.flex_attn_func(q, k, v, mask_plan=plan)
             ms[pack] = timer.measure(lambda: flashspan.flex_attn_func(q, k, v, mask_plan=plan)).median_ms
         diff = (outs[True].float() - outs[False].float()).abs().max().item()
@@ -83,7 +86,7 @@ def main() -> None:
         except RuntimeError as e:  # a backend may refuse the shape
             sdpa = f"n/a ({str(e).splitlines()[0][:40]})"
         kv_bytes = 2 * b * sk * hkv * d * 2
-        print(f"| {sq} | {hq}/{hkv} | {ms[False]:.3f} | {ms[True]:.3f} | {ms[False] / ms[True]:.2f}x | "
+        print(f"| {sq} | {hq}/{hkv} | {arch[False]}/{arch[True]} | {ms[False]:.3f} | {ms[True]:.3f} | {ms[False] / ms[True]:.2f}x | "
               f"{kv_bytes / ms[True] / 1e6:.0f} | {sdpa} | {diff:.2e} | {err:.2e} |", flush=True)
     if failures:
         print("\npack_gqa_bench: CORRECTNESS CHECK FAILED", file=sys.stderr)

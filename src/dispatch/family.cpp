@@ -35,9 +35,7 @@ Consumer consumer_sm80(int head_dim_qk, int head_dim_v) {
 
 Consumer consumer_for_plan_sm80(const FlexGeometry& g, bool pack_gqa) {
   Consumer c = consumer_sm80(g.head_dim_qk, g.head_dim_v);
-  const int G = g.num_heads_kv > 0 ? g.group_size() : 1;
-  if (pack_gqa && G > 1 && g.head_dim_qk <= 128 && g.head_dim_v <= 128 &&
-      g.max_seqlen_q <= kDecodeBlockQ / G) {  // max_seqlen_q * G <= kDecodeBlockQ, without overflow
+  if (pack_gqa && is_decode_shape(g) && g.head_dim_qk <= 128 && g.head_dim_v <= 128) {
     c.fwd_block_q = kDecodeBlockQ;
     c.fwd_block_k = 64;
   }
@@ -90,6 +88,11 @@ Consumer consumer_for(int arch, int head_dim_qk, int head_dim_v) {
 
 Consumer consumer_for_plan(int arch, const FlexGeometry& g, bool pack_gqa) {
   return kernel_family(arch).consumer_for_plan(g, pack_gqa);
+}
+
+bool is_decode_shape(const FlexGeometry& g) {
+  const int G = g.num_heads_kv > 0 ? g.group_size() : 1;
+  return G > 1 && g.max_seqlen_q <= kDecodeBlockQ / G;  // max_seqlen_q * G <= kDecodeBlockQ, without overflow
 }
 
 bool choose_pack_gqa(const FlexGeometry& g, const Consumer& c) {

@@ -44,6 +44,11 @@ Consumer consumer_for(int arch, int head_dim_qk, int head_dim_v);
 // is kept there. Throws as consumer_for does for an unknown arch.
 Consumer consumer_for_plan(int arch, const FlexGeometry& g, bool pack_gqa);
 
+// The decode shapes of packed GQA: G = Hq / Hkv > 1 and every sample's packed rows fit one
+// decode tile (max_seqlen_q * G <= kDecodeBlockQ). consumer_for_plan gives such arch-80 packed
+// plans the decode tile; choose_plan keeps them on the sm80 family (plan_choice.cpp).
+bool is_decode_shape(const FlexGeometry& g);
+
 // The default for pack_gqa = -1 ("choose"): true iff G = Hq / Hkv > 1 and
 // max_seqlen_q < c.fwd_block_q. Why: an unpacked forward query block holds one query head's
 // rows, so when every sample is shorter than the tile (decode, short prefill chunks) most of
@@ -56,9 +61,10 @@ bool choose_pack_gqa(const FlexGeometry& g, const Consumer& c);
 
 // What a plan request gets (the C ABI's fs_create_mask_plan asks here): the kernel family
 // (requested_arch 0 = choose, else 80 or 90: resolve_arch in family.cpp says how), pack_gqa
-// (requested -1 = choose_pack_gqa, except that an automatically chosen sm90 plan is unpacked;
-// else 0/1) and the consumer (consumer_for_plan). Throws Error(kInvalidArgument) naming `arch`
-// or FLASHSPAN_KERNEL_FAMILY for a value outside their rules.
+// (requested -1 = choose_pack_gqa on the sm80 consumer's tile for an automatically chosen
+// family, else on the plan's family's; else 0/1) and the consumer (consumer_for_plan). Throws
+// Error(kInvalidArgument) naming `arch` or FLASHSPAN_KERNEL_FAMILY for a value outside their
+// rules.
 struct PlanChoice {
   int arch = 80;
   Consumer consumer;

@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -2589,6 +2590,238 @@ TEST(FlexGpuSm90, BwdSanitizerSmall) {
   e.deterministic = true;
   e.seed = 9805;
   run_case_sm90_bwd(e);
+}
+
+// ---------------------------------------------------------------------------
+// Packed GQA on the sm90 forward (FwdParams::pack = G, a power of two dividing 128: Q's packed
+// tensor-map box, the epilogue's (position, head) rows and per-head max_logit; kernel_fwd_sm90.cuh).
+// Experimental (sm90::fwd_packed_enabled: FLASHSPAN_EXPERIMENTAL=1); these tests switch it on
+// for the process (sm90::set_fwd_packed_enabled) and check that the sm90 forward was the kernel
+// that ran (sm90::fwd_launches). Plans are built with arch 90 directly, so decode shapes run the
+// 128-row tile here too (the automatic choice keeps them on sm80: PackedGqaPlanChoice).
+// ---------------------------------------------------------------------------
+
+struct Sm90PackedOn {
+  Sm90PackedOn() { sm90::set_fwd_packed_enabled(1); }
+  ~Sm90PackedOn() { sm90::set_fwd_packed_enabled(-1); }
+};
+
+void run_case_sm90_packed(const Case& c) {
+  ASSERT_TRUE(c.arch == 90 && c.pack_gqa) << c.describe();
+  const int64_t before = sm90::fwd_launches();
+  run_case(c);
+  EXPECT_GT(sm90::fwd_launches(), before) << "the sm90 forward did not run: " << c.describe();
+}
+
+// packed_random_case (G in {2, 4, 8}, Hkv 1 or 2, Hmask 1 or Hq, decode-like and prefill query
+// lengths, BSHD / THD with empty samples, granularities 1 / 16 / 64, strided tensors, forward
+// and backward, negative logits, random softmax scale) on the sm90 family.
+Case packed_random_case_sm90(uint64_t seed) {
+  Case c = packed_random_case(seed);
+  c.arch = 90;
+  Rng rng(seed * 7727 + 3);
+  if (rng() % 3 == 0) c.mopt.granularity = 128;
+  return c;
+}
+
+TEST(FlexGpuSm90, PackedGqaRandom) {
+  REQUIRE_SM90();
+  Sm90PackedOn on;
+  for (uint64_t s = 1; s <= 40; ++s) run_case_sm90_packed(packed_random_case_sm90(s + 300));
+}
+
+// Every G in {2, 4, 8} (and 16, 32: one head a row half / a row of a warp's max_logit) on
+// BSHD and on THD with empty samples and lengths off the tile, Hmask 1 and Hq, LSE and
+// max_logit (also all-negative logits for the signed per-head max), both dtypes, D 64 / 128 and
+// a dims pair below its kernel's.
+TEST(FlexGpuSm90, PackedGqaShapes) {
+  REQUIRE_SM90();
+  Sm90PackedOn on;
+  uint64_t seed = 9600;
+  for (int G : {2, 4, 8, 16, 32}) {
+    const int hkv = G <= 4 ? 2 : 1;
+    for (int layout = 0; layout < 2; ++layout) {
+      for (bool per_head : {false, true}) {
+        Case c;
+        c.arch = 90;
+        c.pack_gqa = true;
+        c.h = HeadConfig{G * hkv, hkv, per_head ? G * hkv : 1, 3, G == 8 ? 64 : 128, G == 8 ? 64 : 128,
+                         per_head ? DType::kBFloat16 : DType::kFloat16};
+        if (layout == 0) {
+          c.batch = 2;
+          c.sq = G >= 16 ? 21 : 97;
+          c.sk = 333;
+        } else {
+          c.varlen = true;
+          c.lq = {G >= 16 ? 9 : 70, 0, 1, G >= 16 ? 30 : 165};
+          c.lk = {250, 20, 130, 0};
+          c.batch = 4;
+        }
+        c.backward = G == 4 && per_head;
+        c.deterministic = false;
+        c.negative_logits = G == 2 && per_head;
+        c.seed = ++seed;
+        run_case_sm90_packed(c);
+      }
+    }
+  }
+  {
+    Case c;  // dims below the kernel's (zero-filled columns), optional outputs off, strided
+    c.arch = 90;
+    c.pack_gqa = true;
+    c.batch = 2;
+    c.sq = 50;
+    c.sk = 300;
+    c.h = HeadConfig{8, 2, 8, 5, 40, 104, DType::kBFloat16};
+    c.strided = true;
+    c.fwd_lse = false;
+    c.fwd_ml = false;
+    c.seed = ++seed;
+    run_case_sm90_packed(c);
+  }
+  for (const auto& d : std::vector<std::pair<int, int>>{{192, 128}, {256, 256}}) {
+    Case c;  // the (192, 128) and (256, 256) kernels, THD with an empty sample
+    c.arch = 90;
+    c.pack_gqa = true;
+    c.varlen = true;
+    c.lq = {40, 0, 17};
+    c.lk = {200, 10, 190};
+    c.batch = 3;
+    c.h = HeadConfig{8, 2, 1, 3, d.first, d.second, DType::kBFloat16};
+    c.seed = ++seed;
+    run_case_sm90_packed(c);
+  }
+}
+
+// The split schedule on and off over packed tasks: long walks split (combine per packed row,
+// bitwise over two runs), a decode batch (few packed tasks, long key walks), then without a
+// workspace (static persistent grid over the tasks) and in grid mode (no task list).
+TEST(FlexGpuSm90, PackedGqaFwdSplit) {
+  REQUIRE_SM90();
+  Sm90PackedOn on;
+  {
+    Case c = fwd_split_case("global", HeadConfig{8, 2, 8, 5, 64, 64, DType::kBFloat16}, 9701);
+    c.arch = 90;
+    c.pack_gqa = true;
+    c.sq = 700;
+    c.sk = 2600;
+    run_case_sm90_packed(c);
+  }
+  {
+    Case c = fwd_split_case("global", HeadConfig{4, 1, 1, 5, 128, 128, DType::kFloat16}, 9702);
+    c.arch = 90;
+    c.pack_gqa = true;
+    c.varlen = true;
+    c.lq = {600, 0, 300, 77};
+    c.lk = {2500, 50, 257, 2090};
+    c.batch = 4;
+    c.strided = true;
+    run_case_sm90_packed(c);
+  }
+  {
+    Case c = fwd_split_case("dense", HeadConfig{16, 2, 1, 1, 128, 128, DType::kBFloat16}, 9703);
+    c.arch = 90;
+    c.pack_gqa = true;  // Sq = 5, 8 x 5 = 40 packed rows, 32 key blocks a task
+    c.batch = 2;
+    c.sq = 5;
+    c.sk = 4096;
+    run_case_sm90_packed(c);
+  }
+  {
+    Case c = fwd_split_case("global", HeadConfig{8, 1, 8, 5, 64, 64, DType::kBFloat16}, 9704);
+    c.arch = 90;
+    c.pack_gqa = true;
+    c.sq = 700;
+    c.sk = 2600;
+    c.expect_fwd_split = false;
+    c.fwd_workspace = false;  // split schedule off
+    run_case_sm90_packed(c);
+    c.fwd_workspace = true;
+    c.grid_mode = true;
+    c.seed = 9705;
+    run_case_sm90_packed(c);
+  }
+}
+
+// Small packed cases for compute-sanitizer (scripts/gpu_check.sh's memcheck filter): BSHD G = 4,
+// THD G = 8 with empty samples and Hmask = Hq, a split packed forward.
+TEST(FlexGpuSm90, PackedGqaSanitizer) {
+  REQUIRE_SM90();
+  Sm90PackedOn on;
+  Case a;
+  a.arch = 90;
+  a.pack_gqa = true;
+  a.batch = 2;
+  a.sq = 45;
+  a.sk = 140;
+  a.h = HeadConfig{8, 2, 1, 3, 128, 128, DType::kBFloat16};
+  a.backward = false;
+  a.seed = 9711;
+  run_case_sm90_packed(a);
+  Case b;
+  b.arch = 90;
+  b.pack_gqa = true;
+  b.varlen = true;
+  b.lq = {20, 0, 3, 33};
+  b.lk = {66, 20, 0, 140};
+  b.batch = 4;
+  b.h = HeadConfig{8, 1, 8, 3, 64, 64, DType::kFloat16};
+  b.backward = false;
+  b.seed = 9712;
+  run_case_sm90_packed(b);
+  Case f = fwd_split_case("global", HeadConfig{4, 1, 4, 5, 64, 64, DType::kBFloat16}, 9713);
+  f.arch = 90;
+  f.pack_gqa = true;
+  f.sq = 700;
+  f.sk = 2200;
+  run_case_sm90_packed(f);
+}
+
+// The automatic family choice (choose_plan, arch 0) for packed requests on this sm_90 device:
+// with the packed sm90 forward on, packed non-decode shapes take the sm90 family (128-row tile,
+// packed), decode shapes (max_seqlen_q * G <= 16) the sm80 decode tile, G not a power of two
+// the sm80 family; with it off, every packed request stays on sm80. (FLASHSPAN_KERNEL_FAMILY
+// must be unset or auto.)
+TEST(FlexGpuSm90, PackedGqaPlanChoice) {
+  REQUIRE_SM90();
+  const char* fam = std::getenv("FLASHSPAN_KERNEL_FAMILY");
+  if (fam != nullptr && std::string(fam) == "sm80") GTEST_SKIP() << "FLASHSPAN_KERNEL_FAMILY=sm80";
+  auto geo = [](int64_t sq, int hq, int hkv) {
+    FlexGeometry g = make_bshd_geometry(2, sq, 512, HeadConfig{hq, hkv, 1, 1, 128, 128, DType::kBFloat16});
+    g.device = DeviceType::kCUDA;
+    g.device_id = 0;
+    return g;
+  };
+  {
+    Sm90PackedOn on;
+    PlanChoice c = choose_plan(0, -1, geo(64, 8, 2));  // 256 packed rows a sample
+    EXPECT_EQ(c.arch, 90);
+    EXPECT_TRUE(c.pack_gqa);
+    EXPECT_EQ(c.consumer.fwd_block_q, 128);
+    c = choose_plan(0, 1, geo(300, 8, 2));  // packing asked for, long queries
+    EXPECT_EQ(c.arch, 90);
+    EXPECT_TRUE(c.pack_gqa);
+    c = choose_plan(0, -1, geo(3, 8, 1));  // 24 packed rows: not a decode shape
+    EXPECT_EQ(c.arch, 90);
+    EXPECT_TRUE(c.pack_gqa);
+    c = choose_plan(0, -1, geo(2, 8, 1));  // decode: 16 packed rows
+    EXPECT_EQ(c.arch, 80);
+    EXPECT_TRUE(c.pack_gqa);
+    EXPECT_EQ(c.consumer.fwd_block_q, kDecodeBlockQ);
+    c = choose_plan(0, -1, geo(64, 6, 2));  // G = 3
+    EXPECT_EQ(c.arch, 80);
+    EXPECT_TRUE(c.pack_gqa);
+    c = choose_plan(0, -1, geo(300, 8, 2));  // not packed by the heuristic: the unpacked sm90 plan
+    EXPECT_EQ(c.arch, 90);
+    EXPECT_FALSE(c.pack_gqa);
+  }
+  sm90::set_fwd_packed_enabled(0);
+  PlanChoice c = choose_plan(0, -1, geo(64, 8, 2));
+  EXPECT_EQ(c.arch, 80);
+  EXPECT_TRUE(c.pack_gqa);
+  c = choose_plan(0, 1, geo(300, 8, 2));
+  EXPECT_EQ(c.arch, 80);
+  sm90::set_fwd_packed_enabled(-1);
 }
 
 #endif  // FLASHSPAN_WITH_CUDA

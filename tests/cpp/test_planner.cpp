@@ -17,6 +17,7 @@
 #include "plan/payload_word.h"
 #include "plan/plan_layout.h"
 #include "dispatch/family.h"
+#include "kernels/sm90/tile_sm90.h"
 #include "plan/planner.h"
 
 namespace {
@@ -532,6 +533,22 @@ TEST(PackGqa, ChooseDefault) {
   // THD: the longest sample decides.
   const FlexGeometry thd = fs_test::make_geometry(true, {1, 200}, {500, 500}, 8, 2, 1, 1);
   EXPECT_FALSE(flashspan::choose_pack_gqa(thd, c));
+}
+
+// The decode shapes (is_decode_shape: G > 1 and max_seqlen_q * G <= 16), which the automatic family
+// choice keeps on the sm80 decode tile, and the G the sm90 forward packs (fwd_runs_pack_sm90: a
+// power of two dividing its 128 rows).
+TEST(PackGqa, DecodeShapesAndSm90Groups) {
+  auto geo = [](int64_t sq, int hq, int hkv) { return fs_test::make_geometry(false, {sq, sq}, {500, 500}, hq, hkv, 1, 1); };
+  EXPECT_TRUE(flashspan::is_decode_shape(geo(1, 8, 2)));    // 4 rows
+  EXPECT_TRUE(flashspan::is_decode_shape(geo(2, 8, 1)));    // 16 rows
+  EXPECT_FALSE(flashspan::is_decode_shape(geo(3, 8, 1)));   // 24 rows
+  EXPECT_FALSE(flashspan::is_decode_shape(geo(1, 32, 1)));  // 32 rows
+  EXPECT_FALSE(flashspan::is_decode_shape(geo(1, 4, 4)));   // G = 1
+  EXPECT_TRUE(flashspan::is_decode_shape(fs_test::make_geometry(true, {1, 4, 0}, {500, 500, 9}, 8, 2, 1, 1)));
+  EXPECT_FALSE(flashspan::is_decode_shape(fs_test::make_geometry(true, {1, 5, 0}, {500, 500, 9}, 8, 2, 1, 1)));
+  for (int G : {1, 2, 4, 8, 16, 32, 64, 128}) EXPECT_TRUE(flashspan::sm90::fwd_runs_pack_sm90(G)) << G;
+  for (int G : {0, 3, 6, 12, 256}) EXPECT_FALSE(flashspan::sm90::fwd_runs_pack_sm90(G)) << G;
 }
 
 // consumer_for_plan: the 16-row decode forward tile exactly for arch-80 packed plans with

@@ -7,8 +7,14 @@
 //   store_split_partial  a piece of a split task: the unnormalised fp32 O, m (log2 units) and l
 //                        of its rows into its workspace slot (FwdSplit, params.h) for the
 //                        combine kernel (fwd_split.cuh);
-//   max_logit            the signed max of the visible logits of the item's head (one float
-//                        atomic per warp; rows past the sample never see a key, m = -inf).
+//   max_logit            the signed max of the visible logits of each of the item's heads (one
+//                        float atomic per warp and head; rows past the sample never see a key,
+//                        m = -inf).
+// Packed GQA (FwdRows::pack_shift = log2 G > 0, the sm90 forward's packed rows, params.h
+// FwdParams::pack): row r of the block is position r >> pack_shift (from the block's first) of
+// query head head + (r & (G - 1)); the block starts at a multiple of G packed rows. pack_shift
+// = 0 is the unpacked mapping. (The sm80 kernels keep their own epilogue loops:
+// kernel_fwd_sm80.cuh says why.)
 // Register r of n8 block n of the lane holds row r0 + AccFragment::row(r) of the block and
 // column AccFragment::col(n, r) (variant.cuh), as in the m16n8 and wgmma accumulators alike.
 #pragma once
@@ -22,12 +28,15 @@
 
 namespace flashspan::kern {
 
-// Where the rows of a work item go: row r of the block is tensor row q_row0 + r (THD: global,
-// BSHD: in sample `batch`) of query head `head`; rows >= rows_valid lie past the sample.
+// Where the rows of a work item go: row r of the block is tensor row q_row0 + (r >> pack_shift)
+// (THD: global, BSHD: in sample `batch`) of query head head + (r & ((1 << pack_shift) - 1));
+// rows >= rows_valid lie past the sample. Unpacked: pack_shift = 0, row r is tensor row
+// q_row0 + r of query head `head`.
 struct FwdRows {
   int batch, head;
   int64_t q_row0;
   int rows_valid;
+  int pack_shift;
 };
 
 template <class E, int kBlockQ, int kDv>
@@ -46,7 +55,8 @@ struct FwdEpilogue {
       const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
       const int row = r0 + f.row_of_half(hi);
       if (row < rw.rows_valid) {
-        Elem* orow = ob + int64_t(row) * p.oa.row_stride;
+        const int pos = row >> rw.pack_shift, sub = row & ((1 << rw.pack_shift) - 1);
+        Elem* orow = ob + int64_t(pos) * p.oa.row_stride + int64_t(sub) * p.oa.head_stride;
 #pragma unroll
         for (int n = 0; n < kNO; ++n) {
           if (8 * n < p.head_dv) {
@@ -54,8 +64,8 @@ struct FwdEpilogue {
           }
         }
         if (p.lse != nullptr && f.q == 0) {
-          p.lse[int64_t(rw.batch) * p.lsea.batch_stride + int64_t(rw.head) * p.lsea.head_stride +
-                (rw.q_row0 + row) * p.lsea.row_stride] = lse_from_stats(sm.m[hi], lsum);
+          p.lse[int64_t(rw.batch) * p.lsea.batch_stride + int64_t(rw.head + sub) * p.lsea.head_stride +
+                (rw.q_row0 + pos) * p.lsea.row_stride] = lse_from_stats(sm.m[hi], lsum);
         }
       }
     }
@@ -88,12 +98,38 @@ struct FwdEpilogue {
     }
   }
 
-  // The warp's part of head `head`'s max_logit (every lane of the warp calls it).
-  __device__ __forceinline__ static void max_logit(const FwdParams& p, int head, int lane, const OnlineSoftmax& sm) {
-    float mx = fmaxf(sm.m[0], sm.m[1]);
+  // The warp's part of the max_logit of the heads of its 16 rows at block row r0 (every lane
+  // of the warp calls it). Unpacked: one head, one atomic. Packed (G = 1 << pack_shift): the
+  // thread's row halves are heads head + (r0 + g) % G and head + (r0 + g + 8) % G (r0 a
+  // multiple of 16); lanes whose rows share the heads are reduced by shuffles (the quad, and
+  // for G <= 4 the lane bits of g above log2 G), then one atomic per head and row half with
+  // g < G (G <= 8: the halves share the head). Rows past rows_valid count as -inf here.
+  __device__ __forceinline__ static void max_logit(const FwdParams& p, const FwdRows& rw, int r0, const AccFragment& f,
+                                                   int lane, const OnlineSoftmax& sm) {
+    if (rw.pack_shift == 0) {
+      float mx = fmaxf(sm.m[0], sm.m[1]);
 #pragma unroll
-    for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
-    if (lane == 0 && mx != -INFINITY) atomic_max_float(p.max_logit + head, mx * kLn2);
+      for (int off = 16; off > 0; off >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, off));
+      if (lane == 0 && mx != -INFINITY) atomic_max_float(p.max_logit + rw.head, mx * kLn2);
+      return;
+    }
+    const int G = 1 << rw.pack_shift;
+    float m0 = r0 + f.row_of_half(0) < rw.rows_valid ? sm.m[0] : -INFINITY;
+    float m1 = r0 + f.row_of_half(1) < rw.rows_valid ? sm.m[1] : -INFINITY;
+    if (G <= 8) m0 = m1 = fmaxf(m0, m1);
+#pragma unroll
+    for (int off = 1; off < 4; off <<= 1) {
+      m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, off));
+      m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, off));
+    }
+    for (int off = 4 * G; off < 32; off <<= 1) {  // warp-uniform trip count (G <= 4)
+      m0 = fmaxf(m0, __shfl_xor_sync(0xffffffffu, m0, off));
+      m1 = fmaxf(m1, __shfl_xor_sync(0xffffffffu, m1, off));
+    }
+    if (f.q == 0 && f.g < G) {
+      if (m0 != -INFINITY) atomic_max_float(p.max_logit + rw.head + ((r0 + f.g) & (G - 1)), m0 * kLn2);
+      if (G > 8 && m1 != -INFINITY) atomic_max_float(p.max_logit + rw.head + ((r0 + f.g + 8) & (G - 1)), m1 * kLn2);
+    }
   }
 };
 

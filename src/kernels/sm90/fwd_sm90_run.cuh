@@ -43,7 +43,7 @@ void run(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const
     launch_fwd_split_combine(ps, E::kDType, stream);
     return;
   }
-  const int64_t items = p.grid_mode ? p.view.num_q_blocks * p.num_heads_q : p.view.num_tasks;
+  const int64_t items = p.grid_mode ? p.view.num_q_blocks * (p.num_heads_q / p.pack) : p.view.num_tasks;
   const unsigned grid = unsigned(std::min<int64_t>(ctas, items));
   kernel<<<grid, kern90::kThreads, L::kBytes, stream>>>(p, mq, mk, mv);
   check_launch("flex forward (sm90)");

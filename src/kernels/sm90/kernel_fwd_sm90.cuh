@@ -6,7 +6,18 @@
 // dims (kDqk, kDv) in {(64, 64), (128, 128), (192, 128), (256, 256)}; a call's smaller dims
 // (multiples of 8, fwd_runs_head_dims_sm90) run on the next larger kernel: the tensor maps'
 // inner extent is the true head dim, so TMA fills the columns past it with zeros (Q K^T
-// unchanged, O's extra columns 0 and not stored). fp16 / bf16, unpacked rows (pack = 1).
+// unchanged, O's extra columns 0 and not stored). fp16 / bf16.
+//
+// Packed GQA (p.pack = G > 1, G a power of two dividing 128: fwd_runs_pack_sm90, tile_sm90.h):
+// a run-time row mapping, no instantiation. Task heads are kv heads; block row r is packed row
+// row0 + r = position (row0 + r) / G of query head hkv G + r % G (row0 a multiple of 128, so of
+// G). Only three places know: the producer's Q box (one TMA box {64, G heads, 128 / G
+// positions} over Q's packed tensor map, which writes the 128 rows in packed order with the
+// unpacked tile's 128-byte rows and swizzle, so the descriptors and the consumers' loop are
+// unchanged), the K / V head (the task head itself), and the epilogue's row -> (position, head)
+// mapping and per-head max_logit (FwdEpilogue, FwdRows::pack_shift). The payload and the split
+// workspace are per packed row already (the plan's packed view; fwd_split.cuh's combine maps
+// the rows as the epilogue does).
 //
 // CTA = 3 warpgroups (384 threads), persistent (one CTA per SM, 1 per SM by shared memory):
 //   WG0, the producer: after setmaxnreg.dec only thread 0 works. It takes the CTA's work items
@@ -163,7 +174,8 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
   prefetch_tensormap(tm_q);
   prefetch_tensormap(tm_k);
   prefetch_tensormap(tm_v);
-  const kern::TileScheduler sched = kern::TileScheduler::forward(p, p.num_heads_q);  // pack = 1
+  const kern::TileScheduler sched = kern::TileScheduler::forward(p, p.num_heads_q / p.pack);  // kv heads when packed
+  const int pack = p.pack, pack_shift = __ffs(pack) - 1;  // G, log2 G (a power of two)
   uint32_t kv_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
     const WorkItem it = sched.next(item_it);
@@ -180,10 +192,14 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     if (it.block < 0) return;
 
     kern::ItemCursor cur = item_cursor(p, it);
-    const int q_row = (p.varlen ? __ldg(p.cu_seqlens_q + it.batch) : 0) + it.block * kBlockQ;
+    // The Q box: rows q_row .. q_row + 127 of query head it.head, or packed (pack = G > 1) the
+    // G heads from G it.head of positions q_row .. q_row + 128 / G - 1 (tensor map dims swapped:
+    // launch_fwd_sm90.cu).
+    const int q_pos = (p.varlen ? __ldg(p.cu_seqlens_q + it.batch) : 0) + it.block * (kBlockQ >> pack_shift);
+    const int q_c1 = pack > 1 ? it.head << pack_shift : q_pos, q_c2 = pack > 1 ? q_pos : it.head;
     const int k_row0 = p.varlen ? __ldg(p.cu_seqlens_k + it.batch) : 0;
     const int bcoord = p.varlen ? 0 : it.batch;
-    const int hkv = it.head / p.group_size;
+    const int hkv = it.head * pack / p.group_size;  // packed: pack = group_size, the task head
 
     mbar_wait(q_empty, (item_it & 1) ^ 1);
     // Full boxes count towards the transaction bytes also where they lie past the tensor's
@@ -191,7 +207,7 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     mbar_arrive_expect_tx(q_full, L::kQBytes);
 #pragma unroll
     for (int s = 0; s < L::kTile.dqk_tile / 64; ++s) {
-      tma_load_4d(base + L::kQ + s * L::kQSlab, tm_q, 64 * s, q_row, it.head, bcoord, q_full);
+      tma_load_4d(base + L::kQ + s * L::kQSlab, tm_q, 64 * s, q_c1, q_c2, bcoord, q_full);
     }
 
     int kb = 0, entry = 0;
@@ -387,18 +403,20 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     }
     release_q(true);  // an item without key blocks
 
-    // Epilogue: this warp's 16 rows of the block.
+    // Epilogue: this warp's 16 rows of the block (packed: rows of G query heads, FwdRows).
+    const int pack_shift = __ffs(p.pack) - 1;  // log2 G (pack a power of two), 0 unpacked
     const int q_start = __ldg(p.cu_seqlens_q + it.batch), len_q = __ldg(p.cu_seqlens_q + it.batch + 1) - q_start;
     const int row0 = it.block * kBlockQ;
-    const int rows_valid = min(kBlockQ, len_q - row0);
+    const int rows_valid = min(kBlockQ, (len_q << pack_shift) - row0);
     const int64_t q_row0 = p.varlen ? q_start : 0;
     const int r0 = 64 * c + 16 * warp;
+    const kern::FwdRows rw{it.batch, it.head << pack_shift, q_row0 + (row0 >> pack_shift), rows_valid, pack_shift};
     if (it.slot >= 0) {
       Epilogue::store_split_partial(p, it.slot, rows_valid, r0, frag, o, sm);
     } else {
-      Epilogue::store_rows(p, kern::FwdRows{it.batch, it.head, q_row0 + row0, rows_valid}, r0, frag, o, sm);
+      Epilogue::store_rows(p, rw, r0, frag, o, sm);
     }
-    if constexpr (kMaxLogit) Epilogue::max_logit(p, it.head, lane, sm);
+    if constexpr (kMaxLogit) Epilogue::max_logit(p, rw, r0, frag, lane, sm);
   }
 }
 

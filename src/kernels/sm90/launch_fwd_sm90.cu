@@ -4,10 +4,13 @@
 // the choice of the kernel head dims from the tile table (tile_sm90.h). The kernels themselves
 // are instantiated one unit per kernel head dims (fwd_sm90_d{64,128,192,256}.cu,
 // fwd_sm90_run.cuh): (64, 64), (128, 128), (192, 128), (256, 256) x {fp16, bf16} x
-// {max_logit off, on} (x serial / overlapped consumers for 64 and 128).
+// {max_logit off, on} (x serial / overlapped consumers for 64 and 128). Packed GQA is a run-time
+// path of the same kernels (p.pack; Q's tensor map over (D, H, S[, B]): tma_sm90.h).
 #include <cuda.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 
 #include "core/error.h"
@@ -28,10 +31,32 @@ int fwd_overlap_mode_sm90() {
   return mode;
 }
 
+namespace {
+std::atomic<int> g_packed_override{-1};
+std::atomic<int64_t> g_fwd_launches{0};
+// Experimental until the GPU suite has passed with it: FLASHSPAN_EXPERIMENTAL=1 (the variable
+// the Python layer reads for its native SDPA route), read once when the library is loaded, so
+// that which plans take this path does not depend on which call reads it first.
+const bool g_packed_env = [] {
+  const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
+  return e != nullptr && std::strcmp(e, "1") == 0;
+}();
+}  // namespace
+
+void set_fwd_packed_enabled(int on) { g_packed_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+
+bool fwd_packed_enabled() {
+  const int o = g_packed_override.load(std::memory_order_relaxed);
+  return o >= 0 ? o == 1 : g_packed_env;
+}
+
+int64_t fwd_launches() { return g_fwd_launches.load(std::memory_order_relaxed); }
+
 bool fwd_config_supported(const FlexGeometry& g, bool pack_gqa) {
   const bool packed = pack_gqa && g.num_heads_kv > 0 && g.group_size() > 1;
   return (g.dtype == DType::kFloat16 || g.dtype == DType::kBFloat16) &&
-         fwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v) && !packed;
+         fwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v) &&
+         (!packed || (fwd_packed_enabled() && fwd_runs_pack_sm90(g.group_size())));
 }
 
 bool device_supported(int device_id) {
@@ -69,14 +94,15 @@ int fwd_smem_bytes(int dqk, int dv) {
 void launch_fwd_sm90(const FwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                      DType dtype, cudaStream_t stream) {
   const TileSm90 t = tile_sm90(p.head_dqk, p.head_dv);
-  FS_CHECK(p.pack == 1 && fwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.view.block_q == t.fwd_bq &&
+  FS_CHECK(fwd_runs_pack_sm90(p.pack) && fwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.view.block_q == t.fwd_bq &&
                p.view.block_k == t.fwd_bk,
            Status::kInternal, "sm90 forward: unsupported configuration reached the launcher (D ", p.head_dqk, "/", p.head_dv,
            ", tile ", p.view.block_q, "x", p.view.block_k, ", pack ", p.pack, ")");
+  g_fwd_launches.fetch_add(1, std::memory_order_relaxed);
   if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
   if (p.view.num_q_blocks == 0 || (!p.grid_mode && p.view.num_tasks == 0)) return;
   const bool varlen = p.varlen != 0;
-  const CUtensorMap mq = make_tensor_map_sm90(q, varlen, dtype, t.fwd_bq, "q");
+  const CUtensorMap mq = make_tensor_map_sm90(q, varlen, dtype, t.fwd_bq, "q", p.pack);
   const CUtensorMap mk = make_tensor_map_sm90(k, varlen, dtype, t.fwd_bk, "k");
   const CUtensorMap mv = make_tensor_map_sm90(v, varlen, dtype, t.fwd_bk, "v");
   switch (t.dqk_tile) {

@@ -13,9 +13,19 @@ namespace flashspan::sm90 {
 
 // Whether the sm90 forward kernel covers a configuration (independent of the device): fp16 or
 // bf16, head dims of fwd_runs_head_dims_sm90 (tile_sm90.h: each a multiple of 8 up to 128, or
-// (192, 128), or (256, 256)), unpacked forward rows. Plans of the sm90 family are only built
-// for such configurations (c_api.cpp, resolve_arch).
+// (192, 128), or (256, 256)), unpacked forward rows, or packed rows (pack_gqa with G > 1) when
+// fwd_packed_enabled() and G is one of fwd_runs_pack_sm90 (a power of two dividing 128). Plans
+// of the sm90 family are only built for such configurations (c_api.cpp, resolve_arch).
 bool fwd_config_supported(const FlexGeometry& g, bool pack_gqa);
+
+// Whether packed-GQA plans may run on the sm90 forward: only with FLASHSPAN_EXPERIMENTAL=1 in
+// the environment (read once, when the library is loaded) until the GPU suite has run with it; otherwise
+// packed plans keep the sm80 family. set_fwd_packed_enabled overrides it for this process
+// (tests: 1 on, 0 off, -1 back to the environment's answer).
+bool fwd_packed_enabled();
+void set_fwd_packed_enabled(int on);
+// Calls of launch_fwd_sm90 in this process so far (tests check that the sm90 forward ran).
+int64_t fwd_launches();
 
 // Whether device `device_id` can run the sm90 family: compute capability 9.0 and this build's
 // sm_90a code loaded for it (a build without 90a in FLASHSPAN_CUDA_ARCHS has none). Cached.
@@ -25,7 +35,8 @@ bool device_supported(int device_id);
 int fwd_smem_bytes(int dqk, int dv);
 
 // Enqueues the sm90 forward: p as launch_flex_fwd fills it (view of a consumer_for(90) plan,
-// pack = 1, split schedule bound when a workspace was given); q, k, v for the tensor maps.
+// pack = 1 or a G of fwd_runs_pack_sm90, split schedule bound when a workspace was given); q, k,
+// v for the tensor maps.
 void launch_fwd_sm90(const FwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                      DType dtype, cudaStream_t stream);
 

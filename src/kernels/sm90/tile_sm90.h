@@ -48,6 +48,17 @@ constexpr TileSm90 tile_sm90(int dqk, int dv) {
   return kTileSm90;
 }
 
+// Packed GQA (FwdParams::pack = G, query heads per kv head) on the sm90 forward: G a power of
+// two dividing the 128 query rows of the forward tile, so that a block's 128 packed rows are
+// 128 / G whole query positions x G heads, one TMA box {64 columns, G heads, 128 / G positions}
+// of Q's tensor map over (D, H, S[, B]) (tma_sm90.h): in BSHD / THD memory the G query heads
+// of a position are adjacent, and the box lands in shared memory in packed-row order (128-byte
+// rows, the unpacked tile's swizzle and wgmma descriptors). Other G keep the sm80 family.
+// Whether a packed plan takes this family at all is plan_choice.cpp's rule (resolve_arch).
+constexpr bool fwd_runs_pack_sm90(int group) {
+  return group >= 1 && group <= kTileSm90.fwd_bq && (group & (group - 1)) == 0 && kTileSm90.fwd_bq % group == 0;
+}
+
 // Head dims the sm90 backward runs (Dqk = Dv in {64, 128}); an sm90 plan's backward for other
 // dims runs on the sm80 kernels, whose backward tile it has (above).
 constexpr bool bwd_runs_head_dims_sm90(int dqk, int dv) { return dqk == dv && (dqk == 64 || dqk == 128); }

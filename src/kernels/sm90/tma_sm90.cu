@@ -5,6 +5,7 @@
 #include <cudaTypedefs.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "core/error.h"
 
@@ -26,7 +27,10 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
 
 }  // namespace
 
-CUtensorMap make_tensor_map_sm90(const TensorView& t, bool varlen, DType dtype, int box_rows, const char* name) {
+CUtensorMap make_tensor_map_sm90(const TensorView& t, bool varlen, DType dtype, int box_rows, const char* name,
+                                 int pack) {
+  FS_CHECK(pack >= 1 && box_rows % pack == 0, Status::kInternal, name, ": packed box of ", box_rows, " rows for ",
+           pack, " heads");
   const int64_t es = 2;
   uint64_t dims[4];
   uint64_t strides[3];  // bytes, dims 1..3
@@ -51,7 +55,15 @@ CUtensorMap make_tensor_map_sm90(const TensorView& t, bool varlen, DType dtype, 
     strides[1] = safe(t.shape[2], t.strides[2]);
     strides[2] = safe(t.shape[0], t.strides[0]);
   }
-  const uint32_t box[4] = {64, uint32_t(box_rows), 1, 1};
+  uint32_t box[4] = {64, uint32_t(box_rows), 1, 1};
+  if (pack > 1) {
+    // Packed rows: heads (dim 2) inside rows (dim 1), so that a box's rows come out as
+    // position-major, head-minor packed rows.
+    std::swap(dims[1], dims[2]);
+    std::swap(strides[0], strides[1]);
+    box[1] = uint32_t(pack);
+    box[2] = uint32_t(box_rows / pack);
+  }
   const uint32_t estr[4] = {1, 1, 1, 1};
   CUtensorMap m;
   const CUresult r = encode_fn()(&m, dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,

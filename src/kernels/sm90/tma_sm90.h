@@ -13,6 +13,12 @@ namespace flashspan::sm90 {
 // contiguous, other strides multiples of 16 bytes) as a 4-D map {D, rows, H, B} (THD: B = 1),
 // box {64, box_rows, 1, 1} (one 128-byte column slab of box_rows rows), 128B swizzle, zero
 // fill out of bounds. `name` is the argument named in errors.
-CUtensorMap make_tensor_map_sm90(const TensorView& t, bool varlen, DType dtype, int box_rows, const char* name);
+// pack > 1 (packed GQA, Q only; fwd_runs_pack_sm90 in tile_sm90.h): the map is {D, H, rows, B}
+// and the box {64, pack, box_rows / pack, 1}: box_rows packed rows (pack heads of box_rows / pack
+// positions), which land in shared memory in packed-row order (row r = position r / pack, head
+// r % pack), 128 bytes a row as the unpacked box. Coordinates then are (column, first head,
+// first row, sample).
+CUtensorMap make_tensor_map_sm90(const TensorView& t, bool varlen, DType dtype, int box_rows, const char* name,
+                                 int pack = 1);
 
 }  // namespace flashspan::sm90
