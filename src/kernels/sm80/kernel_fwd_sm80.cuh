@@ -442,8 +442,10 @@ __device__ __forceinline__ void fwd_store_rows_sm80(const FwdParams& p, Rows rw,
             if (col < p.head_dv) {
               float x0 = acc_o[i][n][2 * hi] * inv, x1 = acc_o[i][n][2 * hi + 1] * inv;
               if (grow != nullptr) {
-                x0 *= sigmoid_fast(to_float<E>(grow[col]));
-                x1 *= sigmoid_fast(to_float<E>(grow[col + 1]));
+                const uint32_t g2 = *reinterpret_cast<const uint32_t*>(grow + col);  // 4-byte aligned: col even
+                const Elem* ge = reinterpret_cast<const Elem*>(&g2);
+                x0 *= sigmoid_fast(to_float<E>(ge[0]));
+                x1 *= sigmoid_fast(to_float<E>(ge[1]));
               }
               *reinterpret_cast<uint32_t*>(orow + col) = pack2<E>(x0, x1);
             }
