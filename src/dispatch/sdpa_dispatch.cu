@@ -47,14 +47,14 @@ void sdpa_check_support_gpu(const Problem& p) {
 void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, void* stream) {
   (void)workspace;
   (void)workspace_bytes;
-  check_vec_aligned_slots(p, {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O});
+  check_vec_aligned_slots(p, {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_GATE});
   sm80::launch_sdpa_fwd_sm80(sdpa_fwd_params(p), tile_of(p), p.dtype, static_cast<cudaStream_t>(stream));
 }
 
 void launch_sdpa_bwd(const Problem& p, void* workspace, size_t workspace_bytes, void* stream) {
   const SdpaBwdParams b = sdpa_bwd_params(p, workspace, workspace_bytes);
   check_vec_aligned_slots(p, {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_DO, FS_SDPA_DQ, FS_SDPA_DK,
-                              FS_SDPA_DV});
+                              FS_SDPA_DV, FS_SDPA_GATE, FS_SDPA_DGATE});
   sm80::launch_sdpa_bwd_sm80(b, tile_of(p), p.dtype, static_cast<cudaStream_t>(stream));
 }
 

@@ -7,8 +7,9 @@
 // bands and sliding windows, padding (seq_len_q / seq_len_kv or cu_seq_len_q / cu_seq_len_kv,
 // read by the kernels from device memory), ragged (packed THD) tensors through ragged offsets,
 // MHA / GQA / MQA with H_k = H_v, head dims the sm80 kernels run, float16 / bfloat16, the LSE
-// stats (natural or base 2), max_logit, the deterministic backward. Every other feature is
-// refused by sdpa_check_features_gpu with an error naming it.
+// stats (natural or base 2), max_logit, the deterministic backward; softcap, ALiBi, sinks / dSink,
+// H_k != H_v; the output gate with dgate, score_max / score_sum_exp (padded O), the block_mask.
+// Every other feature is refused by sdpa_check_features_gpu with an error naming it.
 #pragma once
 
 #include <cstddef>
@@ -27,8 +28,9 @@ void sdpa_check_features_gpu(const sdpa::Problem& p);
 void sdpa_check_support_gpu(const sdpa::Problem& p);
 
 // Bytes of workspace of one call (pure functions of the problem's sizes): the forward needs
-// none; the backward keeps D and LSE log2(e) ([H_q, B * S_q] fp32 each) and, unless
-// deterministic, the fp32 dQ accumulator [H_q, B * S_q, D_qk].
+// none; the backward keeps D and LSE log2(e) ([H_q, B * S_q] fp32 each), unless
+// deterministic the fp32 dQ accumulator [H_q, B * S_q, D_qk], and with the output gate
+// dO * sigmoid(G) [H_q, B * S_q, D_v] in the input dtype.
 size_t sdpa_fwd_workspace_size(const sdpa::Problem& p);
 size_t sdpa_bwd_workspace_size(const sdpa::Problem& p);
 

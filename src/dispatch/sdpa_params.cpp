@@ -63,7 +63,7 @@ void fill_common(const Problem& p, QkvParams& q, AnalyticMaskParams& a) {
   q.batch = static_cast<int>(p.B);
   q.num_heads_q = static_cast<int>(p.Hq);
   q.group_size = static_cast<int>(p.Hq / p.Hk);
-  q.mask_per_head = 0;
+  q.mask_per_head = 1;  // the kernels' mask head is the query head (the block_mask's head)
   q.head_dqk = static_cast<int>(p.Dqk);
   q.head_dv = static_cast<int>(p.Dv);
   // attn_scale as a float or a host tensor read here (a device tensor is refused by
@@ -94,8 +94,25 @@ void fill_common(const Problem& p, QkvParams& q, AnalyticMaskParams& a) {
     int tensor, slot;
   } map[] = {{kSdpaQ, FS_SDPA_Q},         {kSdpaK, FS_SDPA_K},   {kSdpaV, FS_SDPA_V},
              {kSdpaO, FS_SDPA_O},         {kSdpaStats, FS_SDPA_STATS}, {kSdpaDO, FS_SDPA_DO},
-             {kSdpaDQ, FS_SDPA_DQ},       {kSdpaDK, FS_SDPA_DK}, {kSdpaDV, FS_SDPA_DV}};
+             {kSdpaDQ, FS_SDPA_DQ},       {kSdpaDK, FS_SDPA_DK}, {kSdpaDV, FS_SDPA_DV},
+             {kSdpaGate, FS_SDPA_GATE},   {kSdpaDGate, FS_SDPA_DGATE},
+             {kSdpaScoreMax, FS_SDPA_SCORE_MAX}, {kSdpaScoreSumExp, FS_SDPA_SCORE_SUM_EXP}};
   for (const auto& m : map) a.start[m.tensor] = start_of(p, m.slot);
+  // The output gate (forward epilogue, backward preprocess).
+  if (p.has(FS_SDPA_GATE)) bind_tensor(p, FS_SDPA_GATE, a.epi.gate, a.epi.ga);
+  // The block_mask: byte strides, 0 along broadcast dimensions.
+  if (p.has(FS_SDPA_BLOCK_MASK)) {
+    const TensorView& m = p.t(FS_SDPA_BLOCK_MASK);
+    a.block_mask.bits = static_cast<const uint8_t*>(m.data);
+    a.block_mask.batch_stride = m.size(0) == 1 ? 0 : m.stride(0);
+    a.block_mask.head_stride = m.size(1) == 1 ? 0 : m.stride(1);
+    a.block_mask.row_stride = m.stride(2);
+  }
+}
+
+// Bytes of dO * sigmoid(G) in the backward workspace ([H_q, B * S_q, D_v], input dtype).
+size_t gated_do_bytes(const Problem& p) {
+  return p.has(FS_SDPA_GATE) ? ws_align(size_t(2) * size_t(p.Hq) * size_t(p.B * p.Sq) * size_t(p.Dv)) : 0;
 }
 
 // delta and lse2 [H_q, B * S_q] fp32 (+ the dQ accumulator [H_q, B * S_q, D_qk] unless
@@ -119,6 +136,8 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
   // The layout's dQ accumulator ends ws_align(per * D_qk) after its start (per = the aligned
   // bytes of delta, at offset lse2); the split schedule after it is not used.
   if (!p.a.deterministic) w.total = w.dq_accum + ws_align(w.lse2 * size_t(p.Dqk));
+  // dO * sigmoid(G) of a gated call after it (at w.total - gated_do_bytes).
+  w.total += gated_do_bytes(p);
   return w;
 }
 
@@ -134,6 +153,9 @@ SdpaFwdParams sdpa_fwd_params(const Problem& p) {
   bind_tensor(p, FS_SDPA_O, f.o, f.oa);
   if (p.has(FS_SDPA_STATS)) bind_tensor(p, FS_SDPA_STATS, f.lse, f.lsea);
   if (p.has(FS_SDPA_MAX_LOGIT)) f.max_logit = p.t(FS_SDPA_MAX_LOGIT).ptr<float>();
+  SdpaEpilogueParams& ep = f.analytic.epi;
+  if (p.has(FS_SDPA_SCORE_MAX)) bind_tensor(p, FS_SDPA_SCORE_MAX, ep.score_max, ep.sma);
+  if (p.has(FS_SDPA_SCORE_SUM_EXP)) bind_tensor(p, FS_SDPA_SCORE_SUM_EXP, ep.score_sum_exp, ep.ssa);
   f.analytic.lse_unit = p.a.stats_use_log2 ? 1.0f : 0.6931471805599453f;
   f.pack = 1;
   f.split_schedule = 0;
@@ -159,6 +181,8 @@ SdpaBwdParams sdpa_bwd_params(const Problem& p, void* workspace, size_t workspac
   b.deterministic = p.a.deterministic ? 1 : 0;
   if (p.has(FS_SDPA_DSINK_TOKEN)) b.analytic.score.dsink = p.t(FS_SDPA_DSINK_TOKEN).ptr<float>();
   b.dq_accum = p.a.deterministic ? nullptr : reinterpret_cast<float*>(ws + wl.dq_accum);
+  if (p.has(FS_SDPA_DGATE)) bind_tensor(p, FS_SDPA_DGATE, b.analytic.epi.dgate, b.analytic.epi.dga);
+  if (p.has(FS_SDPA_GATE)) b.analytic.epi.do_gated = ws + (wl.total - gated_do_bytes(p));
   // Workspace rows: sample b's row i is b * S_q + i (bwd_prepost.cuh: query_row with seqlen_q).
   b.total_q = p.B * p.Sq;
   b.seqlen_q = p.Sq;

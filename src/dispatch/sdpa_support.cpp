@@ -57,11 +57,15 @@ void sdpa_check_features_gpu(const Problem& p) {
   if (p.dropout || a.dropout_mask_form) not_native("dropout");
   if (p.has(FS_SDPA_RNG_DUMP)) not_native("rng_dump");
   if (p.paged) not_native("paged_attention_k_table, paged_attention_v_table (paged K/V caches)");
-  if (p.has(FS_SDPA_BLOCK_MASK)) not_native("block_mask");
-  if (p.has(FS_SDPA_GATE)) not_native("gate");
-  if (p.has(FS_SDPA_DGATE)) not_native("dgate");
-  if (p.has(FS_SDPA_SCORE_MAX)) not_native("score_max (logit_max output)");
-  if (p.has(FS_SDPA_SCORE_SUM_EXP)) not_native("score_sum_exp");
+  // block_mask runs natively (analytic_mask.h: every sm80 tile lies inside one 128 x 128 block).
+  // The output gate (forward epilogue, backward preprocess) and the score_max / score_sum_exp
+  // outputs run natively (SdpaEpilogueParams). The statistics are never packed: their rows
+  // past a sample are written by the blocks of a padded O only.
+  for (int s : {FS_SDPA_SCORE_MAX, FS_SDPA_SCORE_SUM_EXP}) {
+    FS_CHECK_SUPPORTED(!p.has(s) || !p.ragged(FS_SDPA_O), sdpa::slot_name(s),
+                       ": with a packed o (ragged offsets) is not supported on CUDA tensors yet (give o padded, "
+                       "[B, H_q, S_q, D_v])");
+  }
   // A host scalar attn_scale is read at execute (the seed's pass-by-value scale); a device one
   // would need a read of device memory on the host.
   if (p.has(FS_SDPA_ATTN_SCALE) && p.t(FS_SDPA_ATTN_SCALE).device != DeviceType::kCPU) {
@@ -78,7 +82,8 @@ void sdpa_check_features_gpu(const Problem& p) {
   FS_CHECK_SUPPORTED(p.Sq <= kMaxRows && p.Skv <= kMaxRows && p.B <= kMaxRows / std::max<int64_t>(p.Sq, 1),
                      "q, k: B * S_q = ", p.B, " * ", p.Sq, " and S_kv = ", p.Skv,
                      " must stay below 2^31 for the GPU kernels (int32 row indices)");
-  for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_DO, FS_SDPA_DQ, FS_SDPA_DK, FS_SDPA_DV}) {
+  for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_DO, FS_SDPA_DQ, FS_SDPA_DK, FS_SDPA_DV, FS_SDPA_GATE,
+                FS_SDPA_DGATE}) {
     check_strides(p, s);
     check_ragged_multiplier(p, s);
   }

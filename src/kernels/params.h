@@ -88,7 +88,8 @@ struct IndexArray {
 
 // The SDPA tensors the analytic kernels address per sample (AnalyticMaskParams::start).
 enum SdpaTensor : int {
-  kSdpaQ = 0, kSdpaK, kSdpaV, kSdpaO, kSdpaStats, kSdpaDO, kSdpaDQ, kSdpaDK, kSdpaDV, kSdpaNumTensors
+  kSdpaQ = 0, kSdpaK, kSdpaV, kSdpaO, kSdpaStats, kSdpaDO, kSdpaDQ, kSdpaDK, kSdpaDV,
+  kSdpaGate, kSdpaDGate, kSdpaScoreMax, kSdpaScoreSumExp, kSdpaNumTensors
 };
 
 // Element offset of (sample b, head 0, row 0) of one tensor: ragged (packed THD, ragged.ptr
@@ -127,8 +128,40 @@ struct SdpaScoreParams {
   int32_t dkdv_role = 0;
 };
 
+// Epilogue options of an SDPA call, run-time flags of the one analytic instantiation (null:
+// not given). Tensors start at AnalyticMaskParams::start[kSdpaGate / kSdpaDGate /
+// kSdpaScoreMax / kSdpaScoreSumExp] and have the TensorAddr row and head strides here.
+//   gate           forward: O * sigmoid(G) on the rows that saw a key or sink (others stay 0);
+//                  backward: read by the preprocess
+//   dgate          backward: dO * O * (1 - sigmoid(G)) (O the gated output), written by the
+//                  preprocess (0 on a padded dgate's rows past the sample)
+//   do_gated       backward workspace [H_q, total_q, D_v] in the input dtype: dO * sigmoid(G),
+//                  written by the preprocess; the launcher then points dout at it for the
+//                  dK/dV and dQ kernels
+//   score_max      forward [B, H_q, S_q, 1] fp32 (never packed): the row max of the logits,
+//                  sink included, natural units (-inf for a row that sees nothing)
+//   score_sum_exp  the row's sum of exp(logit - score_max), sink included (0 for such a row)
+struct SdpaEpilogueParams {
+  const void* gate = nullptr;
+  void* dgate = nullptr;
+  void* do_gated = nullptr;
+  float* score_max = nullptr;
+  float* score_sum_exp = nullptr;
+  TensorAddr ga, dga, sma, ssa;
+};
+
+// SDPA's block_mask (uint8 [1|B, 1|H_q, ceil(S_q / 128), ceil(ceil(S_kv / 128) / 8)], one bit
+// per 128 x 128 block of sample positions; analytic_mask.h block_mask_bit): its byte strides,
+// 0 along a dimension of size 1 (broadcast). bits null: no block mask.
+struct SdpaBlockMaskParams {
+  const uint8_t* bits = nullptr;
+  int64_t batch_stride = 0, head_stride = 0, row_stride = 0;
+};
+
 struct AnalyticMaskParams {
   SdpaScoreParams score;
+  SdpaEpilogueParams epi;
+  SdpaBlockMaskParams block_mask;
   sdpa::Band band;
   IndexArray seq_len_q, seq_len_kv;
   IndexArray cu_seq_len_q, cu_seq_len_kv;
@@ -231,5 +264,18 @@ struct SdpaFwdParams : FwdParams {
 struct SdpaBwdParams : BwdParams {
   AnalyticMaskParams analytic;
 };
+
+// The parameters of the SDPA backward's kernels after the preprocess (dK/dV, dQ): with the output
+// gate, dO is the preprocess's dO * sigmoid(G) in the workspace ([H_q, total_q, D_v], row
+// b * S_q + i of head h at (h * total_q + b * S_q + i) * D_v); otherwise p unchanged.
+inline SdpaBwdParams sdpa_bwd_main_params(const SdpaBwdParams& p) {
+  SdpaBwdParams m = p;
+  if (p.analytic.epi.gate == nullptr) return m;
+  m.dout = p.analytic.epi.do_gated;
+  m.doa = TensorAddr{0, p.head_dv, p.total_q * p.head_dv};
+  m.analytic.start[kSdpaDO] = SampleStart{};
+  m.analytic.start[kSdpaDO].batch_stride = p.seqlen_q * p.head_dv;
+  return m;
+}
 
 }  // namespace flashspan

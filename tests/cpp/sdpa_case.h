@@ -132,6 +132,12 @@ struct Case {
   float softcap = 0.0f;
   bool alibi = false, sinks = false, scale_tensor = false;
   int64_t Hv = 0;
+  // The epilogue options (test_sdpa_gpu.cpp): the output gate O * sigmoid(G) (G in O's layout,
+  // dgate in the backward), the score_max / score_sum_exp outputs (padded [B, H_q, S_q, 1]).
+  bool gate = false, score_stats = false;
+  // block_mask (uint8 bits per 128 x 128 block): 0 none, 1 [B, H_q, ...], 2 broadcast [1, H_q,
+  // ...], 3 broadcast [B, 1, ...], 4 [1, 1, ...]; bits random (about 2 in 3 set).
+  int block_mask = 0;
 
   int64_t heads_v() const { return Hv > 0 ? Hv : Hk; }
 
@@ -149,8 +155,28 @@ struct Case {
     if (sinks) os << " sinks";
     if (scale_tensor) os << " scale-tensor";
     if (Hv > 0) os << " Hv" << Hv;
+    if (gate) os << " gate";
+    if (score_stats) os << " score-stats";
+    if (block_mask) os << " block-mask " << block_mask;
     return os.str();
   }
+};
+
+// The block_mask of a case (Case::block_mask): its shape [1|B, 1|H_q, ceil(S_q / 128),
+// ceil(ceil(S_kv / 128) / 8)] (contiguous) and random bytes.
+struct BlockMaskBits {
+  int64_t shape[4] = {0, 0, 0, 0};
+  std::vector<uint8_t> bytes;
+
+  void make(const Case& c, std::mt19937_64& rng) {
+    shape[0] = (c.block_mask == 2 || c.block_mask == 4) ? 1 : c.B;
+    shape[1] = (c.block_mask == 3 || c.block_mask == 4) ? 1 : c.Hq;
+    shape[2] = (c.Sq + 127) / 128;
+    shape[3] = ((c.Skv + 127) / 128 + 7) / 8;
+    bytes.resize(size_t(std::max<int64_t>(shape[0] * shape[1] * shape[2] * shape[3], 1)));
+    for (auto& x : bytes) x = uint8_t((rng() | rng()) & 0xff);
+  }
+  std::vector<int64_t> strides() const { return {shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1}; }
 };
 
 inline std::vector<int64_t> token_offsets(const std::vector<int64_t>& len, bool gaps, std::mt19937_64& rng) {

@@ -105,6 +105,10 @@ struct Problem {
   Tensor q, k, v, o, stats, dO, dq, dk, dv;
   Tensor max_logit;
   Tensor sink, dsink;  // [H_q] float32 (sinks)
+  Tensor gate, dgate;  // O's layout (Case::gate)
+  Tensor smax, ssum;   // [B, H_q, S_q, 1] float32, padded (Case::score_stats)
+  BlockMaskBits bm;    // Case::block_mask, with its device copy
+  std::unique_ptr<DevBuf> bm_dev;
   float scale_host[1] = {0};  // the (1, 1, 1, 1) host attn_scale tensor (scale_tensor)
   Index seq_q, seq_kv, cu_q, cu_kv, rag_q, rag_kv;
 
@@ -149,6 +153,22 @@ std::unique_ptr<Problem> make_problem(const Case& c) {
     for (int64_t h = 0; h < c.Hq; ++h) p->sink.set(h, n(rng));
     p->sink.upload();
   }
+  if (c.gate) {
+    p->gate.alloc(p->lq_v, c.dtype);
+    p->dgate.alloc(p->lq_v, c.dtype);
+    fill_valid(p->gate, p->len_q, rng, 2.0);
+    p->gate.upload();
+  }
+  if (c.score_stats) {
+    const Layout ls = make_layout(Kind::kBhsd, c.B, c.Hq, c.Sq, 1, tok_q);
+    p->smax.alloc(ls, DType::kFloat32);
+    p->ssum.alloc(ls, DType::kFloat32);
+  }
+  if (c.block_mask) {
+    p->bm.make(c, rng);
+    p->bm_dev = std::make_unique<DevBuf>(p->bm.bytes.size());
+    cuda_ok(cudaMemcpy(p->bm_dev->p, p->bm.bytes.data(), p->bm.bytes.size(), cudaMemcpyHostToDevice), "upload block_mask");
+  }
   p->scale_host[0] = c.scale;
   fill_valid(p->q, p->len_q, rng);
   fill_valid(p->k, p->len_kv, rng);
@@ -180,6 +200,11 @@ void set_options(const Problem& p, Attr& a, bool cuda) {
   if (c.softcap > 0) a.set_softcap(c.softcap);
   if (c.alibi) a.set_alibi_mask(true);
   if (c.sinks) a.set_sink_token(api::TensorDesc(nullptr, api::kFloat32, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0}, {c.Hq}));
+  if (c.gate) a.set_gate(p.gate.desc(cuda));
+  if (c.block_mask) {
+    a.set_block_mask(api::TensorDesc(nullptr, api::kUInt8, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0},
+                                     {p.bm.shape[0], p.bm.shape[1], p.bm.shape[2], p.bm.shape[3]}, p.bm.strides()));
+  }
   if (c.bottom_right) a.set_diagonal_alignment(api::DiagonalAlignment::kBottomRight);
   if (c.has_left) a.set_diagonal_band_left_bound(c.left);
   if (c.has_right) a.set_diagonal_band_right_bound(c.right);
@@ -196,7 +221,7 @@ void set_ragged(const Problem& p, Attr& a, bool cuda, std::initializer_list<std:
   for (const auto& [slot, t] : ts) {
     if (!t->lay.ragged()) continue;
     const bool q_side = slot == FS_SDPA_Q || slot == FS_SDPA_O || slot == FS_SDPA_STATS || slot == FS_SDPA_DO ||
-                        slot == FS_SDPA_DQ;
+                        slot == FS_SDPA_DQ || slot == FS_SDPA_GATE || slot == FS_SDPA_DGATE;
     a.set_ragged_offset(slot, (q_side ? p.rag_q : p.rag_kv).desc(cuda), t->lay.strides[2]);
   }
 }
@@ -206,6 +231,9 @@ void set_ragged(const Problem& p, Attr& a, bool cuda, std::initializer_list<std:
 void set_index_pointers(const Problem& p, api::SdpaVariantPack& pack, bool cuda, bool backward) {
   if (p.c.scale_tensor) pack.set(FS_SDPA_ATTN_SCALE, const_cast<float*>(p.scale_host));
   if (p.c.sinks) pack.set(FS_SDPA_SINK_TOKEN, p.sink.ptr(cuda));
+  if (p.c.block_mask) {
+    pack.set(FS_SDPA_BLOCK_MASK, cuda ? p.bm_dev->p : const_cast<uint8_t*>(p.bm.bytes.data()));
+  }
   if (p.seq_q.defined()) pack.set(FS_SDPA_SEQ_LEN_Q, p.seq_q.ptr(cuda)).set(FS_SDPA_SEQ_LEN_KV, p.seq_kv.ptr(cuda));
   if (p.cu_q.defined()) pack.set(FS_SDPA_CU_SEQ_LEN_Q, p.cu_q.ptr(cuda)).set(FS_SDPA_CU_SEQ_LEN_KV, p.cu_kv.ptr(cuda));
   const std::pair<fs_sdpa_slot_t, const Tensor*> q_side[] = {
@@ -214,6 +242,14 @@ void set_index_pointers(const Problem& p, api::SdpaVariantPack& pack, bool cuda,
   for (const auto& [slot, t] : q_side) {
     const bool grad = slot == FS_SDPA_RAGGED_OFFSET_DO || slot == FS_SDPA_RAGGED_OFFSET_DQ;
     if (t->lay.ragged() && (backward || !grad)) pack.set(slot, p.rag_q.ptr(cuda));
+  }
+  if (p.c.gate) {
+    pack.set(FS_SDPA_GATE, p.gate.ptr(cuda));
+    if (p.gate.lay.ragged()) pack.set(FS_SDPA_RAGGED_OFFSET_GATE, p.rag_q.ptr(cuda));
+    if (backward) {
+      pack.set(FS_SDPA_DGATE, p.dgate.ptr(cuda));
+      if (p.dgate.lay.ragged()) pack.set(FS_SDPA_RAGGED_OFFSET_DGATE, p.rag_q.ptr(cuda));
+    }
   }
   const std::pair<fs_sdpa_slot_t, const Tensor*> kv_side[] = {
       {FS_SDPA_RAGGED_OFFSET_K, &p.k}, {FS_SDPA_RAGGED_OFFSET_V, &p.v}, {FS_SDPA_RAGGED_OFFSET_DK, &p.dk},
@@ -230,7 +266,9 @@ void run_forward(Problem& p, bool cuda, bool log2, void* stream = nullptr) {
   set_options(p, a, cuda);
   set_ragged(p, a, cuda, {{FS_SDPA_Q, &p.q}, {FS_SDPA_K, &p.k}, {FS_SDPA_V, &p.v}, {FS_SDPA_O, &p.o},
                           {FS_SDPA_STATS, &p.stats}});
+  if (p.c.gate) set_ragged(p, a, cuda, {{FS_SDPA_GATE, &p.gate}});
   a.set_generate_stats(true).set_stats_use_log2(log2);
+  if (p.c.score_stats) a.set_logit_max(p.smax.desc(cuda)).set_score_sum_exp(p.ssum.desc(cuda));
   if (p.c.max_logit) a.set_max_logit(api::TensorDesc(nullptr, api::kFloat32, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0}, {p.c.Hq}));
   const api::TensorDesc st = p.stats.desc(cuda);
   api::SdpaFwd fwd(p.q.desc(cuda), p.k.desc(cuda), p.v.desc(cuda), p.o.desc(cuda), &st, a);
@@ -240,6 +278,7 @@ void run_forward(Problem& p, bool cuda, bool log2, void* stream = nullptr) {
   pack.set(FS_SDPA_Q, p.q.ptr(cuda)).set(FS_SDPA_K, p.k.ptr(cuda)).set(FS_SDPA_V, p.v.ptr(cuda));
   pack.set(FS_SDPA_O, p.o.ptr(cuda)).set(FS_SDPA_STATS, p.stats.ptr(cuda));
   if (p.c.max_logit) pack.set(FS_SDPA_MAX_LOGIT, p.max_logit.ptr(cuda));
+  if (p.c.score_stats) pack.set(FS_SDPA_SCORE_MAX, p.smax.ptr(cuda)).set(FS_SDPA_SCORE_SUM_EXP, p.ssum.ptr(cuda));
   set_index_pointers(p, pack, cuda, false);
   const size_t ws = fwd.workspace_size();
   DevBuf w(cuda ? ws : 0);
@@ -254,6 +293,10 @@ void run_backward(Problem& p, bool cuda, void* stream = nullptr) {
   set_ragged(p, a, cuda, {{FS_SDPA_Q, &p.q}, {FS_SDPA_K, &p.k}, {FS_SDPA_V, &p.v}, {FS_SDPA_O, &p.o},
                           {FS_SDPA_STATS, &p.stats}, {FS_SDPA_DO, &p.dO}, {FS_SDPA_DQ, &p.dq}, {FS_SDPA_DK, &p.dk},
                           {FS_SDPA_DV, &p.dv}});
+  if (p.c.gate) {
+    set_ragged(p, a, cuda, {{FS_SDPA_GATE, &p.gate}, {FS_SDPA_DGATE, &p.dgate}});
+    a.set_dgate(p.dgate.desc(cuda));
+  }
   a.set_deterministic_algorithm(p.c.deterministic);
   if (p.c.sinks) a.set_dsink_token(api::TensorDesc(nullptr, api::kFloat32, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0}, {p.c.Hq}));
   api::SdpaBwd bwd(p.q.desc(cuda), p.k.desc(cuda), p.v.desc(cuda), p.o.desc(cuda), p.dO.desc(cuda),
@@ -303,9 +346,24 @@ void run_case(const Case& c, bool backward = true) {
   p->o.poison_device();
   p->stats.poison_device();
   p->max_logit.poison_device();
+  if (c.score_stats) {
+    p->smax.poison_device();
+    p->ssum.poison_device();
+  }
   run_forward(*p, /*cuda=*/true, log2);
   EXPECT_TRUE(same_result(p->o, p->o.download(), false)) << "O";
   EXPECT_TRUE(same_result(p->stats, p->stats.download(), true)) << "stats";
+  if (c.score_stats) {
+    EXPECT_TRUE(same_result(p->smax, p->smax.download(), true)) << "score_max";
+    // Relative (the sums reach S_kv): their logs on the LSE criterion (log 0 = -inf matches exactly).
+    auto logs = [](std::vector<double> x) {
+      for (double& e : x) e = std::log(e);
+      return x;
+    };
+    EXPECT_TRUE(fs_test::stat_close(logs(Tensor::values(p->ssum.download(), DType::kFloat32)),
+                                    logs(Tensor::values(p->ssum.host, DType::kFloat32))))
+        << "score_sum_exp";
+  }
   if (c.max_logit) {
     EXPECT_TRUE(same_result(p->max_logit, p->max_logit.download(), true)) << "max_logit";
   }
@@ -317,6 +375,7 @@ void run_case(const Case& c, bool backward = true) {
   p->stats.upload();
   run_backward(*p, /*cuda=*/false);
   for (Tensor* t : {&p->dq, &p->dk, &p->dv}) t->poison_device();
+  if (c.gate) p->dgate.poison_device();
   if (c.sinks) p->dsink.poison_device();
   run_backward(*p, /*cuda=*/true);
   if (c.sinks) {
@@ -332,6 +391,9 @@ void run_case(const Case& c, bool backward = true) {
   EXPECT_TRUE(same_result(p->dk, p->dk.download(), false, fs_test::grad_floor(c.scale, c.Dv, mdo, mv, max_abs(p->q))))
       << "dK";
   EXPECT_TRUE(same_result(p->dv, p->dv.download(), false)) << "dV";
+  if (c.gate) {
+    EXPECT_TRUE(same_result(p->dgate, p->dgate.download(), false)) << "dgate";
+  }
 }
 
 TEST(SdpaGpu, RandomCases) {
@@ -406,6 +468,43 @@ TEST(SdpaGpu, ScoreModifiersEachAlone) {
     }
 }
 
+// A score-modifier case (score_mod_case) with the epilogue options on top: the output gate (with
+// dgate; packed like O on THD) and the score_max / score_sum_exp outputs (padded O only: the GPU
+// refuses them with a packed O).
+Case epilogue_case(uint64_t seed) {
+  Case c = score_mod_case(seed);
+  std::mt19937_64 rng(seed * 131 + 7);
+  const int pick = int(rng() % 3);  // 0: gate, 1: statistics, 2: both
+  c.gate = pick != 1;
+  c.score_stats = pick != 0 && c.kind_q != Kind::kThd;
+  return c;
+}
+
+TEST(SdpaGpu, BlockMaskRandom) {
+  // block_mask (every broadcast form) combined with the analytic masks, score modifiers and the
+  // epilogue options of random cases.
+  REQUIRE_GPU();
+  for (uint64_t seed = 9001; seed <= 9040; ++seed) {
+    Case c = epilogue_case(seed);
+    c.block_mask = 1 + int(seed % 4);
+    if (seed % 2) {  // longer sequences: several 128 x 128 blocks
+      c.Sq = 100 + int64_t(seed * 37 % 300);
+      c.Skv = 100 + int64_t(seed * 53 % 600);
+    }
+    run_case(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, EpilogueOptionsRandom) {
+  // Output gate O * sigmoid(G) with dgate, score_max / score_sum_exp, over random cases.
+  REQUIRE_GPU();
+  for (uint64_t seed = 8001; seed <= 8040; ++seed) {
+    run_case(epilogue_case(seed));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 TEST(SdpaGpu, SanitizerSmall) {
   // One small case per backward path with every new feature on (softcap, ALiBi, sinks / dSink,
   // host scale tensor, H_k != H_v's two dK/dV passes), packed THD with gaps and a sample without
@@ -431,6 +530,28 @@ TEST(SdpaGpu, SanitizerSmall) {
     c.alibi = true;
     c.sinks = true;
     c.scale_tensor = true;
+    c.gate = true;  // packed gate and dgate
+    run_case(c);
+  }
+  {
+    // The epilogue options on padded outputs: gate / dgate rows past the samples, score_max /
+    // score_sum_exp (never packed).
+    Case c;
+    c.seed = 7002;
+    c.B = 2;
+    c.Hq = 4;
+    c.Hk = 2;
+    c.Sq = 70;
+    c.Skv = 90;
+    c.Dqk = c.Dv = 32;
+    c.has_right = true;
+    c.lengths = 1;
+    c.zero_kv_sample = true;
+    c.sinks = true;
+    c.gate = true;
+    c.score_stats = true;
+    c.block_mask = 2;
+    c.Skv = 300;  // three 128-column blocks
     run_case(c);
   }
 }
@@ -547,6 +668,7 @@ TEST(SdpaGpu, DeterministicBackwardIsBitwiseReproducible) {
   std::vector<std::vector<uint8_t>> first;
   for (int run = 0; run < 3; ++run) {
     for (Tensor* t : {&p->dq, &p->dk, &p->dv}) t->poison_device();
+  if (c.gate) p->dgate.poison_device();
     run_backward(*p, true);
     std::vector<std::vector<uint8_t>> now = {p->dq.download(), p->dk.download(), p->dv.download()};
     if (run == 0) {

@@ -89,6 +89,8 @@ struct Call {
   Case c;
   std::vector<int64_t> len_q, len_kv;
   Storage q, k, v, o, stats, dO, dq, dk, dv;
+  Storage gate, smax, ssum, dgate;  // Case::gate, Case::score_stats (the reference's outputs)
+  BlockMaskBits bm;                 // Case::block_mask
   Index seq_q, seq_kv, cu_q, cu_kv, rag_q, rag_kv;
 };
 
@@ -114,6 +116,16 @@ std::unique_ptr<Call> make_call(const Case& c) {
   fill_valid(p->k, p->len_kv, rng);
   fill_valid(p->v, p->len_kv, rng);
   fill_valid(p->dO, p->len_q, rng);
+  if (c.gate) {
+    p->gate.alloc_host(p->o.lay, c.dtype);
+    p->dgate.alloc_host(p->o.lay, c.dtype);
+    fill_valid(p->gate, p->len_q, rng, 2.0);
+  }
+  if (c.score_stats) {
+    p->smax.alloc_host(make_layout(Kind::kBhsd, c.B, c.Hq, c.Sq, 1, tq), DType::kFloat32);
+    p->ssum.alloc_host(p->smax.lay, DType::kFloat32);
+  }
+  if (c.block_mask) p->bm.make(c, rng);
   if (c.lengths == 2) {
     p->cu_q.make(prefix_sums(p->len_q), c.lengths64);
     p->cu_kv.make(prefix_sums(p->len_kv), c.lengths64);
@@ -139,8 +151,10 @@ TensorView view_of(const Storage& s) {
 }
 
 // The validated problem of the call, bound to the given storages of its outputs (the inputs
-// are the call's).
-sdpa::Problem problem(Call& p, bool backward, Storage& o, Storage& stats, Storage* dq, Storage* dk, Storage* dv) {
+// are the call's): ep = {score_max, score_sum_exp} (forward) or {dgate} (backward) when the
+// case has them.
+sdpa::Problem problem(Call& p, bool backward, Storage& o, Storage& stats, Storage* dq, Storage* dk, Storage* dv,
+                      std::vector<Storage*> ep = {}) {
   const Case& c = p.c;
   sdpa::Attributes a;
   a.backward = backward;
@@ -149,13 +163,16 @@ sdpa::Problem problem(Call& p, bool backward, Storage& o, Storage& stats, Storag
   if (backward) {
     ts.insert(ts.end(), {{FS_SDPA_DO, &p.dO}, {FS_SDPA_DQ, dq}, {FS_SDPA_DK, dk}, {FS_SDPA_DV, dv}});
   }
+  if (c.gate) ts.push_back({FS_SDPA_GATE, &p.gate});
+  if (c.gate && backward) ts.push_back({FS_SDPA_DGATE, ep.at(0)});
+  if (c.score_stats && !backward) ts.insert(ts.end(), {{FS_SDPA_SCORE_MAX, ep.at(0)}, {FS_SDPA_SCORE_SUM_EXP, ep.at(1)}});
   void* pack[sdpa::kNumSlots] = {};
   for (auto& [slot, s] : ts) {
     a.tensors[size_t(slot)] = view_of(*s);
     pack[slot] = s->host.data();
     if (s->lay.ragged()) {
       const bool q_side = slot == FS_SDPA_Q || slot == FS_SDPA_O || slot == FS_SDPA_STATS || slot == FS_SDPA_DO ||
-                          slot == FS_SDPA_DQ;
+                          slot == FS_SDPA_DQ || slot == FS_SDPA_GATE || slot == FS_SDPA_DGATE;
       const Index& r = q_side ? p.rag_q : p.rag_kv;
       const int rs = sdpa::ragged_slot_of(slot);
       a.tensors[size_t(rs)] = r.view();
@@ -169,6 +186,18 @@ sdpa::Problem problem(Call& p, bool backward, Storage& o, Storage& stats, Storag
     a.tensors[size_t(slot)] = idx->view();
     pack[slot] = idx->bytes.data();
     a.padding_mask = true;
+  }
+  if (c.block_mask) {
+    TensorView m;
+    m.dtype = DType::kUInt8;
+    m.ndim = 4;
+    const std::vector<int64_t> str = p.bm.strides();
+    for (int d = 0; d < 4; ++d) {
+      m.shape[d] = p.bm.shape[d];
+      m.strides[d] = str[size_t(d)];
+    }
+    a.tensors[size_t(FS_SDPA_BLOCK_MASK)] = m;
+    pack[FS_SDPA_BLOCK_MASK] = p.bm.bytes.data();
   }
   a.attn_scale_value = c.scale;
   a.alignment = c.bottom_right ? FS_SDPA_BOTTOM_RIGHT : FS_SDPA_TOP_LEFT;
@@ -233,7 +262,7 @@ void model_forward(const SdpaFwdParams& p, DType t, int bq, int bk) {
         for (int r = 0; r < rows_store; ++r) {
           const std::vector<double> qi = row_of(t, p.q, a, kSdpaQ, p.qa, b, row0 + r, sl.len_q, h, p.head_dqk);
           std::vector<std::pair<double, int>> xs;  // (logit, key) of the visible keys
-          AnalyticCursor cur = kern::q2k_cursor(sl.mask, qb, bq, bk);
+          kern::BlockMaskedCursor cur = kern::masked_q2k_cursor(a, sl, h, qb, bq, bk);
           int blk = 0, entry = 0;
           bool partial = false;
           while (cur.next(blk, partial, entry)) {
@@ -248,11 +277,15 @@ void model_forward(const SdpaFwdParams& p, DType t, int bq, int bk) {
           double m = -INFINITY, l = 0;
           for (auto& x : xs) m = std::max(m, x.first);
           for (auto& x : xs) l += std::exp(x.first - m);
+          const SdpaEpilogueParams& ep = a.epi;  // fwd_store_rows_sm80 / sdpa_fwd_row_epilogue
           for (int d = 0; d < p.head_dv; ++d) {
             double o = 0;
             for (auto& x : xs) o += std::exp(x.first - m) / l * ld(t, p.v, at(a, kSdpaV, p.va, b, x.second, hkv, d));
+            if (ep.gate != nullptr && !xs.empty()) o /= 1.0 + std::exp(-ld(t, ep.gate, at(a, kSdpaGate, ep.ga, b, row0 + r, h, d)));
             st(t, p.o, at(a, kSdpaO, p.oa, b, row0 + r, h, d), xs.empty() ? 0.0 : o);
           }
+          if (ep.score_max != nullptr) ep.score_max[at(a, kSdpaScoreMax, ep.sma, b, row0 + r, h, 0)] = float(m);
+          if (ep.score_sum_exp != nullptr) ep.score_sum_exp[at(a, kSdpaScoreSumExp, ep.ssa, b, row0 + r, h, 0)] = float(l);
           if (p.lse != nullptr) {
             const double lse = xs.empty() ? -INFINITY : (m + std::log(l)) * (double(a.lse_unit) / kLn2);
             p.lse[at(a, kSdpaStats, p.lsea, b, row0 + r, h, 0)] = float(lse);
@@ -263,10 +296,12 @@ void model_forward(const SdpaFwdParams& p, DType t, int bq, int bk) {
 
 // The backward kernels (preprocess, dK/dV with dQ atomics or the dQ kernel, dQ convert) on
 // their grids (tile bq x bk).
-void model_backward(const SdpaBwdParams& p, DType t, int bq, int bk) {
+// The preprocess (bwd_prepost.cuh): rows of every sample padded to S_q; with the gate, dgate and
+// dO * sigmoid(G) into the workspace.
+void model_preprocess(const SdpaBwdParams& p, DType t) {
   const AnalyticMaskParams& a = p.analytic;
-  const int Dqk = p.head_dqk, Dv = p.head_dv, G = p.group_size;
-  // Preprocess: rows of every sample padded to S_q.
+  const SdpaEpilogueParams& ep = a.epi;
+  const int Dv = p.head_dv;
   for (int h = 0; h < p.num_heads_q; ++h)
     for (int64_t tq = 0; tq < p.total_q; ++tq) {
       const int b = int(tq / p.seqlen_q), i = int(tq % p.seqlen_q);
@@ -274,16 +309,31 @@ void model_backward(const SdpaBwdParams& p, DType t, int bq, int bk) {
       if (i >= AnalyticSeqlen(a, b).len_q) {
         p.delta[w] = 0.0f;
         p.lse2[w] = INFINITY;
+        if (ep.dgate != nullptr && a.start[kSdpaDGate].ragged.ptr == nullptr)
+          for (int d = 0; d < Dv; ++d) st(t, ep.dgate, at(a, kSdpaDGate, ep.dga, b, i, h, d), 0.0);
         continue;
       }
       double acc = 0;
       for (int d = 0; d < Dv; ++d) {
-        acc += ld(t, p.o, at(a, kSdpaO, p.oa, b, i, h, d)) * ld(t, p.dout, at(a, kSdpaDO, p.doa, b, i, h, d));
+        const double o = ld(t, p.o, at(a, kSdpaO, p.oa, b, i, h, d)), dO = ld(t, p.dout, at(a, kSdpaDO, p.doa, b, i, h, d));
+        acc += o * dO;
+        if (ep.gate != nullptr) {
+          const double s = 1.0 / (1.0 + std::exp(-ld(t, ep.gate, at(a, kSdpaGate, ep.ga, b, i, h, d))));
+          if (ep.dgate != nullptr) st(t, ep.dgate, at(a, kSdpaDGate, ep.dga, b, i, h, d), dO * o * (1.0 - s));
+          st(t, ep.do_gated, w * Dv + d, dO * s);
+        }
       }
       p.delta[w] = float(acc);
       const float lse = p.lse[at(a, kSdpaStats, p.lsea, b, i, h, 0)];
       p.lse2[w] = lse == -INFINITY ? INFINITY : float(double(lse) * kLog2e);
     }
+}
+
+void model_backward(const SdpaBwdParams& p_in, DType t, int bq, int bk) {
+  model_preprocess(p_in, t);
+  const SdpaBwdParams p = sdpa_bwd_main_params(p_in);  // the launcher's parameters of the kernels after it
+  const AnalyticMaskParams& a = p.analytic;
+  const int Dqk = p.head_dqk, Dv = p.head_dv, G = p.group_size;
   if (!p.deterministic) std::fill(p.dq_accum, p.dq_accum + size_t(p.num_heads_q) * size_t(p.total_q) * Dqk, 0.0f);
   // One (query row i, key j) pair of head h: P and dS (0 when P is 0).
   auto pair = [&](int b, int h, int hkv, int i, int j, const AnalyticSeqlen& sl, double& P, double& dS) {
@@ -305,8 +355,7 @@ void model_backward(const SdpaBwdParams& p, DType t, int bq, int bk) {
         const int key0 = kb * bk, keys_valid = std::min(bk, sl.len_k - key0);
         const int keys_store = kern::rows_to_store(a, kSdpaDK, key0, bk, keys_valid + key0, a.max_kv);
         if (keys_store <= 0) continue;
-        const AnalyticCursor row = kern::k2q_cursor(sl.mask, kb, bq, bk);
-        AnalyticK2QWalk walk{hkv * G, (hkv + 1) * G, 0x7fffffff, row, row};
+        AnalyticK2QWalk walk = kern::masked_k2q_walk(a, sl, hkv * G, (hkv + 1) * G, 0x7fffffff, kb, bq, bk);
         walk.seek(0);
         const KeyBlockMask km = KeyBlockMask::make(sl.mask, key0);
         std::vector<double> dk(size_t(bk * Dqk), 0.0), dv(size_t(bk * Dv), 0.0);
@@ -360,7 +409,7 @@ void model_backward(const SdpaBwdParams& p, DType t, int bq, int bk) {
         if (rows_store <= 0) continue;
         const QueryBlockMask qm = QueryBlockMask::make(sl.mask, row0);
         std::vector<double> dq(size_t(bq * Dqk), 0.0);
-        AnalyticCursor cur = kern::q2k_cursor(sl.mask, qb, bq, bk);
+        kern::BlockMaskedCursor cur = kern::masked_q2k_cursor(a, sl, h, qb, bq, bk);
         int kb = 0, entry = 0;
         bool partial = false;
         while (cur.next(kb, partial, entry)) {
@@ -399,15 +448,23 @@ void run_case(const Case& c) {
   Call& p = *call;
   const sm80::TileSm80 tile = sm80::tile_sm80(int(c.Dqk), int(c.Dv));
   // Forward: the reference into (o, stats), the model into fresh NaN storages.
-  Storage o_m, st_m;
+  Storage o_m, st_m, smax_m, ssum_m, dgate_m;
   o_m.alloc_host(p.o.lay, p.o.dtype);
   st_m.alloc_host(p.stats.lay, p.stats.dtype);
-  reference::sdpa_forward(problem(p, false, p.o, p.stats, nullptr, nullptr, nullptr));
-  const sdpa::Problem fwd = problem(p, false, o_m, st_m, nullptr, nullptr, nullptr);
+  if (c.score_stats) {
+    smax_m.alloc_host(p.smax.lay, DType::kFloat32);
+    ssum_m.alloc_host(p.ssum.lay, DType::kFloat32);
+  }
+  reference::sdpa_forward(problem(p, false, p.o, p.stats, nullptr, nullptr, nullptr, {&p.smax, &p.ssum}));
+  const sdpa::Problem fwd = problem(p, false, o_m, st_m, nullptr, nullptr, nullptr, {&smax_m, &ssum_m});
   EXPECT_EQ(sdpa_fwd_workspace_size(fwd), 0u);
   model_forward(sdpa_fwd_params(fwd), c.dtype, tile.fwd_bq, tile.fwd_bk);
   EXPECT_TRUE(same(p.o, o_m, false)) << "O";
   EXPECT_TRUE(same(p.stats, st_m, true)) << "stats";
+  if (c.score_stats) {
+    EXPECT_TRUE(same(p.smax, smax_m, true)) << "score_max";
+    EXPECT_TRUE(same(p.ssum, ssum_m, true)) << "score_sum_exp";
+  }
   if (c.log2_stats) return;  // the backward takes natural-log stats
   // Backward on the reference's O / LSE with their padding NaN again (never read).
   poison_padding(p.o, p.len_q);
@@ -416,8 +473,9 @@ void run_case(const Case& c) {
   dq_m.alloc_host(p.dq.lay, c.dtype);
   dk_m.alloc_host(p.dk.lay, c.dtype);
   dv_m.alloc_host(p.dv.lay, c.dtype);
-  reference::sdpa_backward(problem(p, true, p.o, p.stats, &p.dq, &p.dk, &p.dv));
-  const sdpa::Problem bwd = problem(p, true, p.o, p.stats, &dq_m, &dk_m, &dv_m);
+  if (c.gate) dgate_m.alloc_host(p.dgate.lay, c.dtype);
+  reference::sdpa_backward(problem(p, true, p.o, p.stats, &p.dq, &p.dk, &p.dv, {&p.dgate}));
+  const sdpa::Problem bwd = problem(p, true, p.o, p.stats, &dq_m, &dk_m, &dv_m, {&dgate_m});
   std::vector<uint8_t> ws(sdpa_bwd_workspace_size(bwd) + 16);
   void* w = ws.data() + (16 - reinterpret_cast<uintptr_t>(ws.data()) % 16) % 16;
   std::fill(ws.begin(), ws.end(), 0xff);
@@ -425,6 +483,9 @@ void run_case(const Case& c) {
   EXPECT_TRUE(same(p.dq, dq_m, false)) << "dQ";
   EXPECT_TRUE(same(p.dk, dk_m, false)) << "dK";
   EXPECT_TRUE(same(p.dv, dv_m, false)) << "dV";
+  if (c.gate) {
+    EXPECT_TRUE(same(p.dgate, dgate_m, false)) << "dgate";
+  }
 }
 
 TEST(SdpaParams, KernelModelMatchesReference) {
@@ -434,6 +495,35 @@ TEST(SdpaParams, KernelModelMatchesReference) {
     c.Sq = 1 + c.Sq % 140;
     c.Skv = 1 + c.Skv % 140;
     c.max_logit = false;
+    run_case(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaParams, EpilogueOptions) {
+  // The output gate (forward epilogue; dgate and dO * sigmoid(G) from the preprocess, read by the
+  // kernels after it through sdpa_bwd_main_params) and score_max / score_sum_exp (padded O).
+  for (uint64_t seed = 300; seed < 330; ++seed) {
+    Case c = random_case(seed);
+    c.Sq = 1 + c.Sq % 100;
+    c.Skv = 1 + c.Skv % 100;
+    c.max_logit = false;
+    c.gate = seed % 3 != 2;
+    c.score_stats = seed % 3 != 0 && c.kind_q != Kind::kThd;
+    run_case(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaParams, BlockMask) {
+  // block_mask with the analytic mask: every broadcast form, over random cases (bits about 2 in 3
+  // set; the cursors of the forward and dQ kernels and the dK/dV walk leave the 0 blocks out).
+  for (uint64_t seed = 400; seed < 424; ++seed) {
+    Case c = random_case(seed);
+    c.Sq = 1 + c.Sq % 300;
+    c.Skv = 1 + c.Skv % 300;
+    c.max_logit = false;
+    c.block_mask = 1 + int(seed % 4);
     run_case(c);
     if (::testing::Test::HasFailure()) return;
   }

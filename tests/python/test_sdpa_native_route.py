@@ -101,10 +101,6 @@ def _cuda_op(L, lib, direction, setup, hv=1):
 @pytest.mark.parametrize("feature,setup", [
     ("bias", lambda a, d: a.set("bias", d((1, 2, 16, 16)))),
     ("dropout", lambda a, d: a.set_dropout(0.1, d((1,), torch.int64), d((1,), torch.int64))),
-    ("block_mask", lambda a, d: a.set("block_mask", d((1, 1, 1, 1), torch.uint8))),
-    ("gate", lambda a, d: a.set("gate", d((1, 2, 16, 64)))),
-    ("score_max", lambda a, d: a.set("logit_max", d((1, 2, 16, 1), torch.float32))),
-    ("score_sum_exp", lambda a, d: a.set("score_sum_exp", d((1, 2, 16, 1), torch.float32))),
     ("attn_scale as a device tensor", lambda a, d: a.set("attn_scale_tensor", d((1,), torch.float32))),
     ("max_logit together with sink_token",
      lambda a, d: (a.set("sink_token", d((2,), torch.float32)), a.set("max_logit", d((2,), torch.float32)))),
@@ -121,15 +117,20 @@ def test_cuda_heads_and_dims_not_native_are_named(fs):
     from flashspan import _lib as lib
     from flashspan import _sdpa_lib as L
 
-    for direction in ("fwd", "bwd"):  # H_k != H_v runs natively (without a GPU, check_support stops at the device)
+    # H_k != H_v, the output gate with dgate and the score_max / score_sum_exp outputs run natively (without a GPU,
+    # check_support stops at the device).
+    cases = [("fwd", lambda a, d: None, 2), ("bwd", lambda a, d: None, 2),
+             ("fwd", lambda a, d: a.set("gate", d((1, 2, 16, 64))), 1),
+             ("bwd", lambda a, d: (a.set("gate", d((1, 2, 16, 64))), a.set("dgate", d((1, 2, 16, 64)))), 1),
+             ("fwd", lambda a, d: (a.set("logit_max", d((1, 2, 16, 1), torch.float32)),
+                                   a.set("score_sum_exp", d((1, 2, 16, 1), torch.float32))), 1)]
+    for direction, setup, hv in cases:
         try:
-            _cuda_op(L, lib, direction, lambda a, d: None, hv=2)
+            _cuda_op(L, lib, direction, setup, hv=hv)
         except NotImplementedError:
             raise
         except Exception:  # noqa: BLE001 (no device here)
             pass
-    with pytest.raises(NotImplementedError, match=r"^gate: not supported"):
-        _cuda_op(L, lib, "bwd", lambda a, d: (a.set("gate", d((1, 2, 16, 64))), a.set("dgate", d((1, 2, 16, 64)))))
 
 
 # ---------------------------------------------------------------------------
@@ -138,6 +139,99 @@ def test_cuda_heads_and_dims_not_native_are_named(fs):
 
 gpu = pytest.mark.skipif(not cuda_ready(),
                          reason="needs a CUDA device and a libflashspan.so built with CUDA (fs_cuda_available() == 1)")
+
+
+@gpu
+@pytest.mark.parametrize("seed", range(12))
+def test_gpu_native_gate_stats_block_mask(fs, native, seed):
+    """The output gate O * sigmoid(G) (forward epilogue; dgate and dO * sigmoid(G) in the backward, through autograd),
+    the score_max / score_sum_exp outputs (natural units whatever stats_use_log2 says) and the 128x128 block_mask
+    (broadcast forms) on the native route against the CPU reference on the same inputs, with causal / padding /
+    sinks / softcap / GQA drawn at random."""
+    from criteria import check_stat, check_tensor, grad_floor
+
+    rng = random.Random(900 + seed)
+    dtype = rng.choice([torch.bfloat16, torch.float16])
+    B, Hq = rng.choice([1, 2]), rng.choice([2, 4])
+    Hk = rng.choice([1, Hq])
+    Sq, Skv = rng.randint(1, 300), rng.randint(1, 400)
+    D = rng.choice([32, 64, 128])
+    g = torch.Generator().manual_seed(900 + seed)
+    q = torch.randn(B, Hq, Sq, D, generator=g).to(dtype)
+    k = torch.randn(B, Hk, Skv, D, generator=g).to(dtype)
+    v = torch.randn(B, Hk, Skv, D, generator=g).to(dtype)
+    gate = (torch.randn(B, Hq, Sq, D, generator=g) * 2).to(dtype)
+    kw = {}
+    if rng.random() < 0.5:
+        kw.update(diagonal_band_right_bound=0, diagonal_alignment=rng.choice(["TOP_LEFT", "BOTTOM_RIGHT"]))
+    if rng.random() < 0.3:
+        kw["softcap"] = 5.0
+    backward = rng.random() < 0.6  # base-2 stats only without gradients (the backward takes natural-log stats)
+    if not backward:
+        kw["stats_use_log2"] = rng.random() < 0.5
+    scale = 2.0 / math.sqrt(D)
+    sinks = torch.randn(Hq, generator=g) if rng.random() < 0.4 else None
+    lens = None
+    if rng.random() < 0.5:
+        lq = torch.randint(0, Sq + 1, (B,), generator=g)
+        lk = torch.randint(0, Skv + 1, (B,), generator=g)
+        lq[0], lk[-1] = Sq, Skv
+        lens = (lq, lk)
+    use_gate = seed % 3 != 2
+    stats_out = seed % 3 != 1
+    bm = None
+    if seed % 2:
+        nq, nk = -(-Sq // 128), -(-(-(-Skv // 128)) // 8)
+        shape = (rng.choice([1, B]), rng.choice([1, Hq]), nq, nk)
+        bm = (torch.randint(0, 256, shape, generator=g) | torch.randint(0, 256, shape, generator=g)).to(torch.uint8)
+
+    def run(dev):
+        ins = [t.to(dev).requires_grad_(backward) for t in (q, k, v)]
+        gt = gate.to(dev).requires_grad_(backward) if use_gate else None
+        extra = dict(kw)
+        if lens is not None:
+            extra.update(use_padding_mask=True, seq_len_q=lens[0].to(dev), seq_len_kv=lens[1].to(dev))
+        if stats_out:
+            extra.update(score_max=torch.full((B, Hq, Sq, 1), float("nan"), device=dev),
+                         score_sum_exp=torch.full((B, Hq, Sq, 1), float("nan"), device=dev))
+        sk = sinks.to(dev) if sinks is not None else None
+        if bm is not None:
+            extra["block_mask"] = bm.to(dev)
+        o, stats = fs.sdpa(*ins, generate_stats=True, attn_scale=scale, sink_token=sk, gate=gt, **extra)
+        out = [o, stats]
+        if backward:
+            do = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + 1)).to(o.dtype).to(dev)
+            leaves = ins + ([gt] if gt is not None else [])
+            out += list(torch.autograd.grad(o, leaves, do))
+        if stats_out:
+            out += [extra["score_max"], extra["score_sum_exp"]]
+        return [t.detach().cpu() for t in out]
+
+    want, got = run("cpu"), run("cuda")
+    lq, lk = (lens if lens is not None else (torch.full((B,), Sq), torch.full((B,), Skv)))
+    mq = (torch.arange(Sq)[None, :] < lq[:, None])[:, None, :, None]
+    mk = (torch.arange(Skv)[None, :] < lk[:, None])[:, None, :, None]
+
+    def z(t, m):
+        return torch.where(m, t, torch.zeros((), dtype=t.dtype))
+
+    check_tensor(z(got[0], mq), z(want[0], mq), dtype, "o")
+    check_stat(torch.where(mq, got[1], 0.0), torch.where(mq, want[1], 0.0), "stats")
+    n = 2
+    if backward:
+        fl = grad_floor(scale, D, 4.5, 4.5, 4.5)
+        check_tensor(z(got[2], mq), z(want[2], mq), dtype, "dq", floor=fl)
+        check_tensor(z(got[3], mk), z(want[3], mk), dtype, "dk", floor=fl)
+        check_tensor(z(got[4], mk), z(want[4], mk), dtype, "dv")
+        n = 5
+        if use_gate:
+            check_tensor(z(got[5], mq), z(want[5], mq), dtype, "dgate")
+            n = 6
+    if stats_out:
+        # Every row, padding included (-inf / 0 there, and for rows that see nothing).
+        check_stat(got[n], want[n], "score_max")
+        check_stat(got[n + 1].log(), want[n + 1].log(), "log score_sum_exp")  # relative: sums reach S_kv
+
 
 
 @gpu
@@ -234,3 +328,4 @@ def test_gpu_native_score_modifiers(fs, native, seed):
         check_tensor(z(got[4], mk), z(want[4], mk), dtype, "dv")
         if sinks is not None:
             check_tensor(got[5], want[5], torch.float16, "dsink")
+

@@ -141,12 +141,53 @@ FS_MASK_HD AnalyticCursor k2q_cursor(const AnalyticSample& s, int kb, int bq, in
   return detail::make_cursor(lo, hi, full_first, full_last, bq);
 }
 
+// SDPA's block_mask (uint8, one bit per 128 x 128 block of sample positions: byte
+// (i / 128, (j / 128) / 8), bit (j / 128) % 8; core/sdpa_problem.h kBlockMaskTile), combined
+// with the analytic mask on tiles that lie inside one 128 x 128 block (every tile of the
+// kernels: block sizes dividing 128): a tile of a 0 bit is empty, a tile of a 1 bit keeps its
+// analytic class (a partial one still applies the element mask).
+constexpr int kBlockMaskShift = 7;  // log2 of the block_mask's 128
+
+// Bit of the tile at (row r0, column c0) of one (sample, head) of the mask (`base`: its byte
+// (0, 0); row_stride: bytes per 128-row block).
+FS_MASK_HD bool block_mask_bit(const uint8_t* base, int64_t row_stride, int64_t r0, int64_t c0) {
+  const int64_t c = c0 >> kBlockMaskShift;
+  return (base[(r0 >> kBlockMaskShift) * row_stride + (c >> 3)] >> (c & 7)) & 1;
+}
+
+// A Q2K cursor (q2k_cursor) over the key blocks of `bk` columns whose block_mask bit is set, for
+// one query block: `row` is the byte row of its 128-row block (null: no block mask, every block).
+// next() as AnalyticCursor::next; skip / remaining / done count the blocks before the filter
+// (persistent kernels only; the SDPA kernels walk whole rows).
+struct BlockMaskedCursor {
+  AnalyticCursor cur;
+  const uint8_t* row;
+  int bk;
+
+  FS_MASK_HD bool next(int& blk, bool& partial, int& entry) {
+    while (cur.next(blk, partial, entry)) {
+      if (row == nullptr) return true;
+      const int64_t c = (int64_t(blk) * bk) >> kBlockMaskShift;
+      if ((row[c >> 3] >> (c & 7)) & 1) return true;
+    }
+    return false;
+  }
+  FS_MASK_HD bool done() const { return cur.done(); }
+  FS_MASK_HD int remaining() const { return cur.remaining(); }
+  FS_MASK_HD void skip(int j) { cur.skip(j); }
+};
+
 // The analytic K2Q walk of one key block: every query head of the kv group, each over the
 // same AnalyticCursor (k2q_cursor) in ascending query blocks; payload 0 for a partial block,
-// -1 for a full one.
+// -1 for a full one. With a block_mask (bm set: the byte of the key block's 128-column block in
+// the mask's row 0 of head 0), query blocks whose bit is 0 are left out; `left` counts the
+// blocks returned, seek() the blocks before the filter (begin = 0 in the SDPA kernels).
 struct AnalyticK2QWalk {
   int h, h_end, left;
   AnalyticCursor row, cur;  // the head's row from its start, and the position in it
+  const uint8_t* bm = nullptr;
+  int64_t bm_head_stride = 0, bm_row_stride = 0;
+  int bm_bit = 0, bq = 0;
 
   FS_MASK_HD void seek(int begin) {
     const int n = row.remaining();
@@ -162,6 +203,10 @@ struct AnalyticK2QWalk {
     bool partial = false;
     while (h < h_end) {
       if (cur.next(blk, partial, entry)) {
+        if (bm != nullptr &&
+            !((bm[h * bm_head_stride + ((int64_t(blk) * bq) >> kBlockMaskShift) * bm_row_stride] >> bm_bit) & 1)) {
+          continue;
+        }
         --left;
         head = h;
         qb = blk;

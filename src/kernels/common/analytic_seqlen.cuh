@@ -46,17 +46,51 @@ __device__ __forceinline__ int64_t sample_start(const SampleStart& s, int b) {
 struct AnalyticSeqlen {
   int q_start, len_q, k_start, len_k;
   AnalyticSample mask;
+  int b;  // the sample
 
-  __device__ __forceinline__ AnalyticSeqlen(const AnalyticMaskParams& a, int b)
-      : q_start(b * a.max_q),
-        len_q(sample_length(a.seq_len_q, a.cu_seq_len_q, a.max_q, b)),
-        k_start(b * a.max_kv),
-        len_k(sample_length(a.seq_len_kv, a.cu_seq_len_kv, a.max_kv, b)),
-        mask(AnalyticSample::make(a.band, len_q, len_k)) {}
+  __device__ __forceinline__ AnalyticSeqlen(const AnalyticMaskParams& a, int b_)
+      : q_start(b_ * a.max_q),
+        len_q(sample_length(a.seq_len_q, a.cu_seq_len_q, a.max_q, b_)),
+        k_start(b_ * a.max_kv),
+        len_k(sample_length(a.seq_len_kv, a.cu_seq_len_kv, a.max_kv, b_)),
+        mask(AnalyticSample::make(a.band, len_q, len_k)),
+        b(b_) {}
   // p: the base FwdParams / BwdParams of an SDPA kernel's parameters (analytic_of).
   template <class Params>
   __device__ __forceinline__ AnalyticSeqlen(const Params& p, int b) : AnalyticSeqlen(analytic_of(p), b) {}
 };
+
+// Byte (query row 0, key column 0) of (sample b, query head h) of the block_mask, or null.
+__device__ __forceinline__ const uint8_t* block_mask_base(const AnalyticMaskParams& a, int b, int h) {
+  const SdpaBlockMaskParams& m = a.block_mask;
+  return m.bits == nullptr ? nullptr : m.bits + int64_t(b) * m.batch_stride + int64_t(h) * m.head_stride;
+}
+
+// The Q2K cursor of query block qb (bq x bk tiles) of query head h in sample sl.b, block_mask
+// applied (the forward and the dQ kernel).
+__device__ __forceinline__ BlockMaskedCursor masked_q2k_cursor(const AnalyticMaskParams& a, const AnalyticSeqlen& sl,
+                                                                int h, int qb, int bq, int bk) {
+  const uint8_t* base = block_mask_base(a, sl.b, h);
+  const uint8_t* row = base == nullptr ? nullptr : base + ((int64_t(qb) * bq) >> kBlockMaskShift) * a.block_mask.row_stride;
+  return BlockMaskedCursor{q2k_cursor(sl.mask, qb, bq, bk), row, bk};
+}
+
+// The K2Q walk of key block kb over query heads [h0, h1) of sample sl.b, block_mask applied.
+__device__ __forceinline__ AnalyticK2QWalk masked_k2q_walk(const AnalyticMaskParams& a, const AnalyticSeqlen& sl,
+                                                           int h0, int h1, int count, int kb, int bq, int bk) {
+  const AnalyticCursor row = k2q_cursor(sl.mask, kb, bq, bk);
+  AnalyticK2QWalk w{h0, h1, count, row, row};
+  const uint8_t* base = block_mask_base(a, sl.b, 0);
+  if (base != nullptr) {
+    const int64_t c = (int64_t(kb) * bk) >> kBlockMaskShift;
+    w.bm = base + (c >> 3);
+    w.bm_head_stride = a.block_mask.head_stride;
+    w.bm_row_stride = a.block_mask.row_stride;
+    w.bm_bit = int(c & 7);
+    w.bq = bq;
+  }
+  return w;
+}
 
 // Rows of a tile at row0 (block of `rows` rows) an output of tensor x writes: a padded
 // output every row below its max, a ragged one the sample's rows (len).

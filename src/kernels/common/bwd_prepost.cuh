@@ -13,6 +13,7 @@
 
 #include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/ptx.cuh"
+#include "kernels/common/sdpa_score_mod.cuh"
 #include "kernels/params.h"
 
 namespace flashspan::kern {
@@ -46,6 +47,59 @@ __device__ __forceinline__ void bwd_preprocess_rows(const BwdParams& p) {
         if (lane == 0) {
           p.delta[w] = 0.0f;
           p.lse2[w] = INFINITY;
+        }
+        // A padded dgate's rows past the sample are 0 (a ragged one has no such rows).
+        if (a.epi.dgate != nullptr && a.start[kSdpaDGate].ragged.ptr == nullptr) {
+          Elem* dg = static_cast<Elem*>(a.epi.dgate) + sample_start(a.start[kSdpaDGate], int(r.b)) +
+                     h * a.epi.dga.head_stride + r.row * a.epi.dga.row_stride;
+          for (int c = lane * 8; c < p.head_dv; c += 256) *reinterpret_cast<uint4*>(dg + c) = make_uint4(0, 0, 0, 0);
+        }
+        continue;
+      }
+      if (a.epi.gate != nullptr) {
+        // Output gate (SdpaEpilogueParams): O is the gated output, so D = dO . O as without it;
+        // dgate = dO * O * (1 - sigmoid(G)), and the kernels after this one take dO * sigmoid(G).
+        const SampleStart* st = a.start;
+        const int b = int(r.b);
+        const Elem* o = static_cast<const Elem*>(p.o) + sample_start(st[kSdpaO], b) + r.row * p.oa.row_stride +
+                        h * p.oa.head_stride;
+        const Elem* d = static_cast<const Elem*>(p.dout) + sample_start(st[kSdpaDO], b) + r.row * p.doa.row_stride +
+                        h * p.doa.head_stride;
+        const Elem* g = static_cast<const Elem*>(a.epi.gate) + sample_start(st[kSdpaGate], b) +
+                        r.row * a.epi.ga.row_stride + h * a.epi.ga.head_stride;
+        Elem* dg = a.epi.dgate == nullptr ? nullptr
+                                          : static_cast<Elem*>(a.epi.dgate) + sample_start(st[kSdpaDGate], b) +
+                                                r.row * a.epi.dga.row_stride + h * a.epi.dga.head_stride;
+        Elem* dgo = static_cast<Elem*>(a.epi.do_gated) + w * p.head_dv;  // [H_q, total_q, D_v]
+        float acc = 0.0f;
+        for (int c = lane * 8; c < p.head_dv; c += 256) {
+          const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
+          const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
+          const uint4 gv = *reinterpret_cast<const uint4*>(g + c);
+          const Elem* oe = reinterpret_cast<const Elem*>(&ov);
+          const Elem* de = reinterpret_cast<const Elem*>(&dv);
+          const Elem* ge = reinterpret_cast<const Elem*>(&gv);
+          uint4 dgv, dov;
+          uint32_t* dgw = reinterpret_cast<uint32_t*>(&dgv);
+          uint32_t* dow = reinterpret_cast<uint32_t*>(&dov);
+#pragma unroll
+          for (int e = 0; e < 8; e += 2) {
+            const float o0 = to_float<E>(oe[e]), o1 = to_float<E>(oe[e + 1]);
+            const float d0 = to_float<E>(de[e]), d1 = to_float<E>(de[e + 1]);
+            const float s0 = sigmoid_fast(to_float<E>(ge[e])), s1 = sigmoid_fast(to_float<E>(ge[e + 1]));
+            acc += o0 * d0 + o1 * d1;
+            dgw[e / 2] = pack2<E>(d0 * o0 * (1.0f - s0), d1 * o1 * (1.0f - s1));
+            dow[e / 2] = pack2<E>(d0 * s0, d1 * s1);
+          }
+          if (dg != nullptr) *reinterpret_cast<uint4*>(dg + c) = dgv;
+          *reinterpret_cast<uint4*>(dgo + c) = dov;
+        }
+#pragma unroll
+        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        if (lane == 0) {
+          p.delta[w] = acc;
+          const float lse = p.lse[sample_start(st[kSdpaStats], b) + h * p.lsea.head_stride + r.row * p.lsea.row_stride];
+          p.lse2[w] = lse == -INFINITY ? INFINITY : lse * kLog2e;
         }
         continue;
       }

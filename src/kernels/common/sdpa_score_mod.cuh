@@ -29,6 +29,12 @@ __device__ __forceinline__ float tanh_fast(float x) {
   return 1.0f - __fdividef(2.0f, exp2_approx(z * (2.0f * kLog2e)) + 1.0f);
 }
 
+// The output gate's sigmoid (SdpaEpilogueParams::gate; the CPU reference's 1 / (1 + e^-x)), with
+// an approximate division (x < -87: the denominator overflows to inf and the result is 0, as it
+// should): the IEEE division's slow path, unrolled over every element of the forward epilogue,
+// doubled the forward kernels' code.
+__device__ __forceinline__ float sigmoid_fast(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
+
 // ALiBi slope of query head h for n = the largest power of two <= H_q (sdpa::alibi_slope).
 __device__ __forceinline__ float alibi_slope_dev(int h, int n) {
   const float e = h < n ? -8.0f * float(h + 1) / float(n) : -4.0f * float(2 * (h - n) + 1) / float(n);

@@ -340,6 +340,8 @@ __device__ __forceinline__ void sdpa_bwd_logits(const BwdParams& p, float (&s)[k
 template <class T>
 struct AnalyticMaskBwdSm80 {
   static constexpr bool kAnalytic = true;
+  static_assert((1 << kBlockMaskShift) % T::kBlockQ == 0 && (1 << kBlockMaskShift) % T::kBlockK == 0,
+                "block_mask: tiles must lie inside one 128 x 128 block");
   using Seqlen = AnalyticSeqlen;
 
   // The query heads of work-item head hkv: K's group, or V's in the dV pass (dkdv_role 2).
@@ -349,14 +351,14 @@ struct AnalyticMaskBwdSm80 {
   }
   __device__ __forceinline__ static AnalyticK2QWalk k2q(const BwdParams& p, const Seqlen& sl, int hkv, int, int kb,
                                                         int count, int begin) {
-    const AnalyticCursor row = k2q_cursor(sl.mask, kb, T::kBlockQ, T::kBlockK);
     const int gx = group(p);
-    AnalyticK2QWalk walk{hkv * gx, (hkv + 1) * gx, count, row, row};
+    AnalyticK2QWalk walk = masked_k2q_walk(analytic_of(p), sl, hkv * gx, (hkv + 1) * gx, count, kb, T::kBlockQ, T::kBlockK);
     walk.seek(begin);
     return walk;
   }
-  __device__ __forceinline__ static AnalyticCursor q2k(const BwdParams&, const Seqlen& sl, int, int, int qb) {
-    return q2k_cursor(sl.mask, qb, T::kBlockQ, T::kBlockK);
+  // hm: the query head (SDPA calls set mask_per_head); the block_mask leaves blocks out.
+  __device__ __forceinline__ static BlockMaskedCursor q2k(const BwdParams& p, const Seqlen& sl, int hm, int, int qb) {
+    return masked_q2k_cursor(analytic_of(p), sl, hm, qb, T::kBlockQ, T::kBlockK);
   }
   template <class Elem>
   __device__ __forceinline__ static Elem* sample_ptr(const BwdParams& p, const void* base, int x, int b) {

@@ -243,12 +243,15 @@ struct PlanPayloadMaskSm80 {
 template <class T>
 struct AnalyticMaskSm80 {
   static constexpr bool kAnalytic = true;
+  static_assert((1 << kBlockMaskShift) % T::kBlockQ == 0 && (1 << kBlockMaskShift) % T::kBlockK == 0,
+                "block_mask: tiles must lie inside one 128 x 128 block");
   using Seqlen = AnalyticSeqlen;
   QueryBlockMask block;
   float a2;  // ALiBi slope * log2 e of the item's head (0: none)
 
-  __device__ __forceinline__ static AnalyticCursor q2k(const FwdParams&, const Seqlen& sl, int, int, int qb) {
-    return q2k_cursor(sl.mask, qb, T::kBlockQ, T::kBlockK);
+  // hm: the query head (SDPA calls set mask_per_head); the block_mask leaves blocks out.
+  __device__ __forceinline__ static BlockMaskedCursor q2k(const FwdParams& p, const Seqlen& sl, int hm, int, int qb) {
+    return masked_q2k_cursor(analytic_of(p), sl, hm, qb, T::kBlockQ, T::kBlockK);
   }
   template <class Elem>
   __device__ __forceinline__ static const Elem* sample_ptr(const FwdParams& p, const void* base, const TensorAddr&,
@@ -341,6 +344,7 @@ struct FwdRowsSm80 {
 
 // The same rows of an SDPA call (analytic mask): O and the stats start at their own
 // per-sample offsets (AnalyticMaskParams::start), and the stats may be in base 2.
+// The epilogue options (SdpaEpilogueParams) read their own starts through sample b.
 struct FwdRowsAnalyticSm80 : FwdRowsSm80 {
   static constexpr bool kAnalytic = true;
   int64_t o_start, lse_start;
@@ -348,7 +352,27 @@ struct FwdRowsAnalyticSm80 : FwdRowsSm80 {
   __device__ __forceinline__ int64_t lse_index(const FwdParams& p, int row) const {
     return lse_start + int64_t(h) * p.lsea.head_stride + int64_t(row0 + row) * p.lsea.row_stride;
   }
+  // Element (row row0 + row, column 0) of head h of an epilogue tensor x with strides a.
+  __device__ __forceinline__ int64_t epi_index(const FwdParams& p, int x, const TensorAddr& a, int row) const {
+    return sample_start(analytic_of(p).start[x], b) + int64_t(h) * a.head_stride + int64_t(row0 + row) * a.row_stride;
+  }
 };
+
+// SDPA's forward epilogue options on one row (lsum: the quad's sum, m: the row max in log2
+// units): the statistics outputs, and the gate row (null when no gate, or when the row saw
+// nothing: its O stays 0 whatever G holds).
+template <class E>
+__device__ __forceinline__ const typename E::Storage* sdpa_fwd_row_epilogue(const FwdParams& p,
+                                                                             const FwdRowsAnalyticSm80& rw, int row,
+                                                                             float m, float lsum) {
+  const SdpaEpilogueParams& ep = analytic_of(p).epi;
+  if (rw.t == 0) {
+    if (ep.score_max != nullptr) ep.score_max[rw.epi_index(p, kSdpaScoreMax, ep.sma, row)] = m * kLn2;
+    if (ep.score_sum_exp != nullptr) ep.score_sum_exp[rw.epi_index(p, kSdpaScoreSumExp, ep.ssa, row)] = lsum;
+  }
+  if (ep.gate == nullptr || !(lsum > 0.0f)) return nullptr;
+  return static_cast<const typename E::Storage*>(ep.gate) + rw.epi_index(p, kSdpaGate, ep.ga, row);
+}
 
 // Epilogue of a piece of a split task: unnormalised fp32 O, m (log2 units, quad-uniform
 // after the softmax's quad_max) and l (summed over the quad) of every valid row into
@@ -410,12 +434,30 @@ __device__ __forceinline__ void fwd_store_rows_sm80(const FwdParams& p, Rows rw,
       const int row = rw.m0 + 16 * i + rw.g + 8 * hi;
       if (row < rw.rows_valid) {
         Elem* orow = o + int64_t(row) * p.oa.row_stride;
+        if constexpr (Rows::kAnalytic) {
+          const Elem* grow = sdpa_fwd_row_epilogue<E>(p, rw, row, m[i][hi], lsum);
 #pragma unroll
-        for (int n = 0; n < T::kNO; ++n) {
-          const int col = n * 8 + 2 * rw.t;
-          if (col < p.head_dv) {
-            *reinterpret_cast<uint32_t*>(orow + col) =
-                pack2<E>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
+          for (int n = 0; n < T::kNO; ++n) {
+            const int col = n * 8 + 2 * rw.t;
+            if (col < p.head_dv) {
+              float x0 = acc_o[i][n][2 * hi] * inv, x1 = acc_o[i][n][2 * hi + 1] * inv;
+              if (grow != nullptr) {
+                const uint32_t g2 = *reinterpret_cast<const uint32_t*>(grow + col);  // 4-byte aligned: col even
+                const Elem* ge = reinterpret_cast<const Elem*>(&g2);
+                x0 *= sigmoid_fast(to_float<E>(ge[0]));
+                x1 *= sigmoid_fast(to_float<E>(ge[1]));
+              }
+              *reinterpret_cast<uint32_t*>(orow + col) = pack2<E>(x0, x1);
+            }
+          }
+        } else {
+#pragma unroll
+          for (int n = 0; n < T::kNO; ++n) {
+            const int col = n * 8 + 2 * rw.t;
+            if (col < p.head_dv) {
+              *reinterpret_cast<uint32_t*>(orow + col) =
+                  pack2<E>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
+            }
           }
         }
         if (p.lse != nullptr && rw.t == 0) {

@@ -102,8 +102,10 @@ void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dt
                  "sdpa backward: clearing dSink");
     }
   }
+  // Output gate: the dK/dV and dQ kernels read the preprocess's dO * sigmoid(G) as their dO.
+  const SdpaBwdParams pk = sdpa_bwd_main_params(p);
   kern::with_bwd_traits_sm80(tile, p.head_dqk, p.head_dv, [&](auto t) {
-    with_element_type(dtype, "sdpa backward (sm80)", [&](auto e) { run_sdpa_bwd<decltype(t), decltype(e)>(p, stream); });
+    with_element_type(dtype, "sdpa backward (sm80)", [&](auto e) { run_sdpa_bwd<decltype(t), decltype(e)>(pk, stream); });
   });
 }
 
