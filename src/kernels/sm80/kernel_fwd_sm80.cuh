@@ -27,6 +27,7 @@
 #include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/block_range.cuh"
 #include "kernels/common/grid.h"
+#include "kernels/common/kv_addr.cuh"
 #include "kernels/common/sdpa_score_mod.cuh"
 #include "kernels/common/seqlen_info.cuh"
 #include "kernels/common/softmax.cuh"
@@ -147,11 +148,13 @@ __device__ __forceinline__ void load_kv_rows8(const Loader& ld, uint32_t smem_ti
 // passed by reference, so the kernel compiles as one body (same code as the former single
 // function: scripts/sass_diff.sh).
 
-// KV loader (contiguous K/V rows today): key block kb of K or V into its shared-memory tile,
-// rows past the sample's length zero-filled. TileRowLoader8 (tile_io_sm80.cuh) where
-// FwdTraitsSm80::kLoader8, else load_tile_async.
+// KV loader: key block kb of K or V into its shared-memory tile, rows past the sample's length
+// zero-filled. The block's rows from the K/V address role (KvAddr, kv_addr.cuh: contiguous
+// rows today); TileRowLoader8 (tile_io_sm80.cuh) where FwdTraitsSm80::kLoader8, else
+// load_tile_async.
 template <class T>
 struct FwdKvLoaderSm80 {
+  using KvAddr = ContiguousKv;
   using LoaderK = TileRowLoader8<T::kBlockK, T::kDqk, T::kThreads>;
   using LoaderV = TileRowLoader8<T::kBlockK, T::kDv, T::kThreads>;
   [[maybe_unused]] LoaderK ld_k;
@@ -169,10 +172,10 @@ struct FwdKvLoaderSm80 {
   __device__ __forceinline__ void load_k(const QkvParams& p, uint32_t sK, const Elem* k, int kb, int len_k,
                                          int tid) const {
     if constexpr (T::kLoader8) {
-      load_kv_rows8<T::kBlockK>(ld_k, sK, k + int64_t(kb) * T::kBlockK * p.ka.row_stride, len_k - kb * T::kBlockK,
+      load_kv_rows8<T::kBlockK>(ld_k, sK, k + KvAddr::block_offset<T::kBlockK>(p.ka, kb), len_k - kb * T::kBlockK,
                                 tid);
     } else {
-      load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + int64_t(kb) * T::kBlockK * p.ka.row_stride,
+      load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + KvAddr::block_offset<T::kBlockK>(p.ka, kb),
                                                         p.ka.row_stride, len_k - kb * T::kBlockK, p.head_dqk, tid);
     }
   }
@@ -180,10 +183,10 @@ struct FwdKvLoaderSm80 {
   __device__ __forceinline__ void load_v(const QkvParams& p, uint32_t sV, const Elem* v, int kb, int len_k,
                                          int tid) const {
     if constexpr (T::kLoader8) {
-      load_kv_rows8<T::kBlockK>(ld_v, sV, v + int64_t(kb) * T::kBlockK * p.va.row_stride, len_k - kb * T::kBlockK,
+      load_kv_rows8<T::kBlockK>(ld_v, sV, v + KvAddr::block_offset<T::kBlockK>(p.va, kb), len_k - kb * T::kBlockK,
                                 tid);
     } else {
-      load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, v + int64_t(kb) * T::kBlockK * p.va.row_stride,
+      load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, v + KvAddr::block_offset<T::kBlockK>(p.va, kb),
                                                        p.va.row_stride, len_k - kb * T::kBlockK, p.head_dv, tid);
     }
   }

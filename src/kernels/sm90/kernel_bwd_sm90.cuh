@@ -85,6 +85,7 @@
 #include "kernels/common/block_range.cuh"
 #include "kernels/common/bwd_prepost.cuh"
 #include "kernels/common/k2q_walk.cuh"
+#include "kernels/common/kv_addr.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/seqlen_info.cuh"
 #include "kernels/common/tile_scheduler.cuh"
@@ -277,12 +278,13 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
     const int q_row0 = p.varlen ? sl.q_start : 0;
     if (lane == 0) {
       mbar_wait(bars + L::kKvEmpty, (item_it & 1) ^ 1);
-      const int row = (p.varlen ? sl.k_start : 0) + it.kb * L::kBlockK;
+      const kern::ContiguousKv kv = kern::ContiguousKv::tma_sample(p, it.b, sl.k_start);  // K/V address role
+      const int row = kv.tma_row<L::kBlockK>(it.kb);
       mbar_arrive_expect_tx(bars + L::kKvFull, 2 * L::kTileK);
 #pragma unroll
       for (int s = 0; s < L::kSlabs; ++s) {
-        tma_load_4d(base + L::kK + s * L::kSlabK, tm_k, 64 * s, row, it.hkv, bcoord, bars + L::kKvFull);
-        tma_load_4d(base + L::kV + s * L::kSlabK, tm_v, 64 * s, row, it.hkv, bcoord, bars + L::kKvFull);
+        tma_load_4d(base + L::kK + s * L::kSlabK, tm_k, 64 * s, row, it.hkv, kv.tma_batch(), bars + L::kKvFull);
+        tma_load_4d(base + L::kV + s * L::kSlabK, tm_v, 64 * s, row, it.hkv, kv.tma_batch(), bars + L::kKvFull);
       }
     }
     Walk walk{&p, it.hkv * p.group_size, (it.hkv + 1) * p.group_size, it.b, it.kb, it.steps};
