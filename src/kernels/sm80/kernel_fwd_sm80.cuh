@@ -26,6 +26,7 @@
 #include "kernels/common/analytic_mask.h"
 #include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/block_range.cuh"
+#include "kernels/common/epilogue_fwd.cuh"
 #include "kernels/common/grid.h"
 #include "kernels/common/kv_addr.cuh"
 #include "kernels/common/sdpa_score_mod.cuh"
@@ -353,39 +354,6 @@ struct FwdRowsAnalyticSm80 : FwdRowsSm80 {
   }
 };
 
-// Epilogue of a piece of a split task: unnormalised fp32 O, m (log2 units, quad-uniform
-// after the softmax's quad_max) and l (summed over the quad) of every valid row into
-// workspace slot `slot` (FwdSplit) for the combine kernel.
-template <class T>
-__device__ __forceinline__ void fwd_store_split_partial_sm80(const FwdParams& p, FwdRowsSm80 rw, int slot,
-                                                             const float (&acc_o)[T::kMT][T::kNO][4],
-                                                             const float (&m)[T::kMT][2], const float (&l)[T::kMT][2]) {
-  float* oacc = p.split.o_accum + int64_t(slot) * T::kBlockQ * p.head_dv;
-  float* ml = p.split.ml + int64_t(slot) * 2 * T::kBlockQ;
-#pragma unroll
-  for (int i = 0; i < T::kMT; ++i) {
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      const float lsum = quad_sum(l[i][hi]);
-      const int row = rw.m0 + 16 * i + rw.g + 8 * hi;
-      if (row < rw.rows_valid) {
-        float* orow = oacc + int64_t(row) * p.head_dv;
-#pragma unroll
-        for (int n = 0; n < T::kNO; ++n) {
-          const int col = n * 8 + 2 * rw.t;
-          if (col < p.head_dv) {
-            *reinterpret_cast<float2*>(orow + col) = make_float2(acc_o[i][n][2 * hi], acc_o[i][n][2 * hi + 1]);
-          }
-        }
-        if (rw.t == 0) {
-          ml[row] = m[i][hi];
-          ml[T::kBlockQ + row] = lsum;
-        }
-      }
-    }
-  }
-}
-
 // Epilogue of a whole task, unpacked rows (pack = 1): O normalised (0 for empty rows), LSE
 // (natural log, -inf for empty rows). The one-CTA-per-task kernel has two copies of this loop
 // (unpacked, packed): one loop with the run-time row mapping cost it 100+ bytes of spills at
@@ -528,9 +496,10 @@ __device__ __forceinline__ void fwd_max_logit_sm80(const FwdParams& p, float* re
 // __syncthreads, so the caller must __syncthreads between two items of one CTA.
 // Composition of the roles above: SeqlenInfo, the Q2K cursor walk, FwdKvLoaderSm80, the
 // mainloop (the Q K^T and P V GEMMs inline, PlanPayloadMaskSm80 + fwd_softmax_sm80 between
-// them), one epilogue (fwd_store_*_sm80) and fwd_max_logit_sm80. The GEMMs and the block walk
-// stay inline: as functions they changed the kernels' SASS (ptxas allocates the
-// near-255-register loop differently), which scripts/sass_diff.sh rejects.
+// them), one epilogue (fwd_store_*_sm80; a piece of a split task: the shared
+// FwdEpilogue::store_split_partial) and fwd_max_logit_sm80. The GEMMs and the block walk stay
+// inline: as functions they changed the kernels' SASS (ptxas allocates the near-255-register
+// loop differently), which scripts/sass_diff.sh rejects.
 template <class T, class E, bool kMaxLogit, bool kPersistent, class Mask = PlanPayloadMaskSm80<T>>
 __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const int32_t* s_item, int qb, int h,
                                          int b, int begin, int count) {
@@ -676,7 +645,13 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
                                   sample_start(analytic_of(p).start[kSdpaStats], b)};
     fwd_store_rows_sm80<T, E>(p, rwa, acc_o, m, l);
   } else if (slot >= 0) {
-    fwd_store_split_partial_sm80<T>(p, rw, slot, acc_o, m, l);
+    // A piece of a split task: the shared forward epilogue (epilogue_fwd.cuh), m16 tile by tile.
+    const AccFragment f(lane);
+#pragma unroll
+    for (int i = 0; i < kMT; ++i) {
+      const OnlineSoftmax sm{{m[i][0], m[i][1]}, {l[i][0], l[i][1]}};
+      FwdEpilogue<E, T::kBlockQ, T::kDv>::store_split_partial(p, slot, rows_store, m0 + 16 * i, f, acc_o[i], sm);
+    }
   } else if (!kPersistent && pack == 1) {
     fwd_store_rows_sm80<T, E>(p, rw, acc_o, m, l);
   } else {
