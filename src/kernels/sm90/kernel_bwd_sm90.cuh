@@ -283,8 +283,8 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
       mbar_arrive_expect_tx(bars + L::kKvFull, 2 * L::kTileK);
 #pragma unroll
       for (int s = 0; s < L::kSlabs; ++s) {
-        tma_load_4d(base + L::kK + s * L::kSlabK, tm_k, 64 * s, row, it.hkv, kv.tma_batch(), bars + L::kKvFull);
-        tma_load_4d(base + L::kV + s * L::kSlabK, tm_v, 64 * s, row, it.hkv, kv.tma_batch(), bars + L::kKvFull);
+        tma_load_4d(base + L::kK + s * L::kSlabK, tm_k, 64 * s, row, it.hkv, bcoord, bars + L::kKvFull);
+        tma_load_4d(base + L::kV + s * L::kSlabK, tm_v, 64 * s, row, it.hkv, bcoord, bars + L::kKvFull);
       }
     }
     Walk walk{&p, it.hkv * p.group_size, (it.hkv + 1) * p.group_size, it.b, it.kb, it.steps};
