@@ -359,7 +359,9 @@ TEST(RolesGpu, TileSchedulerSources) {
     for (int i = 0; i < n; ++i) {
       const SchedCase::Item want = mode == 0 ? c.task(i) : mode == 1 ? c.cell(i) : mode == 2 ? c.cell_descending(i)
                                                                                           : c.split_item(i);
-      for (int k = 0; k < 6; ++k) EXPECT_EQ(h[6 * i + k], want[k]) << "mode " << mode << " index " << i << " field " << k;
+      for (int k = 0; k < 6; ++k) {
+        EXPECT_EQ(h[6 * i + k], want[k]) << "mode " << mode << " index " << i << " field " << k;
+      }
     }
   }
 }

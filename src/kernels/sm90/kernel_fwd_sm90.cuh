@@ -204,12 +204,14 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
       mbar_arrive_expect_tx(k_full + 8 * st, L::kKBytes);
 #pragma unroll
       for (int s = 0; s < L::kTile.dqk_tile / 64; ++s) {
-        tma_load_4d(base + L::kK + st * L::kKBytes + s * L::kKSlab, tm_k, 64 * s, row, hkv, kv.tma_batch(), k_full + 8 * st);
+        tma_load_4d(base + L::kK + st * L::kKBytes + s * L::kKSlab, tm_k, 64 * s, row, hkv, kv.tma_batch(),
+                    k_full + 8 * st);
       }
       mbar_arrive_expect_tx(v_full + 8 * st, L::kVBytes);
 #pragma unroll
       for (int s = 0; s < L::kTile.dv_tile / 64; ++s) {
-        tma_load_4d(base + L::kV + st * L::kVBytes + s * L::kKSlab, tm_v, 64 * s, row, hkv, kv.tma_batch(), v_full + 8 * st);
+        tma_load_4d(base + L::kV + st * L::kVBytes + s * L::kKSlab, tm_v, 64 * s, row, hkv, kv.tma_batch(),
+                    v_full + 8 * st);
       }
       ++kv_it;
     }
