@@ -392,7 +392,7 @@ __device__ __forceinline__ void fwd_store_rows_sm80(const FwdParams& p, Rows rw,
         if (p.lse != nullptr && rw.t == 0) {
           // (m + log2 l) in natural-log units, or base 2 (SDPA's stats_use_log2: lse_unit 1).
           const float unit = Rows::kAnalytic ? analytic_of(p).lse_unit : kLn2;
-          const float lse = lsum > 0.0f ? (m[i][hi] + __log2f(lsum)) * unit : -INFINITY;
+          const float lse = lse_from_stats(m[i][hi], lsum, unit);
           p.lse[rw.lse_index(p, row)] = lse;
         }
       }
