@@ -30,12 +30,14 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
-// Natural-log LSE of a row from its statistics, as every forward epilogue and split combine
-// writes it: (m + log2 l) ln 2, -inf for a row without a visible key (l = 0). __log2f
-// (MUFU.LG2) is exact enough here: a positive l is >= 1 (the row's max contributes 2^0).
-__device__ __forceinline__ float lse_from_stats(float m, float l) {
-  return l > 0.0f ? (m + __log2f(l)) * kLn2 : -INFINITY;
+// LSE of a row from its statistics, as every forward epilogue and split combine writes it:
+// (m + log2 l) * unit (ln 2: natural log; 1: base 2, SDPA's stats_use_log2), -inf for a row
+// without a visible key (l = 0). __log2f (MUFU.LG2) is exact enough here: a positive l is >= 1
+// (the row's max contributes 2^0).
+__device__ __forceinline__ float lse_from_stats(float m, float l, float unit) {
+  return l > 0.0f ? (m + __log2f(l)) * unit : -INFINITY;
 }
+__device__ __forceinline__ float lse_from_stats(float m, float l) { return lse_from_stats(m, l, kLn2); }
 
 // The statistics of a thread's two rows and their online update, one key block at a time.
 struct OnlineSoftmax {

@@ -31,6 +31,7 @@
 #include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/block_range.cuh"
 #include "kernels/common/grid.h"
+#include "kernels/common/kv_addr.cuh"
 #include "kernels/common/k2q_walk.cuh"
 #include "kernels/common/sdpa_score_mod.cuh"
 #include "kernels/common/seqlen_info.cuh"
@@ -220,13 +221,6 @@ __device__ __forceinline__ void zero_acc(float (&acc)[kM][kN][4]) {
 #pragma unroll
     for (int n = 0; n < kN; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.0f;
   }
-}
-
-// Row `row` of head h of sample b in a [B,S,H,D] / [T,H,D] tensor (params.h) of elements Elem.
-template <class Elem>
-__device__ __forceinline__ const Elem* row_ptr(const void* base, const TensorAddr& a, int b, int64_t row, int h) {
-  return static_cast<const Elem*>(base) + int64_t(b) * a.batch_stride + row * a.row_stride +
-         int64_t(h) * a.head_stride;
 }
 
 // ---------------------------------------------------------------------------------------
@@ -923,6 +917,7 @@ __global__ void __launch_bounds__(T::kThreads) flex_bwd_dkdv_kernel_sm80(const B
 // thread's chunk offset.
 template <class T, class Elem>
 struct BwdKvLoaderSm80 {
+  using KvAddr = ContiguousKv;  // the K/V address role (kv_addr.cuh)
   using LoaderK = TileRowLoader8<T::kBlockK, T::kDqk, T::kThreadsQ>;
   using LoaderV = TileRowLoader8<T::kBlockK, T::kDv, T::kThreadsQ>;
   static_assert(LoaderK::kApplies && LoaderV::kApplies);
@@ -948,8 +943,8 @@ struct BwdKvLoaderSm80 {
                                        int tid) const {
     const int rows = len_k - kbb * T::kBlockK;
     // Element offsets of key block kbb from row 0 (non-negative).
-    const int64_t off_k = int64_t(uint32_t(kbb * T::kBlockK)) * p.ka.row_stride;
-    const int64_t off_v = int64_t(uint32_t(kbb * T::kBlockK)) * p.va.row_stride;
+    const int64_t off_k = KvAddr::block_offset_nonneg<T::kBlockK>(p.ka, kbb);
+    const int64_t off_v = KvAddr::block_offset_nonneg<T::kBlockK>(p.va, kbb);
     if (rows >= T::kBlockK) {
       ldk.load_full(sK0 + buf * T::kSmemK, gk_thr + off_k);
       ldv.load_full(sV0 + buf * T::kSmemV, gv_thr + off_v);

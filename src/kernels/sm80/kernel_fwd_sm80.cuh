@@ -26,7 +26,9 @@
 #include "kernels/common/analytic_mask.h"
 #include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/block_range.cuh"
+#include "kernels/common/epilogue_fwd.cuh"
 #include "kernels/common/grid.h"
+#include "kernels/common/kv_addr.cuh"
 #include "kernels/common/sdpa_score_mod.cuh"
 #include "kernels/common/seqlen_info.cuh"
 #include "kernels/common/softmax.cuh"
@@ -147,11 +149,13 @@ __device__ __forceinline__ void load_kv_rows8(const Loader& ld, uint32_t smem_ti
 // passed by reference, so the kernel compiles as one body (same code as the former single
 // function: scripts/sass_diff.sh).
 
-// KV loader (contiguous K/V rows today): key block kb of K or V into its shared-memory tile,
-// rows past the sample's length zero-filled. TileRowLoader8 (tile_io_sm80.cuh) where
-// FwdTraitsSm80::kLoader8, else load_tile_async.
+// KV loader: key block kb of K or V into its shared-memory tile, rows past the sample's length
+// zero-filled. The block's rows from the K/V address role (KvAddr, kv_addr.cuh: contiguous
+// rows today); TileRowLoader8 (tile_io_sm80.cuh) where FwdTraitsSm80::kLoader8, else
+// load_tile_async.
 template <class T>
 struct FwdKvLoaderSm80 {
+  using KvAddr = ContiguousKv;
   using LoaderK = TileRowLoader8<T::kBlockK, T::kDqk, T::kThreads>;
   using LoaderV = TileRowLoader8<T::kBlockK, T::kDv, T::kThreads>;
   [[maybe_unused]] LoaderK ld_k;
@@ -169,10 +173,10 @@ struct FwdKvLoaderSm80 {
   __device__ __forceinline__ void load_k(const QkvParams& p, uint32_t sK, const Elem* k, int kb, int len_k,
                                          int tid) const {
     if constexpr (T::kLoader8) {
-      load_kv_rows8<T::kBlockK>(ld_k, sK, k + int64_t(kb) * T::kBlockK * p.ka.row_stride, len_k - kb * T::kBlockK,
+      load_kv_rows8<T::kBlockK>(ld_k, sK, k + KvAddr::block_offset<T::kBlockK>(p.ka, kb), len_k - kb * T::kBlockK,
                                 tid);
     } else {
-      load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + int64_t(kb) * T::kBlockK * p.ka.row_stride,
+      load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + KvAddr::block_offset<T::kBlockK>(p.ka, kb),
                                                         p.ka.row_stride, len_k - kb * T::kBlockK, p.head_dqk, tid);
     }
   }
@@ -180,10 +184,10 @@ struct FwdKvLoaderSm80 {
   __device__ __forceinline__ void load_v(const QkvParams& p, uint32_t sV, const Elem* v, int kb, int len_k,
                                          int tid) const {
     if constexpr (T::kLoader8) {
-      load_kv_rows8<T::kBlockK>(ld_v, sV, v + int64_t(kb) * T::kBlockK * p.va.row_stride, len_k - kb * T::kBlockK,
+      load_kv_rows8<T::kBlockK>(ld_v, sV, v + KvAddr::block_offset<T::kBlockK>(p.va, kb), len_k - kb * T::kBlockK,
                                 tid);
     } else {
-      load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, v + int64_t(kb) * T::kBlockK * p.va.row_stride,
+      load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, v + KvAddr::block_offset<T::kBlockK>(p.va, kb),
                                                        p.va.row_stride, len_k - kb * T::kBlockK, p.head_dv, tid);
     }
   }
@@ -374,39 +378,6 @@ __device__ __forceinline__ const typename E::Storage* sdpa_fwd_row_epilogue(cons
   return static_cast<const typename E::Storage*>(ep.gate) + rw.epi_index(p, kSdpaGate, ep.ga, row);
 }
 
-// Epilogue of a piece of a split task: unnormalised fp32 O, m (log2 units, quad-uniform
-// after the softmax's quad_max) and l (summed over the quad) of every valid row into
-// workspace slot `slot` (FwdSplit) for the combine kernel.
-template <class T>
-__device__ __forceinline__ void fwd_store_split_partial_sm80(const FwdParams& p, FwdRowsSm80 rw, int slot,
-                                                             const float (&acc_o)[T::kMT][T::kNO][4],
-                                                             const float (&m)[T::kMT][2], const float (&l)[T::kMT][2]) {
-  float* oacc = p.split.o_accum + int64_t(slot) * T::kBlockQ * p.head_dv;
-  float* ml = p.split.ml + int64_t(slot) * 2 * T::kBlockQ;
-#pragma unroll
-  for (int i = 0; i < T::kMT; ++i) {
-#pragma unroll
-    for (int hi = 0; hi < 2; ++hi) {
-      const float lsum = quad_sum(l[i][hi]);
-      const int row = rw.m0 + 16 * i + rw.g + 8 * hi;
-      if (row < rw.rows_valid) {
-        float* orow = oacc + int64_t(row) * p.head_dv;
-#pragma unroll
-        for (int n = 0; n < T::kNO; ++n) {
-          const int col = n * 8 + 2 * rw.t;
-          if (col < p.head_dv) {
-            *reinterpret_cast<float2*>(orow + col) = make_float2(acc_o[i][n][2 * hi], acc_o[i][n][2 * hi + 1]);
-          }
-        }
-        if (rw.t == 0) {
-          ml[row] = m[i][hi];
-          ml[T::kBlockQ + row] = lsum;
-        }
-      }
-    }
-  }
-}
-
 // Epilogue of a whole task, unpacked rows (pack = 1): O normalised (0 for empty rows), LSE
 // (natural log, -inf for empty rows). The one-CTA-per-task kernel has two copies of this loop
 // (unpacked, packed): one loop with the run-time row mapping cost it 100+ bytes of spills at
@@ -463,7 +434,7 @@ __device__ __forceinline__ void fwd_store_rows_sm80(const FwdParams& p, Rows rw,
         if (p.lse != nullptr && rw.t == 0) {
           // (m + log2 l) in natural-log units, or base 2 (SDPA's stats_use_log2: lse_unit 1).
           const float unit = Rows::kAnalytic ? analytic_of(p).lse_unit : kLn2;
-          const float lse = lsum > 0.0f ? (m[i][hi] + __log2f(lsum)) * unit : -INFINITY;
+          const float lse = lse_from_stats(m[i][hi], lsum, unit);
           p.lse[rw.lse_index(p, row)] = lse;
         }
       }
@@ -567,9 +538,10 @@ __device__ __forceinline__ void fwd_max_logit_sm80(const FwdParams& p, float* re
 // __syncthreads, so the caller must __syncthreads between two items of one CTA.
 // Composition of the roles above: SeqlenInfo, the Q2K cursor walk, FwdKvLoaderSm80, the
 // mainloop (the Q K^T and P V GEMMs inline, PlanPayloadMaskSm80 + fwd_softmax_sm80 between
-// them), one epilogue (fwd_store_*_sm80) and fwd_max_logit_sm80. The GEMMs and the block walk
-// stay inline: as functions they changed the kernels' SASS (ptxas allocates the
-// near-255-register loop differently), which scripts/sass_diff.sh rejects.
+// them), one epilogue (fwd_store_*_sm80; a piece of a split task: the shared
+// FwdEpilogue::store_split_partial) and fwd_max_logit_sm80. The GEMMs and the block walk stay
+// inline: as functions they changed the kernels' SASS (ptxas allocates the near-255-register
+// loop differently), which scripts/sass_diff.sh rejects.
 template <class T, class E, bool kMaxLogit, bool kPersistent, class Mask = PlanPayloadMaskSm80<T>>
 __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const int32_t* s_item, int qb, int h,
                                          int b, int begin, int count) {
@@ -715,7 +687,13 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
                                   sample_start(analytic_of(p).start[kSdpaStats], b)};
     fwd_store_rows_sm80<T, E>(p, rwa, acc_o, m, l);
   } else if (slot >= 0) {
-    fwd_store_split_partial_sm80<T>(p, rw, slot, acc_o, m, l);
+    // A piece of a split task: the shared forward epilogue (epilogue_fwd.cuh), m16 tile by tile.
+    const AccFragment f(lane);
+#pragma unroll
+    for (int i = 0; i < kMT; ++i) {
+      const OnlineSoftmax sm{{m[i][0], m[i][1]}, {l[i][0], l[i][1]}};
+      FwdEpilogue<E, T::kBlockQ, T::kDv>::store_split_partial(p, slot, rows_store, m0 + 16 * i, f, acc_o[i], sm);
+    }
   } else if (!kPersistent && pack == 1) {
     fwd_store_rows_sm80<T, E>(p, rw, acc_o, m, l);
   } else {

@@ -85,6 +85,7 @@
 #include "kernels/common/block_range.cuh"
 #include "kernels/common/bwd_prepost.cuh"
 #include "kernels/common/k2q_walk.cuh"
+#include "kernels/common/kv_addr.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/seqlen_info.cuh"
 #include "kernels/common/tile_scheduler.cuh"
@@ -277,7 +278,8 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
     const int q_row0 = p.varlen ? sl.q_start : 0;
     if (lane == 0) {
       mbar_wait(bars + L::kKvEmpty, (item_it & 1) ^ 1);
-      const int row = (p.varlen ? sl.k_start : 0) + it.kb * L::kBlockK;
+      const kern::ContiguousKv kv = kern::ContiguousKv::tma_sample(p, it.b, sl.k_start);  // K/V address role
+      const int row = kv.tma_row<L::kBlockK>(it.kb);
       mbar_arrive_expect_tx(bars + L::kKvFull, 2 * L::kTileK);
 #pragma unroll
       for (int s = 0; s < L::kSlabs; ++s) {

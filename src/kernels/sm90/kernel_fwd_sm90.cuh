@@ -81,6 +81,7 @@
 
 #include "kernels/common/block_range.cuh"
 #include "kernels/common/epilogue_fwd.cuh"
+#include "kernels/common/kv_addr.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/softmax.cuh"
 #include "kernels/common/tile_scheduler.cuh"
@@ -197,7 +198,7 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     // launch_fwd_sm90.cu).
     const int q_pos = (p.varlen ? __ldg(p.cu_seqlens_q + it.batch) : 0) + it.block * (kBlockQ >> pack_shift);
     const int q_c1 = pack > 1 ? it.head << pack_shift : q_pos, q_c2 = pack > 1 ? q_pos : it.head;
-    const int k_row0 = p.varlen ? __ldg(p.cu_seqlens_k + it.batch) : 0;
+    const kern::ContiguousKv kv = kern::ContiguousKv::tma_sample(p, it.batch);  // K/V address role (kv_addr.cuh)
     const int bcoord = p.varlen ? 0 : it.batch;
     const int hkv = it.head * pack / p.group_size;  // packed: pack = group_size, the task head
 
@@ -215,16 +216,18 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     while (cur.next(kb, partial, entry)) {
       const uint32_t st = kv_it % kStages, ph = (kv_it / kStages) & 1;
       mbar_wait(kv_empty + 8 * st, ph ^ 1);
-      const int row = k_row0 + kb * kBlockK;
+      const int row = kv.tma_row<kBlockK>(kb);
       mbar_arrive_expect_tx(k_full + 8 * st, L::kKBytes);
 #pragma unroll
       for (int s = 0; s < L::kTile.dqk_tile / 64; ++s) {
-        tma_load_4d(base + L::kK + st * L::kKBytes + s * L::kKSlab, tm_k, 64 * s, row, hkv, bcoord, k_full + 8 * st);
+        tma_load_4d(base + L::kK + st * L::kKBytes + s * L::kKSlab, tm_k, 64 * s, row, hkv, kv.tma_batch(),
+                    k_full + 8 * st);
       }
       mbar_arrive_expect_tx(v_full + 8 * st, L::kVBytes);
 #pragma unroll
       for (int s = 0; s < L::kTile.dv_tile / 64; ++s) {
-        tma_load_4d(base + L::kV + st * L::kVBytes + s * L::kKSlab, tm_v, 64 * s, row, hkv, bcoord, v_full + 8 * st);
+        tma_load_4d(base + L::kV + st * L::kVBytes + s * L::kKSlab, tm_v, 64 * s, row, hkv, kv.tma_batch(),
+                    v_full + 8 * st);
       }
       ++kv_it;
     }

@@ -1,0 +1,69 @@
+// The K/V address role of the kernels of every family (arch-neutral): where the keys and values
+// of key block kb of kv head h of sample b lie in global memory. One home for the question, so
+// that a second K/V layout (a paged cache, issue 24) is one more policy here and the loaders of
+// both families (the sm80 cp.async tile loads, the sm90 TMA producers) stay as they are.
+//
+// A policy answers in the two forms the families load in:
+//   pointer form (sm80 cp.async loaders): the item's head base (row 0 of the kv head in the
+//     sample, today Mask::sample_ptr + h * head_stride) plus block_offset<kBlockK>(a, kb), the
+//     element offset of the block's first row; the tile's rows follow at a.row_stride.
+//   TMA form (sm90 producers, 4-D tensor maps (column, row, head, batch) of tma_sm90.h): per
+//     item, tma_sample(...) gives the sample's coordinates; tma_row<kBlockK>(kb) the row
+//     coordinate of the block's first key, tma_batch() the batch coordinate.
+//
+// ContiguousKv: the rows of a [B, S, H, D] (BSHD) or [T, H, D] (THD) tensor (params.h
+// TensorAddr); a THD sample starts at row cu_seqlens_k[b] of batch 0, a BSHD one at row 0 of
+// batch b. The expressions are the ones the kernels had inline (scripts/sass_diff.sh: same SASS).
+//
+// A paged policy (not implemented; issue 24) would keep a per-item view of sample b's page
+// table row (page indices, page size 2^kLog2Page >= kBlockK so that a key block never straddles
+// two pages): block_offset = (page[kb * kBlockK >> kLog2Page] << kLog2Page | (kb * kBlockK &
+// (2^kLog2Page - 1))) * row_stride from a head base without the sample term, tma_row the same
+// row in the paged tensor map, tma_batch 0. The mainloops see the same shared-memory tiles.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/params.h"
+
+namespace flashspan::kern {
+
+// Row `row` of head h of batch b in a [B,S,H,D] / [T,H,D] tensor (params.h) of elements Elem.
+template <class Elem>
+__device__ __forceinline__ const Elem* row_ptr(const void* base, const TensorAddr& a, int b, int64_t row, int h) {
+  return static_cast<const Elem*>(base) + int64_t(b) * a.batch_stride + row * a.row_stride +
+         int64_t(h) * a.head_stride;
+}
+
+struct ContiguousKv {
+  int row0;   // TMA form: the sample's first key row in the tensor's row coordinate (THD: cu_seqlens_k[b])
+  int batch;  // TMA form: the tensor's batch coordinate (BSHD: b; THD: 0)
+
+  // Pointer form: element offset of key block kb's first row from the item's head base.
+  template <int kBlockK>
+  __device__ __forceinline__ static int64_t block_offset(const TensorAddr& a, int kb) {
+    return int64_t(kb) * kBlockK * a.row_stride;
+  }
+  // The same for a block index the caller knows is non-negative (the unsigned widening is one
+  // instruction less in the sm80 dQ kernel's loop).
+  template <int kBlockK>
+  __device__ __forceinline__ static int64_t block_offset_nonneg(const TensorAddr& a, int kb) {
+    return int64_t(uint32_t(kb * kBlockK)) * a.row_stride;
+  }
+
+  // TMA form of sample b, its start read from the plan's cu_seqlens_k (only for THD).
+  __device__ __forceinline__ static ContiguousKv tma_sample(const QkvParams& p, int b) {
+    return ContiguousKv{p.varlen ? __ldg(p.cu_seqlens_k + b) : 0, p.varlen ? 0 : b};
+  }
+  // TMA form of sample b whose start k_start the kernel has read already (SeqlenInfo).
+  __device__ __forceinline__ static ContiguousKv tma_sample(const QkvParams& p, int b, int k_start) {
+    return ContiguousKv{p.varlen ? k_start : 0, p.varlen ? 0 : b};
+  }
+  template <int kBlockK>
+  __device__ __forceinline__ int tma_row(int kb) const {
+    return row0 + kb * kBlockK;
+  }
+  __device__ __forceinline__ int tma_batch() const { return batch; }
+};
+
+}  // namespace flashspan::kern

@@ -1,0 +1,605 @@
+// GPU unit tests of the shared kernel roles (src/kernels/common/): each test launches a tiny
+// kernel that runs one role on known inputs and compares what it wrote with a host computation.
+//   RolesGpu.OnlineSoftmax*   kern::OnlineSoftmax / online_softmax_step / lse_from_stats over
+//                             several key blocks: rows with no visible key, -inf masking.
+//   RolesGpu.PlanPayloadMask  kern::PlanPayloadMask + AccFragment (and Variant::logits) against
+//                             the host payload layout (payload_layout.h).
+//   RolesGpu.TileScheduler*   task / grid-cell / descending-cell orders, next() and
+//                             next_descending() (snake waves), split-item claims.
+//   RolesGpu.K2QWalk*         K2QWalk and K2QWalkAscending: the same pairs, the latter ascending
+//                             per head; seek(begin) + count slices.
+// They skip (GTEST_SKIP) when no GPU is visible, like every GPU test.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+#include <random>
+#include <set>
+#include <tuple>
+#include <vector>
+
+#include "gpu_harness.h"
+#include "kernels/common/block_range.cuh"
+#include "kernels/common/k2q_walk.cuh"
+#include "kernels/common/payload_layout.h"
+#include "kernels/common/softmax.cuh"
+#include "kernels/common/tile_scheduler.cuh"
+#include "kernels/common/variant.cuh"
+#include "kernels/params.h"
+
+namespace flashspan::test {
+namespace {
+
+// A device copy of a host vector, freed with the object.
+template <class T>
+struct DevVec {
+  DevBuf buf;
+  size_t n;
+  explicit DevVec(const std::vector<T>& h) : buf(std::max<size_t>(h.size(), 1) * sizeof(T)), n(h.size()) {
+    if (!h.empty()) cuda_ok(cudaMemcpy(buf.p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+  }
+  explicit DevVec(size_t count, T fill) : DevVec(std::vector<T>(count, fill)) {}
+  T* ptr() const { return static_cast<T*>(buf.p); }
+  std::vector<T> get() const {
+    std::vector<T> h(n);
+    if (n) cuda_ok(cudaMemcpy(h.data(), buf.p, n * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    return h;
+  }
+};
+
+void sync_ok(const char* what) {
+  cuda_ok(cudaGetLastError(), what);
+  cuda_ok(cudaDeviceSynchronize(), what);
+}
+
+constexpr float kInf = std::numeric_limits<float>::infinity();
+
+// ---------------------------------------------------------------------------------------
+// OnlineSoftmax: one warp, a 16-row tile, kBlocks key blocks of kN n8 blocks (logits in log2
+// units, -inf = masked). x[col] weights each column: the thread accumulates o = sum p x over
+// its columns (register 2 hi + e of its one n8 "output block"), rescaled by the update's
+// factors, so that quad_sum(o) / row_sum is the row's softmax-weighted mean of x.
+
+constexpr int kSmN = 8;        // n8 blocks per key block (64 columns)
+constexpr int kSmBlocks = 5;   // key blocks
+constexpr int kSmCols = 8 * kSmN * kSmBlocks;
+
+template <bool kOnePass>
+__global__ void online_softmax_kernel(const float* logits, const float* x, float* out) {
+  const int lane = threadIdx.x;
+  const kern::AccFragment f(lane);
+  kern::OnlineSoftmax sm;
+  sm.init();
+  float o[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+  for (int kb = 0; kb < kSmBlocks; ++kb) {
+    float s[kSmN][4];
+    float xs[kSmN][4];
+#pragma unroll
+    for (int j = 0; j < kSmN; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int col = kb * 8 * kSmN + f.col(j, r);
+        s[j][r] = logits[f.row(r) * kSmCols + col];
+        xs[j][r] = x[col];
+      }
+    }
+    if constexpr (kOnePass) {
+      kern::online_softmax_step<kSmN, 1>(s, sm.m, sm.l, o);
+    } else {
+      float corr[2];
+      sm.update(s, corr);
+      kern::OnlineSoftmax::rescale(o, corr);
+    }
+    // o (register 2 hi + e) += p x over the thread's columns of the block.
+#pragma unroll
+    for (int j = 0; j < kSmN; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) o[0][r] += s[j][r] * xs[j][r];
+    }
+  }
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const float num = kern::quad_sum(o[0][2 * hi] + o[0][2 * hi + 1]);
+    const float l = sm.row_sum(hi);
+    if (f.q == 0) {
+      const int row = f.row_of_half(hi);
+      out[4 * row + 0] = sm.m[hi];
+      out[4 * row + 1] = l;
+      out[4 * row + 2] = kern::lse_from_stats(sm.m[hi], l);
+      out[4 * row + 3] = l > 0.f ? num / l : 0.f;
+    }
+  }
+}
+
+template <bool kOnePass>
+void check_online_softmax(uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-6.f, 6.f);
+  std::vector<float> logits(16 * kSmCols), x(kSmCols);
+  for (float& v : x) v = u(rng);
+  for (int r = 0; r < 16; ++r) {
+    for (int c = 0; c < kSmCols; ++c) {
+      float v = u(rng);
+      const int kb = c / (8 * kSmN);
+      if (r == 3 || r == 12) v = -kInf;                     // no visible key at all
+      if (r == 5 && kb < 3) v = -kInf;                      // first keys only in block 3
+      if (r == 7 && kb != 0) v = -kInf;                     // only block 0 (later blocks all masked)
+      if (r == 9 && (c % 3 == 0)) v = -kInf;                // scattered masking
+      if (r == 10 && kb == 2) v += 40.f;                    // the max jumps in a middle block
+      if (r == 14 && c == kSmCols - 1) v = 30.f;            // the max in the last column
+      logits[r * kSmCols + c] = v;
+    }
+  }
+  DevVec<float> d_logits(logits), d_x(x), d_out(16 * 4, std::nanf(""));
+  online_softmax_kernel<kOnePass><<<1, 32>>>(d_logits.ptr(), d_x.ptr(), d_out.ptr());
+  sync_ok("online_softmax_kernel");
+  const std::vector<float> out = d_out.get();
+  for (int r = 0; r < 16; ++r) {
+    double m = -kInf;
+    for (int c = 0; c < kSmCols; ++c) m = std::max(m, double(logits[r * kSmCols + c]));
+    double l = 0, num = 0;
+    if (m != -kInf) {
+      for (int c = 0; c < kSmCols; ++c) {
+        const double p = std::exp2(double(logits[r * kSmCols + c]) - m);
+        l += p;
+        num += p * x[c];
+      }
+    }
+    const float* o = &out[4 * r];
+    SCOPED_TRACE(testing::Message() << "row " << r);
+    for (int k = 0; k < 4; ++k) EXPECT_FALSE(std::isnan(o[k])) << "stat " << k;
+    if (m == -kInf) {
+      EXPECT_EQ(o[0], -kInf);
+      EXPECT_EQ(o[1], 0.f);
+      EXPECT_EQ(o[2], -kInf);
+      EXPECT_EQ(o[3], 0.f);
+      continue;
+    }
+    EXPECT_EQ(o[0], float(m));
+    EXPECT_NEAR(o[1], l, 1e-4 * l);
+    const double lse = (m + std::log2(l)) * std::log(2.0);
+    EXPECT_NEAR(o[2], lse, 1e-4 * std::max(1.0, std::fabs(lse)));
+    EXPECT_NEAR(o[3], num / l, 1e-4 * std::max(1.0, std::fabs(num / l)));
+  }
+}
+
+TEST(RolesGpu, OnlineSoftmaxUpdateRescale) {
+  REQUIRE_GPU();
+  for (uint64_t seed : {1, 2, 3}) check_online_softmax<false>(seed);
+}
+
+TEST(RolesGpu, OnlineSoftmaxOnePassStep) {
+  REQUIRE_GPU();
+  for (uint64_t seed : {4, 5, 6}) check_online_softmax<true>(seed);
+}
+
+// ---------------------------------------------------------------------------------------
+// PlanPayloadMask + AccFragment: a 64 x 128 block (4 warps of 16 rows, 16 n8 blocks = two
+// 64-column words a lane), payload entries encoded on the host with payload_position(); each
+// warp loads its words of entry `entry` and writes where its registers land, through
+// Variant<PlanPayloadMask>::logits (scale, then the mask) of raw scores s = 1 + row + col / 1000.
+
+constexpr int kPmRows = 64, kPmCols = 128, kPmN = kPmCols / 8;
+
+__device__ __host__ inline float pm_score(int r, int c) { return 1.0f + float(r) + float(c) / 1000.0f; }
+
+__global__ void payload_mask_kernel(const uint32_t* bits, int entry, int partial, float scale, float* out) {
+  const int lane = threadIdx.x & 31, mt = threadIdx.x >> 5;
+  const kern::AccFragment f(lane);
+  kern::PlanPayloadMask<kPmN> mask;
+  mask.load(bits, partial != 0, entry, kPmRows, mt, lane);
+  float s[kPmN][4];
+#pragma unroll
+  for (int j = 0; j < kPmN; ++j) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) s[j][r] = pm_score(16 * mt + f.row(r), f.col(j, r));
+  }
+  const kern::Variant<kern::PlanPayloadMask<kPmN>> variant{scale, {}};
+  variant.logits(s, mask, partial != 0);
+#pragma unroll
+  for (int j = 0; j < kPmN; ++j) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) out[(16 * mt + f.row(r)) * kPmCols + f.col(j, r)] = s[j][r];
+  }
+}
+
+TEST(RolesGpu, PlanPayloadMask) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(7);
+  const int kEntries = 3, words = payload_words(kPmRows, kPmCols);
+  std::vector<std::vector<uint8_t>> vis(kEntries, std::vector<uint8_t>(kPmRows * kPmCols));
+  std::vector<uint32_t> bits(size_t(kEntries) * words, 0u);
+  for (int e = 0; e < kEntries; ++e) {
+    for (int r = 0; r < kPmRows; ++r) {
+      for (int c = 0; c < kPmCols; ++c) {
+        // entry 0: causal-like; 1: random; 2: one visible column per row
+        const bool v = e == 0 ? c <= 2 * r : e == 1 ? (rng() & 1) != 0 : c == (7 * r) % kPmCols;
+        vis[e][r * kPmCols + c] = v;
+        if (v) {
+          const PayloadPos pp = payload_position(r, c, kPmCols);
+          bits[size_t(e) * words + pp.word] |= 1u << pp.bit;
+        }
+      }
+    }
+  }
+  DevVec<uint32_t> d_bits(bits);
+  DevVec<float> d_out(kPmRows * kPmCols, std::nanf(""));
+  const float scale = 0.5f;
+  for (int e = 0; e < kEntries; ++e) {
+    for (int partial : {1, 0}) {
+      payload_mask_kernel<<<1, 32 * (kPmRows / 16)>>>(d_bits.ptr(), e, partial, scale, d_out.ptr());
+      sync_ok("payload_mask_kernel");
+      const std::vector<float> out = d_out.get();
+      int bad = 0;
+      for (int r = 0; r < kPmRows; ++r) {
+        for (int c = 0; c < kPmCols; ++c) {
+          const float want = (!partial || vis[e][r * kPmCols + c]) ? pm_score(r, c) * scale : -kInf;
+          if (out[r * kPmCols + c] != want && bad++ < 8) {
+            ADD_FAILURE() << "entry " << e << " partial " << partial << " (" << r << ", " << c << "): got "
+                          << out[r * kPmCols + c] << ", want " << want;
+          }
+        }
+      }
+      EXPECT_EQ(bad, 0) << "entry " << e << " partial " << partial;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// TileScheduler: a view of 4 samples (block starts with an empty sample), 3 heads, a task list
+// in some cost order and a split item list; host copies of each order.
+
+struct SchedCase {
+  std::vector<int32_t> block_start{0, 3, 3, 8, 10};  // 4 samples, sample 1 empty
+  int batch = 4, heads = 3;
+  int64_t num_blocks = 10;
+  std::vector<int32_t> tasks;  // {block, head, batch, cost}
+  std::vector<int32_t> items;  // {task, begin, end, slot}
+  SchedCase() {
+    std::mt19937_64 rng(11);
+    for (int h = 0; h < heads; ++h) {
+      for (int b = 0; b < batch; ++b) {
+        for (int blk = 0; blk < block_start[b + 1] - block_start[b]; ++blk) {
+          tasks.insert(tasks.end(), {blk, h, b, int32_t(rng() % 100)});
+        }
+      }
+    }
+    // Longest first, as the planner orders them.
+    std::vector<std::array<int32_t, 4>> t4;
+    for (size_t i = 0; i < tasks.size(); i += 4) t4.push_back({tasks[i], tasks[i + 1], tasks[i + 2], tasks[i + 3]});
+    std::stable_sort(t4.begin(), t4.end(), [](const auto& a, const auto& b) { return a[3] > b[3]; });
+    tasks.clear();
+    for (const auto& t : t4) tasks.insert(tasks.end(), t.begin(), t.end());
+    // Items: task 0 split in three pieces (slots 0..2), task 1 in two (3, 4), the rest whole.
+    int slot = 0;
+    for (int t = 0; t < num_tasks(); ++t) {
+      const int pieces = t == 0 ? 3 : t == 1 ? 2 : 1;
+      for (int k = 0; k < pieces; ++k) items.insert(items.end(), {t, 10 * k, 10 * (k + 1), pieces > 1 ? slot++ : -1});
+    }
+  }
+  int num_tasks() const { return int(tasks.size() / 4); }
+  int num_items() const { return int(items.size() / 4); }
+  int owner(int gb) const {
+    int b = 0;
+    for (int i = 0; i < batch; ++i) {
+      if (block_start[i] <= gb) b = i;
+    }
+    return b;
+  }
+  // Host twins of TileScheduler's item sources: {block, head, batch, begin, count, slot}.
+  using Item = std::array<int, 6>;
+  static Item none() { return {-1, 0, 0, 0, 0, -1}; }
+  Item task(int64_t t) const {
+    if (t >= num_tasks()) return none();
+    return {tasks[4 * t], tasks[4 * t + 1], tasks[4 * t + 2], 0, kern::WorkItem::kWholeWalk, -1};
+  }
+  Item cell(int64_t i) const {
+    if (i >= num_blocks * heads) return none();
+    const int gb = int(i % num_blocks), b = owner(gb);
+    return {gb - block_start[b], int(i / num_blocks), b, 0, kern::WorkItem::kWholeWalk, -1};
+  }
+  Item cell_descending(int64_t i) const {
+    if (i >= num_blocks * heads) return none();
+    const int gb = int(num_blocks - 1 - i / heads), b = owner(gb);
+    return {gb - block_start[b], int(i % heads), b, 0, kern::WorkItem::kWholeWalk, -1};
+  }
+  Item split_item(int i) const {
+    const int t = items[4 * i];
+    return {tasks[4 * t], tasks[4 * t + 1], tasks[4 * t + 2], items[4 * i + 1], items[4 * i + 2] - items[4 * i + 1],
+            items[4 * i + 3]};
+  }
+};
+
+// mode 0: task(i), 1: cell(i), 2: cell_descending(i), 3: split_item(i); one thread per index.
+__global__ void sched_direct_kernel(kern::TileScheduler ts, int mode, int n, int* out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const kern::WorkItem w = mode == 0 ? ts.task(i) : mode == 1 ? ts.cell(i) : mode == 2 ? ts.cell_descending(i)
+                                                                                   : ts.split_item(i);
+  int* o = out + 6 * i;
+  o[0] = w.block, o[1] = w.head, o[2] = w.batch, o[3] = w.begin, o[4] = w.count, o[5] = w.slot;
+}
+
+// Persistent order: CTA blockIdx.x asks next(n) (descending: next_descending(n)) for n = 0, 1, ...
+// until none; writes {n, item} rows at out[(blockIdx.x * max_n + n) * 7]; claimed[i] = the
+// split index of a claim (mode 2: the counter read back through hdr).
+__global__ void sched_next_kernel(kern::TileScheduler ts, int descending, int max_n, int* out) {
+  if (threadIdx.x != 0) return;
+  for (int n = 0; n < max_n; ++n) {
+    const kern::WorkItem w = descending ? ts.next_descending(uint32_t(n)) : ts.next(uint32_t(n));
+    int* o = out + (int64_t(blockIdx.x) * max_n + n) * 7;
+    o[0] = n, o[1] = w.block, o[2] = w.head, o[3] = w.batch, o[4] = w.begin, o[5] = w.count, o[6] = w.slot;
+    if (w.block < 0) break;
+  }
+}
+
+kern::TileScheduler make_sched(const SchedCase& c, const DevVec<int32_t>& tasks, const DevVec<int32_t>& starts,
+                               DevVec<int32_t>* hdr, const DevVec<int32_t>& items, int split, int grid) {
+  return kern::TileScheduler{tasks.ptr(), c.num_tasks(), starts.ptr(), c.num_blocks, c.heads, c.batch,
+                             hdr ? hdr->ptr() : nullptr, items.ptr(), split, grid};
+}
+
+TEST(RolesGpu, TileSchedulerSources) {
+  REQUIRE_GPU();
+  const SchedCase c;
+  DevVec<int32_t> tasks(c.tasks), starts(c.block_start), items(c.items);
+  const kern::TileScheduler ts = make_sched(c, tasks, starts, nullptr, items, 0, 0);
+  const int n_cells = int(c.num_blocks * c.heads);
+  for (int mode = 0; mode < 4; ++mode) {
+    // Two past the end (none) for the bounded sources; exactly the items for split_item.
+    const int n = mode == 0 ? c.num_tasks() + 2 : mode == 3 ? c.num_items() : n_cells + 2;
+    DevVec<int> out(size_t(6) * n, -7);
+    sched_direct_kernel<<<(n + 63) / 64, 64>>>(ts, mode, n, out.ptr());
+    sync_ok("sched_direct_kernel");
+    const std::vector<int> h = out.get();
+    for (int i = 0; i < n; ++i) {
+      const SchedCase::Item want = mode == 0 ? c.task(i) : mode == 1 ? c.cell(i) : mode == 2 ? c.cell_descending(i)
+                                                                                          : c.split_item(i);
+      for (int k = 0; k < 6; ++k) {
+        EXPECT_EQ(h[6 * i + k], want[k]) << "mode " << mode << " index " << i << " field " << k;
+      }
+    }
+  }
+}
+
+TEST(RolesGpu, TileSchedulerNextOrders) {
+  REQUIRE_GPU();
+  const SchedCase c;
+  DevVec<int32_t> tasks(c.tasks), starts(c.block_start), items(c.items);
+  const int n_cells = int(c.num_blocks * c.heads);
+  for (int grid : {1, 4, 7, 64}) {
+    for (int kind = 0; kind < 3; ++kind) {  // 0: next over tasks, 1: next over cells, 2: next_descending
+      const kern::TileScheduler ts = make_sched(c, tasks, starts, nullptr, items, 0, kind == 1);
+      const int max_n = std::max(c.num_tasks(), n_cells) / grid + 2;
+      DevVec<int> out(size_t(7) * grid * max_n, -7);
+      sched_next_kernel<<<grid, 32>>>(ts, kind == 2, max_n, out.ptr());
+      sync_ok("sched_next_kernel");
+      const std::vector<int> h = out.get();
+      std::multiset<int64_t> seen;  // source index of every item handed out
+      for (int cta = 0; cta < grid; ++cta) {
+        int64_t prev = -1;
+        for (int n = 0; n < max_n; ++n) {
+          const int* o = &h[(size_t(cta) * max_n + n) * 7];
+          // The host index of item n of this CTA.
+          int64_t idx = int64_t(cta) + int64_t(n) * grid;
+          if (kind == 2) idx = int64_t(n) * grid + ((n & 1) ? grid - 1 - cta : cta);  // snake waves
+          const SchedCase::Item want = kind == 0 ? c.task(idx) : kind == 1 ? c.cell(idx) : c.cell_descending(idx);
+          SCOPED_TRACE(testing::Message() << "grid " << grid << " kind " << kind << " cta " << cta << " n " << n);
+          ASSERT_EQ(o[0], n);
+          for (int k = 0; k < 6; ++k) EXPECT_EQ(o[1 + k], want[k]) << "field " << k;
+          if (want[0] < 0) break;
+          EXPECT_GT(idx, prev);  // a CTA's items rise in index (next_descending's no-deadlock rule)
+          prev = idx;
+          seen.insert(idx);
+        }
+      }
+      // Every task / cell handed out exactly once.
+      const int total = kind == 0 ? c.num_tasks() : n_cells;
+      ASSERT_EQ(int(seen.size()), total) << "grid " << grid << " kind " << kind;
+      for (int i = 0; i < total; ++i) EXPECT_EQ(seen.count(i), 1u) << "grid " << grid << " kind " << kind << " " << i;
+    }
+  }
+}
+
+TEST(RolesGpu, TileSchedulerSplitClaims) {
+  REQUIRE_GPU();
+  const SchedCase c;
+  DevVec<int32_t> tasks(c.tasks), starts(c.block_start), items(c.items);
+  for (int grid : {1, 3, 16}) {
+    std::vector<int32_t> hdr0(SplitSchedule::kHdrInts, 0);
+    hdr0[SplitSchedule::kTotal] = c.num_items();
+    hdr0[SplitSchedule::kCounter] = 0;
+    DevVec<int32_t> hdr(hdr0);
+    const kern::TileScheduler ts = make_sched(c, tasks, starts, &hdr, items, 1, 0);
+    const int max_n = c.num_items() + 2;
+    DevVec<int> out(size_t(7) * grid * max_n, -7);
+    sched_next_kernel<<<grid, 32>>>(ts, 0, max_n, out.ptr());
+    sync_ok("sched_next_kernel (split)");
+    const std::vector<int> h = out.get();
+    // Every item claimed exactly once, each CTA's claims in list order, each one split_item(i).
+    std::map<std::array<int, 6>, int> want;
+    for (int i = 0; i < c.num_items(); ++i) ++want[c.split_item(i)];
+    std::map<std::array<int, 6>, int> got;
+    int claimed = 0;
+    for (int cta = 0; cta < grid; ++cta) {
+      for (int n = 0; n < max_n; ++n) {
+        const int* o = &h[(size_t(cta) * max_n + n) * 7];
+        if (o[1] < 0) break;
+        ++got[{o[1], o[2], o[3], o[4], o[5], o[6]}];
+        ++claimed;
+      }
+    }
+    EXPECT_EQ(claimed, c.num_items()) << "grid " << grid;
+    EXPECT_EQ(got, want) << "grid " << grid;
+    // The counter: every CTA's last claim ran past the list once.
+    EXPECT_EQ(hdr.get()[SplitSchedule::kCounter], c.num_items() + grid) << "grid " << grid;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// K2QWalk vs K2QWalkAscending on a synthetic backward view: Hmask = Hq = 4 heads (kv groups of
+// 2), 2 samples of 3 and 2 key blocks, 12 query blocks; every K2Q row has partial entries
+// (ascending, random payload indices) and full runs (ascending, disjoint from them).
+
+struct WalkCase {
+  int hq = 4, group = 2, batch = 2, nqb = 12;
+  std::vector<int32_t> k_block_start{0, 3, 5};
+  int64_t num_k_blocks = 5;
+  std::vector<int32_t> partial_ptr{0}, partial_qb, partial_idx, full_ptr{0}, full_runs;
+  // Per row: (qb, payload) in K2QWalk order and in ascending order.
+  std::vector<std::vector<std::array<int, 2>>> cursor_order, ascending;
+  WalkCase() {
+    std::mt19937_64 rng(23);
+    for (int r = 0; r < hq * num_k_blocks; ++r) {
+      std::vector<int> kind(nqb);  // 0 empty, 1 partial, 2 full
+      for (int& k : kind) k = int(rng() % 3);
+      if (r % 7 == 3) std::fill(kind.begin(), kind.end(), 0);  // some rows empty
+      std::vector<std::array<int, 2>> cur, asc;
+      for (int q = 0; q < nqb; ++q) {
+        if (kind[q] == 1) {
+          partial_qb.push_back(q);
+          partial_idx.push_back(int32_t(rng() % 1000));
+          cur.push_back({q, partial_idx.back()});
+        }
+      }
+      for (int q = 0; q < nqb;) {
+        if (kind[q] != 2) {
+          ++q;
+          continue;
+        }
+        int e = q;
+        while (e < nqb && kind[e] == 2 && e - q < 3) ++e;  // runs of at most 3: adjacent runs too
+        full_runs.insert(full_runs.end(), {q, e});
+        for (int j = q; j < e; ++j) cur.push_back({j, -1});
+        q = e;
+      }
+      asc = cur;
+      std::sort(asc.begin(), asc.end(), [](const auto& a, const auto& b) { return a[0] < b[0]; });
+      partial_ptr.push_back(int32_t(partial_qb.size()));
+      full_ptr.push_back(int32_t(full_runs.size() / 2));
+      cursor_order.push_back(cur);
+      ascending.push_back(asc);
+    }
+  }
+  // The pairs {head, qb, payload} of key block kb of sample b, kv head hkv, as the walk visits them.
+  std::vector<std::array<int, 3>> pairs(int hkv, int b, int kb, bool asc) const {
+    std::vector<std::array<int, 3>> v;
+    for (int h = hkv * group; h < (hkv + 1) * group; ++h) {
+      const int r = h * int(num_k_blocks) + k_block_start[b] + kb;
+      for (const auto& e : (asc ? ascending : cursor_order)[r]) v.push_back({h, e[0], e[1]});
+    }
+    return v;
+  }
+};
+
+// One thread per (kv head, sample, key block) item; walks [begin, begin + count) and writes up
+// to max_pairs {head, qb, payload} rows, then the number of pairs.
+template <class Walk>
+__global__ void k2q_walk_kernel(BwdParams p, const int4* work, int n_work, int max_pairs, int* out, int* count_out) {
+  const int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n_work) return;
+  const int4 w = work[i];  // {hkv, b, kb, begin}; count from count_out[i] on entry
+  const int count = count_out[i];
+  Walk walk{&p, w.x * p.group_size, (w.x + 1) * p.group_size, w.y, w.z, count, {}};
+  walk.seek(w.w);
+  int n = 0, h = 0, qb = 0, payload = 0;
+  while (n < max_pairs && walk.next(h, qb, payload)) {
+    int* o = out + (int64_t(i) * max_pairs + n) * 3;
+    o[0] = h, o[1] = qb, o[2] = payload;
+    ++n;
+  }
+  count_out[i] = n;
+}
+
+template <class Walk>
+void check_k2q_walk(bool asc) {
+  const WalkCase c;
+  DevVec<int32_t> kbs(c.k_block_start), pptr(c.partial_ptr), pqb(c.partial_qb), pidx(c.partial_idx),
+      fptr(c.full_ptr), fruns(c.full_runs);
+  BwdParams p{};
+  p.group_size = c.group;
+  p.num_heads_q = c.hq;
+  p.batch = c.batch;
+  p.mask_per_head = 1;
+  p.view.num_k_blocks = c.num_k_blocks;
+  p.view.k_block_start = kbs.ptr();
+  p.view.k2q_partial_ptr = pptr.ptr();
+  p.view.k2q_partial_qb = pqb.ptr();
+  p.view.k2q_partial_idx = pidx.ptr();
+  p.view.k2q_full_ptr = fptr.ptr();
+  p.view.k2q_full_runs = fruns.ptr();
+  // Items: every (hkv, b, kb) whole, then slices [begin, begin + count) of each.
+  std::vector<int4> work;
+  std::vector<int> counts;
+  std::vector<std::vector<std::array<int, 3>>> want;
+  std::mt19937_64 rng(29);
+  for (int hkv = 0; hkv < c.hq / c.group; ++hkv) {
+    for (int b = 0; b < c.batch; ++b) {
+      for (int kb = 0; kb < c.k_block_start[b + 1] - c.k_block_start[b]; ++kb) {
+        const auto all = c.pairs(hkv, b, kb, asc);
+        work.push_back({hkv, b, kb, 0});
+        counts.push_back(kern::WorkItem::kWholeWalk);
+        want.push_back(all);
+        for (int rep = 0; rep < 3 && !all.empty(); ++rep) {
+          const int begin = int(rng() % all.size()), count = 1 + int(rng() % all.size());
+          work.push_back({hkv, b, kb, begin});
+          counts.push_back(count);
+          want.emplace_back(all.begin() + begin, all.begin() + std::min<size_t>(all.size(), size_t(begin) + count));
+        }
+      }
+    }
+  }
+  const int max_pairs = 2 * c.group * c.nqb;
+  DevVec<int4> d_work(work);
+  DevVec<int> d_counts(counts), d_out(size_t(work.size()) * max_pairs * 3, -7);
+  k2q_walk_kernel<Walk><<<(int(work.size()) + 31) / 32, 32>>>(p, d_work.ptr(), int(work.size()), max_pairs,
+                                                              d_out.ptr(), d_counts.ptr());
+  sync_ok("k2q_walk_kernel");
+  const std::vector<int> out = d_out.get(), got_n = d_counts.get();
+  for (size_t i = 0; i < work.size(); ++i) {
+    SCOPED_TRACE(testing::Message() << (asc ? "ascending" : "cursor order") << " hkv " << work[i].x << " b "
+                                    << work[i].y << " kb " << work[i].z << " begin " << work[i].w << " count "
+                                    << counts[i]);
+    ASSERT_EQ(got_n[i], int(want[i].size()));
+    for (size_t n = 0; n < want[i].size(); ++n) {
+      const int* o = &out[(i * max_pairs + n) * 3];
+      EXPECT_EQ(o[0], want[i][n][0]) << "pair " << n << " head";
+      EXPECT_EQ(o[1], want[i][n][1]) << "pair " << n << " qb";
+      EXPECT_EQ(o[2], want[i][n][2]) << "pair " << n << " payload";
+    }
+  }
+}
+
+TEST(RolesGpu, K2QWalkCursorOrder) {
+  REQUIRE_GPU();
+  check_k2q_walk<kern::K2QWalk>(false);
+}
+
+TEST(RolesGpu, K2QWalkAscending) {
+  REQUIRE_GPU();
+  check_k2q_walk<kern::K2QWalkAscending>(true);
+}
+
+// The two walks visit the same pairs (as multisets per item), whatever their order.
+TEST(RolesGpu, K2QWalksSamePairs) {
+  REQUIRE_GPU();
+  const WalkCase c;
+  for (int hkv = 0; hkv < c.hq / c.group; ++hkv) {
+    for (int b = 0; b < c.batch; ++b) {
+      for (int kb = 0; kb < c.k_block_start[b + 1] - c.k_block_start[b]; ++kb) {
+        auto a = c.pairs(hkv, b, kb, false), d = c.pairs(hkv, b, kb, true);
+        std::sort(a.begin(), a.end());
+        std::sort(d.begin(), d.end());
+        EXPECT_EQ(a, d);
+      }
+    }
+  }
+  // (The device side of each order is checked against these host orders by the two tests above.)
+}
+
+}  // namespace
+}  // namespace flashspan::test
