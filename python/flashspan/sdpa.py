@@ -661,7 +661,7 @@ def sdpa(
     backward) on the flex kernels through ``flashspan.sdpa_lowering``; bias, ALiBi, softcap, sinks, dropout, block
     mask, paged K/V, gate, H_k != H_v and score_max / score_sum_exp raise NotImplementedError there (docs/SDPA.md).
     With ``FLASHSPAN_EXPERIMENTAL=1`` in the environment, CUDA tensors run the same subset on the C layer's own SDPA
-    GPU kernels instead (no lowering; not yet run on a GPU), which raise NotImplementedError naming the feature.
+    GPU kernels instead (no lowering; experimental), which raise NotImplementedError naming the feature.
 
     Example::
 

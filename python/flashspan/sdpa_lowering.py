@@ -39,7 +39,7 @@ The private switch ``FLASHSPAN_SDPA_ROUTE=flex`` (environment) runs this lowerin
 flex calls run flex's CPU backend: that is how CI tests this code path without a GPU. ``FLASHSPAN_SDPA_ROUTE`` unset
 (or ``reference``) keeps CPU tensors on the SDPA CPU reference. CUDA tensors take this lowering, unless
 ``FLASHSPAN_EXPERIMENTAL=1``: then they run the SDPA operation of the C layer itself (its native GPU kernels with the
-analytic mask, issue 24; not yet run on a GPU, hence off by default), which names the features it does not run.
+analytic mask, issue 24; experimental, hence off by default), which names the features it does not run.
 """
 
 from __future__ import annotations
