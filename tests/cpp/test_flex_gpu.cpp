@@ -802,17 +802,8 @@ TEST(FlexGpu, GridModeWithoutTasks) {
   run_case(c);
 }
 
-// deterministic = true: dq/dk/dv bitwise identical over three runs.
-TEST(FlexGpu, DeterministicBackward) {
-  REQUIRE_GPU();
-  Case c;
-  c.varlen = true;
-  c.lq = {700, 333};
-  c.lk = {650, 400};
-  c.batch = 2;
-  c.h = HeadConfig{4, 2, 1, 3, 128, 128, DType::kBFloat16};
-  c.deterministic = true;
-  c.seed = 4001;
+// dq/dk/dv of case c (deterministic = true) bitwise identical over three backward runs.
+void expect_bwd_bitwise_repeatable(const Case& c) {
   auto p = make_problem(c);
   std::vector<uint8_t> first[3];
   for (int run = 0; run < 3; ++run) {
@@ -828,6 +819,20 @@ TEST(FlexGpu, DeterministicBackward) {
       }
     }
   }
+}
+
+// deterministic = true: dq/dk/dv bitwise identical over three runs.
+TEST(FlexGpu, DeterministicBackward) {
+  REQUIRE_GPU();
+  Case c;
+  c.varlen = true;
+  c.lq = {700, 333};
+  c.lk = {650, 400};
+  c.batch = 2;
+  c.h = HeadConfig{4, 2, 1, 3, 128, 128, DType::kBFloat16};
+  c.deterministic = true;
+  c.seed = 4001;
+  expect_bwd_bitwise_repeatable(c);
 }
 
 // Forward split schedule: query blocks with rows that see every key (global rows, dense)
@@ -2325,7 +2330,7 @@ TEST(FlexGpuSm90, SanitizerHeadDims) {
 }
 
 // ---------------------------------------------------------------------------
-// The sm90 backward (kernel_bwd_sm90.cuh: Dqk = Dv in {64, 128}, fp16/bf16, non-deterministic), run on
+// The sm90 backward (kernel_bwd_sm90.cuh: Dqk = Dv in {64, 128}, fp16/bf16, deterministic or not), run on
 // sm90 plans whatever FLASHSPAN_EXPERIMENTAL says (sm90::set_bwd_enabled); every case checks
 // that the sm90 backward was the kernel that ran (sm90::bwd_launches).
 // ---------------------------------------------------------------------------
@@ -2536,22 +2541,8 @@ TEST(FlexGpuSm90, BwdDeterministic) {
   c.h = HeadConfig{4, 2, 1, 3, 128, 128, DType::kBFloat16};
   c.deterministic = true;
   c.seed = 9950;
-  auto p = make_problem(c);
-  std::vector<uint8_t> first[3];
   const int64_t before = sm90::bwd_launches();
-  for (int run = 0; run < 3; ++run) {
-    auto b = alloc_bwd(*p, false);
-    launch_bwd(*p, *b, nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<uint8_t> got[3] = {raw_bytes(b->ddq), raw_bytes(b->ddk), raw_bytes(b->ddv)};
-    for (int i = 0; i < 3; ++i) {
-      if (run == 0) {
-        first[i] = got[i];
-      } else {
-        EXPECT_TRUE(got[i] == first[i]) << "run " << run << " differs in output " << i;
-      }
-    }
-  }
+  expect_bwd_bitwise_repeatable(c);
   EXPECT_EQ(sm90::bwd_launches(), before + 3) << "the sm90 backward did not run";
 }
 

@@ -358,9 +358,9 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
           mbar_wait(bars + L::kRankFull + 8 * rs2, (dq_it >> 1) & 1);
           const int rank = s_rank[rs2];
           mbar_arrive(bars + L::kRankEmpty + 8 * rs2);
-          // Poll without sleeping first: a sleeping waiter can oversleep its turn by tens of
-          // microseconds, and a tile that every key block adds at the same walk position
-          // (longformer's global query rows) is a chain of such turns.
+          // Poll without sleeping first (a sleeping waiter may take its turn late, and a tile
+          // that every key block adds at one walk position is a chain of turns); measured: no
+          // change to longformer's deterministic speed on the H200 (PERF_LOG v1.6).
           for (int polls = 0; ld_acquire_gpu(sem) != rank; ++polls) {
             if (polls >= 256) __nanosleep(32);
           }
