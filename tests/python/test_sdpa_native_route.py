@@ -21,6 +21,17 @@ pytestmark = pytest.mark.usefixtures("poison_uninitialized")
 
 
 @pytest.fixture
+
+def _random_lens(rng, g, B, Sq, Skv):
+    """Half the time, per-sample (seq_len_q, seq_len_kv) with the first sample's queries and the last
+    sample's keys at full length; else None (no padding)."""
+    if rng.random() >= 0.5:
+        return None
+    lq = torch.randint(0, Sq + 1, (B,), generator=g)
+    lk = torch.randint(0, Skv + 1, (B,), generator=g)
+    lq[0], lk[-1] = Sq, Skv
+    return (lq, lk)
+
 def native(monkeypatch):
     from flashspan import sdpa_lowering
 
@@ -171,12 +182,7 @@ def test_gpu_native_gate_stats_block_mask(fs, native, seed):
         kw["stats_use_log2"] = rng.random() < 0.5
     scale = 2.0 / math.sqrt(D)
     sinks = torch.randn(Hq, generator=g) if rng.random() < 0.4 else None
-    lens = None
-    if rng.random() < 0.5:
-        lq = torch.randint(0, Sq + 1, (B,), generator=g)
-        lk = torch.randint(0, Skv + 1, (B,), generator=g)
-        lq[0], lk[-1] = Sq, Skv
-        lens = (lq, lk)
+    lens = _random_lens(rng, g, B, Sq, Skv)
     use_gate = seed % 3 != 2
     stats_out = seed % 3 != 1
     bm = None
@@ -290,12 +296,7 @@ def test_gpu_native_score_modifiers(fs, native, seed):
     scale = rng.choice([1.0, 3.0]) / math.sqrt(D)
     kw["attn_scale"] = torch.full((1, 1, 1, 1), scale) if rng.random() < 0.5 else scale
     sinks = torch.randn(Hq, generator=g) * 1.5 if rng.random() < 0.6 else None
-    lens = None
-    if rng.random() < 0.5:
-        lq = torch.randint(0, Sq + 1, (B,), generator=g)
-        lk = torch.randint(0, Skv + 1, (B,), generator=g)
-        lq[0], lk[-1] = Sq, Skv
-        lens = (lq, lk)
+    lens = _random_lens(rng, g, B, Sq, Skv)
     backward = True
 
     def run(dev):
