@@ -10,8 +10,8 @@ for reference: PyTorch SDPA with enable_gqa and no mask (its default backend cho
 Sq = 1 that is the same attention, for Sq > 1 it attends to all Sk keys).
 
 Usage: python benchmarks/pack_gqa_bench.py [--sk 32768] [--batch 4] [--reps 20]
-(FLASHSPAN_EXPERIMENTAL=1: packed plans that are not decode shapes take the sm90 forward; the
-arch column says which family each plan got.)
+(On an sm_90 GPU packed plans that are not decode shapes take the sm90 forward, unless
+FLASHSPAN_SM90_PACK_GQA=0 keeps them on sm80; the arch column says which family each plan got.)
 Prints a markdown table: ms and effective K/V bandwidth (bytes of K and V read once per
 kv head / time), which is what a decode step is bound by.
 """
@@ -65,7 +65,7 @@ def main() -> None:
         for pack in (False, True):
             plan = flashspan.create_mask_plan(mf, q, k, v, pack_gqa=pack)
             assert plan.pack_gqa == pack
-            arch[pack] = plan.arch  # the family chosen (sm90 packed: FLASHSPAN_EXPERIMENTAL=1, not decode)
+            arch[pack] = plan.arch  # the family chosen (sm90 packed: not decode shapes)
             outs[pack] = flashspan.flex_attn_func(q, k, v, mask_plan=plan)
             ms[pack] = timer.measure(lambda: flashspan.flex_attn_func(q, k, v, mask_plan=plan)).median_ms
         diff = (outs[True].float() - outs[False].float()).abs().max().item()

@@ -96,8 +96,8 @@ void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool ba
                        g.device_id, "); build the plan with arch=80");
     FS_CHECK_SUPPORTED(sm90::fwd_config_supported(g, plan.signature.pack_gqa),
                        "mask_plan: the sm90 forward runs float16/bfloat16, head dims each a multiple of 8 up to 128, "
-                       "or (192, 128), or (256, 256), unpacked GQA (packed: FLASHSPAN_EXPERIMENTAL=1 and Hq / Hkv a power of two "
-                       "up to 128); got (", g.head_dim_qk, ", ", g.head_dim_v, ") ", dtype_name(g.dtype),
+                       "or (192, 128), or (256, 256), unpacked GQA or packed with Hq / Hkv a power of two up to 128 "
+                       "(unless FLASHSPAN_SM90_PACK_GQA=0); got (", g.head_dim_qk, ", ", g.head_dim_v, ") ", dtype_name(g.dtype),
                        plan.signature.pack_gqa ? " packed" : "", ": build the plan with arch=80");
     const Consumer want = consumer_for(90, g.head_dim_qk, g.head_dim_v);
     FS_CHECK_SUPPORTED(c.fwd_block_q == want.fwd_block_q && c.fwd_block_k == want.fwd_block_k &&
@@ -202,8 +202,8 @@ void launch_flex_fwd(const FlexFwdLaunch& a) {
     FS_CHECK(sm90::device_supported(g.device_id) && sm90::fwd_config_supported(g, plan.signature.pack_gqa),
              Status::kNotSupported, "mask_plan: built for kernel family sm90, which cannot run this call on device cuda:",
              g.device_id, " (needs compute capability 9.0, a 90a build, float16/bfloat16, head dims each a multiple of 8 "
-             "up to 128, or (192, 128), or (256, 256), unpacked GQA or packed with FLASHSPAN_EXPERIMENTAL=1 and "
-             "Hq / Hkv a power of two up to 128); build the plan with arch=80");
+             "up to 128, or (192, 128), or (256, 256), unpacked GQA or packed with Hq / Hkv a power of two up to "
+             "128 unless FLASHSPAN_SM90_PACK_GQA=0); build the plan with arch=80");
     sm90::launch_fwd_sm90(p, a.q, a.k, a.v, g.dtype, static_cast<cudaStream_t>(a.stream));
     return;
   }

@@ -43,7 +43,7 @@ bool packed_request(const FlexGeometry& g, int32_t pack_gqa) {
 // device with the sm90 code built takes the sm90 family when the environment allows it
 // (family_from_env) and the sm90 forward covers the call (fwd_config_supported: fp16/bf16,
 // head dims of fwd_runs_head_dims_sm90 in tile_sm90.h; packed rows only with
-// FLASHSPAN_EXPERIMENTAL=1 and G of fwd_runs_pack_sm90).
+// G of fwd_runs_pack_sm90, unless FLASHSPAN_SM90_PACK_GQA=0).
 // The packed-GQA rule (the one place it lives): a packed plan takes the sm90 forward unless the
 // call is a decode shape (is_decode_shape: max_seqlen_q * G <= kDecodeBlockQ = 16). Why: the
 // sm90 tile is 128 packed rows, so with <= 16 valid rows 7/8 or more of its S and P V GEMMs are

@@ -2586,8 +2586,8 @@ TEST(FlexGpuSm90, BwdSanitizerSmall) {
 // ---------------------------------------------------------------------------
 // Packed GQA on the sm90 forward (FwdParams::pack = G, a power of two dividing 128: Q's packed
 // tensor-map box, the epilogue's (position, head) rows and per-head max_logit; kernel_fwd_sm90.cuh).
-// Experimental (sm90::fwd_packed_enabled: FLASHSPAN_EXPERIMENTAL=1); these tests switch it on
-// for the process (sm90::set_fwd_packed_enabled) and check that the sm90 forward was the kernel
+// On by default (sm90::fwd_packed_enabled; FLASHSPAN_SM90_PACK_GQA=0 turns it off); these tests
+// switch it on for the process (sm90::set_fwd_packed_enabled) whatever the environment says, and check that the sm90 forward was the kernel
 // that ran (sm90::fwd_launches). Plans are built with arch 90 directly, so decode shapes run the
 // 128-row tile here too (the automatic choice keeps them on sm80: PackedGqaPlanChoice).
 // ---------------------------------------------------------------------------

@@ -61,7 +61,7 @@ void run_o(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, con
            cudaStream_t s) {
   if constexpr ((kDqk <= 128 && kDv <= 128) || FLASHSPAN_SM90_FWD_OVERLAP_ALL) {
     const int mode = fwd_overlap_mode_sm90();
-    if (mode == 1 || (mode == -1 && kDqk == 64)) {
+    if (mode != 0) {
       run<kDqk, kDv, E, kMaxLogit, true>(p, mq, mk, mv, s);
       return;
     }

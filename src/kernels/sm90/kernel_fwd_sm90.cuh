@@ -33,14 +33,15 @@
 //     fragments in registers (kern::pack_p), O += P V (wgmma RS, m64n{kDv}k16, V read N-major).
 //     Full blocks do no masking work. After the walk, the forward epilogue
 //     (kern::FwdEpilogue, epilogue_fwd.cuh) of each warp's 16 rows.
-//   Consumer schedule (kOverlap): serial (S, softmax, P V per block) or, for the (64, 64) kernel,
-//     the intra-warpgroup overlap of FlashAttention-3 (S_j issued, then P_{j-1} V_{j-1}; the
-//     softmax of S_j runs while the P V GEMM is in flight; fwd_sm90_run.h says why not for the
-//     larger kernels).
-//     The two consumer warpgroups are not explicitly ping-ponged (no scheduler barrier yet).
-//   Synchronisation: mbarriers only (q_full / q_empty, k_full[s] / v_full[s] / kv_empty[s],
+//   Consumer schedule (kOverlap): for the (64, 64) and (128, 128) kernels, the intra-warpgroup
+//     overlap of FlashAttention-3 (S_j issued, then P_{j-1} V_{j-1}; the softmax of S_j runs
+//     while the P V GEMM is in flight) with the two consumer warpgroups taking turns at the GEMM
+//     issues (ping-pong, named barriers); serial (S, softmax, P V per block) for the (192, 128)
+//     (ping-pong on the S GEMM) and (256, 256) kernels (fwd_sm90_run.h says why).
+//   Synchronisation: mbarriers (q_full / q_empty, k_full[s] / v_full[s] / k_empty[s] / v_empty[s],
 //     item_full[i] / item_empty[i]); the producer fills with expect_tx + TMA complete_tx, the
-//     consumers release with one arrival per thread (count 256).
+//     consumers release with one arrival per thread (count 256); named barriers 2 and 3 for the
+//     ping-pong turns.
 //
 // Payload (payload_layout.h, kM16N64Frag): a warp's wgmma accumulator holds the same elements
 // as the m16n8 fragments of its 16 rows (HOPPER_BRIEF.md 1.3), so the plan's payload words are
@@ -92,9 +93,13 @@
 
 namespace flashspan::kern90 {
 
-// kStages K/V stages. 3 fit next to Q for D = 128 (224 KB of tiles) but measured no faster on
-// the H200 (S=131072 causal 532 vs 545 TFLOP/s with 2, PERF_LOG v1.0): 2 leave more of the
-// unified L1 to the payload and CSR reads.
+// kStages K/V stages, K and V released separately (k_empty / v_empty: K once the S GEMM has
+// retired, V once the P V GEMM has), so that the overlapped consumers, which hold block j's K
+// and block j-1's V at once, still let the producer load K_{j+1} early. 3 stages fit next to Q
+// for D = 128 (224 KB of tiles) but measured no faster: with a shared K/V release, the overlapped
+// D = 128 loop went 567 -> 634 TFLOP/s with a third stage, and the split release gives the same
+// with 2 (S=32768 causal, PERF_LOG v2.0); 2 leave more of the unified L1 to the payload and CSR
+// reads.
 constexpr int kStages = 2, kThreads = 384;
 constexpr int kConsumerThreads = 256;
 
@@ -119,8 +124,9 @@ struct FwdSm90Layout {
   static constexpr int kK = kQ + kQBytes;
   static constexpr int kV = kK + kStages * kKBytes;
   static constexpr int kBar = kV + kStages * kVBytes;
-  // q_full, q_empty, k_full[kStages], v_full[kStages], kv_empty[kStages], item_full[2], item_empty[2]
-  static constexpr int kNumBars = 2 + 3 * kStages + 4;
+  // q_full, q_empty, k_full[kStages], v_full[kStages], k_empty[kStages], v_empty[kStages], item_full[2],
+  // item_empty[2]
+  static constexpr int kNumBars = 2 + 4 * kStages + 4;
   static constexpr int kItem = kBar + 8 * kNumBars;  // int32 [2][8]: the item ring
   static constexpr int kUsed = kItem + 2 * 8 * 4;
   static constexpr int kBytes = kUsed + 1024;  // + slack to align the dynamic base to 1024
@@ -170,8 +176,9 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
   constexpr int kBlockQ = L::kBlockQ, kBlockK = L::kBlockK;
   const uint32_t bars = base + L::kBar;
   const uint32_t q_full = bars, q_empty = bars + 8;
-  const uint32_t k_full = bars + 16, v_full = k_full + 8 * kStages, kv_empty = v_full + 8 * kStages;
-  const uint32_t item_full = kv_empty + 8 * kStages, item_empty = item_full + 16;
+  const uint32_t k_full = bars + 16, v_full = k_full + 8 * kStages;
+  const uint32_t k_empty = v_full + 8 * kStages, v_empty = k_empty + 8 * kStages;
+  const uint32_t item_full = v_empty + 8 * kStages, item_empty = item_full + 16;
   prefetch_tensormap(tm_q);
   prefetch_tensormap(tm_k);
   prefetch_tensormap(tm_v);
@@ -215,7 +222,7 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     bool partial = false;
     while (cur.next(kb, partial, entry)) {
       const uint32_t st = kv_it % kStages, ph = (kv_it / kStages) & 1;
-      mbar_wait(kv_empty + 8 * st, ph ^ 1);
+      mbar_wait(k_empty + 8 * st, ph ^ 1);
       const int row = kv.tma_row<kBlockK>(kb);
       mbar_arrive_expect_tx(k_full + 8 * st, L::kKBytes);
 #pragma unroll
@@ -223,6 +230,7 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
         tma_load_4d(base + L::kK + st * L::kKBytes + s * L::kKSlab, tm_k, 64 * s, row, hkv, kv.tma_batch(),
                     k_full + 8 * st);
       }
+      mbar_wait(v_empty + 8 * st, ph ^ 1);
       mbar_arrive_expect_tx(v_full + 8 * st, L::kVBytes);
 #pragma unroll
       for (int s = 0; s < L::kTile.dv_tile / 64; ++s) {
@@ -238,27 +246,31 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
 // Consumers (two warpgroups)
 // ---------------------------------------------------------------------------
 
-// Ping-pong: the serial schedule's two consumer warpgroups take turns issuing their S GEMMs
-// (named barriers 2 and 3, FA3's warp-scheduler barriers), so that one warpgroup's softmax runs
-// under the other's GEMMs. On for the (192, 128) kernel, whose S GEMM (K = 192) is the longest
-// against its softmax: causal S=32768 H=16 560 -> 595 TFLOP/s on the H200; it cost the (128, 128)
-// kernel 2-5 % on five masks and left (256, 256) unchanged (PERF_LOG v1.7).
-// FLASHSPAN_SM90_FWD_PINGPONG=1 (build-time, for measurements) turns it on for every serial kernel.
+// Ping-pong: the two consumer warpgroups take turns issuing their GEMMs (named barriers 2 and 3,
+// FA3's warp-scheduler barriers), so that one warpgroup's softmax runs under the other's GEMMs.
+// A turn covers the S GEMM (serial schedule) or both GEMM issues of a step, S_j and
+// P_{j-1} V_{j-1} (overlapped schedule, FA3's D <= 128 forward). On for the overlapped kernels
+// (with the split K/V release: D = 128 causal S=32768 653 -> 655, tree_bfs 320 -> 328; D = 64
+// 375 -> 422, PERF_LOG v2.0) and for the serial (192, 128) kernel, whose S GEMM (K = 192) is
+// the longest against its softmax (560 -> 595); it cost the serial (128, 128) kernel 2-5 % and
+// left (256, 256) unchanged (PERF_LOG v1.7). FLASHSPAN_SM90_FWD_PINGPONG=1 (build-time, for
+// measurements) turns it on for every serial kernel too.
 #ifndef FLASHSPAN_SM90_FWD_PINGPONG
 #define FLASHSPAN_SM90_FWD_PINGPONG 0
 #endif
 
 template <class L, class E, bool kMaxLogit, bool kOverlap>
 __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, const int32_t* s_item) {
-  constexpr bool kPingPong = !kOverlap && (FLASHSPAN_SM90_FWD_PINGPONG || L::kTile.dqk_tile == 192);
+  constexpr bool kPingPong = kOverlap || FLASHSPAN_SM90_FWD_PINGPONG || L::kTile.dqk_tile == 192;
   constexpr int kBlockQ = L::kBlockQ, kBlockK = L::kBlockK;
   constexpr int kNO = L::kTile.dv_tile / 8;  // n8 blocks of O
   constexpr int kNS = kBlockK / 8;           // n8 blocks of S
   constexpr int kKP = kBlockK / 16;          // k16 steps of P V
   const uint32_t bars = base + L::kBar;
   const uint32_t q_full = bars, q_empty = bars + 8;
-  const uint32_t k_full = bars + 16, v_full = k_full + 8 * kStages, kv_empty = v_full + 8 * kStages;
-  const uint32_t item_full = kv_empty + 8 * kStages, item_empty = item_full + 16;
+  const uint32_t k_full = bars + 16, v_full = k_full + 8 * kStages;
+  const uint32_t k_empty = v_full + 8 * kStages, v_empty = k_empty + 8 * kStages;
+  const uint32_t item_full = v_empty + 8 * kStages, item_empty = item_full + 16;
   const int c = (threadIdx.x - 128) >> 7;  // consumer warpgroup: rows 64c .. 64c + 63
   const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
   const int mt = 4 * c + warp;  // 16-row payload sub-tile of this warp
@@ -325,6 +337,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         wg_commit();
         if constexpr (kPingPong) named_bar_arrive(3 - c, 256);
         wg_wait<0>();
+        mbar_arrive(k_empty + 8 * st);
         release_q(cur.done());
         reg_fence(s);
         float corr[2];
@@ -339,7 +352,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         wg_commit();
         wg_wait<0>();
         reg_fence(o);
-        mbar_arrive(kv_empty + 8 * st);
+        mbar_arrive(v_empty + 8 * st);
         ++kv_it;
       }
     } else {
@@ -356,10 +369,13 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           mask.load(p.view.q2k_partial_bits, partial, entry, kBlockQ, mt, lane);
           mbar_wait(k_full + 8 * st_prev, ph_prev);
           float s[kNS][4];
+          if constexpr (kPingPong) named_bar_sync(2 + c, 256);
           wg_fence();
           issue_qk<L, E>(s, q_tile, base + L::kK + st_prev * L::kKBytes);
           wg_commit();
+          if constexpr (kPingPong) named_bar_arrive(3 - c, 256);
           wg_wait<0>();
+          mbar_arrive(k_empty + 8 * st_prev);
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
@@ -375,12 +391,15 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           mbar_wait(k_full + 8 * st, ph);
           mbar_wait(v_full + 8 * st_prev, ph_prev);
           float s[kNS][4];
+          if constexpr (kPingPong) named_bar_sync(2 + c, 256);
           wg_fence();
           issue_qk<L, E>(s, q_tile, base + L::kK + st * L::kKBytes);
           wg_commit();
           issue_pv<L, E>(o, pa, base + L::kV + st_prev * L::kVBytes);
           wg_commit();
+          if constexpr (kPingPong) named_bar_arrive(3 - c, 256);
           wg_wait<1>();  // S_j done; P_{j-1} V_{j-1} may still run
+          mbar_arrive(k_empty + 8 * st);
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
@@ -388,7 +407,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           sm.update(s, corr);
           wg_wait<0>();
           reg_fence(o);
-          mbar_arrive(kv_empty + 8 * st_prev);
+          mbar_arrive(v_empty + 8 * st_prev);
           kern::OnlineSoftmax::rescale(o, corr);
           kern::pack_p<E>(s, pa);
           st_prev = st;
@@ -401,7 +420,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         wg_commit();
         wg_wait<0>();
         reg_fence(o);
-        mbar_arrive(kv_empty + 8 * st_prev);
+        mbar_arrive(v_empty + 8 * st_prev);
       }
     }
     release_q(true);  // an item without key blocks
@@ -444,11 +463,12 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int s = 0; s < kStages; ++s) {
       mbar_init(bars + 16 + 8 * s, 1);                                  // k_full
       mbar_init(bars + 16 + 8 * (kStages + s), 1);                      // v_full
-      mbar_init(bars + 16 + 8 * (2 * kStages + s), kConsumerThreads);   // kv_empty
+      mbar_init(bars + 16 + 8 * (2 * kStages + s), kConsumerThreads);   // k_empty
+      mbar_init(bars + 16 + 8 * (3 * kStages + s), kConsumerThreads);   // v_empty
     }
     for (int i = 0; i < 2; ++i) {
-      mbar_init(bars + 16 + 8 * (3 * kStages + i), 1);                     // item_full
-      mbar_init(bars + 16 + 8 * (3 * kStages + 2 + i), kConsumerThreads);  // item_empty
+      mbar_init(bars + 16 + 8 * (4 * kStages + i), 1);                     // item_full
+      mbar_init(bars + 16 + 8 * (4 * kStages + 2 + i), kConsumerThreads);  // item_empty
     }
     fence_barrier_init();
   }

@@ -34,12 +34,14 @@ int fwd_overlap_mode_sm90() {
 namespace {
 std::atomic<int> g_packed_override{-1};
 std::atomic<int64_t> g_fwd_launches{0};
-// Experimental until the GPU suite has passed with it: FLASHSPAN_EXPERIMENTAL=1 (the variable
-// the Python layer reads for its native SDPA route), read once when the library is loaded, so
-// that which plans take this path does not depend on which call reads it first.
+// On unless the environment sets FLASHSPAN_SM90_PACK_GQA=0 (then packed plans keep the sm80
+// family, for comparison), read once when the library is loaded, so that which plans take this
+// path does not depend on which call reads it first. On since PERF_LOG v2.0: 1.45-1.62x the sm80
+// packed forward on the pack_gqa_bench shapes it takes, after the GPU suite and the sanitizers
+// passed with it (v1.8).
 const bool g_packed_env = [] {
-  const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
-  return e != nullptr && std::strcmp(e, "1") == 0;
+  const char* e = std::getenv("FLASHSPAN_SM90_PACK_GQA");
+  return !(e != nullptr && std::strcmp(e, "0") == 0);
 }();
 }  // namespace
 

@@ -18,10 +18,10 @@ namespace flashspan::sm90 {
 // of the sm90 family are only built for such configurations (c_api.cpp, resolve_arch).
 bool fwd_config_supported(const FlexGeometry& g, bool pack_gqa);
 
-// Whether packed-GQA plans may run on the sm90 forward: only with FLASHSPAN_EXPERIMENTAL=1 in
-// the environment (read once, when the library is loaded) until the GPU suite has run with it; otherwise
-// packed plans keep the sm80 family. set_fwd_packed_enabled overrides it for this process
-// (tests: 1 on, 0 off, -1 back to the environment's answer).
+// Whether packed-GQA plans may run on the sm90 forward: yes unless the environment sets
+// FLASHSPAN_SM90_PACK_GQA=0 (read once, when the library is loaded; then packed plans keep the
+// sm80 family). set_fwd_packed_enabled overrides it for this process (tests: 1 on, 0 off, -1 back
+// to the environment's answer).
 bool fwd_packed_enabled();
 void set_fwd_packed_enabled(int on);
 // Calls of launch_fwd_sm90 in this process so far (tests check that the sm90 forward ran).
