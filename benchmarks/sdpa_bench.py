@@ -19,9 +19,11 @@ warm-up calls first, median). Forward under ``torch.no_grad()`` without stats; b
 ``torch.autograd.grad`` of a kept forward graph (dQ, dK, dV). TFLOP/s over the visible (query, key) pairs:
 forward 4 * D * pairs * B * H, backward 2.5x that. cuDNN has no sliding window here ("—").
 
-Checks: every flashspan route's O and the native / flex gradients against the flex route's and, where it runs,
-cuDNN's, with the tests' criterion (tests/python/criteria.py: relative L2 + max-abs bound); failures are listed
-and the exit status is 1.
+Checks (spot checks: heads 0 and H-1, the first and last 256 rows, so that the criterion's float64 host copies
+stay small): every flashspan route's O and the flex / native / cuDNN gradients against the flex route's and, where
+it runs, cuDNN's, with the tests' criterion (tests/python/criteria.py: relative L2 + max-abs bound); failures are
+listed and the exit status is 1. A line per configuration is printed as it finishes and the table so far is
+rewritten to --out after each, so a run stopped by a time limit keeps what it measured.
 
 Usage: python benchmarks/sdpa_bench.py [--seqs 8192,32768] [--reps 10] [--warmup 3] [--out FILE.md]
 Prints a markdown table (and writes it to --out).
@@ -48,6 +50,16 @@ from criteria import check_tensor  # noqa: E402  (the tests' one error criterion
 
 MASKS = ("none", "causal", "causal_w4096")
 WINDOW = 4096
+SPOT_ROWS = 256
+
+
+def spot(t: torch.Tensor) -> torch.Tensor:
+    """The spot-checked part of a (B, H, S, D) result: heads 0 and H-1, the first and last SPOT_ROWS rows."""
+    h = [0, t.shape[1] - 1] if t.shape[1] > 1 else [0]
+    x = t[:, h]
+    if x.shape[2] > 2 * SPOT_ROWS:
+        x = torch.cat([x[:, :, :SPOT_ROWS], x[:, :, -SPOT_ROWS:]], dim=2)
+    return x.float()
 
 
 @contextlib.contextmanager
@@ -97,11 +109,12 @@ def main() -> int:
     ap.add_argument("--routes", default="flex,native90,native80")
     ap.add_argument("--no-cudnn", action="store_true")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script on the CPU reference (tiny S)")
     args = ap.parse_args()
-    if not torch.cuda.is_available():
+    if args.device == "cuda" and not torch.cuda.is_available():
         print("sdpa_bench: no CUDA device; nothing to time")
         return 0
-    dev = torch.device("cuda")
+    dev = torch.device(args.device)
     timer = Timer(dev, warmup=args.warmup, reps=args.reps)
     B, H, D = 1, args.heads, args.head_dim
     scale = 1.0 / math.sqrt(D)
@@ -110,6 +123,7 @@ def main() -> int:
     rows = []
     for s in [int(x) for x in args.seqs.split(",")]:
         g = torch.Generator(device=dev).manual_seed(s)
+        print(f"S={s} ...", flush=True)
         q, k, v, do = (torch.randn(B, H, s, D, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(4))
         for mask in MASKS:
             ma = mask_args(mask)
@@ -161,7 +175,7 @@ def main() -> int:
                         grads["cudnn"] = cbwd()
                         res["cudnn_bwd"] = timer.measure(cbwd, first)
                         del o
-                except RuntimeError as e:  # no cuDNN attention in this torch build / for this shape
+                except (RuntimeError, AssertionError) as e:  # no cuDNN attention in this build / for this shape
                     print(f"cuDNN S={s} {mask}: {e}".splitlines()[0], file=sys.stderr)
             # Spot checks: every route against the flex route and cuDNN (forward; gradients where timed).
             refs = [x for x in ("flex", "cudnn") if x in outs]
@@ -170,18 +184,30 @@ def main() -> int:
                     if ref == r:
                         continue
                     try:
-                        check_tensor(outs[r].float(), outs[ref].float(), torch.bfloat16, what=f"O {r} vs {ref}")
+                        check_tensor(spot(outs[r]), spot(outs[ref]), torch.bfloat16, what=f"O {r} vs {ref}")
                     except AssertionError as e:
                         failures.append(f"S={s} {mask}: {str(e).splitlines()[0]}")
                     if r in grads and ref in grads:
                         for name, a, b in zip(("dQ", "dK", "dV"), grads[r], grads[ref]):
                             try:
-                                check_tensor(a.float(), b.float(), torch.bfloat16, what=f"{name} {r} vs {ref}")
+                                check_tensor(spot(a), spot(b), torch.bfloat16, what=f"{name} {r} vs {ref}")
                             except AssertionError as e:
                                 failures.append(f"S={s} {mask}: {str(e).splitlines()[0]}")
             rows.append((s, mask, fl, res))
             del outs, grads
             torch.cuda.empty_cache()
+            text = table(rows, failures, args, B, H, D, dev)
+            print(text.splitlines()[-3 - len(failures)], flush=True)  # this configuration's row
+            if args.out:
+                with open(args.out, "w") as f:
+                    f.write(text + "\n")
+    text = table(rows, failures, args, B, H, D, dev)
+    print(text)
+    return 1 if failures else 0
+
+
+def table(rows, failures, args, B, H, D, dev) -> str:
+    """The markdown table of the configurations measured so far, with the checks' verdict."""
 
     def tf(res, key, mult=1.0, fl=0.0):
         t = res.get(key)
@@ -192,7 +218,7 @@ def main() -> int:
             "cuDNN fwd / bwd | native90 fwd vs flex | vs cuDNN |")
     lines = [
         f"B={B} H={H} D={D} bf16 BHSD, TFLOP/s over visible pairs (bwd = 2.5x fwd FLOPs), median of {args.reps} "
-        f"(L2 flushed), {torch.cuda.get_device_name(dev)}, torch {torch.__version__}",
+        f"(L2 flushed), {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, torch {torch.__version__}",
         "",
         head,
         "|---|---|---|---|---|---|---|---|---|",
@@ -210,12 +236,7 @@ def main() -> int:
     lines.append("")
     lines.append("checks: " + ("all passed" if not failures else f"{len(failures)} FAILED"))
     lines += [f"- {f}" for f in failures]
-    text = "\n".join(lines)
-    print(text)
-    if args.out:
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
-    return 1 if failures else 0
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,6 @@ from test_sdpa_flex_lowering import test_gpu_random_lowered_against_cpu_referenc
 pytestmark = pytest.mark.usefixtures("poison_uninitialized")
 
 
-@pytest.fixture
-
 def _random_lens(rng, g, B, Sq, Skv):
     """Half the time, per-sample (seq_len_q, seq_len_kv) with the first sample's queries and the last
     sample's keys at full length; else None (no padding)."""
@@ -32,6 +30,8 @@ def _random_lens(rng, g, B, Sq, Skv):
     lq[0], lk[-1] = Sq, Skv
     return (lq, lk)
 
+
+@pytest.fixture
 def native(monkeypatch):
     from flashspan import sdpa_lowering
 
