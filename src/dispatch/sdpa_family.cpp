@@ -37,9 +37,18 @@ const char* sdpa_fwd_sm90_refusal(const sdpa::Problem& p) {
                 FS_SDPA_RAGGED_OFFSET_STATS}) {
     if (p.has(s)) return "ragged (packed) q, k, v, o or stats";
   }
-  for (int s : {FS_SDPA_BIAS, FS_SDPA_SINK_TOKEN, FS_SDPA_GATE, FS_SDPA_SCORE_MAX, FS_SDPA_SCORE_SUM_EXP,
-                FS_SDPA_BLOCK_MASK, FS_SDPA_DROPOUT_MASK, FS_SDPA_RNG_DUMP}) {
-    if (p.has(s)) return slot_name(s);
+  // A list of what it takes, not of what it refuses: a tensor of a feature added later (bias, sinks,
+  // gate, score_max / score_sum_exp, block_mask, dropout, page tables, ...) keeps the sm80 kernels
+  // until it is added here.
+  for (int s = 0; s < kNumSlots; ++s) {
+    switch (s) {
+      case FS_SDPA_Q: case FS_SDPA_K: case FS_SDPA_V: case FS_SDPA_O: case FS_SDPA_STATS: case FS_SDPA_MAX_LOGIT:
+      case FS_SDPA_ATTN_SCALE: case FS_SDPA_SEQ_LEN_Q: case FS_SDPA_SEQ_LEN_KV: case FS_SDPA_CU_SEQ_LEN_Q:
+      case FS_SDPA_CU_SEQ_LEN_KV:
+        continue;
+      default:
+        if (p.has(s)) return slot_name(s);
+    }
   }
   return nullptr;
 }
