@@ -72,6 +72,11 @@ struct PlanChoice {
 };
 PlanChoice choose_plan(int requested_arch, int requested_pack_gqa, const FlexGeometry& g);
 
+// The kernel family the environment asks for: FLASHSPAN_KERNEL_FAMILY = "sm80" -> 80, "sm90" or
+// "auto" -> 90, unset -> the default (90: the Hopper kernels where they run); read per call.
+// Throws Error(kInvalidArgument) naming the variable for another value (plan_choice.cpp).
+int kernel_family_from_env();
+
 // Head dims the GPU kernels (the sm80 family) run: {8, 16, ..., 128}^2, (192, 128),
 // (256, 256). Throws Error(kNotSupported) naming the dims otherwise.
 void check_head_dims_gpu(int dqk, int dv);

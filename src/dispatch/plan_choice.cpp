@@ -11,8 +11,6 @@
 
 namespace flashspan {
 
-namespace {
-
 // Kernel family asked for by the environment: FLASHSPAN_KERNEL_FAMILY = "sm80" (the portable
 // mma.sync kernels), "sm90" or "auto" (the Hopper forward where it runs), unset = the default
 // below. Any other value is an error naming the variable.
@@ -20,7 +18,7 @@ namespace {
 // family stays one variable away: FLASHSPAN_KERNEL_FAMILY=sm80).
 constexpr int kDefaultFamily = 90;
 
-int family_from_env() {
+int kernel_family_from_env() {
   const char* v = std::getenv("FLASHSPAN_KERNEL_FAMILY");
   if (v == nullptr || *v == '\0') return kDefaultFamily;
   const std::string s(v);
@@ -29,6 +27,8 @@ int family_from_env() {
   FS_CHECK_ARG(false, "FLASHSPAN_KERNEL_FAMILY: must be sm80, sm90 or auto, got '", s, "'");
   return 80;
 }
+
+namespace {
 
 // Whether a plan request's forward rows are packed when the family is chosen automatically:
 // pack_gqa = 1, or -1 (choose) where choose_pack_gqa packs on the sm80 consumer's tile (the
@@ -55,7 +55,7 @@ int resolve_arch(int requested, const FlexGeometry& g, int32_t pack_gqa) {
   FS_CHECK_ARG(requested == 0 || requested == 80 || requested == 90, "arch: must be 0 (choose), 80 or 90, got ",
                requested);
   if (requested != 0) return requested;
-  if (family_from_env() != 90 || g.device != DeviceType::kCUDA) return 80;
+  if (kernel_family_from_env() != 90 || g.device != DeviceType::kCUDA) return 80;
   const bool packed = packed_request(g, pack_gqa) && g.num_heads_kv > 0 && g.group_size() > 1;
   if (packed && is_decode_shape(g)) return 80;
 #ifdef FLASHSPAN_WITH_CUDA

@@ -8,6 +8,7 @@
 #include "dispatch/sdpa_launch.h"
 #include "dispatch/tensor_addr.h"
 #include "kernels/sm80/launch_sm80.h"
+#include "kernels/sm90/launch_sm90.h"
 
 namespace flashspan {
 
@@ -48,6 +49,11 @@ void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, 
   (void)workspace;
   (void)workspace_bytes;
   check_vec_aligned_slots(p, {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_GATE});
+  if (sdpa_fwd_runs_sm90(p)) {
+    sm90::launch_sdpa_fwd_sm90(sdpa_fwd_params(p), p.t(FS_SDPA_Q), p.t(FS_SDPA_K), p.t(FS_SDPA_V), p.dtype,
+                               static_cast<cudaStream_t>(stream));
+    return;
+  }
   sm80::launch_sdpa_fwd_sm80(sdpa_fwd_params(p), tile_of(p), p.dtype, static_cast<cudaStream_t>(stream));
 }
 

@@ -40,6 +40,20 @@ size_t sdpa_bwd_workspace_size(const sdpa::Problem& p);
 SdpaFwdParams sdpa_fwd_params(const sdpa::Problem& p);
 SdpaBwdParams sdpa_bwd_params(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
 
+// The kernel family of the forward (sdpa_family.cpp, the one rule): on an sm_90 device with the
+// sm_90a code built, the sm90 forward (TMA + wgmma, kernel_fwd_sm90.cuh with the analytic mask)
+// runs the calls it covers when sdpa_fwd_sm90_enabled(); every other call runs the sm80 kernels.
+// sdpa_fwd_sm90_refusal: nullptr when the sm90 forward covers the call (fp16 / bf16, head dims
+// multiples of 8 up to 128, H_k = H_v, q / k / v / o / stats padded or dense, no score modifier,
+// sink, gate, score_max / score_sum_exp, block_mask, bias, dropout or paged K/V), else the first
+// thing it does not cover. sdpa_fwd_sm90_enabled: FLASHSPAN_EXPERIMENTAL=1 (read at load) and
+// FLASHSPAN_KERNEL_FAMILY not sm80, unless set_sdpa_fwd_sm90_enabled overrides it (tests: 1 on,
+// 0 off, -1 back to the environment's answer).
+const char* sdpa_fwd_sm90_refusal(const sdpa::Problem& p);
+bool sdpa_fwd_sm90_enabled();
+void set_sdpa_fwd_sm90_enabled(int on);
+bool sdpa_fwd_runs_sm90(const sdpa::Problem& p);
+
 // Enqueue the kernels on the stream for a problem whose tensors are bound (Problem::bind) to
 // device memory. Allocate nothing, read nothing back (CUDA-graph capturable); the workspace
 // must hold the size above. Throw Error(kCudaError) on a launch failure.

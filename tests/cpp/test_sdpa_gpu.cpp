@@ -1,5 +1,6 @@
 // GPU tests of SDPA on the analytic-mask kernels (the C++ API on CUDA tensors: check_support,
-// workspace_size, execute; dispatch/sdpa_dispatch.cu, kernels/sm80 sdpa_*_kernel_sm80) against
+// workspace_size, execute; dispatch/sdpa_dispatch.cu, kernels/sm80 sdpa_*_kernel_sm80, and the
+// sm90 forward, kernels/sm90 sdpa_fwd_kernel_sm90: SdpaGpu.Sm90Forward*) against
 // the SDPA CPU reference run through the same API on host copies of the same 16-bit inputs.
 //
 // Every case: random shapes (S_q != S_kv), head dims, GQA / MQA, float16 / bfloat16, a mask in
@@ -27,6 +28,10 @@
 #include "flashspan/flashspan.hpp"
 #include "gpu_harness.h"
 #include "sdpa_case.h"
+#ifdef FLASHSPAN_WITH_CUDA
+#include "dispatch/sdpa_launch.h"     // set_sdpa_fwd_sm90_enabled
+#include "kernels/sm90/launch_sm90.h"  // sm90::sdpa_fwd_launches, device_supported
+#endif
 
 namespace flashspan::test {
 namespace {
@@ -401,6 +406,128 @@ TEST(SdpaGpu, RandomCases) {
   for (uint64_t seed = 1; seed <= 120; ++seed) {
     run_case(random_case(seed));
     if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The sm90 forward with the analytic mask (kernel_fwd_sm90.cuh AnalyticSourceSm90), chosen by
+// sdpa_fwd_runs_sm90 (sdpa_family.cpp): forced on and off per test (set_sdpa_fwd_sm90_enabled),
+// sm90::sdpa_fwd_launches() says which family ran. Forward only (the backward is the sm80 one's).
+// ---------------------------------------------------------------------------
+
+// Forces the SDPA forward's family for a scope (1: the sm90 forward where it covers the call,
+// 0: the sm80 kernels), the environment's answer again after it.
+struct ForceSdpaSm90 {
+  explicit ForceSdpaSm90(int on) { set_sdpa_fwd_sm90_enabled(on); }
+  ~ForceSdpaSm90() { set_sdpa_fwd_sm90_enabled(-1); }
+};
+
+bool sm90_device() {
+  int dev = 0;
+  return cudaGetDevice(&dev) == cudaSuccess && sm90::device_supported(dev);
+}
+
+// A random case the sm90 forward covers (sdpa_fwd_sm90_refusal): random_case's masks in both
+// alignments, padding (seq_len / cu_seq_len on dense tensors, int32 / int64, a sample without
+// keys), GQA / MQA, dtypes, LSE bases, max_logit and layouts (BHSD, BSHD, padded strides), head
+// dims up to 128 (the (64, 64) and (128, 128) kernels); odd seeds take longer sequences (up to
+// 1100 rows and keys: several query blocks a sample, walks of up to 9 key blocks, more cells than
+// the persistent grid's CTAs for B H > 16).
+Case sm90_case(uint64_t seed) {
+  Case c = random_case(seed);
+  std::mt19937_64 rng(seed * 131 + 7);
+  static const std::pair<int64_t, int64_t> dims[] = {{64, 64}, {128, 128}, {32, 32}, {96, 96},
+                                                     {8, 16},  {128, 64},  {40, 120}, {72, 128}};
+  if (c.Dqk > 128 || c.Dv > 128) std::tie(c.Dqk, c.Dv) = dims[rng() % 8];
+  if (c.kind_q == Kind::kThd) c.kind_q = Kind::kBshd;
+  if (c.kind_kv == Kind::kThd) c.kind_kv = Kind::kStrided;
+  if (seed % 2) {
+    c.Sq = 1 + int64_t(rng() % 1100);
+    c.Skv = 1 + int64_t(rng() % 1100);
+    if (c.has_left) c.left = 1 + int64_t(rng() % 400);
+  }
+  return c;
+}
+
+void run_sm90_cases(uint64_t first, uint64_t last, int on) {
+  const ForceSdpaSm90 force(on);
+  for (uint64_t seed = first; seed <= last; ++seed) {
+    const Case c = sm90_case(seed);
+    const int64_t before = sm90::sdpa_fwd_launches();
+    run_case(c, /*backward=*/false);
+    EXPECT_EQ(sm90::sdpa_fwd_launches(), before + (on ? 1 : 0)) << "family of " << c.str();
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, Sm90ForwardRandom) {
+  REQUIRE_GPU();
+  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  run_sm90_cases(9001, 9100, 1);
+}
+
+TEST(SdpaGpu, Sm90ForwardOffRunsSm80) {
+  // The same cases forced onto the sm80 kernels.
+  REQUIRE_GPU();
+  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  run_sm90_cases(9001, 9030, 0);
+}
+
+TEST(SdpaGpu, Sm90ForwardFallsBackToSm80) {
+  // With the sm90 forward on, what it does not cover runs the sm80 kernels (and is right):
+  // packed THD, (192, 128) and (256, 256), softcap, H_k != H_v, a block_mask, the gate.
+  REQUIRE_GPU();
+  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  const ForceSdpaSm90 force(1);
+  for (int i = 0; i < 6; ++i) {
+    Case c = sm90_case(9200 + uint64_t(i));
+    c.kind_q = c.kind_kv = Kind::kBhsd;
+    switch (i) {
+      case 0: c.kind_q = c.kind_kv = Kind::kThd; c.lengths = 1; break;
+      case 1: c.Dqk = 192; c.Dv = 128; break;
+      case 2: c.Dqk = c.Dv = 256; break;
+      case 3: c.softcap = 5.0f; break;
+      case 4: c.Hq = 4; c.Hk = 2; c.Hv = 1; break;
+      default: c.gate = true; c.block_mask = 2; c.has_right = true; c.right = 0; c.has_left = false; break;
+    }
+    const int64_t before = sm90::sdpa_fwd_launches();
+    run_case(c, /*backward=*/false);
+    EXPECT_EQ(sm90::sdpa_fwd_launches(), before) << "ran on sm90: " << c.str();
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, Sm90ForwardSanitizerSmall) {
+  // Small sm90 cases for compute-sanitizer memcheck: NaN-padded samples (one without keys) under
+  // bottom-right causal with GQA on the (64, 64) kernel (overlapped consumers), a window with
+  // max_logit and base-2 stats on the (128, 128) kernel (serial consumers), a dense MQA case.
+  REQUIRE_GPU();
+  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  const ForceSdpaSm90 force(1);
+  for (int i = 0; i < 3; ++i) {
+    Case c;
+    c.seed = 9300 + uint64_t(i);
+    c.B = 3;
+    c.Hq = 4;
+    c.Hk = i == 2 ? 1 : 2;
+    c.Sq = 200 + 50 * i;
+    c.Skv = 300 - 40 * i;
+    c.Dqk = c.Dv = i == 0 ? 64 : 128;
+    c.has_right = true;
+    c.bottom_right = i == 0;
+    c.has_left = i == 1;
+    c.left = 70;
+    c.kind_q = i == 1 ? Kind::kBshd : Kind::kBhsd;
+    c.kind_kv = i == 1 ? Kind::kStrided : Kind::kBhsd;
+    c.lengths = i == 2 ? 0 : 1;
+    c.lengths64 = i == 1;
+    c.zero_kv_sample = i == 0;
+    c.log2_stats = i == 1;
+    c.max_logit = i == 1;
+    c.dtype = i == 1 ? DType::kFloat16 : DType::kBFloat16;
+    const int64_t before = sm90::sdpa_fwd_launches();
+    run_case(c, /*backward=*/false);
+    EXPECT_EQ(sm90::sdpa_fwd_launches(), before + 1) << c.str();
   }
 }
 

@@ -20,8 +20,6 @@ from test_sdpa_flex_lowering import test_gpu_random_lowered_against_cpu_referenc
 pytestmark = pytest.mark.usefixtures("poison_uninitialized")
 
 
-@pytest.fixture
-
 def _random_lens(rng, g, B, Sq, Skv):
     """Half the time, per-sample (seq_len_q, seq_len_kv) with the first sample's queries and the last
     sample's keys at full length; else None (no padding)."""
@@ -32,6 +30,8 @@ def _random_lens(rng, g, B, Sq, Skv):
     lq[0], lk[-1] = Sq, Skv
     return (lq, lk)
 
+
+@pytest.fixture
 def native(monkeypatch):
     from flashspan import sdpa_lowering
 
@@ -247,6 +247,17 @@ def test_gpu_native_against_cpu_reference(fs, native, monkeypatch, seed):
     on the same inputs (the lowering's GPU comparison: padding NaN-poisoned, THD with gaps and empty samples, GQA,
     both alignments; its 200 seeds run on this route with FLASHSPAN_EXPERIMENTAL=1 too)."""
     _lowering_gpu_case(fs, monkeypatch, 40_000 + seed)
+
+
+@gpu
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+@pytest.mark.parametrize("seed", range(10))
+def test_gpu_native_forward_family(fs, native, monkeypatch, family, seed):
+    """The same comparison with the forward's kernel family chosen by FLASHSPAN_KERNEL_FAMILY (read per call): on an
+    H200 with FLASHSPAN_EXPERIMENTAL=1 when the library was loaded, "sm90" runs the sm90 forward with the analytic
+    mask for the calls it covers (docs/SDPA.md "The sm90 forward"; the others and "sm80" the sm80 kernels)."""
+    monkeypatch.setenv("FLASHSPAN_KERNEL_FAMILY", family)
+    _lowering_gpu_case(fs, monkeypatch, 41_000 + seed)
 
 
 @gpu

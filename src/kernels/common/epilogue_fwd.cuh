@@ -43,9 +43,11 @@ template <class E, int kBlockQ, int kDv>
 struct FwdEpilogue {
   static constexpr int kNO = kDv / 8;
 
-  // The thread's rows of the 16-row tile at block row r0 of an unsplit item.
+  // The thread's rows of the 16-row tile at block row r0 of an unsplit item; LSE in `unit`
+  // (lse_from_stats: ln 2 natural, 1 base 2).
   __device__ __forceinline__ static void store_rows(const FwdParams& p, const FwdRows& rw, int r0, const AccFragment& f,
-                                                    const float (&o)[kNO][4], const OnlineSoftmax& sm) {
+                                                    const float (&o)[kNO][4], const OnlineSoftmax& sm,
+                                                    float unit = kLn2) {
     using Elem = typename E::Storage;
     Elem* ob = static_cast<Elem*>(p.o) + int64_t(rw.batch) * p.oa.batch_stride + rw.q_row0 * p.oa.row_stride +
                int64_t(rw.head) * p.oa.head_stride;
@@ -65,7 +67,7 @@ struct FwdEpilogue {
         }
         if (p.lse != nullptr && f.q == 0) {
           p.lse[int64_t(rw.batch) * p.lsea.batch_stride + int64_t(rw.head + sub) * p.lsea.head_stride +
-                (rw.q_row0 + pos) * p.lsea.row_stride] = lse_from_stats(sm.m[hi], lsum);
+                (rw.q_row0 + pos) * p.lsea.row_stride] = lse_from_stats(sm.m[hi], lsum, unit);
         }
       }
     }

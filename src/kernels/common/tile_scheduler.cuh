@@ -5,7 +5,9 @@
 //                claimed in list order with its atomic counter;
 //   grid cells   (grid_mode = 1): (block, head) over every block of every sample, for task
 //                lists that omit blocks (folded as grid.h's grids: block fastest);
-//   tasks        (otherwise): the view's task list, in its cost order.
+//   tasks        (otherwise): the view's task list, in its cost order;
+//   SDPA grid    (AnalyticGrid, the analytic-mask kernels, no plan): (query block, query head,
+//                sample) of every sample padded to the same number of query blocks.
 // A persistent CTA asks for its n-th item (next): cell or task blockIdx.x + n gridDim.x, or the
 // next claimed item. A one-CTA-per-task kernel reads its task with load_task.
 #pragma once
@@ -114,6 +116,23 @@ struct TileScheduler {
   __device__ __forceinline__ WorkItem next_descending(uint32_t n) const {
     const int64_t lane = (n & 1) ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
     return cell_descending(int64_t(n) * gridDim.x + lane);
+  }
+};
+
+// The work items of a persistent analytic-mask (SDPA) forward: cells (query block, query head,
+// sample) of `batch` samples padded to `num_q_blocks` blocks each, the last query block first
+// (cell i: block num_q_blocks - 1 - i / (heads * batch), head i % heads, sample i / heads %
+// batch): under a causal band the last blocks walk the most key blocks, so the longest cells
+// start first. A CTA takes cells blockIdx.x + n gridDim.x (next(n)); none past the grid.
+struct AnalyticGrid {
+  int num_q_blocks, heads, batch;
+
+  __device__ __forceinline__ WorkItem next(uint32_t n) const {
+    const int64_t i = int64_t(blockIdx.x) + int64_t(n) * gridDim.x;
+    const int64_t per_block = int64_t(heads) * batch;
+    if (i >= per_block * num_q_blocks) return TileScheduler::none();
+    const int64_t r = i % per_block;
+    return WorkItem{int(num_q_blocks - 1 - i / per_block), int(r % heads), int(r / heads), 0, WorkItem::kWholeWalk, -1};
   }
 };
 

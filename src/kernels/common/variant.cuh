@@ -3,9 +3,9 @@
 // score modifier and the mask behind one such step):
 //   logits = mask(mod(scale * log2(e) * s))   (log2 units, masked = -inf)
 // Variant<Mask, ScoreMod> composes it from two policies:
-//   Mask      which scores of a key block are visible: today the plan's payload
-//             (PlanPayloadMask); an analytic mask (SDPA: causal, bands, padding) computes the
-//             same answer from positions, with AccFragment giving each register's (row, col).
+//   Mask      which scores of a key block are visible: the plan's payload (PlanPayloadMask),
+//             or the analytic mask of SDPA (causal, bands, padding: AnalyticTileMask, the
+//             same answer from positions, with AccFragment's (row, col) of each register).
 //             load() runs before the block's scores exist (its reads overlap the GEMM),
 //             apply() on them; a full block (partial = false) is never masked.
 //   ScoreMod  a modifier of the scaled scores (softcap, ALiBi, bias for SDPA); none today.
@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "kernels/common/analytic_mask.h"
 #include "kernels/common/payload_layout.h"
 
 namespace flashspan::kern {
@@ -65,6 +66,32 @@ struct PlanPayloadMask {
       }
     }
   }
+};
+
+// The analytic mask (analytic_mask.h) on the same fragment: accumulator register r of n8
+// block n of m16 tile mt holds tile element (row 16 mt + g + 8 (r / 2), column c0 + 8 n +
+// 2 t + r % 2), lane = 4 g + t; elements the tile mask hides become -inf.
+template <int kN>
+__device__ __forceinline__ void apply_tile_mask(float (&s)[kN][4], const TileMask& tm, int mt, int c0, int lane) {
+  const int row = 16 * mt + (lane >> 2), col = c0 + 2 * (lane & 3);
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      if (!tm.visible(row + 8 * (r >> 1), col + 8 * n + (r & 1))) s[n][r] = -INFINITY;
+    }
+  }
+}
+
+// The analytic mask as the Mask policy of a warp's 16-row tile (m16 tile mt of the block) of a
+// key block of kN n8 blocks: the block's TileMask (QueryBlockMask::tile of the key block's first
+// column), applied by apply_tile_mask.
+template <int kN>
+struct AnalyticTileMask {
+  TileMask tm;
+  int mt, lane;
+
+  __device__ __forceinline__ void apply(float (&s)[kN][4]) const { apply_tile_mask<kN>(s, tm, mt, 0, lane); }
 };
 
 // No score modifier: the scaled scores are the logits.

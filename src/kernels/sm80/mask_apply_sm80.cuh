@@ -10,6 +10,7 @@
 #include <cstdint>
 
 #include "kernels/common/analytic_mask.h"
+#include "kernels/common/variant.cuh"  // apply_tile_mask: the analytic mask on the same fragment
 
 namespace flashspan::kern {
 
@@ -29,25 +30,6 @@ __device__ __forceinline__ void apply_payload(float (&s)[kN][4], const uint32_t*
 #pragma unroll
     for (int r = 0; r < 4; ++r) {
       if (!((w[n >> 3] >> (4 * (n & 7) + r)) & 1u)) s[n][r] = -INFINITY;
-    }
-  }
-}
-
-}  // namespace flashspan::kern
-
-namespace flashspan::kern {
-
-// The analytic mask (analytic_mask.h) on the same fragment: accumulator register r of n8
-// block n of m16 tile mt holds tile element (row 16 mt + g + 8 (r / 2), column c0 + 8 n +
-// 2 t + r % 2), lane = 4 g + t; elements the tile mask hides become -inf.
-template <int kN>
-__device__ __forceinline__ void apply_tile_mask(float (&s)[kN][4], const TileMask& tm, int mt, int c0, int lane) {
-  const int row = 16 * mt + (lane >> 2), col = c0 + 2 * (lane & 3);
-#pragma unroll
-  for (int n = 0; n < kN; ++n) {
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      if (!tm.visible(row + 8 * (r >> 1), col + 8 * n + (r & 1))) s[n][r] = -INFINITY;
     }
   }
 }

@@ -96,6 +96,34 @@ int fwd_binary_version_of() {
   return attr.binaryVersion;
 }
 
+// SDPA (analytic mask, kernel_fwd_sm90.cuh sdpa_fwd_kernel_sm90): the persistent grid over the
+// AnalyticGrid's B * ceil(S_q / 128) * H_q cells; no split schedule. The consumer schedule is
+// the plan kernels' default (fwd_overlap_mode_sm90 unset): overlapped with ping-pong for both
+// (64, 64) and (128, 128) (PERF_LOG v2.0); max_logit tested at run time. 2 kernels (fp16, bf16)
+// a unit.
+template <int kDqk, int kDv>
+void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
+                       const CUtensorMap& mv, cudaStream_t s) {
+  using L = kern90::FwdSm90Layout<kDqk, kDv>;
+  constexpr bool kOverlap = true;
+  with_element_type(dtype, "sdpa forward (sm90)", [&](auto e) {
+    using E = decltype(e);
+    auto kernel = kern90::sdpa_fwd_kernel_sm90<kDqk, kDv, E, kOverlap>;
+    static std::atomic<uint64_t> smem_set{0};
+    ensure_smem_limit(kernel, L::kBytes, smem_set, "sdpa forward (sm90): cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    static std::atomic<int> ctas_cache[64];
+    const int ctas = persistent_ctas(kernel, kern90::kThreads, L::kBytes, ctas_cache, "sdpa forward (sm90): persistent grid");
+    const int64_t items = int64_t(p.analytic.num_q_blocks) * p.num_heads_q * p.batch;
+    const unsigned grid = unsigned(std::min<int64_t>(ctas, items));
+    kernel<<<grid, kern90::kThreads, L::kBytes, s>>>(p, mq, mk, mv);
+    check_launch("sdpa forward (sm90)");
+  });
+}
+
+#define FLASHSPAN_SM90_SDPA_FWD_INSTANTIATE(DQK, DV)                                                               \
+  template void run_sdpa_fwd_sm90<DQK, DV>(const SdpaFwdParams&, DType, const CUtensorMap&, const CUtensorMap&,    \
+                                           const CUtensorMap&, cudaStream_t);
+
 #define FLASHSPAN_SM90_FWD_INSTANTIATE(DQK, DV)                                                                    \
   template void run_fwd_sm90<DQK, DV>(const FwdParams&, DType, const CUtensorMap&, const CUtensorMap&,             \
                                       const CUtensorMap&, cudaStream_t);                                           \

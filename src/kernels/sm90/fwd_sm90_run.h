@@ -25,6 +25,11 @@ int fwd_overlap_mode_sm90();
 template <int kDqk, int kDv>
 void run_fwd_sm90(const FwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
                   cudaStream_t s);
+// Launches the SDPA (analytic mask) instantiation of the (kDqk, kDv) kernel, (64, 64) or
+// (128, 128): p as launch_sdpa_fwd_sm90 completes it (num_q_blocks, batch strides).
+template <int kDqk, int kDv>
+void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
+                       const CUtensorMap& mv, cudaStream_t s);
 // Dynamic shared memory of the (kDqk, kDv) kernel (bytes).
 template <int kDqk, int kDv>
 int fwd_smem_bytes_of();

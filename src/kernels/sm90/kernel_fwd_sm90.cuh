@@ -80,6 +80,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/block_range.cuh"
 #include "kernels/common/epilogue_fwd.cuh"
 #include "kernels/common/kv_addr.cuh"
@@ -167,10 +168,110 @@ __device__ __forceinline__ kern::ItemCursor item_cursor(const FwdParams& p, cons
 }
 
 // ---------------------------------------------------------------------------
+// Mask sources: the per-item half of the Mask role, a template parameter of producer and
+// consumers. Per work item `it` of the launch's scheduler:
+//   Src::scheduler(p).next(n)         the CTA's n-th item
+//   Src src = Src::item(p, it)        the item's state (analytic: its cursor and mask terms)
+//   src.cursor(p, it)                 its key blocks: next(kb, partial, entry), done()
+//   src.load(mask, p, kb, partial, entry, mt, lane)   the Mask (variant.cuh) of key block kb
+//                                     for m16 tile mt of the block (warp w of consumer c: 4c + w)
+//   Src::rows(p, it), Src::lse_unit(p)  where the epilogue writes the block's rows; LSE unit
+// ---------------------------------------------------------------------------
+
+// Flex: the plan's Q2K lists and payload, the plan's cu_seqlens and task list / grid / split
+// items (the code the kernel had inline: scripts/sass_diff.sh, same SASS).
+template <class L>
+struct PlanSourceSm90 {
+  static constexpr bool kAnalytic = false;
+  using Mask = kern::PlanPayloadMask<L::kBlockK / 8>;
+
+  __device__ __forceinline__ static kern::TileScheduler scheduler(const FwdParams& p) {
+    return kern::TileScheduler::forward(p, p.num_heads_q / p.pack);  // kv heads when packed
+  }
+  __device__ __forceinline__ static PlanSourceSm90 item(const FwdParams&, const WorkItem&) { return {}; }
+  __device__ __forceinline__ kern::ItemCursor cursor(const FwdParams& p, const WorkItem& it) const {
+    return item_cursor(p, it);
+  }
+  __device__ __forceinline__ void load(Mask& mask, const FwdParams& p, int, bool partial, int entry, int mt,
+                                       int lane) const {
+    mask.load(p.view.q2k_partial_bits, partial, entry, L::kBlockQ, mt, lane);
+  }
+  // Packed rows (FwdRows) of the item; rows past the sample's length are not written.
+  __device__ __forceinline__ static kern::FwdRows rows(const FwdParams& p, const WorkItem& it) {
+    const int pack_shift = __ffs(p.pack) - 1;  // log2 G (pack a power of two), 0 unpacked
+    const int q_start = __ldg(p.cu_seqlens_q + it.batch), len_q = __ldg(p.cu_seqlens_q + it.batch + 1) - q_start;
+    const int row0 = it.block * L::kBlockQ;
+    const int rows_valid = min(L::kBlockQ, (len_q << pack_shift) - row0);
+    const int64_t q_row0 = p.varlen ? q_start : 0;
+    return kern::FwdRows{it.batch, it.head << pack_shift, q_row0 + (row0 >> pack_shift), rows_valid, pack_shift};
+  }
+  __device__ __forceinline__ static float lse_unit(const FwdParams&) { return kern::kLn2; }
+};
+
+// SDPA: the analytic mask (analytic_mask.h, analytic_seqlen.cuh: the roles of the sm80 SDPA
+// kernels) of padded tensors (launch_sdpa_fwd_sm90: Q, K, V, O and the stats not ragged, so
+// sample b is batch coordinate b of the tensor maps and the TensorAddr batch strides are the
+// tensors' own). Items are the cells of an AnalyticGrid over every sample padded to S_q; a
+// block's key blocks are the analytic Q2K cursor's (block_mask applied), a partial block's mask
+// the tile mask of the block's QueryBlockMask. Rows past the sample are masked (never full), so
+// they write O = 0 and LSE = -inf up to S_q; keys past it are masked, and the V rows of the
+// sample's last key block past len_kv are zeroed before the P V GEMM (zero_v_rows_past: P = 0
+// there, but a NaN in the padding would survive 0 * NaN).
+template <class L>
+struct AnalyticSourceSm90 {
+  static constexpr bool kAnalytic = true;
+  using Mask = kern::AnalyticTileMask<L::kBlockK / 8>;
+  kern::BlockMaskedCursor cur;
+  kern::QueryBlockMask block;
+
+  __device__ __forceinline__ static kern::AnalyticGrid scheduler(const FwdParams& p) {
+    return kern::AnalyticGrid{kern::analytic_of(p).num_q_blocks, p.num_heads_q, p.batch};
+  }
+  __device__ __forceinline__ static AnalyticSourceSm90 item(const FwdParams& p, const WorkItem& it) {
+    const kern::AnalyticSeqlen sl(p, it.batch);
+    return AnalyticSourceSm90{
+        kern::masked_q2k_cursor(kern::analytic_of(p), sl, it.head, it.block, L::kBlockQ, L::kBlockK),
+        kern::QueryBlockMask::make(sl.mask, int64_t(it.block) * L::kBlockQ)};
+  }
+  __device__ __forceinline__ kern::BlockMaskedCursor cursor(const FwdParams&, const WorkItem&) const { return cur; }
+  __device__ __forceinline__ void load(Mask& mask, const FwdParams&, int kb, bool, int, int mt, int lane) const {
+    mask = Mask{block.tile(int64_t(kb) * L::kBlockK), mt, lane};
+  }
+  // Keys of key block kb inside the sample (>= kBlockK: all of them).
+  __device__ __forceinline__ int keys_inside(int kb) const { return block.len_kv - kb * L::kBlockK; }
+  // Every row of the padded O / stats below S_q.
+  __device__ __forceinline__ static kern::FwdRows rows(const FwdParams& p, const WorkItem& it) {
+    const int row0 = it.block * L::kBlockQ;
+    return kern::FwdRows{it.batch, it.head, row0, min(L::kBlockQ, kern::analytic_of(p).max_q - row0), 0};
+  }
+  __device__ __forceinline__ static float lse_unit(const FwdParams& p) { return kern::analytic_of(p).lse_unit; }
+};
+
+// Named barrier of the two consumer warpgroups around zero_v_rows_past (ping-pong uses 2, 3).
+constexpr int kVTailBar = 4;
+
+// Zeroes rows [keys, kBlockK) of the V stage at v_tile (every 64-column slab: kBlockK rows of
+// 128 bytes, the swizzle permutes 16-byte chunks inside a row) by the 256 consumer threads
+// (t: 0..255), then makes the writes visible to the wgmma (async proxy) of both warpgroups.
+// Both consumer warpgroups call it for the same block (they walk the same blocks).
+template <class L>
+__device__ __forceinline__ void zero_v_rows_past(uint32_t v_tile, int keys, int t) {
+  constexpr int kChunks = L::kTile.dv_tile / 64 * L::kBlockK * 8;
+#pragma unroll 4
+  for (int i = t; i < kChunks; i += kConsumerThreads) {
+    if ((i >> 3) % L::kBlockK >= keys) {
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(v_tile + 16 * i), "r"(0) : "memory");
+    }
+  }
+  fence_proxy_async_smem();
+  named_bar_sync(kVTailBar, kConsumerThreads);
+}
+
+// ---------------------------------------------------------------------------
 // Producer (one thread)
 // ---------------------------------------------------------------------------
 
-template <class L>
+template <class L, class Src>
 __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                          const CUtensorMap* tm_v, uint32_t base, int32_t* s_item) {
   constexpr int kBlockQ = L::kBlockQ, kBlockK = L::kBlockK;
@@ -182,7 +283,7 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
   prefetch_tensormap(tm_q);
   prefetch_tensormap(tm_k);
   prefetch_tensormap(tm_v);
-  const kern::TileScheduler sched = kern::TileScheduler::forward(p, p.num_heads_q / p.pack);  // kv heads when packed
+  const auto sched = Src::scheduler(p);
   const int pack = p.pack, pack_shift = __ffs(pack) - 1;  // G, log2 G (a power of two)
   uint32_t kv_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
@@ -199,7 +300,8 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     mbar_arrive(item_full + 8 * rs);  // release: the entry is visible to the waiting consumers
     if (it.block < 0) return;
 
-    kern::ItemCursor cur = item_cursor(p, it);
+    const Src src = Src::item(p, it);
+    auto cur = src.cursor(p, it);
     // The Q box: rows q_row .. q_row + 127 of query head it.head, or packed (pack = G > 1) the
     // G heads from G it.head of positions q_row .. q_row + 128 / G - 1 (tensor map dims swapped:
     // launch_fwd_sm90.cu).
@@ -259,7 +361,7 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
 #define FLASHSPAN_SM90_FWD_PINGPONG 0
 #endif
 
-template <class L, class E, bool kMaxLogit, bool kOverlap>
+template <class L, class E, bool kMaxLogit, bool kOverlap, class Src>
 __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, const int32_t* s_item) {
   constexpr bool kPingPong = kOverlap || FLASHSPAN_SM90_FWD_PINGPONG || L::kTile.dqk_tile == 192;
   constexpr int kBlockQ = L::kBlockQ, kBlockK = L::kBlockK;
@@ -277,7 +379,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
   const uint32_t q_tile = base + L::kQ + c * 64 * 128;
   // Roles (kernels/common): the variant's scores -> logits step with the plan's payload as the
   // mask, the online softmax, the forward epilogue.
-  using Mask = kern::PlanPayloadMask<kBlockK / 8>;
+  using Mask = typename Src::Mask;
   using Epilogue = kern::FwdEpilogue<E, kBlockQ, L::kTile.dv_tile>;
   const kern::Variant<Mask> variant{p.scale_log2};
   const kern::AccFragment frag(lane);
@@ -302,7 +404,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
       return;
     }
 
-    kern::ItemCursor cur = item_cursor(p, it);
+    const Src src = Src::item(p, it);
+    auto cur = src.cursor(p, it);
     float o[kNO][4];
 #pragma unroll
     for (int n = 0; n < kNO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
@@ -328,7 +431,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         const uint32_t k_tile = base + L::kK + st * L::kKBytes;
         const uint32_t v_tile = base + L::kV + st * L::kVBytes;
         Mask mask;
-        mask.load(p.view.q2k_partial_bits, partial, entry, kBlockQ, mt, lane);
+        src.load(mask, p, kb, partial, entry, mt, lane);
         mbar_wait(k_full + 8 * st, ph);
         float s[kNS][4];
         if constexpr (kPingPong) named_bar_sync(2 + c, 256);
@@ -347,6 +450,9 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         uint32_t pa[kKP][4];
         kern::pack_p<E>(s, pa);
         mbar_wait(v_full + 8 * st, ph);
+        if constexpr (Src::kAnalytic) {
+          if (src.keys_inside(kb) < kBlockK) zero_v_rows_past<L>(v_tile, src.keys_inside(kb), 128 * c + t);
+        }
         wg_fence();
         issue_pv<L, E>(o, pa, v_tile);
         wg_commit();
@@ -363,10 +469,13 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
       // issue and wait (ptxas serialises wgmma behind waits in divergent paths, C7518).
       if (cur.next(kb, partial, entry)) {
         uint32_t st_prev = kv_it % kStages, ph_prev = (kv_it / kStages) & 1;
+        // The walk ascends, so only its last block can reach past the sample's keys: its P V is
+        // the one after the loop (kb_prev; the cursor may move kb past it when it ends).
+        [[maybe_unused]] int kb_prev = kb;
         uint32_t pa[kKP][4];
         {
           Mask mask;
-          mask.load(p.view.q2k_partial_bits, partial, entry, kBlockQ, mt, lane);
+          src.load(mask, p, kb, partial, entry, mt, lane);
           mbar_wait(k_full + 8 * st_prev, ph_prev);
           float s[kNS][4];
           if constexpr (kPingPong) named_bar_sync(2 + c, 256);
@@ -387,7 +496,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         while (cur.next(kb, partial, entry)) {
           const uint32_t st = kv_it % kStages, ph = (kv_it / kStages) & 1;
           Mask mask;
-          mask.load(p.view.q2k_partial_bits, partial, entry, kBlockQ, mt, lane);
+          src.load(mask, p, kb, partial, entry, mt, lane);
           mbar_wait(k_full + 8 * st, ph);
           mbar_wait(v_full + 8 * st_prev, ph_prev);
           float s[kNS][4];
@@ -412,9 +521,15 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           kern::pack_p<E>(s, pa);
           st_prev = st;
           ph_prev = ph;
+          kb_prev = kb;
           ++kv_it;
         }
         mbar_wait(v_full + 8 * st_prev, ph_prev);
+        if constexpr (Src::kAnalytic) {
+          if (src.keys_inside(kb_prev) < kBlockK) {
+            zero_v_rows_past<L>(base + L::kV + st_prev * L::kVBytes, src.keys_inside(kb_prev), 128 * c + t);
+          }
+        }
         wg_fence();
         issue_pv<L, E>(o, pa, base + L::kV + st_prev * L::kVBytes);
         wg_commit();
@@ -426,31 +541,27 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     release_q(true);  // an item without key blocks
 
     // Epilogue: this warp's 16 rows of the block (packed: rows of G query heads, FwdRows).
-    const int pack_shift = __ffs(p.pack) - 1;  // log2 G (pack a power of two), 0 unpacked
-    const int q_start = __ldg(p.cu_seqlens_q + it.batch), len_q = __ldg(p.cu_seqlens_q + it.batch + 1) - q_start;
-    const int row0 = it.block * kBlockQ;
-    const int rows_valid = min(kBlockQ, (len_q << pack_shift) - row0);
-    const int64_t q_row0 = p.varlen ? q_start : 0;
+    const kern::FwdRows rw = Src::rows(p, it);
     const int r0 = 64 * c + 16 * warp;
-    const kern::FwdRows rw{it.batch, it.head << pack_shift, q_row0 + (row0 >> pack_shift), rows_valid, pack_shift};
-    if (it.slot >= 0) {
-      Epilogue::store_split_partial(p, it.slot, rows_valid, r0, frag, o, sm);
+    if (!Src::kAnalytic && it.slot >= 0) {
+      Epilogue::store_split_partial(p, it.slot, rw.rows_valid, r0, frag, o, sm);
     } else {
-      Epilogue::store_rows(p, rw, r0, frag, o, sm);
+      Epilogue::store_rows(p, rw, r0, frag, o, sm, Src::lse_unit(p));
     }
-    if constexpr (kMaxLogit) Epilogue::max_logit(p, rw, r0, frag, lane, sm);
+    // The analytic kernels are built with kMaxLogit and test the pointer (one instantiation).
+    if constexpr (kMaxLogit) {
+      if (!Src::kAnalytic || p.max_logit != nullptr) Epilogue::max_logit(p, rw, r0, frag, lane, sm);
+    }
   }
 }
 
 #endif  // __CUDA_ARCH__
 
-// The kernel. Built for every target; the body exists only for sm_90a (the host checks the
-// loaded binary's version before choosing this family: launch_fwd_sm90.cu).
-template <int kDqk, int kDv, class E, bool kMaxLogit, bool kOverlap>
-__global__ void __launch_bounds__(kThreads, 1)
-    flex_fwd_kernel_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tm_q,
-                         const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+// The kernel body of mask source Src (PlanSourceSm90: flex; AnalyticSourceSm90: SDPA).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+template <int kDqk, int kDv, class E, bool kMaxLogit, bool kOverlap, template <class> class Src>
+__device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                              const CUtensorMap* tm_v) {
   using L = FwdSm90Layout<kDqk, kDv>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = kern::smem_u32(smem_raw);
@@ -475,7 +586,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   __syncthreads();
   if (threadIdx.x < 128) {
     setmaxnreg_dec<24>();
-    if (threadIdx.x == 0) producer<L>(p, &tm_q, &tm_k, &tm_v, base, s_item);
+    if (threadIdx.x == 0) producer<L, Src<L>>(p, tm_q, tm_k, tm_v, base, s_item);
     // Exit here rather than fall through to the kernel's end: when the 24-register warpgroup's
     // path merges with the consumers' (the shared exit), ptxas (nvcc 13.0) caps the consumers'
     // registers near 204 instead of their 240 (the D = 128 overlapped loop then spilled 240 B and
@@ -483,9 +594,33 @@ __global__ void __launch_bounds__(kThreads, 1)
     asm volatile("exit;");
   }
   setmaxnreg_inc<240>();
-  consumer<L, E, kMaxLogit, kOverlap>(p, base, s_item);
+  consumer<L, E, kMaxLogit, kOverlap, Src<L>>(p, base, s_item);
+}
+#endif
+
+// The kernel. Built for every target; the body exists only for sm_90a (the host checks the
+// loaded binary's version before choosing this family: launch_fwd_sm90.cu).
+template <int kDqk, int kDv, class E, bool kMaxLogit, bool kOverlap>
+__global__ void __launch_bounds__(kThreads, 1)
+    flex_fwd_kernel_sm90(const __grid_constant__ FwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                         const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  fwd_sm90_body<kDqk, kDv, E, kMaxLogit, kOverlap, PlanSourceSm90>(p, &tm_q, &tm_k, &tm_v);
 #else
   // No sm_90a code in this image: never launched (the host checks the binary version).
+  __trap();
+#endif
+}
+
+// The SDPA forward (analytic mask, AnalyticSourceSm90): the same kernel over an SdpaFwdParams,
+// max_logit tested at run time (one instantiation per dtype and consumer schedule).
+template <int kDqk, int kDv, class E, bool kOverlap>
+__global__ void __launch_bounds__(kThreads, 1)
+    sdpa_fwd_kernel_sm90(const __grid_constant__ SdpaFwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                         const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  fwd_sm90_body<kDqk, kDv, E, true, kOverlap, AnalyticSourceSm90>(p, &tm_q, &tm_k, &tm_v);
+#else
   __trap();
 #endif
 }

@@ -34,6 +34,7 @@ int fwd_overlap_mode_sm90() {
 namespace {
 std::atomic<int> g_packed_override{-1};
 std::atomic<int64_t> g_fwd_launches{0};
+std::atomic<int64_t> g_sdpa_fwd_launches{0};
 // On unless the environment sets FLASHSPAN_SM90_PACK_GQA=0 (then packed plans keep the sm80
 // family, for comparison), read once when the library is loaded, so that which plans take this
 // path does not depend on which call reads it first. On since PERF_LOG v2.0: 1.45-1.62x the sm80
@@ -53,6 +54,7 @@ bool fwd_packed_enabled() {
 }
 
 int64_t fwd_launches() { return g_fwd_launches.load(std::memory_order_relaxed); }
+int64_t sdpa_fwd_launches() { return g_sdpa_fwd_launches.load(std::memory_order_relaxed); }
 
 bool fwd_config_supported(const FlexGeometry& g, bool pack_gqa) {
   const bool packed = pack_gqa && g.num_heads_kv > 0 && g.group_size() > 1;
@@ -112,6 +114,47 @@ void launch_fwd_sm90(const FwdParams& p, const TensorView& q, const TensorView& 
     case 128: run_fwd_sm90<128, 128>(p, dtype, mq, mk, mv, stream); break;
     case 192: run_fwd_sm90<192, 128>(p, dtype, mq, mk, mv, stream); break;
     default: run_fwd_sm90<256, 256>(p, dtype, mq, mk, mv, stream); break;
+  }
+}
+
+namespace {
+// The BSHD view [B, S, H, D] of an SDPA [B, H, S, D] descriptor (make_tensor_map_sm90's form).
+TensorView bshd_of(const TensorView& t) {
+  TensorView v = t;
+  v.ndim = 4;
+  v.shape = {t.size(0), t.size(2), t.size(1), t.size(3)};
+  v.strides = {t.stride(0), t.stride(2), t.stride(1), 1};
+  return v;
+}
+}  // namespace
+
+void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const TensorView& k, const TensorView& v,
+                          DType dtype, cudaStream_t stream) {
+  SdpaFwdParams p = p_in;
+  const TileSm90 t = tile_sm90(p.head_dqk, p.head_dv);
+  FS_CHECK(sdpa_fwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.pack == 1 && p.split_schedule == 0,
+           Status::kInternal, "sdpa forward (sm90): unsupported configuration reached the launcher (D ", p.head_dqk,
+           "/", p.head_dv, ")");
+  for (int x : {kSdpaQ, kSdpaK, kSdpaV, kSdpaO, kSdpaStats}) {
+    FS_CHECK(p.analytic.start[x].ragged.ptr == nullptr, Status::kInternal,
+             "sdpa forward (sm90): a ragged tensor reached the launcher");
+  }
+  g_sdpa_fwd_launches.fetch_add(1, std::memory_order_relaxed);
+  if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
+  p.analytic.num_q_blocks = (p.analytic.max_q + t.fwd_bq - 1) / t.fwd_bq;
+  if (p.analytic.num_q_blocks == 0 || p.batch == 0 || p.num_heads_q == 0) return;
+  // Padded tensors: sample b is batch b (the tensor maps' batch coordinate; the epilogue's
+  // TensorAddr batch strides).
+  p.varlen = 0;
+  p.oa.batch_stride = p.analytic.start[kSdpaO].batch_stride;
+  p.lsea.batch_stride = p.analytic.start[kSdpaStats].batch_stride;
+  const CUtensorMap mq = make_tensor_map_sm90(bshd_of(q), false, dtype, t.fwd_bq, "q");
+  const CUtensorMap mk = make_tensor_map_sm90(bshd_of(k), false, dtype, t.fwd_bk, "k");
+  const CUtensorMap mv = make_tensor_map_sm90(bshd_of(v), false, dtype, t.fwd_bk, "v");
+  if (t.dqk_tile == 64) {
+    run_sdpa_fwd_sm90<64, 64>(p, dtype, mq, mk, mv, stream);
+  } else {
+    run_sdpa_fwd_sm90<128, 128>(p, dtype, mq, mk, mv, stream);
   }
 }
 

@@ -48,6 +48,14 @@ constexpr TileSm90 tile_sm90(int dqk, int dv) {
   return kTileSm90;
 }
 
+// Head dims the sm90 SDPA forward (the analytic-mask instantiations of the forward kernel:
+// sdpa_fwd_sm90_d{64,128}.cu) runs: each dim a multiple of 8 up to 128, on the (64, 64) or
+// (128, 128) kernel (tile_sm90). (192, 128) and (256, 256) keep the sm80 SDPA kernels (two more
+// instantiation units of CI build time).
+constexpr bool sdpa_fwd_runs_head_dims_sm90(int dqk, int dv) {
+  return fwd_runs_head_dims_sm90(dqk, dv) && dqk <= 128 && dv <= 128;
+}
+
 // Packed GQA (FwdParams::pack = G, query heads per kv head) on the sm90 forward: G a power of
 // two dividing the 128 query rows of the forward tile, so that a block's 128 packed rows are
 // 128 / G whole query positions x G heads, one TMA box {64 columns, G heads, 128 / G positions}

@@ -1,0 +1,75 @@
+// Which kernel family runs an SDPA forward on the GPU (sdpa_launch.h): the one rule. Host code
+// only (no CUDA call but the device query, behind FLASHSPAN_WITH_CUDA), so CPU tests check it.
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "dispatch/family.h"
+#include "dispatch/sdpa_launch.h"
+#include "kernels/sm90/tile_sm90.h"
+#ifdef FLASHSPAN_WITH_CUDA
+#include "kernels/sm90/launch_sm90.h"  // sm90::device_supported
+#endif
+
+namespace flashspan {
+
+namespace {
+std::atomic<int> g_sdpa_sm90_override{-1};
+// Experimental until the GPU suite has passed with it: FLASHSPAN_EXPERIMENTAL=1, read once when
+// the library is loaded (as for the sm90 packed GQA forward, launch_fwd_sm90.cu).
+const bool g_sdpa_sm90_env = [] {
+  const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
+  return e != nullptr && std::strcmp(e, "1") == 0;
+}();
+}  // namespace
+
+const char* sdpa_fwd_sm90_refusal(const sdpa::Problem& p) {
+  using namespace sdpa;
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtype (fp16 / bf16 only)";
+  if (!sm90::sdpa_fwd_runs_head_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv))) {
+    return "head dims (multiples of 8 up to 128)";
+  }
+  if (p.Hk != p.Hv) return "H_k != H_v";
+  if (p.paged) return "paged K/V";
+  if (p.dropout || p.a.dropout_mask_form) return "dropout";
+  if (p.a.softcap || p.a.alibi) return "score modifiers (softcap, ALiBi)";
+  for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
+                FS_SDPA_RAGGED_OFFSET_STATS}) {
+    if (p.has(s)) return "ragged (packed) q, k, v, o or stats";
+  }
+  // A list of what it takes, not of what it refuses: a tensor of a feature added later (bias, sinks,
+  // gate, score_max / score_sum_exp, block_mask, dropout, page tables, ...) keeps the sm80 kernels
+  // until it is added here.
+  for (int s = 0; s < kNumSlots; ++s) {
+    switch (s) {
+      case FS_SDPA_Q: case FS_SDPA_K: case FS_SDPA_V: case FS_SDPA_O: case FS_SDPA_STATS: case FS_SDPA_MAX_LOGIT:
+      case FS_SDPA_ATTN_SCALE: case FS_SDPA_SEQ_LEN_Q: case FS_SDPA_SEQ_LEN_KV: case FS_SDPA_CU_SEQ_LEN_Q:
+      case FS_SDPA_CU_SEQ_LEN_KV:
+        continue;
+      default:
+        if (p.has(s)) return slot_name(s);
+    }
+  }
+  return nullptr;
+}
+
+void set_sdpa_fwd_sm90_enabled(int on) {
+  g_sdpa_sm90_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed);
+}
+
+bool sdpa_fwd_sm90_enabled() {
+  const int o = g_sdpa_sm90_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  return g_sdpa_sm90_env && kernel_family_from_env() == 90;
+}
+
+bool sdpa_fwd_runs_sm90(const sdpa::Problem& p) {
+  if (p.device != DeviceType::kCUDA || !sdpa_fwd_sm90_enabled() || sdpa_fwd_sm90_refusal(p) != nullptr) return false;
+#ifdef FLASHSPAN_WITH_CUDA
+  return sm90::device_supported(p.device_id);
+#else
+  return false;
+#endif
+}
+
+}  // namespace flashspan

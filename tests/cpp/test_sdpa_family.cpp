@@ -1,0 +1,148 @@
+// CPU tests of the SDPA forward's kernel-family rule (dispatch/sdpa_family.cpp,
+// sdpa_launch.h): which calls the sm90 forward with the analytic mask covers
+// (sdpa_fwd_sm90_refusal), and the switch that turns it on (sdpa_fwd_sm90_enabled). Descriptors
+// only: no data, no device.
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "core/sdpa_problem.h"
+#include "dispatch/sdpa_launch.h"
+
+namespace flashspan::test {
+namespace {
+
+TensorView desc(int64_t B, int64_t H, int64_t S, int64_t D, DType t = DType::kBFloat16) {
+  TensorView v;
+  v.dtype = t;
+  v.device = DeviceType::kCUDA;
+  v.ndim = 4;
+  v.shape = {B, H, S, D};
+  v.strides = {H * S * D, S * D, D, 1};
+  return v;
+}
+
+TensorView vec(int64_t n, DType t) {
+  TensorView v;
+  v.dtype = t;
+  v.device = DeviceType::kCUDA;
+  v.ndim = 1;
+  v.shape = {n};
+  v.strides = {1};
+  return v;
+}
+
+// A forward call: B = 2, H_q = 4, H_k = H_v = 2, S_q = 300, S_kv = 500, causal.
+struct Call {
+  sdpa::Attributes a;
+  int64_t dqk = 128, dv = 128, hv = 2;
+  DType dtype = DType::kBFloat16;
+
+  sdpa::Problem problem() {
+    a.tensors[FS_SDPA_Q] = desc(2, 4, 300, dqk, dtype);
+    a.tensors[FS_SDPA_K] = desc(2, 2, 500, dqk, dtype);
+    a.tensors[FS_SDPA_V] = desc(2, hv, 500, dv, dtype);
+    a.tensors[FS_SDPA_O] = desc(2, 4, 300, dv, dtype);
+    a.tensors[FS_SDPA_STATS] = desc(2, 4, 300, 1, DType::kFloat32);
+    a.generate_stats = true;
+    a.attn_scale_value = 0.125f;
+    if (!a.right_bound) a.right_bound = 0;
+    return sdpa::validate_forward(a);
+  }
+};
+
+std::string refusal(Call c) {
+  const char* r = sdpa_fwd_sm90_refusal(c.problem());
+  return r == nullptr ? "" : r;
+}
+
+TEST(SdpaFamily, Sm90ForwardCoversThePureMaskSubset) {
+  EXPECT_EQ(refusal(Call{}), "");
+  for (auto [dqk, dv] : {std::pair<int64_t, int64_t>{64, 64}, {8, 16}, {128, 64}, {40, 120}, {96, 96}}) {
+    Call c;
+    c.dqk = dqk;
+    c.dv = dv;
+    EXPECT_EQ(refusal(c), "") << dqk << "," << dv;
+  }
+  {
+    Call c;  // padding, bottom-right band, base-2 stats, max_logit
+    c.a.tensors[FS_SDPA_SEQ_LEN_Q] = vec(2, DType::kInt32);
+    c.a.tensors[FS_SDPA_SEQ_LEN_KV] = vec(2, DType::kInt32);
+    c.a.padding_mask = true;
+    c.a.alignment = FS_SDPA_BOTTOM_RIGHT;
+    c.a.left_bound = 64;
+    c.a.stats_use_log2 = true;
+    c.a.tensors[FS_SDPA_MAX_LOGIT] = vec(4, DType::kFloat32);
+    EXPECT_EQ(refusal(c), "");
+  }
+  {
+    Call c;
+    c.dtype = DType::kFloat16;
+    EXPECT_EQ(refusal(c), "");
+  }
+}
+
+TEST(SdpaFamily, Sm90ForwardLeavesTheRestToSm80) {
+  {
+    Call c;
+    c.dqk = 192;
+    EXPECT_NE(refusal(c).find("head dims"), std::string::npos);
+  }
+  {
+    Call c;
+    c.dqk = c.dv = 256;
+    EXPECT_NE(refusal(c).find("head dims"), std::string::npos);
+  }
+  {
+    Call c;
+    c.hv = 1;
+    EXPECT_NE(refusal(c).find("H_k != H_v"), std::string::npos);
+  }
+  {
+    Call c;
+    c.a.softcap = 5.0f;
+    EXPECT_NE(refusal(c).find("softcap"), std::string::npos);
+  }
+  {
+    Call c;
+    c.a.alibi = true;
+    EXPECT_NE(refusal(c).find("ALiBi"), std::string::npos);
+  }
+  {
+    Call c;
+    c.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32);
+    EXPECT_EQ(refusal(c), sdpa::slot_name(FS_SDPA_SINK_TOKEN));
+  }
+  {
+    Call c;
+    c.a.tensors[FS_SDPA_GATE] = desc(2, 4, 300, 128);
+    EXPECT_EQ(refusal(c), sdpa::slot_name(FS_SDPA_GATE));
+  }
+  {
+    Call c;  // packed Q / O / stats (THD): ragged offsets
+    for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_O, FS_SDPA_RAGGED_OFFSET_STATS}) {
+      c.a.tensors[size_t(s)] = vec(3, DType::kInt32);
+    }
+    c.a.tensors[FS_SDPA_CU_SEQ_LEN_Q] = vec(3, DType::kInt32);
+    c.a.tensors[FS_SDPA_CU_SEQ_LEN_KV] = vec(3, DType::kInt32);
+    c.a.padding_mask = true;
+    EXPECT_NE(refusal(c).find("ragged"), std::string::npos);
+  }
+}
+
+TEST(SdpaFamily, Sm90ForwardSwitch) {
+  set_sdpa_fwd_sm90_enabled(1);
+  EXPECT_TRUE(sdpa_fwd_sm90_enabled());
+  set_sdpa_fwd_sm90_enabled(0);
+  EXPECT_FALSE(sdpa_fwd_sm90_enabled());
+  // CPU tensors never take a GPU family.
+  set_sdpa_fwd_sm90_enabled(1);
+  Call c;
+  sdpa::Problem p = c.problem();
+  p.device = DeviceType::kCPU;
+  EXPECT_FALSE(sdpa_fwd_runs_sm90(p));
+  set_sdpa_fwd_sm90_enabled(-1);
+}
+
+}  // namespace
+}  // namespace flashspan::test
