@@ -48,6 +48,10 @@ void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, 
   (void)workspace;
   (void)workspace_bytes;
   check_vec_aligned_slots(p, {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_GATE});
+  if (p.paged) {
+    sm80::launch_sdpa_fwd_paged_sm80(sdpa_paged_fwd_params(p), tile_of(p), p.dtype, static_cast<cudaStream_t>(stream));
+    return;
+  }
   sm80::launch_sdpa_fwd_sm80(sdpa_fwd_params(p), tile_of(p), p.dtype, static_cast<cudaStream_t>(stream));
 }
 
