@@ -146,7 +146,7 @@ def test_cuda_heads_and_dims_not_native_are_named(fs):
 
 def _paged_setup(a, d):
     """Paged K and V on _cuda_op's descriptors: k / v (1, 1, 16, 64) read as containers of one page of 16 rows."""
-    a.set("use_padding_mask", 1)
+    a.set("padding_mask", 1)
     a.set("seq_len_q", d((1,), torch.int32))
     a.set("seq_len_kv", d((1,), torch.int32))
     a.set("paged_attention_k_table", d((1, 1, 1, 1), torch.int32))
