@@ -13,12 +13,14 @@
 // (set_sdpa_paged_enabled). Skips when no CUDA device is visible (or the build has no CUDA).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
 #include <vector>
 
+#include "core/sdpa_band.h"
 #include "dispatch/sdpa_launch.h"
 #include "error_criteria.h"
 #include "flashspan/flashspan.hpp"
@@ -58,7 +60,7 @@ struct IndexBuf {
   int64_t n = 0;
   bool is64 = false;
   Twin dev;
-  void make(const std::vector<int64_t>& v, bool i64) {
+  void make(const std::vector<int64_t>& v, bool i64, bool device) {
     n = int64_t(v.size());
     is64 = i64;
     host.assign(std::max<size_t>(v.size(), 1) * (i64 ? 8 : 4), 0);
@@ -70,7 +72,7 @@ struct IndexBuf {
         std::memcpy(host.data() + 4 * i, &x, 4);
       }
     }
-    dev.up(host.data(), host.size());
+    if (device) dev.up(host.data(), host.size());
   }
   void* ptr(bool cuda) { return cuda ? dev.dev->p : host.data(); }
   api::TensorDesc desc(bool cuda) const {
@@ -95,27 +97,29 @@ struct PagedRun {
   IndexBuf len_q, len_kv, rag_q, off_k, off_v;
   std::vector<float> ml_host;
 
-  explicit PagedRun(const PagedCase& c) : d(make_paged_data(c)) {
+  // device: make the device twins too (false: the CPU reference only, no GPU needed).
+  explicit PagedRun(const PagedCase& c, bool device = true) : d(make_paged_data(c)) {
     const bool i64 = c.lengths64;
     if (c.cu_lengths) {
-      len_q.make(sdpa_case::prefix_sums(d.len_q), i64);
-      len_kv.make(sdpa_case::prefix_sums(d.len_kv), i64);
+      len_q.make(sdpa_case::prefix_sums(d.len_q), i64, device);
+      len_kv.make(sdpa_case::prefix_sums(d.len_kv), i64, device);
     } else {
-      len_q.make(d.len_q, i64);
-      len_kv.make(d.len_kv, i64);
+      len_q.make(d.len_q, i64, device);
+      len_kv.make(d.len_kv, i64, device);
     }
-    if (c.thd_q) rag_q.make(d.tok_q, !i64);
+    if (c.thd_q) rag_q.make(d.tok_q, !i64, device);
+    ml_host.assign(size_t(c.Hq), NAN);
+    if (d.k.table.packed) off_k.make(d.k.table.offsets, i64, device);
+    if (d.v.table.packed) off_v.make(d.v.table.offsets, !i64, device);
+    if (!device) return;
     q.up(d.q.host.data(), d.q.host.size());
     k.up(d.k.data.host.data(), d.k.data.host.size());
     v.up(d.v.data.host.data(), d.v.data.host.size());
     o.up(d.o.host.data(), d.o.host.size());
     stats.up(d.stats.host.data(), d.stats.host.size());
-    ml_host.assign(size_t(c.Hq), NAN);
     ml.up(ml_host.data(), ml_host.size() * 4);
     if (d.k.paged()) table_k.up(d.k.table.entries.data(), d.k.table.entries.size() * 4);
     if (d.v.paged()) table_v.up(d.v.table.entries.data(), d.v.table.entries.size() * 4);
-    if (d.k.table.packed) off_k.make(d.k.table.offsets, i64);
-    if (d.v.table.packed) off_v.make(d.v.table.offsets, !i64);
   }
 
   // The forward on the CPU reference (host buffers: d.o, d.stats, ml_host) or the GPU.
@@ -162,7 +166,7 @@ struct PagedRun {
     fwd.check_support();
     fwd.compile();
     api::SdpaVariantPack pack;
-    auto P = [&](Twin& t, void* host) { return cuda ? t.dev->p : host; };
+    auto P = [&](Twin& t, void* host) { return cuda ? t.dev->p : host; };  // (no device twin read when !cuda)
     pack.set(FS_SDPA_Q, P(q, d.q.host.data())).set(FS_SDPA_K, P(k, d.k.data.host.data()));
     pack.set(FS_SDPA_V, P(v, d.v.data.host.data())).set(FS_SDPA_O, P(o, d.o.host.data()));
     pack.set(FS_SDPA_STATS, P(stats, d.stats.host.data()));
@@ -216,6 +220,63 @@ void run_case(const PagedCase& c) {
       ref[size_t(h)] = r.ml_host[size_t(h)];
     }
     EXPECT_TRUE(fs_test::stat_close(g, ref)) << "max_logit";
+  }
+}
+
+// O of the dense computation of a case (double; dense K / V of sdpa_paged_case.h, the band of
+// core/sdpa_band.h, softcap): [b][h][i][d] for i < len_q[b] (rows that see nothing: 0).
+std::vector<double> dense_o(const PagedData& d) {
+  const PagedCase& c = d.c;
+  const sdpa::Band band{c.has_left ? 1 : 0, c.has_right ? 1 : 0, c.bottom_right ? 1 : 0, c.left, c.right};
+  std::vector<double> out(size_t(c.B * c.Hq * c.Sq * c.Dv), 0.0);
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t h = 0; h < c.Hq; ++h) {
+      const int64_t hk = h / (c.Hq / c.Hk), hv = h / (c.Hq / c.Hv);
+      for (int64_t i = 0; i < d.len_q[size_t(b)]; ++i) {
+        int64_t lo = 0, hi = 0;
+        band.columns(i, d.len_q[size_t(b)], d.len_kv[size_t(b)], &lo, &hi);
+        std::vector<double> x;
+        double m = -INFINITY;
+        for (int64_t j = lo; j < hi; ++j) {
+          double dot = 0;
+          for (int64_t e = 0; e < c.Dqk; ++e)
+            dot += d.q.get(d.q.lay.at(b, h, i, e)) * d.dense_k[size_t(((b * c.Hk + hk) * c.Skv + j) * c.Dqk + e)];
+          double xj = double(c.scale) * dot;
+          if (c.softcap > 0) xj = double(c.softcap) * std::tanh(xj / double(c.softcap));
+          x.push_back(xj);
+          m = std::max(m, xj);
+        }
+        double l = 0;
+        for (double xj : x) l += std::exp(xj - m);
+        for (int64_t e = 0; e < c.Dv && hi > lo; ++e) {
+          double o = 0;
+          for (int64_t j = lo; j < hi; ++j)
+            o += std::exp(x[size_t(j - lo)] - m) / l * d.dense_v[size_t(((b * c.Hv + hv) * c.Skv + j) * c.Dv + e)];
+          out[size_t(((b * c.Hq + h) * c.Sq + i) * c.Dv + e)] = o;
+        }
+      }
+    }
+  return out;
+}
+
+// The CPU reference (the GPU tests' oracle) on cases of the GPU tests against dense_o: checks
+// the cases and the API plumbing of these tests without a GPU (runs in CI).
+TEST(SdpaPaged, GpuTestCasesOnTheCpuReference) {
+  std::vector<PagedCase> cases;
+  for (uint64_t seed = 1; seed <= 12; ++seed) cases.push_back(random_paged_case(seed, false));
+  for (uint64_t seed = 101; seed <= 112; ++seed) cases.push_back(random_paged_case(seed, true));
+  for (const PagedCase& c : cases) {
+    SCOPED_TRACE(c.str());
+    PagedRun r(c, /*device=*/false);
+    r.forward(/*cuda=*/false);
+    const std::vector<double> want = dense_o(r.d);
+    std::vector<double> got(want.size(), 0.0);
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.Hq; ++h)
+        for (int64_t i = 0; i < r.d.len_q[size_t(b)]; ++i)
+          for (int64_t e = 0; e < c.Dv; ++e)
+            got[size_t(((b * c.Hq + h) * c.Sq + i) * c.Dv + e)] = r.d.o.get(r.d.o.lay.at(b, h, i, e));
+    ASSERT_TRUE(fs_test::tensor_close(got, want, c.dtype)) << "O";
   }
 }
 
