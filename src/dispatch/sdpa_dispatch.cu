@@ -49,6 +49,10 @@ void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, 
   (void)workspace;
   (void)workspace_bytes;
   check_vec_aligned_slots(p, {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_GATE});
+  if (p.paged) {
+    sm80::launch_sdpa_fwd_paged_sm80(sdpa_paged_fwd_params(p), tile_of(p), p.dtype, static_cast<cudaStream_t>(stream));
+    return;
+  }
   if (sdpa_fwd_runs_sm90(p)) {
     sm90::launch_sdpa_fwd_sm90(sdpa_fwd_params(p), p.t(FS_SDPA_Q), p.t(FS_SDPA_K), p.t(FS_SDPA_V), p.dtype,
                                static_cast<cudaStream_t>(stream));

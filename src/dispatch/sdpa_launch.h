@@ -8,7 +8,8 @@
 // read by the kernels from device memory), ragged (packed THD) tensors through ragged offsets,
 // MHA / GQA / MQA with H_k = H_v, head dims the sm80 kernels run, float16 / bfloat16, the LSE
 // stats (natural or base 2), max_logit, the deterministic backward; softcap, ALiBi, sinks / dSink,
-// H_k != H_v; the output gate with dgate, score_max / score_sum_exp (padded O), the block_mask.
+// H_k != H_v; the output gate with dgate, score_max / score_sum_exp (padded O), the block_mask;
+// with FLASHSPAN_EXPERIMENTAL=1 (not yet run on a GPU), paged K/V caches in the forward.
 // Every other feature is refused by sdpa_check_features_gpu with an error naming it.
 #pragma once
 
@@ -22,6 +23,11 @@ namespace flashspan {
 // Host rules only (no CUDA call; CPU-testable): throws Error(kNotSupported) naming the first
 // argument or feature of the call the GPU kernels do not run, and the rule.
 void sdpa_check_features_gpu(const sdpa::Problem& p);
+
+// Paged K/V caches on CUDA tensors are experimental (not yet run on a GPU): refused unless the
+// environment has FLASHSPAN_EXPERIMENTAL=1 (read at each check). Tests override it in-process:
+// on = 1 accept, 0 refuse, -1 back to the environment.
+void set_sdpa_paged_enabled(int on);
 
 // sdpa_check_features_gpu, then the device's rules (compute capability 8.0 or newer, shared
 // memory per block): what check_support() runs for CUDA tensors.
@@ -39,6 +45,9 @@ size_t sdpa_bwd_workspace_size(const sdpa::Problem& p);
 // workspace (checked: size and 16-byte alignment).
 SdpaFwdParams sdpa_fwd_params(const sdpa::Problem& p);
 SdpaBwdParams sdpa_bwd_params(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
+// A paged forward's (p.paged): sdpa_fwd_params with each paged side's page table
+// (SdpaPagedSide) and its sample starts zeroed (the head base is the container's).
+SdpaPagedFwdParams sdpa_paged_fwd_params(const sdpa::Problem& p);
 
 // The kernel family of the forward (sdpa_family.cpp, the one rule): on an sm_90 device with the
 // sm_90a code built, the sm90 forward (TMA + wgmma, kernel_fwd_sm90.cuh with the analytic mask)

@@ -162,6 +162,30 @@ SdpaFwdParams sdpa_fwd_params(const Problem& p) {
   return f;
 }
 
+SdpaPagedFwdParams sdpa_paged_fwd_params(const Problem& p) {
+  SdpaPagedFwdParams f;
+  static_cast<SdpaFwdParams&>(f) = sdpa_fwd_params(p);
+  const struct {
+    int slot, table, tensor;
+    SdpaPagedSide& side;
+  } sides[] = {{FS_SDPA_K, FS_SDPA_PAGE_TABLE_K, kSdpaK, f.paged_k}, {FS_SDPA_V, FS_SDPA_PAGE_TABLE_V, kSdpaV, f.paged_v}};
+  for (const auto& s : sides) {
+    if (!p.has(s.table)) continue;  // a contiguous side: table null, its sample starts as without paging
+    const TensorView& c = p.t(s.slot);  // the container [num_pages, H, page_size, D]
+    const TensorView& t = p.t(s.table);
+    s.side.table = static_cast<const int32_t*>(t.data);
+    s.side.table_start = start_of(p, s.table);
+    s.side.entry_stride = t.stride(2);
+    s.side.page_stride = c.stride(0);
+    int log2 = 0;
+    while ((int64_t(1) << log2) < c.size(2)) ++log2;
+    s.side.log2_page = log2;
+    s.side.num_pages = static_cast<int32_t>(c.size(0));
+    f.analytic.start[s.tensor] = SampleStart{};  // the head base is the container's
+  }
+  return f;
+}
+
 SdpaBwdParams sdpa_bwd_params(const Problem& p, void* workspace, size_t workspace_bytes) {
   const BwdWorkspaceLayout wl = sdpa_bwd_layout(p);
   FS_CHECK_ARG(workspace_bytes >= wl.total && (wl.total == 0 || workspace != nullptr), "workspace: needs ", wl.total,

@@ -2,7 +2,10 @@
 // the analytic-mask kernels run, checked on the descriptors alone, so that CPU builds and CPU
 // tests see the same messages a GPU call gets.
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <limits>
 
 #include "core/error.h"
@@ -45,7 +48,39 @@ void check_strides(const Problem& p, int slot) {
   }
 }
 
+std::atomic<int> g_paged_override{-1};
+
+// Paged K/V on CUDA tensors: set_sdpa_paged_enabled's override, else FLASHSPAN_EXPERIMENTAL=1 (the
+// switch of the Python native route), read at each check as the Python route reads it.
+bool paged_enabled() {
+  const int o = g_paged_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
+  return e != nullptr && std::strcmp(e, "1") == 0;
+}
+
+// Paged K/V caches (forward only: the C layer refuses a paged backward, as the seed): the
+// gathers of kernel_fwd_sm80.cuh (PagedKv), experimental until they have run on a GPU. Page
+// rows are int32 in the kernels (key & (page_size - 1)); page-table entries are int32 already.
+void check_paged(const Problem& p) {
+  FS_CHECK_SUPPORTED(paged_enabled(), "paged_attention_k_table, paged_attention_v_table: paged K/V caches on CUDA "
+                     "tensors are experimental (not yet run on a GPU): set FLASHSPAN_EXPERIMENTAL=1 to run them, or "
+                     "pass CPU tensors (the CPU reference)");
+  for (int side = 0; side < 2; ++side) {
+    const int table = side == 0 ? FS_SDPA_PAGE_TABLE_K : FS_SDPA_PAGE_TABLE_V;
+    if (!p.has(table)) continue;
+    const int64_t page_size = side == 0 ? p.page_size_k : p.page_size_v;
+    const TensorView& c = p.t(side == 0 ? FS_SDPA_K : FS_SDPA_V);
+    FS_CHECK_SUPPORTED(page_size <= (int64_t(1) << 30) && c.size(0) <= std::numeric_limits<int32_t>::max(),
+                       sdpa::slot_name(side == 0 ? FS_SDPA_K : FS_SDPA_V), ": a paged container of ", c.size(0),
+                       " pages of ", page_size, " rows: the GPU kernels take at most 2^31 - 1 pages of at most 2^30 "
+                       "rows");
+  }
+}
+
 }  // namespace
+
+void set_sdpa_paged_enabled(int on) { g_paged_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
 
 void sdpa_check_features_gpu(const Problem& p) {
   const sdpa::Attributes& a = p.a;
@@ -56,7 +91,7 @@ void sdpa_check_features_gpu(const Problem& p) {
   if (p.has(FS_SDPA_SINK_TOKEN) && p.has(FS_SDPA_MAX_LOGIT)) not_native("max_logit together with sink_token");
   if (p.dropout || a.dropout_mask_form) not_native("dropout");
   if (p.has(FS_SDPA_RNG_DUMP)) not_native("rng_dump");
-  if (p.paged) not_native("paged_attention_k_table, paged_attention_v_table (paged K/V caches)");
+  if (p.paged) check_paged(p);
   // block_mask runs natively (analytic_mask.h: every sm80 tile lies inside one 128 x 128 block).
   // The output gate (forward epilogue, backward preprocess) and the score_max / score_sum_exp
   // outputs run natively (SdpaEpilogueParams). The statistics are never packed: their rows

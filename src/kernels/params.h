@@ -265,6 +265,29 @@ struct SdpaBwdParams : BwdParams {
   AnalyticMaskParams analytic;
 };
 
+// Paged K/V caches of an SDPA forward (kv_addr.cuh PagedKv): one side (K or V) as the kernels
+// address it. A paged side is a container [num_pages, H, page_size, D] whose sample b reads
+// key s from page table entry (s >> log2_page) of its row: the container's page
+//   table[sample_start(table_start, b) + (s >> log2_page) * entry_stride]
+// at row s & (page_size - 1) (row / head strides: QkvParams::ka / va). table null: the side is
+// contiguous (AnalyticMaskParams::start locates its samples, as without paging). Entries outside
+// [0, num_pages) are never read through: the loader fills the row with NaN instead.
+struct SdpaPagedSide {
+  const int32_t* table = nullptr;  // int32 page table [B, 1, max_pages, 1] (or packed), device
+  SampleStart table_start;         // entry offset of sample b's first page (ragged, or b * stride(0))
+  int64_t entry_stride = 1;        // table stride(2), entries
+  int64_t page_stride = 0;         // container stride(0), elements
+  int32_t log2_page = 0;           // page_size = 2^log2_page rows (any power of two, 1 included)
+  int32_t num_pages = 0;           // container size(0)
+};
+
+// The paged SDPA forward's parameters (kernel_fwd_sm80.cuh sdpa_fwd_paged_kernel_sm80): the
+// analytic forward's, with AnalyticMaskParams::start[kSdpaK / kSdpaV] of a paged side zero
+// (its head base is the container's), and the two sides' page tables.
+struct SdpaPagedFwdParams : SdpaFwdParams {
+  SdpaPagedSide paged_k, paged_v;
+};
+
 // The parameters of the SDPA backward's kernels after the preprocess (dK/dV, dQ): with the output
 // gate, dO is the preprocess's dO * sigmoid(G) in the workspace ([H_q, total_q, D_v], row
 // b * S_q + i of head h at (h * total_q + b * S_q + i) * D_v); otherwise p unchanged.

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -245,13 +246,18 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
     attr.set_padding_mask(true).set_seq_len_q(lq).set_seq_len_kv(lk);
     attr.set_paged_attention_k_table(table).set_paged_attention_v_table(table);
     SdpaFwd fwd(q, kc, vc, o, nullptr, attr);
-    try {
-      fwd.check_support();
-      ADD_FAILURE() << "paged K/V accepted on CUDA tensors";
-    } catch (const Exception& e) {
-      EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
-      EXPECT_TRUE(starts(e.what(), "paged_attention_k_table, paged_attention_v_table (paged K/V caches)" + tail))
-          << e.what();
+    // Experimental (kv_addr.cuh PagedKv, not yet run on a GPU): refused unless switched on
+    // (FLASHSPAN_EXPERIMENTAL=1; test_sdpa_paged.cpp SdpaPaged.CudaRules checks both verdicts).
+    if (std::getenv("FLASHSPAN_EXPERIMENTAL") == nullptr) {
+      try {
+        fwd.check_support();
+        ADD_FAILURE() << "paged K/V accepted on CUDA tensors";
+      } catch (const Exception& e) {
+        EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
+        EXPECT_TRUE(starts(e.what(), "paged_attention_k_table, paged_attention_v_table: paged K/V caches on CUDA "
+                                     "tensors are experimental"))
+            << e.what();
+      }
     }
   }
   // Backward-only features.

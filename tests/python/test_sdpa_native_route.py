@@ -144,6 +144,36 @@ def test_cuda_heads_and_dims_not_native_are_named(fs):
             pass
 
 
+def _paged_setup(a, d):
+    """Paged K and V on _cuda_op's descriptors: k / v (1, 1, 16, 64) read as containers of one page of 16 rows."""
+    a.set("padding_mask", 1)
+    a.set("seq_len_q", d((1,), torch.int32))
+    a.set("seq_len_kv", d((1,), torch.int32))
+    a.set("paged_attention_k_table", d((1, 1, 1, 1), torch.int32))
+    a.set("paged_attention_v_table", d((1, 1, 1, 1), torch.int32))
+
+
+def test_cuda_paged_is_experimental(fs, monkeypatch):
+    """Paged K/V on CUDA tensors (not yet run on a GPU) are refused, naming the switch, unless FLASHSPAN_EXPERIMENTAL=1
+    (read by the C layer at each check, as the Python route reads it); with it the features pass (without a GPU,
+    check_support then stops at the device)."""
+    from flashspan import _lib as lib
+    from flashspan import _sdpa_lib as L
+
+    monkeypatch.delenv("FLASHSPAN_EXPERIMENTAL", raising=False)
+    with pytest.raises(NotImplementedError, match=r"^paged_attention_k_table, paged_attention_v_table: paged K/V caches "
+                                                  r"on CUDA tensors are experimental \(not yet run on a GPU\): set "
+                                                  r"FLASHSPAN_EXPERIMENTAL=1"):
+        _cuda_op(L, lib, "fwd", _paged_setup)
+    monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
+    try:
+        _cuda_op(L, lib, "fwd", _paged_setup)
+    except NotImplementedError:
+        raise
+    except Exception:  # noqa: BLE001 (no device here)
+        pass
+
+
 # ---------------------------------------------------------------------------
 # GPU (skipped without one): the native route against the CPU reference
 # ---------------------------------------------------------------------------
@@ -341,3 +371,70 @@ def test_gpu_native_score_modifiers(fs, native, seed):
         if sinks is not None:
             check_tensor(got[5], want[5], torch.float16, "dsink")
 
+
+
+@gpu
+@pytest.mark.parametrize("seed", range(24))
+def test_gpu_native_paged(fs, native, seed):
+    """Paged K/V caches (forward, no gradients: the seed has no paged backward) on the native route against the CPU
+    reference on the same paged inputs: prefill and decode, page sizes 1 .. 256 per side (below, at and above the
+    kernels' 64-key block), shuffled pages with NaN unused pages, ragged lengths (a sample without keys), a packed V
+    table or K alone paged, GQA, head dims 64 / 128 / (192, 128), bf16 / fp16, causal bottom-right or none."""
+    from criteria import check_stat, check_tensor
+    from test_sdpa_cpu_features import _paged
+
+    rng = random.Random(5000 + seed)
+    g = torch.Generator().manual_seed(5000 + seed)
+    dtype = rng.choice([torch.bfloat16, torch.float16])
+    B, Hk = rng.randint(1, 4), rng.choice([1, 2])
+    Hq = Hk * rng.choice([1, 2, 4])
+    Dqk, Dv = rng.choice([(64, 64), (128, 128), (192, 128)])
+    decode = seed % 2 == 0
+    Sq = 1 if decode else rng.randint(1, 200)
+    Skv = rng.randint(1, 600)
+    bs_k, bs_v = rng.choice([1, 4, 16, 64, 128, 256]), rng.choice([1, 2, 8, 32, 64, 256])
+    lk = [rng.randint(0, Skv) for _ in range(B)]
+    lk[-1] = Skv
+    if B > 1 and rng.random() < 0.3:
+        lk[0] = 0
+    lq = [1 if decode else rng.randint(0, Sq) for _ in range(B)]
+    lq[0] = Sq
+    q = torch.randn(B, Hq, Sq, Dqk, generator=g).to(dtype)
+    kd = torch.randn(B, Hk, Skv, Dqk, generator=g).to(dtype)
+    vd = torch.randn(B, Hk, Skv, Dv, generator=g).to(dtype)
+    k_alone = rng.random() < 0.2
+    packed = Pv = None
+    kc, kt, _ = _paged(kd, lk, bs_k, g)
+    vc, vt, ventries = _paged(vd, lk, bs_v, g)
+    kw = dict(use_padding_mask=True, paged_attention_k_table=kt, paged_attention_max_seq_len_kv=Skv,
+              attn_scale=1.0 / math.sqrt(Dqk), generate_stats=True)
+    v_in = vd if k_alone else vc
+    if not k_alone:
+        kw["paged_attention_v_table"] = vt
+        if rng.random() < 0.4:  # packed V page table through ragged offsets
+            flat = [e for row in ventries for e in row]
+            offs = [0]
+            for row in ventries:
+                offs.append(offs[-1] + len(row))
+            Pv = vt.shape[2]
+            packed = torch.tensor(flat + [-1] * Pv, dtype=torch.int32)  # room for a full row at the last offset
+            kw["paged_attention_v_table"] = packed.as_strided((B, 1, Pv, 1), (0, Pv, 1, 1))
+            kw["ragged_offsets"] = {"paged_attention_v_table": torch.tensor(offs, dtype=torch.int32)}
+    if rng.random() < 0.5:
+        kw.update(diagonal_band_right_bound=0, diagonal_alignment="BOTTOM_RIGHT")
+
+    def run(dev):
+        extra = {n: (t.to(dev) if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+        if "ragged_offsets" in kw:
+            # A packed table is a view of its entries' storage: move the storage, then view it again.
+            extra["ragged_offsets"] = {n: t.to(dev) for n, t in kw["ragged_offsets"].items()}
+            extra["paged_attention_v_table"] = packed.to(dev).as_strided((B, 1, Pv, 1), (0, Pv, 1, 1))
+        with torch.no_grad():
+            o, stats = fs.sdpa(q.to(dev), kc.to(dev), v_in.to(dev), seq_len_q=torch.tensor(lq).to(dev),
+                               seq_len_kv=torch.tensor(lk).to(dev), **extra)
+        return o.cpu(), stats.cpu()
+
+    (ow, sw), (og, sg) = run("cpu"), run("cuda")
+    mq = (torch.arange(Sq)[None, :] < torch.tensor(lq)[:, None])[:, None, :, None]
+    check_tensor(torch.where(mq, og, 0), torch.where(mq, ow, 0), dtype, "o")
+    check_stat(torch.where(mq, sg, 0.0), torch.where(mq, sw, 0.0), "stats")

@@ -15,15 +15,21 @@
 // TensorAddr); a THD sample starts at row cu_seqlens_k[b] of batch 0, a BSHD one at row 0 of
 // batch b. The expressions are the ones the kernels had inline (scripts/sass_diff.sh: same SASS).
 //
-// A paged policy (not implemented; issue 24) would keep a per-item view of sample b's page
-// table row (page indices, page size 2^kLog2Page >= kBlockK so that a key block never straddles
-// two pages): block_offset = (page[kb * kBlockK >> kLog2Page] << kLog2Page | (kb * kBlockK &
-// (2^kLog2Page - 1))) * row_stride from a head base without the sample term, tma_row the same
-// row in the paged tensor map, tma_batch 0. The mainloops see the same shared-memory tiles.
+// PagedKv: a paged K/V cache (SDPA forward, params.h SdpaPagedSide): a container [num_pages,
+// H, page_size, D] and, per sample, a row of page-table entries; key s of sample b lies at row
+// s & (page_size - 1) of page table_b[s >> log2(page_size)]. Any power-of-two page size, 1
+// included, so a key block may span pages: the policy answers per key row (row_offset), and
+// the sm80 forward gathers its tiles row by row (tile_io_sm80.cuh gather_tile_async). Its head
+// base has no sample term (the container's head h). A side without a page table (the seed
+// lets K or V alone be paged) is one page holding the whole sample: row_offset = s * row_stride
+// from the sample's head base. Pointer form only: the TMA form (a tensor map over the
+// container when a page holds whole key blocks) is not written yet, nor is the paged loader
+// of the backward (the seed has no paged backward).
 #pragma once
 
 #include <cstdint>
 
+#include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/params.h"
 
 namespace flashspan::kern {
@@ -64,6 +70,29 @@ struct ContiguousKv {
     return row0 + kb * kBlockK;
   }
   __device__ __forceinline__ int tma_batch() const { return batch; }
+};
+
+// It holds only sample b's first page-table entry: the rest (strides, page size, container
+// size) is read from the kernel's parameters (constant memory) at each use.
+struct PagedKv {
+  const int32_t* entries;  // sample b's first page-table entry; null: a contiguous side
+
+  // The policy of one side (K or V) for sample b.
+  __device__ __forceinline__ static PagedKv item(const SdpaPagedSide& s, int b) {
+    return PagedKv{s.table == nullptr ? nullptr : s.table + sample_start(s.table_start, b)};
+  }
+  // Element offset of key `key` (< the sample's length: the entries past it may be garbage)
+  // from the item's head base, for side s (the parameters item() was built from). false: its
+  // page-table entry lies outside the container (off then points nowhere; nothing may be read).
+  __device__ __forceinline__ bool row_offset(const SdpaPagedSide& s, int key, int64_t row_stride, int64_t& off) const {
+    if (entries == nullptr) {
+      off = int64_t(key) * row_stride;
+      return true;
+    }
+    const int32_t page = __ldg(entries + int64_t(key >> s.log2_page) * s.entry_stride);
+    off = int64_t(page) * s.page_stride + int64_t(key & ((1 << s.log2_page) - 1)) * row_stride;
+    return uint32_t(page) < uint32_t(s.num_pages);
+  }
 };
 
 }  // namespace flashspan::kern

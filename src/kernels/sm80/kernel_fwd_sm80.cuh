@@ -150,18 +150,19 @@ __device__ __forceinline__ void load_kv_rows8(const Loader& ld, uint32_t smem_ti
 // function: scripts/sass_diff.sh).
 
 // KV loader: key block kb of K or V into its shared-memory tile, rows past the sample's length
-// zero-filled. The block's rows from the K/V address role (KvAddr, kv_addr.cuh: contiguous
-// rows today); TileRowLoader8 (tile_io_sm80.cuh) where FwdTraitsSm80::kLoader8, else
-// load_tile_async.
-template <class T>
+// zero-filled. The block's rows from the K/V address role (KvAddr, kv_addr.cuh): contiguous
+// rows (ContiguousKv: TileRowLoader8 (tile_io_sm80.cuh) where FwdTraitsSm80::kLoader8, else
+// load_tile_async), or a paged cache (PagedKv, the specialization below: row gathers).
+template <class T, class KvAddr_ = ContiguousKv>
 struct FwdKvLoaderSm80 {
-  using KvAddr = ContiguousKv;
+  using KvAddr = KvAddr_;
   using LoaderK = TileRowLoader8<T::kBlockK, T::kDqk, T::kThreads>;
   using LoaderV = TileRowLoader8<T::kBlockK, T::kDv, T::kThreads>;
   [[maybe_unused]] LoaderK ld_k;
   [[maybe_unused]] LoaderV ld_v;
 
-  __device__ __forceinline__ void init(const QkvParams& p, int tid) {
+  // b: the item's sample (unused: contiguous rows start at the head base).
+  __device__ __forceinline__ void init(const QkvParams& p, int /*b*/, int tid) {
     if constexpr (T::kLoader8) {
       static_assert(LoaderK::kApplies && LoaderV::kApplies);
       ld_k.init(p.ka.row_stride, T::kExact ? T::kDqk : p.head_dqk, tid);
@@ -173,10 +174,10 @@ struct FwdKvLoaderSm80 {
   __device__ __forceinline__ void load_k(const QkvParams& p, uint32_t sK, const Elem* k, int kb, int len_k,
                                          int tid) const {
     if constexpr (T::kLoader8) {
-      load_kv_rows8<T::kBlockK>(ld_k, sK, k + KvAddr::block_offset<T::kBlockK>(p.ka, kb), len_k - kb * T::kBlockK,
+      load_kv_rows8<T::kBlockK>(ld_k, sK, k + KvAddr::template block_offset<T::kBlockK>(p.ka, kb), len_k - kb * T::kBlockK,
                                 tid);
     } else {
-      load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + KvAddr::block_offset<T::kBlockK>(p.ka, kb),
+      load_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k + KvAddr::template block_offset<T::kBlockK>(p.ka, kb),
                                                         p.ka.row_stride, len_k - kb * T::kBlockK, p.head_dqk, tid);
     }
   }
@@ -184,12 +185,49 @@ struct FwdKvLoaderSm80 {
   __device__ __forceinline__ void load_v(const QkvParams& p, uint32_t sV, const Elem* v, int kb, int len_k,
                                          int tid) const {
     if constexpr (T::kLoader8) {
-      load_kv_rows8<T::kBlockK>(ld_v, sV, v + KvAddr::block_offset<T::kBlockK>(p.va, kb), len_k - kb * T::kBlockK,
+      load_kv_rows8<T::kBlockK>(ld_v, sV, v + KvAddr::template block_offset<T::kBlockK>(p.va, kb), len_k - kb * T::kBlockK,
                                 tid);
     } else {
-      load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, v + KvAddr::block_offset<T::kBlockK>(p.va, kb),
+      load_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, v + KvAddr::template block_offset<T::kBlockK>(p.va, kb),
                                                        p.va.row_stride, len_k - kb * T::kBlockK, p.head_dv, tid);
     }
+  }
+};
+
+// Paged K/V (PagedKv, SDPA's paged caches; the kernel's parameters are SdpaPagedFwdParams): each
+// row of a key block gathered through its page (a block spans pages when the page size is below
+// kBlockK), for K and V separately (their own page tables and page sizes; a side without a table
+// is contiguous). k, v: the head base (container head hkv / hv, or a contiguous side's sample
+// head). Rows past the sample are zero-filled and never looked up.
+// The per-item policies are rebuilt at each tile load from the sample index (their page-table
+// row: one multiply, or a cached load of a packed table's offset) rather than held across the
+// main loop (ptxas, sm_90a, D = 128: held, 40 / 16 bytes of spills in the inexact / exact
+// kernels; rebuilt, 0 / 16).
+template <class T>
+struct FwdKvLoaderSm80<T, PagedKv> {
+  int b;  // the item's sample
+
+  __device__ __forceinline__ static const SdpaPagedFwdParams& paged_of(const QkvParams& p) {
+    return static_cast<const SdpaPagedFwdParams&>(static_cast<const FwdParams&>(p));
+  }
+  __device__ __forceinline__ void init(const QkvParams&, int b_, int /*tid*/) { b = b_; }
+  template <class Elem>
+  __device__ __forceinline__ void load_k(const QkvParams& p, uint32_t sK, const Elem* k, int kb, int len_k,
+                                         int tid) const {
+    const SdpaPagedSide& side = paged_of(p).paged_k;
+    const PagedKv pk = PagedKv::item(side, b);
+    const auto row_offset = [&](int key, int64_t& off) { return pk.row_offset(side, key, p.ka.row_stride, off); };
+    gather_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k, row_offset, kb * T::kBlockK, len_k - kb * T::kBlockK,
+                                                         T::kExact ? T::kDqk : p.head_dqk, tid);
+  }
+  template <class Elem>
+  __device__ __forceinline__ void load_v(const QkvParams& p, uint32_t sV, const Elem* v, int kb, int len_k,
+                                         int tid) const {
+    const SdpaPagedSide& side = paged_of(p).paged_v;
+    const PagedKv pv = PagedKv::item(side, b);
+    const auto row_offset = [&](int key, int64_t& off) { return pv.row_offset(side, key, p.va.row_stride, off); };
+    gather_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, v, row_offset, kb * T::kBlockK, len_k - kb * T::kBlockK,
+                                                        T::kExact ? T::kDv : p.head_dv, tid);
   }
 };
 
@@ -542,7 +580,8 @@ __device__ __forceinline__ void fwd_max_logit_sm80(const FwdParams& p, float* re
 // FwdEpilogue::store_split_partial) and fwd_max_logit_sm80. The GEMMs and the block walk stay
 // inline: as functions they changed the kernels' SASS (ptxas allocates the near-255-register
 // loop differently), which scripts/sass_diff.sh rejects.
-template <class T, class E, bool kMaxLogit, bool kPersistent, class Mask = PlanPayloadMaskSm80<T>>
+template <class T, class E, bool kMaxLogit, bool kPersistent, class Mask = PlanPayloadMaskSm80<T>,
+          class KvAddr = ContiguousKv>
 __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const int32_t* s_item, int qb, int h,
                                          int b, int begin, int count) {
   using Elem = typename E::Storage;
@@ -590,8 +629,8 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
   bool have = (!kPersistent || count > 0) && cur.next(kb, partial, entry);
   load_q_tile_async<T::kBlockQ, T::kDqk, T::kThreads>(sQ, q, p.qa.row_stride, p.qa.head_stride, row0, pack,
                                                       rows_valid, p.head_dqk, tid);
-  FwdKvLoaderSm80<T> kv;
-  kv.init(p, tid);
+  FwdKvLoaderSm80<T, KvAddr> kv;
+  kv.init(p, b, tid);
   if (have) kv.load_k(p, sK, k, kb, len_k, tid);
   cp_async_commit();
 
@@ -747,6 +786,19 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) sdpa_fwd_kernel_sm
   const int b = cell.x / nqb;
   fwd_item<T, E, true, false, AnalyticMaskSm80<T>>(p, smem_u32(smem), nullptr, cell.x - b * nqb, cell.y, b, 0,
                                                    0x7fffffff);
+}
+
+// Paged forward kernel of SDPA (PagedKv, params.h SdpaPagedFwdParams): sdpa_fwd_kernel_sm80 with
+// K and V gathered through their page tables; prefill and decode (S_q = 1: one row of a
+// 128-row tile; the packed decode tile and split-KV are not used here yet).
+template <class T, class E>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) sdpa_fwd_paged_kernel_sm80(const SdpaPagedFwdParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const int nqb = p.analytic.num_q_blocks;
+  const GridCell cell = unfold_2d(blockIdx.x, nqb * p.batch);
+  const int b = cell.x / nqb;
+  fwd_item<T, E, true, false, AnalyticMaskSm80<T>, PagedKv>(p, smem_u32(smem), nullptr, cell.x - b * nqb, cell.y,
+                                                            b, 0, 0x7fffffff);
 }
 
 // Persistent forward kernel of the split schedule (task mode, p.split_schedule = 1): each CTA

@@ -32,5 +32,7 @@ void launch_bwd_sm80(const BwdParams& p, const TileSm80& tile, DType dtype, cons
 // workspace (p.delta, p.lse2, p.dq_accum) has B * S_q rows per head (p.total_q).
 void launch_sdpa_fwd_sm80(const SdpaFwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream);
 void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream);
+// The forward over paged K/V caches (p.paged_k / p.paged_v, kv_addr.cuh PagedKv): the same grid.
+void launch_sdpa_fwd_paged_sm80(const SdpaPagedFwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream);
 
 }  // namespace flashspan::sm80

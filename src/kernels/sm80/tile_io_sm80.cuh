@@ -189,6 +189,53 @@ struct TileRowLoader8 {
   }
 };
 
+// 16 bytes of 0xFF (NaN in fp16 / bf16) to shared memory: a tile row that must not be read from
+// global memory but must not look like data either (a paged load's bad page-table entry).
+__device__ __forceinline__ void st_shared_nan16(uint32_t dst) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"(dst), "r"(0xffffffffu) : "memory");
+}
+
+// Gathers rows [0, rows_valid) x columns [0, d_valid) of a K or V tile whose rows lie anywhere
+// (a paged cache): tile row r is key key0 + r at gbase + off, with off from the K/V address
+// role, row_offset(key0 + r, off) (a functor over kv_addr.cuh PagedKv::row_offset). Rows at or past
+// rows_valid are zero-filled without reading global memory and without asking the role (keys
+// past a sample have no valid page-table entry); a row whose entry the role refuses (outside
+// the container) reads nothing and is filled with NaN by plain shared stores, so a broken page
+// table shows in the output instead of reading out of bounds. Layout of TileRowLoader8: 8
+// threads per row, rows r0, r0 + kR, ... (kR = kThreads / 8, a multiple of 8, so every row of
+// a thread has the swizzle key r0 % 8) and chunks c0, c0 + 8, ... of each: one address lookup
+// per row and thread (kRows / kR of them), one shared-memory offset per thread.
+template <int kRows, int kD, int kThreads, class RowOffset>
+__device__ __forceinline__ void gather_tile_async(uint32_t smem_tile, const uint16_t* gbase, const RowOffset& row_offset,
+                                                  int key0, int rows_valid, int d_valid, int tid) {
+  constexpr int kCpt = kD / 64;  // chunks of a row per thread
+  constexpr int kR = kThreads / 8;
+  static_assert(kD % 64 == 0 && kThreads % 64 == 0 && kRows % kR == 0, "gather tile geometry");
+  const int c0 = tid % 8, r0 = tid / 8;
+  const uint32_t dst = smem_tile + uint32_t(swz_offset<kD>(r0, c0) * 2);
+#pragma unroll
+  for (int it = 0; it < kRows / kR; ++it) {
+    const int r = r0 + it * kR;
+    int64_t off = 0;
+    bool row_ok = r < rows_valid, bad = false;
+    if (row_ok) {
+      bad = !row_offset(key0 + r, off);
+      row_ok = !bad;
+    }
+    const uint16_t* src = gbase + off + c0 * 8;
+#pragma unroll
+    for (int j = 0; j < kCpt; ++j) {
+      const uint32_t d = dst + uint32_t((it * kR * kD + 64 * j) * 2);
+      if (bad) {
+        st_shared_nan16(d);
+      } else {
+        const bool ok = row_ok && (c0 + 8 * j) * 8 < d_valid;
+        cp_async_16(d, ok ? src + 64 * j : gbase, ok);
+      }
+    }
+  }
+}
+
 // Per-thread ldmatrix addresses into a swizzled tile, with the swizzle folded so that every
 // fragment of an unrolled loop is one register plus an immediate offset.
 //

@@ -1,0 +1,241 @@
+// Paged K/V cases of SDPA (host side), shared by the GPU tests (test_sdpa_paged_gpu.cpp) and the
+// CPU test of the paged address role (test_sdpa_paged.cpp): a random call (prefill or decode,
+// GQA / H_k != H_v, both dtypes, masks in both alignments, padding with seq_len or cu_seq_len)
+// whose K and V are paged caches with their own page sizes (1 .. 256, below, at and above the
+// kernels' 64-key block) and page tables: pages shuffled over the container, unused pages and
+// the rows of a sample's last page past its length NaN, table entries past a sample's pages
+// garbage (-1, 2^31 - 1 or a random page: never to be read), tables contiguous or packed
+// through ragged offsets, containers page-major [pages, H, page, D] or [pages, page, H, D]; or
+// one side contiguous (the seed lets K or V alone be paged). The dense K / V of every sample
+// are kept to check addresses against.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <numeric>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "sdpa_case.h"
+
+namespace flashspan::test::sdpa_paged {
+
+using sdpa_case::Kind;
+using sdpa_case::Layout;
+using sdpa_case::Storage;
+
+struct PagedCase {
+  uint64_t seed = 0;
+  DType dtype = DType::kBFloat16;
+  int64_t B = 1, Hq = 1, Hk = 1, Hv = 1, Sq = 1, Skv = 1, Dqk = 64, Dv = 64;
+  int64_t page_k = 16, page_v = 16;   // page sizes (powers of two); 0: that side is contiguous
+  bool packed_k = false, packed_v = false;  // page tables packed through ragged offsets
+  bool token_major_k = false, token_major_v = false;  // containers [pages, page, H, D]
+  bool set_max_seq = true;            // paged_attention_max_seq_len_kv = Skv (else the tables' capacity)
+  bool thd_q = false;                 // Q / O / stats packed THD (with gaps)
+  bool cu_lengths = false, lengths64 = false;
+  bool zero_kv_sample = false;
+  bool has_left = false, has_right = false, bottom_right = false;
+  int64_t left = 0, right = 0;
+  float scale = 0.125f, softcap = 0.0f;
+  bool max_logit = false;
+
+  std::string str() const {
+    std::ostringstream os;
+    os << "seed " << seed << " " << dtype_name(dtype) << " B" << B << " Hq" << Hq << " Hk" << Hk << " Hv" << Hv
+       << " Sq" << Sq << " Skv" << Skv << " D(" << Dqk << "," << Dv << ") page_k " << page_k << (packed_k ? " packed" : "")
+       << (token_major_k ? " token-major" : "") << " page_v " << page_v << (packed_v ? " packed" : "")
+       << (token_major_v ? " token-major" : "") << (set_max_seq ? "" : " capacity-S_kv") << (thd_q ? " q THD" : "")
+       << (cu_lengths ? " cu_seq_len" : " seq_len") << (lengths64 ? " int64" : " int32")
+       << (zero_kv_sample ? " zero-kv-sample" : "") << " left " << (has_left ? std::to_string(left) : "-") << " right "
+       << (has_right ? std::to_string(right) : "-") << (bottom_right ? " BOTTOM_RIGHT" : " TOP_LEFT") << " scale "
+       << scale;
+    if (softcap > 0) os << " softcap " << softcap;
+    if (max_logit) os << " max_logit";
+    return os.str();
+  }
+};
+
+inline constexpr int64_t kPageSizes[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+
+// A random case; decode: S_q = 1 (every sample one query row, or none).
+inline PagedCase random_paged_case(uint64_t seed, bool decode) {
+  std::mt19937_64 rng(seed);
+  PagedCase c;
+  c.seed = seed;
+  c.dtype = rng() % 2 ? DType::kBFloat16 : DType::kFloat16;
+  c.B = 1 + int64_t(rng() % 4);
+  static const int64_t heads[][3] = {{1, 1, 1}, {2, 2, 2}, {4, 1, 1}, {8, 2, 2}, {6, 3, 3}, {4, 2, 1}, {8, 4, 8}};
+  const auto* h = heads[rng() % 7];
+  c.Hq = h[0];
+  c.Hk = h[1];
+  c.Hv = h[2];
+  c.Sq = decode ? 1 : 1 + int64_t(rng() % 200);
+  c.Skv = 1 + int64_t(rng() % (decode ? 700 : 400));
+  std::tie(c.Dqk, c.Dv) = sdpa_case::random_dims(rng);
+  const int which = int(rng() % 8);  // 0: K alone paged, 1: V alone, else both
+  c.page_k = which == 1 ? 0 : kPageSizes[rng() % 9];
+  c.page_v = which == 0 ? 0 : (rng() % 3 == 0 ? c.page_k : kPageSizes[rng() % 9]);
+  if (c.page_v == 0 && which != 0) c.page_v = 16;
+  c.packed_k = c.page_k > 0 && rng() % 3 == 0;
+  c.packed_v = c.page_v > 0 && rng() % 3 == 0;
+  c.token_major_k = rng() % 3 == 0;
+  c.token_major_v = rng() % 3 == 0;
+  c.set_max_seq = rng() % 4 != 0;
+  c.thd_q = !decode && rng() % 4 == 0;
+  c.cu_lengths = rng() % 3 == 0;
+  c.lengths64 = rng() % 2;
+  c.zero_kv_sample = rng() % 3 == 0;
+  switch (rng() % 5) {
+    case 0: break;                                                        // none
+    case 1: c.has_right = true; c.bottom_right = true; break;             // causal, bottom-right (decode's usual)
+    case 2: c.has_right = true; break;                                    // causal, top-left
+    case 3: c.has_left = true; c.left = 1 + int64_t(rng() % 150); c.has_right = true; c.bottom_right = true; break;
+    default: c.has_left = true; c.left = 1 + int64_t(rng() % 150); c.bottom_right = rng() % 2; break;
+  }
+  if (rng() % 4 == 0) c.softcap = float(5 + rng() % 30);
+  c.max_logit = rng() % 4 == 0;
+  c.scale = fs_test::random_softmax_scale(seed, int(c.Dqk), !c.max_logit);
+  return c;
+}
+
+// One side's page table (int32): `entries` as stored; sample b's page g at
+// entries[offset[b] + g * stride] (offset[b] = b * max_pages unless packed).
+struct PageTable {
+  int64_t page_size = 0, max_pages = 0, num_pages = 0;
+  bool packed = false;
+  std::vector<int32_t> entries;
+  std::vector<int64_t> offsets;  // [B + 1] entry offsets (packed), else [B] b * max_pages
+  std::vector<std::vector<int64_t>> pages;  // pages[b][g]: the container page of sample b's page g
+};
+
+// A paged side: container storage and its table (page_size 0: a dense [B, H, S, D] storage).
+struct PagedSide {
+  Storage data;
+  PageTable table;
+  bool paged() const { return table.page_size > 0; }
+};
+
+struct PagedData {
+  PagedCase c;
+  std::vector<int64_t> len_q, len_kv, tok_q;
+  Storage q, o, stats;
+  PagedSide k, v;
+  // Dense values of every sample's keys / values: dense_k[((b * H_k + h) * S_kv + s) * D_qk + d].
+  std::vector<double> dense_k, dense_v;
+};
+
+// The page tables and container of one side, for keys with values dense (B x H x Skv x D).
+inline void make_side(PagedSide& side, const PagedCase& c, int64_t page, bool packed, bool token_major, int64_t H,
+                      int64_t D, const std::vector<int64_t>& len_kv, const std::vector<double>& dense,
+                      std::mt19937_64& rng) {
+  if (page == 0) {
+    side.data.alloc_host(sdpa_case::make_layout(Kind::kBhsd, c.B, H, c.Skv, D, {}), c.dtype);
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t s = 0; s < len_kv[size_t(b)]; ++s)
+          for (int64_t d = 0; d < D; ++d) side.data.set(side.data.lay.at(b, h, s, d), dense[size_t(((b * H + h) * c.Skv + s) * D + d)]);
+    return;
+  }
+  PageTable& t = side.table;
+  t.page_size = page;
+  t.packed = packed;
+  t.max_pages = (c.Skv + page - 1) / page;
+  int64_t used = 0;
+  std::vector<int64_t> need(size_t(c.B));
+  for (int64_t b = 0; b < c.B; ++b) used += need[size_t(b)] = (len_kv[size_t(b)] + page - 1) / page;
+  t.num_pages = used + int64_t(rng() % 4);  // unused pages stay NaN
+  if (t.num_pages == 0) t.num_pages = 1;
+  std::vector<int64_t> perm(size_t(t.num_pages));
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  t.pages.assign(size_t(c.B), {});
+  size_t next = 0;
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t g = 0; g < need[size_t(b)]; ++g) t.pages[size_t(b)].push_back(perm[next++]);
+  // Entries: used ones, then garbage up to max_pages (never read).
+  auto garbage = [&]() -> int32_t {
+    switch (rng() % 3) {
+      case 0: return -1;
+      case 1: return 0x7fffffff;
+      default: return int32_t(rng() % uint64_t(t.num_pages));
+    }
+  };
+  if (!packed) {
+    t.entries.assign(size_t(c.B * t.max_pages), 0);
+    for (int64_t b = 0; b < c.B; ++b) {
+      t.offsets.push_back(b * t.max_pages);
+      for (int64_t g = 0; g < t.max_pages; ++g)
+        t.entries[size_t(b * t.max_pages + g)] =
+            g < need[size_t(b)] ? int32_t(t.pages[size_t(b)][size_t(g)]) : garbage();
+    }
+  } else {
+    // Packed: each sample's entries after the previous sample's, with 0-2 garbage entries between.
+    t.offsets.push_back(0);
+    for (int64_t b = 0; b < c.B; ++b) {
+      for (int64_t g = 0; g < need[size_t(b)]; ++g) t.entries.push_back(int32_t(t.pages[size_t(b)][size_t(g)]));
+      for (int64_t x = int64_t(rng() % 3); x > 0; --x) t.entries.push_back(garbage());
+      t.offsets.push_back(int64_t(t.entries.size()));
+    }
+    // The [B, 1, max_pages, 1] descriptor's extent past the last offset (the C layer sees only it).
+    while (int64_t(t.entries.size()) < t.offsets[size_t(c.B - 1)] + t.max_pages) t.entries.push_back(garbage());
+  }
+  // Container [pages, H, page, D] (page-major) or [pages, page, H, D] (token-major), NaN first.
+  side.data.alloc_host(sdpa_case::make_layout(token_major ? Kind::kBshd : Kind::kBhsd, t.num_pages, H, page, D, {}),
+                       c.dtype);
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t s = 0; s < len_kv[size_t(b)]; ++s) {
+      const int64_t pg = t.pages[size_t(b)][size_t(s / page)];
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t d = 0; d < D; ++d)
+          side.data.set(side.data.lay.at(pg, h, s % page, d), dense[size_t(((b * H + h) * c.Skv + s) * D + d)]);
+    }
+}
+
+inline PagedData make_paged_data(const PagedCase& c) {
+  PagedData p;
+  p.c = c;
+  std::mt19937_64 rng(c.seed * 6151 + 3);
+  p.len_q.assign(size_t(c.B), c.Sq);
+  p.len_kv.assign(size_t(c.B), c.Skv);
+  for (int64_t b = 0; b < c.B; ++b) {
+    p.len_q[size_t(b)] = c.Sq == 1 ? int64_t(rng() % 8 != 0) : int64_t(rng() % uint64_t(c.Sq + 1));
+    p.len_kv[size_t(b)] = int64_t(rng() % uint64_t(c.Skv + 1));
+  }
+  p.len_q[0] = c.Sq;
+  p.len_kv[size_t(c.B - 1)] = c.Skv;
+  if (c.zero_kv_sample && c.B > 1) {
+    p.len_kv[0] = 0;
+    p.len_q[0] = std::max<int64_t>(p.len_q[0], 1);
+    p.len_kv[size_t(c.B - 1)] = c.Skv;
+  }
+  p.tok_q = sdpa_case::token_offsets(p.len_q, /*gaps=*/!c.cu_lengths, rng);
+  const Kind kq = c.thd_q ? Kind::kThd : Kind::kBhsd;
+  p.q.alloc_host(sdpa_case::make_layout(kq, c.B, c.Hq, c.Sq, c.Dqk, p.tok_q), c.dtype);
+  p.o.alloc_host(sdpa_case::make_layout(kq, c.B, c.Hq, c.Sq, c.Dv, p.tok_q), c.dtype);
+  p.stats.alloc_host(sdpa_case::make_layout(kq, c.B, c.Hq, c.Sq, 1, p.tok_q), DType::kFloat32);
+  sdpa_case::fill_valid(p.q, p.len_q, rng);
+  std::normal_distribution<double> n(0.0, 1.0);
+  auto dense = [&](int64_t H, int64_t D, DType t) {
+    std::vector<double> x(size_t(c.B * H * c.Skv * D), NAN);
+    Storage one;  // rounds to the dtype
+    one.alloc_host(sdpa_case::make_layout(Kind::kBhsd, 1, 1, 1, 1, {}), t);
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t s = 0; s < p.len_kv[size_t(b)]; ++s)
+          for (int64_t d = 0; d < D; ++d) {
+            one.set(0, n(rng));
+            x[size_t(((b * H + h) * c.Skv + s) * D + d)] = one.get(0);
+          }
+    return x;
+  };
+  p.dense_k = dense(c.Hk, c.Dqk, c.dtype);
+  p.dense_v = dense(c.Hv, c.Dv, c.dtype);
+  make_side(p.k, c, c.page_k, c.packed_k, c.token_major_k, c.Hk, c.Dqk, p.len_kv, p.dense_k, rng);
+  make_side(p.v, c, c.page_v, c.packed_v, c.token_major_v, c.Hv, c.Dv, p.len_kv, p.dense_v, rng);
+  return p;
+}
+
+}  // namespace flashspan::test::sdpa_paged

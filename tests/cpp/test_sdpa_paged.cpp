@@ -1,0 +1,254 @@
+// Paged K/V caches of the SDPA forward on the host (no GPU): the parameters dispatch gives the
+// paged kernels (dispatch/sdpa_params.cpp sdpa_paged_fwd_params) and the kernels' own K/V
+// address role (kv_addr.cuh PagedKv, compiled for the host) find every key and value of every
+// sample of random paged cases (sdpa_paged_case.h: page sizes 1 .. 256, shuffled pages, ragged
+// lengths, packed tables, token-major containers, K or V alone paged, GQA, H_k != H_v) where
+// the dense K / V of the case hold them; the rows the kernels' gather never asks about (keys
+// past a sample) are left out, as the loader leaves them. Also the native path's rules for
+// paged calls on CUDA descriptors (experimental switch, page sizes).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/sdpa_problem.h"
+#include "dispatch/sdpa_launch.h"
+#include "sdpa_paged_case.h"
+
+// The kernels' K/V address role, compiled for the host (plain integer code and loads).
+#define __device__
+#define __forceinline__ inline
+template <class T>
+inline T __ldg(const T* p) {
+  return *p;
+}
+#include "kernels/common/kv_addr.cuh"
+#undef __device__
+#undef __forceinline__
+
+namespace flashspan::test {
+namespace {
+
+using namespace sdpa_paged;
+
+TensorView view_of(const sdpa_case::Storage& s, DeviceType dev = DeviceType::kCPU) {
+  TensorView t;
+  t.dtype = s.dtype;
+  t.ndim = 4;
+  t.device = dev;
+  const int64_t shape[4] = {s.lay.B, s.lay.H, s.lay.S, s.lay.D};
+  for (int d = 0; d < 4; ++d) {
+    t.shape[d] = shape[d];
+    t.strides[d] = s.lay.strides[size_t(d)];
+  }
+  return t;
+}
+
+TensorView index_view(int64_t n, bool i64, DeviceType dev = DeviceType::kCPU) {
+  TensorView t;
+  t.dtype = i64 ? DType::kInt64 : DType::kInt32;
+  t.ndim = 1;
+  t.shape[0] = n;
+  t.strides[0] = 1;
+  t.device = dev;
+  return t;
+}
+
+// Host bytes of an int32 / int64 array.
+std::vector<uint8_t> index_bytes(const std::vector<int64_t>& v, bool i64) {
+  std::vector<uint8_t> b(std::max<size_t>(v.size(), 1) * (i64 ? 8 : 4));
+  for (size_t i = 0; i < v.size(); ++i) {
+    if (i64) {
+      std::memcpy(b.data() + 8 * i, &v[i], 8);
+    } else {
+      const int32_t x = int32_t(v[i]);
+      std::memcpy(b.data() + 4 * i, &x, 4);
+    }
+  }
+  return b;
+}
+
+// The validated forward problem of a case, bound to its host buffers.
+struct HostCall {
+  PagedData d;
+  std::vector<uint8_t> lq, lk, rq, ok, ov;
+  sdpa::Problem p;
+
+  explicit HostCall(const PagedCase& c, DeviceType dev = DeviceType::kCPU) : d(make_paged_data(c)) {
+    sdpa::Attributes a;
+    void* pack[sdpa::kNumSlots] = {};
+    auto put = [&](int slot, const sdpa_case::Storage& s) {
+      a.tensors[size_t(slot)] = view_of(s, dev);
+      pack[slot] = const_cast<uint8_t*>(s.host.data());
+    };
+    put(FS_SDPA_Q, d.q);
+    put(FS_SDPA_K, d.k.data);
+    put(FS_SDPA_V, d.v.data);
+    put(FS_SDPA_O, d.o);
+    put(FS_SDPA_STATS, d.stats);
+    a.generate_stats = true;
+    a.attn_scale_value = c.scale;
+    a.padding_mask = true;
+    lq = index_bytes(c.cu_lengths ? sdpa_case::prefix_sums(d.len_q) : d.len_q, c.lengths64);
+    lk = index_bytes(c.cu_lengths ? sdpa_case::prefix_sums(d.len_kv) : d.len_kv, c.lengths64);
+    const int sq = c.cu_lengths ? FS_SDPA_CU_SEQ_LEN_Q : FS_SDPA_SEQ_LEN_Q;
+    const int sk = c.cu_lengths ? FS_SDPA_CU_SEQ_LEN_KV : FS_SDPA_SEQ_LEN_KV;
+    a.tensors[size_t(sq)] = index_view(c.B + (c.cu_lengths ? 1 : 0), c.lengths64, dev);
+    a.tensors[size_t(sk)] = index_view(c.B + (c.cu_lengths ? 1 : 0), c.lengths64, dev);
+    pack[sq] = lq.data();
+    pack[sk] = lk.data();
+    if (c.thd_q) {
+      rq = index_bytes(d.tok_q, false);
+      for (int s : {FS_SDPA_Q, FS_SDPA_O, FS_SDPA_STATS}) {
+        const int r = sdpa::ragged_slot_of(s);
+        a.tensors[size_t(r)] = index_view(c.B + 1, false, dev);
+        a.ragged_multiplier[size_t(r)] = a.tensors[size_t(s)].strides[2];
+        pack[r] = rq.data();
+      }
+    }
+    for (int side = 0; side < 2; ++side) {
+      const PagedSide& ps = side == 0 ? d.k : d.v;
+      if (!ps.paged()) continue;
+      const PageTable& t = ps.table;
+      const int slot = side == 0 ? FS_SDPA_PAGE_TABLE_K : FS_SDPA_PAGE_TABLE_V;
+      TensorView tv;
+      tv.dtype = DType::kInt32;
+      tv.ndim = 4;
+      tv.device = dev;
+      const int64_t shape[4] = {c.B, 1, t.max_pages, 1}, str[4] = {t.max_pages, t.max_pages, 1, 1};
+      for (int k = 0; k < 4; ++k) {
+        tv.shape[k] = shape[k];
+        tv.strides[k] = str[k];
+      }
+      a.tensors[size_t(slot)] = tv;
+      pack[slot] = const_cast<int32_t*>(t.entries.data());
+      if (t.packed) {
+        std::vector<uint8_t>& b = side == 0 ? ok : ov;
+        b = index_bytes(t.offsets, false);
+        const int r = sdpa::ragged_slot_of(slot);
+        a.tensors[size_t(r)] = index_view(c.B + 1, false, dev);
+        a.ragged_multiplier[size_t(r)] = 1;
+        pack[r] = b.data();
+      }
+    }
+    if (c.set_max_seq) a.paged_max_seq_len_kv = c.Skv;
+    a.alignment = c.bottom_right ? FS_SDPA_BOTTOM_RIGHT : FS_SDPA_TOP_LEFT;
+    if (c.has_left) a.left_bound = c.left;
+    if (c.has_right) a.right_bound = c.right;
+    p = sdpa::validate_forward(a);
+    p.bind(pack, sdpa::kNumSlots);
+  }
+};
+
+double elem(DType t, const void* base, int64_t off) {
+  TensorView v;
+  v.data = const_cast<void*>(base);
+  v.dtype = t;
+  return read_elem(v, off);
+}
+
+// Every key s < len_kv[b] of every head, through the kernels' parameters and PagedKv, holds the
+// case's dense value; a contiguous side through its sample start.
+void check_addresses(const PagedCase& c) {
+  SCOPED_TRACE(c.str());
+  HostCall call(c);
+  // The CPU reference reads the same tables: it must accept the case.
+  const sdpa::Runtime rt = sdpa::read_runtime_host(call.p);
+  ASSERT_EQ(int64_t(rt.len_kv.size()), c.B);
+  const SdpaPagedFwdParams f = sdpa_paged_fwd_params(call.p);
+  EXPECT_EQ(f.analytic.max_kv, c.set_max_seq ? c.Skv : call.p.Skv);
+  for (int side = 0; side < 2; ++side) {
+    const SdpaPagedSide& ps = side == 0 ? f.paged_k : f.paged_v;
+    const TensorAddr& ad = side == 0 ? f.ka : f.va;
+    const void* base = side == 0 ? f.k : f.v;
+    const std::vector<double>& dense = side == 0 ? call.d.dense_k : call.d.dense_v;
+    const int64_t H = side == 0 ? c.Hk : c.Hv, D = side == 0 ? c.Dqk : c.Dv;
+    const bool paged = (side == 0 ? c.page_k : c.page_v) > 0;
+    EXPECT_EQ(ps.table != nullptr, paged);
+    const SampleStart& st = f.analytic.start[side == 0 ? kSdpaK : kSdpaV];
+    if (paged) {
+      EXPECT_TRUE(st.ragged.ptr == nullptr && st.batch_stride == 0) << "a paged side's head base has a sample term";
+      EXPECT_EQ(int64_t(1) << ps.log2_page, side == 0 ? c.page_k : c.page_v);
+    }
+    for (int b = 0; b < int(c.B); ++b) {
+      const kern::PagedKv kv = kern::PagedKv::item(ps, b);
+      const int64_t start = kern::sample_start(st, b);
+      for (int64_t h = 0; h < H; ++h)
+        for (int s = 0; s < int(call.d.len_kv[size_t(b)]); ++s) {
+          int64_t off = -1;
+          ASSERT_TRUE(kv.row_offset(ps, s, ad.row_stride, off)) << "side " << side << " sample " << b << " key " << s;
+          for (int64_t d = 0; d < D; ++d) {
+            const double got = elem(c.dtype, base, start + h * ad.head_stride + off + d);
+            const double want = dense[size_t(((b * H + h) * c.Skv + s) * D + d)];
+            ASSERT_EQ(got, want) << "side " << side << " sample " << b << " head " << h << " key " << s << " col " << d;
+          }
+        }
+    }
+  }
+}
+
+TEST(SdpaPaged, AddressRoleFindsEveryKey) {
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    check_addresses(random_paged_case(seed, /*decode=*/false));
+    check_addresses(random_paged_case(seed + 100, /*decode=*/true));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaPaged, AddressRoleRefusesEntriesOutsideTheContainer) {
+  PagedCase c;
+  c.seed = 7;
+  c.B = 1;
+  c.Sq = 1;
+  c.Skv = 40;
+  c.page_k = c.page_v = 4;
+  HostCall call(c);
+  SdpaPagedFwdParams f = sdpa_paged_fwd_params(call.p);
+  std::vector<int32_t> entries = call.d.k.table.entries;
+  f.paged_k.table = entries.data();
+  int64_t off = 0;
+  for (int32_t bad : {-1, int32_t(call.d.k.table.num_pages), 0x7fffffff}) {
+    entries[1] = bad;
+    const kern::PagedKv kv = kern::PagedKv::item(f.paged_k, 0);
+    EXPECT_TRUE(kv.row_offset(f.paged_k, 3, f.ka.row_stride, off));   // page 0
+    EXPECT_FALSE(kv.row_offset(f.paged_k, 4, f.ka.row_stride, off)) << bad;  // page 1
+  }
+}
+
+// sdpa_check_features_gpu's verdict on the CUDA twin of a case ("" when accepted).
+std::string cuda_refusal(const PagedCase& c) {
+  HostCall call(c, DeviceType::kCUDA);
+  try {
+    sdpa_check_features_gpu(call.p);
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kNotSupported);
+    return e.what();
+  }
+  return "";
+}
+
+TEST(SdpaPaged, CudaRules) {
+  PagedCase c;
+  c.seed = 11;
+  c.B = 2;
+  c.Sq = 5;
+  c.Skv = 70;
+  c.page_k = 16;
+  c.page_v = 1;
+  set_sdpa_paged_enabled(0);
+  const std::string off = cuda_refusal(c);
+  EXPECT_EQ(off.rfind("paged_attention_k_table, paged_attention_v_table: paged K/V caches on CUDA tensors are "
+                      "experimental (not yet run on a GPU): set FLASHSPAN_EXPERIMENTAL=1", 0), 0u) << off;
+  set_sdpa_paged_enabled(1);
+  EXPECT_EQ(cuda_refusal(c), "");
+  c.page_v = 0;  // K alone paged
+  EXPECT_EQ(cuda_refusal(c), "");
+  set_sdpa_paged_enabled(-1);
+}
+
+}  // namespace
+}  // namespace flashspan::test
