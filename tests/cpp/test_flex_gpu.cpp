@@ -1992,8 +1992,8 @@ TEST(PlanScaleGpu, OutOfMemoryIsAnErrorNotACrash) {
 // The sm90 family (src/kernels/sm90: TMA + wgmma forward on consumer_for(90) plans, the tiles
 // of tile_sm90.h: 128 x 128, 128 x 64 for (256, 256); kernels of head dims (64, 64),
 // (128, 128), (192, 128), (256, 256), smaller dims on the next larger kernel with zero-filled
-// tensor-map loads; the backward of such plans runs on the sm90 backward for 64 / 128, else on
-// the sm80 kernels). Skipped where the device or the build cannot run it
+// tensor-map loads; the backward of such plans runs on the sm90 backward for (64, 64),
+// (128, 128), (192, 128), (256, 256), else on the sm80 kernels). Skipped where the device or the build cannot run it
 // (sm90::device_supported).
 // ---------------------------------------------------------------------------
 
@@ -2039,8 +2039,8 @@ TEST(FlexGpuSm90, RandomCases) {
 
 // Every kernel head dims pair and dims below them (exact, Dqk != Dv, dims under one 64-column
 // slab, odd multiples of 8), both dtypes, on a GQA THD problem with an empty sample and
-// lengths off both key tiles (128 and 64); forward and backward (sm90 backward for 64 / 128,
-// the sm80 backward on the sm90 plan's backward tile otherwise).
+// lengths off both key tiles (128 and 64); forward and backward (sm90 backward for the kernel
+// dims, the sm80 backward on the sm90 plan's backward tile otherwise).
 TEST(FlexGpuSm90, HeadDims) {
   REQUIRE_SM90();
   const int dims[][2] = {{64, 64},  {128, 128}, {192, 128}, {256, 256}, {8, 8},   {40, 40},
@@ -2332,20 +2332,13 @@ TEST(FlexGpuSm90, SanitizerHeadDims) {
 // ---------------------------------------------------------------------------
 // The sm90 backward (kernel_bwd_sm90.cuh: Dqk = Dv in {64, 128} on the 64 x 128 tile, (192, 128)
 // and (256, 256) on the 64 x 64 tile, fp16/bf16, deterministic or not), run on sm90 plans
-// whatever FLASHSPAN_SM90_BWD and FLASHSPAN_EXPERIMENTAL say (sm90::set_bwd_enabled,
-// sm90::set_bwd_big_dims_enabled); every case checks that the sm90 backward was the kernel that
-// ran (sm90::bwd_launches).
+// whatever FLASHSPAN_SM90_BWD says (sm90::set_bwd_enabled); every case checks that the sm90
+// backward was the kernel that ran (sm90::bwd_launches).
 // ---------------------------------------------------------------------------
 
 struct Sm90BwdOn {
-  Sm90BwdOn() {
-    sm90::set_bwd_enabled(1);
-    sm90::set_bwd_big_dims_enabled(1);
-  }
-  ~Sm90BwdOn() {
-    sm90::set_bwd_enabled(-1);
-    sm90::set_bwd_big_dims_enabled(-1);
-  }
+  Sm90BwdOn() { sm90::set_bwd_enabled(1); }
+  ~Sm90BwdOn() { sm90::set_bwd_enabled(-1); }
 };
 
 void run_case_sm90_bwd(const Case& c) {
@@ -2592,7 +2585,7 @@ TEST(FlexGpuSm90, BwdSanitizerSmall) {
 
 // ---------------------------------------------------------------------------
 // The column-split sm90 backward: (192, 128) and (256, 256) on the 64 x 64 tile
-// (bwd_consumer_cols; experimental, switched on here by Sm90BwdOn).
+// (bwd_consumer_cols).
 // ---------------------------------------------------------------------------
 
 void big_dims(Case& c, bool d256) {

@@ -83,29 +83,9 @@ bool bwd_deterministic_enabled() {
   return on;
 }
 
-namespace {
-std::atomic<int> g_big_dims_override{-1};
-// Experimental until the GPU suite has passed with them: FLASHSPAN_EXPERIMENTAL=1, read once
-// when the library is loaded (as fwd_packed_enabled).
-const bool g_big_dims_env = [] {
-  const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
-  return e != nullptr && std::strcmp(e, "1") == 0;
-}();
-}  // namespace
-
-void set_bwd_big_dims_enabled(int on) {
-  g_big_dims_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed);
-}
-
-bool bwd_big_dims_enabled() {
-  const int o = g_big_dims_override.load(std::memory_order_relaxed);
-  return o >= 0 ? o == 1 : g_big_dims_env;
-}
-
 bool bwd_config_supported(const FlexGeometry& g, bool deterministic) {
   return (g.dtype == DType::kFloat16 || g.dtype == DType::kBFloat16) &&
-         bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v) && (g.head_dim_qk <= 128 || bwd_big_dims_enabled()) &&
-         (!deterministic || bwd_deterministic_enabled());
+         bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v) && (!deterministic || bwd_deterministic_enabled());
 }
 
 int bwd_smem_bytes(int dqk, int dv) {

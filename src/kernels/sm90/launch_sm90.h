@@ -50,17 +50,9 @@ void set_bwd_enabled(int on);
 int64_t bwd_launches();
 
 // Whether the sm90 backward kernel covers a configuration (independent of the device): fp16 or
-// bf16, Dqk = Dv in {64, 128}, or (192, 128) / (256, 256) when bwd_big_dims_enabled(),
+// bf16, head dims of bwd_runs_head_dims_sm90 (Dqk = Dv in {64, 128}, (192, 128), (256, 256)),
 // deterministic or not (deterministic unless FLASHSPAN_SM90_BWD_DETERMINISTIC=0).
 bool bwd_config_supported(const FlexGeometry& g, bool deterministic);
-
-// Whether the (192, 128) and (256, 256) sm90 backward kernels (64 x 64 tile, column-split
-// consumers) may run: only with FLASHSPAN_EXPERIMENTAL=1 in the environment (read once, when the
-// library is loaded) until the GPU suite has run with them; otherwise those calls run the sm80
-// backward on the same plan. set_bwd_big_dims_enabled overrides it for this process (tests: 1
-// on, 0 off, -1 back to the environment's answer).
-bool bwd_big_dims_enabled();
-void set_bwd_big_dims_enabled(int on);
 
 // Dynamic shared memory of the sm90 backward for these head dims (bytes; 0 when it has none).
 int bwd_smem_bytes(int dqk, int dv);

@@ -61,10 +61,8 @@ constexpr bool fwd_runs_pack_sm90(int group) {
 
 // Head dims the sm90 backward kernels run: Dqk = Dv in {64, 128} on the 64 x 128 tile, and
 // (192, 128), (256, 256) on the 64 x 64 tile (the sm80 backward's there too, so either family's
-// backward runs on such a plan). Whether a call takes them is launch_sm90.h's
-// bwd_config_supported ((192, 128) and (256, 256) only with FLASHSPAN_EXPERIMENTAL=1 until they
-// have run on a GPU); an sm90 plan's backward for other dims runs on the sm80 kernels, whose
-// backward tile it has (above).
+// backward runs on such a plan; launch_sm90.h's bwd_config_supported decides per call). An sm90
+// plan's backward for other dims runs on the sm80 kernels, whose backward tile it has (above).
 constexpr bool bwd_runs_head_dims_sm90(int dqk, int dv) {
   return (dqk == dv && (dqk == 64 || dqk == 128)) || (dqk == 192 && dv == 128) || (dqk == 256 && dv == 256);
 }
