@@ -49,14 +49,14 @@ void check_head_dims_sm80(int dqk, int dv) {
 }
 
 // sm90: the tiles of kernels/sm90/tile_sm90.h (forward: two consumer warpgroups of 64 rows
-// each, 128 keys, 64 for (256, 256); backward: the tile its backward kernel runs, 64 x 128 up to
-// D = 128 and the sm80 kernels' 64 x 64 for (192, 128) and (256, 256)).
-// For (192, 128) and (256, 256) the forward runs 128 x 128 / 128 x 64 tiles of its own, the
-// backward the sm80 kernels' 64 x 64 tile: the backward part of the two tables must agree
-// wherever an sm90 plan's backward can run on the sm80 kernels.
+// each, 128 keys, 64 for (256, 256); backward: 64 x 128 up to D = 128 and 64 x 64 for (192, 128)
+// and (256, 256), the tiles of both backward families).
+// For (192, 128) and (256, 256) the forward runs 128 x 128 / 128 x 64 tiles of its own. Any
+// sm90 plan's backward can run on the sm80 kernels (FLASHSPAN_SM90_BWD=0, or a configuration
+// the sm90 backward does not take), so the backward part of the two tables must agree.
 Consumer consumer_sm90(int head_dim_qk, int head_dim_v) {
   const sm90::TileSm90 t = sm90::tile_sm90(head_dim_qk, head_dim_v);
-  if (sm80::runs_head_dims_sm80(head_dim_qk, head_dim_v) && !sm90::bwd_runs_head_dims_sm90(head_dim_qk, head_dim_v)) {
+  if (sm80::runs_head_dims_sm80(head_dim_qk, head_dim_v)) {  // the sm80 backward may run it (sm90 backward off)
     const sm80::TileSm80 b = sm80::tile_sm80(head_dim_qk, head_dim_v);
     FS_CHECK(t.bwd_bq == b.bwd_bq && t.bwd_bk == b.bwd_bk, Status::kInternal, "tile_sm90: backward tile ", t.bwd_bq,
              "x", t.bwd_bk, " of head dims (", head_dim_qk, ", ", head_dim_v, ") is not the sm80 backward's ",

@@ -1992,8 +1992,8 @@ TEST(PlanScaleGpu, OutOfMemoryIsAnErrorNotACrash) {
 // The sm90 family (src/kernels/sm90: TMA + wgmma forward on consumer_for(90) plans, the tiles
 // of tile_sm90.h: 128 x 128, 128 x 64 for (256, 256); kernels of head dims (64, 64),
 // (128, 128), (192, 128), (256, 256), smaller dims on the next larger kernel with zero-filled
-// tensor-map loads; the backward of such plans runs on the sm90 backward for 64 / 128, else on
-// the sm80 kernels). Skipped where the device or the build cannot run it
+// tensor-map loads; the backward of such plans runs on the sm90 backward for (64, 64),
+// (128, 128), (192, 128), (256, 256), else on the sm80 kernels). Skipped where the device or the build cannot run it
 // (sm90::device_supported).
 // ---------------------------------------------------------------------------
 
@@ -2039,8 +2039,8 @@ TEST(FlexGpuSm90, RandomCases) {
 
 // Every kernel head dims pair and dims below them (exact, Dqk != Dv, dims under one 64-column
 // slab, odd multiples of 8), both dtypes, on a GQA THD problem with an empty sample and
-// lengths off both key tiles (128 and 64); forward and backward (sm90 backward for 64 / 128,
-// the sm80 backward on the sm90 plan's backward tile otherwise).
+// lengths off both key tiles (128 and 64); forward and backward (sm90 backward for the kernel
+// dims, the sm80 backward on the sm90 plan's backward tile otherwise).
 TEST(FlexGpuSm90, HeadDims) {
   REQUIRE_SM90();
   const int dims[][2] = {{64, 64},  {128, 128}, {192, 128}, {256, 256}, {8, 8},   {40, 40},
@@ -2330,9 +2330,10 @@ TEST(FlexGpuSm90, SanitizerHeadDims) {
 }
 
 // ---------------------------------------------------------------------------
-// The sm90 backward (kernel_bwd_sm90.cuh: Dqk = Dv in {64, 128}, fp16/bf16, deterministic or not), run on
-// sm90 plans whatever FLASHSPAN_EXPERIMENTAL says (sm90::set_bwd_enabled); every case checks
-// that the sm90 backward was the kernel that ran (sm90::bwd_launches).
+// The sm90 backward (kernel_bwd_sm90.cuh: Dqk = Dv in {64, 128} on the 64 x 128 tile, (192, 128)
+// and (256, 256) on the 64 x 64 tile, fp16/bf16, deterministic or not), run on sm90 plans
+// whatever FLASHSPAN_SM90_BWD says (sm90::set_bwd_enabled); every case checks that the sm90
+// backward was the kernel that ran (sm90::bwd_launches).
 // ---------------------------------------------------------------------------
 
 struct Sm90BwdOn {
@@ -2341,8 +2342,7 @@ struct Sm90BwdOn {
 };
 
 void run_case_sm90_bwd(const Case& c) {
-  ASSERT_TRUE(c.backward && c.arch == 90 && c.h.dqk == c.h.dv && (c.h.dqk == 64 || c.h.dqk == 128))
-      << c.describe();
+  ASSERT_TRUE(c.backward && c.arch == 90 && sm90::bwd_runs_head_dims_sm90(c.h.dqk, c.h.dv)) << c.describe();
   const int64_t before = sm90::bwd_launches();
   run_case(c);
   EXPECT_GT(sm90::bwd_launches(), before) << "the sm90 backward did not run: " << c.describe();
@@ -2580,6 +2580,174 @@ TEST(FlexGpuSm90, BwdSanitizerSmall) {
   Case e = b;  // deterministic (dQ tile counters)
   e.deterministic = true;
   e.seed = 9805;
+  run_case_sm90_bwd(e);
+}
+
+// ---------------------------------------------------------------------------
+// The column-split sm90 backward: (192, 128) and (256, 256) on the 64 x 64 tile
+// (bwd_consumer_cols).
+// ---------------------------------------------------------------------------
+
+void big_dims(Case& c, bool d256) {
+  c.h.dqk = d256 ? 256 : 192;
+  c.h.dv = d256 ? 256 : 128;
+}
+
+// random_case_sm90 (BSHD / THD with empty samples, GQA / MQA, Hmask 1 or Hq, random interval
+// and block-structured masks, strided tensors, dlse, random softmax scale) at (256, 256) (even
+// seeds) or (192, 128), lengths up to 200 (CPU reference time).
+Case bwd_big_case_sm90(uint64_t seed, bool deterministic) {
+  Case c = random_case_sm90(seed);
+  big_dims(c, seed % 2 == 0);
+  c.sq = std::min<int64_t>(c.sq, 200);
+  c.sk = std::min<int64_t>(c.sk, 200);
+  for (auto& l : c.lq) l = std::min<int64_t>(l, 200);
+  for (auto& l : c.lk) l = std::min<int64_t>(l, 200);
+  c.backward = true;
+  c.deterministic = deterministic;
+  return c;
+}
+
+TEST(FlexGpuSm90, BwdBigDimsRandom) {
+  REQUIRE_SM90();
+  Sm90BwdOn on;
+  for (uint64_t s = 1; s <= 32; ++s) run_case_sm90_bwd(bwd_big_case_sm90(s + 1500, false));
+}
+
+// Fully empty rows, only full blocks, one query with THD empty samples, MQA with Hmask = Hq and
+// negative scores, strided tensors with dlse, the causal / document_causal benchmark masks, the
+// split schedule (long K2Q walks) and grid mode, each at both head dims.
+TEST(FlexGpuSm90, BwdBigDimsCases) {
+  REQUIRE_SM90();
+  Sm90BwdOn on;
+  uint64_t seed = 9620;
+  for (bool d256 : {false, true}) {
+    auto base = [&](int hq, int hkv, int hmask, int nfunc, DType dt) {
+      Case c;
+      c.arch = 90;
+      c.h = HeadConfig{hq, hkv, hmask, nfunc, 128, 128, dt};
+      big_dims(c, d256);
+      c.deterministic = false;
+      c.seed = ++seed;
+      return c;
+    };
+    {
+      Case c = base(2, 1, 1, 1, DType::kFloat16);  // every row empty
+      c.sq = 200;
+      c.sk = 190;
+      c.mopt.p_empty_row = 1.0;
+      run_case_sm90_bwd(c);
+    }
+    {
+      Case c = base(4, 2, 1, 1, DType::kBFloat16);  // only full blocks
+      c.sq = 192;
+      c.sk = 256;
+      c.mopt.p_full_row = 1.0;
+      c.mopt.p_empty_row = 0.0;
+      run_case_sm90_bwd(c);
+    }
+    {
+      Case c = base(4, 2, 4, 3, DType::kFloat16);  // one query, THD with empty samples
+      c.varlen = true;
+      c.lq = {1, 0, 3, 70};
+      c.lk = {150, 5, 0, 129};
+      c.batch = 4;
+      run_case_sm90_bwd(c);
+    }
+    {
+      Case c = base(3, 1, 3, 3, DType::kBFloat16);  // negative scores, MQA, Hmask = Hq
+      c.sq = 150;
+      c.sk = 133;
+      c.negative_logits = true;
+      run_case_sm90_bwd(c);
+    }
+    {
+      Case c = base(2, 2, 1, 3, DType::kBFloat16);  // strided tensors, LSE gradient
+      c.sq = 129;
+      c.sk = 127;
+      c.strided = true;
+      c.dlse = true;
+      run_case_sm90_bwd(c);
+    }
+    for (const char* name : {"causal", "document_causal"}) {
+      Case c = base(2, 1, 1, 1, d256 ? DType::kBFloat16 : DType::kFloat16);
+      c.mask = name;
+      c.sq = 384;
+      run_case_sm90_bwd(c);
+    }
+    {
+      Case c = split_case("sink_local", HeadConfig{2, 1, 1, 1, 128, 128, DType::kBFloat16}, ++seed);
+      big_dims(c, d256);
+      c.arch = 90;
+      c.sq = 1024;
+      run_case_sm90_bwd(c);
+    }
+    {
+      Case c = base(4, 2, 4, 3, DType::kBFloat16);  // grid mode, THD with empty samples
+      c.varlen = true;
+      c.lq = {150, 0, 90};
+      c.lk = {130, 70, 0};
+      c.batch = 3;
+      c.grid_mode = true;
+      run_case_sm90_bwd(c);
+    }
+  }
+}
+
+// Deterministic: random cases against the reference, and dq / dk / dv bitwise identical over
+// three runs of a causal GQA THD case.
+TEST(FlexGpuSm90, BwdBigDimsDeterministic) {
+  REQUIRE_SM90();
+  Sm90BwdOn on;
+  for (uint64_t s = 1; s <= 12; ++s) run_case_sm90_bwd(bwd_big_case_sm90(s + 1700, true));
+  for (bool d256 : {false, true}) {
+    Case c;
+    c.arch = 90;
+    c.varlen = true;
+    c.lq = {500, 0, 200};
+    c.lk = {450, 60, 260};
+    c.batch = 3;
+    c.h = HeadConfig{4, 2, 1, 3, 128, 128, DType::kBFloat16};
+    big_dims(c, d256);
+    c.deterministic = true;
+    c.seed = d256 ? 9961 : 9960;
+    const int64_t before = sm90::bwd_launches();
+    expect_bwd_bitwise_repeatable(c);
+    EXPECT_EQ(sm90::bwd_launches(), before + 3) << "the sm90 backward did not run";
+  }
+}
+
+// Small cases for compute-sanitizer (memcheck / racecheck / synccheck).
+TEST(FlexGpuSm90, BwdBigDimsSanitizer) {
+  REQUIRE_SM90();
+  Sm90BwdOn on;
+  Case a;
+  a.arch = 90;
+  a.sq = 150;
+  a.sk = 140;
+  a.h = HeadConfig{2, 1, 2, 3, 192, 128, DType::kBFloat16};
+  a.deterministic = false;
+  a.seed = 9811;
+  run_case_sm90_bwd(a);
+  Case b;
+  b.arch = 90;
+  b.varlen = true;
+  b.lq = {70, 0, 130};
+  b.lk = {66, 20, 0};
+  b.batch = 3;
+  b.h = HeadConfig{2, 2, 1, 1, 256, 256, DType::kFloat16};
+  b.deterministic = false;
+  b.seed = 9812;
+  run_case_sm90_bwd(b);
+  Case f = split_case("global", HeadConfig{2, 1, 2, 5, 256, 256, DType::kBFloat16}, 9813);
+  f.arch = 90;
+  f.sq = 600;
+  f.sk = 600;
+  run_case_sm90_bwd(f);
+  Case e = b;  // deterministic (dQ tile counters)
+  e.h = HeadConfig{2, 2, 1, 1, 192, 128, DType::kFloat16};
+  e.deterministic = true;
+  e.seed = 9815;
   run_case_sm90_bwd(e);
 }
 

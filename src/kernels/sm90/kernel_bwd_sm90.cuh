@@ -3,7 +3,10 @@
 //
 // Algorithm: FlashAttention-2/3 backward (Dao 2023, Alg. 2; Shah et al. 2024, sec. 3) over the
 // plan's backward view (tile 64 query rows x 128 keys, payload rows = queries, cols = keys),
-// for plans whose consumer is consumer_for(90) and head dims Dqk = Dv = kD in {64, 128}:
+// for plans whose consumer is consumer_for(90) and head dims Dqk = Dv = kD in {64, 128}
+// (and, on the 64 x 64 tile of (192, 128) / (256, 256), the column-split consumers described
+// at the end of this comment; producer, dQ writer, dQ order warp, scheduler, deterministic
+// order, pre- and postprocess are the same):
 //   per (key block, kv head, batch) work item, for every (query head of the kv group, query
 //   block) pair of its K2Q walk (kernels/common/k2q_walk.cuh):
 //     S^T = K Q^T, P^T = exp2(S^T scale log2(e) - lse2)   (masked: 0)
@@ -76,6 +79,19 @@
 //   S^T, dP^T (SS, both K-major): A = K / V rows 64c.., B = Q / dO; k16 step +32 B in a slab.
 //   dV, dK (RS, B = dO / Q N-major): LBO = 8 KB (Q slab stride), k16 step = 16 query rows = 2 KB.
 //   dQ (SS, A = dS M-major, B = K N-major): k16 step = 16 keys = 2 KB; B = K slab c.
+//
+// Column-split consumers (bwd_consumer_cols; (192, 128) and (256, 256), tile 64 x 64, as
+// FlashAttention-3's hdim-192/256 backward splits dK / dV over its MMA warpgroups): one
+// warpgroup holding dK (64 x Dqk) and dV (64 x Dv) would need 160 / 256 accumulator registers,
+// so warpgroup c owns half the columns of each (ColPieces: 48 + 32 / 64 + 64 registers) and
+// the dQ columns of the same half (48 / 64 registers, live only during the dQ GEMM). A step:
+// S = Q K^T and dP = dO V^T for keys 32c .. 32c + 31 (m64n32, rows = queries: the plan's own
+// orientation, so the payload is one word a thread, bits 16c + 4j + r), P and dS of those keys
+// into shared memory (16-bit, query rows of 64 keys, 128B-swizzled, double-buffered), a named
+// barrier, then dQ = dS K (SS, A K-major, B = K N-major), dV += P^T dO and dK += dS^T Q (SS,
+// A = P / dS M-major, B = dO / Q N-major) on the warpgroup's columns. Shared memory: (192, 128)
+// K 24 + V 16 + 2 x (Q 24 + dO 16) + 2 x (P, dS 16) + dQ 48 KB = 200 KB; (256, 256) one Q / dO
+// stage: 32 + 32 + 64 + 32 + 64 KB = 224 KB (of 227).
 #pragma once
 
 #include <cuda.h>
@@ -95,31 +111,45 @@
 
 namespace flashspan::kern90 {
 
-template <int kD>
+// Shared-memory layout and tile of the kernel for head dims (kDqk, kDv): the tile is the plan's
+// (tile_sm90.h). 64 x 128 (Dqk = Dv in {64, 128}): the key-split consumers (bwd_consumer);
+// 64 x 64 ((192, 128), (256, 256)): the column-split consumers (bwd_consumer_cols).
+template <int kDqk, int kDv = kDqk>
 struct BwdSm90Layout {
-  static_assert(kD == 64 || kD == 128, "sm90 backward: head dim 64 or 128");
-  static constexpr int kBlockQ = sm90::kTileSm90.bwd_bq;  // 64
-  static constexpr int kBlockK = sm90::kTileSm90.bwd_bk;  // 128
-  static_assert(kBlockQ == 64 && kBlockK == 128, "the consumer layout below assumes the 64 x 128 backward tile");
-  static constexpr int kStages = 2;
+  static_assert(sm90::bwd_runs_head_dims_sm90(kDqk, kDv), "sm90 backward: head dims (64, 64), (128, 128), (192, 128) or (256, 256)");
+  static constexpr int kD = kDqk;
+  static constexpr int kBlockQ = sm90::tile_sm90(kDqk, kDv).bwd_bq;  // 64
+  static constexpr int kBlockK = sm90::tile_sm90(kDqk, kDv).bwd_bk;  // 128, or 64 for (192, 128) / (256, 256)
+  static constexpr bool kColSplit = kBlockK == 64;                   // the column-split consumers
+  static_assert(kBlockQ == 64 && (kBlockK == 128 || kColSplit), "the consumer layouts below assume 64 x 128 or 64 x 64");
+  static_assert(kColSplit || kDqk == kDv, "the key-split consumers need Dqk = Dv");
+  // Q / dO stages: 2, or 1 for (256, 256) (two stages of its 64 KB Q + dO do not fit beside K, V,
+  // the P / dS buffers and the 64 KB dQ tile).
+  static constexpr int kStages = kDqk == 256 ? 1 : 2;
   static constexpr int kThreads = 384;
   static constexpr int kConsumerThreads = 256;
-  static constexpr int kSlabs = kD / 64;
-  static constexpr int kSlabK = kBlockK * 128;  // 128 keys x 64 16-bit columns
+  static constexpr int kSlabs = kDqk / 64;   // 64-column slabs of K and Q
+  static constexpr int kSlabsV = kDv / 64;   // of V and dO
+  static constexpr int kSlabK = kBlockK * 128;  // kBlockK keys x 64 16-bit columns
   static constexpr int kSlabQ = kBlockQ * 128;  // 64 query rows x 64 16-bit columns
   static constexpr int kTileK = kSlabs * kSlabK;
+  static constexpr int kTileV = kSlabsV * kSlabK;
   static constexpr int kTileQ = kSlabs * kSlabQ;
-  static constexpr int kDqBytes = kBlockQ * kD * 4;  // the fp32 dQ tile
-  static constexpr int kDqN = kD / 2;                 // dQ columns of one consumer warpgroup
+  static constexpr int kTileDO = kSlabsV * kSlabQ;
+  static constexpr int kDqFloats = kBlockQ * kDqk;   // the fp32 dQ tile
+  static constexpr int kDqBytes = kDqFloats * 4;
+  static constexpr int kDqN = kDqk / 2;              // dQ columns of one consumer warpgroup
   static constexpr int kK = 0;
   static constexpr int kV = kK + kTileK;
-  static constexpr int kQ = kV + kTileK;            // [kStages]
+  static constexpr int kQ = kV + kTileV;             // [kStages]
   static constexpr int kDO = kQ + kStages * kTileQ;  // [kStages]
-  static constexpr int kDS = kDO + kStages * kTileQ;  // [2] dS^T, 128 keys x 128 B
-  static constexpr int kDSBytes = kBlockK * 128;
+  static constexpr int kDS = kDO + kStages * kTileDO;  // [2] dS^T (key split) or P, dS (column split)
+  // Key split: dS^T, kBlockK keys x 128 B. Column split: P then dS, each 64 query rows x 128 B.
+  static constexpr int kXBytes = kBlockQ * 128;
+  static constexpr int kDSBytes = kColSplit ? 2 * kXBytes : kBlockK * 128;
   static constexpr int kDQ = kDS + 2 * kDSBytes;
   static constexpr int kStat = kDQ + kDqBytes;  // [kStages][2][64] fp32: lse2, D
-  static constexpr int kPayBytes = kBlockQ * kBlockK / 8;        // one partial block's payload (1 KB)
+  static constexpr int kPayBytes = kBlockQ * kBlockK / 8;        // one partial block's payload (1 KB / 512 B)
   static constexpr int kPay = kStat + kStages * 2 * kBlockQ * 4;  // [kStages] payload of a partial step
   static constexpr int kInfo = kPay + kStages * kPayBytes;         // [kStages] int4 {h, qb, payload, -}
   static constexpr int kDqInfo = kInfo + kStages * 16;              // int64: the step's dq_accum tile
@@ -137,6 +167,32 @@ struct BwdSm90Layout {
   static constexpr int kDqFull = kQdoEmpty + 8 * kStages, kDqEmpty = kDqFull + 8;
   static constexpr int kItemFull = kDqEmpty + 8, kItemEmpty = kItemFull + 16;
   static constexpr int kRankFull = kItemEmpty + 16, kRankEmpty = kRankFull + 16;
+};
+
+// Column pieces of a head dimension kD in {128, 192, 256} that consumer warpgroup c of the
+// column-split kernels owns (dK, dV and dQ columns): kD / 2 columns as one or two wgmma N, each
+// starting on a 64-column slab or, for N = 32, also 32 columns into one (an N-major B operand
+// cannot start inside a 128-byte swizzle row for a wider N):
+//   128: [64c, 64c + 64);  192: [128c, 128c + 64) and [64 + 32c, 96 + 32c);  256: [128c, 128c + 128).
+// The warpgroup's accumulator holds piece 0 then piece 1 (kD / 16 n8 blocks).
+template <int kD>
+struct ColPieces {
+  static_assert(kD == 128 || kD == 192 || kD == 256, "column pieces of head dim 128, 192 or 256");
+  static constexpr int kN0 = kD == 256 ? 128 : 64;
+  static constexpr int kN1 = kD == 192 ? 32 : 0;
+  static_assert(kN0 + kN1 == kD / 2, "each warpgroup owns half the columns");
+  int c;
+  __host__ __device__ __forceinline__ int off0() const { return (kD == 128 ? 64 : 128) * c; }
+  __host__ __device__ __forceinline__ int off1() const { return 64 + 32 * c; }
+  // Column of the warpgroup's n8 block n (0 .. kD / 16 - 1).
+  __host__ __device__ __forceinline__ int operator()(int n) const {
+    return n < kN0 / 8 ? off0() + 8 * n : off1() + 8 * (n - kN0 / 8);
+  }
+};
+
+// The columns 8 n of a whole-width accumulator (the key-split kernels' dK / dV).
+struct ColsWhole {
+  __host__ __device__ __forceinline__ int operator()(int n) const { return 8 * n; }
 };
 
 // A work item as the producer hands it to the other roles: key block kb (sample-local) of kv
@@ -241,11 +297,11 @@ __device__ __forceinline__ int dq_order_rank(const BwdParams& p, int h, int b, i
 
 // Walk: kern::K2QWalk (BlockCursor order, what the split schedule counts) or, deterministic,
 // kern::K2QWalkAscending (the dQ order warp walks the same).
-template <int kD, class Walk>
+// L: the kernel's BwdSm90Layout.
+template <class L, class Walk>
 __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                              const CUtensorMap* tm_v, const CUtensorMap* tm_do, uint32_t base,
                                              uint8_t* smem) {
-  using L = BwdSm90Layout<kD>;
   const int lane = threadIdx.x & 31;
   const uint32_t bars = base + L::kBar;
   if (lane == 0) {
@@ -280,11 +336,11 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
       mbar_wait(bars + L::kKvEmpty, (item_it & 1) ^ 1);
       const kern::ContiguousKv kv = kern::ContiguousKv::tma_sample(p, it.b, sl.k_start);  // K/V address role
       const int row = kv.tma_row<L::kBlockK>(it.kb);
-      mbar_arrive_expect_tx(bars + L::kKvFull, 2 * L::kTileK);
+      mbar_arrive_expect_tx(bars + L::kKvFull, L::kTileK + L::kTileV);
 #pragma unroll
-      for (int s = 0; s < L::kSlabs; ++s) {
-        tma_load_4d(base + L::kK + s * L::kSlabK, tm_k, 64 * s, row, it.hkv, bcoord, bars + L::kKvFull);
-        tma_load_4d(base + L::kV + s * L::kSlabK, tm_v, 64 * s, row, it.hkv, bcoord, bars + L::kKvFull);
+      for (int s = 0; s < (L::kSlabs > L::kSlabsV ? L::kSlabs : L::kSlabsV); ++s) {
+        if (s < L::kSlabs) tma_load_4d(base + L::kK + s * L::kSlabK, tm_k, 64 * s, row, it.hkv, bcoord, bars + L::kKvFull);
+        if (s < L::kSlabsV) tma_load_4d(base + L::kV + s * L::kSlabK, tm_v, 64 * s, row, it.hkv, bcoord, bars + L::kKvFull);
       }
     }
     Walk walk{&p, it.hkv * p.group_size, (it.hkv + 1) * p.group_size, it.b, it.kb, it.steps};
@@ -299,16 +355,20 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
         // First of the 33 arrivals of this phase: the transaction bytes of the Q and dO boxes
         // and of a partial step's payload (copied into the stage, so that the consumers read
         // it from shared memory after their S GEMM instead of holding it in registers).
-        mbar_arrive_expect_tx(full, 2 * L::kTileQ + (payload >= 0 ? L::kPayBytes : 0));
+        mbar_arrive_expect_tx(full, L::kTileQ + L::kTileDO + (payload >= 0 ? L::kPayBytes : 0));
         if (payload >= 0) {
           bulk_load(base + L::kPay + st * L::kPayBytes, p.view.q2k_partial_bits + size_t(payload) * (L::kPayBytes / 4),
                     L::kPayBytes, full);
         }
         const int row = q_row0 + qb * L::kBlockQ;
 #pragma unroll
-        for (int sl2 = 0; sl2 < L::kSlabs; ++sl2) {
-          tma_load_4d(base + L::kQ + st * L::kTileQ + sl2 * L::kSlabQ, tm_q, 64 * sl2, row, h, bcoord, full);
-          tma_load_4d(base + L::kDO + st * L::kTileQ + sl2 * L::kSlabQ, tm_do, 64 * sl2, row, h, bcoord, full);
+        for (int sl2 = 0; sl2 < (L::kSlabs > L::kSlabsV ? L::kSlabs : L::kSlabsV); ++sl2) {
+          if (sl2 < L::kSlabs) {
+            tma_load_4d(base + L::kQ + st * L::kTileQ + sl2 * L::kSlabQ, tm_q, 64 * sl2, row, h, bcoord, full);
+          }
+          if (sl2 < L::kSlabsV) {
+            tma_load_4d(base + L::kDO + st * L::kTileDO + sl2 * L::kSlabQ, tm_do, 64 * sl2, row, h, bcoord, full);
+          }
         }
       }
       // The step's statistics (rows past the sample: lse2 = +inf, D = 0) and its info.
@@ -331,9 +391,8 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
 // dQ writer (warp 1 of WG0)
 // ---------------------------------------------------------------------------
 
-template <int kD>
+template <class L>
 __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base, uint8_t* smem) {
-  using L = BwdSm90Layout<kD>;
   const int lane = threadIdx.x & 31;
   const uint32_t bars = base + L::kBar;
   const volatile int64_t* dq_info = reinterpret_cast<const int64_t*>(smem + L::kDqInfo);
@@ -366,7 +425,7 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
           }
           fence_proxy_async_global();
         }
-        bulk_reduce_add_f32(p.dq_accum + tile * (L::kBlockQ * kD), base + L::kDQ, L::kDqBytes);
+        bulk_reduce_add_f32(p.dq_accum + tile * L::kDqFloats, base + L::kDQ, L::kDqBytes);
         bulk_commit_group();
         bulk_wait_group_read<0>();  // the shared dQ tile may be overwritten
         mbar_arrive(bars + L::kDqEmpty);
@@ -388,9 +447,8 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
 // Walks each item's K2Q pairs as the producer does (ascending, K2QWalkAscending) and hands the writer, through a 2-entry
 // ring, the order of every step's dQ addition (dq_order_rank), ahead of the step. A warp of its
 // own so that the producer's register budget (40) stays as it was for both paths.
-template <int kD>
+template <class L>
 __device__ __forceinline__ void bwd_dq_order(const BwdParams& p, uint8_t* smem, uint32_t bars) {
-  using L = BwdSm90Layout<kD>;
   const int lane = threadIdx.x & 31;
   volatile int32_t* s_rank = reinterpret_cast<int32_t*>(smem + L::kRank);
   uint32_t step_it = 0;
@@ -423,27 +481,29 @@ __device__ __forceinline__ void bwd_dq_order(const BwdParams& p, uint8_t* smem, 
 // Consumers (two warpgroups)
 // ---------------------------------------------------------------------------
 
-// Epilogue of a work item (consumer warpgroup c, warp w, g = lane / 4, qd = lane % 4): the
-// thread holds keys 64c + 16w + g + 8 hi of the key block, columns 8 n + 2 qd (+1).
-// slot >= 0: dK (unscaled) and dV added with fp32 atomics to split slot `slot`; else dK (times
-// the softmax scale) and dV rows of the valid keys written in the input dtype.
-template <int kD, class E>
+// Epilogue of a work item: the thread holds dK / dV of keys key_thr and key_thr + 8 of the key
+// block (rows of its m64nN accumulators), n8 blocks n at columns colk(n) / colv(n) + 2 qd (+1)
+// (key split: keys 64c + 16w + g, every column; column split: keys 16w + g, the warpgroup's
+// column pieces). slot >= 0: dK (unscaled) and dV added with fp32 atomics to split slot `slot`
+// ([kBlockK, Dqk] / [kBlockK, Dv] fp32, bwd_split.cuh); else dK (times the softmax scale) and dV
+// rows of the valid keys written in the input dtype.
+template <int kBlockK, int kDqk, int kDv, class E, int kNK, int kNV, class ColK, class ColV>
 __device__ __forceinline__ void dkdv_epilogue_sm90(const BwdParams& p, const BwdItem& it, int keys_valid,
-                                                   int64_t krow, int key_thr, int qd, const float (&dk)[kD / 8][4],
-                                                   const float (&dv)[kD / 8][4]) {
+                                                   int64_t krow, int key_thr, int qd, const float (&dk)[kNK][4],
+                                                   const float (&dv)[kNV][4], ColK colk, ColV colv) {
   using Elem = typename E::Storage;
-  using L = BwdSm90Layout<kD>;
+  constexpr int kN = kNK > kNV ? kNK : kNV;
   if (it.slot >= 0) {
-    float* dka = p.split.dk_accum + int64_t(it.slot) * L::kBlockK * kD;
-    float* dva = p.split.dv_accum + int64_t(it.slot) * L::kBlockK * kD;
+    float* dka = p.split.dk_accum + int64_t(it.slot) * kBlockK * kDqk;
+    float* dva = p.split.dv_accum + int64_t(it.slot) * kBlockK * kDv;
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
       const int key = key_thr + 8 * hi;
       if (key < keys_valid) {
 #pragma unroll
-        for (int n = 0; n < kD / 8; ++n) {
-          kern::atomic_add_f32x2(dka + int64_t(key) * kD + 8 * n + 2 * qd, dk[n][2 * hi], dk[n][2 * hi + 1]);
-          kern::atomic_add_f32x2(dva + int64_t(key) * kD + 8 * n + 2 * qd, dv[n][2 * hi], dv[n][2 * hi + 1]);
+        for (int n = 0; n < kN; ++n) {
+          if (n < kNK) kern::atomic_add_f32x2(dka + int64_t(key) * kDqk + colk(n) + 2 * qd, dk[n][2 * hi], dk[n][2 * hi + 1]);
+          if (n < kNV) kern::atomic_add_f32x2(dva + int64_t(key) * kDv + colv(n) + 2 * qd, dv[n][2 * hi], dv[n][2 * hi + 1]);
         }
       }
     }
@@ -460,10 +520,14 @@ __device__ __forceinline__ void dkdv_epilogue_sm90(const BwdParams& p, const Bwd
       Elem* krow_k = dkp + int64_t(key) * p.dka.row_stride;
       Elem* krow_v = dvp + int64_t(key) * p.dva.row_stride;
 #pragma unroll
-      for (int n = 0; n < kD / 8; ++n) {
-        *reinterpret_cast<uint32_t*>(krow_k + 8 * n + 2 * qd) =
-            kern::pack2<E>(dk[n][2 * hi] * p.scale, dk[n][2 * hi + 1] * p.scale);
-        *reinterpret_cast<uint32_t*>(krow_v + 8 * n + 2 * qd) = kern::pack2<E>(dv[n][2 * hi], dv[n][2 * hi + 1]);
+      for (int n = 0; n < kN; ++n) {
+        if (n < kNK) {
+          *reinterpret_cast<uint32_t*>(krow_k + colk(n) + 2 * qd) =
+              kern::pack2<E>(dk[n][2 * hi] * p.scale, dk[n][2 * hi + 1] * p.scale);
+        }
+        if (n < kNV) {
+          *reinterpret_cast<uint32_t*>(krow_v + colv(n) + 2 * qd) = kern::pack2<E>(dv[n][2 * hi], dv[n][2 * hi + 1]);
+        }
       }
     }
   }
@@ -615,7 +679,188 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
     const int key0 = it.kb * L::kBlockK;
     const int keys_valid = min(L::kBlockK, sl.len_k - key0);
     const int64_t krow = int64_t(p.varlen ? sl.k_start : 0) + key0;
-    dkdv_epilogue_sm90<kD, E>(p, it, keys_valid, krow, key_thr, qd, dk, dv);
+    dkdv_epilogue_sm90<L::kBlockK, kD, kD, E>(p, it, keys_valid, krow, key_thr, qd, dk, dv, ColsWhole{}, ColsWhole{});
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Column-split consumers (two warpgroups; the 64 x 64 tile of (192, 128) and (256, 256))
+// ---------------------------------------------------------------------------
+
+// acc += A B[:, the warpgroup's columns] over the step's 64 query rows (4 k16 steps): A = P or dS
+// in shared memory as the M-major operand (query rows of 64 keys, 128B-swizzled: M = keys), B =
+// dO or Q (N-major, kSlab-byte slabs of 64 columns). dV += P^T dO and dK += dS^T Q.
+template <int kD, int kSlab, class E>
+__device__ __forceinline__ void gemm_kv_cols(float (&acc)[kD / 16][4], uint32_t a_buf, uint32_t b_tile,
+                                             ColPieces<kD> pc) {
+  using PC = ColPieces<kD>;
+  float(&a0)[PC::kN0 / 8][4] = *reinterpret_cast<float(*)[PC::kN0 / 8][4]>(&acc[0][0]);
+  const uint32_t b0 = b_tile + (pc.off0() >> 6) * kSlab;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    wgmma_ss_tnspab<PC::kN0, E>(a0, smem_desc(a_buf + kk * 2048, 8192, 1024), smem_desc(b0 + kk * 2048, kSlab, 1024), 1);
+  }
+  if constexpr (PC::kN1 > 0) {
+    float(&a1)[PC::kN1 / 8][4] = *reinterpret_cast<float(*)[PC::kN1 / 8][4]>(&acc[PC::kN0 / 8][0]);
+    const uint32_t b1 = b_tile + (pc.off1() >> 6) * kSlab + (pc.off1() & 63) * 2;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      wgmma_ss_tnspab<PC::kN1, E>(a1, smem_desc(a_buf + kk * 2048, 8192, 1024), smem_desc(b1 + kk * 2048, kSlab, 1024), 1);
+    }
+  }
+}
+
+// acc = dS K[:, the warpgroup's columns] over the block's 64 keys (4 k16 steps): A = dS (query
+// rows of 64 keys, K-major: a k16 step is 32 bytes), B = K (N-major, kSlab-byte slabs).
+template <int kD, int kSlab, class E>
+__device__ __forceinline__ void gemm_dq_cols(float (&acc)[kD / 16][4], uint32_t ds_buf, uint32_t k_tile,
+                                             ColPieces<kD> pc) {
+  using PC = ColPieces<kD>;
+  float(&a0)[PC::kN0 / 8][4] = *reinterpret_cast<float(*)[PC::kN0 / 8][4]>(&acc[0][0]);
+  const uint32_t b0 = k_tile + (pc.off0() >> 6) * kSlab;
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    wgmma_ss_tnspb<PC::kN0, E>(a0, smem_desc(ds_buf + 32 * kk, 16, 1024), smem_desc(b0 + kk * 2048, kSlab, 1024), kk > 0);
+  }
+  if constexpr (PC::kN1 > 0) {
+    float(&a1)[PC::kN1 / 8][4] = *reinterpret_cast<float(*)[PC::kN1 / 8][4]>(&acc[PC::kN0 / 8][0]);
+    const uint32_t b1 = k_tile + (pc.off1() >> 6) * kSlab + (pc.off1() & 63) * 2;
+#pragma unroll
+    for (int kk = 0; kk < 4; ++kk) {
+      wgmma_ss_tnspb<PC::kN1, E>(a1, smem_desc(ds_buf + 32 * kk, 16, 1024), smem_desc(b1 + kk * 2048, kSlab, 1024), kk > 0);
+    }
+  }
+}
+
+// Warpgroup c (threads t = 32 w + 4 g + qd): per step, S and dP for keys 32c .. 32c + 31 of the
+// block (m64n32, rows = the 64 queries, both operands K-major), P and dS of those keys into the
+// step's shared P / dS buffers (query rows of 64 keys, 128B-swizzled); after a named barrier both
+// warpgroups read the whole P and dS: dV[:, its Dv columns] += P^T dO and dK[:, its Dqk columns]
+// += dS^T Q (SS, A M-major), dQ[:, its Dqk columns] = dS K (SS, A K-major), the columns of
+// ColPieces. dK / dV (64 keys x Dqk / 2, Dv / 2 fp32) stay in registers for the item.
+// Payload: S is the plan's own orientation (rows = queries), so the thread's 16 elements are
+// bits 16c + 4j + r of its lane's word of 16-row sub-tile w (payload_layout.h: key 32c + 8j +
+// 2qd + e, query 16w + g + 8hi; r = 2hi + e, the accumulator register).
+template <int kDqk, int kDv, class E>
+__device__ __forceinline__ void bwd_consumer_cols(const BwdParams& p, uint32_t base, uint8_t* smem) {
+  using L = BwdSm90Layout<kDqk, kDv>;
+  static_assert(L::kColSplit, "the column-split consumers run the 64 x 64 tile");
+  const uint32_t bars = base + L::kBar;
+  const int c = (threadIdx.x - 128) >> 7;
+  const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
+  const int row_thr = 16 * w + g;  // first query row of S / dP and first key of dK / dV (+8: second)
+  const ColPieces<kDqk> pk{c};
+  const ColPieces<kDv> pv{c};
+  const float* s_stat = reinterpret_cast<const float*>(smem + L::kStat);
+  const int4* s_info = reinterpret_cast<const int4*>(smem + L::kInfo);
+  float* s_dq = reinterpret_cast<float*>(smem + L::kDQ);
+  const uint32_t k_rows = base + L::kK + c * 32 * 128;  // K rows 32c .. (B of S)
+  const uint32_t v_rows = base + L::kV + c * 32 * 128;  // V rows 32c .. (B of dP)
+  // P / dS store offset: query row row_thr, 16-byte chunk (4c + j) ^ g (row % 8 = g), 4 qd bytes.
+  const uint32_t x_row = uint32_t(row_thr) * 128 + 4 * qd;
+
+  uint32_t step_it = 0;
+  for (uint32_t item_it = 0;; ++item_it) {
+    const uint32_t rs = item_it & 1;
+    mbar_wait(bars + L::kItemFull + 8 * rs, (item_it >> 1) & 1);
+    const volatile int32_t* e = reinterpret_cast<const int32_t*>(smem + L::kItem) + 8 * rs;
+    const BwdItem it{e[0], e[1], e[2], e[3], e[4], e[5]};
+    mbar_arrive(bars + L::kItemEmpty + 8 * rs);
+    if (it.kb < 0) return;
+
+    float dk[kDqk / 16][4], dv[kDv / 16][4];
+    zero_frag(dk);
+    zero_frag(dv);
+    mbar_wait(bars + L::kKvFull, item_it & 1);
+    const kern::SeqlenInfo sl(p, it.b);
+    const int64_t qblk0 = __ldg(p.view.q_block_start + it.b);
+    for (int s = 0; s < it.steps; ++s, ++step_it) {
+      const uint32_t st = step_it % L::kStages, ph = (step_it / L::kStages) & 1;
+      const uint32_t q_tile = base + L::kQ + st * L::kTileQ;
+      const uint32_t do_tile = base + L::kDO + st * L::kTileDO;
+      mbar_wait(bars + L::kQdoFull + 8 * st, ph);
+      float sacc[4][4], dpacc[4][4];
+      wg_fence();
+      wgmma_ss_kmajor<32, kDqk, L::kSlabQ, L::kSlabK, E>(sacc, q_tile, k_rows);
+      wg_commit();
+      wgmma_ss_kmajor<32, kDv, L::kSlabQ, L::kSlabK, E>(dpacc, do_tile, v_rows);
+      wg_commit();
+      const float* lse2 = s_stat + st * 2 * L::kBlockQ;
+      const float* delta = lse2 + L::kBlockQ;
+      const float l2[2] = {lse2[row_thr], lse2[row_thr + 8]};
+      const float dd[2] = {delta[row_thr], delta[row_thr + 8]};
+      const int4 info = s_info[st];  // {h, qb, payload}
+      uint32_t pw = ~0u;             // a full block: every bit set
+      if (info.z >= 0) pw = reinterpret_cast<const uint32_t*>(smem + L::kPay + st * L::kPayBytes)[32 * w + lane] >> (16 * c);
+      wg_wait<1>();
+      reg_fence(sacc);
+      // P = exp2(S scale log2(e) - lse2[query]); masked elements 0.
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          float x = kern::exp2_approx(fmaf(sacc[j][r], p.scale_log2, -l2[r >> 1]));
+          if (!((pw >> (4 * j + r)) & 1u)) x = 0.0f;
+          sacc[j][r] = x;
+        }
+      }
+      wg_wait<0>();
+      reg_fence(dpacc);
+      // dS = P (dP - D[query]).
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) dpacc[j][r] = sacc[j][r] * (dpacc[j][r] - dd[r >> 1]);
+      }
+      // P and dS of keys 32c .. to the step's buffers (double-buffered: the other warpgroup has
+      // finished every GEMM of step - 1, so of the buffer's last use, before it passed the
+      // barrier of step - 1 that this warpgroup passed too).
+      const uint32_t p_buf = base + L::kDS + (step_it & 1) * L::kDSBytes;
+      const uint32_t ds_buf = p_buf + L::kXBytes;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          const uint32_t off = x_row + hi * 8 * 128 + (((4 * c + j) ^ g) << 4);
+          const uint32_t pp = kern::pack2<E>(sacc[j][2 * hi], sacc[j][2 * hi + 1]);
+          const uint32_t dsp = kern::pack2<E>(dpacc[j][2 * hi], dpacc[j][2 * hi + 1]);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(p_buf + off), "r"(pp) : "memory");
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_buf + off), "r"(dsp) : "memory");
+        }
+      }
+      fence_proxy_async_smem();
+      named_bar_sync(1, L::kConsumerThreads);  // P and dS of both warpgroups in shared memory
+      // dQ (the warpgroup's columns) = dS K first, so that its store overlaps dV and dK.
+      float dq[kDqk / 16][4];
+      wg_fence();
+      gemm_dq_cols<kDqk, L::kSlabK, E>(dq, ds_buf, base + L::kK, pk);
+      wg_commit();
+      gemm_kv_cols<kDv, L::kSlabQ, E>(dv, p_buf, do_tile, pv);
+      gemm_kv_cols<kDqk, L::kSlabQ, E>(dk, ds_buf, q_tile, pk);
+      wg_commit();
+      wg_wait<1>();  // dQ done (dV, dK may still run)
+      reg_fence(dq);
+      mbar_wait(bars + L::kDqEmpty, (step_it & 1) ^ 1);
+#pragma unroll
+      for (int n = 0; n < kDqk / 16; ++n) {
+        // n8 block pk(n) / 8 of the tile, in register order (dq_tile_offset_sm90).
+        *reinterpret_cast<float4*>(s_dq + ((pk(n) >> 3) * 128 + t) * 4) = make_float4(dq[n][0], dq[n][1], dq[n][2], dq[n][3]);
+      }
+      if (t == 0 && c == 0) {
+        *reinterpret_cast<volatile int64_t*>(smem + L::kDqInfo) = int64_t(info.x) * p.view.num_q_blocks + qblk0 + info.y;
+      }
+      fence_proxy_async_smem();
+      mbar_arrive(bars + L::kDqFull);
+      wg_wait<0>();                                // dV, dK done
+      mbar_arrive(bars + L::kQdoEmpty + 8 * st);  // Q, dO, the statistics and the info are free
+    }
+    reg_fence(dk);
+    reg_fence(dv);
+    mbar_arrive(bars + L::kKvEmpty);
+    const int key0 = it.kb * L::kBlockK;
+    const int keys_valid = min(L::kBlockK, sl.len_k - key0);
+    const int64_t krow = int64_t(p.varlen ? sl.k_start : 0) + key0;
+    dkdv_epilogue_sm90<L::kBlockK, kDqk, kDv, E>(p, it, keys_valid, krow, row_thr, qd, dk, dv, pk, pv);
   }
 }
 
@@ -623,13 +868,15 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
 
 // The kernel. Built for every target; the body exists only for sm_90a (the host checks the
 // loaded binary's version before choosing this family: launch_fwd_sm90.cu, device_supported).
-template <int kD, class E>
-__global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
+// Head dims (kD, kDv): (64, 64), (128, 128) (key-split consumers), (192, 128), (256, 256)
+// (column-split consumers).
+template <int kD, class E, int kDv = kD>
+__global__ void __launch_bounds__(BwdSm90Layout<kD, kDv>::kThreads, 1)
     flex_bwd_kernel_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                          const __grid_constant__ CUtensorMap tm_do) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = BwdSm90Layout<kD>;
+  using L = BwdSm90Layout<kD, kDv>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = kern::smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -659,14 +906,14 @@ __global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
     const int warp = threadIdx.x >> 5;
     if (warp == 0) {
       if (p.deterministic) {
-        bwd_producer<kD, kern::K2QWalkAscending>(p, &tm_q, &tm_k, &tm_v, &tm_do, base, smem);
+        bwd_producer<L, kern::K2QWalkAscending>(p, &tm_q, &tm_k, &tm_v, &tm_do, base, smem);
       } else {
-        bwd_producer<kD, kern::K2QWalk>(p, &tm_q, &tm_k, &tm_v, &tm_do, base, smem);
+        bwd_producer<L, kern::K2QWalk>(p, &tm_q, &tm_k, &tm_v, &tm_do, base, smem);
       }
     } else if (warp == 1) {
-      bwd_dq_writer<kD>(p, base, smem);
+      bwd_dq_writer<L>(p, base, smem);
     } else if (warp == 2 && p.deterministic) {
-      bwd_dq_order<kD>(p, smem, bars);
+      bwd_dq_order<L>(p, smem, bars);
     }
     // Exit here rather than fall through to the kernel's end: when the 24-register warpgroup's
     // path merges with the consumers' (the shared exit), ptxas (nvcc 13.0) caps the consumers'
@@ -674,7 +921,11 @@ __global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
     asm volatile("exit;");
   }
   setmaxnreg_inc<232>();
-  bwd_consumer<kD, E>(p, base, smem);
+  if constexpr (L::kColSplit) {
+    bwd_consumer_cols<kD, kDv, E>(p, base, smem);
+  } else {
+    bwd_consumer<kD, E>(p, base, smem);
+  }
 #else
   // No sm_90a code in this image: never launched (the host checks the binary version).
   __trap();
@@ -687,7 +938,8 @@ __global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
 template <int kD, class E>
 __global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel_sm90(const BwdParams p) {
   using Elem = typename E::Storage;
-  constexpr int kBq = BwdSm90Layout<kD>::kBlockQ;
+  constexpr int kBq = sm90::kTileSm90.bwd_bq;  // every sm90 backward tile has 64 query rows
+  static_assert(kBq == BwdSm90Layout<128>::kBlockQ && kBq == BwdSm90Layout<256, 256>::kBlockQ, "64-row dQ tiles");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t units = int64_t(p.num_heads_q) * p.total_q;
   for (int64_t w = int64_t(blockIdx.x) * 8 + warp; w < units; w += int64_t(gridDim.x) * 8) {

@@ -1,5 +1,5 @@
 // Instantiations and launch of the sm90 flex backward (kernel_bwd_sm90.cuh): head dims
-// {(64, 64), (128, 128)} x {fp16, bf16}, deterministic or not (a runtime parameter); the shared preprocess / split schedule / convert kernels of
+// {(64, 64), (128, 128), (192, 128), (256, 256)} x {fp16, bf16}, deterministic or not (a runtime parameter); the shared preprocess / split schedule / convert kernels of
 // kernels/common (launch_bwd_common.h) around it; tensor maps of Q, K, V, dO encoded on the host
 // per call (no stream operation, so capture-safe).
 #include <cuda.h>
@@ -23,11 +23,11 @@ namespace {
 
 // Persistent grid: one CTA per SM (shared memory allows one); with the split schedule every
 // CTA claims items from the list, otherwise CTA i runs tasks (or grid cells) i, i + grid, ...
-template <int kD, class E>
+template <int kD, class E, int kDv = kD>
 void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
              const CUtensorMap& mdo, cudaStream_t stream) {
-  using L = kern90::BwdSm90Layout<kD>;
-  auto kernel = kern90::flex_bwd_kernel_sm90<kD, E>;
+  using L = kern90::BwdSm90Layout<kD, kDv>;
+  auto kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv>;
   static std::atomic<uint64_t> smem_set{0};
   ensure_smem_limit(kernel, L::kBytes, smem_set, "flex backward (sm90): cudaFuncSetAttribute");
   static std::atomic<int> ctas_cache[64];
@@ -90,13 +90,16 @@ bool bwd_config_supported(const FlexGeometry& g, bool deterministic) {
 
 int bwd_smem_bytes(int dqk, int dv) {
   if (!bwd_runs_head_dims_sm90(dqk, dv)) return 0;
+  if (dqk == 192) return kern90::BwdSm90Layout<192, 128>::kBytes;
+  if (dqk == 256) return kern90::BwdSm90Layout<256, 256>::kBytes;
   return dqk == 64 ? kern90::BwdSm90Layout<64>::kBytes : kern90::BwdSm90Layout<128>::kBytes;
 }
 
 void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& dout, DType dtype, int64_t total_q, cudaStream_t stream) {
-  FS_CHECK(bwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.view.block_q == kTileSm90.bwd_bq &&
-               p.view.block_k == kTileSm90.bwd_bk,
+  const TileSm90 tile = tile_sm90(p.head_dqk, p.head_dv);
+  FS_CHECK(bwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.view.block_q == tile.bwd_bq &&
+               p.view.block_k == tile.bwd_bk,
            Status::kInternal, "sm90 backward: unsupported configuration reached the launcher (D ", p.head_dqk, "/",
            p.head_dv, ", tile ", p.view.block_q, "x", p.view.block_k, ")");
   FS_CHECK(!p.deterministic || (p.dq_sem != nullptr && p.grid_mode == 1 && p.split_schedule == 0), Status::kInternal,
@@ -105,20 +108,30 @@ void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& 
   g_bwd_launches.fetch_add(1, std::memory_order_relaxed);
   launch_bwd_preprocess(p, dtype, total_q, stream);  // clears the tiled dq_accum too (dq_blocked)
   const bool varlen = p.varlen != 0;
-  const CUtensorMap mq = make_tensor_map_sm90(q, varlen, dtype, kTileSm90.bwd_bq, "q");
-  const CUtensorMap mk = make_tensor_map_sm90(k, varlen, dtype, kTileSm90.bwd_bk, "k");
-  const CUtensorMap mv = make_tensor_map_sm90(v, varlen, dtype, kTileSm90.bwd_bk, "v");
-  const CUtensorMap mdo = make_tensor_map_sm90(dout, varlen, dtype, kTileSm90.bwd_bq, "dout");
+  const CUtensorMap mq = make_tensor_map_sm90(q, varlen, dtype, tile.bwd_bq, "q");
+  const CUtensorMap mk = make_tensor_map_sm90(k, varlen, dtype, tile.bwd_bk, "k");
+  const CUtensorMap mv = make_tensor_map_sm90(v, varlen, dtype, tile.bwd_bk, "v");
+  const CUtensorMap mdo = make_tensor_map_sm90(dout, varlen, dtype, tile.bwd_bq, "dout");
   const bool d64 = p.head_dqk == 64;
   with_element_type(dtype, "flex backward (sm90)", [&](auto e) {
     using E = decltype(e);
-    d64 ? run_bwd<64, E>(p, mq, mk, mv, mdo, stream) : run_bwd<128, E>(p, mq, mk, mv, mdo, stream);
+    if (p.head_dqk == 192) {
+      run_bwd<192, E, 128>(p, mq, mk, mv, mdo, stream);
+    } else if (p.head_dqk == 256) {
+      run_bwd<256, E, 256>(p, mq, mk, mv, mdo, stream);
+    } else {
+      d64 ? run_bwd<64, E>(p, mq, mk, mv, mdo, stream) : run_bwd<128, E>(p, mq, mk, mv, mdo, stream);
+    }
   });
   if (total_q > 0) {
     const unsigned grid = grid_stride_1d(int64_t(p.num_heads_q) * total_q, 8);
     with_element_type(dtype, "flex backward dQ convert (sm90)", [&](auto e) {
       using E = decltype(e);
-      if (d64) {
+      if (p.head_dqk == 192) {
+        kern90::flex_bwd_dq_convert_kernel_sm90<192, E><<<grid, 256, 0, stream>>>(p);
+      } else if (p.head_dqk == 256) {
+        kern90::flex_bwd_dq_convert_kernel_sm90<256, E><<<grid, 256, 0, stream>>>(p);
+      } else if (d64) {
         kern90::flex_bwd_dq_convert_kernel_sm90<64, E><<<grid, 256, 0, stream>>>(p);
       } else {
         kern90::flex_bwd_dq_convert_kernel_sm90<128, E><<<grid, 256, 0, stream>>>(p);

@@ -60,8 +60,8 @@ void set_bwd_enabled(int on);
 int64_t bwd_launches();
 
 // Whether the sm90 backward kernel covers a configuration (independent of the device): fp16 or
-// bf16, Dqk = Dv in {64, 128}, deterministic or not (deterministic unless
-// FLASHSPAN_SM90_BWD_DETERMINISTIC=0).
+// bf16, head dims of bwd_runs_head_dims_sm90 (Dqk = Dv in {64, 128}, (192, 128), (256, 256)),
+// deterministic or not (deterministic unless FLASHSPAN_SM90_BWD_DETERMINISTIC=0).
 bool bwd_config_supported(const FlexGeometry& g, bool deterministic);
 
 // Dynamic shared memory of the sm90 backward for these head dims (bytes; 0 when it has none).

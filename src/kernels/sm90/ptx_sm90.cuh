@@ -179,16 +179,18 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
 
 // The wgmma forms by element type and N, on accumulators held as kN / 8 n8 blocks of 4 floats
 // (the m64nN fp32 accumulator, HOPPER_BRIEF.md 1.3): acc (+)= A B.
-// SS, both operands K-major (kN 64 or 128); scale_d = 0 overwrites acc.
+// SS, both operands K-major (kN 32, 64 or 128); scale_d = 0 overwrites acc.
 template <int kN, class E>
 __device__ __forceinline__ void wgmma_ss(float (&acc)[kN / 8][4], uint64_t da, uint64_t db, int scale_d) {
-  static_assert(kN == 64 || kN == 128, "wgmma_ss: N 64 or 128");
+  static_assert(kN == 32 || kN == 64 || kN == 128, "wgmma_ss: N 32, 64 or 128");
   float(&d)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc[0][0]);
   constexpr bool bf16 = E::kDType == DType::kBFloat16;
   if constexpr (kN == 128) {
     if constexpr (bf16) wgmma_ss_m64n128k16_bf16(d, da, db, scale_d); else wgmma_ss_m64n128k16_f16(d, da, db, scale_d);
-  } else {
+  } else if constexpr (kN == 64) {
     if constexpr (bf16) wgmma_ss_m64n64k16_bf16(d, da, db, scale_d); else wgmma_ss_m64n64k16_f16(d, da, db, scale_d);
+  } else {
+    if constexpr (bf16) wgmma_ss_m64n32k16_bf16(d, da, db, scale_d); else wgmma_ss_m64n32k16_f16(d, da, db, scale_d);
   }
 }
 // acc = A B over kK / 16 k16 steps with both operands K-major 128B-swizzled tiles stored as
@@ -218,16 +220,32 @@ __device__ __forceinline__ void wgmma_rs_tnspb(float (&acc)[kN / 8][4], const ui
     if constexpr (bf16) wgmma_rs_m64n64k16_bf16_tnspb(d, a, db, 1); else wgmma_rs_m64n64k16_f16_tnspb(d, a, db, 1);
   }
 }
-// SS, A M-major and B N-major (kN 32 or 64); scale_d = 0 overwrites acc.
+// SS, A M-major and B N-major (kN 32, 64 or 128); scale_d = 0 overwrites acc.
 template <int kN, class E>
 __device__ __forceinline__ void wgmma_ss_tnspab(float (&acc)[kN / 8][4], uint64_t da, uint64_t db, int scale_d) {
-  static_assert(kN == 32 || kN == 64, "wgmma_ss_tnspab: N 32 or 64");
+  static_assert(kN == 32 || kN == 64 || kN == 128, "wgmma_ss_tnspab: N 32, 64 or 128");
   float(&d)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc[0][0]);
   constexpr bool bf16 = E::kDType == DType::kBFloat16;
-  if constexpr (kN == 64) {
+  if constexpr (kN == 128) {
+    if constexpr (bf16) wgmma_ss_m64n128k16_bf16_tnspab(d, da, db, scale_d); else wgmma_ss_m64n128k16_f16_tnspab(d, da, db, scale_d);
+  } else if constexpr (kN == 64) {
     if constexpr (bf16) wgmma_ss_m64n64k16_bf16_tnspab(d, da, db, scale_d); else wgmma_ss_m64n64k16_f16_tnspab(d, da, db, scale_d);
   } else {
     if constexpr (bf16) wgmma_ss_m64n32k16_bf16_tnspab(d, da, db, scale_d); else wgmma_ss_m64n32k16_f16_tnspab(d, da, db, scale_d);
+  }
+}
+// SS, A K-major and B N-major (kN 32, 64 or 128); scale_d = 0 overwrites acc.
+template <int kN, class E>
+__device__ __forceinline__ void wgmma_ss_tnspb(float (&acc)[kN / 8][4], uint64_t da, uint64_t db, int scale_d) {
+  static_assert(kN == 32 || kN == 64 || kN == 128, "wgmma_ss_tnspb: N 32, 64 or 128");
+  float(&d)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc[0][0]);
+  constexpr bool bf16 = E::kDType == DType::kBFloat16;
+  if constexpr (kN == 128) {
+    if constexpr (bf16) wgmma_ss_m64n128k16_bf16_tnspb(d, da, db, scale_d); else wgmma_ss_m64n128k16_f16_tnspb(d, da, db, scale_d);
+  } else if constexpr (kN == 64) {
+    if constexpr (bf16) wgmma_ss_m64n64k16_bf16_tnspb(d, da, db, scale_d); else wgmma_ss_m64n64k16_f16_tnspb(d, da, db, scale_d);
+  } else {
+    if constexpr (bf16) wgmma_ss_m64n32k16_bf16_tnspb(d, da, db, scale_d); else wgmma_ss_m64n32k16_f16_tnspb(d, da, db, scale_d);
   }
 }
 

@@ -36,10 +36,10 @@ constexpr bool fwd_runs_head_dims_sm90(int dqk, int dv) {
 //   (192, 128):  128 x 128: 48 + 2 x 48 + 2 x 32 = 208 KB.
 //   (256, 256):  128 x 64 (128 keys would need 320 KB): 64 + 2 x 32 + 2 x 32 = 192 KB; the
 //                seed system uses 128 x 64 for D = 256 too.
-// The backward part is the tile the backward of such a plan runs on: the sm90 backward
-// (64 / 128 dims) and the sm80 backward share 64 x 128 up to D = 128; (192, 128) and
-// (256, 256) run the sm80 backward, whose tile there is 64 x 64 (tile_sm80.h; family.cpp
-// checks that the two tables agree). Other dims (CPU plans only) take kTileSm90.
+// The backward part is the tile the backward of such a plan runs on: the sm90 backward and the
+// sm80 backward share 64 x 128 up to D = 128 and 64 x 64 for (192, 128) and (256, 256)
+// (tile_sm80.h; family.cpp checks that the two tables agree). Other dims (CPU plans only) take
+// kTileSm90.
 constexpr TileSm90 tile_sm90(int dqk, int dv) {
   if (dqk <= 64 && dv <= 64) return TileSm90{64, 64, 128, 128, 64, 128};
   if (dqk <= 128 && dv <= 128) return kTileSm90;
@@ -67,8 +67,12 @@ constexpr bool fwd_runs_pack_sm90(int group) {
   return group >= 1 && group <= kTileSm90.fwd_bq && (group & (group - 1)) == 0 && kTileSm90.fwd_bq % group == 0;
 }
 
-// Head dims the sm90 backward runs (Dqk = Dv in {64, 128}); an sm90 plan's backward for other
-// dims runs on the sm80 kernels, whose backward tile it has (above).
-constexpr bool bwd_runs_head_dims_sm90(int dqk, int dv) { return dqk == dv && (dqk == 64 || dqk == 128); }
+// Head dims the sm90 backward kernels run: Dqk = Dv in {64, 128} on the 64 x 128 tile, and
+// (192, 128), (256, 256) on the 64 x 64 tile (the sm80 backward's there too, so either family's
+// backward runs on such a plan; launch_sm90.h's bwd_config_supported decides per call). An sm90
+// plan's backward for other dims runs on the sm80 kernels, whose backward tile it has (above).
+constexpr bool bwd_runs_head_dims_sm90(int dqk, int dv) {
+  return (dqk == dv && (dqk == 64 || dqk == 128)) || (dqk == 192 && dv == 128) || (dqk == 256 && dv == 256);
+}
 
 }  // namespace flashspan::sm90
