@@ -49,8 +49,10 @@ void check_strides(const Problem& p, int slot) {
 
 void sdpa_check_features_gpu(const Problem& p) {
   const sdpa::Attributes& a = p.a;
-  if (p.has(FS_SDPA_BIAS)) not_native("bias");
-  if (p.has(FS_SDPA_DBIAS)) not_native("dBias");
+  // The additive bias runs natively (sdpa_score_mod.cuh SdpaBiasFrag), and dBias through the dS
+  // workspace (SdpaBiasParams) from the dK/dV kernel's P (dP - D), which with softcap holds P times
+  // softcap's derivative instead.
+  if (p.has(FS_SDPA_DBIAS) && a.softcap) not_native("dBias together with softcap");
   // softcap, ALiBi and sinks (dSink) run natively (sdpa_score_mod.cuh); max_logit excludes the
   // sink, which the kernels' running max includes.
   if (p.has(FS_SDPA_SINK_TOKEN) && p.has(FS_SDPA_MAX_LOGIT)) not_native("max_logit together with sink_token");

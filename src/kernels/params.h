@@ -158,8 +158,33 @@ struct SdpaBlockMaskParams {
   int64_t batch_stride = 0, head_stride = 0, row_stride = 0;
 };
 
+// SDPA's additive bias (bias [1|B, 1|H_q, 1|S_q, 1|S_kv], sample-local positions) and dBias, run-time
+// flags of the one analytic instantiation (bias null: none; sdpa_score_mod.cuh SdpaBiasFrag).
+//   bias            forward and backward: bias * log2(e) added to the logits of visible elements
+//                   only (never read at padding rows / keys or masked positions)
+//   dtype           bias's element type: 0 float32, 1 float16, 2 bfloat16 (kSdpaBiasF32 ...)
+//   batch_stride .. col_stride   element strides, 0 along a broadcast dimension (size 1)
+//   ds              backward with dBias: [B, H_q, S_q, ds_ld] fp32 workspace of dS = P (dP - D)
+//                   (natural units), zeroed by the launcher; the dK/dV kernel stores the
+//                   sample's visited elements (each once), sdpa_bwd_dbias_kernel (bwd_prepost.cuh)
+//                   then sums it over dBias's broadcast dimensions in a fixed order
+//   dbias           dBias (bias's shape), dbias_dtype / dbias_stride[4] / dbias_size[4] likewise
+enum SdpaBiasDType : int32_t { kSdpaBiasF32 = 0, kSdpaBiasF16 = 1, kSdpaBiasBF16 = 2 };
+struct SdpaBiasParams {
+  const void* bias = nullptr;
+  int32_t dtype = kSdpaBiasF32;
+  int64_t batch_stride = 0, head_stride = 0, row_stride = 0, col_stride = 0;
+  float* ds = nullptr;
+  int64_t ds_ld = 0;
+  void* dbias = nullptr;
+  int32_t dbias_dtype = kSdpaBiasF32;
+  int64_t dbias_stride[4] = {0, 0, 0, 0};
+  int64_t dbias_size[4] = {0, 0, 0, 0};
+};
+
 struct AnalyticMaskParams {
   SdpaScoreParams score;
+  SdpaBiasParams bias;
   SdpaEpilogueParams epi;
   SdpaBlockMaskParams block_mask;
   sdpa::Band band;

@@ -1,4 +1,4 @@
-// The score modifiers of SDPA (softcap, ALiBi) and its sinks, as the analytic-mask kernels of
+// The score modifiers of SDPA (softcap, ALiBi, the additive bias) and its sinks, as the analytic-mask kernels of
 // every family apply them: the ScoreMod part of the scores -> logits step (variant.cuh), run
 // between the scaling and the mask, on a warp's accumulator fragments (AccFragment layout).
 // Run-time flags (SdpaScoreParams, params.h) inside the one analytic instantiation of each
@@ -41,6 +41,64 @@ __device__ __forceinline__ float alibi_slope_dev(int h, int n) {
   return exp2f(e);
 }
 
+// SDPA's additive bias (SdpaBiasParams) on a warp's 16-row fragment: element (row g + 8 (r / 2),
+// column 8 n + 2 q + r % 2) of the fragment (g = lane / 4, q = lane % 4; AccFragment) is bias element
+// (b, h, i0 + row, j0 + column). Loads go through the read-only path one element at a time (any
+// strides, broadcast dimensions at stride 0), only where the fragment's logit is not -inf: masked
+// elements, padding rows and keys outside the sample (the kernels' masks set -inf there) are never
+// read. null `p`: no bias.
+struct SdpaBiasFrag {
+  const char* p;   // byte address of the thread's element (row g, column 2 q), or null
+  int64_t rs, cs;  // row / column strides in bytes (0: broadcast)
+  int32_t dtype;   // SdpaBiasDType
+
+  // Byte address of bias element (b, h, 0, 0), or null without a bias.
+  __device__ __forceinline__ static const char* head_base(const SdpaBiasParams& bp, int b, int h) {
+    if (bp.bias == nullptr) return nullptr;
+    const int64_t es = bp.dtype == kSdpaBiasF32 ? 4 : 2;
+    return static_cast<const char*>(bp.bias) + (int64_t(b) * bp.batch_stride + int64_t(h) * bp.head_stride) * es;
+  }
+  // The fragment whose element (0, 0) is bias element (b, h, i0, j0); base = head_base(bp, b, h).
+  __device__ __forceinline__ static SdpaBiasFrag at(const SdpaBiasParams& bp, const char* base, int64_t i0, int64_t j0,
+                                                    int lane) {
+    SdpaBiasFrag f{nullptr, 0, 0, bp.dtype};
+    if (base == nullptr) return f;
+    const int64_t es = bp.dtype == kSdpaBiasF32 ? 4 : 2;
+    f.rs = bp.row_stride * es;
+    f.cs = bp.col_stride * es;
+    f.p = base + (i0 + (lane >> 2)) * f.rs + (j0 + 2 * (lane & 3)) * f.cs;
+    return f;
+  }
+  __device__ __forceinline__ static SdpaBiasFrag make(const SdpaBiasParams& bp, int b, int h, int64_t i0, int64_t j0,
+                                                      int lane) {
+    return at(bp, head_base(bp, b, h), i0, j0, lane);
+  }
+  // Bias of fragment element (n, r) in log2 units.
+  __device__ __forceinline__ float at2(int n, int r) const {
+    const char* e = p + int64_t(8 * (r >> 1)) * rs + int64_t(8 * n + (r & 1)) * cs;
+    float x;
+    if (dtype == kSdpaBiasF32) {
+      x = __ldg(reinterpret_cast<const float*>(e));
+    } else {
+      const unsigned short u = __ldg(reinterpret_cast<const unsigned short*>(e));
+      x = dtype == kSdpaBiasBF16 ? __uint_as_float(uint32_t(u) << 16) : __half2float(__ushort_as_half(u));
+    }
+    return x * kLog2e;
+  }
+  // s += bias (log2 units) where s > -inf.
+  template <int kN>
+  __device__ __forceinline__ void add(float (&s)[kN][4]) const {
+    if (p == nullptr) return;
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        if (s[n][r] != -INFINITY) s[n][r] += at2(n, r);
+      }
+    }
+  }
+};
+
 // The modifiers of one query head.
 struct SdpaScoreMod {
   float c2, inv_c2;  // softcap * log2 e and its inverse (c2 = 0: no softcap)
@@ -80,8 +138,11 @@ struct SdpaScoreMod {
   // P times d logit2 / d x2 (softcap's 1 - t^2; 1 without softcap) of the fragment's elements,
   // in place, from y = logit2 - lse2 (-inf where masked, giving 0): the dS factor the backward
   // multiplies by (dP - D). lse2[hi]: the statistic of row half hi.
+  // bias: the fragment's additive bias (SdpaBiasFrag; null p: none), taken out of the logit with
+  // softcap (t is the tanh of the scores before the bias).
   template <int kN>
-  __device__ __forceinline__ void probs_dlogit(float (&y)[kN][4], const float (&lse2)[2], int base, int lane) const {
+  __device__ __forceinline__ void probs_dlogit(float (&y)[kN][4], const float (&lse2)[2], int base, int lane,
+                                               const SdpaBiasFrag& bias) const {
     const int d0 = base + 2 * (lane & 3) - (lane >> 2);
 #pragma unroll
     for (int n = 0; n < kN; ++n) {
@@ -89,7 +150,8 @@ struct SdpaScoreMod {
       for (int r = 0; r < 4; ++r) {
         const float pr = exp2_approx(y[n][r]);
         if (c2 != 0.0f) {
-          const float logit = y[n][r] + lse2[r >> 1];
+          float logit = y[n][r] + lse2[r >> 1];
+          if (bias.p != nullptr && pr > 0.0f) logit -= bias.at2(n, r);
           const float t = (a2 != 0.0f ? fmaf(-a2, float(d0 + 8 * n + (r & 1) - 8 * (r >> 1)), logit) : logit) * inv_c2;
           y[n][r] = pr > 0.0f ? pr * fmaf(-t, t, 1.0f) : 0.0f;
         } else {

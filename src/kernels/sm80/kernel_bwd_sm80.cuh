@@ -719,11 +719,16 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
       // SDPA: the score modifiers, then P to shared memory now and s = P d logit / d x (the
       // factor of dS, softcap's derivative; P without softcap).
       const SdpaScoreMod mod = SdpaScoreMod::make(analytic_of(p).score, h);
+      const char* bias_head = SdpaBiasFrag::head_base(analytic_of(p).bias, b, h);
 #pragma unroll
       for (int mi = 0; mi < T::kSMT; ++mi) {
         const int base = mask.diag(p, qb, kb, sm0 / 16 + mi, sc0);
         sdpa_bwd_logits<T::kSNT>(p, s[mi], lse2[mi], mod, base, lane);
         mask.template apply<T::kSNT>(p, s[mi], payload, qb, kb, sm0 / 16 + mi, sc0, lane);
+        // The additive bias on the visible elements (after the mask: never read where it is -inf).
+        const SdpaBiasFrag bias = SdpaBiasFrag::at(analytic_of(p).bias, bias_head, int64_t(qb) * T::kBlockQ + sm0 + 16 * mi,
+                                                   int64_t(kb) * T::kBlockK + sc0, lane);
+        bias.add<T::kSNT>(s[mi]);
 #pragma unroll
         for (int n = 0; n < T::kSNT; ++n) {
 #pragma unroll
@@ -733,7 +738,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
                          : "memory");
           }
         }
-        mod.probs_dlogit<T::kSNT>(s[mi], lse2[mi], base, lane);
+        mod.probs_dlogit<T::kSNT>(s[mi], lse2[mi], base, lane, bias);
       }
     } else {
 #pragma unroll
@@ -768,6 +773,19 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
         }
       }
     }
+    // dBias (SDPA): the thread's element (row sm0 + g, column sc0 + 2t) of the tile in the dS workspace
+    // (null: no dBias, or the dV pass), and the rows / columns left inside the sample from it.
+    [[maybe_unused]] float* ds_thr = nullptr;
+    [[maybe_unused]] int ds_rows = 0, ds_cols = 0;
+    if constexpr (Mask::kAnalytic) {
+      const AnalyticMaskParams& am = analytic_of(p);
+      if (am.bias.ds != nullptr && am.score.dkdv_role != 2) {
+        const int row = qb * T::kBlockQ + sm0 + g, col = kb * T::kBlockK + sc0 + 2 * t;
+        ds_thr = am.bias.ds + ((int64_t(b) * p.num_heads_q + h) * am.max_q + row) * am.bias.ds_ld + col;
+        ds_rows = len_q - row;
+        ds_cols = len_k - col;
+      }
+    }
 #pragma unroll
     for (int mi = 0; mi < T::kSMT; ++mi) {
 #pragma unroll
@@ -783,6 +801,21 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
           }
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + ps_off(mi, n, hi)), "r"(pack2<E>(ds0, ds1))
                        : "memory");
+          if constexpr (Mask::kAnalytic) {
+            // dBias: dS = P (dP - D) of the sample's elements into the fp32 workspace (SdpaBiasParams::ds;
+            // s is P here: dBias with softcap is refused), once per element (not in the dV pass).
+            if (ds_thr != nullptr) {
+              const int rr = 16 * mi + 8 * hi, cc = 8 * n;  // from the thread's element (row sm0 + g, column sc0 + 2t)
+              if (rr < ds_rows && cc < ds_cols) {
+                float* dst = ds_thr + int64_t(rr) * analytic_of(p).bias.ds_ld + cc;
+                if (cc + 1 < ds_cols) {
+                  *reinterpret_cast<float2*>(dst) = make_float2(ds0, ds1);
+                } else {
+                  *dst = ds0;
+                }
+              }
+            }
+          }
         }
       }
     }
@@ -1128,7 +1161,11 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
       const int base = mask.diag(p, qb, kb, warp, 0);
       sdpa_bwd_logits<T::kNSQ>(p, s, lse2, mod, base, lane);
       mask.template apply<T::kNSQ>(p, s, payload, qb, kb, warp, 0, lane);
-      mod.probs_dlogit<T::kNSQ>(s, lse2, base, lane);
+      // The additive bias on the visible elements (after the mask: never read where it is -inf).
+      const SdpaBiasFrag bias = SdpaBiasFrag::make(analytic_of(p).bias, b, h, int64_t(row0) + warp * 16,
+                                                   int64_t(kb) * T::kBlockK, lane);
+      bias.add<T::kNSQ>(s);
+      mod.probs_dlogit<T::kNSQ>(s, lse2, base, lane, bias);
     } else {
 #pragma unroll
       for (int n = 0; n < T::kNSQ; ++n) {
