@@ -47,6 +47,12 @@ int32_t bias_dtype(DType t) {
   return t == DType::kFloat32 ? kSdpaBiasF32 : t == DType::kBFloat16 ? kSdpaBiasBF16 : kSdpaBiasF16;
 }
 
+// SdpaDropoutMaskDType of a dropout mask / rng_dump descriptor (uint8, float16, bfloat16, float32:
+// sdpa_support.cpp refuses float64 on CUDA tensors).
+int32_t mask_dtype(DType t) {
+  return t == DType::kUInt8 ? kSdpaMaskU8 : t == DType::kFloat16 ? kSdpaMaskF16 : t == DType::kBFloat16 ? kSdpaMaskBF16 : kSdpaMaskF32;
+}
+
 SampleStart start_of(const Problem& p, int slot) {
   SampleStart s;
   if (!p.has(slot)) return s;
@@ -105,6 +111,29 @@ void fill_common(const Problem& p, QkvParams& q, AnalyticMaskParams& a) {
   for (const auto& m : map) a.start[m.tensor] = start_of(p, m.slot);
   // The output gate (forward epilogue, backward preprocess).
   if (p.has(FS_SDPA_GATE)) bind_tensor(p, FS_SDPA_GATE, a.epi.gate, a.epi.ga);
+  // Dropout: Philox (seed / offset read by the kernels) or the caller's mask (strides 0 along
+  // broadcast dimensions), rng_dump (forward).
+  SdpaDropoutParams& dr = a.dropout;
+  if (p.dropout) {
+    dr.mode = 1;
+    dr.seed = index_array(p, FS_SDPA_DROPOUT_SEED);
+    dr.offset = index_array(p, FS_SDPA_DROPOUT_OFFSET);
+    dr.threshold = p.dropout_threshold;
+    dr.scale = p.dropout_scale;
+  } else if (p.a.dropout_mask_form) {
+    const TensorView& m = p.t(FS_SDPA_DROPOUT_MASK);
+    dr.mode = 2;
+    dr.mask = m.data;
+    dr.mask_dtype = mask_dtype(m.dtype);
+    for (int d = 0; d < 4; ++d) dr.mask_stride[d] = m.size(d) == 1 ? 0 : m.stride(d);
+    dr.mask_scale = p.t(FS_SDPA_DROPOUT_SCALE).ptr<float>();
+  }
+  if (p.has(FS_SDPA_RNG_DUMP)) {
+    const TensorView& d = p.t(FS_SDPA_RNG_DUMP);
+    dr.rng_dump = d.data;
+    dr.dump_dtype = mask_dtype(d.dtype);
+    for (int k = 0; k < 4; ++k) dr.dump_stride[k] = d.stride(k);
+  }
   // The additive bias: element strides, 0 along broadcast dimensions.
   if (p.has(FS_SDPA_BIAS)) {
     const TensorView& t = p.t(FS_SDPA_BIAS);

@@ -56,8 +56,15 @@ void sdpa_check_features_gpu(const Problem& p) {
   // softcap, ALiBi and sinks (dSink) run natively (sdpa_score_mod.cuh); max_logit excludes the
   // sink, which the kernels' running max includes.
   if (p.has(FS_SDPA_SINK_TOKEN) && p.has(FS_SDPA_MAX_LOGIT)) not_native("max_logit together with sink_token");
-  if (p.dropout || a.dropout_mask_form) not_native("dropout");
-  if (p.has(FS_SDPA_RNG_DUMP)) not_native("rng_dump");
+  // Dropout runs natively (Philox in the kernels from core/philox.h, or the caller's mask;
+  // sdpa_score_mod.cuh sdpa_dropout_mult4), and so does rng_dump; float64 masks and dumps do not.
+  for (int s : {FS_SDPA_DROPOUT_MASK, FS_SDPA_RNG_DUMP}) {
+    if (p.has(s) && p.t(s).dtype == DType::kFloat64) {
+      throw Error(Status::kNotSupported,
+                  detail::concat(sdpa::slot_name(s), ": float64 is not supported on CUDA tensors (uint8, float16, "
+                                                     "bfloat16 or float32)"));
+    }
+  }
   if (p.paged) not_native("paged_attention_k_table, paged_attention_v_table (paged K/V caches)");
   // block_mask runs natively (analytic_mask.h: every sm80 tile lies inside one 128 x 128 block).
   // The output gate (forward epilogue, backward preprocess) and the score_max / score_sum_exp

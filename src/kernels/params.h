@@ -182,9 +182,35 @@ struct SdpaBiasParams {
   int64_t dbias_size[4] = {0, 0, 0, 0};
 };
 
+// SDPA dropout (sdpa_score_mod.cuh sdpa_dropout_mult4), a run-time flag of the one analytic
+// instantiation: P of element (b, h, i, j) (sample-local positions) is multiplied by
+//   mode 1 (Philox)  scale (= 1 / (1 - p)) when its Philox word (core/philox.h: key = seed, counter
+//                    from offset, (i, j) and b * H_q + h) is >= threshold, else 0
+//   mode 2 (mask)    mask[1|b, 1|h, 1|i, 1|j] * mask_scale[0]
+// in the P V product of the forward, and the same multiplier in the backward's dV = (P m)^T dO and
+// dS = P (m dP - D). seed / offset: one int32 / int64 element each in device memory (int32 sign-
+// extended); mask: uint8, float16, bfloat16 or float32 (SdpaDropoutMaskDType) with element strides,
+// 0 along a broadcast dimension; mask_scale: one float32 in device memory. rng_dump (forward, Philox):
+// [B, H_q, S_q, S_kv] keep mask (1 / 0, 0 outside the samples), dtype code as the mask's.
+enum SdpaDropoutMaskDType : int32_t { kSdpaMaskU8 = 0, kSdpaMaskF16 = 1, kSdpaMaskBF16 = 2, kSdpaMaskF32 = 3 };
+struct SdpaDropoutParams {
+  int32_t mode = 0;
+  IndexArray seed, offset;
+  uint32_t threshold = 0;
+  float scale = 1.0f;
+  const void* mask = nullptr;
+  int32_t mask_dtype = kSdpaMaskU8;
+  int64_t mask_stride[4] = {0, 0, 0, 0};
+  const float* mask_scale = nullptr;
+  void* rng_dump = nullptr;
+  int32_t dump_dtype = kSdpaMaskU8;
+  int64_t dump_stride[4] = {0, 0, 0, 0};
+};
+
 struct AnalyticMaskParams {
   SdpaScoreParams score;
   SdpaBiasParams bias;
+  SdpaDropoutParams dropout;
   SdpaEpilogueParams epi;
   SdpaBlockMaskParams block_mask;
   sdpa::Band band;

@@ -144,6 +144,11 @@ struct Case {
   // dbias: the backward writes dBias (bias's dtype and layout).
   int bias = 0;
   bool bias_f32 = false, bias_strided = false, dbias = false;
+  // Philox dropout (test_sdpa_gpu.cpp): probability (0: none), seed / offset (int64 tensors when
+  // dropout_i64, else int32), rng_dump (float32 [B, H_q, S_q, S_kv], forward).
+  float dropout_p = 0.0f;
+  int64_t dropout_seed = 0, dropout_offset = 0;
+  bool dropout_i64 = false, rng_dump = false;
 
   int64_t heads_v() const { return Hv > 0 ? Hv : Hk; }
   // The bias's shape (Case::bias).
@@ -169,6 +174,10 @@ struct Case {
     if (gate) os << " gate";
     if (score_stats) os << " score-stats";
     if (block_mask) os << " block-mask " << block_mask;
+    if (dropout_p > 0) {
+      os << " dropout " << dropout_p << " seed " << dropout_seed << " offset " << dropout_offset
+         << (dropout_i64 ? " int64" : " int32") << (rng_dump ? " rng_dump" : "");
+    }
     if (bias) {
       const std::vector<int64_t> bs = bias_shape();
       os << " bias [" << bs[0] << "," << bs[1] << "," << bs[2] << "," << bs[3] << "]" << (bias_f32 ? " f32" : "")

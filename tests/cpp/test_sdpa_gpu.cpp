@@ -108,6 +108,8 @@ struct Problem {
   Tensor gate, dgate;  // O's layout (Case::gate)
   Tensor smax, ssum;   // [B, H_q, S_q, 1] float32, padded (Case::score_stats)
   Tensor bias, dbias;  // Case::bias (bias_layout: any broadcast form), Case::dbias
+  Tensor dump;         // Case::rng_dump: float32 [B, H_q, S_q, S_kv]
+  Index drop_seed, drop_offset;  // Case::dropout_p > 0
   BlockMaskBits bm;    // Case::block_mask, with its device copy
   std::unique_ptr<DevBuf> bm_dev;
   float scale_host[1] = {0};  // the (1, 1, 1, 1) host attn_scale tensor (scale_tensor)
@@ -176,6 +178,14 @@ std::unique_ptr<Problem> make_problem(const Case& c) {
     p->bias.upload();
     if (c.dbias) p->dbias.alloc(p->bias.lay, p->bias.dtype);
   }
+  if (c.dropout_p > 0) {
+    p->drop_seed.make({c.dropout_seed}, c.dropout_i64);
+    p->drop_offset.make({c.dropout_offset}, c.dropout_i64);
+    if (c.rng_dump) {
+      Layout l = make_layout(Kind::kBhsd, c.B, c.Hq, c.Sq, c.Skv, {});
+      p->dump.alloc(l, DType::kFloat32);
+    }
+  }
   p->scale_host[0] = c.scale;
   fill_valid(p->q, p->len_q, rng);
   fill_valid(p->k, p->len_kv, rng);
@@ -209,6 +219,7 @@ void set_options(const Problem& p, Attr& a, bool cuda) {
   if (c.sinks) a.set_sink_token(api::TensorDesc(nullptr, api::kFloat32, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0}, {c.Hq}));
   if (c.gate) a.set_gate(p.gate.desc(cuda));
   if (c.bias) a.set_bias(p.bias.desc(cuda));
+  if (c.dropout_p > 0) a.set_dropout(c.dropout_p, p.drop_seed.desc(cuda), p.drop_offset.desc(cuda));
   if (c.block_mask) {
     a.set_block_mask(api::TensorDesc(nullptr, api::kUInt8, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0},
                                      {p.bm.shape[0], p.bm.shape[1], p.bm.shape[2], p.bm.shape[3]}, p.bm.strides()));
@@ -240,6 +251,8 @@ void set_index_pointers(const Problem& p, api::SdpaVariantPack& pack, bool cuda,
   if (p.c.scale_tensor) pack.set(FS_SDPA_ATTN_SCALE, const_cast<float*>(p.scale_host));
   if (p.c.sinks) pack.set(FS_SDPA_SINK_TOKEN, p.sink.ptr(cuda));
   if (p.c.bias) pack.set(FS_SDPA_BIAS, p.bias.ptr(cuda));
+  if (p.c.dropout_p > 0) pack.set(FS_SDPA_DROPOUT_SEED, p.drop_seed.ptr(cuda)).set(FS_SDPA_DROPOUT_OFFSET, p.drop_offset.ptr(cuda));
+  if (p.c.rng_dump && !backward) pack.set(FS_SDPA_RNG_DUMP, p.dump.ptr(cuda));
   if (p.c.bias && p.c.dbias && backward) pack.set(FS_SDPA_DBIAS, p.dbias.ptr(cuda));
   if (p.c.block_mask) {
     pack.set(FS_SDPA_BLOCK_MASK, cuda ? p.bm_dev->p : const_cast<uint8_t*>(p.bm.bytes.data()));
@@ -279,6 +292,7 @@ void run_forward(Problem& p, bool cuda, bool log2, void* stream = nullptr) {
   if (p.c.gate) set_ragged(p, a, cuda, {{FS_SDPA_GATE, &p.gate}});
   a.set_generate_stats(true).set_stats_use_log2(log2);
   if (p.c.score_stats) a.set_logit_max(p.smax.desc(cuda)).set_score_sum_exp(p.ssum.desc(cuda));
+  if (p.c.rng_dump) a.set_rng_dump(p.dump.desc(cuda));
   if (p.c.max_logit) a.set_max_logit(api::TensorDesc(nullptr, api::kFloat32, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0}, {p.c.Hq}));
   const api::TensorDesc st = p.stats.desc(cuda);
   api::SdpaFwd fwd(p.q.desc(cuda), p.k.desc(cuda), p.v.desc(cuda), p.o.desc(cuda), &st, a);
@@ -361,7 +375,16 @@ void run_case(const Case& c, bool backward = true) {
     p->smax.poison_device();
     p->ssum.poison_device();
   }
+  if (c.rng_dump) p->dump.poison_device();
   run_forward(*p, /*cuda=*/true, log2);
+  if (c.rng_dump) {
+    // The keep mask: bitwise the reference's (core/philox.h on both sides).
+    const std::vector<double> r = Tensor::values(p->dump.host, DType::kFloat32);
+    const std::vector<double> g = Tensor::values(p->dump.download(), DType::kFloat32);
+    int64_t diff = 0;
+    for (size_t i = 0; i < r.size(); ++i) diff += r[i] != g[i];
+    EXPECT_EQ(diff, 0) << "rng_dump elements differ";
+  }
   EXPECT_TRUE(same_result(p->o, p->o.download(), false)) << "O";
   EXPECT_TRUE(same_result(p->stats, p->stats.download(), true)) << "stats";
   if (c.score_stats) {
@@ -581,6 +604,24 @@ TEST(SdpaGpu, BiasEveryBroadcastForm) {
   }
 }
 
+TEST(SdpaGpu, DropoutRandom) {
+  // Philox dropout (int32 / int64 seed and offset, probabilities 0.1 .. 0.6) in the forward's P V
+  // product and the backward's dV and dS, rng_dump bitwise the reference's, with the bias, the
+  // analytic masks, padding / THD and the score modifiers of random cases.
+  REQUIRE_GPU();
+  for (uint64_t seed = 13001; seed <= 13048; ++seed) {
+    Case c = seed % 2 ? bias_case(seed) : score_mod_case(seed);
+    std::mt19937_64 rng(seed * 71 + 9);
+    c.dropout_p = 0.1f * float(1 + rng() % 6);
+    c.dropout_seed = int64_t(rng() % 100000) - (seed % 3 == 0 ? 50000 : 0);
+    c.dropout_offset = int64_t(rng() % 1000);
+    c.dropout_i64 = rng() % 2;
+    c.rng_dump = rng() % 2;
+    run_case(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 TEST(SdpaGpu, SanitizerSmall) {
   // One small case per backward path with every new feature on (softcap, ALiBi, sinks / dSink,
   // host scale tensor, H_k != H_v's two dK/dV passes), packed THD with gaps and a sample without
@@ -653,6 +694,11 @@ TEST(SdpaGpu, SanitizerSmall) {
     c.bias_strided = true;
     c.bias_f32 = det;
     c.dbias = true;
+    c.dropout_p = 0.25f;  // Philox dropout with rng_dump
+    c.dropout_seed = 1234 + det;
+    c.dropout_offset = 7;
+    c.dropout_i64 = det;
+    c.rng_dump = true;
     run_case(c);
   }
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/half_conv.h"
+#include "core/philox.h"
 #include "core/sdpa_problem.h"
 #include "dispatch/sdpa_launch.h"
 #include "error_criteria.h"
@@ -93,6 +94,7 @@ struct Call {
   Storage bias, dbias;              // Case::bias, Case::dbias (the reference's dBias)
   BlockMaskBits bm;                 // Case::block_mask
   Index seq_q, seq_kv, cu_q, cu_kv, rag_q, rag_kv;
+  Index drop_seed, drop_offset;  // Case::dropout_p > 0
 };
 
 std::unique_ptr<Call> make_call(const Case& c) {
@@ -141,6 +143,10 @@ std::unique_ptr<Call> make_call(const Case& c) {
   }
   if (c.kind_q == Kind::kThd) p->rag_q.make(tq, !c.lengths64);
   if (c.kind_kv == Kind::kThd) p->rag_kv.make(tk, c.lengths64);
+  if (c.dropout_p > 0) {
+    p->drop_seed.make({c.dropout_seed}, c.dropout_i64);
+    p->drop_offset.make({c.dropout_offset}, c.dropout_i64);
+  }
   return p;
 }
 
@@ -207,6 +213,13 @@ sdpa::Problem problem(Call& p, bool backward, Storage& o, Storage& stats, Storag
     a.tensors[size_t(FS_SDPA_BLOCK_MASK)] = m;
     pack[FS_SDPA_BLOCK_MASK] = p.bm.bytes.data();
   }
+  if (c.dropout_p > 0) {
+    a.dropout_probability = c.dropout_p;
+    for (auto [slot, idx] : {std::pair<int, Index*>{FS_SDPA_DROPOUT_SEED, &p.drop_seed}, {FS_SDPA_DROPOUT_OFFSET, &p.drop_offset}}) {
+      a.tensors[size_t(slot)] = idx->view();
+      pack[slot] = idx->bytes.data();
+    }
+  }
   a.attn_scale_value = c.scale;
   a.alignment = c.bottom_right ? FS_SDPA_BOTTOM_RIGHT : FS_SDPA_TOP_LEFT;
   if (c.has_left) a.left_bound = c.left;
@@ -241,6 +254,14 @@ double bias_at(const SdpaBiasParams& bp, int b, int h, int64_t i, int64_t j) {
   const int64_t off = b * bp.batch_stride + h * bp.head_stride + i * bp.row_stride + j * bp.col_stride;
   if (bp.dtype == kSdpaBiasF32) return static_cast<const float*>(bp.bias)[off];
   return ld(bp.dtype == kSdpaBiasBF16 ? DType::kBFloat16 : DType::kFloat16, bp.bias, off);
+}
+
+// The dropout multiplier of element (b, h, i, j) as the kernels form it (SdpaDropoutParams, Philox
+// form: core/philox.h with the seed / offset read through the kernels' load_index); 1 without.
+double drop_at(const SdpaDropoutParams& dp, int b, int h, int num_heads, int64_t i, int64_t j) {
+  if (dp.mode == 0) return 1.0;
+  const uint64_t seed = uint64_t(kern::load_index(dp.seed, 0)), offset = uint64_t(kern::load_index(dp.offset, 0));
+  return dropout_keep(seed, offset, uint32_t(b * num_heads + h), uint32_t(i), uint32_t(j), dp.threshold) ? dp.scale : 0.0;
 }
 
 // Element of (sample b, row, head h, column d) of one tensor, as the kernels address it.
@@ -297,7 +318,9 @@ void model_forward(const SdpaFwdParams& p, DType t, int bq, int bk) {
           const SdpaEpilogueParams& ep = a.epi;  // fwd_store_rows_sm80 / sdpa_fwd_row_epilogue
           for (int d = 0; d < p.head_dv; ++d) {
             double o = 0;
-            for (auto& x : xs) o += std::exp(x.first - m) / l * ld(t, p.v, at(a, kSdpaV, p.va, b, x.second, hkv, d));
+            for (auto& x : xs)
+              o += std::exp(x.first - m) / l * drop_at(a.dropout, b, h, p.num_heads_q, row0 + r, x.second) *
+                   ld(t, p.v, at(a, kSdpaV, p.va, b, x.second, hkv, d));
             if (ep.gate != nullptr && !xs.empty()) o /= 1.0 + std::exp(-ld(t, ep.gate, at(a, kSdpaGate, ep.ga, b, row0 + r, h, d)));
             st(t, p.o, at(a, kSdpaO, p.oa, b, row0 + r, h, d), xs.empty() ? 0.0 : o);
           }
@@ -361,7 +384,7 @@ void model_backward(const SdpaBwdParams& p_in, DType t, int bq, int bk) {
     const std::vector<double> vj = row_of(t, p.v, a, kSdpaV, p.va, b, j, sl.len_k, hkv, Dv);
     const double lse2 = i < sl.len_q ? p.lse2[w] : INFINITY, delta = i < sl.len_q ? p.delta[w] : 0.0;
     P = std::exp2((dot(qi, kj) * p.scale + bias_at(a.bias, b, h, i, j)) * kLog2e - lse2);
-    dS = P * (dot(doi, vj) - delta);
+    dS = P * (drop_at(a.dropout, b, h, p.num_heads_q, i, j) * dot(doi, vj) - delta);
   };
   // dBias: the dS workspace (SdpaBiasParams::ds) cleared by the launcher, written by the dK/dV kernel.
   const SdpaBiasParams& bp = a.bias;
@@ -394,7 +417,8 @@ void model_backward(const SdpaBwdParams& p_in, DType t, int bq, int bk) {
               const std::vector<double> qi = row_of(t, p.q, a, kSdpaQ, p.qa, b, i, sl.len_q, h, Dqk);
               const std::vector<double> doi = row_of(t, p.dout, a, kSdpaDO, p.doa, b, i, sl.len_q, h, Dv);
               for (int d = 0; d < Dqk; ++d) dk[size_t(col * Dqk + d)] += dS * qi[size_t(d)];
-              for (int d = 0; d < Dv; ++d) dv[size_t(col * Dv + d)] += P * doi[size_t(d)];
+              const double pm = P * drop_at(a.dropout, b, h, p.num_heads_q, i, j);  // dV takes P times the multiplier
+              for (int d = 0; d < Dv; ++d) dv[size_t(col * Dv + d)] += pm * doi[size_t(d)];
               if (!p.deterministic) {
                 const std::vector<double> kj = row_of(t, p.k, a, kSdpaK, p.ka, b, j, sl.len_k, hkv, Dqk);
                 float* acc = p.dq_accum + (int64_t(h) * p.total_q + sl.q_start + i) * Dqk;
@@ -608,6 +632,27 @@ TEST(SdpaParams, AdditiveBiasAndDBias) {
     c.bias_f32 = seed % 3 == 0;
     c.bias_strided = seed % 5 < 2;
     c.dbias = seed % 4 != 3;
+    run_case(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaParams, PhiloxDropout) {
+  // Philox dropout (int32 / int64 seed and offset, negative seeds) in the forward's P V product and
+  // the backward's dV and dS, with the bias on half the cases.
+  for (uint64_t seed = 600; seed < 624; ++seed) {
+    Case c = random_case(seed);
+    c.Sq = 1 + c.Sq % 100;
+    c.Skv = 1 + c.Skv % 100;
+    c.max_logit = false;
+    c.dropout_p = 0.1f * float(1 + seed % 5);
+    c.dropout_seed = int64_t(seed * 7919) - (seed % 3 == 0 ? 100000 : 0);
+    c.dropout_offset = int64_t(seed % 17);
+    c.dropout_i64 = seed % 2;
+    if (seed % 2) {
+      c.bias = 1 + int(seed % 16);
+      c.dbias = true;
+    }
     run_case(c);
     if (::testing::Test::HasFailure()) return;
   }

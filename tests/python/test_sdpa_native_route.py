@@ -110,7 +110,6 @@ def _cuda_op(L, lib, direction, setup, hv=1):
 
 
 @pytest.mark.parametrize("feature,setup", [
-    ("dropout", lambda a, d: a.set_dropout(0.1, d((1,), torch.int64), d((1,), torch.int64))),
     ("attn_scale as a device tensor", lambda a, d: a.set("attn_scale_tensor", d((1,), torch.float32))),
     ("max_logit together with sink_token",
      lambda a, d: (a.set("sink_token", d((2,), torch.float32)), a.set("max_logit", d((2,), torch.float32)))),
@@ -283,9 +282,6 @@ def test_gpu_native_custom_ops(fs, native, monkeypatch, varlen):
 @gpu
 def test_gpu_native_unsupported_feature_named(fs, native):
     q, k, v = (torch.randn(1, 2, 16, 16, dtype=torch.bfloat16, device="cuda") for _ in range(3))
-    with pytest.raises(NotImplementedError, match="^dropout: not supported on CUDA tensors yet"):
-        seed, offset = (torch.zeros(1, dtype=torch.int64, device="cuda") for _ in range(2))
-        fs.sdpa(q, k, v, dropout=(0.1, seed, offset))
     with pytest.raises(NotImplementedError, match="head dims"):
         q2 = torch.randn(1, 2, 16, 136, dtype=torch.bfloat16, device="cuda")
         fs.sdpa(q2, q2, q2)
@@ -428,3 +424,79 @@ def test_gpu_native_bias(fs, native, seed):
         rows = (B if shape[0] == 1 else 1) * (Hq if shape[1] == 1 else 1) * (Sq if shape[2] == 1 else 1)
         assert got[5].shape == bias.shape and got[5].dtype == bias.dtype
         check_tensor(got[5].float(), want[5].float(), dtype, "dbias", floor=4 * rows * grad_floor(1.0, D, 4.5, 4.5, 1.0))
+
+
+@gpu
+@pytest.mark.parametrize("seed", range(12))
+def test_gpu_native_dropout(fs, native, seed):
+    """Dropout on the native route against the CPU reference on the same inputs: Philox (seed / offset as int32 or
+    int64 device tensors; rng_dump equal to the reference's) and the caller's mask form (uint8, float32 or q's dtype,
+    broadcast forms, a scale tensor), forward and gradients (the backward regenerates the same multipliers), with
+    causal / padding / bias drawn at random; bf16 / fp16."""
+    from criteria import check_stat, check_tensor, grad_floor
+
+    rng = random.Random(1700 + seed)
+    dtype = rng.choice([torch.bfloat16, torch.float16])
+    B, Hq = rng.choice([1, 2]), rng.choice([2, 4])
+    Hk = rng.choice([1, Hq])
+    Sq, Skv = rng.randint(1, 200), rng.randint(1, 260)
+    D = rng.choice([32, 64, 128])
+    g = torch.Generator().manual_seed(1700 + seed)
+    q = torch.randn(B, Hq, Sq, D, generator=g).to(dtype)
+    k = torch.randn(B, Hk, Skv, D, generator=g).to(dtype)
+    v = torch.randn(B, Hk, Skv, D, generator=g).to(dtype)
+    prob = rng.choice([0.1, 0.3, 0.5])
+    philox = seed % 3 != 2
+    if philox:
+        idt = rng.choice([torch.int32, torch.int64])
+        sd = torch.tensor([rng.randint(-2 ** 30, 2 ** 30)], dtype=idt)
+        off = torch.tensor([rng.randint(0, 2 ** 20)], dtype=idt)
+    else:
+        form = rng.randrange(16)
+        mshape = [1 if form >> d & 1 else n for d, n in enumerate((B, Hq, Sq, Skv))]
+        mask = (torch.rand(*mshape, generator=g) >= prob).to(rng.choice([torch.uint8, torch.float32, dtype]))
+        mscale = torch.tensor([1.0 / (1.0 - prob)])
+    kw = {}
+    if rng.random() < 0.5:
+        kw.update(diagonal_band_right_bound=0, diagonal_alignment=rng.choice(["TOP_LEFT", "BOTTOM_RIGHT"]))
+    bias = (torch.randn(1, Hq, Sq, Skv, generator=g)).to(dtype) if rng.random() < 0.3 else None
+    scale = 1.0 / math.sqrt(D)
+    lens = _random_lens(rng, g, B, Sq, Skv)
+
+    def run(dev):
+        ins = [t.to(dev).requires_grad_() for t in (q, k, v)]
+        extra = dict(kw)
+        if lens is not None:
+            extra.update(use_padding_mask=True, seq_len_q=lens[0].to(dev), seq_len_kv=lens[1].to(dev))
+        dump = None
+        if philox:
+            dump = torch.full((B, Hq, Sq, Skv), 7, dtype=torch.uint8, device=dev)
+            extra.update(dropout=(prob, sd.to(dev), off.to(dev)), rng_dump=dump)
+        else:
+            extra["dropout"] = (mask.to(dev), mscale.to(dev))
+        if bias is not None:
+            extra["bias"] = bias.to(dev)
+        o, stats = fs.sdpa(*ins, generate_stats=True, attn_scale=scale, **extra)
+        do = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + 3)).to(o.dtype).to(dev)
+        out = [o, stats] + list(torch.autograd.grad(o, ins, do))
+        if dump is not None:
+            out.append(dump)
+        return [t.detach().cpu() for t in out]
+
+    want, got = run("cpu"), run("cuda")
+    lq, lk = (lens if lens is not None else (torch.full((B,), Sq), torch.full((B,), Skv)))
+    mq = (torch.arange(Sq)[None, :] < lq[:, None])[:, None, :, None]
+    mk = (torch.arange(Skv)[None, :] < lk[:, None])[:, None, :, None]
+
+    def z(t, m):
+        return torch.where(m, t, torch.zeros((), dtype=t.dtype))
+
+    if philox:
+        assert torch.equal(got[5], want[5]), "rng_dump"
+    mult = 1.0 / (1.0 - prob)
+    check_tensor(z(got[0], mq), z(want[0], mq), dtype, "o")
+    check_stat(torch.where(mq, got[1], 0.0), torch.where(mq, want[1], 0.0), "stats")
+    fl = grad_floor(scale, D, 4.5, 4.5 * mult, 4.5)
+    check_tensor(z(got[2], mq), z(want[2], mq), dtype, "dq", floor=fl)
+    check_tensor(z(got[3], mk), z(want[3], mk), dtype, "dk", floor=fl)
+    check_tensor(z(got[4], mk), z(want[4], mk), dtype, "dv")

@@ -15,7 +15,9 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/philox.h"
 #include "kernels/common/analytic_mask.h"
+#include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/params.h"
 
@@ -98,6 +100,49 @@ struct SdpaBiasFrag {
     }
   }
 };
+
+// One element of a dropout mask / rng_dump of dtype code `dt` (SdpaDropoutMaskDType) as float.
+__device__ __forceinline__ float sdpa_mask_elem(const void* base, int32_t dt, int64_t off) {
+  switch (dt) {
+    case kSdpaMaskU8: return float(__ldg(static_cast<const unsigned char*>(base) + off));
+    case kSdpaMaskF32: return __ldg(static_cast<const float*>(base) + off);
+    default: {
+      const unsigned short u = __ldg(static_cast<const unsigned short*>(base) + off);
+      return dt == kSdpaMaskBF16 ? __uint_as_float(uint32_t(u) << 16) : __half2float(__ushort_as_half(u));
+    }
+  }
+}
+
+// Whether the Philox dropout keeps element (b, h, i, j) (core/philox.h; the CPU reference's rule).
+__device__ __forceinline__ bool sdpa_dropout_keep(const SdpaDropoutParams& dp, uint32_t bh, int64_t i, int64_t j) {
+  const uint64_t seed = uint64_t(load_index(dp.seed, 0)), offset = uint64_t(load_index(dp.offset, 0));
+  return dropout_keep(seed, offset, bh, uint32_t(i), uint32_t(j), dp.threshold);
+}
+
+// Dropout multipliers (SdpaDropoutParams, mode != 0) of the 2 x 2 elements rows {i, i + 8} x
+// columns {j, j + 1} (i % 16 < 8, j even: a thread's share of an m16n8 fragment, AccFragment order
+// r = 2 (row half) + column parity) of sample b, query head h (bh = b * H_q + h): one Philox call
+// (its four words are these elements'), or the mask's four elements, read only inside the sample
+// (rows < len_q, keys < len_kv; 0 outside, where P is 0 anyway).
+__device__ __forceinline__ void sdpa_dropout_mult4(const SdpaDropoutParams& dp, int b, int h, int bh, int64_t i,
+                                                   int64_t j, int64_t len_q, int64_t len_k, float (&m)[4]) {
+  if (dp.mode == 1) {
+    const uint64_t seed = uint64_t(load_index(dp.seed, 0)), offset = uint64_t(load_index(dp.offset, 0));
+    const Philox4 w = dropout_philox_block(seed, offset, uint32_t(bh), uint32_t(i), uint32_t(j));
+#pragma unroll
+    for (int r = 0; r < 4; ++r) m[r] = w.x[r] >= dp.threshold ? dp.scale : 0.0f;
+  } else {
+    const float sc = __ldg(dp.mask_scale);
+    const int64_t base = int64_t(b) * dp.mask_stride[0] + int64_t(h) * dp.mask_stride[1];
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int64_t ii = i + 8 * (r >> 1), jj = j + (r & 1);
+      m[r] = ii < len_q && jj < len_k
+                 ? sdpa_mask_elem(dp.mask, dp.mask_dtype, base + ii * dp.mask_stride[2] + jj * dp.mask_stride[3]) * sc
+                 : 0.0f;
+    }
+  }
+}
 
 // The modifiers of one query head.
 struct SdpaScoreMod {

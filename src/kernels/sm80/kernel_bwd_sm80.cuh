@@ -729,12 +729,19 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
         const SdpaBiasFrag bias = SdpaBiasFrag::at(analytic_of(p).bias, bias_head, int64_t(qb) * T::kBlockQ + sm0 + 16 * mi,
                                                    int64_t(kb) * T::kBlockK + sc0, lane);
         bias.add<T::kSNT>(s[mi]);
+        const SdpaDropoutParams& dpp = analytic_of(p).dropout;
 #pragma unroll
         for (int n = 0; n < T::kSNT; ++n) {
+          float dm[4] = {1.0f, 1.0f, 1.0f, 1.0f};  // dropout: dV takes P times the multiplier
+          if (dpp.mode != 0) {
+            sdpa_dropout_mult4(dpp, b, h, b * p.num_heads_q + h, int64_t(qb) * T::kBlockQ + sm0 + 16 * mi + g,
+                               int64_t(kb) * T::kBlockK + sc0 + 8 * n + 2 * t, len_q, len_k, dm);
+          }
 #pragma unroll
           for (int hi = 0; hi < 2; ++hi) {
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + ps_off(mi, n, hi)),
-                         "r"(pack2<E>(exp2_approx(s[mi][n][2 * hi]), exp2_approx(s[mi][n][2 * hi + 1])))
+                         "r"(pack2<E>(exp2_approx(s[mi][n][2 * hi]) * dm[2 * hi],
+                                      exp2_approx(s[mi][n][2 * hi + 1]) * dm[2 * hi + 1]))
                          : "memory");
           }
         }
@@ -759,10 +766,13 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
     float dp[T::kSMT][T::kSNT][4];
     {
       float minus_d[T::kSMT][4];  // the C operand of the first k16 step
+      // SDPA dropout: dP alone (dS = P (m dP - D) after the GEMM, D read again there).
+      bool no_d = false;
+      if constexpr (Mask::kAnalytic) no_d = analytic_of(p).dropout.mode != 0;
 #pragma unroll
       for (int mi = 0; mi < T::kSMT; ++mi) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) minus_d[mi][i] = -delta[mi][i >> 1];
+        for (int i = 0; i < 4; ++i) minus_d[mi][i] = no_d ? 0.0f : -delta[mi][i >> 1];
       }
       const LdsmAddr<T::kDv> aO = LdsmAddr<T::kDv>::unpack(addr_tab[buf][1]);
       warp_mma_k16_first<T::kSMT, T::kSNT, E>(dp, minus_d, aO, bV);  // k16 step 0 (head_dv >= 1)
@@ -784,6 +794,25 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
         ds_thr = am.bias.ds + ((int64_t(b) * p.num_heads_q + h) * am.max_q + row) * am.bias.ds_ld + col;
         ds_rows = len_q - row;
         ds_cols = len_k - col;
+      }
+    }
+    if constexpr (Mask::kAnalytic) {
+      // SDPA dropout: dp holds dP (no -D seed); dS = P (m dP - D) with the element's multiplier m.
+      const SdpaDropoutParams& dpp = analytic_of(p).dropout;
+      if (dpp.mode != 0) {
+        float dd[T::kSMT][2];
+        load_stat(dd, p.delta, 0.0f);
+#pragma unroll
+        for (int mi = 0; mi < T::kSMT; ++mi) {
+#pragma unroll
+          for (int n = 0; n < T::kSNT; ++n) {
+            float dm[4];
+            sdpa_dropout_mult4(dpp, b, h, b * p.num_heads_q + h, int64_t(qb) * T::kBlockQ + sm0 + 16 * mi + g,
+                               int64_t(kb) * T::kBlockK + sc0 + 8 * n + 2 * t, len_q, len_k, dm);
+#pragma unroll
+            for (int r = 0; r < 4; ++r) dp[mi][n][r] = fmaf(dm[r], dp[mi][n][r], -dd[mi][r >> 1]);
+          }
+        }
       }
     }
 #pragma unroll
@@ -1117,6 +1146,9 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
     const int64_t ws = int64_t(h) * p.total_q + q_start + rr;
     lse2[hi] = ok ? __ldg(p.lse2 + ws) : INFINITY;
     minus_d[0][2 * hi] = minus_d[0][2 * hi + 1] = ok ? -__ldg(p.delta + ws) : -0.0f;
+    if constexpr (Mask::kAnalytic) {
+      if (analytic_of(p).dropout.mode != 0) minus_d[0][2 * hi] = minus_d[0][2 * hi + 1] = 0.0f;  // (dP alone)
+    }
   }
   float acc[T::kNQ][4];
 #pragma unroll
@@ -1182,6 +1214,26 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
     for (int kk = 1; kk < T::kDv / 16; ++kk) {
       if (T::kExact || kk * 16 < p.head_dv) {
         warp_mma_k16<1, T::kNSQ, false, false, true, E>(dp, aO, bV, kk, 0);
+      }
+    }
+    if constexpr (Mask::kAnalytic) {
+      // SDPA dropout: dp holds dP (minus_d is 0); dP - D becomes m dP - D with the element's multiplier.
+      const SdpaDropoutParams& dpp = analytic_of(p).dropout;
+      if (dpp.mode != 0) {
+        float dd[2];
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          const int rr = row0 + warp * 16 + g + 8 * hi;
+          dd[hi] = rr < len_q ? __ldg(p.delta + (int64_t(h) * p.total_q + q_start + rr)) : 0.0f;
+        }
+#pragma unroll
+        for (int n = 0; n < T::kNSQ; ++n) {
+          float dm[4];
+          sdpa_dropout_mult4(dpp, b, h, b * p.num_heads_q + h, int64_t(row0) + warp * 16 + g,
+                             int64_t(kb) * T::kBlockK + 8 * n + 2 * (lane & 3), len_q, len_k, dm);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) dp[0][n][r] = fmaf(dm[r], dp[0][n][r], -dd[r >> 1]);
+        }
       }
     }
 #pragma unroll

@@ -289,6 +289,22 @@ struct AnalyticMaskSm80 {
       SdpaBiasFrag::make(a.bias, b, head, int64_t(row0) + 16 * mt, int64_t(entry) * T::kBlockK, lane).add<T::kNS>(s);
     }
   }
+  // Dropout (SdpaDropoutParams) on P of m16 tile mt after the online softmax step (the row sums
+  // keep every element; the P V product takes P times the multiplier).
+  template <int kN>
+  __device__ __forceinline__ void dropout(const QkvParams& q, float (&s)[kN][4], int entry, int mt, int lane) const {
+    const AnalyticMaskParams& a = analytic_of(static_cast<const FwdParams&>(q));
+    if (a.dropout.mode == 0) return;
+    const int64_t i = int64_t(row0) + 16 * mt + (lane >> 2), j0 = int64_t(entry) * T::kBlockK + 2 * (lane & 3);
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+      float m[4];
+      sdpa_dropout_mult4(a.dropout, b, head, b * q.num_heads_q + head, i, j0 + 8 * n, int64_t(row0) + block.rows,
+                         block.len_kv, m);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s[n][r] *= m[r];
+    }
+  }
   // Row statistics of the thread's rows (m16 tile i: rows r0 + 16 i + g + 8 hi of the block at
   // row `first`) seeded with the head's sink (log2 units: m = sink, l = 1 on one lane of the
   // quad), so that it joins the denominator; rows past the sample keep m = -inf, l = 0 (O = 0,
@@ -331,6 +347,7 @@ __device__ __forceinline__ void fwd_softmax_sm80(const Mask& mask, float (&s)[T:
     }
     mask.apply(p, s[i], partial, entry, warp * kMT + i, lane);
     online_softmax_step<T::kNS, T::kNO>(s[i], m[i], l[i], acc_o[i]);
+    if constexpr (Mask::kAnalytic) mask.template dropout<T::kNS>(p, s[i], entry, warp * kMT + i, lane);
   }
 #pragma unroll
   for (int i = 0; i < kMT; ++i) pack_p<E>(s[i], pa[i]);
