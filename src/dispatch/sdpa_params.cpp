@@ -50,7 +50,8 @@ int32_t bias_dtype(DType t) {
 // SdpaDropoutMaskDType of a dropout mask / rng_dump descriptor (uint8, float16, bfloat16, float32:
 // sdpa_support.cpp refuses float64 on CUDA tensors).
 int32_t mask_dtype(DType t) {
-  return t == DType::kUInt8 ? kSdpaMaskU8 : t == DType::kFloat16 ? kSdpaMaskF16 : t == DType::kBFloat16 ? kSdpaMaskBF16 : kSdpaMaskF32;
+  if (t == DType::kUInt8) return kSdpaMaskU8;
+  return t == DType::kFloat16 ? kSdpaMaskF16 : t == DType::kBFloat16 ? kSdpaMaskBF16 : kSdpaMaskF32;
 }
 
 SampleStart start_of(const Problem& p, int slot) {

@@ -57,7 +57,7 @@ void sdpa_check_features_gpu(const Problem& p) {
   // sink, which the kernels' running max includes.
   if (p.has(FS_SDPA_SINK_TOKEN) && p.has(FS_SDPA_MAX_LOGIT)) not_native("max_logit together with sink_token");
   // Dropout runs natively (Philox in the kernels from core/philox.h, or the caller's mask;
-  // sdpa_score_mod.cuh sdpa_dropout_mult4), and so does rng_dump; float64 masks and dumps do not.
+  // sdpa_score_mod.cuh sdpa_dropout_apply), and so does rng_dump; float64 masks and dumps do not.
   for (int s : {FS_SDPA_DROPOUT_MASK, FS_SDPA_RNG_DUMP}) {
     if (p.has(s) && p.t(s).dtype == DType::kFloat64) {
       throw Error(Status::kNotSupported,

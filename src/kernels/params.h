@@ -182,7 +182,7 @@ struct SdpaBiasParams {
   int64_t dbias_size[4] = {0, 0, 0, 0};
 };
 
-// SDPA dropout (sdpa_score_mod.cuh sdpa_dropout_mult4), a run-time flag of the one analytic
+// SDPA dropout (sdpa_score_mod.cuh sdpa_dropout_apply), a run-time flag of the one analytic
 // instantiation: P of element (b, h, i, j) (sample-local positions) is multiplied by
 //   mode 1 (Philox)  scale (= 1 / (1 - p)) when its Philox word (core/philox.h: key = seed, counter
 //                    from offset, (i, j) and b * H_q + h) is >= threshold, else 0

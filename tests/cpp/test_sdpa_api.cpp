@@ -231,8 +231,9 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
   EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_dropout(0.1f, seed, offset); }), "");
   const TensorDesc dump(nullptr, kUInt8, cuda(), {B, Hq, Sq, Skv}), dump64(nullptr, kFloat64, cuda(), {B, Hq, Sq, Skv});
   EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_dropout(0.1f, seed, offset).set_rng_dump(dump); }), "");
-  EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_dropout(0.1f, seed, offset).set_rng_dump(dump64); }),
-                     "rng_dump: float64 is not supported on CUDA tensors"));
+  EXPECT_TRUE(
+      starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_dropout(0.1f, seed, offset).set_rng_dump(dump64); }),
+             "rng_dump: float64 is not supported on CUDA tensors"));
   const TensorDesc dmask(nullptr, kUInt8, cuda(), {1, Hq, 1, Skv}), dscale(nullptr, kFloat32, cuda(), {1});
   EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_dropout_mask(dmask, dscale); }), "");
   // Native too (issue 24): the block_mask, the output gate, score_max / score_sum_exp.

@@ -251,7 +251,9 @@ void set_index_pointers(const Problem& p, api::SdpaVariantPack& pack, bool cuda,
   if (p.c.scale_tensor) pack.set(FS_SDPA_ATTN_SCALE, const_cast<float*>(p.scale_host));
   if (p.c.sinks) pack.set(FS_SDPA_SINK_TOKEN, p.sink.ptr(cuda));
   if (p.c.bias) pack.set(FS_SDPA_BIAS, p.bias.ptr(cuda));
-  if (p.c.dropout_p > 0) pack.set(FS_SDPA_DROPOUT_SEED, p.drop_seed.ptr(cuda)).set(FS_SDPA_DROPOUT_OFFSET, p.drop_offset.ptr(cuda));
+  if (p.c.dropout_p > 0) {
+    pack.set(FS_SDPA_DROPOUT_SEED, p.drop_seed.ptr(cuda)).set(FS_SDPA_DROPOUT_OFFSET, p.drop_offset.ptr(cuda));
+  }
   if (p.c.rng_dump && !backward) pack.set(FS_SDPA_RNG_DUMP, p.dump.ptr(cuda));
   if (p.c.bias && p.c.dbias && backward) pack.set(FS_SDPA_DBIAS, p.dbias.ptr(cuda));
   if (p.c.block_mask) {

@@ -215,7 +215,8 @@ sdpa::Problem problem(Call& p, bool backward, Storage& o, Storage& stats, Storag
   }
   if (c.dropout_p > 0) {
     a.dropout_probability = c.dropout_p;
-    for (auto [slot, idx] : {std::pair<int, Index*>{FS_SDPA_DROPOUT_SEED, &p.drop_seed}, {FS_SDPA_DROPOUT_OFFSET, &p.drop_offset}}) {
+    for (auto [slot, idx] :
+         {std::pair<int, Index*>{FS_SDPA_DROPOUT_SEED, &p.drop_seed}, {FS_SDPA_DROPOUT_OFFSET, &p.drop_offset}}) {
       a.tensors[size_t(slot)] = idx->view();
       pack[slot] = idx->bytes.data();
     }
@@ -261,7 +262,8 @@ double bias_at(const SdpaBiasParams& bp, int b, int h, int64_t i, int64_t j) {
 double drop_at(const SdpaDropoutParams& dp, int b, int h, int num_heads, int64_t i, int64_t j) {
   if (dp.mode == 0) return 1.0;
   const uint64_t seed = uint64_t(kern::load_index(dp.seed, 0)), offset = uint64_t(kern::load_index(dp.offset, 0));
-  return dropout_keep(seed, offset, uint32_t(b * num_heads + h), uint32_t(i), uint32_t(j), dp.threshold) ? dp.scale : 0.0;
+  const bool keep = dropout_keep(seed, offset, uint32_t(b * num_heads + h), uint32_t(i), uint32_t(j), dp.threshold);
+  return keep ? dp.scale : 0.0;
 }
 
 // Element of (sample b, row, head h, column d) of one tensor, as the kernels address it.

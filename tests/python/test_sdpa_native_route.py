@@ -135,9 +135,10 @@ def test_cuda_dbias_with_softcap_not_native_is_named(fs):
 
     with pytest.raises(NotImplementedError, match=r"^dBias together with softcap.*not supported on CUDA tensors yet"):
         _cuda_op(L, lib, "bwd", both)
-    for direction, setup in (("fwd", lambda a, d: a.set("bias", d((1, 2, 16, 16)))),
-                             ("fwd", lambda a, d: (a.set("bias", d((1, 1, 1, 16), torch.float32)), a.set("softcap", 5.0))),
-                             ("bwd", lambda a, d: (a.set("bias", d((1, 2, 16, 16))), a.set("dbias", d((1, 2, 16, 16)))))):
+    cases = [("fwd", lambda a, d: a.set("bias", d((1, 2, 16, 16)))),
+             ("fwd", lambda a, d: (a.set("bias", d((1, 1, 1, 16), torch.float32)), a.set("softcap", 5.0))),
+             ("bwd", lambda a, d: (a.set("bias", d((1, 2, 16, 16))), a.set("dbias", d((1, 2, 16, 16)))))]
+    for direction, setup in cases:
         try:
             _cuda_op(L, lib, direction, setup)
         except NotImplementedError:
@@ -423,7 +424,8 @@ def test_gpu_native_bias(fs, native, seed):
         # can be 0 (sum_j dS_ij = 0).
         rows = (B if shape[0] == 1 else 1) * (Hq if shape[1] == 1 else 1) * (Sq if shape[2] == 1 else 1)
         assert got[5].shape == bias.shape and got[5].dtype == bias.dtype
-        check_tensor(got[5].float(), want[5].float(), dtype, "dbias", floor=4 * rows * grad_floor(1.0, D, 4.5, 4.5, 1.0))
+        check_tensor(got[5].float(), want[5].float(), dtype, "dbias",
+                     floor=4 * rows * grad_floor(1.0, D, 4.5, 4.5, 1.0))
 
 
 @gpu

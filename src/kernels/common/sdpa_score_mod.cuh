@@ -119,27 +119,53 @@ __device__ __forceinline__ bool sdpa_dropout_keep(const SdpaDropoutParams& dp, u
   return dropout_keep(seed, offset, bh, uint32_t(i), uint32_t(j), dp.threshold);
 }
 
-// Dropout multipliers (SdpaDropoutParams, mode != 0) of the 2 x 2 elements rows {i, i + 8} x
-// columns {j, j + 1} (i % 16 < 8, j even: a thread's share of an m16n8 fragment, AccFragment order
-// r = 2 (row half) + column parity) of sample b, query head h (bh = b * H_q + h): one Philox call
-// (its four words are these elements'), or the mask's four elements, read only inside the sample
-// (rows < len_q, keys < len_kv; 0 outside, where P is 0 anyway).
-__device__ __forceinline__ void sdpa_dropout_mult4(const SdpaDropoutParams& dp, int b, int h, int bh, int64_t i,
-                                                   int64_t j, int64_t len_q, int64_t len_k, float (&m)[4]) {
+// The dropout multipliers (SdpaDropoutParams, mode != 0) of a thread's share of a warp's fragment of kN
+// n8 blocks, element by element: fn(n, r, m) for element (n, r) = row i + 8 (r / 2), column j + 8 n + r % 2
+// of sample b, query head h (i = the fragment's row 0 + g with i % 16 < 8, j = its column 0 + 2 q:
+// AccFragment), in the order n, then r. Philox: the thread's 2 x 2 elements of block n are the four words
+// of one call (core/philox.h dropout_philox_block), made first into keep bits by a loop that is not
+// unrolled (ten rounds per call unrolled over a fragment crowd the registers of the kernels' main loops).
+// Mask form: the caller's mask times its scale, read only inside the sample (rows < len_q, keys < len_kv;
+// 0 outside, where P is 0 anyway). The two forms are separate branches, so that neither's state is
+// live in the other.
+template <int kN, class Fn>
+__device__ __forceinline__ void sdpa_dropout_apply(const SdpaDropoutParams& dp, int b, int h, int num_heads, int64_t i,
+                                                   int64_t j, int64_t len_q, int64_t len_k, Fn&& fn) {
+  static_assert(kN <= 16, "keep bits of at most 16 n8 blocks");
   if (dp.mode == 1) {
     const uint64_t seed = uint64_t(load_index(dp.seed, 0)), offset = uint64_t(load_index(dp.offset, 0));
-    const Philox4 w = dropout_philox_block(seed, offset, uint32_t(bh), uint32_t(i), uint32_t(j));
+    const uint32_t bh = uint32_t(b * num_heads + h), thr = dp.threshold;
+    uint64_t bits = 0;
+#pragma unroll 1
+    for (int n = 0; n < kN; ++n) {
+      const Philox4 w = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n));
+      const uint64_t k4 = uint64_t(w.x[0] >= thr) | uint64_t(w.x[1] >= thr) << 1 | uint64_t(w.x[2] >= thr) << 2 |
+                          uint64_t(w.x[3] >= thr) << 3;
+      bits |= k4 << (4 * n);
+    }
+    const float sc = dp.scale;
 #pragma unroll
-    for (int r = 0; r < 4; ++r) m[r] = w.x[r] >= dp.threshold ? dp.scale : 0.0f;
+    for (int n = 0; n < kN; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) fn(n, r, (bits >> (4 * n + r)) & 1u ? sc : 0.0f);
+    }
   } else {
     const float sc = __ldg(dp.mask_scale);
-    const int64_t base = int64_t(b) * dp.mask_stride[0] + int64_t(h) * dp.mask_stride[1];
+    const int64_t es = dp.mask_dtype == kSdpaMaskU8 ? 1 : dp.mask_dtype == kSdpaMaskF32 ? 4 : 2;
+    const char* base = static_cast<const char*>(dp.mask) +
+                       (int64_t(b) * dp.mask_stride[0] + int64_t(h) * dp.mask_stride[1] + i * dp.mask_stride[2] +
+                        j * dp.mask_stride[3]) * es;
+    const int64_t rs = dp.mask_stride[2] * es, cs = dp.mask_stride[3] * es;
+    const int rows = int(len_q - i), cols = int(len_k - j);  // left inside the sample from (i, j)
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      const int64_t ii = i + 8 * (r >> 1), jj = j + (r & 1);
-      m[r] = ii < len_q && jj < len_k
-                 ? sdpa_mask_elem(dp.mask, dp.mask_dtype, base + ii * dp.mask_stride[2] + jj * dp.mask_stride[3]) * sc
-                 : 0.0f;
+    for (int n = 0; n < kN; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int rr = 8 * (r >> 1), cc = 8 * n + (r & 1);
+        float m = 0.0f;
+        if (rr < rows && cc < cols) m = sdpa_mask_elem(base + rr * rs + cc * cs, dp.mask_dtype, 0) * sc;
+        fn(n, r, m);
+      }
     }
   }
 }

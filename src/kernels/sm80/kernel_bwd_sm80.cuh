@@ -726,24 +726,35 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
         sdpa_bwd_logits<T::kSNT>(p, s[mi], lse2[mi], mod, base, lane);
         mask.template apply<T::kSNT>(p, s[mi], payload, qb, kb, sm0 / 16 + mi, sc0, lane);
         // The additive bias on the visible elements (after the mask: never read where it is -inf).
-        const SdpaBiasFrag bias = SdpaBiasFrag::at(analytic_of(p).bias, bias_head, int64_t(qb) * T::kBlockQ + sm0 + 16 * mi,
+        const SdpaBiasFrag bias = SdpaBiasFrag::at(analytic_of(p).bias, bias_head,
+                                                   int64_t(qb) * T::kBlockQ + sm0 + 16 * mi,
                                                    int64_t(kb) * T::kBlockK + sc0, lane);
         bias.add<T::kSNT>(s[mi]);
         const SdpaDropoutParams& dpp = analytic_of(p).dropout;
+        if (dpp.mode == 0) {
 #pragma unroll
-        for (int n = 0; n < T::kSNT; ++n) {
-          float dm[4] = {1.0f, 1.0f, 1.0f, 1.0f};  // dropout: dV takes P times the multiplier
-          if (dpp.mode != 0) {
-            sdpa_dropout_mult4(dpp, b, h, b * p.num_heads_q + h, int64_t(qb) * T::kBlockQ + sm0 + 16 * mi + g,
-                               int64_t(kb) * T::kBlockK + sc0 + 8 * n + 2 * t, len_q, len_k, dm);
-          }
+          for (int n = 0; n < T::kSNT; ++n) {
 #pragma unroll
-          for (int hi = 0; hi < 2; ++hi) {
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + ps_off(mi, n, hi)),
-                         "r"(pack2<E>(exp2_approx(s[mi][n][2 * hi]) * dm[2 * hi],
-                                      exp2_approx(s[mi][n][2 * hi + 1]) * dm[2 * hi + 1]))
-                         : "memory");
+            for (int hi = 0; hi < 2; ++hi) {
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + ps_off(mi, n, hi)),
+                           "r"(pack2<E>(exp2_approx(s[mi][n][2 * hi]), exp2_approx(s[mi][n][2 * hi + 1])))
+                           : "memory");
+            }
           }
+        } else {
+          // Dropout: dV takes P times the multiplier (pairs stored at odd r).
+          float p_even = 0.0f;
+          sdpa_dropout_apply<T::kSNT>(dpp, b, h, p.num_heads_q, int64_t(qb) * T::kBlockQ + sm0 + 16 * mi + g,
+                                      int64_t(kb) * T::kBlockK + sc0 + 2 * t, len_q, len_k, [&](int n, int r, float m) {
+                                        const float pm = exp2_approx(s[mi][n][r]) * m;
+                                        if ((r & 1) == 0) {
+                                          p_even = pm;
+                                        } else {
+                                          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + ps_off(mi, n, r >> 1)),
+                                                       "r"(pack2<E>(p_even, pm))
+                                                       : "memory");
+                                        }
+                                      });
         }
         mod.probs_dlogit<T::kSNT>(s[mi], lse2[mi], base, lane, bias);
       }
@@ -804,14 +815,10 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
         load_stat(dd, p.delta, 0.0f);
 #pragma unroll
         for (int mi = 0; mi < T::kSMT; ++mi) {
-#pragma unroll
-          for (int n = 0; n < T::kSNT; ++n) {
-            float dm[4];
-            sdpa_dropout_mult4(dpp, b, h, b * p.num_heads_q + h, int64_t(qb) * T::kBlockQ + sm0 + 16 * mi + g,
-                               int64_t(kb) * T::kBlockK + sc0 + 8 * n + 2 * t, len_q, len_k, dm);
-#pragma unroll
-            for (int r = 0; r < 4; ++r) dp[mi][n][r] = fmaf(dm[r], dp[mi][n][r], -dd[mi][r >> 1]);
-          }
+          sdpa_dropout_apply<T::kSNT>(dpp, b, h, p.num_heads_q, int64_t(qb) * T::kBlockQ + sm0 + 16 * mi + g,
+                                      int64_t(kb) * T::kBlockK + sc0 + 2 * t, len_q, len_k, [&](int n, int r, float m) {
+                                        dp[mi][n][r] = fmaf(m, dp[mi][n][r], -dd[mi][r >> 1]);
+                                      });
         }
       }
     }
@@ -1146,9 +1153,6 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
     const int64_t ws = int64_t(h) * p.total_q + q_start + rr;
     lse2[hi] = ok ? __ldg(p.lse2 + ws) : INFINITY;
     minus_d[0][2 * hi] = minus_d[0][2 * hi + 1] = ok ? -__ldg(p.delta + ws) : -0.0f;
-    if constexpr (Mask::kAnalytic) {
-      if (analytic_of(p).dropout.mode != 0) minus_d[0][2 * hi] = minus_d[0][2 * hi + 1] = 0.0f;  // (dP alone)
-    }
   }
   float acc[T::kNQ][4];
 #pragma unroll
@@ -1217,23 +1221,15 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
       }
     }
     if constexpr (Mask::kAnalytic) {
-      // SDPA dropout: dp holds dP (minus_d is 0); dP - D becomes m dP - D with the element's multiplier.
+      // SDPA dropout: dP - D becomes m dP - D = m (dP - D) + (m - 1) D with the element's multiplier m
+      // (D = -minus_d, the row's).
       const SdpaDropoutParams& dpp = analytic_of(p).dropout;
       if (dpp.mode != 0) {
-        float dd[2];
-#pragma unroll
-        for (int hi = 0; hi < 2; ++hi) {
-          const int rr = row0 + warp * 16 + g + 8 * hi;
-          dd[hi] = rr < len_q ? __ldg(p.delta + (int64_t(h) * p.total_q + q_start + rr)) : 0.0f;
-        }
-#pragma unroll
-        for (int n = 0; n < T::kNSQ; ++n) {
-          float dm[4];
-          sdpa_dropout_mult4(dpp, b, h, b * p.num_heads_q + h, int64_t(row0) + warp * 16 + g,
-                             int64_t(kb) * T::kBlockK + 8 * n + 2 * (lane & 3), len_q, len_k, dm);
-#pragma unroll
-          for (int r = 0; r < 4; ++r) dp[0][n][r] = fmaf(dm[r], dp[0][n][r], -dd[r >> 1]);
-        }
+        sdpa_dropout_apply<T::kNSQ>(dpp, b, h, p.num_heads_q, int64_t(row0) + warp * 16 + g,
+                                    int64_t(kb) * T::kBlockK + 2 * (lane & 3), len_q, len_k,
+                                    [&](int n, int r, float m) {
+                                      dp[0][n][r] = fmaf(m, dp[0][n][r], (1.0f - m) * minus_d[0][r]);
+                                    });
       }
     }
 #pragma unroll

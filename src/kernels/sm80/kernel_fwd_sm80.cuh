@@ -295,15 +295,9 @@ struct AnalyticMaskSm80 {
   __device__ __forceinline__ void dropout(const QkvParams& q, float (&s)[kN][4], int entry, int mt, int lane) const {
     const AnalyticMaskParams& a = analytic_of(static_cast<const FwdParams&>(q));
     if (a.dropout.mode == 0) return;
-    const int64_t i = int64_t(row0) + 16 * mt + (lane >> 2), j0 = int64_t(entry) * T::kBlockK + 2 * (lane & 3);
-#pragma unroll
-    for (int n = 0; n < kN; ++n) {
-      float m[4];
-      sdpa_dropout_mult4(a.dropout, b, head, b * q.num_heads_q + head, i, j0 + 8 * n, int64_t(row0) + block.rows,
-                         block.len_kv, m);
-#pragma unroll
-      for (int r = 0; r < 4; ++r) s[n][r] *= m[r];
-    }
+    sdpa_dropout_apply<kN>(a.dropout, b, head, q.num_heads_q, int64_t(row0) + 16 * mt + (lane >> 2),
+                           int64_t(entry) * T::kBlockK + 2 * (lane & 3), int64_t(row0) + block.rows, block.len_kv,
+                           [&](int n, int r, float m) { s[n][r] *= m; });
   }
   // Row statistics of the thread's rows (m16 tile i: rows r0 + 16 i + g + 8 hi of the block at
   // row `first`) seeded with the head's sink (log2 units: m = sink, l = 1 on one lane of the
