@@ -8,8 +8,11 @@
 // read by the kernels from device memory), ragged (packed THD) tensors through ragged offsets,
 // MHA / GQA / MQA with H_k = H_v, head dims the sm80 kernels run, float16 / bfloat16, the LSE
 // stats (natural or base 2), max_logit, the deterministic backward; softcap, ALiBi, sinks / dSink,
-// H_k != H_v; the output gate with dgate, score_max / score_sum_exp (padded O), the block_mask;
-// with FLASHSPAN_EXPERIMENTAL=1 (not yet run on a GPU), paged K/V caches in the forward.
+// H_k != H_v; the output gate with dgate, score_max / score_sum_exp (padded O), the block_mask; the
+// additive bias (any broadcast form, float32 or q's dtype) and dBias (not together with softcap);
+// dropout (Philox from device seed / offset, or the caller's mask) and rng_dump; with
+// FLASHSPAN_EXPERIMENTAL=1 (not yet run on a GPU), paged K/V caches in the forward (without bias
+// or dropout).
 // Every other feature is refused by sdpa_check_features_gpu with an error naming it.
 #pragma once
 
@@ -35,8 +38,9 @@ void sdpa_check_support_gpu(const sdpa::Problem& p);
 
 // Bytes of workspace of one call (pure functions of the problem's sizes): the forward needs
 // none; the backward keeps D and LSE log2(e) ([H_q, B * S_q] fp32 each), unless
-// deterministic the fp32 dQ accumulator [H_q, B * S_q, D_qk], and with the output gate
-// dO * sigmoid(G) [H_q, B * S_q, D_v] in the input dtype.
+// deterministic the fp32 dQ accumulator [H_q, B * S_q, D_qk], with dBias the fp32 dS
+// [B, H_q, S_q, S_kv rounded up to even], and with the output gate dO * sigmoid(G)
+// [H_q, B * S_q, D_v] in the input dtype.
 size_t sdpa_fwd_workspace_size(const sdpa::Problem& p);
 size_t sdpa_bwd_workspace_size(const sdpa::Problem& p);
 

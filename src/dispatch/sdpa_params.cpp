@@ -42,6 +42,18 @@ void bind_tensor(const Problem& p, int slot, Ptr& data, TensorAddr& addr) {
   addr = addr_of(p, slot);
 }
 
+// SdpaBiasDType of a bias / dBias descriptor (float32, float16 or bfloat16: the C layer's rules).
+int32_t bias_dtype(DType t) {
+  return t == DType::kFloat32 ? kSdpaBiasF32 : t == DType::kBFloat16 ? kSdpaBiasBF16 : kSdpaBiasF16;
+}
+
+// SdpaDropoutMaskDType of a dropout mask / rng_dump descriptor (uint8, float16, bfloat16, float32:
+// sdpa_support.cpp refuses float64 on CUDA tensors).
+int32_t mask_dtype(DType t) {
+  if (t == DType::kUInt8) return kSdpaMaskU8;
+  return t == DType::kFloat16 ? kSdpaMaskF16 : t == DType::kBFloat16 ? kSdpaMaskBF16 : kSdpaMaskF32;
+}
+
 SampleStart start_of(const Problem& p, int slot) {
   SampleStart s;
   if (!p.has(slot)) return s;
@@ -100,6 +112,39 @@ void fill_common(const Problem& p, QkvParams& q, AnalyticMaskParams& a) {
   for (const auto& m : map) a.start[m.tensor] = start_of(p, m.slot);
   // The output gate (forward epilogue, backward preprocess).
   if (p.has(FS_SDPA_GATE)) bind_tensor(p, FS_SDPA_GATE, a.epi.gate, a.epi.ga);
+  // Dropout: Philox (seed / offset read by the kernels) or the caller's mask (strides 0 along
+  // broadcast dimensions), rng_dump (forward).
+  SdpaDropoutParams& dr = a.dropout;
+  if (p.dropout) {
+    dr.mode = 1;
+    dr.seed = index_array(p, FS_SDPA_DROPOUT_SEED);
+    dr.offset = index_array(p, FS_SDPA_DROPOUT_OFFSET);
+    dr.threshold = p.dropout_threshold;
+    dr.scale = p.dropout_scale;
+  } else if (p.a.dropout_mask_form) {
+    const TensorView& m = p.t(FS_SDPA_DROPOUT_MASK);
+    dr.mode = 2;
+    dr.mask = m.data;
+    dr.mask_dtype = mask_dtype(m.dtype);
+    for (int d = 0; d < 4; ++d) dr.mask_stride[d] = m.size(d) == 1 ? 0 : m.stride(d);
+    dr.mask_scale = p.t(FS_SDPA_DROPOUT_SCALE).ptr<float>();
+  }
+  if (p.has(FS_SDPA_RNG_DUMP)) {
+    const TensorView& d = p.t(FS_SDPA_RNG_DUMP);
+    dr.rng_dump = d.data;
+    dr.dump_dtype = mask_dtype(d.dtype);
+    for (int k = 0; k < 4; ++k) dr.dump_stride[k] = d.stride(k);
+  }
+  // The additive bias: element strides, 0 along broadcast dimensions.
+  if (p.has(FS_SDPA_BIAS)) {
+    const TensorView& t = p.t(FS_SDPA_BIAS);
+    a.bias.bias = t.data;
+    a.bias.dtype = bias_dtype(t.dtype);
+    a.bias.batch_stride = t.size(0) == 1 ? 0 : t.stride(0);
+    a.bias.head_stride = t.size(1) == 1 ? 0 : t.stride(1);
+    a.bias.row_stride = t.size(2) == 1 ? 0 : t.stride(2);
+    a.bias.col_stride = t.size(3) == 1 ? 0 : t.stride(3);
+  }
   // The block_mask: byte strides, 0 along broadcast dimensions.
   if (p.has(FS_SDPA_BLOCK_MASK)) {
     const TensorView& m = p.t(FS_SDPA_BLOCK_MASK);
@@ -113,6 +158,17 @@ void fill_common(const Problem& p, QkvParams& q, AnalyticMaskParams& a) {
 // Bytes of dO * sigmoid(G) in the backward workspace ([H_q, B * S_q, D_v], input dtype).
 size_t gated_do_bytes(const Problem& p) {
   return p.has(FS_SDPA_GATE) ? ws_align(size_t(2) * size_t(p.Hq) * size_t(p.B * p.Sq) * size_t(p.Dv)) : 0;
+}
+
+// Row stride (floats) of dBias's dS workspace: S_kv rounded up to even (the dK/dV kernel stores
+// float2 pairs at even columns).
+int64_t dbias_ds_ld(const Problem& p) { return (p.Skv + 1) / 2 * 2; }
+
+// Bytes of dBias's dS workspace ([B, H_q, S_q, dbias_ds_ld] fp32), 0 without dBias.
+size_t dbias_ds_bytes(const Problem& p) {
+  return p.has(FS_SDPA_DBIAS) ? ws_align(sizeof(float) * size_t(p.B) * size_t(p.Hq) * size_t(p.Sq) *
+                                         size_t(dbias_ds_ld(p)))
+                              : 0;
 }
 
 // delta and lse2 [H_q, B * S_q] fp32 (+ the dQ accumulator [H_q, B * S_q, D_qk] unless
@@ -136,7 +192,8 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
   // The layout's dQ accumulator ends ws_align(per * D_qk) after its start (per = the aligned
   // bytes of delta, at offset lse2); the split schedule after it is not used.
   if (!p.a.deterministic) w.total = w.dq_accum + ws_align(w.lse2 * size_t(p.Dqk));
-  // dO * sigmoid(G) of a gated call after it (at w.total - gated_do_bytes).
+  // dBias's dS workspace after it, then dO * sigmoid(G) of a gated call (at w.total - gated_do_bytes).
+  w.total += dbias_ds_bytes(p);
   w.total += gated_do_bytes(p);
   return w;
 }
@@ -207,6 +264,18 @@ SdpaBwdParams sdpa_bwd_params(const Problem& p, void* workspace, size_t workspac
   b.dq_accum = p.a.deterministic ? nullptr : reinterpret_cast<float*>(ws + wl.dq_accum);
   if (p.has(FS_SDPA_DGATE)) bind_tensor(p, FS_SDPA_DGATE, b.analytic.epi.dgate, b.analytic.epi.dga);
   if (p.has(FS_SDPA_GATE)) b.analytic.epi.do_gated = ws + (wl.total - gated_do_bytes(p));
+  if (p.has(FS_SDPA_DBIAS)) {
+    SdpaBiasParams& bp = b.analytic.bias;
+    const TensorView& d = p.t(FS_SDPA_DBIAS);
+    bp.ds = reinterpret_cast<float*>(ws + (wl.total - gated_do_bytes(p) - dbias_ds_bytes(p)));
+    bp.ds_ld = dbias_ds_ld(p);
+    bp.dbias = d.data;
+    bp.dbias_dtype = bias_dtype(d.dtype);
+    for (int i = 0; i < 4; ++i) {
+      bp.dbias_size[i] = d.size(i);
+      bp.dbias_stride[i] = d.size(i) == 1 ? 0 : d.stride(i);
+    }
+  }
   // Workspace rows: sample b's row i is b * S_q + i (bwd_prepost.cuh: query_row with seqlen_q).
   b.total_q = p.B * p.Sq;
   b.seqlen_q = p.Sq;

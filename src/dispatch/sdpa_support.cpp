@@ -84,14 +84,28 @@ void set_sdpa_paged_enabled(int on) { g_paged_override.store(on < 0 ? -1 : (on ?
 
 void sdpa_check_features_gpu(const Problem& p) {
   const sdpa::Attributes& a = p.a;
-  if (p.has(FS_SDPA_BIAS)) not_native("bias");
-  if (p.has(FS_SDPA_DBIAS)) not_native("dBias");
+  // The additive bias runs natively (sdpa_score_mod.cuh SdpaBiasFrag), and dBias through the dS
+  // workspace (SdpaBiasParams) from the dK/dV kernel's P (dP - D), which with softcap holds P times
+  // softcap's derivative instead.
+  if (p.has(FS_SDPA_DBIAS) && a.softcap) not_native("dBias together with softcap");
   // softcap, ALiBi and sinks (dSink) run natively (sdpa_score_mod.cuh); max_logit excludes the
   // sink, which the kernels' running max includes.
   if (p.has(FS_SDPA_SINK_TOKEN) && p.has(FS_SDPA_MAX_LOGIT)) not_native("max_logit together with sink_token");
-  if (p.dropout || a.dropout_mask_form) not_native("dropout");
-  if (p.has(FS_SDPA_RNG_DUMP)) not_native("rng_dump");
-  if (p.paged) check_paged(p);
+  // Dropout runs natively (Philox in the kernels from core/philox.h, or the caller's mask;
+  // sdpa_score_mod.cuh sdpa_dropout_apply), and so does rng_dump; float64 masks and dumps do not.
+  for (int s : {FS_SDPA_DROPOUT_MASK, FS_SDPA_RNG_DUMP}) {
+    if (p.has(s) && p.t(s).dtype == DType::kFloat64) {
+      throw Error(Status::kNotSupported,
+                  detail::concat(sdpa::slot_name(s), ": float64 is not supported on CUDA tensors (uint8, float16, "
+                                                     "bfloat16 or float32)"));
+    }
+  }
+  if (p.paged) {
+    // The paged forward kernel (sdpa_fwd_paged_kernel_sm80) has no bias / dropout terms yet.
+    if (p.has(FS_SDPA_BIAS)) not_native("bias together with paged K/V caches");
+    if (p.dropout || a.dropout_mask_form) not_native("dropout together with paged K/V caches");
+    check_paged(p);
+  }
   // block_mask runs natively (analytic_mask.h: every sm80 tile lies inside one 128 x 128 block).
   // The output gate (forward epilogue, backward preprocess) and the score_max / score_sum_exp
   // outputs run natively (SdpaEpilogueParams). The statistics are never packed: their rows

@@ -158,8 +158,59 @@ struct SdpaBlockMaskParams {
   int64_t batch_stride = 0, head_stride = 0, row_stride = 0;
 };
 
+// SDPA's additive bias (bias [1|B, 1|H_q, 1|S_q, 1|S_kv], sample-local positions) and dBias, run-time
+// flags of the one analytic instantiation (bias null: none; sdpa_score_mod.cuh SdpaBiasFrag).
+//   bias            forward and backward: bias * log2(e) added to the logits of visible elements
+//                   only (never read at padding rows / keys or masked positions)
+//   dtype           bias's element type: 0 float32, 1 float16, 2 bfloat16 (kSdpaBiasF32 ...)
+//   batch_stride .. col_stride   element strides, 0 along a broadcast dimension (size 1)
+//   ds              backward with dBias: [B, H_q, S_q, ds_ld] fp32 workspace of dS = P (dP - D)
+//                   (natural units), zeroed by the launcher; the dK/dV kernel stores the
+//                   sample's visited elements (each once), sdpa_bwd_dbias_kernel (bwd_prepost.cuh)
+//                   then sums it over dBias's broadcast dimensions in a fixed order
+//   dbias           dBias (bias's shape), dbias_dtype / dbias_stride[4] / dbias_size[4] likewise
+enum SdpaBiasDType : int32_t { kSdpaBiasF32 = 0, kSdpaBiasF16 = 1, kSdpaBiasBF16 = 2 };
+struct SdpaBiasParams {
+  const void* bias = nullptr;
+  int32_t dtype = kSdpaBiasF32;
+  int64_t batch_stride = 0, head_stride = 0, row_stride = 0, col_stride = 0;
+  float* ds = nullptr;
+  int64_t ds_ld = 0;
+  void* dbias = nullptr;
+  int32_t dbias_dtype = kSdpaBiasF32;
+  int64_t dbias_stride[4] = {0, 0, 0, 0};
+  int64_t dbias_size[4] = {0, 0, 0, 0};
+};
+
+// SDPA dropout (sdpa_score_mod.cuh sdpa_dropout_apply), a run-time flag of the one analytic
+// instantiation: P of element (b, h, i, j) (sample-local positions) is multiplied by
+//   mode 1 (Philox)  scale (= 1 / (1 - p)) when its Philox word (core/philox.h: key = seed, counter
+//                    from offset, (i, j) and b * H_q + h) is >= threshold, else 0
+//   mode 2 (mask)    mask[1|b, 1|h, 1|i, 1|j] * mask_scale[0]
+// in the P V product of the forward, and the same multiplier in the backward's dV = (P m)^T dO and
+// dS = P (m dP - D). seed / offset: one int32 / int64 element each in device memory (int32 sign-
+// extended); mask: uint8, float16, bfloat16 or float32 (SdpaDropoutMaskDType) with element strides,
+// 0 along a broadcast dimension; mask_scale: one float32 in device memory. rng_dump (forward, Philox):
+// [B, H_q, S_q, S_kv] keep mask (1 / 0, 0 outside the samples), dtype code as the mask's.
+enum SdpaDropoutMaskDType : int32_t { kSdpaMaskU8 = 0, kSdpaMaskF16 = 1, kSdpaMaskBF16 = 2, kSdpaMaskF32 = 3 };
+struct SdpaDropoutParams {
+  int32_t mode = 0;
+  IndexArray seed, offset;
+  uint32_t threshold = 0;
+  float scale = 1.0f;
+  const void* mask = nullptr;
+  int32_t mask_dtype = kSdpaMaskU8;
+  int64_t mask_stride[4] = {0, 0, 0, 0};
+  const float* mask_scale = nullptr;
+  void* rng_dump = nullptr;
+  int32_t dump_dtype = kSdpaMaskU8;
+  int64_t dump_stride[4] = {0, 0, 0, 0};
+};
+
 struct AnalyticMaskParams {
   SdpaScoreParams score;
+  SdpaBiasParams bias;
+  SdpaDropoutParams dropout;
   SdpaEpilogueParams epi;
   SdpaBlockMaskParams block_mask;
   sdpa::Band band;

@@ -138,8 +138,24 @@ struct Case {
   // block_mask (uint8 bits per 128 x 128 block): 0 none, 1 [B, H_q, ...], 2 broadcast [1, H_q,
   // ...], 3 broadcast [B, 1, ...], 4 [1, 1, ...]; bits random (about 2 in 3 set).
   int block_mask = 0;
+  // Additive bias (test_sdpa_gpu.cpp, test_sdpa_params.cpp): 0 none, else 1 + a 4-bit set of the
+  // dimensions broadcast (size 1): bit 0 B, bit 1 H_q, bit 2 S_q, bit 3 S_kv (1: [B, H_q, S_q, S_kv],
+  // 16: [1, 1, 1, 1]); bias_f32: float32 (else q's dtype); bias_strided: padded row / head strides;
+  // dbias: the backward writes dBias (bias's dtype and layout).
+  int bias = 0;
+  bool bias_f32 = false, bias_strided = false, dbias = false;
+  // Philox dropout (test_sdpa_gpu.cpp): probability (0: none), seed / offset (int64 tensors when
+  // dropout_i64, else int32), rng_dump (float32 [B, H_q, S_q, S_kv], forward).
+  float dropout_p = 0.0f;
+  int64_t dropout_seed = 0, dropout_offset = 0;
+  bool dropout_i64 = false, rng_dump = false;
 
   int64_t heads_v() const { return Hv > 0 ? Hv : Hk; }
+  // The bias's shape (Case::bias).
+  std::vector<int64_t> bias_shape() const {
+    const int bc = bias - 1;
+    return {bc & 1 ? 1 : B, bc & 2 ? 1 : Hq, bc & 4 ? 1 : Sq, bc & 8 ? 1 : Skv};
+  }
 
   std::string str() const {
     std::ostringstream os;
@@ -158,6 +174,15 @@ struct Case {
     if (gate) os << " gate";
     if (score_stats) os << " score-stats";
     if (block_mask) os << " block-mask " << block_mask;
+    if (dropout_p > 0) {
+      os << " dropout " << dropout_p << " seed " << dropout_seed << " offset " << dropout_offset
+         << (dropout_i64 ? " int64" : " int32") << (rng_dump ? " rng_dump" : "");
+    }
+    if (bias) {
+      const std::vector<int64_t> bs = bias_shape();
+      os << " bias [" << bs[0] << "," << bs[1] << "," << bs[2] << "," << bs[3] << "]" << (bias_f32 ? " f32" : "")
+         << (bias_strided ? " strided" : "") << (dbias ? " dBias" : "");
+    }
     return os.str();
   }
 };
@@ -178,6 +203,37 @@ struct BlockMaskBits {
   }
   std::vector<int64_t> strides() const { return {shape[1] * shape[2] * shape[3], shape[2] * shape[3], shape[3], 1}; }
 };
+
+// The layout of a case's bias and dBias (Case::bias): [nb, nh, ni, nj] as a Layout's [B, H, S, D],
+// contiguous or with padded row / head strides (last dim contiguous).
+inline Layout bias_layout(const Case& c) {
+  const std::vector<int64_t> s = c.bias_shape();
+  return make_layout(c.bias_strided ? Kind::kStrided : Kind::kBhsd, s[0], s[1], s[2], s[3], {});
+}
+
+// Random bias values (sigma 1.5) at every element a sample can see; NaN where no sample reads it
+// (rows past len_q / keys past len_kv of a sample, when those dimensions are not broadcast), so a
+// read there shows.
+inline void fill_bias(Storage& t, const Case& c, const std::vector<int64_t>& len_q, const std::vector<int64_t>& len_kv,
+                      std::mt19937_64& rng) {
+  std::normal_distribution<double> n(0.0, 1.5);
+  const Layout& l = t.lay;
+  for (int64_t b = 0; b < l.B; ++b)
+    for (int64_t h = 0; h < l.H; ++h)
+      for (int64_t i = 0; i < l.S; ++i)
+        for (int64_t j = 0; j < l.D; ++j) {
+          // With B broadcast, a row / key is read when some sample has it.
+          int64_t lq = 0, lk = 0;
+          for (int64_t s = 0; s < c.B; ++s) {
+            if (l.B != 1 || c.B == 1 ? s == b : true) {
+              lq = std::max(lq, len_q[size_t(s)]);
+              lk = std::max(lk, len_kv[size_t(s)]);
+            }
+          }
+          const bool read = (l.S == 1 || i < lq) && (l.D == 1 || j < lk);
+          t.set(l.at(b, h, i, j), read ? n(rng) : NAN);
+        }
+}
 
 inline std::vector<int64_t> token_offsets(const std::vector<int64_t>& len, bool gaps, std::mt19937_64& rng) {
   std::vector<int64_t> tok(len.size() + 1, 0);

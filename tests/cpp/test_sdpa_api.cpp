@@ -211,9 +211,12 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
   const std::string tail = ": not supported on CUDA tensors yet";
   auto starts = [](const std::string& msg, const std::string& prefix) { return msg.rfind(prefix, 0) == 0; };
   const TensorDesc bias(nullptr, kBFloat16, cuda(), {1, Hq, Sq, Skv});
-  EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_bias(bias); }), "bias" + tail));
-  // Native now (issue 24): ALiBi, softcap, sinks, a host attn_scale tensor, H_k != H_v in the
-  // forward; no feature refusal (check_support then stops at the device, if any).
+  // Native now (issue 24): the additive bias (q's dtype or float32, any broadcast form), ALiBi,
+  // softcap, sinks, a host attn_scale tensor, H_k != H_v in the forward; no feature refusal
+  // (check_support then stops at the device, if any).
+  EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_bias(bias); }), "");
+  const TensorDesc bias32(nullptr, kFloat32, cuda(), {B, 1, 1, Skv});
+  EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_bias(bias32).set_softcap(5.0f); }), "");
   EXPECT_EQ(cuda_fwd_refusal([](SdpaAttributes& a) { a.set_causal_mask(true).set_alibi_mask(true); }), "");
   EXPECT_EQ(cuda_fwd_refusal([](SdpaAttributes& a) { a.set_softcap(30.0f); }), "");
   const TensorDesc sinks(nullptr, kFloat32, cuda(), {Hq});
@@ -225,7 +228,15 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
   EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_sink_token(sinks).set_max_logit(ml); }),
                      "max_logit together with sink_token" + tail));
   const TensorDesc seed(nullptr, kInt64, cuda(), {1}), offset(nullptr, kInt64, cuda(), {1});
-  EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_dropout(0.1f, seed, offset); }), "dropout" + tail));
+  // Dropout (Philox, and the caller's mask) with rng_dump: native (float64 masks / dumps are not).
+  EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_dropout(0.1f, seed, offset); }), "");
+  const TensorDesc dump(nullptr, kUInt8, cuda(), {B, Hq, Sq, Skv}), dump64(nullptr, kFloat64, cuda(), {B, Hq, Sq, Skv});
+  EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_dropout(0.1f, seed, offset).set_rng_dump(dump); }), "");
+  EXPECT_TRUE(
+      starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_dropout(0.1f, seed, offset).set_rng_dump(dump64); }),
+             "rng_dump: float64 is not supported on CUDA tensors"));
+  const TensorDesc dmask(nullptr, kUInt8, cuda(), {1, Hq, 1, Skv}), dscale(nullptr, kFloat32, cuda(), {1});
+  EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_dropout_mask(dmask, dscale); }), "");
   // Native too (issue 24): the block_mask, the output gate, score_max / score_sum_exp.
   const TensorDesc bm(nullptr, kUInt8, cuda(), {1, 1, 1, 1});
   EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_block_mask(bm); }), "");
@@ -267,15 +278,24 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
         dO(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), st(nullptr, kFloat32, cuda(), {B, Hq, Sq, 1}),
         dq(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), dk(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64}),
         dv(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64});
+    // dBias: native, but not together with softcap.
     SdpaBackwardAttributes attr;
-    attr.set_bias(bias).set_dbias(bias);
+    attr.set_bias(bias).set_dbias(bias).set_softcap(20.0f);
     SdpaBwd bwd(q, k, v, o, dO, st, dq, dk, dv, attr);
     try {
       bwd.check_support();
-      ADD_FAILURE() << "dBias accepted on CUDA tensors";
+      ADD_FAILURE() << "dBias with softcap accepted on CUDA tensors";
     } catch (const Exception& e) {
       EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
-      EXPECT_TRUE(starts(e.what(), "bias" + tail)) << e.what();
+      EXPECT_TRUE(starts(e.what(), "dBias together with softcap" + tail)) << e.what();
+    }
+    SdpaBackwardAttributes attr_db;
+    attr_db.set_bias(bias).set_dbias(bias);
+    SdpaBwd bwd_db(q, k, v, o, dO, st, dq, dk, dv, attr_db);
+    try {
+      bwd_db.check_support();
+    } catch (const Exception& e) {
+      EXPECT_NE(e.status(), FS_STATUS_NOT_SUPPORTED) << e.what();
     }
     // H_k != H_v and sinks with dSink: native in the backward too (no feature refusal).
     TensorDesc v2(nullptr, kBFloat16, cuda(), {B, 2 * Hk, Skv, 64}), dv2(nullptr, kBFloat16, cuda(), {B, 2 * Hk, Skv, 64});

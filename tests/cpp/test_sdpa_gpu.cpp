@@ -112,6 +112,9 @@ struct Problem {
   Tensor sink, dsink;  // [H_q] float32 (sinks)
   Tensor gate, dgate;  // O's layout (Case::gate)
   Tensor smax, ssum;   // [B, H_q, S_q, 1] float32, padded (Case::score_stats)
+  Tensor bias, dbias;  // Case::bias (bias_layout: any broadcast form), Case::dbias
+  Tensor dump;         // Case::rng_dump: float32 [B, H_q, S_q, S_kv]
+  Index drop_seed, drop_offset;  // Case::dropout_p > 0
   BlockMaskBits bm;    // Case::block_mask, with its device copy
   std::unique_ptr<DevBuf> bm_dev;
   float scale_host[1] = {0};  // the (1, 1, 1, 1) host attn_scale tensor (scale_tensor)
@@ -174,6 +177,20 @@ std::unique_ptr<Problem> make_problem(const Case& c) {
     p->bm_dev = std::make_unique<DevBuf>(p->bm.bytes.size());
     cuda_ok(cudaMemcpy(p->bm_dev->p, p->bm.bytes.data(), p->bm.bytes.size(), cudaMemcpyHostToDevice), "upload block_mask");
   }
+  if (c.bias) {
+    p->bias.alloc(bias_layout(c), c.bias_f32 ? DType::kFloat32 : c.dtype);
+    fill_bias(p->bias, c, p->len_q, p->len_kv, rng);
+    p->bias.upload();
+    if (c.dbias) p->dbias.alloc(p->bias.lay, p->bias.dtype);
+  }
+  if (c.dropout_p > 0) {
+    p->drop_seed.make({c.dropout_seed}, c.dropout_i64);
+    p->drop_offset.make({c.dropout_offset}, c.dropout_i64);
+    if (c.rng_dump) {
+      Layout l = make_layout(Kind::kBhsd, c.B, c.Hq, c.Sq, c.Skv, {});
+      p->dump.alloc(l, DType::kFloat32);
+    }
+  }
   p->scale_host[0] = c.scale;
   fill_valid(p->q, p->len_q, rng);
   fill_valid(p->k, p->len_kv, rng);
@@ -206,6 +223,8 @@ void set_options(const Problem& p, Attr& a, bool cuda) {
   if (c.alibi) a.set_alibi_mask(true);
   if (c.sinks) a.set_sink_token(api::TensorDesc(nullptr, api::kFloat32, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0}, {c.Hq}));
   if (c.gate) a.set_gate(p.gate.desc(cuda));
+  if (c.bias) a.set_bias(p.bias.desc(cuda));
+  if (c.dropout_p > 0) a.set_dropout(c.dropout_p, p.drop_seed.desc(cuda), p.drop_offset.desc(cuda));
   if (c.block_mask) {
     a.set_block_mask(api::TensorDesc(nullptr, api::kUInt8, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0},
                                      {p.bm.shape[0], p.bm.shape[1], p.bm.shape[2], p.bm.shape[3]}, p.bm.strides()));
@@ -236,6 +255,12 @@ void set_ragged(const Problem& p, Attr& a, bool cuda, std::initializer_list<std:
 void set_index_pointers(const Problem& p, api::SdpaVariantPack& pack, bool cuda, bool backward) {
   if (p.c.scale_tensor) pack.set(FS_SDPA_ATTN_SCALE, const_cast<float*>(p.scale_host));
   if (p.c.sinks) pack.set(FS_SDPA_SINK_TOKEN, p.sink.ptr(cuda));
+  if (p.c.bias) pack.set(FS_SDPA_BIAS, p.bias.ptr(cuda));
+  if (p.c.dropout_p > 0) {
+    pack.set(FS_SDPA_DROPOUT_SEED, p.drop_seed.ptr(cuda)).set(FS_SDPA_DROPOUT_OFFSET, p.drop_offset.ptr(cuda));
+  }
+  if (p.c.rng_dump && !backward) pack.set(FS_SDPA_RNG_DUMP, p.dump.ptr(cuda));
+  if (p.c.bias && p.c.dbias && backward) pack.set(FS_SDPA_DBIAS, p.dbias.ptr(cuda));
   if (p.c.block_mask) {
     pack.set(FS_SDPA_BLOCK_MASK, cuda ? p.bm_dev->p : const_cast<uint8_t*>(p.bm.bytes.data()));
   }
@@ -274,6 +299,7 @@ void run_forward(Problem& p, bool cuda, bool log2, void* stream = nullptr) {
   if (p.c.gate) set_ragged(p, a, cuda, {{FS_SDPA_GATE, &p.gate}});
   a.set_generate_stats(true).set_stats_use_log2(log2);
   if (p.c.score_stats) a.set_logit_max(p.smax.desc(cuda)).set_score_sum_exp(p.ssum.desc(cuda));
+  if (p.c.rng_dump) a.set_rng_dump(p.dump.desc(cuda));
   if (p.c.max_logit) a.set_max_logit(api::TensorDesc(nullptr, api::kFloat32, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0}, {p.c.Hq}));
   const api::TensorDesc st = p.stats.desc(cuda);
   api::SdpaFwd fwd(p.q.desc(cuda), p.k.desc(cuda), p.v.desc(cuda), p.o.desc(cuda), &st, a);
@@ -303,6 +329,7 @@ void run_backward(Problem& p, bool cuda, void* stream = nullptr) {
     a.set_dgate(p.dgate.desc(cuda));
   }
   a.set_deterministic_algorithm(p.c.deterministic);
+  if (p.c.bias && p.c.dbias) a.set_dbias(p.dbias.desc(cuda));
   if (p.c.sinks) a.set_dsink_token(api::TensorDesc(nullptr, api::kFloat32, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0}, {p.c.Hq}));
   api::SdpaBwd bwd(p.q.desc(cuda), p.k.desc(cuda), p.v.desc(cuda), p.o.desc(cuda), p.dO.desc(cuda),
                    p.stats.desc(cuda), p.dq.desc(cuda), p.dk.desc(cuda), p.dv.desc(cuda), a);
@@ -355,7 +382,16 @@ void run_case(const Case& c, bool backward = true) {
     p->smax.poison_device();
     p->ssum.poison_device();
   }
+  if (c.rng_dump) p->dump.poison_device();
   run_forward(*p, /*cuda=*/true, log2);
+  if (c.rng_dump) {
+    // The keep mask: bitwise the reference's (core/philox.h on both sides).
+    const std::vector<double> r = Tensor::values(p->dump.host, DType::kFloat32);
+    const std::vector<double> g = Tensor::values(p->dump.download(), DType::kFloat32);
+    int64_t diff = 0;
+    for (size_t i = 0; i < r.size(); ++i) diff += r[i] != g[i];
+    EXPECT_EQ(diff, 0) << "rng_dump elements differ";
+  }
   EXPECT_TRUE(same_result(p->o, p->o.download(), false)) << "O";
   EXPECT_TRUE(same_result(p->stats, p->stats.download(), true)) << "stats";
   if (c.score_stats) {
@@ -382,6 +418,7 @@ void run_case(const Case& c, bool backward = true) {
   for (Tensor* t : {&p->dq, &p->dk, &p->dv}) t->poison_device();
   if (c.gate) p->dgate.poison_device();
   if (c.sinks) p->dsink.poison_device();
+  if (c.bias && c.dbias) p->dbias.poison_device();
   run_backward(*p, /*cuda=*/true);
   if (c.sinks) {
     // dSink (fp32): a sum over every row, against the reference's with the fp16 numbers.
@@ -398,6 +435,17 @@ void run_case(const Case& c, bool backward = true) {
   EXPECT_TRUE(same_result(p->dv, p->dv.download(), false)) << "dV";
   if (c.gate) {
     EXPECT_TRUE(same_result(p->dgate, p->dgate.download(), false)) << "dgate";
+  }
+  if (c.bias && c.dbias) {
+    // dBias: the criterion of q's dtype (also for a float32 dBias), with a floor for the sums over
+    // broadcast dimensions, whose exact value can be 0 (sum_j dS_ij = 0): the rounding of dP - D
+    // (grad_floor without the scale and K) times the rows summed into one element.
+    const std::vector<int64_t> bs = c.bias_shape();
+    const double rows = double(bs[0] == 1 ? c.B : 1) * double(bs[1] == 1 ? c.Hq : 1) * double(bs[2] == 1 ? c.Sq : 1);
+    const double floor = 4.0 * rows * fs_test::grad_floor(1.0, c.Dv, mdo, mv, 1.0);
+    const std::vector<double> r = Tensor::values(p->dbias.host, p->dbias.dtype);
+    const std::vector<double> g = Tensor::values(p->dbias.download(), p->dbias.dtype);
+    EXPECT_TRUE(fs_test::tensor_close(g, r, c.dtype, floor)) << "dBias";
   }
 }
 
@@ -632,6 +680,77 @@ TEST(SdpaGpu, EpilogueOptionsRandom) {
   }
 }
 
+// A case with issue 24's additive bias on top of a score-modifier case (seeded): every broadcast
+// form, float32 or q's dtype, contiguous or padded strides, NaN where no sample reads it; dBias
+// in 3 of 4 (not with softcap: refused on CUDA tensors).
+Case bias_case(uint64_t seed) {
+  Case c = score_mod_case(seed);
+  std::mt19937_64 rng(seed * 977 + 3);
+  c.bias = 1 + int(rng() % 16);
+  c.bias_f32 = rng() % 3 == 0;
+  c.bias_strided = rng() % 3 == 0;
+  c.dbias = rng() % 4 != 0;
+  if (c.dbias) c.softcap = 0.0f;
+  return c;
+}
+
+TEST(SdpaGpu, BiasRandom) {
+  // The additive bias in the forward and the backward's recomputation, dBias reduced over the
+  // broadcast dimensions, with the analytic masks, padding / THD and the score modifiers.
+  REQUIRE_GPU();
+  for (uint64_t seed = 11001; seed <= 11064; ++seed) {
+    run_case(bias_case(seed));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, BiasEveryBroadcastForm) {
+  // Each of the 16 broadcast forms on one multi-block shape (GQA, padding with a sample without
+  // keys, causal bottom-right), both backward paths, dBias in float32 and in q's dtype.
+  REQUIRE_GPU();
+  for (int form = 1; form <= 16; ++form) {
+    Case c;
+    c.seed = 12000 + uint64_t(form);
+    c.dtype = form % 2 ? DType::kBFloat16 : DType::kFloat16;
+    c.B = 2;
+    c.Hq = 4;
+    c.Hk = 2;
+    c.Sq = 150;
+    c.Skv = 210;
+    c.Dqk = c.Dv = 64;
+    c.has_right = true;
+    c.bottom_right = true;
+    c.lengths = 1;
+    c.zero_kv_sample = form % 3 == 0;
+    c.deterministic = form % 2;
+    c.scale = 0.125f;
+    c.bias = form;
+    c.bias_f32 = form % 4 < 2;
+    c.bias_strided = form % 5 == 0;
+    c.dbias = true;
+    run_case(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, DropoutRandom) {
+  // Philox dropout (int32 / int64 seed and offset, probabilities 0.1 .. 0.6) in the forward's P V
+  // product and the backward's dV and dS, rng_dump bitwise the reference's, with the bias, the
+  // analytic masks, padding / THD and the score modifiers of random cases.
+  REQUIRE_GPU();
+  for (uint64_t seed = 13001; seed <= 13048; ++seed) {
+    Case c = seed % 2 ? bias_case(seed) : score_mod_case(seed);
+    std::mt19937_64 rng(seed * 71 + 9);
+    c.dropout_p = 0.1f * float(1 + rng() % 6);
+    c.dropout_seed = int64_t(rng() % 100000) - (seed % 3 == 0 ? 50000 : 0);
+    c.dropout_offset = int64_t(rng() % 1000);
+    c.dropout_i64 = rng() % 2;
+    c.rng_dump = rng() % 2;
+    run_case(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 TEST(SdpaGpu, SanitizerSmall) {
   // One small case per backward path with every new feature on (softcap, ALiBi, sinks / dSink,
   // host scale tensor, H_k != H_v's two dK/dV passes), packed THD with gaps and a sample without
@@ -679,6 +798,36 @@ TEST(SdpaGpu, SanitizerSmall) {
     c.score_stats = true;
     c.block_mask = 2;
     c.Skv = 300;  // three 128-column blocks
+    run_case(c);
+  }
+  for (int det = 0; det < 2; ++det) {
+    // The additive bias (broadcast over H_q, padded strides, NaN where no sample reads it) with
+    // dBias (the dS workspace and its reduction), on packed THD and on padded tensors.
+    Case c;
+    c.seed = 7003 + uint64_t(det);
+    c.B = 3;
+    c.Hq = 4;
+    c.Hk = 2;
+    c.Sq = 70;
+    c.Skv = 150;
+    c.Dqk = c.Dv = 32;
+    c.has_right = true;
+    c.bottom_right = true;
+    c.kind_q = c.kind_kv = det ? Kind::kBhsd : Kind::kThd;
+    c.lengths = 1;
+    c.zero_kv_sample = true;
+    c.deterministic = det;
+    c.alibi = true;
+    c.sinks = true;
+    c.bias = 1 + 2;  // [B, 1, S_q, S_kv]
+    c.bias_strided = true;
+    c.bias_f32 = det;
+    c.dbias = true;
+    c.dropout_p = 0.25f;  // Philox dropout with rng_dump
+    c.dropout_seed = 1234 + det;
+    c.dropout_offset = 7;
+    c.dropout_i64 = det;
+    c.rng_dump = true;
     run_case(c);
   }
 }

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "core/half_conv.h"
+#include "core/philox.h"
 #include "core/sdpa_problem.h"
 #include "dispatch/sdpa_launch.h"
 #include "error_criteria.h"
@@ -90,8 +91,10 @@ struct Call {
   std::vector<int64_t> len_q, len_kv;
   Storage q, k, v, o, stats, dO, dq, dk, dv;
   Storage gate, smax, ssum, dgate;  // Case::gate, Case::score_stats (the reference's outputs)
+  Storage bias, dbias;              // Case::bias, Case::dbias (the reference's dBias)
   BlockMaskBits bm;                 // Case::block_mask
   Index seq_q, seq_kv, cu_q, cu_kv, rag_q, rag_kv;
+  Index drop_seed, drop_offset;  // Case::dropout_p > 0
 };
 
 std::unique_ptr<Call> make_call(const Case& c) {
@@ -126,6 +129,11 @@ std::unique_ptr<Call> make_call(const Case& c) {
     p->ssum.alloc_host(p->smax.lay, DType::kFloat32);
   }
   if (c.block_mask) p->bm.make(c, rng);
+  if (c.bias) {
+    p->bias.alloc_host(bias_layout(c), c.bias_f32 ? DType::kFloat32 : c.dtype);
+    fill_bias(p->bias, c, p->len_q, p->len_kv, rng);
+    if (c.dbias) p->dbias.alloc_host(p->bias.lay, p->bias.dtype);
+  }
   if (c.lengths == 2) {
     p->cu_q.make(prefix_sums(p->len_q), c.lengths64);
     p->cu_kv.make(prefix_sums(p->len_kv), c.lengths64);
@@ -135,6 +143,10 @@ std::unique_ptr<Call> make_call(const Case& c) {
   }
   if (c.kind_q == Kind::kThd) p->rag_q.make(tq, !c.lengths64);
   if (c.kind_kv == Kind::kThd) p->rag_kv.make(tk, c.lengths64);
+  if (c.dropout_p > 0) {
+    p->drop_seed.make({c.dropout_seed}, c.dropout_i64);
+    p->drop_offset.make({c.dropout_offset}, c.dropout_i64);
+  }
   return p;
 }
 
@@ -154,7 +166,7 @@ TensorView view_of(const Storage& s) {
 // are the call's): ep = {score_max, score_sum_exp} (forward) or {dgate} (backward) when the
 // case has them.
 sdpa::Problem problem(Call& p, bool backward, Storage& o, Storage& stats, Storage* dq, Storage* dk, Storage* dv,
-                      std::vector<Storage*> ep = {}) {
+                      std::vector<Storage*> ep = {}, Storage* dbias = nullptr) {
   const Case& c = p.c;
   sdpa::Attributes a;
   a.backward = backward;
@@ -166,6 +178,8 @@ sdpa::Problem problem(Call& p, bool backward, Storage& o, Storage& stats, Storag
   if (c.gate) ts.push_back({FS_SDPA_GATE, &p.gate});
   if (c.gate && backward) ts.push_back({FS_SDPA_DGATE, ep.at(0)});
   if (c.score_stats && !backward) ts.insert(ts.end(), {{FS_SDPA_SCORE_MAX, ep.at(0)}, {FS_SDPA_SCORE_SUM_EXP, ep.at(1)}});
+  if (c.bias) ts.push_back({FS_SDPA_BIAS, &p.bias});
+  if (c.bias && c.dbias && backward) ts.push_back({FS_SDPA_DBIAS, dbias});
   void* pack[sdpa::kNumSlots] = {};
   for (auto& [slot, s] : ts) {
     a.tensors[size_t(slot)] = view_of(*s);
@@ -199,6 +213,14 @@ sdpa::Problem problem(Call& p, bool backward, Storage& o, Storage& stats, Storag
     a.tensors[size_t(FS_SDPA_BLOCK_MASK)] = m;
     pack[FS_SDPA_BLOCK_MASK] = p.bm.bytes.data();
   }
+  if (c.dropout_p > 0) {
+    a.dropout_probability = c.dropout_p;
+    for (auto [slot, idx] :
+         {std::pair<int, Index*>{FS_SDPA_DROPOUT_SEED, &p.drop_seed}, {FS_SDPA_DROPOUT_OFFSET, &p.drop_offset}}) {
+      a.tensors[size_t(slot)] = idx->view();
+      pack[slot] = idx->bytes.data();
+    }
+  }
   a.attn_scale_value = c.scale;
   a.alignment = c.bottom_right ? FS_SDPA_BOTTOM_RIGHT : FS_SDPA_TOP_LEFT;
   if (c.has_left) a.left_bound = c.left;
@@ -224,6 +246,24 @@ double ld(DType t, const void* base, int64_t off) {
 void st(DType t, void* base, int64_t off, double x) {
   static_cast<uint16_t*>(base)[off] =
       t == DType::kBFloat16 ? float_to_bf16_bits(float(x)) : float_to_half_bits(float(x));
+}
+
+// The bias of element (b, h, i, j) in natural units as the kernels read it (SdpaBiasParams; 0
+// without a bias).
+double bias_at(const SdpaBiasParams& bp, int b, int h, int64_t i, int64_t j) {
+  if (bp.bias == nullptr) return 0.0;
+  const int64_t off = b * bp.batch_stride + h * bp.head_stride + i * bp.row_stride + j * bp.col_stride;
+  if (bp.dtype == kSdpaBiasF32) return static_cast<const float*>(bp.bias)[off];
+  return ld(bp.dtype == kSdpaBiasBF16 ? DType::kBFloat16 : DType::kFloat16, bp.bias, off);
+}
+
+// The dropout multiplier of element (b, h, i, j) as the kernels form it (SdpaDropoutParams, Philox
+// form: core/philox.h with the seed / offset read through the kernels' load_index); 1 without.
+double drop_at(const SdpaDropoutParams& dp, int b, int h, int num_heads, int64_t i, int64_t j) {
+  if (dp.mode == 0) return 1.0;
+  const uint64_t seed = uint64_t(kern::load_index(dp.seed, 0)), offset = uint64_t(kern::load_index(dp.offset, 0));
+  const bool keep = dropout_keep(seed, offset, uint32_t(b * num_heads + h), uint32_t(i), uint32_t(j), dp.threshold);
+  return keep ? dp.scale : 0.0;
 }
 
 // Element of (sample b, row, head h, column d) of one tensor, as the kernels address it.
@@ -271,7 +311,7 @@ void model_forward(const SdpaFwdParams& p, DType t, int bq, int bk) {
               if (partial && !tm.visible(r, col)) continue;
               const int key = blk * bk + col;
               const std::vector<double> kj = row_of(t, p.k, a, kSdpaK, p.ka, b, key, sl.len_k, hkv, p.head_dqk);
-              xs.emplace_back(double(p.scale) * dot(qi, kj), key);
+              xs.emplace_back(double(p.scale) * dot(qi, kj) + bias_at(a.bias, b, h, row0 + r, key), key);
             }
           }
           double m = -INFINITY, l = 0;
@@ -280,7 +320,9 @@ void model_forward(const SdpaFwdParams& p, DType t, int bq, int bk) {
           const SdpaEpilogueParams& ep = a.epi;  // fwd_store_rows_sm80 / sdpa_fwd_row_epilogue
           for (int d = 0; d < p.head_dv; ++d) {
             double o = 0;
-            for (auto& x : xs) o += std::exp(x.first - m) / l * ld(t, p.v, at(a, kSdpaV, p.va, b, x.second, hkv, d));
+            for (auto& x : xs)
+              o += std::exp(x.first - m) / l * drop_at(a.dropout, b, h, p.num_heads_q, row0 + r, x.second) *
+                   ld(t, p.v, at(a, kSdpaV, p.va, b, x.second, hkv, d));
             if (ep.gate != nullptr && !xs.empty()) o /= 1.0 + std::exp(-ld(t, ep.gate, at(a, kSdpaGate, ep.ga, b, row0 + r, h, d)));
             st(t, p.o, at(a, kSdpaO, p.oa, b, row0 + r, h, d), xs.empty() ? 0.0 : o);
           }
@@ -343,9 +385,13 @@ void model_backward(const SdpaBwdParams& p_in, DType t, int bq, int bk) {
     const std::vector<double> doi = row_of(t, p.dout, a, kSdpaDO, p.doa, b, i, sl.len_q, h, Dv);
     const std::vector<double> vj = row_of(t, p.v, a, kSdpaV, p.va, b, j, sl.len_k, hkv, Dv);
     const double lse2 = i < sl.len_q ? p.lse2[w] : INFINITY, delta = i < sl.len_q ? p.delta[w] : 0.0;
-    P = std::exp2(dot(qi, kj) * p.scale_log2 - lse2);
-    dS = P * (dot(doi, vj) - delta);
+    P = std::exp2((dot(qi, kj) * p.scale + bias_at(a.bias, b, h, i, j)) * kLog2e - lse2);
+    dS = P * (drop_at(a.dropout, b, h, p.num_heads_q, i, j) * dot(doi, vj) - delta);
   };
+  // dBias: the dS workspace (SdpaBiasParams::ds) cleared by the launcher, written by the dK/dV kernel.
+  const SdpaBiasParams& bp = a.bias;
+  if (bp.ds != nullptr)
+    std::fill(bp.ds, bp.ds + size_t(p.batch) * size_t(p.num_heads_q) * size_t(a.max_q) * size_t(bp.ds_ld), 0.0f);
   // dK/dV: one item per (key block of a sample padded to S_kv, kv head).
   const int nkb = (a.max_kv + bk - 1) / bk;
   for (int b = 0; b < p.batch; ++b)
@@ -369,10 +415,12 @@ void model_backward(const SdpaBwdParams& p_in, DType t, int bq, int bk) {
               double P = 0, dS = 0;
               pair(b, h, hkv, i, j, sl, P, dS);
               if (P == 0) continue;
+              if (bp.ds != nullptr) bp.ds[((int64_t(b) * p.num_heads_q + h) * a.max_q + i) * bp.ds_ld + j] = float(dS);
               const std::vector<double> qi = row_of(t, p.q, a, kSdpaQ, p.qa, b, i, sl.len_q, h, Dqk);
               const std::vector<double> doi = row_of(t, p.dout, a, kSdpaDO, p.doa, b, i, sl.len_q, h, Dv);
               for (int d = 0; d < Dqk; ++d) dk[size_t(col * Dqk + d)] += dS * qi[size_t(d)];
-              for (int d = 0; d < Dv; ++d) dv[size_t(col * Dv + d)] += P * doi[size_t(d)];
+              const double pm = P * drop_at(a.dropout, b, h, p.num_heads_q, i, j);  // dV takes P times the multiplier
+              for (int d = 0; d < Dv; ++d) dv[size_t(col * Dv + d)] += pm * doi[size_t(d)];
               if (!p.deterministic) {
                 const std::vector<double> kj = row_of(t, p.k, a, kSdpaK, p.ka, b, j, sl.len_k, hkv, Dqk);
                 float* acc = p.dq_accum + (int64_t(h) * p.total_q + sl.q_start + i) * Dqk;
@@ -387,6 +435,32 @@ void model_backward(const SdpaBwdParams& p_in, DType t, int bq, int bk) {
           for (int d = 0; d < Dv; ++d) st(t, p.dv, at(a, kSdpaDV, p.dva, b, key0 + col, hkv, d), dv[size_t(col * Dv + d)]);
         }
       }
+  if (bp.dbias != nullptr) {
+    // sdpa_dbias_reduce (bwd_prepost.cuh): each dBias element sums the workspace over the broadcast
+    // dimensions (the order aside: the kernel's is a fixed lane split and shuffle tree).
+    const int64_t* n = bp.dbias_size;
+    for (int64_t b1 = 0; b1 < n[0]; ++b1)
+      for (int64_t h1 = 0; h1 < n[1]; ++h1)
+        for (int64_t i1 = 0; i1 < n[2]; ++i1)
+          for (int64_t j1 = 0; j1 < n[3]; ++j1) {
+            double acc = 0;
+            for (int64_t b0 = 0; b0 < (n[0] == 1 ? p.batch : 1); ++b0)
+              for (int64_t h0 = 0; h0 < (n[1] == 1 ? p.num_heads_q : 1); ++h0)
+                for (int64_t i0 = 0; i0 < (n[2] == 1 ? a.max_q : 1); ++i0)
+                  for (int64_t j0 = 0; j0 < (n[3] == 1 ? a.max_kv : 1); ++j0) {
+                    const int64_t b = n[0] == 1 ? b0 : b1, h = n[1] == 1 ? h0 : h1;
+                    const int64_t i = n[2] == 1 ? i0 : i1, j = n[3] == 1 ? j0 : j1;
+                    acc += bp.ds[((b * p.num_heads_q + h) * a.max_q + i) * bp.ds_ld + j];
+                  }
+            const int64_t off = b1 * bp.dbias_stride[0] + h1 * bp.dbias_stride[1] + i1 * bp.dbias_stride[2] +
+                                j1 * bp.dbias_stride[3];
+            if (bp.dbias_dtype == kSdpaBiasF32) {
+              static_cast<float*>(bp.dbias)[off] = float(acc);
+            } else {
+              st(bp.dbias_dtype == kSdpaBiasBF16 ? DType::kBFloat16 : DType::kFloat16, bp.dbias, off, acc);
+            }
+          }
+  }
   if (!p.deterministic) {
     // dQ convert: rows of every sample padded to S_q; a ragged dQ skips the rows past a sample.
     for (int h = 0; h < p.num_heads_q; ++h)
@@ -469,13 +543,14 @@ void run_case(const Case& c) {
   // Backward on the reference's O / LSE with their padding NaN again (never read).
   poison_padding(p.o, p.len_q);
   poison_padding(p.stats, p.len_q);
-  Storage dq_m, dk_m, dv_m;
+  Storage dq_m, dk_m, dv_m, dbias_m;
+  if (c.bias && c.dbias) dbias_m.alloc_host(p.dbias.lay, p.dbias.dtype);
   dq_m.alloc_host(p.dq.lay, c.dtype);
   dk_m.alloc_host(p.dk.lay, c.dtype);
   dv_m.alloc_host(p.dv.lay, c.dtype);
   if (c.gate) dgate_m.alloc_host(p.dgate.lay, c.dtype);
-  reference::sdpa_backward(problem(p, true, p.o, p.stats, &p.dq, &p.dk, &p.dv, {&p.dgate}));
-  const sdpa::Problem bwd = problem(p, true, p.o, p.stats, &dq_m, &dk_m, &dv_m, {&dgate_m});
+  reference::sdpa_backward(problem(p, true, p.o, p.stats, &p.dq, &p.dk, &p.dv, {&p.dgate}, &p.dbias));
+  const sdpa::Problem bwd = problem(p, true, p.o, p.stats, &dq_m, &dk_m, &dv_m, {&dgate_m}, &dbias_m);
   std::vector<uint8_t> ws(sdpa_bwd_workspace_size(bwd) + 16);
   void* w = ws.data() + (16 - reinterpret_cast<uintptr_t>(ws.data()) % 16) % 16;
   std::fill(ws.begin(), ws.end(), 0xff);
@@ -485,6 +560,23 @@ void run_case(const Case& c) {
   EXPECT_TRUE(same(p.dv, dv_m, false)) << "dV";
   if (c.gate) {
     EXPECT_TRUE(same(p.dgate, dgate_m, false)) << "dgate";
+  }
+  if (c.bias && c.dbias) {
+    // dBias: the criterion of q's dtype (also for a float32 dBias), with a floor for sums over
+    // broadcast rows, whose exact value can be 0 (sum_j dS_ij = 0): the rounding of dP - D
+    // (grad_floor without the scale and K) times the rows summed into one element.
+    auto max_abs = [](const Storage& t) {
+      double m = 0;
+      for (double x : Storage::values(t.host, t.dtype))
+        if (std::isfinite(x)) m = std::max(m, std::abs(x));
+      return m;
+    };
+    const std::vector<int64_t> bs = c.bias_shape();
+    const double rows = double(bs[0] == 1 ? c.B : 1) * double(bs[1] == 1 ? c.Hq : 1) * double(bs[2] == 1 ? c.Sq : 1);
+    const double floor = 4.0 * rows * fs_test::grad_floor(1.0, c.Dv, max_abs(p.dO), max_abs(p.v), 1.0);
+    const std::vector<double> r = Storage::values(p.dbias.host, p.dbias.dtype);
+    const std::vector<double> g = Storage::values(dbias_m.host, dbias_m.dtype);
+    EXPECT_TRUE(fs_test::tensor_close(g, r, c.dtype, floor)) << "dBias";
   }
 }
 
@@ -524,6 +616,45 @@ TEST(SdpaParams, BlockMask) {
     c.Skv = 1 + c.Skv % 300;
     c.max_logit = false;
     c.block_mask = 1 + int(seed % 4);
+    run_case(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaParams, AdditiveBiasAndDBias) {
+  // The additive bias (forward and the backward's recomputation; every broadcast form, float32 or
+  // q's dtype, contiguous or padded strides, NaN where no sample reads it) and dBias (the dS
+  // workspace, summed over the broadcast dimensions) over random cases.
+  for (uint64_t seed = 500; seed < 532; ++seed) {
+    Case c = random_case(seed);
+    c.Sq = 1 + c.Sq % 100;
+    c.Skv = 1 + c.Skv % 100;
+    c.max_logit = false;
+    c.bias = 1 + int(seed % 16);
+    c.bias_f32 = seed % 3 == 0;
+    c.bias_strided = seed % 5 < 2;
+    c.dbias = seed % 4 != 3;
+    run_case(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaParams, PhiloxDropout) {
+  // Philox dropout (int32 / int64 seed and offset, negative seeds) in the forward's P V product and
+  // the backward's dV and dS, with the bias on half the cases.
+  for (uint64_t seed = 600; seed < 624; ++seed) {
+    Case c = random_case(seed);
+    c.Sq = 1 + c.Sq % 100;
+    c.Skv = 1 + c.Skv % 100;
+    c.max_logit = false;
+    c.dropout_p = 0.1f * float(1 + seed % 5);
+    c.dropout_seed = int64_t(seed * 7919) - (seed % 3 == 0 ? 100000 : 0);
+    c.dropout_offset = int64_t(seed % 17);
+    c.dropout_i64 = seed % 2;
+    if (seed % 2) {
+      c.bias = 1 + int(seed % 16);
+      c.dbias = true;
+    }
     run_case(c);
     if (::testing::Test::HasFailure()) return;
   }

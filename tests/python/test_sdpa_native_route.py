@@ -110,8 +110,6 @@ def _cuda_op(L, lib, direction, setup, hv=1):
 
 
 @pytest.mark.parametrize("feature,setup", [
-    ("bias", lambda a, d: a.set("bias", d((1, 2, 16, 16)))),
-    ("dropout", lambda a, d: a.set_dropout(0.1, d((1,), torch.int64), d((1,), torch.int64))),
     ("attn_scale as a device tensor", lambda a, d: a.set("attn_scale_tensor", d((1,), torch.float32))),
     ("max_logit together with sink_token",
      lambda a, d: (a.set("sink_token", d((2,), torch.float32)), a.set("max_logit", d((2,), torch.float32)))),
@@ -122,6 +120,31 @@ def test_cuda_feature_not_native_is_named(fs, feature, setup):
 
     with pytest.raises(NotImplementedError, match=f"^{re.escape(feature)}.*not supported on CUDA tensors yet"):
         _cuda_op(L, lib, "fwd", setup)
+
+
+def test_cuda_dbias_with_softcap_not_native_is_named(fs):
+    """The additive bias and dBias run natively; dBias together with softcap does not (the dK/dV kernel's dS there
+    holds softcap's derivative)."""
+    from flashspan import _lib as lib
+    from flashspan import _sdpa_lib as L
+
+    def both(a, d):
+        a.set("bias", d((1, 2, 16, 16)))
+        a.set("dbias", d((1, 2, 16, 16)))
+        a.set("softcap", 5.0)
+
+    with pytest.raises(NotImplementedError, match=r"^dBias together with softcap.*not supported on CUDA tensors yet"):
+        _cuda_op(L, lib, "bwd", both)
+    cases = [("fwd", lambda a, d: a.set("bias", d((1, 2, 16, 16)))),
+             ("fwd", lambda a, d: (a.set("bias", d((1, 1, 1, 16), torch.float32)), a.set("softcap", 5.0))),
+             ("bwd", lambda a, d: (a.set("bias", d((1, 2, 16, 16))), a.set("dbias", d((1, 2, 16, 16)))))]
+    for direction, setup in cases:
+        try:
+            _cuda_op(L, lib, direction, setup)
+        except NotImplementedError:
+            raise
+        except Exception:  # noqa: BLE001 (no device here)
+            pass
 
 
 def test_cuda_heads_and_dims_not_native_are_named(fs):
@@ -301,8 +324,6 @@ def test_gpu_native_custom_ops(fs, native, monkeypatch, varlen):
 @gpu
 def test_gpu_native_unsupported_feature_named(fs, native):
     q, k, v = (torch.randn(1, 2, 16, 16, dtype=torch.bfloat16, device="cuda") for _ in range(3))
-    with pytest.raises(NotImplementedError, match="^bias: not supported on CUDA tensors yet"):
-        fs.sdpa(q, k, v, bias=torch.zeros(1, 2, 16, 16, dtype=torch.bfloat16, device="cuda"))
     with pytest.raises(NotImplementedError, match="head dims"):
         q2 = torch.randn(1, 2, 16, 136, dtype=torch.bfloat16, device="cuda")
         fs.sdpa(q2, q2, q2)
@@ -438,3 +459,154 @@ def test_gpu_native_paged(fs, native, seed):
     mq = (torch.arange(Sq)[None, :] < torch.tensor(lq)[:, None])[:, None, :, None]
     check_tensor(torch.where(mq, og, 0), torch.where(mq, ow, 0), dtype, "o")
     check_stat(torch.where(mq, sg, 0.0), torch.where(mq, sw, 0.0), "stats")
+
+
+@gpu
+@pytest.mark.parametrize("seed", range(16))
+def test_gpu_native_bias(fs, native, seed):
+    """The additive bias on the native route against the CPU reference on the same inputs: every broadcast form of
+    (1|B, 1|H_q, 1|S_q, 1|S_kv), float32 or q's dtype, a non-contiguous (sliced) bias, dBias through autograd (reduced
+    over the broadcast dims; not with softcap, which the GPU refuses for dBias), with causal / padding / ALiBi /
+    sinks / GQA drawn at random; bf16 / fp16."""
+    from criteria import check_stat, check_tensor, grad_floor
+
+    rng = random.Random(1300 + seed)
+    dtype = rng.choice([torch.bfloat16, torch.float16])
+    B, Hq = rng.choice([1, 2]), rng.choice([2, 4])
+    Hk = rng.choice([1, Hq])
+    Sq, Skv = rng.randint(1, 260), rng.randint(1, 300)
+    D = rng.choice([32, 64, 128])
+    g = torch.Generator().manual_seed(1300 + seed)
+    q = torch.randn(B, Hq, Sq, D, generator=g).to(dtype)
+    k = torch.randn(B, Hk, Skv, D, generator=g).to(dtype)
+    v = torch.randn(B, Hk, Skv, D, generator=g).to(dtype)
+    form = seed % 16  # bit d set: dimension d of the bias broadcast (size 1)
+    shape = [1 if form >> d & 1 else n for d, n in enumerate((B, Hq, Sq, Skv))]
+    bias_dtype = torch.float32 if rng.random() < 0.3 else dtype
+    wide = (torch.randn(*shape[:3], shape[3] + 5, generator=g) * 1.5).to(bias_dtype)
+    strided = rng.random() < 0.4  # a slice of a wider tensor (row stride S_kv + 5) on both devices
+    bias = wide[..., 2:2 + shape[3]]
+    backward = rng.random() < 0.75
+    kw = {}
+    if rng.random() < 0.5:
+        kw.update(diagonal_band_right_bound=0, diagonal_alignment=rng.choice(["TOP_LEFT", "BOTTOM_RIGHT"]))
+        if rng.random() < 0.4:
+            kw["use_alibi_mask"] = True
+    if not backward and rng.random() < 0.4:
+        kw["softcap"] = 5.0
+    scale = rng.choice([1.0, 2.0]) / math.sqrt(D)
+    sinks = torch.randn(Hq, generator=g) if rng.random() < 0.3 else None
+    lens = _random_lens(rng, g, B, Sq, Skv)
+
+    def run(dev):
+        ins = [t.to(dev).requires_grad_(backward) for t in (q, k, v)]
+        bs = wide.to(dev)[..., 2:2 + shape[3]]
+        bs = (bs if strided else bs.contiguous()).detach().requires_grad_(backward)
+        extra = dict(kw)
+        if lens is not None:
+            extra.update(use_padding_mask=True, seq_len_q=lens[0].to(dev), seq_len_kv=lens[1].to(dev))
+        sk = sinks.to(dev) if sinks is not None else None
+        o, stats = fs.sdpa(*ins, generate_stats=True, attn_scale=scale, bias=bs, sink_token=sk, **extra)
+        out = [o, stats]
+        if backward:
+            do = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + 7)).to(o.dtype).to(dev)
+            out += list(torch.autograd.grad(o, ins + [bs], do))
+        return [t.detach().cpu() for t in out]
+
+    want, got = run("cpu"), run("cuda")
+    lq, lk = (lens if lens is not None else (torch.full((B,), Sq), torch.full((B,), Skv)))
+    mq = (torch.arange(Sq)[None, :] < lq[:, None])[:, None, :, None]
+    mk = (torch.arange(Skv)[None, :] < lk[:, None])[:, None, :, None]
+
+    def z(t, m):
+        return torch.where(m, t, torch.zeros((), dtype=t.dtype))
+
+    check_tensor(z(got[0], mq), z(want[0], mq), dtype, "o")
+    check_stat(torch.where(mq, got[1], 0.0), torch.where(mq, want[1], 0.0), "stats")
+    if backward:
+        fl = grad_floor(scale, D, 4.5, 4.5, 4.5)
+        check_tensor(z(got[2], mq), z(want[2], mq), dtype, "dq", floor=fl)
+        check_tensor(z(got[3], mk), z(want[3], mk), dtype, "dk", floor=fl)
+        check_tensor(z(got[4], mk), z(want[4], mk), dtype, "dv")
+        # dBias (bias's dtype and shape): q's criterion; the floor covers sums over broadcast rows, whose exact value
+        # can be 0 (sum_j dS_ij = 0).
+        rows = (B if shape[0] == 1 else 1) * (Hq if shape[1] == 1 else 1) * (Sq if shape[2] == 1 else 1)
+        assert got[5].shape == bias.shape and got[5].dtype == bias.dtype
+        check_tensor(got[5].float(), want[5].float(), dtype, "dbias",
+                     floor=4 * rows * grad_floor(1.0, D, 4.5, 4.5, 1.0))
+
+
+@gpu
+@pytest.mark.parametrize("seed", range(12))
+def test_gpu_native_dropout(fs, native, seed):
+    """Dropout on the native route against the CPU reference on the same inputs: Philox (seed / offset as int32 or
+    int64 device tensors; rng_dump equal to the reference's) and the caller's mask form (uint8, float32 or q's dtype,
+    broadcast forms, a scale tensor), forward and gradients (the backward regenerates the same multipliers), with
+    causal / padding / bias drawn at random; bf16 / fp16."""
+    from criteria import check_stat, check_tensor, grad_floor
+
+    rng = random.Random(1700 + seed)
+    dtype = rng.choice([torch.bfloat16, torch.float16])
+    B, Hq = rng.choice([1, 2]), rng.choice([2, 4])
+    Hk = rng.choice([1, Hq])
+    Sq, Skv = rng.randint(1, 200), rng.randint(1, 260)
+    D = rng.choice([32, 64, 128])
+    g = torch.Generator().manual_seed(1700 + seed)
+    q = torch.randn(B, Hq, Sq, D, generator=g).to(dtype)
+    k = torch.randn(B, Hk, Skv, D, generator=g).to(dtype)
+    v = torch.randn(B, Hk, Skv, D, generator=g).to(dtype)
+    prob = rng.choice([0.1, 0.3, 0.5])
+    philox = seed % 3 != 2
+    if philox:
+        idt = rng.choice([torch.int32, torch.int64])
+        sd = torch.tensor([rng.randint(-2 ** 30, 2 ** 30)], dtype=idt)
+        off = torch.tensor([rng.randint(0, 2 ** 20)], dtype=idt)
+    else:
+        form = rng.randrange(16)
+        mshape = [1 if form >> d & 1 else n for d, n in enumerate((B, Hq, Sq, Skv))]
+        mask = (torch.rand(*mshape, generator=g) >= prob).to(rng.choice([torch.uint8, torch.float32, dtype]))
+        mscale = torch.tensor([1.0 / (1.0 - prob)])
+    kw = {}
+    if rng.random() < 0.5:
+        kw.update(diagonal_band_right_bound=0, diagonal_alignment=rng.choice(["TOP_LEFT", "BOTTOM_RIGHT"]))
+    bias = (torch.randn(1, Hq, Sq, Skv, generator=g)).to(dtype) if rng.random() < 0.3 else None
+    scale = 1.0 / math.sqrt(D)
+    lens = _random_lens(rng, g, B, Sq, Skv)
+
+    def run(dev):
+        ins = [t.to(dev).requires_grad_() for t in (q, k, v)]
+        extra = dict(kw)
+        if lens is not None:
+            extra.update(use_padding_mask=True, seq_len_q=lens[0].to(dev), seq_len_kv=lens[1].to(dev))
+        dump = None
+        if philox:
+            dump = torch.full((B, Hq, Sq, Skv), 7, dtype=torch.uint8, device=dev)
+            extra.update(dropout=(prob, sd.to(dev), off.to(dev)), rng_dump=dump)
+        else:
+            extra["dropout"] = (mask.to(dev), mscale.to(dev))
+        if bias is not None:
+            extra["bias"] = bias.to(dev)
+        o, stats = fs.sdpa(*ins, generate_stats=True, attn_scale=scale, **extra)
+        do = torch.randn(o.shape, generator=torch.Generator().manual_seed(seed + 3)).to(o.dtype).to(dev)
+        out = [o, stats] + list(torch.autograd.grad(o, ins, do))
+        if dump is not None:
+            out.append(dump)
+        return [t.detach().cpu() for t in out]
+
+    want, got = run("cpu"), run("cuda")
+    lq, lk = (lens if lens is not None else (torch.full((B,), Sq), torch.full((B,), Skv)))
+    mq = (torch.arange(Sq)[None, :] < lq[:, None])[:, None, :, None]
+    mk = (torch.arange(Skv)[None, :] < lk[:, None])[:, None, :, None]
+
+    def z(t, m):
+        return torch.where(m, t, torch.zeros((), dtype=t.dtype))
+
+    if philox:
+        assert torch.equal(got[5], want[5]), "rng_dump"
+    mult = 1.0 / (1.0 - prob)
+    check_tensor(z(got[0], mq), z(want[0], mq), dtype, "o")
+    check_stat(torch.where(mq, got[1], 0.0), torch.where(mq, want[1], 0.0), "stats")
+    fl = grad_floor(scale, D, 4.5, 4.5 * mult, 4.5)
+    check_tensor(z(got[2], mq), z(want[2], mq), dtype, "dq", floor=fl)
+    check_tensor(z(got[3], mk), z(want[3], mk), dtype, "dk", floor=fl)
+    check_tensor(z(got[4], mk), z(want[4], mk), dtype, "dv")

@@ -3,6 +3,7 @@
 //   preprocess:  D_i = dO_i . O_i - dlse_i and lse2_i = LSE_i * log2(e) (+inf for an empty
 //                row) into the workspace, [Hq, total_q] fp32 each (params.h, BwdParams).
 //   dQ convert:  dq = scale * dq_accum in the input dtype (atomic dQ path).
+//   SDPA dBias:  the dS workspace summed over dBias's broadcast dimensions (sdpa_dbias_reduce).
 // kAnalytic (SDPA, AnalyticMaskParams): the rows are those of every sample padded to S_q
 // (p.varlen = 0, p.seqlen_q = S_q); a row past its sample's length is an empty row (D = 0,
 // lse2 = +inf, O / dO / LSE never read) and its dQ is written as 0 when dQ is padded, not at
@@ -165,6 +166,45 @@ __device__ __forceinline__ void bwd_dq_convert_rows(const BwdParams& p) {
     for (int c = lane * 2; c < p.head_dqk; c += 64) {
       const float2 x = *reinterpret_cast<const float2*>(src + c);
       *reinterpret_cast<uint32_t*>(dst + c) = pack2<E>(x.x * p.scale, x.y * p.scale);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. SDPA dBias (SdpaBiasParams): each dBias element (b', h', i', j') is the sum of the dS workspace
+// ds[b, h, i, j] over every b (h, i, j) when dBias's dimension 0 (1, 2, 3) has size 1, else over
+// b = b' (...): one warp per element (grid-stride over the elements), lane l adds the terms l, l + 32,
+// ... of the reduced index space (j fastest, then i, h, b), then a fixed shuffle tree: the result is
+// bitwise reproducible. The workspace is 0 outside the samples and at masked positions, so those add
+// 0 (and a dBias element no sample reaches is 0). B, H: the problem's B, H_q; S_q, S_kv its maxima.
+__device__ __forceinline__ void sdpa_dbias_reduce(const SdpaBiasParams& bp, int64_t B, int64_t H, int64_t Sq,
+                                                  int64_t Skv) {
+  const int lane = threadIdx.x & 31;
+  const int64_t n0 = bp.dbias_size[0], n1 = bp.dbias_size[1], n2 = bp.dbias_size[2], n3 = bp.dbias_size[3];
+  const int64_t elems = n0 * n1 * n2 * n3;
+  const int64_t rb = n0 == 1 ? B : 1, rh = n1 == 1 ? H : 1, ri = n2 == 1 ? Sq : 1, rj = n3 == 1 ? Skv : 1;
+  const int64_t terms = rb * rh * ri * rj;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t e = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); e < elems; e += warps) {
+    const int64_t j1 = e % n3, i1 = (e / n3) % n2, h1 = (e / (n3 * n2)) % n1, b1 = e / (n3 * n2 * n1);
+    float acc = 0.0f;
+    for (int64_t r = lane; r < terms; r += 32) {
+      const int64_t jj = r % rj, ii = (r / rj) % ri, hh = (r / (rj * ri)) % rh, bb = r / (rj * ri * rh);
+      const int64_t b = n0 == 1 ? bb : b1, h = n1 == 1 ? hh : h1, i = n2 == 1 ? ii : i1, j = n3 == 1 ? jj : j1;
+      acc += bp.ds[((b * H + h) * Sq + i) * bp.ds_ld + j];
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
+    if (lane == 0) {
+      const int64_t off = b1 * bp.dbias_stride[0] + h1 * bp.dbias_stride[1] + i1 * bp.dbias_stride[2] +
+                          j1 * bp.dbias_stride[3];
+      if (bp.dbias_dtype == kSdpaBiasF32) {
+        static_cast<float*>(bp.dbias)[off] = acc;
+      } else if (bp.dbias_dtype == kSdpaBiasBF16) {
+        static_cast<__nv_bfloat16*>(bp.dbias)[off] = __float2bfloat16_rn(acc);
+      } else {
+        static_cast<__half*>(bp.dbias)[off] = __float2half_rn(acc);
+      }
     }
   }
 }

@@ -1,4 +1,4 @@
-// The score modifiers of SDPA (softcap, ALiBi) and its sinks, as the analytic-mask kernels of
+// The score modifiers of SDPA (softcap, ALiBi, the additive bias) and its sinks, as the analytic-mask kernels of
 // every family apply them: the ScoreMod part of the scores -> logits step (variant.cuh), run
 // between the scaling and the mask, on a warp's accumulator fragments (AccFragment layout).
 // Run-time flags (SdpaScoreParams, params.h) inside the one analytic instantiation of each
@@ -15,7 +15,9 @@
 #include <cmath>
 #include <cstdint>
 
+#include "core/philox.h"
 #include "kernels/common/analytic_mask.h"
+#include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/params.h"
 
@@ -39,6 +41,133 @@ __device__ __forceinline__ float sigmoid_fast(float x) { return __fdividef(1.0f,
 __device__ __forceinline__ float alibi_slope_dev(int h, int n) {
   const float e = h < n ? -8.0f * float(h + 1) / float(n) : -4.0f * float(2 * (h - n) + 1) / float(n);
   return exp2f(e);
+}
+
+// SDPA's additive bias (SdpaBiasParams) on a warp's 16-row fragment: element (row g + 8 (r / 2),
+// column 8 n + 2 q + r % 2) of the fragment (g = lane / 4, q = lane % 4; AccFragment) is bias element
+// (b, h, i0 + row, j0 + column). Loads go through the read-only path one element at a time (any
+// strides, broadcast dimensions at stride 0), only where the fragment's logit is not -inf: masked
+// elements, padding rows and keys outside the sample (the kernels' masks set -inf there) are never
+// read. null `p`: no bias.
+struct SdpaBiasFrag {
+  const char* p;   // byte address of the thread's element (row g, column 2 q), or null
+  int64_t rs, cs;  // row / column strides in bytes (0: broadcast)
+  int32_t dtype;   // SdpaBiasDType
+
+  // Byte address of bias element (b, h, 0, 0), or null without a bias.
+  __device__ __forceinline__ static const char* head_base(const SdpaBiasParams& bp, int b, int h) {
+    if (bp.bias == nullptr) return nullptr;
+    const int64_t es = bp.dtype == kSdpaBiasF32 ? 4 : 2;
+    return static_cast<const char*>(bp.bias) + (int64_t(b) * bp.batch_stride + int64_t(h) * bp.head_stride) * es;
+  }
+  // The fragment whose element (0, 0) is bias element (b, h, i0, j0); base = head_base(bp, b, h).
+  __device__ __forceinline__ static SdpaBiasFrag at(const SdpaBiasParams& bp, const char* base, int64_t i0, int64_t j0,
+                                                    int lane) {
+    SdpaBiasFrag f{nullptr, 0, 0, bp.dtype};
+    if (base == nullptr) return f;
+    const int64_t es = bp.dtype == kSdpaBiasF32 ? 4 : 2;
+    f.rs = bp.row_stride * es;
+    f.cs = bp.col_stride * es;
+    f.p = base + (i0 + (lane >> 2)) * f.rs + (j0 + 2 * (lane & 3)) * f.cs;
+    return f;
+  }
+  __device__ __forceinline__ static SdpaBiasFrag make(const SdpaBiasParams& bp, int b, int h, int64_t i0, int64_t j0,
+                                                      int lane) {
+    return at(bp, head_base(bp, b, h), i0, j0, lane);
+  }
+  // Bias of fragment element (n, r) in log2 units.
+  __device__ __forceinline__ float at2(int n, int r) const {
+    const char* e = p + int64_t(8 * (r >> 1)) * rs + int64_t(8 * n + (r & 1)) * cs;
+    float x;
+    if (dtype == kSdpaBiasF32) {
+      x = __ldg(reinterpret_cast<const float*>(e));
+    } else {
+      const unsigned short u = __ldg(reinterpret_cast<const unsigned short*>(e));
+      x = dtype == kSdpaBiasBF16 ? __uint_as_float(uint32_t(u) << 16) : __half2float(__ushort_as_half(u));
+    }
+    return x * kLog2e;
+  }
+  // s += bias (log2 units) where s > -inf.
+  template <int kN>
+  __device__ __forceinline__ void add(float (&s)[kN][4]) const {
+    if (p == nullptr) return;
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        if (s[n][r] != -INFINITY) s[n][r] += at2(n, r);
+      }
+    }
+  }
+};
+
+// One element of a dropout mask / rng_dump of dtype code `dt` (SdpaDropoutMaskDType) as float.
+__device__ __forceinline__ float sdpa_mask_elem(const void* base, int32_t dt, int64_t off) {
+  switch (dt) {
+    case kSdpaMaskU8: return float(__ldg(static_cast<const unsigned char*>(base) + off));
+    case kSdpaMaskF32: return __ldg(static_cast<const float*>(base) + off);
+    default: {
+      const unsigned short u = __ldg(static_cast<const unsigned short*>(base) + off);
+      return dt == kSdpaMaskBF16 ? __uint_as_float(uint32_t(u) << 16) : __half2float(__ushort_as_half(u));
+    }
+  }
+}
+
+// Whether the Philox dropout keeps element (b, h, i, j) (core/philox.h; the CPU reference's rule).
+__device__ __forceinline__ bool sdpa_dropout_keep(const SdpaDropoutParams& dp, uint32_t bh, int64_t i, int64_t j) {
+  const uint64_t seed = uint64_t(load_index(dp.seed, 0)), offset = uint64_t(load_index(dp.offset, 0));
+  return dropout_keep(seed, offset, bh, uint32_t(i), uint32_t(j), dp.threshold);
+}
+
+// The dropout multipliers (SdpaDropoutParams, mode != 0) of a thread's share of a warp's fragment of kN
+// n8 blocks, element by element: fn(n, r, m) for element (n, r) = row i + 8 (r / 2), column j + 8 n + r % 2
+// of sample b, query head h (i = the fragment's row 0 + g with i % 16 < 8, j = its column 0 + 2 q:
+// AccFragment), in the order n, then r. Philox: the thread's 2 x 2 elements of block n are the four words
+// of one call (core/philox.h dropout_philox_block), made first into keep bits by a loop that is not
+// unrolled (ten rounds per call unrolled over a fragment crowd the registers of the kernels' main loops).
+// Mask form: the caller's mask times its scale, read only inside the sample (rows < len_q, keys < len_kv;
+// 0 outside, where P is 0 anyway). The two forms are separate branches, so that neither's state is
+// live in the other.
+template <int kN, class Fn>
+__device__ __forceinline__ void sdpa_dropout_apply(const SdpaDropoutParams& dp, int b, int h, int num_heads, int64_t i,
+                                                   int64_t j, int64_t len_q, int64_t len_k, Fn&& fn) {
+  static_assert(kN <= 16, "keep bits of at most 16 n8 blocks");
+  if (dp.mode == 1) {
+    const uint64_t seed = uint64_t(load_index(dp.seed, 0)), offset = uint64_t(load_index(dp.offset, 0));
+    const uint32_t bh = uint32_t(b * num_heads + h), thr = dp.threshold;
+    uint64_t bits = 0;
+#pragma unroll 1
+    for (int n = 0; n < kN; ++n) {
+      const Philox4 w = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n));
+      const uint64_t k4 = uint64_t(w.x[0] >= thr) | uint64_t(w.x[1] >= thr) << 1 | uint64_t(w.x[2] >= thr) << 2 |
+                          uint64_t(w.x[3] >= thr) << 3;
+      bits |= k4 << (4 * n);
+    }
+    const float sc = dp.scale;
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) fn(n, r, (bits >> (4 * n + r)) & 1u ? sc : 0.0f);
+    }
+  } else {
+    const float sc = __ldg(dp.mask_scale);
+    const int64_t es = dp.mask_dtype == kSdpaMaskU8 ? 1 : dp.mask_dtype == kSdpaMaskF32 ? 4 : 2;
+    const char* base = static_cast<const char*>(dp.mask) +
+                       (int64_t(b) * dp.mask_stride[0] + int64_t(h) * dp.mask_stride[1] + i * dp.mask_stride[2] +
+                        j * dp.mask_stride[3]) * es;
+    const int64_t rs = dp.mask_stride[2] * es, cs = dp.mask_stride[3] * es;
+    const int rows = int(len_q - i), cols = int(len_k - j);  // left inside the sample from (i, j)
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int rr = 8 * (r >> 1), cc = 8 * n + (r & 1);
+        float m = 0.0f;
+        if (rr < rows && cc < cols) m = sdpa_mask_elem(base + rr * rs + cc * cs, dp.mask_dtype, 0) * sc;
+        fn(n, r, m);
+      }
+    }
+  }
 }
 
 // The modifiers of one query head.
@@ -80,8 +209,11 @@ struct SdpaScoreMod {
   // P times d logit2 / d x2 (softcap's 1 - t^2; 1 without softcap) of the fragment's elements,
   // in place, from y = logit2 - lse2 (-inf where masked, giving 0): the dS factor the backward
   // multiplies by (dP - D). lse2[hi]: the statistic of row half hi.
+  // bias: the fragment's additive bias (SdpaBiasFrag; null p: none), taken out of the logit with
+  // softcap (t is the tanh of the scores before the bias).
   template <int kN>
-  __device__ __forceinline__ void probs_dlogit(float (&y)[kN][4], const float (&lse2)[2], int base, int lane) const {
+  __device__ __forceinline__ void probs_dlogit(float (&y)[kN][4], const float (&lse2)[2], int base, int lane,
+                                               const SdpaBiasFrag& bias) const {
     const int d0 = base + 2 * (lane & 3) - (lane >> 2);
 #pragma unroll
     for (int n = 0; n < kN; ++n) {
@@ -89,7 +221,8 @@ struct SdpaScoreMod {
       for (int r = 0; r < 4; ++r) {
         const float pr = exp2_approx(y[n][r]);
         if (c2 != 0.0f) {
-          const float logit = y[n][r] + lse2[r >> 1];
+          float logit = y[n][r] + lse2[r >> 1];
+          if (bias.p != nullptr && pr > 0.0f) logit -= bias.at2(n, r);
           const float t = (a2 != 0.0f ? fmaf(-a2, float(d0 + 8 * n + (r & 1) - 8 * (r >> 1)), logit) : logit) * inv_c2;
           y[n][r] = pr > 0.0f ? pr * fmaf(-t, t, 1.0f) : 0.0f;
         } else {

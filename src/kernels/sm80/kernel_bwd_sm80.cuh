@@ -719,21 +719,44 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
       // SDPA: the score modifiers, then P to shared memory now and s = P d logit / d x (the
       // factor of dS, softcap's derivative; P without softcap).
       const SdpaScoreMod mod = SdpaScoreMod::make(analytic_of(p).score, h);
+      const char* bias_head = SdpaBiasFrag::head_base(analytic_of(p).bias, b, h);
 #pragma unroll
       for (int mi = 0; mi < T::kSMT; ++mi) {
         const int base = mask.diag(p, qb, kb, sm0 / 16 + mi, sc0);
         sdpa_bwd_logits<T::kSNT>(p, s[mi], lse2[mi], mod, base, lane);
         mask.template apply<T::kSNT>(p, s[mi], payload, qb, kb, sm0 / 16 + mi, sc0, lane);
+        // The additive bias on the visible elements (after the mask: never read where it is -inf).
+        const SdpaBiasFrag bias = SdpaBiasFrag::at(analytic_of(p).bias, bias_head,
+                                                   int64_t(qb) * T::kBlockQ + sm0 + 16 * mi,
+                                                   int64_t(kb) * T::kBlockK + sc0, lane);
+        bias.add<T::kSNT>(s[mi]);
+        const SdpaDropoutParams& dpp = analytic_of(p).dropout;
+        if (dpp.mode == 0) {
 #pragma unroll
-        for (int n = 0; n < T::kSNT; ++n) {
+          for (int n = 0; n < T::kSNT; ++n) {
 #pragma unroll
-          for (int hi = 0; hi < 2; ++hi) {
-            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + ps_off(mi, n, hi)),
-                         "r"(pack2<E>(exp2_approx(s[mi][n][2 * hi]), exp2_approx(s[mi][n][2 * hi + 1])))
-                         : "memory");
+            for (int hi = 0; hi < 2; ++hi) {
+              asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + ps_off(mi, n, hi)),
+                           "r"(pack2<E>(exp2_approx(s[mi][n][2 * hi]), exp2_approx(s[mi][n][2 * hi + 1])))
+                           : "memory");
+            }
           }
+        } else {
+          // Dropout: dV takes P times the multiplier (pairs stored at odd r).
+          float p_even = 0.0f;
+          sdpa_dropout_apply<T::kSNT>(dpp, b, h, p.num_heads_q, int64_t(qb) * T::kBlockQ + sm0 + 16 * mi + g,
+                                      int64_t(kb) * T::kBlockK + sc0 + 2 * t, len_q, len_k, [&](int n, int r, float m) {
+                                        const float pm = exp2_approx(s[mi][n][r]) * m;
+                                        if ((r & 1) == 0) {
+                                          p_even = pm;
+                                        } else {
+                                          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + ps_off(mi, n, r >> 1)),
+                                                       "r"(pack2<E>(p_even, pm))
+                                                       : "memory");
+                                        }
+                                      });
         }
-        mod.probs_dlogit<T::kSNT>(s[mi], lse2[mi], base, lane);
+        mod.probs_dlogit<T::kSNT>(s[mi], lse2[mi], base, lane, bias);
       }
     } else {
 #pragma unroll
@@ -754,10 +777,13 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
     float dp[T::kSMT][T::kSNT][4];
     {
       float minus_d[T::kSMT][4];  // the C operand of the first k16 step
+      // SDPA dropout: dP alone (dS = P (m dP - D) after the GEMM, D read again there).
+      bool no_d = false;
+      if constexpr (Mask::kAnalytic) no_d = analytic_of(p).dropout.mode != 0;
 #pragma unroll
       for (int mi = 0; mi < T::kSMT; ++mi) {
 #pragma unroll
-        for (int i = 0; i < 4; ++i) minus_d[mi][i] = -delta[mi][i >> 1];
+        for (int i = 0; i < 4; ++i) minus_d[mi][i] = no_d ? 0.0f : -delta[mi][i >> 1];
       }
       const LdsmAddr<T::kDv> aO = LdsmAddr<T::kDv>::unpack(addr_tab[buf][1]);
       warp_mma_k16_first<T::kSMT, T::kSNT, E>(dp, minus_d, aO, bV);  // k16 step 0 (head_dv >= 1)
@@ -765,6 +791,34 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
       for (int kk = 1; kk < T::kDv / 16; ++kk) {
         if (T::kExact || kk * 16 < p.head_dv) {
           warp_mma_k16<T::kSMT, T::kSNT, false, false, true, E>(dp, aO, bV, kk, 0);
+        }
+      }
+    }
+    // dBias (SDPA): the thread's element (row sm0 + g, column sc0 + 2t) of the tile in the dS workspace
+    // (null: no dBias, or the dV pass), and the rows / columns left inside the sample from it.
+    [[maybe_unused]] float* ds_thr = nullptr;
+    [[maybe_unused]] int ds_rows = 0, ds_cols = 0;
+    if constexpr (Mask::kAnalytic) {
+      const AnalyticMaskParams& am = analytic_of(p);
+      if (am.bias.ds != nullptr && am.score.dkdv_role != 2) {
+        const int row = qb * T::kBlockQ + sm0 + g, col = kb * T::kBlockK + sc0 + 2 * t;
+        ds_thr = am.bias.ds + ((int64_t(b) * p.num_heads_q + h) * am.max_q + row) * am.bias.ds_ld + col;
+        ds_rows = len_q - row;
+        ds_cols = len_k - col;
+      }
+    }
+    if constexpr (Mask::kAnalytic) {
+      // SDPA dropout: dp holds dP (no -D seed); dS = P (m dP - D) with the element's multiplier m.
+      const SdpaDropoutParams& dpp = analytic_of(p).dropout;
+      if (dpp.mode != 0) {
+        float dd[T::kSMT][2];
+        load_stat(dd, p.delta, 0.0f);
+#pragma unroll
+        for (int mi = 0; mi < T::kSMT; ++mi) {
+          sdpa_dropout_apply<T::kSNT>(dpp, b, h, p.num_heads_q, int64_t(qb) * T::kBlockQ + sm0 + 16 * mi + g,
+                                      int64_t(kb) * T::kBlockK + sc0 + 2 * t, len_q, len_k, [&](int n, int r, float m) {
+                                        dp[mi][n][r] = fmaf(m, dp[mi][n][r], -dd[mi][r >> 1]);
+                                      });
         }
       }
     }
@@ -783,6 +837,21 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
           }
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + ps_off(mi, n, hi)), "r"(pack2<E>(ds0, ds1))
                        : "memory");
+          if constexpr (Mask::kAnalytic) {
+            // dBias: dS = P (dP - D) of the sample's elements into the fp32 workspace (SdpaBiasParams::ds;
+            // s is P here: dBias with softcap is refused), once per element (not in the dV pass).
+            if (ds_thr != nullptr) {
+              const int rr = 16 * mi + 8 * hi, cc = 8 * n;  // from the thread's element (row sm0 + g, column sc0 + 2t)
+              if (rr < ds_rows && cc < ds_cols) {
+                float* dst = ds_thr + int64_t(rr) * analytic_of(p).bias.ds_ld + cc;
+                if (cc + 1 < ds_cols) {
+                  *reinterpret_cast<float2*>(dst) = make_float2(ds0, ds1);
+                } else {
+                  *dst = ds0;
+                }
+              }
+            }
+          }
         }
       }
     }
@@ -1128,7 +1197,11 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
       const int base = mask.diag(p, qb, kb, warp, 0);
       sdpa_bwd_logits<T::kNSQ>(p, s, lse2, mod, base, lane);
       mask.template apply<T::kNSQ>(p, s, payload, qb, kb, warp, 0, lane);
-      mod.probs_dlogit<T::kNSQ>(s, lse2, base, lane);
+      // The additive bias on the visible elements (after the mask: never read where it is -inf).
+      const SdpaBiasFrag bias = SdpaBiasFrag::make(analytic_of(p).bias, b, h, int64_t(row0) + warp * 16,
+                                                   int64_t(kb) * T::kBlockK, lane);
+      bias.add<T::kNSQ>(s);
+      mod.probs_dlogit<T::kNSQ>(s, lse2, base, lane, bias);
     } else {
 #pragma unroll
       for (int n = 0; n < T::kNSQ; ++n) {
@@ -1145,6 +1218,18 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
     for (int kk = 1; kk < T::kDv / 16; ++kk) {
       if (T::kExact || kk * 16 < p.head_dv) {
         warp_mma_k16<1, T::kNSQ, false, false, true, E>(dp, aO, bV, kk, 0);
+      }
+    }
+    if constexpr (Mask::kAnalytic) {
+      // SDPA dropout: dP - D becomes m dP - D = m (dP - D) + (m - 1) D with the element's multiplier m
+      // (D = -minus_d, the row's).
+      const SdpaDropoutParams& dpp = analytic_of(p).dropout;
+      if (dpp.mode != 0) {
+        sdpa_dropout_apply<T::kNSQ>(dpp, b, h, p.num_heads_q, int64_t(row0) + warp * 16 + g,
+                                    int64_t(kb) * T::kBlockK + 2 * (lane & 3), len_q, len_k,
+                                    [&](int n, int r, float m) {
+                                      dp[0][n][r] = fmaf(m, dp[0][n][r], (1.0f - m) * minus_d[0][r]);
+                                    });
       }
     }
 #pragma unroll

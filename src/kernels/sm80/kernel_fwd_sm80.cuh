@@ -280,7 +280,8 @@ struct PlanPayloadMaskSm80 {
 // sample's lengths and tensor starts from the caller's device arrays (AnalyticMaskParams).
 // Per item it keeps the query block's mask terms (QueryBlockMask) and the head's ALiBi slope;
 // entry = the key block. apply() runs SDPA's score modifiers (sdpa_score_mod.cuh: softcap,
-// ALiBi; run-time flags) on every block before the mask; init_stats() seeds the row
+// ALiBi; run-time flags) on every block before the mask and the additive bias after it (on the
+// visible elements only); init_stats() seeds the row
 // statistics with the head's sink.
 template <class T>
 struct AnalyticMaskSm80 {
@@ -290,6 +291,7 @@ struct AnalyticMaskSm80 {
   using Seqlen = AnalyticSeqlen;
   QueryBlockMask block;
   float a2;  // ALiBi slope * log2 e of the item's head (0: none)
+  int b, head, row0;  // the item's sample, query head and first row (the additive bias's element, SdpaBiasFrag)
 
   // hm: the query head (SDPA calls set mask_per_head); the block_mask leaves blocks out.
   __device__ __forceinline__ static BlockMaskedCursor q2k(const FwdParams& p, const Seqlen& sl, int hm, int, int qb) {
@@ -306,7 +308,8 @@ struct AnalyticMaskSm80 {
   }
   __device__ __forceinline__ static AnalyticMaskSm80 item(const FwdParams& p, const Seqlen& sl, int row0, int head) {
     const SdpaScoreParams& sp = analytic_of(p).score;
-    return AnalyticMaskSm80{QueryBlockMask::make(sl.mask, row0), sp.alibi_n > 0 ? alibi_slope_dev(head, sp.alibi_n) * kLog2e : 0.0f};
+    return AnalyticMaskSm80{QueryBlockMask::make(sl.mask, row0),
+                            sp.alibi_n > 0 ? alibi_slope_dev(head, sp.alibi_n) * kLog2e : 0.0f, sl.b, head, row0};
   }
   __device__ __forceinline__ void apply(const QkvParams& q, float (&s)[T::kNS][4], const bool& partial,
                                         const int& entry, int mt, int lane) const {
@@ -319,6 +322,20 @@ struct AnalyticMaskSm80 {
       mod.apply<T::kNS>(s, diag_base(int64_t(entry) * T::kBlockK, block.lo0 - a.band.d_min() + 16 * mt), lane);
     }
     if (partial) apply_tile_mask<T::kNS>(s, block.tile(int64_t(entry) * T::kBlockK), mt, 0, lane);
+    // The additive bias on the visible elements (after the mask: never read where it is -inf).
+    if (a.bias.bias != nullptr) {
+      SdpaBiasFrag::make(a.bias, b, head, int64_t(row0) + 16 * mt, int64_t(entry) * T::kBlockK, lane).add<T::kNS>(s);
+    }
+  }
+  // Dropout (SdpaDropoutParams) on P of m16 tile mt after the online softmax step (the row sums
+  // keep every element; the P V product takes P times the multiplier).
+  template <int kN>
+  __device__ __forceinline__ void dropout(const QkvParams& q, float (&s)[kN][4], int entry, int mt, int lane) const {
+    const AnalyticMaskParams& a = analytic_of(static_cast<const FwdParams&>(q));
+    if (a.dropout.mode == 0) return;
+    sdpa_dropout_apply<kN>(a.dropout, b, head, q.num_heads_q, int64_t(row0) + 16 * mt + (lane >> 2),
+                           int64_t(entry) * T::kBlockK + 2 * (lane & 3), int64_t(row0) + block.rows, block.len_kv,
+                           [&](int n, int r, float m) { s[n][r] *= m; });
   }
   // Row statistics of the thread's rows (m16 tile i: rows r0 + 16 i + g + 8 hi of the block at
   // row `first`) seeded with the head's sink (log2 units: m = sink, l = 1 on one lane of the
@@ -362,6 +379,7 @@ __device__ __forceinline__ void fwd_softmax_sm80(const Mask& mask, float (&s)[T:
     }
     mask.apply(p, s[i], partial, entry, warp * kMT + i, lane);
     online_softmax_step<T::kNS, T::kNO>(s[i], m[i], l[i], acc_o[i]);
+    if constexpr (Mask::kAnalytic) mask.template dropout<T::kNS>(p, s[i], entry, warp * kMT + i, lane);
   }
 #pragma unroll
   for (int i = 0; i < kMT; ++i) pack_p<E>(s[i], pa[i]);

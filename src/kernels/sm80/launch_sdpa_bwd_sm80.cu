@@ -1,7 +1,8 @@
 // Instantiations and launch of the sm80 SDPA backward (analytic mask, kernel_bwd_sm80.cuh):
 // preprocess (D, lse2), dK/dV (sdpa_bwd_dkdv_kernel_sm80; it also adds dS K into the fp32 dQ
 // accumulator when not deterministic), then the dQ convert or, deterministic, the ordered
-// dQ kernel (sdpa_bwd_dq_kernel_sm80). The backward tiles of the flex kernels
+// dQ kernel (sdpa_bwd_dq_kernel_sm80); with dBias, the dS workspace cleared first and summed
+// into dBias last (sdpa_bwd_dbias_kernel). The backward tiles of the flex kernels
 // (with_bwd_traits_sm80) x {fp16, bf16}: 24 main kernels. No split schedule: one CTA per
 // (key block, kv head) of every sample.
 #include "kernels/common/bwd_prepost.cuh"
@@ -31,6 +32,11 @@ __global__ void __launch_bounds__(256) sdpa_bwd_dsink_kernel(const SdpaBwdParams
     __syncthreads();
   }
   if (threadIdx.x == 0) p.analytic.score.dsink[h] = red[0];
+}
+
+// dBias from the dS workspace (bwd_prepost.cuh sdpa_dbias_reduce), one warp per dBias element.
+__global__ void __launch_bounds__(256) sdpa_bwd_dbias_kernel(const SdpaBwdParams p) {
+  sdpa_dbias_reduce(p.analytic.bias, p.batch, p.num_heads_q, p.analytic.max_q, p.analytic.max_kv);
 }
 
 }  // namespace
@@ -93,6 +99,15 @@ void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dt
     });
     check_launch("sdpa backward preprocess (sm80)");
   }
+  // dBias: the dK/dV kernel stores dS of the samples' visited elements into the zeroed workspace.
+  const SdpaBiasParams& bp = p.analytic.bias;
+  if (bp.ds != nullptr) {
+    check_cuda(cudaMemsetAsync(bp.ds, 0,
+                               sizeof(float) * size_t(p.batch) * size_t(p.num_heads_q) * size_t(p.analytic.max_q) *
+                                   size_t(bp.ds_ld),
+                               stream),
+               "sdpa backward: clearing the dS workspace of dBias");
+  }
   if (p.analytic.score.dsink != nullptr) {
     if (p.total_q > 0) {
       kern::sdpa_bwd_dsink_kernel<<<p.num_heads_q, 256, 0, stream>>>(p);
@@ -107,6 +122,13 @@ void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dt
   kern::with_bwd_traits_sm80(tile, p.head_dqk, p.head_dv, [&](auto t) {
     with_element_type(dtype, "sdpa backward (sm80)", [&](auto e) { run_sdpa_bwd<decltype(t), decltype(e)>(pk, stream); });
   });
+  if (bp.dbias != nullptr) {
+    const int64_t elems = bp.dbias_size[0] * bp.dbias_size[1] * bp.dbias_size[2] * bp.dbias_size[3];
+    if (elems > 0) {
+      kern::sdpa_bwd_dbias_kernel<<<grid_stride_1d(elems, 8), 256, 0, stream>>>(p);
+      check_launch("sdpa backward dBias (sm80)");
+    }
+  }
 }
 
 }  // namespace flashspan::sm80
