@@ -162,8 +162,8 @@ fi
 # 1. The whole C++ suite (GPU tests included; CPU tests are cheap). No test may be skipped.
 #    It includes FlexGpu.LaunchLimits* (issue 18: B = 300,000, 100,000 THD samples, Hq = 256; ~10 s).
 gtest_run "gtest (all)" gtest.log "$tests" --gtest_brief=1
-# The sm90 forward's consumer schedule (FLASHSPAN_SM90_OVERLAP=0: serial for the 64 and 128
-# kernels, whose default is overlapped; the (192, 128) and (256, 256) kernels are serial only) and
+# The sm90 forward's consumer schedule (FLASHSPAN_SM90_OVERLAP=0: serial, the default being
+# overlapped) and
 # the sm90 plans' backward family (FLASHSPAN_SM90_BWD=0: the sm80 kernels) are chosen by
 # environment variables read once per process: one run each, so that every compiled variant is
 # tested (the default ones by the whole suite above).

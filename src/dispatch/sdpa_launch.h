@@ -11,7 +11,7 @@
 // H_k != H_v; the output gate with dgate, score_max / score_sum_exp (padded O), the block_mask; the
 // additive bias (any broadcast form, float32 or q's dtype) and dBias (not together with softcap);
 // dropout (Philox from device seed / offset, or the caller's mask) and rng_dump; with
-// FLASHSPAN_EXPERIMENTAL=1 (not yet run on a GPU), paged K/V caches in the forward (without bias
+// FLASHSPAN_EXPERIMENTAL=1, paged K/V caches in the forward (without bias
 // or dropout).
 // Every other feature is refused by sdpa_check_features_gpu with an error naming it.
 #pragma once
@@ -27,7 +27,7 @@ namespace flashspan {
 // argument or feature of the call the GPU kernels do not run, and the rule.
 void sdpa_check_features_gpu(const sdpa::Problem& p);
 
-// Paged K/V caches on CUDA tensors are experimental (not yet run on a GPU): refused unless the
+// Paged K/V caches on CUDA tensors are experimental: refused unless the
 // environment has FLASHSPAN_EXPERIMENTAL=1 (read at each check). Tests override it in-process:
 // on = 1 accept, 0 refuse, -1 back to the environment.
 void set_sdpa_paged_enabled(int on);

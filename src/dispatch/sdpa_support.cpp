@@ -64,7 +64,7 @@ bool paged_enabled() {
 // rows are int32 in the kernels (key & (page_size - 1)); page-table entries are int32 already.
 void check_paged(const Problem& p) {
   FS_CHECK_SUPPORTED(paged_enabled(), "paged_attention_k_table, paged_attention_v_table: paged K/V caches on CUDA "
-                     "tensors are experimental (not yet run on a GPU): set FLASHSPAN_EXPERIMENTAL=1 to run them, or "
+                     "tensors are experimental: set FLASHSPAN_EXPERIMENTAL=1 to run them, or "
                      "pass CPU tensors (the CPU reference)");
   for (int side = 0; side < 2; ++side) {
     const int table = side == 0 ? FS_SDPA_PAGE_TABLE_K : FS_SDPA_PAGE_TABLE_V;

@@ -257,7 +257,7 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
     attr.set_padding_mask(true).set_seq_len_q(lq).set_seq_len_kv(lk);
     attr.set_paged_attention_k_table(table).set_paged_attention_v_table(table);
     SdpaFwd fwd(q, kc, vc, o, nullptr, attr);
-    // Experimental (kv_addr.cuh PagedKv, not yet run on a GPU): refused unless switched on
+    // Experimental (kv_addr.cuh PagedKv): refused unless switched on
     // (FLASHSPAN_EXPERIMENTAL=1; test_sdpa_paged.cpp SdpaPaged.CudaRules checks both verdicts).
     if (std::getenv("FLASHSPAN_EXPERIMENTAL") == nullptr) {
       try {

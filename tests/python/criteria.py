@@ -64,6 +64,30 @@ def check_tensor(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype, what:
                              f"got {g[i].item():.6g}, ref {r[i].item():.6g}, bound {bound[i].item():.3g}")
 
 
+def check_reduced_grad(got: torch.Tensor, ref: torch.Tensor, mass: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    """Criterion of a gradient that is a sum of terms over broadcast dims (dBias: dS summed over the dims the bias
+    broadcasts), for `dtype` kernel inputs. Such a sum can cancel (over keys, sum_j dS_ij = D_i P_sink, 0 without a
+    sink), so the error is bounded by the terms' magnitude: `mass` (the reference's sum of |term| over the same
+    dims, shaped like `ref`) replaces |ref| in both bounds:
+      relative L2:   ||got - ref||_2 <= REL_L2[dtype] * ||mass||_2 + FLOOR * sqrt(n)
+      max-abs bound: |got - ref| <= MAX_ABS[dtype] * (max mass + mass) + FLOOR   (every element)
+    Where the sum does not cancel (mass ~ |ref|) this is check_tensor's criterion."""
+    g, r = _prep(got, ref, what)
+    m = mass.detach().double().cpu().expand(ref.shape)[~torch.isinf(ref.detach().double().cpu())]
+    if r.numel() == 0:
+        return
+    err = g - r
+    e2, m2 = err.norm().item(), m.norm().item()
+    assert e2 <= REL_L2[dtype] * m2 + FLOOR * math.sqrt(r.numel()), (
+        f"{what}: L2 error {e2:.3g} > {REL_L2[dtype]:.3g} x ||sum of |terms|||_2 {m2:.3g}")
+    bound = MAX_ABS[dtype] * (m.max() + m) + FLOOR
+    over = err.abs() > bound
+    if over.any():
+        i = int((err.abs() - bound).argmax())
+        raise AssertionError(f"{what}: {int(over.sum())} elements over the max-abs bound; worst at flat index {i}: "
+                             f"got {g[i].item():.6g}, ref {r[i].item():.6g}, bound {bound[i].item():.3g}")
+
+
 def check_stat(got: torch.Tensor, ref: torch.Tensor, what: str) -> None:
     """LSE / max_logit criterion: absolute STAT_ATOL, -inf matching exactly."""
     g, r = _prep(got, ref, what)

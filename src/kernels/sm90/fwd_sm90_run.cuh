@@ -49,24 +49,15 @@ void run(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const
   check_launch("flex forward (sm90)");
 }
 
-// FLASHSPAN_SM90_FWD_OVERLAP_ALL=1 (a build-time define, for measurements): the (192, 128) and
-// (256, 256) kernels are built with the overlapped consumers too, chosen by
-// FLASHSPAN_SM90_OVERLAP=1 as for the 128 kernel.
-#ifndef FLASHSPAN_SM90_FWD_OVERLAP_ALL
-#define FLASHSPAN_SM90_FWD_OVERLAP_ALL 0
-#endif
 
 template <int kDqk, int kDv, class E, bool kMaxLogit>
 void run_o(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
            cudaStream_t s) {
-  if constexpr ((kDqk <= 128 && kDv <= 128) || FLASHSPAN_SM90_FWD_OVERLAP_ALL) {
-    const int mode = fwd_overlap_mode_sm90();
-    if (mode != 0) {
-      run<kDqk, kDv, E, kMaxLogit, true>(p, mq, mk, mv, s);
-      return;
-    }
+  if (fwd_overlap_mode_sm90() != 0) {
+    run<kDqk, kDv, E, kMaxLogit, true>(p, mq, mk, mv, s);
+  } else {
+    run<kDqk, kDv, E, kMaxLogit, false>(p, mq, mk, mv, s);
   }
-  run<kDqk, kDv, E, kMaxLogit, false>(p, mq, mk, mv, s);
 }
 
 }  // namespace fwd_detail

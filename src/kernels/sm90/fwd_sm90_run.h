@@ -11,14 +11,12 @@
 
 namespace flashspan::sm90 {
 
-// Consumer schedule of the (64, 64) and (128, 128) kernels: intra-warpgroup overlap of the
-// softmax with the P V GEMM plus ping-pong of the two consumer warpgroups (kOverlap), or serial.
-// FLASHSPAN_SM90_OVERLAP: unset or 1 = overlapped (the default since PERF_LOG v2.0: D = 128
-// S=32768 causal 608 -> 655, D = 64 383 -> 422 TFLOP/s on the H200), 0 = serial (comparison; the
-// gpu_check "sm90 no-overlap" step tests it). The (192, 128) and (256, 256) kernels are built
-// serial only: their overlapped consumers measured 5-12 % slower on the H200 (PERF_LOG v1.5,
-// before the split K/V release), and each kernel costs CI build time (fwd_sm90_run.cuh:
-// FLASHSPAN_SM90_FWD_OVERLAP_ALL builds them for measurements). Read once per process.
+// Consumer schedule of every sm90 forward kernel: intra-warpgroup overlap of the softmax with the
+// P V GEMM plus ping-pong of the two consumer warpgroups (kOverlap), or serial.
+// FLASHSPAN_SM90_OVERLAP: unset or 1 = overlapped (the default since PERF_LOG v2.0: S=32768
+// causal on the H200, D = 128 608 -> 655, D = 64 383 -> 422, (192, 128) 595 -> 647, (256, 256)
+// 564 -> 586 TFLOP/s), 0 = serial (comparison; the gpu_check "sm90 no-overlap" step tests it).
+// Read once per process.
 int fwd_overlap_mode_sm90();
 
 // Launches the (kDqk, kDv) kernel (the kernel head dims of tile_sm90(p.head_dqk, p.head_dv)).

@@ -33,11 +33,11 @@
 //     fragments in registers (kern::pack_p), O += P V (wgmma RS, m64n{kDv}k16, V read N-major).
 //     Full blocks do no masking work. After the walk, the forward epilogue
 //     (kern::FwdEpilogue, epilogue_fwd.cuh) of each warp's 16 rows.
-//   Consumer schedule (kOverlap): for the (64, 64) and (128, 128) kernels, the intra-warpgroup
-//     overlap of FlashAttention-3 (S_j issued, then P_{j-1} V_{j-1}; the softmax of S_j runs
-//     while the P V GEMM is in flight) with the two consumer warpgroups taking turns at the GEMM
-//     issues (ping-pong, named barriers); serial (S, softmax, P V per block) for the (192, 128)
-//     (ping-pong on the S GEMM) and (256, 256) kernels (fwd_sm90_run.h says why).
+//   Consumer schedule (kOverlap, the default for every kernel: fwd_sm90_run.h): the
+//     intra-warpgroup overlap of FlashAttention-3 (S_j issued, then P_{j-1} V_{j-1}; the softmax
+//     of S_j runs while the P V GEMM is in flight) with the two consumer warpgroups taking turns
+//     at the GEMM issues (ping-pong, named barriers); or serial (S, softmax, P V per block; the
+//     (192, 128) kernel ping-pongs on the S GEMM), FLASHSPAN_SM90_OVERLAP=0.
 //   Synchronisation: mbarriers (q_full / q_empty, k_full[s] / v_full[s] / k_empty[s] / v_empty[s],
 //     item_full[i] / item_empty[i]); the producer fills with expect_tx + TMA complete_tx, the
 //     consumers release with one arrival per thread (count 256); named barriers 2 and 3 for the

@@ -4,7 +4,7 @@
 // the choice of the kernel head dims from the tile table (tile_sm90.h). The kernels themselves
 // are instantiated one unit per kernel head dims (fwd_sm90_d{64,128,192,256}.cu,
 // fwd_sm90_run.cuh): (64, 64), (128, 128), (192, 128), (256, 256) x {fp16, bf16} x
-// {max_logit off, on} (x serial / overlapped consumers for 64 and 128). Packed GQA is a run-time
+// {max_logit off, on} x {serial, overlapped consumers}. Packed GQA is a run-time
 // path of the same kernels (p.pack; Q's tensor map over (D, H, S[, B]): tma_sm90.h).
 #include <cuda.h>
 
