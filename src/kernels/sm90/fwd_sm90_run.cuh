@@ -53,7 +53,7 @@ void run(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const
 template <int kDqk, int kDv, class E, bool kMaxLogit>
 void run_o(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
            cudaStream_t s) {
-  if (fwd_overlap_mode_sm90() != 0) {
+  if (fwd_overlap_sm90()) {
     run<kDqk, kDv, E, kMaxLogit, true>(p, mq, mk, mv, s);
   } else {
     run<kDqk, kDv, E, kMaxLogit, false>(p, mq, mk, mv, s);
@@ -89,8 +89,8 @@ int fwd_binary_version_of() {
 
 // SDPA (analytic mask, kernel_fwd_sm90.cuh sdpa_fwd_kernel_sm90): the persistent grid over the
 // AnalyticGrid's B * ceil(S_q / 128) * H_q cells; no split schedule. The consumer schedule is
-// the plan kernels' default (fwd_overlap_mode_sm90 unset): overlapped with ping-pong for both
-// (64, 64) and (128, 128) (PERF_LOG v2.0); max_logit tested at run time. 2 kernels (fp16, bf16)
+// the plan kernels' default, overlapped with ping-pong, for both (64, 64) and (128, 128)
+// (PERF_LOG v2.0; FLASHSPAN_SM90_OVERLAP does not switch it); max_logit tested at run time. 2 kernels (fp16, bf16)
 // a unit.
 template <int kDqk, int kDv>
 void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,

@@ -17,7 +17,7 @@ namespace flashspan::sm90 {
 // causal on the H200, D = 128 608 -> 655, D = 64 383 -> 422, (192, 128) 595 -> 647, (256, 256)
 // 564 -> 586 TFLOP/s), 0 = serial (comparison; the gpu_check "sm90 no-overlap" step tests it).
 // Read once per process.
-int fwd_overlap_mode_sm90();
+bool fwd_overlap_sm90();
 
 // Launches the (kDqk, kDv) kernel (the kernel head dims of tile_sm90(p.head_dqk, p.head_dv)).
 template <int kDqk, int kDv>

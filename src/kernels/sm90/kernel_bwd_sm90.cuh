@@ -481,6 +481,18 @@ __device__ __forceinline__ void bwd_dq_order(const BwdParams& p, uint8_t* smem, 
 // Consumers (two warpgroups)
 // ---------------------------------------------------------------------------
 
+// The consumers' take of work item `item_it` from the producer's 2-entry item ring (every
+// consumer thread waits, reads the entry and releases it with its own arrival).
+template <class L>
+__device__ __forceinline__ BwdItem take_bwd_item(uint32_t bars, const uint8_t* smem, uint32_t item_it) {
+  const uint32_t rs = item_it & 1;
+  mbar_wait(bars + L::kItemFull + 8 * rs, (item_it >> 1) & 1);
+  const volatile int32_t* e = reinterpret_cast<const int32_t*>(smem + L::kItem) + 8 * rs;
+  const BwdItem it{e[0], e[1], e[2], e[3], e[4], e[5]};
+  mbar_arrive(bars + L::kItemEmpty + 8 * rs);
+  return it;
+}
+
 // Epilogue of a work item: the thread holds dK / dV of keys key_thr and key_thr + 8 of the key
 // block (rows of its m64nN accumulators), n8 blocks n at columns colk(n) / colv(n) + 2 qd (+1)
 // (key split: keys 64c + 16w + g, every column; column split: keys 16w + g, the warpgroup's
@@ -559,11 +571,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
 
   uint32_t step_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
-    const uint32_t rs = item_it & 1;
-    mbar_wait(bars + L::kItemFull + 8 * rs, (item_it >> 1) & 1);
-    const volatile int32_t* e = reinterpret_cast<const int32_t*>(smem + L::kItem) + 8 * rs;
-    const BwdItem it{e[0], e[1], e[2], e[3], e[4], e[5]};
-    mbar_arrive(bars + L::kItemEmpty + 8 * rs);
+    const BwdItem it = take_bwd_item<L>(bars, smem, item_it);
     if (it.kb < 0) return;
 
     float dk[kN][4], dv[kN][4];
@@ -761,11 +769,7 @@ __device__ __forceinline__ void bwd_consumer_cols(const BwdParams& p, uint32_t b
 
   uint32_t step_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
-    const uint32_t rs = item_it & 1;
-    mbar_wait(bars + L::kItemFull + 8 * rs, (item_it >> 1) & 1);
-    const volatile int32_t* e = reinterpret_cast<const int32_t*>(smem + L::kItem) + 8 * rs;
-    const BwdItem it{e[0], e[1], e[2], e[3], e[4], e[5]};
-    mbar_arrive(bars + L::kItemEmpty + 8 * rs);
+    const BwdItem it = take_bwd_item<L>(bars, smem, item_it);
     if (it.kb < 0) return;
 
     float dk[kDqk / 16][4], dv[kDv / 16][4];

@@ -22,13 +22,12 @@
 
 namespace flashspan::sm90 {
 
-int fwd_overlap_mode_sm90() {
-  static const int mode = [] {
+bool fwd_overlap_sm90() {
+  static const bool on = [] {
     const char* e = std::getenv("FLASHSPAN_SM90_OVERLAP");
-    if (e == nullptr || e[0] == '\0') return -1;
-    return e[0] == '0' ? 0 : 1;
+    return e == nullptr || e[0] != '0';
   }();
-  return mode;
+  return on;
 }
 
 namespace {
