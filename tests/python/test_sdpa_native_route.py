@@ -30,6 +30,21 @@ def _random_lens(rng, g, B, Sq, Skv):
     lq[0], lk[-1] = Sq, Skv
     return (lq, lk)
 
+def _valid_rows(lens, B, Sq, Skv):
+    """Boolean masks (B, 1, S_q, 1) and (B, 1, S_kv, 1) of the query and key rows inside each sample (lens as
+    _random_lens returns it; None: every row)."""
+    lq, lk = lens if lens is not None else (torch.full((B,), Sq), torch.full((B,), Skv))
+    mq = (torch.arange(Sq)[None, :] < lq[:, None])[:, None, :, None]
+    mk = (torch.arange(Skv)[None, :] < lk[:, None])[:, None, :, None]
+    return mq, mk
+
+
+def _zero_outside(t, m):
+    """t with the rows outside the samples (m False) set to 0 (the padding rows' values are checked by the other
+    tests)."""
+    return torch.where(m, t, torch.zeros((), dtype=t.dtype))
+
+
 
 @pytest.fixture
 def native(monkeypatch):
@@ -267,12 +282,8 @@ def test_gpu_native_gate_stats_block_mask(fs, native, seed):
         return [t.detach().cpu() for t in out]
 
     want, got = run("cpu"), run("cuda")
-    lq, lk = (lens if lens is not None else (torch.full((B,), Sq), torch.full((B,), Skv)))
-    mq = (torch.arange(Sq)[None, :] < lq[:, None])[:, None, :, None]
-    mk = (torch.arange(Skv)[None, :] < lk[:, None])[:, None, :, None]
-
-    def z(t, m):
-        return torch.where(m, t, torch.zeros((), dtype=t.dtype))
+    mq, mk = _valid_rows(lens, B, Sq, Skv)
+    z = _zero_outside
 
     check_tensor(z(got[0], mq), z(want[0], mq), dtype, "o")
     check_stat(torch.where(mq, got[1], 0.0), torch.where(mq, want[1], 0.0), "stats")
@@ -376,11 +387,8 @@ def test_gpu_native_score_modifiers(fs, native, seed):
         return [t.detach().cpu() for t in out]
 
     want, got = run("cpu"), run("cuda")
-    lq, lk = (lens if lens is not None else (torch.full((B,), Sq), torch.full((B,), Skv)))
-    mq = (torch.arange(Sq)[None, :] < lq[:, None])[:, None, :, None]
-    mk = (torch.arange(Skv)[None, :] < lk[:, None])[:, None, :, None]
-    def z(t, m):  # rows past the samples set to 0 (the padding rows' values are checked by the other tests)
-        return torch.where(m, t, torch.zeros((), dtype=t.dtype))
+    mq, mk = _valid_rows(lens, B, Sq, Skv)
+    z = _zero_outside
 
     check_tensor(z(got[0], mq), z(want[0], mq), dtype, "o")
     check_stat(torch.where(mq, got[1], 0.0), torch.where(mq, want[1], 0.0), "stats")
@@ -516,12 +524,8 @@ def test_gpu_native_bias(fs, native, seed):
         return [t.detach().cpu() for t in out]
 
     want, got = run("cpu"), run("cuda")
-    lq, lk = (lens if lens is not None else (torch.full((B,), Sq), torch.full((B,), Skv)))
-    mq = (torch.arange(Sq)[None, :] < lq[:, None])[:, None, :, None]
-    mk = (torch.arange(Skv)[None, :] < lk[:, None])[:, None, :, None]
-
-    def z(t, m):
-        return torch.where(m, t, torch.zeros((), dtype=t.dtype))
+    mq, mk = _valid_rows(lens, B, Sq, Skv)
+    z = _zero_outside
 
     check_tensor(z(got[0], mq), z(want[0], mq), dtype, "o")
     check_stat(torch.where(mq, got[1], 0.0), torch.where(mq, want[1], 0.0), "stats")
@@ -597,12 +601,8 @@ def test_gpu_native_dropout(fs, native, seed):
         return [t.detach().cpu() for t in out]
 
     want, got = run("cpu"), run("cuda")
-    lq, lk = (lens if lens is not None else (torch.full((B,), Sq), torch.full((B,), Skv)))
-    mq = (torch.arange(Sq)[None, :] < lq[:, None])[:, None, :, None]
-    mk = (torch.arange(Skv)[None, :] < lk[:, None])[:, None, :, None]
-
-    def z(t, m):
-        return torch.where(m, t, torch.zeros((), dtype=t.dtype))
+    mq, mk = _valid_rows(lens, B, Sq, Skv)
+    z = _zero_outside
 
     if philox:
         assert torch.equal(got[5], want[5]), "rng_dump"
