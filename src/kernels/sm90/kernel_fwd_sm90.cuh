@@ -444,8 +444,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         release_q(cur.done());
         reg_fence(s);
         float corr[2];
-        variant.logits(s, mask, partial);
-        sm.update(s, corr);
+        const float exp_scale = variant.logits(s, mask, partial);
+        sm.update(s, corr, exp_scale);
         kern::OnlineSoftmax::rescale(o, corr);
         uint32_t pa[kKP][4];
         kern::pack_p<E>(s, pa);
@@ -488,8 +488,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
-          variant.logits(s, mask, partial);
-          sm.update(s, corr);  // o = 0: no rescale
+          const float exp_scale = variant.logits(s, mask, partial);
+        sm.update(s, corr, exp_scale);  // o = 0: no rescale
           kern::pack_p<E>(s, pa);
           ++kv_it;
         }
@@ -512,8 +512,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
-          variant.logits(s, mask, partial);
-          sm.update(s, corr);
+          const float exp_scale = variant.logits(s, mask, partial);
+        sm.update(s, corr, exp_scale);
           wg_wait<0>();
           reg_fence(o);
           mbar_arrive(v_empty + 8 * st_prev);
