@@ -15,6 +15,7 @@
 #include "kernels/common/launch_util.h"
 #include "kernels/sm90/kernel_bwd_sm90.cuh"
 #include "kernels/sm90/launch_sm90.h"
+#include "kernels/sm90/sdpa_bwd_sm90_run.h"
 #include "kernels/sm90/tile_sm90.h"
 #include "kernels/sm90/tma_sm90.h"
 
@@ -54,9 +55,11 @@ void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk
 namespace {
 std::atomic<int> g_bwd_override{-1};
 std::atomic<int64_t> g_bwd_launches{0};
+std::atomic<int64_t> g_sdpa_bwd_launches{0};
 }  // namespace
 
 int64_t bwd_launches() { return g_bwd_launches.load(std::memory_order_relaxed); }
+int64_t sdpa_bwd_launches() { return g_sdpa_bwd_launches.load(std::memory_order_relaxed); }
 
 void set_bwd_enabled(int on) { g_bwd_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
 
@@ -138,6 +141,64 @@ void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& 
       }
     });
     check_launch("flex backward dQ convert (sm90)");
+  }
+}
+
+void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& dout, DType dtype, cudaStream_t stream) {
+  SdpaBwdParams p = p_in;
+  FS_CHECK(sdpa_fwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.split_schedule == 0 &&
+               (p.total_q == 0 || (p.dq_accum != nullptr && (!p.deterministic || p.dq_sem != nullptr))) &&
+               p.analytic.epi.gate == nullptr,
+           Status::kInternal, "sdpa backward (sm90): unsupported configuration reached the launcher (D ", p.head_dqk,
+           "/", p.head_dv, ")");
+  for (int x : {kSdpaQ, kSdpaK, kSdpaV, kSdpaO, kSdpaStats, kSdpaDO, kSdpaDQ, kSdpaDK, kSdpaDV}) {
+    FS_CHECK(p.analytic.start[x].ragged.ptr == nullptr, Status::kInternal,
+             "sdpa backward (sm90): a ragged tensor reached the launcher");
+  }
+  g_sdpa_bwd_launches.fetch_add(1, std::memory_order_relaxed);
+  const int kd = sdpa_bwd_kernel_dim_sm90(p.head_dqk, p.head_dv);
+  constexpr int kBq = kern90::BwdSm90Layout<64>::kBlockQ, kBk = kern90::BwdSm90Layout<64>::kBlockK;
+  static_assert(kBq == kern90::BwdSm90Layout<128>::kBlockQ && kBk == kern90::BwdSm90Layout<128>::kBlockK);
+  p.analytic.num_q_blocks = (p.analytic.max_q + kBq - 1) / kBq;
+  p.analytic.num_k_blocks = (p.analytic.max_kv + kBk - 1) / kBk;
+  // The dq_accum tiles (and the deterministic counters): one per (query head, sample, query
+  // block), sample b's blocks from b * num_q_blocks (AnalyticSourceBwdSm90::q_block0).
+  p.view.num_q_blocks = int64_t(p.batch) * p.analytic.num_q_blocks;
+  p.view.block_q = kBq;
+  p.view.block_k = kBk;
+  p.varlen = 0;
+  p.dq_blocked = 1;
+  p.grid_mode = 1;
+  if (p.total_q > 0) {
+    check_cuda(cudaMemsetAsync(p.dq_accum, 0,
+                               sizeof(float) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks) * kBq * size_t(kd),
+                               stream),
+               "sdpa backward (sm90): clearing the dQ tiles");
+    if (p.deterministic) {
+      check_cuda(cudaMemsetAsync(p.dq_sem, 0, sizeof(int32_t) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks),
+                                 stream),
+                 "sdpa backward (sm90): clearing the dQ tile counters");
+    }
+    // D and lse2 of every row padded to S_q (bwd_prepost.cuh, the sm80 SDPA backward's kernel).
+    with_element_type(dtype, "sdpa backward preprocess (sm90)", [&](auto e) {
+      kern::sdpa_bwd_preprocess_kernel<decltype(e)>
+          <<<grid_stride_1d(int64_t(p.num_heads_q) * p.total_q, 8), 256, 0, stream>>>(p);
+    });
+    check_launch("sdpa backward preprocess (sm90)");
+  }
+  // Padded tensors: sample b is batch b (the tensor maps' batch coordinate; the dK / dV
+  // epilogue's TensorAddr batch strides, which SDPA's parameters keep in analytic.start).
+  p.dka.batch_stride = p.analytic.start[kSdpaDK].batch_stride;
+  p.dva.batch_stride = p.analytic.start[kSdpaDV].batch_stride;
+  const CUtensorMap mq = make_tensor_map_sm90(bshd_of_bhsd(q), false, dtype, kBq, "q");
+  const CUtensorMap mk = make_tensor_map_sm90(bshd_of_bhsd(k), false, dtype, kBk, "k");
+  const CUtensorMap mv = make_tensor_map_sm90(bshd_of_bhsd(v), false, dtype, kBk, "v");
+  const CUtensorMap mdo = make_tensor_map_sm90(bshd_of_bhsd(dout), false, dtype, kBq, "dout");
+  if (kd == 64) {
+    run_sdpa_bwd_sm90<64>(p, dtype, mq, mk, mv, mdo, stream);
+  } else {
+    run_sdpa_bwd_sm90<128>(p, dtype, mq, mk, mv, mdo, stream);
   }
 }
 

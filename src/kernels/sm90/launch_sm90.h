@@ -74,4 +74,15 @@ int bwd_smem_bytes(int dqk, int dv);
 void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& dout, DType dtype, int64_t total_q, cudaStream_t stream);
 
+// SDPA backward with the analytic mask (kernel_bwd_sm90.cuh sdpa_bwd_kernel_sm90), for the calls
+// sdpa_bwd_sm90_refusal (dispatch/sdpa_launch.h) accepts: p as sdpa_bwd_params_sm90 fills it
+// (padded tensors, head dims of sdpa_fwd_runs_head_dims_sm90, the dq_accum tiles and, when
+// deterministic, their counters bound); q, k, v, dout the [B, H, S, D] descriptors of the call
+// (tensor maps). Preprocess, the persistent dK / dV + dQ kernel over (key block, kv head, sample)
+// of every sample padded to S_kv, the dQ convert. Rows past a sample get zero gradients.
+void launch_sdpa_bwd_sm90(const SdpaBwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& dout, DType dtype, cudaStream_t stream);
+// Calls of launch_sdpa_bwd_sm90 in this process so far (tests check which family ran).
+int64_t sdpa_bwd_launches();
+
 }  // namespace flashspan::sm90

@@ -56,6 +56,12 @@ constexpr bool sdpa_fwd_runs_head_dims_sm90(int dqk, int dv) {
   return fwd_runs_head_dims_sm90(dqk, dv) && dqk <= 128 && dv <= 128;
 }
 
+// The kernel head dim (kD, kD) the sm90 SDPA backward runs a call's (dqk, dv) of
+// sdpa_fwd_runs_head_dims_sm90 on: 64 when both are <= 64, else 128 (the dK / dV stores and the
+// dQ convert write only the call's columns; TMA fills the others with zeros). Also the width of
+// its dq_accum tiles (sdpa_params.cpp, the workspace).
+constexpr int sdpa_bwd_kernel_dim_sm90(int dqk, int dv) { return dqk <= 64 && dv <= 64 ? 64 : 128; }
+
 // Packed GQA (FwdParams::pack = G, query heads per kv head) on the sm90 forward: G a power of
 // two dividing the 128 query rows of the forward tile, so that a block's 128 packed rows are
 // 128 / G whole query positions x G heads, one TMA box {64 columns, G heads, 128 / G positions}
