@@ -5,6 +5,9 @@
 #include "core/error.h"
 #include "core/validation.h"
 #include "kernels/sm90/tile_sm90.h"
+#ifdef FLASHSPAN_WITH_CUDA
+#include "kernels/sm90/launch_sm90.h"  // sm90::bwd_wide64_enabled
+#endif
 
 namespace flashspan {
 
@@ -53,10 +56,22 @@ void check_head_dims_sm80(int dqk, int dv) {
 // and (256, 256), the tiles of both backward families).
 // For (192, 128) and (256, 256) the forward runs 128 x 128 / 128 x 64 tiles of its own. Any
 // sm90 plan's backward can run on the sm80 kernels (FLASHSPAN_SM90_BWD=0, or a configuration
-// the sm90 backward does not take), so the backward part of the two tables must agree.
+// the sm90 backward does not take), so the backward part of the two tables must agree; except
+// the wide 128 x 128 backward tile of (64, 64) (tile_sm90.h), which only the sm90 backward runs:
+// (64, 64) plans get it when sm90::bwd_wide64_enabled() (experimental; the sm90 backward then
+// takes every backward call of the plan, and dispatch refuses one it would not).
+bool bwd_wide64() {
+#ifdef FLASHSPAN_WITH_CUDA
+  return sm90::bwd_wide64_enabled();
+#else
+  return false;
+#endif
+}
+
 Consumer consumer_sm90(int head_dim_qk, int head_dim_v) {
-  const sm90::TileSm90 t = sm90::tile_sm90(head_dim_qk, head_dim_v);
-  if (sm80::runs_head_dims_sm80(head_dim_qk, head_dim_v)) {  // the sm80 backward may run it (sm90 backward off)
+  const sm90::TileSm90 t = sm90::tile_sm90(head_dim_qk, head_dim_v, bwd_wide64());
+  const bool sm90_only = sm90::bwd_wide_tile_sm90(head_dim_qk, head_dim_v, t.bwd_bq, t.bwd_bk);
+  if (!sm90_only && sm80::runs_head_dims_sm80(head_dim_qk, head_dim_v)) {  // the sm80 backward may run it (sm90 backward off)
     const sm80::TileSm80 b = sm80::tile_sm80(head_dim_qk, head_dim_v);
     FS_CHECK(t.bwd_bq == b.bwd_bq && t.bwd_bk == b.bwd_bk, Status::kInternal, "tile_sm90: backward tile ", t.bwd_bq,
              "x", t.bwd_bk, " of head dims (", head_dim_qk, ", ", head_dim_v, ") is not the sm80 backward's ",
