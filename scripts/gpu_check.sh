@@ -172,6 +172,9 @@ if "$tests" --gtest_list_tests --gtest_filter='FlexGpuSm90.*' 2>/dev/null | grep
     --gtest_filter='FlexGpuSm90.*:-FlexGpuSm90.Bwd*'
   gtest_run "gtest sm90 sm80-bwd" gtest_sm90_sm80_bwd.log env FLASHSPAN_SM90_BWD=0 "$tests" --gtest_brief=1 \
     --gtest_filter='FlexGpuSm90.RandomCases:FlexGpuSm90.SpecialCases'
+  # (64, 64) sm90 plans take the wide 128 x 128 backward tile by default: the 64 x 128 kernel once.
+  gtest_run "gtest sm90 bwd 64x128" gtest_sm90_bwd_narrow64.log env FLASHSPAN_SM90_BWD_WIDE64=0 "$tests" --gtest_brief=1 \
+    --gtest_filter='FlexGpuSm90.BwdRandomCases:FlexGpuSm90.BwdSpecialCases:FlexGpuSm90.BwdSanitizerSmall'
 fi
 
 # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one. Missing sanitizer = failure.

@@ -58,7 +58,7 @@ void check_head_dims_sm80(int dqk, int dv) {
 // sm90 plan's backward can run on the sm80 kernels (FLASHSPAN_SM90_BWD=0, or a configuration
 // the sm90 backward does not take), so the backward part of the two tables must agree; except
 // the wide 128 x 128 backward tile of (64, 64) (tile_sm90.h), which only the sm90 backward runs:
-// (64, 64) plans get it when sm90::bwd_wide64_enabled() (experimental; the sm90 backward then
+// (64, 64) plans get it when sm90::bwd_wide64_enabled() (by default; the sm90 backward then
 // takes every backward call of the plan, and dispatch refuses one it would not).
 bool bwd_wide64() {
 #ifdef FLASHSPAN_WITH_CUDA

@@ -2330,8 +2330,9 @@ TEST(FlexGpuSm90, SanitizerHeadDims) {
 }
 
 // ---------------------------------------------------------------------------
-// The sm90 backward (kernel_bwd_sm90.cuh: Dqk = Dv in {64, 128} on the 64 x 128 tile, (192, 128)
-// and (256, 256) on the 64 x 64 tile, fp16/bf16, deterministic or not), run on sm90 plans
+// The sm90 backward (kernel_bwd_sm90.cuh: Dqk = Dv in {64, 128} on the 64 x 128 tile ((64, 64) on
+// the wide 128 x 128 tile by default, below), (192, 128) and (256, 256) on the 64 x 64 tile,
+// fp16/bf16, deterministic or not), run on sm90 plans
 // whatever FLASHSPAN_SM90_BWD says (sm90::set_bwd_enabled); every case checks that the sm90
 // backward was the kernel that ran (sm90::bwd_launches).
 // ---------------------------------------------------------------------------
@@ -2585,8 +2586,9 @@ TEST(FlexGpuSm90, BwdSanitizerSmall) {
 
 // ---------------------------------------------------------------------------
 // The wide backward tile of (64, 64): 128 query rows x 128 keys (tile_sm90.h kTileSm90Wide64,
-// the key-split consumers with kBq = 128; experimental: sm90::bwd_wide64_enabled, forced on
-// here, so every (64, 64) sm90 plan built inside takes it). Each case checks that the tile is
+// the key-split consumers with kBq = 128; sm90::bwd_wide64_enabled, on by default, forced on
+// here whatever FLASHSPAN_SM90_BWD_WIDE64 says, so every (64, 64) sm90 plan built inside takes
+// it; the other sm90 tests' (64, 64) plans take it too, unless FLASHSPAN_SM90_BWD_WIDE64=0). Each case checks that the tile is
 // the consumer's and that the sm90 backward ran.
 // ---------------------------------------------------------------------------
 

@@ -51,7 +51,7 @@ struct DeviceMask {
 const Consumer kSm80 = flashspan::consumer_for(80, 128, 128);
 const Consumer kSm80Big = flashspan::consumer_for(80, 256, 256);
 const Consumer kSm90 = flashspan::consumer_for(90, 128, 128);
-// (64, 64) sm90 plans with the wide backward tile (tile_sm90.h kTileSm90Wide64; experimental,
+// (64, 64) sm90 plans with the wide backward tile (tile_sm90.h kTileSm90Wide64; by default,
 // sm90::bwd_wide64_enabled): 128x128 / 128x128.
 const Consumer kSm90Wide = [] {
   Consumer c = flashspan::consumer_for(90, 128, 128);

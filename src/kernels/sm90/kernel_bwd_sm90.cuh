@@ -95,7 +95,7 @@
 //
 // Wide tile (kBq = 128; (64, 64) plans whose consumer has tile_sm90.h's kTileSm90Wide64, 128 query
 // rows x 128 keys, as the seed system's and FlashAttention-3's sm90 backward for D <= 64;
-// experimental: sm90::bwd_wide64_enabled). The key-split consumers with 128 queries a step:
+// sm90::bwd_wide64_enabled: by default, FLASHSPAN_SM90_BWD_WIDE64=0 keeps 64 x 128; PERF_LOG v2.2). The key-split consumers with 128 queries a step:
 // warpgroup c still owns keys 64c .. 64c + 63, so S^T and dP^T are m64n128 accumulators (64
 // registers each), dV += P^T dO and dK += dS^T Q are m64n64 RS over k = 128 queries (8 k16 steps
 // from the packed P^T / dS^T registers), and dS^T goes to shared memory as two 64-query slabs

@@ -69,9 +69,9 @@ bool bwd_config_supported(const FlexGeometry& g, bool deterministic);
 int bwd_smem_bytes(int dqk, int dv, int bwd_bq, int bwd_bk);
 
 // Whether (64, 64) plans of the sm90 family get the wide 128 x 128 backward tile
-// (tile_sm90.h kTileSm90Wide64; consumer_sm90 in family.cpp asks here): FLASHSPAN_EXPERIMENTAL=1
-// (read once; not yet the default) and bwd_enabled() and the deterministic switch
-// (FLASHSPAN_SM90_BWD_DETERMINISTIC) on, since only the sm90 backward runs that tile.
+// (tile_sm90.h kTileSm90Wide64; consumer_sm90 in family.cpp asks here): yes unless
+// FLASHSPAN_SM90_BWD_WIDE64=0 (read once), and only while bwd_enabled() and the deterministic
+// switch (FLASHSPAN_SM90_BWD_DETERMINISTIC) are on, since only the sm90 backward runs that tile.
 // set_bwd_wide64_enabled overrides the environment for this process (tests: 1 on, 0 off, -1
 // back to the environment's answer; a plan keeps the tile it was built with).
 bool bwd_wide64_enabled();

@@ -40,7 +40,8 @@ constexpr bool fwd_runs_head_dims_sm90(int dqk, int dv) {
 // sm80 backward share 64 x 128 up to D = 128 and 64 x 64 for (192, 128) and (256, 256)
 // (tile_sm80.h; family.cpp checks that the two tables agree). Other dims (CPU plans only) take
 // kTileSm90. bwd_wide64: the 128 x 128 backward tile of (64, 64) exactly (kTileSm90Wide64), which
-// only the sm90 backward runs (the plan's consumer has it when bwd_wide64_enabled(), family.cpp).
+// only the sm90 backward runs (the plan's consumer has it when bwd_wide64_enabled(), family.cpp:
+// by default, unless FLASHSPAN_SM90_BWD_WIDE64=0 or the sm90 backward is switched off).
 inline constexpr TileSm90 kTileSm90Wide64{64, 64, 128, 128, 128, 128};
 
 constexpr TileSm90 tile_sm90(int dqk, int dv, bool bwd_wide64 = false) {
