@@ -7,8 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/error.h"
 #include "kernels/common/grid.h"
@@ -53,56 +51,14 @@ void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk
 }  // namespace
 
 namespace {
-std::atomic<int> g_bwd_override{-1};
 std::atomic<int64_t> g_bwd_launches{0};
 }  // namespace
 
 int64_t bwd_launches() { return g_bwd_launches.load(std::memory_order_relaxed); }
 
-void set_bwd_enabled(int on) { g_bwd_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
-
-bool bwd_enabled() {
-  const int o = g_bwd_override.load(std::memory_order_relaxed);
-  if (o >= 0) return o == 1;
-  // On by default (checked on an H200: the GPU suite, compute-sanitizer, PERF_LOG v1.4);
-  // FLASHSPAN_SM90_BWD=0 keeps the portable sm80 backward for comparison.
-  static const bool on = [] {
-    const char* off = std::getenv("FLASHSPAN_SM90_BWD");
-    return !(off != nullptr && std::strcmp(off, "0") == 0);
-  }();
-  return on;
-}
-
-// FLASHSPAN_SM90_BWD_DETERMINISTIC=0 gives deterministic calls the sm80 backward (its separate
-// dQ kernel): the ordered dQ tiles are slower than it where every key block adds one tile at the
-// same walk position (longformer's global query rows, PERF_LOG v1.6).
-bool bwd_deterministic_enabled() {
-  static const bool on = [] {
-    const char* off = std::getenv("FLASHSPAN_SM90_BWD_DETERMINISTIC");
-    return !(off != nullptr && std::strcmp(off, "0") == 0);
-  }();
-  return on;
-}
-
-namespace {
-std::atomic<int> g_wide64_override{-1};
-}  // namespace
-
-void set_bwd_wide64_enabled(int on) { g_wide64_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
-
-bool bwd_wide64_enabled() {
-  const int o = g_wide64_override.load(std::memory_order_relaxed);
-  if (o >= 0) return o == 1;
-  // On by default (H200: the BwdWide* tests and memcheck, +27-40 % over the 64 x 128 tile, PERF_LOG
-  // v2.2); FLASHSPAN_SM90_BWD_WIDE64=0 keeps the 64 x 128 tile (read once). The sm80 backward cannot
-  // run the wide tile, so it is only chosen when the sm90 backward takes every backward call of the
-  // plan (both its switches on).
-  static const bool env = [] {
-    const char* e = std::getenv("FLASHSPAN_SM90_BWD_WIDE64");
-    return !(e != nullptr && std::strcmp(e, "0") == 0);
-  }();
-  return env && bwd_enabled() && bwd_deterministic_enabled();
-}
+// bwd_enabled, bwd_deterministic_enabled, bwd_wide64_enabled and their overrides: plain host code
+// in dispatch/family.cpp (the family registry reads them when it picks a plan's backward tile, also
+// in builds that link no CUDA unit, such as tests/emu).
 
 bool bwd_config_supported(const FlexGeometry& g, bool deterministic) {
   return (g.dtype == DType::kFloat16 || g.dtype == DType::kBFloat16) &&

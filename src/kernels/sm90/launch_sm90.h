@@ -56,6 +56,9 @@ bool bwd_enabled();
 // Overrides bwd_enabled() for this process (tests and benchmarks): 1 on, 0 off, -1 back to the
 // environment's answer.
 void set_bwd_enabled(int on);
+// Whether deterministic calls may take the sm90 backward: yes unless
+// FLASHSPAN_SM90_BWD_DETERMINISTIC=0 (then they run the sm80 backward; read once).
+bool bwd_deterministic_enabled();
 // Calls of launch_bwd_sm90 in this process so far (tests check that the sm90 backward ran).
 int64_t bwd_launches();
 
