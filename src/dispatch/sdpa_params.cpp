@@ -199,6 +199,11 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
     g90.head_dim_qk = g90.head_dim_v = kd;
     PlanSignature sig90;
     sig90.consumer = consumer_for(90, kd, kd);
+    // The SDPA kernel runs the 64-row tile (BwdSm90Layout<kd>), not the wide 128 x 128 one that
+    // (64, 64) plans may get.
+    const sm90::TileSm90 t90 = sm90::tile_sm90(kd, kd, /*bwd_wide64=*/false);
+    sig90.consumer.bwd_block_q = t90.bwd_bq;
+    sig90.consumer.bwd_block_k = t90.bwd_bk;
     BwdWorkspaceLayout w = bwd_workspace_layout(g90, sig90, p.a.deterministic);
     if (!p.a.deterministic) {
       // max(the sm80 accumulator [H_q, B S_q, D_qk], the tiles); the split schedule after it is not used.

@@ -92,6 +92,26 @@
 // A = P / dS M-major, B = dO / Q N-major) on the warpgroup's columns. Shared memory: (192, 128)
 // K 24 + V 16 + 2 x (Q 24 + dO 16) + 2 x (P, dS 16) + dQ 48 KB = 200 KB; (256, 256) one Q / dO
 // stage: 32 + 32 + 64 + 32 + 64 KB = 224 KB (of 227).
+//
+// Wide tile (kBq = 128; (64, 64) plans whose consumer has tile_sm90.h's kTileSm90Wide64, 128 query
+// rows x 128 keys, as the seed system's and FlashAttention-3's sm90 backward for D <= 64;
+// sm90::bwd_wide64_enabled: by default, FLASHSPAN_SM90_BWD_WIDE64=0 keeps 64 x 128; PERF_LOG v2.2). The key-split consumers with 128 queries a step:
+// warpgroup c still owns keys 64c .. 64c + 63, so S^T and dP^T are m64n128 accumulators (64
+// registers each), dV += P^T dO and dK += dS^T Q are m64n64 RS over k = 128 queries (8 k16 steps
+// from the packed P^T / dS^T registers), and dS^T goes to shared memory as two 64-query slabs
+// ([128 keys][64 queries] each, 128B-swizzled, the 64-row tile's layout twice). dQ (128 x 64) is
+// split by rows: warpgroup c computes queries 64c .. 64c + 63, all 64 columns (m64n64, A = dS^T
+// slab c M-major, B = K N-major, 8 k16 steps), so the dQ tile (128 x 64 fp32, 32 KB, one bulk
+// reduce-add a step as at D = 128) is in the register order of dq_tile_offset_sm90<64, 128>. The
+// payload words are those of the 64-row tile for j = 0 .. 15 (16 loads a partial step). Per step
+// and warpgroup: 4 + 4 + 8 + 8 + 8 wgmma k16 instructions of N = 128 / 128 / 64 / 64 / 64 for
+// twice the 64-row tile's FLOPs, with the same barriers, one statistics / payload / dQ hand-off.
+// Registers (ptxas, nvcc 13.0): consumers at most R229 of their 232 after setmaxnreg (S^T, dP^T
+// 128 + dK, dV 64 live across the exp), no spill in the consumer path (the kernel's 56-byte stack
+// frame is the 40-register producer's, as in the other kernels). Shared memory: K 16 + V 16 +
+// 2 x (Q 16 + dO 16) + 2 x dS^T 32 + dQ 32 + 2 KB statistics + 4 KB payload = 199 KB.
+// Only the sm90 backward runs this tile (the sm80 backward's traits assume 64 query rows), so a
+// plan gets it only while this backward takes every backward call (family.cpp consumer_sm90).
 #pragma once
 
 #include <cuda.h>
@@ -115,15 +135,20 @@ namespace flashspan::kern90 {
 
 // Shared-memory layout and tile of the kernel for head dims (kDqk, kDv): the tile is the plan's
 // (tile_sm90.h). 64 x 128 (Dqk = Dv in {64, 128}): the key-split consumers (bwd_consumer);
-// 64 x 64 ((192, 128), (256, 256)): the column-split consumers (bwd_consumer_cols).
-template <int kDqk, int kDv = kDqk>
+// 64 x 64 ((192, 128), (256, 256)): the column-split consumers (bwd_consumer_cols); kBq = 128,
+// the wide tile 128 x 128 of (64, 64) (kTileSm90Wide64): the key-split consumers with 128 query
+// rows a step (see "Wide tile" in the header comment).
+template <int kDqk, int kDv = kDqk, int kBq = 64>
 struct BwdSm90Layout {
   static_assert(sm90::bwd_runs_head_dims_sm90(kDqk, kDv), "sm90 backward: head dims (64, 64), (128, 128), (192, 128) or (256, 256)");
   static constexpr int kD = kDqk;
-  static constexpr int kBlockQ = sm90::tile_sm90(kDqk, kDv).bwd_bq;  // 64
-  static constexpr int kBlockK = sm90::tile_sm90(kDqk, kDv).bwd_bk;  // 128, or 64 for (192, 128) / (256, 256)
-  static constexpr bool kColSplit = kBlockK == 64;                   // the column-split consumers
-  static_assert(kBlockQ == 64 && (kBlockK == 128 || kColSplit), "the consumer layouts below assume 64 x 128 or 64 x 64");
+  static constexpr bool kWide = kBq == 128;                                  // the wide tile of (64, 64)
+  static constexpr int kBlockQ = sm90::tile_sm90(kDqk, kDv, kWide).bwd_bq;  // 64, or 128 (wide)
+  static constexpr int kBlockK = sm90::tile_sm90(kDqk, kDv, kWide).bwd_bk;  // 128, or 64 for (192, 128) / (256, 256)
+  static constexpr bool kColSplit = kBlockK == 64;                          // the column-split consumers
+  static_assert(kBlockQ == kBq, "sm90 backward: the wide 128-row tile exists for (64, 64) only");
+  static_assert((kBlockQ == 64 && (kBlockK == 128 || kColSplit)) || (kWide && kBlockK == 128),
+                "the consumer layouts below assume 64 x 128, 64 x 64 or the wide 128 x 128");
   static_assert(kColSplit || kDqk == kDv, "the key-split consumers need Dqk = Dv");
   // Q / dO stages: 2, or 1 for (256, 256) (two stages of its 64 KB Q + dO do not fit beside K, V,
   // the P / dS buffers and the 64 KB dQ tile).
@@ -140,15 +165,19 @@ struct BwdSm90Layout {
   static constexpr int kTileDO = kSlabsV * kSlabQ;
   static constexpr int kDqFloats = kBlockQ * kDqk;   // the fp32 dQ tile
   static constexpr int kDqBytes = kDqFloats * 4;
-  static constexpr int kDqN = kDqk / 2;              // dQ columns of one consumer warpgroup
+  // dQ columns of one consumer warpgroup: half of them (64-row tiles), or all of them for its 64 of
+  // the wide tile's 128 query rows.
+  static constexpr int kDqN = kWide ? kDqk : kDqk / 2;
   static constexpr int kK = 0;
   static constexpr int kV = kK + kTileK;
   static constexpr int kQ = kV + kTileV;             // [kStages]
   static constexpr int kDO = kQ + kStages * kTileQ;  // [kStages]
   static constexpr int kDS = kDO + kStages * kTileDO;  // [2] dS^T (key split) or P, dS (column split)
-  // Key split: dS^T, kBlockK keys x 128 B. Column split: P then dS, each 64 query rows x 128 B.
+  // Key split: dS^T, kBlockQ / 64 slabs of kBlockK keys x 64 queries (128 B rows). Column split:
+  // P then dS, each 64 query rows x 128 B.
   static constexpr int kXBytes = kBlockQ * 128;
-  static constexpr int kDSBytes = kColSplit ? 2 * kXBytes : kBlockK * 128;
+  static constexpr int kDsSlab = kBlockK * 128;
+  static constexpr int kDSBytes = kColSplit ? 2 * kXBytes : (kBlockQ / 64) * kDsSlab;
   static constexpr int kDQ = kDS + 2 * kDSBytes;
   static constexpr int kStat = kDQ + kDqBytes;  // [kStages][2][64] fp32: lse2, D
   static constexpr int kPayBytes = kBlockQ * kBlockK / 8;        // one partial block's payload (1 KB / 512 B)
@@ -204,26 +233,37 @@ struct BwdItem {
   int kb, hkv, b, begin, steps, slot;
 };
 
-// Float index of dQ element (query row r, column d) inside a 64 x kD dq_accum tile: the
-// consumers' register order, so that warpgroup c's thread t stores its accumulators dq[j][0..3]
-// as one float4 at ((c * kD / 16 + j) * 128 + t) * 4 (16-byte stores, conflict-free). Thread
-// t = 32 w + 4 g + qd of warpgroup c holds rows 16 w + g (+8), columns c kD / 2 + 8 j + 2 qd (+1)
-// (the m64n{kD/2} accumulator, HOPPER_BRIEF.md 1.3).
-template <int kD>
+// Float index of dQ element (query row r, column d) inside a kBq x kD dq_accum tile: the
+// consumers' register order, so that each thread stores its accumulators dq[j][0..3] as one
+// float4 (16-byte stores, conflict-free).
+//   kBq = 64: warpgroup c's thread t stores n8 block j of its columns at
+//     ((c * kD / 16 + j) * 128 + t) * 4; thread t = 32 w + 4 g + qd of warpgroup c holds rows
+//     16 w + g (+8), columns c kD / 2 + 8 j + 2 qd (+1) (the m64n{kD/2} accumulator,
+//     HOPPER_BRIEF.md 1.3).
+//   kBq = 128 (the wide tile): warpgroup c holds query rows 64 c + 16 w + g (+8), every column
+//     8 j + 2 qd (+1) (m64n{kD}), stored at ((c * kD / 8 + j) * 128 + t) * 4.
+template <int kD, int kBq = 64>
 __host__ __device__ __forceinline__ int dq_tile_offset_sm90(int r, int d) {
-  const int w = r >> 4, g = r & 7, hi = (r >> 3) & 1;
-  const int c = d / (kD / 2), j = (d % (kD / 2)) >> 3, qd = (d & 7) >> 1, e = d & 1;
-  return ((c * (kD / 16) + j) * 128 + 32 * w + 4 * g + qd) * 4 + 2 * hi + e;
+  static_assert(kBq == 64 || kBq == 128, "dQ tiles of 64 or 128 query rows");
+  if constexpr (kBq == 64) {
+    const int w = r >> 4, g = r & 7, hi = (r >> 3) & 1;
+    const int c = d / (kD / 2), j = (d % (kD / 2)) >> 3, qd = (d & 7) >> 1, e = d & 1;
+    return ((c * (kD / 16) + j) * 128 + 32 * w + 4 * g + qd) * 4 + 2 * hi + e;
+  } else {
+    const int c = r >> 6, w = (r >> 4) & 3, g = r & 7, hi = (r >> 3) & 1;
+    const int j = d >> 3, qd = (d & 7) >> 1, e = d & 1;
+    return ((c * (kD / 8) + j) * 128 + 32 * w + 4 * g + qd) * 4 + 2 * hi + e;
+  }
 }
 
 #if defined(__CUDA_ARCH__)
 
-// An m64n64 accumulator (rows = keys, cols = queries) as the A fragments of four k16 steps
-// (queries 16kk .. 16kk + 15), packed to 16 bit (HOPPER_BRIEF.md 1.3).
-template <class E>
-__device__ __forceinline__ void pack_a_64x64(const float (&s)[8][4], uint32_t (&a)[4][4]) {
+// An m64n{8 kN8} accumulator (rows = keys, cols = queries) as the A fragments of kN8 / 2 k16
+// steps (queries 16kk .. 16kk + 15), packed to 16 bit (HOPPER_BRIEF.md 1.3).
+template <class E, int kN8>
+__device__ __forceinline__ void pack_a_frag(const float (&s)[kN8][4], uint32_t (&a)[kN8 / 2][4]) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < kN8 / 2; ++kk) {
     a[kk][0] = kern::pack2<E>(s[2 * kk][0], s[2 * kk][1]);
     a[kk][1] = kern::pack2<E>(s[2 * kk][2], s[2 * kk][3]);
     a[kk][2] = kern::pack2<E>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
@@ -678,10 +718,13 @@ __device__ __forceinline__ void analytic_step_mask(const kern::TileMask& tm, int
   }
 }
 
-template <int kD, class E, class Src>
+// kBq: the step's query rows, 64 or 128 (the wide tile of (64, 64); plan source only).
+template <int kD, class E, class Src, int kBq = 64>
 __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, uint8_t* smem) {
-  using L = BwdSm90Layout<kD>;
-  constexpr int kN = kD / 8;  // n8 blocks of dK / dV
+  using L = BwdSm90Layout<kD, kD, kBq>;
+  constexpr int kN = kD / 8;       // n8 blocks of dK / dV
+  constexpr int kNQ = kBq / 8;     // n8 blocks (query columns) of S^T / dP^T
+  constexpr int kKQ = kBq / 16;    // k16 steps over the step's queries (dV, dK)
   const uint32_t bars = base + L::kBar;
   const int c = (threadIdx.x - 128) >> 7;  // consumer warpgroup: keys 64c .. 64c + 63
   const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
@@ -697,10 +740,15 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
   // Operand tiles of this warpgroup.
   const uint32_t k_tile = base + L::kK + c * 64 * 128;  // K rows 64c.. (A of S^T)
   const uint32_t v_tile = base + L::kV + c * 64 * 128;  // V rows 64c.. (A of dP^T)
-  // K columns c kD/2 .. (B of dQ): slab (c kD/2) / 64, plus 64 bytes for the second half of a
-  // slab (kD = 64; the 128B swizzle is applied to the absolute address, so a start inside the
-  // swizzle row addresses the right elements, as the K-major k16 steps do).
-  const uint32_t kq_tile = base + L::kK + (c * L::kDqN / 64) * L::kSlabK + (c * L::kDqN % 64) * 2;
+  // B of dQ, K columns c kDqN .. (64-row tiles: kDqN = kD / 2; the wide tile: every column, c = 0
+  // here): slab (c kDqN) / 64, plus 64 bytes for the second half of a slab (kD = 64; the 128B
+  // swizzle is applied to the absolute address, so a start inside the swizzle row addresses the
+  // right elements, as the K-major k16 steps do).
+  const int cq = L::kWide ? 0 : c;
+  const uint32_t kq_tile = base + L::kK + (cq * L::kDqN / 64) * L::kSlabK + (cq * L::kDqN % 64) * 2;
+  // A of dQ: the dS^T slab of the warpgroup's dQ rows (64-row tiles: the only slab; the wide
+  // tile: queries 64c ..).
+  const uint32_t ds_slab = L::kWide ? c * L::kDsSlab : 0;
 
   uint32_t step_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
@@ -729,11 +777,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
         if (rows_in < L::kBlockQ) zero_rows_past<L::kBlockQ, L::kSlabs>(q_tile, do_tile, rows_in, 128 * c + t);
       }
       // S^T = K Q^T and dP^T = V dO^T (kD / 16 k16 steps each, both operands K-major).
-      float sacc[8][4], dpacc[8][4];
+      float sacc[kNQ][4], dpacc[kNQ][4];
       wg_fence();
-      wgmma_ss_kmajor<64, kD, L::kSlabK, L::kSlabQ, E>(sacc, k_tile, q_tile);
+      wgmma_ss_kmajor<kBq, kD, L::kSlabK, L::kSlabQ, E>(sacc, k_tile, q_tile);
       wg_commit();
-      wgmma_ss_kmajor<64, kD, L::kSlabK, L::kSlabQ, E>(dpacc, v_tile, do_tile);
+      wgmma_ss_kmajor<kBq, kD, L::kSlabK, L::kSlabQ, E>(dpacc, v_tile, do_tile);
       wg_commit();
       const float* lse2 = s_stat + st * 2 * L::kBlockQ;
       const float* delta = lse2 + L::kBlockQ;
@@ -742,7 +790,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       reg_fence(sacc);
       // Payload words of a partial step, pre-shifted (a full block: every bit set, so the mask
       // test below is branch-free).
-      uint32_t pw[4][2] = {{~0u, ~0u}, {~0u, ~0u}, {~0u, ~0u}, {~0u, ~0u}};
+      uint32_t pw[kBq / 16][2];
+#pragma unroll
+      for (int m = 0; m < kBq / 16; ++m) pw[m][0] = pw[m][1] = ~0u;
       if (info.z >= 0) {
         if constexpr (Src::kAnalytic) {
           analytic_step_mask(kern::TileMask::make(sl.mask, int64_t(info.y) * L::kBlockQ, int64_t(it.kb) * L::kBlockK),
@@ -750,7 +800,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
         } else {
           const uint32_t* bits = reinterpret_cast<const uint32_t*>(smem + L::kPay + st * L::kPayBytes) + pw_thr;
 #pragma unroll
-          for (int m = 0; m < 4; ++m) {
+          for (int m = 0; m < kBq / 16; ++m) {
 #pragma unroll
             for (int x = 0; x < 2; ++x) pw[m][x] = bits[64 * m + 4 * x] >> pw_shift;
           }
@@ -758,7 +808,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       }
       // P^T = exp2(S^T scale log2(e) - lse2[query]); masked elements 0.
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < kNQ; ++j) {
         const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
@@ -771,53 +821,55 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       reg_fence(dpacc);
       // dS^T = P^T (dP^T - D[query]).
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < kNQ; ++j) {
         const float2 dd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * qd);
 #pragma unroll
         for (int r = 0; r < 4; ++r) dpacc[j][r] = sacc[j][r] * (dpacc[j][r] - ((r & 1) ? dd.y : dd.x));
       }
-      uint32_t pa[4][4], dsa[4][4];
-      pack_a_64x64<E>(sacc, pa);
-      pack_a_64x64<E>(dpacc, dsa);
+      uint32_t pa[kKQ][4], dsa[kKQ][4];
+      pack_a_frag<E>(sacc, pa);
+      pack_a_frag<E>(dpacc, dsa);
       // dV += P^T dO (A from registers, B = dO N-major: LBO = slab stride), running while dS^T
       // goes to shared memory.
       wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wgmma_rs_tnspb<kD, E>(dv, pa[kk], smem_desc(do_tile + kk * 2048, L::kSlabQ, 1024));
+      for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dv, pa[kk], smem_desc(do_tile + kk * 2048, L::kSlabQ, 1024));
       wg_commit();
-      // dS^T to shared memory: key rows of 64 queries (128 B), chunk j at j ^ (key % 8).
+      // dS^T to shared memory: key rows of 64 queries (128 B) in slab j / 8 (queries 64 (j / 8) ..),
+      // chunk j % 8 at (j % 8) ^ (key % 8).
       const uint32_t ds_buf = base + L::kDS + (step_it & 1) * L::kDSBytes;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < kNQ; ++j) {
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi) {
-          const uint32_t addr = ds_buf + ds_row + hi * 8 * 128 + ((j ^ g) << 4);
+          const uint32_t addr = ds_buf + (j >> 3) * L::kDsSlab + ds_row + hi * 8 * 128 + (((j & 7) ^ g) << 4);
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dsa[j >> 1][2 * (j & 1) + hi]) : "memory");
         }
       }
       fence_proxy_async_smem();
       named_bar_sync(1, L::kConsumerThreads);  // dS^T of both warpgroups in shared memory
       wg_wait<0>();  // dV done: P^T's registers are free before the dQ accumulators become live
-      // dQ (columns c kD/2 ..) = dS K (A = dS^T tile M-major, B = K N-major, 8 k16 steps),
-      // then dK += dS^T Q (A from registers), which runs while dQ goes to shared memory.
-      float dq[kD / 16][4];
+      // dQ (64-row tiles: columns c kD/2 ..; the wide tile: rows 64c ..) = dS K (A = dS^T slab
+      // M-major, B = K N-major, 8 k16 steps), then dK += dS^T Q (A from registers), which runs
+      // while dQ goes to shared memory.
+      float dq[L::kDqN / 8][4];
       wg_fence();
 #pragma unroll
       for (int kk = 0; kk < L::kBlockK / 16; ++kk) {
-        wgmma_ss_tnspab<kD / 2, E>(dq, smem_desc(ds_buf + kk * 2048, L::kDSBytes, 1024),
+        wgmma_ss_tnspab<L::kDqN, E>(dq, smem_desc(ds_buf + ds_slab + kk * 2048, L::kDsSlab, 1024),
                       smem_desc(kq_tile + kk * 2048, L::kSlabK, 1024), kk > 0);
       }
       wg_commit();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wgmma_rs_tnspb<kD, E>(dk, dsa[kk], smem_desc(q_tile + kk * 2048, L::kSlabQ, 1024));
+      for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dk, dsa[kk], smem_desc(q_tile + kk * 2048, L::kSlabQ, 1024));
       wg_commit();
       wg_wait<1>();  // dQ done (dK may still run)
       reg_fence(dq);
       // dQ tile to shared memory for the writer, in register order (dq_tile_offset_sm90).
       mbar_wait(bars + L::kDqEmpty, (step_it & 1) ^ 1);
 #pragma unroll
-      for (int j = 0; j < kD / 16; ++j) {
-        *reinterpret_cast<float4*>(s_dq + ((c * (kD / 16) + j) * 128 + t) * 4) =
+      for (int j = 0; j < L::kDqN / 8; ++j) {
+        *reinterpret_cast<float4*>(s_dq + ((c * (L::kDqN / 8) + j) * 128 + t) * 4) =
             make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
       }
       if (t == 0 && c == 0) {
@@ -1022,10 +1074,10 @@ __device__ __forceinline__ void bwd_consumer_cols(const BwdParams& p, uint32_t b
 // The kernel body of mask source Src (PlanSourceBwdSm90: flex; AnalyticSourceBwdSm90: SDPA, the
 // key-split (64, 64) / (128, 128) kernels only).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-template <int kD, class E, int kDv, class Src>
+template <int kD, class E, int kDv, class Src, int kBq = 64>
 __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v, const CUtensorMap* tm_do) {
-  using L = BwdSm90Layout<kD, kDv>;
+  using L = BwdSm90Layout<kD, kDv, kBq>;
   static_assert(!Src::kAnalytic || (!L::kColSplit && L::kBlockQ == 64 && L::kBlockK == 128),
                 "the analytic source runs the key-split kernels (AnalyticSourceBwdSm90's tile)");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
@@ -1077,7 +1129,7 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
   if constexpr (L::kColSplit) {
     bwd_consumer_cols<kD, kDv, E>(p, base, smem);
   } else {
-    bwd_consumer<kD, E, Src>(p, base, smem);
+    bwd_consumer<kD, E, Src, kBq>(p, base, smem);
   }
 }
 #endif
@@ -1085,14 +1137,14 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
 // The kernel. Built for every target; the body exists only for sm_90a (the host checks the
 // loaded binary's version before choosing this family: launch_fwd_sm90.cu, device_supported).
 // Head dims (kD, kDv): (64, 64), (128, 128) (key-split consumers), (192, 128), (256, 256)
-// (column-split consumers).
-template <int kD, class E, int kDv = kD>
-__global__ void __launch_bounds__(BwdSm90Layout<kD, kDv>::kThreads, 1)
+// (column-split consumers); kBq = 128: (64, 64) on the wide tile (key-split consumers).
+template <int kD, class E, int kDv = kD, int kBq = 64>
+__global__ void __launch_bounds__(BwdSm90Layout<kD, kDv, kBq>::kThreads, 1)
     flex_bwd_kernel_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                          const __grid_constant__ CUtensorMap tm_do) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  bwd_sm90_body<kD, E, kDv, PlanSourceBwdSm90>(p, &tm_q, &tm_k, &tm_v, &tm_do);
+  bwd_sm90_body<kD, E, kDv, PlanSourceBwdSm90, kBq>(p, &tm_q, &tm_k, &tm_v, &tm_do);
 #else
   // No sm_90a code in this image: never launched (the host checks the binary version).
   __trap();
@@ -1115,13 +1167,12 @@ __global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
 }
 
 // dq = scale * dq_accum from the sm90 backward's tiles (one per (query head, global query
-// block), dq_tile_offset_sm90) in the input dtype. One warp per (query row, head), grid-stride
-// over the Hq * total_q units, as the shared convert (bwd_prepost.cuh).
-template <int kD, class E>
+// block), kBq x kD, dq_tile_offset_sm90) in the input dtype. One warp per (query row, head),
+// grid-stride over the Hq * total_q units, as the shared convert (bwd_prepost.cuh). kBq: the
+// plan's backward query block (64, or 128 on the wide tile of (64, 64)).
+template <int kD, class E, int kBq = 64>
 __global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel_sm90(const BwdParams p) {
   using Elem = typename E::Storage;
-  constexpr int kBq = sm90::kTileSm90.bwd_bq;  // every sm90 backward tile has 64 query rows
-  static_assert(kBq == BwdSm90Layout<128>::kBlockQ && kBq == BwdSm90Layout<256, 256>::kBlockQ, "64-row dQ tiles");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t units = int64_t(p.num_heads_q) * p.total_q;
   for (int64_t w = int64_t(blockIdx.x) * 8 + warp; w < units; w += int64_t(gridDim.x) * 8) {
@@ -1137,7 +1188,7 @@ __global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel_sm90(const Bwd
     Elem* dst = static_cast<Elem*>(p.dq) + qr.b * p.dqa.batch_stride + qr.row * p.dqa.row_stride + h * p.dqa.head_stride;
 #pragma unroll
     for (int d = 2 * lane; d < kD; d += 64) {
-      const float2 x = *reinterpret_cast<const float2*>(src + dq_tile_offset_sm90<kD>(rr, d));
+      const float2 x = *reinterpret_cast<const float2*>(src + dq_tile_offset_sm90<kD, kBq>(rr, d));
       *reinterpret_cast<uint32_t*>(dst + d) = kern::pack2<E>(x.x * p.scale, x.y * p.scale);
     }
   }

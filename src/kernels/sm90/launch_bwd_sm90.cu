@@ -1,13 +1,12 @@
 // Instantiations and launch of the sm90 flex backward (kernel_bwd_sm90.cuh): head dims
-// {(64, 64), (128, 128), (192, 128), (256, 256)} x {fp16, bf16}, deterministic or not (a runtime parameter); the shared preprocess / split schedule / convert kernels of
+// {(64, 64), (128, 128), (192, 128), (256, 256)} and (64, 64) on the wide 128 x 128 tile, x {fp16,
+// bf16}, deterministic or not (a runtime parameter); the shared preprocess / split schedule / convert kernels of
 // kernels/common (launch_bwd_common.h) around it; tensor maps of Q, K, V, dO encoded on the host
 // per call (no stream operation, so capture-safe).
 #include <cuda.h>
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "core/error.h"
 #include "kernels/common/grid.h"
@@ -24,11 +23,11 @@ namespace {
 
 // Persistent grid: one CTA per SM (shared memory allows one); with the split schedule every
 // CTA claims items from the list, otherwise CTA i runs tasks (or grid cells) i, i + grid, ...
-template <int kD, class E, int kDv = kD>
+template <int kD, class E, int kDv = kD, int kBq = 64>
 void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
              const CUtensorMap& mdo, cudaStream_t stream) {
-  using L = kern90::BwdSm90Layout<kD, kDv>;
-  auto kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv>;
+  using L = kern90::BwdSm90Layout<kD, kDv, kBq>;
+  auto kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kBq>;
   static std::atomic<uint64_t> smem_set{0};
   ensure_smem_limit(kernel, L::kBytes, smem_set, "flex backward (sm90): cudaFuncSetAttribute");
   static std::atomic<int> ctas_cache[64];
@@ -53,7 +52,6 @@ void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk
 }  // namespace
 
 namespace {
-std::atomic<int> g_bwd_override{-1};
 std::atomic<int64_t> g_bwd_launches{0};
 std::atomic<int64_t> g_sdpa_bwd_launches{0};
 }  // namespace
@@ -61,38 +59,18 @@ std::atomic<int64_t> g_sdpa_bwd_launches{0};
 int64_t bwd_launches() { return g_bwd_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_bwd_launches() { return g_sdpa_bwd_launches.load(std::memory_order_relaxed); }
 
-void set_bwd_enabled(int on) { g_bwd_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
-
-bool bwd_enabled() {
-  const int o = g_bwd_override.load(std::memory_order_relaxed);
-  if (o >= 0) return o == 1;
-  // On by default (checked on an H200: the GPU suite, compute-sanitizer, PERF_LOG v1.4);
-  // FLASHSPAN_SM90_BWD=0 keeps the portable sm80 backward for comparison.
-  static const bool on = [] {
-    const char* off = std::getenv("FLASHSPAN_SM90_BWD");
-    return !(off != nullptr && std::strcmp(off, "0") == 0);
-  }();
-  return on;
-}
-
-// FLASHSPAN_SM90_BWD_DETERMINISTIC=0 gives deterministic calls the sm80 backward (its separate
-// dQ kernel): the ordered dQ tiles are slower than it where every key block adds one tile at the
-// same walk position (longformer's global query rows, PERF_LOG v1.6).
-bool bwd_deterministic_enabled() {
-  static const bool on = [] {
-    const char* off = std::getenv("FLASHSPAN_SM90_BWD_DETERMINISTIC");
-    return !(off != nullptr && std::strcmp(off, "0") == 0);
-  }();
-  return on;
-}
+// bwd_enabled, bwd_deterministic_enabled, bwd_wide64_enabled and their overrides: plain host code
+// in dispatch/family.cpp (the family registry reads them when it picks a plan's backward tile, also
+// in builds that link no CUDA unit, such as tests/emu).
 
 bool bwd_config_supported(const FlexGeometry& g, bool deterministic) {
   return (g.dtype == DType::kFloat16 || g.dtype == DType::kBFloat16) &&
          bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v) && (!deterministic || bwd_deterministic_enabled());
 }
 
-int bwd_smem_bytes(int dqk, int dv) {
+int bwd_smem_bytes(int dqk, int dv, int bwd_bq, int bwd_bk) {
   if (!bwd_runs_head_dims_sm90(dqk, dv)) return 0;
+  if (bwd_wide_tile_sm90(dqk, dv, bwd_bq, bwd_bk)) return kern90::BwdSm90Layout<64, 64, 128>::kBytes;
   if (dqk == 192) return kern90::BwdSm90Layout<192, 128>::kBytes;
   if (dqk == 256) return kern90::BwdSm90Layout<256, 256>::kBytes;
   return dqk == 64 ? kern90::BwdSm90Layout<64>::kBytes : kern90::BwdSm90Layout<128>::kBytes;
@@ -100,7 +78,8 @@ int bwd_smem_bytes(int dqk, int dv) {
 
 void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& dout, DType dtype, int64_t total_q, cudaStream_t stream) {
-  const TileSm90 tile = tile_sm90(p.head_dqk, p.head_dv);
+  const bool wide = bwd_wide_tile_sm90(p.head_dqk, p.head_dv, p.view.block_q, p.view.block_k);
+  const TileSm90 tile = tile_sm90(p.head_dqk, p.head_dv, wide);
   FS_CHECK(bwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.view.block_q == tile.bwd_bq &&
                p.view.block_k == tile.bwd_bk,
            Status::kInternal, "sm90 backward: unsupported configuration reached the launcher (D ", p.head_dqk, "/",
@@ -122,6 +101,8 @@ void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& 
       run_bwd<192, E, 128>(p, mq, mk, mv, mdo, stream);
     } else if (p.head_dqk == 256) {
       run_bwd<256, E, 256>(p, mq, mk, mv, mdo, stream);
+    } else if (wide) {
+      run_bwd<64, E, 64, 128>(p, mq, mk, mv, mdo, stream);
     } else {
       d64 ? run_bwd<64, E>(p, mq, mk, mv, mdo, stream) : run_bwd<128, E>(p, mq, mk, mv, mdo, stream);
     }
@@ -134,6 +115,8 @@ void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& 
         kern90::flex_bwd_dq_convert_kernel_sm90<192, E><<<grid, 256, 0, stream>>>(p);
       } else if (p.head_dqk == 256) {
         kern90::flex_bwd_dq_convert_kernel_sm90<256, E><<<grid, 256, 0, stream>>>(p);
+      } else if (wide) {
+        kern90::flex_bwd_dq_convert_kernel_sm90<64, E, 128><<<grid, 256, 0, stream>>>(p);
       } else if (d64) {
         kern90::flex_bwd_dq_convert_kernel_sm90<64, E><<<grid, 256, 0, stream>>>(p);
       } else {

@@ -56,6 +56,9 @@ bool bwd_enabled();
 // Overrides bwd_enabled() for this process (tests and benchmarks): 1 on, 0 off, -1 back to the
 // environment's answer.
 void set_bwd_enabled(int on);
+// Whether deterministic calls may take the sm90 backward: yes unless
+// FLASHSPAN_SM90_BWD_DETERMINISTIC=0 (then they run the sm80 backward; read once).
+bool bwd_deterministic_enabled();
 // Calls of launch_bwd_sm90 in this process so far (tests check that the sm90 backward ran).
 int64_t bwd_launches();
 
@@ -64,8 +67,18 @@ int64_t bwd_launches();
 // deterministic or not (deterministic unless FLASHSPAN_SM90_BWD_DETERMINISTIC=0).
 bool bwd_config_supported(const FlexGeometry& g, bool deterministic);
 
-// Dynamic shared memory of the sm90 backward for these head dims (bytes; 0 when it has none).
-int bwd_smem_bytes(int dqk, int dv);
+// Dynamic shared memory of the sm90 backward for these head dims on the plan's backward tile
+// bwd_bq x bwd_bk (bytes; 0 when it has none).
+int bwd_smem_bytes(int dqk, int dv, int bwd_bq, int bwd_bk);
+
+// Whether (64, 64) plans of the sm90 family get the wide 128 x 128 backward tile
+// (tile_sm90.h kTileSm90Wide64; consumer_sm90 in family.cpp asks here): yes unless
+// FLASHSPAN_SM90_BWD_WIDE64=0 (read once), and only while bwd_enabled() and the deterministic
+// switch (FLASHSPAN_SM90_BWD_DETERMINISTIC) are on, since only the sm90 backward runs that tile.
+// set_bwd_wide64_enabled overrides the environment for this process (tests: 1 on, 0 off, -1
+// back to the environment's answer; a plan keeps the tile it was built with).
+bool bwd_wide64_enabled();
+void set_bwd_wide64_enabled(int on);
 
 // Enqueues the sm90 backward (preprocess, dK/dV + dQ kernel, split schedule and converts): p as
 // launch_flex_bwd fills it (backward view of a consumer_for(90) plan, dq_blocked = 1; the split
