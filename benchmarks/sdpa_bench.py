@@ -10,8 +10,8 @@ Routes of ``flashspan.sdpa``, all timed in this one process:
               kernels with the analytic mask (docs/SDPA.md);
   native80    the same with ``FLASHSPAN_KERNEL_FAMILY=sm80``: forward and backward on the sm80 analytic kernels.
 sdpa_lowering reads ``FLASHSPAN_EXPERIMENTAL`` per call and the C layer reads ``FLASHSPAN_KERNEL_FAMILY`` per call,
-so the script switches routes by setting them around each call; the C layer's switch for the sm90 SDPA forward
-(``FLASHSPAN_EXPERIMENTAL=1`` when the library is loaded) is set here before flashspan is imported.
+so the script switches routes by setting them around each call (the C layer reads ``FLASHSPAN_EXPERIMENTAL`` per
+call too, for its sm90 SDPA kernels and paged K/V).
 
 Timing: flashspan.bench.timing.Timer (CUDA events around each call, 256 MB written between calls to flush L2,
 warm-up calls first, median). Forward under ``torch.no_grad()`` without stats; backward:
@@ -36,19 +36,12 @@ import math
 import os
 import sys
 
-os.environ.setdefault("FLASHSPAN_EXPERIMENTAL", "1")  # before the library loads: the sm90 SDPA forward's switch
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import flashspan  # noqa: E402
-from flashspan import _lib  # noqa: E402
 from flashspan.bench.timing import Timer, tflops  # noqa: E402
-
-# Load the library now, while FLASHSPAN_EXPERIMENTAL=1: it is loaded lazily at the first call otherwise, and
-# the first call is the flex route's, with the variable set to 0 (route_env), which leaves the sm90 SDPA
-# forward off for the process (the first GPU run's native90 column measured the sm80 kernel).
-_lib.lib()
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 from criteria import check_tensor  # noqa: E402  (the tests' one error criterion)

@@ -16,12 +16,8 @@ namespace flashspan {
 namespace {
 std::atomic<int> g_sdpa_sm90_override{-1};
 std::atomic<int> g_sdpa_bwd_sm90_override{-1};
-// Experimental until the GPU suite has passed with it: FLASHSPAN_EXPERIMENTAL=1, read once when
-// the library is loaded (as for the sm90 packed GQA forward, launch_fwd_sm90.cu).
-const bool g_sdpa_sm90_env = [] {
-  const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
-  return e != nullptr && std::strcmp(e, "1") == 0;
-}();
+// Experimental until the GPU suite has passed with them: FLASHSPAN_EXPERIMENTAL=1, read per call
+// (experimental_from_env), as the Python route reads it.
 }  // namespace
 
 namespace {
@@ -75,7 +71,7 @@ void set_sdpa_fwd_sm90_enabled(int on) {
 bool sdpa_fwd_sm90_enabled() {
   const int o = g_sdpa_sm90_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
-  return g_sdpa_sm90_env && kernel_family_from_env() == 90;
+  return experimental_from_env() && kernel_family_from_env() == 90;
 }
 
 void set_sdpa_bwd_sm90_enabled(int on) {
@@ -85,7 +81,7 @@ void set_sdpa_bwd_sm90_enabled(int on) {
 bool sdpa_bwd_sm90_enabled() {
   const int o = g_sdpa_bwd_sm90_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
-  return g_sdpa_sm90_env && kernel_family_from_env() == 90;
+  return experimental_from_env() && kernel_family_from_env() == 90;
 }
 
 bool sdpa_bwd_runs_sm90(const sdpa::Problem& p) {

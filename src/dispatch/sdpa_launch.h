@@ -62,7 +62,7 @@ SdpaPagedFwdParams sdpa_paged_fwd_params(const sdpa::Problem& p);
 // sdpa_fwd_sm90_refusal: nullptr when the sm90 forward covers the call (fp16 / bf16, head dims
 // multiples of 8 up to 128, H_k = H_v, q / k / v / o / stats padded or dense, no score modifier,
 // sink, gate, score_max / score_sum_exp, block_mask, bias, dropout or paged K/V), else the first
-// thing it does not cover. sdpa_fwd_sm90_enabled: FLASHSPAN_EXPERIMENTAL=1 (read at load) and
+// thing it does not cover. sdpa_fwd_sm90_enabled: FLASHSPAN_EXPERIMENTAL=1 (read per call) and
 // FLASHSPAN_KERNEL_FAMILY not sm80, unless set_sdpa_fwd_sm90_enabled overrides it (tests: 1 on,
 // 0 off, -1 back to the environment's answer).
 const char* sdpa_fwd_sm90_refusal(const sdpa::Problem& p);
