@@ -369,12 +369,14 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
 // before the wait: ISETP + BRA a step. Measured (PERF_LOG v2.3): (128, 128) +2.5-3.3 % (causal
 // S=32768 676 -> 698), (64, 64) -2.6-3.5 %, so on for the (128, 128) kernel only ((192, 128),
 // (256, 256) not measured: off). FLASHSPAN_SM90_FWD_SOFTMAX_FIRST=0 (build-time) turns it off.
+// =2 turns it on for every head dims (for measurements).
 #ifndef FLASHSPAN_SM90_FWD_SOFTMAX_FIRST
 #define FLASHSPAN_SM90_FWD_SOFTMAX_FIRST 1
 #endif
 template <class L>
 __device__ __forceinline__ void softmax_before_wait([[maybe_unused]] int kb) {
-  if constexpr (FLASHSPAN_SM90_FWD_SOFTMAX_FIRST && L::kTile.dqk_tile == 128 && L::kTile.dv_tile == 128) {
+  if constexpr (FLASHSPAN_SM90_FWD_SOFTMAX_FIRST == 2 ||
+                (FLASHSPAN_SM90_FWD_SOFTMAX_FIRST && L::kTile.dqk_tile == 128 && L::kTile.dv_tile == 128)) {
     if (kb < 0) __trap();
   }
 }
