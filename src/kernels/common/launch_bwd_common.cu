@@ -40,7 +40,12 @@ void launch_bwd_split_schedule(const BwdParams& p, cudaStream_t stream) {
   kern::flex_bwd_split_count_kernel<<<grid_1d((int64_t(tasks) + 255) / 256, "flex backward split count"), 256, 0,
                                       stream>>>(p);
   check_launch("flex backward split count");
-  kern::split_scan_kernel<false><<<1, kern::kSplitScanThreads, 0, stream>>>(p.split);
+  if (p.deterministic) {
+    // One slot per item and a chunk of the plan alone (bwd_split.cuh, deterministic form).
+    kern::split_scan_kernel<true, true><<<1, kern::kSplitScanThreads, 0, stream>>>(p.split);
+  } else {
+    kern::split_scan_kernel<false><<<1, kern::kSplitScanThreads, 0, stream>>>(p.split);
+  }
   check_launch("flex backward split scan");
   kern::flex_bwd_split_items_kernel<<<tasks, 256, 0, stream>>>(p);
   check_launch("flex backward split items");

@@ -3,7 +3,8 @@
 // (sm80::launch_bwd_sm80, sm90::launch_bwd_sm90) around its dK/dV kernel:
 //   launch_bwd_preprocess     clears dq_accum (atomic dQ path, either layout), D and lse2 into the workspace
 //   launch_bwd_split_schedule count, scan and item list of the dK/dV split schedule
-//                             (p.split.num_ctas: the family's persistent grid)
+//                             (p.split.num_ctas: the family's persistent grid; p.deterministic:
+//                             the deterministic form of bwd_split.cuh, which ignores it)
 //   launch_bwd_split_convert  dk / dv rows of the split tasks from their fp32 slots
 //   launch_bwd_dq_convert     dq = scale * dq_accum (atomic dQ path)
 #pragma once

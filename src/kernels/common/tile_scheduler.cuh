@@ -2,7 +2,9 @@
 // runs next -- a block of the plan's view (query block forward, key block backward), its head
 // and sample, and the range of its walk -- from one of the three sources of QkvParams:
 //   split items  (split_schedule = 1): the split schedule's item list (split_schedule.cuh),
-//                claimed in list order with its atomic counter;
+//                claimed in list order with its atomic counter; its tasks are the view's
+//                tasks, or with grid_mode every cell in descending block order
+//                (cell_descending, the deterministic sm90 backward);
 //   grid cells   (grid_mode = 1): (block, head) over every block of every sample, for task
 //                lists that omit blocks (folded as grid.h's grids: block fastest);
 //   tasks        (otherwise): the view's task list, in its cost order;
@@ -81,41 +83,55 @@ struct TileScheduler {
     return WorkItem{gb - __ldg(block_start + b), int(i / num_blocks), b, 0, WorkItem::kWholeWalk, -1};
   }
   // The whole walk of cell i in descending block order, heads fastest: block num_blocks - 1 -
-  // i / heads of head i % heads (the deterministic sm90 backward: a key block's dQ tiles wait
-  // for the larger key blocks, which this order starts first). None past the grid.
+  // i / heads of head i % heads (the deterministic sm90 backward's split tasks: a key block's dQ
+  // tiles wait for the larger key blocks, which this order starts first). None past the grid.
   __device__ __forceinline__ WorkItem cell_descending(int64_t i) const {
     if (i >= num_blocks * heads) return none();
     const int gb = int(num_blocks - 1 - i / heads);
     const int b = find_block_owner(block_start, batch, gb);
     return WorkItem{gb - __ldg(block_start + b), int(i % heads), b, 0, WorkItem::kWholeWalk, -1};
   }
-  // Item i of the split schedule's list (i < its item count).
+  // Task t of the split schedule (its whole walk): the view's task t, or with grid_mode the
+  // descending cell t (cell_descending: the deterministic sm90 backward's split schedule, whose
+  // task list is every cell in the order its dQ tiles are added). None past the list.
+  __device__ __forceinline__ WorkItem split_task(int64_t t) const { return grid_mode ? cell_descending(t) : task(t); }
+  // Item i of the split schedule's list (i < its item count), its tasks the view's tasks.
   __device__ __forceinline__ WorkItem split_item(int i) const {
     const int4 x = reinterpret_cast<const int4*>(items)[i];
     const Task k = load_task(tasks, x.x);
     return WorkItem{k.block, k.head, k.batch, x.y, x.z - x.y, x.w};
   }
-  // The next unclaimed item of the split list (one thread claims it); none once it is exhausted.
-  __device__ __forceinline__ WorkItem claim() const {
+  // Item i of a split list whose tasks are the descending cells (grid_mode): steps [begin, end)
+  // of cell_descending(task).
+  __device__ __forceinline__ WorkItem split_cell_item(int i) const {
+    const int4 x = reinterpret_cast<const int4*>(items)[i];
+    WorkItem w = cell_descending(x.x);
+    w.begin = x.y;
+    w.count = x.z - x.y;
+    w.slot = x.w;
+    return w;
+  }
+  // Index of the next unclaimed item of the split list (one thread claims it), -1 once it is
+  // exhausted. Claims rise in list order over the whole grid.
+  __device__ __forceinline__ int claim_index() const {
     const int i = atomicAdd(hdr + SplitSchedule::kCounter, 1);
-    if (i >= hdr[SplitSchedule::kTotal]) return none();
-    return split_item(i);
+    return i < hdr[SplitSchedule::kTotal] ? i : -1;
+  }
+  // The next unclaimed item of the split list; none once it is exhausted.
+  __device__ __forceinline__ WorkItem claim() const {
+    const int i = claim_index();
+    return i < 0 ? none() : split_item(i);
+  }
+  // The same over a list of descending cells (the deterministic sm90 backward).
+  __device__ __forceinline__ WorkItem claim_cells() const {
+    const int i = claim_index();
+    return i < 0 ? none() : split_cell_item(i);
   }
   // Item n of this CTA of a persistent grid (n = 0, 1, ...; one thread asks).
   __device__ __forceinline__ WorkItem next(uint32_t n) const {
     if (split_schedule) return claim();
     const int64_t i = int64_t(blockIdx.x) + int64_t(n) * gridDim.x;
     return grid_mode ? cell(i) : task(i);
-  }
-  // Item n of this CTA in the descending cell order (cell_descending), one wave of gridDim.x
-  // cells at a time, the CTAs taking a wave's cells forwards on even waves and backwards on odd
-  // ones (snake): causal walks grow with the cell index, so a plain stride would give the last
-  // CTA the longest cell of every wave (+25 % work at S = 32K causal). A CTA's cells still rise
-  // in index, so the lowest unfinished cell's CTA is always running it: waits on lower cells
-  // (larger blocks) cannot deadlock.
-  __device__ __forceinline__ WorkItem next_descending(uint32_t n) const {
-    const int64_t lane = (n & 1) ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
-    return cell_descending(int64_t(n) * gridDim.x + lane);
   }
 };
 
