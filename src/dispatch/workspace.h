@@ -120,11 +120,16 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, const Plan
     // The sm90 backward's deterministic path: the tiles, one counter per tile (dq_sem) and the
     // split schedule's deterministic form (one slot per item, bwd_split.cuh); the sm80 family's
     // dQ kernel needs none of them.
-    if (sm90 && sm90::bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v)) {
-      w.dq_accum = off;
-      off += ws_align(dq_tiles);
-      w.dq_sem = off;
-      off += ws_align(sizeof(int32_t) * size_t(g.num_heads_q) * size_t(max_q_blocks));
+    // (No query rows: no tiles or counters, but the split schedule still runs the cells, which
+    // write dK = dV = 0.)
+    if (sig.consumer.arch == 90 && sig.consumer.bwd_block_q > 0 &&
+        sm90::bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v)) {
+      if (sm90) {
+        w.dq_accum = off;
+        off += ws_align(dq_tiles);
+        w.dq_sem = off;
+        off += ws_align(sizeof(int32_t) * size_t(g.num_heads_q) * size_t(max_q_blocks));
+      }
       take_split(true);
     }
     w.total = off;

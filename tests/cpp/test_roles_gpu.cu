@@ -5,7 +5,8 @@
 //   RolesGpu.PlanPayloadMask  kern::PlanPayloadMask + AccFragment (and Variant::logits) against
 //                             the host payload layout (payload_layout.h).
 //   RolesGpu.TileScheduler*   task / grid-cell / descending-cell orders, next(), split-item
-//                             claims over tasks (claim) and over descending cells (claim_cells).
+//                             claims (claim), snake waves over a split list of descending cells
+//                             (next_cell_item, the deterministic sm90 backward).
 //   RolesGpu.K2QWalk*         K2QWalk and K2QWalkAscending: the same pairs, the latter ascending
 //                             per head; seek(begin) + count slices.
 // They skip (GTEST_SKIP) when no GPU is visible, like every GPU test.
@@ -336,12 +337,12 @@ __global__ void sched_direct_kernel(kern::TileScheduler ts, int mode, int n, int
   o[0] = w.block, o[1] = w.head, o[2] = w.batch, o[3] = w.begin, o[4] = w.count, o[5] = w.slot;
 }
 
-// Persistent order: CTA blockIdx.x asks next(n) (cells: claim_cells()) for n = 0, 1, ... until
+// Persistent order: CTA blockIdx.x asks next(n) (cells: next_cell_item(n)) for n = 0, 1, ... until
 // none; writes {n, item} rows at out[(blockIdx.x * max_n + n) * 7].
 __global__ void sched_next_kernel(kern::TileScheduler ts, int cells, int max_n, int* out) {
   if (threadIdx.x != 0) return;
   for (int n = 0; n < max_n; ++n) {
-    const kern::WorkItem w = cells ? ts.claim_cells() : ts.next(uint32_t(n));
+    const kern::WorkItem w = cells ? ts.next_cell_item(uint32_t(n)) : ts.next(uint32_t(n));
     int* o = out + (int64_t(blockIdx.x) * max_n + n) * 7;
     o[0] = n, o[1] = w.block, o[2] = w.head, o[3] = w.batch, o[4] = w.begin, o[5] = w.count, o[6] = w.slot;
     if (w.block < 0) break;
@@ -387,11 +388,16 @@ TEST(RolesGpu, TileSchedulerNextOrders) {
   DevVec<int32_t> tasks(c.tasks), starts(c.block_start), items(c.items);
   const int n_cells = int(c.num_blocks * c.heads);
   for (int grid : {1, 4, 7, 64}) {
-    for (int kind = 0; kind < 2; ++kind) {  // 0: next over tasks, 1: next over cells
-      const kern::TileScheduler ts = make_sched(c, tasks, starts, nullptr, items, 0, kind == 1);
-      const int max_n = std::max(c.num_tasks(), n_cells) / grid + 2;
+    // 0: next over tasks, 1: next over cells, 2: next_cell_item over a split list of descending
+    // cells (snake waves)
+    for (int kind = 0; kind < 3; ++kind) {
+      std::vector<int32_t> hdr0(SplitSchedule::kHdrInts, 0);
+      hdr0[SplitSchedule::kTotal] = c.num_items();
+      DevVec<int32_t> hdr(hdr0);
+      const kern::TileScheduler ts = make_sched(c, tasks, starts, &hdr, items, kind == 2, kind >= 1);
+      const int max_n = std::max({c.num_tasks(), n_cells, c.num_items()}) / grid + 2;
       DevVec<int> out(size_t(7) * grid * max_n, -7);
-      sched_next_kernel<<<grid, 32>>>(ts, 0, max_n, out.ptr());
+      sched_next_kernel<<<grid, 32>>>(ts, kind == 2, max_n, out.ptr());
       sync_ok("sched_next_kernel");
       const std::vector<int> h = out.get();
       std::multiset<int64_t> seen;  // source index of every item handed out
@@ -400,8 +406,12 @@ TEST(RolesGpu, TileSchedulerNextOrders) {
         for (int n = 0; n < max_n; ++n) {
           const int* o = &h[(size_t(cta) * max_n + n) * 7];
           // The host index of item n of this CTA.
-          const int64_t idx = int64_t(cta) + int64_t(n) * grid;
-          const SchedCase::Item want = kind == 0 ? c.task(idx) : c.cell(idx);
+          int64_t idx = int64_t(cta) + int64_t(n) * grid;
+          if (kind == 2) idx = int64_t(n) * grid + ((n & 1) ? grid - 1 - cta : cta);  // snake waves
+          const SchedCase::Item want = kind == 0   ? c.task(idx)
+                                       : kind == 1 ? c.cell(idx)
+                                       : idx < c.num_items() ? c.split_cell_item(int(idx))
+                                                             : SchedCase::none();
           SCOPED_TRACE(testing::Message() << "grid " << grid << " kind " << kind << " cta " << cta << " n " << n);
           ASSERT_EQ(o[0], n);
           for (int k = 0; k < 6; ++k) EXPECT_EQ(o[1 + k], want[k]) << "field " << k;
@@ -412,7 +422,7 @@ TEST(RolesGpu, TileSchedulerNextOrders) {
         }
       }
       // Every task / cell handed out exactly once.
-      const int total = kind == 0 ? c.num_tasks() : n_cells;
+      const int total = kind == 0 ? c.num_tasks() : kind == 1 ? n_cells : c.num_items();
       ASSERT_EQ(int(seen.size()), total) << "grid " << grid << " kind " << kind;
       for (int i = 0; i < total; ++i) EXPECT_EQ(seen.count(i), 1u) << "grid " << grid << " kind " << kind << " " << i;
     }
@@ -423,22 +433,20 @@ TEST(RolesGpu, TileSchedulerSplitClaims) {
   REQUIRE_GPU();
   const SchedCase c;
   DevVec<int32_t> tasks(c.tasks), starts(c.block_start), items(c.items);
-  for (int grid_cells : {0, 1, 2, 3, 4, 5}) {  // claim() over tasks, claim_cells() over descending cells
-    const int grid = grid_cells % 3 == 0 ? 1 : grid_cells % 3 == 1 ? 3 : 16;
-    const int cells = grid_cells / 3;
+  for (int grid : {1, 3, 16}) {
     std::vector<int32_t> hdr0(SplitSchedule::kHdrInts, 0);
     hdr0[SplitSchedule::kTotal] = c.num_items();
     hdr0[SplitSchedule::kCounter] = 0;
     DevVec<int32_t> hdr(hdr0);
-    const kern::TileScheduler ts = make_sched(c, tasks, starts, &hdr, items, 1, cells);
+    const kern::TileScheduler ts = make_sched(c, tasks, starts, &hdr, items, 1, 0);
     const int max_n = c.num_items() + 2;
     DevVec<int> out(size_t(7) * grid * max_n, -7);
-    sched_next_kernel<<<grid, 32>>>(ts, cells, max_n, out.ptr());
+    sched_next_kernel<<<grid, 32>>>(ts, 0, max_n, out.ptr());
     sync_ok("sched_next_kernel (split)");
     const std::vector<int> h = out.get();
     // Every item claimed exactly once, each CTA's claims in list order, each one split_item(i).
     std::map<std::array<int, 6>, int> want;
-    for (int i = 0; i < c.num_items(); ++i) ++want[cells ? c.split_cell_item(i) : c.split_item(i)];
+    for (int i = 0; i < c.num_items(); ++i) ++want[c.split_item(i)];
     std::map<std::array<int, 6>, int> got;
     int claimed = 0;
     for (int cta = 0; cta < grid; ++cta) {

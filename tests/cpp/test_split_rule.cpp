@@ -193,6 +193,10 @@ TEST(SplitRule, PlanOnlyOnRealPlans) {
     EXPECT_GT(p.split_tasks, 0) << "chunk " << p.chunk << " above " << p.above;
   }
   {
+    const PlanOnlySchedule p = plan_only(plan_cells("sink_local", 1024, 2, 1));  // BwdSanitizerSmall
+    EXPECT_GT(p.split_tasks, 0) << "chunk " << p.chunk << " above " << p.above;
+  }
+  {
     const PlanOnlySchedule p = plan_only(plan_cells("longformer", 4096, 2, 1));
     EXPECT_GT(p.split_tasks, 0) << "chunk " << p.chunk << " above " << p.above;
   }

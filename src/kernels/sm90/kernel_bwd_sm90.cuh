@@ -36,11 +36,12 @@
 //   Deterministic (p.deterministic, bitwise reproducible across runs and GPUs): the split
 //     schedule in its deterministic form (bwd_split.cuh): its tasks are every grid cell (key
 //     block, kv head) in descending key-block order, heads fastest (cell_descending); a walk
-//     far longer than the mean (split_rule.h, a cut of the plan alone) is cut into items of disjoint
-//     step ranges, each of which adds its dK / dV partial sums into a slot of its own (zeroed, so
-//     the one addition is exact) that the convert sums in item order; the producer claims the
-//     items in list order (TileScheduler::claim_cells); each walk runs in ascending query-block
-//     order (K2QWalkAscending). The writer adds a dQ tile only once the tile's counter
+//     far longer than the mean (split_rule.h, a cut of the plan alone) is cut into items of
+//     disjoint step ranges, each of which adds its dK / dV partial sums into a slot of its own
+//     (zeroed, so the one addition is exact) that the convert sums in item order; the CTAs take
+//     the items in snake waves (TileScheduler::next_cell_item: CTA i's items rise in index);
+//     each walk runs in ascending query-block order (K2QWalkAscending, whose seek positions a
+//     split item without walking its first steps). The writer adds a dQ tile only once the tile's counter
 //     (p.dq_sem) equals the number of key blocks after its own in the tile's Q2K row
 //     (dq_order_rank, computed ahead by warp 2 of WG0, the dQ order warp, which walks the items'
 //     K2Q pairs as the producer does), then waits for the addition to be written and increments
@@ -50,13 +51,12 @@
 //     it. This is the order in which causal-like walks reach a query block anyway (a key block's
 //     walk starts at its diagonal, so larger key blocks arrive first), as FlashAttention-3's
 //     deterministic causal backward orders it.
-//     No deadlock: claims rise in list order over the whole grid and a CTA runs its items in
-//     the order it claimed them. Take the lowest-numbered unfinished item X (finished: its
-//     writer has released its last addition). Every item before X was claimed before it and is
-//     finished, so X's CTA has finished its earlier items and is running X (one CTA per SM, all
-//     resident: the grid is the persistent one). X's steps wait only on additions of larger key
-//     blocks, whose items precede X in the list (descending cells) and are finished; its
-//     producer and consumers wait only on roles of their own CTA. So X finishes.
+//     No deadlock: a CTA runs its items in rising list order, and every CTA is resident (one
+//     per SM, the persistent grid). Take the lowest-numbered unfinished item X (finished: its
+//     writer has released its last addition). X's CTA has finished its earlier (lower) items, so
+//     it is running X. X's steps wait only on additions of larger key blocks, whose items
+//     precede X in the list (descending cells) and are finished; its producer and consumers
+//     wait only on roles of their own CTA. So X finishes.
 //     Unordered (FLASHSPAN_SM90_BWD_DET_UNORDERED=1, a measurement switch, not deterministic):
 //     p.dq_sem = nullptr: the same schedule with neither the counter waits nor the dQ order warp.
 //   WG1, WG2, the consumers (setmaxnreg 240): warpgroup c owns keys 64c .. 64c+63 of the key
@@ -273,7 +273,7 @@ __device__ __forceinline__ BwdItem next_bwd_item(const BwdParams& p, uint32_t it
   kern::WorkItem w = kern::TileScheduler::none();
   if (lane == 0) {
     const kern::TileScheduler sched = kern::TileScheduler::backward(p);
-    w = p.deterministic ? sched.claim_cells() : sched.next(item_it);
+    w = p.deterministic ? sched.next_cell_item(item_it) : sched.next(item_it);
   }
   w.block = __shfl_sync(0xffffffffu, w.block, 0);
   w.head = __shfl_sync(0xffffffffu, w.head, 0);
