@@ -2344,6 +2344,13 @@ struct Sm90BwdOn {
   ~Sm90BwdOn() { sm90::set_bwd_enabled(-1); }
 };
 
+// The deterministic sm90 backward's cut of long walks (experimental: FLASHSPAN_EXPERIMENTAL=1)
+// switched on in-process.
+struct Sm90DetSplitOn {
+  Sm90DetSplitOn() { sm90::set_bwd_det_split(1); }
+  ~Sm90DetSplitOn() { sm90::set_bwd_det_split(-1); }
+};
+
 void run_case_sm90_bwd(const Case& c) {
   ASSERT_TRUE(c.backward && c.arch == 90 && sm90::bwd_runs_head_dims_sm90(c.h.dqk, c.h.dv)) << c.describe();
   const int64_t before = sm90::bwd_launches();
@@ -2514,9 +2521,10 @@ TEST(FlexGpuSm90, BwdSplitAndGrid) {
 }
 
 // The deterministic sm90 backward (dQ tiles added in descending key-block order through their
-// counters, long walks cut into items): random cases, the benchmark masks and split cells against
-// the reference, and dq / dk / dv bitwise identical over three runs of a causal GQA THD case with
-// long K2Q walks and of two cases with split cells.
+// counters; long walks cut into items when switched on): random cases and the benchmark masks
+// (default: no cut), split cells (cut on) against the reference, and dq / dk / dv bitwise
+// identical over three runs of a causal GQA THD case with long K2Q walks and of two cases with
+// split cells.
 TEST(FlexGpuSm90, BwdDeterministic) {
   REQUIRE_SM90();
   Sm90BwdOn on;
@@ -2536,9 +2544,11 @@ TEST(FlexGpuSm90, BwdDeterministic) {
     c.seed = ++seed;
     run_case_sm90_bwd(c);
   }
-  // Long walks cut into items (the split schedule's deterministic form): sink_local's key block
-  // 0 and longformer's global key blocks (test_split_rule.cpp checks these plans split), GQA
-  // groups, a THD sink_window case with uneven samples, D = 64; the header proves the split.
+  // Long walks cut into items (the split schedule's deterministic form, switched on here):
+  // sink_local's key block 0 and longformer's global key blocks (test_split_rule.cpp checks these
+  // plans split), GQA groups, a THD sink_window case with uneven samples, D = 64; the header
+  // proves the split. (Above: the default, every cell one item.)
+  Sm90DetSplitOn split_on;
   {
     Case c = split_case("sink_local", HeadConfig{4, 2, 1, 1, 128, 128, DType::kBFloat16}, 9960);
     c.arch = 90;
@@ -2640,6 +2650,7 @@ TEST(FlexGpuSm90, BwdSanitizerSmall) {
   run_case_sm90_bwd(e);
   // Deterministic with split cells (one slot per item; test_split_rule.cpp checks this plan
   // splits its key block 0).
+  Sm90DetSplitOn split_on;
   Case g = split_case("sink_local", HeadConfig{2, 1, 1, 1, 128, 128, DType::kBFloat16}, 9806);
   g.arch = 90;
   g.sq = 1024;

@@ -49,11 +49,14 @@ namespace flashspan::kern {
 // S. Chunk, item offsets and slots. One CTA of kSplitScanThreads; thread i owns the
 // contiguous task range [i * per, (i + 1) * per). kSlotPerItem: every item of a split task
 // gets its own slot (forward, deterministic backward), else one slot per split task
-// (non-deterministic backward). kPlanOnly: the chunk depends on the plan alone, not on
-// num_ctas (split_cut_plan_only: the deterministic backward).
+// (non-deterministic backward). kRule: kSplitPerGrid (split_chunk, for num_ctas),
+// kSplitPlanOnly (split_cut_plan_only: the deterministic backward), kSplitNone (every task one
+// item: the deterministic backward without FLASHSPAN_EXPERIMENTAL=1, launch_sm90.h).
 constexpr int kSplitScanThreads = 1024;
 
-template <bool kSlotPerItem, bool kPlanOnly = false>
+constexpr int kSplitPerGrid = 0, kSplitPlanOnly = 1, kSplitNone = 2;
+
+template <bool kSlotPerItem, int kRule = kSplitPerGrid>
 __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const SplitSchedule sp) {
   using Reduce = cub::BlockReduce<long long, kSplitScanThreads>;
   using Scan = cub::BlockScan<int, kSplitScanThreads>;
@@ -75,7 +78,7 @@ __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const Spl
   // split_rule.h: the per-grid rule, or the plan-only rule (its first cut, then the items of
   // split tasks under it summed over the block).
   SplitCut cut{};
-  if constexpr (kPlanOnly) {
+  if constexpr (kRule == kSplitPlanOnly) {
     const SplitCut first = split_cut_plan_only_first(total, n);
     long long at_first = 0;
     for (int t = t0; t < t1; ++t) {
@@ -88,6 +91,8 @@ __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const Spl
     __syncthreads();
     cut = split_cut_plan_only(total, n, first, s_total);
     __syncthreads();  // every thread has read s_total; tmp free for the scans
+  } else if constexpr (kRule == kSplitNone) {
+    cut = SplitCut{total + 1, total + 1};  // no task has more steps than the total
   } else {
     const long long chunk = split_chunk(total, n, sp.num_ctas);
     cut = SplitCut{chunk, chunk};

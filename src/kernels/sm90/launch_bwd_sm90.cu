@@ -36,7 +36,7 @@ void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk
   BwdParams p = p_in;
   if (p.split_schedule) {
     p.split.num_ctas = ctas;
-    launch_bwd_split_schedule(p, stream);
+    launch_bwd_split_schedule(p, stream, !p.deterministic || bwd_det_split_enabled());
     kernel<<<grid_1d(ctas, "flex backward (sm90), persistent"), L::kThreads, L::kBytes, stream>>>(p, mq, mk, mv, mdo);
     check_launch("flex backward (sm90), persistent");
     launch_bwd_split_convert(p, E::kDType, stream);
@@ -55,7 +55,20 @@ void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk
 namespace {
 std::atomic<int> g_bwd_override{-1};
 std::atomic<int64_t> g_bwd_launches{0};
+std::atomic<int> g_det_split_override{-1};
 }  // namespace
+
+void set_bwd_det_split(int on) { g_det_split_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+
+bool bwd_det_split_enabled() {
+  const int o = g_det_split_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  static const bool on = [] {
+    const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }();
+  return on;
+}
 
 int64_t bwd_launches() { return g_bwd_launches.load(std::memory_order_relaxed); }
 
