@@ -6,13 +6,12 @@ with a window of 4096 keys (``diagonal_band_left_bound=4096``: the diagonal and 
 Routes of ``flashspan.sdpa``, all timed in this one process:
   flex        the default CUDA route: the lowering onto flex plans (python/flashspan/sdpa_lowering.py; the flex
               forward runs the sm90 family on an H200), ``FLASHSPAN_EXPERIMENTAL`` unset for the call;
-  native90    the C layer's own SDPA operation (``FLASHSPAN_EXPERIMENTAL=1``): its forward on the sm90 kernel with
-              the analytic mask (docs/SDPA.md), its backward on the sm80 analytic kernels;
-  native80    the same with ``FLASHSPAN_KERNEL_FAMILY=sm80``: the forward on the sm80 analytic kernel.
+  native90    the C layer's own SDPA operation (``FLASHSPAN_EXPERIMENTAL=1``): its forward and backward on the sm90
+              kernels with the analytic mask (docs/SDPA.md);
+  native80    the same with ``FLASHSPAN_KERNEL_FAMILY=sm80``: forward and backward on the sm80 analytic kernels.
 sdpa_lowering reads ``FLASHSPAN_EXPERIMENTAL`` per call and the C layer reads ``FLASHSPAN_KERNEL_FAMILY`` per call,
-so the script switches routes by setting them around each call; the C layer's switch for the sm90 SDPA forward
-(``FLASHSPAN_EXPERIMENTAL=1`` when the library is loaded) is set here before flashspan is imported.
-The native backward is the same kernels under native90 and native80 (timed once, as "native").
+so the script switches routes by setting them around each call (the C layer reads ``FLASHSPAN_EXPERIMENTAL`` per
+call too, for its sm90 SDPA kernels and paged K/V).
 
 Timing: flashspan.bench.timing.Timer (CUDA events around each call, 256 MB written between calls to flush L2,
 warm-up calls first, median). Forward under ``torch.no_grad()`` without stats; backward:
@@ -37,19 +36,12 @@ import math
 import os
 import sys
 
-os.environ.setdefault("FLASHSPAN_EXPERIMENTAL", "1")  # before the library loads: the sm90 SDPA forward's switch
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import flashspan  # noqa: E402
-from flashspan import _lib  # noqa: E402
 from flashspan.bench.timing import Timer, tflops  # noqa: E402
-
-# Load the library now, while FLASHSPAN_EXPERIMENTAL=1: it is loaded lazily at the first call otherwise, and
-# the first call is the flex route's, with the variable set to 0 (route_env), which leaves the sm90 SDPA
-# forward off for the process (the first GPU run's native90 column measured the sm80 kernel).
-_lib.lib()
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 from criteria import check_tensor  # noqa: E402  (the tests' one error criterion)
@@ -146,8 +138,6 @@ def main() -> int:
                         first = timer.first_call(fwd)
                         outs[r] = fwd()
                         res[f"{r}_fwd"] = timer.measure(fwd, first)
-                    if r == "native80":
-                        continue  # the backward of native90's kernels
                     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
                     o = flashspan.sdpa(qg, kg, vg, attn_scale=scale, **ma)[0]
 
@@ -220,14 +210,14 @@ def table(rows, failures, args, B, H, D, dev) -> str:
         x = tflops(fl * mult, t.median_ms) if t is not None else None
         return "—" if x is None else f"{x:.0f}"
 
-    head = ("| S | mask | flex route fwd / bwd | native: sm90 fwd | native: sm80 fwd | native bwd | "
-            "cuDNN fwd / bwd | native90 fwd vs flex | vs cuDNN |")
+    head = ("| S | mask | flex route fwd / bwd | native90 fwd / bwd | native80 fwd / bwd | "
+            "cuDNN fwd / bwd | native90 vs flex fwd / bwd | native90 vs cuDNN fwd / bwd |")
     lines = [
         f"B={B} H={H} D={D} bf16 BHSD, TFLOP/s over visible pairs (bwd = 2.5x fwd FLOPs), median of {args.reps} "
         f"(L2 flushed), {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, torch {torch.__version__}",
         "",
         head,
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for s, mask, fl, res in rows:
         def ratio(a, b):
@@ -236,9 +226,11 @@ def table(rows, failures, args, B, H, D, dev) -> str:
 
         lines.append(
             f"| {s} | {mask} | {tf(res, 'flex_fwd', 1, fl)} / {tf(res, 'flex_bwd', 2.5, fl)} | "
-            f"{tf(res, 'native90_fwd', 1, fl)} | {tf(res, 'native80_fwd', 1, fl)} | {tf(res, 'native90_bwd', 2.5, fl)} | "
-            f"{tf(res, 'cudnn_fwd', 1, fl)} / {tf(res, 'cudnn_bwd', 2.5, fl)} | {ratio('native90_fwd', 'flex_fwd')} | "
-            f"{ratio('native90_fwd', 'cudnn_fwd')} |")
+            f"{tf(res, 'native90_fwd', 1, fl)} / {tf(res, 'native90_bwd', 2.5, fl)} | "
+            f"{tf(res, 'native80_fwd', 1, fl)} / {tf(res, 'native80_bwd', 2.5, fl)} | "
+            f"{tf(res, 'cudnn_fwd', 1, fl)} / {tf(res, 'cudnn_bwd', 2.5, fl)} | "
+            f"{ratio('native90_fwd', 'flex_fwd')} / {ratio('native90_bwd', 'flex_bwd')} | "
+            f"{ratio('native90_fwd', 'cudnn_fwd')} / {ratio('native90_bwd', 'cudnn_bwd')} |")
     lines.append("")
     lines.append("checks: " + ("all passed" if not failures else f"{len(failures)} FAILED"))
     lines += [f"- {f}" for f in failures]

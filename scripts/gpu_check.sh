@@ -172,18 +172,21 @@ if "$tests" --gtest_list_tests --gtest_filter='FlexGpuSm90.*' 2>/dev/null | grep
     --gtest_filter='FlexGpuSm90.*:-FlexGpuSm90.Bwd*'
   gtest_run "gtest sm90 sm80-bwd" gtest_sm90_sm80_bwd.log env FLASHSPAN_SM90_BWD=0 "$tests" --gtest_brief=1 \
     --gtest_filter='FlexGpuSm90.RandomCases:FlexGpuSm90.SpecialCases'
+  # (64, 64) sm90 plans take the wide 128 x 128 backward tile by default: the 64 x 128 kernel once.
+  gtest_run "gtest sm90 bwd 64x128" gtest_sm90_bwd_narrow64.log env FLASHSPAN_SM90_BWD_WIDE64=0 "$tests" --gtest_brief=1 \
+    --gtest_filter='FlexGpuSm90.BwdRandomCases:FlexGpuSm90.BwdSpecialCases:FlexGpuSm90.BwdSanitizerSmall'
 fi
 
 # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one. Missing sanitizer = failure.
 if [ "${GPU_CHECK_NO_SANITIZER:-0}" = 1 ]; then
   waive "memcheck + racecheck + synccheck" "GPU_CHECK_NO_SANITIZER=1"
 elif command -v compute-sanitizer >/dev/null; then
-  filt=${GPU_CHECK_SANITIZER_FILTER:-'FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.PackedGqaSanitizer:FlexGpu.PackedGqaGridAndNoWorkspace:PlannerGpu.ThdWithEmptySamples:PlannerGpu.RandomMasksGqaPerHead:SdpaGpu.SanitizerSmall:SdpaGpu.Sm90ForwardSanitizerSmall:SdpaPagedGpu.SanitizerSmall:SdpaPagedGpu.PagedBadEntryIsNaN:RolesGpu.*'}
+  filt=${GPU_CHECK_SANITIZER_FILTER:-'FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.PackedGqaSanitizer:FlexGpu.PackedGqaGridAndNoWorkspace:PlannerGpu.ThdWithEmptySamples:PlannerGpu.RandomMasksGqaPerHead:SdpaGpu.SanitizerSmall:SdpaGpu.Sm90ForwardSanitizerSmall:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaPagedGpu.SanitizerSmall:SdpaPagedGpu.PagedBadEntryIsNaN:RolesGpu.*'}
   gtest_run "memcheck" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" --gtest_filter="$filt"
   gtest_run "racecheck" racecheck.log compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" \
-    --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdBigDimsSanitizer:PlannerGpu.ThdWithEmptySamples}"
+    --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:PlannerGpu.ThdWithEmptySamples:SdpaGpu.Sm90BackwardSanitizerSmall}"
   gtest_run "synccheck (sm90)" synccheck.log compute-sanitizer --tool synccheck --error-exitcode 3 "$tests" \
-    --gtest_filter='FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdBigDimsSanitizer'
+    --gtest_filter='FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:SdpaGpu.Sm90BackwardSanitizerSmall'
 else
   fail "compute-sanitizer" "compute-sanitizer not found (PATH=$PATH): the memcheck / racecheck steps cannot run"
 fi

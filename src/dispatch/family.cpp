@@ -2,9 +2,16 @@
 // (kernels/sm80/tile_sm80.h, kernels/sm90/tile_sm90.h).
 #include "dispatch/family.h"
 
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
 #include "core/error.h"
 #include "core/validation.h"
 #include "kernels/sm90/tile_sm90.h"
+#ifdef FLASHSPAN_WITH_CUDA
+#include "kernels/sm90/launch_sm90.h"  // sm90::bwd_wide64_enabled
+#endif
 
 namespace flashspan {
 
@@ -53,10 +60,22 @@ void check_head_dims_sm80(int dqk, int dv) {
 // and (256, 256), the tiles of both backward families).
 // For (192, 128) and (256, 256) the forward runs 128 x 128 / 128 x 64 tiles of its own. Any
 // sm90 plan's backward can run on the sm80 kernels (FLASHSPAN_SM90_BWD=0, or a configuration
-// the sm90 backward does not take), so the backward part of the two tables must agree.
+// the sm90 backward does not take), so the backward part of the two tables must agree; except
+// the wide 128 x 128 backward tile of (64, 64) (tile_sm90.h), which only the sm90 backward runs:
+// (64, 64) plans get it when sm90::bwd_wide64_enabled() (by default; the sm90 backward then
+// takes every backward call of the plan, and dispatch refuses one it would not).
+bool bwd_wide64() {
+#ifdef FLASHSPAN_WITH_CUDA
+  return sm90::bwd_wide64_enabled();
+#else
+  return false;
+#endif
+}
+
 Consumer consumer_sm90(int head_dim_qk, int head_dim_v) {
-  const sm90::TileSm90 t = sm90::tile_sm90(head_dim_qk, head_dim_v);
-  if (sm80::runs_head_dims_sm80(head_dim_qk, head_dim_v)) {  // the sm80 backward may run it (sm90 backward off)
+  const sm90::TileSm90 t = sm90::tile_sm90(head_dim_qk, head_dim_v, bwd_wide64());
+  const bool sm90_only = sm90::bwd_wide_tile_sm90(head_dim_qk, head_dim_v, t.bwd_bq, t.bwd_bk);
+  if (!sm90_only && sm80::runs_head_dims_sm80(head_dim_qk, head_dim_v)) {  // the sm80 backward may run it (sm90 backward off)
     const sm80::TileSm80 b = sm80::tile_sm80(head_dim_qk, head_dim_v);
     FS_CHECK(t.bwd_bq == b.bwd_bq && t.bwd_bk == b.bwd_bk, Status::kInternal, "tile_sm90: backward tile ", t.bwd_bq,
              "x", t.bwd_bk, " of head dims (", head_dim_qk, ", ", head_dim_v, ") is not the sm80 backward's ",
@@ -102,3 +121,70 @@ bool choose_pack_gqa(const FlexGeometry& g, const Consumer& c) {
 void check_head_dims_gpu(int dqk, int dv) { kernel_family(80).check_head_dims(dqk, dv); }
 
 }  // namespace flashspan
+
+#ifdef FLASHSPAN_WITH_CUDA
+// The sm90 backward's switches (declared in kernels/sm90/launch_sm90.h): which backward runs an
+// sm90 plan (launch_flex_bwd), whether (64, 64) plans get the wide tile (consumer_sm90 above) and
+// whether the deterministic backward cuts long walks (launch_bwd_sm90.cu).
+// Plain host code, so that every unit linking the registry (tests/emu too) has them.
+namespace flashspan::sm90 {
+
+namespace {
+std::atomic<int> g_bwd_override{-1};
+std::atomic<int> g_wide64_override{-1};
+std::atomic<int> g_det_split_override{-1};
+}  // namespace
+
+void set_bwd_enabled(int on) { g_bwd_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+
+bool bwd_enabled() {
+  const int o = g_bwd_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  // On by default (checked on an H200: the GPU suite, compute-sanitizer, PERF_LOG v1.4);
+  // FLASHSPAN_SM90_BWD=0 keeps the portable sm80 backward for comparison.
+  static const bool on = [] {
+    const char* off = std::getenv("FLASHSPAN_SM90_BWD");
+    return !(off != nullptr && std::strcmp(off, "0") == 0);
+  }();
+  return on;
+}
+
+// FLASHSPAN_SM90_BWD_DETERMINISTIC=0 gives deterministic calls the sm80 backward (its separate
+// dQ kernel): the ordered dQ tiles are slower than it where every key block adds one tile at the
+// same walk position (longformer's global query rows, PERF_LOG v1.6).
+bool bwd_deterministic_enabled() {
+  static const bool on = [] {
+    const char* off = std::getenv("FLASHSPAN_SM90_BWD_DETERMINISTIC");
+    return !(off != nullptr && std::strcmp(off, "0") == 0);
+  }();
+  return on;
+}
+
+void set_bwd_det_split(int on) { g_det_split_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+
+// The deterministic backward's cut of long walks: experimental (FLASHSPAN_EXPERIMENTAL=1, read per
+// call) until the GPU suite has passed with its landed form (PERF_LOG v2.2 detsplit).
+bool bwd_det_split_enabled() {
+  const int o = g_det_split_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  return experimental_from_env();
+}
+
+void set_bwd_wide64_enabled(int on) { g_wide64_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+
+bool bwd_wide64_enabled() {
+  const int o = g_wide64_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  // On by default (H200: the BwdWide* tests and memcheck, +27-40 % over the 64 x 128 tile, PERF_LOG
+  // v2.2); FLASHSPAN_SM90_BWD_WIDE64=0 keeps the 64 x 128 tile (read once). The sm80 backward cannot
+  // run the wide tile, so it is only chosen when the sm90 backward takes every backward call of the
+  // plan (both its switches on).
+  static const bool env = [] {
+    const char* e = std::getenv("FLASHSPAN_SM90_BWD_WIDE64");
+    return !(e != nullptr && std::strcmp(e, "0") == 0);
+  }();
+  return env && bwd_enabled() && bwd_deterministic_enabled();
+}
+
+}  // namespace flashspan::sm90
+#endif  // FLASHSPAN_WITH_CUDA

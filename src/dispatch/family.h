@@ -77,6 +77,11 @@ PlanChoice choose_plan(int requested_arch, int requested_pack_gqa, const FlexGeo
 // Throws Error(kInvalidArgument) naming the variable for another value (plan_choice.cpp).
 int kernel_family_from_env();
 
+// Whether the environment turns the experimental GPU paths on: FLASHSPAN_EXPERIMENTAL=1 (the
+// native SDPA route's switch, which python/flashspan/sdpa_lowering.py reads per call too); read
+// per call, so that a process may switch it between calls (plan_choice.cpp).
+bool experimental_from_env();
+
 // Head dims the GPU kernels (the sm80 family) run: {8, 16, ..., 128}^2, (192, 128),
 // (256, 256). Throws Error(kNotSupported) naming the dims otherwise.
 void check_head_dims_gpu(int dqk, int dv);

@@ -104,7 +104,8 @@ void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool ba
                            c.layout == want.layout,
                        "mask_plan: forward tile ", c.fwd_block_q, "x", c.fwd_block_k, " is not the sm90 forward's ",
                        want.fwd_block_q, "x", want.fwd_block_k);
-    if (backward) {
+    if (backward && !sm90::bwd_wide_tile_sm90(g.head_dim_qk, g.head_dim_v, c.bwd_block_q, c.bwd_block_k)) {
+      // (The wide tile of (64, 64) runs on the sm90 backward only: launch_flex_bwd.)
       const sm80::TileSm80 t = sm80::tile_sm80(g.head_dim_qk, g.head_dim_v);
       FS_CHECK_SUPPORTED(c.bwd_block_q == t.bwd_bq && c.bwd_block_k == t.bwd_bk, "mask_plan: backward tile ",
                          c.bwd_block_q, "x", c.bwd_block_k, " does not match the sm80 kernel's ", t.bwd_bq, "x",
@@ -125,7 +126,9 @@ void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool ba
   // Both backward dQ paths can be chosen at execute time: require the larger (and, for an sm90
   // plan, the sm90 backward's).
   int bwd_need = sm80::bwd_smem_bytes(t, true);
-  if (c.arch == 90 && sm90::bwd_config_supported(g, false)) bwd_need = std::max(bwd_need, sm90::bwd_smem_bytes(g.head_dim_qk, g.head_dim_v));
+  if (c.arch == 90 && sm90::bwd_config_supported(g, false)) {
+    bwd_need = std::max(bwd_need, sm90::bwd_smem_bytes(g.head_dim_qk, g.head_dim_v, c.bwd_block_q, c.bwd_block_k));
+  }
   const int need = backward ? std::max(fwd_need, bwd_need) : fwd_need;
   FS_CHECK_SUPPORTED(need <= smem_optin, "(head_dim_qk, head_dim_v) = (", g.head_dim_qk, ", ", g.head_dim_v, "): the ",
                      backward ? "backward" : "forward", " kernels need ", need,
@@ -260,6 +263,15 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
   // sm80 kernels; dQ accumulated in 64-row tiles, which the workspace of an sm90 plan has room
   // for, deterministic or not).
   const bool run_sm90 = sm90_plan && sm90::bwd_enabled() && sm90::bwd_config_supported(g, a.deterministic);
+  // A plan with the wide backward tile of (64, 64) (tile_sm90.h) has no sm80 backward: it is only
+  // built while the sm90 backward takes every call (sm90::bwd_wide64_enabled), so this refuses only
+  // a call after an in-process switch (set_bwd_enabled(0)) or an fp32 call.
+  const Consumer& bc = plan.signature.consumer;
+  FS_CHECK_SUPPORTED(run_sm90 || !sm90_plan || !sm90::bwd_wide_tile_sm90(g.head_dim_qk, g.head_dim_v, bc.bwd_block_q, bc.bwd_block_k),
+                     "mask_plan: backward tile ", bc.bwd_block_q, "x", bc.bwd_block_k, " of head dims (64, 64) runs on "
+                     "the sm90 backward only, which does not take this call (FLASHSPAN_SM90_BWD=0 or set_bwd_enabled(0)",
+                     a.deterministic ? ", or FLASHSPAN_SM90_BWD_DETERMINISTIC=0 for a deterministic call" : "",
+                     "): rebuild the plan with the switches as they are now, or with arch=80");
   p.dq_accum = a.deterministic && !run_sm90 ? nullptr : reinterpret_cast<float*>(ws + wl.dq_accum);
   p.total_q = g.total_q;
   p.seqlen_q = g.varlen ? 0 : g.max_seqlen_q;

@@ -1,6 +1,7 @@
 // SDPA on the GPU (sdpa_launch.h): the device checks, and the launches of a validated, bound
 // sdpa::Problem on the sm80 kernels with the analytic mask (launch_sdpa_fwd_sm80 /
-// launch_sdpa_bwd_sm80) with the parameters of sdpa_params.cpp. Nothing is read back from the
+// launch_sdpa_bwd_sm80), or the sm90 ones where sdpa_family.cpp's rule chooses them
+// (launch_sdpa_fwd_sm90 / launch_sdpa_bwd_sm90), with the parameters of sdpa_params.cpp. Nothing is read back from the
 // device: sequence lengths and ragged offsets stay in device memory, where the kernels read them.
 #include <cuda_runtime.h>
 
@@ -62,9 +63,14 @@ void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, 
 }
 
 void launch_sdpa_bwd(const Problem& p, void* workspace, size_t workspace_bytes, void* stream) {
-  const SdpaBwdParams b = sdpa_bwd_params(p, workspace, workspace_bytes);
   check_vec_aligned_slots(p, {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_DO, FS_SDPA_DQ, FS_SDPA_DK,
                               FS_SDPA_DV, FS_SDPA_GATE, FS_SDPA_DGATE});
+  if (sdpa_bwd_runs_sm90(p)) {
+    sm90::launch_sdpa_bwd_sm90(sdpa_bwd_params_sm90(p, workspace, workspace_bytes), p.t(FS_SDPA_Q), p.t(FS_SDPA_K),
+                               p.t(FS_SDPA_V), p.t(FS_SDPA_DO), p.dtype, static_cast<cudaStream_t>(stream));
+    return;
+  }
+  const SdpaBwdParams b = sdpa_bwd_params(p, workspace, workspace_bytes);
   sm80::launch_sdpa_bwd_sm80(b, tile_of(p), p.dtype, static_cast<cudaStream_t>(stream));
 }
 

@@ -1,4 +1,4 @@
-// Which kernel family runs an SDPA forward on the GPU (sdpa_launch.h): the one rule. Host code
+// Which kernel family runs an SDPA forward or backward on the GPU (sdpa_launch.h): the one rule. Host code
 // only (no CUDA call but the device query, behind FLASHSPAN_WITH_CUDA), so CPU tests check it.
 #include <atomic>
 #include <cstdlib>
@@ -15,15 +15,16 @@ namespace flashspan {
 
 namespace {
 std::atomic<int> g_sdpa_sm90_override{-1};
-// Experimental until the GPU suite has passed with it: FLASHSPAN_EXPERIMENTAL=1, read once when
-// the library is loaded (as for the sm90 packed GQA forward, launch_fwd_sm90.cu).
-const bool g_sdpa_sm90_env = [] {
-  const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
-  return e != nullptr && std::strcmp(e, "1") == 0;
-}();
+std::atomic<int> g_sdpa_bwd_sm90_override{-1};
+// Experimental until the GPU suite has passed with them: FLASHSPAN_EXPERIMENTAL=1, read per call
+// (experimental_from_env), as the Python route reads it.
 }  // namespace
 
-const char* sdpa_fwd_sm90_refusal(const sdpa::Problem& p) {
+namespace {
+// The one rule of both directions: what the sm90 SDPA kernels (forward and backward) cover. The
+// backward takes the same calls (the forward's tensors but O and the stats as inputs, plus dO,
+// dQ, dK, dV; deterministic or not), max_logit being a forward output.
+const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
   using namespace sdpa;
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtype (fp16 / bf16 only)";
   if (!sm90::sdpa_fwd_runs_head_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv))) {
@@ -42,16 +43,26 @@ const char* sdpa_fwd_sm90_refusal(const sdpa::Problem& p) {
   // until it is added here.
   for (int s = 0; s < kNumSlots; ++s) {
     switch (s) {
-      case FS_SDPA_Q: case FS_SDPA_K: case FS_SDPA_V: case FS_SDPA_O: case FS_SDPA_STATS: case FS_SDPA_MAX_LOGIT:
-      case FS_SDPA_ATTN_SCALE: case FS_SDPA_SEQ_LEN_Q: case FS_SDPA_SEQ_LEN_KV: case FS_SDPA_CU_SEQ_LEN_Q:
-      case FS_SDPA_CU_SEQ_LEN_KV:
+      case FS_SDPA_Q: case FS_SDPA_K: case FS_SDPA_V: case FS_SDPA_O: case FS_SDPA_STATS: case FS_SDPA_ATTN_SCALE:
+      case FS_SDPA_SEQ_LEN_Q: case FS_SDPA_SEQ_LEN_KV: case FS_SDPA_CU_SEQ_LEN_Q: case FS_SDPA_CU_SEQ_LEN_KV:
         continue;
+      case FS_SDPA_MAX_LOGIT:
+        if (!backward) continue;
+        break;
+      case FS_SDPA_DO: case FS_SDPA_DQ: case FS_SDPA_DK: case FS_SDPA_DV:
+        if (backward) continue;
+        break;
       default:
-        if (p.has(s)) return slot_name(s);
+        break;
     }
+    if (p.has(s)) return slot_name(s);
   }
   return nullptr;
 }
+}  // namespace
+
+const char* sdpa_fwd_sm90_refusal(const sdpa::Problem& p) { return sm90_refusal(p, false); }
+const char* sdpa_bwd_sm90_refusal(const sdpa::Problem& p) { return sm90_refusal(p, true); }
 
 void set_sdpa_fwd_sm90_enabled(int on) {
   g_sdpa_sm90_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed);
@@ -60,7 +71,26 @@ void set_sdpa_fwd_sm90_enabled(int on) {
 bool sdpa_fwd_sm90_enabled() {
   const int o = g_sdpa_sm90_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
-  return g_sdpa_sm90_env && kernel_family_from_env() == 90;
+  return experimental_from_env() && kernel_family_from_env() == 90;
+}
+
+void set_sdpa_bwd_sm90_enabled(int on) {
+  g_sdpa_bwd_sm90_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed);
+}
+
+bool sdpa_bwd_sm90_enabled() {
+  const int o = g_sdpa_bwd_sm90_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  return experimental_from_env() && kernel_family_from_env() == 90;
+}
+
+bool sdpa_bwd_runs_sm90(const sdpa::Problem& p) {
+  if (p.device != DeviceType::kCUDA || !sdpa_bwd_sm90_enabled() || sdpa_bwd_sm90_refusal(p) != nullptr) return false;
+#ifdef FLASHSPAN_WITH_CUDA
+  return sm90::device_supported(p.device_id);
+#else
+  return false;
+#endif
 }
 
 bool sdpa_fwd_runs_sm90(const sdpa::Problem& p) {

@@ -40,7 +40,10 @@ void sdpa_check_support_gpu(const sdpa::Problem& p);
 // none; the backward keeps D and LSE log2(e) ([H_q, B * S_q] fp32 each), unless
 // deterministic the fp32 dQ accumulator [H_q, B * S_q, D_qk], with dBias the fp32 dS
 // [B, H_q, S_q, S_kv rounded up to even], and with the output gate dO * sigmoid(G)
-// [H_q, B * S_q, D_v] in the input dtype.
+// [H_q, B * S_q, D_v] in the input dtype. A CUDA call the sm90 backward covers
+// (sdpa_bwd_sm90_refusal, whichever family then runs it) also holds that kernel's dQ tiles: the
+// accumulator is max([H_q, B * S_q, D_qk], H_q B ceil(S_q / 64) 64 kD) floats, deterministic or
+// not, and deterministic calls one int32 counter per tile after it.
 size_t sdpa_fwd_workspace_size(const sdpa::Problem& p);
 size_t sdpa_bwd_workspace_size(const sdpa::Problem& p);
 
@@ -59,13 +62,31 @@ SdpaPagedFwdParams sdpa_paged_fwd_params(const sdpa::Problem& p);
 // sdpa_fwd_sm90_refusal: nullptr when the sm90 forward covers the call (fp16 / bf16, head dims
 // multiples of 8 up to 128, H_k = H_v, q / k / v / o / stats padded or dense, no score modifier,
 // sink, gate, score_max / score_sum_exp, block_mask, bias, dropout or paged K/V), else the first
-// thing it does not cover. sdpa_fwd_sm90_enabled: FLASHSPAN_EXPERIMENTAL=1 (read at load) and
+// thing it does not cover. sdpa_fwd_sm90_enabled: FLASHSPAN_EXPERIMENTAL=1 (read per call) and
 // FLASHSPAN_KERNEL_FAMILY not sm80, unless set_sdpa_fwd_sm90_enabled overrides it (tests: 1 on,
 // 0 off, -1 back to the environment's answer).
 const char* sdpa_fwd_sm90_refusal(const sdpa::Problem& p);
 bool sdpa_fwd_sm90_enabled();
 void set_sdpa_fwd_sm90_enabled(int on);
 bool sdpa_fwd_runs_sm90(const sdpa::Problem& p);
+
+// The kernel family of the backward, the same rule (sdpa_family.cpp): the sm90 backward
+// (kernel_bwd_sm90.cuh with the analytic mask) runs the calls it covers when
+// sdpa_bwd_sm90_enabled() on an sm_90 device with the sm_90a code built; the others the sm80
+// kernels. sdpa_bwd_sm90_refusal: nullptr when it covers the call (the forward's subset: fp16 /
+// bf16, head dims multiples of 8 up to 128, H_k = H_v, every tensor padded or dense, no score
+// modifier, sink / dSink, gate, bias / dBias, dropout, block_mask; deterministic or not), else the
+// first thing it does not cover. sdpa_bwd_sm90_enabled: as sdpa_fwd_sm90_enabled (the same
+// environment: FLASHSPAN_EXPERIMENTAL=1, FLASHSPAN_KERNEL_FAMILY not sm80), its own test override.
+const char* sdpa_bwd_sm90_refusal(const sdpa::Problem& p);
+bool sdpa_bwd_sm90_enabled();
+void set_sdpa_bwd_sm90_enabled(int on);
+bool sdpa_bwd_runs_sm90(const sdpa::Problem& p);
+// sdpa_bwd_params with the sm90 backward's dQ accumulator bound (dq_accum: one 64 x kD fp32 tile
+// per (query head, sample, query block), kD = sdpa_bwd_kernel_dim_sm90; dq_sem: their counters
+// when deterministic), both in the workspace, whose size covers them for every call the sm90
+// backward covers (sdpa_bwd_workspace_size).
+SdpaBwdParams sdpa_bwd_params_sm90(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
 
 // Enqueue the kernels on the stream for a problem whose tensors are bound (Problem::bind) to
 // device memory. Allocate nothing, read nothing back (CUDA-graph capturable); the workspace

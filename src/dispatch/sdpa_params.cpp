@@ -5,10 +5,13 @@
 // TensorAddr row and head strides; where sample b starts is the kernels' business
 // (SampleStart: ragged offsets times the multiplier, or b * stride(0)), so TensorAddr's batch
 // stride is 0 and `varlen` unused. The stats [B, H_q, S_q, 1] likewise.
+#include <algorithm>
+
 #include "core/error.h"
 #include "dispatch/family.h"
 #include "dispatch/sdpa_launch.h"
 #include "dispatch/workspace.h"
+#include "kernels/sm90/tile_sm90.h"
 
 namespace flashspan {
 
@@ -188,6 +191,29 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
   // The sm80 kernels' backward tile for these head dims (the family's tile table).
   PlanSignature sig;
   sig.consumer = consumer_for(80, g.head_dim_qk, g.head_dim_v);
+  if (p.device == DeviceType::kCUDA && sdpa_bwd_sm90_refusal(p) == nullptr) {
+    // The sm90 backward's tiles (64 x kD, kD the kernel head dim) in the same place, and its
+    // counters when deterministic: the sm90 layout of kernel head dims (kD, kD).
+    const int kd = sm90::sdpa_bwd_kernel_dim_sm90(g.head_dim_qk, g.head_dim_v);
+    FlexGeometry g90 = g;
+    g90.head_dim_qk = g90.head_dim_v = kd;
+    PlanSignature sig90;
+    sig90.consumer = consumer_for(90, kd, kd);
+    // The SDPA kernel runs the 64-row tile (BwdSm90Layout<kd>), not the wide 128 x 128 one that
+    // (64, 64) plans may get.
+    const sm90::TileSm90 t90 = sm90::tile_sm90(kd, kd, /*bwd_wide64=*/false);
+    sig90.consumer.bwd_block_q = t90.bwd_bq;
+    sig90.consumer.bwd_block_k = t90.bwd_bk;
+    BwdWorkspaceLayout w = bwd_workspace_layout(g90, sig90, p.a.deterministic);
+    if (!p.a.deterministic) {
+      // max(the sm80 accumulator [H_q, B S_q, D_qk], the tiles); the split schedule after it is not used.
+      const size_t tiles = sizeof(float) * size_t(p.Hq) * size_t(p.B) * size_t((p.Sq + 63) / 64) * 64 * size_t(kd);
+      w.total = w.dq_accum + ws_align(std::max(w.lse2 * size_t(p.Dqk), tiles));
+    } else {
+      w.total = w.split_at;  // the tiles and their counters; the flex split schedule after them is not used
+    }
+    return w;
+  }
   BwdWorkspaceLayout w = bwd_workspace_layout(g, sig, p.a.deterministic);
   // The layout's dQ accumulator ends ws_align(per * D_qk) after its start (per = the aligned
   // bytes of delta, at offset lse2); the split schedule after it is not used.
@@ -280,6 +306,18 @@ SdpaBwdParams sdpa_bwd_params(const Problem& p, void* workspace, size_t workspac
   b.total_q = p.B * p.Sq;
   b.seqlen_q = p.Sq;
   b.split_schedule = 0;
+  return b;
+}
+
+SdpaBwdParams sdpa_bwd_params_sm90(const Problem& p, void* workspace, size_t workspace_bytes) {
+  SdpaBwdParams b = sdpa_bwd_params(p, workspace, workspace_bytes);
+  const BwdWorkspaceLayout wl = sdpa_bwd_layout(p);
+  FS_CHECK(sdpa_bwd_sm90_refusal(p) == nullptr && p.device == DeviceType::kCUDA, Status::kInternal,
+           "sdpa backward (sm90): parameters asked for a call it does not cover");
+  char* ws = static_cast<char*>(workspace);
+  b.dq_accum = reinterpret_cast<float*>(ws + wl.dq_accum);
+  b.dq_sem = p.a.deterministic ? reinterpret_cast<int32_t*>(ws + wl.dq_sem) : nullptr;
+  b.dq_blocked = 1;
   return b;
 }
 

@@ -9,6 +9,7 @@
 #include <limits>
 
 #include "core/error.h"
+#include "dispatch/family.h"
 #include "dispatch/sdpa_launch.h"
 #include "kernels/sm80/tile_sm80.h"
 
@@ -55,8 +56,7 @@ std::atomic<int> g_paged_override{-1};
 bool paged_enabled() {
   const int o = g_paged_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
-  const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
-  return e != nullptr && std::strcmp(e, "1") == 0;
+  return experimental_from_env();
 }
 
 // Paged K/V caches (forward only: the C layer refuses a paged backward, as the seed): the

@@ -63,6 +63,7 @@ struct SplitScheduleOffsets {
 
 struct BwdWorkspaceLayout : SplitScheduleOffsets {
   size_t delta = 0, lse2 = 0, dq_accum = 0, dq_sem = 0;
+  size_t split_at = 0;  // where the split schedule's arrays start (the total without them)
   size_t dk_accum = 0, dv_accum = 0;
   size_t total = 0;
   int64_t max_tasks = 0, max_items = 0, max_split = 0;
@@ -97,6 +98,7 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, const Plan
   // The split schedule (BwdSplit) with max_split slots (fp32 [max_split, Bk, Dqk / Dv]).
   const int64_t bk = sig.consumer.bwd_block_k;
   auto take_split = [&](bool slot_per_item) {
+    w.split_at = off;
     const int64_t by_batch_k = int64_t(g.batch) * ((g.max_seqlen_k + bk - 1) / bk);
     const int64_t by_total_k = (g.total_k + bk - 1) / bk + g.batch;
     w.max_tasks = int64_t(g.num_heads_kv) * (by_batch_k < by_total_k ? by_batch_k : by_total_k);
@@ -131,6 +133,8 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, const Plan
         off += ws_align(sizeof(int32_t) * size_t(g.num_heads_q) * size_t(max_q_blocks));
       }
       take_split(true);
+    } else {
+      w.split_at = off;
     }
     w.total = off;
     return w;

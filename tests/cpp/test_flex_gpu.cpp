@@ -2333,8 +2333,9 @@ TEST(FlexGpuSm90, SanitizerHeadDims) {
 }
 
 // ---------------------------------------------------------------------------
-// The sm90 backward (kernel_bwd_sm90.cuh: Dqk = Dv in {64, 128} on the 64 x 128 tile, (192, 128)
-// and (256, 256) on the 64 x 64 tile, fp16/bf16, deterministic or not), run on sm90 plans
+// The sm90 backward (kernel_bwd_sm90.cuh: Dqk = Dv in {64, 128} on the 64 x 128 tile ((64, 64) on
+// the wide 128 x 128 tile by default, below), (192, 128) and (256, 256) on the 64 x 64 tile,
+// fp16/bf16, deterministic or not), run on sm90 plans
 // whatever FLASHSPAN_SM90_BWD says (sm90::set_bwd_enabled); every case checks that the sm90
 // backward was the kernel that ran (sm90::bwd_launches).
 // ---------------------------------------------------------------------------
@@ -2656,6 +2657,187 @@ TEST(FlexGpuSm90, BwdSanitizerSmall) {
   g.sq = 1024;
   g.deterministic = true;
   run_case_sm90_bwd(g);
+}
+
+// ---------------------------------------------------------------------------
+// The wide backward tile of (64, 64): 128 query rows x 128 keys (tile_sm90.h kTileSm90Wide64,
+// the key-split consumers with kBq = 128; sm90::bwd_wide64_enabled, on by default, forced on
+// here whatever FLASHSPAN_SM90_BWD_WIDE64 says, so every (64, 64) sm90 plan built inside takes
+// it; the other sm90 tests' (64, 64) plans take it too, unless FLASHSPAN_SM90_BWD_WIDE64=0). Each case checks that the tile is
+// the consumer's and that the sm90 backward ran.
+// ---------------------------------------------------------------------------
+
+struct Sm90BwdWide {
+  Sm90BwdOn on;
+  Sm90BwdWide() { sm90::set_bwd_wide64_enabled(1); }
+  ~Sm90BwdWide() { sm90::set_bwd_wide64_enabled(-1); }
+};
+
+void run_case_sm90_bwd_wide(Case c) {
+  c.arch = 90;
+  c.backward = true;
+  c.h.dqk = c.h.dv = 64;
+  const Consumer w = consumer_for(90, 64, 64);
+  ASSERT_TRUE(sm90::bwd_wide_tile_sm90(64, 64, w.bwd_block_q, w.bwd_block_k)) << "the wide tile is not chosen";
+  run_case_sm90_bwd(c);
+}
+
+// random_case_sm90 at (64, 64): BSHD / THD with empty samples, GQA / MQA, Hmask 1 or Hq, random
+// interval masks at granularities 1 / 16 / 64 / 128 (partial blocks with every element position
+// of the 128 x 128 tile masked somewhere), block-structured masks, strided tensors, dlse; a
+// third of them deterministic.
+TEST(FlexGpuSm90, BwdWideRandom) {
+  REQUIRE_SM90();
+  Sm90BwdWide on;
+  for (uint64_t s = 1; s <= 36; ++s) {
+    Case c = bwd_case_sm90(s + 2500);
+    c.deterministic = s % 3 == 0;
+    run_case_sm90_bwd_wide(c);
+  }
+}
+
+// Fully empty rows, only full blocks, THD with short and empty samples (lengths around the 64
+// and 128 row / key boundaries), MQA with Hmask = Hq and negative scores, strided tensors with
+// dlse, a GQA group of 8, the benchmark masks, the split schedule (long K2Q walks) and grid
+// mode, and a deterministic case bitwise identical over three runs.
+TEST(FlexGpuSm90, BwdWideCases) {
+  REQUIRE_SM90();
+  Sm90BwdWide on;
+  uint64_t seed = 12600;
+  auto base = [&](int hq, int hkv, int hmask, int nfunc, DType dt) {
+    Case c;
+    c.arch = 90;
+    c.h = HeadConfig{hq, hkv, hmask, nfunc, 64, 64, dt};
+    c.deterministic = false;
+    c.seed = ++seed;
+    return c;
+  };
+  {
+    Case c = base(2, 1, 1, 1, DType::kFloat16);  // every row empty
+    c.sq = 200;
+    c.sk = 190;
+    c.mopt.p_empty_row = 1.0;
+    run_case_sm90_bwd_wide(c);
+  }
+  {
+    Case c = base(4, 2, 1, 1, DType::kBFloat16);  // only full blocks
+    c.batch = 2;
+    c.sq = 256;
+    c.sk = 384;
+    c.mopt.p_full_row = 1.0;
+    c.mopt.p_empty_row = 0.0;
+    run_case_sm90_bwd_wide(c);
+  }
+  {
+    Case c = base(4, 2, 4, 3, DType::kFloat16);  // short and empty THD samples
+    c.varlen = true;
+    c.lq = {1, 0, 3, 63, 64, 65, 127, 128, 129, 200};
+    c.lk = {300, 5, 0, 129, 64, 63, 128, 1, 127, 255};
+    c.batch = 10;
+    run_case_sm90_bwd_wide(c);
+  }
+  {
+    Case c = base(3, 1, 3, 3, DType::kBFloat16);  // negative scores, MQA, Hmask = Hq
+    c.batch = 2;
+    c.sq = 300;
+    c.sk = 333;
+    c.negative_logits = true;
+    c.mopt.granularity = 128;
+    run_case_sm90_bwd_wide(c);
+  }
+  {
+    Case c = base(4, 4, 1, 3, DType::kBFloat16);  // strided tensors, LSE gradient
+    c.batch = 2;
+    c.sq = 257;
+    c.sk = 255;
+    c.strided = true;
+    c.dlse = true;
+    run_case_sm90_bwd_wide(c);
+  }
+  {
+    Case c = base(8, 1, 8, 5, DType::kFloat16);  // a GQA group of 8 per key block walk
+    c.varlen = true;
+    c.lq = {400, 130};
+    c.lk = {350, 520};
+    c.batch = 2;
+    run_case_sm90_bwd_wide(c);
+  }
+  for (const std::string& name : fs_test::benchmark_mask_names()) {
+    Case c = base(4, 2, 1, 1, (seed & 1) ? DType::kBFloat16 : DType::kFloat16);
+    c.mask = name;
+    c.sq = name == "causal" || name == "tree_bfs" ? 2048 : 1000;
+    run_case_sm90_bwd_wide(c);
+  }
+  {
+    Case c = split_case("sink_local", HeadConfig{4, 1, 1, 1, 64, 64, DType::kBFloat16}, ++seed);
+    c.sq = 2048;
+    run_case_sm90_bwd_wide(c);
+  }
+  {
+    Case c = split_case("global", HeadConfig{4, 1, 1, 5, 64, 64, DType::kFloat16}, ++seed);
+    c.varlen = true;
+    c.lq = {1100, 300, 0};
+    c.lk = {1024, 257, 50};
+    c.batch = 3;
+    run_case_sm90_bwd_wide(c);
+  }
+  {
+    Case c = base(4, 2, 4, 3, DType::kBFloat16);  // grid mode (no task lists)
+    c.varlen = true;
+    c.lq = {200, 0, 90};
+    c.lk = {150, 70, 0};
+    c.batch = 3;
+    c.grid_mode = true;
+    run_case_sm90_bwd_wide(c);
+  }
+  for (const char* name : {"causal", "document_causal", "sink_local"}) {  // deterministic
+    Case c = base(4, 2, 1, 1, DType::kBFloat16);
+    c.mask = name;
+    c.sq = 2048;
+    c.deterministic = true;
+    run_case_sm90_bwd_wide(c);
+  }
+  Case c = base(4, 2, 1, 3, DType::kBFloat16);
+  c.arch = 90;
+  c.backward = true;
+  c.varlen = true;
+  c.lq = {1500, 0, 333};
+  c.lk = {1400, 60, 500};
+  c.batch = 3;
+  c.deterministic = true;
+  const int64_t before = sm90::bwd_launches();
+  expect_bwd_bitwise_repeatable(c);
+  EXPECT_EQ(sm90::bwd_launches(), before + 3) << "the sm90 backward did not run";
+}
+
+// Small wide-tile cases for compute-sanitizer (memcheck / racecheck / synccheck).
+TEST(FlexGpuSm90, BwdWideSanitizer) {
+  REQUIRE_SM90();
+  Sm90BwdWide on;
+  Case a;
+  a.sq = 200;
+  a.sk = 140;
+  a.h = HeadConfig{2, 1, 2, 3, 64, 64, DType::kBFloat16};
+  a.deterministic = false;
+  a.seed = 12801;
+  run_case_sm90_bwd_wide(a);
+  Case b;
+  b.varlen = true;
+  b.lq = {70, 0, 165};
+  b.lk = {66, 20, 0};
+  b.batch = 3;
+  b.h = HeadConfig{2, 2, 1, 1, 64, 64, DType::kFloat16};
+  b.deterministic = false;
+  b.seed = 12802;
+  run_case_sm90_bwd_wide(b);
+  Case f = split_case("global", HeadConfig{2, 1, 2, 5, 64, 64, DType::kBFloat16}, 12803);
+  f.sq = 1400;
+  f.sk = 1400;
+  run_case_sm90_bwd_wide(f);
+  Case e = b;  // deterministic (dQ tile counters)
+  e.deterministic = true;
+  e.seed = 12805;
+  run_case_sm90_bwd_wide(e);
 }
 
 // ---------------------------------------------------------------------------

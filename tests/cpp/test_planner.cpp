@@ -19,6 +19,9 @@
 #include "dispatch/family.h"
 #include "kernels/sm90/tile_sm90.h"
 #include "plan/planner.h"
+#ifdef FLASHSPAN_WITH_CUDA
+#include "kernels/sm90/launch_sm90.h"  // sm90::set_bwd_wide64_enabled
+#endif
 
 namespace {
 
@@ -54,6 +57,14 @@ std::string host_error(const FlexGeometry& g, const std::vector<int32_t>& mask, 
 const Consumer kSm80 = flashspan::consumer_for(80, 128, 128);    // 128x64 / 64x128
 const Consumer kSm80Big = flashspan::consumer_for(80, 256, 256); // 64x64 / 64x128
 const Consumer kSm90 = flashspan::consumer_for(90, 128, 128);    // 128x128 / 64x128
+// (64, 64) sm90 plans with the wide backward tile (tile_sm90.h kTileSm90Wide64; by default,
+// sm90::bwd_wide64_enabled): 128x128 / 128x128.
+const Consumer kSm90Wide = [] {
+  Consumer c = flashspan::consumer_for(90, 128, 128);
+  c.bwd_block_q = flashspan::sm90::kTileSm90Wide64.bwd_bq;
+  c.bwd_block_k = flashspan::sm90::kTileSm90Wide64.bwd_bk;
+  return c;
+}();
 // Packed decode plans (consumer_for_plan): 16x64 forward / 64x128 backward.
 const Consumer kSm80Decode = [] {
   Consumer c = flashspan::consumer_for(80, 128, 128);
@@ -61,7 +72,25 @@ const Consumer kSm80Decode = [] {
   return c;
 }();
 
+// Overrides sm90::bwd_wide64_enabled for a scope (builds with CUDA; without, the wide tile is
+// never chosen).
+struct Wide64 {
+  explicit Wide64(int on) {
+#ifdef FLASHSPAN_WITH_CUDA
+    flashspan::sm90::set_bwd_wide64_enabled(on);
+#else
+    (void)on;
+#endif
+  }
+  ~Wide64() {
+#ifdef FLASHSPAN_WITH_CUDA
+    flashspan::sm90::set_bwd_wide64_enabled(-1);
+#endif
+  }
+};
+
 TEST(ConsumerFor, TileTable) {
+  Wide64 off(0);  // the default tiles, whatever FLASHSPAN_EXPERIMENTAL says
   EXPECT_EQ(kSm80.fwd_block_q, 128);
   EXPECT_EQ(kSm80.fwd_block_k, 64);
   EXPECT_EQ(kSm80.bwd_block_q, 64);
@@ -105,6 +134,36 @@ TEST(ConsumerFor, TileTable) {
   }
 }
 
+// The wide backward tile (tile_sm90.h kTileSm90Wide64) goes to sm90 plans of head dims (64, 64)
+// exactly while sm90::bwd_wide64_enabled(); no other dims or family change.
+TEST(ConsumerFor, WideBackwardTile64) {
+#ifndef FLASHSPAN_WITH_CUDA
+  GTEST_SKIP() << "no CUDA in this build: the wide tile is never chosen";
+#endif
+  {
+    Wide64 on(1);
+    const Consumer w = flashspan::consumer_for(90, 64, 64);
+    EXPECT_EQ(w.fwd_block_q, 128);
+    EXPECT_EQ(w.fwd_block_k, 128);
+    EXPECT_EQ(w.bwd_block_q, 128);
+    EXPECT_EQ(w.bwd_block_k, 128);
+    EXPECT_TRUE(w == kSm90Wide);
+    EXPECT_TRUE(flashspan::sm90::bwd_wide_tile_sm90(64, 64, w.bwd_block_q, w.bwd_block_k));
+    for (const auto& d : std::vector<std::pair<int, int>>{{8, 8}, {32, 64}, {64, 32}, {128, 128}, {192, 128}}) {
+      const Consumer c = flashspan::consumer_for(90, d.first, d.second);
+      EXPECT_EQ(c.bwd_block_q, 64) << d.first << "x" << d.second;
+    }
+    const Consumer c80 = flashspan::consumer_for(80, 64, 64);
+    EXPECT_EQ(c80.bwd_block_q, 64);
+    EXPECT_EQ(c80.bwd_block_k, 128);
+  }
+  Wide64 off(0);
+  const Consumer n = flashspan::consumer_for(90, 64, 64);
+  EXPECT_EQ(n.bwd_block_q, 64);
+  EXPECT_EQ(n.bwd_block_k, 128);
+  EXPECT_FALSE(flashspan::sm90::bwd_wide_tile_sm90(64, 64, n.bwd_block_q, n.bwd_block_k));
+}
+
 // The eight BENCHMARK.md masks at small, non-tile-multiple S, for three consumers.
 class BenchmarkMasks : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
@@ -113,7 +172,7 @@ TEST_P(BenchmarkMasks, MatchesBruteForce) {
   const SampleMask m = fs_test::mask_by_name(name, S);
   ASSERT_EQ(m.ep.size(), size_t(m.nfunc) * S);
   const FlexGeometry g = fs_test::make_geometry(false, {S}, {S}, 2, 2, 1, m.nfunc);
-  for (const Consumer& c : {kSm80, kSm80Big, kSm90}) {
+  for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm90Wide}) {
     SCOPED_TRACE("consumer fwd " + std::to_string(c.fwd_block_q) + "x" + std::to_string(c.fwd_block_k));
     auto plan = plan_host(g, m.ep, c, true);
     fs_test::check_plan(*plan, m.ep.data());
@@ -157,7 +216,7 @@ TEST(Planner, RandomMasksGqaPerHead) {
       for (auto& s : hs)
         for (int b = 0; b < 2; ++b) s.push_back(fs_test::mask_random(333, 517, nfunc, blocky, seed++));
       const auto mask = fs_test::assemble_mask(g, hs);
-      for (const Consumer& c : {kSm80, kSm90}) {
+      for (const Consumer& c : {kSm80, kSm90, kSm90Wide}) {
         auto plan = plan_host(g, mask, c, true);
         fs_test::check_plan(*plan, mask.data());
         if (blocky) {
@@ -240,7 +299,7 @@ TEST(Planner, FullMinusOneBlocksArePartial) {
   const fs_test::Visibility vis = fs_test::full_minus_one_visibility(lq, lk, 128, 128, 5);
   const SampleMask m = fs_test::mask_from_visibility(vis);
   const FlexGeometry g = fs_test::make_geometry(false, {lq}, {lk}, 2, 1, 1, m.nfunc);
-  for (const Consumer& c : {kSm80, kSm80Big, kSm90}) {
+  for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm90Wide}) {
     SCOPED_TRACE("consumer fwd " + std::to_string(c.fwd_block_q) + "x" + std::to_string(c.fwd_block_k));
     // The mask really has full-minus-one blocks of this consumer's tiles, and full ones.
     ASSERT_GT(fs_test::count_blocks_missing(vis, c.fwd_block_q, c.fwd_block_k, 1), 0);
@@ -275,7 +334,7 @@ TEST(Planner, BlockStructuredMasks) {
         spec.p_empty_q_tile = empty_rows;
         FlexGeometry g = fs_test::make_geometry(sh.varlen, sh.lq, sh.lk, sh.hq, sh.hkv, sh.hmask, 1);
         const auto mask = fs_test::block_mask_for_geometry(g, spec, seed++);
-        for (const Consumer& c : {kSm80, kSm80Big, kSm90}) {
+        for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm90Wide}) {
           auto plan = plan_host(g, mask, c, true);
           fs_test::check_plan(*plan, mask.data());
           if (empty_rows == 0.0 && tile == 128) {
@@ -420,7 +479,7 @@ TEST(PackGqa, MatchesBruteForceAndKeepsBackward) {
     const FlexGeometry& g = t.g;
     const int G = g.group_size();
     ASSERT_GT(G, 1);
-    for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm80Decode}) {
+    for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm90Wide, kSm80Decode}) {
       SCOPED_TRACE("consumer fwd " + std::to_string(c.fwd_block_q) + "x" + std::to_string(c.fwd_block_k));
       auto packed = plan_host(g, t.mask, c, true, false, true);
       auto plain = plan_host(g, t.mask, c, true, false, false);
@@ -612,7 +671,7 @@ TEST(Planner, ManyRunsPerRowMatchBruteForce) {
       h.push_back(fs_test::mask_many_runs(130, 1500, nfunc, seed++));
     }
     const auto mask = fs_test::assemble_mask(g, hs);
-    for (const Consumer& c : {kSm80, kSm90, kSm80Big}) {
+    for (const Consumer& c : {kSm80, kSm90, kSm80Big, kSm90Wide}) {
       SCOPED_TRACE(::testing::Message() << "tile " << c.fwd_block_q << "x" << c.fwd_block_k);
       auto plan = plan_host(g, mask, c, true);
       fs_test::check_plan(*plan, mask.data());

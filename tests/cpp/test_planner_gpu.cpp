@@ -12,6 +12,7 @@
 #include "mask_gen.h"
 #include "planner_masks.h"
 #include "dispatch/family.h"
+#include "kernels/sm90/tile_sm90.h"
 #include "plan/planner.h"
 
 #ifdef FLASHSPAN_WITH_CUDA
@@ -50,6 +51,14 @@ struct DeviceMask {
 const Consumer kSm80 = flashspan::consumer_for(80, 128, 128);
 const Consumer kSm80Big = flashspan::consumer_for(80, 256, 256);
 const Consumer kSm90 = flashspan::consumer_for(90, 128, 128);
+// (64, 64) sm90 plans with the wide backward tile (tile_sm90.h kTileSm90Wide64; by default,
+// sm90::bwd_wide64_enabled): 128x128 / 128x128.
+const Consumer kSm90Wide = [] {
+  Consumer c = flashspan::consumer_for(90, 128, 128);
+  c.bwd_block_q = flashspan::sm90::kTileSm90Wide64.bwd_bq;
+  c.bwd_block_k = flashspan::sm90::kTileSm90Wide64.bwd_bk;
+  return c;
+}();
 // Packed decode plans (consumer_for_plan): 16x64 forward / 64x128 backward.
 const Consumer kSm80Decode = [] {
   Consumer c = flashspan::consumer_for(80, 128, 128);
@@ -149,7 +158,9 @@ TEST_P(GpuBenchmarkMasks, EqualsHostPlanner) {
   const SampleMask m = fs_test::mask_by_name(name, S);
   const FlexGeometry g = fs_test::make_geometry(false, {S}, {S}, 4, 2, 1, m.nfunc);
   const bool brute = S <= 1000;
-  for (const Consumer& c : {kSm80, kSm80Big, kSm90}) {
+  std::vector<Consumer> consumers = {kSm80, kSm80Big, kSm90};
+  if (S <= 1000) consumers.push_back(kSm90Wide);  // the wide tile at small S (CI's emulated run time)
+  for (const Consumer& c : consumers) {
     SCOPED_TRACE("consumer fwd " + std::to_string(c.fwd_block_q) + "x" + std::to_string(c.fwd_block_k));
     compare_case(g, m.ep, c, brute);
     if (S > 1000) break;  // large S: the sm80 consumer only
@@ -181,7 +192,7 @@ TEST(PlannerGpu, RandomMasksGqaPerHead) {
       for (auto& s : hs)
         for (int b = 0; b < 2; ++b) s.push_back(fs_test::mask_random(333, 517, nfunc, blocky, seed++));
       const auto mask = fs_test::assemble_mask(g, hs);
-      for (const Consumer& c : {kSm80, kSm90}) compare_case(g, mask, c, true);
+      for (const Consumer& c : {kSm80, kSm90, kSm90Wide}) compare_case(g, mask, c, true);
     }
   }
 }
@@ -201,7 +212,7 @@ TEST(PlannerGpu, ManyRunsPerRow) {
       h.push_back(fs_test::mask_many_runs(72, 900, nfunc, seed++));
     }
     const auto mask = fs_test::assemble_mask(g, hs);
-    for (const Consumer& c : {kSm80, kSm90}) compare_case(g, mask, c, true);
+    for (const Consumer& c : {kSm80, kSm90, kSm90Wide}) compare_case(g, mask, c, true);
   }
 }
 
@@ -213,7 +224,7 @@ TEST(PlannerGpu, FullMinusOneBlocksArePartial) {
   const int64_t lq = 384 + 37, lk = 512 + 11;
   const SampleMask m = fs_test::mask_from_visibility(fs_test::full_minus_one_visibility(lq, lk, 128, 128, 5));
   const FlexGeometry g = fs_test::make_geometry(false, {lq}, {lk}, 2, 1, 1, m.nfunc);
-  for (const Consumer& c : {kSm80, kSm80Big, kSm90}) compare_case(g, m.ep, c, true);
+  for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm90Wide}) compare_case(g, m.ep, c, true);
 }
 
 TEST(PlannerGpu, BlockStructuredMasks) {

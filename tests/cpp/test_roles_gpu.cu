@@ -1,8 +1,9 @@
 // GPU unit tests of the shared kernel roles (src/kernels/common/): each test launches a tiny
 // kernel that runs one role on known inputs and compares what it wrote with a host computation.
 //   RolesGpu.OnlineSoftmax*   kern::OnlineSoftmax / online_softmax_step / lse_from_stats over
-//                             several key blocks: rows with no visible key, -inf masking.
-//   RolesGpu.PlanPayloadMask  kern::PlanPayloadMask + AccFragment (and Variant::logits) against
+//                             several key blocks: rows with no visible key, -inf masking, the
+//                             scale folded into the exponent.
+//   RolesGpu.PlanPayloadMask  kern::PlanPayloadMask + AccFragment (and Variant::logits, both scale forms) against
 //                             the host payload layout (payload_layout.h).
 //   RolesGpu.TileScheduler*   task / grid-cell / descending-cell orders, next(), split-item
 //                             claims (claim), snake waves over a split list of descending cells
@@ -63,14 +64,16 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 // OnlineSoftmax: one warp, a 16-row tile, kBlocks key blocks of kN n8 blocks (logits in log2
 // units, -inf = masked). x[col] weights each column: the thread accumulates o = sum p x over
 // its columns (register 2 hi + e of its one n8 "output block"), rescaled by the update's
-// factors, so that quad_sum(o) / row_sum is the row's softmax-weighted mean of x.
+// factors, so that quad_sum(o) / row_sum is the row's softmax-weighted mean of x. scale: the
+// factor the update applies inside its exponent (1: the input is in log2 units; else raw scores
+// whose logits are scale s, the sm90 forward's folded scale, Variant::logits).
 
 constexpr int kSmN = 8;        // n8 blocks per key block (64 columns)
 constexpr int kSmBlocks = 5;   // key blocks
 constexpr int kSmCols = 8 * kSmN * kSmBlocks;
 
 template <bool kOnePass>
-__global__ void online_softmax_kernel(const float* logits, const float* x, float* out) {
+__global__ void online_softmax_kernel(const float* logits, const float* x, float scale, float* out) {
   const int lane = threadIdx.x;
   const kern::AccFragment f(lane);
   kern::OnlineSoftmax sm;
@@ -89,10 +92,10 @@ __global__ void online_softmax_kernel(const float* logits, const float* x, float
       }
     }
     if constexpr (kOnePass) {
-      kern::online_softmax_step<kSmN, 1>(s, sm.m, sm.l, o);
+      kern::online_softmax_step<kSmN, 1>(s, sm.m, sm.l, o, scale);
     } else {
       float corr[2];
-      sm.update(s, corr);
+      sm.update(s, corr, scale);
       kern::OnlineSoftmax::rescale(o, corr);
     }
     // o (register 2 hi + e) += p x over the thread's columns of the block.
@@ -117,7 +120,7 @@ __global__ void online_softmax_kernel(const float* logits, const float* x, float
 }
 
 template <bool kOnePass>
-void check_online_softmax(uint64_t seed) {
+void check_online_softmax(uint64_t seed, float scale = 1.0f) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(-6.f, 6.f);
   std::vector<float> logits(16 * kSmCols), x(kSmCols);
@@ -136,16 +139,17 @@ void check_online_softmax(uint64_t seed) {
     }
   }
   DevVec<float> d_logits(logits), d_x(x), d_out(16 * 4, std::nanf(""));
-  online_softmax_kernel<kOnePass><<<1, 32>>>(d_logits.ptr(), d_x.ptr(), d_out.ptr());
+  online_softmax_kernel<kOnePass><<<1, 32>>>(d_logits.ptr(), d_x.ptr(), scale, d_out.ptr());
   sync_ok("online_softmax_kernel");
   const std::vector<float> out = d_out.get();
   for (int r = 0; r < 16; ++r) {
-    double m = -kInf;
-    for (int c = 0; c < kSmCols; ++c) m = std::max(m, double(logits[r * kSmCols + c]));
+    float m_raw = -kInf;
+    for (int c = 0; c < kSmCols; ++c) m_raw = std::max(m_raw, logits[r * kSmCols + c]);
+    const double m = double(m_raw * scale);  // the kernel's running max: max of the raw scores, scaled
     double l = 0, num = 0;
     if (m != -kInf) {
       for (int c = 0; c < kSmCols; ++c) {
-        const double p = std::exp2(double(logits[r * kSmCols + c]) - m);
+        const double p = std::exp2(double(logits[r * kSmCols + c]) * scale - m);
         l += p;
         num += p * x[c];
       }
@@ -178,17 +182,29 @@ TEST(RolesGpu, OnlineSoftmaxOnePassStep) {
   for (uint64_t seed : {4, 5, 6}) check_online_softmax<true>(seed);
 }
 
+// The scale folded into the exponent (raw scores, logits = scale s): both forms.
+TEST(RolesGpu, OnlineSoftmaxFoldedScale) {
+  REQUIRE_GPU();
+  for (uint64_t seed : {7, 8}) {
+    check_online_softmax<false>(seed, 0.37f);
+    check_online_softmax<true>(seed, 0.37f);
+  }
+}
+
 // ---------------------------------------------------------------------------------------
 // PlanPayloadMask + AccFragment: a 64 x 128 block (4 warps of 16 rows, 16 n8 blocks = two
 // 64-column words a lane), payload entries encoded on the host with payload_position(); each
 // warp loads its words of entry `entry` and writes where its registers land, through
-// Variant<PlanPayloadMask>::logits (scale, then the mask) of raw scores s = 1 + row + col / 1000.
+// Variant<PlanPayloadMask>::logits (scale, then the mask) of raw scores s = 1 + row + col / 1000:
+// each register times the factor logits() returns (the scale it leaves to the softmax's
+// exponent when it is positive, else 1), the logit the softmax sees.
 
 constexpr int kPmRows = 64, kPmCols = 128, kPmN = kPmCols / 8;
 
 __device__ __host__ inline float pm_score(int r, int c) { return 1.0f + float(r) + float(c) / 1000.0f; }
 
-__global__ void payload_mask_kernel(const uint32_t* bits, int entry, int partial, float scale, float* out) {
+__global__ void payload_mask_kernel(const uint32_t* bits, int entry, int partial, float scale, float* out,
+                                    float* exp_scale) {
   const int lane = threadIdx.x & 31, mt = threadIdx.x >> 5;
   const kern::AccFragment f(lane);
   kern::PlanPayloadMask<kPmN> mask;
@@ -200,11 +216,12 @@ __global__ void payload_mask_kernel(const uint32_t* bits, int entry, int partial
     for (int r = 0; r < 4; ++r) s[j][r] = pm_score(16 * mt + f.row(r), f.col(j, r));
   }
   const kern::Variant<kern::PlanPayloadMask<kPmN>> variant{scale, {}};
-  variant.logits(s, mask, partial != 0);
+  const float x = variant.logits(s, mask, partial != 0);
+  if (threadIdx.x == 0) *exp_scale = x;
 #pragma unroll
   for (int j = 0; j < kPmN; ++j) {
 #pragma unroll
-    for (int r = 0; r < 4; ++r) out[(16 * mt + f.row(r)) * kPmCols + f.col(j, r)] = s[j][r];
+    for (int r = 0; r < 4; ++r) out[(16 * mt + f.row(r)) * kPmCols + f.col(j, r)] = s[j][r] * x;
   }
 }
 
@@ -229,12 +246,14 @@ TEST(RolesGpu, PlanPayloadMask) {
   }
   DevVec<uint32_t> d_bits(bits);
   DevVec<float> d_out(kPmRows * kPmCols, std::nanf(""));
-  const float scale = 0.5f;
+  DevVec<float> d_x(1, std::nanf(""));
+  for (const float scale : {0.5f, -0.5f}) {  // folded into the exponent; applied by logits()
   for (int e = 0; e < kEntries; ++e) {
     for (int partial : {1, 0}) {
-      payload_mask_kernel<<<1, 32 * (kPmRows / 16)>>>(d_bits.ptr(), e, partial, scale, d_out.ptr());
+      payload_mask_kernel<<<1, 32 * (kPmRows / 16)>>>(d_bits.ptr(), e, partial, scale, d_out.ptr(), d_x.ptr());
       sync_ok("payload_mask_kernel");
       const std::vector<float> out = d_out.get();
+      EXPECT_EQ(d_x.get()[0], scale > 0.0f ? scale : 1.0f) << "the factor logits() leaves to the softmax";
       int bad = 0;
       for (int r = 0; r < kPmRows; ++r) {
         for (int c = 0; c < kPmCols; ++c) {
@@ -245,8 +264,9 @@ TEST(RolesGpu, PlanPayloadMask) {
           }
         }
       }
-      EXPECT_EQ(bad, 0) << "entry " << e << " partial " << partial;
+      EXPECT_EQ(bad, 0) << "entry " << e << " partial " << partial << " scale " << scale;
     }
+  }
   }
 }
 

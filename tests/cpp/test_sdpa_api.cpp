@@ -7,6 +7,8 @@
 // yet are named, and the backward's workspace size follows its layout.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 #include <cmath>
 #include <cstdlib>
 #include <random>
@@ -361,11 +363,18 @@ TEST(SdpaApi, CudaBackwardWorkspaceSize) {
       dv(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64});
   auto align = [](size_t x) { return (x + 255) / 256 * 256; };
   const size_t rows = size_t(Hq * B * Sq) * sizeof(float);
+  // The call is one the sm90 backward covers (sdpa_bwd_sm90_refusal: D = 64, bf16, dense), so the
+  // accumulator also holds its dQ tiles (one 64 x 64 fp32 tile per (query head, sample, 64-row
+  // query block)) and, deterministic, one int32 counter per tile after them.
+  const size_t tiles = sizeof(float) * size_t(Hq * B * ((Sq + 63) / 64)) * 64 * 64;
+  const size_t sem = sizeof(int32_t) * size_t(Hq * B * ((Sq + 63) / 64));
   for (bool det : {true, false}) {
     SdpaBackwardAttributes attr;
     attr.set_causal_mask(true).set_deterministic_algorithm(det);
     SdpaBwd bwd(q, k, v, o, dO, st, dq, dk, dv, attr);
-    EXPECT_EQ(bwd.workspace_size(), 2 * align(rows) + (det ? 0 : align(align(rows) * 64))) << "deterministic " << det;
+    EXPECT_EQ(bwd.workspace_size(), 2 * align(rows) + (det ? align(tiles) + align(sem)
+                                                           : align(std::max(align(rows) * 64, tiles))))
+        << "deterministic " << det;
   }
   SdpaFwd fwd(q, k, v, o, nullptr, SdpaAttributes());
   EXPECT_EQ(fwd.workspace_size(), 0u);

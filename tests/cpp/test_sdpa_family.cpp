@@ -1,10 +1,13 @@
-// CPU tests of the SDPA forward's kernel-family rule (dispatch/sdpa_family.cpp,
+// CPU tests of the SDPA forward's and backward's kernel-family rule (dispatch/sdpa_family.cpp,
 // sdpa_launch.h): which calls the sm90 forward with the analytic mask covers
 // (sdpa_fwd_sm90_refusal), and the switch that turns it on (sdpa_fwd_sm90_enabled). Descriptors
 // only: no data, no device.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/sdpa_problem.h"
 #include "dispatch/sdpa_launch.h"
@@ -142,6 +145,122 @@ TEST(SdpaFamily, Sm90ForwardSwitch) {
   p.device = DeviceType::kCPU;
   EXPECT_FALSE(sdpa_fwd_runs_sm90(p));
   set_sdpa_fwd_sm90_enabled(-1);
+}
+
+// A backward call on the same shapes: O and the stats as inputs, dO, dQ, dK, dV.
+sdpa::Problem backward_problem(Call c, bool deterministic = false) {
+  c.problem();  // fills the forward tensors
+  sdpa::Attributes& a = c.a;
+  a.tensors[FS_SDPA_DO] = desc(2, 4, 300, c.dv, c.dtype);
+  a.tensors[FS_SDPA_DQ] = desc(2, 4, 300, c.dqk, c.dtype);
+  a.tensors[FS_SDPA_DK] = desc(2, 2, 500, c.dqk, c.dtype);
+  a.tensors[FS_SDPA_DV] = desc(2, c.hv, 500, c.dv, c.dtype);
+  a.generate_stats = false;
+  a.backward = true;
+  a.deterministic = deterministic;
+  return sdpa::validate_backward(a);
+}
+
+std::string bwd_refusal(Call c, bool deterministic = false) {
+  const char* r = sdpa_bwd_sm90_refusal(backward_problem(c, deterministic));
+  return r == nullptr ? "" : r;
+}
+
+TEST(SdpaFamily, Sm90BackwardCoversTheForwardsSubset) {
+  // The forward's calls, deterministic or not (the same rule, sdpa_family.cpp sm90_refusal).
+  EXPECT_EQ(bwd_refusal(Call{}), "");
+  EXPECT_EQ(bwd_refusal(Call{}, true), "");
+  for (auto [dqk, dv] : {std::pair<int64_t, int64_t>{64, 64}, {8, 16}, {128, 64}, {40, 120}, {96, 96}}) {
+    Call c;
+    c.dqk = dqk;
+    c.dv = dv;
+    EXPECT_EQ(bwd_refusal(c), "") << dqk << "," << dv;
+  }
+  {
+    Call c;  // padding, bottom-right band, fp16
+    c.a.tensors[FS_SDPA_SEQ_LEN_Q] = vec(2, DType::kInt32);
+    c.a.tensors[FS_SDPA_SEQ_LEN_KV] = vec(2, DType::kInt64);
+    c.a.padding_mask = true;
+    c.a.alignment = FS_SDPA_BOTTOM_RIGHT;
+    c.a.left_bound = 64;
+    c.dtype = DType::kFloat16;
+    EXPECT_EQ(bwd_refusal(c), "");
+  }
+  // The forward's refusal of a backward call names a backward tensor (each direction its own list).
+  EXPECT_NE(sdpa_fwd_sm90_refusal(backward_problem(Call{})), nullptr);
+}
+
+TEST(SdpaFamily, Sm90BackwardLeavesTheRestToSm80) {
+  {
+    Call c;
+    c.dqk = 192;
+    EXPECT_NE(bwd_refusal(c).find("head dims"), std::string::npos);
+  }
+  {
+    Call c;
+    c.hv = 1;
+    EXPECT_NE(bwd_refusal(c).find("H_k != H_v"), std::string::npos);
+  }
+  {
+    Call c;
+    c.a.softcap = 5.0f;
+    EXPECT_NE(bwd_refusal(c).find("softcap"), std::string::npos);
+  }
+  {
+    Call c;  // sinks
+    c.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32);
+    EXPECT_EQ(bwd_refusal(c), sdpa::slot_name(FS_SDPA_SINK_TOKEN));
+  }
+  {
+    Call c;  // packed Q / O / stats (THD): ragged offsets
+    for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_O, FS_SDPA_RAGGED_OFFSET_STATS}) {
+      c.a.tensors[size_t(s)] = vec(3, DType::kInt32);
+    }
+    c.a.tensors[FS_SDPA_CU_SEQ_LEN_Q] = vec(3, DType::kInt32);
+    c.a.tensors[FS_SDPA_CU_SEQ_LEN_KV] = vec(3, DType::kInt32);
+    c.a.padding_mask = true;
+    EXPECT_NE(bwd_refusal(c).find("ragged"), std::string::npos);
+  }
+}
+
+TEST(SdpaFamily, Sm90BackwardSwitch) {
+  set_sdpa_bwd_sm90_enabled(1);
+  EXPECT_TRUE(sdpa_bwd_sm90_enabled());
+  set_sdpa_bwd_sm90_enabled(0);
+  EXPECT_FALSE(sdpa_bwd_sm90_enabled());
+  set_sdpa_bwd_sm90_enabled(1);
+  sdpa::Problem p = backward_problem(Call{});
+  p.device = DeviceType::kCPU;
+  EXPECT_FALSE(sdpa_bwd_runs_sm90(p));
+  set_sdpa_bwd_sm90_enabled(-1);
+}
+
+TEST(SdpaFamily, Sm90BackwardWorkspaceHoldsItsTiles) {
+  // A covered CUDA call's workspace holds the sm90 dQ tiles (64 x kD per (head, sample, query
+  // block)) where the sm80 accumulator is, and when deterministic their counters after them.
+  for (bool det : {false, true}) {
+    for (auto [dqk, kd] : {std::pair<int64_t, size_t>{40, 64}, {96, 128}}) {
+      Call c;
+      c.dqk = c.dv = dqk;
+      const sdpa::Problem p = backward_problem(c, det);
+      const size_t per = (sizeof(float) * 4 * 2 * 300 + 255) / 256 * 256;  // [H_q, B S_q] fp32
+      const size_t tiles = sizeof(float) * 4 * 2 * 5 * 64 * kd;             // ceil(300 / 64) = 5 blocks
+      const size_t sem = (sizeof(int32_t) * 4 * 2 * 5 + 255) / 256 * 256;
+      const size_t want = det ? 2 * per + (tiles + 255) / 256 * 256 + sem
+                              : 2 * per + (std::max(per * size_t(dqk), tiles) + 255) / 256 * 256;
+      EXPECT_EQ(sdpa_bwd_workspace_size(p), want) << "deterministic " << det << " D " << dqk;
+      std::vector<uint8_t> ws(want + 256);
+      void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 255) / 256 * 256);
+      const SdpaBwdParams b = sdpa_bwd_params_sm90(p, base, want);
+      EXPECT_EQ(reinterpret_cast<char*>(b.dq_accum) - static_cast<char*>(base), ptrdiff_t(2 * per));
+      EXPECT_EQ(b.dq_sem != nullptr, det);
+      if (det) {
+        EXPECT_EQ(reinterpret_cast<char*>(b.dq_sem) - static_cast<char*>(base),
+                  ptrdiff_t(2 * per + (tiles + 255) / 256 * 256));
+      }
+      EXPECT_EQ(b.dq_blocked, 1);
+    }
+  }
 }
 
 }  // namespace

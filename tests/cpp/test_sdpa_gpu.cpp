@@ -1,6 +1,7 @@
 // GPU tests of SDPA on the analytic-mask kernels (the C++ API on CUDA tensors: check_support,
 // workspace_size, execute; dispatch/sdpa_dispatch.cu, kernels/sm80 sdpa_*_kernel_sm80, and the
-// sm90 forward, kernels/sm90 sdpa_fwd_kernel_sm90: SdpaGpu.Sm90Forward*) against
+// sm90 forward and backward, kernels/sm90 sdpa_fwd_kernel_sm90 / sdpa_bwd_kernel_sm90:
+// SdpaGpu.Sm90Forward*, SdpaGpu.Sm90Backward*) against
 // the SDPA CPU reference run through the same API on host copies of the same 16-bit inputs.
 //
 // Every case: random shapes (S_q != S_kv), head dims, GQA / MQA, float16 / bfloat16, a mask in
@@ -29,8 +30,8 @@
 #include "gpu_harness.h"
 #include "sdpa_case.h"
 #ifdef FLASHSPAN_WITH_CUDA
-#include "dispatch/sdpa_launch.h"     // set_sdpa_fwd_sm90_enabled
-#include "kernels/sm90/launch_sm90.h"  // sm90::sdpa_fwd_launches, device_supported
+#include "dispatch/sdpa_launch.h"     // set_sdpa_fwd_sm90_enabled, set_sdpa_bwd_sm90_enabled
+#include "kernels/sm90/launch_sm90.h"  // sm90::sdpa_fwd_launches, sdpa_bwd_launches, device_supported
 #endif
 
 namespace flashspan::test {
@@ -576,6 +577,167 @@ TEST(SdpaGpu, Sm90ForwardSanitizerSmall) {
     const int64_t before = sm90::sdpa_fwd_launches();
     run_case(c, /*backward=*/false);
     EXPECT_EQ(sm90::sdpa_fwd_launches(), before + 1) << c.str();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The sm90 backward with the analytic mask (kernel_bwd_sm90.cuh AnalyticSourceBwdSm90), chosen by
+// sdpa_bwd_runs_sm90 (sdpa_family.cpp): forced on and off per test (set_sdpa_bwd_sm90_enabled;
+// the forward with it), sm90::sdpa_bwd_launches() says which family ran the backward.
+// ---------------------------------------------------------------------------
+
+struct ForceSdpaBwdSm90 {
+  explicit ForceSdpaBwdSm90(int on) { set_sdpa_bwd_sm90_enabled(on); }
+  ~ForceSdpaBwdSm90() { set_sdpa_bwd_sm90_enabled(-1); }
+};
+
+// sm90_case's cases (every mask form in both alignments, padding with a sample without keys,
+// GQA / MQA, head dims up to 128 on the (64, 64) and (128, 128) kernels, layouts, deterministic
+// on even seeds) forward and backward, the backward forced onto the sm90 kernel (on = 1) or the
+// sm80 kernels (on = 0).
+void run_sm90_bwd_cases(uint64_t first, uint64_t last, int on) {
+  const ForceSdpaSm90 force_fwd(on);
+  const ForceSdpaBwdSm90 force_bwd(on);
+  for (uint64_t seed = first; seed <= last; ++seed) {
+    const Case c = sm90_case(seed);
+    const int64_t before = sm90::sdpa_bwd_launches();
+    run_case(c, /*backward=*/true);
+    EXPECT_EQ(sm90::sdpa_bwd_launches(), before + (on ? 1 : 0)) << "family of " << c.str();
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// 100 cases in four tests (gtest shards run them side by side: the CPU reference dominates).
+TEST(SdpaGpu, Sm90BackwardRandom1) {
+  REQUIRE_GPU();
+  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  run_sm90_bwd_cases(9001, 9025, 1);
+}
+TEST(SdpaGpu, Sm90BackwardRandom2) {
+  REQUIRE_GPU();
+  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  run_sm90_bwd_cases(9026, 9050, 1);
+}
+TEST(SdpaGpu, Sm90BackwardRandom3) {
+  REQUIRE_GPU();
+  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  run_sm90_bwd_cases(9051, 9075, 1);
+}
+TEST(SdpaGpu, Sm90BackwardRandom4) {
+  REQUIRE_GPU();
+  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  run_sm90_bwd_cases(9076, 9100, 1);
+}
+
+TEST(SdpaGpu, Sm90BackwardOffRunsSm80) {
+  REQUIRE_GPU();
+  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  run_sm90_bwd_cases(9001, 9020, 0);
+}
+
+TEST(SdpaGpu, Sm90BackwardFallsBackToSm80) {
+  // With the sm90 backward on, what it does not cover runs the sm80 kernels (and is right):
+  // packed THD, (192, 128), softcap, H_k != H_v, a block_mask with the gate.
+  REQUIRE_GPU();
+  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  const ForceSdpaSm90 force_fwd(1);
+  const ForceSdpaBwdSm90 force_bwd(1);
+  for (int i = 0; i < 5; ++i) {
+    Case c = sm90_case(9200 + uint64_t(i));
+    c.kind_q = c.kind_kv = Kind::kBhsd;
+    switch (i) {
+      case 0: c.kind_q = c.kind_kv = Kind::kThd; c.lengths = 1; break;
+      case 1: c.Dqk = 192; c.Dv = 128; break;
+      case 2: c.softcap = 5.0f; break;
+      case 3: c.Hq = 4; c.Hk = 2; c.Hv = 1; break;
+      default: c.gate = true; c.block_mask = 2; c.has_right = true; c.right = 0; c.has_left = false; break;
+    }
+    const int64_t before = sm90::sdpa_bwd_launches();
+    run_case(c, /*backward=*/true);
+    EXPECT_EQ(sm90::sdpa_bwd_launches(), before) << "ran on sm90: " << c.str();
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// The cases of the sm90 backward's sanitizer run (scripts/gpu_check.sh): small, NaN-padded
+// samples (one without keys) under bottom-right causal with GQA on the (64, 64) kernel, a window
+// on the (128, 128) kernel with D = 96 (the column bounds of the stores), a dense MQA case
+// deterministic.
+Case sm90_bwd_small_case(int i) {
+  Case c;
+  c.seed = 9400 + uint64_t(i);
+  c.B = 3;
+  c.Hq = 4;
+  c.Hk = i == 2 ? 1 : 2;
+  c.Sq = 200 + 50 * i;
+  c.Skv = 300 - 40 * i;
+  c.Dqk = c.Dv = i == 0 ? 64 : i == 1 ? 96 : 128;
+  c.has_right = true;
+  c.bottom_right = i == 0;
+  c.has_left = i == 1;
+  c.left = 70;
+  c.kind_q = i == 1 ? Kind::kBshd : Kind::kBhsd;
+  c.kind_kv = i == 1 ? Kind::kStrided : Kind::kBhsd;
+  c.lengths = i == 2 ? 0 : 1;
+  c.lengths64 = i == 1;
+  c.zero_kv_sample = i == 0;
+  c.dtype = i == 1 ? DType::kFloat16 : DType::kBFloat16;
+  c.deterministic = i == 2;
+  return c;
+}
+
+TEST(SdpaGpu, Sm90BackwardSanitizerSmall) {
+  REQUIRE_GPU();
+  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  const ForceSdpaSm90 force_fwd(1);
+  const ForceSdpaBwdSm90 force_bwd(1);
+  for (int i = 0; i < 3; ++i) {
+    const Case c = sm90_bwd_small_case(i);
+    const int64_t before = sm90::sdpa_bwd_launches();
+    run_case(c, /*backward=*/true);
+    EXPECT_EQ(sm90::sdpa_bwd_launches(), before + 1) << c.str();
+  }
+}
+
+TEST(SdpaGpu, Sm90BackwardDeterministicIsBitwiseReproducible) {
+  // Padded samples (lengths), GQA, bottom-right causal, several key blocks a sample: dQ tiles
+  // added in descending key-block order through their counters; three runs bitwise equal.
+  REQUIRE_GPU();
+  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  const ForceSdpaBwdSm90 force_bwd(1);
+  for (int64_t d : {64, 128}) {
+    Case c;
+    c.seed = 3100 + uint64_t(d);
+    c.B = 2;
+    c.Hq = 8;
+    c.Hk = 2;
+    c.Sq = 700;
+    c.Skv = 650;
+    c.Dqk = c.Dv = d;
+    c.has_right = true;
+    c.bottom_right = true;
+    c.kind_q = c.kind_kv = Kind::kBhsd;
+    c.lengths = 1;
+    c.deterministic = true;
+    auto p = make_problem(c);
+    run_forward(*p, false, false);
+    poison_padding(p->o, p->len_q);
+    poison_padding(p->stats, p->len_q);
+    p->o.upload();
+    p->stats.upload();
+    std::vector<std::vector<uint8_t>> first;
+    for (int run = 0; run < 3; ++run) {
+      for (Tensor* t : {&p->dq, &p->dk, &p->dv}) t->poison_device();
+      const int64_t before = sm90::sdpa_bwd_launches();
+      run_backward(*p, true);
+      EXPECT_EQ(sm90::sdpa_bwd_launches(), before + 1);
+      std::vector<std::vector<uint8_t>> now = {p->dq.download(), p->dk.download(), p->dv.download()};
+      if (run == 0) {
+        first = now;
+      } else {
+        EXPECT_TRUE(now == first) << "D " << d << ": run " << run << " differs bitwise from run 0";
+      }
+    }
   }
 }
 

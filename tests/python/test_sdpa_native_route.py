@@ -315,11 +315,12 @@ def test_gpu_native_against_cpu_reference(fs, native, monkeypatch, seed):
 
 @gpu
 @pytest.mark.parametrize("family", ["sm90", "sm80"])
-@pytest.mark.parametrize("seed", range(10))
+@pytest.mark.parametrize("seed", range(16))
 def test_gpu_native_forward_family(fs, native, monkeypatch, family, seed):
-    """The same comparison with the forward's kernel family chosen by FLASHSPAN_KERNEL_FAMILY (read per call): on an
-    H200 with FLASHSPAN_EXPERIMENTAL=1 when the library was loaded, "sm90" runs the sm90 forward with the analytic
-    mask for the calls it covers (docs/SDPA.md "The sm90 forward"; the others and "sm80" the sm80 kernels)."""
+    """The same comparison with the kernel family of the forward and the backward chosen by FLASHSPAN_KERNEL_FAMILY
+    (read per call): on an H200 with FLASHSPAN_EXPERIMENTAL=1 when the library was loaded, "sm90" runs the sm90
+    forward and backward with the analytic mask for the calls they cover (docs/SDPA.md "The sm90 forward", "The sm90
+    backward"; the others and "sm80" the sm80 kernels)."""
     monkeypatch.setenv("FLASHSPAN_KERNEL_FAMILY", family)
     _lowering_gpu_case(fs, monkeypatch, 41_000 + seed)
 

@@ -8,10 +8,12 @@
 // (HOPPER_BRIEF.md 1.3; variant.cuh, AccFragment). The four lanes of a quad hold one row, so a
 // row reduction is the thread's own registers and two xor-shuffles.
 //
-// Statistics of a row: the running max m of its logits in log2 units (scores arrive multiplied
-// by scale * log2(e), masked ones are -inf; m stays -inf while the row has seen no visible key)
-// and the row sum l of exp2(s - m), kept thread-partial (quad_sum gives the row's). A row
-// without any visible key uses 0 instead of m in the exponents, so nothing becomes NaN.
+// Statistics of a row: the running max m of its logits in log2 units (the logits are the
+// scores times `scale` (> 0), which the update applies itself: scale * log2(e) for unscaled
+// scores, Variant::logits, or 1 for scores already in log2 units; masked ones are -inf; m stays
+// -inf while the row has seen no visible key) and the row sum l of exp2(scale s - m), kept
+// thread-partial (quad_sum gives the row's). A row without any visible key uses 0 instead of m
+// in the exponents, so nothing becomes NaN.
 #pragma once
 
 #include <cmath>
@@ -49,15 +51,18 @@ struct OnlineSoftmax {
     l[0] = l[1] = 0.0f;
   }
 
-  // Row hi of one key block: its logits in s (kN n8 blocks) become p = exp2(s - m_new); m, l
-  // (that row's statistics) updated. Returns the factor the row's output accumulator must be
-  // rescaled by (0 while m was -inf).
+  // Row hi of one key block: its scores in s (kN n8 blocks, logits = scale s) become
+  // p = exp2(scale s - m_new); m, l (that row's statistics) updated. Returns the factor the row's
+  // output accumulator must be rescaled by (0 while m was -inf). scale > 0 (the max of the
+  // scores times scale is then the max of the logits, rounding being monotone); with scale = 1
+  // the results are those of scores already in log2 units, bit for bit.
   template <int kN>
-  __device__ __forceinline__ static float update_row(float (&s)[kN][4], int hi, float& m, float& l) {
-    float mx = m;
+  __device__ __forceinline__ static float update_row(float (&s)[kN][4], int hi, float& m, float& l,
+                                                     float scale = 1.0f) {
+    float mx = -INFINITY;
 #pragma unroll
     for (int n = 0; n < kN; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hi], s[n][2 * hi + 1]));
-    mx = quad_max(mx);
+    mx = fmaxf(m, quad_max(mx) * scale);
     const float m_use = mx == -INFINITY ? 0.0f : mx;
     const float corr = exp2_approx(m - m_use);  // m = -inf -> 0
     m = mx;
@@ -66,7 +71,7 @@ struct OnlineSoftmax {
     for (int n = 0; n < kN; ++n) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float p = exp2_approx(s[n][2 * hi + e] - m_use);
+        const float p = exp2_approx(fmaf(s[n][2 * hi + e], scale, -m_use));
         s[n][2 * hi + e] = p;
         sum += p;
       }
@@ -75,11 +80,11 @@ struct OnlineSoftmax {
     return corr;
   }
 
-  // Both rows of one key block; corr[hi] for rescale().
+  // Both rows of one key block (scale: as update_row); corr[hi] for rescale().
   template <int kN>
-  __device__ __forceinline__ void update(float (&s)[kN][4], float (&corr)[2]) {
+  __device__ __forceinline__ void update(float (&s)[kN][4], float (&corr)[2], float scale = 1.0f) {
 #pragma unroll
-    for (int hi = 0; hi < 2; ++hi) corr[hi] = update_row(s, hi, m[hi], l[hi]);
+    for (int hi = 0; hi < 2; ++hi) corr[hi] = update_row(s, hi, m[hi], l[hi], scale);
   }
 
   // The output accumulator (kNO n8 blocks) of row hi, or of both rows, times the factors.
@@ -110,10 +115,10 @@ struct OnlineSoftmax {
 // one-pass form of the serial schedules: m, l, acc_o of the thread's two rows).
 template <int kN, int kNo>
 __device__ __forceinline__ void online_softmax_step(float (&s)[kN][4], float (&m)[2], float (&l)[2],
-                                                    float (&acc_o)[kNo][4]) {
+                                                    float (&acc_o)[kNo][4], float scale = 1.0f) {
 #pragma unroll
   for (int hi = 0; hi < 2; ++hi) {
-    const float corr = OnlineSoftmax::update_row(s, hi, m[hi], l[hi]);
+    const float corr = OnlineSoftmax::update_row(s, hi, m[hi], l[hi], scale);
     OnlineSoftmax::rescale_row(acc_o, hi, corr);
   }
 }

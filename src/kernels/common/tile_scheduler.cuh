@@ -156,4 +156,48 @@ struct AnalyticGrid {
   }
 };
 
+// The work items of a persistent analytic-mask (SDPA) backward: cells (key block, kv head,
+// sample) of `batch` samples padded to `num_k_blocks` key blocks each, whole walks.
+//   next(n), cell i = blockIdx.x + n gridDim.x:
+//     heads_slowest (walks of one length: no band): global key block i % (num_k_blocks batch)
+//       (sample-major) of head i / (num_k_blocks batch), as the flex grid's cells, so that the
+//       CTAs of a wave walk the same head's Q / dO (in L2 once);
+//     else (a causal band or a window): key block i / (heads batch), ascending (the first key
+//       blocks walk the most query blocks: the longest cells first), head i % heads, sample
+//       i / heads % batch.
+//     Measured on the H200 (PERF_LOG v2.2, B=1 H=16 D=128): no mask, S=32768, 483 (heads
+//     fastest) -> 531 TFLOP/s (heads slowest); causal 469 -> 422, S=8192 causal 463 -> 338, so
+//     each order is kept where it was the faster;
+//   next_descending(n): the deterministic order (as TileScheduler::next_cell_item's over
+//     uncut cells) over the global key blocks gb = b num_k_blocks + kb, descending, heads
+//     fastest, snake waves: a key
+//     block's dQ additions wait only for larger key blocks of its own sample, which are lower
+//     cells, so the lowest unfinished cell never waits (kernel_bwd_sm90.cuh).
+// None past the grid.
+struct AnalyticBwdGrid {
+  int num_k_blocks, heads, batch;
+  bool heads_slowest;
+
+  __device__ __forceinline__ WorkItem next(uint32_t n) const {
+    const int64_t i = int64_t(blockIdx.x) + int64_t(n) * gridDim.x;
+    const int64_t blocks = int64_t(num_k_blocks) * batch;
+    if (i >= blocks * heads) return TileScheduler::none();
+    if (heads_slowest) {
+      const int64_t gb = i % blocks;
+      return WorkItem{int(gb % num_k_blocks), int(i / blocks), int(gb / num_k_blocks), 0, WorkItem::kWholeWalk, -1};
+    }
+    const int64_t per_block = int64_t(heads) * batch;
+    const int64_t r = i % per_block;
+    return WorkItem{int(i / per_block), int(r % heads), int(r / heads), 0, WorkItem::kWholeWalk, -1};
+  }
+  __device__ __forceinline__ WorkItem next_descending(uint32_t n) const {
+    const int64_t lane = (n & 1) ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
+    const int64_t i = int64_t(n) * gridDim.x + lane;
+    const int64_t blocks = int64_t(num_k_blocks) * batch;
+    if (i >= blocks * heads) return TileScheduler::none();
+    const int64_t gb = blocks - 1 - i / heads;
+    return WorkItem{int(gb % num_k_blocks), int(i % heads), int(gb / num_k_blocks), 0, WorkItem::kWholeWalk, -1};
+  }
+};
+
 }  // namespace flashspan::kern

@@ -363,7 +363,9 @@ struct AnalyticMaskSm80 {
 // Softmax with rescale: scores to log2 units, the mask, then the online softmax step (s
 // becomes P; m, l updated; the output accumulator rescaled). Then P as 16-bit A fragments of
 // the P V GEMM (k-step kk = key columns 16kk..16kk+15): half the registers of the fp32
-// scores, which are dead from here on.
+// scores, which are dead from here on. The plan's mask with a positive scale leaves the scores
+// unscaled and the softmax folds the scale into its exponent (one FFMA a score: Variant::logits);
+// the analytic mask's score modifiers need the scaled scores.
 template <class T, class E, class Mask>
 __device__ __forceinline__ void fwd_softmax_sm80(const Mask& mask, float (&s)[T::kMT][T::kNS][4], float (&m)[T::kMT][2],
                                                  float (&l)[T::kMT][2], float (&acc_o)[T::kMT][T::kNO][4],
@@ -372,13 +374,16 @@ __device__ __forceinline__ void fwd_softmax_sm80(const Mask& mask, float (&s)[T:
   constexpr int kMT = T::kMT;
 #pragma unroll
   for (int i = 0; i < kMT; ++i) {
+    const bool fold = !Mask::kAnalytic && p.scale_log2 > 0.0f;
+    if (!fold) {
 #pragma unroll
-    for (int n = 0; n < T::kNS; ++n) {
+      for (int n = 0; n < T::kNS; ++n) {
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[i][n][e] *= p.scale_log2;
+        for (int e = 0; e < 4; ++e) s[i][n][e] *= p.scale_log2;
+      }
     }
     mask.apply(p, s[i], partial, entry, warp * kMT + i, lane);
-    online_softmax_step<T::kNS, T::kNO>(s[i], m[i], l[i], acc_o[i]);
+    online_softmax_step<T::kNS, T::kNO>(s[i], m[i], l[i], acc_o[i], fold ? p.scale_log2 : 1.0f);
     if constexpr (Mask::kAnalytic) mask.template dropout<T::kNS>(p, s[i], entry, warp * kMT + i, lane);
   }
 #pragma unroll

@@ -105,12 +105,34 @@
 // A = P / dS M-major, B = dO / Q N-major) on the warpgroup's columns. Shared memory: (192, 128)
 // K 24 + V 16 + 2 x (Q 24 + dO 16) + 2 x (P, dS 16) + dQ 48 KB = 200 KB; (256, 256) one Q / dO
 // stage: 32 + 32 + 64 + 32 + 64 KB = 224 KB (of 227).
+//
+// Wide tile (kBq = 128; (64, 64) plans whose consumer has tile_sm90.h's kTileSm90Wide64, 128 query
+// rows x 128 keys, as the seed system's and FlashAttention-3's sm90 backward for D <= 64;
+// sm90::bwd_wide64_enabled: by default, FLASHSPAN_SM90_BWD_WIDE64=0 keeps 64 x 128; PERF_LOG v2.2). The key-split consumers with 128 queries a step:
+// warpgroup c still owns keys 64c .. 64c + 63, so S^T and dP^T are m64n128 accumulators (64
+// registers each), dV += P^T dO and dK += dS^T Q are m64n64 RS over k = 128 queries (8 k16 steps
+// from the packed P^T / dS^T registers), and dS^T goes to shared memory as two 64-query slabs
+// ([128 keys][64 queries] each, 128B-swizzled, the 64-row tile's layout twice). dQ (128 x 64) is
+// split by rows: warpgroup c computes queries 64c .. 64c + 63, all 64 columns (m64n64, A = dS^T
+// slab c M-major, B = K N-major, 8 k16 steps), so the dQ tile (128 x 64 fp32, 32 KB, one bulk
+// reduce-add a step as at D = 128) is in the register order of dq_tile_offset_sm90<64, 128>. The
+// payload words are those of the 64-row tile for j = 0 .. 15 (16 loads a partial step). Per step
+// and warpgroup: 4 + 4 + 8 + 8 + 8 wgmma k16 instructions of N = 128 / 128 / 64 / 64 / 64 for
+// twice the 64-row tile's FLOPs, with the same barriers, one statistics / payload / dQ hand-off.
+// Registers (ptxas, nvcc 13.0): consumers at most R229 of their 232 after setmaxnreg (S^T, dP^T
+// 128 + dK, dV 64 live across the exp), no spill in the consumer path (the kernel's 56-byte stack
+// frame is the 40-register producer's, as in the other kernels). Shared memory: K 16 + V 16 +
+// 2 x (Q 16 + dO 16) + 2 x dS^T 32 + dQ 32 + 2 KB statistics + 4 KB payload = 199 KB.
+// Only the sm90 backward runs this tile (the sm80 backward's traits assume 64 query rows), so a
+// plan gets it only while this backward takes every backward call (family.cpp consumer_sm90).
 #pragma once
 
 #include <cuda.h>
 
 #include <cstdint>
 
+#include "kernels/common/analytic_mask.h"
+#include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/block_range.cuh"
 #include "kernels/common/bwd_prepost.cuh"
 #include "kernels/common/k2q_walk.cuh"
@@ -126,15 +148,20 @@ namespace flashspan::kern90 {
 
 // Shared-memory layout and tile of the kernel for head dims (kDqk, kDv): the tile is the plan's
 // (tile_sm90.h). 64 x 128 (Dqk = Dv in {64, 128}): the key-split consumers (bwd_consumer);
-// 64 x 64 ((192, 128), (256, 256)): the column-split consumers (bwd_consumer_cols).
-template <int kDqk, int kDv = kDqk>
+// 64 x 64 ((192, 128), (256, 256)): the column-split consumers (bwd_consumer_cols); kBq = 128,
+// the wide tile 128 x 128 of (64, 64) (kTileSm90Wide64): the key-split consumers with 128 query
+// rows a step (see "Wide tile" in the header comment).
+template <int kDqk, int kDv = kDqk, int kBq = 64>
 struct BwdSm90Layout {
   static_assert(sm90::bwd_runs_head_dims_sm90(kDqk, kDv), "sm90 backward: head dims (64, 64), (128, 128), (192, 128) or (256, 256)");
   static constexpr int kD = kDqk;
-  static constexpr int kBlockQ = sm90::tile_sm90(kDqk, kDv).bwd_bq;  // 64
-  static constexpr int kBlockK = sm90::tile_sm90(kDqk, kDv).bwd_bk;  // 128, or 64 for (192, 128) / (256, 256)
-  static constexpr bool kColSplit = kBlockK == 64;                   // the column-split consumers
-  static_assert(kBlockQ == 64 && (kBlockK == 128 || kColSplit), "the consumer layouts below assume 64 x 128 or 64 x 64");
+  static constexpr bool kWide = kBq == 128;                                  // the wide tile of (64, 64)
+  static constexpr int kBlockQ = sm90::tile_sm90(kDqk, kDv, kWide).bwd_bq;  // 64, or 128 (wide)
+  static constexpr int kBlockK = sm90::tile_sm90(kDqk, kDv, kWide).bwd_bk;  // 128, or 64 for (192, 128) / (256, 256)
+  static constexpr bool kColSplit = kBlockK == 64;                          // the column-split consumers
+  static_assert(kBlockQ == kBq, "sm90 backward: the wide 128-row tile exists for (64, 64) only");
+  static_assert((kBlockQ == 64 && (kBlockK == 128 || kColSplit)) || (kWide && kBlockK == 128),
+                "the consumer layouts below assume 64 x 128, 64 x 64 or the wide 128 x 128");
   static_assert(kColSplit || kDqk == kDv, "the key-split consumers need Dqk = Dv");
   // Q / dO stages: 2, or 1 for (256, 256) (two stages of its 64 KB Q + dO do not fit beside K, V,
   // the P / dS buffers and the 64 KB dQ tile).
@@ -151,15 +178,19 @@ struct BwdSm90Layout {
   static constexpr int kTileDO = kSlabsV * kSlabQ;
   static constexpr int kDqFloats = kBlockQ * kDqk;   // the fp32 dQ tile
   static constexpr int kDqBytes = kDqFloats * 4;
-  static constexpr int kDqN = kDqk / 2;              // dQ columns of one consumer warpgroup
+  // dQ columns of one consumer warpgroup: half of them (64-row tiles), or all of them for its 64 of
+  // the wide tile's 128 query rows.
+  static constexpr int kDqN = kWide ? kDqk : kDqk / 2;
   static constexpr int kK = 0;
   static constexpr int kV = kK + kTileK;
   static constexpr int kQ = kV + kTileV;             // [kStages]
   static constexpr int kDO = kQ + kStages * kTileQ;  // [kStages]
   static constexpr int kDS = kDO + kStages * kTileDO;  // [2] dS^T (key split) or P, dS (column split)
-  // Key split: dS^T, kBlockK keys x 128 B. Column split: P then dS, each 64 query rows x 128 B.
+  // Key split: dS^T, kBlockQ / 64 slabs of kBlockK keys x 64 queries (128 B rows). Column split:
+  // P then dS, each 64 query rows x 128 B.
   static constexpr int kXBytes = kBlockQ * 128;
-  static constexpr int kDSBytes = kColSplit ? 2 * kXBytes : kBlockK * 128;
+  static constexpr int kDsSlab = kBlockK * 128;
+  static constexpr int kDSBytes = kColSplit ? 2 * kXBytes : (kBlockQ / 64) * kDsSlab;
   static constexpr int kDQ = kDS + 2 * kDSBytes;
   static constexpr int kStat = kDQ + kDqBytes;  // [kStages][2][64] fp32: lse2, D
   static constexpr int kPayBytes = kBlockQ * kBlockK / 8;        // one partial block's payload (1 KB / 512 B)
@@ -215,26 +246,37 @@ struct BwdItem {
   int kb, hkv, b, begin, steps, slot;
 };
 
-// Float index of dQ element (query row r, column d) inside a 64 x kD dq_accum tile: the
-// consumers' register order, so that warpgroup c's thread t stores its accumulators dq[j][0..3]
-// as one float4 at ((c * kD / 16 + j) * 128 + t) * 4 (16-byte stores, conflict-free). Thread
-// t = 32 w + 4 g + qd of warpgroup c holds rows 16 w + g (+8), columns c kD / 2 + 8 j + 2 qd (+1)
-// (the m64n{kD/2} accumulator, HOPPER_BRIEF.md 1.3).
-template <int kD>
+// Float index of dQ element (query row r, column d) inside a kBq x kD dq_accum tile: the
+// consumers' register order, so that each thread stores its accumulators dq[j][0..3] as one
+// float4 (16-byte stores, conflict-free).
+//   kBq = 64: warpgroup c's thread t stores n8 block j of its columns at
+//     ((c * kD / 16 + j) * 128 + t) * 4; thread t = 32 w + 4 g + qd of warpgroup c holds rows
+//     16 w + g (+8), columns c kD / 2 + 8 j + 2 qd (+1) (the m64n{kD/2} accumulator,
+//     HOPPER_BRIEF.md 1.3).
+//   kBq = 128 (the wide tile): warpgroup c holds query rows 64 c + 16 w + g (+8), every column
+//     8 j + 2 qd (+1) (m64n{kD}), stored at ((c * kD / 8 + j) * 128 + t) * 4.
+template <int kD, int kBq = 64>
 __host__ __device__ __forceinline__ int dq_tile_offset_sm90(int r, int d) {
-  const int w = r >> 4, g = r & 7, hi = (r >> 3) & 1;
-  const int c = d / (kD / 2), j = (d % (kD / 2)) >> 3, qd = (d & 7) >> 1, e = d & 1;
-  return ((c * (kD / 16) + j) * 128 + 32 * w + 4 * g + qd) * 4 + 2 * hi + e;
+  static_assert(kBq == 64 || kBq == 128, "dQ tiles of 64 or 128 query rows");
+  if constexpr (kBq == 64) {
+    const int w = r >> 4, g = r & 7, hi = (r >> 3) & 1;
+    const int c = d / (kD / 2), j = (d % (kD / 2)) >> 3, qd = (d & 7) >> 1, e = d & 1;
+    return ((c * (kD / 16) + j) * 128 + 32 * w + 4 * g + qd) * 4 + 2 * hi + e;
+  } else {
+    const int c = r >> 6, w = (r >> 4) & 3, g = r & 7, hi = (r >> 3) & 1;
+    const int j = d >> 3, qd = (d & 7) >> 1, e = d & 1;
+    return ((c * (kD / 8) + j) * 128 + 32 * w + 4 * g + qd) * 4 + 2 * hi + e;
+  }
 }
 
 #if defined(__CUDA_ARCH__)
 
-// An m64n64 accumulator (rows = keys, cols = queries) as the A fragments of four k16 steps
-// (queries 16kk .. 16kk + 15), packed to 16 bit (HOPPER_BRIEF.md 1.3).
-template <class E>
-__device__ __forceinline__ void pack_a_64x64(const float (&s)[8][4], uint32_t (&a)[4][4]) {
+// An m64n{8 kN8} accumulator (rows = keys, cols = queries) as the A fragments of kN8 / 2 k16
+// steps (queries 16kk .. 16kk + 15), packed to 16 bit (HOPPER_BRIEF.md 1.3).
+template <class E, int kN8>
+__device__ __forceinline__ void pack_a_frag(const float (&s)[kN8][4], uint32_t (&a)[kN8 / 2][4]) {
 #pragma unroll
-  for (int kk = 0; kk < 4; ++kk) {
+  for (int kk = 0; kk < kN8 / 2; ++kk) {
     a[kk][0] = kern::pack2<E>(s[2 * kk][0], s[2 * kk][1]);
     a[kk][1] = kern::pack2<E>(s[2 * kk][2], s[2 * kk][3]);
     a[kk][2] = kern::pack2<E>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
@@ -306,13 +348,95 @@ __device__ __forceinline__ int dq_order_rank(const BwdParams& p, int h, int b, i
 }
 
 // ---------------------------------------------------------------------------
+// Mask sources: the per-item half of the Mask role, a template parameter of the producer, the
+// dQ order warp and the key-split consumers (as kernel_fwd_sm90.cuh's PlanSourceSm90 /
+// AnalyticSourceSm90). Per work item:
+//   Src::next_item(p, n, lane)       the CTA's n-th item with its step count (all lanes)
+//   Src::Seqlen sl(p, b)             the sample's q_start (workspace rows), len_q, k_start, len_k
+//   Src::walk<Walk>(p, hkv, b, kb, steps)   its (query head, query block, payload) steps (then
+//                                    seek(begin));
+//                                    payload >= 0: a partial step (the plan's payload index; the
+//                                    analytic walk says 0 and has no payload to load)
+//   Src::dq_rank(p, h, b, qb, kb, lane)  the deterministic order of the step's dQ addition
+//   Src::q_block0(p, b)              the sample's first global query block (dq_accum tiles)
+//   Src::keys_to_store(p, sl, key0)  the dK / dV rows the epilogue writes
+// ---------------------------------------------------------------------------
+
+// Flex: the plan's K2Q lists, payload, cu_seqlens and task list / grid / split items (the code
+// the kernel had inline: scripts/sass_diff.sh, same SASS).
+struct PlanSourceBwdSm90 {
+  static constexpr bool kAnalytic = false;
+  using Seqlen = kern::SeqlenInfo;
+  __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int lane) {
+    return next_bwd_item(p, item_it, lane);
+  }
+  template <class Walk>
+  __device__ __forceinline__ static Walk walk(const BwdParams& p, int hkv, int b, int kb, int steps) {
+    return Walk{&p, hkv * p.group_size, (hkv + 1) * p.group_size, b, kb, steps};
+  }
+  __device__ __forceinline__ static int dq_rank(const BwdParams& p, int h, int b, int qb, int kb, int lane) {
+    return dq_order_rank(p, h, b, qb, kb, lane);
+  }
+  __device__ __forceinline__ static int64_t q_block0(const BwdParams& p, int b) { return __ldg(p.view.q_block_start + b); }
+  __device__ __forceinline__ static int keys_to_store(const BwdParams&, const Seqlen& sl, int key0) {
+    return sl.len_k - key0;
+  }
+};
+
+// SDPA: the analytic mask (analytic_mask.h, analytic_seqlen.cuh) of padded tensors
+// (launch_sdpa_bwd_sm90: q, k, v, o, dO, dq, dk, dv and the stats not ragged, so sample b is
+// batch coordinate b of the tensor maps). Items are the cells of an AnalyticBwdGrid (key block,
+// kv head, sample) over every sample padded to S_kv; a block's steps are the analytic K2Q walk's
+// (every query head of the kv group, ascending query blocks), a partial step's element mask the
+// tile mask of the item's KeyBlockMask (the consumers, analytic_step_mask). Workspace rows of
+// sample b start at b * S_q (AnalyticSeqlen::q_start); dq_accum tiles at b * num_q_blocks.
+// Every dK / dV row below S_kv is written (0 past the sample); inputs past the sample are
+// zeroed in shared memory before use (zero_rows_past).
+struct AnalyticSourceBwdSm90 {
+  static constexpr bool kAnalytic = true;
+  static constexpr int kBlockQ = 64, kBlockK = 128;  // the key-split kernels' tile
+  using Seqlen = kern::AnalyticSeqlen;
+  __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int) {
+    const AnalyticMaskParams& a = kern::analytic_of(p);
+    const kern::AnalyticBwdGrid grid{a.num_k_blocks, p.num_heads_q / p.group_size, p.batch,
+                                     !a.band.has_left && !a.band.has_right};
+    const kern::WorkItem w = p.deterministic ? grid.next_descending(item_it) : grid.next(item_it);
+    BwdItem it{w.block, w.head, w.batch, 0, 0, -1};
+    if (it.kb >= 0) {
+      const Seqlen sl(p, it.b);
+      it.steps = p.group_size * kern::k2q_cursor(sl.mask, it.kb, kBlockQ, kBlockK).remaining();
+    }
+    return it;
+  }
+  template <class Walk>
+  __device__ __forceinline__ static kern::AnalyticK2QWalk walk(const BwdParams& p, int hkv, int b, int kb, int steps) {
+    const Seqlen sl(p, b);
+    return kern::masked_k2q_walk(kern::analytic_of(p), sl, hkv * p.group_size, (hkv + 1) * p.group_size, steps, kb,
+                                 kBlockQ, kBlockK);
+  }
+  // Key blocks after kb in query block qb's Q2K row (every one of them adds to the tile).
+  __device__ __forceinline__ static int dq_rank(const BwdParams& p, int, int b, int qb, int kb, int) {
+    const Seqlen sl(p, b);
+    const kern::AnalyticCursor row = kern::q2k_cursor(sl.mask, qb, kBlockQ, kBlockK);
+    return max(0, row.end - max(row.pos, kb + 1));
+  }
+  __device__ __forceinline__ static int64_t q_block0(const BwdParams& p, int b) {
+    return int64_t(b) * kern::analytic_of(p).num_q_blocks;
+  }
+  // A padded dK / dV: every row below S_kv (rows past the sample: 0).
+  __device__ __forceinline__ static int keys_to_store(const BwdParams& p, const Seqlen&, int key0) {
+    return kern::analytic_of(p).max_kv - key0;
+  }
+};
+
+// ---------------------------------------------------------------------------
 // Producer (warp 0 of WG0)
 // ---------------------------------------------------------------------------
 
 // Walk: kern::K2QWalk (BlockCursor order, what the split schedule counts) or, deterministic,
-// kern::K2QWalkAscending (the dQ order warp walks the same).
-// L: the kernel's BwdSm90Layout.
-template <class L, class Walk>
+// kern::K2QWalkAscending (the dQ order warp walks the same); the analytic source's walk is
+// ascending in both cases. L: the kernel's BwdSm90Layout; Src: the mask source.
+template <class L, class Src, class Walk>
 __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                              const CUtensorMap* tm_v, const CUtensorMap* tm_do, uint32_t base,
                                              uint8_t* smem) {
@@ -328,7 +452,7 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
   int4* s_info = reinterpret_cast<int4*>(smem + L::kInfo);
   uint32_t step_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
-    const BwdItem it = next_bwd_item(p, item_it, lane);
+    const BwdItem it = Src::next_item(p, item_it, lane);
     const uint32_t rs = item_it & 1;
     mbar_wait(bars + L::kItemEmpty + 8 * rs, ((item_it >> 1) & 1) ^ 1);
     if (lane == 0) {
@@ -343,7 +467,7 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
     }
     if (it.kb < 0) return;
 
-    const kern::SeqlenInfo sl(p, it.b);
+    const typename Src::Seqlen sl(p, it.b);
     const int bcoord = p.varlen ? 0 : it.b;
     const int q_row0 = p.varlen ? sl.q_start : 0;
     if (lane == 0) {
@@ -357,11 +481,12 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
         if (s < L::kSlabsV) tma_load_4d(base + L::kV + s * L::kSlabK, tm_v, 64 * s, row, it.hkv, bcoord, bars + L::kKvFull);
       }
     }
-    Walk walk{&p, it.hkv * p.group_size, (it.hkv + 1) * p.group_size, it.b, it.kb, it.steps};
+    auto walk = Src::template walk<Walk>(p, it.hkv, it.b, it.kb, it.steps);
     walk.seek(it.begin);
     for (int s = 0; s < it.steps; ++s, ++step_it) {
       int h = 0, qb = 0, payload = -1;
       walk.next(h, qb, payload);
+      const int pay = Src::kAnalytic ? -1 : payload;  // the payload to load (the analytic mask has none)
       const uint32_t st = step_it % L::kStages, ph = (step_it / L::kStages) & 1;
       mbar_wait(bars + L::kQdoEmpty + 8 * st, ph ^ 1);
       const uint32_t full = bars + L::kQdoFull + 8 * st;
@@ -369,9 +494,9 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
         // First of the 33 arrivals of this phase: the transaction bytes of the Q and dO boxes
         // and of a partial step's payload (copied into the stage, so that the consumers read
         // it from shared memory after their S GEMM instead of holding it in registers).
-        mbar_arrive_expect_tx(full, L::kTileQ + L::kTileDO + (payload >= 0 ? L::kPayBytes : 0));
-        if (payload >= 0) {
-          bulk_load(base + L::kPay + st * L::kPayBytes, p.view.q2k_partial_bits + size_t(payload) * (L::kPayBytes / 4),
+        mbar_arrive_expect_tx(full, L::kTileQ + L::kTileDO + (pay >= 0 ? L::kPayBytes : 0));
+        if (pay >= 0) {
+          bulk_load(base + L::kPay + st * L::kPayBytes, p.view.q2k_partial_bits + size_t(pay) * (L::kPayBytes / 4),
                     L::kPayBytes, full);
         }
         const int row = q_row0 + qb * L::kBlockQ;
@@ -461,7 +586,7 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
 // Walks each item's K2Q pairs as the producer does (ascending, K2QWalkAscending) and hands the writer, through a 2-entry
 // ring, the order of every step's dQ addition (dq_order_rank), ahead of the step. A warp of its
 // own so that the producer's register budget (40) stays as it was for both paths.
-template <class L>
+template <class L, class Src>
 __device__ __forceinline__ void bwd_dq_order(const BwdParams& p, uint8_t* smem, uint32_t bars) {
   const int lane = threadIdx.x & 31;
   volatile int32_t* s_rank = reinterpret_cast<int32_t*>(smem + L::kRank);
@@ -474,12 +599,12 @@ __device__ __forceinline__ void bwd_dq_order(const BwdParams& p, uint8_t* smem, 
     __syncwarp();
     if (lane == 0) mbar_arrive(bars + L::kItemEmpty + 8 * rs);
     if (kb < 0) return;
-    kern::K2QWalkAscending walk{&p, hkv * p.group_size, (hkv + 1) * p.group_size, b, kb, steps};
+    auto walk = Src::template walk<kern::K2QWalkAscending>(p, hkv, b, kb, steps);
     walk.seek(begin);
     for (int s = 0; s < steps; ++s, ++step_it) {
       int h = 0, qb = 0, payload = -1;
       walk.next(h, qb, payload);
-      const int rank = dq_order_rank(p, h, b, qb, kb, lane);
+      const int rank = Src::dq_rank(p, h, b, qb, kb, lane);
       const uint32_t r2 = step_it & 1;
       mbar_wait(bars + L::kRankEmpty + 8 * r2, ((step_it >> 1) & 1) ^ 1);
       if (lane == 0) {
@@ -512,8 +637,10 @@ __device__ __forceinline__ BwdItem take_bwd_item(uint32_t bars, const uint8_t* s
 // (key split: keys 64c + 16w + g, every column; column split: keys 16w + g, the warpgroup's
 // column pieces). slot >= 0: dK (unscaled) and dV added with fp32 atomics to split slot `slot`
 // ([kBlockK, Dqk] / [kBlockK, Dv] fp32, bwd_split.cuh); else dK (times the softmax scale) and dV
-// rows of the valid keys written in the input dtype.
-template <int kBlockK, int kDqk, int kDv, class E, int kNK, int kNV, class ColK, class ColV>
+// rows of the valid keys written in the input dtype. kBoundCols: a call's head dims below the
+// kernel's (SDPA: dims up to 128 on the (64, 64) / (128, 128) kernels) store only the columns
+// below p.head_dqk / p.head_dv (the accumulators' extra columns are 0: TMA zero fill).
+template <int kBlockK, int kDqk, int kDv, class E, bool kBoundCols = false, int kNK, int kNV, class ColK, class ColV>
 __device__ __forceinline__ void dkdv_epilogue_sm90(const BwdParams& p, const BwdItem& it, int keys_valid,
                                                    int64_t krow, int key_thr, int qd, const float (&dk)[kNK][4],
                                                    const float (&dv)[kNV][4], ColK colk, ColV colv) {
@@ -547,11 +674,11 @@ __device__ __forceinline__ void dkdv_epilogue_sm90(const BwdParams& p, const Bwd
       Elem* krow_v = dvp + int64_t(key) * p.dva.row_stride;
 #pragma unroll
       for (int n = 0; n < kN; ++n) {
-        if (n < kNK) {
+        if (n < kNK && (!kBoundCols || colk(n) < p.head_dqk)) {
           *reinterpret_cast<uint32_t*>(krow_k + colk(n) + 2 * qd) =
               kern::pack2<E>(dk[n][2 * hi] * p.scale, dk[n][2 * hi + 1] * p.scale);
         }
-        if (n < kNV) {
+        if (n < kNV && (!kBoundCols || colv(n) < p.head_dv)) {
           *reinterpret_cast<uint32_t*>(krow_v + colv(n) + 2 * qd) = kern::pack2<E>(dv[n][2 * hi], dv[n][2 * hi + 1]);
         }
       }
@@ -559,10 +686,59 @@ __device__ __forceinline__ void dkdv_epilogue_sm90(const BwdParams& p, const Bwd
   }
 }
 
-template <int kD, class E>
+// Named barrier of the two consumer warpgroups around zero_rows_past (1: dS complete).
+constexpr int kZeroBar = 2;
+
+// Analytic mask (SDPA): zeroes rows [keep, kRows) of two tiles at a and b (kSlabs 64-column
+// slabs of kRows rows x 128 bytes each; the swizzle permutes 16-byte chunks inside a row, so a
+// row's 8 chunks are the row) by the 256 consumer threads (t: 0..255), then makes the writes
+// visible to the wgmma (async proxy) of both warpgroups, which both call it with the same
+// arguments. Rows past a sample (padding: any values, NaN included) would otherwise reach the
+// gradients through the GEMMs that multiply a masked P or dS of 0 with them (0 * NaN): Q and dO
+// (dK += dS^T Q, dV += P^T dO) and K and V (dQ = dS K; dP^T = V dO^T).
+template <int kRows, int kSlabs>
+__device__ __forceinline__ void zero_rows_past(uint32_t a, uint32_t b, int keep, int t) {
+  constexpr int kChunks = kSlabs * kRows * 8;  // 16-byte chunks of one tile
+#pragma unroll 2
+  for (int i = t; i < 2 * kChunks; i += 256) {
+    const bool second = i >= kChunks;
+    const int j = second ? i - kChunks : i;
+    if ((j >> 3) % kRows >= keep) {
+      asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};\n" ::"r"((second ? b : a) + 16 * j), "r"(0) : "memory");
+    }
+  }
+  fence_proxy_async_smem();
+  named_bar_sync(kZeroBar, 256);
+}
+
+// The payload-word form (pw[j / 2][e], bits 4 hi + 2 (j % 2)) of the analytic element mask of
+// one step (query block qb, key block kb): the thread's keys key_thr (+8 hi) and queries
+// 8 j + 2 qd + e of the S^T accumulator, from the tile mask (analytic_mask.h TileMask).
+__device__ __forceinline__ void analytic_step_mask(const kern::TileMask& tm, int key_thr, int qd, uint32_t (&pw)[4][2]) {
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      uint32_t wv = 0;
+#pragma unroll
+      for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          if (tm.visible(8 * (2 * m + jj) + 2 * qd + e, key_thr + 8 * hi)) wv |= 1u << (4 * hi + 2 * jj);
+        }
+      }
+      pw[m][e] = wv;
+    }
+  }
+}
+
+// kBq: the step's query rows, 64 or 128 (the wide tile of (64, 64); plan source only).
+template <int kD, class E, class Src, int kBq = 64>
 __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, uint8_t* smem) {
-  using L = BwdSm90Layout<kD>;
-  constexpr int kN = kD / 8;  // n8 blocks of dK / dV
+  using L = BwdSm90Layout<kD, kD, kBq>;
+  constexpr int kN = kD / 8;       // n8 blocks of dK / dV
+  constexpr int kNQ = kBq / 8;     // n8 blocks (query columns) of S^T / dP^T
+  constexpr int kKQ = kBq / 16;    // k16 steps over the step's queries (dV, dK)
   const uint32_t bars = base + L::kBar;
   const int c = (threadIdx.x - 128) >> 7;  // consumer warpgroup: keys 64c .. 64c + 63
   const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
@@ -571,17 +747,22 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
   const int4* s_info = reinterpret_cast<const int4*>(smem + L::kInfo);
   float* s_dq = reinterpret_cast<float*>(smem + L::kDQ);
   // Payload: word offsets (j / 2) 64 + 32c + 8qd + 4e + g / 2 and the thread's bit shift.
-  const int pw_thr = 32 * c + 8 * qd + (g >> 1);
-  const int pw_shift = 8 * w + (g & 1);
+  [[maybe_unused]] const int pw_thr = 32 * c + 8 * qd + (g >> 1);
+  [[maybe_unused]] const int pw_shift = 8 * w + (g & 1);
   // dS^T store offset of the thread's pairs (key row key_thr, chunk j ^ (key & 7), 4 qd bytes).
   const uint32_t ds_row = uint32_t(key_thr) * 128 + 4 * qd;
   // Operand tiles of this warpgroup.
   const uint32_t k_tile = base + L::kK + c * 64 * 128;  // K rows 64c.. (A of S^T)
   const uint32_t v_tile = base + L::kV + c * 64 * 128;  // V rows 64c.. (A of dP^T)
-  // K columns c kD/2 .. (B of dQ): slab (c kD/2) / 64, plus 64 bytes for the second half of a
-  // slab (kD = 64; the 128B swizzle is applied to the absolute address, so a start inside the
-  // swizzle row addresses the right elements, as the K-major k16 steps do).
-  const uint32_t kq_tile = base + L::kK + (c * L::kDqN / 64) * L::kSlabK + (c * L::kDqN % 64) * 2;
+  // B of dQ, K columns c kDqN .. (64-row tiles: kDqN = kD / 2; the wide tile: every column, c = 0
+  // here): slab (c kDqN) / 64, plus 64 bytes for the second half of a slab (kD = 64; the 128B
+  // swizzle is applied to the absolute address, so a start inside the swizzle row addresses the
+  // right elements, as the K-major k16 steps do).
+  const int cq = L::kWide ? 0 : c;
+  const uint32_t kq_tile = base + L::kK + (cq * L::kDqN / 64) * L::kSlabK + (cq * L::kDqN % 64) * 2;
+  // A of dQ: the dS^T slab of the warpgroup's dQ rows (64-row tiles: the only slab; the wide
+  // tile: queries 64c ..).
+  const uint32_t ds_slab = L::kWide ? c * L::kDsSlab : 0;
 
   uint32_t step_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
@@ -592,19 +773,29 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
     zero_frag(dk);
     zero_frag(dv);
     mbar_wait(bars + L::kKvFull, item_it & 1);
-    const kern::SeqlenInfo sl(p, it.b);
-    const int64_t qblk0 = __ldg(p.view.q_block_start + it.b);  // the sample's first global query block
+    const typename Src::Seqlen sl(p, it.b);
+    const int64_t qblk0 = Src::q_block0(p, it.b);  // the sample's first global query block
+    if constexpr (Src::kAnalytic) {
+      const int keys_in = sl.len_k - it.kb * L::kBlockK;
+      if (it.steps > 0 && keys_in < L::kBlockK) {
+        zero_rows_past<L::kBlockK, L::kSlabs>(base + L::kK, base + L::kV, keys_in, 128 * c + t);
+      }
+    }
     for (int s = 0; s < it.steps; ++s, ++step_it) {
       const uint32_t st = step_it % L::kStages, ph = (step_it / L::kStages) & 1;
       const uint32_t q_tile = base + L::kQ + st * L::kTileQ;
       const uint32_t do_tile = base + L::kDO + st * L::kTileQ;
       mbar_wait(bars + L::kQdoFull + 8 * st, ph);
+      if constexpr (Src::kAnalytic) {
+        const int rows_in = sl.len_q - s_info[st].y * L::kBlockQ;
+        if (rows_in < L::kBlockQ) zero_rows_past<L::kBlockQ, L::kSlabs>(q_tile, do_tile, rows_in, 128 * c + t);
+      }
       // S^T = K Q^T and dP^T = V dO^T (kD / 16 k16 steps each, both operands K-major).
-      float sacc[8][4], dpacc[8][4];
+      float sacc[kNQ][4], dpacc[kNQ][4];
       wg_fence();
-      wgmma_ss_kmajor<64, kD, L::kSlabK, L::kSlabQ, E>(sacc, k_tile, q_tile);
+      wgmma_ss_kmajor<kBq, kD, L::kSlabK, L::kSlabQ, E>(sacc, k_tile, q_tile);
       wg_commit();
-      wgmma_ss_kmajor<64, kD, L::kSlabK, L::kSlabQ, E>(dpacc, v_tile, do_tile);
+      wgmma_ss_kmajor<kBq, kD, L::kSlabK, L::kSlabQ, E>(dpacc, v_tile, do_tile);
       wg_commit();
       const float* lse2 = s_stat + st * 2 * L::kBlockQ;
       const float* delta = lse2 + L::kBlockQ;
@@ -613,18 +804,25 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       reg_fence(sacc);
       // Payload words of a partial step, pre-shifted (a full block: every bit set, so the mask
       // test below is branch-free).
-      uint32_t pw[4][2] = {{~0u, ~0u}, {~0u, ~0u}, {~0u, ~0u}, {~0u, ~0u}};
+      uint32_t pw[kBq / 16][2];
+#pragma unroll
+      for (int m = 0; m < kBq / 16; ++m) pw[m][0] = pw[m][1] = ~0u;
       if (info.z >= 0) {
-        const uint32_t* bits = reinterpret_cast<const uint32_t*>(smem + L::kPay + st * L::kPayBytes) + pw_thr;
+        if constexpr (Src::kAnalytic) {
+          analytic_step_mask(kern::TileMask::make(sl.mask, int64_t(info.y) * L::kBlockQ, int64_t(it.kb) * L::kBlockK),
+                             key_thr, qd, pw);
+        } else {
+          const uint32_t* bits = reinterpret_cast<const uint32_t*>(smem + L::kPay + st * L::kPayBytes) + pw_thr;
 #pragma unroll
-        for (int m = 0; m < 4; ++m) {
+          for (int m = 0; m < kBq / 16; ++m) {
 #pragma unroll
-          for (int x = 0; x < 2; ++x) pw[m][x] = bits[64 * m + 4 * x] >> pw_shift;
+            for (int x = 0; x < 2; ++x) pw[m][x] = bits[64 * m + 4 * x] >> pw_shift;
+          }
         }
       }
       // P^T = exp2(S^T scale log2(e) - lse2[query]); masked elements 0.
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < kNQ; ++j) {
         const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
@@ -637,53 +835,55 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       reg_fence(dpacc);
       // dS^T = P^T (dP^T - D[query]).
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < kNQ; ++j) {
         const float2 dd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * qd);
 #pragma unroll
         for (int r = 0; r < 4; ++r) dpacc[j][r] = sacc[j][r] * (dpacc[j][r] - ((r & 1) ? dd.y : dd.x));
       }
-      uint32_t pa[4][4], dsa[4][4];
-      pack_a_64x64<E>(sacc, pa);
-      pack_a_64x64<E>(dpacc, dsa);
+      uint32_t pa[kKQ][4], dsa[kKQ][4];
+      pack_a_frag<E>(sacc, pa);
+      pack_a_frag<E>(dpacc, dsa);
       // dV += P^T dO (A from registers, B = dO N-major: LBO = slab stride), running while dS^T
       // goes to shared memory.
       wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wgmma_rs_tnspb<kD, E>(dv, pa[kk], smem_desc(do_tile + kk * 2048, L::kSlabQ, 1024));
+      for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dv, pa[kk], smem_desc(do_tile + kk * 2048, L::kSlabQ, 1024));
       wg_commit();
-      // dS^T to shared memory: key rows of 64 queries (128 B), chunk j at j ^ (key % 8).
+      // dS^T to shared memory: key rows of 64 queries (128 B) in slab j / 8 (queries 64 (j / 8) ..),
+      // chunk j % 8 at (j % 8) ^ (key % 8).
       const uint32_t ds_buf = base + L::kDS + (step_it & 1) * L::kDSBytes;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) {
+      for (int j = 0; j < kNQ; ++j) {
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi) {
-          const uint32_t addr = ds_buf + ds_row + hi * 8 * 128 + ((j ^ g) << 4);
+          const uint32_t addr = ds_buf + (j >> 3) * L::kDsSlab + ds_row + hi * 8 * 128 + (((j & 7) ^ g) << 4);
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(addr), "r"(dsa[j >> 1][2 * (j & 1) + hi]) : "memory");
         }
       }
       fence_proxy_async_smem();
       named_bar_sync(1, L::kConsumerThreads);  // dS^T of both warpgroups in shared memory
       wg_wait<0>();  // dV done: P^T's registers are free before the dQ accumulators become live
-      // dQ (columns c kD/2 ..) = dS K (A = dS^T tile M-major, B = K N-major, 8 k16 steps),
-      // then dK += dS^T Q (A from registers), which runs while dQ goes to shared memory.
-      float dq[kD / 16][4];
+      // dQ (64-row tiles: columns c kD/2 ..; the wide tile: rows 64c ..) = dS K (A = dS^T slab
+      // M-major, B = K N-major, 8 k16 steps), then dK += dS^T Q (A from registers), which runs
+      // while dQ goes to shared memory.
+      float dq[L::kDqN / 8][4];
       wg_fence();
 #pragma unroll
       for (int kk = 0; kk < L::kBlockK / 16; ++kk) {
-        wgmma_ss_tnspab<kD / 2, E>(dq, smem_desc(ds_buf + kk * 2048, L::kDSBytes, 1024),
+        wgmma_ss_tnspab<L::kDqN, E>(dq, smem_desc(ds_buf + ds_slab + kk * 2048, L::kDsSlab, 1024),
                       smem_desc(kq_tile + kk * 2048, L::kSlabK, 1024), kk > 0);
       }
       wg_commit();
 #pragma unroll
-      for (int kk = 0; kk < 4; ++kk) wgmma_rs_tnspb<kD, E>(dk, dsa[kk], smem_desc(q_tile + kk * 2048, L::kSlabQ, 1024));
+      for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dk, dsa[kk], smem_desc(q_tile + kk * 2048, L::kSlabQ, 1024));
       wg_commit();
       wg_wait<1>();  // dQ done (dK may still run)
       reg_fence(dq);
       // dQ tile to shared memory for the writer, in register order (dq_tile_offset_sm90).
       mbar_wait(bars + L::kDqEmpty, (step_it & 1) ^ 1);
 #pragma unroll
-      for (int j = 0; j < kD / 16; ++j) {
-        *reinterpret_cast<float4*>(s_dq + ((c * (kD / 16) + j) * 128 + t) * 4) =
+      for (int j = 0; j < L::kDqN / 8; ++j) {
+        *reinterpret_cast<float4*>(s_dq + ((c * (L::kDqN / 8) + j) * 128 + t) * 4) =
             make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
       }
       if (t == 0 && c == 0) {
@@ -699,9 +899,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
     reg_fence(dv);
     mbar_arrive(bars + L::kKvEmpty);  // K and V are free (every GEMM of the item has completed)
     const int key0 = it.kb * L::kBlockK;
-    const int keys_valid = min(L::kBlockK, sl.len_k - key0);
+    const int keys_valid = min(L::kBlockK, Src::keys_to_store(p, sl, key0));
     const int64_t krow = int64_t(p.varlen ? sl.k_start : 0) + key0;
-    dkdv_epilogue_sm90<L::kBlockK, kD, kD, E>(p, it, keys_valid, krow, key_thr, qd, dk, dv, ColsWhole{}, ColsWhole{});
+    dkdv_epilogue_sm90<L::kBlockK, kD, kD, E, Src::kAnalytic>(p, it, keys_valid, krow, key_thr, qd, dk, dv, ColsWhole{},
+                                                            ColsWhole{});
   }
 }
 
@@ -884,17 +1085,15 @@ __device__ __forceinline__ void bwd_consumer_cols(const BwdParams& p, uint32_t b
 
 #endif  // __CUDA_ARCH__
 
-// The kernel. Built for every target; the body exists only for sm_90a (the host checks the
-// loaded binary's version before choosing this family: launch_fwd_sm90.cu, device_supported).
-// Head dims (kD, kDv): (64, 64), (128, 128) (key-split consumers), (192, 128), (256, 256)
-// (column-split consumers).
-template <int kD, class E, int kDv = kD>
-__global__ void __launch_bounds__(BwdSm90Layout<kD, kDv>::kThreads, 1)
-    flex_bwd_kernel_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tm_q,
-                         const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
-                         const __grid_constant__ CUtensorMap tm_do) {
+// The kernel body of mask source Src (PlanSourceBwdSm90: flex; AnalyticSourceBwdSm90: SDPA, the
+// key-split (64, 64) / (128, 128) kernels only).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  using L = BwdSm90Layout<kD, kDv>;
+template <int kD, class E, int kDv, class Src, int kBq = 64>
+__device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
+                                              const CUtensorMap* tm_v, const CUtensorMap* tm_do) {
+  using L = BwdSm90Layout<kD, kDv, kBq>;
+  static_assert(!Src::kAnalytic || (!L::kColSplit && L::kBlockQ == 64 && L::kBlockK == 128),
+                "the analytic source runs the key-split kernels (AnalyticSourceBwdSm90's tile)");
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = kern::smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -923,15 +1122,17 @@ __global__ void __launch_bounds__(BwdSm90Layout<kD, kDv>::kThreads, 1)
     setmaxnreg_dec<40>();
     const int warp = threadIdx.x >> 5;
     if (warp == 0) {
-      if (p.deterministic) {
-        bwd_producer<L, kern::K2QWalkAscending>(p, &tm_q, &tm_k, &tm_v, &tm_do, base, smem);
+      if constexpr (Src::kAnalytic) {
+        bwd_producer<L, Src, kern::AnalyticK2QWalk>(p, tm_q, tm_k, tm_v, tm_do, base, smem);
+      } else if (p.deterministic) {
+        bwd_producer<L, Src, kern::K2QWalkAscending>(p, tm_q, tm_k, tm_v, tm_do, base, smem);
       } else {
-        bwd_producer<L, kern::K2QWalk>(p, &tm_q, &tm_k, &tm_v, &tm_do, base, smem);
+        bwd_producer<L, Src, kern::K2QWalk>(p, tm_q, tm_k, tm_v, tm_do, base, smem);
       }
     } else if (warp == 1) {
       bwd_dq_writer<L>(p, base, smem);
     } else if (warp == 2 && p.dq_sem != nullptr) {
-      bwd_dq_order<L>(p, smem, bars);
+      bwd_dq_order<L, Src>(p, smem, bars);
     }
     // Exit here rather than fall through to the kernel's end: when the 24-register warpgroup's
     // path merges with the consumers' (the shared exit), ptxas (nvcc 13.0) caps the consumers'
@@ -942,22 +1143,50 @@ __global__ void __launch_bounds__(BwdSm90Layout<kD, kDv>::kThreads, 1)
   if constexpr (L::kColSplit) {
     bwd_consumer_cols<kD, kDv, E>(p, base, smem);
   } else {
-    bwd_consumer<kD, E>(p, base, smem);
+    bwd_consumer<kD, E, Src, kBq>(p, base, smem);
   }
+}
+#endif
+
+// The kernel. Built for every target; the body exists only for sm_90a (the host checks the
+// loaded binary's version before choosing this family: launch_fwd_sm90.cu, device_supported).
+// Head dims (kD, kDv): (64, 64), (128, 128) (key-split consumers), (192, 128), (256, 256)
+// (column-split consumers); kBq = 128: (64, 64) on the wide tile (key-split consumers).
+template <int kD, class E, int kDv = kD, int kBq = 64>
+__global__ void __launch_bounds__(BwdSm90Layout<kD, kDv, kBq>::kThreads, 1)
+    flex_bwd_kernel_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                         const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+                         const __grid_constant__ CUtensorMap tm_do) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  bwd_sm90_body<kD, E, kDv, PlanSourceBwdSm90, kBq>(p, &tm_q, &tm_k, &tm_v, &tm_do);
 #else
   // No sm_90a code in this image: never launched (the host checks the binary version).
   __trap();
 #endif
 }
 
-// dq = scale * dq_accum from the sm90 backward's tiles (one per (query head, global query
-// block), dq_tile_offset_sm90) in the input dtype. One warp per (query row, head), grid-stride
-// over the Hq * total_q units, as the shared convert (bwd_prepost.cuh).
+// The SDPA backward (analytic mask, AnalyticSourceBwdSm90): the same kernel over an
+// SdpaBwdParams, kD = 64 or 128 (a call's head dims up to kD, multiples of 8), deterministic or
+// not at run time (one instantiation per dtype and kD).
 template <int kD, class E>
+__global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
+    sdpa_bwd_kernel_sm90(const __grid_constant__ SdpaBwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                         const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+                         const __grid_constant__ CUtensorMap tm_do) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  bwd_sm90_body<kD, E, kD, AnalyticSourceBwdSm90>(p, &tm_q, &tm_k, &tm_v, &tm_do);
+#else
+  __trap();
+#endif
+}
+
+// dq = scale * dq_accum from the sm90 backward's tiles (one per (query head, global query
+// block), kBq x kD, dq_tile_offset_sm90) in the input dtype. One warp per (query row, head),
+// grid-stride over the Hq * total_q units, as the shared convert (bwd_prepost.cuh). kBq: the
+// plan's backward query block (64, or 128 on the wide tile of (64, 64)).
+template <int kD, class E, int kBq = 64>
 __global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel_sm90(const BwdParams p) {
   using Elem = typename E::Storage;
-  constexpr int kBq = sm90::kTileSm90.bwd_bq;  // every sm90 backward tile has 64 query rows
-  static_assert(kBq == BwdSm90Layout<128>::kBlockQ && kBq == BwdSm90Layout<256, 256>::kBlockQ, "64-row dQ tiles");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t units = int64_t(p.num_heads_q) * p.total_q;
   for (int64_t w = int64_t(blockIdx.x) * 8 + warp; w < units; w += int64_t(gridDim.x) * 8) {
@@ -973,8 +1202,39 @@ __global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel_sm90(const Bwd
     Elem* dst = static_cast<Elem*>(p.dq) + qr.b * p.dqa.batch_stride + qr.row * p.dqa.row_stride + h * p.dqa.head_stride;
 #pragma unroll
     for (int d = 2 * lane; d < kD; d += 64) {
-      const float2 x = *reinterpret_cast<const float2*>(src + dq_tile_offset_sm90<kD>(rr, d));
+      const float2 x = *reinterpret_cast<const float2*>(src + dq_tile_offset_sm90<kD, kBq>(rr, d));
       *reinterpret_cast<uint32_t*>(dst + d) = kern::pack2<E>(x.x * p.scale, x.y * p.scale);
+    }
+  }
+}
+
+// dq = scale * dq_accum of the SDPA backward (sdpa_bwd_kernel_sm90): the rows of every sample
+// padded to S_q (total_q = B S_q; row t is position t % S_q of sample t / S_q), tile (query head,
+// sample b's query block b * num_q_blocks + pos / 64), written in the input dtype at the dQ
+// tensor's own sample start (padded: every row, 0 past the sample) and only the call's
+// head_dqk columns (a smaller head dim than kD runs on the kD kernel). One warp per (row, head).
+template <int kD, class E>
+__global__ void __launch_bounds__(256) sdpa_bwd_dq_convert_kernel_sm90(const SdpaBwdParams p) {
+  using Elem = typename E::Storage;
+  constexpr int kBq = BwdSm90Layout<kD>::kBlockQ;
+  const AnalyticMaskParams& a = p.analytic;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t units = int64_t(p.num_heads_q) * p.total_q;
+  for (int64_t w = int64_t(blockIdx.x) * 8 + warp; w < units; w += int64_t(gridDim.x) * 8) {
+    const int64_t h = w / p.total_q, t = w - h * p.total_q;
+    const int b = int(t / a.max_q);
+    const int64_t pos = t - int64_t(b) * a.max_q;
+    const int64_t tile = h * p.view.num_q_blocks + int64_t(b) * a.num_q_blocks + pos / kBq;
+    const float* src = p.dq_accum + tile * (kBq * kD);
+    const int rr = int(pos % kBq);
+    Elem* dst = static_cast<Elem*>(p.dq) + kern::sample_start(a.start[kSdpaDQ], b) + pos * p.dqa.row_stride +
+                h * p.dqa.head_stride;
+#pragma unroll
+    for (int d = 2 * lane; d < kD; d += 64) {
+      if (d < p.head_dqk) {
+        const float2 x = *reinterpret_cast<const float2*>(src + dq_tile_offset_sm90<kD>(rr, d));
+        *reinterpret_cast<uint32_t*>(dst + d) = kern::pack2<E>(x.x * p.scale, x.y * p.scale);
+      }
     }
   }
 }

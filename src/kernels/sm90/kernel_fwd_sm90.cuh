@@ -361,6 +361,24 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
 #define FLASHSPAN_SM90_FWD_PINGPONG 0
 #endif
 
+// Keeps the softmax of S_j ahead of the wait for P_{j-1} V_{j-1} in the overlapped loop.
+// ptxas schedules a wgmma wait (WARPGROUP.DEPBAR) as early as its basic block allows, and the
+// block started at the merge after the partial block's mask: the whole softmax ran after the
+// wait, so the warpgroup's own P V GEMM hid none of it (SASS of v2.2; the volatile-asm order of
+// the source does not bind ptxas). A branch that is never taken (kb >= 0) ends the block right
+// before the wait: ISETP + BRA a step. Measured (PERF_LOG v2.3): (128, 128) +2.5-3.3 % (causal
+// S=32768 676 -> 698), (64, 64) -2.6-3.5 %, so on for the (128, 128) kernel only ((192, 128),
+// (256, 256) not measured: off). FLASHSPAN_SM90_FWD_SOFTMAX_FIRST=0 (build-time) turns it off.
+#ifndef FLASHSPAN_SM90_FWD_SOFTMAX_FIRST
+#define FLASHSPAN_SM90_FWD_SOFTMAX_FIRST 1
+#endif
+template <class L>
+__device__ __forceinline__ void softmax_before_wait([[maybe_unused]] int kb) {
+  if constexpr (FLASHSPAN_SM90_FWD_SOFTMAX_FIRST && L::kTile.dqk_tile == 128 && L::kTile.dv_tile == 128) {
+    if (kb < 0) __trap();
+  }
+}
+
 template <class L, class E, bool kMaxLogit, bool kOverlap, class Src>
 __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, const int32_t* s_item) {
   constexpr bool kPingPong = kOverlap || FLASHSPAN_SM90_FWD_PINGPONG || L::kTile.dqk_tile == 192;
@@ -444,8 +462,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         release_q(cur.done());
         reg_fence(s);
         float corr[2];
-        variant.logits(s, mask, partial);
-        sm.update(s, corr);
+        const float exp_scale = variant.logits(s, mask, partial);
+        sm.update(s, corr, exp_scale);
         kern::OnlineSoftmax::rescale(o, corr);
         uint32_t pa[kKP][4];
         kern::pack_p<E>(s, pa);
@@ -488,8 +506,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
-          variant.logits(s, mask, partial);
-          sm.update(s, corr);  // o = 0: no rescale
+          const float exp_scale = variant.logits(s, mask, partial);
+          sm.update(s, corr, exp_scale);  // o = 0: no rescale
           kern::pack_p<E>(s, pa);
           ++kv_it;
         }
@@ -512,8 +530,9 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
-          variant.logits(s, mask, partial);
-          sm.update(s, corr);
+          const float exp_scale = variant.logits(s, mask, partial);
+          sm.update(s, corr, exp_scale);
+          softmax_before_wait<L>(kb);
           wg_wait<0>();
           reg_fence(o);
           mbar_arrive(v_empty + 8 * st_prev);

@@ -1,5 +1,6 @@
 // Instantiations and launch of the sm90 flex backward (kernel_bwd_sm90.cuh): head dims
-// {(64, 64), (128, 128), (192, 128), (256, 256)} x {fp16, bf16}, deterministic or not (a runtime parameter); the shared preprocess / split schedule / convert kernels of
+// {(64, 64), (128, 128), (192, 128), (256, 256)} and (64, 64) on the wide 128 x 128 tile, x {fp16,
+// bf16}, deterministic or not (a runtime parameter); the shared preprocess / split schedule / convert kernels of
 // kernels/common (launch_bwd_common.h) around it; tensor maps of Q, K, V, dO encoded on the host
 // per call (no stream operation, so capture-safe).
 #include <cuda.h>
@@ -15,6 +16,7 @@
 #include "kernels/common/launch_util.h"
 #include "kernels/sm90/kernel_bwd_sm90.cuh"
 #include "kernels/sm90/launch_sm90.h"
+#include "kernels/sm90/sdpa_bwd_sm90_run.h"
 #include "kernels/sm90/tile_sm90.h"
 #include "kernels/sm90/tma_sm90.h"
 
@@ -22,13 +24,13 @@ namespace flashspan::sm90 {
 namespace {
 
 // Persistent grid: one CTA per SM (shared memory allows one); with the split schedule every
-// CTA claims items from the list (deterministic: always, over every cell), otherwise CTA i runs
-// tasks (or grid cells) i, i + grid, ...
-template <int kD, class E, int kDv = kD>
+// CTA takes items from the list (deterministic: always, over every cell, in snake waves),
+// otherwise CTA i runs tasks (or grid cells) i, i + grid, ...
+template <int kD, class E, int kDv = kD, int kBq = 64>
 void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
              const CUtensorMap& mdo, cudaStream_t stream) {
-  using L = kern90::BwdSm90Layout<kD, kDv>;
-  auto kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv>;
+  using L = kern90::BwdSm90Layout<kD, kDv, kBq>;
+  auto kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kBq>;
   static std::atomic<uint64_t> smem_set{0};
   ensure_smem_limit(kernel, L::kBytes, smem_set, "flex backward (sm90): cudaFuncSetAttribute");
   static std::atomic<int> ctas_cache[64];
@@ -53,49 +55,16 @@ void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk
 }  // namespace
 
 namespace {
-std::atomic<int> g_bwd_override{-1};
 std::atomic<int64_t> g_bwd_launches{0};
-std::atomic<int> g_det_split_override{-1};
+std::atomic<int64_t> g_sdpa_bwd_launches{0};
 }  // namespace
 
-void set_bwd_det_split(int on) { g_det_split_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
-
-bool bwd_det_split_enabled() {
-  const int o = g_det_split_override.load(std::memory_order_relaxed);
-  if (o >= 0) return o == 1;
-  static const bool on = [] {
-    const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
-    return e != nullptr && std::strcmp(e, "1") == 0;
-  }();
-  return on;
-}
-
 int64_t bwd_launches() { return g_bwd_launches.load(std::memory_order_relaxed); }
+int64_t sdpa_bwd_launches() { return g_sdpa_bwd_launches.load(std::memory_order_relaxed); }
 
-void set_bwd_enabled(int on) { g_bwd_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
-
-bool bwd_enabled() {
-  const int o = g_bwd_override.load(std::memory_order_relaxed);
-  if (o >= 0) return o == 1;
-  // On by default (checked on an H200: the GPU suite, compute-sanitizer, PERF_LOG v1.4);
-  // FLASHSPAN_SM90_BWD=0 keeps the portable sm80 backward for comparison.
-  static const bool on = [] {
-    const char* off = std::getenv("FLASHSPAN_SM90_BWD");
-    return !(off != nullptr && std::strcmp(off, "0") == 0);
-  }();
-  return on;
-}
-
-// FLASHSPAN_SM90_BWD_DETERMINISTIC=0 gives deterministic calls the sm80 backward (its separate
-// dQ kernel): the ordered dQ tiles are slower than it where every key block adds one tile at the
-// same walk position (longformer's global query rows, PERF_LOG v1.6).
-bool bwd_deterministic_enabled() {
-  static const bool on = [] {
-    const char* off = std::getenv("FLASHSPAN_SM90_BWD_DETERMINISTIC");
-    return !(off != nullptr && std::strcmp(off, "0") == 0);
-  }();
-  return on;
-}
+// bwd_enabled, bwd_deterministic_enabled, bwd_wide64_enabled and their overrides: plain host code
+// in dispatch/family.cpp (the family registry reads them when it picks a plan's backward tile, also
+// in builds that link no CUDA unit, such as tests/emu).
 
 // FLASHSPAN_SM90_BWD_DET_UNORDERED=1 (measurement only, results not reproducible): deterministic
 // calls run the deterministic schedule without the dQ tiles' counter waits, which splits the
@@ -115,8 +84,9 @@ bool bwd_config_supported(const FlexGeometry& g, bool deterministic) {
          bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v) && (!deterministic || bwd_deterministic_enabled());
 }
 
-int bwd_smem_bytes(int dqk, int dv) {
+int bwd_smem_bytes(int dqk, int dv, int bwd_bq, int bwd_bk) {
   if (!bwd_runs_head_dims_sm90(dqk, dv)) return 0;
+  if (bwd_wide_tile_sm90(dqk, dv, bwd_bq, bwd_bk)) return kern90::BwdSm90Layout<64, 64, 128>::kBytes;
   if (dqk == 192) return kern90::BwdSm90Layout<192, 128>::kBytes;
   if (dqk == 256) return kern90::BwdSm90Layout<256, 256>::kBytes;
   return dqk == 64 ? kern90::BwdSm90Layout<64>::kBytes : kern90::BwdSm90Layout<128>::kBytes;
@@ -125,7 +95,8 @@ int bwd_smem_bytes(int dqk, int dv) {
 void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& dout, DType dtype, int64_t total_q, cudaStream_t stream) {
   BwdParams p = p_in;
-  const TileSm90 tile = tile_sm90(p.head_dqk, p.head_dv);
+  const bool wide = bwd_wide_tile_sm90(p.head_dqk, p.head_dv, p.view.block_q, p.view.block_k);
+  const TileSm90 tile = tile_sm90(p.head_dqk, p.head_dv, wide);
   FS_CHECK(bwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.view.block_q == tile.bwd_bq &&
                p.view.block_k == tile.bwd_bk,
            Status::kInternal, "sm90 backward: unsupported configuration reached the launcher (D ", p.head_dqk, "/",
@@ -153,6 +124,8 @@ void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorVie
       run_bwd<192, E, 128>(p, mq, mk, mv, mdo, stream);
     } else if (p.head_dqk == 256) {
       run_bwd<256, E, 256>(p, mq, mk, mv, mdo, stream);
+    } else if (wide) {
+      run_bwd<64, E, 64, 128>(p, mq, mk, mv, mdo, stream);
     } else {
       d64 ? run_bwd<64, E>(p, mq, mk, mv, mdo, stream) : run_bwd<128, E>(p, mq, mk, mv, mdo, stream);
     }
@@ -165,6 +138,8 @@ void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorVie
         kern90::flex_bwd_dq_convert_kernel_sm90<192, E><<<grid, 256, 0, stream>>>(p);
       } else if (p.head_dqk == 256) {
         kern90::flex_bwd_dq_convert_kernel_sm90<256, E><<<grid, 256, 0, stream>>>(p);
+      } else if (wide) {
+        kern90::flex_bwd_dq_convert_kernel_sm90<64, E, 128><<<grid, 256, 0, stream>>>(p);
       } else if (d64) {
         kern90::flex_bwd_dq_convert_kernel_sm90<64, E><<<grid, 256, 0, stream>>>(p);
       } else {
@@ -172,6 +147,64 @@ void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorVie
       }
     });
     check_launch("flex backward dQ convert (sm90)");
+  }
+}
+
+void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& dout, DType dtype, cudaStream_t stream) {
+  SdpaBwdParams p = p_in;
+  FS_CHECK(sdpa_fwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.split_schedule == 0 &&
+               (p.total_q == 0 || (p.dq_accum != nullptr && (!p.deterministic || p.dq_sem != nullptr))) &&
+               p.analytic.epi.gate == nullptr,
+           Status::kInternal, "sdpa backward (sm90): unsupported configuration reached the launcher (D ", p.head_dqk,
+           "/", p.head_dv, ")");
+  for (int x : {kSdpaQ, kSdpaK, kSdpaV, kSdpaO, kSdpaStats, kSdpaDO, kSdpaDQ, kSdpaDK, kSdpaDV}) {
+    FS_CHECK(p.analytic.start[x].ragged.ptr == nullptr, Status::kInternal,
+             "sdpa backward (sm90): a ragged tensor reached the launcher");
+  }
+  g_sdpa_bwd_launches.fetch_add(1, std::memory_order_relaxed);
+  const int kd = sdpa_bwd_kernel_dim_sm90(p.head_dqk, p.head_dv);
+  constexpr int kBq = kern90::BwdSm90Layout<64>::kBlockQ, kBk = kern90::BwdSm90Layout<64>::kBlockK;
+  static_assert(kBq == kern90::BwdSm90Layout<128>::kBlockQ && kBk == kern90::BwdSm90Layout<128>::kBlockK);
+  p.analytic.num_q_blocks = (p.analytic.max_q + kBq - 1) / kBq;
+  p.analytic.num_k_blocks = (p.analytic.max_kv + kBk - 1) / kBk;
+  // The dq_accum tiles (and the deterministic counters): one per (query head, sample, query
+  // block), sample b's blocks from b * num_q_blocks (AnalyticSourceBwdSm90::q_block0).
+  p.view.num_q_blocks = int64_t(p.batch) * p.analytic.num_q_blocks;
+  p.view.block_q = kBq;
+  p.view.block_k = kBk;
+  p.varlen = 0;
+  p.dq_blocked = 1;
+  p.grid_mode = 1;
+  if (p.total_q > 0) {
+    check_cuda(cudaMemsetAsync(p.dq_accum, 0,
+                               sizeof(float) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks) * kBq * size_t(kd),
+                               stream),
+               "sdpa backward (sm90): clearing the dQ tiles");
+    if (p.deterministic) {
+      check_cuda(cudaMemsetAsync(p.dq_sem, 0, sizeof(int32_t) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks),
+                                 stream),
+                 "sdpa backward (sm90): clearing the dQ tile counters");
+    }
+    // D and lse2 of every row padded to S_q (bwd_prepost.cuh, the sm80 SDPA backward's kernel).
+    with_element_type(dtype, "sdpa backward preprocess (sm90)", [&](auto e) {
+      kern::sdpa_bwd_preprocess_kernel<decltype(e)>
+          <<<grid_stride_1d(int64_t(p.num_heads_q) * p.total_q, 8), 256, 0, stream>>>(p);
+    });
+    check_launch("sdpa backward preprocess (sm90)");
+  }
+  // Padded tensors: sample b is batch b (the tensor maps' batch coordinate; the dK / dV
+  // epilogue's TensorAddr batch strides, which SDPA's parameters keep in analytic.start).
+  p.dka.batch_stride = p.analytic.start[kSdpaDK].batch_stride;
+  p.dva.batch_stride = p.analytic.start[kSdpaDV].batch_stride;
+  const CUtensorMap mq = make_tensor_map_sm90(bshd_of_bhsd(q), false, dtype, kBq, "q");
+  const CUtensorMap mk = make_tensor_map_sm90(bshd_of_bhsd(k), false, dtype, kBk, "k");
+  const CUtensorMap mv = make_tensor_map_sm90(bshd_of_bhsd(v), false, dtype, kBk, "v");
+  const CUtensorMap mdo = make_tensor_map_sm90(bshd_of_bhsd(dout), false, dtype, kBq, "dout");
+  if (kd == 64) {
+    run_sdpa_bwd_sm90<64>(p, dtype, mq, mk, mv, mdo, stream);
+  } else {
+    run_sdpa_bwd_sm90<128>(p, dtype, mq, mk, mv, mdo, stream);
   }
 }
 

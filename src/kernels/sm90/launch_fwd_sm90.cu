@@ -116,17 +116,6 @@ void launch_fwd_sm90(const FwdParams& p, const TensorView& q, const TensorView& 
   }
 }
 
-namespace {
-// The BSHD view [B, S, H, D] of an SDPA [B, H, S, D] descriptor (make_tensor_map_sm90's form).
-TensorView bshd_of(const TensorView& t) {
-  TensorView v = t;
-  v.ndim = 4;
-  v.shape = {t.size(0), t.size(2), t.size(1), t.size(3)};
-  v.strides = {t.stride(0), t.stride(2), t.stride(1), 1};
-  return v;
-}
-}  // namespace
-
 void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const TensorView& k, const TensorView& v,
                           DType dtype, cudaStream_t stream) {
   SdpaFwdParams p = p_in;
@@ -147,9 +136,9 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   p.varlen = 0;
   p.oa.batch_stride = p.analytic.start[kSdpaO].batch_stride;
   p.lsea.batch_stride = p.analytic.start[kSdpaStats].batch_stride;
-  const CUtensorMap mq = make_tensor_map_sm90(bshd_of(q), false, dtype, t.fwd_bq, "q");
-  const CUtensorMap mk = make_tensor_map_sm90(bshd_of(k), false, dtype, t.fwd_bk, "k");
-  const CUtensorMap mv = make_tensor_map_sm90(bshd_of(v), false, dtype, t.fwd_bk, "v");
+  const CUtensorMap mq = make_tensor_map_sm90(bshd_of_bhsd(q), false, dtype, t.fwd_bq, "q");
+  const CUtensorMap mk = make_tensor_map_sm90(bshd_of_bhsd(k), false, dtype, t.fwd_bk, "k");
+  const CUtensorMap mv = make_tensor_map_sm90(bshd_of_bhsd(v), false, dtype, t.fwd_bk, "v");
   if (t.dqk_tile == 64) {
     run_sdpa_fwd_sm90<64, 64>(p, dtype, mq, mk, mv, stream);
   } else {

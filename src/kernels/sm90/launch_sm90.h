@@ -56,13 +56,17 @@ bool bwd_enabled();
 // Overrides bwd_enabled() for this process (tests and benchmarks): 1 on, 0 off, -1 back to the
 // environment's answer.
 void set_bwd_enabled(int on);
+// Whether deterministic calls may take the sm90 backward: yes unless
+// FLASHSPAN_SM90_BWD_DETERMINISTIC=0 (then they run the sm80 backward; read once).
+bool bwd_deterministic_enabled();
 // Calls of launch_bwd_sm90 in this process so far (tests check that the sm90 backward ran).
 int64_t bwd_launches();
 // Whether the deterministic sm90 backward cuts long walks into items (bwd_split.cuh,
 // split_rule.h): experimental until the GPU suite has passed with it (its first version passed
-// on the H200, the current one not yet): FLASHSPAN_EXPERIMENTAL=1, read once per process;
-// without it every cell is one item (the schedule of main before the split). set_bwd_det_split:
-// 1 on, 0 off, -1 back to the environment's answer (tests).
+// on the H200, the current one not yet): FLASHSPAN_EXPERIMENTAL=1 (experimental_from_env, read
+// per call); without it every cell is one item (the schedule of main before the split).
+// set_bwd_det_split: 1 on, 0 off, -1 back to the environment's answer (tests). Defined in
+// dispatch/family.cpp with the other switches.
 bool bwd_det_split_enabled();
 void set_bwd_det_split(int on);
 
@@ -71,8 +75,18 @@ void set_bwd_det_split(int on);
 // deterministic or not (deterministic unless FLASHSPAN_SM90_BWD_DETERMINISTIC=0).
 bool bwd_config_supported(const FlexGeometry& g, bool deterministic);
 
-// Dynamic shared memory of the sm90 backward for these head dims (bytes; 0 when it has none).
-int bwd_smem_bytes(int dqk, int dv);
+// Dynamic shared memory of the sm90 backward for these head dims on the plan's backward tile
+// bwd_bq x bwd_bk (bytes; 0 when it has none).
+int bwd_smem_bytes(int dqk, int dv, int bwd_bq, int bwd_bk);
+
+// Whether (64, 64) plans of the sm90 family get the wide 128 x 128 backward tile
+// (tile_sm90.h kTileSm90Wide64; consumer_sm90 in family.cpp asks here): yes unless
+// FLASHSPAN_SM90_BWD_WIDE64=0 (read once), and only while bwd_enabled() and the deterministic
+// switch (FLASHSPAN_SM90_BWD_DETERMINISTIC) are on, since only the sm90 backward runs that tile.
+// set_bwd_wide64_enabled overrides the environment for this process (tests: 1 on, 0 off, -1
+// back to the environment's answer; a plan keeps the tile it was built with).
+bool bwd_wide64_enabled();
+void set_bwd_wide64_enabled(int on);
 
 // Enqueues the sm90 backward (preprocess, dK/dV + dQ kernel, split schedule and converts): p as
 // launch_flex_bwd fills it (backward view of a consumer_for(90) plan, dq_blocked = 1; the split
@@ -80,5 +94,16 @@ int bwd_smem_bytes(int dqk, int dv);
 // deterministic = 1); q, k, v, dout for the tensor maps.
 void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& dout, DType dtype, int64_t total_q, cudaStream_t stream);
+
+// SDPA backward with the analytic mask (kernel_bwd_sm90.cuh sdpa_bwd_kernel_sm90), for the calls
+// sdpa_bwd_sm90_refusal (dispatch/sdpa_launch.h) accepts: p as sdpa_bwd_params_sm90 fills it
+// (padded tensors, head dims of sdpa_fwd_runs_head_dims_sm90, the dq_accum tiles and, when
+// deterministic, their counters bound); q, k, v, dout the [B, H, S, D] descriptors of the call
+// (tensor maps). Preprocess, the persistent dK / dV + dQ kernel over (key block, kv head, sample)
+// of every sample padded to S_kv, the dQ convert. Rows past a sample get zero gradients.
+void launch_sdpa_bwd_sm90(const SdpaBwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& dout, DType dtype, cudaStream_t stream);
+// Calls of launch_sdpa_bwd_sm90 in this process so far (tests check which family ran).
+int64_t sdpa_bwd_launches();
 
 }  // namespace flashspan::sm90

@@ -39,8 +39,13 @@ constexpr bool fwd_runs_head_dims_sm90(int dqk, int dv) {
 // The backward part is the tile the backward of such a plan runs on: the sm90 backward and the
 // sm80 backward share 64 x 128 up to D = 128 and 64 x 64 for (192, 128) and (256, 256)
 // (tile_sm80.h; family.cpp checks that the two tables agree). Other dims (CPU plans only) take
-// kTileSm90.
-constexpr TileSm90 tile_sm90(int dqk, int dv) {
+// kTileSm90. bwd_wide64: the 128 x 128 backward tile of (64, 64) exactly (kTileSm90Wide64), which
+// only the sm90 backward runs (the plan's consumer has it when bwd_wide64_enabled(), family.cpp:
+// by default, unless FLASHSPAN_SM90_BWD_WIDE64=0 or the sm90 backward is switched off).
+inline constexpr TileSm90 kTileSm90Wide64{64, 64, 128, 128, 128, 128};
+
+constexpr TileSm90 tile_sm90(int dqk, int dv, bool bwd_wide64 = false) {
+  if (bwd_wide64 && dqk == 64 && dv == 64) return kTileSm90Wide64;
   if (dqk <= 64 && dv <= 64) return TileSm90{64, 64, 128, 128, 64, 128};
   if (dqk <= 128 && dv <= 128) return kTileSm90;
   if (dqk == 192 && dv == 128) return TileSm90{192, 128, 128, 128, 64, 64};
@@ -56,6 +61,12 @@ constexpr bool sdpa_fwd_runs_head_dims_sm90(int dqk, int dv) {
   return fwd_runs_head_dims_sm90(dqk, dv) && dqk <= 128 && dv <= 128;
 }
 
+// The kernel head dim (kD, kD) the sm90 SDPA backward runs a call's (dqk, dv) of
+// sdpa_fwd_runs_head_dims_sm90 on: 64 when both are <= 64, else 128 (the dK / dV stores and the
+// dQ convert write only the call's columns; TMA fills the others with zeros). Also the width of
+// its dq_accum tiles (sdpa_params.cpp, the workspace).
+constexpr int sdpa_bwd_kernel_dim_sm90(int dqk, int dv) { return dqk <= 64 && dv <= 64 ? 64 : 128; }
+
 // Packed GQA (FwdParams::pack = G, query heads per kv head) on the sm90 forward: G a power of
 // two dividing the 128 query rows of the forward tile, so that a block's 128 packed rows are
 // 128 / G whole query positions x G heads, one TMA box {64 columns, G heads, 128 / G positions}
@@ -67,7 +78,19 @@ constexpr bool fwd_runs_pack_sm90(int group) {
   return group >= 1 && group <= kTileSm90.fwd_bq && (group & (group - 1)) == 0 && kTileSm90.fwd_bq % group == 0;
 }
 
-// Head dims the sm90 backward kernels run: Dqk = Dv in {64, 128} on the 64 x 128 tile, and
+// The wide backward tile (kTileSm90Wide64) for (64, 64): 128 query rows x 128 keys, as the seed
+// system's and FlashAttention-3's sm90 backward for D <= 64. Why: on the 64 x 128 tile the per-step
+// GEMMs of D = 64 are small (S^T, dP^T m64n64k64 per consumer warpgroup), so a step's fixed costs
+// (barriers, the payload tests, the statistics loads, the dQ hand-off to the writer) weigh twice as
+// much per FLOP as at D = 128; 128 query rows halve the steps of a walk for the same GEMM work.
+// The sm80 backward has no such tile (its traits assume 64 query rows), so a plan with it must run
+// the sm90 backward: the consumer gets it only when that backward will take every call of the plan.
+constexpr bool bwd_wide_tile_sm90(int dqk, int dv, int bwd_bq, int bwd_bk) {
+  return dqk == 64 && dv == 64 && bwd_bq == kTileSm90Wide64.bwd_bq && bwd_bk == kTileSm90Wide64.bwd_bk;
+}
+
+// Head dims the sm90 backward kernels run: Dqk = Dv in {64, 128} on the 64 x 128 tile (and (64, 64)
+// on the wide 128 x 128 tile), and
 // (192, 128), (256, 256) on the 64 x 64 tile (the sm80 backward's there too, so either family's
 // backward runs on such a plan; launch_sm90.h's bwd_config_supported decides per call). An sm90
 // plan's backward for other dims runs on the sm80 kernels, whose backward tile it has (above).

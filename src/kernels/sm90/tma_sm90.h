@@ -21,4 +21,14 @@ namespace flashspan::sm90 {
 CUtensorMap make_tensor_map_sm90(const TensorView& t, bool varlen, DType dtype, int box_rows, const char* name,
                                  int pack = 1);
 
+// The BSHD view [B, S, H, D] of an SDPA [B, H, S, D] descriptor (make_tensor_map_sm90's form):
+// the SDPA launchers' tensor maps (launch_sdpa_fwd_sm90, launch_sdpa_bwd_sm90).
+inline TensorView bshd_of_bhsd(const TensorView& t) {
+  TensorView v = t;
+  v.ndim = 4;
+  v.shape = {t.size(0), t.size(2), t.size(1), t.size(3)};
+  v.strides = {t.stride(0), t.stride(2), t.stride(1), 1};
+  return v;
+}
+
 }  // namespace flashspan::sm90
