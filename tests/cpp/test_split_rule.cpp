@@ -161,7 +161,7 @@ TEST(SplitRule, PerGridRuleKnownValues) {
 // Steps of every cell of a real host plan (sm90 consumer, one sample, Hmask = 1) in the
 // deterministic list's order (descending key blocks, kv heads fastest): the K2Q row's partial
 // entries and full-run blocks, times the group's query heads.
-std::vector<int32_t> plan_cells(const std::string& mask, int64_t s, int hq, int hkv) {
+std::vector<int32_t> plan_cells(const std::string& mask, int64_t s, int hq, int hkv, int d = 128) {
   const FlexGeometry g = fs_test::make_geometry(false, {s}, {s}, hq, hkv, 1, 0);
   const fs_test::SampleMask m = fs_test::mask_by_name(mask, s);
   FlexGeometry g2 = g;
@@ -169,7 +169,7 @@ std::vector<int32_t> plan_cells(const std::string& mask, int64_t s, int hq, int 
   const std::vector<int32_t> ep = fs_test::assemble_mask(g2, {{m}});
   PlanRequest req;
   req.geometry = &g2;
-  req.consumer = consumer_for(90, 128, 128);
+  req.consumer = consumer_for(90, d, d);  // d = 64: the wide 128 x 128 tile when it is on
   req.build_backward = true;
   const auto plan = build_mask_plan_host(req, ep.data(), false);
   const auto b = plan->bwd_view();
@@ -190,6 +190,10 @@ std::vector<int32_t> plan_cells(const std::string& mask, int64_t s, int hq, int 
 TEST(SplitRule, PlanOnlyOnRealPlans) {
   {
     const PlanOnlySchedule p = plan_only(plan_cells("sink_local", 2048, 4, 2));
+    EXPECT_GT(p.split_tasks, 0) << "chunk " << p.chunk << " above " << p.above;
+  }
+  {
+    const PlanOnlySchedule p = plan_only(plan_cells("sink_local", 2048, 4, 1, 64));  // D = 64
     EXPECT_GT(p.split_tasks, 0) << "chunk " << p.chunk << " above " << p.above;
   }
   {
