@@ -124,13 +124,15 @@ void check_head_dims_gpu(int dqk, int dv) { kernel_family(80).check_head_dims(dq
 
 #ifdef FLASHSPAN_WITH_CUDA
 // The sm90 backward's switches (declared in kernels/sm90/launch_sm90.h): which backward runs an
-// sm90 plan (launch_flex_bwd) and whether (64, 64) plans get the wide tile (consumer_sm90 above).
+// sm90 plan (launch_flex_bwd), whether (64, 64) plans get the wide tile (consumer_sm90 above) and
+// whether the deterministic backward cuts long walks (launch_bwd_sm90.cu).
 // Plain host code, so that every unit linking the registry (tests/emu too) has them.
 namespace flashspan::sm90 {
 
 namespace {
 std::atomic<int> g_bwd_override{-1};
 std::atomic<int> g_wide64_override{-1};
+std::atomic<int> g_det_split_override{-1};
 }  // namespace
 
 void set_bwd_enabled(int on) { g_bwd_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
@@ -156,6 +158,16 @@ bool bwd_deterministic_enabled() {
     return !(off != nullptr && std::strcmp(off, "0") == 0);
   }();
   return on;
+}
+
+void set_bwd_det_split(int on) { g_det_split_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+
+// The deterministic backward's cut of long walks: experimental (FLASHSPAN_EXPERIMENTAL=1, read per
+// call) until the GPU suite has passed with its landed form (PERF_LOG v2.2 detsplit).
+bool bwd_det_split_enabled() {
+  const int o = g_det_split_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  return experimental_from_env();
 }
 
 void set_bwd_wide64_enabled(int on) { g_wide64_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }

@@ -306,10 +306,20 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
   if (run_sm90) {
     p.dq_blocked = 1;
     if (a.deterministic) {
-      // Every key block of every kv head in descending order (grid cells), the dQ tiles added
-      // in that order through their counters (kernel_bwd_sm90.cuh).
+      // Every key block of every kv head in descending order (the cells are the split
+      // schedule's tasks, long walks cut into items: bwd_split.cuh, deterministic form), the dQ
+      // tiles added in that order through their counters (kernel_bwd_sm90.cuh).
       p.dq_sem = reinterpret_cast<int32_t*>(ws + wl.dq_sem);
       p.grid_mode = 1;
+      const int64_t cells = int64_t(g.num_heads_kv) * p.view.num_k_blocks;
+      FS_CHECK(cells <= wl.max_tasks && p.view.block_k == plan.signature.consumer.bwd_block_k, Status::kInternal,
+               "mask_plan: ", cells, " backward cells exceed the workspace bound ", wl.max_tasks,
+               " or the key block ", p.view.block_k, " is not its consumer's");
+      wl.bind(p.split, ws);
+      p.split.dk_accum = reinterpret_cast<float*>(ws + wl.dk_accum);
+      p.split.dv_accum = reinterpret_cast<float*>(ws + wl.dv_accum);
+      p.split.num_tasks = static_cast<int>(cells);
+      p.split_schedule = cells > 0 ? 1 : 0;
     }
     sm90::launch_bwd_sm90(p, a.q, a.k, a.v, a.dout, g.dtype, g.total_q, static_cast<cudaStream_t>(a.stream));
     return;

@@ -209,6 +209,8 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
       // max(the sm80 accumulator [H_q, B S_q, D_qk], the tiles); the split schedule after it is not used.
       const size_t tiles = sizeof(float) * size_t(p.Hq) * size_t(p.B) * size_t((p.Sq + 63) / 64) * 64 * size_t(kd);
       w.total = w.dq_accum + ws_align(std::max(w.lse2 * size_t(p.Dqk), tiles));
+    } else {
+      w.total = w.split_at;  // the tiles and their counters; the flex split schedule after them is not used
     }
     return w;
   }

@@ -21,6 +21,9 @@ namespace flashspan {
 //   deterministic = true, sm90 plans of head dims the sm90 backward runs, adds:
 //   dq_accum           fp32 [Hq, max_q_blocks, Bq, Dqk] (the sm90 tiles, below)
 //   dq_sem             int32 [Hq, max_q_blocks]: the tiles' ordering counters
+//   split schedule     as below, one slot per item of a split task (bwd_split.cuh, deterministic
+//                      form): max_split = min(kMaxSplit, max(1, max_tasks * G * max_q_blocks_1 / 8)),
+//                      G = Hq / Hkv, max_q_blocks_1 = ceil(min(max_seqlen_q, total_q) / Bq)
 //   deterministic = false adds:
 //   dq_accum           fp32 [Hq, total_q, Dqk]; for plans of the sm90 family (whose backward
 //                      kernel adds dQ in Bq-row tiles, kernels/sm90/kernel_bwd_sm90.cuh) the
@@ -60,6 +63,7 @@ struct SplitScheduleOffsets {
 
 struct BwdWorkspaceLayout : SplitScheduleOffsets {
   size_t delta = 0, lse2 = 0, dq_accum = 0, dq_sem = 0;
+  size_t split_at = 0;  // where the split schedule's arrays start (the total without them)
   size_t dk_accum = 0, dv_accum = 0;
   size_t total = 0;
   int64_t max_tasks = 0, max_items = 0, max_split = 0;
@@ -86,34 +90,58 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, const Plan
   }
   const size_t dq_tiles = sizeof(float) * size_t(g.num_heads_q) * size_t(max_q_blocks) *
                           size_t(std::max(sig.consumer.bwd_block_q, 0)) * size_t(g.head_dim_qk);
+  auto take = [&](size_t bytes) {
+    const size_t at = off;
+    off += ws_align(bytes);
+    return at;
+  };
+  // The split schedule (BwdSplit) with max_split slots (fp32 [max_split, Bk, Dqk / Dv]).
+  const int64_t bk = sig.consumer.bwd_block_k;
+  auto take_split = [&](bool slot_per_item) {
+    w.split_at = off;
+    const int64_t by_batch_k = int64_t(g.batch) * ((g.max_seqlen_k + bk - 1) / bk);
+    const int64_t by_total_k = (g.total_k + bk - 1) / bk + g.batch;
+    w.max_tasks = int64_t(g.num_heads_kv) * (by_batch_k < by_total_k ? by_batch_k : by_total_k);
+    w.max_items = w.max_tasks + int64_t(SplitSchedule::kItemsPerCta) * SplitSchedule::kMaxCtas;
+    if (slot_per_item) {
+      // One slot per item of a split task: fewer than kMaxSplit (split_rule.h, plan-only rule),
+      // and fewer than total steps / 8 (each such item has at least 8 steps, split_schedule.cuh);
+      // a task has at most group x (query blocks of a sample) steps.
+      const int64_t rows = sig.consumer.bwd_block_q > 0 ? sig.consumer.bwd_block_q : 1;
+      const int64_t q_blocks = (std::min(g.max_seqlen_q, g.total_q) + rows - 1) / rows;
+      const int64_t steps = w.max_tasks * int64_t(g.num_heads_q / std::max(g.num_heads_kv, 1)) * q_blocks;
+      w.max_split = std::max<int64_t>(1, std::min<int64_t>(BwdSplit::kMaxSplit, steps / 8));
+    } else {
+      w.max_split = w.max_tasks < BwdSplit::kMaxSplit ? w.max_tasks : BwdSplit::kMaxSplit;
+    }
+    w.take_all(take, w.max_tasks, w.max_items);
+    w.dk_accum = take(sizeof(float) * size_t(w.max_split) * size_t(bk) * size_t(g.head_dim_qk));
+    w.dv_accum = take(sizeof(float) * size_t(w.max_split) * size_t(bk) * size_t(g.head_dim_v));
+  };
   if (deterministic) {
-    // The sm90 backward's deterministic path: the tiles and one counter per tile (dq_sem);
-    // the sm80 family's dQ kernel needs neither.
-    if (sm90 && sm90::bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v)) {
-      w.dq_accum = off;
-      off += ws_align(dq_tiles);
-      w.dq_sem = off;
-      off += ws_align(sizeof(int32_t) * size_t(g.num_heads_q) * size_t(max_q_blocks));
+    // The sm90 backward's deterministic path: the tiles, one counter per tile (dq_sem) and the
+    // split schedule's deterministic form (one slot per item, bwd_split.cuh); the sm80 family's
+    // dQ kernel needs none of them.
+    // (No query rows: no tiles or counters, but the split schedule still runs the cells, which
+    // write dK = dV = 0.)
+    if (sig.consumer.arch == 90 && sig.consumer.bwd_block_q > 0 &&
+        sm90::bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v)) {
+      if (sm90) {
+        w.dq_accum = off;
+        off += ws_align(dq_tiles);
+        w.dq_sem = off;
+        off += ws_align(sizeof(int32_t) * size_t(g.num_heads_q) * size_t(max_q_blocks));
+      }
+      take_split(true);
+    } else {
+      w.split_at = off;
     }
     w.total = off;
     return w;
   }
   w.dq_accum = off;
   off += ws_align(std::max(per * size_t(g.head_dim_qk), dq_tiles));
-  const int64_t bk = sig.consumer.bwd_block_k;
-  const int64_t by_batch = int64_t(g.batch) * ((g.max_seqlen_k + bk - 1) / bk);
-  const int64_t by_total = (g.total_k + bk - 1) / bk + g.batch;
-  w.max_tasks = int64_t(g.num_heads_kv) * (by_batch < by_total ? by_batch : by_total);
-  w.max_items = w.max_tasks + int64_t(SplitSchedule::kItemsPerCta) * SplitSchedule::kMaxCtas;
-  w.max_split = w.max_tasks < BwdSplit::kMaxSplit ? w.max_tasks : BwdSplit::kMaxSplit;
-  auto take = [&](size_t bytes) {
-    const size_t at = off;
-    off += ws_align(bytes);
-    return at;
-  };
-  w.take_all(take, w.max_tasks, w.max_items);
-  w.dk_accum = take(sizeof(float) * size_t(w.max_split) * size_t(bk) * size_t(g.head_dim_qk));
-  w.dv_accum = take(sizeof(float) * size_t(w.max_split) * size_t(bk) * size_t(g.head_dim_v));
+  take_split(false);
   w.total = off;
   return w;
 }

@@ -73,7 +73,7 @@ struct Case {
   bool deterministic = true;
   bool grid_mode = false;  // kernels ignore the plan's task lists
   bool negative_logits = false;  // q < 0 < k elementwise: every score (and max_logit) negative
-  bool expect_split = false;     // non-deterministic backward must split some dK/dV task
+  bool expect_split = false;     // the backward must split some dK/dV task (deterministic: sm90 only)
   bool expect_fwd_split = false; // the forward must split some task (and runs twice, bitwise)
   bool fwd_workspace = true;     // false: forward without a workspace (one CTA per task)
   bool fwd_lse = true, fwd_ml = true;  // optional forward outputs requested
@@ -473,13 +473,16 @@ void run_case(const Case& case_in) {
   EXPECT_EQ(b->dv.padding_changed(), 0) << "dv: stray writes";
   if (c.expect_split) {
     // Schedule header (BwdSplit): {items, counter, chunk, split tasks}.
-    ASSERT_FALSE(c.deterministic) << "split schedules exist only on the non-deterministic path";
-    const BwdWorkspaceLayout wl = bwd_workspace_layout(p.gd, p.plan->signature, false);
+    // Deterministic: the sm90 backward's split schedule over every cell (bwd_split.cuh).
+    ASSERT_TRUE(!c.deterministic || c.arch == 90) << "the sm80 deterministic path has no split schedule";
+    const BwdWorkspaceLayout wl = bwd_workspace_layout(p.gd, p.plan->signature, c.deterministic);
     int32_t hdr[BwdSplit::kHdrInts] = {};
     ASSERT_EQ(cudaMemcpy(hdr, static_cast<char*>(b->ws->p) + wl.hdr, sizeof(hdr), cudaMemcpyDeviceToHost),
               cudaSuccess);
     EXPECT_GT(hdr[BwdSplit::kNumSplit], 0) << "no dK/dV task was split (chunk " << hdr[BwdSplit::kChunk]
                                                << ")";
+    EXPECT_LE(hdr[BwdSplit::kNumSplit], wl.max_split) << "slots";
+    EXPECT_LE(hdr[BwdSplit::kTotal], wl.max_items) << "items";
     EXPECT_GT(hdr[BwdSplit::kTotal], p.plan->counts.num_bwd_tasks) << "items";
     // Every item claimed, then one failed claim per persistent CTA.
     EXPECT_GT(hdr[BwdSplit::kCounter], hdr[BwdSplit::kTotal]) << "claim counter";
@@ -2342,6 +2345,13 @@ struct Sm90BwdOn {
   ~Sm90BwdOn() { sm90::set_bwd_enabled(-1); }
 };
 
+// The deterministic sm90 backward's cut of long walks (experimental: FLASHSPAN_EXPERIMENTAL=1)
+// switched on in-process.
+struct Sm90DetSplitOn {
+  Sm90DetSplitOn() { sm90::set_bwd_det_split(1); }
+  ~Sm90DetSplitOn() { sm90::set_bwd_det_split(-1); }
+};
+
 void run_case_sm90_bwd(const Case& c) {
   ASSERT_TRUE(c.backward && c.arch == 90 && sm90::bwd_runs_head_dims_sm90(c.h.dqk, c.h.dv)) << c.describe();
   const int64_t before = sm90::bwd_launches();
@@ -2512,8 +2522,10 @@ TEST(FlexGpuSm90, BwdSplitAndGrid) {
 }
 
 // The deterministic sm90 backward (dQ tiles added in descending key-block order through their
-// counters): random cases and the benchmark masks against the reference, and dq / dk / dv
-// bitwise identical over three runs of a causal GQA THD case with long K2Q walks.
+// counters; long walks cut into items when switched on): random cases and the benchmark masks
+// (default: no cut), split cells (cut on) against the reference, and dq / dk / dv bitwise
+// identical over three runs of a causal GQA THD case with long K2Q walks and of two cases with
+// split cells.
 TEST(FlexGpuSm90, BwdDeterministic) {
   REQUIRE_SM90();
   Sm90BwdOn on;
@@ -2533,18 +2545,73 @@ TEST(FlexGpuSm90, BwdDeterministic) {
     c.seed = ++seed;
     run_case_sm90_bwd(c);
   }
-  Case c;
-  c.arch = 90;
-  c.varlen = true;
-  c.lq = {1500, 0, 333};
-  c.lk = {1400, 60, 500};
-  c.batch = 3;
-  c.h = HeadConfig{4, 2, 1, 3, 128, 128, DType::kBFloat16};
-  c.deterministic = true;
-  c.seed = 9950;
-  const int64_t before = sm90::bwd_launches();
-  expect_bwd_bitwise_repeatable(c);
-  EXPECT_EQ(sm90::bwd_launches(), before + 3) << "the sm90 backward did not run";
+  // Long walks cut into items (the split schedule's deterministic form, switched on here):
+  // sink_local's key block 0 and longformer's global key blocks (test_split_rule.cpp checks these
+  // plans split), GQA groups, a THD sink_window case with uneven samples, D = 64; the header
+  // proves the split. (Above: the default, every cell one item.)
+  Sm90DetSplitOn split_on;
+  {
+    Case c = split_case("sink_local", HeadConfig{4, 2, 1, 1, 128, 128, DType::kBFloat16}, 9960);
+    c.arch = 90;
+    c.sq = 2048;
+    c.deterministic = true;
+    run_case_sm90_bwd(c);
+  }
+  {
+    Case c = split_case("longformer", HeadConfig{2, 1, 1, 1, 128, 128, DType::kFloat16}, 9961);
+    c.arch = 90;
+    c.sq = 4096;
+    c.deterministic = true;
+    run_case_sm90_bwd(c);
+  }
+  {
+    Case c = split_case("sink_window", HeadConfig{8, 2, 8, 3, 128, 128, DType::kBFloat16}, 9962);
+    c.arch = 90;
+    c.varlen = true;
+    c.lq = {1500, 37, 700};
+    c.lk = {1300, 64, 900};
+    c.batch = 3;
+    c.deterministic = true;
+    run_case_sm90_bwd(c);
+  }
+  {
+    Case c = split_case("sink_local", HeadConfig{4, 1, 1, 1, 64, 64, DType::kFloat16}, 9963);
+    c.arch = 90;
+    c.sq = 2048;
+    c.deterministic = true;
+    run_case_sm90_bwd(c);
+  }
+  // Bitwise over three runs: a causal GQA THD case with long K2Q walks, and split cells (GQA
+  // sink_local, THD sink_window).
+  for (int k = 0; k < 3; ++k) {
+    Case c;
+    c.arch = 90;
+    c.deterministic = true;
+    if (k == 0) {
+      c.varlen = true;
+      c.lq = {1500, 0, 333};
+      c.lk = {1400, 60, 500};
+      c.batch = 3;
+      c.h = HeadConfig{4, 2, 1, 3, 128, 128, DType::kBFloat16};
+      c.seed = 9950;
+    } else if (k == 1) {
+      c.mask = "sink_local";
+      c.sq = 2048;
+      c.h = HeadConfig{4, 2, 1, 1, 128, 128, DType::kBFloat16};
+      c.seed = 9951;
+    } else {
+      c.mask = "sink_window";
+      c.varlen = true;
+      c.lq = {1500, 37, 700};
+      c.lk = {1300, 64, 900};
+      c.batch = 3;
+      c.h = HeadConfig{8, 2, 8, 3, 128, 128, DType::kFloat16};
+      c.seed = 9952;
+    }
+    const int64_t before = sm90::bwd_launches();
+    expect_bwd_bitwise_repeatable(c);
+    EXPECT_EQ(sm90::bwd_launches(), before + 3) << "the sm90 backward did not run: " << c.describe();
+  }
 }
 
 // Small backward cases for compute-sanitizer (memcheck / racecheck / synccheck).
@@ -2582,6 +2649,14 @@ TEST(FlexGpuSm90, BwdSanitizerSmall) {
   e.deterministic = true;
   e.seed = 9805;
   run_case_sm90_bwd(e);
+  // Deterministic with split cells (one slot per item; test_split_rule.cpp checks this plan
+  // splits its key block 0).
+  Sm90DetSplitOn split_on;
+  Case g = split_case("sink_local", HeadConfig{2, 1, 1, 1, 128, 128, DType::kBFloat16}, 9806);
+  g.arch = 90;
+  g.sq = 1024;
+  g.deterministic = true;
+  run_case_sm90_bwd(g);
 }
 
 // ---------------------------------------------------------------------------

@@ -5,8 +5,9 @@
 //                             scale folded into the exponent.
 //   RolesGpu.PlanPayloadMask  kern::PlanPayloadMask + AccFragment (and Variant::logits, both scale forms) against
 //                             the host payload layout (payload_layout.h).
-//   RolesGpu.TileScheduler*   task / grid-cell / descending-cell orders, next() and
-//                             next_descending() (snake waves), split-item claims.
+//   RolesGpu.TileScheduler*   task / grid-cell / descending-cell orders, next(), split-item
+//                             claims (claim), snake waves over a split list of descending cells
+//                             (next_cell_item, the deterministic sm90 backward).
 //   RolesGpu.K2QWalk*         K2QWalk and K2QWalkAscending: the same pairs, the latter ascending
 //                             per head; seek(begin) + count slices.
 // They skip (GTEST_SKIP) when no GPU is visible, like every GPU test.
@@ -332,25 +333,36 @@ struct SchedCase {
     return {tasks[4 * t], tasks[4 * t + 1], tasks[4 * t + 2], items[4 * i + 1], items[4 * i + 2] - items[4 * i + 1],
             items[4 * i + 3]};
   }
+  // The same items read as a list over descending cells (the deterministic backward's).
+  Item split_cell_item(int i) const {
+    Item w = cell_descending(items[4 * i]);
+    w[3] = items[4 * i + 1];
+    w[4] = items[4 * i + 2] - items[4 * i + 1];
+    w[5] = items[4 * i + 3];
+    return w;
+  }
 };
 
-// mode 0: task(i), 1: cell(i), 2: cell_descending(i), 3: split_item(i); one thread per index.
+// mode 0: task(i), 1: cell(i), 2: cell_descending(i), 3: split_item(i), 4: split_cell_item(i);
+// one thread per index.
 __global__ void sched_direct_kernel(kern::TileScheduler ts, int mode, int n, int* out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  const kern::WorkItem w = mode == 0 ? ts.task(i) : mode == 1 ? ts.cell(i) : mode == 2 ? ts.cell_descending(i)
-                                                                                   : ts.split_item(i);
+  const kern::WorkItem w = mode == 0   ? ts.task(i)
+                           : mode == 1 ? ts.cell(i)
+                           : mode == 2 ? ts.cell_descending(i)
+                           : mode == 3 ? ts.split_item(i)
+                                       : ts.split_cell_item(i);
   int* o = out + 6 * i;
   o[0] = w.block, o[1] = w.head, o[2] = w.batch, o[3] = w.begin, o[4] = w.count, o[5] = w.slot;
 }
 
-// Persistent order: CTA blockIdx.x asks next(n) (descending: next_descending(n)) for n = 0, 1, ...
-// until none; writes {n, item} rows at out[(blockIdx.x * max_n + n) * 7]; claimed[i] = the
-// split index of a claim (mode 2: the counter read back through hdr).
-__global__ void sched_next_kernel(kern::TileScheduler ts, int descending, int max_n, int* out) {
+// Persistent order: CTA blockIdx.x asks next(n) (cells: next_cell_item(n)) for n = 0, 1, ... until
+// none; writes {n, item} rows at out[(blockIdx.x * max_n + n) * 7].
+__global__ void sched_next_kernel(kern::TileScheduler ts, int cells, int max_n, int* out) {
   if (threadIdx.x != 0) return;
   for (int n = 0; n < max_n; ++n) {
-    const kern::WorkItem w = descending ? ts.next_descending(uint32_t(n)) : ts.next(uint32_t(n));
+    const kern::WorkItem w = cells ? ts.next_cell_item(uint32_t(n)) : ts.next(uint32_t(n));
     int* o = out + (int64_t(blockIdx.x) * max_n + n) * 7;
     o[0] = n, o[1] = w.block, o[2] = w.head, o[3] = w.batch, o[4] = w.begin, o[5] = w.count, o[6] = w.slot;
     if (w.block < 0) break;
@@ -369,16 +381,20 @@ TEST(RolesGpu, TileSchedulerSources) {
   DevVec<int32_t> tasks(c.tasks), starts(c.block_start), items(c.items);
   const kern::TileScheduler ts = make_sched(c, tasks, starts, nullptr, items, 0, 0);
   const int n_cells = int(c.num_blocks * c.heads);
-  for (int mode = 0; mode < 4; ++mode) {
+  const kern::TileScheduler ts_cells = make_sched(c, tasks, starts, nullptr, items, 0, 1);
+  for (int mode = 0; mode < 5; ++mode) {
     // Two past the end (none) for the bounded sources; exactly the items for split_item.
-    const int n = mode == 0 ? c.num_tasks() + 2 : mode == 3 ? c.num_items() : n_cells + 2;
+    const int n = mode == 0 ? c.num_tasks() + 2 : mode >= 3 ? c.num_items() : n_cells + 2;
     DevVec<int> out(size_t(6) * n, -7);
-    sched_direct_kernel<<<(n + 63) / 64, 64>>>(ts, mode, n, out.ptr());
+    sched_direct_kernel<<<(n + 63) / 64, 64>>>(mode == 4 ? ts_cells : ts, mode, n, out.ptr());
     sync_ok("sched_direct_kernel");
     const std::vector<int> h = out.get();
     for (int i = 0; i < n; ++i) {
-      const SchedCase::Item want = mode == 0 ? c.task(i) : mode == 1 ? c.cell(i) : mode == 2 ? c.cell_descending(i)
-                                                                                          : c.split_item(i);
+      const SchedCase::Item want = mode == 0   ? c.task(i)
+                                   : mode == 1 ? c.cell(i)
+                                   : mode == 2 ? c.cell_descending(i)
+                                   : mode == 3 ? c.split_item(i)
+                                               : c.split_cell_item(i);
       for (int k = 0; k < 6; ++k) {
         EXPECT_EQ(h[6 * i + k], want[k]) << "mode " << mode << " index " << i << " field " << k;
       }
@@ -392,9 +408,14 @@ TEST(RolesGpu, TileSchedulerNextOrders) {
   DevVec<int32_t> tasks(c.tasks), starts(c.block_start), items(c.items);
   const int n_cells = int(c.num_blocks * c.heads);
   for (int grid : {1, 4, 7, 64}) {
-    for (int kind = 0; kind < 3; ++kind) {  // 0: next over tasks, 1: next over cells, 2: next_descending
-      const kern::TileScheduler ts = make_sched(c, tasks, starts, nullptr, items, 0, kind == 1);
-      const int max_n = std::max(c.num_tasks(), n_cells) / grid + 2;
+    // 0: next over tasks, 1: next over cells, 2: next_cell_item over a split list of descending
+    // cells (snake waves)
+    for (int kind = 0; kind < 3; ++kind) {
+      std::vector<int32_t> hdr0(SplitSchedule::kHdrInts, 0);
+      hdr0[SplitSchedule::kTotal] = c.num_items();
+      DevVec<int32_t> hdr(hdr0);
+      const kern::TileScheduler ts = make_sched(c, tasks, starts, &hdr, items, kind == 2, kind >= 1);
+      const int max_n = std::max({c.num_tasks(), n_cells, c.num_items()}) / grid + 2;
       DevVec<int> out(size_t(7) * grid * max_n, -7);
       sched_next_kernel<<<grid, 32>>>(ts, kind == 2, max_n, out.ptr());
       sync_ok("sched_next_kernel");
@@ -407,18 +428,21 @@ TEST(RolesGpu, TileSchedulerNextOrders) {
           // The host index of item n of this CTA.
           int64_t idx = int64_t(cta) + int64_t(n) * grid;
           if (kind == 2) idx = int64_t(n) * grid + ((n & 1) ? grid - 1 - cta : cta);  // snake waves
-          const SchedCase::Item want = kind == 0 ? c.task(idx) : kind == 1 ? c.cell(idx) : c.cell_descending(idx);
+          const SchedCase::Item want = kind == 0   ? c.task(idx)
+                                       : kind == 1 ? c.cell(idx)
+                                       : idx < c.num_items() ? c.split_cell_item(int(idx))
+                                                             : SchedCase::none();
           SCOPED_TRACE(testing::Message() << "grid " << grid << " kind " << kind << " cta " << cta << " n " << n);
           ASSERT_EQ(o[0], n);
           for (int k = 0; k < 6; ++k) EXPECT_EQ(o[1 + k], want[k]) << "field " << k;
           if (want[0] < 0) break;
-          EXPECT_GT(idx, prev);  // a CTA's items rise in index (next_descending's no-deadlock rule)
+          EXPECT_GT(idx, prev);  // a CTA's items rise in index
           prev = idx;
           seen.insert(idx);
         }
       }
       // Every task / cell handed out exactly once.
-      const int total = kind == 0 ? c.num_tasks() : n_cells;
+      const int total = kind == 0 ? c.num_tasks() : kind == 1 ? n_cells : c.num_items();
       ASSERT_EQ(int(seen.size()), total) << "grid " << grid << " kind " << kind;
       for (int i = 0; i < total; ++i) EXPECT_EQ(seen.count(i), 1u) << "grid " << grid << " kind " << kind << " " << i;
     }

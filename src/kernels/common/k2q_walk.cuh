@@ -80,7 +80,6 @@ struct K2QWalk {
 // masks) reaches each query block first, so that order costs no waiting. (BlockCursor order
 // visits every partial entry first: a document's last, partial query block would be the second
 // step of every key block of the document, all waiting on each other there.)
-// seek(begin) costs O(begin) steps: the deterministic path starts every walk at 0.
 struct K2QWalkAscending {
   static constexpr int kEnd = 0x7fffffff;
   const BwdParams* p;
@@ -111,14 +110,62 @@ struct K2QWalkAscending {
     read_pb();
     open_run();
   }
+  // Pairs of the open head's row not yet visited: its partial entries and the blocks of its
+  // full runs (reads the runs; used by seek only).
+  __device__ __forceinline__ int head_pairs() const {
+    int n = (ip_end - ip) + (re - rf);
+    for (int j = jr; j < jr_end; ++j) {
+      const int2 r = __ldg(reinterpret_cast<const int2*>(p->view.k2q_full_runs) + j);
+      n += r.y - r.x;
+    }
+    return n;
+  }
+  // Partial entries in [ip, ip_end) whose query block is below qb (binary search: the entries
+  // ascend).
+  __device__ __forceinline__ int partial_below(int qb) const {
+    int lo = ip, hi = ip_end;
+    while (lo < hi) {
+      const int mid = (lo + hi) >> 1;
+      if (__ldg(p->view.k2q_partial_qb + mid) < qb) {
+        lo = mid + 1;
+      } else {
+        hi = mid;
+      }
+    }
+    return lo - ip;
+  }
+  // Positions the walk on pair `begin` (split items start inside walks): whole heads skipped by
+  // their pair counts, then, in the head, run by run -- the partial entries below the run's
+  // first block (binary search), then the run's blocks (partial and full blocks are disjoint,
+  // so no partial entry lies inside a run). O(heads + runs + log(partial entries)) loads, not
+  // O(begin): a split item of a 512-step sink walk seeks without walking.
   __device__ __forceinline__ void seek(int begin) {
     open_head();
-    int h0 = 0, q0 = 0, e0 = 0;
-    const int keep = left;
-    left = begin;
-    while (left > 0 && next(h0, q0, e0)) {
+    while (h + 1 < h_end) {
+      const int n = head_pairs();
+      if (begin < n) break;
+      begin -= n;
+      ++h;
+      open_head();
     }
-    left = keep;
+    while (begin > 0) {
+      const int fb = rf < re ? rf : kEnd;
+      const int np = fb == kEnd ? ip_end - ip : partial_below(fb);
+      if (begin < np || fb == kEnd) {
+        ip += min(begin, ip_end - ip);
+        break;
+      }
+      begin -= np;
+      ip += np;
+      if (begin < re - rf) {
+        rf += begin;
+        break;
+      }
+      begin -= re - rf;
+      rf = re;
+      open_run();
+    }
+    read_pb();
   }
   // Next pair; payload = payload index of a partial pair (-1 for a full one).
   __device__ __forceinline__ bool next(int& head, int& qb, int& payload) {

@@ -35,12 +35,22 @@ void launch_bwd_preprocess(const BwdParams& p, DType dtype, int64_t total_q, cud
   }
 }
 
-void launch_bwd_split_schedule(const BwdParams& p, cudaStream_t stream) {
+void launch_bwd_split_schedule(const BwdParams& p, cudaStream_t stream, bool cut_walks) {
   const unsigned tasks = grid_1d(p.split.num_tasks, "flex backward dK/dV (tasks)");
   kern::flex_bwd_split_count_kernel<<<grid_1d((int64_t(tasks) + 255) / 256, "flex backward split count"), 256, 0,
                                       stream>>>(p);
   check_launch("flex backward split count");
-  kern::split_scan_kernel<false><<<1, kern::kSplitScanThreads, 0, stream>>>(p.split);
+  if (p.deterministic) {
+    // One slot per item and a cut of the plan alone (bwd_split.cuh, deterministic form), or no
+    // cut at all.
+    if (cut_walks) {
+      kern::split_scan_kernel<true, kern::kSplitPlanOnly><<<1, kern::kSplitScanThreads, 0, stream>>>(p.split);
+    } else {
+      kern::split_scan_kernel<true, kern::kSplitNone><<<1, kern::kSplitScanThreads, 0, stream>>>(p.split);
+    }
+  } else {
+    kern::split_scan_kernel<false><<<1, kern::kSplitScanThreads, 0, stream>>>(p.split);
+  }
   check_launch("flex backward split scan");
   kern::flex_bwd_split_items_kernel<<<tasks, 256, 0, stream>>>(p);
   check_launch("flex backward split items");

@@ -3,7 +3,9 @@
 // (sm80::launch_bwd_sm80, sm90::launch_bwd_sm90) around its dK/dV kernel:
 //   launch_bwd_preprocess     clears dq_accum (atomic dQ path, either layout), D and lse2 into the workspace
 //   launch_bwd_split_schedule count, scan and item list of the dK/dV split schedule
-//                             (p.split.num_ctas: the family's persistent grid)
+//                             (p.split.num_ctas: the family's persistent grid; p.deterministic:
+//                             the deterministic form of bwd_split.cuh, which ignores it and cuts
+//                             long walks only with cut_walks)
 //   launch_bwd_split_convert  dk / dv rows of the split tasks from their fp32 slots
 //   launch_bwd_dq_convert     dq = scale * dq_accum (atomic dQ path)
 #pragma once
@@ -18,7 +20,7 @@
 namespace flashspan {
 
 void launch_bwd_preprocess(const BwdParams& p, DType dtype, int64_t total_q, cudaStream_t stream);
-void launch_bwd_split_schedule(const BwdParams& p, cudaStream_t stream);
+void launch_bwd_split_schedule(const BwdParams& p, cudaStream_t stream, bool cut_walks = true);
 void launch_bwd_split_convert(const BwdParams& p, DType dtype, cudaStream_t stream);
 void launch_bwd_dq_convert(const BwdParams& p, DType dtype, int64_t total_q, cudaStream_t stream);
 

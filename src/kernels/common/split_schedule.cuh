@@ -10,8 +10,10 @@
 //   S. scan   (one CTA, split_scan_kernel): total = sum of task_iters; chunk = max(kChunkMin,
 //              ceil(total / (kItemsPerCta * num_ctas)), ceil(total / kMaxSplit), and, when
 //              num_tasks >= num_ctas, ceil(2 * total / num_tasks), or, when 2 * num_tasks <=
-//              num_ctas, ceil(total / (num_ctas - num_tasks)) (at most one item per CTA)); a task with
-//              more than `chunk` steps is split into ceil(steps / chunk) near-equal items;
+//              num_ctas, ceil(total / (num_ctas - num_tasks)) (at most one item per CTA))
+//              (split_rule.h, split_chunk; the deterministic backward has a rule of the plan
+//              alone, split_cut_plan_only); a task with more than `chunk` steps (plan-only:
+//              more than `above`) is split into ceil(steps / chunk) near-equal items;
 //              exclusive scans give item_start and the slots (one per split task, or one per
 //              item of a split task with kSlotPerItem); the header gets the item count, the
 //              chunk, the slots used and a zeroed claim counter.
@@ -30,6 +32,8 @@
 //   steps (it_t / ceil(it_t / C) >= it_t C / (it_t + C) > C / 2 as it_t > C), so split-task
 //   items are also < T / 8 + 1; unsplit tasks give one item each.
 //   items <= num_tasks + T / C <= num_tasks + kItemsPerCta * num_ctas.
+//   The plan-only rule has bounds of its own (split_rule.h): items <= num_tasks +
+//   kPlanOnlyItemsPerCta * kPlanOnlyCtas, items of split tasks < kMaxSplit.
 #pragma once
 
 #include <cstdint>
@@ -37,16 +41,22 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/block/block_scan.cuh>
 
+#include "kernels/common/split_rule.h"
 #include "kernels/params.h"
 
 namespace flashspan::kern {
 
 // S. Chunk, item offsets and slots. One CTA of kSplitScanThreads; thread i owns the
 // contiguous task range [i * per, (i + 1) * per). kSlotPerItem: every item of a split task
-// gets its own slot (forward), else one slot per split task (backward).
+// gets its own slot (forward, deterministic backward), else one slot per split task
+// (non-deterministic backward). kRule: kSplitPerGrid (split_chunk, for num_ctas),
+// kSplitPlanOnly (split_cut_plan_only: the deterministic backward), kSplitNone (every task one
+// item: the deterministic backward without FLASHSPAN_EXPERIMENTAL=1, launch_sm90.h).
 constexpr int kSplitScanThreads = 1024;
 
-template <bool kSlotPerItem>
+constexpr int kSplitPerGrid = 0, kSplitPlanOnly = 1, kSplitNone = 2;
+
+template <bool kSlotPerItem, int kRule = kSplitPerGrid>
 __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const SplitSchedule sp) {
   using Reduce = cub::BlockReduce<long long, kSplitScanThreads>;
   using Scan = cub::BlockScan<int, kSplitScanThreads>;
@@ -65,30 +75,34 @@ __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const Spl
   if (threadIdx.x == 0) s_total = sum;
   __syncthreads();  // s_total visible; tmp free for the scans
   const long long total = s_total;
-  const long long per_cta = (long long)SplitSchedule::kItemsPerCta * (sp.num_ctas > 0 ? sp.num_ctas : 1);
-  long long chunk = SplitSchedule::kChunkMin;
-  chunk = max(chunk, (total + per_cta - 1) / per_cta);
-  chunk = max(chunk, (total + SplitSchedule::kMaxSplit - 1) / SplitSchedule::kMaxSplit);
-  // Enough tasks to fill the grid: split only walks far above the mean. Causal-like masks
-  // (longest walk < 2x the mean) then run unsplit, since their longest-first task order
-  // already balances the grid and a split only adds the partial-sum traffic and the combine
-  // (H200, S=8K causal forward: 341.6 TFLOP/s unsplit vs 314.7 split at the plain chunk).
-  const long long ctas = sp.num_ctas > 0 ? sp.num_ctas : 1;
-  if (n >= ctas) {
-    chunk = max(chunk, (2 * total + n - 1) / max(n, 1));
-  } else if (2 * n <= ctas) {
-    // Few tasks (decode, small batches): at most one item per CTA. With chunk >= total /
-    // (ctas - n), sum ceil(it_t / chunk) <= total / chunk + n <= ctas, so every item starts at
-    // once and no second, mostly idle wave follows (H200 packed decode, 32 tasks of 512 steps
-    // on 792 CTAs: chunk 16 gave 1024 items, 1.3 waves; chunk 22 gives 768).
-    chunk = max(chunk, (total + (ctas - n) - 1) / (ctas - n));
+  // split_rule.h: the per-grid rule, or the plan-only rule (its first cut, then the items of
+  // split tasks under it summed over the block).
+  SplitCut cut{};
+  if constexpr (kRule == kSplitPlanOnly) {
+    const SplitCut first = split_cut_plan_only_first(total, n);
+    long long at_first = 0;
+    for (int t = t0; t < t1; ++t) {
+      const int it = sp.task_iters[t];
+      if (it > first.above) at_first += split_items(it, first);
+    }
+    __syncthreads();  // tmp.reduce reused
+    const long long s = Reduce(tmp.reduce).Sum(at_first);
+    if (threadIdx.x == 0) s_total = s;
+    __syncthreads();
+    cut = split_cut_plan_only(total, n, first, s_total);
+    __syncthreads();  // every thread has read s_total; tmp free for the scans
+  } else if constexpr (kRule == kSplitNone) {
+    cut = SplitCut{total + 1, total + 1};  // no task has more steps than the total
+  } else {
+    const long long chunk = split_chunk(total, n, sp.num_ctas);
+    cut = SplitCut{chunk, chunk};
   }
 
   int items = 0, slots = 0;
   for (int t = t0; t < t1; ++t) {
     const int it = sp.task_iters[t];
-    if (it > chunk) {
-      const int k = int((it + chunk - 1) / chunk);
+    if (it > cut.above) {
+      const int k = int(split_items(it, cut));
       items += k;
       slots += kSlotPerItem ? k : 1;
     } else {
@@ -102,8 +116,8 @@ __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const Spl
   for (int t = t0; t < t1; ++t) {
     const int it = sp.task_iters[t];
     sp.item_start[t] = item_base;
-    if (it > chunk) {
-      const int k = int((it + chunk - 1) / chunk);
+    if (it > cut.above) {
+      const int k = int(split_items(it, cut));
       item_base += k;
       sp.task_slot[t] = slot_base;
       slot_base += kSlotPerItem ? k : 1;
@@ -117,7 +131,7 @@ __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const Spl
     sp.item_start[n] = item_base;
     sp.hdr[SplitSchedule::kTotal] = item_base;
     sp.hdr[SplitSchedule::kCounter] = 0;
-    sp.hdr[SplitSchedule::kChunk] = int(chunk);
+    sp.hdr[SplitSchedule::kChunk] = int(cut.chunk);
     sp.hdr[SplitSchedule::kNumSplit] = slot_base;
   }
 }

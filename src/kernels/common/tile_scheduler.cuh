@@ -2,7 +2,9 @@
 // runs next -- a block of the plan's view (query block forward, key block backward), its head
 // and sample, and the range of its walk -- from one of the three sources of QkvParams:
 //   split items  (split_schedule = 1): the split schedule's item list (split_schedule.cuh),
-//                claimed in list order with its atomic counter;
+//                claimed in list order with its atomic counter; or, a list whose tasks are
+//                every cell in descending block order (grid_mode, cell_descending: the
+//                deterministic sm90 backward), taken in snake waves (next_cell_item);
 //   grid cells   (grid_mode = 1): (block, head) over every block of every sample, for task
 //                lists that omit blocks (folded as grid.h's grids: block fastest);
 //   tasks        (otherwise): the view's task list, in its cost order;
@@ -81,19 +83,33 @@ struct TileScheduler {
     return WorkItem{gb - __ldg(block_start + b), int(i / num_blocks), b, 0, WorkItem::kWholeWalk, -1};
   }
   // The whole walk of cell i in descending block order, heads fastest: block num_blocks - 1 -
-  // i / heads of head i % heads (the deterministic sm90 backward: a key block's dQ tiles wait
-  // for the larger key blocks, which this order starts first). None past the grid.
+  // i / heads of head i % heads (the deterministic sm90 backward's split tasks: a key block's dQ
+  // tiles wait for the larger key blocks, which this order starts first). None past the grid.
   __device__ __forceinline__ WorkItem cell_descending(int64_t i) const {
     if (i >= num_blocks * heads) return none();
     const int gb = int(num_blocks - 1 - i / heads);
     const int b = find_block_owner(block_start, batch, gb);
     return WorkItem{gb - __ldg(block_start + b), int(i % heads), b, 0, WorkItem::kWholeWalk, -1};
   }
-  // Item i of the split schedule's list (i < its item count).
+  // Task t of the split schedule (its whole walk): the view's task t, or with grid_mode the
+  // descending cell t (cell_descending: the deterministic sm90 backward's split schedule, whose
+  // task list is every cell in the order its dQ tiles are added). None past the list.
+  __device__ __forceinline__ WorkItem split_task(int64_t t) const { return grid_mode ? cell_descending(t) : task(t); }
+  // Item i of the split schedule's list (i < its item count), its tasks the view's tasks.
   __device__ __forceinline__ WorkItem split_item(int i) const {
     const int4 x = reinterpret_cast<const int4*>(items)[i];
     const Task k = load_task(tasks, x.x);
     return WorkItem{k.block, k.head, k.batch, x.y, x.z - x.y, x.w};
+  }
+  // Item i of a split list whose tasks are the descending cells (grid_mode): steps [begin, end)
+  // of cell_descending(task).
+  __device__ __forceinline__ WorkItem split_cell_item(int i) const {
+    const int4 x = reinterpret_cast<const int4*>(items)[i];
+    WorkItem w = cell_descending(x.x);
+    w.begin = x.y;
+    w.count = x.z - x.y;
+    w.slot = x.w;
+    return w;
   }
   // The next unclaimed item of the split list (one thread claims it); none once it is exhausted.
   __device__ __forceinline__ WorkItem claim() const {
@@ -101,21 +117,25 @@ struct TileScheduler {
     if (i >= hdr[SplitSchedule::kTotal]) return none();
     return split_item(i);
   }
+  // Item n of this CTA of a split list over descending cells (the deterministic sm90 backward):
+  // one wave of gridDim.x items at a time, the CTAs taking a wave's items forwards on even waves
+  // and backwards on odd ones (snake: causal walks grow with the index, so a plain stride would
+  // give the last CTA the longest item of every wave, +25 % work at S = 32K causal; measured on
+  // the H200, claiming items with the counter instead ran causal at 426 TFLOP/s against the
+  // snake's 552, PERF_LOG v2.2 detsplit). A CTA's items rise in index, so the lowest unfinished
+  // item's CTA is always running it: waits on lower items (larger blocks) cannot deadlock.
+  // None past the list.
+  __device__ __forceinline__ WorkItem next_cell_item(uint32_t n) const {
+    const int64_t lane = (n & 1) ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
+    const int64_t i = int64_t(n) * gridDim.x + lane;
+    if (i >= hdr[SplitSchedule::kTotal]) return none();
+    return split_cell_item(int(i));
+  }
   // Item n of this CTA of a persistent grid (n = 0, 1, ...; one thread asks).
   __device__ __forceinline__ WorkItem next(uint32_t n) const {
     if (split_schedule) return claim();
     const int64_t i = int64_t(blockIdx.x) + int64_t(n) * gridDim.x;
     return grid_mode ? cell(i) : task(i);
-  }
-  // Item n of this CTA in the descending cell order (cell_descending), one wave of gridDim.x
-  // cells at a time, the CTAs taking a wave's cells forwards on even waves and backwards on odd
-  // ones (snake): causal walks grow with the cell index, so a plain stride would give the last
-  // CTA the longest cell of every wave (+25 % work at S = 32K causal). A CTA's cells still rise
-  // in index, so the lowest unfinished cell's CTA is always running it: waits on lower cells
-  // (larger blocks) cannot deadlock.
-  __device__ __forceinline__ WorkItem next_descending(uint32_t n) const {
-    const int64_t lane = (n & 1) ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
-    return cell_descending(int64_t(n) * gridDim.x + lane);
   }
 };
 
@@ -148,8 +168,9 @@ struct AnalyticGrid {
 //     Measured on the H200 (PERF_LOG v2.2, B=1 H=16 D=128): no mask, S=32768, 483 (heads
 //     fastest) -> 531 TFLOP/s (heads slowest); causal 469 -> 422, S=8192 causal 463 -> 338, so
 //     each order is kept where it was the faster;
-//   next_descending(n): the deterministic order of TileScheduler::next_descending over the
-//     global key blocks gb = b num_k_blocks + kb, descending, heads fastest, snake waves: a key
+//   next_descending(n): the deterministic order (as TileScheduler::next_cell_item's over
+//     uncut cells) over the global key blocks gb = b num_k_blocks + kb, descending, heads
+//     fastest, snake waves: a key
 //     block's dQ additions wait only for larger key blocks of its own sample, which are lower
 //     cells, so the lowest unfinished cell never waits (kernel_bwd_sm90.cuh).
 // None past the grid.

@@ -33,19 +33,32 @@
 //     one contiguous block in shared and global memory; flex_bwd_dq_convert_kernel_sm90 writes dq.
 //     (Per-row reductions into a [Hq, total_q, kD] accumulator, 64 bulk operations a step, held
 //     the kernel at 466 TFLOP/s on the H200 against 589 without any dQ reduction: PERF_LOG v1.4.)
-//   Deterministic (p.deterministic, bitwise reproducible): no split schedule; the CTAs take the
-//     grid cells in descending key-block order, heads fastest, in waves (snake order,
-//     TileScheduler::next_descending), each walk in ascending query-block order
-//     (K2QWalkAscending),
-//     and the writer adds a dQ tile only once the tile's counter (p.dq_sem) equals the number of
-//     key blocks after its own in the tile's Q2K row (dq_order_rank, computed ahead by warp 2 of
-//     WG0, the dQ order warp, which walks the items' K2Q pairs as the producer does), then waits for the addition to be written and increments the counter
-//     (release). So every tile sums its contributions in descending key-block order. This is
-//     the order in which causal-like walks reach a query block anyway (a key block's walk starts
-//     at its diagonal, so larger key blocks arrive first), as FlashAttention-3's deterministic
-//     causal backward orders it. No deadlock: the lowest-numbered unfinished cell depends only on
-//     lower-numbered cells (larger key blocks), all finished, and its CTA (a CTA's cells rise in
-//     number; at most one CTA per SM, all resident) has finished its earlier cells.
+//   Deterministic (p.deterministic, bitwise reproducible across runs and GPUs): the split
+//     schedule in its deterministic form (bwd_split.cuh): its tasks are every grid cell (key
+//     block, kv head) in descending key-block order, heads fastest (cell_descending); a walk
+//     far longer than the mean (split_rule.h, a cut of the plan alone) is cut into items of
+//     disjoint step ranges, each of which adds its dK / dV partial sums into a slot of its own
+//     (zeroed, so the one addition is exact) that the convert sums in item order; the CTAs take
+//     the items in snake waves (TileScheduler::next_cell_item: CTA i's items rise in index);
+//     each walk runs in ascending query-block order (K2QWalkAscending, whose seek positions a
+//     split item without walking its first steps). The writer adds a dQ tile only once the tile's counter
+//     (p.dq_sem) equals the number of key blocks after its own in the tile's Q2K row
+//     (dq_order_rank, computed ahead by warp 2 of WG0, the dQ order warp, which walks the items'
+//     K2Q pairs as the producer does), then waits for the addition to be written and increments
+//     the counter (release). So every tile sums its contributions in descending key-block order,
+//     whichever item of key block kb holds the tile's step (the items of kb cover disjoint
+//     ranges of its pairs, so the tile gets exactly one addition from kb) and whichever CTA runs
+//     it. This is the order in which causal-like walks reach a query block anyway (a key block's
+//     walk starts at its diagonal, so larger key blocks arrive first), as FlashAttention-3's
+//     deterministic causal backward orders it.
+//     No deadlock: a CTA runs its items in rising list order, and every CTA is resident (one
+//     per SM, the persistent grid). Take the lowest-numbered unfinished item X (finished: its
+//     writer has released its last addition). X's CTA has finished its earlier (lower) items, so
+//     it is running X. X's steps wait only on additions of larger key blocks, whose items
+//     precede X in the list (descending cells) and are finished; its producer and consumers
+//     wait only on roles of their own CTA. So X finishes.
+//     Unordered (FLASHSPAN_SM90_BWD_DET_UNORDERED=1, a measurement switch, not deterministic):
+//     p.dq_sem = nullptr: the same schedule with neither the counter waits nor the dQ order warp.
 //   WG1, WG2, the consumers (setmaxnreg 240): warpgroup c owns keys 64c .. 64c+63 of the key
 //     block, so S^T / dP^T are m64n64 accumulators (rows = keys, cols = queries) and dK / dV
 //     m64n{kD} accumulators that stay in registers for the whole item. P^T and dS^T feed the
@@ -296,12 +309,13 @@ __device__ __forceinline__ int bwd_task_steps(const BwdParams& p, int kb, int hk
 }
 
 // Item `item_it` of this CTA from the shared tile scheduler (common/tile_scheduler.cuh: split
-// items, grid cells or tasks), asked by lane 0 and broadcast to the warp, with its step count.
+// items, grid cells or tasks; deterministic: split items over the descending cells), asked by
+// lane 0 and broadcast to the warp, with its step count.
 __device__ __forceinline__ BwdItem next_bwd_item(const BwdParams& p, uint32_t item_it, int lane) {
   kern::WorkItem w = kern::TileScheduler::none();
   if (lane == 0) {
     const kern::TileScheduler sched = kern::TileScheduler::backward(p);
-    w = p.deterministic ? sched.next_descending(item_it) : sched.next(item_it);
+    w = p.deterministic ? sched.next_cell_item(item_it) : sched.next(item_it);
   }
   w.block = __shfl_sync(0xffffffffu, w.block, 0);
   w.head = __shfl_sync(0xffffffffu, w.head, 0);
@@ -1096,8 +1110,8 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
     mbar_init(bars + L::kDqEmpty, 1);                      // the writer's lane 0
     for (int i = 0; i < 2; ++i) {
       mbar_init(bars + L::kItemFull + 8 * i, 1);
-      // consumers + the writer (+ the dQ order warp when deterministic)
-      mbar_init(bars + L::kItemEmpty + 8 * i, L::kConsumerThreads + 1 + (p.deterministic ? 1 : 0));
+      // consumers + the writer (+ the dQ order warp when the dQ tiles are ordered)
+      mbar_init(bars + L::kItemEmpty + 8 * i, L::kConsumerThreads + 1 + (p.dq_sem != nullptr ? 1 : 0));
       mbar_init(bars + L::kRankFull + 8 * i, 1);
       mbar_init(bars + L::kRankEmpty + 8 * i, 1);
     }
@@ -1117,7 +1131,7 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
       }
     } else if (warp == 1) {
       bwd_dq_writer<L>(p, base, smem);
-    } else if (warp == 2 && p.deterministic) {
+    } else if (warp == 2 && p.dq_sem != nullptr) {
       bwd_dq_order<L, Src>(p, smem, bars);
     }
     // Exit here rather than fall through to the kernel's end: when the 24-register warpgroup's

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 
 #include "core/error.h"
 #include "kernels/common/grid.h"
@@ -22,7 +24,8 @@ namespace flashspan::sm90 {
 namespace {
 
 // Persistent grid: one CTA per SM (shared memory allows one); with the split schedule every
-// CTA claims items from the list, otherwise CTA i runs tasks (or grid cells) i, i + grid, ...
+// CTA takes items from the list (deterministic: always, over every cell, in snake waves),
+// otherwise CTA i runs tasks (or grid cells) i, i + grid, ...
 template <int kD, class E, int kDv = kD, int kBq = 64>
 void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
              const CUtensorMap& mdo, cudaStream_t stream) {
@@ -35,7 +38,7 @@ void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk
   BwdParams p = p_in;
   if (p.split_schedule) {
     p.split.num_ctas = ctas;
-    launch_bwd_split_schedule(p, stream);
+    launch_bwd_split_schedule(p, stream, !p.deterministic || bwd_det_split_enabled());
     kernel<<<grid_1d(ctas, "flex backward (sm90), persistent"), L::kThreads, L::kBytes, stream>>>(p, mq, mk, mv, mdo);
     check_launch("flex backward (sm90), persistent");
     launch_bwd_split_convert(p, E::kDType, stream);
@@ -63,6 +66,19 @@ int64_t sdpa_bwd_launches() { return g_sdpa_bwd_launches.load(std::memory_order_
 // in dispatch/family.cpp (the family registry reads them when it picks a plan's backward tile, also
 // in builds that link no CUDA unit, such as tests/emu).
 
+// FLASHSPAN_SM90_BWD_DET_UNORDERED=1 (measurement only, results not reproducible): deterministic
+// calls run the deterministic schedule without the dQ tiles' counter waits, which splits the
+// cost of the ordering from that of the schedule (PERF_LOG v2.2).
+namespace {
+bool bwd_det_unordered() {
+  static const bool on = [] {
+    const char* v = std::getenv("FLASHSPAN_SM90_BWD_DET_UNORDERED");
+    return v != nullptr && std::strcmp(v, "1") == 0;
+  }();
+  return on;
+}
+}  // namespace
+
 bool bwd_config_supported(const FlexGeometry& g, bool deterministic) {
   return (g.dtype == DType::kFloat16 || g.dtype == DType::kBFloat16) &&
          bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v) && (!deterministic || bwd_deterministic_enabled());
@@ -76,16 +92,23 @@ int bwd_smem_bytes(int dqk, int dv, int bwd_bq, int bwd_bk) {
   return dqk == 64 ? kern90::BwdSm90Layout<64>::kBytes : kern90::BwdSm90Layout<128>::kBytes;
 }
 
-void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
+void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& dout, DType dtype, int64_t total_q, cudaStream_t stream) {
+  BwdParams p = p_in;
   const bool wide = bwd_wide_tile_sm90(p.head_dqk, p.head_dv, p.view.block_q, p.view.block_k);
   const TileSm90 tile = tile_sm90(p.head_dqk, p.head_dv, wide);
   FS_CHECK(bwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.view.block_q == tile.bwd_bq &&
                p.view.block_k == tile.bwd_bk,
            Status::kInternal, "sm90 backward: unsupported configuration reached the launcher (D ", p.head_dqk, "/",
            p.head_dv, ", tile ", p.view.block_q, "x", p.view.block_k, ")");
-  FS_CHECK(!p.deterministic || (p.dq_sem != nullptr && p.grid_mode == 1 && p.split_schedule == 0), Status::kInternal,
-           "sm90 backward: the deterministic path needs the dQ tile counters and the grid of every key block");
+  const int64_t cells = p.view.num_k_blocks * int64_t(p.num_heads_q / p.group_size);
+  FS_CHECK(!p.deterministic || (p.dq_sem != nullptr && p.grid_mode == 1 &&
+                                (cells == 0 || (p.split_schedule == 1 && p.split.num_tasks == cells))),
+           Status::kInternal,
+           "sm90 backward: the deterministic path needs the dQ tile counters and the split schedule over every key "
+           "block (bwd_split.cuh, deterministic form)");
+  // Measurement only: the deterministic schedule without its dQ ordering (kernel_bwd_sm90.cuh).
+  if (p.deterministic && bwd_det_unordered()) p.dq_sem = nullptr;
   FS_CHECK(p.dq_blocked == 1, Status::kInternal, "sm90 backward: the dQ accumulator is not bound in tiles");
   g_bwd_launches.fetch_add(1, std::memory_order_relaxed);
   launch_bwd_preprocess(p, dtype, total_q, stream);  // clears the tiled dq_accum too (dq_blocked)

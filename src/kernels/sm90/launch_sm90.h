@@ -61,6 +61,14 @@ void set_bwd_enabled(int on);
 bool bwd_deterministic_enabled();
 // Calls of launch_bwd_sm90 in this process so far (tests check that the sm90 backward ran).
 int64_t bwd_launches();
+// Whether the deterministic sm90 backward cuts long walks into items (bwd_split.cuh,
+// split_rule.h): experimental until the GPU suite has passed with it (its first version passed
+// on the H200, the current one not yet): FLASHSPAN_EXPERIMENTAL=1 (experimental_from_env, read
+// per call); without it every cell is one item (the schedule of main before the split).
+// set_bwd_det_split: 1 on, 0 off, -1 back to the environment's answer (tests). Defined in
+// dispatch/family.cpp with the other switches.
+bool bwd_det_split_enabled();
+void set_bwd_det_split(int on);
 
 // Whether the sm90 backward kernel covers a configuration (independent of the device): fp16 or
 // bf16, head dims of bwd_runs_head_dims_sm90 (Dqk = Dv in {64, 128}, (192, 128), (256, 256)),

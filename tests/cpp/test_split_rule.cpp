@@ -1,0 +1,229 @@
+// The split schedule's chunk rules (kernels/common/split_rule.h) on the CPU: the plan-only rule
+// of the deterministic sm90 backward on step counts shaped like the benchmark masks (one task per
+// (key block, kv head) cell in descending key-block order, steps = (query head, query block)
+// pairs of the cell's K2Q walk at the sm90 backward tile 64 x 128), its bounds, the workspace's
+// room for its items and slots (dispatch/workspace.h), and known values of the per-grid rule.
+// The scan kernel (split_schedule.cuh) runs the same functions on the device.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "dispatch/family.h"
+#include "dispatch/workspace.h"
+#include "kernels/common/split_rule.h"
+#include "plan/planner.h"
+#include "planner_masks.h"
+
+namespace flashspan {
+namespace {
+
+// The schedule the scan and items kernels build from task_iters with the plan-only rule.
+struct PlanOnlySchedule {
+  int64_t total = 0, chunk = 0, above = 0, items = 0, split_items = 0, split_tasks = 0;
+  int64_t min_split_item = INT64_MAX;  // fewest steps of an item of a split task
+};
+
+PlanOnlySchedule plan_only(const std::vector<int32_t>& iters) {
+  PlanOnlySchedule s;
+  for (int32_t it : iters) s.total += it;
+  const int64_t tasks = int64_t(iters.size());
+  const kern::SplitCut first = kern::split_cut_plan_only_first(s.total, tasks);
+  int64_t at_first = 0;
+  for (int32_t it : iters) {
+    if (it > first.above) at_first += kern::split_items(it, first);
+  }
+  const kern::SplitCut cut = kern::split_cut_plan_only(s.total, tasks, first, at_first);
+  s.chunk = cut.chunk;
+  s.above = cut.above;
+  EXPECT_GE(cut.above, cut.chunk);
+  for (int32_t it : iters) {
+    const int64_t n = kern::split_items(it, cut);
+    s.items += n;
+    if (it > cut.above) {
+      s.split_items += n;
+      ++s.split_tasks;
+      // Items [i it / n, (i + 1) it / n) (write_split_items): the shortest is floor(it / n).
+      s.min_split_item = std::min<int64_t>(s.min_split_item, it / n);
+    }
+  }
+  return s;
+}
+
+// Steps of every cell (descending key blocks, heads fastest) of an S-long sample, H heads (MHA),
+// tile 64 x 128, for a mask given as "query blocks that see key block kb".
+template <class F>
+std::vector<int32_t> cells(int64_t s, int heads, F walk) {
+  const int64_t nkb = s / 128, nqb = s / 64;
+  std::vector<int32_t> v;
+  for (int64_t kb = nkb - 1; kb >= 0; --kb) {
+    for (int h = 0; h < heads; ++h) v.push_back(int32_t(walk(kb, nqb)));
+  }
+  return v;
+}
+
+std::vector<int32_t> mask_cells(const std::string& m, int64_t s, int heads) {
+  const int64_t win = 16;  // a 1024-key window: about 16 + 2 query blocks per key block
+  if (m == "causal") return cells(s, heads, [](int64_t kb, int64_t nqb) { return nqb - 2 * kb; });
+  if (m == "sink_local") {
+    return cells(s, heads, [&](int64_t kb, int64_t nqb) { return kb == 0 ? nqb : std::min(nqb - 2 * kb, win + 2); });
+  }
+  if (m == "longformer") {  // 8 global tokens (one key block and one query block each), window 2 x 256
+    const int64_t nkb = s / 128;
+    return cells(s, heads, [&](int64_t kb, int64_t nqb) {
+      const bool global = kb % (nkb / 8) == nkb / 16;
+      return global ? nqb : 8 + std::min<int64_t>(nqb - 2 * kb, 10);
+    });
+  }
+  if (m == "dense") return cells(s, heads, [](int64_t, int64_t nqb) { return nqb; });
+  ADD_FAILURE() << "unknown mask " << m;
+  return {};
+}
+
+FlexGeometry geometry(int64_t s, int heads) {
+  FlexGeometry g;
+  g.batch = 1;
+  g.max_seqlen_q = g.max_seqlen_k = s;
+  g.total_q = g.total_k = s;
+  g.num_heads_q = g.num_heads_kv = heads;
+  g.num_heads_mask = 1;
+  g.nfunc = 1;
+  g.head_dim_qk = g.head_dim_v = 128;
+  g.dtype = DType::kBFloat16;
+  return g;
+}
+
+TEST(SplitRule, PlanOnlyBoundsAndWorkspace) {
+  PlanSignature sig;
+  sig.consumer.arch = 90;  // the sm90 backward tile 64 x 128
+  for (const char* m : {"causal", "sink_local", "longformer", "dense"}) {
+    for (int64_t s : {2048, 8192, 32768, 131072}) {
+      for (int heads : {1, 4, 16}) {
+        SCOPED_TRACE(testing::Message() << m << " S=" << s << " H=" << heads);
+        const std::vector<int32_t> it = mask_cells(m, s, heads);
+        const PlanOnlySchedule p = plan_only(it);
+        const int64_t n = int64_t(it.size());
+        EXPECT_GE(p.chunk, SplitSchedule::kChunkMin);
+        EXPECT_LE(p.items, n + kern::kPlanOnlyItemsPerCta * kern::kPlanOnlyCtas);
+        EXPECT_LT(p.split_items, SplitSchedule::kMaxSplit);
+        if (p.split_tasks > 0) {
+          EXPECT_GE(p.min_split_item, 8);
+        }
+        const BwdWorkspaceLayout w = bwd_workspace_layout(geometry(s, heads), sig, true);
+        EXPECT_GE(w.max_tasks, n);
+        EXPECT_GE(w.max_items, p.items);
+        EXPECT_GE(w.max_split, p.split_items);
+        EXPECT_GT(w.dq_sem, w.dq_accum);
+        EXPECT_GT(w.dk_accum, w.items);
+      }
+    }
+  }
+}
+
+// What the rule is for: sink_local's key block 0 (every query block, the last cells of the
+// descending order) is cut into kChunkMin-step items, longformer's 8 global key blocks too, while
+// the window cells (under twice the mean) and causal walks stay whole at the benchmark's sizes.
+TEST(SplitRule, PlanOnlySplitsSinksNotCausal) {
+  {
+    const PlanOnlySchedule p = plan_only(mask_cells("sink_local", 32768, 4));
+    EXPECT_EQ(p.chunk, SplitSchedule::kChunkMin);
+    EXPECT_EQ(p.split_tasks, 4);         // key block 0 of each head
+    EXPECT_EQ(p.split_items, 4 * 32);    // 512 query blocks / 16
+  }
+  {
+    const PlanOnlySchedule p = plan_only(mask_cells("longformer", 32768, 4));
+    EXPECT_EQ(p.split_tasks, 4 * 8);  // the 8 global key blocks of each head
+    EXPECT_LE(p.chunk, 20);           // total / 2112 steps: 512-step walks in about 30 items
+  }
+  for (int64_t s : {8192, 32768, 131072}) {
+    const PlanOnlySchedule p = plan_only(mask_cells("causal", s, 4));
+    EXPECT_EQ(p.split_tasks, 0) << "S=" << s << " chunk " << p.chunk;
+  }
+}
+
+// The plan-only rule reads no grid: the same counts give the same chunk whatever the GPU (the
+// rule takes no CTA count at all); the per-grid rule's known values (split_rule.h comments).
+TEST(SplitRule, PerGridRuleKnownValues) {
+  // Packed decode: 32 tasks of 512 steps on 792 CTAs -> at most one item per CTA: chunk 22.
+  EXPECT_EQ(kern::split_chunk(32 * 512, 32, 792), 22);
+  // Enough tasks: walks under twice the mean stay whole.
+  EXPECT_EQ(kern::split_chunk(1000 * 40, 1000, 132), 80);
+  // Floor.
+  EXPECT_EQ(kern::split_chunk(100, 200, 132), SplitSchedule::kChunkMin);
+  EXPECT_EQ(kern::split_items(16, kern::SplitCut{16, 16}), 1);
+  EXPECT_EQ(kern::split_items(17, kern::SplitCut{16, 16}), 2);
+  EXPECT_EQ(kern::split_items(40, kern::SplitCut{16, 40}), 1);  // not above: whole
+  EXPECT_EQ(kern::split_items(512, kern::SplitCut{16, 40}), 32);
+}
+
+// Steps of every cell of a real host plan (sm90 consumer, one sample, Hmask = 1) in the
+// deterministic list's order (descending key blocks, kv heads fastest): the K2Q row's partial
+// entries and full-run blocks, times the group's query heads.
+std::vector<int32_t> plan_cells(const std::string& mask, int64_t s, int hq, int hkv, int d = 128) {
+  const FlexGeometry g = fs_test::make_geometry(false, {s}, {s}, hq, hkv, 1, 0);
+  const fs_test::SampleMask m = fs_test::mask_by_name(mask, s);
+  FlexGeometry g2 = g;
+  g2.nfunc = m.nfunc;
+  const std::vector<int32_t> ep = fs_test::assemble_mask(g2, {{m}});
+  PlanRequest req;
+  req.geometry = &g2;
+  req.consumer = consumer_for(90, d, d);  // d = 64: the wide 128 x 128 tile when it is on
+  req.build_backward = true;
+  const auto plan = build_mask_plan_host(req, ep.data(), false);
+  const auto b = plan->bwd_view();
+  std::vector<int32_t> v;
+  for (int64_t kb = b.num_k_blocks - 1; kb >= 0; --kb) {
+    int32_t n = b.k2q_partial_ptr[kb + 1] - b.k2q_partial_ptr[kb];
+    for (int j = b.k2q_full_ptr[kb]; j < b.k2q_full_ptr[kb + 1]; ++j) {
+      n += b.k2q_full_runs[2 * j + 1] - b.k2q_full_runs[2 * j];
+    }
+    for (int h = 0; h < hkv; ++h) v.push_back(n * (hq / hkv));
+  }
+  return v;
+}
+
+// The cases of FlexGpuSm90.BwdDeterministic split (their plans, on the CPU), and the benchmark's
+// S = 32768 plans split where the synthetic counts above say (causal whole; document_causal's
+// longest walks, the first key blocks of long documents, are cut).
+TEST(SplitRule, PlanOnlyOnRealPlans) {
+  {
+    const PlanOnlySchedule p = plan_only(plan_cells("sink_local", 2048, 4, 2));
+    EXPECT_GT(p.split_tasks, 0) << "chunk " << p.chunk << " above " << p.above;
+  }
+  {
+    const PlanOnlySchedule p = plan_only(plan_cells("sink_local", 2048, 4, 1, 64));  // D = 64
+    EXPECT_GT(p.split_tasks, 0) << "chunk " << p.chunk << " above " << p.above;
+  }
+  {
+    const PlanOnlySchedule p = plan_only(plan_cells("sink_local", 1024, 2, 1));  // BwdSanitizerSmall
+    EXPECT_GT(p.split_tasks, 0) << "chunk " << p.chunk << " above " << p.above;
+  }
+  {
+    const PlanOnlySchedule p = plan_only(plan_cells("longformer", 4096, 2, 1));
+    EXPECT_GT(p.split_tasks, 0) << "chunk " << p.chunk << " above " << p.above;
+  }
+  {
+    const PlanOnlySchedule p = plan_only(plan_cells("sink_local", 32768, 4, 4));
+    EXPECT_EQ(p.split_tasks, 4) << "chunk " << p.chunk << " above " << p.above;
+    EXPECT_EQ(p.chunk, SplitSchedule::kChunkMin);
+  }
+  {
+    const PlanOnlySchedule p = plan_only(plan_cells("longformer", 32768, 4, 4));
+    EXPECT_EQ(p.split_tasks, 4 * 8) << "chunk " << p.chunk << " above " << p.above;
+  }
+  {
+    const PlanOnlySchedule p = plan_only(plan_cells("causal", 32768, 4, 4));
+    EXPECT_EQ(p.split_tasks, 0) << "chunk " << p.chunk << " above " << p.above;
+  }
+  {
+    // The first key blocks of the long documents (walks over 2x the mean) are cut.
+    const PlanOnlySchedule p = plan_only(plan_cells("document_causal", 32768, 4, 4));
+    EXPECT_LT(p.split_items, SplitSchedule::kMaxSplit);
+    EXPECT_LE(p.items, 4 * 256 + kern::kPlanOnlyItemsPerCta * kern::kPlanOnlyCtas);
+  }
+}
+
+}  // namespace
+}  // namespace flashspan
