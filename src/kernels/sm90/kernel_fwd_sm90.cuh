@@ -366,17 +366,17 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
 // block started at the merge after the partial block's mask: the whole softmax ran after the
 // wait, so the warpgroup's own P V GEMM hid none of it (SASS of v2.2; the volatile-asm order of
 // the source does not bind ptxas). A branch that is never taken (kb >= 0) ends the block right
-// before the wait: ISETP + BRA a step. Measured (PERF_LOG v2.3): (128, 128) +2.5-3.3 % (causal
-// S=32768 676 -> 698), (64, 64) -2.6-3.5 %, so on for the (128, 128) kernel only ((192, 128),
-// (256, 256) not measured: off). FLASHSPAN_SM90_FWD_SOFTMAX_FIRST=0 (build-time) turns it off.
-// =2 turns it on for every head dims (for measurements).
+// before the wait: ISETP + BRA a step. Measured (PERF_LOG v2.3, v2.7): (128, 128) +2.5-3.3 %
+// (causal S=32768 676 -> 698), (192, 128) causal +7 % / document_causal -5 %, (256, 256) causal
+// +4 % / document_causal 0; (64, 64) -2.6-3.5 %, so on for every kernel but (64, 64).
+// FLASHSPAN_SM90_FWD_SOFTMAX_FIRST=0 (build-time) turns it off; =2 on for every kernel.
 #ifndef FLASHSPAN_SM90_FWD_SOFTMAX_FIRST
 #define FLASHSPAN_SM90_FWD_SOFTMAX_FIRST 1
 #endif
 template <class L>
 __device__ __forceinline__ void softmax_before_wait([[maybe_unused]] int kb) {
   if constexpr (FLASHSPAN_SM90_FWD_SOFTMAX_FIRST == 2 ||
-                (FLASHSPAN_SM90_FWD_SOFTMAX_FIRST && L::kTile.dqk_tile == 128 && L::kTile.dv_tile == 128)) {
+                (FLASHSPAN_SM90_FWD_SOFTMAX_FIRST && L::kTile.dqk_tile > 64)) {
     if (kb < 0) __trap();
   }
 }
