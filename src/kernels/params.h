@@ -14,7 +14,7 @@
 #include <cstdint>
 
 #include "core/sdpa_band.h"
-#include "kernels/common/plan_view.h"
+#include "kernels/plan_view.h"
 
 namespace flashspan {
 

@@ -78,7 +78,7 @@
 
 #include "core/geometry.h"
 #include "kernels/common/payload_layout.h"
-#include "kernels/common/plan_view.h"
+#include "kernels/plan_view.h"
 
 namespace flashspan {
 
