@@ -79,7 +79,7 @@ int kernel_family_from_env();
 
 // Whether the environment turns the experimental GPU paths on: FLASHSPAN_EXPERIMENTAL=1 (the
 // native SDPA route's switch, which python/flashspan/sdpa_lowering.py reads per call too); read
-// per call, so that a process may switch it between calls (plan_choice.cpp).
+// per call, so that a process may switch it between calls (family.cpp).
 bool experimental_from_env();
 
 // Head dims the GPU kernels (the sm80 family) run: {8, 16, ..., 128}^2, (192, 128),

@@ -1,7 +1,6 @@
 // choose_plan (family.h): which kernel family, pack_gqa and consumer a plan request gets. Apart
 // from family.cpp because it asks the sm90 launcher whether the device and the call suit it.
 #include <cstdlib>
-#include <cstring>
 #include <string>
 
 #include "core/error.h"
@@ -27,11 +26,6 @@ int kernel_family_from_env() {
   if (s == "sm90" || s == "auto") return 90;
   FS_CHECK_ARG(false, "FLASHSPAN_KERNEL_FAMILY: must be sm80, sm90 or auto, got '", s, "'");
   return 80;
-}
-
-bool experimental_from_env() {
-  const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
-  return e != nullptr && std::strcmp(e, "1") == 0;
 }
 
 namespace {
