@@ -59,6 +59,19 @@ std::string refusal(Call c) {
   return r == nullptr ? "" : r;
 }
 
+// A call with packed Q / O / stats (THD): ragged offsets and cumulative lengths (both
+// directions refuse it on sm90).
+Call packed_thd_call() {
+  Call c;
+  for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_O, FS_SDPA_RAGGED_OFFSET_STATS}) {
+    c.a.tensors[size_t(s)] = vec(3, DType::kInt32);
+  }
+  c.a.tensors[FS_SDPA_CU_SEQ_LEN_Q] = vec(3, DType::kInt32);
+  c.a.tensors[FS_SDPA_CU_SEQ_LEN_KV] = vec(3, DType::kInt32);
+  c.a.padding_mask = true;
+  return c;
+}
+
 TEST(SdpaFamily, Sm90ForwardCoversThePureMaskSubset) {
   EXPECT_EQ(refusal(Call{}), "");
   for (auto [dqk, dv] : {std::pair<int64_t, int64_t>{64, 64}, {8, 16}, {128, 64}, {40, 120}, {96, 96}}) {
@@ -122,13 +135,7 @@ TEST(SdpaFamily, Sm90ForwardLeavesTheRestToSm80) {
     EXPECT_EQ(refusal(c), sdpa::slot_name(FS_SDPA_GATE));
   }
   {
-    Call c;  // packed Q / O / stats (THD): ragged offsets
-    for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_O, FS_SDPA_RAGGED_OFFSET_STATS}) {
-      c.a.tensors[size_t(s)] = vec(3, DType::kInt32);
-    }
-    c.a.tensors[FS_SDPA_CU_SEQ_LEN_Q] = vec(3, DType::kInt32);
-    c.a.tensors[FS_SDPA_CU_SEQ_LEN_KV] = vec(3, DType::kInt32);
-    c.a.padding_mask = true;
+    const Call c = packed_thd_call();
     EXPECT_NE(refusal(c).find("ragged"), std::string::npos);
   }
 }
@@ -212,13 +219,7 @@ TEST(SdpaFamily, Sm90BackwardLeavesTheRestToSm80) {
     EXPECT_EQ(bwd_refusal(c), sdpa::slot_name(FS_SDPA_SINK_TOKEN));
   }
   {
-    Call c;  // packed Q / O / stats (THD): ragged offsets
-    for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_O, FS_SDPA_RAGGED_OFFSET_STATS}) {
-      c.a.tensors[size_t(s)] = vec(3, DType::kInt32);
-    }
-    c.a.tensors[FS_SDPA_CU_SEQ_LEN_Q] = vec(3, DType::kInt32);
-    c.a.tensors[FS_SDPA_CU_SEQ_LEN_KV] = vec(3, DType::kInt32);
-    c.a.padding_mask = true;
+    const Call c = packed_thd_call();
     EXPECT_NE(bwd_refusal(c).find("ragged"), std::string::npos);
   }
 }
