@@ -138,6 +138,7 @@ namespace {
 std::atomic<int> g_bwd_override{-1};
 std::atomic<int> g_wide64_override{-1};
 std::atomic<int> g_det_split_override{-1};
+std::atomic<int> g_cell_order_override{-1};
 }  // namespace
 
 void set_bwd_enabled(int on) { g_bwd_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
@@ -173,6 +174,19 @@ bool bwd_det_split_enabled() {
   const int o = g_det_split_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
   return experimental_from_env();
+}
+
+void set_bwd_cell_order(int on) { g_cell_order_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+
+int bwd_cell_order_forced() {
+  const int o = g_cell_order_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o;
+  static const int env = [] {
+    const char* e = std::getenv("FLASHSPAN_SM90_BWD_CELLS");
+    if (e == nullptr) return -1;
+    return std::strcmp(e, "1") == 0 ? 1 : std::strcmp(e, "0") == 0 ? 0 : -1;
+  }();
+  return env;
 }
 
 void set_bwd_wide64_enabled(int on) { g_wide64_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }

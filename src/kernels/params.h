@@ -241,9 +241,12 @@ struct QkvParams {
   PlanViewPtrs view;       // forward or backward view, device pointers
   // Forward: 0 = one CTA per entry of view.tasks (cost order); 1 = grid (query block, task
   // head) over every global query block, for plans whose task list omits blocks without
-  // visible keys. dK/dV kernel: 0 = view.tasks, 1 = grid (key block, kv head).
+  // visible keys. dK/dV kernel: 0 = view.tasks, 1 = grid (key block, kv head); the sm90
+  // backward's split schedule over cells: 1 = descending, heads fastest (deterministic),
+  // kGridCellsAscending = heads slowest, key blocks ascending (tile_scheduler.cuh).
   int grid_mode = 0;
 };
+inline constexpr int kGridCellsAscending = 2;
 
 struct FwdParams : QkvParams {
   void* o = nullptr;  // [B,Sq,Hq,Dv] | [Tq,Hq,Dv]

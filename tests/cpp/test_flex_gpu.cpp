@@ -2877,6 +2877,33 @@ TEST(FlexGpuSm90, BwdBigDimsRandom) {
   for (uint64_t s = 1; s <= 32; ++s) run_case_sm90_bwd(bwd_big_case_sm90(s + 1500, false));
 }
 
+// The cell order of the non-deterministic sm90 backward forced on (sm90::set_bwd_cell_order: every
+// key block of every kv head, heads slowest, long walks split; tile_sm90.h bwd_cell_order_sm90): random cases at D = 64 / 128, the
+// wide (64, 64) tile and the big dims, and the benchmark masks (sink columns: split items).
+TEST(FlexGpuSm90, BwdCellOrder) {
+  REQUIRE_SM90();
+  Sm90BwdOn on;
+  struct CellsOn {
+    CellsOn() { sm90::set_bwd_cell_order(1); }
+    ~CellsOn() { sm90::set_bwd_cell_order(-1); }
+  } cells;
+  for (uint64_t s = 1; s <= 16; ++s) run_case_sm90_bwd(bwd_case_sm90(s + 4700));
+  for (uint64_t s = 1; s <= 8; ++s) run_case_sm90_bwd(bwd_big_case_sm90(s + 4800, false));
+  uint64_t seed = 4900;
+  for (const char* name : {"sink_local", "document_causal", "longformer"}) {
+    for (int d : {128, 64}) {
+      Case c;
+      c.arch = 90;
+      c.mask = name;
+      c.sq = 1000;
+      c.h = HeadConfig{4, 2, 1, 1, d, d, (seed & 1) ? DType::kBFloat16 : DType::kFloat16};
+      c.deterministic = false;
+      c.seed = ++seed;
+      run_case_sm90_bwd(c);
+    }
+  }
+}
+
 // Fully empty rows, only full blocks, one query with THD empty samples, MQA with Hmask = Hq and
 // negative scores, strided tensors with dlse, the causal / document_causal benchmark masks, the
 // split schedule (long K2Q walks) and grid mode, each at both head dims.

@@ -333,9 +333,10 @@ struct SchedCase {
     return {tasks[4 * t], tasks[4 * t + 1], tasks[4 * t + 2], items[4 * i + 1], items[4 * i + 2] - items[4 * i + 1],
             items[4 * i + 3]};
   }
-  // The same items read as a list over descending cells (the deterministic backward's).
-  Item split_cell_item(int i) const {
-    Item w = cell_descending(items[4 * i]);
+  // The same items read as a list over cells: descending (grid mode 1, the deterministic
+  // backward's) or ascending with heads slowest (kGridCellsAscending).
+  Item split_cell_item(int i, bool ascending = false) const {
+    Item w = ascending ? cell(items[4 * i]) : cell_descending(items[4 * i]);
     w[3] = items[4 * i + 1];
     w[4] = items[4 * i + 2] - items[4 * i + 1];
     w[5] = items[4 * i + 3];
@@ -343,16 +344,15 @@ struct SchedCase {
   }
 };
 
-// mode 0: task(i), 1: cell(i), 2: cell_descending(i), 3: split_item(i), 4: split_cell_item(i);
-// one thread per index.
+// mode 0: task(i), 1: cell(i), 2: cell_descending(i), 3..5: split_item(i) (of a scheduler in
+// grid mode 0, 1 or kGridCellsAscending); one thread per index.
 __global__ void sched_direct_kernel(kern::TileScheduler ts, int mode, int n, int* out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const kern::WorkItem w = mode == 0   ? ts.task(i)
                            : mode == 1 ? ts.cell(i)
                            : mode == 2 ? ts.cell_descending(i)
-                           : mode == 3 ? ts.split_item(i)
-                                       : ts.split_cell_item(i);
+                                       : ts.split_item(i);
   int* o = out + 6 * i;
   o[0] = w.block, o[1] = w.head, o[2] = w.batch, o[3] = w.begin, o[4] = w.count, o[5] = w.slot;
 }
@@ -382,11 +382,12 @@ TEST(RolesGpu, TileSchedulerSources) {
   const kern::TileScheduler ts = make_sched(c, tasks, starts, nullptr, items, 0, 0);
   const int n_cells = int(c.num_blocks * c.heads);
   const kern::TileScheduler ts_cells = make_sched(c, tasks, starts, nullptr, items, 0, 1);
-  for (int mode = 0; mode < 5; ++mode) {
+  const kern::TileScheduler ts_asc = make_sched(c, tasks, starts, nullptr, items, 0, kGridCellsAscending);
+  for (int mode = 0; mode < 6; ++mode) {
     // Two past the end (none) for the bounded sources; exactly the items for split_item.
     const int n = mode == 0 ? c.num_tasks() + 2 : mode >= 3 ? c.num_items() : n_cells + 2;
     DevVec<int> out(size_t(6) * n, -7);
-    sched_direct_kernel<<<(n + 63) / 64, 64>>>(mode == 4 ? ts_cells : ts, mode, n, out.ptr());
+    sched_direct_kernel<<<(n + 63) / 64, 64>>>(mode == 4 ? ts_cells : mode == 5 ? ts_asc : ts, mode, n, out.ptr());
     sync_ok("sched_direct_kernel");
     const std::vector<int> h = out.get();
     for (int i = 0; i < n; ++i) {
@@ -394,7 +395,7 @@ TEST(RolesGpu, TileSchedulerSources) {
                                    : mode == 1 ? c.cell(i)
                                    : mode == 2 ? c.cell_descending(i)
                                    : mode == 3 ? c.split_item(i)
-                                               : c.split_cell_item(i);
+                                               : c.split_cell_item(i, mode == 5);
       for (int k = 0; k < 6; ++k) {
         EXPECT_EQ(h[6 * i + k], want[k]) << "mode " << mode << " index " << i << " field " << k;
       }

@@ -94,18 +94,15 @@ struct TileScheduler {
   // Task t of the split schedule (its whole walk): the view's task t, or with grid_mode the
   // descending cell t (cell_descending: the deterministic sm90 backward's split schedule, whose
   // task list is every cell in the order its dQ tiles are added). None past the list.
-  __device__ __forceinline__ WorkItem split_task(int64_t t) const { return grid_mode ? cell_descending(t) : task(t); }
-  // Item i of the split schedule's list (i < its item count), its tasks the view's tasks.
+  // grid_mode kGridCellsAscending (the non-deterministic sm90 backward's cell order): cell(t),
+  // heads slowest, blocks ascending.
+  __device__ __forceinline__ WorkItem split_task(int64_t t) const {
+    return grid_mode == kGridCellsAscending ? cell(t) : grid_mode ? cell_descending(t) : task(t);
+  }
+  // Item i of the split schedule's list (i < its item count): steps [begin, end) of split_task.
   __device__ __forceinline__ WorkItem split_item(int i) const {
     const int4 x = reinterpret_cast<const int4*>(items)[i];
-    const Task k = load_task(tasks, x.x);
-    return WorkItem{k.block, k.head, k.batch, x.y, x.z - x.y, x.w};
-  }
-  // Item i of a split list whose tasks are the descending cells (grid_mode): steps [begin, end)
-  // of cell_descending(task).
-  __device__ __forceinline__ WorkItem split_cell_item(int i) const {
-    const int4 x = reinterpret_cast<const int4*>(items)[i];
-    WorkItem w = cell_descending(x.x);
+    WorkItem w = split_task(x.x);
     w.begin = x.y;
     w.count = x.z - x.y;
     w.slot = x.w;
@@ -129,7 +126,7 @@ struct TileScheduler {
     const int64_t lane = (n & 1) ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
     const int64_t i = int64_t(n) * gridDim.x + lane;
     if (i >= hdr[SplitSchedule::kTotal]) return none();
-    return split_cell_item(int(i));
+    return split_item(int(i));
   }
   // Item n of this CTA of a persistent grid (n = 0, 1, ...; one thread asks).
   __device__ __forceinline__ WorkItem next(uint32_t n) const {

@@ -70,6 +70,13 @@ int64_t bwd_launches();
 bool bwd_det_split_enabled();
 void set_bwd_det_split(int on);
 
+// The cell order of non-deterministic sm90 backward calls (tile_sm90.h bwd_cell_order_sm90):
+// FLASHSPAN_SM90_BWD_CELLS=1 always, =0 never (the plan's task list), unset: that rule
+// (read once). Returns 1 / 0 when forced, -1 for the rule; set_bwd_cell_order: 1, 0, or -1
+// back to the environment's answer (tests).
+int bwd_cell_order_forced();
+void set_bwd_cell_order(int on);
+
 // Whether the sm90 backward kernel covers a configuration (independent of the device): fp16 or
 // bf16, head dims of bwd_runs_head_dims_sm90 (Dqk = Dv in {64, 128}, (192, 128), (256, 256)),
 // deterministic or not (deterministic unless FLASHSPAN_SM90_BWD_DETERMINISTIC=0).
