@@ -442,7 +442,7 @@ def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: 
     if m is not None:
         call.option("paged_attention_max_seq_len_kv", int(m))
     _apply_common(call, lay, q, backward=False, **kw)
-    route = sdpa_lowering.route(q)
+    route = sdpa_lowering.route(q, k, v, args)
     if route == "flex":
         call.validate()
         sdpa_lowering.forward(q, k, v, o, stats, args, build_backward)
@@ -485,7 +485,7 @@ def _backward(q, k, v, o, dO, stats, *, dq=None, dk=None, dv=None, **kw):
     if kw.pop("use_deterministic_algorithm"):
         call.option("deterministic_algorithm", 1)
     _apply_common(call, lay, q, backward=True, **kw)
-    route = sdpa_lowering.route(q)
+    route = sdpa_lowering.route(q, k, v, args)
     if route == "flex":
         call.validate()
         sdpa_lowering.backward(q, k, v, o, dO, stats_in, dq, dk, dv, args)

@@ -39,7 +39,8 @@ The private switch ``FLASHSPAN_SDPA_ROUTE=flex`` (environment) runs this lowerin
 flex calls run flex's CPU backend: that is how CI tests this code path without a GPU. ``FLASHSPAN_SDPA_ROUTE`` unset
 (or ``reference``) keeps CPU tensors on the SDPA CPU reference. CUDA tensors take this lowering, unless
 ``FLASHSPAN_EXPERIMENTAL=1``: then they run the SDPA operation of the C layer itself (its native GPU kernels with the
-analytic mask, issue 24; experimental, hence off by default), which names the features it does not run.
+analytic mask, issue 24; experimental, hence off by default), which names the features it does not run. A CUDA call
+with a feature this lowering cannot express (:func:`unsupported`) takes that operation whatever the switch says.
 """
 
 from __future__ import annotations
@@ -70,12 +71,19 @@ def _gpu_head_dims_ok(dqk: int, dv: int) -> bool:
     return (small(dqk) and small(dv)) or (dqk, dv) in ((192, 128), (256, 256))
 
 
-def route(q: Tensor) -> str:
+def route(q: Tensor, k: Optional[Tensor] = None, v: Optional[Tensor] = None, a: Optional[dict] = None) -> str:
     """Where a call on q runs: ``"flex"`` (this lowering), ``"reference"`` (the SDPA CPU reference of the C layer,
-    CPU tensors) or ``"native"`` (the C layer's SDPA operation on the GPU kernels, for non-CPU tensors when the
-    environment sets ``FLASHSPAN_EXPERIMENTAL=1``)."""
+    CPU tensors) or ``"native"`` (the C layer's SDPA operation on the GPU kernels). Non-CPU tensors take
+    ``"native"`` when the environment sets ``FLASHSPAN_EXPERIMENTAL=1``, or when the call (k, v and the arguments
+    ``a``, when given) has a feature this lowering cannot express (:func:`unsupported`: score modifiers, sinks,
+    dropout, the block mask, the gate, the score_max / score_sum_exp outputs, paged K/V, H_k != H_v, ...): the C
+    layer runs those on its own kernels or names what it does not run; else ``"flex"``."""
     if q.device.type != "cpu":
-        return "native" if os.environ.get(EXPERIMENTAL_ENV, "").strip() == "1" else "flex"
+        if os.environ.get(EXPERIMENTAL_ENV, "").strip() == "1":
+            return "native"
+        if k is not None and v is not None and a is not None and unsupported(q, k, v, a) is not None:
+            return "native"
+        return "flex"
     return "flex" if os.environ.get(ROUTE_ENV, "").strip().lower() == "flex" else "reference"
 
 
@@ -87,7 +95,16 @@ def _unsupported(feature: str, why: str) -> NotImplementedError:
 
 
 def check_supported(q: Tensor, k: Tensor, v: Tensor, a: dict, backward: bool) -> None:
-    """NotImplementedError naming the first feature of the call (arguments ``a``) the flex lowering cannot express."""
+    """Raises NotImplementedError naming the first feature of the call (arguments ``a``) the flex lowering cannot
+    express (:func:`unsupported`)."""
+    err = unsupported(q, k, v, a)
+    if err is not None:
+        raise err
+
+
+def unsupported(q: Tensor, k: Tensor, v: Tensor, a: dict) -> Optional[NotImplementedError]:
+    """The NotImplementedError naming the first feature of the call (arguments ``a``) the flex lowering cannot
+    express, or None when it expresses the whole call."""
     modifier = "flex has no score modifiers (it adds nothing to the scores, it only masks them)"
     features = (
         ("bias", a.get("bias") is not None, modifier),
@@ -112,14 +129,15 @@ def check_supported(q: Tensor, k: Tensor, v: Tensor, a: dict, backward: bool) ->
     )
     for name, present, why in features:
         if present:
-            raise _unsupported(name, why)
+            return _unsupported(name, why)
     if k.shape[1] != v.shape[1]:  # the head dim is dim 1 of both (B, H, S, D) and (T, H, D)
-        raise _unsupported(f"k, v: H_k = {k.shape[1]} != H_v = {v.shape[1]}", "flex shares one head count for K and V")
+        return _unsupported(f"k, v: H_k = {k.shape[1]} != H_v = {v.shape[1]}", "flex shares one head count for K and V")
     if q.dtype not in (torch.float16, torch.bfloat16) and not (q.device.type == "cpu" and q.dtype == torch.float32):
-        raise _unsupported(f"q: dtype {q.dtype}", "the flex kernels take float16 / bfloat16 (CPU: also float32)")
+        return _unsupported(f"q: dtype {q.dtype}", "the flex kernels take float16 / bfloat16 (CPU: also float32)")
     dqk, dv = q.shape[-1], v.shape[-1]
     if q.device.type == "cuda" and not _gpu_head_dims_ok(dqk, dv):
-        raise _unsupported(f"q, v: head dims (D_qk, D_v) = ({dqk}, {dv})", f"the flex GPU kernels run {_GPU_DIMS_DOC}")
+        return _unsupported(f"q, v: head dims (D_qk, D_v) = ({dqk}, {dv})", f"the flex GPU kernels run {_GPU_DIMS_DOC}")
+    return None
 
 
 # ---------------------------------------------------------------------------

@@ -69,6 +69,16 @@ def test_route_choice(fs, monkeypatch):
     monkeypatch.setenv(sl.ROUTE_ENV, "flex")
     monkeypatch.setenv(sl.EXPERIMENTAL_ENV, "1")
     assert sl.route(cpu) == "flex" and sl.route(meta) == "native"
+    # A feature the lowering cannot express takes the native route on non-CPU tensors whatever the switch says;
+    # CPU tensors keep their route (the forced flex route raises the lowering's NotImplementedError there).
+    monkeypatch.delenv(sl.EXPERIMENTAL_ENV, raising=False)
+    q = torch.empty(1, 2, 16, 16, device="meta", dtype=torch.bfloat16)
+    assert sl.route(q, q, q, {}) == "flex"
+    for feature in ({"softcap": 5.0}, {"bias": q}, {"sink_token": q}, {"gate": q}, {"score_max": q}):
+        assert sl.route(q, q, q, feature) == "native", feature
+    assert sl.route(q, q, q[:, :1], {}) == "native"  # H_k != H_v
+    qc = torch.empty(1, 2, 16, 16)
+    assert sl.route(qc, qc, qc, {"softcap": 5.0}) == "flex"
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -98,7 +108,7 @@ def test_native_plumbing_on_cpu(fs, monkeypatch, seed):
                 sel(dv, lk, p.thd_kv, p.offsets_kv)]
 
     want = run()
-    monkeypatch.setattr(sl, "route", lambda q: "native")
+    monkeypatch.setattr(sl, "route", lambda *a: "native")
     got = run()
     for a, b in zip(got, want):
         assert torch.equal(a, b)
@@ -223,6 +233,23 @@ gpu = pytest.mark.skipif(not cuda_ready(),
 @gpu
 @pytest.mark.parametrize("seed", range(12))
 def test_gpu_native_gate_stats_block_mask(fs, native, seed):
+    _gate_stats_block_mask_case(fs, seed)
+
+
+@gpu
+@pytest.mark.parametrize("seed", range(6))
+def test_gpu_feature_calls_native_by_default(fs, monkeypatch, seed):
+    """Without FLASHSPAN_EXPERIMENTAL, a CUDA call with features the flex lowering cannot express (the gate, the
+    score_max / score_sum_exp outputs, the block mask, sinks, softcap) runs on the native route (sdpa_lowering.route)
+    and matches the CPU reference."""
+    from flashspan import sdpa_lowering
+
+    monkeypatch.delenv(sdpa_lowering.EXPERIMENTAL_ENV, raising=False)
+    monkeypatch.delenv(sdpa_lowering.ROUTE_ENV, raising=False)
+    _gate_stats_block_mask_case(fs, 100 + seed)
+
+
+def _gate_stats_block_mask_case(fs, seed):
     """The output gate O * sigmoid(G) (forward epilogue; dgate and dO * sigmoid(G) in the backward, through autograd),
     the score_max / score_sum_exp outputs (natural units whatever stats_use_log2 says) and the 128x128 block_mask
     (broadcast forms) on the native route against the CPU reference on the same inputs, with causal / padding /

@@ -34,6 +34,16 @@ __device__ __forceinline__ Task load_task(const int32_t* tasks, int64_t t) {
   return Task{__ldg(e + 0), __ldg(e + 1), __ldg(e + 2)};
 }
 
+// Index of the n-th item of this CTA of a persistent grid taking a list in snake waves: wave n
+// is items n gridDim.x .. (n + 1) gridDim.x - 1, which the CTAs take forwards on even waves and
+// backwards on odd ones. For a list whose items shrink along it (longest first), a plain stride
+// gives CTA 0 the longest item of every wave (+25 % work on the last CTA to finish at S = 32K
+// causal, PERF_LOG v2.2 detsplit); the snake evens the sums. A CTA's items rise in index.
+__device__ __forceinline__ int64_t snake_index(uint32_t n) {
+  const int64_t lane = (n & 1) ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
+  return int64_t(n) * gridDim.x + lane;
+}
+
 // A unit of work: steps [begin, begin + count) of the walk (the Q2K row forward, the K2Q walk
 // backward) of local block `block` of head `head`, sample `batch`; slot >= 0 for an item of a
 // split task (its workspace slot), -1 otherwise. block < 0: no work left.
@@ -123,8 +133,7 @@ struct TileScheduler {
   // item's CTA is always running it: waits on lower items (larger blocks) cannot deadlock.
   // None past the list.
   __device__ __forceinline__ WorkItem next_cell_item(uint32_t n) const {
-    const int64_t lane = (n & 1) ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
-    const int64_t i = int64_t(n) * gridDim.x + lane;
+    const int64_t i = snake_index(n);
     if (i >= hdr[SplitSchedule::kTotal]) return none();
     return split_item(int(i));
   }
@@ -140,12 +149,12 @@ struct TileScheduler {
 // sample) of `batch` samples padded to `num_q_blocks` blocks each, the last query block first
 // (cell i: block num_q_blocks - 1 - i / (heads * batch), head i % heads, sample i / heads %
 // batch): under a causal band the last blocks walk the most key blocks, so the longest cells
-// start first. A CTA takes cells blockIdx.x + n gridDim.x (next(n)); none past the grid.
+// start first. A CTA takes the cells in snake waves (next(n), snake_index); none past the grid.
 struct AnalyticGrid {
   int num_q_blocks, heads, batch;
 
   __device__ __forceinline__ WorkItem next(uint32_t n) const {
-    const int64_t i = int64_t(blockIdx.x) + int64_t(n) * gridDim.x;
+    const int64_t i = snake_index(n);
     const int64_t per_block = int64_t(heads) * batch;
     if (i >= per_block * num_q_blocks) return TileScheduler::none();
     const int64_t r = i % per_block;
@@ -155,7 +164,7 @@ struct AnalyticGrid {
 
 // The work items of a persistent analytic-mask (SDPA) backward: cells (key block, kv head,
 // sample) of `batch` samples padded to `num_k_blocks` key blocks each, whole walks.
-//   next(n), cell i = blockIdx.x + n gridDim.x:
+//   next(n), cell i = snake_index(n) (snake waves: the cells of a band shrink along the list):
 //     heads_slowest (walks of one length: no band): global key block i % (num_k_blocks batch)
 //       (sample-major) of head i / (num_k_blocks batch), as the flex grid's cells, so that the
 //       CTAs of a wave walk the same head's Q / dO (in L2 once);
@@ -176,7 +185,7 @@ struct AnalyticBwdGrid {
   bool heads_slowest;
 
   __device__ __forceinline__ WorkItem next(uint32_t n) const {
-    const int64_t i = int64_t(blockIdx.x) + int64_t(n) * gridDim.x;
+    const int64_t i = snake_index(n);
     const int64_t blocks = int64_t(num_k_blocks) * batch;
     if (i >= blocks * heads) return TileScheduler::none();
     if (heads_slowest) {
@@ -188,8 +197,7 @@ struct AnalyticBwdGrid {
     return WorkItem{int(i / per_block), int(r % heads), int(r / heads), 0, WorkItem::kWholeWalk, -1};
   }
   __device__ __forceinline__ WorkItem next_descending(uint32_t n) const {
-    const int64_t lane = (n & 1) ? int64_t(gridDim.x) - 1 - blockIdx.x : int64_t(blockIdx.x);
-    const int64_t i = int64_t(n) * gridDim.x + lane;
+    const int64_t i = snake_index(n);
     const int64_t blocks = int64_t(num_k_blocks) * batch;
     if (i >= blocks * heads) return TileScheduler::none();
     const int64_t gb = blocks - 1 - i / heads;
