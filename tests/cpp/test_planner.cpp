@@ -815,3 +815,20 @@ TEST(BlockRows, PackedRowMapping) {
 }
 
 }  // namespace
+
+// The sm90 backward's cell-order rule (tile_sm90.h bwd_cell_order_sm90) at the H200's reported L2
+// (60 MiB): on for the big head dims from S = 32768 and D = 128 above S = 36864, off below; off
+// without an L2 size.
+TEST(TileSm90, BwdCellOrderRule) {
+  using flashspan::sm90::bwd_cell_order_sm90;
+  constexpr int64_t l2 = 60ll << 20;
+  EXPECT_FALSE(bwd_cell_order_sm90(32768, 128, 128, 2, l2));  // 32 MiB: the list (PERF_LOG v2.8)
+  EXPECT_FALSE(bwd_cell_order_sm90(36864, 128, 128, 2, l2));  // exactly 3/5
+  EXPECT_TRUE(bwd_cell_order_sm90(40960, 128, 128, 2, l2));
+  EXPECT_TRUE(bwd_cell_order_sm90(131072, 128, 128, 2, l2));
+  EXPECT_TRUE(bwd_cell_order_sm90(32768, 192, 128, 2, l2));  // 44 MiB
+  EXPECT_TRUE(bwd_cell_order_sm90(32768, 256, 256, 2, l2));
+  EXPECT_FALSE(bwd_cell_order_sm90(16384, 192, 128, 2, l2));
+  EXPECT_FALSE(bwd_cell_order_sm90(32768, 64, 64, 2, l2));
+  EXPECT_FALSE(bwd_cell_order_sm90(1 << 20, 128, 128, 2, 0));
+}

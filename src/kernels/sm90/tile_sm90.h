@@ -103,19 +103,23 @@ constexpr bool bwd_runs_head_dims_sm90(int dqk, int dv) {
 // Whether the non-deterministic sm90 backward runs its work in cell order (every key block of
 // every kv head, heads slowest, key blocks ascending, long walks split: kGridCellsAscending of
 // params.h) instead of the plan's task list (longest first): when the query side of one head --
-// Q and dO (elem_bytes each), the fp32 dq_accum tiles -- takes more than 3/4 of the L2 cache.
+// Q and dO (elem_bytes each), the fp32 dq_accum tiles -- takes more than 3/5 of the L2 cache the
+// device reports (H200: 60 MiB, so more than 36 MiB: (192, 128) or (256, 256) from S = 32768 on,
+// D = 128 above S = 36864).
 // Why: the CTAs running at once then walk neighbouring key blocks of one head, so the query
 // blocks they visit (Q, dO, the dQ reduce-add) are shared in L2; the longest-first list mixes
 // heads and documents, and once a head's query side outgrows L2 most of those tiles come from
-// DRAM. Measured on the H200 (PERF_LOG v2.8, S=32768 H=16 backward, TFLOP/s, list -> cells):
-// (192, 128) document_causal 178 -> 353 (ncu: DRAM 66 % busy, L2 hit rate 41 % before), causal
-// 351 -> 383; (256, 256) 206 -> 286 and 274 -> 294; D=128 S=131072 H=4: tree_bfs 415 -> 474,
-// tree_dfs 449 -> 483, document_causal 501 -> 507, longformer 113 -> 96 (its global query rows
-// take every key block's dQ addition at once). Below the bound the list is as fast or faster
-// (D=128 S=32768 H=4 document_causal 505 (list) vs 463 (cells)).
+// DRAM. Measured on the H200 (PERF_LOG v2.8, backward TFLOP/s, list -> cells): S=32768 H=16
+// (192, 128) document_causal 177-179 -> 352-354 (ncu: DRAM 66 % busy, L2 hit rate 41 % before),
+// causal 348-351 -> 383-385; (256, 256) document_causal 206-208 -> 285-286, causal 274-278 ->
+// 293-297, tree_bfs 150 -> 178, hstu 226 -> 284; D=128 S=131072 H=4 document_causal 488-501 ->
+// 507-511, tree_bfs 415 -> 447-474, tree_dfs 449-458 -> 480-483. It loses where walks are cut
+// (sink columns, global tokens: longformer D=128 S=131072 101-113 -> 96-97, (256, 256) 87 -> 75,
+// sink_local (256, 256) 177 -> 162), and below the bound (D=128 S=32768 H=4, a head's query side
+// 32 MiB: document_causal 505 (list) vs 463 (cells)), where the list's longest-first order wins.
 constexpr bool bwd_cell_order_sm90(int64_t total_q, int dqk, int dv, int elem_bytes, int64_t l2_bytes) {
   const int64_t query_side = total_q * (int64_t(dqk + dv) * elem_bytes + int64_t(dqk) * 4);
-  return l2_bytes > 0 && 4 * query_side > 3 * l2_bytes;
+  return l2_bytes > 0 && 5 * query_side > 3 * l2_bytes;
 }
 
 }  // namespace flashspan::sm90
