@@ -2895,7 +2895,7 @@ TEST(FlexGpuSm90, BwdCellOrder) {
       Case c;
       c.arch = 90;
       c.mask = name;
-      c.sq = 1000;
+      c.sq = name[0] == 's' && d == 128 ? 4000 : 1000;  // sink columns of 62 steps: split items first
       c.h = HeadConfig{4, 2, 1, 1, d, d, (seed & 1) ? DType::kBFloat16 : DType::kFloat16};
       c.deterministic = false;
       c.seed = ++seed;

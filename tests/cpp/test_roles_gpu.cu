@@ -29,6 +29,7 @@
 #include "kernels/common/k2q_walk.cuh"
 #include "kernels/common/payload_layout.h"
 #include "kernels/common/softmax.cuh"
+#include "kernels/common/split_schedule.cuh"
 #include "kernels/common/tile_scheduler.cuh"
 #include "kernels/common/variant.cuh"
 #include "kernels/params.h"
@@ -446,6 +447,68 @@ TEST(RolesGpu, TileSchedulerNextOrders) {
       const int total = kind == 0 ? c.num_tasks() : kind == 1 ? n_cells : c.num_items();
       ASSERT_EQ(int(seen.size()), total) << "grid " << grid << " kind " << kind;
       for (int i = 0; i < total; ++i) EXPECT_EQ(seen.count(i), 1u) << "grid " << grid << " kind " << kind << " " << i;
+    }
+  }
+}
+
+// The split schedule's lists (split_schedule.cuh): task order (the default) and split-first
+// (kSplitFirst, the sm90 backward in cell order): every task's steps covered exactly once by its
+// items in step order, slots one per split task, and in the split-first list every split task's
+// items ahead of every unsplit task's, each group in task order.
+__global__ void split_items_kernel(SplitSchedule sp, bool split_first) {
+  kern::write_split_items<false>(sp, blockIdx.x, split_first);
+}
+
+TEST(RolesGpu, SplitScheduleLists) {
+  REQUIRE_GPU();
+  std::mt19937_64 rng(5);
+  for (int n : {1, 7, 300, 5000}) {
+    for (bool first : {false, true}) {
+      std::vector<int32_t> iters(n);
+      for (auto& x : iters) x = rng() % 4 == 0 ? int32_t(rng() % 2000) : int32_t(rng() % 40);
+      DevVec<int32_t> hdr(std::vector<int32_t>(SplitSchedule::kHdrInts, -1)), d_iters(iters),
+          start(std::vector<int32_t>(n + 1, -1)), slot(std::vector<int32_t>(n, -9)),
+          items(std::vector<int32_t>(4 * (n + 4 * 1024), -1));
+      SplitSchedule sp;
+      sp.hdr = hdr.ptr();
+      sp.task_iters = d_iters.ptr();
+      sp.item_start = start.ptr();
+      sp.task_slot = slot.ptr();
+      sp.items = items.ptr();
+      sp.num_tasks = n;
+      sp.num_ctas = 132;
+      if (first) {
+        kern::split_scan_kernel<false, kern::kSplitPerGrid, true><<<1, kern::kSplitScanThreads>>>(sp);
+      } else {
+        kern::split_scan_kernel<false><<<1, kern::kSplitScanThreads>>>(sp);
+      }
+      split_items_kernel<<<n, 256>>>(sp, first);
+      sync_ok("split schedule");
+      const std::vector<int32_t> h = hdr.get(), it = items.get(), sl = slot.get();
+      const int total = h[SplitSchedule::kTotal], chunk = h[SplitSchedule::kChunk];
+      SCOPED_TRACE(testing::Message() << "n " << n << " split_first " << first << " chunk " << chunk);
+      ASSERT_GT(total, 0);
+      ASSERT_EQ(h[SplitSchedule::kCounter], 0);
+      std::vector<int> next_step(n, 0), last_task_of_group(2, -1);
+      bool unsplit_seen = false;
+      int split_tasks = 0;
+      for (int t = 0; t < n; ++t) split_tasks += iters[t] > chunk;
+      ASSERT_EQ(h[SplitSchedule::kNumSplit], split_tasks);
+      for (int i = 0; i < total; ++i) {
+        const int t = it[4 * i], b = it[4 * i + 1], e = it[4 * i + 2], s = it[4 * i + 3];
+        ASSERT_TRUE(t >= 0 && t < n) << "item " << i;
+        const bool split = iters[t] > chunk;
+        EXPECT_EQ(b, next_step[t]) << "item " << i;  // a task's items in step order, no gap
+        next_step[t] = e;
+        EXPECT_EQ(s, split ? sl[t] : -1) << "item " << i;
+        EXPECT_GE(t, last_task_of_group[split]) << "item " << i;  // task order within a group
+        last_task_of_group[split] = t;
+        if (first) {
+          if (!split) unsplit_seen = true;
+          EXPECT_FALSE(split && unsplit_seen) << "item " << i << ": a split task's item after an unsplit one";
+        }
+      }
+      for (int t = 0; t < n; ++t) EXPECT_EQ(next_step[t], iters[t]) << "task " << t;
     }
   }
 }

@@ -56,8 +56,14 @@ constexpr int kSplitScanThreads = 1024;
 
 constexpr int kSplitPerGrid = 0, kSplitPlanOnly = 1, kSplitNone = 2;
 
-template <bool kSlotPerItem, int kRule = kSplitPerGrid>
+// kSplitFirst (the per-grid rule only: the non-deterministic sm90 backward in cell order,
+// kGridCellsAscending): the items of every split task first (in task order), then the unsplit
+// tasks' (in task order), so that the cut walks (sink columns, global tokens) start first and
+// are spread over the heads, as in a longest-first list; item_start is then not monotone
+// (write_split_items counts a task's items from the cut instead).
+template <bool kSlotPerItem, int kRule = kSplitPerGrid, bool kSplitFirst = false>
 __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const SplitSchedule sp) {
+  static_assert(!kSplitFirst || (kRule == kSplitPerGrid && !kSlotPerItem), "split-first lists: the per-grid rule");
   using Reduce = cub::BlockReduce<long long, kSplitScanThreads>;
   using Scan = cub::BlockScan<int, kSplitScanThreads>;
   __shared__ union {
@@ -98,38 +104,46 @@ __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const Spl
     cut = SplitCut{chunk, chunk};
   }
 
-  int items = 0, slots = 0;
+  int items = 0, unsplit = 0, slots = 0;  // items: of split tasks only when kSplitFirst
   for (int t = t0; t < t1; ++t) {
     const int it = sp.task_iters[t];
     if (it > cut.above) {
       const int k = int(split_items(it, cut));
       items += k;
       slots += kSlotPerItem ? k : 1;
+    } else if (kSplitFirst) {
+      ++unsplit;
     } else {
       ++items;
     }
   }
-  int item_base = 0, slot_base = 0;
-  Scan(tmp.scan).ExclusiveSum(items, item_base);
+  int item_base = 0, slot_base = 0, split_total = 0, unsplit_base = 0;
+  Scan(tmp.scan).ExclusiveSum(items, item_base, split_total);
   __syncthreads();  // tmp reused
   Scan(tmp.scan).ExclusiveSum(slots, slot_base);
+  if constexpr (kSplitFirst) {
+    __syncthreads();
+    Scan(tmp.scan).ExclusiveSum(unsplit, unsplit_base);
+    unsplit_base += split_total;  // the unsplit tasks' items follow every split task's
+  }
   for (int t = t0; t < t1; ++t) {
     const int it = sp.task_iters[t];
-    sp.item_start[t] = item_base;
     if (it > cut.above) {
       const int k = int(split_items(it, cut));
+      sp.item_start[t] = item_base;
       item_base += k;
       sp.task_slot[t] = slot_base;
       slot_base += kSlotPerItem ? k : 1;
     } else {
-      item_base += 1;
+      sp.item_start[t] = kSplitFirst ? unsplit_base++ : item_base++;
       sp.task_slot[t] = -1;
     }
   }
   // The last thread's running sums are the totals (its range is the last, maybe empty).
   if (threadIdx.x == kSplitScanThreads - 1) {
-    sp.item_start[n] = item_base;
-    sp.hdr[SplitSchedule::kTotal] = item_base;
+    const int total_items = kSplitFirst ? unsplit_base : item_base;
+    sp.item_start[n] = total_items;
+    sp.hdr[SplitSchedule::kTotal] = total_items;
     sp.hdr[SplitSchedule::kCounter] = 0;
     sp.hdr[SplitSchedule::kChunk] = int(cut.chunk);
     sp.hdr[SplitSchedule::kNumSplit] = slot_base;
@@ -138,10 +152,13 @@ __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const Spl
 
 // B. Items of task t, written by the threads of one CTA. Item i of n covers steps
 // [i * it / n, (i + 1) * it / n); its slot is the task's (kSlotPerItem = false) or the
-// task's first slot + i (kSlotPerItem = true); -1 for an unsplit task.
+// task's first slot + i (kSlotPerItem = true); -1 for an unsplit task. split_first: a list
+// of split_scan_kernel<..., kSplitFirst = true> (n from the header's chunk).
 template <bool kSlotPerItem>
-__device__ __forceinline__ void write_split_items(const SplitSchedule& sp, int t) {
-  const int start = sp.item_start[t], n = sp.item_start[t + 1] - start;
+__device__ __forceinline__ void write_split_items(const SplitSchedule& sp, int t, bool split_first = false) {
+  const int start = sp.item_start[t];
+  const int64_t chunk = sp.hdr[SplitSchedule::kChunk];
+  const int n = split_first ? int(split_items(sp.task_iters[t], SplitCut{chunk, chunk})) : sp.item_start[t + 1] - start;
   const int it = sp.task_iters[t], slot = sp.task_slot[t];
   int4* items = reinterpret_cast<int4*>(sp.items);
   for (int i = threadIdx.x; i < n; i += blockDim.x) {
