@@ -139,6 +139,7 @@ std::atomic<int> g_bwd_override{-1};
 std::atomic<int> g_wide64_override{-1};
 std::atomic<int> g_det_split_override{-1};
 std::atomic<int> g_cell_order_override{-1};
+std::atomic<int> g_split_first_override{-1};
 }  // namespace
 
 void set_bwd_enabled(int on) { g_bwd_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
@@ -187,6 +188,14 @@ int bwd_cell_order_forced() {
     return std::strcmp(e, "1") == 0 ? 1 : std::strcmp(e, "0") == 0 ? 0 : -1;
   }();
   return env;
+}
+
+void set_bwd_split_first(int on) { g_split_first_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+
+bool bwd_split_first_enabled() {
+  const int o = g_split_first_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  return experimental_from_env();
 }
 
 void set_bwd_wide64_enabled(int on) { g_wide64_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }

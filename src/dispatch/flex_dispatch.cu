@@ -330,6 +330,7 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
       p.split.dk_accum = reinterpret_cast<float*>(ws + wl.dk_accum);
       p.split.dv_accum = reinterpret_cast<float*>(ws + wl.dv_accum);
       p.split.num_tasks = static_cast<int>(cells);
+      p.split.split_first = cell_order && sm90::bwd_split_first_enabled() ? 1 : 0;
       p.split_schedule = cells > 0 ? 1 : 0;
     }
     sm90::launch_bwd_sm90(p, a.q, a.k, a.v, a.dout, g.dtype, g.total_q, static_cast<cudaStream_t>(a.stream));

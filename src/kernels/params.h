@@ -49,6 +49,8 @@ struct SplitSchedule {
                                   // schedule (one CTA per task or grid cell, direct writes)
   int num_tasks = 0;
   int num_ctas = 0;               // persistent grid
+  int split_first = 0;            // 1: the split tasks' items lead the list (split_schedule.cuh
+                                  // kSplitFirst; the sm90 backward in cell order, experimental)
 };
 
 // Backward (dK/dV): steps are (query head, query block) pairs, the concatenation over the kv

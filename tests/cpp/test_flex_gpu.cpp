@@ -2885,21 +2885,26 @@ TEST(FlexGpuSm90, BwdCellOrder) {
   Sm90BwdOn on;
   struct CellsOn {
     CellsOn() { sm90::set_bwd_cell_order(1); }
-    ~CellsOn() { sm90::set_bwd_cell_order(-1); }
+    ~CellsOn() { sm90::set_bwd_cell_order(-1); sm90::set_bwd_split_first(-1); }
   } cells;
-  for (uint64_t s = 1; s <= 16; ++s) run_case_sm90_bwd(bwd_case_sm90(s + 4700));
-  for (uint64_t s = 1; s <= 8; ++s) run_case_sm90_bwd(bwd_big_case_sm90(s + 4800, false));
-  uint64_t seed = 4900;
-  for (const char* name : {"sink_local", "document_causal", "longformer"}) {
-    for (int d : {128, 64}) {
-      Case c;
-      c.arch = 90;
-      c.mask = name;
-      c.sq = name[0] == 's' && d == 128 ? 4000 : 1000;  // sink columns of 62 steps: split items first
-      c.h = HeadConfig{4, 2, 1, 1, d, d, (seed & 1) ? DType::kBFloat16 : DType::kFloat16};
-      c.deterministic = false;
-      c.seed = ++seed;
-      run_case_sm90_bwd(c);
+  // Both item lists: task order and split tasks first (experimental).
+  for (int split_first : {0, 1}) {
+    SCOPED_TRACE(testing::Message() << "split_first " << split_first);
+    sm90::set_bwd_split_first(split_first);
+    for (uint64_t s = 1; s <= 16; ++s) run_case_sm90_bwd(bwd_case_sm90(s + 4700));
+    for (uint64_t s = 1; s <= 8; ++s) run_case_sm90_bwd(bwd_big_case_sm90(s + 4800, false));
+    uint64_t seed = 4900;
+    for (const char* name : {"sink_local", "document_causal", "longformer"}) {
+      for (int d : {128, 64}) {
+        Case c;
+        c.arch = 90;
+        c.mask = name;
+        c.sq = name[0] == 's' && d == 128 ? 4000 : 1000;  // sink columns of 62 steps: split items first
+        c.h = HeadConfig{4, 2, 1, 1, d, d, (seed & 1) ? DType::kBFloat16 : DType::kFloat16};
+        c.deterministic = false;
+        c.seed = ++seed;
+        run_case_sm90_bwd(c);
+      }
     }
   }
 }

@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(256) flex_bwd_split_items_kernel(const BwdPara
     write_split_items<true>(sp, t);
     slots = sp.item_start[t + 1] - sp.item_start[t];
   } else {
-    write_split_items<false>(sp, t, p.grid_mode == kGridCellsAscending);  // split-first list (launch_bwd_common.cu)
+    write_split_items<false>(sp, t, sp.split_first != 0);  // split-first list (launch_bwd_common.cu)
   }
   const int slot = sp.task_slot[t];
   if (slot < 0) return;

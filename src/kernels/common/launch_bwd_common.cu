@@ -48,7 +48,7 @@ void launch_bwd_split_schedule(const BwdParams& p, cudaStream_t stream, bool cut
     } else {
       kern::split_scan_kernel<true, kern::kSplitNone><<<1, kern::kSplitScanThreads, 0, stream>>>(p.split);
     }
-  } else if (p.grid_mode == kGridCellsAscending) {
+  } else if (p.split.split_first) {
     // The sm90 backward in cell order: the cut walks' items first (split_schedule.cuh kSplitFirst).
     kern::split_scan_kernel<false, kern::kSplitPerGrid, true><<<1, kern::kSplitScanThreads, 0, stream>>>(p.split);
   } else {
