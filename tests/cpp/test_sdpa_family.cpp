@@ -140,19 +140,6 @@ TEST(SdpaFamily, Sm90ForwardLeavesTheRestToSm80) {
   }
 }
 
-TEST(SdpaFamily, Sm90ForwardSwitch) {
-  set_sdpa_fwd_sm90_enabled(1);
-  EXPECT_TRUE(sdpa_fwd_sm90_enabled());
-  set_sdpa_fwd_sm90_enabled(0);
-  EXPECT_FALSE(sdpa_fwd_sm90_enabled());
-  // CPU tensors never take a GPU family.
-  set_sdpa_fwd_sm90_enabled(1);
-  Call c;
-  sdpa::Problem p = c.problem();
-  p.device = DeviceType::kCPU;
-  EXPECT_FALSE(sdpa_fwd_runs_sm90(p));
-  set_sdpa_fwd_sm90_enabled(-1);
-}
 
 // A backward call on the same shapes: O and the stats as inputs, dO, dQ, dK, dV.
 sdpa::Problem backward_problem(Call c, bool deterministic = false) {
@@ -224,16 +211,23 @@ TEST(SdpaFamily, Sm90BackwardLeavesTheRestToSm80) {
   }
 }
 
-TEST(SdpaFamily, Sm90BackwardSwitch) {
-  set_sdpa_bwd_sm90_enabled(1);
-  EXPECT_TRUE(sdpa_bwd_sm90_enabled());
-  set_sdpa_bwd_sm90_enabled(0);
-  EXPECT_FALSE(sdpa_bwd_sm90_enabled());
-  set_sdpa_bwd_sm90_enabled(1);
-  sdpa::Problem p = backward_problem(Call{});
+// The sm90 SDPA switches (forward and backward): the in-process override (1 on, 0 off, -1 back
+// to the environment's answer), and a CPU problem never takes a GPU family, switch on or not.
+template <class Set, class Enabled, class Runs>
+void check_sm90_switch(Set set, Enabled enabled, Runs runs, sdpa::Problem p) {
+  set(1);
+  EXPECT_TRUE(enabled());
+  set(0);
+  EXPECT_FALSE(enabled());
+  set(1);
   p.device = DeviceType::kCPU;
-  EXPECT_FALSE(sdpa_bwd_runs_sm90(p));
-  set_sdpa_bwd_sm90_enabled(-1);
+  EXPECT_FALSE(runs(p));
+  set(-1);
+}
+
+TEST(SdpaFamily, Sm90Switches) {
+  check_sm90_switch(set_sdpa_fwd_sm90_enabled, sdpa_fwd_sm90_enabled, sdpa_fwd_runs_sm90, Call{}.problem());
+  check_sm90_switch(set_sdpa_bwd_sm90_enabled, sdpa_bwd_sm90_enabled, sdpa_bwd_runs_sm90, backward_problem(Call{}));
 }
 
 TEST(SdpaFamily, Sm90BackwardWorkspaceHoldsItsTiles) {
