@@ -140,9 +140,18 @@ std::atomic<int> g_wide64_override{-1};
 std::atomic<int> g_det_split_override{-1};
 std::atomic<int> g_cell_order_override{-1};
 std::atomic<int> g_split_first_override{-1};
+
+// The in-process overrides of the switches below: set_*(1) on, (0) off, (-1) back to the
+// environment's answer.
+void store_override(std::atomic<int>& o, int on) { o.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+// An experimental switch: its override when set, else FLASHSPAN_EXPERIMENTAL=1 (read per call).
+bool experimental_switch(const std::atomic<int>& o) {
+  const int v = o.load(std::memory_order_relaxed);
+  return v >= 0 ? v == 1 : experimental_from_env();
+}
 }  // namespace
 
-void set_bwd_enabled(int on) { g_bwd_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+void set_bwd_enabled(int on) { store_override(g_bwd_override, on); }
 
 bool bwd_enabled() {
   const int o = g_bwd_override.load(std::memory_order_relaxed);
@@ -167,17 +176,13 @@ bool bwd_deterministic_enabled() {
   return on;
 }
 
-void set_bwd_det_split(int on) { g_det_split_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+void set_bwd_det_split(int on) { store_override(g_det_split_override, on); }
 
 // The deterministic backward's cut of long walks: experimental (FLASHSPAN_EXPERIMENTAL=1, read per
 // call) until the GPU suite has passed with its landed form (PERF_LOG v2.2 detsplit).
-bool bwd_det_split_enabled() {
-  const int o = g_det_split_override.load(std::memory_order_relaxed);
-  if (o >= 0) return o == 1;
-  return experimental_from_env();
-}
+bool bwd_det_split_enabled() { return experimental_switch(g_det_split_override); }
 
-void set_bwd_cell_order(int on) { g_cell_order_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+void set_bwd_cell_order(int on) { store_override(g_cell_order_override, on); }
 
 int bwd_cell_order_forced() {
   const int o = g_cell_order_override.load(std::memory_order_relaxed);
@@ -190,15 +195,12 @@ int bwd_cell_order_forced() {
   return env;
 }
 
-void set_bwd_split_first(int on) { g_split_first_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+void set_bwd_split_first(int on) { store_override(g_split_first_override, on); }
 
-bool bwd_split_first_enabled() {
-  const int o = g_split_first_override.load(std::memory_order_relaxed);
-  if (o >= 0) return o == 1;
-  return experimental_from_env();
-}
+// The cell order's split-first item list: experimental, not yet run on a GPU (PERF_LOG v2.8).
+bool bwd_split_first_enabled() { return experimental_switch(g_split_first_override); }
 
-void set_bwd_wide64_enabled(int on) { g_wide64_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+void set_bwd_wide64_enabled(int on) { store_override(g_wide64_override, on); }
 
 bool bwd_wide64_enabled() {
   const int o = g_wide64_override.load(std::memory_order_relaxed);

@@ -158,8 +158,11 @@ __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const Spl
 template <bool kSlotPerItem>
 __device__ __forceinline__ void write_split_items(const SplitSchedule& sp, int t, bool split_first = false) {
   const int start = sp.item_start[t];
-  const int64_t chunk = sp.hdr[SplitSchedule::kChunk];
-  const int n = split_first ? int(split_items(sp.task_iters[t], SplitCut{chunk, chunk})) : sp.item_start[t + 1] - start;
+  int n = sp.item_start[t + 1] - start;
+  if (split_first) {
+    const int64_t chunk = sp.hdr[SplitSchedule::kChunk];
+    n = int(split_items(sp.task_iters[t], SplitCut{chunk, chunk}));
+  }
   const int it = sp.task_iters[t], slot = sp.task_slot[t];
   int4* items = reinterpret_cast<int4*>(sp.items);
   for (int i = threadIdx.x; i < n; i += blockDim.x) {

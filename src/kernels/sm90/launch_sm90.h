@@ -75,13 +75,13 @@ void set_bwd_det_split(int on);
 // (read once). Returns 1 / 0 when forced, -1 for the rule; set_bwd_cell_order: 1, 0, or -1
 // back to the environment's answer (tests).
 int bwd_cell_order_forced();
+void set_bwd_cell_order(int on);
 // Whether the cell order puts the split tasks' items first (split_schedule.cuh kSplitFirst: the cut
 // walks of sink columns and global tokens start first, spread over the heads): experimental, not
 // yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1, read per call); set_bwd_split_first: 1 on, 0 off,
 // -1 back to the environment's answer (tests). Defined in dispatch/family.cpp.
 bool bwd_split_first_enabled();
 void set_bwd_split_first(int on);
-void set_bwd_cell_order(int on);
 
 // Whether the sm90 backward kernel covers a configuration (independent of the device): fp16 or
 // bf16, head dims of bwd_runs_head_dims_sm90 (Dqk = Dv in {64, 128}, (192, 128), (256, 256)),
