@@ -20,7 +20,10 @@ def check_softmax_scale(softmax_scale, where: str, return_max_logit: bool = Fals
     and unless it is >= 0 when the max logit is requested (the seed's rules)."""
     if softmax_scale is None:
         return None
-    if isinstance(softmax_scale, torch.Tensor) or not isinstance(softmax_scale, numbers.Real):
+    if type(softmax_scale) is float:  # the common case, without the numbers.Real (ABC) check
+        if math.isfinite(softmax_scale) and (softmax_scale >= 0 or not return_max_logit):
+            return softmax_scale
+    elif isinstance(softmax_scale, torch.Tensor) or not isinstance(softmax_scale, numbers.Real):
         raise ValueError(
             f"{where}: softmax_scale: must be a finite number or None, got {type(softmax_scale).__name__}"
         )

@@ -392,19 +392,35 @@ def ptr(d: Optional[TensorDesc]):
     return None if d is None else ctypes.pointer(d.struct)
 
 
+# torch's current CUDA stream of a device index as a raw cudaStream_t (an int), without building a
+# torch.cuda.Stream object (what torch.cuda.current_stream(device).cuda_stream returns; the same private
+# binding torch's own generated code launches with). Absent in CPU-only builds of torch.
+_current_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+
+
+def current_raw_stream(device: torch.device) -> int:
+    """cudaStream_t (as an int) of torch's current stream of the CUDA ``device``."""
+    index = device.index
+    if _current_raw_stream is None or index is None:
+        return torch.cuda.current_stream(device).cuda_stream
+    return _current_raw_stream(index)
+
+
 def stream_of(t: torch.Tensor) -> Optional[int]:
     """cudaStream_t (as an int) of the current stream of t's device; None for CPU tensors."""
-    if t.device.type != "cuda":
+    if not t.is_cuda:
         return None
-    return torch.cuda.current_stream(t.device).cuda_stream
+    return current_raw_stream(t.device)
 
 
 def on_device(t: torch.Tensor, fn, *args):
     """fn(*args) with t's CUDA device current (kernels launch on the current device); the
     previous device is restored. A plain call for CPU tensors and when already current."""
-    if t.device.type == "cuda" and t.device.index is not None and t.device.index != torch.cuda.current_device():
-        with torch.cuda.device(t.device):
-            return fn(*args)
+    if t.is_cuda:
+        index = t.get_device()
+        if index != torch.cuda.current_device():
+            with torch.cuda.device(index):
+                return fn(*args)
     return fn(*args)
 
 

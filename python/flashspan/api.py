@@ -7,9 +7,11 @@ import warnings
 from typing import Optional, Union
 
 import torch
+import torch.autograd.forward_ad as _forward_ad
 
 from ._checks import check_flag, check_softmax_scale
 from .autograd import FlexAttnFunc
+from .execution import run_forward
 from .plan import MaskPlan
 
 
@@ -95,15 +97,23 @@ def flex_attn_func(
         raise TypeError("flex_attn_func() missing 1 required keyword-only argument: 'mask_plan'")
     if not isinstance(mask_plan, MaskPlan):
         raise TypeError(f"flex_attn_func: mask_plan must be a flashspan.MaskPlan, got {type(mask_plan).__name__}")
-    for name, value in (("deterministic", deterministic), ("return_lse", return_lse),
-                        ("return_max_logit", return_max_logit)):
-        check_flag(name, value, "flex_attn_func")
+    if type(deterministic) is not bool or type(return_lse) is not bool or type(return_max_logit) is not bool:
+        for name, value in (("deterministic", deterministic), ("return_lse", return_lse),
+                            ("return_max_logit", return_max_logit)):
+            check_flag(name, value, "flex_attn_func")
     softmax_scale = check_softmax_scale(softmax_scale, "flex_attn_func", return_max_logit)
-    needs_grad = torch.is_grad_enabled() and any(
-        isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v)
+    Tensor = torch.Tensor
+    needs_grad = torch.is_grad_enabled() and (
+        (isinstance(q, Tensor) and q.requires_grad) or (isinstance(k, Tensor) and k.requires_grad)
+        or (isinstance(v, Tensor) and v.requires_grad)
     )
     mask_plan.check_compatible(q, k, v, need_backward=needs_grad, where="flex_attn_func")
-    out, lse, max_logit = FlexAttnFunc.apply(q, k, v, mask_plan, softmax_scale, deterministic, return_max_logit)
+    if needs_grad or _traced():
+        out, lse, max_logit = FlexAttnFunc.apply(q, k, v, mask_plan, softmax_scale, deterministic, return_max_logit)
+    else:
+        # Nothing to differentiate: the forward without the autograd.Function (whose apply costs more than the
+        # rest of the call), and without the LSE unless it is returned.
+        out, lse, max_logit = run_forward(q, k, v, mask_plan, softmax_scale, return_max_logit, want_lse=return_lse)
     if return_lse and return_max_logit:
         return out, lse, max_logit
     if return_lse:
@@ -111,6 +121,13 @@ def flex_attn_func(
     if return_max_logit:
         return out, max_logit
     return out
+
+
+def _traced() -> bool:
+    """A call that must go through FlexAttnFunc whatever the gradients: torch.compile traces it (the custom op),
+    functorch transforms (vmap, grad, ...) or forward-mode AD (dual tensors) see it (autograd.Function's rules)."""
+    return (torch.compiler.is_compiling() or torch._C._are_functorch_transforms_active()
+            or _forward_ad._current_level >= 0)
 
 
 _DEFAULTS = {"mask_plan": _MISSING, "softmax_scale": None, "deterministic": False, "return_lse": False,

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from . import _ops  # registers torch.ops.flashspan.*
-from .execution import run_backward
+from .execution import run_backward, run_forward
 
 
 class _NoDoubleBackward(torch.autograd.Function):
@@ -50,13 +50,15 @@ class FlexAttnFunc(torch.autograd.Function):
         if torch.compiler.is_compiling():
             out, lse, max_logit = torch.ops.flashspan.flex_fwd(q, k, v, plan.id, softmax_scale, return_max_logit)
         else:
-            # Eager: the op's own body, without the dispatcher round trip (same code path).
-            out, lse, max_logit = _ops.flex_fwd_impl(q, k, v, plan, softmax_scale, return_max_logit)
+            # Eager: the op's body, without the dispatcher round trip (same code path); max_logit is None
+            # unless requested (the op returns an empty tensor instead: its schema has no optional output).
+            out, lse, max_logit = run_forward(q, k, v, plan, softmax_scale, return_max_logit)
         ctx.save_for_backward(q, k, v, out, lse)
         ctx.plan = plan
         ctx.softmax_scale = softmax_scale
         ctx.deterministic = deterministic
-        ctx.mark_non_differentiable(max_logit)
+        if max_logit is not None:
+            ctx.mark_non_differentiable(max_logit)
         ctx.set_materialize_grads(False)
         return out, lse, max_logit
 

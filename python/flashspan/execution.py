@@ -79,7 +79,7 @@ def _raw_stream(current_stream: Any, device: torch.device, where: str) -> Option
     if device.type != "cuda":
         return None
     if current_stream is None:
-        return torch.cuda.current_stream(device).cuda_stream
+        return _lib.current_raw_stream(device)
     if isinstance(current_stream, torch.cuda.Stream):
         return current_stream.cuda_stream
     try:
@@ -188,6 +188,19 @@ def _bind(
     d.struct.data = t.data_ptr() or None
 
 
+def _bind_all(specs: tuple, descs: tuple, tensors: tuple, names: tuple, where: str) -> None:
+    """_bind of every argument: one loop whose common case (a tensor with the compiled dtype, shape, strides and
+    device) only swaps the data pointer; anything else goes through _bind, which names the broken rule."""
+    for spec, d, t, name in zip(specs, descs, tensors, names):
+        if (
+            spec is not None and isinstance(t, torch.Tensor) and t.dtype == spec.dtype and t.shape == spec.shape
+            and t.stride() == spec.stride and t.device == spec.device
+        ):
+            d.struct.data = t.data_ptr() or None
+        elif spec is not None or t is not None:
+            _bind(spec, d, t, name, where)
+
+
 class _ThreadArgs(threading.local):
     """Per-thread argument structs of one op: execute() only swaps data pointers (ctypes releases the
     GIL during the call, so threads sharing one op must not share the structs)."""
@@ -204,6 +217,7 @@ class _OpBase:
     _NAME = ""
     _C = ""
     _handle = None
+    _execute_fn = None  # fs_flex_<_C>_execute, looked up on first use
 
     def _fn(self, suffix: str):
         return getattr(_lib.lib(), f"fs_flex_{self._C}_{suffix}")
@@ -252,7 +266,10 @@ class _OpBase:
         return handle, plan_handle, ws_ptr, ws_bytes, _scale_fields(scale)
 
     def _launch(self, handle, args, ws_ptr, ws_bytes, stream) -> int:
-        return self._fn("execute")(handle, ctypes.byref(args), ws_ptr, ws_bytes, stream)
+        fn = self._execute_fn
+        if fn is None:
+            fn = self._execute_fn = self._fn("execute")
+        return fn(handle, ctypes.byref(args), ws_ptr, ws_bytes, stream)
 
     def __del__(self):
         h = getattr(self, "_handle", None)
@@ -453,8 +470,7 @@ class FlexAttentionFwd(_OpBase):
             tls.descs = tuple(None if sp is None else sp.desc() for sp in self._specs)
             tls.args = self._args(tls.descs, None)
         tensors = (q_tensor, k_tensor, v_tensor, o_tensor, lse_tensor, max_logit_tensor)
-        for spec, d, t, name in zip(self._specs, tls.descs, tensors, self._NAMES):
-            _bind(spec, d, t, name, where)
+        _bind_all(self._specs, tls.descs, tensors, self._NAMES, where)
         args = tls.args
         args.plan = plan_handle
         args.softmax_scale = scale
@@ -462,7 +478,8 @@ class FlexAttentionFwd(_OpBase):
         stream = _raw_stream(current_stream, q.device, where)
         # C-layer errors come back as "FlexAttentionFwd.execute: <argument>: <rule>".
         _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, stream), where)
-        _record_streams(tensors + (workspace,), current_stream, q.device)
+        if current_stream is not None:
+            _record_streams(tensors + (workspace,), current_stream, q.device)
 
 
 def _bwd_init_signature(
@@ -670,15 +687,15 @@ class FlexAttentionBwd(_OpBase):
             tls.args = self._args(tls.descs, None)
         tensors = (q_tensor, k_tensor, v_tensor, o_tensor, do_tensor, lse_tensor, dq_tensor, dk_tensor, dv_tensor,
                    dlse_tensor)
-        for spec, d, t, name in zip(self._specs, tls.descs, tensors, self._NAMES):
-            _bind(spec, d, t, name, where)
+        _bind_all(self._specs, tls.descs, tensors, self._NAMES, where)
         args = tls.args
         args.plan = plan_handle
         args.softmax_scale = scale
         args.has_softmax_scale = has_scale
         stream = _raw_stream(current_stream, q.device, where)
         _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, stream), where)
-        _record_streams(tensors + (workspace,), current_stream, q.device)
+        if current_stream is not None:
+            _record_streams(tensors + (workspace,), current_stream, q.device)
 
 
 # ---------------------------------------------------------------------------
@@ -722,19 +739,32 @@ def run_forward(
     plan: MaskPlan,
     softmax_scale: Optional[float],
     want_max_logit: bool,
-) -> tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """Allocates out, lse (and max_logit) and runs the forward: (out, lse, max_logit or None)."""
-    out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
-    lse = torch.empty(lse_shape_of(q), dtype=torch.float32, device=q.device)
-    max_logit = torch.empty((q.shape[-2],), dtype=torch.float32, device=q.device) if want_max_logit else None
-    key = ("fwd", _strides(q, k, v), want_max_logit)
-    op = _cached(
-        plan,
-        key,
-        lambda: FlexAttentionFwd(q, k, v, out, plan, lse, sample_max_logit=max_logit, _hold_plan=False),
-    )
+    want_lse: bool = True,
+    out: Optional[torch.Tensor] = None,
+) -> tuple[torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]:
+    """Runs the forward: (out, lse or None, max_logit or None).
+
+    Allocates out (unless given: then the kernel writes it in place, any strides with a contiguous last
+    dimension), lse (when ``want_lse``; without it the kernel writes no LSE) and max_logit (``want_max_logit``).
+    """
+    dev = q.device
+    if out is None:
+        out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=dev)
+    lse = torch.empty(lse_shape_of(q), dtype=torch.float32, device=dev) if want_lse else None
+    max_logit = torch.empty((q.shape[-2],), dtype=torch.float32, device=dev) if want_max_logit else None
+    # Shapes, dtype and device of every tensor are fixed by the plan; only strides vary between calls. A tensor
+    # that breaks the plan's geometry is still rejected, by the cached op's descriptor check (_bind) and then by
+    # the C layer.
+    key = ("fwd", q.stride(), k.stride(), v.stride(), out.stride(), want_max_logit, want_lse)
+    op = plan._op_cache.get(key)
+    if op is None:
+        op = _cached(
+            plan,
+            key,
+            lambda: FlexAttentionFwd(q, k, v, out, plan, lse, sample_max_logit=max_logit, _hold_plan=False),
+        )
     n = op.workspace_size
-    ws = torch.empty(n, dtype=torch.uint8, device=q.device) if n else None
+    ws = torch.empty(n, dtype=torch.uint8, device=dev) if n else None
     op.execute(q, k, v, out, plan, lse, workspace=ws, softmax_scale=softmax_scale, max_logit_tensor=max_logit)
     return out, lse, max_logit
 
