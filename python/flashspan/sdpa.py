@@ -98,10 +98,12 @@ class _Call:
         self.options.append((name, value))
 
     def _key(self):
+        # In insertion order (the order of the code path that bound them), not sorted: equal keys still mean equal
+        # descriptors; the same call bound in another order only misses the cache.
         return (
             self.direction,
-            tuple(sorted((s, b.key()) for s, b in self.slots.items())),
-            tuple(sorted((s, b.key(), m) for s, (b, m) in self.ragged.items())),
+            tuple([(s, b.key()) for s, b in self.slots.items()]),
+            tuple([(s, b.key(), m) for s, (b, m) in self.ragged.items()]),
             tuple(self.options),
             None if self.dropout is None else (self.dropout[0], self.dropout[1].key(), self.dropout[2].key()),
             None if self.dropout_mask is None else tuple(None if b is None else b.key() for b in self.dropout_mask),
@@ -357,15 +359,39 @@ def _apply_common(call: _Call, lay: _Layout, q: Tensor, *, attn_scale, bias, blo
 
 def _like_layout(shape, like: Tensor, dtype, device) -> Tensor:
     """An empty tensor of ``shape`` whose dims are ordered in memory like ``like``'s (O adopts Q's layout)."""
-    if 0 in like.stride() or like.dim() != len(shape):
+    like_stride = like.stride()
+    key = (shape, like_stride)
+    try:
+        stride = _LIKE_STRIDES.get(key)
+    except TypeError:  # symbolic sizes (torch.compile's fake tensors) are not hashable: no memo
+        stride = key = None
+    if stride is None:
+        stride = _like_strides(shape, like_stride)
+        if key is not None:
+            if len(_LIKE_STRIDES) >= 256:
+                _LIKE_STRIDES.clear()
+            _LIKE_STRIDES[key] = stride
+    if stride is _PLAIN:
         return torch.empty(shape, dtype=dtype, device=device)
-    order = sorted(range(like.dim()), key=lambda d: (like.stride(d), -d))  # innermost first
+    return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+
+
+_PLAIN = ()  # _like_strides: torch.empty's own (contiguous) strides
+_LIKE_STRIDES: dict = {}  # (shape, like's strides) -> _like_strides (a pure function of the two)
+
+
+def _like_strides(shape: tuple, like_stride: tuple):
+    """Strides of ``shape`` with its dims ordered in memory as strides ``like_stride`` order theirs (innermost: the
+    smallest stride, ties by the later dim), or _PLAIN when ``like`` has a zero stride or another rank."""
+    if 0 in like_stride or len(like_stride) != len(shape):
+        return _PLAIN
+    order = sorted(range(len(like_stride)), key=lambda d: (like_stride[d], -d))  # innermost first
     stride = [0] * len(shape)
     acc = 1
     for d in order:
         stride[d] = acc
         acc *= shape[d]
-    return torch.empty_strided(shape, stride, dtype=dtype, device=device)
+    return tuple(stride)
 
 
 # ---------------------------------------------------------------------------
@@ -414,6 +440,7 @@ def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: 
     lay.bind_seq(call, L.K, k, "k", lay.thd_kv)
     lay.bind_seq(call, L.V, v, "v", lay.thd_kv)
     dv = v.shape[-1]
+    o_is_fresh = o is None
     if o is None:
         o = (torch.empty((q.shape[0], q.shape[1], dv), dtype=q.dtype, device=q.device) if lay.thd_q
              else _like_layout((q.shape[0], q.shape[1], q.shape[2], dv), q, q.dtype, q.device))
@@ -442,10 +469,11 @@ def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: 
     if m is not None:
         call.option("paged_attention_max_seq_len_kv", int(m))
     _apply_common(call, lay, q, backward=False, **kw)
-    route = sdpa_lowering.route(q, k, v, args)
+    err = _unsupported(q, k, v, args)
+    route = sdpa_lowering.route(q, k, v, args, err)
     if route == "flex":
         call.validate()
-        sdpa_lowering.forward(q, k, v, o, stats, args, build_backward)
+        sdpa_lowering.forward(q, k, v, o, stats, args, build_backward, unsupported_error=err, o_is_fresh=o_is_fresh)
         return o, stats
     if route == "native":
         _scale_on_host(call)
@@ -485,15 +513,24 @@ def _backward(q, k, v, o, dO, stats, *, dq=None, dk=None, dv=None, **kw):
     if kw.pop("use_deterministic_algorithm"):
         call.option("deterministic_algorithm", 1)
     _apply_common(call, lay, q, backward=True, **kw)
-    route = sdpa_lowering.route(q, k, v, args)
+    err = _unsupported(q, k, v, args)
+    route = sdpa_lowering.route(q, k, v, args, err)
     if route == "flex":
         call.validate()
-        sdpa_lowering.backward(q, k, v, o, dO, stats_in, dq, dk, dv, args)
+        sdpa_lowering.backward(q, k, v, o, dO, stats_in, dq, dk, dv, args, unsupported_error=err)
         return dq, dk, dv
     if route == "native":
         _scale_on_host(call)
     call.run()
     return dq, dk, dv
+
+
+def _unsupported(q: Tensor, k: Tensor, v: Tensor, args: dict):
+    """sdpa_lowering.unsupported of a call on device tensors, computed once for both sdpa_lowering.route (which
+    consults it there) and the lowering's check; CPU calls leave it to the lowering (NOT_COMPUTED)."""
+    if q.is_cpu:
+        return sdpa_lowering.NOT_COMPUTED
+    return sdpa_lowering.unsupported(q, k, v, args)
 
 
 def _scale_on_host(call: _Call) -> None:

@@ -58,6 +58,7 @@ from torch import Tensor
 from ._sdpa_lib import BOTTOM_RIGHT, alignment_code, check_packed_end
 
 ROUTE_ENV = "FLASHSPAN_SDPA_ROUTE"
+NOT_COMPUTED = object()  # default of the unsupported_error arguments: unsupported() not computed by the caller
 EXPERIMENTAL_ENV = "FLASHSPAN_EXPERIMENTAL"
 PLAN_CACHE_SIZE = 32
 LOG2E = 1.4426950408889634
@@ -71,17 +72,21 @@ def _gpu_head_dims_ok(dqk: int, dv: int) -> bool:
     return (small(dqk) and small(dv)) or (dqk, dv) in ((192, 128), (256, 256))
 
 
-def route(q: Tensor, k: Optional[Tensor] = None, v: Optional[Tensor] = None, a: Optional[dict] = None) -> str:
+def route(q: Tensor, k: Optional[Tensor] = None, v: Optional[Tensor] = None, a: Optional[dict] = None,
+          unsupported_error=NOT_COMPUTED) -> str:
     """Where a call on q runs: ``"flex"`` (this lowering), ``"reference"`` (the SDPA CPU reference of the C layer,
     CPU tensors) or ``"native"`` (the C layer's SDPA operation on the GPU kernels). Non-CPU tensors take
     ``"native"`` when the environment sets ``FLASHSPAN_EXPERIMENTAL=1``, or when the call (k, v and the arguments
     ``a``, when given) has a feature this lowering cannot express (:func:`unsupported`: score modifiers, sinks,
     dropout, the block mask, the gate, the score_max / score_sum_exp outputs, paged K/V, H_k != H_v, ...): the C
-    layer runs those on its own kernels or names what it does not run; else ``"flex"``."""
+    layer runs those on its own kernels or names what it does not run; else ``"flex"``. ``unsupported_error``: the
+    caller's ``unsupported(q, k, v, a)`` of this call (None or the error), when it has it, so that it is not
+    computed twice (default: computed here when needed)."""
     if q.device.type != "cpu":
         if os.environ.get(EXPERIMENTAL_ENV, "").strip() == "1":
             return "native"
-        if k is not None and v is not None and a is not None and unsupported(q, k, v, a) is not None:
+        if (k is not None and v is not None and a is not None
+                and _unsupported_of(q, k, v, a, unsupported_error) is not None):
             return "native"
         return "flex"
     return "flex" if os.environ.get(ROUTE_ENV, "").strip().lower() == "flex" else "reference"
@@ -94,17 +99,37 @@ def _unsupported(feature: str, why: str) -> NotImplementedError:
     )
 
 
-def check_supported(q: Tensor, k: Tensor, v: Tensor, a: dict, backward: bool) -> None:
+def check_supported(q: Tensor, k: Tensor, v: Tensor, a: dict, backward: bool,
+                    unsupported_error=NOT_COMPUTED) -> None:
     """Raises NotImplementedError naming the first feature of the call (arguments ``a``) the flex lowering cannot
-    express (:func:`unsupported`)."""
-    err = unsupported(q, k, v, a)
+    express (:func:`unsupported`; ``unsupported_error``: its result for this call when the caller has it)."""
+    err = _unsupported_of(q, k, v, a, unsupported_error)
     if err is not None:
         raise err
+
+
+def _unsupported_of(q: Tensor, k: Tensor, v: Tensor, a: dict, given) -> Optional[NotImplementedError]:
+    """``given`` (a caller's :func:`unsupported` of this call) unless it is NOT_COMPUTED, else computed now."""
+    return unsupported(q, k, v, a) if given is NOT_COMPUTED else given
+
+
+# The arguments unsupported() rejects when they are not None (use_alibi_mask: when true).
+_FEATURE_ARGS = ("bias", "dBias", "softcap", "sink_token", "dSink_token", "dropout", "rng_dump", "block_mask", "gate",
+                 "dgate", "paged_attention_k_table", "paged_attention_v_table", "score_max", "score_sum_exp")
 
 
 def unsupported(q: Tensor, k: Tensor, v: Tensor, a: dict) -> Optional[NotImplementedError]:
     """The NotImplementedError naming the first feature of the call (arguments ``a``) the flex lowering cannot
     express, or None when it expresses the whole call."""
+    get = a.get
+    plain = not get("use_alibi_mask")
+    if plain:  # the common case: none of the features; the table below names the first one otherwise
+        for name in _FEATURE_ARGS:
+            if get(name) is not None:
+                plain = False
+                break
+    if plain:
+        return _unsupported_shapes(q, k, v)
     modifier = "flex has no score modifiers (it adds nothing to the scores, it only masks them)"
     features = (
         ("bias", a.get("bias") is not None, modifier),
@@ -130,6 +155,11 @@ def unsupported(q: Tensor, k: Tensor, v: Tensor, a: dict) -> Optional[NotImpleme
     for name, present, why in features:
         if present:
             return _unsupported(name, why)
+    return _unsupported_shapes(q, k, v)
+
+
+def _unsupported_shapes(q: Tensor, k: Tensor, v: Tensor) -> Optional[NotImplementedError]:
+    """unsupported()'s rules on head counts, dtype and head dims."""
     if k.shape[1] != v.shape[1]:  # the head dim is dim 1 of both (B, H, S, D) and (T, H, D)
         return _unsupported(f"k, v: H_k = {k.shape[1]} != H_v = {v.shape[1]}", "flex shares one head count for K and V")
     if q.dtype not in (torch.float16, torch.bfloat16) and not (q.device.type == "cpu" and q.dtype == torch.float32):
@@ -414,6 +444,22 @@ class _Geometry:
             return valid.view(f.shape[0], f.shape[1], 1, 1)
         return valid.view(-1, 1, 1)
 
+    def flex_out_view(self, out: Tensor) -> Optional[Tensor]:
+        """The flex q-side view of the SDPA output ``out`` for the forward kernel to write in place, or None when it
+        has none: rows to zero (padding, gaps), a dense q in a THD call (a reshape), or memory the kernels cannot
+        address (last dim not contiguous; CUDA: see :func:`_kernel_ready`)."""
+        if self.valid_q is not None:
+            return None
+        if self.thd_q:
+            f = out
+        elif not self.varlen:
+            f = out.transpose(1, 2)
+        else:
+            return None
+        if f.stride(-1) != 1 or _kernel_ready(f) is not f:
+            return None
+        return f
+
     def from_flex_q(self, f: Tensor, out: Tensor) -> None:
         """Writes a flex q-side tensor (o, dQ) into the SDPA tensor ``out`` (padding rows 0)."""
         self._from_flex(f, out, self.valid_q, self.thd_q, self.Sq)
@@ -510,26 +556,31 @@ def plan_cache_size() -> int:
     return len(_plans)
 
 
+_LENGTH_ARGS = ("seq_len_q", "seq_len_kv", "cu_seq_len_q", "cu_seq_len_kv")
+
+
 def _length_tensors(a: dict) -> list:
-    ts = [a.get(n) for n in ("seq_len_q", "seq_len_kv", "cu_seq_len_q", "cu_seq_len_kv")]
-    ts += [t for _, t in sorted((a.get("ragged_offsets") or {}).items())]
+    ts = [a.get(n) for n in _LENGTH_ARGS]
+    ragged = a.get("ragged_offsets")
+    if ragged:
+        ts += [t for _, t in sorted(ragged.items())]
     return [t for t in ts if isinstance(t, Tensor)]
 
 
 def _cache_key(q: Tensor, k: Tensor, v: Tensor, a: dict, mask: tuple, tensors: list) -> tuple:
+    get = a.get
+    ragged = get("ragged_offsets")
     return (
-        q.device, q.dtype, tuple(q.shape), tuple(k.shape), tuple(v.shape), mask, bool(a.get("use_padding_mask")),
-        tuple(sorted((a.get("ragged_offsets") or {}).keys())),
-        a.get("max_seq_len_q"), a.get("max_seq_len_kv"),
-        tuple((n, id(a.get(n))) for n in ("seq_len_q", "seq_len_kv", "cu_seq_len_q", "cu_seq_len_kv")),
-        tuple(id(t) for t in tensors),
+        q.device, q.dtype, tuple(q.shape), tuple(k.shape), tuple(v.shape), mask, bool(get("use_padding_mask")),
+        tuple(sorted(ragged.keys())) if ragged else (),
+        get("max_seq_len_q"), get("max_seq_len_kv"),
+        (id(get("seq_len_q")), id(get("seq_len_kv")), id(get("cu_seq_len_q")), id(get("cu_seq_len_kv"))),
+        tuple([id(t) for t in tensors]),
     )
 
 
 def _prepare(q: Tensor, k: Tensor, v: Tensor, a: dict, need_backward: bool):
     """(geometry, plan or None when the call is empty), from the cache or built now."""
-    from .plan import create_mask_plan
-
     mask = mask_params(a)
     tensors = _length_tensors(a)
     key = _cache_key(q, k, v, a, mask, tensors)
@@ -538,6 +589,8 @@ def _prepare(q: Tensor, k: Tensor, v: Tensor, a: dict, need_backward: bool):
         if e is not None and e.alive(tensors) and (e.plan is None or e.plan.has_backward or not need_backward):
             _plans.move_to_end(key)
             return e.geometry, e.plan
+    from .plan import create_mask_plan
+
     geo = _Geometry(q, k, a)
     plan = None
     mf = None
@@ -584,7 +637,7 @@ def _kernel_ready(t: Tensor) -> Tensor:
 
 
 def forward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, stats: Optional[Tensor], a: dict,
-            build_backward: bool = False) -> None:
+            build_backward: bool = False, *, unsupported_error=NOT_COMPUTED, o_is_fresh: bool = False) -> None:
     """Runs one SDPA forward on the flex engine, writing ``o`` (and ``stats``, and ``a['max_logit']``) in place.
 
     Args:
@@ -595,13 +648,16 @@ def forward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, stats: Optional[Tensor],
             (``a['stats_use_log2']``); -inf for rows that see no key.
         a: the remaining graph.sdpa arguments, already checked by the C layer's rules (``_Call.validate``).
         build_backward: build the plan with backward metadata (gradients will follow).
+        unsupported_error: :func:`unsupported` of this call when the caller computed it (None or the error).
+        o_is_fresh: ``o`` was just allocated and overlaps no input: when its flex view is one the kernels can write
+            (no padding rows to zero, BSHD or packed q), the kernel writes it in place (no copy).
 
     Raises NotImplementedError naming a feature the lowering cannot express (check_supported), ValueError for
     lengths that break the reference's rules (host-readable lengths only), RuntimeError from the flex layer.
     """
     from .execution import run_forward
 
-    check_supported(q, k, v, a, backward=False)
+    check_supported(q, k, v, a, backward=False, unsupported_error=unsupported_error)
     scale = scale_of(a.get("attn_scale"))
     max_logit = a.get("max_logit")
     if max_logit is not None and scale < 0:
@@ -618,8 +674,10 @@ def forward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, stats: Optional[Tensor],
     qf = _kernel_ready(geo.to_flex_q(q))
     kf = _kernel_ready(geo.to_flex_k(k))
     vf = _kernel_ready(geo.to_flex_k(v))
-    out, lse, ml = run_forward(qf, kf, vf, plan, scale, max_logit is not None)
-    geo.from_flex_q(out, o)
+    of = geo.flex_out_view(o) if o_is_fresh else None
+    out, lse, ml = run_forward(qf, kf, vf, plan, scale, max_logit is not None, want_lse=stats is not None, out=of)
+    if of is None:
+        geo.from_flex_q(out, o)
     if stats is not None:
         geo.lse_to_stats(lse, stats, bool(a.get("stats_use_log2")))
     if max_logit is not None:
@@ -627,7 +685,7 @@ def forward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, stats: Optional[Tensor],
 
 
 def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, dO: Tensor, stats: Tensor, dq: Tensor, dk: Tensor,
-             dv: Tensor, a: dict) -> None:
+             dv: Tensor, a: dict, *, unsupported_error=NOT_COMPUTED) -> None:
     """Runs one SDPA backward on the flex engine into dq, dk, dv (shapes and dtypes of q, k, v; padding rows 0).
 
     ``o`` and ``dO`` have the forward output's layout (padding rows of dO are never read), ``stats`` is the
@@ -637,7 +695,7 @@ def backward(q: Tensor, k: Tensor, v: Tensor, o: Tensor, dO: Tensor, stats: Tens
     """
     from .execution import run_backward
 
-    check_supported(q, k, v, a, backward=True)
+    check_supported(q, k, v, a, backward=True, unsupported_error=unsupported_error)
     scale = scale_of(a.get("attn_scale"))
     geo, plan = _prepare(q, k, v, a, True)
     if plan is None:

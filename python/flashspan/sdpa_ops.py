@@ -61,14 +61,25 @@ _OP_DIMS = {True: (("S_q", "max_seqlen_q"), ("S_kv", "max_seqlen_kv")),  # THD: 
             False: (("S_q", "q.shape[2]"), ("S_kv", "k.shape[2]"))}      # BHSD: the tensors' dims
 
 
-@contextlib.contextmanager
-def _op_names(op: str, thd: bool):
-    """Re-raises a broken rule of the shared engine under the op's argument names, prefixed with the op."""
-    try:
-        yield
-    except (ValueError, TypeError, NotImplementedError) as e:
+class _op_names:
+    """Re-raises a broken rule of the shared engine under the op's argument names, prefixed with the op.
+
+    A class rather than a contextlib generator: it is entered on every call of the ops."""
+
+    __slots__ = ("op", "thd")
+
+    def __init__(self, op: str, thd: bool):
+        self.op, self.thd = op, thd
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, e, tb):
+        if exc_type is None or not issubclass(exc_type, (ValueError, TypeError, NotImplementedError)):
+            return False
+        op = self.op
         msg = str(e)
-        for graph, own in _OP_NAMES + _OP_DIMS[thd]:
+        for graph, own in _OP_NAMES + _OP_DIMS[self.thd]:
             msg = re.sub(rf"(?<![\w.]){re.escape(graph)}\b", own, msg)
         raise type(e)(msg if msg.startswith(f"{op}: ") else f"{op}: {msg}") from None
 
