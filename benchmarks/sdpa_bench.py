@@ -8,7 +8,9 @@ Routes of ``flashspan.sdpa``, all timed in this one process:
               forward runs the sm90 family on an H200), ``FLASHSPAN_EXPERIMENTAL`` unset for the call;
   native90    the C layer's own SDPA operation (``FLASHSPAN_EXPERIMENTAL=1``): its forward and backward on the sm90
               kernels with the analytic mask (docs/SDPA.md);
-  native80    the same with ``FLASHSPAN_KERNEL_FAMILY=sm80``: forward and backward on the sm80 analytic kernels.
+  native80    the same with ``FLASHSPAN_KERNEL_FAMILY=sm80``: forward and backward on the sm80 analytic kernels;
+  flex80      the flex route with ``FLASHSPAN_KERNEL_FAMILY=sm80`` (the lowering's plans built for the sm80 kernels:
+              the plan cache is cleared around it), what a GPU without the sm90 kernels runs.
 sdpa_lowering reads ``FLASHSPAN_EXPERIMENTAL`` per call and the C layer reads ``FLASHSPAN_KERNEL_FAMILY`` per call,
 so the script switches routes by setting them around each call (the C layer reads ``FLASHSPAN_EXPERIMENTAL`` per
 call too, for its sm90 SDPA kernels and paged K/V).
@@ -41,6 +43,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import flashspan  # noqa: E402
+import flashspan.sdpa_lowering  # noqa: E402  (flex80: its plan cache)
 from flashspan.bench.timing import Timer, tflops  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
@@ -63,15 +66,20 @@ def spot(t: torch.Tensor) -> torch.Tensor:
 @contextlib.contextmanager
 def route_env(route: str):
     """Environment of one flashspan route for the calls inside (restored after)."""
-    saved = {k: os.environ.get(k) for k in ("FLASHSPAN_EXPERIMENTAL", "FLASHSPAN_KERNEL_FAMILY")}
-    os.environ["FLASHSPAN_EXPERIMENTAL"] = "0" if route == "flex" else "1"
-    if route == "native80":
+    saved = {k: os.environ.get(k) for k in ("FLASHSPAN_EXPERIMENTAL", "FLASHSPAN_KERNEL_FAMILY", "FLASHSPAN_SDPA_ROUTE")}
+    os.environ["FLASHSPAN_EXPERIMENTAL"] = "0" if route.startswith("flex") else "1"
+    os.environ["FLASHSPAN_SDPA_ROUTE"] = "flex" if route.startswith("flex") else "native"
+    if route.endswith("80"):
         os.environ["FLASHSPAN_KERNEL_FAMILY"] = "sm80"
     else:
         os.environ.pop("FLASHSPAN_KERNEL_FAMILY", None)
+    if route == "flex80":
+        flashspan.sdpa_lowering.clear_plan_cache()
     try:
         yield
     finally:
+        if route == "flex80":
+            flashspan.sdpa_lowering.clear_plan_cache()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -210,14 +218,14 @@ def table(rows, failures, args, B, H, D, dev) -> str:
         x = tflops(fl * mult, t.median_ms) if t is not None else None
         return "—" if x is None else f"{x:.0f}"
 
-    head = ("| S | mask | flex route fwd / bwd | native90 fwd / bwd | native80 fwd / bwd | "
+    head = ("| S | mask | flex route fwd / bwd | native90 fwd / bwd | native80 fwd / bwd | flex80 fwd / bwd | "
             "cuDNN fwd / bwd | native90 vs flex fwd / bwd | native90 vs cuDNN fwd / bwd |")
     lines = [
         f"B={B} H={H} D={D} bf16 BHSD, TFLOP/s over visible pairs (bwd = 2.5x fwd FLOPs), median of {args.reps} "
         f"(L2 flushed), {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, torch {torch.__version__}",
         "",
         head,
-        "|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for s, mask, fl, res in rows:
         def ratio(a, b):
@@ -228,6 +236,7 @@ def table(rows, failures, args, B, H, D, dev) -> str:
             f"| {s} | {mask} | {tf(res, 'flex_fwd', 1, fl)} / {tf(res, 'flex_bwd', 2.5, fl)} | "
             f"{tf(res, 'native90_fwd', 1, fl)} / {tf(res, 'native90_bwd', 2.5, fl)} | "
             f"{tf(res, 'native80_fwd', 1, fl)} / {tf(res, 'native80_bwd', 2.5, fl)} | "
+            f"{tf(res, 'flex80_fwd', 1, fl)} / {tf(res, 'flex80_bwd', 2.5, fl)} | "
             f"{tf(res, 'cudnn_fwd', 1, fl)} / {tf(res, 'cudnn_bwd', 2.5, fl)} | "
             f"{ratio('native90_fwd', 'flex_fwd')} / {ratio('native90_bwd', 'flex_bwd')} | "
             f"{ratio('native90_fwd', 'cudnn_fwd')} / {ratio('native90_bwd', 'cudnn_bwd')} |")
