@@ -182,6 +182,15 @@ void set_bwd_det_split(int on) { store_override(g_det_split_override, on); }
 // call) until the GPU suite has passed with its landed form (PERF_LOG v2.2 detsplit).
 bool bwd_det_split_enabled() { return experimental_switch(g_det_split_override); }
 
+int bwd_det_split_above_mean() {
+  static const int m = [] {
+    const char* e = std::getenv("FLASHSPAN_SM90_BWD_DET_SPLIT_ABOVE");
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return v >= 2 && v <= 4096 ? v : 2;
+  }();
+  return m;
+}
+
 void set_bwd_cell_order(int on) { store_override(g_cell_order_override, on); }
 
 int bwd_cell_order_forced() {

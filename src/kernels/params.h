@@ -51,6 +51,9 @@ struct SplitSchedule {
   int num_ctas = 0;               // persistent grid
   int split_first = 0;            // 1: the split tasks' items lead the list (split_schedule.cuh
                                   // kSplitFirst; the sm90 backward in cell order, experimental)
+  int above_mean = 2;             // the plan-only rule cuts walks of more than above_mean x the
+                                  // mean steps (split_rule.h; the deterministic sm90 backward:
+                                  // sm90::bwd_det_split_above_mean)
 };
 
 // Backward (dK/dV): steps are (query head, query block) pairs, the concatenation over the kv

@@ -63,10 +63,11 @@ FS_SPLIT_HD int64_t split_chunk(int64_t total, int64_t num_tasks, int64_t num_ct
 // tail of the run: long walks are cut finer than the per-grid rule cuts them, and only walks
 // far above the mean are cut (as in the per-grid rule: causal walks stay whole):
 //   first cut: chunk c1 = max(kChunkMin, ceil(total / (kPlanOnlyItemsPerCta * kPlanOnlyCtas))),
-//              above max(c1, ceil(2 total / num_tasks));
+//              above max(c1, ceil(m total / num_tasks)), m = above_mean (2 unless the caller
+//              asks for fewer cut walks: SplitSchedule::above_mean);
 //   kept when its items of split tasks (sum of split_items over the tasks above) are fewer than
 //   kMaxSplit, else chunk c2 = max(c1, ceil(2 total / kMaxSplit)), above max(c2, ceil(2 total /
-//   num_tasks)).
+//   num_tasks)) (m for 2 likewise).
 // Bounds: items <= num_tasks + total / chunk <= num_tasks + kPlanOnlyItemsPerCta *
 // kPlanOnlyCtas; items of split tasks < kMaxSplit (first cut: by the test; else they are <=
 // total / c2 + split tasks < 2 total / c2 <= kMaxSplit, a split task having more than c2
@@ -77,15 +78,16 @@ constexpr int64_t kPlanOnlyItemsPerCta = 16;  // so items <= num_tasks + 2112 (w
 static_assert(kPlanOnlyItemsPerCta * kPlanOnlyCtas <= int64_t(SplitSchedule::kItemsPerCta) * SplitSchedule::kMaxCtas,
               "the plan-only rule's items must fit the workspace's item list");
 
-FS_SPLIT_HD SplitCut split_cut_plan_only_first(int64_t total, int64_t num_tasks) {
+FS_SPLIT_HD SplitCut split_cut_plan_only_first(int64_t total, int64_t num_tasks, int64_t above_mean = 2) {
   const int64_t c1 = split_max(SplitSchedule::kChunkMin, split_ceil_div(total, kPlanOnlyItemsPerCta * kPlanOnlyCtas));
-  return SplitCut{c1, split_max(c1, split_ceil_div(2 * total, num_tasks))};
+  return SplitCut{c1, split_max(c1, split_ceil_div(above_mean * total, num_tasks))};
 }
 // The cut from the first one and the items of split tasks under it.
-FS_SPLIT_HD SplitCut split_cut_plan_only(int64_t total, int64_t num_tasks, SplitCut first, int64_t split_items_first) {
+FS_SPLIT_HD SplitCut split_cut_plan_only(int64_t total, int64_t num_tasks, SplitCut first, int64_t split_items_first,
+                                         int64_t above_mean = 2) {
   if (split_items_first < SplitSchedule::kMaxSplit) return first;
   const int64_t c2 = split_max(first.chunk, split_ceil_div(2 * total, SplitSchedule::kMaxSplit));
-  return SplitCut{c2, split_max(c2, split_ceil_div(2 * total, num_tasks))};
+  return SplitCut{c2, split_max(c2, split_ceil_div(above_mean * total, num_tasks))};
 }
 
 }  // namespace flashspan::kern

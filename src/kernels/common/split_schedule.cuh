@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const Spl
   // split tasks under it summed over the block).
   SplitCut cut{};
   if constexpr (kRule == kSplitPlanOnly) {
-    const SplitCut first = split_cut_plan_only_first(total, n);
+    const SplitCut first = split_cut_plan_only_first(total, n, sp.above_mean);
     long long at_first = 0;
     for (int t = t0; t < t1; ++t) {
       const int it = sp.task_iters[t];
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const Spl
     const long long s = Reduce(tmp.reduce).Sum(at_first);
     if (threadIdx.x == 0) s_total = s;
     __syncthreads();
-    cut = split_cut_plan_only(total, n, first, s_total);
+    cut = split_cut_plan_only(total, n, first, s_total, sp.above_mean);
     __syncthreads();  // every thread has read s_total; tmp free for the scans
   } else if constexpr (kRule == kSplitNone) {
     cut = SplitCut{total + 1, total + 1};  // no task has more steps than the total

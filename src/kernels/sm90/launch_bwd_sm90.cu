@@ -38,6 +38,7 @@ void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk
   BwdParams p = p_in;
   if (p.split_schedule) {
     p.split.num_ctas = ctas;
+    if (p.deterministic) p.split.above_mean = bwd_det_split_above_mean();
     launch_bwd_split_schedule(p, stream, !p.deterministic || bwd_det_split_enabled());
     kernel<<<grid_1d(ctas, "flex backward (sm90), persistent"), L::kThreads, L::kBytes, stream>>>(p, mq, mk, mv, mdo);
     check_launch("flex backward (sm90), persistent");

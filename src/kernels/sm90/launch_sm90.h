@@ -69,6 +69,9 @@ int64_t bwd_launches();
 // dispatch/family.cpp with the other switches.
 bool bwd_det_split_enabled();
 void set_bwd_det_split(int on);
+// How far above the mean a walk must be for that cut (SplitSchedule::above_mean, split_rule.h):
+// FLASHSPAN_SM90_BWD_DET_SPLIT_ABOVE=m (an integer 2 .. 4096; read once; measurement only), else 2.
+int bwd_det_split_above_mean();
 
 // The cell order of non-deterministic sm90 backward calls (tile_sm90.h bwd_cell_order_sm90):
 // FLASHSPAN_SM90_BWD_CELLS=1 always, =0 never (the plan's task list), unset: that rule
