@@ -8,6 +8,8 @@
 //   RolesGpu.TileScheduler*   task / grid-cell / descending-cell orders, next(), split-item
 //                             claims (claim), snake waves over a split list of descending cells
 //                             (next_cell_item, the deterministic sm90 backward).
+//   RolesGpu.AnalyticGridOrders  the SDPA grids (AnalyticGrid, AnalyticBwdGrid): both orders, snake
+//                             waves, every cell once.
 //   RolesGpu.K2QWalk*         K2QWalk and K2QWalkAscending: the same pairs, the latter ascending
 //                             per head; seek(begin) + count slices.
 // They skip (GTEST_SKIP) when no GPU is visible, like every GPU test.
@@ -447,6 +449,73 @@ TEST(RolesGpu, TileSchedulerNextOrders) {
       const int total = kind == 0 ? c.num_tasks() : kind == 1 ? n_cells : c.num_items();
       ASSERT_EQ(int(seen.size()), total) << "grid " << grid << " kind " << kind;
       for (int i = 0; i < total; ++i) EXPECT_EQ(seen.count(i), 1u) << "grid " << grid << " kind " << kind << " " << i;
+    }
+  }
+}
+
+// The analytic (SDPA) grids: CTA blockIdx.x asks next(n) for n = 0, 1, ... until none. kind 0:
+// AnalyticGrid::next, 1: AnalyticBwdGrid::next, 2: AnalyticBwdGrid::next_descending; writes
+// {block, head, batch} at out[(blockIdx.x * max_n + n) * 3].
+__global__ void analytic_next_kernel(int kind, int blocks, int heads, int batch, bool heads_slowest, int max_n,
+                                     int* out) {
+  if (threadIdx.x != 0) return;
+  const kern::AnalyticGrid fwd{blocks, heads, batch, heads_slowest};
+  const kern::AnalyticBwdGrid bwd{blocks, heads, batch, heads_slowest};
+  for (int n = 0; n < max_n; ++n) {
+    const kern::WorkItem w = kind == 0 ? fwd.next(uint32_t(n)) : kind == 1 ? bwd.next(uint32_t(n))
+                                                                           : bwd.next_descending(uint32_t(n));
+    int* o = out + (int64_t(blockIdx.x) * max_n + n) * 3;
+    o[0] = w.block, o[1] = w.head, o[2] = w.batch;
+    if (w.block < 0) break;
+  }
+}
+
+// The grids' orders (tile_scheduler.cuh) against a host model: snake waves; heads_slowest (walks of
+// one length) every block of head 0 (sample-major), then head 1, ...; else the forward's last query
+// block first and the backward's first key block first, heads fastest; the deterministic
+// backward's global key blocks descending, heads fastest. Every cell exactly once.
+TEST(RolesGpu, AnalyticGridOrders) {
+  REQUIRE_GPU();
+  const int blocks = 5, heads = 3, batch = 2, total = blocks * heads * batch;
+  for (int grid : {1, 4, 7, 64}) {
+    for (int kind = 0; kind < 3; ++kind) {
+      for (bool slowest : {false, true}) {
+        if (kind == 2 && slowest) continue;  // next_descending has one order
+        const int max_n = total / grid + 2;
+        DevVec<int> out(size_t(3) * grid * max_n, -7);
+        analytic_next_kernel<<<grid, 32>>>(kind, blocks, heads, batch, slowest, max_n, out.ptr());
+        sync_ok("analytic_next_kernel");
+        const std::vector<int> h = out.get();
+        std::set<std::tuple<int, int, int>> seen;
+        for (int cta = 0; cta < grid; ++cta) {
+          for (int n = 0; n < max_n; ++n) {
+            SCOPED_TRACE(testing::Message() << "grid " << grid << " kind " << kind << " heads_slowest " << slowest
+                                            << " cta " << cta << " n " << n);
+            const int* o = &h[(size_t(cta) * max_n + n) * 3];
+            const int i = n * grid + ((n & 1) ? grid - 1 - cta : cta);  // snake waves
+            std::array<int, 3> want{-1, 0, 0};
+            const int per_block = heads * batch, gblocks = blocks * batch;
+            if (i < total) {
+              if (kind == 2) {
+                const int gb = gblocks - 1 - i / heads;
+                want = {gb % blocks, i % heads, gb / blocks};
+              } else if (slowest) {
+                const int gb = i % gblocks;
+                want = {gb % blocks, i / gblocks, gb / blocks};
+              } else {
+                const int r = i % per_block;
+                want = {kind == 0 ? blocks - 1 - i / per_block : i / per_block, r % heads, r / heads};
+              }
+            }
+            ASSERT_EQ(o[0], want[0]);
+            if (want[0] < 0) break;
+            EXPECT_EQ(o[1], want[1]);
+            EXPECT_EQ(o[2], want[2]);
+            EXPECT_TRUE(seen.insert({o[0], o[1], o[2]}).second) << "cell handed out twice";
+          }
+        }
+        EXPECT_EQ(int(seen.size()), total) << "grid " << grid << " kind " << kind << " heads_slowest " << slowest;
+      }
     }
   }
 }
