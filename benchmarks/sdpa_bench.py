@@ -4,11 +4,13 @@ Shapes (issue 24's table): B=1, H=16, D=128, BF16, BHSD; S in {8192, 32768}; mas
 with a window of 4096 keys (``diagonal_band_left_bound=4096``: the diagonal and the 4095 keys before it).
 
 Routes of ``flashspan.sdpa``, all timed in this one process:
-  flex        the default CUDA route: the lowering onto flex plans (python/flashspan/sdpa_lowering.py; the flex
-              forward runs the sm90 family on an H200), ``FLASHSPAN_EXPERIMENTAL`` unset for the call;
+  flex        the lowering onto flex plans (``FLASHSPAN_SDPA_ROUTE=flex``, python/flashspan/sdpa_lowering.py; the
+              flex forward runs the sm90 family on an H200), ``FLASHSPAN_EXPERIMENTAL`` unset for the call;
   native90    the C layer's own SDPA operation (``FLASHSPAN_EXPERIMENTAL=1``): its forward and backward on the sm90
               kernels with the analytic mask (docs/SDPA.md);
   native80    the same with ``FLASHSPAN_KERNEL_FAMILY=sm80``: forward and backward on the sm80 analytic kernels;
+  native      the default route (``FLASHSPAN_EXPERIMENTAL=0``): the native operation without the experimental
+              paths (on an H200 the sm90 kernels where they cover the call);
   flex80      the flex route with ``FLASHSPAN_KERNEL_FAMILY=sm80`` (the lowering's plans built for the sm80 kernels:
               the plan cache is cleared around it), what a GPU without the sm90 kernels runs.
 sdpa_lowering reads ``FLASHSPAN_EXPERIMENTAL`` per call and the C layer reads ``FLASHSPAN_KERNEL_FAMILY`` per call,
@@ -67,7 +69,7 @@ def spot(t: torch.Tensor) -> torch.Tensor:
 def route_env(route: str):
     """Environment of one flashspan route for the calls inside (restored after)."""
     saved = {k: os.environ.get(k) for k in ("FLASHSPAN_EXPERIMENTAL", "FLASHSPAN_KERNEL_FAMILY", "FLASHSPAN_SDPA_ROUTE")}
-    os.environ["FLASHSPAN_EXPERIMENTAL"] = "0" if route.startswith("flex") else "1"
+    os.environ["FLASHSPAN_EXPERIMENTAL"] = "0" if route.startswith("flex") or route == "native" else "1"
     os.environ["FLASHSPAN_SDPA_ROUTE"] = "flex" if route.startswith("flex") else "native"
     if route.endswith("80"):
         os.environ["FLASHSPAN_KERNEL_FAMILY"] = "sm80"
@@ -218,14 +220,16 @@ def table(rows, failures, args, B, H, D, dev) -> str:
         x = tflops(fl * mult, t.median_ms) if t is not None else None
         return "—" if x is None else f"{x:.0f}"
 
-    head = ("| S | mask | flex route fwd / bwd | native90 fwd / bwd | native80 fwd / bwd | flex80 fwd / bwd | "
-            "cuDNN fwd / bwd | native90 vs flex fwd / bwd | native90 vs cuDNN fwd / bwd |")
+    cols = [r for r in args.routes.split(",") if r] + (["cudnn"] if not args.no_cudnn else [])
+    ratios = [(a, b) for a in ("native", "native90") if a in cols for b in ("flex", "cudnn") if b in cols]
+    head = ("| S | mask | " + " | ".join(f"{c} fwd / bwd" for c in cols) + " | "
+            + " | ".join(f"{a} vs {b} fwd / bwd" for a, b in ratios) + " |")
     lines = [
         f"B={B} H={H} D={D} bf16 BHSD, TFLOP/s over visible pairs (bwd = 2.5x fwd FLOPs), median of {args.reps} "
         f"(L2 flushed), {torch.cuda.get_device_name(dev) if dev.type == 'cuda' else 'cpu'}, torch {torch.__version__}",
         "",
         head,
-        "|---|---|---|---|---|---|---|---|---|",
+        "|" + "---|" * (2 + len(cols) + len(ratios)),
     ]
     for s, mask, fl, res in rows:
         def ratio(a, b):
@@ -233,13 +237,10 @@ def table(rows, failures, args, B, H, D, dev) -> str:
             return "—" if ta is None or tb is None else f"{tb.median_ms / ta.median_ms:.2f}x"
 
         lines.append(
-            f"| {s} | {mask} | {tf(res, 'flex_fwd', 1, fl)} / {tf(res, 'flex_bwd', 2.5, fl)} | "
-            f"{tf(res, 'native90_fwd', 1, fl)} / {tf(res, 'native90_bwd', 2.5, fl)} | "
-            f"{tf(res, 'native80_fwd', 1, fl)} / {tf(res, 'native80_bwd', 2.5, fl)} | "
-            f"{tf(res, 'flex80_fwd', 1, fl)} / {tf(res, 'flex80_bwd', 2.5, fl)} | "
-            f"{tf(res, 'cudnn_fwd', 1, fl)} / {tf(res, 'cudnn_bwd', 2.5, fl)} | "
-            f"{ratio('native90_fwd', 'flex_fwd')} / {ratio('native90_bwd', 'flex_bwd')} | "
-            f"{ratio('native90_fwd', 'cudnn_fwd')} / {ratio('native90_bwd', 'cudnn_bwd')} |")
+            f"| {s} | {mask} | "
+            + " | ".join(f"{tf(res, c + '_fwd', 1, fl)} / {tf(res, c + '_bwd', 2.5, fl)}" for c in cols) + " | "
+            + " | ".join(f"{ratio(a + '_fwd', b + '_fwd')} / {ratio(a + '_bwd', b + '_bwd')}" for a, b in ratios)
+            + " |")
     lines.append("")
     lines.append("checks: " + ("all passed" if not failures else f"{len(failures)} FAILED"))
     lines += [f"- {f}" for f in failures]
