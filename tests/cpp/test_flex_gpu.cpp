@@ -2365,6 +2365,14 @@ void run_case_sm90_bwd(const Case& c) {
   EXPECT_GT(sm90::bwd_launches(), before) << "the sm90 backward did not run: " << c.describe();
 }
 
+// expect_bwd_bitwise_repeatable (dq / dk / dv bitwise identical over three runs) on the sm90
+// backward: each of the three runs must have launched it.
+void expect_sm90_bwd_bitwise(const Case& c) {
+  const int64_t before = sm90::bwd_launches();
+  expect_bwd_bitwise_repeatable(c);
+  EXPECT_EQ(sm90::bwd_launches(), before + 3) << "the sm90 backward did not run: " << c.describe();
+}
+
 // A random case of the sm90 backward: random_case_sm90 (BSHD / THD with empty samples, GQA /
 // MQA, Hmask 1 or Hq, random interval masks at granularities 1 / 16 / 64 / 128, block-structured
 // masks with empty rows, strided tensors, dlse, random softmax scale) at D = 128 (two thirds of
@@ -2377,6 +2385,90 @@ Case bwd_case_sm90(uint64_t seed) {
   return c;
 }
 
+// One row of an sm90 backward case table (run_sm90_bwd_rows): the heads and dtype (head dims 0:
+// the table's), the shape (BSHD batch x sq x sk, or THD when lq is given: one sample per entry),
+// the mask ("random" interval masks with mopt, a benchmark mask, or a structured mask of
+// split_case) and what is special about the case. Non-deterministic unless det; arch 90.
+struct Sm90BwdRow {
+  HeadConfig h;
+  int batch = 1;
+  int64_t sq = 64, sk = 64;
+  std::vector<int64_t> lq = {}, lk = {};
+  std::string mask = "random";
+  MaskOptions mopt = {};
+  bool negative = false, strided = false, dlse = false, grid = false, det = false;
+  bool split = false;       // as split_case: the schedule must split some dK/dV task
+  bool bitwise = false;     // expect_sm90_bwd_bitwise instead of the reference check
+  bool dt_by_seed = false;  // dtype from the seed: bf16 on even seeds, fp16 on odd ones
+  uint64_t seed = 0;        // 0: the table's next seed
+};
+
+constexpr DType kF16 = DType::kFloat16, kBF16 = DType::kBFloat16;
+
+Case sm90_bwd_row_case(const Sm90BwdRow& r, int dqk, int dv, uint64_t seed) {
+  Case c;
+  c.arch = 90;
+  c.h = r.h;
+  if (c.h.dqk == 0) {
+    c.h.dqk = dqk;
+    c.h.dv = dv;
+  }
+  if (r.dt_by_seed) c.h.dtype = seed % 2 == 0 ? kBF16 : kF16;
+  c.varlen = !r.lq.empty();
+  c.batch = c.varlen ? int(r.lq.size()) : r.batch;
+  c.sq = r.sq;
+  c.sk = r.sk;
+  c.lq = r.lq;
+  c.lk = r.lk;
+  c.mask = r.mask;
+  c.mopt = r.mopt;
+  c.negative_logits = r.negative;
+  c.strided = r.strided;
+  c.dlse = r.dlse;
+  c.grid_mode = r.grid;
+  c.deterministic = r.det;
+  c.expect_split = r.split;
+  c.seed = seed;
+  return c;
+}
+
+// Runs a table in order at head dims (dqk, dv) (where a row gives none) through `run` (bitwise
+// rows through expect_sm90_bwd_bitwise); rows without a seed take ++seed.
+void run_sm90_bwd_rows(const std::vector<Sm90BwdRow>& rows, int dqk, int dv, uint64_t& seed,
+                       void (*run)(const Case&) = run_case_sm90_bwd) {
+  for (const Sm90BwdRow& r : rows) {
+    const Case c = sm90_bwd_row_case(r, dqk, dv, r.seed ? r.seed : ++seed);
+    if (r.bitwise) {
+      expect_sm90_bwd_bitwise(c);
+    } else {
+      run(c);
+    }
+  }
+}
+
+// The benchmark masks' length: longer for causal and tree_bfs.
+int64_t bench_sq(const std::string& name) { return name == "causal" || name == "tree_bfs" ? 2048 : 1000; }
+
+// Rows shared by the special-case tables of the 64 x 128 / (128, 128) tile and the wide tile:
+// fully empty rows (zero gradients, no NaN), only full blocks, negative scores with MQA and
+// Hmask = Hq, strided tensors with dlse, a GQA group of 8 per key block walk; the split schedule
+// (long K2Q walks) and grid mode (no task lists); a deterministic causal GQA THD case bitwise
+// over three runs.
+const Sm90BwdRow kEmptyRows = {.h = {2, 1, 1, 1, 0, 0, kF16}, .sq = 200, .sk = 190, .mopt = {.p_empty_row = 1.0}};
+const Sm90BwdRow kFullBlocks = {.h = {4, 2, 1, 1, 0, 0, kBF16}, .batch = 2, .sq = 256, .sk = 384,
+                                .mopt = {.p_empty_row = 0.0, .p_full_row = 1.0}};
+const Sm90BwdRow kNegativeMqa = {.h = {3, 1, 3, 3, 0, 0, kBF16}, .batch = 2, .sq = 300, .sk = 333,
+                                 .mopt = {.granularity = 128}, .negative = true};
+const Sm90BwdRow kStridedDlse = {.h = {4, 4, 1, 3, 0, 0, kBF16}, .batch = 2, .sq = 257, .sk = 255,
+                                 .strided = true, .dlse = true};
+const Sm90BwdRow kGqa8Thd = {.h = {8, 1, 8, 5, 0, 0, kF16}, .lq = {400, 130}, .lk = {350, 520}};
+const Sm90BwdRow kSplitSinkLocal = {.h = {4, 1, 1, 1, 0, 0, kBF16}, .sq = 2048, .mask = "sink_local", .split = true};
+const Sm90BwdRow kSplitGlobalThd = {.h = {4, 1, 1, 5, 0, 0, kF16}, .lq = {1100, 300, 0}, .lk = {1024, 257, 50},
+                                    .mask = "global", .split = true};
+const Sm90BwdRow kGridThd = {.h = {4, 2, 4, 3, 0, 0, kBF16}, .lq = {200, 0, 90}, .lk = {150, 70, 0}, .grid = true};
+const Sm90BwdRow kBitwiseThd = {.h = {4, 2, 1, 3, 0, 0, kBF16}, .lq = {1500, 0, 333}, .lk = {1400, 60, 500},
+                                .det = true, .bitwise = true};
+
 TEST(FlexGpuSm90, BwdRandomCases) {
   REQUIRE_SM90();
   Sm90BwdOn on;
@@ -2386,95 +2478,26 @@ TEST(FlexGpuSm90, BwdRandomCases) {
 TEST(FlexGpuSm90, BwdBenchmarkMasks) {
   REQUIRE_SM90();
   Sm90BwdOn on;
-  uint64_t seed = 9500;
+  std::vector<Sm90BwdRow> rows;
   for (const std::string& name : fs_test::benchmark_mask_names()) {
-    for (int d : {128, 64}) {
-      Case c;
-      c.arch = 90;
-      c.mask = name;
-      c.sq = name == "causal" || name == "tree_bfs" ? 2048 : 1000;
-      c.h = HeadConfig{4, 2, 1, 1, d, d, (seed & 1) ? DType::kBFloat16 : DType::kFloat16};
-      c.deterministic = false;
-      c.seed = ++seed;
-      run_case_sm90_bwd(c);
-    }
+    for (int d : {128, 64}) rows.push_back({.h = {4, 2, 1, 1, d, d}, .sq = bench_sq(name), .mask = name, .dt_by_seed = true});
   }
+  uint64_t seed = 9500;
+  run_sm90_bwd_rows(rows, 0, 0, seed);
 }
 
 // Fully empty rows (zero gradients, no NaN), only full blocks, one query and THD with empty
-// samples, negative scores with MQA and Hmask = Hq, strided tensors with dlse, GQA groups of 8.
+// samples, negative scores with MQA and Hmask = Hq, strided tensors with dlse, GQA groups of 8,
+// D = 64 on THD with empty samples and strided tensors.
 TEST(FlexGpuSm90, BwdSpecialCases) {
   REQUIRE_SM90();
   Sm90BwdOn on;
   uint64_t seed = 9600;
-  auto base = [&](int hq, int hkv, int hmask, int nfunc, DType dt) {
-    Case c;
-    c.arch = 90;
-    c.h = HeadConfig{hq, hkv, hmask, nfunc, 128, 128, dt};
-    c.deterministic = false;
-    c.seed = ++seed;
-    return c;
-  };
-  {
-    Case c = base(2, 1, 1, 1, DType::kFloat16);  // every row empty
-    c.sq = 200;
-    c.sk = 190;
-    c.mopt.p_empty_row = 1.0;
-    run_case_sm90_bwd(c);
-  }
-  {
-    Case c = base(4, 2, 1, 1, DType::kBFloat16);  // only full blocks
-    c.batch = 2;
-    c.sq = 256;
-    c.sk = 384;
-    c.mopt.p_full_row = 1.0;
-    c.mopt.p_empty_row = 0.0;
-    run_case_sm90_bwd(c);
-  }
-  {
-    Case c = base(4, 2, 4, 3, DType::kFloat16);  // one query, THD with empty samples
-    c.varlen = true;
-    c.lq = {1, 0, 3, 70};
-    c.lk = {300, 5, 0, 129};
-    c.batch = 4;
-    run_case_sm90_bwd(c);
-  }
-  {
-    Case c = base(3, 1, 3, 3, DType::kBFloat16);  // negative scores, MQA, Hmask = Hq
-    c.batch = 2;
-    c.sq = 300;
-    c.sk = 333;
-    c.negative_logits = true;
-    c.mopt.granularity = 128;
-    run_case_sm90_bwd(c);
-  }
-  {
-    Case c = base(4, 4, 1, 3, DType::kBFloat16);  // strided tensors, LSE gradient
-    c.batch = 2;
-    c.sq = 257;
-    c.sk = 255;
-    c.strided = true;
-    c.dlse = true;
-    run_case_sm90_bwd(c);
-  }
-  {
-    Case c = base(8, 1, 8, 5, DType::kFloat16);  // a GQA group of 8 per key block walk
-    c.varlen = true;
-    c.lq = {400, 130};
-    c.lk = {350, 520};
-    c.batch = 2;
-    run_case_sm90_bwd(c);
-  }
-  {
-    Case c = base(4, 2, 4, 3, DType::kBFloat16);  // D = 64: THD with empty samples, strided
-    c.h.dqk = c.h.dv = 64;
-    c.varlen = true;
-    c.lq = {300, 0, 65};
-    c.lk = {257, 40, 0};
-    c.batch = 3;
-    c.strided = true;
-    run_case_sm90_bwd(c);
-  }
+  run_sm90_bwd_rows({kEmptyRows, kFullBlocks,
+                     {.h = {4, 2, 4, 3, 0, 0, kF16}, .lq = {1, 0, 3, 70}, .lk = {300, 5, 0, 129}},  // one query
+                     kNegativeMqa, kStridedDlse, kGqa8Thd,
+                     {.h = {4, 2, 4, 3, 64, 64, kBF16}, .lq = {300, 0, 65}, .lk = {257, 40, 0}, .strided = true}},
+                    128, 128, seed);
 }
 
 // Long K2Q walks: the split schedule (persistent grid claiming items, fp32 slots converted
@@ -2482,49 +2505,13 @@ TEST(FlexGpuSm90, BwdSpecialCases) {
 TEST(FlexGpuSm90, BwdSplitAndGrid) {
   REQUIRE_SM90();
   Sm90BwdOn on;
-  {
-    Case c = split_case("sink_local", HeadConfig{4, 1, 1, 1, 128, 128, DType::kBFloat16}, 9701);
-    c.arch = 90;
-    c.sq = 2048;
-    run_case_sm90_bwd(c);
-  }
-  {
-    Case c = split_case("global", HeadConfig{4, 1, 1, 5, 128, 128, DType::kFloat16}, 9702);
-    c.arch = 90;
-    c.varlen = true;
-    c.lq = {1100, 300, 0};
-    c.lk = {1024, 257, 50};
-    c.batch = 3;
-    run_case_sm90_bwd(c);
-  }
-  {
-    Case c = split_case("sink_local", HeadConfig{4, 1, 1, 1, 64, 64, DType::kFloat16}, 9705);
-    c.arch = 90;
-    c.sq = 2048;
-    run_case_sm90_bwd(c);
-  }
-  {
-    Case c = split_case("sink_window", HeadConfig{8, 2, 8, 3, 128, 128, DType::kBFloat16}, 9703);
-    c.arch = 90;
-    c.batch = 2;
-    c.sq = 1024;
-    c.sk = 1100;
-    c.strided = true;
-    run_case_sm90_bwd(c);
-  }
-  {
-    Case c;
-    c.arch = 90;
-    c.varlen = true;
-    c.lq = {200, 0, 90};
-    c.lk = {150, 70, 0};
-    c.batch = 3;
-    c.h = HeadConfig{4, 2, 4, 3, 128, 128, DType::kBFloat16};
-    c.grid_mode = true;
-    c.deterministic = false;
-    c.seed = 9704;
-    run_case_sm90_bwd(c);
-  }
+  uint64_t seed = 9700;
+  run_sm90_bwd_rows({kSplitSinkLocal, kSplitGlobalThd,
+                     {.h = {8, 2, 8, 3, 0, 0, kBF16}, .batch = 2, .sq = 1024, .sk = 1100, .mask = "sink_window",
+                      .strided = true, .split = true},
+                     kGridThd,
+                     {.h = {4, 1, 1, 1, 64, 64, kF16}, .sq = 2048, .mask = "sink_local", .split = true}},
+                    128, 128, seed);
 }
 
 // The deterministic sm90 backward (dQ tiles added in descending key-block order through their
@@ -2540,129 +2527,50 @@ TEST(FlexGpuSm90, BwdDeterministic) {
     c.deterministic = true;
     run_case_sm90_bwd(c);
   }
-  uint64_t seed = 9900;
+  std::vector<Sm90BwdRow> masks;
   for (const char* name : {"causal", "document_causal", "tree_bfs", "sink_local"}) {
-    Case c;
-    c.arch = 90;
-    c.mask = name;
-    c.sq = 2048;
-    c.h = HeadConfig{4, 2, 1, 1, 128, 128, (seed & 1) ? DType::kBFloat16 : DType::kFloat16};
-    c.deterministic = true;
-    c.seed = ++seed;
-    run_case_sm90_bwd(c);
+    masks.push_back({.h = {4, 2, 1, 1, 0, 0}, .sq = 2048, .mask = name, .det = true, .dt_by_seed = true});
   }
+  uint64_t seed = 9900;
+  run_sm90_bwd_rows(masks, 128, 128, seed);
   // Long walks cut into items (the split schedule's deterministic form, switched on here):
   // sink_local's key block 0 and longformer's global key blocks (test_split_rule.cpp checks these
   // plans split), GQA groups, a THD sink_window case with uneven samples, D = 64; the header
   // proves the split. (Above: the default, every cell one item.)
   Sm90DetSplitOn split_on;
-  {
-    Case c = split_case("sink_local", HeadConfig{4, 2, 1, 1, 128, 128, DType::kBFloat16}, 9960);
-    c.arch = 90;
-    c.sq = 2048;
-    c.deterministic = true;
-    run_case_sm90_bwd(c);
-  }
-  {
-    Case c = split_case("longformer", HeadConfig{2, 1, 1, 1, 128, 128, DType::kFloat16}, 9961);
-    c.arch = 90;
-    c.sq = 4096;
-    c.deterministic = true;
-    run_case_sm90_bwd(c);
-  }
-  {
-    Case c = split_case("sink_window", HeadConfig{8, 2, 8, 3, 128, 128, DType::kBFloat16}, 9962);
-    c.arch = 90;
-    c.varlen = true;
-    c.lq = {1500, 37, 700};
-    c.lk = {1300, 64, 900};
-    c.batch = 3;
-    c.deterministic = true;
-    run_case_sm90_bwd(c);
-  }
-  {
-    Case c = split_case("sink_local", HeadConfig{4, 1, 1, 1, 64, 64, DType::kFloat16}, 9963);
-    c.arch = 90;
-    c.sq = 2048;
-    c.deterministic = true;
-    run_case_sm90_bwd(c);
-  }
+  const std::vector<int64_t> lq = {1500, 37, 700}, lk = {1300, 64, 900};  // uneven THD samples
+  seed = 9959;
+  run_sm90_bwd_rows({{.h = {4, 2, 1, 1, 0, 0, kBF16}, .sq = 2048, .mask = "sink_local", .det = true, .split = true},
+                     {.h = {2, 1, 1, 1, 0, 0, kF16}, .sq = 4096, .mask = "longformer", .det = true, .split = true},
+                     {.h = {8, 2, 8, 3, 0, 0, kBF16}, .lq = lq, .lk = lk, .mask = "sink_window", .det = true, .split = true},
+                     {.h = {4, 1, 1, 1, 64, 64, kF16}, .sq = 2048, .mask = "sink_local", .det = true, .split = true}},
+                    128, 128, seed);
   // Bitwise over three runs: a causal GQA THD case with long K2Q walks, and split cells (GQA
   // sink_local, THD sink_window).
-  for (int k = 0; k < 3; ++k) {
-    Case c;
-    c.arch = 90;
-    c.deterministic = true;
-    if (k == 0) {
-      c.varlen = true;
-      c.lq = {1500, 0, 333};
-      c.lk = {1400, 60, 500};
-      c.batch = 3;
-      c.h = HeadConfig{4, 2, 1, 3, 128, 128, DType::kBFloat16};
-      c.seed = 9950;
-    } else if (k == 1) {
-      c.mask = "sink_local";
-      c.sq = 2048;
-      c.h = HeadConfig{4, 2, 1, 1, 128, 128, DType::kBFloat16};
-      c.seed = 9951;
-    } else {
-      c.mask = "sink_window";
-      c.varlen = true;
-      c.lq = {1500, 37, 700};
-      c.lk = {1300, 64, 900};
-      c.batch = 3;
-      c.h = HeadConfig{8, 2, 8, 3, 128, 128, DType::kFloat16};
-      c.seed = 9952;
-    }
-    const int64_t before = sm90::bwd_launches();
-    expect_bwd_bitwise_repeatable(c);
-    EXPECT_EQ(sm90::bwd_launches(), before + 3) << "the sm90 backward did not run: " << c.describe();
-  }
+  seed = 9949;
+  run_sm90_bwd_rows({kBitwiseThd,
+                     {.h = {4, 2, 1, 1, 0, 0, kBF16}, .sq = 2048, .mask = "sink_local", .det = true, .bitwise = true},
+                     {.h = {8, 2, 8, 3, 0, 0, kF16}, .lq = lq, .lk = lk, .mask = "sink_window", .det = true, .bitwise = true}},
+                    128, 128, seed);
 }
 
-// Small backward cases for compute-sanitizer (memcheck / racecheck / synccheck).
+// Small backward cases for compute-sanitizer (memcheck / racecheck / synccheck): BSHD GQA with
+// Hmask = Hq at D = 128 and 64, THD with empty samples (non-deterministic, and deterministic: dQ
+// tile counters), the split schedule on a global mask, deterministic split cells (one slot per
+// item; test_split_rule.cpp checks this plan splits its key block 0).
 TEST(FlexGpuSm90, BwdSanitizerSmall) {
   REQUIRE_SM90();
   Sm90BwdOn on;
-  Case a;
-  a.arch = 90;
-  a.sq = 200;
-  a.sk = 140;
-  a.h = HeadConfig{2, 1, 2, 3, 128, 128, DType::kBFloat16};
-  a.deterministic = false;
-  a.seed = 9801;
-  run_case_sm90_bwd(a);
-  Case b;
-  b.arch = 90;
-  b.varlen = true;
-  b.lq = {70, 0, 165};
-  b.lk = {66, 20, 0};
-  b.batch = 3;
-  b.h = HeadConfig{2, 2, 1, 1, 128, 128, DType::kFloat16};
-  b.deterministic = false;
-  b.seed = 9802;
-  run_case_sm90_bwd(b);
-  Case f = split_case("global", HeadConfig{2, 1, 2, 5, 128, 128, DType::kBFloat16}, 9803);
-  f.arch = 90;
-  f.sq = 1400;
-  f.sk = 1400;
-  run_case_sm90_bwd(f);
-  Case d = a;  // D = 64
-  d.h.dqk = d.h.dv = 64;
-  d.seed = 9804;
-  run_case_sm90_bwd(d);
-  Case e = b;  // deterministic (dQ tile counters)
-  e.deterministic = true;
-  e.seed = 9805;
-  run_case_sm90_bwd(e);
-  // Deterministic with split cells (one slot per item; test_split_rule.cpp checks this plan
-  // splits its key block 0).
+  uint64_t seed = 9800;
+  run_sm90_bwd_rows({{.h = {2, 1, 2, 3, 0, 0, kBF16}, .sq = 200, .sk = 140},
+                     {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 165}, .lk = {66, 20, 0}},
+                     {.h = {2, 1, 2, 5, 0, 0, kBF16}, .sq = 1400, .sk = 1400, .mask = "global", .split = true},
+                     {.h = {2, 1, 2, 3, 64, 64, kBF16}, .sq = 200, .sk = 140},
+                     {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 165}, .lk = {66, 20, 0}, .det = true}},
+                    128, 128, seed);
   Sm90DetSplitOn split_on;
-  Case g = split_case("sink_local", HeadConfig{2, 1, 1, 1, 128, 128, DType::kBFloat16}, 9806);
-  g.arch = 90;
-  g.sq = 1024;
-  g.deterministic = true;
-  run_case_sm90_bwd(g);
+  run_sm90_bwd_rows({{.h = {2, 1, 1, 1, 0, 0, kBF16}, .sq = 1024, .mask = "sink_local", .det = true, .split = true}},
+                    128, 128, seed);
 }
 
 // ---------------------------------------------------------------------------
@@ -2679,7 +2587,8 @@ struct Sm90BwdWide {
   ~Sm90BwdWide() { sm90::set_bwd_wide64_enabled(-1); }
 };
 
-void run_case_sm90_bwd_wide(Case c) {
+void run_case_sm90_bwd_wide(const Case& in) {
+  Case c = in;
   c.arch = 90;
   c.backward = true;
   c.h.dqk = c.h.dv = 64;
@@ -2709,141 +2618,34 @@ TEST(FlexGpuSm90, BwdWideRandom) {
 TEST(FlexGpuSm90, BwdWideCases) {
   REQUIRE_SM90();
   Sm90BwdWide on;
-  uint64_t seed = 12600;
-  auto base = [&](int hq, int hkv, int hmask, int nfunc, DType dt) {
-    Case c;
-    c.arch = 90;
-    c.h = HeadConfig{hq, hkv, hmask, nfunc, 64, 64, dt};
-    c.deterministic = false;
-    c.seed = ++seed;
-    return c;
-  };
-  {
-    Case c = base(2, 1, 1, 1, DType::kFloat16);  // every row empty
-    c.sq = 200;
-    c.sk = 190;
-    c.mopt.p_empty_row = 1.0;
-    run_case_sm90_bwd_wide(c);
-  }
-  {
-    Case c = base(4, 2, 1, 1, DType::kBFloat16);  // only full blocks
-    c.batch = 2;
-    c.sq = 256;
-    c.sk = 384;
-    c.mopt.p_full_row = 1.0;
-    c.mopt.p_empty_row = 0.0;
-    run_case_sm90_bwd_wide(c);
-  }
-  {
-    Case c = base(4, 2, 4, 3, DType::kFloat16);  // short and empty THD samples
-    c.varlen = true;
-    c.lq = {1, 0, 3, 63, 64, 65, 127, 128, 129, 200};
-    c.lk = {300, 5, 0, 129, 64, 63, 128, 1, 127, 255};
-    c.batch = 10;
-    run_case_sm90_bwd_wide(c);
-  }
-  {
-    Case c = base(3, 1, 3, 3, DType::kBFloat16);  // negative scores, MQA, Hmask = Hq
-    c.batch = 2;
-    c.sq = 300;
-    c.sk = 333;
-    c.negative_logits = true;
-    c.mopt.granularity = 128;
-    run_case_sm90_bwd_wide(c);
-  }
-  {
-    Case c = base(4, 4, 1, 3, DType::kBFloat16);  // strided tensors, LSE gradient
-    c.batch = 2;
-    c.sq = 257;
-    c.sk = 255;
-    c.strided = true;
-    c.dlse = true;
-    run_case_sm90_bwd_wide(c);
-  }
-  {
-    Case c = base(8, 1, 8, 5, DType::kFloat16);  // a GQA group of 8 per key block walk
-    c.varlen = true;
-    c.lq = {400, 130};
-    c.lk = {350, 520};
-    c.batch = 2;
-    run_case_sm90_bwd_wide(c);
-  }
+  std::vector<Sm90BwdRow> rows = {kEmptyRows, kFullBlocks,
+                                  {.h = {4, 2, 4, 3, 0, 0, kF16},  // short and empty THD samples
+                                   .lq = {1, 0, 3, 63, 64, 65, 127, 128, 129, 200},
+                                   .lk = {300, 5, 0, 129, 64, 63, 128, 1, 127, 255}},
+                                  kNegativeMqa, kStridedDlse, kGqa8Thd};
   for (const std::string& name : fs_test::benchmark_mask_names()) {
-    Case c = base(4, 2, 1, 1, (seed & 1) ? DType::kBFloat16 : DType::kFloat16);
-    c.mask = name;
-    c.sq = name == "causal" || name == "tree_bfs" ? 2048 : 1000;
-    run_case_sm90_bwd_wide(c);
+    rows.push_back({.h = {4, 2, 1, 1, 0, 0}, .sq = bench_sq(name), .mask = name, .dt_by_seed = true});
   }
-  {
-    Case c = split_case("sink_local", HeadConfig{4, 1, 1, 1, 64, 64, DType::kBFloat16}, ++seed);
-    c.sq = 2048;
-    run_case_sm90_bwd_wide(c);
-  }
-  {
-    Case c = split_case("global", HeadConfig{4, 1, 1, 5, 64, 64, DType::kFloat16}, ++seed);
-    c.varlen = true;
-    c.lq = {1100, 300, 0};
-    c.lk = {1024, 257, 50};
-    c.batch = 3;
-    run_case_sm90_bwd_wide(c);
-  }
-  {
-    Case c = base(4, 2, 4, 3, DType::kBFloat16);  // grid mode (no task lists)
-    c.varlen = true;
-    c.lq = {200, 0, 90};
-    c.lk = {150, 70, 0};
-    c.batch = 3;
-    c.grid_mode = true;
-    run_case_sm90_bwd_wide(c);
-  }
+  rows.insert(rows.end(), {kSplitSinkLocal, kSplitGlobalThd, kGridThd});
   for (const char* name : {"causal", "document_causal", "sink_local"}) {  // deterministic
-    Case c = base(4, 2, 1, 1, DType::kBFloat16);
-    c.mask = name;
-    c.sq = 2048;
-    c.deterministic = true;
-    run_case_sm90_bwd_wide(c);
+    rows.push_back({.h = {4, 2, 1, 1, 0, 0, kBF16}, .sq = 2048, .mask = name, .det = true});
   }
-  Case c = base(4, 2, 1, 3, DType::kBFloat16);
-  c.arch = 90;
-  c.backward = true;
-  c.varlen = true;
-  c.lq = {1500, 0, 333};
-  c.lk = {1400, 60, 500};
-  c.batch = 3;
-  c.deterministic = true;
-  const int64_t before = sm90::bwd_launches();
-  expect_bwd_bitwise_repeatable(c);
-  EXPECT_EQ(sm90::bwd_launches(), before + 3) << "the sm90 backward did not run";
+  rows.push_back(kBitwiseThd);
+  uint64_t seed = 12600;
+  run_sm90_bwd_rows(rows, 64, 64, seed, run_case_sm90_bwd_wide);
 }
 
-// Small wide-tile cases for compute-sanitizer (memcheck / racecheck / synccheck).
+// Small wide-tile cases for compute-sanitizer (memcheck / racecheck / synccheck): BwdSanitizerSmall's
+// at (64, 64) (but for split cells).
 TEST(FlexGpuSm90, BwdWideSanitizer) {
   REQUIRE_SM90();
   Sm90BwdWide on;
-  Case a;
-  a.sq = 200;
-  a.sk = 140;
-  a.h = HeadConfig{2, 1, 2, 3, 64, 64, DType::kBFloat16};
-  a.deterministic = false;
-  a.seed = 12801;
-  run_case_sm90_bwd_wide(a);
-  Case b;
-  b.varlen = true;
-  b.lq = {70, 0, 165};
-  b.lk = {66, 20, 0};
-  b.batch = 3;
-  b.h = HeadConfig{2, 2, 1, 1, 64, 64, DType::kFloat16};
-  b.deterministic = false;
-  b.seed = 12802;
-  run_case_sm90_bwd_wide(b);
-  Case f = split_case("global", HeadConfig{2, 1, 2, 5, 64, 64, DType::kBFloat16}, 12803);
-  f.sq = 1400;
-  f.sk = 1400;
-  run_case_sm90_bwd_wide(f);
-  Case e = b;  // deterministic (dQ tile counters)
-  e.deterministic = true;
-  e.seed = 12805;
-  run_case_sm90_bwd_wide(e);
+  uint64_t seed = 12800;
+  run_sm90_bwd_rows({{.h = {2, 1, 2, 3, 0, 0, kBF16}, .sq = 200, .sk = 140},
+                     {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 165}, .lk = {66, 20, 0}},
+                     {.h = {2, 1, 2, 5, 0, 0, kBF16}, .sq = 1400, .sk = 1400, .mask = "global", .split = true},
+                     {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 165}, .lk = {66, 20, 0}, .det = true, .seed = 12805}},
+                    64, 64, seed, run_case_sm90_bwd_wide);
 }
 
 // ---------------------------------------------------------------------------
@@ -2887,6 +2689,13 @@ TEST(FlexGpuSm90, BwdCellOrder) {
     CellsOn() { sm90::set_bwd_cell_order(1); }
     ~CellsOn() { sm90::set_bwd_cell_order(-1); sm90::set_bwd_split_first(-1); }
   } cells;
+  std::vector<Sm90BwdRow> masks;
+  for (const char* name : {"sink_local", "document_causal", "longformer"}) {
+    for (int d : {128, 64}) {
+      const int64_t sq = name[0] == 's' && d == 128 ? 4000 : 1000;  // sink columns of 62 steps: split items first
+      masks.push_back({.h = {4, 2, 1, 1, d, d}, .sq = sq, .mask = name, .dt_by_seed = true});
+    }
+  }
   // Both item lists: task order and split tasks first (experimental).
   for (int split_first : {0, 1}) {
     SCOPED_TRACE(testing::Message() << "split_first " << split_first);
@@ -2894,18 +2703,7 @@ TEST(FlexGpuSm90, BwdCellOrder) {
     for (uint64_t s = 1; s <= 16; ++s) run_case_sm90_bwd(bwd_case_sm90(s + 4700));
     for (uint64_t s = 1; s <= 8; ++s) run_case_sm90_bwd(bwd_big_case_sm90(s + 4800, false));
     uint64_t seed = 4900;
-    for (const char* name : {"sink_local", "document_causal", "longformer"}) {
-      for (int d : {128, 64}) {
-        Case c;
-        c.arch = 90;
-        c.mask = name;
-        c.sq = name[0] == 's' && d == 128 ? 4000 : 1000;  // sink columns of 62 steps: split items first
-        c.h = HeadConfig{4, 2, 1, 1, d, d, (seed & 1) ? DType::kBFloat16 : DType::kFloat16};
-        c.deterministic = false;
-        c.seed = ++seed;
-        run_case_sm90_bwd(c);
-      }
-    }
+    run_sm90_bwd_rows(masks, 0, 0, seed);
   }
 }
 
@@ -2917,75 +2715,18 @@ TEST(FlexGpuSm90, BwdBigDimsCases) {
   Sm90BwdOn on;
   uint64_t seed = 9620;
   for (bool d256 : {false, true}) {
-    auto base = [&](int hq, int hkv, int hmask, int nfunc, DType dt) {
-      Case c;
-      c.arch = 90;
-      c.h = HeadConfig{hq, hkv, hmask, nfunc, 128, 128, dt};
-      big_dims(c, d256);
-      c.deterministic = false;
-      c.seed = ++seed;
-      return c;
-    };
-    {
-      Case c = base(2, 1, 1, 1, DType::kFloat16);  // every row empty
-      c.sq = 200;
-      c.sk = 190;
-      c.mopt.p_empty_row = 1.0;
-      run_case_sm90_bwd(c);
-    }
-    {
-      Case c = base(4, 2, 1, 1, DType::kBFloat16);  // only full blocks
-      c.sq = 192;
-      c.sk = 256;
-      c.mopt.p_full_row = 1.0;
-      c.mopt.p_empty_row = 0.0;
-      run_case_sm90_bwd(c);
-    }
-    {
-      Case c = base(4, 2, 4, 3, DType::kFloat16);  // one query, THD with empty samples
-      c.varlen = true;
-      c.lq = {1, 0, 3, 70};
-      c.lk = {150, 5, 0, 129};
-      c.batch = 4;
-      run_case_sm90_bwd(c);
-    }
-    {
-      Case c = base(3, 1, 3, 3, DType::kBFloat16);  // negative scores, MQA, Hmask = Hq
-      c.sq = 150;
-      c.sk = 133;
-      c.negative_logits = true;
-      run_case_sm90_bwd(c);
-    }
-    {
-      Case c = base(2, 2, 1, 3, DType::kBFloat16);  // strided tensors, LSE gradient
-      c.sq = 129;
-      c.sk = 127;
-      c.strided = true;
-      c.dlse = true;
-      run_case_sm90_bwd(c);
-    }
-    for (const char* name : {"causal", "document_causal"}) {
-      Case c = base(2, 1, 1, 1, d256 ? DType::kBFloat16 : DType::kFloat16);
-      c.mask = name;
-      c.sq = 384;
-      run_case_sm90_bwd(c);
-    }
-    {
-      Case c = split_case("sink_local", HeadConfig{2, 1, 1, 1, 128, 128, DType::kBFloat16}, ++seed);
-      big_dims(c, d256);
-      c.arch = 90;
-      c.sq = 1024;
-      run_case_sm90_bwd(c);
-    }
-    {
-      Case c = base(4, 2, 4, 3, DType::kBFloat16);  // grid mode, THD with empty samples
-      c.varlen = true;
-      c.lq = {150, 0, 90};
-      c.lk = {130, 70, 0};
-      c.batch = 3;
-      c.grid_mode = true;
-      run_case_sm90_bwd(c);
-    }
+    const DType causal_dt = d256 ? kBF16 : kF16;
+    run_sm90_bwd_rows({kEmptyRows,
+                       {.h = {4, 2, 1, 1, 0, 0, kBF16}, .sq = 192, .sk = 256,  // only full blocks
+                        .mopt = {.p_empty_row = 0.0, .p_full_row = 1.0}},
+                       {.h = {4, 2, 4, 3, 0, 0, kF16}, .lq = {1, 0, 3, 70}, .lk = {150, 5, 0, 129}},  // one query
+                       {.h = {3, 1, 3, 3, 0, 0, kBF16}, .sq = 150, .sk = 133, .negative = true},  // MQA, Hmask = Hq
+                       {.h = {2, 2, 1, 3, 0, 0, kBF16}, .sq = 129, .sk = 127, .strided = true, .dlse = true},
+                       {.h = {2, 1, 1, 1, 0, 0, causal_dt}, .sq = 384, .mask = "causal"},
+                       {.h = {2, 1, 1, 1, 0, 0, causal_dt}, .sq = 384, .mask = "document_causal"},
+                       {.h = {2, 1, 1, 1, 0, 0, kBF16}, .sq = 1024, .mask = "sink_local", .split = true},
+                       {.h = {4, 2, 4, 3, 0, 0, kBF16}, .lq = {150, 0, 90}, .lk = {130, 70, 0}, .grid = true}},
+                      d256 ? 256 : 192, d256 ? 256 : 128, seed);
   }
 }
 
@@ -2995,55 +2736,23 @@ TEST(FlexGpuSm90, BwdBigDimsDeterministic) {
   REQUIRE_SM90();
   Sm90BwdOn on;
   for (uint64_t s = 1; s <= 12; ++s) run_case_sm90_bwd(bwd_big_case_sm90(s + 1700, true));
-  for (bool d256 : {false, true}) {
-    Case c;
-    c.arch = 90;
-    c.varlen = true;
-    c.lq = {500, 0, 200};
-    c.lk = {450, 60, 260};
-    c.batch = 3;
-    c.h = HeadConfig{4, 2, 1, 3, 128, 128, DType::kBFloat16};
-    big_dims(c, d256);
-    c.deterministic = true;
-    c.seed = d256 ? 9961 : 9960;
-    const int64_t before = sm90::bwd_launches();
-    expect_bwd_bitwise_repeatable(c);
-    EXPECT_EQ(sm90::bwd_launches(), before + 3) << "the sm90 backward did not run";
-  }
+  uint64_t seed = 9959;
+  run_sm90_bwd_rows({{.h = {4, 2, 1, 3, 192, 128, kBF16}, .lq = {500, 0, 200}, .lk = {450, 60, 260}, .det = true, .bitwise = true},
+                     {.h = {4, 2, 1, 3, 256, 256, kBF16}, .lq = {500, 0, 200}, .lk = {450, 60, 260}, .det = true, .bitwise = true}},
+                    0, 0, seed);
 }
 
-// Small cases for compute-sanitizer (memcheck / racecheck / synccheck).
+// Small cases for compute-sanitizer (memcheck / racecheck / synccheck): BwdSanitizerSmall's at
+// (192, 128) and (256, 256), shorter.
 TEST(FlexGpuSm90, BwdBigDimsSanitizer) {
   REQUIRE_SM90();
   Sm90BwdOn on;
-  Case a;
-  a.arch = 90;
-  a.sq = 150;
-  a.sk = 140;
-  a.h = HeadConfig{2, 1, 2, 3, 192, 128, DType::kBFloat16};
-  a.deterministic = false;
-  a.seed = 9811;
-  run_case_sm90_bwd(a);
-  Case b;
-  b.arch = 90;
-  b.varlen = true;
-  b.lq = {70, 0, 130};
-  b.lk = {66, 20, 0};
-  b.batch = 3;
-  b.h = HeadConfig{2, 2, 1, 1, 256, 256, DType::kFloat16};
-  b.deterministic = false;
-  b.seed = 9812;
-  run_case_sm90_bwd(b);
-  Case f = split_case("global", HeadConfig{2, 1, 2, 5, 256, 256, DType::kBFloat16}, 9813);
-  f.arch = 90;
-  f.sq = 600;
-  f.sk = 600;
-  run_case_sm90_bwd(f);
-  Case e = b;  // deterministic (dQ tile counters)
-  e.h = HeadConfig{2, 2, 1, 1, 192, 128, DType::kFloat16};
-  e.deterministic = true;
-  e.seed = 9815;
-  run_case_sm90_bwd(e);
+  uint64_t seed = 9810;
+  run_sm90_bwd_rows({{.h = {2, 1, 2, 3, 192, 128, kBF16}, .sq = 150, .sk = 140},
+                     {.h = {2, 2, 1, 1, 256, 256, kF16}, .lq = {70, 0, 130}, .lk = {66, 20, 0}},
+                     {.h = {2, 1, 2, 5, 256, 256, kBF16}, .sq = 600, .sk = 600, .mask = "global", .split = true},
+                     {.h = {2, 2, 1, 1, 192, 128, kF16}, .lq = {70, 0, 130}, .lk = {66, 20, 0}, .det = true, .seed = 9815}},
+                    0, 0, seed);
 }
 
 // ---------------------------------------------------------------------------

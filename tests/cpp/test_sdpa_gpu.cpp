@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -498,35 +499,51 @@ Case sm90_case(uint64_t seed) {
   return c;
 }
 
-void run_sm90_cases(uint64_t first, uint64_t last, int on) {
+struct ForceSdpaBwdSm90 {
+  explicit ForceSdpaBwdSm90(int on) { set_sdpa_bwd_sm90_enabled(on); }
+  ~ForceSdpaBwdSm90() { set_sdpa_bwd_sm90_enabled(-1); }
+};
+
+// sm90_case's cases first..last forced onto the sm90 kernels (on = 1) or the sm80 kernels (on =
+// 0): the forward alone, or with `backward` forward and backward, the backward forced the same
+// way (set_sdpa_bwd_sm90_enabled); the launch counter of the pass under test
+// (sm90::sdpa_fwd_launches / sdpa_bwd_launches) says which family ran it.
+void run_sm90_cases(uint64_t first, uint64_t last, int on, bool backward = false) {
   const ForceSdpaSm90 force(on);
+  std::optional<ForceSdpaBwdSm90> force_bwd;
+  if (backward) force_bwd.emplace(on);
+  const auto launches = [&] { return backward ? sm90::sdpa_bwd_launches() : sm90::sdpa_fwd_launches(); };
   for (uint64_t seed = first; seed <= last; ++seed) {
     const Case c = sm90_case(seed);
-    const int64_t before = sm90::sdpa_fwd_launches();
-    run_case(c, /*backward=*/false);
-    EXPECT_EQ(sm90::sdpa_fwd_launches(), before + (on ? 1 : 0)) << "family of " << c.str();
+    const int64_t before = launches();
+    run_case(c, backward);
+    EXPECT_EQ(launches(), before + (on ? 1 : 0)) << "family of " << c.str();
     if (::testing::Test::HasFailure()) return;
   }
 }
 
+// The sm90 tests' setup: skip without a GPU or on one that is not an sm_90 device with sm_90a code.
+#define REQUIRE_SDPA_SM90()                                                               \
+  do {                                                                                    \
+    REQUIRE_GPU();                                                                        \
+    if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";           \
+  } while (0)
+
 TEST(SdpaGpu, Sm90ForwardRandom) {
-  REQUIRE_GPU();
-  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  REQUIRE_SDPA_SM90();
   run_sm90_cases(9001, 9100, 1);
 }
 
 TEST(SdpaGpu, Sm90ForwardOffRunsSm80) {
   // The same cases forced onto the sm80 kernels.
-  REQUIRE_GPU();
-  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  REQUIRE_SDPA_SM90();
   run_sm90_cases(9001, 9030, 0);
 }
 
 TEST(SdpaGpu, Sm90ForwardFallsBackToSm80) {
   // With the sm90 forward on, what it does not cover runs the sm80 kernels (and is right):
   // packed THD, (192, 128) and (256, 256), softcap, H_k != H_v, a block_mask, the gate.
-  REQUIRE_GPU();
-  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  REQUIRE_SDPA_SM90();
   const ForceSdpaSm90 force(1);
   for (int i = 0; i < 6; ++i) {
     Case c = sm90_case(9200 + uint64_t(i));
@@ -550,8 +567,7 @@ TEST(SdpaGpu, Sm90ForwardSanitizerSmall) {
   // Small sm90 cases for compute-sanitizer memcheck: NaN-padded samples (one without keys) under
   // bottom-right causal with GQA on the (64, 64) kernel (overlapped consumers), a window with
   // max_logit and base-2 stats on the (128, 128) kernel (serial consumers), a dense MQA case.
-  REQUIRE_GPU();
-  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  REQUIRE_SDPA_SM90();
   const ForceSdpaSm90 force(1);
   for (int i = 0; i < 3; ++i) {
     Case c;
@@ -586,60 +602,30 @@ TEST(SdpaGpu, Sm90ForwardSanitizerSmall) {
 // the forward with it), sm90::sdpa_bwd_launches() says which family ran the backward.
 // ---------------------------------------------------------------------------
 
-struct ForceSdpaBwdSm90 {
-  explicit ForceSdpaBwdSm90(int on) { set_sdpa_bwd_sm90_enabled(on); }
-  ~ForceSdpaBwdSm90() { set_sdpa_bwd_sm90_enabled(-1); }
-};
-
 // sm90_case's cases (every mask form in both alignments, padding with a sample without keys,
 // GQA / MQA, head dims up to 128 on the (64, 64) and (128, 128) kernels, layouts, deterministic
-// on even seeds) forward and backward, the backward forced onto the sm90 kernel (on = 1) or the
-// sm80 kernels (on = 0).
-void run_sm90_bwd_cases(uint64_t first, uint64_t last, int on) {
-  const ForceSdpaSm90 force_fwd(on);
-  const ForceSdpaBwdSm90 force_bwd(on);
-  for (uint64_t seed = first; seed <= last; ++seed) {
-    const Case c = sm90_case(seed);
-    const int64_t before = sm90::sdpa_bwd_launches();
-    run_case(c, /*backward=*/true);
-    EXPECT_EQ(sm90::sdpa_bwd_launches(), before + (on ? 1 : 0)) << "family of " << c.str();
-    if (::testing::Test::HasFailure()) return;
-  }
+// on even seeds) forward and backward, both forced onto the sm90 kernels: 100 cases in four tests
+// (gtest shards run them side by side: the CPU reference dominates), a quarter each.
+void run_sm90_bwd_quarter(int quarter) {
+  const uint64_t first = 9001 + 25 * uint64_t(quarter - 1);
+  run_sm90_cases(first, first + 24, 1, /*backward=*/true);
 }
 
-// 100 cases in four tests (gtest shards run them side by side: the CPU reference dominates).
-TEST(SdpaGpu, Sm90BackwardRandom1) {
-  REQUIRE_GPU();
-  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
-  run_sm90_bwd_cases(9001, 9025, 1);
-}
-TEST(SdpaGpu, Sm90BackwardRandom2) {
-  REQUIRE_GPU();
-  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
-  run_sm90_bwd_cases(9026, 9050, 1);
-}
-TEST(SdpaGpu, Sm90BackwardRandom3) {
-  REQUIRE_GPU();
-  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
-  run_sm90_bwd_cases(9051, 9075, 1);
-}
-TEST(SdpaGpu, Sm90BackwardRandom4) {
-  REQUIRE_GPU();
-  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
-  run_sm90_bwd_cases(9076, 9100, 1);
-}
+TEST(SdpaGpu, Sm90BackwardRandom1) { REQUIRE_SDPA_SM90(); run_sm90_bwd_quarter(1); }
+TEST(SdpaGpu, Sm90BackwardRandom2) { REQUIRE_SDPA_SM90(); run_sm90_bwd_quarter(2); }
+TEST(SdpaGpu, Sm90BackwardRandom3) { REQUIRE_SDPA_SM90(); run_sm90_bwd_quarter(3); }
+TEST(SdpaGpu, Sm90BackwardRandom4) { REQUIRE_SDPA_SM90(); run_sm90_bwd_quarter(4); }
 
 TEST(SdpaGpu, Sm90BackwardOffRunsSm80) {
-  REQUIRE_GPU();
-  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
-  run_sm90_bwd_cases(9001, 9020, 0);
+  // The same cases, forward and backward forced onto the sm80 kernels.
+  REQUIRE_SDPA_SM90();
+  run_sm90_cases(9001, 9020, 0, /*backward=*/true);
 }
 
 TEST(SdpaGpu, Sm90BackwardFallsBackToSm80) {
   // With the sm90 backward on, what it does not cover runs the sm80 kernels (and is right):
   // packed THD, (192, 128), softcap, H_k != H_v, a block_mask with the gate.
-  REQUIRE_GPU();
-  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  REQUIRE_SDPA_SM90();
   const ForceSdpaSm90 force_fwd(1);
   const ForceSdpaBwdSm90 force_bwd(1);
   for (int i = 0; i < 5; ++i) {
@@ -687,8 +673,7 @@ Case sm90_bwd_small_case(int i) {
 }
 
 TEST(SdpaGpu, Sm90BackwardSanitizerSmall) {
-  REQUIRE_GPU();
-  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  REQUIRE_SDPA_SM90();
   const ForceSdpaSm90 force_fwd(1);
   const ForceSdpaBwdSm90 force_bwd(1);
   for (int i = 0; i < 3; ++i) {
@@ -702,8 +687,7 @@ TEST(SdpaGpu, Sm90BackwardSanitizerSmall) {
 TEST(SdpaGpu, Sm90BackwardDeterministicIsBitwiseReproducible) {
   // Padded samples (lengths), GQA, bottom-right causal, several key blocks a sample: dQ tiles
   // added in descending key-block order through their counters; three runs bitwise equal.
-  REQUIRE_GPU();
-  if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";
+  REQUIRE_SDPA_SM90();
   const ForceSdpaBwdSm90 force_bwd(1);
   for (int64_t d : {64, 128}) {
     Case c;
