@@ -526,9 +526,10 @@ def _backward(q, k, v, o, dO, stats, *, dq=None, dk=None, dv=None, **kw):
 
 
 def _unsupported(q: Tensor, k: Tensor, v: Tensor, args: dict):
-    """sdpa_lowering.unsupported of a call on device tensors, computed once for both sdpa_lowering.route (which
-    consults it there) and the lowering's check; CPU calls leave it to the lowering (NOT_COMPUTED)."""
-    if q.is_cpu:
+    """sdpa_lowering.unsupported of a call on device tensors with the flex route forced (FLASHSPAN_SDPA_ROUTE=flex),
+    computed once for both sdpa_lowering.route (which consults it there) and the lowering's check; other calls
+    (CPU, or the native route) leave it to the lowering (NOT_COMPUTED), which computes it only if it runs."""
+    if q.is_cpu or not sdpa_lowering.flex_forced():
         return sdpa_lowering.NOT_COMPUTED
     return sdpa_lowering.unsupported(q, k, v, args)
 

@@ -76,20 +76,25 @@ def route(q: Tensor, k: Optional[Tensor] = None, v: Optional[Tensor] = None, a: 
           unsupported_error=NOT_COMPUTED) -> str:
     """Where a call on q runs: ``"flex"`` (this lowering), ``"reference"`` (the SDPA CPU reference of the C layer,
     CPU tensors) or ``"native"`` (the C layer's SDPA operation on the GPU kernels). Non-CPU tensors take
-    ``"native"`` when the environment sets ``FLASHSPAN_EXPERIMENTAL=1``, or when the call (k, v and the arguments
-    ``a``, when given) has a feature this lowering cannot express (:func:`unsupported`: score modifiers, sinks,
-    dropout, the block mask, the gate, the score_max / score_sum_exp outputs, paged K/V, H_k != H_v, ...): the C
-    layer runs those on its own kernels or names what it does not run; else ``"flex"``. ``unsupported_error``: the
+    ``"native"``, unless the environment sets ``FLASHSPAN_SDPA_ROUTE=flex`` and the call (k, v and the arguments
+    ``a``, when given) has no feature this lowering cannot express (:func:`unsupported`: score modifiers, sinks,
+    dropout, the block mask, the gate, the score_max / score_sum_exp outputs, paged K/V, H_k != H_v, ...): then
+    ``"flex"`` (the lowering onto flex plans, kept for comparison). CPU tensors take ``"reference"``, or ``"flex"``
+    with ``FLASHSPAN_SDPA_ROUTE=flex`` (the lowering onto flex's CPU backend). ``unsupported_error``: the
     caller's ``unsupported(q, k, v, a)`` of this call (None or the error), when it has it, so that it is not
     computed twice (default: computed here when needed)."""
+    forced_flex = flex_forced()
     if q.device.type != "cpu":
-        if os.environ.get(EXPERIMENTAL_ENV, "").strip() == "1":
-            return "native"
-        if (k is not None and v is not None and a is not None
-                and _unsupported_of(q, k, v, a, unsupported_error) is not None):
+        if not forced_flex or (k is not None and v is not None and a is not None
+                               and _unsupported_of(q, k, v, a, unsupported_error) is not None):
             return "native"
         return "flex"
-    return "flex" if os.environ.get(ROUTE_ENV, "").strip().lower() == "flex" else "reference"
+    return "flex" if forced_flex else "reference"
+
+
+def flex_forced() -> bool:
+    """Whether the environment forces the flex route (``FLASHSPAN_SDPA_ROUTE=flex``, read per call)."""
+    return os.environ.get(ROUTE_ENV, "").strip().lower() == "flex"
 
 
 def _unsupported(feature: str, why: str) -> NotImplementedError:

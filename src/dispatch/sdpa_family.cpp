@@ -16,8 +16,9 @@ namespace flashspan {
 namespace {
 std::atomic<int> g_sdpa_sm90_override{-1};
 std::atomic<int> g_sdpa_bwd_sm90_override{-1};
-// Experimental until the GPU suite has passed with them: FLASHSPAN_EXPERIMENTAL=1, read per call
-// (experimental_from_env), as the Python route reads it.
+// On by default where they cover a call (FLASHSPAN_KERNEL_FAMILY=sm80, read per call, keeps the sm80
+// kernels), since the GPU suite passed with them and they are at least as fast as the flex route's
+// (PERF_LOG v2.10).
 }  // namespace
 
 namespace {
@@ -71,7 +72,7 @@ void set_sdpa_fwd_sm90_enabled(int on) {
 bool sdpa_fwd_sm90_enabled() {
   const int o = g_sdpa_sm90_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
-  return experimental_from_env() && kernel_family_from_env() == 90;
+  return kernel_family_from_env() == 90;
 }
 
 void set_sdpa_bwd_sm90_enabled(int on) {
@@ -81,7 +82,7 @@ void set_sdpa_bwd_sm90_enabled(int on) {
 bool sdpa_bwd_sm90_enabled() {
   const int o = g_sdpa_bwd_sm90_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
-  return experimental_from_env() && kernel_family_from_env() == 90;
+  return kernel_family_from_env() == 90;
 }
 
 bool sdpa_bwd_runs_sm90(const sdpa::Problem& p) {

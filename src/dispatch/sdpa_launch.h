@@ -62,8 +62,8 @@ SdpaPagedFwdParams sdpa_paged_fwd_params(const sdpa::Problem& p);
 // sdpa_fwd_sm90_refusal: nullptr when the sm90 forward covers the call (fp16 / bf16, head dims
 // multiples of 8 up to 128, H_k = H_v, q / k / v / o / stats padded or dense, no score modifier,
 // sink, gate, score_max / score_sum_exp, block_mask, bias, dropout or paged K/V), else the first
-// thing it does not cover. sdpa_fwd_sm90_enabled: FLASHSPAN_EXPERIMENTAL=1 (read per call) and
-// FLASHSPAN_KERNEL_FAMILY not sm80, unless set_sdpa_fwd_sm90_enabled overrides it (tests: 1 on,
+// thing it does not cover. sdpa_fwd_sm90_enabled: FLASHSPAN_KERNEL_FAMILY not sm80 (read per call;
+// on by default since PERF_LOG v2.10), unless set_sdpa_fwd_sm90_enabled overrides it (tests: 1 on,
 // 0 off, -1 back to the environment's answer).
 const char* sdpa_fwd_sm90_refusal(const sdpa::Problem& p);
 bool sdpa_fwd_sm90_enabled();
@@ -77,7 +77,7 @@ bool sdpa_fwd_runs_sm90(const sdpa::Problem& p);
 // bf16, head dims multiples of 8 up to 128, H_k = H_v, every tensor padded or dense, no score
 // modifier, sink / dSink, gate, bias / dBias, dropout, block_mask; deterministic or not), else the
 // first thing it does not cover. sdpa_bwd_sm90_enabled: as sdpa_fwd_sm90_enabled (the same
-// environment: FLASHSPAN_EXPERIMENTAL=1, FLASHSPAN_KERNEL_FAMILY not sm80), its own test override.
+// environment: FLASHSPAN_KERNEL_FAMILY not sm80), its own test override.
 const char* sdpa_bwd_sm90_refusal(const sdpa::Problem& p);
 bool sdpa_bwd_sm90_enabled();
 void set_sdpa_bwd_sm90_enabled(int on);

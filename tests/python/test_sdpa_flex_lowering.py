@@ -464,7 +464,9 @@ def _to_cuda(x):
 @gpu
 @pytest.mark.parametrize("seed", range(200))
 def test_gpu_random_lowered_against_cpu_reference(fs, monkeypatch, seed):
-    """CUDA tensors (flex kernels) against the SDPA CPU reference on the same inputs: outputs, stats, gradients."""
+    """CUDA tensors on the flex route (FLASHSPAN_SDPA_ROUTE=flex: the lowering onto the flex kernels) against the
+    SDPA CPU reference on the same inputs: outputs, stats, gradients. (The native route, the CUDA default, runs the
+    same comparison in test_sdpa_native_route.py.)"""
     from flashspan import sdpa_lowering
 
     monkeypatch.delenv(sdpa_lowering.ROUTE_ENV, raising=False)
@@ -477,6 +479,7 @@ def test_gpu_random_lowered_against_cpu_reference(fs, monkeypatch, seed):
     g = torch.Generator().manual_seed(seed)
     do = torch.randn(o.shape, generator=g).to(o.dtype)
     grads = torch.autograd.grad(o, ins, do)
+    monkeypatch.setenv(sdpa_lowering.ROUTE_ENV, "flex")
     gins = [t.detach().cuda().requires_grad_() for t in (p.q, p.k, p.v)]
     og, sg = fs.sdpa(*gins, generate_stats=True, **_to_cuda(p.args))
     ggrads = torch.autograd.grad(og, gins, do.cuda())
@@ -499,21 +502,29 @@ def test_gpu_random_lowered_against_cpu_reference(fs, monkeypatch, seed):
 @gpu
 @pytest.mark.parametrize("dims", [(64, 64), (128, 128), (192, 128), (256, 256)])
 @pytest.mark.parametrize("align", ["TOP_LEFT", "BOTTOM_RIGHT"])
-def test_gpu_dense_causal_dims(fs, dims, align):
+@pytest.mark.parametrize("route", ["flex", "native"])
+def test_gpu_dense_causal_dims(fs, monkeypatch, dims, align, route):
+    from flashspan import sdpa_lowering
+
     q, k, v = _dense(2, 8, 2, 300, 517, dims[0], dims[1], dtype=torch.bfloat16)
     kw = dict(attn_scale=1 / math.sqrt(dims[0]), diagonal_band_right_bound=0, diagonal_alignment=align,
               generate_stats=True)
-    o, stats = fs.sdpa(q.cuda().transpose(1, 2).contiguous().transpose(1, 2), k.cuda(), v.cuda(), **kw)
+    monkeypatch.delenv(sdpa_lowering.ROUTE_ENV, raising=False)
     o_ref, s_ref = fs.sdpa(q, k, v, **kw)
+    if route == "flex":
+        monkeypatch.setenv(sdpa_lowering.ROUTE_ENV, "flex")
+    o, stats = fs.sdpa(q.cuda().transpose(1, 2).contiguous().transpose(1, 2), k.cuda(), v.cuda(), **kw)
     assert_close(o.cpu(), o_ref, torch.bfloat16, "o")
     assert_close(stats.cpu(), s_ref, torch.float32, "stats")
 
 
 @gpu
-def test_gpu_unsupported_feature_named(fs):
-    q, k, v = (t.cuda() for t in _dense(1, 2, 2, 16, 16, 16, 16))
-    with pytest.raises(NotImplementedError, match="softcap"):
-        fs.sdpa(q, k, v, softcap=5.0)
+@pytest.mark.parametrize("route", ["flex", "native"])
+def test_gpu_unsupported_head_dims_named(fs, monkeypatch, route):
+    """Head dims no GPU kernel runs: NotImplementedError naming them, on either route."""
+    from flashspan import sdpa_lowering
+
+    monkeypatch.setenv(sdpa_lowering.ROUTE_ENV, route)
     with pytest.raises(NotImplementedError, match="head dims"):
         fs.sdpa(*(t.cuda() for t in _dense(1, 2, 2, 16, 16, 136, 136)))
 

@@ -60,18 +60,18 @@ def test_route_choice(fs, monkeypatch):
 
     cpu, meta = torch.empty(1), torch.empty(1, device="meta")
     monkeypatch.delenv(sl.ROUTE_ENV, raising=False)
-    monkeypatch.delenv(sl.EXPERIMENTAL_ENV, raising=False)
-    assert sl.route(cpu) == "reference" and sl.route(meta) == "flex"
-    monkeypatch.setenv(sl.EXPERIMENTAL_ENV, "1")
-    assert sl.route(cpu) == "reference" and sl.route(meta) == "native"
-    monkeypatch.setenv(sl.EXPERIMENTAL_ENV, "0")
-    assert sl.route(meta) == "flex"
+    # Non-CPU tensors take the native route by default, whatever FLASHSPAN_EXPERIMENTAL says.
+    for experimental in (None, "0", "1"):
+        if experimental is None:
+            monkeypatch.delenv(sl.EXPERIMENTAL_ENV, raising=False)
+        else:
+            monkeypatch.setenv(sl.EXPERIMENTAL_ENV, experimental)
+        assert sl.route(cpu) == "reference" and sl.route(meta) == "native"
+    # FLASHSPAN_SDPA_ROUTE=flex: the lowering onto flex for CPU tensors and for non-CPU calls it can express; a
+    # feature it cannot express keeps the native route on non-CPU tensors; CPU tensors keep the forced flex route
+    # (which raises the lowering's NotImplementedError there).
     monkeypatch.setenv(sl.ROUTE_ENV, "flex")
-    monkeypatch.setenv(sl.EXPERIMENTAL_ENV, "1")
-    assert sl.route(cpu) == "flex" and sl.route(meta) == "native"
-    # A feature the lowering cannot express takes the native route on non-CPU tensors whatever the switch says;
-    # CPU tensors keep their route (the forced flex route raises the lowering's NotImplementedError there).
-    monkeypatch.delenv(sl.EXPERIMENTAL_ENV, raising=False)
+    assert sl.route(cpu) == "flex" and sl.route(meta) == "flex"
     q = torch.empty(1, 2, 16, 16, device="meta", dtype=torch.bfloat16)
     assert sl.route(q, q, q, {}) == "flex"
     for feature in ({"softcap": 5.0}, {"bias": q}, {"sink_token": q}, {"gate": q}, {"score_max": q}):
@@ -79,6 +79,8 @@ def test_route_choice(fs, monkeypatch):
     assert sl.route(q, q, q[:, :1], {}) == "native"  # H_k != H_v
     qc = torch.empty(1, 2, 16, 16)
     assert sl.route(qc, qc, qc, {"softcap": 5.0}) == "flex"
+    monkeypatch.delenv(sl.ROUTE_ENV)
+    assert sl.route(q, q, q, {}) == "native"
 
 
 @pytest.mark.parametrize("seed", range(6))
