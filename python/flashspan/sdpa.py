@@ -151,8 +151,14 @@ class _Call:
             descs.append(None if b is None else b.desc(_SLOT_NAMES[slot]))
         return attrs, descs
 
-    def run(self) -> None:
+    def run(self) -> L.Op:
+        """Runs the call on its (cached) operation; returns that operation."""
         op = _CACHE.get(self._key(), self._build)
+        _execute(op, self.slots[L.Q].tensor, self.pointers())
+        return op
+
+    def pointers(self) -> dict:
+        """slot -> data pointer (None for NULL) of every tensor the call binds."""
         pointers = {s: b.ptr() for s, b in self.slots.items()}
         if self.dropout is not None:
             pointers[L.DROPOUT_SEED] = self.dropout[1].ptr()
@@ -164,11 +170,121 @@ class _Call:
                 pointers[L.DROPOUT_SCALE_INV] = self.dropout_mask[2].ptr()
         for slot, (b, _m) in self.ragged.items():
             pointers[L.RAGGED[slot]] = b.ptr()
-        q = self.slots[L.Q].tensor
-        workspace = None
-        if op.workspace_bytes:
-            workspace = torch.empty(op.workspace_bytes, dtype=torch.uint8, device=q.device)
-        _lib.on_device(q, op.execute, pointers, workspace, _lib.stream_of(q))
+        return pointers
+
+
+def _execute(op: L.Op, q: Tensor, pointers: dict) -> None:
+    """Executes ``op`` on the tensors at ``pointers`` on q's device and current stream (with a fresh workspace)."""
+    workspace = None
+    if op.workspace_bytes:
+        workspace = torch.empty(op.workspace_bytes, dtype=torch.uint8, device=q.device)
+    _lib.on_device(q, op.execute, pointers, workspace, _lib.stream_of(q))
+
+
+# ---------------------------------------------------------------------------
+# Per-signature fast path (issue 24, "Host cost")
+# ---------------------------------------------------------------------------
+#
+# Without packed (THD) tensors, ragged offsets or dropout, everything the Python layer does for a call (the _Layout,
+# the bound descriptors, the options, the _CACHE key and so the operation, every Python check) depends only on the
+# call's signature: the shapes, strides, dtypes and devices of its tensors and the values of its other arguments
+# (their types too: 1 and True and 1.0 are different signatures). The first call of a signature takes the full path
+# (every check, the C layer's create-time rules); when it runs, the fast path remembers what it bound: the
+# operation, which argument feeds which slot, how the outputs were allocated. A later call of the same signature and
+# route allocates the outputs, gathers the data pointers and executes (the C layer's execute-time checks run as
+# before). A call whose full path raised is never remembered, so bad input raises the same error every time. Not
+# remembered either (full path on every call): the flex route, packed tensors, ragged offsets, dropout, arguments of
+# other types (tuples, dicts, foreign enums, tensor subclasses), and calls whose bound tensors are not the
+# arguments themselves (a non-contiguous sink_token copied, a device attn_scale read on the host by
+# _scale_on_host): _remember checks that the pointers it would gather are those the full path bound.
+
+_FAST_CAPACITY = 256
+_FAST: dict = {}  # signature -> _FastEntry
+_FAST_TENSORS = frozenset((Tensor, torch.nn.Parameter))
+_FAST_SCALARS = frozenset((bool, int, float, str, diagonal_alignment))
+# Keyword tensors bound as they are (by data pointer) when given, by argument name.
+_FAST_NAMED = (
+    ("attn_scale", L.ATTN_SCALE), ("bias", L.BIAS), ("block_mask", L.BLOCK_MASK), ("seq_len_q", L.SEQ_LEN_Q),
+    ("seq_len_kv", L.SEQ_LEN_KV), ("cu_seq_len_q", L.CU_SEQ_LEN_Q), ("cu_seq_len_kv", L.CU_SEQ_LEN_KV),
+    ("rng_dump", L.RNG_DUMP), ("sink_token", L.SINK_TOKEN), ("gate", L.GATE), ("score_max", L.SCORE_MAX),
+    ("score_sum_exp", L.SCORE_SUM_EXP), ("max_logit", L.MAX_LOGIT), ("paged_attention_k_table", L.PAGE_TABLE_K),
+    ("paged_attention_v_table", L.PAGE_TABLE_V), ("dBias", L.DBIAS), ("dSink_token", L.DSINK_TOKEN),
+    ("dgate", L.DGATE),
+)
+
+
+class _FastEntry:
+    """What the full path bound for one signature: the operation, slot -> index of the positional tensors, slot ->
+    keyword argument, and (index, shape, stride, dtype) of each positional output it allocated."""
+
+    __slots__ = ("op", "pos", "named", "allocs")
+
+    def __init__(self, op, pos, named, allocs):
+        self.op, self.pos, self.named, self.allocs = op, pos, named, allocs
+
+    def run(self, tensors: tuple, kw: dict) -> tuple:
+        q = tensors[0]
+        if self.allocs:
+            tensors = list(tensors)
+            dev = q.device
+            for i, shape, stride, dtype in self.allocs:
+                tensors[i] = torch.empty_strided(shape, stride, dtype=dtype, device=dev)
+        pointers = {slot: tensors[i].data_ptr() or None for slot, i in self.pos}
+        for slot, name in self.named:
+            pointers[slot] = kw[name].data_ptr() or None
+        _execute(self.op, q, pointers)
+        return tensors
+
+
+def _fast_key(direction: str, tensors: tuple, stats_needed: bool, kw: dict):
+    """The signature of a call (``tensors``: the positional tensors, q first, None where not given), or None when
+    the call takes the full path every time."""
+    parts = [direction, stats_needed]
+    append = parts.append
+    for t in tensors:
+        if t is None:
+            append(None)
+        elif type(t) in _FAST_TENSORS and t.dim() == 4:
+            append((t.shape, t.stride(), t.dtype, t.device))
+        else:
+            return None  # packed (THD) or not a plain tensor
+    for name, val in kw.items():
+        if val is None:
+            append(name)
+            continue
+        tp = type(val)
+        if tp in _FAST_TENSORS:
+            append((name, val.shape, val.stride(), val.dtype, val.device))
+        elif tp in _FAST_SCALARS:
+            append((name, tp, val))
+        else:
+            return None  # dropout / ragged_offsets (tuples, dicts) and anything else
+    route = sdpa_lowering.route(tensors[0])
+    if route == "flex":
+        return None
+    append(route)
+    return tuple(parts)
+
+
+def _remember(key, route: str, call: _Call, op: L.Op, given: tuple, bound: tuple, kw: dict) -> None:
+    """Remembers the call's binding for its signature ``key`` (None: not eligible), if the fast path would bind the
+    same pointers. ``given``: the positional tensors as the caller passed them, ``bound``: after the full path
+    allocated its outputs (the positions in the order of the direction's slots)."""
+    if key is None or key[-1] != route:
+        return
+    slots = _POSITIONAL[call.direction]
+    pos = tuple((slot, i) for i, (slot, t) in enumerate(zip(slots, bound)) if t is not None)
+    named = tuple((slot, name) for name, slot in _FAST_NAMED if isinstance(kw.get(name), Tensor))
+    allocs = tuple((i, tuple(t.shape), t.stride(), t.dtype) for i, (g, t) in enumerate(zip(given, bound))
+                   if g is None and t is not None)
+    pointers = {slot: bound[i].data_ptr() or None for slot, i in pos}
+    for slot, name in named:
+        pointers[slot] = kw[name].data_ptr() or None
+    if pointers != call.pointers():
+        return  # a tensor bound per call (a copy, a host-read scale): full path each time
+    if len(_FAST) >= _FAST_CAPACITY:
+        _FAST.clear()
+    _FAST[key] = _FastEntry(op, pos, named, allocs)
 
 
 # ---------------------------------------------------------------------------
@@ -430,6 +546,14 @@ def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: 
 
     CPU tensors run the CPU reference of the C layer; CUDA tensors (and CPU tensors with FLASHSPAN_SDPA_ROUTE=flex)
     run the flex lowering (sdpa_lowering.py) after the same argument checks."""
+    given = (q, k, v, o, stats)
+    key = _fast_key("fwd", given, stats_needed, kw)
+    if key is not None:
+        entry = _FAST.get(key)
+        if entry is not None:
+            bound = entry.run(given, kw)
+            return bound[3], bound[4]
+    kw_in = kw.copy()
     build_backward = kw.pop("_flex_build_backward", False)
     args = dict(kw)
     lay = _Layout(q, k, v, kw["seq_len_q"], kw["seq_len_kv"], kw["cu_seq_len_q"], kw["cu_seq_len_kv"],
@@ -477,13 +601,21 @@ def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: 
         return o, stats
     if route == "native":
         _scale_on_host(call)
-    call.run()
+    op = call.run()
+    _remember(key, route, call, op, given, (q, k, v, o, stats), kw_in)
     return o, stats
 
 
 def _backward(q, k, v, o, dO, stats, *, dq=None, dk=None, dv=None, **kw):
     """Runs one backward into dq/dk/dv (allocated in q/k/v's layouts when None); returns them (routes as
     :func:`_forward`)."""
+    given = (q, k, v, o, dO, stats, dq, dk, dv)
+    key = _fast_key("bwd", given, False, kw)
+    if key is not None:
+        entry = _FAST.get(key)
+        if entry is not None:
+            bound = entry.run(given, kw)
+            return bound[6], bound[7], bound[8]
     args = dict(kw)
     stats_in = stats
     lay = _Layout(q, k, v, kw["seq_len_q"], kw["seq_len_kv"], kw["cu_seq_len_q"], kw["cu_seq_len_kv"],
@@ -521,7 +653,8 @@ def _backward(q, k, v, o, dO, stats, *, dq=None, dk=None, dv=None, **kw):
         return dq, dk, dv
     if route == "native":
         _scale_on_host(call)
-    call.run()
+    op = call.run()
+    _remember(key, route, call, op, given, (q, k, v, o, dO, stats, dq, dk, dv), args)
     return dq, dk, dv
 
 
