@@ -201,7 +201,7 @@ def _execute(op: L.Op, q: Tensor, pointers: dict) -> None:
 _FAST_CAPACITY = 256
 _FAST: dict = {}  # signature -> _FastEntry
 _FAST_TENSORS = frozenset((Tensor, torch.nn.Parameter))
-_FAST_SCALARS = frozenset((bool, int, float, str, diagonal_alignment))
+_FAST_TYPES = frozenset((type(None), bool, int, float, str, diagonal_alignment)) | _FAST_TENSORS
 # Keyword tensors bound as they are (by data pointer) when given, by argument name.
 _FAST_NAMED = (
     ("attn_scale", L.ATTN_SCALE), ("bias", L.BIAS), ("block_mask", L.BLOCK_MASK), ("seq_len_q", L.SEQ_LEN_Q),
@@ -248,20 +248,21 @@ def _fast_key(direction: str, tensors: tuple, stats_needed: bool, kw: dict):
             append((t.shape, t.stride(), t.dtype, t.device))
         else:
             return None  # packed (THD) or not a plain tensor
-    for name, val in kw.items():
-        if val is None:
-            append(name)
-            continue
-        tp = type(val)
-        if tp in _FAST_TENSORS:
-            append((name, val.shape, val.stride(), val.dtype, val.device))
-        elif tp in _FAST_SCALARS:
-            append((name, tp, val))
-        else:
-            return None  # dropout / ragged_offsets (tuples, dicts) and anything else
+    # The keyword arguments: their names, types and values (tensors: their layouts), tuples built at C speed; the
+    # loop over the values runs only when a keyword argument is a tensor.
+    vals = tuple(kw.values())
+    types = tuple(map(type, vals))
+    if not _FAST_TYPES.issuperset(types):
+        return None  # dropout / ragged_offsets (tuples, dicts) and anything else
+    if not _FAST_TENSORS.isdisjoint(types):
+        vals = tuple([(v.shape, v.stride(), v.dtype, v.device) if tp in _FAST_TENSORS else v
+                      for v, tp in zip(vals, types)])
     route = sdpa_lowering.route(tensors[0])
     if route == "flex":
         return None
+    append(tuple(kw))
+    append(types)
+    append(vals)
     append(route)
     return tuple(parts)
 
@@ -541,11 +542,13 @@ def _check_packed_table(table: Tensor, offsets: Tensor, container: Tensor, kw: d
                          f"[{int(o[b])}, {int(o[b] + pages[b])}), outside the table's {avail // step} entries")
 
 
-def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: Optional[Tensor] = None, **kw):
+def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: Optional[Tensor] = None,
+             _no_grad: bool = False, **kw):
     """Runs one forward; returns (o, stats or None). ``kw`` holds the remaining graph.sdpa arguments.
 
     CPU tensors run the CPU reference of the C layer; CUDA tensors (and CPU tensors with FLASHSPAN_SDPA_ROUTE=flex)
-    run the flex lowering (sdpa_lowering.py) after the same argument checks."""
+    run the flex lowering (sdpa_lowering.py) after the same argument checks. ``_no_grad``: the full path runs under
+    torch.no_grad() (the fast path records nothing for autograd either way: it only allocates and executes)."""
     given = (q, k, v, o, stats)
     key = _fast_key("fwd", given, stats_needed, kw)
     if key is not None:
@@ -553,6 +556,15 @@ def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: 
         if entry is not None:
             bound = entry.run(given, kw)
             return bound[3], bound[4]
+    if _no_grad:
+        with torch.no_grad():
+            return _forward_full(key, given, stats_needed, kw)
+    return _forward_full(key, given, stats_needed, kw)
+
+
+def _forward_full(key, given: tuple, stats_needed: bool, kw: dict):
+    """_forward's full path (``key``: the call's _fast_key, remembered if it runs)."""
+    q, k, v, o, stats = given
     kw_in = kw.copy()
     build_backward = kw.pop("_flex_build_backward", False)
     args = dict(kw)
@@ -680,6 +692,9 @@ def _scale_on_host(call: _Call) -> None:
 
 
 def _check_unsupported(implementation, compute_data_type) -> None:
+    if compute_data_type is None and (implementation is None or implementation.__class__ is str
+                                      and implementation in ("AUTO", "COMPOSITE", "UNIFIED")):
+        return  # the defaults (no attribute lookups)
     impl = getattr(implementation, "name", implementation)
     if impl is not None and str(impl).upper() not in ("AUTO", "COMPOSITE", "UNIFIED"):
         raise ValueError(f"implementation: must be AUTO, COMPOSITE or UNIFIED, got {implementation!r}")
@@ -850,6 +865,25 @@ def sdpa(
                 f"is_inference={is_inference!r} and generate_stats={generate_stats!r}; pass only generate_stats")
         if generate_stats is None:
             generate_stats = not is_inference
+    grad_enabled = torch.is_grad_enabled()
+    needs_grad = grad_enabled and True in [isinstance(t, Tensor) and t.requires_grad
+                                           for t in (q, k, v, bias, sink_token, gate)]
+    if not needs_grad:
+        # No gradients: one keyword dict (the arguments of fwd and fwd_only below), no_grad() on the full path only.
+        return _forward(
+            q, k, v, stats_needed=bool(generate_stats), _no_grad=grad_enabled, bias=bias, sink_token=sink_token,
+            gate=gate, generate_stats=generate_stats, attn_scale=attn_scale, block_mask=block_mask,
+            use_alibi_mask=use_alibi_mask, use_padding_mask=use_padding_mask, seq_len_q=seq_len_q,
+            seq_len_kv=seq_len_kv, cu_seq_len_q=cu_seq_len_q, cu_seq_len_kv=cu_seq_len_kv,
+            diagonal_alignment=diagonal_alignment, diagonal_band_left_bound=diagonal_band_left_bound,
+            diagonal_band_right_bound=diagonal_band_right_bound, dropout=dropout, rng_dump=rng_dump,
+            max_total_seq_len_q=max_total_seq_len_q, max_total_seq_len_kv=max_total_seq_len_kv, softcap=softcap,
+            use_causal_mask=use_causal_mask, use_causal_mask_bottom_right=use_causal_mask_bottom_right,
+            sliding_window_length=sliding_window_length, ragged_offsets=ragged_offsets, max_seq_len_q=max_seq_len_q,
+            max_seq_len_kv=max_seq_len_kv, paged_attention_k_table=paged_attention_k_table,
+            paged_attention_v_table=paged_attention_v_table,
+            paged_attention_max_seq_len_kv=paged_attention_max_seq_len_kv, stats_use_log2=stats_use_log2,
+            score_max=score_max, score_sum_exp=score_sum_exp, max_logit=max_logit)
     paged = paged_attention_k_table is not None or paged_attention_v_table is not None
     fwd = dict(
         attn_scale=attn_scale, block_mask=block_mask, use_alibi_mask=use_alibi_mask, use_padding_mask=use_padding_mask,
@@ -866,13 +900,6 @@ def sdpa(
         paged_attention_max_seq_len_kv=paged_attention_max_seq_len_kv, stats_use_log2=stats_use_log2,
         score_max=score_max, score_sum_exp=score_sum_exp, max_logit=max_logit,
     )
-    tensors = (q, k, v, bias, sink_token, gate)
-    needs_grad = torch.is_grad_enabled() and any(isinstance(t, Tensor) and t.requires_grad for t in tensors)
-    if not needs_grad:
-        with torch.no_grad():
-            o, stats = _forward(q, k, v, stats_needed=bool(generate_stats), bias=bias, sink_token=sink_token,
-                                gate=gate, generate_stats=generate_stats, **fwd, **fwd_only)
-        return o, stats
     if paged:
         raise ValueError("paged_attention_k_table, paged_attention_v_table: paged K/V caches have no backward pass "
                          "(as in the seed); call under torch.no_grad() or pass contiguous K/V")
