@@ -186,10 +186,13 @@ class Attributes:
         _lib.check(self._lib.fs_sdpa_attributes_set_ragged_offset(self.handle, slot, _lib.ptr(offsets), multiplier))
 
 
+_Pointers = c_void_p * NUM_SLOTS  # the execute call's data pointers, by slot
+
+
 class Op:
     """A created, supported and compiled fs_sdpa_fwd_t / fs_sdpa_bwd_t."""
 
-    __slots__ = ("handle", "direction", "_lib", "workspace_bytes")
+    __slots__ = ("handle", "direction", "_lib", "workspace_bytes", "_execute")
 
     def __init__(self, direction: str, descs: list, attrs: Attributes):
         self._lib = lib()
@@ -206,6 +209,7 @@ class Op:
         n = c_size_t(0)
         _lib.check(getattr(self._lib, f"fs_sdpa_{direction}_workspace_size")(self.handle, ctypes.byref(n)))
         self.workspace_bytes = n.value
+        self._execute = getattr(self._lib, f"fs_sdpa_{direction}_execute")
 
     def __del__(self):
         if getattr(self, "handle", None) and self.handle.value:
@@ -213,13 +217,17 @@ class Op:
             self.handle = _H()
 
     def execute(self, pointers: dict, workspace: Optional[torch.Tensor], stream: Optional[int]) -> None:
-        pack = (c_void_p * NUM_SLOTS)()
+        pack = _Pointers()
         for slot, p in pointers.items():
             pack[slot] = p or None
-        ws = workspace.data_ptr() if workspace is not None and workspace.numel() else None
-        nbytes = workspace.numel() if workspace is not None else 0
-        fn = getattr(self._lib, f"fs_sdpa_{self.direction}_execute")
-        _lib.check(fn(self.handle, pack, NUM_SLOTS, ws, nbytes, stream))
+        if workspace is None:
+            ws, nbytes = None, 0
+        else:
+            nbytes = workspace.numel()
+            ws = workspace.data_ptr() if nbytes else None
+        status = self._execute(self.handle, pack, NUM_SLOTS, ws, nbytes, stream)
+        if status:
+            _lib.check(status)
 
 
 class OpCache:
