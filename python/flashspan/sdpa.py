@@ -257,6 +257,8 @@ def _fast_key(direction: str, tensors: tuple, stats_needed: bool, kw: dict):
     if not _FAST_TENSORS.isdisjoint(types):
         vals = tuple([(v.shape, v.stride(), v.dtype, v.device) if tp in _FAST_TENSORS else v
                       for v, tp in zip(vals, types)])
+    # route(q) without the call's arguments differs from the full path's route(q, k, v, args) only where it says
+    # "flex" (the arguments can only turn a flex route native): those calls take the full path.
     route = sdpa_lowering.route(tensors[0])
     if route == "flex":
         return None

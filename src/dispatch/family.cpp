@@ -209,10 +209,6 @@ void set_bwd_split_first(int on) { store_override(g_split_first_override, on); }
 // The cell order's split-first item list: experimental, not yet run on a GPU (PERF_LOG v2.8).
 bool bwd_split_first_enabled() { return experimental_switch(g_split_first_override); }
 
-// The sm90 SDPA grids' heads-slowest order beyond the measured case: experimental, not yet run on a
-// GPU (PERF_LOG v2.10).
-bool sdpa_heads_slowest_enabled() { return experimental_from_env(); }
-
 void set_bwd_wide64_enabled(int on) { store_override(g_wide64_override, on); }
 
 bool bwd_wide64_enabled() {

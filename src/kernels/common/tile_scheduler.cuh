@@ -146,27 +146,17 @@ struct TileScheduler {
 };
 
 // The work items of a persistent analytic-mask (SDPA) forward: cells (query block, query head,
-// sample) of `batch` samples padded to `num_q_blocks` blocks each, taken in snake waves (next(n),
-// snake_index); none past the grid.
-//   heads_slowest (walks of one length: no band, or a window bounded on both sides): global query
-//     block i % (num_q_blocks batch) (sample-major) of head i / (num_q_blocks batch), so that the
-//     CTAs of a wave stream the same head's K / V (in L2 once, as the backward's heads_slowest);
-//   else (a causal band): the last query block first (cell i: block num_q_blocks - 1 - i / (heads
-//     batch), head i % heads, sample i / heads % batch): under a causal band the last blocks walk
-//     the most key blocks, so the longest cells start first.
+// sample) of `batch` samples padded to `num_q_blocks` blocks each, the last query block first
+// (cell i: block num_q_blocks - 1 - i / (heads * batch), head i % heads, sample i / heads %
+// batch): under a causal band the last blocks walk the most key blocks, so the longest cells
+// start first. A CTA takes the cells in snake waves (next(n), snake_index); none past the grid.
 struct AnalyticGrid {
   int num_q_blocks, heads, batch;
-  bool heads_slowest;
 
   __device__ __forceinline__ WorkItem next(uint32_t n) const {
     const int64_t i = snake_index(n);
-    const int64_t blocks = int64_t(num_q_blocks) * batch;
-    if (i >= blocks * heads) return TileScheduler::none();
-    if (heads_slowest) {
-      const int64_t gb = i % blocks;
-      return WorkItem{int(gb % num_q_blocks), int(i / blocks), int(gb / num_q_blocks), 0, WorkItem::kWholeWalk, -1};
-    }
     const int64_t per_block = int64_t(heads) * batch;
+    if (i >= per_block * num_q_blocks) return TileScheduler::none();
     const int64_t r = i % per_block;
     return WorkItem{int(num_q_blocks - 1 - i / per_block), int(r % heads), int(r / heads), 0, WorkItem::kWholeWalk, -1};
   }
@@ -175,10 +165,10 @@ struct AnalyticGrid {
 // The work items of a persistent analytic-mask (SDPA) backward: cells (key block, kv head,
 // sample) of `batch` samples padded to `num_k_blocks` key blocks each, whole walks.
 //   next(n), cell i = snake_index(n) (snake waves: the cells of a band shrink along the list):
-//     heads_slowest (walks of one length: no band, or a window bounded on both sides): global
-//       key block i % (num_k_blocks batch) (sample-major) of head i / (num_k_blocks batch), as the
-//       flex grid's cells, so that the CTAs of a wave walk the same head's Q / dO (in L2 once);
-//     else (a band bounded on one side: causal): key block i / (heads batch), ascending (the first key
+//     heads_slowest (walks of one length: no band): global key block i % (num_k_blocks batch)
+//       (sample-major) of head i / (num_k_blocks batch), as the flex grid's cells, so that the
+//       CTAs of a wave walk the same head's Q / dO (in L2 once);
+//     else (a causal band or a window): key block i / (heads batch), ascending (the first key
 //       blocks walk the most query blocks: the longest cells first), head i % heads, sample
 //       i / heads % batch.
 //     Measured on the H200 (PERF_LOG v2.2, B=1 H=16 D=128): no mask, S=32768, 483 (heads

@@ -225,8 +225,7 @@ struct AnalyticSourceSm90 {
   kern::QueryBlockMask block;
 
   __device__ __forceinline__ static kern::AnalyticGrid scheduler(const FwdParams& p) {
-    const AnalyticMaskParams& a = kern::analytic_of(p);
-    return kern::AnalyticGrid{a.num_q_blocks, p.num_heads_q, p.batch, a.heads_slowest != 0};
+    return kern::AnalyticGrid{kern::analytic_of(p).num_q_blocks, p.num_heads_q, p.batch};
   }
   __device__ __forceinline__ static AnalyticSourceSm90 item(const FwdParams& p, const WorkItem& it) {
     const kern::AnalyticSeqlen sl(p, it.batch);

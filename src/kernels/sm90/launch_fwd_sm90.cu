@@ -131,8 +131,6 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
   p.analytic.num_q_blocks = (p.analytic.max_q + t.fwd_bq - 1) / t.fwd_bq;
   if (p.analytic.num_q_blocks == 0 || p.batch == 0 || p.num_heads_q == 0) return;
-  p.analytic.heads_slowest = sdpa_grid_heads_slowest_sm90(p.analytic.band.has_left, p.analytic.band.has_right, false,
-                                                          sdpa_heads_slowest_enabled());
   // Padded tensors: sample b is batch b (the tensor maps' batch coordinate; the epilogue's
   // TensorAddr batch strides).
   p.varlen = 0;

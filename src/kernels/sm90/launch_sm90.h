@@ -85,10 +85,6 @@ void set_bwd_cell_order(int on);
 // -1 back to the environment's answer (tests). Defined in dispatch/family.cpp.
 bool bwd_split_first_enabled();
 void set_bwd_split_first(int on);
-// Whether the sm90 SDPA grids take heads slowest for the forward without a band and for windows
-// (tile_sm90.h sdpa_grid_heads_slowest_sm90): experimental, not yet run on a GPU
-// (FLASHSPAN_EXPERIMENTAL=1, read per call). Defined in dispatch/family.cpp.
-bool sdpa_heads_slowest_enabled();
 
 // Whether the sm90 backward kernel covers a configuration (independent of the device): fp16 or
 // bf16, head dims of bwd_runs_head_dims_sm90 (Dqk = Dv in {64, 128}, (192, 128), (256, 256)),

@@ -1,0 +1,239 @@
+"""The per-signature fast path of flashspan.sdpa / sdpa_backward / the custom ops (issue 24, "Host cost"; sdpa.py,
+_fast_key / _remember): a remembered binding is reused only for a call of the same signature (shapes, strides,
+dtypes, devices, argument values and types, route), gives the results of the full path, and bad input still raises
+the full path's errors (a failing call is never remembered)."""
+
+import re
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.no_poison
+
+
+@pytest.fixture
+def S(fs, monkeypatch):
+    """The flashspan.sdpa module with an empty fast-path table, the default route (not flex)."""
+    from flashspan import sdpa_lowering
+
+    monkeypatch.delenv(sdpa_lowering.ROUTE_ENV, raising=False)
+    mod = sys.modules["flashspan.sdpa"]
+    mod._FAST.clear()
+    yield mod
+    mod._FAST.clear()
+
+
+def _qkv(seed, shape=(2, 3, 24, 16), dtype=torch.float32, kv_heads=None):
+    g = torch.Generator().manual_seed(seed)
+    B, H, Sq, D = shape
+    hk = kv_heads or H
+    q = torch.randn(B, H, Sq, D, generator=g).to(dtype)
+    k = torch.randn(B, hk, Sq + 5, D, generator=g).to(dtype)
+    v = torch.randn(B, hk, Sq + 5, D, generator=g).to(dtype)
+    return q, k, v
+
+
+def _uncached(S, fn):
+    """fn() with the fast path bypassed: the table emptied before and after, and nothing remembered."""
+    saved = dict(S._FAST)
+    S._FAST.clear()
+    real = S._remember
+    S._remember = lambda *a, **k: None
+    try:
+        return fn()
+    finally:
+        S._remember = real
+        S._FAST.clear()
+        S._FAST.update(saved)
+
+
+def _no_full_path(S, monkeypatch):
+    """Makes the full paths raise: a call that still runs took the fast path."""
+
+    def boom(*a, **k):
+        raise AssertionError("full path taken")
+
+    monkeypatch.setattr(S, "_forward_full", boom)
+    monkeypatch.setattr(S, "_Layout", boom)
+
+
+def test_second_call_takes_the_fast_path_and_matches(fs, S, monkeypatch):
+    q, k, v = _qkv(0)
+    kw = dict(attn_scale=0.25, diagonal_band_right_bound=0, generate_stats=True)
+    o1, st1 = fs.sdpa(q, k, v, **kw)
+    assert len(S._FAST) == 1
+    q2, k2, v2 = _qkv(1)  # same signature, other values: the new tensors' pointers are bound, not the first call's
+    want = _uncached(S, lambda: fs.sdpa(q2, k2, v2, **kw))
+    with monkeypatch.context() as m:
+        _no_full_path(S, m)
+        o2, st2 = fs.sdpa(q2, k2, v2, **kw)
+    assert torch.equal(o2, want[0]) and torch.equal(st2, want[1])
+    assert not torch.equal(o1, o2)
+    assert o2.data_ptr() != o1.data_ptr()  # fresh outputs per call
+
+
+@pytest.mark.parametrize("change", ["strides", "dtype", "shape", "heads", "scale", "band", "alignment", "stats",
+                                    "bias", "bias_strides", "seq_len"])
+def test_a_changed_signature_is_not_reused(fs, S, change):
+    """A call differing from a remembered one in one respect gives what an uncached call gives."""
+    q, k, v = _qkv(2)
+    base = dict(attn_scale=0.3, diagonal_band_right_bound=0)
+    fs.sdpa(q, k, v, **base)
+    fs.sdpa(q, k, v, **base)
+    assert len(S._FAST) == 1
+    kw = dict(base)
+    if change == "strides":  # BSHD memory seen as BHSD
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
+    elif change == "dtype":
+        q, k, v = (t.double() for t in (q, k, v))
+    elif change == "shape":
+        q, k, v = _qkv(3, shape=(2, 3, 17, 16))
+    elif change == "heads":
+        q, k, v = _qkv(3, kv_heads=1)
+    elif change == "scale":
+        kw["attn_scale"] = 0.7
+    elif change == "band":
+        kw["diagonal_band_left_bound"] = 4
+    elif change == "alignment":
+        kw["diagonal_alignment"] = "BOTTOM_RIGHT"
+    elif change == "stats":
+        kw["generate_stats"] = True
+    elif change in ("bias", "bias_strides"):
+        bias = torch.randn(1, 3, q.shape[2], k.shape[2], generator=torch.Generator().manual_seed(4))
+        kw["bias"] = bias
+        fs.sdpa(q, k, v, **kw)  # remembered with a contiguous bias
+        if change == "bias_strides":
+            kw["bias"] = bias[:, :1].expand(1, 3, -1, -1)  # broadcast over heads: stride 0
+    elif change == "seq_len":
+        kw.update(use_padding_mask=True, seq_len_q=torch.tensor([10, 24]), seq_len_kv=torch.tensor([29, 7]))
+    got = fs.sdpa(q, k, v, **kw)
+    want = _uncached(S, lambda: fs.sdpa(q, k, v, **kw))
+    for a, b in zip(got, want):
+        assert (a is None and b is None) or torch.equal(a, b)
+    assert len(S._FAST) >= 2  # the changed call has its own entry
+
+
+def test_tensor_values_of_a_remembered_signature_are_read_per_call(fs, S):
+    """seq_len and attn_scale tensors are bound by pointer: new values of the same layout are used."""
+    q, k, v = _qkv(5)
+    for lens, scale in (([10, 24], 0.5), ([3, 1], 0.125), ([24, 24], 1.5)):
+        kw = dict(use_padding_mask=True, seq_len_q=torch.tensor(lens), seq_len_kv=torch.tensor([29, 2]),
+                  attn_scale=torch.tensor([scale]), generate_stats=True)
+        got = fs.sdpa(q, k, v, **kw)
+        want = _uncached(S, lambda: fs.sdpa(q, k, v, **kw))
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert len(S._FAST) == 1
+
+
+def test_bad_input_still_raises_after_a_remembered_call(fs, S):
+    q, k, v = _qkv(6)
+    band = dict(diagonal_alignment=1, diagonal_band_right_bound=0)
+    bias = torch.zeros(1, 3, q.shape[2], k.shape[2])
+    fs.sdpa(q, k, v, attn_scale=0.5, **band)
+    fs.sdpa(q, k, v, attn_scale=0.5, **band)
+    fs.sdpa(q, k, v, attn_scale=0.5, bias=bias)
+    n = len(S._FAST)
+    cases = [
+        (dict(attn_scale=0.5, diagonal_alignment=1.0, diagonal_band_right_bound=0), ValueError,
+         "diagonal_alignment: must be TOP_LEFT or BOTTOM_RIGHT"),
+        (dict(attn_scale=0.5, diagonal_alignment=1), ValueError,
+         "diagonal_alignment: BOTTOM_RIGHT only re-anchors a diagonal band"),
+        (dict(attn_scale=0.5, bias=bias.transpose(2, 3).contiguous().transpose(2, 3)), ValueError,
+         "bias: last dimension must be contiguous (stride 1)"),
+        (dict(attn_scale="0.5"), ValueError, "attn_scale: must be a finite float"),
+        (dict(attn_scale=True), ValueError, "attn_scale: must be a finite float"),
+        (dict(attn_scale=0.5, diagonal_band_left_bound=0), ValueError, "diagonal_band_left_bound"),
+        (dict(attn_scale=0.5, implementation="FAST"), ValueError, "implementation: must be AUTO"),
+    ]
+    for kw, exc, msg in cases:
+        for _ in range(2):  # a failing call is not remembered: the same error every time
+            with pytest.raises(exc, match=re.escape(msg)):
+                fs.sdpa(q, k, v, **kw)
+    with pytest.raises(Exception) as first:  # mixed dtypes: the C layer's rule
+        fs.sdpa(q, k.double(), v, attn_scale=0.5, **band)
+    with pytest.raises(type(first.value), match=re.escape(str(first.value))):
+        fs.sdpa(q, k.double(), v, attn_scale=0.5, **band)
+    with pytest.raises(ValueError, match=r"^q: must be 4-D"):
+        fs.sdpa(q[0, 0], k, v, attn_scale=0.5)
+    assert len(S._FAST) == n
+
+
+def test_backward_fast_path(fs, S, monkeypatch):
+    q, k, v = _qkv(7)
+    o, st = fs.sdpa(q, k, v, attn_scale=0.25, diagonal_band_right_bound=0, generate_stats=True)
+    dO = torch.randn_like(o)
+    kw = dict(attn_scale=0.25, diagonal_band_right_bound=0)
+    fs.sdpa_backward(q, k, v, o, dO, st, **kw)
+    want = _uncached(S, lambda: fs.sdpa_backward(q, k, v, o, dO * 2, st, **kw))
+    with monkeypatch.context() as m:
+        def boom(*a, **k):
+            raise AssertionError("full path taken")
+        m.setattr(S, "_Layout", boom)
+        got = fs.sdpa_backward(q, k, v, o, dO * 2, st, **kw)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    # another dO layout: its own entry, the uncached result
+    dO_t = (dO * 2).transpose(1, 2).contiguous().transpose(1, 2)
+    got = fs.sdpa_backward(q, k, v, o, dO_t, st, **kw)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match=r"^stats: must be 4-D"):
+        fs.sdpa_backward(q, k, v, o, dO, st[..., 0], **kw)
+
+
+def test_autograd_through_the_fast_path(fs, S):
+    q, k, v = (t.requires_grad_() for t in _qkv(8, dtype=torch.float64))
+    grads = []
+    for _ in range(2):
+        o, _ = fs.sdpa(q, k, v, attn_scale=0.4, diagonal_band_right_bound=0)
+        grads.append(torch.autograd.grad(o.sum(), (q, k, v)))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)
+    assert len(S._FAST) == 2  # forward and backward
+
+
+def test_ops_fast_path_and_errors(fs, S):
+    q, k, v = _qkv(9)
+    op = torch.ops.flashspan.sdpa_fwd
+    o1, lse1 = op(q, k, v, 0.5, is_causal=True)
+    o2, lse2 = op(q, k, v, 0.5, is_causal=True)
+    want = _uncached(S, lambda: op(q, k, v, 0.5, is_causal=True))
+    assert torch.equal(o2, want[0]) and torch.equal(lse2, want[1]) and torch.equal(o1, o2)
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"^sdpa_fwd: window_left counts"):
+            op(q, k, v, 0.5, window_left=0)
+        with pytest.raises(TypeError, match=r"^sdpa_fwd: all io tensors must share one dtype"):
+            op(q, k.double(), v, 0.5)
+        with pytest.raises(TypeError, match=r"^sdpa_fwd: q: unsupported dtype torch.int32"):
+            op(q.int(), k.int(), v.int(), 0.5)
+    dO = torch.randn_like(o2)
+    bwd = torch.ops.flashspan.sdpa_bwd
+    g1 = bwd(dO, q, k, v, o2, lse2, 0.5, is_causal=True)
+    g2 = bwd(dO, q, k, v, o2, lse2, 0.5, is_causal=True)
+    g3 = _uncached(S, lambda: bwd(dO, q, k, v, o2, lse2, 0.5, is_causal=True))
+    for a, b, c in zip(g1, g2, g3):
+        assert torch.equal(a, b) and torch.equal(b, c)
+    with pytest.raises(TypeError, match=r"^sdpa_bwd: lse: dtype must be float32"):
+        bwd(dO, q, k, v, o2, lse2.double(), 0.5, is_causal=True)
+
+
+def test_calls_the_fast_path_does_not_remember(fs, S, monkeypatch):
+    """THD, dropout, ragged offsets, a copied (non-contiguous) sink_token and the flex route run the full path on
+    every call, with the full path's results."""
+    q, k, v = _qkv(10)
+    sink = torch.randn(6, generator=torch.Generator().manual_seed(1))[::2]  # non-contiguous: copied per call
+    a = fs.sdpa(q, k, v, attn_scale=0.5, sink_token=sink)
+    b = fs.sdpa(q, k, v, attn_scale=0.5, sink_token=sink)
+    assert torch.equal(a[0], b[0])
+    drop = dict(attn_scale=0.5, dropout=(0.25, 7, 3))
+    assert torch.equal(fs.sdpa(q, k, v, **drop)[0], fs.sdpa(q, k, v, **drop)[0])
+    T = torch.tensor([0, 5, 12], dtype=torch.int32)
+    qt = torch.randn(12, 3, 16, generator=torch.Generator().manual_seed(2))
+    thd = dict(attn_scale=0.5, use_padding_mask=True, cu_seq_len_q=T, cu_seq_len_kv=T)
+    assert torch.equal(fs.sdpa(qt, qt, qt, **thd)[0], fs.sdpa(qt, qt, qt, **thd)[0])
+    assert len(S._FAST) == 0
+    monkeypatch.setenv("FLASHSPAN_SDPA_ROUTE", "flex")
+    fs.sdpa(q, k, v, attn_scale=0.5)
+    assert len(S._FAST) == 0
+    assert S._fast_key("fwd", (q, k, v, None, None), False, {}) is None
