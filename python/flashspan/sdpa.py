@@ -673,10 +673,10 @@ def _backward(q, k, v, o, dO, stats, *, dq=None, dk=None, dv=None, **kw):
 
 
 def _unsupported(q: Tensor, k: Tensor, v: Tensor, args: dict):
-    """sdpa_lowering.unsupported of a call on device tensors with the flex route forced (FLASHSPAN_SDPA_ROUTE=flex),
+    """sdpa_lowering.unsupported of a call on device tensors that prefer the flex route (sdpa_lowering.prefers_flex),
     computed once for both sdpa_lowering.route (which consults it there) and the lowering's check; other calls
     (CPU, or the native route) leave it to the lowering (NOT_COMPUTED), which computes it only if it runs."""
-    if q.is_cpu or not sdpa_lowering.flex_forced():
+    if q.is_cpu or not sdpa_lowering.prefers_flex(q):
         return sdpa_lowering.NOT_COMPUTED
     return sdpa_lowering.unsupported(q, k, v, args)
 

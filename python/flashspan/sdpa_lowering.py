@@ -76,25 +76,48 @@ def route(q: Tensor, k: Optional[Tensor] = None, v: Optional[Tensor] = None, a: 
           unsupported_error=NOT_COMPUTED) -> str:
     """Where a call on q runs: ``"flex"`` (this lowering), ``"reference"`` (the SDPA CPU reference of the C layer,
     CPU tensors) or ``"native"`` (the C layer's SDPA operation on the GPU kernels). Non-CPU tensors take
-    ``"native"``, unless the environment sets ``FLASHSPAN_SDPA_ROUTE=flex`` and the call (k, v and the arguments
-    ``a``, when given) has no feature this lowering cannot express (:func:`unsupported`: score modifiers, sinks,
-    dropout, the block mask, the gate, the score_max / score_sum_exp outputs, paged K/V, H_k != H_v, ...): then
-    ``"flex"`` (the lowering onto flex plans, kept for comparison). CPU tensors take ``"reference"``, or ``"flex"``
-    with ``FLASHSPAN_SDPA_ROUTE=flex`` (the lowering onto flex's CPU backend). ``unsupported_error``: the
-    caller's ``unsupported(q, k, v, a)`` of this call (None or the error), when it has it, so that it is not
-    computed twice (default: computed here when needed)."""
-    forced_flex = flex_forced()
+    ``"native"``, unless :func:`prefers_flex` and the call (k, v and the arguments ``a``, when given) has no feature
+    this lowering cannot express (:func:`unsupported`: score modifiers, sinks, dropout, the block mask, the gate,
+    the score_max / score_sum_exp outputs, paged K/V, H_k != H_v, ...): then ``"flex"`` (the lowering onto flex
+    plans). CPU tensors take ``"reference"``, or ``"flex"`` with ``FLASHSPAN_SDPA_ROUTE=flex`` (the lowering onto
+    flex's CPU backend). ``unsupported_error``: the caller's ``unsupported(q, k, v, a)`` of this call (None or the
+    error), when it has it, so that it is not computed twice (default: computed here when needed)."""
     if q.device.type != "cpu":
-        if not forced_flex or (k is not None and v is not None and a is not None
-                               and _unsupported_of(q, k, v, a, unsupported_error) is not None):
-            return "native"
-        return "flex"
-    return "flex" if forced_flex else "reference"
+        if prefers_flex(q) and not (k is not None and v is not None and a is not None
+                                    and _unsupported_of(q, k, v, a, unsupported_error) is not None):
+            return "flex"
+        return "native"
+    return "flex" if _route_env() == "flex" else "reference"
 
 
-def flex_forced() -> bool:
-    """Whether the environment forces the flex route (``FLASHSPAN_SDPA_ROUTE=flex``, read per call)."""
-    return os.environ.get(ROUTE_ENV, "").strip().lower() == "flex"
+def _route_env() -> str:
+    return os.environ.get(ROUTE_ENV, "").strip().lower()
+
+
+def prefers_flex(q: Tensor) -> bool:
+    """Whether a call on the (non-CPU) device of q that this lowering can express takes it rather than the native
+    route (environment read per call): ``FLASHSPAN_SDPA_ROUTE=flex`` yes, ``=native`` no; else a CUDA device whose
+    native route would not run the sm90 SDPA kernels -- compute capability other than 9.x, or
+    ``FLASHSPAN_KERNEL_FAMILY=sm80`` -- since the native sm80 backward is 0.69-0.74x the flex route's on the sm80
+    kernels (forward 0.85-0.96x; H200, B=1 H=16 D=128, PERF_LOG v2.10), while on sm90 the two routes are at par."""
+    r = _route_env()
+    if r in ("flex", "native"):
+        return r == "flex"
+    if q.device.type != "cuda":
+        return False
+    if os.environ.get("FLASHSPAN_KERNEL_FAMILY", "").strip() == "sm80":
+        return True
+    return _capability_major(q.get_device()) != 9
+
+
+_majors: dict = {}
+
+
+def _capability_major(index: int) -> int:
+    m = _majors.get(index)
+    if m is None:
+        m = _majors[index] = torch.cuda.get_device_capability(index)[0]
+    return m
 
 
 def _unsupported(feature: str, why: str) -> NotImplementedError:

@@ -60,7 +60,8 @@ def test_route_choice(fs, monkeypatch):
 
     cpu, meta = torch.empty(1), torch.empty(1, device="meta")
     monkeypatch.delenv(sl.ROUTE_ENV, raising=False)
-    # Non-CPU tensors take the native route by default, whatever FLASHSPAN_EXPERIMENTAL says.
+    # Non-CUDA device tensors take the native route by default, whatever FLASHSPAN_EXPERIMENTAL says (CUDA
+    # tensors: by the device, test_gpu_default_route_follows_the_device).
     for experimental in (None, "0", "1"):
         if experimental is None:
             monkeypatch.delenv(sl.EXPERIMENTAL_ENV, raising=False)
@@ -79,8 +80,32 @@ def test_route_choice(fs, monkeypatch):
     assert sl.route(q, q, q[:, :1], {}) == "native"  # H_k != H_v
     qc = torch.empty(1, 2, 16, 16)
     assert sl.route(qc, qc, qc, {"softcap": 5.0}) == "flex"
+    monkeypatch.setenv(sl.ROUTE_ENV, "native")
+    assert sl.route(q, q, q, {}) == "native" and sl.route(cpu) == "reference"
     monkeypatch.delenv(sl.ROUTE_ENV)
     assert sl.route(q, q, q, {}) == "native"
+
+
+@gpu
+def test_gpu_default_route_follows_the_device(fs, monkeypatch):
+    """A pure-mask CUDA call takes the native route where it runs the sm90 SDPA kernels (compute capability 9.x,
+    FLASHSPAN_KERNEL_FAMILY not sm80), else the flex lowering; FLASHSPAN_SDPA_ROUTE forces either; a feature the
+    lowering cannot express is native everywhere."""
+    from flashspan import sdpa_lowering as sl
+
+    monkeypatch.delenv(sl.ROUTE_ENV, raising=False)
+    monkeypatch.delenv("FLASHSPAN_KERNEL_FAMILY", raising=False)
+    q = torch.zeros(1, 2, 16, 16, device="cuda", dtype=torch.bfloat16)
+    sm90 = torch.cuda.get_device_capability(q.device)[0] == 9
+    assert sl.route(q, q, q, {}) == ("native" if sm90 else "flex")
+    monkeypatch.setenv("FLASHSPAN_KERNEL_FAMILY", "sm80")
+    assert sl.route(q, q, q, {}) == "flex"
+    assert sl.route(q, q, q, {"softcap": 5.0}) == "native"
+    monkeypatch.setenv(sl.ROUTE_ENV, "native")
+    assert sl.route(q, q, q, {}) == "native"
+    monkeypatch.setenv(sl.ROUTE_ENV, "flex")
+    monkeypatch.delenv("FLASHSPAN_KERNEL_FAMILY")
+    assert sl.route(q, q, q, {}) == "flex"
 
 
 @pytest.mark.parametrize("seed", range(6))
