@@ -551,6 +551,13 @@ def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: 
     CPU tensors run the CPU reference of the C layer; CUDA tensors (and CPU tensors with FLASHSPAN_SDPA_ROUTE=flex)
     run the flex lowering (sdpa_lowering.py) after the same argument checks. ``_no_grad``: the full path runs under
     torch.no_grad() (the fast path records nothing for autograd either way: it only allocates and executes)."""
+    return _forward_kw(q, k, v, stats_needed, kw, o, stats, _no_grad)
+
+
+def _forward_kw(q, k, v, stats_needed: bool, kw: dict, o: Optional[Tensor] = None, stats: Optional[Tensor] = None,
+                _no_grad: bool = False):
+    """:func:`_forward` with the keyword arguments as a dict the call owns (the full path pops from it): callers
+    that build that dict anyway (the custom ops) pass it without another copy."""
     given = (q, k, v, o, stats)
     key = _fast_key("fwd", given, stats_needed, kw)
     if key is not None:
@@ -623,6 +630,11 @@ def _forward_full(key, given: tuple, stats_needed: bool, kw: dict):
 def _backward(q, k, v, o, dO, stats, *, dq=None, dk=None, dv=None, **kw):
     """Runs one backward into dq/dk/dv (allocated in q/k/v's layouts when None); returns them (routes as
     :func:`_forward`)."""
+    return _backward_kw(q, k, v, o, dO, stats, kw, dq, dk, dv)
+
+
+def _backward_kw(q, k, v, o, dO, stats, kw: dict, dq=None, dk=None, dv=None):
+    """:func:`_backward` with the keyword arguments as a dict the call owns (as :func:`_forward_kw`)."""
     given = (q, k, v, o, dO, stats, dq, dk, dv)
     key = _fast_key("bwd", given, False, kw)
     if key is not None:

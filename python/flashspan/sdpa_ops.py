@@ -11,7 +11,7 @@ import torch
 from torch import Tensor
 
 from .autograd import no_double_backward
-from .sdpa import BOTTOM_RIGHT, TOP_LEFT, _backward, _forward, _like_layout
+from .sdpa import BOTTOM_RIGHT, TOP_LEFT, _backward_kw, _forward_kw, _like_layout
 
 __all__ = ["sdpa_torch"]
 
@@ -173,10 +173,11 @@ def _sdpa_fwd_impl(q, k, v, attn_scale, is_causal=False, causal_bottom_right=Fal
     kw, thd = _common_kwargs("sdpa_fwd", q, k, v, attn_scale, is_causal, causal_bottom_right, window_left,
                              window_right, sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
                              max_seqlen_kv)
+    kw.update(generate_stats=None, paged_attention_k_table=None, paged_attention_v_table=None,
+              paged_attention_max_seq_len_kv=None, stats_use_log2=False, score_max=None, score_sum_exp=None,
+              max_logit=None)
     with _op_names("sdpa_fwd", thd):
-        o, stats = _forward(q, k, v, stats_needed=return_lse, generate_stats=None, paged_attention_k_table=None,
-                            paged_attention_v_table=None, paged_attention_max_seq_len_kv=None, stats_use_log2=False,
-                            score_max=None, score_sum_exp=None, max_logit=None, **kw)
+        o, stats = _forward_kw(q, k, v, return_lse, kw)
     if stats is None:
         stats = torch.empty(0, dtype=torch.float32, device=q.device)
     return o, stats
@@ -216,9 +217,9 @@ def _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, 
                             device=q.device)
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
+    kw.update(dBias=None, dSink_token=dsink, dgate=None, use_deterministic_algorithm=is_deterministic)
     with _op_names(op, thd):
-        dq, dk, dv = _backward(q, k, v, o, grad_out, lse, dBias=None, dSink_token=dsink, dgate=None,
-                               use_deterministic_algorithm=is_deterministic, **kw)
+        dq, dk, dv = _backward_kw(q, k, v, o, grad_out, lse, kw)
     return dq, dk, dv, dsink
 
 
