@@ -86,28 +86,6 @@ def test_route_choice(fs, monkeypatch):
     assert sl.route(q, q, q, {}) == "native"
 
 
-@gpu
-def test_gpu_default_route_follows_the_device(fs, monkeypatch):
-    """A pure-mask CUDA call takes the native route where it runs the sm90 SDPA kernels (compute capability 9.x,
-    FLASHSPAN_KERNEL_FAMILY not sm80), else the flex lowering; FLASHSPAN_SDPA_ROUTE forces either; a feature the
-    lowering cannot express is native everywhere."""
-    from flashspan import sdpa_lowering as sl
-
-    monkeypatch.delenv(sl.ROUTE_ENV, raising=False)
-    monkeypatch.delenv("FLASHSPAN_KERNEL_FAMILY", raising=False)
-    q = torch.zeros(1, 2, 16, 16, device="cuda", dtype=torch.bfloat16)
-    sm90 = torch.cuda.get_device_capability(q.device)[0] == 9
-    assert sl.route(q, q, q, {}) == ("native" if sm90 else "flex")
-    monkeypatch.setenv("FLASHSPAN_KERNEL_FAMILY", "sm80")
-    assert sl.route(q, q, q, {}) == "flex"
-    assert sl.route(q, q, q, {"softcap": 5.0}) == "native"
-    monkeypatch.setenv(sl.ROUTE_ENV, "native")
-    assert sl.route(q, q, q, {}) == "native"
-    monkeypatch.setenv(sl.ROUTE_ENV, "flex")
-    monkeypatch.delenv("FLASHSPAN_KERNEL_FAMILY")
-    assert sl.route(q, q, q, {}) == "flex"
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_native_plumbing_on_cpu(fs, monkeypatch, seed):
     """The native branch of flashspan.sdpa (attn_scale tensors read on the host, then the C operation) on CPU
@@ -668,3 +646,25 @@ def test_gpu_native_dropout(fs, native, seed):
     check_tensor(z(got[2], mq), z(want[2], mq), dtype, "dq", floor=fl)
     check_tensor(z(got[3], mk), z(want[3], mk), dtype, "dk", floor=fl)
     check_tensor(z(got[4], mk), z(want[4], mk), dtype, "dv")
+
+
+@gpu
+def test_gpu_default_route_follows_the_device(fs, monkeypatch):
+    """A pure-mask CUDA call takes the native route where it runs the sm90 SDPA kernels (compute capability 9.x,
+    FLASHSPAN_KERNEL_FAMILY not sm80), else the flex lowering; FLASHSPAN_SDPA_ROUTE forces either; a feature the
+    lowering cannot express is native everywhere."""
+    from flashspan import sdpa_lowering as sl
+
+    monkeypatch.delenv(sl.ROUTE_ENV, raising=False)
+    monkeypatch.delenv("FLASHSPAN_KERNEL_FAMILY", raising=False)
+    q = torch.zeros(1, 2, 16, 16, device="cuda", dtype=torch.bfloat16)
+    sm90 = torch.cuda.get_device_capability(q.device)[0] == 9
+    assert sl.route(q, q, q, {}) == ("native" if sm90 else "flex")
+    monkeypatch.setenv("FLASHSPAN_KERNEL_FAMILY", "sm80")
+    assert sl.route(q, q, q, {}) == "flex"
+    assert sl.route(q, q, q, {"softcap": 5.0}) == "native"
+    monkeypatch.setenv(sl.ROUTE_ENV, "native")
+    assert sl.route(q, q, q, {}) == "native"
+    monkeypatch.setenv(sl.ROUTE_ENV, "flex")
+    monkeypatch.delenv("FLASHSPAN_KERNEL_FAMILY")
+    assert sl.route(q, q, q, {}) == "flex"
