@@ -833,18 +833,12 @@ TEST(TileSm90, BwdCellOrderRule) {
   EXPECT_FALSE(bwd_cell_order_sm90(1 << 20, 128, 128, 2, 0));
 }
 
-// The sm90 SDPA grids' order (tile_sm90.h): heads slowest where every walk has one length (the
-// backward without a band always; the forward, and windows, with the experimental switch), never
-// under a band bounded on one side (causal: the longest walks first).
+// The sm90 SDPA backward grid's order (tile_sm90.h): heads slowest without a band only (windows
+// and causal bands: key blocks ascending, heads fastest; PERF_LOG v2.2, v2.10).
 TEST(TileSm90, SdpaGridOrderRule) {
-  using flashspan::sm90::sdpa_grid_heads_slowest_sm90;
-  for (bool exp : {false, true}) {
-    EXPECT_TRUE(sdpa_grid_heads_slowest_sm90(false, false, true, exp));   // no band, backward
-    EXPECT_EQ(sdpa_grid_heads_slowest_sm90(false, false, false, exp), exp);  // no band, forward
-    for (bool bwd : {false, true}) {
-      EXPECT_EQ(sdpa_grid_heads_slowest_sm90(true, true, bwd, exp), exp);  // a window
-      EXPECT_FALSE(sdpa_grid_heads_slowest_sm90(false, true, bwd, exp));   // causal
-      EXPECT_FALSE(sdpa_grid_heads_slowest_sm90(true, false, bwd, exp));   // a left bound alone
-    }
-  }
+  using flashspan::sm90::sdpa_bwd_grid_heads_slowest_sm90;
+  EXPECT_TRUE(sdpa_bwd_grid_heads_slowest_sm90(false, false));
+  EXPECT_FALSE(sdpa_bwd_grid_heads_slowest_sm90(true, true));   // a window
+  EXPECT_FALSE(sdpa_bwd_grid_heads_slowest_sm90(false, true));  // causal
+  EXPECT_FALSE(sdpa_bwd_grid_heads_slowest_sm90(true, false));  // a left bound alone
 }

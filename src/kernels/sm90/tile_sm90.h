@@ -69,20 +69,16 @@ constexpr bool sdpa_fwd_runs_head_dims_sm90(int dqk, int dv) {
 // its dq_accum tiles (sdpa_params.cpp, the workspace).
 constexpr int sdpa_bwd_kernel_dim_sm90(int dqk, int dv) { return dqk <= 64 && dv <= 64 ? 64 : 128; }
 
-// The order of the sm90 SDPA grids (tile_scheduler.cuh AnalyticGrid, AnalyticBwdGrid; the launchers
-// set AnalyticMaskParams::heads_slowest from it): heads slowest -- every block of one head before the
-// next, so that the CTAs of a wave share one head's K / V (forward) or Q / dO (backward) in L2 --
-// where every walk has one length (no band, or a band bounded on both sides: a window), else the
-// longest walks first (a band bounded on one side: causal). Measured on the H200 (PERF_LOG v2.2,
-// B=1 H=16 D=128 backward): no band S=32768 483 (heads fastest) -> 531 TFLOP/s (heads slowest);
-// causal 469 -> 422, so causal keeps the longest-first order. `experimental`
-// (sdpa_heads_slowest_enabled, FLASHSPAN_EXPERIMENTAL=1): the same order for the forward without a
-// band and for windows in both directions, not yet run on a GPU (PERF_LOG v2.10: S=32768 no band
-// forward 564 (heads fastest) against the flex route's 610; window backward 459 against 484).
-constexpr bool sdpa_grid_heads_slowest_sm90(bool has_left, bool has_right, bool backward, bool experimental) {
-  if (has_left != has_right) return false;
-  return (backward && !has_left) || experimental;
-}
+// The order of the sm90 SDPA backward's grid (tile_scheduler.cuh AnalyticBwdGrid; launch_sdpa_bwd_sm90
+// sets AnalyticMaskParams::heads_slowest from it): heads slowest -- every key block of one head before
+// the next, so that the CTAs of a wave share one head's Q / dO in L2 -- without a band, else key
+// blocks ascending, heads fastest (a causal band: the longest walks first). Measured on the H200
+// (B=1 H=16 D=128): no band S=32768 483 (heads fastest) -> 531 TFLOP/s (PERF_LOG v2.2); causal 469
+// -> 422. Windows (a band bounded on both sides, walks of one length too) lost with heads slowest,
+// and so did the forward's windows (PERF_LOG v2.10: S=8192 window backward 482 -> 380, forward
+// 595 -> 468; S=32768 forward 597 -> 536; the forward without a band 581 -> 586, noise), so the
+// forward's grid keeps its one order (AnalyticGrid: the last query block first).
+constexpr bool sdpa_bwd_grid_heads_slowest_sm90(bool has_left, bool has_right) { return !has_left && !has_right; }
 
 // Packed GQA (FwdParams::pack = G, query heads per kv head) on the sm90 forward: G a power of
 // two dividing the 128 query rows of the forward tile, so that a block's 128 packed rows are
