@@ -206,7 +206,8 @@ int bwd_cell_order_forced() {
 
 void set_bwd_split_first(int on) { store_override(g_split_first_override, on); }
 
-// The cell order's split-first item list: experimental, not yet run on a GPU (PERF_LOG v2.8).
+// The cell order's split-first item list: experimental (PERF_LOG v2.10: longformer +15 %, tree_bfs -7 %
+// at S=131072 D=128).
 bool bwd_split_first_enabled() { return experimental_switch(g_split_first_override); }
 
 void set_bwd_wide64_enabled(int on) { store_override(g_wide64_override, on); }

@@ -80,8 +80,9 @@ int bwd_det_split_above_mean();
 int bwd_cell_order_forced();
 void set_bwd_cell_order(int on);
 // Whether the cell order puts the split tasks' items first (split_schedule.cuh kSplitFirst: the cut
-// walks of sink columns and global tokens start first, spread over the heads): experimental, not
-// yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1, read per call); set_bwd_split_first: 1 on, 0 off,
+// walks of sink columns and global tokens start first, spread over the heads): experimental
+// (FLASHSPAN_EXPERIMENTAL=1, read per call; PERF_LOG v2.10: longformer +15 %, tree_bfs -7 % at
+// S=131072 D=128, so not the default); set_bwd_split_first: 1 on, 0 off,
 // -1 back to the environment's answer (tests). Defined in dispatch/family.cpp.
 bool bwd_split_first_enabled();
 void set_bwd_split_first(int on);
