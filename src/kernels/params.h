@@ -224,8 +224,6 @@ struct AnalyticMaskParams {
   int32_t max_q = 0, max_kv = 0;                 // S_q, S_kv
   int32_t num_q_blocks = 0, num_k_blocks = 0;   // per sample, of the launched tiles (launchers)
   float lse_unit = 0.6931471805599453f;          // forward stats: ln 2 (natural log) or 1 (base 2)
-  int32_t heads_slowest = 0;                     // the sm90 backward grid's order (tile_scheduler.cuh
-                                                 // AnalyticBwdGrid; sdpa_bwd_grid_heads_slowest_sm90)
   SampleStart start[kSdpaNumTensors];
 };
 

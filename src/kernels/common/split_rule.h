@@ -66,8 +66,8 @@ FS_SPLIT_HD int64_t split_chunk(int64_t total, int64_t num_tasks, int64_t num_ct
 //              above max(c1, ceil(m total / num_tasks)), m = above_mean (2 unless the caller
 //              asks for fewer cut walks: SplitSchedule::above_mean);
 //   kept when its items of split tasks (sum of split_items over the tasks above) are fewer than
-//   kMaxSplit, else chunk c2 = max(c1, ceil(2 total / kMaxSplit)), above max(c2, ceil(2 total /
-//   num_tasks)) (m for 2 likewise).
+//   kMaxSplit, else chunk c2 = max(c1, ceil(2 total / kMaxSplit)), above max(c2, ceil(m total /
+//   num_tasks)).
 // Bounds: items <= num_tasks + total / chunk <= num_tasks + kPlanOnlyItemsPerCta *
 // kPlanOnlyCtas; items of split tasks < kMaxSplit (first cut: by the test; else they are <=
 // total / c2 + split tasks < 2 total / c2 <= kMaxSplit, a split task having more than c2

@@ -169,7 +169,6 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   static_assert(kBq == kern90::BwdSm90Layout<128>::kBlockQ && kBk == kern90::BwdSm90Layout<128>::kBlockK);
   p.analytic.num_q_blocks = (p.analytic.max_q + kBq - 1) / kBq;
   p.analytic.num_k_blocks = (p.analytic.max_kv + kBk - 1) / kBk;
-  p.analytic.heads_slowest = sdpa_bwd_grid_heads_slowest_sm90(p.analytic.band.has_left, p.analytic.band.has_right);
   // The dq_accum tiles (and the deterministic counters): one per (query head, sample, query
   // block), sample b's blocks from b * num_q_blocks (AnalyticSourceBwdSm90::q_block0).
   p.view.num_q_blocks = int64_t(p.batch) * p.analytic.num_q_blocks;

@@ -69,8 +69,8 @@ constexpr bool sdpa_fwd_runs_head_dims_sm90(int dqk, int dv) {
 // its dq_accum tiles (sdpa_params.cpp, the workspace).
 constexpr int sdpa_bwd_kernel_dim_sm90(int dqk, int dv) { return dqk <= 64 && dv <= 64 ? 64 : 128; }
 
-// The order of the sm90 SDPA backward's grid (tile_scheduler.cuh AnalyticBwdGrid; launch_sdpa_bwd_sm90
-// sets AnalyticMaskParams::heads_slowest from it): heads slowest -- every key block of one head before
+// The order of the sm90 SDPA backward's grid (tile_scheduler.cuh AnalyticBwdGrid; the kernel's
+// AnalyticSourceBwdSm90 asks it with the call's band): heads slowest -- every key block of one head before
 // the next, so that the CTAs of a wave share one head's Q / dO in L2 -- without a band, else key
 // blocks ascending, heads fastest (a causal band: the longest walks first). Measured on the H200
 // (B=1 H=16 D=128): no band S=32768 483 (heads fastest) -> 531 TFLOP/s (PERF_LOG v2.2); causal 469
