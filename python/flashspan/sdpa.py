@@ -222,6 +222,13 @@ class _FastEntry:
     def __init__(self, op, pos, named, allocs):
         self.op, self.pos, self.named, self.allocs = op, pos, named, allocs
 
+    def pointers(self, tensors, kw: dict) -> dict:
+        """slot -> data pointer (None for NULL) of the positional ``tensors`` and keyword tensors this entry binds."""
+        pointers = {slot: tensors[i].data_ptr() or None for slot, i in self.pos}
+        for slot, name in self.named:
+            pointers[slot] = kw[name].data_ptr() or None
+        return pointers
+
     def run(self, tensors: tuple, kw: dict) -> tuple:
         q = tensors[0]
         if self.allocs:
@@ -229,10 +236,7 @@ class _FastEntry:
             dev = q.device
             for i, shape, stride, dtype in self.allocs:
                 tensors[i] = torch.empty_strided(shape, stride, dtype=dtype, device=dev)
-        pointers = {slot: tensors[i].data_ptr() or None for slot, i in self.pos}
-        for slot, name in self.named:
-            pointers[slot] = kw[name].data_ptr() or None
-        _execute(self.op, q, pointers)
+        _execute(self.op, q, self.pointers(tensors, kw))
         return tensors
 
 
@@ -280,14 +284,12 @@ def _remember(key, route: str, call: _Call, op: L.Op, given: tuple, bound: tuple
     named = tuple((slot, name) for name, slot in _FAST_NAMED if isinstance(kw.get(name), Tensor))
     allocs = tuple((i, tuple(t.shape), t.stride(), t.dtype) for i, (g, t) in enumerate(zip(given, bound))
                    if g is None and t is not None)
-    pointers = {slot: bound[i].data_ptr() or None for slot, i in pos}
-    for slot, name in named:
-        pointers[slot] = kw[name].data_ptr() or None
-    if pointers != call.pointers():
+    entry = _FastEntry(op, pos, named, allocs)
+    if entry.pointers(bound, kw) != call.pointers():
         return  # a tensor bound per call (a copy, a host-read scale): full path each time
     if len(_FAST) >= _FAST_CAPACITY:
         _FAST.clear()
-    _FAST[key] = _FastEntry(op, pos, named, allocs)
+    _FAST[key] = entry
 
 
 # ---------------------------------------------------------------------------

@@ -141,48 +141,39 @@ def _unsupported_of(q: Tensor, k: Tensor, v: Tensor, a: dict, given) -> Optional
     return unsupported(q, k, v, a) if given is NOT_COMPUTED else given
 
 
-# The arguments unsupported() rejects when they are not None (use_alibi_mask: when true).
-_FEATURE_ARGS = ("bias", "dBias", "softcap", "sink_token", "dSink_token", "dropout", "rng_dump", "block_mask", "gate",
-                 "dgate", "paged_attention_k_table", "paged_attention_v_table", "score_max", "score_sum_exp")
+_MODIFIER = "flex has no score modifiers (it adds nothing to the scores, it only masks them)"
+# The features unsupported() names, in its order: (name in the error, the arguments that carry it, why the flex
+# lowering cannot express it). An argument counts when it is not None (use_alibi_mask: when true).
+_FEATURES = (
+    ("bias", ("bias",), _MODIFIER),
+    ("dBias", ("dBias",), _MODIFIER),
+    ("use_alibi_mask (ALiBi)", ("use_alibi_mask",), _MODIFIER),
+    ("softcap", ("softcap",), _MODIFIER),
+    ("sink_token (attention sinks)", ("sink_token",), "flex's softmax has no sink term"),
+    ("dSink_token", ("dSink_token",), "flex's softmax has no sink term"),
+    ("dropout", ("dropout",), "flex has no dropout"),
+    ("rng_dump", ("rng_dump",), "flex has no dropout"),
+    ("block_mask", ("block_mask",), "a 128x128 block mask combined with the band is not one interval per row"),
+    ("gate", ("gate",), "flex has no output gate"),
+    ("dgate", ("dgate",), "flex has no output gate"),
+    ("paged_attention_k_table, paged_attention_v_table (paged K/V)",
+     ("paged_attention_k_table", "paged_attention_v_table"), "flex reads contiguous K/V only"),
+    ("score_max (logit_max output)", ("score_max",),
+     "flex returns the LSE only, from which the row max cannot be separated"),
+    ("score_sum_exp", ("score_sum_exp",),
+     "flex returns the LSE only, from which the sum of exponentials cannot be separated"),
+)
 
 
 def unsupported(q: Tensor, k: Tensor, v: Tensor, a: dict) -> Optional[NotImplementedError]:
     """The NotImplementedError naming the first feature of the call (arguments ``a``) the flex lowering cannot
     express, or None when it expresses the whole call."""
     get = a.get
-    plain = not get("use_alibi_mask")
-    if plain:  # the common case: none of the features; the table below names the first one otherwise
-        for name in _FEATURE_ARGS:
-            if get(name) is not None:
-                plain = False
-                break
-    if plain:
-        return _unsupported_shapes(q, k, v)
-    modifier = "flex has no score modifiers (it adds nothing to the scores, it only masks them)"
-    features = (
-        ("bias", a.get("bias") is not None, modifier),
-        ("dBias", a.get("dBias") is not None, modifier),
-        ("use_alibi_mask (ALiBi)", bool(a.get("use_alibi_mask")), modifier),
-        ("softcap", a.get("softcap") is not None, modifier),
-        ("sink_token (attention sinks)", a.get("sink_token") is not None, "flex's softmax has no sink term"),
-        ("dSink_token", a.get("dSink_token") is not None, "flex's softmax has no sink term"),
-        ("dropout", a.get("dropout") is not None, "flex has no dropout"),
-        ("rng_dump", a.get("rng_dump") is not None, "flex has no dropout"),
-        ("block_mask", a.get("block_mask") is not None,
-         "a 128x128 block mask combined with the band is not one interval per row"),
-        ("gate", a.get("gate") is not None, "flex has no output gate"),
-        ("dgate", a.get("dgate") is not None, "flex has no output gate"),
-        ("paged_attention_k_table, paged_attention_v_table (paged K/V)",
-         a.get("paged_attention_k_table") is not None or a.get("paged_attention_v_table") is not None,
-         "flex reads contiguous K/V only"),
-        ("score_max (logit_max output)", a.get("score_max") is not None,
-         "flex returns the LSE only, from which the row max cannot be separated"),
-        ("score_sum_exp", a.get("score_sum_exp") is not None,
-         "flex returns the LSE only, from which the sum of exponentials cannot be separated"),
-    )
-    for name, present, why in features:
-        if present:
-            return _unsupported(name, why)
+    for name, args, why in _FEATURES:
+        for arg in args:
+            x = get(arg)
+            if x is not None and (arg != "use_alibi_mask" or x):
+                return _unsupported(name, why)
     return _unsupported_shapes(q, k, v)
 
 
