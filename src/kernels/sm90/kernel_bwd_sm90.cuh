@@ -102,7 +102,9 @@
 // orientation, so the payload is one word a thread, bits 16c + 4j + r), P and dS of those keys
 // into shared memory (16-bit, query rows of 64 keys, 128B-swizzled, double-buffered), a named
 // barrier, then dQ = dS K (SS, A K-major, B = K N-major), dV += P^T dO and dK += dS^T Q (SS,
-// A = P / dS M-major, B = dO / Q N-major) on the warpgroup's columns. Shared memory: (192, 128)
+// A = P / dS M-major, B = dO / Q N-major) on the warpgroup's columns; with one Q / dO stage
+// ((256, 256)) dV and dK first and the stage released before dQ, so that the next step's Q / dO
+// load runs under dQ (PERF_LOG v2.11: S=32768 H=16 causal 296 -> 442 TFLOP/s). Shared memory: (192, 128)
 // K 24 + V 16 + 2 x (Q 24 + dO 16) + 2 x (P, dS 16) + dQ 48 KB = 200 KB; (256, 256) one Q / dO
 // stage: 32 + 32 + 64 + 32 + 64 KB = 224 KB (of 227).
 //
@@ -488,6 +490,21 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
       walk.next(h, qb, payload);
       const int pay = Src::kAnalytic ? -1 : payload;  // the payload to load (the analytic mask has none)
       const uint32_t st = step_it % L::kStages, ph = (step_it / L::kStages) & 1;
+      // The step's statistics (rows past the sample: lse2 = +inf, D = 0), loaded before the wait
+      // for the stage, so that their L2 latency overlaps the consumers' last step.
+      constexpr int kStatPerLane = L::kBlockQ / 32;
+      float st_lse2[kStatPerLane], st_delta[kStatPerLane];
+      {
+        const int q_left = sl.len_q - qb * L::kBlockQ;
+        const int64_t ws = int64_t(h) * p.total_q + sl.q_start + int64_t(qb) * L::kBlockQ;
+#pragma unroll
+        for (int i = 0; i < kStatPerLane; ++i) {
+          const int r = lane + 32 * i;
+          const bool valid = r < q_left;
+          st_lse2[i] = valid ? __ldg(p.lse2 + ws + r) : INFINITY;
+          st_delta[i] = valid ? __ldg(p.delta + ws + r) : 0.0f;
+        }
+      }
       mbar_wait(bars + L::kQdoEmpty + 8 * st, ph ^ 1);
       const uint32_t full = bars + L::kQdoFull + 8 * st;
       if (lane == 0) {
@@ -510,15 +527,12 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
           }
         }
       }
-      // The step's statistics (rows past the sample: lse2 = +inf, D = 0) and its info.
-      const int q_left = sl.len_q - qb * L::kBlockQ;
-      const int64_t ws = int64_t(h) * p.total_q + sl.q_start + int64_t(qb) * L::kBlockQ;
+      // The step's statistics and its info into the stage.
       float* stat = s_stat + st * 2 * L::kBlockQ;
 #pragma unroll
-      for (int r = lane; r < L::kBlockQ; r += 32) {
-        const bool valid = r < q_left;
-        stat[r] = valid ? __ldg(p.lse2 + ws + r) : INFINITY;
-        stat[L::kBlockQ + r] = valid ? __ldg(p.delta + ws + r) : 0.0f;
+      for (int i = 0; i < kStatPerLane; ++i) {
+        stat[lane + 32 * i] = st_lse2[i];
+        stat[L::kBlockQ + lane + 32 * i] = st_delta[i];
       }
       if (lane == 0) s_info[st] = make_int4(h, qb, payload, 0);
       mbar_arrive(full);  // every lane releases its own statistics (and lane 0 the info)
@@ -1049,15 +1063,30 @@ __device__ __forceinline__ void bwd_consumer_cols(const BwdParams& p, uint32_t b
       }
       fence_proxy_async_smem();
       named_bar_sync(1, L::kConsumerThreads);  // P and dS of both warpgroups in shared memory
-      // dQ (the warpgroup's columns) = dS K first, so that its store overlaps dV and dK.
       float dq[kDqk / 16][4];
       wg_fence();
-      gemm_dq_cols<kDqk, L::kSlabK, E>(dq, ds_buf, base + L::kK, pk);
-      wg_commit();
-      gemm_kv_cols<kDv, L::kSlabQ, E>(dv, p_buf, do_tile, pv);
-      gemm_kv_cols<kDqk, L::kSlabQ, E>(dk, ds_buf, q_tile, pk);
-      wg_commit();
-      wg_wait<1>();  // dQ done (dV, dK may still run)
+      if constexpr (L::kStages == 1) {
+        // One Q / dO stage ((256, 256)): dV and dK (the GEMMs that read Q and dO) first, so that
+        // the stage is free, and the producer loads the next step's Q and dO, while dQ = dS K (K
+        // and dS only) runs and goes to shared memory; with dQ first the next step's loads
+        // waited for every GEMM of this one.
+        gemm_kv_cols<kDv, L::kSlabQ, E>(dv, p_buf, do_tile, pv);
+        gemm_kv_cols<kDqk, L::kSlabQ, E>(dk, ds_buf, q_tile, pk);
+        wg_commit();
+        gemm_dq_cols<kDqk, L::kSlabK, E>(dq, ds_buf, base + L::kK, pk);
+        wg_commit();
+        wg_wait<1>();                                // dV, dK done (dQ may still run)
+        mbar_arrive(bars + L::kQdoEmpty + 8 * st);  // Q, dO, the statistics and the info are free
+        wg_wait<0>();                                // dQ done
+      } else {
+        // dQ (the warpgroup's columns) = dS K first, so that its store overlaps dV and dK.
+        gemm_dq_cols<kDqk, L::kSlabK, E>(dq, ds_buf, base + L::kK, pk);
+        wg_commit();
+        gemm_kv_cols<kDv, L::kSlabQ, E>(dv, p_buf, do_tile, pv);
+        gemm_kv_cols<kDqk, L::kSlabQ, E>(dk, ds_buf, q_tile, pk);
+        wg_commit();
+        wg_wait<1>();  // dQ done (dV, dK may still run)
+      }
       reg_fence(dq);
       mbar_wait(bars + L::kDqEmpty, (step_it & 1) ^ 1);
 #pragma unroll
@@ -1070,8 +1099,10 @@ __device__ __forceinline__ void bwd_consumer_cols(const BwdParams& p, uint32_t b
       }
       fence_proxy_async_smem();
       mbar_arrive(bars + L::kDqFull);
-      wg_wait<0>();                                // dV, dK done
-      mbar_arrive(bars + L::kQdoEmpty + 8 * st);  // Q, dO, the statistics and the info are free
+      if constexpr (L::kStages != 1) {
+        wg_wait<0>();                                // dV, dK done
+        mbar_arrive(bars + L::kQdoEmpty + 8 * st);  // Q, dO, the statistics and the info are free
+      }
     }
     reg_fence(dk);
     reg_fence(dv);
