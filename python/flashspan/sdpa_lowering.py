@@ -96,18 +96,26 @@ def _route_env() -> str:
 
 def prefers_flex(q: Tensor) -> bool:
     """Whether a call on the (non-CPU) device of q that this lowering can express takes it rather than the native
-    route (environment read per call): ``FLASHSPAN_SDPA_ROUTE=flex`` yes, ``=native`` no; else a CUDA device whose
-    native route would not run the sm90 SDPA kernels -- compute capability other than 9.x, or
-    ``FLASHSPAN_KERNEL_FAMILY=sm80`` -- since the native sm80 backward is 0.69-0.74x the flex route's on the sm80
-    kernels (forward 0.85-0.96x; H200, B=1 H=16 D=128, PERF_LOG v2.10), while on sm90 the two routes are at par."""
+    route (environment read per call): ``FLASHSPAN_SDPA_ROUTE=flex`` yes, ``=native`` no; else a CUDA call whose
+    native route would not run the sm90 SDPA kernels (:func:`native_runs_sm90`), since the native sm80 backward is
+    0.69-0.74x the flex route's on the sm80 kernels (forward 0.85-0.96x; H200, B=1 H=16 D=128, PERF_LOG v2.10),
+    while where the native route runs the sm90 SDPA kernels the two routes are at par."""
     r = _route_env()
     if r in ("flex", "native"):
         return r == "flex"
     if q.device.type != "cuda":
         return False
-    if os.environ.get("FLASHSPAN_KERNEL_FAMILY", "").strip() == "sm80":
-        return True
-    return _capability_major(q.get_device()) != 9
+    return not native_runs_sm90(_capability_major(q.get_device()),
+                                os.environ.get("FLASHSPAN_KERNEL_FAMILY", "").strip(), q.shape[-1])
+
+
+def native_runs_sm90(capability_major: int, kernel_family_env: str, head_dim_qk: int) -> bool:
+    """Whether the native route of a pure-mask call runs the sm90 SDPA kernels in both directions: a device of
+    compute capability 9.x, ``FLASHSPAN_KERNEL_FAMILY`` (``kernel_family_env``) not ``sm80``, and head dims up to
+    128 (the sm90 SDPA backward's, tile_sm90.h ``sdpa_bwd_runs_head_dims_sm90``; of the GPU head dims,
+    ``head_dim_qk > 128`` is exactly (192, 128) and (256, 256), whose native backward runs the sm80 kernels while
+    the flex route runs them on the sm90 flex backward)."""
+    return capability_major == 9 and kernel_family_env != "sm80" and head_dim_qk <= 128
 
 
 _majors: dict = {}

@@ -542,18 +542,16 @@ TEST(SdpaGpu, Sm90ForwardOffRunsSm80) {
 
 TEST(SdpaGpu, Sm90ForwardFallsBackToSm80) {
   // With the sm90 forward on, what it does not cover runs the sm80 kernels (and is right):
-  // packed THD, (192, 128) and (256, 256), softcap, H_k != H_v, a block_mask, the gate.
+  // packed THD, softcap, H_k != H_v, a block_mask, the gate.
   REQUIRE_SDPA_SM90();
   const ForceSdpaSm90 force(1);
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 4; ++i) {
     Case c = sm90_case(9200 + uint64_t(i));
     c.kind_q = c.kind_kv = Kind::kBhsd;
     switch (i) {
       case 0: c.kind_q = c.kind_kv = Kind::kThd; c.lengths = 1; break;
-      case 1: c.Dqk = 192; c.Dv = 128; break;
-      case 2: c.Dqk = c.Dv = 256; break;
-      case 3: c.softcap = 5.0f; break;
-      case 4: c.Hq = 4; c.Hk = 2; c.Hv = 1; break;
+      case 1: c.softcap = 5.0f; break;
+      case 2: c.Hq = 4; c.Hk = 2; c.Hv = 1; break;
       default: c.gate = true; c.block_mask = 2; c.has_right = true; c.right = 0; c.has_left = false; break;
     }
     const int64_t before = sm90::sdpa_fwd_launches();
@@ -563,21 +561,48 @@ TEST(SdpaGpu, Sm90ForwardFallsBackToSm80) {
   }
 }
 
+TEST(SdpaGpu, Sm90ForwardBigDims) {
+  // (192, 128) and (256, 256) on the sm90 forward (sdpa_fwd_sm90_d{192,256}.cu): sm90_case's masks,
+  // padding, GQA, layouts and dtypes with the big dims (O and the stats checked against the reference,
+  // so the sm80 backward of such a call reads what it expects); odd seeds also run the backward, which
+  // stays on the sm80 kernels (sdpa_bwd_runs_head_dims_sm90).
+  REQUIRE_SDPA_SM90();
+  const ForceSdpaSm90 force(1);
+  const ForceSdpaBwdSm90 force_bwd(1);
+  for (uint64_t seed = 9401; seed <= 9430; ++seed) {
+    Case c = sm90_case(seed);
+    if (seed % 3 == 0) {
+      c.Dqk = c.Dv = 256;
+    } else {
+      c.Dqk = 192;
+      c.Dv = 128;
+    }
+    const bool backward = seed % 2 == 1;
+    const int64_t fwd0 = sm90::sdpa_fwd_launches(), bwd0 = sm90::sdpa_bwd_launches();
+    run_case(c, backward);
+    EXPECT_EQ(sm90::sdpa_fwd_launches(), fwd0 + 1) << "forward family of " << c.str();
+    EXPECT_EQ(sm90::sdpa_bwd_launches(), bwd0) << "backward family of " << c.str();
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 TEST(SdpaGpu, Sm90ForwardSanitizerSmall) {
   // Small sm90 cases for compute-sanitizer memcheck: NaN-padded samples (one without keys) under
   // bottom-right causal with GQA on the (64, 64) kernel (overlapped consumers), a window with
-  // max_logit and base-2 stats on the (128, 128) kernel (serial consumers), a dense MQA case.
+  // max_logit and base-2 stats on the (128, 128) kernel (serial consumers), a dense MQA case, and
+  // the dense MQA case again on the (192, 128) kernel.
   REQUIRE_SDPA_SM90();
   const ForceSdpaSm90 force(1);
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < 4; ++i) {
     Case c;
     c.seed = 9300 + uint64_t(i);
     c.B = 3;
     c.Hq = 4;
-    c.Hk = i == 2 ? 1 : 2;
+    c.Hk = i >= 2 ? 1 : 2;
     c.Sq = 200 + 50 * i;
     c.Skv = 300 - 40 * i;
     c.Dqk = c.Dv = i == 0 ? 64 : 128;
+    if (i == 3) c.Dqk = 192;
     c.has_right = true;
     c.bottom_right = i == 0;
     c.has_left = i == 1;

@@ -139,10 +139,11 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   const CUtensorMap mq = make_tensor_map_sm90(bshd_of_bhsd(q), false, dtype, t.fwd_bq, "q");
   const CUtensorMap mk = make_tensor_map_sm90(bshd_of_bhsd(k), false, dtype, t.fwd_bk, "k");
   const CUtensorMap mv = make_tensor_map_sm90(bshd_of_bhsd(v), false, dtype, t.fwd_bk, "v");
-  if (t.dqk_tile == 64) {
-    run_sdpa_fwd_sm90<64, 64>(p, dtype, mq, mk, mv, stream);
-  } else {
-    run_sdpa_fwd_sm90<128, 128>(p, dtype, mq, mk, mv, stream);
+  switch (t.dqk_tile) {
+    case 64: run_sdpa_fwd_sm90<64, 64>(p, dtype, mq, mk, mv, stream); break;
+    case 128: run_sdpa_fwd_sm90<128, 128>(p, dtype, mq, mk, mv, stream); break;
+    case 192: run_sdpa_fwd_sm90<192, 128>(p, dtype, mq, mk, mv, stream); break;
+    default: run_sdpa_fwd_sm90<256, 256>(p, dtype, mq, mk, mv, stream); break;
   }
 }
 
