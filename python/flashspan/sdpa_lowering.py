@@ -105,17 +105,15 @@ def prefers_flex(q: Tensor) -> bool:
         return r == "flex"
     if q.device.type != "cuda":
         return False
-    return not native_runs_sm90(_capability_major(q.get_device()),
-                                os.environ.get("FLASHSPAN_KERNEL_FAMILY", "").strip(), q.shape[-1])
+    return not native_runs_sm90(_capability_major(q.get_device()), os.environ.get("FLASHSPAN_KERNEL_FAMILY", "").strip())
 
 
-def native_runs_sm90(capability_major: int, kernel_family_env: str, head_dim_qk: int) -> bool:
+def native_runs_sm90(capability_major: int, kernel_family_env: str) -> bool:
     """Whether the native route of a pure-mask call runs the sm90 SDPA kernels in both directions: a device of
-    compute capability 9.x, ``FLASHSPAN_KERNEL_FAMILY`` (``kernel_family_env``) not ``sm80``, and head dims up to
-    128 (the sm90 SDPA backward's, tile_sm90.h ``sdpa_bwd_runs_head_dims_sm90``; of the GPU head dims,
-    ``head_dim_qk > 128`` is exactly (192, 128) and (256, 256), whose native backward runs the sm80 kernels while
-    the flex route runs them on the sm90 flex backward)."""
-    return capability_major == 9 and kernel_family_env != "sm80" and head_dim_qk <= 128
+    compute capability 9.x and ``FLASHSPAN_KERNEL_FAMILY`` (``kernel_family_env``) not ``sm80``. Every GPU head dim
+    (tile_sm90.h ``sdpa_fwd_runs_head_dims_sm90`` / ``sdpa_bwd_runs_head_dims_sm90``: multiples of 8 up to 128,
+    (192, 128) and (256, 256) since 2026-12-03, PERF_LOG v2.12)."""
+    return capability_major == 9 and kernel_family_env != "sm80"
 
 
 _majors: dict = {}

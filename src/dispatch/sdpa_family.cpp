@@ -30,8 +30,7 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtype (fp16 / bf16 only)";
   const int dqk = static_cast<int>(p.Dqk), dv = static_cast<int>(p.Dv);
   if (backward ? !sm90::sdpa_bwd_runs_head_dims_sm90(dqk, dv) : !sm90::sdpa_fwd_runs_head_dims_sm90(dqk, dv)) {
-    return backward ? "head dims (multiples of 8 up to 128)"
-                    : "head dims (multiples of 8 up to 128, (192, 128) or (256, 256))";
+    return "head dims (multiples of 8 up to 128, (192, 128) or (256, 256))";
   }
   if (p.Hk != p.Hv) return "H_k != H_v";
   if (p.paged) return "paged K/V";

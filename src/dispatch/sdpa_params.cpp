@@ -192,16 +192,19 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
   PlanSignature sig;
   sig.consumer = consumer_for(80, g.head_dim_qk, g.head_dim_v);
   if (p.device == DeviceType::kCUDA && sdpa_bwd_sm90_refusal(p) == nullptr) {
-    // The sm90 backward's tiles (64 x kD, kD the kernel head dim) in the same place, and its
-    // counters when deterministic: the sm90 layout of kernel head dims (kD, kD).
+    // The sm90 backward's tiles (64 x kD, kD the kernel head dim Dqk) in the same place, and its
+    // counters when deterministic: the sm90 layout of kernel head dims (kD, kDv) -- (kD, kD) up to
+    // 128, the call's own (192, 128) / (256, 256) above.
     const int kd = sm90::sdpa_bwd_kernel_dim_sm90(g.head_dim_qk, g.head_dim_v);
+    const int kdv = kd <= 128 ? kd : g.head_dim_v;
     FlexGeometry g90 = g;
-    g90.head_dim_qk = g90.head_dim_v = kd;
+    g90.head_dim_qk = kd;
+    g90.head_dim_v = kdv;
     PlanSignature sig90;
-    sig90.consumer = consumer_for(90, kd, kd);
-    // The SDPA kernel runs the 64-row tile (BwdSm90Layout<kd>), not the wide 128 x 128 one that
-    // (64, 64) plans may get.
-    const sm90::TileSm90 t90 = sm90::tile_sm90(kd, kd, /*bwd_wide64=*/false);
+    sig90.consumer = consumer_for(90, kd, kdv);
+    // The SDPA kernel runs the 64-row tile (BwdSm90Layout<kd, kdv>), not the wide 128 x 128 one
+    // that (64, 64) plans may get.
+    const sm90::TileSm90 t90 = sm90::tile_sm90(kd, kdv, /*bwd_wide64=*/false);
     sig90.consumer.bwd_block_q = t90.bwd_bq;
     sig90.consumer.bwd_block_k = t90.bwd_bk;
     BwdWorkspaceLayout w = bwd_workspace_layout(g90, sig90, p.a.deterministic);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/sdpa_problem.h"
@@ -74,7 +75,7 @@ Call packed_thd_call() {
 
 TEST(SdpaFamily, Sm90ForwardCoversThePureMaskSubset) {
   EXPECT_EQ(refusal(Call{}), "");
-  // Dims up to 128 and the two big pairs, which the backward leaves to sm80 (Sm90BackwardCoversTheForwardsSubset).
+  // Dims up to 128 and the two big pairs (the backward's too: Sm90BackwardCoversTheForwardsSubset).
   for (auto [dqk, dv] :
        {std::pair<int64_t, int64_t>{64, 64}, {8, 16}, {128, 64}, {40, 120}, {96, 96}, {192, 128}, {256, 256}}) {
     Call c;
@@ -163,11 +164,13 @@ TEST(SdpaFamily, Sm90BackwardCoversTheForwardsSubset) {
   // The forward's calls, deterministic or not (the same rule, sdpa_family.cpp sm90_refusal).
   EXPECT_EQ(bwd_refusal(Call{}), "");
   EXPECT_EQ(bwd_refusal(Call{}, true), "");
-  for (auto [dqk, dv] : {std::pair<int64_t, int64_t>{64, 64}, {8, 16}, {128, 64}, {40, 120}, {96, 96}}) {
+  for (auto [dqk, dv] :
+       {std::pair<int64_t, int64_t>{64, 64}, {8, 16}, {128, 64}, {40, 120}, {96, 96}, {192, 128}, {256, 256}}) {
     Call c;
     c.dqk = dqk;
     c.dv = dv;
     EXPECT_EQ(bwd_refusal(c), "") << dqk << "," << dv;
+    EXPECT_EQ(bwd_refusal(c, true), "") << dqk << "," << dv << " deterministic";
   }
   {
     Call c;  // padding, bottom-right band, fp16
@@ -184,8 +187,8 @@ TEST(SdpaFamily, Sm90BackwardCoversTheForwardsSubset) {
 }
 
 TEST(SdpaFamily, Sm90BackwardLeavesTheRestToSm80) {
-  for (auto [dqk, dv] : {std::pair<int64_t, int64_t>{192, 128}, {256, 256}}) {
-    Call c;  // dims the forward runs on sm90, the backward not (the column-split consumers have no analytic mask)
+  for (auto [dqk, dv] : {std::pair<int64_t, int64_t>{192, 192}, {256, 128}, {136, 136}}) {
+    Call c;  // dims without an sm90 kernel
     c.dqk = dqk;
     c.dv = dv;
     EXPECT_NE(bwd_refusal(c).find("head dims"), std::string::npos) << dqk << "," << dv;
@@ -234,9 +237,11 @@ TEST(SdpaFamily, Sm90BackwardWorkspaceHoldsItsTiles) {
   // A covered CUDA call's workspace holds the sm90 dQ tiles (64 x kD per (head, sample, query
   // block)) where the sm80 accumulator is, and when deterministic their counters after them.
   for (bool det : {false, true}) {
-    for (auto [dqk, kd] : {std::pair<int64_t, size_t>{40, 64}, {96, 128}}) {
+    for (auto [dqk, dv, kd] : {std::tuple<int64_t, int64_t, size_t>{40, 40, 64}, {96, 96, 128}, {192, 128, 192},
+                               {256, 256, 256}}) {
       Call c;
-      c.dqk = c.dv = dqk;
+      c.dqk = dqk;
+      c.dv = dv;
       const sdpa::Problem p = backward_problem(c, det);
       const size_t per = (sizeof(float) * 4 * 2 * 300 + 255) / 256 * 256;  // [H_q, B S_q] fp32
       const size_t tiles = sizeof(float) * 4 * 2 * 5 * 64 * kd;             // ceil(300 / 64) = 5 blocks

@@ -393,10 +393,12 @@ struct PlanSourceBwdSm90 {
 // tile mask of the item's KeyBlockMask (the consumers, analytic_step_mask). Workspace rows of
 // sample b start at b * S_q (AnalyticSeqlen::q_start); dq_accum tiles at b * num_q_blocks.
 // Every dK / dV row below S_kv is written (0 past the sample); inputs past the sample are
-// zeroed in shared memory before use (zero_rows_past).
+// zeroed in shared memory before use (zero_rows_past). kBk: the kernel's key block (128: the
+// key-split kernels of dims up to 128; 64: the column-split kernels of (192, 128) / (256, 256)).
+template <int kBk>
 struct AnalyticSourceBwdSm90 {
   static constexpr bool kAnalytic = true;
-  static constexpr int kBlockQ = 64, kBlockK = 128;  // the key-split kernels' tile
+  static constexpr int kBlockQ = 64, kBlockK = kBk;
   using Seqlen = kern::AnalyticSeqlen;
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int) {
     const AnalyticMaskParams& a = kern::analytic_of(p);
@@ -710,11 +712,13 @@ constexpr int kZeroBar = 2;
 // arguments. Rows past a sample (padding: any values, NaN included) would otherwise reach the
 // gradients through the GEMMs that multiply a masked P or dS of 0 with them (0 * NaN): Q and dO
 // (dK += dS^T Q, dV += P^T dO) and K and V (dQ = dS K; dP^T = V dO^T).
-template <int kRows, int kSlabs>
+// kSlabsB: b's slabs when they differ from a's ((192, 128): K / Q 3 slabs, V / dO 2).
+template <int kRows, int kSlabs, int kSlabsB = kSlabs>
 __device__ __forceinline__ void zero_rows_past(uint32_t a, uint32_t b, int keep, int t) {
-  constexpr int kChunks = kSlabs * kRows * 8;  // 16-byte chunks of one tile
+  constexpr int kChunks = kSlabs * kRows * 8;     // 16-byte chunks of tile a
+  constexpr int kChunksB = kSlabsB * kRows * 8;   // of tile b
 #pragma unroll 2
-  for (int i = t; i < 2 * kChunks; i += 256) {
+  for (int i = t; i < kChunks + kChunksB; i += 256) {
     const bool second = i >= kChunks;
     const int j = second ? i - kChunks : i;
     if ((j >> 3) % kRows >= keep) {
@@ -924,6 +928,24 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
 // Column-split consumers (two warpgroups; the 64 x 64 tile of (192, 128) and (256, 256))
 // ---------------------------------------------------------------------------
 
+// The analytic element mask of one column-split step as the plan's payload word of the thread
+// (shifted to its warpgroup's keys): bit 4 j + 2 hi + e for query row_thr + 8 hi and key
+// key_thr + 8 j + e (key_thr = 32 c + 2 qd), from the tile mask (analytic_mask.h TileMask).
+__device__ __forceinline__ uint32_t analytic_step_mask_cols(const kern::TileMask& tm, int row_thr, int key_thr) {
+  uint32_t w = 0;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        if (tm.visible(row_thr + 8 * hi, key_thr + 8 * j + e)) w |= 1u << (4 * j + 2 * hi + e);
+      }
+    }
+  }
+  return w;
+}
+
 // acc += A B[:, the warpgroup's columns] over the step's 64 query rows (4 k16 steps): A = P or dS
 // in shared memory as the M-major operand (query rows of 64 keys, 128B-swizzled: M = keys), B =
 // dO or Q (N-major, kSlab-byte slabs of 64 columns). dV += P^T dO and dK += dS^T Q.
@@ -978,7 +1000,9 @@ __device__ __forceinline__ void gemm_dq_cols(float (&acc)[kD / 16][4], uint32_t 
 // Payload: S is the plan's own orientation (rows = queries), so the thread's 16 elements are
 // bits 16c + 4j + r of its lane's word of 16-row sub-tile w (payload_layout.h: key 32c + 8j +
 // 2qd + e, query 16w + g + 8hi; r = 2hi + e, the accumulator register).
-template <int kDqk, int kDv, class E>
+// Src: the mask source (PlanSourceBwdSm90, or AnalyticSourceBwdSm90<64>: element masks from
+// positions, rows of Q / dO / K / V past the sample zeroed in shared memory before use).
+template <int kDqk, int kDv, class E, class Src>
 __device__ __forceinline__ void bwd_consumer_cols(const BwdParams& p, uint32_t base, uint8_t* smem) {
   using L = BwdSm90Layout<kDqk, kDv>;
   static_assert(L::kColSplit, "the column-split consumers run the 64 x 64 tile");
@@ -1005,13 +1029,23 @@ __device__ __forceinline__ void bwd_consumer_cols(const BwdParams& p, uint32_t b
     zero_frag(dk);
     zero_frag(dv);
     mbar_wait(bars + L::kKvFull, item_it & 1);
-    const kern::SeqlenInfo sl(p, it.b);
-    const int64_t qblk0 = __ldg(p.view.q_block_start + it.b);
+    const typename Src::Seqlen sl(p, it.b);
+    const int64_t qblk0 = Src::q_block0(p, it.b);
+    if constexpr (Src::kAnalytic) {
+      const int keys_in = sl.len_k - it.kb * L::kBlockK;
+      if (it.steps > 0 && keys_in < L::kBlockK) {
+        zero_rows_past<L::kBlockK, L::kSlabs, L::kSlabsV>(base + L::kK, base + L::kV, keys_in, 128 * c + t);
+      }
+    }
     for (int s = 0; s < it.steps; ++s, ++step_it) {
       const uint32_t st = step_it % L::kStages, ph = (step_it / L::kStages) & 1;
       const uint32_t q_tile = base + L::kQ + st * L::kTileQ;
       const uint32_t do_tile = base + L::kDO + st * L::kTileDO;
       mbar_wait(bars + L::kQdoFull + 8 * st, ph);
+      if constexpr (Src::kAnalytic) {
+        const int rows_in = sl.len_q - s_info[st].y * L::kBlockQ;
+        if (rows_in < L::kBlockQ) zero_rows_past<L::kBlockQ, L::kSlabs, L::kSlabsV>(q_tile, do_tile, rows_in, 128 * c + t);
+      }
       float sacc[4][4], dpacc[4][4];
       wg_fence();
       wgmma_ss_kmajor<32, kDqk, L::kSlabQ, L::kSlabK, E>(sacc, q_tile, k_rows);
@@ -1024,7 +1058,14 @@ __device__ __forceinline__ void bwd_consumer_cols(const BwdParams& p, uint32_t b
       const float dd[2] = {delta[row_thr], delta[row_thr + 8]};
       const int4 info = s_info[st];  // {h, qb, payload}
       uint32_t pw = ~0u;             // a full block: every bit set
-      if (info.z >= 0) pw = reinterpret_cast<const uint32_t*>(smem + L::kPay + st * L::kPayBytes)[32 * w + lane] >> (16 * c);
+      if (info.z >= 0) {
+        if constexpr (Src::kAnalytic) {
+          pw = analytic_step_mask_cols(kern::TileMask::make(sl.mask, int64_t(info.y) * L::kBlockQ, int64_t(it.kb) * L::kBlockK),
+                                       row_thr, 32 * c + 2 * qd);
+        } else {
+          pw = reinterpret_cast<const uint32_t*>(smem + L::kPay + st * L::kPayBytes)[32 * w + lane] >> (16 * c);
+        }
+      }
       wg_wait<1>();
       reg_fence(sacc);
       // P = exp2(S scale log2(e) - lse2[query]); masked elements 0.
@@ -1108,7 +1149,7 @@ __device__ __forceinline__ void bwd_consumer_cols(const BwdParams& p, uint32_t b
     reg_fence(dv);
     mbar_arrive(bars + L::kKvEmpty);
     const int key0 = it.kb * L::kBlockK;
-    const int keys_valid = min(L::kBlockK, sl.len_k - key0);
+    const int keys_valid = min(L::kBlockK, Src::keys_to_store(p, sl, key0));
     const int64_t krow = int64_t(p.varlen ? sl.k_start : 0) + key0;
     dkdv_epilogue_sm90<L::kBlockK, kDqk, kDv, E>(p, it, keys_valid, krow, row_thr, qd, dk, dv, pk, pv);
   }
@@ -1117,14 +1158,16 @@ __device__ __forceinline__ void bwd_consumer_cols(const BwdParams& p, uint32_t b
 #endif  // __CUDA_ARCH__
 
 // The kernel body of mask source Src (PlanSourceBwdSm90: flex; AnalyticSourceBwdSm90: SDPA, the
-// key-split (64, 64) / (128, 128) kernels only).
+// key-split and column-split kernels alike: AnalyticSourceBwdSm90<kBlockK>).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 template <int kD, class E, int kDv, class Src, int kBq = 64>
 __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v, const CUtensorMap* tm_do) {
   using L = BwdSm90Layout<kD, kDv, kBq>;
-  static_assert(!Src::kAnalytic || (!L::kColSplit && L::kBlockQ == 64 && L::kBlockK == 128),
-                "the analytic source runs the key-split kernels (AnalyticSourceBwdSm90's tile)");
+  if constexpr (Src::kAnalytic) {
+    static_assert(L::kBlockQ == Src::kBlockQ && L::kBlockK == Src::kBlockK,
+                  "the analytic source walks the kernel's tile (AnalyticSourceBwdSm90<kBlockK>)");
+  }
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = kern::smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -1172,7 +1215,7 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
   }
   setmaxnreg_inc<232>();
   if constexpr (L::kColSplit) {
-    bwd_consumer_cols<kD, kDv, E>(p, base, smem);
+    bwd_consumer_cols<kD, kDv, E, Src>(p, base, smem);
   } else {
     bwd_consumer<kD, E, Src, kBq>(p, base, smem);
   }
@@ -1197,15 +1240,16 @@ __global__ void __launch_bounds__(BwdSm90Layout<kD, kDv, kBq>::kThreads, 1)
 }
 
 // The SDPA backward (analytic mask, AnalyticSourceBwdSm90): the same kernel over an
-// SdpaBwdParams, kD = 64 or 128 (a call's head dims up to kD, multiples of 8), deterministic or
-// not at run time (one instantiation per dtype and kD).
-template <int kD, class E>
-__global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
+// SdpaBwdParams, (kD, kDv) = (64, 64) or (128, 128) (the key-split consumers; a call's head dims
+// up to kD, multiples of 8) or exactly (192, 128) / (256, 256) (the column-split consumers),
+// deterministic or not at run time (one instantiation per dtype and head dims).
+template <int kD, class E, int kDv = kD>
+__global__ void __launch_bounds__(BwdSm90Layout<kD, kDv>::kThreads, 1)
     sdpa_bwd_kernel_sm90(const __grid_constant__ SdpaBwdParams p, const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                          const __grid_constant__ CUtensorMap tm_do) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  bwd_sm90_body<kD, E, kD, AnalyticSourceBwdSm90>(p, &tm_q, &tm_k, &tm_v, &tm_do);
+  bwd_sm90_body<kD, E, kDv, AnalyticSourceBwdSm90<BwdSm90Layout<kD, kDv>::kBlockK>>(p, &tm_q, &tm_k, &tm_v, &tm_do);
 #else
   __trap();
 #endif
@@ -1244,10 +1288,10 @@ __global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel_sm90(const Bwd
 // sample b's query block b * num_q_blocks + pos / 64), written in the input dtype at the dQ
 // tensor's own sample start (padded: every row, 0 past the sample) and only the call's
 // head_dqk columns (a smaller head dim than kD runs on the kD kernel). One warp per (row, head).
-template <int kD, class E>
+template <int kD, class E, int kDv = kD>
 __global__ void __launch_bounds__(256) sdpa_bwd_dq_convert_kernel_sm90(const SdpaBwdParams p) {
   using Elem = typename E::Storage;
-  constexpr int kBq = BwdSm90Layout<kD>::kBlockQ;
+  constexpr int kBq = BwdSm90Layout<kD, kDv>::kBlockQ;
   const AnalyticMaskParams& a = p.analytic;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t units = int64_t(p.num_heads_q) * p.total_q;

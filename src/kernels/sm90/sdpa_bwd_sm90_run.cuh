@@ -1,6 +1,6 @@
 // The host side of one sm90 SDPA backward kernel head dim (kernel_bwd_sm90.cuh
 // sdpa_bwd_kernel_sm90 and sdpa_bwd_dq_convert_kernel_sm90), included by the instantiation units
-// sdpa_bwd_sm90_d{64,128}.cu: fp16 / bf16, 4 kernels a unit.
+// sdpa_bwd_sm90_d{64,128,192,256}.cu: fp16 / bf16, 4 kernels a unit.
 #pragma once
 
 #include <algorithm>
@@ -14,17 +14,17 @@
 
 namespace flashspan::sm90 {
 
-// The persistent grid over the AnalyticBwdGrid's B * ceil(S_kv / 128) * H_kv cells (one CTA per
-// SM), then dq = scale * dq_accum.
-template <int kD>
+// The persistent grid over the AnalyticBwdGrid's B * ceil(S_kv / kBlockK) * H_kv cells (one CTA
+// per SM), then dq = scale * dq_accum.
+template <int kD, int kDv>
 void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
                        const CUtensorMap& mv, const CUtensorMap& mdo, cudaStream_t s) {
-  using L = kern90::BwdSm90Layout<kD>;
+  using L = kern90::BwdSm90Layout<kD, kDv>;
   with_element_type(dtype, "sdpa backward (sm90)", [&](auto e) {
     using E = decltype(e);
     const int64_t items = int64_t(p.analytic.num_k_blocks) * (p.num_heads_q / p.group_size) * p.batch;
     if (items > 0) {
-      auto kernel = kern90::sdpa_bwd_kernel_sm90<kD, E>;
+      auto kernel = kern90::sdpa_bwd_kernel_sm90<kD, E, kDv>;
       static std::atomic<uint64_t> smem_set{0};
       ensure_smem_limit(kernel, L::kBytes, smem_set, "sdpa backward (sm90): cudaFuncSetAttribute");
       static std::atomic<int> ctas_cache[64];
@@ -34,15 +34,15 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
       check_launch("sdpa backward (sm90)");
     }
     if (p.total_q > 0) {
-      kern90::sdpa_bwd_dq_convert_kernel_sm90<kD, E>
+      kern90::sdpa_bwd_dq_convert_kernel_sm90<kD, E, kDv>
           <<<grid_stride_1d(int64_t(p.num_heads_q) * p.total_q, 8), 256, 0, s>>>(p);
       check_launch("sdpa backward dQ convert (sm90)");
     }
   });
 }
 
-#define FLASHSPAN_SM90_SDPA_BWD_INSTANTIATE(D)                                                                      \
-  template void run_sdpa_bwd_sm90<D>(const SdpaBwdParams&, DType, const CUtensorMap&, const CUtensorMap&,           \
-                                     const CUtensorMap&, const CUtensorMap&, cudaStream_t);
+#define FLASHSPAN_SM90_SDPA_BWD_INSTANTIATE(DQK, DV)                                                                \
+  template void run_sdpa_bwd_sm90<DQK, DV>(const SdpaBwdParams&, DType, const CUtensorMap&, const CUtensorMap&,     \
+                                           const CUtensorMap&, const CUtensorMap&, cudaStream_t);
 
 }  // namespace flashspan::sm90

@@ -1,5 +1,5 @@
 // Declaration of the per-head-dim sm90 SDPA backward entry point (sdpa_bwd_sm90_run.cuh,
-// instantiated in sdpa_bwd_sm90_d{64,128}.cu), so that launch_bwd_sm90.cu compiles none of the
+// instantiated in sdpa_bwd_sm90_d{64,128,192,256}.cu), so that launch_bwd_sm90.cu compiles none of the
 // SDPA kernels itself.
 #pragma once
 
@@ -11,10 +11,11 @@
 
 namespace flashspan::sm90 {
 
-// Launches the SDPA (analytic mask) backward kernel of kernel head dims (kD, kD), kD = 64 or 128
-// (kernel_bwd_sm90.cuh sdpa_bwd_kernel_sm90), then its dQ convert: p as launch_sdpa_bwd_sm90
-// completes it (the preprocess has run; dq_accum tiles cleared; tile counts set).
-template <int kD>
+// Launches the SDPA (analytic mask) backward kernel of kernel head dims (kD, kDv): (64, 64),
+// (128, 128), (192, 128) or (256, 256) (kernel_bwd_sm90.cuh sdpa_bwd_kernel_sm90), then its dQ
+// convert: p as launch_sdpa_bwd_sm90 completes it (the preprocess has run; dq_accum tiles
+// cleared; tile counts set).
+template <int kD, int kDv>
 void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
                        const CUtensorMap& mv, const CUtensorMap& mdo, cudaStream_t s);
 

@@ -61,18 +61,18 @@ constexpr TileSm90 tile_sm90(int dqk, int dv, bool bwd_wide64 = false) {
 // same tiles (tile_sm90).
 constexpr bool sdpa_fwd_runs_head_dims_sm90(int dqk, int dv) { return fwd_runs_head_dims_sm90(dqk, dv); }
 
-// Head dims the sm90 SDPA backward (the analytic source of the key-split backward kernel:
-// sdpa_bwd_sm90_d{64,128}.cu) runs: each dim a multiple of 8 up to 128. (192, 128) and (256, 256)
-// keep the sm80 SDPA backward (the column-split consumers have no analytic mask yet).
-constexpr bool sdpa_bwd_runs_head_dims_sm90(int dqk, int dv) {
-  return fwd_runs_head_dims_sm90(dqk, dv) && dqk <= 128 && dv <= 128;
-}
+// Head dims the sm90 SDPA backward (the analytic source of the backward kernel:
+// sdpa_bwd_sm90_d{64,128,192,256}.cu) runs: the forward's -- each dim a multiple of 8 up to 128
+// (key-split consumers, 64 x 128 tile), (192, 128) and (256, 256) (column-split consumers, 64 x 64).
+constexpr bool sdpa_bwd_runs_head_dims_sm90(int dqk, int dv) { return fwd_runs_head_dims_sm90(dqk, dv); }
 
-// The kernel head dim (kD, kD) the sm90 SDPA backward runs a call's (dqk, dv) of
-// sdpa_bwd_runs_head_dims_sm90 on: 64 when both are <= 64, else 128 (the dK / dV stores and the
-// dQ convert write only the call's columns; TMA fills the others with zeros). Also the width of
-// its dq_accum tiles (sdpa_params.cpp, the workspace).
-constexpr int sdpa_bwd_kernel_dim_sm90(int dqk, int dv) { return dqk <= 64 && dv <= 64 ? 64 : 128; }
+// The kernel head dim Dqk the sm90 SDPA backward runs a call's (dqk, dv) of
+// sdpa_bwd_runs_head_dims_sm90 on: 64 when both are <= 64, 128 when both are <= 128 (the dK / dV
+// stores and the dQ convert write only the call's columns; TMA fills the others with zeros), else
+// the call's own 192 / 256. Also the width of its dq_accum tiles (sdpa_params.cpp, the workspace).
+constexpr int sdpa_bwd_kernel_dim_sm90(int dqk, int dv) {
+  return dqk <= 64 && dv <= 64 ? 64 : dqk <= 128 && dv <= 128 ? 128 : dqk;
+}
 
 // The order of the sm90 SDPA backward's grid (tile_scheduler.cuh AnalyticBwdGrid; the kernel's
 // AnalyticSourceBwdSm90 asks it with the call's band): heads slowest -- every key block of one head before
