@@ -16,6 +16,7 @@ namespace flashspan {
 namespace {
 std::atomic<int> g_sdpa_sm90_override{-1};
 std::atomic<int> g_sdpa_bwd_sm90_override{-1};
+std::atomic<int> g_sdpa_fwd_sm90_mods_override{-1};
 // On by default where they cover a call (FLASHSPAN_KERNEL_FAMILY=sm80, read per call, keeps the sm80
 // kernels), since the GPU suite passed with them and they are at least as fast as the flex route's
 // (PERF_LOG v2.10).
@@ -24,9 +25,15 @@ std::atomic<int> g_sdpa_bwd_sm90_override{-1};
 namespace {
 // The one rule of both directions: what the sm90 SDPA kernels (forward and backward) cover. The
 // backward takes the same calls (the forward's tensors but O and the stats as inputs, plus dO,
-// dQ, dK, dV; deterministic or not), max_logit being a forward output.
+// dQ, dK, dV; deterministic or not), max_logit being a forward output. The forward also takes,
+// when sdpa_fwd_sm90_mods_enabled() (experimental), what its kernel with score modifiers runs
+// (sdpa_fwd_mods_kernel_sm90): softcap, ALiBi, the additive bias, sinks, the output gate,
+// score_max / score_sum_exp; and the block_mask (both forward kernels: its 128 x 128 blocks are
+// the forward tile's); the backward of such calls keeps the sm80 kernels.
 const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
   using namespace sdpa;
+  // The modifier instantiations exist for the (64, 64) / (128, 128) kernels (sdpa_fwd_mods_sm90_d{64,128}.cu).
+  const bool mods = !backward && sdpa_fwd_sm90_mods_enabled() && p.Dqk <= 128 && p.Dv <= 128;
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtype (fp16 / bf16 only)";
   const int dqk = static_cast<int>(p.Dqk), dv = static_cast<int>(p.Dv);
   if (backward ? !sm90::sdpa_bwd_runs_head_dims_sm90(dqk, dv) : !sm90::sdpa_fwd_runs_head_dims_sm90(dqk, dv)) {
@@ -35,7 +42,7 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
   if (p.Hk != p.Hv) return "H_k != H_v";
   if (p.paged) return "paged K/V";
   if (p.dropout || p.a.dropout_mask_form) return "dropout";
-  if (p.a.softcap || p.a.alibi) return "score modifiers (softcap, ALiBi)";
+  if ((p.a.softcap || p.a.alibi) && !mods) return "score modifiers (softcap, ALiBi)";
   for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
                 FS_SDPA_RAGGED_OFFSET_STATS}) {
     if (p.has(s)) return "ragged (packed) q, k, v, o or stats";
@@ -50,6 +57,10 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
         continue;
       case FS_SDPA_MAX_LOGIT:
         if (!backward) continue;
+        break;
+      case FS_SDPA_BIAS: case FS_SDPA_SINK_TOKEN: case FS_SDPA_GATE: case FS_SDPA_SCORE_MAX:
+      case FS_SDPA_SCORE_SUM_EXP: case FS_SDPA_BLOCK_MASK:
+        if (mods) continue;
         break;
       case FS_SDPA_DO: case FS_SDPA_DQ: case FS_SDPA_DK: case FS_SDPA_DV:
         if (backward) continue;
@@ -84,6 +95,16 @@ bool sdpa_bwd_sm90_enabled() {
   const int o = g_sdpa_bwd_sm90_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
   return kernel_family_from_env() == 90;
+}
+
+void set_sdpa_fwd_sm90_mods_enabled(int on) {
+  g_sdpa_fwd_sm90_mods_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed);
+}
+
+bool sdpa_fwd_sm90_mods_enabled() {
+  const int o = g_sdpa_fwd_sm90_mods_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  return experimental_from_env();
 }
 
 bool sdpa_bwd_runs_sm90(const sdpa::Problem& p) {

@@ -65,9 +65,17 @@ SdpaPagedFwdParams sdpa_paged_fwd_params(const sdpa::Problem& p);
 // thing it does not cover. sdpa_fwd_sm90_enabled: FLASHSPAN_KERNEL_FAMILY not sm80 (read per call;
 // on by default since PERF_LOG v2.10), unless set_sdpa_fwd_sm90_enabled overrides it (tests: 1 on,
 // 0 off, -1 back to the environment's answer).
+// With sdpa_fwd_sm90_mods_enabled() the forward's refusal also lets through softcap, ALiBi, the
+// additive bias, sinks, the output gate, score_max / score_sum_exp and the block_mask (the sm90
+// forward's kernel with score modifiers, sdpa_fwd_mods_kernel_sm90; the block_mask in both
+// kernels): experimental, not yet run on a GPU: FLASHSPAN_EXPERIMENTAL=1 (read per call), unless
+// set_sdpa_fwd_sm90_mods_enabled overrides it (tests: 1 on, 0 off, -1 back to the environment's
+// answer). The backward's refusal is not changed by it.
 const char* sdpa_fwd_sm90_refusal(const sdpa::Problem& p);
 bool sdpa_fwd_sm90_enabled();
 void set_sdpa_fwd_sm90_enabled(int on);
+bool sdpa_fwd_sm90_mods_enabled();
+void set_sdpa_fwd_sm90_mods_enabled(int on);
 bool sdpa_fwd_runs_sm90(const sdpa::Problem& p);
 
 // The kernel family of the backward, the same rule (sdpa_family.cpp): the sm90 backward

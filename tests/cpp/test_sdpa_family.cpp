@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "core/sdpa_problem.h"
@@ -101,7 +103,15 @@ TEST(SdpaFamily, Sm90ForwardCoversThePureMaskSubset) {
   }
 }
 
+// Forces the sm90 forward's kernel with score modifiers on or off for a scope (FLASHSPAN_EXPERIMENTAL's
+// answer after it), so that the refusals tested do not depend on the environment.
+struct ModsSwitch {
+  explicit ModsSwitch(int on) { set_sdpa_fwd_sm90_mods_enabled(on); }
+  ~ModsSwitch() { set_sdpa_fwd_sm90_mods_enabled(-1); }
+};
+
 TEST(SdpaFamily, Sm90ForwardLeavesTheRestToSm80) {
+  const ModsSwitch off(0);
   // Head dims the sm90 forward has no kernel for: (192, 192), (256, 128), a dim past 256.
   for (auto [dqk, dv] : {std::pair<int64_t, int64_t>{192, 192}, {256, 128}, {136, 136}}) {
     Call c;
@@ -140,6 +150,138 @@ TEST(SdpaFamily, Sm90ForwardLeavesTheRestToSm80) {
   }
 }
 
+
+// The calls the sm90 forward's kernel with score modifiers takes (sdpa_fwd_mods_kernel_sm90), each
+// feature alone and all together, with what still makes a call refuse it.
+std::vector<std::pair<std::string, Call>> modifier_calls() {
+  std::vector<std::pair<std::string, Call>> calls;
+  auto add = [&](const std::string& name, auto&& f) {
+    Call c;
+    f(c);
+    calls.emplace_back(name, c);
+  };
+  auto softcap = [](Call& c) { c.a.softcap = 30.0f; };
+  auto alibi = [](Call& c) { c.a.alibi = true; };
+  auto sinks = [](Call& c) { c.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32); };
+  auto bias = [](Call& c) {
+    TensorView b = desc(1, 4, 300, 500, DType::kFloat32);  // broadcast over B
+    b.strides[0] = 0;
+    c.a.tensors[FS_SDPA_BIAS] = b;
+  };
+  auto gate = [](Call& c) { c.a.tensors[FS_SDPA_GATE] = desc(2, 4, 300, c.dv); };
+  auto stats = [](Call& c) {
+    c.a.tensors[FS_SDPA_SCORE_MAX] = desc(2, 4, 300, 1, DType::kFloat32);
+    c.a.tensors[FS_SDPA_SCORE_SUM_EXP] = desc(2, 4, 300, 1, DType::kFloat32);
+  };
+  auto block_mask = [](Call& c) { c.a.tensors[FS_SDPA_BLOCK_MASK] = desc(2, 4, 3, 1, DType::kUInt8); };
+  add("softcap", softcap);
+  add("alibi", alibi);
+  add("sinks", sinks);
+  add("bias", bias);
+  add("gate", gate);
+  add("score_max / score_sum_exp", stats);
+  add("block_mask", block_mask);
+  add("all", [&](Call& c) {
+    c.dqk = c.dv = 96;
+    softcap(c);
+    alibi(c);
+    sinks(c);
+    bias(c);
+    gate(c);
+    stats(c);
+    block_mask(c);
+    c.a.tensors[FS_SDPA_SEQ_LEN_Q] = vec(2, DType::kInt64);
+    c.a.tensors[FS_SDPA_SEQ_LEN_KV] = vec(2, DType::kInt64);
+    c.a.padding_mask = true;
+  });
+  return calls;
+}
+
+TEST(SdpaFamily, Sm90ForwardWithModifiersIsExperimental) {
+  // On (FLASHSPAN_EXPERIMENTAL=1, or the override): the forward takes each call; off: each is
+  // refused with the message it had before (the pure-mask rule).
+  for (auto& [name, c] : modifier_calls()) {
+    std::string off_msg;
+    {
+      const ModsSwitch off(0);
+      off_msg = refusal(c);
+    }
+    EXPECT_NE(off_msg, "") << name;
+    const ModsSwitch on(1);
+    EXPECT_EQ(refusal(c), "") << name;
+  }
+  {
+    const ModsSwitch off(0);
+    Call c;
+    c.a.softcap = 5.0f;
+    EXPECT_EQ(refusal(c), "score modifiers (softcap, ALiBi)");
+    Call s;
+    s.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32);
+    EXPECT_EQ(refusal(s), sdpa::slot_name(FS_SDPA_SINK_TOKEN));
+  }
+  // What the modifiers' kernel does not run still goes to sm80 with it on: packed THD, (192, 128),
+  // H_k != H_v, dropout (Philox), a packed gate.
+  const ModsSwitch on(1);
+  {
+    Call c = packed_thd_call();
+    c.a.softcap = 5.0f;
+    EXPECT_NE(refusal(c).find("ragged"), std::string::npos);
+  }
+  {
+    Call c;  // (192, 128) runs on sm90 without modifiers; the modifiers' kernels stop at 128
+    c.a.softcap = 5.0f;
+    c.dqk = 192;
+    EXPECT_EQ(refusal(c), "score modifiers (softcap, ALiBi)");
+    Call s;
+    s.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32);
+    s.dqk = s.dv = 256;
+    EXPECT_EQ(refusal(s), sdpa::slot_name(FS_SDPA_SINK_TOKEN));
+  }
+  {
+    Call c;
+    c.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32);
+    c.hv = 1;
+    EXPECT_NE(refusal(c).find("H_k != H_v"), std::string::npos);
+  }
+  {
+    Call c;
+    c.a.dropout_probability = 0.25f;
+    c.a.tensors[FS_SDPA_DROPOUT_SEED] = vec(1, DType::kInt64);
+    c.a.tensors[FS_SDPA_DROPOUT_OFFSET] = vec(1, DType::kInt64);
+    EXPECT_NE(refusal(c).find("dropout"), std::string::npos);
+  }
+  {
+    Call c;
+    c.a.tensors[FS_SDPA_GATE] = desc(2, 4, 300, 128);
+    c.a.tensors[FS_SDPA_RAGGED_OFFSET_GATE] = vec(3, DType::kInt32);
+    c.a.tensors[FS_SDPA_CU_SEQ_LEN_Q] = vec(3, DType::kInt32);
+    c.a.tensors[FS_SDPA_CU_SEQ_LEN_KV] = vec(3, DType::kInt32);
+    c.a.padding_mask = true;
+    EXPECT_EQ(refusal(c), sdpa::slot_name(FS_SDPA_RAGGED_OFFSET_GATE));
+  }
+}
+
+TEST(SdpaFamily, Sm90ForwardModifiersSwitchReadsTheEnvironment) {
+  // Without the override: FLASHSPAN_EXPERIMENTAL=1, read per call (family.cpp experimental_from_env).
+  const char* saved = std::getenv("FLASHSPAN_EXPERIMENTAL");
+  const std::string keep = saved == nullptr ? "" : saved;
+  set_sdpa_fwd_sm90_mods_enabled(-1);
+  unsetenv("FLASHSPAN_EXPERIMENTAL");
+  EXPECT_FALSE(sdpa_fwd_sm90_mods_enabled());
+  setenv("FLASHSPAN_EXPERIMENTAL", "1", 1);
+  EXPECT_TRUE(sdpa_fwd_sm90_mods_enabled());
+  Call c;
+  c.a.softcap = 5.0f;
+  EXPECT_EQ(refusal(c), "");
+  setenv("FLASHSPAN_EXPERIMENTAL", "0", 1);
+  EXPECT_FALSE(sdpa_fwd_sm90_mods_enabled());
+  EXPECT_NE(refusal(c), "");
+  if (saved == nullptr) {
+    unsetenv("FLASHSPAN_EXPERIMENTAL");
+  } else {
+    setenv("FLASHSPAN_EXPERIMENTAL", keep.c_str(), 1);
+  }
+}
 
 // A backward call on the same shapes: O and the stats as inputs, dO, dQ, dK, dV.
 sdpa::Problem backward_problem(Call c, bool deterministic = false) {
@@ -187,6 +329,7 @@ TEST(SdpaFamily, Sm90BackwardCoversTheForwardsSubset) {
 }
 
 TEST(SdpaFamily, Sm90BackwardLeavesTheRestToSm80) {
+  const ModsSwitch on(1);  // the forward's experimental kernel changes nothing in the backward's rule
   for (auto [dqk, dv] : {std::pair<int64_t, int64_t>{192, 192}, {256, 128}, {136, 136}}) {
     Call c;  // dims without an sm90 kernel
     c.dqk = dqk;
@@ -226,6 +369,21 @@ void check_sm90_switch(Set set, Enabled enabled, Runs runs, sdpa::Problem p) {
   p.device = DeviceType::kCPU;
   EXPECT_FALSE(runs(p));
   set(-1);
+}
+
+TEST(SdpaFamily, Sm90BackwardOfModifierCallsStaysOnSm80) {
+  // The backward of the calls the forward's experimental kernel takes keeps its rule (the sm80
+  // kernels for the modifiers, sinks and the gate), switch on or off.
+  for (int on : {0, 1}) {
+    const ModsSwitch sw(on);
+    for (auto& [name, c] : modifier_calls()) {
+      if (c.a.has(FS_SDPA_SCORE_MAX) || c.a.has(FS_SDPA_BLOCK_MASK)) continue;  // forward-only outputs / checked below
+      EXPECT_NE(bwd_refusal(c), "") << name << " switch " << on;
+    }
+    Call bm;
+    bm.a.tensors[FS_SDPA_BLOCK_MASK] = desc(2, 4, 3, 1, DType::kUInt8);
+    EXPECT_EQ(bwd_refusal(bm), sdpa::slot_name(FS_SDPA_BLOCK_MASK)) << on;
+  }
 }
 
 TEST(SdpaFamily, Sm90Switches) {

@@ -370,7 +370,9 @@ double max_abs(const Tensor& t) {
   return m;
 }
 
-void run_case(const Case& c, bool backward = true) {
+// chain: the GPU backward takes the GPU forward's O and LSE (the reference backward the
+// reference's), so that the forward's stats convention is checked through the backward too.
+void run_case(const Case& c, bool backward = true, bool chain = false) {
   SCOPED_TRACE(c.str());
   auto p = make_problem(c);
   // Reference forward on the host buffers (outputs NaN before), GPU forward on poisoned
@@ -414,8 +416,10 @@ void run_case(const Case& c, bool backward = true) {
   // The backward's O / LSE: the reference's, padding rows NaN again (never read).
   poison_padding(p->o, p->len_q);
   poison_padding(p->stats, p->len_q);
-  p->o.upload();
-  p->stats.upload();
+  if (!chain) {
+    p->o.upload();
+    p->stats.upload();
+  }
   run_backward(*p, /*cuda=*/false);
   for (Tensor* t : {&p->dq, &p->dk, &p->dv}) t->poison_device();
   if (c.gate) p->dgate.poison_device();
@@ -470,6 +474,13 @@ TEST(SdpaGpu, RandomCases) {
 struct ForceSdpaSm90 {
   explicit ForceSdpaSm90(int on) { set_sdpa_fwd_sm90_enabled(on); }
   ~ForceSdpaSm90() { set_sdpa_fwd_sm90_enabled(-1); }
+};
+
+// Forces the sm90 forward's kernel with score modifiers (experimental: FLASHSPAN_EXPERIMENTAL=1;
+// set_sdpa_fwd_sm90_mods_enabled) on or off for a scope, the environment's answer again after it.
+struct ForceSdpaSm90Mods {
+  explicit ForceSdpaSm90Mods(int on) { set_sdpa_fwd_sm90_mods_enabled(on); }
+  ~ForceSdpaSm90Mods() { set_sdpa_fwd_sm90_mods_enabled(-1); }
 };
 
 bool sm90_device() {
@@ -542,9 +553,11 @@ TEST(SdpaGpu, Sm90ForwardOffRunsSm80) {
 
 TEST(SdpaGpu, Sm90ForwardFallsBackToSm80) {
   // With the sm90 forward on, what it does not cover runs the sm80 kernels (and is right):
-  // packed THD, softcap, H_k != H_v, a block_mask, the gate.
+  // packed THD, softcap, H_k != H_v, a block_mask, the gate (the experimental kernel with modifiers
+  // off: Sm90ForwardMods* test it on).
   REQUIRE_SDPA_SM90();
   const ForceSdpaSm90 force(1);
+  const ForceSdpaSm90Mods mods_off(0);
   for (int i = 0; i < 4; ++i) {
     Case c = sm90_case(9200 + uint64_t(i));
     c.kind_q = c.kind_kv = Kind::kBhsd;
@@ -615,6 +628,206 @@ TEST(SdpaGpu, Sm90ForwardSanitizerSmall) {
     c.log2_stats = i == 1;
     c.max_logit = i == 1;
     c.dtype = i == 1 ? DType::kFloat16 : DType::kBFloat16;
+    const int64_t before = sm90::sdpa_fwd_launches();
+    run_case(c, /*backward=*/false);
+    EXPECT_EQ(sm90::sdpa_fwd_launches(), before + 1) << c.str();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The sm90 forward with score modifiers, sinks and the epilogue options (kernel_fwd_sm90.cuh
+// sdpa_fwd_mods_kernel_sm90, AnalyticModSourceSm90), experimental: forced on here
+// (ForceSdpaSm90Mods, FLASHSPAN_EXPERIMENTAL=1's switch) with the sm90 forward; the launch counter
+// says which family ran. The backward of such calls stays on the sm80 kernels.
+// ---------------------------------------------------------------------------
+
+// sm90_case (masks in both alignments, padding with a sample without keys, GQA / MQA, head dims
+// up to 128 with 96 and other non-powers, layouts, S up to 1100 on odd seeds) with at least one
+// of: softcap, ALiBi (causal), sinks, the additive bias (every broadcast form, float32 or 16-bit,
+// padded strides), the output gate, score_max / score_sum_exp, a block_mask, a host scale tensor.
+Case sm90_mods_case(uint64_t seed) {
+  Case c = sm90_case(seed);
+  std::mt19937_64 rng(seed * 613 + 11);
+  if (rng() % 4 == 0) c.Dqk = c.Dv = 96;
+  if (rng() % 2) c.softcap = float(2 + rng() % 40) * 0.5f;
+  if (rng() % 3 == 0) {
+    c.alibi = true;
+    c.has_right = true;
+    c.right = 0;
+  }
+  c.sinks = rng() % 2;
+  if (rng() % 2) {
+    c.bias = 1 + int(rng() % 16);
+    c.bias_f32 = rng() % 2;
+    c.bias_strided = rng() % 3 == 0;
+  }
+  c.gate = rng() % 4 == 0;
+  c.score_stats = rng() % 4 == 0;
+  if (rng() % 5 == 0) c.block_mask = 1 + int(rng() % 4);
+  c.scale_tensor = rng() % 4 == 0;
+  if (rng() % 2) c.scale = 3.0f / std::sqrt(float(c.Dqk));  // larger scores: softcap and sinks matter
+  if (c.softcap == 0 && !c.alibi && !c.sinks && !c.bias && !c.gate && !c.score_stats) c.softcap = 8.0f;
+  if (c.sinks) c.max_logit = false;  // refused together on CUDA tensors
+  return c;
+}
+
+// sm90_mods_case's cases first..last on the sm90 forward with modifiers (the launch counter checks
+// it ran them); `backward`: forward and backward, the GPU backward (sm80 kernels wherever the call
+// has a modifier, sink or gate) taking the GPU forward's O and LSE (run_case's chain).
+void run_sm90_mods_cases(uint64_t first, uint64_t last, bool backward = false) {
+  const ForceSdpaSm90 force(1);
+  const ForceSdpaSm90Mods mods(1);
+  for (uint64_t seed = first; seed <= last; ++seed) {
+    Case c = sm90_mods_case(seed);
+    if (backward && c.bias && c.softcap == 0) c.dbias = seed % 2;  // dBias is refused with softcap
+    const int64_t before = sm90::sdpa_fwd_launches(), bwd_before = sm90::sdpa_bwd_launches();
+    run_case(c, backward, /*chain=*/true);
+    EXPECT_EQ(sm90::sdpa_fwd_launches(), before + 1) << "family of " << c.str();
+    if (backward && (c.softcap > 0 || c.alibi || c.sinks || c.bias || c.gate)) {
+      EXPECT_EQ(sm90::sdpa_bwd_launches(), bwd_before) << "backward ran on sm90: " << c.str();
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, Sm90ForwardModsRandom) {
+  REQUIRE_SDPA_SM90();
+  run_sm90_mods_cases(14001, 14100);
+}
+
+TEST(SdpaGpu, Sm90ForwardModsFeedsTheBackward) {
+  // The forward's O and LSE (sink included) as the sm80 backward reads them: dQ, dK, dV, dSink,
+  // dgate and dBias against the reference's.
+  REQUIRE_SDPA_SM90();
+  run_sm90_mods_cases(14201, 14224, /*backward=*/true);
+}
+
+TEST(SdpaGpu, Sm90ForwardModsEachAlone) {
+  // Each feature alone, then all together, on multi-block shapes (GQA, padding by cu_seq_len with
+  // a sample without keys, bottom-right causal), head dims 64, 96 and 128, fp16 and bf16.
+  REQUIRE_SDPA_SM90();
+  const ForceSdpaSm90 force(1);
+  const ForceSdpaSm90Mods mods(1);
+  for (int f = 0; f < 13; ++f) {
+    Case c;
+    c.seed = 14500 + uint64_t(f);
+    c.dtype = f % 2 ? DType::kFloat16 : DType::kBFloat16;
+    c.B = 3;
+    c.Hq = 4;
+    c.Hk = 2;
+    c.Sq = 300 + 37 * f;
+    c.Skv = 500 - 23 * f;
+    c.Dqk = c.Dv = f % 3 == 0 ? 64 : f % 3 == 1 ? 96 : 128;
+    c.has_right = true;
+    c.bottom_right = true;
+    c.lengths = 2;  // cu_seq_len on padded tensors
+    c.lengths64 = f % 2;
+    c.zero_kv_sample = true;
+    c.scale = 2.0f / std::sqrt(float(c.Dqk));
+    switch (f) {
+      case 0: c.softcap = 3.0f; break;
+      case 1: c.alibi = true; break;
+      case 2: c.sinks = true; break;
+      case 3: c.bias = 1 + 1; c.bias_f32 = true; break;  // [1, H_q, S_q, S_kv] (broadcast over B)
+      case 4: c.bias = 1 + 2 + 4; break;                  // [B, 1, 1, S_kv] in q's dtype
+      case 5: c.bias = 1 + 8; c.bias_strided = true; break;  // [B, H_q, S_q, 1] (over keys)
+      case 6: c.gate = true; break;
+      case 7: c.score_stats = true; break;
+      case 8: c.block_mask = 3; c.Skv = 700; break;
+      case 9: c.softcap = 5.0f; c.bias = 1 + 4; c.max_logit = true; break;  // max_logit with modifiers
+      case 10: c.alibi = true; c.sinks = true; c.log2_stats = true; c.kind_q = Kind::kBshd; c.kind_kv = Kind::kStrided; break;
+      case 11: c.Hk = 1; c.sinks = true; c.gate = true; c.score_stats = true; c.scale_tensor = true; break;  // MQA
+      default:
+        c.softcap = 4.0f;
+        c.alibi = true;
+        c.sinks = true;
+        c.bias = 1 + 2;  // [B, 1, S_q, S_kv]
+        c.gate = true;
+        c.score_stats = true;
+        c.block_mask = 2;
+        break;
+    }
+    const int64_t before = sm90::sdpa_fwd_launches();
+    run_case(c, /*backward=*/false);
+    EXPECT_EQ(sm90::sdpa_fwd_launches(), before + 1) << "family of " << c.str();
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, Sm90ForwardModsFallsBackToSm80) {
+  // With the modifiers' kernel on, what it does not run keeps the sm80 kernels (and is right):
+  // packed THD with gaps and a sample without keys (softcap, sinks), (192, 128) with ALiBi,
+  // H_k != H_v with sinks, Philox dropout with a bias.
+  REQUIRE_SDPA_SM90();
+  const ForceSdpaSm90 force(1);
+  const ForceSdpaSm90Mods mods(1);
+  for (int i = 0; i < 4; ++i) {
+    Case c = sm90_case(14600 + uint64_t(i));
+    c.kind_q = c.kind_kv = Kind::kBhsd;
+    c.max_logit = false;
+    switch (i) {
+      case 0: c.kind_q = c.kind_kv = Kind::kThd; c.lengths = 1; c.zero_kv_sample = true; c.softcap = 5.0f; c.sinks = true; break;
+      case 1: c.Dqk = 192; c.Dv = 128; c.alibi = true; c.has_right = true; c.right = 0; break;
+      case 2: c.Hq = 4; c.Hk = 2; c.Hv = 1; c.sinks = true; break;
+      default: c.bias = 1 + 2; c.dropout_p = 0.25f; c.dropout_seed = 77; c.dropout_offset = 3; break;
+    }
+    const int64_t before = sm90::sdpa_fwd_launches();
+    run_case(c, /*backward=*/false);
+    EXPECT_EQ(sm90::sdpa_fwd_launches(), before) << "ran on sm90: " << c.str();
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, Sm90ForwardModsSanitizerSmall) {
+  // Small cases of the modifiers' kernel for compute-sanitizer memcheck: NaN-padded samples (one
+  // without keys) on the (64, 64) kernel with softcap, ALiBi, sinks, a float32 bias broadcast over
+  // B, the gate and the statistics; D = 96 on the (128, 128) kernel with a 16-bit bias over keys
+  // only (padded strides), a block_mask and max_logit; a dense MQA case with sinks and base-2 stats.
+  REQUIRE_SDPA_SM90();
+  const ForceSdpaSm90 force(1);
+  const ForceSdpaSm90Mods mods(1);
+  for (int i = 0; i < 3; ++i) {
+    Case c;
+    c.seed = 14700 + uint64_t(i);
+    c.B = 3;
+    c.Hq = 4;
+    c.Hk = i == 2 ? 1 : 2;
+    c.Sq = 200 + 50 * i;
+    c.Skv = 300 - 40 * i;
+    c.Dqk = c.Dv = i == 0 ? 64 : i == 1 ? 96 : 128;
+    c.has_right = true;
+    c.bottom_right = i == 0;
+    c.has_left = i == 1;
+    c.left = 70;
+    c.kind_q = i == 1 ? Kind::kBshd : Kind::kBhsd;
+    c.kind_kv = i == 1 ? Kind::kStrided : Kind::kBhsd;
+    c.lengths = i == 2 ? 0 : 1;
+    c.lengths64 = i == 1;
+    c.zero_kv_sample = i == 0;
+    c.dtype = i == 1 ? DType::kFloat16 : DType::kBFloat16;
+    c.scale = 2.0f / std::sqrt(float(c.Dqk));
+    switch (i) {
+      case 0:
+        c.softcap = 4.0f;
+        c.alibi = true;
+        c.sinks = true;
+        c.bias = 1 + 1;
+        c.bias_f32 = true;
+        c.gate = true;
+        c.score_stats = true;
+        break;
+      case 1:
+        c.bias = 1 + 8;
+        c.bias_strided = true;
+        c.block_mask = 1;
+        c.max_logit = true;
+        c.softcap = 6.0f;
+        break;
+      default:
+        c.sinks = true;
+        c.log2_stats = true;
+        break;
+    }
     const int64_t before = sm90::sdpa_fwd_launches();
     run_case(c, /*backward=*/false);
     EXPECT_EQ(sm90::sdpa_fwd_launches(), before + 1) << c.str();

@@ -4,6 +4,8 @@
 // the tile's softmax statistics (softmax.cuh):
 //   store_rows           an unsplit item: O normalised by the row sum (0 for a row without a
 //                        visible key) in the input dtype, and LSE (lse_from_stats, -inf there);
+//                        with kSdpaOptions also SDPA's score_max / score_sum_exp and output gate
+//                        (sdpa_score_mod.cuh sdpa_fwd_row_options, the sm80 SDPA epilogue's too);
 //   store_split_partial  a piece of a split task: the unnormalised fp32 O, m (log2 units) and l
 //                        of its rows into its workspace slot (FwdSplit, params.h) for the
 //                        combine kernel (fwd_split.cuh);
@@ -22,6 +24,7 @@
 #include <cstdint>
 
 #include "kernels/common/ptx.cuh"
+#include "kernels/common/sdpa_score_mod.cuh"
 #include "kernels/common/softmax.cuh"
 #include "kernels/common/variant.cuh"
 #include "kernels/params.h"
@@ -44,7 +47,10 @@ struct FwdEpilogue {
   static constexpr int kNO = kDv / 8;
 
   // The thread's rows of the 16-row tile at block row r0 of an unsplit item; LSE in `unit`
-  // (lse_from_stats: ln 2 natural, 1 base 2).
+  // (lse_from_stats: ln 2 natural, 1 base 2). kSdpaOptions (an SDPA kernel's p, rows of sample
+  // rw.batch at sample positions): SDPA's epilogue options too, the score_max / score_sum_exp
+  // outputs and the output gate (sdpa_score_mod.cuh sdpa_fwd_row_options).
+  template <bool kSdpaOptions = false>
   __device__ __forceinline__ static void store_rows(const FwdParams& p, const FwdRows& rw, int r0, const AccFragment& f,
                                                     const float (&o)[kNO][4], const OnlineSoftmax& sm,
                                                     float unit = kLn2) {
@@ -59,10 +65,18 @@ struct FwdEpilogue {
       if (row < rw.rows_valid) {
         const int pos = row >> rw.pack_shift, sub = row & ((1 << rw.pack_shift) - 1);
         Elem* orow = ob + int64_t(pos) * p.oa.row_stride + int64_t(sub) * p.oa.head_stride;
+        [[maybe_unused]] const Elem* grow = nullptr;
+        if constexpr (kSdpaOptions) {
+          grow = sdpa_fwd_row_options<E>(p, rw.batch, rw.head + sub, int(rw.q_row0), pos, sm.m[hi], lsum, f.q == 0);
+        }
 #pragma unroll
         for (int n = 0; n < kNO; ++n) {
           if (8 * n < p.head_dv) {
-            *reinterpret_cast<uint32_t*>(orow + f.col(n, 0)) = pack2<E>(o[n][2 * hi] * inv, o[n][2 * hi + 1] * inv);
+            float x0 = o[n][2 * hi] * inv, x1 = o[n][2 * hi + 1] * inv;
+            if constexpr (kSdpaOptions) {
+              if (grow != nullptr) sdpa_gate_pair<E>(grow, f.col(n, 0), x0, x1);
+            }
+            *reinterpret_cast<uint32_t*>(orow + f.col(n, 0)) = pack2<E>(x0, x1);
           }
         }
         if (p.lse != nullptr && f.q == 0) {

@@ -2,7 +2,9 @@
 // every family apply them: the ScoreMod part of the scores -> logits step (variant.cuh), run
 // between the scaling and the mask, on a warp's accumulator fragments (AccFragment layout).
 // Run-time flags (SdpaScoreParams, params.h) inside the one analytic instantiation of each
-// kernel: the plan (flex) kernels never see them.
+// kernel (the sm90 forward: its instantiation with modifiers, sdpa_fwd_mods_kernel_sm90): the plan
+// (flex) kernels never see them. Also SDPA's forward epilogue options of a row
+// (sdpa_fwd_row_options, sdpa_gate_pair), which both families' epilogues share.
 //
 // In log2 units (the kernels' scores are scale * log2(e) * q.k): with c2 = softcap * log2(e)
 // and a2 = slope_h * log2(e),
@@ -232,6 +234,66 @@ struct SdpaScoreMod {
     }
   }
 };
+
+// SDPA's score modifiers on one key block of a warp's 16-row tile, as the ScoreMod policy of
+// kern::Variant (variant.cuh): softcap and ALiBi on the scaled scores before the mask (SdpaScoreMod
+// at the tile's diagonal offset), the additive bias after it on the visible elements only
+// (SdpaBiasFrag: never read where the mask set -inf). The sm90 forward with modifiers builds one
+// per key block (kernel_fwd_sm90.cuh AnalyticModSourceSm90::score_mod).
+struct SdpaTileScoreMod {
+  SdpaScoreMod mod;
+  int diag;           // j - i - shift of the tile's element (0, 0) (diag_base)
+  int lane;
+  SdpaBiasFrag bias;  // null p: no bias
+
+  // No modifier at all (a call with sinks or epilogue options only): the logits are the scaled
+  // scores, so Variant may fold the scale into the softmax's exponent.
+  __device__ __forceinline__ bool identity() const { return !mod.active() && bias.p == nullptr; }
+  template <int kN>
+  __device__ __forceinline__ void apply(float (&s)[kN][4]) const {
+    mod.apply<kN>(s, diag, lane);
+  }
+  template <int kN>
+  __device__ __forceinline__ void apply_visible(float (&s)[kN][4]) const {
+    bias.add<kN>(s);
+  }
+};
+
+// SDPA's forward epilogue options (SdpaEpilogueParams) on one output row, for the forward
+// epilogues of both families: row row0 + row (sample positions) of sample b, query head h, p an
+// SDPA kernel's parameters (analytic_of), with the row's statistics (m: the running max in log2
+// units, sink included; lsum: the quad's row sum). `writer`: the one thread of the row's quad that
+// writes the statistics outputs (score_max in natural units whatever stats_use_log2 says,
+// score_sum_exp). Returns the row's gate (element (row, column 0) of G), or null without a gate or
+// when the row saw nothing (its O stays 0 whatever G holds, and G is not read). (row0, row) rather
+// than their sum: an int64 sum formed by the caller changed the sm80 kernels' SASS.
+template <class E>
+__device__ __forceinline__ const typename E::Storage* sdpa_fwd_row_options(const FwdParams& p, int b, int h,
+                                                                          int row0, int row, float m, float lsum,
+                                                                          bool writer) {
+  const SdpaEpilogueParams& ep = analytic_of(p).epi;
+  // Element (row, column 0) of head h of sample b of epilogue tensor x with strides t.
+  auto index = [&](int x, const TensorAddr& t) {
+    return sample_start(analytic_of(p).start[x], b) + int64_t(h) * t.head_stride + int64_t(row0 + row) * t.row_stride;
+  };
+  if (writer) {
+    if (ep.score_max != nullptr) ep.score_max[index(kSdpaScoreMax, ep.sma)] = m * kLn2;
+    if (ep.score_sum_exp != nullptr) ep.score_sum_exp[index(kSdpaScoreSumExp, ep.ssa)] = lsum;
+  }
+  if (ep.gate == nullptr || !(lsum > 0.0f)) return nullptr;
+  return static_cast<const typename E::Storage*>(ep.gate) + index(kSdpaGate, ep.ga);
+}
+
+// The output gate on columns col, col + 1 (col even) of a row: x *= sigmoid(G) with grow the row's
+// gate (sdpa_fwd_row_options).
+template <class E>
+__device__ __forceinline__ void sdpa_gate_pair(const typename E::Storage* grow, int col, float& x0, float& x1) {
+  using Elem = typename E::Storage;
+  const uint32_t g2 = *reinterpret_cast<const uint32_t*>(grow + col);  // 4-byte aligned: col even
+  const Elem* ge = reinterpret_cast<const Elem*>(&g2);
+  x0 *= sigmoid_fast(to_float<E>(ge[0]));
+  x1 *= sigmoid_fast(to_float<E>(ge[1]));
+}
 
 // j - i - shift of tile element (r0, c0) of a sample, clamped into int (a band never reaches
 // the clamp on a visible element: |j - i - shift| <= S_q + S_kv < 2^31).

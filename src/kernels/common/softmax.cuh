@@ -51,6 +51,16 @@ struct OnlineSoftmax {
     l[0] = l[1] = 0.0f;
   }
 
+  // Seeds one row's statistics with a sink, a logit s2 (log2 units) the row sees besides its keys
+  // (SDPA's attention sinks: sink_token): m = s2 and l = 1 on the quad's first lane (l is
+  // thread-partial, row_sum adds the quad), so that 2^(s2 - m) joins the row's sum and every later
+  // update rescales it with the keys' terms; O gets nothing from it. Rows that must see nothing
+  // (past the sample) are left unseeded (m = -inf, l = 0: O = 0, LSE = -inf).
+  __device__ __forceinline__ static void seed_row(float& m, float& l, float s2, int lane) {
+    m = s2;
+    l = (lane & 3) == 0 ? 1.0f : 0.0f;
+  }
+
   // Row hi of one key block: its scores in s (kN n8 blocks, logits = scale s) become
   // p = exp2(scale s - m_new); m, l (that row's statistics) updated. Returns the factor the row's
   // output accumulator must be rescaled by (0 while m was -inf). scale > 0 (the max of the

@@ -8,7 +8,12 @@
 //             same answer from positions, with AccFragment's (row, col) of each register).
 //             load() runs before the block's scores exist (its reads overlap the GEMM),
 //             apply() on them; a full block (partial = false) is never masked.
-//   ScoreMod  a modifier of the scaled scores (softcap, ALiBi, bias for SDPA); none today.
+//   ScoreMod  a modifier of the scaled scores: apply() before the mask (SDPA's softcap and
+//             ALiBi), apply_visible() after it on the elements it left visible (SDPA's additive
+//             bias), identity() when it changes nothing on this call. NoScoreMod (the plan
+//             kernels and the pure-mask SDPA kernels), or SDPA's SdpaTileScoreMod
+//             (sdpa_score_mod.cuh), whose terms depend on the key block: logits() takes it per
+//             block.
 #pragma once
 
 #include <cmath>
@@ -99,6 +104,8 @@ struct AnalyticTileMask {
 struct NoScoreMod {
   template <int kN>
   __device__ __forceinline__ void apply(float (&)[kN][4]) const {}
+  template <int kN>
+  __device__ __forceinline__ void apply_visible(float (&)[kN][4]) const {}
 };
 
 template <class Mask, class ScoreMod = NoScoreMod>
@@ -113,10 +120,23 @@ struct Variant {
   // softmax computes exp2(s * scale_log2 - m) in one FFMA (FlashAttention-2's form: the max of
   // the raw scores times a positive scale is the max of the scaled ones; saves one FMUL a score,
   // 64 a thread and key block of the sm90 forward); otherwise 1, s holding the logits.
+  // A score modifier whose identity() holds on the call takes the same folded form.
   template <int kN>
   __device__ __forceinline__ float logits(float (&s)[kN][4], const Mask& mask, bool partial) const {
+    return logits(s, mask, partial, mod);
+  }
+  // The same with the key block's own score modifier `m` (SdpaTileScoreMod: ALiBi's diagonal
+  // offset and the bias's addresses are the block's).
+  template <int kN>
+  __device__ __forceinline__ float logits(float (&s)[kN][4], const Mask& mask, bool partial,
+                                          const ScoreMod& m) const {
     if constexpr (std::is_same_v<ScoreMod, NoScoreMod>) {
       if (scale_log2 > 0.0f) {
+        if (partial) mask.apply(s);
+        return scale_log2;
+      }
+    } else {
+      if (scale_log2 > 0.0f && m.identity()) {
         if (partial) mask.apply(s);
         return scale_log2;
       }
@@ -126,8 +146,9 @@ struct Variant {
 #pragma unroll
       for (int r = 0; r < 4; ++r) s[j][r] *= scale_log2;
     }
-    mod.apply(s);
+    m.apply(s);
     if (partial) mask.apply(s);
+    m.apply_visible(s);
     return 1.0f;
   }
 };

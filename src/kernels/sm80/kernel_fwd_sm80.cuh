@@ -351,10 +351,7 @@ struct AnalyticMaskSm80 {
     for (int i = 0; i < kMT; ++i) {
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
-        if (first + 16 * i + (lane >> 2) + 8 * hi < len_q) {
-          m[i][hi] = s2;
-          l[i][hi] = (lane & 3) == 0 ? 1.0f : 0.0f;
-        }
+        if (first + 16 * i + (lane >> 2) + 8 * hi < len_q) OnlineSoftmax::seed_row(m[i][hi], l[i][hi], s2, lane);
       }
     }
   }
@@ -409,7 +406,8 @@ struct FwdRowsSm80 {
 
 // The same rows of an SDPA call (analytic mask): O and the stats start at their own
 // per-sample offsets (AnalyticMaskParams::start), and the stats may be in base 2.
-// The epilogue options (SdpaEpilogueParams) read their own starts through sample b.
+// The epilogue options (SdpaEpilogueParams) read their own starts through sample b
+// (sdpa_fwd_row_epilogue).
 struct FwdRowsAnalyticSm80 : FwdRowsSm80 {
   static constexpr bool kAnalytic = true;
   int64_t o_start, lse_start;
@@ -417,26 +415,15 @@ struct FwdRowsAnalyticSm80 : FwdRowsSm80 {
   __device__ __forceinline__ int64_t lse_index(const FwdParams& p, int row) const {
     return lse_start + int64_t(h) * p.lsea.head_stride + int64_t(row0 + row) * p.lsea.row_stride;
   }
-  // Element (row row0 + row, column 0) of head h of an epilogue tensor x with strides a.
-  __device__ __forceinline__ int64_t epi_index(const FwdParams& p, int x, const TensorAddr& a, int row) const {
-    return sample_start(analytic_of(p).start[x], b) + int64_t(h) * a.head_stride + int64_t(row0 + row) * a.row_stride;
-  }
 };
 
 // SDPA's forward epilogue options on one row (lsum: the quad's sum, m: the row max in log2
-// units): the statistics outputs, and the gate row (null when no gate, or when the row saw
-// nothing: its O stays 0 whatever G holds).
+// units): sdpa_score_mod.cuh's sdpa_fwd_row_options at the row's sample position.
 template <class E>
 __device__ __forceinline__ const typename E::Storage* sdpa_fwd_row_epilogue(const FwdParams& p,
                                                                              const FwdRowsAnalyticSm80& rw, int row,
                                                                              float m, float lsum) {
-  const SdpaEpilogueParams& ep = analytic_of(p).epi;
-  if (rw.t == 0) {
-    if (ep.score_max != nullptr) ep.score_max[rw.epi_index(p, kSdpaScoreMax, ep.sma, row)] = m * kLn2;
-    if (ep.score_sum_exp != nullptr) ep.score_sum_exp[rw.epi_index(p, kSdpaScoreSumExp, ep.ssa, row)] = lsum;
-  }
-  if (ep.gate == nullptr || !(lsum > 0.0f)) return nullptr;
-  return static_cast<const typename E::Storage*>(ep.gate) + rw.epi_index(p, kSdpaGate, ep.ga, row);
+  return sdpa_fwd_row_options<E>(p, rw.b, rw.h, rw.row0, row, m, lsum, rw.t == 0);
 }
 
 // Epilogue of a whole task, unpacked rows (pack = 1): O normalised (0 for empty rows), LSE
@@ -473,12 +460,7 @@ __device__ __forceinline__ void fwd_store_rows_sm80(const FwdParams& p, Rows rw,
             const int col = n * 8 + 2 * rw.t;
             if (col < p.head_dv) {
               float x0 = acc_o[i][n][2 * hi] * inv, x1 = acc_o[i][n][2 * hi + 1] * inv;
-              if (grow != nullptr) {
-                const uint32_t g2 = *reinterpret_cast<const uint32_t*>(grow + col);  // 4-byte aligned: col even
-                const Elem* ge = reinterpret_cast<const Elem*>(&g2);
-                x0 *= sigmoid_fast(to_float<E>(ge[0]));
-                x1 *= sigmoid_fast(to_float<E>(ge[1]));
-              }
+              if (grow != nullptr) sdpa_gate_pair<E>(grow, col, x0, x1);
               *reinterpret_cast<uint32_t*>(orow + col) = pack2<E>(x0, x1);
             }
           }

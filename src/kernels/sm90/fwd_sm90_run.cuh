@@ -60,6 +60,16 @@ void run_o(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, con
   }
 }
 
+// The SDPA kernel of a unit (only the chosen one is instantiated).
+template <int kDqk, int kDv, class E, bool kOverlap, bool kMods>
+auto sdpa_kernel() {
+  if constexpr (kMods) {
+    return kern90::sdpa_fwd_mods_kernel_sm90<kDqk, kDv, E, kOverlap>;
+  } else {
+    return kern90::sdpa_fwd_kernel_sm90<kDqk, kDv, E, kOverlap>;
+  }
+}
+
 }  // namespace fwd_detail
 
 template <int kDqk, int kDv>
@@ -91,15 +101,16 @@ int fwd_binary_version_of() {
 // AnalyticGrid's B * ceil(S_q / 128) * H_q cells; no split schedule. The consumer schedule is
 // the plan kernels' default, overlapped with ping-pong, for both (64, 64) and (128, 128)
 // (PERF_LOG v2.0; FLASHSPAN_SM90_OVERLAP does not switch it); max_logit tested at run time. 2 kernels (fp16, bf16)
-// a unit.
-template <int kDqk, int kDv>
+// a unit: the pure-mask kernels (sdpa_fwd_kernel_sm90), or with kMods the ones with score modifiers,
+// sinks and the epilogue options (sdpa_fwd_mods_kernel_sm90), each in its own unit.
+template <int kDqk, int kDv, bool kMods>
 void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
                        const CUtensorMap& mv, cudaStream_t s) {
   using L = kern90::FwdSm90Layout<kDqk, kDv>;
   constexpr bool kOverlap = true;
   with_element_type(dtype, "sdpa forward (sm90)", [&](auto e) {
     using E = decltype(e);
-    auto kernel = kern90::sdpa_fwd_kernel_sm90<kDqk, kDv, E, kOverlap>;
+    auto kernel = fwd_detail::sdpa_kernel<kDqk, kDv, E, kOverlap, kMods>();
     static std::atomic<uint64_t> smem_set{0};
     ensure_smem_limit(kernel, L::kBytes, smem_set, "sdpa forward (sm90): cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     static std::atomic<int> ctas_cache[64];
@@ -111,9 +122,9 @@ void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& m
   });
 }
 
-#define FLASHSPAN_SM90_SDPA_FWD_INSTANTIATE(DQK, DV)                                                               \
-  template void run_sdpa_fwd_sm90<DQK, DV>(const SdpaFwdParams&, DType, const CUtensorMap&, const CUtensorMap&,    \
-                                           const CUtensorMap&, cudaStream_t);
+#define FLASHSPAN_SM90_SDPA_FWD_INSTANTIATE(DQK, DV, MODS)                                                         \
+  template void run_sdpa_fwd_sm90<DQK, DV, MODS>(const SdpaFwdParams&, DType, const CUtensorMap&,                  \
+                                                 const CUtensorMap&, const CUtensorMap&, cudaStream_t);
 
 #define FLASHSPAN_SM90_FWD_INSTANTIATE(DQK, DV)                                                                    \
   template void run_fwd_sm90<DQK, DV>(const FwdParams&, DType, const CUtensorMap&, const CUtensorMap&,             \

@@ -85,6 +85,7 @@
 #include "kernels/common/epilogue_fwd.cuh"
 #include "kernels/common/kv_addr.cuh"
 #include "kernels/common/ptx.cuh"
+#include "kernels/common/sdpa_score_mod.cuh"
 #include "kernels/common/softmax.cuh"
 #include "kernels/common/tile_scheduler.cuh"
 #include "kernels/common/variant.cuh"
@@ -175,6 +176,10 @@ __device__ __forceinline__ kern::ItemCursor item_cursor(const FwdParams& p, cons
 //   src.cursor(p, it)                 its key blocks: next(kb, partial, entry), done()
 //   src.load(mask, p, kb, partial, entry, mt, lane)   the Mask (variant.cuh) of key block kb
 //                                     for m16 tile mt of the block (warp w of consumer c: 4c + w)
+//   src.score_mod(p, it, kb, mt, lane)  the ScoreMod of that tile (Variant::logits): NoScoreMod,
+//                                     or SDPA's modifiers (kMods: AnalyticModSourceSm90, which also
+//                                     seeds the rows' statistics with a sink, src.init_stats, and
+//                                     has the epilogue write SDPA's options)
 //   Src::rows(p, it), Src::lse_unit(p)  where the epilogue writes the block's rows; LSE unit
 // ---------------------------------------------------------------------------
 
@@ -182,8 +187,9 @@ __device__ __forceinline__ kern::ItemCursor item_cursor(const FwdParams& p, cons
 // items (the code the kernel had inline: scripts/sass_diff.sh, same SASS).
 template <class L>
 struct PlanSourceSm90 {
-  static constexpr bool kAnalytic = false;
+  static constexpr bool kAnalytic = false, kMods = false;
   using Mask = kern::PlanPayloadMask<L::kBlockK / 8>;
+  using ScoreMod = kern::NoScoreMod;
 
   __device__ __forceinline__ static kern::TileScheduler scheduler(const FwdParams& p) {
     return kern::TileScheduler::forward(p, p.num_heads_q / p.pack);  // kv heads when packed
@@ -196,6 +202,7 @@ struct PlanSourceSm90 {
                                        int lane) const {
     mask.load(p.view.q2k_partial_bits, partial, entry, L::kBlockQ, mt, lane);
   }
+  __device__ __forceinline__ ScoreMod score_mod(const FwdParams&, const WorkItem&, int, int, int) const { return {}; }
   // Packed rows (FwdRows) of the item; rows past the sample's length are not written.
   __device__ __forceinline__ static kern::FwdRows rows(const FwdParams& p, const WorkItem& it) {
     const int pack_shift = __ffs(p.pack) - 1;  // log2 G (pack a power of two), 0 unpacked
@@ -219,8 +226,9 @@ struct PlanSourceSm90 {
 // there, but a NaN in the padding would survive 0 * NaN).
 template <class L>
 struct AnalyticSourceSm90 {
-  static constexpr bool kAnalytic = true;
+  static constexpr bool kAnalytic = true, kMods = false;
   using Mask = kern::AnalyticTileMask<L::kBlockK / 8>;
+  using ScoreMod = kern::NoScoreMod;
   kern::BlockMaskedCursor cur;
   kern::QueryBlockMask block;
 
@@ -237,6 +245,7 @@ struct AnalyticSourceSm90 {
   __device__ __forceinline__ void load(Mask& mask, const FwdParams&, int kb, bool, int, int mt, int lane) const {
     mask = Mask{block.tile(int64_t(kb) * L::kBlockK), mt, lane};
   }
+  __device__ __forceinline__ ScoreMod score_mod(const FwdParams&, const WorkItem&, int, int, int) const { return {}; }
   // Keys of key block kb inside the sample (>= kBlockK: all of them).
   __device__ __forceinline__ int keys_inside(int kb) const { return block.len_kv - kb * L::kBlockK; }
   // Every row of the padded O / stats below S_q.
@@ -245,6 +254,54 @@ struct AnalyticSourceSm90 {
     return kern::FwdRows{it.batch, it.head, row0, min(L::kBlockQ, kern::analytic_of(p).max_q - row0), 0};
   }
   __device__ __forceinline__ static float lse_unit(const FwdParams& p) { return kern::analytic_of(p).lse_unit; }
+};
+
+// SDPA with score modifiers (sdpa_fwd_mods_kernel_sm90): the analytic source plus softcap, ALiBi
+// and the additive bias in the scores -> logits step (a kern::SdpaTileScoreMod per key block and
+// warp: the head's softcap / slope, the tile's diagonal offset and bias addresses), the head's
+// sink seeding the rows' statistics (OnlineSoftmax::seed_row: rows inside the sample only), and
+// the epilogue options (score_max / score_sum_exp, the output gate: FwdEpilogue::store_rows with
+// SDPA's options). The roles and the order are the sm80 SDPA kernels' (AnalyticMaskSm80): softcap
+// and ALiBi on every block before the mask, the bias after it on the visible elements; each a
+// run-time flag of this one instantiation. Dropout is not here (the sm80 kernels run it).
+template <class L>
+struct AnalyticModSourceSm90 : AnalyticSourceSm90<L> {
+  static constexpr bool kMods = true;
+  using ScoreMod = kern::SdpaTileScoreMod;
+  // The head's ALiBi slope * log2 e (0: none). The rest of a block's modifiers is formed per block
+  // from the parameters and the work item (the main loop of the (128, 128) kernel spilled when
+  // the bias's head address and the softcap terms were held across it too).
+  float a2;
+
+  __device__ __forceinline__ static AnalyticModSourceSm90 item(const FwdParams& p, const WorkItem& it) {
+    const SdpaScoreParams& sp = kern::analytic_of(p).score;
+    return AnalyticModSourceSm90{{AnalyticSourceSm90<L>::item(p, it)},
+                                 sp.alibi_n > 0 ? kern::alibi_slope_dev(it.head, sp.alibi_n) * kern::kLog2e : 0.0f};
+  }
+  // The modifiers of key block kb on m16 tile mt (rows 16 mt .. of the block) of item it.
+  __device__ __forceinline__ ScoreMod score_mod(const FwdParams& p, const WorkItem& it, int kb, int mt,
+                                                int lane) const {
+    const AnalyticMaskParams& a = kern::analytic_of(p);
+    const float c2 = a.score.softcap2;
+    const int64_t r0 = int64_t(it.block) * L::kBlockQ + 16 * mt, c0 = int64_t(kb) * L::kBlockK;
+    // Diagonal offset of the tile's element (0, 0): row r0, key c0 (r0 + shift = block.lo0 - d_min
+    // + 16 mt).
+    return ScoreMod{kern::SdpaScoreMod{c2, c2 != 0.0f ? 1.0f / c2 : 0.0f, a2},
+                    kern::diag_base(c0, this->block.lo0 - a.band.d_min() + 16 * mt), lane,
+                    kern::SdpaBiasFrag::make(a.bias, it.batch, it.head, r0, c0, lane)};
+  }
+  // The statistics of the thread's rows of m16 tile mt seeded with the head's sink (rows past the
+  // sample keep m = -inf, l = 0: O = 0, LSE = -inf).
+  __device__ __forceinline__ void init_stats(kern::OnlineSoftmax& sm, const FwdParams& p, int head, int mt,
+                                             int lane) const {
+    const float* sink = kern::analytic_of(p).score.sink;
+    if (sink == nullptr) return;
+    const float s2 = __ldg(sink + head) * kern::kLog2e;
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      if (16 * mt + (lane >> 2) + 8 * hi < this->block.rows) kern::OnlineSoftmax::seed_row(sm.m[hi], sm.l[hi], s2, lane);
+    }
+  }
 };
 
 // Named barrier of the two consumer warpgroups around zero_v_rows_past (ping-pong uses 2, 3).
@@ -401,7 +458,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
   // mask, the online softmax, the forward epilogue.
   using Mask = typename Src::Mask;
   using Epilogue = kern::FwdEpilogue<E, kBlockQ, L::kTile.dv_tile>;
-  const kern::Variant<Mask> variant{p.scale_log2};
+  const kern::Variant<Mask, typename Src::ScoreMod> variant{p.scale_log2, {}};
   const kern::AccFragment frag(lane);
 
   // Ping-pong: warpgroup 0 issues first; each S GEMM issue waits for barrier 2 + c and then
@@ -431,6 +488,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     for (int n = 0; n < kNO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     kern::OnlineSoftmax sm;
     sm.init();
+    if constexpr (Src::kMods) src.init_stats(sm, p, it.head, mt, lane);
 
     mbar_wait(q_full, item_it & 1);
     // Q is released to the producer as soon as the item's last S GEMM has completed, so that the
@@ -464,7 +522,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         release_q(cur.done());
         reg_fence(s);
         float corr[2];
-        const float exp_scale = variant.logits(s, mask, partial);
+        const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane));
         sm.update(s, corr, exp_scale);
         kern::OnlineSoftmax::rescale(o, corr);
         uint32_t pa[kKP][4];
@@ -508,7 +566,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
-          const float exp_scale = variant.logits(s, mask, partial);
+          const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane));
           sm.update(s, corr, exp_scale);  // o = 0: no rescale
           kern::pack_p<E>(s, pa);
           ++kv_it;
@@ -532,7 +590,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
-          const float exp_scale = variant.logits(s, mask, partial);
+          const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane));
           sm.update(s, corr, exp_scale);
           softmax_before_wait<L>(kb);
           wg_wait<0>();
@@ -567,7 +625,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     if (!Src::kAnalytic && it.slot >= 0) {
       Epilogue::store_split_partial(p, it.slot, rw.rows_valid, r0, frag, o, sm);
     } else {
-      Epilogue::store_rows(p, rw, r0, frag, o, sm, Src::lse_unit(p));
+      Epilogue::template store_rows<Src::kMods>(p, rw, r0, frag, o, sm, Src::lse_unit(p));
     }
     // The analytic kernels are built with kMaxLogit and test the pointer (one instantiation).
     if constexpr (kMaxLogit) {
@@ -578,7 +636,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
 
 #endif  // __CUDA_ARCH__
 
-// The kernel body of mask source Src (PlanSourceSm90: flex; AnalyticSourceSm90: SDPA).
+// The kernel body of mask source Src (PlanSourceSm90: flex; AnalyticSourceSm90: SDPA;
+// AnalyticModSourceSm90: SDPA with score modifiers, sinks and epilogue options).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 template <int kDqk, int kDv, class E, bool kMaxLogit, bool kOverlap, template <class> class Src>
 __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
@@ -641,6 +700,21 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   fwd_sm90_body<kDqk, kDv, E, true, kOverlap, AnalyticSourceSm90>(p, &tm_q, &tm_k, &tm_v);
+#else
+  __trap();
+#endif
+}
+
+// The SDPA forward with score modifiers and sinks (AnalyticModSourceSm90): softcap, ALiBi, the
+// additive bias, sinks, the gate and score_max / score_sum_exp as run-time flags of one more
+// instantiation per dtype, so that the pure-mask kernel above keeps its code (the modifiers'
+// registers and instructions stay out of its main loop).
+template <int kDqk, int kDv, class E, bool kOverlap>
+__global__ void __launch_bounds__(kThreads, 1)
+    sdpa_fwd_mods_kernel_sm90(const __grid_constant__ SdpaFwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                              const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  fwd_sm90_body<kDqk, kDv, E, true, kOverlap, AnalyticModSourceSm90>(p, &tm_q, &tm_k, &tm_v);
 #else
   __trap();
 #endif

@@ -127,6 +127,9 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
     FS_CHECK(p.analytic.start[x].ragged.ptr == nullptr, Status::kInternal,
              "sdpa forward (sm90): a ragged tensor reached the launcher");
   }
+  FS_CHECK(p.analytic.dropout.mode == 0 && p.analytic.dropout.rng_dump == nullptr &&
+               p.analytic.score.group_v == p.group_size,
+           Status::kInternal, "sdpa forward (sm90): dropout or H_k != H_v reached the launcher");
   g_sdpa_fwd_launches.fetch_add(1, std::memory_order_relaxed);
   if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
   p.analytic.num_q_blocks = (p.analytic.max_q + t.fwd_bq - 1) / t.fwd_bq;
@@ -139,11 +142,25 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   const CUtensorMap mq = make_tensor_map_sm90(bshd_of_bhsd(q), false, dtype, t.fwd_bq, "q");
   const CUtensorMap mk = make_tensor_map_sm90(bshd_of_bhsd(k), false, dtype, t.fwd_bk, "k");
   const CUtensorMap mv = make_tensor_map_sm90(bshd_of_bhsd(v), false, dtype, t.fwd_bk, "v");
+  // The instantiation with the score modifiers, sinks and epilogue options when the call has any
+  // (sdpa_family.cpp lets them through with FLASHSPAN_EXPERIMENTAL=1, head dims up to 128), else the
+  // pure-mask one, whose code has none of them.
+  const AnalyticMaskParams& a = p.analytic;
+  const bool mods = a.score.softcap2 != 0.0f || a.score.alibi_n > 0 || a.score.sink != nullptr || a.bias.bias != nullptr ||
+                    a.epi.gate != nullptr || a.epi.score_max != nullptr || a.epi.score_sum_exp != nullptr;
+  FS_CHECK(!mods || t.dqk_tile <= 128, Status::kInternal,
+           "sdpa forward (sm90): score modifiers with head dims above 128 reached the launcher");
   switch (t.dqk_tile) {
-    case 64: run_sdpa_fwd_sm90<64, 64>(p, dtype, mq, mk, mv, stream); break;
-    case 128: run_sdpa_fwd_sm90<128, 128>(p, dtype, mq, mk, mv, stream); break;
-    case 192: run_sdpa_fwd_sm90<192, 128>(p, dtype, mq, mk, mv, stream); break;
-    default: run_sdpa_fwd_sm90<256, 256>(p, dtype, mq, mk, mv, stream); break;
+    case 64:
+      mods ? run_sdpa_fwd_sm90<64, 64, true>(p, dtype, mq, mk, mv, stream)
+           : run_sdpa_fwd_sm90<64, 64, false>(p, dtype, mq, mk, mv, stream);
+      break;
+    case 128:
+      mods ? run_sdpa_fwd_sm90<128, 128, true>(p, dtype, mq, mk, mv, stream)
+           : run_sdpa_fwd_sm90<128, 128, false>(p, dtype, mq, mk, mv, stream);
+      break;
+    case 192: run_sdpa_fwd_sm90<192, 128, false>(p, dtype, mq, mk, mv, stream); break;
+    default: run_sdpa_fwd_sm90<256, 256, false>(p, dtype, mq, mk, mv, stream); break;
   }
 }
 
