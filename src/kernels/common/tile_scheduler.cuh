@@ -165,9 +165,9 @@ struct AnalyticGrid {
 // The work items of a persistent analytic-mask (SDPA) backward: cells (key block, kv head,
 // sample) of `batch` samples padded to `num_k_blocks` key blocks each, whole walks.
 //   next(n), cell i = snake_index(n) (snake waves: the cells of a band shrink along the list):
-//     heads_slowest (no band: tile_sm90.h sdpa_bwd_grid_heads_slowest_sm90): global key block i % (num_k_blocks batch)
-//       (sample-major) of head i / (num_k_blocks batch), as the flex grid's cells, so that the
-//       CTAs of a wave walk the same head's Q / dO (in L2 once);
+//     heads_slowest (no band: analytic_mask.h sdpa_bwd_grid_heads_slowest): global key block
+//       i % (num_k_blocks batch) (sample-major) of head i / (num_k_blocks batch), as the flex
+//       grid's cells, so that the CTAs of a wave walk the same head's Q / dO (in L2 once);
 //     else (a causal band or a window): key block i / (heads batch), ascending (the first key
 //       blocks walk the most query blocks: the longest cells first), head i % heads, sample
 //       i / heads % batch.
