@@ -150,6 +150,9 @@ struct TileScheduler {
 // (cell i: block num_q_blocks - 1 - i / (heads * batch), head i % heads, sample i / heads %
 // batch): under a causal band the last blocks walk the most key blocks, so the longest cells
 // start first. A CTA takes the cells in snake waves (next(n), snake_index); none past the grid.
+// A grid of one CTA per cell (the sm80 SDPA forward and deterministic dQ kernels) runs the same
+// order with next(0): CTA i's first item is cell i (snake_index(0) = blockIdx.x), the hardware
+// starting the CTAs in index order.
 struct AnalyticGrid {
   int num_q_blocks, heads, batch;
 
@@ -179,6 +182,7 @@ struct AnalyticGrid {
 //     fastest, snake waves: a key
 //     block's dQ additions wait only for larger key blocks of its own sample, which are lower
 //     cells, so the lowest unfinished cell never waits (kernel_bwd_sm90.cuh).
+//   next(0) in a grid of one CTA per cell (the sm80 SDPA dK/dV kernel): cell blockIdx.x.
 // None past the grid.
 struct AnalyticBwdGrid {
   int num_k_blocks, heads, batch;
