@@ -11,6 +11,9 @@ Routes of ``flashspan.sdpa``, all timed in this one process:
   native80    the same with ``FLASHSPAN_KERNEL_FAMILY=sm80``: forward and backward on the sm80 analytic kernels;
   native      the default route (``FLASHSPAN_EXPERIMENTAL=0``): the native operation without the experimental
               paths (on an H200 the sm90 kernels where they cover the call);
+  native80f   native80 with ``FLASHSPAN_SDPA_SM80_FEATURES=1`` (measurement only): the sm80 SDPA kernels' features
+              instantiation (every feature's code in the main loops, run-time flags) also for a pure-mask call,
+              which runs on the mask-only kernels otherwise (launch_sdpa_{fwd,bwd}_sm80.cu);
   flex80      the flex route with ``FLASHSPAN_KERNEL_FAMILY=sm80`` (the lowering's plans built for the sm80 kernels:
               the plan cache is cleared around it), what a GPU without the sm90 kernels runs.
 sdpa_lowering reads ``FLASHSPAN_EXPERIMENTAL`` per call and the C layer reads ``FLASHSPAN_KERNEL_FAMILY`` per call,
@@ -23,8 +26,8 @@ warm-up calls first, median). Forward under ``torch.no_grad()`` without stats; b
 forward 4 * D * pairs * B * H, backward 2.5x that. cuDNN has no sliding window here ("—").
 
 Checks (spot checks: heads 0 and H-1, the first and last 256 rows, so that the criterion's float64 host copies
-stay small): every flashspan route's O and the flex / native / cuDNN gradients against the flex route's and, where
-it runs, cuDNN's, with the tests' criterion (tests/python/criteria.py: relative L2 + max-abs bound); failures are
+stay small): every flashspan route's O and the flex / native / cuDNN gradients against the flex route's (flex80's when
+the flex route is not timed) and, where it runs, cuDNN's, with the tests' criterion (tests/python/criteria.py: relative L2 + max-abs bound); failures are
 listed and the exit status is 1. A line per configuration is printed as it finishes and the table so far is
 rewritten to --out after each, so a run stopped by a time limit keeps what it measured.
 
@@ -68,13 +71,18 @@ def spot(t: torch.Tensor) -> torch.Tensor:
 @contextlib.contextmanager
 def route_env(route: str):
     """Environment of one flashspan route for the calls inside (restored after)."""
-    saved = {k: os.environ.get(k) for k in ("FLASHSPAN_EXPERIMENTAL", "FLASHSPAN_KERNEL_FAMILY", "FLASHSPAN_SDPA_ROUTE")}
+    keys = ("FLASHSPAN_EXPERIMENTAL", "FLASHSPAN_KERNEL_FAMILY", "FLASHSPAN_SDPA_ROUTE", "FLASHSPAN_SDPA_SM80_FEATURES")
+    saved = {k: os.environ.get(k) for k in keys}
     os.environ["FLASHSPAN_EXPERIMENTAL"] = "0" if route.startswith("flex") or route == "native" else "1"
     os.environ["FLASHSPAN_SDPA_ROUTE"] = "flex" if route.startswith("flex") else "native"
-    if route.endswith("80"):
+    if route.endswith("80") or route == "native80f":
         os.environ["FLASHSPAN_KERNEL_FAMILY"] = "sm80"
     else:
         os.environ.pop("FLASHSPAN_KERNEL_FAMILY", None)
+    if route == "native80f":
+        os.environ["FLASHSPAN_SDPA_SM80_FEATURES"] = "1"
+    else:
+        os.environ.pop("FLASHSPAN_SDPA_SM80_FEATURES", None)
     if route == "flex80":
         flashspan.sdpa_lowering.clear_plan_cache()
     try:
@@ -184,7 +192,7 @@ def main() -> int:
                 except (RuntimeError, AssertionError) as e:  # no cuDNN attention in this build / for this shape
                     print(f"cuDNN S={s} {mask}: {e}".splitlines()[0], file=sys.stderr)
             # Spot checks: every route against the flex route and cuDNN (forward; gradients where timed).
-            refs = [x for x in ("flex", "cudnn") if x in outs]
+            refs = [x for x in ("flex" if "flex" in outs else "flex80", "cudnn") if x in outs]
             for r in list(outs):
                 for ref in refs:
                     if ref == r:
@@ -222,6 +230,7 @@ def table(rows, failures, args, B, H, D, dev) -> str:
 
     cols = [r for r in args.routes.split(",") if r] + (["cudnn"] if not args.no_cudnn else [])
     ratios = [(a, b) for a in ("native", "native90") if a in cols for b in ("flex", "cudnn") if b in cols]
+    ratios += [(a, "flex80") for a in ("native80", "native80f") if a in cols and "flex80" in cols]
     head = ("| S | mask | " + " | ".join(f"{c} fwd / bwd" for c in cols) + " | "
             + " | ".join(f"{a} vs {b} fwd / bwd" for a, b in ratios) + " |")
     lines = [

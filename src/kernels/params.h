@@ -347,6 +347,25 @@ struct SdpaPagedFwdParams : SdpaFwdParams {
   SdpaPagedSide paged_k, paged_v;
 };
 
+// Whether an SDPA call needs the features instantiation of the sm80 analytic kernels (kernel_fwd_sm80.cuh
+// AnalyticMaskSm80, kernel_bwd_sm80.cuh AnalyticMaskBwdSm80: kFeatures), i.e. something of their main
+// loops beyond the mask; otherwise the mask-only kernels run it, whose loops are the flex (plan) kernels'
+// with the analytic mask's hooks (launch_sdpa_{fwd,bwd}_sm80.cu).
+//   forward: softcap, ALiBi, sinks (they seed the row statistics), the additive bias, dropout, the
+//            block_mask, H_k != H_v (V's head); the gate, score_max / score_sum_exp, max_logit and the LSE
+//            base are the epilogue's, which both instantiations run;
+//   backward (dK/dV and dQ kernels): softcap, ALiBi, the bias and dBias, dropout, the block_mask,
+//            H_k != H_v (two dK/dV passes); sinks / dSink (P takes the LSE; dSink has its own kernel) and
+//            the gate (the preprocess's gated dO) are not theirs.
+inline bool sdpa_main_loop_features(const AnalyticMaskParams& a, int group_size) {
+  return a.score.softcap2 != 0.0f || a.score.alibi_n != 0 || a.bias.bias != nullptr || a.bias.ds != nullptr ||
+         a.dropout.mode != 0 || a.block_mask.bits != nullptr || a.score.group_v != group_size;
+}
+inline bool sdpa_fwd_has_features(const SdpaFwdParams& p) {
+  return sdpa_main_loop_features(p.analytic, p.group_size) || p.analytic.score.sink != nullptr;
+}
+inline bool sdpa_bwd_has_features(const SdpaBwdParams& p) { return sdpa_main_loop_features(p.analytic, p.group_size); }
+
 // The parameters of the SDPA backward's kernels after the preprocess (dK/dV, dQ): with the output
 // gate, dO is the preprocess's dO * sigmoid(G) in the workspace ([H_q, total_q, D_v], row
 // b * S_q + i of head h at (h * total_q + b * S_q + i) * D_v); otherwise p unchanged.

@@ -24,6 +24,7 @@ using flashspan::kern::KeyBlockMask;
 using flashspan::kern::QueryBlockMask;
 using flashspan::kern::TileClass;
 using flashspan::kern::TileMask;
+using flashspan::kern::sdpa_bwd_grid_heads_slowest;
 using flashspan::sdpa::Band;
 
 // Row i sees column j: the reference's rule (Band::columns), written out densely.
@@ -257,6 +258,16 @@ TEST(AnalyticMask, TileMaskOffsetsStayInIntRange) {
     }
   EXPECT_EQ(classify_tile(s, int64_t(1) << 30, 128, 0, 128), TileClass::kFull);
   EXPECT_EQ(classify_tile(s, 0, 128, int64_t(1) << 30, 128), TileClass::kEmpty);
+}
+
+// The SDPA backward grid's order, both families (sdpa_bwd_grid_heads_slowest): heads slowest
+// without a band only (windows and causal bands: key blocks ascending, heads fastest; PERF_LOG
+// v2.2, v2.10).
+TEST(AnalyticMask, BackwardGridOrderRule) {
+  EXPECT_TRUE(sdpa_bwd_grid_heads_slowest(false, false));
+  EXPECT_FALSE(sdpa_bwd_grid_heads_slowest(true, true));   // a window
+  EXPECT_FALSE(sdpa_bwd_grid_heads_slowest(false, true));  // causal
+  EXPECT_FALSE(sdpa_bwd_grid_heads_slowest(true, false));  // a left bound alone
 }
 
 }  // namespace

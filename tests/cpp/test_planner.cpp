@@ -832,13 +832,3 @@ TEST(TileSm90, BwdCellOrderRule) {
   EXPECT_FALSE(bwd_cell_order_sm90(32768, 64, 64, 2, l2));
   EXPECT_FALSE(bwd_cell_order_sm90(1 << 20, 128, 128, 2, 0));
 }
-
-// The sm90 SDPA backward grid's order (tile_sm90.h): heads slowest without a band only (windows
-// and causal bands: key blocks ascending, heads fastest; PERF_LOG v2.2, v2.10).
-TEST(TileSm90, SdpaGridOrderRule) {
-  using flashspan::sm90::sdpa_bwd_grid_heads_slowest_sm90;
-  EXPECT_TRUE(sdpa_bwd_grid_heads_slowest_sm90(false, false));
-  EXPECT_FALSE(sdpa_bwd_grid_heads_slowest_sm90(true, true));   // a window
-  EXPECT_FALSE(sdpa_bwd_grid_heads_slowest_sm90(false, true));  // causal
-  EXPECT_FALSE(sdpa_bwd_grid_heads_slowest_sm90(true, false));  // a left bound alone
-}

@@ -32,6 +32,7 @@
 #include "sdpa_case.h"
 #ifdef FLASHSPAN_WITH_CUDA
 #include "dispatch/sdpa_launch.h"     // set_sdpa_fwd_sm90_enabled, set_sdpa_bwd_sm90_enabled
+#include "kernels/sm80/launch_sm80.h"  // sm80::set_sdpa_sm80_features_forced, sdpa_*_mask_only_launches
 #include "kernels/sm90/launch_sm90.h"  // sm90::sdpa_fwd_launches, sdpa_bwd_launches, device_supported
 #endif
 
@@ -1033,6 +1034,86 @@ TEST(SdpaGpu, ScoreModifiersEachAlone) {
       run_case(c);
       if (::testing::Test::HasFailure()) return;
     }
+}
+
+// ---------------------------------------------------------------------------
+// The sm80 SDPA kernels' two instantiations (launch_sdpa_{fwd,bwd}_sm80.cu): a call without the
+// main loops' features (params.h sdpa_fwd_has_features / sdpa_bwd_has_features) runs the
+// mask-only kernels (the flex kernels' loops), the others the features kernels; the sm80
+// launchers' counters of mask-only launches say which ran.
+// ---------------------------------------------------------------------------
+
+// Forces the features kernels for a scope (1), or not (0); the environment's answer after it.
+struct ForceSm80Features {
+  explicit ForceSm80Features(int on) { sm80::set_sdpa_sm80_features_forced(on); }
+  ~ForceSm80Features() { sm80::set_sdpa_sm80_features_forced(-1); }
+};
+
+// Case c on the sm80 kernels (the sm90 ones forced off), features kernels forced or not; expects
+// fwd_mask_only / bwd_mask_only launches of the mask-only kernels (0 or 1 each).
+void run_sm80_instantiation(const Case& c, int forced, int fwd_mask_only, int bwd_mask_only) {
+  SCOPED_TRACE(testing::Message() << "features forced " << forced);
+  const ForceSdpaSm90 fwd90(0);
+  const ForceSdpaBwdSm90 bwd90(0);
+  const ForceSm80Features force(forced);
+  const int64_t f0 = sm80::sdpa_fwd_mask_only_launches(), b0 = sm80::sdpa_bwd_mask_only_launches();
+  run_case(c);
+  EXPECT_EQ(sm80::sdpa_fwd_mask_only_launches() - f0, fwd_mask_only) << "forward instantiation of " << c.str();
+  EXPECT_EQ(sm80::sdpa_bwd_mask_only_launches() - b0, bwd_mask_only) << "backward instantiation of " << c.str();
+}
+
+// Pure-mask calls (random_case: every mask in both alignments, padding / THD with gaps and a
+// sample without keys, GQA / MQA, layouts, head dims of every tile, LSE bases, max_logit,
+// deterministic on some) first..last, on the mask-only kernels and the same calls forced onto the
+// features kernels: both against the CPU reference (outputs NaN-poisoned, run_case). Odd seeds
+// take longer sequences: several blocks a walk, partial and full tiles, walks of different
+// lengths in the grids' longest-first orders.
+void run_sm80_mask_only_cases(uint64_t first, uint64_t last) {
+  for (uint64_t seed = first; seed <= last; ++seed) {
+    Case c = random_case(seed);
+    if (seed % 2) {
+      c.Sq = 150 + int64_t(seed * 37 % 450);
+      c.Skv = 150 + int64_t(seed * 53 % 450);
+      if (c.has_left) c.left = 1 + int64_t(seed * 11 % 300);
+    }
+    for (int forced = 0; forced < 2; ++forced) run_sm80_instantiation(c, forced, forced ? 0 : 1, forced ? 0 : 1);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// 40 cases in two tests (gtest shards run them side by side: the CPU reference dominates).
+TEST(SdpaGpu, Sm80MaskOnlyAndFeaturesKernels1) {
+  REQUIRE_GPU();
+  run_sm80_mask_only_cases(12001, 12020);
+}
+TEST(SdpaGpu, Sm80MaskOnlyAndFeaturesKernels2) {
+  REQUIRE_GPU();
+  run_sm80_mask_only_cases(12021, 12040);
+}
+
+TEST(SdpaGpu, Sm80FeaturesPickTheirInstantiation) {
+  // What each feature runs on (params.h sdpa_*_has_features): softcap, ALiBi, a block_mask and
+  // H_k != H_v the features kernels both ways; sinks the features forward and the mask-only
+  // backward (dSink has its own kernel); the gate and score_max / score_sum_exp the mask-only
+  // kernels (the epilogue's and the preprocess's), each against the CPU reference.
+  REQUIRE_GPU();
+  for (int f = 0; f < 6; ++f) {
+    Case c = random_case(12100 + f);
+    c.Sq = 260;
+    c.Skv = 330;
+    c.max_logit = false;  // (not with sinks)
+    int fwd = 0, bwd = 0;
+    switch (f) {
+      case 0: c.softcap = 5.0f; break;
+      case 1: c.alibi = true; c.has_right = true; c.right = 0; break;
+      case 2: c.block_mask = 1; break;
+      case 3: c.Hq = 4; c.Hk = 2; c.Hv = 4; break;
+      case 4: c.sinks = true; bwd = 1; break;
+      default: c.gate = true; c.score_stats = c.kind_q != Kind::kThd; fwd = bwd = 1; break;
+    }
+    run_sm80_instantiation(c, 0, fwd, bwd);
+    if (::testing::Test::HasFailure()) return;
+  }
 }
 
 // A score-modifier case (score_mod_case) with the epilogue options on top: the output gate (with

@@ -532,7 +532,13 @@ void run_case(const Case& c) {
   reference::sdpa_forward(problem(p, false, p.o, p.stats, nullptr, nullptr, nullptr, {&p.smax, &p.ssum}));
   const sdpa::Problem fwd = problem(p, false, o_m, st_m, nullptr, nullptr, nullptr, {&smax_m, &ssum_m});
   EXPECT_EQ(sdpa_fwd_workspace_size(fwd), 0u);
-  model_forward(sdpa_fwd_params(fwd), c.dtype, tile.fwd_bq, tile.fwd_bk);
+  const SdpaFwdParams fp = sdpa_fwd_params(fwd);
+  // The sm80 instantiation (params.h): mask-only unless the main loop needs a feature (of those
+  // this model's cases have: the bias, dropout, the block_mask; the gate and the statistics are
+  // the epilogue's).
+  const bool loop_features = c.bias != 0 || c.dropout_p > 0 || c.block_mask != 0;
+  EXPECT_EQ(sdpa_fwd_has_features(fp), loop_features);
+  model_forward(fp, c.dtype, tile.fwd_bq, tile.fwd_bk);
   EXPECT_TRUE(same(p.o, o_m, false)) << "O";
   EXPECT_TRUE(same(p.stats, st_m, true)) << "stats";
   if (c.score_stats) {
@@ -554,7 +560,9 @@ void run_case(const Case& c) {
   std::vector<uint8_t> ws(sdpa_bwd_workspace_size(bwd) + 16);
   void* w = ws.data() + (16 - reinterpret_cast<uintptr_t>(ws.data()) % 16) % 16;
   std::fill(ws.begin(), ws.end(), 0xff);
-  model_backward(sdpa_bwd_params(bwd, w, ws.size() - 16), c.dtype, tile.bwd_bq, tile.bwd_bk);
+  const SdpaBwdParams bp = sdpa_bwd_params(bwd, w, ws.size() - 16);
+  EXPECT_EQ(sdpa_bwd_has_features(sdpa_bwd_main_params(bp)), loop_features);
+  model_backward(bp, c.dtype, tile.bwd_bq, tile.bwd_bk);
   EXPECT_TRUE(same(p.dq, dq_m, false)) << "dQ";
   EXPECT_TRUE(same(p.dk, dk_m, false)) << "dK";
   EXPECT_TRUE(same(p.dv, dv_m, false)) << "dV";
@@ -658,6 +666,53 @@ TEST(SdpaParams, PhiloxDropout) {
     run_case(c);
     if (::testing::Test::HasFailure()) return;
   }
+}
+
+TEST(SdpaParams, MainLoopFeaturesRule) {
+  // Which calls the sm80 launchers run on the features instantiation (params.h
+  // sdpa_fwd_has_features / sdpa_bwd_has_features), field by field; run_case checks the
+  // parameters dispatch fills for its cases.
+  SdpaFwdParams f;
+  f.group_size = 2;
+  f.analytic.score.group_v = 2;
+  SdpaBwdParams b;
+  b.group_size = 2;
+  b.analytic.score.group_v = 2;
+  EXPECT_FALSE(sdpa_fwd_has_features(f));
+  EXPECT_FALSE(sdpa_bwd_has_features(b));
+  const float sink[1] = {0.0f};
+  const float bias[1] = {0.0f};
+  const uint8_t bits[1] = {1};
+  float ds[1] = {0.0f};
+  for (int k = 0; k < 8; ++k) {
+    SCOPED_TRACE(k);
+    SdpaFwdParams fk = f;
+    SdpaBwdParams bk = b;
+    for (AnalyticMaskParams* a : {&fk.analytic, &bk.analytic}) {
+      switch (k) {
+        case 0: a->score.softcap2 = 1.0f; break;
+        case 1: a->score.alibi_n = 4; break;
+        case 2: a->bias.bias = bias; break;
+        case 3: a->bias.ds = ds; break;
+        case 4: a->dropout.mode = 1; break;
+        case 5: a->block_mask.bits = bits; break;
+        case 6: a->score.group_v = 1; break;  // H_k != H_v
+        default: a->score.sink = sink; break;
+      }
+    }
+    EXPECT_TRUE(sdpa_fwd_has_features(fk));
+    EXPECT_EQ(sdpa_bwd_has_features(bk), k != 7);  // sinks: the backward's main loops never see them
+  }
+  // The epilogue options and max_logit run on the mask-only kernels too.
+  SdpaFwdParams e = f;
+  const uint16_t gate[1] = {0};
+  float stat[1] = {0.0f};
+  e.analytic.epi.gate = gate;
+  e.analytic.epi.score_max = stat;
+  e.analytic.epi.score_sum_exp = stat;
+  e.max_logit = stat;
+  e.analytic.lse_unit = 1.0f;
+  EXPECT_FALSE(sdpa_fwd_has_features(e));
 }
 
 TEST(SdpaParams, LayoutsPerSide) {

@@ -220,6 +220,19 @@ struct AnalyticK2QWalk {
   }
 };
 
+// The order of the SDPA backward's dK/dV grid, both families (tile_scheduler.cuh AnalyticBwdGrid:
+// the sm90 kernel's AnalyticSourceBwdSm90 and the sm80 sdpa_bwd_dkdv_kernel_sm80 ask it with the
+// call's band): heads slowest -- every key block of one head before the next, so that the CTAs of a
+// wave share one head's Q / dO in L2 -- without a band, else key blocks ascending, heads fastest (a
+// causal band: the longest walks first; the flex route's task list, cost order, is the same order
+// for causal masks). Measured on the H200 with the sm90 kernels (B=1 H=16 D=128): no band S=32768
+// 483 (heads fastest) -> 531 TFLOP/s (PERF_LOG v2.2); causal 469 -> 422. Windows (a band bounded on
+// both sides, walks of one length too) lost with heads slowest, and so did the forward's windows
+// (PERF_LOG v2.10: S=8192 window backward 482 -> 380, forward 595 -> 468; S=32768 forward 597 ->
+// 536; the forward without a band 581 -> 586, noise), so the forward's grid keeps its one order
+// (AnalyticGrid: the last query block first).
+FS_MASK_HD constexpr bool sdpa_bwd_grid_heads_slowest(bool has_left, bool has_right) { return !has_left && !has_right; }
+
 // The element test of one tile, in tile-local coordinates (row r < bq, column c < bk): what a
 // kernel applies to a partial tile's score fragment. Offsets are clamped to +-kClamp, past
 // every c - r of a tile, so they fit in int.

@@ -67,20 +67,24 @@ __device__ __forceinline__ const uint8_t* block_mask_base(const AnalyticMaskPara
 }
 
 // The Q2K cursor of query block qb (bq x bk tiles) of query head h in sample sl.b, block_mask
-// applied (the forward and the dQ kernel).
+// applied (the forward and the dQ kernel). kBlockMask = false: the call has no block_mask (the
+// sm80 kernels' mask-only instantiations), so the cursor's row is null at compile time.
+template <bool kBlockMask = true>
 __device__ __forceinline__ BlockMaskedCursor masked_q2k_cursor(const AnalyticMaskParams& a, const AnalyticSeqlen& sl,
                                                                 int h, int qb, int bq, int bk) {
-  const uint8_t* base = block_mask_base(a, sl.b, h);
+  const uint8_t* base = kBlockMask ? block_mask_base(a, sl.b, h) : nullptr;
   const uint8_t* row = base == nullptr ? nullptr : base + ((int64_t(qb) * bq) >> kBlockMaskShift) * a.block_mask.row_stride;
   return BlockMaskedCursor{q2k_cursor(sl.mask, qb, bq, bk), row, bk};
 }
 
-// The K2Q walk of key block kb over query heads [h0, h1) of sample sl.b, block_mask applied.
+// The K2Q walk of key block kb over query heads [h0, h1) of sample sl.b, block_mask applied
+// (kBlockMask as above).
+template <bool kBlockMask = true>
 __device__ __forceinline__ AnalyticK2QWalk masked_k2q_walk(const AnalyticMaskParams& a, const AnalyticSeqlen& sl,
                                                            int h0, int h1, int count, int kb, int bq, int bk) {
   const AnalyticCursor row = k2q_cursor(sl.mask, kb, bq, bk);
   AnalyticK2QWalk w{h0, h1, count, row, row};
-  const uint8_t* base = block_mask_base(a, sl.b, 0);
+  const uint8_t* base = kBlockMask ? block_mask_base(a, sl.b, 0) : nullptr;
   if (base != nullptr) {
     const int64_t c = (int64_t(kb) * bk) >> kBlockMaskShift;
     w.bm = base + (c >> 3);

@@ -150,6 +150,9 @@ struct TileScheduler {
 // (cell i: block num_q_blocks - 1 - i / (heads * batch), head i % heads, sample i / heads %
 // batch): under a causal band the last blocks walk the most key blocks, so the longest cells
 // start first. A CTA takes the cells in snake waves (next(n), snake_index); none past the grid.
+// A grid of one CTA per cell (the sm80 SDPA forward and deterministic dQ kernels) runs the same
+// order with next(0): CTA i's first item is cell i (snake_index(0) = blockIdx.x), the hardware
+// starting the CTAs in index order.
 struct AnalyticGrid {
   int num_q_blocks, heads, batch;
 
@@ -165,9 +168,9 @@ struct AnalyticGrid {
 // The work items of a persistent analytic-mask (SDPA) backward: cells (key block, kv head,
 // sample) of `batch` samples padded to `num_k_blocks` key blocks each, whole walks.
 //   next(n), cell i = snake_index(n) (snake waves: the cells of a band shrink along the list):
-//     heads_slowest (no band: tile_sm90.h sdpa_bwd_grid_heads_slowest_sm90): global key block i % (num_k_blocks batch)
-//       (sample-major) of head i / (num_k_blocks batch), as the flex grid's cells, so that the
-//       CTAs of a wave walk the same head's Q / dO (in L2 once);
+//     heads_slowest (no band: analytic_mask.h sdpa_bwd_grid_heads_slowest): global key block
+//       i % (num_k_blocks batch) (sample-major) of head i / (num_k_blocks batch), as the flex
+//       grid's cells, so that the CTAs of a wave walk the same head's Q / dO (in L2 once);
 //     else (a causal band or a window): key block i / (heads batch), ascending (the first key
 //       blocks walk the most query blocks: the longest cells first), head i % heads, sample
 //       i / heads % batch.
@@ -179,6 +182,7 @@ struct AnalyticGrid {
 //     fastest, snake waves: a key
 //     block's dQ additions wait only for larger key blocks of its own sample, which are lower
 //     cells, so the lowest unfinished cell never waits (kernel_bwd_sm90.cuh).
+//   next(0) in a grid of one CTA per cell (the sm80 SDPA dK/dV kernel): cell blockIdx.x.
 // None past the grid.
 struct AnalyticBwdGrid {
   int num_k_blocks, heads, batch;

@@ -239,12 +239,18 @@ __device__ __forceinline__ void zero_acc(float (&acc)[kM][kN][4]) {
 //   mask = Mask::dkdv_item(sl, kb) / Mask::dq_item(sl, qb); mask.apply<kN>(p, s, payload,
 //   qb, kb, mt, c0, lane): a partial block's element mask on m16 tile mt, columns c0.. of
 //   the warp tile.
+//   Mask::kFeatures                            SDPA's features beyond the mask in the main
+//                                              loops (run-time flags): score modifiers, bias /
+//                                              dBias, dropout, block_mask, H_k != H_v. false
+//                                              (the plan, SDPA's mask-only instantiations): the
+//                                              S -> P -> dS steps of the plan kernels.
 
 // The plan's payload; the hooks are the code the kernels had inline (scripts/sass_diff.sh:
 // these instantiations compile to the same SASS).
 template <class T>
 struct PlanPayloadMaskBwdSm80 {
   static constexpr bool kAnalytic = false;
+  static constexpr bool kFeatures = false;  // (AnalyticMaskBwdSm80)
   using Seqlen = SeqlenInfo;
 
   __device__ __forceinline__ static K2QWalk k2q(const BwdParams& p, const Seqlen&, int hkv, int b, int kb, int count,
@@ -330,29 +336,35 @@ __device__ __forceinline__ void sdpa_bwd_logits(const BwdParams& p, float (&s)[k
 }
 
 // The analytic mask of SDPA: blocks and element masks from positions, lengths and tensor
-// starts from the caller's device arrays (AnalyticMaskParams).
-template <class T>
+// starts from the caller's device arrays (AnalyticMaskParams). kFeatures_ (sdpa_bwd_has_features,
+// params.h): the score modifiers, bias / dBias, dropout, the block_mask and H_k != H_v compiled
+// in (run-time flags); false: the mask alone, whose main loops are the plan kernels' between the
+// mask hooks (no block_mask, one K / V head per work item).
+template <class T, bool kFeatures_ = true>
 struct AnalyticMaskBwdSm80 {
   static constexpr bool kAnalytic = true;
+  static constexpr bool kFeatures = kFeatures_;
   static_assert((1 << kBlockMaskShift) % T::kBlockQ == 0 && (1 << kBlockMaskShift) % T::kBlockK == 0,
                 "block_mask: tiles must lie inside one 128 x 128 block");
   using Seqlen = AnalyticSeqlen;
 
   // The query heads of work-item head hkv: K's group, or V's in the dV pass (dkdv_role 2).
   __device__ __forceinline__ static int group(const BwdParams& p) {
+    if constexpr (!kFeatures) return p.group_size;
     const SdpaScoreParams& sc = analytic_of(p).score;
     return sc.dkdv_role == 2 ? sc.group_v : p.group_size;
   }
   __device__ __forceinline__ static AnalyticK2QWalk k2q(const BwdParams& p, const Seqlen& sl, int hkv, int, int kb,
                                                         int count, int begin) {
     const int gx = group(p);
-    AnalyticK2QWalk walk = masked_k2q_walk(analytic_of(p), sl, hkv * gx, (hkv + 1) * gx, count, kb, T::kBlockQ, T::kBlockK);
+    AnalyticK2QWalk walk =
+        masked_k2q_walk<kFeatures>(analytic_of(p), sl, hkv * gx, (hkv + 1) * gx, count, kb, T::kBlockQ, T::kBlockK);
     walk.seek(begin);
     return walk;
   }
   // hm: the query head (SDPA calls set mask_per_head); the block_mask leaves blocks out.
   __device__ __forceinline__ static BlockMaskedCursor q2k(const BwdParams& p, const Seqlen& sl, int hm, int, int qb) {
-    return masked_q2k_cursor(analytic_of(p), sl, hm, qb, T::kBlockQ, T::kBlockK);
+    return masked_q2k_cursor<kFeatures>(analytic_of(p), sl, hm, qb, T::kBlockQ, T::kBlockK);
   }
   template <class Elem>
   __device__ __forceinline__ static Elem* sample_ptr(const BwdParams& p, const void* base, int x, int b) {
@@ -557,8 +569,8 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
     volatile int head;
   };
   struct NoReload {};
-  [[maybe_unused]] std::conditional_t<Mask::kAnalytic, ReloadState, NoReload> rl;  // (plan: nothing)
-  if constexpr (Mask::kAnalytic) {
+  [[maybe_unused]] std::conditional_t<Mask::kFeatures, ReloadState, NoReload> rl;  // (plan, mask only: nothing)
+  if constexpr (Mask::kFeatures) {
     rl.src = 0;
     rl.head = -1;
     const SdpaScoreParams& sc = analytic_of(p).score;
@@ -644,7 +656,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
   while (have) {
     cp_async_wait<0>();
     __syncthreads();  // Q/dO[buf] (and K, V) visible; the previous block's dK/dV and dQ phases are done
-    if constexpr (Mask::kAnalytic) {
+    if constexpr (Mask::kFeatures) {
       // H_k != H_v: this query head's V (dK pass) or K (dV pass) tile, when it changes; nobody
       // reads the tiles between the barrier above and the one here.
       const SdpaScoreParams& sc = analytic_of(p).score;
@@ -715,7 +727,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
     }
     // P = exp2(S scale log2(e) - lse2), the scaling and the subtraction as one fma (the mask
     // sets -inf after it: exp2(-inf) = 0 as before; an empty row's lse2 = +inf gives -inf too).
-    if constexpr (Mask::kAnalytic) {
+    if constexpr (Mask::kFeatures) {
       // SDPA: the score modifiers, then P to shared memory now and s = P d logit / d x (the
       // factor of dS, softcap's derivative; P without softcap).
       const SdpaScoreMod mod = SdpaScoreMod::make(analytic_of(p).score, h);
@@ -779,7 +791,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
       float minus_d[T::kSMT][4];  // the C operand of the first k16 step
       // SDPA dropout: dP alone (dS = P (m dP - D) after the GEMM, D read again there).
       bool no_d = false;
-      if constexpr (Mask::kAnalytic) no_d = analytic_of(p).dropout.mode != 0;
+      if constexpr (Mask::kFeatures) no_d = analytic_of(p).dropout.mode != 0;
 #pragma unroll
       for (int mi = 0; mi < T::kSMT; ++mi) {
 #pragma unroll
@@ -798,7 +810,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
     // (null: no dBias, or the dV pass), and the rows / columns left inside the sample from it.
     [[maybe_unused]] float* ds_thr = nullptr;
     [[maybe_unused]] int ds_rows = 0, ds_cols = 0;
-    if constexpr (Mask::kAnalytic) {
+    if constexpr (Mask::kFeatures) {
       const AnalyticMaskParams& am = analytic_of(p);
       if (am.bias.ds != nullptr && am.score.dkdv_role != 2) {
         const int row = qb * T::kBlockQ + sm0 + g, col = kb * T::kBlockK + sc0 + 2 * t;
@@ -807,7 +819,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
         ds_cols = len_k - col;
       }
     }
-    if constexpr (Mask::kAnalytic) {
+    if constexpr (Mask::kFeatures) {
       // SDPA dropout: dp holds dP (no -D seed); dS = P (m dP - D) with the element's multiplier m.
       const SdpaDropoutParams& dpp = analytic_of(p).dropout;
       if (dpp.mode != 0) {
@@ -830,14 +842,14 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
         for (int hi = 0; hi < 2; ++hi) {
           const float ds0 = s[mi][n][2 * hi] * dp[mi][n][2 * hi];  // P (dP - D)
           const float ds1 = s[mi][n][2 * hi + 1] * dp[mi][n][2 * hi + 1];
-          if constexpr (!Mask::kAnalytic) {  // (SDPA stored P before the dP GEMM)
+          if constexpr (!Mask::kFeatures) {  // (SDPA's features stored P before the dP GEMM)
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + ps_off(mi, n, hi)),
                          "r"(pack2<E>(s[mi][n][2 * hi], s[mi][n][2 * hi + 1]))
                          : "memory");
           }
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + ps_off(mi, n, hi)), "r"(pack2<E>(ds0, ds1))
                        : "memory");
-          if constexpr (Mask::kAnalytic) {
+          if constexpr (Mask::kFeatures) {
             // dBias: dS = P (dP - D) of the sample's elements into the fp32 workspace (SdpaBiasParams::ds;
             // s is P here: dBias with softcap is refused), once per element (not in the dV pass).
             if (ds_thr != nullptr) {
@@ -876,7 +888,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
       }
     }
     bool add_dq = !p.deterministic;
-    if constexpr (Mask::kAnalytic) add_dq = add_dq && analytic_of(p).score.dkdv_role != 2;  // once per dQ
+    if constexpr (Mask::kFeatures) add_dq = add_dq && analytic_of(p).score.dkdv_role != 2;  // once per dQ
     if (add_dq) {
       // ---- dQ phase (atomic path): dQ[q] += dS K over this key block, added in fp32 to the
       // workspace accumulator.
@@ -933,7 +945,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
     dkdv_add_split_partial_sm80<T>(p, slot, wt, acc_dk, acc_dv);
     return;
   }
-  if constexpr (Mask::kAnalytic) {
+  if constexpr (Mask::kFeatures) {
     const int role = analytic_of(p).score.dkdv_role;
     dkdv_store_sm80<T, E, Mask>(p, b, hkv, krow, wt, acc_dk, acc_dv, role != 2, role != 1);
   } else {
@@ -1075,13 +1087,13 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
 
   int gq, h, b, qb;
   if constexpr (Mask::kAnalytic) {
-    // Folded grid (grid.h): cell x = b * num_q_blocks + qb, y = query head.
-    const int nqb = analytic_of(p).num_q_blocks;
-    const GridCell cell = unfold_2d(blockIdx.x, nqb * p.batch);
-    gq = cell.x;
-    h = cell.y;
-    b = cell.x / nqb;
-    qb = cell.x - b * nqb;
+    // The SDPA forward's cell order (tile_scheduler.cuh AnalyticGrid: the last query block first,
+    // heads fastest; under a causal band the longest walks start first).
+    const WorkItem w = AnalyticGrid{analytic_of(p).num_q_blocks, p.num_heads_q, p.batch}.next(0);  // cell blockIdx.x
+    gq = 0;  // (the plan's global query block; unused by the analytic mask)
+    h = w.head;
+    b = w.batch;
+    qb = w.block;
   } else {
     // Folded grid (grid.h): CTA = query head * NQB + global query block.
     const GridCell cell = unfold_2d(blockIdx.x, int(p.view.num_q_blocks));
@@ -1129,7 +1141,7 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
 
   BwdKvLoaderSm80<T, Elem> kv;
   int hv = hkv;  // V's head: K's, but for SDPA with H_k != H_v
-  if constexpr (Mask::kAnalytic) hv = h / analytic_of(p).score.group_v;
+  if constexpr (Mask::kFeatures) hv = h / analytic_of(p).score.group_v;
   kv.template init<Mask>(p, b, krow_base, hkv, hv, tid);
 
   load_tile_async<T::kBlockQ, T::kDqk, T::kThreadsQ>(
@@ -1190,7 +1202,7 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
                                                             p.head_dqk);
     // P = exp2(S scale log2(e) - lse2), scaling and subtraction as one fma; the mask sets
     // -inf after it (exp2(-inf) = 0; an empty row's lse2 = +inf gives -inf too).
-    if constexpr (Mask::kAnalytic) {
+    if constexpr (Mask::kFeatures) {
       // SDPA: the score modifiers, the mask, then s = P d logit / d x (softcap's derivative)
       // before the dP GEMM.
       const SdpaScoreMod mod = SdpaScoreMod::make(analytic_of(p).score, h);  // (per block: not held across)
@@ -1220,7 +1232,7 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
         warp_mma_k16<1, T::kNSQ, false, false, true, E>(dp, aO, bV, kk, 0);
       }
     }
-    if constexpr (Mask::kAnalytic) {
+    if constexpr (Mask::kFeatures) {
       // SDPA dropout: dP - D becomes m dP - D = m (dP - D) + (m - 1) D with the element's multiplier m
       // (D = -minus_d, the row's).
       const SdpaDropoutParams& dpp = analytic_of(p).dropout;
@@ -1236,7 +1248,7 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
     for (int n = 0; n < T::kNSQ; ++n) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        if constexpr (Mask::kAnalytic) {
+        if constexpr (Mask::kFeatures) {
           s[n][i] *= dp[0][n][i];  // dS = P d logit / d x (dP - D)
         } else {
           s[n][i] = exp2_approx(s[n][i]) * dp[0][n][i];  // dS = P (dP - D)
@@ -1279,21 +1291,27 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
 
 // ---------------------------------------------------------------------------------------
 // SDPA (analytic mask): dK/dV, one CTA per (key block, kv head) of every sample padded to
-// S_kv keys (cell x = b * num_k_blocks + kb); blocks past a sample's length write the padded
+// S_kv keys, in the order of the sm90 SDPA backward's cells (tile_scheduler.cuh
+// AnalyticBwdGrid: without a band heads slowest, else key blocks ascending, heads
+// fastest: the longest walks first) over the work items' heads (K's, or V's in the dV pass of
+// H_k != H_v: AnalyticMaskBwdSm80::group). Blocks past a sample's length write the padded
 // keys' zeros (padded dK/dV) or exit (ragged). The dQ kernel (deterministic), one CTA per
-// (query block, query head) of every sample padded to S_q rows.
-template <class T, class E>
+// (query block, query head) of every sample padded to S_q rows (AnalyticGrid's order).
+// kFeatures: AnalyticMaskBwdSm80's.
+template <class T, class E, bool kFeatures>
 __global__ void __launch_bounds__(T::kThreads) sdpa_bwd_dkdv_kernel_sm80(const SdpaBwdParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
-  const int nkb = p.analytic.num_k_blocks;
-  const GridCell cell = unfold_2d(blockIdx.x, nkb * p.batch);
-  const int b = cell.x / nkb;
-  dkdv_item<T, E, AnalyticMaskBwdSm80<T>>(p, smem, cell.x - b * nkb, cell.y, b, 0, 0x7fffffff);
+  using Mask = AnalyticMaskBwdSm80<T, kFeatures>;
+  const AnalyticMaskParams& a = p.analytic;
+  const AnalyticBwdGrid grid{a.num_k_blocks, p.num_heads_q / Mask::group(p), p.batch,
+                             sdpa_bwd_grid_heads_slowest(a.band.has_left, a.band.has_right)};
+  const WorkItem w = grid.next(0);  // cell blockIdx.x (one CTA per cell)
+  dkdv_item<T, E, Mask>(p, smem, w.block, w.head, w.batch, 0, 0x7fffffff);
 }
 
-template <class T, class E>
+template <class T, class E, bool kFeatures>
 __global__ void __launch_bounds__(T::kThreadsQ) sdpa_bwd_dq_kernel_sm80(const SdpaBwdParams p) {
-  dq_kernel_sm80<T, E, AnalyticMaskBwdSm80<T>>(p);
+  dq_kernel_sm80<T, E, AnalyticMaskBwdSm80<T, kFeatures>>(p);
 }
 
 // ---------------------------------------------------------------------------------------

@@ -241,6 +241,11 @@ struct FwdKvLoaderSm80<T, PagedKv> {
 //   Mask::rows_store(p, row0, rows_valid) rows of the block the epilogue writes
 //   Mask mask = Mask::item(p, sl, row0); mask.apply(p, s, partial, entry, mt, lane)
 //                                       a partial block's element mask on m16 tile mt
+//   Mask::kFeatures                     SDPA's features beyond the mask in the main loop
+//                                       (run-time flags: score modifiers, bias, dropout, sinks,
+//                                       block_mask, H_k != H_v); false (the plan, SDPA's
+//                                       mask-only instantiations): the plan kernel's softmax
+//                                       (the scale folded into the exponent)
 
 // The plan's payload: a partial key block's predicate bits applied to m16 tile mt of the
 // block's scores (mask_apply_sm80.cuh); full blocks are not masked. The hooks are the code the
@@ -248,6 +253,7 @@ struct FwdKvLoaderSm80<T, PagedKv> {
 template <class T>
 struct PlanPayloadMaskSm80 {
   static constexpr bool kAnalytic = false;
+  static constexpr bool kFeatures = false;  // (AnalyticMaskSm80)
   static constexpr size_t kWordsPerTile = size_t(T::kBlockQ) * T::kBlockK / 32;
   using Seqlen = SeqlenInfo;
 
@@ -282,10 +288,13 @@ struct PlanPayloadMaskSm80 {
 // entry = the key block. apply() runs SDPA's score modifiers (sdpa_score_mod.cuh: softcap,
 // ALiBi; run-time flags) on every block before the mask and the additive bias after it (on the
 // visible elements only); init_stats() seeds the row
-// statistics with the head's sink.
-template <class T>
+// statistics with the head's sink. kFeatures_ (sdpa_fwd_has_features, params.h): those
+// features, dropout, the block_mask and H_k != H_v compiled in (run-time flags); false: the
+// mask alone (apply() is the element mask of a partial block; no block_mask).
+template <class T, bool kFeatures_ = true>
 struct AnalyticMaskSm80 {
   static constexpr bool kAnalytic = true;
+  static constexpr bool kFeatures = kFeatures_;
   static_assert((1 << kBlockMaskShift) % T::kBlockQ == 0 && (1 << kBlockMaskShift) % T::kBlockK == 0,
                 "block_mask: tiles must lie inside one 128 x 128 block");
   using Seqlen = AnalyticSeqlen;
@@ -295,7 +304,7 @@ struct AnalyticMaskSm80 {
 
   // hm: the query head (SDPA calls set mask_per_head); the block_mask leaves blocks out.
   __device__ __forceinline__ static BlockMaskedCursor q2k(const FwdParams& p, const Seqlen& sl, int hm, int, int qb) {
-    return masked_q2k_cursor(analytic_of(p), sl, hm, qb, T::kBlockQ, T::kBlockK);
+    return masked_q2k_cursor<kFeatures>(analytic_of(p), sl, hm, qb, T::kBlockQ, T::kBlockK);
   }
   template <class Elem>
   __device__ __forceinline__ static const Elem* sample_ptr(const FwdParams& p, const void* base, const TensorAddr&,
@@ -309,10 +318,15 @@ struct AnalyticMaskSm80 {
   __device__ __forceinline__ static AnalyticMaskSm80 item(const FwdParams& p, const Seqlen& sl, int row0, int head) {
     const SdpaScoreParams& sp = analytic_of(p).score;
     return AnalyticMaskSm80{QueryBlockMask::make(sl.mask, row0),
-                            sp.alibi_n > 0 ? alibi_slope_dev(head, sp.alibi_n) * kLog2e : 0.0f, sl.b, head, row0};
+                            kFeatures && sp.alibi_n > 0 ? alibi_slope_dev(head, sp.alibi_n) * kLog2e : 0.0f, sl.b,
+                            head, row0};
   }
   __device__ __forceinline__ void apply(const QkvParams& q, float (&s)[T::kNS][4], const bool& partial,
                                         const int& entry, int mt, int lane) const {
+    if constexpr (!kFeatures) {
+      if (partial) apply_tile_mask<T::kNS>(s, block.tile(int64_t(entry) * T::kBlockK), mt, 0, lane);
+      return;
+    }
     const AnalyticMaskParams& a = analytic_of(static_cast<const FwdParams&>(q));
     const float c2 = a.score.softcap2;
     if (c2 != 0.0f || a2 != 0.0f) {
@@ -371,7 +385,7 @@ __device__ __forceinline__ void fwd_softmax_sm80(const Mask& mask, float (&s)[T:
   constexpr int kMT = T::kMT;
 #pragma unroll
   for (int i = 0; i < kMT; ++i) {
-    const bool fold = !Mask::kAnalytic && p.scale_log2 > 0.0f;
+    const bool fold = !Mask::kFeatures && p.scale_log2 > 0.0f;
     if (!fold) {
 #pragma unroll
       for (int n = 0; n < T::kNS; ++n) {
@@ -381,7 +395,7 @@ __device__ __forceinline__ void fwd_softmax_sm80(const Mask& mask, float (&s)[T:
     }
     mask.apply(p, s[i], partial, entry, warp * kMT + i, lane);
     online_softmax_step<T::kNS, T::kNO>(s[i], m[i], l[i], acc_o[i], fold ? p.scale_log2 : 1.0f);
-    if constexpr (Mask::kAnalytic) mask.template dropout<T::kNS>(p, s[i], entry, warp * kMT + i, lane);
+    if constexpr (Mask::kFeatures) mask.template dropout<T::kNS>(p, s[i], entry, warp * kMT + i, lane);
   }
 #pragma unroll
   for (int i = 0; i < kMT; ++i) pack_p<E>(s[i], pa[i]);
@@ -621,7 +635,7 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
   const Elem* q = Mask::template sample_ptr<Elem>(p, p.q, p.qa, kSdpaQ, b, q_start) + int64_t(head0) * p.qa.head_stride;
   const Elem* k = Mask::template sample_ptr<Elem>(p, p.k, p.ka, kSdpaK, b, k_start) + int64_t(hkv) * p.ka.head_stride;
   int hv = hkv;  // V's head: K's, but for SDPA with H_k != H_v
-  if constexpr (Mask::kAnalytic) hv = head0 / analytic_of(p).score.group_v;
+  if constexpr (Mask::kFeatures) hv = head0 / analytic_of(p).score.group_v;
   const Elem* v = Mask::template sample_ptr<Elem>(p, p.v, p.va, kSdpaV, b, k_start) + int64_t(hv) * p.va.head_stride;
   const Mask mask = Mask::item(p, sl, row0, head0);
 
@@ -649,7 +663,7 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
     l[i][0] = l[i][1] = 0.0f;
   }
   const int m0 = warp * 16 * kMT;  // first row of the warp; m16 tile i starts at m0 + 16 i
-  if constexpr (Mask::kAnalytic) Mask::init_stats(p, head0, row0 + m0, len_q, lane, m, l);
+  if constexpr (Mask::kFeatures) Mask::init_stats(p, head0, row0 + m0, len_q, lane, m, l);
   const LdsmAddr<T::kDqk> aQ = ldsm_a<T::kDqk>(sQ + m0 * T::kDqk * 2, lane);
   const LdsmAddr<T::kDqk> bK = ldsm_b_nk<T::kDqk>(sK, lane);
   const LdsmAddr<T::kDv> bV = ldsm_b_kn<T::kDv>(sV, lane);
@@ -780,17 +794,18 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) flex_fwd_kernel_sm
 }
 
 // Forward kernel of SDPA (analytic mask): one CTA per (query block, query head) of every
-// sample, padded to S_q rows: cell x = b * num_q_blocks + qb (folded grid, grid.h). Blocks
-// past a sample's length write the padded rows of padded outputs (O 0, LSE -inf) or exit
-// (ragged outputs). max_logit is tested at run time (one instantiation for both cases).
-template <class T, class E>
+// sample, padded to S_q rows, in the sm90 SDPA forward's cell order (tile_scheduler.cuh
+// AnalyticGrid: the last query block first, heads fastest; under a causal band the
+// longest walks start first, as the flex route's cost-ordered task list). Blocks past a
+// sample's length write the padded rows of padded outputs (O 0, LSE -inf) or exit (ragged
+// outputs). max_logit is tested at run time (one instantiation for both cases). kFeatures:
+// AnalyticMaskSm80's (the launcher picks it per call: sdpa_fwd_has_features).
+template <class T, class E, bool kFeatures>
 __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) sdpa_fwd_kernel_sm80(const SdpaFwdParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
-  const int nqb = p.analytic.num_q_blocks;
-  const GridCell cell = unfold_2d(blockIdx.x, nqb * p.batch);
-  const int b = cell.x / nqb;
-  fwd_item<T, E, true, false, AnalyticMaskSm80<T>>(p, smem_u32(smem), nullptr, cell.x - b * nqb, cell.y, b, 0,
-                                                   0x7fffffff);
+  const WorkItem w = AnalyticGrid{p.analytic.num_q_blocks, p.num_heads_q, p.batch}.next(0);  // cell blockIdx.x
+  fwd_item<T, E, true, false, AnalyticMaskSm80<T, kFeatures>>(p, smem_u32(smem), nullptr, w.block, w.head, w.batch,
+                                                              0, 0x7fffffff);
 }
 
 // Paged forward kernel of SDPA (PagedKv, params.h SdpaPagedFwdParams): sdpa_fwd_kernel_sm80 with

@@ -3,8 +3,13 @@
 // accumulator when not deterministic), then the dQ convert or, deterministic, the ordered
 // dQ kernel (sdpa_bwd_dq_kernel_sm80); with dBias, the dS workspace cleared first and summed
 // into dBias last (sdpa_bwd_dbias_kernel). The backward tiles of the flex kernels
-// (with_bwd_traits_sm80) x {fp16, bf16}: 24 main kernels. No split schedule: one CTA per
-// (key block, kv head) of every sample.
+// (with_bwd_traits_sm80) x {fp16, bf16} x {mask only, features}: 48 main kernels. A call without
+// the main loops' features (params.h sdpa_bwd_has_features) runs the mask-only kernels, whose
+// loops are the flex kernels' (the features instantiation's carry every feature's code as run-time
+// flags: the dK/dV loop 6x the instructions, P's exp2 twice, the P store before the dP GEMM).
+// No split schedule: one CTA per (key block, kv head) of every sample, in AnalyticBwdGrid's order.
+#include <atomic>
+
 #include "kernels/common/bwd_prepost.cuh"
 #include "kernels/common/grid.h"
 #include "kernels/sm80/kernel_bwd_sm80.cuh"
@@ -45,21 +50,25 @@ __global__ void __launch_bounds__(256) sdpa_bwd_dbias_kernel(const SdpaBwdParams
 namespace flashspan::sm80 {
 namespace {
 
-template <class T, class E>
+std::atomic<int64_t> g_bwd_mask_only_launches{0};
+
+template <class T, class E, bool kFeatures>
 void run_sdpa_bwd(const SdpaBwdParams& p_in, cudaStream_t stream) {
   static_assert(T::kSmemBytes == bwd_dkdv_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
   static_assert(T::kSmemBytesQ == bwd_dq_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
+  if constexpr (!kFeatures) g_bwd_mask_only_launches.fetch_add(1, std::memory_order_relaxed);
   SdpaBwdParams p = p_in;
   p.analytic.num_q_blocks = (p.analytic.max_q + T::kBlockQ - 1) / T::kBlockQ;
   p.analytic.num_k_blocks = (p.analytic.max_kv + T::kBlockK - 1) / T::kBlockK;
-  auto dkdv = kern::sdpa_bwd_dkdv_kernel_sm80<T, E>;
-  auto dq = kern::sdpa_bwd_dq_kernel_sm80<T, E>;
+  auto dkdv = kern::sdpa_bwd_dkdv_kernel_sm80<T, E, kFeatures>;
+  auto dq = kern::sdpa_bwd_dq_kernel_sm80<T, E, kFeatures>;
   static std::atomic<uint64_t> dkdv_set{0}, dq_set{0};
   ensure_smem_limit(dkdv, T::kSmemBytes, dkdv_set, "sdpa backward dK/dV: cudaFuncSetAttribute");
   if (p.deterministic) ensure_smem_limit(dq, T::kSmemBytesQ, dq_set, "sdpa backward dQ: cudaFuncSetAttribute");
   if (p.analytic.num_k_blocks > 0) {
-    // (key block of a sample, kv head) folded into x (grid.h); cell x = b * nkb + kb. H_k != H_v:
-    // a dK pass over the K heads and a dV pass over the V heads (SdpaScoreParams::dkdv_role).
+    // Cells (key block, kv head, sample), the kernel's order (AnalyticBwdGrid). H_k != H_v
+    // (features only): a dK pass over the K heads and a dV pass over the V heads
+    // (SdpaScoreParams::dkdv_role).
     const bool two = p.group_size != p.analytic.score.group_v;
     for (int role = two ? 1 : 0; role <= (two ? 2 : 0); ++role) {
       SdpaBwdParams pr = p;
@@ -76,7 +85,7 @@ void run_sdpa_bwd(const SdpaBwdParams& p_in, cudaStream_t stream) {
     kern::sdpa_bwd_dq_convert_kernel<E><<<grid_stride_1d(int64_t(p.num_heads_q) * p.total_q, 8), 256, 0, stream>>>(p);
     check_launch("sdpa backward dQ convert (sm80)");
   } else {
-    // (query block of a sample, query head) folded into x (grid.h).
+    // Cells (query block, query head, sample), the kernel's order (AnalyticGrid).
     dq<<<grid_2d_folded(int64_t(p.batch) * p.analytic.num_q_blocks, p.num_heads_q, "sdpa backward dQ"), T::kThreadsQ,
          T::kSmemBytesQ, stream>>>(p);
     check_launch("sdpa backward dQ (sm80)");
@@ -84,6 +93,8 @@ void run_sdpa_bwd(const SdpaBwdParams& p_in, cudaStream_t stream) {
 }
 
 }  // namespace
+
+int64_t sdpa_bwd_mask_only_launches() { return g_bwd_mask_only_launches.load(std::memory_order_relaxed); }
 
 void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream) {
   if (p.total_q > 0) {
@@ -119,8 +130,15 @@ void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dt
   }
   // Output gate: the dK/dV and dQ kernels read the preprocess's dO * sigmoid(G) as their dO.
   const SdpaBwdParams pk = sdpa_bwd_main_params(p);
+  const bool features = sdpa_bwd_has_features(pk) || sdpa_sm80_features_forced();
   kern::with_bwd_traits_sm80(tile, p.head_dqk, p.head_dv, [&](auto t) {
-    with_element_type(dtype, "sdpa backward (sm80)", [&](auto e) { run_sdpa_bwd<decltype(t), decltype(e)>(pk, stream); });
+    with_element_type(dtype, "sdpa backward (sm80)", [&](auto e) {
+      if (features) {
+        run_sdpa_bwd<decltype(t), decltype(e), true>(pk, stream);
+      } else {
+        run_sdpa_bwd<decltype(t), decltype(e), false>(pk, stream);
+      }
+    });
   });
   if (bp.dbias != nullptr) {
     const int64_t elems = bp.dbias_size[0] * bp.dbias_size[1] * bp.dbias_size[2] * bp.dbias_size[3];

@@ -35,4 +35,15 @@ void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dt
 // The forward over paged K/V caches (p.paged_k / p.paged_v, kv_addr.cuh PagedKv): the same grid.
 void launch_sdpa_fwd_paged_sm80(const SdpaPagedFwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream);
 
+// Which instantiation the two SDPA launchers run (the paged forward always the features one): the
+// mask-only kernels for a call without the main loops' features (params.h sdpa_fwd_has_features /
+// sdpa_bwd_has_features), unless sdpa_sm80_features_forced(): FLASHSPAN_SDPA_SM80_FEATURES=1 (read per
+// call; measurement only: the features kernels for every call, to time both on one call) or the test
+// override set_sdpa_sm80_features_forced (1 forced, 0 not, -1 back to the environment's answer).
+// sdpa_{fwd,bwd}_mask_only_launches count the calls the mask-only kernels took (tests).
+bool sdpa_sm80_features_forced();
+void set_sdpa_sm80_features_forced(int on);
+int64_t sdpa_fwd_mask_only_launches();
+int64_t sdpa_bwd_mask_only_launches();
+
 }  // namespace flashspan::sm80

@@ -403,7 +403,7 @@ struct AnalyticSourceBwdSm90 {
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int) {
     const AnalyticMaskParams& a = kern::analytic_of(p);
     const kern::AnalyticBwdGrid grid{a.num_k_blocks, p.num_heads_q / p.group_size, p.batch,
-                                     sm90::sdpa_bwd_grid_heads_slowest_sm90(a.band.has_left, a.band.has_right)};
+                                     kern::sdpa_bwd_grid_heads_slowest(a.band.has_left, a.band.has_right)};
     const kern::WorkItem w = p.deterministic ? grid.next_descending(item_it) : grid.next(item_it);
     BwdItem it{w.block, w.head, w.batch, 0, 0, -1};
     if (it.kb >= 0) {

@@ -74,17 +74,6 @@ constexpr int sdpa_bwd_kernel_dim_sm90(int dqk, int dv) {
   return dqk <= 64 && dv <= 64 ? 64 : dqk <= 128 && dv <= 128 ? 128 : dqk;
 }
 
-// The order of the sm90 SDPA backward's grid (tile_scheduler.cuh AnalyticBwdGrid; the kernel's
-// AnalyticSourceBwdSm90 asks it with the call's band): heads slowest -- every key block of one head before
-// the next, so that the CTAs of a wave share one head's Q / dO in L2 -- without a band, else key
-// blocks ascending, heads fastest (a causal band: the longest walks first). Measured on the H200
-// (B=1 H=16 D=128): no band S=32768 483 (heads fastest) -> 531 TFLOP/s (PERF_LOG v2.2); causal 469
-// -> 422. Windows (a band bounded on both sides, walks of one length too) lost with heads slowest,
-// and so did the forward's windows (PERF_LOG v2.10: S=8192 window backward 482 -> 380, forward
-// 595 -> 468; S=32768 forward 597 -> 536; the forward without a band 581 -> 586, noise), so the
-// forward's grid keeps its one order (AnalyticGrid: the last query block first).
-constexpr bool sdpa_bwd_grid_heads_slowest_sm90(bool has_left, bool has_right) { return !has_left && !has_right; }
-
 // Packed GQA (FwdParams::pack = G, query heads per kv head) on the sm90 forward: G a power of
 // two dividing the 128 query rows of the forward tile, so that a block's 128 packed rows are
 // 128 / G whole query positions x G heads, one TMA box {64 columns, G heads, 128 / G positions}
