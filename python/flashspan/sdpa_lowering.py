@@ -96,34 +96,11 @@ def _route_env() -> str:
 
 def prefers_flex(q: Tensor) -> bool:
     """Whether a call on the (non-CPU) device of q that this lowering can express takes it rather than the native
-    route (environment read per call): ``FLASHSPAN_SDPA_ROUTE=flex`` yes, ``=native`` no; else a CUDA call whose
-    native route would not run the sm90 SDPA kernels (:func:`native_runs_sm90`), since the native sm80 backward is
-    0.69-0.74x the flex route's on the sm80 kernels (forward 0.85-0.96x; H200, B=1 H=16 D=128, PERF_LOG v2.10),
-    while where the native route runs the sm90 SDPA kernels the two routes are at par."""
-    r = _route_env()
-    if r in ("flex", "native"):
-        return r == "flex"
-    if q.device.type != "cuda":
-        return False
-    return not native_runs_sm90(_capability_major(q.get_device()), os.environ.get("FLASHSPAN_KERNEL_FAMILY", "").strip())
-
-
-def native_runs_sm90(capability_major: int, kernel_family_env: str) -> bool:
-    """Whether the native route of a pure-mask call runs the sm90 SDPA kernels in both directions: a device of
-    compute capability 9.x and ``FLASHSPAN_KERNEL_FAMILY`` (``kernel_family_env``) not ``sm80``. Every GPU head dim
-    (tile_sm90.h ``sdpa_fwd_runs_head_dims_sm90`` / ``sdpa_bwd_runs_head_dims_sm90``: multiples of 8 up to 128,
-    (192, 128) and (256, 256) since 2026-12-03, PERF_LOG v2.12)."""
-    return capability_major == 9 and kernel_family_env != "sm80"
-
-
-_majors: dict = {}
-
-
-def _capability_major(index: int) -> int:
-    m = _majors.get(index)
-    if m is None:
-        m = _majors[index] = torch.cuda.get_device_capability(index)[0]
-    return m
+    route (environment read per call): only with ``FLASHSPAN_SDPA_ROUTE=flex`` (a comparison route). The native
+    route is the default on every GPU since 2026-12-03: on sm90 its kernels run every GPU head dim at par with the
+    flex route's (PERF_LOG v2.10, v2.12), and the sm80 kernels' mask-only instantiations run 1.02-1.07x the flex
+    route's on the sm80 kernels (PERF_LOG v2.13; before them the native sm80 backward was 0.69-0.74x)."""
+    return _route_env() == "flex"
 
 
 def _unsupported(feature: str, why: str) -> NotImplementedError:

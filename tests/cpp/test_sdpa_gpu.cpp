@@ -428,9 +428,13 @@ void run_case(const Case& c, bool backward = true, bool chain = false) {
   if (c.bias && c.dbias) p->dbias.poison_device();
   run_backward(*p, /*cuda=*/true);
   if (c.sinks) {
-    // dSink (fp32): a sum over every row, against the reference's with the fp16 numbers.
+    // dSink (fp32): a sum over every row, against the reference's with the fp16 numbers; in a chain
+    // its D = rowsum(dO O) reads the GPU forward's O, rounded to the input dtype, while the
+    // reference's reads its own: the input dtype's numbers then (a bf16 chain measured 0.0078
+    // relative L2, the rounding of bf16, against fp16's 0.003; H200, seed 14204).
     EXPECT_TRUE(fs_test::tensor_close(Tensor::values(p->dsink.download(), DType::kFloat32),
-                                      Tensor::values(p->dsink.host, DType::kFloat32), DType::kFloat16))
+                                      Tensor::values(p->dsink.host, DType::kFloat32),
+                                      chain ? c.dtype : DType::kFloat16))
         << "dSink";
   }
   // dQ / dK floors: the rounding of dP - D (error_criteria.h, grad_floor).

@@ -86,16 +86,6 @@ def test_route_choice(fs, monkeypatch):
     assert sl.route(q, q, q, {}) == "native"
 
 
-def test_native_runs_sm90_rule(fs):
-    """The default route's rule on CUDA: native where it runs the sm90 SDPA kernels in both directions (compute
-    capability 9.x, FLASHSPAN_KERNEL_FAMILY not sm80; every GPU head dim), else the flex lowering."""
-    from flashspan.sdpa_lowering import native_runs_sm90
-
-    assert native_runs_sm90(9, "") and native_runs_sm90(9, "sm90")
-    assert not native_runs_sm90(9, "sm80")
-    assert not native_runs_sm90(8, "") and not native_runs_sm90(10, "")
-
-
 @pytest.mark.parametrize("seed", range(6))
 def test_native_plumbing_on_cpu(fs, monkeypatch, seed):
     """The native branch of flashspan.sdpa (attn_scale tensors read on the host, then the C operation) on CPU
@@ -659,21 +649,20 @@ def test_gpu_native_dropout(fs, native, seed):
 
 
 @gpu
-def test_gpu_default_route_follows_the_device(fs, monkeypatch):
-    """A pure-mask CUDA call takes the native route where it runs the sm90 SDPA kernels (compute capability 9.x,
-    FLASHSPAN_KERNEL_FAMILY not sm80), else the flex lowering; FLASHSPAN_SDPA_ROUTE forces either; a feature the
-    lowering cannot express is native everywhere."""
+def test_gpu_default_route_is_native(fs, monkeypatch):
+    """A pure-mask CUDA call takes the native route on every GPU and kernel family (since 2026-12-03, PERF_LOG
+    v2.13), every GPU head dim; FLASHSPAN_SDPA_ROUTE forces either; a feature the lowering cannot express is native
+    even with FLASHSPAN_SDPA_ROUTE=flex."""
     from flashspan import sdpa_lowering as sl
 
     monkeypatch.delenv(sl.ROUTE_ENV, raising=False)
     monkeypatch.delenv("FLASHSPAN_KERNEL_FAMILY", raising=False)
     q = torch.zeros(1, 2, 16, 16, device="cuda", dtype=torch.bfloat16)
-    sm90 = torch.cuda.get_device_capability(q.device)[0] == 9
-    assert sl.route(q, q, q, {}) == ("native" if sm90 else "flex")
+    assert sl.route(q, q, q, {}) == "native"
     q192, v128 = torch.zeros(1, 2, 16, 192, device="cuda", dtype=torch.bfloat16), q[..., :16].new_zeros(1, 2, 16, 128)
-    assert sl.route(q192, q192, v128, {}) == ("native" if sm90 else "flex")  # the big dims too (PERF_LOG v2.12)
+    assert sl.route(q192, q192, v128, {}) == "native"
     monkeypatch.setenv("FLASHSPAN_KERNEL_FAMILY", "sm80")
-    assert sl.route(q, q, q, {}) == "flex"
+    assert sl.route(q, q, q, {}) == "native"
     assert sl.route(q, q, q, {"softcap": 5.0}) == "native"
     monkeypatch.setenv(sl.ROUTE_ENV, "native")
     assert sl.route(q, q, q, {}) == "native"
