@@ -783,6 +783,43 @@ TEST(SdpaGpu, Sm90ForwardModsFallsBackToSm80) {
   }
 }
 
+// The small sanitizer cases of the sm90 SDPA kernels (scripts/gpu_check.sh; the backward's, and the base of
+// the modifiers' forward cases, Sm90ForwardModsSanitizerSmall): small, NaN-padded
+// samples (one without keys) under bottom-right causal with GQA on the (64, 64) kernel, a window
+// on the (128, 128) kernel with D = 96 (the column bounds of the stores), a dense MQA case
+// deterministic; then the column-split kernels: case 0's padding and mask on (192, 128), case 1's
+// window deterministic on (256, 256).
+Case sm90_bwd_small_case(int i) {
+  if (i >= 3) {
+    Case c = sm90_bwd_small_case(i - 3);
+    c.seed = 9400 + uint64_t(i);
+    c.Dqk = i == 3 ? 192 : 256;
+    c.Dv = i == 3 ? 128 : 256;
+    c.deterministic = i == 4;
+    return c;
+  }
+  Case c;
+  c.seed = 9400 + uint64_t(i);
+  c.B = 3;
+  c.Hq = 4;
+  c.Hk = i == 2 ? 1 : 2;
+  c.Sq = 200 + 50 * i;
+  c.Skv = 300 - 40 * i;
+  c.Dqk = c.Dv = i == 0 ? 64 : i == 1 ? 96 : 128;
+  c.has_right = true;
+  c.bottom_right = i == 0;
+  c.has_left = i == 1;
+  c.left = 70;
+  c.kind_q = i == 1 ? Kind::kBshd : Kind::kBhsd;
+  c.kind_kv = i == 1 ? Kind::kStrided : Kind::kBhsd;
+  c.lengths = i == 2 ? 0 : 1;
+  c.lengths64 = i == 1;
+  c.zero_kv_sample = i == 0;
+  c.dtype = i == 1 ? DType::kFloat16 : DType::kBFloat16;
+  c.deterministic = i == 2;
+  return c;
+}
+
 TEST(SdpaGpu, Sm90ForwardModsSanitizerSmall) {
   // Small cases of the modifiers' kernel for compute-sanitizer memcheck: NaN-padded samples (one
   // without keys) on the (64, 64) kernel with softcap, ALiBi, sinks, a float32 bias broadcast over
@@ -792,24 +829,9 @@ TEST(SdpaGpu, Sm90ForwardModsSanitizerSmall) {
   const ForceSdpaSm90 force(1);
   const ForceSdpaSm90Mods mods(1);
   for (int i = 0; i < 3; ++i) {
-    Case c;
+    Case c = sm90_bwd_small_case(i);  // shapes, masks, padding and layouts of the backward's cases
     c.seed = 14700 + uint64_t(i);
-    c.B = 3;
-    c.Hq = 4;
-    c.Hk = i == 2 ? 1 : 2;
-    c.Sq = 200 + 50 * i;
-    c.Skv = 300 - 40 * i;
-    c.Dqk = c.Dv = i == 0 ? 64 : i == 1 ? 96 : 128;
-    c.has_right = true;
-    c.bottom_right = i == 0;
-    c.has_left = i == 1;
-    c.left = 70;
-    c.kind_q = i == 1 ? Kind::kBshd : Kind::kBhsd;
-    c.kind_kv = i == 1 ? Kind::kStrided : Kind::kBhsd;
-    c.lengths = i == 2 ? 0 : 1;
-    c.lengths64 = i == 1;
-    c.zero_kv_sample = i == 0;
-    c.dtype = i == 1 ? DType::kFloat16 : DType::kBFloat16;
+    c.deterministic = false;  // a forward
     c.scale = 2.0f / std::sqrt(float(c.Dqk));
     switch (i) {
       case 0:
@@ -885,42 +907,6 @@ TEST(SdpaGpu, Sm90BackwardFallsBackToSm80) {
     EXPECT_EQ(sm90::sdpa_bwd_launches(), before) << "ran on sm90: " << c.str();
     if (::testing::Test::HasFailure()) return;
   }
-}
-
-// The cases of the sm90 backward's sanitizer run (scripts/gpu_check.sh): small, NaN-padded
-// samples (one without keys) under bottom-right causal with GQA on the (64, 64) kernel, a window
-// on the (128, 128) kernel with D = 96 (the column bounds of the stores), a dense MQA case
-// deterministic; then the column-split kernels: case 0's padding and mask on (192, 128), case 1's
-// window deterministic on (256, 256).
-Case sm90_bwd_small_case(int i) {
-  if (i >= 3) {
-    Case c = sm90_bwd_small_case(i - 3);
-    c.seed = 9400 + uint64_t(i);
-    c.Dqk = i == 3 ? 192 : 256;
-    c.Dv = i == 3 ? 128 : 256;
-    c.deterministic = i == 4;
-    return c;
-  }
-  Case c;
-  c.seed = 9400 + uint64_t(i);
-  c.B = 3;
-  c.Hq = 4;
-  c.Hk = i == 2 ? 1 : 2;
-  c.Sq = 200 + 50 * i;
-  c.Skv = 300 - 40 * i;
-  c.Dqk = c.Dv = i == 0 ? 64 : i == 1 ? 96 : 128;
-  c.has_right = true;
-  c.bottom_right = i == 0;
-  c.has_left = i == 1;
-  c.left = 70;
-  c.kind_q = i == 1 ? Kind::kBshd : Kind::kBhsd;
-  c.kind_kv = i == 1 ? Kind::kStrided : Kind::kBhsd;
-  c.lengths = i == 2 ? 0 : 1;
-  c.lengths64 = i == 1;
-  c.zero_kv_sample = i == 0;
-  c.dtype = i == 1 ? DType::kFloat16 : DType::kBFloat16;
-  c.deterministic = i == 2;
-  return c;
 }
 
 TEST(SdpaGpu, Sm90BackwardSanitizerSmall) {
