@@ -66,19 +66,23 @@ void check_head_dims_sm80(int dqk, int dv) {
 // For (192, 128) and (256, 256) the forward runs 128 x 128 / 128 x 64 tiles of its own. Any
 // sm90 plan's backward can run on the sm80 kernels (FLASHSPAN_SM90_BWD=0, or a configuration
 // the sm90 backward does not take), so the backward part of the two tables must agree; except
-// the wide 128 x 128 backward tile of (64, 64) (tile_sm90.h), which only the sm90 backward runs:
-// (64, 64) plans get it when sm90::bwd_wide64_enabled() (by default; the sm90 backward then
-// takes every backward call of the plan, and dispatch refuses one it would not).
-bool bwd_wide64() {
+// the wide backward tiles (tile_sm90.h: 128 x 128 of (64, 64), 64 x 96 of (192, 128)), which only
+// the sm90 backward runs: (64, 64) plans get theirs when sm90::bwd_wide64_enabled() (by default),
+// (192, 128) plans when sm90::bwd_wide192_enabled() (experimental); the sm90 backward then takes
+// every backward call of the plan, and dispatch refuses one it would not.
+bool bwd_wide(int head_dim_qk, int head_dim_v) {
 #ifdef FLASHSPAN_WITH_CUDA
-  return sm90::bwd_wide64_enabled();
+  if (head_dim_qk == 64 && head_dim_v == 64) return sm90::bwd_wide64_enabled();
+  if (head_dim_qk == 192 && head_dim_v == 128) return sm90::bwd_wide192_enabled();
 #else
-  return false;
+  (void)head_dim_qk;
+  (void)head_dim_v;
 #endif
+  return false;
 }
 
 Consumer consumer_sm90(int head_dim_qk, int head_dim_v) {
-  const sm90::TileSm90 t = sm90::tile_sm90(head_dim_qk, head_dim_v, bwd_wide64());
+  const sm90::TileSm90 t = sm90::tile_sm90(head_dim_qk, head_dim_v, bwd_wide(head_dim_qk, head_dim_v));
   const bool sm90_only = sm90::bwd_wide_tile_sm90(head_dim_qk, head_dim_v, t.bwd_bq, t.bwd_bk);
   if (!sm90_only && sm80::runs_head_dims_sm80(head_dim_qk, head_dim_v)) {  // the sm80 backward may run it (sm90 backward off)
     const sm80::TileSm80 b = sm80::tile_sm80(head_dim_qk, head_dim_v);
@@ -137,6 +141,7 @@ namespace flashspan::sm90 {
 namespace {
 std::atomic<int> g_bwd_override{-1};
 std::atomic<int> g_wide64_override{-1};
+std::atomic<int> g_wide192_override{-1};
 std::atomic<int> g_det_split_override{-1};
 std::atomic<int> g_cell_order_override{-1};
 std::atomic<int> g_split_first_override{-1};
@@ -224,6 +229,24 @@ bool bwd_wide64_enabled() {
     return !(e != nullptr && std::strcmp(e, "0") == 0);
   }();
   return env && bwd_enabled() && bwd_deterministic_enabled();
+}
+
+void set_bwd_wide192_enabled(int on) { store_override(g_wide192_override, on); }
+
+// The 64 x 96 backward tile of (192, 128) (three consumer warpgroups, kernel_bwd_sm90.cuh):
+// experimental (FLASHSPAN_EXPERIMENTAL=1, read per call) until it has run on a GPU;
+// FLASHSPAN_SM90_BWD_WIDE192=1 / 0 (read once) turns it on / off whatever FLASHSPAN_EXPERIMENTAL
+// says (a measurement switch). Like the wide tile of (64, 64) only while the sm90 backward takes
+// every backward call of the plan.
+bool bwd_wide192_enabled() {
+  static const int env = [] {
+    const char* e = std::getenv("FLASHSPAN_SM90_BWD_WIDE192");
+    if (e == nullptr) return -1;
+    return std::strcmp(e, "1") == 0 ? 1 : std::strcmp(e, "0") == 0 ? 0 : -1;
+  }();
+  const int o = g_wide192_override.load(std::memory_order_relaxed);
+  const bool on = o >= 0 ? o == 1 : env >= 0 ? env == 1 : experimental_from_env();
+  return on && bwd_enabled() && bwd_deterministic_enabled();
 }
 
 }  // namespace flashspan::sm90

@@ -105,7 +105,7 @@ void flex_check_support_gpu(const FlexGeometry& g, const MaskPlan& plan, bool ba
                        "mask_plan: forward tile ", c.fwd_block_q, "x", c.fwd_block_k, " is not the sm90 forward's ",
                        want.fwd_block_q, "x", want.fwd_block_k);
     if (backward && !sm90::bwd_wide_tile_sm90(g.head_dim_qk, g.head_dim_v, c.bwd_block_q, c.bwd_block_k)) {
-      // (The wide tile of (64, 64) runs on the sm90 backward only: launch_flex_bwd.)
+      // (The wide tiles of (64, 64) and (192, 128) run on the sm90 backward only: launch_flex_bwd.)
       const sm80::TileSm80 t = sm80::tile_sm80(g.head_dim_qk, g.head_dim_v);
       FS_CHECK_SUPPORTED(c.bwd_block_q == t.bwd_bq && c.bwd_block_k == t.bwd_bk, "mask_plan: backward tile ",
                          c.bwd_block_q, "x", c.bwd_block_k, " does not match the sm80 kernel's ", t.bwd_bq, "x",
@@ -263,12 +263,13 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
   // sm80 kernels; dQ accumulated in 64-row tiles, which the workspace of an sm90 plan has room
   // for, deterministic or not).
   const bool run_sm90 = sm90_plan && sm90::bwd_enabled() && sm90::bwd_config_supported(g, a.deterministic);
-  // A plan with the wide backward tile of (64, 64) (tile_sm90.h) has no sm80 backward: it is only
-  // built while the sm90 backward takes every call (sm90::bwd_wide64_enabled), so this refuses only
-  // a call after an in-process switch (set_bwd_enabled(0)) or an fp32 call.
+  // A plan with a wide backward tile ((64, 64) 128 x 128, (192, 128) 64 x 96: tile_sm90.h) has no
+  // sm80 backward: it is only built while the sm90 backward takes every call
+  // (sm90::bwd_wide64_enabled / bwd_wide192_enabled), so this refuses only a call after an in-process
+  // switch (set_bwd_enabled(0)) or an fp32 call.
   const Consumer& bc = plan.signature.consumer;
   FS_CHECK_SUPPORTED(run_sm90 || !sm90_plan || !sm90::bwd_wide_tile_sm90(g.head_dim_qk, g.head_dim_v, bc.bwd_block_q, bc.bwd_block_k),
-                     "mask_plan: backward tile ", bc.bwd_block_q, "x", bc.bwd_block_k, " of head dims (64, 64) runs on "
+                     "mask_plan: backward tile ", bc.bwd_block_q, "x", bc.bwd_block_k, " of head dims (", g.head_dim_qk, ", ", g.head_dim_v, ") runs on "
                      "the sm90 backward only, which does not take this call (FLASHSPAN_SM90_BWD=0 or set_bwd_enabled(0)",
                      a.deterministic ? ", or FLASHSPAN_SM90_BWD_DETERMINISTIC=0 for a deterministic call" : "",
                      "): rebuild the plan with the switches as they are now, or with arch=80");

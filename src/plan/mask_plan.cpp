@@ -119,11 +119,11 @@ void check_plan_request(const PlanRequest& req) {
   FS_CHECK_ARG(req.geometry != nullptr, "geometry: is required");
   const Consumer& c = req.consumer;
   FS_CHECK_SUPPORTED(c.layout == PayloadLayout::kM16N64Frag, "consumer: unknown payload layout ", int(c.layout));
-  auto tile_ok = [](int rows, int cols) { return rows > 0 && cols > 0 && rows % 16 == 0 && cols % 64 == 0; };
+  auto tile_ok = [](int rows, int cols) { return rows > 0 && cols > 0 && rows % 16 == 0 && cols % 32 == 0; };
   FS_CHECK_ARG(tile_ok(c.fwd_block_q, c.fwd_block_k), "consumer: forward tile ", c.fwd_block_q, "x", c.fwd_block_k,
-               " must have rows % 16 == 0 and columns % 64 == 0 (payload layout)");
+               " must have rows % 16 == 0 and columns % 32 == 0 (payload layout)");
   FS_CHECK_ARG(tile_ok(c.bwd_block_q, c.bwd_block_k), "consumer: backward tile ", c.bwd_block_q, "x", c.bwd_block_k,
-               " must have rows % 16 == 0 and columns % 64 == 0 (payload layout)");
+               " must have rows % 16 == 0 and columns % 32 == 0 (payload layout)");
   const FlexGeometry& g = *req.geometry;
   FS_CHECK_ARG(g.batch >= 1 && int64_t(g.cu_seqlens_q.size()) == g.batch + 1 &&
                    int64_t(g.cu_seqlens_k.size()) == g.batch + 1,

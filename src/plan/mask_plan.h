@@ -28,7 +28,7 @@
 // Arrays of a view (prefix "fwd_" or "bwd_"):
 //   q_block_start [B+1], k_block_start [B+1]
 //   q2k_partial_ptr [Hmask*NQB+1], q2k_partial_kb [nnz_p]   (sample-local key block index)
-//   q2k_partial_bits [nnz_p * Bq*Bk/32]                      (payload of the pair, CSR order)
+//   q2k_partial_bits [nnz_p * payload_words(Bq, Bk)]          (payload of the pair, CSR order)
 //   q2k_full_ptr [Hmask*NQB+1] (run index), q2k_full_runs [2 * runs_f]
 //     (pairs first, end: sample-local key blocks, end exclusive)
 // Backward view only (transposed relation, for dK/dV):

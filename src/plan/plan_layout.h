@@ -33,7 +33,7 @@ void check_list_entries(const char* view, const char* list, int64_t entries, int
 std::vector<int32_t> block_starts(const std::vector<int32_t>& cu, int block, int rows_per_position = 1);
 
 // Checks what both planners need from a request: geometry present, consumer tiles valid
-// for the payload layout (rows % 16, cols % 64), Hmask in {1, Hq}, Hq % Hkv == 0.
+// for the payload layout (rows % 16, cols % 32), Hmask in {1, Hq}, Hq % Hkv == 0.
 // Throws Error(kInvalidArgument / kNotSupported).
 void check_plan_request(const PlanRequest& req);
 

@@ -335,7 +335,7 @@ __global__ void __launch_bounds__(kThreads) payload_kernel(PayloadArgs a) {
   const long long e0 = (long long)blockIdx.x * kPayloadEntriesPerCta;
   const long long e1 = min(a.num_partial, e0 + kPayloadEntriesPerCta);
   if (e0 >= e1) return;
-  const int words = a.bq * a.bk / 32;
+  const int words = payload_words(a.bq, a.bk);
   long long row = find_segment(a.p_ptr, (int)a.rows_all, e0);
   for (long long e = e0; e < e1; ++e) {
     while (a.p_ptr[row + 1] <= e) ++row;  // uniform across the CTA

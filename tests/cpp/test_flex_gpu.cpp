@@ -2756,6 +2756,75 @@ TEST(FlexGpuSm90, BwdBigDimsSanitizer) {
 }
 
 // ---------------------------------------------------------------------------
+// The wide backward tile of (192, 128): 64 query rows x 96 keys (tile_sm90.h kTileSm90Wide192, the
+// three-warpgroup consumers with dK / dV transposed, bwd_consumer_t3; sm90::bwd_wide192_enabled,
+// experimental, forced on here so that every (192, 128) sm90 plan built inside takes it). 96-key
+// blocks: partial payload sub-tiles of 32 columns, key counts around 96 / 192 boundaries. Each
+// case checks that the tile is the consumer's and that the sm90 backward ran.
+// ---------------------------------------------------------------------------
+
+struct Sm90BwdWide192 {
+  Sm90BwdOn on;
+  Sm90BwdWide192() { sm90::set_bwd_wide192_enabled(1); }
+  ~Sm90BwdWide192() { sm90::set_bwd_wide192_enabled(-1); }
+};
+
+void run_case_sm90_bwd_wide192(const Case& in) {
+  Case c = in;
+  c.arch = 90;
+  c.backward = true;
+  c.h.dqk = 192;
+  c.h.dv = 128;
+  const Consumer w = consumer_for(90, 192, 128);
+  ASSERT_TRUE(sm90::bwd_wide_tile_sm90(192, 128, w.bwd_block_q, w.bwd_block_k) && w.bwd_block_k == 96)
+      << "the 64 x 96 tile is not chosen";
+  run_case_sm90_bwd(c);
+}
+
+TEST(FlexGpuSm90, BwdWide192Random) {
+  REQUIRE_SM90();
+  Sm90BwdWide192 on;
+  for (uint64_t s = 1; s <= 30; ++s) run_case_sm90_bwd_wide192(bwd_big_case_sm90(s + 5100, s % 3 == 0));
+}
+
+// BwdBigDimsCases' rows at (192, 128) on the 64 x 96 tile, lengths around 96-key boundaries, the
+// benchmark masks, deterministic masks and a deterministic case bitwise identical over three runs.
+TEST(FlexGpuSm90, BwdWide192Cases) {
+  REQUIRE_SM90();
+  Sm90BwdWide192 on;
+  std::vector<Sm90BwdRow> rows = {
+      kEmptyRows,
+      {.h = {4, 2, 1, 1, 0, 0, kBF16}, .sq = 192, .sk = 288, .mopt = {.p_empty_row = 0.0, .p_full_row = 1.0}},  // only full blocks
+      {.h = {4, 2, 4, 3, 0, 0, kF16}, .lq = {1, 0, 3, 70, 65, 97}, .lk = {150, 5, 0, 129, 96, 95}},  // 96-key boundaries
+      {.h = {3, 1, 3, 3, 0, 0, kBF16}, .sq = 150, .sk = 193, .negative = true},                 // MQA, Hmask = Hq
+      {.h = {2, 2, 1, 3, 0, 0, kBF16}, .sq = 129, .sk = 191, .strided = true, .dlse = true},
+      {.h = {2, 1, 1, 1, 0, 0, kBF16}, .sq = 1024, .mask = "sink_local", .split = true},
+      {.h = {4, 2, 4, 3, 0, 0, kBF16}, .lq = {150, 0, 90}, .lk = {130, 70, 0}, .grid = true}};
+  for (const std::string& name : fs_test::benchmark_mask_names()) {
+    rows.push_back({.h = {2, 1, 1, 1, 0, 0}, .sq = bench_sq(name), .mask = name, .dt_by_seed = true});
+  }
+  for (const char* name : {"causal", "document_causal", "sink_local"}) {  // deterministic
+    rows.push_back({.h = {2, 1, 1, 1, 0, 0, kBF16}, .sq = 1024, .mask = name, .det = true});
+  }
+  rows.push_back({.h = {4, 2, 1, 3, 0, 0, kBF16}, .lq = {500, 0, 200}, .lk = {450, 60, 260}, .det = true, .bitwise = true});
+  uint64_t seed = 5300;
+  run_sm90_bwd_rows(rows, 192, 128, seed, run_case_sm90_bwd_wide192);
+}
+
+// Small cases for compute-sanitizer (memcheck / racecheck / synccheck): BwdBigDimsSanitizer's at
+// (192, 128) on the 64 x 96 tile.
+TEST(FlexGpuSm90, BwdWide192Sanitizer) {
+  REQUIRE_SM90();
+  Sm90BwdWide192 on;
+  uint64_t seed = 5400;
+  run_sm90_bwd_rows({{.h = {2, 1, 2, 3, 0, 0, kBF16}, .sq = 150, .sk = 140},
+                     {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 130}, .lk = {66, 20, 0}},
+                     {.h = {2, 1, 2, 5, 0, 0, kBF16}, .sq = 600, .sk = 600, .mask = "global", .split = true},
+                     {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 130}, .lk = {66, 20, 0}, .det = true, .seed = 5405}},
+                    192, 128, seed, run_case_sm90_bwd_wide192);
+}
+
+// ---------------------------------------------------------------------------
 // Packed GQA on the sm90 forward (FwdParams::pack = G, a power of two dividing 128: Q's packed
 // tensor-map box, the epilogue's (position, head) rows and per-head max_logit; kernel_fwd_sm90.cuh).
 // On by default (sm90::fwd_packed_enabled; FLASHSPAN_SM90_PACK_GQA=0 turns it off); these tests

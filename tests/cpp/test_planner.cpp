@@ -65,6 +65,14 @@ const Consumer kSm90Wide = [] {
   c.bwd_block_k = flashspan::sm90::kTileSm90Wide64.bwd_bk;
   return c;
 }();
+// (192, 128) sm90 plans with the wide backward tile (tile_sm90.h kTileSm90Wide192;
+// sm90::bwd_wide192_enabled, experimental): 128x128 / 64x96 (payload sub-tiles of 32 columns).
+const Consumer kSm90Wide192 = [] {
+  Consumer c = flashspan::consumer_for(90, 128, 128);
+  c.bwd_block_q = flashspan::sm90::kTileSm90Wide192.bwd_bq;
+  c.bwd_block_k = flashspan::sm90::kTileSm90Wide192.bwd_bk;
+  return c;
+}();
 // Packed decode plans (consumer_for_plan): 16x64 forward / 64x128 backward.
 const Consumer kSm80Decode = [] {
   Consumer c = flashspan::consumer_for(80, 128, 128);
@@ -72,25 +80,28 @@ const Consumer kSm80Decode = [] {
   return c;
 }();
 
-// Overrides sm90::bwd_wide64_enabled for a scope (builds with CUDA; without, the wide tile is
-// never chosen).
-struct Wide64 {
-  explicit Wide64(int on) {
+// Overrides sm90::bwd_wide64_enabled and bwd_wide192_enabled for a scope (builds with CUDA;
+// without, the wide tiles are never chosen).
+struct WideTiles {
+  explicit WideTiles(int on64, int on192) {
 #ifdef FLASHSPAN_WITH_CUDA
-    flashspan::sm90::set_bwd_wide64_enabled(on);
+    flashspan::sm90::set_bwd_wide64_enabled(on64);
+    flashspan::sm90::set_bwd_wide192_enabled(on192);
 #else
-    (void)on;
+    (void)on64;
+    (void)on192;
 #endif
   }
-  ~Wide64() {
+  ~WideTiles() {
 #ifdef FLASHSPAN_WITH_CUDA
     flashspan::sm90::set_bwd_wide64_enabled(-1);
+    flashspan::sm90::set_bwd_wide192_enabled(-1);
 #endif
   }
 };
 
 TEST(ConsumerFor, TileTable) {
-  Wide64 off(0);  // the default tiles, whatever FLASHSPAN_EXPERIMENTAL says
+  WideTiles off(0, 0);  // the narrow tiles, whatever FLASHSPAN_EXPERIMENTAL says
   EXPECT_EQ(kSm80.fwd_block_q, 128);
   EXPECT_EQ(kSm80.fwd_block_k, 64);
   EXPECT_EQ(kSm80.bwd_block_q, 64);
@@ -141,7 +152,7 @@ TEST(ConsumerFor, WideBackwardTile64) {
   GTEST_SKIP() << "no CUDA in this build: the wide tile is never chosen";
 #endif
   {
-    Wide64 on(1);
+    WideTiles on(1, 0);
     const Consumer w = flashspan::consumer_for(90, 64, 64);
     EXPECT_EQ(w.fwd_block_q, 128);
     EXPECT_EQ(w.fwd_block_k, 128);
@@ -157,11 +168,39 @@ TEST(ConsumerFor, WideBackwardTile64) {
     EXPECT_EQ(c80.bwd_block_q, 64);
     EXPECT_EQ(c80.bwd_block_k, 128);
   }
-  Wide64 off(0);
+  WideTiles off(0, 0);
   const Consumer n = flashspan::consumer_for(90, 64, 64);
   EXPECT_EQ(n.bwd_block_q, 64);
   EXPECT_EQ(n.bwd_block_k, 128);
   EXPECT_FALSE(flashspan::sm90::bwd_wide_tile_sm90(64, 64, n.bwd_block_q, n.bwd_block_k));
+}
+
+// The 64 x 96 backward tile (tile_sm90.h kTileSm90Wide192) goes to sm90 plans of head dims
+// (192, 128) exactly while sm90::bwd_wide192_enabled(); no other dims or family change.
+TEST(ConsumerFor, WideBackwardTile192) {
+#ifndef FLASHSPAN_WITH_CUDA
+  GTEST_SKIP() << "no CUDA in this build: the wide tile is never chosen";
+#endif
+  {
+    WideTiles on(0, 1);
+    const Consumer w = flashspan::consumer_for(90, 192, 128);
+    EXPECT_EQ(w.fwd_block_q, 128);
+    EXPECT_EQ(w.fwd_block_k, 128);
+    EXPECT_EQ(w.bwd_block_q, 64);
+    EXPECT_EQ(w.bwd_block_k, 96);
+    EXPECT_TRUE(flashspan::sm90::bwd_wide_tile_sm90(192, 128, w.bwd_block_q, w.bwd_block_k));
+    for (const auto& d : std::vector<std::pair<int, int>>{{64, 64}, {128, 128}, {256, 256}}) {
+      const Consumer c = flashspan::consumer_for(90, d.first, d.second);
+      EXPECT_NE(c.bwd_block_k, 96) << d.first << "x" << d.second;
+    }
+    const Consumer c80 = flashspan::consumer_for(80, 192, 128);
+    EXPECT_EQ(c80.bwd_block_q, 64);
+    EXPECT_EQ(c80.bwd_block_k, 64);
+  }
+  WideTiles off(0, 0);
+  const Consumer n = flashspan::consumer_for(90, 192, 128);
+  EXPECT_EQ(n.bwd_block_k, 64);
+  EXPECT_FALSE(flashspan::sm90::bwd_wide_tile_sm90(192, 128, n.bwd_block_q, n.bwd_block_k));
 }
 
 // The eight BENCHMARK.md masks at small, non-tile-multiple S, for three consumers.
@@ -172,7 +211,7 @@ TEST_P(BenchmarkMasks, MatchesBruteForce) {
   const SampleMask m = fs_test::mask_by_name(name, S);
   ASSERT_EQ(m.ep.size(), size_t(m.nfunc) * S);
   const FlexGeometry g = fs_test::make_geometry(false, {S}, {S}, 2, 2, 1, m.nfunc);
-  for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm90Wide}) {
+  for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm90Wide, kSm90Wide192}) {
     SCOPED_TRACE("consumer fwd " + std::to_string(c.fwd_block_q) + "x" + std::to_string(c.fwd_block_k));
     auto plan = plan_host(g, m.ep, c, true);
     fs_test::check_plan(*plan, m.ep.data());
@@ -216,7 +255,7 @@ TEST(Planner, RandomMasksGqaPerHead) {
       for (auto& s : hs)
         for (int b = 0; b < 2; ++b) s.push_back(fs_test::mask_random(333, 517, nfunc, blocky, seed++));
       const auto mask = fs_test::assemble_mask(g, hs);
-      for (const Consumer& c : {kSm80, kSm90, kSm90Wide}) {
+      for (const Consumer& c : {kSm80, kSm90, kSm90Wide, kSm90Wide192}) {
         auto plan = plan_host(g, mask, c, true);
         fs_test::check_plan(*plan, mask.data());
         if (blocky) {
@@ -299,7 +338,7 @@ TEST(Planner, FullMinusOneBlocksArePartial) {
   const fs_test::Visibility vis = fs_test::full_minus_one_visibility(lq, lk, 128, 128, 5);
   const SampleMask m = fs_test::mask_from_visibility(vis);
   const FlexGeometry g = fs_test::make_geometry(false, {lq}, {lk}, 2, 1, 1, m.nfunc);
-  for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm90Wide}) {
+  for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm90Wide, kSm90Wide192}) {
     SCOPED_TRACE("consumer fwd " + std::to_string(c.fwd_block_q) + "x" + std::to_string(c.fwd_block_k));
     // The mask really has full-minus-one blocks of this consumer's tiles, and full ones.
     ASSERT_GT(fs_test::count_blocks_missing(vis, c.fwd_block_q, c.fwd_block_k, 1), 0);
@@ -334,7 +373,7 @@ TEST(Planner, BlockStructuredMasks) {
         spec.p_empty_q_tile = empty_rows;
         FlexGeometry g = fs_test::make_geometry(sh.varlen, sh.lq, sh.lk, sh.hq, sh.hkv, sh.hmask, 1);
         const auto mask = fs_test::block_mask_for_geometry(g, spec, seed++);
-        for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm90Wide}) {
+        for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm90Wide, kSm90Wide192}) {
           auto plan = plan_host(g, mask, c, true);
           fs_test::check_plan(*plan, mask.data());
           if (empty_rows == 0.0 && tile == 128) {
@@ -416,10 +455,10 @@ TEST(Planner, RejectsBadRequests) {
   PlanRequest req;
   req.geometry = &g;
   req.consumer = kSm80;
-  req.consumer.fwd_block_k = 96;
+  req.consumer.fwd_block_k = 80;  // columns % 32 != 0 (96 is a tile: the sm90 (192, 128) backward's)
   try {
     flashspan::build_mask_plan_host(req, m.ep.data(), false);
-    ADD_FAILURE() << "96-column tile accepted";
+    ADD_FAILURE() << "80-column tile accepted";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::kInvalidArgument);
   }
@@ -479,7 +518,7 @@ TEST(PackGqa, MatchesBruteForceAndKeepsBackward) {
     const FlexGeometry& g = t.g;
     const int G = g.group_size();
     ASSERT_GT(G, 1);
-    for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm90Wide, kSm80Decode}) {
+    for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm90Wide, kSm90Wide192, kSm80Decode}) {
       SCOPED_TRACE("consumer fwd " + std::to_string(c.fwd_block_q) + "x" + std::to_string(c.fwd_block_k));
       auto packed = plan_host(g, t.mask, c, true, false, true);
       auto plain = plan_host(g, t.mask, c, true, false, false);
@@ -671,7 +710,7 @@ TEST(Planner, ManyRunsPerRowMatchBruteForce) {
       h.push_back(fs_test::mask_many_runs(130, 1500, nfunc, seed++));
     }
     const auto mask = fs_test::assemble_mask(g, hs);
-    for (const Consumer& c : {kSm80, kSm90, kSm80Big, kSm90Wide}) {
+    for (const Consumer& c : {kSm80, kSm90, kSm80Big, kSm90Wide, kSm90Wide192}) {
       SCOPED_TRACE(::testing::Message() << "tile " << c.fwd_block_q << "x" << c.fwd_block_k);
       auto plan = plan_host(g, mask, c, true);
       fs_test::check_plan(*plan, mask.data());
@@ -750,7 +789,7 @@ TEST(PlannerChecker, DetectsWrongPackedMapping) {
 // The CUDA planner's per-word payload function (host-callable) against payload_position().
 TEST(PayloadWord, MatchesPayloadPosition) {
   std::mt19937_64 rng(42);
-  for (auto [bq, bk] : {std::pair{128, 64}, std::pair{64, 128}, std::pair{128, 128}, std::pair{64, 64}}) {
+  for (auto [bq, bk] : {std::pair{128, 64}, std::pair{64, 128}, std::pair{128, 128}, std::pair{64, 64}, std::pair{64, 96}}) {
     for (int nfunc : {1, 3, 5, 19}) {
       for (int trial = 0; trial < 6; ++trial) {
         const int64_t lk = fs_test::rand_int(rng, 1, 700);

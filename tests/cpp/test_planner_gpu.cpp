@@ -59,6 +59,13 @@ const Consumer kSm90Wide = [] {
   c.bwd_block_k = flashspan::sm90::kTileSm90Wide64.bwd_bk;
   return c;
 }();
+// (192, 128) sm90 plans with the 64 x 96 backward tile (kTileSm90Wide192): 128x128 / 64x96.
+const Consumer kSm90Wide192 = [] {
+  Consumer c = flashspan::consumer_for(90, 128, 128);
+  c.bwd_block_q = flashspan::sm90::kTileSm90Wide192.bwd_bq;
+  c.bwd_block_k = flashspan::sm90::kTileSm90Wide192.bwd_bk;
+  return c;
+}();
 // Packed decode plans (consumer_for_plan): 16x64 forward / 64x128 backward.
 const Consumer kSm80Decode = [] {
   Consumer c = flashspan::consumer_for(80, 128, 128);
@@ -159,7 +166,10 @@ TEST_P(GpuBenchmarkMasks, EqualsHostPlanner) {
   const FlexGeometry g = fs_test::make_geometry(false, {S}, {S}, 4, 2, 1, m.nfunc);
   const bool brute = S <= 1000;
   std::vector<Consumer> consumers = {kSm80, kSm80Big, kSm90};
-  if (S <= 1000) consumers.push_back(kSm90Wide);  // the wide tile at small S (CI's emulated run time)
+  if (S <= 1000) {  // the wide tiles at small S (CI's emulated run time)
+    consumers.push_back(kSm90Wide);
+    consumers.push_back(kSm90Wide192);
+  }
   for (const Consumer& c : consumers) {
     SCOPED_TRACE("consumer fwd " + std::to_string(c.fwd_block_q) + "x" + std::to_string(c.fwd_block_k));
     compare_case(g, m.ep, c, brute);
@@ -192,7 +202,7 @@ TEST(PlannerGpu, RandomMasksGqaPerHead) {
       for (auto& s : hs)
         for (int b = 0; b < 2; ++b) s.push_back(fs_test::mask_random(333, 517, nfunc, blocky, seed++));
       const auto mask = fs_test::assemble_mask(g, hs);
-      for (const Consumer& c : {kSm80, kSm90, kSm90Wide}) compare_case(g, mask, c, true);
+      for (const Consumer& c : {kSm80, kSm90, kSm90Wide, kSm90Wide192}) compare_case(g, mask, c, true);
     }
   }
 }
@@ -212,7 +222,7 @@ TEST(PlannerGpu, ManyRunsPerRow) {
       h.push_back(fs_test::mask_many_runs(72, 900, nfunc, seed++));
     }
     const auto mask = fs_test::assemble_mask(g, hs);
-    for (const Consumer& c : {kSm80, kSm90, kSm90Wide}) compare_case(g, mask, c, true);
+    for (const Consumer& c : {kSm80, kSm90, kSm90Wide, kSm90Wide192}) compare_case(g, mask, c, true);
   }
 }
 
@@ -224,7 +234,7 @@ TEST(PlannerGpu, FullMinusOneBlocksArePartial) {
   const int64_t lq = 384 + 37, lk = 512 + 11;
   const SampleMask m = fs_test::mask_from_visibility(fs_test::full_minus_one_visibility(lq, lk, 128, 128, 5));
   const FlexGeometry g = fs_test::make_geometry(false, {lq}, {lk}, 2, 1, 1, m.nfunc);
-  for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm90Wide}) compare_case(g, m.ep, c, true);
+  for (const Consumer& c : {kSm80, kSm80Big, kSm90, kSm90Wide, kSm90Wide192}) compare_case(g, m.ep, c, true);
 }
 
 TEST(PlannerGpu, BlockStructuredMasks) {

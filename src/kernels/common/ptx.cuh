@@ -67,6 +67,17 @@ __device__ __forceinline__ float to_float(typename E::Storage bits) {
   }
 }
 
+// A float -> one element of type E (its storage bits), rounded to nearest even.
+template <class E>
+__device__ __forceinline__ typename E::Storage from_float(float x) {
+  static_assert(E::kDType == DType::kBFloat16 || E::kDType == DType::kFloat16, "from_float: 16-bit element types only");
+  if constexpr (E::kDType == DType::kBFloat16) {
+    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  } else {
+    return __half_as_ushort(__float2half_rn(x));
+  }
+}
+
 // Signed float max into global memory with integer atomics. Correct for any mix of signs
 // when the buffer starts at -inf (or any float): non-negative floats order like signed
 // ints; negative floats order inversely like unsigned ints, and every negative's bits

@@ -139,6 +139,7 @@
 #include "kernels/common/bwd_prepost.cuh"
 #include "kernels/common/k2q_walk.cuh"
 #include "kernels/common/kv_addr.cuh"
+#include "kernels/common/payload_layout.h"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/seqlen_info.cuh"
 #include "kernels/common/tile_scheduler.cuh"
@@ -149,27 +150,35 @@
 namespace flashspan::kern90 {
 
 // Shared-memory layout and tile of the kernel for head dims (kDqk, kDv): the tile is the plan's
-// (tile_sm90.h). 64 x 128 (Dqk = Dv in {64, 128}): the key-split consumers (bwd_consumer);
-// 64 x 64 ((192, 128), (256, 256)): the column-split consumers (bwd_consumer_cols); kBq = 128,
-// the wide tile 128 x 128 of (64, 64) (kTileSm90Wide64): the key-split consumers with 128 query
-// rows a step (see "Wide tile" in the header comment).
-template <int kDqk, int kDv = kDqk, int kBq = 64>
+// (tile_sm90.h; kWideTile: the wide tile of those dims, which only this backward runs).
+// 64 x 128 (Dqk = Dv in {64, 128}): the key-split consumers (bwd_consumer); 64 x 64 ((192, 128),
+// (256, 256)): the column-split consumers (bwd_consumer_cols); wide, (64, 64): 128 x 128
+// (kTileSm90Wide64), the key-split consumers with 128 query rows a step (see "Wide tile" in the
+// header comment); wide, (192, 128): 64 x 96 (kTileSm90Wide192), the three-warpgroup consumers
+// with dK / dV transposed (bwd_consumer_t3, "Three consumer warpgroups" below).
+template <int kDqk, int kDv = kDqk, bool kWideTile = false>
 struct BwdSm90Layout {
   static_assert(sm90::bwd_runs_head_dims_sm90(kDqk, kDv), "sm90 backward: head dims (64, 64), (128, 128), (192, 128) or (256, 256)");
   static constexpr int kD = kDqk;
-  static constexpr bool kWide = kBq == 128;                                  // the wide tile of (64, 64)
-  static constexpr int kBlockQ = sm90::tile_sm90(kDqk, kDv, kWide).bwd_bq;  // 64, or 128 (wide)
-  static constexpr int kBlockK = sm90::tile_sm90(kDqk, kDv, kWide).bwd_bk;  // 128, or 64 for (192, 128) / (256, 256)
-  static constexpr bool kColSplit = kBlockK == 64;                          // the column-split consumers
-  static_assert(kBlockQ == kBq, "sm90 backward: the wide 128-row tile exists for (64, 64) only");
-  static_assert((kBlockQ == 64 && (kBlockK == 128 || kColSplit)) || (kWide && kBlockK == 128),
-                "the consumer layouts below assume 64 x 128, 64 x 64 or the wide 128 x 128");
-  static_assert(kColSplit || kDqk == kDv, "the key-split consumers need Dqk = Dv");
+  static constexpr int kBlockQ = sm90::tile_sm90(kDqk, kDv, kWideTile).bwd_bq;  // 64, or 128 (wide, (64, 64))
+  static constexpr int kBlockK = sm90::tile_sm90(kDqk, kDv, kWideTile).bwd_bk;  // 128, 64 for (192, 128) / (256, 256), 96 (wide (192, 128))
+  static constexpr bool kWide = kBlockQ == 128;                                 // the wide tile of (64, 64)
+  static constexpr bool kColSplit = kBlockK == 64;                             // the column-split consumers
+  static constexpr bool kT3 = kBlockK == 96;                                   // the three-warpgroup consumers
+  static_assert(kWideTile == (kWide || kT3), "sm90 backward: wide tiles exist for (64, 64) and (192, 128) only");
+  static_assert((kBlockQ == 64 && (kBlockK == 128 || kColSplit || kT3)) || (kWide && kBlockK == 128),
+                "the consumer layouts below assume 64 x 128, 64 x 64, 64 x 96 or the wide 128 x 128");
+  static_assert(kColSplit || kT3 || kDqk == kDv, "the key-split consumers need Dqk = Dv");
   // Q / dO stages: 2, or 1 for (256, 256) (two stages of its 64 KB Q + dO do not fit beside K, V,
   // the P / dS buffers and the 64 KB dQ tile).
   static constexpr int kStages = kDqk == 256 ? 1 : 2;
-  static constexpr int kThreads = 384;
-  static constexpr int kConsumerThreads = 256;
+  // A producer warpgroup and two consumer warpgroups, or three (kT3).
+  static constexpr int kThreads = kT3 ? 512 : 384;
+  static constexpr int kConsumerThreads = kThreads - 128;
+  // Registers a thread after setmaxnreg: 64 K a block (kT3: 32 x 128 + 160 x 384 = 65536).
+  static constexpr int kProducerRegs = kT3 ? 32 : 40;
+  static constexpr int kConsumerRegs = kT3 ? 160 : 232;
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536, "sm90 backward: register file");
   static constexpr int kSlabs = kDqk / 64;   // 64-column slabs of K and Q
   static constexpr int kSlabsV = kDv / 64;   // of V and dO
   static constexpr int kSlabK = kBlockK * 128;  // kBlockK keys x 64 16-bit columns
@@ -187,15 +196,18 @@ struct BwdSm90Layout {
   static constexpr int kV = kK + kTileK;
   static constexpr int kQ = kV + kTileV;             // [kStages]
   static constexpr int kDO = kQ + kStages * kTileQ;  // [kStages]
-  static constexpr int kDS = kDO + kStages * kTileDO;  // [2] dS^T (key split) or P, dS (column split)
+  static constexpr int kDS = kDO + kStages * kTileDO;  // [kDsBufs] dS^T (key split) or P, dS (column split, kT3)
   // Key split: dS^T, kBlockQ / 64 slabs of kBlockK keys x 64 queries (128 B rows). Column split:
-  // P then dS, each 64 query rows x 128 B.
-  static constexpr int kXBytes = kBlockQ * 128;
+  // P then dS, each 64 query rows x 128 B. kT3: P then dS, each 64 query rows x 96 keys as two
+  // slabs of 64 keys (the second half used), 16 KB; one buffer (two would not fit beside the rest).
+  static constexpr int kXSlab = kBlockQ * 128;
+  static constexpr int kXBytes = kT3 ? 2 * kXSlab : kXSlab;
   static constexpr int kDsSlab = kBlockK * 128;
-  static constexpr int kDSBytes = kColSplit ? 2 * kXBytes : (kBlockQ / 64) * kDsSlab;
-  static constexpr int kDQ = kDS + 2 * kDSBytes;
+  static constexpr int kDSBytes = (kColSplit || kT3) ? 2 * kXBytes : (kBlockQ / 64) * kDsSlab;
+  static constexpr int kDsBufs = kT3 ? 1 : 2;
+  static constexpr int kDQ = kDS + kDsBufs * kDSBytes;
   static constexpr int kStat = kDQ + kDqBytes;  // [kStages][2][64] fp32: lse2, D
-  static constexpr int kPayBytes = kBlockQ * kBlockK / 8;        // one partial block's payload (1 KB / 512 B)
+  static constexpr int kPayBytes = 4 * payload_words(kBlockQ, kBlockK);  // one partial block's payload (1 KB / 512 B)
   static constexpr int kPay = kStat + kStages * 2 * kBlockQ * 4;  // [kStages] payload of a partial step
   static constexpr int kInfo = kPay + kStages * kPayBytes;         // [kStages] int4 {h, qb, payload, -}
   static constexpr int kDqInfo = kInfo + kStages * 16;              // int64: the step's dq_accum tile
@@ -750,10 +762,11 @@ __device__ __forceinline__ void analytic_step_mask(const kern::TileMask& tm, int
   }
 }
 
-// kBq: the step's query rows, 64 or 128 (the wide tile of (64, 64); plan source only).
-template <int kD, class E, class Src, int kBq = 64>
+// kWideTile: the wide tile of (64, 64), 128 query rows a step (plan source only).
+template <int kD, class E, class Src, bool kWideTile = false>
 __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, uint8_t* smem) {
-  using L = BwdSm90Layout<kD, kD, kBq>;
+  using L = BwdSm90Layout<kD, kD, kWideTile>;
+  constexpr int kBq = L::kBlockQ;  // the step's query rows, 64 or 128
   constexpr int kN = kD / 8;       // n8 blocks of dK / dV
   constexpr int kNQ = kBq / 8;     // n8 blocks (query columns) of S^T / dP^T
   constexpr int kKQ = kBq / 16;    // k16 steps over the step's queries (dV, dK)
@@ -1155,15 +1168,238 @@ __device__ __forceinline__ void bwd_consumer_cols(const BwdParams& p, uint32_t b
   }
 }
 
+// ---------------------------------------------------------------------------
+// Three consumer warpgroups (the 64 x 96 tile of (192, 128); dK / dV transposed)
+// ---------------------------------------------------------------------------
+
+// Named barrier of the three consumer warpgroups before a step's P / dS stores: the one P / dS
+// buffer is free (each warpgroup reaches it only after every GEMM of its previous step has
+// completed). 1: P and dS complete; 2: kZeroBar (analytic source, not used here).
+constexpr int kPdsFreeBar = 3;
+
+// acc (m64n96: rows = 64 head-dim columns, cols = the block's 96 keys) += X^T Y over the step's 64
+// query rows (4 k16 steps): A = X^T, X = Q or dO's 64-column slab x_slab (query rows of 128 B,
+// 128B-swizzled: M-major), B = Y = dS or P in the step's buffer (query rows of 64 keys, two slabs of
+// kYSlab bytes, the second one's first 32 keys used: N-major). dK^T += Q^T dS and dV^T += dO^T P.
+// As two wgmma of N = 64 (keys 0 .. 63, slab 0) and N = 32 (keys 64 .. 95, slab 1): an N-major
+// operand of the 128B swizzle spans whole 64-element atoms in the canonical layouts of the PTX
+// ISA, which N = 96 does not.
+template <int kXSlab, int kYSlab, class E>
+__device__ __forceinline__ void gemm_kv_t3(float (&acc)[12][4], uint32_t x_slab, uint32_t y_buf) {
+  float(&a0)[8][4] = *reinterpret_cast<float(*)[8][4]>(&acc[0][0]);
+  float(&a1)[4][4] = *reinterpret_cast<float(*)[4][4]>(&acc[8][0]);
+#pragma unroll
+  for (int kk = 0; kk < 4; ++kk) {
+    const uint64_t da = smem_desc(x_slab + kk * 2048, kXSlab, 1024);
+    wgmma_ss_tnspab<64, E>(a0, da, smem_desc(y_buf + kk * 2048, kYSlab, 1024), 1);
+    wgmma_ss_tnspab<32, E>(a1, da, smem_desc(y_buf + kYSlab + kk * 2048, kYSlab, 1024), 1);
+  }
+}
+
+// acc = dS K[:, 64 columns] over the block's 96 keys (6 k16 steps): A = dS (query rows of keys,
+// K-major: a k16 step is 32 bytes inside a 64-key slab, the second slab after 4 steps), B = K's
+// 64-column slab k_slab (key rows of 128 B: N-major).
+template <int kXSlab, int kKSlab, class E>
+__device__ __forceinline__ void gemm_dq_t3(float (&acc)[8][4], uint32_t ds_buf, uint32_t k_slab) {
+#pragma unroll
+  for (int kk = 0; kk < 6; ++kk) {
+    wgmma_ss_tnspb<64, E>(acc, smem_desc(ds_buf + (kk >> 2) * kXSlab + 32 * (kk & 3), 16, 1024),
+                          smem_desc(k_slab + kk * 2048, kKSlab, 1024), kk > 0);
+  }
+}
+
+// Epilogue of a work item of the three-warpgroup consumers: the thread holds dK^T (and, in
+// warpgroups 0 and 1, dV^T) of head-dim columns d0 and d0 + 8 (rows of its m64n96 accumulators) for
+// keys 8 j + 2 qd + e (j < 12, e < 2). slot >= 0: dK (unscaled) and dV added with fp32 atomics to
+// split slot `slot` ([96, Dqk] / [96, Dv] fp32, bwd_split.cuh); else dK (times the softmax scale) and
+// dV elements of the valid keys written in the input dtype (16-bit stores: a warp's store covers 4
+// keys x 8 columns; once per item).
+template <int kDqk, int kDv, class E>
+__device__ __forceinline__ void dkdv_epilogue_t3(const BwdParams& p, const BwdItem& it, int keys_valid, int64_t krow,
+                                                 int d0, int qd, bool has_dv, const float (&dkt)[12][4],
+                                                 const float (&dvt)[12][4]) {
+  using Elem = typename E::Storage;
+  if (it.slot >= 0) {
+    float* dka = p.split.dk_accum + int64_t(it.slot) * 96 * kDqk;
+    float* dva = p.split.dv_accum + int64_t(it.slot) * 96 * kDv;
+#pragma unroll
+    for (int j = 0; j < 12; ++j) {
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int key = 8 * j + 2 * qd + e;
+        if (key < keys_valid) {
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi) {
+            atomicAdd(dka + int64_t(key) * kDqk + d0 + 8 * hi, dkt[j][2 * hi + e]);
+            if (has_dv) atomicAdd(dva + int64_t(key) * kDv + d0 + 8 * hi, dvt[j][2 * hi + e]);
+          }
+        }
+      }
+    }
+    return;
+  }
+  Elem* dkp = static_cast<Elem*>(p.dk) + int64_t(it.b) * p.dka.batch_stride + krow * p.dka.row_stride +
+              int64_t(it.hkv) * p.dka.head_stride + d0;
+  Elem* dvp = static_cast<Elem*>(p.dv) + int64_t(it.b) * p.dva.batch_stride + krow * p.dva.row_stride +
+              int64_t(it.hkv) * p.dva.head_stride + d0;
+#pragma unroll
+  for (int j = 0; j < 12; ++j) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const int key = 8 * j + 2 * qd + e;
+      if (key < keys_valid) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          dkp[int64_t(key) * p.dka.row_stride + 8 * hi] = kern::from_float<E>(dkt[j][2 * hi + e] * p.scale);
+          if (has_dv) dvp[int64_t(key) * p.dva.row_stride + 8 * hi] = kern::from_float<E>(dvt[j][2 * hi + e]);
+        }
+      }
+    }
+  }
+}
+
+// Warpgroup c of three (threads t = 32 w + 4 g + qd), FlashAttention-3's hdim-192 backward schedule
+// (three MMA warpgroups, dK / dV transposed so that N = the 96 keys). Per step: S and dP for keys
+// 32c .. 32c + 31 of the block (m64n32, rows = the 64 queries, both operands K-major), P and dS of
+// those keys into the step's buffer (after a named barrier: the buffer's previous readers are done);
+// after the barrier of all three, dQ[:, 64c .. 64c + 63] = dS K (m64n64, 6 k16 steps), dK^T[64c ..
+// 64c + 63, :] += Q^T dS and, for c < 2, dV^T[64c .., :] += dO^T P (m64n96, 4 k16 steps each).
+// dK^T / dV^T (48 + 48 fp32 registers) stay in registers for the item (within the 160 of
+// setmaxnreg: S, dP 16 + 16 while they live, dQ 32 after them). Per step and warpgroup: 12 + 8 wgmma
+// k16 instructions of N = 32 (S, dP), 6 of N = 64 (dQ), 4 + 4 (c < 2) of N = 64 + 32; the 64 x 64 tile's
+// two warpgroups had the same GEMMs per query block for 2/3 of the keys, so the bytes a step moves
+// through L2 (Q, dO 40 KB, the fp32 dQ tile 48 KB) now serve 1.5x the FLOPs.
+// Payload (64 x 96 tile: 64-column sub-tiles, the second with 32 columns, payload_layout.h): the
+// thread's 16 elements are bits 16 (c % 2) + 4 j + r of word (2 w + c / 2) 32 + lane.
+// Src: the plan source (the analytic source keeps the 64 x 64 tile).
+template <int kDqk, int kDv, class E, class Src>
+__device__ __forceinline__ void bwd_consumer_t3(const BwdParams& p, uint32_t base, uint8_t* smem) {
+  using L = BwdSm90Layout<kDqk, kDv, true>;
+  static_assert(L::kT3 && kDqk == 192 && kDv == 128 && L::kStages == 2, "the three-warpgroup consumers run (192, 128) on 64 x 96");
+  static_assert(!Src::kAnalytic, "the analytic source runs the 64 x 64 tile");
+  const uint32_t bars = base + L::kBar;
+  const int c = (threadIdx.x - 128) >> 7;  // 0, 1, 2
+  const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
+  const int row_thr = 16 * w + g;  // first query row of S / dP (+8: second)
+  const bool has_dv = c < 2;       // dV^T's 128 rows: warpgroups 0 and 1
+  const float* s_stat = reinterpret_cast<const float*>(smem + L::kStat);
+  const int4* s_info = reinterpret_cast<const int4*>(smem + L::kInfo);
+  float* s_dq = reinterpret_cast<float*>(smem + L::kDQ);
+  const uint32_t k_rows = base + L::kK + c * 32 * 128;  // K rows 32c .. (B of S)
+  const uint32_t v_rows = base + L::kV + c * 32 * 128;  // V rows 32c .. (B of dP)
+  const uint32_t k_slab = base + L::kK + c * L::kSlabK;  // K columns 64c .. (B of dQ)
+  const uint32_t p_buf = base + L::kDS;
+  const uint32_t ds_buf = p_buf + L::kXBytes;
+  // P / dS store offset: query row row_thr, slab c / 2, 16-byte chunk (4 (c % 2) + j) ^ g, 4 qd bytes.
+  const uint32_t x_row = (c >> 1) * L::kXSlab + uint32_t(row_thr) * 128 + 4 * qd;
+  const int pay_word = (2 * w + (c >> 1)) * 32 + lane, pay_shift = 16 * (c & 1);
+
+  uint32_t step_it = 0;
+  for (uint32_t item_it = 0;; ++item_it) {
+    const BwdItem it = take_bwd_item<L>(bars, smem, item_it);
+    if (it.kb < 0) return;
+
+    float dkt[12][4], dvt[12][4];
+    zero_frag(dkt);
+    zero_frag(dvt);
+    mbar_wait(bars + L::kKvFull, item_it & 1);
+    const typename Src::Seqlen sl(p, it.b);
+    const int64_t qblk0 = Src::q_block0(p, it.b);
+    for (int s = 0; s < it.steps; ++s, ++step_it) {
+      const uint32_t st = step_it % L::kStages, ph = (step_it / L::kStages) & 1;
+      const uint32_t q_tile = base + L::kQ + st * L::kTileQ;
+      const uint32_t do_tile = base + L::kDO + st * L::kTileDO;
+      mbar_wait(bars + L::kQdoFull + 8 * st, ph);
+      float sacc[4][4], dpacc[4][4];
+      wg_fence();
+      wgmma_ss_kmajor<32, kDqk, L::kSlabQ, L::kSlabK, E>(sacc, q_tile, k_rows);
+      wg_commit();
+      wgmma_ss_kmajor<32, kDv, L::kSlabQ, L::kSlabK, E>(dpacc, do_tile, v_rows);
+      wg_commit();
+      const float* lse2 = s_stat + st * 2 * L::kBlockQ;
+      const float* delta = lse2 + L::kBlockQ;
+      const float l2[2] = {lse2[row_thr], lse2[row_thr + 8]};
+      const float dd[2] = {delta[row_thr], delta[row_thr + 8]};
+      const int4 info = s_info[st];  // {h, qb, payload}
+      uint32_t pw = ~0u;             // a full block: every bit set
+      if (info.z >= 0) pw = reinterpret_cast<const uint32_t*>(smem + L::kPay + st * L::kPayBytes)[pay_word] >> pay_shift;
+      wg_wait<1>();
+      reg_fence(sacc);
+      // P = exp2(S scale log2(e) - lse2[query]); masked elements 0.
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          float x = kern::exp2_approx(fmaf(sacc[j][r], p.scale_log2, -l2[r >> 1]));
+          if (!((pw >> (4 * j + r)) & 1u)) x = 0.0f;
+          sacc[j][r] = x;
+        }
+      }
+      wg_wait<0>();
+      reg_fence(dpacc);
+      // dS = P (dP - D[query]).
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) dpacc[j][r] = sacc[j][r] * (dpacc[j][r] - dd[r >> 1]);
+      }
+      named_bar_sync(kPdsFreeBar, L::kConsumerThreads);  // every warpgroup's previous GEMMs are done
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) {
+          const uint32_t off = x_row + hi * 8 * 128 + (((4 * (c & 1) + j) ^ g) << 4);
+          const uint32_t pp = kern::pack2<E>(sacc[j][2 * hi], sacc[j][2 * hi + 1]);
+          const uint32_t dsp = kern::pack2<E>(dpacc[j][2 * hi], dpacc[j][2 * hi + 1]);
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(p_buf + off), "r"(pp) : "memory");
+          asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(ds_buf + off), "r"(dsp) : "memory");
+        }
+      }
+      fence_proxy_async_smem();
+      named_bar_sync(1, L::kConsumerThreads);  // P and dS of all three warpgroups in shared memory
+      // dQ first, so that its store overlaps dK^T and dV^T.
+      float dq[8][4];
+      wg_fence();
+      gemm_dq_t3<L::kXSlab, L::kSlabK, E>(dq, ds_buf, k_slab);
+      wg_commit();
+      gemm_kv_t3<L::kSlabQ, L::kXSlab, E>(dkt, q_tile + c * L::kSlabQ, ds_buf);
+      if (has_dv) gemm_kv_t3<L::kSlabQ, L::kXSlab, E>(dvt, do_tile + c * L::kSlabQ, p_buf);
+      wg_commit();
+      wg_wait<1>();  // dQ done (dK^T, dV^T may still run)
+      reg_fence(dq);
+      mbar_wait(bars + L::kDqEmpty, (step_it & 1) ^ 1);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) {
+        // n8 block 8c + j of the tile, in register order (dq_tile_offset_sm90).
+        *reinterpret_cast<float4*>(s_dq + ((8 * c + j) * 128 + t) * 4) = make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
+      }
+      if (t == 0 && c == 0) {
+        *reinterpret_cast<volatile int64_t*>(smem + L::kDqInfo) = int64_t(info.x) * p.view.num_q_blocks + qblk0 + info.y;
+      }
+      fence_proxy_async_smem();
+      mbar_arrive(bars + L::kDqFull);
+      wg_wait<0>();                                // dK^T, dV^T done
+      mbar_arrive(bars + L::kQdoEmpty + 8 * st);  // Q, dO, the statistics and the info are free
+    }
+    reg_fence(dkt);
+    reg_fence(dvt);
+    mbar_arrive(bars + L::kKvEmpty);
+    const int key0 = it.kb * L::kBlockK;
+    const int keys_valid = min(L::kBlockK, Src::keys_to_store(p, sl, key0));
+    const int64_t krow = int64_t(p.varlen ? sl.k_start : 0) + key0;
+    dkdv_epilogue_t3<kDqk, kDv, E>(p, it, keys_valid, krow, 64 * c + row_thr, qd, has_dv, dkt, dvt);
+  }
+}
+
 #endif  // __CUDA_ARCH__
 
 // The kernel body of mask source Src (PlanSourceBwdSm90: flex; AnalyticSourceBwdSm90: SDPA, the
 // key-split and column-split kernels alike: AnalyticSourceBwdSm90<kBlockK>).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-template <int kD, class E, int kDv, class Src, int kBq = 64>
+template <int kD, class E, int kDv, class Src, bool kWideTile = false>
 __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v, const CUtensorMap* tm_do) {
-  using L = BwdSm90Layout<kD, kDv, kBq>;
+  using L = BwdSm90Layout<kD, kDv, kWideTile>;
   if constexpr (Src::kAnalytic) {
     static_assert(L::kBlockQ == Src::kBlockQ && L::kBlockK == Src::kBlockK,
                   "the analytic source walks the kernel's tile (AnalyticSourceBwdSm90<kBlockK>)");
@@ -1193,7 +1429,7 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
   }
   __syncthreads();
   if (threadIdx.x < 128) {
-    setmaxnreg_dec<40>();
+    setmaxnreg_dec<L::kProducerRegs>();
     const int warp = threadIdx.x >> 5;
     if (warp == 0) {
       if constexpr (Src::kAnalytic) {
@@ -1213,11 +1449,13 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
     // registers near 204 instead of their 240 and spills (C7512); with the exit it does not.
     asm volatile("exit;");
   }
-  setmaxnreg_inc<232>();
-  if constexpr (L::kColSplit) {
+  setmaxnreg_inc<L::kConsumerRegs>();
+  if constexpr (L::kT3) {
+    bwd_consumer_t3<kD, kDv, E, Src>(p, base, smem);
+  } else if constexpr (L::kColSplit) {
     bwd_consumer_cols<kD, kDv, E, Src>(p, base, smem);
   } else {
-    bwd_consumer<kD, E, Src, kBq>(p, base, smem);
+    bwd_consumer<kD, E, Src, kWideTile>(p, base, smem);
   }
 }
 #endif
@@ -1225,14 +1463,15 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
 // The kernel. Built for every target; the body exists only for sm_90a (the host checks the
 // loaded binary's version before choosing this family: launch_fwd_sm90.cu, device_supported).
 // Head dims (kD, kDv): (64, 64), (128, 128) (key-split consumers), (192, 128), (256, 256)
-// (column-split consumers); kBq = 128: (64, 64) on the wide tile (key-split consumers).
-template <int kD, class E, int kDv = kD, int kBq = 64>
-__global__ void __launch_bounds__(BwdSm90Layout<kD, kDv, kBq>::kThreads, 1)
+// (column-split consumers); kWideTile: (64, 64) on the wide 128 x 128 tile (key-split consumers)
+// or (192, 128) on the 64 x 96 tile (three-warpgroup consumers).
+template <int kD, class E, int kDv = kD, bool kWideTile = false>
+__global__ void __launch_bounds__(BwdSm90Layout<kD, kDv, kWideTile>::kThreads, 1)
     flex_bwd_kernel_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                          const __grid_constant__ CUtensorMap tm_do) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  bwd_sm90_body<kD, E, kDv, PlanSourceBwdSm90, kBq>(p, &tm_q, &tm_k, &tm_v, &tm_do);
+  bwd_sm90_body<kD, E, kDv, PlanSourceBwdSm90, kWideTile>(p, &tm_q, &tm_k, &tm_v, &tm_do);
 #else
   // No sm_90a code in this image: never launched (the host checks the binary version).
   __trap();

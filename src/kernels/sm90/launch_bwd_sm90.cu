@@ -1,5 +1,6 @@
 // Instantiations and launch of the sm90 flex backward (kernel_bwd_sm90.cuh): head dims
-// {(64, 64), (128, 128), (192, 128), (256, 256)} and (64, 64) on the wide 128 x 128 tile, x {fp16,
+// {(64, 64), (128, 128), (192, 128), (256, 256)}, (64, 64) on the wide 128 x 128 tile and (192, 128)
+// on the wide 64 x 96 tile, x {fp16,
 // bf16}, deterministic or not (a runtime parameter); the shared preprocess / split schedule / convert kernels of
 // kernels/common (launch_bwd_common.h) around it; tensor maps of Q, K, V, dO encoded on the host
 // per call (no stream operation, so capture-safe).
@@ -26,11 +27,11 @@ namespace {
 // Persistent grid: one CTA per SM (shared memory allows one); with the split schedule every
 // CTA takes items from the list (deterministic: always, over every cell, in snake waves),
 // otherwise CTA i runs tasks (or grid cells) i, i + grid, ...
-template <int kD, class E, int kDv = kD, int kBq = 64>
+template <int kD, class E, int kDv = kD, bool kWideTile = false>
 void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
              const CUtensorMap& mdo, cudaStream_t stream) {
-  using L = kern90::BwdSm90Layout<kD, kDv, kBq>;
-  auto kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kBq>;
+  using L = kern90::BwdSm90Layout<kD, kDv, kWideTile>;
+  auto kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile>;
   static std::atomic<uint64_t> smem_set{0};
   ensure_smem_limit(kernel, L::kBytes, smem_set, "flex backward (sm90): cudaFuncSetAttribute");
   static std::atomic<int> ctas_cache[64];
@@ -87,8 +88,9 @@ bool bwd_config_supported(const FlexGeometry& g, bool deterministic) {
 
 int bwd_smem_bytes(int dqk, int dv, int bwd_bq, int bwd_bk) {
   if (!bwd_runs_head_dims_sm90(dqk, dv)) return 0;
-  if (bwd_wide_tile_sm90(dqk, dv, bwd_bq, bwd_bk)) return kern90::BwdSm90Layout<64, 64, 128>::kBytes;
-  if (dqk == 192) return kern90::BwdSm90Layout<192, 128>::kBytes;
+  const bool wide = bwd_wide_tile_sm90(dqk, dv, bwd_bq, bwd_bk);
+  if (dqk == 192) return wide ? kern90::BwdSm90Layout<192, 128, true>::kBytes : kern90::BwdSm90Layout<192, 128>::kBytes;
+  if (wide) return kern90::BwdSm90Layout<64, 64, true>::kBytes;
   if (dqk == 256) return kern90::BwdSm90Layout<256, 256>::kBytes;
   return dqk == 64 ? kern90::BwdSm90Layout<64>::kBytes : kern90::BwdSm90Layout<128>::kBytes;
 }
@@ -122,11 +124,11 @@ void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorVie
   with_element_type(dtype, "flex backward (sm90)", [&](auto e) {
     using E = decltype(e);
     if (p.head_dqk == 192) {
-      run_bwd<192, E, 128>(p, mq, mk, mv, mdo, stream);
+      wide ? run_bwd<192, E, 128, true>(p, mq, mk, mv, mdo, stream) : run_bwd<192, E, 128>(p, mq, mk, mv, mdo, stream);
     } else if (p.head_dqk == 256) {
       run_bwd<256, E, 256>(p, mq, mk, mv, mdo, stream);
     } else if (wide) {
-      run_bwd<64, E, 64, 128>(p, mq, mk, mv, mdo, stream);
+      run_bwd<64, E, 64, true>(p, mq, mk, mv, mdo, stream);
     } else {
       d64 ? run_bwd<64, E>(p, mq, mk, mv, mdo, stream) : run_bwd<128, E>(p, mq, mk, mv, mdo, stream);
     }
@@ -136,7 +138,7 @@ void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorVie
     with_element_type(dtype, "flex backward dQ convert (sm90)", [&](auto e) {
       using E = decltype(e);
       if (p.head_dqk == 192) {
-        kern90::flex_bwd_dq_convert_kernel_sm90<192, E><<<grid, 256, 0, stream>>>(p);
+        kern90::flex_bwd_dq_convert_kernel_sm90<192, E><<<grid, 256, 0, stream>>>(p);  // 64-row tiles either way
       } else if (p.head_dqk == 256) {
         kern90::flex_bwd_dq_convert_kernel_sm90<256, E><<<grid, 256, 0, stream>>>(p);
       } else if (wide) {

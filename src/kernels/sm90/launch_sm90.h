@@ -105,6 +105,13 @@ int bwd_smem_bytes(int dqk, int dv, int bwd_bq, int bwd_bk);
 bool bwd_wide64_enabled();
 void set_bwd_wide64_enabled(int on);
 
+// Whether (192, 128) plans of the sm90 family get the 64 x 96 backward tile (tile_sm90.h
+// kTileSm90Wide192, the three-warpgroup consumers of kernel_bwd_sm90.cuh): with
+// FLASHSPAN_EXPERIMENTAL=1 (read per call; not yet run on a GPU) or FLASHSPAN_SM90_BWD_WIDE192=1
+// (=0: off either way), and only while bwd_enabled() and the deterministic switch are on. set_bwd_wide192_enabled: the override, as set_bwd_wide64_enabled.
+bool bwd_wide192_enabled();
+void set_bwd_wide192_enabled(int on);
+
 // Enqueues the sm90 backward (preprocess, dK/dV + dQ kernel, split schedule and converts): p as
 // launch_flex_bwd fills it (backward view of a consumer_for(90) plan, dq_blocked = 1; the split
 // schedule bound in task mode when deterministic = 0; dq_sem bound and grid_mode = 1 when

@@ -41,13 +41,19 @@ constexpr bool fwd_runs_head_dims_sm90(int dqk, int dv) {
 // The backward part is the tile the backward of such a plan runs on: the sm90 backward and the
 // sm80 backward share 64 x 128 up to D = 128 and 64 x 64 for (192, 128) and (256, 256)
 // (tile_sm80.h; family.cpp checks that the two tables agree). Other dims (CPU plans only) take
-// kTileSm90. bwd_wide64: the 128 x 128 backward tile of (64, 64) exactly (kTileSm90Wide64), which
-// only the sm90 backward runs (the plan's consumer has it when bwd_wide64_enabled(), family.cpp:
-// by default, unless FLASHSPAN_SM90_BWD_WIDE64=0 or the sm90 backward is switched off).
+// kTileSm90. bwd_wide: the wide backward tiles, which only the sm90 backward runs (the plan's
+// consumer has them when family.cpp's bwd_wide(dqk, dv) says so, and only while the sm90 backward
+// takes every backward call of the plan):
+//   (64, 64):   128 x 128 (kTileSm90Wide64; bwd_wide64_enabled: by default, unless
+//               FLASHSPAN_SM90_BWD_WIDE64=0);
+//   (192, 128): 64 x 96 (kTileSm90Wide192; bwd_wide192_enabled: with FLASHSPAN_EXPERIMENTAL=1,
+//               not yet run on a GPU): three consumer warpgroups with dK / dV transposed (below).
 inline constexpr TileSm90 kTileSm90Wide64{64, 64, 128, 128, 128, 128};
+inline constexpr TileSm90 kTileSm90Wide192{192, 128, 128, 128, 64, 96};
 
-constexpr TileSm90 tile_sm90(int dqk, int dv, bool bwd_wide64 = false) {
-  if (bwd_wide64 && dqk == 64 && dv == 64) return kTileSm90Wide64;
+constexpr TileSm90 tile_sm90(int dqk, int dv, bool bwd_wide = false) {
+  if (bwd_wide && dqk == 64 && dv == 64) return kTileSm90Wide64;
+  if (bwd_wide && dqk == 192 && dv == 128) return kTileSm90Wide192;
   if (dqk <= 64 && dv <= 64) return TileSm90{64, 64, 128, 128, 64, 128};
   if (dqk <= 128 && dv <= 128) return kTileSm90;
   if (dqk == 192 && dv == 128) return TileSm90{192, 128, 128, 128, 64, 64};
@@ -85,15 +91,22 @@ constexpr bool fwd_runs_pack_sm90(int group) {
   return group >= 1 && group <= kTileSm90.fwd_bq && (group & (group - 1)) == 0 && kTileSm90.fwd_bq % group == 0;
 }
 
-// The wide backward tile (kTileSm90Wide64) for (64, 64): 128 query rows x 128 keys, as the seed
-// system's and FlashAttention-3's sm90 backward for D <= 64. Why: on the 64 x 128 tile the per-step
-// GEMMs of D = 64 are small (S^T, dP^T m64n64k64 per consumer warpgroup), so a step's fixed costs
-// (barriers, the payload tests, the statistics loads, the dQ hand-off to the writer) weigh twice as
-// much per FLOP as at D = 128; 128 query rows halve the steps of a walk for the same GEMM work.
-// The sm80 backward has no such tile (its traits assume 64 query rows), so a plan with it must run
-// the sm90 backward: the consumer gets it only when that backward will take every call of the plan.
+// The wide backward tiles, which only the sm90 backward runs (the sm80 backward's traits assume 64
+// query rows and key blocks of 64 or 128), so a plan with one must run the sm90 backward: the
+// consumer gets it only when that backward will take every call of the plan.
+// kTileSm90Wide64, (64, 64): 128 query rows x 128 keys, as the seed system's and FlashAttention-3's
+// sm90 backward for D <= 64. Why: on the 64 x 128 tile the per-step GEMMs of D = 64 are small (S^T,
+// dP^T m64n64k64 per consumer warpgroup), so a step's fixed costs (barriers, the payload tests, the
+// statistics loads, the dQ hand-off to the writer) weigh twice as much per FLOP as at D = 128; 128
+// query rows halve the steps of a walk for the same GEMM work.
+// kTileSm90Wide192, (192, 128): 64 query rows x 96 keys, FlashAttention-3's hdim-192 backward tile
+// (three MMA warpgroups, dK / dV transposed). Why: on the 64 x 64 tile a step moves 40 KB of Q / dO
+// out of L2 and 48 KB of fp32 dQ into it for 64 keys, and the kernel is L2-bound (ncu: 89 % L2
+// throughput at 377 TFLOP/s, PERF_LOG v2.11); those bytes are per query block, so 96 keys a step
+// cut the bytes per FLOP by a third.
 constexpr bool bwd_wide_tile_sm90(int dqk, int dv, int bwd_bq, int bwd_bk) {
-  return dqk == 64 && dv == 64 && bwd_bq == kTileSm90Wide64.bwd_bq && bwd_bk == kTileSm90Wide64.bwd_bk;
+  return (dqk == 64 && dv == 64 && bwd_bq == kTileSm90Wide64.bwd_bq && bwd_bk == kTileSm90Wide64.bwd_bk) ||
+         (dqk == 192 && dv == 128 && bwd_bq == kTileSm90Wide192.bwd_bq && bwd_bk == kTileSm90Wide192.bwd_bk);
 }
 
 // Head dims the sm90 backward kernels run: Dqk = Dv in {64, 128} on the 64 x 128 tile (and (64, 64)
