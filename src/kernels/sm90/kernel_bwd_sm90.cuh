@@ -127,6 +127,19 @@
 // 2 x (Q 16 + dO 16) + 2 x dS^T 32 + dQ 32 + 2 KB statistics + 4 KB payload = 199 KB.
 // Only the sm90 backward runs this tile (the sm80 backward's traits assume 64 query rows), so a
 // plan gets it only while this backward takes every backward call (family.cpp consumer_sm90).
+//
+// Three consumer warpgroups (kWideTile for (192, 128): tile_sm90.h kTileSm90Wide192, 64 query rows x
+// 96 keys; sm90::bwd_wide192_enabled, experimental; bwd_consumer_t3): FlashAttention-3's hdim-192
+// backward schedule. The column-split kernel on 64 x 64 is L2-bound (each step reads 40 KB of Q / dO
+// and reduce-adds 48 KB of fp32 dQ for 64 keys); 96 keys a step serve 1.5x the FLOPs with the same
+// bytes. 512 threads (setmaxnreg 32 / 160): warpgroup c computes S, dP for keys 32c .. 32c + 31,
+// dQ columns 64c .. 64c + 63, dK^T rows (head-dim columns) 64c .. 64c + 63 and, c < 2, dV^T rows
+// 64c ..: dK / dV transposed (m64n96, N = keys) so that three warpgroups of M = 64 cover Dqk = 192
+// and Dv = 128. One P / dS buffer (two would not fit: K 36 + V 24 + 2 x (Q 24 + dO 16) + P, dS 32 +
+// dQ 48 KB = 220 KB), so a second named barrier per step keeps a step's P / dS stores behind every
+// warpgroup's previous GEMMs. The epilogue writes dK / dV from the transposed accumulators with
+// 16-bit stores (once per item). The payload of the 96-key tile: payload_layout.h's sub-tiles of
+// 64 columns, the second with 32.
 #pragma once
 
 #include <cuda.h>
