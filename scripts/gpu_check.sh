@@ -181,12 +181,12 @@ fi
 if [ "${GPU_CHECK_NO_SANITIZER:-0}" = 1 ]; then
   waive "memcheck + racecheck + synccheck" "GPU_CHECK_NO_SANITIZER=1"
 elif command -v compute-sanitizer >/dev/null; then
-  filt=${GPU_CHECK_SANITIZER_FILTER:-'FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:FlexGpuSm90.PackedGqaSanitizer:FlexGpu.PackedGqaGridAndNoWorkspace:PlannerGpu.ThdWithEmptySamples:PlannerGpu.RandomMasksGqaPerHead:SdpaGpu.SanitizerSmall:SdpaGpu.Sm90ForwardSanitizerSmall:SdpaGpu.Sm90ForwardModsSanitizerSmall:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaPagedGpu.SanitizerSmall:SdpaPagedGpu.PagedBadEntryIsNaN:RolesGpu.*'}
+  filt=${GPU_CHECK_SANITIZER_FILTER:-'FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:FlexGpuSm90.PackedGqaSanitizer:FlexGpu.PackedGqaGridAndNoWorkspace:PlannerGpu.ThdWithEmptySamples:PlannerGpu.RandomMasksGqaPerHead:SdpaGpu.SanitizerSmall:SdpaGpu.Sm90ForwardSanitizerSmall:SdpaGpu.Sm90ForwardModsSanitizerSmall:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaGpu.Sm90BackwardWide192SanitizerSmall:SdpaPagedGpu.SanitizerSmall:SdpaPagedGpu.PagedBadEntryIsNaN:RolesGpu.*'}
   gtest_run "memcheck" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" --gtest_filter="$filt"
   gtest_run "racecheck" racecheck.log compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" \
-    --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:PlannerGpu.ThdWithEmptySamples:SdpaGpu.Sm90BackwardSanitizerSmall}"
+    --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:PlannerGpu.ThdWithEmptySamples:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaGpu.Sm90BackwardWide192SanitizerSmall}"
   gtest_run "synccheck (sm90)" synccheck.log compute-sanitizer --tool synccheck --error-exitcode 3 "$tests" \
-    --gtest_filter='FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:SdpaGpu.Sm90BackwardSanitizerSmall'
+    --gtest_filter='FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaGpu.Sm90BackwardWide192SanitizerSmall'
 else
   fail "compute-sanitizer" "compute-sanitizer not found (PATH=$PATH): the memcheck / racecheck steps cannot run"
 fi

@@ -604,6 +604,52 @@ TEST(SdpaGpu, Sm90BigDims) {
   }
 }
 
+// The (192, 128) backward on the 64 x 96 tile (sm90::bwd_wide192_enabled forced on; the
+// three-warpgroup consumers with the analytic mask: element masks from positions, padded rows and
+// keys past a sample zeroed by all three warpgroups): Sm90BigDims' cases at (192, 128), lengths
+// around 96-key boundaries, deterministic on every third seed; the launch counter says sm90 ran.
+Case sm90_bwd_small_case(int i);  // below: the sm90 SDPA kernels' small sanitizer cases
+
+struct ForceWide192 {
+  ForceWide192() { sm90::set_bwd_wide192_enabled(1); }
+  ~ForceWide192() { sm90::set_bwd_wide192_enabled(-1); }
+};
+
+TEST(SdpaGpu, Sm90BackwardWide192) {
+  REQUIRE_SDPA_SM90();
+  const ForceSdpaSm90 force(1);
+  const ForceSdpaBwdSm90 force_bwd(1);
+  const ForceWide192 wide;
+  for (uint64_t seed = 9501; seed <= 9524; ++seed) {
+    Case c = sm90_case(seed);
+    c.Dqk = 192;
+    c.Dv = 128;
+    if (seed % 4 == 0) c.Skv = 96 * int64_t(1 + seed % 3) + int64_t(seed % 5) - 2;  // around 96-key block ends
+    if (seed % 3 == 0) c.deterministic = true;
+    const int64_t bwd0 = sm90::sdpa_bwd_launches();
+    run_case(c, /*backward=*/true);
+    EXPECT_EQ(sm90::sdpa_bwd_launches(), bwd0 + 1) << "backward family of " << c.str();
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// Small cases of the 64 x 96 SDPA backward for compute-sanitizer: Sm90BackwardSanitizerSmall's
+// cases at (192, 128).
+TEST(SdpaGpu, Sm90BackwardWide192SanitizerSmall) {
+  REQUIRE_SDPA_SM90();
+  const ForceSdpaSm90 force_fwd(1);
+  const ForceSdpaBwdSm90 force_bwd(1);
+  const ForceWide192 wide;
+  for (int i = 0; i < 5; ++i) {
+    Case c = sm90_bwd_small_case(i);
+    c.Dqk = 192;
+    c.Dv = 128;
+    const int64_t before = sm90::sdpa_bwd_launches();
+    run_case(c, /*backward=*/true);
+    EXPECT_EQ(sm90::sdpa_bwd_launches(), before + 1) << c.str();
+  }
+}
+
 TEST(SdpaGpu, Sm90ForwardSanitizerSmall) {
   // Small sm90 cases for compute-sanitizer memcheck: NaN-padded samples (one without keys) under
   // bottom-right causal with GQA on the (64, 64) kernel (overlapped consumers), a window with

@@ -732,18 +732,18 @@ constexpr int kZeroBar = 2;
 
 // Analytic mask (SDPA): zeroes rows [keep, kRows) of two tiles at a and b (kSlabs 64-column
 // slabs of kRows rows x 128 bytes each; the swizzle permutes 16-byte chunks inside a row, so a
-// row's 8 chunks are the row) by the 256 consumer threads (t: 0..255), then makes the writes
-// visible to the wgmma (async proxy) of both warpgroups, which both call it with the same
-// arguments. Rows past a sample (padding: any values, NaN included) would otherwise reach the
+// row's 8 chunks are the row) by the kThreads consumer threads (t: 0 .. kThreads - 1: two
+// warpgroups, or three for the 64 x 96 tile), then makes the writes visible to the wgmma (async
+// proxy) of every consumer warpgroup, which all call it with the same arguments. Rows past a sample (padding: any values, NaN included) would otherwise reach the
 // gradients through the GEMMs that multiply a masked P or dS of 0 with them (0 * NaN): Q and dO
 // (dK += dS^T Q, dV += P^T dO) and K and V (dQ = dS K; dP^T = V dO^T).
 // kSlabsB: b's slabs when they differ from a's ((192, 128): K / Q 3 slabs, V / dO 2).
-template <int kRows, int kSlabs, int kSlabsB = kSlabs>
+template <int kRows, int kSlabs, int kSlabsB = kSlabs, int kThreads = 256>
 __device__ __forceinline__ void zero_rows_past(uint32_t a, uint32_t b, int keep, int t) {
   constexpr int kChunks = kSlabs * kRows * 8;     // 16-byte chunks of tile a
   constexpr int kChunksB = kSlabsB * kRows * 8;   // of tile b
 #pragma unroll 2
-  for (int i = t; i < kChunks + kChunksB; i += 256) {
+  for (int i = t; i < kChunks + kChunksB; i += kThreads) {
     const bool second = i >= kChunks;
     const int j = second ? i - kChunks : i;
     if ((j >> 3) % kRows >= keep) {
@@ -751,7 +751,7 @@ __device__ __forceinline__ void zero_rows_past(uint32_t a, uint32_t b, int keep,
     }
   }
   fence_proxy_async_smem();
-  named_bar_sync(kZeroBar, 256);
+  named_bar_sync(kZeroBar, kThreads);
 }
 
 // The payload-word form (pw[j / 2][e], bits 4 hi + 2 (j % 2)) of the analytic element mask of
@@ -1284,12 +1284,12 @@ __device__ __forceinline__ void dkdv_epilogue_t3(const BwdParams& p, const BwdIt
 // through L2 (Q, dO 40 KB, the fp32 dQ tile 48 KB) now serve 1.5x the FLOPs.
 // Payload (64 x 96 tile: 64-column sub-tiles, the second with 32 columns, payload_layout.h): the
 // thread's 16 elements are bits 16 (c % 2) + 4 j + r of word (2 w + c / 2) 32 + lane.
-// Src: the plan source (the analytic source keeps the 64 x 64 tile).
+// Src: the mask source (PlanSourceBwdSm90, or AnalyticSourceBwdSm90<96>: element masks from
+// positions, rows of Q / dO / K / V past the sample zeroed in shared memory before use).
 template <int kDqk, int kDv, class E, class Src>
 __device__ __forceinline__ void bwd_consumer_t3(const BwdParams& p, uint32_t base, uint8_t* smem) {
   using L = BwdSm90Layout<kDqk, kDv, true>;
   static_assert(L::kT3 && kDqk == 192 && kDv == 128 && L::kStages == 2, "the three-warpgroup consumers run (192, 128) on 64 x 96");
-  static_assert(!Src::kAnalytic, "the analytic source runs the 64 x 64 tile");
   const uint32_t bars = base + L::kBar;
   const int c = (threadIdx.x - 128) >> 7;  // 0, 1, 2
   const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
@@ -1318,11 +1318,24 @@ __device__ __forceinline__ void bwd_consumer_t3(const BwdParams& p, uint32_t bas
     mbar_wait(bars + L::kKvFull, item_it & 1);
     const typename Src::Seqlen sl(p, it.b);
     const int64_t qblk0 = Src::q_block0(p, it.b);
+    if constexpr (Src::kAnalytic) {
+      const int keys_in = sl.len_k - it.kb * L::kBlockK;
+      if (it.steps > 0 && keys_in < L::kBlockK) {
+        zero_rows_past<L::kBlockK, L::kSlabs, L::kSlabsV, L::kConsumerThreads>(base + L::kK, base + L::kV, keys_in,
+                                                                              128 * c + t);
+      }
+    }
     for (int s = 0; s < it.steps; ++s, ++step_it) {
       const uint32_t st = step_it % L::kStages, ph = (step_it / L::kStages) & 1;
       const uint32_t q_tile = base + L::kQ + st * L::kTileQ;
       const uint32_t do_tile = base + L::kDO + st * L::kTileDO;
       mbar_wait(bars + L::kQdoFull + 8 * st, ph);
+      if constexpr (Src::kAnalytic) {
+        const int rows_in = sl.len_q - s_info[st].y * L::kBlockQ;
+        if (rows_in < L::kBlockQ) {
+          zero_rows_past<L::kBlockQ, L::kSlabs, L::kSlabsV, L::kConsumerThreads>(q_tile, do_tile, rows_in, 128 * c + t);
+        }
+      }
       float sacc[4][4], dpacc[4][4];
       wg_fence();
       wgmma_ss_kmajor<32, kDqk, L::kSlabQ, L::kSlabK, E>(sacc, q_tile, k_rows);
@@ -1335,7 +1348,14 @@ __device__ __forceinline__ void bwd_consumer_t3(const BwdParams& p, uint32_t bas
       const float dd[2] = {delta[row_thr], delta[row_thr + 8]};
       const int4 info = s_info[st];  // {h, qb, payload}
       uint32_t pw = ~0u;             // a full block: every bit set
-      if (info.z >= 0) pw = reinterpret_cast<const uint32_t*>(smem + L::kPay + st * L::kPayBytes)[pay_word] >> pay_shift;
+      if (info.z >= 0) {
+        if constexpr (Src::kAnalytic) {
+          pw = analytic_step_mask_cols(kern::TileMask::make(sl.mask, int64_t(info.y) * L::kBlockQ, int64_t(it.kb) * L::kBlockK),
+                                       row_thr, 32 * c + 2 * qd);
+        } else {
+          pw = reinterpret_cast<const uint32_t*>(smem + L::kPay + st * L::kPayBytes)[pay_word] >> pay_shift;
+        }
+      }
       wg_wait<1>();
       reg_fence(sacc);
       // P = exp2(S scale log2(e) - lse2[query]); masked elements 0.
@@ -1493,15 +1513,17 @@ __global__ void __launch_bounds__(BwdSm90Layout<kD, kDv, kWideTile>::kThreads, 1
 
 // The SDPA backward (analytic mask, AnalyticSourceBwdSm90): the same kernel over an
 // SdpaBwdParams, (kD, kDv) = (64, 64) or (128, 128) (the key-split consumers; a call's head dims
-// up to kD, multiples of 8) or exactly (192, 128) / (256, 256) (the column-split consumers),
-// deterministic or not at run time (one instantiation per dtype and head dims).
-template <int kD, class E, int kDv = kD>
-__global__ void __launch_bounds__(BwdSm90Layout<kD, kDv>::kThreads, 1)
+// up to kD, multiples of 8) or exactly (192, 128) / (256, 256) (the column-split consumers; with
+// kWideTile, (192, 128) on the 64 x 96 tile: the three-warpgroup consumers), deterministic or not at
+// run time (one instantiation per dtype and head dims).
+template <int kD, class E, int kDv = kD, bool kWideTile = false>
+__global__ void __launch_bounds__(BwdSm90Layout<kD, kDv, kWideTile>::kThreads, 1)
     sdpa_bwd_kernel_sm90(const __grid_constant__ SdpaBwdParams p, const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                          const __grid_constant__ CUtensorMap tm_do) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  bwd_sm90_body<kD, E, kDv, AnalyticSourceBwdSm90<BwdSm90Layout<kD, kDv>::kBlockK>>(p, &tm_q, &tm_k, &tm_v, &tm_do);
+  bwd_sm90_body<kD, E, kDv, AnalyticSourceBwdSm90<BwdSm90Layout<kD, kDv, kWideTile>::kBlockK>, kWideTile>(
+      p, &tm_q, &tm_k, &tm_v, &tm_do);
 #else
   __trap();
 #endif

@@ -168,12 +168,16 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   g_sdpa_bwd_launches.fetch_add(1, std::memory_order_relaxed);
   const int kd = sdpa_bwd_kernel_dim_sm90(p.head_dqk, p.head_dv);  // the kernel's Dqk (the dq_accum tiles' width)
   // The kernel's tile (the non-wide table entry of the call's dims: 64 x 128 up to 128, 64 x 64 for
-  // (192, 128) / (256, 256)); the kernels' layouts agree (static_asserts below).
-  const TileSm90 t = tile_sm90(p.head_dqk, p.head_dv);
+  // (192, 128) / (256, 256); (192, 128) on the wide 64 x 96 tile while bwd_wide192_enabled(): no plan
+  // here, so the switch is read per call); the kernels' layouts agree (static_asserts below).
+  const bool wide192 = kd == 192 && bwd_wide192_enabled();
+  const TileSm90 t = tile_sm90(p.head_dqk, p.head_dv, wide192);
   const int kBq = t.bwd_bq, kBk = t.bwd_bk;
   static_assert(kern90::BwdSm90Layout<64>::kBlockQ == 64 && kern90::BwdSm90Layout<64>::kBlockK == 128 &&
                 kern90::BwdSm90Layout<128>::kBlockK == 128 && kern90::BwdSm90Layout<192, 128>::kBlockK == 64 &&
-                kern90::BwdSm90Layout<256, 256>::kBlockK == 64 && kern90::BwdSm90Layout<256, 256>::kBlockQ == 64);
+                kern90::BwdSm90Layout<256, 256>::kBlockK == 64 && kern90::BwdSm90Layout<256, 256>::kBlockQ == 64 &&
+                kern90::BwdSm90Layout<192, 128, true>::kBlockK == 96 &&
+                kern90::BwdSm90Layout<192, 128, true>::kBlockQ == 64);
   p.analytic.num_q_blocks = (p.analytic.max_q + kBq - 1) / kBq;
   p.analytic.num_k_blocks = (p.analytic.max_kv + kBk - 1) / kBk;
   // The dq_accum tiles (and the deterministic counters): one per (query head, sample, query
@@ -212,7 +216,13 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   switch (kd) {
     case 64: run_sdpa_bwd_sm90<64, 64>(p, dtype, mq, mk, mv, mdo, stream); break;
     case 128: run_sdpa_bwd_sm90<128, 128>(p, dtype, mq, mk, mv, mdo, stream); break;
-    case 192: run_sdpa_bwd_sm90<192, 128>(p, dtype, mq, mk, mv, mdo, stream); break;
+    case 192:
+      if (wide192) {
+        run_sdpa_bwd_sm90<192, 128, true>(p, dtype, mq, mk, mv, mdo, stream);
+      } else {
+        run_sdpa_bwd_sm90<192, 128>(p, dtype, mq, mk, mv, mdo, stream);
+      }
+      break;
     default: run_sdpa_bwd_sm90<256, 256>(p, dtype, mq, mk, mv, mdo, stream); break;
   }
 }

@@ -3,5 +3,5 @@
 #include "kernels/sm90/sdpa_bwd_sm90_run.cuh"
 
 namespace flashspan::sm90 {
-FLASHSPAN_SM90_SDPA_BWD_INSTANTIATE(64, 64)
+FLASHSPAN_SM90_SDPA_BWD_INSTANTIATE(64, 64, false)
 }  // namespace flashspan::sm90

@@ -16,15 +16,15 @@ namespace flashspan::sm90 {
 
 // The persistent grid over the AnalyticBwdGrid's B * ceil(S_kv / kBlockK) * H_kv cells (one CTA
 // per SM), then dq = scale * dq_accum.
-template <int kD, int kDv>
+template <int kD, int kDv, bool kWideTile>
 void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
                        const CUtensorMap& mv, const CUtensorMap& mdo, cudaStream_t s) {
-  using L = kern90::BwdSm90Layout<kD, kDv>;
+  using L = kern90::BwdSm90Layout<kD, kDv, kWideTile>;
   with_element_type(dtype, "sdpa backward (sm90)", [&](auto e) {
     using E = decltype(e);
     const int64_t items = int64_t(p.analytic.num_k_blocks) * (p.num_heads_q / p.group_size) * p.batch;
     if (items > 0) {
-      auto kernel = kern90::sdpa_bwd_kernel_sm90<kD, E, kDv>;
+      auto kernel = kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile>;
       static std::atomic<uint64_t> smem_set{0};
       ensure_smem_limit(kernel, L::kBytes, smem_set, "sdpa backward (sm90): cudaFuncSetAttribute");
       static std::atomic<int> ctas_cache[64];
@@ -41,8 +41,8 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
   });
 }
 
-#define FLASHSPAN_SM90_SDPA_BWD_INSTANTIATE(DQK, DV)                                                                \
-  template void run_sdpa_bwd_sm90<DQK, DV>(const SdpaBwdParams&, DType, const CUtensorMap&, const CUtensorMap&,     \
-                                           const CUtensorMap&, const CUtensorMap&, cudaStream_t);
+#define FLASHSPAN_SM90_SDPA_BWD_INSTANTIATE(DQK, DV, WIDE)                                                          \
+  template void run_sdpa_bwd_sm90<DQK, DV, WIDE>(const SdpaBwdParams&, DType, const CUtensorMap&, const CUtensorMap&, \
+                                                 const CUtensorMap&, const CUtensorMap&, cudaStream_t);
 
 }  // namespace flashspan::sm90

@@ -15,7 +15,7 @@ namespace flashspan::sm90 {
 // (128, 128), (192, 128) or (256, 256) (kernel_bwd_sm90.cuh sdpa_bwd_kernel_sm90), then its dQ
 // convert: p as launch_sdpa_bwd_sm90 completes it (the preprocess has run; dq_accum tiles
 // cleared; tile counts set).
-template <int kD, int kDv>
+template <int kD, int kDv, bool kWideTile = false>
 void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
                        const CUtensorMap& mv, const CUtensorMap& mdo, cudaStream_t s);
 
