@@ -19,14 +19,16 @@ std::atomic<int> g_sdpa_bwd_sm90_override{-1};
 std::atomic<int> g_sdpa_fwd_sm90_mods_override{-1};
 // On by default where they cover a call (FLASHSPAN_KERNEL_FAMILY=sm80, read per call, keeps the sm80
 // kernels), since the GPU suite passed with them and they are at least as fast as the flex route's
-// (PERF_LOG v2.10).
+// (PERF_LOG v2.10). The forward's kernel with score modifiers too, since its GPU tests passed and it
+// ran 1.3-1.8x the sm80 forward (PERF_LOG v2.13); FLASHSPAN_SM90_SDPA_MODS=0 (read per call) keeps
+// those calls on the sm80 kernels.
 }  // namespace
 
 namespace {
 // The one rule of both directions: what the sm90 SDPA kernels (forward and backward) cover. The
 // backward takes the same calls (the forward's tensors but O and the stats as inputs, plus dO,
 // dQ, dK, dV; deterministic or not), max_logit being a forward output. The forward also takes,
-// when sdpa_fwd_sm90_mods_enabled() (experimental), what its kernel with score modifiers runs
+// when sdpa_fwd_sm90_mods_enabled() (by default), what its kernel with score modifiers runs
 // (sdpa_fwd_mods_kernel_sm90): softcap, ALiBi, the additive bias, sinks, the output gate,
 // score_max / score_sum_exp; and the block_mask (both forward kernels: its 128 x 128 blocks are
 // the forward tile's); the backward of such calls keeps the sm80 kernels.
@@ -104,7 +106,8 @@ void set_sdpa_fwd_sm90_mods_enabled(int on) {
 bool sdpa_fwd_sm90_mods_enabled() {
   const int o = g_sdpa_fwd_sm90_mods_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
-  return experimental_from_env();
+  const char* e = std::getenv("FLASHSPAN_SM90_SDPA_MODS");
+  return !(e != nullptr && std::strcmp(e, "0") == 0);
 }
 
 bool sdpa_bwd_runs_sm90(const sdpa::Problem& p) {
