@@ -29,7 +29,7 @@ namespace {
 // backward takes the same calls (the forward's tensors but O and the stats as inputs, plus dO,
 // dQ, dK, dV; deterministic or not), max_logit being a forward output. The forward also takes,
 // when sdpa_fwd_sm90_mods_enabled() (by default), what its kernel with score modifiers runs
-// (sdpa_fwd_mods_kernel_sm90): softcap, ALiBi, the additive bias, sinks, the output gate,
+// (sdpa_fwd_kernel_sm90 with AnalyticModSourceSm90): softcap, ALiBi, the additive bias, sinks, the output gate,
 // score_max / score_sum_exp; and the block_mask (both forward kernels: its 128 x 128 blocks are
 // the forward tile's); the backward of such calls keeps the sm80 kernels.
 const char* sm90_refusal(const sdpa::Problem& p, bool backward) {

@@ -67,7 +67,7 @@ SdpaPagedFwdParams sdpa_paged_fwd_params(const sdpa::Problem& p);
 // 0 off, -1 back to the environment's answer).
 // With sdpa_fwd_sm90_mods_enabled() the forward's refusal also lets through softcap, ALiBi, the
 // additive bias, sinks, the output gate, score_max / score_sum_exp and the block_mask (the sm90
-// forward's kernel with score modifiers, sdpa_fwd_mods_kernel_sm90; the block_mask in both
+// forward's kernel with score modifiers, sdpa_fwd_kernel_sm90<..., AnalyticModSourceSm90>; the block_mask in both
 // kernels): on by default (GPU tests passed, 1.3-1.8x the sm80 forward, PERF_LOG v2.13; before,
 // FLASHSPAN_EXPERIMENTAL=1), FLASHSPAN_SM90_SDPA_MODS=0 turns it off (read per call), unless
 // set_sdpa_fwd_sm90_mods_enabled overrides it (tests: 1 on, 0 off, -1 back to the environment's

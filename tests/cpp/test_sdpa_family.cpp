@@ -151,8 +151,8 @@ TEST(SdpaFamily, Sm90ForwardLeavesTheRestToSm80) {
 }
 
 
-// The calls the sm90 forward's kernel with score modifiers takes (sdpa_fwd_mods_kernel_sm90), each
-// feature alone and all together, with what still makes a call refuse it.
+// The calls the sm90 forward's kernel with score modifiers takes (sdpa_fwd_kernel_sm90 with
+// AnalyticModSourceSm90), each feature alone and all together, with what still makes a call refuse it.
 std::vector<std::pair<std::string, Call>> modifier_calls() {
   std::vector<std::pair<std::string, Call>> calls;
   auto add = [&](const std::string& name, auto&& f) {

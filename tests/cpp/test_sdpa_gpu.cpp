@@ -641,7 +641,7 @@ TEST(SdpaGpu, Sm90ForwardSanitizerSmall) {
 
 // ---------------------------------------------------------------------------
 // The sm90 forward with score modifiers, sinks and the epilogue options (kernel_fwd_sm90.cuh
-// sdpa_fwd_mods_kernel_sm90, AnalyticModSourceSm90), on by default: forced on here
+// sdpa_fwd_kernel_sm90 with AnalyticModSourceSm90), on by default: forced on here
 // (ForceSdpaSm90Mods, whatever FLASHSPAN_SM90_SDPA_MODS says) with the sm90 forward; the launch
 // counter says which family ran. The backward of such calls stays on the sm80 kernels.
 // ---------------------------------------------------------------------------
