@@ -25,6 +25,19 @@ std::atomic<int> g_sdpa_fwd_sm90_mods_override{-1};
 }  // namespace
 
 namespace {
+// sm90_refusal asks the forward's head-dim rule for both directions: tile_sm90.h defines the
+// backward's (sdpa_bwd_runs_head_dims_sm90, the backward launcher's check) as the same rule. Should
+// they part, this fails to compile rather than let the refusal and that check disagree.
+constexpr bool sdpa_head_dim_rules_agree() {
+  for (int dqk = 0; dqk <= 264; dqk += 4) {
+    for (int dv = 0; dv <= 264; dv += 4) {
+      if (sm90::sdpa_fwd_runs_head_dims_sm90(dqk, dv) != sm90::sdpa_bwd_runs_head_dims_sm90(dqk, dv)) return false;
+    }
+  }
+  return true;
+}
+static_assert(sdpa_head_dim_rules_agree(), "sm90 SDPA head dims: the forward's and backward's rules differ");
+
 // The one rule of both directions: what the sm90 SDPA kernels (forward and backward) cover. The
 // backward takes the same calls (the forward's tensors but O and the stats as inputs, plus dO,
 // dQ, dK, dV; deterministic or not), max_logit being a forward output. The forward also takes,
@@ -37,8 +50,8 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
   // The modifier instantiations exist for the (64, 64) / (128, 128) kernels (sdpa_fwd_mods_sm90_d{64,128}.cu).
   const bool mods = !backward && sdpa_fwd_sm90_mods_enabled() && p.Dqk <= 128 && p.Dv <= 128;
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtype (fp16 / bf16 only)";
-  const int dqk = static_cast<int>(p.Dqk), dv = static_cast<int>(p.Dv);
-  if (backward ? !sm90::sdpa_bwd_runs_head_dims_sm90(dqk, dv) : !sm90::sdpa_fwd_runs_head_dims_sm90(dqk, dv)) {
+  // Head dims: one rule for both directions (sdpa_head_dim_rules_agree).
+  if (!sm90::sdpa_fwd_runs_head_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv))) {
     return "head dims (multiples of 8 up to 128, (192, 128) or (256, 256))";
   }
   if (p.Hk != p.Hv) return "H_k != H_v";
