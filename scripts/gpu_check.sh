@@ -177,6 +177,15 @@ if "$tests" --gtest_list_tests --gtest_filter='FlexGpuSm90.*' 2>/dev/null | grep
     --gtest_filter='FlexGpuSm90.BwdRandomCases:FlexGpuSm90.BwdSpecialCases:FlexGpuSm90.BwdSanitizerSmall'
 fi
 
+# The SDPA forward of calls with score modifiers, sinks, bias, the gate or the statistics outputs runs
+# the sm90 kernel with modifiers by default on an H200 (PERF_LOG v2.13); FLASHSPAN_SM90_SDPA_MODS=0
+# (read per call) gives them the sm80 kernels, the ones other GPUs run: the SdpaGpu tests of those
+# features once more with it (the Sm90ForwardMods* tests force the sm90 kernel either way).
+if "$tests" --gtest_list_tests --gtest_filter='SdpaGpu.Sm90ForwardMods*' 2>/dev/null | grep -q '^  '; then
+  gtest_run "gtest sdpa sm80-mods-fwd" gtest_sdpa_sm80_mods_fwd.log env FLASHSPAN_SM90_SDPA_MODS=0 "$tests" --gtest_brief=1 \
+    --gtest_filter='SdpaGpu.ScoreModifiers*:SdpaGpu.BlockMaskRandom:SdpaGpu.EpilogueOptionsRandom:SdpaGpu.Bias*:SdpaGpu.SanitizerSmall'
+fi
+
 # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one. Missing sanitizer = failure.
 if [ "${GPU_CHECK_NO_SANITIZER:-0}" = 1 ]; then
   waive "memcheck + racecheck + synccheck" "GPU_CHECK_NO_SANITIZER=1"

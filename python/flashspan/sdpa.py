@@ -644,6 +644,12 @@ def _backward_kw(q, k, v, o, dO, stats, kw: dict, dq=None, dk=None, dv=None):
         if entry is not None:
             bound = entry.run(given, kw)
             return bound[6], bound[7], bound[8]
+    return _backward_full(key, given, kw)
+
+
+def _backward_full(key, given: tuple, kw: dict):
+    """_backward's full path (``key``: the call's _fast_key, remembered if it runs)."""
+    q, k, v, o, dO, stats, dq, dk, dv = given
     args = dict(kw)
     stats_in = stats
     lay = _Layout(q, k, v, kw["seq_len_q"], kw["seq_len_kv"], kw["cu_seq_len_q"], kw["cu_seq_len_kv"],

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 
 #include "core/validation.h"
@@ -54,6 +55,24 @@ void check_tile(const FlexGeometry& g, const MaskPlan& plan, bool backward) {
                        c.bwd_block_q, "x", c.bwd_block_k, " does not match the sm80 kernel's ", t.bwd_bq, "x",
                        t.bwd_bk, " for head dims (", g.head_dim_qk, ", ", g.head_dim_v, ")");
   }
+}
+
+// The current device's L2 cache size in bytes (bwd_cell_order_sm90's bound), 0 when it cannot be
+// read. Asked once per device: the backward reads it on every call, and the attribute does not
+// change. Per-device slots (0: not read yet, since a device reports a positive size), relaxed
+// atomics: threads racing on a first read store the same value.
+int l2_cache_bytes() {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  if (cudaGetDevice(&dev) != cudaSuccess) return 0;
+  if (dev < 64) {
+    const int c = cache[dev].load(std::memory_order_relaxed);
+    if (c > 0) return c;
+  }
+  int l2 = 0;
+  cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
+  if (dev < 64 && l2 > 0) cache[dev].store(l2, std::memory_order_relaxed);
+  return l2;
 }
 
 }  // namespace
@@ -309,8 +328,7 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
     bool cell_order = false;
     if (!a.deterministic) {
       const int forced = sm90::bwd_cell_order_forced();
-      int l2 = 0, dev = 0;
-      if (forced < 0 && cudaGetDevice(&dev) == cudaSuccess) cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev);
+      const int l2 = forced < 0 ? l2_cache_bytes() : 0;
       cell_order = forced >= 0 ? forced == 1
                                : sm90::bwd_cell_order_sm90(g.total_q, g.head_dim_qk, g.head_dim_v, 2, l2);  // 16-bit
     }

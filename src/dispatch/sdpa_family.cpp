@@ -19,15 +19,30 @@ std::atomic<int> g_sdpa_bwd_sm90_override{-1};
 std::atomic<int> g_sdpa_fwd_sm90_mods_override{-1};
 // On by default where they cover a call (FLASHSPAN_KERNEL_FAMILY=sm80, read per call, keeps the sm80
 // kernels), since the GPU suite passed with them and they are at least as fast as the flex route's
-// (PERF_LOG v2.10).
+// (PERF_LOG v2.10). The forward's kernel with score modifiers too, since its GPU tests passed and it
+// ran 1.3-1.8x the sm80 forward (PERF_LOG v2.13); FLASHSPAN_SM90_SDPA_MODS=0 (read per call) keeps
+// those calls on the sm80 kernels.
 }  // namespace
 
 namespace {
+// sm90_refusal asks the forward's head-dim rule for both directions: tile_sm90.h defines the
+// backward's (sdpa_bwd_runs_head_dims_sm90, the backward launcher's check) as the same rule. Should
+// they part, this fails to compile rather than let the refusal and that check disagree.
+constexpr bool sdpa_head_dim_rules_agree() {
+  for (int dqk = 0; dqk <= 264; dqk += 4) {
+    for (int dv = 0; dv <= 264; dv += 4) {
+      if (sm90::sdpa_fwd_runs_head_dims_sm90(dqk, dv) != sm90::sdpa_bwd_runs_head_dims_sm90(dqk, dv)) return false;
+    }
+  }
+  return true;
+}
+static_assert(sdpa_head_dim_rules_agree(), "sm90 SDPA head dims: the forward's and backward's rules differ");
+
 // The one rule of both directions: what the sm90 SDPA kernels (forward and backward) cover. The
 // backward takes the same calls (the forward's tensors but O and the stats as inputs, plus dO,
 // dQ, dK, dV; deterministic or not), max_logit being a forward output. The forward also takes,
-// when sdpa_fwd_sm90_mods_enabled() (experimental), what its kernel with score modifiers runs
-// (sdpa_fwd_mods_kernel_sm90): softcap, ALiBi, the additive bias, sinks, the output gate,
+// when sdpa_fwd_sm90_mods_enabled() (by default), what its kernel with score modifiers runs
+// (sdpa_fwd_kernel_sm90 with AnalyticModSourceSm90): softcap, ALiBi, the additive bias, sinks, the output gate,
 // score_max / score_sum_exp; and the block_mask (both forward kernels: its 128 x 128 blocks are
 // the forward tile's); the backward of such calls keeps the sm80 kernels.
 const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
@@ -35,8 +50,8 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
   // The modifier instantiations exist for the (64, 64) / (128, 128) kernels (sdpa_fwd_mods_sm90_d{64,128}.cu).
   const bool mods = !backward && sdpa_fwd_sm90_mods_enabled() && p.Dqk <= 128 && p.Dv <= 128;
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtype (fp16 / bf16 only)";
-  const int dqk = static_cast<int>(p.Dqk), dv = static_cast<int>(p.Dv);
-  if (backward ? !sm90::sdpa_bwd_runs_head_dims_sm90(dqk, dv) : !sm90::sdpa_fwd_runs_head_dims_sm90(dqk, dv)) {
+  // Head dims: one rule for both directions (sdpa_head_dim_rules_agree).
+  if (!sm90::sdpa_fwd_runs_head_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv))) {
     return "head dims (multiples of 8 up to 128, (192, 128) or (256, 256))";
   }
   if (p.Hk != p.Hv) return "H_k != H_v";
@@ -104,7 +119,8 @@ void set_sdpa_fwd_sm90_mods_enabled(int on) {
 bool sdpa_fwd_sm90_mods_enabled() {
   const int o = g_sdpa_fwd_sm90_mods_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
-  return experimental_from_env();
+  const char* e = std::getenv("FLASHSPAN_SM90_SDPA_MODS");
+  return !(e != nullptr && std::strcmp(e, "0") == 0);
 }
 
 bool sdpa_bwd_runs_sm90(const sdpa::Problem& p) {

@@ -60,15 +60,16 @@ SdpaPagedFwdParams sdpa_paged_fwd_params(const sdpa::Problem& p);
 // sm_90a code built, the sm90 forward (TMA + wgmma, kernel_fwd_sm90.cuh with the analytic mask)
 // runs the calls it covers when sdpa_fwd_sm90_enabled(); every other call runs the sm80 kernels.
 // sdpa_fwd_sm90_refusal: nullptr when the sm90 forward covers the call (fp16 / bf16, head dims
-// multiples of 8 up to 128, H_k = H_v, q / k / v / o / stats padded or dense, no score modifier,
+// of tile_sm90.h sdpa_fwd_runs_head_dims_sm90, H_k = H_v, q / k / v / o / stats padded or dense, no score modifier,
 // sink, gate, score_max / score_sum_exp, block_mask, bias, dropout or paged K/V), else the first
 // thing it does not cover. sdpa_fwd_sm90_enabled: FLASHSPAN_KERNEL_FAMILY not sm80 (read per call;
 // on by default since PERF_LOG v2.10), unless set_sdpa_fwd_sm90_enabled overrides it (tests: 1 on,
 // 0 off, -1 back to the environment's answer).
 // With sdpa_fwd_sm90_mods_enabled() the forward's refusal also lets through softcap, ALiBi, the
 // additive bias, sinks, the output gate, score_max / score_sum_exp and the block_mask (the sm90
-// forward's kernel with score modifiers, sdpa_fwd_mods_kernel_sm90; the block_mask in both
-// kernels): experimental (GPU tests passed, PERF_LOG v2.13): FLASHSPAN_EXPERIMENTAL=1 (read per call), unless
+// forward's kernel with score modifiers, sdpa_fwd_kernel_sm90<..., AnalyticModSourceSm90>; the block_mask in both
+// kernels): on by default (GPU tests passed, 1.3-1.8x the sm80 forward, PERF_LOG v2.13; before,
+// FLASHSPAN_EXPERIMENTAL=1), FLASHSPAN_SM90_SDPA_MODS=0 turns it off (read per call), unless
 // set_sdpa_fwd_sm90_mods_enabled overrides it (tests: 1 on, 0 off, -1 back to the environment's
 // answer). The backward's refusal is not changed by it.
 const char* sdpa_fwd_sm90_refusal(const sdpa::Problem& p);
@@ -82,7 +83,7 @@ bool sdpa_fwd_runs_sm90(const sdpa::Problem& p);
 // (kernel_bwd_sm90.cuh with the analytic mask) runs the calls it covers when
 // sdpa_bwd_sm90_enabled() on an sm_90 device with the sm_90a code built; the others the sm80
 // kernels. sdpa_bwd_sm90_refusal: nullptr when it covers the call (the forward's subset: fp16 /
-// bf16, head dims multiples of 8 up to 128, H_k = H_v, every tensor padded or dense, no score
+// bf16, the same head dims, H_k = H_v, every tensor padded or dense, no score
 // modifier, sink / dSink, gate, bias / dBias, dropout, block_mask; deterministic or not), else the
 // first thing it does not cover. sdpa_bwd_sm90_enabled: as sdpa_fwd_sm90_enabled (the same
 // environment: FLASHSPAN_KERNEL_FAMILY not sm80), its own test override.

@@ -193,10 +193,9 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
   sig.consumer = consumer_for(80, g.head_dim_qk, g.head_dim_v);
   if (p.device == DeviceType::kCUDA && sdpa_bwd_sm90_refusal(p) == nullptr) {
     // The sm90 backward's tiles (64 x kD, kD the kernel head dim Dqk) in the same place, and its
-    // counters when deterministic: the sm90 layout of kernel head dims (kD, kDv) -- (kD, kD) up to
-    // 128, the call's own (192, 128) / (256, 256) above.
-    const int kd = sm90::sdpa_bwd_kernel_dim_sm90(g.head_dim_qk, g.head_dim_v);
-    const int kdv = kd <= 128 ? kd : g.head_dim_v;
+    // counters when deterministic: the sm90 layout of the kernel head dims (kD, kDv).
+    const sm90::SdpaBwdDimsSm90 kdims = sm90::sdpa_bwd_kernel_dims_sm90(g.head_dim_qk, g.head_dim_v);
+    const int kd = kdims.dqk, kdv = kdims.dv;
     FlexGeometry g90 = g;
     g90.head_dim_qk = kd;
     g90.head_dim_v = kdv;

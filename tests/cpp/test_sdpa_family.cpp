@@ -103,7 +103,7 @@ TEST(SdpaFamily, Sm90ForwardCoversThePureMaskSubset) {
   }
 }
 
-// Forces the sm90 forward's kernel with score modifiers on or off for a scope (FLASHSPAN_EXPERIMENTAL's
+// Forces the sm90 forward's kernel with score modifiers on or off for a scope (FLASHSPAN_SM90_SDPA_MODS's
 // answer after it), so that the refusals tested do not depend on the environment.
 struct ModsSwitch {
   explicit ModsSwitch(int on) { set_sdpa_fwd_sm90_mods_enabled(on); }
@@ -151,8 +151,8 @@ TEST(SdpaFamily, Sm90ForwardLeavesTheRestToSm80) {
 }
 
 
-// The calls the sm90 forward's kernel with score modifiers takes (sdpa_fwd_mods_kernel_sm90), each
-// feature alone and all together, with what still makes a call refuse it.
+// The calls the sm90 forward's kernel with score modifiers takes (sdpa_fwd_kernel_sm90 with
+// AnalyticModSourceSm90), each feature alone and all together, with what still makes a call refuse it.
 std::vector<std::pair<std::string, Call>> modifier_calls() {
   std::vector<std::pair<std::string, Call>> calls;
   auto add = [&](const std::string& name, auto&& f) {
@@ -197,9 +197,9 @@ std::vector<std::pair<std::string, Call>> modifier_calls() {
   return calls;
 }
 
-TEST(SdpaFamily, Sm90ForwardWithModifiersIsExperimental) {
-  // On (FLASHSPAN_EXPERIMENTAL=1, or the override): the forward takes each call; off: each is
-  // refused with the message it had before (the pure-mask rule).
+TEST(SdpaFamily, Sm90ForwardWithModifiersSwitch) {
+  // On (the default, or the override): the forward takes each call; off (FLASHSPAN_SM90_SDPA_MODS=0,
+  // or the override): each is refused with the message of the pure-mask rule.
   for (auto& [name, c] : modifier_calls()) {
     std::string off_msg;
     {
@@ -261,25 +261,61 @@ TEST(SdpaFamily, Sm90ForwardWithModifiersIsExperimental) {
   }
 }
 
+// Sets an environment variable for a scope (nullptr: unset), its value before restored after it.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    if (old != nullptr) old_ = old;
+    had_ = old != nullptr;
+    set(value);
+  }
+  ~ScopedEnv() { set(had_ ? old_.c_str() : nullptr); }
+  void set(const char* value) {
+    if (value == nullptr) {
+      unsetenv(name_);
+    } else {
+      setenv(name_, value, 1);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::string old_;
+  bool had_ = false;
+};
+
 TEST(SdpaFamily, Sm90ForwardModifiersSwitchReadsTheEnvironment) {
-  // Without the override: FLASHSPAN_EXPERIMENTAL=1, read per call (family.cpp experimental_from_env).
-  const char* saved = std::getenv("FLASHSPAN_EXPERIMENTAL");
-  const std::string keep = saved == nullptr ? "" : saved;
+  // Without the override: on unless FLASHSPAN_SM90_SDPA_MODS=0, read per call; FLASHSPAN_EXPERIMENTAL
+  // (its switch before PERF_LOG v2.13) no longer changes it.
   set_sdpa_fwd_sm90_mods_enabled(-1);
-  unsetenv("FLASHSPAN_EXPERIMENTAL");
-  EXPECT_FALSE(sdpa_fwd_sm90_mods_enabled());
-  setenv("FLASHSPAN_EXPERIMENTAL", "1", 1);
-  EXPECT_TRUE(sdpa_fwd_sm90_mods_enabled());
+  ScopedEnv mods("FLASHSPAN_SM90_SDPA_MODS", nullptr);
+  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
   Call c;
   c.a.softcap = 5.0f;
+  EXPECT_TRUE(sdpa_fwd_sm90_mods_enabled());
   EXPECT_EQ(refusal(c), "");
-  setenv("FLASHSPAN_EXPERIMENTAL", "0", 1);
+  experimental.set("0");
+  EXPECT_TRUE(sdpa_fwd_sm90_mods_enabled());
+  mods.set("0");
   EXPECT_FALSE(sdpa_fwd_sm90_mods_enabled());
-  EXPECT_NE(refusal(c), "");
-  if (saved == nullptr) {
-    unsetenv("FLASHSPAN_EXPERIMENTAL");
-  } else {
-    setenv("FLASHSPAN_EXPERIMENTAL", keep.c_str(), 1);
+  EXPECT_EQ(refusal(c), "score modifiers (softcap, ALiBi)");
+  experimental.set("1");
+  EXPECT_FALSE(sdpa_fwd_sm90_mods_enabled());
+  for (const char* on : {"1", "", "yes"}) {  // anything but "0" leaves it on
+    mods.set(on);
+    EXPECT_TRUE(sdpa_fwd_sm90_mods_enabled()) << '"' << on << '"';
+  }
+  // The override wins over the environment both ways.
+  {
+    const ModsSwitch off(0);
+    EXPECT_FALSE(sdpa_fwd_sm90_mods_enabled());
+  }
+  mods.set("0");
+  {
+    const ModsSwitch on(1);
+    EXPECT_TRUE(sdpa_fwd_sm90_mods_enabled());
+    EXPECT_EQ(refusal(c), "");
   }
 }
 
@@ -372,7 +408,7 @@ void check_sm90_switch(Set set, Enabled enabled, Runs runs, sdpa::Problem p) {
 }
 
 TEST(SdpaFamily, Sm90BackwardOfModifierCallsStaysOnSm80) {
-  // The backward of the calls the forward's experimental kernel takes keeps its rule (the sm80
+  // The backward of the calls the forward's kernel with modifiers takes keeps its rule (the sm80
   // kernels for the modifiers, sinks and the gate), switch on or off.
   for (int on : {0, 1}) {
     const ModsSwitch sw(on);

@@ -481,8 +481,8 @@ struct ForceSdpaSm90 {
   ~ForceSdpaSm90() { set_sdpa_fwd_sm90_enabled(-1); }
 };
 
-// Forces the sm90 forward's kernel with score modifiers (experimental: FLASHSPAN_EXPERIMENTAL=1;
-// set_sdpa_fwd_sm90_mods_enabled) on or off for a scope, the environment's answer again after it.
+// Forces the sm90 forward's kernel with score modifiers (on by default, FLASHSPAN_SM90_SDPA_MODS=0
+// off; set_sdpa_fwd_sm90_mods_enabled) on or off for a scope, the environment's answer again after it.
 struct ForceSdpaSm90Mods {
   explicit ForceSdpaSm90Mods(int on) { set_sdpa_fwd_sm90_mods_enabled(on); }
   ~ForceSdpaSm90Mods() { set_sdpa_fwd_sm90_mods_enabled(-1); }
@@ -687,9 +687,9 @@ TEST(SdpaGpu, Sm90ForwardSanitizerSmall) {
 
 // ---------------------------------------------------------------------------
 // The sm90 forward with score modifiers, sinks and the epilogue options (kernel_fwd_sm90.cuh
-// sdpa_fwd_mods_kernel_sm90, AnalyticModSourceSm90), experimental: forced on here
-// (ForceSdpaSm90Mods, FLASHSPAN_EXPERIMENTAL=1's switch) with the sm90 forward; the launch counter
-// says which family ran. The backward of such calls stays on the sm80 kernels.
+// sdpa_fwd_kernel_sm90 with AnalyticModSourceSm90), on by default: forced on here
+// (ForceSdpaSm90Mods, whatever FLASHSPAN_SM90_SDPA_MODS says) with the sm90 forward; the launch
+// counter says which family ran. The backward of such calls stays on the sm80 kernels.
 // ---------------------------------------------------------------------------
 
 // sm90_case (masks in both alignments, padding with a sample without keys, GQA / MQA, head dims

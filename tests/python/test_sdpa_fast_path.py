@@ -55,6 +55,7 @@ def _no_full_path(S, monkeypatch):
         raise AssertionError("full path taken")
 
     monkeypatch.setattr(S, "_forward_full", boom)
+    monkeypatch.setattr(S, "_backward_full", boom)
     monkeypatch.setattr(S, "_Layout", boom)
 
 

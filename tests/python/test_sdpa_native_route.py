@@ -242,15 +242,21 @@ def test_gpu_native_gate_stats_block_mask(fs, native, seed):
 
 
 @gpu
+@pytest.mark.parametrize("sm90_mods", [None, "0"])
 @pytest.mark.parametrize("seed", range(6))
-def test_gpu_feature_calls_native_by_default(fs, monkeypatch, seed):
+def test_gpu_feature_calls_native_by_default(fs, monkeypatch, seed, sm90_mods):
     """Without FLASHSPAN_EXPERIMENTAL, a CUDA call with features the flex lowering cannot express (the gate, the
     score_max / score_sum_exp outputs, the block mask, sinks, softcap) runs on the native route (sdpa_lowering.route)
-    and matches the CPU reference."""
+    and matches the CPU reference: on an H200 its forward on the sm90 kernel with modifiers by default (since PERF_LOG
+    v2.13), on the sm80 kernels with FLASHSPAN_SM90_SDPA_MODS=0 (read per call; docs/SDPA.md "The sm90 forward")."""
     from flashspan import sdpa_lowering
 
     monkeypatch.delenv(sdpa_lowering.EXPERIMENTAL_ENV, raising=False)
     monkeypatch.delenv(sdpa_lowering.ROUTE_ENV, raising=False)
+    if sm90_mods is None:
+        monkeypatch.delenv("FLASHSPAN_SM90_SDPA_MODS", raising=False)
+    else:
+        monkeypatch.setenv("FLASHSPAN_SM90_SDPA_MODS", sm90_mods)
     _gate_stats_block_mask_case(fs, 100 + seed)
 
 

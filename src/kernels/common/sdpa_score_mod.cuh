@@ -2,7 +2,8 @@
 // every family apply them: the ScoreMod part of the scores -> logits step (variant.cuh), run
 // between the scaling and the mask, on a warp's accumulator fragments (AccFragment layout).
 // Run-time flags (SdpaScoreParams, params.h) inside the one analytic instantiation of each
-// kernel (the sm90 forward: its instantiation with modifiers, sdpa_fwd_mods_kernel_sm90): the plan
+// kernel (the sm90 forward: its instantiation with modifiers, sdpa_fwd_kernel_sm90 with
+// AnalyticModSourceSm90): the plan
 // (flex) kernels never see them. Also SDPA's forward epilogue options of a row
 // (sdpa_fwd_row_options, sdpa_gate_pair), which both families' epilogues share.
 //

@@ -60,13 +60,14 @@ void run_o(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, con
   }
 }
 
-// The SDPA kernel of a unit (only the chosen one is instantiated).
+// The SDPA kernel of a unit: its mask source with score modifiers (kMods) or without (only the
+// chosen one is instantiated).
 template <int kDqk, int kDv, class E, bool kOverlap, bool kMods>
 auto sdpa_kernel() {
   if constexpr (kMods) {
-    return kern90::sdpa_fwd_mods_kernel_sm90<kDqk, kDv, E, kOverlap>;
+    return kern90::sdpa_fwd_kernel_sm90<kDqk, kDv, E, kOverlap, kern90::AnalyticModSourceSm90>;
   } else {
-    return kern90::sdpa_fwd_kernel_sm90<kDqk, kDv, E, kOverlap>;
+    return kern90::sdpa_fwd_kernel_sm90<kDqk, kDv, E, kOverlap, kern90::AnalyticSourceSm90>;
   }
 }
 
@@ -101,8 +102,8 @@ int fwd_binary_version_of() {
 // AnalyticGrid's B * ceil(S_q / 128) * H_q cells; no split schedule. The consumer schedule is
 // the plan kernels' default, overlapped with ping-pong, for both (64, 64) and (128, 128)
 // (PERF_LOG v2.0; FLASHSPAN_SM90_OVERLAP does not switch it); max_logit tested at run time. 2 kernels (fp16, bf16)
-// a unit: the pure-mask kernels (sdpa_fwd_kernel_sm90), or with kMods the ones with score modifiers,
-// sinks and the epilogue options (sdpa_fwd_mods_kernel_sm90), each in its own unit.
+// a unit: the pure-mask kernels (sdpa_fwd_kernel_sm90 with AnalyticSourceSm90), or with kMods the ones
+// with score modifiers, sinks and the epilogue options (with AnalyticModSourceSm90), each in its own unit.
 template <int kDqk, int kDv, bool kMods>
 void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
                        const CUtensorMap& mv, cudaStream_t s) {

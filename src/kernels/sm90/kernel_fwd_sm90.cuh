@@ -135,6 +135,13 @@ struct FwdSm90Layout {
   static_assert(kBytes <= 232448, "sm90 forward: more shared memory than an sm_90 block may have (227 KB)");
 };
 
+// SDPA's mask sources (defined below for the device pass only): the host pass names them too, as
+// the template argument of sdpa_fwd_kernel_sm90 its launcher takes (fwd_sm90_run.cuh).
+template <class L>
+struct AnalyticSourceSm90;
+template <class L>
+struct AnalyticModSourceSm90;
+
 #if defined(__CUDA_ARCH__)
 
 // S = Q K^T for this warpgroup's 64 rows: kDqk / 16 k-steps of m64n{kBlockK}k16 (both K-major).
@@ -256,9 +263,9 @@ struct AnalyticSourceSm90 {
   __device__ __forceinline__ static float lse_unit(const FwdParams& p) { return kern::analytic_of(p).lse_unit; }
 };
 
-// SDPA with score modifiers (sdpa_fwd_mods_kernel_sm90): the analytic source plus softcap, ALiBi
-// and the additive bias in the scores -> logits step (a kern::SdpaTileScoreMod per key block and
-// warp: the head's softcap / slope, the tile's diagonal offset and bias addresses), the head's
+// SDPA with score modifiers (sdpa_fwd_kernel_sm90 with this source): the analytic source plus
+// softcap, ALiBi and the additive bias in the scores -> logits step (a kern::SdpaTileScoreMod per
+// key block and warp: the head's softcap / slope, the tile's diagonal offset and bias addresses), the head's
 // sink seeding the rows' statistics (OnlineSoftmax::seed_row: rows inside the sample only), and
 // the epilogue options (score_max / score_sum_exp, the output gate: FwdEpilogue::store_rows with
 // SDPA's options). The roles and the order are the sm80 SDPA kernels' (AnalyticMaskSm80): softcap
@@ -692,29 +699,18 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// The SDPA forward (analytic mask, AnalyticSourceSm90): the same kernel over an SdpaFwdParams,
-// max_logit tested at run time (one instantiation per dtype and consumer schedule).
-template <int kDqk, int kDv, class E, bool kOverlap>
+// The SDPA forward (analytic mask): the same kernel over an SdpaFwdParams, max_logit tested at run
+// time (one instantiation per dtype and consumer schedule), for each mask source Src:
+// AnalyticSourceSm90, the pure-mask calls; AnalyticModSourceSm90, the calls with score modifiers
+// and sinks (softcap, ALiBi, the additive bias, sinks, the gate and score_max / score_sum_exp as
+// run-time flags of one more instantiation per dtype), so that the pure-mask instantiation keeps
+// its code (the modifiers' registers and instructions stay out of its main loop).
+template <int kDqk, int kDv, class E, bool kOverlap, template <class> class Src>
 __global__ void __launch_bounds__(kThreads, 1)
     sdpa_fwd_kernel_sm90(const __grid_constant__ SdpaFwdParams p, const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  fwd_sm90_body<kDqk, kDv, E, true, kOverlap, AnalyticSourceSm90>(p, &tm_q, &tm_k, &tm_v);
-#else
-  __trap();
-#endif
-}
-
-// The SDPA forward with score modifiers and sinks (AnalyticModSourceSm90): softcap, ALiBi, the
-// additive bias, sinks, the gate and score_max / score_sum_exp as run-time flags of one more
-// instantiation per dtype, so that the pure-mask kernel above keeps its code (the modifiers'
-// registers and instructions stay out of its main loop).
-template <int kDqk, int kDv, class E, bool kOverlap>
-__global__ void __launch_bounds__(kThreads, 1)
-    sdpa_fwd_mods_kernel_sm90(const __grid_constant__ SdpaFwdParams p, const __grid_constant__ CUtensorMap tm_q,
-                              const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  fwd_sm90_body<kDqk, kDv, E, true, kOverlap, AnalyticModSourceSm90>(p, &tm_q, &tm_k, &tm_v);
+  fwd_sm90_body<kDqk, kDv, E, true, kOverlap, Src>(p, &tm_q, &tm_k, &tm_v);
 #else
   __trap();
 #endif

@@ -143,7 +143,7 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   const CUtensorMap mk = make_tensor_map_sm90(bshd_of_bhsd(k), false, dtype, t.fwd_bk, "k");
   const CUtensorMap mv = make_tensor_map_sm90(bshd_of_bhsd(v), false, dtype, t.fwd_bk, "v");
   // The instantiation with the score modifiers, sinks and epilogue options when the call has any
-  // (sdpa_family.cpp lets them through with FLASHSPAN_EXPERIMENTAL=1, head dims up to 128), else the
+  // (sdpa_family.cpp lets them through unless FLASHSPAN_SM90_SDPA_MODS=0, head dims up to 128), else the
   // pure-mask one, whose code has none of them.
   const AnalyticMaskParams& a = p.analytic;
   const bool mods = a.score.softcap2 != 0.0f || a.score.alibi_n > 0 || a.score.sink != nullptr || a.bias.bias != nullptr ||

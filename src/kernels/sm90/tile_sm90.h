@@ -80,6 +80,18 @@ constexpr int sdpa_bwd_kernel_dim_sm90(int dqk, int dv) {
   return dqk <= 64 && dv <= 64 ? 64 : dqk <= 128 && dv <= 128 ? 128 : dqk;
 }
 
+// Both kernel head dims (Dqk, Dv) of that kernel: (kD, kD) up to 128 (kD = sdpa_bwd_kernel_dim_sm90),
+// else the call's own (192, 128) / (256, 256): the instantiation (sdpa_bwd_sm90_d{64,128,192,256}.cu)
+// that runs the call, whose layout the workspace of its dq_accum tiles follows (sdpa_params.cpp).
+struct SdpaBwdDimsSm90 {
+  int dqk, dv;
+  friend constexpr bool operator==(const SdpaBwdDimsSm90&, const SdpaBwdDimsSm90&) = default;
+};
+constexpr SdpaBwdDimsSm90 sdpa_bwd_kernel_dims_sm90(int dqk, int dv) {
+  const int kd = sdpa_bwd_kernel_dim_sm90(dqk, dv);
+  return SdpaBwdDimsSm90{kd, kd <= 128 ? kd : dv};
+}
+
 // Packed GQA (FwdParams::pack = G, query heads per kv head) on the sm90 forward: G a power of
 // two dividing the 128 query rows of the forward tile, so that a block's 128 packed rows are
 // 128 / G whole query positions x G heads, one TMA box {64 columns, G heads, 128 / G positions}
