@@ -94,8 +94,9 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
     }
     m.mod.apply<kNQ>(s, m.diag, lane);
     // A partial step's element mask (the tile mask of (qb, kb), analytic_mask.h; a full step: none).
-    const kern::TileMask tm = info.z >= 0 ? kern::TileMask::make(sl.mask, int64_t(info.y) * kBlockQ, int64_t(it.kb) * kBlockK)
-                                          : kern::TileMask{kBlockQ, kBlockK, -kBlockQ, kBlockK};
+    const kern::TileMask tm =
+        info.z >= 0 ? kern::TileMask::make(sl.mask, int64_t(info.y) * kBlockQ, int64_t(it.kb) * kBlockK)
+                    : kern::TileMask{kBlockQ, kBlockK, -kBlockQ, kBlockK};
 #pragma unroll
     for (int j = 0; j < kNQ; ++j) {
       const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
@@ -128,8 +129,8 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
       for (int r = 0; r < 4; ++r) {
         const float z = s[j][r];
         const float pr = kern::exp2_approx(m.bias.p != nullptr && z != -INFINITY ? z + m.bias.at2(j, r) : z);
-        const float f =
-            m.mod.c2 != 0.0f ? m.mod.softcap_dprob(pr, z + ((r & 1) ? l2.y : l2.x), d0 + 8 * j + (r & 1) - 8 * (r >> 1)) : pr;
+        const int off = d0 + 8 * j + (r & 1) - 8 * (r >> 1);  // ALiBi's offset (transposed)
+        const float f = m.mod.c2 != 0.0f ? m.mod.softcap_dprob(pr, z + ((r & 1) ? l2.y : l2.x), off) : pr;
         s[j][r] = pr;
         dp[j][r] = f * (dp[j][r] - ((r & 1) ? dd.y : dd.x));
       }

@@ -242,7 +242,8 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   const CUtensorMap mv = make_tensor_map_sm90(bshd_of_bhsd(v), false, dtype, kBk, "v");
   // With the output gate the main kernel's dO is the preprocess's dO * sigmoid(G) in the workspace
   // (sdpa_bwd_main_params; rows past a sample unwritten there: zeroed in shared memory as dO's are).
-  const TensorView dout_main = am.epi.gate != nullptr ? gated_do_view(p, dout) : bshd_of_bhsd(dout);
+  // (Without query rows the workspace may be empty and nothing reads dO.)
+  const TensorView dout_main = am.epi.gate != nullptr && p.total_q > 0 ? gated_do_view(p, dout) : bshd_of_bhsd(dout);
   const CUtensorMap mdo = make_tensor_map_sm90(dout_main, false, dtype, kBq, "dout");
   const SdpaBwdParams pk = sdpa_bwd_main_params(p);
   switch (kd) {
