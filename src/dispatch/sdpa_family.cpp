@@ -17,6 +17,7 @@ namespace {
 std::atomic<int> g_sdpa_sm90_override{-1};
 std::atomic<int> g_sdpa_bwd_sm90_override{-1};
 std::atomic<int> g_sdpa_fwd_sm90_mods_override{-1};
+std::atomic<int> g_sdpa_bwd_sm90_mods_override{-1};
 // On by default where they cover a call (FLASHSPAN_KERNEL_FAMILY=sm80, read per call, keeps the sm80
 // kernels), since the GPU suite passed with them and they are at least as fast as the flex route's
 // (PERF_LOG v2.10). The forward's kernel with score modifiers too, since its GPU tests passed and it
@@ -44,11 +45,16 @@ static_assert(sdpa_head_dim_rules_agree(), "sm90 SDPA head dims: the forward's a
 // when sdpa_fwd_sm90_mods_enabled() (by default), what its kernel with score modifiers runs
 // (sdpa_fwd_kernel_sm90 with AnalyticModSourceSm90): softcap, ALiBi, the additive bias, sinks, the output gate,
 // score_max / score_sum_exp; and the block_mask (both forward kernels: its 128 x 128 blocks are
-// the forward tile's); the backward of such calls keeps the sm80 kernels.
+// the forward tile's). The backward also takes, when sdpa_bwd_sm90_mods_enabled() (experimental,
+// its own switch), softcap, ALiBi, the bias with dBias (its kernel with score modifiers,
+// sdpa_bwd_mods_kernel_sm90), sinks with dSink and the gate with dgate (around either kernel); the
+// block_mask keeps the sm80 backward.
 const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
   using namespace sdpa;
-  // The modifier instantiations exist for the (64, 64) / (128, 128) kernels (sdpa_fwd_mods_sm90_d{64,128}.cu).
-  const bool mods = !backward && sdpa_fwd_sm90_mods_enabled() && p.Dqk <= 128 && p.Dv <= 128;
+  // The modifier instantiations exist for the (64, 64) / (128, 128) kernels
+  // (sdpa_{fwd,bwd}_mods_sm90_d{64,128}.cu).
+  const bool mods = (backward ? sdpa_bwd_sm90_mods_enabled() : sdpa_fwd_sm90_mods_enabled()) && p.Dqk <= 128 &&
+                    p.Dv <= 128;
   if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtype (fp16 / bf16 only)";
   // Head dims: one rule for both directions (sdpa_head_dim_rules_agree).
   if (!sm90::sdpa_fwd_runs_head_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv))) {
@@ -73,9 +79,14 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
       case FS_SDPA_MAX_LOGIT:
         if (!backward) continue;
         break;
-      case FS_SDPA_BIAS: case FS_SDPA_SINK_TOKEN: case FS_SDPA_GATE: case FS_SDPA_SCORE_MAX:
-      case FS_SDPA_SCORE_SUM_EXP: case FS_SDPA_BLOCK_MASK:
+      case FS_SDPA_BIAS: case FS_SDPA_SINK_TOKEN: case FS_SDPA_GATE:
         if (mods) continue;
+        break;
+      case FS_SDPA_SCORE_MAX: case FS_SDPA_SCORE_SUM_EXP: case FS_SDPA_BLOCK_MASK:
+        if (mods && !backward) continue;
+        break;
+      case FS_SDPA_DBIAS: case FS_SDPA_DSINK_TOKEN: case FS_SDPA_DGATE:
+        if (mods && backward) continue;
         break;
       case FS_SDPA_DO: case FS_SDPA_DQ: case FS_SDPA_DK: case FS_SDPA_DV:
         if (backward) continue;
@@ -121,6 +132,16 @@ bool sdpa_fwd_sm90_mods_enabled() {
   if (o >= 0) return o == 1;
   const char* e = std::getenv("FLASHSPAN_SM90_SDPA_MODS");
   return !(e != nullptr && std::strcmp(e, "0") == 0);
+}
+
+void set_sdpa_bwd_sm90_mods_enabled(int on) {
+  g_sdpa_bwd_sm90_mods_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed);
+}
+
+bool sdpa_bwd_sm90_mods_enabled() {
+  const int o = g_sdpa_bwd_sm90_mods_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  return experimental_from_env();
 }
 
 bool sdpa_bwd_runs_sm90(const sdpa::Problem& p) {

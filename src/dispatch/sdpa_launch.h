@@ -71,7 +71,7 @@ SdpaPagedFwdParams sdpa_paged_fwd_params(const sdpa::Problem& p);
 // kernels): on by default (GPU tests passed, 1.3-1.8x the sm80 forward, PERF_LOG v2.13; before,
 // FLASHSPAN_EXPERIMENTAL=1), FLASHSPAN_SM90_SDPA_MODS=0 turns it off (read per call), unless
 // set_sdpa_fwd_sm90_mods_enabled overrides it (tests: 1 on, 0 off, -1 back to the environment's
-// answer). The backward's refusal is not changed by it.
+// answer). The backward's refusal has its own switch (below).
 const char* sdpa_fwd_sm90_refusal(const sdpa::Problem& p);
 bool sdpa_fwd_sm90_enabled();
 void set_sdpa_fwd_sm90_enabled(int on);
@@ -87,9 +87,17 @@ bool sdpa_fwd_runs_sm90(const sdpa::Problem& p);
 // modifier, sink / dSink, gate, bias / dBias, dropout, block_mask; deterministic or not), else the
 // first thing it does not cover. sdpa_bwd_sm90_enabled: as sdpa_fwd_sm90_enabled (the same
 // environment: FLASHSPAN_KERNEL_FAMILY not sm80), its own test override.
+// With sdpa_bwd_sm90_mods_enabled() the backward's refusal also lets through softcap, ALiBi, the
+// additive bias with dBias, sinks with dSink and the output gate with dgate, head dims up to 128
+// (kernel_bwd_mods_sm90.cuh sdpa_bwd_mods_kernel_sm90 for the first three; dSink and the gated dO
+// around either kernel): experimental, not yet run on a GPU: FLASHSPAN_EXPERIMENTAL=1 (read per
+// call), unless set_sdpa_bwd_sm90_mods_enabled overrides it (tests: 1 on, 0 off, -1 back to the
+// environment's answer). The forward's refusal is not changed by it, nor this one by the forward's.
 const char* sdpa_bwd_sm90_refusal(const sdpa::Problem& p);
 bool sdpa_bwd_sm90_enabled();
 void set_sdpa_bwd_sm90_enabled(int on);
+bool sdpa_bwd_sm90_mods_enabled();
+void set_sdpa_bwd_sm90_mods_enabled(int on);
 bool sdpa_bwd_runs_sm90(const sdpa::Problem& p);
 // sdpa_bwd_params with the sm90 backward's dQ accumulator bound (dq_accum: one 64 x kD fp32 tile
 // per (query head, sample, query block), kD = sdpa_bwd_kernel_dim_sm90; dq_sem: their counters

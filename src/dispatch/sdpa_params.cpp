@@ -214,6 +214,9 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
     } else {
       w.total = w.split_at;  // the tiles and their counters; the flex split schedule after them is not used
     }
+    // As below: dBias's dS workspace, then the gated dO (calls with them: sdpa_bwd_sm90_mods_enabled).
+    w.total += dbias_ds_bytes(p);
+    w.total += gated_do_bytes(p);
     return w;
   }
   BwdWorkspaceLayout w = bwd_workspace_layout(g, sig, p.a.deterministic);

@@ -1,7 +1,9 @@
 // CPU tests of the SDPA forward's and backward's kernel-family rule (dispatch/sdpa_family.cpp,
-// sdpa_launch.h): which calls the sm90 forward with the analytic mask covers
-// (sdpa_fwd_sm90_refusal), and the switch that turns it on (sdpa_fwd_sm90_enabled). Descriptors
-// only: no data, no device.
+// sdpa_launch.h): which calls the sm90 forward and backward with the analytic mask cover
+// (sdpa_fwd_sm90_refusal, sdpa_bwd_sm90_refusal), the switches that turn them on
+// (sdpa_fwd_sm90_enabled, sdpa_bwd_sm90_enabled) and their experimental modifier parts
+// (sdpa_fwd_sm90_mods_enabled, sdpa_bwd_sm90_mods_enabled), and the workspace a covered backward
+// gets. Descriptors only: no data, no device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -43,6 +45,7 @@ struct Call {
   sdpa::Attributes a;
   int64_t dqk = 128, dv = 128, hv = 2;
   DType dtype = DType::kBFloat16;
+  std::vector<std::pair<int, TensorView>> grads;  // backward-only tensors (dBias, dSink, dgate): backward_problem's
 
   sdpa::Problem problem() {
     a.tensors[FS_SDPA_Q] = desc(2, 4, 300, dqk, dtype);
@@ -323,6 +326,7 @@ TEST(SdpaFamily, Sm90ForwardModifiersSwitchReadsTheEnvironment) {
 sdpa::Problem backward_problem(Call c, bool deterministic = false) {
   c.problem();  // fills the forward tensors
   sdpa::Attributes& a = c.a;
+  for (const auto& [slot, t] : c.grads) a.tensors[size_t(slot)] = t;
   a.tensors[FS_SDPA_DO] = desc(2, 4, 300, c.dv, c.dtype);
   a.tensors[FS_SDPA_DQ] = desc(2, 4, 300, c.dqk, c.dtype);
   a.tensors[FS_SDPA_DK] = desc(2, 2, 500, c.dqk, c.dtype);
@@ -364,8 +368,16 @@ TEST(SdpaFamily, Sm90BackwardCoversTheForwardsSubset) {
   EXPECT_NE(sdpa_fwd_sm90_refusal(backward_problem(Call{})), nullptr);
 }
 
+// Forces the sm90 backward's modifiers (sdpa_bwd_sm90_mods_enabled, its own experimental switch) on
+// or off for a scope, FLASHSPAN_EXPERIMENTAL's answer after it.
+struct BwdModsSwitch {
+  explicit BwdModsSwitch(int on) { set_sdpa_bwd_sm90_mods_enabled(on); }
+  ~BwdModsSwitch() { set_sdpa_bwd_sm90_mods_enabled(-1); }
+};
+
 TEST(SdpaFamily, Sm90BackwardLeavesTheRestToSm80) {
   const ModsSwitch on(1);  // the forward's experimental kernel changes nothing in the backward's rule
+  const BwdModsSwitch bwd_off(0);  // (the backward's own: Sm90BackwardWithModifiersIsExperimental)
   for (auto [dqk, dv] : {std::pair<int64_t, int64_t>{192, 192}, {256, 128}, {136, 136}}) {
     Call c;  // dims without an sm90 kernel
     c.dqk = dqk;
@@ -408,8 +420,10 @@ void check_sm90_switch(Set set, Enabled enabled, Runs runs, sdpa::Problem p) {
 }
 
 TEST(SdpaFamily, Sm90BackwardOfModifierCallsStaysOnSm80) {
-  // The backward of the calls the forward's kernel with modifiers takes keeps its rule (the sm80
-  // kernels for the modifiers, sinks and the gate), switch on or off.
+  // Without the backward's own switch, the backward of the calls the forward's kernel with modifiers
+  // takes keeps its rule (the sm80 kernels for the modifiers, sinks and the gate), the forward's
+  // switch on or off.
+  const BwdModsSwitch bwd_off(0);
   for (int on : {0, 1}) {
     const ModsSwitch sw(on);
     for (auto& [name, c] : modifier_calls()) {
@@ -422,9 +436,173 @@ TEST(SdpaFamily, Sm90BackwardOfModifierCallsStaysOnSm80) {
   }
 }
 
+// The backward calls the sm90 backward's modifier part takes: each feature alone with its gradient,
+// combinations (dBias not with softcap: the C layer's rule on CUDA tensors), padding, head dims up
+// to 128.
+std::vector<std::pair<std::string, Call>> backward_modifier_calls() {
+  std::vector<std::pair<std::string, Call>> calls;
+  auto add = [&](const std::string& name, auto&& f) {
+    Call c;
+    f(c);
+    calls.emplace_back(name, c);
+  };
+  auto bias = [](Call& c, bool dbias) {
+    TensorView b = desc(1, 4, 300, 500, DType::kFloat32);  // broadcast over B
+    b.strides[0] = 0;
+    c.a.tensors[FS_SDPA_BIAS] = b;
+    if (dbias) c.grads.emplace_back(FS_SDPA_DBIAS, desc(1, 4, 300, 500, DType::kFloat32));
+  };
+  auto sinks = [](Call& c) {
+    c.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32);
+    c.grads.emplace_back(FS_SDPA_DSINK_TOKEN, vec(4, DType::kFloat32));
+  };
+  auto gate = [](Call& c) {
+    c.a.tensors[FS_SDPA_GATE] = desc(2, 4, 300, c.dv);
+    c.grads.emplace_back(FS_SDPA_DGATE, desc(2, 4, 300, c.dv));
+  };
+  add("softcap", [](Call& c) { c.a.softcap = 30.0f; });
+  add("alibi", [](Call& c) { c.a.alibi = true; });
+  add("sinks + dSink", sinks);
+  add("sinks without dSink", [](Call& c) { c.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32); });
+  add("bias", [&](Call& c) { bias(c, false); });
+  add("bias + dBias", [&](Call& c) { bias(c, true); });
+  add("gate + dgate", gate);
+  add("gate without dgate", [](Call& c) { c.a.tensors[FS_SDPA_GATE] = desc(2, 4, 300, c.dv); });
+  add("softcap, ALiBi, sinks, bias, gate, padding, D 96", [&](Call& c) {
+    c.dqk = c.dv = 96;
+    c.a.softcap = 5.0f;
+    c.a.alibi = true;
+    sinks(c);
+    bias(c, false);
+    gate(c);
+    c.a.tensors[FS_SDPA_SEQ_LEN_Q] = vec(2, DType::kInt64);
+    c.a.tensors[FS_SDPA_SEQ_LEN_KV] = vec(2, DType::kInt64);
+    c.a.padding_mask = true;
+  });
+  add("ALiBi, bias + dBias, sinks, gate, D 64", [&](Call& c) {
+    c.dqk = c.dv = 64;
+    c.a.alibi = true;
+    bias(c, true);
+    sinks(c);
+    gate(c);
+  });
+  return calls;
+}
+
+TEST(SdpaFamily, Sm90BackwardWithModifiersIsExperimental) {
+  // On (FLASHSPAN_EXPERIMENTAL=1, or the override): the backward takes each call, deterministic or
+  // not; off: each is refused as before (the pure-mask rule), whatever the forward's switch says.
+  for (auto& [name, c] : backward_modifier_calls()) {
+    for (bool det : {false, true}) {
+      {
+        const BwdModsSwitch off(0);
+        const ModsSwitch fwd_on(1);
+        EXPECT_NE(bwd_refusal(c, det), "") << name;
+      }
+      const BwdModsSwitch on(1);
+      const ModsSwitch fwd_off(0);
+      EXPECT_EQ(bwd_refusal(c, det), "") << name << (det ? " deterministic" : "");
+    }
+  }
+  {
+    const BwdModsSwitch off(0);
+    Call c;
+    c.a.softcap = 5.0f;
+    EXPECT_EQ(bwd_refusal(c), "score modifiers (softcap, ALiBi)");
+    Call s;
+    s.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32);
+    EXPECT_EQ(bwd_refusal(s), sdpa::slot_name(FS_SDPA_SINK_TOKEN));
+  }
+  // What the modifiers' backward does not run still goes to sm80 with it on: the block_mask,
+  // packed THD, (192, 128) / (256, 256) (the modifiers' kernels stop at 128), H_k != H_v, dropout,
+  // a packed gate.
+  const BwdModsSwitch on(1);
+  {
+    Call c;
+    c.a.tensors[FS_SDPA_BLOCK_MASK] = desc(2, 4, 3, 1, DType::kUInt8);
+    EXPECT_EQ(bwd_refusal(c), sdpa::slot_name(FS_SDPA_BLOCK_MASK));
+  }
+  {
+    Call c = packed_thd_call();
+    c.a.softcap = 5.0f;
+    EXPECT_NE(bwd_refusal(c).find("ragged"), std::string::npos);
+  }
+  {
+    Call c;
+    c.a.softcap = 5.0f;
+    c.dqk = 192;
+    EXPECT_EQ(bwd_refusal(c), "score modifiers (softcap, ALiBi)");
+    Call s;
+    s.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32);
+    s.grads.emplace_back(FS_SDPA_DSINK_TOKEN, vec(4, DType::kFloat32));
+    s.dqk = s.dv = 256;
+    EXPECT_EQ(bwd_refusal(s), sdpa::slot_name(FS_SDPA_SINK_TOKEN));
+  }
+  {
+    Call c;
+    c.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32);
+    c.hv = 1;
+    EXPECT_NE(bwd_refusal(c).find("H_k != H_v"), std::string::npos);
+  }
+  {
+    Call c;
+    c.a.dropout_probability = 0.25f;
+    c.a.tensors[FS_SDPA_DROPOUT_SEED] = vec(1, DType::kInt64);
+    c.a.tensors[FS_SDPA_DROPOUT_OFFSET] = vec(1, DType::kInt64);
+    EXPECT_NE(bwd_refusal(c).find("dropout"), std::string::npos);
+  }
+  {
+    Call c;
+    c.a.tensors[FS_SDPA_GATE] = desc(2, 4, 300, 128);
+    c.a.tensors[FS_SDPA_RAGGED_OFFSET_GATE] = vec(3, DType::kInt32);
+    c.a.tensors[FS_SDPA_CU_SEQ_LEN_Q] = vec(3, DType::kInt32);
+    c.a.tensors[FS_SDPA_CU_SEQ_LEN_KV] = vec(3, DType::kInt32);
+    c.a.padding_mask = true;
+    EXPECT_EQ(bwd_refusal(c), sdpa::slot_name(FS_SDPA_RAGGED_OFFSET_GATE));
+  }
+  // The forward's rule does not change with the backward's switch.
+  {
+    const ModsSwitch fwd_off(0);
+    Call c;
+    c.a.softcap = 5.0f;
+    EXPECT_EQ(refusal(c), "score modifiers (softcap, ALiBi)");
+  }
+}
+
+TEST(SdpaFamily, Sm90BackwardModifiersSwitchReadsTheEnvironment) {
+  // Without the override: FLASHSPAN_EXPERIMENTAL=1, read per call (family.cpp experimental_from_env).
+  const char* saved = std::getenv("FLASHSPAN_EXPERIMENTAL");
+  const std::string keep = saved == nullptr ? "" : saved;
+  set_sdpa_bwd_sm90_mods_enabled(-1);
+  unsetenv("FLASHSPAN_EXPERIMENTAL");
+  EXPECT_FALSE(sdpa_bwd_sm90_mods_enabled());
+  setenv("FLASHSPAN_EXPERIMENTAL", "1", 1);
+  EXPECT_TRUE(sdpa_bwd_sm90_mods_enabled());
+  Call c;
+  c.a.alibi = true;
+  EXPECT_EQ(bwd_refusal(c), "");
+  setenv("FLASHSPAN_EXPERIMENTAL", "0", 1);
+  EXPECT_FALSE(sdpa_bwd_sm90_mods_enabled());
+  EXPECT_NE(bwd_refusal(c), "");
+  set_sdpa_bwd_sm90_mods_enabled(1);  // the override wins over the environment
+  EXPECT_TRUE(sdpa_bwd_sm90_mods_enabled());
+  set_sdpa_bwd_sm90_mods_enabled(-1);
+  if (saved == nullptr) {
+    unsetenv("FLASHSPAN_EXPERIMENTAL");
+  } else {
+    setenv("FLASHSPAN_EXPERIMENTAL", keep.c_str(), 1);
+  }
+}
+
 TEST(SdpaFamily, Sm90Switches) {
   check_sm90_switch(set_sdpa_fwd_sm90_enabled, sdpa_fwd_sm90_enabled, sdpa_fwd_runs_sm90, Call{}.problem());
   check_sm90_switch(set_sdpa_bwd_sm90_enabled, sdpa_bwd_sm90_enabled, sdpa_bwd_runs_sm90, backward_problem(Call{}));
+  {
+    const BwdModsSwitch on(1);  // with the modifiers' part on, a CPU problem still takes no GPU family
+    Call c;
+    c.a.softcap = 5.0f;
+    check_sm90_switch(set_sdpa_bwd_sm90_enabled, sdpa_bwd_sm90_enabled, sdpa_bwd_runs_sm90, backward_problem(c));
+  }
 }
 
 TEST(SdpaFamily, Sm90BackwardWorkspaceHoldsItsTiles) {
@@ -454,6 +632,52 @@ TEST(SdpaFamily, Sm90BackwardWorkspaceHoldsItsTiles) {
       }
       EXPECT_EQ(b.dq_blocked, 1);
     }
+  }
+}
+
+TEST(SdpaFamily, Sm90BackwardModsWorkspaceHoldsDsAndGatedDo) {
+  // A covered call with dBias and the gate (the modifiers' switch on): the sm90 layout (delta, lse2,
+  // the dQ tiles and, deterministic, their counters), then dBias's dS workspace [B, H_q, S_q, S_kv
+  // rounded up to even] fp32, then the gated dO [H_q, B S_q, D_v] in q's dtype, where the parameters
+  // point; without the switch the sm80 layout has the same two after its accumulator.
+  const auto al = [](size_t x) { return (x + 255) / 256 * 256; };
+  for (bool det : {false, true}) {
+    Call c;
+    c.dqk = c.dv = 96;  // the (128, 128) kernel's tiles
+    TensorView b = desc(1, 4, 300, 500, DType::kFloat32);
+    b.strides[0] = 0;
+    c.a.tensors[FS_SDPA_BIAS] = b;
+    c.grads.emplace_back(FS_SDPA_DBIAS, desc(1, 4, 300, 500, DType::kFloat32));
+    c.a.tensors[FS_SDPA_GATE] = desc(2, 4, 300, 96);
+    c.grads.emplace_back(FS_SDPA_DGATE, desc(2, 4, 300, 96));
+    const size_t per = al(sizeof(float) * 4 * 2 * 300);           // [H_q, B S_q] fp32
+    const size_t tiles = sizeof(float) * 4 * 2 * 5 * 64 * 128;     // 64 x 128 per (head, sample, query block)
+    const size_t sem = al(sizeof(int32_t) * 4 * 2 * 5);
+    const size_t ds = al(sizeof(float) * 2 * 4 * 300 * 500);       // S_kv = 500, even
+    const size_t gated = al(2 * 4 * 2 * 300 * 96);
+    const size_t head = det ? 2 * per + al(tiles) + sem : 2 * per + al(std::max(per * 96, tiles));
+    const BwdModsSwitch on(1);
+    const sdpa::Problem p = backward_problem(c, det);
+    ASSERT_EQ(sdpa_bwd_sm90_refusal(p), nullptr);
+    const size_t want = head + ds + gated;
+    EXPECT_EQ(sdpa_bwd_workspace_size(p), want) << "deterministic " << det;
+    std::vector<uint8_t> ws(want + 256);
+    char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(ws.data()) + 255) / 256 * 256);
+    const SdpaBwdParams bp = sdpa_bwd_params_sm90(p, base, want);
+    EXPECT_EQ(reinterpret_cast<char*>(bp.dq_accum) - base, ptrdiff_t(2 * per));
+    EXPECT_EQ(reinterpret_cast<char*>(bp.analytic.bias.ds) - base, ptrdiff_t(head));
+    EXPECT_EQ(bp.analytic.bias.ds_ld, 500);
+    EXPECT_EQ(static_cast<char*>(bp.analytic.epi.do_gated) - base, ptrdiff_t(head + ds));
+    EXPECT_EQ(bp.dq_blocked, 1);
+    Call plain;  // the same call without dBias and the gate: the sm90 layout alone
+    plain.dqk = plain.dv = 96;
+    EXPECT_EQ(sdpa_bwd_workspace_size(backward_problem(plain, det)), head);
+    // Off: the sm80 layout, dS and the gated dO after it as before.
+    const BwdModsSwitch off(0);
+    const sdpa::Problem p80 = backward_problem(c, det);
+    EXPECT_NE(sdpa_bwd_sm90_refusal(p80), nullptr);
+    plain.a.tensors[FS_SDPA_BIAS] = b;  // refused too (the sm80 layout), without dBias and the gate
+    EXPECT_EQ(sdpa_bwd_workspace_size(p80), sdpa_bwd_workspace_size(backward_problem(plain, det)) + ds + gated);
   }
 }
 

@@ -1,7 +1,7 @@
 // GPU tests of SDPA on the analytic-mask kernels (the C++ API on CUDA tensors: check_support,
 // workspace_size, execute; dispatch/sdpa_dispatch.cu, kernels/sm80 sdpa_*_kernel_sm80, and the
-// sm90 forward and backward, kernels/sm90 sdpa_fwd_kernel_sm90 / sdpa_bwd_kernel_sm90:
-// SdpaGpu.Sm90Forward*, SdpaGpu.Sm90Backward*) against
+// sm90 forward and backward, kernels/sm90 sdpa_fwd_kernel_sm90 / sdpa_bwd_kernel_sm90 and their
+// instantiations with score modifiers: SdpaGpu.Sm90Forward*, SdpaGpu.Sm90Backward*) against
 // the SDPA CPU reference run through the same API on host copies of the same 16-bit inputs.
 //
 // Every case: random shapes (S_q != S_kv), head dims, GQA / MQA, float16 / bfloat16, a mask in
@@ -488,6 +488,13 @@ struct ForceSdpaSm90Mods {
   ~ForceSdpaSm90Mods() { set_sdpa_fwd_sm90_mods_enabled(-1); }
 };
 
+// The same for the sm90 backward's modifiers (experimental, its own switch:
+// set_sdpa_bwd_sm90_mods_enabled); the tests of the sm80 backward of modifier calls pin it off.
+struct ForceSdpaBwdSm90Mods {
+  explicit ForceSdpaBwdSm90Mods(int on) { set_sdpa_bwd_sm90_mods_enabled(on); }
+  ~ForceSdpaBwdSm90Mods() { set_sdpa_bwd_sm90_mods_enabled(-1); }
+};
+
 bool sm90_device() {
   int dev = 0;
   return cudaGetDevice(&dev) == cudaSuccess && sm90::device_supported(dev);
@@ -724,10 +731,12 @@ Case sm90_mods_case(uint64_t seed) {
 
 // sm90_mods_case's cases first..last on the sm90 forward with modifiers (the launch counter checks
 // it ran them); `backward`: forward and backward, the GPU backward (sm80 kernels wherever the call
-// has a modifier, sink or gate) taking the GPU forward's O and LSE (run_case's chain).
+// has a modifier, sink or gate: the sm90 backward's modifiers pinned off, Sm90BackwardMods* test
+// them) taking the GPU forward's O and LSE (run_case's chain).
 void run_sm90_mods_cases(uint64_t first, uint64_t last, bool backward = false) {
   const ForceSdpaSm90 force(1);
   const ForceSdpaSm90Mods mods(1);
+  const ForceSdpaBwdSm90Mods bwd_mods_off(0);
   for (uint64_t seed = first; seed <= last; ++seed) {
     Case c = sm90_mods_case(seed);
     if (backward && c.bias && c.softcap == 0) c.dbias = seed % 2;  // dBias is refused with softcap
@@ -935,10 +944,12 @@ TEST(SdpaGpu, Sm90BackwardOffRunsSm80) {
 
 TEST(SdpaGpu, Sm90BackwardFallsBackToSm80) {
   // With the sm90 backward on, what it does not cover runs the sm80 kernels (and is right):
-  // packed THD, softcap, H_k != H_v, a block_mask with the gate.
+  // packed THD, softcap, H_k != H_v, a block_mask with the gate (the experimental modifiers' part
+  // off: Sm90BackwardMods* test it on).
   REQUIRE_SDPA_SM90();
   const ForceSdpaSm90 force_fwd(1);
   const ForceSdpaBwdSm90 force_bwd(1);
+  const ForceSdpaBwdSm90Mods mods_off(0);
   for (int i = 0; i < 4; ++i) {
     Case c = sm90_case(9200 + uint64_t(i));
     c.kind_q = c.kind_kv = Kind::kBhsd;
@@ -1005,6 +1016,294 @@ TEST(SdpaGpu, Sm90BackwardDeterministicIsBitwiseReproducible) {
         EXPECT_TRUE(now == first) << "D " << d << ": run " << run << " differs bitwise from run 0";
       }
     }
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The sm90 backward with score modifiers, sinks and the gate (kernel_bwd_mods_sm90.cuh
+// sdpa_bwd_mods_kernel_sm90, AnalyticModSourceBwdSm90: softcap with its derivative, ALiBi, the
+// bias with dBias; dSink and the gated dO around either sm90 kernel), experimental: forced on here
+// (ForceSdpaBwdSm90Mods, FLASHSPAN_EXPERIMENTAL=1's switch) with the sm90 backward, and the sm90
+// forward with its modifiers; sm90::sdpa_bwd_launches says the sm90 backward ran, and
+// sdpa_bwd_mods_launches which kernel (the one with modifiers for softcap, ALiBi, the bias).
+// ---------------------------------------------------------------------------
+
+// The four switches of an sm90 forward and backward with modifiers, for a scope.
+struct ForceSm90WithMods {
+  ForceSdpaSm90 fwd{1};
+  ForceSdpaSm90Mods fwd_mods{1};
+  ForceSdpaBwdSm90 bwd{1};
+  ForceSdpaBwdSm90Mods bwd_mods{1};
+};
+
+// Whether the backward of c runs the kernel with score modifiers (else the pure-mask one, with
+// dSink / the gated dO around it).
+bool bwd_mods_kernel(const Case& c) { return c.softcap > 0 || c.alibi || c.bias; }
+
+// Runs c forward and backward on the sm90 kernels (switches forced by the caller), checking the
+// launch counters: the sm90 forward and backward ran, the backward's kernel with modifiers when c
+// has softcap, ALiBi or the bias.
+void run_sm90_bwd_mods_case(const Case& c, bool chain = false) {
+  const int64_t f0 = sm90::sdpa_fwd_launches(), b0 = sm90::sdpa_bwd_launches(), m0 = sm90::sdpa_bwd_mods_launches();
+  run_case(c, /*backward=*/true, chain);
+  EXPECT_EQ(sm90::sdpa_fwd_launches(), f0 + 1) << "forward family of " << c.str();
+  EXPECT_EQ(sm90::sdpa_bwd_launches(), b0 + 1) << "backward family of " << c.str();
+  EXPECT_EQ(sm90::sdpa_bwd_mods_launches(), m0 + (bwd_mods_kernel(c) ? 1 : 0)) << "backward kernel of " << c.str();
+}
+
+// sm90_mods_case (masks in both alignments, padding with a sample without keys, GQA / MQA, head
+// dims up to 128 with 96, layouts, softcap, ALiBi, sinks, every bias form, the gate, the host scale
+// tensor) without the block_mask (the sm80 backward's), with dBias on two of three bias cases
+// without softcap (the C layer refuses the pair), deterministic on even seeds.
+Case sm90_bwd_mods_case(uint64_t seed) {
+  Case c = sm90_mods_case(seed);
+  c.block_mask = 0;
+  if (c.softcap == 0 && !c.alibi && !c.sinks && !c.bias && !c.gate) {  // score_max / score_sum_exp alone
+    c.sinks = true;
+    c.max_logit = false;
+  }
+  c.dbias = c.bias && c.softcap == 0 && seed % 3 != 0;
+  c.deterministic = seed % 2 == 0;
+  return c;
+}
+
+// sm90_bwd_mods_case's cases first..last; every third backward takes the GPU forward's O and LSE.
+void run_sm90_bwd_mods_cases(uint64_t first, uint64_t last) {
+  const ForceSm90WithMods force;
+  for (uint64_t seed = first; seed <= last; ++seed) {
+    run_sm90_bwd_mods_case(sm90_bwd_mods_case(seed), /*chain=*/seed % 3 == 0);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// 80 cases in two tests (gtest shards run them side by side).
+TEST(SdpaGpu, Sm90BackwardModsRandom1) {
+  REQUIRE_SDPA_SM90();
+  run_sm90_bwd_mods_cases(14801, 14840);
+}
+TEST(SdpaGpu, Sm90BackwardModsRandom2) {
+  REQUIRE_SDPA_SM90();
+  run_sm90_bwd_mods_cases(14841, 14880);
+}
+
+TEST(SdpaGpu, Sm90BackwardModsEachAlone) {
+  // Each feature alone (with its gradient), then combinations, on multi-block shapes (GQA, padding
+  // by cu_seq_len with a sample without keys, bottom-right causal), head dims 64, 96 and 128, fp16
+  // and bf16, deterministic on odd f.
+  REQUIRE_SDPA_SM90();
+  const ForceSm90WithMods force;
+  for (int f = 0; f < 13; ++f) {
+    Case c;
+    c.seed = 14900 + uint64_t(f);
+    c.dtype = f % 2 ? DType::kFloat16 : DType::kBFloat16;
+    c.B = 3;
+    c.Hq = 4;
+    c.Hk = 2;
+    c.Sq = 300 + 37 * f;
+    c.Skv = 500 - 23 * f;
+    c.Dqk = c.Dv = f % 3 == 0 ? 64 : f % 3 == 1 ? 96 : 128;
+    c.has_right = true;
+    c.bottom_right = true;
+    c.lengths = 2;  // cu_seq_len on padded tensors
+    c.lengths64 = f % 2;
+    c.zero_kv_sample = true;
+    c.deterministic = f % 2;
+    c.scale = 2.0f / std::sqrt(float(c.Dqk));
+    switch (f) {
+      case 0: c.softcap = 3.0f; break;
+      case 1: c.alibi = true; break;
+      case 2: c.sinks = true; break;
+      case 3: c.bias = 1 + 1; c.bias_f32 = true; c.dbias = true; break;  // [1, H_q, S_q, S_kv]
+      case 4: c.bias = 1 + 2 + 4; c.dbias = true; break;                  // [B, 1, 1, S_kv] in q's dtype
+      case 5: c.bias = 1 + 8; c.bias_strided = true; c.dbias = true; break;  // [B, H_q, S_q, 1]
+      case 6: c.gate = true; break;
+      case 7: c.softcap = 5.0f; c.bias = 1; break;  // softcap's derivative with a full bias (no dBias)
+      case 8:  // BSHD / padded strides
+        c.alibi = true;
+        c.sinks = true;
+        c.gate = true;
+        c.bias = 1 + 2;
+        c.dbias = true;
+        c.kind_q = Kind::kBshd;
+        c.kind_kv = Kind::kStrided;
+        break;
+      case 9: c.Hk = 1; c.sinks = true; c.gate = true; c.scale_tensor = true; break;  // MQA
+      case 10: c.softcap = 4.0f; c.alibi = true; c.has_left = true; c.left = 90; break;  // a window
+      case 11: c.bias = 1; c.dbias = true; c.Hk = 4; break;  // a full bias, MHA
+      default:
+        c.softcap = 4.0f;
+        c.alibi = true;
+        c.sinks = true;
+        c.bias = 1 + 4;  // [B, H_q, 1, S_kv]
+        c.gate = true;
+        break;
+    }
+    run_sm90_bwd_mods_case(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, Sm90BackwardModsDbiasEveryBroadcastForm) {
+  // dBias of each of the 16 broadcast forms from the sm90 kernel's dS workspace (one multi-block
+  // shape: GQA, padding with a sample without keys on some, causal bottom-right), D = 64 and 128,
+  // deterministic on odd forms, dBias in float32 and in q's dtype, padded strides on some.
+  REQUIRE_SDPA_SM90();
+  const ForceSm90WithMods force;
+  for (int form = 1; form <= 16; ++form) {
+    Case c;
+    c.seed = 14950 + uint64_t(form);
+    c.dtype = form % 2 ? DType::kBFloat16 : DType::kFloat16;
+    c.B = 2;
+    c.Hq = 4;
+    c.Hk = 2;
+    c.Sq = 150 + 20 * (form % 4);
+    c.Skv = 210 + 30 * (form % 3);
+    c.Dqk = c.Dv = form % 2 ? 64 : 128;
+    c.has_right = true;
+    c.bottom_right = true;
+    c.lengths = 1;
+    c.zero_kv_sample = form % 3 == 0;
+    c.deterministic = form % 2;
+    c.scale = 0.125f;
+    c.bias = form;
+    c.bias_f32 = form % 4 < 2;
+    c.bias_strided = form % 5 == 0;
+    c.dbias = true;
+    run_sm90_bwd_mods_case(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, Sm90BackwardModsDeterministicIsBitwiseReproducible) {
+  // The deterministic sm90 backward with modifiers: dQ, dK, dV, dBias, dSink, dgate bitwise equal
+  // over three runs. D = 64: ALiBi, a bias with dBias, sinks, the gate; D = 128: softcap, ALiBi,
+  // sinks, the gate, a bias; padded samples, GQA, bottom-right causal, several key blocks a sample.
+  REQUIRE_SDPA_SM90();
+  const ForceSdpaBwdSm90 force_bwd(1);
+  const ForceSdpaBwdSm90Mods mods(1);
+  for (int64_t d : {64, 128}) {
+    Case c;
+    c.seed = 3300 + uint64_t(d);
+    c.B = 2;
+    c.Hq = 8;
+    c.Hk = 2;
+    c.Sq = 700;
+    c.Skv = 650;
+    c.Dqk = c.Dv = d;
+    c.has_right = true;
+    c.bottom_right = true;
+    c.kind_q = c.kind_kv = Kind::kBhsd;
+    c.lengths = 1;
+    c.deterministic = true;
+    c.alibi = true;
+    c.sinks = true;
+    c.gate = true;
+    c.bias = d == 64 ? 1 + 1 : 1 + 4;
+    c.dbias = d == 64;
+    if (d == 128) c.softcap = 6.0f;
+    auto p = make_problem(c);
+    run_forward(*p, false, false);
+    poison_padding(p->o, p->len_q);
+    poison_padding(p->stats, p->len_q);
+    p->o.upload();
+    p->stats.upload();
+    std::vector<std::vector<uint8_t>> first;
+    for (int run = 0; run < 3; ++run) {
+      std::vector<Tensor*> outs = {&p->dq, &p->dk, &p->dv, &p->dsink, &p->dgate};
+      if (c.dbias) outs.push_back(&p->dbias);
+      for (Tensor* t : outs) t->poison_device();
+      const int64_t before = sm90::sdpa_bwd_launches(), mods_before = sm90::sdpa_bwd_mods_launches();
+      run_backward(*p, true);
+      EXPECT_EQ(sm90::sdpa_bwd_launches(), before + 1);
+      EXPECT_EQ(sm90::sdpa_bwd_mods_launches(), mods_before + 1);
+      std::vector<std::vector<uint8_t>> now;
+      for (Tensor* t : outs) now.push_back(t->download());
+      if (run == 0) {
+        first = now;
+      } else {
+        EXPECT_TRUE(now == first) << "D " << d << ": run " << run << " differs bitwise from run 0";
+      }
+    }
+  }
+}
+
+TEST(SdpaGpu, Sm90BackwardModsFallsBackToSm80) {
+  // With the modifiers' part on, what the sm90 backward does not run keeps the sm80 kernels (and is
+  // right): a block_mask with softcap, packed THD with sinks and a sample without keys, (192, 128)
+  // with ALiBi, H_k != H_v with sinks, Philox dropout with a bias.
+  REQUIRE_SDPA_SM90();
+  const ForceSm90WithMods force;
+  for (int i = 0; i < 5; ++i) {
+    Case c = sm90_case(14990 + uint64_t(i));
+    c.kind_q = c.kind_kv = Kind::kBhsd;
+    c.max_logit = false;
+    switch (i) {
+      case 0: c.block_mask = 2; c.softcap = 5.0f; break;
+      case 1: c.kind_q = c.kind_kv = Kind::kThd; c.lengths = 1; c.zero_kv_sample = true; c.sinks = true; break;
+      case 2: c.Dqk = 192; c.Dv = 128; c.alibi = true; c.has_right = true; c.right = 0; break;
+      case 3: c.Hq = 4; c.Hk = 2; c.Hv = 1; c.sinks = true; break;
+      default: c.bias = 1 + 2; c.dbias = true; c.dropout_p = 0.25f; c.dropout_seed = 77; c.dropout_offset = 3; break;
+    }
+    const int64_t before = sm90::sdpa_bwd_launches();
+    run_case(c, /*backward=*/true);
+    EXPECT_EQ(sm90::sdpa_bwd_launches(), before) << "backward ran on sm90: " << c.str();
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, Sm90BackwardModsOffRunsSm80) {
+  // The modifiers' part of the sm90 backward off (the default without FLASHSPAN_EXPERIMENTAL=1): the
+  // backward of such calls runs the sm80 kernels, the sm90 forward with modifiers before it.
+  REQUIRE_SDPA_SM90();
+  const ForceSdpaSm90 fwd(1);
+  const ForceSdpaSm90Mods fwd_mods(1);
+  const ForceSdpaBwdSm90 bwd(1);
+  const ForceSdpaBwdSm90Mods bwd_mods(0);
+  for (uint64_t seed = 14801; seed <= 14810; ++seed) {
+    const Case c = sm90_bwd_mods_case(seed);
+    const int64_t before = sm90::sdpa_bwd_launches();
+    run_case(c, /*backward=*/true);
+    EXPECT_EQ(sm90::sdpa_bwd_launches(), before) << "backward ran on sm90: " << c.str();
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, Sm90BackwardModsSanitizerSmall) {
+  // Small cases of the sm90 backward with modifiers for compute-sanitizer memcheck (scripts/
+  // gpu_check.sh), on sm90_bwd_small_case's shapes: NaN-padded samples (one without keys), GQA,
+  // bottom-right causal on the (64, 64) kernel with softcap, ALiBi, sinks, the gate and a float32
+  // bias broadcast over B; D = 96 on the (128, 128) kernel, a window, a 16-bit bias over keys only
+  // (padded strides) with dBias and sinks; a dense MQA case deterministic with ALiBi, a full bias
+  // with dBias and the gate.
+  REQUIRE_SDPA_SM90();
+  const ForceSm90WithMods force;
+  for (int i = 0; i < 3; ++i) {
+    Case c = sm90_bwd_small_case(i);
+    c.seed = 14700 + uint64_t(i);
+    c.scale = 2.0f / std::sqrt(float(c.Dqk));
+    switch (i) {
+      case 0:
+        c.softcap = 4.0f;
+        c.alibi = true;
+        c.sinks = true;
+        c.gate = true;
+        c.bias = 1 + 1;
+        c.bias_f32 = true;
+        break;
+      case 1:
+        c.bias = 1 + 8;
+        c.bias_strided = true;
+        c.dbias = true;
+        c.sinks = true;
+        break;
+      default:
+        c.alibi = true;
+        c.bias = 1;
+        c.dbias = true;
+        c.gate = true;
+        break;
+    }
+    run_sm90_bwd_mods_case(c);
   }
 }
 

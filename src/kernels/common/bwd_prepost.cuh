@@ -4,6 +4,7 @@
 //                row) into the workspace, [Hq, total_q] fp32 each (params.h, BwdParams).
 //   dQ convert:  dq = scale * dq_accum in the input dtype (atomic dQ path).
 //   SDPA dBias:  the dS workspace summed over dBias's broadcast dimensions (sdpa_dbias_reduce).
+//   SDPA dSink:  -sum_i exp(sink - LSE_i) D_i per query head, from the preprocess's rows (sdpa_dsink_reduce).
 // kAnalytic (SDPA, AnalyticMaskParams): the rows are those of every sample padded to S_q
 // (p.varlen = 0, p.seqlen_q = S_q); a row past its sample's length is an empty row (D = 0,
 // lse2 = +inf, O / dO / LSE never read) and its dQ is written as 0 when dQ is padded, not at
@@ -207,6 +208,29 @@ __device__ __forceinline__ void sdpa_dbias_reduce(const SdpaBiasParams& bp, int6
       }
     }
   }
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. SDPA dSink (SdpaScoreParams::dsink): dSink_h = -sum_i exp(sink_h - LSE_i) D_i over every row of
+// query head h, one CTA of 256 threads per head (blockIdx.x): strided partial sums, then a
+// shared-memory tree in a fixed order, so the result is bitwise reproducible. Rows past their
+// sample have D = 0 and lse2 = +inf (the preprocess), so they add 0. Every family's launcher runs
+// it after the preprocess (launch_bwd_common.h launch_sdpa_bwd_dsink).
+__device__ __forceinline__ void sdpa_dsink_reduce(const SdpaBwdParams& p) {
+  __shared__ float red[256];
+  const int h = blockIdx.x;
+  const float s2 = __ldg(p.analytic.score.sink + h) * kLog2e;
+  const float* lse2 = p.lse2 + int64_t(h) * p.total_q;
+  const float* delta = p.delta + int64_t(h) * p.total_q;
+  float acc = 0.0f;
+  for (int64_t t = threadIdx.x; t < p.total_q; t += 256) acc -= exp2f(s2 - lse2[t]) * delta[t];
+  red[threadIdx.x] = acc;
+  __syncthreads();
+  for (int w = 128; w > 0; w >>= 1) {
+    if (int(threadIdx.x) < w) red[threadIdx.x] += red[threadIdx.x + w];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) p.analytic.score.dsink[h] = red[0];
 }
 
 // The kernels: flex (plan) rows and SDPA (analytic mask) rows.

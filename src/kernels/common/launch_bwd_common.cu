@@ -9,6 +9,20 @@
 
 namespace flashspan {
 
+namespace kern {
+namespace {
+
+// dSink, one CTA per query head (bwd_prepost.cuh sdpa_dsink_reduce).
+__global__ void __launch_bounds__(256) sdpa_bwd_dsink_kernel(const SdpaBwdParams p) { sdpa_dsink_reduce(p); }
+
+// dBias from the dS workspace (bwd_prepost.cuh sdpa_dbias_reduce), one warp per dBias element.
+__global__ void __launch_bounds__(256) sdpa_bwd_dbias_kernel(const SdpaBwdParams p) {
+  sdpa_dbias_reduce(p.analytic.bias, p.batch, p.num_heads_q, p.analytic.max_q, p.analytic.max_kv);
+}
+
+}  // namespace
+}  // namespace kern
+
 void launch_bwd_preprocess(const BwdParams& p, DType dtype, int64_t total_q, cudaStream_t stream) {
   if (p.dq_accum != nullptr && total_q > 0) {
     // dq_accum: [Hq, total_q, Dqk], or with dq_blocked one Bq x Dqk tile per (query head, global
@@ -75,6 +89,36 @@ void launch_bwd_dq_convert(const BwdParams& p, DType dtype, int64_t total_q, cud
     kern::flex_bwd_dq_convert_kernel<decltype(e)><<<grid, 256, 0, stream>>>(p);
   });
   check_launch("flex backward dQ convert");
+}
+
+void launch_sdpa_bwd_dsink(const SdpaBwdParams& p, cudaStream_t stream) {
+  if (p.analytic.score.dsink == nullptr) return;
+  if (p.total_q > 0) {
+    kern::sdpa_bwd_dsink_kernel<<<p.num_heads_q, 256, 0, stream>>>(p);
+    check_launch("sdpa backward dSink");
+  } else {
+    check_cuda(cudaMemsetAsync(p.analytic.score.dsink, 0, sizeof(float) * size_t(p.num_heads_q), stream),
+               "sdpa backward: clearing dSink");
+  }
+}
+
+void launch_sdpa_bwd_ds_clear(const SdpaBwdParams& p, cudaStream_t stream) {
+  const SdpaBiasParams& bp = p.analytic.bias;
+  if (bp.ds == nullptr) return;
+  check_cuda(cudaMemsetAsync(bp.ds, 0,
+                             sizeof(float) * size_t(p.batch) * size_t(p.num_heads_q) * size_t(p.analytic.max_q) *
+                                 size_t(bp.ds_ld),
+                             stream),
+             "sdpa backward: clearing the dS workspace of dBias");
+}
+
+void launch_sdpa_bwd_dbias(const SdpaBwdParams& p, cudaStream_t stream) {
+  const SdpaBiasParams& bp = p.analytic.bias;
+  if (bp.dbias == nullptr) return;
+  const int64_t elems = bp.dbias_size[0] * bp.dbias_size[1] * bp.dbias_size[2] * bp.dbias_size[3];
+  if (elems <= 0) return;
+  kern::sdpa_bwd_dbias_kernel<<<grid_stride_1d(elems, 8), 256, 0, stream>>>(p);
+  check_launch("sdpa backward dBias");
 }
 
 }  // namespace flashspan

@@ -8,6 +8,14 @@
 //                             long walks only with cut_walks)
 //   launch_bwd_split_convert  dk / dv rows of the split tasks from their fp32 slots
 //   launch_bwd_dq_convert     dq = scale * dq_accum (atomic dQ path)
+// and SDPA's parts of every family's backward beside its main kernels (sm80::launch_sdpa_bwd_sm80,
+// sm90::launch_sdpa_bwd_sm90):
+//   launch_sdpa_bwd_dsink     dSink (p.analytic.score.dsink, else nothing) from D and lse2, after the
+//                             preprocess (bwd_prepost.cuh sdpa_dsink_reduce; 0 without query rows)
+//   launch_sdpa_bwd_ds_clear  zeroes dBias's dS workspace (p.analytic.bias.ds, else nothing) before
+//                             the main kernels store the samples' visited elements into it
+//   launch_sdpa_bwd_dbias     dBias (p.analytic.bias.dbias, else nothing) from that workspace, after
+//                             them (bwd_prepost.cuh sdpa_dbias_reduce)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -23,5 +31,8 @@ void launch_bwd_preprocess(const BwdParams& p, DType dtype, int64_t total_q, cud
 void launch_bwd_split_schedule(const BwdParams& p, cudaStream_t stream, bool cut_walks = true);
 void launch_bwd_split_convert(const BwdParams& p, DType dtype, cudaStream_t stream);
 void launch_bwd_dq_convert(const BwdParams& p, DType dtype, int64_t total_q, cudaStream_t stream);
+void launch_sdpa_bwd_dsink(const SdpaBwdParams& p, cudaStream_t stream);
+void launch_sdpa_bwd_ds_clear(const SdpaBwdParams& p, cudaStream_t stream);
+void launch_sdpa_bwd_dbias(const SdpaBwdParams& p, cudaStream_t stream);
 
 }  // namespace flashspan

@@ -78,6 +78,19 @@ struct SdpaBiasFrag {
                                                       int lane) {
     return at(bp, head_base(bp, b, h), i0, j0, lane);
   }
+  // The fragment of the transposed scores whose element (0, 0) is bias element (b, h, i0, j0): rows
+  // = keys j, columns = queries i (the sm90 backward's S^T, kernel_bwd_mods_sm90.cuh), so its rows
+  // step along the bias's columns and its columns along the bias's rows; at2 / add as above.
+  __device__ __forceinline__ static SdpaBiasFrag at_transposed(const SdpaBiasParams& bp, const char* base, int64_t i0,
+                                                               int64_t j0, int lane) {
+    SdpaBiasFrag f{nullptr, 0, 0, bp.dtype};
+    if (base == nullptr) return f;
+    const int64_t es = bp.dtype == kSdpaBiasF32 ? 4 : 2;
+    f.rs = bp.col_stride * es;
+    f.cs = bp.row_stride * es;
+    f.p = base + (j0 + (lane >> 2)) * f.rs + (i0 + 2 * (lane & 3)) * f.cs;
+    return f;
+  }
   // Bias of fragment element (n, r) in log2 units.
   __device__ __forceinline__ float at2(int n, int r) const {
     const char* e = p + int64_t(8 * (r >> 1)) * rs + int64_t(8 * n + (r & 1)) * cs;
@@ -186,6 +199,11 @@ struct SdpaScoreMod {
     return m;
   }
   __device__ __forceinline__ bool active() const { return c2 != 0.0f || a2 != 0.0f; }
+  // The modifiers of the transposed fragment (rows = keys j, columns = queries i: the sm90
+  // backward's S^T) for apply / softcap_dprob with base = i0 + shift - j0 (the negated diagonal
+  // offset of its element (0, 0): diag_base(i0 + shift, j0)): its element (row, column) has
+  // j - i - shift = -(base + column - row), so ALiBi's slope changes sign and softcap is as it is.
+  __device__ __forceinline__ SdpaScoreMod transposed() const { return SdpaScoreMod{c2, inv_c2, -a2}; }
 
   // The modified logits of a warp's 16-row fragment of kN n8 blocks, in place. base: the
   // diagonal offset j - i - shift of the fragment's element (row 0, column 0); element (row
@@ -226,13 +244,19 @@ struct SdpaScoreMod {
         if (c2 != 0.0f) {
           float logit = y[n][r] + lse2[r >> 1];
           if (bias.p != nullptr && pr > 0.0f) logit -= bias.at2(n, r);
-          const float t = (a2 != 0.0f ? fmaf(-a2, float(d0 + 8 * n + (r & 1) - 8 * (r >> 1)), logit) : logit) * inv_c2;
-          y[n][r] = pr > 0.0f ? pr * fmaf(-t, t, 1.0f) : 0.0f;
+          y[n][r] = softcap_dprob(pr, logit, d0 + 8 * n + (r & 1) - 8 * (r >> 1));
         } else {
           y[n][r] = pr;
         }
       }
     }
+  }
+  // The softcap part of probs_dlogit (c2 != 0) for one element: pr (1 - t^2) of its probability pr,
+  // from its logit before the bias (log2 units: c2 t + ALiBi's a2 off) and its diagonal offset off
+  // (j - i - shift; the transposed fragment's with transposed()).
+  __device__ __forceinline__ float softcap_dprob(float pr, float logit, int off) const {
+    const float t = (a2 != 0.0f ? fmaf(-a2, float(off), logit) : logit) * inv_c2;
+    return pr > 0.0f ? pr * fmaf(-t, t, 1.0f) : 0.0f;
   }
 };
 

@@ -2,50 +2,20 @@
 // preprocess (D, lse2), dK/dV (sdpa_bwd_dkdv_kernel_sm80; it also adds dS K into the fp32 dQ
 // accumulator when not deterministic), then the dQ convert or, deterministic, the ordered
 // dQ kernel (sdpa_bwd_dq_kernel_sm80); with dBias, the dS workspace cleared first and summed
-// into dBias last (sdpa_bwd_dbias_kernel). The backward tiles of the flex kernels
-// (with_bwd_traits_sm80) x {fp16, bf16} x {mask only, features}: 48 main kernels. A call without
-// the main loops' features (params.h sdpa_bwd_has_features) runs the mask-only kernels, whose
-// loops are the flex kernels' (the features instantiation's carry every feature's code as run-time
-// flags: the dK/dV loop 6x the instructions, P's exp2 twice, the P store before the dP GEMM).
+// into dBias last, dSink after the preprocess (launch_bwd_common.h, both families' launchers).
+// The backward tiles of the flex kernels (with_bwd_traits_sm80) x {fp16, bf16} x {mask only,
+// features}: 48 main kernels. A call without the main loops' features (params.h
+// sdpa_bwd_has_features) runs the mask-only kernels, whose loops are the flex kernels' (the
+// features instantiation's carry every feature's code as run-time flags: the dK/dV loop 6x the
+// instructions, P's exp2 twice, the P store before the dP GEMM).
 // No split schedule: one CTA per (key block, kv head) of every sample, in AnalyticBwdGrid's order.
 #include <atomic>
 
 #include "kernels/common/bwd_prepost.cuh"
 #include "kernels/common/grid.h"
+#include "kernels/common/launch_bwd_common.h"
 #include "kernels/sm80/kernel_bwd_sm80.cuh"
 #include "kernels/sm80/launch_sm80.h"
-
-namespace flashspan::kern {
-namespace {
-
-// dSink_h = -sum_i exp(sink_h - LSE_i) D_i over every row of query head h (one CTA per head,
-// 256 threads): strided partial sums, then a shared-memory tree in a fixed order, so the
-// result is bitwise reproducible. Rows past their sample have D = 0 and lse2 = +inf (the
-// preprocess), so they add 0.
-__global__ void __launch_bounds__(256) sdpa_bwd_dsink_kernel(const SdpaBwdParams p) {
-  __shared__ float red[256];
-  const int h = blockIdx.x;
-  const float s2 = __ldg(p.analytic.score.sink + h) * kLog2e;
-  const float* lse2 = p.lse2 + int64_t(h) * p.total_q;
-  const float* delta = p.delta + int64_t(h) * p.total_q;
-  float acc = 0.0f;
-  for (int64_t t = threadIdx.x; t < p.total_q; t += 256) acc -= exp2f(s2 - lse2[t]) * delta[t];
-  red[threadIdx.x] = acc;
-  __syncthreads();
-  for (int w = 128; w > 0; w >>= 1) {
-    if (int(threadIdx.x) < w) red[threadIdx.x] += red[threadIdx.x + w];
-    __syncthreads();
-  }
-  if (threadIdx.x == 0) p.analytic.score.dsink[h] = red[0];
-}
-
-// dBias from the dS workspace (bwd_prepost.cuh sdpa_dbias_reduce), one warp per dBias element.
-__global__ void __launch_bounds__(256) sdpa_bwd_dbias_kernel(const SdpaBwdParams p) {
-  sdpa_dbias_reduce(p.analytic.bias, p.batch, p.num_heads_q, p.analytic.max_q, p.analytic.max_kv);
-}
-
-}  // namespace
-}  // namespace flashspan::kern
 
 namespace flashspan::sm80 {
 namespace {
@@ -111,23 +81,8 @@ void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dt
     check_launch("sdpa backward preprocess (sm80)");
   }
   // dBias: the dK/dV kernel stores dS of the samples' visited elements into the zeroed workspace.
-  const SdpaBiasParams& bp = p.analytic.bias;
-  if (bp.ds != nullptr) {
-    check_cuda(cudaMemsetAsync(bp.ds, 0,
-                               sizeof(float) * size_t(p.batch) * size_t(p.num_heads_q) * size_t(p.analytic.max_q) *
-                                   size_t(bp.ds_ld),
-                               stream),
-               "sdpa backward: clearing the dS workspace of dBias");
-  }
-  if (p.analytic.score.dsink != nullptr) {
-    if (p.total_q > 0) {
-      kern::sdpa_bwd_dsink_kernel<<<p.num_heads_q, 256, 0, stream>>>(p);
-      check_launch("sdpa backward dSink (sm80)");
-    } else {
-      check_cuda(cudaMemsetAsync(p.analytic.score.dsink, 0, sizeof(float) * size_t(p.num_heads_q), stream),
-                 "sdpa backward: clearing dSink");
-    }
-  }
+  launch_sdpa_bwd_ds_clear(p, stream);
+  launch_sdpa_bwd_dsink(p, stream);
   // Output gate: the dK/dV and dQ kernels read the preprocess's dO * sigmoid(G) as their dO.
   const SdpaBwdParams pk = sdpa_bwd_main_params(p);
   const bool features = sdpa_bwd_has_features(pk) || sdpa_sm80_features_forced();
@@ -140,13 +95,7 @@ void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dt
       }
     });
   });
-  if (bp.dbias != nullptr) {
-    const int64_t elems = bp.dbias_size[0] * bp.dbias_size[1] * bp.dbias_size[2] * bp.dbias_size[3];
-    if (elems > 0) {
-      kern::sdpa_bwd_dbias_kernel<<<grid_stride_1d(elems, 8), 256, 0, stream>>>(p);
-      check_launch("sdpa backward dBias (sm80)");
-    }
-  }
+  launch_sdpa_bwd_dbias(p, stream);
 }
 
 }  // namespace flashspan::sm80

@@ -387,12 +387,15 @@ __device__ __forceinline__ int dq_order_rank(const BwdParams& p, int h, int b, i
 //   Src::dq_rank(p, h, b, qb, kb, lane)  the deterministic order of the step's dQ addition
 //   Src::q_block0(p, b)              the sample's first global query block (dq_accum tiles)
 //   Src::keys_to_store(p, sl, key0)  the dK / dV rows the epilogue writes
+//   Src::kMods                       SDPA's score modifiers in the key-split consumer's scores ->
+//                                    P^T, dS^T step (AnalyticModSourceBwdSm90,
+//                                    kernel_bwd_mods_sm90.cuh: Src::logits, Src::grads)
 // ---------------------------------------------------------------------------
 
 // Flex: the plan's K2Q lists, payload, cu_seqlens and task list / grid / split items (the code
 // the kernel had inline: scripts/sass_diff.sh, same SASS).
 struct PlanSourceBwdSm90 {
-  static constexpr bool kAnalytic = false;
+  static constexpr bool kAnalytic = false, kMods = false;
   using Seqlen = kern::SeqlenInfo;
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int lane) {
     return next_bwd_item(p, item_it, lane);
@@ -422,7 +425,7 @@ struct PlanSourceBwdSm90 {
 // key-split kernels of dims up to 128; 64: the column-split kernels of (192, 128) / (256, 256)).
 template <int kBk>
 struct AnalyticSourceBwdSm90 {
-  static constexpr bool kAnalytic = true;
+  static constexpr bool kAnalytic = true, kMods = false;
   static constexpr int kBlockQ = 64, kBlockK = kBk;
   using Seqlen = kern::AnalyticSeqlen;
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int) {
@@ -775,7 +778,9 @@ __device__ __forceinline__ void analytic_step_mask(const kern::TileMask& tm, int
   }
 }
 
-// kWideTile: the wide tile of (64, 64), 128 query rows a step (plan source only).
+// kWideTile: the wide tile of (64, 64), 128 query rows a step (plan source only). Src::kMods:
+// the scores -> P^T, dS^T step (element mask included) with SDPA's score modifiers (the source's
+// logits / grads), the rest of the step as without them.
 template <int kD, class E, class Src, bool kWideTile = false>
 __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, uint8_t* smem) {
   using L = BwdSm90Layout<kD, kD, kWideTile>;
@@ -852,7 +857,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
 #pragma unroll
       for (int m = 0; m < kBq / 16; ++m) pw[m][0] = pw[m][1] = ~0u;
       if (info.z >= 0) {
-        if constexpr (Src::kAnalytic) {
+        if constexpr (Src::kMods) {
+          // (the element mask is the source's logits': fewer live registers than these words)
+        } else if constexpr (Src::kAnalytic) {
           analytic_step_mask(kern::TileMask::make(sl.mask, int64_t(info.y) * L::kBlockQ, int64_t(it.kb) * L::kBlockK),
                              key_thr, qd, pw);
         } else {
@@ -864,25 +871,35 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
           }
         }
       }
-      // P^T = exp2(S^T scale log2(e) - lse2[query]); masked elements 0.
+      if constexpr (Src::kMods) {
+        // SDPA's score modifiers: S^T -> z^T = logit2 - lse2 before the bias (masked: -inf).
+        Src::template logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, sacc);
+      } else {
+        // P^T = exp2(S^T scale log2(e) - lse2[query]); masked elements 0.
 #pragma unroll
-      for (int j = 0; j < kNQ; ++j) {
-        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
+        for (int j = 0; j < kNQ; ++j) {
+          const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          float x = kern::exp2_approx(fmaf(sacc[j][r], p.scale_log2, (r & 1) ? -l2.y : -l2.x));
-          if (!((pw[j >> 1][r & 1] >> (4 * (r >> 1) + 2 * (j & 1))) & 1u)) x = 0.0f;
-          sacc[j][r] = x;
+          for (int r = 0; r < 4; ++r) {
+            float x = kern::exp2_approx(fmaf(sacc[j][r], p.scale_log2, (r & 1) ? -l2.y : -l2.x));
+            if (!((pw[j >> 1][r & 1] >> (4 * (r >> 1) + 2 * (j & 1))) & 1u)) x = 0.0f;
+            sacc[j][r] = x;
+          }
         }
       }
       wg_wait<0>();
       reg_fence(dpacc);
-      // dS^T = P^T (dP^T - D[query]).
+      if constexpr (Src::kMods) {
+        // P^T = exp2(z^T + bias), dS^T = P^T d logit / d x (dP^T - D[query]) (+ dBias's workspace).
+        Src::template grads<kNQ>(p, it, sl, info, key_thr, lse2, delta, lane, sacc, dpacc);
+      } else {
+        // dS^T = P^T (dP^T - D[query]).
 #pragma unroll
-      for (int j = 0; j < kNQ; ++j) {
-        const float2 dd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * qd);
+        for (int j = 0; j < kNQ; ++j) {
+          const float2 dd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * qd);
 #pragma unroll
-        for (int r = 0; r < 4; ++r) dpacc[j][r] = sacc[j][r] * (dpacc[j][r] - ((r & 1) ? dd.y : dd.x));
+          for (int r = 0; r < 4; ++r) dpacc[j][r] = sacc[j][r] * (dpacc[j][r] - ((r & 1) ? dd.y : dd.x));
+        }
       }
       uint32_t pa[kKQ][4], dsa[kKQ][4];
       pack_a_frag<E>(sacc, pa);

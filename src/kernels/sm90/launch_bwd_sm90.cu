@@ -59,10 +59,12 @@ void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk
 namespace {
 std::atomic<int64_t> g_bwd_launches{0};
 std::atomic<int64_t> g_sdpa_bwd_launches{0};
+std::atomic<int64_t> g_sdpa_bwd_mods_launches{0};
 }  // namespace
 
 int64_t bwd_launches() { return g_bwd_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_bwd_launches() { return g_sdpa_bwd_launches.load(std::memory_order_relaxed); }
+int64_t sdpa_bwd_mods_launches() { return g_sdpa_bwd_mods_launches.load(std::memory_order_relaxed); }
 
 // bwd_enabled, bwd_deterministic_enabled, bwd_wide64_enabled and their overrides: plain host code
 // in dispatch/family.cpp (the family registry reads them when it picks a plan's backward tile, also
@@ -78,6 +80,21 @@ bool bwd_det_unordered() {
     return v != nullptr && std::strcmp(v, "1") == 0;
   }();
   return on;
+}
+}  // namespace
+
+// The BSHD view [B, S_q, H_q, D_v] of the gated dO in the workspace ([H_q, B S_q, D_v], params.h
+// SdpaEpilogueParams::do_gated; rows of D_v elements, a multiple of 8: TMA's 16-byte strides), as
+// make_tensor_map_sm90 reads dO.
+namespace {
+TensorView gated_do_view(const SdpaBwdParams& p, const TensorView& dout) {
+  TensorView v = dout;
+  v.data = p.analytic.epi.do_gated;
+  v.ndim = 4;
+  const int64_t sq = p.analytic.max_q, dv = p.head_dv;
+  v.shape = {int64_t(p.batch), sq, int64_t(p.num_heads_q), dv};
+  v.strides = {sq * dv, dv, p.total_q * dv, 1};
+  return v;
 }
 }  // namespace
 
@@ -157,16 +174,28 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
                           const TensorView& dout, DType dtype, cudaStream_t stream) {
   SdpaBwdParams p = p_in;
   FS_CHECK(sdpa_bwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.split_schedule == 0 &&
-               (p.total_q == 0 || (p.dq_accum != nullptr && (!p.deterministic || p.dq_sem != nullptr))) &&
-               p.analytic.epi.gate == nullptr,
+               (p.total_q == 0 || (p.dq_accum != nullptr && (!p.deterministic || p.dq_sem != nullptr))),
            Status::kInternal, "sdpa backward (sm90): unsupported configuration reached the launcher (D ", p.head_dqk,
            "/", p.head_dv, ")");
-  for (int x : {kSdpaQ, kSdpaK, kSdpaV, kSdpaO, kSdpaStats, kSdpaDO, kSdpaDQ, kSdpaDK, kSdpaDV}) {
+  for (int x : {kSdpaQ, kSdpaK, kSdpaV, kSdpaO, kSdpaStats, kSdpaDO, kSdpaDQ, kSdpaDK, kSdpaDV, kSdpaGate,
+                kSdpaDGate}) {
     FS_CHECK(p.analytic.start[x].ragged.ptr == nullptr, Status::kInternal,
              "sdpa backward (sm90): a ragged tensor reached the launcher");
   }
-  g_sdpa_bwd_launches.fetch_add(1, std::memory_order_relaxed);
   const int kd = sdpa_bwd_kernel_dim_sm90(p.head_dqk, p.head_dv);  // the kernel's Dqk (the dq_accum tiles' width)
+  // The kernel with score modifiers (sdpa_bwd_mods_kernel_sm90) when the main loop has any: softcap,
+  // ALiBi, the bias or dBias's dS (params.h sdpa_bwd_has_features; with FLASHSPAN_EXPERIMENTAL=1
+  // sdpa_family.cpp lets them through for head dims up to 128). Sinks and the gate are not the main
+  // loop's (dSink and the gated dO are formed around it), so a call with only them runs the pure-mask
+  // kernel. Dropout, the block_mask and H_k != H_v stay on the sm80 kernels.
+  const AnalyticMaskParams& am = p.analytic;
+  FS_CHECK(am.dropout.mode == 0 && am.block_mask.bits == nullptr && am.score.group_v == p.group_size,
+           Status::kInternal, "sdpa backward (sm90): dropout, a block_mask or H_k != H_v reached the launcher");
+  const bool mods = sdpa_bwd_has_features(p);
+  FS_CHECK(!mods || kd <= 128, Status::kInternal,
+           "sdpa backward (sm90): score modifiers with head dims above 128 reached the launcher");
+  g_sdpa_bwd_launches.fetch_add(1, std::memory_order_relaxed);
+  if (mods) g_sdpa_bwd_mods_launches.fetch_add(1, std::memory_order_relaxed);
   // The kernel's tile (the non-wide table entry of the call's dims: 64 x 128 up to 128, 64 x 64 for
   // (192, 128) / (256, 256); (192, 128) on the wide 64 x 96 tile while bwd_wide192_enabled(): no plan
   // here, so the switch is read per call); the kernels' layouts agree (static_asserts below).
@@ -198,13 +227,18 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
                                  stream),
                  "sdpa backward (sm90): clearing the dQ tile counters");
     }
-    // D and lse2 of every row padded to S_q (bwd_prepost.cuh, the sm80 SDPA backward's kernel).
+    // D and lse2 of every row padded to S_q (bwd_prepost.cuh, the sm80 SDPA backward's kernel;
+    // with the gate also dgate and the gated dO, from the caller's dO).
     with_element_type(dtype, "sdpa backward preprocess (sm90)", [&](auto e) {
       kern::sdpa_bwd_preprocess_kernel<decltype(e)>
           <<<grid_stride_1d(int64_t(p.num_heads_q) * p.total_q, 8), 256, 0, stream>>>(p);
     });
     check_launch("sdpa backward preprocess (sm90)");
   }
+  // dSink from D and lse2; dBias's dS workspace zeroed for the kernel's stores (launch_bwd_common.h,
+  // the sm80 launcher's too).
+  launch_sdpa_bwd_dsink(p, stream);
+  launch_sdpa_bwd_ds_clear(p, stream);
   // Padded tensors: sample b is batch b (the tensor maps' batch coordinate; the dK / dV
   // epilogue's TensorAddr batch strides, which SDPA's parameters keep in analytic.start).
   p.dka.batch_stride = p.analytic.start[kSdpaDK].batch_stride;
@@ -212,19 +246,28 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   const CUtensorMap mq = make_tensor_map_sm90(bshd_of_bhsd(q), false, dtype, kBq, "q");
   const CUtensorMap mk = make_tensor_map_sm90(bshd_of_bhsd(k), false, dtype, kBk, "k");
   const CUtensorMap mv = make_tensor_map_sm90(bshd_of_bhsd(v), false, dtype, kBk, "v");
-  const CUtensorMap mdo = make_tensor_map_sm90(bshd_of_bhsd(dout), false, dtype, kBq, "dout");
+  // With the output gate the main kernel's dO is the preprocess's dO * sigmoid(G) in the workspace
+  // (sdpa_bwd_main_params; rows past a sample unwritten there: zeroed in shared memory as dO's are).
+  // (Without query rows the workspace may be empty and nothing reads dO.)
+  const TensorView dout_main = am.epi.gate != nullptr && p.total_q > 0 ? gated_do_view(p, dout) : bshd_of_bhsd(dout);
+  const CUtensorMap mdo = make_tensor_map_sm90(dout_main, false, dtype, kBq, "dout");
+  const SdpaBwdParams pk = sdpa_bwd_main_params(p);
   switch (kd) {
-    case 64: run_sdpa_bwd_sm90<64, 64>(p, dtype, mq, mk, mv, mdo, stream); break;
-    case 128: run_sdpa_bwd_sm90<128, 128>(p, dtype, mq, mk, mv, mdo, stream); break;
-    case 192:
-      if (wide192) {
-        run_sdpa_bwd_sm90<192, 128, true>(p, dtype, mq, mk, mv, mdo, stream);
-      } else {
-        run_sdpa_bwd_sm90<192, 128>(p, dtype, mq, mk, mv, mdo, stream);
-      }
+    case 64:
+      mods ? run_sdpa_bwd_sm90<64, 64, false, true>(pk, dtype, mq, mk, mv, mdo, stream)
+           : run_sdpa_bwd_sm90<64, 64>(pk, dtype, mq, mk, mv, mdo, stream);
       break;
-    default: run_sdpa_bwd_sm90<256, 256>(p, dtype, mq, mk, mv, mdo, stream); break;
+    case 128:
+      mods ? run_sdpa_bwd_sm90<128, 128, false, true>(pk, dtype, mq, mk, mv, mdo, stream)
+           : run_sdpa_bwd_sm90<128, 128>(pk, dtype, mq, mk, mv, mdo, stream);
+      break;
+    case 192:
+      wide192 ? run_sdpa_bwd_sm90<192, 128, true>(pk, dtype, mq, mk, mv, mdo, stream)
+              : run_sdpa_bwd_sm90<192, 128>(pk, dtype, mq, mk, mv, mdo, stream);
+      break;
+    default: run_sdpa_bwd_sm90<256, 256>(pk, dtype, mq, mk, mv, mdo, stream); break;
   }
+  launch_sdpa_bwd_dbias(p, stream);  // dBias from the dS workspace the kernel filled
 }
 
 }  // namespace flashspan::sm90

@@ -1,0 +1,173 @@
+// The sm90 SDPA backward with score modifiers (issue 24): softcap with its derivative, ALiBi and the
+// additive bias (with dBias) in the key-split consumer's scores -> P^T, dS^T step, on the kernel of
+// kernel_bwd_sm90.cuh (producer, dQ writer, dQ order warp, the rest of the consumer, the dK / dV
+// epilogue and the dQ convert unchanged) with the mask source AnalyticModSourceBwdSm90: one more
+// instantiation per head-dim kernel ((64, 64), (128, 128): a call's head dims up to 128) and dtype,
+// in its own units (sdpa_bwd_mods_sm90_d{64,128}.cu), so that the pure-mask kernel
+// (sdpa_bwd_kernel_sm90) keeps its code. Sinks (dSink) and the output gate (dgate, dO * sigmoid(G))
+// change nothing in the main loop (P takes the forward's LSE, sink included; the main kernel reads
+// the preprocess's gated dO): the launcher runs them around whichever kernel the call needs
+// (launch_bwd_sm90.cu launch_sdpa_bwd_sm90; bwd_prepost.cuh, launch_bwd_common.h).
+//
+// The math is the sm80 SDPA backward's (kernel_bwd_sm80.cuh, AnalyticMaskBwdSm80 with kFeatures),
+// from its one home, sdpa_score_mod.cuh (SdpaScoreMod, SdpaBiasFrag). Per step, on the thread's S^T
+// accumulator (rows = keys j, columns = queries i; log2 units):
+//   z^T  = softcap / ALiBi (S^T scale log2 e) - lse2[i]   (masked: -inf)             (logits)
+//   P^T  = exp2(z^T + bias),   dS^T = P^T (1 - t^2) (dP^T - D[i])                      (grads)
+// (the bias read on visible elements only; t = tanh(x / softcap), recovered from z^T: 1 - t^2 = 1
+// without softcap); with dBias, dS = P (dP - D) of the sample's elements into the fp32 workspace
+// [B, H_q, S_q, ds_ld] (SdpaBiasParams::ds, zeroed by the launcher, each element written once;
+// dBias with softcap is refused by the C layer), which sdpa_dbias_reduce sums over dBias's
+// broadcast dimensions. S^T is a fragment of the transposed problem (scores of keys against
+// queries): its bias is SdpaBiasFrag::at_transposed, its ALiBi the negated offsets
+// (SdpaScoreMod::transposed, base i0 + shift - j0).
+//
+// Registers: the consumers have 232 (setmaxnreg), and the pure-mask (128, 128) consumer already
+// peaks at 228 live (S^T, dP^T, dK, dV: 192 of them). So the step differs from the pure-mask one in
+// three places, each measured with ptxas (nvcc 13.0): the exp2 runs after the dP^T wait (P^T and
+// dS^T come out in place from z^T and dP^T, no third 32-register fragment); the bias is read once,
+// there (the sm80 kernels read it twice: added to the logits, then taken out of them for softcap's
+// t); the element mask is tested from the tile mask (4 ints) instead of the payload-word form the
+// consumer builds under the GEMMs (8 words). With the first alone the consumer spilled (20 spill
+// instructions in its path), with the first two 8; with the three, none (the kernel's 32-byte
+// stack frame is the 40-register producer's, as in the pure-mask kernel).
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/common/sdpa_score_mod.cuh"
+#include "kernels/sm90/kernel_bwd_sm90.cuh"
+
+namespace flashspan::kern90 {
+
+#if defined(__CUDA_ARCH__)  // (the sources of kernel_bwd_sm90.cuh are device code only)
+
+// SDPA with score modifiers: the analytic source (AnalyticSourceBwdSm90: items, walks, dQ order,
+// stores) plus the consumer's modifier hooks (Src::kMods in bwd_consumer):
+//   logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, s)           S^T -> z^T (before the dP^T wait)
+//   grads<kNQ>(p, it, sl, info, key_thr, lse2, delta, lane, s, dp)  z^T, dP^T -> P^T, dS^T
+// each from the step's modifiers (step_mods), formed in each of the two from the parameters: held
+// across the dP^T wait, they spilled in the (128, 128) consumer.
+template <int kBk>
+struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
+  static_assert(kBk == 128, "the score modifiers run on the key-split consumers (head dims up to 128)");
+  using Base = AnalyticSourceBwdSm90<kBk>;
+  using Seqlen = typename Base::Seqlen;
+  static constexpr bool kMods = true;
+  static constexpr int kBlockQ = Base::kBlockQ, kBlockK = kBk;
+
+  // The step's modifiers on warp w of consumer warpgroup c (keys j0 = kb kBlockK + 64 c + 16 w ..,
+  // the step's queries i0 = qb kBlockQ ..): the query head's softcap and slope for the transposed
+  // fragment, its diagonal base i0 + shift - j0, its bias (transposed; null p: none).
+  struct StepMods {
+    kern::SdpaScoreMod mod;
+    int diag;
+    kern::SdpaBiasFrag bias;
+  };
+
+  // info = {query head h, query block qb, ...} of the step; key_thr: the thread's first key of
+  // the block (64 c + 16 w + g).
+  __device__ __forceinline__ static StepMods step_mods(const BwdParams& p, const BwdItem& it, const Seqlen& sl,
+                                                       int4 info, int key_thr, int lane) {
+    const AnalyticMaskParams& a = kern::analytic_of(p);
+    const int64_t i0 = int64_t(info.y) * kBlockQ, j0 = int64_t(it.kb) * kBlockK + (key_thr - (lane >> 2));
+    return StepMods{kern::SdpaScoreMod::make(a.score, info.x).transposed(), kern::diag_base(i0 + sl.mask.shift, j0),
+                    kern::SdpaBiasFrag::at_transposed(a.bias, kern::SdpaBiasFrag::head_base(a.bias, it.b, info.x), i0,
+                                                      j0, lane)};
+  }
+
+  // S^T (the raw scores) -> z^T = logit2 - lse2[query] before the bias, as the sm80 kernels'
+  // sdpa_bwd_logits and mask: scaled, softcap and ALiBi, the statistic subtracted, masked elements
+  // -inf. The element mask is tested here from the step's tile mask (4 ints), not from the
+  // consumer's payload-word form of it (analytic_step_mask: 8 words, formed under the S^T / dP^T
+  // GEMMs, where the pure-mask consumer peaks at 228 live registers). The bias is grads' (read
+  // once, after the dP^T wait; read here too, its addresses spilled the (128, 128) consumer).
+  template <int kNQ>
+  __device__ __forceinline__ static void logits(const BwdParams& p, const BwdItem& it, const Seqlen& sl, int4 info,
+                                                int key_thr, const float* lse2, int lane, float (&s)[kNQ][4]) {
+    const StepMods m = step_mods(p, it, sl, info, key_thr, lane);
+    const int qd = lane & 3;
+#pragma unroll
+    for (int j = 0; j < kNQ; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s[j][r] *= p.scale_log2;
+    }
+    m.mod.apply<kNQ>(s, m.diag, lane);
+    // A partial step's element mask (the tile mask of (qb, kb), analytic_mask.h; a full step: none).
+    const kern::TileMask tm =
+        info.z >= 0 ? kern::TileMask::make(sl.mask, int64_t(info.y) * kBlockQ, int64_t(it.kb) * kBlockK)
+                    : kern::TileMask{kBlockQ, kBlockK, -kBlockQ, kBlockK};
+#pragma unroll
+    for (int j = 0; j < kNQ; ++j) {
+      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const bool vis = tm.visible(8 * j + 2 * qd + (r & 1), key_thr + 8 * (r >> 1));
+        s[j][r] = vis ? s[j][r] - ((r & 1) ? l2.y : l2.x) : -INFINITY;
+      }
+    }
+  }
+
+  // z^T (s) and dP^T (dp) -> P^T = exp2(z^T + bias) (s; the bias read on visible elements only,
+  // SdpaBiasFrag::at2 as SdpaBiasFrag::add reads it) and dS^T = P^T d logit / d x (dP^T - D[query])
+  // (dp; softcap's 1 - t^2 from z^T, SdpaScoreMod::softcap_dprob), in place; with dBias, dS of the
+  // sample's elements into the workspace (query i0 + 8 j + 2 qd + r % 2, key j0 + g + 8 (r / 2):
+  // scalar stores, 8 consecutive keys a quad column of a warp), after the loop (dBias is refused
+  // with softcap: at run time the two never meet, but their registers would in one loop).
+  template <int kNQ>
+  __device__ __forceinline__ static void grads(const BwdParams& p, const BwdItem& it, const Seqlen& sl, int4 info,
+                                               int key_thr, const float* lse2, const float* delta, int lane,
+                                               float (&s)[kNQ][4], float (&dp)[kNQ][4]) {
+    const StepMods m = step_mods(p, it, sl, info, key_thr, lane);
+    const int g = lane >> 2, qd = lane & 3;
+    const int d0 = m.diag + 2 * qd - g;  // the offset of the thread's element (0, 0) (SdpaScoreMod::apply)
+#pragma unroll
+    for (int j = 0; j < kNQ; ++j) {
+      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
+      const float2 dd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * qd);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const float z = s[j][r];
+        const float pr = kern::exp2_approx(m.bias.p != nullptr && z != -INFINITY ? z + m.bias.at2(j, r) : z);
+        const int off = d0 + 8 * j + (r & 1) - 8 * (r >> 1);  // ALiBi's offset (transposed)
+        const float f = m.mod.c2 != 0.0f ? m.mod.softcap_dprob(pr, z + ((r & 1) ? l2.y : l2.x), off) : pr;
+        s[j][r] = pr;
+        dp[j][r] = f * (dp[j][r] - ((r & 1) ? dd.y : dd.x));
+      }
+    }
+    const AnalyticMaskParams& a = kern::analytic_of(p);
+    if (a.bias.ds != nullptr) {
+      const int i = info.y * kBlockQ + 2 * qd, jk = it.kb * kBlockK + key_thr;
+      float* ds = a.bias.ds + ((int64_t(it.b) * p.num_heads_q + info.x) * a.max_q + i) * a.bias.ds_ld + jk;
+      const int rows = sl.len_q - i, keys = sl.len_k - jk;  // left inside the sample from the thread's element (0, 0)
+#pragma unroll
+      for (int j = 0; j < kNQ; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int qq = 8 * j + (r & 1), kk = 8 * (r >> 1);
+          if (qq < rows && kk < keys) ds[int64_t(qq) * a.bias.ds_ld + kk] = dp[j][r];
+        }
+      }
+    }
+  }
+};
+
+#endif  // __CUDA_ARCH__
+
+// The SDPA backward with score modifiers (AnalyticModSourceBwdSm90): softcap, ALiBi, the additive
+// bias and dBias as run-time flags of one instantiation per dtype and kernel head dims kD (64 or
+// 128, Dqk = Dv = kD; a call's head dims up to kD, multiples of 8), deterministic or not at run time.
+template <int kD, class E>
+__global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
+    sdpa_bwd_mods_kernel_sm90(const __grid_constant__ SdpaBwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                              const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+                              const __grid_constant__ CUtensorMap tm_do) {
+  static_assert(kD == 64 || kD == 128, "the modifiers' kernels: head dims (64, 64) and (128, 128)");
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  bwd_sm90_body<kD, E, kD, AnalyticModSourceBwdSm90<BwdSm90Layout<kD>::kBlockK>>(p, &tm_q, &tm_k, &tm_v, &tm_do);
+#else
+  __trap();
+#endif
+}
+
+}  // namespace flashspan::kern90
