@@ -120,6 +120,7 @@ def main() -> int:
     ap.add_argument("--seqs", default="8192,32768")
     ap.add_argument("--heads", type=int, default=16)
     ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--head-dim-v", type=int, default=None, help="V's head dim (default: --head-dim), e.g. 192 / 128")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--routes", default="flex,native90,native80")
@@ -133,6 +134,7 @@ def main() -> int:
     dev = torch.device(args.device)
     timer = Timer(dev, warmup=args.warmup, reps=args.reps)
     B, H, D = 1, args.heads, args.head_dim
+    Dv = args.head_dim_v or D
     scale = 1.0 / math.sqrt(D)
     routes = [r for r in args.routes.split(",") if r]
     failures: list[str] = []
@@ -140,10 +142,10 @@ def main() -> int:
     for s in [int(x) for x in args.seqs.split(",")]:
         g = torch.Generator(device=dev).manual_seed(s)
         print(f"S={s} ...", flush=True)
-        q, k, v, do = (torch.randn(B, H, s, D, device=dev, dtype=torch.bfloat16, generator=g) for _ in range(4))
+        q, k, v, do = (torch.randn(B, H, s, d, device=dev, dtype=torch.bfloat16, generator=g) for d in (D, D, Dv, Dv))
         for mask in MASKS:
             ma = mask_args(mask)
-            fl = 4.0 * D * visible_pairs(s, mask) * B * H
+            fl = 2.0 * (D + Dv) * visible_pairs(s, mask) * B * H
             res: dict[str, object] = {}
             outs: dict[str, torch.Tensor] = {}
             grads: dict[str, tuple] = {}

@@ -2653,6 +2653,14 @@ TEST(FlexGpuSm90, BwdWideSanitizer) {
 // (bwd_consumer_cols).
 // ---------------------------------------------------------------------------
 
+// The column-split kernel's (192, 128) runs on the 64 x 64 tile: the 64 x 96 tile (on by default,
+// sm90::bwd_wide192_enabled) forced off here; the BwdWide192* tests cover it.
+struct Sm90BwdBigDims {
+  Sm90BwdOn on;
+  Sm90BwdBigDims() { sm90::set_bwd_wide192_enabled(0); }
+  ~Sm90BwdBigDims() { sm90::set_bwd_wide192_enabled(-1); }
+};
+
 void big_dims(Case& c, bool d256) {
   c.h.dqk = d256 ? 256 : 192;
   c.h.dv = d256 ? 256 : 128;
@@ -2675,7 +2683,7 @@ Case bwd_big_case_sm90(uint64_t seed, bool deterministic) {
 
 TEST(FlexGpuSm90, BwdBigDimsRandom) {
   REQUIRE_SM90();
-  Sm90BwdOn on;
+  Sm90BwdBigDims on;
   for (uint64_t s = 1; s <= 32; ++s) run_case_sm90_bwd(bwd_big_case_sm90(s + 1500, false));
 }
 
@@ -2712,7 +2720,7 @@ TEST(FlexGpuSm90, BwdCellOrder) {
 // split schedule (long K2Q walks) and grid mode, each at both head dims.
 TEST(FlexGpuSm90, BwdBigDimsCases) {
   REQUIRE_SM90();
-  Sm90BwdOn on;
+  Sm90BwdBigDims on;
   uint64_t seed = 9620;
   for (bool d256 : {false, true}) {
     const DType causal_dt = d256 ? kBF16 : kF16;
@@ -2734,7 +2742,7 @@ TEST(FlexGpuSm90, BwdBigDimsCases) {
 // three runs of a causal GQA THD case.
 TEST(FlexGpuSm90, BwdBigDimsDeterministic) {
   REQUIRE_SM90();
-  Sm90BwdOn on;
+  Sm90BwdBigDims on;
   for (uint64_t s = 1; s <= 12; ++s) run_case_sm90_bwd(bwd_big_case_sm90(s + 1700, true));
   uint64_t seed = 9959;
   run_sm90_bwd_rows({{.h = {4, 2, 1, 3, 192, 128, kBF16}, .lq = {500, 0, 200}, .lk = {450, 60, 260}, .det = true, .bitwise = true},
@@ -2746,7 +2754,7 @@ TEST(FlexGpuSm90, BwdBigDimsDeterministic) {
 // (192, 128) and (256, 256), shorter.
 TEST(FlexGpuSm90, BwdBigDimsSanitizer) {
   REQUIRE_SM90();
-  Sm90BwdOn on;
+  Sm90BwdBigDims on;
   uint64_t seed = 9810;
   run_sm90_bwd_rows({{.h = {2, 1, 2, 3, 192, 128, kBF16}, .sq = 150, .sk = 140},
                      {.h = {2, 2, 1, 1, 256, 256, kF16}, .lq = {70, 0, 130}, .lk = {66, 20, 0}},
@@ -2758,7 +2766,7 @@ TEST(FlexGpuSm90, BwdBigDimsSanitizer) {
 // ---------------------------------------------------------------------------
 // The wide backward tile of (192, 128): 64 query rows x 96 keys (tile_sm90.h kTileSm90Wide192, the
 // three-warpgroup consumers with dK / dV transposed, bwd_consumer_t3; sm90::bwd_wide192_enabled,
-// experimental, forced on here so that every (192, 128) sm90 plan built inside takes it). 96-key
+// on by default, forced on here so that every (192, 128) sm90 plan built inside takes it). 96-key
 // blocks: partial payload sub-tiles of 32 columns, key counts around 96 / 192 boundaries. Each
 // case checks that the tile is the consumer's and that the sm90 backward ran.
 // ---------------------------------------------------------------------------

@@ -66,7 +66,7 @@ const Consumer kSm90Wide = [] {
   return c;
 }();
 // (192, 128) sm90 plans with the wide backward tile (tile_sm90.h kTileSm90Wide192;
-// sm90::bwd_wide192_enabled, experimental): 128x128 / 64x96 (payload sub-tiles of 32 columns).
+// sm90::bwd_wide192_enabled, by default): 128x128 / 64x96 (payload sub-tiles of 32 columns).
 const Consumer kSm90Wide192 = [] {
   Consumer c = flashspan::consumer_for(90, 128, 128);
   c.bwd_block_q = flashspan::sm90::kTileSm90Wide192.bwd_bq;

@@ -129,7 +129,7 @@
 // plan gets it only while this backward takes every backward call (family.cpp consumer_sm90).
 //
 // Three consumer warpgroups (kWideTile for (192, 128): tile_sm90.h kTileSm90Wide192, 64 query rows x
-// 96 keys; sm90::bwd_wide192_enabled, experimental; bwd_consumer_t3): FlashAttention-3's hdim-192
+// 96 keys; sm90::bwd_wide192_enabled, by default; bwd_consumer_t3): FlashAttention-3's hdim-192
 // backward schedule. The column-split kernel on 64 x 64 is L2-bound (each step reads 40 KB of Q / dO
 // and reduce-adds 48 KB of fp32 dQ for 64 keys); 96 keys a step serve 1.5x the FLOPs with the same
 // bytes. 512 threads (setmaxnreg 32 / 160): warpgroup c computes S, dP for keys 32c .. 32c + 31,

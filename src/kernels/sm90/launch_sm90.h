@@ -106,9 +106,9 @@ bool bwd_wide64_enabled();
 void set_bwd_wide64_enabled(int on);
 
 // Whether (192, 128) plans of the sm90 family get the 64 x 96 backward tile (tile_sm90.h
-// kTileSm90Wide192, the three-warpgroup consumers of kernel_bwd_sm90.cuh): with
-// FLASHSPAN_EXPERIMENTAL=1 (read per call; not yet run on a GPU) or FLASHSPAN_SM90_BWD_WIDE192=1
-// (=0: off either way), and only while bwd_enabled() and the deterministic switch are on. set_bwd_wide192_enabled: the override, as set_bwd_wide64_enabled.
+// kTileSm90Wide192, the three-warpgroup consumers of kernel_bwd_sm90.cuh; the SDPA backward of
+// (192, 128) asks per call): yes unless FLASHSPAN_SM90_BWD_WIDE192=0 (read once), and only while
+// bwd_enabled() and the deterministic switch are on (PERF_LOG v2.14). set_bwd_wide192_enabled: the override, as set_bwd_wide64_enabled.
 bool bwd_wide192_enabled();
 void set_bwd_wide192_enabled(int on);
 

@@ -46,8 +46,8 @@ constexpr bool fwd_runs_head_dims_sm90(int dqk, int dv) {
 // takes every backward call of the plan):
 //   (64, 64):   128 x 128 (kTileSm90Wide64; bwd_wide64_enabled: by default, unless
 //               FLASHSPAN_SM90_BWD_WIDE64=0);
-//   (192, 128): 64 x 96 (kTileSm90Wide192; bwd_wide192_enabled: with FLASHSPAN_EXPERIMENTAL=1,
-//               not yet run on a GPU): three consumer warpgroups with dK / dV transposed (below).
+//   (192, 128): 64 x 96 (kTileSm90Wide192; bwd_wide192_enabled: by default, unless
+//               FLASHSPAN_SM90_BWD_WIDE192=0): three consumer warpgroups with dK / dV transposed (below).
 inline constexpr TileSm90 kTileSm90Wide64{64, 64, 128, 128, 128, 128};
 inline constexpr TileSm90 kTileSm90Wide192{192, 128, 128, 128, 64, 96};
 
