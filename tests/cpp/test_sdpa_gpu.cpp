@@ -414,7 +414,12 @@ void run_case(const Case& c, bool backward = true, bool chain = false) {
     EXPECT_TRUE(same_result(p->max_logit, p->max_logit.download(), true)) << "max_logit";
   }
   if (!backward) return;
-  // The backward's O / LSE: the reference's, padding rows NaN again (never read).
+  // The backward's O / LSE: the reference's, padding rows NaN again (never read). In a chain both
+  // backwards read the GPU forward's O (D = rowsum(dO O) then has the same inputs on both sides, so
+  // that dSink, a sum over rows whose terms cancel, is not compared through the rounding of O to
+  // the input dtype: 0.0078 relative L2 on bf16 with the eager softmax, 0.0129 with the lazy one,
+  // H200, seed 14204) and each its own LSE.
+  if (chain) p->o.host = p->o.download();
   poison_padding(p->o, p->len_q);
   poison_padding(p->stats, p->len_q);
   if (!chain) {
@@ -428,13 +433,10 @@ void run_case(const Case& c, bool backward = true, bool chain = false) {
   if (c.bias && c.dbias) p->dbias.poison_device();
   run_backward(*p, /*cuda=*/true);
   if (c.sinks) {
-    // dSink (fp32): a sum over every row, against the reference's with the fp16 numbers; in a chain
-    // its D = rowsum(dO O) reads the GPU forward's O, rounded to the input dtype, while the
-    // reference's reads its own: the input dtype's numbers then (a bf16 chain measured 0.0078
-    // relative L2, the rounding of bf16, against fp16's 0.003; H200, seed 14204).
+    // dSink (fp32): a sum over every row, against the reference's with the fp16 numbers (both
+    // sides read the same O, in a chain too).
     EXPECT_TRUE(fs_test::tensor_close(Tensor::values(p->dsink.download(), DType::kFloat32),
-                                      Tensor::values(p->dsink.host, DType::kFloat32),
-                                      chain ? c.dtype : DType::kFloat16))
+                                      Tensor::values(p->dsink.host, DType::kFloat32), DType::kFloat16))
         << "dSink";
   }
   // dQ / dK floors: the rounding of dP - D (error_criteria.h, grad_floor).

@@ -79,6 +79,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/block_range.cuh"
@@ -493,7 +494,9 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     float o[kNO][4];
 #pragma unroll
     for (int n = 0; n < kNO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    kern::OnlineSoftmax sm;
+    // The overlapped schedule rescales lazily (softmax.cuh LazyOnlineSoftmax; settled before the
+    // epilogue); the serial one eagerly.
+    std::conditional_t<kOverlap, kern::LazyOnlineSoftmax, kern::OnlineSoftmax> sm;
     sm.init();
     if constexpr (Src::kMods) src.init_stats(sm, p, it.head, mt, lane);
 
@@ -598,12 +601,12 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           reg_fence(s);
           float corr[2];
           const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane));
-          sm.update(s, corr, exp_scale);
+          const bool moved = sm.update(s, corr, exp_scale);
           softmax_before_wait<L>(kb);
           wg_wait<0>();
           reg_fence(o);
           mbar_arrive(v_empty + 8 * st_prev);
-          kern::OnlineSoftmax::rescale(o, corr);
+          if (moved) kern::OnlineSoftmax::rescale(o, corr);
           kern::pack_p<E>(s, pa);
           st_prev = st;
           ph_prev = ph;
@@ -623,6 +626,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         reg_fence(o);
         mbar_arrive(v_empty + 8 * st_prev);
       }
+      sm.settle(o);
     }
     release_q(true);  // an item without key blocks
 
