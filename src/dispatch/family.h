@@ -82,6 +82,12 @@ int kernel_family_from_env();
 // per call, so that a process may switch it between calls (family.cpp).
 bool experimental_from_env();
 
+// Whether the environment variable `name` is set to "0": the reader of the "off" switches of
+// paths that are on by default (FLASHSPAN_SM90_BWD, FLASHSPAN_SM90_SDPA_MODS, ...; unset or any
+// other value: not off). Reads the environment at each call; callers that read a switch once keep
+// its answer themselves.
+bool env_flag_off(const char* name);
+
 // Head dims the GPU kernels (the sm80 family) run: {8, 16, ..., 128}^2, (192, 128),
 // (256, 256). Throws Error(kNotSupported) naming the dims otherwise.
 void check_head_dims_gpu(int dqk, int dv);

@@ -1,8 +1,6 @@
 // Which kernel family runs an SDPA forward or backward on the GPU (sdpa_launch.h): the one rule. Host code
 // only (no CUDA call but the device query, behind FLASHSPAN_WITH_CUDA), so CPU tests check it.
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "dispatch/family.h"
 #include "dispatch/sdpa_launch.h"
@@ -130,8 +128,7 @@ void set_sdpa_fwd_sm90_mods_enabled(int on) {
 bool sdpa_fwd_sm90_mods_enabled() {
   const int o = g_sdpa_fwd_sm90_mods_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
-  const char* e = std::getenv("FLASHSPAN_SM90_SDPA_MODS");
-  return !(e != nullptr && std::strcmp(e, "0") == 0);
+  return !env_flag_off("FLASHSPAN_SM90_SDPA_MODS");
 }
 
 void set_sdpa_bwd_sm90_mods_enabled(int on) {

@@ -2,8 +2,8 @@
 // sdpa_launch.h): which calls the sm90 forward and backward with the analytic mask cover
 // (sdpa_fwd_sm90_refusal, sdpa_bwd_sm90_refusal), the switches that turn them on
 // (sdpa_fwd_sm90_enabled, sdpa_bwd_sm90_enabled) and their experimental modifier parts
-// (sdpa_fwd_sm90_mods_enabled, sdpa_bwd_sm90_mods_enabled), and the workspace a covered backward
-// gets. Descriptors only: no data, no device.
+// (sdpa_fwd_sm90_mods_enabled, sdpa_bwd_sm90_mods_enabled), the environment's off switches
+// (env_flag_off), and the workspace a covered backward gets. Descriptors only: no data, no device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/sdpa_problem.h"
+#include "dispatch/family.h"
 #include "dispatch/sdpa_launch.h"
 
 namespace flashspan::test {
@@ -591,6 +592,20 @@ TEST(SdpaFamily, Sm90BackwardModifiersSwitchReadsTheEnvironment) {
     unsetenv("FLASHSPAN_EXPERIMENTAL");
   } else {
     setenv("FLASHSPAN_EXPERIMENTAL", keep.c_str(), 1);
+  }
+}
+
+TEST(SdpaFamily, EnvFlagOffIsTheValueZeroOnly) {
+  // The reader of the default-on paths' off switches (family.h): "0" is off; unset, empty or any
+  // other value is not; read at each call.
+  const char* name = "FLASHSPAN_TEST_ENV_FLAG_OFF";
+  ScopedEnv v(name, nullptr);
+  EXPECT_FALSE(env_flag_off(name));
+  v.set("0");
+  EXPECT_TRUE(env_flag_off(name));
+  for (const char* other : {"1", "", "00", "0 ", "off", "false"}) {
+    v.set(other);
+    EXPECT_FALSE(env_flag_off(name)) << '"' << other << '"';
   }
 }
 
