@@ -248,15 +248,18 @@ def test_gpu_feature_calls_native_by_default(fs, monkeypatch, seed, sm90_mods):
     """Without FLASHSPAN_EXPERIMENTAL, a CUDA call with features the flex lowering cannot express (the gate, the
     score_max / score_sum_exp outputs, the block mask, sinks, softcap) runs on the native route (sdpa_lowering.route)
     and matches the CPU reference: on an H200 its forward on the sm90 kernel with modifiers by default (since PERF_LOG
-    v2.13), on the sm80 kernels with FLASHSPAN_SM90_SDPA_MODS=0 (read per call; docs/SDPA.md "The sm90 forward")."""
+    v2.13) and its backward too where the sm90 backward with modifiers covers it (no block mask; since v2.15); on the
+    sm80 kernels both ways with FLASHSPAN_SM90_SDPA_MODS=0 and FLASHSPAN_SM90_SDPA_BWD_MODS=0 (read per call;
+    docs/SDPA.md "The sm90 forward", "The sm90 backward")."""
     from flashspan import sdpa_lowering
 
     monkeypatch.delenv(sdpa_lowering.EXPERIMENTAL_ENV, raising=False)
     monkeypatch.delenv(sdpa_lowering.ROUTE_ENV, raising=False)
-    if sm90_mods is None:
-        monkeypatch.delenv("FLASHSPAN_SM90_SDPA_MODS", raising=False)
-    else:
-        monkeypatch.setenv("FLASHSPAN_SM90_SDPA_MODS", sm90_mods)
+    for name in ("FLASHSPAN_SM90_SDPA_MODS", "FLASHSPAN_SM90_SDPA_BWD_MODS"):
+        if sm90_mods is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, sm90_mods)
     _gate_stats_block_mask_case(fs, 100 + seed)
 
 
