@@ -442,7 +442,10 @@ def test_gpu_native_score_modifiers(fs, native, seed):
         check_tensor(z(got[3], mk), z(want[3], mk), dtype, "dk", floor=fl)
         check_tensor(z(got[4], mk), z(want[4], mk), dtype, "dv")
         if sinks is not None:
-            check_tensor(got[5], want[5], torch.float16, "dsink")
+            # dSink sums -P_sink D over rows, D = rowsum(dO O) with each side's own O rounded to the input dtype:
+            # the input dtype's criterion (bf16 cases measured 0.0031-0.0033 relative L2 on an H200 with the lazy
+            # sm90 forward, above fp16's 0.003; the C++ chain tests share one O instead).
+            check_tensor(got[5], want[5], dtype, "dsink")
 
 
 
