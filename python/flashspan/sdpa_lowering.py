@@ -106,8 +106,8 @@ def prefers_flex(q: Tensor) -> bool:
 
 def _unsupported(feature: str, why: str) -> NotImplementedError:
     return NotImplementedError(
-        f"{feature}: not supported on CUDA tensors yet: CUDA runs SDPA by lowering its pure-mask configurations "
-        f"onto the flex kernels, and {why}; CPU tensors run every feature on the CPU reference (docs/SDPA.md)"
+        f"{feature}: not supported by the flex route (FLASHSPAN_SDPA_ROUTE=flex lowers pure-mask configurations "
+        f"onto the flex kernels), and {why}; the native route (the default) runs it (docs/SDPA.md)"
     )
 
 
