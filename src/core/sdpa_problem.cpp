@@ -196,12 +196,11 @@ void check_common(Problem& p, const Checker& c) {
   for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O}) FS_CHECK_ARG(a.has(s), slot_name(s), ": is required");
   c.rank4(FS_SDPA_Q, "[B, H_q, S_q, D_qk]");
   const bool cpu = q.device == DeviceType::kCPU;
-  p.fp8 = is_fp8(q.dtype);  // on either device here: check_support says where FP8 runs
-  if (p.fp8) {
-  } else if (cpu) {
+  p.fp8 = is_fp8(q.dtype);  // FP8 passes on either device here: check_support says where it runs
+  if (!p.fp8 && cpu) {
     FS_CHECK_TYPE(is_float(q.dtype), "q: dtype must be float16 or bfloat16 (the CPU reference also takes float32 and "
                   "float64), or an FP8 format (float8_e4m3fn, float8_e5m2), got ", dtype_name(q.dtype));
-  } else {
+  } else if (!p.fp8) {
     FS_CHECK_TYPE(is_io_float(q.dtype), "q: dtype must be float16 or bfloat16, or an FP8 format (float8_e4m3fn, "
                   "float8_e5m2), got ", dtype_name(q.dtype));
   }
@@ -301,7 +300,8 @@ void check_common(Problem& p, const Checker& c) {
 
   // --- outputs / other sequence tensors ---------------------------------------------------
   if (p.fp8) {
-    c.exact(FS_SDPA_O, {p.B, p.Hq, p.Sq, p.Dv}, fp8_or(a.t(FS_SDPA_O).dtype, q.dtype), "[B, H_q, S_q, D_v], an FP8 format");
+    c.exact(FS_SDPA_O, {p.B, p.Hq, p.Sq, p.Dv}, fp8_or(a.t(FS_SDPA_O).dtype, q.dtype),
+            "[B, H_q, S_q, D_v], an FP8 format");
   } else {
     c.exact(FS_SDPA_O, {p.B, p.Hq, p.Sq, p.Dv}, q.dtype, "[B, H_q, S_q, D_v], dtype of q");
   }
