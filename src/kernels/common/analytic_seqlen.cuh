@@ -20,6 +20,12 @@ __device__ __forceinline__ const AnalyticMaskParams& analytic_of(const BwdParams
   return static_cast<const SdpaBwdParams&>(p).analytic;
 }
 
+// The FP8 factors of an SDPA FP8 forward's parameters (the kernel's parameter is an
+// SdpaFp8FwdParams; only its FP8 instantiations call this).
+__device__ __forceinline__ const SdpaFp8Params& fp8_of(const FwdParams& p) {
+  return static_cast<const SdpaFp8FwdParams&>(p).fp8;
+}
+
 __device__ __forceinline__ int64_t load_index(const IndexArray& a, int64_t i) {
   return a.is64 ? int64_t(__ldg(static_cast<const long long*>(a.ptr) + i)) : int64_t(__ldg(static_cast<const int*>(a.ptr) + i));
 }

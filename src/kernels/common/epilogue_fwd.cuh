@@ -6,6 +6,8 @@
 //                        visible key) in the input dtype, and LSE (lse_from_stats, -inf there);
 //                        with kSdpaOptions also SDPA's score_max / score_sum_exp and output gate
 //                        (sdpa_score_mod.cuh sdpa_fwd_row_options, the sm80 SDPA epilogue's too);
+//                        an FP8 E (the SDPA FP8 forward) with its Fp8Out: O's factors, the FP8
+//                        store, the LSE of the shifted statistics, amax_s / amax_o gathered;
 //   store_split_partial  a piece of a split task: the unnormalised fp32 O, m (log2 units) and l
 //                        of its rows into its workspace slot (FwdSplit, params.h) for the
 //                        combine kernel (fwd_split.cuh);
@@ -31,6 +33,42 @@
 
 namespace flashspan::kern {
 
+// The FP8 output of the SDPA FP8 forward (params.h SdpaFp8Params; E::kBits == 8). The kernel's
+// softmax ran with shift = log2 scale_s (OnlineSoftmax::update_row): its P V GEMM took
+// fp8(exp2(logit - m + shift)) = fp8(p scale_s), the un-normalised probabilities p of the running
+// max, quantized; l holds scale_s times the row sum. So O = acc descale_s descale_v scale_s / l
+// (the row's 1 / sum folded in at the end: the flash form of P_q = fp8(P scale_s), whose
+// rounding differs from quantizing the normalised P by the per-block factor -- within FP8's
+// rounding error), stored as fp8_satfinite(O scale_o); LSE = (m - shift + log2 l) unit; the row's
+// max |P| is 1 / sum = scale_s / l (its max element is exp(0) / sum). amax_o / amax_s: the
+// thread's running maxima over every row and item it stored, reduced by flush() once per warp.
+struct Fp8Out {
+  float o_mul;    // descale_s descale_v scale_s
+  float s_mul;    // scale_s
+  float scale_o;
+  float shift;    // log2 scale_s
+  float amax_o, amax_s;
+
+  __device__ __forceinline__ static Fp8Out make(const SdpaFp8Params& f) {
+    const float ss = __ldg(f.scale_s);
+    return Fp8Out{__ldg(f.descale_s) * __ldg(f.descale_v) * ss, ss, __ldg(f.scale_o), log2f(ss), 0.0f, 0.0f};
+  }
+  // The warp's maxima into amax_o / amax_s (zeroed by the launcher; non-negative, so the integer
+  // max of atomic_max_float): every lane calls it.
+  __device__ __forceinline__ void flush(const SdpaFp8Params& f, int lane) const {
+    float a = amax_o, b = amax_s;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
+      b = fmaxf(b, __shfl_xor_sync(0xffffffffu, b, off));
+    }
+    if (lane == 0) {
+      atomic_max_float(f.amax_o, a);
+      atomic_max_float(f.amax_s, b);
+    }
+  }
+};
+
 // Where the rows of a work item go: row r of the block is tensor row q_row0 + (r >> pack_shift)
 // (THD: global, BSHD: in sample `batch`) of query head head + (r & ((1 << pack_shift) - 1));
 // rows >= rows_valid lie past the sample. Unpacked: pack_shift = 0, row r is tensor row
@@ -49,20 +87,26 @@ struct FwdEpilogue {
   // The thread's rows of the 16-row tile at block row r0 of an unsplit item; LSE in `unit`
   // (lse_from_stats: ln 2 natural, 1 base 2). kSdpaOptions (an SDPA kernel's p, rows of sample
   // rw.batch at sample positions): SDPA's epilogue options too, the score_max / score_sum_exp
-  // outputs and the output gate (sdpa_score_mod.cuh sdpa_fwd_row_options).
+  // outputs and the output gate (sdpa_score_mod.cuh sdpa_fwd_row_options). An FP8 E: q8 (Fp8Out)
+  // gives O's factors and gathers the amaxes.
   template <bool kSdpaOptions = false>
   __device__ __forceinline__ static void store_rows(const FwdParams& p, const FwdRows& rw, int r0, const AccFragment& f,
                                                     const float (&o)[kNO][4], const OnlineSoftmax& sm,
-                                                    float unit = kLn2) {
+                                                    float unit = kLn2, [[maybe_unused]] Fp8Out* q8 = nullptr) {
+    constexpr bool kFp8 = E::kBits == 8;
     using Elem = typename E::Storage;
     Elem* ob = static_cast<Elem*>(p.o) + int64_t(rw.batch) * p.oa.batch_stride + rw.q_row0 * p.oa.row_stride +
                int64_t(rw.head) * p.oa.head_stride;
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
       const float lsum = sm.row_sum(hi);
-      const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+      float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
       const int row = r0 + f.row_of_half(hi);
       if (row < rw.rows_valid) {
+        if constexpr (kFp8) {
+          if (lsum > 0.0f) q8->amax_s = fmaxf(q8->amax_s, q8->s_mul * inv);
+          inv *= q8->o_mul;
+        }
         const int pos = row >> rw.pack_shift, sub = row & ((1 << rw.pack_shift) - 1);
         Elem* orow = ob + int64_t(pos) * p.oa.row_stride + int64_t(sub) * p.oa.head_stride;
         [[maybe_unused]] const Elem* grow = nullptr;
@@ -76,12 +120,18 @@ struct FwdEpilogue {
             if constexpr (kSdpaOptions) {
               if (grow != nullptr) sdpa_gate_pair<E>(grow, f.col(n, 0), x0, x1);
             }
-            *reinterpret_cast<uint32_t*>(orow + f.col(n, 0)) = pack2<E>(x0, x1);
+            if constexpr (kFp8) {
+              q8->amax_o = fmaxf(q8->amax_o, fmaxf(fabsf(x0), fabsf(x1)));
+              x0 *= q8->scale_o;
+              x1 *= q8->scale_o;
+            }
+            store_pair<E>(orow + f.col(n, 0), x0, x1);
           }
         }
         if (p.lse != nullptr && f.q == 0) {
+          const float m = kFp8 ? sm.m[hi] - q8->shift : sm.m[hi];
           p.lse[int64_t(rw.batch) * p.lsea.batch_stride + int64_t(rw.head + sub) * p.lsea.head_stride +
-                (rw.q_row0 + pos) * p.lsea.row_stride] = lse_from_stats(sm.m[hi], lsum, unit);
+                (rw.q_row0 + pos) * p.lsea.row_stride] = lse_from_stats(m, lsum, unit);
         }
       }
     }
