@@ -18,6 +18,7 @@ std::atomic<int> g_sdpa_sm90_override{-1};
 std::atomic<int> g_sdpa_bwd_sm90_override{-1};
 std::atomic<int> g_sdpa_fwd_sm90_mods_override{-1};
 std::atomic<int> g_sdpa_bwd_sm90_mods_override{-1};
+std::atomic<int> g_sdpa_fp8_sm90_override{-1};
 // On by default where they cover a call (FLASHSPAN_KERNEL_FAMILY=sm80, read per call, keeps the sm80
 // kernels), since the GPU suite passed with them and they are at least as fast as the flex route's
 // (PERF_LOG v2.10). The forward's kernel with score modifiers too, since its GPU tests passed and it
@@ -140,6 +141,16 @@ void set_sdpa_bwd_sm90_mods_enabled(int on) {
 
 bool sdpa_bwd_sm90_mods_enabled() {
   const int o = g_sdpa_bwd_sm90_mods_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  return experimental_from_env();
+}
+
+void set_sdpa_fp8_sm90_enabled(int on) {
+  g_sdpa_fp8_sm90_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed);
+}
+
+bool sdpa_fp8_sm90_enabled() {
+  const int o = g_sdpa_fp8_sm90_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
   return experimental_from_env();
 }

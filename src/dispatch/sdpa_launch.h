@@ -105,6 +105,13 @@ bool sdpa_bwd_runs_sm90(const sdpa::Problem& p);
 // backward covers (sdpa_bwd_workspace_size).
 SdpaBwdParams sdpa_bwd_params_sm90(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
 
+// The sm90 FP8 forward (cuDNN's sdpa_fp8; kernels/sm90/launch_sm90.h launch_sdpa_fp8_fwd_sm90):
+// experimental, not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read per call), unless
+// set_sdpa_fp8_sm90_enabled overrides it (tests: 1 on, 0 off, -1 back to the environment's
+// answer). It is the only FP8 kernel: FP8 calls on CUDA tensors that it does not take are refused.
+bool sdpa_fp8_sm90_enabled();
+void set_sdpa_fp8_sm90_enabled(int on);
+
 // Enqueue the kernels on the stream for a problem whose tensors are bound (Problem::bind) to
 // device memory. Allocate nothing, read nothing back (CUDA-graph capturable); the workspace
 // must hold the size above. Throw Error(kCudaError) on a launch failure.
