@@ -301,7 +301,13 @@ std::string run_case(const Fp8Case& c) {
   const auto gfac = download<float>(dfac, 8);
   const auto gml = download<float>(dml, size_t(c.Hq));
 
-  // The float64 loop.
+  // The float64 loop (on the decoded inputs).
+  auto decoded = [&](const std::vector<uint8_t>& t) {
+    std::vector<double> d(t.size());
+    for (size_t x = 0; x < t.size(); ++x) d[x] = codec.decode(t[x]);
+    return d;
+  };
+  const std::vector<double> qd = decoded(q8), kd = decoded(k8), vd = decoded(v8);
   std::vector<double> oref(no, 0.0), obound(no, 0.0), lse_ref(size_t(c.B) * c.Hq * c.Sq, -INFINITY);
   std::vector<double> ml_ref(c.Hq, -INFINITY);
   double amax_s = 0.0, amax_o = 0.0, max_bound = 0.0;
@@ -314,12 +320,12 @@ std::string run_case(const Fp8Case& c) {
         int64_t lo = 0, hi = 0;
         band.columns(i, len_q[b], len_kv[b], &lo, &hi);
         if (lo >= hi) continue;
-        const uint8_t* qr = q8.data() + b * sq.s[0] + h * sq.s[1] + i * sq.s[2];
+        const double* qr = qd.data() + b * sq.s[0] + h * sq.s[1] + i * sq.s[2];
         double m = -INFINITY;
         for (int64_t j = lo; j < hi; ++j) {
-          const uint8_t* kr = k8.data() + b * sk.s[0] + hk * sk.s[1] + j * sk.s[2];
+          const double* kr = kd.data() + b * sk.s[0] + hk * sk.s[1] + j * sk.s[2];
           double acc = 0.0;
-          for (int d = 0; d < c.Dqk; ++d) acc += codec.decode(qr[d]) * codec.decode(kr[d]);
+          for (int d = 0; d < c.Dqk; ++d) acc += qr[d] * kr[d];
           s[j] = double(attn_scale) * dq * dk * acc;
           m = std::max(m, s[j]);
         }
@@ -336,7 +342,7 @@ std::string run_case(const Fp8Case& c) {
         for (int d = 0; d < c.Dv; ++d) {
           double acc = 0.0, bnd = 0.0;
           for (int64_t j = lo; j < hi; ++j) {
-            const double vj = codec.decode(v8[b * sv.s[0] + hk * sv.s[1] + j * sv.s[2] + d]);
+            const double vj = vd[b * sv.s[0] + hk * sv.s[1] + j * sv.s[2] + d];
             acc += pq[j] * vj;
             bnd += err[j] * std::fabs(vj);
           }

@@ -67,6 +67,27 @@
 // write the unnormalised fp32 O, the running max (log2 units) and row sum into their workspace
 // slot (FwdSplit) for the combine kernel (fwd_split.cuh, the one both families launch).
 //
+// The SDPA FP8 forward (experimental; sdpa_fp8_fwd_kernel_sm90 below, params.h SdpaFp8Params): the
+// same producer, consumers, scheduler (AnalyticGrid) and mask source (AnalyticSourceSm90) on 8-bit Q,
+// K and V^T, with FwdSm90Layout<kDqk, kDv, 1>; what FP8 needs lives in the roles' FP8 branches:
+//   tiles    the 16-bit tiles of those dims (128 x 128, 2 K / V stages), half the bytes: Q, K rows of
+//            64 bytes (kDqk = 64: 64B swizzle, descriptor mode 2, SBO 512) or 128 (128B swizzle); V^T
+//            kDv rows x 128 keys (128B swizzle). (64, 64) 40 KB, (128, 128) 80 KB of shared memory.
+//   GEMMs    S = Q K^T: kDqk / 32 k32 steps of SS m64n128k32; O += P V: 4 k32 steps of RS m64n{kDv}k32
+//            with B = V^T K-major (8-bit wgmma has no transpose operand, so each call first writes V^T
+//            [B, H_k, D_v, keys] into its workspace: fp8_vt_sm90.cuh, zeros past each sample's keys).
+//   P        the softmax's exponent shifted by log2 scale_s (OnlineSoftmax::update_row), so each block
+//            comes out as exp(s - m_running) scale_s, quantized by cvt.rn.satfinite and packed into the
+//            k32 A registers from each thread's own values (softmax.cuh pack_p): A's column k of each 32
+//            holds P's column fp8_vt_key(k) (tile_sm90.h), and the pre-pass stores V's key fp8_vt_key(k)
+//            at V^T's column k, so no byte moves between lanes. The overlapped schedule keeps the eager
+//            update for FP8 (a lazy base would let P exceed scale_s and saturate).
+//   results  O = acc descale_s descale_v scale_s / l (l = scale_s x the row sum: 1 / sum folded in at
+//            the end, the flash form of P_q = fp8(P scale_s)), fp8(O scale_o); LSE of the unshifted
+//            statistics; amax_s = max 1 / (row sum), amax_o = max |O| gathered per thread, flushed once
+//            per warp when the CTA ends (epilogue_fwd.cuh Fp8Out; the launcher zeroes them).
+//   masks    the analytic source's; keys past a sample are zeros in V^T, so no V rows are zeroed here.
+//
 // Why raw PTX (inline asm: wgmma_sm90.inc, the mbarrier / TMA / setmaxnreg wrappers of ptx_sm90.cuh) and
 // not CuTe from the pinned nvidia-cutlass headers: the kernel needs only a handful of Hopper
 // instructions (four wgmma forms, one TMA load form, mbarrier init/arrive/expect_tx/try_wait,
