@@ -6,19 +6,19 @@ with a window of 4096 keys (``diagonal_band_left_bound=4096``: the diagonal and 
 Routes of ``flashspan.sdpa``, all timed in this one process:
   flex        the lowering onto flex plans (``FLASHSPAN_SDPA_ROUTE=flex``, python/flashspan/sdpa_lowering.py; the
               flex forward runs the sm90 family on an H200), ``FLASHSPAN_EXPERIMENTAL`` unset for the call;
-  native90    the C layer's own SDPA operation (``FLASHSPAN_EXPERIMENTAL=1``): its forward and backward on the sm90
-              kernels with the analytic mask (docs/SDPA.md);
+  native90    the C layer's own SDPA operation with ``FLASHSPAN_EXPERIMENTAL=1`` (forward and backward on the sm90
+              kernels with the analytic mask, docs/SDPA.md; the experimental flag now only adds paged K/V on CUDA
+              and the flex backward's deterministic cut, so for these shapes it runs the kernels of ``native``);
   native80    the same with ``FLASHSPAN_KERNEL_FAMILY=sm80``: forward and backward on the sm80 analytic kernels;
-  native      the default route (``FLASHSPAN_EXPERIMENTAL=0``): the native operation without the experimental
-              paths (on an H200 the sm90 kernels where they cover the call);
+  native      the default route (``FLASHSPAN_EXPERIMENTAL=0``): the native operation (on an H200 the sm90 kernels
+              where they cover the call);
   native80f   native80 with ``FLASHSPAN_SDPA_SM80_FEATURES=1`` (measurement only): the sm80 SDPA kernels' features
               instantiation (every feature's code in the main loops, run-time flags) also for a pure-mask call,
               which runs on the mask-only kernels otherwise (launch_sdpa_{fwd,bwd}_sm80.cu);
   flex80      the flex route with ``FLASHSPAN_KERNEL_FAMILY=sm80`` (the lowering's plans built for the sm80 kernels:
               the plan cache is cleared around it), what a GPU without the sm90 kernels runs.
-sdpa_lowering reads ``FLASHSPAN_EXPERIMENTAL`` per call and the C layer reads ``FLASHSPAN_KERNEL_FAMILY`` per call,
-so the script switches routes by setting them around each call (the C layer reads ``FLASHSPAN_EXPERIMENTAL`` per
-call too, for its sm90 SDPA kernels and paged K/V).
+``flashspan.sdpa`` reads ``FLASHSPAN_SDPA_ROUTE`` per call and the C layer reads ``FLASHSPAN_KERNEL_FAMILY`` and
+``FLASHSPAN_EXPERIMENTAL`` per call, so the script switches routes by setting them around each call.
 
 Timing: flashspan.bench.timing.Timer (CUDA events around each call, 256 MB written between calls to flush L2,
 warm-up calls first, median). Forward under ``torch.no_grad()`` without stats; backward:

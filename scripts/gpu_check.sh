@@ -177,12 +177,16 @@ if "$tests" --gtest_list_tests --gtest_filter='FlexGpuSm90.*' 2>/dev/null | grep
     --gtest_filter='FlexGpuSm90.BwdRandomCases:FlexGpuSm90.BwdSpecialCases:FlexGpuSm90.BwdSanitizerSmall'
 fi
 
-# The SDPA forward of calls with score modifiers, sinks, bias, the gate or the statistics outputs runs
-# the sm90 kernel with modifiers by default on an H200 (PERF_LOG v2.13); FLASHSPAN_SM90_SDPA_MODS=0
-# (read per call) gives them the sm80 kernels, the ones other GPUs run: the SdpaGpu tests of those
-# features once more with it (the Sm90ForwardMods* tests force the sm90 kernel either way).
-if "$tests" --gtest_list_tests --gtest_filter='SdpaGpu.Sm90ForwardMods*' 2>/dev/null | grep -q '^  '; then
-  gtest_run "gtest sdpa sm80-mods-fwd" gtest_sdpa_sm80_mods_fwd.log env FLASHSPAN_SM90_SDPA_MODS=0 "$tests" --gtest_brief=1 \
+# The SDPA calls with score modifiers, sinks, bias, the gate or the statistics outputs run the sm90
+# kernels with modifiers by default on an H200: the forward (PERF_LOG v2.13) and the backward (softcap,
+# ALiBi, bias / dBias, sinks / dSink, gate / dgate; v2.15). FLASHSPAN_SM90_SDPA_MODS=0 and
+# FLASHSPAN_SM90_SDPA_BWD_MODS=0 (each read per call) give them the sm80 kernels, the ones other GPUs
+# run: the SdpaGpu tests of those features once more with both, one pass (their backward takes the CPU
+# reference's O and LSE, so the forward's family does not change what the backward is checked on; the
+# Sm90ForwardMods* / Sm90BackwardMods* tests force the sm90 kernels either way).
+if "$tests" --gtest_list_tests --gtest_filter='SdpaGpu.Sm90ForwardMods*:SdpaGpu.Sm90BackwardMods*' 2>/dev/null | grep -q '^  '; then
+  gtest_run "gtest sdpa sm80-mods" gtest_sdpa_sm80_mods.log env FLASHSPAN_SM90_SDPA_MODS=0 FLASHSPAN_SM90_SDPA_BWD_MODS=0 \
+    "$tests" --gtest_brief=1 \
     --gtest_filter='SdpaGpu.ScoreModifiers*:SdpaGpu.BlockMaskRandom:SdpaGpu.EpilogueOptionsRandom:SdpaGpu.Bias*:SdpaGpu.SanitizerSmall'
 fi
 

@@ -38,8 +38,9 @@
 extern "C" {
 #endif
 
-/* Bumped on any incompatible change of a struct or signature in this header. */
-#define FLASHSPAN_ABI_VERSION 2
+/* Bumped on any incompatible change of a struct or signature in this header (3: the FP8 SDPA slots
+ * made FS_SDPA_NUM_SLOTS 64, the variant pack's length). */
+#define FLASHSPAN_ABI_VERSION 3
 
 typedef enum fs_status {
   FS_STATUS_SUCCESS = 0,
@@ -51,7 +52,8 @@ typedef enum fs_status {
   FS_STATUS_INTERNAL_ERROR = 6
 } fs_status_t;
 
-/* DLPack-compatible descriptors (same values and layout as DLPack v0.8+). */
+/* DLPack-compatible descriptors (same values and layout as DLPack v0.8+; the FP8 type codes are
+ * DLPack v1.1's kDLFloat8_e4m3fn / kDLFloat8_e5m2). */
 typedef enum fs_device_type {
   FS_DEVICE_CPU = 1,  /* kDLCPU */
   FS_DEVICE_CUDA = 2  /* kDLCUDA */
@@ -66,7 +68,9 @@ typedef enum fs_dtype_code {
   FS_DTYPE_INT = 0,    /* kDLInt */
   FS_DTYPE_UINT = 1,   /* kDLUInt */
   FS_DTYPE_FLOAT = 2,  /* kDLFloat */
-  FS_DTYPE_BFLOAT = 4  /* kDLBfloat */
+  FS_DTYPE_BFLOAT = 4, /* kDLBfloat */
+  FS_DTYPE_FLOAT8_E4M3FN = 10, /* kDLFloat8_e4m3fn, bits 8: torch.float8_e4m3fn (finite only, max 448) */
+  FS_DTYPE_FLOAT8_E5M2 = 12    /* kDLFloat8_e5m2, bits 8: torch.float8_e5m2 (max 57344) */
 } fs_dtype_code_t;
 
 typedef struct fs_dtype {
@@ -247,6 +251,12 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
  * ALiBi, softcap, sinks, dropout, paged K/V, block mask, gate, score_max / score_sum_exp, a
  * tensor attn_scale, H_k != H_v). Their sequence lengths and ragged offsets stay in device
  * memory; the backward's workspace (workspace_size) holds B * S_q rows per query head.
+ *
+ * FP8 (the seed's sdpa_fp8 / sdpa_fp8_backward): q, k, v (and o, dO, dQ, dK, dV) of dtype
+ * float8_e4m3fn / float8_e5m2 make the operation an FP8 one, with per-tensor scale factors and
+ * amax outputs in the FS_SDPA_DESCALE_Q .. FS_SDPA_AMAX_DP slots and the seed's subset of
+ * options (forward: causal and padding masks, THD; backward: causal); docs/SDPA.md "FP8 SDPA".
+ * CPU tensors run the CPU reference; CUDA tensors are refused by check_support for now.
  * ========================================================================= */
 
 /* Tensor slots: the index of each tensor in a variant pack, and the name setters bind. */
@@ -296,7 +306,29 @@ typedef enum fs_sdpa_slot {
   FS_SDPA_RAGGED_OFFSET_PAGE_TABLE_V = 42,
   FS_SDPA_RAGGED_OFFSET_GATE = 43,
   FS_SDPA_RAGGED_OFFSET_DGATE = 44,
-  FS_SDPA_NUM_SLOTS = 45
+  /* FP8 (q, k, v float8_e4m3fn / float8_e5m2; the seed's sdpa_fp8 / sdpa_fp8_backward, docs/SDPA.md
+   * "FP8 SDPA"): per-tensor scale factors, fp32, 1 element ((1, 1, 1, 1)), on q's device or the
+   * host, required with FP8 inputs; amax outputs, fp32, 1 element on q's device, required too. */
+  FS_SDPA_DESCALE_Q = 45,   /* forward and backward */
+  FS_SDPA_DESCALE_K = 46,
+  FS_SDPA_DESCALE_V = 47,
+  FS_SDPA_DESCALE_S = 48,   /* of the quantized softmax probabilities S                      */
+  FS_SDPA_SCALE_S = 49,
+  FS_SDPA_SCALE_O = 50,     /* forward only                                                  */
+  FS_SDPA_AMAX_S = 51,      /* forward output: max |S| (before scale_s)                      */
+  FS_SDPA_AMAX_O = 52,      /* forward output: max |O| (before scale_o)                      */
+  FS_SDPA_DESCALE_O = 53,   /* backward only                                                 */
+  FS_SDPA_DESCALE_DO = 54,
+  FS_SDPA_DESCALE_DP = 55,  /* of the quantized score gradient dP                            */
+  FS_SDPA_SCALE_DQ = 56,
+  FS_SDPA_SCALE_DK = 57,
+  FS_SDPA_SCALE_DV = 58,
+  FS_SDPA_SCALE_DP = 59,
+  FS_SDPA_AMAX_DQ = 60,     /* backward outputs: max |dQ|, |dK|, |dV|, |dP| (before scaling)  */
+  FS_SDPA_AMAX_DK = 61,
+  FS_SDPA_AMAX_DV = 62,
+  FS_SDPA_AMAX_DP = 63,
+  FS_SDPA_NUM_SLOTS = 64
 } fs_sdpa_slot_t;
 
 typedef enum fs_sdpa_diagonal_alignment {
@@ -365,6 +397,31 @@ FS_API fs_status_t fs_sdpa_attributes_set_max_logit(fs_sdpa_attributes_t attr, c
 FS_API fs_status_t fs_sdpa_attributes_set_paged_attention_k_table(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
 FS_API fs_status_t fs_sdpa_attributes_set_paged_attention_v_table(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
 FS_API fs_status_t fs_sdpa_attributes_set_paged_attention_max_seq_len_kv(fs_sdpa_attributes_t attr, int64_t value);
+
+/* FP8 scale factors and amax outputs (slots FS_SDPA_DESCALE_Q .. FS_SDPA_AMAX_DP; seed names). Forward and
+ * backward: descale_q, descale_k, descale_v, descale_s, scale_s. */
+FS_API fs_status_t fs_sdpa_attributes_set_descale_q(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_descale_k(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_descale_v(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_descale_s(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_scale_s(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+/* Forward only: scale_o and the outputs amax_s, amax_o. */
+FS_API fs_status_t fs_sdpa_attributes_set_scale_o(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_amax_s(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_amax_o(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+/* Backward only: descale_o, descale_dO, descale_dP, scale_dQ, scale_dK, scale_dV, scale_dP and the outputs
+ * amax_dQ, amax_dK, amax_dV, amax_dP. */
+FS_API fs_status_t fs_sdpa_attributes_set_descale_o(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_descale_do(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_descale_dp(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_scale_dq(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_scale_dk(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_scale_dv(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_scale_dp(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_amax_dq(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_amax_dk(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_amax_dv(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
+FS_API fs_status_t fs_sdpa_attributes_set_amax_dp(fs_sdpa_attributes_t attr, const fs_tensor_t* value);
 
 /* Backward only. */
 FS_API fs_status_t fs_sdpa_attributes_set_dbias(fs_sdpa_attributes_t attr, const fs_tensor_t* value);

@@ -47,6 +47,8 @@ inline constexpr fs_dtype_t kInt32{FS_DTYPE_INT, 32, 1};
 inline constexpr fs_dtype_t kInt64{FS_DTYPE_INT, 64, 1};
 inline constexpr fs_dtype_t kFloat64{FS_DTYPE_FLOAT, 64, 1};
 inline constexpr fs_dtype_t kUInt8{FS_DTYPE_UINT, 8, 1};
+inline constexpr fs_dtype_t kFloat8E4M3{FS_DTYPE_FLOAT8_E4M3FN, 8, 1};  // torch.float8_e4m3fn
+inline constexpr fs_dtype_t kFloat8E5M2{FS_DTYPE_FLOAT8_E5M2, 8, 1};    // torch.float8_e5m2
 
 struct Device {
   static fs_device_t cpu() { return {FS_DEVICE_CPU, 0}; }
@@ -373,6 +375,12 @@ class SdpaAttributesBase {
   Derived& set_ragged_offset(fs_sdpa_slot_t tensor, const TensorDesc& offsets, int64_t multiplier = 1) {
     return ok(fs_sdpa_attributes_set_ragged_offset(h_, tensor, offsets.get(), multiplier));
   }
+  // FP8 scale factors (fp32, 1 element) of both directions (docs/SDPA.md "FP8 SDPA").
+  Derived& set_descale_q(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_descale_q(h_, value.get())); }
+  Derived& set_descale_k(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_descale_k(h_, value.get())); }
+  Derived& set_descale_v(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_descale_v(h_, value.get())); }
+  Derived& set_descale_s(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_descale_s(h_, value.get())); }
+  Derived& set_scale_s(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_scale_s(h_, value.get())); }
 
  protected:
   explicit SdpaAttributesBase(bool backward) { check(fs_sdpa_attributes_create(backward ? 1 : 0, &h_)); }
@@ -414,6 +422,10 @@ class SdpaAttributes : public detail::SdpaAttributesBase<SdpaAttributes> {
   using SdpaAttributesBase::set_dropout;
   // The seed's set_dropout(mask, scale).
   SdpaAttributes& set_dropout(const TensorDesc& mask, const TensorDesc& scale) { return set_dropout_mask(mask, scale); }
+  // FP8: the output's scale factor and the amax outputs (fp32, 1 element).
+  SdpaAttributes& set_scale_o(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_scale_o(h_, value.get())); }
+  SdpaAttributes& set_amax_s(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_amax_s(h_, value.get())); }
+  SdpaAttributes& set_amax_o(const TensorDesc& value) { return ok(fs_sdpa_attributes_set_amax_o(h_, value.get())); }
 };
 
 // Options of an SDPA backward operation (the seed's SDPA_backward_attributes).
@@ -433,10 +445,25 @@ class SdpaBackwardAttributes : public detail::SdpaAttributesBase<SdpaBackwardAtt
   SdpaBackwardAttributes& set_dropout(const TensorDesc& mask, const TensorDesc& scale, const TensorDesc& scale_inv) {
     return ok(fs_sdpa_attributes_set_dropout_mask(h_, mask.get(), scale.get(), scale_inv.get()));
   }
+  // FP8: the backward's scale factors and amax outputs (fp32, 1 element).
+  SdpaBackwardAttributes& set_descale_o(const TensorDesc& v) { return ok(fs_sdpa_attributes_set_descale_o(h_, v.get())); }
+  SdpaBackwardAttributes& set_descale_dO(const TensorDesc& v) { return ok(fs_sdpa_attributes_set_descale_do(h_, v.get())); }
+  SdpaBackwardAttributes& set_descale_dP(const TensorDesc& v) { return ok(fs_sdpa_attributes_set_descale_dp(h_, v.get())); }
+  SdpaBackwardAttributes& set_scale_dQ(const TensorDesc& v) { return ok(fs_sdpa_attributes_set_scale_dq(h_, v.get())); }
+  SdpaBackwardAttributes& set_scale_dK(const TensorDesc& v) { return ok(fs_sdpa_attributes_set_scale_dk(h_, v.get())); }
+  SdpaBackwardAttributes& set_scale_dV(const TensorDesc& v) { return ok(fs_sdpa_attributes_set_scale_dv(h_, v.get())); }
+  SdpaBackwardAttributes& set_scale_dP(const TensorDesc& v) { return ok(fs_sdpa_attributes_set_scale_dp(h_, v.get())); }
+  SdpaBackwardAttributes& set_amax_dQ(const TensorDesc& v) { return ok(fs_sdpa_attributes_set_amax_dq(h_, v.get())); }
+  SdpaBackwardAttributes& set_amax_dK(const TensorDesc& v) { return ok(fs_sdpa_attributes_set_amax_dk(h_, v.get())); }
+  SdpaBackwardAttributes& set_amax_dV(const TensorDesc& v) { return ok(fs_sdpa_attributes_set_amax_dv(h_, v.get())); }
+  SdpaBackwardAttributes& set_amax_dP(const TensorDesc& v) { return ok(fs_sdpa_attributes_set_amax_dp(h_, v.get())); }
 };
 
 using SDPA_attributes = SdpaAttributes;
 using SDPA_backward_attributes = SdpaBackwardAttributes;
+// FP8 calls use the same attribute objects and operations (FP8 by q's dtype), with the scale setters above.
+using SDPA_fp8_attributes = SdpaAttributes;
+using SDPA_fp8_backward_attributes = SdpaBackwardAttributes;
 
 // Data pointers of one execute() call, indexed by fs_sdpa_slot_t.
 class SdpaVariantPack {

@@ -8,6 +8,7 @@ from .api import flex_attn_func
 from .execution import FlexAttentionBwd, FlexAttentionFwd
 from .plan import MaskPlan, create_mask_plan
 from .sdpa import diagonal_alignment, dropout_offset_increment, sdpa, sdpa_backward
+from .sdpa_fp8 import sdpa_fp8, sdpa_fp8_backward
 from .sdpa_ops import sdpa_torch
 
 __version__ = "0.1.0"
@@ -20,6 +21,8 @@ __all__ = [
     "FlexAttentionBwd",
     "sdpa",
     "sdpa_backward",
+    "sdpa_fp8",
+    "sdpa_fp8_backward",
     "sdpa_torch",
     "diagonal_alignment",
     "dropout_offset_increment",

@@ -25,7 +25,7 @@ from typing import Optional
 import torch
 
 # Must equal FLASHSPAN_ABI_VERSION of the header these mirrors were written from.
-ABI_VERSION = 2
+ABI_VERSION = 3
 
 # fs_status_t
 STATUS_SUCCESS = 0
@@ -52,6 +52,8 @@ DTYPE_INT = 0
 DTYPE_UINT = 1
 DTYPE_FLOAT = 2
 DTYPE_BFLOAT = 4
+DTYPE_FLOAT8_E4M3FN = 10  # DLPack v1.1 kDLFloat8_e4m3fn
+DTYPE_FLOAT8_E5M2 = 12  # kDLFloat8_e5m2
 
 
 # ---------------------------------------------------------------------------
@@ -323,6 +325,8 @@ _DTYPES = {
     torch.int16: (DTYPE_INT, 16),
     torch.int8: (DTYPE_INT, 8),
     torch.uint8: (DTYPE_UINT, 8),
+    torch.float8_e4m3fn: (DTYPE_FLOAT8_E4M3FN, 8),
+    torch.float8_e5m2: (DTYPE_FLOAT8_E5M2, 8),
 }
 
 

@@ -23,7 +23,10 @@ DROPOUT_SEED, DROPOUT_OFFSET, DROPOUT_MASK, DROPOUT_SCALE, DROPOUT_SCALE_INV, RN
 GATE, DGATE = 30, 31
 RAGGED = {Q: 32, K: 33, V: 34, O: 35, STATS: 36, DO: 37, DQ: 38, DK: 39, DV: 40, PAGE_TABLE_K: 41, PAGE_TABLE_V: 42,
           GATE: 43, DGATE: 44}
-NUM_SLOTS = 45
+DESCALE_Q, DESCALE_K, DESCALE_V, DESCALE_S, SCALE_S, SCALE_O, AMAX_S, AMAX_O = range(45, 53)
+DESCALE_O, DESCALE_DO, DESCALE_DP, SCALE_DQ, SCALE_DK, SCALE_DV, SCALE_DP = range(53, 60)
+AMAX_DQ, AMAX_DK, AMAX_DV, AMAX_DP = range(60, 64)
+NUM_SLOTS = 64
 
 TOP_LEFT, BOTTOM_RIGHT = 0, 1
 
@@ -77,6 +80,25 @@ TENSOR_SETTERS = {
     "dbias": (DBIAS, "bwd"),
     "dsink_token": (DSINK_TOKEN, "bwd"),
     "dgate": (DGATE, "bwd"),
+    "descale_q": (DESCALE_Q, "both"),
+    "descale_k": (DESCALE_K, "both"),
+    "descale_v": (DESCALE_V, "both"),
+    "descale_s": (DESCALE_S, "both"),
+    "scale_s": (SCALE_S, "both"),
+    "scale_o": (SCALE_O, "fwd"),
+    "amax_s": (AMAX_S, "fwd"),
+    "amax_o": (AMAX_O, "fwd"),
+    "descale_o": (DESCALE_O, "bwd"),
+    "descale_do": (DESCALE_DO, "bwd"),
+    "descale_dp": (DESCALE_DP, "bwd"),
+    "scale_dq": (SCALE_DQ, "bwd"),
+    "scale_dk": (SCALE_DK, "bwd"),
+    "scale_dv": (SCALE_DV, "bwd"),
+    "scale_dp": (SCALE_DP, "bwd"),
+    "amax_dq": (AMAX_DQ, "bwd"),
+    "amax_dk": (AMAX_DK, "bwd"),
+    "amax_dv": (AMAX_DV, "bwd"),
+    "amax_dp": (AMAX_DP, "bwd"),
 }
 _INT_SETTERS = {  # name -> C type of the value
     "alibi_mask": c_int32,

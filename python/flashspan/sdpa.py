@@ -864,12 +864,14 @@ def sdpa(
         a CUDA call needs one the GPU path does not have yet; RuntimeError when its gradients are differentiated
         again (double backward).
 
-    Where it runs: CPU tensors run the CPU reference (every feature). CUDA tensors run the pure-mask subset (causal
-    / bands / sliding windows with either alignment, padding, THD, GQA / MQA, LSE, max_logit, deterministic
-    backward) on the flex kernels through ``flashspan.sdpa_lowering``; bias, ALiBi, softcap, sinks, dropout, block
-    mask, paged K/V, gate, H_k != H_v and score_max / score_sum_exp raise NotImplementedError there (docs/SDPA.md).
-    With ``FLASHSPAN_EXPERIMENTAL=1`` in the environment, CUDA tensors run the same subset on the C layer's own SDPA
-    GPU kernels instead (no lowering; experimental), which raise NotImplementedError naming the feature.
+    Where it runs (docs/SDPA.md, "What runs where"): CPU tensors run the CPU reference (every feature). CUDA tensors
+    run the C layer's own SDPA GPU kernels with the analytic mask (the native route, the default on every GPU):
+    the masks (causal / bands / sliding windows with either alignment), padding, THD, GQA / MQA, H_k != H_v, LSE,
+    max_logit, the deterministic backward, bias with dBias, ALiBi, softcap, sinks with dSink, dropout, the block
+    mask, the gate with dgate and score_max / score_sum_exp; on an H200 the sm90 kernels where they cover the call,
+    else the sm80 ones. Paged K/V caches on CUDA tensors are experimental (``FLASHSPAN_EXPERIMENTAL=1``); what the
+    GPU kernels do not run raises NotImplementedError naming it. ``FLASHSPAN_SDPA_ROUTE=flex`` lowers the
+    pure-mask calls onto the flex kernels instead (``flashspan.sdpa_lowering``; a comparison route).
 
     Example::
 

@@ -35,12 +35,13 @@ length / offset tensor. A training loop that passes the same length tensors (or 
 length tensors, or lengths changed in place, build a new plan. The backward reuses the forward's plan when that one
 was built with backward metadata (``sdpa()`` asks for it when gradients are needed), else builds one.
 
-The private switch ``FLASHSPAN_SDPA_ROUTE=flex`` (environment) runs this lowering on CPU tensors too, where the
-flex calls run flex's CPU backend: that is how CI tests this code path without a GPU. ``FLASHSPAN_SDPA_ROUTE`` unset
-(or ``reference``) keeps CPU tensors on the SDPA CPU reference. CUDA tensors take this lowering, unless
-``FLASHSPAN_EXPERIMENTAL=1``: then they run the SDPA operation of the C layer itself (its native GPU kernels with the
-analytic mask, issue 24; experimental, hence off by default), which names the features it does not run. A CUDA call
-with a feature this lowering cannot express (:func:`unsupported`) takes that operation whatever the switch says.
+The switch ``FLASHSPAN_SDPA_ROUTE`` (environment, read per call) chooses where a call runs (:func:`route`). CUDA
+tensors take the SDPA operation of the C layer itself (the native route: its GPU kernels with the analytic mask,
+issue 24), the default on every GPU since 2026-12-03, which names the features it does not run; with
+``FLASHSPAN_SDPA_ROUTE=flex`` they take this lowering instead (a comparison route), unless the call has a feature
+this lowering cannot express (:func:`unsupported`), which keeps the native route. ``FLASHSPAN_SDPA_ROUTE=flex``
+also runs this lowering on CPU tensors, where the flex calls run flex's CPU backend: that is how CI tests this code
+path without a GPU; unset (or ``reference``), CPU tensors run the SDPA CPU reference.
 """
 
 from __future__ import annotations
@@ -105,8 +106,8 @@ def prefers_flex(q: Tensor) -> bool:
 
 def _unsupported(feature: str, why: str) -> NotImplementedError:
     return NotImplementedError(
-        f"{feature}: not supported on CUDA tensors yet: CUDA runs SDPA by lowering its pure-mask configurations "
-        f"onto the flex kernels, and {why}; CPU tensors run every feature on the CPU reference (docs/SDPA.md)"
+        f"{feature}: not supported by the flex route (FLASHSPAN_SDPA_ROUTE=flex lowers pure-mask configurations "
+        f"onto the flex kernels), and {why}; the native route (the default) runs it (docs/SDPA.md)"
     )
 
 

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <span>
 
 #include "core/error.h"
 #include "core/half_conv.h"
@@ -93,6 +94,18 @@ struct Checker {
                  t.shape_str());
     FS_CHECK_ARG(is_compact(t), slot_name(slot), ": must be contiguous");
   }
+  // A float32 scalar input (attn_scale as a tensor, the FP8 scale factors): on q's device, or a host
+  // scalar with device tensors (the seed's pass-by-value scale, read on the host).
+  void scalar_input(int slot, const char* what) const {
+    const TensorView& t = a.t(slot);
+    if (t.device == DeviceType::kCPU && q.device != DeviceType::kCPU) {
+      FS_CHECK_TYPE(t.dtype == DType::kFloat32, slot_name(slot), ": dtype must be float32 (", what, "), got ",
+                    dtype_name(t.dtype));
+      FS_CHECK_ARG(t.numel() == 1, slot_name(slot), ": must have 1 element(s) (", what, "), got shape ", t.shape_str());
+    } else {
+      small(slot, 1, false, what);
+    }
+  }
   // A 4-D tensor broadcastable to [B, H, S_q, S_kv]: each dim full or 1.
   void broadcastable(int slot, int64_t B, int64_t H, int64_t Sq, int64_t Skv, const char* kv_name) const {
     const TensorView& t = a.t(slot);
@@ -115,6 +128,66 @@ bool power_of_two(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
 constexpr int kQSide[] = {FS_SDPA_Q, FS_SDPA_O, FS_SDPA_STATS, FS_SDPA_DO, FS_SDPA_DQ, FS_SDPA_GATE, FS_SDPA_DGATE};
 constexpr int kKvSide[] = {FS_SDPA_K, FS_SDPA_V, FS_SDPA_DK, FS_SDPA_DV};
 
+// The scale factors each FP8 direction takes (all required, as in the seed's sdpa_fp8 / sdpa_fp8_backward).
+constexpr int kFp8FwdScales[] = {FS_SDPA_DESCALE_Q, FS_SDPA_DESCALE_K, FS_SDPA_DESCALE_V,
+                                 FS_SDPA_DESCALE_S, FS_SDPA_SCALE_S,   FS_SDPA_SCALE_O};
+constexpr int kFp8BwdScales[] = {FS_SDPA_DESCALE_Q, FS_SDPA_DESCALE_K,  FS_SDPA_DESCALE_V, FS_SDPA_DESCALE_O,
+                                 FS_SDPA_DESCALE_DO, FS_SDPA_DESCALE_S, FS_SDPA_DESCALE_DP, FS_SDPA_SCALE_S,
+                                 FS_SDPA_SCALE_DQ,  FS_SDPA_SCALE_DK,   FS_SDPA_SCALE_DV,  FS_SDPA_SCALE_DP};
+constexpr int kFp8FwdAmax[] = {FS_SDPA_AMAX_S, FS_SDPA_AMAX_O};
+constexpr int kFp8BwdAmax[] = {FS_SDPA_AMAX_DQ, FS_SDPA_AMAX_DK, FS_SDPA_AMAX_DV, FS_SDPA_AMAX_DP};
+
+// t when it is an FP8 format, else `fallback` (so that an `exact` check on a non-FP8 tensor names an FP8 dtype).
+DType fp8_or(DType t, DType fallback) { return is_fp8(t) ? t : fallback; }
+
+// The options of an FP8 call (docs/SDPA.md "FP8 SDPA"): the seed's subset (sdpa_fp8: causal and padding masks;
+// sdpa_fp8_backward: a causal mask), every scale factor and amax output. Checked before the options' own rules,
+// so an option FP8 does not take is named as such.
+void check_fp8_options(const Problem& p, const Checker& c) {
+  const Attributes& a = p.a;
+  const char* subset = a.backward ? "the seed's sdpa_fp8_backward takes a causal mask only"
+                                  : "the seed's sdpa_fp8 takes causal and padding masks only";
+  auto reject = [&](bool set, const char* option, const char* why) {
+    FS_CHECK_ARG(!set, option, ": not supported with FP8 inputs (", why, ")");
+  };
+  reject(a.has(FS_SDPA_BIAS), "bias", subset);
+  reject(a.alibi, "use_alibi_mask", subset);
+  reject(a.softcap.has_value(), "softcap", subset);
+  reject(a.has(FS_SDPA_SINK_TOKEN), "sink_token", subset);
+  reject(a.has(FS_SDPA_BLOCK_MASK), "block_mask", subset);
+  reject(a.has(FS_SDPA_GATE), "gate", subset);
+  reject(a.has(FS_SDPA_MAX_LOGIT), "max_logit", subset);
+  reject(a.has(FS_SDPA_PAGE_TABLE_K) || a.has(FS_SDPA_PAGE_TABLE_V),
+         "paged_attention_k_table, paged_attention_v_table", subset);
+  // The seed's FP8 backward has no dropout, so a forward with dropout could not be trained through.
+  reject(a.dropout_probability.has_value() || a.dropout_mask_form || a.has(FS_SDPA_DROPOUT_SEED) ||
+             a.has(FS_SDPA_DROPOUT_MASK),
+         "dropout", "the seed's FP8 backward has no dropout, and the forward takes none either");
+  reject(a.has(FS_SDPA_RNG_DUMP), "rng_dump", "FP8 calls take no dropout");
+  reject(a.left_bound.has_value(), "diagonal_band_left_bound", "the FP8 masks are causal ones, no sliding windows");
+  reject(a.right_bound.has_value() && *a.right_bound != 0, "diagonal_band_right_bound",
+         "the FP8 masks are causal ones: only 0 (set_causal_mask)");
+  reject(a.alignment == FS_SDPA_BOTTOM_RIGHT, "diagonal_alignment",
+         "the seed's FP8 causal mask is TOP_LEFT (set_causal_mask), BOTTOM_RIGHT is not");
+  if (a.backward) {
+    for (int s : {FS_SDPA_SEQ_LEN_Q, FS_SDPA_SEQ_LEN_KV, FS_SDPA_CU_SEQ_LEN_Q, FS_SDPA_CU_SEQ_LEN_KV})
+      reject(a.has(s), slot_name(s), subset);
+    reject(a.padding_mask, "use_padding_mask", subset);
+  }
+  FS_CHECK_ARG(p.Dqk % 16 == 0, "q: head dim D_qk = ", p.Dqk, " must be a multiple of 16 with FP8 inputs");
+  FS_CHECK_ARG(p.Dv % 16 == 0, "v: head dim D_v = ", p.Dv, " must be a multiple of 16 with FP8 inputs");
+  const char* op = a.backward ? "sdpa_fp8_backward" : "sdpa_fp8";
+  for (int s : a.backward ? std::span<const int>(kFp8BwdScales) : std::span<const int>(kFp8FwdScales)) {
+    FS_CHECK_ARG(a.has(s), slot_name(s), ": is required with FP8 inputs (the seed's ", op,
+                 " takes every scale factor; 1 for none)");
+    c.scalar_input(s, "one scale factor, shape (1, 1, 1, 1)");
+  }
+  for (int s : a.backward ? std::span<const int>(kFp8BwdAmax) : std::span<const int>(kFp8FwdAmax)) {
+    FS_CHECK_ARG(a.has(s), slot_name(s), ": is required with FP8 inputs (the seed's ", op, " outputs it)");
+    c.small(s, 1, false, "one float32 output, shape (1, 1, 1, 1)");
+  }
+}
+
 void check_common(Problem& p, const Checker& c) {
   const Attributes& a = p.a;
   const TensorView &q = a.t(FS_SDPA_Q), &k = a.t(FS_SDPA_K), &v = a.t(FS_SDPA_V);
@@ -123,11 +196,13 @@ void check_common(Problem& p, const Checker& c) {
   for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O}) FS_CHECK_ARG(a.has(s), slot_name(s), ": is required");
   c.rank4(FS_SDPA_Q, "[B, H_q, S_q, D_qk]");
   const bool cpu = q.device == DeviceType::kCPU;
-  if (cpu) {
+  p.fp8 = is_fp8(q.dtype);  // FP8 passes on either device here: check_support says where it runs
+  if (!p.fp8 && cpu) {
     FS_CHECK_TYPE(is_float(q.dtype), "q: dtype must be float16 or bfloat16 (the CPU reference also takes float32 and "
-                  "float64), got ", dtype_name(q.dtype));
-  } else {
-    FS_CHECK_TYPE(is_io_float(q.dtype), "q: dtype must be float16 or bfloat16, got ", dtype_name(q.dtype));
+                  "float64), or an FP8 format (float8_e4m3fn, float8_e5m2), got ", dtype_name(q.dtype));
+  } else if (!p.fp8) {
+    FS_CHECK_TYPE(is_io_float(q.dtype), "q: dtype must be float16 or bfloat16, or an FP8 format (float8_e4m3fn, "
+                  "float8_e5m2), got ", dtype_name(q.dtype));
   }
   p.dtype = q.dtype;
   p.device = q.device;
@@ -140,7 +215,8 @@ void check_common(Problem& p, const Checker& c) {
   for (int s : {FS_SDPA_K, FS_SDPA_V}) {
     c.rank4(s, s == FS_SDPA_K ? "[B, H_k, S_kv, D_qk]" : "[B, H_v, S_kv, D_v]");
     FS_CHECK_TYPE(a.t(s).dtype == q.dtype, slot_name(s), ": dtype ", dtype_name(a.t(s).dtype),
-                  " differs from q's ", dtype_name(q.dtype), " (one io dtype per call: no mixed dtypes)");
+                  " differs from q's ", dtype_name(q.dtype),
+                  p.fp8 ? " (q, k and v share one FP8 format)" : " (one io dtype per call: no mixed dtypes)");
     c.same_device(s);
     c.last_dim_contiguous(s);
   }
@@ -160,6 +236,14 @@ void check_common(Problem& p, const Checker& c) {
   FS_CHECK_ARG(p.Hq % p.Hk == 0 && p.Hq % p.Hv == 0,
                "k, v: for MHA / GQA / MQA the K and V head counts must divide H_q = ", p.Hq, ", got H_k = ", p.Hk,
                ", H_v = ", p.Hv);
+  if (p.fp8) {
+    check_fp8_options(p, c);
+  } else {
+    for (int s = kFirstFp8Slot; s < kNumSlots; ++s) {
+      FS_CHECK_ARG(!a.has(s), slot_name(s), ": FP8 scale factors and amax outputs apply to FP8 inputs only (q is ",
+                   dtype_name(q.dtype), ")");
+    }
+  }
 
   // --- paged K/V -------------------------------------------------------------------------
   const bool paged_k = a.has(FS_SDPA_PAGE_TABLE_K), paged_v = a.has(FS_SDPA_PAGE_TABLE_V);
@@ -215,7 +299,12 @@ void check_common(Problem& p, const Checker& c) {
   FS_CHECK_ARG(p.Sq >= 0 && p.Skv >= 0, "q, k: sequence lengths must be non-negative");
 
   // --- outputs / other sequence tensors ---------------------------------------------------
-  c.exact(FS_SDPA_O, {p.B, p.Hq, p.Sq, p.Dv}, q.dtype, "[B, H_q, S_q, D_v], dtype of q");
+  if (p.fp8) {
+    c.exact(FS_SDPA_O, {p.B, p.Hq, p.Sq, p.Dv}, fp8_or(a.t(FS_SDPA_O).dtype, q.dtype),
+            "[B, H_q, S_q, D_v], an FP8 format");
+  } else {
+    c.exact(FS_SDPA_O, {p.B, p.Hq, p.Sq, p.Dv}, q.dtype, "[B, H_q, S_q, D_v], dtype of q");
+  }
 
   // --- padding / sequence lengths ------------------------------------------------------------
   const bool seq_q = a.has(FS_SDPA_SEQ_LEN_Q), cu_q = a.has(FS_SDPA_CU_SEQ_LEN_Q);
@@ -266,16 +355,7 @@ void check_common(Problem& p, const Checker& c) {
   // --- scale --------------------------------------------------------------------------------
   if (a.has(FS_SDPA_ATTN_SCALE)) {
     FS_CHECK_ARG(!a.attn_scale_value, "attn_scale: set both as a float and as a tensor; use one");
-    const TensorView& st = a.t(FS_SDPA_ATTN_SCALE);
-    if (st.device == DeviceType::kCPU && q.device != DeviceType::kCPU) {
-      // A host scalar with device tensors: the seed's pass-by-value scale, read on the host.
-      FS_CHECK_TYPE(st.dtype == DType::kFloat32, "attn_scale: dtype must be float32 (one scale factor), got ",
-                    dtype_name(st.dtype));
-      FS_CHECK_ARG(st.numel() == 1, "attn_scale: must have 1 element(s) (one scale factor), got shape ",
-                   st.shape_str());
-    } else {
-      c.small(FS_SDPA_ATTN_SCALE, 1, false, "one scale factor");
-    }
+    c.scalar_input(FS_SDPA_ATTN_SCALE, "one scale factor");
   } else if (a.attn_scale_value) {
     FS_CHECK_ARG(std::isfinite(*a.attn_scale_value), "attn_scale: must be finite, got ", *a.attn_scale_value);
   }
@@ -431,8 +511,31 @@ const char* slot_name(int slot) {
     case FS_SDPA_RAGGED_OFFSET_PAGE_TABLE_V: return "ragged offset of paged_attention_v_table";
     case FS_SDPA_RAGGED_OFFSET_GATE: return "ragged offset of gate";
     case FS_SDPA_RAGGED_OFFSET_DGATE: return "ragged offset of dgate";
+    case FS_SDPA_DESCALE_Q: return "descale_q";
+    case FS_SDPA_DESCALE_K: return "descale_k";
+    case FS_SDPA_DESCALE_V: return "descale_v";
+    case FS_SDPA_DESCALE_S: return "descale_s";
+    case FS_SDPA_SCALE_S: return "scale_s";
+    case FS_SDPA_SCALE_O: return "scale_o";
+    case FS_SDPA_AMAX_S: return "amax_s";
+    case FS_SDPA_AMAX_O: return "amax_o";
+    case FS_SDPA_DESCALE_O: return "descale_o";
+    case FS_SDPA_DESCALE_DO: return "descale_dO";
+    case FS_SDPA_DESCALE_DP: return "descale_dP";
+    case FS_SDPA_SCALE_DQ: return "scale_dQ";
+    case FS_SDPA_SCALE_DK: return "scale_dK";
+    case FS_SDPA_SCALE_DV: return "scale_dV";
+    case FS_SDPA_SCALE_DP: return "scale_dP";
+    case FS_SDPA_AMAX_DQ: return "amax_dQ";
+    case FS_SDPA_AMAX_DK: return "amax_dK";
+    case FS_SDPA_AMAX_DV: return "amax_dV";
+    case FS_SDPA_AMAX_DP: return "amax_dP";
     default: return "(unknown slot)";
   }
+}
+
+bool is_fp8_amax_slot(int slot) {
+  return slot == FS_SDPA_AMAX_S || slot == FS_SDPA_AMAX_O || (slot >= FS_SDPA_AMAX_DQ && slot <= FS_SDPA_AMAX_DP);
 }
 
 int ragged_slot_of(int slot) {
@@ -539,11 +642,20 @@ Problem validate_backward(const Attributes& attrs) {
   const DType io = p.dtype;
   for (int s : {FS_SDPA_DO, FS_SDPA_STATS, FS_SDPA_DQ, FS_SDPA_DK, FS_SDPA_DV})
     FS_CHECK_ARG(a.has(s), slot_name(s), ": is required for the backward pass");
-  c.exact(FS_SDPA_DO, {p.B, p.Hq, p.Sq, p.Dv}, io, "[B, H_q, S_q, D_v], dtype of q");
+  if (p.fp8) {
+    // dO and the gradients have FP8 formats of their own (dQ, dK, dV one; e.g. E5M2 gradients of E4M3 inputs).
+    const DType grad = fp8_or(a.t(FS_SDPA_DQ).dtype, io);
+    c.exact(FS_SDPA_DO, {p.B, p.Hq, p.Sq, p.Dv}, fp8_or(a.t(FS_SDPA_DO).dtype, io), "[B, H_q, S_q, D_v], an FP8 format");
+    c.exact(FS_SDPA_DQ, {p.B, p.Hq, p.Sq, p.Dqk}, grad, "shape of q, an FP8 format");
+    c.exact(FS_SDPA_DK, {p.B, p.Hk, p.Skv, p.Dqk}, grad, "shape of k, dQ's FP8 format");
+    c.exact(FS_SDPA_DV, {p.B, p.Hv, p.Skv, p.Dv}, grad, "shape of v, dQ's FP8 format");
+  } else {
+    c.exact(FS_SDPA_DO, {p.B, p.Hq, p.Sq, p.Dv}, io, "[B, H_q, S_q, D_v], dtype of q");
+    c.exact(FS_SDPA_DQ, {p.B, p.Hq, p.Sq, p.Dqk}, io, "shape of q");
+    c.exact(FS_SDPA_DK, {p.B, p.Hk, p.Skv, p.Dqk}, io, "shape of k");
+    c.exact(FS_SDPA_DV, {p.B, p.Hv, p.Skv, p.Dv}, io, "shape of v");
+  }
   c.exact(FS_SDPA_STATS, {p.B, p.Hq, p.Sq, 1}, DType::kFloat32, "the forward's natural-log stats [B, H_q, S_q, 1]");
-  c.exact(FS_SDPA_DQ, {p.B, p.Hq, p.Sq, p.Dqk}, io, "shape of q");
-  c.exact(FS_SDPA_DK, {p.B, p.Hk, p.Skv, p.Dqk}, io, "shape of k");
-  c.exact(FS_SDPA_DV, {p.B, p.Hv, p.Skv, p.Dv}, io, "shape of v");
   if (a.has(FS_SDPA_DBIAS)) {
     FS_CHECK_ARG(a.has(FS_SDPA_BIAS), "dBias: needs the bias of the forward (set bias)");
     const TensorView& b = a.t(FS_SDPA_BIAS);
@@ -587,6 +699,13 @@ float read_float(const TensorView& t) {
     case DType::kBFloat16: return bf16_bits_to_float(*t.ptr<const uint16_t>());
     default: throw Error(Status::kInternal, "sdpa: unexpected dtype of a scalar tensor");
   }
+}
+
+// A scalar float tensor's value (host memory), checked finite.
+float finite_float(const Problem& p, int slot) {
+  const float s = read_float(p.t(slot));
+  FS_CHECK_ARG(std::isfinite(s), slot_name(slot), ": must be finite, got ", s);
+  return s;
 }
 
 std::vector<int64_t> read_lengths(const Problem& p, int seq_slot, int cu_slot, int64_t max_len, const char* max_name) {
@@ -667,11 +786,10 @@ Runtime read_runtime_host(const Problem& p) {
       }
     }
   }
-  if (p.has(FS_SDPA_ATTN_SCALE)) {
-    rt.attn_scale = read_float(p.t(FS_SDPA_ATTN_SCALE));
-    FS_CHECK_ARG(std::isfinite(rt.attn_scale), "attn_scale: must be finite, got ", rt.attn_scale);
-  } else {
-    rt.attn_scale = p.a.attn_scale_value.value_or(1.0f);
+  rt.attn_scale = p.has(FS_SDPA_ATTN_SCALE) ? finite_float(p, FS_SDPA_ATTN_SCALE) : p.a.attn_scale_value.value_or(1.0f);
+  rt.factor.fill(1.0);
+  for (int s = kFirstFp8Slot; s < kNumSlots; ++s) {
+    if (p.has(s) && !is_fp8_amax_slot(s)) rt.factor[s] = finite_float(p, s);
   }
   if (p.dropout) {
     rt.dropout_seed = static_cast<uint64_t>(read_index(p.t(FS_SDPA_DROPOUT_SEED), 0));
@@ -689,12 +807,14 @@ Runtime read_runtime_host(const Problem& p) {
 
 float host_attn_scale(const Problem& p) {
   if (!p.has(FS_SDPA_ATTN_SCALE)) return p.a.attn_scale_value.value_or(1.0f);
-  const TensorView& t = p.t(FS_SDPA_ATTN_SCALE);
-  FS_CHECK_ARG(t.device == DeviceType::kCPU, "attn_scale: a tensor scale in device memory cannot be read on the host");
-  FS_CHECK_ARG(t.data != nullptr, "attn_scale: data pointer is NULL");
-  const float s = read_float(t);
-  FS_CHECK_ARG(std::isfinite(s), "attn_scale: must be finite, got ", s);
-  return s;
+  return host_scalar(p, FS_SDPA_ATTN_SCALE);
+}
+
+float host_scalar(const Problem& p, int slot) {
+  const TensorView& t = p.t(slot);
+  FS_CHECK_ARG(t.device == DeviceType::kCPU, slot_name(slot), ": a tensor in device memory cannot be read on the host");
+  FS_CHECK_ARG(t.data != nullptr, slot_name(slot), ": data pointer is NULL");
+  return finite_float(p, slot);
 }
 
 float alibi_slope(int64_t h, int64_t num_heads) {

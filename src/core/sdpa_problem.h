@@ -28,8 +28,11 @@ constexpr int kNumSlots = FS_SDPA_NUM_SLOTS;
 
 enum class Alignment : int { kTopLeft = FS_SDPA_TOP_LEFT, kBottomRight = FS_SDPA_BOTTOM_RIGHT };
 
-// Name of a slot in messages ("q", "bias", "seq_len_q", "ragged offset of q", ...).
+// Name of a slot in messages ("q", "bias", "seq_len_q", "ragged offset of q", "descale_dO", ...).
 const char* slot_name(int slot);
+// FP8 slots: [kFirstFp8Slot, kNumSlots) holds the scale factors (inputs) and the amax outputs.
+constexpr int kFirstFp8Slot = FS_SDPA_DESCALE_Q;
+bool is_fp8_amax_slot(int slot);  // AMAX_S, AMAX_O, AMAX_DQ, AMAX_DK, AMAX_DV, AMAX_DP
 // The ragged-offset slot of a sequence tensor slot, -1 when the slot cannot be ragged.
 int ragged_slot_of(int slot);
 
@@ -65,7 +68,7 @@ struct Problem {
   int64_t B = 0, Hq = 0, Hk = 0, Hv = 0;
   int64_t Sq = 0, Skv = 0;  // logical maxima (S of the descriptors; paged: the KV maximum)
   int64_t Dqk = 0, Dv = 0;
-  DType dtype = DType::kUnknown;
+  DType dtype = DType::kUnknown;  // of q, k and v
   DeviceType device = DeviceType::kCPU;
   int device_id = 0;
 
@@ -74,6 +77,12 @@ struct Problem {
   Alignment alignment = Alignment::kTopLeft;
   bool has_left = false, has_right = false;
   int64_t left = 0, right = 0;
+  // FP8 call (docs/SDPA.md "FP8 SDPA"): q, k, v share `dtype` (kFloat8E4M3 or kFloat8E5M2), the format the
+  // softmax probabilities S are quantized to; o, dO and dQ / dK / dV have their own FP8 formats
+  // (t(FS_SDPA_O).dtype, t(FS_SDPA_DO).dtype: dP's format, t(FS_SDPA_DQ).dtype = dK's = dV's). Every scale
+  // factor of the direction is bound (fp32, 1 element, on q's device or the host) and every amax output (fp32,
+  // 1 element, on q's device); the options are the seed's subset (validate_*).
+  bool fp8 = false;
   bool dropout = false;        // Philox dropout
   uint32_t dropout_threshold = 0;
   float dropout_scale = 1.0f;  // 1 / (1 - p)
@@ -106,6 +115,7 @@ struct Runtime {
   uint64_t dropout_seed = 0, dropout_offset = 0;
   float dropout_mask_scale = 1.0f;
   std::vector<double> sinks;  // H_q values (empty without sinks); float32 or float64 tensors
+  std::array<double, kNumSlots> factor{};  // FP8: the value of each bound scale factor, 1 for the other slots
 };
 
 // Reads and checks the runtime values of a problem whose tensors are bound to host memory.
@@ -114,6 +124,10 @@ Runtime read_runtime_host(const Problem& p);
 // The attention scale of a problem whose attn_scale is a float or a host tensor (read here,
 // checked finite); 1 when neither is given.
 float host_attn_scale(const Problem& p);
+
+// The value of a bound float32 scalar tensor in host memory (a host attn_scale or FP8 scale factor; a GPU
+// launcher reads host scale factors with it), checked finite.
+float host_scalar(const Problem& p, int slot);
 
 // ALiBi slope of query head h out of H heads (ALiBi paper, Press et al. 2022, and the
 // cuDNN frontend's get_alibi_slope): with n = 2^floor(log2 H), heads h < n get

@@ -11,7 +11,15 @@
 
 namespace flashspan {
 
-enum class DType : int { kFloat16, kBFloat16, kFloat32, kFloat64, kInt32, kInt64, kUInt8, kUnknown };
+enum class DType : int {
+  kFloat16, kBFloat16, kFloat32, kFloat64, kInt32, kInt64, kUInt8,
+  kFloat8E4M3,  // float8_e4m3fn (core/fp8_conv.h)
+  kFloat8E5M2,  // float8_e5m2
+  kUnknown
+};
+
+inline bool is_fp8(DType t) { return t == DType::kFloat8E4M3 || t == DType::kFloat8E5M2; }
+
 enum class DeviceType : int { kCPU = FS_DEVICE_CPU, kCUDA = FS_DEVICE_CUDA };
 
 inline const char* dtype_name(DType t) {
@@ -23,6 +31,8 @@ inline const char* dtype_name(DType t) {
     case DType::kInt32: return "int32";
     case DType::kInt64: return "int64";
     case DType::kUInt8: return "uint8";
+    case DType::kFloat8E4M3: return "float8_e4m3fn";
+    case DType::kFloat8E5M2: return "float8_e5m2";
     default: return "unknown";
   }
 }
@@ -35,7 +45,9 @@ inline int dtype_size(DType t) {
     case DType::kInt32: return 4;
     case DType::kFloat64:
     case DType::kInt64: return 8;
-    case DType::kUInt8: return 1;
+    case DType::kUInt8:
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2: return 1;
     default: return 0;
   }
 }
@@ -49,6 +61,8 @@ inline DType dtype_from_fs(fs_dtype_t d) {
   if (d.code == FS_DTYPE_INT && d.bits == 32) return DType::kInt32;
   if (d.code == FS_DTYPE_INT && d.bits == 64) return DType::kInt64;
   if (d.code == FS_DTYPE_UINT && d.bits == 8) return DType::kUInt8;
+  if (d.code == FS_DTYPE_FLOAT8_E4M3FN && d.bits == 8) return DType::kFloat8E4M3;
+  if (d.code == FS_DTYPE_FLOAT8_E5M2 && d.bits == 8) return DType::kFloat8E5M2;
   return DType::kUnknown;
 }
 
@@ -61,6 +75,8 @@ inline fs_dtype_t dtype_to_fs(DType t) {
     case DType::kInt32: return {FS_DTYPE_INT, 32, 1};
     case DType::kInt64: return {FS_DTYPE_INT, 64, 1};
     case DType::kUInt8: return {FS_DTYPE_UINT, 8, 1};
+    case DType::kFloat8E4M3: return {FS_DTYPE_FLOAT8_E4M3FN, 8, 1};
+    case DType::kFloat8E5M2: return {FS_DTYPE_FLOAT8_E5M2, 8, 1};
     default: return {0, 0, 0};
   }
 }

@@ -20,6 +20,11 @@ bool experimental_from_env() {
   return e != nullptr && std::strcmp(e, "1") == 0;
 }
 
+bool env_flag_off(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr && std::strcmp(e, "0") == 0;
+}
+
 namespace {
 
 // The consumer of family `arch` with the tiles of its tile table (TileSm80 or TileSm90: fwd_bq,
@@ -163,10 +168,7 @@ bool bwd_enabled() {
   if (o >= 0) return o == 1;
   // On by default (checked on an H200: the GPU suite, compute-sanitizer, PERF_LOG v1.4);
   // FLASHSPAN_SM90_BWD=0 keeps the portable sm80 backward for comparison.
-  static const bool on = [] {
-    const char* off = std::getenv("FLASHSPAN_SM90_BWD");
-    return !(off != nullptr && std::strcmp(off, "0") == 0);
-  }();
+  static const bool on = !env_flag_off("FLASHSPAN_SM90_BWD");
   return on;
 }
 
@@ -174,10 +176,7 @@ bool bwd_enabled() {
 // dQ kernel): the ordered dQ tiles are slower than it where every key block adds one tile at the
 // same walk position (longformer's global query rows, PERF_LOG v1.6).
 bool bwd_deterministic_enabled() {
-  static const bool on = [] {
-    const char* off = std::getenv("FLASHSPAN_SM90_BWD_DETERMINISTIC");
-    return !(off != nullptr && std::strcmp(off, "0") == 0);
-  }();
+  static const bool on = !env_flag_off("FLASHSPAN_SM90_BWD_DETERMINISTIC");
   return on;
 }
 
@@ -224,10 +223,7 @@ bool bwd_wide64_enabled() {
   // v2.2); FLASHSPAN_SM90_BWD_WIDE64=0 keeps the 64 x 128 tile (read once). The sm80 backward cannot
   // run the wide tile, so it is only chosen when the sm90 backward takes every backward call of the
   // plan (both its switches on).
-  static const bool env = [] {
-    const char* e = std::getenv("FLASHSPAN_SM90_BWD_WIDE64");
-    return !(e != nullptr && std::strcmp(e, "0") == 0);
-  }();
+  static const bool env = !env_flag_off("FLASHSPAN_SM90_BWD_WIDE64");
   return env && bwd_enabled() && bwd_deterministic_enabled();
 }
 
@@ -242,10 +238,7 @@ void set_bwd_wide192_enabled(int on) { store_override(g_wide192_override, on); }
 bool bwd_wide192_enabled() {
   const int o = g_wide192_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1 && bwd_enabled() && bwd_deterministic_enabled();
-  static const bool env = [] {
-    const char* e = std::getenv("FLASHSPAN_SM90_BWD_WIDE192");
-    return !(e != nullptr && std::strcmp(e, "0") == 0);
-  }();
+  static const bool env = !env_flag_off("FLASHSPAN_SM90_BWD_WIDE192");
   return env && bwd_enabled() && bwd_deterministic_enabled();
 }
 

@@ -77,10 +77,17 @@ PlanChoice choose_plan(int requested_arch, int requested_pack_gqa, const FlexGeo
 // Throws Error(kInvalidArgument) naming the variable for another value (plan_choice.cpp).
 int kernel_family_from_env();
 
-// Whether the environment turns the experimental GPU paths on: FLASHSPAN_EXPERIMENTAL=1 (the
-// native SDPA route's switch, which python/flashspan/sdpa_lowering.py reads per call too); read
-// per call, so that a process may switch it between calls (family.cpp).
+// Whether the environment turns the experimental GPU paths on: FLASHSPAN_EXPERIMENTAL=1 (paged K/V
+// caches on CUDA tensors, sdpa_support.cpp; the deterministic sm90 backward's cut of long walks and
+// the split-first item list, launch_sm90.h); read per call, so that a process may switch it between
+// calls (family.cpp).
 bool experimental_from_env();
+
+// Whether the environment variable `name` is set to "0": the reader of the "off" switches of
+// paths that are on by default (FLASHSPAN_SM90_BWD, FLASHSPAN_SM90_SDPA_MODS, ...; unset or any
+// other value: not off). Reads the environment at each call; callers that read a switch once keep
+// its answer themselves.
+bool env_flag_off(const char* name);
 
 // Head dims the GPU kernels (the sm80 family) run: {8, 16, ..., 128}^2, (192, 128),
 // (256, 256). Throws Error(kNotSupported) naming the dims otherwise.

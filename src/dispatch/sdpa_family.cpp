@@ -1,8 +1,6 @@
 // Which kernel family runs an SDPA forward or backward on the GPU (sdpa_launch.h): the one rule. Host code
 // only (no CUDA call but the device query, behind FLASHSPAN_WITH_CUDA), so CPU tests check it.
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "dispatch/family.h"
 #include "dispatch/sdpa_launch.h"
@@ -23,7 +21,9 @@ std::atomic<int> g_sdpa_fp8_sm90_override{-1};
 // kernels), since the GPU suite passed with them and they are at least as fast as the flex route's
 // (PERF_LOG v2.10). The forward's kernel with score modifiers too, since its GPU tests passed and it
 // ran 1.3-1.8x the sm80 forward (PERF_LOG v2.13); FLASHSPAN_SM90_SDPA_MODS=0 (read per call) keeps
-// those calls on the sm80 kernels.
+// those calls on the sm80 kernels. The backward's kernels with score modifiers too, since their GPU
+// tests passed, memcheck was clean and they ran 1.6-1.9x the sm80 backward (PERF_LOG v2.15);
+// FLASHSPAN_SM90_SDPA_BWD_MODS=0 (read per call) keeps those backward calls on the sm80 kernels.
 }  // namespace
 
 namespace {
@@ -46,7 +46,7 @@ static_assert(sdpa_head_dim_rules_agree(), "sm90 SDPA head dims: the forward's a
 // when sdpa_fwd_sm90_mods_enabled() (by default), what its kernel with score modifiers runs
 // (sdpa_fwd_kernel_sm90 with AnalyticModSourceSm90): softcap, ALiBi, the additive bias, sinks, the output gate,
 // score_max / score_sum_exp; and the block_mask (both forward kernels: its 128 x 128 blocks are
-// the forward tile's). The backward also takes, when sdpa_bwd_sm90_mods_enabled() (experimental,
+// the forward tile's). The backward also takes, when sdpa_bwd_sm90_mods_enabled() (by default,
 // its own switch), softcap, ALiBi, the bias with dBias (its kernel with score modifiers,
 // sdpa_bwd_mods_kernel_sm90), sinks with dSink and the gate with dgate (around either kernel); the
 // block_mask keeps the sm80 backward.
@@ -131,8 +131,7 @@ void set_sdpa_fwd_sm90_mods_enabled(int on) {
 bool sdpa_fwd_sm90_mods_enabled() {
   const int o = g_sdpa_fwd_sm90_mods_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
-  const char* e = std::getenv("FLASHSPAN_SM90_SDPA_MODS");
-  return !(e != nullptr && std::strcmp(e, "0") == 0);
+  return !env_flag_off("FLASHSPAN_SM90_SDPA_MODS");
 }
 
 void set_sdpa_bwd_sm90_mods_enabled(int on) {
@@ -142,7 +141,7 @@ void set_sdpa_bwd_sm90_mods_enabled(int on) {
 bool sdpa_bwd_sm90_mods_enabled() {
   const int o = g_sdpa_bwd_sm90_mods_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
-  return experimental_from_env();
+  return !env_flag_off("FLASHSPAN_SM90_SDPA_BWD_MODS");
 }
 
 void set_sdpa_fp8_sm90_enabled(int on) {

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/fp8_conv.h"
 #include "core/half_conv.h"
 #include "core/philox.h"
 #include "reference/parallel_for.h"
@@ -40,6 +41,8 @@ Acc load_one(const TensorView& t, int64_t off) {
     case DType::kFloat32: return static_cast<Acc>(t.ptr<const float>()[off]);
     case DType::kFloat64: return static_cast<Acc>(t.ptr<const double>()[off]);
     case DType::kUInt8: return static_cast<Acc>(t.ptr<const uint8_t>()[off]);
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2: return static_cast<Acc>(fp8_bits_to_float(t.ptr<const uint8_t>()[off], fp8_format(t.dtype)));
     default: throw Error(Status::kInternal, "sdpa reference: unexpected dtype in load_one");
   }
 }
@@ -58,6 +61,8 @@ void store_one(const TensorView& t, int64_t off, Acc value) {
     case DType::kFloat32: t.ptr<float>()[off] = f; break;
     case DType::kFloat64: t.ptr<double>()[off] = static_cast<double>(value); break;
     case DType::kUInt8: t.ptr<uint8_t>()[off] = static_cast<uint8_t>(f); break;
+    case DType::kFloat8E4M3:
+    case DType::kFloat8E5M2: t.ptr<uint8_t>()[off] = float_to_fp8_bits(f, fp8_format(t.dtype)); break;
     default: throw Error(Status::kInternal, "sdpa reference: unexpected dtype in store_one");
   }
 }
@@ -91,6 +96,23 @@ Acc sigmoid(Acc x) {
   return Acc(1) / (Acc(1) + std::exp(-x));
 }
 
+// FP8: x * scale rounded to `format` (as the kernels quantize an fp32 value: through float), times descale.
+template <typename Acc>
+Acc fp8_quantize(DType format, Acc x, Acc scale, Acc descale) {
+  return static_cast<Acc>(fp8_round(format, static_cast<float>(x * scale))) * descale;
+}
+
+// FP8 output rows: descale the accumulated raw products, track the amax of the result (the value before the
+// output scale, Transformer Engine's convention), then apply the output scale (the store rounds to FP8).
+template <typename Acc>
+void fp8_output(Acc* v, int64_t n, Acc descale, Acc scale, Acc* amax) {
+  for (int64_t d = 0; d < n; ++d) {
+    v[d] *= descale;
+    *amax = std::max(*amax, std::fabs(v[d]));
+    v[d] *= scale;
+  }
+}
+
 // ---------------------------------------------------------------------------
 // Addressing and the score function shared by forward and backward
 // ---------------------------------------------------------------------------
@@ -99,6 +121,9 @@ template <typename Acc>
 struct Context {
   const Problem& p;
   const Runtime& rt;
+
+  // FP8 scale factor of a slot (1 when not bound).
+  Acc f(int slot) const { return static_cast<Acc>(rt.factor[slot]); }
 
   // Element offset of (b, h, s, 0) of a sequence tensor slot (ragged or strided).
   // Slots that cannot be packed (score_max, score_sum_exp) have no row_start: batch stride.
@@ -155,7 +180,7 @@ template <typename Acc>
 struct Task {
   const Context<Acc>& c;
   int64_t b, h, hk, hv, lq, lk;
-  Acc scale, slope = 0, softcap = 0;
+  Acc attn_scale, scale, slope = 0, softcap = 0;  // scale: of q.k (FP8: attn_scale descale_q descale_k)
   std::vector<Acc> q, k, v;
 
   Task(const Context<Acc>& ctx, int64_t b_, int64_t h_) : c(ctx), b(b_), h(h_) {
@@ -164,7 +189,8 @@ struct Task {
     hv = h / p.group_v();
     lq = c.rt.len_q[b];
     lk = c.rt.len_kv[b];
-    scale = static_cast<Acc>(c.rt.attn_scale);
+    attn_scale = static_cast<Acc>(c.rt.attn_scale);
+    scale = attn_scale * c.f(FS_SDPA_DESCALE_Q) * c.f(FS_SDPA_DESCALE_K);
     if (p.a.alibi) slope = static_cast<Acc>(sdpa::alibi_slope(h, p.Hq));
     if (p.a.softcap) softcap = static_cast<Acc>(*p.a.softcap);
     q.resize(lq * p.Dqk);
@@ -221,6 +247,9 @@ void forward_impl(const Problem& p, const Runtime& rt) {
   constexpr Acc kNegInf = -std::numeric_limits<Acc>::infinity();
   const Acc log2e = static_cast<Acc>(1.4426950408889634);
   std::vector<Acc> task_max(p.B * p.Hq, kNegInf);
+  // FP8: amax of the probabilities and of O, per task (reduced below).
+  std::vector<Acc> task_amax_s(p.fp8 ? p.B * p.Hq : 0), task_amax_o(p.fp8 ? p.B * p.Hq : 0);
+  const Acc scale_s = c.f(FS_SDPA_SCALE_S), descale_s = c.f(FS_SDPA_DESCALE_S);
 
   parallel_for(p.B * p.Hq, [&](int64_t ti) {
     const int64_t b = ti / p.Hq, h = ti % p.Hq;
@@ -229,7 +258,7 @@ void forward_impl(const Problem& p, const Runtime& rt) {
     const Acc sink_logit = sink ? static_cast<Acc>(rt.sinks[h]) : kNegInf;
     std::vector<Acc> x(t.lk), o(p.Dv), g(p.Dv);
     std::vector<char> vis(t.lk);
-    Acc head_max = kNegInf;
+    Acc head_max = kNegInf, amax_s = 0, amax_o = 0;
     for (int64_t i = 0; i < t.lq; ++i) {
       std::fill(vis.begin(), vis.end(), 0);
       Acc m = kNegInf;
@@ -250,7 +279,11 @@ void forward_impl(const Problem& p, const Runtime& rt) {
         lse = mall + std::log(sum);
         for (int64_t j = 0; j < t.lk; ++j) {
           if (!vis[j]) continue;
-          const Acc pd = std::exp(x[j] - lse) * c.dropout_mult(b, h, i, j);
+          Acc pd = std::exp(x[j] - lse) * c.dropout_mult(b, h, i, j);
+          if (p.fp8) {  // S = softmax, quantized to q's format with scale_s (amax of the unscaled S)
+            amax_s = std::max(amax_s, pd);
+            pd = fp8_quantize(p.dtype, pd, scale_s, descale_s);
+          }
           if (pd != Acc(0)) axpy(o.data(), pd, t.vj(j), p.Dv);
         }
       }
@@ -258,6 +291,7 @@ void forward_impl(const Problem& p, const Runtime& rt) {
         load_row(p.t(FS_SDPA_GATE), c.seq(FS_SDPA_GATE, b, h, i), p.Dv, g.data());
         for (int64_t d = 0; d < p.Dv; ++d) o[d] *= sigmoid(g[d]);
       }
+      if (p.fp8) fp8_output(o.data(), p.Dv, c.f(FS_SDPA_DESCALE_V), c.f(FS_SDPA_SCALE_O), &amax_o);
       store_row(p.t(FS_SDPA_O), c.seq(FS_SDPA_O, b, h, i), p.Dv, o.data());
       if (p.has(FS_SDPA_STATS))
         store_one(p.t(FS_SDPA_STATS), c.seq(FS_SDPA_STATS, b, h, i), p.a.stats_use_log2 ? lse * log2e : lse);
@@ -278,7 +312,16 @@ void forward_impl(const Problem& p, const Runtime& rt) {
       }
     }
     task_max[ti] = head_max;
+    if (p.fp8) {
+      task_amax_s[ti] = amax_s;
+      task_amax_o[ti] = amax_o;
+    }
   });
+
+  if (p.fp8) {
+    store_one(p.t(FS_SDPA_AMAX_S), 0, *std::max_element(task_amax_s.begin(), task_amax_s.end()));
+    store_one(p.t(FS_SDPA_AMAX_O), 0, *std::max_element(task_amax_o.begin(), task_amax_o.end()));
+  }
 
   if (p.has(FS_SDPA_MAX_LOGIT)) {
     const TensorView& ml = p.t(FS_SDPA_MAX_LOGIT);
@@ -304,6 +347,12 @@ void backward_impl(const Problem& p, const Runtime& rt) {
   // Per-task partial sums, reduced in a fixed order below.
   std::vector<std::vector<Acc>> dk_part(ntasks), dv_part(ntasks), ds_part(want_dbias ? ntasks : 0);
   std::vector<Acc> dsink_part(ntasks, Acc(0));
+  // FP8 (docs/SDPA.md "FP8 SDPA"): the factors, and per-task amax of dP and dQ.
+  std::vector<Acc> amax_dp_part(p.fp8 ? ntasks : 0), amax_dq_part(p.fp8 ? ntasks : 0);
+  const Acc scale_s = c.f(FS_SDPA_SCALE_S), descale_s = c.f(FS_SDPA_DESCALE_S);
+  const Acc scale_dp = c.f(FS_SDPA_SCALE_DP), descale_dp = c.f(FS_SDPA_DESCALE_DP);
+  const Acc do_v = c.f(FS_SDPA_DESCALE_DO) * c.f(FS_SDPA_DESCALE_V);  // of dO . v_j
+  const DType dp_format = p.fp8 ? p.t(FS_SDPA_DO).dtype : p.dtype;     // dP is quantized to dO's format
 
   parallel_for(ntasks, [&](int64_t ti) {
     const int64_t b = ti / p.Hq, h = ti % p.Hq;
@@ -319,7 +368,7 @@ void backward_impl(const Problem& p, const Runtime& rt) {
       lse[i] = load_one<Acc>(p.t(FS_SDPA_STATS), c.seq(FS_SDPA_STATS, b, h, i));
       Acc di = 0;
       for (int64_t d = 0; d < dv; ++d) di += dout[d] * o[d];
-      delta[i] = di;
+      delta[i] = di * c.f(FS_SDPA_DESCALE_DO) * c.f(FS_SDPA_DESCALE_O);
       if (gate) {
         load_row(p.t(FS_SDPA_GATE), c.seq(FS_SDPA_GATE, b, h, i), dv, g.data());
         for (int64_t d = 0; d < dv; ++d) {
@@ -341,6 +390,17 @@ void backward_impl(const Problem& p, const Runtime& rt) {
         Acc th = 0;
         const Acc x = t.logit(i, j, &th);
         const Acc prob = std::exp(x - lse[i]);
+        if (p.fp8) {
+          // dP = attn_scale P (dS - D), dS = dO . v_j (descaled): the gradient of the scaled scores, quantized to
+          // dO's format for dQ = dP K and dK = dP^T Q; dV = S^T dO with S quantized as in the forward.
+          const Acc dp = t.attn_scale * prob * (dot(doi, t.vj(j), dv) * do_v - delta[i]);
+          amax_dp_part[ti] = std::max(amax_dp_part[ti], std::fabs(dp));
+          const Acc dpq = fp8_quantize(dp_format, dp, scale_dp, descale_dp);
+          axpy(dqi, dpq, t.kj(j), dqk);
+          axpy(&dk[j * dqk], dpq, t.qi(i), dqk);
+          axpy(&dvv[j * dv], fp8_quantize(p.dtype, prob, scale_s, descale_s), doi, dv);
+          return;
+        }
         const Acc mult = c.dropout_mult(b, h, i, j);
         const Acc dpv = dot(doi, t.vj(j), dv) * mult;
         const Acc dx = prob * (dpv - delta[i]);
@@ -352,7 +412,10 @@ void backward_impl(const Problem& p, const Runtime& rt) {
       });
       if (want_dsink) dsink_part[ti] -= std::exp(static_cast<Acc>(rt.sinks[h]) - lse[i]) * delta[i];
     }
-    for (int64_t i = 0; i < lq; ++i) store_row(p.t(FS_SDPA_DQ), c.seq(FS_SDPA_DQ, b, h, i), dqk, &dq[i * dqk]);
+    for (int64_t i = 0; i < lq; ++i) {
+      if (p.fp8) fp8_output(&dq[i * dqk], dqk, c.f(FS_SDPA_DESCALE_K), c.f(FS_SDPA_SCALE_DQ), &amax_dq_part[ti]);
+      store_row(p.t(FS_SDPA_DQ), c.seq(FS_SDPA_DQ, b, h, i), dqk, &dq[i * dqk]);
+    }
     fill_padding_rows<Acc>(c, FS_SDPA_DQ, b, h, lq, p.Sq, dqk, Acc(0));
     fill_padding_rows<Acc>(c, FS_SDPA_DGATE, b, h, lq, p.Sq, dv, Acc(0));
     dk_part[ti] = std::move(dk);
@@ -365,6 +428,10 @@ void backward_impl(const Problem& p, const Runtime& rt) {
     const int64_t heads = side == 0 ? p.Hk : p.Hv, group = side == 0 ? p.group_k() : p.group_v();
     const int64_t dim = side == 0 ? p.Dqk : p.Dv;
     auto& part = side == 0 ? dk_part : dv_part;
+    // FP8: dK = (sum dP_q^T q) descale_q, dV = (sum S_q^T dO) descale_dO (dP_q, S_q carry their descales).
+    const Acc descale = c.f(side == 0 ? FS_SDPA_DESCALE_Q : FS_SDPA_DESCALE_DO);
+    const Acc scale = c.f(side == 0 ? FS_SDPA_SCALE_DK : FS_SDPA_SCALE_DV);
+    std::vector<Acc> amax_part(p.fp8 ? p.B * heads : 0);
     parallel_for(p.B * heads, [&](int64_t ti) {
       const int64_t b = ti / heads, hk = ti % heads, lk = rt.len_kv[b];
       std::vector<Acc> acc(lk * dim, Acc(0));
@@ -372,9 +439,18 @@ void backward_impl(const Problem& p, const Runtime& rt) {
         const std::vector<Acc>& src = part[b * p.Hq + h];
         for (size_t e = 0; e < acc.size(); ++e) acc[e] += src[e];
       }
+      if (p.fp8) fp8_output(acc.data(), lk * dim, descale, scale, &amax_part[ti]);
       for (int64_t j = 0; j < lk; ++j) store_row(p.t(slot), c.seq(slot, b, hk, j), dim, &acc[j * dim]);
       fill_padding_rows<Acc>(c, slot, b, hk, lk, p.Skv, dim, Acc(0));
     });
+    if (p.fp8) {
+      store_one(p.t(side == 0 ? FS_SDPA_AMAX_DK : FS_SDPA_AMAX_DV), 0,
+                *std::max_element(amax_part.begin(), amax_part.end()));
+    }
+  }
+  if (p.fp8) {
+    store_one(p.t(FS_SDPA_AMAX_DQ), 0, *std::max_element(amax_dq_part.begin(), amax_dq_part.end()));
+    store_one(p.t(FS_SDPA_AMAX_DP), 0, *std::max_element(amax_dp_part.begin(), amax_dp_part.end()));
   }
 
   if (want_dsink) {
@@ -422,14 +498,15 @@ void check_host(const Problem& p) {
 void sdpa_forward(const Problem& p, bool accumulate_double) {
   check_host(p);
   const Runtime rt = sdpa::read_runtime_host(p);
-  if (accumulate_double || p.dtype == DType::kFloat64) forward_impl<double>(p, rt);
+  // FP8 computes in double from the dequantized inputs (the oracle of the FP8 kernels; docs/SDPA.md "FP8 SDPA").
+  if (accumulate_double || p.dtype == DType::kFloat64 || p.fp8) forward_impl<double>(p, rt);
   else forward_impl<float>(p, rt);
 }
 
 void sdpa_backward(const Problem& p, bool accumulate_double) {
   check_host(p);
   const Runtime rt = sdpa::read_runtime_host(p);
-  if (accumulate_double || p.dtype == DType::kFloat64) backward_impl<double>(p, rt);
+  if (accumulate_double || p.dtype == DType::kFloat64 || p.fp8) backward_impl<double>(p, rt);
   else backward_impl<float>(p, rt);
 }
 

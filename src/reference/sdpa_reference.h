@@ -21,6 +21,14 @@
 // each K/V head's query heads), dSink_h = -sum_{b,i} exp(sink_h - LSE_i) D_i,
 // dG = dO * O * (1 - sigmoid(G)).
 //
+// FP8 (q, k, v float8_e4m3fn / float8_e5m2; docs/SDPA.md "FP8 SDPA"), in double from the raw FP8 values:
+// x_ij = attn_scale descale_q descale_k q_i . k_j; S_ij = exp(x_ij - LSE_i), amax_s = max S,
+// S8 = fp8_q(S scale_s); O = (S8 V) descale_s descale_v, amax_o = max |O|, stored fp8_o(O scale_o).
+// Backward: D_i = descale_dO descale_o dO_i . O_i, dP_ij = attn_scale S_ij (descale_dO descale_v dO_i . v_j
+// - D_i), amax_dP = max |dP|, dP8 = fp8_dO(dP scale_dP); dQ = (dP8 K) descale_dP descale_k, dK = (dP8^T Q)
+// descale_dP descale_q, dV = (S8^T dO) descale_s descale_dO, each with its amax, stored fp8(x scale_x).
+// fp8_f(x): x rounded to the format of tensor f through float (nearest even, saturating).
+//
 // Rows and columns past a sample's lengths are never read; in non-ragged (padded) outputs
 // they are written as 0 (O, dQ, dK, dV, dgate), -inf (stats, score_max) and 0 (score_sum_exp).
 // Ragged outputs are written only at the samples' rows. Accumulation is in float (double

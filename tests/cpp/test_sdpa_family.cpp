@@ -1,9 +1,10 @@
 // CPU tests of the SDPA forward's and backward's kernel-family rule (dispatch/sdpa_family.cpp,
 // sdpa_launch.h): which calls the sm90 forward and backward with the analytic mask cover
 // (sdpa_fwd_sm90_refusal, sdpa_bwd_sm90_refusal), the switches that turn them on
-// (sdpa_fwd_sm90_enabled, sdpa_bwd_sm90_enabled) and their experimental modifier parts
-// (sdpa_fwd_sm90_mods_enabled, sdpa_bwd_sm90_mods_enabled), and the workspace a covered backward
-// gets. Descriptors only: no data, no device.
+// (sdpa_fwd_sm90_enabled, sdpa_bwd_sm90_enabled) and their modifier parts (sdpa_fwd_sm90_mods_enabled,
+// sdpa_bwd_sm90_mods_enabled: on by default, FLASHSPAN_SM90_SDPA_MODS=0 / FLASHSPAN_SM90_SDPA_BWD_MODS=0
+// off), the environment's off switches (env_flag_off), and the workspace a covered backward gets.
+// Descriptors only: no data, no device.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "core/sdpa_problem.h"
+#include "dispatch/family.h"
 #include "dispatch/sdpa_launch.h"
 
 namespace flashspan::test {
@@ -288,38 +290,44 @@ class ScopedEnv {
   bool had_ = false;
 };
 
-TEST(SdpaFamily, Sm90ForwardModifiersSwitchReadsTheEnvironment) {
-  // Without the override: on unless FLASHSPAN_SM90_SDPA_MODS=0, read per call; FLASHSPAN_EXPERIMENTAL
-  // (its switch before PERF_LOG v2.13) no longer changes it.
-  set_sdpa_fwd_sm90_mods_enabled(-1);
-  ScopedEnv mods("FLASHSPAN_SM90_SDPA_MODS", nullptr);
+// A modifier switch's environment rule (one direction's: set / enabled its override and answer,
+// refused the refusal of that direction): without the override, on unless `var` is "0" (unset, empty
+// or any other value: on), read per call; FLASHSPAN_EXPERIMENTAL (the switch before it) no longer
+// changes it; the override wins over the environment both ways. c: a call refused with the modifiers'
+// message when the switch is off.
+template <class Set, class Enabled, class Refused>
+void check_mods_switch_env(const char* var, Set set, Enabled enabled, Refused refused, const Call& c) {
+  set(-1);
+  ScopedEnv mods(var, nullptr);
   ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
-  Call c;
-  c.a.softcap = 5.0f;
-  EXPECT_TRUE(sdpa_fwd_sm90_mods_enabled());
-  EXPECT_EQ(refusal(c), "");
+  EXPECT_TRUE(enabled());
+  EXPECT_EQ(refused(c), "");
   experimental.set("0");
-  EXPECT_TRUE(sdpa_fwd_sm90_mods_enabled());
+  EXPECT_TRUE(enabled());
   mods.set("0");
-  EXPECT_FALSE(sdpa_fwd_sm90_mods_enabled());
-  EXPECT_EQ(refusal(c), "score modifiers (softcap, ALiBi)");
+  EXPECT_FALSE(enabled());
+  EXPECT_EQ(refused(c), "score modifiers (softcap, ALiBi)");
   experimental.set("1");
-  EXPECT_FALSE(sdpa_fwd_sm90_mods_enabled());
+  EXPECT_FALSE(enabled());
   for (const char* on : {"1", "", "yes"}) {  // anything but "0" leaves it on
     mods.set(on);
-    EXPECT_TRUE(sdpa_fwd_sm90_mods_enabled()) << '"' << on << '"';
+    EXPECT_TRUE(enabled()) << var << "=\"" << on << '"';
   }
-  // The override wins over the environment both ways.
-  {
-    const ModsSwitch off(0);
-    EXPECT_FALSE(sdpa_fwd_sm90_mods_enabled());
-  }
+  set(0);
+  EXPECT_FALSE(enabled());
   mods.set("0");
-  {
-    const ModsSwitch on(1);
-    EXPECT_TRUE(sdpa_fwd_sm90_mods_enabled());
-    EXPECT_EQ(refusal(c), "");
-  }
+  set(1);
+  EXPECT_TRUE(enabled());
+  EXPECT_EQ(refused(c), "");
+  set(-1);
+}
+
+TEST(SdpaFamily, Sm90ForwardModifiersSwitchReadsTheEnvironment) {
+  // FLASHSPAN_SM90_SDPA_MODS (since PERF_LOG v2.13; before, FLASHSPAN_EXPERIMENTAL=1).
+  Call c;
+  c.a.softcap = 5.0f;
+  check_mods_switch_env("FLASHSPAN_SM90_SDPA_MODS", set_sdpa_fwd_sm90_mods_enabled, sdpa_fwd_sm90_mods_enabled,
+                        [](const Call& x) { return refusal(x); }, c);
 }
 
 // A backward call on the same shapes: O and the stats as inputs, dO, dQ, dK, dV.
@@ -368,16 +376,17 @@ TEST(SdpaFamily, Sm90BackwardCoversTheForwardsSubset) {
   EXPECT_NE(sdpa_fwd_sm90_refusal(backward_problem(Call{})), nullptr);
 }
 
-// Forces the sm90 backward's modifiers (sdpa_bwd_sm90_mods_enabled, its own experimental switch) on
-// or off for a scope, FLASHSPAN_EXPERIMENTAL's answer after it.
+// Forces the sm90 backward's modifiers (sdpa_bwd_sm90_mods_enabled, its own switch) on or off for a
+// scope (FLASHSPAN_SM90_SDPA_BWD_MODS's answer after it), so that the refusals tested do not depend on
+// the environment.
 struct BwdModsSwitch {
   explicit BwdModsSwitch(int on) { set_sdpa_bwd_sm90_mods_enabled(on); }
   ~BwdModsSwitch() { set_sdpa_bwd_sm90_mods_enabled(-1); }
 };
 
 TEST(SdpaFamily, Sm90BackwardLeavesTheRestToSm80) {
-  const ModsSwitch on(1);  // the forward's experimental kernel changes nothing in the backward's rule
-  const BwdModsSwitch bwd_off(0);  // (the backward's own: Sm90BackwardWithModifiersIsExperimental)
+  const ModsSwitch on(1);  // the forward's kernel with modifiers changes nothing in the backward's rule
+  const BwdModsSwitch bwd_off(0);  // (the backward's own: Sm90BackwardWithModifiersSwitch)
   for (auto [dqk, dv] : {std::pair<int64_t, int64_t>{192, 192}, {256, 128}, {136, 136}}) {
     Call c;  // dims without an sm90 kernel
     c.dqk = dqk;
@@ -489,9 +498,10 @@ std::vector<std::pair<std::string, Call>> backward_modifier_calls() {
   return calls;
 }
 
-TEST(SdpaFamily, Sm90BackwardWithModifiersIsExperimental) {
-  // On (FLASHSPAN_EXPERIMENTAL=1, or the override): the backward takes each call, deterministic or
-  // not; off: each is refused as before (the pure-mask rule), whatever the forward's switch says.
+TEST(SdpaFamily, Sm90BackwardWithModifiersSwitch) {
+  // On (the default, or the override): the backward takes each call, deterministic or not; off
+  // (FLASHSPAN_SM90_SDPA_BWD_MODS=0, or the override): each is refused with the message of the
+  // pure-mask rule, whatever the forward's switch says.
   for (auto& [name, c] : backward_modifier_calls()) {
     for (bool det : {false, true}) {
       {
@@ -570,27 +580,36 @@ TEST(SdpaFamily, Sm90BackwardWithModifiersIsExperimental) {
 }
 
 TEST(SdpaFamily, Sm90BackwardModifiersSwitchReadsTheEnvironment) {
-  // Without the override: FLASHSPAN_EXPERIMENTAL=1, read per call (family.cpp experimental_from_env).
-  const char* saved = std::getenv("FLASHSPAN_EXPERIMENTAL");
-  const std::string keep = saved == nullptr ? "" : saved;
-  set_sdpa_bwd_sm90_mods_enabled(-1);
-  unsetenv("FLASHSPAN_EXPERIMENTAL");
-  EXPECT_FALSE(sdpa_bwd_sm90_mods_enabled());
-  setenv("FLASHSPAN_EXPERIMENTAL", "1", 1);
-  EXPECT_TRUE(sdpa_bwd_sm90_mods_enabled());
+  // FLASHSPAN_SM90_SDPA_BWD_MODS (since PERF_LOG v2.15; before, FLASHSPAN_EXPERIMENTAL=1), apart from
+  // the forward's FLASHSPAN_SM90_SDPA_MODS: neither changes the other direction's rule.
   Call c;
   c.a.alibi = true;
-  EXPECT_EQ(bwd_refusal(c), "");
-  setenv("FLASHSPAN_EXPERIMENTAL", "0", 1);
-  EXPECT_FALSE(sdpa_bwd_sm90_mods_enabled());
-  EXPECT_NE(bwd_refusal(c), "");
-  set_sdpa_bwd_sm90_mods_enabled(1);  // the override wins over the environment
+  check_mods_switch_env("FLASHSPAN_SM90_SDPA_BWD_MODS", set_sdpa_bwd_sm90_mods_enabled, sdpa_bwd_sm90_mods_enabled,
+                        [](const Call& x) { return bwd_refusal(x); }, c);
+  set_sdpa_fwd_sm90_mods_enabled(-1);
+  ScopedEnv bwd_mods("FLASHSPAN_SM90_SDPA_BWD_MODS", nullptr);
+  ScopedEnv fwd_mods("FLASHSPAN_SM90_SDPA_MODS", "0");
+  EXPECT_FALSE(sdpa_fwd_sm90_mods_enabled());
   EXPECT_TRUE(sdpa_bwd_sm90_mods_enabled());
-  set_sdpa_bwd_sm90_mods_enabled(-1);
-  if (saved == nullptr) {
-    unsetenv("FLASHSPAN_EXPERIMENTAL");
-  } else {
-    setenv("FLASHSPAN_EXPERIMENTAL", keep.c_str(), 1);
+  EXPECT_EQ(bwd_refusal(c), "");
+  fwd_mods.set(nullptr);
+  bwd_mods.set("0");
+  EXPECT_TRUE(sdpa_fwd_sm90_mods_enabled());
+  EXPECT_FALSE(sdpa_bwd_sm90_mods_enabled());
+  EXPECT_EQ(refusal(c), "");
+}
+
+TEST(SdpaFamily, EnvFlagOffIsTheValueZeroOnly) {
+  // The reader of the default-on paths' off switches (family.h): "0" is off; unset, empty or any
+  // other value is not; read at each call.
+  const char* name = "FLASHSPAN_TEST_ENV_FLAG_OFF";
+  ScopedEnv v(name, nullptr);
+  EXPECT_FALSE(env_flag_off(name));
+  v.set("0");
+  EXPECT_TRUE(env_flag_off(name));
+  for (const char* other : {"1", "", "00", "0 ", "off", "false"}) {
+    v.set(other);
+    EXPECT_FALSE(env_flag_off(name)) << '"' << other << '"';
   }
 }
 

@@ -467,19 +467,25 @@ def test_gpu_random_lowered_against_cpu_reference(fs, monkeypatch, seed):
     """CUDA tensors on the flex route (FLASHSPAN_SDPA_ROUTE=flex: the lowering onto the flex kernels) against the
     SDPA CPU reference on the same inputs: outputs, stats, gradients. (The native route, the CUDA default, runs the
     same comparison in test_sdpa_native_route.py.)"""
+    gpu_case_against_cpu_reference(fs, monkeypatch, seed, "flex")
+
+
+def gpu_case_against_cpu_reference(fs, monkeypatch, seed, route):
+    """mask_problem(20_000 + seed) on the CPU reference, then on CUDA tensors with FLASHSPAN_SDPA_ROUTE=route
+    ("flex": the lowering; "native": the C layer's SDPA kernels): outputs, stats and gradients compared."""
     from flashspan import sdpa_lowering
 
     monkeypatch.delenv(sdpa_lowering.ROUTE_ENV, raising=False)
     p = mask_problem(20_000 + seed, dtype=random.Random(seed).choice([torch.bfloat16, torch.float16]))
     ok_dims = sdpa_lowering._gpu_head_dims_ok(p.q.shape[-1], p.v.shape[-1])
     if not ok_dims:
-        pytest.skip("head dims the GPU flex kernels do not run")
+        pytest.skip("head dims no GPU kernel runs (flex or native)")
     ins = [t.detach().clone().requires_grad_() for t in (p.q, p.k, p.v)]
     o, stats = fs.sdpa(*ins, generate_stats=True, **p.args)
     g = torch.Generator().manual_seed(seed)
     do = torch.randn(o.shape, generator=g).to(o.dtype)
     grads = torch.autograd.grad(o, ins, do)
-    monkeypatch.setenv(sdpa_lowering.ROUTE_ENV, "flex")
+    monkeypatch.setenv(sdpa_lowering.ROUTE_ENV, route)
     gins = [t.detach().cuda().requires_grad_() for t in (p.q, p.k, p.v)]
     og, sg = fs.sdpa(*gins, generate_stats=True, **_to_cuda(p.args))
     ggrads = torch.autograd.grad(og, gins, do.cuda())

@@ -128,6 +128,70 @@ struct OnlineSoftmax {
   __device__ __forceinline__ float row_sum(int hi) const { return quad_sum(l[hi]); }
 };
 
+// The online softmax with lazy rescaling (FlashAttention-4, Zadouri et al. 2025, "conditional
+// softmax rescaling"): a row's exponent base m moves only when the block's max logit exceeds it by
+// more than kThreshold (log2 units), so after a row's first blocks most updates leave m -- and the
+// output accumulator -- as they are; the probabilities of such a block are at most 2^kThreshold
+// (256: fp32 sums and 16-bit P have room). m_true tracks the true running max; settle() moves m to
+// it at the end of the walk (l and O times 2^(m - m_true)), so the epilogue, the split partials,
+// max_logit and SDPA's score_max / score_sum_exp see the statistics of the eager update.
+struct LazyOnlineSoftmax : OnlineSoftmax {
+  static constexpr float kThreshold = 8.0f;
+  float m_true[2];
+
+  __device__ __forceinline__ void init() {
+    OnlineSoftmax::init();
+    m_true[0] = m_true[1] = -INFINITY;
+  }
+
+  // Both rows of one key block (scale: as OnlineSoftmax::update_row). corr[hi] is 1 for a row whose
+  // base stayed; returns whether any row of the warp moved its base (warp-uniform: the caller's
+  // rescale of O can be skipped as a whole).
+  template <int kN>
+  __device__ __forceinline__ bool update(float (&s)[kN][4], float (&corr)[2], float scale = 1.0f) {
+    bool moved = false;
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kN; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hi], s[n][2 * hi + 1]));
+      const float mt = fmaxf(fmaxf(m_true[hi], m[hi]), quad_max(mx) * scale);
+      m_true[hi] = mt;
+      const bool move = mt > m[hi] + kThreshold;  // m = -inf: any visible key moves it
+      const float m_new = move ? mt : m[hi];
+      const float m_use = m_new == -INFINITY ? 0.0f : m_new;
+      corr[hi] = move ? exp2_approx(m[hi] - m_use) : 1.0f;  // m = -inf -> 0
+      moved |= move;
+      m[hi] = m_new;
+      float sum = 0.0f;
+#pragma unroll
+      for (int n = 0; n < kN; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float p = exp2_approx(fmaf(s[n][2 * hi + e], scale, -m_use));
+          s[n][2 * hi + e] = p;
+          sum += p;
+        }
+      }
+      l[hi] = l[hi] * corr[hi] + sum;
+    }
+    return __any_sync(0xffffffffu, moved);
+  }
+
+  // The end of a walk: m to the true max, l and the output accumulator o (kNO n8 blocks) with it.
+  template <int kNO>
+  __device__ __forceinline__ void settle(float (&o)[kNO][4]) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const float mt = fmaxf(m_true[hi], m[hi]);
+      const float f = mt == m[hi] ? 1.0f : exp2_approx(m[hi] - mt);  // m finite here
+      l[hi] *= f;
+      rescale_row(o, hi, f);
+      m[hi] = mt;
+    }
+  }
+};
+
 // One key block of both rows with the output rescale of each row right after its update (the
 // one-pass form of the serial schedules: m, l, acc_o of the thread's two rows).
 template <int kN, int kNo>

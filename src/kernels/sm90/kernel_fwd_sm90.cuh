@@ -100,6 +100,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/block_range.cuh"
@@ -501,6 +502,10 @@ __device__ __forceinline__ void softmax_before_wait([[maybe_unused]] int kb) {
 template <class L, class E, bool kMaxLogit, bool kOverlap, class Src>
 __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, const int32_t* s_item) {
   constexpr bool kPingPong = kOverlap || FLASHSPAN_SM90_FWD_PINGPONG || L::kTile.dqk_tile == 192;
+  // Lazy rescaling (softmax.cuh LazyOnlineSoftmax) with the overlapped schedule, but not for FP8: a
+  // row's base may lag its max by 2^8 there, and P (times scale_s, up to the format's largest value)
+  // would saturate; FP8 keeps the eager update.
+  constexpr bool kLazy = kOverlap && !L::kFp8;
   constexpr int kBlockQ = L::kBlockQ, kBlockK = L::kBlockK;
   constexpr int kNO = L::kTile.dv_tile / 8;  // n8 blocks of O
   constexpr int kNS = kBlockK / 8;           // n8 blocks of S
@@ -560,7 +565,9 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     float o[kNO][4];
 #pragma unroll
     for (int n = 0; n < kNO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
-    kern::OnlineSoftmax sm;
+    // The overlapped schedule rescales lazily (softmax.cuh LazyOnlineSoftmax; settled before the
+    // epilogue); the serial one eagerly, and so does FP8 (kLazy).
+    std::conditional_t<kLazy, kern::LazyOnlineSoftmax, kern::OnlineSoftmax> sm;
     sm.init();
     if constexpr (Src::kMods) src.init_stats(sm, p, it.head, mt, lane);
 
@@ -641,7 +648,11 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           reg_fence(s);
           float corr[2];
           const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane));
-          sm.update(s, corr, exp_scale, shift);  // o = 0: no rescale
+          if constexpr (kLazy) {
+            sm.update(s, corr, exp_scale);  // o = 0: no rescale
+          } else {
+            sm.update(s, corr, exp_scale, shift);
+          }
           kern::pack_p<E>(s, pa);
           ++kv_it;
         }
@@ -665,12 +676,17 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           reg_fence(s);
           float corr[2];
           const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane));
-          sm.update(s, corr, exp_scale, shift);
+          bool moved = true;
+          if constexpr (kLazy) {
+            moved = sm.update(s, corr, exp_scale);
+          } else {
+            sm.update(s, corr, exp_scale, shift);
+          }
           softmax_before_wait<L>(kb);
           wg_wait<0>();
           reg_fence(o);
           mbar_arrive(v_empty + 8 * st_prev);
-          kern::OnlineSoftmax::rescale(o, corr);
+          if (moved) kern::OnlineSoftmax::rescale(o, corr);
           kern::pack_p<E>(s, pa);
           st_prev = st;
           ph_prev = ph;
@@ -690,6 +706,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         reg_fence(o);
         mbar_arrive(v_empty + 8 * st_prev);
       }
+      if constexpr (kLazy) sm.settle(o);
     }
     release_q(true);  // an item without key blocks
 

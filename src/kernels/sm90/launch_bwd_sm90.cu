@@ -184,7 +184,7 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   }
   const int kd = sdpa_bwd_kernel_dim_sm90(p.head_dqk, p.head_dv);  // the kernel's Dqk (the dq_accum tiles' width)
   // The kernel with score modifiers (sdpa_bwd_mods_kernel_sm90) when the main loop has any: softcap,
-  // ALiBi, the bias or dBias's dS (params.h sdpa_bwd_has_features; with FLASHSPAN_EXPERIMENTAL=1
+  // ALiBi, the bias or dBias's dS (params.h sdpa_bwd_has_features; unless FLASHSPAN_SM90_SDPA_BWD_MODS=0
   // sdpa_family.cpp lets them through for head dims up to 128). Sinks and the gate are not the main
   // loop's (dSink and the gated dO are formed around it), so a call with only them runs the pure-mask
   // kernel. Dropout, the block_mask and H_k != H_v stay on the sm80 kernels.

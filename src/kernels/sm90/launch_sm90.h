@@ -139,8 +139,8 @@ void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& 
 // (padded tensors, head dims of sdpa_fwd_runs_head_dims_sm90, the dq_accum tiles and, when
 // deterministic, their counters bound); q, k, v, dout the [B, H, S, D] descriptors of the call
 // (tensor maps). Preprocess, the persistent dK / dV + dQ kernel over (key block, kv head, sample)
-// of every sample padded to S_kv, the dQ convert. Rows past a sample get zero gradients. With
-// FLASHSPAN_EXPERIMENTAL=1 (sdpa_bwd_sm90_mods_enabled) also softcap, ALiBi, the bias with dBias
+// of every sample padded to S_kv, the dQ convert. Rows past a sample get zero gradients. Unless
+// FLASHSPAN_SM90_SDPA_BWD_MODS=0 (sdpa_bwd_sm90_mods_enabled) also softcap, ALiBi, the bias with dBias
 // (the kernel with score modifiers, kernel_bwd_mods_sm90.cuh sdpa_bwd_mods_kernel_sm90), sinks with
 // dSink and the gate with dgate (around either kernel), head dims up to 128.
 void launch_sdpa_bwd_sm90(const SdpaBwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,

@@ -1,0 +1,596 @@
+// FP8 SDPA (docs/SDPA.md "FP8 SDPA") through the C++ API on CPU tensors: every FP8 rule of the validation with
+// the argument it names; the CPU reference against the 16-bit path's reference on the same (FP8-representable)
+// values, within the bound of the FP8 quantization; what the scale factors do (stored inputs x 2 with their
+// descale / 2 give bitwise the same results; scale_o scales the stored O); the amax outputs against the outputs
+// themselves; and the refusal of CUDA tensors by check_support (no GPU needed).
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cmath>
+#include <functional>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "core/fp8_conv.h"
+#include "flashspan/flashspan.hpp"
+
+namespace {
+
+using namespace flashspan::api;
+using flashspan::DType;
+
+constexpr fs_dtype_t kF64{FS_DTYPE_FLOAT, 64, 1};
+fs_device_t cpu() { return {FS_DEVICE_CPU, 0}; }
+fs_device_t cuda() { return {FS_DEVICE_CUDA, 0}; }
+
+DType dtype_of(fs_dtype_t t) { return t.code == FS_DTYPE_FLOAT8_E5M2 ? DType::kFloat8E5M2 : DType::kFloat8E4M3; }
+
+std::vector<uint8_t> encode(const std::vector<double>& x, fs_dtype_t t) {
+  std::vector<uint8_t> b(x.size());
+  for (size_t i = 0; i < x.size(); ++i)
+    b[i] = flashspan::float_to_fp8_bits(float(x[i]), flashspan::fp8_format(dtype_of(t)));
+  return b;
+}
+
+std::vector<double> decode(const std::vector<uint8_t>& b, fs_dtype_t t) {
+  std::vector<double> x(b.size());
+  for (size_t i = 0; i < b.size(); ++i) x[i] = flashspan::fp8_bits_to_float(b[i], flashspan::fp8_format(dtype_of(t)));
+  return x;
+}
+
+double max_abs(const std::vector<double>& x) {
+  double m = 0;
+  for (double e : x) m = std::max(m, std::fabs(e));
+  return m;
+}
+
+std::vector<double> randn(size_t n, uint64_t seed, double mag) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> d;
+  std::vector<double> x(n);
+  for (auto& e : x) e = std::clamp(d(rng) * mag, -4 * mag, 4 * mag);
+  return x;
+}
+
+enum FwdScale { kDescaleQ, kDescaleK, kDescaleV, kDescaleS, kScaleS, kScaleO, kNumFwdScales };
+
+// One FP8 forward call: [B, H, S, D] CPU tensors, scale factors, outputs.
+struct Fwd {
+  int64_t B = 2, Hq = 4, Hk = 2, Sq = 9, Skv = 13, D = 32, Dv = 16;
+  fs_dtype_t in = kFloat8E4M3, out = kFloat8E4M3;
+  bool causal = false;
+  float attn_scale = 0.2f;
+  std::array<float, kNumFwdScales> scale{1.0f, 1.0f, 1.0f, 1.0f / 448, 448.0f, 1.0f};
+  std::array<bool, kNumFwdScales> bind{true, true, true, true, true, true};
+  bool bind_amax_s = true;
+  fs_device_t dev = cpu();
+  std::vector<uint8_t> q, k, v, o;
+  std::vector<float> stats, score_max, amax{-1.0f, -1.0f};
+
+  Fwd() { fill(1, 1.0); }
+  void fill(uint64_t seed, double mag) {
+    q = encode(randn(B * Hq * Sq * D, seed, mag), in);
+    k = encode(randn(B * Hk * Skv * D, seed + 1, mag), in);
+    v = encode(randn(B * Hk * Skv * Dv, seed + 2, mag), in);
+  }
+  // Creates the operation (validation); `extra` adds options.
+  std::unique_ptr<SdpaFwd> create(const std::function<void(SdpaAttributes&)>& extra = {}) {
+    o.assign(B * Hq * Sq * Dv, 0xff);
+    stats.assign(B * Hq * Sq, NAN);
+    score_max.assign(B * Hq * Sq, NAN);
+    TensorDesc qd(nullptr, in, dev, {B, Hq, Sq, D}), kd(nullptr, in, dev, {B, Hk, Skv, D}),
+        vd(nullptr, in, dev, {B, Hk, Skv, Dv}), od(nullptr, out, dev, {B, Hq, Sq, Dv}),
+        sd(nullptr, kFloat32, dev, {B, Hq, Sq, 1});
+    const TensorDesc one(nullptr, kFloat32, dev, {1, 1, 1, 1});
+    SdpaAttributes a;
+    a.set_attn_scale(attn_scale).set_generate_stats(true).set_causal_mask(causal).set_logit_max(sd);
+    if (bind[kDescaleQ]) a.set_descale_q(one);
+    if (bind[kDescaleK]) a.set_descale_k(one);
+    if (bind[kDescaleV]) a.set_descale_v(one);
+    if (bind[kDescaleS]) a.set_descale_s(one);
+    if (bind[kScaleS]) a.set_scale_s(one);
+    if (bind[kScaleO]) a.set_scale_o(one);
+    if (bind_amax_s) a.set_amax_s(one);
+    a.set_amax_o(one);
+    if (extra) extra(a);
+    return std::make_unique<SdpaFwd>(qd, kd, vd, od, &sd, a);
+  }
+  SdpaVariantPack pack() {
+    SdpaVariantPack p;
+    p.set(FS_SDPA_Q, q.data()).set(FS_SDPA_K, k.data()).set(FS_SDPA_V, v.data()).set(FS_SDPA_O, o.data());
+    p.set(FS_SDPA_STATS, stats.data()).set(FS_SDPA_SCORE_MAX, score_max.data());
+    const fs_sdpa_slot_t slots[] = {FS_SDPA_DESCALE_Q, FS_SDPA_DESCALE_K, FS_SDPA_DESCALE_V,
+                                    FS_SDPA_DESCALE_S, FS_SDPA_SCALE_S,   FS_SDPA_SCALE_O};
+    for (int i = 0; i < kNumFwdScales; ++i)
+      if (bind[i]) p.set(slots[i], &scale[i]);
+    if (bind_amax_s) p.set(FS_SDPA_AMAX_S, &amax[0]);
+    p.set(FS_SDPA_AMAX_O, &amax[1]);
+    return p;
+  }
+  void run() {
+    auto op = create();
+    op->check_support();
+    op->compile();
+    op->execute(pack(), nullptr, 0);
+  }
+};
+
+enum BwdScale {
+  kBDescaleQ, kBDescaleK, kBDescaleV, kBDescaleO, kBDescaleDO, kBDescaleS, kBDescaleDP,
+  kBScaleS, kBScaleDQ, kBScaleDK, kBScaleDV, kBScaleDP, kNumBwdScales
+};
+
+// One FP8 backward call on a forward's tensors.
+struct Bwd {
+  const Fwd& f;
+  fs_dtype_t grad = kFloat8E5M2, dout = kFloat8E5M2;
+  std::array<float, kNumBwdScales> scale{};
+  std::vector<uint8_t> q, k, v, o, dO, dq, dk, dv;
+  std::vector<float> stats, amax{-1, -1, -1, -1};  // dQ, dK, dV, dP
+
+  explicit Bwd(const Fwd& fwd, uint64_t seed = 5) : f(fwd), q(fwd.q), k(fwd.k), v(fwd.v), o(fwd.o), stats(fwd.stats) {
+    scale.fill(1.0f);
+    scale[kBDescaleQ] = fwd.scale[kDescaleQ];
+    scale[kBDescaleK] = fwd.scale[kDescaleK];
+    scale[kBDescaleV] = fwd.scale[kDescaleV];
+    scale[kBDescaleO] = 1.0f / fwd.scale[kScaleO];
+    scale[kBDescaleS] = fwd.scale[kDescaleS];
+    scale[kBScaleS] = fwd.scale[kScaleS];
+    scale[kBScaleDP] = 4096.0f;  // |dP| is small: scale it into E5M2's normal range
+    scale[kBDescaleDP] = 1.0f / 4096;
+    dO = encode(randn(f.B * f.Hq * f.Sq * f.Dv, seed, 1.0), dout);
+  }
+  std::unique_ptr<SdpaBwd> create(const std::function<void(SdpaBackwardAttributes&)>& extra = {}) {
+    dq.assign(f.B * f.Hq * f.Sq * f.D, 0xff);
+    dk.assign(f.B * f.Hk * f.Skv * f.D, 0xff);
+    dv.assign(f.B * f.Hk * f.Skv * f.Dv, 0xff);
+    const fs_device_t dev = f.dev;
+    TensorDesc qd(nullptr, f.in, dev, {f.B, f.Hq, f.Sq, f.D}), kd(nullptr, f.in, dev, {f.B, f.Hk, f.Skv, f.D}),
+        vd(nullptr, f.in, dev, {f.B, f.Hk, f.Skv, f.Dv}), od(nullptr, f.out, dev, {f.B, f.Hq, f.Sq, f.Dv}),
+        dod(nullptr, dout, dev, {f.B, f.Hq, f.Sq, f.Dv}), sd(nullptr, kFloat32, dev, {f.B, f.Hq, f.Sq, 1}),
+        dqd(nullptr, grad, dev, {f.B, f.Hq, f.Sq, f.D}), dkd(nullptr, grad, dev, {f.B, f.Hk, f.Skv, f.D}),
+        dvd(nullptr, grad, dev, {f.B, f.Hk, f.Skv, f.Dv});
+    const TensorDesc one(nullptr, kFloat32, dev, {1, 1, 1, 1});
+    SdpaBackwardAttributes a;
+    a.set_attn_scale(f.attn_scale).set_causal_mask(f.causal);
+    a.set_descale_q(one).set_descale_k(one).set_descale_v(one).set_descale_o(one).set_descale_dO(one);
+    a.set_descale_s(one).set_descale_dP(one).set_scale_s(one).set_scale_dQ(one).set_scale_dK(one);
+    a.set_scale_dV(one).set_scale_dP(one).set_amax_dQ(one).set_amax_dK(one).set_amax_dV(one).set_amax_dP(one);
+    if (extra) extra(a);
+    return std::make_unique<SdpaBwd>(qd, kd, vd, od, dod, sd, dqd, dkd, dvd, a);
+  }
+  void run() {
+    auto op = create();
+    op->check_support();
+    op->compile();
+    SdpaVariantPack p;
+    p.set(FS_SDPA_Q, q.data()).set(FS_SDPA_K, k.data()).set(FS_SDPA_V, v.data()).set(FS_SDPA_O, o.data());
+    p.set(FS_SDPA_DO, dO.data()).set(FS_SDPA_STATS, stats.data()).set(FS_SDPA_DQ, dq.data());
+    p.set(FS_SDPA_DK, dk.data()).set(FS_SDPA_DV, dv.data());
+    const fs_sdpa_slot_t slots[] = {FS_SDPA_DESCALE_Q, FS_SDPA_DESCALE_K,  FS_SDPA_DESCALE_V, FS_SDPA_DESCALE_O,
+                                    FS_SDPA_DESCALE_DO, FS_SDPA_DESCALE_S, FS_SDPA_DESCALE_DP, FS_SDPA_SCALE_S,
+                                    FS_SDPA_SCALE_DQ,  FS_SDPA_SCALE_DK,   FS_SDPA_SCALE_DV,  FS_SDPA_SCALE_DP};
+    for (int i = 0; i < kNumBwdScales; ++i) p.set(slots[i], &scale[i]);
+    p.set(FS_SDPA_AMAX_DQ, &amax[0]).set(FS_SDPA_AMAX_DK, &amax[1]).set(FS_SDPA_AMAX_DV, &amax[2]);
+    p.set(FS_SDPA_AMAX_DP, &amax[3]);
+    op->execute(p, nullptr, 0);
+  }
+};
+
+// The exception of `fn` ("" when none), its status in *status.
+std::string error_of(const std::function<void()>& fn, fs_status_t* status = nullptr) {
+  try {
+    fn();
+  } catch (const Exception& e) {
+    if (status) *status = e.status();
+    return e.what();
+  }
+  return "";
+}
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+#define EXPECT_STARTS(msg, prefix) EXPECT_TRUE(starts_with(msg, prefix)) << "got: " << (msg)
+
+// ---------------------------------------------------------------------------
+// Validation: every FP8 rule, named
+// ---------------------------------------------------------------------------
+
+std::string fwd_error(Fwd f, const std::function<void(SdpaAttributes&)>& extra = {}, fs_status_t* st = nullptr) {
+  return error_of([&] { f.create(extra); }, st);
+}
+
+TEST(SdpaFp8, ValidCallsPass) {
+  EXPECT_EQ(fwd_error(Fwd{}), "");
+  Fwd f;
+  f.out = kFloat8E5M2;  // o has a format of its own
+  EXPECT_EQ(fwd_error(f), "");
+  f.in = kFloat8E5M2;
+  f.fill(2, 1.0);
+  EXPECT_EQ(fwd_error(f), "");
+  f.causal = true;
+  EXPECT_EQ(fwd_error(f, [](SdpaAttributes& a) { a.set_diagonal_band_right_bound(0); }), "");
+}
+
+TEST(SdpaFp8, EveryScaleFactorAndAmaxIsRequired) {
+  const char* names[] = {"descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o"};
+  for (int i = 0; i < kNumFwdScales; ++i) {
+    Fwd f;
+    f.bind[i] = false;
+    fs_status_t st{};
+    const std::string msg = fwd_error(f, {}, &st);
+    EXPECT_STARTS(msg, std::string(names[i]) + ": is required with FP8 inputs");
+    EXPECT_EQ(st, FS_STATUS_INVALID_ARGUMENT);
+  }
+  Fwd f;
+  f.bind_amax_s = false;
+  EXPECT_STARTS(fwd_error(f), "amax_s: is required with FP8 inputs");
+}
+
+TEST(SdpaFp8, ScaleTensorsAreOneFloat32) {
+  fs_status_t st{};
+  const TensorDesc half(nullptr, kFloat16, cpu(), {1, 1, 1, 1}), two(nullptr, kFloat32, cpu(), {2});
+  EXPECT_STARTS(fwd_error(Fwd{}, [&](SdpaAttributes& a) { a.set_descale_q(half); }, &st),
+                "descale_q: dtype must be float32");
+  EXPECT_EQ(st, FS_STATUS_TYPE_ERROR);
+  EXPECT_STARTS(fwd_error(Fwd{}, [&](SdpaAttributes& a) { a.set_scale_s(two); }), "scale_s: must have 1 element(s)");
+  EXPECT_STARTS(fwd_error(Fwd{}, [&](SdpaAttributes& a) { a.set_amax_o(two); }), "amax_o: must have 1 element(s)");
+  // A scalar (0-d) descriptor is one element too.
+  const TensorDesc scalar(nullptr, kFloat32, cpu(), {});
+  EXPECT_EQ(fwd_error(Fwd{}, [&](SdpaAttributes& a) { a.set_descale_v(scalar); }), "");
+}
+
+TEST(SdpaFp8, FormatsAndHeadDims) {
+  fs_status_t st{};
+  Fwd f;
+  f.D = 24;  // a multiple of 8, not of 16
+  EXPECT_STARTS(fwd_error(f, {}, &st), "q: head dim D_qk = 24 must be a multiple of 16 with FP8 inputs");
+  EXPECT_EQ(st, FS_STATUS_INVALID_ARGUMENT);
+  Fwd g;
+  g.Dv = 40;
+  EXPECT_STARTS(fwd_error(g), "v: head dim D_v = 40 must be a multiple of 16 with FP8 inputs");
+  // q, k, v share one format; o must be FP8.
+  const TensorDesc one(nullptr, kFloat32, cpu(), {1, 1, 1, 1});
+  auto mixed = [&](fs_dtype_t kt, fs_dtype_t ot) {
+    return error_of([&] {
+      TensorDesc q(nullptr, kFloat8E4M3, cpu(), {1, 1, 4, 16}), k(nullptr, kt, cpu(), {1, 1, 4, 16}),
+          v(nullptr, kFloat8E4M3, cpu(), {1, 1, 4, 16}), o(nullptr, ot, cpu(), {1, 1, 4, 16});
+      SdpaAttributes at;
+      at.set_descale_q(one).set_descale_k(one).set_descale_v(one).set_descale_s(one).set_scale_s(one);
+      at.set_scale_o(one).set_amax_s(one).set_amax_o(one);
+      SdpaFwd fwd(q, k, v, o, nullptr, at);
+    }, &st);
+  };
+  EXPECT_STARTS(mixed(kFloat8E5M2, kFloat8E4M3),
+                "k: dtype float8_e5m2 differs from q's float8_e4m3fn (q, k and v share one FP8 format)");
+  EXPECT_EQ(st, FS_STATUS_TYPE_ERROR);
+  EXPECT_STARTS(mixed(kFloat8E4M3, kBFloat16), "o: dtype must be float8_e4m3fn ([B, H_q, S_q, D_v], an FP8 format)");
+  EXPECT_EQ(mixed(kFloat8E4M3, kFloat8E5M2), "");
+}
+
+TEST(SdpaFp8, OptionsFp8DoesNotTakeAreNamed) {
+  const std::string tail = ": not supported with FP8 inputs";
+  const TensorDesc bias(nullptr, kFloat32, cpu(), {1, 1, 9, 13}), sinks(nullptr, kFloat32, cpu(), {4}),
+      bm(nullptr, kUInt8, cpu(), {1, 1, 1, 1}), gate(nullptr, kFloat8E4M3, cpu(), {2, 4, 9, 16}),
+      ml(nullptr, kFloat32, cpu(), {4}), seed(nullptr, kInt64, cpu(), {1}), dump(nullptr, kUInt8, cpu(), {2, 4, 9, 13}),
+      table(nullptr, kInt32, cpu(), {2, 1, 4, 1});
+  struct Case {
+    const char* option;
+    std::function<void(SdpaAttributes&)> set;
+  };
+  const Case cases[] = {
+      {"bias", [&](SdpaAttributes& a) { a.set_bias(bias); }},
+      {"use_alibi_mask", [](SdpaAttributes& a) { a.set_causal_mask(true).set_alibi_mask(true); }},
+      {"softcap", [](SdpaAttributes& a) { a.set_softcap(30.0f); }},
+      {"sink_token", [&](SdpaAttributes& a) { a.set_sink_token(sinks); }},
+      {"block_mask", [&](SdpaAttributes& a) { a.set_block_mask(bm); }},
+      {"gate", [&](SdpaAttributes& a) { a.set_gate(gate); }},
+      {"max_logit", [&](SdpaAttributes& a) { a.set_max_logit(ml); }},
+      {"dropout", [&](SdpaAttributes& a) { a.set_dropout(0.1f, seed, seed); }},
+      {"rng_dump", [&](SdpaAttributes& a) { a.set_rng_dump(dump); }},
+      {"paged_attention_k_table", [&](SdpaAttributes& a) { a.set_paged_attention_k_table(table); }},
+      {"diagonal_band_left_bound", [](SdpaAttributes& a) { a.set_diagonal_band_left_bound(4); }},
+      {"diagonal_band_right_bound", [](SdpaAttributes& a) { a.set_diagonal_band_right_bound(2); }},
+      {"diagonal_alignment", [](SdpaAttributes& a) { a.set_causal_mask_bottom_right(true); }},
+  };
+  for (const Case& c : cases) {
+    fs_status_t st{};
+    const std::string msg = fwd_error(Fwd{}, c.set, &st);
+    EXPECT_STARTS(msg, std::string(c.option) + (c.option == std::string("paged_attention_k_table")
+                                                    ? ", paged_attention_v_table" + tail
+                                                    : tail));
+    EXPECT_EQ(st, FS_STATUS_INVALID_ARGUMENT) << c.option;
+  }
+}
+
+TEST(SdpaFp8, ScaleFactorsNeedFp8Inputs) {
+  std::vector<double> x(16, 0.0);
+  const TensorDesc q(x.data(), kBFloat16, cpu(), {1, 1, 1, 16}), one(nullptr, kFloat32, cpu(), {1, 1, 1, 1});
+  SdpaAttributes a;
+  a.set_descale_q(one);
+  EXPECT_STARTS(error_of([&] { SdpaFwd(q, q, q, q, nullptr, a); }),
+                "descale_q: FP8 scale factors and amax outputs apply to FP8 inputs only (q is bfloat16)");
+  // Direction: the forward's scale_o is not a backward attribute (and the C layer says so).
+  SdpaBackwardAttributes b;
+  EXPECT_NE(fs_sdpa_attributes_set_scale_o(b.handle(), one.get()), FS_STATUS_SUCCESS);
+  EXPECT_STARTS(std::string(fs_get_last_error()), "set_scale_o: is a forward attribute");
+  EXPECT_NE(fs_sdpa_attributes_set_amax_dp(a.handle(), one.get()), FS_STATUS_SUCCESS);
+  EXPECT_STARTS(std::string(fs_get_last_error()), "set_amax_dp: is a backward attribute");
+}
+
+TEST(SdpaFp8, BackwardRules) {
+  Fwd f;
+  f.causal = true;
+  f.run();
+  Bwd b(f);
+  EXPECT_EQ(error_of([&] { b.create(); }), "");
+  const TensorDesc lens(nullptr, kInt32, cpu(), {2});
+  EXPECT_STARTS(error_of([&] { b.create([&](SdpaBackwardAttributes& a) {
+                  a.set_padding_mask(true).set_seq_len_q(lens).set_seq_len_kv(lens);
+                }); }),
+                "seq_len_q: not supported with FP8 inputs (the seed's sdpa_fp8_backward takes a causal mask only)");
+  EXPECT_STARTS(error_of([&] { b.create([](SdpaBackwardAttributes& a) { a.set_padding_mask(true); }); }),
+                "use_padding_mask: not supported with FP8 inputs");
+  const TensorDesc mask(nullptr, kUInt8, cpu(), {1, 1, 9, 13}), sc(nullptr, kFloat32, cpu(), {1});
+  EXPECT_STARTS(error_of([&] { b.create([&](SdpaBackwardAttributes& a) { a.set_dropout(mask, sc, sc); }); }),
+                "dropout: not supported with FP8 inputs");
+  // dQ, dK, dV share one FP8 format.
+  b.grad = kFloat8E4M3;
+  EXPECT_EQ(error_of([&] { b.create(); }), "");
+  fs_status_t st{};
+  EXPECT_STARTS(error_of([&] {
+                  const TensorDesc one(nullptr, kFloat32, cpu(), {1, 1, 1, 1});
+                  TensorDesc q(nullptr, f.in, cpu(), {f.B, f.Hq, f.Sq, f.D}), k(nullptr, f.in, cpu(), {f.B, f.Hk, f.Skv, f.D}),
+                      v(nullptr, f.in, cpu(), {f.B, f.Hk, f.Skv, f.Dv}), o(nullptr, f.out, cpu(), {f.B, f.Hq, f.Sq, f.Dv}),
+                      s(nullptr, kFloat32, cpu(), {f.B, f.Hq, f.Sq, 1}),
+                      dq(nullptr, kFloat8E5M2, cpu(), {f.B, f.Hq, f.Sq, f.D}),
+                      dk(nullptr, kFloat8E4M3, cpu(), {f.B, f.Hk, f.Skv, f.D}),
+                      dv(nullptr, kFloat8E5M2, cpu(), {f.B, f.Hk, f.Skv, f.Dv});
+                  SdpaBackwardAttributes a;
+                  a.set_descale_q(one).set_descale_k(one).set_descale_v(one).set_descale_o(one).set_descale_dO(one);
+                  a.set_descale_s(one).set_descale_dP(one).set_scale_s(one).set_scale_dQ(one).set_scale_dK(one);
+                  a.set_scale_dV(one).set_scale_dP(one).set_amax_dQ(one).set_amax_dK(one).set_amax_dV(one);
+                  a.set_amax_dP(one);
+                  SdpaBwd bwd(q, k, v, o, o, s, dq, dk, dv, a);
+                }, &st),
+                "dK: dtype must be float8_e5m2 (shape of k, dQ's FP8 format)");
+  EXPECT_EQ(st, FS_STATUS_TYPE_ERROR);
+  // Every backward scale factor is required: here the last one.
+  EXPECT_STARTS(error_of([&] {
+                  const TensorDesc one(nullptr, kFloat32, cpu(), {1, 1, 1, 1});
+                  TensorDesc q(nullptr, f.in, cpu(), {f.B, f.Hq, f.Sq, f.D}), k(nullptr, f.in, cpu(), {f.B, f.Hk, f.Skv, f.D}),
+                      v(nullptr, f.in, cpu(), {f.B, f.Hk, f.Skv, f.Dv}), o(nullptr, f.out, cpu(), {f.B, f.Hq, f.Sq, f.Dv}),
+                      s(nullptr, kFloat32, cpu(), {f.B, f.Hq, f.Sq, 1});
+                  SdpaBackwardAttributes a;
+                  a.set_descale_q(one).set_descale_k(one).set_descale_v(one).set_descale_o(one).set_descale_dO(one);
+                  a.set_descale_s(one).set_descale_dP(one).set_scale_s(one).set_scale_dQ(one).set_scale_dK(one);
+                  a.set_scale_dV(one);
+                  SdpaBwd bwd(q, k, v, o, o, s, q, k, v, a);
+                }),
+                "scale_dP: is required with FP8 inputs (the seed's sdpa_fp8_backward takes every scale factor");
+}
+
+TEST(SdpaFp8, ScaleValuesMustBeFinite) {
+  Fwd f;
+  f.scale[kDescaleK] = INFINITY;
+  auto op = f.create();
+  op->check_support();
+  op->compile();
+  EXPECT_STARTS(error_of([&] { op->execute(f.pack(), nullptr, 0); }), "descale_k: must be finite, got inf");
+}
+
+TEST(SdpaFp8, CudaTensorsAreRefusedByCheckSupport) {
+  Fwd f;
+  f.dev = cuda();
+  auto op = f.create();  // the descriptors validate: the Problem carries everything a launcher needs
+  fs_status_t st{};
+  EXPECT_STARTS(error_of([&] { op->check_support(); }, &st),
+                "q: FP8 inputs (float8_e4m3fn) on CUDA tensors are not supported by this build yet (CPU tensors are");
+  EXPECT_EQ(st, FS_STATUS_NOT_SUPPORTED);
+  // Host scale factors with CUDA tensors validate too (the seed's pass-by-value form); amax outputs must be on
+  // q's device.
+  Fwd g;
+  g.dev = cuda();
+  const TensorDesc host(nullptr, kFloat32, cpu(), {1, 1, 1, 1});
+  EXPECT_EQ(fwd_error(g, [&](SdpaAttributes& a) { a.set_descale_q(host).set_scale_s(host); }), "");
+  EXPECT_STARTS(fwd_error(g, [&](SdpaAttributes& a) { a.set_amax_s(host); }), "amax_s: must be on the device of q");
+}
+
+// ---------------------------------------------------------------------------
+// The CPU reference
+// ---------------------------------------------------------------------------
+
+// The 16-bit path's reference on float64 tensors holding the FP8 values (dequantized): O and stats.
+void reference_f64(const Fwd& f, std::vector<double>& o, std::vector<float>& stats) {
+  std::vector<double> q = decode(f.q, f.in), k = decode(f.k, f.in), v = decode(f.v, f.in);
+  for (auto& e : q) e *= f.scale[kDescaleQ];
+  for (auto& e : k) e *= f.scale[kDescaleK];
+  for (auto& e : v) e *= f.scale[kDescaleV];
+  o.assign(f.B * f.Hq * f.Sq * f.Dv, NAN);
+  stats.assign(f.B * f.Hq * f.Sq, NAN);
+  TensorDesc qd(q.data(), kF64, cpu(), {f.B, f.Hq, f.Sq, f.D}), kd(k.data(), kF64, cpu(), {f.B, f.Hk, f.Skv, f.D}),
+      vd(v.data(), kF64, cpu(), {f.B, f.Hk, f.Skv, f.Dv}), od(o.data(), kF64, cpu(), {f.B, f.Hq, f.Sq, f.Dv}),
+      sd(stats.data(), kFloat32, cpu(), {f.B, f.Hq, f.Sq, 1});
+  SdpaAttributes a;
+  a.set_attn_scale(f.attn_scale).set_causal_mask(f.causal).set_generate_stats(true);
+  SdpaFwd fwd(qd, kd, vd, od, &sd, a);
+  fwd.check_support();
+  fwd.compile();
+  SdpaVariantPack p;
+  p.set(FS_SDPA_Q, q.data()).set(FS_SDPA_K, k.data()).set(FS_SDPA_V, v.data()).set(FS_SDPA_O, o.data());
+  p.set(FS_SDPA_STATS, stats.data());
+  fwd.execute(p, nullptr, 0);
+}
+
+// Forward against the 16-bit path on the same values: the stats agree to float rounding (they do not depend
+// on the quantization of S), O within the bound of the quantizations: |dS| <= 2^-4 S (E4M3 normal) + 2^-10 /
+// scale_s (subnormal) per element, so |dO| <= max|v| (2^-4 + S_kv 2^-10 / scale_s), plus O's own rounding.
+TEST(SdpaFp8, ForwardMatchesTheSixteenBitPathWithinTheQuantization) {
+  for (int variant = 0; variant < 4; ++variant) {
+    Fwd f;
+    f.causal = variant % 2 == 1;
+    f.scale = {0.5f, 0.25f, 2.0f, 1.0f / 448, 448.0f, 1.0f};
+    if (variant >= 2) {
+      f.in = kFloat8E5M2;
+      f.scale = {1.5f, 0.75f, 0.3f, 1.0f / 1000, 1000.0f, 4.0f};
+    }
+    f.fill(10 + variant, 3.0);
+    f.run();
+    std::vector<double> o_ref;
+    std::vector<float> st_ref;
+    reference_f64(f, o_ref, st_ref);
+    for (size_t i = 0; i < st_ref.size(); ++i) EXPECT_NEAR(f.stats[i], st_ref[i], 1e-5) << variant << " row " << i;
+    const std::vector<double> o = decode(f.o, f.out);
+    const double vmax = max_abs(decode(f.v, f.in)) * f.scale[kDescaleV];
+    const double half_ulp = 0.0625;  // E4M3: 2^-4 relative; E5M2 has 2^-3
+    const double rel = f.in.code == FS_DTYPE_FLOAT8_E5M2 ? 0.125 : half_ulp;
+    const double bound_s = vmax * (rel + double(f.Skv) * std::ldexp(1.0, -10) / f.scale[kScaleS]);
+    double worst = 0, sum_err = 0, sum_ref = 0;
+    for (size_t i = 0; i < o.size(); ++i) {
+      const double got = o[i] / f.scale[kScaleO];
+      const double tol = bound_s + half_ulp * (std::fabs(o_ref[i]) + bound_s) + 1e-3;
+      EXPECT_LE(std::fabs(got - o_ref[i]), tol) << "variant " << variant << " element " << i;
+      worst = std::max(worst, std::fabs(got - o_ref[i]) / tol);
+      sum_err += (got - o_ref[i]) * (got - o_ref[i]);
+      sum_ref += o_ref[i] * o_ref[i];
+    }
+    // The typical error is far below the bound (a test that cannot fail otherwise would be no test).
+    EXPECT_LT(std::sqrt(sum_err / sum_ref), 0.08) << variant;
+  }
+}
+
+TEST(SdpaFp8, AmaxOutputsAreOfTheUnscaledTensors) {
+  for (bool causal : {false, true}) {
+    Fwd f;
+    f.causal = causal;
+    f.scale[kScaleO] = 8.0f;
+    f.fill(21, 2.0);
+    f.run();
+    // amax_s = max over rows of the largest probability, exp(row max logit - LSE).
+    double amax_s = 0;
+    for (size_t i = 0; i < f.stats.size(); ++i)
+      amax_s = std::max(amax_s, std::exp(double(f.score_max[i]) - double(f.stats[i])));
+    EXPECT_NEAR(f.amax[0], amax_s, 1e-5 * amax_s);
+    // Rounding is monotonic: the largest stored |O| is amax_o * scale_o rounded.
+    EXPECT_EQ(max_abs(decode(f.o, f.out)),
+              double(flashspan::fp8_round(dtype_of(f.out), f.amax[1] * f.scale[kScaleO])));
+    Bwd b(f);
+    b.scale[kBScaleDQ] = 16.0f;
+    b.scale[kBScaleDK] = 0.5f;
+    b.run();
+    EXPECT_EQ(max_abs(decode(b.dq, b.grad)), double(flashspan::fp8_round(dtype_of(b.grad), b.amax[0] * 16.0f)));
+    EXPECT_EQ(max_abs(decode(b.dk, b.grad)), double(flashspan::fp8_round(dtype_of(b.grad), b.amax[1] * 0.5f)));
+    EXPECT_EQ(max_abs(decode(b.dv, b.grad)), double(flashspan::fp8_round(dtype_of(b.grad), b.amax[2])));
+    EXPECT_GT(b.amax[3], 0.0f);
+  }
+}
+
+// Stored inputs times 2 with their descale / 2 give bitwise the same results (every product is exact: the
+// values stay normal and below the format's maximum); scale_o scales the stored O.
+TEST(SdpaFp8, ScaleFactorsCompensateExactly) {
+  Fwd base;
+  base.causal = true;
+  base.fill(31, 0.5);  // |x| <= 2: doubling stays exact in E4M3
+  base.run();
+  auto twice = [](std::vector<uint8_t>& bits, fs_dtype_t t) {
+    std::vector<double> x = decode(bits, t);
+    for (auto& e : x) e *= 2;
+    bits = encode(x, t);
+  };
+  for (int which = 0; which < 3; ++which) {
+    Fwd f = base;
+    twice(which == 0 ? f.q : which == 1 ? f.k : f.v, f.in);
+    f.scale[which] *= 0.5f;
+    f.run();
+    EXPECT_EQ(f.o, base.o) << "input " << which;
+    EXPECT_EQ(f.stats, base.stats) << "input " << which;
+    EXPECT_EQ(f.amax, base.amax) << "input " << which;
+  }
+  Fwd s = base;
+  s.scale[kScaleO] = 2.0f;
+  s.run();
+  EXPECT_EQ(s.amax, base.amax) << "amax_o is taken before scale_o";
+  const std::vector<double> o1 = decode(base.o, base.out), o2 = decode(s.o, s.out);
+  int normal = 0;
+  for (size_t i = 0; i < o1.size(); ++i) {
+    // Subnormal (2^-6 itself may be a rounded-up subnormal) or saturating values do not scale exactly.
+    if (std::fabs(o1[i]) <= 0.015625 || std::fabs(o1[i]) > 200) continue;
+    EXPECT_EQ(o2[i], 2 * o1[i]) << i;
+    ++normal;
+  }
+  EXPECT_GT(normal, int(o1.size()) / 2);
+
+  // Backward: dO (and k) times 2 with descale / 2: bitwise the same gradients and amax values.
+  Bwd b0(base);
+  b0.run();
+  for (int which = 0; which < 2; ++which) {  // dO, then k
+    Bwd b(base);
+    twice(which == 0 ? b.dO : b.k, which == 0 ? b.dout : base.in);
+    b.scale[which == 0 ? kBDescaleDO : kBDescaleK] *= 0.5f;
+    b.run();
+    EXPECT_EQ(b.dq, b0.dq) << which;
+    EXPECT_EQ(b.dk, b0.dk) << which;
+    EXPECT_EQ(b.dv, b0.dv) << which;
+    EXPECT_EQ(b.amax, b0.amax) << which;
+  }
+}
+
+// Backward against the 16-bit path's backward (float64 tensors of the dequantized q, k, v, o, dO, the same
+// stats), with E4M3 gradients and dP: relative L2 within the quantization of dP and S (2^-4 per element).
+TEST(SdpaFp8, BackwardMatchesTheSixteenBitPathWithinTheQuantization) {
+  for (bool causal : {false, true}) {
+    Fwd f;
+    f.causal = causal;
+    f.fill(41, 1.0);
+    f.run();
+    Bwd b(f);
+    b.grad = kFloat8E4M3;
+    b.dout = kFloat8E4M3;
+    b.dO = encode(randn(f.B * f.Hq * f.Sq * f.Dv, 43, 1.0), b.dout);
+    b.scale[kBScaleDP] = 256.0f;
+    b.scale[kBDescaleDP] = 1.0f / 256;
+    b.scale[kBScaleDQ] = b.scale[kBScaleDK] = b.scale[kBScaleDV] = 64.0f;
+    b.run();
+    // The reference on dequantized tensors.
+    std::vector<double> q = decode(f.q, f.in), k = decode(f.k, f.in), v = decode(f.v, f.in), o = decode(f.o, f.out),
+                        dO = decode(b.dO, b.dout);
+    for (auto& e : o) e /= f.scale[kScaleO];
+    std::vector<double> dq(q.size()), dk(k.size()), dv(v.size());
+    TensorDesc qd(q.data(), kF64, cpu(), {f.B, f.Hq, f.Sq, f.D}), kd(k.data(), kF64, cpu(), {f.B, f.Hk, f.Skv, f.D}),
+        vd(v.data(), kF64, cpu(), {f.B, f.Hk, f.Skv, f.Dv}), od(o.data(), kF64, cpu(), {f.B, f.Hq, f.Sq, f.Dv}),
+        dod(dO.data(), kF64, cpu(), {f.B, f.Hq, f.Sq, f.Dv}), sd(b.stats.data(), kFloat32, cpu(), {f.B, f.Hq, f.Sq, 1}),
+        dqd(dq.data(), kF64, cpu(), {f.B, f.Hq, f.Sq, f.D}), dkd(dk.data(), kF64, cpu(), {f.B, f.Hk, f.Skv, f.D}),
+        dvd(dv.data(), kF64, cpu(), {f.B, f.Hk, f.Skv, f.Dv});
+    SdpaBackwardAttributes a;
+    a.set_attn_scale(f.attn_scale).set_causal_mask(causal);
+    SdpaBwd bwd(qd, kd, vd, od, dod, sd, dqd, dkd, dvd, a);
+    bwd.check_support();
+    bwd.compile();
+    SdpaVariantPack p;
+    p.set(FS_SDPA_Q, q.data()).set(FS_SDPA_K, k.data()).set(FS_SDPA_V, v.data()).set(FS_SDPA_O, o.data());
+    p.set(FS_SDPA_DO, dO.data()).set(FS_SDPA_STATS, b.stats.data()).set(FS_SDPA_DQ, dq.data());
+    p.set(FS_SDPA_DK, dk.data()).set(FS_SDPA_DV, dv.data());
+    bwd.execute(p, nullptr, 0);
+    const std::vector<uint8_t>* got[] = {&b.dq, &b.dk, &b.dv};
+    const std::vector<double>* want[] = {&dq, &dk, &dv};
+    for (int g = 0; g < 3; ++g) {
+      const std::vector<double> x = decode(*got[g], b.grad);
+      double err = 0, ref = 0;
+      for (size_t i = 0; i < x.size(); ++i) {
+        const double d = x[i] / 64.0 - (*want[g])[i];
+        err += d * d;
+        ref += (*want[g])[i] * (*want[g])[i];
+      }
+      EXPECT_LT(std::sqrt(err / ref), 0.1) << "causal " << causal << " gradient " << g;
+      EXPECT_GT(ref, 0.0);
+    }
+    // amax of the gradients: the unscaled maxima of the reference, within the quantization.
+    EXPECT_NEAR(b.amax[0], max_abs(dq), 0.15 * max_abs(dq));
+    EXPECT_NEAR(b.amax[1], max_abs(dk), 0.15 * max_abs(dk));
+    EXPECT_NEAR(b.amax[2], max_abs(dv), 0.15 * max_abs(dv));
+  }
+}
+
+}  // namespace
