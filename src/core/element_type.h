@@ -36,19 +36,26 @@ struct BFloat16 {
 };
 
 // FP8 (OCP 8-bit floats, as cuDNN / Transformer Engine use them): E4M3 (max 448, no infinity)
-// and E5M2 (max 57344). kFp8Format: 1 E4M3, 2 E5M2 (the code of SdpaFp8Params::format,
-// kernels/params.h). No DType yet: the tensors' dtype codes come with the FP8 API; the launchers
-// pick the tag from the format code (with_fp8_type).
+// and E5M2 (max 57344), DType::kFloat8E4M3 / kFloat8E5M2 (host conversions: core/fp8_conv.h).
+// kFp8Format: 1 E4M3, 2 E5M2, the code of SdpaFp8Params::format (kernels/params.h,
+// fp8_format_code); the launchers pick the tag from it (with_fp8_type).
 struct Float8E4M3 {
   using Storage = uint8_t;
+  static constexpr DType kDType = DType::kFloat8E4M3;
   static constexpr int kBits = 8;
   static constexpr int kFp8Format = 1;
 };
 struct Float8E5M2 {
   using Storage = uint8_t;
+  static constexpr DType kDType = DType::kFloat8E5M2;
   static constexpr int kBits = 8;
   static constexpr int kFp8Format = 2;
 };
+
+// The FP8 format code (kFp8Format) of a dtype: 1 E4M3, 2 E5M2, 0 for any other dtype.
+inline int fp8_format_code(DType t) {
+  return t == DType::kFloat8E4M3 ? Float8E4M3::kFp8Format : t == DType::kFloat8E5M2 ? Float8E5M2::kFp8Format : 0;
+}
 
 // Calls f(Float8E4M3{}) or f(Float8E5M2{}) for an FP8 format code (1, 2); other codes:
 // Status::kInternal naming `what`.

@@ -331,20 +331,25 @@ struct SdpaBwdParams : BwdParams {
 //   amax_s = max |P| over the rows that see a key (= max over them of 1 / l, l the row's sum of
 //           exp(S - rowmax)), the probabilities before scale_s;
 //   P_q   = fp8(P scale_s), O = (P_q V) descale_s descale_v, amax_o = max |O| (before scale_o),
-//   O stored as fp8_satfinite(O scale_o); the stats (LSE) as the 16-bit forward writes them.
-// amax_s / amax_o: one fp32 each in device memory, zeroed by the launcher, reduced by the kernel
-// with atomics (non-negative: integer max of the bits). v_t: the workspace of V^T (the P V GEMM's
-// B operand must be K-major for 8-bit types): [B, H_k, D_v, fp8_vt_keys_sm90(S_kv)] bytes
-// (tile_sm90.h fp8_vt_bytes_sm90), written per call by the V^T pre-pass (fp8_vt_sm90.cuh).
-// format: 0 none (a 16-bit call), 1 E4M3, 2 E5M2 (core/element_type.h kFp8Format).
+//   O stored as fp8_satfinite(O scale_o) in o's format; the stats (LSE) as the 16-bit forward
+//   writes them.
+// The six factors (SdpaFp8Factor order): each one float in device memory (factor[i]), or, for a
+// host scale factor (the seed's pass-by-value form), factor[i] null and its value in
+// host_factor[i] (kern::fp8_factor reads either). amax_s / amax_o: one fp32 each in device
+// memory, zeroed by the launcher, reduced by the kernel with atomics (non-negative: integer max of
+// the bits). v_t: the workspace of V^T (the P V GEMM's B operand must be K-major for 8-bit types):
+// [B, H_k, D_v, fp8_vt_keys_sm90(S_kv)] bytes (tile_sm90.h fp8_vt_bytes_sm90), written per call by
+// the V^T pre-pass (fp8_vt_sm90.cuh).
+// format: q, k, v's (and P's quantization): 0 none (a 16-bit call), 1 E4M3, 2 E5M2
+// (core/element_type.h kFp8Format); o_format: O's, 1 or 2 (0: format's).
+enum SdpaFp8Factor : int {
+  kFp8DescaleQ = 0, kFp8DescaleK, kFp8DescaleV, kFp8DescaleS, kFp8ScaleS, kFp8ScaleO, kFp8NumFactors
+};
 struct SdpaFp8Params {
   int32_t format = 0;
-  const float* descale_q = nullptr;
-  const float* descale_k = nullptr;
-  const float* descale_v = nullptr;
-  const float* descale_s = nullptr;
-  const float* scale_s = nullptr;
-  const float* scale_o = nullptr;
+  int32_t o_format = 0;
+  const float* factor[kFp8NumFactors] = {};
+  float host_factor[kFp8NumFactors] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
   float* amax_s = nullptr;
   float* amax_o = nullptr;
   void* v_t = nullptr;

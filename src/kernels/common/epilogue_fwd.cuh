@@ -7,7 +7,8 @@
 //                        with kSdpaOptions also SDPA's score_max / score_sum_exp and output gate
 //                        (sdpa_score_mod.cuh sdpa_fwd_row_options, the sm80 SDPA epilogue's too);
 //                        an FP8 E (the SDPA FP8 forward) with its Fp8Out: O's factors, the FP8
-//                        store, the LSE of the shifted statistics, amax_s / amax_o gathered;
+//                        store in o's format, the LSE (and score_max / score_sum_exp) of the
+//                        shifted statistics, amax_s / amax_o gathered;
 //   store_split_partial  a piece of a split task: the unnormalised fp32 O, m (log2 units) and l
 //                        of its rows into its workspace slot (FwdSplit, params.h) for the
 //                        combine kernel (fwd_split.cuh);
@@ -25,6 +26,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/sdpa_score_mod.cuh"
 #include "kernels/common/softmax.cuh"
@@ -39,7 +41,8 @@ namespace flashspan::kern {
 // max, quantized; l holds scale_s times the row sum. So O = acc descale_s descale_v scale_s / l
 // (the row's 1 / sum folded in at the end: the flash form of P_q = fp8(P scale_s), whose
 // rounding differs from quantizing the normalised P by the per-block factor -- within FP8's
-// rounding error), stored as fp8_satfinite(O scale_o); LSE = (m - shift + log2 l) unit; the row's
+// rounding error), stored as fp8_satfinite(O scale_o) in o's format (o_e5m2: a run-time choice, o
+// may differ from q's format); LSE = (m - shift + log2 l) unit; the row's
 // max |P| is 1 / sum = scale_s / l (its max element is exp(0) / sum). amax_o / amax_s: the
 // thread's running maxima over every row and item it stored, reduced by flush() once per warp.
 struct Fp8Out {
@@ -48,10 +51,21 @@ struct Fp8Out {
   float scale_o;
   float shift;    // log2 scale_s
   float amax_o, amax_s;
+  bool o_e5m2;    // O stored as E5M2 (else E4M3)
 
   __device__ __forceinline__ static Fp8Out make(const SdpaFp8Params& f) {
-    const float ss = __ldg(f.scale_s);
-    return Fp8Out{__ldg(f.descale_s) * __ldg(f.descale_v) * ss, ss, __ldg(f.scale_o), log2f(ss), 0.0f, 0.0f};
+    const float ss = fp8_factor(f, kFp8ScaleS);
+    return Fp8Out{fp8_factor(f, kFp8DescaleS) * fp8_factor(f, kFp8DescaleV) * ss,
+                  ss,
+                  fp8_factor(f, kFp8ScaleO),
+                  log2f(ss),
+                  0.0f,
+                  0.0f,
+                  (f.o_format != 0 ? f.o_format : f.format) == Float8E5M2::kFp8Format};
+  }
+  // Two adjacent O elements (already times scale_o) at dst in o's format.
+  __device__ __forceinline__ void store(uint8_t* dst, float x0, float x1) const {
+    *reinterpret_cast<uint16_t*>(dst) = o_e5m2 ? cvt_fp8x2<Float8E5M2>(x0, x1) : cvt_fp8x2<Float8E4M3>(x0, x1);
   }
   // The warp's maxima into amax_o / amax_s (zeroed by the launcher; non-negative, so the integer
   // max of atomic_max_float): every lane calls it.
@@ -112,6 +126,14 @@ struct FwdEpilogue {
         [[maybe_unused]] const Elem* grow = nullptr;
         if constexpr (kSdpaOptions) {
           grow = sdpa_fwd_row_options<E>(p, rw.batch, rw.head + sub, int(rw.q_row0), pos, sm.m[hi], lsum, f.q == 0);
+        } else if constexpr (kFp8) {
+          // The FP8 forward's statistics outputs (score_max / score_sum_exp, run-time flags; no gate):
+          // the row sum without the shift's scale_s.
+          const SdpaEpilogueParams& ep = analytic_of(p).epi;
+          if (ep.score_max != nullptr || ep.score_sum_exp != nullptr) {
+            sdpa_fwd_row_options<E>(p, rw.batch, rw.head + sub, int(rw.q_row0), pos, sm.m[hi], lsum / q8->s_mul,
+                                    f.q == 0);
+          }
         }
 #pragma unroll
         for (int n = 0; n < kNO; ++n) {
@@ -122,10 +144,10 @@ struct FwdEpilogue {
             }
             if constexpr (kFp8) {
               q8->amax_o = fmaxf(q8->amax_o, fmaxf(fabsf(x0), fabsf(x1)));
-              x0 *= q8->scale_o;
-              x1 *= q8->scale_o;
+              q8->store(orow + f.col(n, 0), x0 * q8->scale_o, x1 * q8->scale_o);
+            } else {
+              store_pair<E>(orow + f.col(n, 0), x0, x1);
             }
-            store_pair<E>(orow + f.col(n, 0), x0, x1);
           }
         }
         if (p.lse != nullptr && f.q == 0) {

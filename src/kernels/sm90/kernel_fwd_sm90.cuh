@@ -532,7 +532,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
   [[maybe_unused]] kern::Fp8Out q8{};
   if constexpr (L::kFp8) {
     const SdpaFp8Params& f8 = kern::fp8_of(p);
-    qk_scale *= __ldg(f8.descale_q) * __ldg(f8.descale_k);
+    qk_scale *= kern::fp8_factor(f8, kFp8DescaleQ) * kern::fp8_factor(f8, kFp8DescaleK);
     q8 = kern::Fp8Out::make(f8);
     shift = q8.shift;
   }

@@ -188,12 +188,11 @@ void launch_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p_in, const TensorView& q,
   SdpaFp8FwdParams p = p_in;
   const SdpaFp8Params& f = p.fp8;
   FS_CHECK(sdpa_fp8_fwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.pack == 1 && p.split_schedule == 0 &&
-               (f.format == 1 || f.format == 2),
+               (f.format == 1 || f.format == 2) && f.o_format >= 0 && f.o_format <= 2,
            Status::kInternal, "sdpa fp8 forward (sm90): unsupported configuration reached the launcher (D ", p.head_dqk,
-           "/", p.head_dv, ", format ", f.format, ")");
-  FS_CHECK(f.descale_q != nullptr && f.descale_k != nullptr && f.descale_v != nullptr && f.descale_s != nullptr &&
-               f.scale_s != nullptr && f.scale_o != nullptr && f.amax_s != nullptr && f.amax_o != nullptr,
-           Status::kInternal, "sdpa fp8 forward (sm90): a scale, descale or amax pointer is missing");
+           "/", p.head_dv, ", formats ", f.format, " / ", f.o_format, ")");
+  FS_CHECK(f.amax_s != nullptr && f.amax_o != nullptr, Status::kInternal,
+           "sdpa fp8 forward (sm90): an amax pointer is missing");
   for (int x : {kSdpaQ, kSdpaK, kSdpaV, kSdpaO, kSdpaStats}) {
     FS_CHECK(p.analytic.start[x].ragged.ptr == nullptr, Status::kInternal,
              "sdpa fp8 forward (sm90): a ragged tensor reached the launcher");
@@ -201,7 +200,7 @@ void launch_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p_in, const TensorView& q,
   const AnalyticMaskParams& a = p.analytic;
   FS_CHECK(a.dropout.mode == 0 && a.dropout.rng_dump == nullptr && a.score.group_v == p.group_size &&
                a.score.softcap2 == 0.0f && a.score.alibi_n == 0 && a.score.sink == nullptr && a.bias.bias == nullptr &&
-               a.epi.gate == nullptr && a.epi.score_max == nullptr && a.epi.score_sum_exp == nullptr,
+               a.epi.gate == nullptr,
            Status::kInternal, "sdpa fp8 forward (sm90): dropout, H_k != H_v or a score modifier reached the launcher");
   check_fp8_aligned(q, "q");
   check_fp8_aligned(k, "k");
