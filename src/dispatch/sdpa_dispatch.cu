@@ -30,6 +30,13 @@ sm80::TileSm80 tile_of(const Problem& p) { return sm80::tile_sm80(static_cast<in
 
 void sdpa_check_support_gpu(const Problem& p) {
   sdpa_check_features_gpu(p);
+  if (p.fp8) {
+    // The sm90 FP8 forward is the only FP8 kernel (sdpa_launch.h).
+    FS_CHECK_SUPPORTED(sm90::device_supported(p.device_id), "q: FP8 inputs on CUDA tensors need an sm_90 device (H100 / "
+                       "H200) and this build's sm_90a code (FLASHSPAN_CUDA_ARCHS with 90a); device cuda:", p.device_id,
+                       " has neither or not both");
+    return;
+  }
   int major = 0, smem_optin = 0;
   const cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device_id);
   FS_CHECK(e == cudaSuccess, Status::kCudaError, "cudaDeviceGetAttribute(cuda:", p.device_id,
@@ -47,9 +54,13 @@ void sdpa_check_support_gpu(const Problem& p) {
 }
 
 void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, void* stream) {
-  (void)workspace;
-  (void)workspace_bytes;
   check_vec_aligned_slots(p, {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_GATE});
+  if (p.fp8) {
+    // The sm90 FP8 forward (check_support accepted the call: sdpa_fp8_fwd_sm90_refusal, the device).
+    sm90::launch_sdpa_fp8_fwd_sm90(sdpa_fp8_fwd_params(p, workspace, workspace_bytes), p.t(FS_SDPA_Q),
+                                   p.t(FS_SDPA_K), p.t(FS_SDPA_V), static_cast<cudaStream_t>(stream));
+    return;
+  }
   if (p.paged) {
     sm80::launch_sdpa_fwd_paged_sm80(sdpa_paged_fwd_params(p), tile_of(p), p.dtype, static_cast<cudaStream_t>(stream));
     return;

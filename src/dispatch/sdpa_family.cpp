@@ -16,6 +16,7 @@ std::atomic<int> g_sdpa_sm90_override{-1};
 std::atomic<int> g_sdpa_bwd_sm90_override{-1};
 std::atomic<int> g_sdpa_fwd_sm90_mods_override{-1};
 std::atomic<int> g_sdpa_bwd_sm90_mods_override{-1};
+std::atomic<int> g_sdpa_fp8_sm90_override{-1};
 // On by default where they cover a call (FLASHSPAN_KERNEL_FAMILY=sm80, read per call, keeps the sm80
 // kernels), since the GPU suite passed with them and they are at least as fast as the flex route's
 // (PERF_LOG v2.10). The forward's kernel with score modifiers too, since its GPU tests passed and it
@@ -141,6 +142,47 @@ bool sdpa_bwd_sm90_mods_enabled() {
   const int o = g_sdpa_bwd_sm90_mods_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
   return !env_flag_off("FLASHSPAN_SM90_SDPA_BWD_MODS");
+}
+
+void set_sdpa_fp8_sm90_enabled(int on) {
+  g_sdpa_fp8_sm90_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed);
+}
+
+bool sdpa_fp8_sm90_enabled() {
+  const int o = g_sdpa_fp8_sm90_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  return experimental_from_env();
+}
+
+// The sm90 FP8 forward's rule (launch_sdpa_fp8_fwd_sm90's checks): a list of what it takes, as
+// sm90_refusal's. The FP8 validation (core/sdpa_problem.cpp) has already refused every option
+// outside the seed's FP8 subset.
+const char* sdpa_fp8_fwd_sm90_refusal(const sdpa::Problem& p) {
+  using namespace sdpa;
+  if (!p.fp8) return "q (not an FP8 call)";
+  if (p.a.backward) return "the FP8 backward";
+  if (!sm90::sdpa_fp8_fwd_runs_head_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv))) {
+    return "head dims (multiples of 16 up to 128)";
+  }
+  if (p.Hk != p.Hv) return "H_k != H_v";
+  for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
+                FS_SDPA_RAGGED_OFFSET_STATS}) {
+    if (p.has(s)) return "ragged (packed THD) q, k, v, o or stats";
+  }
+  for (int s = 0; s < kNumSlots; ++s) {
+    switch (s) {
+      case FS_SDPA_Q: case FS_SDPA_K: case FS_SDPA_V: case FS_SDPA_O: case FS_SDPA_STATS: case FS_SDPA_ATTN_SCALE:
+      case FS_SDPA_SEQ_LEN_Q: case FS_SDPA_SEQ_LEN_KV: case FS_SDPA_CU_SEQ_LEN_Q: case FS_SDPA_CU_SEQ_LEN_KV:
+      case FS_SDPA_DESCALE_Q: case FS_SDPA_DESCALE_K: case FS_SDPA_DESCALE_V: case FS_SDPA_DESCALE_S:
+      case FS_SDPA_SCALE_S: case FS_SDPA_SCALE_O: case FS_SDPA_AMAX_S: case FS_SDPA_AMAX_O:
+      case FS_SDPA_SCORE_MAX: case FS_SDPA_SCORE_SUM_EXP:
+        continue;
+      default:
+        break;
+    }
+    if (p.has(s)) return slot_name(s);
+  }
+  return nullptr;
 }
 
 bool sdpa_bwd_runs_sm90(const sdpa::Problem& p) {

@@ -36,8 +36,9 @@ void set_sdpa_paged_enabled(int on);
 // memory per block): what check_support() runs for CUDA tensors.
 void sdpa_check_support_gpu(const sdpa::Problem& p);
 
-// Bytes of workspace of one call (pure functions of the problem's sizes): the forward needs
-// none; the backward keeps D and LSE log2(e) ([H_q, B * S_q] fp32 each), unless
+// Bytes of workspace of one call (pure functions of the problem's sizes): the 16-bit forward
+// needs none, an FP8 forward on CUDA tensors the V^T of the sm90 FP8 forward ([B, H_k, D_v, S_kv
+// rounded up to 128] bytes, kernels/sm90/tile_sm90.h fp8_vt_bytes_sm90); the backward keeps D and LSE log2(e) ([H_q, B * S_q] fp32 each), unless
 // deterministic the fp32 dQ accumulator [H_q, B * S_q, D_qk], with dBias the fp32 dS
 // [B, H_q, S_q, S_kv rounded up to even], and with the output gate dO * sigmoid(G)
 // [H_q, B * S_q, D_v] in the input dtype. A CUDA call the sm90 backward covers
@@ -106,6 +107,22 @@ bool sdpa_bwd_runs_sm90(const sdpa::Problem& p);
 // when deterministic), both in the workspace, whose size covers them for every call the sm90
 // backward covers (sdpa_bwd_workspace_size).
 SdpaBwdParams sdpa_bwd_params_sm90(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
+
+// The sm90 FP8 forward (cuDNN's sdpa_fp8; kernels/sm90/launch_sm90.h launch_sdpa_fp8_fwd_sm90):
+// experimental, not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read per call), unless
+// set_sdpa_fp8_sm90_enabled overrides it (tests: 1 on, 0 off, -1 back to the environment's
+// answer). It is the only FP8 kernel: FP8 calls on CUDA tensors that it does not take are refused
+// (sdpa_check_features_gpu: without the switch, or with sdpa_fp8_fwd_sm90_refusal's answer;
+// sdpa_check_support_gpu: off an sm_90 device with this build's sm_90a code).
+// sdpa_fp8_fwd_sm90_refusal: nullptr when the kernel covers an FP8 call (a forward; each head dim
+// a multiple of 16 up to 128, H_k = H_v, q / k / v / o / stats padded; score_max / score_sum_exp
+// too), else the first thing it does not cover. sdpa_fp8_fwd_params: sdpa_fwd_params
+// plus the FP8 factors (device pointers, or a host scale factor's value), the formats, the amax
+// outputs and the V^T workspace (checked: size and 16-byte alignment).
+bool sdpa_fp8_sm90_enabled();
+void set_sdpa_fp8_sm90_enabled(int on);
+const char* sdpa_fp8_fwd_sm90_refusal(const sdpa::Problem& p);
+SdpaFp8FwdParams sdpa_fp8_fwd_params(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
 
 // Enqueue the kernels on the stream for a problem whose tensors are bound (Problem::bind) to
 // device memory. Allocate nothing, read nothing back (CUDA-graph capturable); the workspace

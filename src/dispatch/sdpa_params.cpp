@@ -6,7 +6,9 @@
 // (SampleStart: ragged offsets times the multiplier, or b * stride(0)), so TensorAddr's batch
 // stride is 0 and `varlen` unused. The stats [B, H_q, S_q, 1] likewise.
 #include <algorithm>
+#include <cstdint>
 
+#include "core/element_type.h"
 #include "core/error.h"
 #include "dispatch/family.h"
 #include "dispatch/sdpa_launch.h"
@@ -231,7 +233,10 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
 
 }  // namespace
 
-size_t sdpa_fwd_workspace_size(const Problem&) { return 0; }
+size_t sdpa_fwd_workspace_size(const Problem& p) {
+  if (!p.fp8 || p.device != DeviceType::kCUDA) return 0;
+  return ws_align(size_t(sm90::fp8_vt_bytes_sm90(p.B, p.Hk, p.Dv, p.Skv)));
+}
 
 size_t sdpa_bwd_workspace_size(const Problem& p) { return sdpa_bwd_layout(p).total; }
 
@@ -247,6 +252,34 @@ SdpaFwdParams sdpa_fwd_params(const Problem& p) {
   f.analytic.lse_unit = p.a.stats_use_log2 ? 1.0f : 0.6931471805599453f;
   f.pack = 1;
   f.split_schedule = 0;
+  return f;
+}
+
+SdpaFp8FwdParams sdpa_fp8_fwd_params(const Problem& p, void* workspace, size_t workspace_bytes) {
+  SdpaFp8FwdParams f;
+  static_cast<SdpaFwdParams&>(f) = sdpa_fwd_params(p);
+  SdpaFp8Params& e = f.fp8;
+  e.format = fp8_format_code(p.dtype);
+  e.o_format = fp8_format_code(p.t(FS_SDPA_O).dtype);
+  // SdpaFp8Factor order. A host scale factor (the seed's pass-by-value form) travels by value.
+  const int slots[kFp8NumFactors] = {FS_SDPA_DESCALE_Q, FS_SDPA_DESCALE_K, FS_SDPA_DESCALE_V,
+                                     FS_SDPA_DESCALE_S, FS_SDPA_SCALE_S,   FS_SDPA_SCALE_O};
+  for (int i = 0; i < kFp8NumFactors; ++i) {
+    const TensorView& t = p.t(slots[i]);
+    if (t.device == DeviceType::kCPU) {
+      e.factor[i] = nullptr;
+      e.host_factor[i] = sdpa::host_scalar(p, slots[i]);
+    } else {
+      e.factor[i] = t.ptr<const float>();
+    }
+  }
+  e.amax_s = p.t(FS_SDPA_AMAX_S).ptr<float>();
+  e.amax_o = p.t(FS_SDPA_AMAX_O).ptr<float>();
+  const size_t need = sdpa_fwd_workspace_size(p);
+  FS_CHECK(workspace_bytes >= need && reinterpret_cast<uintptr_t>(workspace) % 16 == 0 &&
+               (need == 0 || workspace != nullptr),
+           Status::kInternal, "sdpa fp8 forward: workspace of ", workspace_bytes, " bytes (", need, " needed, 16-byte aligned)");
+  e.v_t = workspace;
   return f;
 }
 

@@ -78,17 +78,45 @@ void check_paged(const Problem& p) {
   }
 }
 
+// FP8 on CUDA tensors: the sm90 FP8 forward only (sdpa_fp8_fwd_sm90_refusal, sdpa_family.cpp), behind
+// FLASHSPAN_EXPERIMENTAL=1 until it has run on a GPU; its TMA boxes need q, k, v strides of 16 bytes
+// (= elements). The device (sm_90 with this build's sm_90a code) is sdpa_check_support_gpu's.
+void check_fp8(const Problem& p) {
+  FS_CHECK_SUPPORTED(sdpa_fp8_sm90_enabled(), "q: FP8 inputs (", dtype_name(p.dtype), ") on CUDA tensors run on the "
+                     "experimental sm90 FP8 forward: set FLASHSPAN_EXPERIMENTAL=1 to run them (H100 / H200), or pass "
+                     "CPU tensors (the CPU reference runs sdpa_fp8 and sdpa_fp8_backward)");
+  const char* r = sdpa_fp8_fwd_sm90_refusal(p);
+  FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported with FP8 inputs on CUDA tensors yet (the sm90 FP8 forward runs "
+                     "padded q, k, v, o, each head dim a multiple of 16 up to 128, the causal and padding masks, "
+                     "GQA / MQA); CPU tensors run it on the CPU reference");
+  if (p.has(FS_SDPA_ATTN_SCALE) && p.t(FS_SDPA_ATTN_SCALE).device != DeviceType::kCPU) {
+    not_native("attn_scale as a device tensor (pass it as a float or a host tensor)");
+  }
+  constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
+  FS_CHECK_SUPPORTED(p.Sq <= kMaxRows && p.Skv <= kMaxRows && p.B <= kMaxRows / std::max<int64_t>(p.Sq, 1),
+                     "q, k: B * S_q = ", p.B, " * ", p.Sq, " and S_kv = ", p.Skv,
+                     " must stay below 2^31 for the GPU kernels (int32 row indices)");
+  for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V}) {
+    const TensorView& t = p.t(s);
+    for (int d = 0; d + 1 < t.ndim; ++d) {
+      FS_CHECK_SUPPORTED(t.shape[d] <= 1 || t.strides[d] % 16 == 0, sdpa::slot_name(s), ": stride ", t.strides[d],
+                         " of dimension ", d, " must be a multiple of 16 elements for the FP8 kernel (TMA)");
+    }
+  }
+  check_strides(p, FS_SDPA_O);
+}
+
 }  // namespace
 
 void set_sdpa_paged_enabled(int on) { g_paged_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
 
 void sdpa_check_features_gpu(const Problem& p) {
   const sdpa::Attributes& a = p.a;
-  // FP8 (docs/SDPA.md "FP8 SDPA"): validated like any call (the Problem carries the formats, the scale factors
-  // and the amax outputs a launcher needs), run by the CPU reference; the GPU kernels are not wired in yet. The
-  // one place to relax when they are.
-  FS_CHECK_SUPPORTED(!p.fp8, "q: FP8 inputs (", dtype_name(p.dtype), ") on CUDA tensors are not supported by this "
-                     "build yet (CPU tensors are: the CPU reference runs sdpa_fp8 and sdpa_fp8_backward)");
+  // FP8 (docs/SDPA.md "FP8 SDPA"): the sm90 FP8 forward, experimental (its own rules below).
+  if (p.fp8) {
+    check_fp8(p);
+    return;
+  }
   // The additive bias runs natively (sdpa_score_mod.cuh SdpaBiasFrag), and dBias through the dS
   // workspace (SdpaBiasParams) from the dK/dV kernel's P (dP - D), which with softcap holds P times
   // softcap's derivative instead.

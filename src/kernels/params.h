@@ -324,6 +324,44 @@ struct SdpaBwdParams : BwdParams {
   AnalyticMaskParams analytic;
 };
 
+// The FP8 SDPA forward (cuDNN's sdpa_fp8, Transformer Engine's conventions; the sm90 kernel
+// kernel_fwd_sm90.cuh sdpa_fp8_fwd_kernel_sm90): Q, K, V and O in one FP8 format and per-tensor
+// fp32 factors, each one element in device memory:
+//   S     = descale_q descale_k attn_scale Q K^T (the mask applied), P = softmax(S) in fp32;
+//   amax_s = max |P| over the rows that see a key (= max over them of 1 / l, l the row's sum of
+//           exp(S - rowmax)), the probabilities before scale_s;
+//   P_q   = fp8(P scale_s), O = (P_q V) descale_s descale_v, amax_o = max |O| (before scale_o),
+//   O stored as fp8_satfinite(O scale_o) in o's format; the stats (LSE) as the 16-bit forward
+//   writes them.
+// The six factors (SdpaFp8Factor order): each one float in device memory (factor[i]), or, for a
+// host scale factor (the seed's pass-by-value form), factor[i] null and its value in
+// host_factor[i] (kern::fp8_factor reads either). amax_s / amax_o: one fp32 each in device
+// memory, zeroed by the launcher, reduced by the kernel with atomics (non-negative: integer max of
+// the bits). v_t: the workspace of V^T (the P V GEMM's B operand must be K-major for 8-bit types):
+// [B, H_k, D_v, fp8_vt_keys_sm90(S_kv)] bytes (tile_sm90.h fp8_vt_bytes_sm90), written per call by
+// the V^T pre-pass (fp8_vt_sm90.cuh).
+// format: q, k, v's (and P's quantization): 0 none (a 16-bit call), 1 E4M3, 2 E5M2
+// (core/element_type.h kFp8Format); o_format: O's, 1 or 2 (0: format's).
+enum SdpaFp8Factor : int {
+  kFp8DescaleQ = 0, kFp8DescaleK, kFp8DescaleV, kFp8DescaleS, kFp8ScaleS, kFp8ScaleO, kFp8NumFactors
+};
+struct SdpaFp8Params {
+  int32_t format = 0;
+  int32_t o_format = 0;
+  const float* factor[kFp8NumFactors] = {};
+  float host_factor[kFp8NumFactors] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+  float* amax_s = nullptr;
+  float* amax_o = nullptr;
+  void* v_t = nullptr;
+};
+
+// The FP8 forward's parameters: the analytic forward's plus the FP8 factors. A derived struct
+// (like SdpaPagedFwdParams), so that SdpaFwdParams, and with it every 16-bit kernel's
+// parameter block, is unchanged.
+struct SdpaFp8FwdParams : SdpaFwdParams {
+  SdpaFp8Params fp8;
+};
+
 // Paged K/V caches of an SDPA forward (kv_addr.cuh PagedKv): one side (K or V) as the kernels
 // address it. A paged side is a container [num_pages, H, page_size, D] whose sample b reads
 // key s from page table entry (s >> log2_page) of its row: the container's page

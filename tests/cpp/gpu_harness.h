@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/sm90/launch_sm90.h"  // sm90::device_supported
 #include "plan/mask_plan.h"
 #include "test_util.h"
 
@@ -26,6 +27,19 @@ inline bool gpu_available() {
 #define REQUIRE_GPU()                                                      \
   do {                                                                     \
     if (!gpu_available()) GTEST_SKIP() << "no CUDA device is visible";     \
+  } while (0)
+
+// Whether the current device can run the sm90 kernels: an sm_90 device with this build's sm_90a
+// code (sm90::device_supported). REQUIRE_SM90: a test of the sm90 kernels skips without one.
+inline bool sm90_device() {
+  int dev = 0;
+  return cudaGetDevice(&dev) == cudaSuccess && sm90::device_supported(dev);
+}
+
+#define REQUIRE_SM90()                                                                          \
+  do {                                                                                          \
+    REQUIRE_GPU();                                                                              \
+    if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with this build's sm_90a code";    \
   } while (0)
 
 inline void cuda_ok(cudaError_t e, const char* what) {

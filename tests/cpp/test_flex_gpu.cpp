@@ -2003,14 +2003,8 @@ TEST(PlanScaleGpu, OutOfMemoryIsAnErrorNotACrash) {
 // (128, 128), (192, 128), (256, 256), smaller dims on the next larger kernel with zero-filled
 // tensor-map loads; the backward of such plans runs on the sm90 backward for (64, 64),
 // (128, 128), (192, 128), (256, 256), else on the sm80 kernels). Skipped where the device or the build cannot run it
-// (sm90::device_supported).
+// (sm90::device_supported; REQUIRE_SM90, gpu_harness.h).
 // ---------------------------------------------------------------------------
-
-#define REQUIRE_SM90()                                                                          \
-  do {                                                                                          \
-    REQUIRE_GPU();                                                                              \
-    if (!sm90::device_supported(0)) GTEST_SKIP() << "no sm_90 device or no sm_90a code built"; \
-  } while (0)
 
 // A random case the sm90 forward covers: fp16/bf16, head dims of every sm90 kernel (a third
 // of the cases: dims below the kernel's, multiples of 8, Dqk != Dv), unpacked, random BSHD /

@@ -613,6 +613,29 @@ TEST(SdpaFamily, EnvFlagOffIsTheValueZeroOnly) {
   }
 }
 
+TEST(SdpaFamily, Fp8SwitchReadsTheEnvironment) {
+  // The sm90 FP8 forward's switch: FLASHSPAN_EXPERIMENTAL=1, read per call; the override wins.
+  const char* saved = std::getenv("FLASHSPAN_EXPERIMENTAL");
+  const std::string keep = saved == nullptr ? "" : saved;
+  set_sdpa_fp8_sm90_enabled(-1);
+  unsetenv("FLASHSPAN_EXPERIMENTAL");
+  EXPECT_FALSE(sdpa_fp8_sm90_enabled());
+  setenv("FLASHSPAN_EXPERIMENTAL", "1", 1);
+  EXPECT_TRUE(sdpa_fp8_sm90_enabled());
+  set_sdpa_fp8_sm90_enabled(0);
+  EXPECT_FALSE(sdpa_fp8_sm90_enabled());
+  setenv("FLASHSPAN_EXPERIMENTAL", "0", 1);
+  set_sdpa_fp8_sm90_enabled(1);
+  EXPECT_TRUE(sdpa_fp8_sm90_enabled());
+  set_sdpa_fp8_sm90_enabled(-1);
+  EXPECT_FALSE(sdpa_fp8_sm90_enabled());
+  if (saved == nullptr) {
+    unsetenv("FLASHSPAN_EXPERIMENTAL");
+  } else {
+    setenv("FLASHSPAN_EXPERIMENTAL", keep.c_str(), 1);
+  }
+}
+
 TEST(SdpaFamily, Sm90Switches) {
   check_sm90_switch(set_sdpa_fwd_sm90_enabled, sdpa_fwd_sm90_enabled, sdpa_fwd_runs_sm90, Call{}.problem());
   check_sm90_switch(set_sdpa_bwd_sm90_enabled, sdpa_bwd_sm90_enabled, sdpa_bwd_runs_sm90, backward_problem(Call{}));

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/fp8_conv.h"
+#include "dispatch/sdpa_launch.h"  // set_sdpa_fp8_sm90_enabled
 #include "flashspan/flashspan.hpp"
 
 namespace {
@@ -382,13 +383,36 @@ TEST(SdpaFp8, ScaleValuesMustBeFinite) {
 }
 
 TEST(SdpaFp8, CudaTensorsAreRefusedByCheckSupport) {
+  // Without FLASHSPAN_EXPERIMENTAL's switch (dispatch/sdpa_launch.h sdpa_fp8_sm90_enabled) CUDA tensors are
+  // refused; with it the sm90 FP8 forward's host rules refuse what it does not run (the device is checked
+  // after them: sdpa_check_support_gpu).
   Fwd f;
   f.dev = cuda();
   auto op = f.create();  // the descriptors validate: the Problem carries everything a launcher needs
   fs_status_t st{};
+  flashspan::set_sdpa_fp8_sm90_enabled(0);
   EXPECT_STARTS(error_of([&] { op->check_support(); }, &st),
-                "q: FP8 inputs (float8_e4m3fn) on CUDA tensors are not supported by this build yet (CPU tensors are");
+                "q: FP8 inputs (float8_e4m3fn) on CUDA tensors run on the experimental sm90 FP8 forward: set "
+                "FLASHSPAN_EXPERIMENTAL=1 to run them");
   EXPECT_EQ(st, FS_STATUS_NOT_SUPPORTED);
+  flashspan::set_sdpa_fp8_sm90_enabled(1);
+  {
+    Fwd big;
+    big.dev = cuda();
+    big.D = big.Dv = 144;
+    auto op2 = big.create();
+    EXPECT_STARTS(error_of([&] { op2->check_support(); }, &st),
+                  "head dims (multiples of 16 up to 128): not supported with FP8 inputs on CUDA tensors yet");
+    EXPECT_EQ(st, FS_STATUS_NOT_SUPPORTED);
+    Fwd b;
+    b.dev = cuda();
+    b.o.assign(b.B * b.Hq * b.Sq * b.Dv, 0);
+    Bwd bwd(b);
+    auto op3 = bwd.create();
+    EXPECT_STARTS(error_of([&] { op3->check_support(); }, &st),
+                  "the FP8 backward: not supported with FP8 inputs on CUDA tensors yet");
+  }
+  flashspan::set_sdpa_fp8_sm90_enabled(-1);
   // Host scale factors with CUDA tensors validate too (the seed's pass-by-value form); amax outputs must be on
   // q's device.
   Fwd g;

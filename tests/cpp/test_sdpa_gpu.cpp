@@ -497,10 +497,6 @@ struct ForceSdpaBwdSm90Mods {
   ~ForceSdpaBwdSm90Mods() { set_sdpa_bwd_sm90_mods_enabled(-1); }
 };
 
-bool sm90_device() {
-  int dev = 0;
-  return cudaGetDevice(&dev) == cudaSuccess && sm90::device_supported(dev);
-}
 
 // A random case the sm90 forward covers (sdpa_fwd_sm90_refusal): random_case's masks in both
 // alignments, padding (seq_len / cu_seq_len on dense tensors, int32 / int64, a sample without
@@ -547,21 +543,14 @@ void run_sm90_cases(uint64_t first, uint64_t last, int on, bool backward = false
   }
 }
 
-// The sm90 tests' setup: skip without a GPU or on one that is not an sm_90 device with sm_90a code.
-#define REQUIRE_SDPA_SM90()                                                               \
-  do {                                                                                    \
-    REQUIRE_GPU();                                                                        \
-    if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with sm_90a code";           \
-  } while (0)
-
 TEST(SdpaGpu, Sm90ForwardRandom) {
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   run_sm90_cases(9001, 9100, 1);
 }
 
 TEST(SdpaGpu, Sm90ForwardOffRunsSm80) {
   // The same cases forced onto the sm80 kernels.
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   run_sm90_cases(9001, 9030, 0);
 }
 
@@ -569,7 +558,7 @@ TEST(SdpaGpu, Sm90ForwardFallsBackToSm80) {
   // With the sm90 forward on, what it does not cover runs the sm80 kernels (and is right):
   // packed THD, softcap, H_k != H_v, a block_mask, the gate (the kernel with modifiers pinned
   // off: Sm90ForwardMods* test it on).
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   const ForceSdpaSm90 force(1);
   const ForceSdpaSm90Mods mods_off(0);
   for (int i = 0; i < 4; ++i) {
@@ -594,7 +583,7 @@ TEST(SdpaGpu, Sm90BigDims) {
   // alignments, padding with NaN-poisoned rows and a sample without keys, GQA / MQA, layouts, dtypes,
   // deterministic on about half the seeds, with the big dims; forward and backward against the CPU
   // reference, the launch counters say both ran on sm90.
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   const ForceSdpaSm90 force(1);
   const ForceSdpaBwdSm90 force_bwd(1);
   // (192, 128) on the column-split kernel's 64 x 64 tile (the 64 x 96 one, the default: Sm90BackwardWide192).
@@ -630,7 +619,7 @@ struct ForceWide192 {
 };
 
 TEST(SdpaGpu, Sm90BackwardWide192) {
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   const ForceSdpaSm90 force(1);
   const ForceSdpaBwdSm90 force_bwd(1);
   const ForceWide192 wide;
@@ -650,7 +639,7 @@ TEST(SdpaGpu, Sm90BackwardWide192) {
 // Small cases of the 64 x 96 SDPA backward for compute-sanitizer: Sm90BackwardSanitizerSmall's
 // cases at (192, 128).
 TEST(SdpaGpu, Sm90BackwardWide192SanitizerSmall) {
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   const ForceSdpaSm90 force_fwd(1);
   const ForceSdpaBwdSm90 force_bwd(1);
   const ForceWide192 wide;
@@ -669,7 +658,7 @@ TEST(SdpaGpu, Sm90ForwardSanitizerSmall) {
   // bottom-right causal with GQA on the (64, 64) kernel (overlapped consumers), a window with
   // max_logit and base-2 stats on the (128, 128) kernel (serial consumers), a dense MQA case, and
   // the dense MQA case again on the (192, 128) kernel.
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   const ForceSdpaSm90 force(1);
   for (int i = 0; i < 4; ++i) {
     Case c;
@@ -759,21 +748,21 @@ void run_sm90_mods_cases(uint64_t first, uint64_t last, bool backward = false) {
 }
 
 TEST(SdpaGpu, Sm90ForwardModsRandom) {
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   run_sm90_mods_cases(14001, 14100);
 }
 
 TEST(SdpaGpu, Sm90ForwardModsFeedsTheBackward) {
   // The forward's O and LSE (sink included) as the sm80 backward reads them: dQ, dK, dV, dSink,
   // dgate and dBias against the reference's.
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   run_sm90_mods_cases(14201, 14224, /*backward=*/true);
 }
 
 TEST(SdpaGpu, Sm90ForwardModsEachAlone) {
   // Each feature alone, then all together, on multi-block shapes (GQA, padding by cu_seq_len with
   // a sample without keys, bottom-right causal), head dims 64, 96 and 128, fp16 and bf16.
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   const ForceSdpaSm90 force(1);
   const ForceSdpaSm90Mods mods(1);
   for (int f = 0; f < 13; ++f) {
@@ -826,7 +815,7 @@ TEST(SdpaGpu, Sm90ForwardModsFallsBackToSm80) {
   // With the modifiers' kernel on, what it does not run keeps the sm80 kernels (and is right):
   // packed THD with gaps and a sample without keys (softcap, sinks), (192, 128) with ALiBi,
   // H_k != H_v with sinks, Philox dropout with a bias.
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   const ForceSdpaSm90 force(1);
   const ForceSdpaSm90Mods mods(1);
   for (int i = 0; i < 4; ++i) {
@@ -888,7 +877,7 @@ TEST(SdpaGpu, Sm90ForwardModsSanitizerSmall) {
   // without keys) on the (64, 64) kernel with softcap, ALiBi, sinks, a float32 bias broadcast over
   // B, the gate and the statistics; D = 96 on the (128, 128) kernel with a 16-bit bias over keys
   // only (padded strides), a block_mask and max_logit; a dense MQA case with sinks and base-2 stats.
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   const ForceSdpaSm90 force(1);
   const ForceSdpaSm90Mods mods(1);
   for (int i = 0; i < 3; ++i) {
@@ -939,14 +928,14 @@ void run_sm90_bwd_quarter(int quarter) {
   run_sm90_cases(first, first + 24, 1, /*backward=*/true);
 }
 
-TEST(SdpaGpu, Sm90BackwardRandom1) { REQUIRE_SDPA_SM90(); run_sm90_bwd_quarter(1); }
-TEST(SdpaGpu, Sm90BackwardRandom2) { REQUIRE_SDPA_SM90(); run_sm90_bwd_quarter(2); }
-TEST(SdpaGpu, Sm90BackwardRandom3) { REQUIRE_SDPA_SM90(); run_sm90_bwd_quarter(3); }
-TEST(SdpaGpu, Sm90BackwardRandom4) { REQUIRE_SDPA_SM90(); run_sm90_bwd_quarter(4); }
+TEST(SdpaGpu, Sm90BackwardRandom1) { REQUIRE_SM90(); run_sm90_bwd_quarter(1); }
+TEST(SdpaGpu, Sm90BackwardRandom2) { REQUIRE_SM90(); run_sm90_bwd_quarter(2); }
+TEST(SdpaGpu, Sm90BackwardRandom3) { REQUIRE_SM90(); run_sm90_bwd_quarter(3); }
+TEST(SdpaGpu, Sm90BackwardRandom4) { REQUIRE_SM90(); run_sm90_bwd_quarter(4); }
 
 TEST(SdpaGpu, Sm90BackwardOffRunsSm80) {
   // The same cases, forward and backward forced onto the sm80 kernels.
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   run_sm90_cases(9001, 9020, 0, /*backward=*/true);
 }
 
@@ -954,7 +943,7 @@ TEST(SdpaGpu, Sm90BackwardFallsBackToSm80) {
   // With the sm90 backward on, what it does not cover runs the sm80 kernels (and is right):
   // packed THD, softcap, H_k != H_v, a block_mask with the gate (the modifiers' part pinned
   // off: Sm90BackwardMods* test it on).
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   const ForceSdpaSm90 force_fwd(1);
   const ForceSdpaBwdSm90 force_bwd(1);
   const ForceSdpaBwdSm90Mods mods_off(0);
@@ -975,7 +964,7 @@ TEST(SdpaGpu, Sm90BackwardFallsBackToSm80) {
 }
 
 TEST(SdpaGpu, Sm90BackwardSanitizerSmall) {
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   const ForceSdpaSm90 force_fwd(1);
   const ForceSdpaBwdSm90 force_bwd(1);
   for (int i = 0; i < 5; ++i) {
@@ -989,7 +978,7 @@ TEST(SdpaGpu, Sm90BackwardSanitizerSmall) {
 TEST(SdpaGpu, Sm90BackwardDeterministicIsBitwiseReproducible) {
   // Padded samples (lengths), GQA, bottom-right causal, several key blocks a sample: dQ tiles
   // added in descending key-block order through their counters; three runs bitwise equal.
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   const ForceSdpaBwdSm90 force_bwd(1);
   for (int64_t d : {64, 128}) {
     Case c;
@@ -1086,11 +1075,11 @@ void run_sm90_bwd_mods_cases(uint64_t first, uint64_t last) {
 
 // 80 cases in two tests (gtest shards run them side by side).
 TEST(SdpaGpu, Sm90BackwardModsRandom1) {
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   run_sm90_bwd_mods_cases(14801, 14840);
 }
 TEST(SdpaGpu, Sm90BackwardModsRandom2) {
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   run_sm90_bwd_mods_cases(14841, 14880);
 }
 
@@ -1098,7 +1087,7 @@ TEST(SdpaGpu, Sm90BackwardModsEachAlone) {
   // Each feature alone (with its gradient), then combinations, on multi-block shapes (GQA, padding
   // by cu_seq_len with a sample without keys, bottom-right causal), head dims 64, 96 and 128, fp16
   // and bf16, deterministic on odd f.
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   const ForceSm90WithMods force;
   for (int f = 0; f < 13; ++f) {
     Case c;
@@ -1155,7 +1144,7 @@ TEST(SdpaGpu, Sm90BackwardModsDbiasEveryBroadcastForm) {
   // dBias of each of the 16 broadcast forms from the sm90 kernel's dS workspace (one multi-block
   // shape: GQA, padding with a sample without keys on some, causal bottom-right), D = 64 and 128,
   // deterministic on odd forms, dBias in float32 and in q's dtype, padded strides on some.
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   const ForceSm90WithMods force;
   for (int form = 1; form <= 16; ++form) {
     Case c;
@@ -1186,7 +1175,7 @@ TEST(SdpaGpu, Sm90BackwardModsDeterministicIsBitwiseReproducible) {
   // The deterministic sm90 backward with modifiers: dQ, dK, dV, dBias, dSink, dgate bitwise equal
   // over three runs. D = 64: ALiBi, a bias with dBias, sinks, the gate; D = 128: softcap, ALiBi,
   // sinks, the gate, a bias; padded samples, GQA, bottom-right causal, several key blocks a sample.
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   const ForceSdpaBwdSm90 force_bwd(1);
   const ForceSdpaBwdSm90Mods mods(1);
   for (int64_t d : {64, 128}) {
@@ -1239,7 +1228,7 @@ TEST(SdpaGpu, Sm90BackwardModsFallsBackToSm80) {
   // With the modifiers' part on, what the sm90 backward does not run keeps the sm80 kernels (and is
   // right): a block_mask with softcap, packed THD with sinks and a sample without keys, (192, 128)
   // with ALiBi, H_k != H_v with sinks, Philox dropout with a bias.
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   const ForceSm90WithMods force;
   for (int i = 0; i < 5; ++i) {
     Case c = sm90_case(14990 + uint64_t(i));
@@ -1262,7 +1251,7 @@ TEST(SdpaGpu, Sm90BackwardModsFallsBackToSm80) {
 TEST(SdpaGpu, Sm90BackwardModsOffRunsSm80) {
   // The modifiers' part of the sm90 backward off (FLASHSPAN_SM90_SDPA_BWD_MODS=0's switch): the
   // backward of such calls runs the sm80 kernels, the sm90 forward with modifiers before it.
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   const ForceSdpaSm90 fwd(1);
   const ForceSdpaSm90Mods fwd_mods(1);
   const ForceSdpaBwdSm90 bwd(1);
@@ -1283,7 +1272,7 @@ TEST(SdpaGpu, Sm90BackwardModsSanitizerSmall) {
   // bias broadcast over B; D = 96 on the (128, 128) kernel, a window, a 16-bit bias over keys only
   // (padded strides) with dBias and sinks; a dense MQA case deterministic with ALiBi, a full bias
   // with dBias and the gate.
-  REQUIRE_SDPA_SM90();
+  REQUIRE_SM90();
   const ForceSm90WithMods force;
   for (int i = 0; i < 3; ++i) {
     Case c = sm90_bwd_small_case(i);

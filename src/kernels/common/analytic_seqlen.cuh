@@ -20,6 +20,16 @@ __device__ __forceinline__ const AnalyticMaskParams& analytic_of(const BwdParams
   return static_cast<const SdpaBwdParams&>(p).analytic;
 }
 
+// The FP8 factors of an SDPA FP8 forward's parameters (the kernel's parameter is an
+// SdpaFp8FwdParams; only its FP8 instantiations call this).
+__device__ __forceinline__ const SdpaFp8Params& fp8_of(const FwdParams& p) {
+  return static_cast<const SdpaFp8FwdParams&>(p).fp8;
+}
+// FP8 factor i (SdpaFp8Factor): its float in device memory, or its host value.
+__device__ __forceinline__ float fp8_factor(const SdpaFp8Params& f, int i) {
+  return f.factor[i] != nullptr ? __ldg(f.factor[i]) : f.host_factor[i];
+}
+
 __device__ __forceinline__ int64_t load_index(const IndexArray& a, int64_t i) {
   return a.is64 ? int64_t(__ldg(static_cast<const long long*>(a.ptr) + i)) : int64_t(__ldg(static_cast<const int*>(a.ptr) + i));
 }

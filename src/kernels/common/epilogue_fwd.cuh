@@ -6,6 +6,9 @@
 //                        visible key) in the input dtype, and LSE (lse_from_stats, -inf there);
 //                        with kSdpaOptions also SDPA's score_max / score_sum_exp and output gate
 //                        (sdpa_score_mod.cuh sdpa_fwd_row_options, the sm80 SDPA epilogue's too);
+//                        an FP8 E (the SDPA FP8 forward) with its Fp8Out: O's factors, the FP8
+//                        store in o's format, the LSE (and score_max / score_sum_exp) of the
+//                        shifted statistics, amax_s / amax_o gathered;
 //   store_split_partial  a piece of a split task: the unnormalised fp32 O, m (log2 units) and l
 //                        of its rows into its workspace slot (FwdSplit, params.h) for the
 //                        combine kernel (fwd_split.cuh);
@@ -23,6 +26,7 @@
 
 #include <cstdint>
 
+#include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/sdpa_score_mod.cuh"
 #include "kernels/common/softmax.cuh"
@@ -30,6 +34,54 @@
 #include "kernels/params.h"
 
 namespace flashspan::kern {
+
+// The FP8 output of the SDPA FP8 forward (params.h SdpaFp8Params; E::kBits == 8). The kernel's
+// softmax ran with shift = log2 scale_s (OnlineSoftmax::update_row): its P V GEMM took
+// fp8(exp2(logit - m + shift)) = fp8(p scale_s), the un-normalised probabilities p of the running
+// max, quantized; l holds scale_s times the row sum. So O = acc descale_s descale_v scale_s / l
+// (the row's 1 / sum folded in at the end: the flash form of P_q = fp8(P scale_s), whose
+// rounding differs from quantizing the normalised P by the per-block factor -- within FP8's
+// rounding error), stored as fp8_satfinite(O scale_o) in o's format (o_e5m2: a run-time choice, o
+// may differ from q's format); LSE = (m - shift + log2 l) unit; the row's
+// max |P| is 1 / sum = scale_s / l (its max element is exp(0) / sum). amax_o / amax_s: the
+// thread's running maxima over every row and item it stored, reduced by flush() once per warp.
+struct Fp8Out {
+  float o_mul;    // descale_s descale_v scale_s
+  float s_mul;    // scale_s
+  float scale_o;
+  float shift;    // log2 scale_s
+  float amax_o, amax_s;
+  bool o_e5m2;    // O stored as E5M2 (else E4M3)
+
+  __device__ __forceinline__ static Fp8Out make(const SdpaFp8Params& f) {
+    const float ss = fp8_factor(f, kFp8ScaleS);
+    return Fp8Out{fp8_factor(f, kFp8DescaleS) * fp8_factor(f, kFp8DescaleV) * ss,
+                  ss,
+                  fp8_factor(f, kFp8ScaleO),
+                  log2f(ss),
+                  0.0f,
+                  0.0f,
+                  (f.o_format != 0 ? f.o_format : f.format) == Float8E5M2::kFp8Format};
+  }
+  // Two adjacent O elements (already times scale_o) at dst in o's format.
+  __device__ __forceinline__ void store(uint8_t* dst, float x0, float x1) const {
+    *reinterpret_cast<uint16_t*>(dst) = o_e5m2 ? cvt_fp8x2<Float8E5M2>(x0, x1) : cvt_fp8x2<Float8E4M3>(x0, x1);
+  }
+  // The warp's maxima into amax_o / amax_s (zeroed by the launcher; non-negative, so the integer
+  // max of atomic_max_float): every lane calls it.
+  __device__ __forceinline__ void flush(const SdpaFp8Params& f, int lane) const {
+    float a = amax_o, b = amax_s;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
+      b = fmaxf(b, __shfl_xor_sync(0xffffffffu, b, off));
+    }
+    if (lane == 0) {
+      atomic_max_float(f.amax_o, a);
+      atomic_max_float(f.amax_s, b);
+    }
+  }
+};
 
 // Where the rows of a work item go: row r of the block is tensor row q_row0 + (r >> pack_shift)
 // (THD: global, BSHD: in sample `batch`) of query head head + (r & ((1 << pack_shift) - 1));
@@ -49,25 +101,39 @@ struct FwdEpilogue {
   // The thread's rows of the 16-row tile at block row r0 of an unsplit item; LSE in `unit`
   // (lse_from_stats: ln 2 natural, 1 base 2). kSdpaOptions (an SDPA kernel's p, rows of sample
   // rw.batch at sample positions): SDPA's epilogue options too, the score_max / score_sum_exp
-  // outputs and the output gate (sdpa_score_mod.cuh sdpa_fwd_row_options).
+  // outputs and the output gate (sdpa_score_mod.cuh sdpa_fwd_row_options). An FP8 E: q8 (Fp8Out)
+  // gives O's factors and gathers the amaxes.
   template <bool kSdpaOptions = false>
   __device__ __forceinline__ static void store_rows(const FwdParams& p, const FwdRows& rw, int r0, const AccFragment& f,
                                                     const float (&o)[kNO][4], const OnlineSoftmax& sm,
-                                                    float unit = kLn2) {
+                                                    float unit = kLn2, [[maybe_unused]] Fp8Out* q8 = nullptr) {
+    constexpr bool kFp8 = E::kBits == 8;
     using Elem = typename E::Storage;
     Elem* ob = static_cast<Elem*>(p.o) + int64_t(rw.batch) * p.oa.batch_stride + rw.q_row0 * p.oa.row_stride +
                int64_t(rw.head) * p.oa.head_stride;
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
       const float lsum = sm.row_sum(hi);
-      const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+      float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
       const int row = r0 + f.row_of_half(hi);
       if (row < rw.rows_valid) {
+        if constexpr (kFp8) {
+          if (lsum > 0.0f) q8->amax_s = fmaxf(q8->amax_s, q8->s_mul * inv);
+          inv *= q8->o_mul;
+        }
         const int pos = row >> rw.pack_shift, sub = row & ((1 << rw.pack_shift) - 1);
         Elem* orow = ob + int64_t(pos) * p.oa.row_stride + int64_t(sub) * p.oa.head_stride;
         [[maybe_unused]] const Elem* grow = nullptr;
         if constexpr (kSdpaOptions) {
           grow = sdpa_fwd_row_options<E>(p, rw.batch, rw.head + sub, int(rw.q_row0), pos, sm.m[hi], lsum, f.q == 0);
+        } else if constexpr (kFp8) {
+          // The FP8 forward's statistics outputs (score_max / score_sum_exp, run-time flags; no gate):
+          // the row sum without the shift's scale_s.
+          const SdpaEpilogueParams& ep = analytic_of(p).epi;
+          if (ep.score_max != nullptr || ep.score_sum_exp != nullptr) {
+            sdpa_fwd_row_options<E>(p, rw.batch, rw.head + sub, int(rw.q_row0), pos, sm.m[hi], lsum / q8->s_mul,
+                                    f.q == 0);
+          }
         }
 #pragma unroll
         for (int n = 0; n < kNO; ++n) {
@@ -76,12 +142,18 @@ struct FwdEpilogue {
             if constexpr (kSdpaOptions) {
               if (grow != nullptr) sdpa_gate_pair<E>(grow, f.col(n, 0), x0, x1);
             }
-            *reinterpret_cast<uint32_t*>(orow + f.col(n, 0)) = pack2<E>(x0, x1);
+            if constexpr (kFp8) {
+              q8->amax_o = fmaxf(q8->amax_o, fmaxf(fabsf(x0), fabsf(x1)));
+              q8->store(orow + f.col(n, 0), x0 * q8->scale_o, x1 * q8->scale_o);
+            } else {
+              store_pair<E>(orow + f.col(n, 0), x0, x1);
+            }
           }
         }
         if (p.lse != nullptr && f.q == 0) {
+          const float m = kFp8 ? sm.m[hi] - q8->shift : sm.m[hi];
           p.lse[int64_t(rw.batch) * p.lsea.batch_stride + int64_t(rw.head + sub) * p.lsea.head_stride +
-                (rw.q_row0 + pos) * p.lsea.row_stride] = lse_from_stats(sm.m[hi], lsum, unit);
+                (rw.q_row0 + pos) * p.lsea.row_stride] = lse_from_stats(m, lsum, unit);
         }
       }
     }

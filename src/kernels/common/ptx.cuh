@@ -3,6 +3,7 @@
 //
 //   cp_async_16      cp.async.cg.shared.global 16 bytes, zero-filled when the predicate is false
 //   exp2_approx      ex2.approx.ftz.f32 (exp2(-inf) = +0)
+//   pack2, store_pair, to_float, from_float, cvt_fp8x2, pack_fp8x4: element conversions
 // The mma.sync / ldmatrix wrappers of the sm80 family are in kernels/sm80/mma_sm80.cuh.
 #pragma once
 
@@ -42,39 +43,90 @@ __device__ __forceinline__ float exp2_approx(float x) {
   return y;
 }
 
+// Two FP8 elements of format E (Float8E4M3 / Float8E5M2) from two floats (lo = the first
+// element, the lower byte), rounded to nearest even, saturated to the format's largest finite
+// value (satfinite: no infinity; NaN stays NaN). cvt's first source goes to the upper byte
+// (PTX ISA 9.0, cvt with .e4m3x2 / .e5m2x2 destinations). sm_89 and newer.
+template <class E>
+__device__ __forceinline__ uint16_t cvt_fp8x2(float lo, float hi) {
+  static_assert(E::kBits == 8, "cvt_fp8x2: FP8 element types only");
+  uint16_t r;
+  if constexpr (E::kFp8Format == 2) {
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+  } else {
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;\n" : "=h"(r) : "f"(hi), "f"(lo));
+  }
+  return r;
+}
+
+// Four floats -> one .b32 of four FP8 elements (byte i = x_i): an 8-bit A fragment register.
+template <class E>
+__device__ __forceinline__ uint32_t pack_fp8x4(float x0, float x1, float x2, float x3) {
+  return uint32_t(cvt_fp8x2<E>(x0, x1)) | (uint32_t(cvt_fp8x2<E>(x2, x3)) << 16);
+}
+
 // Two floats -> one .b32 of two 16-bit elements of type E (lo = first element, the lower
-// column), rounded to nearest even.
+// column), rounded to nearest even; for an FP8 E, the two bytes of cvt_fp8x2 in the low half.
 template <class E>
 __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
-  static_assert(E::kDType == DType::kBFloat16 || E::kDType == DType::kFloat16, "pack2: 16-bit element types only");
-  if constexpr (E::kDType == DType::kBFloat16) {
-    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
+  if constexpr (E::kBits == 8) {
+    return cvt_fp8x2<E>(lo, hi);
   } else {
-    __half2 v = __floats2half2_rn(lo, hi);
-    return *reinterpret_cast<uint32_t*>(&v);
+    static_assert(E::kDType == DType::kBFloat16 || E::kDType == DType::kFloat16, "pack2: 16-bit element types only");
+    if constexpr (E::kDType == DType::kBFloat16) {
+      __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+      return *reinterpret_cast<uint32_t*>(&v);
+    } else {
+      __half2 v = __floats2half2_rn(lo, hi);
+      return *reinterpret_cast<uint32_t*>(&v);
+    }
   }
 }
 
-// One element of type E -> float (exact for the 16-bit types).
+// Two adjacent elements of type E at dst (aligned to two elements) from two floats: one 32-bit
+// store of pack2 (16-bit E), one 16-bit store of cvt_fp8x2 (FP8 E).
+template <class E>
+__device__ __forceinline__ void store_pair(typename E::Storage* dst, float lo, float hi) {
+  if constexpr (E::kBits == 8) {
+    *reinterpret_cast<uint16_t*>(dst) = cvt_fp8x2<E>(lo, hi);
+  } else {
+    *reinterpret_cast<uint32_t*>(dst) = pack2<E>(lo, hi);
+  }
+}
+
+// One element of type E -> float (exact for every type here).
 template <class E>
 __device__ __forceinline__ float to_float(typename E::Storage bits) {
-  static_assert(E::kDType == DType::kBFloat16 || E::kDType == DType::kFloat16, "to_float: 16-bit element types only");
-  if constexpr (E::kDType == DType::kBFloat16) {
-    return __uint_as_float(uint32_t(bits) << 16);
+  if constexpr (E::kBits == 8) {
+    uint32_t h2;  // the element as the low half of an f16x2
+    if constexpr (E::kFp8Format == 2) {
+      asm("cvt.rn.f16x2.e5m2x2 %0, %1;\n" : "=r"(h2) : "h"(uint16_t(bits)));
+    } else {
+      asm("cvt.rn.f16x2.e4m3x2 %0, %1;\n" : "=r"(h2) : "h"(uint16_t(bits)));
+    }
+    return __half2float(__ushort_as_half(uint16_t(h2 & 0xffffu)));
   } else {
-    return __half2float(__ushort_as_half(bits));
+    static_assert(E::kDType == DType::kBFloat16 || E::kDType == DType::kFloat16, "to_float: 16-bit element types only");
+    if constexpr (E::kDType == DType::kBFloat16) {
+      return __uint_as_float(uint32_t(bits) << 16);
+    } else {
+      return __half2float(__ushort_as_half(bits));
+    }
   }
 }
 
-// A float -> one element of type E (its storage bits), rounded to nearest even.
+// A float -> one element of type E (its storage bits), rounded to nearest even (FP8: satfinite).
 template <class E>
 __device__ __forceinline__ typename E::Storage from_float(float x) {
-  static_assert(E::kDType == DType::kBFloat16 || E::kDType == DType::kFloat16, "from_float: 16-bit element types only");
-  if constexpr (E::kDType == DType::kBFloat16) {
-    return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+  if constexpr (E::kBits == 8) {
+    return uint8_t(cvt_fp8x2<E>(x, 0.0f) & 0xffu);
   } else {
-    return __half_as_ushort(__float2half_rn(x));
+    static_assert(E::kDType == DType::kBFloat16 || E::kDType == DType::kFloat16, "from_float: 16-bit element types only");
+    if constexpr (E::kDType == DType::kBFloat16) {
+      return __bfloat16_as_ushort(__float2bfloat16_rn(x));
+    } else {
+      return __half_as_ushort(__float2half_rn(x));
+    }
   }
 }
 

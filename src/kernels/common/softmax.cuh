@@ -66,22 +66,28 @@ struct OnlineSoftmax {
   // output accumulator must be rescaled by (0 while m was -inf). scale > 0 (the max of the
   // scores times scale is then the max of the logits, rounding being monotone); with scale = 1
   // the results are those of scores already in log2 units, bit for bit.
+  // shift (the FP8 forward: log2 scale_s) scales the probabilities by 2^shift inside the
+  // exponent, p = exp2(scale s - m_new + shift), so that they come out ready for the FP8
+  // quantization of P (times scale_s) at no extra instruction; l then holds 2^shift times the
+  // row sum (FwdEpilogue's FP8 output divides it out). m is not shifted. shift = 0: the
+  // exponent is the unshifted one (x - 0 = x: the same code).
   template <int kN>
   __device__ __forceinline__ static float update_row(float (&s)[kN][4], int hi, float& m, float& l,
-                                                     float scale = 1.0f) {
+                                                     float scale = 1.0f, float shift = 0.0f) {
     float mx = -INFINITY;
 #pragma unroll
     for (int n = 0; n < kN; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hi], s[n][2 * hi + 1]));
     mx = fmaxf(m, quad_max(mx) * scale);
     const float m_use = mx == -INFINITY ? 0.0f : mx;
     const float corr = exp2_approx(m - m_use);  // m = -inf -> 0
+    const float m_exp = m_use - shift;
     m = mx;
     float sum = 0.0f;
 #pragma unroll
     for (int n = 0; n < kN; ++n) {
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const float p = exp2_approx(fmaf(s[n][2 * hi + e], scale, -m_use));
+        const float p = exp2_approx(fmaf(s[n][2 * hi + e], scale, -m_exp));
         s[n][2 * hi + e] = p;
         sum += p;
       }
@@ -90,11 +96,12 @@ struct OnlineSoftmax {
     return corr;
   }
 
-  // Both rows of one key block (scale: as update_row); corr[hi] for rescale().
+  // Both rows of one key block (scale, shift: as update_row); corr[hi] for rescale().
   template <int kN>
-  __device__ __forceinline__ void update(float (&s)[kN][4], float (&corr)[2], float scale = 1.0f) {
+  __device__ __forceinline__ void update(float (&s)[kN][4], float (&corr)[2], float scale = 1.0f,
+                                         float shift = 0.0f) {
 #pragma unroll
-    for (int hi = 0; hi < 2; ++hi) corr[hi] = update_row(s, hi, m[hi], l[hi], scale);
+    for (int hi = 0; hi < 2; ++hi) corr[hi] = update_row(s, hi, m[hi], l[hi], scale, shift);
   }
 
   // The output accumulator (kNO n8 blocks) of row hi, or of both rows, times the factors.
@@ -197,18 +204,42 @@ __device__ __forceinline__ void online_softmax_step(float (&s)[kN][4], float (&m
   }
 }
 
-// P (the probabilities of one key block, kN n8 blocks) as the 16-bit A fragments of the P V
-// GEMM: k-step kk (keys 16 kk .. 16 kk + 15) = n8 blocks 2 kk, 2 kk + 1. The A fragment of
+// P (the probabilities of one key block, kN n8 blocks) as the A fragments of the P V GEMM.
+// 16-bit E: k-step kk (keys 16 kk .. 16 kk + 15) = n8 blocks 2 kk, 2 kk + 1. The A fragment of
 // mma.sync m16n8k16 and of wgmma's register-A form (k16) hold the same elements as the two
 // accumulator blocks (HOPPER_BRIEF.md 1.3), so this is a repack, no data movement.
+// FP8 E (the sm90 FP8 forward, k32 steps): the 8-bit A fragment does not match the accumulator:
+// register a0 holds row g, k = 4q .. 4q + 3 (byte i = k 4q + i), a1 row g + 8, a2 / a3 the same
+// rows at k = 16 + 4q + i, while the thread holds columns 8j + 2q, 8j + 2q + 1 of n8 blocks j.
+// Instead of moving bytes between lanes, each thread packs its own values in register order:
+// k-step kk (n8 blocks 4 kk .. 4 kk + 3) gets a0 = row g of blocks 4 kk, 4 kk + 1 (columns 2q,
+// 2q + 1, 8 + 2q, 9 + 2q of the 32), a2 = row g of blocks 4 kk + 2, 4 kk + 3, a1 / a3 the same
+// for row g + 8. So A's column k = 16h + 4q + i (h = k / 16, q = k % 16 / 4, i = k % 4) holds
+// P's column perm(k) = 16h + 8 (i / 2) + 2q + i % 2 of the 32: in bits, k = [h q1 q0 a b]
+// -> perm(k) = [h a q1 q0 b] (i = 2a + b), a bijection of 0..31. The B operand (V^T) must hold
+// V's key perm(k) at its column k of every 32-key group: the FP8 forward's V^T pre-pass
+// (kernels/sm90/fp8_vt_sm90.cuh, fp8_vt_key) writes it so.
 template <class E, int kN>
-__device__ __forceinline__ void pack_p(const float (&s)[kN][4], uint32_t (&pa)[kN / 2][4]) {
+__device__ __forceinline__ void pack_p(const float (&s)[kN][4], uint32_t (&pa)[kN * E::kBits / 32][4]) {
+  if constexpr (E::kBits == 8) {
 #pragma unroll
-  for (int kk = 0; kk < kN / 2; ++kk) {
-    pa[kk][0] = pack2<E>(s[2 * kk][0], s[2 * kk][1]);
-    pa[kk][1] = pack2<E>(s[2 * kk][2], s[2 * kk][3]);
-    pa[kk][2] = pack2<E>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-    pa[kk][3] = pack2<E>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    for (int kk = 0; kk < kN / 4; ++kk) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const float(&x)[4] = s[4 * kk + 2 * h];
+        const float(&y)[4] = s[4 * kk + 2 * h + 1];
+        pa[kk][2 * h] = pack_fp8x4<E>(x[0], x[1], y[0], y[1]);
+        pa[kk][2 * h + 1] = pack_fp8x4<E>(x[2], x[3], y[2], y[3]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int kk = 0; kk < kN / 2; ++kk) {
+      pa[kk][0] = pack2<E>(s[2 * kk][0], s[2 * kk][1]);
+      pa[kk][1] = pack2<E>(s[2 * kk][2], s[2 * kk][3]);
+      pa[kk][2] = pack2<E>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+      pa[kk][3] = pack2<E>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+    }
   }
 }
 

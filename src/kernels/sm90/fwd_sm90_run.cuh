@@ -3,7 +3,8 @@
 // CI's two cores compile them side by side): the persistent launch, with the split schedule of
 // long walks when the caller gave a workspace (count, scan, item list, the persistent kernel,
 // the combine of split tasks: the arch-neutral kernels of fwd_split.cuh through
-// kernels/common/fwd_launch.h); fp16 / bf16, max_logit off / on, and the consumer schedule.
+// kernels/common/fwd_launch.h); fp16 / bf16, max_logit off / on, and the consumer schedule; the
+// SDPA kernels (analytic mask), 16-bit and FP8.
 #pragma once
 
 #include <cuda.h>
@@ -122,6 +123,31 @@ void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& m
     check_launch("sdpa forward (sm90)");
   });
 }
+
+// The SDPA FP8 forward (kernel_fwd_sm90.cuh sdpa_fp8_fwd_kernel_sm90, experimental): p as
+// launch_sdpa_fp8_fwd_sm90 completes it (the V^T pre-pass has run on the stream; mvt its map);
+// the persistent grid over the AnalyticGrid's cells as run_sdpa_fwd_sm90's. 2 kernels a unit
+// (E4M3, E5M2: the wgmma and cvt forms are the format's), from the format code.
+template <int kDqk, int kDv>
+void run_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk,
+                           const CUtensorMap& mvt, cudaStream_t s) {
+  using L = kern90::FwdSm90Layout<kDqk, kDv, 1>;
+  with_fp8_type(p.fp8.format, "sdpa fp8 forward (sm90)", [&](auto e) {
+    using E = decltype(e);
+    auto kernel = kern90::sdpa_fp8_fwd_kernel_sm90<kDqk, kDv, E>;
+    static std::atomic<uint64_t> smem_set{0};
+    ensure_smem_limit(kernel, L::kBytes, smem_set, "sdpa fp8 forward (sm90): cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    static std::atomic<int> ctas_cache[64];
+    const int ctas = persistent_ctas(kernel, kern90::kThreads, L::kBytes, ctas_cache, "sdpa fp8 forward (sm90): persistent grid");
+    const int64_t items = int64_t(p.analytic.num_q_blocks) * p.num_heads_q * p.batch;
+    kernel<<<unsigned(std::min<int64_t>(ctas, items)), kern90::kThreads, L::kBytes, s>>>(p, mq, mk, mvt);
+    check_launch("sdpa fp8 forward (sm90)");
+  });
+}
+
+#define FLASHSPAN_SM90_SDPA_FP8_FWD_INSTANTIATE(D)                                                                 \
+  template void run_sdpa_fp8_fwd_sm90<D, D>(const SdpaFp8FwdParams&, const CUtensorMap&, const CUtensorMap&,       \
+                                            const CUtensorMap&, cudaStream_t);
 
 #define FLASHSPAN_SM90_SDPA_FWD_INSTANTIATE(DQK, DV, MODS)                                                         \
   template void run_sdpa_fwd_sm90<DQK, DV, MODS>(const SdpaFwdParams&, DType, const CUtensorMap&,                  \

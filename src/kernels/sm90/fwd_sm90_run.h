@@ -31,6 +31,15 @@ void run_fwd_sm90(const FwdParams& p, DType dtype, const CUtensorMap& mq, const 
 template <int kDqk, int kDv, bool kMods = false>
 void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
                        const CUtensorMap& mv, cudaStream_t s);
+// Launches the SDPA FP8 forward kernel of kernel head dims (kD, kD), 64 or 128 (units
+// sdpa_fp8_fwd_sm90_d{64,128}.cu): p as launch_sdpa_fp8_fwd_sm90 completes it, mvt the map of the
+// V^T workspace the pre-pass wrote (launch_sdpa_fp8_vt_sm90, before it on the stream).
+template <int kDqk, int kDv>
+void run_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk,
+                           const CUtensorMap& mvt, cudaStream_t s);
+// Enqueues the FP8 forward's V^T pre-pass (fp8_vt_sm90.cuh): p.fp8.v_t of
+// tile_sm90.h fp8_vt_bytes_sm90(B, H_k, D_v, S_kv) bytes from p.v (unit fp8_vt_sm90.cu).
+void launch_sdpa_fp8_vt_sm90(const SdpaFp8FwdParams& p, cudaStream_t s);
 // Dynamic shared memory of the (kDqk, kDv) kernel (bytes).
 template <int kDqk, int kDv>
 int fwd_smem_bytes_of();

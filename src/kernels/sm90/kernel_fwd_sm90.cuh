@@ -67,6 +67,27 @@
 // write the unnormalised fp32 O, the running max (log2 units) and row sum into their workspace
 // slot (FwdSplit) for the combine kernel (fwd_split.cuh, the one both families launch).
 //
+// The SDPA FP8 forward (experimental; sdpa_fp8_fwd_kernel_sm90 below, params.h SdpaFp8Params): the
+// same producer, consumers, scheduler (AnalyticGrid) and mask source (AnalyticSourceSm90) on 8-bit Q,
+// K and V^T, with FwdSm90Layout<kDqk, kDv, 1>; what FP8 needs lives in the roles' FP8 branches:
+//   tiles    the 16-bit tiles of those dims (128 x 128, 2 K / V stages), half the bytes: Q, K rows of
+//            64 bytes (kDqk = 64: 64B swizzle, descriptor mode 2, SBO 512) or 128 (128B swizzle); V^T
+//            kDv rows x 128 keys (128B swizzle). (64, 64) 40 KB, (128, 128) 80 KB of shared memory.
+//   GEMMs    S = Q K^T: kDqk / 32 k32 steps of SS m64n128k32; O += P V: 4 k32 steps of RS m64n{kDv}k32
+//            with B = V^T K-major (8-bit wgmma has no transpose operand, so each call first writes V^T
+//            [B, H_k, D_v, keys] into its workspace: fp8_vt_sm90.cuh, zeros past each sample's keys).
+//   P        the softmax's exponent shifted by log2 scale_s (OnlineSoftmax::update_row), so each block
+//            comes out as exp(s - m_running) scale_s, quantized by cvt.rn.satfinite and packed into the
+//            k32 A registers from each thread's own values (softmax.cuh pack_p): A's column k of each 32
+//            holds P's column fp8_vt_key(k) (tile_sm90.h), and the pre-pass stores V's key fp8_vt_key(k)
+//            at V^T's column k, so no byte moves between lanes. The overlapped schedule keeps the eager
+//            update for FP8 (a lazy base would let P exceed scale_s and saturate).
+//   results  O = acc descale_s descale_v scale_s / l (l = scale_s x the row sum: 1 / sum folded in at
+//            the end, the flash form of P_q = fp8(P scale_s)), fp8(O scale_o); LSE of the unshifted
+//            statistics; amax_s = max 1 / (row sum), amax_o = max |O| gathered per thread, flushed once
+//            per warp when the CTA ends (epilogue_fwd.cuh Fp8Out; the launcher zeroes them).
+//   masks    the analytic source's; keys past a sample are zeros in V^T, so no V rows are zeroed here.
+//
 // Why raw PTX (inline asm: wgmma_sm90.inc, the mbarrier / TMA / setmaxnreg wrappers of ptx_sm90.cuh) and
 // not CuTe from the pinned nvidia-cutlass headers: the kernel needs only a handful of Hopper
 // instructions (four wgmma forms, one TMA load form, mbarrier init/arrive/expect_tx/try_wait,
@@ -109,8 +130,13 @@ constexpr int kConsumerThreads = 256;
 // The forward tile of kernel head dims (kDqk, kDv): the sm90 tile table's (tile_sm90.h, the
 // one the plans are laid out for) and the shared-memory layout. Two consumer warpgroups of 64
 // rows, S fragments of kBlockK keys (s[kBlockK / 8][4], kBlockK / 64 payload words a row pair),
-// P V in kBlockK / 16 k16 steps.
-template <int kDqk, int kDv>
+// P V in kPSteps k-steps (16 keys a k16 step, 32 an FP8 k32 step).
+// kElemBytes: 2 (fp16 / bf16) or 1 (FP8, the SDPA FP8 forward). Q and K tiles are slabs of rows
+// of kRowBytes = min(128, kDqk kElemBytes) bytes (one TMA box of kSlabCols columns a slab, swizzle
+// span = the row: 128B, or 64B for FP8 head dim 64). V: 16-bit, kDv / 64 slabs of kBlockK rows x
+// 128 bytes (N-major B of the P V GEMM); FP8, V^T (the pre-pass's [D_v, keys] rows, K-major B as
+// 8-bit wgmma requires): one slab of kDv rows x kBlockK (= 128) bytes.
+template <int kDqk, int kDv, int kElemBytes = 2>
 struct FwdSm90Layout {
   static constexpr sm90::TileSm90 kTile = sm90::tile_sm90(kDqk, kDv);
   static_assert(kTile.dqk_tile == kDqk && kTile.dv_tile == kDv, "sm90 forward: kernel head dims of the sm90 tile table");
@@ -118,11 +144,19 @@ struct FwdSm90Layout {
   static_assert(kBlockQ == 2 * 64 && (kBlockK == 128 || kBlockK == 64),
                 "sm90 forward: the kernel is written for 128 query rows and 64 or 128 keys");
   static_assert(kDqk % 64 == 0 && kDv % 64 == 0 && kDv <= 256, "sm90 forward: whole 64-column slabs, m64n{<=256}");
-  static constexpr int kQSlab = kBlockQ * 128;  // a tile's rows x 64 16-bit columns (128 bytes)
-  static constexpr int kKSlab = kBlockK * 128;  // K and V tiles
-  static constexpr int kQBytes = kDqk / 64 * kQSlab;
-  static constexpr int kKBytes = kDqk / 64 * kKSlab;  // one K stage
-  static constexpr int kVBytes = kDv / 64 * kKSlab;   // one V stage
+  static constexpr bool kFp8 = kElemBytes == 1;
+  static_assert(kElemBytes == 2 || (kFp8 && kBlockK == 128 && kDqk <= 128 && kDv <= 128),
+                "sm90 forward: 16-bit, or FP8 with 128-key blocks (one 128-byte V^T row) and head dims up to 128");
+  static constexpr int kSlabCols = 128 / kElemBytes;   // columns of a 128-byte slab (a TMA box's inner extent)
+  static constexpr int kRowBytes = kDqk * kElemBytes < 128 ? kDqk * kElemBytes : 128;  // Q / K slab rows
+  static constexpr int kQKSlabs = kDqk * kElemBytes / kRowBytes;
+  static constexpr int kQSlab = kBlockQ * kRowBytes;  // a tile's rows x one slab of columns
+  static constexpr int kKSlab = kBlockK * kRowBytes;  // K tiles
+  static constexpr int kVSlab = kFp8 ? kDv * kBlockK : kBlockK * 128;  // V tiles (FP8: the V^T tile)
+  static constexpr int kPSteps = kBlockK * kElemBytes / 32;  // k-steps of P V (32 bytes of keys each)
+  static constexpr int kQBytes = kQKSlabs * kQSlab;
+  static constexpr int kKBytes = kQKSlabs * kKSlab;            // one K stage
+  static constexpr int kVBytes = kFp8 ? kVSlab : kDv / 64 * kVSlab;  // one V stage
   static constexpr int kQ = 0;
   static constexpr int kK = kQ + kQBytes;
   static constexpr int kV = kK + kStages * kKBytes;
@@ -134,6 +168,8 @@ struct FwdSm90Layout {
   static constexpr int kUsed = kItem + 2 * 8 * 4;
   static constexpr int kBytes = kUsed + 1024;  // + slack to align the dynamic base to 1024
   static_assert(kBytes <= 232448, "sm90 forward: more shared memory than an sm_90 block may have (227 KB)");
+  static_assert(kQSlab % 1024 == 0 && kKSlab % 1024 == 0 && kVSlab % 1024 == 0,
+                "sm90 forward: every slab on a 1024-byte boundary (swizzle base offset 0)");
 };
 
 // SDPA's mask sources (defined below for the device pass only): the host pass names them too, as
@@ -145,19 +181,30 @@ struct AnalyticModSourceSm90;
 
 #if defined(__CUDA_ARCH__)
 
-// S = Q K^T for this warpgroup's 64 rows: kDqk / 16 k-steps of m64n{kBlockK}k16 (both K-major).
+// S = Q K^T for this warpgroup's 64 rows: kDqk / 16 k-steps of m64n{kBlockK}k16 (both K-major);
+// FP8: kDqk / 32 k-steps of m64n{kBlockK}k32.
 template <class L, class E>
 __device__ __forceinline__ void issue_qk(float (&s)[L::kBlockK / 8][4], uint32_t q_tile, uint32_t k_tile) {
-  wgmma_ss_kmajor<L::kBlockK, L::kTile.dqk_tile, L::kQSlab, L::kKSlab, E>(s, q_tile, k_tile);
+  if constexpr (L::kFp8) {
+    wgmma_ss_kmajor_fp8<L::kBlockK, L::kTile.dqk_tile, L::kRowBytes, L::kQSlab, L::kKSlab, E>(s, q_tile, k_tile);
+  } else {
+    wgmma_ss_kmajor<L::kBlockK, L::kTile.dqk_tile, L::kQSlab, L::kKSlab, E>(s, q_tile, k_tile);
+  }
 }
 
 // O += P V: kBlockK / 16 k-steps (16 keys each) of m64n{kDv}k16, V N-major (LBO = slab stride).
+// FP8: kBlockK / 32 k-steps (32 keys, 32 bytes of each V^T row) of m64n{kDv}k32, V^T K-major
+// (rows of 128 bytes, 128B swizzle, SBO = 8 rows).
 template <class L, class E>
-__device__ __forceinline__ void issue_pv(float (&o)[L::kTile.dv_tile / 8][4], const uint32_t (&pa)[L::kBlockK / 16][4],
+__device__ __forceinline__ void issue_pv(float (&o)[L::kTile.dv_tile / 8][4], const uint32_t (&pa)[L::kPSteps][4],
                                          uint32_t v_tile) {
 #pragma unroll
-  for (int kk = 0; kk < L::kBlockK / 16; ++kk) {
-    wgmma_rs_tnspb<L::kTile.dv_tile, E>(o, pa[kk], smem_desc(v_tile + kk * 2048, L::kKSlab, 1024));
+  for (int kk = 0; kk < L::kPSteps; ++kk) {
+    if constexpr (L::kFp8) {
+      wgmma_rs_fp8<L::kTile.dv_tile, E>(o, pa[kk], smem_desc(v_tile + kk * 32, 16, 1024));
+    } else {
+      wgmma_rs_tnspb<L::kTile.dv_tile, E>(o, pa[kk], smem_desc(v_tile + kk * 2048, L::kVSlab, 1024));
+    }
   }
 }
 
@@ -381,8 +428,8 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     // rows or head dim (zero filled).
     mbar_arrive_expect_tx(q_full, L::kQBytes);
 #pragma unroll
-    for (int s = 0; s < L::kTile.dqk_tile / 64; ++s) {
-      tma_load_4d(base + L::kQ + s * L::kQSlab, tm_q, 64 * s, q_c1, q_c2, bcoord, q_full);
+    for (int s = 0; s < L::kQKSlabs; ++s) {
+      tma_load_4d(base + L::kQ + s * L::kQSlab, tm_q, L::kSlabCols * s, q_c1, q_c2, bcoord, q_full);
     }
 
     int kb = 0, entry = 0;
@@ -393,16 +440,22 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
       const int row = kv.tma_row<kBlockK>(kb);
       mbar_arrive_expect_tx(k_full + 8 * st, L::kKBytes);
 #pragma unroll
-      for (int s = 0; s < L::kTile.dqk_tile / 64; ++s) {
-        tma_load_4d(base + L::kK + st * L::kKBytes + s * L::kKSlab, tm_k, 64 * s, row, hkv, kv.tma_batch(),
+      for (int s = 0; s < L::kQKSlabs; ++s) {
+        tma_load_4d(base + L::kK + st * L::kKBytes + s * L::kKSlab, tm_k, L::kSlabCols * s, row, hkv, kv.tma_batch(),
                     k_full + 8 * st);
       }
       mbar_wait(v_empty + 8 * st, ph ^ 1);
       mbar_arrive_expect_tx(v_full + 8 * st, L::kVBytes);
+      if constexpr (L::kFp8) {
+        // V^T (map over the pre-pass's [B, H_k, D_v, keys] workspace): the block's 128 keys of
+        // every d row, one box.
+        tma_load_4d(base + L::kV + st * L::kVBytes, tm_v, row, 0, hkv, kv.tma_batch(), v_full + 8 * st);
+      } else {
 #pragma unroll
-      for (int s = 0; s < L::kTile.dv_tile / 64; ++s) {
-        tma_load_4d(base + L::kV + st * L::kVBytes + s * L::kKSlab, tm_v, 64 * s, row, hkv, kv.tma_batch(),
-                    v_full + 8 * st);
+        for (int s = 0; s < L::kTile.dv_tile / 64; ++s) {
+          tma_load_4d(base + L::kV + st * L::kVBytes + s * L::kVSlab, tm_v, 64 * s, row, hkv, kv.tma_batch(),
+                      v_full + 8 * st);
+        }
       }
       ++kv_it;
     }
@@ -449,10 +502,14 @@ __device__ __forceinline__ void softmax_before_wait([[maybe_unused]] int kb) {
 template <class L, class E, bool kMaxLogit, bool kOverlap, class Src>
 __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, const int32_t* s_item) {
   constexpr bool kPingPong = kOverlap || FLASHSPAN_SM90_FWD_PINGPONG || L::kTile.dqk_tile == 192;
+  // Lazy rescaling (softmax.cuh LazyOnlineSoftmax) with the overlapped schedule, but not for FP8: a
+  // row's base may lag its max by 2^8 there, and P (times scale_s, up to the format's largest value)
+  // would saturate; FP8 keeps the eager update.
+  constexpr bool kLazy = kOverlap && !L::kFp8;
   constexpr int kBlockQ = L::kBlockQ, kBlockK = L::kBlockK;
   constexpr int kNO = L::kTile.dv_tile / 8;  // n8 blocks of O
   constexpr int kNS = kBlockK / 8;           // n8 blocks of S
-  constexpr int kKP = kBlockK / 16;          // k16 steps of P V
+  constexpr int kKP = L::kPSteps;            // k-steps of P V (k16; FP8: k32)
   const uint32_t bars = base + L::kBar;
   const uint32_t q_full = bars, q_empty = bars + 8;
   const uint32_t k_full = bars + 16, v_full = k_full + 8 * kStages;
@@ -461,12 +518,25 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
   const int c = (threadIdx.x - 128) >> 7;  // consumer warpgroup: rows 64c .. 64c + 63
   const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
   const int mt = 4 * c + warp;  // 16-row payload sub-tile of this warp
-  const uint32_t q_tile = base + L::kQ + c * 64 * 128;
+  const uint32_t q_tile = base + L::kQ + c * 64 * L::kRowBytes;
   // Roles (kernels/common): the variant's scores -> logits step with the plan's payload as the
   // mask, the online softmax, the forward epilogue.
   using Mask = typename Src::Mask;
   using Epilogue = kern::FwdEpilogue<E, kBlockQ, L::kTile.dv_tile>;
-  const kern::Variant<Mask, typename Src::ScoreMod> variant{p.scale_log2, {}};
+  // FP8 (L::kFp8, the SDPA FP8 forward): the logits take descale_q descale_k too; the softmax
+  // shifts its exponent by log2 scale_s, so that P comes out scaled for its quantization
+  // (OnlineSoftmax::update_row); the epilogue's FP8 output (kern::Fp8Out) undoes the shift and
+  // applies the other factors, and gathers amax_s / amax_o, flushed when the CTA ends.
+  float qk_scale = p.scale_log2;
+  float shift = 0.0f;
+  [[maybe_unused]] kern::Fp8Out q8{};
+  if constexpr (L::kFp8) {
+    const SdpaFp8Params& f8 = kern::fp8_of(p);
+    qk_scale *= kern::fp8_factor(f8, kFp8DescaleQ) * kern::fp8_factor(f8, kFp8DescaleK);
+    q8 = kern::Fp8Out::make(f8);
+    shift = q8.shift;
+  }
+  const kern::Variant<Mask, typename Src::ScoreMod> variant{qk_scale, {}};
   const kern::AccFragment frag(lane);
 
   // Ping-pong: warpgroup 0 issues first; each S GEMM issue waits for barrier 2 + c and then
@@ -486,6 +556,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
       if constexpr (kPingPong) {
         if (c == 0) named_bar_sync(2, 256);
       }
+      if constexpr (L::kFp8) q8.flush(kern::fp8_of(p), lane);
       return;
     }
 
@@ -495,8 +566,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
 #pragma unroll
     for (int n = 0; n < kNO; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.0f;
     // The overlapped schedule rescales lazily (softmax.cuh LazyOnlineSoftmax; settled before the
-    // epilogue); the serial one eagerly.
-    std::conditional_t<kOverlap, kern::LazyOnlineSoftmax, kern::OnlineSoftmax> sm;
+    // epilogue); the serial one eagerly, and so does FP8 (kLazy).
+    std::conditional_t<kLazy, kern::LazyOnlineSoftmax, kern::OnlineSoftmax> sm;
     sm.init();
     if constexpr (Src::kMods) src.init_stats(sm, p, it.head, mt, lane);
 
@@ -533,12 +604,12 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         reg_fence(s);
         float corr[2];
         const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane));
-        sm.update(s, corr, exp_scale);
+        sm.update(s, corr, exp_scale, shift);
         kern::OnlineSoftmax::rescale(o, corr);
         uint32_t pa[kKP][4];
         kern::pack_p<E>(s, pa);
         mbar_wait(v_full + 8 * st, ph);
-        if constexpr (Src::kAnalytic) {
+        if constexpr (Src::kAnalytic && !L::kFp8) {  // FP8: the V^T pre-pass wrote zeros there
           if (src.keys_inside(kb) < kBlockK) zero_v_rows_past<L>(v_tile, src.keys_inside(kb), 128 * c + t);
         }
         wg_fence();
@@ -577,7 +648,11 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           reg_fence(s);
           float corr[2];
           const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane));
-          sm.update(s, corr, exp_scale);  // o = 0: no rescale
+          if constexpr (kLazy) {
+            sm.update(s, corr, exp_scale);  // o = 0: no rescale
+          } else {
+            sm.update(s, corr, exp_scale, shift);
+          }
           kern::pack_p<E>(s, pa);
           ++kv_it;
         }
@@ -601,7 +676,12 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           reg_fence(s);
           float corr[2];
           const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane));
-          const bool moved = sm.update(s, corr, exp_scale);
+          bool moved = true;
+          if constexpr (kLazy) {
+            moved = sm.update(s, corr, exp_scale);
+          } else {
+            sm.update(s, corr, exp_scale, shift);
+          }
           softmax_before_wait<L>(kb);
           wg_wait<0>();
           reg_fence(o);
@@ -614,7 +694,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           ++kv_it;
         }
         mbar_wait(v_full + 8 * st_prev, ph_prev);
-        if constexpr (Src::kAnalytic) {
+        if constexpr (Src::kAnalytic && !L::kFp8) {  // FP8: the V^T pre-pass wrote zeros there
           if (src.keys_inside(kb_prev) < kBlockK) {
             zero_v_rows_past<L>(base + L::kV + st_prev * L::kVBytes, src.keys_inside(kb_prev), 128 * c + t);
           }
@@ -626,7 +706,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         reg_fence(o);
         mbar_arrive(v_empty + 8 * st_prev);
       }
-      sm.settle(o);
+      if constexpr (kLazy) sm.settle(o);
     }
     release_q(true);  // an item without key blocks
 
@@ -635,6 +715,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     const int r0 = 64 * c + 16 * warp;
     if (!Src::kAnalytic && it.slot >= 0) {
       Epilogue::store_split_partial(p, it.slot, rw.rows_valid, r0, frag, o, sm);
+    } else if constexpr (L::kFp8) {
+      Epilogue::template store_rows<Src::kMods>(p, rw, r0, frag, o, sm, Src::lse_unit(p), &q8);
     } else {
       Epilogue::template store_rows<Src::kMods>(p, rw, r0, frag, o, sm, Src::lse_unit(p));
     }
@@ -653,7 +735,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
 template <int kDqk, int kDv, class E, bool kMaxLogit, bool kOverlap, template <class> class Src>
 __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v) {
-  using L = FwdSm90Layout<kDqk, kDv>;
+  using L = FwdSm90Layout<kDqk, kDv, E::kBits / 8>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = kern::smem_u32(smem_raw);
   const uint32_t base = (raw + 1023u) & ~1023u;
@@ -715,6 +797,27 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   fwd_sm90_body<kDqk, kDv, E, true, kOverlap, Src>(p, &tm_q, &tm_k, &tm_v);
+#else
+  __trap();
+#endif
+}
+
+// The SDPA FP8 forward (experimental; params.h SdpaFp8Params): the pure-mask SDPA kernel
+// (AnalyticSourceSm90: causal / bands, padding; max_logit tested at run time) on FP8 Q, K and the
+// V^T workspace (tm_v: the pre-pass's [B, H_k, D_v, keys] bytes, fp8_vt_sm90.cuh), E Float8E4M3 or
+// Float8E5M2 (one instantiation each), the consumer schedule overlapped with ping-pong. What
+// differs from the 16-bit kernels lives in the roles' FP8 branches: the layout (FwdSm90Layout with
+// kElemBytes = 1: 64- or 128-byte Q / K rows, the V^T tile), the k32 wgmma forms (issue_qk,
+// issue_pv), P's packing (softmax.cuh pack_p: each thread's own values, with V^T's keys permuted
+// to match), the softmax's exponent shift (log2 scale_s), the FP8 output and amaxes (epilogue_fwd.cuh
+// Fp8Out).
+template <int kDqk, int kDv, class E>
+__global__ void __launch_bounds__(kThreads, 1)
+    sdpa_fp8_fwd_kernel_sm90(const __grid_constant__ SdpaFp8FwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                             const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_vt) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(E::kBits == 8, "sdpa_fp8_fwd_kernel_sm90: FP8 element types");
+  fwd_sm90_body<kDqk, kDv, E, true, true, AnalyticSourceSm90>(p, &tm_q, &tm_k, &tm_vt);
 #else
   __trap();
 #endif

@@ -5,16 +5,20 @@
 // are instantiated one unit per kernel head dims (fwd_sm90_d{64,128,192,256}.cu,
 // fwd_sm90_run.cuh): (64, 64), (128, 128), (192, 128), (256, 256) x {fp16, bf16} x
 // {max_logit off, on} x {serial, overlapped consumers}. Packed GQA is a run-time
-// path of the same kernels (p.pack; Q's tensor map over (D, H, S[, B]): tma_sm90.h).
+// path of the same kernels (p.pack; Q's tensor map over (D, H, S[, B]): tma_sm90.h). The SDPA
+// launches (analytic mask): launch_sdpa_fwd_sm90 (16-bit) and launch_sdpa_fp8_fwd_sm90 (FP8,
+// experimental: the V^T pre-pass, then the FP8 kernel).
 #include <cuda.h>
 
 #include <atomic>
 #include <cstdlib>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 
 #include "core/error.h"
 #include "kernels/common/fwd_launch.h"
+#include "kernels/common/launch_util.h"
 #include "kernels/sm90/fwd_sm90_run.h"
 #include "kernels/sm90/launch_sm90.h"
 #include "kernels/sm90/tile_sm90.h"
@@ -34,6 +38,7 @@ namespace {
 std::atomic<int> g_packed_override{-1};
 std::atomic<int64_t> g_fwd_launches{0};
 std::atomic<int64_t> g_sdpa_fwd_launches{0};
+std::atomic<int64_t> g_sdpa_fp8_fwd_launches{0};
 // On unless the environment sets FLASHSPAN_SM90_PACK_GQA=0 (then packed plans keep the sm80
 // family, for comparison), read once when the library is loaded, so that which plans take this
 // path does not depend on which call reads it first. On since PERF_LOG v2.0: 1.45-1.62x the sm80
@@ -54,6 +59,7 @@ bool fwd_packed_enabled() {
 
 int64_t fwd_launches() { return g_fwd_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_fwd_launches() { return g_sdpa_fwd_launches.load(std::memory_order_relaxed); }
+int64_t sdpa_fp8_fwd_launches() { return g_sdpa_fp8_fwd_launches.load(std::memory_order_relaxed); }
 
 bool fwd_config_supported(const FlexGeometry& g, bool pack_gqa) {
   const bool packed = pack_gqa && g.num_heads_kv > 0 && g.group_size() > 1;
@@ -161,6 +167,77 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
       break;
     case 192: run_sdpa_fwd_sm90<192, 128, false>(p, dtype, mq, mk, mv, stream); break;
     default: run_sdpa_fwd_sm90<256, 256, false>(p, dtype, mq, mk, mv, stream); break;
+  }
+}
+
+namespace {
+// The FP8 tensors' TMA and 16-byte-load rule: data 16-byte aligned, every stride but the last a
+// multiple of 16 elements (bytes).
+void check_fp8_aligned(const TensorView& t, const char* name) {
+  FS_CHECK_SUPPORTED(reinterpret_cast<uintptr_t>(t.data) % 16 == 0, name,
+                     ": data pointer must be 16-byte aligned for the FP8 forward");
+  for (int d = 0; d + 1 < t.ndim; ++d) {
+    FS_CHECK_SUPPORTED(t.shape[d] <= 1 || t.strides[d] % 16 == 0, name, ": stride ", t.strides[d], " of dimension ",
+                       d, " must be a multiple of 16 elements for the FP8 forward (TMA)");
+  }
+}
+}  // namespace
+
+void launch_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p_in, const TensorView& q, const TensorView& k,
+                              const TensorView& v, cudaStream_t stream) {
+  SdpaFp8FwdParams p = p_in;
+  const SdpaFp8Params& f = p.fp8;
+  FS_CHECK(sdpa_fp8_fwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.pack == 1 && p.split_schedule == 0 &&
+               (f.format == 1 || f.format == 2) && f.o_format >= 0 && f.o_format <= 2,
+           Status::kInternal, "sdpa fp8 forward (sm90): unsupported configuration reached the launcher (D ", p.head_dqk,
+           "/", p.head_dv, ", formats ", f.format, " / ", f.o_format, ")");
+  FS_CHECK(f.amax_s != nullptr && f.amax_o != nullptr, Status::kInternal,
+           "sdpa fp8 forward (sm90): an amax pointer is missing");
+  for (int x : {kSdpaQ, kSdpaK, kSdpaV, kSdpaO, kSdpaStats}) {
+    FS_CHECK(p.analytic.start[x].ragged.ptr == nullptr, Status::kInternal,
+             "sdpa fp8 forward (sm90): a ragged tensor reached the launcher");
+  }
+  const AnalyticMaskParams& a = p.analytic;
+  FS_CHECK(a.dropout.mode == 0 && a.dropout.rng_dump == nullptr && a.score.group_v == p.group_size &&
+               a.score.softcap2 == 0.0f && a.score.alibi_n == 0 && a.score.sink == nullptr && a.bias.bias == nullptr &&
+               a.epi.gate == nullptr,
+           Status::kInternal, "sdpa fp8 forward (sm90): dropout, H_k != H_v or a score modifier reached the launcher");
+  check_fp8_aligned(q, "q");
+  check_fp8_aligned(k, "k");
+  check_fp8_aligned(v, "v");
+  g_sdpa_fp8_fwd_launches.fetch_add(1, std::memory_order_relaxed);
+  // The amaxes are maxima of non-negative values reduced with atomics: zero first.
+  check_cuda(cudaMemsetAsync(f.amax_s, 0, sizeof(float), stream), "sdpa fp8 forward: amax_s reset");
+  check_cuda(cudaMemsetAsync(f.amax_o, 0, sizeof(float), stream), "sdpa fp8 forward: amax_o reset");
+  if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
+  const int kd = sdpa_fp8_fwd_kernel_dim_sm90(p.head_dqk, p.head_dv);
+  const TileSm90 t = tile_sm90(kd, kd);
+  p.analytic.num_q_blocks = (p.analytic.max_q + t.fwd_bq - 1) / t.fwd_bq;
+  if (p.analytic.num_q_blocks == 0 || p.batch == 0 || p.num_heads_q == 0) return;
+  p.varlen = 0;
+  p.oa.batch_stride = p.analytic.start[kSdpaO].batch_stride;
+  p.lsea.batch_stride = p.analytic.start[kSdpaStats].batch_stride;
+  // V^T first (the kernel's B operand of P V), then the forward, on the stream.
+  const int64_t keys = fp8_vt_keys_sm90(p.analytic.max_kv);
+  FS_CHECK(keys == 0 || f.v_t != nullptr, Status::kInternal, "sdpa fp8 forward (sm90): no V^T workspace");
+  launch_sdpa_fp8_vt_sm90(p, stream);
+  // V^T as a BSHD-shaped view [B, D_v rows, H_k, keys]: boxes of 128 keys x kD rows (rows past D_v
+  // zero filled). Without keys no key block is walked and the map is never read: it is given the
+  // shape of one block over q's data.
+  const int64_t heads_kv = p.num_heads_q / p.group_size, vt_keys = keys > 0 ? keys : t.fwd_bk;
+  TensorView vt = q;
+  vt.data = keys > 0 ? f.v_t : q.data;
+  vt.ndim = 4;
+  vt.shape = {p.batch, p.head_dv, heads_kv, vt_keys};
+  vt.strides = {heads_kv * p.head_dv * vt_keys, vt_keys, p.head_dv * vt_keys, 1};
+  const int cols = kd < 128 ? kd : 128;  // a Q / K box: one row of the kernel's head dim, or 128 bytes of it
+  const CUtensorMap mq = make_tensor_map_fp8_sm90(bshd_of_bhsd(q), cols, t.fwd_bq, "q");
+  const CUtensorMap mk = make_tensor_map_fp8_sm90(bshd_of_bhsd(k), cols, t.fwd_bk, "k");
+  const CUtensorMap mvt = make_tensor_map_fp8_sm90(vt, t.fwd_bk, kd, "v (V^T workspace)");
+  if (kd == 64) {
+    run_sdpa_fp8_fwd_sm90<64, 64>(p, mq, mk, mvt, stream);
+  } else {
+    run_sdpa_fp8_fwd_sm90<128, 128>(p, mq, mk, mvt, stream);
   }
 }
 

@@ -1,7 +1,7 @@
 // Hopper (sm_90a) instruction wrappers shared by the sm90 kernels (forward and backward):
 // mbarriers, the bulk tensor copy (TMA) load, bulk reduce-add, named barriers, proxy fences,
 // setmaxnreg, wgmma fences / groups and the shared-memory matrix descriptor; the wgmma forms
-// themselves are generated into wgmma_sm90.inc (scripts/gen_wgmma_sm90.py).
+// themselves are generated into wgmma_sm90.inc (scripts/gen_wgmma_sm90.py), 16-bit and FP8.
 //
 // Why raw PTX and not CuTe (nvidia-cutlass headers): the kernels use a handful of Hopper
 // instructions, each checked on an H200 (HOPPER_BRIEF.md); written out, the register order of
@@ -169,11 +169,16 @@ __device__ __forceinline__ void reg_fence(float (&d)[N][4]) {
 
 // 64-bit shared-memory matrix descriptor (PTX ISA 9.0 sec. 9.7.15.5.1.2.2): start address,
 // leading / stride byte offsets (>> 4, 14 bits each), base offset 0 (tiles are 1024-aligned),
-// swizzle mode 1 = 128B.
-__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo) {
+// swizzle mode (bits 62-63): 1 = 128B (the default, every 16-bit tile), 2 = 64B (the FP8
+// forward's 64-byte rows of head dim 64).
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint32_t sbo, uint32_t swizzle = 1) {
   return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t((lbo & 0x3FFFF) >> 4) << 16) |
-         (uint64_t((sbo & 0x3FFFF) >> 4) << 32) | (uint64_t(1) << 62);
+         (uint64_t((sbo & 0x3FFFF) >> 4) << 32) | (uint64_t(swizzle) << 62);
 }
+
+// The descriptor swizzle mode of K-major rows of `row_bytes` bytes (the TMA box's inner bytes,
+// its swizzle span): 128 -> 1 (128B), 64 -> 2 (64B).
+constexpr uint32_t kmajor_swizzle(int row_bytes) { return row_bytes == 128 ? 1u : 2u; }
 
 #include "kernels/sm90/wgmma_sm90.inc"
 
@@ -246,6 +251,47 @@ __device__ __forceinline__ void wgmma_ss_tnspb(float (&acc)[kN / 8][4], uint64_t
     if constexpr (bf16) wgmma_ss_m64n64k16_bf16_tnspb(d, da, db, scale_d); else wgmma_ss_m64n64k16_f16_tnspb(d, da, db, scale_d);
   } else {
     if constexpr (bf16) wgmma_ss_m64n32k16_bf16_tnspb(d, da, db, scale_d); else wgmma_ss_m64n32k16_f16_tnspb(d, da, db, scale_d);
+  }
+}
+
+// FP8 (E: Float8E4M3 / Float8E5M2; k32 steps of 32 bytes; both operands K-major, HOPPER_BRIEF.md
+// 1.1): SS with kN = 128 (S = Q K^T); scale_d = 0 overwrites acc.
+template <int kN, class E>
+__device__ __forceinline__ void wgmma_ss_fp8(float (&acc)[kN / 8][4], uint64_t da, uint64_t db, int scale_d) {
+  static_assert(kN == 128 && E::kBits == 8, "wgmma_ss_fp8: N 128, FP8 element types");
+  float(&d)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc[0][0]);
+  if constexpr (E::kFp8Format == 2) wgmma_ss_m64n128k32_e5m2(d, da, db, scale_d); else wgmma_ss_m64n128k32_e4m3(d, da, db, scale_d);
+}
+// RS: A (64 x 32 bytes) from four registers of four FP8 elements, B K-major (kN 64, 128 or 256);
+// accumulates.
+template <int kN, class E>
+__device__ __forceinline__ void wgmma_rs_fp8(float (&acc)[kN / 8][4], const uint32_t (&a)[4], uint64_t db) {
+  static_assert((kN == 64 || kN == 128 || kN == 256) && E::kBits == 8, "wgmma_rs_fp8: N 64, 128 or 256, FP8 types");
+  float(&d)[kN / 2] = *reinterpret_cast<float(*)[kN / 2]>(&acc[0][0]);
+  constexpr bool e5 = E::kFp8Format == 2;
+  if constexpr (kN == 256) {
+    if constexpr (e5) wgmma_rs_m64n256k32_e5m2(d, a, db, 1); else wgmma_rs_m64n256k32_e4m3(d, a, db, 1);
+  } else if constexpr (kN == 128) {
+    if constexpr (e5) wgmma_rs_m64n128k32_e5m2(d, a, db, 1); else wgmma_rs_m64n128k32_e4m3(d, a, db, 1);
+  } else {
+    if constexpr (e5) wgmma_rs_m64n64k32_e5m2(d, a, db, 1); else wgmma_rs_m64n64k32_e4m3(d, a, db, 1);
+  }
+}
+// acc = A B over kKBytes / 32 k32 steps, both operands K-major swizzled FP8 tiles of rows of
+// kRowBytes bytes (128: 128B swizzle; 64: 64B swizzle, the whole row of head dim 64), stored as
+// column slabs of kASlab / kBSlab bytes (TMA's layout, one slab a kRowBytes-wide box): a k32 step
+// is 32 bytes inside a row, the next slab every kRowBytes / 32 steps; SBO = 8 rows.
+template <int kN, int kKBytes, int kRowBytes, int kASlab, int kBSlab, class E>
+__device__ __forceinline__ void wgmma_ss_kmajor_fp8(float (&acc)[kN / 8][4], uint32_t a_tile, uint32_t b_tile) {
+  static_assert(kRowBytes == 128 || kRowBytes == 64, "wgmma_ss_kmajor_fp8: 64- or 128-byte rows");
+  constexpr int kSteps = kRowBytes / 32;  // k32 steps a slab
+  constexpr uint32_t kSwz = kmajor_swizzle(kRowBytes);
+#pragma unroll
+  for (int kk = 0; kk < kKBytes / 32; ++kk) {
+    const uint32_t offa = (kk / kSteps) * kASlab + 32 * (kk % kSteps);
+    const uint32_t offb = (kk / kSteps) * kBSlab + 32 * (kk % kSteps);
+    wgmma_ss_fp8<kN, E>(acc, smem_desc(a_tile + offa, 16, 8 * kRowBytes, kSwz),
+                        smem_desc(b_tile + offb, 16, 8 * kRowBytes, kSwz), kk > 0);
   }
 }
 

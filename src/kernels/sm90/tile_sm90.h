@@ -67,6 +67,33 @@ constexpr TileSm90 tile_sm90(int dqk, int dv, bool bwd_wide = false) {
 // same tiles (tile_sm90).
 constexpr bool sdpa_fwd_runs_head_dims_sm90(int dqk, int dv) { return fwd_runs_head_dims_sm90(dqk, dv); }
 
+// The FP8 SDPA forward (kernel_fwd_sm90.cuh sdpa_fp8_fwd_kernel_sm90, units
+// sdpa_fp8_fwd_sm90_d{64,128}.cu): each head dim a multiple of 16 (cuDNN's FP8 rule) up to 128,
+// on the (64, 64) kernel when both are <= 64, else on the (128, 128) one (the tensor maps' zero
+// fill past the call's dims, as the 16-bit kernels); the 16-bit tiles of those dims (128 x 128).
+// (192, 128) and (256, 256) are not written yet.
+constexpr bool sdpa_fp8_fwd_runs_head_dims_sm90(int dqk, int dv) {
+  return dqk >= 16 && dv >= 16 && dqk <= 128 && dv <= 128 && dqk % 16 == 0 && dv % 16 == 0;
+}
+constexpr int sdpa_fp8_fwd_kernel_dim_sm90(int dqk, int dv) { return dqk <= 64 && dv <= 64 ? 64 : 128; }
+
+// The FP8 forward's V^T workspace (params.h SdpaFp8Params::v_t): per (sample, kv head) a
+// [D_v, keys] byte matrix whose rows hold the sample's keys padded to whole key blocks of the
+// forward tile (128: TMA boxes of 128 keys, zeros past the sample's length), keys permuted inside
+// each 32-key group (fp8_vt_sm90.cuh). Pure functions of the sizes: the workspace rule of
+// dispatch (sdpa_fwd_workspace_size) and the launcher agree through them.
+constexpr int64_t fp8_vt_keys_sm90(int64_t s_kv) {
+  return (s_kv + kTileSm90.fwd_bk - 1) / kTileSm90.fwd_bk * kTileSm90.fwd_bk;
+}
+constexpr int64_t fp8_vt_bytes_sm90(int64_t batch, int64_t heads_kv, int64_t dv, int64_t s_kv) {
+  return batch * heads_kv * dv * fp8_vt_keys_sm90(s_kv);
+}
+// The key of V that V^T's column k holds inside its 32-key group (k in 0..31): the FP8 P V
+// GEMM's A fragment holds each thread's own P values in register order (softmax.cuh pack_p, which
+// derives it): A's column k = 16h + 4q + i is P's column 16h + 8 (i / 2) + 2q + i % 2, so the
+// B operand's column k must be that key. In bits: k = [h q1 q0 a b] -> [h a q1 q0 b].
+constexpr int fp8_vt_key(int k) { return (k & 16) | ((k & 2) << 2) | ((k >> 1) & 6) | (k & 1); }
+
 // Head dims the sm90 SDPA backward (the analytic source of the backward kernel:
 // sdpa_bwd_sm90_d{64,128,192,256}.cu) runs: the forward's -- each dim a multiple of 8 up to 128
 // (key-split consumers, 64 x 128 tile), (192, 128) and (256, 256) (column-split consumers, 64 x 64).

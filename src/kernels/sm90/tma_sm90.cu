@@ -25,13 +25,12 @@ PFN_cuTensorMapEncodeTiled_v12000 encode_fn() {
   return fn;
 }
 
-}  // namespace
-
-CUtensorMap make_tensor_map_sm90(const TensorView& t, bool varlen, DType dtype, int box_rows, const char* name,
-                                 int pack) {
+// The map of make_tensor_map_sm90 for elements of es bytes of TMA type `type`, boxes of box_cols
+// columns (box_cols x es bytes, the swizzle span `swizzle`).
+CUtensorMap encode_map(const TensorView& t, bool varlen, CUtensorMapDataType type, int64_t es, int box_cols,
+                       CUtensorMapSwizzle swizzle, int box_rows, const char* name, int pack) {
   FS_CHECK(pack >= 1 && box_rows % pack == 0, Status::kInternal, name, ": packed box of ", box_rows, " rows for ",
            pack, " heads");
-  const int64_t es = 2;
   uint64_t dims[4];
   uint64_t strides[3];  // bytes, dims 1..3
   auto safe = [&](int64_t extent, int64_t stride) -> uint64_t {
@@ -55,7 +54,7 @@ CUtensorMap make_tensor_map_sm90(const TensorView& t, bool varlen, DType dtype, 
     strides[1] = safe(t.shape[2], t.strides[2]);
     strides[2] = safe(t.shape[0], t.strides[0]);
   }
-  uint32_t box[4] = {64, uint32_t(box_rows), 1, 1};
+  uint32_t box[4] = {uint32_t(box_cols), uint32_t(box_rows), 1, 1};
   if (pack > 1) {
     // Packed rows: heads (dim 2) inside rows (dim 1), so that a box's rows come out as
     // position-major, head-minor packed rows.
@@ -66,13 +65,25 @@ CUtensorMap make_tensor_map_sm90(const TensorView& t, bool varlen, DType dtype, 
   }
   const uint32_t estr[4] = {1, 1, 1, 1};
   CUtensorMap m;
-  const CUresult r = encode_fn()(&m, dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-                                 4, t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                 CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                 CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  const CUresult r = encode_fn()(&m, type, 4, t.data, dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, swizzle,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   FS_CHECK(r == CUDA_SUCCESS, Status::kCudaError, name, ": cuTensorMapEncodeTiled failed (error ", int(r),
            ") for an sm90 kernel's tensor map");
   return m;
+}
+
+}  // namespace
+
+CUtensorMap make_tensor_map_sm90(const TensorView& t, bool varlen, DType dtype, int box_rows, const char* name,
+                                 int pack) {
+  return encode_map(t, varlen, dtype == DType::kBFloat16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+                    2, 64, CU_TENSOR_MAP_SWIZZLE_128B, box_rows, name, pack);
+}
+
+CUtensorMap make_tensor_map_fp8_sm90(const TensorView& t, int box_cols, int box_rows, const char* name) {
+  FS_CHECK(box_cols == 64 || box_cols == 128, Status::kInternal, name, ": FP8 box of ", box_cols, " columns");
+  return encode_map(t, false, CU_TENSOR_MAP_DATA_TYPE_UINT8, 1, box_cols,
+                    box_cols == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, box_rows, name, 1);
 }
 
 }  // namespace flashspan::sm90

@@ -21,6 +21,12 @@ namespace flashspan::sm90 {
 CUtensorMap make_tensor_map_sm90(const TensorView& t, bool varlen, DType dtype, int box_rows, const char* name,
                                  int pack = 1);
 
+// The same map of a BSHD tensor of FP8 (one byte an element; strides multiples of 16 elements):
+// UINT8 elements, box {box_cols, box_rows, 1, 1} with the swizzle span of its rows, 128B
+// (box_cols 128) or 64B (box_cols 64: head dim 64), zero fill out of bounds. The FP8 forward's Q,
+// K, and V^T (the pre-pass's workspace as a BSHD-shaped view [B, D_v, H_k, keys]).
+CUtensorMap make_tensor_map_fp8_sm90(const TensorView& t, int box_cols, int box_rows, const char* name);
+
 // The BSHD view [B, S, H, D] of an SDPA [B, H, S, D] descriptor (make_tensor_map_sm90's form):
 // the SDPA launchers' tensor maps (launch_sdpa_fwd_sm90, launch_sdpa_bwd_sm90).
 inline TensorView bshd_of_bhsd(const TensorView& t) {
