@@ -720,9 +720,12 @@ def _check_unsupported(implementation, compute_data_type) -> None:
     impl = getattr(implementation, "name", implementation)
     if impl is not None and str(impl).upper() not in ("AUTO", "COMPOSITE", "UNIFIED"):
         raise ValueError(f"implementation: must be AUTO, COMPOSITE or UNIFIED, got {implementation!r}")
+    if compute_data_type is torch.float32:
+        return  # torch's spelling of the seed's FLOAT
     cdt = getattr(compute_data_type, "name", compute_data_type)
     if cdt is not None and str(cdt).upper() not in ("NOT_SET", "FLOAT"):
-        raise ValueError(f"compute_data_type: flashspan computes in float32 (FLOAT or NOT_SET), got {compute_data_type!r}")
+        raise ValueError(f"compute_data_type: flashspan computes in float32 (FLOAT, NOT_SET or torch.float32), "
+                         f"got {compute_data_type!r}")
 
 
 # ---------------------------------------------------------------------------

@@ -91,3 +91,16 @@ def test_random_forward_backward(fs, seed):
 def test_random_long_sequences_block_mask_tiles(fs, seed):
     # S > 128 so the 128x128 block mask has several tiles per sample.
     _run(fs, random_problem(10_000 + seed, big=True, dtype=torch.float64))
+
+
+def test_compute_data_type_spellings():
+    """compute_data_type takes the seed's FLOAT / NOT_SET and torch.float32 (all float32 compute); anything else is
+    refused by name."""
+    import flashspan
+
+    q = torch.randn(1, 1, 16, 16, dtype=torch.bfloat16)
+    want = flashspan.sdpa(q, q, q)[0]
+    for cdt in ("FLOAT", "NOT_SET", torch.float32):
+        assert torch.equal(flashspan.sdpa(q, q, q, compute_data_type=cdt)[0], want)
+    with pytest.raises(ValueError, match="^compute_data_type: .*got torch.float16"):
+        flashspan.sdpa(q, q, q, compute_data_type=torch.float16)
