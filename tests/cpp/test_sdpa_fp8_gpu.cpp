@@ -561,6 +561,25 @@ void random_shape(Fp8Case& c, std::mt19937_64& rng, int max_sq, int max_skv) {
   c.Skv = 1 + int(rng() % max_skv);
 }
 
+// Random case n with the FP8 API's options (causal top-left, padding, layouts, o's own format, host
+// factors, base-2 stats, score_max / score_sum_exp), head dims (dqk, dv).
+Fp8Case api_random_case(int n, std::mt19937_64& rng, int dqk, int dv, int max_sq, int max_skv, uint64_t seed) {
+  Fp8Case c;
+  c.format = 1 + n % 2;
+  c.o_format = n % 3 == 0 ? 3 - c.format : c.format;
+  c.seed = seed;
+  c.Dqk = dqk;
+  c.Dv = dv;
+  random_shape(c, rng, max_sq, max_skv);
+  c.mask = n % 2 ? kCausalTopLeft : kNoMask;
+  c.padding = n % 4 >= 2;
+  c.bshd = n % 3 == 1;
+  c.host_factors = n % 4 == 1;
+  c.stats_log2 = n % 5 == 3;
+  c.score_stats = n % 3 == 2;
+  return c;
+}
+
 std::string launcher_case(const Fp8Case& c) {
   const Inputs in = make_inputs(c);
   return check(c, in, reference_loop(c, in), run_launcher(c, in), true);
@@ -619,19 +638,7 @@ TEST(SdpaFp8Gpu, ApiForwardRandom) {
   std::mt19937_64 rng(7);
   const int dims[][2] = {{128, 128}, {64, 64}, {48, 48}, {112, 112}, {128, 64}};
   for (int n = 0; n < 10; ++n) {
-    Fp8Case c;
-    c.format = 1 + n % 2;
-    c.o_format = n % 3 == 0 ? 3 - c.format : c.format;
-    c.seed = 500 + uint64_t(n);
-    c.Dqk = dims[n % 5][0];
-    c.Dv = dims[n % 5][1];
-    random_shape(c, rng, 260, 330);
-    c.mask = n % 2 ? kCausalTopLeft : kNoMask;
-    c.padding = n % 4 >= 2;
-    c.bshd = n % 3 == 1;
-    c.host_factors = n % 4 == 1;
-    c.stats_log2 = n % 5 == 3;
-    c.score_stats = n % 3 == 2;
+    const Fp8Case c = api_random_case(n, rng, dims[n % 5][0], dims[n % 5][1], 260, 330, 500 + uint64_t(n));
     const std::string e = api_case(c);
     EXPECT_TRUE(e.empty()) << e;
   }
@@ -642,18 +649,7 @@ TEST(SdpaFp8Gpu, ApiForwardRandom) {
 TEST(SdpaFp8Loop, MatchesTheCpuReference) {
   std::mt19937_64 rng(11);
   for (int n = 0; n < 6; ++n) {
-    Fp8Case c;
-    c.format = 1 + n % 2;
-    c.o_format = n % 3 == 0 ? 3 - c.format : c.format;
-    c.seed = 900 + uint64_t(n);
-    c.Dqk = n % 2 ? 64 : 32;
-    c.Dv = n % 3 ? 48 : 32;
-    random_shape(c, rng, 90, 140);
-    c.mask = n % 2 ? kCausalTopLeft : kNoMask;
-    c.padding = n % 4 >= 2;
-    c.bshd = n % 3 == 1;
-    c.stats_log2 = n % 5 == 3;
-    c.score_stats = n % 3 == 2;
+    const Fp8Case c = api_random_case(n, rng, n % 2 ? 64 : 32, n % 3 ? 48 : 32, 90, 140, 900 + uint64_t(n));
     const Inputs in = make_inputs(c);
     const std::string e = check(c, in, reference_loop(c, in), run_api(c, in, false), false);
     EXPECT_TRUE(e.empty()) << e;
