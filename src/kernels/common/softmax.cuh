@@ -32,6 +32,34 @@ __device__ __forceinline__ float quad_sum(float x) {
   return x + __shfl_xor_sync(0xffffffffu, x, 2);
 }
 
+// The max of row hi of one key block's scores s (kN n8 blocks): the thread's columns, then the
+// quad's (quad-uniform).
+template <int kN>
+__device__ __forceinline__ float row_max(const float (&s)[kN][4], int hi) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < kN; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hi], s[n][2 * hi + 1]));
+  return quad_max(mx);
+}
+
+// Row hi of s in place: p = exp2(scale s - m_exp) (m_exp finite: the row's exponent base, 0 for a
+// row without a visible key, so that masked scores give 0, never NaN). Returns the thread's sum
+// of its p (thread-partial, as OnlineSoftmax::l).
+template <int kN>
+__device__ __forceinline__ float exp2_row(float (&s)[kN][4], int hi, float scale, float m_exp) {
+  float sum = 0.0f;
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      const float p = exp2_approx(fmaf(s[n][2 * hi + e], scale, -m_exp));
+      s[n][2 * hi + e] = p;
+      sum += p;
+    }
+  }
+  return sum;
+}
+
 // LSE of a row from its statistics, as every forward epilogue and split combine writes it:
 // (m + log2 l) * unit (ln 2: natural log; 1: base 2, SDPA's stats_use_log2), -inf for a row
 // without a visible key (l = 0). __log2f (MUFU.LG2) is exact enough here: a positive l is >= 1
@@ -74,25 +102,11 @@ struct OnlineSoftmax {
   template <int kN>
   __device__ __forceinline__ static float update_row(float (&s)[kN][4], int hi, float& m, float& l,
                                                      float scale = 1.0f, float shift = 0.0f) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < kN; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hi], s[n][2 * hi + 1]));
-    mx = fmaxf(m, quad_max(mx) * scale);
+    const float mx = fmaxf(m, row_max(s, hi) * scale);
     const float m_use = mx == -INFINITY ? 0.0f : mx;
     const float corr = exp2_approx(m - m_use);  // m = -inf -> 0
-    const float m_exp = m_use - shift;
     m = mx;
-    float sum = 0.0f;
-#pragma unroll
-    for (int n = 0; n < kN; ++n) {
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const float p = exp2_approx(fmaf(s[n][2 * hi + e], scale, -m_exp));
-        s[n][2 * hi + e] = p;
-        sum += p;
-      }
-    }
-    l = l * corr + sum;
+    l = l * corr + exp2_row(s, hi, scale, m_use - shift);
     return corr;
   }
 
@@ -152,10 +166,7 @@ struct LazyOnlineSoftmax : OnlineSoftmax {
     bool moved = false;
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int n = 0; n < kN; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hi], s[n][2 * hi + 1]));
-      const float mt = fmaxf(fmaxf(m_true[hi], m[hi]), quad_max(mx) * scale);
+      const float mt = fmaxf(fmaxf(m_true[hi], m[hi]), row_max(s, hi) * scale);
       m_true[hi] = mt;
       const bool move = mt > m[hi] + kThreshold;  // m = -inf: any visible key moves it
       const float m_new = move ? mt : m[hi];
@@ -163,17 +174,7 @@ struct LazyOnlineSoftmax : OnlineSoftmax {
       corr[hi] = move ? exp2_approx(m[hi] - m_use) : 1.0f;  // m = -inf -> 0
       moved |= move;
       m[hi] = m_new;
-      float sum = 0.0f;
-#pragma unroll
-      for (int n = 0; n < kN; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float p = exp2_approx(fmaf(s[n][2 * hi + e], scale, -m_use));
-          s[n][2 * hi + e] = p;
-          sum += p;
-        }
-      }
-      l[hi] = l[hi] * corr[hi] + sum;
+      l[hi] = l[hi] * corr[hi] + exp2_row(s, hi, scale, m_use);
     }
     return __any_sync(0xffffffffu, moved);
   }
