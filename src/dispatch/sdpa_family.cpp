@@ -12,11 +12,21 @@
 namespace flashspan {
 
 namespace {
-std::atomic<int> g_sdpa_sm90_override{-1};
-std::atomic<int> g_sdpa_bwd_sm90_override{-1};
-std::atomic<int> g_sdpa_fwd_sm90_mods_override{-1};
-std::atomic<int> g_sdpa_bwd_sm90_mods_override{-1};
-std::atomic<int> g_sdpa_fp8_sm90_override{-1};
+// A switch of this file's rules: the in-process override its set_*() stores (tests: 1 on, 0 off, -1 back to
+// the environment's answer), else the environment's answer (from_env, read per call).
+struct Switch {
+  bool (*from_env)();
+  std::atomic<int> override{-1};
+
+  void set(int on) { override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+  bool on() const {
+    const int o = override.load(std::memory_order_relaxed);
+    return o >= 0 ? o == 1 : from_env();
+  }
+};
+
+bool sm90_family_from_env() { return kernel_family_from_env() == 90; }
+
 // On by default where they cover a call (FLASHSPAN_KERNEL_FAMILY=sm80, read per call, keeps the sm80
 // kernels), since the GPU suite passed with them and they are at least as fast as the flex route's
 // (PERF_LOG v2.10). The forward's kernel with score modifiers too, since its GPU tests passed and it
@@ -24,6 +34,11 @@ std::atomic<int> g_sdpa_fp8_sm90_override{-1};
 // those calls on the sm80 kernels. The backward's kernels with score modifiers too, since their GPU
 // tests passed, memcheck was clean and they ran 1.6-1.9x the sm80 backward (PERF_LOG v2.15);
 // FLASHSPAN_SM90_SDPA_BWD_MODS=0 (read per call) keeps those backward calls on the sm80 kernels.
+Switch g_sdpa_fwd_sm90{sm90_family_from_env};
+Switch g_sdpa_bwd_sm90{sm90_family_from_env};
+Switch g_sdpa_fwd_sm90_mods{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_MODS"); }};
+Switch g_sdpa_bwd_sm90_mods{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_BWD_MODS"); }};
+Switch g_sdpa_fp8_sm90{experimental_from_env};  // experimental: FLASHSPAN_EXPERIMENTAL=1
 }  // namespace
 
 namespace {
@@ -104,55 +119,20 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
 const char* sdpa_fwd_sm90_refusal(const sdpa::Problem& p) { return sm90_refusal(p, false); }
 const char* sdpa_bwd_sm90_refusal(const sdpa::Problem& p) { return sm90_refusal(p, true); }
 
-void set_sdpa_fwd_sm90_enabled(int on) {
-  g_sdpa_sm90_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed);
-}
+void set_sdpa_fwd_sm90_enabled(int on) { g_sdpa_fwd_sm90.set(on); }
+bool sdpa_fwd_sm90_enabled() { return g_sdpa_fwd_sm90.on(); }
 
-bool sdpa_fwd_sm90_enabled() {
-  const int o = g_sdpa_sm90_override.load(std::memory_order_relaxed);
-  if (o >= 0) return o == 1;
-  return kernel_family_from_env() == 90;
-}
+void set_sdpa_bwd_sm90_enabled(int on) { g_sdpa_bwd_sm90.set(on); }
+bool sdpa_bwd_sm90_enabled() { return g_sdpa_bwd_sm90.on(); }
 
-void set_sdpa_bwd_sm90_enabled(int on) {
-  g_sdpa_bwd_sm90_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed);
-}
+void set_sdpa_fwd_sm90_mods_enabled(int on) { g_sdpa_fwd_sm90_mods.set(on); }
+bool sdpa_fwd_sm90_mods_enabled() { return g_sdpa_fwd_sm90_mods.on(); }
 
-bool sdpa_bwd_sm90_enabled() {
-  const int o = g_sdpa_bwd_sm90_override.load(std::memory_order_relaxed);
-  if (o >= 0) return o == 1;
-  return kernel_family_from_env() == 90;
-}
+void set_sdpa_bwd_sm90_mods_enabled(int on) { g_sdpa_bwd_sm90_mods.set(on); }
+bool sdpa_bwd_sm90_mods_enabled() { return g_sdpa_bwd_sm90_mods.on(); }
 
-void set_sdpa_fwd_sm90_mods_enabled(int on) {
-  g_sdpa_fwd_sm90_mods_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed);
-}
-
-bool sdpa_fwd_sm90_mods_enabled() {
-  const int o = g_sdpa_fwd_sm90_mods_override.load(std::memory_order_relaxed);
-  if (o >= 0) return o == 1;
-  return !env_flag_off("FLASHSPAN_SM90_SDPA_MODS");
-}
-
-void set_sdpa_bwd_sm90_mods_enabled(int on) {
-  g_sdpa_bwd_sm90_mods_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed);
-}
-
-bool sdpa_bwd_sm90_mods_enabled() {
-  const int o = g_sdpa_bwd_sm90_mods_override.load(std::memory_order_relaxed);
-  if (o >= 0) return o == 1;
-  return !env_flag_off("FLASHSPAN_SM90_SDPA_BWD_MODS");
-}
-
-void set_sdpa_fp8_sm90_enabled(int on) {
-  g_sdpa_fp8_sm90_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed);
-}
-
-bool sdpa_fp8_sm90_enabled() {
-  const int o = g_sdpa_fp8_sm90_override.load(std::memory_order_relaxed);
-  if (o >= 0) return o == 1;
-  return experimental_from_env();
-}
+void set_sdpa_fp8_sm90_enabled(int on) { g_sdpa_fp8_sm90.set(on); }
+bool sdpa_fp8_sm90_enabled() { return g_sdpa_fp8_sm90.on(); }
 
 // The sm90 FP8 forward's rule (launch_sdpa_fp8_fwd_sm90's checks): a list of what it takes, as
 // sm90_refusal's. The FP8 validation (core/sdpa_problem.cpp) has already refused every option

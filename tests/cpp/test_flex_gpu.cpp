@@ -42,7 +42,6 @@
 #include "plan/planner.h"
 #include "planner_masks.h"
 #include "reference/reference.h"
-#include "gpu_harness.h"
 #include "test_util.h"
 
 namespace flashspan::test {
