@@ -188,10 +188,17 @@ struct BwdSm90Layout {
   // A producer warpgroup and two consumer warpgroups, or three (kT3).
   static constexpr int kThreads = kT3 ? 512 : 384;
   static constexpr int kConsumerThreads = kThreads - 128;
-  // Registers a thread after setmaxnreg: 64 K a block (kT3: 32 x 128 + 160 x 384 = 65536).
+  // Registers a thread after setmaxnreg, within the CTA's pool: the launch's registers a thread (168
+  // for 384 threads: 65536 / 384 rounded down to a multiple of 8; 128 for kT3's 512) times its
+  // threads. 40 x 128 + 232 x 256 = 64512 = 168 x 384 (kT3: 32 x 128 + 160 x 384 = 65536): a split that
+  // asks for more never completes its setmaxnreg.inc (32 / 240 did: the kernel failed, PERF_LOG v2.20).
+  // 24 / 240 (FlashAttention-3's) fits and lets the consumers issue dQ behind a running dV, but the
+  // 24-register producer spills 500-650 B and it measured no faster (D = 64: 5 % slower, v2.20).
   static constexpr int kProducerRegs = kT3 ? 32 : 40;
   static constexpr int kConsumerRegs = kT3 ? 160 : 232;
-  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= 65536, "sm90 backward: register file");
+  static constexpr int kLaunchRegs = kT3 ? 128 : 168;
+  static_assert(128 * kProducerRegs + kConsumerThreads * kConsumerRegs <= kThreads * kLaunchRegs,
+                "sm90 backward: setmaxnreg beyond the CTA's register pool");
   static constexpr int kSlabs = kDqk / 64;   // 64-column slabs of K and Q
   static constexpr int kSlabsV = kDv / 64;   // of V and dO
   static constexpr int kSlabK = kBlockK * 128;  // kBlockK keys x 64 16-bit columns
@@ -923,7 +930,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       }
       fence_proxy_async_smem();
       named_bar_sync(1, L::kConsumerThreads);  // dS^T of both warpgroups in shared memory
-      wg_wait<0>();  // dV done: P^T's registers are free before the dQ accumulators become live
+      // dV done: P^T's registers are free before the dQ accumulators become live. (Issuing dQ and dK
+      // behind a running dV, FlashAttention-3's and the seed system's order, needs 240 consumer
+      // registers and so a 24-register producer warpgroup: measured no faster at D = 128 and 5 %
+      // slower at D = 64, PERF_LOG v2.20.)
+      wg_wait<0>();
       // dQ (64-row tiles: columns c kD/2 ..; the wide tile: rows 64c ..) = dS K (A = dS^T slab
       // M-major, B = K N-major, 8 k16 steps), then dK += dS^T Q (A from registers), which runs
       // while dQ goes to shared memory.
@@ -1308,7 +1319,10 @@ __device__ __forceinline__ void bwd_consumer_t3(const BwdParams& p, uint32_t bas
   using L = BwdSm90Layout<kDqk, kDv, true>;
   static_assert(L::kT3 && kDqk == 192 && kDv == 128 && L::kStages == 2, "the three-warpgroup consumers run (192, 128) on 64 x 96");
   const uint32_t bars = base + L::kBar;
-  const int c = (threadIdx.x - 128) >> 7;  // 0, 1, 2
+  // 0, 1, 2; broadcast from lane 0 so that the compiler knows it is warp-uniform: the dV^T GEMM's
+  // branch on it (has_dv) is then not a divergent path, behind which ptxas serialises every wgmma of
+  // the kernel (C7520: a warpgroup arrive and wait around each of the 43 HGMMA a step, PERF_LOG v2.20).
+  const int c = __shfl_sync(0xffffffffu, int(threadIdx.x - 128) >> 7, 0);
   const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
   const int row_thr = 16 * w + g;  // first query row of S / dP (+8: second)
   const bool has_dv = c < 2;       // dV^T's 128 rows: warpgroups 0 and 1
