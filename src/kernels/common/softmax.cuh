@@ -34,30 +34,44 @@ __device__ __forceinline__ float quad_sum(float x) {
 
 // The max of row hi of one key block's scores s (kN n8 blocks): the thread's columns, then the
 // quad's (quad-uniform).
-template <int kN>
+// kChains partial maxima (n8 blocks n % kChains, 1 or 4) combined at the end: dependency chains of
+// kN / kChains FMNMX. 4 for the FP8 forward, whose softmax is its critical path (ncu: tensor pipe 40 %
+// busy, top stall "Wait" -- fixed-latency dependencies; +4-8 % with the rescale skip, PERF_LOG v2.20);
+// the 16-bit forwards measured 1-5 % slower with 4 (S=8192) and keep 1. The max is the same in any order.
+template <int kChains = 1, int kN>
 __device__ __forceinline__ float row_max(const float (&s)[kN][4], int hi) {
-  float mx = -INFINITY;
+  static_assert(kChains == 1 || kChains == 4, "row_max: 1 or 4 chains");
+  float mx[kChains];
 #pragma unroll
-  for (int n = 0; n < kN; ++n) mx = fmaxf(mx, fmaxf(s[n][2 * hi], s[n][2 * hi + 1]));
-  return quad_max(mx);
+  for (int c = 0; c < kChains; ++c) mx[c] = -INFINITY;
+#pragma unroll
+  for (int n = 0; n < kN; ++n) mx[n % kChains] = fmaxf(mx[n % kChains], fmaxf(s[n][2 * hi], s[n][2 * hi + 1]));
+  if constexpr (kChains == 4) return quad_max(fmaxf(fmaxf(mx[0], mx[1]), fmaxf(mx[2], mx[3])));
+  return quad_max(mx[0]);
 }
 
 // Row hi of s in place: p = exp2(scale s - m_exp) (m_exp finite: the row's exponent base, 0 for a
 // row without a visible key, so that masked scores give 0, never NaN). Returns the thread's sum
 // of its p (thread-partial, as OnlineSoftmax::l).
-template <int kN>
+// The sum in kChains partial sums (n8 blocks n % kChains), added pairwise at the end: FADD chains of
+// 2 kN / kChains (as row_max's chains).
+template <int kChains = 1, int kN>
 __device__ __forceinline__ float exp2_row(float (&s)[kN][4], int hi, float scale, float m_exp) {
-  float sum = 0.0f;
+  static_assert(kChains == 1 || kChains == 4, "exp2_row: 1 or 4 chains");
+  float sum[kChains];
+#pragma unroll
+  for (int c = 0; c < kChains; ++c) sum[c] = 0.0f;
 #pragma unroll
   for (int n = 0; n < kN; ++n) {
 #pragma unroll
     for (int e = 0; e < 2; ++e) {
       const float p = exp2_approx(fmaf(s[n][2 * hi + e], scale, -m_exp));
       s[n][2 * hi + e] = p;
-      sum += p;
+      sum[n % kChains] += p;
     }
   }
-  return sum;
+  if constexpr (kChains == 4) return (sum[0] + sum[1]) + (sum[2] + sum[3]);
+  return sum[0];
 }
 
 // LSE of a row from its statistics, as every forward epilogue and split combine writes it:
@@ -99,23 +113,24 @@ struct OnlineSoftmax {
   // quantization of P (times scale_s) at no extra instruction; l then holds 2^shift times the
   // row sum (FwdEpilogue's FP8 output divides it out). m is not shifted. shift = 0: the
   // exponent is the unshifted one (x - 0 = x: the same code).
-  template <int kN>
+  // kChains: the dependency chains of the row max and sum (row_max, exp2_row).
+  template <int kChains = 1, int kN>
   __device__ __forceinline__ static float update_row(float (&s)[kN][4], int hi, float& m, float& l,
                                                      float scale = 1.0f, float shift = 0.0f) {
-    const float mx = fmaxf(m, row_max(s, hi) * scale);
+    const float mx = fmaxf(m, row_max<kChains>(s, hi) * scale);
     const float m_use = mx == -INFINITY ? 0.0f : mx;
     const float corr = exp2_approx(m - m_use);  // m = -inf -> 0
     m = mx;
-    l = l * corr + exp2_row(s, hi, scale, m_use - shift);
+    l = l * corr + exp2_row<kChains>(s, hi, scale, m_use - shift);
     return corr;
   }
 
-  // Both rows of one key block (scale, shift: as update_row); corr[hi] for rescale().
-  template <int kN>
+  // Both rows of one key block (scale, shift, kChains: as update_row); corr[hi] for rescale().
+  template <int kChains = 1, int kN>
   __device__ __forceinline__ void update(float (&s)[kN][4], float (&corr)[2], float scale = 1.0f,
                                          float shift = 0.0f) {
 #pragma unroll
-    for (int hi = 0; hi < 2; ++hi) corr[hi] = update_row(s, hi, m[hi], l[hi], scale, shift);
+    for (int hi = 0; hi < 2; ++hi) corr[hi] = update_row<kChains>(s, hi, m[hi], l[hi], scale, shift);
   }
 
   // The output accumulator (kNO n8 blocks) of row hi, or of both rows, times the factors.
@@ -140,6 +155,13 @@ struct OnlineSoftmax {
 
   // The full sum of row hi (over the quad).
   __device__ __forceinline__ float row_sum(int hi) const { return quad_sum(l[hi]); }
+
+  // Whether any row of the warp got a factor other than 1 from update (warp-uniform): when none did
+  // (no row's max moved), rescale() would multiply by 1 and can be skipped as a whole -- exact, unlike
+  // LazyOnlineSoftmax's threshold (the FP8 forward, whose P must stay <= scale_s).
+  __device__ __forceinline__ static bool any_moved(const float (&corr)[2]) {
+    return __any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f);
+  }
 };
 
 // The online softmax with lazy rescaling (FlashAttention-4, Zadouri et al. 2025, "conditional

@@ -504,8 +504,12 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
   constexpr bool kPingPong = kOverlap || FLASHSPAN_SM90_FWD_PINGPONG || L::kTile.dqk_tile == 192;
   // Lazy rescaling (softmax.cuh LazyOnlineSoftmax) with the overlapped schedule, but not for FP8: a
   // row's base may lag its max by 2^8 there, and P (times scale_s, up to the format's largest value)
-  // would saturate; FP8 keeps the eager update.
+  // would saturate; FP8 keeps the eager update, and skips O's rescale only when no row's max moved
+  // (OnlineSoftmax::any_moved: exact).
   constexpr bool kLazy = kOverlap && !L::kFp8;
+  // The softmax's reduction chains (softmax.cuh row_max / exp2_row): 4 for FP8, whose softmax is its
+  // critical path; 1 for 16-bit (4 measured 1-5 % slower there, PERF_LOG v2.20).
+  constexpr int kChains = L::kFp8 ? 4 : 1;
   constexpr int kBlockQ = L::kBlockQ, kBlockK = L::kBlockK;
   constexpr int kNO = L::kTile.dv_tile / 8;  // n8 blocks of O
   constexpr int kNS = kBlockK / 8;           // n8 blocks of S
@@ -604,7 +608,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         reg_fence(s);
         float corr[2];
         const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane));
-        sm.update(s, corr, exp_scale, shift);
+        sm.template update<kChains>(s, corr, exp_scale, shift);
         kern::OnlineSoftmax::rescale(o, corr);
         uint32_t pa[kKP][4];
         kern::pack_p<E>(s, pa);
@@ -651,7 +655,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           if constexpr (kLazy) {
             sm.update(s, corr, exp_scale);  // o = 0: no rescale
           } else {
-            sm.update(s, corr, exp_scale, shift);
+            sm.template update<kChains>(s, corr, exp_scale, shift);
           }
           kern::pack_p<E>(s, pa);
           ++kv_it;
@@ -680,7 +684,9 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           if constexpr (kLazy) {
             moved = sm.update(s, corr, exp_scale);
           } else {
-            sm.update(s, corr, exp_scale, shift);
+            sm.template update<kChains>(s, corr, exp_scale, shift);
+            // FP8 (eager): skip the rescale of O when no row's max moved (exact: the factors are 1).
+            if constexpr (L::kFp8) moved = kern::OnlineSoftmax::any_moved(corr);
           }
           softmax_before_wait<L>(kb);
           wg_wait<0>();
