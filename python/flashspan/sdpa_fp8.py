@@ -153,8 +153,8 @@ def sdpa_fp8(
         TypeError naming the argument for a non-FP8 q / k / v, mixed FP8 formats or a scale that is not float32;
         ValueError naming the argument for a broken rule (head dims, shapes, a scale that is not finite) and for an
         option FP8 attention does not take (``"... not supported with FP8 inputs"``); NotImplementedError for CUDA
-        tensors, unless ``FLASHSPAN_EXPERIMENTAL=1`` and the call is one the experimental sm90 FP8 forward runs
-        (an H100 / H200; padded tensors, head dims up to 128, H_k = H_v: docs/SDPA.md "The sm90 FP8 forward").
+        tensors, unless the call is one the sm90 FP8 forward runs (an H100 / H200; padded tensors, head dims up to
+        128, H_k = H_v: docs/SDPA.md "The sm90 FP8 forward"; ``FLASHSPAN_SM90_SDPA_FP8=0`` turns it off).
 
     Example::
 

@@ -109,7 +109,8 @@ bool sdpa_bwd_runs_sm90(const sdpa::Problem& p);
 SdpaBwdParams sdpa_bwd_params_sm90(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
 
 // The sm90 FP8 forward (cuDNN's sdpa_fp8; kernels/sm90/launch_sm90.h launch_sdpa_fp8_fwd_sm90):
-// experimental, not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read per call), unless
+// on by default (its GPU tests passed on an H200, PERF_LOG v2.17 / v2.20): FLASHSPAN_SM90_SDPA_FP8=0 (read
+// per call) turns it off, unless
 // set_sdpa_fp8_sm90_enabled overrides it (tests: 1 on, 0 off, -1 back to the environment's
 // answer). It is the only FP8 kernel: FP8 calls on CUDA tensors that it does not take are refused
 // (sdpa_check_features_gpu: without the switch, or with sdpa_fp8_fwd_sm90_refusal's answer;

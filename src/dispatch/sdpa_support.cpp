@@ -78,12 +78,12 @@ void check_paged(const Problem& p) {
   }
 }
 
-// FP8 on CUDA tensors: the sm90 FP8 forward only (sdpa_fp8_fwd_sm90_refusal, sdpa_family.cpp), behind
-// FLASHSPAN_EXPERIMENTAL=1 until it has run on a GPU; its TMA boxes need q, k, v strides of 16 bytes
+// FP8 on CUDA tensors: the sm90 FP8 forward only (sdpa_fp8_fwd_sm90_refusal, sdpa_family.cpp), on unless
+// FLASHSPAN_SM90_SDPA_FP8=0 (sdpa_fp8_sm90_enabled); its TMA boxes need q, k, v strides of 16 bytes
 // (= elements). The device (sm_90 with this build's sm_90a code) is sdpa_check_support_gpu's.
 void check_fp8(const Problem& p) {
   FS_CHECK_SUPPORTED(sdpa_fp8_sm90_enabled(), "q: FP8 inputs (", dtype_name(p.dtype), ") on CUDA tensors run on the "
-                     "experimental sm90 FP8 forward: set FLASHSPAN_EXPERIMENTAL=1 to run them (H100 / H200), or pass "
+                     "sm90 FP8 forward, which FLASHSPAN_SM90_SDPA_FP8=0 turns off: unset it to run them (H100 / H200), or pass "
                      "CPU tensors (the CPU reference runs sdpa_fp8 and sdpa_fp8_backward)");
   const char* r = sdpa_fp8_fwd_sm90_refusal(p);
   FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported with FP8 inputs on CUDA tensors yet (the sm90 FP8 forward runs "

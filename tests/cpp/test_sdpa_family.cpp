@@ -614,25 +614,25 @@ TEST(SdpaFamily, EnvFlagOffIsTheValueZeroOnly) {
 }
 
 TEST(SdpaFamily, Fp8SwitchReadsTheEnvironment) {
-  // The sm90 FP8 forward's switch: FLASHSPAN_EXPERIMENTAL=1, read per call; the override wins.
-  const char* saved = std::getenv("FLASHSPAN_EXPERIMENTAL");
+  // The sm90 FP8 forward's switch: on unless FLASHSPAN_SM90_SDPA_FP8=0, read per call; the override wins.
+  const char* saved = std::getenv("FLASHSPAN_SM90_SDPA_FP8");
   const std::string keep = saved == nullptr ? "" : saved;
   set_sdpa_fp8_sm90_enabled(-1);
-  unsetenv("FLASHSPAN_EXPERIMENTAL");
-  EXPECT_FALSE(sdpa_fp8_sm90_enabled());
-  setenv("FLASHSPAN_EXPERIMENTAL", "1", 1);
+  unsetenv("FLASHSPAN_SM90_SDPA_FP8");
   EXPECT_TRUE(sdpa_fp8_sm90_enabled());
-  set_sdpa_fp8_sm90_enabled(0);
+  setenv("FLASHSPAN_SM90_SDPA_FP8", "0", 1);
   EXPECT_FALSE(sdpa_fp8_sm90_enabled());
-  setenv("FLASHSPAN_EXPERIMENTAL", "0", 1);
   set_sdpa_fp8_sm90_enabled(1);
   EXPECT_TRUE(sdpa_fp8_sm90_enabled());
-  set_sdpa_fp8_sm90_enabled(-1);
+  setenv("FLASHSPAN_SM90_SDPA_FP8", "1", 1);
+  set_sdpa_fp8_sm90_enabled(0);
   EXPECT_FALSE(sdpa_fp8_sm90_enabled());
+  set_sdpa_fp8_sm90_enabled(-1);
+  EXPECT_TRUE(sdpa_fp8_sm90_enabled());
   if (saved == nullptr) {
-    unsetenv("FLASHSPAN_EXPERIMENTAL");
+    unsetenv("FLASHSPAN_SM90_SDPA_FP8");
   } else {
-    setenv("FLASHSPAN_EXPERIMENTAL", keep.c_str(), 1);
+    setenv("FLASHSPAN_SM90_SDPA_FP8", keep.c_str(), 1);
   }
 }
 

@@ -383,7 +383,7 @@ TEST(SdpaFp8, ScaleValuesMustBeFinite) {
 }
 
 TEST(SdpaFp8, CudaTensorsAreRefusedByCheckSupport) {
-  // Without FLASHSPAN_EXPERIMENTAL's switch (dispatch/sdpa_launch.h sdpa_fp8_sm90_enabled) CUDA tensors are
+  // With the FP8 kernel's switch off (dispatch/sdpa_launch.h sdpa_fp8_sm90_enabled) CUDA tensors are
   // refused; with it the sm90 FP8 forward's host rules refuse what it does not run (the device is checked
   // after them: sdpa_check_support_gpu).
   Fwd f;
@@ -392,8 +392,8 @@ TEST(SdpaFp8, CudaTensorsAreRefusedByCheckSupport) {
   fs_status_t st{};
   flashspan::set_sdpa_fp8_sm90_enabled(0);
   EXPECT_STARTS(error_of([&] { op->check_support(); }, &st),
-                "q: FP8 inputs (float8_e4m3fn) on CUDA tensors run on the experimental sm90 FP8 forward: set "
-                "FLASHSPAN_EXPERIMENTAL=1 to run them");
+                "q: FP8 inputs (float8_e4m3fn) on CUDA tensors run on the sm90 FP8 forward, which "
+                "FLASHSPAN_SM90_SDPA_FP8=0 turns off: unset it to run them");
   EXPECT_EQ(st, FS_STATUS_NOT_SUPPORTED);
   flashspan::set_sdpa_fp8_sm90_enabled(1);
   {
