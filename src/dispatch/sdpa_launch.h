@@ -61,7 +61,7 @@ SdpaPagedFwdParams sdpa_paged_fwd_params(const sdpa::Problem& p);
 // sm_90a code built, the sm90 forward (TMA + wgmma, kernel_fwd_sm90.cuh with the analytic mask)
 // runs the calls it covers when sdpa_fwd_sm90_enabled(); every other call runs the sm80 kernels.
 // sdpa_fwd_sm90_refusal: nullptr when the sm90 forward covers the call (fp16 / bf16, head dims
-// of tile_sm90.h sdpa_fwd_runs_head_dims_sm90, H_k = H_v, q / k / v / o / stats padded or dense, no score modifier,
+// of tile_sm90.h sdpa_fwd_runs_head_dims_sm90, H_k = H_v or not, q / k / v / o / stats padded or dense, no score modifier,
 // sink, gate, score_max / score_sum_exp, block_mask, bias, dropout or paged K/V), else the first
 // thing it does not cover. sdpa_fwd_sm90_enabled: FLASHSPAN_KERNEL_FAMILY not sm80 (read per call;
 // on by default since PERF_LOG v2.10), unless set_sdpa_fwd_sm90_enabled overrides it (tests: 1 on,
@@ -83,8 +83,8 @@ bool sdpa_fwd_runs_sm90(const sdpa::Problem& p);
 // The kernel family of the backward, the same rule (sdpa_family.cpp): the sm90 backward
 // (kernel_bwd_sm90.cuh with the analytic mask) runs the calls it covers when
 // sdpa_bwd_sm90_enabled() on an sm_90 device with the sm_90a code built; the others the sm80
-// kernels. sdpa_bwd_sm90_refusal: nullptr when it covers the call (the forward's subset: fp16 /
-// bf16, the same head dims, H_k = H_v, every tensor padded or dense, no score
+// kernels. sdpa_bwd_sm90_refusal: nullptr when it covers the call (the forward's subset with
+// H_k = H_v: fp16 / bf16, the same head dims, every tensor padded or dense, no score
 // modifier, sink / dSink, gate, bias / dBias, dropout, block_mask; deterministic or not), else the
 // first thing it does not cover. sdpa_bwd_sm90_enabled: as sdpa_fwd_sm90_enabled (the same
 // environment: FLASHSPAN_KERNEL_FAMILY not sm80), its own test override.

@@ -126,11 +126,6 @@ TEST(SdpaFamily, Sm90ForwardLeavesTheRestToSm80) {
   }
   {
     Call c;
-    c.hv = 1;
-    EXPECT_NE(refusal(c).find("H_k != H_v"), std::string::npos);
-  }
-  {
-    Call c;
     c.a.softcap = 5.0f;
     EXPECT_NE(refusal(c).find("softcap"), std::string::npos);
   }
@@ -225,7 +220,7 @@ TEST(SdpaFamily, Sm90ForwardWithModifiersSwitch) {
     EXPECT_EQ(refusal(s), sdpa::slot_name(FS_SDPA_SINK_TOKEN));
   }
   // What the modifiers' kernel does not run still goes to sm80 with it on: packed THD, (192, 128),
-  // H_k != H_v, dropout (Philox), a packed gate.
+  // dropout (Philox), a packed gate (H_k != H_v it runs: Sm90ForwardTakesHkNeHvTheBackwardDoesNot).
   const ModsSwitch on(1);
   {
     Call c = packed_thd_call();
@@ -241,12 +236,6 @@ TEST(SdpaFamily, Sm90ForwardWithModifiersSwitch) {
     s.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32);
     s.dqk = s.dv = 256;
     EXPECT_EQ(refusal(s), sdpa::slot_name(FS_SDPA_SINK_TOKEN));
-  }
-  {
-    Call c;
-    c.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32);
-    c.hv = 1;
-    EXPECT_NE(refusal(c).find("H_k != H_v"), std::string::npos);
   }
   {
     Call c;
@@ -412,6 +401,46 @@ TEST(SdpaFamily, Sm90BackwardLeavesTheRestToSm80) {
     const Call c = packed_thd_call();
     EXPECT_NE(bwd_refusal(c).find("ragged"), std::string::npos);
   }
+}
+
+TEST(SdpaFamily, Sm90ForwardTakesHkNeHvTheBackwardDoesNot) {
+  // H_k != H_v (H_q = 4, H_k = 2, H_v = 1 or 4): the forward covers it (V of each query head's own V head),
+  // pure-mask and with modifiers, every head-dim kernel, padded; the backward refuses it (its work item owns
+  // one kv head's dK and dV), deterministic or not, its modifiers' switch on or off.
+  for (int64_t hv : {1, 4}) {
+    for (auto [dqk, dv] : {std::pair<int64_t, int64_t>{128, 128}, {64, 64}, {40, 40}, {72, 128}, {192, 128}, {256, 256}}) {
+      for (int mods : {0, 1}) {
+        const ModsSwitch fwd_mods(mods);
+        const BwdModsSwitch bwd_mods(mods);
+        Call c;
+        c.hv = hv;
+        c.dqk = dqk;
+        c.dv = dv;
+        c.a.tensors[FS_SDPA_SEQ_LEN_Q] = vec(2, DType::kInt32);
+        c.a.tensors[FS_SDPA_SEQ_LEN_KV] = vec(2, DType::kInt32);
+        c.a.padding_mask = true;
+        const std::string at = "H_v " + std::to_string(hv) + " D " + std::to_string(dqk) + "," + std::to_string(dv) +
+                               " modifiers " + std::to_string(mods);
+        EXPECT_EQ(refusal(c), "") << at;
+        EXPECT_EQ(bwd_refusal(c), "H_k != H_v") << at;
+        EXPECT_EQ(bwd_refusal(c, true), "H_k != H_v") << at << " deterministic";
+        if (mods && dqk <= 128 && dv <= 128) {
+          c.a.softcap = 5.0f;
+          c.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32);
+          EXPECT_EQ(refusal(c), "") << at << " softcap, sinks";
+          EXPECT_EQ(bwd_refusal(c), "H_k != H_v") << at << " softcap, sinks";
+        }
+      }
+    }
+  }
+  // H_k = H_v both take (Sm90ForwardCoversThePureMaskSubset, Sm90BackwardCoversTheForwardsSubset); what the
+  // forward refuses otherwise it still refuses with H_k != H_v.
+  Call c;
+  c.hv = 1;
+  c.a.dropout_probability = 0.25f;
+  c.a.tensors[FS_SDPA_DROPOUT_SEED] = vec(1, DType::kInt64);
+  c.a.tensors[FS_SDPA_DROPOUT_OFFSET] = vec(1, DType::kInt64);
+  EXPECT_NE(refusal(c).find("dropout"), std::string::npos);
 }
 
 // The sm90 SDPA switches (forward and backward): the in-process override (1 on, 0 off, -1 back

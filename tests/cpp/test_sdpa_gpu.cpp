@@ -525,6 +525,14 @@ struct ForceSdpaBwdSm90 {
   ~ForceSdpaBwdSm90() { set_sdpa_bwd_sm90_enabled(-1); }
 };
 
+// The four switches of an sm90 forward and backward with modifiers, for a scope.
+struct ForceSm90WithMods {
+  ForceSdpaSm90 fwd{1};
+  ForceSdpaSm90Mods fwd_mods{1};
+  ForceSdpaBwdSm90 bwd{1};
+  ForceSdpaBwdSm90Mods bwd_mods{1};
+};
+
 // sm90_case's cases first..last forced onto the sm90 kernels (on = 1) or the sm80 kernels (on =
 // 0): the forward alone, or with `backward` forward and backward, the backward forced the same
 // way (set_sdpa_bwd_sm90_enabled); the launch counter of the pass under test
@@ -556,8 +564,8 @@ TEST(SdpaGpu, Sm90ForwardOffRunsSm80) {
 
 TEST(SdpaGpu, Sm90ForwardFallsBackToSm80) {
   // With the sm90 forward on, what it does not cover runs the sm80 kernels (and is right):
-  // packed THD, softcap, H_k != H_v, a block_mask, the gate (the kernel with modifiers pinned
-  // off: Sm90ForwardMods* test it on).
+  // packed THD, softcap, Philox dropout, a block_mask, the gate (the kernel with modifiers pinned
+  // off: Sm90ForwardMods* test it on; H_k != H_v runs on sm90: Sm90ForwardHkNeHv).
   REQUIRE_SM90();
   const ForceSdpaSm90 force(1);
   const ForceSdpaSm90Mods mods_off(0);
@@ -567,12 +575,70 @@ TEST(SdpaGpu, Sm90ForwardFallsBackToSm80) {
     switch (i) {
       case 0: c.kind_q = c.kind_kv = Kind::kThd; c.lengths = 1; break;
       case 1: c.softcap = 5.0f; break;
-      case 2: c.Hq = 4; c.Hk = 2; c.Hv = 1; break;
+      case 2: c.dropout_p = 0.25f; c.dropout_seed = 77; c.dropout_offset = 3; break;
       default: c.gate = true; c.block_mask = 2; c.has_right = true; c.right = 0; c.has_left = false; break;
     }
     const int64_t before = sm90::sdpa_fwd_launches();
     run_case(c, /*backward=*/false);
     EXPECT_EQ(sm90::sdpa_fwd_launches(), before) << "ran on sm90: " << c.str();
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// H_k != H_v on the sm90 forward (both mask sources: the producer loads V of each query head's own V
+// head, kv_addr.cuh v_head): sm90_case's masks in both alignments (none, causal, bands, windows, either
+// side alone), padding (seq_len / cu_seq_len on dense tensors, int32 / int64, NaN-poisoned padding rows,
+// a sample without keys), layouts, dtypes, LSE bases and max_logit, S up to 1100 on odd seeds, with
+// H_q = 8 and every (H_k, H_v) of {1, 2, 4} x {1, 2, 4, 8} with H_v != H_k in turn; head dims 64, 128 and
+// smaller ones ((40, 40), (72, 72), (40, 120), (128, 64)), (192, 128) and (256, 256) on one seed in ten
+// each (pure-mask: the kernels with modifiers stop at 128); softcap on about half of the others (the
+// kernel with modifiers), with sinks or an additive bias on some of those.
+Case sm90_hk_ne_hv_case(uint64_t seed) {
+  Case c = sm90_case(seed);
+  std::mt19937_64 rng(seed * 577 + 29);
+  static const int64_t heads[] = {1, 2, 4, 8};
+  c.Hq = 8;
+  c.Hk = heads[seed % 3];
+  int64_t others[3], n = 0;
+  for (int64_t h : heads) {
+    if (h != c.Hk) others[n++] = h;
+  }
+  c.Hv = others[seed / 3 % 3];
+  static const std::pair<int64_t, int64_t> dims[] = {{64, 64},  {128, 128}, {40, 40},  {72, 72},
+                                                     {40, 120}, {128, 64},  {64, 64}, {128, 128}};
+  std::tie(c.Dqk, c.Dv) = dims[seed % 8];
+  if (seed % 10 == 3) std::tie(c.Dqk, c.Dv) = std::pair<int64_t, int64_t>{192, 128};
+  if (seed % 10 == 7) c.Dqk = c.Dv = 256;
+  if (c.Dqk <= 128 && c.Dv <= 128 && seed / 4 % 2) {
+    c.softcap = float(4 + rng() % 20) * 0.5f;
+    c.scale = 3.0f / std::sqrt(float(c.Dqk));  // larger scores: softcap and sinks matter
+    if (rng() % 3 == 0) {
+      c.sinks = true;
+      c.max_logit = false;  // refused together on CUDA tensors
+    }
+    if (rng() % 3 == 0) {
+      c.bias = 1 + int(rng() % 16);
+      c.bias_f32 = rng() % 2;
+    }
+  }
+  return c;
+}
+
+TEST(SdpaGpu, Sm90ForwardHkNeHv) {
+  // sm90_hk_ne_hv_case's cases on the sm90 forward (the launch counter says it ran each), O, the stats
+  // and max_logit against the CPU reference on NaN-poisoned outputs; every fourth case also the
+  // backward, which runs the sm80 kernels (the sm90 backward's switches on: its rule refuses H_k != H_v)
+  // on the GPU forward's O and LSE.
+  REQUIRE_SM90();
+  const ForceSm90WithMods force;
+  for (uint64_t seed = 15001; seed <= 15048; ++seed) {
+    const Case c = sm90_hk_ne_hv_case(seed);
+    ASSERT_NE(c.Hk, c.heads_v()) << c.str();
+    const bool backward = seed % 4 == 0;
+    const int64_t fwd0 = sm90::sdpa_fwd_launches(), bwd0 = sm90::sdpa_bwd_launches();
+    run_case(c, backward, /*chain=*/true);
+    EXPECT_EQ(sm90::sdpa_fwd_launches(), fwd0 + 1) << "forward family of " << c.str();
+    EXPECT_EQ(sm90::sdpa_bwd_launches(), bwd0) << "backward ran on sm90: " << c.str();
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -814,7 +880,8 @@ TEST(SdpaGpu, Sm90ForwardModsEachAlone) {
 TEST(SdpaGpu, Sm90ForwardModsFallsBackToSm80) {
   // With the modifiers' kernel on, what it does not run keeps the sm80 kernels (and is right):
   // packed THD with gaps and a sample without keys (softcap, sinks), (192, 128) with ALiBi,
-  // H_k != H_v with sinks, Philox dropout with a bias.
+  // (256, 256) with sinks and the gate, Philox dropout with a bias (H_k != H_v runs on sm90:
+  // Sm90ForwardHkNeHv).
   REQUIRE_SM90();
   const ForceSdpaSm90 force(1);
   const ForceSdpaSm90Mods mods(1);
@@ -825,7 +892,7 @@ TEST(SdpaGpu, Sm90ForwardModsFallsBackToSm80) {
     switch (i) {
       case 0: c.kind_q = c.kind_kv = Kind::kThd; c.lengths = 1; c.zero_kv_sample = true; c.softcap = 5.0f; c.sinks = true; break;
       case 1: c.Dqk = 192; c.Dv = 128; c.alibi = true; c.has_right = true; c.right = 0; break;
-      case 2: c.Hq = 4; c.Hk = 2; c.Hv = 1; c.sinks = true; break;
+      case 2: c.Dqk = c.Dv = 256; c.sinks = true; c.gate = true; break;
       default: c.bias = 1 + 2; c.dropout_p = 0.25f; c.dropout_seed = 77; c.dropout_offset = 3; break;
     }
     const int64_t before = sm90::sdpa_fwd_launches();
@@ -1024,14 +1091,6 @@ TEST(SdpaGpu, Sm90BackwardDeterministicIsBitwiseReproducible) {
 // forward with its modifiers; sm90::sdpa_bwd_launches says the sm90 backward ran, and
 // sdpa_bwd_mods_launches which kernel (the one with modifiers for softcap, ALiBi, the bias).
 // ---------------------------------------------------------------------------
-
-// The four switches of an sm90 forward and backward with modifiers, for a scope.
-struct ForceSm90WithMods {
-  ForceSdpaSm90 fwd{1};
-  ForceSdpaSm90Mods fwd_mods{1};
-  ForceSdpaBwdSm90 bwd{1};
-  ForceSdpaBwdSm90Mods bwd_mods{1};
-};
 
 // Whether the backward of c runs the kernel with score modifiers (else the pure-mask one, with
 // dSink / the gated dO around it).

@@ -11,6 +11,9 @@
 //     item, tma_sample(...) gives the sample's coordinates; tma_row<kBlockK>(kb) the row
 //     coordinate of the block's first key, tma_batch() the batch coordinate.
 //
+// The heads: K's kv head is the query head h / group_size (or the packed task's head); V's is the
+// same but in SDPA, whose V may have its own head count (v_head: h / group_v).
+//
 // ContiguousKv: the rows of a [B, S, H, D] (BSHD) or [T, H, D] (THD) tensor (params.h
 // TensorAddr); a THD sample starts at row cu_seqlens_k[b] of batch 0, a BSHD one at row 0 of
 // batch b. The expressions are the ones the kernels had inline (scripts/sass_diff.sh: same SASS).
@@ -33,6 +36,19 @@
 #include "kernels/params.h"
 
 namespace flashspan::kern {
+
+// The V head of query head h, whose K head is hk (h / group_size): hk, but for an SDPA kernel
+// that reads SDPA's own V head count (kSdpaV), h / group_v: SDPA lets H_v differ from H_k, each
+// dividing H_q (params.h SdpaScoreParams::group_v = H_q / H_v). Params: the FwdParams /
+// BwdParams base of an SDPA kernel's parameters (analytic_of).
+template <bool kSdpaV, class Params>
+__device__ __forceinline__ int v_head(const Params& p, int h, int hk) {
+  if constexpr (kSdpaV) {
+    return h / analytic_of(p).score.group_v;
+  } else {
+    return hk;
+  }
+}
 
 // Row `row` of head h of batch b in a [B,S,H,D] / [T,H,D] tensor (params.h) of elements Elem.
 template <class Elem>

@@ -1140,8 +1140,7 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
   };
 
   BwdKvLoaderSm80<T, Elem> kv;
-  int hv = hkv;  // V's head: K's, but for SDPA with H_k != H_v
-  if constexpr (Mask::kFeatures) hv = h / analytic_of(p).score.group_v;
+  const int hv = v_head<Mask::kFeatures>(p, h, hkv);  // V's head: K's, but for SDPA with H_k != H_v
   kv.template init<Mask>(p, b, krow_base, hkv, hv, tid);
 
   load_tile_async<T::kBlockQ, T::kDqk, T::kThreadsQ>(

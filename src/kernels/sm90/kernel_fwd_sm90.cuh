@@ -278,7 +278,9 @@ struct PlanSourceSm90 {
 // the tile mask of the block's QueryBlockMask. Rows past the sample are masked (never full), so
 // they write O = 0 and LSE = -inf up to S_q; keys past it are masked, and the V rows of the
 // sample's last key block past len_kv are zeroed before the P V GEMM (zero_v_rows_past: P = 0
-// there, but a NaN in the padding would survive 0 * NaN).
+// there, but a NaN in the padding would survive 0 * NaN). K and V may have different head counts
+// (H_k != H_v, each dividing H_q): the producer loads V of query head h's own V head, h / group_v
+// (kv_addr.cuh v_head), K of h / group_size; the tensor maps take each tensor's heads.
 template <class L>
 struct AnalyticSourceSm90 {
   static constexpr bool kAnalytic = true, kMods = false;
@@ -422,6 +424,9 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     const kern::ContiguousKv kv = kern::ContiguousKv::tma_sample(p, it.batch);  // K/V address role (kv_addr.cuh)
     const int bcoord = p.varlen ? 0 : it.batch;
     const int hkv = it.head * pack / p.group_size;  // packed: pack = group_size, the task head
+    // V's head: SDPA's own (H_k != H_v, kv_addr.cuh v_head); FP8: K's (its V^T workspace has H_k
+    // heads: launch_sdpa_fp8_fwd_sm90 refuses H_k != H_v).
+    const int hv = kern::v_head<Src::kAnalytic && !L::kFp8>(p, it.head, hkv);
 
     mbar_wait(q_empty, (item_it & 1) ^ 1);
     // Full boxes count towards the transaction bytes also where they lie past the tensor's
@@ -449,11 +454,11 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
       if constexpr (L::kFp8) {
         // V^T (map over the pre-pass's [B, H_k, D_v, keys] workspace): the block's 128 keys of
         // every d row, one box.
-        tma_load_4d(base + L::kV + st * L::kVBytes, tm_v, row, 0, hkv, kv.tma_batch(), v_full + 8 * st);
+        tma_load_4d(base + L::kV + st * L::kVBytes, tm_v, row, 0, hv, kv.tma_batch(), v_full + 8 * st);
       } else {
 #pragma unroll
         for (int s = 0; s < L::kTile.dv_tile / 64; ++s) {
-          tma_load_4d(base + L::kV + st * L::kVBytes + s * L::kVSlab, tm_v, 64 * s, row, hkv, kv.tma_batch(),
+          tma_load_4d(base + L::kV + st * L::kVBytes + s * L::kVSlab, tm_v, 64 * s, row, hv, kv.tma_batch(),
                       v_full + 8 * st);
         }
       }

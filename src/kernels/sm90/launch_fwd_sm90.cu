@@ -133,9 +133,9 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
     FS_CHECK(p.analytic.start[x].ragged.ptr == nullptr, Status::kInternal,
              "sdpa forward (sm90): a ragged tensor reached the launcher");
   }
-  FS_CHECK(p.analytic.dropout.mode == 0 && p.analytic.dropout.rng_dump == nullptr &&
-               p.analytic.score.group_v == p.group_size,
-           Status::kInternal, "sdpa forward (sm90): dropout or H_k != H_v reached the launcher");
+  // H_k != H_v runs (the producer loads V of each query head's own V head: kv_addr.cuh v_head).
+  FS_CHECK(p.analytic.dropout.mode == 0 && p.analytic.dropout.rng_dump == nullptr, Status::kInternal,
+           "sdpa forward (sm90): dropout reached the launcher");
   g_sdpa_fwd_launches.fetch_add(1, std::memory_order_relaxed);
   if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
   p.analytic.num_q_blocks = (p.analytic.max_q + t.fwd_bq - 1) / t.fwd_bq;

@@ -42,9 +42,10 @@ void launch_fwd_sm90(const FwdParams& p, const TensorView& q, const TensorView& 
 
 // SDPA forward with the analytic mask (kernel_fwd_sm90.cuh sdpa_fwd_kernel_sm90), for the calls
 // sdpa_fwd_sm90_refusal (dispatch/sdpa_launch.h) accepts: p as sdpa_fwd_params fills it (padded
-// tensors, head dims of sdpa_fwd_runs_head_dims_sm90); q, k, v the [B, H, S, D] descriptors of the
-// call (tensor maps). Persistent grid over (query block, query head, sample) of every sample
-// padded to S_q; rows past a sample write O = 0 and LSE = -inf.
+// tensors, head dims of sdpa_fwd_runs_head_dims_sm90, H_k and H_v each dividing H_q, equal or
+// not); q, k, v the [B, H, S, D] descriptors of the call (tensor maps). Persistent grid over
+// (query block, query head, sample) of every sample padded to S_q; rows past a sample write
+// O = 0 and LSE = -inf.
 void launch_sdpa_fwd_sm90(const SdpaFwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                           DType dtype, cudaStream_t stream);
 // Calls of launch_sdpa_fwd_sm90 in this process so far (tests check which family ran).
