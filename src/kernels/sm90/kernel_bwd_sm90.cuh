@@ -145,6 +145,7 @@
 #include <cuda.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/analytic_mask.h"
 #include "kernels/common/analytic_seqlen.cuh"
@@ -796,7 +797,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
   constexpr int kNQ = kBq / 8;     // n8 blocks (query columns) of S^T / dP^T
   constexpr int kKQ = kBq / 16;    // k16 steps over the step's queries (dV, dK)
   const uint32_t bars = base + L::kBar;
-  const int c = (threadIdx.x - 128) >> 7;  // consumer warpgroup: keys 64c .. 64c + 63
+  const int c = (threadIdx.x - 128) >> 7;  // keys 64c .. 64c + 63
   const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
   const int key_thr = 64 * c + 16 * w + g;  // the thread's first key of the block (+8: second)
   const float* s_stat = reinterpret_cast<const float*>(smem + L::kStat);
@@ -841,6 +842,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       const uint32_t st = step_it % L::kStages, ph = (step_it / L::kStages) & 1;
       const uint32_t q_tile = base + L::kQ + st * L::kTileQ;
       const uint32_t do_tile = base + L::kDO + st * L::kTileQ;
+      // The warpgroup's K / V / dQ-B tile addresses, made opaque each step so that their wgmma
+      // descriptors are built per step (a few instructions) rather than hoisted out of the loop as
+      // live 64-bit registers, which made ptxas serialise the wgmma (C7512) at this kernel's 232.
+      uint32_t k_t = k_tile, v_t = v_tile, kq_t = kq_tile;
+      asm volatile("" : "+r"(k_t), "+r"(v_t), "+r"(kq_t));
       mbar_wait(bars + L::kQdoFull + 8 * st, ph);
       if constexpr (Src::kAnalytic) {
         const int rows_in = sl.len_q - s_info[st].y * L::kBlockQ;
@@ -849,9 +855,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       // S^T = K Q^T and dP^T = V dO^T (kD / 16 k16 steps each, both operands K-major).
       float sacc[kNQ][4], dpacc[kNQ][4];
       wg_fence();
-      wgmma_ss_kmajor<kBq, kD, L::kSlabK, L::kSlabQ, E>(sacc, k_tile, q_tile);
+      wgmma_ss_kmajor<kBq, kD, L::kSlabK, L::kSlabQ, E>(sacc, k_t, q_tile);
       wg_commit();
-      wgmma_ss_kmajor<kBq, kD, L::kSlabK, L::kSlabQ, E>(dpacc, v_tile, do_tile);
+      wgmma_ss_kmajor<kBq, kD, L::kSlabK, L::kSlabQ, E>(dpacc, v_t, do_tile);
       wg_commit();
       const float* lse2 = s_stat + st * 2 * L::kBlockQ;
       const float* delta = lse2 + L::kBlockQ;
@@ -882,17 +888,23 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
         // SDPA's score modifiers: S^T -> z^T = logit2 - lse2 before the bias (masked: -inf).
         Src::template logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, sacc);
       } else {
-        // P^T = exp2(S^T scale log2(e) - lse2[query]); masked elements 0.
+        // P^T = exp2(S^T scale log2(e) - lse2[query]); masked elements 0 (a full block has none: no
+        // bit tests, 3 instructions an element fewer, PERF_LOG v2.21).
+        auto exp_p = [&](auto masked) {
 #pragma unroll
-        for (int j = 0; j < kNQ; ++j) {
-          const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
+          for (int j = 0; j < kNQ; ++j) {
+            const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
 #pragma unroll
-          for (int r = 0; r < 4; ++r) {
-            float x = kern::exp2_approx(fmaf(sacc[j][r], p.scale_log2, (r & 1) ? -l2.y : -l2.x));
-            if (!((pw[j >> 1][r & 1] >> (4 * (r >> 1) + 2 * (j & 1))) & 1u)) x = 0.0f;
-            sacc[j][r] = x;
+            for (int r = 0; r < 4; ++r) {
+              float x = kern::exp2_approx(fmaf(sacc[j][r], p.scale_log2, (r & 1) ? -l2.y : -l2.x));
+              if constexpr (decltype(masked)::value) {
+                if (!((pw[j >> 1][r & 1] >> (4 * (r >> 1) + 2 * (j & 1))) & 1u)) x = 0.0f;
+              }
+              sacc[j][r] = x;
+            }
           }
-        }
+        };
+        exp_p(std::true_type{});
       }
       wg_wait<0>();
       reg_fence(dpacc);
@@ -915,7 +927,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       // goes to shared memory.
       wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dv, pa[kk], smem_desc(do_tile + kk * 2048, L::kSlabQ, 1024));
+      for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dv, pa[kk], desc_add(smem_desc(do_tile, L::kSlabQ, 1024), kk * 2048));
       wg_commit();
       // dS^T to shared memory: key rows of 64 queries (128 B) in slab j / 8 (queries 64 (j / 8) ..),
       // chunk j % 8 at (j % 8) ^ (key % 8).
@@ -942,12 +954,12 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       wg_fence();
 #pragma unroll
       for (int kk = 0; kk < L::kBlockK / 16; ++kk) {
-        wgmma_ss_tnspab<L::kDqN, E>(dq, smem_desc(ds_buf + ds_slab + kk * 2048, L::kDsSlab, 1024),
-                      smem_desc(kq_tile + kk * 2048, L::kSlabK, 1024), kk > 0);
+        wgmma_ss_tnspab<L::kDqN, E>(dq, desc_add(smem_desc(ds_buf + ds_slab, L::kDsSlab, 1024), kk * 2048),
+                                    desc_add(smem_desc(kq_t, L::kSlabK, 1024), kk * 2048), kk > 0);
       }
       wg_commit();
 #pragma unroll
-      for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dk, dsa[kk], smem_desc(q_tile + kk * 2048, L::kSlabQ, 1024));
+      for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dk, dsa[kk], desc_add(smem_desc(q_tile, L::kSlabQ, 1024), kk * 2048));
       wg_commit();
       wg_wait<1>();  // dQ done (dK may still run)
       reg_fence(dq);
@@ -1011,14 +1023,14 @@ __device__ __forceinline__ void gemm_kv_cols(float (&acc)[kD / 16][4], uint32_t 
   const uint32_t b0 = b_tile + (pc.off0() >> 6) * kSlab;
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    wgmma_ss_tnspab<PC::kN0, E>(a0, smem_desc(a_buf + kk * 2048, 8192, 1024), smem_desc(b0 + kk * 2048, kSlab, 1024), 1);
+    wgmma_ss_tnspab<PC::kN0, E>(a0, desc_add(smem_desc(a_buf, 8192, 1024), kk * 2048), desc_add(smem_desc(b0, kSlab, 1024), kk * 2048), 1);
   }
   if constexpr (PC::kN1 > 0) {
     float(&a1)[PC::kN1 / 8][4] = *reinterpret_cast<float(*)[PC::kN1 / 8][4]>(&acc[PC::kN0 / 8][0]);
     const uint32_t b1 = b_tile + (pc.off1() >> 6) * kSlab + (pc.off1() & 63) * 2;
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      wgmma_ss_tnspab<PC::kN1, E>(a1, smem_desc(a_buf + kk * 2048, 8192, 1024), smem_desc(b1 + kk * 2048, kSlab, 1024), 1);
+      wgmma_ss_tnspab<PC::kN1, E>(a1, desc_add(smem_desc(a_buf, 8192, 1024), kk * 2048), desc_add(smem_desc(b1, kSlab, 1024), kk * 2048), 1);
     }
   }
 }
@@ -1033,14 +1045,14 @@ __device__ __forceinline__ void gemm_dq_cols(float (&acc)[kD / 16][4], uint32_t 
   const uint32_t b0 = k_tile + (pc.off0() >> 6) * kSlab;
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    wgmma_ss_tnspb<PC::kN0, E>(a0, smem_desc(ds_buf + 32 * kk, 16, 1024), smem_desc(b0 + kk * 2048, kSlab, 1024), kk > 0);
+    wgmma_ss_tnspb<PC::kN0, E>(a0, desc_add(smem_desc(ds_buf, 16, 1024), 32 * kk), desc_add(smem_desc(b0, kSlab, 1024), kk * 2048), kk > 0);
   }
   if constexpr (PC::kN1 > 0) {
     float(&a1)[PC::kN1 / 8][4] = *reinterpret_cast<float(*)[PC::kN1 / 8][4]>(&acc[PC::kN0 / 8][0]);
     const uint32_t b1 = k_tile + (pc.off1() >> 6) * kSlab + (pc.off1() & 63) * 2;
 #pragma unroll
     for (int kk = 0; kk < 4; ++kk) {
-      wgmma_ss_tnspb<PC::kN1, E>(a1, smem_desc(ds_buf + 32 * kk, 16, 1024), smem_desc(b1 + kk * 2048, kSlab, 1024), kk > 0);
+      wgmma_ss_tnspb<PC::kN1, E>(a1, desc_add(smem_desc(ds_buf, 16, 1024), 32 * kk), desc_add(smem_desc(b1, kSlab, 1024), kk * 2048), kk > 0);
     }
   }
 }
@@ -1061,7 +1073,7 @@ __device__ __forceinline__ void bwd_consumer_cols(const BwdParams& p, uint32_t b
   using L = BwdSm90Layout<kDqk, kDv>;
   static_assert(L::kColSplit, "the column-split consumers run the 64 x 64 tile");
   const uint32_t bars = base + L::kBar;
-  const int c = (threadIdx.x - 128) >> 7;
+  const int c = consumer_warpgroup();
   const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
   const int row_thr = 16 * w + g;  // first query row of S / dP and first key of dK / dV (+8: second)
   const ColPieces<kDqk> pk{c};
@@ -1231,9 +1243,10 @@ __device__ __forceinline__ void gemm_kv_t3(float (&acc)[12][4], uint32_t x_slab,
   float(&a1)[4][4] = *reinterpret_cast<float(*)[4][4]>(&acc[8][0]);
 #pragma unroll
   for (int kk = 0; kk < 4; ++kk) {
-    const uint64_t da = smem_desc(x_slab + kk * 2048, kXSlab, 1024);
-    wgmma_ss_tnspab<64, E>(a0, da, smem_desc(y_buf + kk * 2048, kYSlab, 1024), 1);
-    wgmma_ss_tnspab<32, E>(a1, da, smem_desc(y_buf + kYSlab + kk * 2048, kYSlab, 1024), 1);
+    const uint64_t da = desc_add(smem_desc(x_slab, kXSlab, 1024), kk * 2048);
+    const uint64_t dy = smem_desc(y_buf, kYSlab, 1024);
+    wgmma_ss_tnspab<64, E>(a0, da, desc_add(dy, kk * 2048), 1);
+    wgmma_ss_tnspab<32, E>(a1, da, desc_add(dy, kYSlab + kk * 2048), 1);
   }
 }
 
@@ -1244,8 +1257,8 @@ template <int kXSlab, int kKSlab, class E>
 __device__ __forceinline__ void gemm_dq_t3(float (&acc)[8][4], uint32_t ds_buf, uint32_t k_slab) {
 #pragma unroll
   for (int kk = 0; kk < 6; ++kk) {
-    wgmma_ss_tnspb<64, E>(acc, smem_desc(ds_buf + (kk >> 2) * kXSlab + 32 * (kk & 3), 16, 1024),
-                          smem_desc(k_slab + kk * 2048, kKSlab, 1024), kk > 0);
+    wgmma_ss_tnspb<64, E>(acc, desc_add(smem_desc(ds_buf, 16, 1024), (kk >> 2) * kXSlab + 32 * (kk & 3)),
+                          desc_add(smem_desc(k_slab, kKSlab, 1024), kk * 2048), kk > 0);
   }
 }
 
@@ -1322,7 +1335,7 @@ __device__ __forceinline__ void bwd_consumer_t3(const BwdParams& p, uint32_t bas
   // 0, 1, 2; broadcast from lane 0 so that the compiler knows it is warp-uniform: the dV^T GEMM's
   // branch on it (has_dv) is then not a divergent path, behind which ptxas serialises every wgmma of
   // the kernel (C7520: a warpgroup arrive and wait around each of the 43 HGMMA a step, PERF_LOG v2.20).
-  const int c = __shfl_sync(0xffffffffu, int(threadIdx.x - 128) >> 7, 0);
+  const int c = consumer_warpgroup();
   const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
   const int row_thr = 16 * w + g;  // first query row of S / dP (+8: second)
   const bool has_dv = c < 2;       // dV^T's 128 rows: warpgroups 0 and 1

@@ -201,9 +201,9 @@ __device__ __forceinline__ void issue_pv(float (&o)[L::kTile.dv_tile / 8][4], co
 #pragma unroll
   for (int kk = 0; kk < L::kPSteps; ++kk) {
     if constexpr (L::kFp8) {
-      wgmma_rs_fp8<L::kTile.dv_tile, E>(o, pa[kk], smem_desc(v_tile + kk * 32, 16, 1024));
+      wgmma_rs_fp8<L::kTile.dv_tile, E>(o, pa[kk], desc_add(smem_desc(v_tile, 16, 1024), kk * 32));
     } else {
-      wgmma_rs_tnspb<L::kTile.dv_tile, E>(o, pa[kk], smem_desc(v_tile + kk * 2048, L::kVSlab, 1024));
+      wgmma_rs_tnspb<L::kTile.dv_tile, E>(o, pa[kk], desc_add(smem_desc(v_tile, L::kVSlab, 1024), kk * 2048));
     }
   }
 }
@@ -524,7 +524,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
   const uint32_t k_full = bars + 16, v_full = k_full + 8 * kStages;
   const uint32_t k_empty = v_full + 8 * kStages, v_empty = k_empty + 8 * kStages;
   const uint32_t item_full = v_empty + 8 * kStages, item_empty = item_full + 16;
-  const int c = (threadIdx.x - 128) >> 7;  // consumer warpgroup: rows 64c .. 64c + 63
+  const int c = consumer_warpgroup();  // rows 64c .. 64c + 63
   const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
   const int mt = 4 * c + warp;  // 16-row payload sub-tile of this warp
   const uint32_t q_tile = base + L::kQ + c * 64 * L::kRowBytes;

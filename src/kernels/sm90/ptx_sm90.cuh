@@ -176,6 +176,25 @@ __device__ __forceinline__ uint64_t smem_desc(uint32_t addr, uint32_t lbo, uint3
          (uint64_t((sbo & 0x3FFFF) >> 4) << 32) | (uint64_t(swizzle) << 62);
 }
 
+// The descriptor d of a tile moved `bytes` further (a multiple of 16): only the start-address
+// field (bits 0-13, the address >> 4) changes, and without a carry out of it, since every
+// shared-memory address is below 256 KB. Build a tile's descriptor once (smem_desc) and step it
+// with this: one add on the low word per wgmma, where smem_desc of every step's address costs a
+// mask, a shift and an or on top (PERF_LOG v2.21: the descriptor arithmetic was a third of the
+// backward's instructions). With a warp-uniform tile address (the warpgroup index broadcast from
+// lane 0, consumer_warpgroup) the add runs on the uniform datapath.
+__device__ __forceinline__ uint64_t desc_add(uint64_t d, uint32_t bytes) {
+  return (d & 0xFFFFFFFF00000000ull) | uint32_t(uint32_t(d) + (bytes >> 4));
+}
+
+// The consumer warpgroup index of this thread (threads 128 .. : warpgroup 0, 1, ...), broadcast from
+// lane 0 so that the compiler knows it warp-uniform: the descriptor and tile-address arithmetic
+// derived from it then runs on the uniform datapath (no R2UR a wgmma), and ptxas need not
+// serialise wgmma behind a branch on it (C7520, PERF_LOG v2.20).
+__device__ __forceinline__ int consumer_warpgroup() {
+  return __shfl_sync(0xffffffffu, int(threadIdx.x - 128) >> 7, 0);
+}
+
 // The descriptor swizzle mode of K-major rows of `row_bytes` bytes (the TMA box's inner bytes,
 // its swizzle span): 128 -> 1 (128B), 64 -> 2 (64B).
 constexpr uint32_t kmajor_swizzle(int row_bytes) { return row_bytes == 128 ? 1u : 2u; }
@@ -204,11 +223,12 @@ __device__ __forceinline__ void wgmma_ss(float (&acc)[kN / 8][4], uint64_t da, u
 // backward.
 template <int kN, int kK, int kASlab, int kBSlab, class E>
 __device__ __forceinline__ void wgmma_ss_kmajor(float (&acc)[kN / 8][4], uint32_t a_tile, uint32_t b_tile) {
+  const uint64_t da = smem_desc(a_tile, 16, 1024), db = smem_desc(b_tile, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < kK / 16; ++kk) {
     const uint32_t offa = (kk >> 2) * kASlab + 32 * (kk & 3);
     const uint32_t offb = (kk >> 2) * kBSlab + 32 * (kk & 3);
-    wgmma_ss<kN, E>(acc, smem_desc(a_tile + offa, 16, 1024), smem_desc(b_tile + offb, 16, 1024), kk > 0);
+    wgmma_ss<kN, E>(acc, desc_add(da, offa), desc_add(db, offb), kk > 0);
   }
 }
 // RS: A (64 x 16) from four registers, B N-major (kN 64, 128 or 256); accumulates.
@@ -286,12 +306,12 @@ __device__ __forceinline__ void wgmma_ss_kmajor_fp8(float (&acc)[kN / 8][4], uin
   static_assert(kRowBytes == 128 || kRowBytes == 64, "wgmma_ss_kmajor_fp8: 64- or 128-byte rows");
   constexpr int kSteps = kRowBytes / 32;  // k32 steps a slab
   constexpr uint32_t kSwz = kmajor_swizzle(kRowBytes);
+  const uint64_t da = smem_desc(a_tile, 16, 8 * kRowBytes, kSwz), db = smem_desc(b_tile, 16, 8 * kRowBytes, kSwz);
 #pragma unroll
   for (int kk = 0; kk < kKBytes / 32; ++kk) {
     const uint32_t offa = (kk / kSteps) * kASlab + 32 * (kk % kSteps);
     const uint32_t offb = (kk / kSteps) * kBSlab + 32 * (kk % kSteps);
-    wgmma_ss_fp8<kN, E>(acc, smem_desc(a_tile + offa, 16, 8 * kRowBytes, kSwz),
-                        smem_desc(b_tile + offb, 16, 8 * kRowBytes, kSwz), kk > 0);
+    wgmma_ss_fp8<kN, E>(acc, desc_add(da, offa), desc_add(db, offb), kk > 0);
   }
 }
 
