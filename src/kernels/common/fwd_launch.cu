@@ -1,9 +1,38 @@
-// The forward's arch-neutral kernels (fwd_split.cuh) and their launches (fwd_launch.h).
+// The forward's arch-neutral kernels (fwd_split.cuh, SDPA's rng_dump) and their launches (fwd_launch.h).
 #include "kernels/common/fwd_launch.h"
 
 #include "kernels/common/fwd_split.cuh"
 #include "kernels/common/grid.h"
 #include "kernels/common/launch_util.h"
+#include "kernels/common/sdpa_score_mod.cuh"
+
+namespace flashspan::kern {
+namespace {
+
+// rng_dump (SdpaDropoutParams, Philox): the keep mask of every element of [B, H_q, S_q, S_kv], 1 / 0,
+// 0 outside the samples; one thread per element, grid-stride (the forward kernels' own draws are
+// the same Philox words: core/philox.h is the one generator).
+__global__ void __launch_bounds__(256) sdpa_fwd_rng_dump_kernel(const SdpaFwdParams p) {
+  const SdpaDropoutParams& dp = p.analytic.dropout;
+  const int64_t Sq = p.analytic.max_q, Skv = p.analytic.max_kv, H = p.num_heads_q;
+  const int64_t total = int64_t(p.batch) * H * Sq * Skv;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t j = e % Skv, i = (e / Skv) % Sq, h = (e / (Skv * Sq)) % H, b = e / (Skv * Sq * H);
+    const int lq = sample_length(p.analytic.seq_len_q, p.analytic.cu_seq_len_q, p.analytic.max_q, int(b));
+    const int lk = sample_length(p.analytic.seq_len_kv, p.analytic.cu_seq_len_kv, p.analytic.max_kv, int(b));
+    const bool keep = i < lq && j < lk && sdpa_dropout_keep(dp, uint32_t(b * H + h), i, j);
+    const int64_t off = b * dp.dump_stride[0] + h * dp.dump_stride[1] + i * dp.dump_stride[2] + j * dp.dump_stride[3];
+    switch (dp.dump_dtype) {
+      case kSdpaMaskU8: static_cast<unsigned char*>(dp.rng_dump)[off] = keep ? 1 : 0; break;
+      case kSdpaMaskF32: static_cast<float*>(dp.rng_dump)[off] = keep ? 1.0f : 0.0f; break;
+      case kSdpaMaskBF16: static_cast<unsigned short*>(dp.rng_dump)[off] = keep ? 0x3F80 : 0; break;
+      default: static_cast<unsigned short*>(dp.rng_dump)[off] = keep ? 0x3C00 : 0; break;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace flashspan::kern
 
 namespace flashspan {
 namespace {
@@ -42,6 +71,15 @@ void launch_fwd_split_combine(const FwdParams& p, DType dtype, cudaStream_t stre
     kern::flex_fwd_split_combine_kernel<decltype(e)><<<tasks, 256, 0, stream>>>(p);
   });
   check_launch("flex forward split combine");
+}
+
+void launch_sdpa_fwd_rng_dump(const SdpaFwdParams& p, cudaStream_t stream) {
+  if (p.analytic.dropout.rng_dump == nullptr) return;
+  const int64_t total = int64_t(p.batch) * p.num_heads_q * p.analytic.max_q * p.analytic.max_kv;
+  if (total > 0) {
+    kern::sdpa_fwd_rng_dump_kernel<<<grid_stride_1d(total, 256), 256, 0, stream>>>(p);
+    check_launch("sdpa forward rng_dump");
+  }
 }
 
 }  // namespace flashspan

@@ -1,6 +1,7 @@
 // Host launches of the forward's arch-neutral kernels, shared by the launchers of every family
-// (launch_fwd_sm80.cu, launch_fwd_sm90.cu): the max_logit reset and the split schedule's count,
-// scan, items and combine (fwd_split.cuh). Instantiated once, in fwd_launch.cu.
+// (launch_fwd_sm80.cu, launch_fwd_sm90.cu; SDPA's launch_sdpa_fwd_sm80.cu, launch_fwd_sm90.cu): the
+// max_logit reset, the split schedule's count, scan, items and combine (fwd_split.cuh), and SDPA's
+// rng_dump. Instantiated once, in fwd_launch.cu.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -24,5 +25,10 @@ void launch_fwd_split_schedule(const FwdParams& p, bool items_always, cudaStream
 // Step C: the rows of the split tasks from their items' slots (tasks that were not split
 // return at once).
 void launch_fwd_split_combine(const FwdParams& p, DType dtype, cudaStream_t stream);
+
+// SDPA's rng_dump (p.analytic.dropout.rng_dump, else nothing): the Philox keep mask of every element of
+// [B, H_q, S_q, S_kv], 1 / 0, 0 outside the samples, in the dump's dtype; written by a kernel of its own
+// from core/philox.h, the generator the forward kernels of both families draw their masks from.
+void launch_sdpa_fwd_rng_dump(const SdpaFwdParams& p, cudaStream_t stream);
 
 }  // namespace flashspan

@@ -135,55 +135,115 @@ __device__ __forceinline__ bool sdpa_dropout_keep(const SdpaDropoutParams& dp, u
   return dropout_keep(seed, offset, bh, uint32_t(i), uint32_t(j), dp.threshold);
 }
 
+// The caller-mask form of the dropout multipliers (SdpaDropoutParams, mode 2) of a thread's share of a
+// warp's fragment of kN n8 blocks: fn(n, r, m) for element (n, r), m = mask[1|b, 1|h, i + di, j + dj] times
+// the mask's scale, read only inside the sample (rows < len_q, keys < len_k; 0 outside, where P is 0 anyway),
+// in the order n, then r. (di, dj) = (8 (r / 2), 8 n + r % 2) (AccFragment: rows = queries), or with
+// kTransposed (rows = keys: the sm90 backward's S^T) (8 n + r % 2, 8 (r / 2)); (i, j): the query and key of
+// the thread's element (0, 0).
+template <int kN, bool kTransposed, class Fn>
+__device__ __forceinline__ void sdpa_dropout_mask_apply(const SdpaDropoutParams& dp, int b, int h, int64_t i,
+                                                        int64_t j, int64_t len_q, int64_t len_k, Fn&& fn) {
+  const float sc = __ldg(dp.mask_scale);
+  const int64_t es = dp.mask_dtype == kSdpaMaskU8 ? 1 : dp.mask_dtype == kSdpaMaskF32 ? 4 : 2;
+  const char* base = static_cast<const char*>(dp.mask) +
+                     (int64_t(b) * dp.mask_stride[0] + int64_t(h) * dp.mask_stride[1] + i * dp.mask_stride[2] +
+                      j * dp.mask_stride[3]) * es;
+  const int64_t rs = dp.mask_stride[2] * es, cs = dp.mask_stride[3] * es;
+  const int rows = int(len_q - i), cols = int(len_k - j);  // left inside the sample from (i, j)
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      const int rr = kTransposed ? 8 * n + (r & 1) : 8 * (r >> 1), cc = kTransposed ? 8 * (r >> 1) : 8 * n + (r & 1);
+      float m = 0.0f;
+      if (rr < rows && cc < cols) m = sdpa_mask_elem(base + rr * rs + cc * cs, dp.mask_dtype, 0) * sc;
+      fn(n, r, m);
+    }
+  }
+}
+
+// Philox's multipliers from keep bits (bit 4 n + r: element (n, r) kept): fn(n, r, scale or 0), in the
+// order n, then r.
+template <int kN, class Bits, class Fn>
+__device__ __forceinline__ void sdpa_dropout_keep_apply(Bits bits, float sc, Fn&& fn) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) fn(n, r, (bits >> (4 * n + r)) & 1u ? sc : 0.0f);
+  }
+}
+
+// The Philox keep bits (SdpaDropoutParams, mode 1) of a thread's share of a warp's fragment of kN n8
+// blocks: bit 4 n + r for element (n, r) = row i + 8 (r / 2), column j + 8 n + r % 2 of sample b, query head
+// h (i = the fragment's row 0 + g with i % 16 < 8, j = its column 0 + 2 q: AccFragment). The thread's
+// 2 x 2 elements of block n are the four words of one call (core/philox.h dropout_philox_block), in a
+// loop that is not unrolled (ten rounds per call unrolled over a fragment crowd the registers of the
+// kernels' main loops).
+template <int kN>
+__device__ __forceinline__ uint64_t sdpa_dropout_keep_bits(const SdpaDropoutParams& dp, int b, int h, int num_heads,
+                                                           int64_t i, int64_t j) {
+  static_assert(kN <= 16, "keep bits of at most 16 n8 blocks");
+  const uint64_t seed = uint64_t(load_index(dp.seed, 0)), offset = uint64_t(load_index(dp.offset, 0));
+  const uint32_t bh = uint32_t(b * num_heads + h), thr = dp.threshold;
+  uint64_t bits = 0;
+#pragma unroll 1
+  for (int n = 0; n < kN; ++n) {
+    const Philox4 w = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n));
+    const uint64_t k4 = uint64_t(w.x[0] >= thr) | uint64_t(w.x[1] >= thr) << 1 | uint64_t(w.x[2] >= thr) << 2 |
+                        uint64_t(w.x[3] >= thr) << 3;
+    bits |= k4 << (4 * n);
+  }
+  return bits;
+}
+
 // The dropout multipliers (SdpaDropoutParams, mode != 0) of a thread's share of a warp's fragment of kN
 // n8 blocks, element by element: fn(n, r, m) for element (n, r) = row i + 8 (r / 2), column j + 8 n + r % 2
-// of sample b, query head h (i = the fragment's row 0 + g with i % 16 < 8, j = its column 0 + 2 q:
-// AccFragment), in the order n, then r. Philox: the thread's 2 x 2 elements of block n are the four words
-// of one call (core/philox.h dropout_philox_block), made first into keep bits by a loop that is not
-// unrolled (ten rounds per call unrolled over a fragment crowd the registers of the kernels' main loops).
-// Mask form: the caller's mask times its scale, read only inside the sample (rows < len_q, keys < len_kv;
-// 0 outside, where P is 0 anyway). The two forms are separate branches, so that neither's state is
-// live in the other.
+// of sample b, query head h (as sdpa_dropout_keep_bits), in the order n, then r. Philox: from the keep
+// bits; the mask form: sdpa_dropout_mask_apply. The two forms are separate branches, so that neither's
+// state is live in the other.
 template <int kN, class Fn>
 __device__ __forceinline__ void sdpa_dropout_apply(const SdpaDropoutParams& dp, int b, int h, int num_heads, int64_t i,
                                                    int64_t j, int64_t len_q, int64_t len_k, Fn&& fn) {
-  static_assert(kN <= 16, "keep bits of at most 16 n8 blocks");
   if (dp.mode == 1) {
-    const uint64_t seed = uint64_t(load_index(dp.seed, 0)), offset = uint64_t(load_index(dp.offset, 0));
-    const uint32_t bh = uint32_t(b * num_heads + h), thr = dp.threshold;
-    uint64_t bits = 0;
-#pragma unroll 1
-    for (int n = 0; n < kN; ++n) {
-      const Philox4 w = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n));
-      const uint64_t k4 = uint64_t(w.x[0] >= thr) | uint64_t(w.x[1] >= thr) << 1 | uint64_t(w.x[2] >= thr) << 2 |
-                          uint64_t(w.x[3] >= thr) << 3;
-      bits |= k4 << (4 * n);
-    }
-    const float sc = dp.scale;
-#pragma unroll
-    for (int n = 0; n < kN; ++n) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) fn(n, r, (bits >> (4 * n + r)) & 1u ? sc : 0.0f);
-    }
+    sdpa_dropout_keep_apply<kN>(sdpa_dropout_keep_bits<kN>(dp, b, h, num_heads, i, j), dp.scale, fn);
   } else {
-    const float sc = __ldg(dp.mask_scale);
-    const int64_t es = dp.mask_dtype == kSdpaMaskU8 ? 1 : dp.mask_dtype == kSdpaMaskF32 ? 4 : 2;
-    const char* base = static_cast<const char*>(dp.mask) +
-                       (int64_t(b) * dp.mask_stride[0] + int64_t(h) * dp.mask_stride[1] + i * dp.mask_stride[2] +
-                        j * dp.mask_stride[3]) * es;
-    const int64_t rs = dp.mask_stride[2] * es, cs = dp.mask_stride[3] * es;
-    const int rows = int(len_q - i), cols = int(len_k - j);  // left inside the sample from (i, j)
-#pragma unroll
-    for (int n = 0; n < kN; ++n) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int rr = 8 * (r >> 1), cc = 8 * n + (r & 1);
-        float m = 0.0f;
-        if (rr < rows && cc < cols) m = sdpa_mask_elem(base + rr * rs + cc * cs, dp.mask_dtype, 0) * sc;
-        fn(n, r, m);
-      }
-    }
+    sdpa_dropout_mask_apply<kN, false>(dp, b, h, i, j, len_q, len_k, fn);
   }
+}
+
+// The Philox keep bits (SdpaDropoutParams, mode 1) of a thread's share of a transposed fragment of kN n8
+// blocks (rows = keys, columns = queries: the sm90 backward's S^T, kernel_bwd_mods_sm90.cuh): bit 4 n + r
+// for element (n, r) = key k + 8 (r / 2), query i + 8 n + r % 2 of sample b, query head h (k = the
+// fragment's row 0 + g, row 0 even; i = its column 0 + 2 q, column 0 a multiple of 16), kept or not as
+// sdpa_dropout_apply keeps element (query, key) of the untransposed fragment (its word of core/philox.h),
+// so the keep mask is the forward's bit for bit; sdpa_dropout_keep_apply makes them the multipliers. All
+// 32 lanes of the warp call it (a shuffle). The call of queries {i', i' + 8} x keys {k', k' + 1}
+// (i' % 16 < 8, k' even) holds, in S^T, blocks n, n + 1 (n even) of query parity i' % 2 of the rows g,
+// g ^ 1 of lanes lane, lane ^ 4 (keys k', k' + 1): so each lane of such a pair draws the calls of one
+// query parity, its own key parity e = k % 2 (kN calls a thread, as for the untransposed fragment, not
+// 2 kN), keeps the words of its keys and hands the other lane its words with one shuffle.
+template <int kN>
+__device__ __forceinline__ uint32_t sdpa_dropout_keep_bits_transposed(const SdpaDropoutParams& dp, int b, int h,
+                                                                      int num_heads, int64_t i, int64_t k) {
+  static_assert(kN % 2 == 0 && kN <= 8, "keep bits of at most 8 n8 blocks, in pairs");
+  const uint64_t seed = uint64_t(load_index(dp.seed, 0)), offset = uint64_t(load_index(dp.offset, 0));
+  const uint32_t bh = uint32_t(b * num_heads + h), thr = dp.threshold;
+  const uint32_t e = uint32_t(k) & 1u;  // this lane's key parity: the query parity of the calls it draws
+  uint32_t own = 0, other = 0;
+#pragma unroll 1
+  for (int c = 0; c < kN; ++c) {
+    const int np = c >> 1, hi = c & 1;  // blocks 2 np, 2 np + 1; key half hi
+    const Philox4 w = dropout_philox_block(seed, offset, bh, uint32_t(i) + 16u * uint32_t(np) + e,
+                                           uint32_t(k) - e + 8u * uint32_t(hi));
+    // Word 2 jj + key parity: block 2 np + jj (query row i' + 8 jj) of key k' (parity 0) or k' + 1 (1).
+    const uint32_t own0 = e ? w.x[1] : w.x[0], own1 = e ? w.x[3] : w.x[2];
+    const uint32_t other0 = e ? w.x[0] : w.x[1], other1 = e ? w.x[2] : w.x[3];
+    const int bit = 8 * np + 2 * hi + int(e);  // element (2 np, 2 hi + e) of both lanes (+4: block 2 np + 1)
+    own |= uint32_t(own0 >= thr) << bit | uint32_t(own1 >= thr) << (bit + 4);
+    other |= uint32_t(other0 >= thr) << bit | uint32_t(other1 >= thr) << (bit + 4);
+  }
+  return own | __shfl_xor_sync(0xffffffffu, other, 4);
 }
 
 // The modifiers of one query head.
