@@ -42,6 +42,9 @@ Switch g_sdpa_bwd_sm90_mods{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_BWD_M
 // memcheck / racecheck / synccheck clean) and it runs 1.1-1.35x the bf16 forward (PERF_LOG v2.17, v2.20);
 // FLASHSPAN_SM90_SDPA_FP8=0 (read per call) turns it off, and CUDA FP8 calls are then refused.
 Switch g_sdpa_fp8_sm90{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8"); }};
+// Dropout on those kernels with modifiers is experimental (written 2026-12-03, not yet run on a GPU):
+// FLASHSPAN_EXPERIMENTAL=1 (read per call); without it dropout keeps the sm80 kernels.
+Switch g_sdpa_sm90_dropout{experimental_from_env};
 }  // namespace
 
 namespace {
@@ -68,7 +71,10 @@ static_assert(sdpa_head_dim_rules_agree(), "sm90 SDPA head dims: the forward's a
 // the forward tile's). The backward also takes, when sdpa_bwd_sm90_mods_enabled() (by default,
 // its own switch), softcap, ALiBi, the bias with dBias (its kernel with score modifiers,
 // sdpa_bwd_mods_kernel_sm90), sinks with dSink and the gate with dgate (around either kernel); the
-// block_mask keeps the sm80 backward.
+// block_mask keeps the sm80 backward. Both directions take dropout (Philox with seed / offset, and
+// rng_dump in the forward; or the caller's mask with its scale, scale_inv in the backward) on those
+// kernels with modifiers (their run-time flag) when sdpa_sm90_dropout_enabled() (FLASHSPAN_EXPERIMENTAL=1)
+// and the direction's modifiers are on (head dims up to 128).
 const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
   using namespace sdpa;
   // The modifier instantiations exist for the (64, 64) / (128, 128) kernels
@@ -85,7 +91,8 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
   // (its two dK/dV passes).
   if (backward && p.Hk != p.Hv) return "H_k != H_v";
   if (p.paged) return "paged K/V";
-  if (p.dropout || p.a.dropout_mask_form) return "dropout";
+  const bool dropout = p.dropout || p.a.dropout_mask_form;
+  if (dropout && !(mods && sdpa_sm90_dropout_enabled())) return "dropout";
   if ((p.a.softcap || p.a.alibi) && !mods) return "score modifiers (softcap, ALiBi)";
   for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
                 FS_SDPA_RAGGED_OFFSET_STATS}) {
@@ -114,6 +121,13 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
       case FS_SDPA_DO: case FS_SDPA_DQ: case FS_SDPA_DK: case FS_SDPA_DV:
         if (backward) continue;
         break;
+      case FS_SDPA_DROPOUT_SEED: case FS_SDPA_DROPOUT_OFFSET: case FS_SDPA_DROPOUT_MASK: case FS_SDPA_DROPOUT_SCALE:
+      case FS_SDPA_DROPOUT_SCALE_INV:
+        if (dropout) continue;  // (taken above)
+        break;
+      case FS_SDPA_RNG_DUMP:
+        if (dropout && !backward) continue;
+        break;
       default:
         break;
     }
@@ -137,6 +151,9 @@ bool sdpa_fwd_sm90_mods_enabled() { return g_sdpa_fwd_sm90_mods.on(); }
 
 void set_sdpa_bwd_sm90_mods_enabled(int on) { g_sdpa_bwd_sm90_mods.set(on); }
 bool sdpa_bwd_sm90_mods_enabled() { return g_sdpa_bwd_sm90_mods.on(); }
+
+void set_sdpa_sm90_dropout_enabled(int on) { g_sdpa_sm90_dropout.set(on); }
+bool sdpa_sm90_dropout_enabled() { return g_sdpa_sm90_dropout.on(); }
 
 void set_sdpa_fp8_sm90_enabled(int on) { g_sdpa_fp8_sm90.set(on); }
 bool sdpa_fp8_sm90_enabled() { return g_sdpa_fp8_sm90.on(); }

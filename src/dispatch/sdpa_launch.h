@@ -62,7 +62,8 @@ SdpaPagedFwdParams sdpa_paged_fwd_params(const sdpa::Problem& p);
 // runs the calls it covers when sdpa_fwd_sm90_enabled(); every other call runs the sm80 kernels.
 // sdpa_fwd_sm90_refusal: nullptr when the sm90 forward covers the call (fp16 / bf16, head dims
 // of tile_sm90.h sdpa_fwd_runs_head_dims_sm90, H_k = H_v or not, q / k / v / o / stats padded or dense, no score modifier,
-// sink, gate, score_max / score_sum_exp, block_mask, bias, dropout or paged K/V), else the first
+// sink, gate, score_max / score_sum_exp, block_mask, bias, dropout or paged K/V; the switches below let
+// some through), else the first
 // thing it does not cover. sdpa_fwd_sm90_enabled: FLASHSPAN_KERNEL_FAMILY not sm80 (read per call;
 // on by default since PERF_LOG v2.10), unless set_sdpa_fwd_sm90_enabled overrides it (tests: 1 on,
 // 0 off, -1 back to the environment's answer).
@@ -97,6 +98,15 @@ bool sdpa_fwd_runs_sm90(const sdpa::Problem& p);
 // back to the environment's answer). The forward's refusal is not changed by it, nor this one by the
 // forward's.
 const char* sdpa_bwd_sm90_refusal(const sdpa::Problem& p);
+// Both refusals also let dropout through (Philox with seed / offset and, in the forward, rng_dump; or
+// the caller's mask with its scale) when sdpa_sm90_dropout_enabled() and the direction's modifiers
+// switch is on (head dims up to 128): it runs on the kernels with modifiers (a run-time flag of them,
+// the keep mask the sm80 kernels' bit for bit). Experimental (written 2026-12-03, not yet run on a
+// GPU): on with FLASHSPAN_EXPERIMENTAL=1 (read per call), unless set_sdpa_sm90_dropout_enabled
+// overrides it (tests: 1 on, 0 off, -1 back to the environment's answer); otherwise dropout keeps the
+// sm80 kernels.
+bool sdpa_sm90_dropout_enabled();
+void set_sdpa_sm90_dropout_enabled(int on);
 bool sdpa_bwd_sm90_enabled();
 void set_sdpa_bwd_sm90_enabled(int on);
 bool sdpa_bwd_sm90_mods_enabled();

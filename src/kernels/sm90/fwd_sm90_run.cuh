@@ -61,11 +61,14 @@ void run_o(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, con
   }
 }
 
-// The SDPA kernel of a unit: its mask source with score modifiers (kMods) or without (only the
-// chosen one is instantiated).
-template <int kDqk, int kDv, class E, bool kOverlap, bool kMods>
+// The SDPA kernel of a unit: its mask source with score modifiers and dropout (kDropout), with score
+// modifiers (kMods) or without (only the chosen one is instantiated).
+template <int kDqk, int kDv, class E, bool kOverlap, bool kMods, bool kDropout>
 auto sdpa_kernel() {
-  if constexpr (kMods) {
+  if constexpr (kDropout) {
+    static_assert(kMods, "the dropout kernels are the modifiers' with dropout");
+    return kern90::sdpa_fwd_kernel_sm90<kDqk, kDv, E, kOverlap, kern90::AnalyticDropSourceSm90>;
+  } else if constexpr (kMods) {
     return kern90::sdpa_fwd_kernel_sm90<kDqk, kDv, E, kOverlap, kern90::AnalyticModSourceSm90>;
   } else {
     return kern90::sdpa_fwd_kernel_sm90<kDqk, kDv, E, kOverlap, kern90::AnalyticSourceSm90>;
@@ -104,15 +107,16 @@ int fwd_binary_version_of() {
 // the plan kernels' default, overlapped with ping-pong, for both (64, 64) and (128, 128)
 // (PERF_LOG v2.0; FLASHSPAN_SM90_OVERLAP does not switch it); max_logit tested at run time. 2 kernels (fp16, bf16)
 // a unit: the pure-mask kernels (sdpa_fwd_kernel_sm90 with AnalyticSourceSm90), or with kMods the ones
-// with score modifiers, sinks and the epilogue options (with AnalyticModSourceSm90), each in its own unit.
-template <int kDqk, int kDv, bool kMods>
+// with score modifiers, sinks and the epilogue options (with AnalyticModSourceSm90), or with kDropout too
+// those with dropout besides (with AnalyticDropSourceSm90), each in its own unit.
+template <int kDqk, int kDv, bool kMods, bool kDropout>
 void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
                        const CUtensorMap& mv, cudaStream_t s) {
   using L = kern90::FwdSm90Layout<kDqk, kDv>;
   constexpr bool kOverlap = true;
   with_element_type(dtype, "sdpa forward (sm90)", [&](auto e) {
     using E = decltype(e);
-    auto kernel = fwd_detail::sdpa_kernel<kDqk, kDv, E, kOverlap, kMods>();
+    auto kernel = fwd_detail::sdpa_kernel<kDqk, kDv, E, kOverlap, kMods, kDropout>();
     static std::atomic<uint64_t> smem_set{0};
     ensure_smem_limit(kernel, L::kBytes, smem_set, "sdpa forward (sm90): cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     static std::atomic<int> ctas_cache[64];
@@ -150,8 +154,12 @@ void run_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p, const CUtensorMap& mq, con
                                             const CUtensorMap&, cudaStream_t);
 
 #define FLASHSPAN_SM90_SDPA_FWD_INSTANTIATE(DQK, DV, MODS)                                                         \
-  template void run_sdpa_fwd_sm90<DQK, DV, MODS>(const SdpaFwdParams&, DType, const CUtensorMap&,                  \
-                                                 const CUtensorMap&, const CUtensorMap&, cudaStream_t);
+  template void run_sdpa_fwd_sm90<DQK, DV, MODS, false>(const SdpaFwdParams&, DType, const CUtensorMap&,           \
+                                                        const CUtensorMap&, const CUtensorMap&, cudaStream_t);
+// The kernels with score modifiers and dropout of head dims (D, D), D = 64 or 128 (sdpa_fwd_drop_sm90_d{64,128}.cu).
+#define FLASHSPAN_SM90_SDPA_FWD_DROP_INSTANTIATE(D)                                                                \
+  template void run_sdpa_fwd_sm90<D, D, true, true>(const SdpaFwdParams&, DType, const CUtensorMap&,               \
+                                                    const CUtensorMap&, const CUtensorMap&, cudaStream_t);
 
 #define FLASHSPAN_SM90_FWD_INSTANTIATE(DQK, DV)                                                                    \
   template void run_fwd_sm90<DQK, DV>(const FwdParams&, DType, const CUtensorMap&, const CUtensorMap&,             \

@@ -26,9 +26,10 @@ void run_fwd_sm90(const FwdParams& p, DType dtype, const CUtensorMap& mq, const 
 // Launches the SDPA (analytic mask) instantiation of the (kDqk, kDv) kernel, (64, 64) or
 // (128, 128): p as launch_sdpa_fwd_sm90 completes it (num_q_blocks, batch strides). kMods: the
 // instantiation with score modifiers, sinks and the epilogue options (sdpa_fwd_kernel_sm90 with
-// AnalyticModSourceSm90; units sdpa_fwd_mods_sm90_d{64,128}.cu), else the pure-mask one (with
-// AnalyticSourceSm90; sdpa_fwd_sm90_d{64,128}.cu).
-template <int kDqk, int kDv, bool kMods = false>
+// AnalyticModSourceSm90; units sdpa_fwd_mods_sm90_d{64,128}.cu), with kDropout too the one with
+// dropout besides (AnalyticDropSourceSm90; units sdpa_fwd_drop_sm90_d{64,128}.cu, experimental), else
+// the pure-mask one (with AnalyticSourceSm90; sdpa_fwd_sm90_d{64,128}.cu).
+template <int kDqk, int kDv, bool kMods = false, bool kDropout = false>
 void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
                        const CUtensorMap& mv, cudaStream_t s);
 // Launches the SDPA FP8 forward kernel of kernel head dims (kD, kD), 64 or 128 (units

@@ -45,15 +45,21 @@ namespace flashspan::kern90 {
 // SDPA with score modifiers: the analytic source (AnalyticSourceBwdSm90: items, walks, dQ order,
 // stores) plus the consumer's modifier hooks (Src::kMods in bwd_consumer):
 //   logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, s)           S^T -> z^T (before the dP^T wait)
-//   grads<kNQ>(p, it, sl, info, key_thr, lse2, delta, lane, s, dp)  z^T, dP^T -> P^T, dS^T
+//   grads<kNQ>(p, it, sl, info, key_thr, lse2, delta, lane, keep, s, dp)  z^T, dP^T -> P^T, dS^T
 // each from the step's modifiers (step_mods), formed in each of the two from the parameters: held
-// across the dP^T wait, they spilled in the (128, 128) consumer.
-template <int kBk>
+// across the dP^T wait, they spilled in the (128, 128) consumer. kDropout_ (Src::kDropout; the
+// instantiation of sdpa_bwd_mods_kernel_sm90<..., true>, experimental): dropout too, in grads, with
+//   step_keep<kNQ>(p, it, info, key_thr, lane)                     the Philox keep bits (before the
+//                                                                  step's GEMMs)
+// An instantiation of its own, so that the modifiers' kernel keeps its code: dropout's code in it
+// added spill instructions to the (128, 128) consumer (2 to 7 in the variants tried, some on paths that
+// calls without dropout take too).
+template <int kBk, bool kDropout_ = false>
 struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   static_assert(kBk == 128, "the score modifiers run on the key-split consumers (head dims up to 128)");
   using Base = AnalyticSourceBwdSm90<kBk>;
   using Seqlen = typename Base::Seqlen;
-  static constexpr bool kMods = true;
+  static constexpr bool kMods = true, kDropout = kDropout_;
   static constexpr int kBlockQ = Base::kBlockQ, kBlockK = kBk;
 
   // The step's modifiers on warp w of consumer warpgroup c (keys j0 = kb kBlockK + 64 c + 16 w ..,
@@ -108,32 +114,66 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
     }
   }
 
-  // z^T (s) and dP^T (dp) -> P^T = exp2(z^T + bias) (s; the bias read on visible elements only,
-  // SdpaBiasFrag::at2 as SdpaBiasFrag::add reads it) and dS^T = P^T d logit / d x (dP^T - D[query])
-  // (dp; softcap's 1 - t^2 from z^T, SdpaScoreMod::softcap_dprob), in place; with dBias, dS of the
-  // sample's elements into the workspace (query i0 + 8 j + 2 qd + r % 2, key j0 + g + 8 (r / 2):
-  // scalar stores, 8 consecutive keys a quad column of a warp), after the loop (dBias is refused
-  // with softcap: at run time the two never meet, but their registers would in one loop).
+  // The step's Philox keep bits (SdpaDropoutParams mode 1; 0 otherwise): bit 4 j + r for element (j, r)
+  // of the thread's S^T (sdpa_dropout_keep_bits_transposed, the forward's keep mask bit for bit), drawn
+  // before the step's GEMMs are issued, while only dK and dV are live (drawn in grads, beside S^T, dP^T,
+  // dK and dV, the ten Philox rounds spilled the (128, 128) consumer).
+  template <int kNQ>
+  __device__ __forceinline__ static uint32_t step_keep(const BwdParams& p, const BwdItem& it, int4 info, int key_thr,
+                                                       int lane) {
+    const SdpaDropoutParams& dr = kern::analytic_of(p).dropout;
+    if (dr.mode != 1) return 0;
+    return kern::sdpa_dropout_keep_bits_transposed<kNQ>(dr, it.b, info.x, p.num_heads_q,
+                                                        int64_t(info.y) * kBlockQ + 2 * (lane & 3),
+                                                        int64_t(it.kb) * kBlockK + key_thr);
+  }
+
+  // z^T (s) and dP^T (dp) -> P^T = exp2(z^T + bias) m (s; the bias read on visible elements only,
+  // SdpaBiasFrag::at2 as SdpaBiasFrag::add reads it) and dS^T = P^T d logit / d x (m dP^T - D[query])
+  // (dp; softcap's 1 - t^2 from z^T, SdpaScoreMod::softcap_dprob), in place, with m the element's
+  // dropout multiplier (kDropout, SdpaDropoutParams; else 1): so dV takes P m, and dS is the sm80
+  // kernels' and the CPU reference's P (m dP - D). Philox: m from the step's keep bits (step_keep); the
+  // caller's mask: read element by element (sdpa_dropout_mask_apply on the transposed fragment). With
+  // dBias, dS of the sample's elements into the workspace (query i0 + 8 j + 2 qd + r % 2, key j0 + g +
+  // 8 (r / 2): scalar stores, 8 consecutive keys a quad column of a warp), after the loop (dBias is
+  // refused with softcap: at run time the two never meet, but their registers would in one loop).
   template <int kNQ>
   __device__ __forceinline__ static void grads(const BwdParams& p, const BwdItem& it, const Seqlen& sl, int4 info,
                                                int key_thr, const float* lse2, const float* delta, int lane,
-                                               float (&s)[kNQ][4], float (&dp)[kNQ][4]) {
+                                               uint32_t keep, float (&s)[kNQ][4], float (&dp)[kNQ][4]) {
     const StepMods m = step_mods(p, it, sl, info, key_thr, lane);
     const int g = lane >> 2, qd = lane & 3;
     const int d0 = m.diag + 2 * qd - g;  // the offset of the thread's element (0, 0) (SdpaScoreMod::apply)
-#pragma unroll
-    for (int j = 0; j < kNQ; ++j) {
+    auto elem = [&](int j, int r, float mult) {
       const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
       const float2 dd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * qd);
+      const float z = s[j][r];
+      const float pr = kern::exp2_approx(m.bias.p != nullptr && z != -INFINITY ? z + m.bias.at2(j, r) : z);
+      const int off = d0 + 8 * j + (r & 1) - 8 * (r >> 1);  // ALiBi's offset (transposed)
+      const float f = m.mod.c2 != 0.0f ? m.mod.softcap_dprob(pr, z + ((r & 1) ? l2.y : l2.x), off) : pr;
+      s[j][r] = pr * mult;
+      dp[j][r] = f * (mult * dp[j][r] - ((r & 1) ? dd.y : dd.x));
+    };
+    auto without_dropout = [&] {
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const float z = s[j][r];
-        const float pr = kern::exp2_approx(m.bias.p != nullptr && z != -INFINITY ? z + m.bias.at2(j, r) : z);
-        const int off = d0 + 8 * j + (r & 1) - 8 * (r >> 1);  // ALiBi's offset (transposed)
-        const float f = m.mod.c2 != 0.0f ? m.mod.softcap_dprob(pr, z + ((r & 1) ? l2.y : l2.x), off) : pr;
-        s[j][r] = pr;
-        dp[j][r] = f * (dp[j][r] - ((r & 1) ? dd.y : dd.x));
+      for (int j = 0; j < kNQ; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) elem(j, r, 1.0f);
       }
+    };
+    if constexpr (kDropout) {
+      const SdpaDropoutParams& dr = kern::analytic_of(p).dropout;
+      if (dr.mode == 1) {
+        kern::sdpa_dropout_keep_apply<kNQ>(keep, dr.scale, elem);
+      } else if (dr.mode == 2) {
+        // The caller's mask: its element (query i0 + 8 j + 2 qd + r % 2, key j0 + key_thr + 8 (r / 2)).
+        kern::sdpa_dropout_mask_apply<kNQ, true>(dr, it.b, info.x, int64_t(info.y) * kBlockQ + 2 * qd,
+                                                 int64_t(it.kb) * kBlockK + key_thr, sl.len_q, sl.len_k, elem);
+      } else {
+        without_dropout();
+      }
+    } else {
+      without_dropout();
     }
     const AnalyticMaskParams& a = kern::analytic_of(p);
     if (a.bias.ds != nullptr) {
@@ -157,14 +197,17 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
 // The SDPA backward with score modifiers (AnalyticModSourceBwdSm90): softcap, ALiBi, the additive
 // bias and dBias as run-time flags of one instantiation per dtype and kernel head dims kD (64 or
 // 128, Dqk = Dv = kD; a call's head dims up to kD, multiples of 8), deterministic or not at run time.
-template <int kD, class E>
+// kDropout: the instantiation with dropout besides (Philox or the caller's mask; experimental,
+// FLASHSPAN_EXPERIMENTAL=1), the same dtypes, head dims and run-time flags.
+template <int kD, class E, bool kDropout = false>
 __global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
     sdpa_bwd_mods_kernel_sm90(const __grid_constant__ SdpaBwdParams p, const __grid_constant__ CUtensorMap tm_q,
                               const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                               const __grid_constant__ CUtensorMap tm_do) {
   static_assert(kD == 64 || kD == 128, "the modifiers' kernels: head dims (64, 64) and (128, 128)");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  bwd_sm90_body<kD, E, kD, AnalyticModSourceBwdSm90<BwdSm90Layout<kD>::kBlockK>>(p, &tm_q, &tm_k, &tm_v, &tm_do);
+  bwd_sm90_body<kD, E, kD, AnalyticModSourceBwdSm90<BwdSm90Layout<kD>::kBlockK, kDropout>>(p, &tm_q, &tm_k, &tm_v,
+                                                                                         &tm_do);
 #else
   __trap();
 #endif

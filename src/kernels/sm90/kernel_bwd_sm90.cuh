@@ -398,12 +398,13 @@ __device__ __forceinline__ int dq_order_rank(const BwdParams& p, int h, int b, i
 //   Src::kMods                       SDPA's score modifiers in the key-split consumer's scores ->
 //                                    P^T, dS^T step (AnalyticModSourceBwdSm90,
 //                                    kernel_bwd_mods_sm90.cuh: Src::logits, Src::grads)
+//   Src::kDropout                    and dropout (Src::step_keep before the step's GEMMs)
 // ---------------------------------------------------------------------------
 
 // Flex: the plan's K2Q lists, payload, cu_seqlens and task list / grid / split items (the code
 // the kernel had inline: scripts/sass_diff.sh, same SASS).
 struct PlanSourceBwdSm90 {
-  static constexpr bool kAnalytic = false, kMods = false;
+  static constexpr bool kAnalytic = false, kMods = false, kDropout = false;
   using Seqlen = kern::SeqlenInfo;
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int lane) {
     return next_bwd_item(p, item_it, lane);
@@ -433,7 +434,7 @@ struct PlanSourceBwdSm90 {
 // key-split kernels of dims up to 128; 64: the column-split kernels of (192, 128) / (256, 256)).
 template <int kBk>
 struct AnalyticSourceBwdSm90 {
-  static constexpr bool kAnalytic = true, kMods = false;
+  static constexpr bool kAnalytic = true, kMods = false, kDropout = false;
   static constexpr int kBlockQ = 64, kBlockK = kBk;
   using Seqlen = kern::AnalyticSeqlen;
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int) {
@@ -852,6 +853,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
         const int rows_in = sl.len_q - s_info[st].y * L::kBlockQ;
         if (rows_in < L::kBlockQ) zero_rows_past<L::kBlockQ, L::kSlabs>(q_tile, do_tile, rows_in, 128 * c + t);
       }
+      // SDPA's dropout: the step's Philox keep bits, drawn while the accumulators below are not live.
+      [[maybe_unused]] uint32_t keep = 0;
+      if constexpr (Src::kDropout) keep = Src::template step_keep<kNQ>(p, it, s_info[st], key_thr, lane);
       // S^T = K Q^T and dP^T = V dO^T (kD / 16 k16 steps each, both operands K-major).
       float sacc[kNQ][4], dpacc[kNQ][4];
       wg_fence();
@@ -910,7 +914,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       reg_fence(dpacc);
       if constexpr (Src::kMods) {
         // P^T = exp2(z^T + bias), dS^T = P^T d logit / d x (dP^T - D[query]) (+ dBias's workspace).
-        Src::template grads<kNQ>(p, it, sl, info, key_thr, lse2, delta, lane, sacc, dpacc);
+        Src::template grads<kNQ>(p, it, sl, info, key_thr, lse2, delta, lane, keep, sacc, dpacc);
       } else {
         // dS^T = P^T (dP^T - D[query]).
 #pragma unroll

@@ -178,6 +178,8 @@ template <class L>
 struct AnalyticSourceSm90;
 template <class L>
 struct AnalyticModSourceSm90;
+template <class L>
+struct AnalyticDropSourceSm90;
 
 #if defined(__CUDA_ARCH__)
 
@@ -234,7 +236,9 @@ __device__ __forceinline__ kern::ItemCursor item_cursor(const FwdParams& p, cons
 //   src.score_mod(p, it, kb, mt, lane)  the ScoreMod of that tile (Variant::logits): NoScoreMod,
 //                                     or SDPA's modifiers (kMods: AnalyticModSourceSm90, which also
 //                                     seeds the rows' statistics with a sink, src.init_stats, and
-//                                     has the epilogue write SDPA's options)
+//                                     has the epilogue write SDPA's options; kDropout:
+//                                     AnalyticDropSourceSm90, which also drops out P after the
+//                                     softmax step, src.dropout)
 //   Src::rows(p, it), Src::lse_unit(p)  where the epilogue writes the block's rows; LSE unit
 // ---------------------------------------------------------------------------
 
@@ -242,7 +246,7 @@ __device__ __forceinline__ kern::ItemCursor item_cursor(const FwdParams& p, cons
 // items (the code the kernel had inline: scripts/sass_diff.sh, same SASS).
 template <class L>
 struct PlanSourceSm90 {
-  static constexpr bool kAnalytic = false, kMods = false;
+  static constexpr bool kAnalytic = false, kMods = false, kDropout = false;
   using Mask = kern::PlanPayloadMask<L::kBlockK / 8>;
   using ScoreMod = kern::NoScoreMod;
 
@@ -283,7 +287,7 @@ struct PlanSourceSm90 {
 // (kv_addr.cuh v_head), K of h / group_size; the tensor maps take each tensor's heads.
 template <class L>
 struct AnalyticSourceSm90 {
-  static constexpr bool kAnalytic = true, kMods = false;
+  static constexpr bool kAnalytic = true, kMods = false, kDropout = false;
   using Mask = kern::AnalyticTileMask<L::kBlockK / 8>;
   using ScoreMod = kern::NoScoreMod;
   kern::BlockMaskedCursor cur;
@@ -320,7 +324,7 @@ struct AnalyticSourceSm90 {
 // the epilogue options (score_max / score_sum_exp, the output gate: FwdEpilogue::store_rows with
 // SDPA's options). The roles and the order are the sm80 SDPA kernels' (AnalyticMaskSm80): softcap
 // and ALiBi on every block before the mask, the bias after it on the visible elements; each a
-// run-time flag of this one instantiation. Dropout is not here (the sm80 kernels run it).
+// run-time flag of this one instantiation. Dropout: AnalyticDropSourceSm90 below.
 template <class L>
 struct AnalyticModSourceSm90 : AnalyticSourceSm90<L> {
   static constexpr bool kMods = true;
@@ -358,6 +362,37 @@ struct AnalyticModSourceSm90 : AnalyticSourceSm90<L> {
     for (int hi = 0; hi < 2; ++hi) {
       if (16 * mt + (lane >> 2) + 8 * hi < this->block.rows) kern::OnlineSoftmax::seed_row(sm.m[hi], sm.l[hi], s2, lane);
     }
+  }
+};
+
+// SDPA with score modifiers and dropout (sdpa_fwd_kernel_sm90 with this source; experimental,
+// FLASHSPAN_EXPERIMENTAL=1: sdpa_family.cpp): the modifiers' source plus dropout (Philox or the caller's
+// mask, SdpaDropoutParams; the sm80 forward's AnalyticMaskSm80::dropout) on P after the online softmax
+// step, every other feature a run-time flag as there. An instantiation of its own (units
+// sdpa_fwd_drop_sm90_d{64,128}.cu): in the modifiers' kernel the dropout code, wherever it was put in
+// the loop, made the (128, 128) consumer spill its row sums every key block, also for calls without
+// dropout.
+template <class L>
+struct AnalyticDropSourceSm90 : AnalyticModSourceSm90<L> {
+  static constexpr bool kDropout = true;
+
+  __device__ __forceinline__ static AnalyticDropSourceSm90 item(const FwdParams& p, const WorkItem& it) {
+    return AnalyticDropSourceSm90{{AnalyticModSourceSm90<L>::item(p, it)}};
+  }
+  // Dropout (SdpaDropoutParams, sdpa_score_mod.cuh sdpa_dropout_apply) on P of key block kb of m16
+  // tile mt, after the online softmax step (the row sums and the LSE keep every element; P V takes P
+  // times the multiplier: the sm80 forward's AnalyticMaskSm80::dropout), the thread's elements those
+  // of AccFragment (rows 16 mt + g (+8) of the block, columns 2 q (+1) of each n8 block of key block
+  // kb), so the keep mask is the sm80 kernels' bit for bit.
+  template <int kN>
+  __device__ __forceinline__ void dropout(const FwdParams& p, const WorkItem& it, int kb, int mt, int lane,
+                                          float (&s)[kN][4]) const {
+    const SdpaDropoutParams& dp = kern::analytic_of(p).dropout;
+    if (dp.mode == 0) return;
+    const int64_t row0 = int64_t(it.block) * L::kBlockQ;
+    kern::sdpa_dropout_apply<kN>(dp, it.batch, it.head, p.num_heads_q, row0 + 16 * mt + (lane >> 2),
+                                 int64_t(kb) * L::kBlockK + 2 * (lane & 3), row0 + this->block.rows,
+                                 this->block.len_kv, [&](int n, int r, float m) { s[n][r] *= m; });
   }
 };
 
@@ -615,6 +650,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane));
         sm.template update<kChains>(s, corr, exp_scale, shift);
         kern::OnlineSoftmax::rescale(o, corr);
+        if constexpr (Src::kDropout) src.dropout(p, it, kb, mt, lane, s);
         uint32_t pa[kKP][4];
         kern::pack_p<E>(s, pa);
         mbar_wait(v_full + 8 * st, ph);
@@ -662,6 +698,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           } else {
             sm.template update<kChains>(s, corr, exp_scale, shift);
           }
+          if constexpr (Src::kDropout) src.dropout(p, it, kb, mt, lane, s);
           kern::pack_p<E>(s, pa);
           ++kv_it;
         }
@@ -698,6 +735,9 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           reg_fence(o);
           mbar_arrive(v_empty + 8 * st_prev);
           if (moved) kern::OnlineSoftmax::rescale(o, corr);
+          // Dropout after the wait, where P_{j-1}'s registers (the in-flight GEMM's A operand) are free:
+          // before it, or with the Philox bits drawn before the S GEMM, the (128, 128) consumer spilled more in the loop.
+          if constexpr (Src::kDropout) src.dropout(p, it, kb, mt, lane, s);
           kern::pack_p<E>(s, pa);
           st_prev = st;
           ph_prev = ph;
@@ -801,7 +841,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // AnalyticSourceSm90, the pure-mask calls; AnalyticModSourceSm90, the calls with score modifiers
 // and sinks (softcap, ALiBi, the additive bias, sinks, the gate and score_max / score_sum_exp as
 // run-time flags of one more instantiation per dtype), so that the pure-mask instantiation keeps
-// its code (the modifiers' registers and instructions stay out of its main loop).
+// its code (the modifiers' registers and instructions stay out of its main loop); AnalyticDropSourceSm90,
+// the calls with dropout (experimental; with every modifier's flag besides), so that the modifiers'
+// instantiation keeps its code in turn.
 template <int kDqk, int kDv, class E, bool kOverlap, template <class> class Src>
 __global__ void __launch_bounds__(kThreads, 1)
     sdpa_fwd_kernel_sm90(const __grid_constant__ SdpaFwdParams p, const __grid_constant__ CUtensorMap tm_q,

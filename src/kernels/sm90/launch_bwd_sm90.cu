@@ -60,11 +60,13 @@ namespace {
 std::atomic<int64_t> g_bwd_launches{0};
 std::atomic<int64_t> g_sdpa_bwd_launches{0};
 std::atomic<int64_t> g_sdpa_bwd_mods_launches{0};
+std::atomic<int64_t> g_sdpa_bwd_drop_launches{0};
 }  // namespace
 
 int64_t bwd_launches() { return g_bwd_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_bwd_launches() { return g_sdpa_bwd_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_bwd_mods_launches() { return g_sdpa_bwd_mods_launches.load(std::memory_order_relaxed); }
+int64_t sdpa_bwd_drop_launches() { return g_sdpa_bwd_drop_launches.load(std::memory_order_relaxed); }
 
 // bwd_enabled, bwd_deterministic_enabled, bwd_wide64_enabled and their overrides: plain host code
 // in dispatch/family.cpp (the family registry reads them when it picks a plan's backward tile, also
@@ -187,15 +189,18 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   // ALiBi, the bias or dBias's dS (params.h sdpa_bwd_has_features; unless FLASHSPAN_SM90_SDPA_BWD_MODS=0
   // sdpa_family.cpp lets them through for head dims up to 128). Sinks and the gate are not the main
   // loop's (dSink and the gated dO are formed around it), so a call with only them runs the pure-mask
-  // kernel. Dropout, the block_mask and H_k != H_v stay on the sm80 kernels.
+  // kernel. Dropout (in sdpa_bwd_has_features too; sdpa_family.cpp lets it through only with
+  // FLASHSPAN_EXPERIMENTAL=1) runs on the kernel with modifiers and dropout (sdpa_bwd_mods_kernel_sm90<..., true>).
+  // The block_mask and H_k != H_v stay on the sm80 kernels.
   const AnalyticMaskParams& am = p.analytic;
-  FS_CHECK(am.dropout.mode == 0 && am.block_mask.bits == nullptr && am.score.group_v == p.group_size,
-           Status::kInternal, "sdpa backward (sm90): dropout, a block_mask or H_k != H_v reached the launcher");
-  const bool mods = sdpa_bwd_has_features(p);
+  FS_CHECK(am.block_mask.bits == nullptr && am.score.group_v == p.group_size, Status::kInternal,
+           "sdpa backward (sm90): a block_mask or H_k != H_v reached the launcher");
+  const bool mods = sdpa_bwd_has_features(p), drop = am.dropout.mode != 0;
   FS_CHECK(!mods || kd <= 128, Status::kInternal,
-           "sdpa backward (sm90): score modifiers with head dims above 128 reached the launcher");
+           "sdpa backward (sm90): score modifiers or dropout with head dims above 128 reached the launcher");
   g_sdpa_bwd_launches.fetch_add(1, std::memory_order_relaxed);
   if (mods) g_sdpa_bwd_mods_launches.fetch_add(1, std::memory_order_relaxed);
+  if (drop) g_sdpa_bwd_drop_launches.fetch_add(1, std::memory_order_relaxed);
   // The kernel's tile (the non-wide table entry of the call's dims: 64 x 128 up to 128, 64 x 64 for
   // (192, 128) / (256, 256); (192, 128) on the wide 64 x 96 tile while bwd_wide192_enabled(): no plan
   // here, so the switch is read per call); the kernels' layouts agree (static_asserts below).
@@ -254,12 +259,14 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   const SdpaBwdParams pk = sdpa_bwd_main_params(p);
   switch (kd) {
     case 64:
-      mods ? run_sdpa_bwd_sm90<64, 64, false, true>(pk, dtype, mq, mk, mv, mdo, stream)
-           : run_sdpa_bwd_sm90<64, 64>(pk, dtype, mq, mk, mv, mdo, stream);
+      drop   ? run_sdpa_bwd_sm90<64, 64, false, true, true>(pk, dtype, mq, mk, mv, mdo, stream)
+      : mods ? run_sdpa_bwd_sm90<64, 64, false, true>(pk, dtype, mq, mk, mv, mdo, stream)
+             : run_sdpa_bwd_sm90<64, 64>(pk, dtype, mq, mk, mv, mdo, stream);
       break;
     case 128:
-      mods ? run_sdpa_bwd_sm90<128, 128, false, true>(pk, dtype, mq, mk, mv, mdo, stream)
-           : run_sdpa_bwd_sm90<128, 128>(pk, dtype, mq, mk, mv, mdo, stream);
+      drop   ? run_sdpa_bwd_sm90<128, 128, false, true, true>(pk, dtype, mq, mk, mv, mdo, stream)
+      : mods ? run_sdpa_bwd_sm90<128, 128, false, true>(pk, dtype, mq, mk, mv, mdo, stream)
+             : run_sdpa_bwd_sm90<128, 128>(pk, dtype, mq, mk, mv, mdo, stream);
       break;
     case 192:
       wide192 ? run_sdpa_bwd_sm90<192, 128, true>(pk, dtype, mq, mk, mv, mdo, stream)

@@ -38,6 +38,7 @@ namespace {
 std::atomic<int> g_packed_override{-1};
 std::atomic<int64_t> g_fwd_launches{0};
 std::atomic<int64_t> g_sdpa_fwd_launches{0};
+std::atomic<int64_t> g_sdpa_fwd_drop_launches{0};
 std::atomic<int64_t> g_sdpa_fp8_fwd_launches{0};
 // On unless the environment sets FLASHSPAN_SM90_PACK_GQA=0 (then packed plans keep the sm80
 // family, for comparison), read once when the library is loaded, so that which plans take this
@@ -59,6 +60,7 @@ bool fwd_packed_enabled() {
 
 int64_t fwd_launches() { return g_fwd_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_fwd_launches() { return g_sdpa_fwd_launches.load(std::memory_order_relaxed); }
+int64_t sdpa_fwd_drop_launches() { return g_sdpa_fwd_drop_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_fp8_fwd_launches() { return g_sdpa_fp8_fwd_launches.load(std::memory_order_relaxed); }
 
 bool fwd_config_supported(const FlexGeometry& g, bool pack_gqa) {
@@ -133,11 +135,11 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
     FS_CHECK(p.analytic.start[x].ragged.ptr == nullptr, Status::kInternal,
              "sdpa forward (sm90): a ragged tensor reached the launcher");
   }
-  // H_k != H_v runs (the producer loads V of each query head's own V head: kv_addr.cuh v_head).
-  FS_CHECK(p.analytic.dropout.mode == 0 && p.analytic.dropout.rng_dump == nullptr, Status::kInternal,
-           "sdpa forward (sm90): dropout reached the launcher");
+  // H_k != H_v runs (the producer loads V of each query head's own V head: kv_addr.cuh v_head); dropout
+  // (sdpa_family.cpp: only with FLASHSPAN_EXPERIMENTAL=1) on the kernel with dropout below.
   g_sdpa_fwd_launches.fetch_add(1, std::memory_order_relaxed);
   if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
+  launch_sdpa_fwd_rng_dump(p, stream);  // (the sm80 launcher's: fwd_launch.h)
   p.analytic.num_q_blocks = (p.analytic.max_q + t.fwd_bq - 1) / t.fwd_bq;
   if (p.analytic.num_q_blocks == 0 || p.batch == 0 || p.num_heads_q == 0) return;
   // Padded tensors: sample b is batch b (the tensor maps' batch coordinate; the epilogue's
@@ -149,21 +151,27 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   const CUtensorMap mk = make_tensor_map_sm90(bshd_of_bhsd(k), false, dtype, t.fwd_bk, "k");
   const CUtensorMap mv = make_tensor_map_sm90(bshd_of_bhsd(v), false, dtype, t.fwd_bk, "v");
   // The instantiation with the score modifiers, sinks and epilogue options when the call has any
-  // (sdpa_family.cpp lets them through unless FLASHSPAN_SM90_SDPA_MODS=0, head dims up to 128), else the
-  // pure-mask one, whose code has none of them.
+  // (sdpa_family.cpp lets them through unless FLASHSPAN_SM90_SDPA_MODS=0, head dims up to 128), the one
+  // with dropout besides when it has dropout (sdpa_family.cpp: only with FLASHSPAN_EXPERIMENTAL=1), else
+  // the pure-mask one, whose code has none of them.
   const AnalyticMaskParams& a = p.analytic;
-  const bool mods = a.score.softcap2 != 0.0f || a.score.alibi_n > 0 || a.score.sink != nullptr || a.bias.bias != nullptr ||
-                    a.epi.gate != nullptr || a.epi.score_max != nullptr || a.epi.score_sum_exp != nullptr;
+  const bool drop = a.dropout.mode != 0;
+  const bool mods = drop || a.score.softcap2 != 0.0f || a.score.alibi_n > 0 || a.score.sink != nullptr ||
+                    a.bias.bias != nullptr || a.epi.gate != nullptr || a.epi.score_max != nullptr ||
+                    a.epi.score_sum_exp != nullptr;
   FS_CHECK(!mods || t.dqk_tile <= 128, Status::kInternal,
-           "sdpa forward (sm90): score modifiers with head dims above 128 reached the launcher");
+           "sdpa forward (sm90): score modifiers or dropout with head dims above 128 reached the launcher");
+  if (drop) g_sdpa_fwd_drop_launches.fetch_add(1, std::memory_order_relaxed);
   switch (t.dqk_tile) {
     case 64:
-      mods ? run_sdpa_fwd_sm90<64, 64, true>(p, dtype, mq, mk, mv, stream)
-           : run_sdpa_fwd_sm90<64, 64, false>(p, dtype, mq, mk, mv, stream);
+      drop   ? run_sdpa_fwd_sm90<64, 64, true, true>(p, dtype, mq, mk, mv, stream)
+      : mods ? run_sdpa_fwd_sm90<64, 64, true>(p, dtype, mq, mk, mv, stream)
+             : run_sdpa_fwd_sm90<64, 64, false>(p, dtype, mq, mk, mv, stream);
       break;
     case 128:
-      mods ? run_sdpa_fwd_sm90<128, 128, true>(p, dtype, mq, mk, mv, stream)
-           : run_sdpa_fwd_sm90<128, 128, false>(p, dtype, mq, mk, mv, stream);
+      drop   ? run_sdpa_fwd_sm90<128, 128, true, true>(p, dtype, mq, mk, mv, stream)
+      : mods ? run_sdpa_fwd_sm90<128, 128, true>(p, dtype, mq, mk, mv, stream)
+             : run_sdpa_fwd_sm90<128, 128, false>(p, dtype, mq, mk, mv, stream);
       break;
     case 192: run_sdpa_fwd_sm90<192, 128, false>(p, dtype, mq, mk, mv, stream); break;
     default: run_sdpa_fwd_sm90<256, 256, false>(p, dtype, mq, mk, mv, stream); break;

@@ -48,8 +48,11 @@ void launch_fwd_sm90(const FwdParams& p, const TensorView& q, const TensorView& 
 // O = 0 and LSE = -inf.
 void launch_sdpa_fwd_sm90(const SdpaFwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                           DType dtype, cudaStream_t stream);
-// Calls of launch_sdpa_fwd_sm90 in this process so far (tests check which family ran).
+// Calls of launch_sdpa_fwd_sm90 in this process so far (tests check which family ran), and of those
+// the ones that ran the kernel with dropout (AnalyticDropSourceSm90; experimental, FLASHSPAN_EXPERIMENTAL=1:
+// dispatch/sdpa_launch.h sdpa_sm90_dropout_enabled).
 int64_t sdpa_fwd_launches();
+int64_t sdpa_fwd_drop_launches();
 
 // The SDPA FP8 forward (experimental, FLASHSPAN_EXPERIMENTAL=1: dispatch/sdpa_launch.h
 // sdpa_fp8_sm90_enabled; kernel_fwd_sm90.cuh sdpa_fp8_fwd_kernel_sm90): p an SdpaFwdParams as
@@ -143,12 +146,16 @@ void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& 
 // of every sample padded to S_kv, the dQ convert. Rows past a sample get zero gradients. Unless
 // FLASHSPAN_SM90_SDPA_BWD_MODS=0 (sdpa_bwd_sm90_mods_enabled) also softcap, ALiBi, the bias with dBias
 // (the kernel with score modifiers, kernel_bwd_mods_sm90.cuh sdpa_bwd_mods_kernel_sm90), sinks with
-// dSink and the gate with dgate (around either kernel), head dims up to 128.
+// dSink and the gate with dgate (around either kernel), head dims up to 128; with
+// FLASHSPAN_EXPERIMENTAL=1 (sdpa_sm90_dropout_enabled) dropout too, on the kernel with modifiers and
+// dropout (sdpa_bwd_mods_kernel_sm90<..., true>).
 void launch_sdpa_bwd_sm90(const SdpaBwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& dout, DType dtype, cudaStream_t stream);
-// Calls of launch_sdpa_bwd_sm90 in this process so far (tests check which family ran), and of
-// those the ones that ran the kernel with score modifiers (softcap, ALiBi, bias / dBias).
+// Calls of launch_sdpa_bwd_sm90 in this process so far (tests check which family ran), of those
+// the ones that ran a kernel with score modifiers (softcap, ALiBi, bias / dBias, or dropout), and of
+// those the ones that ran the kernel with dropout (sdpa_bwd_mods_kernel_sm90<..., true>; experimental).
 int64_t sdpa_bwd_launches();
 int64_t sdpa_bwd_mods_launches();
+int64_t sdpa_bwd_drop_launches();
 
 }  // namespace flashspan::sm90

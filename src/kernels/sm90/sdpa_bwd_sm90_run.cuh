@@ -1,7 +1,8 @@
 // The host side of one sm90 SDPA backward kernel head dim (kernel_bwd_sm90.cuh
 // sdpa_bwd_kernel_sm90 and sdpa_bwd_dq_convert_kernel_sm90), included by the instantiation units
 // sdpa_bwd_sm90_d{64,128,192,256}.cu: fp16 / bf16, 4 kernels a unit; with score modifiers
-// (kernel_bwd_mods_sm90.cuh sdpa_bwd_mods_kernel_sm90) by sdpa_bwd_mods_sm90_d{64,128}.cu.
+// (kernel_bwd_mods_sm90.cuh sdpa_bwd_mods_kernel_sm90) by sdpa_bwd_mods_sm90_d{64,128}.cu, and with
+// dropout besides (sdpa_bwd_mods_kernel_sm90<..., true>) by sdpa_bwd_drop_sm90_d{64,128}.cu.
 #pragma once
 
 #include <algorithm>
@@ -17,11 +18,15 @@
 namespace flashspan::sm90 {
 
 namespace bwd_detail {
-// The SDPA backward kernel of a unit (only the chosen one is instantiated): with score modifiers
-// (kMods: sdpa_bwd_mods_kernel_sm90, (kD, kDv) = (64, 64) or (128, 128)) or the pure-mask one.
-template <int kD, class E, int kDv, bool kWideTile, bool kMods>
+// The SDPA backward kernel of a unit (only the chosen one is instantiated): with score modifiers and
+// dropout (kDropout: sdpa_bwd_mods_kernel_sm90<..., true>), with score modifiers (kMods: sdpa_bwd_mods_kernel_sm90),
+// (kD, kDv) = (64, 64) or (128, 128) for both, or the pure-mask one.
+template <int kD, class E, int kDv, bool kWideTile, bool kMods, bool kDropout>
 auto sdpa_kernel() {
-  if constexpr (kMods) {
+  if constexpr (kDropout) {
+    static_assert(kMods && kD == kDv && kD <= 128 && !kWideTile, "the dropout kernels: (64, 64) and (128, 128)");
+    return kern90::sdpa_bwd_mods_kernel_sm90<kD, E, true>;
+  } else if constexpr (kMods) {
     static_assert(kD == kDv && kD <= 128 && !kWideTile, "the modifiers' kernels: (64, 64) and (128, 128)");
     return kern90::sdpa_bwd_mods_kernel_sm90<kD, E>;
   } else {
@@ -32,7 +37,7 @@ auto sdpa_kernel() {
 
 // The persistent grid over the AnalyticBwdGrid's B * ceil(S_kv / kBlockK) * H_kv cells (one CTA
 // per SM), then dq = scale * dq_accum.
-template <int kD, int kDv, bool kWideTile, bool kMods>
+template <int kD, int kDv, bool kWideTile, bool kMods, bool kDropout>
 void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
                        const CUtensorMap& mv, const CUtensorMap& mdo, cudaStream_t s) {
   using L = kern90::BwdSm90Layout<kD, kDv, kWideTile>;
@@ -40,7 +45,7 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
     using E = decltype(e);
     const int64_t items = int64_t(p.analytic.num_k_blocks) * (p.num_heads_q / p.group_size) * p.batch;
     if (items > 0) {
-      auto kernel = bwd_detail::sdpa_kernel<kD, E, kDv, kWideTile, kMods>();
+      auto kernel = bwd_detail::sdpa_kernel<kD, E, kDv, kWideTile, kMods, kDropout>();
       static std::atomic<uint64_t> smem_set{0};
       ensure_smem_limit(kernel, L::kBytes, smem_set, "sdpa backward (sm90): cudaFuncSetAttribute");
       static std::atomic<int> ctas_cache[64];
@@ -58,13 +63,19 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
 }
 
 #define FLASHSPAN_SM90_SDPA_BWD_INSTANTIATE(DQK, DV, WIDE)                                                          \
-  template void run_sdpa_bwd_sm90<DQK, DV, WIDE, false>(const SdpaBwdParams&, DType, const CUtensorMap&,             \
-                                                        const CUtensorMap&, const CUtensorMap&, const CUtensorMap&,  \
-                                                        cudaStream_t);
+  template void run_sdpa_bwd_sm90<DQK, DV, WIDE, false, false>(const SdpaBwdParams&, DType, const CUtensorMap&,      \
+                                                               const CUtensorMap&, const CUtensorMap&,               \
+                                                               const CUtensorMap&, cudaStream_t);
 // The score modifiers' kernels of head dims (D, D), D = 64 or 128 (sdpa_bwd_mods_sm90_d{64,128}.cu).
 #define FLASHSPAN_SM90_SDPA_BWD_MODS_INSTANTIATE(D)                                                                 \
-  template void run_sdpa_bwd_sm90<D, D, false, true>(const SdpaBwdParams&, DType, const CUtensorMap&,               \
-                                                     const CUtensorMap&, const CUtensorMap&, const CUtensorMap&,     \
-                                                     cudaStream_t);
+  template void run_sdpa_bwd_sm90<D, D, false, true, false>(const SdpaBwdParams&, DType, const CUtensorMap&,        \
+                                                            const CUtensorMap&, const CUtensorMap&,                  \
+                                                            const CUtensorMap&, cudaStream_t);
+// The kernels with score modifiers and dropout of head dims (D, D), D = 64 or 128
+// (sdpa_bwd_drop_sm90_d{64,128}.cu).
+#define FLASHSPAN_SM90_SDPA_BWD_DROP_INSTANTIATE(D)                                                                 \
+  template void run_sdpa_bwd_sm90<D, D, false, true, true>(const SdpaBwdParams&, DType, const CUtensorMap&,         \
+                                                           const CUtensorMap&, const CUtensorMap&,                   \
+                                                           const CUtensorMap&, cudaStream_t);
 
 }  // namespace flashspan::sm90

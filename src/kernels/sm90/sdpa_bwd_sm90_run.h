@@ -1,6 +1,7 @@
 // Declaration of the per-head-dim sm90 SDPA backward entry point (sdpa_bwd_sm90_run.cuh,
 // instantiated in sdpa_bwd_sm90_d{64,128,192,256}.cu, with score modifiers in
-// sdpa_bwd_mods_sm90_d{64,128}.cu), so that launch_bwd_sm90.cu compiles none of the SDPA kernels itself.
+// sdpa_bwd_mods_sm90_d{64,128}.cu, with dropout besides in sdpa_bwd_drop_sm90_d{64,128}.cu), so that
+// launch_bwd_sm90.cu compiles none of the SDPA kernels itself.
 #pragma once
 
 #include <cuda.h>
@@ -17,8 +18,9 @@ namespace flashspan::sm90 {
 // cleared; tile counts set; with the gate, dout the preprocess's gated dO). kWideTile: (192, 128) on
 // the 64 x 96 tile (the three-warpgroup consumers). kMods: the kernel with score modifiers (softcap,
 // ALiBi, the bias and dBias's dS; kernel_bwd_mods_sm90.cuh sdpa_bwd_mods_kernel_sm90), (64, 64) and
-// (128, 128) only.
-template <int kD, int kDv, bool kWideTile = false, bool kMods = false>
+// (128, 128) only; kDropout (with kMods): the one with dropout besides (sdpa_bwd_mods_kernel_sm90<..., true>,
+// experimental).
+template <int kD, int kDv, bool kWideTile = false, bool kMods = false, bool kDropout = false>
 void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
                        const CUtensorMap& mv, const CUtensorMap& mdo, cudaStream_t s);
 
