@@ -144,18 +144,30 @@ struct Case {
   // dbias: the backward writes dBias (bias's dtype and layout).
   int bias = 0;
   bool bias_f32 = false, bias_strided = false, dbias = false;
-  // Philox dropout (test_sdpa_gpu.cpp): probability (0: none), seed / offset (int64 tensors when
-  // dropout_i64, else int32), rng_dump (float32 [B, H_q, S_q, S_kv], forward).
+  // Philox dropout (test_sdpa_gpu.cpp): probability (0: none, unless dropout_p_zero: Philox with
+  // probability 0), seed / offset (int64 tensors when dropout_i64, else int32), rng_dump (float32
+  // [B, H_q, S_q, S_kv], forward).
   float dropout_p = 0.0f;
   int64_t dropout_seed = 0, dropout_offset = 0;
-  bool dropout_i64 = false, rng_dump = false;
+  bool dropout_i64 = false, rng_dump = false, dropout_p_zero = false;
+  // The caller's dropout mask (test_sdpa_gpu.cpp): 0 none, else 1 + a 4-bit set of the dimensions
+  // broadcast (as bias); its dtype (uint8, float16, bfloat16, float32) and padded strides; values 0 / 1
+  // (uint8: also 2 on some elements), {0, 0.5, 1, 1.5} (float); dropout_scale: the scale tensor's value
+  // (scale_inv = 1 / it in the backward).
+  int dropout_mask = 0;
+  DType dropout_mask_dtype = DType::kUInt8;
+  bool dropout_mask_strided = false;
+  float dropout_scale = 1.0f;
 
   int64_t heads_v() const { return Hv > 0 ? Hv : Hk; }
-  // The bias's shape (Case::bias).
-  std::vector<int64_t> bias_shape() const {
-    const int bc = bias - 1;
+  bool philox() const { return dropout_p > 0 || dropout_p_zero; }
+  // The shape of a tensor broadcast over the dimensions of `form` (Case::bias, Case::dropout_mask).
+  std::vector<int64_t> broadcast_shape(int form) const {
+    const int bc = form - 1;
     return {bc & 1 ? 1 : B, bc & 2 ? 1 : Hq, bc & 4 ? 1 : Sq, bc & 8 ? 1 : Skv};
   }
+  // The bias's shape (Case::bias).
+  std::vector<int64_t> bias_shape() const { return broadcast_shape(bias); }
 
   std::string str() const {
     std::ostringstream os;
@@ -174,9 +186,14 @@ struct Case {
     if (gate) os << " gate";
     if (score_stats) os << " score-stats";
     if (block_mask) os << " block-mask " << block_mask;
-    if (dropout_p > 0) {
+    if (philox()) {
       os << " dropout " << dropout_p << " seed " << dropout_seed << " offset " << dropout_offset
          << (dropout_i64 ? " int64" : " int32") << (rng_dump ? " rng_dump" : "");
+    }
+    if (dropout_mask) {
+      const std::vector<int64_t> ms = broadcast_shape(dropout_mask);
+      os << " dropout-mask [" << ms[0] << "," << ms[1] << "," << ms[2] << "," << ms[3] << "] "
+         << dtype_name(dropout_mask_dtype) << (dropout_mask_strided ? " strided" : "") << " scale " << dropout_scale;
     }
     if (bias) {
       const std::vector<int64_t> bs = bias_shape();
@@ -211,12 +228,18 @@ inline Layout bias_layout(const Case& c) {
   return make_layout(c.bias_strided ? Kind::kStrided : Kind::kBhsd, s[0], s[1], s[2], s[3], {});
 }
 
-// Random bias values (sigma 1.5) at every element a sample can see; NaN where no sample reads it
-// (rows past len_q / keys past len_kv of a sample, when those dimensions are not broadcast), so a
-// read there shows.
-inline void fill_bias(Storage& t, const Case& c, const std::vector<int64_t>& len_q, const std::vector<int64_t>& len_kv,
-                      std::mt19937_64& rng) {
-  std::normal_distribution<double> n(0.0, 1.5);
+// The layout of a case's dropout mask (Case::dropout_mask), as bias_layout.
+inline Layout dropout_mask_layout(const Case& c) {
+  const std::vector<int64_t> s = c.broadcast_shape(c.dropout_mask);
+  return make_layout(c.dropout_mask_strided ? Kind::kStrided : Kind::kBhsd, s[0], s[1], s[2], s[3], {});
+}
+
+// Values gen() at every element of a [1|B, 1|H_q, 1|S_q, 1|S_kv] tensor t a sample can see (in
+// storage order); `unread` where no sample reads it (rows past len_q / keys past len_kv of a sample,
+// when those dimensions are not broadcast), so a read there shows.
+template <class Gen>
+inline void fill_sample_elems(Storage& t, const Case& c, const std::vector<int64_t>& len_q,
+                              const std::vector<int64_t>& len_kv, double unread, Gen&& gen) {
   const Layout& l = t.lay;
   for (int64_t b = 0; b < l.B; ++b)
     for (int64_t h = 0; h < l.H; ++h)
@@ -231,8 +254,29 @@ inline void fill_bias(Storage& t, const Case& c, const std::vector<int64_t>& len
             }
           }
           const bool read = (l.S == 1 || i < lq) && (l.D == 1 || j < lk);
-          t.set(l.at(b, h, i, j), read ? n(rng) : NAN);
+          t.set(l.at(b, h, i, j), read ? gen() : unread);
         }
+}
+
+// Random bias values (sigma 1.5) at every element a sample can see; NaN where no sample reads it.
+inline void fill_bias(Storage& t, const Case& c, const std::vector<int64_t>& len_q, const std::vector<int64_t>& len_kv,
+                      std::mt19937_64& rng) {
+  std::normal_distribution<double> n(0.0, 1.5);
+  fill_sample_elems(t, c, len_q, len_kv, NAN, [&] { return n(rng); });
+}
+
+// Random dropout-mask values (Case::dropout_mask): uint8 0 / 1 (2 on about 1 in 16: the kernels
+// multiply by the value, not test it), float {0, 0.5, 1, 1.5}, about 1 in 3 zero; where no sample
+// reads it NaN (float) or 255 (uint8), so a read there shows.
+inline void fill_dropout_mask(Storage& t, const Case& c, const std::vector<int64_t>& len_q,
+                              const std::vector<int64_t>& len_kv, std::mt19937_64& rng) {
+  const bool u8 = t.dtype == DType::kUInt8;
+  fill_sample_elems(t, c, len_q, len_kv, u8 ? 255.0 : NAN, [&] {
+    const uint64_t r = rng();
+    if (r % 3 == 0) return 0.0;
+    if (u8) return (r >> 8) % 16 == 0 ? 2.0 : 1.0;
+    return 0.5 * double(1 + (r >> 8) % 3);
+  });
 }
 
 inline std::vector<int64_t> token_offsets(const std::vector<int64_t>& len, bool gaps, std::mt19937_64& rng) {

@@ -12,6 +12,10 @@
 //                             deterministic one): snake waves, every cell once.
 //   RolesGpu.K2QWalk*         K2QWalk and K2QWalkAscending: the same pairs, the latter ascending
 //                             per head; seek(begin) + count slices.
+//   RolesGpu.DropoutFragments SDPA's dropout multipliers (sdpa_score_mod.cuh) of the forward's
+//                             fragment (sdpa_dropout_apply) and of the sm90 backward's transposed one
+//                             (sdpa_dropout_keep_bits_transposed, sdpa_dropout_mask_apply), Philox
+//                             against core/philox.h and the caller's mask, element by element.
 // They skip (GTEST_SKIP) when no GPU is visible, like every GPU test.
 #include <gtest/gtest.h>
 
@@ -29,7 +33,9 @@
 #include "gpu_harness.h"
 #include "kernels/common/block_range.cuh"
 #include "kernels/common/k2q_walk.cuh"
+#include "core/philox.h"
 #include "kernels/common/payload_layout.h"
+#include "kernels/common/sdpa_score_mod.cuh"
 #include "kernels/common/softmax.cuh"
 #include "kernels/common/split_schedule.cuh"
 #include "kernels/common/tile_scheduler.cuh"
@@ -776,6 +782,100 @@ TEST(RolesGpu, K2QWalksSamePairs) {
     }
   }
   // (The device side of each order is checked against these host orders by the two tests above.)
+}
+
+// ---------------------------------------------------------------------------------------
+// SDPA's dropout multipliers on a warp's fragments: a 64-query x 128-key tile from query q0 and key
+// k0 of sample b, head h. Forward (rows = queries, AccFragment): four m16 tiles of 16 n8 key blocks,
+// sdpa_dropout_apply. Transposed (the sm90 backward's S^T, rows = keys): eight m16 key tiles of 8 n8
+// query blocks, sdpa_dropout_keep_bits_transposed + sdpa_dropout_keep_apply (Philox) or
+// sdpa_dropout_mask_apply<8, true> (mask), as kernel_bwd_mods_sm90.cuh calls them. Each writes the
+// multiplier of every element at (query, key) of its own [64][128] output.
+
+constexpr int kDrQ = 64, kDrK = 128;
+
+__global__ void dropout_fragments_kernel(const SdpaDropoutParams dp, int b, int h, int heads, int q0, int k0,
+                                         int len_q, int len_k, float* fwd, float* bwd) {
+  const int lane = threadIdx.x, g = lane >> 2, qd = lane & 3;
+  for (int mt = 0; mt < kDrQ / 16; ++mt) {
+    kern::sdpa_dropout_apply<kDrK / 8>(dp, b, h, heads, q0 + 16 * mt + g, k0 + 2 * qd, len_q, len_k,
+                                       [&](int n, int r, float m) {
+                                         fwd[(16 * mt + g + 8 * (r >> 1)) * kDrK + 8 * n + 2 * qd + (r & 1)] = m;
+                                       });
+  }
+  for (int kt = 0; kt < kDrK / 16; ++kt) {
+    const int64_t i = q0 + 2 * qd, k = k0 + 16 * kt + g;
+    auto out = [&](int n, int r, float m) { bwd[(8 * n + 2 * qd + (r & 1)) * kDrK + 16 * kt + g + 8 * (r >> 1)] = m; };
+    if (dp.mode == 1) {
+      kern::sdpa_dropout_keep_apply<kDrQ / 8>(kern::sdpa_dropout_keep_bits_transposed<kDrQ / 8>(dp, b, h, heads, i, k),
+                                              dp.scale, out);
+    } else {
+      kern::sdpa_dropout_mask_apply<kDrQ / 8, true>(dp, b, h, i, k, len_q, len_k, out);
+    }
+  }
+}
+
+TEST(RolesGpu, DropoutFragments) {
+  REQUIRE_GPU();
+  const int b = 1, h = 2, heads = 3, q0 = 192, k0 = 256, len_q = q0 + 50, len_k = k0 + 100;
+  for (int form = 0; form < 4; ++form) {
+    SCOPED_TRACE(form);
+    SdpaDropoutParams dp;
+    const int64_t seed = form == 1 ? -123456789012LL : 77, offset = form == 1 ? (1LL << 33) - 3 : 5;
+    const float prob = form == 0 ? 0.3f : form == 1 ? 0.9f : 0.0f;
+    DevVec<int64_t> seed_d(std::vector<int64_t>{seed}), offset_d(std::vector<int64_t>{offset});
+    // The mask form: [2, 3, len_q, len_k] float32 (form 2) or [1, 3, 1, len_k] uint8 broadcast over B and
+    // the rows (form 3), values 0 .. 3.
+    const bool bcast = form == 3;
+    const int64_t mb = bcast ? 1 : 2, mi = bcast ? 1 : len_q;
+    std::mt19937_64 rng(form);
+    std::vector<float> mask_f(size_t(mb * heads * mi * len_k));
+    for (float& v : mask_f) v = float(rng() % 4);
+    std::vector<uint8_t> mask_u(mask_f.begin(), mask_f.end());
+    DevVec<float> mask_fd(mask_f), scale_d(std::vector<float>{1.75f});
+    DevVec<uint8_t> mask_ud(mask_u);
+    if (form < 2) {
+      dp.mode = 1;
+      dp.seed = IndexArray{seed_d.ptr(), 1};
+      dp.offset = IndexArray{offset_d.ptr(), 1};
+      dp.threshold = dropout_threshold(prob);
+      dp.scale = 1.0f / (1.0f - prob);
+    } else {
+      dp.mode = 2;
+      dp.mask = bcast ? static_cast<const void*>(mask_ud.ptr()) : mask_fd.ptr();
+      dp.mask_dtype = bcast ? kSdpaMaskU8 : kSdpaMaskF32;
+      const int64_t st[4] = {heads * mi * len_k, mi * len_k, len_k, 1};
+      for (int d = 0; d < 4; ++d) dp.mask_stride[d] = (bcast && (d == 0 || d == 2)) ? 0 : st[d];
+      dp.mask_scale = scale_d.ptr();
+    }
+    DevVec<float> fwd(size_t(kDrQ * kDrK), -1.0f), bwd(size_t(kDrQ * kDrK), -1.0f);
+    dropout_fragments_kernel<<<1, 32>>>(dp, b, h, heads, q0, k0, len_q, len_k, fwd.ptr(), bwd.ptr());
+    sync_ok("dropout_fragments_kernel");
+    const std::vector<float> f = fwd.get(), t = bwd.get();
+    int64_t bad_f = 0, bad_t = 0;
+    for (int qi = 0; qi < kDrQ; ++qi) {
+      for (int kj = 0; kj < kDrK; ++kj) {
+        const int i = q0 + qi, j = k0 + kj;
+        float want;
+        if (form < 2) {
+          want = dropout_keep(uint64_t(seed), uint64_t(offset), uint32_t(b * heads + h), uint32_t(i), uint32_t(j),
+                              dp.threshold)
+                     ? dp.scale
+                     : 0.0f;
+        } else {
+          want = 0.0f;
+          if (i < len_q && j < len_k) {
+            const int64_t e = bcast ? int64_t(h) * len_k + j : ((int64_t(b) * heads + h) * len_q + i) * len_k + j;
+            want = mask_f[size_t(e)] * 1.75f;
+          }
+        }
+        bad_f += f[size_t(qi * kDrK + kj)] != want;
+        bad_t += t[size_t(qi * kDrK + kj)] != want;
+      }
+    }
+    EXPECT_EQ(bad_f, 0) << "forward fragment";
+    EXPECT_EQ(bad_t, 0) << "transposed fragment";
+  }
 }
 
 }  // namespace

@@ -3,7 +3,8 @@
 // (sdpa_fwd_sm90_refusal, sdpa_bwd_sm90_refusal), the switches that turn them on
 // (sdpa_fwd_sm90_enabled, sdpa_bwd_sm90_enabled) and their modifier parts (sdpa_fwd_sm90_mods_enabled,
 // sdpa_bwd_sm90_mods_enabled: on by default, FLASHSPAN_SM90_SDPA_MODS=0 / FLASHSPAN_SM90_SDPA_BWD_MODS=0
-// off), the environment's off switches (env_flag_off), and the workspace a covered backward gets.
+// off), dropout on both (sdpa_sm90_dropout_enabled: FLASHSPAN_EXPERIMENTAL=1), the environment's off
+// switches (env_flag_off), and the workspace a covered backward gets.
 // Descriptors only: no data, no device.
 #include <gtest/gtest.h>
 
@@ -113,6 +114,13 @@ TEST(SdpaFamily, Sm90ForwardCoversThePureMaskSubset) {
 struct ModsSwitch {
   explicit ModsSwitch(int on) { set_sdpa_fwd_sm90_mods_enabled(on); }
   ~ModsSwitch() { set_sdpa_fwd_sm90_mods_enabled(-1); }
+};
+
+// Forces dropout on the sm90 kernels (sdpa_sm90_dropout_enabled, both directions) on or off for a scope
+// (FLASHSPAN_EXPERIMENTAL's answer after it).
+struct DropoutSwitch {
+  explicit DropoutSwitch(int on) { set_sdpa_sm90_dropout_enabled(on); }
+  ~DropoutSwitch() { set_sdpa_sm90_dropout_enabled(-1); }
 };
 
 TEST(SdpaFamily, Sm90ForwardLeavesTheRestToSm80) {
@@ -239,6 +247,7 @@ TEST(SdpaFamily, Sm90ForwardWithModifiersSwitch) {
   }
   {
     Call c;
+    const DropoutSwitch dropout_off(0);  // (with it: Sm90DropoutSwitch)
     c.a.dropout_probability = 0.25f;
     c.a.tensors[FS_SDPA_DROPOUT_SEED] = vec(1, DType::kInt64);
     c.a.tensors[FS_SDPA_DROPOUT_OFFSET] = vec(1, DType::kInt64);
@@ -434,7 +443,8 @@ TEST(SdpaFamily, Sm90ForwardTakesHkNeHvTheBackwardDoesNot) {
     }
   }
   // H_k = H_v both take (Sm90ForwardCoversThePureMaskSubset, Sm90BackwardCoversTheForwardsSubset); what the
-  // forward refuses otherwise it still refuses with H_k != H_v.
+  // forward refuses otherwise it still refuses with H_k != H_v (dropout: with its switch off).
+  const DropoutSwitch dropout_off(0);
   Call c;
   c.hv = 1;
   c.a.dropout_probability = 0.25f;
@@ -584,6 +594,7 @@ TEST(SdpaFamily, Sm90BackwardWithModifiersSwitch) {
     EXPECT_NE(bwd_refusal(c).find("H_k != H_v"), std::string::npos);
   }
   {
+    const DropoutSwitch dropout_off(0);  // (with it: Sm90DropoutSwitch)
     Call c;
     c.a.dropout_probability = 0.25f;
     c.a.tensors[FS_SDPA_DROPOUT_SEED] = vec(1, DType::kInt64);
@@ -626,6 +637,167 @@ TEST(SdpaFamily, Sm90BackwardModifiersSwitchReadsTheEnvironment) {
   EXPECT_TRUE(sdpa_fwd_sm90_mods_enabled());
   EXPECT_FALSE(sdpa_bwd_sm90_mods_enabled());
   EXPECT_EQ(refusal(c), "");
+}
+
+// Dropout calls on the shapes of Call: Philox (with rng_dump in the forward when `dump`), or the
+// caller's mask (uint8, broadcast over B; with scale_inv in the backward when `inv`), with padding.
+Call philox_call(bool dump = false) {
+  Call c;
+  c.a.dropout_probability = 0.25f;
+  c.a.tensors[FS_SDPA_DROPOUT_SEED] = vec(1, DType::kInt64);
+  c.a.tensors[FS_SDPA_DROPOUT_OFFSET] = vec(1, DType::kInt32);
+  if (dump) c.a.tensors[FS_SDPA_RNG_DUMP] = desc(2, 4, 300, 500, DType::kUInt8);
+  return c;
+}
+
+Call mask_call(bool inv = false) {
+  Call c;
+  c.a.dropout_mask_form = true;
+  TensorView m = desc(1, 4, 300, 500, DType::kUInt8);
+  c.a.tensors[FS_SDPA_DROPOUT_MASK] = m;
+  c.a.tensors[FS_SDPA_DROPOUT_SCALE] = vec(1, DType::kFloat32);
+  if (inv) c.grads.emplace_back(FS_SDPA_DROPOUT_SCALE_INV, vec(1, DType::kFloat32));  // (backward only)
+  c.a.tensors[FS_SDPA_SEQ_LEN_Q] = vec(2, DType::kInt32);
+  c.a.tensors[FS_SDPA_SEQ_LEN_KV] = vec(2, DType::kInt32);
+  c.a.padding_mask = true;
+  return c;
+}
+
+TEST(SdpaFamily, Sm90DropoutSwitch) {
+  // Dropout runs on the sm90 kernels (their instantiations with modifiers and dropout) in both
+  // directions with the switch on and the direction's modifiers on, head dims up to 128; off, or
+  // with the modifiers off, or past 128, it is refused with "dropout" (the sm80 kernels).
+  const ModsSwitch fwd_mods(1);
+  const BwdModsSwitch bwd_mods(1);
+  const std::vector<std::pair<std::string, Call>> fwd_calls = {
+      {"philox", philox_call()}, {"philox + rng_dump", philox_call(true)}, {"mask", mask_call()}};
+  const std::vector<std::pair<std::string, Call>> bwd_calls = {
+      {"philox", philox_call()}, {"mask", mask_call()}, {"mask + scale_inv", mask_call(true)}};
+  for (int on : {1, 0}) {
+    const DropoutSwitch sw(on);
+    EXPECT_EQ(sdpa_sm90_dropout_enabled(), on == 1);
+    for (const auto& [name, c] : fwd_calls) {
+      EXPECT_EQ(refusal(c), on ? "" : "dropout") << name << " forward, switch " << on;
+    }
+    for (const auto& [name, c] : bwd_calls) {
+      for (bool det : {false, true}) {
+        EXPECT_EQ(bwd_refusal(c, det), on ? "" : "dropout") << name << " backward, switch " << on;
+      }
+    }
+  }
+  const DropoutSwitch on(1);
+  {
+    Call c = philox_call();  // with every modifier of the kernels besides, D = 96
+    c.dqk = c.dv = 96;
+    c.a.softcap = 5.0f;
+    c.a.alibi = true;
+    c.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32);
+    TensorView b = desc(1, 4, 300, 500, DType::kFloat32);
+    b.strides[0] = 0;
+    c.a.tensors[FS_SDPA_BIAS] = b;
+    EXPECT_EQ(refusal(c), "");
+    EXPECT_EQ(bwd_refusal(c), "");
+  }
+  for (auto [dqk, dv] : {std::pair<int64_t, int64_t>{192, 128}, {256, 256}}) {  // no dropout kernels there
+    Call c = philox_call();
+    c.dqk = dqk;
+    c.dv = dv;
+    EXPECT_EQ(refusal(c), "dropout") << dqk;
+    EXPECT_EQ(bwd_refusal(c), "dropout") << dqk;
+  }
+  {
+    Call c = mask_call();  // H_k != H_v: the forward takes it (kv_addr.cuh v_head), the backward refuses it first
+    c.hv = 1;
+    EXPECT_EQ(refusal(c), "");
+    EXPECT_EQ(bwd_refusal(c), "H_k != H_v");
+    Call h = philox_call(true);
+    h.hv = 1;
+    EXPECT_EQ(refusal(h), "");
+    Call hb = philox_call();
+    hb.hv = 1;
+    EXPECT_EQ(bwd_refusal(hb), "H_k != H_v");
+    Call t = packed_thd_call();
+    t.a.dropout_probability = 0.1f;
+    t.a.tensors[FS_SDPA_DROPOUT_SEED] = vec(1, DType::kInt64);
+    t.a.tensors[FS_SDPA_DROPOUT_OFFSET] = vec(1, DType::kInt64);
+    EXPECT_NE(refusal(t).find("ragged"), std::string::npos);
+  }
+  {
+    Call c = philox_call();  // a backward with rng_dump keeps the sm80 kernels (a forward output)
+    c.grads.emplace_back(FS_SDPA_RNG_DUMP, desc(2, 4, 300, 500, DType::kUInt8));
+    EXPECT_EQ(bwd_refusal(c), sdpa::slot_name(FS_SDPA_RNG_DUMP));
+  }
+  // Each direction's modifiers switch off: that direction's dropout back on sm80, the other's not.
+  {
+    const ModsSwitch fwd_off(0);
+    EXPECT_EQ(refusal(philox_call()), "dropout");
+    EXPECT_EQ(bwd_refusal(philox_call()), "");
+  }
+  {
+    const BwdModsSwitch bwd_off(0);
+    EXPECT_EQ(refusal(mask_call()), "");
+    EXPECT_EQ(bwd_refusal(mask_call()), "dropout");
+  }
+}
+
+TEST(SdpaFamily, Sm90DropoutSwitchReadsTheEnvironment) {
+  // FLASHSPAN_EXPERIMENTAL=1 turns it on (read per call); unset or any other value: off; the override
+  // wins both ways. Neither modifiers switch turns it on.
+  set_sdpa_sm90_dropout_enabled(-1);
+  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
+  ScopedEnv fwd_mods("FLASHSPAN_SM90_SDPA_MODS", nullptr);
+  ScopedEnv bwd_mods("FLASHSPAN_SM90_SDPA_BWD_MODS", nullptr);
+  set_sdpa_fwd_sm90_mods_enabled(-1);
+  set_sdpa_bwd_sm90_mods_enabled(-1);
+  EXPECT_FALSE(sdpa_sm90_dropout_enabled());
+  EXPECT_EQ(refusal(philox_call()), "dropout");
+  EXPECT_EQ(bwd_refusal(mask_call()), "dropout");
+  experimental.set("1");
+  EXPECT_TRUE(sdpa_sm90_dropout_enabled());
+  EXPECT_EQ(refusal(philox_call()), "");
+  EXPECT_EQ(bwd_refusal(mask_call()), "");
+  for (const char* off : {"0", "", "yes"}) {
+    experimental.set(off);
+    EXPECT_FALSE(sdpa_sm90_dropout_enabled()) << "FLASHSPAN_EXPERIMENTAL=\"" << off << '"';
+  }
+  set_sdpa_sm90_dropout_enabled(1);
+  EXPECT_TRUE(sdpa_sm90_dropout_enabled());
+  experimental.set("1");
+  set_sdpa_sm90_dropout_enabled(0);
+  EXPECT_FALSE(sdpa_sm90_dropout_enabled());
+  EXPECT_EQ(refusal(philox_call()), "dropout");
+  set_sdpa_sm90_dropout_enabled(-1);
+  EXPECT_TRUE(sdpa_sm90_dropout_enabled());
+}
+
+TEST(SdpaFamily, Sm90DropoutWorkspace) {
+  // A dropout backward the sm90 kernels take gets the sm90 layout (the dQ tiles; no workspace of its
+  // own: the keep mask is regenerated), the same bytes as the call without dropout; refused, the sm80
+  // layout.
+  for (bool det : {false, true}) {
+    const Call plain;
+    const size_t sm90_bytes = sdpa_bwd_workspace_size(backward_problem(plain, det));
+    for (const Call& c : {philox_call(), mask_call(true)}) {
+      Call same_lengths = plain;  // mask_call has padding lengths: compare with the same lengths
+      if (c.a.padding_mask) {
+        same_lengths.a.tensors[FS_SDPA_SEQ_LEN_Q] = vec(2, DType::kInt32);
+        same_lengths.a.tensors[FS_SDPA_SEQ_LEN_KV] = vec(2, DType::kInt32);
+        same_lengths.a.padding_mask = true;
+      }
+      {
+        const DropoutSwitch on(1);
+        const BwdModsSwitch mods(1);
+        ASSERT_EQ(sdpa_bwd_sm90_refusal(backward_problem(c, det)), nullptr);
+        EXPECT_EQ(sdpa_bwd_workspace_size(backward_problem(c, det)),
+                  sdpa_bwd_workspace_size(backward_problem(same_lengths, det)))
+            << "deterministic " << det;
+        EXPECT_EQ(sdpa_bwd_workspace_size(backward_problem(same_lengths, det)), sm90_bytes);
+      }
+      const DropoutSwitch off(0);
+      EXPECT_NE(sdpa_bwd_sm90_refusal(backward_problem(c, det)), nullptr);
+      EXPECT_LT(sdpa_bwd_workspace_size(backward_problem(c, det)), sm90_bytes) << "the sm80 layout, deterministic " << det;
+    }
+  }
 }
 
 TEST(SdpaFamily, EnvFlagOffIsTheValueZeroOnly) {

@@ -1,7 +1,8 @@
 // GPU tests of SDPA on the analytic-mask kernels (the C++ API on CUDA tensors: check_support,
 // workspace_size, execute; dispatch/sdpa_dispatch.cu, kernels/sm80 sdpa_*_kernel_sm80, and the
 // sm90 forward and backward, kernels/sm90 sdpa_fwd_kernel_sm90 / sdpa_bwd_kernel_sm90 and their
-// instantiations with score modifiers: SdpaGpu.Sm90Forward*, SdpaGpu.Sm90Backward*) against
+// instantiations with score modifiers and dropout: SdpaGpu.Sm90Forward*, SdpaGpu.Sm90Backward*,
+// SdpaGpu.Sm90Dropout*) against
 // the SDPA CPU reference run through the same API on host copies of the same 16-bit inputs.
 //
 // Every case: random shapes (S_q != S_kv), head dims, GQA / MQA, float16 / bfloat16, a mask in
@@ -24,8 +25,10 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <type_traits>
 #include <vector>
 
+#include "core/philox.h"  // dropout_keep, dropout_threshold (Sm90DropoutKeepMaskIsSm80s)
 #include "error_criteria.h"
 #include "flashspan/flashspan.hpp"
 #include "gpu_harness.h"
@@ -67,7 +70,10 @@ struct Tensor : Storage {
     return out;
   }
   api::TensorDesc desc(bool cuda) const {
-    const fs_dtype_t t = dtype == DType::kFloat32 ? api::kFloat32 : dtype == DType::kBFloat16 ? api::kBFloat16 : api::kFloat16;
+    const fs_dtype_t t = dtype == DType::kFloat32    ? api::kFloat32
+                         : dtype == DType::kBFloat16 ? api::kBFloat16
+                         : dtype == DType::kUInt8    ? api::kUInt8
+                                                     : api::kFloat16;
     const fs_device_t d{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0};
     return api::TensorDesc(nullptr, t, d, {lay.B, lay.H, lay.S, lay.D}, lay.strides);
   }
@@ -117,7 +123,8 @@ struct Problem {
   Tensor smax, ssum;   // [B, H_q, S_q, 1] float32, padded (Case::score_stats)
   Tensor bias, dbias;  // Case::bias (bias_layout: any broadcast form), Case::dbias
   Tensor dump;         // Case::rng_dump: float32 [B, H_q, S_q, S_kv]
-  Index drop_seed, drop_offset;  // Case::dropout_p > 0
+  Index drop_seed, drop_offset;  // Case::philox()
+  Tensor drop_mask, drop_scale, drop_scale_inv;  // Case::dropout_mask; its scale and 1 / scale ([1] float32)
   BlockMaskBits bm;    // Case::block_mask, with its device copy
   std::unique_ptr<DevBuf> bm_dev;
   float scale_host[1] = {0};  // the (1, 1, 1, 1) host attn_scale tensor (scale_tensor)
@@ -186,7 +193,22 @@ std::unique_ptr<Problem> make_problem(const Case& c) {
     p->bias.upload();
     if (c.dbias) p->dbias.alloc(p->bias.lay, p->bias.dtype);
   }
-  if (c.dropout_p > 0) {
+  if (c.dropout_mask) {
+    p->drop_mask.alloc(dropout_mask_layout(c), c.dropout_mask_dtype);
+    fill_dropout_mask(p->drop_mask, c, p->len_q, p->len_kv, rng);
+    p->drop_mask.upload();
+    Layout one;
+    one.B = one.H = one.S = one.D = 1;
+    one.strides = {1, 1, 1, 1};
+    one.storage = 1;
+    p->drop_scale.alloc(one, DType::kFloat32);
+    p->drop_scale.set(0, c.dropout_scale);
+    p->drop_scale.upload();
+    p->drop_scale_inv.alloc(one, DType::kFloat32);
+    p->drop_scale_inv.set(0, 1.0 / c.dropout_scale);
+    p->drop_scale_inv.upload();
+  }
+  if (c.philox()) {
     p->drop_seed.make({c.dropout_seed}, c.dropout_i64);
     p->drop_offset.make({c.dropout_offset}, c.dropout_i64);
     if (c.rng_dump) {
@@ -227,7 +249,15 @@ void set_options(const Problem& p, Attr& a, bool cuda) {
   if (c.sinks) a.set_sink_token(api::TensorDesc(nullptr, api::kFloat32, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0}, {c.Hq}));
   if (c.gate) a.set_gate(p.gate.desc(cuda));
   if (c.bias) a.set_bias(p.bias.desc(cuda));
-  if (c.dropout_p > 0) a.set_dropout(c.dropout_p, p.drop_seed.desc(cuda), p.drop_offset.desc(cuda));
+  if (c.philox()) a.set_dropout(c.dropout_p, p.drop_seed.desc(cuda), p.drop_offset.desc(cuda));
+  if (c.dropout_mask) {
+    const api::TensorDesc one(nullptr, api::kFloat32, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0}, {1});
+    if constexpr (std::is_same_v<Attr, api::SdpaBackwardAttributes>) {
+      a.set_dropout(p.drop_mask.desc(cuda), one, one);  // with scale_inv (the seed's backward form)
+    } else {
+      a.set_dropout(p.drop_mask.desc(cuda), one);
+    }
+  }
   if (c.block_mask) {
     a.set_block_mask(api::TensorDesc(nullptr, api::kUInt8, fs_device_t{cuda ? FS_DEVICE_CUDA : FS_DEVICE_CPU, 0},
                                      {p.bm.shape[0], p.bm.shape[1], p.bm.shape[2], p.bm.shape[3]}, p.bm.strides()));
@@ -259,8 +289,12 @@ void set_index_pointers(const Problem& p, api::SdpaVariantPack& pack, bool cuda,
   if (p.c.scale_tensor) pack.set(FS_SDPA_ATTN_SCALE, const_cast<float*>(p.scale_host));
   if (p.c.sinks) pack.set(FS_SDPA_SINK_TOKEN, p.sink.ptr(cuda));
   if (p.c.bias) pack.set(FS_SDPA_BIAS, p.bias.ptr(cuda));
-  if (p.c.dropout_p > 0) {
+  if (p.c.philox()) {
     pack.set(FS_SDPA_DROPOUT_SEED, p.drop_seed.ptr(cuda)).set(FS_SDPA_DROPOUT_OFFSET, p.drop_offset.ptr(cuda));
+  }
+  if (p.c.dropout_mask) {
+    pack.set(FS_SDPA_DROPOUT_MASK, p.drop_mask.ptr(cuda)).set(FS_SDPA_DROPOUT_SCALE, p.drop_scale.ptr(cuda));
+    if (backward) pack.set(FS_SDPA_DROPOUT_SCALE_INV, p.drop_scale_inv.ptr(cuda));
   }
   if (p.c.rng_dump && !backward) pack.set(FS_SDPA_RNG_DUMP, p.dump.ptr(cuda));
   if (p.c.bias && p.c.dbias && backward) pack.set(FS_SDPA_DBIAS, p.dbias.ptr(cuda));
@@ -825,6 +859,28 @@ TEST(SdpaGpu, Sm90ForwardModsFeedsTheBackward) {
   run_sm90_mods_cases(14201, 14224, /*backward=*/true);
 }
 
+// The multi-block shape of the EachAlone / EachForm tests, feature f of them: B = 3, H_q = 4, H_k = 2,
+// S_q = 300 + 37 f, S_kv = 500 - 23 f, head dims (dim, dim), bottom-right causal, cu_seq_len padding
+// (int64 on odd f) with a sample without keys, fp16 on odd f (else bf16), scale 2 / sqrt(dim).
+Case multi_block_case(uint64_t seed, int f, int64_t dim) {
+  Case c;
+  c.seed = seed;
+  c.dtype = f % 2 ? DType::kFloat16 : DType::kBFloat16;
+  c.B = 3;
+  c.Hq = 4;
+  c.Hk = 2;
+  c.Sq = 300 + 37 * f;
+  c.Skv = 500 - 23 * f;
+  c.Dqk = c.Dv = dim;
+  c.has_right = true;
+  c.bottom_right = true;
+  c.lengths = 2;  // cu_seq_len on padded tensors
+  c.lengths64 = f % 2;
+  c.zero_kv_sample = true;
+  c.scale = 2.0f / std::sqrt(float(c.Dqk));
+  return c;
+}
+
 TEST(SdpaGpu, Sm90ForwardModsEachAlone) {
   // Each feature alone, then all together, on multi-block shapes (GQA, padding by cu_seq_len with
   // a sample without keys, bottom-right causal), head dims 64, 96 and 128, fp16 and bf16.
@@ -832,21 +888,7 @@ TEST(SdpaGpu, Sm90ForwardModsEachAlone) {
   const ForceSdpaSm90 force(1);
   const ForceSdpaSm90Mods mods(1);
   for (int f = 0; f < 13; ++f) {
-    Case c;
-    c.seed = 14500 + uint64_t(f);
-    c.dtype = f % 2 ? DType::kFloat16 : DType::kBFloat16;
-    c.B = 3;
-    c.Hq = 4;
-    c.Hk = 2;
-    c.Sq = 300 + 37 * f;
-    c.Skv = 500 - 23 * f;
-    c.Dqk = c.Dv = f % 3 == 0 ? 64 : f % 3 == 1 ? 96 : 128;
-    c.has_right = true;
-    c.bottom_right = true;
-    c.lengths = 2;  // cu_seq_len on padded tensors
-    c.lengths64 = f % 2;
-    c.zero_kv_sample = true;
-    c.scale = 2.0f / std::sqrt(float(c.Dqk));
+    Case c = multi_block_case(14500 + uint64_t(f), f, f % 3 == 0 ? 64 : f % 3 == 1 ? 96 : 128);
     switch (f) {
       case 0: c.softcap = 3.0f; break;
       case 1: c.alibi = true; break;
@@ -885,6 +927,10 @@ TEST(SdpaGpu, Sm90ForwardModsFallsBackToSm80) {
   REQUIRE_SM90();
   const ForceSdpaSm90 force(1);
   const ForceSdpaSm90Mods mods(1);
+  set_sdpa_sm90_dropout_enabled(0);  // (with it: the Sm90Dropout* tests)
+  struct Restore {
+    ~Restore() { set_sdpa_sm90_dropout_enabled(-1); }
+  } restore;
   for (int i = 0; i < 4; ++i) {
     Case c = sm90_case(14600 + uint64_t(i));
     c.kind_q = c.kind_kv = Kind::kBhsd;
@@ -1149,22 +1195,8 @@ TEST(SdpaGpu, Sm90BackwardModsEachAlone) {
   REQUIRE_SM90();
   const ForceSm90WithMods force;
   for (int f = 0; f < 13; ++f) {
-    Case c;
-    c.seed = 14900 + uint64_t(f);
-    c.dtype = f % 2 ? DType::kFloat16 : DType::kBFloat16;
-    c.B = 3;
-    c.Hq = 4;
-    c.Hk = 2;
-    c.Sq = 300 + 37 * f;
-    c.Skv = 500 - 23 * f;
-    c.Dqk = c.Dv = f % 3 == 0 ? 64 : f % 3 == 1 ? 96 : 128;
-    c.has_right = true;
-    c.bottom_right = true;
-    c.lengths = 2;  // cu_seq_len on padded tensors
-    c.lengths64 = f % 2;
-    c.zero_kv_sample = true;
+    Case c = multi_block_case(14900 + uint64_t(f), f, f % 3 == 0 ? 64 : f % 3 == 1 ? 96 : 128);
     c.deterministic = f % 2;
-    c.scale = 2.0f / std::sqrt(float(c.Dqk));
     switch (f) {
       case 0: c.softcap = 3.0f; break;
       case 1: c.alibi = true; break;
@@ -1289,6 +1321,10 @@ TEST(SdpaGpu, Sm90BackwardModsFallsBackToSm80) {
   // with ALiBi, H_k != H_v with sinks, Philox dropout with a bias.
   REQUIRE_SM90();
   const ForceSm90WithMods force;
+  set_sdpa_sm90_dropout_enabled(0);  // (with it: the Sm90Dropout* tests)
+  struct Restore {
+    ~Restore() { set_sdpa_sm90_dropout_enabled(-1); }
+  } restore;
   for (int i = 0; i < 5; ++i) {
     Case c = sm90_case(14990 + uint64_t(i));
     c.kind_q = c.kind_kv = Kind::kBhsd;
@@ -1360,6 +1396,309 @@ TEST(SdpaGpu, Sm90BackwardModsSanitizerSmall) {
         break;
     }
     run_sm90_bwd_mods_case(c);
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Dropout on the sm90 SDPA kernels (kernel_fwd_sm90.cuh sdpa_fwd_kernel_sm90 with AnalyticDropSourceSm90,
+// kernel_bwd_mods_sm90.cuh sdpa_bwd_mods_kernel_sm90<..., true>; experimental, FLASHSPAN_EXPERIMENTAL=1:
+// sdpa_sm90_dropout_enabled), Philox and the caller's mask: forced on here (ForceSm90WithDropout, with
+// the sm90 forward and backward and their modifiers); sm90::sdpa_fwd_drop_launches /
+// sdpa_bwd_drop_launches say the dropout kernels ran. Written 2026-12-03, not yet run on a GPU.
+// ---------------------------------------------------------------------------
+
+struct ForceSm90Dropout {
+  explicit ForceSm90Dropout(int on) { set_sdpa_sm90_dropout_enabled(on); }
+  ~ForceSm90Dropout() { set_sdpa_sm90_dropout_enabled(-1); }
+};
+
+// The switches of an sm90 forward and backward with dropout (and modifiers), for a scope.
+struct ForceSm90WithDropout {
+  ForceSm90WithMods mods;
+  ForceSm90Dropout dropout{1};
+};
+
+// sm90_case (masks in both alignments, padding with a sample without keys, GQA / MQA, layouts, S up
+// to 1100 on odd seeds, deterministic at random) with dropout: Philox on even seeds (probabilities 0,
+// 0.1, 0.25, 0.5, 0.9; int32 / int64 seed and offset, seeds of both signs, rng_dump on half), the
+// caller's mask on odd ones (every broadcast form; uint8, float16, bfloat16, float32; padded strides on
+// a third; scale 1 / (1 - p)); head dims up to 128 with 32 and 96 on a quarter; softcap, a bias, sinks or
+// ALiBi (the modifiers' run-time flags in the same kernels) on two thirds.
+Case sm90_dropout_case(uint64_t seed) {
+  Case c = sm90_case(seed);
+  std::mt19937_64 rng(seed * 977 + 3);
+  if (rng() % 4 == 0) c.Dqk = c.Dv = rng() % 2 ? 32 : 96;
+  static const float kProbs[] = {0.0f, 0.1f, 0.25f, 0.5f, 0.9f};
+  const float prob = kProbs[rng() % 5];
+  if (seed % 2 == 0) {
+    c.dropout_p = prob;
+    c.dropout_p_zero = prob == 0.0f;
+    c.dropout_seed = int64_t(rng() % 100000) - (rng() % 3 == 0 ? 50000 : 0);
+    c.dropout_offset = int64_t(rng() % 1000);
+    c.dropout_i64 = rng() % 2;
+    c.rng_dump = rng() % 2;
+  } else {
+    static const DType kMaskTypes[] = {DType::kUInt8, DType::kFloat16, DType::kBFloat16, DType::kFloat32};
+    c.dropout_mask = 1 + int(rng() % 16);
+    c.dropout_mask_dtype = kMaskTypes[rng() % 4];
+    c.dropout_mask_strided = rng() % 3 == 0;
+    c.dropout_scale = 1.0f / (1.0f - prob);
+  }
+  switch (rng() % 6) {
+    case 0: c.softcap = float(2 + rng() % 40) * 0.5f; break;
+    case 1: c.bias = 1 + int(rng() % 16); c.bias_f32 = rng() % 2; break;
+    case 2: c.sinks = true; c.max_logit = false; break;
+    case 3: c.alibi = true; c.has_right = true; c.right = 0; break;
+    default: break;
+  }
+  return c;
+}
+
+// Runs c on the sm90 kernels with dropout (switches forced by the caller): the forward alone, or
+// forward and backward (`chain`: the backward takes the GPU forward's O and LSE); the launch counters
+// say the dropout kernels ran.
+void run_sm90_dropout_case(const Case& c, bool backward, bool chain = false) {
+  const int64_t f0 = sm90::sdpa_fwd_launches(), fd0 = sm90::sdpa_fwd_drop_launches();
+  const int64_t b0 = sm90::sdpa_bwd_launches(), bd0 = sm90::sdpa_bwd_drop_launches();
+  run_case(c, backward, chain);
+  EXPECT_EQ(sm90::sdpa_fwd_launches(), f0 + 1) << "forward family of " << c.str();
+  EXPECT_EQ(sm90::sdpa_fwd_drop_launches(), fd0 + 1) << "forward kernel of " << c.str();
+  if (backward) {
+    EXPECT_EQ(sm90::sdpa_bwd_launches(), b0 + 1) << "backward family of " << c.str();
+    EXPECT_EQ(sm90::sdpa_bwd_drop_launches(), bd0 + 1) << "backward kernel of " << c.str();
+  }
+}
+
+TEST(SdpaGpu, Sm90DropoutForwardRandom) {
+  // O, the LSE (every element in the row sums), rng_dump (bitwise the reference's) against the CPU
+  // reference, 60 cases; H_k != H_v on every fourth (H_q = 8, H_k = 2, H_v = 4 or 1: the forward takes it,
+  // the keep mask is the query head's).
+  REQUIRE_SM90();
+  const ForceSm90WithDropout force;
+  for (uint64_t seed = 15001; seed <= 15060; ++seed) {
+    Case c = sm90_dropout_case(seed);
+    if (seed % 4 == 0) {
+      c.Hq = 8;
+      c.Hk = 2;
+      c.Hv = seed % 8 == 0 ? 4 : 1;
+    }
+    run_sm90_dropout_case(c, /*backward=*/false);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// Forward and backward (dQ, dK, dV and, with sinks, dSink against the reference's): 60 cases in two
+// tests (gtest shards run them side by side), every third backward on the GPU forward's O and LSE,
+// deterministic on every other pair of seeds.
+void run_sm90_dropout_bwd_cases(uint64_t first, uint64_t last) {
+  const ForceSm90WithDropout force;
+  for (uint64_t seed = first; seed <= last; ++seed) {
+    Case c = sm90_dropout_case(seed);
+    c.deterministic = (seed / 2) % 2;
+    run_sm90_dropout_case(c, /*backward=*/true, /*chain=*/seed % 3 == 0);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, Sm90DropoutBackwardRandom1) {
+  REQUIRE_SM90();
+  run_sm90_dropout_bwd_cases(15101, 15130);
+}
+TEST(SdpaGpu, Sm90DropoutBackwardRandom2) {
+  REQUIRE_SM90();
+  run_sm90_dropout_bwd_cases(15131, 15160);
+}
+
+TEST(SdpaGpu, Sm90DropoutEachForm) {
+  // Multi-block shapes (GQA, padding by cu_seq_len with a sample without keys, bottom-right causal or a
+  // window) for each form: Philox at p = 0, 0.5 and 0.9 (rng_dump), the mask in each dtype and a few
+  // broadcast forms; D = 64, 128 and 40; forward and backward, deterministic on odd f.
+  REQUIRE_SM90();
+  const ForceSm90WithDropout force;
+  for (int f = 0; f < 8; ++f) {
+    Case c = multi_block_case(15200 + uint64_t(f), f, f % 3 == 0 ? 64 : f % 3 == 1 ? 128 : 40);
+    if (f == 5) {
+      c.has_left = true;
+      c.left = 90;
+    }
+    c.deterministic = f % 2;
+    switch (f) {
+      case 0: c.dropout_p_zero = true; c.dropout_seed = 5; c.rng_dump = true; break;
+      case 1: c.dropout_p = 0.5f; c.dropout_seed = -77; c.dropout_offset = 1; c.dropout_i64 = true; c.rng_dump = true; break;
+      case 2: c.dropout_p = 0.9f; c.dropout_seed = 123456789; c.dropout_offset = 1000; c.rng_dump = true; break;
+      case 3: c.dropout_mask = 1; c.dropout_mask_dtype = DType::kUInt8; c.dropout_scale = 1.5f; break;  // [B, H_q, S_q, S_kv]
+      case 4: c.dropout_mask = 1 + 1 + 2; c.dropout_mask_dtype = DType::kFloat16; c.dropout_scale = 2.0f; break;  // [1, 1, S_q, S_kv]
+      case 5: c.dropout_mask = 1 + 4; c.dropout_mask_dtype = DType::kBFloat16; c.dropout_mask_strided = true; break;  // [B, H_q, 1, S_kv]
+      case 6: c.dropout_mask = 1 + 8; c.dropout_mask_dtype = DType::kFloat32; c.dropout_scale = 1.25f; break;  // [B, H_q, S_q, 1]
+      default:  // Philox with every modifier of the kernels besides
+        c.dropout_p = 0.25f;
+        c.dropout_seed = 99;
+        c.dropout_offset = 3;
+        c.softcap = 4.0f;
+        c.alibi = true;
+        c.sinks = true;
+        c.bias = 1 + 2;
+        c.gate = true;
+        break;
+    }
+    run_sm90_dropout_case(c, /*backward=*/true);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// The keep mask the kernels apply, read back through their outputs (Philox): Q = 0 makes every logit
+// 0, so P = 1 / len_kv on every key of a sample (no band). With V one-hot on key chunk cc (V[j, d] = 1
+// for j = cc D + d), O[i, d] = P m(i, cc D + d): nonzero exactly where element (i, cc D + d) is kept
+// (the forward's fragment). With dO one-hot on query chunk rr (dO[i, d] = 1 for i = rr D + d), dV[j, d]
+// = P m(rr D + d, j): nonzero exactly where element (rr D + d, j) is kept (the backward's transposed
+// fragment; MHA, so dV sums no heads). Each against core/philox.h on the host (the CPU reference's
+// rule) for every element inside the samples, for the sm90 and the sm80 kernels (so the two families'
+// masks are equal bit for bit), and the forward's rng_dump of the same calls against it too.
+int64_t keep_mask_mismatches(const Problem& p, const Tensor& out, bool backward, int64_t chunk,
+                             std::vector<uint8_t>* dump) {
+  const Case& c = p.c;
+  const uint32_t thr = dropout_threshold(c.dropout_p);
+  const std::vector<double> got = Tensor::values(out.download(), out.dtype);
+  std::vector<double> dumped;
+  if (dump != nullptr) dumped = Tensor::values(*dump, DType::kFloat32);
+  int64_t bad = 0;
+  for (int64_t b = 0; b < c.B; ++b) {
+    for (int64_t h = 0; h < c.Hq; ++h) {
+      for (int64_t x = 0; x < (backward ? p.len_kv[size_t(b)] : p.len_q[size_t(b)]); ++x) {
+        for (int64_t d = 0; d < c.Dv; ++d) {
+          const int64_t i = backward ? chunk * c.Dv + d : x, j = backward ? x : chunk * c.Dv + d;
+          if (i >= p.len_q[size_t(b)] || j >= p.len_kv[size_t(b)]) continue;
+          const bool want = dropout_keep(uint64_t(c.dropout_seed), uint64_t(c.dropout_offset), uint32_t(b * c.Hq + h),
+                                         uint32_t(i), uint32_t(j), thr);
+          const bool kept = got[size_t(out.lay.at(b, h, x, d))] != 0.0;
+          bad += kept != want;
+          if (dump != nullptr) bad += (dumped[size_t(p.dump.lay.at(b, h, i, j))] != 0.0) != want;
+        }
+      }
+    }
+  }
+  return bad;
+}
+
+TEST(SdpaGpu, Sm90DropoutKeepMaskIsSm80s) {
+  REQUIRE_SM90();
+  const ForceSm90WithMods mods;
+  for (int64_t dim : {128, 64, 32}) {
+    Case c;
+    c.seed = 15300 + uint64_t(dim);
+    c.dtype = dim == 64 ? DType::kFloat16 : DType::kBFloat16;
+    c.B = 2;
+    c.Hq = c.Hk = 2;
+    c.Sq = 200;  // two 128-row forward blocks, four 64-row backward blocks
+    c.Skv = 300;  // three 128-key blocks
+    c.Dqk = c.Dv = dim;
+    c.lengths = 1;  // sample 1 shorter (random lengths)
+    c.dropout_p = 0.3f;
+    c.dropout_seed = 1234567 + dim;
+    c.dropout_offset = 11;
+    c.dropout_i64 = dim != 64;
+    c.rng_dump = true;
+    SCOPED_TRACE(c.str());
+    auto p = make_problem(c);
+    for (int64_t b = 0; b < c.B; ++b)  // Q = 0 inside the samples (the NaN padding stays)
+      for (int64_t h = 0; h < c.Hq; ++h)
+        for (int64_t i = 0; i < p->len_q[size_t(b)]; ++i)
+          for (int64_t d = 0; d < c.Dqk; ++d) p->q.set(p->q.lay.at(b, h, i, d), 0.0);
+    p->q.upload();
+    for (int on : {1, 0}) {
+      const ForceSm90Dropout drop(on);
+      // Forward: one call per key chunk.
+      for (int64_t cc = 0; cc * c.Dv < c.Skv; ++cc) {
+        for (int64_t b = 0; b < c.B; ++b)
+          for (int64_t h = 0; h < c.Hk; ++h)
+            for (int64_t j = 0; j < p->len_kv[size_t(b)]; ++j)
+              for (int64_t d = 0; d < c.Dv; ++d) p->v.set(p->v.lay.at(b, h, j, d), j == cc * c.Dv + d ? 1.0 : 0.0);
+        p->v.upload();
+        p->o.poison_device();
+        p->dump.poison_device();
+        const int64_t f0 = sm90::sdpa_fwd_drop_launches(), s0 = sm90::sdpa_fwd_launches();
+        run_forward(*p, /*cuda=*/true, false);
+        EXPECT_EQ(sm90::sdpa_fwd_drop_launches(), f0 + on) << "key chunk " << cc;
+        EXPECT_EQ(sm90::sdpa_fwd_launches(), s0 + on) << "key chunk " << cc;
+        std::vector<uint8_t> dump = p->dump.download();
+        EXPECT_EQ(keep_mask_mismatches(*p, p->o, false, cc, &dump), 0)
+            << (on ? "sm90" : "sm80") << " forward, key chunk " << cc;
+      }
+      // Backward: the reference's O and LSE (P = 1 / len_kv), one call per query chunk.
+      run_forward(*p, /*cuda=*/false, false);
+      poison_padding(p->o, p->len_q);
+      poison_padding(p->stats, p->len_q);
+      p->o.upload();
+      p->stats.upload();
+      for (int64_t rr = 0; rr * c.Dv < c.Sq; ++rr) {
+        for (int64_t b = 0; b < c.B; ++b)
+          for (int64_t h = 0; h < c.Hq; ++h)
+            for (int64_t i = 0; i < p->len_q[size_t(b)]; ++i)
+              for (int64_t d = 0; d < c.Dv; ++d) p->dO.set(p->dO.lay.at(b, h, i, d), i == rr * c.Dv + d ? 1.0 : 0.0);
+        p->dO.upload();
+        for (Tensor* t : {&p->dq, &p->dk, &p->dv}) t->poison_device();
+        const int64_t b0 = sm90::sdpa_bwd_drop_launches(), s0 = sm90::sdpa_bwd_launches();
+        run_backward(*p, /*cuda=*/true);
+        EXPECT_EQ(sm90::sdpa_bwd_drop_launches(), b0 + on) << "query chunk " << rr;
+        EXPECT_EQ(sm90::sdpa_bwd_launches(), s0 + on) << "query chunk " << rr;
+        EXPECT_EQ(keep_mask_mismatches(*p, p->dv, true, rr, nullptr), 0)
+            << (on ? "sm90" : "sm80") << " backward, query chunk " << rr;
+      }
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
+TEST(SdpaGpu, Sm90DropoutOffRunsSm80) {
+  // The dropout switch off (FLASHSPAN_EXPERIMENTAL unset's answer), the rest on: dropout calls keep the
+  // sm80 kernels in both directions (and are right there, both forms).
+  REQUIRE_SM90();
+  const ForceSm90WithMods mods;
+  const ForceSm90Dropout off(0);
+  for (uint64_t seed = 15101; seed <= 15108; ++seed) {
+    const Case c = sm90_dropout_case(seed);
+    const int64_t f0 = sm90::sdpa_fwd_launches(), b0 = sm90::sdpa_bwd_launches();
+    run_case(c, /*backward=*/true);
+    EXPECT_EQ(sm90::sdpa_fwd_launches(), f0) << "forward ran on sm90: " << c.str();
+    EXPECT_EQ(sm90::sdpa_bwd_launches(), b0) << "backward ran on sm90: " << c.str();
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, Sm90DropoutSanitizerSmall) {
+  // Small cases of the dropout kernels for compute-sanitizer memcheck (scripts/gpu_check.sh), on
+  // sm90_bwd_small_case's shapes (NaN-padded samples, one without keys, GQA, bottom-right causal on the
+  // (64, 64) kernel; D = 96 with a window on the (128, 128) kernel; a dense MQA case deterministic):
+  // Philox with rng_dump and softcap; a uint8 mask broadcast over B with padded strides and a bias; a
+  // float32 mask broadcast over keys with sinks. Forward and backward.
+  REQUIRE_SM90();
+  const ForceSm90WithDropout force;
+  for (int i = 0; i < 3; ++i) {
+    Case c = sm90_bwd_small_case(i);
+    c.seed = 15400 + uint64_t(i);
+    switch (i) {
+      case 0:
+        c.dropout_p = 0.3f;
+        c.dropout_seed = 42;
+        c.dropout_offset = 5;
+        c.rng_dump = true;
+        c.softcap = 4.0f;
+        break;
+      case 1:
+        c.dropout_mask = 1 + 1;
+        c.dropout_mask_dtype = DType::kUInt8;
+        c.dropout_mask_strided = true;
+        c.dropout_scale = 1.25f;
+        c.bias = 1 + 8;
+        break;
+      default:
+        c.dropout_mask = 1 + 8;
+        c.dropout_mask_dtype = DType::kFloat32;
+        c.dropout_scale = 2.0f;
+        c.sinks = true;
+        break;
+    }
+    run_sm90_dropout_case(c, /*backward=*/true);
   }
 }
 

@@ -50,6 +50,7 @@ inline double read_elem(const TensorView& t, int64_t offset) {
     case DType::kFloat32: return t.ptr<const float>()[offset];
     case DType::kFloat64: return t.ptr<const double>()[offset];
     case DType::kInt32: return t.ptr<const int32_t>()[offset];
+    case DType::kUInt8: return t.ptr<const uint8_t>()[offset];
     default: ADD_FAILURE() << "read_elem: unsupported dtype " << dtype_name(t.dtype); return 0;
   }
 }
@@ -61,6 +62,7 @@ inline void write_elem(const TensorView& t, int64_t offset, double x) {
     case DType::kFloat32: t.ptr<float>()[offset] = static_cast<float>(x); break;
     case DType::kFloat64: t.ptr<double>()[offset] = x; break;
     case DType::kInt32: t.ptr<int32_t>()[offset] = static_cast<int32_t>(x); break;
+    case DType::kUInt8: t.ptr<uint8_t>()[offset] = static_cast<uint8_t>(x); break;
     default: ADD_FAILURE() << "write_elem: unsupported dtype " << dtype_name(t.dtype);
   }
 }
