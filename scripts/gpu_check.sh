@@ -191,7 +191,7 @@ if "$tests" --gtest_list_tests --gtest_filter='SdpaGpu.Sm90ForwardMods*:SdpaGpu.
 fi
 
 # Dropout on the sm90 SDPA kernels is experimental (FLASHSPAN_EXPERIMENTAL=1, read per call; docs/SDPA.md
-# "Dropout on the sm90 kernels"; not yet run on a GPU when written). Its tests force the switch themselves
+# "Dropout on the sm90 kernels"; first run on an H200 on 2026-12-03: 28 passed). Its tests force the switch themselves
 # and ran in the whole suite above; once more with the variable set, so that the other SdpaGpu dropout
 # tests (DropoutRandom, SanitizerSmall: Philox with rng_dump) take the sm90 kernels too and the rule's
 # CPU tests see the environment's answer.

@@ -1404,7 +1404,7 @@ TEST(SdpaGpu, Sm90BackwardModsSanitizerSmall) {
 // kernel_bwd_mods_sm90.cuh sdpa_bwd_mods_kernel_sm90<..., true>; experimental, FLASHSPAN_EXPERIMENTAL=1:
 // sdpa_sm90_dropout_enabled), Philox and the caller's mask: forced on here (ForceSm90WithDropout, with
 // the sm90 forward and backward and their modifiers); sm90::sdpa_fwd_drop_launches /
-// sdpa_bwd_drop_launches say the dropout kernels ran. Written 2026-12-03, not yet run on a GPU.
+// sdpa_bwd_drop_launches say the dropout kernels ran. First run on an H200 2026-12-03: all passed.
 // ---------------------------------------------------------------------------
 
 struct ForceSm90Dropout {
