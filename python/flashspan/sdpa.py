@@ -43,8 +43,9 @@ _VALIDATED = L.OpCache(256)  # calls whose descriptors passed the C layer's rule
 
 def dropout_offset_increment(max_seq_len_kv: int) -> int:
     """How far to advance the Philox offset between calls that share a seed so their dropout masks are
-    independent: ceil(S_kv / 2) (each Philox counter serves two key columns; docs/SDPA.md)."""
-    return (int(max_seq_len_kv) + 1) // 2
+    independent: 4 ceil(S_kv / 16) (each Philox counter serves four key columns of a 16-column block;
+    docs/SDPA.md)."""
+    return 4 * ((int(max_seq_len_kv) + 15) // 16)
 
 
 # ---------------------------------------------------------------------------

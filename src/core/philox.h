@@ -14,16 +14,21 @@
 //   seed   : int64 (an int32 seed tensor is sign-extended); key k0 = low 32 bits, k1 = high 32 bits.
 //   offset : int64 (int32 sign-extended), read as an unsigned 64-bit counter base.
 //   element (b, h, i, j): batch b, query head h (of H_q), sample-local query row i, sample-local
-//   key column j. One Philox call serves the 2 x 2 block of rows {i, i + 8} x columns {j, j + 1}
-//   for i % 16 < 8 and j even (the per-thread pattern of mma.sync and wgmma accumulators):
-//     (c0 | c1 << 32) = offset + (j >> 1)                      (64-bit add, wraps)
+//   key column j. One Philox call serves the 2 x 4 block of rows {i, i + 8} x columns
+//   {j, j + 1, j + 8, j + 9} for i % 16 < 8 and j % 16 < 8, j even (the per-thread pattern of two
+//   adjacent n8 blocks of mma.sync and wgmma accumulators), each element a 16-bit half of a word:
+//     (c0 | c1 << 32) = offset + 4 (j >> 4) + ((j >> 1) & 3)   (64-bit add, wraps)
 //      c2             = (i >> 4) * 8 + (i & 7)                 (row pair within the sample)
 //      c3             = b * H_q + h
 //     word            = 2 * ((i >> 3) & 1) + (j & 1)
-//   The element is dropped iff word < threshold, threshold = min(floor(p * 2^32), 2^32 - 1)
-//   (dropout_threshold); kept elements are scaled by 1 / (1 - p).
+//     half            = (j >> 3) & 1                           (bits 16 half .. 16 half + 15)
+//   The element is dropped iff its 16-bit number is below threshold, threshold =
+//   min(floor(p * 2^16), 2^16 - 1) (dropout_threshold); kept elements are scaled by 1 / (1 - p).
+//   So the dropped fraction is threshold / 2^16, within 2^-16 of p (p < 2^-16 drops nothing).
+//   16-bit numbers (eight elements a call, not four) halve the Philox work, which bounds the
+//   GPU kernels with dropout (PERF_LOG v2.23); FlashAttention-2 uses 8-bit ones (p within 2^-8).
 // Calls that share a seed get independent masks when their offsets differ by at least
-// ceil(S_kv / 2) (the largest j >> 1 of a call plus one), as with PyTorch's Philox offsets.
+// 4 ceil(S_kv / 16) (the largest counter step of a call plus one), as with PyTorch's Philox offsets.
 #pragma once
 
 #include <cmath>
@@ -72,17 +77,17 @@ FS_PHILOX_HD Philox4 philox4x32_10(uint32_t c0, uint32_t c1, uint32_t c2, uint32
 }
 
 // Drop threshold of a dropout probability p in [0, 1): an element is dropped iff its
-// 32-bit word is below it. Computed in double on the host and passed to kernels as is.
+// 16-bit number is below it. Computed in double on the host and passed to kernels as is.
 inline uint32_t dropout_threshold(double p) {
   if (!(p > 0.0)) return 0u;
-  const double t = std::floor(p * 4294967296.0);
-  return t >= 4294967295.0 ? 0xFFFFFFFFu : static_cast<uint32_t>(t);
+  const double t = std::floor(p * 65536.0);
+  return t >= 65535.0 ? 0xFFFFu : static_cast<uint32_t>(t);
 }
 
 // The four words of the Philox call that serves element (b, h, i, j) (see the mapping above).
 // bh = b * H_q + h.
 FS_PHILOX_HD Philox4 dropout_philox_block(uint64_t seed, uint64_t offset, uint32_t bh, uint32_t i, uint32_t j) {
-  const uint64_t ctr = offset + (j >> 1);
+  const uint64_t ctr = offset + (uint64_t(j >> 4) << 2) + ((j >> 1) & 3u);
   return philox4x32_10(static_cast<uint32_t>(ctr), static_cast<uint32_t>(ctr >> 32), (i >> 4) * 8u + (i & 7u), bh,
                        static_cast<uint32_t>(seed), static_cast<uint32_t>(seed >> 32));
 }
@@ -90,10 +95,13 @@ FS_PHILOX_HD Philox4 dropout_philox_block(uint64_t seed, uint64_t offset, uint32
 // Index of element (i, j)'s word within its Philox block.
 FS_PHILOX_HD int dropout_word_index(uint32_t i, uint32_t j) { return static_cast<int>(2u * ((i >> 3) & 1u) + (j & 1u)); }
 
+// Element (i, j)'s 16-bit number in its word (half (j >> 3) & 1).
+FS_PHILOX_HD uint32_t dropout_number(uint32_t word, uint32_t j) { return (word >> (((j >> 3) & 1u) * 16u)) & 0xFFFFu; }
+
 // Whether element (b, h, i, j) survives dropout.
 FS_PHILOX_HD bool dropout_keep(uint64_t seed, uint64_t offset, uint32_t bh, uint32_t i, uint32_t j,
                                uint32_t threshold) {
-  return dropout_philox_block(seed, offset, bh, i, j).x[dropout_word_index(i, j)] >= threshold;
+  return dropout_number(dropout_philox_block(seed, offset, bh, i, j).x[dropout_word_index(i, j)], j) >= threshold;
 }
 
 }  // namespace flashspan

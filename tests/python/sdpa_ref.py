@@ -45,13 +45,14 @@ def dropout_keep(seed: int, offset: int, B: int, H: int, Sq: int, Skv: int, p: f
     offset &= (1 << 64) - 1
     b, h, i, j = np.meshgrid(np.arange(B), np.arange(H), np.arange(Sq), np.arange(Skv), indexing="ij")
     b, h, i, j = (x.astype(np.uint64) for x in (b, h, i, j))
-    ctr = (np.uint64(offset) + (j >> np.uint64(1)))  # wraps modulo 2^64
+    ctr = np.uint64(offset) + ((j >> np.uint64(4)) << np.uint64(2)) + ((j >> np.uint64(1)) & np.uint64(3))  # wraps
     c2 = (i >> np.uint64(4)) * np.uint64(8) + (i & np.uint64(7))
     c3 = b * np.uint64(H) + h
     words = philox4x32_10(ctr & _MASK32, ctr >> np.uint64(32), c2, c3, seed & 0xFFFFFFFF, seed >> 32)
     widx = ((i >> np.uint64(3)) & np.uint64(1)) * np.uint64(2) + (j & np.uint64(1))
     w = np.choose(widx.astype(np.int64), words)
-    threshold = min(math.floor(p * 2.0**32), 2**32 - 1) if p > 0 else 0
+    w = (w >> (((j >> np.uint64(3)) & np.uint64(1)) * np.uint64(16))) & np.uint64(0xFFFF)  # the 16-bit number
+    threshold = min(math.floor(p * 2.0**16), 2**16 - 1) if p > 0 else 0
     return torch.from_numpy(w >= np.uint64(threshold))
 
 

@@ -25,6 +25,7 @@ def test_documented_sdpa_names_are_reachable_through_flashspan_sdpa(fs):
     module = importlib.import_module("flashspan.sdpa")
     assert callable(fs.sdpa) and fs.sdpa is module.sdpa
     assert fs.sdpa.dropout_offset_increment(7) == 4
+    assert fs.sdpa.dropout_offset_increment(17) == 8
     for name in module.__all__:
         assert getattr(fs.sdpa, name) is getattr(module, name), name
     # ... and at the top level, next to the other public names.

@@ -176,23 +176,27 @@ __device__ __forceinline__ void sdpa_dropout_keep_apply(Bits bits, float sc, Fn&
 
 // The Philox keep bits (SdpaDropoutParams, mode 1) of a thread's share of a warp's fragment of kN n8
 // blocks: bit 4 n + r for element (n, r) = row i + 8 (r / 2), column j + 8 n + r % 2 of sample b, query head
-// h (i = the fragment's row 0 + g with i % 16 < 8, j = its column 0 + 2 q: AccFragment). The thread's
-// 2 x 2 elements of block n are the four words of one call (core/philox.h dropout_philox_block), in a
+// h (i = the fragment's row 0 + g with i % 16 < 8, j = its column 0 + 2 q with column 0 a multiple of 16:
+// AccFragment). The thread's 2 x 2 elements of blocks n and n + 1 (n even) are the four words' halves of one
+// call (core/philox.h dropout_philox_block: 16-bit numbers, low halves block n, high halves n + 1), in a
 // loop that is not unrolled (ten rounds per call unrolled over a fragment crowd the registers of the
 // kernels' main loops).
 template <int kN>
 __device__ __forceinline__ uint64_t sdpa_dropout_keep_bits(const SdpaDropoutParams& dp, int b, int h, int num_heads,
                                                            int64_t i, int64_t j) {
-  static_assert(kN <= 16, "keep bits of at most 16 n8 blocks");
+  static_assert(kN <= 16 && kN % 2 == 0, "keep bits of at most 16 n8 blocks, in pairs");
   const uint64_t seed = uint64_t(load_index(dp.seed, 0)), offset = uint64_t(load_index(dp.offset, 0));
   const uint32_t bh = uint32_t(b * num_heads + h), thr = dp.threshold;
   uint64_t bits = 0;
 #pragma unroll 1
-  for (int n = 0; n < kN; ++n) {
+  for (int n = 0; n < kN; n += 2) {
     const Philox4 w = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n));
-    const uint64_t k4 = uint64_t(w.x[0] >= thr) | uint64_t(w.x[1] >= thr) << 1 | uint64_t(w.x[2] >= thr) << 2 |
-                        uint64_t(w.x[3] >= thr) << 3;
-    bits |= k4 << (4 * n);
+    uint32_t k8 = 0;
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      k8 |= uint32_t((w.x[r] & 0xFFFFu) >= thr) << r | uint32_t((w.x[r] >> 16) >= thr) << (4 + r);
+    }
+    bits |= uint64_t(k8) << (4 * n);
   }
   return bits;
 }
@@ -215,14 +219,15 @@ __device__ __forceinline__ void sdpa_dropout_apply(const SdpaDropoutParams& dp, 
 // The Philox keep bits (SdpaDropoutParams, mode 1) of a thread's share of a transposed fragment of kN n8
 // blocks (rows = keys, columns = queries: the sm90 backward's S^T, kernel_bwd_mods_sm90.cuh): bit 4 n + r
 // for element (n, r) = key k + 8 (r / 2), query i + 8 n + r % 2 of sample b, query head h (k = the
-// fragment's row 0 + g, row 0 even; i = its column 0 + 2 q, column 0 a multiple of 16), kept or not as
-// sdpa_dropout_apply keeps element (query, key) of the untransposed fragment (its word of core/philox.h),
-// so the keep mask is the forward's bit for bit; sdpa_dropout_keep_apply makes them the multipliers. All
-// 32 lanes of the warp call it (a shuffle). The call of queries {i', i' + 8} x keys {k', k' + 1}
-// (i' % 16 < 8, k' even) holds, in S^T, blocks n, n + 1 (n even) of query parity i' % 2 of the rows g,
-// g ^ 1 of lanes lane, lane ^ 4 (keys k', k' + 1): so each lane of such a pair draws the calls of one
-// query parity, its own key parity e = k % 2 (kN calls a thread, as for the untransposed fragment, not
-// 2 kN), keeps the words of its keys and hands the other lane its words with one shuffle.
+// fragment's row 0 + g, row 0 a multiple of 16; i = its column 0 + 2 q, column 0 a multiple of 16), kept
+// or not as sdpa_dropout_apply keeps element (query, key) of the untransposed fragment (its word half of
+// core/philox.h), so the keep mask is the forward's bit for bit; sdpa_dropout_keep_apply makes them the
+// multipliers. All 32 lanes of the warp call it (a shuffle). The call of queries {i', i' + 8} x keys
+// {k', k' + 1, k' + 8, k' + 9} (i' % 16 < 8, k' % 16 < 8 even) holds, in S^T, blocks n, n + 1 (n even) of
+// query parity i' % 2, rows g, g + 8 of lane (key parity 0) and of lane ^ 4 (key parity 1: row g ^ 1).
+// So each lane of such a pair draws the calls of one query parity, its own key parity e = k % 2 (kN / 2
+// calls a thread, as for the untransposed fragment), keeps the words of its keys and hands the other
+// lane its words with one shuffle.
 template <int kN>
 __device__ __forceinline__ uint32_t sdpa_dropout_keep_bits_transposed(const SdpaDropoutParams& dp, int b, int h,
                                                                       int num_heads, int64_t i, int64_t k) {
@@ -232,16 +237,15 @@ __device__ __forceinline__ uint32_t sdpa_dropout_keep_bits_transposed(const Sdpa
   const uint32_t e = uint32_t(k) & 1u;  // this lane's key parity: the query parity of the calls it draws
   uint32_t own = 0, other = 0;
 #pragma unroll 1
-  for (int c = 0; c < kN; ++c) {
-    const int np = c >> 1, hi = c & 1;  // blocks 2 np, 2 np + 1; key half hi
-    const Philox4 w = dropout_philox_block(seed, offset, bh, uint32_t(i) + 16u * uint32_t(np) + e,
-                                           uint32_t(k) - e + 8u * uint32_t(hi));
-    // Word 2 jj + key parity: block 2 np + jj (query row i' + 8 jj) of key k' (parity 0) or k' + 1 (1).
-    const uint32_t own0 = e ? w.x[1] : w.x[0], own1 = e ? w.x[3] : w.x[2];
-    const uint32_t other0 = e ? w.x[0] : w.x[1], other1 = e ? w.x[2] : w.x[3];
-    const int bit = 8 * np + 2 * hi + int(e);  // element (2 np, 2 hi + e) of both lanes (+4: block 2 np + 1)
-    own |= uint32_t(own0 >= thr) << bit | uint32_t(own1 >= thr) << (bit + 4);
-    other |= uint32_t(other0 >= thr) << bit | uint32_t(other1 >= thr) << (bit + 4);
+  for (int np = 0; np < kN / 2; ++np) {  // blocks 2 np, 2 np + 1
+    const Philox4 w = dropout_philox_block(seed, offset, bh, uint32_t(i) + 16u * uint32_t(np) + e, uint32_t(k) - e);
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {  // block 2 np + jj: query row i' + 8 jj, words 2 jj + key parity
+      const uint32_t wo = e ? w.x[2 * jj + 1] : w.x[2 * jj], wt = e ? w.x[2 * jj] : w.x[2 * jj + 1];
+      const int bit = 4 * (2 * np + jj) + int(e);  // element (2 np + jj, e): key k; + 2: key k + 8 (high half)
+      own |= uint32_t((wo & 0xFFFFu) >= thr) << bit | uint32_t((wo >> 16) >= thr) << (bit + 2);
+      other |= uint32_t((wt & 0xFFFFu) >= thr) << bit | uint32_t((wt >> 16) >= thr) << (bit + 2);
+    }
   }
   return own | __shfl_xor_sync(0xffffffffu, other, 4);
 }
