@@ -42,9 +42,10 @@ Switch g_sdpa_bwd_sm90_mods{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_BWD_M
 // memcheck / racecheck / synccheck clean) and it runs 1.1-1.35x the bf16 forward (PERF_LOG v2.17, v2.20);
 // FLASHSPAN_SM90_SDPA_FP8=0 (read per call) turns it off, and CUDA FP8 calls are then refused.
 Switch g_sdpa_fp8_sm90{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8"); }};
-// Dropout on those kernels with modifiers is experimental (its GPU tests first passed on an H200 2026-12-03):
-// FLASHSPAN_EXPERIMENTAL=1 (read per call); without it dropout keeps the sm80 kernels.
-Switch g_sdpa_sm90_dropout{experimental_from_env};
+// Dropout on those kernels with modifiers too, since its GPU tests passed on an H200 in two sessions
+// (memcheck / synccheck clean) and it ran 1.2x (forward) / 1.8x (backward) the sm80 kernels (PERF_LOG
+// v2.22-v2.23); FLASHSPAN_SM90_SDPA_DROPOUT=0 (read per call) keeps dropout on the sm80 kernels.
+Switch g_sdpa_sm90_dropout{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_DROPOUT"); }};
 }  // namespace
 
 namespace {
@@ -73,7 +74,7 @@ static_assert(sdpa_head_dim_rules_agree(), "sm90 SDPA head dims: the forward's a
 // sdpa_bwd_mods_kernel_sm90), sinks with dSink and the gate with dgate (around either kernel); the
 // block_mask keeps the sm80 backward. Both directions take dropout (Philox with seed / offset, and
 // rng_dump in the forward; or the caller's mask with its scale, scale_inv in the backward) on those
-// kernels with modifiers (their run-time flag) when sdpa_sm90_dropout_enabled() (FLASHSPAN_EXPERIMENTAL=1)
+// kernels with modifiers (their run-time flag) when sdpa_sm90_dropout_enabled() (FLASHSPAN_SM90_SDPA_DROPOUT not 0)
 // and the direction's modifiers are on (head dims up to 128).
 const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
   using namespace sdpa;

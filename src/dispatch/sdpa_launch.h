@@ -101,10 +101,9 @@ const char* sdpa_bwd_sm90_refusal(const sdpa::Problem& p);
 // Both refusals also let dropout through (Philox with seed / offset and, in the forward, rng_dump; or
 // the caller's mask with its scale) when sdpa_sm90_dropout_enabled() and the direction's modifiers
 // switch is on (head dims up to 128): it runs on the kernels with modifiers (a run-time flag of them,
-// the keep mask the sm80 kernels' bit for bit). Experimental (written 2026-12-03, not yet run on a
-// GPU): on with FLASHSPAN_EXPERIMENTAL=1 (read per call), unless set_sdpa_sm90_dropout_enabled
-// overrides it (tests: 1 on, 0 off, -1 back to the environment's answer); otherwise dropout keeps the
-// sm80 kernels.
+// the keep mask the sm80 kernels' bit for bit). On unless FLASHSPAN_SM90_SDPA_DROPOUT=0 (read per
+// call), unless set_sdpa_sm90_dropout_enabled overrides it (tests: 1 on, 0 off, -1 back to the
+// environment's answer); off, dropout keeps the sm80 kernels.
 bool sdpa_sm90_dropout_enabled();
 void set_sdpa_sm90_dropout_enabled(int on);
 bool sdpa_bwd_sm90_enabled();

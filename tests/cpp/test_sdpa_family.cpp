@@ -741,28 +741,40 @@ TEST(SdpaFamily, Sm90DropoutSwitch) {
 }
 
 TEST(SdpaFamily, Sm90DropoutSwitchReadsTheEnvironment) {
-  // FLASHSPAN_EXPERIMENTAL=1 turns it on (read per call); unset or any other value: off; the override
-  // wins both ways. Neither modifiers switch turns it on.
+  // On unless FLASHSPAN_SM90_SDPA_DROPOUT is "0" (read per call; unset, empty or any other value: on);
+  // FLASHSPAN_EXPERIMENTAL (the switch before it) no longer changes it; the override wins both ways.
+  // Either modifiers switch off still refuses dropout (it runs on their kernels).
   set_sdpa_sm90_dropout_enabled(-1);
+  ScopedEnv drop("FLASHSPAN_SM90_SDPA_DROPOUT", nullptr);
   ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
   ScopedEnv fwd_mods("FLASHSPAN_SM90_SDPA_MODS", nullptr);
   ScopedEnv bwd_mods("FLASHSPAN_SM90_SDPA_BWD_MODS", nullptr);
   set_sdpa_fwd_sm90_mods_enabled(-1);
   set_sdpa_bwd_sm90_mods_enabled(-1);
+  EXPECT_TRUE(sdpa_sm90_dropout_enabled());
+  EXPECT_EQ(refusal(philox_call()), "");
+  EXPECT_EQ(bwd_refusal(mask_call()), "");
+  experimental.set("0");
+  EXPECT_TRUE(sdpa_sm90_dropout_enabled());
+  drop.set("0");
   EXPECT_FALSE(sdpa_sm90_dropout_enabled());
   EXPECT_EQ(refusal(philox_call()), "dropout");
   EXPECT_EQ(bwd_refusal(mask_call()), "dropout");
   experimental.set("1");
-  EXPECT_TRUE(sdpa_sm90_dropout_enabled());
-  EXPECT_EQ(refusal(philox_call()), "");
-  EXPECT_EQ(bwd_refusal(mask_call()), "");
-  for (const char* off : {"0", "", "yes"}) {
-    experimental.set(off);
-    EXPECT_FALSE(sdpa_sm90_dropout_enabled()) << "FLASHSPAN_EXPERIMENTAL=\"" << off << '"';
+  EXPECT_FALSE(sdpa_sm90_dropout_enabled());
+  for (const char* on : {"1", "", "yes"}) {
+    drop.set(on);
+    EXPECT_TRUE(sdpa_sm90_dropout_enabled()) << "FLASHSPAN_SM90_SDPA_DROPOUT=\"" << on << '"';
   }
+  fwd_mods.set("0");
+  EXPECT_EQ(refusal(philox_call()), "dropout");
+  EXPECT_EQ(bwd_refusal(mask_call()), "");
+  fwd_mods.set(nullptr);
+  drop.set("0");
   set_sdpa_sm90_dropout_enabled(1);
   EXPECT_TRUE(sdpa_sm90_dropout_enabled());
-  experimental.set("1");
+  EXPECT_EQ(refusal(philox_call()), "");
+  drop.set(nullptr);
   set_sdpa_sm90_dropout_enabled(0);
   EXPECT_FALSE(sdpa_sm90_dropout_enabled());
   EXPECT_EQ(refusal(philox_call()), "dropout");

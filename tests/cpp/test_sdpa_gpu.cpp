@@ -1401,10 +1401,11 @@ TEST(SdpaGpu, Sm90BackwardModsSanitizerSmall) {
 
 // ---------------------------------------------------------------------------
 // Dropout on the sm90 SDPA kernels (kernel_fwd_sm90.cuh sdpa_fwd_kernel_sm90 with AnalyticDropSourceSm90,
-// kernel_bwd_mods_sm90.cuh sdpa_bwd_mods_kernel_sm90<..., true>; experimental, FLASHSPAN_EXPERIMENTAL=1:
-// sdpa_sm90_dropout_enabled), Philox and the caller's mask: forced on here (ForceSm90WithDropout, with
-// the sm90 forward and backward and their modifiers); sm90::sdpa_fwd_drop_launches /
-// sdpa_bwd_drop_launches say the dropout kernels ran. First run on an H200 2026-12-03: all passed.
+// kernel_bwd_mods_sm90.cuh sdpa_bwd_mods_kernel_sm90<..., true>; by default since PERF_LOG v2.23,
+// FLASHSPAN_SM90_SDPA_DROPOUT=0 off: sdpa_sm90_dropout_enabled), Philox and the caller's mask: forced on
+// here (ForceSm90WithDropout, with the sm90 forward and backward and their modifiers);
+// sm90::sdpa_fwd_drop_launches / sdpa_bwd_drop_launches say the dropout kernels ran. Passed on an H200
+// in two sessions (2026-12-03).
 // ---------------------------------------------------------------------------
 
 struct ForceSm90Dropout {
@@ -1650,7 +1651,7 @@ TEST(SdpaGpu, Sm90DropoutKeepMaskIsSm80s) {
 }
 
 TEST(SdpaGpu, Sm90DropoutOffRunsSm80) {
-  // The dropout switch off (FLASHSPAN_EXPERIMENTAL unset's answer), the rest on: dropout calls keep the
+  // The dropout switch off (FLASHSPAN_SM90_SDPA_DROPOUT=0's answer), the rest on: dropout calls keep the
   // sm80 kernels in both directions (and are right there, both forms).
   REQUIRE_SM90();
   const ForceSm90WithMods mods;
