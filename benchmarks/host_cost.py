@@ -20,8 +20,8 @@ would grow towards the kernel time: compare with ``--sync-each`` then, which syn
 ``--device cpu`` is a smoke run on flex's CPU reference backend (fp32 by default, ``--dtype bf16`` too): there the
 figures include the CPU reference's compute. ``--stub-kernels`` (CPU only) replaces the C layer's execute calls by
 no-ops, so what remains is the Python layer's own cost per call (descriptor binding, checks, caches, allocation of
-the outputs); with ``--sdpa-route flex`` flashspan.sdpa on CPU tensors takes the flex lowering, the route CUDA
-tensors take (FLASHSPAN_SDPA_ROUTE=flex), instead of the SDPA CPU reference.
+the outputs). (``--sdpa-route flex``, which sent flashspan.sdpa on CPU tensors down the flex lowering, went with that
+route: flashspan.sdpa runs the C layer's SDPA operation on every device.)
 
 ``--profile`` prints a cProfile breakdown (top 25 by cumulative time) of the flex_attn_func loop (and, with
 ``--profile-all``, of every entry point).
@@ -32,7 +32,7 @@ Usage (on a CUDA machine, from the repository root)::
 
 CPU (no GPU)::
 
-    PYTHONPATH=python python3 benchmarks/host_cost.py --device cpu --stub-kernels --sdpa-route flex [--profile]
+    PYTHONPATH=python python3 benchmarks/host_cost.py --device cpu --stub-kernels [--profile]
 
 Exits 1 when an entry point fails (the error is printed), 2 for bad arguments (CUDA asked for but not available).
 """
@@ -43,7 +43,6 @@ import argparse
 import cProfile
 import io
 import math
-import os
 import pstats
 import statistics
 import sys
@@ -66,8 +65,6 @@ def _parse(argv):
     p.add_argument("--sync-each", action="store_true", help="synchronise after every call (device time per call)")
     p.add_argument("--stub-kernels", action="store_true",
                    help="CPU only: the C layer's execute calls become no-ops (the Python layer's cost alone)")
-    p.add_argument("--sdpa-route", choices=("default", "flex"), default="default",
-                   help="flex: CPU sdpa calls take the flex lowering (the CUDA route) instead of the CPU reference")
     p.add_argument("--profile", action="store_true", help="cProfile of the flex_attn_func loop (top 25, cumulative)")
     p.add_argument("--profile-all", action="store_true", help="cProfile of every entry point's loop")
     return p.parse_args(argv)
@@ -171,8 +168,6 @@ def _profile(torch, name, fn, dev, reps) -> str:
 
 def main(argv=None) -> int:
     args = _parse(argv)
-    if args.sdpa_route == "flex":
-        os.environ["FLASHSPAN_SDPA_ROUTE"] = "flex"
     import torch
 
     import flashspan
@@ -201,7 +196,6 @@ def main(argv=None) -> int:
     print(f"shape B=1 H=1 S={args.seqlen} D={args.head_dim} {dtype}; {args.rounds} rounds x {reps} calls "
           f"(+{args.warmup} warm-up)"
           + ("; C execute stubbed (Python layer only)" if args.stub_kernels else "")
-          + ("; sdpa route: flex" if args.sdpa_route == "flex" else "")
           + ("; synchronised after every call" if args.sync_each else ""))
     if dev.type == "cpu" and not args.stub_kernels:
         print("note: CPU figures include the CPU reference backend's compute (--stub-kernels leaves it out)")

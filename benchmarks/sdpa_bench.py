@@ -1,11 +1,14 @@
-"""SDPA speed on the GPU: flashspan.sdpa's routes next to PyTorch SDPA's cuDNN backend (GPU only).
+"""SDPA speed on the GPU: flashspan.sdpa's routes next to flashspan's flex kernels and PyTorch SDPA's cuDNN backend.
 
 Shapes (issue 24's table): B=1, H=16, D=128, BF16, BHSD; S in {8192, 32768}; masks none, causal, causal
 with a window of 4096 keys (``diagonal_band_left_bound=4096``: the diagonal and the 4095 keys before it).
 
-Routes of ``flashspan.sdpa``, all timed in this one process:
-  flex        the lowering onto flex plans (``FLASHSPAN_SDPA_ROUTE=flex``, python/flashspan/sdpa_lowering.py; the
-              flex forward runs the sm90 family on an H200), ``FLASHSPAN_EXPERIMENTAL`` unset for the call;
+Routes, all timed in this one process:
+  flex        ``flashspan.flex_attn_func`` with the equivalent mask plan (``flashspan.masks``: every key, ``causal``,
+              ``sliding_window(before=4095)``; built once per configuration, outside the timing) on BSHD views of
+              the same tensors, ``FLASHSPAN_EXPERIMENTAL=0`` (the flex forward runs the sm90 family on an H200). Until
+              issue 24 retired it this column was flashspan.sdpa's flex route (``FLASHSPAN_SDPA_ROUTE=flex``), a
+              Python lowering of these calls onto the same plans and kernels (PERF_LOG's earlier "flex" figures);
   native90    the C layer's own SDPA operation with ``FLASHSPAN_EXPERIMENTAL=1`` (forward and backward on the sm90
               kernels with the analytic mask, docs/SDPA.md; the experimental flag now only adds paged K/V on CUDA
               and the flex backward's deterministic cut, so for these shapes it runs the kernels of ``native``);
@@ -15,10 +18,10 @@ Routes of ``flashspan.sdpa``, all timed in this one process:
   native80f   native80 with ``FLASHSPAN_SDPA_SM80_FEATURES=1`` (measurement only): the sm80 SDPA kernels' features
               instantiation (every feature's code in the main loops, run-time flags) also for a pure-mask call,
               which runs on the mask-only kernels otherwise (launch_sdpa_{fwd,bwd}_sm80.cu);
-  flex80      the flex route with ``FLASHSPAN_KERNEL_FAMILY=sm80`` (the lowering's plans built for the sm80 kernels:
-              the plan cache is cleared around it), what a GPU without the sm90 kernels runs.
-``flashspan.sdpa`` reads ``FLASHSPAN_SDPA_ROUTE`` per call and the C layer reads ``FLASHSPAN_KERNEL_FAMILY`` and
-``FLASHSPAN_EXPERIMENTAL`` per call, so the script switches routes by setting them around each call.
+  flex80      flex with ``FLASHSPAN_KERNEL_FAMILY=sm80`` (the plan built for the sm80 kernels), what a GPU without the
+              sm90 kernels runs.
+The C layer reads ``FLASHSPAN_KERNEL_FAMILY``, ``FLASHSPAN_EXPERIMENTAL`` and ``FLASHSPAN_SDPA_SM80_FEATURES`` per
+call (and when it builds a plan), so the script switches routes by setting them around each route's calls.
 
 Timing: flashspan.bench.timing.Timer (CUDA events around each call, 256 MB written between calls to flush L2,
 warm-up calls first, median). Forward under ``torch.no_grad()`` without stats; backward:
@@ -48,7 +51,7 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import flashspan  # noqa: E402
-import flashspan.sdpa_lowering  # noqa: E402  (flex80: its plan cache)
+import flashspan.masks  # noqa: E402
 from flashspan.bench.timing import Timer, tflops  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
@@ -71,10 +74,9 @@ def spot(t: torch.Tensor) -> torch.Tensor:
 @contextlib.contextmanager
 def route_env(route: str):
     """Environment of one flashspan route for the calls inside (restored after)."""
-    keys = ("FLASHSPAN_EXPERIMENTAL", "FLASHSPAN_KERNEL_FAMILY", "FLASHSPAN_SDPA_ROUTE", "FLASHSPAN_SDPA_SM80_FEATURES")
+    keys = ("FLASHSPAN_EXPERIMENTAL", "FLASHSPAN_KERNEL_FAMILY", "FLASHSPAN_SDPA_SM80_FEATURES")
     saved = {k: os.environ.get(k) for k in keys}
     os.environ["FLASHSPAN_EXPERIMENTAL"] = "0" if route.startswith("flex") or route == "native" else "1"
-    os.environ["FLASHSPAN_SDPA_ROUTE"] = "flex" if route.startswith("flex") else "native"
     if route.endswith("80") or route == "native80f":
         os.environ["FLASHSPAN_KERNEL_FAMILY"] = "sm80"
     else:
@@ -83,13 +85,9 @@ def route_env(route: str):
         os.environ["FLASHSPAN_SDPA_SM80_FEATURES"] = "1"
     else:
         os.environ.pop("FLASHSPAN_SDPA_SM80_FEATURES", None)
-    if route == "flex80":
-        flashspan.sdpa_lowering.clear_plan_cache()
     try:
         yield
     finally:
-        if route == "flex80":
-            flashspan.sdpa_lowering.clear_plan_cache()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
@@ -104,6 +102,28 @@ def visible_pairs(s: int, mask: str) -> int:
         return s * (s + 1) // 2
     w = min(WINDOW, s)  # row i sees min(i + 1, w) keys
     return w * (w + 1) // 2 + (s - w) * w
+
+
+def route_call(route: str, s: int, mask: str, q, k, v, scale: float):
+    """The route's attention as a function of (q, k, v) BHSD -> O BHSD (call it inside the route's route_env)."""
+    if not route.startswith("flex"):
+        ma = mask_args(mask)
+        return lambda q, k, v: flashspan.sdpa(q, k, v, attn_scale=scale, **ma)[0]
+    if mask == "none":
+        mf = torch.full((1, 1, s), s, dtype=torch.int32, device=q.device)
+    elif mask == "causal":
+        mf = flashspan.masks.causal(s, device=q.device)
+    else:  # the diagonal and the WINDOW - 1 keys before it: diagonal_band_left_bound=WINDOW, right bound 0
+        mf = flashspan.masks.sliding_window(s, before=WINDOW - 1, after=0, device=q.device)
+    bshd = [t.transpose(1, 2) for t in (q, k, v)]
+    plan = flashspan.create_mask_plan(mf, *bshd, build_backward=True)
+
+    def flex(q, k, v):
+        o = flashspan.flex_attn_func(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), mask_plan=plan,
+                                     softmax_scale=scale)
+        return o.transpose(1, 2)
+
+    return flex
 
 
 def mask_args(mask: str) -> dict:
@@ -144,22 +164,23 @@ def main() -> int:
         print(f"S={s} ...", flush=True)
         q, k, v, do = (torch.randn(B, H, s, d, device=dev, dtype=torch.bfloat16, generator=g) for d in (D, D, Dv, Dv))
         for mask in MASKS:
-            ma = mask_args(mask)
             fl = 2.0 * (D + Dv) * visible_pairs(s, mask) * B * H
             res: dict[str, object] = {}
             outs: dict[str, torch.Tensor] = {}
             grads: dict[str, tuple] = {}
             for r in routes:
                 with route_env(r):
+                    call = route_call(r, s, mask, q, k, v, scale)
+
                     def fwd():
-                        return flashspan.sdpa(q, k, v, attn_scale=scale, **ma)[0]
+                        return call(q, k, v)
 
                     with torch.no_grad():
                         first = timer.first_call(fwd)
                         outs[r] = fwd()
                         res[f"{r}_fwd"] = timer.measure(fwd, first)
                     qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
-                    o = flashspan.sdpa(qg, kg, vg, attn_scale=scale, **ma)[0]
+                    o = call(qg, kg, vg)
 
                     def bwd():
                         return torch.autograd.grad(o, (qg, kg, vg), do, retain_graph=True)
@@ -167,7 +188,7 @@ def main() -> int:
                     first = timer.first_call(bwd)
                     grads[r] = bwd()
                     res[f"{r}_bwd"] = timer.measure(bwd, first)
-                    del o
+                    del o, call
             if not args.no_cudnn and mask != "causal_w4096":
                 from torch.nn.attention import SDPBackend, sdpa_kernel
 

@@ -50,7 +50,7 @@ def check_packed_end(cu: list, T: int, side: str, name: str) -> None:
     """A packed ``(T, H, D)`` tensor whose samples are placed by the cumulative lengths ``cu`` (host ints; no
     ragged offsets of its own) holds exactly its samples: ``cu[-1]`` must be ``T``, as flex's cu_seqlens rule.
     Tokens past the last sample would be rows no sample writes. Offsets that are not prefix sums (not starting
-    at 0, decreasing) are left to the rules that name that (the C layer, sdpa_lowering.host_lengths)."""
+    at 0, decreasing) are left to the rules of the C layer, which name that."""
     if not cu or cu[0] != 0 or any(b < a for a, b in zip(cu, cu[1:])) or cu[-1] == T:
         return
     raise ValueError(f"cu_seq_len_{side}: must end at the total length {T} ({name}'s T), got {cu[-1]}")

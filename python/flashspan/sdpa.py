@@ -6,6 +6,7 @@ import ctypes
 import enum
 import math
 import numbers
+import os
 from typing import Optional, Union
 
 import torch
@@ -13,7 +14,6 @@ from torch import Tensor
 
 from . import _lib
 from . import _sdpa_lib as L
-from . import sdpa_lowering
 from ._sdpa_lib import check_packed_end
 from .autograd import no_double_backward
 
@@ -38,7 +38,35 @@ TOP_LEFT = diagonal_alignment.TOP_LEFT
 BOTTOM_RIGHT = diagonal_alignment.BOTTOM_RIGHT
 
 _CACHE = L.OpCache()
-_VALIDATED = L.OpCache(256)  # calls whose descriptors passed the C layer's rules (flex route)
+_VALIDATED = L.OpCache(256)  # calls whose descriptors passed the C layer's rules (_scale_on_host)
+
+# Where a call runs is the device of its tensors (_route). The variable once chose a Python lowering of pure-mask
+# calls onto flex mask plans ("flex", retired with python/flashspan/sdpa_lowering.py, issue 24); it is still read
+# per call so that a process that sets it is told, not silently ignored.
+ROUTE_ENV = "FLASHSPAN_SDPA_ROUTE"
+_ROUTE_ENV_NO_OPS = ("", "native", "reference")
+
+
+def _route(q: Tensor) -> str:
+    """Where a call on q runs: ``"reference"`` (CPU tensors: the SDPA CPU reference of the C layer) or ``"native"``
+    (other devices: the C layer's SDPA operation on its GPU kernels). ``FLASHSPAN_SDPA_ROUTE`` (read per call) may
+    be unset, ``native`` or ``reference`` (the routes the devices take anyway); ``flex`` (the retired Python
+    lowering) or any other value raises ValueError naming the variable."""
+    env = os.environ.get(ROUTE_ENV)
+    if env and env.strip().lower() not in _ROUTE_ENV_NO_OPS:
+        _route_env_error(env)
+    return "reference" if q.device.type == "cpu" else "native"
+
+
+def _route_env_error(env: str) -> None:
+    if env.strip().lower() == "flex":
+        raise ValueError(
+            f"{ROUTE_ENV}=flex: the flex route of flashspan.sdpa (the Python lowering of pure-mask calls onto flex "
+            "mask plans) was retired (issue 24); every SDPA call runs on the C layer's SDPA operation. Unset "
+            f"{ROUTE_ENV}, and for flex attention call flashspan.flex_attn_func with a mask plan "
+            "(flashspan.create_mask_plan) instead")
+    raise ValueError(f"{ROUTE_ENV}: must be unset, native or reference, got {env!r} (the flex route was retired: "
+                     "use flashspan.flex_attn_func for flex attention)")
 
 
 def dropout_offset_increment(max_seq_len_kv: int) -> int:
@@ -115,8 +143,8 @@ class _Call:
         return L.Op(self.direction, descs, attrs)
 
     def validate(self) -> None:
-        """Runs the C layer's argument rules on the call's descriptors (fs_sdpa_*_create) without running it: the
-        flex route (sdpa_lowering) rejects exactly the bad input the CPU reference rejects, with the same errors."""
+        """Runs the C layer's argument rules on the call's descriptors (fs_sdpa_*_create) without running it (cached by
+        the descriptors): before _scale_on_host reads a device scale tensor, so bad input raises the C layer's error."""
         _VALIDATED.get(self._key(), self._create_only)
 
     def _create_only(self) -> bool:
@@ -189,14 +217,14 @@ def _execute(op: L.Op, q: Tensor, pointers: dict) -> None:
 # Without packed (THD) tensors, ragged offsets or dropout, everything the Python layer does for a call (the _Layout,
 # the bound descriptors, the options, the _CACHE key and so the operation, every Python check) depends only on the
 # call's signature: the shapes, strides, dtypes and devices of its tensors and the values of its other arguments
-# (their types too: 1 and True and 1.0 are different signatures). The first call of a signature takes the full path
-# (every check, the C layer's create-time rules); when it runs, the fast path remembers what it bound: the
-# operation, which argument feeds which slot, how the outputs were allocated. A later call of the same signature and
-# route allocates the outputs, gathers the data pointers and executes (the C layer's execute-time checks run as
-# before). A call whose full path raised is never remembered, so bad input raises the same error every time. Not
-# remembered either (full path on every call): the flex route, packed tensors, ragged offsets, dropout, arguments of
-# other types (tuples, dicts, foreign enums, tensor subclasses), and calls whose bound tensors are not the
-# arguments themselves (a non-contiguous sink_token copied, a device attn_scale read on the host by
+# (their types too: 1 and True and 1.0 are different signatures; the route follows from the devices). The first
+# call of a signature takes the full path (every check, the C layer's create-time rules); when it runs, the fast
+# path remembers what it bound: the operation, which argument feeds which slot, how the outputs were allocated. A
+# later call of the same signature allocates the outputs, gathers the data pointers and executes (the C layer's
+# execute-time checks run as before). A call whose full path raised is never remembered, so bad input raises the
+# same error every time. Not remembered either (full path on every call): packed tensors, ragged offsets, dropout,
+# arguments of other types (tuples, dicts, foreign enums, tensor subclasses), and calls whose bound tensors are not
+# the arguments themselves (a non-contiguous sink_token copied, a device attn_scale read on the host by
 # _scale_on_host): _remember checks that the pointers it would gather are those the full path bound.
 
 _FAST_CAPACITY = 256
@@ -262,23 +290,18 @@ def _fast_key(direction: str, tensors: tuple, stats_needed: bool, kw: dict):
     if not _FAST_TENSORS.isdisjoint(types):
         vals = tuple([(v.shape, v.stride(), v.dtype, v.device) if tp in _FAST_TENSORS else v
                       for v, tp in zip(vals, types)])
-    # route(q) without the call's arguments differs from the full path's route(q, k, v, args) only where it says
-    # "flex" (the arguments can only turn a flex route native): those calls take the full path.
-    route = sdpa_lowering.route(tensors[0])
-    if route == "flex":
-        return None
+    _route(tensors[0])  # FLASHSPAN_SDPA_ROUTE's check (per call); the route itself follows from the devices
     append(tuple(kw))
     append(types)
     append(vals)
-    append(route)
     return tuple(parts)
 
 
-def _remember(key, route: str, call: _Call, op: L.Op, given: tuple, bound: tuple, kw: dict) -> None:
+def _remember(key, call: _Call, op: L.Op, given: tuple, bound: tuple, kw: dict) -> None:
     """Remembers the call's binding for its signature ``key`` (None: not eligible), if the fast path would bind the
     same pointers. ``given``: the positional tensors as the caller passed them, ``bound``: after the full path
     allocated its outputs (the positions in the order of the direction's slots)."""
-    if key is None or key[-1] != route:
+    if key is None:
         return
     slots = _POSITIONAL[call.direction]
     pos = tuple((slot, i) for i, (slot, t) in enumerate(zip(slots, bound)) if t is not None)
@@ -389,8 +412,7 @@ class _Layout:
             raise ValueError(f"{name}: a packed (T, H, D) tensor needs ragged offsets or cu_seq_len_"
                              f"{'q' if side_q else 'kv'}")
         if t.device.type == "cpu" and offsets.device.type == "cpu" and offsets.numel() and T >= 0:
-            # Host check that every sample fits in the packed tensor (GPU calls skip it: it would sync; the flex
-            # lowering checks there, on the offsets it reads anyway).
+            # Host check that every sample fits in the packed tensor (GPU calls skip it: it would sync).
             o = offsets.reshape(-1).to(torch.int64)
             if packed_by_cu:
                 check_packed_end(o.tolist(), T, "q" if side_q else "kv", name)
@@ -551,9 +573,9 @@ def _forward(q, k, v, *, stats_needed: bool, o: Optional[Tensor] = None, stats: 
              _no_grad: bool = False, **kw):
     """Runs one forward; returns (o, stats or None). ``kw`` holds the remaining graph.sdpa arguments.
 
-    CPU tensors run the CPU reference of the C layer; CUDA tensors (and CPU tensors with FLASHSPAN_SDPA_ROUTE=flex)
-    run the flex lowering (sdpa_lowering.py) after the same argument checks. ``_no_grad``: the full path runs under
-    torch.no_grad() (the fast path records nothing for autograd either way: it only allocates and executes)."""
+    CPU tensors run the CPU reference of the C layer, CUDA tensors its SDPA GPU kernels (the native route), after the
+    same argument checks (:func:`_route`). ``_no_grad``: the full path runs under torch.no_grad() (the fast path
+    records nothing for autograd either way: it only allocates and executes)."""
     return _forward_kw(q, k, v, stats_needed, kw, o, stats, _no_grad)
 
 
@@ -578,8 +600,6 @@ def _forward_full(key, given: tuple, stats_needed: bool, kw: dict):
     """_forward's full path (``key``: the call's _fast_key, remembered if it runs)."""
     q, k, v, o, stats = given
     kw_in = kw.copy()
-    build_backward = kw.pop("_flex_build_backward", False)
-    args = dict(kw)
     lay = _Layout(q, k, v, kw["seq_len_q"], kw["seq_len_kv"], kw["cu_seq_len_q"], kw["cu_seq_len_kv"],
                   kw.pop("ragged_offsets"), kw.pop("max_seq_len_q"), kw.pop("max_seq_len_kv"),
                   kw["paged_attention_k_table"] is not None or kw["paged_attention_v_table"] is not None)
@@ -588,7 +608,6 @@ def _forward_full(key, given: tuple, stats_needed: bool, kw: dict):
     lay.bind_seq(call, L.K, k, "k", lay.thd_kv)
     lay.bind_seq(call, L.V, v, "v", lay.thd_kv)
     dv = v.shape[-1]
-    o_is_fresh = o is None
     if o is None:
         o = (torch.empty((q.shape[0], q.shape[1], dv), dtype=q.dtype, device=q.device) if lay.thd_q
              else _like_layout((q.shape[0], q.shape[1], q.shape[2], dv), q, q.dtype, q.device))
@@ -617,22 +636,16 @@ def _forward_full(key, given: tuple, stats_needed: bool, kw: dict):
     if m is not None:
         call.option("paged_attention_max_seq_len_kv", int(m))
     _apply_common(call, lay, q, backward=False, **kw)
-    err = _unsupported(q, k, v, args)
-    route = sdpa_lowering.route(q, k, v, args, err)
-    if route == "flex":
-        call.validate()
-        sdpa_lowering.forward(q, k, v, o, stats, args, build_backward, unsupported_error=err, o_is_fresh=o_is_fresh)
-        return o, stats
-    if route == "native":
+    if _route(q) == "native":
         _scale_on_host(call)
     op = call.run()
-    _remember(key, route, call, op, given, (q, k, v, o, stats), kw_in)
+    _remember(key, call, op, given, (q, k, v, o, stats), kw_in)
     return o, stats
 
 
 def _backward(q, k, v, o, dO, stats, *, dq=None, dk=None, dv=None, **kw):
-    """Runs one backward into dq/dk/dv (allocated in q/k/v's layouts when None); returns them (routes as
-    :func:`_forward`)."""
+    """Runs one backward into dq/dk/dv (allocated in q/k/v's layouts when None); returns them (runs where
+    :func:`_forward` runs)."""
     return _backward_kw(q, k, v, o, dO, stats, kw, dq, dk, dv)
 
 
@@ -652,7 +665,6 @@ def _backward_full(key, given: tuple, kw: dict):
     """_backward's full path (``key``: the call's _fast_key, remembered if it runs)."""
     q, k, v, o, dO, stats, dq, dk, dv = given
     args = dict(kw)
-    stats_in = stats
     lay = _Layout(q, k, v, kw["seq_len_q"], kw["seq_len_kv"], kw["cu_seq_len_q"], kw["cu_seq_len_kv"],
                   kw.pop("ragged_offsets"), kw.pop("max_seq_len_q"), kw.pop("max_seq_len_kv"), False)
     call = _Call("bwd")
@@ -680,32 +692,17 @@ def _backward_full(key, given: tuple, kw: dict):
     if kw.pop("use_deterministic_algorithm"):
         call.option("deterministic_algorithm", 1)
     _apply_common(call, lay, q, backward=True, **kw)
-    err = _unsupported(q, k, v, args)
-    route = sdpa_lowering.route(q, k, v, args, err)
-    if route == "flex":
-        call.validate()
-        sdpa_lowering.backward(q, k, v, o, dO, stats_in, dq, dk, dv, args, unsupported_error=err)
-        return dq, dk, dv
-    if route == "native":
+    if _route(q) == "native":
         _scale_on_host(call)
     op = call.run()
-    _remember(key, route, call, op, given, (q, k, v, o, dO, stats, dq, dk, dv), args)
+    _remember(key, call, op, given, (q, k, v, o, dO, stats, dq, dk, dv), args)
     return dq, dk, dv
-
-
-def _unsupported(q: Tensor, k: Tensor, v: Tensor, args: dict):
-    """sdpa_lowering.unsupported of a call on device tensors that prefer the flex route (sdpa_lowering.prefers_flex),
-    computed once for both sdpa_lowering.route (which consults it there) and the lowering's check; other calls
-    (CPU, or the native route) leave it to the lowering (NOT_COMPUTED), which computes it only if it runs."""
-    if q.is_cpu or not sdpa_lowering.prefers_flex(q):
-        return sdpa_lowering.NOT_COMPUTED
-    return sdpa_lowering.unsupported(q, k, v, args)
 
 
 def _scale_on_host(call: _Call) -> None:
     """The GPU kernels take attn_scale as a float: a device tensor scale is checked by the C layer's rules (one
-    float32 element on q's device), then read on the host (one device sync per call, as the flex lowering does); a
-    host tensor goes to the C layer as it is (read there, no sync)."""
+    float32 element on q's device), then read on the host (one device sync per call); a host tensor goes to the C
+    layer as it is (read there, no sync)."""
     bound = call.slots.get(L.ATTN_SCALE)
     if bound is None or bound.tensor.device.type == "cpu":
         return  # none, or a host scalar: the C layer takes it as a pass-by-value scale
@@ -869,13 +866,13 @@ def sdpa(
         again (double backward).
 
     Where it runs (docs/SDPA.md, "What runs where"): CPU tensors run the CPU reference (every feature). CUDA tensors
-    run the C layer's own SDPA GPU kernels with the analytic mask (the native route, the default on every GPU):
+    run the C layer's own SDPA GPU kernels with the analytic mask (the native route, on every GPU):
     the masks (causal / bands / sliding windows with either alignment), padding, THD, GQA / MQA, H_k != H_v, LSE,
     max_logit, the deterministic backward, bias with dBias, ALiBi, softcap, sinks with dSink, dropout, the block
     mask, the gate with dgate and score_max / score_sum_exp; on an H200 the sm90 kernels where they cover the call,
     else the sm80 ones. Paged K/V caches on CUDA tensors are experimental (``FLASHSPAN_EXPERIMENTAL=1``); what the
-    GPU kernels do not run raises NotImplementedError naming it. ``FLASHSPAN_SDPA_ROUTE=flex`` lowers the
-    pure-mask calls onto the flex kernels instead (``flashspan.sdpa_lowering``; a comparison route).
+    GPU kernels do not run raises NotImplementedError naming it. (The flex route, ``FLASHSPAN_SDPA_ROUTE=flex``, was
+    retired: for flex attention with a mask that is not arithmetic, call ``flashspan.flex_attn_func``.)
 
     Example::
 
@@ -935,7 +932,7 @@ def sdpa(
         raise ValueError("stats_use_log2: the backward consumes natural-log stats; request base-2 stats without "
                          "gradients")
     spec = {
-        "fwd": dict(fwd, generate_stats=True, _flex_build_backward=True, **fwd_only),
+        "fwd": dict(fwd, generate_stats=True, **fwd_only),
         "bwd": dict(fwd, use_deterministic_algorithm=torch.are_deterministic_algorithms_enabled()),
     }
     for key in ("rng_dump",):

@@ -270,8 +270,8 @@ for _name, _impl, _fake in (
     ("sdpa_bwd", _sdpa_bwd_impl, _sdpa_bwd_fake),
     ("_sdpa_bwd_full", _sdpa_bwd_full_impl, _sdpa_bwd_full_fake),
 ):
-    # CUDA tensors take flashspan.sdpa's CUDA route: pure-mask configurations lowered onto the flex kernels
-    # (sdpa_lowering.py); other features raise NotImplementedError naming them (docs/SDPA.md).
+    # flashspan.sdpa's engine: CPU tensors run the C layer's SDPA CPU reference, CUDA tensors its SDPA GPU kernels
+    # (the native route); what those do not run raises NotImplementedError naming it (docs/SDPA.md).
     _lib.impl(_name, _impl, "CPU")
     _lib.impl(_name, _impl, "CUDA")
     torch.library.register_fake(f"flashspan::{_name}", _fake, lib=_lib)

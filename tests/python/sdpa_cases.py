@@ -286,3 +286,38 @@ def valid_rows(x: torch.Tensor, lens: list) -> torch.Tensor:
     for b, n in enumerate(lens):
         x[b, :, n:] = 0
     return x
+
+
+def mask_problem(seed: int, dtype=None, big=False) -> Problem:
+    """random_problem restricted to the pure-mask subset (H_k = H_v, no score modifier, dropout, block mask or gate)
+    in float32 / bf16 / fp16; packed V at K's token offsets. (The subset and these draws are those the retired flex
+    route of flashspan.sdpa ran, which needed V packed like K; the seeds stay, so the GPU comparisons that draw from
+    here run the configurations of their earlier GPU runs.)"""
+    rng = random.Random(seed)
+    dtype = dtype or rng.choice((torch.float32, torch.bfloat16, torch.float16))
+    for attempt in range(100):
+        p = random_problem(seed * 101 + attempt, dtype=dtype, allow_dropout=False, big=big)
+        if p.case.v.shape[1] == p.case.k.shape[1]:
+            break
+    c = p.case
+    c.bias, c.alibi, c.softcap, c.sinks, c.gate, c.block_mask = None, False, None, None, None, None
+    for name in ("bias", "use_alibi_mask", "softcap", "sink_token", "gate", "block_mask"):
+        p.args.pop(name, None)
+    p.grad_inputs = {}
+    ragged = p.args.get("ragged_offsets")
+    if ragged is not None:
+        ragged.pop("gate", None)
+        if "k" in ragged:  # V packed at K's offsets
+            v = torch.full((p.k.shape[0], p.v.shape[1], p.v.shape[2]), float("nan"), dtype=dtype)
+            for b, n in enumerate(c.len_kv):
+                v[p.offsets_kv[b] : p.offsets_kv[b] + n] = c.v[b, :, :n].transpose(0, 1).to(dtype)
+            p.v = v
+            ragged["v"] = ragged["k"]
+        if not ragged:
+            p.args.pop("ragged_offsets")
+    return p
+
+
+def sample_rows(offsets, lens) -> torch.Tensor:
+    """Token indices of the samples of a packed tensor (sample b: ``lens[b]`` tokens from ``offsets[b]``)."""
+    return torch.cat([torch.arange(offsets[b], offsets[b] + n) for b, n in enumerate(lens)] + [torch.arange(0)])

@@ -1,6 +1,6 @@
 """benchmarks/host_cost.py (issue 24, "Host cost") runs on the CPU: every entry point, the table and the profile.
 
-A subprocess: the script sets FLASHSPAN_SDPA_ROUTE for its own process (and --stub-kernels patches classes)."""
+A subprocess: --stub-kernels patches classes of the script's own process."""
 
 import importlib.util
 import os
@@ -29,7 +29,7 @@ def _run(*args):
 
 
 def test_host_cost_cpu_smoke():
-    r = _run("--reps", "3", "--rounds", "1", "--warmup", "1", "--sdpa-route", "flex", "--profile")
+    r = _run("--reps", "3", "--rounds", "1", "--warmup", "1", "--profile")
     assert r.returncode == 0, r.stdout + r.stderr
     for label in ("flashspan.flex_attn_func", "flex_attn_func (requires_grad)", "FlexAttentionFwd.execute",
                   "flashspan.sdpa", "torch.ops.flashspan.sdpa_fwd", "torch SDPA"):

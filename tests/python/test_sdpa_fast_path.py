@@ -1,6 +1,6 @@
 """The per-signature fast path of flashspan.sdpa / sdpa_backward / the custom ops (issue 24, "Host cost"; sdpa.py,
 _fast_key / _remember): a remembered binding is reused only for a call of the same signature (shapes, strides,
-dtypes, devices, argument values and types, route), gives the results of the full path, and bad input still raises
+dtypes, devices, argument values and types), gives the results of the full path, and bad input still raises
 the full path's errors (a failing call is never remembered)."""
 
 import re
@@ -14,10 +14,8 @@ pytestmark = pytest.mark.no_poison
 
 @pytest.fixture
 def S(fs, monkeypatch):
-    """The flashspan.sdpa module with an empty fast-path table, the default route (not flex)."""
-    from flashspan import sdpa_lowering
-
-    monkeypatch.delenv(sdpa_lowering.ROUTE_ENV, raising=False)
+    """The flashspan.sdpa module with an empty fast-path table, FLASHSPAN_SDPA_ROUTE unset."""
+    monkeypatch.delenv("FLASHSPAN_SDPA_ROUTE", raising=False)
     mod = sys.modules["flashspan.sdpa"]
     mod._FAST.clear()
     yield mod
@@ -220,8 +218,9 @@ def test_ops_fast_path_and_errors(fs, S):
 
 
 def test_calls_the_fast_path_does_not_remember(fs, S, monkeypatch):
-    """THD, dropout, ragged offsets, a copied (non-contiguous) sink_token and the flex route run the full path on
-    every call, with the full path's results."""
+    """THD, dropout, ragged offsets and a copied (non-contiguous) sink_token run the full path on every call, with the
+    full path's results; FLASHSPAN_SDPA_ROUTE=flex (the retired route) raises on a signature the fast path
+    remembered, and remembers nothing."""
     q, k, v = _qkv(10)
     sink = torch.randn(6, generator=torch.Generator().manual_seed(1))[::2]  # non-contiguous: copied per call
     a = fs.sdpa(q, k, v, attn_scale=0.5, sink_token=sink)
@@ -234,7 +233,11 @@ def test_calls_the_fast_path_does_not_remember(fs, S, monkeypatch):
     thd = dict(attn_scale=0.5, use_padding_mask=True, cu_seq_len_q=T, cu_seq_len_kv=T)
     assert torch.equal(fs.sdpa(qt, qt, qt, **thd)[0], fs.sdpa(qt, qt, qt, **thd)[0])
     assert len(S._FAST) == 0
-    monkeypatch.setenv("FLASHSPAN_SDPA_ROUTE", "flex")
     fs.sdpa(q, k, v, attn_scale=0.5)
-    assert len(S._FAST) == 0
-    assert S._fast_key("fwd", (q, k, v, None, None), False, {}) is None
+    assert len(S._FAST) == 1
+    monkeypatch.setenv("FLASHSPAN_SDPA_ROUTE", "flex")
+    with pytest.raises(ValueError, match=r"^FLASHSPAN_SDPA_ROUTE=flex: .* was retired"):
+        fs.sdpa(q, k, v, attn_scale=0.5)
+    with pytest.raises(ValueError, match=r"^FLASHSPAN_SDPA_ROUTE=flex: .* was retired"):
+        fs.sdpa(q, k, v, attn_scale=0.25)
+    assert len(S._FAST) == 1

@@ -1,21 +1,22 @@
-"""The native SDPA route (the default for CUDA tensors on every GPU since 2026-12-03; FLASHSPAN_SDPA_ROUTE=flex
-lowers what the flex kernels can express onto them instead): CUDA calls of flashspan.sdpa, sdpa_backward and the
-custom ops go to the C layer's SDPA operation (its GPU kernels). CPU tests: the route choice, the route's Python
-plumbing (run on CPU tensors, where the operation runs the CPU reference), and the C layer's NotImplementedError
-naming each feature the GPU kernels do not run (CUDA descriptors, no GPU needed). GPU tests (skipped without one)
-compare the native route with the CPU reference."""
+"""The native SDPA route (CUDA tensors on every GPU; the only GPU route since the flex route, a Python lowering of
+pure-mask calls onto flex mask plans, was retired): CUDA calls of flashspan.sdpa, sdpa_backward and the custom ops
+go to the C layer's SDPA operation (its GPU kernels). CPU tests: the route choice, the route's Python plumbing (run
+on CPU tensors, where the operation runs the CPU reference), and the C layer's NotImplementedError naming each
+feature the GPU kernels do not run (CUDA descriptors, no GPU needed). GPU tests (skipped without one) compare the
+native route with the CPU reference."""
 
 import math
 import random
 import re
+import sys
 
 import pytest
 import torch
 
 from conftest import cuda_ready
-from sdpa_cases import valid_rows
-from test_sdpa_flex_lowering import _rows, gpu_case_against_cpu_reference, mask_problem
-from test_sdpa_flex_lowering import test_gpu_custom_ops_deterministic_backward as _custom_ops_case
+from sdpa_cases import assert_close, mask_problem, sample_rows, valid_rows
+
+ROUTE_ENV, EXPERIMENTAL_ENV = "FLASHSPAN_SDPA_ROUTE", "FLASHSPAN_EXPERIMENTAL"
 
 pytestmark = pytest.mark.usefixtures("poison_uninitialized")
 
@@ -48,54 +49,45 @@ def _zero_outside(t, m):
 
 @pytest.fixture
 def native(monkeypatch):
-    """The default environment of the native route: no FLASHSPAN_SDPA_ROUTE, and no FLASHSPAN_EXPERIMENTAL (which no
-    longer chooses the route; of the native route it only turns on paged K/V caches, which test_gpu_native_paged
-    sets itself)."""
-    from flashspan import sdpa_lowering
+    """The default environment of the native route: no FLASHSPAN_SDPA_ROUTE, and no FLASHSPAN_EXPERIMENTAL (which does
+    not choose the route; of the native route it only turns on paged K/V caches, which test_gpu_native_paged sets
+    itself)."""
+    monkeypatch.delenv(EXPERIMENTAL_ENV, raising=False)
+    monkeypatch.delenv(ROUTE_ENV, raising=False)
 
-    monkeypatch.delenv(sdpa_lowering.EXPERIMENTAL_ENV, raising=False)
-    monkeypatch.delenv(sdpa_lowering.ROUTE_ENV, raising=False)
-    return sdpa_lowering
+
+def _sdpa_module():
+    return sys.modules["flashspan.sdpa"]  # flashspan.sdpa is the function
 
 
 def test_route_choice(fs, monkeypatch):
-    from flashspan import sdpa_lowering as sl
-
+    """CPU tensors run the CPU reference, other devices the native route, whatever FLASHSPAN_EXPERIMENTAL says and
+    whatever FLASHSPAN_SDPA_ROUTE says among its allowed values (unset, native, reference); flex (retired) and other
+    values raise (test_sdpa_cpu_masks.py::test_route_switch_flex_is_retired: through the entry points)."""
+    route = _sdpa_module()._route
     cpu, meta = torch.empty(1), torch.empty(1, device="meta")
-    monkeypatch.delenv(sl.ROUTE_ENV, raising=False)
-    # Non-CUDA device tensors take the native route by default, whatever FLASHSPAN_EXPERIMENTAL says (CUDA
-    # tensors: by the device, test_gpu_default_route_follows_the_device).
-    for experimental in (None, "0", "1"):
-        if experimental is None:
-            monkeypatch.delenv(sl.EXPERIMENTAL_ENV, raising=False)
+    for value in (None, "native", "reference"):
+        if value is None:
+            monkeypatch.delenv(ROUTE_ENV, raising=False)
         else:
-            monkeypatch.setenv(sl.EXPERIMENTAL_ENV, experimental)
-        assert sl.route(cpu) == "reference" and sl.route(meta) == "native"
-    # FLASHSPAN_SDPA_ROUTE=flex: the lowering onto flex for CPU tensors and for non-CPU calls it can express; a
-    # feature it cannot express keeps the native route on non-CPU tensors; CPU tensors keep the forced flex route
-    # (which raises the lowering's NotImplementedError there).
-    monkeypatch.setenv(sl.ROUTE_ENV, "flex")
-    assert sl.route(cpu) == "flex" and sl.route(meta) == "flex"
-    q = torch.empty(1, 2, 16, 16, device="meta", dtype=torch.bfloat16)
-    assert sl.route(q, q, q, {}) == "flex"
-    for feature in ({"softcap": 5.0}, {"bias": q}, {"sink_token": q}, {"gate": q}, {"score_max": q}):
-        assert sl.route(q, q, q, feature) == "native", feature
-    assert sl.route(q, q, q[:, :1], {}) == "native"  # H_k != H_v
-    qc = torch.empty(1, 2, 16, 16)
-    assert sl.route(qc, qc, qc, {"softcap": 5.0}) == "flex"
-    monkeypatch.setenv(sl.ROUTE_ENV, "native")
-    assert sl.route(q, q, q, {}) == "native" and sl.route(cpu) == "reference"
-    monkeypatch.delenv(sl.ROUTE_ENV)
-    assert sl.route(q, q, q, {}) == "native"
+            monkeypatch.setenv(ROUTE_ENV, value)
+        for experimental in (None, "0", "1"):
+            if experimental is None:
+                monkeypatch.delenv(EXPERIMENTAL_ENV, raising=False)
+            else:
+                monkeypatch.setenv(EXPERIMENTAL_ENV, experimental)
+            assert route(cpu) == "reference" and route(meta) == "native"
+    for value in ("flex", " Flex ", "sm80"):
+        monkeypatch.setenv(ROUTE_ENV, value)
+        with pytest.raises(ValueError, match="^FLASHSPAN_SDPA_ROUTE"):
+            route(meta)
 
 
 @pytest.mark.parametrize("seed", range(6))
 def test_native_plumbing_on_cpu(fs, monkeypatch, seed):
     """The native branch of flashspan.sdpa (attn_scale tensors read on the host, then the C operation) on CPU
     tensors, forced through the route: the same results as the default CPU route, bitwise."""
-    from flashspan import sdpa_lowering as sl
-
-    monkeypatch.delenv(sl.ROUTE_ENV, raising=False)
+    monkeypatch.delenv(ROUTE_ENV, raising=False)
     p = mask_problem(31_000 + seed, dtype=random.Random(seed).choice([torch.bfloat16, torch.float16]))
     args = dict(p.args)
     args["attn_scale"] = torch.tensor([0.25], dtype=torch.float32) if seed % 2 else 0.25
@@ -104,7 +96,7 @@ def test_native_plumbing_on_cpu(fs, monkeypatch, seed):
 
     def sel(t, lens, thd, offs):  # the samples' rows (THD gaps and padding are not outputs)
         t = t.detach()
-        return t[_rows(offs, lens)] if thd else valid_rows(t.double(), lens)
+        return t[sample_rows(offs, lens)] if thd else valid_rows(t.double(), lens)
 
     def run():
         ins = [t.detach().clone().requires_grad_() for t in (p.q, p.k, p.v)]
@@ -116,7 +108,7 @@ def test_native_plumbing_on_cpu(fs, monkeypatch, seed):
                 sel(dv, lk, p.thd_kv, p.offsets_kv)]
 
     want = run()
-    monkeypatch.setattr(sl, "route", lambda *a: "native")
+    monkeypatch.setattr(_sdpa_module(), "_route", lambda q: "native")
     got = run()
     for a, b in zip(got, want):
         assert torch.equal(a, b)
@@ -248,16 +240,13 @@ def test_gpu_native_gate_stats_block_mask(fs, native, seed):
 @pytest.mark.parametrize("sm90_mods", [None, "0"])
 @pytest.mark.parametrize("seed", range(6))
 def test_gpu_feature_calls_native_by_default(fs, monkeypatch, seed, sm90_mods):
-    """Without FLASHSPAN_EXPERIMENTAL, a CUDA call with features the flex lowering cannot express (the gate, the
-    score_max / score_sum_exp outputs, the block mask, sinks, softcap) runs on the native route (sdpa_lowering.route)
-    and matches the CPU reference: on an H200 its forward on the sm90 kernel with modifiers by default (since PERF_LOG
+    """Without FLASHSPAN_EXPERIMENTAL, a CUDA call with features beyond the masks (the gate, the score_max /
+    score_sum_exp outputs, the block mask, sinks, softcap) runs on the native route and matches the CPU reference: on an H200 its forward on the sm90 kernel with modifiers by default (since PERF_LOG
     v2.13) and its backward too where the sm90 backward with modifiers covers it (no block mask; since v2.15); on the
     sm80 kernels both ways with FLASHSPAN_SM90_SDPA_MODS=0 and FLASHSPAN_SM90_SDPA_BWD_MODS=0 (read per call;
     docs/SDPA.md "The sm90 forward", "The sm90 backward")."""
-    from flashspan import sdpa_lowering
-
-    monkeypatch.delenv(sdpa_lowering.EXPERIMENTAL_ENV, raising=False)
-    monkeypatch.delenv(sdpa_lowering.ROUTE_ENV, raising=False)
+    monkeypatch.delenv(EXPERIMENTAL_ENV, raising=False)
+    monkeypatch.delenv(ROUTE_ENV, raising=False)
     for name in ("FLASHSPAN_SM90_SDPA_MODS", "FLASHSPAN_SM90_SDPA_BWD_MODS"):
         if sm90_mods is None:
             monkeypatch.delenv(name, raising=False)
@@ -350,11 +339,11 @@ def _gate_stats_block_mask_case(fs, seed):
 
 @gpu
 @pytest.mark.parametrize("seed", range(40))
-def test_gpu_native_against_cpu_reference(fs, native, monkeypatch, seed):
+def test_gpu_native_against_cpu_reference(fs, native, seed):
     """flashspan.sdpa on CUDA tensors through the native kernels: O, stats and gradients against the CPU reference
-    on the same inputs (the lowering's GPU comparison, gpu_case_against_cpu_reference, on this route: padding
-    NaN-poisoned, THD with gaps and empty samples, GQA, both alignments)."""
-    gpu_case_against_cpu_reference(fs, monkeypatch, 40_000 + seed, "native")
+    on the same inputs (gpu_case_against_cpu_reference: padding NaN-poisoned, THD with gaps and empty samples, GQA,
+    both alignments)."""
+    gpu_case_against_cpu_reference(fs, 40_000 + seed)
 
 
 @gpu
@@ -365,15 +354,61 @@ def test_gpu_native_forward_family(fs, native, monkeypatch, family, seed):
     (read per call): on an H200 "sm90" runs the sm90 forward and backward with the analytic mask for the calls they
     cover (docs/SDPA.md "The sm90 forward", "The sm90 backward"; the others and "sm80" the sm80 kernels)."""
     monkeypatch.setenv("FLASHSPAN_KERNEL_FAMILY", family)
-    gpu_case_against_cpu_reference(fs, monkeypatch, 41_000 + seed, "native")
+    gpu_case_against_cpu_reference(fs, 41_000 + seed)
 
 
 @gpu
 @pytest.mark.parametrize("varlen", [False, True])
-def test_gpu_native_custom_ops(fs, native, monkeypatch, varlen):
+def test_gpu_native_custom_ops(fs, native, varlen):
     """torch.ops.flashspan.sdpa_fwd / sdpa_bwd (sdpa_torch) on the native route against the CPU reference, dense and
     THD with an empty sample; the deterministic backward bitwise reproducible."""
-    _custom_ops_case(fs, monkeypatch, varlen)
+    g = torch.Generator().manual_seed(11)
+    if varlen:
+        cu = torch.tensor([0, 100, 100, 333], dtype=torch.int32)
+        q, k, v = (torch.randn(333, 4, 64, generator=g).bfloat16() for _ in range(3))
+        kw = dict(is_causal=True, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=233, max_seqlen_kv=233)
+    else:
+        q, k, v = (torch.randn(2, 4, 200, 64, generator=g).bfloat16() for _ in range(3))
+        kw = dict(is_causal=True, window_left=50, causal_bottom_right=True)
+
+    def run(dev):
+        leaves = [t.to(dev).requires_grad_() for t in (q, k, v)]
+        kwd = {n: (t.to(dev) if isinstance(t, torch.Tensor) else t) for n, t in kw.items()}
+        o, lse = fs.sdpa_torch(*leaves, return_lse=True, **kwd)
+        do = torch.randn(o.shape, generator=torch.Generator().manual_seed(1)).to(o.dtype).to(dev)
+        grads = torch.autograd.grad(o, leaves, do)
+        return [t.detach().cpu() for t in (o, lse) + grads]
+
+    want = run("cpu")
+    got = run("cuda")
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), got, want):
+        assert_close(a, b, torch.bfloat16 if name != "lse" else torch.float32, name)
+    prev = (torch.are_deterministic_algorithms_enabled(), torch.is_deterministic_algorithms_warn_only_enabled())
+    torch.use_deterministic_algorithms(True, warn_only=True)  # sdpa_bwd's is_deterministic follows it
+    try:
+        first, second = run("cuda"), run("cuda")
+    finally:
+        torch.use_deterministic_algorithms(prev[0], warn_only=prev[1])
+    for a, b in zip(first, second):
+        assert torch.equal(a, b)
+
+
+@gpu
+@pytest.mark.parametrize("dims", [(64, 64), (128, 128), (192, 128), (256, 256)])
+@pytest.mark.parametrize("align", ["TOP_LEFT", "BOTTOM_RIGHT"])
+def test_gpu_native_dense_causal_dims(fs, native, dims, align):
+    """Causal in both alignments with S_q != S_kv, GQA, every GPU head dim family, q in BSHD memory: O and stats
+    against the CPU reference."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 8, 300, dims[0], generator=g).bfloat16()
+    k = torch.randn(2, 2, 517, dims[0], generator=g).bfloat16()
+    v = torch.randn(2, 2, 517, dims[1], generator=g).bfloat16()
+    kw = dict(attn_scale=1 / math.sqrt(dims[0]), diagonal_band_right_bound=0, diagonal_alignment=align,
+              generate_stats=True)
+    o_ref, s_ref = fs.sdpa(q, k, v, **kw)
+    o, stats = fs.sdpa(q.cuda().transpose(1, 2).contiguous().transpose(1, 2), k.cuda(), v.cuda(), **kw)
+    assert_close(o.cpu(), o_ref, torch.bfloat16, "o")
+    assert_close(stats.cpu(), s_ref, torch.float32, "stats")
 
 
 @gpu
@@ -460,7 +495,7 @@ def test_gpu_native_paged(fs, native, monkeypatch, seed):
     from criteria import check_stat, check_tensor
     from test_sdpa_cpu_features import _paged
 
-    monkeypatch.setenv(native.EXPERIMENTAL_ENV, "1")
+    monkeypatch.setenv(EXPERIMENTAL_ENV, "1")
 
     rng = random.Random(5000 + seed)
     g = torch.Generator().manual_seed(5000 + seed)
@@ -667,22 +702,69 @@ def test_gpu_native_dropout(fs, native, seed):
 
 @gpu
 def test_gpu_default_route_is_native(fs, monkeypatch):
-    """A pure-mask CUDA call takes the native route on every GPU and kernel family (since 2026-12-03, PERF_LOG
-    v2.13), every GPU head dim; FLASHSPAN_SDPA_ROUTE forces either; a feature the lowering cannot express is native
-    even with FLASHSPAN_SDPA_ROUTE=flex."""
-    from flashspan import sdpa_lowering as sl
-
-    monkeypatch.delenv(sl.ROUTE_ENV, raising=False)
+    """A CUDA call takes the native route on every GPU and kernel family, every GPU head dim, with or without
+    features; FLASHSPAN_SDPA_ROUTE=flex (the retired lowering onto flex) raises naming the variable."""
+    route = _sdpa_module()._route
+    monkeypatch.delenv(ROUTE_ENV, raising=False)
     monkeypatch.delenv("FLASHSPAN_KERNEL_FAMILY", raising=False)
     q = torch.zeros(1, 2, 16, 16, device="cuda", dtype=torch.bfloat16)
-    assert sl.route(q, q, q, {}) == "native"
-    q192, v128 = torch.zeros(1, 2, 16, 192, device="cuda", dtype=torch.bfloat16), q[..., :16].new_zeros(1, 2, 16, 128)
-    assert sl.route(q192, q192, v128, {}) == "native"
+    assert route(q) == "native"
     monkeypatch.setenv("FLASHSPAN_KERNEL_FAMILY", "sm80")
-    assert sl.route(q, q, q, {}) == "native"
-    assert sl.route(q, q, q, {"softcap": 5.0}) == "native"
-    monkeypatch.setenv(sl.ROUTE_ENV, "native")
-    assert sl.route(q, q, q, {}) == "native"
-    monkeypatch.setenv(sl.ROUTE_ENV, "flex")
+    assert route(q) == "native"
+    monkeypatch.setenv(ROUTE_ENV, "native")
+    assert route(q) == "native"
+    monkeypatch.setenv(ROUTE_ENV, "flex")
     monkeypatch.delenv("FLASHSPAN_KERNEL_FAMILY")
-    assert sl.route(q, q, q, {}) == "flex"
+    with pytest.raises(ValueError, match=r"^FLASHSPAN_SDPA_ROUTE=flex: .* was retired"):
+        fs.sdpa(q, q, q)
+
+
+# ---------------------------------------------------------------------------
+# The random pure-mask configurations (sdpa_cases.mask_problem) on CUDA tensors against the CPU reference
+# ---------------------------------------------------------------------------
+
+
+def _to_cuda(x):
+    if isinstance(x, torch.Tensor):
+        return x.cuda()
+    if isinstance(x, dict):
+        return {n: _to_cuda(t) for n, t in x.items()}
+    if isinstance(x, tuple):
+        return tuple(_to_cuda(t) for t in x)
+    return x
+
+
+def _gpu_head_dims_ok(dqk: int, dv: int) -> bool:
+    """Head dims the GPU kernels run (src/dispatch/family.h, check_head_dims_gpu)."""
+    small = lambda d: 0 < d <= 128 and d % 8 == 0  # noqa: E731
+    return (small(dqk) and small(dv)) or (dqk, dv) in ((192, 128), (256, 256))
+
+
+def gpu_case_against_cpu_reference(fs, seed):
+    """mask_problem(20_000 + seed) on the CPU reference, then on CUDA tensors (the native route): outputs, stats and
+    gradients compared on the samples' rows."""
+    p = mask_problem(20_000 + seed, dtype=random.Random(seed).choice([torch.bfloat16, torch.float16]))
+    if not _gpu_head_dims_ok(p.q.shape[-1], p.v.shape[-1]):
+        pytest.skip("head dims no GPU kernel runs")
+    ins = [t.detach().clone().requires_grad_() for t in (p.q, p.k, p.v)]
+    o, stats = fs.sdpa(*ins, generate_stats=True, **p.args)
+    g = torch.Generator().manual_seed(seed)
+    do = torch.randn(o.shape, generator=g).to(o.dtype)
+    grads = torch.autograd.grad(o, ins, do)
+    gins = [t.detach().cuda().requires_grad_() for t in (p.q, p.k, p.v)]
+    og, sg = fs.sdpa(*gins, generate_stats=True, **_to_cuda(p.args))
+    ggrads = torch.autograd.grad(og, gins, do.cuda())
+    lq, lk = p.case.len_q, p.case.len_kv
+
+    def sel(t, lens, thd, offs):
+        t = t.detach().cpu()
+        if thd:
+            return t[sample_rows(offs, lens)]
+        return valid_rows(t.double(), lens)
+
+    assert_close(sel(og, lq, p.thd_q, p.offsets_q), sel(o, lq, p.thd_q, p.offsets_q), p.dtype, "o")
+    assert_close(sel(sg, lq, p.thd_q, p.offsets_q), sel(stats, lq, p.thd_q, p.offsets_q), torch.float32, "stats")
+    for n, a, b, lens, thd, offs in (("dq", grads[0], ggrads[0], lq, p.thd_q, p.offsets_q),
+                                     ("dk", grads[1], ggrads[1], lk, p.thd_kv, p.offsets_kv),
+                                     ("dv", grads[2], ggrads[2], lk, p.thd_kv, p.offsets_kv)):
+        assert_close(sel(b, lens, thd, offs), sel(a, lens, thd, offs), p.dtype, n)
