@@ -894,21 +894,21 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       } else {
         // P^T = exp2(S^T scale log2(e) - lse2[query]); masked elements 0 (a full block has none: no
         // bit tests, 3 instructions an element fewer, PERF_LOG v2.21).
-        auto exp_p = [&](auto masked) {
+#pragma unroll
+        for (int j = 0; j < kNQ; ++j) {
+          const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
+#pragma unroll
+          for (int r = 0; r < 4; ++r) sacc[j][r] = kern::exp2_approx(fmaf(sacc[j][r], p.scale_log2, (r & 1) ? -l2.y : -l2.x));
+        }
+        if (info.z >= 0) {  // a partial block's masked elements (a full block has none: no bit tests)
 #pragma unroll
           for (int j = 0; j < kNQ; ++j) {
-            const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
 #pragma unroll
             for (int r = 0; r < 4; ++r) {
-              float x = kern::exp2_approx(fmaf(sacc[j][r], p.scale_log2, (r & 1) ? -l2.y : -l2.x));
-              if constexpr (decltype(masked)::value) {
-                if (!((pw[j >> 1][r & 1] >> (4 * (r >> 1) + 2 * (j & 1))) & 1u)) x = 0.0f;
-              }
-              sacc[j][r] = x;
+              if (!((pw[j >> 1][r & 1] >> (4 * (r >> 1) + 2 * (j & 1))) & 1u)) sacc[j][r] = 0.0f;
             }
           }
-        };
-        exp_p(std::true_type{});
+        }
       }
       wg_wait<0>();
       reg_fence(dpacc);
