@@ -892,8 +892,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
         // SDPA's score modifiers: S^T -> z^T = logit2 - lse2 before the bias (masked: -inf).
         Src::template logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, sacc);
       } else {
-        // P^T = exp2(S^T scale log2(e) - lse2[query]); masked elements 0 (a full block has none: no
-        // bit tests, 3 instructions an element fewer, PERF_LOG v2.21).
+        // P^T = exp2(S^T scale log2(e) - lse2[query]); masked elements 0 (a full block has none: its
+        // bit tests are skipped, PERF_LOG v2.23; a branch around the whole exp2 loop instead made
+        // ptxas serialise the D = 128 wgmma, C7512).
 #pragma unroll
         for (int j = 0; j < kNQ; ++j) {
           const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
