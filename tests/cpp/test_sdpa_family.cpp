@@ -19,6 +19,7 @@
 #include "core/sdpa_problem.h"
 #include "dispatch/family.h"
 #include "dispatch/sdpa_launch.h"
+#include "kernels/sm90/tile_sm90.h"
 
 namespace flashspan::test {
 namespace {
@@ -971,6 +972,37 @@ TEST(SdpaFamily, Sm90BackwardModsWorkspaceHoldsDsAndGatedDo) {
     EXPECT_NE(sdpa_bwd_sm90_refusal(p80), nullptr);
     plain.a.tensors[FS_SDPA_BIAS] = b;  // refused too (the sm80 layout), without dBias and the gate
     EXPECT_EQ(sdpa_bwd_workspace_size(p80), sdpa_bwd_workspace_size(backward_problem(plain, det)) + ds + gated);
+  }
+}
+
+TEST(SdpaFamily, Sm90BackwardHkNeHvItemHeadsShareKAndV) {
+  // The sm90 backward's work items of H_k != H_v (kernel_bwd_sm90.cuh AnalyticSourceBwdSm90): item head u
+  // covers query heads u g .. u g + g - 1, g = sdpa_bwd_item_group_sm90(H_q / H_k, H_q / H_v). Where the rule
+  // takes the heads (sdpa_bwd_heads_run_sm90), every item's query heads share one K head and one V head, and
+  // the items of K head hk (V head hv) are hk r .. hk r + r - 1 with r = (H_q / H_k) / g (the sum kernel's
+  // ranges), each query head in exactly one item; where it does not, some item would mix heads.
+  for (int hq = 1; hq <= 48; ++hq) {
+    for (int hk = 1; hk <= hq; ++hk) {
+      for (int hv = 1; hv <= hq; ++hv) {
+        if (hq % hk != 0 || hq % hv != 0) continue;
+        const int gk = hq / hk, gv = hq / hv;
+        const int g = sm90::sdpa_bwd_item_group_sm90(gk, gv);
+        bool share = hq % g == 0;
+        for (int u = 0; share && u < hq / g; ++u) {
+          for (int h = u * g; h < (u + 1) * g; ++h) share = share && h / gk == u * g / gk && h / gv == u * g / gv;
+        }
+        const std::string at = std::to_string(hq) + "," + std::to_string(hk) + "," + std::to_string(hv);
+        EXPECT_EQ(share, sm90::sdpa_bwd_heads_run_sm90(gk, gv)) << at;
+        if (!share) continue;
+        EXPECT_EQ(hq / g, std::max(hk, hv)) << at;
+        for (auto [groups, gs] : {std::pair<int, int>{hk, gk}, {hv, gv}}) {
+          const int r = gs / g;
+          for (int x = 0; x < groups; ++x) {
+            for (int u = x * r; u < (x + 1) * r; ++u) EXPECT_EQ(u * g / gs, x) << at;
+          }
+        }
+      }
+    }
   }
 }
 
