@@ -1784,7 +1784,7 @@ TEST(SdpaGpu, Sm90BackwardHkNeHv) {
 }
 
 TEST(SdpaGpu, Sm90BackwardHkNeHvDropout) {
-  // H_k != H_v with dropout on the sm90 kernels with dropout (the experimental switch forced on):
+  // H_k != H_v with dropout on the sm90 kernels with dropout (their switch forced on):
   // sm90_dropout_case's cases (Philox or the caller's mask, modifiers on two thirds) with H_q = 8 and
   // (H_k, H_v) = (2, 4), (4, 1), (1, 8), (8, 2) in turn, deterministic on every other seed.
   REQUIRE_SM90();
