@@ -64,8 +64,9 @@ static_assert(sdpa_head_dim_rules_agree(), "sm90 SDPA head dims: the forward's a
 
 // The one rule of both directions: what the sm90 SDPA kernels (forward and backward) cover. The
 // backward takes the same calls (the forward's tensors but O and the stats as inputs, plus dO,
-// dQ, dK, dV; deterministic or not), max_logit being a forward output, H_k != H_v the forward's
-// only. The forward also takes,
+// dQ, dK, dV; deterministic or not), max_logit being a forward output; H_k != H_v the backward
+// takes when one of H_k, H_v is a multiple of the other (its work items' query heads share one K
+// head and one V head: tile_sm90.h sdpa_bwd_heads_run_sm90), the forward always. The forward also takes,
 // when sdpa_fwd_sm90_mods_enabled() (by default), what its kernel with score modifiers runs
 // (sdpa_fwd_kernel_sm90 with AnalyticModSourceSm90): softcap, ALiBi, the additive bias, sinks, the output gate,
 // score_max / score_sum_exp; and the block_mask (both forward kernels: its 128 x 128 blocks are
@@ -87,10 +88,15 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
   if (!sm90::sdpa_fwd_runs_head_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv))) {
     return "head dims (multiples of 8 up to 128, (192, 128) or (256, 256))";
   }
-  // The forward loads V of each query head's own V head (kv_addr.cuh v_head); the backward's work item
-  // (a key block of one kv head) owns that head's dK and dV, so H_k != H_v keeps the sm80 backward
-  // (its two dK/dV passes).
-  if (backward && p.Hk != p.Hv) return "H_k != H_v";
+  // The forward loads V of each query head's own V head (kv_addr.cuh v_head). The backward's work item
+  // (a key block of the query heads that share one K head and one V head) adds its partial dK and dV
+  // into slots that a sum kernel adds up per head (kernel_bwd_sm90.cuh AnalyticSourceBwdSm90): its
+  // heads need the larger of the groups H_q / H_k, H_q / H_v a multiple of the smaller; other
+  // H_k != H_v keep the sm80 backward (its two dK/dV passes).
+  if (backward && p.Hk != p.Hv &&
+      !sm90::sdpa_bwd_heads_run_sm90(static_cast<int>(p.Hq / p.Hk), static_cast<int>(p.Hq / p.Hv))) {
+    return "H_k != H_v (neither of H_k, H_v a multiple of the other)";
+  }
   if (p.paged) return "paged K/V";
   const bool dropout = p.dropout || p.a.dropout_mask_form;
   if (dropout && !(mods && sdpa_sm90_dropout_enabled())) return "dropout";

@@ -176,6 +176,24 @@ size_t dbias_ds_bytes(const Problem& p) {
                               : 0;
 }
 
+// Bytes of the sm90 backward's dK / dV slots of an H_k != H_v call (0 otherwise): the dK slots
+// (kernel head dim kd columns), then the dV slots (kdv), one [key block, columns] fp32 slot per
+// work item each (tile_sm90.h sdpa_bwd_slot_floats_sm90; launch_bwd_sm90.cu zeroes the ones it uses).
+struct Sm90SlotBytes {
+  size_t dk = 0, dv = 0;
+};
+Sm90SlotBytes sm90_slot_bytes(const Problem& p) {
+  if (p.Hk == p.Hv) return {};
+  const sm90::SdpaBwdDimsSm90 kdims = sm90::sdpa_bwd_kernel_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv));
+  const int64_t item_heads = std::max(p.Hk, p.Hv);
+  auto bytes = [&](int cols) {
+    return ws_align(sizeof(float) * size_t(sm90::sdpa_bwd_slot_floats_sm90(p.B, p.Skv, item_heads,
+                                                                           static_cast<int>(p.Dqk),
+                                                                           static_cast<int>(p.Dv), cols)));
+  };
+  return {bytes(kdims.dqk), bytes(kdims.dv)};
+}
+
 // delta and lse2 [H_q, B * S_q] fp32 (+ the dQ accumulator [H_q, B * S_q, D_qk] unless
 // deterministic): the first part of the flex backward layout (workspace.h) for B * S_q rows,
 // without the split schedule (the SDPA kernels run a grid).
@@ -216,7 +234,10 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
     } else {
       w.total = w.split_at;  // the tiles and their counters; the flex split schedule after them is not used
     }
-    // As below: dBias's dS workspace, then the gated dO (calls with them: sdpa_bwd_sm90_mods_enabled).
+    // H_k != H_v: the dK / dV slots (sm90_slot_bytes), then as below: dBias's dS workspace, then the
+    // gated dO (calls with them: sdpa_bwd_sm90_mods_enabled).
+    const Sm90SlotBytes slots = sm90_slot_bytes(p);
+    w.total += slots.dk + slots.dv;
     w.total += dbias_ds_bytes(p);
     w.total += gated_do_bytes(p);
     return w;
@@ -356,6 +377,13 @@ SdpaBwdParams sdpa_bwd_params_sm90(const Problem& p, void* workspace, size_t wor
   b.dq_accum = reinterpret_cast<float*>(ws + wl.dq_accum);
   b.dq_sem = p.a.deterministic ? reinterpret_cast<int32_t*>(ws + wl.dq_sem) : nullptr;
   b.dq_blocked = 1;
+  // H_k != H_v: the dK / dV slots before dBias's dS and the gated dO (sdpa_bwd_layout).
+  const Sm90SlotBytes slots = sm90_slot_bytes(p);
+  if (slots.dk > 0) {
+    char* at = ws + (wl.total - gated_do_bytes(p) - dbias_ds_bytes(p) - slots.dv - slots.dk);
+    b.split.dk_accum = reinterpret_cast<float*>(at);
+    b.split.dv_accum = reinterpret_cast<float*>(at + slots.dk);
+  }
   return b;
 }
 

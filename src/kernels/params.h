@@ -395,9 +395,15 @@ struct SdpaPagedFwdParams : SdpaFwdParams {
 //   backward (dK/dV and dQ kernels): softcap, ALiBi, the bias and dBias, dropout, the block_mask,
 //            H_k != H_v (two dK/dV passes); sinks / dSink (P takes the LSE; dSink has its own kernel) and
 //            the gate (the preprocess's gated dO) are not theirs.
-inline bool sdpa_main_loop_features(const AnalyticMaskParams& a, int group_size) {
+// sdpa_score_step_features: those of them but H_k != H_v, i.e. what the scores -> P step computes (the
+// sm90 backward's choice of its kernel with score modifiers: its every instantiation takes H_k != H_v
+// in its work items, kernel_bwd_sm90.cuh AnalyticSourceBwdSm90).
+inline bool sdpa_score_step_features(const AnalyticMaskParams& a) {
   return a.score.softcap2 != 0.0f || a.score.alibi_n != 0 || a.bias.bias != nullptr || a.bias.ds != nullptr ||
-         a.dropout.mode != 0 || a.block_mask.bits != nullptr || a.score.group_v != group_size;
+         a.dropout.mode != 0 || a.block_mask.bits != nullptr;
+}
+inline bool sdpa_main_loop_features(const AnalyticMaskParams& a, int group_size) {
+  return sdpa_score_step_features(a) || a.score.group_v != group_size;
 }
 inline bool sdpa_fwd_has_features(const SdpaFwdParams& p) {
   return sdpa_main_loop_features(p.analytic, p.group_size) || p.analytic.score.sink != nullptr;

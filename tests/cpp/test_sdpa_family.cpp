@@ -19,6 +19,7 @@
 #include "core/sdpa_problem.h"
 #include "dispatch/family.h"
 #include "dispatch/sdpa_launch.h"
+#include "kernels/sm90/tile_sm90.h"
 
 namespace flashspan::test {
 namespace {
@@ -46,16 +47,16 @@ TensorView vec(int64_t n, DType t) {
 // A forward call: B = 2, H_q = 4, H_k = H_v = 2, S_q = 300, S_kv = 500, causal.
 struct Call {
   sdpa::Attributes a;
-  int64_t dqk = 128, dv = 128, hv = 2;
+  int64_t dqk = 128, dv = 128, hv = 2, hq = 4, hk = 2;
   DType dtype = DType::kBFloat16;
   std::vector<std::pair<int, TensorView>> grads;  // backward-only tensors (dBias, dSink, dgate): backward_problem's
 
   sdpa::Problem problem() {
-    a.tensors[FS_SDPA_Q] = desc(2, 4, 300, dqk, dtype);
-    a.tensors[FS_SDPA_K] = desc(2, 2, 500, dqk, dtype);
+    a.tensors[FS_SDPA_Q] = desc(2, hq, 300, dqk, dtype);
+    a.tensors[FS_SDPA_K] = desc(2, hk, 500, dqk, dtype);
     a.tensors[FS_SDPA_V] = desc(2, hv, 500, dv, dtype);
-    a.tensors[FS_SDPA_O] = desc(2, 4, 300, dv, dtype);
-    a.tensors[FS_SDPA_STATS] = desc(2, 4, 300, 1, DType::kFloat32);
+    a.tensors[FS_SDPA_O] = desc(2, hq, 300, dv, dtype);
+    a.tensors[FS_SDPA_STATS] = desc(2, hq, 300, 1, DType::kFloat32);
     a.generate_stats = true;
     a.attn_scale_value = 0.125f;
     if (!a.right_bound) a.right_bound = 0;
@@ -333,9 +334,9 @@ sdpa::Problem backward_problem(Call c, bool deterministic = false) {
   c.problem();  // fills the forward tensors
   sdpa::Attributes& a = c.a;
   for (const auto& [slot, t] : c.grads) a.tensors[size_t(slot)] = t;
-  a.tensors[FS_SDPA_DO] = desc(2, 4, 300, c.dv, c.dtype);
-  a.tensors[FS_SDPA_DQ] = desc(2, 4, 300, c.dqk, c.dtype);
-  a.tensors[FS_SDPA_DK] = desc(2, 2, 500, c.dqk, c.dtype);
+  a.tensors[FS_SDPA_DO] = desc(2, c.hq, 300, c.dv, c.dtype);
+  a.tensors[FS_SDPA_DQ] = desc(2, c.hq, 300, c.dqk, c.dtype);
+  a.tensors[FS_SDPA_DK] = desc(2, c.hk, 500, c.dqk, c.dtype);
   a.tensors[FS_SDPA_DV] = desc(2, c.hv, 500, c.dv, c.dtype);
   a.generate_stats = false;
   a.backward = true;
@@ -392,8 +393,10 @@ TEST(SdpaFamily, Sm90BackwardLeavesTheRestToSm80) {
     EXPECT_NE(bwd_refusal(c).find("head dims"), std::string::npos) << dqk << "," << dv;
   }
   {
-    Call c;
-    c.hv = 1;
+    Call c;  // H_k != H_v with neither a multiple of the other (H_q = 6: groups 2 and 3)
+    c.hq = 6;
+    c.hk = 3;
+    c.hv = 2;
     EXPECT_NE(bwd_refusal(c).find("H_k != H_v"), std::string::npos);
   }
   {
@@ -412,10 +415,11 @@ TEST(SdpaFamily, Sm90BackwardLeavesTheRestToSm80) {
   }
 }
 
-TEST(SdpaFamily, Sm90ForwardTakesHkNeHvTheBackwardDoesNot) {
-  // H_k != H_v (H_q = 4, H_k = 2, H_v = 1 or 4): the forward covers it (V of each query head's own V head),
-  // pure-mask and with modifiers, every head-dim kernel, padded; the backward refuses it (its work item owns
-  // one kv head's dK and dV), deterministic or not, its modifiers' switch on or off.
+TEST(SdpaFamily, Sm90TakesHkNeHvBothDirections) {
+  // H_k != H_v (H_q = 4, H_k = 2, H_v = 1 or 4): the forward covers it (V of each query head's own V head), and
+  // so does the backward (its work items' query heads share one K head and one V head; their partial dK / dV
+  // summed per head: kernel_bwd_sm90.cuh AnalyticSourceBwdSm90), pure-mask and with modifiers, every head-dim
+  // kernel, padded, deterministic or not, the modifiers' switches on or off.
   for (int64_t hv : {1, 4}) {
     for (auto [dqk, dv] : {std::pair<int64_t, int64_t>{128, 128}, {64, 64}, {40, 40}, {72, 128}, {192, 128}, {256, 256}}) {
       for (int mods : {0, 1}) {
@@ -431,19 +435,42 @@ TEST(SdpaFamily, Sm90ForwardTakesHkNeHvTheBackwardDoesNot) {
         const std::string at = "H_v " + std::to_string(hv) + " D " + std::to_string(dqk) + "," + std::to_string(dv) +
                                " modifiers " + std::to_string(mods);
         EXPECT_EQ(refusal(c), "") << at;
-        EXPECT_EQ(bwd_refusal(c), "H_k != H_v") << at;
-        EXPECT_EQ(bwd_refusal(c, true), "H_k != H_v") << at << " deterministic";
-        if (mods && dqk <= 128 && dv <= 128) {
+        EXPECT_EQ(bwd_refusal(c), "") << at;
+        EXPECT_EQ(bwd_refusal(c, true), "") << at << " deterministic";
+        if (dqk <= 128 && dv <= 128) {
           c.a.softcap = 5.0f;
           c.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32);
-          EXPECT_EQ(refusal(c), "") << at << " softcap, sinks";
-          EXPECT_EQ(bwd_refusal(c), "H_k != H_v") << at << " softcap, sinks";
+          const std::string want = mods ? "" : "score modifiers (softcap, ALiBi)";
+          EXPECT_EQ(refusal(c), want) << at << " softcap, sinks";
+          EXPECT_EQ(bwd_refusal(c), want) << at << " softcap, sinks";
+          EXPECT_EQ(bwd_refusal(c, true), want) << at << " softcap, sinks, deterministic";
         }
       }
     }
   }
-  // H_k = H_v both take (Sm90ForwardCoversThePureMaskSubset, Sm90BackwardCoversTheForwardsSubset); what the
-  // forward refuses otherwise it still refuses with H_k != H_v (dropout: with its switch off).
+  // Every nested pair of H_q = 8 (MQA-like to MHA-like on either side) runs on both.
+  for (auto [hk, hv] : {std::pair<int64_t, int64_t>{1, 2}, {2, 4}, {4, 1}, {8, 2}, {2, 8}, {1, 8}, {8, 1}, {4, 8}}) {
+    Call c;
+    c.hq = 8;
+    c.hk = hk;
+    c.hv = hv;
+    const std::string at = "H_k " + std::to_string(hk) + " H_v " + std::to_string(hv);
+    EXPECT_EQ(refusal(c), "") << at;
+    EXPECT_EQ(bwd_refusal(c), "") << at;
+    EXPECT_EQ(bwd_refusal(c, true), "") << at << " deterministic";
+  }
+  // Neither group a multiple of the other (H_q = 6, H_k = 3, H_v = 2: groups 2 and 3; H_q = 12, H_k = 4,
+  // H_v = 6): the forward takes it, the backward keeps the sm80 kernels' two dK/dV passes.
+  for (auto [hq, hk, hv] : {std::tuple<int64_t, int64_t, int64_t>{6, 3, 2}, {12, 4, 6}, {6, 2, 3}}) {
+    Call c;
+    c.hq = hq;
+    c.hk = hk;
+    c.hv = hv;
+    const std::string at = "H_q " + std::to_string(hq) + " H_k " + std::to_string(hk) + " H_v " + std::to_string(hv);
+    EXPECT_EQ(refusal(c), "") << at;
+    EXPECT_EQ(bwd_refusal(c), "H_k != H_v (neither of H_k, H_v a multiple of the other)") << at;
+  }
+  // What the rule refuses otherwise it still refuses with H_k != H_v (dropout: with its switch off).
   const DropoutSwitch dropout_off(0);
   Call c;
   c.hv = 1;
@@ -451,6 +478,7 @@ TEST(SdpaFamily, Sm90ForwardTakesHkNeHvTheBackwardDoesNot) {
   c.a.tensors[FS_SDPA_DROPOUT_SEED] = vec(1, DType::kInt64);
   c.a.tensors[FS_SDPA_DROPOUT_OFFSET] = vec(1, DType::kInt64);
   EXPECT_NE(refusal(c).find("dropout"), std::string::npos);
+  EXPECT_NE(bwd_refusal(c).find("dropout"), std::string::npos);
 }
 
 // The sm90 SDPA switches (forward and backward): the in-process override (1 on, 0 off, -1 back
@@ -563,8 +591,8 @@ TEST(SdpaFamily, Sm90BackwardWithModifiersSwitch) {
     EXPECT_EQ(bwd_refusal(s), sdpa::slot_name(FS_SDPA_SINK_TOKEN));
   }
   // What the modifiers' backward does not run still goes to sm80 with it on: the block_mask,
-  // packed THD, (192, 128) / (256, 256) (the modifiers' kernels stop at 128), H_k != H_v, dropout,
-  // a packed gate.
+  // packed THD, (192, 128) / (256, 256) (the modifiers' kernels stop at 128), H_k != H_v with neither
+  // group a multiple of the other, dropout, a packed gate.
   const BwdModsSwitch on(1);
   {
     Call c;
@@ -589,9 +617,13 @@ TEST(SdpaFamily, Sm90BackwardWithModifiersSwitch) {
   }
   {
     Call c;
-    c.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32);
-    c.hv = 1;
+    c.a.tensors[FS_SDPA_SINK_TOKEN] = vec(6, DType::kFloat32);
+    c.hq = 6;
+    c.hk = 3;
+    c.hv = 2;
     EXPECT_NE(bwd_refusal(c).find("H_k != H_v"), std::string::npos);
+    c.hk = 6;  // (H_k a multiple of H_v: the sm90 backward with its modifiers)
+    EXPECT_EQ(bwd_refusal(c), "");
   }
   {
     const DropoutSwitch dropout_off(0);  // (with it: Sm90DropoutSwitch)
@@ -706,16 +738,23 @@ TEST(SdpaFamily, Sm90DropoutSwitch) {
     EXPECT_EQ(bwd_refusal(c), "dropout") << dqk;
   }
   {
-    Call c = mask_call();  // H_k != H_v: the forward takes it (kv_addr.cuh v_head), the backward refuses it first
-    c.hv = 1;
+    Call c = mask_call();  // H_k != H_v: both directions take it with dropout (kv_addr.cuh v_head; the
+    c.hv = 1;              // backward's items of shared K and V heads, kernel_bwd_sm90.cuh AnalyticSourceBwdSm90)
     EXPECT_EQ(refusal(c), "");
-    EXPECT_EQ(bwd_refusal(c), "H_k != H_v");
+    EXPECT_EQ(bwd_refusal(c), "");
     Call h = philox_call(true);
     h.hv = 1;
     EXPECT_EQ(refusal(h), "");
     Call hb = philox_call();
     hb.hv = 1;
-    EXPECT_EQ(bwd_refusal(hb), "H_k != H_v");
+    EXPECT_EQ(bwd_refusal(hb), "");
+    hb.hv = 4;
+    EXPECT_EQ(bwd_refusal(hb, true), "");
+    Call hn = philox_call();  // neither group a multiple of the other: the sm80 backward
+    hn.hq = 6;
+    hn.hk = 3;
+    hn.hv = 2;
+    EXPECT_NE(bwd_refusal(hn).find("H_k != H_v"), std::string::npos);
     Call t = packed_thd_call();
     t.a.dropout_probability = 0.1f;
     t.a.tensors[FS_SDPA_DROPOUT_SEED] = vec(1, DType::kInt64);
@@ -934,6 +973,92 @@ TEST(SdpaFamily, Sm90BackwardModsWorkspaceHoldsDsAndGatedDo) {
     plain.a.tensors[FS_SDPA_BIAS] = b;  // refused too (the sm80 layout), without dBias and the gate
     EXPECT_EQ(sdpa_bwd_workspace_size(p80), sdpa_bwd_workspace_size(backward_problem(plain, det)) + ds + gated);
   }
+}
+
+TEST(SdpaFamily, Sm90BackwardHkNeHvItemHeadsShareKAndV) {
+  // The sm90 backward's work items of H_k != H_v (kernel_bwd_sm90.cuh AnalyticSourceBwdSm90): item head u
+  // covers query heads u g .. u g + g - 1, g = sdpa_bwd_item_group_sm90(H_q / H_k, H_q / H_v). Where the rule
+  // takes the heads (sdpa_bwd_heads_run_sm90), every item's query heads share one K head and one V head, and
+  // the items of K head hk (V head hv) are hk r .. hk r + r - 1 with r = (H_q / H_k) / g (the sum kernel's
+  // ranges), each query head in exactly one item; where it does not, some item would mix heads.
+  for (int hq = 1; hq <= 48; ++hq) {
+    for (int hk = 1; hk <= hq; ++hk) {
+      for (int hv = 1; hv <= hq; ++hv) {
+        if (hq % hk != 0 || hq % hv != 0) continue;
+        const int gk = hq / hk, gv = hq / hv;
+        const int g = sm90::sdpa_bwd_item_group_sm90(gk, gv);
+        bool share = hq % g == 0;
+        for (int u = 0; share && u < hq / g; ++u) {
+          for (int h = u * g; h < (u + 1) * g; ++h) share = share && h / gk == u * g / gk && h / gv == u * g / gv;
+        }
+        const std::string at = std::to_string(hq) + "," + std::to_string(hk) + "," + std::to_string(hv);
+        EXPECT_EQ(share, sm90::sdpa_bwd_heads_run_sm90(gk, gv)) << at;
+        if (!share) continue;
+        EXPECT_EQ(hq / g, std::max(hk, hv)) << at;
+        for (auto [groups, gs] : {std::pair<int, int>{hk, gk}, {hv, gv}}) {
+          const int r = gs / g;
+          for (int x = 0; x < groups; ++x) {
+            for (int u = x * r; u < (x + 1) * r; ++u) EXPECT_EQ(u * g / gs, x) << at;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(SdpaFamily, Sm90BackwardHkNeHvWorkspaceHoldsTheSlots) {
+  // H_k != H_v on the sm90 backward: after its layout (delta, lse2, the dQ tiles, deterministic their counters)
+  // the dK slots, then the dV slots (one [key block, kernel head dim] fp32 slot per work item, max(H_k, H_v)
+  // item heads, S_kv = 500 in four 128-key blocks), then dBias's dS and the gated dO, where the parameters
+  // point; H_k = H_v has no slots (null).
+  const auto al = [](size_t x) { return (x + 255) / 256 * 256; };
+  for (bool det : {false, true}) {
+    for (int64_t hv : {1, 4}) {
+      Call c;
+      c.hv = hv;
+      c.dqk = c.dv = 96;  // the (128, 128) kernel's tiles and slots
+      TensorView b = desc(1, 4, 300, 500, DType::kFloat32);
+      b.strides[0] = 0;
+      c.a.tensors[FS_SDPA_BIAS] = b;
+      c.grads.emplace_back(FS_SDPA_DBIAS, desc(1, 4, 300, 500, DType::kFloat32));
+      c.a.tensors[FS_SDPA_GATE] = desc(2, 4, 300, 96);
+      c.grads.emplace_back(FS_SDPA_DGATE, desc(2, 4, 300, 96));
+      const BwdModsSwitch on(1);
+      const sdpa::Problem p = backward_problem(c, det);
+      ASSERT_EQ(sdpa_bwd_sm90_refusal(p), nullptr) << hv;
+      Call same_heads = c;  // H_v = H_k: the layout without slots
+      same_heads.hv = 2;
+      const size_t no_slots = sdpa_bwd_workspace_size(backward_problem(same_heads, det));
+      const size_t item_heads = hv == 1 ? 2 : 4;
+      const size_t slot = al(sizeof(float) * 2 * item_heads * 512 * 128);
+      const size_t ds = al(sizeof(float) * 2 * 4 * 300 * 500);
+      const size_t gated = al(2 * 4 * 2 * 300 * 96);
+      const size_t want = no_slots + 2 * slot;
+      EXPECT_EQ(sdpa_bwd_workspace_size(p), want) << "deterministic " << det << " H_v " << hv;
+      std::vector<uint8_t> ws(want + 256);
+      char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(ws.data()) + 255) / 256 * 256);
+      const SdpaBwdParams bp = sdpa_bwd_params_sm90(p, base, want);
+      const ptrdiff_t head = ptrdiff_t(no_slots - ds - gated);
+      EXPECT_EQ(reinterpret_cast<char*>(bp.split.dk_accum) - base, head);
+      EXPECT_EQ(reinterpret_cast<char*>(bp.split.dv_accum) - base, head + ptrdiff_t(slot));
+      EXPECT_EQ(reinterpret_cast<char*>(bp.analytic.bias.ds) - base, head + ptrdiff_t(2 * slot));
+      EXPECT_EQ(static_cast<char*>(bp.analytic.epi.do_gated) - base, head + ptrdiff_t(2 * slot + ds));
+      EXPECT_EQ(bp.group_size, 2);
+      EXPECT_EQ(bp.analytic.score.group_v, 4 / hv);
+      const SdpaBwdParams same = sdpa_bwd_params_sm90(backward_problem(same_heads, det), base, want);
+      EXPECT_EQ(same.split.dk_accum, nullptr);
+      EXPECT_EQ(same.split.dv_accum, nullptr);
+    }
+  }
+  // (192, 128): slots for the larger of its key blocks (64, or the wide tile's 96): S_kv = 500 in 6 x 96 = 576 rows.
+  Call c;
+  c.hv = 1;
+  c.dqk = 192;
+  Call same_heads = c;
+  same_heads.hv = 2;
+  const size_t no_slots = sdpa_bwd_workspace_size(backward_problem(same_heads, false));
+  EXPECT_EQ(sdpa_bwd_workspace_size(backward_problem(c, false)),
+            no_slots + al(sizeof(float) * 2 * 2 * 576 * 192) + al(sizeof(float) * 2 * 2 * 576 * 128));
 }
 
 }  // namespace

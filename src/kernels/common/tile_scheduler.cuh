@@ -183,10 +183,16 @@ struct AnalyticGrid {
 //     block's dQ additions wait only for larger key blocks of its own sample, which are lower
 //     cells, so the lowest unfinished cell never waits (kernel_bwd_sm90.cuh).
 //   next(0) in a grid of one CTA per cell (the sm80 SDPA dK/dV kernel): cell blockIdx.x.
-// None past the grid.
+// None past the grid. slot(kb, head, b): the cell's index in (sample, head, key block) order,
+// whatever the order the cells run in (the sm90 backward's dK / dV slots of H_k != H_v,
+// kernel_bwd_sm90.cuh AnalyticSourceBwdSm90).
 struct AnalyticBwdGrid {
   int num_k_blocks, heads, batch;
   bool heads_slowest;
+
+  __device__ __forceinline__ int64_t slot(int kb, int head, int b) const {
+    return (int64_t(b) * heads + head) * num_k_blocks + kb;
+  }
 
   __device__ __forceinline__ WorkItem next(uint32_t n) const {
     const int64_t i = snake_index(n);

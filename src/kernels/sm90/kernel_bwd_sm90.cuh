@@ -388,6 +388,8 @@ __device__ __forceinline__ int dq_order_rank(const BwdParams& p, int h, int b, i
 // AnalyticSourceSm90). Per work item:
 //   Src::next_item(p, n, lane)       the CTA's n-th item with its step count (all lanes)
 //   Src::Seqlen sl(p, b)             the sample's q_start (workspace rows), len_q, k_start, len_k
+//   Src::kv_heads(p, hkv)            the K and V heads of item head hkv (the producer's TMA head
+//                                    coordinates)
 //   Src::walk<Walk>(p, hkv, b, kb, steps)   its (query head, query block, payload) steps (then
 //                                    seek(begin));
 //                                    payload >= 0: a partial step (the plan's payload index; the
@@ -409,6 +411,8 @@ struct PlanSourceBwdSm90 {
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int lane) {
     return next_bwd_item(p, item_it, lane);
   }
+  // K and V of the kv head itself.
+  __device__ __forceinline__ static int2 kv_heads(const BwdParams&, int hkv) { return make_int2(hkv, hkv); }
   template <class Walk>
   __device__ __forceinline__ static Walk walk(const BwdParams& p, int hkv, int b, int kb, int steps) {
     return Walk{&p, hkv * p.group_size, (hkv + 1) * p.group_size, b, kb, steps};
@@ -432,28 +436,59 @@ struct PlanSourceBwdSm90 {
 // Every dK / dV row below S_kv is written (0 past the sample); inputs past the sample are
 // zeroed in shared memory before use (zero_rows_past). kBk: the kernel's key block (128: the
 // key-split kernels of dims up to 128; 64: the column-split kernels of (192, 128) / (256, 256)).
+//
+// H_k != H_v (K and V head counts each dividing H_q, the larger group a multiple of the smaller:
+// sdpa_family.cpp): an item's query heads are the g = min(H_q / H_k, H_q / H_v) heads
+// u g .. u g + g - 1 of item head u (the grid's heads: H_q / g = max(H_k, H_v)), which share one
+// K head (h / group_size) and one V head (h / group_v, kv_addr.cuh v_head), so the producer loads
+// both once per item as for H_k = H_v (g = group_size, u the kv head). The item's dK and dV are
+// then partial sums of the head with the larger group (over its group / g items): every item adds
+// both into its own fp32 slot (the epilogue's split-slot path; slot = its grid cell,
+// AnalyticBwdGrid::slot) and sdpa_bwd_dkdv_sum_kernel_sm90 sums each head's slots in ascending item
+// order (each slot written once onto zeros: bitwise reproducible, deterministic or not). dQ is
+// unchanged: each (query head, query block, key block) step is still one item's.
+//
+// The item heads and grid (independent of the tile; sdpa_bwd_dkdv_sum_kernel_sm90 asks them too):
+struct AnalyticItemsBwdSm90 {
+  // The query heads of an item (g above; group_size when H_k = H_v).
+  __device__ __forceinline__ static int item_group(const BwdParams& p) {
+    return sm90::sdpa_bwd_item_group_sm90(p.group_size, kern::analytic_of(p).score.group_v);
+  }
+  __device__ __forceinline__ static kern::AnalyticBwdGrid grid(const BwdParams& p) {
+    const AnalyticMaskParams& a = kern::analytic_of(p);
+    return kern::AnalyticBwdGrid{a.num_k_blocks, p.num_heads_q / item_group(p), p.batch,
+                                 kern::sdpa_bwd_grid_heads_slowest(a.band.has_left, a.band.has_right)};
+  }
+};
+
 template <int kBk>
-struct AnalyticSourceBwdSm90 {
+struct AnalyticSourceBwdSm90 : AnalyticItemsBwdSm90 {
   static constexpr bool kAnalytic = true, kMods = false, kDropout = false;
   static constexpr int kBlockQ = 64, kBlockK = kBk;
   using Seqlen = kern::AnalyticSeqlen;
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int) {
-    const AnalyticMaskParams& a = kern::analytic_of(p);
-    const kern::AnalyticBwdGrid grid{a.num_k_blocks, p.num_heads_q / p.group_size, p.batch,
-                                     kern::sdpa_bwd_grid_heads_slowest(a.band.has_left, a.band.has_right)};
-    const kern::WorkItem w = p.deterministic ? grid.next_descending(item_it) : grid.next(item_it);
+    const kern::AnalyticBwdGrid g = grid(p);
+    const kern::WorkItem w = p.deterministic ? g.next_descending(item_it) : g.next(item_it);
+    // H_k != H_v: the item's dK / dV into its slot (above).
+    const bool slots = p.group_size != kern::analytic_of(p).score.group_v;
     BwdItem it{w.block, w.head, w.batch, 0, 0, -1};
     if (it.kb >= 0) {
       const Seqlen sl(p, it.b);
-      it.steps = p.group_size * kern::k2q_cursor(sl.mask, it.kb, kBlockQ, kBlockK).remaining();
+      it.steps = item_group(p) * kern::k2q_cursor(sl.mask, it.kb, kBlockQ, kBlockK).remaining();
+      if (slots) it.slot = int(g.slot(it.kb, it.hkv, it.b));
     }
     return it;
+  }
+  // K of the item's first query head's K head, V of its V head (kv_addr.cuh v_head).
+  __device__ __forceinline__ static int2 kv_heads(const BwdParams& p, int hkv) {
+    const int h0 = hkv * item_group(p);
+    return make_int2(h0 / p.group_size, kern::v_head<true>(p, h0, 0));
   }
   template <class Walk>
   __device__ __forceinline__ static kern::AnalyticK2QWalk walk(const BwdParams& p, int hkv, int b, int kb, int steps) {
     const Seqlen sl(p, b);
-    return kern::masked_k2q_walk(kern::analytic_of(p), sl, hkv * p.group_size, (hkv + 1) * p.group_size, steps, kb,
-                                 kBlockQ, kBlockK);
+    const int g = item_group(p);
+    return kern::masked_k2q_walk(kern::analytic_of(p), sl, hkv * g, (hkv + 1) * g, steps, kb, kBlockQ, kBlockK);
   }
   // Key blocks after kb in query block qb's Q2K row (every one of them adds to the tile).
   __device__ __forceinline__ static int dq_rank(const BwdParams& p, int, int b, int qb, int kb, int) {
@@ -515,11 +550,12 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
       mbar_wait(bars + L::kKvEmpty, (item_it & 1) ^ 1);
       const kern::ContiguousKv kv = kern::ContiguousKv::tma_sample(p, it.b, sl.k_start);  // K/V address role
       const int row = kv.tma_row<L::kBlockK>(it.kb);
+      const int2 kvh = Src::kv_heads(p, it.hkv);  // the K and V heads (SDPA: H_k != H_v)
       mbar_arrive_expect_tx(bars + L::kKvFull, L::kTileK + L::kTileV);
 #pragma unroll
       for (int s = 0; s < (L::kSlabs > L::kSlabsV ? L::kSlabs : L::kSlabsV); ++s) {
-        if (s < L::kSlabs) tma_load_4d(base + L::kK + s * L::kSlabK, tm_k, 64 * s, row, it.hkv, bcoord, bars + L::kKvFull);
-        if (s < L::kSlabsV) tma_load_4d(base + L::kV + s * L::kSlabK, tm_v, 64 * s, row, it.hkv, bcoord, bars + L::kKvFull);
+        if (s < L::kSlabs) tma_load_4d(base + L::kK + s * L::kSlabK, tm_k, 64 * s, row, kvh.x, bcoord, bars + L::kKvFull);
+        if (s < L::kSlabsV) tma_load_4d(base + L::kV + s * L::kSlabK, tm_v, 64 * s, row, kvh.y, bcoord, bars + L::kKvFull);
       }
     }
     auto walk = Src::template walk<Walk>(p, it.hkv, it.b, it.kb, it.steps);
@@ -1635,6 +1671,55 @@ __global__ void __launch_bounds__(256) sdpa_bwd_dq_convert_kernel_sm90(const Sdp
       }
     }
   }
+}
+
+// dK and dV of an SDPA call with H_k != H_v (AnalyticSourceBwdSm90): every work item added its
+// partial dK / dV (unscaled) into its own fp32 slot of p.split.dk_accum / dv_accum ([bk, kd] /
+// [bk, kdv] floats, bk = p.view.block_k the kernel's key block, kd / kdv its head dims; slot =
+// AnalyticBwdGrid::slot of its cell). The rows of K head hk are the sum of the slots of item heads
+// hk r .. hk r + r - 1 (r = group_size / item_group), those of V head hv of hv r' .. (r' = group_v /
+// item_group), added in that order from zero (a fixed order: bitwise reproducible); dK times the
+// softmax scale. Written in the input dtype at each tensor's own sample start: every row below S_kv
+// (0 past the sample: the slots hold 0 there) and the call's head_dqk / head_dv columns. One warp
+// per (key row, head) of dK, then of dV, grid-stride over the B S_kv (H_k + H_v) units.
+template <class E>
+__global__ void __launch_bounds__(256) sdpa_bwd_dkdv_sum_kernel_sm90(const SdpaBwdParams p, int kd, int kdv) {
+#if defined(__CUDA_ARCH__)
+  using Elem = typename E::Storage;
+  const AnalyticMaskParams& a = p.analytic;
+  const kern::AnalyticBwdGrid grid = AnalyticItemsBwdSm90::grid(p);
+  const int g = AnalyticItemsBwdSm90::item_group(p);
+  const int heads_k = p.num_heads_q / p.group_size;
+  const int bk = p.view.block_k;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t rows = int64_t(p.batch) * a.max_kv;
+  const int64_t units = rows * (heads_k + p.num_heads_q / a.score.group_v);
+  for (int64_t w = int64_t(blockIdx.x) * 8 + warp; w < units; w += int64_t(gridDim.x) * 8) {
+    const int64_t hh = w / rows, t = w - hh * rows;
+    const bool is_v = hh >= heads_k;
+    const int h = int(is_v ? hh - heads_k : hh);
+    const int b = int(t / a.max_kv), s = int(t - int64_t(b) * a.max_kv);
+    const int kb = s / bk, r = s - kb * bk;
+    const int ratio = (is_v ? a.score.group_v : p.group_size) / g;
+    const int width = is_v ? kdv : kd;
+    const int cols = is_v ? p.head_dv : p.head_dqk;
+    const float scale = is_v ? 1.0f : p.scale;
+    const float* acc = is_v ? p.split.dv_accum : p.split.dk_accum;
+    Elem* dst = is_v ? static_cast<Elem*>(p.dv) + kern::sample_start(a.start[kSdpaDV], b) + s * p.dva.row_stride +
+                           int64_t(h) * p.dva.head_stride
+                     : static_cast<Elem*>(p.dk) + kern::sample_start(a.start[kSdpaDK], b) + s * p.dka.row_stride +
+                           int64_t(h) * p.dka.head_stride;
+    for (int c = 2 * lane; c < cols; c += 64) {
+      float2 x = make_float2(0.0f, 0.0f);
+      for (int u = h * ratio; u < (h + 1) * ratio; ++u) {
+        const float2 y = *reinterpret_cast<const float2*>(acc + (grid.slot(kb, u, b) * bk + r) * width + c);
+        x.x += y.x;
+        x.y += y.y;
+      }
+      *reinterpret_cast<uint32_t*>(dst + c) = kern::pack2<E>(x.x * scale, x.y * scale);
+    }
+  }
+#endif
 }
 
 }  // namespace flashspan::kern90

@@ -191,11 +191,15 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   // loop's (dSink and the gated dO are formed around it), so a call with only them runs the pure-mask
   // kernel. Dropout (in sdpa_bwd_has_features too; sdpa_family.cpp lets it through only with
   // FLASHSPAN_EXPERIMENTAL=1) runs on the kernel with modifiers and dropout (sdpa_bwd_mods_kernel_sm90<..., true>).
-  // The block_mask and H_k != H_v stay on the sm80 kernels.
+  // H_k != H_v runs on whichever of them the call needs (params.h sdpa_score_step_features: its work
+  // items are each kernel's, kernel_bwd_sm90.cuh AnalyticSourceBwdSm90), its dK / dV through the
+  // items' slots and sdpa_bwd_dkdv_sum_kernel_sm90 (below). The block_mask stays on the sm80 kernels.
   const AnalyticMaskParams& am = p.analytic;
-  FS_CHECK(am.block_mask.bits == nullptr && am.score.group_v == p.group_size, Status::kInternal,
-           "sdpa backward (sm90): a block_mask or H_k != H_v reached the launcher");
-  const bool mods = sdpa_bwd_has_features(p), drop = am.dropout.mode != 0;
+  const bool hk_ne_hv = am.score.group_v != p.group_size;
+  FS_CHECK(am.block_mask.bits == nullptr && sdpa_bwd_heads_run_sm90(p.group_size, am.score.group_v), Status::kInternal,
+           "sdpa backward (sm90): a block_mask, or H_k != H_v with neither group a multiple of the other, reached the "
+           "launcher");
+  const bool mods = sdpa_score_step_features(am), drop = am.dropout.mode != 0;
   FS_CHECK(!mods || kd <= 128, Status::kInternal,
            "sdpa backward (sm90): score modifiers or dropout with head dims above 128 reached the launcher");
   g_sdpa_bwd_launches.fetch_add(1, std::memory_order_relaxed);
@@ -257,6 +261,22 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   const TensorView dout_main = am.epi.gate != nullptr && p.total_q > 0 ? gated_do_view(p, dout) : bshd_of_bhsd(dout);
   const CUtensorMap mdo = make_tensor_map_sm90(dout_main, false, dtype, kBq, "dout");
   const SdpaBwdParams pk = sdpa_bwd_main_params(p);
+  // H_k != H_v: every item's dK / dV slot zeroed for its atomic additions (kernel_bwd_sm90.cuh
+  // dkdv_epilogue_sm90; sdpa_params.cpp reserved sdpa_bwd_slot_floats_sm90, for the larger key block).
+  const int kdv = sdpa_bwd_kernel_dims_sm90(p.head_dqk, p.head_dv).dv;
+  const int64_t item_heads = p.num_heads_q / sdpa_bwd_item_group_sm90(p.group_size, am.score.group_v);
+  const int64_t slot_rows = int64_t(p.batch) * item_heads * p.analytic.num_k_blocks * kBk;
+  if (hk_ne_hv && slot_rows > 0) {
+    FS_CHECK(p.split.dk_accum != nullptr && p.split.dv_accum != nullptr &&
+                 int64_t(p.batch) * item_heads * p.analytic.num_k_blocks < (int64_t(1) << 31) &&
+                 slot_rows * kd <= sdpa_bwd_slot_floats_sm90(p.batch, p.analytic.max_kv, item_heads, p.head_dqk,
+                                                             p.head_dv, kd),
+             Status::kInternal, "sdpa backward (sm90): the H_k != H_v dK / dV slots exceed the workspace");
+    check_cuda(cudaMemsetAsync(p.split.dk_accum, 0, sizeof(float) * size_t(slot_rows) * size_t(kd), stream),
+               "sdpa backward (sm90): clearing the dK slots");
+    check_cuda(cudaMemsetAsync(p.split.dv_accum, 0, sizeof(float) * size_t(slot_rows) * size_t(kdv), stream),
+               "sdpa backward (sm90): clearing the dV slots");
+  }
   switch (kd) {
     case 64:
       drop   ? run_sdpa_bwd_sm90<64, 64, false, true, true>(pk, dtype, mq, mk, mv, mdo, stream)
@@ -273,6 +293,15 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
               : run_sdpa_bwd_sm90<192, 128>(pk, dtype, mq, mk, mv, mdo, stream);
       break;
     default: run_sdpa_bwd_sm90<256, 256>(pk, dtype, mq, mk, mv, mdo, stream); break;
+  }
+  if (hk_ne_hv && slot_rows > 0) {
+    // dK of each K head and dV of each V head: the sums of their items' slots.
+    const int64_t units = int64_t(p.batch) * p.analytic.max_kv *
+                          (p.num_heads_q / p.group_size + p.num_heads_q / am.score.group_v);
+    with_element_type(dtype, "sdpa backward dK / dV sum (sm90)", [&](auto e) {
+      kern90::sdpa_bwd_dkdv_sum_kernel_sm90<decltype(e)><<<grid_stride_1d(units, 8), 256, 0, stream>>>(pk, kd, kdv);
+    });
+    check_launch("sdpa backward dK / dV sum (sm90)");
   }
   launch_sdpa_bwd_dbias(p, stream);  // dBias from the dS workspace the kernel filled
 }

@@ -35,15 +35,16 @@ auto sdpa_kernel() {
 }
 }  // namespace bwd_detail
 
-// The persistent grid over the AnalyticBwdGrid's B * ceil(S_kv / kBlockK) * H_kv cells (one CTA
-// per SM), then dq = scale * dq_accum.
+// The persistent grid over the AnalyticBwdGrid's B * ceil(S_kv / kBlockK) * max(H_k, H_v) cells (one
+// CTA per SM; tile_sm90.h sdpa_bwd_item_group_sm90), then dq = scale * dq_accum.
 template <int kD, int kDv, bool kWideTile, bool kMods, bool kDropout>
 void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
                        const CUtensorMap& mv, const CUtensorMap& mdo, cudaStream_t s) {
   using L = kern90::BwdSm90Layout<kD, kDv, kWideTile>;
   with_element_type(dtype, "sdpa backward (sm90)", [&](auto e) {
     using E = decltype(e);
-    const int64_t items = int64_t(p.analytic.num_k_blocks) * (p.num_heads_q / p.group_size) * p.batch;
+    const int item_heads = p.num_heads_q / sdpa_bwd_item_group_sm90(p.group_size, p.analytic.score.group_v);
+    const int64_t items = int64_t(p.analytic.num_k_blocks) * item_heads * p.batch;
     if (items > 0) {
       auto kernel = bwd_detail::sdpa_kernel<kD, E, kDv, kWideTile, kMods, kDropout>();
       static std::atomic<uint64_t> smem_set{0};

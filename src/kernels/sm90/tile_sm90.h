@@ -119,6 +119,30 @@ constexpr SdpaBwdDimsSm90 sdpa_bwd_kernel_dims_sm90(int dqk, int dv) {
   return SdpaBwdDimsSm90{kd, kd <= 128 ? kd : dv};
 }
 
+// H_k != H_v on the sm90 SDPA backward (kernel_bwd_sm90.cuh AnalyticSourceBwdSm90): a work item's
+// query heads are the group_item = min(group_k, group_v) consecutive heads that share one K head and
+// one V head (group_k = H_q / H_k, group_v = H_q / H_v; H_k = H_v: the kv group), so the grid has
+// H_q / group_item = max(H_k, H_v) item heads. That needs the larger group a multiple of the smaller
+// (sdpa_bwd_heads_run_sm90; else the sm80 backward's two dK/dV passes run the call).
+constexpr int sdpa_bwd_item_group_sm90(int group_k, int group_v) { return group_k < group_v ? group_k : group_v; }
+constexpr bool sdpa_bwd_heads_run_sm90(int group_k, int group_v) {
+  return group_k > 0 && group_v > 0 && (group_k % group_v == 0 || group_v % group_k == 0);
+}
+// Floats of the dK (kd columns) or dV (kdv) slots of H_k != H_v: one [bwd_bk, kd] slot per work
+// item, B * ceil(S_kv / bwd_bk) * max(H_k, H_v) items, for the larger of the key blocks the kernel of
+// head dims (dqk, dv) may run ((192, 128): 64 or the wide 96, launch_bwd_sm90.cu reading its switch
+// per call), so that the workspace (sdpa_params.cpp) fits either.
+constexpr int64_t sdpa_bwd_slot_floats_sm90(int64_t batch, int64_t s_kv, int64_t item_heads, int dqk, int dv,
+                                            int cols) {
+  int64_t rows = 0;
+  for (int wide = 0; wide < 2; ++wide) {
+    const int bk = tile_sm90(dqk, dv, wide == 1).bwd_bk;
+    const int64_t r = (s_kv + bk - 1) / bk * bk;
+    rows = r > rows ? r : rows;
+  }
+  return batch * item_heads * rows * cols;
+}
+
 // Packed GQA (FwdParams::pack = G, query heads per kv head) on the sm90 forward: G a power of
 // two dividing the 128 query rows of the forward tile, so that a block's 128 packed rows are
 // 128 / G whole query positions x G heads, one TMA box {64 columns, G heads, 128 / G positions}
