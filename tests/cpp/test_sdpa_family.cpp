@@ -929,6 +929,20 @@ TEST(SdpaFamily, Sm90BackwardWorkspaceHoldsItsTiles) {
   }
 }
 
+// A call at D = 96 (the (128, 128) kernel) with a bias broadcast over B and its dBias (fp32), and the
+// gate with dgate: the workspace's dS / gated dO parts.
+Call bias_gate_call() {
+  Call c;
+  c.dqk = c.dv = 96;
+  TensorView b = desc(1, 4, 300, 500, DType::kFloat32);
+  b.strides[0] = 0;
+  c.a.tensors[FS_SDPA_BIAS] = b;
+  c.grads.emplace_back(FS_SDPA_DBIAS, desc(1, 4, 300, 500, DType::kFloat32));
+  c.a.tensors[FS_SDPA_GATE] = desc(2, 4, 300, 96);
+  c.grads.emplace_back(FS_SDPA_DGATE, desc(2, 4, 300, 96));
+  return c;
+}
+
 TEST(SdpaFamily, Sm90BackwardModsWorkspaceHoldsDsAndGatedDo) {
   // A covered call with dBias and the gate (the modifiers' switch on): the sm90 layout (delta, lse2,
   // the dQ tiles and, deterministic, their counters), then dBias's dS workspace [B, H_q, S_q, S_kv
@@ -936,14 +950,7 @@ TEST(SdpaFamily, Sm90BackwardModsWorkspaceHoldsDsAndGatedDo) {
   // point; without the switch the sm80 layout has the same two after its accumulator.
   const auto al = [](size_t x) { return (x + 255) / 256 * 256; };
   for (bool det : {false, true}) {
-    Call c;
-    c.dqk = c.dv = 96;  // the (128, 128) kernel's tiles
-    TensorView b = desc(1, 4, 300, 500, DType::kFloat32);
-    b.strides[0] = 0;
-    c.a.tensors[FS_SDPA_BIAS] = b;
-    c.grads.emplace_back(FS_SDPA_DBIAS, desc(1, 4, 300, 500, DType::kFloat32));
-    c.a.tensors[FS_SDPA_GATE] = desc(2, 4, 300, 96);
-    c.grads.emplace_back(FS_SDPA_DGATE, desc(2, 4, 300, 96));
+    const Call c = bias_gate_call();  // the (128, 128) kernel's tiles
     const size_t per = al(sizeof(float) * 4 * 2 * 300);           // [H_q, B S_q] fp32
     const size_t tiles = sizeof(float) * 4 * 2 * 5 * 64 * 128;     // 64 x 128 per (head, sample, query block)
     const size_t sem = al(sizeof(int32_t) * 4 * 2 * 5);
@@ -970,7 +977,7 @@ TEST(SdpaFamily, Sm90BackwardModsWorkspaceHoldsDsAndGatedDo) {
     const BwdModsSwitch off(0);
     const sdpa::Problem p80 = backward_problem(c, det);
     EXPECT_NE(sdpa_bwd_sm90_refusal(p80), nullptr);
-    plain.a.tensors[FS_SDPA_BIAS] = b;  // refused too (the sm80 layout), without dBias and the gate
+    plain.a.tensors[FS_SDPA_BIAS] = c.a.tensors[FS_SDPA_BIAS];  // refused too (the sm80 layout), without dBias and the gate
     EXPECT_EQ(sdpa_bwd_workspace_size(p80), sdpa_bwd_workspace_size(backward_problem(plain, det)) + ds + gated);
   }
 }
@@ -1014,15 +1021,8 @@ TEST(SdpaFamily, Sm90BackwardHkNeHvWorkspaceHoldsTheSlots) {
   const auto al = [](size_t x) { return (x + 255) / 256 * 256; };
   for (bool det : {false, true}) {
     for (int64_t hv : {1, 4}) {
-      Call c;
+      Call c = bias_gate_call();  // the (128, 128) kernel's tiles and slots
       c.hv = hv;
-      c.dqk = c.dv = 96;  // the (128, 128) kernel's tiles and slots
-      TensorView b = desc(1, 4, 300, 500, DType::kFloat32);
-      b.strides[0] = 0;
-      c.a.tensors[FS_SDPA_BIAS] = b;
-      c.grads.emplace_back(FS_SDPA_DBIAS, desc(1, 4, 300, 500, DType::kFloat32));
-      c.a.tensors[FS_SDPA_GATE] = desc(2, 4, 300, 96);
-      c.grads.emplace_back(FS_SDPA_DGATE, desc(2, 4, 300, 96));
       const BwdModsSwitch on(1);
       const sdpa::Problem p = backward_problem(c, det);
       ASSERT_EQ(sdpa_bwd_sm90_refusal(p), nullptr) << hv;

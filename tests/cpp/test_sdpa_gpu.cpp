@@ -1089,45 +1089,65 @@ TEST(SdpaGpu, Sm90BackwardSanitizerSmall) {
   }
 }
 
+// The deterministic backward's shape of the bitwise tests: B = 2, H_q = 8, H_k = 2, S_q = 700, S_kv = 650
+// (several key blocks a sample), head dim d, bottom-right causal, BHSD, padded samples.
+Case sm90_bitwise_case(int64_t d, uint64_t seed) {
+  Case c;
+  c.seed = seed;
+  c.B = 2;
+  c.Hq = 8;
+  c.Hk = 2;
+  c.Sq = 700;
+  c.Skv = 650;
+  c.Dqk = c.Dv = d;
+  c.has_right = true;
+  c.bottom_right = true;
+  c.kind_q = c.kind_kv = Kind::kBhsd;
+  c.lengths = 1;
+  c.deterministic = true;
+  return c;
+}
+
+// Case c's backward on the sm90 kernels three times, on the GPU forward's O and LSE (padding rows
+// poisoned), every gradient output (dQ, dK, dV; dSink, dgate, dBias where c has them) NaN-poisoned
+// before each run: each run launches the sm90 backward (mods_kernel: its modifiers' kernel) and gives
+// run 0's bytes.
+void expect_sm90_backward_bitwise_reproducible(const Case& c, bool mods_kernel) {
+  auto p = make_problem(c);
+  run_forward(*p, false, false);
+  poison_padding(p->o, p->len_q);
+  poison_padding(p->stats, p->len_q);
+  p->o.upload();
+  p->stats.upload();
+  std::vector<std::vector<uint8_t>> first;
+  for (int run = 0; run < 3; ++run) {
+    std::vector<Tensor*> outs = {&p->dq, &p->dk, &p->dv};
+    if (c.sinks) outs.push_back(&p->dsink);
+    if (c.gate) outs.push_back(&p->dgate);
+    if (c.dbias) outs.push_back(&p->dbias);
+    for (Tensor* t : outs) t->poison_device();
+    const int64_t before = sm90::sdpa_bwd_launches(), mods_before = sm90::sdpa_bwd_mods_launches();
+    run_backward(*p, true);
+    EXPECT_EQ(sm90::sdpa_bwd_launches(), before + 1) << c.str();
+    if (mods_kernel) {
+      EXPECT_EQ(sm90::sdpa_bwd_mods_launches(), mods_before + 1) << c.str();
+    }
+    std::vector<std::vector<uint8_t>> now;
+    for (Tensor* t : outs) now.push_back(t->download());
+    if (run == 0) {
+      first = now;
+    } else {
+      EXPECT_TRUE(now == first) << c.str() << ": run " << run << " differs bitwise from run 0";
+    }
+  }
+}
+
 TEST(SdpaGpu, Sm90BackwardDeterministicIsBitwiseReproducible) {
   // Padded samples (lengths), GQA, bottom-right causal, several key blocks a sample: dQ tiles
   // added in descending key-block order through their counters; three runs bitwise equal.
   REQUIRE_SM90();
   const ForceSdpaBwdSm90 force_bwd(1);
-  for (int64_t d : {64, 128}) {
-    Case c;
-    c.seed = 3100 + uint64_t(d);
-    c.B = 2;
-    c.Hq = 8;
-    c.Hk = 2;
-    c.Sq = 700;
-    c.Skv = 650;
-    c.Dqk = c.Dv = d;
-    c.has_right = true;
-    c.bottom_right = true;
-    c.kind_q = c.kind_kv = Kind::kBhsd;
-    c.lengths = 1;
-    c.deterministic = true;
-    auto p = make_problem(c);
-    run_forward(*p, false, false);
-    poison_padding(p->o, p->len_q);
-    poison_padding(p->stats, p->len_q);
-    p->o.upload();
-    p->stats.upload();
-    std::vector<std::vector<uint8_t>> first;
-    for (int run = 0; run < 3; ++run) {
-      for (Tensor* t : {&p->dq, &p->dk, &p->dv}) t->poison_device();
-      const int64_t before = sm90::sdpa_bwd_launches();
-      run_backward(*p, true);
-      EXPECT_EQ(sm90::sdpa_bwd_launches(), before + 1);
-      std::vector<std::vector<uint8_t>> now = {p->dq.download(), p->dk.download(), p->dv.download()};
-      if (run == 0) {
-        first = now;
-      } else {
-        EXPECT_TRUE(now == first) << "D " << d << ": run " << run << " differs bitwise from run 0";
-      }
-    }
-  }
+  for (int64_t d : {64, 128}) expect_sm90_backward_bitwise_reproducible(sm90_bitwise_case(d, 3100 + uint64_t(d)), false);
 }
 
 // ---------------------------------------------------------------------------
@@ -1271,48 +1291,14 @@ TEST(SdpaGpu, Sm90BackwardModsDeterministicIsBitwiseReproducible) {
   const ForceSdpaBwdSm90 force_bwd(1);
   const ForceSdpaBwdSm90Mods mods(1);
   for (int64_t d : {64, 128}) {
-    Case c;
-    c.seed = 3300 + uint64_t(d);
-    c.B = 2;
-    c.Hq = 8;
-    c.Hk = 2;
-    c.Sq = 700;
-    c.Skv = 650;
-    c.Dqk = c.Dv = d;
-    c.has_right = true;
-    c.bottom_right = true;
-    c.kind_q = c.kind_kv = Kind::kBhsd;
-    c.lengths = 1;
-    c.deterministic = true;
+    Case c = sm90_bitwise_case(d, 3300 + uint64_t(d));
     c.alibi = true;
     c.sinks = true;
     c.gate = true;
     c.bias = d == 64 ? 1 + 1 : 1 + 4;
     c.dbias = d == 64;
     if (d == 128) c.softcap = 6.0f;
-    auto p = make_problem(c);
-    run_forward(*p, false, false);
-    poison_padding(p->o, p->len_q);
-    poison_padding(p->stats, p->len_q);
-    p->o.upload();
-    p->stats.upload();
-    std::vector<std::vector<uint8_t>> first;
-    for (int run = 0; run < 3; ++run) {
-      std::vector<Tensor*> outs = {&p->dq, &p->dk, &p->dv, &p->dsink, &p->dgate};
-      if (c.dbias) outs.push_back(&p->dbias);
-      for (Tensor* t : outs) t->poison_device();
-      const int64_t before = sm90::sdpa_bwd_launches(), mods_before = sm90::sdpa_bwd_mods_launches();
-      run_backward(*p, true);
-      EXPECT_EQ(sm90::sdpa_bwd_launches(), before + 1);
-      EXPECT_EQ(sm90::sdpa_bwd_mods_launches(), mods_before + 1);
-      std::vector<std::vector<uint8_t>> now;
-      for (Tensor* t : outs) now.push_back(t->download());
-      if (run == 0) {
-        first = now;
-      } else {
-        EXPECT_TRUE(now == first) << "D " << d << ": run " << run << " differs bitwise from run 0";
-      }
-    }
+    expect_sm90_backward_bitwise_reproducible(c, /*mods_kernel=*/true);
   }
 }
 
@@ -1810,49 +1796,16 @@ TEST(SdpaGpu, Sm90BackwardHkNeHvDeterministicIsBitwiseReproducible) {
   const ForceSdpaBwdSm90 force_bwd(1);
   const ForceSdpaBwdSm90Mods mods(1);
   for (int64_t d : {64, 128}) {
-    Case c;
-    c.seed = 3500 + uint64_t(d);
-    c.B = 2;
-    c.Hq = 8;
+    Case c = sm90_bitwise_case(d, 3500 + uint64_t(d));
     c.Hk = d == 64 ? 2 : 4;
     c.Hv = d == 64 ? 4 : 1;
-    c.Sq = 700;
-    c.Skv = 650;
-    c.Dqk = c.Dv = d;
-    c.has_right = true;
-    c.bottom_right = true;
-    c.kind_q = c.kind_kv = Kind::kBhsd;
-    c.lengths = 1;
-    c.deterministic = true;
     if (d == 128) {
       c.alibi = true;
       c.sinks = true;
       c.bias = 1 + 1;
       c.dbias = true;
     }
-    auto p = make_problem(c);
-    run_forward(*p, false, false);
-    poison_padding(p->o, p->len_q);
-    poison_padding(p->stats, p->len_q);
-    p->o.upload();
-    p->stats.upload();
-    std::vector<std::vector<uint8_t>> first;
-    for (int run = 0; run < 3; ++run) {
-      std::vector<Tensor*> outs = {&p->dq, &p->dk, &p->dv};
-      if (c.sinks) outs.push_back(&p->dsink);
-      if (c.dbias) outs.push_back(&p->dbias);
-      for (Tensor* t : outs) t->poison_device();
-      const int64_t before = sm90::sdpa_bwd_launches();
-      run_backward(*p, true);
-      EXPECT_EQ(sm90::sdpa_bwd_launches(), before + 1);
-      std::vector<std::vector<uint8_t>> now;
-      for (Tensor* t : outs) now.push_back(t->download());
-      if (run == 0) {
-        first = now;
-      } else {
-        EXPECT_TRUE(now == first) << "D " << d << ": run " << run << " differs bitwise from run 0";
-      }
-    }
+    expect_sm90_backward_bitwise_reproducible(c, /*mods_kernel=*/false);
   }
 }
 
