@@ -99,17 +99,22 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
       for (int r = 0; r < 4; ++r) s[j][r] *= p.scale_log2;
     }
     m.mod.apply<kNQ>(s, m.diag, lane);
-    // A partial step's element mask (the tile mask of (qb, kb), analytic_mask.h; a full step: none).
-    const kern::TileMask tm =
-        info.z >= 0 ? kern::TileMask::make(sl.mask, int64_t(info.y) * kBlockQ, int64_t(it.kb) * kBlockK)
-                    : kern::TileMask{kBlockQ, kBlockK, -kBlockQ, kBlockK};
 #pragma unroll
     for (int j = 0; j < kNQ; ++j) {
       const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const bool vis = tm.visible(8 * j + 2 * qd + (r & 1), key_thr + 8 * (r >> 1));
-        s[j][r] = vis ? s[j][r] - ((r & 1) ? l2.y : l2.x) : -INFINITY;
+      for (int r = 0; r < 4; ++r) s[j][r] -= (r & 1) ? l2.y : l2.x;
+    }
+    // A partial step's element mask (the tile mask of (qb, kb), analytic_mask.h); a full step has
+    // none and skips the tests (only they sit in the branch, as in the pure-mask consumer's P).
+    if (info.z >= 0) {
+      const kern::TileMask tm = kern::TileMask::make(sl.mask, int64_t(info.y) * kBlockQ, int64_t(it.kb) * kBlockK);
+#pragma unroll
+      for (int j = 0; j < kNQ; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          if (!tm.visible(8 * j + 2 * qd + (r & 1), key_thr + 8 * (r >> 1))) s[j][r] = -INFINITY;
+        }
       }
     }
   }
