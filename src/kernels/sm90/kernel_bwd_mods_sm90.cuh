@@ -12,25 +12,22 @@
 // The math is the sm80 SDPA backward's (kernel_bwd_sm80.cuh, AnalyticMaskBwdSm80 with kFeatures),
 // from its one home, sdpa_score_mod.cuh (SdpaScoreMod, SdpaBiasFrag). Per step, on the thread's S^T
 // accumulator (rows = keys j, columns = queries i; log2 units):
-//   z^T  = softcap / ALiBi (S^T scale log2 e) - lse2[i]   (masked: -inf)             (logits)
-//   P^T  = exp2(z^T + bias),   dS^T = P^T (1 - t^2) (dP^T - D[i])                      (grads)
-// (the bias read on visible elements only; t = tanh(x / softcap), recovered from z^T: 1 - t^2 = 1
-// without softcap); with dBias, dS = P (dP - D) of the sample's elements into the fp32 workspace
-// [B, H_q, S_q, ds_ld] (SdpaBiasParams::ds, zeroed by the launcher, each element written once;
-// dBias with softcap is refused by the C layer), which sdpa_dbias_reduce sums over dBias's
+//   P^T  = exp2(softcap / ALiBi (S^T scale log2 e) - lse2[i] + bias)   (masked: 0)   (logits, under dP^T)
+//   dS^T = P^T (1 - t^2) (dP^T - D[i])                                             (grads)
+// (the bias read on visible elements only; t = tanh(x / softcap), 1 - t^2 kept from logits as fp16
+// pairs, 1 without softcap); with dBias, dS = P (dP - D) of the sample's elements into the fp32
+// workspace [B, H_q, S_q, ds_ld] (SdpaBiasParams::ds, zeroed by the launcher, each element written
+// once; dBias with softcap is refused by the C layer), which sdpa_dbias_reduce sums over dBias's
 // broadcast dimensions. S^T is a fragment of the transposed problem (scores of keys against
 // queries): its bias is SdpaBiasFrag::at_transposed, its ALiBi the negated offsets
 // (SdpaScoreMod::transposed, base i0 + shift - j0).
 //
 // Registers: the consumers have 232 (setmaxnreg), and the pure-mask (128, 128) consumer already
-// peaks at 228 live (S^T, dP^T, dK, dV: 192 of them). So the step differs from the pure-mask one in
-// three places, each measured with ptxas (nvcc 13.0): the exp2 runs after the dP^T wait (P^T and
-// dS^T come out in place from z^T and dP^T, no third 32-register fragment); the bias is read once,
-// there (the sm80 kernels read it twice: added to the logits, then taken out of them for softcap's
-// t); the element mask is tested from the tile mask (4 ints) instead of the payload-word form the
-// consumer builds under the GEMMs (8 words). With the first alone the consumer spilled (20 spill
-// instructions in its path), with the first two 8; with the three, none (the kernel's 32-byte
-// stack frame is the 40-register producer's, as in the pure-mask kernel).
+// peaks at 228 live (S^T, dP^T, dK, dV: 192 of them). P^T is formed under the dP^T GEMM as in the
+// pure-mask consumer (v2.24; before, z^T was, and the exp2 waited for dP^T); softcap's factor takes
+// 16 registers there (fp16 pairs), the bias's addresses are live only there (the sm80 kernels read it
+// twice: added to the logits, then taken out of them for softcap's t), and the element mask is tested
+// from the tile mask (4 ints) instead of the payload-word form the consumer builds (8 words).
 #pragma once
 
 #include <cstdint>
@@ -44,22 +41,30 @@ namespace flashspan::kern90 {
 
 // SDPA with score modifiers: the analytic source (AnalyticSourceBwdSm90: items, walks, dQ order,
 // stores) plus the consumer's modifier hooks (Src::kMods in bwd_consumer):
-//   logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, s)           S^T -> z^T (before the dP^T wait)
-//   grads<kNQ>(p, it, sl, info, key_thr, lse2, delta, lane, keep, s, dp)  z^T, dP^T -> P^T, dS^T
-// each from the step's modifiers (step_mods), formed in each of the two from the parameters: held
-// across the dP^T wait, they spilled in the (128, 128) consumer. kDropout_ (Src::kDropout; the
+//   logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, s, dlogit)  S^T -> P^T, softcap's 1 - t^2 (before
+//                                                                  the dP^T wait)
+//   grads<kNQ>(p, it, sl, info, key_thr, delta, lane, keep, dlogit, s, dp)  P^T, dP^T -> P^T m, dS^T
+// (logits forms the step's modifiers, step_mods, from the parameters; grads reads only softcap's
+// flag: the modifiers held across the dP^T wait spilled the (128, 128) consumer). kDropout_ (Src::kDropout; the
 // instantiation of sdpa_bwd_mods_kernel_sm90<..., true>, experimental): dropout too, in grads, with
 //   step_keep<kNQ>(p, it, info, key_thr, lane)                     the Philox keep bits (before the
 //                                                                  step's GEMMs)
 // An instantiation of its own, so that the modifiers' kernel keeps its code: dropout's code in it
 // added spill instructions to the (128, 128) consumer (2 to 7 in the variants tried, some on paths that
-// calls without dropout take too).
-template <int kBk, bool kDropout_ = false>
+// calls without dropout take too). kSoftcap: softcap may be set (its 1 - t^2 carried from logits to
+// grads, 16 registers that spill in the (128, 128) consumer); false: the calls without softcap, on an
+// instantiation of their own (v2.24: ALiBi's backward 0.82x as fast on the softcap-capable kernel,
+// and one kernel branching between the two spilled 300 bytes).
+template <int kBk, bool kDropout_ = false, bool kSoftcap = true>
 struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   static_assert(kBk == 128, "the score modifiers run on the key-split consumers (head dims up to 128)");
   using Base = AnalyticSourceBwdSm90<kBk>;
   using Seqlen = typename Base::Seqlen;
   static constexpr bool kMods = true, kDropout = kDropout_;
+  // P^T formed by logits, under the dP^T GEMM (v2.24); with dropout, z^T there and P^T after the wait
+  // in grads (the dropout kernel's consumer spilled 340 bytes with P^T early: the keep bits, the
+  // caller mask's reads and the bias's addresses across the wait).
+  static constexpr bool kProbsEarly = !kDropout_;
   static constexpr int kBlockQ = Base::kBlockQ, kBlockK = kBk;
 
   // The step's modifiers on warp w of consumer warpgroup c (keys j0 = kb kBlockK + 64 c + 16 w ..,
@@ -82,15 +87,17 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
                                                       j0, lane)};
   }
 
-  // S^T (the raw scores) -> z^T = logit2 - lse2[query] before the bias, as the sm80 kernels'
-  // sdpa_bwd_logits and mask: scaled, softcap and ALiBi, the statistic subtracted, masked elements
-  // -inf. The element mask is tested here from the step's tile mask (4 ints), not from the
-  // consumer's payload-word form of it (analytic_step_mask: 8 words, formed under the S^T / dP^T
-  // GEMMs, where the pure-mask consumer peaks at 228 live registers). The bias is grads' (read
-  // once, after the dP^T wait; read here too, its addresses spilled the (128, 128) consumer).
+  // S^T (the raw scores) -> P^T = exp2(logit2 - lse2[query] + bias) (masked: 0), before the dP^T
+  // wait, as the pure-mask consumer's P^T: scaled, softcap and ALiBi (softcap's 1 - t^2 into dlogit,
+  // SdpaScoreMod::apply_dlogit; not written without softcap), the statistic subtracted, the element
+  // mask, the bias on visible elements. The element mask is tested from the step's tile mask (4 ints),
+  // not from the consumer's payload-word form of it (analytic_step_mask: 8 words). (Until v2.24 this
+  // hook gave z^T and the exp2 ran after the dP^T wait, its MUFU work exposed: ALiBi's backward
+  // 0.7x, softcap's 0.6x the pure-mask kernel's.)
   template <int kNQ>
   __device__ __forceinline__ static void logits(const BwdParams& p, const BwdItem& it, const Seqlen& sl, int4 info,
-                                                int key_thr, const float* lse2, int lane, float (&s)[kNQ][4]) {
+                                                int key_thr, const float* lse2, int lane, float (&s)[kNQ][4],
+                                                uint32_t (&dlogit)[kNQ][2]) {
     const StepMods m = step_mods(p, it, sl, info, key_thr, lane);
     const int qd = lane & 3;
 #pragma unroll
@@ -98,7 +105,13 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
 #pragma unroll
       for (int r = 0; r < 4; ++r) s[j][r] *= p.scale_log2;
     }
-    m.mod.apply<kNQ>(s, m.diag, lane);
+    if constexpr (!kProbsEarly) {
+      m.mod.apply<kNQ>(s, m.diag, lane);
+    } else if constexpr (kSoftcap) {
+      m.mod.apply_dlogit<kNQ>(s, m.diag, lane, dlogit);
+    } else {
+      m.mod.add_alibi<kNQ>(s, m.diag, lane);
+    }
 #pragma unroll
     for (int j = 0; j < kNQ; ++j) {
       const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
@@ -117,6 +130,22 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
         }
       }
     }
+    if constexpr (!kProbsEarly) return;  // dropout: z^T (P^T after the dP^T wait, in grads)
+    // The exp2 in each branch: after the branches' join, ptxas placed it behind the consumer's dP^T
+    // wait (the exposed MUFU work this hook moved under the GEMM).
+    auto exp2_all = [&] {
+#pragma unroll
+      for (int j = 0; j < kNQ; ++j) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) s[j][r] = kern::exp2_approx(s[j][r]);
+      }
+    };
+    if (m.bias.p != nullptr) {
+      m.bias.add(s);
+      exp2_all();
+    } else {
+      exp2_all();
+    }
   }
 
   // The step's Philox keep bits (SdpaDropoutParams mode 1; 0 otherwise): bit 4 j + r for element (j, r)
@@ -133,40 +162,47 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
                                                         int64_t(it.kb) * kBlockK + key_thr);
   }
 
-  // z^T (s) and dP^T (dp) -> P^T = exp2(z^T + bias) m (s; the bias read on visible elements only,
-  // SdpaBiasFrag::at2 as SdpaBiasFrag::add reads it) and dS^T = P^T d logit / d x (m dP^T - D[query])
-  // (dp; softcap's 1 - t^2 from z^T, SdpaScoreMod::softcap_dprob), in place, with m the element's
-  // dropout multiplier (kDropout, SdpaDropoutParams; else 1): so dV takes P m, and dS is the sm80
-  // kernels' and the CPU reference's P (m dP - D). Philox: m from the step's keep bits (step_keep); the
-  // caller's mask: read element by element (sdpa_dropout_mask_apply on the transposed fragment). With
-  // dBias, dS of the sample's elements into the workspace (query i0 + 8 j + 2 qd + r % 2, key j0 + g +
-  // 8 (r / 2): scalar stores, 8 consecutive keys a quad column of a warp), after the loop (dBias is
-  // refused with softcap: at run time the two never meet, but their registers would in one loop).
+  // P^T (s, logits') and dP^T (dp) -> P^T m (s) and dS^T = P^T d logit / d x (m dP^T - D[query]) (dp;
+  // softcap's 1 - t^2 from logits' dlogit), in place, with m the element's dropout multiplier (kDropout,
+  // SdpaDropoutParams; else 1): so dV takes P m, and dS is the sm80 kernels' and the CPU reference's
+  // P (m dP - D). Philox: m from the step's keep bits (step_keep); the caller's mask: read element by
+  // element (sdpa_dropout_mask_apply on the transposed fragment). With dBias, dS of the sample's
+  // elements into the workspace (query i0 + 8 j + 2 qd + r % 2, key j0 + g + 8 (r / 2): scalar stores, 8
+  // consecutive keys a quad column of a warp), after the loop (dBias is refused with softcap: at run
+  // time the two never meet, but their registers would in one loop).
   template <int kNQ>
   __device__ __forceinline__ static void grads(const BwdParams& p, const BwdItem& it, const Seqlen& sl, int4 info,
                                                int key_thr, const float* lse2, const float* delta, int lane,
-                                               uint32_t keep, float (&s)[kNQ][4], float (&dp)[kNQ][4]) {
-    const StepMods m = step_mods(p, it, sl, info, key_thr, lane);
-    const int g = lane >> 2, qd = lane & 3;
-    const int d0 = m.diag + 2 * qd - g;  // the offset of the thread's element (0, 0) (SdpaScoreMod::apply)
-    auto elem = [&](int j, int r, float mult) {
-      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
-      const float2 dd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * qd);
-      const float z = s[j][r];
-      const float pr = kern::exp2_approx(m.bias.p != nullptr && z != -INFINITY ? z + m.bias.at2(j, r) : z);
-      const int off = d0 + 8 * j + (r & 1) - 8 * (r >> 1);  // ALiBi's offset (transposed)
-      const float f = m.mod.c2 != 0.0f ? m.mod.softcap_dprob(pr, z + ((r & 1) ? l2.y : l2.x), off) : pr;
-      s[j][r] = pr * mult;
-      dp[j][r] = f * (mult * dp[j][r] - ((r & 1) ? dd.y : dd.x));
-    };
-    auto without_dropout = [&] {
+                                               uint32_t keep, const uint32_t (&dlogit)[kNQ][2], float (&s)[kNQ][4],
+                                               float (&dp)[kNQ][4]) {
+    const int qd = lane & 3;
+    if constexpr (kProbsEarly) {
+      // s holds P^T (no dropout: m = 1).
+      const bool softcap = kSoftcap && kern::analytic_of(p).score.softcap2 != 0.0f;
 #pragma unroll
       for (int j = 0; j < kNQ; ++j) {
+        const float2 dd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * qd);
 #pragma unroll
-        for (int r = 0; r < 4; ++r) elem(j, r, 1.0f);
+        for (int r = 0; r < 4; ++r) {
+          const float pr = s[j][r];
+          const float f = softcap ? pr * kern::SdpaScoreMod::dlogit_at<kNQ>(dlogit, j, r) : pr;
+          dp[j][r] = f * (dp[j][r] - ((r & 1) ? dd.y : dd.x));
+        }
       }
-    };
-    if constexpr (kDropout) {
+    } else {
+      // Dropout: s holds z^T; P^T = exp2(z^T + bias), softcap's 1 - t^2 from z^T.
+      const StepMods m = step_mods(p, it, sl, info, key_thr, lane);
+      const int d0 = m.diag + 2 * qd - (lane >> 2);  // the offset of the thread's element (0, 0)
+      auto elem = [&](int j, int r, float mult) {
+        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
+        const float2 dd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * qd);
+        const float z = s[j][r];
+        const float pr = kern::exp2_approx(m.bias.p != nullptr && z != -INFINITY ? z + m.bias.at2(j, r) : z);
+        const int off = d0 + 8 * j + (r & 1) - 8 * (r >> 1);  // ALiBi's offset (transposed)
+        const float f = m.mod.c2 != 0.0f ? m.mod.softcap_dprob(pr, z + ((r & 1) ? l2.y : l2.x), off) : pr;
+        s[j][r] = pr * mult;
+        dp[j][r] = f * (mult * dp[j][r] - ((r & 1) ? dd.y : dd.x));
+      };
       const SdpaDropoutParams& dr = kern::analytic_of(p).dropout;
       if (dr.mode == 1) {
         kern::sdpa_dropout_keep_apply<kNQ>(keep, dr.scale, elem);
@@ -175,10 +211,12 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
         kern::sdpa_dropout_mask_apply<kNQ, true>(dr, it.b, info.x, int64_t(info.y) * kBlockQ + 2 * qd,
                                                  int64_t(it.kb) * kBlockK + key_thr, sl.len_q, sl.len_k, elem);
       } else {
-        without_dropout();
+#pragma unroll
+        for (int j = 0; j < kNQ; ++j) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) elem(j, r, 1.0f);
+        }
       }
-    } else {
-      without_dropout();
     }
     const AnalyticMaskParams& a = kern::analytic_of(p);
     if (a.bias.ds != nullptr) {
@@ -200,19 +238,20 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
 #endif  // __CUDA_ARCH__
 
 // The SDPA backward with score modifiers (AnalyticModSourceBwdSm90): softcap, ALiBi, the additive
-// bias and dBias as run-time flags of one instantiation per dtype and kernel head dims kD (64 or
-// 128, Dqk = Dv = kD; a call's head dims up to kD, multiples of 8), deterministic or not at run time.
-// kDropout: the instantiation with dropout besides (Philox or the caller's mask; experimental,
-// FLASHSPAN_EXPERIMENTAL=1), the same dtypes, head dims and run-time flags.
-template <int kD, class E, bool kDropout = false>
+// bias and dBias as run-time flags of an instantiation per dtype, kernel head dims kD (64 or 128,
+// Dqk = Dv = kD; a call's head dims up to kD, multiples of 8) and kSoftcap (false: calls without
+// softcap, which the launcher runs there), deterministic or not at run time. kDropout: the
+// instantiation with dropout besides (Philox or the caller's mask; kSoftcap true), the same dtypes,
+// head dims and run-time flags.
+template <int kD, class E, bool kDropout = false, bool kSoftcap = true>
 __global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
     sdpa_bwd_mods_kernel_sm90(const __grid_constant__ SdpaBwdParams p, const __grid_constant__ CUtensorMap tm_q,
                               const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                               const __grid_constant__ CUtensorMap tm_do) {
   static_assert(kD == 64 || kD == 128, "the modifiers' kernels: head dims (64, 64) and (128, 128)");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  bwd_sm90_body<kD, E, kD, AnalyticModSourceBwdSm90<BwdSm90Layout<kD>::kBlockK, kDropout>>(p, &tm_q, &tm_k, &tm_v,
-                                                                                         &tm_do);
+  bwd_sm90_body<kD, E, kD, AnalyticModSourceBwdSm90<BwdSm90Layout<kD>::kBlockK, kDropout, kSoftcap>>(
+      p, &tm_q, &tm_k, &tm_v, &tm_do);
 #else
   __trap();
 #endif

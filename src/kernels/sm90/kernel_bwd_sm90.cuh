@@ -924,9 +924,12 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
           }
         }
       }
+      // SDPA's softcap: its 1 - t^2 of each element (fp16 pairs) from the modifiers' P^T to their dS^T.
+      [[maybe_unused]] uint32_t dlogit[kNQ][2];
       if constexpr (Src::kMods) {
-        // SDPA's score modifiers: S^T -> z^T = logit2 - lse2 before the bias (masked: -inf).
-        Src::template logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, sacc);
+        // SDPA's score modifiers: P^T = exp2(logit2 - lse2 + bias) (masked: 0).
+        Src::template logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, sacc, dlogit);
+        reg_fence(sacc);  // P^T (z^T with dropout) formed here, under the dP^T GEMM
       } else {
         // P^T = exp2(S^T scale log2(e) - lse2[query]); masked elements 0 (a full block has none: its
         // bit tests are skipped, PERF_LOG v2.23; a branch around the whole exp2 loop instead made
@@ -950,8 +953,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       wg_wait<0>();
       reg_fence(dpacc);
       if constexpr (Src::kMods) {
-        // P^T = exp2(z^T + bias), dS^T = P^T d logit / d x (dP^T - D[query]) (+ dBias's workspace).
-        Src::template grads<kNQ>(p, it, sl, info, key_thr, lse2, delta, lane, keep, sacc, dpacc);
+        // dS^T = P^T d logit / d x (dP^T - D[query]) (+ dropout, dBias's workspace).
+        Src::template grads<kNQ>(p, it, sl, info, key_thr, lse2, delta, lane, keep, dlogit, sacc, dpacc);
       } else {
         // dS^T = P^T (dP^T - D[query]).
 #pragma unroll

@@ -1,7 +1,8 @@
 // The sm90 SDPA backward kernels with score modifiers (kernel_bwd_mods_sm90.cuh
 // sdpa_bwd_mods_kernel_sm90, sdpa_bwd_sm90_run.cuh run_sdpa_bwd_sm90<..., true>) of kernel head dims
-// (128, 128): fp16 / bf16 (with the dQ convert: 4 kernels). A unit of their own, beside the pure-mask
-// kernels' (sdpa_bwd_sm90_d128.cu), so that the CI's two cores compile them side by side.
+// (128, 128): fp16 / bf16, with softcap or without (with the dQ convert: 6 kernels). A unit of their
+// own, beside the pure-mask kernels' (sdpa_bwd_sm90_d128.cu), so that the CI's two cores compile them
+// side by side.
 #include "kernels/sm90/sdpa_bwd_sm90_run.cuh"
 
 namespace flashspan::sm90 {

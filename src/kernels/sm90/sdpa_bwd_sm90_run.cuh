@@ -18,18 +18,22 @@
 namespace flashspan::sm90 {
 
 namespace bwd_detail {
-// The SDPA backward kernel of a unit (only the chosen one is instantiated): with score modifiers and
-// dropout (kDropout: sdpa_bwd_mods_kernel_sm90<..., true>), with score modifiers (kMods: sdpa_bwd_mods_kernel_sm90),
+// The SDPA backward kernel of a unit (only the chosen ones are instantiated): with score modifiers and
+// dropout (kDropout: sdpa_bwd_mods_kernel_sm90<..., true>), with score modifiers (kMods:
+// sdpa_bwd_mods_kernel_sm90, the softcap-capable one or, for calls without softcap, the one without),
 // (kD, kDv) = (64, 64) or (128, 128) for both, or the pure-mask one.
 template <int kD, class E, int kDv, bool kWideTile, bool kMods, bool kDropout>
-auto sdpa_kernel() {
+auto sdpa_kernel(bool softcap) {
   if constexpr (kDropout) {
     static_assert(kMods && kD == kDv && kD <= 128 && !kWideTile, "the dropout kernels: (64, 64) and (128, 128)");
+    (void)softcap;
     return kern90::sdpa_bwd_mods_kernel_sm90<kD, E, true>;
   } else if constexpr (kMods) {
     static_assert(kD == kDv && kD <= 128 && !kWideTile, "the modifiers' kernels: (64, 64) and (128, 128)");
-    return kern90::sdpa_bwd_mods_kernel_sm90<kD, E>;
+    return softcap ? kern90::sdpa_bwd_mods_kernel_sm90<kD, E, false, true>
+                   : kern90::sdpa_bwd_mods_kernel_sm90<kD, E, false, false>;
   } else {
+    (void)softcap;
     return kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile>;
   }
 }
@@ -46,11 +50,12 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
     const int item_heads = p.num_heads_q / sdpa_bwd_item_group_sm90(p.group_size, p.analytic.score.group_v);
     const int64_t items = int64_t(p.analytic.num_k_blocks) * item_heads * p.batch;
     if (items > 0) {
-      auto kernel = bwd_detail::sdpa_kernel<kD, E, kDv, kWideTile, kMods, kDropout>();
-      static std::atomic<uint64_t> smem_set{0};
-      ensure_smem_limit(kernel, L::kBytes, smem_set, "sdpa backward (sm90): cudaFuncSetAttribute");
-      static std::atomic<int> ctas_cache[64];
-      const int ctas = persistent_ctas(kernel, L::kThreads, L::kBytes, ctas_cache, "sdpa backward (sm90)");
+      const int softcap = p.analytic.score.softcap2 != 0.0f ? 1 : 0;
+      auto kernel = bwd_detail::sdpa_kernel<kD, E, kDv, kWideTile, kMods, kDropout>(softcap == 1);
+      static std::atomic<uint64_t> smem_set[2] = {0, 0};
+      ensure_smem_limit(kernel, L::kBytes, smem_set[softcap], "sdpa backward (sm90): cudaFuncSetAttribute");
+      static std::atomic<int> ctas_cache[2][64];
+      const int ctas = persistent_ctas(kernel, L::kThreads, L::kBytes, ctas_cache[softcap], "sdpa backward (sm90)");
       const unsigned grid = unsigned(std::min<int64_t>(ctas, items));
       kernel<<<grid, L::kThreads, L::kBytes, s>>>(p, mq, mk, mv, mdo);
       check_launch("sdpa backward (sm90)");
