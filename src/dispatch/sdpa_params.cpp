@@ -185,7 +185,8 @@ struct Sm90SlotBytes {
 Sm90SlotBytes sm90_slot_bytes(const Problem& p) {
   if (p.Hk == p.Hv) return {};
   const sm90::SdpaBwdDimsSm90 kdims = sm90::sdpa_bwd_kernel_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv));
-  const int64_t item_heads = std::max(p.Hk, p.Hv);
+  const int64_t item_heads = sm90::sdpa_bwd_item_heads_sm90(static_cast<int>(p.Hq), static_cast<int>(p.Hq / p.Hk),
+                                                            static_cast<int>(p.Hq / p.Hv));
   auto bytes = [&](int cols) {
     return ws_align(sizeof(float) * size_t(sm90::sdpa_bwd_slot_floats_sm90(p.B, p.Skv, item_heads,
                                                                            static_cast<int>(p.Dqk),

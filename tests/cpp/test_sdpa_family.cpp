@@ -1002,6 +1002,7 @@ TEST(SdpaFamily, Sm90BackwardHkNeHvItemHeadsShareKAndV) {
         EXPECT_EQ(share, sm90::sdpa_bwd_heads_run_sm90(gk, gv)) << at;
         if (!share) continue;
         EXPECT_EQ(hq / g, std::max(hk, hv)) << at;
+        EXPECT_EQ(sm90::sdpa_bwd_item_heads_sm90(hq, gk, gv), std::max(hk, hv)) << at;  // the grid's item heads
         for (auto [groups, gs] : {std::pair<int, int>{hk, gk}, {hv, gv}}) {
           const int r = gs / g;
           for (int x = 0; x < groups; ++x) {

@@ -567,6 +567,21 @@ struct ForceSm90WithMods {
   ForceSdpaBwdSm90Mods bwd_mods{1};
 };
 
+// Runs c (its backward too with `backward`) and expects `fwd` sm90 forward and `bwd` sm90 backward
+// launches (sm90::sdpa_fwd_launches / sdpa_bwd_launches; 0: the sm80 kernels ran that pass;
+// kAnyLaunches: not checked): which family ran each pass.
+constexpr int kAnyLaunches = -1;
+void run_case_expect_sm90(const Case& c, bool backward, int fwd, int bwd) {
+  const int64_t f0 = sm90::sdpa_fwd_launches(), b0 = sm90::sdpa_bwd_launches();
+  run_case(c, backward);
+  if (fwd != kAnyLaunches) {
+    EXPECT_EQ(sm90::sdpa_fwd_launches(), f0 + fwd) << "sm90 forward launches of " << c.str();
+  }
+  if (bwd != kAnyLaunches) {
+    EXPECT_EQ(sm90::sdpa_bwd_launches(), b0 + bwd) << "sm90 backward launches of " << c.str();
+  }
+}
+
 // sm90_case's cases first..last forced onto the sm90 kernels (on = 1) or the sm80 kernels (on =
 // 0): the forward alone, or with `backward` forward and backward, the backward forced the same
 // way (set_sdpa_bwd_sm90_enabled); the launch counter of the pass under test
@@ -612,9 +627,7 @@ TEST(SdpaGpu, Sm90ForwardFallsBackToSm80) {
       case 2: c.dropout_p = 0.25f; c.dropout_seed = 77; c.dropout_offset = 3; break;
       default: c.gate = true; c.block_mask = 2; c.has_right = true; c.right = 0; c.has_left = false; break;
     }
-    const int64_t before = sm90::sdpa_fwd_launches();
-    run_case(c, /*backward=*/false);
-    EXPECT_EQ(sm90::sdpa_fwd_launches(), before) << "ran on sm90: " << c.str();
+    run_case_expect_sm90(c, /*backward=*/false, 0, kAnyLaunches);
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -941,9 +954,7 @@ TEST(SdpaGpu, Sm90ForwardModsFallsBackToSm80) {
       case 2: c.Dqk = c.Dv = 256; c.sinks = true; c.gate = true; break;
       default: c.bias = 1 + 2; c.dropout_p = 0.25f; c.dropout_seed = 77; c.dropout_offset = 3; break;
     }
-    const int64_t before = sm90::sdpa_fwd_launches();
-    run_case(c, /*backward=*/false);
-    EXPECT_EQ(sm90::sdpa_fwd_launches(), before) << "ran on sm90: " << c.str();
+    run_case_expect_sm90(c, /*backward=*/false, 0, kAnyLaunches);
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -1070,9 +1081,7 @@ TEST(SdpaGpu, Sm90BackwardFallsBackToSm80) {
       case 2: c.Hq = 6; c.Hk = 3; c.Hv = 2; break;
       default: c.gate = true; c.block_mask = 2; c.has_right = true; c.right = 0; c.has_left = false; break;
     }
-    const int64_t before = sm90::sdpa_bwd_launches();
-    run_case(c, /*backward=*/true);
-    EXPECT_EQ(sm90::sdpa_bwd_launches(), before) << "ran on sm90: " << c.str();
+    run_case_expect_sm90(c, /*backward=*/true, kAnyLaunches, 0);
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -1340,10 +1349,7 @@ TEST(SdpaGpu, Sm90BackwardModsOffRunsSm80) {
   const ForceSdpaBwdSm90 bwd(1);
   const ForceSdpaBwdSm90Mods bwd_mods(0);
   for (uint64_t seed = 14801; seed <= 14810; ++seed) {
-    const Case c = sm90_bwd_mods_case(seed);
-    const int64_t before = sm90::sdpa_bwd_launches();
-    run_case(c, /*backward=*/true);
-    EXPECT_EQ(sm90::sdpa_bwd_launches(), before) << "backward ran on sm90: " << c.str();
+    run_case_expect_sm90(sm90_bwd_mods_case(seed), /*backward=*/true, kAnyLaunches, 0);
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -1645,11 +1651,7 @@ TEST(SdpaGpu, Sm90DropoutOffRunsSm80) {
   const ForceSm90WithMods mods;
   const ForceSm90Dropout off(0);
   for (uint64_t seed = 15101; seed <= 15108; ++seed) {
-    const Case c = sm90_dropout_case(seed);
-    const int64_t f0 = sm90::sdpa_fwd_launches(), b0 = sm90::sdpa_bwd_launches();
-    run_case(c, /*backward=*/true);
-    EXPECT_EQ(sm90::sdpa_fwd_launches(), f0) << "forward ran on sm90: " << c.str();
-    EXPECT_EQ(sm90::sdpa_bwd_launches(), b0) << "backward ran on sm90: " << c.str();
+    run_case_expect_sm90(sm90_dropout_case(seed), /*backward=*/true, 0, 0);
     if (::testing::Test::HasFailure()) return;
   }
 }

@@ -111,15 +111,46 @@ struct SdpaBiasFrag {
     }
     return x * kLog2e;
   }
-  // s += bias (log2 units) where s > -inf.
+  // s += bias (log2 units) where s > -inf (masked elements stay -inf and are not read). The dtype
+  // branch outside the loop and the loads of kChunk n8 blocks issued before their uses: element by
+  // element (a branch on -inf, one on the dtype, the load, its use) the 64 loads of a thread's
+  // (128-key) block ran one after the other (PERF_LOG v2.24: the bias forward a sixth of ALiBi's).
+  // (Pairs of columns as one load: the bias 1.2x faster again, the other modifiers' calls 2-6 %
+  // slower on the kernels they share with it, PERF_LOG v2.24: not taken.)
   template <int kN>
   __device__ __forceinline__ void add(float (&s)[kN][4]) const {
     if (p == nullptr) return;
+    if (dtype == kSdpaBiasF32) {
+      add_as<kN>(s, [](const char* e) { return __ldg(reinterpret_cast<const float*>(e)); });
+    } else if (dtype == kSdpaBiasBF16) {
+      add_as<kN>(s, [](const char* e) {
+        return __uint_as_float(uint32_t(__ldg(reinterpret_cast<const unsigned short*>(e))) << 16);
+      });
+    } else {
+      add_as<kN>(s, [](const char* e) { return __half2float(__ldg(reinterpret_cast<const __half*>(e))); });
+    }
+  }
+
+  // add's loop for one dtype, element by element (load: the element at a byte address, as float).
+  template <int kN, class Load>
+  __device__ __forceinline__ void add_as(float (&s)[kN][4], Load load) const {
+    constexpr int kChunk = kN < 4 ? kN : 4;  // n8 blocks whose loads are in flight together
+    static_assert(kN % kChunk == 0, "bias: whole chunks of n8 blocks");
 #pragma unroll
-    for (int n = 0; n < kN; ++n) {
+    for (int n0 = 0; n0 < kN; n0 += kChunk) {
+      float v[kChunk][4];
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        if (s[n][r] != -INFINITY) s[n][r] += at2(n, r);
+      for (int n = 0; n < kChunk; ++n) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const char* e = p + int64_t(8 * (r >> 1)) * rs + int64_t(8 * (n0 + n) + (r & 1)) * cs;
+          v[n][r] = s[n0 + n][r] != -INFINITY ? load(e) : 0.0f;
+        }
+      }
+#pragma unroll
+      for (int n = 0; n < kChunk; ++n) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) s[n0 + n][r] = fmaf(v[n][r], kLog2e, s[n0 + n][r]);  // -inf stays -inf
       }
     }
   }
@@ -371,7 +402,10 @@ struct SdpaScoreMod {
 // kern::Variant (variant.cuh): softcap and ALiBi on the scaled scores before the mask (SdpaScoreMod
 // at the tile's diagonal offset), the additive bias after it on the visible elements only
 // (SdpaBiasFrag: never read where the mask set -inf). The sm90 forward with modifiers builds one
-// per key block (kernel_fwd_sm90.cuh AnalyticModSourceSm90::score_mod).
+// per key block (kernel_fwd_sm90.cuh AnalyticModSourceSm90T::score_mod). kBias = false: no bias
+// (its code not in the kernel: the bias's loads cost the other modifiers' calls 2-3 % of the shared
+// (128, 128) forward, PERF_LOG v2.24).
+template <bool kBias = true>
 struct SdpaTileScoreMod {
   SdpaScoreMod mod;
   int diag;           // j - i - shift of the tile's element (0, 0) (diag_base)
@@ -380,14 +414,14 @@ struct SdpaTileScoreMod {
 
   // No modifier at all (a call with sinks or epilogue options only): the logits are the scaled
   // scores, so Variant may fold the scale into the softmax's exponent.
-  __device__ __forceinline__ bool identity() const { return !mod.active() && bias.p == nullptr; }
+  __device__ __forceinline__ bool identity() const { return !mod.active() && (!kBias || bias.p == nullptr); }
   template <int kN>
   __device__ __forceinline__ void apply(float (&s)[kN][4]) const {
     mod.apply<kN>(s, diag, lane);
   }
   template <int kN>
   __device__ __forceinline__ void apply_visible(float (&s)[kN][4]) const {
-    bias.add<kN>(s);
+    if constexpr (kBias) bias.add<kN>(s);
   }
 };
 

@@ -62,15 +62,19 @@ void run_o(const FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, con
 }
 
 // The SDPA kernel of a unit: its mask source with score modifiers and dropout (kDropout), with score
-// modifiers (kMods) or without (only the chosen one is instantiated).
+// modifiers (kMods: the one with the bias's code or, for calls without a bias, the one without) or
+// without (only the chosen ones are instantiated).
 template <int kDqk, int kDv, class E, bool kOverlap, bool kMods, bool kDropout>
-auto sdpa_kernel() {
+auto sdpa_kernel(bool bias) {
   if constexpr (kDropout) {
     static_assert(kMods, "the dropout kernels are the modifiers' with dropout");
+    (void)bias;
     return kern90::sdpa_fwd_kernel_sm90<kDqk, kDv, E, kOverlap, kern90::AnalyticDropSourceSm90>;
   } else if constexpr (kMods) {
-    return kern90::sdpa_fwd_kernel_sm90<kDqk, kDv, E, kOverlap, kern90::AnalyticModSourceSm90>;
+    return bias ? kern90::sdpa_fwd_kernel_sm90<kDqk, kDv, E, kOverlap, kern90::AnalyticModSourceSm90>
+                : kern90::sdpa_fwd_kernel_sm90<kDqk, kDv, E, kOverlap, kern90::AnalyticModNoBiasSourceSm90>;
   } else {
+    (void)bias;
     return kern90::sdpa_fwd_kernel_sm90<kDqk, kDv, E, kOverlap, kern90::AnalyticSourceSm90>;
   }
 }
@@ -107,8 +111,9 @@ int fwd_binary_version_of() {
 // the plan kernels' default, overlapped with ping-pong, for both (64, 64) and (128, 128)
 // (PERF_LOG v2.0; FLASHSPAN_SM90_OVERLAP does not switch it); max_logit tested at run time. 2 kernels (fp16, bf16)
 // a unit: the pure-mask kernels (sdpa_fwd_kernel_sm90 with AnalyticSourceSm90), or with kMods the ones
-// with score modifiers, sinks and the epilogue options (with AnalyticModSourceSm90), or with kDropout too
-// those with dropout besides (with AnalyticDropSourceSm90), each in its own unit.
+// with score modifiers, sinks and the epilogue options (with AnalyticModSourceSm90, and for calls
+// without a bias AnalyticModNoBiasSourceSm90: 4 kernels), or with kDropout too those with dropout
+// besides (with AnalyticDropSourceSm90), each in its own unit.
 template <int kDqk, int kDv, bool kMods, bool kDropout>
 void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
                        const CUtensorMap& mv, cudaStream_t s) {
@@ -116,11 +121,14 @@ void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& m
   constexpr bool kOverlap = true;
   with_element_type(dtype, "sdpa forward (sm90)", [&](auto e) {
     using E = decltype(e);
-    auto kernel = fwd_detail::sdpa_kernel<kDqk, kDv, E, kOverlap, kMods, kDropout>();
-    static std::atomic<uint64_t> smem_set{0};
-    ensure_smem_limit(kernel, L::kBytes, smem_set, "sdpa forward (sm90): cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
-    static std::atomic<int> ctas_cache[64];
-    const int ctas = persistent_ctas(kernel, kern90::kThreads, L::kBytes, ctas_cache, "sdpa forward (sm90): persistent grid");
+    const int bias = p.analytic.bias.bias != nullptr ? 1 : 0;
+    auto kernel = fwd_detail::sdpa_kernel<kDqk, kDv, E, kOverlap, kMods, kDropout>(bias == 1);
+    static std::atomic<uint64_t> smem_set[2] = {0, 0};
+    ensure_smem_limit(kernel, L::kBytes, smem_set[bias],
+                      "sdpa forward (sm90): cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    static std::atomic<int> ctas_cache[2][64];
+    const int ctas =
+        persistent_ctas(kernel, kern90::kThreads, L::kBytes, ctas_cache[bias], "sdpa forward (sm90): persistent grid");
     const int64_t items = int64_t(p.analytic.num_q_blocks) * p.num_heads_q * p.batch;
     const unsigned grid = unsigned(std::min<int64_t>(ctas, items));
     kernel<<<grid, kern90::kThreads, L::kBytes, s>>>(p, mq, mk, mv);

@@ -456,7 +456,8 @@ struct AnalyticItemsBwdSm90 {
   }
   __device__ __forceinline__ static kern::AnalyticBwdGrid grid(const BwdParams& p) {
     const AnalyticMaskParams& a = kern::analytic_of(p);
-    return kern::AnalyticBwdGrid{a.num_k_blocks, p.num_heads_q / item_group(p), p.batch,
+    return kern::AnalyticBwdGrid{a.num_k_blocks,
+                                 sm90::sdpa_bwd_item_heads_sm90(p.num_heads_q, p.group_size, a.score.group_v), p.batch,
                                  kern::sdpa_bwd_grid_heads_slowest(a.band.has_left, a.band.has_right)};
   }
 };

@@ -176,8 +176,12 @@ struct FwdSm90Layout {
 // the template argument of sdpa_fwd_kernel_sm90 its launcher takes (fwd_sm90_run.cuh).
 template <class L>
 struct AnalyticSourceSm90;
+template <class L, bool kBias>
+struct AnalyticModSourceSm90T;
 template <class L>
-struct AnalyticModSourceSm90;
+using AnalyticModSourceSm90 = AnalyticModSourceSm90T<L, true>;
+template <class L>
+using AnalyticModNoBiasSourceSm90 = AnalyticModSourceSm90T<L, false>;
 template <class L>
 struct AnalyticDropSourceSm90;
 
@@ -324,20 +328,22 @@ struct AnalyticSourceSm90 {
 // the epilogue options (score_max / score_sum_exp, the output gate: FwdEpilogue::store_rows with
 // SDPA's options). The roles and the order are the sm80 SDPA kernels' (AnalyticMaskSm80): softcap
 // and ALiBi on every block before the mask, the bias after it on the visible elements; each a
-// run-time flag of this one instantiation. Dropout: AnalyticDropSourceSm90 below.
-template <class L>
-struct AnalyticModSourceSm90 : AnalyticSourceSm90<L> {
+// run-time flag of this instantiation, but for the bias: kBias = false (AnalyticModNoBiasSourceSm90)
+// is the kernel of the calls without one (fwd_sm90_run.cuh picks). Dropout: AnalyticDropSourceSm90
+// below.
+template <class L, bool kBias>
+struct AnalyticModSourceSm90T : AnalyticSourceSm90<L> {
   static constexpr bool kMods = true;
-  using ScoreMod = kern::SdpaTileScoreMod;
+  using ScoreMod = kern::SdpaTileScoreMod<kBias>;
   // The head's ALiBi slope * log2 e (0: none). The rest of a block's modifiers is formed per block
   // from the parameters and the work item (the main loop of the (128, 128) kernel spilled when
   // the bias's head address and the softcap terms were held across it too).
   float a2;
 
-  __device__ __forceinline__ static AnalyticModSourceSm90 item(const FwdParams& p, const WorkItem& it) {
+  __device__ __forceinline__ static AnalyticModSourceSm90T item(const FwdParams& p, const WorkItem& it) {
     const SdpaScoreParams& sp = kern::analytic_of(p).score;
-    return AnalyticModSourceSm90{{AnalyticSourceSm90<L>::item(p, it)},
-                                 sp.alibi_n > 0 ? kern::alibi_slope_dev(it.head, sp.alibi_n) * kern::kLog2e : 0.0f};
+    return AnalyticModSourceSm90T{{AnalyticSourceSm90<L>::item(p, it)},
+                                  sp.alibi_n > 0 ? kern::alibi_slope_dev(it.head, sp.alibi_n) * kern::kLog2e : 0.0f};
   }
   // The modifiers of key block kb on m16 tile mt (rows 16 mt .. of the block) of item it.
   __device__ __forceinline__ ScoreMod score_mod(const FwdParams& p, const WorkItem& it, int kb, int mt,
@@ -349,7 +355,8 @@ struct AnalyticModSourceSm90 : AnalyticSourceSm90<L> {
     // + 16 mt).
     return ScoreMod{kern::SdpaScoreMod{c2, c2 != 0.0f ? 1.0f / c2 : 0.0f, a2},
                     kern::diag_base(c0, this->block.lo0 - a.band.d_min() + 16 * mt), lane,
-                    kern::SdpaBiasFrag::make(a.bias, it.batch, it.head, r0, c0, lane)};
+                    kBias ? kern::SdpaBiasFrag::make(a.bias, it.batch, it.head, r0, c0, lane)
+                          : kern::SdpaBiasFrag{nullptr, 0, 0, 0}};
   }
   // The statistics of the thread's rows of m16 tile mt seeded with the head's sink (rows past the
   // sample keep m = -inf, l = 0: O = 0, LSE = -inf).

@@ -184,7 +184,8 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
     FS_CHECK(p.analytic.start[x].ragged.ptr == nullptr, Status::kInternal,
              "sdpa backward (sm90): a ragged tensor reached the launcher");
   }
-  const int kd = sdpa_bwd_kernel_dim_sm90(p.head_dqk, p.head_dv);  // the kernel's Dqk (the dq_accum tiles' width)
+  const SdpaBwdDimsSm90 kdims = sdpa_bwd_kernel_dims_sm90(p.head_dqk, p.head_dv);  // the kernel's (Dqk, Dv)
+  const int kd = kdims.dqk;                                                           // (the dq_accum tiles' width)
   // The kernel with score modifiers (sdpa_bwd_mods_kernel_sm90) when the main loop has any: softcap,
   // ALiBi, the bias or dBias's dS (params.h sdpa_bwd_has_features; unless FLASHSPAN_SM90_SDPA_BWD_MODS=0
   // sdpa_family.cpp lets them through for head dims up to 128). Sinks and the gate are not the main
@@ -263,8 +264,8 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   const SdpaBwdParams pk = sdpa_bwd_main_params(p);
   // H_k != H_v: every item's dK / dV slot zeroed for its atomic additions (kernel_bwd_sm90.cuh
   // dkdv_epilogue_sm90; sdpa_params.cpp reserved sdpa_bwd_slot_floats_sm90, for the larger key block).
-  const int kdv = sdpa_bwd_kernel_dims_sm90(p.head_dqk, p.head_dv).dv;
-  const int64_t item_heads = p.num_heads_q / sdpa_bwd_item_group_sm90(p.group_size, am.score.group_v);
+  const int kdv = kdims.dv;
+  const int64_t item_heads = sdpa_bwd_item_heads_sm90(p.num_heads_q, p.group_size, am.score.group_v);
   const int64_t slot_rows = int64_t(p.batch) * item_heads * p.analytic.num_k_blocks * kBk;
   if (hk_ne_hv && slot_rows > 0) {
     FS_CHECK(p.split.dk_accum != nullptr && p.split.dv_accum != nullptr &&

@@ -40,14 +40,14 @@ auto sdpa_kernel(bool softcap) {
 }  // namespace bwd_detail
 
 // The persistent grid over the AnalyticBwdGrid's B * ceil(S_kv / kBlockK) * max(H_k, H_v) cells (one
-// CTA per SM; tile_sm90.h sdpa_bwd_item_group_sm90), then dq = scale * dq_accum.
+// CTA per SM; tile_sm90.h sdpa_bwd_item_heads_sm90), then dq = scale * dq_accum.
 template <int kD, int kDv, bool kWideTile, bool kMods, bool kDropout>
 void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
                        const CUtensorMap& mv, const CUtensorMap& mdo, cudaStream_t s) {
   using L = kern90::BwdSm90Layout<kD, kDv, kWideTile>;
   with_element_type(dtype, "sdpa backward (sm90)", [&](auto e) {
     using E = decltype(e);
-    const int item_heads = p.num_heads_q / sdpa_bwd_item_group_sm90(p.group_size, p.analytic.score.group_v);
+    const int item_heads = sdpa_bwd_item_heads_sm90(p.num_heads_q, p.group_size, p.analytic.score.group_v);
     const int64_t items = int64_t(p.analytic.num_k_blocks) * item_heads * p.batch;
     if (items > 0) {
       const int softcap = p.analytic.score.softcap2 != 0.0f ? 1 : 0;

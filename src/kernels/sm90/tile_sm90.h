@@ -125,6 +125,10 @@ constexpr SdpaBwdDimsSm90 sdpa_bwd_kernel_dims_sm90(int dqk, int dv) {
 // H_q / group_item = max(H_k, H_v) item heads. That needs the larger group a multiple of the smaller
 // (sdpa_bwd_heads_run_sm90; else the sm80 backward's two dK/dV passes run the call).
 constexpr int sdpa_bwd_item_group_sm90(int group_k, int group_v) { return group_k < group_v ? group_k : group_v; }
+// The grid's item heads, H_q / sdpa_bwd_item_group_sm90 (= max(H_k, H_v)): launcher, kernel and workspace.
+constexpr int sdpa_bwd_item_heads_sm90(int num_heads_q, int group_k, int group_v) {
+  return num_heads_q / sdpa_bwd_item_group_sm90(group_k, group_v);
+}
 constexpr bool sdpa_bwd_heads_run_sm90(int group_k, int group_v) {
   return group_k > 0 && group_v > 0 && (group_k % group_v == 0 || group_v % group_k == 0);
 }
