@@ -43,10 +43,11 @@ namespace flashspan::kern90 {
 // stores) plus the consumer's modifier hooks (Src::kMods in bwd_consumer):
 //   logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, s, dlogit)  S^T -> P^T, softcap's 1 - t^2 (before
 //                                                                  the dP^T wait)
-//   grads<kNQ>(p, it, sl, info, key_thr, delta, lane, keep, dlogit, s, dp)  P^T, dP^T -> P^T m, dS^T
-// (logits forms the step's modifiers, step_mods, from the parameters; grads reads only softcap's
-// flag: the modifiers held across the dP^T wait spilled the (128, 128) consumer). kDropout_ (Src::kDropout; the
-// instantiation of sdpa_bwd_mods_kernel_sm90<..., true>, experimental): dropout too, in grads, with
+//   grads<kNQ>(p, it, sl, info, key_thr, lse2, delta, lane, keep, dlogit, s, dp)  P^T, dP^T -> P^T m, dS^T
+// (each forms what it needs of the step's modifiers, step_mods, from the parameters -- grads only with
+// dropout, kProbsEarly false --: held across the dP^T wait, they spilled the (128, 128) consumer).
+// kDropout_ (Src::kDropout; the instantiation of sdpa_bwd_mods_kernel_sm90<..., true>): dropout too, in
+// grads, with
 //   step_keep<kNQ>(p, it, info, key_thr, lane)                     the Philox keep bits (before the
 //                                                                  step's GEMMs)
 // An instantiation of its own, so that the modifiers' kernel keeps its code: dropout's code in it
