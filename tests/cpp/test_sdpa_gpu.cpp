@@ -567,13 +567,13 @@ struct ForceSm90WithMods {
   ForceSdpaBwdSm90Mods bwd_mods{1};
 };
 
-// Runs c (its backward too with `backward`) and expects `fwd` sm90 forward and `bwd` sm90 backward
+// Runs c (its backward too with `backward`; chain: run_case's) and expects `fwd` sm90 forward and `bwd` sm90 backward
 // launches (sm90::sdpa_fwd_launches / sdpa_bwd_launches; 0: the sm80 kernels ran that pass;
 // kAnyLaunches: not checked): which family ran each pass.
 constexpr int kAnyLaunches = -1;
-void run_case_expect_sm90(const Case& c, bool backward, int fwd, int bwd) {
+void run_case_expect_sm90(const Case& c, bool backward, int fwd, int bwd, bool chain = false) {
   const int64_t f0 = sm90::sdpa_fwd_launches(), b0 = sm90::sdpa_bwd_launches();
-  run_case(c, backward);
+  run_case(c, backward, chain);
   if (fwd != kAnyLaunches) {
     EXPECT_EQ(sm90::sdpa_fwd_launches(), f0 + fwd) << "sm90 forward launches of " << c.str();
   }
@@ -590,12 +590,8 @@ void run_sm90_cases(uint64_t first, uint64_t last, int on, bool backward = false
   const ForceSdpaSm90 force(on);
   std::optional<ForceSdpaBwdSm90> force_bwd;
   if (backward) force_bwd.emplace(on);
-  const auto launches = [&] { return backward ? sm90::sdpa_bwd_launches() : sm90::sdpa_fwd_launches(); };
   for (uint64_t seed = first; seed <= last; ++seed) {
-    const Case c = sm90_case(seed);
-    const int64_t before = launches();
-    run_case(c, backward);
-    EXPECT_EQ(launches(), before + (on ? 1 : 0)) << "family of " << c.str();
+    run_case_expect_sm90(sm90_case(seed), backward, backward ? kAnyLaunches : on, backward ? on : kAnyLaunches);
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -682,10 +678,7 @@ TEST(SdpaGpu, Sm90ForwardHkNeHv) {
     const Case c = sm90_hk_ne_hv_case(seed);
     ASSERT_NE(c.Hk, c.heads_v()) << c.str();
     const bool backward = seed % 4 == 0;
-    const int64_t fwd0 = sm90::sdpa_fwd_launches(), bwd0 = sm90::sdpa_bwd_launches();
-    run_case(c, backward, /*chain=*/true);
-    EXPECT_EQ(sm90::sdpa_fwd_launches(), fwd0 + 1) << "forward family of " << c.str();
-    EXPECT_EQ(sm90::sdpa_bwd_launches(), bwd0 + (backward ? 1 : 0)) << "backward family of " << c.str();
+    run_case_expect_sm90(c, backward, 1, backward ? 1 : 0, /*chain=*/true);
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -712,10 +705,7 @@ TEST(SdpaGpu, Sm90BigDims) {
       c.Dqk = 192;
       c.Dv = 128;
     }
-    const int64_t fwd0 = sm90::sdpa_fwd_launches(), bwd0 = sm90::sdpa_bwd_launches();
-    run_case(c, /*backward=*/true);
-    EXPECT_EQ(sm90::sdpa_fwd_launches(), fwd0 + 1) << "forward family of " << c.str();
-    EXPECT_EQ(sm90::sdpa_bwd_launches(), bwd0 + 1) << "backward family of " << c.str();
+    run_case_expect_sm90(c, /*backward=*/true, 1, 1);
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -742,9 +732,7 @@ TEST(SdpaGpu, Sm90BackwardWide192) {
     c.Dv = 128;
     if (seed % 4 == 0) c.Skv = 96 * int64_t(1 + seed % 3) + int64_t(seed % 5) - 2;  // around 96-key block ends
     if (seed % 3 == 0) c.deterministic = true;
-    const int64_t bwd0 = sm90::sdpa_bwd_launches();
-    run_case(c, /*backward=*/true);
-    EXPECT_EQ(sm90::sdpa_bwd_launches(), bwd0 + 1) << "backward family of " << c.str();
+    run_case_expect_sm90(c, /*backward=*/true, kAnyLaunches, 1);
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -760,9 +748,7 @@ TEST(SdpaGpu, Sm90BackwardWide192SanitizerSmall) {
     Case c = sm90_bwd_small_case(i);
     c.Dqk = 192;
     c.Dv = 128;
-    const int64_t before = sm90::sdpa_bwd_launches();
-    run_case(c, /*backward=*/true);
-    EXPECT_EQ(sm90::sdpa_bwd_launches(), before + 1) << c.str();
+    run_case_expect_sm90(c, /*backward=*/true, kAnyLaunches, 1);
   }
 }
 
@@ -795,9 +781,7 @@ TEST(SdpaGpu, Sm90ForwardSanitizerSmall) {
     c.log2_stats = i == 1;
     c.max_logit = i == 1;
     c.dtype = i == 1 ? DType::kFloat16 : DType::kBFloat16;
-    const int64_t before = sm90::sdpa_fwd_launches();
-    run_case(c, /*backward=*/false);
-    EXPECT_EQ(sm90::sdpa_fwd_launches(), before + 1) << c.str();
+    run_case_expect_sm90(c, /*backward=*/false, 1, kAnyLaunches);
   }
 }
 
@@ -850,12 +834,8 @@ void run_sm90_mods_cases(uint64_t first, uint64_t last, bool backward = false) {
   for (uint64_t seed = first; seed <= last; ++seed) {
     Case c = sm90_mods_case(seed);
     if (backward && c.bias && c.softcap == 0) c.dbias = seed % 2;  // dBias is refused with softcap
-    const int64_t before = sm90::sdpa_fwd_launches(), bwd_before = sm90::sdpa_bwd_launches();
-    run_case(c, backward, /*chain=*/true);
-    EXPECT_EQ(sm90::sdpa_fwd_launches(), before + 1) << "family of " << c.str();
-    if (backward && (c.softcap > 0 || c.alibi || c.sinks || c.bias || c.gate)) {
-      EXPECT_EQ(sm90::sdpa_bwd_launches(), bwd_before) << "backward ran on sm90: " << c.str();
-    }
+    const bool modified = c.softcap > 0 || c.alibi || c.sinks || c.bias || c.gate;  // its backward: sm80's
+    run_case_expect_sm90(c, backward, 1, backward && modified ? 0 : kAnyLaunches, /*chain=*/true);
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -925,9 +905,7 @@ TEST(SdpaGpu, Sm90ForwardModsEachAlone) {
         c.block_mask = 2;
         break;
     }
-    const int64_t before = sm90::sdpa_fwd_launches();
-    run_case(c, /*backward=*/false);
-    EXPECT_EQ(sm90::sdpa_fwd_launches(), before + 1) << "family of " << c.str();
+    run_case_expect_sm90(c, /*backward=*/false, 1, kAnyLaunches);
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -1031,9 +1009,7 @@ TEST(SdpaGpu, Sm90ForwardModsSanitizerSmall) {
         c.log2_stats = true;
         break;
     }
-    const int64_t before = sm90::sdpa_fwd_launches();
-    run_case(c, /*backward=*/false);
-    EXPECT_EQ(sm90::sdpa_fwd_launches(), before + 1) << c.str();
+    run_case_expect_sm90(c, /*backward=*/false, 1, kAnyLaunches);
   }
 }
 
@@ -1092,9 +1068,7 @@ TEST(SdpaGpu, Sm90BackwardSanitizerSmall) {
   const ForceSdpaBwdSm90 force_bwd(1);
   for (int i = 0; i < 5; ++i) {
     const Case c = sm90_bwd_small_case(i);
-    const int64_t before = sm90::sdpa_bwd_launches();
-    run_case(c, /*backward=*/true);
-    EXPECT_EQ(sm90::sdpa_bwd_launches(), before + 1) << c.str();
+    run_case_expect_sm90(c, /*backward=*/true, kAnyLaunches, 1);
   }
 }
 
@@ -1119,9 +1093,11 @@ Case sm90_bitwise_case(int64_t d, uint64_t seed) {
 
 // Case c's backward on the sm90 kernels three times, on the GPU forward's O and LSE (padding rows
 // poisoned), every gradient output (dQ, dK, dV; dSink, dgate, dBias where c has them) NaN-poisoned
-// before each run: each run launches the sm90 backward (mods_kernel: its modifiers' kernel) and gives
-// run 0's bytes.
+// before each run: each run launches the sm90 backward (mods_kernel: its modifiers' kernel; both
+// switched on here) and gives run 0's bytes.
 void expect_sm90_backward_bitwise_reproducible(const Case& c, bool mods_kernel) {
+  const ForceSdpaBwdSm90 force_bwd(1);
+  const ForceSdpaBwdSm90Mods mods(1);
   auto p = make_problem(c);
   run_forward(*p, false, false);
   poison_padding(p->o, p->len_q);
@@ -1155,7 +1131,6 @@ TEST(SdpaGpu, Sm90BackwardDeterministicIsBitwiseReproducible) {
   // Padded samples (lengths), GQA, bottom-right causal, several key blocks a sample: dQ tiles
   // added in descending key-block order through their counters; three runs bitwise equal.
   REQUIRE_SM90();
-  const ForceSdpaBwdSm90 force_bwd(1);
   for (int64_t d : {64, 128}) expect_sm90_backward_bitwise_reproducible(sm90_bitwise_case(d, 3100 + uint64_t(d)), false);
 }
 
@@ -1176,10 +1151,8 @@ bool bwd_mods_kernel(const Case& c) { return c.softcap > 0 || c.alibi || c.bias;
 // launch counters: the sm90 forward and backward ran, the backward's kernel with modifiers when c
 // has softcap, ALiBi or the bias.
 void run_sm90_bwd_mods_case(const Case& c, bool chain = false) {
-  const int64_t f0 = sm90::sdpa_fwd_launches(), b0 = sm90::sdpa_bwd_launches(), m0 = sm90::sdpa_bwd_mods_launches();
-  run_case(c, /*backward=*/true, chain);
-  EXPECT_EQ(sm90::sdpa_fwd_launches(), f0 + 1) << "forward family of " << c.str();
-  EXPECT_EQ(sm90::sdpa_bwd_launches(), b0 + 1) << "backward family of " << c.str();
+  const int64_t m0 = sm90::sdpa_bwd_mods_launches();
+  run_case_expect_sm90(c, /*backward=*/true, 1, 1, chain);
   EXPECT_EQ(sm90::sdpa_bwd_mods_launches(), m0 + (bwd_mods_kernel(c) ? 1 : 0)) << "backward kernel of " << c.str();
 }
 
@@ -1297,8 +1270,6 @@ TEST(SdpaGpu, Sm90BackwardModsDeterministicIsBitwiseReproducible) {
   // over three runs. D = 64: ALiBi, a bias with dBias, sinks, the gate; D = 128: softcap, ALiBi,
   // sinks, the gate, a bias; padded samples, GQA, bottom-right causal, several key blocks a sample.
   REQUIRE_SM90();
-  const ForceSdpaBwdSm90 force_bwd(1);
-  const ForceSdpaBwdSm90Mods mods(1);
   for (int64_t d : {64, 128}) {
     Case c = sm90_bitwise_case(d, 3300 + uint64_t(d));
     c.alibi = true;
@@ -1333,9 +1304,7 @@ TEST(SdpaGpu, Sm90BackwardModsFallsBackToSm80) {
       case 3: c.Hq = 6; c.Hk = 2; c.Hv = 3; c.sinks = true; break;
       default: c.bias = 1 + 2; c.dbias = true; c.dropout_p = 0.25f; c.dropout_seed = 77; c.dropout_offset = 3; break;
     }
-    const int64_t before = sm90::sdpa_bwd_launches();
-    run_case(c, /*backward=*/true);
-    EXPECT_EQ(sm90::sdpa_bwd_launches(), before) << "backward ran on sm90: " << c.str();
+    run_case_expect_sm90(c, /*backward=*/true, kAnyLaunches, 0);
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -1453,13 +1422,10 @@ Case sm90_dropout_case(uint64_t seed) {
 // forward and backward (`chain`: the backward takes the GPU forward's O and LSE); the launch counters
 // say the dropout kernels ran.
 void run_sm90_dropout_case(const Case& c, bool backward, bool chain = false) {
-  const int64_t f0 = sm90::sdpa_fwd_launches(), fd0 = sm90::sdpa_fwd_drop_launches();
-  const int64_t b0 = sm90::sdpa_bwd_launches(), bd0 = sm90::sdpa_bwd_drop_launches();
-  run_case(c, backward, chain);
-  EXPECT_EQ(sm90::sdpa_fwd_launches(), f0 + 1) << "forward family of " << c.str();
+  const int64_t fd0 = sm90::sdpa_fwd_drop_launches(), bd0 = sm90::sdpa_bwd_drop_launches();
+  run_case_expect_sm90(c, backward, 1, backward ? 1 : kAnyLaunches, chain);
   EXPECT_EQ(sm90::sdpa_fwd_drop_launches(), fd0 + 1) << "forward kernel of " << c.str();
   if (backward) {
-    EXPECT_EQ(sm90::sdpa_bwd_launches(), b0 + 1) << "backward family of " << c.str();
     EXPECT_EQ(sm90::sdpa_bwd_drop_launches(), bd0 + 1) << "backward kernel of " << c.str();
   }
 }
@@ -1795,8 +1761,6 @@ TEST(SdpaGpu, Sm90BackwardHkNeHvDeterministicIsBitwiseReproducible) {
   // (dV summed over four items) with ALiBi, sinks and a bias with dBias; padded samples, bottom-right
   // causal, several key blocks a sample.
   REQUIRE_SM90();
-  const ForceSdpaBwdSm90 force_bwd(1);
-  const ForceSdpaBwdSm90Mods mods(1);
   for (int64_t d : {64, 128}) {
     Case c = sm90_bitwise_case(d, 3500 + uint64_t(d));
     c.Hk = d == 64 ? 2 : 4;
