@@ -1,7 +1,8 @@
 // SDPA on the GPU (sdpa_launch.h): the device checks, and the launches of a validated, bound
 // sdpa::Problem on the sm80 kernels with the analytic mask (launch_sdpa_fwd_sm80 /
 // launch_sdpa_bwd_sm80), or the sm90 ones where sdpa_family.cpp's rule chooses them
-// (launch_sdpa_fwd_sm90 / launch_sdpa_bwd_sm90), with the parameters of sdpa_params.cpp. Nothing is read back from the
+// (launch_sdpa_fwd_sm90 / launch_sdpa_bwd_sm90), or the decode forward where its rule takes a call
+// (launch_sdpa_fwd_decode_sm80), with the parameters of sdpa_params.cpp. Nothing is read back from the
 // device: sequence lengths and ragged offsets stay in device memory, where the kernels read them.
 #include <cuda_runtime.h>
 
@@ -59,6 +60,12 @@ void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, 
     // The sm90 FP8 forward (check_support accepted the call: sdpa_fp8_fwd_sm90_refusal, the device).
     sm90::launch_sdpa_fp8_fwd_sm90(sdpa_fp8_fwd_params(p, workspace, workspace_bytes), p.t(FS_SDPA_Q),
                                    p.t(FS_SDPA_K), p.t(FS_SDPA_V), static_cast<cudaStream_t>(stream));
+    return;
+  }
+  if (sdpa_fwd_runs_decode(p)) {
+    int64_t slots = 0;
+    const SdpaPagedFwdParams f = sdpa_decode_fwd_params(p, workspace, workspace_bytes, &slots);
+    sm80::launch_sdpa_fwd_decode_sm80(f, slots, p.dtype, static_cast<cudaStream_t>(stream));
     return;
   }
   if (p.paged) {

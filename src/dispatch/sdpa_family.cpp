@@ -4,6 +4,7 @@
 
 #include "dispatch/family.h"
 #include "dispatch/sdpa_launch.h"
+#include "kernels/sm80/tile_sm80.h"
 #include "kernels/sm90/tile_sm90.h"
 #ifdef FLASHSPAN_WITH_CUDA
 #include "kernels/sm90/launch_sm90.h"  // sm90::device_supported
@@ -46,6 +47,9 @@ Switch g_sdpa_fp8_sm90{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8"); }};
 // (memcheck / synccheck clean) and it ran 1.2x (forward) / 1.8x (backward) the sm80 kernels (PERF_LOG
 // v2.22-v2.23); FLASHSPAN_SM90_SDPA_DROPOUT=0 (read per call) keeps dropout on the sm80 kernels.
 Switch g_sdpa_sm90_dropout{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_DROPOUT"); }};
+// The decode forward (kernel_decode_sm80.cuh) for the calls sdpa_decode_refusal lets through, on every
+// GPU; FLASHSPAN_SDPA_DECODE=0 (read per call) keeps those on the prefill kernels.
+Switch g_sdpa_decode{[] { return !env_flag_off("FLASHSPAN_SDPA_DECODE"); }};
 }  // namespace
 
 namespace {
@@ -194,6 +198,46 @@ const char* sdpa_fp8_fwd_sm90_refusal(const sdpa::Problem& p) {
     if (p.has(s)) return slot_name(s);
   }
   return nullptr;
+}
+
+// The decode forward's rule (kernel_decode_sm80.cuh): a list of what it takes, as sm90_refusal's. Its
+// blocks pack the G = H_q / H_k query heads of a kv head, so the main loop's terms must be the same
+// for every head of a block: no ALiBi, bias, dropout or block_mask, and H_v = H_k (V's head is K's);
+// softcap is head-independent, and sinks, the gate and the statistics outputs are the combine
+// kernel's (per row). Few rows: S_q G <= kDecodeBlockQ (one packed block per kv head, where a prefill
+// tile would hold at most 16 valid rows of its 128).
+const char* sdpa_decode_refusal(const sdpa::Problem& p) {
+  using namespace sdpa;
+  if (p.fp8 || p.a.backward) return "an FP8 call or a backward";
+  if (p.dtype != DType::kFloat16 && p.dtype != DType::kBFloat16) return "dtype (fp16 / bf16 only)";
+  if (p.Dqk > 128 || p.Dv > 128) return "head dims above 128";
+  if (p.Hk != p.Hv) return "H_k != H_v";
+  if (p.Sq * (p.Hq / p.Hk) > kDecodeBlockQ) return "S_q H_q / H_k above 16 (a prefill)";
+  if (p.a.alibi) return "ALiBi";
+  if (p.dropout || p.a.dropout_mask_form) return "dropout";
+  for (int s = 0; s < kNumSlots; ++s) {
+    switch (s) {
+      case FS_SDPA_Q: case FS_SDPA_K: case FS_SDPA_V: case FS_SDPA_O: case FS_SDPA_STATS: case FS_SDPA_ATTN_SCALE:
+      case FS_SDPA_SEQ_LEN_Q: case FS_SDPA_SEQ_LEN_KV: case FS_SDPA_CU_SEQ_LEN_Q: case FS_SDPA_CU_SEQ_LEN_KV:
+      case FS_SDPA_MAX_LOGIT: case FS_SDPA_SINK_TOKEN: case FS_SDPA_GATE: case FS_SDPA_SCORE_MAX:
+      case FS_SDPA_SCORE_SUM_EXP: case FS_SDPA_PAGE_TABLE_K: case FS_SDPA_PAGE_TABLE_V:
+      case FS_SDPA_RAGGED_OFFSET_Q: case FS_SDPA_RAGGED_OFFSET_K: case FS_SDPA_RAGGED_OFFSET_V:
+      case FS_SDPA_RAGGED_OFFSET_O: case FS_SDPA_RAGGED_OFFSET_STATS: case FS_SDPA_RAGGED_OFFSET_PAGE_TABLE_K:
+      case FS_SDPA_RAGGED_OFFSET_PAGE_TABLE_V: case FS_SDPA_RAGGED_OFFSET_GATE:
+        continue;
+      default:
+        break;
+    }
+    if (p.has(s)) return slot_name(s);
+  }
+  return nullptr;
+}
+
+void set_sdpa_decode_enabled(int on) { g_sdpa_decode.set(on); }
+bool sdpa_decode_enabled() { return g_sdpa_decode.on(); }
+
+bool sdpa_fwd_runs_decode(const sdpa::Problem& p) {
+  return p.device == DeviceType::kCUDA && sdpa_decode_enabled() && sdpa_decode_refusal(p) == nullptr;
 }
 
 bool sdpa_bwd_runs_sm90(const sdpa::Problem& p) {

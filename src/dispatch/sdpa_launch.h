@@ -37,7 +37,8 @@ void set_sdpa_paged_enabled(int on);
 void sdpa_check_support_gpu(const sdpa::Problem& p);
 
 // Bytes of workspace of one call (pure functions of the problem's sizes): the 16-bit forward
-// needs none, an FP8 forward on CUDA tensors the V^T of the sm90 FP8 forward ([B, H_k, D_v, S_kv
+// needs none but on the decode forward (sdpa_fwd_runs_decode: [slots, 16, D_v] + [slots, 2, 16] fp32,
+// slots = tile_sm80.h decode_slot_capacity), an FP8 forward on CUDA tensors the V^T of the sm90 FP8 forward ([B, H_k, D_v, S_kv
 // rounded up to 128] bytes, kernels/sm90/tile_sm90.h fp8_vt_bytes_sm90); the backward keeps D and LSE log2(e) ([H_q, B * S_q] fp32 each), unless
 // deterministic the fp32 dQ accumulator [H_q, B * S_q, D_qk], with dBias the fp32 dS
 // [B, H_q, S_q, S_kv rounded up to even], and with the output gate dO * sigmoid(G)
@@ -133,6 +134,22 @@ bool sdpa_fp8_sm90_enabled();
 void set_sdpa_fp8_sm90_enabled(int on);
 const char* sdpa_fp8_fwd_sm90_refusal(const sdpa::Problem& p);
 SdpaFp8FwdParams sdpa_fp8_fwd_params(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
+
+// The decode forward (kernels/sm80/kernel_decode_sm80.cuh: packed GQA on the 16-row decode tile, the
+// key walk split into items over the device's SMs, a combine kernel; contiguous or paged K / V; every
+// GPU of the sm80 family, sm_90 too), the one rule (sdpa_family.cpp): it runs a CUDA forward that
+// sdpa_decode_refusal lets through (nullptr: fp16 / bf16, head dims up to 128, H_k = H_v,
+// S_q H_q / H_k <= 16, no ALiBi, bias, dropout, rng_dump or block_mask; else the first thing it does
+// not take) when sdpa_decode_enabled(): on unless FLASHSPAN_SDPA_DECODE=0 (read per call), unless
+// set_sdpa_decode_enabled overrides it (tests: 1 on, 0 off, -1 back to the environment's answer). Its
+// workspace (sdpa_fwd_workspace_size) holds the items' partial results; sdpa_decode_fwd_params binds
+// it (checked: size, 16-byte alignment) and gives the slots it holds.
+const char* sdpa_decode_refusal(const sdpa::Problem& p);
+bool sdpa_decode_enabled();
+void set_sdpa_decode_enabled(int on);
+bool sdpa_fwd_runs_decode(const sdpa::Problem& p);
+SdpaPagedFwdParams sdpa_decode_fwd_params(const sdpa::Problem& p, void* workspace, size_t workspace_bytes,
+                                          int64_t* slot_capacity);
 
 // Enqueue the kernels on the stream for a problem whose tensors are bound (Problem::bind) to
 // device memory. Allocate nothing, read nothing back (CUDA-graph capturable); the workspace

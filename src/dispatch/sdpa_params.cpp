@@ -13,6 +13,7 @@
 #include "dispatch/family.h"
 #include "dispatch/sdpa_launch.h"
 #include "dispatch/workspace.h"
+#include "kernels/sm80/tile_sm80.h"
 #include "kernels/sm90/tile_sm90.h"
 
 namespace flashspan {
@@ -253,12 +254,53 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
   return w;
 }
 
+// The decode forward's slots (tile_sm80.h decode_slot_capacity) and the bytes of its two arrays:
+// o_accum [slots, kDecodeBlockQ, D_v], then ml [slots, 2, kDecodeBlockQ], fp32.
+struct DecodeWorkspace {
+  int64_t slots = 0;
+  size_t o_accum = 0, ml = 0;
+};
+DecodeWorkspace decode_workspace(const Problem& p) {
+  DecodeWorkspace w;
+  w.slots = decode_slot_capacity(decode_shape(p.B, p.Hk, p.Sq, p.Hq / p.Hk, p.Skv));
+  w.o_accum = ws_align(sizeof(float) * size_t(w.slots) * kDecodeBlockQ * size_t(p.Dv));
+  w.ml = ws_align(sizeof(float) * size_t(w.slots) * 2 * kDecodeBlockQ);
+  return w;
+}
+
 }  // namespace
 
 size_t sdpa_fwd_workspace_size(const Problem& p) {
-  if (!p.fp8 || p.device != DeviceType::kCUDA) return 0;
-  return ws_align(size_t(sm90::fp8_vt_bytes_sm90(p.B, p.Hk, p.Dv, p.Skv)));
+  if (p.device != DeviceType::kCUDA) return 0;
+  if (p.fp8) return ws_align(size_t(sm90::fp8_vt_bytes_sm90(p.B, p.Hk, p.Dv, p.Skv)));
+  if (sdpa_fwd_runs_decode(p)) {
+    const DecodeWorkspace w = decode_workspace(p);
+    return w.o_accum + w.ml;
+  }
+  return 0;
 }
+
+SdpaPagedFwdParams sdpa_decode_fwd_params(const Problem& p, void* workspace, size_t workspace_bytes,
+                                          int64_t* slot_capacity) {
+  FS_CHECK(sdpa_fwd_runs_decode(p), Status::kInternal, "sdpa decode forward: parameters asked for a call it does not take");
+  const DecodeWorkspace w = decode_workspace(p);
+  FS_CHECK_ARG(workspace_bytes >= w.o_accum + w.ml && (w.slots == 0 || workspace != nullptr), "workspace: needs ",
+               w.o_accum + w.ml, " bytes, got ", workspace_bytes);
+  FS_CHECK_ARG(reinterpret_cast<uintptr_t>(workspace) % 16 == 0, "workspace: must be 16-byte aligned");
+  SdpaPagedFwdParams f;
+  if (p.paged) {
+    f = sdpa_paged_fwd_params(p);
+  } else {
+    static_cast<SdpaFwdParams&>(f) = sdpa_fwd_params(p);
+  }
+  f.pack = static_cast<int>(p.Hq / p.Hk);
+  char* ws = static_cast<char*>(workspace);
+  f.split.o_accum = reinterpret_cast<float*>(ws);
+  f.split.ml = reinterpret_cast<float*>(ws + w.o_accum);
+  *slot_capacity = w.slots;
+  return f;
+}
+
 
 size_t sdpa_bwd_workspace_size(const Problem& p) { return sdpa_bwd_layout(p).total; }
 

@@ -385,6 +385,21 @@ struct SdpaPagedFwdParams : SdpaFwdParams {
   SdpaPagedSide paged_k, paged_v;
 };
 
+// The SDPA decode forward (kernel_decode_sm80.cuh; the rule that picks it: sdpa_family.cpp
+// sdpa_decode_refusal): packed GQA on the 16-row decode tile and the key walk split into items
+// (FlashDecoding). A task is (packed query block qb, kv head hkv, sample b), task index
+// t = (b * num_heads_kv + hkv) * num_q_blocks + qb; packed row r of block qb is query position
+// (16 qb + r) / G of query head hkv * G + (16 qb + r) % G (FwdParams::pack = G = H_q / H_k). Item
+// i = t * splits + s walks key blocks [s * chunk, (s + 1) * chunk) of the task's Q2K row and writes
+// workspace slot i (FwdSplit::o_accum [slots, 16, D_v], ml [slots, 2, 16]); a combine kernel per task
+// merges its `splits` slots into O, the stats and the epilogue options (fwd_split.cuh).
+struct SdpaDecodeGrid {
+  int num_q_blocks = 0;  // packed 16-row blocks per (sample, kv head): ceil(S_q G / 16)
+  int num_heads_kv = 0;
+  int splits = 1;        // items per task
+  int chunk = 0;         // key blocks per item
+};
+
 // Whether an SDPA call needs the features instantiation of the sm80 analytic kernels (kernel_fwd_sm80.cuh
 // AnalyticMaskSm80, kernel_bwd_sm80.cuh AnalyticMaskBwdSm80: kFeatures), i.e. something of their main
 // loops beyond the mask; otherwise the mask-only kernels run it, whose loops are the flex (plan) kernels'

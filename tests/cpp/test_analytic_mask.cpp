@@ -260,6 +260,46 @@ TEST(AnalyticMask, TileMaskOffsetsStayInIntRange) {
   EXPECT_EQ(classify_tile(s, 0, 128, int64_t(1) << 30, 128), TileClass::kEmpty);
 }
 
+// q2k_cursor_rows (the SDPA decode forward's packed blocks, kernel_decode_sm80.cuh): for every band,
+// sample shape and row range [r0, r1) inside the sample, the cursor walks exactly the key blocks
+// some row of the range sees, ascending, and flags full exactly those each row sees whole (a
+// partial one is masked element by element, so full must never be claimed wrongly; a block it
+// calls partial that is full would only cost time, and the brute force allows neither); with r1 =
+// r0 + bq it is q2k_cursor's row.
+TEST(AnalyticMask, RowRangeCursor) {
+  const std::vector<int64_t> lens = {0, 1, 2, 5, 8, 13, 64, 65, 130};
+  int failures = 0;
+  for (const Band& band : bands())
+    for (int64_t lq : {int64_t(1), int64_t(2), int64_t(3), int64_t(7), int64_t(16)})
+      for (int64_t lk : lens)
+        for (int bk : {4, 64}) {
+          const Case c{band, lq, lk};
+          SCOPED_TRACE(c.name() + " bk " + std::to_string(bk));
+          const std::vector<char> m = dense_mask(band, lq, lk);
+          const AnalyticSample s = AnalyticSample::make(band, lq, lk);
+          const int nkb = int((lk + bk - 1) / bk) + 1;
+          for (int64_t r0 = 0; r0 <= lq; ++r0)
+            for (int64_t r1 = r0; r1 <= lq; ++r1) {
+              std::vector<Step> want;
+              for (int kb = 0; kb < nkb; ++kb) {
+                int64_t seen = 0;
+                for (int64_t i = r0; i < r1; ++i)
+                  for (int64_t j = int64_t(kb) * bk; j < int64_t(kb + 1) * bk; ++j)
+                    seen += (j < lk && m[size_t(i * lk + j)]) ? 1 : 0;
+                if (seen > 0) want.emplace_back(kb, seen != (r1 - r0) * bk);
+              }
+              if (walk(q2k_cursor_rows(s, r0, r1, bk)) != want) {
+                ADD_FAILURE() << "q2k_cursor_rows(" << r0 << ", " << r1 << ") walks other blocks than the brute force";
+                if (++failures > 3) return;
+              }
+              if (r1 - r0 == 4 && r0 % 4 == 0 && walk(q2k_cursor_rows(s, r0, r1, bk)) != walk(q2k_cursor(s, int(r0 / 4), 4, bk))) {
+                ADD_FAILURE() << "q2k_cursor_rows(" << r0 << ", " << r1 << ") differs from q2k_cursor";
+                if (++failures > 3) return;
+              }
+            }
+        }
+}
+
 // The SDPA backward grid's order, both families (sdpa_bwd_grid_heads_slowest): heads slowest
 // without a band only (windows and causal bands: key blocks ascending, heads fastest; PERF_LOG
 // v2.2, v2.10).

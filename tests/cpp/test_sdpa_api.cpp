@@ -355,7 +355,7 @@ TEST(SdpaApi, CudaLayoutRules) {
 
 TEST(SdpaApi, CudaBackwardWorkspaceSize) {
   // D and LSE log2(e) of B * S_q rows per query head (256-byte aligned each), plus the fp32 dQ
-  // accumulator unless deterministic; the forward needs none.
+  // accumulator unless deterministic; the forward (a decode call) its slots.
   TensorDesc q(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), k(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64}),
       v(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64}), o(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}),
       dO(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), st(nullptr, kFloat32, cuda(), {B, Hq, Sq, 1}),
@@ -376,8 +376,10 @@ TEST(SdpaApi, CudaBackwardWorkspaceSize) {
                                                            : align(std::max(align(rows) * 64, tiles))))
         << "deterministic " << det;
   }
+  // The forward of this shape (S_q H_q / H_k = 10 <= 16) is a decode call: the decode forward's slots,
+  // [slots, 16, D_v] + [slots, 2, 16] fp32, here 2 tasks (B H_k) of one item each (S_kv: one key block).
   SdpaFwd fwd(q, k, v, o, nullptr, SdpaAttributes());
-  EXPECT_EQ(fwd.workspace_size(), 0u);
+  EXPECT_EQ(fwd.workspace_size(), align(sizeof(float) * 2 * 16 * 64) + align(sizeof(float) * 2 * 2 * 16));
 }
 
 }  // namespace

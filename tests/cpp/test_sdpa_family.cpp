@@ -19,6 +19,7 @@
 #include "core/sdpa_problem.h"
 #include "dispatch/family.h"
 #include "dispatch/sdpa_launch.h"
+#include "kernels/sm80/tile_sm80.h"
 #include "kernels/sm90/tile_sm90.h"
 
 namespace flashspan::test {
@@ -48,15 +49,16 @@ TensorView vec(int64_t n, DType t) {
 struct Call {
   sdpa::Attributes a;
   int64_t dqk = 128, dv = 128, hv = 2, hq = 4, hk = 2;
+  int64_t sq = 300, skv = 500;
   DType dtype = DType::kBFloat16;
   std::vector<std::pair<int, TensorView>> grads;  // backward-only tensors (dBias, dSink, dgate): backward_problem's
 
   sdpa::Problem problem() {
-    a.tensors[FS_SDPA_Q] = desc(2, hq, 300, dqk, dtype);
-    a.tensors[FS_SDPA_K] = desc(2, hk, 500, dqk, dtype);
-    a.tensors[FS_SDPA_V] = desc(2, hv, 500, dv, dtype);
-    a.tensors[FS_SDPA_O] = desc(2, hq, 300, dv, dtype);
-    a.tensors[FS_SDPA_STATS] = desc(2, hq, 300, 1, DType::kFloat32);
+    a.tensors[FS_SDPA_Q] = desc(2, hq, sq, dqk, dtype);
+    a.tensors[FS_SDPA_K] = desc(2, hk, skv, dqk, dtype);
+    a.tensors[FS_SDPA_V] = desc(2, hv, skv, dv, dtype);
+    a.tensors[FS_SDPA_O] = desc(2, hq, sq, dv, dtype);
+    a.tensors[FS_SDPA_STATS] = desc(2, hq, sq, 1, DType::kFloat32);
     a.generate_stats = true;
     a.attn_scale_value = 0.125f;
     if (!a.right_bound) a.right_bound = 0;
@@ -849,6 +851,125 @@ TEST(SdpaFamily, Sm90DropoutWorkspace) {
       EXPECT_LT(sdpa_bwd_workspace_size(backward_problem(c, det)), sm90_bytes) << "the sm80 layout, deterministic " << det;
     }
   }
+}
+
+// The decode forward (sdpa_decode_refusal, sdpa_fwd_runs_decode; kernel_decode_sm80.cuh): calls with
+// S_q H_q / H_k <= 16 and nothing per head inside the main loop; the switch; its workspace.
+struct DecodeSwitch {
+  explicit DecodeSwitch(int on) { set_sdpa_decode_enabled(on); }
+  ~DecodeSwitch() { set_sdpa_decode_enabled(-1); }
+};
+
+Call decode_call(int64_t sq = 1, int64_t hq = 8, int64_t hk = 2) {
+  Call c;
+  c.sq = sq;
+  c.hq = hq;
+  c.hk = c.hv = hk;
+  c.skv = 4096;
+  return c;
+}
+
+std::string decode_refusal(Call c) {
+  const char* r = sdpa_decode_refusal(c.problem());
+  return r == nullptr ? "" : r;
+}
+
+TEST(SdpaFamily, DecodeTakesFewRowsPerKvHead) {
+  const DecodeSwitch on(1);
+  for (const auto& [sq, hq, hk] : {std::tuple<int64_t, int64_t, int64_t>{1, 8, 2}, {4, 8, 2}, {1, 16, 1}, {16, 4, 4},
+                                   {2, 64, 8}, {1, 4, 4}}) {
+    EXPECT_EQ(decode_refusal(decode_call(sq, hq, hk)), "") << sq << " " << hq << " " << hk;
+    EXPECT_TRUE(sdpa_fwd_runs_decode(decode_call(sq, hq, hk).problem()));
+  }
+  EXPECT_EQ(decode_refusal(decode_call(5, 8, 2)), "S_q H_q / H_k above 16 (a prefill)");
+  EXPECT_EQ(decode_refusal(decode_call(1, 32, 1)), "S_q H_q / H_k above 16 (a prefill)");
+  EXPECT_EQ(decode_refusal(Call{}), "S_q H_q / H_k above 16 (a prefill)");
+  // What the main loop would need per head is left to the prefill kernels.
+  {
+    Call c = decode_call();
+    c.hv = 1;
+    EXPECT_EQ(decode_refusal(c), "H_k != H_v");
+  }
+  {
+    Call c = decode_call();
+    c.dqk = 192;
+    EXPECT_EQ(decode_refusal(c), "head dims above 128");
+  }
+  {
+    Call c = decode_call();
+    c.a.alibi = true;
+    EXPECT_EQ(decode_refusal(c), "ALiBi");
+  }
+  {
+    Call c = decode_call();
+    TensorView b = desc(1, 1, 1, 4096, DType::kFloat32);
+    c.a.tensors[FS_SDPA_BIAS] = b;
+    EXPECT_EQ(decode_refusal(c), sdpa::slot_name(FS_SDPA_BIAS));
+  }
+  EXPECT_EQ(decode_refusal(philox_call()), "S_q H_q / H_k above 16 (a prefill)");
+  {
+    Call c = philox_call();
+    c.sq = 1;
+    c.skv = 4096;
+    EXPECT_EQ(decode_refusal(c), "dropout");
+  }
+  // Softcap, sinks, the gate and the statistics outputs are taken (head-independent, or the combine's).
+  {
+    Call c = decode_call();
+    c.a.softcap = 30.0f;
+    c.a.tensors[FS_SDPA_SINK_TOKEN] = vec(8, DType::kFloat32);
+    c.a.tensors[FS_SDPA_GATE] = desc(2, 8, 1, 128);
+    EXPECT_EQ(decode_refusal(c), "");
+  }
+  // The switch, and the CPU.
+  {
+    const DecodeSwitch off(0);
+    EXPECT_FALSE(sdpa_fwd_runs_decode(decode_call().problem()));
+    EXPECT_EQ(sdpa_fwd_workspace_size(decode_call().problem()), 0u);
+  }
+  Call cpu = decode_call();
+  sdpa::Problem p = cpu.problem();
+  p.device = DeviceType::kCPU;
+  EXPECT_FALSE(sdpa_fwd_runs_decode(p));
+}
+
+TEST(SdpaFamily, DecodeWorkspaceHoldsEverySlot) {
+  // [slots, 16, D_v] + [slots, 2, 16] fp32, slots from kDecodeMaxCtas, each array 256-byte aligned at least.
+  const DecodeSwitch on(1);
+  for (const auto& [sq, hq, hk, skv] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{1, 8, 2, 4096}, {4, 8, 2, 64},
+                                        {1, 64, 8, 32768}, {2, 4, 4, 1}}) {
+    Call c = decode_call(sq, hq, hk);
+    c.skv = skv;
+    const DecodeShape s = decode_shape(2, hk, sq, hq / hk, skv);
+    const long long slots = decode_slot_capacity(s);
+    EXPECT_GE(slots, s.tasks);
+    const size_t need = sizeof(float) * size_t(slots) * size_t(decode_slot_floats(128));
+    const size_t got = sdpa_fwd_workspace_size(c.problem());
+    EXPECT_GE(got, need) << sq << " " << hq << " " << hk << " " << skv;
+    EXPECT_LE(got, need + 1024);
+  }
+}
+
+TEST(SdpaFamily, DecodeSplitRule) {
+  // decode_split: splits x chunk covers the walk with no empty item, at least kDecodeMinChunk blocks an
+  // item where the walk has them, no more items than the CTAs allow (one task: one item), monotone in the
+  // CTAs (the workspace's kDecodeMaxCtas bound covers every device).
+  for (long long tasks : {1LL, 3LL, 64LL, 100LL, 1000LL, 5000LL})
+    for (long long kb : {1LL, 2LL, 5LL, 64LL, 513LL, 4096LL}) {
+      DecodeSplit prev{0, 0};
+      for (long long ctas : {1LL, 100LL, 132LL, 528LL, 792LL, 1024LL}) {
+        const DecodeSplit d = decode_split(tasks, kb, ctas);
+        SCOPED_TRACE(std::to_string(tasks) + " tasks, " + std::to_string(kb) + " blocks, " + std::to_string(ctas));
+        EXPECT_GE(d.splits, 1);
+        EXPECT_GE(int64_t(d.splits) * d.chunk, kb);
+        EXPECT_LT(int64_t(d.splits - 1) * d.chunk, kb);
+        EXPECT_GE(d.chunk, std::min<long long>(kb, kDecodeMinChunk));
+        EXPECT_LE(tasks * d.splits, std::max(tasks, ctas));
+        EXPECT_GE(d.splits, prev.splits);
+        prev = d;
+      }
+      EXPECT_LE(decode_split(tasks, kb, 792).splits, decode_split(tasks, kb, kDecodeMaxCtas).splits);
+    }
 }
 
 TEST(SdpaFamily, EnvFlagOffIsTheValueZeroOnly) {

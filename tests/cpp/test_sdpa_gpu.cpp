@@ -517,6 +517,13 @@ struct ForceSdpaSm90 {
   ~ForceSdpaSm90() { set_sdpa_fwd_sm90_enabled(-1); }
 };
 
+// Forces the decode forward (kernel_decode_sm80.cuh; on by default, FLASHSPAN_SDPA_DECODE=0 off;
+// set_sdpa_decode_enabled) on or off for a scope, the environment's answer again after it.
+struct ForceSdpaDecode {
+  explicit ForceSdpaDecode(int on) { set_sdpa_decode_enabled(on); }
+  ~ForceSdpaDecode() { set_sdpa_decode_enabled(-1); }
+};
+
 // Forces the sm90 forward's kernel with score modifiers (on by default, FLASHSPAN_SM90_SDPA_MODS=0
 // off; set_sdpa_fwd_sm90_mods_enabled) on or off for a scope, the environment's answer again after it.
 struct ForceSdpaSm90Mods {
@@ -570,8 +577,12 @@ struct ForceSm90WithMods {
 // Runs c (its backward too with `backward`; chain: run_case's) and expects `fwd` sm90 forward and `bwd` sm90 backward
 // launches (sm90::sdpa_fwd_launches / sdpa_bwd_launches; 0: the sm80 kernels ran that pass;
 // kAnyLaunches: not checked): which family ran each pass.
+// The decode forward (sdpa_decode_refusal: S_q H_q / H_k <= 16) is pinned off for a forward that must
+// run on the sm90 kernels.
 constexpr int kAnyLaunches = -1;
 void run_case_expect_sm90(const Case& c, bool backward, int fwd, int bwd, bool chain = false) {
+  std::optional<ForceSdpaDecode> no_decode;
+  if (fwd != kAnyLaunches) no_decode.emplace(0);
   const int64_t f0 = sm90::sdpa_fwd_launches(), b0 = sm90::sdpa_bwd_launches();
   run_case(c, backward, chain);
   if (fwd != kAnyLaunches) {
@@ -1886,6 +1897,7 @@ void run_sm80_instantiation(const Case& c, int forced, int fwd_mask_only, int bw
   const ForceSdpaSm90 fwd90(0);
   const ForceSdpaBwdSm90 bwd90(0);
   const ForceSm80Features force(forced);
+  const ForceSdpaDecode no_decode(0);
   const int64_t f0 = sm80::sdpa_fwd_mask_only_launches(), b0 = sm80::sdpa_bwd_mask_only_launches();
   run_case(c);
   EXPECT_EQ(sm80::sdpa_fwd_mask_only_launches() - f0, fwd_mask_only) << "forward instantiation of " << c.str();
@@ -2050,6 +2062,131 @@ TEST(SdpaGpu, DropoutRandom) {
     c.dropout_i64 = rng() % 2;
     c.rng_dump = rng() % 2;
     run_case(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// The decode forward (kernel_decode_sm80.cuh: packed GQA on the 16-row decode tile, the key walk split
+// into items and merged by a combine kernel), chosen by sdpa_fwd_runs_decode for S_q H_q / H_k <= 16;
+// sm80::sdpa_decode_launches() says it ran.
+// ---------------------------------------------------------------------------
+
+// A random call the decode forward takes: random_case's masks in both alignments, padding / THD with
+// gaps and a sample without keys, layouts, dtypes, LSE bases, max_logit; S_q G <= 16 (decode proper S_q
+// = 1 on most, a few positions a block on the others, the block's rows then spanning positions); head
+// dims up to 128; H_k = H_v; S_kv up to 4000 on odd seeds (items of several key blocks, up to ~60
+// splits of a walk), softcap, sinks, the gate and the statistics outputs on some.
+Case decode_case(uint64_t seed) {
+  Case c = random_case(seed);
+  std::mt19937_64 rng(seed * 977 + 3);
+  static const int64_t groups[][2] = {{1, 1}, {4, 1}, {8, 2}, {16, 4}, {2, 2}, {8, 1}, {6, 3}, {12, 12}};
+  const auto* g = groups[rng() % 8];
+  c.Hq = g[0];
+  c.Hk = g[1];
+  const int64_t G = c.Hq / c.Hk;
+  c.Sq = rng() % 3 ? 1 : 1 + int64_t(rng() % (16 / G));
+  if (c.Dqk > 128 || c.Dv > 128) c.Dqk = c.Dv = 128;
+  c.Skv = seed % 2 ? 1 + int64_t(rng() % 4000) : 1 + int64_t(rng() % 300);
+  if (c.has_left) c.left = 1 + int64_t(rng() % (seed % 2 ? 1500 : 90));
+  if (rng() % 3 == 0) c.softcap = 2.0f + float(rng() % 30);
+  c.sinks = rng() % 4 == 0;
+  if (c.sinks) c.max_logit = false;  // (max_logit together with sinks is refused)
+  c.gate = rng() % 5 == 0;
+  c.score_stats = rng() % 5 == 0 && c.kind_q != Kind::kThd;  // (score stats need a padded O)
+  return c;
+}
+
+// Runs c's forward (backward too with `backward`: the prefill kernels' backward from the reference's O
+// and LSE) expecting `decode` decode launches (1: it took the call, 0: it did not).
+void run_decode_case(const Case& c, int decode, bool backward = false) {
+  const int64_t d0 = sm80::sdpa_decode_launches();
+  run_case(c, backward);
+  EXPECT_EQ(sm80::sdpa_decode_launches(), d0 + decode) << "decode launches of " << c.str();
+}
+
+TEST(SdpaGpu, DecodeRandom) {
+  REQUIRE_GPU();
+  const ForceSdpaDecode on(1);
+  for (uint64_t seed = 12001; seed <= 12160; ++seed) {
+    run_decode_case(decode_case(seed), 1);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, DecodeFeedsTheBackward) {
+  // The backward of decode shapes (the prefill kernels') from the decode forward's O and LSE (chain).
+  REQUIRE_GPU();
+  const ForceSdpaDecode on(1);
+  for (uint64_t seed = 12201; seed <= 12230; ++seed) {
+    const Case c = decode_case(seed);
+    const int64_t d0 = sm80::sdpa_decode_launches();
+    run_case(c, /*backward=*/true, /*chain=*/true);
+    EXPECT_EQ(sm80::sdpa_decode_launches(), d0 + 1) << c.str();
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, DecodeOffRunsThePrefillKernels) {
+  REQUIRE_GPU();
+  const ForceSdpaDecode off(0);
+  for (uint64_t seed = 12001; seed <= 12030; ++seed) {
+    run_decode_case(decode_case(seed), 0);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, DecodeLeavesWhatItDoesNotTake) {
+  // ALiBi, a bias, dropout, a block_mask, H_k != H_v and S_q G > 16 run the prefill kernels (and are right).
+  REQUIRE_GPU();
+  const ForceSdpaDecode on(1);
+  for (int i = 0; i < 6; ++i) {
+    Case c = decode_case(12300 + uint64_t(i));
+    c.kind_q = c.kind_kv = Kind::kBhsd;
+    c.softcap = 0.0f;
+    c.sinks = c.gate = c.score_stats = false;
+    switch (i) {
+      case 0: c.alibi = true; c.has_right = true; c.has_left = false; c.right = 0; break;
+      case 1: c.bias = 1; break;
+      case 2: c.dropout_p = 0.25f; c.dropout_seed = 5; c.dropout_offset = 9; break;
+      case 3: c.block_mask = 2; break;
+      case 4: c.Hq = 4; c.Hk = 2; c.Hv = 1; break;
+      default: c.Hq = 8; c.Hk = 1; c.Sq = 3; break;
+    }
+    run_decode_case(c, 0);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, DecodeSanitizerSmall) {
+  // Small decode calls for compute-sanitizer memcheck: packed THD with gaps and a sample without keys,
+  // several positions a block, every epilogue option, softcap and sinks, many splits (S_kv 2000, one task
+  // a kv head).
+  REQUIRE_GPU();
+  const ForceSdpaDecode on(1);
+  for (int i = 0; i < 3; ++i) {
+    Case c;
+    c.seed = 12400 + uint64_t(i);
+    c.B = 3;
+    c.Hq = 8;
+    c.Hk = 2;
+    c.Sq = i == 0 ? 1 : 3;
+    c.Skv = 2000;
+    c.Dqk = c.Dv = i == 2 ? 72 : 128;
+    c.has_right = true;
+    c.bottom_right = true;
+    c.has_left = i == 1;
+    c.left = 300;
+    c.kind_q = i == 0 ? Kind::kThd : Kind::kBshd;
+    c.kind_kv = i == 2 ? Kind::kThd : Kind::kStrided;
+    c.lengths = 1 + i % 2;
+    c.zero_kv_sample = true;
+    c.softcap = i == 1 ? 0.0f : 20.0f;
+    c.sinks = i != 0;
+    c.gate = true;
+    c.score_stats = i != 0;
+    c.log2_stats = i == 2;
+    run_decode_case(c, 1);
     if (::testing::Test::HasFailure()) return;
   }
 }

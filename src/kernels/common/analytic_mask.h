@@ -121,6 +121,20 @@ FS_MASK_HD AnalyticCursor q2k_cursor(const AnalyticSample& s, int qb, int bq, in
   return detail::make_cursor(lo, hi, full_first, full_last, bk);
 }
 
+// Q2K row of query rows [r0, r1) of any count, every one inside the sample (0 <= r0 <= r1 <=
+// len_q): the key blocks of bk columns those rows see, ascending; a block is full when each of the
+// rows sees all of its columns. The SDPA decode forward's packed blocks ask it with the positions
+// their rows hold (kernel_decode_sm80.cuh); q2k_cursor with r0 + bq <= len_q is the same cursor.
+FS_MASK_HD AnalyticCursor q2k_cursor_rows(const AnalyticSample& s, int64_t r0, int64_t r1, int bk) {
+  if (r1 <= r0 || s.len_kv <= 0) return AnalyticCursor{0, 0, 0, 0};
+  const int64_t lo = clamp64(r0 + s.shift + s.d_min, 0, s.len_kv);
+  const int64_t hi = clamp64(r1 - 1 + s.shift + s.d_max + 1, 0, s.len_kv);
+  const int64_t full_first = r1 - 1 + s.shift + s.d_min;
+  const int64_t by_band = r0 + s.shift + s.d_max - (bk - 1);
+  const int64_t full_last = by_band < s.len_kv - bk ? by_band : s.len_kv - bk;
+  return detail::make_cursor(lo, hi, full_first, full_last, bk);
+}
+
 // K2Q row of key block kb (columns [kb * bk, kb * bk + bk)): the query blocks of bq rows
 // that see any of its columns, ascending.
 FS_MASK_HD AnalyticCursor k2q_cursor(const AnalyticSample& s, int kb, int bq, int bk) {

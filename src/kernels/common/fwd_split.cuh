@@ -83,19 +83,12 @@ __global__ void __launch_bounds__(256) flex_fwd_split_combine_kernel(const FwdPa
     // Row `row`: position pos of query head head0 + sub.
     const int pos = (row0 + row) / pack, sub = row0 + row - pos * pack;
     s_off[row] = int64_t(pos) * p.oa.row_stride + int64_t(sub) * p.oa.head_stride;
-    float m = -INFINITY;
-    for (int i = 0; i < n; ++i) m = fmaxf(m, sp.ml[int64_t(slot0 + i) * 2 * bq + row]);
-    const float m_use = m == -INFINITY ? 0.0f : m;
-    float l = 0.0f;
-    for (int i = 0; i < n; ++i) {
-      const float* ml = sp.ml + int64_t(slot0 + i) * 2 * bq;
-      l += ml[bq + row] * exp2f(ml[row] - m_use);  // m_i = -inf (l_i = 0) -> 0
-    }
-    s_m[row] = m_use;
-    s_inv[row] = l > 0.0f ? 1.0f / l : 0.0f;
+    const SplitRowStats st = merge_split_stats(sp.ml, slot0, n, bq, row, -INFINITY, 0.0f);
+    s_m[row] = st.m_use;
+    s_inv[row] = st.l > 0.0f ? 1.0f / st.l : 0.0f;
     if (p.lse != nullptr) {
       p.lse[int64_t(b) * p.lsea.batch_stride + int64_t(head0 + sub) * p.lsea.head_stride +
-            (q_row0 + pos) * p.lsea.row_stride] = lse_from_stats(m, l);
+            (q_row0 + pos) * p.lsea.row_stride] = lse_from_stats(st.m, st.l);
     }
   }
   __syncthreads();  // s_m, s_inv, s_off

@@ -83,6 +83,28 @@ __device__ __forceinline__ float lse_from_stats(float m, float l, float unit) {
 }
 __device__ __forceinline__ float lse_from_stats(float m, float l) { return lse_from_stats(m, l, kLn2); }
 
+// The row statistics of a split walk's pieces merged (the flex split schedule's combine, fwd_split.cuh; the
+// SDPA decode forward's, kernel_decode_sm80.cuh): row `row` of the n slots from slot0 (ml: [slots, 2, bq], m_i in log2 units then l_i) merged,
+// with one more term (m_seed, l_seed): a sink's logit (log2 units) and 1, or none (-inf, 0).
+//   m = max(m_i, m_seed)  (-inf when every one is),  m_use = m, or 0 when m = -inf,
+//   l = sum l_i 2^(m_i - m_use) + l_seed 2^(m_seed - m_use);
+// m_i = -inf (an item that saw no key of the row, l_i = 0) contributes 0, never NaN.
+struct SplitRowStats {
+  float m, m_use, l;
+};
+__device__ __forceinline__ SplitRowStats merge_split_stats(const float* ml, int64_t slot0, int n, int bq, int row,
+                                                           float m_seed, float l_seed) {
+  float m = m_seed;
+  for (int i = 0; i < n; ++i) m = fmaxf(m, ml[(slot0 + i) * 2 * bq + row]);
+  const float m_use = m == -INFINITY ? 0.0f : m;
+  float l = l_seed != 0.0f ? l_seed * exp2f(m_seed - m_use) : 0.0f;
+  for (int i = 0; i < n; ++i) {
+    const float* mli = ml + (slot0 + i) * 2 * bq;
+    l += mli[bq + row] * exp2f(mli[row] - m_use);
+  }
+  return SplitRowStats{m, m_use, l};
+}
+
 // The statistics of a thread's two rows and their online update, one key block at a time.
 struct OnlineSoftmax {
   float m[2];  // running max (log2 units), quad-uniform

@@ -35,6 +35,16 @@ void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dt
 // The forward over paged K/V caches (p.paged_k / p.paged_v, kv_addr.cuh PagedKv): the same grid.
 void launch_sdpa_fwd_paged_sm80(const SdpaPagedFwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream);
 
+// The SDPA decode forward (kernel_decode_sm80.cuh: packed GQA on the 16-row decode tile, the key walk
+// split into items, a combine kernel; dispatch's rule: sdpa_family.cpp sdpa_decode_refusal): p.pack =
+// G = p.group_size, head dims <= 128, contiguous or paged K / V (p.paged_k / p.paged_v tables), its
+// slots bound at p.split.o_accum / p.split.ml with room for slot_capacity (tile_sm80.h
+// decode_slot_capacity). sdpa_decode_grid: the launch's grid for `ctas` resident CTAs (decode_split).
+// sdpa_decode_launches counts the calls it ran (tests).
+void launch_sdpa_fwd_decode_sm80(const SdpaPagedFwdParams& p, int64_t slot_capacity, DType dtype, cudaStream_t stream);
+SdpaDecodeGrid sdpa_decode_grid(const SdpaFwdParams& p, int ctas);
+int64_t sdpa_decode_launches();
+
 // Which instantiation the two SDPA launchers run (the paged forward always the features one): the
 // mask-only kernels for a call without the main loops' features (params.h sdpa_fwd_has_features /
 // sdpa_bwd_has_features), unless sdpa_sm80_features_forced(): FLASHSPAN_SDPA_SM80_FEATURES=1 (read per

@@ -204,14 +204,17 @@ __device__ __forceinline__ void st_shared_nan16(uint32_t dst) {
 // table shows in the output instead of reading out of bounds. Layout of TileRowLoader8: 8
 // threads per row, rows r0, r0 + kR, ... (kR = kThreads / 8, a multiple of 8, so every row of
 // a thread has the swizzle key r0 % 8) and chunks c0, c0 + 8, ... of each: one address lookup
-// per row and thread (kRows / kR of them), one shared-memory offset per thread.
+// per row and thread (kRows / kR of them), one shared-memory offset per thread. One warp (the
+// decode tile): 4 threads per row (kR = 8), chunks c0, c0 + 4, ..., each with its own swizzled
+// offset.
 template <int kRows, int kD, int kThreads, class RowOffset>
 __device__ __forceinline__ void gather_tile_async(uint32_t smem_tile, const uint16_t* gbase, const RowOffset& row_offset,
                                                   int key0, int rows_valid, int d_valid, int tid) {
-  constexpr int kCpt = kD / 64;  // chunks of a row per thread
-  constexpr int kR = kThreads / 8;
-  static_assert(kD % 64 == 0 && kThreads % 64 == 0 && kRows % kR == 0, "gather tile geometry");
-  const int c0 = tid % 8, r0 = tid / 8;
+  constexpr int kTpr = kThreads >= 64 ? 8 : 4;  // threads per row
+  constexpr int kCpt = kD / 8 / kTpr;           // chunks of a row per thread
+  constexpr int kR = kThreads / kTpr;
+  static_assert(kD % (8 * kTpr) == 0 && kR % 8 == 0 && kRows % kR == 0, "gather tile geometry");
+  const int c0 = tid % kTpr, r0 = tid / kTpr;
   const uint32_t dst = smem_tile + uint32_t(swz_offset<kD>(r0, c0) * 2);
 #pragma unroll
   for (int it = 0; it < kRows / kR; ++it) {
@@ -225,12 +228,14 @@ __device__ __forceinline__ void gather_tile_async(uint32_t smem_tile, const uint
     const uint16_t* src = gbase + off + c0 * 8;
 #pragma unroll
     for (int j = 0; j < kCpt; ++j) {
-      const uint32_t d = dst + uint32_t((it * kR * kD + 64 * j) * 2);
+      // kTpr = 8: chunk c0 + 8 j keeps the swizzle's low bits, so dst + a compile-time step.
+      const uint32_t d = kTpr == 8 ? dst + uint32_t((it * kR * kD + 64 * j) * 2)
+                                   : smem_tile + uint32_t((swz_offset<kD>(r0, c0 + kTpr * j) + it * kR * kD) * 2);
       if (bad) {
         st_shared_nan16(d);
       } else {
-        const bool ok = row_ok && (c0 + 8 * j) * 8 < d_valid;
-        cp_async_16(d, ok ? src + 64 * j : gbase, ok);
+        const bool ok = row_ok && (c0 + kTpr * j) * 8 < d_valid;
+        cp_async_16(d, ok ? src + 8 * kTpr * j : gbase, ok);
       }
     }
   }

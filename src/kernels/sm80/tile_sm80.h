@@ -9,6 +9,45 @@ namespace flashspan {
 // Rows of the sm80 decode forward tile (kDecodeBlockQ x 64, one warp; consumer_for_plan).
 inline constexpr int kDecodeBlockQ = 16;
 
+// The SDPA decode forward's split of the key walk (params.h SdpaDecodeGrid; kernel_decode_sm80.cuh):
+// `tasks` (packed block, kv head, sample) walks of up to `key_blocks` blocks of 64 keys cut into
+// items so that about `ctas` CTAs are busy: splits = ctas / tasks (floor: one wave at most), at
+// least kDecodeMinChunk blocks an item, no empty item past the walk. Monotone in ctas, so the
+// workspace sized with kDecodeMaxCtas covers every launch (a device's resident CTAs, capped there).
+inline constexpr int kDecodeMinChunk = 4;
+inline constexpr int kDecodeMaxCtas = 1024;
+struct DecodeSplit {
+  int splits, chunk;
+};
+constexpr DecodeSplit decode_split(long long tasks, long long key_blocks, long long ctas) {
+  if (tasks <= 0 || key_blocks <= 0) return {1, 1};
+  long long splits = ctas / tasks;
+  const long long most = key_blocks / kDecodeMinChunk;
+  if (splits > most) splits = most;
+  if (splits < 1) splits = 1;
+  const long long chunk = (key_blocks + splits - 1) / splits;
+  return {int((key_blocks + chunk - 1) / chunk), int(chunk)};
+}
+
+// The tasks of a decode call: B H_k kv heads' blocks of ceil(S_q G / kDecodeBlockQ) packed rows,
+// walks of ceil(S_kv / 64) key blocks at most.
+struct DecodeShape {
+  int num_q_blocks;
+  long long tasks, key_blocks;
+};
+constexpr DecodeShape decode_shape(long long batch, long long heads_kv, long long max_q, long long group,
+                                   long long max_kv) {
+  const long long nqb = (max_q * group + kDecodeBlockQ - 1) / kDecodeBlockQ;
+  return {int(nqb), batch * heads_kv * nqb, (max_kv + 63) / 64};
+}
+// Workspace slots of a call (its items with kDecodeMaxCtas, the most a launch runs) and the fp32
+// floats of one slot: kDecodeBlockQ rows of D_v accumulator columns (FwdSplit::o_accum) and their m
+// and l (FwdSplit::ml, after every slot's accumulator).
+constexpr long long decode_slot_capacity(const DecodeShape& s) {
+  return s.tasks * decode_split(s.tasks, s.key_blocks, kDecodeMaxCtas).splits;
+}
+constexpr long long decode_slot_floats(long long dv) { return kDecodeBlockQ * (dv + 2); }
+
 }  // namespace flashspan
 
 namespace flashspan::sm80 {

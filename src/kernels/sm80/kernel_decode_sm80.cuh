@@ -1,0 +1,171 @@
+// The SDPA decode forward (sm_80 and newer; mma.sync, cp.async): packed GQA on the 16-row decode
+// tile and the key walk split into items whose partial results a combine kernel merges
+// (FlashDecoding, Dao et al. 2023: "Flash-Decoding for long-context inference"). For calls with few
+// query rows per kv head (S_q G <= 16, sdpa_family.cpp sdpa_decode_refusal), where the prefill
+// kernels would run one or a few valid rows of a 128-row tile per query head, reread K / V once per
+// query head of a GQA group, and leave most SMs idle when B H_k is small.
+//
+// Composition: the sm80 forward's work item (kernel_fwd_sm80.cuh fwd_item: Q gather of packed rows,
+// the K / V loader of either address role -- contiguous or paged --, the mainloop, online softmax,
+// split partial store, max_logit) with the mask policy below, one item per CTA (params.h
+// SdpaDecodeGrid: item i = task t * splits + split s, slot i); then sdpa_fwd_decode_combine_kernel
+// (fwd_split.cuh) per task.
+//
+// The mask policy (AnalyticPackedMaskSm80): packed row r of a block is query position
+// (row0 + r) / G of query head hkv G + (row0 + r) % G, so the rows of one block hold several
+// positions (S_q > 1) or one (decode proper). Its Q2K walk is q2k_cursor_rows over the positions the
+// block's valid rows hold (a key block is full when every one of them sees it whole); a partial
+// block's element test is each thread row's own position's (QueryBlockMask of that position, kept
+// per item). Score modifiers: softcap (head-independent); sinks join the denominator in the combine
+// kernel. ALiBi, the additive bias, dropout, the block_mask and H_k != H_v (per-head terms inside
+// the main loop) are not taken: the rule sends those calls to the prefill kernels.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/sm80/kernel_fwd_sm80.cuh"
+
+namespace flashspan::kern {
+
+template <class T>
+struct AnalyticPackedMaskSm80 {
+  static_assert(T::kWarps == 1 && T::kMT == 1, "the packed decode mask: one warp of one m16 tile (the decode tile)");
+  // kAnalytic false: fwd_item's items write split partials (slot >= 0 always); kFeatures true: the
+  // scores are scaled before apply() (softcap needs the logits), dropout() / init_stats() no-ops.
+  static constexpr bool kAnalytic = false;
+  static constexpr bool kFeatures = true;
+  using Seqlen = AnalyticSeqlen;
+  QueryBlockMask rowm[2];  // the thread's rows g, g + 8: their positions' masks
+  float c2, inv_c2;        // softcap * log2 e and its inverse (0: none)
+
+  __device__ __forceinline__ static AnalyticCursor q2k(const FwdParams& p, const Seqlen& sl, int, int, int qb) {
+    const int64_t row0 = int64_t(qb) * T::kBlockQ;
+    const int64_t end = min(int64_t(sl.len_q) * p.pack, row0 + T::kBlockQ);  // past the block's valid rows
+    if (end <= row0) return AnalyticCursor{0, 0, 0, 0};
+    return q2k_cursor_rows(sl.mask, row0 / p.pack, (end - 1) / p.pack + 1, T::kBlockK);
+  }
+  template <class Elem>
+  __device__ __forceinline__ static const Elem* sample_ptr(const FwdParams& p, const void* base, const TensorAddr&,
+                                                           int x, int b, int) {
+    return static_cast<const Elem*>(base) + sample_start(analytic_of(p).start[x], b);
+  }
+  __device__ __forceinline__ static int rows_store(const FwdParams&, int, int rows_valid) { return rows_valid; }
+  __device__ __forceinline__ static AnalyticPackedMaskSm80 item(const FwdParams& p, const Seqlen& sl, int row0, int) {
+    const int g = (threadIdx.x & 31) >> 2;
+    AnalyticPackedMaskSm80 m;
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) m.rowm[hi] = QueryBlockMask::make(sl.mask, (row0 + g + 8 * hi) / p.pack);
+    m.c2 = analytic_of(p).score.softcap2;
+    m.inv_c2 = m.c2 != 0.0f ? 1.0f / m.c2 : 0.0f;
+    return m;
+  }
+  // Softcap on every block, then a partial block's element mask: register r of n8 block n is row
+  // half r / 2 (position of rowm[r / 2]) at column 8 n + 2 t + r % 2 of the key block.
+  __device__ __forceinline__ void apply(const QkvParams&, float (&s)[T::kNS][4], const bool& partial,
+                                        const int& entry, int, int lane) const {
+    if (c2 != 0.0f) SdpaScoreMod{c2, inv_c2, 0.0f}.apply<T::kNS>(s, 0, lane);
+    if (!partial) return;
+    const int col = 2 * (lane & 3);
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const TileMask tm = rowm[hi].tile(int64_t(entry) * T::kBlockK);
+#pragma unroll
+      for (int n = 0; n < T::kNS; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if (!tm.visible(0, col + 8 * n + e)) s[n][2 * hi + e] = -INFINITY;
+        }
+      }
+    }
+  }
+  template <int kN>
+  __device__ __forceinline__ void dropout(const QkvParams&, float (&)[kN][4], int, int, int) const {}
+  template <int kMT>
+  __device__ __forceinline__ static void init_stats(const FwdParams&, int, int, int, int, float (&)[kMT][2],
+                                                    float (&)[kMT][2]) {}
+};
+
+// One item of the decode grid (SdpaDecodeGrid): its task's block, kv head and sample, its range of
+// the task's key walk, its slot. KvAddr: ContiguousKv, or PagedKv (p's page tables).
+template <class T, class E, class KvAddr>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
+    sdpa_fwd_decode_kernel_sm80(const SdpaPagedFwdParams p, const SdpaDecodeGrid d) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  __shared__ int32_t s_item[4];  // fwd_item reads the slot from s_item[3]
+  const int item = blockIdx.x;
+  const int t = item / d.splits, split = item - t * d.splits;
+  const int bh = t / d.num_q_blocks, qb = t - bh * d.num_q_blocks;
+  const int b = bh / d.num_heads_kv, hkv = bh - b * d.num_heads_kv;
+  if (threadIdx.x == 0) s_item[3] = item;
+  __syncthreads();
+  fwd_item<T, E, true, true, AnalyticPackedMaskSm80<T>, KvAddr>(p, smem_u32(smem), s_item, qb, hkv, b,
+                                                                split * d.chunk, d.chunk);
+}
+
+// The combine of the decode forward (params.h SdpaDecodeGrid; merge_split_stats: softmax.cuh, the
+// flex split schedule's combine's too): the
+// `splits` slots of task blockIdx.x (slots t splits ..) merged into O, the LSE (a.lse_unit), the
+// epilogue options (score_max / score_sum_exp, the output gate: sdpa_fwd_row_options) of the
+// block's packed rows; a head's sink joins the denominator here (the items seed nothing). Rows past
+// the sample that a padded O holds (rows_to_store) get O = 0, LSE = -inf, without reading a slot
+// (the items wrote only the sample's rows). 128 threads; blocks of kDecodeBlockQ packed rows.
+template <class E>
+__global__ void __launch_bounds__(128) sdpa_fwd_decode_combine_kernel(const SdpaFwdParams p, const SdpaDecodeGrid d) {
+  using Elem = typename E::Storage;
+  constexpr int kBq = kDecodeBlockQ;
+  const AnalyticMaskParams& a = p.analytic;
+  const int t = blockIdx.x;
+  const int bh = t / d.num_q_blocks, qb = t - bh * d.num_q_blocks;
+  const int b = bh / d.num_heads_kv, hkv = bh - b * d.num_heads_kv;
+  const int pack = p.pack, row0 = qb * kBq;
+  const int len_q = sample_length(a.seq_len_q, a.cu_seq_len_q, a.max_q, b);
+  const int rows_valid = min(kBq, len_q * pack - row0);
+  const int rows_store = rows_to_store(a, kSdpaO, row0, kBq, len_q * pack, a.max_q * pack);
+  if (rows_store <= 0) return;
+  const int64_t slot0 = int64_t(t) * d.splits;
+  const int64_t o_start = sample_start(a.start[kSdpaO], b), lse_start = sample_start(a.start[kSdpaStats], b);
+  __shared__ float s_m[kBq], s_inv[kBq];
+  __shared__ int64_t s_off[kBq];
+  __shared__ const Elem* s_gate[kBq];
+  for (int row = threadIdx.x; row < rows_store; row += blockDim.x) {
+    const int pos = (row0 + row) / pack, head = hkv * pack + (row0 + row - pos * pack);
+    SplitRowStats st{-INFINITY, 0.0f, 0.0f};
+    if (row < rows_valid) {
+      const float* sink = a.score.sink;
+      st = merge_split_stats(p.split.ml, slot0, d.splits, kBq, row, sink != nullptr ? __ldg(sink + head) * kLog2e : -INFINITY,
+                             sink != nullptr ? 1.0f : 0.0f);
+    }
+    s_m[row] = st.m_use;
+    s_inv[row] = st.l > 0.0f ? 1.0f / st.l : 0.0f;
+    s_off[row] = o_start + int64_t(pos) * p.oa.row_stride + int64_t(head) * p.oa.head_stride;
+    s_gate[row] = sdpa_fwd_row_options<E>(p, b, head, 0, pos, st.m, st.l, true);
+    if (p.lse != nullptr) {
+      p.lse[lse_start + int64_t(head) * p.lsea.head_stride + int64_t(pos) * p.lsea.row_stride] =
+          lse_from_stats(st.m, st.l, a.lse_unit);
+    }
+  }
+  __syncthreads();  // s_m, s_inv, s_off, s_gate
+
+  Elem* o = static_cast<Elem*>(p.o);
+  const int dv = p.head_dv, pairs = dv / 2;
+  for (int idx = threadIdx.x; idx < rows_store * pairs; idx += blockDim.x) {
+    const int row = idx / pairs, c = 2 * (idx - row * pairs);
+    float x0 = 0.0f, x1 = 0.0f;
+    if (row < rows_valid) {
+      const float m_use = s_m[row];
+      for (int i = 0; i < d.splits; ++i) {
+        const int64_t slot = slot0 + i;
+        const float w = exp2f(p.split.ml[slot * 2 * kBq + row] - m_use);
+        const float2 x = *reinterpret_cast<const float2*>(p.split.o_accum + (slot * kBq + row) * dv + c);
+        x0 += w * x.x;
+        x1 += w * x.y;
+      }
+      x0 *= s_inv[row];
+      x1 *= s_inv[row];
+      if (s_gate[row] != nullptr) sdpa_gate_pair<E>(s_gate[row], c, x0, x1);
+    }
+    *reinterpret_cast<uint32_t*>(o + s_off[row] + c) = pack2<E>(x0, x1);
+  }
+}
+
+}  // namespace flashspan::kern
