@@ -391,8 +391,8 @@ struct SdpaPagedFwdParams : SdpaFwdParams {
 // t = (b * num_heads_kv + hkv) * num_q_blocks + qb; packed row r of block qb is query position
 // (16 qb + r) / G of query head hkv * G + (16 qb + r) % G (FwdParams::pack = G = H_q / H_k). Item
 // i = t * splits + s walks key blocks [s * chunk, (s + 1) * chunk) of the task's Q2K row and writes
-// workspace slot i (FwdSplit::o_accum [slots, 16, D_v], ml [slots, 2, 16]); a combine kernel per task
-// merges its `splits` slots into O, the stats and the epilogue options (fwd_split.cuh).
+// workspace slot i (FwdSplit::o_accum [slots, 16, D_v], ml [slots, 2, 16]); a combine kernel per packed
+// row merges its task's `splits` slots into O, the stats and the epilogue options (kernel_decode_sm80.cuh).
 struct SdpaDecodeGrid {
   int num_q_blocks = 0;  // packed 16-row blocks per (sample, kv head): ceil(S_q G / 16)
   int num_heads_kv = 0;

@@ -83,8 +83,8 @@ __device__ __forceinline__ float lse_from_stats(float m, float l, float unit) {
 }
 __device__ __forceinline__ float lse_from_stats(float m, float l) { return lse_from_stats(m, l, kLn2); }
 
-// The row statistics of a split walk's pieces merged (the flex split schedule's combine, fwd_split.cuh; the
-// SDPA decode forward's, kernel_decode_sm80.cuh): row `row` of the n slots from slot0 (ml: [slots, 2, bq], m_i in log2 units then l_i) merged,
+// The row statistics of a split walk's pieces merged (the flex split schedule's combine, fwd_split.cuh;
+// merge_scales below is its pairwise form, the SDPA decode combine's): row `row` of the n slots from slot0 (ml: [slots, 2, bq], m_i in log2 units then l_i) merged,
 // with one more term (m_seed, l_seed): a sink's logit (log2 units) and 1, or none (-inf, 0).
 //   m = max(m_i, m_seed)  (-inf when every one is),  m_use = m, or 0 when m = -inf,
 //   l = sum l_i 2^(m_i - m_use) + l_seed 2^(m_seed - m_use);
@@ -103,6 +103,20 @@ __device__ __forceinline__ SplitRowStats merge_split_stats(const float* ml, int6
     l += mli[bq + row] * exp2f(mli[row] - m_use);
   }
   return SplitRowStats{m, m_use, l};
+}
+
+// Two partial results of one row, (m_a, l_a, acc_a) and (m_b, l_b, acc_b) (m in log2 units, l and
+// acc unnormalised), merged: m = max(m_a, m_b), l = a l_a + b l_b, acc = a acc_a + b acc_b with
+// the factors below, a = 2^(m_a - m_use), b = 2^(m_b - m_use) (m_use as in merge_split_stats: 0
+// when both are -inf, so an empty side scales to 0, never NaN). The pairwise form of the merge
+// above, for a combine that folds slots in as they arrive (the SDPA decode combine).
+struct MergeScales {
+  float m, a, b;
+};
+__device__ __forceinline__ MergeScales merge_scales(float m_a, float m_b) {
+  const float m = fmaxf(m_a, m_b);
+  const float m_use = m == -INFINITY ? 0.0f : m;
+  return MergeScales{m, exp2f(m_a - m_use), exp2f(m_b - m_use)};
 }
 
 // The statistics of a thread's two rows and their online update, one key block at a time.

@@ -9,7 +9,7 @@
 // the K / V loader of either address role -- contiguous or paged --, the mainloop, online softmax,
 // split partial store, max_logit) with the mask policy below, one item per CTA (params.h
 // SdpaDecodeGrid: item i = task t * splits + split s, slot i); then sdpa_fwd_decode_combine_kernel
-// (fwd_split.cuh) per task.
+// (below) per (task, packed row).
 //
 // The mask policy (AnalyticPackedMaskSm80): packed row r of a block is query position
 // (row0 + r) / G of query head hkv G + (row0 + r) % G, so the rows of one block hold several
@@ -102,70 +102,106 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
                                                                 split * d.chunk, d.chunk);
 }
 
-// The combine of the decode forward (params.h SdpaDecodeGrid; merge_split_stats: softmax.cuh, the
-// flex split schedule's combine's too): the
-// `splits` slots of task blockIdx.x (slots t splits ..) merged into O, the LSE (a.lse_unit), the
-// epilogue options (score_max / score_sum_exp, the output gate: sdpa_fwd_row_options) of the
-// block's packed rows; a head's sink joins the denominator here (the items seed nothing). Rows past
-// the sample that a padded O holds (rows_to_store) get O = 0, LSE = -inf, without reading a slot
-// (the items wrote only the sample's rows). 128 threads; blocks of kDecodeBlockQ packed rows.
+// The combine of the decode forward (params.h SdpaDecodeGrid): the `splits` slots of task t (slots
+// t splits ..) merged, for one packed row of the task's block, into O, the LSE (a.lse_unit) and the
+// epilogue options (score_max / score_sum_exp, the output gate: sdpa_fwd_row_options); a head's
+// sink joins the denominator here (the items seed nothing). One CTA per (task, packed row):
+// blockIdx.x = t kDecodeBlockQ + row. A row past the sample that a padded O holds (rows_to_store)
+// gets O = 0, LSE = -inf without reading a slot; rows past those return at once. Warp w folds
+// slots w, w + kWarps, ... into its (m, l, O) with merge_scales (softmax.cuh; lane l holds columns
+// 4 l .. 4 l + 3, float4 loads, eight slots' loads in flight), warp 0 folds the sink and the
+// warps' results: the sums of merge_split_stats, in another order. (The first form, one CTA per
+// task with a thread per column pair walking every slot, was latency-bound: 54 us for 8 tasks of 86
+// slots, more than the decode kernel's 42, PERF_LOG v2.26.)
+inline constexpr int kDecodeCombineThreads = 256;
+
+__device__ __forceinline__ void merge_row_part(float& m, float& l, float4& x, float m_b, float l_b, const float4& y) {
+  const MergeScales s = merge_scales(m, m_b);
+  m = s.m;
+  l = l * s.a + l_b * s.b;
+  x.x = x.x * s.a + y.x * s.b;
+  x.y = x.y * s.a + y.y * s.b;
+  x.z = x.z * s.a + y.z * s.b;
+  x.w = x.w * s.a + y.w * s.b;
+}
+
 template <class E>
-__global__ void __launch_bounds__(128) sdpa_fwd_decode_combine_kernel(const SdpaFwdParams p, const SdpaDecodeGrid d) {
+__global__ void __launch_bounds__(kDecodeCombineThreads)
+    sdpa_fwd_decode_combine_kernel(const SdpaFwdParams p, const SdpaDecodeGrid d) {
   using Elem = typename E::Storage;
-  constexpr int kBq = kDecodeBlockQ;
+  constexpr int kBq = kDecodeBlockQ, kWarps = kDecodeCombineThreads / 32;
   const AnalyticMaskParams& a = p.analytic;
-  const int t = blockIdx.x;
+  const int t = blockIdx.x / kBq, row = blockIdx.x - t * kBq;
   const int bh = t / d.num_q_blocks, qb = t - bh * d.num_q_blocks;
   const int b = bh / d.num_heads_kv, hkv = bh - b * d.num_heads_kv;
   const int pack = p.pack, row0 = qb * kBq;
   const int len_q = sample_length(a.seq_len_q, a.cu_seq_len_q, a.max_q, b);
-  const int rows_valid = min(kBq, len_q * pack - row0);
-  const int rows_store = rows_to_store(a, kSdpaO, row0, kBq, len_q * pack, a.max_q * pack);
-  if (rows_store <= 0) return;
+  if (row >= rows_to_store(a, kSdpaO, row0, kBq, len_q * pack, a.max_q * pack)) return;
+  const bool valid = row < len_q * pack - row0;  // uniform over the CTA
+  const int pos = (row0 + row) / pack, head = hkv * pack + (row0 + row - pos * pack);
   const int64_t slot0 = int64_t(t) * d.splits;
-  const int64_t o_start = sample_start(a.start[kSdpaO], b), lse_start = sample_start(a.start[kSdpaStats], b);
-  __shared__ float s_m[kBq], s_inv[kBq];
-  __shared__ int64_t s_off[kBq];
-  __shared__ const Elem* s_gate[kBq];
-  for (int row = threadIdx.x; row < rows_store; row += blockDim.x) {
-    const int pos = (row0 + row) / pack, head = hkv * pack + (row0 + row - pos * pack);
-    SplitRowStats st{-INFINITY, 0.0f, 0.0f};
-    if (row < rows_valid) {
-      const float* sink = a.score.sink;
-      st = merge_split_stats(p.split.ml, slot0, d.splits, kBq, row, sink != nullptr ? __ldg(sink + head) * kLog2e : -INFINITY,
-                             sink != nullptr ? 1.0f : 0.0f);
-    }
-    s_m[row] = st.m_use;
-    s_inv[row] = st.l > 0.0f ? 1.0f / st.l : 0.0f;
-    s_off[row] = o_start + int64_t(pos) * p.oa.row_stride + int64_t(head) * p.oa.head_stride;
-    s_gate[row] = sdpa_fwd_row_options<E>(p, b, head, 0, pos, st.m, st.l, true);
-    if (p.lse != nullptr) {
-      p.lse[lse_start + int64_t(head) * p.lsea.head_stride + int64_t(pos) * p.lsea.row_stride] =
-          lse_from_stats(st.m, st.l, a.lse_unit);
-    }
-  }
-  __syncthreads();  // s_m, s_inv, s_off, s_gate
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int dv = p.head_dv, c = 4 * lane;  // dv <= 128 (the decode rule)
+  __shared__ float s_m[kWarps], s_l[kWarps];
+  __shared__ float4 s_x[kWarps][32];
 
-  Elem* o = static_cast<Elem*>(p.o);
-  const int dv = p.head_dv, pairs = dv / 2;
-  for (int idx = threadIdx.x; idx < rows_store * pairs; idx += blockDim.x) {
-    const int row = idx / pairs, c = 2 * (idx - row * pairs);
-    float x0 = 0.0f, x1 = 0.0f;
-    if (row < rows_valid) {
-      const float m_use = s_m[row];
-      for (int i = 0; i < d.splits; ++i) {
-        const int64_t slot = slot0 + i;
-        const float w = exp2f(p.split.ml[slot * 2 * kBq + row] - m_use);
-        const float2 x = *reinterpret_cast<const float2*>(p.split.o_accum + (slot * kBq + row) * dv + c);
-        x0 += w * x.x;
-        x1 += w * x.y;
+  float m = -INFINITY, l = 0.0f;
+  float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (valid) {
+    const float* ml = p.split.ml + slot0 * 2 * kBq + row;
+    const float* acc = p.split.o_accum + (slot0 * kBq + row) * dv + min(c, dv - 4);  // lanes past dv: unused
+    // kBatch slots' loads issued before their merges (left to the compiler, an unrolled loop
+    // waited for each slot's loads before the next: 0.9 us a slot, PERF_LOG v2.26).
+    constexpr int kBatch = 8;
+    for (int i0 = warp; i0 < d.splits; i0 += kBatch * kWarps) {
+      float mb[kBatch], lb[kBatch];
+      float4 y[kBatch];
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {  // unconditional loads (a slot past the task's reads the last)
+        const int64_t i = min(i0 + u * kWarps, d.splits - 1);
+        mb[u] = __ldg(ml + i * 2 * kBq);
+        lb[u] = __ldg(ml + i * 2 * kBq + kBq);
+        y[u] = __ldg(reinterpret_cast<const float4*>(acc + i * kBq * dv));
       }
-      x0 *= s_inv[row];
-      x1 *= s_inv[row];
-      if (s_gate[row] != nullptr) sdpa_gate_pair<E>(s_gate[row], c, x0, x1);
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        if (i0 + u * kWarps < d.splits) merge_row_part(m, l, x, mb[u], lb[u], y[u]);
+      }
     }
-    *reinterpret_cast<uint32_t*>(o + s_off[row] + c) = pack2<E>(x0, x1);
+    if (lane == 0) {
+      s_m[warp] = m;
+      s_l[warp] = l;
+    }
+    s_x[warp][lane] = x;
+    __syncthreads();  // s_m, s_l, s_x
   }
+  if (warp > 0) return;
+  if (valid) {
+    const float* sink = a.score.sink;
+    m = sink != nullptr ? __ldg(sink + head) * kLog2e : -INFINITY;
+    l = sink != nullptr ? 1.0f : 0.0f;
+    x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) merge_row_part(m, l, x, s_m[w], s_l[w], s_x[w][lane]);
+  }
+  const Elem* gate = sdpa_fwd_row_options<E>(p, b, head, 0, pos, m, l, lane == 0);
+  if (lane == 0 && p.lse != nullptr) {
+    p.lse[sample_start(a.start[kSdpaStats], b) + int64_t(head) * p.lsea.head_stride +
+          int64_t(pos) * p.lsea.row_stride] = lse_from_stats(m, l, a.lse_unit);
+  }
+  if (c >= dv) return;
+  const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+  x.x *= inv;
+  x.y *= inv;
+  x.z *= inv;
+  x.w *= inv;
+  if (gate != nullptr) {
+    sdpa_gate_pair<E>(gate, c, x.x, x.y);
+    sdpa_gate_pair<E>(gate, c + 2, x.z, x.w);
+  }
+  Elem* o = static_cast<Elem*>(p.o) + sample_start(a.start[kSdpaO], b) + int64_t(pos) * p.oa.row_stride +
+            int64_t(head) * p.oa.head_stride + c;
+  *reinterpret_cast<uint2*>(o) = make_uint2(pack2<E>(x.x, x.y), pack2<E>(x.z, x.w));
 }
 
 }  // namespace flashspan::kern

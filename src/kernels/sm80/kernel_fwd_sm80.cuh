@@ -85,7 +85,8 @@ struct FwdTraitsSm80 {
 // load_tile_async when it applies (same chunk column per thread; keeping it, rather than a
 // new layout, matters for the registers of the main loop: ptxas shares the lane-derived
 // values with the fragment addresses), else 8 threads per row, 8 chunks apart (one warp,
-// the decode tile: 4 threads per row, 4 chunks apart, as load_tile_async's one-warp layout).
+// the decode tile: 4 threads per row, 4 chunks apart, so that kR = 8 keeps a thread's key;
+// one 16-row tile an item, where load_tile_async's one-warp layout's whole lines do not matter).
 template <int kRows, int kD, int kThreads>
 __device__ __forceinline__ void load_q_tile_async(uint32_t smem_tile, const uint16_t* q0, int64_t row_stride,
                                                   int64_t head_stride, int row0, int pack, int rows_valid,

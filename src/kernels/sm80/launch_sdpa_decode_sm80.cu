@@ -29,7 +29,9 @@ void run_sdpa_decode(const SdpaPagedFwdParams& p, int64_t slot_capacity, cudaStr
            " items, the workspace holds ", slot_capacity, " slots");
   kernel<<<unsigned(items), T::kThreads, T::kSmemBytes, stream>>>(p, d);
   check_launch("sdpa decode forward (sm80)");
-  kern::sdpa_fwd_decode_combine_kernel<E><<<unsigned(tasks), 128, 0, stream>>>(p, d);
+  FS_CHECK(tasks <= 0x7fffffff / kDecodeBlockQ, Status::kInternal, "sdpa decode combine: ", tasks, " tasks");
+  kern::sdpa_fwd_decode_combine_kernel<E>
+      <<<unsigned(tasks * kDecodeBlockQ), kern::kDecodeCombineThreads, 0, stream>>>(p, d);
   check_launch("sdpa decode combine (sm80)");
   g_decode_launches.fetch_add(1, std::memory_order_relaxed);
 }
