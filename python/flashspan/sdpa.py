@@ -870,7 +870,7 @@ def sdpa(
     the masks (causal / bands / sliding windows with either alignment), padding, THD, GQA / MQA, H_k != H_v, LSE,
     max_logit, the deterministic backward, bias with dBias, ALiBi, softcap, sinks with dSink, dropout, the block
     mask, the gate with dgate and score_max / score_sum_exp; on an H200 the sm90 kernels where they cover the call,
-    else the sm80 ones. Paged K/V caches on CUDA tensors are experimental (``FLASHSPAN_EXPERIMENTAL=1``); what the
+    else the sm80 ones; paged K/V caches in the forward (``FLASHSPAN_SDPA_PAGED=0`` refuses them). What the
     GPU kernels do not run raises NotImplementedError naming it. (The flex route, ``FLASHSPAN_SDPA_ROUTE=flex``, was
     retired: for flex attention with a mask that is not arithmetic, call ``flashspan.flex_attn_func``.)
 

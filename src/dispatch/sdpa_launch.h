@@ -27,9 +27,9 @@ namespace flashspan {
 // argument or feature of the call the GPU kernels do not run, and the rule.
 void sdpa_check_features_gpu(const sdpa::Problem& p);
 
-// Paged K/V caches on CUDA tensors are experimental: refused unless the
-// environment has FLASHSPAN_EXPERIMENTAL=1 (read at each check). Tests override it in-process:
-// on = 1 accept, 0 refuse, -1 back to the environment.
+// Paged K/V caches on CUDA tensors: on unless the environment has FLASHSPAN_SDPA_PAGED=0 (read
+// at each check). Tests override it in-process: on = 1 accept, 0 refuse, -1 back to the
+// environment.
 void set_sdpa_paged_enabled(int on);
 
 // sdpa_check_features_gpu, then the device's rules (compute capability 8.0 or newer, shared

@@ -51,20 +51,21 @@ void check_strides(const Problem& p, int slot) {
 
 std::atomic<int> g_paged_override{-1};
 
-// Paged K/V on CUDA tensors: set_sdpa_paged_enabled's override, else FLASHSPAN_EXPERIMENTAL=1 (the
-// switch of the Python native route), read at each check as the Python route reads it.
+// Paged K/V on CUDA tensors: set_sdpa_paged_enabled's override, else on unless FLASHSPAN_SDPA_PAGED=0
+// (read at each check).
 bool paged_enabled() {
   const int o = g_paged_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
-  return experimental_from_env();
+  return !env_flag_off("FLASHSPAN_SDPA_PAGED");
 }
 
 // Paged K/V caches (forward only: the C layer refuses a paged backward, as the seed): the
-// gathers of kernel_fwd_sm80.cuh (PagedKv), experimental until they have run on a GPU. Page
-// rows are int32 in the kernels (key & (page_size - 1)); page-table entries are int32 already.
+// gathers of kernel_fwd_sm80.cuh (PagedKv; on by default since PERF_LOG v2.26, after their GPU tests
+// passed in three sessions). Page rows are int32 in the kernels (key & (page_size - 1)); page-table
+// entries are int32 already.
 void check_paged(const Problem& p) {
   FS_CHECK_SUPPORTED(paged_enabled(), "paged_attention_k_table, paged_attention_v_table: paged K/V caches on CUDA "
-                     "tensors are experimental: set FLASHSPAN_EXPERIMENTAL=1 to run them, or "
+                     "tensors are turned off by FLASHSPAN_SDPA_PAGED=0: unset it to run them, or "
                      "pass CPU tensors (the CPU reference)");
   for (int side = 0; side < 2; ++side) {
     const int table = side == 0 ? FS_SDPA_PAGE_TABLE_K : FS_SDPA_PAGE_TABLE_V;

@@ -5,11 +5,12 @@
 // lengths, packed tables, token-major containers, K or V alone paged, GQA, H_k != H_v) where
 // the dense K / V of the case hold them; the rows the kernels' gather never asks about (keys
 // past a sample) are left out, as the loader leaves them. Also the native path's rules for
-// paged calls on CUDA descriptors (experimental switch, page sizes).
+// paged calls on CUDA descriptors (the FLASHSPAN_SDPA_PAGED switch, page sizes).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -242,12 +243,25 @@ TEST(SdpaPaged, CudaRules) {
   set_sdpa_paged_enabled(0);
   const std::string off = cuda_refusal(c);
   EXPECT_EQ(off.rfind("paged_attention_k_table, paged_attention_v_table: paged K/V caches on CUDA tensors are "
-                      "experimental: set FLASHSPAN_EXPERIMENTAL=1", 0), 0u) << off;
+                      "turned off by FLASHSPAN_SDPA_PAGED=0", 0), 0u) << off;
   set_sdpa_paged_enabled(1);
   EXPECT_EQ(cuda_refusal(c), "");
   c.page_v = 0;  // K alone paged
   EXPECT_EQ(cuda_refusal(c), "");
   set_sdpa_paged_enabled(-1);
+  // The environment: on by default, off with FLASHSPAN_SDPA_PAGED=0 (read at each check).
+  const char* had = std::getenv("FLASHSPAN_SDPA_PAGED");
+  const std::string old = had != nullptr ? had : "";
+  unsetenv("FLASHSPAN_SDPA_PAGED");
+  EXPECT_EQ(cuda_refusal(c), "");
+  setenv("FLASHSPAN_SDPA_PAGED", "0", 1);
+  EXPECT_EQ(cuda_refusal(c).rfind("paged_attention_k_table, paged_attention_v_table: paged K/V caches on CUDA "
+                                  "tensors are turned off by FLASHSPAN_SDPA_PAGED=0", 0), 0u);
+  if (had != nullptr) {
+    setenv("FLASHSPAN_SDPA_PAGED", old.c_str(), 1);
+  } else {
+    unsetenv("FLASHSPAN_SDPA_PAGED");
+  }
 }
 
 }  // namespace

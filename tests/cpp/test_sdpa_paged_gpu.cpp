@@ -9,8 +9,8 @@
 // pages garbage, contiguous or packed tables, page-major or token-major containers, K or V alone
 // paged, GQA and H_k != H_v, both dtypes, every head-dim tile, masks in both alignments, softcap.
 // Outputs are NaN-poisoned before the GPU run; a bad table entry must give NaN, not a read out of
-// bounds (PagedBadEntryIsNaN). Paged K/V is experimental: the tests switch it on in-process
-// (set_sdpa_paged_enabled). Skips when no CUDA device is visible (or the build has no CUDA).
+// bounds (PagedBadEntryIsNaN). The tests switch paged K/V on in-process (set_sdpa_paged_enabled),
+// whatever FLASHSPAN_SDPA_PAGED says. Skips when no CUDA device is visible (or the build has no CUDA).
 #include <gtest/gtest.h>
 
 #include <algorithm>

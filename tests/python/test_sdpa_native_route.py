@@ -16,7 +16,7 @@ import torch
 from conftest import cuda_ready
 from sdpa_cases import assert_close, mask_problem, sample_rows, valid_rows
 
-ROUTE_ENV, EXPERIMENTAL_ENV = "FLASHSPAN_SDPA_ROUTE", "FLASHSPAN_EXPERIMENTAL"
+ROUTE_ENV, EXPERIMENTAL_ENV, PAGED_ENV = "FLASHSPAN_SDPA_ROUTE", "FLASHSPAN_EXPERIMENTAL", "FLASHSPAN_SDPA_PAGED"
 
 pytestmark = pytest.mark.usefixtures("poison_uninitialized")
 
@@ -49,11 +49,11 @@ def _zero_outside(t, m):
 
 @pytest.fixture
 def native(monkeypatch):
-    """The default environment of the native route: no FLASHSPAN_SDPA_ROUTE, and no FLASHSPAN_EXPERIMENTAL (which does
-    not choose the route; of the native route it only turns on paged K/V caches, which test_gpu_native_paged sets
-    itself)."""
+    """The default environment of the native route: no FLASHSPAN_SDPA_ROUTE, no FLASHSPAN_EXPERIMENTAL (which does
+    not choose the route) and no FLASHSPAN_SDPA_PAGED=0 (which would refuse paged K/V caches)."""
     monkeypatch.delenv(EXPERIMENTAL_ENV, raising=False)
     monkeypatch.delenv(ROUTE_ENV, raising=False)
+    monkeypatch.delenv(PAGED_ENV, raising=False)
 
 
 def _sdpa_module():
@@ -201,25 +201,23 @@ def _paged_setup(a, d):
     a.set("paged_attention_v_table", d((1, 1, 1, 1), torch.int32))
 
 
-def test_cuda_paged_is_experimental(fs, monkeypatch):
-    """Paged K/V on CUDA tensors (experimental) are refused, naming the switch, unless FLASHSPAN_EXPERIMENTAL=1
-    (read by the C layer at each check); with it the features pass (without a GPU, check_support then stops at the
-    device)."""
+def test_cuda_paged_switch(fs, monkeypatch):
+    """Paged K/V on CUDA tensors pass the feature rules by default (without a GPU, check_support then stops at the
+    device) and are refused, naming the switch, with FLASHSPAN_SDPA_PAGED=0 (read by the C layer at each check)."""
     from flashspan import _lib as lib
     from flashspan import _sdpa_lib as L
 
-    monkeypatch.delenv("FLASHSPAN_EXPERIMENTAL", raising=False)
-    with pytest.raises(NotImplementedError, match=r"^paged_attention_k_table, paged_attention_v_table: paged K/V caches "
-                                                  r"on CUDA tensors are experimental: set "
-                                                  r"FLASHSPAN_EXPERIMENTAL=1"):
-        _cuda_op(L, lib, "fwd", _paged_setup)
-    monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
+    monkeypatch.delenv(PAGED_ENV, raising=False)
     try:
         _cuda_op(L, lib, "fwd", _paged_setup)
     except NotImplementedError:
         raise
     except Exception:  # noqa: BLE001 (no device here)
         pass
+    monkeypatch.setenv(PAGED_ENV, "0")
+    with pytest.raises(NotImplementedError, match=r"^paged_attention_k_table, paged_attention_v_table: paged K/V caches "
+                                                  r"on CUDA tensors are turned off by FLASHSPAN_SDPA_PAGED=0"):
+        _cuda_op(L, lib, "fwd", _paged_setup)
 
 
 # ---------------------------------------------------------------------------
@@ -486,16 +484,14 @@ def test_gpu_native_score_modifiers(fs, native, seed):
 
 @gpu
 @pytest.mark.parametrize("seed", range(24))
-def test_gpu_native_paged(fs, native, monkeypatch, seed):
+def test_gpu_native_paged(fs, native, seed):
     """Paged K/V caches (forward, no gradients: the seed has no paged backward) on the native route against the CPU
     reference on the same paged inputs: prefill and decode, page sizes 1 .. 256 per side (below, at and above the
     kernels' 64-key block), shuffled pages with NaN unused pages, ragged lengths (a sample without keys), a packed V
-    table or K alone paged, GQA, head dims 64 / 128 / (192, 128), bf16 / fp16, causal bottom-right or none. Paged K/V
-    on CUDA tensors are still experimental: FLASHSPAN_EXPERIMENTAL=1 here (the C layer refuses them without it)."""
+    table or K alone paged, GQA, head dims 64 / 128 / (192, 128), bf16 / fp16, causal bottom-right or none (paged K/V
+    on CUDA tensors run by default: the `native` fixture clears FLASHSPAN_SDPA_PAGED)."""
     from criteria import check_stat, check_tensor
     from test_sdpa_cpu_features import _paged
-
-    monkeypatch.setenv(EXPERIMENTAL_ENV, "1")
 
     rng = random.Random(5000 + seed)
     g = torch.Generator().manual_seed(5000 + seed)
