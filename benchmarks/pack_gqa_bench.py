@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 
 import flashspan
+from flashspan.bench.report import finish_checks
 from flashspan.bench.timing import Timer
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
@@ -88,12 +89,7 @@ def main() -> None:
         kv_bytes = 2 * b * sk * hkv * d * 2
         print(f"| {sq} | {hq}/{hkv} | {arch[False]}/{arch[True]} | {ms[False]:.3f} | {ms[True]:.3f} | {ms[False] / ms[True]:.2f}x | "
               f"{kv_bytes / ms[True] / 1e6:.0f} | {sdpa} | {diff:.2e} | {err:.2e} |", flush=True)
-    if failures:
-        print("\npack_gqa_bench: CORRECTNESS CHECK FAILED", file=sys.stderr)
-        for f in failures:
-            print("  " + f, file=sys.stderr)
-        sys.exit(1)
-    print("\ncorrectness: every output matches the fp32 reference (tests/python/criteria.py)")
+    finish_checks("pack_gqa_bench", failures)
 
 
 if __name__ == "__main__":

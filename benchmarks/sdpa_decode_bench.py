@@ -23,9 +23,9 @@ import sys
 import torch
 import torch.nn.functional as F
 
-os.environ.setdefault("FLASHSPAN_EXPERIMENTAL", "1")  # paged K/V on CUDA tensors
-import flashspan  # noqa: E402
-from flashspan.bench.timing import Timer  # noqa: E402
+import flashspan
+from flashspan.bench.report import finish_checks
+from flashspan.bench.timing import Timer
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 from criteria import check_tensor  # noqa: E402  (the tests' one error criterion)
@@ -103,12 +103,7 @@ def main() -> None:
         tbs = lambda ms: kv_bytes / ms / 1e9  # noqa: E731
         print(f"| {b} | {hq}/{hkv} | {ms_dense:.3f} | {tbs(ms_dense):.2f} | {ms_paged:.3f} | {tbs(ms_paged):.2f} | "
               f"{prefill} | {ms_torch:.3f} | {tbs(ms_torch):.2f} |", flush=True)
-    if failures:
-        print("\nsdpa_decode_bench: CORRECTNESS CHECK FAILED", file=sys.stderr)
-        for f in failures:
-            print("  " + f, file=sys.stderr)
-        sys.exit(1)
-    print("\ncorrectness: every flashspan output matches the fp32 reference (tests/python/criteria.py)")
+    finish_checks("sdpa_decode_bench", failures, "every flashspan output")
 
 
 if __name__ == "__main__":

@@ -333,3 +333,15 @@ def write_chart(path: str, rows: list[dict], title: str) -> Optional[str]:
     plt.close(fig)
     os.replace(path + ".tmp", path)
     return None
+
+
+def finish_checks(script: str, failures: list[str], checked: str = "every output") -> None:
+    """The end of a benchmark script that checks its outputs (tests/python/criteria.py): with failures, prints
+    "<script>: CORRECTNESS CHECK FAILED" and each failure to stderr and exits with status 1; else prints that
+    ``checked`` matches the fp32 reference."""
+    if failures:
+        print(f"\n{script}: CORRECTNESS CHECK FAILED", file=sys.stderr)
+        for f in failures:
+            print("  " + f, file=sys.stderr)
+        sys.exit(1)
+    print(f"\ncorrectness: {checked} matches the fp32 reference (tests/python/criteria.py)")
