@@ -437,7 +437,46 @@ def _run_backward(ctx, grad_o, q, k, v, o, lse, sinks, seq_len_q, seq_len_kv, cu
     return dq, dk, dv, dsinks
 
 
-torch.library.register_autograd("flashspan::sdpa_fwd", _sdpa_backward, setup_context=_setup_context, lib=_lib)
+def _register_autograd() -> None:
+    """sdpa_fwd's autograd: torch.library.register_autograd's kernel (torch._library.autograd.make_autograd_impl),
+    registered behind a shortcut that saves a second pass through PyTorch's dispatcher (docs/ARCHITECTURE.md,
+    "Host cost per call").
+
+    torch's kernel, when no gradient can flow, re-enters the dispatcher below autograd (``op.redispatch``), which
+    boxes the arguments again and calls the CPU or CUDA kernel: _sdpa_fwd_impl. The shortcut calls _sdpa_fwd_impl
+    itself, only where that redispatch would call nothing else first: grad mode off or no argument requiring grad
+    (torch's own test), and a dispatch key set of exactly one dense backend (CPU or CUDA) and its autograd key (no
+    Python key: fake tensors, torch.compile's tracing, TorchDispatchModes and tensor subclasses; no functionalization,
+    no conjugate / negative views, no mixed devices; anything else takes torch's kernel). Where torch does not have
+    make_autograd_impl (it is private), torch.library.register_autograd as before."""
+    qualname = "flashspan::sdpa_fwd"
+    autograd_mod = getattr(torch._library, "autograd", None)
+    make = getattr(autograd_mod, "make_autograd_impl", None)
+    info = getattr(autograd_mod, "Info", None)
+    keyset_cls = getattr(torch._C, "DispatchKeySet", None)
+    if make is None or info is None or keyset_cls is None:
+        torch.library.register_autograd(qualname, _sdpa_backward, setup_context=_setup_context, lib=_lib)
+        return
+    try:
+        torch_kernel = make(torch.ops.flashspan.sdpa_fwd.default, info(_sdpa_backward, _setup_context))
+        key = torch._C.DispatchKey
+        direct = frozenset(keyset_cls(backend).add(autograd).raw_repr()
+                           for backend, autograd in ((key.CPU, key.AutogradCPU), (key.CUDA, key.AutogradCUDA)))
+    except Exception:  # another torch's private API: its public registration
+        torch.library.register_autograd(qualname, _sdpa_backward, setup_context=_setup_context, lib=_lib)
+        return
+    is_grad_enabled, any_requires_grad = torch._C.is_grad_enabled, torch._C._any_requires_grad
+
+    def autograd_kernel(keyset, *args, **keyword_only_args):
+        if (keyset.raw_repr() in direct and not keyword_only_args
+                and not (is_grad_enabled() and any_requires_grad(*args))):
+            return _sdpa_fwd_impl(*args)
+        return torch_kernel(keyset, *args, **keyword_only_args)
+
+    _lib.impl("sdpa_fwd", autograd_kernel, "Autograd", with_keyset=True)
+
+
+_register_autograd()
 
 
 def sdpa_torch(
