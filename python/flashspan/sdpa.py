@@ -52,10 +52,32 @@ def _route(q: Tensor) -> str:
     (other devices: the C layer's SDPA operation on its GPU kernels). ``FLASHSPAN_SDPA_ROUTE`` (read per call) may
     be unset, ``native`` or ``reference`` (the routes the devices take anyway); ``flex`` (the retired Python
     lowering) or any other value raises ValueError naming the variable."""
-    env = os.environ.get(ROUTE_ENV)
+    env = _getenv(ROUTE_ENV, _ROUTE_ENV_KEY)
     if env and env.strip().lower() not in _ROUTE_ENV_NO_OPS:
         _route_env_error(env)
     return "reference" if q.device.type == "cpu" else "native"
+
+
+def _encodekey(name: str):
+    try:
+        return os.environ.encodekey(name)
+    except AttributeError:  # os.environ is not os._Environ
+        return name
+
+
+_ROUTE_ENV_KEY = _encodekey(ROUTE_ENV)
+
+
+def _getenv(name: str, key) -> Optional[str]:
+    """os.environ.get(name) read per call, at a dict lookup's cost: os.environ's own mapping (``_data``, keyed by
+    ``key``: ``os.environ.encodekey(name)``) read directly, which skips the Mapping.get / encode / decode calls
+    (1 us of the op path on the 2-core VM); os.environ.get when os.environ is not an os._Environ."""
+    environ = os.environ
+    try:
+        value = environ._data.get(key)
+    except AttributeError:
+        return environ.get(name)
+    return None if value is None else environ.decodevalue(value)
 
 
 def _route_env_error(env: str) -> None:

@@ -11,7 +11,8 @@ import torch
 from torch import Tensor
 
 from .autograd import no_double_backward
-from .sdpa import BOTTOM_RIGHT, TOP_LEFT, _backward_kw, _forward_kw, _like_layout
+from .sdpa import (_FAST, _FAST_CAPACITY, _FAST_TENSORS, BOTTOM_RIGHT, TOP_LEFT, _backward_kw, _fast_key,
+                   _forward_kw, _like_layout, _route)
 
 __all__ = ["sdpa_torch"]
 
@@ -126,6 +127,57 @@ def _band(op: str, is_causal: bool, causal_bottom_right: bool, window_left: int,
     return (BOTTOM_RIGHT if causal_bottom_right else TOP_LEFT), left, right
 
 
+def _sink_logits(sinks: Optional[Tensor], q: Tensor) -> Optional[Tensor]:
+    """The engine's sink_token of the ops' sinks: float32 logits (float64 for a float64 CPU call, so finite
+    differences see them exactly), contiguous, 1-D."""
+    if sinks is None:
+        return None
+    return sinks.to(torch.float64 if q.dtype == torch.float64 else torch.float32).contiguous().reshape(-1)
+
+
+# ---------------------------------------------------------------------------
+# Per-signature fast path of the ops (docs/ARCHITECTURE.md, "Host cost per call")
+# ---------------------------------------------------------------------------
+#
+# The engine (sdpa.py, _fast_key / _remember) remembers a binding per signature of its own arguments, but an op call
+# reached it only after _check_io, _band and _common_kwargs had built its 25-entry keyword dict and _fast_key had
+# walked it: per call, and all of it a function of the op's own signature. So the ops remember too: the signature of
+# an op call (its tensors' shapes, strides, dtypes and devices, the values of its other arguments; dense calls
+# only: THD and tensor subclasses always take the full path) maps to the engine's entry that its full path used.
+# A later call of that signature derives what the engine binds per call (the sink logits, an empty LSE, the
+# backward's (B, H, S, 1) LSE view, a contiguous grad_out, dSink), checks FLASHSPAN_SDPA_ROUTE (read per call)
+# and executes the entry; errors are renamed as on the full path. An op signature is remembered only after its
+# full path ran and the engine remembered its binding (a failing call, or one the engine keeps on the full path,
+# is not), in the engine's table (_FAST: emptying it forgets both), under keys that start with the op's name.
+
+
+def _op_key(op: str, tensors: tuple, scalars: tuple):
+    """The signature of a dense op call: ``tensors`` (None where not given) and the other arguments' values (their
+    types are the schema's), or None (a packed call, a tensor subclass) when the call takes the full path."""
+    parts = [op, scalars]
+    append = parts.append
+    for t in tensors:
+        if t is None:
+            append(None)
+        elif type(t) in _FAST_TENSORS:
+            append((t.shape, t.stride(), t.dtype, t.device))
+        else:
+            return None
+    return tuple(parts)
+
+
+def _op_remember(key, engine_key) -> None:
+    """Remembers the engine entry of ``engine_key`` (if the engine remembered one) for the op signature ``key``."""
+    if key is None or engine_key is None:
+        return
+    entry = _FAST.get(engine_key)
+    if entry is None:
+        return
+    if len(_FAST) >= _FAST_CAPACITY:
+        _FAST.clear()
+    _FAST[key] = entry
+
+
 def _common_kwargs(op, q, k, v, attn_scale, is_causal, causal_bottom_right, window_left, window_right, sinks,
                    seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv):
     _check_io(op, q=q, k=k, v=v)
@@ -147,10 +199,7 @@ def _common_kwargs(op, q, k, v, attn_scale, is_causal, causal_bottom_right, wind
         if (seq_len_q is None) != (seq_len_kv is None):
             raise ValueError(f"{op}: the padded path needs both seq_len_q and seq_len_kv")
     padded = thd or seq_len_q is not None
-    sink = None
-    if sinks is not None:
-        # float32 logits (float64 for a float64 CPU call, so finite differences see them exactly)
-        sink = sinks.to(torch.float64 if q.dtype == torch.float64 else torch.float32).contiguous().reshape(-1)
+    sink = _sink_logits(sinks, q)
     return dict(
         attn_scale=float(attn_scale), use_padding_mask=padded, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
         cu_seq_len_q=cu_seqlens_q, cu_seq_len_kv=cu_seqlens_kv, diagonal_alignment=alignment,
@@ -170,6 +219,21 @@ def _common_kwargs(op, q, k, v, attn_scale, is_causal, causal_bottom_right, wind
 def _sdpa_fwd_impl(q, k, v, attn_scale, is_causal=False, causal_bottom_right=False, window_left=-1, window_right=-1,
                    sinks=None, seq_len_q=None, seq_len_kv=None, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=0,
                    max_seqlen_kv=0, return_lse=True):
+    key = None
+    if cu_seqlens_q is None and cu_seqlens_kv is None:
+        key = _op_key("sdpa_fwd", (q, k, v, sinks, seq_len_q, seq_len_kv),
+                      (attn_scale, is_causal, causal_bottom_right, window_left, window_right, max_seqlen_q,
+                       max_seqlen_kv, return_lse))
+        entry = _FAST.get(key) if key is not None else None
+        if entry is not None:
+            kw = {"seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "sink_token": _sink_logits(sinks, q)}
+            with _op_names("sdpa_fwd", False):
+                _route(q)  # FLASHSPAN_SDPA_ROUTE's check (per call), as the full path
+                bound = entry.run((q, k, v, None, None), kw)
+            stats = bound[4]
+            if stats is None:
+                stats = torch.empty(0, dtype=torch.float32, device=q.device)
+            return bound[3], stats
     kw, thd = _common_kwargs("sdpa_fwd", q, k, v, attn_scale, is_causal, causal_bottom_right, window_left,
                              window_right, sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
                              max_seqlen_kv)
@@ -177,7 +241,9 @@ def _sdpa_fwd_impl(q, k, v, attn_scale, is_causal=False, causal_bottom_right=Fal
               paged_attention_max_seq_len_kv=None, stats_use_log2=False, score_max=None, score_sum_exp=None,
               max_logit=None)
     with _op_names("sdpa_fwd", thd):
+        engine_key = _fast_key("fwd", (q, k, v, None, None), return_lse, kw) if key is not None else None
         o, stats = _forward_kw(q, k, v, return_lse, kw)
+    _op_remember(key, engine_key)
     if stats is None:
         stats = torch.empty(0, dtype=torch.float32, device=q.device)
     return o, stats
@@ -203,7 +269,29 @@ def _sdpa_fwd_fake(q, k, v, attn_scale, is_causal=False, causal_bottom_right=Fal
 
 
 def _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, window_left, window_right, sinks,
-         seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, is_deterministic, op):
+         seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv, is_deterministic, op,
+         caller):
+    """The backward ops' shared body (``op``: the name errors carry; ``caller``: the registered op, which keys
+    its fast path)."""
+    key = None
+    if cu_seqlens_q is None and cu_seqlens_kv is None:
+        key = _op_key(caller, (grad_out, q, k, v, o, lse, sinks, seq_len_q, seq_len_kv),
+                      (attn_scale, is_causal, causal_bottom_right, window_left, window_right, max_seqlen_q,
+                       max_seqlen_kv, is_deterministic))
+        entry = _FAST.get(key) if key is not None else None
+        if entry is not None:
+            # What the full path below derives per call (its checks passed for this signature).
+            if lse.dim() == 3:
+                lse = lse.unsqueeze(-1)
+            dsink = _dsink(sinks, q)
+            if grad_out.stride(-1) != 1:
+                grad_out = grad_out.contiguous()
+            kw = {"seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "sink_token": _sink_logits(sinks, q),
+                  "dSink_token": dsink}
+            with _op_names(op, False):
+                _route(q)  # FLASHSPAN_SDPA_ROUTE's check (per call), as the full path
+                bound = entry.run((q, k, v, o, grad_out, lse, None, None, None), kw)
+            return bound[6], bound[7], bound[8], dsink
     _check_io(op, grad_out=grad_out, q=q, k=k, v=v, o=o)
     if lse.dtype != torch.float32:
         raise TypeError(f"{op}: lse: dtype must be float32, got {lse.dtype}")
@@ -211,16 +299,23 @@ def _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, 
                              sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv)
     if not thd and lse.dim() == 3:
         lse = lse.unsqueeze(-1)  # (B, H, S) -> (B, H, S, 1)
-    dsink = None
-    if sinks is not None:
-        dsink = torch.empty(q.shape[1], dtype=torch.float64 if q.dtype == torch.float64 else torch.float32,
-                            device=q.device)
+    dsink = _dsink(sinks, q)
     if grad_out.stride(-1) != 1:
         grad_out = grad_out.contiguous()
     kw.update(dBias=None, dSink_token=dsink, dgate=None, use_deterministic_algorithm=is_deterministic)
+    given = (q, k, v, o, grad_out, lse, None, None, None)
     with _op_names(op, thd):
+        engine_key = _fast_key("bwd", given, False, kw) if key is not None else None
         dq, dk, dv = _backward_kw(q, k, v, o, grad_out, lse, kw)
+    _op_remember(key, engine_key)
     return dq, dk, dv, dsink
+
+
+def _dsink(sinks: Optional[Tensor], q: Tensor) -> Optional[Tensor]:
+    """The backward's sink gradient output (the engine's dSink_token), None without sinks."""
+    if sinks is None:
+        return None
+    return torch.empty(q.shape[1], dtype=torch.float64 if q.dtype == torch.float64 else torch.float32, device=q.device)
 
 
 def _sdpa_bwd_impl(grad_out, q, k, v, o, lse, attn_scale, is_causal=False, causal_bottom_right=False, window_left=-1,
@@ -228,7 +323,7 @@ def _sdpa_bwd_impl(grad_out, q, k, v, o, lse, attn_scale, is_causal=False, causa
                    max_seqlen_kv=0, is_deterministic=False):
     dq, dk, dv, _ = _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, window_left,
                          window_right, sinks, None, None, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q, max_seqlen_kv,
-                         is_deterministic, "sdpa_bwd")
+                         is_deterministic, "sdpa_bwd", "sdpa_bwd")
     return dq, dk, dv
 
 
@@ -250,7 +345,7 @@ def _sdpa_bwd_full_impl(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal
                         max_seqlen_kv, is_deterministic):
     dq, dk, dv, dsink = _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, window_left,
                              window_right, sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
-                             max_seqlen_kv, is_deterministic, "sdpa_bwd")
+                             max_seqlen_kv, is_deterministic, "sdpa_bwd", "_sdpa_bwd_full")
     if dsink is None:
         dsink = torch.empty(0, dtype=torch.float32, device=q.device)
     return dq, dk, dv, dsink
@@ -342,7 +437,46 @@ def _run_backward(ctx, grad_o, q, k, v, o, lse, sinks, seq_len_q, seq_len_kv, cu
     return dq, dk, dv, dsinks
 
 
-torch.library.register_autograd("flashspan::sdpa_fwd", _sdpa_backward, setup_context=_setup_context, lib=_lib)
+def _register_autograd() -> None:
+    """sdpa_fwd's autograd: torch.library.register_autograd's kernel (torch._library.autograd.make_autograd_impl),
+    registered behind a shortcut that saves a second pass through PyTorch's dispatcher (docs/ARCHITECTURE.md,
+    "Host cost per call").
+
+    torch's kernel, when no gradient can flow, re-enters the dispatcher below autograd (``op.redispatch``), which
+    boxes the arguments again and calls the CPU or CUDA kernel: _sdpa_fwd_impl. The shortcut calls _sdpa_fwd_impl
+    itself, only where that redispatch would call nothing else first: grad mode off or no argument requiring grad
+    (torch's own test), and a dispatch key set of exactly one dense backend (CPU or CUDA) and its autograd key (no
+    Python key: fake tensors, torch.compile's tracing, TorchDispatchModes and tensor subclasses; no functionalization,
+    no conjugate / negative views, no mixed devices; anything else takes torch's kernel). Where torch does not have
+    make_autograd_impl (it is private), torch.library.register_autograd as before."""
+    qualname = "flashspan::sdpa_fwd"
+    autograd_mod = getattr(torch._library, "autograd", None)
+    make = getattr(autograd_mod, "make_autograd_impl", None)
+    info = getattr(autograd_mod, "Info", None)
+    keyset_cls = getattr(torch._C, "DispatchKeySet", None)
+    if make is None or info is None or keyset_cls is None:
+        torch.library.register_autograd(qualname, _sdpa_backward, setup_context=_setup_context, lib=_lib)
+        return
+    try:
+        torch_kernel = make(torch.ops.flashspan.sdpa_fwd.default, info(_sdpa_backward, _setup_context))
+        key = torch._C.DispatchKey
+        direct = frozenset(keyset_cls(backend).add(autograd).raw_repr()
+                           for backend, autograd in ((key.CPU, key.AutogradCPU), (key.CUDA, key.AutogradCUDA)))
+    except Exception:  # another torch's private API: its public registration
+        torch.library.register_autograd(qualname, _sdpa_backward, setup_context=_setup_context, lib=_lib)
+        return
+    is_grad_enabled, any_requires_grad = torch._C.is_grad_enabled, torch._C._any_requires_grad
+
+    def autograd_kernel(keyset, *args, **keyword_only_args):
+        if (keyset.raw_repr() in direct and not keyword_only_args
+                and not (is_grad_enabled() and any_requires_grad(*args))):
+            return _sdpa_fwd_impl(*args)
+        return torch_kernel(keyset, *args, **keyword_only_args)
+
+    _lib.impl("sdpa_fwd", autograd_kernel, "Autograd", with_keyset=True)
+
+
+_register_autograd()
 
 
 def sdpa_torch(

@@ -241,3 +241,208 @@ def test_calls_the_fast_path_does_not_remember(fs, S, monkeypatch):
     with pytest.raises(ValueError, match=r"^FLASHSPAN_SDPA_ROUTE=flex: .* was retired"):
         fs.sdpa(q, k, v, attn_scale=0.25)
     assert len(S._FAST) == 1
+
+
+# ---------------------------------------------------------------------------
+# The ops' own fast path (sdpa_ops.py, _op_key / _op_remember) and sdpa_fwd's autograd shortcut
+# ---------------------------------------------------------------------------
+
+
+def _op_entries(S):
+    return [key for key in S._FAST if key[0] in ("sdpa_fwd", "sdpa_bwd", "_sdpa_bwd_full")]
+
+
+def _no_op_full_path(monkeypatch):
+    """Makes the ops' full path (and the engine's) raise: an op call that still runs took the op's fast path."""
+    ops = sys.modules["flashspan.sdpa_ops"]
+
+    def boom(*a, **k):
+        raise AssertionError("op full path taken")
+
+    for name in ("_common_kwargs", "_check_io", "_forward_kw", "_backward_kw", "_fast_key"):
+        monkeypatch.setattr(ops, name, boom)
+
+
+def test_op_second_call_takes_the_op_fast_path_and_matches(fs, S, monkeypatch):
+    op = torch.ops.flashspan.sdpa_fwd
+    q, k, v = _qkv(20)
+    sinks = torch.randn(3, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)  # converted per call
+    lens = dict(seq_len_q=torch.tensor([10, 24]), seq_len_kv=torch.tensor([29, 3]))
+    kw = dict(is_causal=True, window_left=9, sinks=sinks, **lens)
+    op(q, k, v, 0.5, **kw)
+    assert len(_op_entries(S)) == 1
+    q2, k2, v2 = _qkv(21)
+    sinks2 = sinks * 2
+    lens2 = dict(seq_len_q=torch.tensor([3, 17]), seq_len_kv=torch.tensor([5, 29]))
+    kw2 = dict(kw, sinks=sinks2, **lens2)  # same signature, other values: read per call
+    want = _uncached(S, lambda: op(q2, k2, v2, 0.5, **kw2))
+    with monkeypatch.context() as m:
+        _no_op_full_path(m)
+        got = op(q2, k2, v2, 0.5, **kw2)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    # return_lse=False: the empty LSE of the full path
+    op(q, k, v, 0.5, return_lse=False)
+    with monkeypatch.context() as m:
+        _no_op_full_path(m)
+        o, lse = op(q2, k2, v2, 0.5, return_lse=False)
+    assert lse.shape == (0,) and lse.dtype == torch.float32
+    assert torch.equal(o, _uncached(S, lambda: op(q2, k2, v2, 0.5, return_lse=False))[0])
+
+
+@pytest.mark.parametrize("change", ["strides", "dtype", "shape", "scale", "causal", "bottom_right", "window_left",
+                                    "window_right", "return_lse", "sinks", "sinks_dtype", "seq_len", "max_seqlen"])
+def test_op_changed_signature_is_not_reused(fs, S, change):
+    op = torch.ops.flashspan.sdpa_fwd
+    q, k, v = _qkv(22)
+    base = dict(is_causal=True, window_left=7)
+    op(q, k, v, 0.3, **base)
+    op(q, k, v, 0.3, **base)
+    scale, kw = 0.3, dict(base)
+    if change == "strides":
+        q = q.transpose(1, 2).contiguous().transpose(1, 2)
+    elif change == "dtype":
+        q, k, v = q.double(), k.double(), v.double()
+    elif change == "shape":
+        q = q[:, :, :20]
+    elif change == "scale":
+        scale = 0.7
+    elif change == "causal":
+        kw["is_causal"] = False
+    elif change == "bottom_right":
+        kw["causal_bottom_right"] = True
+    elif change == "window_left":
+        kw["window_left"] = 3
+    elif change == "window_right":
+        kw = dict(window_left=7, window_right=2)
+    elif change == "return_lse":
+        kw["return_lse"] = False
+    elif change == "sinks":
+        kw["sinks"] = torch.randn(3, generator=torch.Generator().manual_seed(4))
+    elif change == "sinks_dtype":
+        kw["sinks"] = torch.randn(3, generator=torch.Generator().manual_seed(4)).double()
+    elif change == "seq_len":
+        kw.update(seq_len_q=torch.tensor([10, 24]), seq_len_kv=torch.tensor([29, 3]))
+    elif change == "max_seqlen":
+        kw.update(max_seqlen_q=24, max_seqlen_kv=29)  # ignored by the dense path, but another signature
+    got = op(q, k, v, scale, **kw)
+    got2 = op(q, k, v, scale, **kw)  # now from the op's fast path
+    want = _uncached(S, lambda: op(q, k, v, scale, **kw))
+    for a, b, c in zip(got, got2, want):
+        assert torch.equal(a, c) and torch.equal(b, c)
+    assert len(_op_entries(S)) == 2
+
+
+def test_op_bad_input_is_never_remembered(fs, S):
+    op = torch.ops.flashspan.sdpa_fwd
+    q, k, v = _qkv(23)
+    op(q, k, v, 0.5, is_causal=True)
+    op(q, k, v, 0.5, is_causal=True)
+    n = len(S._FAST)
+    cases = [
+        (lambda: op(q, k, v, 0.5, window_left=0), ValueError, "sdpa_fwd: window_left counts the visible tokens"),
+        (lambda: op(q, k, v, 0.5, is_causal=True, window_right=3), ValueError, "sdpa_fwd: is_causal masks"),
+        (lambda: op(q, k, v, 0.5, causal_bottom_right=True), ValueError, "sdpa_fwd: causal_bottom_right only"),
+        (lambda: op(q, k.double(), v, 0.5), TypeError, "sdpa_fwd: all io tensors must share one dtype"),
+        (lambda: op(q.int(), k.int(), v.int(), 0.5), TypeError, "sdpa_fwd: q: unsupported dtype torch.int32"),
+        (lambda: op(q, k, v, 0.5, seq_len_q=torch.tensor([3, 4])), ValueError,
+         "sdpa_fwd: the padded path needs both seq_len_q and seq_len_kv"),
+        (lambda: op(q[0], k[0], v[0], 0.5), ValueError, "sdpa_fwd: the dense path expects BHSD"),
+        (lambda: op(q, k[:, :2], v[:, :2], 0.5), ValueError, "sdpa_fwd:"),  # H_k does not divide H_q: the C layer
+    ]
+    for call, exc, msg in cases:
+        for _ in range(3):  # the same error every time
+            with pytest.raises(exc, match="^" + re.escape(msg)):
+                call()
+    assert len(S._FAST) == n
+
+
+def test_op_route_variable_is_read_per_call(fs, S, monkeypatch):
+    """FLASHSPAN_SDPA_ROUTE=flex raises on a signature the op's fast path remembered, with the full path's error."""
+    op = torch.ops.flashspan.sdpa_fwd
+    q, k, v = _qkv(24)
+    op(q, k, v, 0.5)
+    op(q, k, v, 0.5)
+    monkeypatch.setenv("FLASHSPAN_SDPA_ROUTE", "flex")
+    with pytest.raises(ValueError) as full:
+        _uncached(S, lambda: op(q, k, v, 0.5))
+    assert str(full.value).startswith("sdpa_fwd: FLASHSPAN_SDPA_ROUTE=flex: ")
+    for _ in range(2):
+        with pytest.raises(ValueError) as fast:
+            op(q, k, v, 0.5)
+        assert str(fast.value) == str(full.value)
+    monkeypatch.setenv("FLASHSPAN_SDPA_ROUTE", "bogus")
+    with pytest.raises(ValueError, match=r"^sdpa_fwd: FLASHSPAN_SDPA_ROUTE: must be unset, native or reference"):
+        op(q, k, v, 0.5)
+    monkeypatch.setenv("FLASHSPAN_SDPA_ROUTE", " Reference ")
+    op(q, k, v, 0.5)
+    monkeypatch.delenv("FLASHSPAN_SDPA_ROUTE")
+    op(q, k, v, 0.5)
+
+
+def test_op_backward_fast_path(fs, S, monkeypatch):
+    op, bwd = torch.ops.flashspan.sdpa_fwd, torch.ops.flashspan.sdpa_bwd
+    q, k, v = _qkv(25)
+    o, lse = op(q, k, v, 0.5, is_causal=True)
+    dO = torch.randn_like(o)
+    dO_t = dO.transpose(2, 3).contiguous().transpose(2, 3)  # last dim not contiguous: copied per call
+    for grad_out, stats, det in ((dO, lse, False), (dO, lse[..., 0], False), (dO_t, lse, False), (dO, lse, True)):
+        bwd(grad_out, q, k, v, o, stats, 0.5, is_causal=True, is_deterministic=det)
+        want = _uncached(S, lambda: bwd(grad_out * 2, q, k, v, o, stats, 0.5, is_causal=True, is_deterministic=det))
+        with monkeypatch.context() as m:
+            _no_op_full_path(m)
+            got = bwd(grad_out * 2, q, k, v, o, stats, 0.5, is_causal=True, is_deterministic=det)
+        for a, b in zip(got, want):
+            assert torch.equal(a, b)
+    with pytest.raises(TypeError, match=r"^sdpa_bwd: lse: dtype must be float32"):
+        bwd(dO, q, k, v, o, lse.double(), 0.5, is_causal=True)
+    # the internal full backward (sinks, per-sample lengths): its dsink too
+    full = torch.ops.flashspan._sdpa_bwd_full
+    sinks = torch.randn(3, generator=torch.Generator().manual_seed(5))
+    lens = (torch.tensor([10, 24]), torch.tensor([29, 3]))
+    o, lse = op(q, k, v, 0.5, sinks=sinks, seq_len_q=lens[0], seq_len_kv=lens[1])
+    args = (0.5, False, False, -1, -1, sinks, *lens, None, None, 0, 0, False)
+    full(dO, q, k, v, o, lse, *args)
+    want = _uncached(S, lambda: full(dO * 3, q, k, v, o, lse, *args))
+    with monkeypatch.context() as m:
+        _no_op_full_path(m)
+        got = full(dO * 3, q, k, v, o, lse, *args)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
+
+
+def test_op_autograd_shortcut_keeps_autograd_and_modes(fs, S):
+    """sdpa_fwd's autograd kernel calls the implementation directly only without gradients and on plain tensors:
+    inputs requiring grad record the backward, a TorchDispatchMode and fake tensors still see the op."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    op = torch.ops.flashspan.sdpa_fwd
+    q, k, v = _qkv(26, dtype=torch.float64)
+    o_plain, lse_plain = op(q, k, v, 0.5, is_causal=True)
+    assert o_plain.grad_fn is None and not o_plain.requires_grad
+    qg = q.clone().requires_grad_()
+    o, lse = op(qg, k, v, 0.5, is_causal=True)
+    assert o.grad_fn is not None and torch.equal(o.detach(), o_plain)
+    (gq,) = torch.autograd.grad(o.sum(), qg)
+    assert gq.shape == q.shape and torch.isfinite(gq).all()
+    with torch.no_grad():
+        o_ng, _ = op(qg, k, v, 0.5, is_causal=True)
+    assert o_ng.grad_fn is None and torch.equal(o_ng, o_plain)
+
+    seen = []
+
+    class Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with Mode():
+        o_mode, _ = op(q, k, v, 0.5, is_causal=True)
+    assert "flashspan.sdpa_fwd.default" in seen and torch.equal(o_mode, o_plain)
+    with FakeTensorMode() as mode:
+        fq, fk, fv = (mode.from_tensor(t) for t in (q, k, v))
+        o_fake, lse_fake = op(fq, fk, fv, 0.5, is_causal=True)
+    assert o_fake.shape == o_plain.shape and lse_fake.shape == lse_plain.shape
+    # a negative view (the Negative key: torch's redispatch materialises it)
+    o_neg, _ = op(torch._neg_view(q), k, v, 0.5, is_causal=True)
+    assert torch.equal(o_neg, op(-q, k, v, 0.5, is_causal=True)[0])
