@@ -259,18 +259,26 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
     attr.set_padding_mask(true).set_seq_len_q(lq).set_seq_len_kv(lk);
     attr.set_paged_attention_k_table(table).set_paged_attention_v_table(table);
     SdpaFwd fwd(q, kc, vc, o, nullptr, attr);
-    // Experimental (kv_addr.cuh PagedKv): refused unless switched on
-    // (FLASHSPAN_EXPERIMENTAL=1; test_sdpa_paged.cpp SdpaPaged.CudaRules checks both verdicts).
-    if (std::getenv("FLASHSPAN_EXPERIMENTAL") == nullptr) {
+    // On by default (kv_addr.cuh PagedKv); FLASHSPAN_SDPA_PAGED=0 refuses them (test_sdpa_paged.cpp
+    // SdpaPaged.CudaRules checks both verdicts). Without a GPU check_support then stops at the device.
+    const char* had = std::getenv("FLASHSPAN_SDPA_PAGED");
+    if (had == nullptr) {
       try {
         fwd.check_support();
-        ADD_FAILURE() << "paged K/V accepted on CUDA tensors";
+      } catch (const Exception& e) {
+        EXPECT_FALSE(starts(e.what(), "paged_attention_k_table")) << e.what();
+      }
+      setenv("FLASHSPAN_SDPA_PAGED", "0", 1);
+      try {
+        fwd.check_support();
+        ADD_FAILURE() << "paged K/V accepted on CUDA tensors with FLASHSPAN_SDPA_PAGED=0";
       } catch (const Exception& e) {
         EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
         EXPECT_TRUE(starts(e.what(), "paged_attention_k_table, paged_attention_v_table: paged K/V caches on CUDA "
-                                     "tensors are experimental"))
+                                     "tensors are turned off by FLASHSPAN_SDPA_PAGED=0"))
             << e.what();
       }
+      unsetenv("FLASHSPAN_SDPA_PAGED");
     }
   }
   // Backward-only features.
