@@ -139,14 +139,17 @@ SdpaFp8FwdParams sdpa_fp8_fwd_params(const sdpa::Problem& p, void* workspace, si
 // key walk split into items over the device's SMs, a combine kernel; contiguous or paged K / V; every
 // GPU of the sm80 family, sm_90 too), the one rule (sdpa_family.cpp): it runs a CUDA forward that
 // sdpa_decode_refusal lets through (nullptr: fp16 / bf16, head dims up to 128, H_k = H_v,
-// S_q H_q / H_k <= 16, no ALiBi, bias, dropout, rng_dump or block_mask; else the first thing it does
-// not take) when sdpa_decode_enabled(): on unless FLASHSPAN_SDPA_DECODE=0 (read per call), unless
-// set_sdpa_decode_enabled overrides it (tests: 1 on, 0 off, -1 back to the environment's answer). Its
+// S_q H_q / H_k <= 16, no bias, dropout, rng_dump or block_mask, ALiBi only when
+// sdpa_decode_alibi_enabled(): FLASHSPAN_EXPERIMENTAL=1 or set_sdpa_decode_alibi_enabled(1); else the
+// first thing it does not take) when sdpa_decode_enabled(): on unless FLASHSPAN_SDPA_DECODE=0 (read per
+// call), unless set_sdpa_decode_enabled overrides it (tests: 1 on, 0 off, -1 back to the environment's answer). Its
 // workspace (sdpa_fwd_workspace_size) holds the items' partial results; sdpa_decode_fwd_params binds
 // it (checked: size, 16-byte alignment) and gives the slots it holds.
 const char* sdpa_decode_refusal(const sdpa::Problem& p);
 bool sdpa_decode_enabled();
 void set_sdpa_decode_enabled(int on);
+bool sdpa_decode_alibi_enabled();
+void set_sdpa_decode_alibi_enabled(int on);
 bool sdpa_fwd_runs_decode(const sdpa::Problem& p);
 SdpaPagedFwdParams sdpa_decode_fwd_params(const sdpa::Problem& p, void* workspace, size_t workspace_bytes,
                                           int64_t* slot_capacity);

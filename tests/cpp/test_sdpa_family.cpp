@@ -896,9 +896,14 @@ TEST(SdpaFamily, DecodeTakesFewRowsPerKvHead) {
     EXPECT_EQ(decode_refusal(c), "head dims above 128");
   }
   {
+    // ALiBi: experimental in the decode forward (FLASHSPAN_EXPERIMENTAL=1 or the in-process switch).
     Call c = decode_call();
     c.a.alibi = true;
-    EXPECT_EQ(decode_refusal(c), "ALiBi");
+    set_sdpa_decode_alibi_enabled(0);
+    EXPECT_EQ(decode_refusal(c), "ALiBi (experimental in the decode forward: FLASHSPAN_EXPERIMENTAL=1)");
+    set_sdpa_decode_alibi_enabled(1);
+    EXPECT_EQ(decode_refusal(c), "");
+    set_sdpa_decode_alibi_enabled(-1);
   }
   {
     Call c = decode_call();

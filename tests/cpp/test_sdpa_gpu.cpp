@@ -519,6 +519,10 @@ struct ForceSdpaSm90 {
 
 // Forces the decode forward (kernel_decode_sm80.cuh; on by default, FLASHSPAN_SDPA_DECODE=0 off;
 // set_sdpa_decode_enabled) on or off for a scope, the environment's answer again after it.
+struct ForceSdpaDecodeAlibi {  // ALiBi in the decode forward (experimental)
+  explicit ForceSdpaDecodeAlibi(int on) { set_sdpa_decode_alibi_enabled(on); }
+  ~ForceSdpaDecodeAlibi() { set_sdpa_decode_alibi_enabled(-1); }
+};
 struct ForceSdpaDecode {
   explicit ForceSdpaDecode(int on) { set_sdpa_decode_enabled(on); }
   ~ForceSdpaDecode() { set_sdpa_decode_enabled(-1); }
@@ -2137,9 +2141,11 @@ TEST(SdpaGpu, DecodeOffRunsThePrefillKernels) {
 }
 
 TEST(SdpaGpu, DecodeLeavesWhatItDoesNotTake) {
-  // ALiBi, a bias, dropout, a block_mask, H_k != H_v and S_q G > 16 run the prefill kernels (and are right).
+  // ALiBi (with its decode switch off), a bias, dropout, a block_mask, H_k != H_v and S_q G > 16 run the
+  // prefill kernels (and are right).
   REQUIRE_GPU();
   const ForceSdpaDecode on(1);
+  const ForceSdpaDecodeAlibi no_alibi(0);
   for (int i = 0; i < 6; ++i) {
     Case c = decode_case(12300 + uint64_t(i));
     c.kind_q = c.kind_kv = Kind::kBhsd;
@@ -2158,12 +2164,31 @@ TEST(SdpaGpu, DecodeLeavesWhatItDoesNotTake) {
   }
 }
 
+TEST(SdpaGpu, DecodeAlibiRandom) {
+  // ALiBi in the decode forward (experimental, switched on here): each packed row's head's slope and
+  // position, causal in either alignment (ALiBi requires it), with or without a window, softcap, sinks,
+  // THD, GQA groups up to 16, against the CPU reference. Written without a GPU (2026-12-04).
+  REQUIRE_GPU();
+  const ForceSdpaDecode on(1);
+  const ForceSdpaDecodeAlibi alibi(1);
+  for (uint64_t seed = 12501; seed <= 12560; ++seed) {
+    Case c = decode_case(seed);
+    c.alibi = true;
+    c.has_right = true;
+    c.right = 0;
+    c.bias = 0;
+    run_decode_case(c, 1);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 TEST(SdpaGpu, DecodeSanitizerSmall) {
   // Small decode calls for compute-sanitizer memcheck: packed THD with gaps and a sample without keys,
   // several positions a block, every epilogue option, softcap and sinks, many splits (S_kv 2000, one task
-  // a kv head).
+  // a kv head); ALiBi (experimental in the decode forward, switched on here) in the second.
   REQUIRE_GPU();
   const ForceSdpaDecode on(1);
+  const ForceSdpaDecodeAlibi alibi(1);
   for (int i = 0; i < 3; ++i) {
     Case c;
     c.seed = 12400 + uint64_t(i);
@@ -2186,6 +2211,7 @@ TEST(SdpaGpu, DecodeSanitizerSmall) {
     c.gate = true;
     c.score_stats = i != 0;
     c.log2_stats = i == 2;
+    c.alibi = i == 1;  // (causal: has_right, right = 0 by default)
     run_decode_case(c, 1);
     if (::testing::Test::HasFailure()) return;
   }

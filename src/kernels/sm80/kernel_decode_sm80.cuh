@@ -16,9 +16,11 @@
 // positions (S_q > 1) or one (decode proper). Its Q2K walk is q2k_cursor_rows over the positions the
 // block's valid rows hold (a key block is full when every one of them sees it whole); a partial
 // block's element test is each thread row's own position's (QueryBlockMask of that position, kept
-// per item). Score modifiers: softcap (head-independent); sinks join the denominator in the combine
-// kernel. ALiBi, the additive bias, dropout, the block_mask and H_k != H_v (per-head terms inside
-// the main loop) are not taken: the rule sends those calls to the prefill kernels.
+// per item). Score modifiers: softcap (head-independent); ALiBi with each thread row's own head's slope
+// and position (experimental: FLASHSPAN_EXPERIMENTAL=1, sdpa_decode_alibi_enabled; not yet run on a
+// GPU); sinks join the denominator in the combine kernel. The additive bias, dropout, the block_mask and
+// H_k != H_v (per-head tensors inside the main loop) are not taken: the rule sends those calls to
+// the prefill kernels.
 #pragma once
 
 #include <cstdint>
@@ -37,6 +39,7 @@ struct AnalyticPackedMaskSm80 {
   using Seqlen = AnalyticSeqlen;
   QueryBlockMask rowm[2];  // the thread's rows g, g + 8: their positions' masks
   float c2, inv_c2;        // softcap * log2 e and its inverse (0: none)
+  int head0, row0;         // the task's first query head and the block's first packed row (ALiBi's heads)
 
   __device__ __forceinline__ static AnalyticCursor q2k(const FwdParams& p, const Seqlen& sl, int, int, int qb) {
     const int64_t row0 = int64_t(qb) * T::kBlockQ;
@@ -50,22 +53,44 @@ struct AnalyticPackedMaskSm80 {
     return static_cast<const Elem*>(base) + sample_start(analytic_of(p).start[x], b);
   }
   __device__ __forceinline__ static int rows_store(const FwdParams&, int, int rows_valid) { return rows_valid; }
-  __device__ __forceinline__ static AnalyticPackedMaskSm80 item(const FwdParams& p, const Seqlen& sl, int row0, int) {
+  __device__ __forceinline__ static AnalyticPackedMaskSm80 item(const FwdParams& p, const Seqlen& sl, int row0,
+                                                                int head0) {
     const int g = (threadIdx.x & 31) >> 2;
     AnalyticPackedMaskSm80 m;
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) m.rowm[hi] = QueryBlockMask::make(sl.mask, (row0 + g + 8 * hi) / p.pack);
     m.c2 = analytic_of(p).score.softcap2;
     m.inv_c2 = m.c2 != 0.0f ? 1.0f / m.c2 : 0.0f;
+    m.head0 = head0;
+    m.row0 = row0;
     return m;
   }
-  // Softcap on every block, then a partial block's element mask: register r of n8 block n is row
-  // half r / 2 (position of rowm[r / 2]) at column 8 n + 2 t + r % 2 of the key block.
-  __device__ __forceinline__ void apply(const QkvParams&, float (&s)[T::kNS][4], const bool& partial,
+  // Softcap and ALiBi on every block (the sm80 SDPA kernels' order: SdpaScoreMod::apply), then a
+  // partial block's element mask: register r of n8 block n is row half r / 2 (position of rowm[r / 2])
+  // at column 8 n + 2 t + r % 2 of the key block. ALiBi per row half, slope_h (j - i - shift) with the
+  // row's head h and position i, formed per block (held across the main loop, the rows' slopes and
+  // shifted positions took 6-12 more registers of every decode kernel, ALiBi or not).
+  __device__ __forceinline__ void apply(const QkvParams& q, float (&s)[T::kNS][4], const bool& partial,
                                         const int& entry, int, int lane) const {
     if (c2 != 0.0f) SdpaScoreMod{c2, inv_c2, 0.0f}.apply<T::kNS>(s, 0, lane);
-    if (!partial) return;
     const int col = 2 * (lane & 3);
+    const FwdParams& p = static_cast<const FwdParams&>(q);
+    const AnalyticMaskParams& a = analytic_of(p);
+    if (a.score.alibi_n > 0) {
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const int pr = row0 + (lane >> 2) + 8 * hi;
+        const float a2 = alibi_slope_dev(head0 + pr % p.pack, a.score.alibi_n) * kLog2e;
+        // QueryBlockMask's lo0 = d_min + position + shift.
+        const int d0 = diag_base(int64_t(entry) * T::kBlockK, rowm[hi].lo0 - a.band.d_min()) + col;
+#pragma unroll
+        for (int n = 0; n < T::kNS; ++n) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) s[n][2 * hi + e] = fmaf(a2, float(d0 + 8 * n + e), s[n][2 * hi + e]);
+        }
+      }
+    }
+    if (!partial) return;
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
       const TileMask tm = rowm[hi].tile(int64_t(entry) * T::kBlockK);
