@@ -11,12 +11,17 @@ suite's criterion (tests/python/criteria.py); the script exits with status 1 aft
 Prints a markdown table: ms and the K/V read rate (bytes of K and V of every kv head read once / time),
 which is what a decode step is bound by (H200 copy ceiling about 4.2 TB/s).
 
-Usage: python benchmarks/sdpa_decode_bench.py [--skv 32768] [--page 64] [--reps 20] [--no-prefill]
+With ``--alibi`` a second table: ALiBi decode (bottom-right causal, the ALiBi paper's slopes for H_q heads) on the
+decode forward (experimental there: the script sets FLASHSPAN_EXPERIMENTAL=1 around those calls) against the prefill
+kernels, checked against SDPA's math backend with the ALiBi term as a float mask.
+
+Usage: python benchmarks/sdpa_decode_bench.py [--skv 32768] [--page 64] [--reps 20] [--no-prefill] [--alibi]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 
@@ -50,6 +55,7 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-prefill", action="store_true", help="skip the FLASHSPAN_SDPA_DECODE=0 column")
+    ap.add_argument("--alibi", action="store_true", help="also ALiBi decode (experimental on the decode forward)")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("sdpa_decode_bench: needs a CUDA device")
@@ -103,7 +109,70 @@ def main() -> None:
         tbs = lambda ms: kv_bytes / ms / 1e9  # noqa: E731
         print(f"| {b} | {hq}/{hkv} | {ms_dense:.3f} | {tbs(ms_dense):.2f} | {ms_paged:.3f} | {tbs(ms_paged):.2f} | "
               f"{prefill} | {ms_torch:.3f} | {tbs(ms_torch):.2f} |", flush=True)
+    if args.alibi:
+        alibi_table(args, timer, failures)
     finish_checks("sdpa_decode_bench", failures, "every flashspan output")
+
+
+def alibi_slopes(h: int) -> torch.Tensor:
+    """The ALiBi paper's slopes for h heads (core/sdpa_problem.cpp alibi_slope: n the largest power of two <= h)."""
+    n = 1
+    while n * 2 <= h:
+        n *= 2
+    e = [-8.0 * (i + 1) / n if i < n else -4.0 * (2 * (i - n) + 1) / n for i in range(h)]
+    return torch.tensor([2.0 ** x for x in e], dtype=torch.float32)
+
+
+@contextlib.contextmanager
+def _env(name: str, value: str):
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = old
+
+
+def alibi_table(args, timer, failures) -> None:
+    """ALiBi decode (S_q = 1, bottom-right causal: every key visible) on the decode forward and the prefill kernels."""
+    dev = torch.device("cuda")
+    sk, d = args.skv, args.dim
+    print(f"\nALiBi, S_q=1 S_kv={sk} D={d} BF16, bottom-right causal; median of {args.reps}")
+    print("| B | Hq/Hkv | decode ms | TB/s | prefill kernels ms |")
+    print("|---|---|---|---|---|")
+    for b, hq, hkv in [(4, 32, 8), (8, 32, 8), (1, 32, 8)]:
+        torch.manual_seed(b * 100 + hq + 1)
+        q = torch.randn(b, hq, 1, d, device=dev, dtype=torch.bfloat16)
+        k = torch.randn(b, hkv, sk, d, device=dev, dtype=torch.bfloat16)
+        v = torch.randn(b, hkv, sk, d, device=dev, dtype=torch.bfloat16)
+        scale = d ** -0.5
+
+        def call():
+            return flashspan.sdpa(q, k, v, attn_scale=scale, use_alibi_mask=True, use_causal_mask_bottom_right=True,
+                                  generate_stats=False)[0]
+
+        with torch.no_grad():
+            mask = (alibi_slopes(hq).to(dev).view(1, hq, 1, 1) *
+                    (torch.arange(sk, device=dev, dtype=torch.float32) - (sk - 1)).view(1, 1, 1, sk))
+            ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=scale,
+                                                 enable_gqa=True)
+            with _env("FLASHSPAN_EXPERIMENTAL", "1"):
+                try:
+                    check_tensor(call(), ref, torch.bfloat16, f"ALiBi B={b} Hq/Hkv={hq}/{hkv} decode")
+                except AssertionError as e:
+                    failures.append(str(e))
+                ms = timer.measure(call).median_ms
+            with _env("FLASHSPAN_SDPA_DECODE", "0"):
+                try:
+                    check_tensor(call(), ref, torch.bfloat16, f"ALiBi B={b} Hq/Hkv={hq}/{hkv} prefill")
+                except AssertionError as e:
+                    failures.append(str(e))
+                prefill = timer.measure(call).median_ms
+        kv_bytes = 2 * b * hkv * sk * d * 2
+        print(f"| {b} | {hq}/{hkv} | {ms:.3f} | {kv_bytes / ms / 1e9:.2f} | {prefill:.3f} |", flush=True)
 
 
 if __name__ == "__main__":
