@@ -7,7 +7,7 @@ import importlib
 from .api import flex_attn_func
 from .execution import FlexAttentionBwd, FlexAttentionFwd
 from .plan import MaskPlan, create_mask_plan
-from .sdpa import diagonal_alignment, dropout_offset_increment, sdpa, sdpa_backward
+from .sdpa import BOTTOM_RIGHT, TOP_LEFT, diagonal_alignment, dropout_offset_increment, sdpa, sdpa_backward
 from .sdpa_fp8 import sdpa_fp8, sdpa_fp8_backward
 from .sdpa_ops import sdpa_torch
 
@@ -25,6 +25,8 @@ __all__ = [
     "sdpa_fp8_backward",
     "sdpa_torch",
     "diagonal_alignment",
+    "TOP_LEFT",
+    "BOTTOM_RIGHT",
     "dropout_offset_increment",
     "masks",
     "__version__",

@@ -353,6 +353,20 @@ def _tensor_arg(x, name: str, device: torch.device, dtype=None) -> Optional[Tens
     raise TypeError(f"{name} must be a torch.Tensor or a number, got {type(x).__name__}")
 
 
+# The keyword arguments that take a tensor or None only (flashspan.sdpa / sdpa_backward; the full path checks them
+# first, so a list or a number gets a TypeError naming the argument rather than an AttributeError from inside).
+_TENSOR_KWARGS = ("bias", "dBias", "block_mask", "seq_len_q", "seq_len_kv", "cu_seq_len_q", "cu_seq_len_kv", "rng_dump",
+                  "paged_attention_k_table", "paged_attention_v_table", "score_max", "score_sum_exp", "max_logit",
+                  "sink_token", "dSink_token", "gate", "dgate")
+
+
+def _check_tensor_kwargs(kw: dict) -> None:
+    for name in _TENSOR_KWARGS:
+        x = kw.get(name)
+        if x is not None and not isinstance(x, Tensor):
+            raise TypeError(f"{name}: must be a torch.Tensor or None, got {type(x).__name__}")
+
+
 def _max_len(lengths: Optional[Tensor], cu: Optional[Tensor], given: Optional[int], side: str) -> int:
     """S_max of a THD side: the given value, else the longest sample (one host read)."""
     if given is not None:
@@ -621,6 +635,7 @@ def _forward_kw(q, k, v, stats_needed: bool, kw: dict, o: Optional[Tensor] = Non
 def _forward_full(key, given: tuple, stats_needed: bool, kw: dict):
     """_forward's full path (``key``: the call's _fast_key, remembered if it runs)."""
     q, k, v, o, stats = given
+    _check_tensor_kwargs(kw)
     kw_in = kw.copy()
     lay = _Layout(q, k, v, kw["seq_len_q"], kw["seq_len_kv"], kw["cu_seq_len_q"], kw["cu_seq_len_kv"],
                   kw.pop("ragged_offsets"), kw.pop("max_seq_len_q"), kw.pop("max_seq_len_kv"),
@@ -686,6 +701,7 @@ def _backward_kw(q, k, v, o, dO, stats, kw: dict, dq=None, dk=None, dv=None):
 def _backward_full(key, given: tuple, kw: dict):
     """_backward's full path (``key``: the call's _fast_key, remembered if it runs)."""
     q, k, v, o, dO, stats, dq, dk, dv = given
+    _check_tensor_kwargs(kw)
     args = dict(kw)
     lay = _Layout(q, k, v, kw["seq_len_q"], kw["seq_len_kv"], kw["cu_seq_len_q"], kw["cu_seq_len_kv"],
                   kw.pop("ragged_offsets"), kw.pop("max_seq_len_q"), kw.pop("max_seq_len_kv"), False)
@@ -851,10 +867,14 @@ def sdpa(
         bias: additive, ``(1|B, 1|H_q, 1|S_q, 1|S_kv)``, dtype of q or fp32; differentiable.
         block_mask: uint8 ``(1|B, 1|H_q, ceil(S_q/128), ceil(ceil(S_kv/128)/8))``; bit ``kb % 8`` of byte ``kb // 8``
             set = the 128x128 tile (query block, key block kb) is computed.
-        use_alibi_mask: ALiBi (needs ``diagonal_band_right_bound=0``); the ALiBi paper's slopes for H_q heads.
+        use_alibi_mask: ALiBi (needs ``diagonal_band_right_bound=0``); the ALiBi paper's slopes for H_q heads. With
+            S_q < S_kv (decode, a KV cache) use ``diagonal_alignment=BOTTOM_RIGHT`` (or
+            ``use_causal_mask_bottom_right=True``): top-left, query 0 of a decode step sees key 0 only.
         use_padding_mask, seq_len_q, seq_len_kv, cu_seq_len_q, cu_seq_len_kv: per-sample lengths, ``(B,)`` /
             ``(B, 1, 1, 1)`` or prefix sums ``(B+1,)``, int32 / int64; one form per side.
-        diagonal_alignment: ``flashspan.diagonal_alignment.TOP_LEFT`` / ``BOTTOM_RIGHT`` (or those names as strings).
+        diagonal_alignment: ``flashspan.diagonal_alignment.TOP_LEFT`` (default, the seed's) / ``BOTTOM_RIGHT`` (or
+            those names as strings; also ``flashspan.TOP_LEFT`` / ``flashspan.BOTTOM_RIGHT``). Decode and KV-cache
+            calls (S_q < S_kv) want ``BOTTOM_RIGHT``: the last query row sees the last key.
         diagonal_band_left_bound: masks columns at or before ``row - left_bound`` (>= 1).
         diagonal_band_right_bound: masks columns beyond ``row + right_bound`` (0 = causal).
         dropout: ``(probability, seed, offset)`` (Philox, seed/offset int tensors or ints) or ``(mask, scale)``.
