@@ -159,18 +159,15 @@ def alibi_table(args, timer, failures) -> None:
                     (torch.arange(sk, device=dev, dtype=torch.float32) - (sk - 1)).view(1, 1, 1, sk))
             ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=scale,
                                                  enable_gqa=True)
-            with _env("FLASHSPAN_EXPERIMENTAL", "1"):
-                try:
-                    check_tensor(call(), ref, torch.bfloat16, f"ALiBi B={b} Hq/Hkv={hq}/{hkv} decode")
-                except AssertionError as e:
-                    failures.append(str(e))
-                ms = timer.measure(call).median_ms
-            with _env("FLASHSPAN_SDPA_DECODE", "0"):
-                try:
-                    check_tensor(call(), ref, torch.bfloat16, f"ALiBi B={b} Hq/Hkv={hq}/{hkv} prefill")
-                except AssertionError as e:
-                    failures.append(str(e))
-                prefill = timer.measure(call).median_ms
+            times = {}
+            for name, env in (("decode", ("FLASHSPAN_EXPERIMENTAL", "1")), ("prefill", ("FLASHSPAN_SDPA_DECODE", "0"))):
+                with _env(*env):
+                    try:
+                        check_tensor(call(), ref, torch.bfloat16, f"ALiBi B={b} Hq/Hkv={hq}/{hkv} {name}")
+                    except AssertionError as e:
+                        failures.append(str(e))
+                    times[name] = timer.measure(call).median_ms
+            ms, prefill = times["decode"], times["prefill"]
         kv_bytes = 2 * b * hkv * sk * d * 2
         print(f"| {b} | {hq}/{hkv} | {ms:.3f} | {kv_bytes / ms / 1e9:.2f} | {prefill:.3f} |", flush=True)
 
