@@ -19,6 +19,17 @@ __device__ __forceinline__ int swz_offset(int row, int chunk) {
   return row * kD + ((chunk ^ (row & 7)) << 3);
 }
 
+// A one-warp copy's shared-memory destinations (load_tile_async, gather_tile_async: 8 threads a row,
+// 4 rows a step): rows r0 + 4 it have the swizzle key r0 (it even) or r0 ^ 4 (odd), and chunk
+// c0 + 8 j of such a row lands at 8 j + (c0 ^ key). key[it & 1] + (it 4 kD + 64 j) 2 bytes is
+// the address of chunk c0 + 8 j of row r0 + 4 it (c0 < 8; key[0] alone, for any r0, serves copies
+// whose rows all share r0's key).
+template <int kD>
+__device__ __forceinline__ void swz_pair_dst(uint32_t (&key)[2], uint32_t smem_tile, int r0, int c0) {
+  key[0] = smem_tile + uint32_t(swz_offset<kD>(r0, c0) * 2);
+  key[1] = smem_tile + uint32_t(swz_offset<kD>(r0 + 4, c0) * 2) - uint32_t(4 * kD * 2);
+}
+
 // Asynchronously copies rows [0, rows_valid) x columns [0, d_valid) of a global matrix
 // (row stride in elements, columns contiguous) into a swizzled tile; the rest of the tile
 // is zero-filled without reading global memory. `gbase` (row 0 of the tile) must be a valid
@@ -43,9 +54,8 @@ __device__ __forceinline__ void load_tile_async(uint32_t smem_tile, const uint16
     const int c0 = tid % 8, r0 = tid / 8;
     const uint16_t* src = gbase + r0 * row_stride + c0 * 8;
     const int64_t step = 4 * row_stride;
-    // Rows r0 + 4 it: swizzle key r0 (it even) or r0 ^ 4 (odd); chunk c0 + 8 j lands at 8 j + (c0 ^ key).
-    const uint32_t dst[2] = {smem_tile + uint32_t(swz_offset<kD>(r0, c0) * 2),
-                             smem_tile + uint32_t(swz_offset<kD>(r0 + 4, c0) * 2) - uint32_t(4 * kD * 2)};
+    uint32_t dst[2];
+    swz_pair_dst<kD>(dst, smem_tile, r0, c0);
 #pragma unroll
     for (int it = 0; it < kRows / 4; ++it) {
       const bool row_ok = r0 + 4 * it < rows_valid;
@@ -223,10 +233,9 @@ __device__ __forceinline__ void gather_tile_async(uint32_t smem_tile, const uint
   constexpr int kR = kThreads / kTpr;     // rows per step: 4 (one warp) or a multiple of 8
   static_assert(kD % (8 * kTpr) == 0 && (kR == 4 || kR % 8 == 0) && kRows % kR == 0, "gather tile geometry");
   const int c0 = tid % kTpr, r0 = tid / kTpr;
-  // Steps it with key r0 (every step when kR % 8 == 0) and r0 ^ 4 (odd steps when kR = 4), each
-  // offset taken back to step 0.
-  const uint32_t dsts[2] = {smem_tile + uint32_t(swz_offset<kD>(r0, c0) * 2),
-                            smem_tile + uint32_t(swz_offset<kD>(r0 + 4, c0) * 2) - uint32_t(4 * kD * 2)};
+  // Steps it with key r0 (every step when kR % 8 == 0: key[0]) and r0 ^ 4 (odd steps when kR = 4).
+  uint32_t dsts[2];
+  swz_pair_dst<kD>(dsts, smem_tile, r0, c0);
   // One warp: lane l resolves rows l, l + 32, ... at once (kRows / 32 lookups in flight, rather than
   // kRows / 4 one after the other), the thread of row r takes its offset from lane r % 32;
   // -1: a row past rows_valid, -2: a refused entry.
@@ -250,6 +259,8 @@ __device__ __forceinline__ void gather_tile_async(uint32_t smem_tile, const uint
     if constexpr (kThreads == 32) {
       // Row r0 + 4 it sits in lane_off[it / 8] of lane r0 + 4 (it % 8).
       const int src_lane = r0 + 4 * (it % 8);
+      // Two 32-bit shuffles (the long long overload of __shfl_sync added 192 instructions to the paged
+      // decode kernels).
       const int64_t x = lane_off[it / 8];
       off = int64_t((uint64_t(uint32_t(__shfl_sync(0xffffffffu, int32_t(x >> 32), src_lane))) << 32) |
                     uint32_t(__shfl_sync(0xffffffffu, int32_t(x), src_lane)));
