@@ -398,6 +398,7 @@ struct SdpaDecodeGrid {
   int num_heads_kv = 0;
   int splits = 1;        // items per task
   int chunk = 0;         // key blocks per item
+  int combine_rows = 16; // combine CTAs per task: the packed rows a block can hold, min(16, S_q G)
 };
 
 // Whether an SDPA call needs the features instantiation of the sm80 analytic kernels (kernel_fwd_sm80.cuh

@@ -336,27 +336,33 @@ TEST(SdpaPagedGpu, EveryPageSizeAndTile) {
 
 TEST(SdpaPagedGpu, PagedBadEntryIsNaN) {
   // A page-table entry outside the container: the loader reads nothing there and fills the row
-  // with NaN, so the rows that see the key are NaN (run under memcheck by gpu_check.sh).
+  // with NaN, so the rows that see the key are NaN (run under memcheck by gpu_check.sh). Pages of
+  // 8 keys (a block gathered row by row), 64 and 128 (a block inside one page: one lookup, then the
+  // contiguous copy, which must fall back to the gather for a refused entry).
   REQUIRE_GPU();
   PagedOn on;
-  PagedCase c;
-  c.seed = 2001;
-  c.B = 1;  // len_q = 1, len_kv = S_kv = 100: 13 pages of 8 keys
-  c.Hq = c.Hk = c.Hv = 2;
-  c.Sq = 1;
-  c.Skv = 100;
-  c.page_k = 8;
-  c.page_v = 8;
-  PagedRun r(c);
-  ASSERT_EQ(r.d.len_q[0], 1);
-  ASSERT_EQ(r.d.len_kv[0], 100);
-  // The third page of K (keys 16 .. 23) out of range.
-  r.d.k.table.entries[size_t(r.d.k.table.offsets[0] + 2)] = int32_t(r.d.k.table.num_pages + 5);
-  r.table_k.up(r.d.k.table.entries.data(), r.d.k.table.entries.size() * 4);
-  r.o.poison();
-  r.forward(/*cuda=*/true);
-  const std::vector<double> o = sdpa_case::Storage::values(r.o.down(r.d.o.host.size()), r.d.o.dtype);
-  for (int64_t h = 0; h < c.Hq; ++h) EXPECT_TRUE(std::isnan(o[size_t(r.d.o.lay.at(0, h, 0, 0))])) << "head " << h;
+  static const int64_t pages[][2] = {{8, 2}, {64, 1}, {128, 0}};  // page size, the refused entry
+  for (const auto& [page, bad] : pages) {
+    PagedCase c;
+    c.seed = 2001;
+    c.B = 1;  // len_q = 1, len_kv = S_kv = 100
+    c.Hq = c.Hk = c.Hv = 2;
+    c.Sq = 1;
+    c.Skv = 100;
+    c.page_k = page;
+    c.page_v = page;
+    PagedRun r(c);
+    ASSERT_EQ(r.d.len_q[0], 1);
+    ASSERT_EQ(r.d.len_kv[0], 100);
+    r.d.k.table.entries[size_t(r.d.k.table.offsets[0] + bad)] = int32_t(r.d.k.table.num_pages + 5);
+    r.table_k.up(r.d.k.table.entries.data(), r.d.k.table.entries.size() * 4);
+    r.o.poison();
+    r.forward(/*cuda=*/true);
+    const std::vector<double> o = sdpa_case::Storage::values(r.o.down(r.d.o.host.size()), r.d.o.dtype);
+    for (int64_t h = 0; h < c.Hq; ++h) {
+      EXPECT_TRUE(std::isnan(o[size_t(r.d.o.lay.at(0, h, 0, 0))])) << "page " << page << ", head " << h;
+    }
+  }
 }
 
 TEST(SdpaPagedGpu, SanitizerSmall) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <utility>
 
 #include "core/error.h"
 #include "kernels/params.h"
@@ -54,6 +55,34 @@ int persistent_ctas(Kernel kernel, int threads, int smem, std::atomic<int> (&cac
   n = std::min(n, SplitSchedule::kMaxCtas);
   if (dev < 64) cache[dev].store(n, std::memory_order_relaxed);
   return n;
+}
+
+// Launches `kernel` as a programmatic dependent of the stream's previous kernel (its launch and
+// prologue overlap that kernel's tail; the kernel must call ptx.cuh grid_dependency_wait before it
+// reads what the previous kernel writes) on devices of compute capability 9.0 and newer; an ordinary
+// launch on older ones. Capture-safe (a cached attribute query, then one launch).
+template <class... KArgs, class... Args>
+void launch_dependent(void (*kernel)(KArgs...), unsigned grid, unsigned block, size_t smem, cudaStream_t stream,
+                      const char* what, Args&&... args) {
+  static std::atomic<int> major_cache[64];
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), what);
+  int major = dev < 64 ? major_cache[dev].load(std::memory_order_relaxed) : 0;
+  if (major == 0) {
+    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), what);
+    if (dev < 64) major_cache[dev].store(major, std::memory_order_relaxed);
+  }
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(grid);
+  cfg.blockDim = dim3(block);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = major >= 9 ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
 }
 
 }  // namespace flashspan

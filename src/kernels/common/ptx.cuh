@@ -4,6 +4,8 @@
 //   cp_async_16      cp.async.cg.shared.global 16 bytes, zero-filled when the predicate is false
 //   exp2_approx      ex2.approx.ftz.f32 (exp2(-inf) = +0)
 //   pack2, store_pair, to_float, from_float, cvt_fp8x2, pack_fp8x4: element conversions
+//   grid_dependency_wait / grid_dependency_trigger: programmatic dependent launch (sm_90 and newer;
+//                    no-ops below, where launch_util.h launch_dependent launches without the attribute)
 // The mma.sync / ldmatrix wrappers of the sm80 family are in kernels/sm80/mma_sm80.cuh.
 #pragma once
 
@@ -18,6 +20,22 @@ namespace flashspan::kern {
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
+
+// Programmatic dependent launch (CUDA programming guide, "Programmatic Dependent Launch and
+// Synchronization"; PTX griddepcontrol). A kernel launched with launch_util.h launch_dependent may
+// start while the kernel before it in the stream still runs: grid_dependency_wait blocks until that
+// kernel has completed and its memory is visible. grid_dependency_trigger lets the dependent grid
+// launch once every CTA of this grid has triggered or exited. Both are no-ops before sm_90.
+__device__ __forceinline__ void grid_dependency_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void grid_dependency_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
 
 __device__ __forceinline__ uint32_t smem_u32(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));

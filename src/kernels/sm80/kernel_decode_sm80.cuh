@@ -122,6 +122,9 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
   const int bh = t / d.num_q_blocks, qb = t - bh * d.num_q_blocks;
   const int b = bh / d.num_heads_kv, hkv = bh - b * d.num_heads_kv;
   if (threadIdx.x == 0) s_item[3] = item;
+  // The combine grid (launched as a programmatic dependent) may launch once every item has started:
+  // it waits for this grid's completion (grid_dependency_wait) before it reads a slot.
+  grid_dependency_trigger();
   __syncthreads();
   fwd_item<T, E, true, true, AnalyticPackedMaskSm80<T>, KvAddr>(p, smem_u32(smem), s_item, qb, hkv, b,
                                                                 split * d.chunk, d.chunk);
@@ -131,8 +134,10 @@ __global__ void __launch_bounds__(T::kThreads, T::kMinBlocks)
 // t splits ..) merged, for one packed row of the task's block, into O, the LSE (a.lse_unit) and the
 // epilogue options (score_max / score_sum_exp, the output gate: sdpa_fwd_row_options); a head's
 // sink joins the denominator here (the items seed nothing). One CTA per (task, packed row):
-// blockIdx.x = t kDecodeBlockQ + row. A row past the sample that a padded O holds (rows_to_store)
-// gets O = 0, LSE = -inf without reading a slot; rows past those return at once. Warp w folds
+// blockIdx.x = t combine_rows + row (rows past S_q G get none). Launched as a programmatic
+// dependent of the decode grid (launch_util.h launch_dependent): it waits for that grid
+// (grid_dependency_wait) before it writes anything. A row past the sample that a padded O holds
+// (rows_to_store) gets O = 0, LSE = -inf without reading a slot; rows past those return at once. Warp w folds
 // slots w, w + kWarps, ... into its (m, l, O) with merge_scales (softmax.cuh; lane l holds columns
 // 4 l .. 4 l + 3, float4 loads, eight slots' loads in flight), warp 0 folds the sink and the
 // warps' results: the sums of merge_split_stats, in another order. (The first form, one CTA per
@@ -156,12 +161,13 @@ __global__ void __launch_bounds__(kDecodeCombineThreads)
   using Elem = typename E::Storage;
   constexpr int kBq = kDecodeBlockQ, kWarps = kDecodeCombineThreads / 32;
   const AnalyticMaskParams& a = p.analytic;
-  const int t = blockIdx.x / kBq, row = blockIdx.x - t * kBq;
+  const int t = blockIdx.x / d.combine_rows, row = blockIdx.x - t * d.combine_rows;
   const int bh = t / d.num_q_blocks, qb = t - bh * d.num_q_blocks;
   const int b = bh / d.num_heads_kv, hkv = bh - b * d.num_heads_kv;
   const int pack = p.pack, row0 = qb * kBq;
   const int len_q = sample_length(a.seq_len_q, a.cu_seq_len_q, a.max_q, b);
   if (row >= rows_to_store(a, kSdpaO, row0, kBq, len_q * pack, a.max_q * pack)) return;
+  grid_dependency_wait();  // the decode items' slots (a programmatic dependent launch)
   const bool valid = row < len_q * pack - row0;  // uniform over the CTA
   const int pos = (row0 + row) / pack, head = hkv * pack + (row0 + row - pos * pack);
   const int64_t slot0 = int64_t(t) * d.splits;

@@ -212,23 +212,34 @@ struct FwdKvLoaderSm80<T, PagedKv> {
     return static_cast<const SdpaPagedFwdParams&>(static_cast<const FwdParams&>(p));
   }
   __device__ __forceinline__ void init(const QkvParams&, int b_, int /*tid*/) { b = b_; }
+  // Key block kb of one side. A block inside one page (a contiguous side, or pages of kBlockK
+  // keys or more: key blocks start at multiples of kBlockK, so a power-of-two page holds whole
+  // blocks) is one lookup and the contiguous copy (load_tile_async) from its first row; smaller
+  // pages, and a first row whose entry lies outside the container, gather row by row.
+  template <int kD, class Elem>
+  __device__ __forceinline__ void load_side(const SdpaPagedSide& side, int64_t row_stride, int d_valid, uint32_t s_tile,
+                                            const Elem* base, int kb, int len_k, int tid) const {
+    const PagedKv pk = PagedKv::item(side, b);
+    const int key0 = kb * T::kBlockK;
+    if ((side.table == nullptr || (int64_t(1) << side.log2_page) >= T::kBlockK) && key0 < len_k) {
+      int64_t off = 0;
+      if (pk.row_offset(side, key0, row_stride, off)) {
+        load_tile_async<T::kBlockK, kD, T::kThreads>(s_tile, base + off, row_stride, len_k - key0, d_valid, tid);
+        return;
+      }
+    }
+    const auto row_offset = [&](int key, int64_t& off) { return pk.row_offset(side, key, row_stride, off); };
+    gather_tile_async<T::kBlockK, kD, T::kThreads>(s_tile, base, row_offset, key0, len_k - key0, d_valid, tid);
+  }
   template <class Elem>
   __device__ __forceinline__ void load_k(const QkvParams& p, uint32_t sK, const Elem* k, int kb, int len_k,
                                          int tid) const {
-    const SdpaPagedSide& side = paged_of(p).paged_k;
-    const PagedKv pk = PagedKv::item(side, b);
-    const auto row_offset = [&](int key, int64_t& off) { return pk.row_offset(side, key, p.ka.row_stride, off); };
-    gather_tile_async<T::kBlockK, T::kDqk, T::kThreads>(sK, k, row_offset, kb * T::kBlockK, len_k - kb * T::kBlockK,
-                                                         T::kExact ? T::kDqk : p.head_dqk, tid);
+    load_side<T::kDqk>(paged_of(p).paged_k, p.ka.row_stride, T::kExact ? T::kDqk : p.head_dqk, sK, k, kb, len_k, tid);
   }
   template <class Elem>
   __device__ __forceinline__ void load_v(const QkvParams& p, uint32_t sV, const Elem* v, int kb, int len_k,
                                          int tid) const {
-    const SdpaPagedSide& side = paged_of(p).paged_v;
-    const PagedKv pv = PagedKv::item(side, b);
-    const auto row_offset = [&](int key, int64_t& off) { return pv.row_offset(side, key, p.va.row_stride, off); };
-    gather_tile_async<T::kBlockK, T::kDv, T::kThreads>(sV, v, row_offset, kb * T::kBlockK, len_k - kb * T::kBlockK,
-                                                        T::kExact ? T::kDv : p.head_dv, tid);
+    load_side<T::kDv>(paged_of(p).paged_v, p.va.row_stride, T::kExact ? T::kDv : p.head_dv, sV, v, kb, len_k, tid);
   }
 };
 

@@ -2,6 +2,7 @@
 // tile on the 128 head-dim tile (exact / predicated head dims) x {fp16, bf16} x {contiguous, paged
 // K / V}: 8 kernels, and the combine kernel per dtype. Runs on every GPU the sm80 family runs on
 // (sm_80 and newer, sm_90 included: decode is bound by the K / V reads, which mma.sync keeps up with).
+#include <algorithm>
 #include <atomic>
 
 #include "kernels/common/fwd_launch.h"
@@ -29,10 +30,12 @@ void run_sdpa_decode(const SdpaPagedFwdParams& p, int64_t slot_capacity, cudaStr
            " items, the workspace holds ", slot_capacity, " slots");
   kernel<<<unsigned(items), T::kThreads, T::kSmemBytes, stream>>>(p, d);
   check_launch("sdpa decode forward (sm80)");
-  FS_CHECK(tasks <= 0x7fffffff / kDecodeBlockQ, Status::kInternal, "sdpa decode combine: ", tasks, " tasks");
-  kern::sdpa_fwd_decode_combine_kernel<E>
-      <<<unsigned(tasks * kDecodeBlockQ), kern::kDecodeCombineThreads, 0, stream>>>(p, d);
-  check_launch("sdpa decode combine (sm80)");
+  FS_CHECK(tasks <= 0x7fffffff / kDecodeBlockQ && d.combine_rows > 0, Status::kInternal, "sdpa decode combine: ", tasks,
+           " tasks");
+  // A programmatic dependent of the decode kernel: its launch and index arithmetic overlap the
+  // decode kernel's last items.
+  launch_dependent(kern::sdpa_fwd_decode_combine_kernel<E>, unsigned(tasks * d.combine_rows), kern::kDecodeCombineThreads,
+                   0, stream, "sdpa decode combine (sm80)", static_cast<const SdpaFwdParams&>(p), d);
   g_decode_launches.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -46,6 +49,8 @@ SdpaDecodeGrid sdpa_decode_grid(const SdpaFwdParams& p, int ctas) {
   d.num_heads_kv = p.num_heads_q / p.group_size;
   d.splits = split.splits;
   d.chunk = split.chunk;
+  // Rows past max_q G hold no query (rows_to_store stops there): no CTA of the combine for them.
+  d.combine_rows = int(std::min<int64_t>(kDecodeBlockQ, int64_t(p.analytic.max_q) * p.pack));
   return d;
 }
 
