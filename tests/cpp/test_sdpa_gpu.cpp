@@ -989,6 +989,44 @@ Case sm90_bwd_small_case(int i) {
   return c;
 }
 
+TEST(SdpaGpu, Sm90ForwardBiasStaged) {
+  // The sm90 forward stages a 16-bit bias of whole aligned 16-byte row chunks (SdpaBiasParams::chunks:
+  // S_kv and the strides multiples of 8) through shared memory (through L1 when broadcast over rows),
+  // and reads any other bias element by element: both forms on padded samples (cu_seq_len, one
+  // without keys), bottom-right causal, S_q not a multiple of the tile, bf16 / fp16 / float32, full,
+  // broadcast and padded-stride layouts, with softcap on one. Small enough for compute-sanitizer
+  // memcheck (gpu_check.sh).
+  REQUIRE_SM90();
+  const ForceSdpaSm90 force(1);
+  const ForceSdpaSm90Mods mods(1);
+  struct Form {
+    int64_t skv, dim;
+    int bias;
+    bool f32, strided;
+    float softcap;
+  };
+  static const Form forms[] = {
+      {200, 128, 1, false, false, 0.0f},              // [B, H_q, S_q, S_kv] bf16, staged
+      {200, 128, 1, false, false, 0.0f},              // the same in fp16, staged
+      {201, 64, 1 + 1 + 2, false, false, 0.0f},       // [1, 1, S_q, S_kv], S_kv not a multiple of 8: elements
+      {208, 128, 1 + 1 + 2 + 4, false, false, 3.0f},  // [1, 1, 1, S_kv] fp16 with softcap, staged through L1
+      {200, 96, 1 + 1, false, true, 0.0f},            // padded strides, staged
+      {200, 64, 1 + 1, true, true, 0.0f},             // float32: elements
+  };
+  for (int i = 0; i < 6; ++i) {
+    const Form& f = forms[i];
+    Case c = multi_block_case(14800 + uint64_t(i), i % 2, f.dim);  // fp16 on odd i, else bf16 (a 16-bit bias: q's)
+    c.Sq = 150;
+    c.Skv = f.skv;
+    c.bias = f.bias;
+    c.bias_f32 = f.f32;
+    c.bias_strided = f.strided;
+    c.softcap = f.softcap;
+    run_case_expect_sm90(c, /*backward=*/false, 1, kAnyLaunches);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 TEST(SdpaGpu, Sm90ForwardModsSanitizerSmall) {
   // Small cases of the modifiers' kernel for compute-sanitizer memcheck: NaN-padded samples (one
   // without keys) on the (64, 64) kernel with softcap, ALiBi, sinks, a float32 bias broadcast over

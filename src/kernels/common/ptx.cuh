@@ -48,6 +48,16 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size) : "memory");
 }
 
+// 4-, 8- or 16-byte global -> shared copy through L1 (cp.async.ca: a broadcast operand read by
+// many rows hits there), zero-filled when !pred (src as cp_async_16's); dst and src aligned to kBytes.
+template <int kBytes>
+__device__ __forceinline__ void cp_async_ca(uint32_t dst, const void* src, bool pred) {
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async.ca: 4, 8 or 16 bytes");
+  const int src_size = pred ? kBytes : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(kBytes), "r"(src_size)
+               : "memory");
+}
+
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 
 template <int kPending>

@@ -131,6 +131,80 @@ struct SdpaBiasFrag {
     }
   }
 
+  // Staged through shared memory (SdpaBiasParams::chunks: a 16-bit bias; the sm90 forward,
+  // kernel_fwd_sm90.cuh): a warp's 16 x 8 kN fragment of the bias copied by the warp with 16-byte
+  // cp.async into its region of the stage before the block's S GEMM, read by each thread (its column
+  // pairs) after it. Region layout: row r (0..15) of n8 block n at 16 (16 n + r) bytes, so a thread's
+  // pair (row g + 8 hi, columns 2 q ..) of block n is at 16 (16 n + g + 8 hi) + 4 q, and a warp's 32
+  // reads of one (n, hi) cover 128 consecutive bytes (conflict-free). Lane l copies row l % 16,
+  // blocks l / 16, l / 16 + 2, ... (each row's 32-byte sectors whole); through L2 only (.cg), but
+  // through L1 (.ca) for a bias broadcast over rows, which all 16 rows of every warp read (.cg there:
+  // 2.6x slower; .ca for the others: 10 % slower, H200, PERF_LOG v2.27). Chunks of rows at or past
+  // rows_left or of blocks at or past cols_left (keys inside the sample from the block's column 0) are
+  // zero-filled without a read; the bias's row length is a multiple of 8 (chunks), so a chunk whose
+  // first key is inside the sample is inside the tensor. add_staged waits for the copies
+  // (cp.async.wait_all) and the warp (__syncwarp: the lanes read each other's chunks). The element
+  // loads after the GEMM (add) left their latency in the consumer's path: 16-bit bias forward
+  // 0.26x the plain kernel, staged 0.44-0.49x (PERF_LOG v2.27). (A float32 bias staged this way ran
+  // slower than its element loads: not staged.) p: the fragment's element (row 0, column 0), i.e.
+  // at(.., lane 0).
+  static constexpr int kStageWarpBytes = 16 * 16 * 16;  // a warp's region for 128 keys
+  template <int kN>
+  __device__ __forceinline__ void stage(uint32_t region, int rows_left, int cols_left, int lane) const {
+    static_assert(kN * 16 * 16 <= kStageWarpBytes, "bias stage: 128 keys a block at most");
+    __syncwarp();  // every lane has read the previous block's chunks
+    if (rs == 0) {
+      stage_as<kN, true>(region, rows_left, cols_left, lane);
+    } else {
+      stage_as<kN, false>(region, rows_left, cols_left, lane);
+    }
+  }
+  template <int kN, bool kL1>
+  __device__ __forceinline__ void stage_as(uint32_t region, int rows_left, int cols_left, int lane) const {
+    const int r = lane & 15, n0 = lane >> 4;
+    const char* row = p + int64_t(r) * rs + n0 * 16;             // block n0 of row r
+    const uint32_t dst = region + uint32_t((16 * n0 + r) * 16);  // its chunk; block n0 + 2 j: + 32 j chunks
+    const int cols = r < rows_left ? cols_left - 8 * n0 : 0;     // keys left from block n0 (none: row outside)
+#pragma unroll
+    for (int j = 0; j < kN / 2; ++j) {
+      if constexpr (kL1) {
+        cp_async_ca<16>(dst + uint32_t(512 * j), row + 32 * j, 16 * j < cols);
+      } else {
+        cp_async_16(dst + uint32_t(512 * j), row + 32 * j, 16 * j < cols);
+      }
+    }
+  }
+  // s += the staged bias (log2 units) where s > -inf (a masked element's bias is not used, as add).
+  template <int kN>
+  __device__ __forceinline__ void add_staged(float (&s)[kN][4], uint32_t region, int lane) const {
+    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncwarp();
+    const uint32_t a0 = region + uint32_t(lane >> 2) * 16u + uint32_t(lane & 3) * 4u;
+    const bool bf = dtype == kSdpaBiasBF16;
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        uint32_t u;
+        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(u) : "r"(a0 + uint32_t((16 * n + 8 * hi) * 16)));
+        float v0, v1;
+        if (bf) {
+          v0 = __uint_as_float(u << 16);
+          v1 = __uint_as_float(u & 0xffff0000u);
+        } else {
+          const __half2 h = *reinterpret_cast<const __half2*>(&u);
+          v0 = __low2float(h);
+          v1 = __high2float(h);
+        }
+        add_pair(s[n][2 * hi], s[n][2 * hi + 1], v0, v1);
+      }
+    }
+  }
+  __device__ __forceinline__ static void add_pair(float& x0, float& x1, float v0, float v1) {
+    x0 = fmaf(x0 != -INFINITY ? v0 : 0.0f, kLog2e, x0);  // -inf stays -inf
+    x1 = fmaf(x1 != -INFINITY ? v1 : 0.0f, kLog2e, x1);
+  }
+
   // add's loop for one dtype, element by element (load: the element at a byte address, as float).
   template <int kN, class Load>
   __device__ __forceinline__ void add_as(float (&s)[kN][4], Load load) const {
@@ -411,6 +485,7 @@ struct SdpaTileScoreMod {
   int diag;           // j - i - shift of the tile's element (0, 0) (diag_base)
   int lane;
   SdpaBiasFrag bias;  // null p: no bias
+  uint32_t staged = 0;  // the warp's bias region when staged (SdpaBiasFrag::stage), else 0
 
   // No modifier at all (a call with sinks or epilogue options only): the logits are the scaled
   // scores, so Variant may fold the scale into the softmax's exponent.
@@ -421,7 +496,13 @@ struct SdpaTileScoreMod {
   }
   template <int kN>
   __device__ __forceinline__ void apply_visible(float (&s)[kN][4]) const {
-    if constexpr (kBias) bias.add<kN>(s);
+    if constexpr (kBias) {
+      if (staged != 0) {
+        bias.add_staged<kN>(s, staged, lane);
+      } else {
+        bias.add<kN>(s);
+      }
+    }
   }
 };
 

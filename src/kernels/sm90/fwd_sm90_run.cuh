@@ -123,15 +123,17 @@ void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& m
     using E = decltype(e);
     const int bias = p.analytic.bias.bias != nullptr ? 1 : 0;
     auto kernel = fwd_detail::sdpa_kernel<kDqk, kDv, E, kOverlap, kMods, kDropout>(bias == 1);
+    // The bias kernels stage the bias after the rest (FwdSm90Layout::kBiasStage); the dropout kernel
+    // is one for calls with and without a bias, so it always has the stage (one size per kernel).
+    const int smem = bias == 1 || kDropout ? L::kBytesBias : L::kBytes;
+    static_assert(!kMods || L::kBytesBias <= 232448, "sdpa forward (sm90): the bias stage does not fit");
     static std::atomic<uint64_t> smem_set[2] = {0, 0};
-    ensure_smem_limit(kernel, L::kBytes, smem_set[bias],
-                      "sdpa forward (sm90): cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    ensure_smem_limit(kernel, smem, smem_set[bias], "sdpa forward (sm90): cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     static std::atomic<int> ctas_cache[2][64];
-    const int ctas =
-        persistent_ctas(kernel, kern90::kThreads, L::kBytes, ctas_cache[bias], "sdpa forward (sm90): persistent grid");
+    const int ctas = persistent_ctas(kernel, kern90::kThreads, smem, ctas_cache[bias], "sdpa forward (sm90): persistent grid");
     const int64_t items = int64_t(p.analytic.num_q_blocks) * p.num_heads_q * p.batch;
     const unsigned grid = unsigned(std::min<int64_t>(ctas, items));
-    kernel<<<grid, kern90::kThreads, L::kBytes, s>>>(p, mq, mk, mv);
+    kernel<<<grid, kern90::kThreads, smem, s>>>(p, mq, mk, mv);
     check_launch("sdpa forward (sm90)");
   });
 }

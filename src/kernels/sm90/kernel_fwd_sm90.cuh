@@ -168,6 +168,11 @@ struct FwdSm90Layout {
   static constexpr int kUsed = kItem + 2 * 8 * 4;
   static constexpr int kBytes = kUsed + 1024;  // + slack to align the dynamic base to 1024
   static_assert(kBytes <= 232448, "sm90 forward: more shared memory than an sm_90 block may have (227 KB)");
+  // The kernels with an additive bias (AnalyticModSourceSm90: D <= 128) stage it after the rest
+  // (sdpa_score_mod.cuh SdpaBiasFrag::stage): a region per consumer warp (its 16 rows x 128 keys of
+  // a 16-bit bias).
+  static constexpr int kBiasStage = (kUsed + 127) / 128 * 128;
+  static constexpr int kBytesBias = kBiasStage + 8 * 16 * 128 * 2 + 1024;
   static_assert(kQSlab % 1024 == 0 && kKSlab % 1024 == 0 && kVSlab % 1024 == 0,
                 "sm90 forward: every slab on a 1024-byte boundary (swizzle base offset 0)");
 };
@@ -237,7 +242,7 @@ __device__ __forceinline__ kern::ItemCursor item_cursor(const FwdParams& p, cons
 //   src.cursor(p, it)                 its key blocks: next(kb, partial, entry), done()
 //   src.load(mask, p, kb, partial, entry, mt, lane)   the Mask (variant.cuh) of key block kb
 //                                     for m16 tile mt of the block (warp w of consumer c: 4c + w)
-//   src.score_mod(p, it, kb, mt, lane)  the ScoreMod of that tile (Variant::logits): NoScoreMod,
+//   src.score_mod(p, it, kb, mt, lane, stage)  the ScoreMod of that tile (Variant::logits): NoScoreMod,
 //                                     or SDPA's modifiers (kMods: AnalyticModSourceSm90, which also
 //                                     seeds the rows' statistics with a sink, src.init_stats, and
 //                                     has the epilogue write SDPA's options; kDropout:
@@ -265,7 +270,9 @@ struct PlanSourceSm90 {
                                        int lane) const {
     mask.load(p.view.q2k_partial_bits, partial, entry, L::kBlockQ, mt, lane);
   }
-  __device__ __forceinline__ ScoreMod score_mod(const FwdParams&, const WorkItem&, int, int, int) const { return {}; }
+  __device__ __forceinline__ ScoreMod score_mod(const FwdParams&, const WorkItem&, int, int, int, uint32_t) const {
+    return {};
+  }
   // Packed rows (FwdRows) of the item; rows past the sample's length are not written.
   __device__ __forceinline__ static kern::FwdRows rows(const FwdParams& p, const WorkItem& it) {
     const int pack_shift = __ffs(p.pack) - 1;  // log2 G (pack a power of two), 0 unpacked
@@ -310,7 +317,9 @@ struct AnalyticSourceSm90 {
   __device__ __forceinline__ void load(Mask& mask, const FwdParams&, int kb, bool, int, int mt, int lane) const {
     mask = Mask{block.tile(int64_t(kb) * L::kBlockK), mt, lane};
   }
-  __device__ __forceinline__ ScoreMod score_mod(const FwdParams&, const WorkItem&, int, int, int) const { return {}; }
+  __device__ __forceinline__ ScoreMod score_mod(const FwdParams&, const WorkItem&, int, int, int, uint32_t) const {
+    return {};
+  }
   // Keys of key block kb inside the sample (>= kBlockK: all of them).
   __device__ __forceinline__ int keys_inside(int kb) const { return block.len_kv - kb * L::kBlockK; }
   // Every row of the padded O / stats below S_q.
@@ -345,9 +354,10 @@ struct AnalyticModSourceSm90T : AnalyticSourceSm90<L> {
     return AnalyticModSourceSm90T{{AnalyticSourceSm90<L>::item(p, it)},
                                   sp.alibi_n > 0 ? kern::alibi_slope_dev(it.head, sp.alibi_n) * kern::kLog2e : 0.0f};
   }
-  // The modifiers of key block kb on m16 tile mt (rows 16 mt .. of the block) of item it.
-  __device__ __forceinline__ ScoreMod score_mod(const FwdParams& p, const WorkItem& it, int kb, int mt,
-                                                int lane) const {
+  // The modifiers of key block kb on m16 tile mt (rows 16 mt .. of the block) of item it; stage:
+  // the bias stage (FwdSm90Layout::kBiasStage) when the bias is staged (SdpaBiasParams::chunks).
+  __device__ __forceinline__ ScoreMod score_mod(const FwdParams& p, const WorkItem& it, int kb, int mt, int lane,
+                                                uint32_t stage) const {
     const AnalyticMaskParams& a = kern::analytic_of(p);
     const float c2 = a.score.softcap2;
     const int64_t r0 = int64_t(it.block) * L::kBlockQ + 16 * mt, c0 = int64_t(kb) * L::kBlockK;
@@ -356,7 +366,25 @@ struct AnalyticModSourceSm90T : AnalyticSourceSm90<L> {
     return ScoreMod{kern::SdpaScoreMod{c2, c2 != 0.0f ? 1.0f / c2 : 0.0f, a2},
                     kern::diag_base(c0, this->block.lo0 - a.band.d_min() + 16 * mt), lane,
                     kBias ? kern::SdpaBiasFrag::make(a.bias, it.batch, it.head, r0, c0, lane)
-                          : kern::SdpaBiasFrag{nullptr, 0, 0, 0}};
+                          : kern::SdpaBiasFrag{nullptr, 0, 0, 0},
+                    kBias && a.bias.chunks != 0 ? stage_region(stage, mt) : 0u};
+  }
+  // The staged bias of key block kb on m16 tile mt (SdpaBiasFrag::stage), issued before the
+  // block's S GEMM; nothing without a bias or when it is not staged.
+  __device__ __forceinline__ void prefetch(const FwdParams& p, const WorkItem& it, int kb, int mt, int lane,
+                                           uint32_t stage) const {
+    if constexpr (kBias) {
+      const AnalyticMaskParams& a = kern::analytic_of(p);
+      if (a.bias.chunks == 0) return;  // (no bias: chunks 0)
+      const int64_t r0 = int64_t(it.block) * L::kBlockQ + 16 * mt, c0 = int64_t(kb) * L::kBlockK;
+      kern::SdpaBiasFrag::make(a.bias, it.batch, it.head, r0, c0, 0)
+          .template stage<L::kBlockK / 8>(stage_region(stage, mt), this->block.rows - 16 * mt,
+                                          int(this->block.len_kv - c0), lane);
+    }
+  }
+  // The region of m16 tile mt (its warp) in the bias stage.
+  __device__ __forceinline__ static uint32_t stage_region(uint32_t stage, int mt) {
+    return stage + uint32_t(mt) * kern::SdpaBiasFrag::kStageWarpBytes;
   }
   // The statistics of the thread's rows of m16 tile mt seeded with the head's sink (rows past the
   // sample keep m = -inf, l = 0: O = 0, LSE = -inf).
@@ -570,6 +598,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
   const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
   const int mt = 4 * c + warp;  // 16-row payload sub-tile of this warp
   const uint32_t q_tile = base + L::kQ + c * 64 * L::kRowBytes;
+  // The staged bias's slots (SDPA with a bias: AnalyticModSourceSm90 prefetch / score_mod).
+  const uint32_t bias_stage = base + L::kBiasStage;
   // Roles (kernels/common): the variant's scores -> logits step with the plan's payload as the
   // mask, the online softmax, the forward epilogue.
   using Mask = typename Src::Mask;
@@ -642,6 +672,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         const uint32_t v_tile = base + L::kV + st * L::kVBytes;
         Mask mask;
         src.load(mask, p, kb, partial, entry, mt, lane);
+        if constexpr (Src::kMods) src.prefetch(p, it, kb, mt, lane, bias_stage);
         mbar_wait(k_full + 8 * st, ph);
         float s[kNS][4];
         if constexpr (kPingPong) named_bar_sync(2 + c, 256);
@@ -654,7 +685,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         release_q(cur.done());
         reg_fence(s);
         float corr[2];
-        const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane));
+        const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_stage));
         sm.template update<kChains>(s, corr, exp_scale, shift);
         kern::OnlineSoftmax::rescale(o, corr);
         if constexpr (Src::kDropout) src.dropout(p, it, kb, mt, lane, s);
@@ -687,6 +718,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         {
           Mask mask;
           src.load(mask, p, kb, partial, entry, mt, lane);
+          if constexpr (Src::kMods) src.prefetch(p, it, kb, mt, lane, bias_stage);
           mbar_wait(k_full + 8 * st_prev, ph_prev);
           float s[kNS][4];
           if constexpr (kPingPong) named_bar_sync(2 + c, 256);
@@ -699,7 +731,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
-          const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane));
+          const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_stage));
           if constexpr (kLazy) {
             sm.update(s, corr, exp_scale);  // o = 0: no rescale
           } else {
@@ -713,6 +745,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           const uint32_t st = kv_it % kStages, ph = (kv_it / kStages) & 1;
           Mask mask;
           src.load(mask, p, kb, partial, entry, mt, lane);
+          if constexpr (Src::kMods) src.prefetch(p, it, kb, mt, lane, bias_stage);
           mbar_wait(k_full + 8 * st, ph);
           mbar_wait(v_full + 8 * st_prev, ph_prev);
           float s[kNS][4];
@@ -728,7 +761,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
-          const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane));
+          const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_stage));
           bool moved = true;
           if constexpr (kLazy) {
             moved = sm.update(s, corr, exp_scale);

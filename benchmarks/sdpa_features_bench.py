@@ -1,0 +1,104 @@
+"""SDPA forward with each feature against the plain kernel, on the GPU (issue 24's "a feature costs <= 10 %").
+
+For B=1, H=16, D=128, BF16, BHSD and each S of --seqs, causal (top-left), times ``flashspan.sdpa`` (forward,
+``torch.no_grad()``, no stats) plain and with one feature: additive bias in several layouts and dtypes
+((1,1,S,S) bf16 and float32, (1,H,S,S) bf16, (1,1,1,S) bf16), ALiBi, softcap 30, per-head sinks, Philox dropout 0.1.
+Each bias row is timed twice in this process: with the bias staged through shared memory (the sm90 forward's
+form where its column pairs are aligned, SdpaBiasParams::pairs) and with a copy of it one element off a 4-byte
+boundary (element loads, the form before), and the two outputs are compared (they must agree to fp32 rounding:
+same values, same order of adds).
+
+Timing: flashspan.bench.timing.Timer (CUDA events, L2 flushed between calls, warm-up, median). TFLOP/s over the
+visible (query, key) pairs (4 D pairs B H); "x plain" is the feature's time over the plain call's.
+
+Usage: python benchmarks/sdpa_features_bench.py [--seqs 8192] [--reps 10] [--heads 16] [--head-dim 128]
+Prints a markdown table; exit status 1 when a staged / element pair disagrees.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import torch
+
+import flashspan
+from flashspan.bench.timing import Timer
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seqs", default="8192")
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        sys.exit("sdpa_features_bench.py: needs a CUDA device")
+    dev = torch.device("cuda")
+    H, D = args.heads, args.head_dim
+    timer = Timer(dev, warmup=args.warmup, reps=args.reps)
+    failures = []
+    print(f"GPU {torch.cuda.get_device_name()}, B=1 H={H} D={D} BF16 causal, forward; median of {args.reps}")
+    print("| S | feature | ms | TFLOP/s | x plain | element loads ms | x plain |")
+    print("|---|---|---|---|---|---|---|")
+    for S in [int(x) for x in args.seqs.split(",")]:
+        gen = torch.Generator(device=dev).manual_seed(S)
+        q, k, v = (torch.randn(1, H, S, D, device=dev, dtype=torch.bfloat16, generator=gen) for _ in range(3))
+        pairs = S * (S + 1) // 2
+        flops = 4.0 * D * pairs * H
+
+        def run(**kw):
+            with torch.no_grad():
+                return flashspan.sdpa(q, k, v, attn_scale=1.0 / math.sqrt(D), use_causal_mask=True,
+                                      generate_stats=False, **kw)[0]
+
+        def timed(**kw) -> float:
+            return timer.measure(lambda: run(**kw)).median_ms
+
+        plain = timed()
+        rows = []
+        biases = [
+            ("bias (1,1,S,S) bf16", torch.randn(1, 1, S, S, device=dev, dtype=torch.bfloat16, generator=gen)),
+            ("bias (1,1,S,S) fp32", torch.randn(1, 1, S, S, device=dev, dtype=torch.float32, generator=gen)),
+            ("bias (1,H,S,S) bf16", torch.randn(1, H, S, S, device=dev, dtype=torch.bfloat16, generator=gen)
+             if S <= 8192 else None),
+            ("bias (1,1,1,S) bf16", torch.randn(1, 1, 1, S, device=dev, dtype=torch.bfloat16, generator=gen)),
+        ]
+        rows.append(("plain", plain, None))
+        for name, b in biases:
+            if b is None:
+                continue
+            # The same values one element past a 4-byte boundary: not pair-aligned, so element loads.
+            b_el = torch.empty(b.numel() + 1, device=dev, dtype=b.dtype)[1:].view(b.shape)
+            b_el.copy_(b)
+            staged = timed(bias=b)
+            element = timed(bias=b_el)
+            o_el = run(bias=b_el)
+            o_st = run(bias=b)
+            diff = (o_st.float() - o_el.float()).abs().max().item()
+            if not diff <= 1e-2:
+                failures.append(f"S={S} {name}: staged vs element loads differ by {diff}")
+            rows.append((name, staged, element))
+            del b, b_el
+        seed = torch.tensor([7], dtype=torch.int64, device=dev)
+        offset = torch.tensor([0], dtype=torch.int64, device=dev)
+        sinks = torch.randn(1, H, 1, 1, device=dev, dtype=torch.float32, generator=gen)
+        rows.append(("ALiBi", timed(use_alibi_mask=True), None))
+        rows.append(("softcap 30", timed(softcap=30.0), None))
+        rows.append(("sinks", timed(sink_token=sinks), None))
+        rows.append(("dropout 0.1", timed(dropout=(0.1, seed, offset)), None))
+        for name, t, te in rows:
+            el = f"{te:.3f} | {te / plain:.2f}" if te is not None else "— | —"
+            print(f"| {S} | {name} | {t:.3f} | {flops / t / 1e9:.0f} | {t / plain:.2f} | {el} |", flush=True)
+        del q, k, v
+        torch.cuda.empty_cache()
+    for f in failures:
+        print("FAIL", f)
+    sys.exit(1 if failures else 0)
+
+
+if __name__ == "__main__":
+    main()
