@@ -9,7 +9,7 @@
 //             load() runs before the block's scores exist (its reads overlap the GEMM),
 //             apply() on them; a full block (partial = false) is never masked.
 //   ScoreMod  a modifier of the scaled scores: apply() before the mask (SDPA's softcap and
-//             ALiBi), apply_visible() after it on the elements it left visible (SDPA's additive
+//             ALiBi), apply_visible(s, partial) after it on the elements it left visible (SDPA's additive
 //             bias), identity() when it changes nothing on this call. NoScoreMod (the plan
 //             kernels and the pure-mask SDPA kernels), or SDPA's SdpaTileScoreMod
 //             (sdpa_score_mod.cuh), whose terms depend on the key block: logits() takes it per
@@ -105,7 +105,7 @@ struct NoScoreMod {
   template <int kN>
   __device__ __forceinline__ void apply(float (&)[kN][4]) const {}
   template <int kN>
-  __device__ __forceinline__ void apply_visible(float (&)[kN][4]) const {}
+  __device__ __forceinline__ void apply_visible(float (&)[kN][4], bool) const {}
 };
 
 template <class Mask, class ScoreMod = NoScoreMod>
@@ -148,7 +148,7 @@ struct Variant {
     }
     m.apply(s);
     if (partial) mask.apply(s);
-    m.apply_visible(s);
+    m.apply_visible(s, partial);
     return 1.0f;
   }
 };
