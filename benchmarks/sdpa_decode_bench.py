@@ -12,8 +12,8 @@ Prints a markdown table: ms and the K/V read rate (bytes of K and V of every kv 
 which is what a decode step is bound by (H200 copy ceiling about 4.2 TB/s).
 
 With ``--alibi`` a second table: ALiBi decode (bottom-right causal, the ALiBi paper's slopes for H_q heads) on the
-decode forward (experimental there: the script sets FLASHSPAN_EXPERIMENTAL=1 around those calls) against the prefill
-kernels, checked against SDPA's math backend with the ALiBi term as a float mask.
+decode forward against the prefill kernels (``FLASHSPAN_SDPA_DECODE=0``), checked against SDPA's math backend with
+the ALiBi term as a float mask.
 
 Usage: python benchmarks/sdpa_decode_bench.py [--skv 32768] [--page 64] [--reps 20] [--no-prefill] [--alibi]
 """
@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--dim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=20)
     ap.add_argument("--no-prefill", action="store_true", help="skip the FLASHSPAN_SDPA_DECODE=0 column")
-    ap.add_argument("--alibi", action="store_true", help="also ALiBi decode (experimental on the decode forward)")
+    ap.add_argument("--alibi", action="store_true", help="also ALiBi decode")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         raise SystemExit("sdpa_decode_bench: needs a CUDA device")
@@ -160,7 +160,7 @@ def alibi_table(args, timer, failures) -> None:
             ref = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask, scale=scale,
                                                  enable_gqa=True)
             times = {}
-            for name, env in (("decode", ("FLASHSPAN_EXPERIMENTAL", "1")), ("prefill", ("FLASHSPAN_SDPA_DECODE", "0"))):
+            for name, env in (("decode", ("FLASHSPAN_SDPA_DECODE", "1")), ("prefill", ("FLASHSPAN_SDPA_DECODE", "0"))):
                 with _env(*env):
                     try:
                         check_tensor(call(), ref, torch.bfloat16, f"ALiBi B={b} Hq/Hkv={hq}/{hkv} {name}")

@@ -50,9 +50,11 @@ Switch g_sdpa_sm90_dropout{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_DROPOU
 // The decode forward (kernel_decode_sm80.cuh) for the calls sdpa_decode_refusal lets through, on every
 // GPU; FLASHSPAN_SDPA_DECODE=0 (read per call) keeps those on the prefill kernels.
 Switch g_sdpa_decode{[] { return !env_flag_off("FLASHSPAN_SDPA_DECODE"); }};
-// ALiBi in the decode forward (each packed row's head's slope): written without a GPU, so experimental
-// (FLASHSPAN_EXPERIMENTAL=1) until its GPU tests (SdpaGpu.DecodeAlibi*) have run.
-Switch g_sdpa_decode_alibi{experimental_from_env};
+// ALiBi in the decode forward (each packed row's head's slope) too, since its GPU tests passed on an H200
+// (SdpaGpu.DecodeAlibiRandom, memcheck of DecodeSanitizerSmall) and it runs as fast as the decode
+// forward without it (PERF_LOG v2.27); FLASHSPAN_SDPA_DECODE_ALIBI=0 (read per call) sends those calls to
+// the prefill kernels.
+Switch g_sdpa_decode_alibi{[] { return !env_flag_off("FLASHSPAN_SDPA_DECODE_ALIBI"); }};
 }  // namespace
 
 namespace {
@@ -216,7 +218,7 @@ const char* sdpa_decode_refusal(const sdpa::Problem& p) {
   if (p.Dqk > 128 || p.Dv > 128) return "head dims above 128";
   if (p.Hk != p.Hv) return "H_k != H_v";
   if (p.Sq * (p.Hq / p.Hk) > kDecodeBlockQ) return "S_q H_q / H_k above 16 (a prefill)";
-  if (p.a.alibi && !sdpa_decode_alibi_enabled()) return "ALiBi (experimental in the decode forward: FLASHSPAN_EXPERIMENTAL=1)";
+  if (p.a.alibi && !sdpa_decode_alibi_enabled()) return "ALiBi (FLASHSPAN_SDPA_DECODE_ALIBI=0)";
   if (p.dropout || p.a.dropout_mask_form) return "dropout";
   for (int s = 0; s < kNumSlots; ++s) {
     switch (s) {

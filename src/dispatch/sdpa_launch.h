@@ -140,7 +140,8 @@ SdpaFp8FwdParams sdpa_fp8_fwd_params(const sdpa::Problem& p, void* workspace, si
 // GPU of the sm80 family, sm_90 too), the one rule (sdpa_family.cpp): it runs a CUDA forward that
 // sdpa_decode_refusal lets through (nullptr: fp16 / bf16, head dims up to 128, H_k = H_v,
 // S_q H_q / H_k <= 16, no bias, dropout, rng_dump or block_mask, ALiBi only when
-// sdpa_decode_alibi_enabled(): FLASHSPAN_EXPERIMENTAL=1 or set_sdpa_decode_alibi_enabled(1); else the
+// sdpa_decode_alibi_enabled(): on unless FLASHSPAN_SDPA_DECODE_ALIBI=0 (read per call), unless
+// set_sdpa_decode_alibi_enabled overrides it; else the
 // first thing it does not take) when sdpa_decode_enabled(): on unless FLASHSPAN_SDPA_DECODE=0 (read per
 // call), unless set_sdpa_decode_enabled overrides it (tests: 1 on, 0 off, -1 back to the environment's answer). Its
 // workspace (sdpa_fwd_workspace_size) holds the items' partial results; sdpa_decode_fwd_params binds

@@ -896,14 +896,17 @@ TEST(SdpaFamily, DecodeTakesFewRowsPerKvHead) {
     EXPECT_EQ(decode_refusal(c), "head dims above 128");
   }
   {
-    // ALiBi: experimental in the decode forward (FLASHSPAN_EXPERIMENTAL=1 or the in-process switch).
+    // ALiBi: in the decode forward unless FLASHSPAN_SDPA_DECODE_ALIBI=0 (or the in-process switch).
     Call c = decode_call();
     c.a.alibi = true;
     set_sdpa_decode_alibi_enabled(0);
-    EXPECT_EQ(decode_refusal(c), "ALiBi (experimental in the decode forward: FLASHSPAN_EXPERIMENTAL=1)");
+    EXPECT_EQ(decode_refusal(c), "ALiBi (FLASHSPAN_SDPA_DECODE_ALIBI=0)");
     set_sdpa_decode_alibi_enabled(1);
     EXPECT_EQ(decode_refusal(c), "");
     set_sdpa_decode_alibi_enabled(-1);
+    if (std::getenv("FLASHSPAN_SDPA_DECODE_ALIBI") == nullptr) {
+      EXPECT_EQ(decode_refusal(c), "") << "on by default";
+    }
   }
   {
     Call c = decode_call();

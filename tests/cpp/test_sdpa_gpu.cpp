@@ -519,7 +519,7 @@ struct ForceSdpaSm90 {
 
 // Forces the decode forward (kernel_decode_sm80.cuh; on by default, FLASHSPAN_SDPA_DECODE=0 off;
 // set_sdpa_decode_enabled) on or off for a scope, the environment's answer again after it.
-struct ForceSdpaDecodeAlibi {  // ALiBi in the decode forward (experimental)
+struct ForceSdpaDecodeAlibi {  // ALiBi in the decode forward (on by default)
   explicit ForceSdpaDecodeAlibi(int on) { set_sdpa_decode_alibi_enabled(on); }
   ~ForceSdpaDecodeAlibi() { set_sdpa_decode_alibi_enabled(-1); }
 };
@@ -2203,7 +2203,7 @@ TEST(SdpaGpu, DecodeLeavesWhatItDoesNotTake) {
 }
 
 TEST(SdpaGpu, DecodeAlibiRandom) {
-  // ALiBi in the decode forward (experimental, switched on here): each packed row's head's slope and
+  // ALiBi in the decode forward (switched on here, whatever the environment says): each packed row's head's slope and
   // position, causal in either alignment (ALiBi requires it), with or without a window, softcap, sinks,
   // THD, GQA groups up to 16, against the CPU reference. Written without a GPU (2026-12-04).
   REQUIRE_GPU();
@@ -2223,7 +2223,7 @@ TEST(SdpaGpu, DecodeAlibiRandom) {
 TEST(SdpaGpu, DecodeSanitizerSmall) {
   // Small decode calls for compute-sanitizer memcheck: packed THD with gaps and a sample without keys,
   // several positions a block, every epilogue option, softcap and sinks, many splits (S_kv 2000, one task
-  // a kv head); ALiBi (experimental in the decode forward, switched on here) in the second.
+  // a kv head); ALiBi (switched on here) in the second.
   REQUIRE_GPU();
   const ForceSdpaDecode on(1);
   const ForceSdpaDecodeAlibi alibi(1);

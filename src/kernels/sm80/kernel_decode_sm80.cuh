@@ -17,8 +17,7 @@
 // block's valid rows hold (a key block is full when every one of them sees it whole); a partial
 // block's element test is each thread row's own position's (QueryBlockMask of that position, kept
 // per item). Score modifiers: softcap (head-independent); ALiBi with each thread row's own head's slope
-// and position (experimental: FLASHSPAN_EXPERIMENTAL=1, sdpa_decode_alibi_enabled; not yet run on a
-// GPU); sinks join the denominator in the combine kernel. The additive bias, dropout, the block_mask and
+// and position (sdpa_decode_alibi_enabled); sinks join the denominator in the combine kernel. The additive bias, dropout, the block_mask and
 // H_k != H_v (per-head tensors inside the main loop) are not taken: the rule sends those calls to
 // the prefill kernels.
 #pragma once
