@@ -142,8 +142,10 @@ struct SdpaBiasFrag {
   // 2.6x slower; .ca for the others: 10 % slower, H200, PERF_LOG v2.27). Chunks of rows at or past
   // rows_left or of blocks at or past cols_left (keys inside the sample from the block's column 0) are
   // zero-filled without a read; the bias's row length is a multiple of 8 (chunks), so a chunk whose
-  // first key is inside the sample is inside the tensor. add_staged waits for the copies
-  // (cp.async.wait_all) and the warp (__syncwarp: the lanes read each other's chunks). The element
+  // first key is inside the sample is inside the tensor. The caller commits one cp.async group per
+  // block and stages two blocks ahead (kernel_fwd_sm90.cuh consumer: stage_ahead); add_staged waits
+  // for all but the newest group (the next block's) and for the warp (__syncwarp: the lanes read each
+  // other's chunks). The element
   // loads after the GEMM (add) left their latency in the consumer's path: 16-bit bias forward
   // 0.26x the plain kernel, staged 0.44-0.49x (PERF_LOG v2.27). (A float32 bias staged this way ran
   // slower than its element loads: not staged.) p: the fragment's element (row 0, column 0), i.e.
@@ -179,7 +181,7 @@ struct SdpaBiasFrag {
   // element fewer).
   template <int kN>
   __device__ __forceinline__ void add_staged(float (&s)[kN][4], uint32_t region, int lane, bool partial) const {
-    asm volatile("cp.async.wait_all;\n" ::: "memory");
+    cp_async_wait<1>();  // the block's group done; the next block's may still be in flight
     __syncwarp();
     if (partial) {
       add_staged_as<kN, true>(s, region, lane);

@@ -169,10 +169,11 @@ struct FwdSm90Layout {
   static constexpr int kBytes = kUsed + 1024;  // + slack to align the dynamic base to 1024
   static_assert(kBytes <= 232448, "sm90 forward: more shared memory than an sm_90 block may have (227 KB)");
   // The kernels with an additive bias (AnalyticModSourceSm90: D <= 128) stage it after the rest
-  // (sdpa_score_mod.cuh SdpaBiasFrag::stage): a region per consumer warp (its 16 rows x 128 keys of
-  // a 16-bit bias).
+  // (sdpa_score_mod.cuh SdpaBiasFrag::stage): two buffers of a region per consumer warp (its 16 rows x
+  // 128 keys of a 16-bit bias).
   static constexpr int kBiasStage = (kUsed + 127) / 128 * 128;
-  static constexpr int kBytesBias = kBiasStage + 8 * 16 * 128 * 2 + 1024;
+  static constexpr int kBiasBuffer = 8 * 16 * 128 * 2;  // two: key blocks j and j + 1 in flight
+  static constexpr int kBytesBias = kBiasStage + 2 * kBiasBuffer + 1024;
   static_assert(kQSlab % 1024 == 0 && kKSlab % 1024 == 0 && kVSlab % 1024 == 0,
                 "sm90 forward: every slab on a 1024-byte boundary (swizzle base offset 0)");
 };
@@ -255,7 +256,7 @@ __device__ __forceinline__ kern::ItemCursor item_cursor(const FwdParams& p, cons
 // items (the code the kernel had inline: scripts/sass_diff.sh, same SASS).
 template <class L>
 struct PlanSourceSm90 {
-  static constexpr bool kAnalytic = false, kMods = false, kDropout = false;
+  static constexpr bool kAnalytic = false, kMods = false, kDropout = false, kStagedBias = false;
   using Mask = kern::PlanPayloadMask<L::kBlockK / 8>;
   using ScoreMod = kern::NoScoreMod;
 
@@ -298,7 +299,7 @@ struct PlanSourceSm90 {
 // (kv_addr.cuh v_head), K of h / group_size; the tensor maps take each tensor's heads.
 template <class L>
 struct AnalyticSourceSm90 {
-  static constexpr bool kAnalytic = true, kMods = false, kDropout = false;
+  static constexpr bool kAnalytic = true, kMods = false, kDropout = false, kStagedBias = false;
   using Mask = kern::AnalyticTileMask<L::kBlockK / 8>;
   using ScoreMod = kern::NoScoreMod;
   kern::BlockMaskedCursor cur;
@@ -343,6 +344,7 @@ struct AnalyticSourceSm90 {
 template <class L, bool kBias>
 struct AnalyticModSourceSm90T : AnalyticSourceSm90<L> {
   static constexpr bool kMods = true;
+  static constexpr bool kStagedBias = kBias;  // the bias's copies two blocks ahead (consumer: stage_ahead)
   using ScoreMod = kern::SdpaTileScoreMod<kBias>;
   // The head's ALiBi slope * log2 e (0: none). The rest of a block's modifiers is formed per block
   // from the parameters and the work item (the main loop of the (128, 128) kernel spilled when
@@ -651,6 +653,38 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     std::conditional_t<kLazy, kern::LazyOnlineSoftmax, kern::OnlineSoftmax> sm;
     sm.init();
     if constexpr (Src::kMods) src.init_stats(sm, p, it.head, mt, lane);
+    // The staged bias (Src::kStagedBias: AnalyticModSourceSm90 prefetch) two key blocks ahead: `ahead`
+    // walks the item's blocks ahead of cur; block j's copies (one cp.async group each, empty past
+    // the walk's end) land in buffer j % 2, issued once block j - 2's logits have read it, and
+    // waited for with block j + 1's group still in flight (SdpaBiasFrag::add_staged). One block
+    // ahead, the copies' latency outlasted the S GEMM they were issued before (PERF_LOG v2.27).
+    [[maybe_unused]] auto ahead = cur;
+    [[maybe_unused]] uint32_t bias_j = 0;      // the item's block whose logits come next
+    [[maybe_unused]] uint32_t bias_ahead = 0;  // the item's block whose copies come next
+    auto bias_buffer = [&]() -> uint32_t {
+      if constexpr (Src::kStagedBias) return bias_stage + (bias_j & 1) * L::kBiasBuffer;
+      return 0u;
+    };
+    auto stage_ahead = [&]() {
+      if constexpr (Src::kStagedBias) {
+        int kb_a = 0, entry_a = 0;
+        bool partial_a = false;
+        if (ahead.next(kb_a, partial_a, entry_a)) {
+          src.prefetch(p, it, kb_a, mt, lane, bias_stage + (bias_ahead & 1) * L::kBiasBuffer);
+        }
+        kern::cp_async_commit();
+        ++bias_ahead;
+      }
+    };
+    // After block j's logits: block j + 2's copies into its buffer, and block j + 1's buffer next.
+    auto next_block_bias = [&]() {
+      if constexpr (Src::kStagedBias) {
+        stage_ahead();
+        ++bias_j;
+      }
+    };
+    stage_ahead();
+    stage_ahead();
 
     mbar_wait(q_full, item_it & 1);
     // Q is released to the producer as soon as the item's last S GEMM has completed, so that the
@@ -672,7 +706,6 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         const uint32_t v_tile = base + L::kV + st * L::kVBytes;
         Mask mask;
         src.load(mask, p, kb, partial, entry, mt, lane);
-        if constexpr (Src::kMods) src.prefetch(p, it, kb, mt, lane, bias_stage);
         mbar_wait(k_full + 8 * st, ph);
         float s[kNS][4];
         if constexpr (kPingPong) named_bar_sync(2 + c, 256);
@@ -685,7 +718,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         release_q(cur.done());
         reg_fence(s);
         float corr[2];
-        const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_stage));
+        const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_buffer()));
+        next_block_bias();
         sm.template update<kChains>(s, corr, exp_scale, shift);
         kern::OnlineSoftmax::rescale(o, corr);
         if constexpr (Src::kDropout) src.dropout(p, it, kb, mt, lane, s);
@@ -718,7 +752,6 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         {
           Mask mask;
           src.load(mask, p, kb, partial, entry, mt, lane);
-          if constexpr (Src::kMods) src.prefetch(p, it, kb, mt, lane, bias_stage);
           mbar_wait(k_full + 8 * st_prev, ph_prev);
           float s[kNS][4];
           if constexpr (kPingPong) named_bar_sync(2 + c, 256);
@@ -731,7 +764,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
-          const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_stage));
+          const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_buffer()));
+          next_block_bias();
           if constexpr (kLazy) {
             sm.update(s, corr, exp_scale);  // o = 0: no rescale
           } else {
@@ -745,7 +779,6 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           const uint32_t st = kv_it % kStages, ph = (kv_it / kStages) & 1;
           Mask mask;
           src.load(mask, p, kb, partial, entry, mt, lane);
-          if constexpr (Src::kMods) src.prefetch(p, it, kb, mt, lane, bias_stage);
           mbar_wait(k_full + 8 * st, ph);
           mbar_wait(v_full + 8 * st_prev, ph_prev);
           float s[kNS][4];
@@ -761,7 +794,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
-          const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_stage));
+          const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_buffer()));
+          next_block_bias();
           bool moved = true;
           if constexpr (kLazy) {
             moved = sm.update(s, corr, exp_scale);
