@@ -392,9 +392,10 @@ class _Layout:
                                               "paged_attention_k_table", "paged_attention_v_table"}
         if unknown:
             raise ValueError(f"ragged_offsets: unknown tensor name(s) {sorted(unknown)}")
+        self.paged = paged
         self.thd_q = q.dim() == 3
         self.thd_kv = k.dim() == 3 and not paged
-        if k.dim() != v.dim():
+        if k.dim() != v.dim() and not paged:  # paged containers: the C layer names their layout
             raise ValueError(f"k, v: must both be 4-D (B, H, S, D) or both 3-D (T, H, D), got {k.dim()}-D and {v.dim()}-D")
         self.cu_q, self.cu_kv = cu_q, cu_kv
         self.seq_len_q, self.seq_len_kv = seq_len_q, seq_len_kv
@@ -642,8 +643,14 @@ def _forward_full(key, given: tuple, stats_needed: bool, kw: dict):
                   kw["paged_attention_k_table"] is not None or kw["paged_attention_v_table"] is not None)
     call = _Call("fwd")
     lay.bind_seq(call, L.Q, q, "q", lay.thd_q)
-    lay.bind_seq(call, L.K, k, "k", lay.thd_kv)
-    lay.bind_seq(call, L.V, v, "v", lay.thd_kv)
+    if lay.paged:
+        # Paged containers [num_blocks, H, block_size, D] (or a dense side) as they are: the C layer checks and names
+        # each side's layout (its page table's or the dense one).
+        call.set(L.K, k)
+        call.set(L.V, v)
+    else:
+        lay.bind_seq(call, L.K, k, "k", lay.thd_kv)
+        lay.bind_seq(call, L.V, v, "v", lay.thd_kv)
     dv = v.shape[-1]
     if o is None:
         o = (torch.empty((q.shape[0], q.shape[1], dv), dtype=q.dtype, device=q.device) if lay.thd_q

@@ -188,6 +188,19 @@ void check_fp8_options(const Problem& p, const Checker& c) {
   }
 }
 
+// Paged K/V (docs/SDPA.md "Paged K/V caches"): a side with a page table is a container [num_blocks, H, block_size, D]
+// read through its table [B, 1, max_pages, 1]; a side without one is a dense [B, H, S_kv, D] tensor.
+int table_of(int kv_slot) { return kv_slot == FS_SDPA_K ? FS_SDPA_PAGE_TABLE_K : FS_SDPA_PAGE_TABLE_V; }
+
+// The dims a K or V descriptor must have, in the layout its page table (or its absence) gives it.
+const char* kv_dims(const Attributes& a, int kv_slot) {
+  if (a.has(table_of(kv_slot))) {
+    return kv_slot == FS_SDPA_K ? "[num_blocks, H_k, block_size, D_qk] (a paged container: paged_attention_k_table is given)"
+                                : "[num_blocks, H_v, block_size, D_v] (a paged container: paged_attention_v_table is given)";
+  }
+  return kv_slot == FS_SDPA_K ? "[B, H_k, S_kv, D_qk]" : "[B, H_v, S_kv, D_v]";
+}
+
 void check_common(Problem& p, const Checker& c) {
   const Attributes& a = p.a;
   const TensorView &q = a.t(FS_SDPA_Q), &k = a.t(FS_SDPA_K), &v = a.t(FS_SDPA_V);
@@ -213,7 +226,7 @@ void check_common(Problem& p, const Checker& c) {
   p.Dqk = q.size(3);
   c.last_dim_contiguous(FS_SDPA_Q);
   for (int s : {FS_SDPA_K, FS_SDPA_V}) {
-    c.rank4(s, s == FS_SDPA_K ? "[B, H_k, S_kv, D_qk]" : "[B, H_v, S_kv, D_v]");
+    c.rank4(s, kv_dims(a, s));
     FS_CHECK_TYPE(a.t(s).dtype == q.dtype, slot_name(s), ": dtype ", dtype_name(a.t(s).dtype),
                   " differs from q's ", dtype_name(q.dtype),
                   p.fp8 ? " (q, k and v share one FP8 format)" : " (one io dtype per call: no mixed dtypes)");
@@ -269,8 +282,9 @@ void check_common(Problem& p, const Checker& c) {
     if (a.has(table)) {
       const TensorView& pt = a.t(table);
       const int64_t bs = t.size(2);
-      FS_CHECK_ARG(power_of_two(bs), slot_name(slot), ": the block size of a paged container [num_blocks, H, "
-                   "block_size, D] must be a power of two, got ", bs);
+      FS_CHECK_ARG(power_of_two(bs), slot_name(slot), ": the block size (dim 2) of a paged container ",
+                   slot == FS_SDPA_K ? "[num_blocks, H_k, block_size, D_qk]" : "[num_blocks, H_v, block_size, D_v]",
+                   " must be a power of two, got ", bs);
       FS_CHECK_TYPE(pt.dtype == DType::kInt32, slot_name(table), ": dtype must be int32, got ", dtype_name(pt.dtype));
       c.same_device(table);
       FS_CHECK_ARG(pt.ndim == 4 && pt.size(0) == p.B && pt.size(1) == 1 && pt.size(3) == 1 && pt.size(2) > 0,

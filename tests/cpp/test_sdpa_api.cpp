@@ -186,6 +186,81 @@ TEST(SdpaApi, ErrorsAreExceptionsNamingTheArgument) {
 }
 
 // ---------------------------------------------------------------------------
+// Paged K/V: errors name the paged layout
+// ---------------------------------------------------------------------------
+
+// A paged forward on CPU float32: q [2, 2, 1, 8], containers [num_blocks = 8, 1, block, 8] (block_k / block_v;
+// 0: that side a dense [2, 1, dense_s, 8]), page tables [2, 1, 4, 1] (max_pages 4) given on the sides `table_k` /
+// `table_v`, lengths len_kv. Returns the message of the exception that construction (validation) or execution
+// (the runtime values) raises, "" when it ran.
+struct PagedCall {
+  int64_t block_k = 8, block_v = 8, dense_s = 32, max_pages = 4;
+  bool table_k = true, table_v = true;
+  int k_rank = 4;
+  std::vector<int32_t> len_kv{5, 30};
+  int64_t max_seq = 0;  // paged_attention_max_seq_len_kv when > 0
+
+  std::string run() const {
+    constexpr int64_t b = 2, h = 2, hk = 1, d = 8, blocks = 8;
+    auto kv_shape = [&](bool paged, int64_t block) {
+      return paged ? std::vector<int64_t>{blocks, hk, block, d} : std::vector<int64_t>{b, hk, dense_s, d};
+    };
+    std::vector<int64_t> ks = kv_shape(block_k > 0, block_k), vs = kv_shape(block_v > 0, block_v);
+    if (k_rank == 3) ks = {blocks, block_k, d};
+    std::vector<float> q(b * h * d, 0.5f), o(b * h * d), k(4096, 0.25f), v(4096, 0.75f);
+    std::vector<int32_t> table(b * max_pages), ones(b, 1), lens = len_kv;
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i % blocks);
+    TensorDesc qd(q.data(), kFloat32, cpu(), {b, h, 1, d}), kd(k.data(), kFloat32, cpu(), ks),
+        vd(v.data(), kFloat32, cpu(), vs), od(o.data(), kFloat32, cpu(), {b, h, 1, d});
+    TensorDesc td(table.data(), kInt32, cpu(), {b, 1, max_pages, 1}), lq(ones.data(), kInt32, cpu(), {b}),
+        lk(lens.data(), kInt32, cpu(), {b});
+    try {
+      SdpaAttributes attr;
+      attr.set_padding_mask(true).set_seq_len_q(lq).set_seq_len_kv(lk);
+      if (table_k) attr.set_paged_attention_k_table(td);
+      if (table_v) attr.set_paged_attention_v_table(td);
+      if (max_seq > 0) attr.set_paged_attention_max_seq_len_kv(max_seq);
+      SdpaFwd fwd(qd, kd, vd, od, nullptr, attr);
+      fwd.check_support();
+      fwd.compile();
+      SdpaVariantPack pack;
+      pack.set(FS_SDPA_Q, q.data()).set(FS_SDPA_K, k.data()).set(FS_SDPA_V, v.data()).set(FS_SDPA_O, o.data());
+      pack.set(FS_SDPA_SEQ_LEN_Q, ones.data()).set(FS_SDPA_SEQ_LEN_KV, lens.data());
+      if (table_k) pack.set(FS_SDPA_PAGE_TABLE_K, table.data());
+      if (table_v) pack.set(FS_SDPA_PAGE_TABLE_V, table.data());
+      fwd.execute(pack, nullptr, fwd.workspace_size());
+    } catch (const Exception& e) {
+      EXPECT_EQ(e.status(), FS_STATUS_INVALID_ARGUMENT) << e.what();
+      return e.what();
+    }
+    return "";
+  }
+};
+
+bool begins(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+
+TEST(SdpaApi, PagedErrorsNameThePagedLayout) {
+  EXPECT_EQ(PagedCall{}.run(), "");
+  // A container of the wrong rank is named as a container, with its page table.
+  PagedCall rank;
+  rank.k_rank = 3;
+  std::string m = rank.run();
+  EXPECT_TRUE(begins(m, "k: must be a 4-D tensor [num_blocks, H_k, block_size, D_qk] (a paged container: "
+                        "paged_attention_k_table is given), got rank 3")) << m;
+  PagedCall block;
+  block.block_v = 6;
+  m = block.run();
+  EXPECT_TRUE(begins(m, "v: the block size (dim 2) of a paged container [num_blocks, H_v, block_size, D_v] must be a "
+                        "power of two, got 6")) << m;
+  // The dense layout's words are kept for dense tensors.
+  PagedCall dense_rank = rank;
+  dense_rank.table_k = dense_rank.table_v = false;
+  dense_rank.block_v = 0;
+  m = dense_rank.run();
+  EXPECT_TRUE(begins(m, "k: must be a 4-D tensor [B, H_k, S_kv, D_qk], got rank 3")) << m;
+}
+
+// ---------------------------------------------------------------------------
 // CUDA descriptors: what check_support names before any CUDA call (CPU-testable)
 // ---------------------------------------------------------------------------
 

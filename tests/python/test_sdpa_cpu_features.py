@@ -182,6 +182,31 @@ def test_paged_rules(fs):
         fs.sdpa(q.requires_grad_(), kc, kc, **base)
 
 
+def _paged_call(fs, k=None, v=None, k_table=True, v_table=True, lens=(5, 30), **kw):
+    """A paged decode step: q (2, 2, 1, 8), containers (8, 1, 8, 8), tables (2, 1, 4, 1) (capacity 4 * 8 = 32)."""
+    q = torch.randn(2, 2, 1, 8)
+    k = torch.randn(8, 1, 8, 8) if k is None else k
+    v = torch.randn(8, 1, 8, 8) if v is None else v
+    table = torch.arange(8, dtype=torch.int32).view(2, 1, 4, 1)
+    return fs.sdpa(q, k, v, use_padding_mask=True, seq_len_q=torch.ones(2, dtype=torch.int32),
+                   seq_len_kv=torch.tensor(lens, dtype=torch.int32), paged_attention_k_table=table if k_table else None,
+                   paged_attention_v_table=table if v_table else None, **kw)
+
+
+def test_paged_container_errors_name_the_paged_layout(fs):
+    """A paged container of the wrong rank was named in the dense (B, H, S, D) / THD layout by the Python layer."""
+    with pytest.raises(ValueError, match=r"^k: must be a 4-D tensor \[num_blocks, H_k, block_size, D_qk\] \(a paged "
+                                         r"container: paged_attention_k_table is given\), got rank 3"):
+        _paged_call(fs, k=torch.randn(8, 8, 8))
+    with pytest.raises(ValueError, match=r"^v: must be a 4-D tensor \[num_blocks, H_v, block_size, D_v\] \(a paged "
+                                         r"container: paged_attention_v_table is given\), got rank 3"):
+        _paged_call(fs, v=torch.randn(8, 8, 8))
+    with pytest.raises(ValueError, match=r"^k: the block size \(dim 2\) of a paged container \[num_blocks, H_k, "
+                                         r"block_size, D_qk\] must be a power of two, got 6"):
+        _paged_call(fs, k=torch.randn(8, 1, 6, 8))
+
+
+
 # ---------------------------------------------------------------------------
 # Fully masked rows, padding rows of gradients, determinism
 # ---------------------------------------------------------------------------
