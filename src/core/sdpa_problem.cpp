@@ -201,6 +201,20 @@ const char* kv_dims(const Attributes& a, int kv_slot) {
   return kv_slot == FS_SDPA_K ? "[B, H_k, S_kv, D_qk]" : "[B, H_v, S_kv, D_v]";
 }
 
+// With one side paged and the other not, the dense side's shape errors say so: a paged container given without its
+// table is read as a dense tensor (its num_blocks as the batch, its block_size as S_kv). Empty with both or neither.
+std::string one_table_hint(const Attributes& a, int dense_slot) {
+  const int other = dense_slot == FS_SDPA_K ? FS_SDPA_V : FS_SDPA_K;
+  if (!a.has(table_of(other)) || a.has(table_of(dense_slot))) return "";
+  const std::string name = slot_name(dense_slot), missing = slot_name(table_of(dense_slot));
+  const bool k = dense_slot == FS_SDPA_K;
+  return " (" + std::string(slot_name(table_of(other))) + " is given but " + missing + " is not, so " + name +
+         " is read as a dense " + (k ? "[B, H_k, S_kv, D_qk]" : "[B, H_v, S_kv, D_v]") + " tensor; a paged " + name +
+         " container " + (k ? "[num_blocks, H_k, block_size, D_qk]" : "[num_blocks, H_v, block_size, D_v]") +
+         " needs " + missing + ": pass both paged_attention_k_table and paged_attention_v_table, the same table when "
+         "K and V share their pages)";
+}
+
 void check_common(Problem& p, const Checker& c) {
   const Attributes& a = p.a;
   const TensorView &q = a.t(FS_SDPA_Q), &k = a.t(FS_SDPA_K), &v = a.t(FS_SDPA_V);
@@ -295,7 +309,8 @@ void check_common(Problem& p, const Checker& c) {
       if (__builtin_mul_overflow(pt.size(2), bs, &cap)) cap = std::numeric_limits<int64_t>::max();
       capacity = std::min(capacity, cap);
     } else {
-      FS_CHECK_ARG(t.size(0) == p.B, slot_name(slot), ": batch ", t.size(0), " differs from q's B = ", p.B);
+      FS_CHECK_ARG(t.size(0) == p.B, slot_name(slot), ": batch ", t.size(0), " differs from q's B = ", p.B,
+                   one_table_hint(a, slot));
       FS_CHECK_ARG(dense_skv < 0 || t.size(2) == dense_skv, "k, v: sequence lengths differ (S_kv ", dense_skv, " vs ",
                    t.size(2), ")");
       dense_skv = t.size(2);
@@ -308,7 +323,7 @@ void check_common(Problem& p, const Checker& c) {
     FS_CHECK_ARG(p.Skv <= capacity, "paged_attention_max_seq_len_kv: ", p.Skv,
                  " exceeds the capacity of the page tables (max_pages * block_size = ", capacity, ")");
     FS_CHECK_ARG(dense_skv < 0 || dense_skv == p.Skv, paged_k ? "v" : "k", ": sequence length ", dense_skv,
-                 " differs from the paged S_kv = ", p.Skv);
+                 " differs from the paged S_kv = ", p.Skv, one_table_hint(a, paged_k ? FS_SDPA_V : FS_SDPA_K));
   }
   FS_CHECK_ARG(p.Sq >= 0 && p.Skv >= 0, "q, k: sequence lengths must be non-negative");
 

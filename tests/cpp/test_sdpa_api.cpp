@@ -186,7 +186,7 @@ TEST(SdpaApi, ErrorsAreExceptionsNamingTheArgument) {
 }
 
 // ---------------------------------------------------------------------------
-// Paged K/V: errors name the paged layout
+// Paged K/V: errors name the paged layout and both page tables
 // ---------------------------------------------------------------------------
 
 // A paged forward on CPU float32: q [2, 2, 1, 8], containers [num_blocks = 8, 1, block, 8] (block_k / block_v;
@@ -238,6 +238,7 @@ struct PagedCall {
 };
 
 bool begins(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
 TEST(SdpaApi, PagedErrorsNameThePagedLayout) {
   EXPECT_EQ(PagedCall{}.run(), "");
@@ -258,6 +259,25 @@ TEST(SdpaApi, PagedErrorsNameThePagedLayout) {
   dense_rank.block_v = 0;
   m = dense_rank.run();
   EXPECT_TRUE(begins(m, "k: must be a 4-D tensor [B, H_k, S_kv, D_qk], got rank 3")) << m;
+}
+
+TEST(SdpaApi, PagedOneTableOnlyNamesBothTables) {
+  for (bool k_side : {true, false}) {
+    PagedCall c;
+    (k_side ? c.table_v : c.table_k) = false;  // a container given without its table
+    const std::string m = c.run();
+    const std::string dense = k_side ? "v" : "k", given = k_side ? "paged_attention_k_table" : "paged_attention_v_table",
+                      missing = k_side ? "paged_attention_v_table" : "paged_attention_k_table";
+    EXPECT_TRUE(begins(m, dense + ": batch 8 differs from q's B = 2 (" + given + " is given but " + missing +
+                              " is not")) << m;
+    EXPECT_TRUE(contains(m, "pass both paged_attention_k_table and paged_attention_v_table")) << m;
+  }
+  // K alone paged with a dense V of the right shape runs (the seed's optional per-side tables).
+  PagedCall k_alone;
+  k_alone.table_v = false;
+  k_alone.dense_s = 32;
+  k_alone.block_v = 0;
+  EXPECT_EQ(k_alone.run(), "");
 }
 
 // ---------------------------------------------------------------------------

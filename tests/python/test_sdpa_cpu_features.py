@@ -206,6 +206,19 @@ def test_paged_container_errors_name_the_paged_layout(fs):
         _paged_call(fs, k=torch.randn(8, 1, 6, 8))
 
 
+@pytest.mark.parametrize("missing", ["k", "v"])
+def test_paged_one_table_only_names_both_tables(fs, missing):
+    """A container given without its page table read as a batch mismatch only ("v: batch 8 differs from q's B = 2")."""
+    other = "v" if missing == "k" else "k"
+    with pytest.raises(ValueError, match=rf"^{missing}: batch 8 differs from q's B = 2 \(paged_attention_{other}_table "
+                                         rf"is given but paged_attention_{missing}_table is not.*pass both "
+                                         r"paged_attention_k_table and paged_attention_v_table"):
+        _paged_call(fs, k_table=missing != "k", v_table=missing != "v")
+    # One side paged with the other dense (the seed's optional per-side tables) still runs.
+    dense = torch.randn(2, 1, 32, 8)
+    o, _ = _paged_call(fs, **{missing: dense}, k_table=missing != "k", v_table=missing != "v")
+    assert torch.isfinite(o).all()
+
 
 # ---------------------------------------------------------------------------
 # Fully masked rows, padding rows of gradients, determinism
