@@ -215,6 +215,33 @@ std::string one_table_hint(const Attributes& a, int dense_slot) {
          "K and V share their pages)";
 }
 
+// The keys the page tables can address per sample: the least, over the paged sides, of max_pages * block_size
+// (tables and containers already checked), with the rule and its numbers for messages.
+struct PagedCapacity {
+  int64_t keys = std::numeric_limits<int64_t>::max();
+  int kv_slot = -1;  // the side that bounds it
+  int64_t pages = 0, block = 0;
+
+  std::string rule() const {
+    const int table = table_of(kv_slot);
+    return std::string("max_pages * block_size = ") + std::to_string(pages) + " * " + std::to_string(block) + " = " +
+           std::to_string(keys) + " (max_pages of " + slot_name(table) + " [B, 1, max_pages, 1], block_size of " +
+           slot_name(kv_slot) + " [num_blocks, H, block_size, D])";
+  }
+};
+
+PagedCapacity paged_capacity(const Attributes& a) {
+  PagedCapacity cap;
+  for (int kv : {FS_SDPA_K, FS_SDPA_V}) {
+    if (!a.has(table_of(kv))) continue;
+    const int64_t pages = a.t(table_of(kv)).size(2), block = a.t(kv).size(2);
+    int64_t keys = 0;
+    if (__builtin_mul_overflow(pages, block, &keys)) keys = std::numeric_limits<int64_t>::max();
+    if (cap.kv_slot < 0 || keys < cap.keys) cap = PagedCapacity{keys, kv, pages, block};
+  }
+  return cap;
+}
+
 void check_common(Problem& p, const Checker& c) {
   const Attributes& a = p.a;
   const TensorView &q = a.t(FS_SDPA_Q), &k = a.t(FS_SDPA_K), &v = a.t(FS_SDPA_V);
@@ -287,8 +314,8 @@ void check_common(Problem& p, const Checker& c) {
     FS_CHECK_ARG(*a.paged_max_seq_len_kv > 0, "paged_attention_max_seq_len_kv: must be positive, got ",
                  *a.paged_max_seq_len_kv);
   }
-  int64_t capacity = std::numeric_limits<int64_t>::max();  // smallest paged capacity
   int64_t dense_skv = -1;
+  int dense_slot = -1;
   for (int side = 0; side < 2; ++side) {
     const int slot = side == 0 ? FS_SDPA_K : FS_SDPA_V;
     const int table = side == 0 ? FS_SDPA_PAGE_TABLE_K : FS_SDPA_PAGE_TABLE_V;
@@ -305,25 +332,34 @@ void check_common(Problem& p, const Checker& c) {
                    slot_name(table), ": page table shape must be [B, 1, max_pages, 1] = [", p.B,
                    ", 1, max_pages, 1], got ", pt.shape_str());
       (side == 0 ? p.page_size_k : p.page_size_v) = bs;
-      int64_t cap = 0;
-      if (__builtin_mul_overflow(pt.size(2), bs, &cap)) cap = std::numeric_limits<int64_t>::max();
-      capacity = std::min(capacity, cap);
     } else {
       FS_CHECK_ARG(t.size(0) == p.B, slot_name(slot), ": batch ", t.size(0), " differs from q's B = ", p.B,
                    one_table_hint(a, slot));
       FS_CHECK_ARG(dense_skv < 0 || t.size(2) == dense_skv, "k, v: sequence lengths differ (S_kv ", dense_skv, " vs ",
                    t.size(2), ")");
       dense_skv = t.size(2);
+      dense_slot = slot;
     }
   }
   if (!p.paged) {
     p.Skv = dense_skv;
   } else {
-    p.Skv = a.paged_max_seq_len_kv ? *a.paged_max_seq_len_kv : (dense_skv >= 0 ? dense_skv : capacity);
-    FS_CHECK_ARG(p.Skv <= capacity, "paged_attention_max_seq_len_kv: ", p.Skv,
-                 " exceeds the capacity of the page tables (max_pages * block_size = ", capacity, ")");
-    FS_CHECK_ARG(dense_skv < 0 || dense_skv == p.Skv, paged_k ? "v" : "k", ": sequence length ", dense_skv,
-                 " differs from the paged S_kv = ", p.Skv, one_table_hint(a, paged_k ? FS_SDPA_V : FS_SDPA_K));
+    const PagedCapacity cap = paged_capacity(a);
+    if (a.paged_max_seq_len_kv) {
+      p.Skv = *a.paged_max_seq_len_kv;
+      FS_CHECK_ARG(p.Skv <= cap.keys, "paged_attention_max_seq_len_kv: ", p.Skv, " exceeds the capacity of the page "
+                   "tables: it must be <= ", cap.rule());
+      FS_CHECK_ARG(dense_skv < 0 || dense_skv == p.Skv, slot_name(dense_slot), ": sequence length ", dense_skv,
+                   " differs from the paged S_kv = paged_attention_max_seq_len_kv = ", p.Skv,
+                   one_table_hint(a, dense_slot));
+    } else if (dense_skv >= 0) {
+      p.Skv = dense_skv;  // the dense side's S_kv, which the paged side must be able to address
+      FS_CHECK_ARG(p.Skv <= cap.keys, slot_name(dense_slot), ": sequence length S_kv = ", p.Skv,
+                   " exceeds the capacity of the page tables of the paged side: it must be <= ", cap.rule(),
+                   one_table_hint(a, dense_slot));
+    } else {
+      p.Skv = cap.keys;  // the tables' capacity
+    }
   }
   FS_CHECK_ARG(p.Sq >= 0 && p.Skv >= 0, "q, k: sequence lengths must be non-negative");
 
@@ -739,14 +775,16 @@ float finite_float(const Problem& p, int slot) {
   return s;
 }
 
-std::vector<int64_t> read_lengths(const Problem& p, int seq_slot, int cu_slot, int64_t max_len, const char* max_name) {
+// max_name: what bounds the lengths ("S_q"); why: appended to the message (the paged capacity's rule), or "".
+std::vector<int64_t> read_lengths(const Problem& p, int seq_slot, int cu_slot, int64_t max_len, const char* max_name,
+                                  const std::string& why = "") {
   std::vector<int64_t> len(p.B, max_len);
   if (p.has(seq_slot)) {
     const TensorView& t = p.t(seq_slot);
     for (int64_t b = 0; b < p.B; ++b) {
       len[b] = read_index(t, b);
       FS_CHECK_ARG(len[b] >= 0 && len[b] <= max_len, slot_name(seq_slot), ": sample ", b, " has length ", len[b], ", outside [0, ",
-                   max_name, " = ", max_len, "]");
+                   max_name, " = ", max_len, "]", len[b] >= 0 ? why : std::string());
     }
   } else if (p.has(cu_slot)) {
     const TensorView& t = p.t(cu_slot);
@@ -756,7 +794,7 @@ std::vector<int64_t> read_lengths(const Problem& p, int seq_slot, int cu_slot, i
                    slot_name(cu_slot), ": must be nondecreasing, but [", b + 1, "] = ",
                    read_index(t, b + 1), " < [", b, "] = ", read_index(t, b));
       FS_CHECK_ARG(len[b] <= max_len, slot_name(cu_slot), ": sample ", b, " has length ", len[b], ", longer than ",
-                   max_name, " = ", max_len);
+                   max_name, " = ", max_len, why);
     }
   }
   return len;
@@ -767,7 +805,15 @@ std::vector<int64_t> read_lengths(const Problem& p, int seq_slot, int cu_slot, i
 Runtime read_runtime_host(const Problem& p) {
   Runtime rt;
   rt.len_q = read_lengths(p, FS_SDPA_SEQ_LEN_Q, FS_SDPA_CU_SEQ_LEN_Q, p.Sq, "S_q");
-  rt.len_kv = read_lengths(p, FS_SDPA_SEQ_LEN_KV, FS_SDPA_CU_SEQ_LEN_KV, p.Skv, "S_kv");
+  if (p.paged && !p.a.paged_max_seq_len_kv && p.has(table_of(FS_SDPA_K)) && p.has(table_of(FS_SDPA_V))) {
+    // S_kv is the page tables' capacity: name its rule.
+    rt.len_kv = read_lengths(p, FS_SDPA_SEQ_LEN_KV, FS_SDPA_CU_SEQ_LEN_KV, p.Skv, "S_kv",
+                             ": with paged K/V a sample's length must be <= the page tables' capacity, " +
+                                 paged_capacity(p.a).rule());
+  } else {
+    rt.len_kv = read_lengths(p, FS_SDPA_SEQ_LEN_KV, FS_SDPA_CU_SEQ_LEN_KV, p.Skv,
+                             p.paged && p.a.paged_max_seq_len_kv ? "paged_attention_max_seq_len_kv" : "S_kv");
+  }
   auto check_total = [](const std::vector<int64_t>& len, const std::optional<int64_t>& bound, const char* name) {
     if (!bound) return;
     int64_t total = 0;

@@ -186,7 +186,7 @@ TEST(SdpaApi, ErrorsAreExceptionsNamingTheArgument) {
 }
 
 // ---------------------------------------------------------------------------
-// Paged K/V: errors name the paged layout and both page tables
+// Paged K/V: errors name the paged layout, both page tables and the capacity rule
 // ---------------------------------------------------------------------------
 
 // A paged forward on CPU float32: q [2, 2, 1, 8], containers [num_blocks = 8, 1, block, 8] (block_k / block_v;
@@ -278,6 +278,39 @@ TEST(SdpaApi, PagedOneTableOnlyNamesBothTables) {
   k_alone.dense_s = 32;
   k_alone.block_v = 0;
   EXPECT_EQ(k_alone.run(), "");
+}
+
+TEST(SdpaApi, PagedCapacityStatesTheRuleWithNumbers) {
+  PagedCall max_seq;
+  max_seq.max_seq = 40;
+  std::string m = max_seq.run();
+  EXPECT_TRUE(begins(m, "paged_attention_max_seq_len_kv: 40 exceeds the capacity of the page tables: it must be <= "
+                        "max_pages * block_size = 4 * 8 = 32 (max_pages of paged_attention_k_table")) << m;
+  // The smaller side bounds it, and is named.
+  PagedCall smaller = max_seq;
+  smaller.block_v = 4;
+  smaller.max_seq = 20;
+  m = smaller.run();
+  EXPECT_TRUE(contains(m, "max_pages * block_size = 4 * 4 = 16 (max_pages of paged_attention_v_table")) << m;
+  // A length past the tables' capacity (the default S_kv).
+  PagedCall lens;
+  lens.len_kv = {5, 40};
+  m = lens.run();
+  EXPECT_TRUE(begins(m, "seq_len_kv: sample 1 has length 40, outside [0, S_kv = 32]: with paged K/V a sample's "
+                        "length must be <= the page tables' capacity, max_pages * block_size = 4 * 8 = 32")) << m;
+  // With paged_attention_max_seq_len_kv, that bound is named.
+  PagedCall bounded = lens;
+  bounded.max_seq = 16;
+  m = bounded.run();
+  EXPECT_TRUE(begins(m, "seq_len_kv: sample 1 has length 40, outside [0, paged_attention_max_seq_len_kv = 16]")) << m;
+  // A dense side longer than the paged side's capacity is named as the dense side.
+  PagedCall dense_v;
+  dense_v.table_v = false;
+  dense_v.block_v = 0;
+  dense_v.dense_s = 64;
+  m = dense_v.run();
+  EXPECT_TRUE(begins(m, "v: sequence length S_kv = 64 exceeds the capacity of the page tables of the paged side: it "
+                        "must be <= max_pages * block_size = 4 * 8 = 32")) << m;
 }
 
 // ---------------------------------------------------------------------------

@@ -220,6 +220,22 @@ def test_paged_one_table_only_names_both_tables(fs, missing):
     assert torch.isfinite(o).all()
 
 
+def test_paged_capacity_states_the_rule_with_numbers(fs):
+    """The capacity errors gave the product only, or (lengths) a bare S_kv."""
+    with pytest.raises(ValueError, match=r"^paged_attention_max_seq_len_kv: 40 exceeds the capacity of the page tables: "
+                                         r"it must be <= max_pages \* block_size = 4 \* 8 = 32 \(max_pages of "
+                                         r"paged_attention_k_table"):
+        _paged_call(fs, paged_attention_max_seq_len_kv=40)
+    with pytest.raises(ValueError, match=r"^seq_len_kv: sample 1 has length 40, outside \[0, S_kv = 32\]: with paged "
+                                         r"K/V a sample's length must be <= the page tables' capacity, max_pages \* "
+                                         r"block_size = 4 \* 8 = 32"):
+        _paged_call(fs, lens=(5, 40))
+    # The side with the smaller capacity is the one named.
+    with pytest.raises(ValueError, match=r"max_pages \* block_size = 4 \* 4 = 16 \(max_pages of "
+                                         r"paged_attention_v_table \[B, 1, max_pages, 1\], block_size of v"):
+        _paged_call(fs, v=torch.randn(8, 1, 4, 8))
+
+
 # ---------------------------------------------------------------------------
 # Fully masked rows, padding rows of gradients, determinism
 # ---------------------------------------------------------------------------
