@@ -265,7 +265,8 @@ def _bad_cases():
                                                 dict(pad, paged_attention_k_table=torch.zeros(B, 1, 3, 1,
                                                                                               dtype=torch.int32),
                                                      paged_attention_v_table=pt), ValueError,
-                                                r"k: the block size of a paged container .* power of two, got 3"),
+                                                r"k: the block size \(dim 2\) of a paged container .* power of "
+                                                r"two, got 3"),
         "paged without padding": ((q, kc, kc), dict(paged_attention_k_table=pt, paged_attention_v_table=pt),
                                   ValueError, r"paged_attention_k_table, paged_attention_v_table: paged K/V caches "
                                               r"need the padding mask"),
