@@ -6,6 +6,7 @@ import ctypes
 import enum
 import math
 import numbers
+import operator
 import os
 from typing import Optional, Union
 
@@ -95,7 +96,7 @@ def dropout_offset_increment(max_seq_len_kv: int) -> int:
     """How far to advance the Philox offset between calls that share a seed so their dropout masks are
     independent: 4 ceil(S_kv / 16) (each Philox counter serves four key columns of a 16-column block;
     docs/SDPA.md)."""
-    return 4 * ((int(max_seq_len_kv) + 15) // 16)
+    return 4 * ((_int_arg(max_seq_len_kv, "max_seq_len_kv") + 15) // 16)
 
 
 # ---------------------------------------------------------------------------
@@ -343,14 +344,49 @@ def _remember(key, call: _Call, op: L.Op, given: tuple, bound: tuple, kw: dict) 
 # ---------------------------------------------------------------------------
 
 
-def _tensor_arg(x, name: str, device: torch.device, dtype=None) -> Optional[Tensor]:
+def _float_arg(x, name: str) -> float:
+    """``x`` as a float for an argument the C layer takes as a float (softcap, the dropout probability): a real number
+    (int, float, NumPy scalar, anything with ``__float__``), not a bool or a string (``float("2")`` would parse it).
+    TypeError naming the argument otherwise, as the seed's graph.sdpa (pybind11) refuses an argument of another type.
+    Its value (finite, positive, in [0, 1), ...) is the C layer's rule. (attn_scale keeps its own check: a scale that
+    is not a finite number is a ValueError, flex's softmax_scale class, docs/ERRORS.md.)"""
+    if type(x) is float:
+        return x
+    if not isinstance(x, (bool, str, bytes)) and hasattr(type(x), "__float__"):
+        try:
+            return float(x)
+        except (TypeError, ValueError, RuntimeError):
+            pass  # e.g. a tensor of several elements
+    raise TypeError(f"{name}: must be a real number (float), got {type(x).__name__} {x!r}")
+
+
+def _int_arg(x, name: str, what: str = "an int") -> int:
+    """``x`` as an int for an argument the C layer takes as an integer (the band bounds, sliding_window_length, the
+    packed and paged length maxima, Philox seed and offset): an integer (int, NumPy integer, anything with
+    ``__index__``), not a bool, a float (``int(2.5)`` would truncate it) or a string. TypeError naming the argument
+    otherwise, as the seed's graph.sdpa (pybind11); its value is the C layer's rule."""
+    if type(x) is int:
+        return x
+    if not isinstance(x, bool):
+        try:
+            return operator.index(x)
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    raise TypeError(f"{name}: must be {what}, got {type(x).__name__} {x!r}")
+
+
+def _tensor_arg(x, name: str, device: torch.device, dtype) -> Optional[Tensor]:
+    """A tensor argument that may also be given as a number, made a 1-element tensor of ``dtype`` on ``device``:
+    int64 takes an integer (_int_arg: a float seed is not truncated), float32 a real number."""
     if x is None:
         return None
     if isinstance(x, Tensor):
         return x
-    if isinstance(x, (int, float)) and not isinstance(x, bool):
-        return torch.tensor([x], dtype=dtype or (torch.int64 if isinstance(x, int) else torch.float32), device=device)
-    raise TypeError(f"{name} must be a torch.Tensor or a number, got {type(x).__name__}")
+    if dtype == torch.int64:
+        return torch.tensor([_int_arg(x, name, "an int or an int32 / int64 tensor")], dtype=dtype, device=device)
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):
+        return torch.tensor([float(x)], dtype=dtype, device=device)
+    raise TypeError(f"{name}: must be a torch.Tensor or a number, got {type(x).__name__}")
 
 
 # The keyword arguments that take a tensor or None only (flashspan.sdpa / sdpa_backward; the full path checks them
@@ -370,7 +406,7 @@ def _check_tensor_kwargs(kw: dict) -> None:
 def _max_len(lengths: Optional[Tensor], cu: Optional[Tensor], given: Optional[int], side: str) -> int:
     """S_max of a THD side: the given value, else the longest sample (one host read)."""
     if given is not None:
-        return int(given)
+        return _int_arg(given, f"max_seq_len_{side}")
     if cu is not None:
         c = cu.reshape(-1).to(torch.int64)
         return int((c[1:] - c[:-1]).max().item()) if c.numel() > 1 else 0
@@ -500,21 +536,24 @@ def _apply_common(call: _Call, lay: _Layout, q: Tensor, *, attn_scale, bias, blo
         call.option("causal_mask", 1)
     if use_causal_mask_bottom_right:
         call.option("causal_mask_bottom_right", 1)
+    if diagonal_band_left_bound is not None:
+        diagonal_band_left_bound = _int_arg(diagonal_band_left_bound, "diagonal_band_left_bound")
     if sliding_window_length is not None:
-        if diagonal_band_left_bound is not None and int(diagonal_band_left_bound) != int(sliding_window_length):
+        sliding_window_length = _int_arg(sliding_window_length, "sliding_window_length")
+        if diagonal_band_left_bound is not None and diagonal_band_left_bound != sliding_window_length:
             raise ValueError(
                 f"sliding_window_length, diagonal_band_left_bound: both set the left bound (sliding_window_length is "
                 f"the deprecated spelling of diagonal_band_left_bound) but disagree, got {sliding_window_length} and "
                 f"{diagonal_band_left_bound}; pass only diagonal_band_left_bound")
-        call.option("sliding_window_length", int(sliding_window_length))
+        call.option("sliding_window_length", sliding_window_length)
     if diagonal_band_left_bound is not None:
-        call.option("diagonal_band_left_bound", int(diagonal_band_left_bound))
+        call.option("diagonal_band_left_bound", diagonal_band_left_bound)
     if diagonal_band_right_bound is not None:
-        call.option("diagonal_band_right_bound", int(diagonal_band_right_bound))
+        call.option("diagonal_band_right_bound", _int_arg(diagonal_band_right_bound, "diagonal_band_right_bound"))
     if max_total_seq_len_q is not None:
-        call.option("max_total_seq_len_q", int(max_total_seq_len_q))
+        call.option("max_total_seq_len_q", _int_arg(max_total_seq_len_q, "max_total_seq_len_q"))
     if max_total_seq_len_kv is not None:
-        call.option("max_total_seq_len_kv", int(max_total_seq_len_kv))
+        call.option("max_total_seq_len_kv", _int_arg(max_total_seq_len_kv, "max_total_seq_len_kv"))
     if dropout is not None:
         if not isinstance(dropout, (tuple, list)) or len(dropout) not in (2, 3):
             raise ValueError("dropout: must be (probability, seed, offset) or (mask, scale)"
@@ -529,12 +568,13 @@ def _apply_common(call: _Call, lay: _Layout, q: Tensor, *, attn_scale, bias, blo
                 raise ValueError("dropout: the Philox form is (probability, seed, offset)")
             seed = _tensor_arg(dropout[1], "dropout seed", dev, torch.int64)
             offset = _tensor_arg(dropout[2], "dropout offset", dev, torch.int64)
-            call.dropout = (float(dropout[0]), _Bound(seed.reshape(-1)), _Bound(offset.reshape(-1)))
+            call.dropout = (_float_arg(dropout[0], "dropout probability"), _Bound(seed.reshape(-1)),
+                            _Bound(offset.reshape(-1)))
     call.set(L.RNG_DUMP, rng_dump)
     if sink_token is not None:
         call.set(L.SINK_TOKEN, sink_token.reshape(-1) if sink_token.is_contiguous() else sink_token.contiguous().reshape(-1))
     if softcap is not None:
-        call.option("softcap", float(softcap))
+        call.option("softcap", _float_arg(softcap, "softcap"))
     lay.bind_seq(call, L.GATE, gate, "gate", lay.thd_q)
 
 
@@ -678,7 +718,7 @@ def _forward_full(key, given: tuple, stats_needed: bool, kw: dict):
             _check_packed_table(call.slots[slot].tensor, off, k if side == "k" else v, kw, f"paged_attention_{side}_table")
     m = kw.pop("paged_attention_max_seq_len_kv")
     if m is not None:
-        call.option("paged_attention_max_seq_len_kv", int(m))
+        call.option("paged_attention_max_seq_len_kv", _int_arg(m, "paged_attention_max_seq_len_kv"))
     _apply_common(call, lay, q, backward=False, **kw)
     if _route(q) == "native":
         _scale_on_host(call)
