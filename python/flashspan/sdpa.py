@@ -8,6 +8,7 @@ import math
 import numbers
 import operator
 import os
+import warnings
 from typing import Optional, Union
 
 import torch
@@ -796,6 +797,28 @@ def _scale_on_host(call: _Call) -> None:
     call.option("attn_scale", float(bound.tensor.reshape(-1)[0].item()))
 
 
+# The seed's deprecated spellings (its C++ set_causal_mask, set_causal_mask_bottom_right, set_sliding_window_length
+# and set_is_inference are marked DEPRECATED, each with the setter it calls) -> what to pass instead.
+_DEPRECATED = {
+    "use_causal_mask": "diagonal_band_right_bound=0 (with the default diagonal_alignment=TOP_LEFT)",
+    "use_causal_mask_bottom_right": "diagonal_alignment=BOTTOM_RIGHT, diagonal_band_right_bound=0",
+    "sliding_window_length": "diagonal_band_left_bound (the same value)",
+    "is_inference": "generate_stats (its negation: is_inference=True is generate_stats=False)",
+}
+
+
+def _warn_deprecated(use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, is_inference,
+                     stacklevel: int = 3) -> None:
+    """A DeprecationWarning for each deprecated spelling given (set or not None), naming its replacement; attributed
+    to the caller of flashspan.sdpa / sdpa_backward (``stacklevel``). They keep working as before (docs/SDPA.md)."""
+    given = (("use_causal_mask", use_causal_mask), ("use_causal_mask_bottom_right", use_causal_mask_bottom_right),
+             ("sliding_window_length", sliding_window_length is not None), ("is_inference", is_inference is not None))
+    for name, on in given:
+        if on:
+            warnings.warn(f"{name} is deprecated (as in the seed): pass {_DEPRECATED[name]}", DeprecationWarning,
+                          stacklevel=stacklevel)
+
+
 def _check_unsupported(implementation, compute_data_type) -> None:
     if compute_data_type is None and (implementation is None or implementation.__class__ is str
                                       and implementation in ("AUTO", "COMPOSITE", "UNIFIED")):
@@ -915,8 +938,8 @@ def sdpa(
         block_mask: uint8 ``(1|B, 1|H_q, ceil(S_q/128), ceil(ceil(S_kv/128)/8))``; bit ``kb % 8`` of byte ``kb // 8``
             set = the 128x128 tile (query block, key block kb) is computed.
         use_alibi_mask: ALiBi (needs ``diagonal_band_right_bound=0``); the ALiBi paper's slopes for H_q heads. With
-            S_q < S_kv (decode, a KV cache) use ``diagonal_alignment=BOTTOM_RIGHT`` (or
-            ``use_causal_mask_bottom_right=True``): top-left, query 0 of a decode step sees key 0 only.
+            S_q < S_kv (decode, a KV cache) use ``diagonal_alignment=BOTTOM_RIGHT``: top-left, query 0 of a
+            decode step sees key 0 only.
         use_padding_mask, seq_len_q, seq_len_kv, cu_seq_len_q, cu_seq_len_kv: per-sample lengths, ``(B,)`` /
             ``(B, 1, 1, 1)`` or prefix sums ``(B+1,)``, int32 / int64; one form per side.
         diagonal_alignment: ``flashspan.diagonal_alignment.TOP_LEFT`` (default, the seed's) / ``BOTTOM_RIGHT`` (or
@@ -941,9 +964,13 @@ def sdpa(
         gate: ``O * sigmoid(gate)``, shape of O; differentiable.
         ragged_offsets: ``{"q": token offsets (B+1,), ...}`` for partially packed THD tensors.
         max_seq_len_q, max_seq_len_kv: S_max of THD tensors (else read from the lengths: one host sync).
-        use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, is_inference: deprecated seed spellings
-            (an explicit bound given alongside wins over use_causal_mask*; sliding_window_length differing from
-            diagonal_band_left_bound, or is_inference equal to generate_stats, is a ValueError).
+        use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, is_inference: the seed's deprecated
+            spellings (its set_causal_mask, set_causal_mask_bottom_right, set_sliding_window_length and
+            set_is_inference), still honoured, each with a DeprecationWarning naming what to pass instead:
+            ``diagonal_band_right_bound=0``; ``diagonal_alignment=BOTTOM_RIGHT, diagonal_band_right_bound=0``;
+            ``diagonal_band_left_bound``; ``generate_stats`` (the negation). An explicit bound given alongside wins
+            over use_causal_mask*; sliding_window_length differing from diagonal_band_left_bound, or is_inference
+            equal to generate_stats, is a ValueError.
 
     Returns:
         ``(o, stats)``; ``stats`` is None unless generate_stats. ``o`` has q's layout (THD: packed ``(T, H_q, D_v)``).
@@ -972,6 +999,8 @@ def sdpa(
     """
     del name, unfuse_fma
     _check_unsupported(implementation, compute_data_type)
+    if use_causal_mask or use_causal_mask_bottom_right or sliding_window_length is not None or is_inference is not None:
+        _warn_deprecated(use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, is_inference)
     if is_inference is not None:
         if generate_stats is not None and bool(generate_stats) == bool(is_inference):
             raise ValueError(
@@ -1078,6 +1107,8 @@ def sdpa_backward(
     """
     del name
     _check_unsupported(None, compute_data_type)
+    if use_causal_mask or use_causal_mask_bottom_right or sliding_window_length is not None:
+        _warn_deprecated(use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, None)
     return _backward(
         q, k, v, o, dO, stats, attn_scale=attn_scale, bias=bias, dBias=dBias, use_alibi_mask=use_alibi_mask,
         use_padding_mask=use_padding_mask, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, cu_seq_len_q=cu_seq_len_q,

@@ -448,9 +448,8 @@ void check_common(Problem& p, const Checker& c) {
   // --- score modifiers ------------------------------------------------------------------------
   if (a.alibi) {
     FS_CHECK_ARG(p.has_right && p.right == 0, "use_alibi_mask: ALiBi requires causal masking "
-                 "(diagonal_band_right_bound = 0, e.g. set_causal_mask / use_causal_mask; with S_q < S_kv, "
-                 "decode or a KV cache, the bottom-right alignment: set_causal_mask_bottom_right / "
-                 "use_causal_mask_bottom_right), got ",
+                 "(diagonal_band_right_bound = 0; with S_q < S_kv, decode or a KV cache, the bottom-right alignment "
+                 "too: diagonal_alignment = BOTTOM_RIGHT), got ",
                  p.has_right ? "diagonal_band_right_bound = " + std::to_string(p.right) : std::string("no right bound"));
   }
   if (a.softcap) {
