@@ -215,6 +215,43 @@ std::string one_table_hint(const Attributes& a, int dense_slot) {
          "K and V share their pages)";
 }
 
+// q, k, v given in BSHD order [B, S, H, D] where SDPA reads [B, H, S, D] (dims, whatever the strides): nothing tells
+// the two apart in general (a BSHD call whose S and H pass the BHSD rules runs on the wrong layout), so no call is
+// refused for it; but when a rule on H or S fails, and q, k, v read with dims 1 and 2 swapped would pass the rules on
+// the heads (H_k, H_v divide H_q; K and V one S_kv), the message says so (bshd_hint). Dense 4-D q, k, v only (not
+// paged, not packed through ragged offsets).
+bool fits_bshd(const Attributes& a) {
+  const TensorView &q = a.t(FS_SDPA_Q), &k = a.t(FS_SDPA_K), &v = a.t(FS_SDPA_V);
+  if (q.ndim != 4 || k.ndim != 4 || v.ndim != 4 || a.has(FS_SDPA_PAGE_TABLE_K) || a.has(FS_SDPA_PAGE_TABLE_V)) return false;
+  for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V}) {
+    if (a.has(ragged_slot_of(s))) return false;
+  }
+  const int64_t hq = q.size(2), hk = k.size(2), hv = v.size(2);
+  return hq > 0 && hk > 0 && hv > 0 && hq % hk == 0 && hq % hv == 0 && k.size(1) == v.size(1) &&
+         k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(3) == q.size(3);
+}
+
+// Appended to a broken rule on H or S when fits_bshd and the rule itself (`fits_too`) would hold read as BSHD.
+std::string bshd_hint(const Attributes& a, bool fits_too = true) {
+  if (!fits_too || !fits_bshd(a)) return "";
+  const TensorView& q = a.t(FS_SDPA_Q);
+  return " (q, k, v are read as [B, H, S, D]; read as [B, S, H, D] they would pass this rule, with H_q = " +
+         std::to_string(q.size(2)) + " and S_q = " + std::to_string(q.size(1)) +
+         ": if they are BSHD, pass q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), views without a copy)";
+}
+
+// Runs `check` (a rule on H or S of another argument); a broken rule is rethrown with bshd_hint(a, fits_too).
+template <class F>
+void with_bshd_hint(const Attributes& a, bool fits_too, F&& check) {
+  try {
+    check();
+  } catch (const Error& e) {
+    const std::string hint = bshd_hint(a, fits_too);
+    if (hint.empty()) throw;
+    throw Error(e.status(), e.what() + hint);
+  }
+}
+
 // The keys the page tables can address per sample: the least, over the paged sides, of max_pages * block_size
 // (tables and containers already checked), with the rule and its numbers for messages.
 struct PagedCapacity {
@@ -289,7 +326,7 @@ void check_common(Problem& p, const Checker& c) {
                ") are not supported: each must be at most 256");
   FS_CHECK_ARG(p.Hq % p.Hk == 0 && p.Hq % p.Hv == 0,
                "k, v: for MHA / GQA / MQA the K and V head counts must divide H_q = ", p.Hq, ", got H_k = ", p.Hk,
-               ", H_v = ", p.Hv);
+               ", H_v = ", p.Hv, bshd_hint(a));
   if (p.fp8) {
     check_fp8_options(p, c);
   } else {
@@ -336,7 +373,7 @@ void check_common(Problem& p, const Checker& c) {
       FS_CHECK_ARG(t.size(0) == p.B, slot_name(slot), ": batch ", t.size(0), " differs from q's B = ", p.B,
                    one_table_hint(a, slot));
       FS_CHECK_ARG(dense_skv < 0 || t.size(2) == dense_skv, "k, v: sequence lengths differ (S_kv ", dense_skv, " vs ",
-                   t.size(2), ")");
+                   t.size(2), ")", bshd_hint(a));
       dense_skv = t.size(2);
       dense_slot = slot;
     }
@@ -457,7 +494,15 @@ void check_common(Problem& p, const Checker& c) {
                  *a.softcap);
   }
   if (a.has(FS_SDPA_BIAS)) {
-    c.broadcastable(FS_SDPA_BIAS, p.B, p.Hq, p.Sq, p.Skv, p.paged ? "paged_attention_max_seq_len_kv" : "S_kv");
+    {
+      // A bias of [B, H, S_q, S_kv] with q, k, v in BSHD order: H and S_q of q swapped, S_kv = k's dim 1.
+      const TensorView& b = a.t(FS_SDPA_BIAS);
+      const bool fits = b.ndim == 4 && fits_bshd(a) && (b.size(1) == 1 || b.size(1) == q.size(2)) &&
+                        (b.size(2) == 1 || b.size(2) == q.size(1)) && (b.size(3) == 1 || b.size(3) == k.size(1));
+      with_bshd_hint(a, fits, [&] {
+        c.broadcastable(FS_SDPA_BIAS, p.B, p.Hq, p.Sq, p.Skv, p.paged ? "paged_attention_max_seq_len_kv" : "S_kv");
+      });
+    }
     const DType bt = a.t(FS_SDPA_BIAS).dtype;
     FS_CHECK_TYPE(bt == q.dtype || bt == DType::kFloat32, "bias: dtype must be q's (", dtype_name(q.dtype),
                   ") or float32, got ", dtype_name(bt));
@@ -475,9 +520,12 @@ void check_common(Problem& p, const Checker& c) {
     c.same_device(FS_SDPA_BLOCK_MASK);
     c.last_dim_contiguous(FS_SDPA_BLOCK_MASK);
   }
-  if (a.has(FS_SDPA_SINK_TOKEN))
-    c.small(FS_SDPA_SINK_TOKEN, p.Hq, false, "one logit per query head, shape (H_q,) or (1, H_q, 1, 1)",
-            q.dtype == DType::kFloat64);
+  if (a.has(FS_SDPA_SINK_TOKEN)) {
+    with_bshd_hint(a, a.t(FS_SDPA_SINK_TOKEN).numel() == q.size(2), [&] {
+      c.small(FS_SDPA_SINK_TOKEN, p.Hq, false, "one logit per query head, shape (H_q,) or (1, H_q, 1, 1)",
+              q.dtype == DType::kFloat64);
+    });
+  }
 
   // --- dropout -----------------------------------------------------------------------------
   FS_CHECK_ARG(!(a.dropout_probability && a.dropout_mask_form),
@@ -690,7 +738,10 @@ Problem validate_forward(const Attributes& attrs) {
   for (int s : {FS_SDPA_SCORE_MAX, FS_SDPA_SCORE_SUM_EXP}) {
     if (a.has(s)) c.exact(s, {p.B, p.Hq, p.Sq, 1}, DType::kFloat32, "[B, H_q, S_q, 1], float32");
   }
-  if (a.has(FS_SDPA_MAX_LOGIT)) c.small(FS_SDPA_MAX_LOGIT, p.Hq, false, "one value per query head");
+  if (a.has(FS_SDPA_MAX_LOGIT)) {
+    with_bshd_hint(a, a.t(FS_SDPA_MAX_LOGIT).numel() == a.t(FS_SDPA_Q).size(2),
+                   [&] { c.small(FS_SDPA_MAX_LOGIT, p.Hq, false, "one value per query head"); });
+  }
   check_outputs_disjoint(p, {FS_SDPA_O, FS_SDPA_STATS, FS_SDPA_SCORE_MAX, FS_SDPA_SCORE_SUM_EXP, FS_SDPA_RNG_DUMP});
   return p;
 }
@@ -782,8 +833,11 @@ std::vector<int64_t> read_lengths(const Problem& p, int seq_slot, int cu_slot, i
     const TensorView& t = p.t(seq_slot);
     for (int64_t b = 0; b < p.B; ++b) {
       len[b] = read_index(t, b);
-      FS_CHECK_ARG(len[b] >= 0 && len[b] <= max_len, slot_name(seq_slot), ": sample ", b, " has length ", len[b], ", outside [0, ",
-                   max_name, " = ", max_len, "]", len[b] >= 0 ? why : std::string());
+      if (len[b] >= 0 && len[b] <= max_len) continue;
+      // With q, k, v in BSHD order, S is dim 1 (q's for the Q side, k's for the KV side).
+      const int64_t bshd_s = p.t(seq_slot == FS_SDPA_SEQ_LEN_Q ? FS_SDPA_Q : FS_SDPA_K).size(1);
+      FS_CHECK_ARG(false, slot_name(seq_slot), ": sample ", b, " has length ", len[b], ", outside [0, ", max_name, " = ",
+                   max_len, "]", len[b] >= 0 ? why : std::string(), bshd_hint(p.a, len[b] >= 0 && len[b] <= bshd_s));
     }
   } else if (p.has(cu_slot)) {
     const TensorView& t = p.t(cu_slot);

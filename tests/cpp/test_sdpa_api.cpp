@@ -313,6 +313,44 @@ TEST(SdpaApi, PagedCapacityStatesTheRuleWithNumbers) {
                         "must be <= max_pages * block_size = 4 * 8 = 32")) << m;
 }
 
+// q, k, v in BSHD order [B, S, H, D]: where a rule on H or S breaks and the BSHD reading passes it, the message says so.
+TEST(SdpaApi, BshdShapesAreNamedWhereARuleOnHeadsBreaks) {
+  std::vector<float> buf(2 * 32 * 4 * 8);
+  auto refusal = [&](std::vector<int64_t> qs, std::vector<int64_t> ks, const TensorDesc* sinks) -> std::string {
+    TensorDesc q(buf.data(), kFloat32, cpu(), qs), k(buf.data(), kFloat32, cpu(), ks), v(buf.data(), kFloat32, cpu(), ks);
+    TensorDesc o(buf.data(), kFloat32, cpu(), {qs[0], qs[1], qs[2], qs[3]});
+    SdpaAttributes attr;
+    if (sinks != nullptr) attr.set_sink_token(*sinks);
+    try {
+      SdpaFwd fwd(q, k, v, o, nullptr, attr);
+    } catch (const Exception& e) {
+      EXPECT_EQ(e.status(), FS_STATUS_INVALID_ARGUMENT);
+      return e.what();
+    }
+    return "";
+  };
+  const std::string hint = " (q, k, v are read as [B, H, S, D]; read as [B, S, H, D] they would pass this rule, with "
+                           "H_q = 4 and S_q = 16: if they are BSHD, pass q.transpose(1, 2), k.transpose(1, 2), "
+                           "v.transpose(1, 2), views without a copy)";
+  // BSHD q [2, 16, 4, 8], k / v [2, 32, 2, 8]: read as BHSD, H_k = 32 does not divide H_q = 16.
+  std::string m = refusal({2, 16, 4, 8}, {2, 32, 2, 8}, nullptr);
+  EXPECT_TRUE(begins(m, "k, v: for MHA / GQA / MQA the K and V head counts must divide H_q = 16, got H_k = 32"));
+  EXPECT_TRUE(m.size() > hint.size() && m.compare(m.size() - hint.size(), hint.size(), hint) == 0) << m;
+  // Four sinks (H = 4) for BSHD q: read as BHSD, H_q = 16.
+  std::vector<float> s4(4);
+  TensorDesc sinks(s4.data(), kFloat32, cpu(), {4});
+  m = refusal({2, 16, 4, 8}, {2, 16, 4, 8}, &sinks);
+  EXPECT_TRUE(begins(m, "sink_token: must have 16 element(s)")) << m;
+  EXPECT_TRUE(contains(m, hint)) << m;
+  // A BHSD call whose sinks fit neither reading: no hint.
+  m = refusal({2, 4, 16, 8}, {2, 4, 16, 8}, &sinks);
+  EXPECT_EQ(m, "");
+  TensorDesc sinks3(s4.data(), kFloat32, cpu(), {3});
+  m = refusal({2, 4, 16, 8}, {2, 4, 16, 8}, &sinks3);
+  EXPECT_TRUE(begins(m, "sink_token: must have 4 element(s)")) << m;
+  EXPECT_FALSE(contains(m, "BSHD")) << m;
+}
+
 // ---------------------------------------------------------------------------
 // CUDA descriptors: what check_support names before any CUDA call (CPU-testable)
 // ---------------------------------------------------------------------------
