@@ -151,8 +151,8 @@ def alibi_table(args, timer, failures) -> None:
         scale = d ** -0.5
 
         def call():
-            return flashspan.sdpa(q, k, v, attn_scale=scale, use_alibi_mask=True, use_causal_mask_bottom_right=True,
-                                  generate_stats=False)[0]
+            return flashspan.sdpa(q, k, v, attn_scale=scale, use_alibi_mask=True, diagonal_alignment="BOTTOM_RIGHT",
+                                  diagonal_band_right_bound=0, generate_stats=False)[0]
 
         with torch.no_grad():
             mask = (alibi_slopes(hq).to(dev).view(1, hq, 1, 1) *

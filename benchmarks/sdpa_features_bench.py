@@ -52,7 +52,7 @@ def main() -> None:
 
         def run(**kw):
             with torch.no_grad():
-                return flashspan.sdpa(q, k, v, attn_scale=1.0 / math.sqrt(D), use_causal_mask=True,
+                return flashspan.sdpa(q, k, v, attn_scale=1.0 / math.sqrt(D), diagonal_band_right_bound=0,
                                       generate_stats=False, **kw)[0]
 
         def timed(**kw) -> float:

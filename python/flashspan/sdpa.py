@@ -6,7 +6,9 @@ import ctypes
 import enum
 import math
 import numbers
+import operator
 import os
+import warnings
 from typing import Optional, Union
 
 import torch
@@ -95,7 +97,7 @@ def dropout_offset_increment(max_seq_len_kv: int) -> int:
     """How far to advance the Philox offset between calls that share a seed so their dropout masks are
     independent: 4 ceil(S_kv / 16) (each Philox counter serves four key columns of a 16-column block;
     docs/SDPA.md)."""
-    return 4 * ((int(max_seq_len_kv) + 15) // 16)
+    return 4 * ((_int_arg(max_seq_len_kv, "max_seq_len_kv") + 15) // 16)
 
 
 # ---------------------------------------------------------------------------
@@ -343,14 +345,49 @@ def _remember(key, call: _Call, op: L.Op, given: tuple, bound: tuple, kw: dict) 
 # ---------------------------------------------------------------------------
 
 
-def _tensor_arg(x, name: str, device: torch.device, dtype=None) -> Optional[Tensor]:
+def _float_arg(x, name: str) -> float:
+    """``x`` as a float for an argument the C layer takes as a float (softcap, the dropout probability): a real number
+    (int, float, NumPy scalar, anything with ``__float__``), not a bool or a string (``float("2")`` would parse it).
+    TypeError naming the argument otherwise, as the seed's graph.sdpa (pybind11) refuses an argument of another type.
+    Its value (finite, positive, in [0, 1), ...) is the C layer's rule. (attn_scale keeps its own check: a scale that
+    is not a finite number is a ValueError, flex's softmax_scale class, docs/ERRORS.md.)"""
+    if type(x) is float:
+        return x
+    if not isinstance(x, (bool, str, bytes)) and hasattr(type(x), "__float__"):
+        try:
+            return float(x)
+        except (TypeError, ValueError, RuntimeError):
+            pass  # e.g. a tensor of several elements
+    raise TypeError(f"{name}: must be a real number (float), got {type(x).__name__} {x!r}")
+
+
+def _int_arg(x, name: str, what: str = "an int") -> int:
+    """``x`` as an int for an argument the C layer takes as an integer (the band bounds, sliding_window_length, the
+    packed and paged length maxima, Philox seed and offset): an integer (int, NumPy integer, anything with
+    ``__index__``), not a bool, a float (``int(2.5)`` would truncate it) or a string. TypeError naming the argument
+    otherwise, as the seed's graph.sdpa (pybind11); its value is the C layer's rule."""
+    if type(x) is int:
+        return x
+    if not isinstance(x, bool):
+        try:
+            return operator.index(x)
+        except (TypeError, ValueError, RuntimeError):
+            pass
+    raise TypeError(f"{name}: must be {what}, got {type(x).__name__} {x!r}")
+
+
+def _tensor_arg(x, name: str, device: torch.device, dtype) -> Optional[Tensor]:
+    """A tensor argument that may also be given as a number, made a 1-element tensor of ``dtype`` on ``device``:
+    int64 takes an integer (_int_arg: a float seed is not truncated), float32 a real number."""
     if x is None:
         return None
     if isinstance(x, Tensor):
         return x
-    if isinstance(x, (int, float)) and not isinstance(x, bool):
-        return torch.tensor([x], dtype=dtype or (torch.int64 if isinstance(x, int) else torch.float32), device=device)
-    raise TypeError(f"{name} must be a torch.Tensor or a number, got {type(x).__name__}")
+    if dtype == torch.int64:
+        return torch.tensor([_int_arg(x, name, "an int or an int32 / int64 tensor")], dtype=dtype, device=device)
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):
+        return torch.tensor([float(x)], dtype=dtype, device=device)
+    raise TypeError(f"{name}: must be a torch.Tensor or a number, got {type(x).__name__}")
 
 
 # The keyword arguments that take a tensor or None only (flashspan.sdpa / sdpa_backward; the full path checks them
@@ -370,7 +407,7 @@ def _check_tensor_kwargs(kw: dict) -> None:
 def _max_len(lengths: Optional[Tensor], cu: Optional[Tensor], given: Optional[int], side: str) -> int:
     """S_max of a THD side: the given value, else the longest sample (one host read)."""
     if given is not None:
-        return int(given)
+        return _int_arg(given, f"max_seq_len_{side}")
     if cu is not None:
         c = cu.reshape(-1).to(torch.int64)
         return int((c[1:] - c[:-1]).max().item()) if c.numel() > 1 else 0
@@ -392,9 +429,10 @@ class _Layout:
                                               "paged_attention_k_table", "paged_attention_v_table"}
         if unknown:
             raise ValueError(f"ragged_offsets: unknown tensor name(s) {sorted(unknown)}")
+        self.paged = paged
         self.thd_q = q.dim() == 3
         self.thd_kv = k.dim() == 3 and not paged
-        if k.dim() != v.dim():
+        if k.dim() != v.dim() and not paged:  # paged containers: the C layer names their layout
             raise ValueError(f"k, v: must both be 4-D (B, H, S, D) or both 3-D (T, H, D), got {k.dim()}-D and {v.dim()}-D")
         self.cu_q, self.cu_kv = cu_q, cu_kv
         self.seq_len_q, self.seq_len_kv = seq_len_q, seq_len_kv
@@ -499,21 +537,24 @@ def _apply_common(call: _Call, lay: _Layout, q: Tensor, *, attn_scale, bias, blo
         call.option("causal_mask", 1)
     if use_causal_mask_bottom_right:
         call.option("causal_mask_bottom_right", 1)
+    if diagonal_band_left_bound is not None:
+        diagonal_band_left_bound = _int_arg(diagonal_band_left_bound, "diagonal_band_left_bound")
     if sliding_window_length is not None:
-        if diagonal_band_left_bound is not None and int(diagonal_band_left_bound) != int(sliding_window_length):
+        sliding_window_length = _int_arg(sliding_window_length, "sliding_window_length")
+        if diagonal_band_left_bound is not None and diagonal_band_left_bound != sliding_window_length:
             raise ValueError(
                 f"sliding_window_length, diagonal_band_left_bound: both set the left bound (sliding_window_length is "
                 f"the deprecated spelling of diagonal_band_left_bound) but disagree, got {sliding_window_length} and "
                 f"{diagonal_band_left_bound}; pass only diagonal_band_left_bound")
-        call.option("sliding_window_length", int(sliding_window_length))
+        call.option("sliding_window_length", sliding_window_length)
     if diagonal_band_left_bound is not None:
-        call.option("diagonal_band_left_bound", int(diagonal_band_left_bound))
+        call.option("diagonal_band_left_bound", diagonal_band_left_bound)
     if diagonal_band_right_bound is not None:
-        call.option("diagonal_band_right_bound", int(diagonal_band_right_bound))
+        call.option("diagonal_band_right_bound", _int_arg(diagonal_band_right_bound, "diagonal_band_right_bound"))
     if max_total_seq_len_q is not None:
-        call.option("max_total_seq_len_q", int(max_total_seq_len_q))
+        call.option("max_total_seq_len_q", _int_arg(max_total_seq_len_q, "max_total_seq_len_q"))
     if max_total_seq_len_kv is not None:
-        call.option("max_total_seq_len_kv", int(max_total_seq_len_kv))
+        call.option("max_total_seq_len_kv", _int_arg(max_total_seq_len_kv, "max_total_seq_len_kv"))
     if dropout is not None:
         if not isinstance(dropout, (tuple, list)) or len(dropout) not in (2, 3):
             raise ValueError("dropout: must be (probability, seed, offset) or (mask, scale)"
@@ -528,12 +569,13 @@ def _apply_common(call: _Call, lay: _Layout, q: Tensor, *, attn_scale, bias, blo
                 raise ValueError("dropout: the Philox form is (probability, seed, offset)")
             seed = _tensor_arg(dropout[1], "dropout seed", dev, torch.int64)
             offset = _tensor_arg(dropout[2], "dropout offset", dev, torch.int64)
-            call.dropout = (float(dropout[0]), _Bound(seed.reshape(-1)), _Bound(offset.reshape(-1)))
+            call.dropout = (_float_arg(dropout[0], "dropout probability"), _Bound(seed.reshape(-1)),
+                            _Bound(offset.reshape(-1)))
     call.set(L.RNG_DUMP, rng_dump)
     if sink_token is not None:
         call.set(L.SINK_TOKEN, sink_token.reshape(-1) if sink_token.is_contiguous() else sink_token.contiguous().reshape(-1))
     if softcap is not None:
-        call.option("softcap", float(softcap))
+        call.option("softcap", _float_arg(softcap, "softcap"))
     lay.bind_seq(call, L.GATE, gate, "gate", lay.thd_q)
 
 
@@ -642,8 +684,14 @@ def _forward_full(key, given: tuple, stats_needed: bool, kw: dict):
                   kw["paged_attention_k_table"] is not None or kw["paged_attention_v_table"] is not None)
     call = _Call("fwd")
     lay.bind_seq(call, L.Q, q, "q", lay.thd_q)
-    lay.bind_seq(call, L.K, k, "k", lay.thd_kv)
-    lay.bind_seq(call, L.V, v, "v", lay.thd_kv)
+    if lay.paged:
+        # Paged containers [num_blocks, H, block_size, D] (or a dense side) as they are: the C layer checks and names
+        # each side's layout (its page table's or the dense one).
+        call.set(L.K, k)
+        call.set(L.V, v)
+    else:
+        lay.bind_seq(call, L.K, k, "k", lay.thd_kv)
+        lay.bind_seq(call, L.V, v, "v", lay.thd_kv)
     dv = v.shape[-1]
     if o is None:
         o = (torch.empty((q.shape[0], q.shape[1], dv), dtype=q.dtype, device=q.device) if lay.thd_q
@@ -671,7 +719,7 @@ def _forward_full(key, given: tuple, stats_needed: bool, kw: dict):
             _check_packed_table(call.slots[slot].tensor, off, k if side == "k" else v, kw, f"paged_attention_{side}_table")
     m = kw.pop("paged_attention_max_seq_len_kv")
     if m is not None:
-        call.option("paged_attention_max_seq_len_kv", int(m))
+        call.option("paged_attention_max_seq_len_kv", _int_arg(m, "paged_attention_max_seq_len_kv"))
     _apply_common(call, lay, q, backward=False, **kw)
     if _route(q) == "native":
         _scale_on_host(call)
@@ -747,6 +795,28 @@ def _scale_on_host(call: _Call) -> None:
     call.validate()
     del call.slots[L.ATTN_SCALE]
     call.option("attn_scale", float(bound.tensor.reshape(-1)[0].item()))
+
+
+# The seed's deprecated spellings (its C++ set_causal_mask, set_causal_mask_bottom_right, set_sliding_window_length
+# and set_is_inference are marked DEPRECATED, each with the setter it calls) -> what to pass instead.
+_DEPRECATED = {
+    "use_causal_mask": "diagonal_band_right_bound=0 (with the default diagonal_alignment=TOP_LEFT)",
+    "use_causal_mask_bottom_right": "diagonal_alignment=BOTTOM_RIGHT, diagonal_band_right_bound=0",
+    "sliding_window_length": "diagonal_band_left_bound (the same value)",
+    "is_inference": "generate_stats (its negation: is_inference=True is generate_stats=False)",
+}
+
+
+def _warn_deprecated(use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, is_inference,
+                     stacklevel: int = 3) -> None:
+    """A DeprecationWarning for each deprecated spelling given (set or not None), naming its replacement; attributed
+    to the caller of flashspan.sdpa / sdpa_backward (``stacklevel``). They keep working as before (docs/SDPA.md)."""
+    given = (("use_causal_mask", use_causal_mask), ("use_causal_mask_bottom_right", use_causal_mask_bottom_right),
+             ("sliding_window_length", sliding_window_length is not None), ("is_inference", is_inference is not None))
+    for name, on in given:
+        if on:
+            warnings.warn(f"{name} is deprecated (as in the seed): pass {_DEPRECATED[name]}", DeprecationWarning,
+                          stacklevel=stacklevel)
 
 
 def _check_unsupported(implementation, compute_data_type) -> None:
@@ -868,8 +938,8 @@ def sdpa(
         block_mask: uint8 ``(1|B, 1|H_q, ceil(S_q/128), ceil(ceil(S_kv/128)/8))``; bit ``kb % 8`` of byte ``kb // 8``
             set = the 128x128 tile (query block, key block kb) is computed.
         use_alibi_mask: ALiBi (needs ``diagonal_band_right_bound=0``); the ALiBi paper's slopes for H_q heads. With
-            S_q < S_kv (decode, a KV cache) use ``diagonal_alignment=BOTTOM_RIGHT`` (or
-            ``use_causal_mask_bottom_right=True``): top-left, query 0 of a decode step sees key 0 only.
+            S_q < S_kv (decode, a KV cache) use ``diagonal_alignment=BOTTOM_RIGHT``: top-left, query 0 of a
+            decode step sees key 0 only.
         use_padding_mask, seq_len_q, seq_len_kv, cu_seq_len_q, cu_seq_len_kv: per-sample lengths, ``(B,)`` /
             ``(B, 1, 1, 1)`` or prefix sums ``(B+1,)``, int32 / int64; one form per side.
         diagonal_alignment: ``flashspan.diagonal_alignment.TOP_LEFT`` (default, the seed's) / ``BOTTOM_RIGHT`` (or
@@ -894,9 +964,13 @@ def sdpa(
         gate: ``O * sigmoid(gate)``, shape of O; differentiable.
         ragged_offsets: ``{"q": token offsets (B+1,), ...}`` for partially packed THD tensors.
         max_seq_len_q, max_seq_len_kv: S_max of THD tensors (else read from the lengths: one host sync).
-        use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, is_inference: deprecated seed spellings
-            (an explicit bound given alongside wins over use_causal_mask*; sliding_window_length differing from
-            diagonal_band_left_bound, or is_inference equal to generate_stats, is a ValueError).
+        use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, is_inference: the seed's deprecated
+            spellings (its set_causal_mask, set_causal_mask_bottom_right, set_sliding_window_length and
+            set_is_inference), still honoured, each with a DeprecationWarning naming what to pass instead:
+            ``diagonal_band_right_bound=0``; ``diagonal_alignment=BOTTOM_RIGHT, diagonal_band_right_bound=0``;
+            ``diagonal_band_left_bound``; ``generate_stats`` (the negation). An explicit bound given alongside wins
+            over use_causal_mask*; sliding_window_length differing from diagonal_band_left_bound, or is_inference
+            equal to generate_stats, is a ValueError.
 
     Returns:
         ``(o, stats)``; ``stats`` is None unless generate_stats. ``o`` has q's layout (THD: packed ``(T, H_q, D_v)``).
@@ -925,6 +999,8 @@ def sdpa(
     """
     del name, unfuse_fma
     _check_unsupported(implementation, compute_data_type)
+    if use_causal_mask or use_causal_mask_bottom_right or sliding_window_length is not None or is_inference is not None:
+        _warn_deprecated(use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, is_inference)
     if is_inference is not None:
         if generate_stats is not None and bool(generate_stats) == bool(is_inference):
             raise ValueError(
@@ -1031,6 +1107,8 @@ def sdpa_backward(
     """
     del name
     _check_unsupported(None, compute_data_type)
+    if use_causal_mask or use_causal_mask_bottom_right or sliding_window_length is not None:
+        _warn_deprecated(use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, None)
     return _backward(
         q, k, v, o, dO, stats, attn_scale=attn_scale, bias=bias, dBias=dBias, use_alibi_mask=use_alibi_mask,
         use_padding_mask=use_padding_mask, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, cu_seq_len_q=cu_seq_len_q,

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from . import _sdpa_lib as L
-from .sdpa import TOP_LEFT, _apply_common, _Call, _check_unsupported, _Layout, _like_layout
+from .sdpa import TOP_LEFT, _apply_common, _Call, _check_unsupported, _Layout, _like_layout, _warn_deprecated
 
 __all__ = ["sdpa_fp8", "sdpa_fp8_backward", "FP8_DTYPES"]
 
@@ -42,6 +42,7 @@ def _scale(x, name: str, device: torch.device) -> Tensor:
 def _generate_stats(generate_stats, is_inference) -> bool:
     if is_inference is None:
         return bool(generate_stats)
+    _warn_deprecated(False, False, None, is_inference, stacklevel=4)  # the seed's FP8 "Deprecated Args"
     if generate_stats is not None and bool(generate_stats) == bool(is_inference):
         raise ValueError(f"is_inference, generate_stats: is_inference (deprecated) is the negation of generate_stats, got "
                          f"is_inference={is_inference!r} and generate_stats={generate_stats!r}; pass only generate_stats")

@@ -188,6 +188,97 @@ void check_fp8_options(const Problem& p, const Checker& c) {
   }
 }
 
+// Paged K/V (docs/SDPA.md "Paged K/V caches"): a side with a page table is a container [num_blocks, H, block_size, D]
+// read through its table [B, 1, max_pages, 1]; a side without one is a dense [B, H, S_kv, D] tensor.
+int table_of(int kv_slot) { return kv_slot == FS_SDPA_K ? FS_SDPA_PAGE_TABLE_K : FS_SDPA_PAGE_TABLE_V; }
+
+// The dims a K or V descriptor must have, in the layout its page table (or its absence) gives it.
+const char* kv_dims(const Attributes& a, int kv_slot) {
+  if (a.has(table_of(kv_slot))) {
+    return kv_slot == FS_SDPA_K ? "[num_blocks, H_k, block_size, D_qk] (a paged container: paged_attention_k_table is given)"
+                                : "[num_blocks, H_v, block_size, D_v] (a paged container: paged_attention_v_table is given)";
+  }
+  return kv_slot == FS_SDPA_K ? "[B, H_k, S_kv, D_qk]" : "[B, H_v, S_kv, D_v]";
+}
+
+// With one side paged and the other not, the dense side's shape errors say so: a paged container given without its
+// table is read as a dense tensor (its num_blocks as the batch, its block_size as S_kv). Empty with both or neither.
+std::string one_table_hint(const Attributes& a, int dense_slot) {
+  const int other = dense_slot == FS_SDPA_K ? FS_SDPA_V : FS_SDPA_K;
+  if (!a.has(table_of(other)) || a.has(table_of(dense_slot))) return "";
+  const std::string name = slot_name(dense_slot), missing = slot_name(table_of(dense_slot));
+  const bool k = dense_slot == FS_SDPA_K;
+  return " (" + std::string(slot_name(table_of(other))) + " is given but " + missing + " is not, so " + name +
+         " is read as a dense " + (k ? "[B, H_k, S_kv, D_qk]" : "[B, H_v, S_kv, D_v]") + " tensor; a paged " + name +
+         " container " + (k ? "[num_blocks, H_k, block_size, D_qk]" : "[num_blocks, H_v, block_size, D_v]") +
+         " needs " + missing + ": pass both paged_attention_k_table and paged_attention_v_table, the same table when "
+         "K and V share their pages)";
+}
+
+// q, k, v given in BSHD order [B, S, H, D] where SDPA reads [B, H, S, D] (dims, whatever the strides): nothing tells
+// the two apart in general (a BSHD call whose S and H pass the BHSD rules runs on the wrong layout), so no call is
+// refused for it; but when a rule on H or S fails, and q, k, v read with dims 1 and 2 swapped would pass the rules on
+// the heads (H_k, H_v divide H_q; K and V one S_kv), the message says so (bshd_hint). Dense 4-D q, k, v only (not
+// paged, not packed through ragged offsets).
+bool fits_bshd(const Attributes& a) {
+  const TensorView &q = a.t(FS_SDPA_Q), &k = a.t(FS_SDPA_K), &v = a.t(FS_SDPA_V);
+  if (q.ndim != 4 || k.ndim != 4 || v.ndim != 4 || a.has(FS_SDPA_PAGE_TABLE_K) || a.has(FS_SDPA_PAGE_TABLE_V)) return false;
+  for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V}) {
+    if (a.has(ragged_slot_of(s))) return false;
+  }
+  const int64_t hq = q.size(2), hk = k.size(2), hv = v.size(2);
+  return hq > 0 && hk > 0 && hv > 0 && hq % hk == 0 && hq % hv == 0 && k.size(1) == v.size(1) &&
+         k.size(0) == q.size(0) && v.size(0) == q.size(0) && k.size(3) == q.size(3);
+}
+
+// Appended to a broken rule on H or S when fits_bshd and the rule itself (`fits_too`) would hold read as BSHD.
+std::string bshd_hint(const Attributes& a, bool fits_too = true) {
+  if (!fits_too || !fits_bshd(a)) return "";
+  const TensorView& q = a.t(FS_SDPA_Q);
+  return " (q, k, v are read as [B, H, S, D]; read as [B, S, H, D] they would pass this rule, with H_q = " +
+         std::to_string(q.size(2)) + " and S_q = " + std::to_string(q.size(1)) +
+         ": if they are BSHD, pass q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), views without a copy)";
+}
+
+// Runs `check` (a rule on H or S of another argument); a broken rule is rethrown with bshd_hint(a, fits_too).
+template <class F>
+void with_bshd_hint(const Attributes& a, bool fits_too, F&& check) {
+  try {
+    check();
+  } catch (const Error& e) {
+    const std::string hint = bshd_hint(a, fits_too);
+    if (hint.empty()) throw;
+    throw Error(e.status(), e.what() + hint);
+  }
+}
+
+// The keys the page tables can address per sample: the least, over the paged sides, of max_pages * block_size
+// (tables and containers already checked), with the rule and its numbers for messages.
+struct PagedCapacity {
+  int64_t keys = std::numeric_limits<int64_t>::max();
+  int kv_slot = -1;  // the side that bounds it
+  int64_t pages = 0, block = 0;
+
+  std::string rule() const {
+    const int table = table_of(kv_slot);
+    return std::string("max_pages * block_size = ") + std::to_string(pages) + " * " + std::to_string(block) + " = " +
+           std::to_string(keys) + " (max_pages of " + slot_name(table) + " [B, 1, max_pages, 1], block_size of " +
+           slot_name(kv_slot) + " [num_blocks, H, block_size, D])";
+  }
+};
+
+PagedCapacity paged_capacity(const Attributes& a) {
+  PagedCapacity cap;
+  for (int kv : {FS_SDPA_K, FS_SDPA_V}) {
+    if (!a.has(table_of(kv))) continue;
+    const int64_t pages = a.t(table_of(kv)).size(2), block = a.t(kv).size(2);
+    int64_t keys = 0;
+    if (__builtin_mul_overflow(pages, block, &keys)) keys = std::numeric_limits<int64_t>::max();
+    if (cap.kv_slot < 0 || keys < cap.keys) cap = PagedCapacity{keys, kv, pages, block};
+  }
+  return cap;
+}
+
 void check_common(Problem& p, const Checker& c) {
   const Attributes& a = p.a;
   const TensorView &q = a.t(FS_SDPA_Q), &k = a.t(FS_SDPA_K), &v = a.t(FS_SDPA_V);
@@ -213,7 +304,7 @@ void check_common(Problem& p, const Checker& c) {
   p.Dqk = q.size(3);
   c.last_dim_contiguous(FS_SDPA_Q);
   for (int s : {FS_SDPA_K, FS_SDPA_V}) {
-    c.rank4(s, s == FS_SDPA_K ? "[B, H_k, S_kv, D_qk]" : "[B, H_v, S_kv, D_v]");
+    c.rank4(s, kv_dims(a, s));
     FS_CHECK_TYPE(a.t(s).dtype == q.dtype, slot_name(s), ": dtype ", dtype_name(a.t(s).dtype),
                   " differs from q's ", dtype_name(q.dtype),
                   p.fp8 ? " (q, k and v share one FP8 format)" : " (one io dtype per call: no mixed dtypes)");
@@ -235,7 +326,7 @@ void check_common(Problem& p, const Checker& c) {
                ") are not supported: each must be at most 256");
   FS_CHECK_ARG(p.Hq % p.Hk == 0 && p.Hq % p.Hv == 0,
                "k, v: for MHA / GQA / MQA the K and V head counts must divide H_q = ", p.Hq, ", got H_k = ", p.Hk,
-               ", H_v = ", p.Hv);
+               ", H_v = ", p.Hv, bshd_hint(a));
   if (p.fp8) {
     check_fp8_options(p, c);
   } else {
@@ -260,8 +351,8 @@ void check_common(Problem& p, const Checker& c) {
     FS_CHECK_ARG(*a.paged_max_seq_len_kv > 0, "paged_attention_max_seq_len_kv: must be positive, got ",
                  *a.paged_max_seq_len_kv);
   }
-  int64_t capacity = std::numeric_limits<int64_t>::max();  // smallest paged capacity
   int64_t dense_skv = -1;
+  int dense_slot = -1;
   for (int side = 0; side < 2; ++side) {
     const int slot = side == 0 ? FS_SDPA_K : FS_SDPA_V;
     const int table = side == 0 ? FS_SDPA_PAGE_TABLE_K : FS_SDPA_PAGE_TABLE_V;
@@ -269,32 +360,43 @@ void check_common(Problem& p, const Checker& c) {
     if (a.has(table)) {
       const TensorView& pt = a.t(table);
       const int64_t bs = t.size(2);
-      FS_CHECK_ARG(power_of_two(bs), slot_name(slot), ": the block size of a paged container [num_blocks, H, "
-                   "block_size, D] must be a power of two, got ", bs);
+      FS_CHECK_ARG(power_of_two(bs), slot_name(slot), ": the block size (dim 2) of a paged container ",
+                   slot == FS_SDPA_K ? "[num_blocks, H_k, block_size, D_qk]" : "[num_blocks, H_v, block_size, D_v]",
+                   " must be a power of two, got ", bs);
       FS_CHECK_TYPE(pt.dtype == DType::kInt32, slot_name(table), ": dtype must be int32, got ", dtype_name(pt.dtype));
       c.same_device(table);
       FS_CHECK_ARG(pt.ndim == 4 && pt.size(0) == p.B && pt.size(1) == 1 && pt.size(3) == 1 && pt.size(2) > 0,
                    slot_name(table), ": page table shape must be [B, 1, max_pages, 1] = [", p.B,
                    ", 1, max_pages, 1], got ", pt.shape_str());
       (side == 0 ? p.page_size_k : p.page_size_v) = bs;
-      int64_t cap = 0;
-      if (__builtin_mul_overflow(pt.size(2), bs, &cap)) cap = std::numeric_limits<int64_t>::max();
-      capacity = std::min(capacity, cap);
     } else {
-      FS_CHECK_ARG(t.size(0) == p.B, slot_name(slot), ": batch ", t.size(0), " differs from q's B = ", p.B);
+      FS_CHECK_ARG(t.size(0) == p.B, slot_name(slot), ": batch ", t.size(0), " differs from q's B = ", p.B,
+                   one_table_hint(a, slot));
       FS_CHECK_ARG(dense_skv < 0 || t.size(2) == dense_skv, "k, v: sequence lengths differ (S_kv ", dense_skv, " vs ",
-                   t.size(2), ")");
+                   t.size(2), ")", bshd_hint(a));
       dense_skv = t.size(2);
+      dense_slot = slot;
     }
   }
   if (!p.paged) {
     p.Skv = dense_skv;
   } else {
-    p.Skv = a.paged_max_seq_len_kv ? *a.paged_max_seq_len_kv : (dense_skv >= 0 ? dense_skv : capacity);
-    FS_CHECK_ARG(p.Skv <= capacity, "paged_attention_max_seq_len_kv: ", p.Skv,
-                 " exceeds the capacity of the page tables (max_pages * block_size = ", capacity, ")");
-    FS_CHECK_ARG(dense_skv < 0 || dense_skv == p.Skv, paged_k ? "v" : "k", ": sequence length ", dense_skv,
-                 " differs from the paged S_kv = ", p.Skv);
+    const PagedCapacity cap = paged_capacity(a);
+    if (a.paged_max_seq_len_kv) {
+      p.Skv = *a.paged_max_seq_len_kv;
+      FS_CHECK_ARG(p.Skv <= cap.keys, "paged_attention_max_seq_len_kv: ", p.Skv, " exceeds the capacity of the page "
+                   "tables: it must be <= ", cap.rule());
+      FS_CHECK_ARG(dense_skv < 0 || dense_skv == p.Skv, slot_name(dense_slot), ": sequence length ", dense_skv,
+                   " differs from the paged S_kv = paged_attention_max_seq_len_kv = ", p.Skv,
+                   one_table_hint(a, dense_slot));
+    } else if (dense_skv >= 0) {
+      p.Skv = dense_skv;  // the dense side's S_kv, which the paged side must be able to address
+      FS_CHECK_ARG(p.Skv <= cap.keys, slot_name(dense_slot), ": sequence length S_kv = ", p.Skv,
+                   " exceeds the capacity of the page tables of the paged side: it must be <= ", cap.rule(),
+                   one_table_hint(a, dense_slot));
+    } else {
+      p.Skv = cap.keys;  // the tables' capacity
+    }
   }
   FS_CHECK_ARG(p.Sq >= 0 && p.Skv >= 0, "q, k: sequence lengths must be non-negative");
 
@@ -383,9 +485,8 @@ void check_common(Problem& p, const Checker& c) {
   // --- score modifiers ------------------------------------------------------------------------
   if (a.alibi) {
     FS_CHECK_ARG(p.has_right && p.right == 0, "use_alibi_mask: ALiBi requires causal masking "
-                 "(diagonal_band_right_bound = 0, e.g. set_causal_mask / use_causal_mask; with S_q < S_kv, "
-                 "decode or a KV cache, the bottom-right alignment: set_causal_mask_bottom_right / "
-                 "use_causal_mask_bottom_right), got ",
+                 "(diagonal_band_right_bound = 0; with S_q < S_kv, decode or a KV cache, the bottom-right alignment "
+                 "too: diagonal_alignment = BOTTOM_RIGHT), got ",
                  p.has_right ? "diagonal_band_right_bound = " + std::to_string(p.right) : std::string("no right bound"));
   }
   if (a.softcap) {
@@ -393,7 +494,15 @@ void check_common(Problem& p, const Checker& c) {
                  *a.softcap);
   }
   if (a.has(FS_SDPA_BIAS)) {
-    c.broadcastable(FS_SDPA_BIAS, p.B, p.Hq, p.Sq, p.Skv, p.paged ? "paged_attention_max_seq_len_kv" : "S_kv");
+    {
+      // A bias of [B, H, S_q, S_kv] with q, k, v in BSHD order: H and S_q of q swapped, S_kv = k's dim 1.
+      const TensorView& b = a.t(FS_SDPA_BIAS);
+      const bool fits = b.ndim == 4 && fits_bshd(a) && (b.size(1) == 1 || b.size(1) == q.size(2)) &&
+                        (b.size(2) == 1 || b.size(2) == q.size(1)) && (b.size(3) == 1 || b.size(3) == k.size(1));
+      with_bshd_hint(a, fits, [&] {
+        c.broadcastable(FS_SDPA_BIAS, p.B, p.Hq, p.Sq, p.Skv, p.paged ? "paged_attention_max_seq_len_kv" : "S_kv");
+      });
+    }
     const DType bt = a.t(FS_SDPA_BIAS).dtype;
     FS_CHECK_TYPE(bt == q.dtype || bt == DType::kFloat32, "bias: dtype must be q's (", dtype_name(q.dtype),
                   ") or float32, got ", dtype_name(bt));
@@ -411,9 +520,12 @@ void check_common(Problem& p, const Checker& c) {
     c.same_device(FS_SDPA_BLOCK_MASK);
     c.last_dim_contiguous(FS_SDPA_BLOCK_MASK);
   }
-  if (a.has(FS_SDPA_SINK_TOKEN))
-    c.small(FS_SDPA_SINK_TOKEN, p.Hq, false, "one logit per query head, shape (H_q,) or (1, H_q, 1, 1)",
-            q.dtype == DType::kFloat64);
+  if (a.has(FS_SDPA_SINK_TOKEN)) {
+    with_bshd_hint(a, a.t(FS_SDPA_SINK_TOKEN).numel() == q.size(2), [&] {
+      c.small(FS_SDPA_SINK_TOKEN, p.Hq, false, "one logit per query head, shape (H_q,) or (1, H_q, 1, 1)",
+              q.dtype == DType::kFloat64);
+    });
+  }
 
   // --- dropout -----------------------------------------------------------------------------
   FS_CHECK_ARG(!(a.dropout_probability && a.dropout_mask_form),
@@ -626,7 +738,10 @@ Problem validate_forward(const Attributes& attrs) {
   for (int s : {FS_SDPA_SCORE_MAX, FS_SDPA_SCORE_SUM_EXP}) {
     if (a.has(s)) c.exact(s, {p.B, p.Hq, p.Sq, 1}, DType::kFloat32, "[B, H_q, S_q, 1], float32");
   }
-  if (a.has(FS_SDPA_MAX_LOGIT)) c.small(FS_SDPA_MAX_LOGIT, p.Hq, false, "one value per query head");
+  if (a.has(FS_SDPA_MAX_LOGIT)) {
+    with_bshd_hint(a, a.t(FS_SDPA_MAX_LOGIT).numel() == a.t(FS_SDPA_Q).size(2),
+                   [&] { c.small(FS_SDPA_MAX_LOGIT, p.Hq, false, "one value per query head"); });
+  }
   check_outputs_disjoint(p, {FS_SDPA_O, FS_SDPA_STATS, FS_SDPA_SCORE_MAX, FS_SDPA_SCORE_SUM_EXP, FS_SDPA_RNG_DUMP});
   return p;
 }
@@ -710,14 +825,19 @@ float finite_float(const Problem& p, int slot) {
   return s;
 }
 
-std::vector<int64_t> read_lengths(const Problem& p, int seq_slot, int cu_slot, int64_t max_len, const char* max_name) {
+// max_name: what bounds the lengths ("S_q"); why: appended to the message (the paged capacity's rule), or "".
+std::vector<int64_t> read_lengths(const Problem& p, int seq_slot, int cu_slot, int64_t max_len, const char* max_name,
+                                  const std::string& why = "") {
   std::vector<int64_t> len(p.B, max_len);
   if (p.has(seq_slot)) {
     const TensorView& t = p.t(seq_slot);
     for (int64_t b = 0; b < p.B; ++b) {
       len[b] = read_index(t, b);
-      FS_CHECK_ARG(len[b] >= 0 && len[b] <= max_len, slot_name(seq_slot), ": sample ", b, " has length ", len[b], ", outside [0, ",
-                   max_name, " = ", max_len, "]");
+      if (len[b] >= 0 && len[b] <= max_len) continue;
+      // With q, k, v in BSHD order, S is dim 1 (q's for the Q side, k's for the KV side).
+      const int64_t bshd_s = p.t(seq_slot == FS_SDPA_SEQ_LEN_Q ? FS_SDPA_Q : FS_SDPA_K).size(1);
+      FS_CHECK_ARG(false, slot_name(seq_slot), ": sample ", b, " has length ", len[b], ", outside [0, ", max_name, " = ",
+                   max_len, "]", len[b] >= 0 ? why : std::string(), bshd_hint(p.a, len[b] >= 0 && len[b] <= bshd_s));
     }
   } else if (p.has(cu_slot)) {
     const TensorView& t = p.t(cu_slot);
@@ -727,7 +847,7 @@ std::vector<int64_t> read_lengths(const Problem& p, int seq_slot, int cu_slot, i
                    slot_name(cu_slot), ": must be nondecreasing, but [", b + 1, "] = ",
                    read_index(t, b + 1), " < [", b, "] = ", read_index(t, b));
       FS_CHECK_ARG(len[b] <= max_len, slot_name(cu_slot), ": sample ", b, " has length ", len[b], ", longer than ",
-                   max_name, " = ", max_len);
+                   max_name, " = ", max_len, why);
     }
   }
   return len;
@@ -738,7 +858,15 @@ std::vector<int64_t> read_lengths(const Problem& p, int seq_slot, int cu_slot, i
 Runtime read_runtime_host(const Problem& p) {
   Runtime rt;
   rt.len_q = read_lengths(p, FS_SDPA_SEQ_LEN_Q, FS_SDPA_CU_SEQ_LEN_Q, p.Sq, "S_q");
-  rt.len_kv = read_lengths(p, FS_SDPA_SEQ_LEN_KV, FS_SDPA_CU_SEQ_LEN_KV, p.Skv, "S_kv");
+  if (p.paged && !p.a.paged_max_seq_len_kv && p.has(table_of(FS_SDPA_K)) && p.has(table_of(FS_SDPA_V))) {
+    // S_kv is the page tables' capacity: name its rule.
+    rt.len_kv = read_lengths(p, FS_SDPA_SEQ_LEN_KV, FS_SDPA_CU_SEQ_LEN_KV, p.Skv, "S_kv",
+                             ": with paged K/V a sample's length must be <= the page tables' capacity, " +
+                                 paged_capacity(p.a).rule());
+  } else {
+    rt.len_kv = read_lengths(p, FS_SDPA_SEQ_LEN_KV, FS_SDPA_CU_SEQ_LEN_KV, p.Skv,
+                             p.paged && p.a.paged_max_seq_len_kv ? "paged_attention_max_seq_len_kv" : "S_kv");
+  }
   auto check_total = [](const std::vector<int64_t>& len, const std::optional<int64_t>& bound, const char* name) {
     if (!bound) return;
     int64_t total = 0;

@@ -186,6 +186,172 @@ TEST(SdpaApi, ErrorsAreExceptionsNamingTheArgument) {
 }
 
 // ---------------------------------------------------------------------------
+// Paged K/V: errors name the paged layout, both page tables and the capacity rule
+// ---------------------------------------------------------------------------
+
+// A paged forward on CPU float32: q [2, 2, 1, 8], containers [num_blocks = 8, 1, block, 8] (block_k / block_v;
+// 0: that side a dense [2, 1, dense_s, 8]), page tables [2, 1, 4, 1] (max_pages 4) given on the sides `table_k` /
+// `table_v`, lengths len_kv. Returns the message of the exception that construction (validation) or execution
+// (the runtime values) raises, "" when it ran.
+struct PagedCall {
+  int64_t block_k = 8, block_v = 8, dense_s = 32, max_pages = 4;
+  bool table_k = true, table_v = true;
+  int k_rank = 4;
+  std::vector<int32_t> len_kv{5, 30};
+  int64_t max_seq = 0;  // paged_attention_max_seq_len_kv when > 0
+
+  std::string run() const {
+    constexpr int64_t b = 2, h = 2, hk = 1, d = 8, blocks = 8;
+    auto kv_shape = [&](bool paged, int64_t block) {
+      return paged ? std::vector<int64_t>{blocks, hk, block, d} : std::vector<int64_t>{b, hk, dense_s, d};
+    };
+    std::vector<int64_t> ks = kv_shape(block_k > 0, block_k), vs = kv_shape(block_v > 0, block_v);
+    if (k_rank == 3) ks = {blocks, block_k, d};
+    std::vector<float> q(b * h * d, 0.5f), o(b * h * d), k(4096, 0.25f), v(4096, 0.75f);
+    std::vector<int32_t> table(b * max_pages), ones(b, 1), lens = len_kv;
+    for (size_t i = 0; i < table.size(); ++i) table[i] = static_cast<int32_t>(i % blocks);
+    TensorDesc qd(q.data(), kFloat32, cpu(), {b, h, 1, d}), kd(k.data(), kFloat32, cpu(), ks),
+        vd(v.data(), kFloat32, cpu(), vs), od(o.data(), kFloat32, cpu(), {b, h, 1, d});
+    TensorDesc td(table.data(), kInt32, cpu(), {b, 1, max_pages, 1}), lq(ones.data(), kInt32, cpu(), {b}),
+        lk(lens.data(), kInt32, cpu(), {b});
+    try {
+      SdpaAttributes attr;
+      attr.set_padding_mask(true).set_seq_len_q(lq).set_seq_len_kv(lk);
+      if (table_k) attr.set_paged_attention_k_table(td);
+      if (table_v) attr.set_paged_attention_v_table(td);
+      if (max_seq > 0) attr.set_paged_attention_max_seq_len_kv(max_seq);
+      SdpaFwd fwd(qd, kd, vd, od, nullptr, attr);
+      fwd.check_support();
+      fwd.compile();
+      SdpaVariantPack pack;
+      pack.set(FS_SDPA_Q, q.data()).set(FS_SDPA_K, k.data()).set(FS_SDPA_V, v.data()).set(FS_SDPA_O, o.data());
+      pack.set(FS_SDPA_SEQ_LEN_Q, ones.data()).set(FS_SDPA_SEQ_LEN_KV, lens.data());
+      if (table_k) pack.set(FS_SDPA_PAGE_TABLE_K, table.data());
+      if (table_v) pack.set(FS_SDPA_PAGE_TABLE_V, table.data());
+      fwd.execute(pack, nullptr, fwd.workspace_size());
+    } catch (const Exception& e) {
+      EXPECT_EQ(e.status(), FS_STATUS_INVALID_ARGUMENT) << e.what();
+      return e.what();
+    }
+    return "";
+  }
+};
+
+bool begins(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+
+TEST(SdpaApi, PagedErrorsNameThePagedLayout) {
+  EXPECT_EQ(PagedCall{}.run(), "");
+  // A container of the wrong rank is named as a container, with its page table.
+  PagedCall rank;
+  rank.k_rank = 3;
+  std::string m = rank.run();
+  EXPECT_TRUE(begins(m, "k: must be a 4-D tensor [num_blocks, H_k, block_size, D_qk] (a paged container: "
+                        "paged_attention_k_table is given), got rank 3")) << m;
+  PagedCall block;
+  block.block_v = 6;
+  m = block.run();
+  EXPECT_TRUE(begins(m, "v: the block size (dim 2) of a paged container [num_blocks, H_v, block_size, D_v] must be a "
+                        "power of two, got 6")) << m;
+  // The dense layout's words are kept for dense tensors.
+  PagedCall dense_rank = rank;
+  dense_rank.table_k = dense_rank.table_v = false;
+  dense_rank.block_v = 0;
+  m = dense_rank.run();
+  EXPECT_TRUE(begins(m, "k: must be a 4-D tensor [B, H_k, S_kv, D_qk], got rank 3")) << m;
+}
+
+TEST(SdpaApi, PagedOneTableOnlyNamesBothTables) {
+  for (bool k_side : {true, false}) {
+    PagedCall c;
+    (k_side ? c.table_v : c.table_k) = false;  // a container given without its table
+    const std::string m = c.run();
+    const std::string dense = k_side ? "v" : "k", given = k_side ? "paged_attention_k_table" : "paged_attention_v_table",
+                      missing = k_side ? "paged_attention_v_table" : "paged_attention_k_table";
+    EXPECT_TRUE(begins(m, dense + ": batch 8 differs from q's B = 2 (" + given + " is given but " + missing +
+                              " is not")) << m;
+    EXPECT_TRUE(contains(m, "pass both paged_attention_k_table and paged_attention_v_table")) << m;
+  }
+  // K alone paged with a dense V of the right shape runs (the seed's optional per-side tables).
+  PagedCall k_alone;
+  k_alone.table_v = false;
+  k_alone.dense_s = 32;
+  k_alone.block_v = 0;
+  EXPECT_EQ(k_alone.run(), "");
+}
+
+TEST(SdpaApi, PagedCapacityStatesTheRuleWithNumbers) {
+  PagedCall max_seq;
+  max_seq.max_seq = 40;
+  std::string m = max_seq.run();
+  EXPECT_TRUE(begins(m, "paged_attention_max_seq_len_kv: 40 exceeds the capacity of the page tables: it must be <= "
+                        "max_pages * block_size = 4 * 8 = 32 (max_pages of paged_attention_k_table")) << m;
+  // The smaller side bounds it, and is named.
+  PagedCall smaller = max_seq;
+  smaller.block_v = 4;
+  smaller.max_seq = 20;
+  m = smaller.run();
+  EXPECT_TRUE(contains(m, "max_pages * block_size = 4 * 4 = 16 (max_pages of paged_attention_v_table")) << m;
+  // A length past the tables' capacity (the default S_kv).
+  PagedCall lens;
+  lens.len_kv = {5, 40};
+  m = lens.run();
+  EXPECT_TRUE(begins(m, "seq_len_kv: sample 1 has length 40, outside [0, S_kv = 32]: with paged K/V a sample's "
+                        "length must be <= the page tables' capacity, max_pages * block_size = 4 * 8 = 32")) << m;
+  // With paged_attention_max_seq_len_kv, that bound is named.
+  PagedCall bounded = lens;
+  bounded.max_seq = 16;
+  m = bounded.run();
+  EXPECT_TRUE(begins(m, "seq_len_kv: sample 1 has length 40, outside [0, paged_attention_max_seq_len_kv = 16]")) << m;
+  // A dense side longer than the paged side's capacity is named as the dense side.
+  PagedCall dense_v;
+  dense_v.table_v = false;
+  dense_v.block_v = 0;
+  dense_v.dense_s = 64;
+  m = dense_v.run();
+  EXPECT_TRUE(begins(m, "v: sequence length S_kv = 64 exceeds the capacity of the page tables of the paged side: it "
+                        "must be <= max_pages * block_size = 4 * 8 = 32")) << m;
+}
+
+// q, k, v in BSHD order [B, S, H, D]: where a rule on H or S breaks and the BSHD reading passes it, the message says so.
+TEST(SdpaApi, BshdShapesAreNamedWhereARuleOnHeadsBreaks) {
+  std::vector<float> buf(2 * 32 * 4 * 8);
+  auto refusal = [&](std::vector<int64_t> qs, std::vector<int64_t> ks, const TensorDesc* sinks) -> std::string {
+    TensorDesc q(buf.data(), kFloat32, cpu(), qs), k(buf.data(), kFloat32, cpu(), ks), v(buf.data(), kFloat32, cpu(), ks);
+    TensorDesc o(buf.data(), kFloat32, cpu(), {qs[0], qs[1], qs[2], qs[3]});
+    SdpaAttributes attr;
+    if (sinks != nullptr) attr.set_sink_token(*sinks);
+    try {
+      SdpaFwd fwd(q, k, v, o, nullptr, attr);
+    } catch (const Exception& e) {
+      EXPECT_EQ(e.status(), FS_STATUS_INVALID_ARGUMENT);
+      return e.what();
+    }
+    return "";
+  };
+  const std::string hint = " (q, k, v are read as [B, H, S, D]; read as [B, S, H, D] they would pass this rule, with "
+                           "H_q = 4 and S_q = 16: if they are BSHD, pass q.transpose(1, 2), k.transpose(1, 2), "
+                           "v.transpose(1, 2), views without a copy)";
+  // BSHD q [2, 16, 4, 8], k / v [2, 32, 2, 8]: read as BHSD, H_k = 32 does not divide H_q = 16.
+  std::string m = refusal({2, 16, 4, 8}, {2, 32, 2, 8}, nullptr);
+  EXPECT_TRUE(begins(m, "k, v: for MHA / GQA / MQA the K and V head counts must divide H_q = 16, got H_k = 32"));
+  EXPECT_TRUE(m.size() > hint.size() && m.compare(m.size() - hint.size(), hint.size(), hint) == 0) << m;
+  // Four sinks (H = 4) for BSHD q: read as BHSD, H_q = 16.
+  std::vector<float> s4(4);
+  TensorDesc sinks(s4.data(), kFloat32, cpu(), {4});
+  m = refusal({2, 16, 4, 8}, {2, 16, 4, 8}, &sinks);
+  EXPECT_TRUE(begins(m, "sink_token: must have 16 element(s)")) << m;
+  EXPECT_TRUE(contains(m, hint)) << m;
+  // A BHSD call whose sinks fit neither reading: no hint.
+  m = refusal({2, 4, 16, 8}, {2, 4, 16, 8}, &sinks);
+  EXPECT_EQ(m, "");
+  TensorDesc sinks3(s4.data(), kFloat32, cpu(), {3});
+  m = refusal({2, 4, 16, 8}, {2, 4, 16, 8}, &sinks3);
+  EXPECT_TRUE(begins(m, "sink_token: must have 4 element(s)")) << m;
+  EXPECT_FALSE(contains(m, "BSHD")) << m;
+}
+
+// ---------------------------------------------------------------------------
 // CUDA descriptors: what check_support names before any CUDA call (CPU-testable)
 // ---------------------------------------------------------------------------
 

@@ -265,7 +265,8 @@ def _bad_cases():
                                                 dict(pad, paged_attention_k_table=torch.zeros(B, 1, 3, 1,
                                                                                               dtype=torch.int32),
                                                      paged_attention_v_table=pt), ValueError,
-                                                r"k: the block size of a paged container .* power of two, got 3"),
+                                                r"k: the block size \(dim 2\) of a paged container .* power of "
+                                                r"two, got 3"),
         "paged without padding": ((q, kc, kc), dict(paged_attention_k_table=pt, paged_attention_v_table=pt),
                                   ValueError, r"paged_attention_k_table, paged_attention_v_table: paged K/V caches "
                                               r"need the padding mask"),
@@ -323,6 +324,73 @@ def test_seed_invalid_combinations_are_named(fs, name):
     with pytest.raises(exc, match="^" + pattern):
         with torch.no_grad():
             fs.sdpa(q, k, v, **kw)
+
+
+# Numeric arguments of another type: softcap="2" ran with softcap 2.0 (float("2") parsed it), a float band bound or
+# Philox seed was truncated (int(2.5)); the seed's graph.sdpa (pybind11) refuses both with a TypeError.
+_NOT_NUMBERS = {
+    "softcap a string": (dict(softcap="2"), r"softcap: must be a real number \(float\), got str '2'"),
+    "softcap a bool": (dict(softcap=True), r"softcap: must be a real number \(float\), got bool"),
+    "softcap a list": (dict(softcap=[2.0]), r"softcap: must be a real number \(float\), got list"),
+    "dropout probability a string": (dict(dropout=("0.1", 1, 2)),
+                                     r"dropout probability: must be a real number \(float\), got str"),
+    "dropout seed a float": (dict(dropout=(0.1, 1.5, 2)), r"dropout seed: must be an int or an int32 / int64 tensor, got float 1.5"),
+    "dropout offset a string": (dict(dropout=(0.1, 1, "2")), r"dropout offset: must be an int or an int32 / int64 tensor, got str"),
+    "dropout scale a string": (dict(dropout=(torch.ones(1, 1, S, S, dtype=torch.uint8), "2")),
+                               r"dropout scale: must be a torch.Tensor or a number, got str"),
+    "left bound a string": (dict(diagonal_band_left_bound="2"), r"diagonal_band_left_bound: must be an int, got str"),
+    "left bound a float": (dict(diagonal_band_left_bound=2.5), r"diagonal_band_left_bound: must be an int, got float"),
+    "right bound a string": (dict(diagonal_band_right_bound="0"), r"diagonal_band_right_bound: must be an int"),
+    "right bound a bool": (dict(diagonal_band_right_bound=False), r"diagonal_band_right_bound: must be an int, got bool"),
+    "sliding window a float": (dict(sliding_window_length=4.0), r"sliding_window_length: must be an int, got float"),
+    "max_total a string": (dict(max_total_seq_len_q="5"), r"max_total_seq_len_q: must be an int, got str"),
+    "paged max a string": (dict(paged_attention_max_seq_len_kv="16"),
+                           r"paged_attention_max_seq_len_kv: must be an int, got str"),
+}
+
+
+@pytest.mark.parametrize("name", list(_NOT_NUMBERS))
+def test_numeric_arguments_of_another_type_are_type_errors(fs, name):
+    q, k, v = _qkv()
+    kw, pattern = _NOT_NUMBERS[name]
+    if "paged" in name:
+        kc = torch.randn(4, H, 4, D)
+        table = torch.arange(4, dtype=torch.int32).view(B, 1, 2, 1)
+        k = v = kc
+        kw = dict(kw, use_padding_mask=True, seq_len_q=torch.full((B,), S, dtype=torch.int32),
+                  seq_len_kv=torch.full((B,), 8, dtype=torch.int32), paged_attention_k_table=table,
+                  paged_attention_v_table=table)
+    with pytest.raises(TypeError, match="^" + pattern):
+        fs.sdpa(q, k, v, **kw)
+
+
+def test_numeric_arguments_of_another_type_are_type_errors_elsewhere(fs):
+    q, k, v = _qkv()
+    o, stats = fs.sdpa(q, k, v, generate_stats=True)
+    with pytest.raises(TypeError, match=r"^softcap: must be a real number \(float\), got str"):
+        fs.sdpa_backward(q, k, v, o, o, stats, softcap="2")
+    with pytest.raises(TypeError, match=r"^diagonal_band_left_bound: must be an int, got float"):
+        fs.sdpa_backward(q, k, v, o, o, stats, diagonal_band_left_bound=1.5)
+    # THD: the maxima of the packed sides.
+    cu = torch.tensor([0, 3, 8], dtype=torch.int32)
+    t = torch.randn(8, H, D)
+    with pytest.raises(TypeError, match=r"^max_seq_len_q: must be an int, got str"):
+        fs.sdpa(t, t, t, use_padding_mask=True, cu_seq_len_q=cu, cu_seq_len_kv=cu, max_seq_len_q="5", max_seq_len_kv=5)
+    with pytest.raises(TypeError, match=r"^max_seq_len_kv: must be an int, got float"):
+        fs.dropout_offset_increment(64.0)
+
+
+def test_numeric_arguments_take_numbers_of_any_kind(fs):
+    """ints and NumPy scalars for floats, NumPy / 0-d tensor integers for ints: the same call as the Python numbers."""
+    np = pytest.importorskip("numpy")
+    q, k, v = _qkv()
+    want = fs.sdpa(q, k, v, softcap=2.0, diagonal_band_left_bound=3, diagonal_band_right_bound=0,
+                   dropout=(0.25, 7, 8))[0]
+    for softcap, left, seed in ((2, np.int64(3), np.int32(7)), (np.float32(2.0), torch.tensor(3), torch.tensor([7])),
+                                (np.float64(2.0), 3, 7)):
+        got = fs.sdpa(q, k, v, softcap=softcap, diagonal_band_left_bound=left, diagonal_band_right_bound=np.int64(0),
+                      dropout=(np.float64(0.25), seed, 8))[0]
+        assert torch.equal(got, want)
 
 
 def test_backward_only_rules_are_named(fs):

@@ -182,6 +182,60 @@ def test_paged_rules(fs):
         fs.sdpa(q.requires_grad_(), kc, kc, **base)
 
 
+def _paged_call(fs, k=None, v=None, k_table=True, v_table=True, lens=(5, 30), **kw):
+    """A paged decode step: q (2, 2, 1, 8), containers (8, 1, 8, 8), tables (2, 1, 4, 1) (capacity 4 * 8 = 32)."""
+    q = torch.randn(2, 2, 1, 8)
+    k = torch.randn(8, 1, 8, 8) if k is None else k
+    v = torch.randn(8, 1, 8, 8) if v is None else v
+    table = torch.arange(8, dtype=torch.int32).view(2, 1, 4, 1)
+    return fs.sdpa(q, k, v, use_padding_mask=True, seq_len_q=torch.ones(2, dtype=torch.int32),
+                   seq_len_kv=torch.tensor(lens, dtype=torch.int32), paged_attention_k_table=table if k_table else None,
+                   paged_attention_v_table=table if v_table else None, **kw)
+
+
+def test_paged_container_errors_name_the_paged_layout(fs):
+    """A paged container of the wrong rank was named in the dense (B, H, S, D) / THD layout by the Python layer."""
+    with pytest.raises(ValueError, match=r"^k: must be a 4-D tensor \[num_blocks, H_k, block_size, D_qk\] \(a paged "
+                                         r"container: paged_attention_k_table is given\), got rank 3"):
+        _paged_call(fs, k=torch.randn(8, 8, 8))
+    with pytest.raises(ValueError, match=r"^v: must be a 4-D tensor \[num_blocks, H_v, block_size, D_v\] \(a paged "
+                                         r"container: paged_attention_v_table is given\), got rank 3"):
+        _paged_call(fs, v=torch.randn(8, 8, 8))
+    with pytest.raises(ValueError, match=r"^k: the block size \(dim 2\) of a paged container \[num_blocks, H_k, "
+                                         r"block_size, D_qk\] must be a power of two, got 6"):
+        _paged_call(fs, k=torch.randn(8, 1, 6, 8))
+
+
+@pytest.mark.parametrize("missing", ["k", "v"])
+def test_paged_one_table_only_names_both_tables(fs, missing):
+    """A container given without its page table read as a batch mismatch only ("v: batch 8 differs from q's B = 2")."""
+    other = "v" if missing == "k" else "k"
+    with pytest.raises(ValueError, match=rf"^{missing}: batch 8 differs from q's B = 2 \(paged_attention_{other}_table "
+                                         rf"is given but paged_attention_{missing}_table is not.*pass both "
+                                         r"paged_attention_k_table and paged_attention_v_table"):
+        _paged_call(fs, k_table=missing != "k", v_table=missing != "v")
+    # One side paged with the other dense (the seed's optional per-side tables) still runs.
+    dense = torch.randn(2, 1, 32, 8)
+    o, _ = _paged_call(fs, **{missing: dense}, k_table=missing != "k", v_table=missing != "v")
+    assert torch.isfinite(o).all()
+
+
+def test_paged_capacity_states_the_rule_with_numbers(fs):
+    """The capacity errors gave the product only, or (lengths) a bare S_kv."""
+    with pytest.raises(ValueError, match=r"^paged_attention_max_seq_len_kv: 40 exceeds the capacity of the page tables: "
+                                         r"it must be <= max_pages \* block_size = 4 \* 8 = 32 \(max_pages of "
+                                         r"paged_attention_k_table"):
+        _paged_call(fs, paged_attention_max_seq_len_kv=40)
+    with pytest.raises(ValueError, match=r"^seq_len_kv: sample 1 has length 40, outside \[0, S_kv = 32\]: with paged "
+                                         r"K/V a sample's length must be <= the page tables' capacity, max_pages \* "
+                                         r"block_size = 4 \* 8 = 32"):
+        _paged_call(fs, lens=(5, 40))
+    # The side with the smaller capacity is the one named.
+    with pytest.raises(ValueError, match=r"max_pages \* block_size = 4 \* 4 = 16 \(max_pages of "
+                                         r"paged_attention_v_table \[B, 1, max_pages, 1\], block_size of v"):
+        _paged_call(fs, v=torch.randn(8, 1, 4, 8))
+
+
 # ---------------------------------------------------------------------------
 # Fully masked rows, padding rows of gradients, determinism
 # ---------------------------------------------------------------------------

@@ -104,9 +104,54 @@ def test_deprecated_setters_and_sliding_window(fs):
                      (dict(use_causal_mask_bottom_right=True, diagonal_band_right_bound=2),
                       dict(right=2, bottom_right=True)),
                      (dict(sliding_window_length=6), dict(left=6))):
-        o, _ = fs.sdpa(q, k, v, attn_scale=0.25, **kw)
+        with pytest.warns(DeprecationWarning):
+            o, _ = fs.sdpa(q, k, v, attn_scale=0.25, **kw)
         _, ref = _oracle(q, k, v, scale=0.25, **case)
         assert_close(o, ref["o"], torch.float32, f"o {kw}")
+
+
+DEPRECATED = [  # (spelling, its replacement as the warning names it, the same call without it)
+    (dict(use_causal_mask=True), r"use_causal_mask is deprecated \(as in the seed\): pass diagonal_band_right_bound=0",
+     dict(diagonal_band_right_bound=0)),
+    (dict(use_causal_mask_bottom_right=True), r"use_causal_mask_bottom_right is deprecated \(as in the seed\): pass "
+     r"diagonal_alignment=BOTTOM_RIGHT, diagonal_band_right_bound=0",
+     dict(diagonal_alignment="BOTTOM_RIGHT", diagonal_band_right_bound=0)),
+    (dict(sliding_window_length=3), r"sliding_window_length is deprecated \(as in the seed\): pass "
+     r"diagonal_band_left_bound", dict(diagonal_band_left_bound=3)),
+    (dict(is_inference=False), r"is_inference is deprecated \(as in the seed\): pass generate_stats",
+     dict(generate_stats=True)),
+]
+
+
+@pytest.mark.parametrize("old, message, new", DEPRECATED, ids=[next(iter(d[0])) for d in DEPRECATED])
+def test_deprecated_spellings_warn_naming_the_replacement(fs, old, message, new):
+    """use_causal_mask (the seed's DEPRECATED set_causal_mask) and the other deprecated spellings ran silently."""
+    import warnings
+
+    q, k, v = _dense(1, 2, 2, 9, 12, 16, 16, dtype=torch.float32)
+    with pytest.warns(DeprecationWarning, match=message) as record:
+        got = fs.sdpa(q, k, v, attn_scale=0.5, **old)
+    assert record[0].filename == __file__  # attributed to the caller
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        want = fs.sdpa(q, k, v, attn_scale=0.5, **new)  # the replacement does not warn
+    assert torch.equal(got[0], want[0])
+    if "is_inference" not in old:
+        stats = torch.zeros(1, 2, 9, 1)
+        with pytest.warns(DeprecationWarning, match=message):
+            fs.sdpa_backward(q, k, v, got[0], got[0], stats, attn_scale=0.5, **old)
+    # flashspan.sdpa_fp8's use_causal_mask is the seed's own FP8 option: no warning there; its is_inference is one
+    # of the seed's FP8 "Deprecated Args".
+    q8 = q.to(torch.float8_e4m3fn)
+    fp8 = (q8, q8, q8, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0)
+    if "use_causal_mask" in old:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            fs.sdpa_fp8(*fp8, use_causal_mask=True, generate_stats=False)
+    if "is_inference" in old:
+        with pytest.warns(DeprecationWarning, match=message) as record:
+            fs.sdpa_fp8(*fp8, generate_stats=None, is_inference=True)
+        assert record[0].filename == __file__
 
 
 def test_padding_rows_zero_and_poisoned_inputs_unread(fs):

@@ -61,3 +61,57 @@ def test_alibi_message_points_decode_at_bottom_right(fs):
     with pytest.raises(ValueError, match=r"^use_alibi_mask: ALiBi requires causal masking .*S_q < S_kv, decode or a "
                                          r"KV cache, the bottom-right alignment"):
         fs.sdpa(q, k, k, use_alibi_mask=True)
+
+
+# BSHD tensors [B, S, H, D] given where SDPA reads [B, H, S, D]: nothing tells them apart when S and H pass the BHSD
+# rules (such a call runs on the wrong layout, and is not refused: it may be a valid BHSD call), but where a rule on
+# H or S breaks and the BSHD reading would pass it, the message says so.
+_BSHD_HINT = (r"\(q, k, v are read as \[B, H, S, D\]; read as \[B, S, H, D\] they would pass this rule, with "
+              r"H_q = 4 and S_q = 16: if they are BSHD, pass q.transpose\(1, 2\), k.transpose\(1, 2\), "
+              r"v.transpose\(1, 2\), views without a copy\)")
+
+
+def _bshd(s=16, h=4):
+    return torch.randn(2, s, h, 8)
+
+
+@pytest.mark.parametrize("case", ["gqa", "k, v", "sink_token", "max_logit", "bias", "seq_len_q"])
+def test_bshd_tensors_named_where_a_rule_on_heads_or_lengths_breaks(fs, case):
+    q = _bshd()
+    k = v = q
+    kw = {}
+    if case == "gqa":  # S_kv = 32, H_k = 2: read as BHSD, H_k = 32 does not divide H_q = 16
+        k = v = _bshd(32, 2)
+        pattern = r"^k, v: for MHA / GQA / MQA the K and V head counts must divide H_q = 16, got H_k = 32"
+    elif case == "k, v":  # H_k != H_v (valid): read as BHSD, two S_kv
+        k, v = _bshd(16, 2), _bshd(16, 4)
+        pattern = r"^k, v: sequence lengths differ \(S_kv 2 vs 4\)"
+    elif case in ("sink_token", "max_logit"):
+        kw[case] = torch.zeros(4)
+        pattern = rf"^{case}: must have 16 element\(s\)"
+    elif case == "bias":
+        kw["bias"] = torch.zeros(1, 4, 16, 16)
+        pattern = r"^bias: is not broadcastable to \[2, 16, 4, 4\]: dimension 1 \(H_q\) is 4"
+    else:
+        kw.update(use_padding_mask=True, seq_len_q=torch.tensor([16, 9]), seq_len_kv=torch.tensor([16, 9]))
+        pattern = r"^seq_len_q: sample 0 has length 16, outside \[0, S_q = 4\]"
+    with pytest.raises(ValueError, match=pattern + r".* " + _BSHD_HINT + "$"):
+        fs.sdpa(q, k, v, **kw)
+    # The same call on the BHSD views runs.
+    fs.sdpa(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), **kw)
+
+
+def test_bhsd_errors_carry_no_bshd_hint(fs):
+    """The hint is given only where the BSHD reading would pass the broken rule."""
+    q = torch.randn(2, 4, 16, 8)
+    with pytest.raises(ValueError, match=r"^sink_token: must have 4 element\(s\) .*got shape \[3\]$"):
+        fs.sdpa(q, q, q, sink_token=torch.zeros(3))
+    with pytest.raises(ValueError, match=r"^k, v: for MHA / GQA / MQA the K and V head counts must divide H_q = 4, "
+                                         r"got H_k = 3, H_v = 3$"):
+        fs.sdpa(q, torch.randn(2, 3, 24, 8), torch.randn(2, 3, 24, 8))
+
+
+def test_docs_state_the_dimension_order_up_front(fs):
+    """docs/SDPA.md says early (before any section) that q, k, v are (B, H, S, D) and how to pass BSHD tensors."""
+    intro = DOCS.read_text().split("\n## ", 1)[0]
+    assert "(B, H, S, D)" in intro and "q.transpose(1, 2)" in intro
