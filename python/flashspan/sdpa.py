@@ -293,18 +293,29 @@ class _FastEntry:
         return tensors
 
 
-def _fast_key(direction: str, tensors: tuple, stats_needed: bool, kw: dict):
+def _fast_key(direction: str, tensors: tuple, stats_needed, kw: Optional[dict]):
     """The signature of a call (``tensors``: the positional tensors, q first, None where not given), or None when
-    the call takes the full path every time."""
+    the call takes the full path every time.
+
+    The one place of the tensor part of both fast paths' keys: the engine's (``direction`` "fwd" / "bwd", ``kw`` its
+    keyword arguments; a packed THD tensor, not 4-D, is not eligible) and the ops' (sdpa_ops._op_key, this function:
+    ``direction`` the op's name, ``stats_needed`` its other arguments' values, ``kw`` None: no keyword part, tensors
+    of any rank)."""
     parts = [direction, stats_needed]
     append = parts.append
+    engine = kw is not None
     for t in tensors:
         if t is None:
             append(None)
-        elif type(t) in _FAST_TENSORS and t.dim() == 4:
-            append((t.shape, t.stride(), t.dtype, t.device))
+        elif type(t) in _FAST_TENSORS:
+            shape = t.shape
+            if engine and len(shape) != 4:
+                return None  # packed (THD)
+            append((shape, t.stride(), t.dtype, t.device))
         else:
-            return None  # packed (THD) or not a plain tensor
+            return None  # not a plain tensor
+    if not engine:
+        return tuple(parts)
     # The keyword arguments: their names, types and values (tensors: their layouts), tuples built at C speed; the
     # loop over the values runs only when a keyword argument is a tensor.
     vals = tuple(kw.values())

@@ -11,8 +11,8 @@ import torch
 from torch import Tensor
 
 from .autograd import no_double_backward
-from .sdpa import (_FAST, _FAST_CAPACITY, _FAST_TENSORS, BOTTOM_RIGHT, TOP_LEFT, _backward_kw, _fast_key,
-                   _forward_kw, _like_layout, _route)
+from .sdpa import (_FAST, _FAST_CAPACITY, BOTTOM_RIGHT, TOP_LEFT, _backward_kw, _fast_key, _forward_kw,
+                   _like_layout, _route)
 
 __all__ = ["sdpa_torch"]
 
@@ -150,20 +150,12 @@ def _sink_logits(sinks: Optional[Tensor], q: Tensor) -> Optional[Tensor]:
 # full path ran and the engine remembered its binding (a failing call, or one the engine keeps on the full path,
 # is not), in the engine's table (_FAST: emptying it forgets both), under keys that start with the op's name.
 
-
-def _op_key(op: str, tensors: tuple, scalars: tuple):
-    """The signature of a dense op call: ``tensors`` (None where not given) and the other arguments' values (their
-    types are the schema's), or None (a packed call, a tensor subclass) when the call takes the full path."""
-    parts = [op, scalars]
-    append = parts.append
-    for t in tensors:
-        if t is None:
-            append(None)
-        elif type(t) in _FAST_TENSORS:
-            append((t.shape, t.stride(), t.dtype, t.device))
-        else:
-            return None
-    return tuple(parts)
+# The signature of a dense op call, or None (a tensor subclass) when the call takes the full path: the engine's
+# _fast_key itself (one loop over the tensors for both), called as _op_key(op, tensors, scalars, None): the op's name,
+# its tensors (None where not given; of any rank: the sinks and lengths are 1-D, a backward's LSE may be 3-D) and its
+# other arguments' values (their types are the schema's), without the engine's keyword part (kw None).
+# Another name for the same function, so that the ops' fast path is told from the full path's engine key.
+_op_key = _fast_key
 
 
 def _op_remember(key, engine_key) -> None:
@@ -219,32 +211,32 @@ def _common_kwargs(op, q, k, v, attn_scale, is_causal, causal_bottom_right, wind
 def _sdpa_fwd_impl(q, k, v, attn_scale, is_causal=False, causal_bottom_right=False, window_left=-1, window_right=-1,
                    sinks=None, seq_len_q=None, seq_len_kv=None, cu_seqlens_q=None, cu_seqlens_kv=None, max_seqlen_q=0,
                    max_seqlen_kv=0, return_lse=True):
-    key = None
+    key = entry = None
     if cu_seqlens_q is None and cu_seqlens_kv is None:
         key = _op_key("sdpa_fwd", (q, k, v, sinks, seq_len_q, seq_len_kv),
                       (attn_scale, is_causal, causal_bottom_right, window_left, window_right, max_seqlen_q,
-                       max_seqlen_kv, return_lse))
-        entry = _FAST.get(key) if key is not None else None
-        if entry is not None:
-            kw = {"seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "sink_token": _sink_logits(sinks, q)}
-            with _op_names("sdpa_fwd", False):
-                _route(q)  # FLASHSPAN_SDPA_ROUTE's check (per call), as the full path
-                bound = entry.run((q, k, v, None, None), kw)
-            stats = bound[4]
-            if stats is None:
-                stats = torch.empty(0, dtype=torch.float32, device=q.device)
-            return bound[3], stats
-    kw, thd = _common_kwargs("sdpa_fwd", q, k, v, attn_scale, is_causal, causal_bottom_right, window_left,
-                             window_right, sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
-                             max_seqlen_kv)
-    kw.update(generate_stats=None, paged_attention_k_table=None, paged_attention_v_table=None,
-              paged_attention_max_seq_len_kv=None, stats_use_log2=False, score_max=None, score_sum_exp=None,
-              max_logit=None)
-    with _op_names("sdpa_fwd", thd):
-        engine_key = _fast_key("fwd", (q, k, v, None, None), return_lse, kw) if key is not None else None
-        o, stats = _forward_kw(q, k, v, return_lse, kw)
-    _op_remember(key, engine_key)
-    if stats is None:
+                       max_seqlen_kv, return_lse), None)
+        if key is not None:
+            entry = _FAST.get(key)
+    if entry is not None:
+        kw = {"seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv,
+              "sink_token": None if sinks is None else _sink_logits(sinks, q)}
+        with _op_names("sdpa_fwd", False):
+            _route(q)  # FLASHSPAN_SDPA_ROUTE's check (per call), as the full path
+            bound = entry.run((q, k, v, None, None), kw)
+        o, stats = bound[3], bound[4]
+    else:
+        kw, thd = _common_kwargs("sdpa_fwd", q, k, v, attn_scale, is_causal, causal_bottom_right, window_left,
+                                 window_right, sinks, seq_len_q, seq_len_kv, cu_seqlens_q, cu_seqlens_kv, max_seqlen_q,
+                                 max_seqlen_kv)
+        kw.update(generate_stats=None, paged_attention_k_table=None, paged_attention_v_table=None,
+                  paged_attention_max_seq_len_kv=None, stats_use_log2=False, score_max=None, score_sum_exp=None,
+                  max_logit=None)
+        with _op_names("sdpa_fwd", thd):
+            engine_key = _fast_key("fwd", (q, k, v, None, None), return_lse, kw) if key is not None else None
+            o, stats = _forward_kw(q, k, v, return_lse, kw)
+        _op_remember(key, engine_key)
+    if stats is None:  # return_lse=False: the schema's LSE output, empty (both paths)
         stats = torch.empty(0, dtype=torch.float32, device=q.device)
     return o, stats
 
@@ -277,17 +269,17 @@ def _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, 
     if cu_seqlens_q is None and cu_seqlens_kv is None:
         key = _op_key(caller, (grad_out, q, k, v, o, lse, sinks, seq_len_q, seq_len_kv),
                       (attn_scale, is_causal, causal_bottom_right, window_left, window_right, max_seqlen_q,
-                       max_seqlen_kv, is_deterministic))
+                       max_seqlen_kv, is_deterministic), None)
         entry = _FAST.get(key) if key is not None else None
         if entry is not None:
             # What the full path below derives per call (its checks passed for this signature).
             if lse.dim() == 3:
                 lse = lse.unsqueeze(-1)
-            dsink = _dsink(sinks, q)
+            dsink = None if sinks is None else _dsink(sinks, q)
             if grad_out.stride(-1) != 1:
                 grad_out = grad_out.contiguous()
-            kw = {"seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv, "sink_token": _sink_logits(sinks, q),
-                  "dSink_token": dsink}
+            kw = {"seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv,
+                  "sink_token": None if sinks is None else _sink_logits(sinks, q), "dSink_token": dsink}
             with _op_names(op, False):
                 _route(q)  # FLASHSPAN_SDPA_ROUTE's check (per call), as the full path
                 bound = entry.run((q, k, v, o, grad_out, lse, None, None, None), kw)

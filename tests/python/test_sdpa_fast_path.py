@@ -289,6 +289,44 @@ def test_op_second_call_takes_the_op_fast_path_and_matches(fs, S, monkeypatch):
     assert torch.equal(o, _uncached(S, lambda: op(q2, k2, v2, 0.5, return_lse=False))[0])
 
 
+def test_op_signature_is_the_engine_key_without_keywords(fs, S):
+    """_op_key repeated _fast_key's loop over the tensors: the ops' signatures are now _fast_key's, without the
+    engine's keyword part (kw None) and with tensors of any rank (the sinks and lengths are 1-D)."""
+    O = sys.modules["flashspan.sdpa_ops"]
+    assert O._op_key is S._fast_key
+    q, k, v = _qkv(30)
+    sinks = torch.randn(3)
+    lens = torch.tensor([10, 24])
+    scalars = (0.5, True, False, -1, -1, 0, 0, True)
+    torch.ops.flashspan.sdpa_fwd(q, k, v, 0.5, is_causal=True, sinks=sinks, seq_len_q=lens, seq_len_kv=lens)
+    key = S._fast_key("sdpa_fwd", (q, k, v, sinks, lens, lens), scalars, None)
+    assert key in S._FAST and key in _op_entries(S)
+    assert key == ("sdpa_fwd", scalars) + tuple(
+        None if t is None else (t.shape, t.stride(), t.dtype, t.device) for t in (q, k, v, sinks, lens, lens))
+    # The engine's keys keep refusing packed (3-D) tensors; the op's take them (its callers skip THD calls).
+    t3 = torch.randn(8, 3, 16)
+    assert S._fast_key("fwd", (t3, t3, t3, None, None), False, {}) is None
+    assert S._fast_key("sdpa_fwd", (t3,), scalars, None) is not None
+
+
+def test_op_empty_lse_is_allocated_in_one_place(fs, S, monkeypatch):
+    """return_lse=False: the empty LSE was allocated on the fast path and again on the full path; one place now,
+    after either path."""
+    import inspect
+
+    O = sys.modules["flashspan.sdpa_ops"]
+    assert inspect.getsource(O._sdpa_fwd_impl).count("torch.empty(0") == 1
+    op = torch.ops.flashspan.sdpa_fwd
+    q, k, v = _qkv(31)
+    o_full, lse_full = op(q, k, v, 0.5, return_lse=False)  # the full path
+    with monkeypatch.context() as m:
+        _no_op_full_path(m)
+        o_fast, lse_fast = op(q, k, v, 0.5, return_lse=False)  # the fast path
+    for lse in (lse_full, lse_fast):
+        assert lse.shape == (0,) and lse.dtype == torch.float32 and lse.device == q.device
+    assert torch.equal(o_full, o_fast)
+
+
 @pytest.mark.parametrize("change", ["strides", "dtype", "shape", "scale", "causal", "bottom_right", "window_left",
                                     "window_right", "return_lse", "sinks", "sinks_dtype", "seq_len", "max_seqlen"])
 def test_op_changed_signature_is_not_reused(fs, S, change):
