@@ -150,7 +150,7 @@ void fill_common(const Problem& p, QkvParams& q, AnalyticMaskParams& a) {
     a.bias.head_stride = t.size(1) == 1 ? 0 : t.stride(1);
     a.bias.row_stride = t.size(2) == 1 ? 0 : t.stride(2);
     a.bias.col_stride = t.size(3) == 1 ? 0 : t.stride(3);
-    // 16-bit, rows of whole aligned 16-byte chunks: the sm90 forward stages it (params.h).
+    // 16-bit, rows of whole aligned 16-byte chunks: the sm90 forward and backward stage it (params.h).
     a.bias.chunks = a.bias.dtype != kSdpaBiasF32 && a.bias.col_stride == 1 && t.size(3) % 8 == 0 &&
                             a.bias.batch_stride % 8 == 0 && a.bias.head_stride % 8 == 0 &&
                             a.bias.row_stride % 8 == 0 && reinterpret_cast<uintptr_t>(t.data) % 16 == 0

@@ -1287,6 +1287,47 @@ TEST(SdpaGpu, Sm90BackwardModsEachAlone) {
   }
 }
 
+TEST(SdpaGpu, Sm90BackwardBiasStaged) {
+  // The sm90 backward stages a 16-bit bias of whole aligned 16-byte row chunks (SdpaBiasParams::chunks)
+  // through shared memory a step ahead (kernel_bwd_mods_sm90.cuh stage_bias: the consumer warps'
+  // cp.async, read transposed with ldmatrix; row 0 only when broadcast over rows) and reads any other
+  // bias element by element: both forms on padded samples (cu_seq_len, one without keys), bottom-right
+  // causal, S_q not a multiple of the tile, GQA, bf16 / fp16 / float32, full, broadcast and
+  // padded-stride layouts, dBias on the forms without softcap, deterministic on odd forms; D = 64 and
+  // 128 kernels. Small enough for compute-sanitizer memcheck (gpu_check.sh).
+  REQUIRE_SM90();
+  const ForceSm90WithMods force;
+  struct Form {
+    int64_t skv, dim;
+    int bias;
+    bool f32, strided;
+    float softcap;
+  };
+  static const Form forms[] = {
+      {200, 128, 1, false, false, 0.0f},              // [B, H_q, S_q, S_kv] bf16, staged
+      {200, 64, 1, false, false, 0.0f},               // the same in fp16 on the (64, 64) kernel, staged
+      {201, 64, 1 + 1 + 2, false, false, 0.0f},       // [1, 1, S_q, S_kv], S_kv not a multiple of 8: elements
+      {208, 128, 1 + 1 + 2 + 4, false, false, 3.0f},  // [1, 1, 1, S_kv] fp16 with softcap, row 0 staged
+      {200, 96, 1 + 1, false, true, 0.0f},            // padded strides, staged
+      {200, 64, 1 + 1, true, true, 0.0f},             // float32: elements
+      {264, 128, 1 + 2 + 4, false, false, 0.0f},      // [B, 1, 1, S_kv] bf16, row 0 staged, dBias over rows
+  };
+  for (int i = 0; i < 7; ++i) {
+    const Form& f = forms[i];
+    Case c = multi_block_case(15100 + uint64_t(i), i % 2, f.dim);  // fp16 on odd i, else bf16 (a 16-bit bias: q's)
+    c.Sq = 150;
+    c.Skv = f.skv;
+    c.bias = f.bias;
+    c.bias_f32 = f.f32;
+    c.bias_strided = f.strided;
+    c.softcap = f.softcap;
+    c.dbias = f.softcap == 0.0f;
+    c.deterministic = i % 2;
+    run_sm90_bwd_mods_case(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 TEST(SdpaGpu, Sm90BackwardModsDbiasEveryBroadcastForm) {
   // dBias of each of the 16 broadcast forms from the sm90 kernel's dS workspace (one multi-block
   // shape: GQA, padding with a sample without keys on some, causal bottom-right), D = 64 and 128,

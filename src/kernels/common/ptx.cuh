@@ -2,11 +2,14 @@
 // memory addresses, cp.async, exp2, element conversions (core/element_type.h tags), float atomics.
 //
 //   cp_async_16      cp.async.cg.shared.global 16 bytes, zero-filled when the predicate is false
+//   ldmatrix_x4      ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lanes 8i..8i+7 give the row
+//                    addresses of 8x8 matrix i; register i of lane l then holds row l/4, columns
+//                    2(l%4)..+1 of matrix i (with .trans: rows 2(l%4)..+1 of column l/4)
 //   exp2_approx      ex2.approx.ftz.f32 (exp2(-inf) = +0)
 //   pack2, store_pair, to_float, from_float, cvt_fp8x2, pack_fp8x4: element conversions
 //   grid_dependency_wait / grid_dependency_trigger: programmatic dependent launch (sm_90 and newer;
 //                    no-ops below, where launch_util.h launch_dependent launches without the attribute)
-// The mma.sync / ldmatrix wrappers of the sm80 family are in kernels/sm80/mma_sm80.cuh.
+// The mma.sync wrappers of the sm80 family are in kernels/sm80/mma_sm80.cuh.
 #pragma once
 
 #include <cstdint>
@@ -56,6 +59,18 @@ __device__ __forceinline__ void cp_async_ca(uint32_t dst, const void* src, bool 
   const int src_size = pred ? kBytes : 0;
   asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(kBytes), "r"(src_size)
                : "memory");
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
 }
 
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }

@@ -199,23 +199,79 @@ struct SdpaBiasFrag {
       for (int hi = 0; hi < 2; ++hi) {
         uint32_t u;
         asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(u) : "r"(a0 + uint32_t((16 * n + 8 * hi) * 16)));
-        float v0, v1;
-        if (bf) {
-          v0 = __uint_as_float(u << 16);
-          v1 = __uint_as_float(u & 0xffff0000u);
-        } else {
-          const __half2 h = *reinterpret_cast<const __half2*>(&u);
-          v0 = __low2float(h);
-          v1 = __high2float(h);
-        }
-        float& x0 = s[n][2 * hi];
-        float& x1 = s[n][2 * hi + 1];
-        if constexpr (kPartial) {
-          v0 = x0 != -INFINITY ? v0 : 0.0f;  // -inf stays -inf
-          v1 = x1 != -INFINITY ? v1 : 0.0f;
-        }
-        x0 = fmaf(v0, kLog2e, x0);
-        x1 = fmaf(v1, kLog2e, x1);
+        add_pair<kPartial>(u, bf, s[n][2 * hi], s[n][2 * hi + 1]);
+      }
+    }
+  }
+  // x0 += the pair's first element, x1 += its second (a 16-bit pair u, bf16 or fp16), in log2 units;
+  // kPartial: where x is not -inf (-inf stays -inf).
+  template <bool kPartial>
+  __device__ __forceinline__ static void add_pair(uint32_t u, bool bf, float& x0, float& x1) {
+    float v0, v1;
+    if (bf) {
+      v0 = __uint_as_float(u << 16);
+      v1 = __uint_as_float(u & 0xffff0000u);
+    } else {
+      const __half2 h = *reinterpret_cast<const __half2*>(&u);
+      v0 = __low2float(h);
+      v1 = __high2float(h);
+    }
+    if constexpr (kPartial) {
+      v0 = x0 != -INFINITY ? v0 : 0.0f;
+      v1 = x1 != -INFINITY ? v1 : 0.0f;
+    }
+    x0 = fmaf(v0, kLog2e, x0);
+    x1 = fmaf(v1, kLog2e, x1);
+  }
+
+  // Staged for the transposed fragment (rows = keys, columns = queries: the sm90 backward's S^T,
+  // kernel_bwd_mods_sm90.cuh), a warp's kQ x 16 tile of the bias -- kQ queries from bias element
+  // (i0, j0) = `p` (at(.., lane 0)), 16 keys -- copied by the warp with 16-byte cp.async and read
+  // back transposed with ldmatrix.trans. Region layout: chunk (row i, keys 8 hi ..) at 16 (hi kQ + i),
+  // so the 8 rows of an 8 x 8 matrix are 128 consecutive bytes (no bank conflict). Matrix (n, hi) --
+  // rows 8 n .., chunk column hi -- transposed gives the thread the pair (key g + 8 hi; queries
+  // 8 n + 2 q, + 1), i.e. elements (n, 2 hi), (n, 2 hi + 1) of S^T. Lane l copies chunk column l % 2 of
+  // rows l / 2 + 16 m (both 16-byte halves of a row's 32-byte sector in neighbouring lanes), through
+  // L2 (.cg); a bias broadcast over rows (rs = 0) copies row 0 only (lanes 0, 1, through L1: every
+  // warp of the CTA reads it), and every matrix row reads it. Rows at or past rows_left, chunks at or
+  // past cols_left (keys inside the sample from j0) are zero-filled without a read. The caller commits
+  // the group; add_staged_transposed waits for every group of the thread.
+  template <int kQ>
+  __device__ __forceinline__ void stage_transposed(uint32_t region, int rows_left, int cols_left, int lane) const {
+    static_assert(kQ % 16 == 0, "bias stage (transposed): whole 16-row groups");
+    const int hi = lane & 1;
+    const bool col_in = 8 * hi < cols_left;
+    if (rs == 0) {
+      if (lane < 2) cp_async_ca<16>(region + uint32_t(16 * kQ * hi), p + 16 * hi, col_in && rows_left > 0);
+      return;
+    }
+#pragma unroll
+    for (int m = 0; m < kQ / 16; ++m) {
+      const int i = (lane >> 1) + 16 * m;
+      cp_async_16(region + uint32_t(16 * (hi * kQ + i)), p + int64_t(i) * rs + 16 * hi, col_in && i < rows_left);
+    }
+  }
+  // s (the warp's transposed fragment of kN = kQ / 8 n8 blocks) += the bias staged by stage_transposed
+  // (log2 units), where s > -inf when kPartial (as add_staged_as). bcast: the bias is broadcast over
+  // rows (rs = 0); bf: bf16 (else fp16). kN / 2 ldmatrix.x4.trans: lanes 8 m .. 8 m + 7 address matrix
+  // (n = 2 k + m / 2, hi = m % 2).
+  template <int kN, bool kPartial>
+  __device__ __forceinline__ static void add_staged_transposed(float (&s)[kN][4], uint32_t region, int lane, bool bcast,
+                                                               bool bf) {
+    static_assert(kN % 2 == 0, "bias stage (transposed): pairs of n8 blocks");
+    cp_async_wait<0>();
+    __syncwarp();  // the lanes read each other's chunks
+    const int m = lane >> 3;
+    const uint32_t a0 = region + uint32_t(16 * ((m & 1) * kN * 8 + (bcast ? 0 : 8 * (m >> 1) + (lane & 7))));
+    const uint32_t step = bcast ? 0u : 16u * 16u;  // k: rows 16 k ..
+#pragma unroll
+    for (int k = 0; k < kN / 2; ++k) {
+      uint32_t u[4];
+      ldmatrix_x4_trans(u, a0 + uint32_t(k) * step);
+#pragma unroll
+      for (int mm = 0; mm < 4; ++mm) {
+        const int n = 2 * k + (mm >> 1), h2 = 2 * (mm & 1);
+        add_pair<kPartial>(u[mm], bf, s[n][h2], s[n][h2 + 1]);
       }
     }
   }

@@ -1,15 +1,13 @@
-// mma.sync and ldmatrix wrappers of the sm80 family (the fragment-level PTX).
+// mma.sync wrappers of the sm80 family (the fragment-level PTX); the ldmatrix wrappers it uses are
+// common/ptx.cuh's (the sm90 backward reads its staged bias with them too).
 //
 //   mma_16816        mma.sync.aligned.m16n8k16.row.col.f32.{bf16,f16}.{bf16,f16}.f32
-//   ldmatrix_x4      ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16
 //
 // Fragment layouts (PTX ISA, "Matrix fragments for mma.m16n8k16"), g = lane / 4, t = lane % 4:
 //   A (16x16, row major), 4 x .b32 of two 16-bit values each:
 //     a0 = (g, 2t..2t+1)  a1 = (g+8, 2t..)  a2 = (g, 2t+8..)  a3 = (g+8, 2t+8..)
 //   B (16x8, "col": element (k, n)), 2 x .b32:  b0 = (k = 2t..2t+1, n = g)  b1 = (k = 2t+8.., n = g)
 //   C/D (16x8 fp32): d0,d1 = (g, 2t..2t+1)   d2,d3 = (g+8, 2t..2t+1)
-// ldmatrix: lanes 8i..8i+7 give the row addresses of 8x8 matrix i; register i of lane l then
-// holds row l/4, columns 2(l%4)..+1 of matrix i (with .trans: rows 2(l%4)..+1 of column l/4).
 #pragma once
 
 #include <cstdint>
@@ -35,18 +33,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
   }
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
-
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
 }
 
 }  // namespace flashspan::kern

@@ -56,9 +56,10 @@ namespace flashspan::kern90 {
 // grads, 16 registers that spill in the (128, 128) consumer); false: the calls without softcap, on an
 // instantiation of their own (v2.24: ALiBi's backward 0.82x as fast on the softcap-capable kernel,
 // and one kernel branching between the two spilled 300 bytes).
-template <int kBk, bool kDropout_ = false, bool kSoftcap = true>
+template <int kBk, bool kDropout_ = false, bool kSoftcap = true, bool kStaged = false>
 struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   static_assert(kBk == 128, "the score modifiers run on the key-split consumers (head dims up to 128)");
+  static_assert(!kStaged || (!kDropout_ && !kSoftcap), "the staged bias: its own kernel, without softcap or dropout");
   using Base = AnalyticSourceBwdSm90<kBk>;
   using Seqlen = typename Base::Seqlen;
   static constexpr bool kMods = true, kDropout = kDropout_;
@@ -67,6 +68,25 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   // caller mask's reads and the bias's addresses across the wait).
   static constexpr bool kProbsEarly = !kDropout_;
   static constexpr int kBlockQ = Base::kBlockQ, kBlockK = kBk;
+  // kStaged: a 16-bit bias of whole 16-byte row chunks (SdpaBiasParams::chunks) staged by the consumer
+  // warps (stage_bias; the consumer issues it a step ahead), read transposed from shared memory in
+  // logits: its element loads after the S^T GEMM left their latency in the consumer's path (the bias
+  // backward 2.05x the plain one, PERF_LOG v2.27; staged 1.37x, v2.28). An instantiation of its own
+  // for the calls with such a bias and without softcap (the launcher's pick): in the kernels the other
+  // modifiers' calls run on, its code made ALiBi's backward 1.14x and softcap's 1.50x the plain one
+  // (were 1.01x, 1.38x). Bias calls with softcap or dropout keep the element loads.
+  static constexpr bool kStageBias = kStaged;
+  // The copies of a step's bias tile of the warp whose keys are key_w .. key_w + 15 of the block (64 c
+  // + 16 w) into its region, as one cp.async group (SdpaBiasFrag::stage_transposed).
+  __device__ __forceinline__ static void stage_bias(const BwdParams& p, const BwdItem& it, const Seqlen& sl, int4 info,
+                                                    int key_w, int lane, uint32_t region) {
+    const SdpaBiasParams& bp = kern::analytic_of(p).bias;
+    const int i0 = info.y * kBlockQ, j0 = it.kb * kBlockK + key_w;
+    const kern::SdpaBiasFrag f =
+        kern::SdpaBiasFrag::at(bp, kern::SdpaBiasFrag::head_base(bp, it.b, info.x), i0, j0, 0);
+    f.stage_transposed<kBlockQ>(region, sl.len_q - i0, sl.len_k - j0, lane);
+    kern::cp_async_commit();
+  }
 
   // The step's modifiers on warp w of consumer warpgroup c (keys j0 = kb kBlockK + 64 c + 16 w ..,
   // the step's queries i0 = qb kBlockQ ..): the query head's softcap and slope for the transposed
@@ -95,10 +115,11 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   // not from the consumer's payload-word form of it (analytic_step_mask: 8 words). (Until v2.24 this
   // hook gave z^T and the exp2 ran after the dP^T wait, its MUFU work exposed: ALiBi's backward
   // 0.7x, softcap's 0.6x the pure-mask kernel's.)
+  // region: the warp's bias region, which holds the step's bias (kStageBias; else element loads).
   template <int kNQ>
   __device__ __forceinline__ static void logits(const BwdParams& p, const BwdItem& it, const Seqlen& sl, int4 info,
-                                                int key_thr, const float* lse2, int lane, float (&s)[kNQ][4],
-                                                uint32_t (&dlogit)[kNQ][2]) {
+                                                int key_thr, const float* lse2, int lane, uint32_t region,
+                                                float (&s)[kNQ][4], uint32_t (&dlogit)[kNQ][2]) {
     const StepMods m = step_mods(p, it, sl, info, key_thr, lane);
     const int qd = lane & 3;
 #pragma unroll
@@ -141,7 +162,16 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
         for (int r = 0; r < 4; ++r) s[j][r] = kern::exp2_approx(s[j][r]);
       }
     };
-    if (m.bias.p != nullptr) {
+    if constexpr (kStageBias) {
+      const SdpaBiasParams& bp = kern::analytic_of(p).bias;
+      const bool bcast = bp.row_stride == 0, bf = bp.dtype == kSdpaBiasBF16;
+      if (info.z >= 0) {
+        kern::SdpaBiasFrag::add_staged_transposed<kNQ, true>(s, region, lane, bcast, bf);
+      } else {
+        kern::SdpaBiasFrag::add_staged_transposed<kNQ, false>(s, region, lane, bcast, bf);
+      }
+      exp2_all();
+    } else if (m.bias.p != nullptr) {
       m.bias.add(s);
       exp2_all();
     } else {
@@ -243,15 +273,16 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
 // Dqk = Dv = kD; a call's head dims up to kD, multiples of 8) and kSoftcap (false: calls without
 // softcap, which the launcher runs there), deterministic or not at run time. kDropout: the
 // instantiation with dropout besides (Philox or the caller's mask; kSoftcap true), the same dtypes,
-// head dims and run-time flags.
-template <int kD, class E, bool kDropout = false, bool kSoftcap = true>
+// head dims and run-time flags. kStaged: the instantiation for calls with a bias of whole chunks and
+// without softcap (kSoftcap false), which stages it (AnalyticModSourceBwdSm90::kStageBias).
+template <int kD, class E, bool kDropout = false, bool kSoftcap = true, bool kStaged = false>
 __global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
     sdpa_bwd_mods_kernel_sm90(const __grid_constant__ SdpaBwdParams p, const __grid_constant__ CUtensorMap tm_q,
                               const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                               const __grid_constant__ CUtensorMap tm_do) {
   static_assert(kD == 64 || kD == 128, "the modifiers' kernels: head dims (64, 64) and (128, 128)");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  bwd_sm90_body<kD, E, kD, AnalyticModSourceBwdSm90<BwdSm90Layout<kD>::kBlockK, kDropout, kSoftcap>>(
+  bwd_sm90_body<kD, E, kD, AnalyticModSourceBwdSm90<BwdSm90Layout<kD>::kBlockK, kDropout, kSoftcap, kStaged>>(
       p, &tm_q, &tm_k, &tm_v, &tm_do);
 #else
   __trap();

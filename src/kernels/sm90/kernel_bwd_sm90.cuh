@@ -236,16 +236,25 @@ struct BwdSm90Layout {
   static constexpr int kItem = kRank + 16;                           // [2][8] int32: the item ring
   static constexpr int kBar = kItem + 2 * 8 * 4;
   // kv_full, kv_empty, qdo_full[kStages], qdo_empty[kStages], dq_full, dq_empty, item_full[2], item_empty[2],
-  // rank_full[2], rank_empty[2]
-  static constexpr int kNumBars = 2 + 2 * kStages + 2 + 4 + 4;
+  // rank_full[2], rank_empty[2], info_full[kStages]
+  static constexpr int kNumBars = 2 + 2 * kStages + 2 + 4 + 4 + kStages;
   static constexpr int kUsed = kBar + 8 * kNumBars;
   static constexpr int kBytes = kUsed + 1024;  // + slack to align the dynamic base to 1024
   static_assert(kBytes <= 232448, "sm90 backward: more shared memory than an sm_90 block may have (227 KB)");
+  // SDPA's staged bias (the score modifiers' kernels, Src::kStageBias; kernel_bwd_mods_sm90.cuh): one
+  // step's kBlockQ x kBlockK tile after the rest, each consumer warp's kBlockQ queries x 16 keys
+  // (SdpaBiasFrag::stage_transposed); those kernels launch with kBytesBias.
+  static constexpr int kBiasStage = (kUsed + 127) / 128 * 128;
+  static constexpr int kBiasWarpBytes = kBlockQ * 16 * 2;
+  static constexpr int kBytesBias = kBiasStage + (kConsumerThreads / 32) * kBiasWarpBytes + 1024;
   // Barrier addresses relative to kBar.
   static constexpr int kKvFull = 0, kKvEmpty = 8, kQdoFull = 16, kQdoEmpty = kQdoFull + 8 * kStages;
   static constexpr int kDqFull = kQdoEmpty + 8 * kStages, kDqEmpty = kDqFull + 8;
   static constexpr int kItemFull = kDqEmpty + 8, kItemEmpty = kItemFull + 16;
   static constexpr int kRankFull = kItemEmpty + 16, kRankEmpty = kRankFull + 16;
+  // info_full[st]: the producer's lane 0 has written the step's info (s_info[st]), before its Q / dO
+  // land (qdo_full): the consumers read the next step's (h, qb) from it (Src::kStageBias).
+  static constexpr int kInfoFull = kRankEmpty + 16;
 };
 
 // Column pieces of a head dimension kD in {128, 192, 256} that consumer warpgroup c of the
@@ -401,12 +410,15 @@ __device__ __forceinline__ int dq_order_rank(const BwdParams& p, int h, int b, i
 //                                    P^T, dS^T step (AnalyticModSourceBwdSm90,
 //                                    kernel_bwd_mods_sm90.cuh: Src::logits, Src::grads)
 //   Src::kDropout                    and dropout (Src::step_keep before the step's GEMMs)
+//   Src::kStageBias                  a 16-bit bias (SdpaBiasParams::chunks) staged by the consumer
+//                                    warps a step ahead (Src::stage_bias; BwdSm90Layout::kBiasStage),
+//                                    the step's (h, qb) taken from info_full before its Q / dO land
 // ---------------------------------------------------------------------------
 
 // Flex: the plan's K2Q lists, payload, cu_seqlens and task list / grid / split items (the code
 // the kernel had inline: scripts/sass_diff.sh, same SASS).
 struct PlanSourceBwdSm90 {
-  static constexpr bool kAnalytic = false, kMods = false, kDropout = false;
+  static constexpr bool kAnalytic = false, kMods = false, kDropout = false, kStageBias = false;
   using Seqlen = kern::SeqlenInfo;
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int lane) {
     return next_bwd_item(p, item_it, lane);
@@ -464,7 +476,7 @@ struct AnalyticItemsBwdSm90 {
 
 template <int kBk>
 struct AnalyticSourceBwdSm90 : AnalyticItemsBwdSm90 {
-  static constexpr bool kAnalytic = true, kMods = false, kDropout = false;
+  static constexpr bool kAnalytic = true, kMods = false, kDropout = false, kStageBias = false;
   static constexpr int kBlockQ = 64, kBlockK = kBk;
   using Seqlen = kern::AnalyticSeqlen;
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int) {
@@ -610,7 +622,10 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
         stat[lane + 32 * i] = st_lse2[i];
         stat[L::kBlockQ + lane + 32 * i] = st_delta[i];
       }
-      if (lane == 0) s_info[st] = make_int4(h, qb, payload, 0);
+      if (lane == 0) {
+        s_info[st] = make_int4(h, qb, payload, 0);
+        if constexpr (Src::kStageBias) mbar_arrive(bars + L::kInfoFull + 8 * st);  // the info, ahead of the data
+      }
       mbar_arrive(full);  // every lane releases its own statistics (and lane 0 the info)
     }
   }
@@ -858,6 +873,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
   // A of dQ: the dS^T slab of the warpgroup's dQ rows (64-row tiles: the only slab; the wide
   // tile: queries 64c ..).
   const uint32_t ds_slab = L::kWide ? c * L::kDsSlab : 0;
+  // SDPA's staged bias (Src::kStageBias: the calls with a 16-bit bias of whole chunks): the warp's
+  // region of the stage, which holds one step's bias (read in Src::logits, refilled for the next step
+  // once dV is done).
+  [[maybe_unused]] const uint32_t bias_region = base + L::kBiasStage + uint32_t(4 * c + w) * L::kBiasWarpBytes;
 
   uint32_t step_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
@@ -885,6 +904,13 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       // live 64-bit registers, which made ptxas serialise the wgmma (C7512) at this kernel's 232.
       uint32_t k_t = k_tile, v_t = v_tile, kq_t = kq_tile;
       asm volatile("" : "+r"(k_t), "+r"(v_t), "+r"(kq_t));
+      if constexpr (Src::kStageBias) {
+        // An item's first step stages its own bias (the later ones: a step ahead, once dV is done).
+        if (s == 0) {
+          mbar_wait(bars + L::kInfoFull + 8 * st, ph);
+          Src::stage_bias(p, it, sl, s_info[st], 64 * c + 16 * w, lane, bias_region);
+        }
+      }
       mbar_wait(bars + L::kQdoFull + 8 * st, ph);
       if constexpr (Src::kAnalytic) {
         const int rows_in = sl.len_q - s_info[st].y * L::kBlockQ;
@@ -929,7 +955,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       [[maybe_unused]] uint32_t dlogit[kNQ][2];
       if constexpr (Src::kMods) {
         // SDPA's score modifiers: P^T = exp2(logit2 - lse2 + bias) (masked: 0).
-        Src::template logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, sacc, dlogit);
+        Src::template logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, bias_region, sacc, dlogit);
         reg_fence(sacc);  // P^T (z^T with dropout) formed here, under the dP^T GEMM
       } else {
         // P^T = exp2(S^T scale log2(e) - lse2[query]); masked elements 0 (a full block has none: its
@@ -992,6 +1018,16 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       // registers and so a 24-register producer warpgroup: measured no faster at D = 128 and 5 %
       // slower at D = 64, PERF_LOG v2.20.)
       wg_wait<0>();
+      if constexpr (Src::kStageBias) {
+        // The next step's bias into the region this step's logits read (P^T, made from it, is
+        // consumed: dV is done), in flight under this step's dQ and dK and the next one's S^T. Its
+        // (h, qb) are out before its Q / dO land (info_full).
+        if (s + 1 < it.steps) {
+          const uint32_t sn = (step_it + 1) % L::kStages, phn = ((step_it + 1) / L::kStages) & 1;
+          mbar_wait(bars + L::kInfoFull + 8 * sn, phn);
+          Src::stage_bias(p, it, sl, s_info[sn], 64 * c + 16 * w, lane, bias_region);
+        }
+      }
       // dQ (64-row tiles: columns c kD/2 ..; the wide tile: rows 64c ..) = dS K (A = dS^T slab
       // M-major, B = K N-major, 8 k16 steps), then dK += dS^T Q (A from registers), which runs
       // while dQ goes to shared memory.
@@ -1546,6 +1582,9 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
       mbar_init(bars + L::kItemEmpty + 8 * i, L::kConsumerThreads + 1 + (p.dq_sem != nullptr ? 1 : 0));
       mbar_init(bars + L::kRankFull + 8 * i, 1);
       mbar_init(bars + L::kRankEmpty + 8 * i, 1);
+    }
+    if constexpr (Src::kStageBias) {
+      for (int i = 0; i < L::kStages; ++i) mbar_init(bars + L::kInfoFull + 8 * i, 1);  // the producer's lane 0
     }
     fence_barrier_init();
   }

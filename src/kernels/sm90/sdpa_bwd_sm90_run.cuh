@@ -22,18 +22,21 @@ namespace bwd_detail {
 // dropout (kDropout: sdpa_bwd_mods_kernel_sm90<..., true>), with score modifiers (kMods:
 // sdpa_bwd_mods_kernel_sm90, the softcap-capable one or, for calls without softcap, the one without),
 // (kD, kDv) = (64, 64) or (128, 128) for both, or the pure-mask one.
+// Form (kMods): 0 without softcap, 1 with softcap, 2 a staged bias without softcap (kStaged: a 16-bit
+// bias of whole chunks, SdpaBiasParams::chunks).
 template <int kD, class E, int kDv, bool kWideTile, bool kMods, bool kDropout>
-auto sdpa_kernel(bool softcap) {
+auto sdpa_kernel(int form) {
   if constexpr (kDropout) {
     static_assert(kMods && kD == kDv && kD <= 128 && !kWideTile, "the dropout kernels: (64, 64) and (128, 128)");
-    (void)softcap;
+    (void)form;
     return kern90::sdpa_bwd_mods_kernel_sm90<kD, E, true>;
   } else if constexpr (kMods) {
     static_assert(kD == kDv && kD <= 128 && !kWideTile, "the modifiers' kernels: (64, 64) and (128, 128)");
-    return softcap ? kern90::sdpa_bwd_mods_kernel_sm90<kD, E, false, true>
-                   : kern90::sdpa_bwd_mods_kernel_sm90<kD, E, false, false>;
+    if (form == 2) return kern90::sdpa_bwd_mods_kernel_sm90<kD, E, false, false, true>;
+    return form == 1 ? kern90::sdpa_bwd_mods_kernel_sm90<kD, E, false, true>
+                     : kern90::sdpa_bwd_mods_kernel_sm90<kD, E, false, false>;
   } else {
-    (void)softcap;
+    (void)form;
     return kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile>;
   }
 }
@@ -50,14 +53,19 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
     const int item_heads = sdpa_bwd_item_heads_sm90(p.num_heads_q, p.group_size, p.analytic.score.group_v);
     const int64_t items = int64_t(p.analytic.num_k_blocks) * item_heads * p.batch;
     if (items > 0) {
-      const int softcap = p.analytic.score.softcap2 != 0.0f ? 1 : 0;
-      auto kernel = bwd_detail::sdpa_kernel<kD, E, kDv, kWideTile, kMods, kDropout>(softcap == 1);
-      static std::atomic<uint64_t> smem_set[2] = {0, 0};
-      ensure_smem_limit(kernel, L::kBytes, smem_set[softcap], "sdpa backward (sm90): cudaFuncSetAttribute");
-      static std::atomic<int> ctas_cache[2][64];
-      const int ctas = persistent_ctas(kernel, L::kThreads, L::kBytes, ctas_cache[softcap], "sdpa backward (sm90)");
+      const bool softcap = p.analytic.score.softcap2 != 0.0f;
+      const bool staged = kMods && !kDropout && !softcap && p.analytic.bias.bias != nullptr && p.analytic.bias.chunks != 0;
+      const int form = staged ? 2 : softcap ? 1 : 0;
+      auto kernel = bwd_detail::sdpa_kernel<kD, E, kDv, kWideTile, kMods, kDropout>(form);
+      // The staged bias's kernel stages it after the rest (BwdSm90Layout::kBiasStage).
+      static_assert(!kMods || L::kBytesBias <= 232448, "sdpa backward (sm90): the bias stage does not fit");
+      const int smem = staged ? L::kBytesBias : L::kBytes;
+      static std::atomic<uint64_t> smem_set[3] = {0, 0, 0};
+      ensure_smem_limit(kernel, smem, smem_set[form], "sdpa backward (sm90): cudaFuncSetAttribute");
+      static std::atomic<int> ctas_cache[3][64];
+      const int ctas = persistent_ctas(kernel, L::kThreads, smem, ctas_cache[form], "sdpa backward (sm90)");
       const unsigned grid = unsigned(std::min<int64_t>(ctas, items));
-      kernel<<<grid, L::kThreads, L::kBytes, s>>>(p, mq, mk, mv, mdo);
+      kernel<<<grid, L::kThreads, smem, s>>>(p, mq, mk, mv, mdo);
       check_launch("sdpa backward (sm90)");
     }
     if (p.total_q > 0) {
