@@ -1,4 +1,4 @@
-"""Argument rules shared by flex_attn_func and the explicit API (the seed's exception types)."""
+"""Argument rules shared by the front ends (flex, SDPA, FP8 SDPA, the mask builders; the seed's exception types)."""
 
 from __future__ import annotations
 
@@ -9,10 +9,34 @@ from typing import Optional
 import torch
 
 
-def check_flag(name: str, value, where: str) -> None:
-    """TypeError unless ``value`` is a Python bool (the seed's rule: no silent ``bool()`` conversion)."""
-    if type(value) is not bool:
-        raise TypeError(f"{where}: {name}: must be a bool (True or False), got {type(value).__name__} {value!r}")
+def check_flag(name: str, value, where: Optional[str] = None, none_ok: bool = False):
+    """``value`` as a Python bool (or None, with ``none_ok``: a flag whose default is None); TypeError naming the
+    argument otherwise. The one place of the flag rule of every front end (flex, SDPA, FP8 SDPA, the mask builders):
+    a bool or a NumPy bool (``numpy.bool_``, what a NumPy comparison gives), nothing converted with ``bool()``: a
+    string ``"false"`` is truthy, an int or a float is a number (as the number arguments refuse a bool, _int_arg /
+    _float_arg), a tensor would be read on the host. Messages are ``[where: ]name: must be a bool ...``.
+
+    Callers on a hot path test ``type(value) is bool`` (or identity with True / False) first and call this only
+    otherwise; they use its result (a NumPy bool becomes a Python bool)."""
+    tp = type(value)
+    if tp is bool:
+        return value
+    if value is None and none_ok:
+        return None
+    if tp.__module__ == "numpy" and tp.__name__ in ("bool_", "bool"):  # NumPy 1 / NumPy 2, without importing numpy
+        return bool(value)
+    prefix = f"{where}: " if where else ""
+    rule = "a bool (True or False)" + (" or None" if none_ok else "")
+    raise TypeError(f"{prefix}{name}: must be {rule}, got {tp.__name__} {_short_repr(value)}")
+
+
+def _short_repr(value, limit: int = 80) -> str:
+    """``repr(value)`` cut to ``limit`` characters (a tensor given as a flag is not printed in full)."""
+    try:
+        text = repr(value)
+    except Exception:  # pragma: no cover - a broken __repr__
+        return "<unprintable>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 def check_softmax_scale(softmax_scale, where: str, return_max_logit: bool = False) -> Optional[float]:

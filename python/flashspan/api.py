@@ -98,9 +98,9 @@ def flex_attn_func(
     if not isinstance(mask_plan, MaskPlan):
         raise TypeError(f"flex_attn_func: mask_plan must be a flashspan.MaskPlan, got {type(mask_plan).__name__}")
     if type(deterministic) is not bool or type(return_lse) is not bool or type(return_max_logit) is not bool:
-        for name, value in (("deterministic", deterministic), ("return_lse", return_lse),
-                            ("return_max_logit", return_max_logit)):
-            check_flag(name, value, "flex_attn_func")
+        deterministic = check_flag("deterministic", deterministic, "flex_attn_func")
+        return_lse = check_flag("return_lse", return_lse, "flex_attn_func")
+        return_max_logit = check_flag("return_max_logit", return_max_logit, "flex_attn_func")
     softmax_scale = check_softmax_scale(softmax_scale, "flex_attn_func", return_max_logit)
     Tensor = torch.Tensor
     needs_grad = torch.is_grad_enabled() and (

@@ -591,7 +591,7 @@ class FlexAttentionBwd(_OpBase):
                 f"{where}: sample_dlse (11th argument) must be a torch.Tensor or None, got {type(dlse).__name__}; "
                 "pass the softmax scale to execute(..., softmax_scale=...)"
             )
-        check_flag("deterministic", deterministic, where)
+        deterministic = check_flag("deterministic", deterministic, where)
         handle = _check_plan(plan, where)
         if not plan.has_backward:
             raise ValueError(

@@ -27,7 +27,9 @@ Contents
 Argument rules
 --------------
 Lengths are Python ints (numpy ints and 0-d integer tensors too; a bool or float
-raises ``TypeError`` naming the argument). Which zero lengths are allowed:
+raises ``TypeError`` naming the argument). Flags (``bottom_right``, ``causal``,
+``per_head``) are bools (a NumPy bool too; an int, a string or None raises
+``TypeError`` naming the flag). Which zero lengths are allowed:
 
 * the query length of a builder (``seqlen``, ``seqlen_q``, the total of
   ``document_lengths`` or ``node_lengths``, ``random_document_lengths``' ``total``)
@@ -64,6 +66,8 @@ import random
 from typing import Callable, Optional, Sequence, Union
 
 import torch
+
+from ._checks import check_flag
 
 __all__ = [
     "BENCHMARK_MASKS",
@@ -262,7 +266,7 @@ def causal(seqlen_q: int, seqlen_k: Optional[int] = None, *, bottom_right: bool 
     sq = _check_len("seqlen_q", seqlen_q, 1)
     sk = sq if seqlen_k is None else _check_len("seqlen_k", seqlen_k)
     q = torch.arange(sq, dtype=torch.int64)
-    shift = sk - sq if bottom_right else 0
+    shift = sk - sq if check_flag("bottom_right", bottom_right) else 0
     return _finish((q + shift + 1).clamp(0, sk).unsqueeze(0), batch, heads, device)
 
 
@@ -292,7 +296,7 @@ def sliding_window(seqlen_q: int, seqlen_k: Optional[int] = None, *, before: Opt
     before, after = _window_keywords(deprecated, before, after)
     sq = _check_len("seqlen_q", seqlen_q, 1)
     sk = sq if seqlen_k is None else _check_len("seqlen_k", seqlen_k)
-    q = torch.arange(sq, dtype=torch.int64) + (sk - sq if bottom_right else 0)
+    q = torch.arange(sq, dtype=torch.int64) + (sk - sq if check_flag("bottom_right", bottom_right) else 0)
     lo = torch.zeros_like(q) if before is None else (q - _check_len("before", before)).clamp(0, sk)
     hi = torch.full_like(q, sk) if after is None else (q + _check_len("after", after) + 1).clamp(0, sk)
     lo = torch.minimum(lo, hi)
@@ -354,7 +358,7 @@ def sink_window(seqlen_q: int, seqlen_k: Optional[int] = None, *, sink: int = 4,
     sk = sq if seqlen_k is None else _check_len("seqlen_k", seqlen_k)
     sink = _check_len("sink", sink)
     window = _check_len("window", window)
-    q = torch.arange(sq, dtype=torch.int64) + (sk - sq if bottom_right else 0)
+    q = torch.arange(sq, dtype=torch.int64) + (sk - sq if check_flag("bottom_right", bottom_right) else 0)
     hi = (q + 1).clamp(0, sk)
     f0 = hi.clamp(max=sink)
     f1 = torch.minimum((q - window).clamp(min=sink), hi).clamp(min=0)
@@ -440,6 +444,7 @@ def document_causal(document_lengths, *, causal: bool = True, heads: int = 1,
         >>> document_causal([2, 3]).tolist()
         [[[0, 0, 0, 0, 0], [0, 0, 2, 2, 2], [1, 2, 3, 4, 5]]]
     """
+    causal = check_flag("causal", causal)
     per_sample = _as_length_batches(document_lengths, "document_lengths")
     total = int(per_sample[0].sum())
     out = []
@@ -1090,6 +1095,7 @@ def visible_pairs(mask_func: torch.Tensor, *, per_head: bool = False) -> Union[i
         10
     """
     _check_mask_func(mask_func)
+    per_head = check_flag("per_head", per_head)
     v = mask_func.to(torch.int64)
     sign = torch.ones(v.shape[1], dtype=torch.int64, device=v.device)
     sign[1::2] = -1

@@ -15,6 +15,7 @@ from typing import Any, Optional
 import torch
 
 from . import _lib
+from ._checks import check_flag
 
 
 def _torch_dtype(dt: _lib.FsDType) -> Optional[torch.dtype]:
@@ -649,9 +650,8 @@ def create_mask_plan(
                 if m is not None and dim.dim() == 4 and int(m) != dim.shape[1]:
                     raise ValueError(f"create_mask_plan: {name}={m} does not match the BSHD sequence length {dim.shape[1]}")
         max_seqlen_q = max_seqlen_k = 0
-    for name, flag in (("pack_gqa", pack_gqa), ("build_backward", build_backward)):
-        if flag is not None and type(flag) is not bool:
-            raise TypeError(f"create_mask_plan: {name} must be True, False or None, got {type(flag).__name__} {flag!r}")
+    pack_gqa = check_flag("pack_gqa", pack_gqa, "create_mask_plan", none_ok=True)
+    build_backward = check_flag("build_backward", build_backward, "create_mask_plan", none_ok=True)
     if pack_gqa is True and mask_func.dim() == 3 and mask_func.shape[0] != 1:
         raise ValueError(
             f"create_mask_plan: pack_gqa=True needs a mask shared by all query heads (Hmask = 1), got Hmask = "

@@ -16,6 +16,7 @@ from torch import Tensor
 
 from . import _lib
 from . import _sdpa_lib as L
+from ._checks import check_flag
 from ._sdpa_lib import check_packed_end
 from .autograd import no_double_backward
 
@@ -415,6 +416,24 @@ def _check_tensor_kwargs(kw: dict) -> None:
             raise TypeError(f"{name}: must be a torch.Tensor or None, got {type(x).__name__}")
 
 
+# The flags of flashspan.sdpa / sdpa_backward's engine (the full path checks them first, with check_flag: a string
+# "false" is truthy, 1.5 is a number; TypeError naming the flag). generate_stats may also be None (its default).
+_FWD_FLAGS = ("use_alibi_mask", "use_padding_mask", "use_causal_mask", "use_causal_mask_bottom_right",
+              "stats_use_log2", "generate_stats")
+_BWD_FLAGS = ("use_alibi_mask", "use_padding_mask", "use_causal_mask", "use_causal_mask_bottom_right",
+              "use_deterministic_algorithm")
+
+
+def _check_flags(kw: dict, names: tuple) -> None:
+    """Each flag of ``names`` in ``kw`` made a Python bool (a NumPy bool converted), or a TypeError naming it. The
+    full path only: the fast path's key holds the type of every keyword argument, so a call with a flag of another
+    type never reuses a remembered call's binding, and a call whose full path raised is never remembered."""
+    for name in names:
+        value = kw[name]
+        if value.__class__ is not bool:
+            kw[name] = check_flag(name, value, none_ok=name == "generate_stats")
+
+
 def _max_len(lengths: Optional[Tensor], cu: Optional[Tensor], given: Optional[int], side: str) -> int:
     """S_max of a THD side: the given value, else the longest sample (one host read)."""
     if given is not None:
@@ -689,6 +708,7 @@ def _forward_full(key, given: tuple, stats_needed: bool, kw: dict):
     """_forward's full path (``key``: the call's _fast_key, remembered if it runs)."""
     q, k, v, o, stats = given
     _check_tensor_kwargs(kw)
+    _check_flags(kw, _FWD_FLAGS)
     kw_in = kw.copy()
     lay = _Layout(q, k, v, kw["seq_len_q"], kw["seq_len_kv"], kw["cu_seq_len_q"], kw["cu_seq_len_kv"],
                   kw.pop("ragged_offsets"), kw.pop("max_seq_len_q"), kw.pop("max_seq_len_kv"),
@@ -761,6 +781,7 @@ def _backward_full(key, given: tuple, kw: dict):
     """_backward's full path (``key``: the call's _fast_key, remembered if it runs)."""
     q, k, v, o, dO, stats, dq, dk, dv = given
     _check_tensor_kwargs(kw)
+    _check_flags(kw, _BWD_FLAGS)
     args = dict(kw)
     lay = _Layout(q, k, v, kw["seq_len_q"], kw["seq_len_kv"], kw["cu_seq_len_q"], kw["cu_seq_len_kv"],
                   kw.pop("ragged_offsets"), kw.pop("max_seq_len_q"), kw.pop("max_seq_len_kv"), False)
@@ -1008,12 +1029,19 @@ def sdpa(
         o, stats = flashspan.sdpa(q, k, v, attn_scale=0.125, diagonal_band_right_bound=0, generate_stats=True)
         o.float().sum().backward()
     """
+    if unfuse_fma is not False:  # accepted for parity, unused: its type is checked here (one identity test)
+        check_flag("unfuse_fma", unfuse_fma)
     del name, unfuse_fma
     _check_unsupported(implementation, compute_data_type)
     if use_causal_mask or use_causal_mask_bottom_right or sliding_window_length is not None or is_inference is not None:
+        # Checked before the DeprecationWarning (a string "no" is truthy); the falsy ones by the full path.
+        use_causal_mask = check_flag("use_causal_mask", use_causal_mask)
+        use_causal_mask_bottom_right = check_flag("use_causal_mask_bottom_right", use_causal_mask_bottom_right)
+        is_inference = check_flag("is_inference", is_inference, none_ok=True)
         _warn_deprecated(use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, is_inference)
     if is_inference is not None:
-        if generate_stats is not None and bool(generate_stats) == bool(is_inference):
+        generate_stats = check_flag("generate_stats", generate_stats, none_ok=True)
+        if generate_stats is not None and generate_stats == is_inference:
             raise ValueError(
                 f"is_inference, generate_stats: is_inference (deprecated) is the negation of generate_stats, got "
                 f"is_inference={is_inference!r} and generate_stats={generate_stats!r}; pass only generate_stats")
@@ -1038,6 +1066,11 @@ def sdpa(
             paged_attention_v_table=paged_attention_v_table,
             paged_attention_max_seq_len_kv=paged_attention_max_seq_len_kv, stats_use_log2=stats_use_log2,
             score_max=score_max, score_sum_exp=score_sum_exp, max_logit=max_logit)
+    # With gradients the forward computes the stats whatever generate_stats says (the full path never sees it) and
+    # base-2 stats are refused: check both flags here (the others are the full path's).
+    if stats_use_log2.__class__ is not bool or (generate_stats is not None and generate_stats.__class__ is not bool):
+        stats_use_log2 = check_flag("stats_use_log2", stats_use_log2)
+        generate_stats = check_flag("generate_stats", generate_stats, none_ok=True)
     paged = paged_attention_k_table is not None or paged_attention_v_table is not None
     fwd = dict(
         attn_scale=attn_scale, block_mask=block_mask, use_alibi_mask=use_alibi_mask, use_padding_mask=use_padding_mask,
@@ -1119,6 +1152,9 @@ def sdpa_backward(
     del name
     _check_unsupported(None, compute_data_type)
     if use_causal_mask or use_causal_mask_bottom_right or sliding_window_length is not None:
+        # Checked before the DeprecationWarning (a string "no" is truthy); the falsy ones by the full path.
+        use_causal_mask = check_flag("use_causal_mask", use_causal_mask)
+        use_causal_mask_bottom_right = check_flag("use_causal_mask_bottom_right", use_causal_mask_bottom_right)
         _warn_deprecated(use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, None)
     return _backward(
         q, k, v, o, dO, stats, attn_scale=attn_scale, bias=bias, dBias=dBias, use_alibi_mask=use_alibi_mask,

@@ -9,6 +9,7 @@ import torch
 from torch import Tensor
 
 from . import _sdpa_lib as L
+from ._checks import check_flag
 from .sdpa import TOP_LEFT, _apply_common, _Call, _check_unsupported, _Layout, _like_layout, _warn_deprecated
 
 __all__ = ["sdpa_fp8", "sdpa_fp8_backward", "FP8_DTYPES"]
@@ -40,10 +41,12 @@ def _scale(x, name: str, device: torch.device) -> Tensor:
 
 
 def _generate_stats(generate_stats, is_inference) -> bool:
+    generate_stats = check_flag("generate_stats", generate_stats, none_ok=True)
+    is_inference = check_flag("is_inference", is_inference, none_ok=True)
     if is_inference is None:
-        return bool(generate_stats)
+        return bool(generate_stats)  # None: no stats
     _warn_deprecated(False, False, None, is_inference, stacklevel=4)  # the seed's FP8 "Deprecated Args"
-    if generate_stats is not None and bool(generate_stats) == bool(is_inference):
+    if generate_stats is not None and generate_stats == is_inference:
         raise ValueError(f"is_inference, generate_stats: is_inference (deprecated) is the negation of generate_stats, got "
                          f"is_inference={is_inference!r} and generate_stats={generate_stats!r}; pass only generate_stats")
     return not is_inference
@@ -165,6 +168,9 @@ def sdpa_fp8(
     """
     del name
     _check_unsupported(None, compute_data_type)
+    use_causal_mask = check_flag("use_causal_mask", use_causal_mask)
+    use_padding_mask = check_flag("use_padding_mask", use_padding_mask)
+    stats_use_log2 = check_flag("stats_use_log2", stats_use_log2)
     stats_needed = _generate_stats(generate_stats, is_inference)
     for n, t in (("q", q), ("k", k), ("v", v)):
         _check_fp8(t, n)
@@ -265,6 +271,8 @@ def sdpa_fp8_backward(
     """
     del name
     _check_unsupported(None, compute_data_type)
+    use_causal_mask = check_flag("use_causal_mask", use_causal_mask)
+    use_deterministic_algorithm = check_flag("use_deterministic_algorithm", use_deterministic_algorithm)
     for n, t in (("q", q), ("k", k), ("v", v), ("o", o), ("dO", dO)):
         _check_fp8(t, n)
         if t.dim() != 4:

@@ -10,6 +10,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
+from ._checks import check_flag
 from .autograd import no_double_backward
 from .sdpa import (_FAST, _FAST_CAPACITY, BOTTOM_RIGHT, TOP_LEFT, _backward_kw, _fast_key, _forward_kw,
                    _like_layout, _route)
@@ -509,6 +510,11 @@ def sdpa_torch(
         o, lse = flashspan.sdpa_torch(q, q, q, is_causal=True, window_left=16, return_lse=True)
         o.float().sum().backward()
     """
+    if is_causal.__class__ is not bool or causal_bottom_right.__class__ is not bool or return_lse.__class__ is not bool:
+        # The op's schema would convert them (torch takes 1.5 or None for a bool): checked here, as flashspan.sdpa.
+        is_causal = check_flag("is_causal", is_causal, "sdpa_torch")
+        causal_bottom_right = check_flag("causal_bottom_right", causal_bottom_right, "sdpa_torch")
+        return_lse = check_flag("return_lse", return_lse, "sdpa_torch")
     attn_scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
     # Autograd needs the forward's stats: ask for them whenever a gradient can flow (the seed's wrapper
     # leaves that to the caller and its backward then fails), and return them only when requested.

@@ -330,3 +330,199 @@ def test_one_exception_class_per_kind_of_rule(fs, kind, exc, flex, sdpa_calls):
             with pytest.raises(Exception) as e:
                 call()
         assert type(e.value) is exc, f"{kind}, {where}: {type(e.value).__name__}: {e.value}"
+
+
+# -- flags that are not bools -----------------------------------------------------------------------------------
+#
+# Every public boolean flag takes a bool (or a NumPy bool) only: flashspan.sdpa(..., generate_stats="false") returned
+# the stats ("false" is truthy), use_padding_mask=1.5 ran as True, use_causal_mask="no" masked. One rule
+# (_checks.check_flag): a TypeError naming the flag, ``[call: ]flag: must be a bool (True or False)[ or None], got
+# <type> <value>``; None only where the default is None (generate_stats, is_inference, pack_gqa, build_backward).
+
+_NOT_BOOLS = ["no", "false", "", 1, 0, 1.5, torch.tensor(True)]
+_SDPA_FLAGS = ["use_alibi_mask", "use_padding_mask", "stats_use_log2", "generate_stats", "unfuse_fma",
+               "use_causal_mask", "use_causal_mask_bottom_right", "is_inference"]
+_OPTIONAL = {"generate_stats", "is_inference", "pack_gqa", "build_backward"}  # None allowed: their default
+
+
+def _flag_error(name, value, where=""):
+    rule = r"a bool \(True or False\)" + (" or None" if name in _OPTIONAL else "")
+    prefix = re.escape(f"{where}: ") if where else ""
+    return rf"^{prefix}{name}: must be {rule}, got {type(value).__name__}\b"
+
+
+def _sdpa_qkv(requires_grad=False):
+    g = torch.Generator().manual_seed(0)
+    return [torch.randn(1, 2, 8, 16, generator=g).requires_grad_(requires_grad) for _ in range(3)]
+
+
+@pytest.mark.parametrize("value", _NOT_BOOLS, ids=repr)
+@pytest.mark.parametrize("flag", _SDPA_FLAGS)
+def test_sdpa_flags_that_are_not_bools_are_type_errors(fs, flag, value):
+    q, k, v = _sdpa_qkv()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the TypeError comes before a deprecated flag's DeprecationWarning
+        for _ in range(2):  # the fast path never remembers a call that raised
+            with pytest.raises(TypeError, match=_flag_error(flag, value)):
+                fs.sdpa(q, k, v, **{flag: value})
+
+
+@pytest.mark.parametrize("flag", ["use_alibi_mask", "use_padding_mask", "stats_use_log2", "generate_stats",
+                                  "use_causal_mask"])
+def test_sdpa_flag_of_another_type_never_reuses_a_remembered_call(fs, flag):
+    """The fast path keys a call by its arguments' types too: 1 after True (equal, same hash) takes the full path."""
+    q, k, v = _sdpa_qkv()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        fs.sdpa(q, k, v, **{flag: False})
+        fs.sdpa(q, k, v, **{flag: False})  # remembered
+        for value in (0, 0.0):
+            with pytest.raises(TypeError, match=_flag_error(flag, value)):
+                fs.sdpa(q, k, v, **{flag: value})
+
+
+@pytest.mark.parametrize("flag", ["use_alibi_mask", "use_padding_mask", "stats_use_log2", "generate_stats",
+                                  "use_causal_mask", "use_causal_mask_bottom_right", "is_inference"])
+def test_sdpa_flags_that_are_not_bools_with_gradients(fs, flag):
+    """With gradients the forward runs in the autograd Function (generate_stats is not passed to it, base-2 stats
+    are refused with a ValueError): the same TypeError."""
+    q, k, v = _sdpa_qkv(requires_grad=True)
+    with pytest.raises(TypeError, match=_flag_error(flag, "false")):
+        fs.sdpa(q, k, v, **{flag: "false"})
+
+
+@pytest.mark.parametrize("value", ["no", 1, 0.0], ids=repr)
+@pytest.mark.parametrize("flag", ["use_alibi_mask", "use_padding_mask", "use_deterministic_algorithm",
+                                  "use_causal_mask", "use_causal_mask_bottom_right"])
+def test_sdpa_backward_flags_that_are_not_bools_are_type_errors(fs, flag, value):
+    q, k, v = _sdpa_qkv()
+    o, stats = fs.sdpa(q, k, v, generate_stats=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(TypeError, match=_flag_error(flag, value)):
+            fs.sdpa_backward(q, k, v, o, o, stats, **{flag: value})
+
+
+def test_sdpa_takes_numpy_bools(fs):
+    """A NumPy bool (what a NumPy comparison gives) is a bool: the same call as the Python one."""
+    np = pytest.importorskip("numpy")
+    q, k, v = _sdpa_qkv()
+    want_o, want_stats = fs.sdpa(q, k, v, generate_stats=True, stats_use_log2=True)
+    for _ in range(2):
+        o, stats = fs.sdpa(q, k, v, generate_stats=np.bool_(True), stats_use_log2=np.True_, use_alibi_mask=np.False_,
+                           unfuse_fma=np.False_)
+        assert torch.equal(o, want_o) and torch.equal(stats, want_stats)
+    assert fs.sdpa(q, k, v, generate_stats=np.False_)[1] is None
+    with pytest.warns(DeprecationWarning, match="use_causal_mask"):
+        got = fs.sdpa(q, k, v, use_causal_mask=np.True_)[0]
+    assert torch.equal(got, fs.sdpa(q, k, v, diagonal_band_right_bound=0)[0])
+    o, stats = fs.sdpa(q, k, v, generate_stats=True)
+    dq = fs.sdpa_backward(q, k, v, o, o, stats, use_deterministic_algorithm=np.True_)[0]
+    assert torch.equal(dq, fs.sdpa_backward(q, k, v, o, o, stats, use_deterministic_algorithm=True)[0])
+
+
+def _fp8(*shape):
+    g = torch.Generator().manual_seed(0)
+    return torch.randn(*shape, generator=g).to(torch.float8_e4m3fn)
+
+
+@pytest.mark.parametrize("value", ["no", 1, None], ids=repr)
+@pytest.mark.parametrize("flag", ["use_causal_mask", "use_padding_mask", "stats_use_log2", "generate_stats",
+                                  "is_inference"])
+def test_sdpa_fp8_flags_that_are_not_bools_are_type_errors(fs, flag, value):
+    q = k = v = _fp8(1, 2, 4, 16)
+    if value is None and flag in _OPTIONAL:  # their default (None: no stats)
+        assert fs.sdpa_fp8(q, k, v, *(1.0,) * 6, **{flag: value})[0].shape == (1, 2, 4, 16)
+        return
+    with pytest.raises(TypeError, match=_flag_error(flag, value)):
+        fs.sdpa_fp8(q, k, v, *(1.0,) * 6, **{flag: value})
+
+
+@pytest.mark.parametrize("flag", ["use_causal_mask", "use_deterministic_algorithm"])
+def test_sdpa_fp8_backward_flags_that_are_not_bools_are_type_errors(fs, flag):
+    q = k = v = o = dO = _fp8(1, 2, 4, 16)
+    stats = torch.zeros(1, 2, 4, 1)
+    with pytest.raises(TypeError, match=_flag_error(flag, "yes")):
+        fs.sdpa_fp8_backward(q, k, v, o, dO, stats, *(1.0,) * 12, **{flag: "yes"})
+
+
+@pytest.mark.parametrize("value", ["no", 1, 1.5, None], ids=repr)
+@pytest.mark.parametrize("flag", ["is_causal", "causal_bottom_right", "return_lse"])
+def test_sdpa_torch_flags_that_are_not_bools_are_type_errors(fs, flag, value):
+    """torch.ops.flashspan.sdpa_fwd's schema converts them (torch takes 1.5 or None for a bool, as for the seed's
+    op); the Python wrapper sdpa_torch checks them as flashspan.sdpa does."""
+    q, k, v = _sdpa_qkv()
+    with pytest.raises(TypeError, match=_flag_error(flag, value, "sdpa_torch")):
+        fs.sdpa_torch(q, k, v, **{flag: value})
+
+
+@pytest.mark.parametrize("value", ["false", 1.5, 0], ids=repr)
+@pytest.mark.parametrize("flag", ["deterministic", "return_lse", "return_max_logit"])
+def test_flex_attn_func_flags_that_are_not_bools_are_type_errors(fs, flag, value):
+    p = make_problem(3, batch=1, seqlen_q=9, seqlen_k=9, hq=2, hkv=2)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    with pytest.raises(TypeError, match=_flag_error(flag, value, "flex_attn_func")):
+        fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, **{flag: value})
+
+
+def test_flex_flags_that_are_not_bools_elsewhere(fs):
+    p = make_problem(3, batch=1, seqlen_q=9, seqlen_k=9, hq=2, hkv=2)
+    for name in ("pack_gqa", "build_backward"):
+        for value in ("false", 0, 1.5):
+            with pytest.raises(TypeError, match=_flag_error(name, value, "create_mask_plan")):
+                fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **{name: value})
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True)
+    out = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan)
+    lse = torch.empty(1, 2, 9)
+    with pytest.raises(TypeError, match=_flag_error("sm90_use_smem_mask_pipeline", "false", "FlexAttentionFwd")):
+        fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse, sm90_use_smem_mask_pipeline="false")
+    dq, dk, dv = (torch.empty_like(t) for t in (p.q, p.k, p.v))
+    with pytest.raises(TypeError, match=_flag_error("deterministic", 1.5, "FlexAttentionBwd")):
+        fs.FlexAttentionBwd(p.q, p.k, p.v, out, out, lse, dq, dk, dv, plan, deterministic=1.5)
+
+
+def test_flex_takes_numpy_bools(fs):
+    np = pytest.importorskip("numpy")
+    p = make_problem(3, batch=1, seqlen_q=9, seqlen_k=9, hq=2, hkv=2)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, pack_gqa=np.False_, build_backward=np.True_)
+    assert plan.has_backward and not plan.pack_gqa
+    want_out, want_lse = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=True)
+    got = fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, return_lse=np.True_, deterministic=np.False_)
+    assert isinstance(got, tuple) and len(got) == 2
+    assert torch.equal(got[0], want_out) and torch.equal(got[1], want_lse)
+    out = want_out
+    dq, dk, dv = (torch.empty_like(t) for t in (p.q, p.k, p.v))
+    bwd = fs.FlexAttentionBwd(p.q, p.k, p.v, out, out, torch.empty(1, 2, 9), dq, dk, dv, plan,
+                              deterministic=np.True_)
+    assert bwd.deterministic is True
+
+
+def test_mask_builder_flags_that_are_not_bools_are_type_errors(fs):
+    m = fs.masks
+    calls = {
+        "bottom_right": [lambda x: m.causal(4, 6, bottom_right=x), lambda x: m.sliding_window(4, 6, bottom_right=x),
+                         lambda x: m.sink_window(4, 6, bottom_right=x)],
+        "causal": [lambda x: m.document_causal([2, 3], causal=x)],
+        "per_head": [lambda x: m.visible_pairs(m.causal(4), per_head=x)],
+    }
+    for name, fns in calls.items():
+        for fn in fns:
+            for value in ("no", 1, None):
+                with pytest.raises(TypeError, match=_flag_error(name, value)):
+                    fn(value)
+    np = pytest.importorskip("numpy")
+    assert torch.equal(m.causal(3, 5, bottom_right=np.True_), m.causal(3, 5, bottom_right=True))
+
+
+def test_distributed_flags_that_are_not_bools_are_type_errors(fs):
+    """Checked before anything needs a process group."""
+    from flashspan import distributed as fsd
+
+    q = torch.randn(1, 4, 2, 16)
+    for flag in ("deterministic", "return_lse"):
+        with pytest.raises(TypeError, match=_flag_error(flag, "no", "flashspan.distributed.flex_attn_func")):
+            fsd.flex_attn_func(q, q, q, None, **{flag: "no"})
+    sh = fsd.SequenceSharding(1, seqlen=4, batch=1)
+    for flag in ("build_backward", "pack_gqa"):
+        with pytest.raises(TypeError, match=_flag_error(flag, 1, "flashspan.distributed.create_mask_plan")):
+            fsd.create_mask_plan(_causal(4), q, q, q, sh, **{flag: 1})

@@ -273,7 +273,8 @@ def test_non_bool_flags_of_the_explicit_api_and_planner(fs):
     with pytest.raises(TypeError, match=r"^FlexAttentionFwd: sm90_use_smem_mask_pipeline: must be a bool"):
         fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse, sm90_use_smem_mask_pipeline=1)
     for name in ("pack_gqa", "build_backward"):
-        with pytest.raises(TypeError, match=rf"^create_mask_plan: {name} must be True, False or None, got int"):
+        with pytest.raises(TypeError,
+                           match=rf"^create_mask_plan: {name}: must be a bool \(True or False\) or None, got int"):
             fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **{name: 1})
 
 

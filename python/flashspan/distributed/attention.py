@@ -7,6 +7,7 @@ from typing import Optional, Union
 import torch
 import torch.distributed as dist
 
+from .._checks import check_flag
 from ..execution import run_backward, run_forward
 from .plan import ContextParallelPlan
 
@@ -279,6 +280,8 @@ def flex_attn_func(
         out = flashspan.distributed.flex_attn_func(q_local, k_local, v_local, cp_plan)
         out.backward(dout_local)
     """
+    deterministic = check_flag("deterministic", deterministic, "flashspan.distributed.flex_attn_func")
+    return_lse = check_flag("return_lse", return_lse, "flashspan.distributed.flex_attn_func")
     if not isinstance(mask_plan, ContextParallelPlan):
         raise TypeError(
             "flashspan.distributed.flex_attn_func: mask_plan must be a ContextParallelPlan "
@@ -286,5 +289,5 @@ def flex_attn_func(
         )
     needs_grad = torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in (q, k, v))
     mask_plan.check_compatible(q, k, v, needs_grad, "flashspan.distributed.flex_attn_func")
-    out, lse = ContextParallelFlexAttnFunc.apply(q, k, v, mask_plan, softmax_scale, bool(deterministic))
+    out, lse = ContextParallelFlexAttnFunc.apply(q, k, v, mask_plan, softmax_scale, deterministic)
     return (out, lse) if return_lse else out

@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from .._checks import check_flag
 from ..plan import MaskPlan
 from ..plan import create_mask_plan as _plan_one
 from .sharding import SequenceSharding, visible_count
@@ -180,6 +181,8 @@ def create_mask_plan(
         raise TypeError(f"{where}: mask_func must be int32, got {mask_func.dtype}")
     if strategy not in STRATEGIES:
         raise ValueError(f"{where}: strategy must be one of {', '.join(STRATEGIES)}, got {strategy!r}")
+    build_backward = check_flag("build_backward", build_backward, where, none_ok=True)
+    pack_gqa = check_flag("pack_gqa", pack_gqa, where, none_ok=True)
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError(f"{where}: torch.distributed is not initialised (call init_process_group first)")
     world, rank = dist.get_world_size(group), dist.get_rank(group)
