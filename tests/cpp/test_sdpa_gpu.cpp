@@ -991,11 +991,12 @@ Case sm90_bwd_small_case(int i) {
 
 TEST(SdpaGpu, Sm90ForwardBiasStaged) {
   // The sm90 forward stages a 16-bit bias of whole aligned 16-byte row chunks (SdpaBiasParams::chunks:
-  // S_kv and the strides multiples of 8) through shared memory (through L1 when broadcast over rows),
-  // and reads any other bias element by element: both forms on padded samples (cu_seq_len, one
-  // without keys), bottom-right causal, S_q not a multiple of the tile, bf16 / fp16 / float32, full,
-  // broadcast and padded-stride layouts, with softcap on one. Small enough for compute-sanitizer
-  // memcheck (gpu_check.sh).
+  // S_kv and the strides multiples of 8) through shared memory (row 0 only, through L1, when broadcast
+  // over rows) and adds it after the S GEMM (with the scale folded into the softmax or not: a negative
+  // scale); it reads any other bias element by element: all forms on padded samples (cu_seq_len, one
+  // without keys), bottom-right
+  // causal, S_q not a multiple of the tile, bf16 / fp16 / float32, full, broadcast and padded-stride
+  // layouts. Small enough for compute-sanitizer memcheck (gpu_check.sh).
   REQUIRE_SM90();
   const ForceSdpaSm90 force(1);
   const ForceSdpaSm90Mods mods(1);
@@ -1004,6 +1005,7 @@ TEST(SdpaGpu, Sm90ForwardBiasStaged) {
     int bias;
     bool f32, strided;
     float softcap;
+    bool negative_scale = false;
   };
   static const Form forms[] = {
       {200, 128, 1, false, false, 0.0f},              // [B, H_q, S_q, S_kv] bf16, staged
@@ -1012,8 +1014,10 @@ TEST(SdpaGpu, Sm90ForwardBiasStaged) {
       {208, 128, 1 + 1 + 2 + 4, false, false, 3.0f},  // [1, 1, 1, S_kv] fp16 with softcap, staged through L1
       {200, 96, 1 + 1, false, true, 0.0f},            // padded strides, staged
       {200, 64, 1 + 1, true, true, 0.0f},             // float32: elements
+      {200, 128, 1 + 2, false, false, 0.0f, true},    // [B, 1, S_q, S_kv], negative scale, staged
+      {216, 64, 1 + 4, false, false, 0.0f},           // [B, H_q, 1, S_kv]: row 0 staged
   };
-  for (int i = 0; i < 6; ++i) {
+  for (int i = 0; i < 8; ++i) {
     const Form& f = forms[i];
     Case c = multi_block_case(14800 + uint64_t(i), i % 2, f.dim);  // fp16 on odd i, else bf16 (a 16-bit bias: q's)
     c.Sq = 150;
@@ -1022,6 +1026,7 @@ TEST(SdpaGpu, Sm90ForwardBiasStaged) {
     c.bias_f32 = f.f32;
     c.bias_strided = f.strided;
     c.softcap = f.softcap;
+    if (f.negative_scale) c.scale = -c.scale;
     run_case_expect_sm90(c, /*backward=*/false, 1, kAnyLaunches);
     if (::testing::Test::HasFailure()) return;
   }

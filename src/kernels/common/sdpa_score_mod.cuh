@@ -137,9 +137,10 @@ struct SdpaBiasFrag {
   // pairs) after it. Region layout: row r (0..15) of n8 block n at 16 (16 n + r) bytes, so a thread's
   // pair (row g + 8 hi, columns 2 q ..) of block n is at 16 (16 n + g + 8 hi) + 4 q, and a warp's 32
   // reads of one (n, hi) cover 128 consecutive bytes (conflict-free). Lane l copies row l % 16,
-  // blocks l / 16, l / 16 + 2, ... (each row's 32-byte sectors whole); through L2 only (.cg), but
-  // through L1 (.ca) for a bias broadcast over rows, which all 16 rows of every warp read (.cg there:
-  // 2.6x slower; .ca for the others: 10 % slower, H200, PERF_LOG v2.27). Chunks of rows at or past
+  // blocks l / 16, l / 16 + 2, ... (each row's 32-byte sectors whole); through L2 only (.cg). A bias
+  // broadcast over rows (rs = 0) is copied as row 0 only (lanes 0 and 16), through L1 (.ca: every warp
+  // of the CTA reads it; .cg there ran 2.6x slower, .ca for the others 10 % slower, H200, PERF_LOG
+  // v2.27), and every thread reads its pairs from row 0. Chunks of rows at or past
   // rows_left or of blocks at or past cols_left (keys inside the sample from the block's column 0) are
   // zero-filled without a read; the bias's row length is a multiple of 8 (chunks), so a chunk whose
   // first key is inside the sample is inside the tensor. The caller commits one cp.async group per
@@ -164,6 +165,7 @@ struct SdpaBiasFrag {
   template <int kN, bool kL1>
   __device__ __forceinline__ void stage_as(uint32_t region, int rows_left, int cols_left, int lane) const {
     const int r = lane & 15, n0 = lane >> 4;
+    if (kL1 && r != 0) return;  // broadcast over rows: row 0 only
     const char* row = p + int64_t(r) * rs + n0 * 16;             // block n0 of row r
     const uint32_t dst = region + uint32_t((16 * n0 + r) * 16);  // its chunk; block n0 + 2 j: + 32 j chunks
     const int cols = r < rows_left ? cols_left - 8 * n0 : 0;     // keys left from block n0 (none: row outside)
@@ -191,14 +193,16 @@ struct SdpaBiasFrag {
   }
   template <int kN, bool kPartial>
   __device__ __forceinline__ void add_staged_as(float (&s)[kN][4], uint32_t region, int lane) const {
-    const uint32_t a0 = region + uint32_t(lane >> 2) * 16u + uint32_t(lane & 3) * 4u;
+    const bool bc = rs == 0;  // broadcast over rows: every row reads row 0
+    const uint32_t a0 = region + (bc ? 0u : uint32_t(lane >> 2) * 16u) + uint32_t(lane & 3) * 4u;
+    const uint32_t a8 = a0 + (bc ? 0u : 8u * 16u);  // row g + 8
     const bool bf = dtype == kSdpaBiasBF16;
 #pragma unroll
     for (int n = 0; n < kN; ++n) {
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
         uint32_t u;
-        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(u) : "r"(a0 + uint32_t((16 * n + 8 * hi) * 16)));
+        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(u) : "r"((hi ? a8 : a0) + uint32_t(256 * n)));
         add_pair<kPartial>(u, bf, s[n][2 * hi], s[n][2 * hi + 1]);
       }
     }
