@@ -989,25 +989,41 @@ Case sm90_bwd_small_case(int i) {
   return c;
 }
 
+// A form of the staged-bias tests (Sm90ForwardBiasStaged, Sm90BackwardBiasStaged): S_kv, head dims,
+// Case::bias, a float32 bias, padded strides, softcap, a negative scale.
+struct StagedBiasForm {
+  int64_t skv, dim;
+  int bias;
+  bool f32, strided;
+  float softcap;
+  bool negative_scale = false;
+};
+
+// Form i's case: a multi-block shape (GQA, padding by cu_seq_len with a sample without keys, bottom-right
+// causal) with S_q = 150 (not a multiple of the tile), fp16 on odd i, else bf16 (a 16-bit bias: q's).
+Case staged_bias_case(uint64_t seed, int i, const StagedBiasForm& f) {
+  Case c = multi_block_case(seed, i % 2, f.dim);
+  c.Sq = 150;
+  c.Skv = f.skv;
+  c.bias = f.bias;
+  c.bias_f32 = f.f32;
+  c.bias_strided = f.strided;
+  c.softcap = f.softcap;
+  if (f.negative_scale) c.scale = -c.scale;
+  return c;
+}
+
 TEST(SdpaGpu, Sm90ForwardBiasStaged) {
   // The sm90 forward stages a 16-bit bias of whole aligned 16-byte row chunks (SdpaBiasParams::chunks:
   // S_kv and the strides multiples of 8) through shared memory (row 0 only, through L1, when broadcast
   // over rows) and adds it after the S GEMM (with the scale folded into the softmax or not: a negative
-  // scale); it reads any other bias element by element: all forms on padded samples (cu_seq_len, one
-  // without keys), bottom-right
-  // causal, S_q not a multiple of the tile, bf16 / fp16 / float32, full, broadcast and padded-stride
-  // layouts. Small enough for compute-sanitizer memcheck (gpu_check.sh).
+  // scale); it reads any other bias element by element: full, broadcast and padded-stride layouts,
+  // bf16 / fp16 / float32 (staged_bias_case's shapes). Small enough for compute-sanitizer memcheck
+  // (gpu_check.sh).
   REQUIRE_SM90();
   const ForceSdpaSm90 force(1);
   const ForceSdpaSm90Mods mods(1);
-  struct Form {
-    int64_t skv, dim;
-    int bias;
-    bool f32, strided;
-    float softcap;
-    bool negative_scale = false;
-  };
-  static const Form forms[] = {
+  static const StagedBiasForm forms[] = {
       {200, 128, 1, false, false, 0.0f},              // [B, H_q, S_q, S_kv] bf16, staged
       {200, 128, 1, false, false, 0.0f},              // the same in fp16, staged
       {201, 64, 1 + 1 + 2, false, false, 0.0f},       // [1, 1, S_q, S_kv], S_kv not a multiple of 8: elements
@@ -1018,16 +1034,7 @@ TEST(SdpaGpu, Sm90ForwardBiasStaged) {
       {216, 64, 1 + 4, false, false, 0.0f},           // [B, H_q, 1, S_kv]: row 0 staged
   };
   for (int i = 0; i < 8; ++i) {
-    const Form& f = forms[i];
-    Case c = multi_block_case(14800 + uint64_t(i), i % 2, f.dim);  // fp16 on odd i, else bf16 (a 16-bit bias: q's)
-    c.Sq = 150;
-    c.Skv = f.skv;
-    c.bias = f.bias;
-    c.bias_f32 = f.f32;
-    c.bias_strided = f.strided;
-    c.softcap = f.softcap;
-    if (f.negative_scale) c.scale = -c.scale;
-    run_case_expect_sm90(c, /*backward=*/false, 1, kAnyLaunches);
+    run_case_expect_sm90(staged_bias_case(14800 + uint64_t(i), i, forms[i]), /*backward=*/false, 1, kAnyLaunches);
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -1296,37 +1303,24 @@ TEST(SdpaGpu, Sm90BackwardBiasStaged) {
   // The sm90 backward stages a 16-bit bias of whole aligned 16-byte row chunks (SdpaBiasParams::chunks)
   // through shared memory a step ahead (kernel_bwd_mods_sm90.cuh stage_bias: the consumer warps'
   // cp.async, read transposed with ldmatrix; row 0 only when broadcast over rows) and reads any other
-  // bias element by element: both forms on padded samples (cu_seq_len, one without keys), bottom-right
-  // causal, S_q not a multiple of the tile, GQA, bf16 / fp16 / float32, full, broadcast and
-  // padded-stride layouts, dBias on the forms without softcap, deterministic on odd forms; D = 64 and
-  // 128 kernels. Small enough for compute-sanitizer memcheck (gpu_check.sh).
+  // bias element by element (and so do calls with softcap, on the softcap kernel): full, broadcast and
+  // padded-stride layouts, bf16 / fp16 / float32 (staged_bias_case's shapes), dBias on the forms without
+  // softcap, deterministic on odd forms; D = 64 and 128 kernels. Small enough for compute-sanitizer
+  // memcheck (gpu_check.sh).
   REQUIRE_SM90();
   const ForceSm90WithMods force;
-  struct Form {
-    int64_t skv, dim;
-    int bias;
-    bool f32, strided;
-    float softcap;
-  };
-  static const Form forms[] = {
+  static const StagedBiasForm forms[] = {
       {200, 128, 1, false, false, 0.0f},              // [B, H_q, S_q, S_kv] bf16, staged
       {200, 64, 1, false, false, 0.0f},               // the same in fp16 on the (64, 64) kernel, staged
       {201, 64, 1 + 1 + 2, false, false, 0.0f},       // [1, 1, S_q, S_kv], S_kv not a multiple of 8: elements
-      {208, 128, 1 + 1 + 2 + 4, false, false, 3.0f},  // [1, 1, 1, S_kv] fp16 with softcap, row 0 staged
+      {208, 128, 1 + 1 + 2 + 4, false, false, 3.0f},  // [1, 1, 1, S_kv] fp16 with softcap: elements
       {200, 96, 1 + 1, false, true, 0.0f},            // padded strides, staged
       {200, 64, 1 + 1, true, true, 0.0f},             // float32: elements
       {264, 128, 1 + 2 + 4, false, false, 0.0f},      // [B, 1, 1, S_kv] bf16, row 0 staged, dBias over rows
   };
   for (int i = 0; i < 7; ++i) {
-    const Form& f = forms[i];
-    Case c = multi_block_case(15100 + uint64_t(i), i % 2, f.dim);  // fp16 on odd i, else bf16 (a 16-bit bias: q's)
-    c.Sq = 150;
-    c.Skv = f.skv;
-    c.bias = f.bias;
-    c.bias_f32 = f.f32;
-    c.bias_strided = f.strided;
-    c.softcap = f.softcap;
-    c.dbias = f.softcap == 0.0f;
+    Case c = staged_bias_case(15100 + uint64_t(i), i, forms[i]);
+    c.dbias = forms[i].softcap == 0.0f;
     c.deterministic = i % 2;
     run_sm90_bwd_mods_case(c);
     if (::testing::Test::HasFailure()) return;
