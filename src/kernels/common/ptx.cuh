@@ -2,6 +2,7 @@
 // memory addresses, cp.async, exp2, element conversions (core/element_type.h tags), float atomics.
 //
 //   cp_async_16      cp.async.cg.shared.global 16 bytes, zero-filled when the predicate is false
+//   cp_async_ca_16   the same through L1 (cp.async.ca)
 //   ldmatrix_x4      ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lanes 8i..8i+7 give the row
 //                    addresses of 8x8 matrix i; register i of lane l then holds row l/4, columns
 //                    2(l%4)..+1 of matrix i (with .trans: rows 2(l%4)..+1 of column l/4)
@@ -51,14 +52,10 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, bool 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size) : "memory");
 }
 
-// 4-, 8- or 16-byte global -> shared copy through L1 (cp.async.ca: a broadcast operand read by
-// many rows hits there), zero-filled when !pred (src as cp_async_16's); dst and src aligned to kBytes.
-template <int kBytes>
-__device__ __forceinline__ void cp_async_ca(uint32_t dst, const void* src, bool pred) {
-  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "cp.async.ca: 4, 8 or 16 bytes");
-  const int src_size = pred ? kBytes : 0;
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(dst), "l"(src), "n"(kBytes), "r"(src_size)
-               : "memory");
+// cp_async_16 through L1 (cp.async.ca: a broadcast operand read by many rows hits there).
+__device__ __forceinline__ void cp_async_ca_16(uint32_t dst, const void* src, bool pred) {
+  const int src_size = pred ? 16 : 0;
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_size) : "memory");
 }
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {

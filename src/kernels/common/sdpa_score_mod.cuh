@@ -172,7 +172,7 @@ struct SdpaBiasFrag {
 #pragma unroll
     for (int j = 0; j < kN / 2; ++j) {
       if constexpr (kL1) {
-        cp_async_ca<16>(dst + uint32_t(512 * j), row + 32 * j, 16 * j < cols);
+        cp_async_ca_16(dst + uint32_t(512 * j), row + 32 * j, 16 * j < cols);
       } else {
         cp_async_16(dst + uint32_t(512 * j), row + 32 * j, 16 * j < cols);
       }
@@ -246,7 +246,7 @@ struct SdpaBiasFrag {
     const int hi = lane & 1;
     const bool col_in = 8 * hi < cols_left;
     if (rs == 0) {
-      if (lane < 2) cp_async_ca<16>(region + uint32_t(16 * kQ * hi), p + 16 * hi, col_in && rows_left > 0);
+      if (lane < 2) cp_async_ca_16(region + uint32_t(16 * kQ * hi), p + 16 * hi, col_in && rows_left > 0);
       return;
     }
 #pragma unroll

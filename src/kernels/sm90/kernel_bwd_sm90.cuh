@@ -877,6 +877,14 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
   // region of the stage, which holds one step's bias (read in Src::logits, refilled for the next step
   // once dV is done).
   [[maybe_unused]] const uint32_t bias_region = base + L::kBiasStage + uint32_t(4 * c + w) * L::kBiasWarpBytes;
+  // Step n's (the kernel's n-th) copies, once its info is out (info_full; before its Q / dO land).
+  [[maybe_unused]] auto stage_bias_of = [&](const BwdItem& it, const typename Src::Seqlen& sl, uint32_t n) {
+    if constexpr (Src::kStageBias) {
+      const uint32_t sn = n % L::kStages;
+      mbar_wait(bars + L::kInfoFull + 8 * sn, (n / L::kStages) & 1);
+      Src::stage_bias(p, it, sl, s_info[sn], 64 * c + 16 * w, lane, bias_region);
+    }
+  };
 
   uint32_t step_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
@@ -906,10 +914,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       asm volatile("" : "+r"(k_t), "+r"(v_t), "+r"(kq_t));
       if constexpr (Src::kStageBias) {
         // An item's first step stages its own bias (the later ones: a step ahead, once dV is done).
-        if (s == 0) {
-          mbar_wait(bars + L::kInfoFull + 8 * st, ph);
-          Src::stage_bias(p, it, sl, s_info[st], 64 * c + 16 * w, lane, bias_region);
-        }
+        if (s == 0) stage_bias_of(it, sl, step_it);
       }
       mbar_wait(bars + L::kQdoFull + 8 * st, ph);
       if constexpr (Src::kAnalytic) {
@@ -1022,11 +1027,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
         // The next step's bias into the region this step's logits read (P^T, made from it, is
         // consumed: dV is done), in flight under this step's dQ and dK and the next one's S^T. Its
         // (h, qb) are out before its Q / dO land (info_full).
-        if (s + 1 < it.steps) {
-          const uint32_t sn = (step_it + 1) % L::kStages, phn = ((step_it + 1) / L::kStages) & 1;
-          mbar_wait(bars + L::kInfoFull + 8 * sn, phn);
-          Src::stage_bias(p, it, sl, s_info[sn], 64 * c + 16 * w, lane, bias_region);
-        }
+        if (s + 1 < it.steps) stage_bias_of(it, sl, step_it + 1);
       }
       // dQ (64-row tiles: columns c kD/2 ..; the wide tile: rows 64c ..) = dS K (A = dS^T slab
       // M-major, B = K N-major, 8 k16 steps), then dK += dS^T Q (A from registers), which runs
