@@ -2468,6 +2468,35 @@ TEST(FlexGpuSm90, BwdRandomCases) {
   for (uint64_t s = 1; s <= 48; ++s) run_case_sm90_bwd(bwd_case_sm90(s + 500));
 }
 
+// Head dims below the kernels' (each a multiple of 8 up to 128, Dqk != Dv included): the (64, 64) /
+// (128, 128) kernels with TMA's zero fill past the call's columns, dK / dV / dQ written for the
+// call's columns only (tile_sm90.h bwd_runs_head_dims_sm90). Random cases, then the split schedule's
+// fp32 slots (rows of the call's dims), THD with empty samples, a deterministic case bitwise over
+// three runs and a deterministic split.
+TEST(FlexGpuSm90, BwdSmallerHeadDims) {
+  REQUIRE_SM90();
+  Sm90BwdOn on;
+  static const int dims[][2] = {{8, 8}, {32, 32}, {40, 72}, {96, 96}, {80, 80}, {112, 112},
+                                {128, 64}, {64, 128}, {120, 128}, {56, 24}, {16, 48}, {104, 88}};
+  uint64_t s = 0;
+  for (const auto& d : dims) {
+    for (int rep = 0; rep < 2; ++rep, ++s) {
+      Case c = bwd_case_sm90(s + 5200);
+      c.h.dqk = d[0];
+      c.h.dv = d[1];
+      run_case_sm90_bwd(c);
+    }
+  }
+  uint64_t seed = 5300;
+  run_sm90_bwd_rows({{.h = {4, 1, 1, 1, 96, 96, kBF16}, .sq = 2048, .mask = "sink_local", .split = true},
+                     {.h = {4, 1, 1, 5, 40, 72, kF16}, .lq = {1100, 300, 0}, .lk = {1024, 257, 50}, .mask = "global",
+                      .split = true},
+                     {.h = {4, 2, 4, 3, 80, 80, kF16}, .lq = {300, 0, 65}, .lk = {257, 40, 0}, .strided = true},
+                     {.h = {4, 2, 1, 1, 32, 32, kBF16}, .sq = 1000, .mask = "causal", .det = true, .bitwise = true},
+                     {.h = {4, 2, 1, 1, 112, 112, kBF16}, .sq = 2048, .mask = "document_causal", .det = true}},
+                    0, 0, seed);
+}
+
 TEST(FlexGpuSm90, BwdBenchmarkMasks) {
   REQUIRE_SM90();
   Sm90BwdOn on;
@@ -2559,7 +2588,10 @@ TEST(FlexGpuSm90, BwdSanitizerSmall) {
                      {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 165}, .lk = {66, 20, 0}},
                      {.h = {2, 1, 2, 5, 0, 0, kBF16}, .sq = 1400, .sk = 1400, .mask = "global", .split = true},
                      {.h = {2, 1, 2, 3, 64, 64, kBF16}, .sq = 200, .sk = 140},
-                     {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 165}, .lk = {66, 20, 0}, .det = true}},
+                     {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 165}, .lk = {66, 20, 0}, .det = true},
+                     // head dims below the kernel's (zero fill, the call's columns stored)
+                     {.h = {2, 1, 2, 3, 40, 72, kBF16}, .sq = 200, .sk = 140},
+                     {.h = {2, 1, 2, 5, 96, 96, kF16}, .sq = 1400, .sk = 1400, .mask = "global", .split = true}},
                     128, 128, seed);
   Sm90DetSplitOn split_on;
   run_sm90_bwd_rows({{.h = {2, 1, 1, 1, 0, 0, kBF16}, .sq = 1024, .mask = "sink_local", .det = true, .split = true}},

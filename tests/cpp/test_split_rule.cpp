@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "dispatch/family.h"
@@ -118,6 +119,32 @@ TEST(SplitRule, PlanOnlyBoundsAndWorkspace) {
         EXPECT_GT(w.dq_sem, w.dq_accum);
         EXPECT_GT(w.dk_accum, w.items);
       }
+    }
+  }
+}
+
+// The sm90 backward runs head dims below its kernels' on the (64, 64) / (128, 128) kernel, whose dQ
+// tiles are the kernel's width: the workspace holds them (64 x kd floats per query block and head),
+// deterministic or not, while the split slots stay rows of the call's dims.
+TEST(SplitRule, SmallerHeadDimsGetKernelWideDqTiles) {
+  PlanSignature sig;
+  sig.consumer.arch = 90;
+  sig.consumer.bwd_block_q = 64;
+  sig.consumer.bwd_block_k = 128;
+  for (const auto& d : {std::pair{96, 96}, std::pair{40, 72}, std::pair{8, 8}, std::pair{128, 64}}) {
+    FlexGeometry g = geometry(1000, 3);
+    g.head_dim_qk = d.first;
+    g.head_dim_v = d.second;
+    const int kd = d.first <= 64 && d.second <= 64 ? 64 : 128;
+    ASSERT_TRUE(sm90::bwd_runs_head_dims_sm90(d.first, d.second));
+    EXPECT_EQ(sm90::sdpa_bwd_kernel_dims_sm90(d.first, d.second).dqk, kd);
+    const size_t tiles = sizeof(float) * 3 * ((1000 + 63) / 64) * 64 * size_t(kd);
+    for (bool det : {false, true}) {
+      SCOPED_TRACE(testing::Message() << d.first << "x" << d.second << " det " << det);
+      const BwdWorkspaceLayout w = bwd_workspace_layout(g, sig, det);
+      const size_t dq_end = det ? w.dq_sem : w.split_at;
+      EXPECT_GE(dq_end - w.dq_accum, tiles);
+      EXPECT_EQ(w.dv_accum - w.dk_accum, ws_align(sizeof(float) * size_t(w.max_split) * 128 * size_t(d.first)));
     }
   }
 }

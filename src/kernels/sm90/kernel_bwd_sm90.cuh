@@ -172,7 +172,7 @@ namespace flashspan::kern90 {
 // with dK / dV transposed (bwd_consumer_t3, "Three consumer warpgroups" below).
 template <int kDqk, int kDv = kDqk, bool kWideTile = false>
 struct BwdSm90Layout {
-  static_assert(sm90::bwd_runs_head_dims_sm90(kDqk, kDv), "sm90 backward: head dims (64, 64), (128, 128), (192, 128) or (256, 256)");
+  static_assert(sm90::bwd_kernel_head_dims_sm90(kDqk, kDv), "sm90 backward: head dims (64, 64), (128, 128), (192, 128) or (256, 256)");
   static constexpr int kD = kDqk;
   static constexpr int kBlockQ = sm90::tile_sm90(kDqk, kDv, kWideTile).bwd_bq;  // 64, or 128 (wide, (64, 64))
   static constexpr int kBlockK = sm90::tile_sm90(kDqk, kDv, kWideTile).bwd_bk;  // 128, 64 for (192, 128) / (256, 256), 96 (wide (192, 128))
@@ -743,25 +743,33 @@ __device__ __forceinline__ BwdItem take_bwd_item(uint32_t bars, const uint8_t* s
 // column pieces). slot >= 0: dK (unscaled) and dV added with fp32 atomics to split slot `slot`
 // ([kBlockK, Dqk] / [kBlockK, Dv] fp32, bwd_split.cuh); else dK (times the softmax scale) and dV
 // rows of the valid keys written in the input dtype. kBoundCols: a call's head dims below the
-// kernel's (SDPA: dims up to 128 on the (64, 64) / (128, 128) kernels) store only the columns
-// below p.head_dqk / p.head_dv (the accumulators' extra columns are 0: TMA zero fill).
-template <int kBlockK, int kDqk, int kDv, class E, bool kBoundCols = false, int kNK, int kNV, class ColK, class ColV>
+// kernel's (dims up to 128 on the (64, 64) / (128, 128) kernels) store only the columns below
+// p.head_dqk / p.head_dv (the accumulators' extra columns are 0: TMA zero fill). kCallSlots: the
+// split slots are rows of the call's head dims (flex: bwd_split.cuh's workspace and convert), else of
+// the kernel's (SDPA's H_k != H_v slots, sdpa_bwd_dkdv_sum_kernel_sm90).
+template <int kBlockK, int kDqk, int kDv, class E, bool kBoundCols = false, bool kCallSlots = false, int kNK, int kNV,
+          class ColK, class ColV>
 __device__ __forceinline__ void dkdv_epilogue_sm90(const BwdParams& p, const BwdItem& it, int keys_valid,
                                                    int64_t krow, int key_thr, int qd, const float (&dk)[kNK][4],
                                                    const float (&dv)[kNV][4], ColK colk, ColV colv) {
   using Elem = typename E::Storage;
   constexpr int kN = kNK > kNV ? kNK : kNV;
   if (it.slot >= 0) {
-    float* dka = p.split.dk_accum + int64_t(it.slot) * kBlockK * kDqk;
-    float* dva = p.split.dv_accum + int64_t(it.slot) * kBlockK * kDv;
+    const int ldk = kCallSlots ? p.head_dqk : kDqk, ldv = kCallSlots ? p.head_dv : kDv;
+    float* dka = p.split.dk_accum + int64_t(it.slot) * kBlockK * ldk;
+    float* dva = p.split.dv_accum + int64_t(it.slot) * kBlockK * ldv;
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
       const int key = key_thr + 8 * hi;
       if (key < keys_valid) {
 #pragma unroll
         for (int n = 0; n < kN; ++n) {
-          if (n < kNK) kern::atomic_add_f32x2(dka + int64_t(key) * kDqk + colk(n) + 2 * qd, dk[n][2 * hi], dk[n][2 * hi + 1]);
-          if (n < kNV) kern::atomic_add_f32x2(dva + int64_t(key) * kDv + colv(n) + 2 * qd, dv[n][2 * hi], dv[n][2 * hi + 1]);
+          if (n < kNK && (!kCallSlots || colk(n) < p.head_dqk)) {
+            kern::atomic_add_f32x2(dka + int64_t(key) * ldk + colk(n) + 2 * qd, dk[n][2 * hi], dk[n][2 * hi + 1]);
+          }
+          if (n < kNV && (!kCallSlots || colv(n) < p.head_dv)) {
+            kern::atomic_add_f32x2(dva + int64_t(key) * ldv + colv(n) + 2 * qd, dv[n][2 * hi], dv[n][2 * hi + 1]);
+          }
         }
       }
     }
@@ -1067,8 +1075,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
     const int key0 = it.kb * L::kBlockK;
     const int keys_valid = min(L::kBlockK, Src::keys_to_store(p, sl, key0));
     const int64_t krow = int64_t(p.varlen ? sl.k_start : 0) + key0;
-    dkdv_epilogue_sm90<L::kBlockK, kD, kD, E, Src::kAnalytic>(p, it, keys_valid, krow, key_thr, qd, dk, dv, ColsWhole{},
-                                                            ColsWhole{});
+    // (flex: call head dims below the kernel's, a split task's slots of the call's dims)
+    dkdv_epilogue_sm90<L::kBlockK, kD, kD, E, true, !Src::kAnalytic>(p, it, keys_valid, krow, key_thr, qd, dk, dv,
+                                                                     ColsWhole{}, ColsWhole{});
   }
 }
 
@@ -1680,8 +1689,10 @@ __global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel_sm90(const Bwd
     Elem* dst = static_cast<Elem*>(p.dq) + qr.b * p.dqa.batch_stride + qr.row * p.dqa.row_stride + h * p.dqa.head_stride;
 #pragma unroll
     for (int d = 2 * lane; d < kD; d += 64) {
-      const float2 x = *reinterpret_cast<const float2*>(src + dq_tile_offset_sm90<kD, kBq>(rr, d));
-      *reinterpret_cast<uint32_t*>(dst + d) = kern::pack2<E>(x.x * p.scale, x.y * p.scale);
+      if (d < p.head_dqk) {  // (a call's head dim below the kernel's: its columns only)
+        const float2 x = *reinterpret_cast<const float2*>(src + dq_tile_offset_sm90<kD, kBq>(rr, d));
+        *reinterpret_cast<uint32_t*>(dst + d) = kern::pack2<E>(x.x * p.scale, x.y * p.scale);
+      }
     }
   }
 }

@@ -105,9 +105,10 @@ bool bwd_config_supported(const FlexGeometry& g, bool deterministic) {
          bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v) && (!deterministic || bwd_deterministic_enabled());
 }
 
-int bwd_smem_bytes(int dqk, int dv, int bwd_bq, int bwd_bk) {
-  if (!bwd_runs_head_dims_sm90(dqk, dv)) return 0;
-  const bool wide = bwd_wide_tile_sm90(dqk, dv, bwd_bq, bwd_bk);
+int bwd_smem_bytes(int dqk_call, int dv_call, int bwd_bq, int bwd_bk) {
+  if (!bwd_runs_head_dims_sm90(dqk_call, dv_call)) return 0;
+  const bool wide = bwd_wide_tile_sm90(dqk_call, dv_call, bwd_bq, bwd_bk);
+  const int dqk = sdpa_bwd_kernel_dims_sm90(dqk_call, dv_call).dqk;  // the kernel's (64 / 128 for smaller dims)
   if (dqk == 192) return wide ? kern90::BwdSm90Layout<192, 128, true>::kBytes : kern90::BwdSm90Layout<192, 128>::kBytes;
   if (wide) return kern90::BwdSm90Layout<64, 64, true>::kBytes;
   if (dqk == 256) return kern90::BwdSm90Layout<256, 256>::kBytes;
@@ -133,13 +134,25 @@ void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorVie
   if (p.deterministic && bwd_det_unordered()) p.dq_sem = nullptr;
   FS_CHECK(p.dq_blocked == 1, Status::kInternal, "sm90 backward: the dQ accumulator is not bound in tiles");
   g_bwd_launches.fetch_add(1, std::memory_order_relaxed);
+  // The kernel's head dims: the call's, or (64, 64) / (128, 128) for smaller dims (tile_sm90.h
+  // bwd_runs_head_dims_sm90: TMA zero-fills the columns past the call's, the dK / dV stores and the
+  // dQ convert write only the call's); the dq_accum tiles are kd wide.
+  const int kd = sdpa_bwd_kernel_dims_sm90(p.head_dqk, p.head_dv).dqk;
+  if (kd != p.head_dqk && p.dq_accum != nullptr && total_q > 0) {
+    // (the preprocess clears head_dqk-wide tiles: the kernel's are wider)
+    check_cuda(cudaMemsetAsync(p.dq_accum, 0,
+                               sizeof(float) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks) *
+                                   size_t(p.view.block_q) * size_t(kd),
+                               stream),
+               "flex backward (sm90): clearing the dQ tiles");
+  }
   launch_bwd_preprocess(p, dtype, total_q, stream);  // clears the tiled dq_accum too (dq_blocked)
   const bool varlen = p.varlen != 0;
   const CUtensorMap mq = make_tensor_map_sm90(q, varlen, dtype, tile.bwd_bq, "q");
   const CUtensorMap mk = make_tensor_map_sm90(k, varlen, dtype, tile.bwd_bk, "k");
   const CUtensorMap mv = make_tensor_map_sm90(v, varlen, dtype, tile.bwd_bk, "v");
   const CUtensorMap mdo = make_tensor_map_sm90(dout, varlen, dtype, tile.bwd_bq, "dout");
-  const bool d64 = p.head_dqk == 64;
+  const bool d64 = kd == 64;
   with_element_type(dtype, "flex backward (sm90)", [&](auto e) {
     using E = decltype(e);
     if (p.head_dqk == 192) {

@@ -107,7 +107,7 @@ bool bwd_split_first_enabled();
 void set_bwd_split_first(int on);
 
 // Whether the sm90 backward kernel covers a configuration (independent of the device): fp16 or
-// bf16, head dims of bwd_runs_head_dims_sm90 (Dqk = Dv in {64, 128}, (192, 128), (256, 256)),
+// bf16, head dims of bwd_runs_head_dims_sm90 (each a multiple of 8 up to 128, (192, 128), (256, 256)),
 // deterministic or not (deterministic unless FLASHSPAN_SM90_BWD_DETERMINISTIC=0).
 bool bwd_config_supported(const FlexGeometry& g, bool deterministic);
 

@@ -96,13 +96,14 @@ constexpr int fp8_vt_key(int k) { return (k & 16) | ((k & 2) << 2) | ((k >> 1) &
 
 // Head dims the sm90 SDPA backward (the analytic source of the backward kernel:
 // sdpa_bwd_sm90_d{64,128,192,256}.cu) runs: the forward's -- each dim a multiple of 8 up to 128
-// (key-split consumers, 64 x 128 tile), (192, 128) and (256, 256) (column-split consumers, 64 x 64).
+// (key-split consumers, 64 x 128 tile), (192, 128) and (256, 256) (column-split consumers, 64 x 64);
+// the flex backward's too (bwd_runs_head_dims_sm90 below).
 constexpr bool sdpa_bwd_runs_head_dims_sm90(int dqk, int dv) { return fwd_runs_head_dims_sm90(dqk, dv); }
 
-// The kernel head dim Dqk the sm90 SDPA backward runs a call's (dqk, dv) of
+// The kernel head dim Dqk the sm90 backward (SDPA and flex) runs a call's (dqk, dv) of
 // sdpa_bwd_runs_head_dims_sm90 on: 64 when both are <= 64, 128 when both are <= 128 (the dK / dV
 // stores and the dQ convert write only the call's columns; TMA fills the others with zeros), else
-// the call's own 192 / 256. Also the width of its dq_accum tiles (sdpa_params.cpp, the workspace).
+// the call's own 192 / 256. Also the width of its dq_accum tiles (sdpa_params.cpp, workspace.h).
 constexpr int sdpa_bwd_kernel_dim_sm90(int dqk, int dv) {
   return dqk <= 64 && dv <= 64 ? 64 : dqk <= 128 && dv <= 128 ? 128 : dqk;
 }
@@ -176,14 +177,20 @@ constexpr bool bwd_wide_tile_sm90(int dqk, int dv, int bwd_bq, int bwd_bk) {
          (dqk == 192 && dv == 128 && bwd_bq == kTileSm90Wide192.bwd_bq && bwd_bk == kTileSm90Wide192.bwd_bk);
 }
 
-// Head dims the sm90 backward kernels run: Dqk = Dv in {64, 128} on the 64 x 128 tile (and (64, 64)
-// on the wide 128 x 128 tile), and
-// (192, 128), (256, 256) on the 64 x 64 tile (the sm80 backward's there too, so either family's
-// backward runs on such a plan; launch_sm90.h's bwd_config_supported decides per call). An sm90
-// plan's backward for other dims runs on the sm80 kernels, whose backward tile it has (above).
-constexpr bool bwd_runs_head_dims_sm90(int dqk, int dv) {
+// Head dims of the sm90 backward kernels (their instantiations, BwdSm90Layout): Dqk = Dv in {64, 128}
+// on the 64 x 128 tile (and (64, 64) on the wide 128 x 128 tile), and (192, 128), (256, 256) on the
+// 64 x 64 tile (the sm80 backward's there too, so either family's backward runs on such a plan;
+// launch_sm90.h's bwd_config_supported decides per call).
+constexpr bool bwd_kernel_head_dims_sm90(int dqk, int dv) {
   return (dqk == dv && (dqk == 64 || dqk == 128)) || (dqk == 192 && dv == 128) || (dqk == 256 && dv == 256);
 }
+
+// Head dims of the calls the sm90 backward runs: the forward's (each dim a multiple of 8 up to 128,
+// on the (64, 64) kernel when both are <= 64, else on the (128, 128) one: bwd_kernel_dims_sm90;
+// TMA fills the columns past the call's dims with zeros, the dK / dV stores and the dQ convert write
+// only the call's columns), and exactly (192, 128) or (256, 256). An sm90 plan's backward for other
+// dims (CPU plans only) runs on the sm80 kernels, whose backward tile it has (above).
+constexpr bool bwd_runs_head_dims_sm90(int dqk, int dv) { return fwd_runs_head_dims_sm90(dqk, dv); }
 
 // Whether the non-deterministic sm90 backward runs its work in cell order (every key block of
 // every kv head, heads slowest, key blocks ascending, long walks split: kGridCellsAscending of
