@@ -117,17 +117,19 @@ struct SdpaBiasFrag {
   // (128-key) block ran one after the other (PERF_LOG v2.24: the bias forward a sixth of ALiBi's).
   // (Pairs of columns as one load: the bias 1.2x faster again, the other modifiers' calls 2-6 %
   // slower on the kernels they share with it, PERF_LOG v2.24: not taken.)
+  // k: the factor of the bias in s's units (log2 units: log2(e); raw scores, as the sm90 forward's
+  // folded bias-only logits take it: 1 / scale, Variant::logits).
   template <int kN>
-  __device__ __forceinline__ void add(float (&s)[kN][4]) const {
+  __device__ __forceinline__ void add(float (&s)[kN][4], float k = kLog2e) const {
     if (p == nullptr) return;
     if (dtype == kSdpaBiasF32) {
-      add_as<kN>(s, [](const char* e) { return __ldg(reinterpret_cast<const float*>(e)); });
+      add_as<kN>(s, [](const char* e) { return __ldg(reinterpret_cast<const float*>(e)); }, k);
     } else if (dtype == kSdpaBiasBF16) {
       add_as<kN>(s, [](const char* e) {
         return __uint_as_float(uint32_t(__ldg(reinterpret_cast<const unsigned short*>(e))) << 16);
-      });
+      }, k);
     } else {
-      add_as<kN>(s, [](const char* e) { return __half2float(__ldg(reinterpret_cast<const __half*>(e))); });
+      add_as<kN>(s, [](const char* e) { return __half2float(__ldg(reinterpret_cast<const __half*>(e))); }, k);
     }
   }
 
@@ -182,17 +184,18 @@ struct SdpaBiasFrag {
   // only a partial block has masked elements: a full one adds without the test, 2 instructions an
   // element fewer).
   template <int kN>
-  __device__ __forceinline__ void add_staged(float (&s)[kN][4], uint32_t region, int lane, bool partial) const {
+  __device__ __forceinline__ void add_staged(float (&s)[kN][4], uint32_t region, int lane, bool partial,
+                                             float k = kLog2e) const {
     cp_async_wait<1>();  // the block's group done; the next block's may still be in flight
     __syncwarp();
     if (partial) {
-      add_staged_as<kN, true>(s, region, lane);
+      add_staged_as<kN, true>(s, region, lane, k);
     } else {
-      add_staged_as<kN, false>(s, region, lane);
+      add_staged_as<kN, false>(s, region, lane, k);
     }
   }
   template <int kN, bool kPartial>
-  __device__ __forceinline__ void add_staged_as(float (&s)[kN][4], uint32_t region, int lane) const {
+  __device__ __forceinline__ void add_staged_as(float (&s)[kN][4], uint32_t region, int lane, float k) const {
     const bool bc = rs == 0;  // broadcast over rows: every row reads row 0
     const uint32_t a0 = region + (bc ? 0u : uint32_t(lane >> 2) * 16u) + uint32_t(lane & 3) * 4u;
     const uint32_t a8 = a0 + (bc ? 0u : 8u * 16u);  // row g + 8
@@ -203,14 +206,14 @@ struct SdpaBiasFrag {
       for (int hi = 0; hi < 2; ++hi) {
         uint32_t u;
         asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(u) : "r"((hi ? a8 : a0) + uint32_t(256 * n)));
-        add_pair<kPartial>(u, bf, s[n][2 * hi], s[n][2 * hi + 1]);
+        add_pair<kPartial>(u, bf, s[n][2 * hi], s[n][2 * hi + 1], k);
       }
     }
   }
-  // x0 += the pair's first element, x1 += its second (a 16-bit pair u, bf16 or fp16), in log2 units;
-  // kPartial: where x is not -inf (-inf stays -inf).
+  // x0 += the pair's first element, x1 += its second (a 16-bit pair u, bf16 or fp16), times k (log2
+  // units: log2(e)); kPartial: where x is not -inf (-inf stays -inf).
   template <bool kPartial>
-  __device__ __forceinline__ static void add_pair(uint32_t u, bool bf, float& x0, float& x1) {
+  __device__ __forceinline__ static void add_pair(uint32_t u, bool bf, float& x0, float& x1, float k = kLog2e) {
     float v0, v1;
     if (bf) {
       v0 = __uint_as_float(u << 16);
@@ -224,8 +227,8 @@ struct SdpaBiasFrag {
       v0 = x0 != -INFINITY ? v0 : 0.0f;
       v1 = x1 != -INFINITY ? v1 : 0.0f;
     }
-    x0 = fmaf(v0, kLog2e, x0);
-    x1 = fmaf(v1, kLog2e, x1);
+    x0 = fmaf(v0, k, x0);
+    x1 = fmaf(v1, k, x1);
   }
 
   // Staged for the transposed fragment (rows = keys, columns = queries: the sm90 backward's S^T,
@@ -282,7 +285,7 @@ struct SdpaBiasFrag {
 
   // add's loop for one dtype, element by element (load: the element at a byte address, as float).
   template <int kN, class Load>
-  __device__ __forceinline__ void add_as(float (&s)[kN][4], Load load) const {
+  __device__ __forceinline__ void add_as(float (&s)[kN][4], Load load, float k) const {
     constexpr int kChunk = kN < 4 ? kN : 4;  // n8 blocks whose loads are in flight together
     static_assert(kN % kChunk == 0, "bias: whole chunks of n8 blocks");
 #pragma unroll
@@ -299,7 +302,7 @@ struct SdpaBiasFrag {
 #pragma unroll
       for (int n = 0; n < kChunk; ++n) {
 #pragma unroll
-        for (int r = 0; r < 4; ++r) s[n0 + n][r] = fmaf(v[n][r], kLog2e, s[n0 + n][r]);  // -inf stays -inf
+        for (int r = 0; r < 4; ++r) s[n0 + n][r] = fmaf(v[n][r], k, s[n0 + n][r]);  // -inf stays -inf
       }
     }
   }
@@ -565,6 +568,32 @@ struct SdpaTileScoreMod {
   // No modifier at all (a call with sinks or epilogue options only): the logits are the scaled
   // scores, so Variant may fold the scale into the softmax's exponent.
   __device__ __forceinline__ bool identity() const { return !mod.active() && (!kBias || bias.p == nullptr); }
+  // ALiBi and / or a bias and no softcap on this call: the logits are the scaled scores plus terms
+  // that do not depend on them, so Variant::logits keeps the scores raw and folds the scale into the
+  // softmax's exponent (as for identity()), and apply_raw adds those terms in raw-score units, times
+  // inv_scale_log2 = 1 / (scale log2(e)): one FFMA an element each, as in log2 units, and the FMUL by
+  // the scale saved.
+  __device__ __forceinline__ bool linear() const {
+    if constexpr (kBias) {
+      return mod.c2 == 0.0f && (mod.a2 != 0.0f || bias.p != nullptr);
+    } else {
+      return mod.c2 == 0.0f && mod.a2 != 0.0f;
+    }
+  }
+  template <int kN>
+  __device__ __forceinline__ void apply_raw(float (&s)[kN][4], bool partial, float inv_scale_log2) const {
+    SdpaScoreMod raw = mod;
+    raw.a2 = mod.a2 * inv_scale_log2;
+    raw.add_alibi<kN>(s, diag, lane);
+    if constexpr (kBias) {
+      const float k = kLog2e * inv_scale_log2;
+      if (staged != 0) {
+        bias.add_staged<kN>(s, staged, lane, partial, k);
+      } else {
+        bias.add<kN>(s, k);
+      }
+    }
+  }
   template <int kN>
   __device__ __forceinline__ void apply(float (&s)[kN][4]) const {
     mod.apply<kN>(s, diag, lane);

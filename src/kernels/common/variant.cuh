@@ -140,6 +140,16 @@ struct Variant {
         if (partial) mask.apply(s);
         return scale_log2;
       }
+      if constexpr (requires { m.linear(); }) {
+        // Terms added to the scaled scores only (SDPA's ALiBi, bias; no softcap): the same folded
+        // form, the terms added in raw-score units (logit2 = scale_log2 (s + term2 / scale_log2));
+        // masked elements stay -inf.
+        if (scale_log2 > 0.0f && m.linear()) {
+          if (partial) mask.apply(s);
+          m.template apply_raw<kN>(s, partial, __fdividef(1.0f, scale_log2));
+          return scale_log2;
+        }
+      }
     }
 #pragma unroll
     for (int j = 0; j < kN; ++j) {
