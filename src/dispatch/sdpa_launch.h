@@ -113,7 +113,7 @@ bool sdpa_bwd_sm90_mods_enabled();
 void set_sdpa_bwd_sm90_mods_enabled(int on);
 bool sdpa_bwd_runs_sm90(const sdpa::Problem& p);
 // sdpa_bwd_params with the sm90 backward's dQ accumulator bound (dq_accum: one 64 x kD fp32 tile
-// per (query head, sample, query block), kD = sdpa_bwd_kernel_dim_sm90; dq_sem: their counters
+// per (query head, sample, query block), kD = bwd_kernel_dim_sm90; dq_sem: their counters
 // when deterministic), both in the workspace, whose size covers them for every call the sm90
 // backward covers (sdpa_bwd_workspace_size).
 SdpaBwdParams sdpa_bwd_params_sm90(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);

@@ -191,7 +191,7 @@ struct Sm90SlotBytes {
 };
 Sm90SlotBytes sm90_slot_bytes(const Problem& p) {
   if (p.Hk == p.Hv) return {};
-  const sm90::SdpaBwdDimsSm90 kdims = sm90::sdpa_bwd_kernel_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv));
+  const sm90::BwdDimsSm90 kdims = sm90::bwd_kernel_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv));
   const int64_t item_heads = sm90::sdpa_bwd_item_heads_sm90(static_cast<int>(p.Hq), static_cast<int>(p.Hq / p.Hk),
                                                             static_cast<int>(p.Hq / p.Hv));
   auto bytes = [&](int cols) {
@@ -222,7 +222,7 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
   if (p.device == DeviceType::kCUDA && sdpa_bwd_sm90_refusal(p) == nullptr) {
     // The sm90 backward's tiles (64 x kD, kD the kernel head dim Dqk) in the same place, and its
     // counters when deterministic: the sm90 layout of the kernel head dims (kD, kDv).
-    const sm90::SdpaBwdDimsSm90 kdims = sm90::sdpa_bwd_kernel_dims_sm90(g.head_dim_qk, g.head_dim_v);
+    const sm90::BwdDimsSm90 kdims = sm90::bwd_kernel_dims_sm90(g.head_dim_qk, g.head_dim_v);
     const int kd = kdims.dqk, kdv = kdims.dv;
     FlexGeometry g90 = g;
     g90.head_dim_qk = kd;

@@ -92,7 +92,7 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, const Plan
   const size_t dq_tiles = sizeof(float) * size_t(g.num_heads_q) * size_t(max_q_blocks) *
                           size_t(std::max(sig.consumer.bwd_block_q, 0)) *
                           size_t(sm90 && sm90::bwd_runs_head_dims_sm90(g.head_dim_qk, g.head_dim_v)
-                                     ? sm90::sdpa_bwd_kernel_dims_sm90(g.head_dim_qk, g.head_dim_v).dqk
+                                     ? sm90::bwd_kernel_dims_sm90(g.head_dim_qk, g.head_dim_v).dqk
                                      : g.head_dim_qk);
   auto take = [&](size_t bytes) {
     const size_t at = off;

@@ -137,7 +137,7 @@ TEST(SplitRule, SmallerHeadDimsGetKernelWideDqTiles) {
     g.head_dim_v = d.second;
     const int kd = d.first <= 64 && d.second <= 64 ? 64 : 128;
     ASSERT_TRUE(sm90::bwd_runs_head_dims_sm90(d.first, d.second));
-    EXPECT_EQ(sm90::sdpa_bwd_kernel_dims_sm90(d.first, d.second).dqk, kd);
+    EXPECT_EQ(sm90::bwd_kernel_dims_sm90(d.first, d.second).dqk, kd);
     const size_t tiles = sizeof(float) * 3 * ((1000 + 63) / 64) * 64 * size_t(kd);
     for (bool det : {false, true}) {
       SCOPED_TRACE(testing::Message() << d.first << "x" << d.second << " det " << det);

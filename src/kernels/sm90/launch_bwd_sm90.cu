@@ -108,7 +108,7 @@ bool bwd_config_supported(const FlexGeometry& g, bool deterministic) {
 int bwd_smem_bytes(int dqk_call, int dv_call, int bwd_bq, int bwd_bk) {
   if (!bwd_runs_head_dims_sm90(dqk_call, dv_call)) return 0;
   const bool wide = bwd_wide_tile_sm90(dqk_call, dv_call, bwd_bq, bwd_bk);
-  const int dqk = sdpa_bwd_kernel_dims_sm90(dqk_call, dv_call).dqk;  // the kernel's (64 / 128 for smaller dims)
+  const int dqk = bwd_kernel_dims_sm90(dqk_call, dv_call).dqk;  // the kernel's (64 / 128 for smaller dims)
   if (dqk == 192) return wide ? kern90::BwdSm90Layout<192, 128, true>::kBytes : kern90::BwdSm90Layout<192, 128>::kBytes;
   if (wide) return kern90::BwdSm90Layout<64, 64, true>::kBytes;
   if (dqk == 256) return kern90::BwdSm90Layout<256, 256>::kBytes;
@@ -137,7 +137,7 @@ void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorVie
   // The kernel's head dims: the call's, or (64, 64) / (128, 128) for smaller dims (tile_sm90.h
   // bwd_runs_head_dims_sm90: TMA zero-fills the columns past the call's, the dK / dV stores and the
   // dQ convert write only the call's); the dq_accum tiles are kd wide.
-  const int kd = sdpa_bwd_kernel_dims_sm90(p.head_dqk, p.head_dv).dqk;
+  const int kd = bwd_kernel_dims_sm90(p.head_dqk, p.head_dv).dqk;
   if (kd != p.head_dqk && p.dq_accum != nullptr && total_q > 0) {
     // (the preprocess clears head_dqk-wide tiles: the kernel's are wider)
     check_cuda(cudaMemsetAsync(p.dq_accum, 0,
@@ -197,7 +197,7 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
     FS_CHECK(p.analytic.start[x].ragged.ptr == nullptr, Status::kInternal,
              "sdpa backward (sm90): a ragged tensor reached the launcher");
   }
-  const SdpaBwdDimsSm90 kdims = sdpa_bwd_kernel_dims_sm90(p.head_dqk, p.head_dv);  // the kernel's (Dqk, Dv)
+  const BwdDimsSm90 kdims = bwd_kernel_dims_sm90(p.head_dqk, p.head_dv);  // the kernel's (Dqk, Dv)
   const int kd = kdims.dqk;                                                           // (the dq_accum tiles' width)
   // The kernel with score modifiers (sdpa_bwd_mods_kernel_sm90) when the main loop has any: softcap,
   // ALiBi, the bias or dBias's dS (params.h sdpa_bwd_has_features; unless FLASHSPAN_SM90_SDPA_BWD_MODS=0

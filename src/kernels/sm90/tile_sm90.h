@@ -104,20 +104,20 @@ constexpr bool sdpa_bwd_runs_head_dims_sm90(int dqk, int dv) { return fwd_runs_h
 // sdpa_bwd_runs_head_dims_sm90 on: 64 when both are <= 64, 128 when both are <= 128 (the dK / dV
 // stores and the dQ convert write only the call's columns; TMA fills the others with zeros), else
 // the call's own 192 / 256. Also the width of its dq_accum tiles (sdpa_params.cpp, workspace.h).
-constexpr int sdpa_bwd_kernel_dim_sm90(int dqk, int dv) {
+constexpr int bwd_kernel_dim_sm90(int dqk, int dv) {
   return dqk <= 64 && dv <= 64 ? 64 : dqk <= 128 && dv <= 128 ? 128 : dqk;
 }
 
-// Both kernel head dims (Dqk, Dv) of that kernel: (kD, kD) up to 128 (kD = sdpa_bwd_kernel_dim_sm90),
+// Both kernel head dims (Dqk, Dv) of that kernel: (kD, kD) up to 128 (kD = bwd_kernel_dim_sm90),
 // else the call's own (192, 128) / (256, 256): the instantiation (sdpa_bwd_sm90_d{64,128,192,256}.cu)
 // that runs the call, whose layout the workspace of its dq_accum tiles follows (sdpa_params.cpp).
-struct SdpaBwdDimsSm90 {
+struct BwdDimsSm90 {
   int dqk, dv;
-  friend constexpr bool operator==(const SdpaBwdDimsSm90&, const SdpaBwdDimsSm90&) = default;
+  friend constexpr bool operator==(const BwdDimsSm90&, const BwdDimsSm90&) = default;
 };
-constexpr SdpaBwdDimsSm90 sdpa_bwd_kernel_dims_sm90(int dqk, int dv) {
-  const int kd = sdpa_bwd_kernel_dim_sm90(dqk, dv);
-  return SdpaBwdDimsSm90{kd, kd <= 128 ? kd : dv};
+constexpr BwdDimsSm90 bwd_kernel_dims_sm90(int dqk, int dv) {
+  const int kd = bwd_kernel_dim_sm90(dqk, dv);
+  return BwdDimsSm90{kd, kd <= 128 ? kd : dv};
 }
 
 // H_k != H_v on the sm90 SDPA backward (kernel_bwd_sm90.cuh AnalyticSourceBwdSm90): a work item's
