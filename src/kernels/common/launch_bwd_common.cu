@@ -23,13 +23,13 @@ __global__ void __launch_bounds__(256) sdpa_bwd_dbias_kernel(const SdpaBwdParams
 }  // namespace
 }  // namespace kern
 
-void launch_bwd_preprocess(const BwdParams& p, DType dtype, int64_t total_q, cudaStream_t stream) {
+void launch_bwd_preprocess(const BwdParams& p, DType dtype, int64_t total_q, cudaStream_t stream, int dq_cols) {
   if (p.dq_accum != nullptr && total_q > 0) {
-    // dq_accum: [Hq, total_q, Dqk], or with dq_blocked one Bq x Dqk tile per (query head, global
+    // dq_accum: [Hq, total_q, Dqk], or with dq_blocked one Bq x dq_cols tile per (query head, global
     // query block of the backward view) (params.h).
     const size_t rows = p.dq_blocked ? size_t(p.view.num_q_blocks) * size_t(p.view.block_q) : size_t(total_q);
-    check_cuda(cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * size_t(p.num_heads_q) * rows * size_t(p.head_dqk),
-                               stream),
+    const size_t cols = size_t(dq_cols > 0 ? dq_cols : p.head_dqk);
+    check_cuda(cudaMemsetAsync(p.dq_accum, 0, sizeof(float) * size_t(p.num_heads_q) * rows * cols, stream),
                "flex backward: clearing the dQ accumulator");
   }
   if (p.dq_sem != nullptr && total_q > 0) {

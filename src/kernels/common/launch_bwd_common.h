@@ -27,7 +27,9 @@
 
 namespace flashspan {
 
-void launch_bwd_preprocess(const BwdParams& p, DType dtype, int64_t total_q, cudaStream_t stream);
+// dq_cols: the width of the dq_accum rows / tiles it clears (0: p.head_dqk; the sm90 backward's tiles are its
+// kernel's head dim, which may exceed the call's).
+void launch_bwd_preprocess(const BwdParams& p, DType dtype, int64_t total_q, cudaStream_t stream, int dq_cols = 0);
 void launch_bwd_split_schedule(const BwdParams& p, cudaStream_t stream, bool cut_walks = true);
 void launch_bwd_split_convert(const BwdParams& p, DType dtype, cudaStream_t stream);
 void launch_bwd_dq_convert(const BwdParams& p, DType dtype, int64_t total_q, cudaStream_t stream);

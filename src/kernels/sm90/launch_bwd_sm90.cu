@@ -138,15 +138,7 @@ void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorVie
   // bwd_runs_head_dims_sm90: TMA zero-fills the columns past the call's, the dK / dV stores and the
   // dQ convert write only the call's); the dq_accum tiles are kd wide.
   const int kd = bwd_kernel_dims_sm90(p.head_dqk, p.head_dv).dqk;
-  if (kd != p.head_dqk && p.dq_accum != nullptr && total_q > 0) {
-    // (the preprocess clears head_dqk-wide tiles: the kernel's are wider)
-    check_cuda(cudaMemsetAsync(p.dq_accum, 0,
-                               sizeof(float) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks) *
-                                   size_t(p.view.block_q) * size_t(kd),
-                               stream),
-               "flex backward (sm90): clearing the dQ tiles");
-  }
-  launch_bwd_preprocess(p, dtype, total_q, stream);  // clears the tiled dq_accum too (dq_blocked)
+  launch_bwd_preprocess(p, dtype, total_q, stream, kd);  // clears the kd-wide dq_accum tiles too (dq_blocked)
   const bool varlen = p.varlen != 0;
   const CUtensorMap mq = make_tensor_map_sm90(q, varlen, dtype, tile.bwd_bq, "q");
   const CUtensorMap mk = make_tensor_map_sm90(k, varlen, dtype, tile.bwd_bk, "k");
