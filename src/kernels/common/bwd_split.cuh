@@ -24,12 +24,16 @@
 //               (split_rule.h); a task with more than `chunk` pairs is split into
 //               ceil(pairs / chunk) near-equal items and gets its slot(s); the header gets
 //               the item count and a zeroed claim counter.
-//   B. items   (one CTA per task): writes the task's items {task, begin, end, slot} in task
-//               order and zeroes the slots of a split task.
+//   B. items   (kSplitRowGroups CTAs per task): the first writes the task's items {task, begin,
+//               end, slot} in task order; each zeroes its rows of the split task's slots.
 //   dK/dV      (persistent, kernel_bwd_sm80.cuh / kernel_bwd_sm90.cuh): claims items with an
 //               atomic counter.
-//   C. convert (one CTA per task): dk = scale * accumulator, dv = accumulator for the rows
-//               of split tasks (unsplit tasks were written directly by the dK/dV kernel).
+//   C. convert (kSplitRowGroups CTAs per task, each a group of its rows): dk = scale *
+//               accumulator, dv = accumulator for the rows of split tasks (unsplit tasks were
+//               written directly by the dK/dV kernel).
+// (Steps B and C had one CTA per task: a deterministic sink column cut into 32 items made its one
+// CTA zero and sum 4 MB alone, 0.07 + 0.28 ms beside the dK/dV kernel's 0.33 ms on the H200,
+// PERF_LOG v2.32.)
 // The split decision depends on the whole plan (total pairs), so balanced masks (causal)
 // split only their few longest tasks while sink / global-token masks split the long ones.
 #pragma once
@@ -60,33 +64,48 @@ __global__ void __launch_bounds__(256) flex_bwd_split_count_kernel(const BwdPara
   p.split.task_iters[t] = n;
 }
 
-// B. Items of task blockIdx.x, and zeroed accumulators for a split task: one slot per split
-// task, or, deterministic, one per item (its slots consecutive from task_slot). Grid
-// num_tasks, 256 threads.
+// Row groups of a split task's key block that steps B and C spread over CTAs (grid.y).
+constexpr int kSplitRowGroups = 8;
+
+// Rows [r0, r1) of row group g of a key block of bk rows.
+__device__ __forceinline__ int2 split_row_group(int64_t bk, int g) {
+  return make_int2(int(bk * g / kSplitRowGroups), int(bk * (g + 1) / kSplitRowGroups));
+}
+
+// B. Items of task blockIdx.x (written by row group 0), and zeroed accumulators for a split task,
+// rows of row group blockIdx.y: one slot per split task, or, deterministic, one per item (its
+// slots consecutive from task_slot). Grid (num_tasks, kSplitRowGroups), 256 threads.
 __global__ void __launch_bounds__(256) flex_bwd_split_items_kernel(const BwdParams p) {
   const BwdSplit& sp = p.split;
   const int t = blockIdx.x;
   int slots = 1;
   if (p.deterministic) {
-    write_split_items<true>(sp, t);
+    if (blockIdx.y == 0) write_split_items<true>(sp, t);
     slots = sp.item_start[t + 1] - sp.item_start[t];
-  } else {
+  } else if (blockIdx.y == 0) {
     write_split_items<false>(sp, t, sp.split_first != 0);  // split-first list (launch_bwd_common.cu)
   }
   const int slot = sp.task_slot[t];
   if (slot < 0) return;
   const int64_t bk = p.view.block_k;
-  // head dims are multiples of 8, slots start at multiples of 16 bytes.
-  float4* dk = reinterpret_cast<float4*>(sp.dk_accum + int64_t(slot) * bk * p.head_dqk);
-  float4* dv = reinterpret_cast<float4*>(sp.dv_accum + int64_t(slot) * bk * p.head_dv);
+  const int2 rows = split_row_group(bk, blockIdx.y);
   const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int64_t i = threadIdx.x; i < slots * bk * p.head_dqk / 4; i += blockDim.x) dk[i] = z;
-  for (int64_t i = threadIdx.x; i < slots * bk * p.head_dv / 4; i += blockDim.x) dv[i] = z;
+  // head dims are multiples of 8, slots start at multiples of 16 bytes.
+  auto zero = [&](float* acc, int64_t d) {
+    const int64_t per = (rows.y - rows.x) * d / 4;  // float4s of the group in one slot
+    for (int64_t i = threadIdx.x; i < slots * per; i += blockDim.x) {
+      const int64_t s = i / per;
+      reinterpret_cast<float4*>(acc + ((slot + s) * bk + rows.x) * d)[i - s * per] = z;
+    }
+  };
+  zero(sp.dk_accum, p.head_dqk);
+  zero(sp.dv_accum, p.head_dv);
 }
 
-// C. dk / dv rows of split task blockIdx.x from its accumulators: one slot, or, deterministic,
-// the sum of its items' slots in item order (each written by one item alone). Grid num_tasks,
-// 256 threads.
+// C. dk / dv rows of row group blockIdx.y of split task blockIdx.x from its accumulators: one
+// slot, or, deterministic, the sum of its items' slots in item order (each written by one item
+// alone; the loads of four slots issued together, the additions in order). Grid (num_tasks,
+// kSplitRowGroups), 256 threads.
 template <class E>
 __global__ void __launch_bounds__(256) flex_bwd_split_convert_kernel(const BwdParams p) {
   using Elem = typename E::Storage;
@@ -101,38 +120,56 @@ __global__ void __launch_bounds__(256) flex_bwd_split_convert_kernel(const BwdPa
   const int k_start = __ldg(p.cu_seqlens_k + b), len_k = __ldg(p.cu_seqlens_k + b + 1) - k_start;
   const int key0 = kb * bk;
   const int keys_valid = min(bk, len_k - key0);
+  const int2 rows = split_row_group(bk, blockIdx.y);
+  const int row1 = min(rows.y, keys_valid);
+  if (rows.x >= row1) return;
   const int64_t krow = int64_t(p.varlen ? k_start : 0) + key0;
-  // Sum of the slots slot .. slot + slots - 1 at float offset i of a slot of `per` floats.
-  auto sum2 = [&](const float* acc, int64_t per, int64_t i) {
-    float2 x = *reinterpret_cast<const float2*>(acc + int64_t(slot) * per + i);
-    for (int s = 1; s < slots; ++s) {
-      const float2 y = *reinterpret_cast<const float2*>(acc + int64_t(slot + s) * per + i);
+  // Sum of the slots slot .. slot + slots - 1 at float offset i of a slot of `per` floats, in slot
+  // order (four slots' loads in flight at a time).
+  auto sum4 = [&](const float* acc, int64_t per, int64_t i) {
+    const float* a = acc + int64_t(slot) * per + i;
+    float4 x = *reinterpret_cast<const float4*>(a);
+    int s = 1;
+    for (; s + 4 <= slots; s += 4) {
+      float4 y[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) y[u] = *reinterpret_cast<const float4*>(a + int64_t(s + u) * per);
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        x.x += y[u].x;
+        x.y += y[u].y;
+        x.z += y[u].z;
+        x.w += y[u].w;
+      }
+    }
+    for (; s < slots; ++s) {
+      const float4 y = *reinterpret_cast<const float4*>(a + int64_t(s) * per);
       x.x += y.x;
       x.y += y.y;
+      x.z += y.z;
+      x.w += y.w;
     }
     return x;
   };
-  {
-    Elem* dst = static_cast<Elem*>(p.dk) + int64_t(b) * p.dka.batch_stride + krow * p.dka.row_stride +
-                int64_t(hkv) * p.dka.head_stride;
-    const int pairs = p.head_dqk / 2;
-    for (int i = threadIdx.x; i < keys_valid * pairs; i += blockDim.x) {
-      const int key = i / pairs, c = 2 * (i - key * pairs);
-      const float2 x = sum2(sp.dk_accum, int64_t(bk) * p.head_dqk, int64_t(key) * p.head_dqk + c);
-      *reinterpret_cast<uint32_t*>(dst + int64_t(key) * p.dka.row_stride + c) =
-          pack2<E>(x.x * p.scale, x.y * p.scale);
+  // (head dims are multiples of 8: a row is whole float4s)
+  auto convert = [&](const float* acc, Elem* dst, int64_t row_stride, int d, float mul) {
+    const int quads = d / 4;
+    for (int i = rows.x * quads + int(threadIdx.x); i < row1 * quads; i += blockDim.x) {
+      const int key = i / quads, c = 4 * (i - key * quads);
+      const float4 x = sum4(acc, int64_t(bk) * d, int64_t(key) * d + c);
+      uint32_t* o = reinterpret_cast<uint32_t*>(dst + int64_t(key) * row_stride + c);
+      o[0] = pack2<E>(x.x * mul, x.y * mul);
+      o[1] = pack2<E>(x.z * mul, x.w * mul);
     }
-  }
-  {
-    Elem* dst = static_cast<Elem*>(p.dv) + int64_t(b) * p.dva.batch_stride + krow * p.dva.row_stride +
-                int64_t(hkv) * p.dva.head_stride;
-    const int pairs = p.head_dv / 2;
-    for (int i = threadIdx.x; i < keys_valid * pairs; i += blockDim.x) {
-      const int key = i / pairs, c = 2 * (i - key * pairs);
-      const float2 x = sum2(sp.dv_accum, int64_t(bk) * p.head_dv, int64_t(key) * p.head_dv + c);
-      *reinterpret_cast<uint32_t*>(dst + int64_t(key) * p.dva.row_stride + c) = pack2<E>(x.x, x.y);
-    }
-  }
+  };
+  convert(sp.dk_accum,
+          static_cast<Elem*>(p.dk) + int64_t(b) * p.dka.batch_stride + krow * p.dka.row_stride +
+              int64_t(hkv) * p.dka.head_stride,
+          p.dka.row_stride, p.head_dqk, p.scale);
+  convert(sp.dv_accum,
+          static_cast<Elem*>(p.dv) + int64_t(b) * p.dva.batch_stride + krow * p.dva.row_stride +
+              int64_t(hkv) * p.dva.head_stride,
+          p.dva.row_stride, p.head_dv, 1.0f);
 }
 
 }  // namespace flashspan::kern

@@ -69,14 +69,14 @@ void launch_bwd_split_schedule(const BwdParams& p, cudaStream_t stream, bool cut
     kern::split_scan_kernel<false><<<1, kern::kSplitScanThreads, 0, stream>>>(p.split);
   }
   check_launch("flex backward split scan");
-  kern::flex_bwd_split_items_kernel<<<tasks, 256, 0, stream>>>(p);
+  kern::flex_bwd_split_items_kernel<<<dim3(tasks, kern::kSplitRowGroups), 256, 0, stream>>>(p);
   check_launch("flex backward split items");
 }
 
 void launch_bwd_split_convert(const BwdParams& p, DType dtype, cudaStream_t stream) {
   const unsigned tasks = grid_1d(p.split.num_tasks, "flex backward dK/dV (tasks)");
   with_element_type(dtype, "flex backward split convert", [&](auto e) {
-    kern::flex_bwd_split_convert_kernel<decltype(e)><<<tasks, 256, 0, stream>>>(p);
+    kern::flex_bwd_split_convert_kernel<decltype(e)><<<dim3(tasks, kern::kSplitRowGroups), 256, 0, stream>>>(p);
   });
   check_launch("flex backward split convert");
 }
