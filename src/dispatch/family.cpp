@@ -148,6 +148,7 @@ std::atomic<int> g_bwd_override{-1};
 std::atomic<int> g_wide64_override{-1};
 std::atomic<int> g_wide192_override{-1};
 std::atomic<int> g_det_split_override{-1};
+std::atomic<int> g_det_split_above_override{-1};
 std::atomic<int> g_cell_order_override{-1};
 std::atomic<int> g_split_first_override{-1};
 
@@ -182,17 +183,29 @@ bool bwd_deterministic_enabled() {
 
 void set_bwd_det_split(int on) { store_override(g_det_split_override, on); }
 
-// The deterministic backward's cut of long walks: experimental (FLASHSPAN_EXPERIMENTAL=1, read per
-// call) until the GPU suite has passed with its landed form (PERF_LOG v2.2 detsplit).
-bool bwd_det_split_enabled() { return experimental_switch(g_det_split_override); }
+// The deterministic backward's cut of long walks: on by default since PERF_LOG v2.32 at m = 16
+// (FLASHSPAN_SM90_BWD_DET_SPLIT=0 turns it off, read once); with FLASHSPAN_EXPERIMENTAL=1 (read per
+// call) at m = 2, which also cuts document_causal's, tree_bfs's, hstu's and longformer's longer
+// walks (faster on some, slower on others: PERF_LOG v2.13, v2.32).
+bool bwd_det_split_enabled() {
+  const int o = g_det_split_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  static const bool on = !env_flag_off("FLASHSPAN_SM90_BWD_DET_SPLIT");
+  return on;
+}
+
+void set_bwd_det_split_above_mean(int m) { g_det_split_above_override.store(m >= 2 && m <= 4096 ? m : -1); }
 
 int bwd_det_split_above_mean() {
-  static const int m = [] {
+  const int o = g_det_split_above_override.load(std::memory_order_relaxed);
+  if (o >= 2) return o;
+  static const int env = [] {
     const char* e = std::getenv("FLASHSPAN_SM90_BWD_DET_SPLIT_ABOVE");
     const int v = e != nullptr ? std::atoi(e) : 0;
-    return v >= 2 && v <= 4096 ? v : 2;
+    return v >= 2 && v <= 4096 ? v : 0;
   }();
-  return m;
+  if (env >= 2) return env;
+  return experimental_from_env() ? 2 : 16;
 }
 
 void set_bwd_cell_order(int on) { store_override(g_cell_order_override, on); }

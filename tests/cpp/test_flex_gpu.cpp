@@ -2344,11 +2344,17 @@ struct Sm90BwdOn {
   ~Sm90BwdOn() { sm90::set_bwd_enabled(-1); }
 };
 
-// The deterministic sm90 backward's cut of long walks (experimental: FLASHSPAN_EXPERIMENTAL=1)
-// switched on in-process.
+// The deterministic sm90 backward's cut of long walks switched on in-process at the rule's own
+// m = 2 (the default cuts only walks 16x the mean: the small split cases below are not that long).
 struct Sm90DetSplitOn {
-  Sm90DetSplitOn() { sm90::set_bwd_det_split(1); }
-  ~Sm90DetSplitOn() { sm90::set_bwd_det_split(-1); }
+  Sm90DetSplitOn() {
+    sm90::set_bwd_det_split(1);
+    sm90::set_bwd_det_split_above_mean(2);
+  }
+  ~Sm90DetSplitOn() {
+    sm90::set_bwd_det_split(-1);
+    sm90::set_bwd_det_split_above_mean(-1);
+  }
 };
 
 void run_case_sm90_bwd(const Case& c) {
@@ -2558,7 +2564,8 @@ TEST(FlexGpuSm90, BwdDeterministic) {
   // Long walks cut into items (the split schedule's deterministic form, switched on here):
   // sink_local's key block 0 and longformer's global key blocks (test_split_rule.cpp checks these
   // plans split), GQA groups, a THD sink_window case with uneven samples, D = 64; the header
-  // proves the split. (Above: the default, every cell one item.)
+  // proves the split. (Above: the default cut, at m = 16, which these small cases do not reach:
+  // every cell one item.)
   Sm90DetSplitOn split_on;
   const std::vector<int64_t> lq = {1500, 37, 700}, lk = {1300, 64, 900};  // uneven THD samples
   seed = 9959;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <string>
 #include <utility>
 #include <vector>
@@ -15,6 +16,7 @@
 #include "dispatch/family.h"
 #include "dispatch/workspace.h"
 #include "kernels/common/split_rule.h"
+#include "kernels/sm90/launch_sm90.h"  // the deterministic cut's switches
 #include "plan/planner.h"
 #include "planner_masks.h"
 
@@ -27,16 +29,16 @@ struct PlanOnlySchedule {
   int64_t min_split_item = INT64_MAX;  // fewest steps of an item of a split task
 };
 
-PlanOnlySchedule plan_only(const std::vector<int32_t>& iters) {
+PlanOnlySchedule plan_only(const std::vector<int32_t>& iters, int64_t above_mean = 2) {
   PlanOnlySchedule s;
   for (int32_t it : iters) s.total += it;
   const int64_t tasks = int64_t(iters.size());
-  const kern::SplitCut first = kern::split_cut_plan_only_first(s.total, tasks);
+  const kern::SplitCut first = kern::split_cut_plan_only_first(s.total, tasks, above_mean);
   int64_t at_first = 0;
   for (int32_t it : iters) {
     if (it > first.above) at_first += kern::split_items(it, first);
   }
-  const kern::SplitCut cut = kern::split_cut_plan_only(s.total, tasks, first, at_first);
+  const kern::SplitCut cut = kern::split_cut_plan_only(s.total, tasks, first, at_first, above_mean);
   s.chunk = cut.chunk;
   s.above = cut.above;
   EXPECT_GE(cut.above, cut.chunk);
@@ -249,6 +251,29 @@ TEST(SplitRule, PlanOnlyOnRealPlans) {
     const PlanOnlySchedule p = plan_only(plan_cells("document_causal", 32768, 4, 4));
     EXPECT_LT(p.split_items, SplitSchedule::kMaxSplit);
     EXPECT_LE(p.items, 4 * 256 + kern::kPlanOnlyItemsPerCta * kern::kPlanOnlyCtas);
+  }
+}
+
+// The deterministic sm90 backward's default cut (sm90::bwd_det_split_above_mean: m = 16, PERF_LOG
+// v2.32) on the eight benchmark masks' real plans at S = 32768, H = 4: sink_local's key block 0 and
+// tree_dfs's root spans (its first key blocks: three a head) are that far above the mean
+// (longformer's global key blocks and tree_bfs's root spans are ~15x, the rest less), so the other
+// six keep every cell one item; and the switch's answer without the environment variables.
+TEST(SplitRule, DeterministicDefaultCutsSinkAndRootColumns) {
+  for (const char* m : {"causal", "document_causal", "local", "sink_local", "tree_dfs", "tree_bfs", "longformer",
+                        "hstu"}) {
+    const PlanOnlySchedule p = plan_only(plan_cells(m, 32768, 4, 4), 16);
+    const std::string name = m;
+    EXPECT_EQ(p.split_tasks, name == "sink_local" ? 4 : name == "tree_dfs" ? 12 : 0)
+        << m << ": chunk " << p.chunk << " above " << p.above;
+  }
+  if (std::getenv("FLASHSPAN_SM90_BWD_DET_SPLIT_ABOVE") == nullptr && std::getenv("FLASHSPAN_SM90_BWD_DET_SPLIT") == nullptr) {
+    EXPECT_TRUE(sm90::bwd_det_split_enabled());
+    EXPECT_EQ(sm90::bwd_det_split_above_mean(), experimental_from_env() ? 2 : 16);
+    sm90::set_bwd_det_split_above_mean(5);
+    EXPECT_EQ(sm90::bwd_det_split_above_mean(), 5);
+    sm90::set_bwd_det_split_above_mean(-1);
+    EXPECT_EQ(sm90::bwd_det_split_above_mean(), experimental_from_env() ? 2 : 16);
   }
 }
 

@@ -81,16 +81,20 @@ bool bwd_deterministic_enabled();
 // Calls of launch_bwd_sm90 in this process so far (tests check that the sm90 backward ran).
 int64_t bwd_launches();
 // Whether the deterministic sm90 backward cuts long walks into items (bwd_split.cuh,
-// split_rule.h): experimental until the GPU suite has passed with it (its first version passed
-// on the H200, the current one not yet): FLASHSPAN_EXPERIMENTAL=1 (experimental_from_env, read
-// per call); without it every cell is one item (the schedule of main before the split).
-// set_bwd_det_split: 1 on, 0 off, -1 back to the environment's answer (tests). Defined in
-// dispatch/family.cpp with the other switches.
+// split_rule.h): on by default (PERF_LOG v2.32; FLASHSPAN_SM90_BWD_DET_SPLIT=0 turns it off, read
+// once: every cell one item, the schedule before the cut). set_bwd_det_split: 1 on, 0 off, -1 back
+// to the environment's answer (tests). Defined in dispatch/family.cpp with the other switches.
 bool bwd_det_split_enabled();
 void set_bwd_det_split(int on);
 // How far above the mean a walk must be for that cut (SplitSchedule::above_mean, split_rule.h):
-// FLASHSPAN_SM90_BWD_DET_SPLIT_ABOVE=m (an integer 2 .. 4096; read once; measurement only), else 2.
+// FLASHSPAN_SM90_BWD_DET_SPLIT_ABOVE=m (an integer 2 .. 4096; read once; measurement only), else 2
+// with FLASHSPAN_EXPERIMENTAL=1 (read per call), else 16: at S = 32768 only sink_local's sink
+// column and tree_dfs's root spans are that far above the mean among the benchmark masks
+// (test_split_rule.cpp; longformer's global key blocks and tree_bfs's root spans are ~15x,
+// document_causal's longest ~2.4x: PERF_LOG v2.10). set_bwd_det_split_above_mean:
+// m in 2 .. 4096, or anything else back to that answer (tests).
 int bwd_det_split_above_mean();
+void set_bwd_det_split_above_mean(int m);
 
 // The cell order of non-deterministic sm90 backward calls (tile_sm90.h bwd_cell_order_sm90):
 // FLASHSPAN_SM90_BWD_CELLS=1 always, =0 never (the plan's task list), unset: that rule
