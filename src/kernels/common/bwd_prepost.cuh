@@ -32,112 +32,118 @@ __device__ __forceinline__ QueryRow query_row(const BwdParams& p, int64_t t) {
 }
 
 // ---------------------------------------------------------------------------------------
-// 1. Preprocess: one warp per (query row, head), unit w = h * total_q + t; grid-stride over the
-// Hq * total_q units (grid_stride_1d(units, 8), 256 threads), so no batch size, head count or
-// sample count reaches a grid limit (grid.h).
+// 1. Preprocess: L lanes per (query row, head) unit w = h * total_q + t, L = head_dv / 8 rounded up
+// to a power of two (at most 32: a lane reads 8 elements a load), so a warp takes 32 / L consecutive
+// units at once (two at D = 128, four at 64; one row a warp left half the lanes idle at D = 128 and
+// ran the kernel at ~1.4 TB/s, PERF_LOG v2.32); grid-stride over the Hq * total_q units
+// (grid_stride_1d(units, 8), 256 threads), so no batch size, head count or sample count reaches a
+// grid limit (grid.h). Every lane of a warp runs the same iterations and the L-lane reductions
+// (xor shuffles inside aligned groups of L lanes), whatever its row's case.
 template <class E, bool kAnalytic>
 __device__ __forceinline__ void bwd_preprocess_rows(const BwdParams& p) {
   using Elem = typename E::Storage;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int need = (p.head_dv + 7) / 8;
+  int L = 1;
+  while (L < need && L < 32) L <<= 1;
+  const int rows_per_warp = 32 / L, sl = lane & (L - 1);
   const int64_t units = int64_t(p.num_heads_q) * p.total_q;
-  for (int64_t w = int64_t(blockIdx.x) * 8 + warp; w < units; w += int64_t(gridDim.x) * 8) {
-    const int64_t h = w / p.total_q, t = w - h * p.total_q;
-    const QueryRow r = query_row(p, t);
-    if constexpr (kAnalytic) {
-      const AnalyticMaskParams& a = analytic_of(p);
-      if (r.row >= sample_length(a.seq_len_q, a.cu_seq_len_q, a.max_q, int(r.b))) {
-        if (lane == 0) {
-          p.delta[w] = 0.0f;
-          p.lse2[w] = INFINITY;
-        }
-        // A padded dgate's rows past the sample are 0 (a ragged one has no such rows).
-        if (a.epi.dgate != nullptr && a.start[kSdpaDGate].ragged.ptr == nullptr) {
-          Elem* dg = static_cast<Elem*>(a.epi.dgate) + sample_start(a.start[kSdpaDGate], int(r.b)) +
-                     h * a.epi.dga.head_stride + r.row * a.epi.dga.row_stride;
-          for (int c = lane * 8; c < p.head_dv; c += 256) *reinterpret_cast<uint4*>(dg + c) = make_uint4(0, 0, 0, 0);
-        }
-        continue;
-      }
-      if (a.epi.gate != nullptr) {
-        // Output gate (SdpaEpilogueParams): O is the gated output, so D = dO . O as without it;
-        // dgate = dO * O * (1 - sigmoid(G)), and the kernels after this one take dO * sigmoid(G).
-        const SampleStart* st = a.start;
+  const int64_t warps = int64_t(gridDim.x) * 8;
+  for (int64_t w0 = (int64_t(blockIdx.x) * 8 + warp) * rows_per_warp; w0 < units; w0 += warps * rows_per_warp) {
+    const int64_t w = w0 + lane / L;
+    const bool valid = w < units;
+    float acc = 0.0f;
+    bool empty = false;      // kAnalytic: a row past its sample (D = 0, lse2 = +inf)
+    int64_t lse_off = 0;     // the row's LSE element
+    int64_t dlse_off = -1;   // its dlse element (rows neither empty nor gated, when dlse is given)
+    if (valid) {
+      const int64_t h = w / p.total_q, t = w - h * p.total_q;
+      const QueryRow r = query_row(p, t);
+      bool gated = false;
+      if constexpr (kAnalytic) {
+        const AnalyticMaskParams& a = analytic_of(p);
         const int b = int(r.b);
-        const Elem* o = static_cast<const Elem*>(p.o) + sample_start(st[kSdpaO], b) + r.row * p.oa.row_stride +
+        lse_off = sample_start(a.start[kSdpaStats], b) + h * p.lsea.head_stride + r.row * p.lsea.row_stride;
+        if (r.row >= sample_length(a.seq_len_q, a.cu_seq_len_q, a.max_q, b)) {
+          empty = true;
+          // A padded dgate's rows past the sample are 0 (a ragged one has no such rows).
+          if (a.epi.dgate != nullptr && a.start[kSdpaDGate].ragged.ptr == nullptr) {
+            Elem* dg = static_cast<Elem*>(a.epi.dgate) + sample_start(a.start[kSdpaDGate], b) +
+                       h * a.epi.dga.head_stride + r.row * a.epi.dga.row_stride;
+            for (int c = sl * 8; c < p.head_dv; c += 8 * L) *reinterpret_cast<uint4*>(dg + c) = make_uint4(0, 0, 0, 0);
+          }
+        } else if (a.epi.gate != nullptr) {
+          // Output gate (SdpaEpilogueParams): O is the gated output, so D = dO . O as without it;
+          // dgate = dO * O * (1 - sigmoid(G)), and the kernels after this one take dO * sigmoid(G).
+          gated = true;
+          const SampleStart* st = a.start;
+          const Elem* o = static_cast<const Elem*>(p.o) + sample_start(st[kSdpaO], b) + r.row * p.oa.row_stride +
+                          h * p.oa.head_stride;
+          const Elem* d = static_cast<const Elem*>(p.dout) + sample_start(st[kSdpaDO], b) +
+                          r.row * p.doa.row_stride + h * p.doa.head_stride;
+          const Elem* g = static_cast<const Elem*>(a.epi.gate) + sample_start(st[kSdpaGate], b) +
+                          r.row * a.epi.ga.row_stride + h * a.epi.ga.head_stride;
+          Elem* dg = a.epi.dgate == nullptr ? nullptr
+                                            : static_cast<Elem*>(a.epi.dgate) + sample_start(st[kSdpaDGate], b) +
+                                                  r.row * a.epi.dga.row_stride + h * a.epi.dga.head_stride;
+          Elem* dgo = static_cast<Elem*>(a.epi.do_gated) + w * p.head_dv;  // [H_q, total_q, D_v]
+          for (int c = sl * 8; c < p.head_dv; c += 8 * L) {
+            const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
+            const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
+            const uint4 gv = *reinterpret_cast<const uint4*>(g + c);
+            const Elem* oe = reinterpret_cast<const Elem*>(&ov);
+            const Elem* de = reinterpret_cast<const Elem*>(&dv);
+            const Elem* ge = reinterpret_cast<const Elem*>(&gv);
+            uint4 dgv, dov;
+            uint32_t* dgw = reinterpret_cast<uint32_t*>(&dgv);
+            uint32_t* dow = reinterpret_cast<uint32_t*>(&dov);
+#pragma unroll
+            for (int e = 0; e < 8; e += 2) {
+              const float o0 = to_float<E>(oe[e]), o1 = to_float<E>(oe[e + 1]);
+              const float d0 = to_float<E>(de[e]), d1 = to_float<E>(de[e + 1]);
+              const float s0 = sigmoid_fast(to_float<E>(ge[e])), s1 = sigmoid_fast(to_float<E>(ge[e + 1]));
+              acc += o0 * d0 + o1 * d1;
+              dgw[e / 2] = pack2<E>(d0 * o0 * (1.0f - s0), d1 * o1 * (1.0f - s1));
+              dow[e / 2] = pack2<E>(d0 * s0, d1 * s1);
+            }
+            if (dg != nullptr) *reinterpret_cast<uint4*>(dg + c) = dgv;
+            *reinterpret_cast<uint4*>(dgo + c) = dov;
+          }
+        }
+      } else {
+        lse_off = r.b * p.lsea.batch_stride + h * p.lsea.head_stride + r.row * p.lsea.row_stride;
+      }
+      if (!empty && !gated) {
+        const Elem* o = static_cast<const Elem*>(p.o) + r.b * p.oa.batch_stride + r.row * p.oa.row_stride +
                         h * p.oa.head_stride;
-        const Elem* d = static_cast<const Elem*>(p.dout) + sample_start(st[kSdpaDO], b) + r.row * p.doa.row_stride +
+        const Elem* d = static_cast<const Elem*>(p.dout) + r.b * p.doa.batch_stride + r.row * p.doa.row_stride +
                         h * p.doa.head_stride;
-        const Elem* g = static_cast<const Elem*>(a.epi.gate) + sample_start(st[kSdpaGate], b) +
-                        r.row * a.epi.ga.row_stride + h * a.epi.ga.head_stride;
-        Elem* dg = a.epi.dgate == nullptr ? nullptr
-                                          : static_cast<Elem*>(a.epi.dgate) + sample_start(st[kSdpaDGate], b) +
-                                                r.row * a.epi.dga.row_stride + h * a.epi.dga.head_stride;
-        Elem* dgo = static_cast<Elem*>(a.epi.do_gated) + w * p.head_dv;  // [H_q, total_q, D_v]
-        float acc = 0.0f;
-        for (int c = lane * 8; c < p.head_dv; c += 256) {
+        if constexpr (kAnalytic) {  // tensors start at their samples' own offsets (batch_stride 0)
+          o += sample_start(analytic_of(p).start[kSdpaO], int(r.b));
+          d += sample_start(analytic_of(p).start[kSdpaDO], int(r.b));
+        }
+        for (int c = sl * 8; c < p.head_dv; c += 8 * L) {
           const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
           const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
-          const uint4 gv = *reinterpret_cast<const uint4*>(g + c);
           const Elem* oe = reinterpret_cast<const Elem*>(&ov);
           const Elem* de = reinterpret_cast<const Elem*>(&dv);
-          const Elem* ge = reinterpret_cast<const Elem*>(&gv);
-          uint4 dgv, dov;
-          uint32_t* dgw = reinterpret_cast<uint32_t*>(&dgv);
-          uint32_t* dow = reinterpret_cast<uint32_t*>(&dov);
 #pragma unroll
-          for (int e = 0; e < 8; e += 2) {
-            const float o0 = to_float<E>(oe[e]), o1 = to_float<E>(oe[e + 1]);
-            const float d0 = to_float<E>(de[e]), d1 = to_float<E>(de[e + 1]);
-            const float s0 = sigmoid_fast(to_float<E>(ge[e])), s1 = sigmoid_fast(to_float<E>(ge[e + 1]));
-            acc += o0 * d0 + o1 * d1;
-            dgw[e / 2] = pack2<E>(d0 * o0 * (1.0f - s0), d1 * o1 * (1.0f - s1));
-            dow[e / 2] = pack2<E>(d0 * s0, d1 * s1);
-          }
-          if (dg != nullptr) *reinterpret_cast<uint4*>(dg + c) = dgv;
-          *reinterpret_cast<uint4*>(dgo + c) = dov;
+          for (int e = 0; e < 8; ++e) acc += to_float<E>(oe[e]) * to_float<E>(de[e]);
         }
-#pragma unroll
-        for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-        if (lane == 0) {
-          p.delta[w] = acc;
-          const float lse = p.lse[sample_start(st[kSdpaStats], b) + h * p.lsea.head_stride + r.row * p.lsea.row_stride];
-          p.lse2[w] = lse == -INFINITY ? INFINITY : lse * kLog2e;
-        }
-        continue;
+        if (p.dlse != nullptr) dlse_off = r.b * p.dlsea.batch_stride + h * p.dlsea.head_stride + r.row * p.dlsea.row_stride;
       }
     }
-    const Elem* o = static_cast<const Elem*>(p.o) + r.b * p.oa.batch_stride + r.row * p.oa.row_stride +
-                    h * p.oa.head_stride;
-    const Elem* d = static_cast<const Elem*>(p.dout) + r.b * p.doa.batch_stride + r.row * p.doa.row_stride +
-                    h * p.doa.head_stride;
-    if constexpr (kAnalytic) {  // tensors start at their samples' own offsets (batch_stride 0)
-      o += sample_start(analytic_of(p).start[kSdpaO], int(r.b));
-      d += sample_start(analytic_of(p).start[kSdpaDO], int(r.b));
-    }
-    float acc = 0.0f;
-    for (int c = lane * 8; c < p.head_dv; c += 256) {
-      const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
-      const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
-      const Elem* oe = reinterpret_cast<const Elem*>(&ov);
-      const Elem* de = reinterpret_cast<const Elem*>(&dv);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc += to_float<E>(oe[e]) * to_float<E>(de[e]);
-    }
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) {
-      if (p.dlse != nullptr) {
-        acc -= p.dlse[r.b * p.dlsea.batch_stride + h * p.dlsea.head_stride + r.row * p.dlsea.row_stride];
-      }
-      p.delta[w] = acc;  // workspace [Hq, total_q]: index h * total_q + t = w
-      float lse;
-      if constexpr (kAnalytic) {
-        lse = p.lse[sample_start(analytic_of(p).start[kSdpaStats], int(r.b)) + h * p.lsea.head_stride +
-                    r.row * p.lsea.row_stride];
+    for (int off = L / 2; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (valid && sl == 0) {
+      if (empty) {
+        p.delta[w] = 0.0f;
+        p.lse2[w] = INFINITY;
       } else {
-        lse = p.lse[r.b * p.lsea.batch_stride + h * p.lsea.head_stride + r.row * p.lsea.row_stride];
+        if (dlse_off >= 0) acc -= p.dlse[dlse_off];
+        p.delta[w] = acc;  // workspace [Hq, total_q]: index h * total_q + t = w
+        const float lse = p.lse[lse_off];
+        p.lse2[w] = lse == -INFINITY ? INFINITY : lse * kLog2e;
       }
-      p.lse2[w] = lse == -INFINITY ? INFINITY : lse * kLog2e;
     }
   }
 }
