@@ -73,7 +73,7 @@ void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dt
                                  sizeof(float) * size_t(p.num_heads_q) * size_t(p.total_q) * size_t(p.head_dqk), stream),
                  "sdpa backward: clearing the dQ accumulator");
     }
-    // One warp per (query row, head), grid-stride (bwd_prepost.cuh).
+    // head_dv / 8 lanes per (query row, head), grid-stride (bwd_prepost.cuh).
     const unsigned grid = grid_stride_1d(int64_t(p.num_heads_q) * p.total_q, 8);
     with_element_type(dtype, "sdpa backward preprocess (sm80)", [&](auto e) {
       kern::sdpa_bwd_preprocess_kernel<decltype(e)><<<grid, 256, 0, stream>>>(p);
