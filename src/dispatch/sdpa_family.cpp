@@ -59,12 +59,12 @@ Switch g_sdpa_decode_alibi{[] { return !env_flag_off("FLASHSPAN_SDPA_DECODE_ALIB
 
 namespace {
 // sm90_refusal asks the forward's head-dim rule for both directions: tile_sm90.h defines the
-// backward's (sdpa_bwd_runs_head_dims_sm90, the backward launcher's check) as the same rule. Should
+// backward's (bwd_runs_head_dims_sm90, the backward launcher's check) as the same rule. Should
 // they part, this fails to compile rather than let the refusal and that check disagree.
 constexpr bool sdpa_head_dim_rules_agree() {
   for (int dqk = 0; dqk <= 264; dqk += 4) {
     for (int dv = 0; dv <= 264; dv += 4) {
-      if (sm90::sdpa_fwd_runs_head_dims_sm90(dqk, dv) != sm90::sdpa_bwd_runs_head_dims_sm90(dqk, dv)) return false;
+      if (sm90::sdpa_fwd_runs_head_dims_sm90(dqk, dv) != sm90::bwd_runs_head_dims_sm90(dqk, dv)) return false;
     }
   }
   return true;

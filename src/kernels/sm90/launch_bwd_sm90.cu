@@ -180,7 +180,7 @@ void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorVie
 void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& dout, DType dtype, cudaStream_t stream) {
   SdpaBwdParams p = p_in;
-  FS_CHECK(sdpa_bwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.split_schedule == 0 &&
+  FS_CHECK(bwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.split_schedule == 0 &&
                (p.total_q == 0 || (p.dq_accum != nullptr && (!p.deterministic || p.dq_sem != nullptr))),
            Status::kInternal, "sdpa backward (sm90): unsupported configuration reached the launcher (D ", p.head_dqk,
            "/", p.head_dv, ")");

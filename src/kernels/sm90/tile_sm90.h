@@ -94,14 +94,16 @@ constexpr int64_t fp8_vt_bytes_sm90(int64_t batch, int64_t heads_kv, int64_t dv,
 // B operand's column k must be that key. In bits: k = [h q1 q0 a b] -> [h a q1 q0 b].
 constexpr int fp8_vt_key(int k) { return (k & 16) | ((k & 2) << 2) | ((k >> 1) & 6) | (k & 1); }
 
-// Head dims the sm90 SDPA backward (the analytic source of the backward kernel:
-// sdpa_bwd_sm90_d{64,128,192,256}.cu) runs: the forward's -- each dim a multiple of 8 up to 128
-// (key-split consumers, 64 x 128 tile), (192, 128) and (256, 256) (column-split consumers, 64 x 64);
-// the flex backward's too (bwd_runs_head_dims_sm90 below).
-constexpr bool sdpa_bwd_runs_head_dims_sm90(int dqk, int dv) { return fwd_runs_head_dims_sm90(dqk, dv); }
+// Head dims of the calls the sm90 backward (SDPA and flex) runs: the forward's -- each dim a multiple of
+// 8 up to 128 (key-split consumers, 64 x 128 tile; on the (64, 64) kernel when both are <= 64, else on
+// the (128, 128) one: bwd_kernel_dims_sm90 below; TMA fills the columns past the call's dims with
+// zeros, the dK / dV stores and the dQ convert write only the call's columns), and exactly (192, 128)
+// or (256, 256) (column-split consumers, 64 x 64). An sm90 plan's backward for other dims (CPU plans
+// only) runs on the sm80 kernels, whose backward tile it has (kTileSm90 above).
+constexpr bool bwd_runs_head_dims_sm90(int dqk, int dv) { return fwd_runs_head_dims_sm90(dqk, dv); }
 
 // The kernel head dim Dqk the sm90 backward (SDPA and flex) runs a call's (dqk, dv) of
-// sdpa_bwd_runs_head_dims_sm90 on: 64 when both are <= 64, 128 when both are <= 128 (the dK / dV
+// bwd_runs_head_dims_sm90 on: 64 when both are <= 64, 128 when both are <= 128 (the dK / dV
 // stores and the dQ convert write only the call's columns; TMA fills the others with zeros), else
 // the call's own 192 / 256. Also the width of its dq_accum tiles (sdpa_params.cpp, workspace.h).
 constexpr int bwd_kernel_dim_sm90(int dqk, int dv) {
@@ -184,13 +186,6 @@ constexpr bool bwd_wide_tile_sm90(int dqk, int dv, int bwd_bq, int bwd_bk) {
 constexpr bool bwd_kernel_head_dims_sm90(int dqk, int dv) {
   return (dqk == dv && (dqk == 64 || dqk == 128)) || (dqk == 192 && dv == 128) || (dqk == 256 && dv == 256);
 }
-
-// Head dims of the calls the sm90 backward runs: the forward's (each dim a multiple of 8 up to 128,
-// on the (64, 64) kernel when both are <= 64, else on the (128, 128) one: bwd_kernel_dims_sm90;
-// TMA fills the columns past the call's dims with zeros, the dK / dV stores and the dQ convert write
-// only the call's columns), and exactly (192, 128) or (256, 256). An sm90 plan's backward for other
-// dims (CPU plans only) runs on the sm80 kernels, whose backward tile it has (above).
-constexpr bool bwd_runs_head_dims_sm90(int dqk, int dv) { return fwd_runs_head_dims_sm90(dqk, dv); }
 
 // Whether the non-deterministic sm90 backward runs its work in cell order (every key block of
 // every kv head, heads slowest, key blocks ascending, long walks split: kGridCellsAscending of
