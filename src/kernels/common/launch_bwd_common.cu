@@ -39,8 +39,8 @@ void launch_bwd_preprocess(const BwdParams& p, DType dtype, int64_t total_q, cud
                "flex backward: clearing the dQ tile counters");
   }
   if (total_q > 0) {
-    // head_dv / 8 lanes per (query row, head), grid-stride over one warp's worth of rows per unit
-    // of the grid (bwd_prepost.cuh): any batch size, head count or THD sample count fits one launch.
+    // head_dv / 8 lanes per (query row, head), several rows a warp, grid-stride (bwd_prepost.cuh):
+    // any batch size, head count or THD sample count fits one launch.
     const unsigned grid = grid_stride_1d(int64_t(p.num_heads_q) * total_q, 8);
     with_element_type(dtype, "flex backward preprocess", [&](auto e) {
       kern::flex_bwd_preprocess_kernel<decltype(e)><<<grid, 256, 0, stream>>>(p);
