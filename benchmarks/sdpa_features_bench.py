@@ -4,8 +4,8 @@ For B=1, H=16, D=128, BF16, BHSD and each S of --seqs, causal (top-left), times 
 ``torch.no_grad()``, no stats) plain and with one feature: additive bias in several layouts and dtypes
 ((1,1,S,S) bf16 and float32, (1,H,S,S) bf16, (1,1,1,S) bf16), ALiBi, softcap 30, per-head sinks, Philox dropout 0.1.
 Each bias row is timed twice in this process: with the bias staged through shared memory (the sm90 forward's
-form where its column pairs are aligned, SdpaBiasParams::pairs) and with a copy of it one element off a 4-byte
-boundary (element loads, the form before), and the two outputs are compared (they must agree to fp32 rounding:
+form for a 16-bit bias of whole aligned rows, SdpaBiasParams::chunks: the producer's TMA copies) and with a copy
+of it one element off a 4-byte boundary (element loads), and the two outputs are compared (they must agree to fp32 rounding:
 same values, same order of adds).
 
 Timing: flashspan.bench.timing.Timer (CUDA events, L2 flushed between calls, warm-up, median). TFLOP/s over the

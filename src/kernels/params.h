@@ -181,8 +181,8 @@ struct SdpaBiasParams {
   int64_t batch_stride = 0, head_stride = 0, row_stride = 0, col_stride = 0;
   // 1: a 16-bit bias whose row columns 8j .. 8j + 7 may be copied as 16-byte chunks (col_stride 1, a
   // multiple of 8 columns, the base 16-byte aligned and every other stride a multiple of 8): the
-  // sm90 forward and backward then stage it through shared memory (sdpa_score_mod.cuh SdpaBiasFrag::stage,
-  // stage_transposed).
+  // sm90 forward and backward then stage it through shared memory (the forward's producer by TMA,
+  // sdpa_score_mod.cuh SdpaBiasFrag::add_tma; the backward's consumers by cp.async, stage_transposed).
   int32_t chunks = 0;
   float* ds = nullptr;
   int64_t ds_ld = 0;

@@ -1015,8 +1015,8 @@ Case staged_bias_case(uint64_t seed, int i, const StagedBiasForm& f) {
 
 TEST(SdpaGpu, Sm90ForwardBiasStaged) {
   // The sm90 forward stages a 16-bit bias of whole aligned 16-byte row chunks (SdpaBiasParams::chunks:
-  // S_kv and the strides multiples of 8) through shared memory (row 0 only, through L1, when broadcast
-  // over rows) and adds it after the S GEMM (with the scale folded into the softmax or not: a negative
+  // S_kv and the strides multiples of 8) through shared memory (the producer's TMA copies of a key
+  // block's tile: row 0 only when broadcast over rows) and adds it after the S GEMM (with the scale folded into the softmax or not: a negative
   // scale); it reads any other bias element by element: full, broadcast and padded-stride layouts,
   // bf16 / fp16 / float32 (staged_bias_case's shapes). Small enough for compute-sanitizer memcheck
   // (gpu_check.sh).

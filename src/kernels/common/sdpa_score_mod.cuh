@@ -133,80 +133,49 @@ struct SdpaBiasFrag {
     }
   }
 
-  // Staged through shared memory (SdpaBiasParams::chunks: a 16-bit bias; the sm90 forward,
-  // kernel_fwd_sm90.cuh): a warp's 16 x 8 kN fragment of the bias copied by the warp with 16-byte
-  // cp.async into its region of the stage before the block's S GEMM, read by each thread (its column
-  // pairs) after it. Region layout: row r (0..15) of n8 block n at 16 (16 n + r) bytes, so a thread's
-  // pair (row g + 8 hi, columns 2 q ..) of block n is at 16 (16 n + g + 8 hi) + 4 q, and a warp's 32
-  // reads of one (n, hi) cover 128 consecutive bytes (conflict-free). Lane l copies row l % 16,
-  // blocks l / 16, l / 16 + 2, ... (each row's 32-byte sectors whole); through L2 only (.cg). A bias
-  // broadcast over rows (rs = 0) is copied as row 0 only (lanes 0 and 16), through L1 (.ca: every warp
-  // of the CTA reads it; .cg there ran 2.6x slower, .ca for the others 10 % slower, H200, PERF_LOG
-  // v2.27), and every thread reads its pairs from row 0. Chunks of rows at or past
-  // rows_left or of blocks at or past cols_left (keys inside the sample from the block's column 0) are
-  // zero-filled without a read; the bias's row length is a multiple of 8 (chunks), so a chunk whose
-  // first key is inside the sample is inside the tensor. The caller commits one cp.async group per
-  // block and stages two blocks ahead (kernel_fwd_sm90.cuh consumer: stage_ahead); add_staged waits
-  // for all but the newest group (the next block's) and for the warp (__syncwarp: the lanes read each
-  // other's chunks). The element
-  // loads after the GEMM (add) left their latency in the consumer's path: 16-bit bias forward
-  // 0.26x the plain kernel, staged 0.44-0.49x (PERF_LOG v2.27). (A float32 bias staged this way ran
-  // slower than its element loads: not staged.) p: the fragment's element (row 0, column 0), i.e.
-  // at(.., lane 0).
-  static constexpr int kStageWarpBytes = 16 * 16 * 16;  // a warp's region for 128 keys
+  // Staged by TMA (SdpaBiasParams::chunks: a 16-bit bias; the sm90 forward, kernel_fwd_sm90.cuh): the
+  // producer copies key block kb's bias tile -- the block's 128 query rows, or row 0 alone when the bias
+  // is broadcast over rows (rs = 0), x the block's keys -- as boxes of 64 keys (128 bytes a row,
+  // 128B-swizzled: 16-byte chunk c of tile row r at 128 r + 16 (c ^ r % 8) of its box), box b at
+  // b kTmaBox (kTmaBoxBcast for the one-row boxes, so that each box starts on a 1024-byte swizzle
+  // period), and the consumers read it back with ldmatrix: a thread's pairs (row g + 8 hi, columns
+  // 2 q ..) of n8 block n are row g of 8 x 8 matrix (n, hi), so matrices (2 k, 0), (2 k, 1), (2 k + 1,
+  // 0), (2 k + 1, 1) are one ldmatrix.x4 (lanes 8 m .. 8 m + 7 address matrix m's rows; the eight
+  // rows' chunks differ in r % 8: no bank conflict), kN / 2 a block where the cp.async stage took a
+  // copy (8 LDGSTS a lane, their addresses and predicates), a wait and 32 LDS a thread (PERF_LOG
+  // v2.31, v2.33). Out-of-tensor rows and keys are zero-filled by the TMA unit; elements of rows or
+  // keys outside the sample but inside the tensor are read and never reach an output (masked keys
+  // are -inf and not added in a partial block; rows past the sample are not stored).
+  // rows: the tile's row 16 mt (the warp's first row), or the tile itself when rs = 0.
+  static constexpr uint32_t kTmaBox = 128u * 128u;  // a box of 128 rows x 64 keys (16-bit)
+  static constexpr uint32_t kTmaBoxBcast = 1024u;   // a one-row box's slot
   template <int kN>
-  __device__ __forceinline__ void stage(uint32_t region, int rows_left, int cols_left, int lane) const {
-    static_assert(kN * 16 * 16 <= kStageWarpBytes, "bias stage: 128 keys a block at most");
-    __syncwarp();  // every lane has read the previous block's chunks
-    if (rs == 0) {
-      stage_as<kN, true>(region, rows_left, cols_left, lane);
+  __device__ __forceinline__ void add_tma(float (&s)[kN][4], uint32_t rows, int lane, bool partial,
+                                          float k = kLog2e) const {
+    const bool bc = rs == 0;
+    if (dtype == kSdpaBiasBF16) {
+      partial ? add_tma_as<kN, true, true>(s, rows, lane, bc, k) : add_tma_as<kN, false, true>(s, rows, lane, bc, k);
     } else {
-      stage_as<kN, false>(region, rows_left, cols_left, lane);
+      partial ? add_tma_as<kN, true, false>(s, rows, lane, bc, k) : add_tma_as<kN, false, false>(s, rows, lane, bc, k);
     }
   }
-  template <int kN, bool kL1>
-  __device__ __forceinline__ void stage_as(uint32_t region, int rows_left, int cols_left, int lane) const {
-    const int r = lane & 15, n0 = lane >> 4;
-    if (kL1 && r != 0) return;  // broadcast over rows: row 0 only
-    const char* row = p + int64_t(r) * rs + n0 * 16;             // block n0 of row r
-    const uint32_t dst = region + uint32_t((16 * n0 + r) * 16);  // its chunk; block n0 + 2 j: + 32 j chunks
-    const int cols = r < rows_left ? cols_left - 8 * n0 : 0;     // keys left from block n0 (none: row outside)
+  template <int kN, bool kPartial, bool kBf>
+  __device__ __forceinline__ static void add_tma_as(float (&s)[kN][4], uint32_t rows, int lane, bool bc, float k) {
+    static_assert(kN % 2 == 0, "bias (TMA stage): pairs of n8 blocks");
+    const int m = lane >> 3, r8 = lane & 7;
+    // Matrix m of ldmatrix k: n8 block 2 k + m / 2 (chunk 2 (k % 4) + m / 2 of box k / 4), rows 8 (m % 2)
+    // .. of the warp's 16, row r8 at tile row 16 mt + 8 (m % 2) + r8, whose swizzle key is r8.
+    const uint32_t a = rows + (bc ? 0u : uint32_t(8 * (m & 1) + r8) * 128u);
+    const uint32_t y = uint32_t(m >> 1) ^ (bc ? 0u : uint32_t(r8));  // (2 (k % 4) + m / 2) ^ r8 = 2 (k % 4) ^ y
+    const uint32_t box = bc ? kTmaBoxBcast : kTmaBox;
 #pragma unroll
-    for (int j = 0; j < kN / 2; ++j) {
-      if constexpr (kL1) {
-        cp_async_ca_16(dst + uint32_t(512 * j), row + 32 * j, 16 * j < cols);
-      } else {
-        cp_async_16(dst + uint32_t(512 * j), row + 32 * j, 16 * j < cols);
-      }
-    }
-  }
-  // s += the staged bias (log2 units) where s > -inf (a masked element's bias is not used, as add;
-  // only a partial block has masked elements: a full one adds without the test, 2 instructions an
-  // element fewer).
-  template <int kN>
-  __device__ __forceinline__ void add_staged(float (&s)[kN][4], uint32_t region, int lane, bool partial,
-                                             float k = kLog2e) const {
-    cp_async_wait<1>();  // the block's group done; the next block's may still be in flight
-    __syncwarp();
-    if (partial) {
-      add_staged_as<kN, true>(s, region, lane, k);
-    } else {
-      add_staged_as<kN, false>(s, region, lane, k);
-    }
-  }
-  template <int kN, bool kPartial>
-  __device__ __forceinline__ void add_staged_as(float (&s)[kN][4], uint32_t region, int lane, float k) const {
-    const bool bc = rs == 0;  // broadcast over rows: every row reads row 0
-    const uint32_t a0 = region + (bc ? 0u : uint32_t(lane >> 2) * 16u) + uint32_t(lane & 3) * 4u;
-    const uint32_t a8 = a0 + (bc ? 0u : 8u * 16u);  // row g + 8
-    const bool bf = dtype == kSdpaBiasBF16;
+    for (int kk = 0; kk < kN / 2; ++kk) {
+      uint32_t u[4];
+      ldmatrix_x4(u, a + uint32_t(kk >> 2) * box + ((uint32_t(2 * (kk & 3)) ^ y) << 4));
 #pragma unroll
-    for (int n = 0; n < kN; ++n) {
-#pragma unroll
-      for (int hi = 0; hi < 2; ++hi) {
-        uint32_t u;
-        asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(u) : "r"((hi ? a8 : a0) + uint32_t(256 * n)));
-        add_pair<kPartial>(u, bf, s[n][2 * hi], s[n][2 * hi + 1], k);
+      for (int mm = 0; mm < 4; ++mm) {
+        const int n = 2 * kk + (mm >> 1), h2 = 2 * (mm & 1);
+        add_pair<kPartial>(u[mm], kBf, s[n][h2], s[n][h2 + 1], k);
       }
     }
   }
@@ -259,7 +228,7 @@ struct SdpaBiasFrag {
     }
   }
   // s (the warp's transposed fragment of kN = kQ / 8 n8 blocks) += the bias staged by stage_transposed
-  // (log2 units), where s > -inf when kPartial (as add_staged_as). bcast: the bias is broadcast over
+  // (log2 units), where s > -inf when kPartial (as add_tma). bcast: the bias is broadcast over
   // rows (rs = 0); bf: bf16 (else fp16). kN / 2 ldmatrix.x4.trans: lanes 8 m .. 8 m + 7 address matrix
   // (n = 2 k + m / 2, hi = m % 2).
   template <int kN, bool kPartial>
@@ -563,7 +532,7 @@ struct SdpaTileScoreMod {
   int diag;           // j - i - shift of the tile's element (0, 0) (diag_base)
   int lane;
   SdpaBiasFrag bias;  // null p: no bias
-  uint32_t staged = 0;  // the warp's bias region when staged (SdpaBiasFrag::stage), else 0
+  uint32_t staged = 0;  // the warp's rows of the TMA-staged bias tile (SdpaBiasFrag::add_tma), else 0
 
   // No modifier at all (a call with sinks or epilogue options only): the logits are the scaled
   // scores, so Variant may fold the scale into the softmax's exponent.
@@ -588,7 +557,7 @@ struct SdpaTileScoreMod {
     if constexpr (kBias) {
       const float k = kLog2e * inv_scale_log2;
       if (staged != 0) {
-        bias.add_staged<kN>(s, staged, lane, partial, k);
+        bias.add_tma<kN>(s, staged, lane, partial, k);
       } else {
         bias.add<kN>(s, k);
       }
@@ -602,7 +571,7 @@ struct SdpaTileScoreMod {
   __device__ __forceinline__ void apply_visible(float (&s)[kN][4], bool partial) const {
     if constexpr (kBias) {
       if (staged != 0) {
-        bias.add_staged<kN>(s, staged, lane, partial);
+        bias.add_tma<kN>(s, staged, lane, partial);
       } else {
         bias.add<kN>(s);
       }

@@ -116,7 +116,7 @@ int fwd_binary_version_of() {
 // besides (with AnalyticDropSourceSm90), each in its own unit.
 template <int kDqk, int kDv, bool kMods, bool kDropout>
 void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
-                       const CUtensorMap& mv, cudaStream_t s) {
+                       const CUtensorMap& mv, const CUtensorMap& mbias, cudaStream_t s) {
   using L = kern90::FwdSm90Layout<kDqk, kDv>;
   constexpr bool kOverlap = true;
   with_element_type(dtype, "sdpa forward (sm90)", [&](auto e) {
@@ -133,7 +133,7 @@ void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& m
     const int ctas = persistent_ctas(kernel, kern90::kThreads, smem, ctas_cache[bias], "sdpa forward (sm90): persistent grid");
     const int64_t items = int64_t(p.analytic.num_q_blocks) * p.num_heads_q * p.batch;
     const unsigned grid = unsigned(std::min<int64_t>(ctas, items));
-    kernel<<<grid, kern90::kThreads, smem, s>>>(p, mq, mk, mv);
+    kernel<<<grid, kern90::kThreads, smem, s>>>(p, mq, mk, mv, mbias);
     check_launch("sdpa forward (sm90)");
   });
 }
@@ -165,11 +165,13 @@ void run_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p, const CUtensorMap& mq, con
 
 #define FLASHSPAN_SM90_SDPA_FWD_INSTANTIATE(DQK, DV, MODS)                                                         \
   template void run_sdpa_fwd_sm90<DQK, DV, MODS, false>(const SdpaFwdParams&, DType, const CUtensorMap&,           \
-                                                        const CUtensorMap&, const CUtensorMap&, cudaStream_t);
+                                                        const CUtensorMap&, const CUtensorMap&, const CUtensorMap&, \
+                                                        cudaStream_t);
 // The kernels with score modifiers and dropout of head dims (D, D), D = 64 or 128 (sdpa_fwd_drop_sm90_d{64,128}.cu).
 #define FLASHSPAN_SM90_SDPA_FWD_DROP_INSTANTIATE(D)                                                                \
   template void run_sdpa_fwd_sm90<D, D, true, true>(const SdpaFwdParams&, DType, const CUtensorMap&,               \
-                                                    const CUtensorMap&, const CUtensorMap&, cudaStream_t);
+                                                    const CUtensorMap&, const CUtensorMap&, const CUtensorMap&,     \
+                                                    cudaStream_t);
 
 #define FLASHSPAN_SM90_FWD_INSTANTIATE(DQK, DV)                                                                    \
   template void run_fwd_sm90<DQK, DV>(const FwdParams&, DType, const CUtensorMap&, const CUtensorMap&,             \

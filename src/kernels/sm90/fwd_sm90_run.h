@@ -28,10 +28,11 @@ void run_fwd_sm90(const FwdParams& p, DType dtype, const CUtensorMap& mq, const 
 // instantiation with score modifiers, sinks and the epilogue options (sdpa_fwd_kernel_sm90 with
 // AnalyticModSourceSm90; units sdpa_fwd_mods_sm90_d{64,128}.cu), with kDropout too the one with
 // dropout besides (AnalyticDropSourceSm90; units sdpa_fwd_drop_sm90_d{64,128}.cu, experimental), else
-// the pure-mask one (with AnalyticSourceSm90; sdpa_fwd_sm90_d{64,128}.cu).
+// the pure-mask one (with AnalyticSourceSm90; sdpa_fwd_sm90_d{64,128}.cu). mbias: the map of a
+// 16-bit bias the producer stages (make_tensor_map_bias_sm90, when SdpaBiasParams::chunks is set).
 template <int kDqk, int kDv, bool kMods = false, bool kDropout = false>
 void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
-                       const CUtensorMap& mv, cudaStream_t s);
+                       const CUtensorMap& mv, const CUtensorMap& mbias, cudaStream_t s);
 // Launches the SDPA FP8 forward kernel of kernel head dims (kD, kD), 64 or 128 (units
 // sdpa_fp8_fwd_sm90_d{64,128}.cu): p as launch_sdpa_fp8_fwd_sm90 completes it, mvt the map of the
 // V^T workspace the pre-pass wrote (launch_sdpa_fp8_vt_sm90, before it on the stream).

@@ -168,12 +168,17 @@ struct FwdSm90Layout {
   static constexpr int kUsed = kItem + 2 * 8 * 4;
   static constexpr int kBytes = kUsed + 1024;  // + slack to align the dynamic base to 1024
   static_assert(kBytes <= 232448, "sm90 forward: more shared memory than an sm_90 block may have (227 KB)");
-  // The kernels with an additive bias (AnalyticModSourceSm90: D <= 128) stage it after the rest
-  // (sdpa_score_mod.cuh SdpaBiasFrag::stage): two buffers of a region per consumer warp (its 16 rows x
-  // 128 keys of a 16-bit bias).
-  static constexpr int kBiasStage = (kUsed + 127) / 128 * 128;
-  static constexpr int kBiasBuffer = 8 * 16 * 128 * 2;  // two: key blocks j and j + 1 in flight
+  // The kernels with an additive bias (AnalyticModSourceSm90: D <= 128) stage it after the rest: two
+  // buffers of a key block's bias tile (kBlockQ rows x kBlockK keys, 16-bit, kBlockK / 64 TMA boxes;
+  // sdpa_score_mod.cuh SdpaBiasFrag::add_tma), loaded by the producer, and their barriers
+  // bias_full[2], bias_empty[2] in the slack before them.
+  static constexpr int kBiasBars = kUsed;
+  static constexpr int kBiasStage = (kBiasBars + 4 * 8 + 1023) / 1024 * 1024;
+  static constexpr int kBiasBuffer = kBlockQ * kBlockK * 2;  // two: key blocks j and j + 1 in flight
   static constexpr int kBytesBias = kBiasStage + 2 * kBiasBuffer + 1024;
+  static_assert(kBiasBuffer == kBlockK / 64 * int(kern::SdpaBiasFrag::kTmaBox) &&
+                    kBiasBuffer >= kBlockK / 64 * int(kern::SdpaBiasFrag::kTmaBoxBcast),
+                "sm90 forward: the bias tile is kBlockK / 64 boxes of 128 rows (or of one row)");
   static_assert(kQSlab % 1024 == 0 && kKSlab % 1024 == 0 && kVSlab % 1024 == 0,
                 "sm90 forward: every slab on a 1024-byte boundary (swizzle base offset 0)");
 };
@@ -344,7 +349,7 @@ struct AnalyticSourceSm90 {
 template <class L, bool kBias>
 struct AnalyticModSourceSm90T : AnalyticSourceSm90<L> {
   static constexpr bool kMods = true;
-  static constexpr bool kStagedBias = kBias;  // the bias's copies two blocks ahead (consumer: stage_ahead)
+  static constexpr bool kStagedBias = kBias;  // the bias tiles staged by the producer (bias_tma, load_bias)
   using ScoreMod = kern::SdpaTileScoreMod<kBias>;
   // The head's ALiBi slope * log2 e (0: none). The rest of a block's modifiers is formed per block
   // from the parameters and the work item (the main loop of the (128, 128) kernel spilled when
@@ -356,10 +361,10 @@ struct AnalyticModSourceSm90T : AnalyticSourceSm90<L> {
     return AnalyticModSourceSm90T{{AnalyticSourceSm90<L>::item(p, it)},
                                   sp.alibi_n > 0 ? kern::alibi_slope_dev(it.head, sp.alibi_n) * kern::kLog2e : 0.0f};
   }
-  // The modifiers of key block kb on m16 tile mt (rows 16 mt .. of the block) of item it; stage:
-  // the bias stage (FwdSm90Layout::kBiasStage) when the bias is staged (SdpaBiasParams::chunks).
+  // The modifiers of key block kb on m16 tile mt (rows 16 mt .. of the block) of item it; tile: the
+  // block's bias tile in the stage (FwdSm90Layout::kBiasStage) when the producer stages it (bias_tma).
   __device__ __forceinline__ ScoreMod score_mod(const FwdParams& p, const WorkItem& it, int kb, int mt, int lane,
-                                                uint32_t stage) const {
+                                                uint32_t tile) const {
     const AnalyticMaskParams& a = kern::analytic_of(p);
     const float c2 = a.score.softcap2;
     const int64_t r0 = int64_t(it.block) * L::kBlockQ + 16 * mt, c0 = int64_t(kb) * L::kBlockK;
@@ -369,24 +374,28 @@ struct AnalyticModSourceSm90T : AnalyticSourceSm90<L> {
                     kern::diag_base(c0, this->block.lo0 - a.band.d_min() + 16 * mt), lane,
                     kBias ? kern::SdpaBiasFrag::make(a.bias, it.batch, it.head, r0, c0, lane)
                           : kern::SdpaBiasFrag{nullptr, 0, 0, 0},
-                    kBias && a.bias.chunks != 0 ? stage_region(stage, mt) : 0u};
+                    kBias && a.bias.chunks != 0 ? tile + (a.bias.row_stride == 0 ? 0u : uint32_t(16 * mt) * 128u) : 0u};
   }
-  // The staged bias of key block kb on m16 tile mt (SdpaBiasFrag::stage), issued before the
-  // block's S GEMM; nothing without a bias or when it is not staged.
-  __device__ __forceinline__ void prefetch(const FwdParams& p, const WorkItem& it, int kb, int mt, int lane,
-                                           uint32_t stage) const {
-    if constexpr (kBias) {
-      const AnalyticMaskParams& a = kern::analytic_of(p);
-      if (a.bias.chunks == 0) return;  // (no bias: chunks 0)
-      const int64_t r0 = int64_t(it.block) * L::kBlockQ + 16 * mt, c0 = int64_t(kb) * L::kBlockK;
-      kern::SdpaBiasFrag::make(a.bias, it.batch, it.head, r0, c0, 0)
-          .template stage<L::kBlockK / 8>(stage_region(stage, mt), this->block.rows - 16 * mt,
-                                          int(this->block.len_kv - c0), lane);
+  // Whether the producer stages the bias tiles by TMA (a 16-bit bias of whole aligned rows,
+  // SdpaBiasParams::chunks; the others are read element by element, SdpaBiasFrag::add).
+  __device__ __forceinline__ static bool bias_tma(const FwdParams& p) {
+    return kBias && kern::analytic_of(p).bias.chunks != 0;
+  }
+  // The producer's copy of key block kb's bias tile into `tile` (bias_tma only): kBlockK / 64 boxes
+  // of 64 keys x the block's kBlockQ rows (one row, row 0, when the bias is broadcast over rows;
+  // launch_fwd_sm90.cu's map has extent 1 along every broadcast dimension), completing on `full`.
+  __device__ __forceinline__ static void load_bias(const FwdParams& p, const CUtensorMap* tm, const WorkItem& it,
+                                                   int kb, uint32_t tile, uint32_t full) {
+    const SdpaBiasParams& bp = kern::analytic_of(p).bias;
+    const bool bc = bp.row_stride == 0;
+    const int row = bc ? 0 : it.block * L::kBlockQ, h = bp.head_stride == 0 ? 0 : it.head,
+              b = bp.batch_stride == 0 ? 0 : it.batch;
+    const uint32_t box = bc ? kern::SdpaBiasFrag::kTmaBoxBcast : kern::SdpaBiasFrag::kTmaBox;
+    mbar_arrive_expect_tx(full, uint32_t(L::kBlockK / 64) * (bc ? 128u : uint32_t(L::kBlockQ) * 128u));
+#pragma unroll
+    for (int x = 0; x < L::kBlockK / 64; ++x) {
+      tma_load_4d(tile + uint32_t(x) * box, tm, kb * L::kBlockK + 64 * x, row, h, b, full);
     }
-  }
-  // The region of m16 tile mt (its warp) in the bias stage.
-  __device__ __forceinline__ static uint32_t stage_region(uint32_t stage, int mt) {
-    return stage + uint32_t(mt) * kern::SdpaBiasFrag::kStageWarpBytes;
   }
   // The statistics of the thread's rows of m16 tile mt seeded with the head's sink (rows past the
   // sample keep m = -inf, l = 0: O = 0, LSE = -inf).
@@ -459,7 +468,8 @@ __device__ __forceinline__ void zero_v_rows_past(uint32_t v_tile, int keys, int 
 
 template <class L, class Src>
 __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
-                                         const CUtensorMap* tm_v, uint32_t base, int32_t* s_item) {
+                                         const CUtensorMap* tm_v, const CUtensorMap* tm_bias, uint32_t base,
+                                         int32_t* s_item) {
   constexpr int kBlockQ = L::kBlockQ, kBlockK = L::kBlockK;
   const uint32_t bars = base + L::kBar;
   const uint32_t q_full = bars, q_empty = bars + 8;
@@ -469,6 +479,15 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
   prefetch_tensormap(tm_q);
   prefetch_tensormap(tm_k);
   prefetch_tensormap(tm_v);
+  // The bias tiles (Src::bias_tma: SDPA with a 16-bit bias), one a key block into buffer kv_it % 2,
+  // issued after the block's K (once the logits of block kv_it - 2 have read the buffer), so that a
+  // tile lands while the consumers still wait for the S GEMM it is added to.
+  [[maybe_unused]] bool bias_on = false;
+  if constexpr (Src::kStagedBias) {
+    bias_on = Src::bias_tma(p);
+    if (bias_on) prefetch_tensormap(tm_bias);
+  }
+  [[maybe_unused]] const uint32_t bias_full = base + L::kBiasBars, bias_empty = bias_full + 16;
   const auto sched = Src::scheduler(p);
   const int pack = p.pack, pack_shift = __ffs(pack) - 1;  // G, log2 G (a power of two)
   uint32_t kv_it = 0;
@@ -520,6 +539,13 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
       for (int s = 0; s < L::kQKSlabs; ++s) {
         tma_load_4d(base + L::kK + st * L::kKBytes + s * L::kKSlab, tm_k, L::kSlabCols * s, row, hkv, kv.tma_batch(),
                     k_full + 8 * st);
+      }
+      if constexpr (Src::kStagedBias) {
+        if (bias_on) {
+          const uint32_t bst = kv_it & 1;
+          mbar_wait(bias_empty + 8 * bst, ((kv_it >> 1) & 1) ^ 1);
+          Src::load_bias(p, tm_bias, it, kb, base + L::kBiasStage + bst * L::kBiasBuffer, bias_full + 8 * bst);
+        }
       }
       mbar_wait(v_empty + 8 * st, ph ^ 1);
       mbar_arrive_expect_tx(v_full + 8 * st, L::kVBytes);
@@ -600,8 +626,11 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
   const int t = threadIdx.x & 127, warp = t >> 5, lane = t & 31;
   const int mt = 4 * c + warp;  // 16-row payload sub-tile of this warp
   const uint32_t q_tile = base + L::kQ + c * 64 * L::kRowBytes;
-  // The staged bias's slots (SDPA with a bias: AnalyticModSourceSm90 prefetch / score_mod).
-  const uint32_t bias_stage = base + L::kBiasStage;
+  // The staged bias's buffers and barriers (SDPA with a 16-bit bias: AnalyticModSourceSm90 bias_tma).
+  [[maybe_unused]] const uint32_t bias_stage = base + L::kBiasStage;
+  [[maybe_unused]] const uint32_t bias_full = base + L::kBiasBars, bias_empty = bias_full + 16;
+  [[maybe_unused]] bool bias_on = false;
+  if constexpr (Src::kStagedBias) bias_on = Src::bias_tma(p);
   // Roles (kernels/common): the variant's scores -> logits step with the plan's payload as the
   // mask, the online softmax, the forward epilogue.
   using Mask = typename Src::Mask;
@@ -653,38 +682,23 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     std::conditional_t<kLazy, kern::LazyOnlineSoftmax, kern::OnlineSoftmax> sm;
     sm.init();
     if constexpr (Src::kMods) src.init_stats(sm, p, it.head, mt, lane);
-    // The staged bias (Src::kStagedBias: AnalyticModSourceSm90 prefetch) two key blocks ahead: `ahead`
-    // walks the item's blocks ahead of cur; block j's copies (one cp.async group each, empty past
-    // the walk's end) land in buffer j % 2, issued once block j - 2's logits have read it, and
-    // waited for with block j + 1's group still in flight (SdpaBiasFrag::add_staged). One block
-    // ahead, the copies' latency outlasted the S GEMM they were issued before (PERF_LOG v2.27).
-    [[maybe_unused]] auto ahead = cur;
-    [[maybe_unused]] uint32_t bias_j = 0;      // the item's block whose logits come next
-    [[maybe_unused]] uint32_t bias_ahead = 0;  // the item's block whose copies come next
-    auto bias_buffer = [&]() -> uint32_t {
-      if constexpr (Src::kStagedBias) return bias_stage + (bias_j & 1) * L::kBiasBuffer;
+    // The bias tile of block kv_it (Src::bias_tma: the producer stages it into buffer kv_it % 2): waited
+    // for right before the block's logits, released right after them.
+    auto bias_tile = [&]() -> uint32_t {
+      if constexpr (Src::kStagedBias) {
+        if (bias_on) {
+          const uint32_t bst = kv_it & 1;
+          mbar_wait(bias_full + 8 * bst, (kv_it >> 1) & 1);
+          return bias_stage + bst * L::kBiasBuffer;
+        }
+      }
       return 0u;
     };
-    auto stage_ahead = [&]() {
+    auto release_bias = [&]() {
       if constexpr (Src::kStagedBias) {
-        int kb_a = 0, entry_a = 0;
-        bool partial_a = false;
-        if (ahead.next(kb_a, partial_a, entry_a)) {
-          src.prefetch(p, it, kb_a, mt, lane, bias_stage + (bias_ahead & 1) * L::kBiasBuffer);
-        }
-        kern::cp_async_commit();
-        ++bias_ahead;
+        if (bias_on) mbar_arrive(bias_empty + 8 * (kv_it & 1));
       }
     };
-    // After block j's logits: block j + 2's copies into its buffer, and block j + 1's buffer next.
-    auto next_block_bias = [&]() {
-      if constexpr (Src::kStagedBias) {
-        stage_ahead();
-        ++bias_j;
-      }
-    };
-    stage_ahead();
-    stage_ahead();
 
     mbar_wait(q_full, item_it & 1);
     // Q is released to the producer as soon as the item's last S GEMM has completed, so that the
@@ -718,8 +732,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         release_q(cur.done());
         reg_fence(s);
         float corr[2];
-        const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_buffer()));
-        next_block_bias();
+        const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_tile()));
+        release_bias();
         sm.template update<kChains>(s, corr, exp_scale, shift);
         kern::OnlineSoftmax::rescale(o, corr);
         if constexpr (Src::kDropout) src.dropout(p, it, kb, mt, lane, s);
@@ -764,8 +778,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
-          const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_buffer()));
-          next_block_bias();
+          const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_tile()));
+          release_bias();
           if constexpr (kLazy) {
             sm.update(s, corr, exp_scale);  // o = 0: no rescale
           } else {
@@ -794,8 +808,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
-          const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_buffer()));
-          next_block_bias();
+          const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_tile()));
+          release_bias();
           bool moved = true;
           if constexpr (kLazy) {
             moved = sm.update(s, corr, exp_scale);
@@ -859,7 +873,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 template <int kDqk, int kDv, class E, bool kMaxLogit, bool kOverlap, template <class> class Src>
 __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
-                                              const CUtensorMap* tm_v) {
+                                              const CUtensorMap* tm_v, const CUtensorMap* tm_bias = nullptr) {
   using L = FwdSm90Layout<kDqk, kDv, E::kBits / 8>;
   extern __shared__ __align__(1024) uint8_t smem_raw[];
   const uint32_t raw = kern::smem_u32(smem_raw);
@@ -879,12 +893,18 @@ __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const CUtensor
       mbar_init(bars + 16 + 8 * (4 * kStages + i), 1);                     // item_full
       mbar_init(bars + 16 + 8 * (4 * kStages + 2 + i), kConsumerThreads);  // item_empty
     }
+    if constexpr (Src<L>::kStagedBias) {
+      for (int i = 0; i < 2; ++i) {
+        mbar_init(base + L::kBiasBars + 8 * i, 1);                      // bias_full: producer arrive + tx
+        mbar_init(base + L::kBiasBars + 16 + 8 * i, kConsumerThreads);  // bias_empty
+      }
+    }
     fence_barrier_init();
   }
   __syncthreads();
   if (threadIdx.x < 128) {
     setmaxnreg_dec<24>();
-    if (threadIdx.x == 0) producer<L, Src<L>>(p, tm_q, tm_k, tm_v, base, s_item);
+    if (threadIdx.x == 0) producer<L, Src<L>>(p, tm_q, tm_k, tm_v, tm_bias, base, s_item);
     // Exit here rather than fall through to the kernel's end: when the 24-register warpgroup's
     // path merges with the consumers' (the shared exit), ptxas (nvcc 13.0) caps the consumers'
     // registers near 204 instead of their 240 (the D = 128 overlapped loop then spilled 240 B and
@@ -917,13 +937,15 @@ __global__ void __launch_bounds__(kThreads, 1)
 // run-time flags of one more instantiation per dtype), so that the pure-mask instantiation keeps
 // its code (the modifiers' registers and instructions stay out of its main loop); AnalyticDropSourceSm90,
 // the calls with dropout (experimental; with every modifier's flag besides), so that the modifiers'
-// instantiation keeps its code in turn.
+// instantiation keeps its code in turn. tm_bias: the map of a 16-bit bias the producer stages
+// (make_tensor_map_bias_sm90; read only when SdpaBiasParams::chunks is set, else any bytes).
 template <int kDqk, int kDv, class E, bool kOverlap, template <class> class Src>
 __global__ void __launch_bounds__(kThreads, 1)
     sdpa_fwd_kernel_sm90(const __grid_constant__ SdpaFwdParams p, const __grid_constant__ CUtensorMap tm_q,
-                         const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v) {
+                         const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+                         const __grid_constant__ CUtensorMap tm_bias) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  fwd_sm90_body<kDqk, kDv, E, true, kOverlap, Src>(p, &tm_q, &tm_k, &tm_v);
+  fwd_sm90_body<kDqk, kDv, E, true, kOverlap, Src>(p, &tm_q, &tm_k, &tm_v, &tm_bias);
 #else
   __trap();
 #endif

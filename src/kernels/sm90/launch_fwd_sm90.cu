@@ -125,7 +125,7 @@ void launch_fwd_sm90(const FwdParams& p, const TensorView& q, const TensorView& 
 }
 
 void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const TensorView& k, const TensorView& v,
-                          DType dtype, cudaStream_t stream) {
+                          const TensorView* bias, DType dtype, cudaStream_t stream) {
   SdpaFwdParams p = p_in;
   const TileSm90 t = tile_sm90(p.head_dqk, p.head_dv);
   FS_CHECK(sdpa_fwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.pack == 1 && p.split_schedule == 0,
@@ -150,6 +150,16 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   const CUtensorMap mq = make_tensor_map_sm90(bshd_of_bhsd(q), false, dtype, t.fwd_bq, "q");
   const CUtensorMap mk = make_tensor_map_sm90(bshd_of_bhsd(k), false, dtype, t.fwd_bk, "k");
   const CUtensorMap mv = make_tensor_map_sm90(bshd_of_bhsd(v), false, dtype, t.fwd_bk, "v");
+  // A 16-bit bias of whole aligned rows is staged by the producer (kernel_fwd_sm90.cuh load_bias): its
+  // map, boxes of the block's 128 rows or, broadcast over rows, of row 0; where the driver refuses the
+  // map (a layout TMA cannot describe) the kernel reads it element by element.
+  CUtensorMap mbias{};
+  if (p.analytic.bias.chunks != 0) {
+    FS_CHECK(bias != nullptr, Status::kInternal, "sdpa forward (sm90): a staged bias without its descriptor");
+    if (!make_tensor_map_bias_sm90(*bias, p.analytic.bias.row_stride == 0 ? 1 : t.fwd_bq, &mbias)) {
+      p.analytic.bias.chunks = 0;
+    }
+  }
   // The instantiation with the score modifiers, sinks and epilogue options when the call has any
   // (sdpa_family.cpp lets them through unless FLASHSPAN_SM90_SDPA_MODS=0, head dims up to 128), the one
   // with dropout besides when it has dropout (sdpa_family.cpp: only with FLASHSPAN_EXPERIMENTAL=1), else
@@ -164,17 +174,17 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   if (drop) g_sdpa_fwd_drop_launches.fetch_add(1, std::memory_order_relaxed);
   switch (t.dqk_tile) {
     case 64:
-      drop   ? run_sdpa_fwd_sm90<64, 64, true, true>(p, dtype, mq, mk, mv, stream)
-      : mods ? run_sdpa_fwd_sm90<64, 64, true>(p, dtype, mq, mk, mv, stream)
-             : run_sdpa_fwd_sm90<64, 64, false>(p, dtype, mq, mk, mv, stream);
+      drop   ? run_sdpa_fwd_sm90<64, 64, true, true>(p, dtype, mq, mk, mv, mbias, stream)
+      : mods ? run_sdpa_fwd_sm90<64, 64, true>(p, dtype, mq, mk, mv, mbias, stream)
+             : run_sdpa_fwd_sm90<64, 64, false>(p, dtype, mq, mk, mv, mbias, stream);
       break;
     case 128:
-      drop   ? run_sdpa_fwd_sm90<128, 128, true, true>(p, dtype, mq, mk, mv, stream)
-      : mods ? run_sdpa_fwd_sm90<128, 128, true>(p, dtype, mq, mk, mv, stream)
-             : run_sdpa_fwd_sm90<128, 128, false>(p, dtype, mq, mk, mv, stream);
+      drop   ? run_sdpa_fwd_sm90<128, 128, true, true>(p, dtype, mq, mk, mv, mbias, stream)
+      : mods ? run_sdpa_fwd_sm90<128, 128, true>(p, dtype, mq, mk, mv, mbias, stream)
+             : run_sdpa_fwd_sm90<128, 128, false>(p, dtype, mq, mk, mv, mbias, stream);
       break;
-    case 192: run_sdpa_fwd_sm90<192, 128, false>(p, dtype, mq, mk, mv, stream); break;
-    default: run_sdpa_fwd_sm90<256, 256, false>(p, dtype, mq, mk, mv, stream); break;
+    case 192: run_sdpa_fwd_sm90<192, 128, false>(p, dtype, mq, mk, mv, mbias, stream); break;
+    default: run_sdpa_fwd_sm90<256, 256, false>(p, dtype, mq, mk, mv, mbias, stream); break;
   }
 }
 

@@ -86,4 +86,23 @@ CUtensorMap make_tensor_map_fp8_sm90(const TensorView& t, int box_cols, int box_
                     box_cols == 128 ? CU_TENSOR_MAP_SWIZZLE_128B : CU_TENSOR_MAP_SWIZZLE_64B, box_rows, name, 1);
 }
 
+bool make_tensor_map_bias_sm90(const TensorView& bias, int box_rows, CUtensorMap* m) {
+  // Extent 1 (stride 16: any valid one) along a broadcast dimension, else the bias's own.
+  auto extent = [&](int d) -> uint64_t {
+    return bias.size(d) <= 1 || bias.stride(d) == 0 ? 1u : uint64_t(bias.size(d));
+  };
+  auto stride = [&](int d) -> uint64_t { return extent(d) == 1 ? 16u : uint64_t(bias.stride(d)) * 2u; };
+  const uint64_t dims[4] = {uint64_t(bias.size(3)), extent(2), extent(1), extent(0)};
+  const uint64_t strides[3] = {stride(2), stride(1), stride(0)};
+  const uint32_t box[4] = {64, uint32_t(box_rows), 1, 1};
+  const uint32_t estr[4] = {1, 1, 1, 1};
+  CUtensorMap map;
+  const CUresult r = encode_fn()(&map, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, bias.data, dims, strides, box, estr,
+                                 CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                                 CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS) return false;
+  *m = map;
+  return true;
+}
+
 }  // namespace flashspan::sm90

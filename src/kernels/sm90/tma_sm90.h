@@ -27,6 +27,15 @@ CUtensorMap make_tensor_map_sm90(const TensorView& t, bool varlen, DType dtype, 
 // K, and V^T (the pre-pass's workspace as a BSHD-shaped view [B, D_v, H_k, keys]).
 CUtensorMap make_tensor_map_fp8_sm90(const TensorView& t, int box_cols, int box_rows, const char* name);
 
+// The map of SDPA's 16-bit additive bias [B|1, H|1, S_q|1, S_kv] (last dimension contiguous, the base
+// and the other strides multiples of 16 bytes: params.h SdpaBiasParams::chunks) for the sm90 forward's
+// staged tiles (kernel_fwd_sm90.cuh load_bias): a 4-D map {S_kv, S_q, H, B} of extent 1 along every
+// dimension the bias broadcasts (size 1, or stride 0: an expanded tensor; the kernel's coordinate
+// there is 0), box {64, box_rows, 1, 1} (the forward's 128 query rows, or 1 for a bias broadcast over
+// rows), 128B swizzle, zero fill out of bounds. Returns false, *m untouched, when the driver refuses
+// the map; the forward then reads that bias element by element.
+bool make_tensor_map_bias_sm90(const TensorView& bias, int box_rows, CUtensorMap* m);
+
 // The BSHD view [B, S, H, D] of an SDPA [B, H, S, D] descriptor (make_tensor_map_sm90's form):
 // the SDPA launchers' tensor maps (launch_sdpa_fwd_sm90, launch_sdpa_bwd_sm90).
 inline TensorView bshd_of_bhsd(const TensorView& t) {
