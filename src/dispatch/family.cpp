@@ -10,6 +10,7 @@
 #include "core/validation.h"
 #include "kernels/sm90/tile_sm90.h"
 #ifdef FLASHSPAN_WITH_CUDA
+#include "kernels/common/launch_bwd_common.h"  // bwd_preprocess_paired
 #include "kernels/sm90/launch_sm90.h"  // sm90::bwd_wide64_enabled
 #endif
 
@@ -256,4 +257,18 @@ bool bwd_wide192_enabled() {
 }
 
 }  // namespace flashspan::sm90
+
+// The backward preprocess's paired form (declared in kernels/common/launch_bwd_common.h): experimental.
+namespace flashspan {
+namespace {
+std::atomic<int> g_pre_paired_override{-1};
+}  // namespace
+void set_bwd_preprocess_paired(int on) {
+  g_pre_paired_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed);
+}
+bool bwd_preprocess_paired() {
+  const int v = g_pre_paired_override.load(std::memory_order_relaxed);
+  return v >= 0 ? v == 1 : experimental_from_env();
+}
+}  // namespace flashspan
 #endif  // FLASHSPAN_WITH_CUDA

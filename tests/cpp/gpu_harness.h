@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/common/launch_bwd_common.h"  // set_bwd_preprocess_paired
 #include "kernels/sm90/launch_sm90.h"  // sm90::device_supported
 #include "plan/mask_plan.h"
 #include "test_util.h"
@@ -41,6 +42,15 @@ inline bool sm90_device() {
     REQUIRE_GPU();                                                                              \
     if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with this build's sm_90a code";    \
   } while (0)
+
+// The backward preprocess's paired form (bwd_prepost.cuh bwd_preprocess_rows_paired; experimental,
+// launch_bwd_common.h bwd_preprocess_paired) forced on for a scope, the environment's answer after it.
+struct ForcePairedPreprocess {
+  ForcePairedPreprocess() { set_bwd_preprocess_paired(1); }
+  ~ForcePairedPreprocess() { set_bwd_preprocess_paired(-1); }
+  ForcePairedPreprocess(const ForcePairedPreprocess&) = delete;
+  ForcePairedPreprocess& operator=(const ForcePairedPreprocess&) = delete;
+};
 
 inline void cuda_ok(cudaError_t e, const char* what) {
   if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));

@@ -559,21 +559,24 @@ TEST(FlexGpu, RandomCases) {
 }
 
 // Head dims the brief names explicitly, each with both dtypes, on a GQA THD problem.
+// HeadDims' problem: THD samples of 150 / 0 / 70 queries and 129 / 40 / 0 keys, GQA.
+Case head_dims_case(int dqk, int dv, DType t, uint64_t seed) {
+  Case c;
+  c.varlen = true;
+  c.lq = {150, 0, 70};
+  c.lk = {129, 40, 0};
+  c.batch = 3;
+  c.h = HeadConfig{4, 2, 4, 3, dqk, dv, t};
+  c.seed = seed;
+  return c;
+}
+
 TEST(FlexGpu, HeadDims) {
   REQUIRE_GPU();
   const int dims[][2] = {{8, 8}, {40, 40}, {64, 64}, {96, 96}, {128, 128}, {192, 128}, {256, 256}};
   uint64_t seed = 1000;
   for (const auto& d : dims) {
-    for (DType t : {DType::kBFloat16, DType::kFloat16}) {
-      Case c;
-      c.varlen = true;
-      c.lq = {150, 0, 70};
-      c.lk = {129, 40, 0};
-      c.batch = 3;
-      c.h = HeadConfig{4, 2, 4, 3, d[0], d[1], t};
-      c.seed = ++seed;
-      run_case(c);
-    }
+    for (DType t : {DType::kBFloat16, DType::kFloat16}) run_case(head_dims_case(d[0], d[1], t, ++seed));
   }
 }
 
@@ -651,6 +654,23 @@ TEST(FlexGpu, SpecialMasks) {
     c.h = HeadConfig{3, 1, 3, 3, 128, 128, DType::kBFloat16};
     c.negative_logits = true;
     c.seed = 3003;
+    run_case(c);
+  }
+}
+
+// The paired preprocess (written without a GPU, PERF_LOG v2.33) on both families' backward: RandomCases'
+// first 32 cases (random masks, GQA, THD with empty samples, dlse, both dtypes) and the head dims of
+// HeadDims (8 .. 256: one to 32 lanes a row), every output against the CPU reference.
+TEST(FlexGpu, PairedPreprocessExperimental) {
+  REQUIRE_GPU();
+  const ForcePairedPreprocess paired;
+  for (uint64_t s = 1; s <= 32; ++s) run_case(random_case(s));
+  const int dims[][2] = {{8, 8}, {40, 40}, {64, 64}, {128, 128}, {192, 128}, {256, 256}};
+  uint64_t seed = 1700;
+  for (const auto& d : dims) {
+    Case c = head_dims_case(d[0], d[1], seed % 2 == 0 ? DType::kBFloat16 : DType::kFloat16, seed + 1);
+    c.dlse = true;
+    ++seed;
     run_case(c);
   }
 }

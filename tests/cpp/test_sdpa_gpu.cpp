@@ -1127,6 +1127,23 @@ TEST(SdpaGpu, Sm90BackwardFallsBackToSm80) {
   }
 }
 
+// The backward preprocess's paired form (bwd_prepost.cuh bwd_preprocess_rows_paired; experimental,
+// written without a GPU, PERF_LOG v2.33) forced on: the small backward cases (NaN-padded samples, one
+// without keys, the gate with dgate, sinks, base-2 statistics, MQA) on the sm90 and the sm80 SDPA
+// backward, every gradient against the CPU reference. Small enough for memcheck (gpu_check.sh).
+TEST(SdpaGpu, PairedPreprocessExperimental) {
+  REQUIRE_GPU();
+  const ForcePairedPreprocess paired;
+  for (int sm90 : {1, 0}) {
+    if (sm90 && !sm90_device()) continue;
+    const ForceSdpaBwdSm90 force_bwd(sm90);
+    for (int i = 0; i < 5; ++i) {
+      run_case(sm90_bwd_small_case(i), /*backward=*/true);
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
 TEST(SdpaGpu, Sm90BackwardSanitizerSmall) {
   REQUIRE_SM90();
   const ForceSdpaSm90 force_fwd(1);

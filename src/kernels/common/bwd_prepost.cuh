@@ -32,7 +32,83 @@ __device__ __forceinline__ QueryRow query_row(const BwdParams& p, int64_t t) {
 }
 
 // ---------------------------------------------------------------------------------------
-// 1. Preprocess: L lanes per (query row, head) unit w = h * total_q + t, L = head_dv / 8 rounded up
+// 1a. Preprocess: the per-row parts of SDPA (kAnalytic) rows, shared by both loops below; lane sl of the row's
+// L lanes, columns sl * 8, sl * 8 + 8 L, ... (8 elements a 16-byte access).
+// Lanes a (query row, head) unit takes: head_dv / 8 (8 elements a 16-byte access) rounded up to a power of
+// two, at most 32 (host and device: the launchers size the grid with it, bwd_preprocess_grid).
+__host__ __device__ __forceinline__ int preprocess_lanes(int head_dv) {
+  int L = 1;
+  while (L < (head_dv + 7) / 8 && L < 32) L <<= 1;
+  return L;
+}
+// O and dO of row r of query head h (the plain case: neither past its sample nor gated); SDPA's
+// tensors start at their samples' own offsets (batch_stride 0).
+template <class E, bool kAnalytic>
+__device__ __forceinline__ void preprocess_row_ptrs(const BwdParams& p, const QueryRow& r, int64_t h,
+                                                    const typename E::Storage*& o, const typename E::Storage*& d) {
+  using Elem = typename E::Storage;
+  o = static_cast<const Elem*>(p.o) + r.b * p.oa.batch_stride + r.row * p.oa.row_stride + h * p.oa.head_stride;
+  d = static_cast<const Elem*>(p.dout) + r.b * p.doa.batch_stride + r.row * p.doa.row_stride + h * p.doa.head_stride;
+  if constexpr (kAnalytic) {
+    o += sample_start(analytic_of(p).start[kSdpaO], int(r.b));
+    d += sample_start(analytic_of(p).start[kSdpaDO], int(r.b));
+  }
+}
+// A padded dgate's row past sample b (a ragged one has no such rows): zeros.
+template <class E>
+__device__ __forceinline__ void preprocess_clear_dgate_row(const AnalyticMaskParams& a, int head_dv, int b, int64_t h,
+                                                           int64_t row, int sl, int L) {
+  using Elem = typename E::Storage;
+  if (a.epi.dgate != nullptr && a.start[kSdpaDGate].ragged.ptr == nullptr) {
+    Elem* dg = static_cast<Elem*>(a.epi.dgate) + sample_start(a.start[kSdpaDGate], b) + h * a.epi.dga.head_stride +
+               row * a.epi.dga.row_stride;
+    for (int c = sl * 8; c < head_dv; c += 8 * L) *reinterpret_cast<uint4*>(dg + c) = make_uint4(0, 0, 0, 0);
+  }
+}
+// Output gate (SdpaEpilogueParams) on row (b, row) of query head h (unit w): O is the gated output, so
+// D = dO . O as without it (the lane's share added to acc); dgate = dO * O * (1 - sigmoid(G)), and the
+// kernels after this one take dO * sigmoid(G) (a.epi.do_gated, [H_q, total_q, D_v]).
+template <class E>
+__device__ __forceinline__ void preprocess_gated_row(const BwdParams& p, const AnalyticMaskParams& a, int b,
+                                                     int64_t h, int64_t row, int64_t w, int sl, int L, float& acc) {
+  using Elem = typename E::Storage;
+  const SampleStart* st = a.start;
+  const Elem* o = static_cast<const Elem*>(p.o) + sample_start(st[kSdpaO], b) + row * p.oa.row_stride +
+                  h * p.oa.head_stride;
+  const Elem* d = static_cast<const Elem*>(p.dout) + sample_start(st[kSdpaDO], b) + row * p.doa.row_stride +
+                  h * p.doa.head_stride;
+  const Elem* g = static_cast<const Elem*>(a.epi.gate) + sample_start(st[kSdpaGate], b) + row * a.epi.ga.row_stride +
+                  h * a.epi.ga.head_stride;
+  Elem* dg = a.epi.dgate == nullptr ? nullptr
+                                    : static_cast<Elem*>(a.epi.dgate) + sample_start(st[kSdpaDGate], b) +
+                                          row * a.epi.dga.row_stride + h * a.epi.dga.head_stride;
+  Elem* dgo = static_cast<Elem*>(a.epi.do_gated) + w * p.head_dv;  // [H_q, total_q, D_v]
+  for (int c = sl * 8; c < p.head_dv; c += 8 * L) {
+    const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
+    const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
+    const uint4 gv = *reinterpret_cast<const uint4*>(g + c);
+    const Elem* oe = reinterpret_cast<const Elem*>(&ov);
+    const Elem* de = reinterpret_cast<const Elem*>(&dv);
+    const Elem* ge = reinterpret_cast<const Elem*>(&gv);
+    uint4 dgv, dov;
+    uint32_t* dgw = reinterpret_cast<uint32_t*>(&dgv);
+    uint32_t* dow = reinterpret_cast<uint32_t*>(&dov);
+#pragma unroll
+    for (int e = 0; e < 8; e += 2) {
+      const float o0 = to_float<E>(oe[e]), o1 = to_float<E>(oe[e + 1]);
+      const float d0 = to_float<E>(de[e]), d1 = to_float<E>(de[e + 1]);
+      const float s0 = sigmoid_fast(to_float<E>(ge[e])), s1 = sigmoid_fast(to_float<E>(ge[e + 1]));
+      acc += o0 * d0 + o1 * d1;
+      dgw[e / 2] = pack2<E>(d0 * o0 * (1.0f - s0), d1 * o1 * (1.0f - s1));
+      dow[e / 2] = pack2<E>(d0 * s0, d1 * s1);
+    }
+    if (dg != nullptr) *reinterpret_cast<uint4*>(dg + c) = dgv;
+    *reinterpret_cast<uint4*>(dgo + c) = dov;
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// 1b. Preprocess: L lanes per (query row, head) unit w = h * total_q + t, L = head_dv / 8 rounded up
 // to a power of two (at most 32: a lane reads 8 elements a load), so a warp takes 32 / L consecutive
 // units at once (two at D = 128, four at 64; one row a warp left half the lanes idle at D = 128 and
 // ran the kernel at ~1.4 TB/s, PERF_LOG v2.32); grid-stride over the Hq * total_q units
@@ -43,9 +119,7 @@ template <class E, bool kAnalytic>
 __device__ __forceinline__ void bwd_preprocess_rows(const BwdParams& p) {
   using Elem = typename E::Storage;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int need = (p.head_dv + 7) / 8;
-  int L = 1;
-  while (L < need && L < 32) L <<= 1;
+  const int L = preprocess_lanes(p.head_dv);
   const int rows_per_warp = 32 / L, sl = lane & (L - 1);
   const int64_t units = int64_t(p.num_heads_q) * p.total_q;
   const int64_t warps = int64_t(gridDim.x) * 8;
@@ -66,62 +140,17 @@ __device__ __forceinline__ void bwd_preprocess_rows(const BwdParams& p) {
         lse_off = sample_start(a.start[kSdpaStats], b) + h * p.lsea.head_stride + r.row * p.lsea.row_stride;
         if (r.row >= sample_length(a.seq_len_q, a.cu_seq_len_q, a.max_q, b)) {
           empty = true;
-          // A padded dgate's rows past the sample are 0 (a ragged one has no such rows).
-          if (a.epi.dgate != nullptr && a.start[kSdpaDGate].ragged.ptr == nullptr) {
-            Elem* dg = static_cast<Elem*>(a.epi.dgate) + sample_start(a.start[kSdpaDGate], b) +
-                       h * a.epi.dga.head_stride + r.row * a.epi.dga.row_stride;
-            for (int c = sl * 8; c < p.head_dv; c += 8 * L) *reinterpret_cast<uint4*>(dg + c) = make_uint4(0, 0, 0, 0);
-          }
+          preprocess_clear_dgate_row<E>(a, p.head_dv, b, h, r.row, sl, L);
         } else if (a.epi.gate != nullptr) {
-          // Output gate (SdpaEpilogueParams): O is the gated output, so D = dO . O as without it;
-          // dgate = dO * O * (1 - sigmoid(G)), and the kernels after this one take dO * sigmoid(G).
           gated = true;
-          const SampleStart* st = a.start;
-          const Elem* o = static_cast<const Elem*>(p.o) + sample_start(st[kSdpaO], b) + r.row * p.oa.row_stride +
-                          h * p.oa.head_stride;
-          const Elem* d = static_cast<const Elem*>(p.dout) + sample_start(st[kSdpaDO], b) +
-                          r.row * p.doa.row_stride + h * p.doa.head_stride;
-          const Elem* g = static_cast<const Elem*>(a.epi.gate) + sample_start(st[kSdpaGate], b) +
-                          r.row * a.epi.ga.row_stride + h * a.epi.ga.head_stride;
-          Elem* dg = a.epi.dgate == nullptr ? nullptr
-                                            : static_cast<Elem*>(a.epi.dgate) + sample_start(st[kSdpaDGate], b) +
-                                                  r.row * a.epi.dga.row_stride + h * a.epi.dga.head_stride;
-          Elem* dgo = static_cast<Elem*>(a.epi.do_gated) + w * p.head_dv;  // [H_q, total_q, D_v]
-          for (int c = sl * 8; c < p.head_dv; c += 8 * L) {
-            const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
-            const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
-            const uint4 gv = *reinterpret_cast<const uint4*>(g + c);
-            const Elem* oe = reinterpret_cast<const Elem*>(&ov);
-            const Elem* de = reinterpret_cast<const Elem*>(&dv);
-            const Elem* ge = reinterpret_cast<const Elem*>(&gv);
-            uint4 dgv, dov;
-            uint32_t* dgw = reinterpret_cast<uint32_t*>(&dgv);
-            uint32_t* dow = reinterpret_cast<uint32_t*>(&dov);
-#pragma unroll
-            for (int e = 0; e < 8; e += 2) {
-              const float o0 = to_float<E>(oe[e]), o1 = to_float<E>(oe[e + 1]);
-              const float d0 = to_float<E>(de[e]), d1 = to_float<E>(de[e + 1]);
-              const float s0 = sigmoid_fast(to_float<E>(ge[e])), s1 = sigmoid_fast(to_float<E>(ge[e + 1]));
-              acc += o0 * d0 + o1 * d1;
-              dgw[e / 2] = pack2<E>(d0 * o0 * (1.0f - s0), d1 * o1 * (1.0f - s1));
-              dow[e / 2] = pack2<E>(d0 * s0, d1 * s1);
-            }
-            if (dg != nullptr) *reinterpret_cast<uint4*>(dg + c) = dgv;
-            *reinterpret_cast<uint4*>(dgo + c) = dov;
-          }
+          preprocess_gated_row<E>(p, a, b, h, r.row, w, sl, L, acc);
         }
       } else {
         lse_off = r.b * p.lsea.batch_stride + h * p.lsea.head_stride + r.row * p.lsea.row_stride;
       }
       if (!empty && !gated) {
-        const Elem* o = static_cast<const Elem*>(p.o) + r.b * p.oa.batch_stride + r.row * p.oa.row_stride +
-                        h * p.oa.head_stride;
-        const Elem* d = static_cast<const Elem*>(p.dout) + r.b * p.doa.batch_stride + r.row * p.doa.row_stride +
-                        h * p.doa.head_stride;
-        if constexpr (kAnalytic) {  // tensors start at their samples' own offsets (batch_stride 0)
-          o += sample_start(analytic_of(p).start[kSdpaO], int(r.b));
-          d += sample_start(analytic_of(p).start[kSdpaDO], int(r.b));
-        }
+        const Elem *o, *d;
+        preprocess_row_ptrs<E, kAnalytic>(p, r, h, o, d);
         for (int c = sl * 8; c < p.head_dv; c += 8 * L) {
           const uint4 ov = *reinterpret_cast<const uint4*>(o + c);
           const uint4 dv = *reinterpret_cast<const uint4*>(d + c);
@@ -143,6 +172,102 @@ __device__ __forceinline__ void bwd_preprocess_rows(const BwdParams& p) {
         p.delta[w] = acc;  // workspace [Hq, total_q]: index h * total_q + t = w
         const float lse = p.lse[lse_off];
         p.lse2[w] = lse == -INFINITY ? INFINITY : lse * kLog2e;
+      }
+    }
+  }
+}
+
+// The preprocess with kPreUnits units a lane group per grid pass (experimental, FLASHSPAN_EXPERIMENTAL=1:
+// launch_bwd_common.h bwd_preprocess_paired; not yet run on a GPU): the units of a pass are a grid
+// stride apart, and every load of all of them (O, dO, LSE, dlse) is issued before any is reduced
+// (bwd_preprocess_rows reads a row's LSE / dlse after its reduction, and its warps' rows ran their
+// latencies in series: 1.2 TB/s at D = 128, PERF_LOG v2.32, v2.33). Same results, bit for bit; the grid
+// from bwd_preprocess_grid(.., paired).
+constexpr int kPreUnits = 2;
+
+template <class E, bool kAnalytic>
+__device__ __forceinline__ void bwd_preprocess_rows_paired(const BwdParams& p) {
+  using Elem = typename E::Storage;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int L = preprocess_lanes(p.head_dv), rows_per_warp = 32 / L, sl = lane & (L - 1);
+  const int64_t units = int64_t(p.num_heads_q) * p.total_q;
+  const int64_t stride = int64_t(gridDim.x) * 8 * rows_per_warp;  // units a grid pass's first units span
+  for (int64_t w0 = (int64_t(blockIdx.x) * 8 + warp) * rows_per_warp; w0 < units; w0 += kPreUnits * stride) {
+    float acc[kPreUnits], lse[kPreUnits], dlse[kPreUnits];
+    bool valid[kPreUnits], empty[kPreUnits];  // empty (kAnalytic): a row past its sample (D = 0, lse2 = +inf)
+    uint4 ov[kPreUnits], dv[kPreUnits];       // the lane's first 8 elements of the row's O and dO
+    const Elem* orow[kPreUnits];              // the rows of the plain case (neither empty nor gated), else null
+    const Elem* drow[kPreUnits];
+#pragma unroll
+    for (int u = 0; u < kPreUnits; ++u) {
+      const int64_t w = w0 + u * stride + lane / L;
+      valid[u] = w < units;
+      acc[u] = lse[u] = dlse[u] = 0.0f;
+      empty[u] = false;
+      orow[u] = drow[u] = nullptr;
+      ov[u] = dv[u] = make_uint4(0, 0, 0, 0);
+      if (!valid[u]) continue;
+      const int64_t h = w / p.total_q, t = w - h * p.total_q;
+      const QueryRow r = query_row(p, t);
+      bool gated = false;
+      int64_t lse_off = 0;
+      if constexpr (kAnalytic) {
+        const AnalyticMaskParams& a = analytic_of(p);
+        const int b = int(r.b);
+        lse_off = sample_start(a.start[kSdpaStats], b) + h * p.lsea.head_stride + r.row * p.lsea.row_stride;
+        if (r.row >= sample_length(a.seq_len_q, a.cu_seq_len_q, a.max_q, b)) {
+          empty[u] = true;
+          preprocess_clear_dgate_row<E>(a, p.head_dv, b, h, r.row, sl, L);
+          continue;
+        }
+        if (a.epi.gate != nullptr) {
+          gated = true;
+          preprocess_gated_row<E>(p, a, b, h, r.row, w, sl, L, acc[u]);
+        }
+      } else {
+        lse_off = r.b * p.lsea.batch_stride + h * p.lsea.head_stride + r.row * p.lsea.row_stride;
+      }
+      lse[u] = __ldg(p.lse + lse_off);
+      if (gated) continue;
+      const Elem *o, *d;
+      preprocess_row_ptrs<E, kAnalytic>(p, r, h, o, d);
+      orow[u] = o;
+      drow[u] = d;
+      if (sl * 8 < p.head_dv) {
+        ov[u] = __ldg(reinterpret_cast<const uint4*>(o + sl * 8));
+        dv[u] = __ldg(reinterpret_cast<const uint4*>(d + sl * 8));
+      }
+      if (p.dlse != nullptr) {
+        dlse[u] = __ldg(p.dlse + r.b * p.dlsea.batch_stride + h * p.dlsea.head_stride + r.row * p.dlsea.row_stride);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kPreUnits; ++u) {
+      if (orow[u] != nullptr) {
+        const Elem* oe = reinterpret_cast<const Elem*>(&ov[u]);
+        const Elem* de = reinterpret_cast<const Elem*>(&dv[u]);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) acc[u] += to_float<E>(oe[e]) * to_float<E>(de[e]);
+        // Columns past 8 L (none up to head dim 256, where L = 32 covers them): the rest of the row.
+        for (int c = sl * 8 + 8 * L; c < p.head_dv; c += 8 * L) {
+          const uint4 o4 = *reinterpret_cast<const uint4*>(orow[u] + c);
+          const uint4 d4 = *reinterpret_cast<const uint4*>(drow[u] + c);
+          const Elem* oe2 = reinterpret_cast<const Elem*>(&o4);
+          const Elem* de2 = reinterpret_cast<const Elem*>(&d4);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[u] += to_float<E>(oe2[e]) * to_float<E>(de2[e]);
+        }
+      }
+      for (int off = L / 2; off > 0; off >>= 1) acc[u] += __shfl_xor_sync(0xffffffffu, acc[u], off);
+      const int64_t w = w0 + u * stride + lane / L;
+      if (valid[u] && sl == 0) {
+        if (empty[u]) {
+          p.delta[w] = 0.0f;
+          p.lse2[w] = INFINITY;
+        } else {
+          p.delta[w] = p.dlse != nullptr && orow[u] != nullptr ? acc[u] - dlse[u] : acc[u];
+          p.lse2[w] = lse[u] == -INFINITY ? INFINITY : lse[u] * kLog2e;
+        }
       }
     }
   }
@@ -240,13 +365,22 @@ __device__ __forceinline__ void sdpa_dsink_reduce(const SdpaBwdParams& p) {
 }
 
 // The kernels: flex (plan) rows and SDPA (analytic mask) rows.
-template <class E>
+// kPaired: bwd_preprocess_rows_paired (experimental), else bwd_preprocess_rows.
+template <class E, bool kPaired = false>
 __global__ void __launch_bounds__(256) flex_bwd_preprocess_kernel(const BwdParams p) {
-  bwd_preprocess_rows<E, false>(p);
+  if constexpr (kPaired) {
+    bwd_preprocess_rows_paired<E, false>(p);
+  } else {
+    bwd_preprocess_rows<E, false>(p);
+  }
 }
-template <class E>
+template <class E, bool kPaired = false>
 __global__ void __launch_bounds__(256) sdpa_bwd_preprocess_kernel(const SdpaBwdParams p) {
-  bwd_preprocess_rows<E, true>(p);
+  if constexpr (kPaired) {
+    bwd_preprocess_rows_paired<E, true>(p);
+  } else {
+    bwd_preprocess_rows<E, true>(p);
+  }
 }
 template <class E>
 __global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel(const BwdParams p) {

@@ -23,6 +23,27 @@ __global__ void __launch_bounds__(256) sdpa_bwd_dbias_kernel(const SdpaBwdParams
 }  // namespace
 }  // namespace kern
 
+unsigned bwd_preprocess_grid(int64_t units, int head_dv, bool paired) {
+  // The paired form's CTAs cover 8 warps x 32 / lanes rows x kPreUnits passes (bwd_prepost.cuh
+  // preprocess_lanes); the other keeps its grid (a CTA per 8 units).
+  if (!paired) return grid_stride_1d(units, 8);
+  return grid_stride_1d(units, 8 * (32 / kern::preprocess_lanes(head_dv)) * kern::kPreUnits);
+}
+
+void launch_sdpa_bwd_preprocess(const SdpaBwdParams& p, DType dtype, cudaStream_t stream, const char* what) {
+  const bool paired = bwd_preprocess_paired();
+  const unsigned grid = bwd_preprocess_grid(int64_t(p.num_heads_q) * p.total_q, p.head_dv, paired);
+  with_element_type(dtype, what, [&](auto e) {
+    using E = decltype(e);
+    if (paired) {
+      kern::sdpa_bwd_preprocess_kernel<E, true><<<grid, 256, 0, stream>>>(p);
+    } else {
+      kern::sdpa_bwd_preprocess_kernel<E, false><<<grid, 256, 0, stream>>>(p);
+    }
+  });
+  check_launch(what);
+}
+
 void launch_bwd_preprocess(const BwdParams& p, DType dtype, int64_t total_q, cudaStream_t stream, int dq_cols) {
   if (p.dq_accum != nullptr && total_q > 0) {
     // dq_accum: [Hq, total_q, Dqk], or with dq_blocked one Bq x dq_cols tile per (query head, global
@@ -41,9 +62,15 @@ void launch_bwd_preprocess(const BwdParams& p, DType dtype, int64_t total_q, cud
   if (total_q > 0) {
     // head_dv / 8 lanes per (query row, head), several rows a warp, grid-stride (bwd_prepost.cuh):
     // any batch size, head count or THD sample count fits one launch.
-    const unsigned grid = grid_stride_1d(int64_t(p.num_heads_q) * total_q, 8);
+    const bool paired = bwd_preprocess_paired();
+    const unsigned grid = bwd_preprocess_grid(int64_t(p.num_heads_q) * total_q, p.head_dv, paired);
     with_element_type(dtype, "flex backward preprocess", [&](auto e) {
-      kern::flex_bwd_preprocess_kernel<decltype(e)><<<grid, 256, 0, stream>>>(p);
+      using E = decltype(e);
+      if (paired) {
+        kern::flex_bwd_preprocess_kernel<E, true><<<grid, 256, 0, stream>>>(p);
+      } else {
+        kern::flex_bwd_preprocess_kernel<E, false><<<grid, 256, 0, stream>>>(p);
+      }
     });
     check_launch("flex backward preprocess");
   }

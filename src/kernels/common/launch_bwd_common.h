@@ -10,6 +10,7 @@
 //   launch_bwd_dq_convert     dq = scale * dq_accum (atomic dQ path)
 // and SDPA's parts of every family's backward beside its main kernels (sm80::launch_sdpa_bwd_sm80,
 // sm90::launch_sdpa_bwd_sm90):
+//   launch_sdpa_bwd_preprocess D and lse2 of every row padded to S_q (and the gate's dgate / gated dO)
 //   launch_sdpa_bwd_dsink     dSink (p.analytic.score.dsink, else nothing) from D and lse2, after the
 //                             preprocess (bwd_prepost.cuh sdpa_dsink_reduce; 0 without query rows)
 //   launch_sdpa_bwd_ds_clear  zeroes dBias's dS workspace (p.analytic.bias.ds, else nothing) before
@@ -26,6 +27,19 @@
 #include "kernels/params.h"
 
 namespace flashspan {
+
+// The preprocess kernels' form (bwd_prepost.cuh): bwd_preprocess_rows_paired when this answers true
+// (experimental, not yet run on a GPU: FLASHSPAN_EXPERIMENTAL=1, read per call; defined in
+// dispatch/family.cpp beside the other switches; set_bwd_preprocess_paired(1 / 0) forces it on / off
+// for tests, -1 back to the environment's answer), else bwd_preprocess_rows.
+bool bwd_preprocess_paired();
+void set_bwd_preprocess_paired(int on);
+// The grid of the preprocess kernels (flex and SDPA) over `units` (query row, head) units of head_dv
+// columns, for the form `paired` (its warps take kPreUnits units a lane group per grid pass).
+unsigned bwd_preprocess_grid(int64_t units, int head_dv, bool paired);
+// Enqueues the SDPA preprocess (sdpa_bwd_preprocess_kernel, D and lse2 of every row padded to S_q; with the
+// gate also dgate and the gated dO) of the form bwd_preprocess_paired answers.
+void launch_sdpa_bwd_preprocess(const SdpaBwdParams& p, DType dtype, cudaStream_t stream, const char* what);
 
 // dq_cols: the width of the dq_accum rows / tiles it clears (0: p.head_dqk; the sm90 backward's tiles are its
 // kernel's head dim, which may exceed the call's).

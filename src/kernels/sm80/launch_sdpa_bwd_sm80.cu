@@ -74,11 +74,7 @@ void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dt
                  "sdpa backward: clearing the dQ accumulator");
     }
     // head_dv / 8 lanes per (query row, head), grid-stride (bwd_prepost.cuh).
-    const unsigned grid = grid_stride_1d(int64_t(p.num_heads_q) * p.total_q, 8);
-    with_element_type(dtype, "sdpa backward preprocess (sm80)", [&](auto e) {
-      kern::sdpa_bwd_preprocess_kernel<decltype(e)><<<grid, 256, 0, stream>>>(p);
-    });
-    check_launch("sdpa backward preprocess (sm80)");
+    launch_sdpa_bwd_preprocess(p, dtype, stream, "sdpa backward preprocess (sm80)");
   }
   // dBias: the dK/dV kernel stores dS of the samples' visited elements into the zeroed workspace.
   launch_sdpa_bwd_ds_clear(p, stream);

@@ -244,11 +244,7 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
     }
     // D and lse2 of every row padded to S_q (bwd_prepost.cuh, the sm80 SDPA backward's kernel;
     // with the gate also dgate and the gated dO, from the caller's dO).
-    with_element_type(dtype, "sdpa backward preprocess (sm90)", [&](auto e) {
-      kern::sdpa_bwd_preprocess_kernel<decltype(e)>
-          <<<grid_stride_1d(int64_t(p.num_heads_q) * p.total_q, 8), 256, 0, stream>>>(p);
-    });
-    check_launch("sdpa backward preprocess (sm90)");
+    launch_sdpa_bwd_preprocess(p, dtype, stream, "sdpa backward preprocess (sm90)");
   }
   // dSink from D and lse2; dBias's dS workspace zeroed for the kernel's stores (launch_bwd_common.h,
   // the sm80 launcher's too).
