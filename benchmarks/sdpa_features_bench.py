@@ -1,4 +1,4 @@
-"""SDPA forward with each feature against the plain kernel, on the GPU (issue 24's "a feature costs <= 10 %").
+"""SDPA forward (or backward) with each feature against the plain kernels, on the GPU (issue 24's "a feature costs <= 10 %").
 
 For B=1, H=16, D=128, BF16, BHSD and each S of --seqs, causal (top-left), times ``flashspan.sdpa`` (forward,
 ``torch.no_grad()``, no stats) plain and with one feature: additive bias in several layouts and dtypes
@@ -8,10 +8,14 @@ form for a 16-bit bias of whole aligned rows, SdpaBiasParams::chunks: the produc
 of it one element off a 4-byte boundary (element loads), and the two outputs are compared (they must agree to fp32 rounding:
 same values, same order of adds).
 
-Timing: flashspan.bench.timing.Timer (CUDA events, L2 flushed between calls, warm-up, median). TFLOP/s over the
-visible (query, key) pairs (4 D pairs B H); "x plain" is the feature's time over the plain call's.
+--backward times the backward instead: ``torch.autograd.grad`` of O with respect to Q, K, V (and the bias, sinks
+where they are given) on a kept graph, from one forward per row (dBias with a bias; no element-load twin).
 
-Usage: python benchmarks/sdpa_features_bench.py [--seqs 8192] [--reps 10] [--heads 16] [--head-dim 128]
+Timing: flashspan.bench.timing.Timer (CUDA events, L2 flushed between calls, warm-up, median). TFLOP/s over the
+visible (query, key) pairs (4 D pairs B H forward, 2.5 times that backward); "x plain" is the feature's time over
+the plain call's.
+
+Usage: python benchmarks/sdpa_features_bench.py [--seqs 8192] [--reps 10] [--heads 16] [--head-dim 128] [--backward]
 Prints a markdown table; exit status 1 when a staged / element pair disagrees.
 """
 
@@ -34,12 +38,16 @@ def main() -> None:
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--backward", action="store_true", help="time the backward (autograd) instead of the forward")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("sdpa_features_bench.py: needs a CUDA device")
     dev = torch.device("cuda")
     H, D = args.heads, args.head_dim
     timer = Timer(dev, warmup=args.warmup, reps=args.reps)
+    if args.backward:
+        backward_table(args, dev, timer)
+        return
     failures = []
     print(f"GPU {torch.cuda.get_device_name()}, B=1 H={H} D={D} BF16 causal, forward; median of {args.reps}")
     print("| S | feature | ms | TFLOP/s | x plain | element loads ms | x plain |")
@@ -98,6 +106,44 @@ def main() -> None:
     for f in failures:
         print("FAIL", f)
     sys.exit(1 if failures else 0)
+
+
+def backward_table(args, dev, timer) -> None:
+    """The --backward table: each feature's backward (dQ, dK, dV and its own gradients) against the plain one."""
+    H, D = args.heads, args.head_dim
+    print(f"GPU {torch.cuda.get_device_name()}, B=1 H={H} D={D} BF16 causal, backward; median of {args.reps}")
+    print("| S | feature | ms | TFLOP/s | x plain |")
+    print("|---|---|---|---|---|")
+    for S in [int(x) for x in args.seqs.split(",")]:
+        gen = torch.Generator(device=dev).manual_seed(S)
+        q, k, v = (torch.randn(1, H, S, D, device=dev, dtype=torch.bfloat16, generator=gen).requires_grad_()
+                   for _ in range(3))
+        do = torch.randn(1, H, S, D, device=dev, dtype=torch.bfloat16, generator=gen)
+        flops = 2.5 * 4.0 * D * (S * (S + 1) // 2) * H
+        seed = torch.tensor([7], dtype=torch.int64, device=dev)
+        offset = torch.tensor([0], dtype=torch.int64, device=dev)
+        features = [
+            ("plain", {}),
+            ("bias (1,1,S,S) bf16", {"bias": torch.randn(1, 1, S, S, device=dev, dtype=torch.bfloat16,
+                                                         generator=gen).requires_grad_()}),
+            ("bias (1,1,1,S) bf16", {"bias": torch.randn(1, 1, 1, S, device=dev, dtype=torch.bfloat16,
+                                                         generator=gen).requires_grad_()}),
+            ("ALiBi", {"use_alibi_mask": True}),
+            ("softcap 30", {"softcap": 30.0}),
+            ("sinks", {"sink_token": torch.randn(1, H, 1, 1, device=dev, dtype=torch.float32,
+                                                 generator=gen).requires_grad_()}),
+            ("dropout 0.1", {"dropout": (0.1, seed, offset)}),
+        ]
+        plain = None
+        for name, kw in features:
+            o = flashspan.sdpa(q, k, v, attn_scale=1.0 / math.sqrt(D), diagonal_band_right_bound=0, **kw)[0]
+            wrt = [q, k, v] + [t for t in kw.values() if isinstance(t, torch.Tensor) and t.requires_grad]
+            t = timer.measure(lambda: torch.autograd.grad(o, wrt, do, retain_graph=True)).median_ms
+            plain = plain if plain is not None else t
+            print(f"| {S} | {name} | {t:.3f} | {flops / t / 1e9:.0f} | {t / plain:.2f} |", flush=True)
+            del o
+        del q, k, v, do, features
+        torch.cuda.empty_cache()
 
 
 if __name__ == "__main__":
