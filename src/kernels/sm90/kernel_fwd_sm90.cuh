@@ -374,7 +374,7 @@ struct AnalyticModSourceSm90T : AnalyticSourceSm90<L> {
                     kern::diag_base(c0, this->block.lo0 - a.band.d_min() + 16 * mt), lane,
                     kBias ? kern::SdpaBiasFrag::make(a.bias, it.batch, it.head, r0, c0, lane)
                           : kern::SdpaBiasFrag{nullptr, 0, 0, 0},
-                    kBias && a.bias.chunks != 0 ? tile + (a.bias.row_stride == 0 ? 0u : uint32_t(16 * mt) * 128u) : 0u};
+                    bias_tma(p) ? tile + (a.bias.row_stride == 0 ? 0u : uint32_t(16 * mt) * 128u) : 0u};
   }
   // Whether the producer stages the bias tiles by TMA (a 16-bit bias of whole aligned rows,
   // SdpaBiasParams::chunks; the others are read element by element, SdpaBiasFrag::add).
