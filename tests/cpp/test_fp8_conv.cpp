@@ -156,3 +156,80 @@ TEST(Fp8Conv, EncodeIsNearestEvenSaturating) {
 }
 
 }  // namespace
+
+// kernels/common/fp8_soft.h, the FP8 conversions of the sm80 FP8 backward's kernels (no FP8 instruction on
+// sm_80), against the host rule above: every code decoded, and float -> FP8 (the rounded value and its
+// code) on every code's value and its neighbours, every midpoint and the floats next to it, the subnormal
+// and saturation boundaries, specials, and a million random bit patterns, for both formats.
+#include "kernels/common/fp8_soft.h"
+
+namespace {
+
+float next_up(float x) { return std::nextafter(x, std::numeric_limits<float>::infinity()); }
+float next_down(float x) { return std::nextafter(x, -std::numeric_limits<float>::infinity()); }
+
+void expect_soft_matches(const Spec& s, float x) {
+  const bool e5m2 = s.f == &kFp8E5M2;
+  const uint8_t want = flashspan::float_to_fp8_bits(x, *s.f);
+  const uint32_t got = flashspan::kern::fp8_soft_encode(x, e5m2);
+  ASSERT_EQ(got, uint32_t(want)) << s.name << " x = " << x << " (bits 0x" << std::hex << flashspan::kern::fp8_soft_bits(x)
+                                 << ")";
+  const float rv = flashspan::kern::fp8_soft_round(x, e5m2);
+  const float wv = flashspan::fp8_bits_to_float(want, *s.f);
+  if (std::isnan(wv)) {
+    ASSERT_TRUE(std::isnan(rv)) << s.name << " x = " << x;
+  } else {
+    ASSERT_EQ(std::memcmp(&rv, &wv, 4), 0) << s.name << " x = " << x << ": " << rv << " vs " << wv;
+  }
+}
+
+}  // namespace
+
+TEST(Fp8Soft, DecodeEveryCodeAsTheHostRule) {
+  for (const Spec& s : kSpecs) {
+    const bool e5m2 = s.f == &kFp8E5M2;
+    for (int code = 0; code < 256; ++code) {
+      const float want = flashspan::fp8_bits_to_float(uint8_t(code), *s.f);
+      const float got = flashspan::kern::fp8_soft_decode(uint32_t(code), e5m2);
+      if (std::isnan(want)) {
+        EXPECT_TRUE(std::isnan(got)) << s.name << " code " << code;
+      } else {
+        EXPECT_EQ(std::memcmp(&got, &want, 4), 0) << s.name << " code " << code << ": " << got << " vs " << want;
+      }
+    }
+  }
+}
+
+TEST(Fp8Soft, EncodeAndRoundAsTheHostRule) {
+  const float inf = std::numeric_limits<float>::infinity();
+  for (const Spec& s : kSpecs) {
+    std::vector<float> xs = {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(),
+                             -std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::max(),
+                             std::numeric_limits<float>::min(), std::numeric_limits<float>::denorm_min(), 1e-30f,
+                             s.f->max_finite, next_up(s.f->max_finite), next_down(s.f->max_finite)};
+    // Every finite value, the midpoints to its upper neighbour and the floats next to all of them.
+    for (int code = 0; code < 0x7f; ++code) {
+      const float v = flashspan::fp8_bits_to_float(uint8_t(code), *s.f);
+      if (!std::isfinite(v)) continue;
+      const float up = flashspan::fp8_bits_to_float(uint8_t(code + 1), *s.f);
+      const float mid = std::isfinite(up) ? 0.5f * (v + up) : v + 0.5f * (v - flashspan::fp8_bits_to_float(uint8_t(code - 1), *s.f));
+      for (float c : {v, mid}) {
+        for (float y : {c, next_up(c), next_down(c)}) {
+          xs.push_back(y);
+          xs.push_back(-y);
+        }
+      }
+    }
+    for (float x : xs) expect_soft_matches(s, x);
+    std::mt19937 rng(20261204);
+    for (int i = 0; i < 1000000; ++i) {
+      const uint32_t u = rng();
+      float x;
+      std::memcpy(&x, &u, 4);
+      expect_soft_matches(s, x);
+      // Magnitudes near the format's range, where every rounding path runs.
+      const float y = std::ldexp(float(rng() % (1u << 24)) / float(1u << 24) + 0.5f, int(rng() % 40) - 24);
+      expect_soft_matches(s, (u & 1) ? y : -y);
+    }
+  }
+}
