@@ -244,19 +244,22 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
  * validates every rule, then check_support -> compile -> workspace_size -> execute. execute()
  * takes only data pointers (a variant pack indexed by fs_sdpa_slot_t): nothing is allocated,
  * nothing is read on the host for CUDA tensors, so it can be captured in a CUDA graph.
- * CPU tensors run the CPU reference. CUDA tensors run the GPU kernels (sm_80 and newer) for
- * the pure-mask configurations (causal, bands, windows, padding, ragged THD, GQA/MQA with
- * H_k = H_v, LSE natural or base 2, max_logit, deterministic backward; docs/SDPA.md; not yet
- * run on a GPU); check_support reports FS_STATUS_NOT_SUPPORTED naming any other feature (bias,
- * ALiBi, softcap, sinks, dropout, paged K/V, block mask, gate, score_max / score_sum_exp, a
- * tensor attn_scale, H_k != H_v). Their sequence lengths and ragged offsets stay in device
- * memory; the backward's workspace (workspace_size) holds B * S_q rows per query head.
+ * CPU tensors run the CPU reference. CUDA tensors run the GPU kernels (sm_80 and newer; the
+ * Hopper kernels on sm_90): the masks (causal, bands, windows, padding, ragged THD), GQA/MQA
+ * and H_k != H_v, LSE natural or base 2, max_logit, score_max / score_sum_exp, bias with
+ * dBias, ALiBi, softcap, sinks with dSink, dropout, the block mask, the output gate, paged K/V
+ * in the forward, deterministic backward (docs/SDPA.md "What runs where"); check_support
+ * reports FS_STATUS_NOT_SUPPORTED naming what they do not run (e.g. an attn_scale tensor in
+ * device memory, dBias together with softcap). Their sequence lengths and ragged offsets stay
+ * in device memory; the backward's workspace (workspace_size) holds B * S_q rows per query head.
  *
  * FP8 (the seed's sdpa_fp8 / sdpa_fp8_backward): q, k, v (and o, dO, dQ, dK, dV) of dtype
  * float8_e4m3fn / float8_e5m2 make the operation an FP8 one, with per-tensor scale factors and
  * amax outputs in the FS_SDPA_DESCALE_Q .. FS_SDPA_AMAX_DP slots and the seed's subset of
  * options (forward: causal and padding masks, THD; backward: causal); docs/SDPA.md "FP8 SDPA".
- * CPU tensors run the CPU reference; CUDA tensors are refused by check_support for now.
+ * CPU tensors run the CPU reference. CUDA tensors: the forward on sm_90 (padded, H_k = H_v,
+ * head dims up to 128); the backward on sm_80 and newer with FLASHSPAN_EXPERIMENTAL=1 (not yet
+ * run on a GPU); check_support refuses the rest with the reason.
  * ========================================================================= */
 
 /* Tensor slots: the index of each tensor in a variant pack, and the name setters bind. */
