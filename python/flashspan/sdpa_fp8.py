@@ -10,7 +10,8 @@ from torch import Tensor
 
 from . import _sdpa_lib as L
 from ._checks import check_flag
-from .sdpa import TOP_LEFT, _apply_common, _Call, _check_unsupported, _Layout, _like_layout, _warn_deprecated
+from .sdpa import (TOP_LEFT, _apply_common, _Call, _check_unsupported, _Layout, _like_layout, _scale_on_host,
+                   _warn_deprecated)
 
 __all__ = ["sdpa_fp8", "sdpa_fp8_backward", "FP8_DTYPES"]
 
@@ -55,7 +56,9 @@ def _generate_stats(generate_stats, is_inference) -> bool:
 def _common(call: _Call, lay: _Layout, q: Tensor, backward: bool, attn_scale, use_causal_mask: bool,
             use_padding_mask: bool = False, seq_len_q=None, seq_len_kv=None, cu_seq_len_q=None, cu_seq_len_kv=None,
             max_total_seq_len_q=None, max_total_seq_len_kv=None) -> None:
-    """The options both directions share, through flashspan.sdpa's binding (the others stay unset)."""
+    """The options both directions share, through flashspan.sdpa's binding (the others stay unset); then
+    flashspan.sdpa's _scale_on_host: an attn_scale tensor in device memory is checked by the C layer's rules and read
+    on the host (the GPU kernels take the scale as a float; one device sync), a host one stays as it is."""
     _apply_common(call, lay, q, attn_scale=attn_scale, bias=None, block_mask=None, use_alibi_mask=False,
                   use_padding_mask=use_padding_mask, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
                   cu_seq_len_q=cu_seq_len_q, cu_seq_len_kv=cu_seq_len_kv, diagonal_alignment=TOP_LEFT,
@@ -63,6 +66,7 @@ def _common(call: _Call, lay: _Layout, q: Tensor, backward: bool, attn_scale, us
                   max_total_seq_len_q=max_total_seq_len_q, max_total_seq_len_kv=max_total_seq_len_kv, sink_token=None,
                   softcap=None, gate=None, use_causal_mask=use_causal_mask, use_causal_mask_bottom_right=False,
                   sliding_window_length=None, backward=backward)
+    _scale_on_host(call)
 
 
 def _bind_scales(call: _Call, device: torch.device, scales: dict) -> None:
@@ -138,7 +142,8 @@ def sdpa_fp8(
         descale_s, scale_s: descale / scale factor of the quantized softmax probabilities S (typically scale_s =
             448 for E4M3, descale_s = 1 / scale_s).
         scale_o: scale factor of the stored output (stored = real * scale_o).
-        attn_scale: float or 1-element float32 tensor; None means 1 (the seed's default).
+        attn_scale: float or 1-element float32 tensor (on the host or q's device: a device tensor is read on the
+            host, one device sync); None means 1 (the seed's default).
         use_causal_mask: top-left causal mask (key j visible to query i iff j <= i).
         use_padding_mask, seq_len_q, seq_len_kv, cu_seq_len_q, cu_seq_len_kv: per-sample lengths, ``(B,)`` /
             ``(B, 1, 1, 1)``, or prefix sums ``(B + 1,)``, int32 / int64; one form per side.
@@ -157,8 +162,9 @@ def sdpa_fp8(
         TypeError naming the argument for a non-FP8 q / k / v, mixed FP8 formats or a scale that is not float32;
         ValueError naming the argument for a broken rule (head dims, shapes, a scale that is not finite) and for an
         option FP8 attention does not take (``"... not supported with FP8 inputs"``); NotImplementedError for CUDA
-        tensors, unless the call is one the sm90 FP8 forward runs (an H100 / H200; padded tensors, head dims up to
-        128, H_k = H_v: docs/SDPA.md "The sm90 FP8 forward"; ``FLASHSPAN_SM90_SDPA_FP8=0`` turns it off).
+        tensors, unless the call is one the sm90 FP8 forward runs: CUDA FP8 forwards run on an H100 / H200 only (the
+        sm90 kernel; padded tensors, head dims multiples of 16 up to 128, H_k = H_v: docs/SDPA.md "The sm90 FP8
+        forward"; ``FLASHSPAN_SM90_SDPA_FP8=0`` turns it off). CPU tensors run every call on the CPU reference.
 
     Example::
 
@@ -256,18 +262,26 @@ def sdpa_fp8_backward(
         descale_*, scale_*: float32 one-element tensors (or numbers) as in :func:`sdpa_fp8`: descale_o / descale_dO
             of the stored o / dO, descale_s / scale_s of S (as in the forward), descale_dP / scale_dP of the
             quantized dP, scale_dQ / scale_dK / scale_dV of the stored gradients.
-        attn_scale: float or 1-element float32 tensor; None means 1. Must match the forward.
+        attn_scale: float or 1-element float32 tensor (on the host or q's device: a device tensor is read on the
+            host, one device sync); None means 1. Must match the forward.
         use_causal_mask: top-left causal mask; must match the forward.
         compute_data_type, name: accepted for parity.
         grad_dtype: FP8 dtype of dQ, dK, dV (default dO's).
-        use_deterministic_algorithm: accepted (the CPU path is deterministic).
+        use_deterministic_algorithm: honoured on CUDA tensors: dQ from the ordered (deterministic) dQ kernel of the
+            sm80 backward instead of fp32 atomics, so the same call gives bitwise the same dQ, dK, dV and amaxes;
+            accepted on CPU tensors, where it has no effect (the CPU reference is deterministic).
 
     Returns:
         ``(dQ, dK, dV, amax_dQ, amax_dK, amax_dV, amax_dP)``: gradients of ``grad_dtype`` in q / k / v's layouts and
         float32 ``(1, 1, 1, 1)`` amax values on q's device.
 
     Raises:
-        As :func:`sdpa_fp8` (padding masks, dropout and the other options FP8 does not take raise ValueError).
+        TypeError / ValueError as :func:`sdpa_fp8` (padding masks, dropout and the other options FP8 does not take
+        raise ValueError). NotImplementedError on CUDA tensors, where the backward is experimental (the sm80 backward
+        with the FP8 graph's roundings, every GPU from sm_80; docs/SDPA.md "The FP8 backward on the sm80 kernels"): it
+        raises unless ``FLASHSPAN_EXPERIMENTAL=1`` (read per call), and for H_k != H_v or head dims that are not
+        multiples of 16 up to 128. CUDA FP8 forwards (which give o and stats) run on an H100 / H200 only (the sm90
+        kernel: :func:`sdpa_fp8`). CPU tensors run every call on the CPU reference.
     """
     del name
     _check_unsupported(None, compute_data_type)

@@ -31,8 +31,9 @@ sm80::TileSm80 tile_of(const Problem& p) { return sm80::tile_sm80(static_cast<in
 
 void sdpa_check_support_gpu(const Problem& p) {
   sdpa_check_features_gpu(p);
-  if (p.fp8) {
-    // The sm90 FP8 forward is the only FP8 kernel (sdpa_launch.h).
+  if (p.fp8 && !p.a.backward) {
+    // The sm90 FP8 forward is the only FP8 forward kernel (sdpa_launch.h); the FP8 backward runs the sm80
+    // backward's tiles (the checks below).
     FS_CHECK_SUPPORTED(sm90::device_supported(p.device_id), "q: FP8 inputs on CUDA tensors need an sm_90 device (H100 / "
                        "H200) and this build's sm_90a code (FLASHSPAN_CUDA_ARCHS with 90a); device cuda:", p.device_id,
                        " has neither or not both");
@@ -82,6 +83,14 @@ void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, 
 }
 
 void launch_sdpa_bwd(const Problem& p, void* workspace, size_t workspace_bytes, void* stream) {
+  if (p.fp8) {
+    // The FP8 backward on the sm80 kernels (check_support accepted the call: sdpa_fp8_bwd_refusal). Its FP8
+    // tensors are read and written a byte at a time (no vector rule); the kernels' 16-bit tensors are its
+    // workspace copies.
+    sm80::launch_sdpa_fp8_bwd_sm80(sdpa_fp8_bwd_params(p, workspace, workspace_bytes), tile_of(p),
+                                   static_cast<cudaStream_t>(stream));
+    return;
+  }
   check_vec_aligned_slots(p, {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_DO, FS_SDPA_DQ, FS_SDPA_DK,
                               FS_SDPA_DV, FS_SDPA_GATE, FS_SDPA_DGATE});
   if (sdpa_bwd_runs_sm90(p)) {

@@ -55,6 +55,9 @@ Switch g_sdpa_decode{[] { return !env_flag_off("FLASHSPAN_SDPA_DECODE"); }};
 // forward without it (PERF_LOG v2.27); FLASHSPAN_SDPA_DECODE_ALIBI=0 (read per call) sends those calls to
 // the prefill kernels.
 Switch g_sdpa_decode_alibi{[] { return !env_flag_off("FLASHSPAN_SDPA_DECODE_ALIBI"); }};
+// The FP8 backward on the sm80 kernels (launch_sdpa_fp8_bwd_sm80): experimental, not yet run on a GPU, so
+// off unless FLASHSPAN_EXPERIMENTAL=1 (read per call).
+Switch g_sdpa_fp8_bwd{experimental_from_env};
 }  // namespace
 
 namespace {
@@ -173,6 +176,22 @@ bool sdpa_sm90_dropout_enabled() { return g_sdpa_sm90_dropout.on(); }
 
 void set_sdpa_fp8_sm90_enabled(int on) { g_sdpa_fp8_sm90.set(on); }
 bool sdpa_fp8_sm90_enabled() { return g_sdpa_fp8_sm90.on(); }
+
+void set_sdpa_fp8_bwd_enabled(int on) { g_sdpa_fp8_bwd.set(on); }
+bool sdpa_fp8_bwd_enabled() { return g_sdpa_fp8_bwd.on(); }
+
+// The FP8 backward's rule (launch_sdpa_fp8_bwd_sm80's checks). The FP8 validation (core/sdpa_problem.cpp)
+// has already refused every option outside the seed's sdpa_fp8_backward (a causal mask; no lengths, no
+// ragged offsets), so what is left to say is the kernel's own reach: the (64, 64) and (128, 128)-class
+// tiles of the sm80 backward (tile_sm80.h) and one K and V head per work item (its fp32 dK / dV sums over
+// the query heads of a group); deterministic or not (the ordered dQ kernel or the atomic path).
+const char* sdpa_fp8_bwd_refusal(const sdpa::Problem& p) {
+  if (!p.fp8) return "q (not an FP8 call)";
+  if (!p.a.backward) return "the FP8 forward";
+  if (p.Dqk % 16 != 0 || p.Dv % 16 != 0 || p.Dqk > 128 || p.Dv > 128) return "head dims (multiples of 16 up to 128)";
+  if (p.Hk != p.Hv) return "H_k != H_v";
+  return nullptr;
+}
 
 // The sm90 FP8 forward's rule (launch_sdpa_fp8_fwd_sm90's checks): a list of what it takes, as
 // sm90_refusal's. The FP8 validation (core/sdpa_problem.cpp) has already refused every option

@@ -135,6 +135,21 @@ void set_sdpa_fp8_sm90_enabled(int on);
 const char* sdpa_fp8_fwd_sm90_refusal(const sdpa::Problem& p);
 SdpaFp8FwdParams sdpa_fp8_fwd_params(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
 
+// The FP8 backward (cuDNN's sdpa_fp8_backward; kernels/sm80/launch_sm80.h launch_sdpa_fp8_bwd_sm80): the
+// 16-bit sm80 backward run on the FP8 inputs' codes widened to bf16 (exact), with the FP8 graph's roundings
+// in the kernel (S8 = fp8_q(S scale_s) as dV's operand, dP8 = fp8_dO(dP scale_dP) as dK's and dQ's) and
+// the factors, amax outputs and FP8 stores of dQ, dK, dV in its epilogues: every GPU from sm_80, the
+// products of an FP8 GEMM at bf16 tensor-core speed. Experimental, not yet run on a GPU: on with
+// FLASHSPAN_EXPERIMENTAL=1 (read per call) unless set_sdpa_fp8_bwd_enabled overrides it (tests: 1 on,
+// 0 off, -1 back to the environment's answer). sdpa_fp8_bwd_refusal: nullptr when it covers an FP8 call
+// (a backward; H_k = H_v; each head dim a multiple of 16 up to 128; deterministic or not), else the first
+// thing it does not cover. sdpa_fp8_bwd_params: sdpa_bwd_params on the workspace's bf16 copies of
+// q, k, v, dO, plus the FP8 part (SdpaFp8BwdParams; the workspace checked: size and alignment).
+bool sdpa_fp8_bwd_enabled();
+void set_sdpa_fp8_bwd_enabled(int on);
+const char* sdpa_fp8_bwd_refusal(const sdpa::Problem& p);
+SdpaFp8BwdParams sdpa_fp8_bwd_params(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
+
 // The decode forward (kernels/sm80/kernel_decode_sm80.cuh: packed GQA on the 16-row decode tile, the
 // key walk split into items over the device's SMs, a combine kernel; contiguous or paged K / V; every
 // GPU of the sm80 family, sm_90 too), the one rule (sdpa_family.cpp): it runs a CUDA forward that

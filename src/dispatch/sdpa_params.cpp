@@ -202,6 +202,34 @@ Sm90SlotBytes sm90_slot_bytes(const Problem& p) {
   return {bytes(kdims.dqk), bytes(kdims.dv)};
 }
 
+// An FP8 scale factor of a slot: its pointer in device memory, or, for a host tensor (the seed's pass-by-value
+// form), null and its value (kern::fp8_factor / fp8_bwd_factor read either).
+void bind_fp8_factor(const Problem& p, int slot, const float*& ptr, float& host) {
+  const TensorView& t = p.t(slot);
+  if (t.device == DeviceType::kCPU) {
+    ptr = nullptr;
+    host = sdpa::host_scalar(p, slot);
+  } else {
+    ptr = t.ptr<const float>();
+  }
+}
+
+// The FP8 backward's part of its workspace (after the 16-bit backward's delta, lse2 and dQ accumulator):
+// the derived factors (params.h Fp8BwdDerived), then bf16 copies of q, k, v, dO ([B, H, S, D] contiguous).
+struct Fp8BwdBytes {
+  size_t derived = 0, q = 0, k = 0, v = 0, dout = 0, total = 0;
+};
+Fp8BwdBytes fp8_bwd_bytes(const Problem& p) {
+  Fp8BwdBytes b;
+  b.derived = ws_align(sizeof(float) * kFp8BwdNumDerived);
+  b.q = ws_align(size_t(2) * size_t(p.B) * size_t(p.Hq) * size_t(p.Sq) * size_t(p.Dqk));
+  b.k = ws_align(size_t(2) * size_t(p.B) * size_t(p.Hk) * size_t(p.Skv) * size_t(p.Dqk));
+  b.v = ws_align(size_t(2) * size_t(p.B) * size_t(p.Hv) * size_t(p.Skv) * size_t(p.Dv));
+  b.dout = ws_align(size_t(2) * size_t(p.B) * size_t(p.Hq) * size_t(p.Sq) * size_t(p.Dv));
+  b.total = b.derived + b.q + b.k + b.v + b.dout;
+  return b;
+}
+
 // delta and lse2 [H_q, B * S_q] fp32 (+ the dQ accumulator [H_q, B * S_q, D_qk] unless
 // deterministic): the first part of the flex backward layout (workspace.h) for B * S_q rows,
 // without the split schedule (the SDPA kernels run a grid).
@@ -248,6 +276,18 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
     w.total += slots.dk + slots.dv;
     w.total += dbias_ds_bytes(p);
     w.total += gated_do_bytes(p);
+    return w;
+  }
+  if (p.fp8) {
+    // The FP8 backward (sm80 kernels): delta, lse2, the dQ accumulator [H_q, B S_q, D_qk] fp32 (used by the
+    // atomic path only; kept for both), then its derived factors and the bf16 copies of q, k, v, dO
+    // (fp8_bwd_bytes).
+    BwdWorkspaceLayout w;
+    const size_t per = ws_align(sizeof(float) * size_t(p.Hq) * size_t(p.B * p.Sq));
+    w.delta = 0;
+    w.lse2 = per;
+    w.dq_accum = 2 * per;
+    w.total = 2 * per + ws_align(per * size_t(p.Dqk)) + fp8_bwd_bytes(p).total;
     return w;
   }
   BwdWorkspaceLayout w = bwd_workspace_layout(g, sig, p.a.deterministic);
@@ -334,15 +374,7 @@ SdpaFp8FwdParams sdpa_fp8_fwd_params(const Problem& p, void* workspace, size_t w
   // SdpaFp8Factor order. A host scale factor (the seed's pass-by-value form) travels by value.
   const int slots[kFp8NumFactors] = {FS_SDPA_DESCALE_Q, FS_SDPA_DESCALE_K, FS_SDPA_DESCALE_V,
                                      FS_SDPA_DESCALE_S, FS_SDPA_SCALE_S,   FS_SDPA_SCALE_O};
-  for (int i = 0; i < kFp8NumFactors; ++i) {
-    const TensorView& t = p.t(slots[i]);
-    if (t.device == DeviceType::kCPU) {
-      e.factor[i] = nullptr;
-      e.host_factor[i] = sdpa::host_scalar(p, slots[i]);
-    } else {
-      e.factor[i] = t.ptr<const float>();
-    }
-  }
+  for (int i = 0; i < kFp8NumFactors; ++i) bind_fp8_factor(p, slots[i], e.factor[i], e.host_factor[i]);
   e.amax_s = p.t(FS_SDPA_AMAX_S).ptr<float>();
   e.amax_o = p.t(FS_SDPA_AMAX_O).ptr<float>();
   const size_t need = sdpa_fwd_workspace_size(p);
@@ -415,6 +447,66 @@ SdpaBwdParams sdpa_bwd_params(const Problem& p, void* workspace, size_t workspac
   b.seqlen_q = p.Sq;
   b.split_schedule = 0;
   return b;
+}
+
+SdpaFp8BwdParams sdpa_fp8_bwd_params(const Problem& p, void* workspace, size_t workspace_bytes) {
+  FS_CHECK(p.fp8 && p.a.backward, Status::kInternal,
+           "sdpa fp8 backward: parameters asked for a call it does not take");
+  SdpaFp8BwdParams f;
+  // The 16-bit backward's parameters (the FP8 tensors' strides in bytes = elements, checked on their data below),
+  // then its q, k, v, dO replaced by the bf16 copies.
+  static_cast<SdpaBwdParams&>(f) = sdpa_bwd_params(p, workspace, workspace_bytes);
+  f.format = fp8_format_code(p.dtype);
+  f.o_format = fp8_format_code(p.t(FS_SDPA_O).dtype);
+  f.do_format = fp8_format_code(p.t(FS_SDPA_DO).dtype);
+  f.grad_format = fp8_format_code(p.t(FS_SDPA_DQ).dtype);
+  const int slots[kFp8BwdNumFactors] = {FS_SDPA_DESCALE_Q,  FS_SDPA_DESCALE_K, FS_SDPA_DESCALE_V, FS_SDPA_DESCALE_O,
+                                        FS_SDPA_DESCALE_DO, FS_SDPA_DESCALE_S, FS_SDPA_DESCALE_DP, FS_SDPA_SCALE_S,
+                                        FS_SDPA_SCALE_DQ,   FS_SDPA_SCALE_DK,  FS_SDPA_SCALE_DV,  FS_SDPA_SCALE_DP};
+  for (int i = 0; i < kFp8BwdNumFactors; ++i) bind_fp8_factor(p, slots[i], f.factor[i], f.host_factor[i]);
+  const int amax[kFp8BwdNumAmax] = {FS_SDPA_AMAX_DQ, FS_SDPA_AMAX_DK, FS_SDPA_AMAX_DV, FS_SDPA_AMAX_DP};
+  for (int i = 0; i < kFp8BwdNumAmax; ++i) f.amax[i] = p.t(amax[i]).ptr<float>();
+  auto fp8_tensor = [&](int slot) {
+    const TensorView& t = p.t(slot);
+    SdpaFp8Tensor x;
+    x.data = t.data;
+    x.batch_stride = t.stride(0);
+    x.head_stride = t.stride(1);
+    x.row_stride = t.stride(2);
+    return x;
+  };
+  f.q8 = fp8_tensor(FS_SDPA_Q);
+  f.k8 = fp8_tensor(FS_SDPA_K);
+  f.v8 = fp8_tensor(FS_SDPA_V);
+  f.o8 = fp8_tensor(FS_SDPA_O);
+  f.do8 = fp8_tensor(FS_SDPA_DO);
+  f.dq8 = fp8_tensor(FS_SDPA_DQ);
+  f.dk8 = fp8_tensor(FS_SDPA_DK);
+  f.dv8 = fp8_tensor(FS_SDPA_DV);
+  // The FP8 part of the workspace (fp8_bwd_bytes) after the 16-bit backward's.
+  const Fp8BwdBytes fb = fp8_bwd_bytes(p);
+  char* ws = static_cast<char*>(workspace) + (sdpa_bwd_layout(p).total - fb.total);
+  f.derived = reinterpret_cast<float*>(ws);
+  ws += fb.derived;
+  // The copies, [B, H, S, D] contiguous: sample b at b * H S D (AnalyticMaskParams::start), head and row strides.
+  auto copy = [&](const void*& data, TensorAddr& a, int tensor, int64_t heads, int64_t rows, int64_t cols,
+                  size_t bytes) {
+    data = ws;
+    a.batch_stride = 0;
+    a.head_stride = rows * cols;
+    a.row_stride = cols;
+    f.analytic.start[tensor] = SampleStart{};
+    f.analytic.start[tensor].batch_stride = heads * rows * cols;
+    ws += bytes;
+  };
+  copy(f.q, f.qa, kSdpaQ, p.Hq, p.Sq, p.Dqk, fb.q);
+  copy(f.k, f.ka, kSdpaK, p.Hk, p.Skv, p.Dqk, fb.k);
+  copy(f.v, f.va, kSdpaV, p.Hv, p.Skv, p.Dv, fb.v);
+  const void* dout = nullptr;
+  copy(dout, f.doa, kSdpaDO, p.Hq, p.Sq, p.Dv, fb.dout);
+  f.dout = dout;
+  // The 16-bit tensors' other pointers (o, dq, dk, dv) are the FP8 ones, which no 16-bit code reads.
+  return f;
 }
 
 SdpaBwdParams sdpa_bwd_params_sm90(const Problem& p, void* workspace, size_t workspace_bytes) {

@@ -79,17 +79,29 @@ void check_paged(const Problem& p) {
   }
 }
 
-// FP8 on CUDA tensors: the sm90 FP8 forward only (sdpa_fp8_fwd_sm90_refusal, sdpa_family.cpp), on unless
-// FLASHSPAN_SM90_SDPA_FP8=0 (sdpa_fp8_sm90_enabled); its TMA boxes need q, k, v strides of 16 bytes
-// (= elements). The device (sm_90 with this build's sm_90a code) is sdpa_check_support_gpu's.
+// FP8 on CUDA tensors (docs/SDPA.md "FP8 SDPA"): the forward on the sm90 FP8 forward (sdpa_fp8_fwd_sm90_refusal,
+// sdpa_family.cpp), on unless FLASHSPAN_SM90_SDPA_FP8=0 (sdpa_fp8_sm90_enabled), whose TMA boxes need q, k, v
+// strides of 16 bytes (= elements); the backward on the sm80 kernels (sdpa_fp8_bwd_refusal), experimental
+// (sdpa_fp8_bwd_enabled), whose FP8 tensors are read and written a byte at a time by its pre-pass and
+// epilogues, so any strides (the last dim contiguous, the validation's rule) do. The device (sm_90 with this
+// build's sm_90a code for the forward, sm_80 or newer for the backward) is sdpa_check_support_gpu's.
 void check_fp8(const Problem& p) {
-  FS_CHECK_SUPPORTED(sdpa_fp8_sm90_enabled(), "q: FP8 inputs (", dtype_name(p.dtype), ") on CUDA tensors run on the "
-                     "sm90 FP8 forward, which FLASHSPAN_SM90_SDPA_FP8=0 turns off: unset it to run them (H100 / H200), or pass "
-                     "CPU tensors (the CPU reference runs sdpa_fp8 and sdpa_fp8_backward)");
-  const char* r = sdpa_fp8_fwd_sm90_refusal(p);
-  FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported with FP8 inputs on CUDA tensors yet (the sm90 FP8 forward runs "
-                     "padded q, k, v, o, each head dim a multiple of 16 up to 128, the causal and padding masks, "
-                     "GQA / MQA); CPU tensors run it on the CPU reference");
+  if (p.a.backward) {
+    FS_CHECK_SUPPORTED(sdpa_fp8_bwd_enabled(), "dQ, dK, dV: the FP8 backward on CUDA tensors is experimental (the "
+                       "16-bit sm80 backward with the FP8 graph's roundings, not yet run on a GPU): "
+                       "FLASHSPAN_EXPERIMENTAL=1 turns it on; CPU tensors run sdpa_fp8_backward on the CPU reference");
+    const char* r = sdpa_fp8_bwd_refusal(p);
+    FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported by the FP8 backward on CUDA tensors yet (it runs H_k = H_v, "
+                       "each head dim a multiple of 16 up to 128); CPU tensors run it on the CPU reference");
+  } else {
+    FS_CHECK_SUPPORTED(sdpa_fp8_sm90_enabled(), "q: FP8 inputs (", dtype_name(p.dtype), ") on CUDA tensors run on the "
+                       "sm90 FP8 forward, which FLASHSPAN_SM90_SDPA_FP8=0 turns off: unset it to run them (H100 / H200), "
+                       "or pass CPU tensors (the CPU reference runs sdpa_fp8 and sdpa_fp8_backward)");
+    const char* r = sdpa_fp8_fwd_sm90_refusal(p);
+    FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported with FP8 inputs on CUDA tensors yet (the sm90 FP8 forward runs "
+                       "padded q, k, v, o, each head dim a multiple of 16 up to 128, the causal and padding masks, "
+                       "GQA / MQA); CPU tensors run it on the CPU reference");
+  }
   if (p.has(FS_SDPA_ATTN_SCALE) && p.t(FS_SDPA_ATTN_SCALE).device != DeviceType::kCPU) {
     not_native("attn_scale as a device tensor (pass it as a float or a host tensor)");
   }
@@ -97,6 +109,7 @@ void check_fp8(const Problem& p) {
   FS_CHECK_SUPPORTED(p.Sq <= kMaxRows && p.Skv <= kMaxRows && p.B <= kMaxRows / std::max<int64_t>(p.Sq, 1),
                      "q, k: B * S_q = ", p.B, " * ", p.Sq, " and S_kv = ", p.Skv,
                      " must stay below 2^31 for the GPU kernels (int32 row indices)");
+  if (p.a.backward) return;
   for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V}) {
     const TensorView& t = p.t(s);
     for (int d = 0; d + 1 < t.ndim; ++d) {

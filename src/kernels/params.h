@@ -367,6 +367,54 @@ struct SdpaFp8FwdParams : SdpaFwdParams {
   SdpaFp8Params fp8;
 };
 
+// The FP8 SDPA backward (cuDNN's sdpa_fp8_backward; docs/SDPA.md "FP8 SDPA", its formulas) on the 16-bit
+// sm80 backward (kernels/sm80/launch_sdpa_fp8_bwd_sm80.cu, kernel_bwd_sm80.cuh with Fp8BwdSm80): the
+// SdpaBwdParams tensors q, k, v, dout are the workspace's bf16 copies of the FP8 inputs' codes (exact:
+// every FP8 value is a bf16 value), [B, H, S, D] contiguous; dq_accum, delta (D_i = descale_dO descale_o
+// dO_i . o_i, the true units) and lse2 the 16-bit backward's workspace. The kernels read the factors
+// through `derived` (Fp8BwdDerived order, written by the pre-pass from the factors: each one float in
+// device memory, factor[i], or a host value, host_factor[i]) and write dQ / dK / dV as FP8 codes with
+// their amaxes (zeroed by the pre-pass, reduced with atomics: non-negative). Formats (kFp8Format codes):
+// format q, k, v's and the S8 quantization's; o_format o's; do_format dO's and dP8's; grad_format dQ, dK,
+// dV's.
+enum SdpaFp8BwdFactor : int {
+  kFp8BwdDescaleQ = 0, kFp8BwdDescaleK, kFp8BwdDescaleV, kFp8BwdDescaleO, kFp8BwdDescaleDO, kFp8BwdDescaleS,
+  kFp8BwdDescaleDP, kFp8BwdScaleS, kFp8BwdScaleDQ, kFp8BwdScaleDK, kFp8BwdScaleDV, kFp8BwdScaleDP,
+  kFp8BwdNumFactors
+};
+// The scalars the kernels use, products of factors (the pre-pass writes them to SdpaFp8BwdParams::derived):
+//   kF8dQkScaleLog2  attn_scale descale_q descale_k log2(e)  (scores -> log2 units; P = exp2(s - lse2))
+//   kF8dScaleS       scale_s                                 (S8 = fp8_q(P scale_s))
+//   kF8dDsUnit       descale_dO descale_v                    (dS = kF8dDsUnit dO.v of the raw codes)
+//   kF8dAttnScale    attn_scale                              (dP = attn_scale P (dS - D))
+//   kF8dScaleDP      scale_dP                                (dP8 = fp8_dO(dP scale_dP))
+//   kF8dDkUnit       descale_dP descale_q                    (dK = kF8dDkUnit sum dP8 q)
+//   kF8dDvUnit       descale_s descale_dO                    (dV = kF8dDvUnit sum S8 dO)
+//   kF8dDqUnit       descale_dP descale_k                    (dQ = kF8dDqUnit sum dP8 k)
+//   kF8dScaleDQ, kF8dScaleDK, kF8dScaleDV                    (stored dX = fp8_grad(dX scale_dX))
+//   kF8dDeltaUnit    descale_dO descale_o                    (D = kF8dDeltaUnit dO.o of the raw codes)
+enum Fp8BwdDerived : int {
+  kF8dQkScaleLog2 = 0, kF8dScaleS, kF8dDsUnit, kF8dAttnScale, kF8dScaleDP, kF8dDkUnit, kF8dDvUnit, kF8dDqUnit,
+  kF8dScaleDQ, kF8dScaleDK, kF8dScaleDV, kF8dDeltaUnit, kFp8BwdNumDerived
+};
+// One FP8 tensor [B, H, S, D] as the pre-pass and the epilogues address it (element = byte strides; D
+// contiguous).
+struct SdpaFp8Tensor {
+  void* data = nullptr;
+  int64_t batch_stride = 0, head_stride = 0, row_stride = 0;
+};
+// Amax outputs of the backward, SdpaFp8BwdParams::amax's order.
+enum SdpaFp8BwdAmax : int { kFp8AmaxDQ = 0, kFp8AmaxDK, kFp8AmaxDV, kFp8AmaxDP, kFp8BwdNumAmax };
+struct SdpaFp8BwdParams : SdpaBwdParams {
+  int32_t format = 1, o_format = 1, do_format = 1, grad_format = 1;
+  const float* factor[kFp8BwdNumFactors] = {};
+  float host_factor[kFp8BwdNumFactors] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+  float* amax[kFp8BwdNumAmax] = {};
+  SdpaFp8Tensor q8, k8, v8, o8, do8;  // the FP8 inputs
+  SdpaFp8Tensor dq8, dk8, dv8;        // the FP8 outputs
+  float* derived = nullptr;           // workspace: kFp8BwdNumDerived floats
+};
+
 // Paged K/V caches of an SDPA forward (kv_addr.cuh PagedKv): one side (K or V) as the kernels
 // address it. A paged side is a container [num_pages, H, page_size, D] whose sample b reads
 // key s from page table entry (s >> log2_page) of its row: the container's page

@@ -2,19 +2,23 @@
 // the argument it names; the CPU reference against the 16-bit path's reference on the same (FP8-representable)
 // values, within the bound of the FP8 quantization; what the scale factors do (stored inputs x 2 with their
 // descale / 2 give bitwise the same results; scale_o scales the stored O); the amax outputs against the outputs
-// themselves; and the refusal of CUDA tensors by check_support (no GPU needed).
+// themselves; and the rules of CUDA tensors by check_support (no GPU needed): the sm90 FP8 forward's refusals,
+// and the FP8 backward on the sm80 kernels (experimental: its switch, sdpa_fp8_bwd_refusal's rule, the messages).
 #include <gtest/gtest.h>
 
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <functional>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/fp8_conv.h"
-#include "dispatch/sdpa_launch.h"  // set_sdpa_fp8_sm90_enabled
+#include "core/sdpa_problem.h"
+#include "dispatch/sdpa_launch.h"  // set_sdpa_fp8_sm90_enabled, sdpa_fp8_bwd_refusal, sdpa_check_features_gpu
 #include "flashspan/flashspan.hpp"
 
 namespace {
@@ -194,6 +198,23 @@ std::string error_of(const std::function<void()>& fn, fs_status_t* status = null
 bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 
 #define EXPECT_STARTS(msg, prefix) EXPECT_TRUE(starts_with(msg, prefix)) << "got: " << (msg)
+
+// The FP8 backward's switch (dispatch/sdpa_launch.h sdpa_fp8_bwd_enabled: FLASHSPAN_EXPERIMENTAL=1 unless
+// overridden) forced for a scope (1 on, 0 off), the environment's answer back after it.
+struct Fp8BwdSwitch {
+  explicit Fp8BwdSwitch(int on) { flashspan::set_sdpa_fp8_bwd_enabled(on); }
+  ~Fp8BwdSwitch() { flashspan::set_sdpa_fp8_bwd_enabled(-1); }
+  Fp8BwdSwitch(const Fp8BwdSwitch&) = delete;
+  Fp8BwdSwitch& operator=(const Fp8BwdSwitch&) = delete;
+};
+
+// The sm90 FP8 forward's switch (sdpa_fp8_sm90_enabled) likewise.
+struct Fp8ForwardSwitch {
+  explicit Fp8ForwardSwitch(int on) { flashspan::set_sdpa_fp8_sm90_enabled(on); }
+  ~Fp8ForwardSwitch() { flashspan::set_sdpa_fp8_sm90_enabled(-1); }
+  Fp8ForwardSwitch(const Fp8ForwardSwitch&) = delete;
+  Fp8ForwardSwitch& operator=(const Fp8ForwardSwitch&) = delete;
+};
 
 // ---------------------------------------------------------------------------
 // Validation: every FP8 rule, named
@@ -385,7 +406,8 @@ TEST(SdpaFp8, ScaleValuesMustBeFinite) {
 TEST(SdpaFp8, CudaTensorsAreRefusedByCheckSupport) {
   // With the FP8 kernel's switch off (dispatch/sdpa_launch.h sdpa_fp8_sm90_enabled) CUDA tensors are
   // refused; with it the sm90 FP8 forward's host rules refuse what it does not run (the device is checked
-  // after them: sdpa_check_support_gpu).
+  // after them: sdpa_check_support_gpu). The backward is not the sm90 FP8 forward's: its own switch
+  // (sdpa_fp8_bwd_enabled) answers it, whatever the forward's says (BackwardOnCuda* below).
   Fwd f;
   f.dev = cuda();
   auto op = f.create();  // the descriptors validate: the Problem carries everything a launcher needs
@@ -409,8 +431,10 @@ TEST(SdpaFp8, CudaTensorsAreRefusedByCheckSupport) {
     b.o.assign(b.B * b.Hq * b.Sq * b.Dv, 0);
     Bwd bwd(b);
     auto op3 = bwd.create();
+    const Fp8BwdSwitch off(0);
     EXPECT_STARTS(error_of([&] { op3->check_support(); }, &st),
-                  "the FP8 backward: not supported with FP8 inputs on CUDA tensors yet");
+                  "dQ, dK, dV: the FP8 backward on CUDA tensors is experimental");
+    EXPECT_EQ(st, FS_STATUS_NOT_SUPPORTED);
   }
   flashspan::set_sdpa_fp8_sm90_enabled(-1);
   // Host scale factors with CUDA tensors validate too (the seed's pass-by-value form); amax outputs must be on
@@ -420,6 +444,332 @@ TEST(SdpaFp8, CudaTensorsAreRefusedByCheckSupport) {
   const TensorDesc host(nullptr, kFloat32, cpu(), {1, 1, 1, 1});
   EXPECT_EQ(fwd_error(g, [&](SdpaAttributes& a) { a.set_descale_q(host).set_scale_s(host); }), "");
   EXPECT_STARTS(fwd_error(g, [&](SdpaAttributes& a) { a.set_amax_s(host); }), "amax_s: must be on the device of q");
+}
+
+// ---------------------------------------------------------------------------
+// The FP8 backward on CUDA tensors (experimental: the sm80 backward on bf16 copies of the codes)
+// ---------------------------------------------------------------------------
+
+// An FP8 call on CUDA descriptors (no data, no device): by default the backward B = 2, H_q = 4,
+// H_k = H_v = 2, S_q = 100, S_kv = 130, head dims (64, 128), causal, E4M3 inputs with E5M2 dO and
+// gradients: one the FP8 backward covers. problem() is its sdpa::Problem (core/sdpa_problem.h, as the
+// C layer validates it), create() the same call through the C++ API.
+struct CudaCall {
+  int64_t B = 2, Hq = 4, Hk = 2, Hv = 2, Sq = 100, Skv = 130, D = 64, Dv = 128;
+  bool backward = true, causal = true, deterministic = false;
+  DType in = DType::kFloat8E4M3;           // q, k, v (a 16-bit dtype: no FP8 slots)
+  DType grad = DType::kFloat8E5M2;         // o, dO, dQ, dK, dV (16-bit calls: q's)
+  int64_t row_pad = 0;                     // elements past D in each row of q, k, v, o, dO, dQ, dK, dV
+  int attn_scale = 0;                      // 0 a float, 1 a host tensor, 2 a device tensor
+
+  bool fp8() const { return in == DType::kFloat8E4M3 || in == DType::kFloat8E5M2; }
+  DType out() const { return fp8() ? grad : in; }
+  flashspan::TensorView view(std::vector<int64_t> shape, DType t, bool pad, bool on_cuda = true) const {
+    flashspan::TensorView v;
+    v.dtype = t;
+    v.device = on_cuda ? flashspan::DeviceType::kCUDA : flashspan::DeviceType::kCPU;
+    v.ndim = int(shape.size());
+    int64_t stride = 1;
+    for (int d = v.ndim - 1; d >= 0; --d) {
+      v.shape[d] = shape[d];
+      v.strides[d] = stride;
+      stride *= shape[d] + (pad && d == v.ndim - 1 ? row_pad : 0);
+    }
+    return v;
+  }
+  std::vector<int> fp8_slots() const {
+    if (!fp8()) return {};
+    if (!backward) {
+      return {FS_SDPA_DESCALE_Q, FS_SDPA_DESCALE_K, FS_SDPA_DESCALE_V, FS_SDPA_DESCALE_S,
+              FS_SDPA_SCALE_S,   FS_SDPA_SCALE_O,   FS_SDPA_AMAX_S,    FS_SDPA_AMAX_O};
+    }
+    return {FS_SDPA_DESCALE_Q, FS_SDPA_DESCALE_K, FS_SDPA_DESCALE_V, FS_SDPA_DESCALE_O, FS_SDPA_DESCALE_DO,
+            FS_SDPA_DESCALE_S, FS_SDPA_DESCALE_DP, FS_SDPA_SCALE_S,  FS_SDPA_SCALE_DQ,  FS_SDPA_SCALE_DK,
+            FS_SDPA_SCALE_DV,  FS_SDPA_SCALE_DP,  FS_SDPA_AMAX_DQ,   FS_SDPA_AMAX_DK,   FS_SDPA_AMAX_DV,
+            FS_SDPA_AMAX_DP};
+  }
+  flashspan::sdpa::Problem problem() const {
+    flashspan::sdpa::Attributes a;
+    a.backward = backward;
+    a.tensors[FS_SDPA_Q] = view({B, Hq, Sq, D}, in, true);
+    a.tensors[FS_SDPA_K] = view({B, Hk, Skv, D}, in, true);
+    a.tensors[FS_SDPA_V] = view({B, Hv, Skv, Dv}, in, true);
+    a.tensors[FS_SDPA_O] = view({B, Hq, Sq, Dv}, out(), true);
+    a.tensors[FS_SDPA_STATS] = view({B, Hq, Sq, 1}, DType::kFloat32, false);
+    if (backward) {
+      a.tensors[FS_SDPA_DO] = view({B, Hq, Sq, Dv}, out(), true);
+      a.tensors[FS_SDPA_DQ] = view({B, Hq, Sq, D}, out(), true);
+      a.tensors[FS_SDPA_DK] = view({B, Hk, Skv, D}, out(), true);
+      a.tensors[FS_SDPA_DV] = view({B, Hv, Skv, Dv}, out(), true);
+      a.deterministic = deterministic;
+    } else {
+      a.generate_stats = true;
+    }
+    if (attn_scale == 0) {
+      a.attn_scale_value = 0.125f;
+    } else {
+      a.tensors[FS_SDPA_ATTN_SCALE] = view({1}, DType::kFloat32, false, attn_scale == 2);
+    }
+    if (causal) a.right_bound = 0;
+    for (int s : fp8_slots()) a.tensors[size_t(s)] = view({1, 1, 1, 1}, DType::kFloat32, false);
+    return backward ? flashspan::sdpa::validate_backward(a) : flashspan::sdpa::validate_forward(a);
+  }
+  std::unique_ptr<SdpaBwd> create() const {
+    auto api_dtype = [](DType t) {
+      return t == DType::kFloat8E4M3 ? kFloat8E4M3 : t == DType::kFloat8E5M2 ? kFloat8E5M2 : kBFloat16;
+    };
+    auto desc = [&](int64_t H, int64_t S, int64_t d, DType t) {
+      return TensorDesc(nullptr, api_dtype(t), cuda(), {B, H, S, d},
+                        {H * S * (d + row_pad), S * (d + row_pad), d + row_pad, 1});
+    };
+    const TensorDesc one(nullptr, kFloat32, cuda(), {1, 1, 1, 1}), stats(nullptr, kFloat32, cuda(), {B, Hq, Sq, 1});
+    SdpaBackwardAttributes a;
+    a.set_causal_mask(causal).set_deterministic_algorithm(deterministic);
+    if (attn_scale == 0) {
+      a.set_attn_scale(0.125f);
+    } else {
+      a.set_attn_scale(TensorDesc(nullptr, kFloat32, attn_scale == 2 ? cuda() : cpu(), {1}));
+    }
+    if (fp8()) {
+      a.set_descale_q(one).set_descale_k(one).set_descale_v(one).set_descale_o(one).set_descale_dO(one);
+      a.set_descale_s(one).set_descale_dP(one).set_scale_s(one).set_scale_dQ(one).set_scale_dK(one);
+      a.set_scale_dV(one).set_scale_dP(one).set_amax_dQ(one).set_amax_dK(one).set_amax_dV(one).set_amax_dP(one);
+    }
+    return std::make_unique<SdpaBwd>(desc(Hq, Sq, D, in), desc(Hk, Skv, D, in), desc(Hv, Skv, Dv, in),
+                                     desc(Hq, Sq, Dv, out()), desc(Hq, Sq, Dv, out()), stats, desc(Hq, Sq, D, out()),
+                                     desc(Hk, Skv, D, out()), desc(Hv, Skv, Dv, out()), a);
+  }
+  // check_support's message ("" when it passes), its status in *st.
+  std::string check_support_error(fs_status_t* st = nullptr) const {
+    auto op = create();
+    return error_of([&] { op->check_support(); }, st);
+  }
+};
+
+std::string bwd_refusal(const CudaCall& c) {
+  const char* r = flashspan::sdpa_fp8_bwd_refusal(c.problem());
+  return r == nullptr ? "" : r;
+}
+
+// The host rules of CUDA calls (sdpa_check_features_gpu) on c's Problem: "" when they pass, else the message.
+std::string host_rules_error(const CudaCall& c) {
+  const flashspan::sdpa::Problem p = c.problem();
+  try {
+    flashspan::sdpa_check_features_gpu(p);
+  } catch (const flashspan::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// sdpa_fp8_bwd_refusal (dispatch/sdpa_family.cpp): nullptr for an FP8 backward with H_k = H_v and each head
+// dim a multiple of 16 up to 128, deterministic or not (the ordered dQ kernel with the FP8 steps); else the
+// first thing it does not cover, in that order.
+TEST(SdpaFp8, BackwardOnCudaRefusalRule) {
+  // Covered: GQA, S not a multiple of any tile, unequal head dims, causal or no mask, both formats, padded
+  // rows (the widening pre-pass and the FP8 stores take any strides), deterministic or not.
+  EXPECT_EQ(bwd_refusal(CudaCall{}), "");
+  const int64_t dims[][2] = {{64, 128}, {128, 64}, {16, 16}, {128, 128}, {32, 64}, {48, 112}, {16, 128}};
+  for (const auto& d : dims) {
+    for (bool causal : {true, false}) {
+      for (bool deterministic : {false, true}) {
+        CudaCall c;
+        c.D = d[0];
+        c.Dv = d[1];
+        c.causal = causal;
+        c.deterministic = deterministic;
+        c.in = causal ? DType::kFloat8E4M3 : DType::kFloat8E5M2;
+        c.grad = causal ? DType::kFloat8E5M2 : DType::kFloat8E4M3;
+        EXPECT_EQ(bwd_refusal(c), "") << d[0] << "/" << d[1] << " causal " << causal << " deterministic "
+                                      << deterministic;
+      }
+    }
+  }
+  for (bool deterministic : {false, true}) {
+    CudaCall c;
+    c.Hq = 8;
+    c.Hk = c.Hv = 1;  // MQA
+    c.row_pad = 7;    // odd row strides (rows at unaligned addresses)
+    c.attn_scale = 1;
+    c.deterministic = deterministic;
+    EXPECT_EQ(bwd_refusal(c), "") << "deterministic " << deterministic;
+  }
+  // Not an FP8 call; the FP8 forward (deterministic changes neither).
+  for (bool deterministic : {false, true}) {
+    CudaCall c;
+    c.in = DType::kBFloat16;
+    c.deterministic = deterministic;
+    EXPECT_EQ(bwd_refusal(c), "q (not an FP8 call)");
+    CudaCall f;
+    f.backward = false;
+    EXPECT_EQ(bwd_refusal(f), "the FP8 forward");
+  }
+  // Head dims: multiples of 16 (the FP8 validation's rule) above 128 either way, deterministic or not.
+  for (const auto& d : {std::array<int64_t, 2>{144, 64}, std::array<int64_t, 2>{64, 144},
+                        std::array<int64_t, 2>{256, 256}, std::array<int64_t, 2>{192, 128}}) {
+    for (bool deterministic : {false, true}) {
+      CudaCall c;
+      c.D = d[0];
+      c.Dv = d[1];
+      c.deterministic = deterministic;
+      EXPECT_EQ(bwd_refusal(c), "head dims (multiples of 16 up to 128)") << d[0] << "/" << d[1];
+    }
+  }
+  for (bool deterministic : {false, true}) {
+    CudaCall c;
+    c.deterministic = deterministic;
+    c.Hv = 4;  // H_k = 2 != H_v = 4 (each divides H_q)
+    EXPECT_EQ(bwd_refusal(c), "H_k != H_v");
+    c.Hk = 4;
+    c.Hv = 1;
+    EXPECT_EQ(bwd_refusal(c), "H_k != H_v");
+  }
+  // The first refusal in the rule's order: not FP8, the forward, head dims, then H_k != H_v.
+  {
+    CudaCall c;
+    c.D = 144;
+    c.Hv = 4;
+    c.deterministic = true;
+    EXPECT_EQ(bwd_refusal(c), "head dims (multiples of 16 up to 128)");
+    c.D = 64;
+    EXPECT_EQ(bwd_refusal(c), "H_k != H_v");
+    c.Hv = 2;
+    EXPECT_EQ(bwd_refusal(c), "");
+    CudaCall f = c;  // the forward with a head dim and H_k != H_v the backward refuses: the forward first
+    f.backward = false;
+    f.deterministic = false;
+    f.D = 144;
+    f.Hv = 4;
+    EXPECT_EQ(bwd_refusal(f), "the FP8 forward");
+    CudaCall n = c;  // not FP8 first
+    n.in = DType::kBFloat16;
+    n.D = 144;
+    n.Hv = 4;
+    EXPECT_EQ(bwd_refusal(n), "q (not an FP8 call)");
+  }
+}
+
+// check_support on CUDA descriptors (sdpa_check_features_gpu, no GPU needed): with the switch off every FP8
+// backward is refused as experimental (before its rule); with it on, the rule's refusal r with the message
+// "<r>: not supported by the FP8 backward on CUDA tensors yet (it runs H_k = H_v, each head dim a multiple of
+// 16 up to 128); CPU tensors run it on the CPU reference"; a covered call (deterministic or not) passes the host
+// rules (a device tensor attn_scale stays refused by the C layer: flashspan.sdpa_fp8_backward reads one on the
+// host first).
+TEST(SdpaFp8, BackwardOnCudaCheckSupportMessages) {
+  const std::string experimental = "dQ, dK, dV: the FP8 backward on CUDA tensors is experimental";
+  const auto refused = [](const std::string& r) {
+    return r + ": not supported by the FP8 backward on CUDA tensors yet (it runs H_k = H_v, each head dim a "
+               "multiple of 16 up to 128); CPU tensors run it on the CPU reference";
+  };
+  fs_status_t st{};
+  CudaCall big;
+  big.D = 144;
+  CudaCall big_det = big;
+  big_det.deterministic = true;
+  CudaCall hkv;
+  hkv.Hv = 4;
+  CudaCall hkv_det = hkv;
+  hkv_det.deterministic = true;
+  CudaCall det;
+  det.deterministic = true;
+  CudaCall dev_scale;
+  dev_scale.attn_scale = 2;
+  {
+    const Fp8BwdSwitch off(0);
+    for (const CudaCall& c : {CudaCall{}, big, hkv, det, dev_scale}) {
+      const std::string msg = c.check_support_error(&st);
+      EXPECT_STARTS(msg, experimental);
+      EXPECT_NE(msg.find("FLASHSPAN_EXPERIMENTAL=1"), std::string::npos) << msg;
+      EXPECT_EQ(st, FS_STATUS_NOT_SUPPORTED);
+      EXPECT_STARTS(host_rules_error(c), experimental);
+    }
+    // The sm90 FP8 forward's switch does not answer for the backward.
+    const Fp8ForwardSwitch fwd_on(1);
+    EXPECT_STARTS(CudaCall{}.check_support_error(), experimental);
+    EXPECT_STARTS(det.check_support_error(), experimental);
+  }
+  const Fp8BwdSwitch on(1);
+  const std::string dims = refused("head dims (multiples of 16 up to 128)"), heads = refused("H_k != H_v");
+  for (const auto& [c, want] : {std::pair<CudaCall, std::string>{big, dims}, {big_det, dims}, {hkv, heads},
+                                {hkv_det, heads}}) {
+    EXPECT_EQ(host_rules_error(c), want);
+    EXPECT_EQ(c.check_support_error(&st), want);
+    EXPECT_EQ(st, FS_STATUS_NOT_SUPPORTED);
+  }
+  EXPECT_STARTS(dev_scale.check_support_error(&st), "attn_scale as a device tensor");
+  EXPECT_EQ(st, FS_STATUS_NOT_SUPPORTED);
+  {
+    // The sm90 FP8 forward's switch off does not refuse the backward either.
+    const Fp8ForwardSwitch fwd_off(0);
+    EXPECT_EQ(big.check_support_error(), dims);
+    EXPECT_EQ(host_rules_error(det), "");
+  }
+  // Covered calls pass the host rules (what follows them is the device's: compute capability 8.0, shared
+  // memory; without a GPU, or in a build without CUDA, check_support fails there, not on an FP8 rule).
+  // Deterministic ones too: the deterministic dQ kernel has the FP8 steps.
+  CudaCall pad;
+  pad.row_pad = 8;  // strides the sm90 FP8 forward refuses (not multiples of 16 elements)
+  pad.attn_scale = 1;
+  CudaCall odd;
+  odd.row_pad = 1;  // odd row strides: rows at unaligned addresses (no vector rule for the FP8 backward)
+  odd.deterministic = true;
+  CudaCall mqa;
+  mqa.Hq = 8;
+  mqa.Hk = mqa.Hv = 1;
+  mqa.causal = false;
+  mqa.D = mqa.Dv = 16;
+  CudaCall mqa_det = mqa;
+  mqa_det.deterministic = true;
+  CudaCall wide_det;
+  wide_det.D = wide_det.Dv = 128;
+  wide_det.deterministic = true;
+  wide_det.attn_scale = 1;
+  for (const CudaCall& c : {CudaCall{}, pad, det, odd, mqa, mqa_det, wide_det}) {
+    EXPECT_EQ(host_rules_error(c), "");
+    const std::string msg = c.check_support_error();
+    EXPECT_EQ(msg.find("FP8"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("attn_scale"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("deterministic"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("align"), std::string::npos) << msg;
+  }
+  {
+    CudaCall f = pad;  // the forward with the same strides: the sm90 FP8 forward's TMA rule
+    f.backward = false;
+    f.attn_scale = 0;
+    const Fp8ForwardSwitch fwd_on(1);
+    EXPECT_STARTS(host_rules_error(f), "q: stride 72 of dimension 2 must be a multiple of 16 elements");
+  }
+}
+
+// The switch: FLASHSPAN_EXPERIMENTAL=1 (exactly "1"), read per call; set_sdpa_fp8_bwd_enabled(1 / 0) wins
+// over the environment both ways, -1 gives the environment back.
+TEST(SdpaFp8, BackwardOnCudaSwitchReadsTheEnvironment) {
+  const char* var = "FLASHSPAN_EXPERIMENTAL";
+  const char* saved = std::getenv(var);
+  const std::string keep = saved == nullptr ? "" : saved;
+  flashspan::set_sdpa_fp8_bwd_enabled(-1);
+  unsetenv(var);
+  EXPECT_FALSE(flashspan::sdpa_fp8_bwd_enabled());
+  setenv(var, "1", 1);
+  EXPECT_TRUE(flashspan::sdpa_fp8_bwd_enabled());
+  EXPECT_EQ(host_rules_error(CudaCall{}), "");  // the covered call: the environment's answer
+  for (const char* other : {"0", "", "true", "yes", " 1"}) {
+    setenv(var, other, 1);
+    EXPECT_FALSE(flashspan::sdpa_fp8_bwd_enabled()) << '"' << other << '"';
+  }
+  EXPECT_STARTS(CudaCall{}.check_support_error(), "dQ, dK, dV: the FP8 backward on CUDA tensors is experimental");
+  flashspan::set_sdpa_fp8_bwd_enabled(1);
+  EXPECT_TRUE(flashspan::sdpa_fp8_bwd_enabled());
+  setenv(var, "1", 1);
+  flashspan::set_sdpa_fp8_bwd_enabled(0);
+  EXPECT_FALSE(flashspan::sdpa_fp8_bwd_enabled());
+  flashspan::set_sdpa_fp8_bwd_enabled(-1);
+  EXPECT_TRUE(flashspan::sdpa_fp8_bwd_enabled());
+  if (saved == nullptr) {
+    unsetenv(var);
+  } else {
+    setenv(var, keep.c_str(), 1);
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -34,6 +34,62 @@
 // format, the statistics within 1e-5 relative.
 // Skips when no CUDA device is visible, the build has no CUDA, or the device is not an sm_90 with this
 // build's sm_90a code.
+//
+// The FP8 backward (kernels/sm80/launch_sm80.h launch_sdpa_fp8_bwd_sm80: the 16-bit sm80 backward on bf16
+// copies of the codes with the FP8 graph's roundings; every GPU from sm_80; experimental, its switch
+// set_sdpa_fp8_bwd_enabled forced on), through the C++ API (check_support, workspace_size, execute) on CUDA
+// tensors and on host copies (the CPU reference), both against a float64 loop of docs/SDPA.md's backward:
+//   D = descale_dO descale_o dO.o, S = exp(x - stats), S8 = fp8_q(S scale_s), dS = descale_dO descale_v dO.v,
+//   dP = attn_scale S (dS - D), amax_dP = max |dP|, dP8 = fp8_dO(dP scale_dP), dQ = (dP8 k) descale_dP descale_k,
+//   dK = (sum over the group dP8^T q) descale_dP descale_q, dV = (sum over the group S8^T dO) descale_s descale_dO,
+//   amax_dX = max |dX|, stored fp8_grad(dX scale_dX);
+// o and stats come from the loop's forward of the same definitions, scale_dP and scale_dQ / dK / dV from its
+// amaxes (Transformer Engine's power-of-two recipe, 0.7 fmax / amax, or over-scaled so that the largest
+// saturate).
+//   SdpaFp8Gpu.Fp8BackwardRandom         B 1-2, H_q in {1, 2, 4, 8} with H_k = H_v dividing it, S_q, S_kv in
+//                                        1..300, head dims (16, 16) .. (128, 128) equal and unequal, causal
+//                                        and no mask, E4M3 inputs (E5M2 too) with E4M3 / E5M2 dO and
+//                                        gradients, o either format, factors powers of two and not, in host
+//                                        or device memory, attn_scale a float or a host tensor, BHSD, BSHD,
+//                                        padded rows (whose padding must stay unwritten) and odd row strides
+//                                        from one byte into the allocation (rows at unaligned addresses: no
+//                                        alignment rule for the FP8 backward); deterministic every third case
+//                                        (use_deterministic_algorithm: the ordered dQ kernel with the FP8 steps),
+//                                        run twice: bitwise the same dQ, dK, dV codes and amaxes.
+//   SdpaFp8Gpu.Fp8BackwardEdges          one key (dP from the cancellation dS - D), one query, keys no causal
+//                                        row sees (zero dK / dV rows), S_q > S_kv causal, MQA, whole tiles;
+//                                        every other one deterministic (run twice, bitwise the same).
+//   SdpaFp8Gpu.Fp8BackwardSanitizerSmall small cases for compute-sanitizer (memcheck, racecheck), one of them
+//                                        deterministic with odd row strides.
+//   SdpaFp8Loop.BackwardMatchesTheCpuReference, BackwardCriterionRejectsWrongResults (no GPU): the loop and
+//                                        the criterion against the CPU reference, and the criterion failing
+//                                        on wrong results (a factor 2x or 1.1x, a zeroed or unwritten row, an
+//                                        amax of the quantized dP8, a poisoned or doubled amax).
+// dQ, dK, dV are poisoned with NaN codes (0x7F) before each run (padding too: it must stay so), the amaxes
+// with 0x7F bytes (3.4e38: an atomic max that never zeroes them keeps it) or 0xFF (NaN), the workspace 0xFF.
+// Criterion. The kernel computes S, P, dS, D, dP in fp32, the loop in float64, so an S8 or dP8 term whose
+// value lies near a rounding boundary of its format may round to the neighbouring code, and each stored
+// gradient may round differently. The loop bounds the kernel's fp32 error of each term (an error model, each
+// bound times kModelSafety = 2): products of FP8 values are exact (bf16 mma.sync); an fp32 sum of n terms, in
+// any order, within gamma(n) = (n + 16) 2^-22 times the sum of their magnitudes (twice the worst-case n 2^-24,
+// for truncating tensor-core adds and the factor products); P = exp2(...) within dx = e_x + (|x| + |stats|)
+// 2^-21 + 2^-20 relative (the scores' sum, the exponent's roundings, exp2's approximation); D, dS within
+// gamma(D_v) sum |terms| + 2^-22 |value|; dP within attn_scale (P dx |dS - D| + P (e_dS + e_D)) + 2^-22 |dP|;
+// x scale within 2^-21 relative more. A term's span is the distance between the codes fp8(v - e) and
+// fp8(v + e) (0 unless v lies within its bound e of a boundary); each gradient element's bound before its
+// own rounding is a = unit (sum over its terms of span |operand| + gamma(n) sum |terms|), n = S_kv for dQ,
+// (H_q / H_k) S_q for dK, dV, and in stored units a_y = a scale_dX + 2^-22 |y|, y = dX scale_dX. Then
+//   every element: |stored - clamp(y)| <= 1.01 (a_y + one step of the gradient format at |clamp(y)| + a_y)
+//   (the kernel's value lies within a_y of y, its rounding within half a step of that);
+//   all but 1 % (+ 2) of the codes lie in [fp8(y - a_y), fp8(y + a_y)] (the model's own prediction; an
+//   unmodelled last-bit difference may move a few);
+//   amax_dQ / dK / dV within [max(|dX| - a), max(|dX| + a)], amax_dP within [max(|dP| - e), max(|dP| + e)]
+//   (times 1 -+ 2^-20): both are of the fp32 values before any scale or rounding.
+// Where no term of an element is near a boundary (most: the model's bounds are 1e-4 - 1e-3 of a value, a
+// step 6 - 25 %), a is far below one step, so the bound is one step of the gradient's format: a factor off by
+// 2x fails every element, one off by 1.1x moves most codes off the reference's rounding (the 1 % count),
+// an amax taken after the FP8 rounding lies outside its interval (SdpaFp8Loop.BackwardCriterionRejectsWrongResults
+// checks each on the CPU reference). The CPU reference is held to the same criterion.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,6 +101,7 @@
 #include <random>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "core/fp8_conv.h"
@@ -52,7 +109,7 @@
 #include "flashspan/flashspan.hpp"
 #include "gpu_harness.h"
 #ifdef FLASHSPAN_WITH_CUDA
-#include "dispatch/sdpa_launch.h"  // set_sdpa_fp8_sm90_enabled
+#include "dispatch/sdpa_launch.h"  // set_sdpa_fp8_sm90_enabled, set_sdpa_fp8_bwd_enabled
 #include "kernels/params.h"
 #include "kernels/sm90/launch_sm90.h"
 #include "kernels/sm90/tile_sm90.h"
@@ -685,6 +742,746 @@ TEST(SdpaFp8Gpu, Sm90ForwardSanitizerSmall) {
   const Inputs in = make_inputs(c);
   const std::string e = check(c, in, reference_loop(c, in), run_api(c, in, true), true);
   EXPECT_TRUE(e.empty()) << e;
+}
+
+// ---------------------------------------------------------------------------
+// The FP8 backward (kernels/sm80/launch_sm80.h launch_sdpa_fp8_bwd_sm80: the sm80 backward on bf16 copies of
+// the codes, every GPU from sm_80; experimental, dispatch/sdpa_launch.h sdpa_fp8_bwd_enabled)
+// ---------------------------------------------------------------------------
+
+// The backward's 12 scale factors, in the variant pack's slots' order below.
+enum BwdFactor {
+  kBDescaleQ, kBDescaleK, kBDescaleV, kBDescaleO, kBDescaleDO, kBDescaleS, kBDescaleDP,
+  kBScaleS, kBScaleDQ, kBScaleDK, kBScaleDV, kBScaleDP, kNumBwdFactors
+};
+constexpr fs_sdpa_slot_t kBwdFactorSlots[kNumBwdFactors] = {
+    FS_SDPA_DESCALE_Q, FS_SDPA_DESCALE_K, FS_SDPA_DESCALE_V, FS_SDPA_DESCALE_O, FS_SDPA_DESCALE_DO, FS_SDPA_DESCALE_S,
+    FS_SDPA_DESCALE_DP, FS_SDPA_SCALE_S, FS_SDPA_SCALE_DQ, FS_SDPA_SCALE_DK, FS_SDPA_SCALE_DV, FS_SDPA_SCALE_DP};
+constexpr fs_sdpa_slot_t kBwdAmaxSlots[4] = {FS_SDPA_AMAX_DQ, FS_SDPA_AMAX_DK, FS_SDPA_AMAX_DV, FS_SDPA_AMAX_DP};
+const char* const kGradName[3] = {"dQ", "dK", "dV"};
+const char* const kAmaxName[4] = {"amax_dQ", "amax_dK", "amax_dV", "amax_dP"};
+
+// Memory behind the [B, H, S, D] descriptors: BHSD, BSHD, BHSD with 8 elements of padding after each row
+// (strides the sm90 FP8 forward refuses; the backward's pre-pass and stores take them), or BHSD with one
+// element after each row (row stride D + 1, odd) starting one byte past the allocation: every row of q, k, v,
+// o, dO, dQ, dK, dV but none of the first ones at an address the 16-bit kernels' vector accesses would refuse
+// (the FP8 backward has no alignment rule: it reads and writes its FP8 tensors a byte at a time).
+enum BwdLayout { kBwdBhsd, kBwdBshd, kBwdPaddedRows, kBwdOddRows };
+
+std::array<int64_t, 4> bwd_strides(int H, int S, int D, BwdLayout l) {
+  if (l == kBwdBshd) return strides_of(H, S, D, true);
+  const int64_t row = D + (l == kBwdPaddedRows ? 8 : l == kBwdOddRows ? 1 : 0);
+  return {int64_t(H) * S * row, int64_t(S) * row, row, 1};
+}
+
+struct BwdCase {
+  int format = 1, o_format = 1, do_format = 1, grad_format = 1;  // q / k / v (and S8), o, dO (and dP8), dQ / dK / dV
+  int B = 1, Hq = 1, Hk = 1, Sq = 1, Skv = 1, Dqk = 64, Dv = 64;  // H_v = H_k
+  bool causal = false;
+  BwdLayout layout = kBwdBhsd;
+  bool host_factors = false;  // the 12 factors in host memory (else device memory)
+  bool attn_tensor = false;   // attn_scale as a host tensor (else a float)
+  bool deterministic = false; // use_deterministic_algorithm (the ordered dQ kernel with the FP8 steps)
+  // scale_dP and scale_dQ / dK / dV from the reference's amaxes: 0 Transformer Engine's recipe (fmax / amax
+  // rounded down to a power of two), 1 0.7 fmax / amax (not a power of two), 2 over-scaled (1.5x for dP,
+  // 2x for the gradients: the largest values saturate).
+  int recipe = 0;
+  uint64_t seed = 1;
+  std::string name() const {
+    auto fmt = [](int f) { return f == 2 ? "e5m2" : "e4m3"; };
+    std::ostringstream os;
+    os << "bwd " << fmt(format) << " o " << fmt(o_format) << " dO " << fmt(do_format) << " grad " << fmt(grad_format)
+       << " B" << B << " Hq" << Hq << " Hk" << Hk << " Sq" << Sq << " Skv" << Skv << " D" << Dqk << "/" << Dv
+       << (causal ? " causal" : " no-mask")
+       << (layout == kBwdBshd         ? " bshd"
+           : layout == kBwdPaddedRows ? " padded"
+           : layout == kBwdOddRows    ? " odd-rows"
+                                      : " bhsd")
+       << (host_factors ? " host-factors" : "") << (attn_tensor ? " attn-tensor" : "")
+       << (deterministic ? " deterministic" : "") << " recipe" << recipe
+       << " seed" << seed;
+    return os.str();
+  }
+};
+
+// One backward call's inputs: FP8 codes in their strided buffers (padding NaN codes, 0x7F: read, they would
+// poison the results), the forward's stats, the factors.
+struct BwdInputs {
+  std::array<int64_t, 4> sq, sk, sv, so;  // strides of q and dQ, k and dK, v and dV, o and dO
+  size_t nq = 0, nk = 0, nv = 0, no = 0;  // buffer elements
+  std::vector<uint8_t> q, k, v, o, dO;
+  std::vector<float> stats;  // [B, H_q, S_q] natural-log LSE, contiguous
+  float attn_scale = 1.0f;
+  std::array<float, kNumBwdFactors> factor{};
+};
+
+// The float64 loop's results. y: dX scale_dX before the FP8 rounding (stored units) at each element's
+// offset in its buffer (NaN in the padding); a: the bound on the kernel's distance from y before the
+// rounding (below); amax and [amax_lo, amax_hi] the interval the kernel's fp32 amax may take (real units).
+struct BwdReference {
+  std::array<std::vector<double>, 3> y, a;  // dQ, dK, dV
+  std::array<double, 4> amax{}, amax_lo{}, amax_hi{};  // dQ, dK, dV, dP
+};
+
+struct BwdProblem {
+  BwdInputs in;
+  BwdReference ref;
+};
+
+// The spacing of a format's values at |x| (its subnormal step below the smallest normal, its top binade's
+// spacing from the largest value up).
+double fp8_step(const Fp8Fmt& f, double ax) {
+  if (!(ax > 0)) return 2.0 * f.h;
+  int e = 0;
+  std::frexp(std::min(ax, f.max), &e);  // 2^(e - 1) <= ax < 2^e
+  return std::max(2.0 * f.h, 2.0 * f.u * std::ldexp(1.0, e - 1));
+}
+
+// The error model of the kernel's fp32 arithmetic (the bound of the criterion; file comment):
+constexpr double kModelSafety = 2.0;  // K: every bound below times 2
+double fp32_sum_bound(int64_t terms) { return double(terms + 16) * std::ldexp(1.0, -22); }  // gamma(n)
+
+// Inputs, forward (o and stats from the float64 forward of the same definitions), scales and the reference.
+BwdProblem make_bwd(const BwdCase& c) {
+  const Fp8Fmt f = fmt_of(c.format), fo = fmt_of(c.o_format), fd = fmt_of(c.do_format), fg = fmt_of(c.grad_format);
+  std::mt19937_64 rng(c.seed);
+  std::uniform_real_distribution<double> uni(-1.0, 1.0);
+  BwdProblem pr;
+  BwdInputs& in = pr.in;
+  BwdReference& r = pr.ref;
+  const int B = c.B, Hq = c.Hq, Hk = c.Hk, Sq = c.Sq, Skv = c.Skv, Dqk = c.Dqk, Dv = c.Dv, G = c.Hq / c.Hk;
+  in.sq = bwd_strides(Hq, Sq, Dqk, c.layout);
+  in.sk = bwd_strides(Hk, Skv, Dqk, c.layout);
+  in.sv = bwd_strides(Hk, Skv, Dv, c.layout);
+  in.so = bwd_strides(Hq, Sq, Dv, c.layout);
+  in.nq = size_t(B) * in.sq[0];
+  in.nk = size_t(B) * in.sk[0];
+  in.nv = size_t(B) * in.sv[0];
+  in.no = size_t(B) * in.so[0];
+  auto at = [](const std::array<int64_t, 4>& st, int b, int h, int s, int d) {
+    return size_t(b * st[0] + h * st[1] + s * st[2] + d);
+  };
+  // Raw codes over a quarter of the format's range, a few outliers 4x (as the forward's make_inputs).
+  auto fill = [&](std::vector<uint8_t>& t, size_t n, const std::array<int64_t, 4>& st, int H, int S, int D,
+                  const Fp8Fmt& ff) {
+    t.assign(n, 0x7f);
+    for (int b = 0; b < B; ++b)
+      for (int h = 0; h < H; ++h)
+        for (int s = 0; s < S; ++s)
+          for (int d = 0; d < D; ++d) {
+            t[at(st, b, h, s, d)] = ff.encode(0.25 * ff.max * uni(rng) * (uni(rng) > 0.98 ? 4.0 : 1.0));
+          }
+  };
+  fill(in.q, in.nq, in.sq, Hq, Sq, Dqk, f);
+  fill(in.k, in.nk, in.sk, Hk, Skv, Dqk, f);
+  fill(in.v, in.nv, in.sv, Hk, Skv, Dv, f);
+  fill(in.dO, in.no, in.so, Hq, Sq, Dv, fd);
+  // Descales bringing the raw values to amplitude ~1: powers of two (even seeds) or not.
+  const bool pow2 = c.seed % 2 == 0;
+  auto descale_for = [&](const Fp8Fmt& ff, double m) {
+    const double d = 4.0 / ff.max * m;
+    return float(pow2 ? std::exp2(std::round(std::log2(d))) : d);
+  };
+  std::array<float, kNumBwdFactors>& fac = in.factor;
+  fac[kBDescaleQ] = descale_for(f, 1.1);
+  fac[kBDescaleK] = descale_for(f, 0.9);
+  fac[kBDescaleV] = descale_for(f, 1.0);
+  fac[kBDescaleDO] = descale_for(fd, 1.3);
+  fac[kBScaleS] = float(c.seed % 3 == 0 ? f.max : c.seed % 3 == 1 ? 0.75 * f.max : 0.5 * f.max);
+  fac[kBDescaleS] = 1.0f / fac[kBScaleS];
+  const float scale_o = float(fo.max / 8.0 * (pow2 ? 1.0 : 0.9));
+  fac[kBDescaleO] = 1.0f / scale_o;
+  in.attn_scale = float(2.5 / std::sqrt(double(Dqk)));
+  auto decoded = [](const std::vector<uint8_t>& t, const Fp8Fmt& ff) {
+    std::vector<double> x(t.size());
+    for (size_t i = 0; i < t.size(); ++i) x[i] = ff.decode(t[i]);
+    return x;
+  };
+  const std::vector<double> qd = decoded(in.q, f), kd = decoded(in.k, f), vd = decoded(in.v, f),
+                            dod = decoded(in.dO, fd);
+  const double attn = in.attn_scale, scale_s = fac[kBScaleS], descale_s = fac[kBDescaleS];
+  const double c_s = attn * double(fac[kBDescaleQ]) * double(fac[kBDescaleK]);
+  auto visible = [&](int i) { return c.causal ? std::min(i + 1, Skv) : Skv; };  // keys [0, visible(i))
+  const size_t nrow = size_t(B) * Hq * Sq;
+  auto cell = [&](int b, int h, int i) { return ((size_t(b) * Hq + h) * Sq + i) * Skv; };
+  // The scores x (and es, the bound of their fp32 error: gamma(D) times the sum of |terms|) for both passes.
+  std::vector<double> x(nrow * Skv, 0.0), es(nrow * Skv, 0.0);
+  // Forward: stats (fp32 LSE) and o = fp8_o(O scale_o), O = (S8 v) descale_s descale_v.
+  in.stats.assign(nrow, NAN);
+  in.o.assign(in.no, 0x7f);
+  std::vector<double> s8f(Skv);
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < Hq; ++h) {
+      const int hk = h / G;
+      for (int i = 0; i < Sq; ++i) {
+        const size_t base = cell(b, h, i);
+        double m = -INFINITY;
+        for (int j = 0; j < visible(i); ++j) {
+          double acc = 0.0, mag = 0.0;
+          for (int d = 0; d < Dqk; ++d) {
+            const double t = qd[at(in.sq, b, h, i, d)] * kd[at(in.sk, b, hk, j, d)];
+            acc += t;
+            mag += std::fabs(t);
+          }
+          x[base + j] = c_s * acc;
+          es[base + j] = std::fabs(c_s) * fp32_sum_bound(Dqk) * mag;
+          m = std::max(m, x[base + j]);
+        }
+        double l = 0.0;
+        for (int j = 0; j < visible(i); ++j) l += std::exp(x[base + j] - m);
+        const double lse = m + std::log(l);
+        in.stats[(size_t(b) * Hq + h) * Sq + i] = float(lse);
+        for (int j = 0; j < visible(i); ++j) s8f[j] = f.round(std::exp(x[base + j] - lse) * scale_s);
+        for (int e = 0; e < Dv; ++e) {
+          double acc = 0.0;
+          for (int j = 0; j < visible(i); ++j) acc += s8f[j] * vd[at(in.sv, b, hk, j, e)];
+          in.o[at(in.so, b, h, i, e)] = fo.encode(acc * descale_s * fac[kBDescaleV] * scale_o);
+        }
+      }
+    }
+  }
+  const std::vector<double> od = decoded(in.o, fo);
+  // Backward, pass 1: P, dP and the bounds eP, edP of the kernel's fp32 values of them.
+  //   P = exp(x - stats): |dP/P| <= dx = es + (|x| + |stats|) 2^-21 (the exp2 argument's roundings) + 2^-20
+  //   (exp2's approximation); D = descale_dO descale_o dO.o and dS = descale_dO descale_v dO.v within gamma(D_v)
+  //   sum |terms| + 2^-22 |value|; dP = attn_scale P (dS - D) within attn_scale (P dx |dS - D| + P (e_dS + e_D))
+  //   + 2^-22 |dP|; each times kModelSafety.
+  const double c_ds = double(fac[kBDescaleDO]) * double(fac[kBDescaleV]);
+  const double c_d = double(fac[kBDescaleDO]) * double(fac[kBDescaleO]);
+  std::vector<double> P(nrow * Skv, 0.0), eP(nrow * Skv, 0.0), dP(nrow * Skv, 0.0), edP(nrow * Skv, 0.0);
+  double amax_dp = 0.0, amax_dp_lo = 0.0, amax_dp_hi = 0.0;
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < Hq; ++h) {
+      const int hk = h / G;
+      for (int i = 0; i < Sq; ++i) {
+        const size_t base = cell(b, h, i);
+        const double lse = in.stats[(size_t(b) * Hq + h) * Sq + i];
+        double dsum = 0.0, dmag = 0.0;
+        for (int e = 0; e < Dv; ++e) {
+          const double t = dod[at(in.so, b, h, i, e)] * od[at(in.so, b, h, i, e)];
+          dsum += t;
+          dmag += std::fabs(t);
+        }
+        const double D = c_d * dsum;
+        const double eD = std::fabs(c_d) * fp32_sum_bound(Dv) * dmag + std::fabs(D) * std::ldexp(1.0, -22);
+        for (int j = 0; j < visible(i); ++j) {
+          double acc = 0.0, mag = 0.0;
+          for (int e = 0; e < Dv; ++e) {
+            const double t = dod[at(in.so, b, h, i, e)] * vd[at(in.sv, b, hk, j, e)];
+            acc += t;
+            mag += std::fabs(t);
+          }
+          const double dS = c_ds * acc;
+          const double edS = std::fabs(c_ds) * fp32_sum_bound(Dv) * mag + std::fabs(dS) * std::ldexp(1.0, -22);
+          const double p = std::exp(x[base + j] - lse);
+          const double dx = es[base + j] + (std::fabs(x[base + j]) + std::fabs(lse)) * std::ldexp(1.0, -21) +
+                            std::ldexp(1.0, -20);
+          const double g = attn * p * (dS - D);
+          P[base + j] = p;
+          eP[base + j] = kModelSafety * p * dx;
+          dP[base + j] = g;
+          edP[base + j] = kModelSafety * (std::fabs(attn) * (p * dx * std::fabs(dS - D) + p * (edS + eD)) +
+                                          std::fabs(g) * std::ldexp(1.0, -22));
+          amax_dp = std::max(amax_dp, std::fabs(g));
+          amax_dp_lo = std::max(amax_dp_lo, std::fabs(g) - edP[base + j]);
+          amax_dp_hi = std::max(amax_dp_hi, std::fabs(g) + edP[base + j]);
+        }
+      }
+    }
+  }
+  auto scale_for = [&](double fmax, double amax, double over) {
+    if (!(amax > 0)) return 1.0f;
+    const double s = fmax / amax;
+    return float(c.recipe == 0 ? std::exp2(std::floor(std::log2(s))) : c.recipe == 1 ? 0.7 * s : over * s);
+  };
+  fac[kBScaleDP] = scale_for(fd.max, amax_dp, 1.5);
+  fac[kBDescaleDP] = 1.0f / fac[kBScaleDP];
+  r.amax[3] = amax_dp;
+  r.amax_lo[3] = amax_dp_lo;
+  r.amax_hi[3] = amax_dp_hi;
+  // Pass 2: the quantized operands S8 = fp8_q(P scale_s) and dP8 = fp8_dO(dP scale_dP) (stored units), in
+  // place of P and dP, and in place of eP, edP the spans of the codes the kernel's value may round to
+  // (0 unless the value lies within its bound of a rounding boundary of the format).
+  const double scale_dp = fac[kBScaleDP];
+  for (size_t t = 0; t < P.size(); ++t) {
+    const double sv = P[t] * scale_s, esv = eP[t] * scale_s + sv * std::ldexp(1.0, -21);
+    P[t] = f.round(sv);
+    eP[t] = f.round(sv + esv) - f.round(sv - esv);
+    const double pv = dP[t] * scale_dp, epv = edP[t] * std::fabs(scale_dp) + std::fabs(pv) * std::ldexp(1.0, -21);
+    dP[t] = fd.round(pv);
+    edP[t] = fd.round(pv + epv) - fd.round(pv - epv);
+  }
+  // The gradients (real units) and their bounds: a = unit (sum of span |operand| + gamma(n) sum |terms|).
+  const double u_dq = double(fac[kBDescaleDP]) * double(fac[kBDescaleK]);
+  const double u_dk = double(fac[kBDescaleDP]) * double(fac[kBDescaleQ]);
+  const double u_dv = double(fac[kBDescaleS]) * double(fac[kBDescaleDO]);
+  std::array<std::vector<double>, 3> val, bnd;
+  val[0].assign(in.nq, NAN);
+  val[1].assign(in.nk, NAN);
+  val[2].assign(in.nv, NAN);
+  for (int t = 0; t < 3; ++t) bnd[t].assign(val[t].size(), NAN);
+  std::vector<double> acc, spn, mag;
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < Hq; ++h) {
+      const int hk = h / G;
+      for (int i = 0; i < Sq; ++i) {
+        const size_t base = cell(b, h, i);
+        acc.assign(Dqk, 0.0);
+        spn.assign(Dqk, 0.0);
+        mag.assign(Dqk, 0.0);
+        for (int j = 0; j < visible(i); ++j) {
+          for (int d = 0; d < Dqk; ++d) {
+            const double kv = kd[at(in.sk, b, hk, j, d)];
+            acc[d] += dP[base + j] * kv;
+            spn[d] += edP[base + j] * std::fabs(kv);
+            mag[d] += std::fabs(dP[base + j] * kv);
+          }
+        }
+        for (int d = 0; d < Dqk; ++d) {
+          val[0][at(in.sq, b, h, i, d)] = u_dq * acc[d];
+          bnd[0][at(in.sq, b, h, i, d)] = std::fabs(u_dq) * (spn[d] + fp32_sum_bound(Skv) * mag[d]);
+        }
+      }
+    }
+    for (int hk = 0; hk < Hk; ++hk) {
+      for (int j = 0; j < Skv; ++j) {
+        for (int t = 1; t < 3; ++t) {
+          const int D = t == 1 ? Dqk : Dv;
+          acc.assign(D, 0.0);
+          spn.assign(D, 0.0);
+          mag.assign(D, 0.0);
+          for (int h = hk * G; h < (hk + 1) * G; ++h) {
+            for (int i = 0; i < Sq; ++i) {
+              if (j >= visible(i)) continue;
+              const size_t cij = cell(b, h, i) + j;
+              const double w = t == 1 ? dP[cij] : P[cij], sw = t == 1 ? edP[cij] : eP[cij];
+              for (int d = 0; d < D; ++d) {
+                const double xv = t == 1 ? qd[at(in.sq, b, h, i, d)] : dod[at(in.so, b, h, i, d)];
+                acc[d] += w * xv;
+                spn[d] += sw * std::fabs(xv);
+                mag[d] += std::fabs(w * xv);
+              }
+            }
+          }
+          const double u = t == 1 ? u_dk : u_dv;
+          const std::array<int64_t, 4>& st = t == 1 ? in.sk : in.sv;
+          for (int d = 0; d < D; ++d) {
+            val[t][at(st, b, hk, j, d)] = u * acc[d];
+            bnd[t][at(st, b, hk, j, d)] = std::fabs(u) * (spn[d] + fp32_sum_bound(int64_t(G) * Sq) * mag[d]);
+          }
+        }
+      }
+    }
+  }
+  // amax of each gradient (real units), its scale by the recipe, y = dX scale_dX and a (stored units).
+  const BwdFactor scale_slot[3] = {kBScaleDQ, kBScaleDK, kBScaleDV};
+  for (int t = 0; t < 3; ++t) {
+    double am = 0.0, lo = 0.0, hi = 0.0;
+    for (size_t e = 0; e < val[t].size(); ++e) {
+      if (std::isnan(val[t][e])) continue;
+      am = std::max(am, std::fabs(val[t][e]));
+      lo = std::max(lo, std::fabs(val[t][e]) - bnd[t][e]);
+      hi = std::max(hi, std::fabs(val[t][e]) + bnd[t][e]);
+    }
+    r.amax[t] = am;
+    r.amax_lo[t] = lo;
+    r.amax_hi[t] = hi;
+    fac[scale_slot[t]] = scale_for(fg.max, am, 2.0);
+    const double sc = fac[scale_slot[t]];
+    r.y[t].assign(val[t].size(), NAN);
+    r.a[t].assign(val[t].size(), NAN);
+    for (size_t e = 0; e < val[t].size(); ++e) {
+      if (std::isnan(val[t][e])) continue;
+      r.y[t][e] = val[t][e] * sc;
+      r.a[t][e] = bnd[t][e] * std::fabs(sc) + std::fabs(r.y[t][e]) * std::ldexp(1.0, -22);
+    }
+  }
+  return pr;
+}
+
+// What a backward gives back: the dQ, dK, dV buffers (padding included) and the four amaxes; with the odd-rows
+// layout (its tensors start one byte into their allocations) whether the byte before each gradient was written.
+struct BwdOutputs {
+  std::array<std::vector<uint8_t>, 3> g;
+  std::array<float, 4> amax{};
+  std::array<bool, 3> before_written{};
+};
+
+// The criterion (file comment) of a run against the reference.
+std::string check_bwd(const BwdCase& c, const BwdProblem& pr, const BwdOutputs& out, const std::string& who) {
+  const Fp8Fmt fg = fmt_of(c.grad_format);
+  const BwdReference& r = pr.ref;
+  std::ostringstream fails;
+  for (int t = 0; t < 3; ++t) {
+    int64_t n = 0, bad = 0, outside = 0, pad_written = 0;
+    for (size_t e = 0; e < r.y[t].size(); ++e) {
+      const uint8_t code = out.g[t][e];
+      if (std::isnan(r.y[t][e])) {  // padding: never written
+        if (code != 0x7f) ++pad_written;
+        continue;
+      }
+      ++n;
+      const double got = fg.decode(code), y = r.y[t][e], a = r.a[t][e];
+      const double yc = std::clamp(y, -fg.max, fg.max);
+      const double tol = 1.01 * (a + fp8_step(fg, std::fabs(yc) + a));
+      if (!(std::fabs(got - yc) <= tol) && bad++ < 5) {
+        fails << "  " << kGradName[t] << "[" << e << "] = " << got << " (code 0x" << std::hex << int(code) << std::dec
+              << "), reference " << y << " (bound " << tol << ")\n";
+      }
+      if (!(got >= fg.round(y - a) && got <= fg.round(y + a))) ++outside;
+    }
+    if (bad) fails << "  " << bad << " of " << n << " elements of " << kGradName[t] << " out of bounds\n";
+    if (outside > n / 100 + 2) {
+      fails << "  " << kGradName[t] << ": " << outside << " of " << n
+            << " codes are not the rounding of the reference within the model (at most 1 % + 2)\n";
+    }
+    if (pad_written) fails << "  " << kGradName[t] << ": " << pad_written << " padding bytes written\n";
+    if (out.before_written[t]) fails << "  " << kGradName[t] << ": the byte before its first element written\n";
+  }
+  for (int t = 0; t < 4; ++t) {
+    const double lo = r.amax_lo[t] * (1.0 - std::ldexp(1.0, -20)), hi = r.amax_hi[t] * (1.0 + std::ldexp(1.0, -20));
+    if (!(out.amax[t] >= lo && out.amax[t] <= hi)) {
+      fails << "  " << kAmaxName[t] << " = " << out.amax[t] << ", reference " << r.amax[t] << " (interval [" << lo
+            << ", " << hi << "])\n";
+    }
+  }
+  const std::string s = fails.str();
+  return s.empty() ? s : who + " " + c.name() + ":\n" + s;
+}
+
+// The call through the C++ API: on CUDA tensors (the FP8 backward on the sm80 kernels) or, cuda = false, on host
+// tensors (the CPU reference). Outputs poisoned with NaN codes (0x7F), the amaxes with amax_poison bytes
+// (0x7F: 3.4e38, a maximum that never zeroes stays; 0xFF: NaN), the workspace with 0xFF. The odd-rows layout's
+// FP8 tensors start one byte into their allocations (the byte before them 0x7F, checked unwritten).
+BwdOutputs run_bwd_api(const BwdCase& c, const BwdInputs& in, bool cuda, uint8_t amax_poison = 0x7f) {
+  const fs_device_t dev = cuda ? api::Device::cuda(0) : api::Device::cpu();
+  const fs_device_t fac_dev = cuda && !c.host_factors ? api::Device::cuda(0) : api::Device::cpu();
+  const size_t lead = c.layout == kBwdOddRows ? 1 : 0;  // bytes before each FP8 tensor's first element
+  // The FP8 buffers with `lead` bytes of 0x7F before them (their pointers are data() + lead).
+  auto shifted = [&](const std::vector<uint8_t>& t) {
+    std::vector<uint8_t> b(lead + t.size(), 0x7f);
+    std::copy(t.begin(), t.end(), b.begin() + ptrdiff_t(lead));
+    return b;
+  };
+  std::vector<uint8_t> q = shifted(in.q), k = shifted(in.k), v = shifted(in.v), o = shifted(in.o), dO = shifted(in.dO);
+  std::vector<uint8_t> dq(lead + in.nq, 0x7f), dk(lead + in.nk, 0x7f), dv(lead + in.nv, 0x7f);
+  std::vector<float> stats = in.stats, amax(4);
+  std::memset(amax.data(), amax_poison, amax.size() * sizeof(float));
+  std::vector<float> fac(in.factor.begin(), in.factor.end());
+  float attn = in.attn_scale;
+  std::vector<std::unique_ptr<DevBuf>> bufs;
+  auto place = [&](auto& h) -> void* {
+    using T = typename std::decay_t<decltype(h)>::value_type;
+    if (!cuda) return h.data();
+    bufs.push_back(std::make_unique<DevBuf>(std::max<size_t>(h.size() * sizeof(T), 16)));
+    cuda_ok(cudaMemcpy(bufs.back()->p, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice), "upload");
+    return bufs.back()->p;
+  };
+  auto place8 = [&](std::vector<uint8_t>& h) -> void* { return static_cast<uint8_t*>(place(h)) + lead; };
+  void *pq = place8(q), *pk = place8(k), *pv = place8(v), *po = place8(o), *pdo = place8(dO), *pst = place(stats);
+  void *pdq = place8(dq), *pdk = place8(dk), *pdv = place8(dv), *pam = place(amax);
+  void* pfac = c.host_factors ? fac.data() : place(fac);
+  auto desc = [&](int code, int H, int S, int D, const std::array<int64_t, 4>& st) {
+    return api::TensorDesc(nullptr, api_dtype(code), dev, {c.B, H, S, D}, {st[0], st[1], st[2], st[3]});
+  };
+  const api::TensorDesc qd = desc(c.format, c.Hq, c.Sq, c.Dqk, in.sq), kd = desc(c.format, c.Hk, c.Skv, c.Dqk, in.sk);
+  const api::TensorDesc vd = desc(c.format, c.Hk, c.Skv, c.Dv, in.sv), od = desc(c.o_format, c.Hq, c.Sq, c.Dv, in.so);
+  const api::TensorDesc dod = desc(c.do_format, c.Hq, c.Sq, c.Dv, in.so);
+  const api::TensorDesc dqd = desc(c.grad_format, c.Hq, c.Sq, c.Dqk, in.sq);
+  const api::TensorDesc dkd = desc(c.grad_format, c.Hk, c.Skv, c.Dqk, in.sk);
+  const api::TensorDesc dvd = desc(c.grad_format, c.Hk, c.Skv, c.Dv, in.sv);
+  const api::TensorDesc sd(nullptr, api::kFloat32, dev, {c.B, c.Hq, c.Sq, 1});
+  const api::TensorDesc one(nullptr, api::kFloat32, fac_dev, {1, 1, 1, 1});
+  const api::TensorDesc amax_d(nullptr, api::kFloat32, dev, {1, 1, 1, 1});
+  api::SdpaBackwardAttributes a;
+  a.set_causal_mask(c.causal).set_deterministic_algorithm(c.deterministic);
+  if (c.attn_tensor) {
+    a.set_attn_scale(api::TensorDesc(nullptr, api::kFloat32, api::Device::cpu(), {1}));
+  } else {
+    a.set_attn_scale(in.attn_scale);
+  }
+  a.set_descale_q(one).set_descale_k(one).set_descale_v(one).set_descale_o(one).set_descale_dO(one);
+  a.set_descale_s(one).set_descale_dP(one).set_scale_s(one).set_scale_dQ(one).set_scale_dK(one);
+  a.set_scale_dV(one).set_scale_dP(one);
+  a.set_amax_dQ(amax_d).set_amax_dK(amax_d).set_amax_dV(amax_d).set_amax_dP(amax_d);
+  api::SdpaBwd op(qd, kd, vd, od, dod, sd, dqd, dkd, dvd, a);
+  op.check_support();
+  op.compile();
+  api::SdpaVariantPack pack;
+  pack.set(FS_SDPA_Q, pq).set(FS_SDPA_K, pk).set(FS_SDPA_V, pv).set(FS_SDPA_O, po).set(FS_SDPA_DO, pdo);
+  pack.set(FS_SDPA_STATS, pst).set(FS_SDPA_DQ, pdq).set(FS_SDPA_DK, pdk).set(FS_SDPA_DV, pdv);
+  for (int i = 0; i < kNumBwdFactors; ++i) pack.set(kBwdFactorSlots[i], static_cast<float*>(pfac) + i);
+  for (int i = 0; i < 4; ++i) pack.set(kBwdAmaxSlots[i], static_cast<float*>(pam) + i);
+  if (c.attn_tensor) pack.set(FS_SDPA_ATTN_SCALE, &attn);
+  const size_t ws_bytes = op.workspace_size();
+  std::unique_ptr<DevBuf> ws;
+  if (ws_bytes) {
+    ws = std::make_unique<DevBuf>(ws_bytes);
+    cuda_ok(cudaMemset(ws->p, 0xff, ws_bytes), "poison workspace");
+  }
+  op.execute(pack, ws ? ws->p : nullptr, ws_bytes, nullptr);
+  if (cuda) {
+    cuda_ok(cudaDeviceSynchronize(), "sdpa fp8 backward (API)");
+    auto get = [&](auto& h, void* d) {
+      using T = typename std::decay_t<decltype(h)>::value_type;
+      cuda_ok(cudaMemcpy(h.data(), d, h.size() * sizeof(T), cudaMemcpyDeviceToHost), "download");
+    };
+    get(dq, static_cast<uint8_t*>(pdq) - lead);
+    get(dk, static_cast<uint8_t*>(pdk) - lead);
+    get(dv, static_cast<uint8_t*>(pdv) - lead);
+    get(amax, pam);
+  }
+  BwdOutputs out;
+  int t = 0;
+  for (const std::vector<uint8_t>* g : {&dq, &dk, &dv}) {
+    out.g[size_t(t)].assign(g->begin() + ptrdiff_t(lead), g->end());
+    out.before_written[size_t(t)] = lead && (*g)[0] != 0x7f;
+    ++t;
+  }
+  for (int i = 0; i < 4; ++i) out.amax[i] = amax[i];
+  return out;
+}
+
+// A deterministic backward's promise: two runs of the same call give bitwise the same dQ, dK, dV codes (padding
+// included) and amaxes.
+std::string check_same_bits(const BwdCase& c, const BwdOutputs& x, const BwdOutputs& y) {
+  std::ostringstream fails;
+  for (int t = 0; t < 3; ++t) {
+    size_t differ = 0, first = 0;
+    for (size_t e = 0; e < x.g[t].size(); ++e) {
+      if (x.g[t][e] != y.g[t][e] && differ++ == 0) first = e;
+    }
+    if (differ) {
+      fails << "  " << kGradName[t] << ": " << differ << " of " << x.g[t].size()
+            << " codes differ between two runs (first at " << first << ": 0x" << std::hex << int(x.g[t][first])
+            << " and 0x" << int(y.g[t][first]) << std::dec << ")\n";
+    }
+  }
+  for (int t = 0; t < 4; ++t) {
+    if (std::memcmp(&x.amax[t], &y.amax[t], sizeof(float)) != 0) {
+      fails << "  " << kAmaxName[t] << ": " << x.amax[t] << " and " << y.amax[t] << " in two runs\n";
+    }
+  }
+  const std::string s = fails.str();
+  return s.empty() ? s : "GPU (deterministic, run twice) " + c.name() + ":\n" + s;
+}
+
+// The FP8 backward's switch forced on for a test (the environment's answer back after it).
+struct Fp8BwdSwitchOn {
+  Fp8BwdSwitchOn() { set_sdpa_fp8_bwd_enabled(1); }
+  ~Fp8BwdSwitchOn() { set_sdpa_fp8_bwd_enabled(-1); }
+  Fp8BwdSwitchOn(const Fp8BwdSwitchOn&) = delete;
+  Fp8BwdSwitchOn& operator=(const Fp8BwdSwitchOn&) = delete;
+};
+
+// The FP8 backward runs on every GPU from sm_80.
+bool sm80_device() {
+  int dev = 0, major = 0;
+  return cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8;
+}
+
+#define REQUIRE_SM80()                                                                          \
+  do {                                                                                          \
+    REQUIRE_GPU();                                                                              \
+    if (!sm80_device()) GTEST_SKIP() << "not a CUDA device of compute capability 8.0 or newer"; \
+  } while (0)
+
+// Random case n: head dims from a list (equal and unequal, 16 to 128), B 1-2, H_q in {1, 2, 4, 8} with
+// H_k = H_v a divisor, S_q and S_kv in 1..max_s, E4M3 inputs (E5M2 every sixth), every dO / gradient format
+// pair, causal and no mask, the four layouts (odd row strides every fourth), host and device factors,
+// attn_scale a float or a host tensor, the three scale recipes, deterministic every third (n % 3 == 2).
+BwdCase bwd_random_case(int n, std::mt19937_64& rng, int max_s, uint64_t seed) {
+  static const int dims[][2] = {{64, 64}, {128, 128}, {32, 64}, {128, 64}, {16, 16}, {64, 128}, {48, 112}, {96, 32}};
+  BwdCase c;
+  c.seed = seed;
+  c.Dqk = dims[n % 8][0];
+  c.Dv = dims[n % 8][1];
+  c.B = 1 + int(rng() % 2);
+  c.Hq = 1 << int(rng() % 4);
+  c.Hk = c.Hq >> int(rng() % 4);
+  c.Hk = std::max(c.Hk, 1);
+  c.Sq = 1 + int(rng() % uint64_t(max_s));
+  c.Skv = 1 + int(rng() % uint64_t(max_s));
+  c.format = n % 6 == 5 ? 2 : 1;
+  c.o_format = 1 + int(rng() % 2);
+  c.do_format = 1 + n % 2;
+  c.grad_format = n % 3 == 0 ? 3 - c.do_format : c.do_format;
+  c.causal = (n / 2) % 2 == 1;
+  c.layout = BwdLayout(n % 4);
+  c.host_factors = n % 4 == 1;
+  c.attn_tensor = n % 4 >= 2;
+  c.recipe = (n / 3) % 3;
+  c.deterministic = n % 3 == 2;
+  return c;
+}
+
+// The case on the GPU (gpu) and on the CPU reference, each against the loop; a deterministic case runs on the
+// GPU twice (the amaxes poisoned differently) and must give bitwise the same results.
+std::string bwd_case(const BwdCase& c, bool gpu) {
+  const BwdProblem pr = make_bwd(c);
+  std::string e = check_bwd(c, pr, run_bwd_api(c, pr.in, false), "CPU reference");
+  if (gpu) {
+    const BwdOutputs first = run_bwd_api(c, pr.in, true, c.seed % 2 ? 0xff : 0x7f);
+    e += check_bwd(c, pr, first, "GPU");
+    if (c.deterministic) e += check_same_bits(c, first, run_bwd_api(c, pr.in, true, c.seed % 2 ? 0x7f : 0xff));
+  }
+  return e;
+}
+
+TEST(SdpaFp8Gpu, Fp8BackwardRandom) {
+  REQUIRE_SM80();
+  const Fp8BwdSwitchOn on;
+  std::mt19937_64 rng(20261204);
+  for (int n = 0; n < 16; ++n) {
+    const BwdCase c = bwd_random_case(n, rng, 300, 3000 + uint64_t(n));
+    const std::string e = bwd_case(c, true);
+    EXPECT_TRUE(e.empty()) << e;
+  }
+}
+
+// Edges: one key (dP = attn_scale (dS - D) with D ~ dS: the cancellation), one query, keys no causal row sees
+// (S_kv > S_q: zero dK / dV rows, which must be written), S_q > S_kv causal, MQA with 8 query heads a key
+// head; whole tiles (S = 256, several key blocks an item, GQA 4) in both dO formats. Every other shape
+// deterministic (run twice: bitwise the same), the four layouts in turn.
+TEST(SdpaFp8Gpu, Fp8BackwardEdges) {
+  REQUIRE_SM80();
+  const Fp8BwdSwitchOn on;
+  struct Shape {
+    int B, Hq, Hk, Sq, Skv, Dqk, Dv;
+    bool causal;
+  };
+  const Shape shapes[] = {{2, 4, 2, 77, 1, 64, 64, true},     {1, 2, 1, 1, 257, 128, 64, false},
+                          {2, 4, 4, 40, 300, 32, 32, true},   {1, 8, 1, 300, 130, 64, 128, true},
+                          {2, 8, 2, 256, 256, 128, 128, true}, {1, 4, 1, 256, 256, 64, 64, false}};
+  int n = 0;
+  for (const Shape& s : shapes) {
+    BwdCase c;
+    c.B = s.B;
+    c.Hq = s.Hq;
+    c.Hk = s.Hk;
+    c.Sq = s.Sq;
+    c.Skv = s.Skv;
+    c.Dqk = s.Dqk;
+    c.Dv = s.Dv;
+    c.causal = s.causal;
+    c.do_format = 1 + n % 2;
+    c.grad_format = 2 - n % 2;
+    c.o_format = 1 + (n / 2) % 2;
+    c.layout = BwdLayout(n % 4);
+    c.recipe = n % 3;
+    c.deterministic = n % 2 == 1;
+    c.seed = 4000 + uint64_t(n);
+    ++n;
+    const std::string e = bwd_case(c, true);
+    EXPECT_TRUE(e.empty()) << e;
+  }
+}
+
+// The GPU tests' oracle and criterion, checked without a GPU: the float64 loop against the CPU reference (the
+// FP8 API on host tensors) on the random cases' options, within the same bounds.
+TEST(SdpaFp8Loop, BackwardMatchesTheCpuReference) {
+  std::mt19937_64 rng(17);
+  for (int n = 0; n < 8; ++n) {
+    const BwdCase c = bwd_random_case(n, rng, 70, 700 + uint64_t(n));
+    const std::string e = bwd_case(c, false);
+    EXPECT_TRUE(e.empty()) << e;
+  }
+}
+
+// The criterion can fail: results of a wrong implementation, made from the CPU reference's, are rejected.
+TEST(SdpaFp8Loop, BackwardCriterionRejectsWrongResults) {
+  BwdCase c;
+  c.B = 2;
+  c.Hq = 4;
+  c.Hk = 2;
+  c.Sq = 45;
+  c.Skv = 60;
+  c.Dqk = 32;
+  c.Dv = 64;
+  c.causal = true;
+  c.do_format = 1;
+  c.grad_format = 2;  // E5M2 gradients: the coarser step (25 % at its widest)
+  c.recipe = 1;
+  c.seed = 91;
+  const BwdProblem pr = make_bwd(c);
+  const BwdOutputs good = run_bwd_api(c, pr.in, false);
+  ASSERT_EQ(check_bwd(c, pr, good, "CPU reference"), "");
+  auto fails_on = [&](const BwdOutputs& out, const std::string& what) {
+    const std::string e = check_bwd(c, pr, out, "mutant");
+    EXPECT_NE(e.find(what), std::string::npos) << "not rejected (" << what << "):\n" << e;
+  };
+  // A scale factor 2x (scale_dQ), and one 1.1x (scale_dV: within one E5M2 step of most elements, so only the
+  // count of codes off the reference's rounding sees it).
+  for (const auto& [slot, factor, what] : {std::tuple<int, float, const char*>{kBScaleDQ, 2.0f, "elements of dQ"},
+                                           {kBScaleDV, 1.1f, "dV: "}}) {
+    BwdInputs in = pr.in;
+    in.factor[slot] *= factor;
+    fails_on(run_bwd_api(c, in, false), what);
+  }
+  // descale_dP 2x: dQ and dK twice as large, their amaxes too.
+  {
+    BwdInputs in = pr.in;
+    in.factor[kBDescaleDP] *= 2.0f;
+    const BwdOutputs out = run_bwd_api(c, in, false);
+    fails_on(out, "elements of dQ");
+    fails_on(out, "elements of dK");
+    fails_on(out, "amax_dK");
+  }
+  // One key row of dK zeroed; a row never written (NaN codes).
+  {
+    BwdOutputs out = good;
+    for (int d = 0; d < c.Dqk; ++d) out.g[1][size_t(d)] = 0;
+    fails_on(out, "elements of dK");
+    out = good;
+    for (int d = 0; d < c.Dv; ++d) out.g[2][size_t(pr.in.sv[2] * 7 + d)] = 0x7f;
+    fails_on(out, "elements of dV");
+  }
+  // amax_dP of the quantized dP8 (max |dP8| descale_dP: 0.7 fmax rounds to another code) instead of dP's; an
+  // amax left at its poison, or doubled.
+  {
+    const Fp8Fmt fd = fmt_of(c.do_format);
+    BwdOutputs out = good;
+    out.amax[3] = float(fd.round(pr.ref.amax[3] * pr.in.factor[kBScaleDP]) / pr.in.factor[kBScaleDP]);
+    fails_on(out, "amax_dP");
+    out = good;
+    std::memset(&out.amax[0], 0x7f, sizeof(float));
+    fails_on(out, "amax_dQ");
+    out = good;
+    out.amax[2] *= 2.0f;
+    fails_on(out, "amax_dV");
+  }
+}
+
+// Small cases for compute-sanitizer (memcheck, racecheck: scripts/gpu_check.sh): both kernel tiles ((64, 64)
+// and (128, 128)-class), unequal head dims, GQA, causal and no mask, S not a multiple of the tiles, padded rows,
+// BSHD and odd row strides (unaligned rows), both dO formats, the deterministic dQ kernel (the fourth case).
+TEST(SdpaFp8Gpu, Fp8BackwardSanitizerSmall) {
+  REQUIRE_SM80();
+  const Fp8BwdSwitchOn on;
+  BwdCase c;
+  c.B = 2;
+  c.Hq = 4;
+  c.Hk = 2;
+  c.Sq = 70;
+  c.Skv = 150;
+  // The fourth: deterministic (the ordered dQ kernel with the FP8 steps; run twice, bitwise the same), odd row
+  // strides from one byte past the allocation, the (128, 128)-class tile with unequal head dims.
+  const int dims[][2] = {{64, 64}, {128, 128}, {32, 64}, {128, 64}};
+  for (int n = 0; n < 4; ++n) {
+    c.Dqk = dims[n][0];
+    c.Dv = dims[n][1];
+    c.causal = n != 1;
+    c.layout = BwdLayout(n);
+    c.do_format = 1 + n % 2;
+    c.grad_format = 2 - n % 2;
+    c.attn_tensor = n == 2;
+    c.host_factors = n == 1;
+    c.deterministic = n == 3;
+    c.seed = 60 + uint64_t(n);
+    const std::string e = bwd_case(c, true);
+    EXPECT_TRUE(e.empty()) << e;
+  }
 }
 
 #endif  // FLASHSPAN_WITH_CUDA

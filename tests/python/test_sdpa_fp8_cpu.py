@@ -1,6 +1,8 @@
 """flashspan.sdpa_fp8 / sdpa_fp8_backward on CPU tensors (the CPU reference) against the independent float64 oracle
 (sdpa_fp8_ref.py): random configurations (formats, scales, GQA, causal, padding, THD), the FP8 conversions against
-torch's float8 casts (every code, hypothesis-drawn scales), the oracle's own formulas against autograd, and bad input.
+torch's float8 casts (every code, hypothesis-drawn scales), the oracle's own formulas against autograd, and bad input;
+and, on CUDA descriptors without a GPU, the C layer's NotImplementedError for the FP8 backward on CUDA tensors
+(experimental: FLASHSPAN_EXPERIMENTAL=1; its rule's refusals).
 """
 
 import itertools
@@ -339,3 +341,137 @@ def test_generate_stats_and_is_inference(fs):
 def test_exports(fs):
     assert "sdpa_fp8" in fs.__all__ and "sdpa_fp8_backward" in fs.__all__
     assert fs.sdpa_fp8.__doc__ and "amax_s" in fs.sdpa_fp8.__doc__
+
+
+# ---------------------------------------------------------------------------
+# The FP8 backward on CUDA tensors (experimental), on descriptors: no GPU needed
+# ---------------------------------------------------------------------------
+
+
+def _cuda_fp8_bwd_op(Hv=2, D=64, Dv=128, deterministic=False, attn_scale_tensor=None):
+    """Creates an FP8 backward operation on CUDA descriptors (B = 2, H_q = 4, H_k = 2, S_q = 100, S_kv = 130, causal;
+    E4M3 inputs, E5M2 dO and gradients) through the library's Python binding (its NotImplementedError on
+    check_support's NOT_SUPPORTED). attn_scale_tensor: None (a float), "cpu" or "cuda"."""
+    from flashspan import _lib as lib
+    from flashspan import _sdpa_lib as L
+
+    dev = torch.device("cuda", 0)
+
+    def d(shape, dtype, device=dev):
+        stride = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            stride[i] = stride[i + 1] * shape[i + 1]
+        return lib.TensorDesc.from_spec(shape, stride, dtype, device, "t")
+
+    B, Hq, Hk, Sq, Skv = 2, 4, 2, 100, 130
+    attrs = L.Attributes(True)
+    attrs.set("causal_mask", 1)
+    if deterministic:
+        attrs.set("deterministic_algorithm", 1)
+    if attn_scale_tensor is None:
+        attrs.set("attn_scale", 0.125)
+    else:
+        attrs.set("attn_scale_tensor", d((1,), torch.float32, torch.device(attn_scale_tensor, 0)
+                                         if attn_scale_tensor == "cuda" else torch.device("cpu")))
+    for name in ("descale_q", "descale_k", "descale_v", "descale_o", "descale_do", "descale_s", "descale_dp",
+                 "scale_s", "scale_dq", "scale_dk", "scale_dv", "scale_dp", "amax_dq", "amax_dk", "amax_dv", "amax_dp"):
+        attrs.set(name, d((1, 1, 1, 1), torch.float32))
+    descs = [d((B, Hq, Sq, D), E4M3), d((B, Hk, Skv, D), E4M3), d((B, Hv, Skv, Dv), E4M3), d((B, Hq, Sq, Dv), E4M3),
+             d((B, Hq, Sq, Dv), E5M2), d((B, Hq, Sq, 1), torch.float32), d((B, Hq, Sq, D), E5M2),
+             d((B, Hk, Skv, D), E5M2), d((B, Hv, Skv, Dv), E5M2)]
+    return L.Op("bwd", descs, attrs)
+
+
+@pytest.mark.parametrize("value", [None, "0", "yes"])
+def test_cuda_fp8_backward_needs_flashspan_experimental(fs, monkeypatch, value):
+    """Without FLASHSPAN_EXPERIMENTAL=1 (read per check_support) every FP8 backward on CUDA tensors is refused as
+    experimental, before the rule's own refusals, with the variable named."""
+    if value is None:
+        monkeypatch.delenv("FLASHSPAN_EXPERIMENTAL", raising=False)
+    else:
+        monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", value)
+    for kw in ({}, dict(D=144), dict(Hv=4), dict(deterministic=True)):
+        with pytest.raises(NotImplementedError, match=r"^dQ, dK, dV: the FP8 backward on CUDA tensors is experimental"
+                                                      r".*FLASHSPAN_EXPERIMENTAL=1 turns it on"):
+            _cuda_fp8_bwd_op(**kw)
+
+
+def test_cuda_fp8_backward_rule_is_named(fs, monkeypatch):
+    """With FLASHSPAN_EXPERIMENTAL=1: what the FP8 backward does not run is named (sdpa_fp8_bwd_refusal) with the
+    rule's message, deterministic or not; a covered call, deterministic too (the ordered dQ kernel with the FP8
+    steps), passes the host rules (without a GPU check_support then stops at the device, not on an FP8 rule)."""
+    monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
+    tail = (r": not supported by the FP8 backward on CUDA tensors yet \(it runs H_k = H_v, each head dim a multiple "
+            r"of 16 up to 128\); CPU tensors run it on the CPU reference$")
+    dims = r"head dims \(multiples of 16 up to 128\)"
+    for kw, what in ((dict(D=144), dims), (dict(Dv=256), dims), (dict(D=192), dims), (dict(Hv=4), "H_k != H_v"),
+                     (dict(D=144, Hv=4), dims)):
+        for det in (False, True):
+            with pytest.raises(NotImplementedError, match=f"^{what}{tail}"):
+                _cuda_fp8_bwd_op(**kw, deterministic=det)
+    # The C layer still refuses a device attn_scale (flashspan.sdpa_fp8_backward reads one on the host first).
+    for det in (False, True):
+        with pytest.raises(NotImplementedError, match="^attn_scale as a device tensor"):
+            _cuda_fp8_bwd_op(attn_scale_tensor="cuda", deterministic=det)
+    for kw in ({}, dict(attn_scale_tensor="cpu"), dict(D=16, Dv=16), dict(D=128, Dv=128)):
+        for det in (False, True):
+            try:
+                _cuda_fp8_bwd_op(**kw, deterministic=det)
+            except NotImplementedError as e:  # the FP8 rules: a failure; the device's (no GPU here, an old one): not
+                msg = str(e)
+                assert "FP8" not in msg and "attn_scale" not in msg and "deterministic" not in msg, (kw, det, msg)
+            except Exception:  # noqa: BLE001 (no device here)
+                pass
+
+
+def test_attn_scale_goes_through_sdpa_scale_on_host(fs, monkeypatch):
+    """Both FP8 directions hand their call to flashspan.sdpa's _scale_on_host (imported, the same function) after
+    attn_scale is bound and before the call runs: there a CUDA attn_scale tensor is checked by the C layer and read
+    on the host, as flashspan.sdpa does. On CPU tensors: a host attn_scale tensor gives the float's results, and what
+    the helper does to the call is what runs (a helper that doubled the scale changes the results)."""
+    import importlib
+
+    from flashspan import _sdpa_lib as L
+
+    sdpa_mod = importlib.import_module("flashspan.sdpa")
+    fp8_mod = importlib.import_module("flashspan.sdpa_fp8")
+    assert fp8_mod._scale_on_host is sdpa_mod._scale_on_host
+    real = sdpa_mod._scale_on_host
+    seen = []
+
+    def spy(call):
+        bound = call.slots.get(L.ATTN_SCALE)
+        seen.append((call.direction, None if bound is None else float(bound.tensor.reshape(-1)[0])))
+        real(call)
+
+    monkeypatch.setattr(fp8_mod, "_scale_on_host", spy)
+    gen = torch.Generator().manual_seed(11)
+    q, k, v = (fp8_randn((1, 2, 9, 32), E4M3, gen) for _ in range(3))
+    fwd_s = (1.0, 1.0, 1.0, 1 / 448, 448.0, 2.0)
+    o, stats, *amax = fs.sdpa_fp8(q, k, v, *fwd_s, attn_scale=0.3, use_causal_mask=True)
+    o_t, stats_t, *amax_t = fs.sdpa_fp8(q, k, v, *fwd_s, attn_scale=torch.tensor([0.3]), use_causal_mask=True)
+    assert seen == [("fwd", None), ("fwd", f32(0.3))]
+    assert torch.equal(o.view(torch.uint8), o_t.view(torch.uint8)) and torch.equal(stats, stats_t)
+    assert all(torch.equal(a, b) for a, b in zip(amax, amax_t))
+    dO = fp8_randn((1, 2, 9, 32), E5M2, gen)
+    bwd_s = (1.0, 1.0, 1.0, 0.5, 1.0, 1 / 448, 1 / 256, 448.0, 4.0, 4.0, 4.0, 256.0)
+    seen.clear()
+    want = fs.sdpa_fp8_backward(q, k, v, o, dO, stats, *bwd_s, attn_scale=0.3, use_causal_mask=True)
+    got = fs.sdpa_fp8_backward(q, k, v, o, dO, stats, *bwd_s, attn_scale=torch.tensor(0.3), use_causal_mask=True,
+                               use_deterministic_algorithm=True)
+    assert seen == [("bwd", None), ("bwd", f32(0.3))]
+    for g, w in zip(got, want):
+        assert torch.equal(g.view(torch.uint8), w.view(torch.uint8))
+
+    def doubled(call):  # what the helper leaves in the call is what runs
+        call.slots.pop(L.ATTN_SCALE, None)
+        call.options = [(n, x) for n, x in call.options if n != "attn_scale"]
+        call.option("attn_scale", 0.6)
+
+    monkeypatch.setattr(fp8_mod, "_scale_on_host", doubled)
+    o2 = fs.sdpa_fp8(q, k, v, *fwd_s, attn_scale=torch.tensor([0.3]), use_causal_mask=True)[0]
+    o6 = fs.sdpa_fp8(q, k, v, *fwd_s, attn_scale=0.6, use_causal_mask=True)[0]
+    assert torch.equal(o2.view(torch.uint8), o6.view(torch.uint8))
+    assert not torch.equal(o2.view(torch.uint8), o.view(torch.uint8))
+    g2 = fs.sdpa_fp8_backward(q, k, v, o, dO, stats, *bwd_s, attn_scale=torch.tensor([0.3]), use_causal_mask=True)
+    assert not torch.equal(g2[0].view(torch.uint8), want[0].view(torch.uint8))

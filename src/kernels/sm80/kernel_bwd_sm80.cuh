@@ -30,6 +30,7 @@
 #include "kernels/common/analytic_mask.h"
 #include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/block_range.cuh"
+#include "kernels/common/fp8_soft.h"
 #include "kernels/common/grid.h"
 #include "kernels/common/kv_addr.cuh"
 #include "kernels/common/k2q_walk.cuh"
@@ -526,6 +527,76 @@ __device__ __forceinline__ void dkdv_store_sm80(const BwdParams& p, int b, int h
   }
 }
 
+// The FP8 backward's part of a dK/dV work item (params.h SdpaFp8BwdParams, sdpa_fp8_bwd_dkdv_kernel_sm80
+// below): dkdv_item's F8. NoFp8BwdSm80 (every other instantiation) compiles to nothing.
+struct NoFp8BwdSm80 {
+  static constexpr bool kOn = false;
+};
+struct Fp8BwdSm80 {
+  static constexpr bool kOn = true;
+  const SdpaFp8BwdParams& f;
+  // A scalar of the pre-pass (params.h Fp8BwdDerived).
+  __device__ __forceinline__ float d(int i) const { return __ldg(f.derived + i); }
+};
+
+// The warp's maximum of a non-negative value into amax (zeroed by the pre-pass): every lane calls it.
+__device__ __forceinline__ void fp8_amax_flush(float* amax, float v, int lane) {
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
+  if (lane == 0) atomic_max_float(amax, v);
+}
+
+// The FP8 backward's dK / dV of a whole task (dkdv_store_sm80's rows and columns): dK = acc_dk descale_dP
+// descale_q, dV = acc_dv descale_s descale_dO, their amaxes, stored fp8_grad(dX scale_dX) a byte at a time
+// (the outputs' strides are any the validation allows).
+template <class T>
+__device__ __forceinline__ void dkdv_store_fp8_sm80(const Fp8BwdSm80& f8, int b, int hkv, int64_t krow,
+                                                    DkdvTileSm80 wt, const float (&acc_dk)[T::kKMT][T::kNK][4],
+                                                    const float (&acc_dv)[T::kKMT][T::kNV][4], int head_dqk,
+                                                    int head_dv, int lane) {
+  const SdpaFp8BwdParams& f = f8.f;
+  const bool e5 = f.grad_format == 2;
+  const float uk = f8.d(kF8dDkUnit), uv = f8.d(kF8dDvUnit), sk = f8.d(kF8dScaleDK), sv = f8.d(kF8dScaleDV);
+  uint8_t* dk = static_cast<uint8_t*>(f.dk8.data) + int64_t(b) * f.dk8.batch_stride +
+                int64_t(hkv) * f.dk8.head_stride + krow * f.dk8.row_stride;
+  uint8_t* dv = static_cast<uint8_t*>(f.dv8.data) + int64_t(b) * f.dv8.batch_stride +
+                int64_t(hkv) * f.dv8.head_stride + krow * f.dv8.row_stride;
+  float mk = 0.0f, mv = 0.0f;
+#pragma unroll
+  for (int mi = 0; mi < T::kKMT; ++mi) {
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int key = wt.km0 + 16 * mi + wt.g + 8 * hi;
+      if (key < wt.keys_valid) {
+#pragma unroll
+        for (int n = 0; n < T::kNK; ++n) {
+          const int col = wt.dk0 + n * 8 + 2 * wt.t;  // col + 1 < head_dqk too (a multiple of 16)
+          if (col < head_dqk) {
+            const float x0 = acc_dk[mi][n][2 * hi] * uk, x1 = acc_dk[mi][n][2 * hi + 1] * uk;
+            mk = fmaxf(mk, fmaxf(fabsf(x0), fabsf(x1)));
+            uint8_t* dst = dk + int64_t(key) * f.dk8.row_stride + col;
+            dst[0] = uint8_t(fp8_soft_encode(x0 * sk, e5));
+            dst[1] = uint8_t(fp8_soft_encode(x1 * sk, e5));
+          }
+        }
+#pragma unroll
+        for (int n = 0; n < T::kNV; ++n) {
+          const int col = wt.dv0 + n * 8 + 2 * wt.t;
+          if (col < head_dv) {
+            const float x0 = acc_dv[mi][n][2 * hi] * uv, x1 = acc_dv[mi][n][2 * hi + 1] * uv;
+            mv = fmaxf(mv, fmaxf(fabsf(x0), fabsf(x1)));
+            uint8_t* dst = dv + int64_t(key) * f.dv8.row_stride + col;
+            dst[0] = uint8_t(fp8_soft_encode(x0 * sv, e5));
+            dst[1] = uint8_t(fp8_soft_encode(x1 * sv, e5));
+          }
+        }
+      }
+    }
+  }
+  fp8_amax_flush(f.amax[kFp8AmaxDK], mk, lane);
+  fp8_amax_flush(f.amax[kFp8AmaxDV], mv, lane);
+}
+
 // ---------------------------------------------------------------------------------------
 // 2. dK/dV of one work item: pairs [begin, begin + count) of key block kb of kv head hkv of
 // sample b (K2QWalk order). The accumulator slot is read at the end (kept out of registers
@@ -536,9 +607,13 @@ __device__ __forceinline__ void dkdv_store_sm80(const BwdParams& p, int b, int h
 // Shared memory: the item's first loads (K, V, Q/dO[0]) are issued before the loop's first
 // __syncthreads, so the caller must __syncthreads between two items of one CTA.
 // Warp tiles: BwdTraitsSm80 (S/dP, dK/dV and dQ phases each have their own 2-D layout).
-template <class T, class E, class Mask = PlanPayloadMaskBwdSm80<T>>
+// F8: Fp8BwdSm80 for the FP8 backward (with the features' Mask: P from the scores without score modifiers,
+// S8 = fp8_q(P scale_s) stored as dV's operand, dS = P (dS_unit dP - D), dP = attn_scale dS with its amax,
+// dP8 = fp8_dO(dP scale_dP) stored as dK's and dQ's operand, the FP8 epilogue), else NoFp8BwdSm80.
+template <class T, class E, class Mask = PlanPayloadMaskBwdSm80<T>, class F8 = NoFp8BwdSm80>
 __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int kb, int hkv, int b, int begin,
-                                          int count) {
+                                          int count, const F8& f8 = F8{}) {
+  static_assert(!F8::kOn || Mask::kFeatures, "the FP8 backward runs the features' loop (P stored before dP)");
   using Elem = typename E::Storage;
   static_assert(E::kBits == 16, "the sm80 loaders and ldmatrix move 16-bit elements");
   const uint32_t sK = smem_u32(smem);
@@ -652,6 +727,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
     addr_tab[bb][6] = ldsm_b_kn<T::kDqk>(sK, lane, dq0 / 8).pack();
   }
   int buf = 0;
+  [[maybe_unused]] float amax_dp = 0.0f;  // FP8: the thread's max |dP|
 
   while (have) {
     cp_async_wait<0>();
@@ -727,7 +803,33 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
     }
     // P = exp2(S scale log2(e) - lse2), the scaling and the subtraction as one fma (the mask
     // sets -inf after it: exp2(-inf) = 0 as before; an empty row's lse2 = +inf gives -inf too).
-    if constexpr (Mask::kFeatures) {
+    if constexpr (F8::kOn) {
+      // FP8: P = exp2(s kF8dQkScaleLog2 - lse2) stays in s (dS's factor); S8 = fp8_q(P scale_s), an FP8 value
+      // and so a bf16 one, to shared memory as dV's operand.
+      const float qk = f8.d(kF8dQkScaleLog2), ss = f8.d(kF8dScaleS);
+      const bool e5 = f8.f.format == 2;
+#pragma unroll
+      for (int mi = 0; mi < T::kSMT; ++mi) {
+#pragma unroll
+        for (int n = 0; n < T::kSNT; ++n) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) s[mi][n][i] = fmaf(s[mi][n][i], qk, -lse2[mi][i >> 1]);
+        }
+        mask.template apply<T::kSNT>(p, s[mi], payload, qb, kb, sm0 / 16 + mi, sc0, lane);
+#pragma unroll
+        for (int n = 0; n < T::kSNT; ++n) {
+#pragma unroll
+          for (int hi = 0; hi < 2; ++hi) {
+            const float p0 = exp2_approx(s[mi][n][2 * hi]), p1 = exp2_approx(s[mi][n][2 * hi + 1]);
+            s[mi][n][2 * hi] = p0;
+            s[mi][n][2 * hi + 1] = p1;
+            asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + ps_off(mi, n, hi)),
+                         "r"(pack2<E>(fp8_soft_round(p0 * ss, e5), fp8_soft_round(p1 * ss, e5)))
+                         : "memory");
+          }
+        }
+      }
+    } else if constexpr (Mask::kFeatures) {
       // SDPA: the score modifiers, then P to shared memory now and s = P d logit / d x (the
       // factor of dS, softcap's derivative; P without softcap).
       const SdpaScoreMod mod = SdpaScoreMod::make(analytic_of(p).score, h);
@@ -792,6 +894,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
       // SDPA dropout: dP alone (dS = P (m dP - D) after the GEMM, D read again there).
       bool no_d = false;
       if constexpr (Mask::kFeatures) no_d = analytic_of(p).dropout.mode != 0;
+      if constexpr (F8::kOn) no_d = true;  // FP8: dS - D formed after the GEMM, in true units
 #pragma unroll
       for (int mi = 0; mi < T::kSMT; ++mi) {
 #pragma unroll
@@ -819,7 +922,20 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
         ds_cols = len_k - col;
       }
     }
-    if constexpr (Mask::kFeatures) {
+    if constexpr (F8::kOn) {
+      // FP8: dp holds dO . v of the raw codes; dS - D = kF8dDsUnit dp - D (D in true units, the pre-pass's).
+      float dd[T::kSMT][2];
+      load_stat(dd, p.delta, 0.0f);
+      const float du = f8.d(kF8dDsUnit);
+#pragma unroll
+      for (int mi = 0; mi < T::kSMT; ++mi) {
+#pragma unroll
+        for (int n = 0; n < T::kSNT; ++n) {
+#pragma unroll
+          for (int i = 0; i < 4; ++i) dp[mi][n][i] = fmaf(du, dp[mi][n][i], -dd[mi][i >> 1]);
+        }
+      }
+    } else if constexpr (Mask::kFeatures) {
       // SDPA dropout: dp holds dP (no -D seed); dS = P (m dP - D) with the element's multiplier m.
       const SdpaDropoutParams& dpp = analytic_of(p).dropout;
       if (dpp.mode != 0) {
@@ -834,14 +950,29 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
         }
       }
     }
+    [[maybe_unused]] float f8_attn = 0.0f, f8_sdp = 0.0f;
+    [[maybe_unused]] bool f8_e5 = false;
+    if constexpr (F8::kOn) {
+      f8_attn = f8.d(kF8dAttnScale);
+      f8_sdp = f8.d(kF8dScaleDP);
+      f8_e5 = f8.f.do_format == 2;
+    }
 #pragma unroll
     for (int mi = 0; mi < T::kSMT; ++mi) {
 #pragma unroll
       for (int n = 0; n < T::kSNT; ++n) {
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi) {
-          const float ds0 = s[mi][n][2 * hi] * dp[mi][n][2 * hi];  // P (dP - D)
-          const float ds1 = s[mi][n][2 * hi + 1] * dp[mi][n][2 * hi + 1];
+          float ds0 = s[mi][n][2 * hi] * dp[mi][n][2 * hi];  // P (dP - D)
+          float ds1 = s[mi][n][2 * hi + 1] * dp[mi][n][2 * hi + 1];
+          if constexpr (F8::kOn) {
+            // FP8: dP = attn_scale P (dS - D) (the gradient of the scores), its amax, and dP8 = fp8_dO(dP
+            // scale_dP) as dK's and dQ's operand (the epilogues apply descale_dP).
+            const float x0 = f8_attn * ds0, x1 = f8_attn * ds1;
+            amax_dp = fmaxf(amax_dp, fmaxf(fabsf(x0), fabsf(x1)));
+            ds0 = fp8_soft_round(x0 * f8_sdp, f8_e5);
+            ds1 = fp8_soft_round(x1 * f8_sdp, f8_e5);
+          }
           if constexpr (!Mask::kFeatures) {  // (SDPA's features stored P before the dP GEMM)
             asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sP + ps_off(mi, n, hi)),
                          "r"(pack2<E>(s[mi][n][2 * hi], s[mi][n][2 * hi + 1]))
@@ -939,8 +1070,14 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
   }
   cp_async_wait<0>();
 
-  const int slot = !p.split_schedule ? -1 : reinterpret_cast<const int32_t*>(smem + T::kSmemItem)[3];
   const DkdvTileSm80 wt{km0, dk0, dv0, keys_store, g, t};
+  if constexpr (F8::kOn) {
+    // FP8 (one CTA per task, no split schedule): the FP8 dK / dV, then every amax of this CTA.
+    dkdv_store_fp8_sm80<T>(f8, b, hkv, krow, wt, acc_dk, acc_dv, p.head_dqk, p.head_dv, lane);
+    fp8_amax_flush(f8.f.amax[kFp8AmaxDP], amax_dp, lane);
+    return;
+  }
+  const int slot = !p.split_schedule ? -1 : reinterpret_cast<const int32_t*>(smem + T::kSmemItem)[3];
   if (slot >= 0) {
     dkdv_add_split_partial_sm80<T>(p, slot, wt, acc_dk, acc_dv);
     return;
@@ -1060,6 +1197,38 @@ __device__ __forceinline__ void dq_store_sm80(const BwdParams& p, int b, int h, 
   }
 }
 
+// The FP8 backward's dQ of the deterministic kernel (dq_store_sm80's rows and columns): dQ = acc descale_dP
+// descale_k, its amax, stored fp8_grad(dQ scale_dQ) a byte at a time.
+template <class T>
+__device__ __forceinline__ void dq_store_fp8_sm80(const Fp8BwdSm80& f8, int b, int h, int64_t qrow, int rows_valid,
+                                                  int r0, int t, const float (&acc)[T::kNQ][4], int head_dqk,
+                                                  int lane) {
+  const SdpaFp8BwdParams& f = f8.f;
+  const bool e5 = f.grad_format == 2;
+  const float u = f8.d(kF8dDqUnit), sc = f8.d(kF8dScaleDQ);
+  uint8_t* dq = static_cast<uint8_t*>(f.dq8.data) + int64_t(b) * f.dq8.batch_stride +
+                int64_t(h) * f.dq8.head_stride + qrow * f.dq8.row_stride;
+  float m = 0.0f;
+#pragma unroll
+  for (int hi = 0; hi < 2; ++hi) {
+    const int row = r0 + 8 * hi;
+    if (row < rows_valid) {
+#pragma unroll
+      for (int n = 0; n < T::kNQ; ++n) {
+        const int col = n * 8 + 2 * t;
+        if (col < head_dqk) {
+          const float x0 = acc[n][2 * hi] * u, x1 = acc[n][2 * hi + 1] * u;
+          m = fmaxf(m, fmaxf(fabsf(x0), fabsf(x1)));
+          uint8_t* dst = dq + int64_t(row) * f.dq8.row_stride + col;
+          dst[0] = uint8_t(fp8_soft_encode(x0 * sc, e5));
+          dst[1] = uint8_t(fp8_soft_encode(x1 * sc, e5));
+        }
+      }
+    }
+  }
+  fp8_amax_flush(f.amax[kFp8AmaxDQ], m, lane);
+}
+
 // ---------------------------------------------------------------------------------------
 // 3. dQ, deterministic: grid (global query block of the backward view, query head).
 // One CTA of 4 warps per (query block, query head); warp w owns query rows 16w.. and every
@@ -1073,8 +1242,11 @@ __device__ __forceinline__ void dq_store_sm80(const BwdParams& p, int b, int h, 
 // K/V tile's address never waits on a global load.
 // The body of the dQ kernel for a mask policy (plan: flex_bwd_dq_kernel_sm80, the cell of
 // the plan's backward view; analytic: sdpa_bwd_dq_kernel_sm80, query block qb of sample b).
-template <class T, class E, class Mask>
-__device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
+// F8: Fp8BwdSm80 for the FP8 backward (sdpa_fp8_bwd_dq_kernel_sm80: dkdv_item's FP8 steps for dQ, the
+// FP8 epilogue; amax_dP is the dK/dV kernel's), else NoFp8BwdSm80.
+template <class T, class E, class Mask, class F8 = NoFp8BwdSm80>
+__device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p, const F8& f8 = F8{}) {
+  static_assert(!F8::kOn || Mask::kFeatures, "the FP8 backward runs the features' loop");
   using Elem = typename E::Storage;
   static_assert(E::kBits == 16, "the sm80 loaders and ldmatrix move 16-bit elements");
   extern __shared__ __align__(128) uint8_t smem[];
@@ -1157,6 +1329,7 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
   // Row statistics of the thread's rows 16 warp + g (+ 8): lse2 (+inf for rows past len_q:
   // P = 0) and -D (the C operand of dP's first k16 step: dP - D directly).
   float lse2[2], minus_d[1][4];
+  [[maybe_unused]] float d_row[2] = {0.0f, 0.0f};  // FP8: D in true units, subtracted after the GEMM
 #pragma unroll
   for (int hi = 0; hi < 2; ++hi) {
     const int rr = row0 + warp * 16 + g + 8 * hi;
@@ -1164,6 +1337,10 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
     const int64_t ws = int64_t(h) * p.total_q + q_start + rr;
     lse2[hi] = ok ? __ldg(p.lse2 + ws) : INFINITY;
     minus_d[0][2 * hi] = minus_d[0][2 * hi + 1] = ok ? -__ldg(p.delta + ws) : -0.0f;
+    if constexpr (F8::kOn) {
+      d_row[hi] = -minus_d[0][2 * hi];
+      minus_d[0][2 * hi] = minus_d[0][2 * hi + 1] = 0.0f;
+    }
   }
   float acc[T::kNQ][4];
 #pragma unroll
@@ -1201,7 +1378,21 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
                                                             p.head_dqk);
     // P = exp2(S scale log2(e) - lse2), scaling and subtraction as one fma; the mask sets
     // -inf after it (exp2(-inf) = 0; an empty row's lse2 = +inf gives -inf too).
-    if constexpr (Mask::kFeatures) {
+    if constexpr (F8::kOn) {
+      // FP8 (dkdv_item's steps): P = exp2(s kF8dQkScaleLog2 - lse2), no score modifier.
+      const float qk = f8.d(kF8dQkScaleLog2);
+#pragma unroll
+      for (int n = 0; n < T::kNSQ; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[n][i] = fmaf(s[n][i], qk, -lse2[i >> 1]);
+      }
+      mask.template apply<T::kNSQ>(p, s, payload, qb, kb, warp, 0, lane);
+#pragma unroll
+      for (int n = 0; n < T::kNSQ; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) s[n][i] = exp2_approx(s[n][i]);
+      }
+    } else if constexpr (Mask::kFeatures) {
       // SDPA: the score modifiers, the mask, then s = P d logit / d x (softcap's derivative)
       // before the dP GEMM.
       const SdpaScoreMod mod = SdpaScoreMod::make(analytic_of(p).score, h);  // (per block: not held across)
@@ -1231,7 +1422,15 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
         warp_mma_k16<1, T::kNSQ, false, false, true, E>(dp, aO, bV, kk, 0);
       }
     }
-    if constexpr (Mask::kFeatures) {
+    if constexpr (F8::kOn) {
+      // FP8: dp holds dO . v of the raw codes (no -D seed); dS - D = kF8dDsUnit dp - D.
+      const float du = f8.d(kF8dDsUnit);
+#pragma unroll
+      for (int n = 0; n < T::kNSQ; ++n) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) dp[0][n][i] = fmaf(du, dp[0][n][i], -d_row[i >> 1]);
+      }
+    } else if constexpr (Mask::kFeatures) {
       // SDPA dropout: dP - D becomes m dP - D = m (dP - D) + (m - 1) D with the element's multiplier m
       // (D = -minus_d, the row's).
       const SdpaDropoutParams& dpp = analytic_of(p).dropout;
@@ -1247,7 +1446,10 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
     for (int n = 0; n < T::kNSQ; ++n) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        if constexpr (Mask::kFeatures) {
+        if constexpr (F8::kOn) {
+          // FP8: dP = attn_scale P (dS - D), dP8 = fp8_dO(dP scale_dP) as dQ's operand.
+          s[n][i] = fp8_soft_round(f8.d(kF8dAttnScale) * (s[n][i] * dp[0][n][i]) * f8.d(kF8dScaleDP), f8.f.do_format == 2);
+        } else if constexpr (Mask::kFeatures) {
           s[n][i] *= dp[0][n][i];  // dS = P d logit / d x (dP - D)
         } else {
           s[n][i] = exp2_approx(s[n][i]) * dp[0][n][i];  // dS = P (dP - D)
@@ -1280,6 +1482,10 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p) {
   }
   cp_async_wait<0>();
 
+  if constexpr (F8::kOn) {
+    dq_store_fp8_sm80<T>(f8, b, h, qrow, rows_store, warp * 16 + g, lane & 3, acc, p.head_dqk, lane);
+    return;
+  }
   dq_store_sm80<T, E, Mask>(p, b, h, qrow, rows_store, warp * 16 + g, lane & 3, acc);
 }
 
@@ -1306,6 +1512,25 @@ __global__ void __launch_bounds__(T::kThreads) sdpa_bwd_dkdv_kernel_sm80(const S
                              sdpa_bwd_grid_heads_slowest(a.band.has_left, a.band.has_right)};
   const WorkItem w = grid.next(0);  // cell blockIdx.x (one CTA per cell)
   dkdv_item<T, E, Mask>(p, smem, w.block, w.head, w.batch, 0, 0x7fffffff);
+}
+
+// The FP8 backward's dK/dV kernel (params.h SdpaFp8BwdParams; launch_sdpa_fp8_bwd_sm80.cu): the SDPA dK/dV
+// kernel's cells on the bf16 copies, with the features' loop and Fp8BwdSm80 (dQ through the atomic path).
+template <class T>
+__global__ void __launch_bounds__(T::kThreads) sdpa_fp8_bwd_dkdv_kernel_sm80(const SdpaFp8BwdParams p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  using Mask = AnalyticMaskBwdSm80<T, true>;
+  const AnalyticMaskParams& a = p.analytic;
+  const AnalyticBwdGrid grid{a.num_k_blocks, p.num_heads_q / Mask::group(p), p.batch,
+                             sdpa_bwd_grid_heads_slowest(a.band.has_left, a.band.has_right)};
+  const WorkItem w = grid.next(0);
+  dkdv_item<T, BFloat16, Mask, Fp8BwdSm80>(p, smem, w.block, w.head, w.batch, 0, 0x7fffffff, Fp8BwdSm80{p});
+}
+
+// The FP8 backward's deterministic dQ kernel (the SDPA dQ kernel's cells, Fp8BwdSm80).
+template <class T>
+__global__ void __launch_bounds__(T::kThreadsQ) sdpa_fp8_bwd_dq_kernel_sm80(const SdpaFp8BwdParams p) {
+  dq_kernel_sm80<T, BFloat16, AnalyticMaskBwdSm80<T, true>, Fp8BwdSm80>(p, Fp8BwdSm80{p});
 }
 
 template <class T, class E, bool kFeatures>

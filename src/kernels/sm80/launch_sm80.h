@@ -32,6 +32,9 @@ void launch_bwd_sm80(const BwdParams& p, const TileSm80& tile, DType dtype, cons
 // workspace (p.delta, p.lse2, p.dq_accum) has B * S_q rows per head (p.total_q).
 void launch_sdpa_fwd_sm80(const SdpaFwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream);
 void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream);
+// The FP8 backward (params.h SdpaFp8BwdParams; launch_sdpa_fp8_bwd_sm80.cu): its pre-passes, the sm80 dK/dV
+// kernel with the FP8 roundings on the tile of the head dims (up to 128), the FP8 dQ. Experimental.
+void launch_sdpa_fp8_bwd_sm80(const SdpaFp8BwdParams& p, const TileSm80& tile, cudaStream_t stream);
 // The forward over paged K/V caches (p.paged_k / p.paged_v, kv_addr.cuh PagedKv): the same grid.
 void launch_sdpa_fwd_paged_sm80(const SdpaPagedFwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream);
 

@@ -1,0 +1,238 @@
+// The FP8 SDPA backward on the sm80 kernels (cuDNN's sdpa_fp8_backward; params.h SdpaFp8BwdParams, the
+// formulas in docs/SDPA.md "FP8 SDPA"), every GPU from sm_80 (none of which before sm_89 has an FP8
+// instruction: conversions by kernels/common/fp8_soft.h). Experimental, not yet run on a GPU
+// (FLASHSPAN_EXPERIMENTAL=1; dispatch/sdpa_family.cpp sdpa_fp8_bwd_refusal says what it takes).
+//
+// Why the 16-bit kernels can run it exactly: every FP8 value is a bf16 value, and the product of two bf16
+// values is exact in fp32, so a bf16 mma.sync on the codes of two FP8 tensors gives the products an FP8
+// tensor-core GEMM gives (both accumulate in fp32). The FP8 graph's own roundings sit between the GEMMs,
+// where the kernel holds fp32 values: S8 = fp8_q(P scale_s) before dV's GEMM and dP8 = fp8_dO(dP scale_dP)
+// before dK's and dQ's (kernel_bwd_sm80.cuh, Fp8BwdSm80); the descale factors multiply the fp32 sums in the
+// epilogues. Speed: a bf16 backward's (the FP8 tensor cores of sm_89 / sm_90 are not used).
+//
+// Steps, one stream, no host sync:
+//   1. factors  (one thread)  the factors' products (params.h Fp8BwdDerived) into the workspace; the four
+//                             amax outputs zeroed;
+//   2. widen    (grid-stride) the codes of q, k, v, dO as bf16 into the workspace ([B, H, S, D] each);
+//   3. delta    (a warp a row) D = descale_dO descale_o dO . o of the raw codes and lse2 = stats log2(e)
+//                             (+inf for a row without keys), the 16-bit backward's workspace rows;
+//   4. dK/dV    sdpa_fp8_bwd_dkdv_kernel_sm80 (the SDPA dK/dV kernel's cells and loop, Fp8BwdSm80): dK,
+//                             dV and their amaxes, amax_dP; unless deterministic, dP8 K added into the zeroed
+//                             fp32 dQ accumulator;
+//   5. dQ       (grid-stride) dQ = accumulator descale_dP descale_k, its amax, stored fp8(dQ scale_dQ); or,
+//                             deterministic, sdpa_fp8_bwd_dq_kernel_sm80 (the SDPA dQ kernel's cells, its
+//                             ordered key walk, the same FP8 steps, the FP8 epilogue).
+#include <atomic>
+
+#include "kernels/common/fp8_soft.h"
+#include "kernels/common/grid.h"
+#include "kernels/common/launch_util.h"
+#include "kernels/sm80/kernel_bwd_sm80.cuh"
+#include "kernels/sm80/launch_sm80.h"
+
+namespace flashspan::kern {
+namespace {
+
+constexpr float kLog2eFp8Bwd = 1.4426950408889634f;
+
+// FP8 factor i (SdpaFp8BwdFactor): its float in device memory, or its host value.
+__device__ __forceinline__ float fp8_bwd_factor(const SdpaFp8BwdParams& p, int i) {
+  return p.factor[i] != nullptr ? __ldg(p.factor[i]) : p.host_factor[i];
+}
+
+// 1. The products of the factors the kernels use (params.h Fp8BwdDerived; attn_scale is p.scale, a host
+// value) and the amax outputs zeroed.
+__global__ void fp8_bwd_factors_kernel(const SdpaFp8BwdParams p) {
+  if (threadIdx.x != 0) return;
+  float* d = p.derived;
+  const float attn = p.scale;
+  d[kF8dQkScaleLog2] = attn * fp8_bwd_factor(p, kFp8BwdDescaleQ) * fp8_bwd_factor(p, kFp8BwdDescaleK) * kLog2eFp8Bwd;
+  d[kF8dScaleS] = fp8_bwd_factor(p, kFp8BwdScaleS);
+  d[kF8dDsUnit] = fp8_bwd_factor(p, kFp8BwdDescaleDO) * fp8_bwd_factor(p, kFp8BwdDescaleV);
+  d[kF8dAttnScale] = attn;
+  d[kF8dScaleDP] = fp8_bwd_factor(p, kFp8BwdScaleDP);
+  d[kF8dDkUnit] = fp8_bwd_factor(p, kFp8BwdDescaleDP) * fp8_bwd_factor(p, kFp8BwdDescaleQ);
+  d[kF8dDvUnit] = fp8_bwd_factor(p, kFp8BwdDescaleS) * fp8_bwd_factor(p, kFp8BwdDescaleDO);
+  d[kF8dDqUnit] = fp8_bwd_factor(p, kFp8BwdDescaleDP) * fp8_bwd_factor(p, kFp8BwdDescaleK);
+  d[kF8dScaleDQ] = fp8_bwd_factor(p, kFp8BwdScaleDQ);
+  d[kF8dScaleDK] = fp8_bwd_factor(p, kFp8BwdScaleDK);
+  d[kF8dScaleDV] = fp8_bwd_factor(p, kFp8BwdScaleDV);
+  d[kF8dDeltaUnit] = fp8_bwd_factor(p, kFp8BwdDescaleDO) * fp8_bwd_factor(p, kFp8BwdDescaleO);
+  for (int i = 0; i < kFp8BwdNumAmax; ++i) *p.amax[i] = 0.0f;
+}
+
+// 2. One FP8 tensor [B, heads, rows, cols] (byte strides) widened to bf16 [B, heads, rows, cols]
+// contiguous at dst (cols even: pairs).
+struct WidenJob {
+  SdpaFp8Tensor src;
+  uint32_t* dst = nullptr;  // bf16 pairs
+  int batch = 0, heads = 0, rows = 0, cols = 0;
+  int e5m2 = 0;
+};
+struct WidenJobs {
+  WidenJob job[4];
+};
+__global__ void __launch_bounds__(256) fp8_bwd_widen_kernel(const WidenJobs jobs) {
+  const WidenJob& j = jobs.job[blockIdx.y];
+  const int pairs = j.cols / 2;
+  const int64_t total = int64_t(j.batch) * j.heads * j.rows * pairs;
+  const uint8_t* src = static_cast<const uint8_t*>(j.src.data);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int c = int(i % pairs);
+    int64_t r = i / pairs;  // (b, h, s) row
+    const int s = int(r % j.rows);
+    r /= j.rows;
+    const int h = int(r % j.heads);
+    const int b = int(r / j.heads);
+    const uint8_t* x = src + int64_t(b) * j.src.batch_stride + int64_t(h) * j.src.head_stride +
+                       int64_t(s) * j.src.row_stride + 2 * c;
+    j.dst[i] = pack2<BFloat16>(fp8_soft_decode(__ldg(x), j.e5m2 != 0), fp8_soft_decode(__ldg(x + 1), j.e5m2 != 0));
+  }
+}
+
+// 3. D and lse2 of every (b, h, i) row, a warp a row: D = descale_dO descale_o sum dO o of the raw codes.
+__global__ void __launch_bounds__(256) fp8_bwd_delta_kernel(const SdpaFp8BwdParams p) {
+  const int lane = threadIdx.x & 31;
+  const int sq = p.analytic.max_q, heads = p.num_heads_q;
+  const int64_t rows = int64_t(p.batch) * heads * sq;
+  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
+  const bool e5o = p.o_format == 2, e5do = p.do_format == 2;
+  const float unit = __ldg(p.derived + kF8dDeltaUnit);
+  const uint8_t* o8 = static_cast<const uint8_t*>(p.o8.data);
+  const uint8_t* do8 = static_cast<const uint8_t*>(p.do8.data);
+  for (int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
+    const int i = int(r % sq);
+    const int h = int((r / sq) % heads);
+    const int b = int(r / sq / heads);
+    const uint8_t* o = o8 + int64_t(b) * p.o8.batch_stride + int64_t(h) * p.o8.head_stride + int64_t(i) * p.o8.row_stride;
+    const uint8_t* dout =
+        do8 + int64_t(b) * p.do8.batch_stride + int64_t(h) * p.do8.head_stride + int64_t(i) * p.do8.row_stride;
+    float acc = 0.0f;
+    for (int c = lane; c < p.head_dv; c += 32) acc += fp8_soft_decode(__ldg(o + c), e5o) * fp8_soft_decode(__ldg(dout + c), e5do);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+    if (lane == 0) {
+      const int64_t w = int64_t(h) * p.total_q + int64_t(b) * sq + i;  // the 16-bit backward's workspace row
+      p.delta[w] = unit * acc;
+      const float lse = p.lse[sample_start(p.analytic.start[kSdpaStats], b) + int64_t(h) * p.lsea.head_stride +
+                              int64_t(i) * p.lsea.row_stride];
+      // A row without keys (-inf), or a NaN stat, sees no key: P = 0 (the reference skips such rows).
+      p.lse2[w] = lse > -INFINITY ? lse * kLog2eFp8Bwd : INFINITY;
+    }
+  }
+}
+
+// 5. dQ from the fp32 accumulator ([H_q, B S_q, D_qk], the atomic path's rows), its amax, FP8 codes.
+__global__ void __launch_bounds__(256) fp8_bwd_dq_kernel(const SdpaFp8BwdParams p) {
+  const int sq = p.analytic.max_q, heads = p.num_heads_q, pairs = p.head_dqk / 2;
+  const int64_t total = int64_t(p.batch) * heads * sq * pairs;
+  const float unit = __ldg(p.derived + kF8dDqUnit), sc = __ldg(p.derived + kF8dScaleDQ);
+  const bool e5 = p.grad_format == 2;
+  uint8_t* dq8 = static_cast<uint8_t*>(p.dq8.data);
+  float m = 0.0f;
+  for (int64_t x = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; x < total; x += int64_t(gridDim.x) * blockDim.x) {
+    const int c = 2 * int(x % pairs);
+    int64_t r = x / pairs;  // (b, h, i) row
+    const int i = int(r % sq);
+    r /= sq;
+    const int h = int(r % heads);
+    const int b = int(r / heads);
+    const float2 a = *reinterpret_cast<const float2*>(p.dq_accum + (int64_t(h) * p.total_q + int64_t(b) * sq + i) *
+                                                                        p.head_dqk + c);
+    const float x0 = a.x * unit, x1 = a.y * unit;
+    m = fmaxf(m, fmaxf(fabsf(x0), fabsf(x1)));
+    uint8_t* dst = dq8 + int64_t(b) * p.dq8.batch_stride + int64_t(h) * p.dq8.head_stride +
+                   int64_t(i) * p.dq8.row_stride + c;
+    dst[0] = uint8_t(fp8_soft_encode(x0 * sc, e5));
+    dst[1] = uint8_t(fp8_soft_encode(x1 * sc, e5));
+  }
+  fp8_amax_flush(p.amax[kFp8AmaxDQ], m, threadIdx.x & 31);
+}
+
+}  // namespace
+}  // namespace flashspan::kern
+
+namespace flashspan::sm80 {
+
+void launch_sdpa_fp8_bwd_sm80(const SdpaFp8BwdParams& p_in, const TileSm80& tile, cudaStream_t stream) {
+  using namespace kern;
+  SdpaFp8BwdParams p = p_in;
+  fp8_bwd_factors_kernel<<<1, 32, 0, stream>>>(p);
+  check_launch("sdpa fp8 backward: factors");
+  // 2. The bf16 copies the 16-bit kernels read (SdpaBwdParams q, k, v, dout point at them).
+  const int hk = p.num_heads_q / p.group_size;
+  const int sq = p.analytic.max_q, skv = p.analytic.max_kv;
+  WidenJobs jobs;
+  const struct {
+    const SdpaFp8Tensor& src;
+    const void* dst;
+    int heads, rows, cols, format;
+  } js[4] = {{p.q8, p.q, p.num_heads_q, sq, p.head_dqk, p.format},
+             {p.k8, p.k, hk, skv, p.head_dqk, p.format},
+             {p.v8, p.v, hk, skv, p.head_dv, p.format},
+             {p.do8, p.dout, p.num_heads_q, sq, p.head_dv, p.do_format}};
+  int64_t most = 0;
+  for (int i = 0; i < 4; ++i) {
+    WidenJob& j = jobs.job[i];
+    j.src = js[i].src;
+    j.dst = static_cast<uint32_t*>(const_cast<void*>(js[i].dst));
+    j.batch = p.batch;
+    j.heads = js[i].heads;
+    j.rows = js[i].rows;
+    j.cols = js[i].cols;
+    j.e5m2 = js[i].format == 2 ? 1 : 0;
+    most = std::max<int64_t>(most, int64_t(j.batch) * j.heads * j.rows * (j.cols / 2));
+  }
+  if (most > 0) {
+    const dim3 grid(grid_stride_1d(most, 256), 4);
+    fp8_bwd_widen_kernel<<<grid, 256, 0, stream>>>(jobs);
+    check_launch("sdpa fp8 backward: widen");
+  }
+  if (p.total_q > 0) {
+    if (!p.deterministic) {
+      check_cuda(cudaMemsetAsync(p.dq_accum, 0,
+                                 sizeof(float) * size_t(p.num_heads_q) * size_t(p.total_q) * size_t(p.head_dqk),
+                                 stream),
+                 "sdpa fp8 backward: clearing the dQ accumulator");
+    }
+    fp8_bwd_delta_kernel<<<grid_stride_1d(int64_t(p.num_heads_q) * p.total_q, 8), 256, 0, stream>>>(p);
+    check_launch("sdpa fp8 backward: delta");
+  }
+  // 4. dK / dV (and dP8 K into the accumulator) on the sm80 backward's tile of the head dims (tile_sm80.h);
+  // deterministic: then the ordered dQ kernel (5).
+  with_bwd_traits_sm80(tile, p.head_dqk, p.head_dv, [&](auto t) {
+    using T = decltype(t);
+    if constexpr (T::kDqk <= 128 && T::kDv <= 128) {
+      static_assert(T::kSmemBytes == bwd_dkdv_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
+      static_assert(T::kSmemBytesQ == bwd_dq_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
+      p.analytic.num_q_blocks = (sq + T::kBlockQ - 1) / T::kBlockQ;
+      p.analytic.num_k_blocks = (skv + T::kBlockK - 1) / T::kBlockK;
+      if (p.analytic.num_k_blocks > 0) {
+        auto dkdv = sdpa_fp8_bwd_dkdv_kernel_sm80<T>;
+        static std::atomic<uint64_t> dkdv_set{0};
+        ensure_smem_limit(dkdv, T::kSmemBytes, dkdv_set, "sdpa fp8 backward dK/dV: cudaFuncSetAttribute");
+        const unsigned grid =
+            grid_2d_folded(int64_t(p.batch) * p.analytic.num_k_blocks, hk, "sdpa fp8 backward dK/dV");
+        dkdv<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
+        check_launch("sdpa fp8 backward dK/dV (sm80)");
+      }
+      if (p.deterministic && p.total_q > 0) {
+        auto dq = sdpa_fp8_bwd_dq_kernel_sm80<T>;
+        static std::atomic<uint64_t> dq_set{0};
+        ensure_smem_limit(dq, T::kSmemBytesQ, dq_set, "sdpa fp8 backward dQ: cudaFuncSetAttribute");
+        dq<<<grid_2d_folded(int64_t(p.batch) * p.analytic.num_q_blocks, p.num_heads_q, "sdpa fp8 backward dQ"),
+             T::kThreadsQ, T::kSmemBytesQ, stream>>>(p);
+        check_launch("sdpa fp8 backward dQ (sm80)");
+      }
+    } else {
+      FS_CHECK(false, Status::kInternal, "sdpa fp8 backward: head dims (", p.head_dqk, ", ", p.head_dv,
+               ") above 128 reached the launcher (sdpa_fp8_bwd_refusal)");
+    }
+  });
+  if (p.total_q > 0 && !p.deterministic) {
+    fp8_bwd_dq_kernel<<<grid_stride_1d(int64_t(p.num_heads_q) * p.total_q * (p.head_dqk / 2), 256), 256, 0, stream>>>(p);
+    check_launch("sdpa fp8 backward: dQ");
+  }
+}
+
+}  // namespace flashspan::sm80
