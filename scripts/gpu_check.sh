@@ -273,6 +273,10 @@ if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
       --heads 64 --hmask 64 --masks causal --runs 3
   fi
   step "pack_gqa bench" pack_gqa_bench.log python3 "$root/benchmarks/pack_gqa_bench.py" --reps 10
+  # The experimental FP8 backward (every GPU from sm_80) against the bf16 backward; exits non-zero when its
+  # dequantized gradients are off the bf16 ones by more than the FP8 rounding allows.
+  step "fp8 backward bench" sdpa_fp8_bwd_bench.log python3 "$root/benchmarks/sdpa_fp8_bench.py" --backward \
+    --seqs 8192 --head-dims 128 --reps 5
   step "flashspan-bench --quick" bench.log python3 -m flashspan.bench --quick \
     --time-limit "${GPU_CHECK_BENCH_SECONDS:-180}" --output-dir "$out/bench"
   cp "$out/bench/results.md" "$dest/bench_results.md" 2>/dev/null
