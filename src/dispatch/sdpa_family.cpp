@@ -56,7 +56,7 @@ Switch g_sdpa_decode{[] { return !env_flag_off("FLASHSPAN_SDPA_DECODE"); }};
 // the prefill kernels.
 Switch g_sdpa_decode_alibi{[] { return !env_flag_off("FLASHSPAN_SDPA_DECODE_ALIBI"); }};
 // The FP8 backward on the sm80 kernels (launch_sdpa_fp8_bwd_sm80): experimental, not yet run on a GPU, so
-// off unless FLASHSPAN_EXPERIMENTAL=1 (read per call).
+// off unless FLASHSPAN_EXPERIMENTAL=1 (read by each check_support; an operation already checked keeps running).
 Switch g_sdpa_fp8_bwd{experimental_from_env};
 }  // namespace
 

@@ -140,7 +140,7 @@ SdpaFp8FwdParams sdpa_fp8_fwd_params(const sdpa::Problem& p, void* workspace, si
 // in the kernel (S8 = fp8_q(S scale_s) as dV's operand, dP8 = fp8_dO(dP scale_dP) as dK's and dQ's) and
 // the factors, amax outputs and FP8 stores of dQ, dK, dV in its epilogues: every GPU from sm_80, the
 // products of an FP8 GEMM at bf16 tensor-core speed. Experimental, not yet run on a GPU: on with
-// FLASHSPAN_EXPERIMENTAL=1 (read per call) unless set_sdpa_fp8_bwd_enabled overrides it (tests: 1 on,
+// FLASHSPAN_EXPERIMENTAL=1 (read by each check_support) unless set_sdpa_fp8_bwd_enabled overrides it (tests: 1 on,
 // 0 off, -1 back to the environment's answer). sdpa_fp8_bwd_refusal: nullptr when it covers an FP8 call
 // (a backward; H_k = H_v; each head dim a multiple of 16 up to 128; deterministic or not), else the first
 // thing it does not cover. sdpa_fp8_bwd_params: sdpa_bwd_params on the workspace's bf16 copies of
