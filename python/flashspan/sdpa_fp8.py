@@ -45,7 +45,7 @@ def _generate_stats(generate_stats, is_inference) -> bool:
     generate_stats = check_flag("generate_stats", generate_stats, none_ok=True)
     is_inference = check_flag("is_inference", is_inference, none_ok=True)
     if is_inference is None:
-        return bool(generate_stats)  # None: no stats
+        return True if generate_stats is None else generate_stats  # default: the stats
     _warn_deprecated(False, False, None, is_inference, stacklevel=4)  # the seed's FP8 "Deprecated Args"
     if generate_stats is not None and generate_stats == is_inference:
         raise ValueError(f"is_inference, generate_stats: is_inference (deprecated) is the negation of generate_stats, got "
@@ -102,7 +102,7 @@ def sdpa_fp8(
     cu_seq_len_kv: Optional[Tensor] = None,
     compute_data_type=None,
     name: Optional[str] = None,
-    generate_stats: Optional[bool] = True,
+    generate_stats: Optional[bool] = None,
     *,
     is_inference: Optional[bool] = None,
     o_dtype: Optional[torch.dtype] = None,
@@ -148,8 +148,10 @@ def sdpa_fp8(
         use_padding_mask, seq_len_q, seq_len_kv, cu_seq_len_q, cu_seq_len_kv: per-sample lengths, ``(B,)`` /
             ``(B, 1, 1, 1)``, or prefix sums ``(B + 1,)``, int32 / int64; one form per side.
         compute_data_type, name: accepted for parity (float32 compute).
-        generate_stats: return the float32 LSE stats ``(B, H_q, S_q, 1)`` (THD: ``(T, H_q, 1)``); default True.
-        is_inference: deprecated negation of generate_stats.
+        generate_stats: return the float32 LSE stats ``(B, H_q, S_q, 1)`` (THD: ``(T, H_q, 1)``); None (the default)
+            is True unless ``is_inference`` is given.
+        is_inference: deprecated negation of generate_stats (a DeprecationWarning; giving both with equal values is a
+            ValueError).
         o_dtype: FP8 dtype of o (default q's).
         stats_use_log2, score_max, score_sum_exp, ragged_offsets, max_seq_len_q, max_seq_len_kv,
             max_total_seq_len_q, max_total_seq_len_kv: as in :func:`flashspan.sdpa`.
@@ -276,12 +278,14 @@ def sdpa_fp8_backward(
         float32 ``(1, 1, 1, 1)`` amax values on q's device.
 
     Raises:
-        TypeError / ValueError as :func:`sdpa_fp8` (padding masks, dropout and the other options FP8 does not take
-        raise ValueError). NotImplementedError on CUDA tensors, where the backward is experimental (the sm80 backward
-        with the FP8 graph's roundings, every GPU from sm_80; docs/SDPA.md "The FP8 backward on the sm80 kernels"): it
-        raises unless ``FLASHSPAN_EXPERIMENTAL=1`` (read per call), and for H_k != H_v or head dims that are not
-        multiples of 16 up to 128. CUDA FP8 forwards (which give o and stats) run on an H100 / H200 only (the sm90
-        kernel: :func:`sdpa_fp8`). CPU tensors run every call on the CPU reference.
+        TypeError / ValueError as :func:`sdpa_fp8` (this function has no padding-mask, length or dropout parameters:
+        passing one is Python's TypeError; a packed (THD) tensor is a ValueError). NotImplementedError on CUDA
+        tensors, where the backward is experimental (the sm80 backward with the FP8 graph's roundings, every GPU from
+        sm_80 whose shared memory holds the tile: head dims above 64 need an A100 / H100 class GPU, not sm_86 / sm_89;
+        docs/SDPA.md "The FP8 backward on the sm80 kernels"): it raises unless ``FLASHSPAN_EXPERIMENTAL=1`` (read when
+        an operation is first checked: set it before the first call of a given signature), and for H_k != H_v or
+        head dims that are not multiples of 16 up to 128. CUDA FP8 forwards (which give o and stats) run on an
+        H100 / H200 only (the sm90 kernel: :func:`sdpa_fp8`). CPU tensors run every call on the CPU reference.
     """
     del name
     _check_unsupported(None, compute_data_type)

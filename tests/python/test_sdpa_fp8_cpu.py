@@ -336,6 +336,12 @@ def test_generate_stats_and_is_inference(fs):
     assert fs.sdpa_fp8(q, k, v, *ONES, generate_stats=None, is_inference=False)[1].shape == (1, 2, 4, 1)
     with pytest.raises(ValueError, match="is_inference, generate_stats"):
         fs.sdpa_fp8(q, k, v, *ONES, generate_stats=True, is_inference=True)
+    # The deprecated flag alone (a new user's first try; generate_stats left at its default) works, with a warning.
+    with pytest.warns(DeprecationWarning):
+        assert fs.sdpa_fp8(q, k, v, *ONES, is_inference=True)[1] is None
+    with pytest.warns(DeprecationWarning):
+        assert fs.sdpa_fp8(q, k, v, *ONES, is_inference=False)[1].shape == (1, 2, 4, 1)
+    assert fs.sdpa_fp8(q, k, v, *ONES)[1].shape == (1, 2, 4, 1)  # default: the stats
 
 
 def test_exports(fs):

@@ -55,7 +55,7 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p, const TensorView& q, const Ten
 int64_t sdpa_fwd_launches();
 int64_t sdpa_fwd_drop_launches();
 
-// The SDPA FP8 forward (experimental, FLASHSPAN_EXPERIMENTAL=1: dispatch/sdpa_launch.h
+// The SDPA FP8 forward (on by default, FLASHSPAN_SM90_SDPA_FP8=0 turns it off: dispatch/sdpa_launch.h
 // sdpa_fp8_sm90_enabled; kernel_fwd_sm90.cuh sdpa_fp8_fwd_kernel_sm90): p an SdpaFwdParams as
 // sdpa_fwd_params fills it (padded [B, H, S, D] tensors, each head dim a multiple of 16 up to 128:
 // tile_sm90.h sdpa_fp8_fwd_runs_head_dims_sm90; the pure-mask features: causal / bands, padding
