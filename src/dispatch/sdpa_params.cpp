@@ -203,7 +203,7 @@ Sm90SlotBytes sm90_slot_bytes(const Problem& p) {
 }
 
 // An FP8 scale factor of a slot: its pointer in device memory, or, for a host tensor (the seed's pass-by-value
-// form), null and its value (kern::fp8_factor / fp8_bwd_factor read either).
+// form), null and its value (kern::fp8_factor reads either).
 void bind_fp8_factor(const Problem& p, int slot, const float*& ptr, float& host) {
   const TensorView& t = p.t(slot);
   if (t.device == DeviceType::kCPU) {

@@ -25,8 +25,10 @@ __device__ __forceinline__ const AnalyticMaskParams& analytic_of(const BwdParams
 __device__ __forceinline__ const SdpaFp8Params& fp8_of(const FwdParams& p) {
   return static_cast<const SdpaFp8FwdParams&>(p).fp8;
 }
-// FP8 factor i (SdpaFp8Factor): its float in device memory, or its host value.
-__device__ __forceinline__ float fp8_factor(const SdpaFp8Params& f, int i) {
+// FP8 factor i (SdpaFp8Factor of an SdpaFp8Params, SdpaFp8BwdFactor of an SdpaFp8BwdParams): its float in
+// device memory, or its host value.
+template <class Fp8Factors>
+__device__ __forceinline__ float fp8_factor(const Fp8Factors& f, int i) {
   return f.factor[i] != nullptr ? __ldg(f.factor[i]) : f.host_factor[i];
 }
 

@@ -1442,13 +1442,20 @@ __device__ __forceinline__ void dq_kernel_sm80(const BwdParams& p, const F8& f8 
                                     });
       }
     }
+    [[maybe_unused]] float f8_attn = 0.0f, f8_sdp = 0.0f;
+    [[maybe_unused]] bool f8_e5 = false;
+    if constexpr (F8::kOn) {
+      f8_attn = f8.d(kF8dAttnScale);
+      f8_sdp = f8.d(kF8dScaleDP);
+      f8_e5 = f8.f.do_format == 2;
+    }
 #pragma unroll
     for (int n = 0; n < T::kNSQ; ++n) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         if constexpr (F8::kOn) {
           // FP8: dP = attn_scale P (dS - D), dP8 = fp8_dO(dP scale_dP) as dQ's operand.
-          s[n][i] = fp8_soft_round(f8.d(kF8dAttnScale) * (s[n][i] * dp[0][n][i]) * f8.d(kF8dScaleDP), f8.f.do_format == 2);
+          s[n][i] = fp8_soft_round(f8_attn * (s[n][i] * dp[0][n][i]) * f8_sdp, f8_e5);
         } else if constexpr (Mask::kFeatures) {
           s[n][i] *= dp[0][n][i];  // dS = P d logit / d x (dP - D)
         } else {

@@ -33,31 +33,24 @@
 namespace flashspan::kern {
 namespace {
 
-constexpr float kLog2eFp8Bwd = 1.4426950408889634f;
-
-// FP8 factor i (SdpaFp8BwdFactor): its float in device memory, or its host value.
-__device__ __forceinline__ float fp8_bwd_factor(const SdpaFp8BwdParams& p, int i) {
-  return p.factor[i] != nullptr ? __ldg(p.factor[i]) : p.host_factor[i];
-}
-
 // 1. The products of the factors the kernels use (params.h Fp8BwdDerived; attn_scale is p.scale, a host
 // value) and the amax outputs zeroed.
 __global__ void fp8_bwd_factors_kernel(const SdpaFp8BwdParams p) {
   if (threadIdx.x != 0) return;
   float* d = p.derived;
   const float attn = p.scale;
-  d[kF8dQkScaleLog2] = attn * fp8_bwd_factor(p, kFp8BwdDescaleQ) * fp8_bwd_factor(p, kFp8BwdDescaleK) * kLog2eFp8Bwd;
-  d[kF8dScaleS] = fp8_bwd_factor(p, kFp8BwdScaleS);
-  d[kF8dDsUnit] = fp8_bwd_factor(p, kFp8BwdDescaleDO) * fp8_bwd_factor(p, kFp8BwdDescaleV);
+  d[kF8dQkScaleLog2] = attn * fp8_factor(p, kFp8BwdDescaleQ) * fp8_factor(p, kFp8BwdDescaleK) * kLog2e;
+  d[kF8dScaleS] = fp8_factor(p, kFp8BwdScaleS);
+  d[kF8dDsUnit] = fp8_factor(p, kFp8BwdDescaleDO) * fp8_factor(p, kFp8BwdDescaleV);
   d[kF8dAttnScale] = attn;
-  d[kF8dScaleDP] = fp8_bwd_factor(p, kFp8BwdScaleDP);
-  d[kF8dDkUnit] = fp8_bwd_factor(p, kFp8BwdDescaleDP) * fp8_bwd_factor(p, kFp8BwdDescaleQ);
-  d[kF8dDvUnit] = fp8_bwd_factor(p, kFp8BwdDescaleS) * fp8_bwd_factor(p, kFp8BwdDescaleDO);
-  d[kF8dDqUnit] = fp8_bwd_factor(p, kFp8BwdDescaleDP) * fp8_bwd_factor(p, kFp8BwdDescaleK);
-  d[kF8dScaleDQ] = fp8_bwd_factor(p, kFp8BwdScaleDQ);
-  d[kF8dScaleDK] = fp8_bwd_factor(p, kFp8BwdScaleDK);
-  d[kF8dScaleDV] = fp8_bwd_factor(p, kFp8BwdScaleDV);
-  d[kF8dDeltaUnit] = fp8_bwd_factor(p, kFp8BwdDescaleDO) * fp8_bwd_factor(p, kFp8BwdDescaleO);
+  d[kF8dScaleDP] = fp8_factor(p, kFp8BwdScaleDP);
+  d[kF8dDkUnit] = fp8_factor(p, kFp8BwdDescaleDP) * fp8_factor(p, kFp8BwdDescaleQ);
+  d[kF8dDvUnit] = fp8_factor(p, kFp8BwdDescaleS) * fp8_factor(p, kFp8BwdDescaleDO);
+  d[kF8dDqUnit] = fp8_factor(p, kFp8BwdDescaleDP) * fp8_factor(p, kFp8BwdDescaleK);
+  d[kF8dScaleDQ] = fp8_factor(p, kFp8BwdScaleDQ);
+  d[kF8dScaleDK] = fp8_factor(p, kFp8BwdScaleDK);
+  d[kF8dScaleDV] = fp8_factor(p, kFp8BwdScaleDV);
+  d[kF8dDeltaUnit] = fp8_factor(p, kFp8BwdDescaleDO) * fp8_factor(p, kFp8BwdDescaleO);
   for (int i = 0; i < kFp8BwdNumAmax; ++i) *p.amax[i] = 0.0f;
 }
 
@@ -117,7 +110,7 @@ __global__ void __launch_bounds__(256) fp8_bwd_delta_kernel(const SdpaFp8BwdPara
       const float lse = p.lse[sample_start(p.analytic.start[kSdpaStats], b) + int64_t(h) * p.lsea.head_stride +
                               int64_t(i) * p.lsea.row_stride];
       // A row without keys (-inf), or a NaN stat, sees no key: P = 0 (the reference skips such rows).
-      p.lse2[w] = lse > -INFINITY ? lse * kLog2eFp8Bwd : INFINITY;
+      p.lse2[w] = lse > -INFINITY ? lse * kLog2e : INFINITY;
     }
   }
 }
