@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "dispatch/sdpa_launch.h"
 #include "dispatch/tensor_addr.h"
+#include "kernels/common/fwd_launch.h"
 #include "kernels/sm80/launch_sm80.h"
 #include "kernels/sm90/launch_sm90.h"
 
@@ -62,6 +63,11 @@ void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, 
     sm90::launch_sdpa_fp8_fwd_sm90(sdpa_fp8_fwd_params(p, workspace, workspace_bytes), p.t(FS_SDPA_Q),
                                    p.t(FS_SDPA_K), p.t(FS_SDPA_V), static_cast<cudaStream_t>(stream));
     return;
+  }
+  // score_max / score_sum_exp beside a packed O: their padded rows past each sample, which no forward
+  // kernel's block reaches (experimental: sdpa_feature_pairs_enabled; rows disjoint from the forward's).
+  if (p.ragged(FS_SDPA_O) && (p.has(FS_SDPA_SCORE_MAX) || p.has(FS_SDPA_SCORE_SUM_EXP))) {
+    launch_sdpa_fwd_stats_padding(sdpa_fwd_params(p), static_cast<cudaStream_t>(stream));
   }
   if (sdpa_fwd_runs_decode(p)) {
     int64_t slots = 0;

@@ -58,6 +58,11 @@ Switch g_sdpa_decode_alibi{[] { return !env_flag_off("FLASHSPAN_SDPA_DECODE_ALIB
 // The FP8 backward on the sm80 kernels (launch_sdpa_fp8_bwd_sm80): experimental, not yet run on a GPU, so
 // off unless FLASHSPAN_EXPERIMENTAL=1 (read by each check_support; an operation already checked keeps running).
 Switch g_sdpa_fp8_bwd{experimental_from_env};
+// The feature pairs written without a GPU (sdpa_support.cpp sdpa_check_features_gpu: the additive bias or
+// dropout with paged K/V, max_logit with sinks, score_max / score_sum_exp with a packed O, dBias with
+// softcap): experimental, not
+// yet run on a GPU, so off unless FLASHSPAN_EXPERIMENTAL=1 (read by each check_support).
+Switch g_sdpa_feature_pairs{experimental_from_env};
 }  // namespace
 
 namespace {
@@ -117,6 +122,8 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
                 FS_SDPA_RAGGED_OFFSET_STATS}) {
     if (p.has(s)) return "ragged (packed) q, k, v, o or stats";
   }
+  // dBias with softcap: the sm80 backward's (experimental; its dK/dV kernel takes dBias's P from shared memory).
+  if (backward && p.has(FS_SDPA_DBIAS) && p.a.softcap) return "dBias with softcap";
   // A list of what it takes, not of what it refuses: a tensor of a feature added later (bias, sinks,
   // gate, score_max / score_sum_exp, block_mask, dropout, page tables, ...) keeps the sm80 kernels
   // until it is added here.
@@ -179,6 +186,9 @@ bool sdpa_fp8_sm90_enabled() { return g_sdpa_fp8_sm90.on(); }
 
 void set_sdpa_fp8_bwd_enabled(int on) { g_sdpa_fp8_bwd.set(on); }
 bool sdpa_fp8_bwd_enabled() { return g_sdpa_fp8_bwd.on(); }
+
+void set_sdpa_feature_pairs_enabled(int on) { g_sdpa_feature_pairs.set(on); }
+bool sdpa_feature_pairs_enabled() { return g_sdpa_feature_pairs.on(); }
 
 // The FP8 backward's rule (launch_sdpa_fp8_bwd_sm80's checks). The FP8 validation (core/sdpa_problem.cpp)
 // has already refused every option outside the seed's sdpa_fp8_backward (a causal mask; no lengths, no

@@ -150,6 +150,17 @@ void set_sdpa_fp8_bwd_enabled(int on);
 const char* sdpa_fp8_bwd_refusal(const sdpa::Problem& p);
 SdpaFp8BwdParams sdpa_fp8_bwd_params(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
 
+// The feature pairs first written without a GPU (docs/SDPA.md "Experimental feature pairs"): the additive
+// bias or dropout with paged K/V caches (the paged forward's features, with rng_dump's launch), max_logit
+// with sinks (the sink folded into the row statistics after the walk, so that max_logit keeps the scores'
+// maximum), score_max / score_sum_exp with a packed O (their padded rows past each sample filled by a
+// kernel of their own), dBias with softcap (the sm80 backward: dBias from the 16-bit P stored for dV; not
+// with dropout). Not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read by each
+// check_support) unless set_sdpa_feature_pairs_enabled overrides it (tests: 1 on, 0 off, -1 back to the
+// environment's answer); off, sdpa_check_features_gpu refuses them as before.
+bool sdpa_feature_pairs_enabled();
+void set_sdpa_feature_pairs_enabled(int on);
+
 // The decode forward (kernels/sm80/kernel_decode_sm80.cuh: packed GQA on the 16-row decode tile, the
 // key walk split into items over the device's SMs, a combine kernel; contiguous or paged K / V; every
 // GPU of the sm80 family, sm_90 too), the one rule (sdpa_family.cpp): it runs a CUDA forward that

@@ -27,6 +27,16 @@ using sdpa::Problem;
                                       "it on the CPU reference"));
 }
 
+// A feature pair written without a GPU (sdpa_feature_pairs_enabled, sdpa_launch.h): refused unless
+// FLASHSPAN_EXPERIMENTAL=1, with the message of a feature the GPU kernels do not run yet.
+void experimental_pair(const char* feature) {
+  if (sdpa_feature_pairs_enabled()) return;
+  throw Error(Status::kNotSupported,
+              detail::concat(feature, ": not supported on CUDA tensors yet (its kernels, written without a GPU, run "
+                                      "with FLASHSPAN_EXPERIMENTAL=1, not yet run on one); CPU tensors run it on "
+                                      "the CPU reference"));
+}
+
 // 16-bit tensors move 16-byte chunks: a packed tensor's sample must start on 8 elements, which
 // the host can only guarantee through the multiplier (the offsets live in device memory).
 void check_ragged_multiplier(const Problem& p, int slot) {
@@ -132,12 +142,17 @@ void sdpa_check_features_gpu(const Problem& p) {
     return;
   }
   // The additive bias runs natively (sdpa_score_mod.cuh SdpaBiasFrag), and dBias through the dS
-  // workspace (SdpaBiasParams) from the dK/dV kernel's P (dP - D), which with softcap holds P times
-  // softcap's derivative instead.
-  if (p.has(FS_SDPA_DBIAS) && a.softcap) not_native("dBias together with softcap");
+  // workspace (SdpaBiasParams) from the dK/dV kernel's P (dP - D).
+  // With softcap the kernel's S registers hold P (1 - t^2) at the dS step, so dBias reads the 16-bit P stored
+  // for dV (the sm80 backward; experimental), which with dropout carries the multiplier.
+  if (p.has(FS_SDPA_DBIAS) && a.softcap) {
+    if (p.dropout || a.dropout_mask_form) not_native("dBias together with softcap and dropout");
+    experimental_pair("dBias together with softcap");
+  }
   // softcap, ALiBi and sinks (dSink) run natively (sdpa_score_mod.cuh); max_logit excludes the
-  // sink, which the kernels' running max includes.
-  if (p.has(FS_SDPA_SINK_TOKEN) && p.has(FS_SDPA_MAX_LOGIT)) not_native("max_logit together with sink_token");
+  // sink, which the kernels' running max includes: with max_logit the prefill kernels fold the sink
+  // into the row statistics after the walk instead (the decode kernel's combine always does; experimental).
+  if (p.has(FS_SDPA_SINK_TOKEN) && p.has(FS_SDPA_MAX_LOGIT)) experimental_pair("max_logit together with sink_token");
   // Dropout runs natively (Philox in the kernels from core/philox.h, or the caller's mask;
   // sdpa_score_mod.cuh sdpa_dropout_apply), and so does rng_dump; float64 masks and dumps do not.
   for (int s : {FS_SDPA_DROPOUT_MASK, FS_SDPA_RNG_DUMP}) {
@@ -148,19 +163,21 @@ void sdpa_check_features_gpu(const Problem& p) {
     }
   }
   if (p.paged) {
-    // The paged forward kernel (sdpa_fwd_paged_kernel_sm80) has no bias / dropout terms yet.
-    if (p.has(FS_SDPA_BIAS)) not_native("bias together with paged K/V caches");
-    if (p.dropout || a.dropout_mask_form) not_native("dropout together with paged K/V caches");
+    // The paged forward kernel (sdpa_fwd_paged_kernel_sm80) compiles the features of the unpaged one
+    // (AnalyticMaskSm80); the bias and dropout on it, and its rng_dump, are experimental.
+    if (p.has(FS_SDPA_BIAS)) experimental_pair("bias together with paged K/V caches");
+    if (p.dropout || a.dropout_mask_form) experimental_pair("dropout together with paged K/V caches");
     check_paged(p);
   }
   // block_mask runs natively (analytic_mask.h: every sm80 tile lies inside one 128 x 128 block).
   // The output gate (forward epilogue, backward preprocess) and the score_max / score_sum_exp
   // outputs run natively (SdpaEpilogueParams). The statistics are never packed: their rows
-  // past a sample are written by the blocks of a padded O only.
+  // past a sample are written by the blocks of a padded O; with a packed O by a fill kernel of
+  // their own (launch_sdpa_fwd_stats_padding, experimental).
   for (int s : {FS_SDPA_SCORE_MAX, FS_SDPA_SCORE_SUM_EXP}) {
-    FS_CHECK_SUPPORTED(!p.has(s) || !p.ragged(FS_SDPA_O), sdpa::slot_name(s),
+    FS_CHECK_SUPPORTED(!p.has(s) || !p.ragged(FS_SDPA_O) || sdpa_feature_pairs_enabled(), sdpa::slot_name(s),
                        ": with a packed o (ragged offsets) is not supported on CUDA tensors yet (give o padded, "
-                       "[B, H_q, S_q, D_v])");
+                       "[B, H_q, S_q, D_v]; FLASHSPAN_EXPERIMENTAL=1 runs it, not yet run on a GPU)");
   }
   // A host scalar attn_scale is read at execute (the seed's pass-by-value scale); a device one
   // would need a read of device memory on the host.

@@ -7,7 +7,11 @@
 // garbage (-1, 2^31 - 1 or a random page: never to be read), tables contiguous or packed
 // through ragged offsets, containers page-major [pages, H, page, D] or [pages, page, H, D]; or
 // one side contiguous (the seed lets K or V alone be paged). The dense K / V of every sample
-// are kept to check addresses against.
+// are kept to check addresses against. Score features with paged K/V (experimental on CUDA
+// tensors: sdpa_launch.h sdpa_feature_pairs_enabled): an additive bias in any broadcast form,
+// Philox dropout (with rng_dump, float32 or uint8) or the caller's dropout mask in any
+// broadcast form and dtype (random_bias_case, random_dropout_case); their values finite on the
+// elements inside the samples, NaN (uint8 mask: 255) outside them where broadcast allows.
 #pragma once
 
 #include <algorithm>
@@ -41,6 +45,58 @@ struct PagedCase {
   int64_t left = 0, right = 0;
   float scale = 0.125f, softcap = 0.0f;
   bool max_logit = false;
+  // Additive bias (as sdpa_case::Case::bias): 0 none, else 1 + a 4-bit set of the dimensions
+  // broadcast (size 1): bit 0 B, bit 1 H_q, bit 2 S_q, bit 3 S_kv of [B, H_q, S_q, S_kv], S_kv being
+  // the call's (skv()); bias_f32: float32 (else q's dtype); bias_strided: padded row / head strides.
+  int bias = 0;
+  bool bias_f32 = false, bias_strided = false;
+  // Philox dropout: probability (0: none, unless dropout_p_zero: Philox with probability 0), seed /
+  // offset ({1} tensors on the call's device, int64 when dropout_i64, else int32); rng_dump: the keep
+  // mask [B, H_q, S_q, S_kv] in rng_dump_dtype (float32 or uint8).
+  float dropout_p = 0.0f;
+  bool dropout_p_zero = false, dropout_i64 = false;
+  int64_t dropout_seed = 0, dropout_offset = 0;
+  bool rng_dump = false;
+  DType rng_dump_dtype = DType::kFloat32;
+  // The caller's dropout mask (as sdpa_case::Case::dropout_mask): 0 none, else 1 + a 4-bit set of the
+  // dimensions broadcast (as bias); its dtype (uint8, float16, bfloat16, float32) and padded strides;
+  // dropout_scale: the value of its scale tensor ({1} float32).
+  int dropout_mask = 0;
+  DType dropout_mask_dtype = DType::kUInt8;
+  bool dropout_mask_strided = false;
+  float dropout_scale = 1.0f;
+
+  bool philox() const { return dropout_p > 0 || dropout_p_zero; }
+  // S_kv of the call (core/sdpa_problem.cpp): paged_attention_max_seq_len_kv when set, else the
+  // dense side's S_kv, else the tables' capacity (the least over both sides of max_pages * page).
+  int64_t skv() const {
+    if (set_max_seq || page_k == 0 || page_v == 0) return Skv;
+    auto cap = [&](int64_t page) { return (Skv + page - 1) / page * page; };
+    return std::min(cap(page_k), cap(page_v));
+  }
+  // sdpa_case's view of the case (B, H_q, S_q, the call's S_kv, the bias and mask forms), for its
+  // helpers (bias_layout, dropout_mask_layout, fill_bias, fill_dropout_mask, broadcast_shape).
+  sdpa_case::Case as_case() const {
+    sdpa_case::Case c;
+    c.seed = seed;
+    c.dtype = dtype;
+    c.B = B;
+    c.Hq = Hq;
+    c.Hk = Hk;
+    c.Hv = Hv;
+    c.Sq = Sq;
+    c.Skv = skv();
+    c.Dqk = Dqk;
+    c.Dv = Dv;
+    c.bias = bias;
+    c.bias_f32 = bias_f32;
+    c.bias_strided = bias_strided;
+    c.dropout_mask = dropout_mask;
+    c.dropout_mask_dtype = dropout_mask_dtype;
+    c.dropout_mask_strided = dropout_mask_strided;
+    c.dropout_scale = dropout_scale;
+    return c;
+  }
 
   std::string str() const {
     std::ostringstream os;
@@ -54,6 +110,22 @@ struct PagedCase {
        << scale;
     if (softcap > 0) os << " softcap " << softcap;
     if (max_logit) os << " max_logit";
+    if (bias) {
+      const std::vector<int64_t> bs = as_case().broadcast_shape(bias);
+      os << " bias [" << bs[0] << "," << bs[1] << "," << bs[2] << "," << bs[3] << "]" << (bias_f32 ? " f32" : "")
+         << (bias_strided ? " strided" : "");
+    }
+    if (philox()) {
+      os << " dropout " << dropout_p << " seed " << dropout_seed << " offset " << dropout_offset
+         << (dropout_i64 ? " int64" : " int32");
+      if (rng_dump) os << " rng_dump " << dtype_name(rng_dump_dtype);
+    }
+    if (dropout_mask) {
+      const std::vector<int64_t> ms = as_case().broadcast_shape(dropout_mask);
+      os << " dropout-mask [" << ms[0] << "," << ms[1] << "," << ms[2] << "," << ms[3] << "] "
+         << dtype_name(dropout_mask_dtype) << (dropout_mask_strided ? " strided" : "") << " scale " << dropout_scale;
+    }
+    if (!set_max_seq && (bias || dropout_mask || rng_dump)) os << " (S_kv " << skv() << ")";
     return os.str();
   }
 };
@@ -101,6 +173,50 @@ inline PagedCase random_paged_case(uint64_t seed, bool decode) {
   return c;
 }
 
+// random_paged_case with an additive bias: form 1 + seed % 16 (every broadcast form over 16
+// consecutive seeds), float32 or q's dtype, padded strides on a third.
+inline PagedCase random_bias_case(uint64_t seed, bool decode) {
+  PagedCase c = random_paged_case(seed, decode);
+  std::mt19937_64 rng(seed * 7877 + 11);  // a stream of its own: the rest of the case is random_paged_case's
+  c.bias = 1 + int(seed % 16);
+  c.bias_f32 = rng() % 2;
+  c.bias_strided = rng() % 3 == 0;
+  return c;
+}
+
+// random_paged_case with dropout: Philox on even seeds (probability 0, 0.1, 0.25, 0.5 or 0.9; seeds of
+// both signs, int32 / int64 seed and offset; rng_dump none, float32 or uint8 by (seed / 2) % 3), the
+// caller's mask on odd ones (form 1 + (seed / 2) % 16: every broadcast form over 32 consecutive
+// seeds; uint8, float16, bfloat16 or float32; padded strides on a third; scale 1 / (1 - p)); an
+// additive bias besides on a quarter.
+inline PagedCase random_dropout_case(uint64_t seed, bool decode) {
+  PagedCase c = random_paged_case(seed, decode);
+  std::mt19937_64 rng(seed * 977 + 3);
+  static const float kProbs[] = {0.0f, 0.1f, 0.25f, 0.5f, 0.9f};
+  const float prob = kProbs[rng() % 5];
+  if (seed % 2 == 0) {
+    c.dropout_p = prob;
+    c.dropout_p_zero = prob == 0.0f;
+    c.dropout_seed = int64_t(rng() % 100000) - (rng() % 3 == 0 ? 50000 : 0);
+    c.dropout_offset = int64_t(rng() % 1000);
+    c.dropout_i64 = rng() % 2;
+    const int dump = int((seed / 2) % 3);
+    c.rng_dump = dump != 0;
+    c.rng_dump_dtype = dump == 2 ? DType::kUInt8 : DType::kFloat32;
+  } else {
+    static const DType kMaskTypes[] = {DType::kUInt8, DType::kFloat16, DType::kBFloat16, DType::kFloat32};
+    c.dropout_mask = 1 + int((seed / 2) % 16);
+    c.dropout_mask_dtype = kMaskTypes[rng() % 4];
+    c.dropout_mask_strided = rng() % 3 == 0;
+    c.dropout_scale = 1.0f / (1.0f - prob);
+  }
+  if (rng() % 4 == 0) {
+    c.bias = 1 + int(rng() % 16);
+    c.bias_f32 = rng() % 2;
+  }
+  return c;
+}
+
 // One side's page table (int32): `entries` as stored; sample b's page g at
 // entries[offset[b] + g * stride] (offset[b] = b * max_pages unless packed).
 struct PageTable {
@@ -123,6 +239,10 @@ struct PagedData {
   std::vector<int64_t> len_q, len_kv, tok_q;
   Storage q, o, stats;
   PagedSide k, v;
+  // The score features (PagedCase::bias, dropout_mask, rng_dump; allocated only when the case has
+  // them): bias and mask broadcast over [B, H_q, S_q, S_kv] (sdpa_case::bias_layout /
+  // dropout_mask_layout on as_case()), the dump [B, H_q, S_q, S_kv] contiguous, all NaN / 0xff first.
+  Storage bias, drop_mask, dump;
   // Dense values of every sample's keys / values: dense_k[((b * H_k + h) * S_kv + s) * D_qk + d].
   std::vector<double> dense_k, dense_v;
 };
@@ -235,6 +355,21 @@ inline PagedData make_paged_data(const PagedCase& c) {
   p.dense_v = dense(c.Hv, c.Dv, c.dtype);
   make_side(p.k, c, c.page_k, c.packed_k, c.token_major_k, c.Hk, c.Dqk, p.len_kv, p.dense_k, rng);
   make_side(p.v, c, c.page_v, c.packed_v, c.token_major_v, c.Hv, c.Dv, p.len_kv, p.dense_v, rng);
+  // The features from a stream of their own (the data of a case without them is unchanged): values
+  // where a sample reads them, NaN (uint8 mask: 255) where none does (sdpa_case::fill_sample_elems).
+  std::mt19937_64 frng(c.seed * 7411 + 29);
+  const sdpa_case::Case fc = c.as_case();
+  if (c.bias) {
+    p.bias.alloc_host(sdpa_case::bias_layout(fc), c.bias_f32 ? DType::kFloat32 : c.dtype);
+    sdpa_case::fill_bias(p.bias, fc, p.len_q, p.len_kv, frng);
+  }
+  if (c.dropout_mask) {
+    p.drop_mask.alloc_host(sdpa_case::dropout_mask_layout(fc), c.dropout_mask_dtype);
+    sdpa_case::fill_dropout_mask(p.drop_mask, fc, p.len_q, p.len_kv, frng);
+  }
+  if (c.philox() && c.rng_dump) {
+    p.dump.alloc_host(sdpa_case::make_layout(Kind::kBhsd, c.B, c.Hq, c.Sq, fc.Skv, {}), c.rng_dump_dtype);
+  }
   return p;
 }
 

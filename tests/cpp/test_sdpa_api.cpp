@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "flashspan/flashspan.hpp"
@@ -375,6 +376,26 @@ std::string cuda_fwd_refusal(Setup setup, int64_t hv = Hk, bool stats = false) {
   return "";
 }
 
+// Runs fn with FLASHSPAN_EXPERIMENTAL set to "1" (on) or unset (off), then restores the variable: the
+// feature pairs written without a GPU (max_logit with sinks, score_max / score_sum_exp with a packed O,
+// the bias or dropout with paged K/V) are refused on CUDA tensors unless it is 1 (read per check_support).
+template <class Fn>
+void with_experimental(bool on, Fn&& fn) {
+  const char* had = std::getenv("FLASHSPAN_EXPERIMENTAL");
+  const std::string old = had ? had : "";
+  if (on) {
+    setenv("FLASHSPAN_EXPERIMENTAL", "1", 1);
+  } else {
+    unsetenv("FLASHSPAN_EXPERIMENTAL");
+  }
+  fn();
+  if (had) {
+    setenv("FLASHSPAN_EXPERIMENTAL", old.c_str(), 1);
+  } else {
+    unsetenv("FLASHSPAN_EXPERIMENTAL");
+  }
+}
+
 TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
   const std::string tail = ": not supported on CUDA tensors yet";
   auto starts = [](const std::string& msg, const std::string& prefix) { return msg.rfind(prefix, 0) == 0; };
@@ -393,8 +414,14 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
   EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_attn_scale(host_scale); }), "");
   EXPECT_EQ(cuda_fwd_refusal([](SdpaAttributes&) {}, /*hv=*/2), "");
   const TensorDesc ml(nullptr, kFloat32, cuda(), {Hq});
-  EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_sink_token(sinks).set_max_logit(ml); }),
-                     "max_logit together with sink_token" + tail));
+  // max_logit with sinks: experimental (the sink folded into the statistics after the walk).
+  with_experimental(false, [&] {
+    EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_sink_token(sinks).set_max_logit(ml); }),
+                       "max_logit together with sink_token" + tail));
+  });
+  with_experimental(true, [&] {
+    EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_sink_token(sinks).set_max_logit(ml); }), "");
+  });
   const TensorDesc seed(nullptr, kInt64, cuda(), {1}), offset(nullptr, kInt64, cuda(), {1});
   // Dropout (Philox, and the caller's mask) with rng_dump: native (float64 masks / dumps are not).
   EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_dropout(0.1f, seed, offset); }), "");
@@ -454,17 +481,38 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
         dO(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), st(nullptr, kFloat32, cuda(), {B, Hq, Sq, 1}),
         dq(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), dk(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64}),
         dv(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64});
-    // dBias: native, but not together with softcap.
+    // dBias: native; together with softcap experimental (FLASHSPAN_EXPERIMENTAL=1), with softcap and
+    // dropout not native.
     SdpaBackwardAttributes attr;
     attr.set_bias(bias).set_dbias(bias).set_softcap(20.0f);
     SdpaBwd bwd(q, k, v, o, dO, st, dq, dk, dv, attr);
-    try {
-      bwd.check_support();
-      ADD_FAILURE() << "dBias with softcap accepted on CUDA tensors";
-    } catch (const Exception& e) {
-      EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
-      EXPECT_TRUE(starts(e.what(), "dBias together with softcap" + tail)) << e.what();
-    }
+    with_experimental(false, [&] {
+      try {
+        bwd.check_support();
+        ADD_FAILURE() << "dBias with softcap accepted on CUDA tensors";
+      } catch (const Exception& e) {
+        EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
+        EXPECT_TRUE(starts(e.what(), "dBias together with softcap" + tail)) << e.what();
+      }
+    });
+    with_experimental(true, [&] {
+      try {
+        bwd.check_support();
+      } catch (const Exception& e) {
+        EXPECT_NE(e.status(), FS_STATUS_NOT_SUPPORTED) << e.what();
+      }
+      const TensorDesc seed(nullptr, kInt64, cuda(), {1}), offset(nullptr, kInt64, cuda(), {1});
+      SdpaBackwardAttributes attr_drop;
+      attr_drop.set_bias(bias).set_dbias(bias).set_softcap(20.0f).set_dropout(0.1f, seed, offset);
+      SdpaBwd bwd_drop(q, k, v, o, dO, st, dq, dk, dv, attr_drop);
+      try {
+        bwd_drop.check_support();
+        ADD_FAILURE() << "dBias with softcap and dropout accepted on CUDA tensors";
+      } catch (const Exception& e) {
+        EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
+        EXPECT_TRUE(starts(e.what(), "dBias together with softcap and dropout" + tail)) << e.what();
+      }
+    });
     SdpaBackwardAttributes attr_db;
     attr_db.set_bias(bias).set_dbias(bias);
     SdpaBwd bwd_db(q, k, v, o, dO, st, dq, dk, dv, attr_db);
@@ -518,13 +566,19 @@ TEST(SdpaApi, CudaLayoutRules) {
                          },
                          Hk, /*stats=*/true),
                      "o, stats: one is packed (ragged offsets) and the other padded"));
-  // score_max / score_sum_exp are never packed: not with a packed O on CUDA tensors.
+  // score_max / score_sum_exp are never packed: with a packed O on CUDA tensors only with
+  // FLASHSPAN_EXPERIMENTAL=1 (their rows past each sample filled by a kernel of their own).
   const TensorDesc row_stat(nullptr, kFloat32, cuda(), {B, Hq, Sq, 1});
-  EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) {
-                       a.set_padding_mask(true).set_seq_len_q(lq).set_seq_len_kv(lk).set_logit_max(row_stat);
-                       a.set_ragged_offset(FS_SDPA_O, offs, Hq * 64);
-                     }),
-                     "score_max: with a packed o (ragged offsets) is not supported on CUDA tensors yet"));
+  auto packed_o_stats = [&](SdpaAttributes& a) {
+    a.set_padding_mask(true).set_seq_len_q(lq).set_seq_len_kv(lk).set_logit_max(row_stat);
+    a.set_score_sum_exp(row_stat);
+    a.set_ragged_offset(FS_SDPA_O, offs, Hq * 64);
+  };
+  with_experimental(false, [&] {
+    EXPECT_TRUE(starts(cuda_fwd_refusal(packed_o_stats),
+                       "score_max: with a packed o (ragged offsets) is not supported on CUDA tensors yet"));
+  });
+  with_experimental(true, [&] { EXPECT_EQ(cuda_fwd_refusal(packed_o_stats), ""); });
 }
 
 TEST(SdpaApi, CudaBackwardWorkspaceSize) {

@@ -2527,6 +2527,148 @@ TEST(SdpaGpu, LayoutsPerSide) {
     }
 }
 
+// ---------------------------------------------------------------------------
+// The feature pairs written without a GPU (dispatch/sdpa_launch.h sdpa_feature_pairs_enabled: experimental,
+// FLASHSPAN_EXPERIMENTAL=1; forced on here): max_logit with sinks (the prefill kernels fold the sink into
+// the row statistics after the walk, softmax.cuh OnlineSoftmax::fold_sink_row, so that max_logit keeps the
+// scores' maximum; the decode combine adds the sink anyway), score_max / score_sum_exp with a packed O
+// (their padded rows past each sample set by fwd_launch.h launch_sdpa_fwd_stats_padding) and dBias with
+// softcap (the sm80 backward). The paged pairs (bias, dropout): test_sdpa_paged_gpu.cpp.
+// ---------------------------------------------------------------------------
+
+struct ForceFeaturePairs {
+  ForceFeaturePairs() { set_sdpa_feature_pairs_enabled(1); }
+  ~ForceFeaturePairs() { set_sdpa_feature_pairs_enabled(-1); }
+};
+
+// c with sinks and max_logit (and the statistics outputs on some seeds: score_max includes the sink,
+// max_logit does not). Larger scale on a third of the seeds (rows whose sink is below their scores) and
+// sinks shifted up on another third (rows where the sink dominates: the fold's factor far below 1).
+Case with_sinks_and_max_logit(Case c) {
+  c.sinks = true;
+  c.max_logit = true;
+  c.score_stats = c.score_stats || c.seed % 3 == 0;
+  if (c.seed % 3 == 1) c.scale = 3.0f / std::sqrt(float(c.Dqk));
+  return c;
+}
+
+TEST(SdpaGpu, MaxLogitWithSinksSm90) {
+  // The sm90 forward with modifiers (its sink source); a quarter with the backward chained onto the
+  // GPU forward's O and LSE (dSink, dQ / dK / dV through the folded LSE; the backward's family free).
+  REQUIRE_SM90();
+  const ForceFeaturePairs pairs;
+  const ForceSdpaSm90 force(1);
+  const ForceSdpaSm90Mods mods(1);
+  for (uint64_t seed = 16001; seed <= 16048; ++seed) {
+    const Case c = with_sinks_and_max_logit(sm90_mods_case(seed));
+    run_case_expect_sm90(c, /*backward=*/seed % 4 == 0, 1, kAnyLaunches, /*chain=*/true);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, MaxLogitWithSinksSm80) {
+  // The sm80 forward (random_case: every head dim, THD with gaps and a sample without keys, masks in both
+  // alignments), the sm90 forward and the decode forward pinned off.
+  REQUIRE_GPU();
+  const ForceFeaturePairs pairs;
+  const ForceSdpaSm90 sm90_off(0);
+  const ForceSdpaDecode decode_off(0);
+  for (uint64_t seed = 16101; seed <= 16160; ++seed) {
+    Case c = with_sinks_and_max_logit(random_case(seed));
+    if (seed % 5 == 0) c.softcap = 6.0f;
+    run_case(c, /*backward=*/seed % 4 == 0, /*chain=*/true);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, MaxLogitWithSinksDecode) {
+  // The decode forward: its items seed nothing and its combine adds the sink, so max_logit is the items'.
+  REQUIRE_GPU();
+  const ForceFeaturePairs pairs;
+  const ForceSdpaDecode on(1);
+  for (uint64_t seed = 16201; seed <= 16240; ++seed) {
+    Case c = with_sinks_and_max_logit(decode_case(seed));
+    if (c.kind_q == Kind::kThd) c.score_stats = false;  // (ScoreStatsWithPackedO)
+    run_decode_case(c, 1);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, ScoreStatsWithPackedO) {
+  // score_max / score_sum_exp (padded [B, H_q, S_q, 1], NaN-poisoned) beside a packed O: the rows past each
+  // sample are the fill kernel's (-inf, 0), the others the forward's; on the sm80 forward (sm90 off), the
+  // default families (the sm90 forward takes no packed THD: sm80 then) and the decode forward.
+  REQUIRE_GPU();
+  const ForceFeaturePairs pairs;
+  for (uint64_t seed = 16301; seed <= 16360; ++seed) {
+    const int form = int(seed % 3);
+    Case c = form == 2 ? decode_case(seed) : random_case(seed);
+    c.kind_q = Kind::kThd;
+    if (c.lengths == 0) c.lengths = 1 + int(seed % 2);
+    c.score_stats = true;
+    if (seed % 4 == 0) c.sinks = true;
+    if (seed % 5 == 0) c.gate = true;
+    std::optional<ForceSdpaSm90> sm90_off;
+    std::optional<ForceSdpaDecode> decode;
+    if (form == 0) sm90_off.emplace(0);
+    if (form != 2) decode.emplace(0);
+    if (form == 2) {
+      run_decode_case(c, 1);
+    } else {
+      run_case(c, /*backward=*/false);
+    }
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, DbiasWithSoftcap) {
+  // dBias together with softcap (the sm80 backward: its dK/dV kernel takes dBias's P from the 16-bit P it
+  // stored for dV, since its S registers hold P (1 - t^2)); every broadcast form of the bias, float32 or
+  // 16-bit, bias_case's shapes (score_mod_case: THD, every head dim, masks in both alignments, ALiBi and
+  // sinks on some); half
+  // the seeds with the default families (the sm90 backward refuses the pair: the sm80 one runs), half
+  // with the sm80 forward too; a third deterministic (random_case's draw).
+  REQUIRE_GPU();
+  const ForceFeaturePairs pairs;
+  for (uint64_t seed = 16501; seed <= 16548; ++seed) {
+    Case c = bias_case(seed);
+    c.softcap = float(3 + seed % 20);
+    c.bias = 1 + int(seed % 16);
+    c.dbias = true;
+    c.dropout_p = 0.0f;  // (refused with the pair: the stored P carries dropout's multiplier)
+    c.dropout_mask = 0;
+    c.scale = 2.0f / std::sqrt(float(c.Dqk));  // scores where softcap's derivative is well below 1
+    std::optional<ForceSdpaSm90> sm90_off;
+    if (seed % 2) sm90_off.emplace(0);
+    const ForceSdpaDecode decode_off(0);
+    run_case(c, /*backward=*/true);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, FeaturePairsSanitizerSmall) {
+  // Small cases of the pairs for compute-sanitizer (scripts/gpu_check.sh memcheck): the sm80 and (on
+  // sm_90) sm90 forwards with sinks and max_logit, the fill kernel beside a packed O, and a backward with
+  // dBias and softcap.
+  REQUIRE_GPU();
+  const ForceFeaturePairs pairs;
+  for (int i = 0; i < 4; ++i) {
+    Case c = layout_case(16400 + uint64_t(i), i == 2 ? Kind::kThd : Kind::kBhsd, Kind::kBshd);
+    c.sinks = i < 3;
+    c.max_logit = i < 2;
+    c.score_stats = i < 3;
+    if (i == 3) {
+      c.softcap = 5.0f;
+      c.bias = 1 + 4;  // [B, H_q, 1, S_kv]
+      c.dbias = true;
+    }
+    const ForceSdpaSm90 fam(i == 1 ? 1 : 0);
+    const ForceSdpaDecode decode_off(0);
+    run_case(c, /*backward=*/i == 3);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 #endif  // FLASHSPAN_WITH_CUDA
 
 }  // namespace

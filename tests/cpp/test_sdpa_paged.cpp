@@ -5,19 +5,22 @@
 // lengths, packed tables, token-major containers, K or V alone paged, GQA, H_k != H_v) where
 // the dense K / V of the case hold them; the rows the kernels' gather never asks about (keys
 // past a sample) are left out, as the loader leaves them. Also the native path's rules for
-// paged calls on CUDA descriptors (the FLASHSPAN_SDPA_PAGED switch, page sizes).
+// paged calls on CUDA descriptors (the FLASHSPAN_SDPA_PAGED switch, page sizes; the bias and
+// dropout with paged K/V behind the experimental switch, sdpa_feature_pairs_enabled).
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "core/sdpa_problem.h"
 #include "dispatch/sdpa_launch.h"
+#include "flashspan/flashspan.hpp"
 #include "sdpa_paged_case.h"
 
 // The kernels' K/V address role, compiled for the host (plain integer code and loads).
@@ -261,6 +264,99 @@ TEST(SdpaPaged, CudaRules) {
     setenv("FLASHSPAN_SDPA_PAGED", old.c_str(), 1);
   } else {
     unsetenv("FLASHSPAN_SDPA_PAGED");
+  }
+}
+
+// check_support() of a paged forward on CUDA descriptors (data nullptr; bf16 q / o [2, 2, 5, 64], K and
+// V containers [12, 2, 16, 64] through one table [2, 1, 5, 1], seq_len, paged_attention_max_seq_len_kv
+// 70) with setup(attributes) applied: the message of a NOT_SUPPORTED refusal, "status N: message" for
+// another error (no device on a GPU-less machine, a build without CUDA), "" when accepted.
+template <class Setup>
+std::string paged_cuda_check_support(Setup setup) {
+  namespace api = flashspan::api;
+  const fs_device_t cuda{FS_DEVICE_CUDA, 0};
+  const api::TensorDesc q(nullptr, api::kBFloat16, cuda, {2, 2, 5, 64});
+  const api::TensorDesc o(nullptr, api::kBFloat16, cuda, {2, 2, 5, 64});
+  const api::TensorDesc k(nullptr, api::kBFloat16, cuda, {12, 2, 16, 64});  // containers [pages, H, page, D]
+  const api::TensorDesc v(nullptr, api::kBFloat16, cuda, {12, 2, 16, 64});
+  const api::TensorDesc table(nullptr, api::kInt32, cuda, {2, 1, 5, 1}), len(nullptr, api::kInt32, cuda, {2});
+  api::SdpaAttributes a;
+  a.set_attn_scale(0.125f).set_padding_mask(true).set_seq_len_q(len).set_seq_len_kv(len);
+  a.set_paged_attention_k_table(table).set_paged_attention_v_table(table).set_paged_attention_max_seq_len_kv(70);
+  setup(a);
+  try {
+    api::SdpaFwd fwd(q, k, v, o, nullptr, a);
+    fwd.check_support();
+  } catch (const api::Exception& e) {
+    if (e.status() == FS_STATUS_NOT_SUPPORTED) return e.what();
+    return "status " + std::to_string(int(e.status())) + ": " + e.what();
+  }
+  return "";
+}
+
+// The switches of paged K/V and of the experimental feature pairs for a scope (`pairs`: 1 on, 0 off),
+// the environment's answers after it.
+struct PairsSwitch {
+  explicit PairsSwitch(int pairs) {
+    set_sdpa_paged_enabled(1);
+    set_sdpa_feature_pairs_enabled(pairs);
+  }
+  ~PairsSwitch() {
+    set_sdpa_feature_pairs_enabled(-1);
+    set_sdpa_paged_enabled(-1);
+  }
+  PairsSwitch(const PairsSwitch&) = delete;
+  PairsSwitch& operator=(const PairsSwitch&) = delete;
+};
+
+TEST(SdpaPaged, CudaRulesBiasDropout) {
+  // The additive bias (q's dtype, or float32 broadcast) and dropout (Philox, with rng_dump, or the
+  // caller's mask) with paged K/V on CUDA tensors: refused by check_support with the experimental
+  // switch off (set_sdpa_feature_pairs_enabled(0)), naming the pair; with it on, no longer refused
+  // for the pair (check_support may then fail later: at the device check of a GPU-less machine, or
+  // in a build without CUDA).
+  namespace api = flashspan::api;
+  using Setup = std::function<void(api::SdpaAttributes&)>;
+  const fs_device_t cuda{FS_DEVICE_CUDA, 0};
+  const api::TensorDesc bias(nullptr, api::kBFloat16, cuda, {2, 2, 5, 70});
+  const api::TensorDesc bias_b(nullptr, api::kFloat32, cuda, {1, 2, 1, 70});
+  const api::TensorDesc seed(nullptr, api::kInt64, cuda, {1}), offset(nullptr, api::kInt64, cuda, {1});
+  const api::TensorDesc dump(nullptr, api::kUInt8, cuda, {2, 2, 5, 70});
+  const api::TensorDesc mask(nullptr, api::kUInt8, cuda, {2, 1, 5, 70}), scale(nullptr, api::kFloat32, cuda, {1});
+  const std::string bias_pair = "bias together with paged K/V caches: not supported on CUDA tensors yet";
+  const std::string dropout_pair = "dropout together with paged K/V caches: not supported on CUDA tensors yet";
+  const struct {
+    const char* name;
+    Setup setup;
+    const std::string& refusal;  // the message's start with the switch off
+  } calls[] = {
+      {"bias", [&](api::SdpaAttributes& a) { a.set_bias(bias); }, bias_pair},
+      {"float32 bias [1, H_q, 1, S_kv]", [&](api::SdpaAttributes& a) { a.set_bias(bias_b); }, bias_pair},
+      {"Philox", [&](api::SdpaAttributes& a) { a.set_dropout(0.1f, seed, offset); }, dropout_pair},
+      {"Philox with rng_dump", [&](api::SdpaAttributes& a) { a.set_dropout(0.25f, seed, offset).set_rng_dump(dump); },
+       dropout_pair},
+      {"dropout mask", [&](api::SdpaAttributes& a) { a.set_dropout_mask(mask, scale); }, dropout_pair},
+      {"bias and Philox (the bias named first)",
+       [&](api::SdpaAttributes& a) { a.set_bias(bias).set_dropout(0.1f, seed, offset); }, bias_pair},
+  };
+  auto starts = [](const std::string& msg, const std::string& prefix) { return msg.rfind(prefix, 0) == 0; };
+  {
+    const PairsSwitch off(0);
+    // Without them the paged call is not refused for a pair.
+    const std::string plain = paged_cuda_check_support([](api::SdpaAttributes&) {});
+    EXPECT_EQ(plain.find("together with paged K/V caches"), std::string::npos) << plain;
+    for (const auto& call : calls) {
+      const std::string m = paged_cuda_check_support(call.setup);
+      EXPECT_TRUE(starts(m, call.refusal)) << call.name << ": " << m;
+    }
+  }
+  {
+    const PairsSwitch on(1);
+    for (const auto& call : calls) {
+      const std::string m = paged_cuda_check_support(call.setup);
+      EXPECT_FALSE(starts(m, bias_pair) || starts(m, dropout_pair)) << call.name << ": " << m;
+      EXPECT_EQ(m.find("together with paged K/V caches"), std::string::npos) << call.name << ": " << m;
+    }
   }
 }
 

@@ -11,6 +11,19 @@
 // Outputs are NaN-poisoned before the GPU run; a bad table entry must give NaN, not a read out of
 // bounds (PagedBadEntryIsNaN). The tests switch paged K/V on in-process (set_sdpa_paged_enabled),
 // whatever FLASHSPAN_SDPA_PAGED says. Skips when no CUDA device is visible (or the build has no CUDA).
+//
+// Score features with paged K/V (experimental: the tests switch sdpa_feature_pairs_enabled on
+// in-process, whatever FLASHSPAN_EXPERIMENTAL says): BiasRandom, 40 random cases (prefill and
+// decode shapes, every page size, GQA, both dtypes) each with an additive bias in one of the 16
+// broadcast forms (every form drawn), q's dtype or float32, padded strides on some; DropoutRandom,
+// 40 random cases with Philox dropout (probabilities 0 .. 0.9, int32 / int64 seed and offset,
+// rng_dump none, float32 or uint8, compared bitwise against the reference's dump) or the caller's
+// mask (every broadcast form, uint8 / float16 / bfloat16 / float32, padded strides on some), a bias
+// besides on some; FeaturePairsSanitizerSmall, 3 small cases with bias, Philox and rng_dump
+// together for compute-sanitizer memcheck (gpu_check.sh). Bias and mask are NaN (uint8 mask: 255)
+// where no sample reads them; O, LSE and rng_dump are NaN / 0xff-poisoned before the GPU run.
+// SdpaPaged.FeaturePairCasesOnTheCpuReference (no GPU) checks that the generators of these tests
+// draw every form and that the CPU reference takes the cases and agrees with a dense oracle.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -18,8 +31,11 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <set>
+#include <string>
 #include <vector>
 
+#include "core/philox.h"  // dropout_keep, dropout_threshold (the dense oracle's Philox)
 #include "core/sdpa_band.h"
 #include "dispatch/sdpa_launch.h"
 #include "error_criteria.h"
@@ -82,7 +98,10 @@ struct IndexBuf {
 };
 
 fs_dtype_t api_dtype(DType t) {
-  return t == DType::kFloat32 ? api::kFloat32 : t == DType::kBFloat16 ? api::kBFloat16 : api::kFloat16;
+  return t == DType::kFloat32    ? api::kFloat32
+         : t == DType::kBFloat16 ? api::kBFloat16
+         : t == DType::kUInt8    ? api::kUInt8
+                                 : api::kFloat16;
 }
 
 api::TensorDesc desc_of(const sdpa_case::Storage& s, bool cuda) {
@@ -96,6 +115,11 @@ struct PagedRun {
   Twin q, k, v, o, stats, ml, table_k, table_v;
   IndexBuf len_q, len_kv, rag_q, off_k, off_v;
   std::vector<float> ml_host;
+  // Score features (PagedCase::bias, philox(), dropout_mask, rng_dump): their device twins, the
+  // Philox seed / offset ({1}, int32 / int64) and the mask's scale ({1} float32).
+  Twin bias, drop_mask, drop_scale, dump;
+  IndexBuf drop_seed, drop_offset;
+  float drop_scale_host[1] = {1.0f};
 
   // device: make the device twins too (false: the CPU reference only, no GPU needed).
   explicit PagedRun(const PagedCase& c, bool device = true) : d(make_paged_data(c)) {
@@ -111,6 +135,11 @@ struct PagedRun {
     ml_host.assign(size_t(c.Hq), NAN);
     if (d.k.table.packed) off_k.make(d.k.table.offsets, i64, device);
     if (d.v.table.packed) off_v.make(d.v.table.offsets, !i64, device);
+    if (c.philox()) {
+      drop_seed.make({c.dropout_seed}, c.dropout_i64, device);
+      drop_offset.make({c.dropout_offset}, c.dropout_i64, device);
+    }
+    drop_scale_host[0] = c.dropout_scale;
     if (!device) return;
     q.up(d.q.host.data(), d.q.host.size());
     k.up(d.k.data.host.data(), d.k.data.host.size());
@@ -120,7 +149,15 @@ struct PagedRun {
     ml.up(ml_host.data(), ml_host.size() * 4);
     if (d.k.paged()) table_k.up(d.k.table.entries.data(), d.k.table.entries.size() * 4);
     if (d.v.paged()) table_v.up(d.v.table.entries.data(), d.v.table.entries.size() * 4);
+    if (c.bias) bias.up(d.bias.host.data(), d.bias.host.size());
+    if (c.dropout_mask) {
+      drop_mask.up(d.drop_mask.host.data(), d.drop_mask.host.size());
+      drop_scale.up(drop_scale_host, sizeof(drop_scale_host));
+    }
+    if (has_dump()) dump.up(d.dump.host.data(), d.dump.host.size());
   }
+
+  bool has_dump() const { return d.c.philox() && d.c.rng_dump; }
 
   // The forward on the CPU reference (host buffers: d.o, d.stats, ml_host) or the GPU.
   void forward(bool cuda) {
@@ -161,6 +198,12 @@ struct PagedRun {
     }
     if (c.set_max_seq) a.set_paged_attention_max_seq_len_kv(c.Skv);
     if (c.max_logit) a.set_max_logit(api::TensorDesc(nullptr, api::kFloat32, dev, {c.Hq}));
+    if (c.bias) a.set_bias(desc_of(d.bias, cuda));
+    if (c.philox()) a.set_dropout(c.dropout_p, drop_seed.desc(cuda), drop_offset.desc(cuda));
+    if (c.dropout_mask) {
+      a.set_dropout_mask(desc_of(d.drop_mask, cuda), api::TensorDesc(nullptr, api::kFloat32, dev, {1}));
+    }
+    if (has_dump()) a.set_rng_dump(desc_of(d.dump, cuda));
     const api::TensorDesc st = desc_of(d.stats, cuda);
     api::SdpaFwd fwd(desc_of(d.q, cuda), desc_of(d.k.data, cuda), desc_of(d.v.data, cuda), desc_of(d.o, cuda), &st, a);
     fwd.check_support();
@@ -181,6 +224,15 @@ struct PagedRun {
     if (d.v.paged()) pack.set(FS_SDPA_PAGE_TABLE_V, P(table_v, d.v.table.entries.data()));
     if (d.k.table.packed) pack.set(FS_SDPA_RAGGED_OFFSET_PAGE_TABLE_K, off_k.ptr(cuda));
     if (d.v.table.packed) pack.set(FS_SDPA_RAGGED_OFFSET_PAGE_TABLE_V, off_v.ptr(cuda));
+    if (c.bias) pack.set(FS_SDPA_BIAS, P(bias, d.bias.host.data()));
+    if (c.philox()) {
+      pack.set(FS_SDPA_DROPOUT_SEED, drop_seed.ptr(cuda)).set(FS_SDPA_DROPOUT_OFFSET, drop_offset.ptr(cuda));
+    }
+    if (c.dropout_mask) {
+      pack.set(FS_SDPA_DROPOUT_MASK, P(drop_mask, d.drop_mask.host.data()));
+      pack.set(FS_SDPA_DROPOUT_SCALE, P(drop_scale, drop_scale_host));
+    }
+    if (has_dump()) pack.set(FS_SDPA_RNG_DUMP, P(dump, d.dump.host.data()));
     const size_t ws = fwd.workspace_size();
     DevBuf w(cuda ? ws : 0);
     fwd.execute(pack, w.p, ws, nullptr);
@@ -199,6 +251,16 @@ struct PagedRun {
   return stat ? fs_test::stat_close(g, r) : fs_test::tensor_close(g, r, ref.dtype);
 }
 
+// Elements of the rng_dump whose bytes differ between the reference's dump and got (bitwise).
+int64_t dump_mismatches(const sdpa_case::Storage& ref, const std::vector<uint8_t>& got) {
+  const size_t es = ref.esize();
+  int64_t diff = 0;
+  for (size_t i = 0; i + es <= ref.host.size(); i += es) {
+    diff += std::memcmp(ref.host.data() + i, got.data() + i, es) != 0;
+  }
+  return diff;
+}
+
 // Reference on the host, then the GPU on poisoned outputs; compare O, stats, max_logit.
 void run_case(const PagedCase& c) {
   SCOPED_TRACE(c.str());
@@ -207,7 +269,12 @@ void run_case(const PagedCase& c) {
   r.o.poison();
   r.stats.poison();
   r.ml.poison();
+  if (r.has_dump()) r.dump.poison();
   r.forward(/*cuda=*/true);
+  if (r.has_dump()) {
+    // The keep mask: bitwise the reference's (core/philox.h on both sides), 0 outside the samples.
+    EXPECT_EQ(dump_mismatches(r.d.dump, r.dump.down(r.d.dump.host.size())), 0) << "rng_dump elements differ";
+  }
   EXPECT_TRUE(same(r.d.o, r.o.down(r.d.o.host.size()), false)) << "O";
   EXPECT_TRUE(same(r.d.stats, r.stats.down(r.d.stats.host.size()), true)) << "stats";
   if (c.max_logit) {
@@ -223,8 +290,30 @@ void run_case(const PagedCase& c) {
   }
 }
 
+// Element (b, h, i, j) of a [1|B, 1|H_q, 1|S_q, 1|S_kv] storage (the bias, the dropout mask).
+double broadcast_at(const sdpa_case::Storage& t, int64_t b, int64_t h, int64_t i, int64_t j) {
+  const sdpa_case::Layout& l = t.lay;
+  return t.get(l.at(l.B == 1 ? 0 : b, l.H == 1 ? 0 : h, l.S == 1 ? 0 : i, l.D == 1 ? 0 : j));
+}
+
+// Whether Philox keeps element (b, h, i, j) of a case (core/philox.h, the rule of the reference and
+// the kernels).
+bool philox_keep(const PagedCase& c, int64_t b, int64_t h, int64_t i, int64_t j) {
+  return dropout_keep(uint64_t(c.dropout_seed), uint64_t(c.dropout_offset), uint32_t(b * c.Hq + h), uint32_t(i),
+                      uint32_t(j), dropout_threshold(double(c.dropout_p)));
+}
+
+// The dropout multiplier of element (b, h, i, j): keep / (1 - p) (Philox), mask * scale, or 1.
+double dropout_mult(const PagedData& d, int64_t b, int64_t h, int64_t i, int64_t j) {
+  const PagedCase& c = d.c;
+  if (c.philox()) return philox_keep(c, b, h, i, j) ? double(1.0f / (1.0f - c.dropout_p)) : 0.0;
+  if (c.dropout_mask) return broadcast_at(d.drop_mask, b, h, i, j) * double(c.dropout_scale);
+  return 1.0;
+}
+
 // O of the dense computation of a case (double; dense K / V of sdpa_paged_case.h, the band of
-// core/sdpa_band.h, softcap): [b][h][i][d] for i < len_q[b] (rows that see nothing: 0).
+// core/sdpa_band.h, softcap, the additive bias, dropout after the softmax): [b][h][i][d] for
+// i < len_q[b] (rows that see nothing: 0).
 std::vector<double> dense_o(const PagedData& d) {
   const PagedCase& c = d.c;
   const sdpa::Band band{c.has_left ? 1 : 0, c.has_right ? 1 : 0, c.bottom_right ? 1 : 0, c.left, c.right};
@@ -243,6 +332,7 @@ std::vector<double> dense_o(const PagedData& d) {
             dot += d.q.get(d.q.lay.at(b, h, i, e)) * d.dense_k[size_t(((b * c.Hk + hk) * c.Skv + j) * c.Dqk + e)];
           double xj = double(c.scale) * dot;
           if (c.softcap > 0) xj = double(c.softcap) * std::tanh(xj / double(c.softcap));
+          if (c.bias) xj += broadcast_at(d.bias, b, h, i, j);
           x.push_back(xj);
           m = std::max(m, xj);
         }
@@ -251,12 +341,42 @@ std::vector<double> dense_o(const PagedData& d) {
         for (int64_t e = 0; e < c.Dv && hi > lo; ++e) {
           double o = 0;
           for (int64_t j = lo; j < hi; ++j)
-            o += std::exp(x[size_t(j - lo)] - m) / l * d.dense_v[size_t(((b * c.Hv + hv) * c.Skv + j) * c.Dv + e)];
+            o += std::exp(x[size_t(j - lo)] - m) / l * dropout_mult(d, b, h, i, j) *
+                 d.dense_v[size_t(((b * c.Hv + hv) * c.Skv + j) * c.Dv + e)];
           out[size_t(((b * c.Hq + h) * c.Sq + i) * c.Dv + e)] = o;
         }
       }
     }
   return out;
+}
+
+// The CPU reference (the GPU tests' oracle) on a case of the GPU tests against dense_o, and its
+// rng_dump against core/philox.h (keep: 1 inside the samples, 0 elsewhere, every element written).
+void check_on_the_cpu_reference(const PagedCase& c) {
+  SCOPED_TRACE(c.str());
+  PagedRun r(c, /*device=*/false);
+  r.forward(/*cuda=*/false);
+  const std::vector<double> want = dense_o(r.d);
+  std::vector<double> got(want.size(), 0.0);
+  for (int64_t b = 0; b < c.B; ++b)
+    for (int64_t h = 0; h < c.Hq; ++h)
+      for (int64_t i = 0; i < r.d.len_q[size_t(b)]; ++i)
+        for (int64_t e = 0; e < c.Dv; ++e)
+          got[size_t(((b * c.Hq + h) * c.Sq + i) * c.Dv + e)] = r.d.o.get(r.d.o.lay.at(b, h, i, e));
+  ASSERT_TRUE(fs_test::tensor_close(got, want, c.dtype)) << "O";
+  if (r.has_dump()) {
+    const sdpa_case::Storage& dump = r.d.dump;
+    int64_t bad = 0;
+    for (int64_t b = 0; b < c.B; ++b)
+      for (int64_t h = 0; h < c.Hq; ++h)
+        for (int64_t i = 0; i < c.Sq; ++i)
+          for (int64_t j = 0; j < dump.lay.D; ++j) {
+            const bool inside = i < r.d.len_q[size_t(b)] && j < r.d.len_kv[size_t(b)];
+            const double want_keep = inside && philox_keep(c, b, h, i, j) ? 1.0 : 0.0;
+            bad += dump.get(dump.lay.at(b, h, i, j)) != want_keep;
+          }
+    EXPECT_EQ(bad, 0) << "rng_dump elements differ from core/philox.h";
+  }
 }
 
 // The CPU reference (the GPU tests' oracle) on cases of the GPU tests against dense_o: checks
@@ -266,23 +386,138 @@ TEST(SdpaPaged, GpuTestCasesOnTheCpuReference) {
   for (uint64_t seed = 1; seed <= 12; ++seed) cases.push_back(random_paged_case(seed, false));
   for (uint64_t seed = 101; seed <= 112; ++seed) cases.push_back(random_paged_case(seed, true));
   for (const PagedCase& c : cases) {
-    SCOPED_TRACE(c.str());
-    PagedRun r(c, /*device=*/false);
-    r.forward(/*cuda=*/false);
-    const std::vector<double> want = dense_o(r.d);
-    std::vector<double> got(want.size(), 0.0);
-    for (int64_t b = 0; b < c.B; ++b)
-      for (int64_t h = 0; h < c.Hq; ++h)
-        for (int64_t i = 0; i < r.d.len_q[size_t(b)]; ++i)
-          for (int64_t e = 0; e < c.Dv; ++e)
-            got[size_t(((b * c.Hq + h) * c.Sq + i) * c.Dv + e)] = r.d.o.get(r.d.o.lay.at(b, h, i, e));
-    ASSERT_TRUE(fs_test::tensor_close(got, want, c.dtype)) << "O";
+    check_on_the_cpu_reference(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// The cases of BiasRandom and DropoutRandom (decode shapes on every third seed).
+std::vector<PagedCase> bias_cases() {
+  std::vector<PagedCase> cases;
+  for (uint64_t seed = 201; seed <= 240; ++seed) cases.push_back(random_bias_case(seed, /*decode=*/seed % 3 == 0));
+  return cases;
+}
+std::vector<PagedCase> dropout_cases() {
+  std::vector<PagedCase> cases;
+  for (uint64_t seed = 401; seed <= 440; ++seed) cases.push_back(random_dropout_case(seed, /*decode=*/seed % 3 == 0));
+  return cases;
+}
+
+// The cases of FeaturePairsSanitizerSmall: an additive bias, Philox dropout and its rng_dump together
+// on SanitizerSmall's shapes (a sample without keys, GQA, bottom-right causal, page sizes 1 / 16 / 128
+// with packed tables, K alone paged; prefill and decode); the bias full, broadcast over B and H_q in
+// float32, or over S_q with padded strides; the dump float32 or uint8; int32 or int64 seed and
+// offset; the call's S_kv the tables' capacity on the last (bias and dump wider than the keys).
+std::vector<PagedCase> feature_pairs_small_cases() {
+  std::vector<PagedCase> cases;
+  const int64_t pages[][2] = {{1, 16}, {16, 0}, {128, 4}};
+  for (int i = 0; i < 3; ++i) {
+    PagedCase c;
+    c.seed = 3100 + uint64_t(i);
+    c.B = 3;
+    c.Hq = 4;
+    c.Hk = 2;
+    c.Hv = 2;
+    c.Sq = i == 1 ? 1 : 33;
+    c.Skv = 150;
+    c.Dqk = c.Dv = 32;
+    c.page_k = pages[i][0];
+    c.page_v = pages[i][1];
+    c.packed_k = c.page_k > 0 && i % 2 == 0;
+    c.packed_v = c.page_v > 0 && i % 2 == 1;
+    c.set_max_seq = i != 2;
+    c.zero_kv_sample = true;
+    c.has_right = true;
+    c.bottom_right = true;
+    c.bias = i == 0 ? 1 : i == 1 ? 1 + 1 + 2 : 1 + 4;
+    c.bias_f32 = i == 1;
+    c.bias_strided = i == 2;
+    c.dropout_p = i == 1 ? 0.5f : 0.3f;
+    c.dropout_seed = 42 + i;
+    c.dropout_offset = 5;
+    c.dropout_i64 = i == 2;
+    c.rng_dump = true;
+    c.rng_dump_dtype = i == 1 ? DType::kUInt8 : DType::kFloat32;
+    cases.push_back(c);
+  }
+  return cases;
+}
+
+// The generators of BiasRandom and DropoutRandom draw every form (bias: the 16 broadcast forms, both
+// dtypes, padded strides or not; Philox: probability 0 and above, int32 / int64, rng_dump none /
+// float32 / uint8; mask: the 16 broadcast forms, the four dtypes, padded strides or not; prefill and
+// decode shapes, both q dtypes, both sides paged and one alone), and the CPU reference takes their
+// cases (and FeaturePairsSanitizerSmall's) and agrees with dense_o (bias and dropout included) and
+// core/philox.h (rng_dump). No GPU.
+TEST(SdpaPaged, FeaturePairCasesOnTheCpuReference) {
+  const std::vector<PagedCase> bc = bias_cases(), dc = dropout_cases(), sc = feature_pairs_small_cases();
+  std::set<int> bias_forms, mask_forms;
+  std::set<std::string> seen;
+  auto note = [&](const PagedCase& c, const std::string& test) {
+    seen.insert(test + (c.Sq == 1 ? " decode" : " prefill"));
+    seen.insert(test + " q " + dtype_name(c.dtype));
+    seen.insert(test + (c.page_k > 0 && c.page_v > 0 ? " both paged" : " one side paged"));
+    if (!c.set_max_seq) seen.insert(test + " capacity S_kv");
+  };
+  for (const PagedCase& c : bc) {
+    note(c, "bias");
+    ASSERT_TRUE(c.bias >= 1 && c.bias <= 16 && !c.philox() && !c.dropout_mask) << c.str();
+    bias_forms.insert(c.bias);
+    seen.insert(std::string("bias ") + (c.bias_f32 ? "f32" : "q dtype"));
+    seen.insert(std::string("bias ") + (c.bias_strided ? "strided" : "contiguous"));
+  }
+  for (const PagedCase& c : dc) {
+    note(c, "dropout");
+    ASSERT_TRUE(c.philox() != (c.dropout_mask != 0)) << c.str();
+    if (c.philox()) {
+      seen.insert(std::string("philox ") + (c.dropout_p_zero ? "p = 0" : "p > 0"));
+      seen.insert(std::string("philox ") + (c.dropout_i64 ? "int64" : "int32"));
+      seen.insert(std::string("philox rng_dump ") + (c.rng_dump ? dtype_name(c.rng_dump_dtype) : "none"));
+      if (c.dropout_seed < 0) seen.insert("philox negative seed");
+    } else {
+      mask_forms.insert(c.dropout_mask);
+      seen.insert(std::string("mask ") + dtype_name(c.dropout_mask_dtype));
+      seen.insert(std::string("mask ") + (c.dropout_mask_strided ? "strided" : "contiguous"));
+    }
+    if (c.bias) seen.insert("dropout with bias");
+  }
+  EXPECT_EQ(bias_forms.size(), 16u);
+  EXPECT_EQ(mask_forms.size(), 16u);
+  for (const std::string test : {"bias", "dropout"}) {
+    for (const char* what : {" decode", " prefill", " q bfloat16", " q float16", " both paged", " one side paged",
+                             " capacity S_kv"}) {
+      EXPECT_TRUE(seen.count(test + what)) << test + what << " not drawn";
+    }
+  }
+  const std::string f32 = dtype_name(DType::kFloat32), u8 = dtype_name(DType::kUInt8);
+  const std::string f16 = dtype_name(DType::kFloat16), bf16 = dtype_name(DType::kBFloat16);
+  const std::string forms[] = {"bias f32", "bias q dtype", "bias strided", "bias contiguous", "philox p = 0",
+                               "philox p > 0", "philox int64", "philox int32", "philox rng_dump " + f32,
+                               "philox rng_dump " + u8, "philox rng_dump none", "philox negative seed", "mask " + u8,
+                               "mask " + f16, "mask " + bf16, "mask " + f32, "mask strided", "mask contiguous",
+                               "dropout with bias"};
+  for (const std::string& what : forms) EXPECT_TRUE(seen.count(what)) << what << " not drawn";
+  for (const std::vector<PagedCase>* cases : {&sc, &bc, &dc}) {
+    for (const PagedCase& c : *cases) {
+      check_on_the_cpu_reference(c);
+      if (::testing::Test::HasFailure()) return;
+    }
   }
 }
 
 struct PagedOn {
   PagedOn() { set_sdpa_paged_enabled(1); }
   ~PagedOn() { set_sdpa_paged_enabled(-1); }
+};
+
+// The experimental feature pairs (sdpa_feature_pairs_enabled: the bias and dropout with paged K/V)
+// forced on for a test, the environment's answer (FLASHSPAN_EXPERIMENTAL=1) after it; paged K/V too.
+struct FeaturePairsOn {
+  PagedOn paged;
+  FeaturePairsOn() { set_sdpa_feature_pairs_enabled(1); }
+  ~FeaturePairsOn() { set_sdpa_feature_pairs_enabled(-1); }
+  FeaturePairsOn(const FeaturePairsOn&) = delete;
+  FeaturePairsOn& operator=(const FeaturePairsOn&) = delete;
 };
 
 TEST(SdpaPagedGpu, PrefillRandom) {
@@ -390,6 +625,34 @@ TEST(SdpaPagedGpu, SanitizerSmall) {
     c.bottom_right = true;
     run_case(c);
   }
+}
+
+TEST(SdpaPagedGpu, BiasRandom) {
+  // O, the LSE and max_logit against the reference with an additive bias in each broadcast form.
+  REQUIRE_GPU();
+  FeaturePairsOn on;
+  for (const PagedCase& c : bias_cases()) {
+    run_case(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaPagedGpu, DropoutRandom) {
+  // O, the LSE, max_logit and rng_dump (bitwise) against the reference with Philox dropout or the
+  // caller's mask (a bias besides on some).
+  REQUIRE_GPU();
+  FeaturePairsOn on;
+  for (const PagedCase& c : dropout_cases()) {
+    run_case(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaPagedGpu, FeaturePairsSanitizerSmall) {
+  // Small cases for compute-sanitizer memcheck (scripts/gpu_check.sh): feature_pairs_small_cases.
+  REQUIRE_GPU();
+  FeaturePairsOn on;
+  for (const PagedCase& c : feature_pairs_small_cases()) run_case(c);
 }
 
 #endif

@@ -31,6 +31,29 @@ __global__ void __launch_bounds__(256) sdpa_fwd_rng_dump_kernel(const SdpaFwdPar
   }
 }
 
+// score_max / score_sum_exp (SdpaEpilogueParams; padded [B, H_q, S_q, 1]) beside a packed O: the rows
+// [len_q, S_q) of each sample and query head, which no block of the forward covers (a packed O's blocks
+// stop at the sample), get the values of a row that sees nothing: -inf and 0. One thread per row,
+// grid-stride; rows inside the sample are the forward's and are not touched.
+__global__ void __launch_bounds__(256) sdpa_fwd_stats_padding_kernel(const SdpaFwdParams p) {
+  const AnalyticMaskParams& a = p.analytic;
+  const SdpaEpilogueParams& ep = a.epi;
+  const int64_t Sq = a.max_q, H = p.num_heads_q;
+  const int64_t total = int64_t(p.batch) * H * Sq;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < total; e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t i = e % Sq, h = (e / Sq) % H;
+    const int b = int(e / (Sq * H));
+    if (i < sample_length(a.seq_len_q, a.cu_seq_len_q, a.max_q, b)) continue;
+    if (ep.score_max != nullptr) {
+      ep.score_max[sample_start(a.start[kSdpaScoreMax], b) + h * ep.sma.head_stride + i * ep.sma.row_stride] = -INFINITY;
+    }
+    if (ep.score_sum_exp != nullptr) {
+      ep.score_sum_exp[sample_start(a.start[kSdpaScoreSumExp], b) + h * ep.ssa.head_stride + i * ep.ssa.row_stride] =
+          0.0f;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace flashspan::kern
 
@@ -79,6 +102,16 @@ void launch_sdpa_fwd_rng_dump(const SdpaFwdParams& p, cudaStream_t stream) {
   if (total > 0) {
     kern::sdpa_fwd_rng_dump_kernel<<<grid_stride_1d(total, 256), 256, 0, stream>>>(p);
     check_launch("sdpa forward rng_dump");
+  }
+}
+
+void launch_sdpa_fwd_stats_padding(const SdpaFwdParams& p, cudaStream_t stream) {
+  const SdpaEpilogueParams& ep = p.analytic.epi;
+  if (p.analytic.start[kSdpaO].ragged.ptr == nullptr || (ep.score_max == nullptr && ep.score_sum_exp == nullptr)) return;
+  const int64_t total = int64_t(p.batch) * p.num_heads_q * p.analytic.max_q;
+  if (total > 0) {
+    kern::sdpa_fwd_stats_padding_kernel<<<grid_stride_1d(total, 256), 256, 0, stream>>>(p);
+    check_launch("sdpa forward score_max / score_sum_exp padding");
   }
 }
 

@@ -1,7 +1,7 @@
 // Host launches of the forward's arch-neutral kernels, shared by the launchers of every family
 // (launch_fwd_sm80.cu, launch_fwd_sm90.cu; SDPA's launch_sdpa_fwd_sm80.cu, launch_fwd_sm90.cu): the
 // max_logit reset, the split schedule's count, scan, items and combine (fwd_split.cuh), and SDPA's
-// rng_dump. Instantiated once, in fwd_launch.cu.
+// rng_dump and statistics padding. Instantiated once, in fwd_launch.cu.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,5 +30,11 @@ void launch_fwd_split_combine(const FwdParams& p, DType dtype, cudaStream_t stre
 // [B, H_q, S_q, S_kv], 1 / 0, 0 outside the samples, in the dump's dtype; written by a kernel of its own
 // from core/philox.h, the generator the forward kernels of both families draw their masks from.
 void launch_sdpa_fwd_rng_dump(const SdpaFwdParams& p, cudaStream_t stream);
+
+// SDPA's score_max / score_sum_exp beside a packed O (p.analytic.start[kSdpaO] ragged; else, or without
+// those outputs, nothing): their padded rows past each sample, which the forward's blocks do not reach
+// (they stop at a packed O's sample), set to -inf / 0, the values of a row that sees nothing; rows inside
+// the samples are left to the forward. Experimental (sdpa_launch.h sdpa_feature_pairs_enabled).
+void launch_sdpa_fwd_stats_padding(const SdpaFwdParams& p, cudaStream_t stream);
 
 }  // namespace flashspan

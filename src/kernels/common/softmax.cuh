@@ -139,6 +139,23 @@ struct OnlineSoftmax {
     l = (lane & 3) == 0 ? 1.0f : 0.0f;
   }
 
+  // The sink s2 (log2 units) folded into row hi's statistics after the walk instead of seeded before
+  // it (the same sums: m' = max(m, s2), l' = l 2^(m - m') + 2^(s2 - m') on the quad's first lane, the
+  // row's output accumulator o (kNO n8 blocks) times 2^(m - m')), so that m keeps the scores' own
+  // maximum until then (SDPA's max_logit, which leaves the sink out). A row that saw no key (m = -inf)
+  // gets the seeded row's m = s2, l = 1, O = 0; s2 = -inf adds nothing (the row's sum without the term
+  // exp(-inf) = 0, as the CPU reference's).
+  template <int kNO>
+  __device__ __forceinline__ static void fold_sink_row(float (&o)[kNO][4], int hi, float& m, float& l, float s2,
+                                                       int lane) {
+    if (s2 == -INFINITY) return;
+    const float m_new = fmaxf(m, s2);               // finite
+    const float corr = exp2_approx(m - m_new);       // m = -inf -> 0
+    l = l * corr + ((lane & 3) == 0 ? exp2_approx(s2 - m_new) : 0.0f);
+    m = m_new;
+    rescale_row(o, hi, corr);
+  }
+
   // Row hi of one key block: its scores in s (kN n8 blocks, logits = scale s) become
   // p = exp2(scale s - m_new); m, l (that row's statistics) updated. Returns the factor the row's
   // output accumulator must be rescaled by (0 while m was -inf). scale > 0 (the max of the

@@ -371,13 +371,33 @@ struct AnalyticMaskSm80 {
   __device__ __forceinline__ static void init_stats(const FwdParams& p, int head, int first, int len_q, int lane,
                                                     float (&m)[kMT][2], float (&l)[kMT][2]) {
     const float* sink = analytic_of(p).score.sink;
-    if (sink == nullptr) return;
+    if (sink == nullptr || p.max_logit != nullptr) return;  // with max_logit: fold_sink after the walk
     const float s2 = __ldg(sink + head) * kLog2e;
 #pragma unroll
     for (int i = 0; i < kMT; ++i) {
 #pragma unroll
       for (int hi = 0; hi < 2; ++hi) {
         if (first + 16 * i + (lane >> 2) + 8 * hi < len_q) OnlineSoftmax::seed_row(m[i][hi], l[i][hi], s2, lane);
+      }
+    }
+  }
+  // With max_logit (the scores' maximum, sink left out) the sink joins the statistics of the same rows
+  // after the walk instead (OnlineSoftmax::fold_sink_row: the sums init_stats' seed gives), so that m
+  // holds the scores' maxima until then. Experimental (dispatch: sdpa_feature_pairs_enabled).
+  template <int kMT, int kNO>
+  __device__ __forceinline__ static void fold_sink(const FwdParams& p, int head, int first, int len_q, int lane,
+                                                   float (&m)[kMT][2], float (&l)[kMT][2],
+                                                   float (&o)[kMT][kNO][4]) {
+    const float* sink = analytic_of(p).score.sink;
+    if (sink == nullptr || p.max_logit == nullptr) return;
+    const float s2 = __ldg(sink + head) * kLog2e;
+#pragma unroll
+    for (int i = 0; i < kMT; ++i) {
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        if (first + 16 * i + (lane >> 2) + 8 * hi < len_q) {
+          OnlineSoftmax::fold_sink_row(o[i], hi, m[i][hi], l[i][hi], s2, lane);
+        }
       }
     }
   }
@@ -754,7 +774,20 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
   if constexpr (Mask::kAnalytic) {
     const FwdRowsAnalyticSm80 rwa{rw, sample_start(analytic_of(p).start[kSdpaO], b),
                                   sample_start(analytic_of(p).start[kSdpaStats], b)};
-    fwd_store_rows_sm80<T, E>(p, rwa, acc_o, m, l);
+    if constexpr (Mask::kFeatures) {
+      // SDPA's sink folded into a copy of the statistics (Mask::fold_sink, with max_logit): m keeps the
+      // scores' row maxima for the max_logit reduction below.
+      float mf[kMT][2], lf[kMT][2];
+#pragma unroll
+      for (int i = 0; i < kMT; ++i) {
+#pragma unroll
+        for (int hi = 0; hi < 2; ++hi) mf[i][hi] = m[i][hi], lf[i][hi] = l[i][hi];
+      }
+      Mask::fold_sink(p, head0, row0 + m0, len_q, lane, mf, lf, acc_o);
+      fwd_store_rows_sm80<T, E>(p, rwa, acc_o, mf, lf);
+    } else {
+      fwd_store_rows_sm80<T, E>(p, rwa, acc_o, m, l);
+    }
   } else if (slot >= 0) {
     // A piece of a split task: the shared forward epilogue (epilogue_fwd.cuh), m16 tile by tile.
     const AccFragment f(lane);

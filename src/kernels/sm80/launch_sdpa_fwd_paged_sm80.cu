@@ -31,6 +31,7 @@ void run_sdpa_fwd_paged(const SdpaPagedFwdParams& p_in, cudaStream_t stream) {
 
 void launch_sdpa_fwd_paged_sm80(const SdpaPagedFwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream) {
   if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
+  launch_sdpa_fwd_rng_dump(p, stream);  // dropout's keep mask (experimental with paged K/V: sdpa_support.cpp)
   kern::with_fwd_traits_sm80<false>(tile, p.head_dqk, p.head_dv, [&](auto t) {
     with_element_type(dtype, "sdpa paged forward (sm80)",
                       [&](auto e) { run_sdpa_fwd_paged<decltype(t), decltype(e)>(p, stream); });

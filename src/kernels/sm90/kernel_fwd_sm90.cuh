@@ -402,11 +402,27 @@ struct AnalyticModSourceSm90T : AnalyticSourceSm90<L> {
   __device__ __forceinline__ void init_stats(kern::OnlineSoftmax& sm, const FwdParams& p, int head, int mt,
                                              int lane) const {
     const float* sink = kern::analytic_of(p).score.sink;
-    if (sink == nullptr) return;
+    if (sink == nullptr || p.max_logit != nullptr) return;  // with max_logit: fold_sink after the walk
     const float s2 = __ldg(sink + head) * kern::kLog2e;
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
       if (16 * mt + (lane >> 2) + 8 * hi < this->block.rows) kern::OnlineSoftmax::seed_row(sm.m[hi], sm.l[hi], s2, lane);
+    }
+  }
+  // With max_logit (the scores' maximum, sink left out) the sink joins the same rows' statistics after
+  // the walk (settled, if lazy) instead, with the sums init_stats' seed gives (OnlineSoftmax::fold_sink_row;
+  // the sm80 forward's AnalyticMaskSm80::fold_sink). Experimental (dispatch: sdpa_feature_pairs_enabled).
+  template <int kNO>
+  __device__ __forceinline__ void fold_sink(kern::OnlineSoftmax& sm, const FwdParams& p, int head, int mt, int lane,
+                                            float (&o)[kNO][4]) const {
+    const float* sink = kern::analytic_of(p).score.sink;
+    if (sink == nullptr || p.max_logit == nullptr) return;
+    const float s2 = __ldg(sink + head) * kern::kLog2e;
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      if (16 * mt + (lane >> 2) + 8 * hi < this->block.rows) {
+        kern::OnlineSoftmax::fold_sink_row(o, hi, sm.m[hi], sm.l[hi], s2, lane);
+      }
     }
   }
 };
@@ -856,6 +872,12 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
       Epilogue::store_split_partial(p, it.slot, rw.rows_valid, r0, frag, o, sm);
     } else if constexpr (L::kFp8) {
       Epilogue::template store_rows<Src::kMods>(p, rw, r0, frag, o, sm, Src::lse_unit(p), &q8);
+    } else if constexpr (Src::kMods) {
+      // SDPA's sink folded into a copy of the statistics (src.fold_sink, with max_logit): sm keeps the
+      // scores' row maxima for the max_logit reduction below.
+      kern::OnlineSoftmax sf = sm;
+      src.fold_sink(sf, p, it.head, mt, lane, o);
+      Epilogue::template store_rows<Src::kMods>(p, rw, r0, frag, o, sf, Src::lse_unit(p));
     } else {
       Epilogue::template store_rows<Src::kMods>(p, rw, r0, frag, o, sm, Src::lse_unit(p));
     }
