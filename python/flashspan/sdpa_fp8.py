@@ -164,9 +164,11 @@ def sdpa_fp8(
         TypeError naming the argument for a non-FP8 q / k / v, mixed FP8 formats or a scale that is not float32;
         ValueError naming the argument for a broken rule (head dims, shapes, a scale that is not finite) and for an
         option FP8 attention does not take (``"... not supported with FP8 inputs"``); NotImplementedError for CUDA
-        tensors, unless the call is one the sm90 FP8 forward runs: CUDA FP8 forwards run on an H100 / H200 only (the
+        tensors, unless the call is one the sm90 FP8 forward runs: CUDA FP8 forwards run on an H100 / H200 (the
         sm90 kernel; padded tensors, head dims multiples of 16 up to 128, H_k = H_v: docs/SDPA.md "The sm90 FP8
-        forward"; ``FLASHSPAN_SM90_SDPA_FP8=0`` turns it off). CPU tensors run every call on the CPU reference.
+        forward"; ``FLASHSPAN_SM90_SDPA_FP8=0`` turns it off), or, with ``FLASHSPAN_EXPERIMENTAL=1``, on the sm80
+        kernels on every GPU from sm_80 (also head dims (192, 128) and (256, 256); not yet run on a GPU: docs/SDPA.md
+        "The FP8 forward on the sm80 kernels"). CPU tensors run every call on the CPU reference.
 
     Example::
 
@@ -285,7 +287,8 @@ def sdpa_fp8_backward(
         docs/SDPA.md "The FP8 backward on the sm80 kernels"): it raises unless ``FLASHSPAN_EXPERIMENTAL=1`` (read when
         an operation is first checked: set it before the first call of a given signature), and for H_k != H_v or
         head dims that are not multiples of 16 up to 128. CUDA FP8 forwards (which give o and stats) run on an
-        H100 / H200 only (the sm90 kernel: :func:`sdpa_fp8`). CPU tensors run every call on the CPU reference.
+        H100 / H200 (the sm90 kernel), or with ``FLASHSPAN_EXPERIMENTAL=1`` on every GPU from sm_80
+        (:func:`sdpa_fp8`). CPU tensors run every call on the CPU reference.
     """
     del name
     _check_unsupported(None, compute_data_type)

@@ -83,6 +83,10 @@ struct Problem {
   // factor of the direction is bound (fp32, 1 element, on q's device or the host) and every amax output (fp32,
   // 1 element, on q's device); the options are the seed's subset (validate_*).
   bool fp8 = false;
+  // The kernel family of a CUDA FP8 forward, fixed by the operation's check_support (90: the sm90 FP8 forward,
+  // 80: the one on the sm80 kernels; dispatch/sdpa_launch.h's rule), so that workspace_size and execute follow
+  // the choice check_support made whatever the switches say later; 0: not chosen yet (the rule's live answer).
+  int fp8_fwd_family = 0;
   bool dropout = false;        // Philox dropout
   uint32_t dropout_threshold = 0;
   float dropout_scale = 1.0f;  // 1 / (1 - p)

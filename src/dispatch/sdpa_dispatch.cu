@@ -33,12 +33,14 @@ sm80::TileSm80 tile_of(const Problem& p) { return sm80::tile_sm80(static_cast<in
 void sdpa_check_support_gpu(const Problem& p) {
   sdpa_check_features_gpu(p);
   if (p.fp8 && !p.a.backward) {
-    // The sm90 FP8 forward is the only FP8 forward kernel (sdpa_launch.h); the FP8 backward runs the sm80
+    // The sm90 FP8 forward where it runs the call (sdpa_launch.h sdpa_fp8_fwd_runs_sm90); else the sm80 FP8
+    // forward (experimental) on the sm80 forward's tiles (the checks below); the FP8 backward runs the sm80
     // backward's tiles (the checks below).
-    FS_CHECK_SUPPORTED(sm90::device_supported(p.device_id), "q: FP8 inputs on CUDA tensors need an sm_90 device (H100 / "
-                       "H200) and this build's sm_90a code (FLASHSPAN_CUDA_ARCHS with 90a); device cuda:", p.device_id,
+    if (sdpa_fp8_fwd_runs_sm90(p)) return;
+    FS_CHECK_SUPPORTED(sdpa_fp8_fwd_runs_sm80(p), "q: FP8 inputs on CUDA tensors need an sm_90 device (H100 / "
+                       "H200) and this build's sm_90a code (FLASHSPAN_CUDA_ARCHS with 90a), or FLASHSPAN_EXPERIMENTAL=1 "
+                       "(the sm80 FP8 forward, every GPU from sm_80); device cuda:", p.device_id,
                        " has neither or not both");
-    return;
   }
   int major = 0, smem_optin = 0;
   const cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, p.device_id);
@@ -57,6 +59,14 @@ void sdpa_check_support_gpu(const Problem& p) {
 }
 
 void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, void* stream) {
+  if (p.fp8 && sdpa_fp8_fwd_runs_sm80(p)) {
+    // The FP8 forward on the sm80 kernels (experimental; check_support accepted the call: sdpa_fp8_fwd_sm80_refusal,
+    // the device). Its pre-pass reads q, k, v a byte at a time (no vector rule there); O takes code pairs.
+    check_vec_aligned_slots(p, {FS_SDPA_O});
+    sm80::launch_sdpa_fp8_fwd_sm80(sdpa_fp8_fwd_sm80_params(p, workspace, workspace_bytes), tile_of(p),
+                                   static_cast<cudaStream_t>(stream));
+    return;
+  }
   check_vec_aligned_slots(p, {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_GATE});
   if (p.fp8) {
     // The sm90 FP8 forward (check_support accepted the call: sdpa_fp8_fwd_sm90_refusal, the device).

@@ -59,10 +59,12 @@ Switch g_sdpa_decode_alibi{[] { return !env_flag_off("FLASHSPAN_SDPA_DECODE_ALIB
 // off unless FLASHSPAN_EXPERIMENTAL=1 (read by each check_support; an operation already checked keeps running).
 Switch g_sdpa_fp8_bwd{experimental_from_env};
 // The feature pairs written without a GPU (sdpa_support.cpp sdpa_check_features_gpu: the additive bias or
-// dropout with paged K/V, max_logit with sinks, score_max / score_sum_exp with a packed O, dBias with
-// softcap): experimental, not
+// dropout with paged K/V, max_logit with sinks, score_max / score_sum_exp with a packed O): experimental, not
 // yet run on a GPU, so off unless FLASHSPAN_EXPERIMENTAL=1 (read by each check_support).
 Switch g_sdpa_feature_pairs{experimental_from_env};
+// The FP8 forward on the sm80 kernels (launch_sdpa_fp8_fwd_sm80): experimental, not yet run on a GPU, so off
+// unless FLASHSPAN_EXPERIMENTAL=1 (read by each check_support).
+Switch g_sdpa_fp8_fwd_sm80{experimental_from_env};
 }  // namespace
 
 namespace {
@@ -122,8 +124,6 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
                 FS_SDPA_RAGGED_OFFSET_STATS}) {
     if (p.has(s)) return "ragged (packed) q, k, v, o or stats";
   }
-  // dBias with softcap: the sm80 backward's (experimental; its dK/dV kernel takes dBias's P from shared memory).
-  if (backward && p.has(FS_SDPA_DBIAS) && p.a.softcap) return "dBias with softcap";
   // A list of what it takes, not of what it refuses: a tensor of a feature added later (bias, sinks,
   // gate, score_max / score_sum_exp, block_mask, dropout, page tables, ...) keeps the sm80 kernels
   // until it is added here.
@@ -206,13 +206,14 @@ const char* sdpa_fp8_bwd_refusal(const sdpa::Problem& p) {
 // The sm90 FP8 forward's rule (launch_sdpa_fp8_fwd_sm90's checks): a list of what it takes, as
 // sm90_refusal's. The FP8 validation (core/sdpa_problem.cpp) has already refused every option
 // outside the seed's FP8 subset.
-const char* sdpa_fp8_fwd_sm90_refusal(const sdpa::Problem& p) {
+namespace {
+// What both FP8 forwards take besides their head dims (dims_ok; `dims`: the refusal's words otherwise):
+// padded q, k, v, o, H_k = H_v, the causal and padding masks, the statistics outputs.
+const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* dims) {
   using namespace sdpa;
   if (!p.fp8) return "q (not an FP8 call)";
   if (p.a.backward) return "the FP8 backward";
-  if (!sm90::sdpa_fp8_fwd_runs_head_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv))) {
-    return "head dims (multiples of 16 up to 128)";
-  }
+  if (!dims_ok) return dims;
   if (p.Hk != p.Hv) return "H_k != H_v";
   for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
                 FS_SDPA_RAGGED_OFFSET_STATS}) {
@@ -232,6 +233,52 @@ const char* sdpa_fp8_fwd_sm90_refusal(const sdpa::Problem& p) {
     if (p.has(s)) return slot_name(s);
   }
   return nullptr;
+}
+}  // namespace
+
+const char* sdpa_fp8_fwd_sm90_refusal(const sdpa::Problem& p) {
+  return fp8_fwd_refusal(p, sm90::sdpa_fp8_fwd_runs_head_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv)),
+                         "head dims (multiples of 16 up to 128)");
+}
+
+// The FP8 forward on the sm80 kernels (launch_sdpa_fp8_fwd_sm80.cu): the sm90 one's options on the sm80
+// forward's head dims (its tiles, tile_sm80.h; the widening pre-pass moves code pairs: every such dim is even).
+const char* sdpa_fp8_fwd_sm80_refusal(const sdpa::Problem& p) {
+  return fp8_fwd_refusal(p, sm80::runs_head_dims_sm80(static_cast<int>(p.Dqk), static_cast<int>(p.Dv)),
+                         "head dims ({8, 16, ..., 128}, (192, 128) or (256, 256))");
+}
+
+void set_sdpa_fp8_fwd_sm80_enabled(int on) { g_sdpa_fp8_fwd_sm80.set(on); }
+bool sdpa_fp8_fwd_sm80_enabled() { return g_sdpa_fp8_fwd_sm80.on(); }
+
+// TMA boxes of the sm90 FP8 forward: q, k, v strides of 16 bytes (= elements).
+bool sdpa_fp8_fwd_sm90_strides(const sdpa::Problem& p) {
+  for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V}) {
+    const TensorView& t = p.t(s);
+    for (int d = 0; d + 1 < t.ndim; ++d) {
+      if (t.shape[d] > 1 && t.strides[d] % 16 != 0) return false;
+    }
+  }
+  return true;
+}
+
+bool sdpa_fp8_fwd_runs_sm90(const sdpa::Problem& p) {
+  if (p.fp8_fwd_family != 0) return p.fp8_fwd_family == 90;  // the operation's check_support chose
+  if (p.device != DeviceType::kCUDA || !p.fp8 || p.a.backward || !sdpa_fp8_sm90_enabled() ||
+      sdpa_fp8_fwd_sm90_refusal(p) != nullptr || !sdpa_fp8_fwd_sm90_strides(p)) {
+    return false;
+  }
+#ifdef FLASHSPAN_WITH_CUDA
+  return sm90::device_supported(p.device_id);
+#else
+  return false;
+#endif
+}
+
+bool sdpa_fp8_fwd_runs_sm80(const sdpa::Problem& p) {
+  if (p.fp8_fwd_family != 0) return p.fp8_fwd_family == 80;  // the operation's check_support chose
+  return p.device == DeviceType::kCUDA && p.fp8 && !p.a.backward && sdpa_fp8_fwd_sm80_enabled() &&
+         sdpa_fp8_fwd_sm80_refusal(p) == nullptr && !sdpa_fp8_fwd_runs_sm90(p);
 }
 
 // The decode forward's rule (kernel_decode_sm80.cuh): a list of what it takes, as sm90_refusal's. Its

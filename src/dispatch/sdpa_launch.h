@@ -154,12 +154,31 @@ SdpaFp8BwdParams sdpa_fp8_bwd_params(const sdpa::Problem& p, void* workspace, si
 // bias or dropout with paged K/V caches (the paged forward's features, with rng_dump's launch), max_logit
 // with sinks (the sink folded into the row statistics after the walk, so that max_logit keeps the scores'
 // maximum), score_max / score_sum_exp with a packed O (their padded rows past each sample filled by a
-// kernel of their own), dBias with softcap (the sm80 backward: dBias from the 16-bit P stored for dV; not
-// with dropout). Not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read by each
+// kernel of their own). Not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read by each
 // check_support) unless set_sdpa_feature_pairs_enabled overrides it (tests: 1 on, 0 off, -1 back to the
 // environment's answer); off, sdpa_check_features_gpu refuses them as before.
 bool sdpa_feature_pairs_enabled();
 void set_sdpa_feature_pairs_enabled(int on);
+
+// The FP8 forward on the sm80 kernels (kernels/sm80/launch_sm80.h launch_sdpa_fp8_fwd_sm80: the 16-bit sm80
+// forward's loop on the codes widened to bf16, exact, with P's FP8 rounding and O's FP8 store in the kernel):
+// every GPU from sm_80, and on sm_90 the calls the sm90 FP8 forward does not take (its head dims, strides,
+// switch). Experimental, not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read by each check_support)
+// unless set_sdpa_fp8_fwd_sm80_enabled overrides it (tests: 1 on, 0 off, -1 the environment's answer).
+// sdpa_fp8_fwd_sm80_refusal: nullptr when it covers an FP8 forward (the sm90 one's options, H_k = H_v, the
+// sm80 forward's head dims), else the first thing it does not cover. The one rule of which FP8 forward
+// runs: sdpa_fp8_fwd_runs_sm90 (enabled, covered, q / k / v strides multiples of 16, an sm_90 device with
+// this build's sm_90a code), else sdpa_fp8_fwd_runs_sm80 (enabled and covered); once an operation's
+// check_support has answered, its Problem::fp8_fwd_family holds the answer and both return it (the workspace
+// size and the launch follow check_support's choice, whatever the switches say later). sdpa_fp8_fwd_sm80_params:
+// sdpa_fp8_fwd_params on the workspace's bf16 copies of q, k, v (the workspace checked: size, alignment).
+bool sdpa_fp8_fwd_sm80_enabled();
+void set_sdpa_fp8_fwd_sm80_enabled(int on);
+const char* sdpa_fp8_fwd_sm80_refusal(const sdpa::Problem& p);
+bool sdpa_fp8_fwd_sm90_strides(const sdpa::Problem& p);
+bool sdpa_fp8_fwd_runs_sm90(const sdpa::Problem& p);
+bool sdpa_fp8_fwd_runs_sm80(const sdpa::Problem& p);
+SdpaFp8FwdSm80Params sdpa_fp8_fwd_sm80_params(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
 
 // The decode forward (kernels/sm80/kernel_decode_sm80.cuh: packed GQA on the 16-row decode tile, the
 // key walk split into items over the device's SMs, a combine kernel; contiguous or paged K / V; every

@@ -216,6 +216,30 @@ void bind_fp8_factor(const Problem& p, int slot, const float*& ptr, float& host)
 
 // The FP8 backward's part of its workspace (after the 16-bit backward's delta, lse2 and dQ accumulator):
 // the derived factors (params.h Fp8BwdDerived), then bf16 copies of q, k, v, dO ([B, H, S, D] contiguous).
+// One FP8 tensor [B, H, S, D] as the FP8 pre-passes and epilogues address it (element = byte strides).
+SdpaFp8Tensor fp8_tensor(const Problem& p, int slot) {
+  const TensorView& t = p.t(slot);
+  SdpaFp8Tensor x;
+  x.data = t.data;
+  x.batch_stride = t.stride(0);
+  x.head_stride = t.stride(1);
+  x.row_stride = t.stride(2);
+  return x;
+}
+
+// A bf16 copy [B, heads, rows, cols] contiguous at ws (the FP8 launchers' widened inputs) bound as a 16-bit
+// tensor: data, its head and row strides, its samples' starts (b * heads rows cols); returns ws past it.
+char* bf16_copy(char* ws, size_t bytes, const void*& data, TensorAddr& a, SampleStart& start, int64_t heads,
+                int64_t rows, int64_t cols) {
+  data = ws;
+  a.batch_stride = 0;
+  a.head_stride = rows * cols;
+  a.row_stride = cols;
+  start = SampleStart{};
+  start.batch_stride = heads * rows * cols;
+  return ws + bytes;
+}
+
 struct Fp8BwdBytes {
   size_t derived = 0, q = 0, k = 0, v = 0, dout = 0, total = 0;
 };
@@ -227,6 +251,19 @@ Fp8BwdBytes fp8_bwd_bytes(const Problem& p) {
   b.v = ws_align(size_t(2) * size_t(p.B) * size_t(p.Hv) * size_t(p.Skv) * size_t(p.Dv));
   b.dout = ws_align(size_t(2) * size_t(p.B) * size_t(p.Hq) * size_t(p.Sq) * size_t(p.Dv));
   b.total = b.derived + b.q + b.k + b.v + b.dout;
+  return b;
+}
+
+// The FP8 forward on the sm80 kernels' workspace: the bf16 copies of q, k, v.
+struct Fp8FwdSm80Bytes {
+  size_t q = 0, k = 0, v = 0, total = 0;
+};
+Fp8FwdSm80Bytes fp8_fwd_sm80_bytes(const Problem& p) {
+  Fp8FwdSm80Bytes b;
+  b.q = ws_align(size_t(2) * size_t(p.B) * size_t(p.Hq) * size_t(p.Sq) * size_t(p.Dqk));
+  b.k = ws_align(size_t(2) * size_t(p.B) * size_t(p.Hk) * size_t(p.Skv) * size_t(p.Dqk));
+  b.v = ws_align(size_t(2) * size_t(p.B) * size_t(p.Hv) * size_t(p.Skv) * size_t(p.Dv));
+  b.total = b.q + b.k + b.v;
   return b;
 }
 
@@ -318,6 +355,7 @@ DecodeWorkspace decode_workspace(const Problem& p) {
 
 size_t sdpa_fwd_workspace_size(const Problem& p) {
   if (p.device != DeviceType::kCUDA) return 0;
+  if (p.fp8 && sdpa_fp8_fwd_runs_sm80(p)) return fp8_fwd_sm80_bytes(p).total;
   if (p.fp8) return ws_align(size_t(sm90::fp8_vt_bytes_sm90(p.B, p.Hk, p.Dv, p.Skv)));
   if (sdpa_fwd_runs_decode(p)) {
     const DecodeWorkspace w = decode_workspace(p);
@@ -382,6 +420,28 @@ SdpaFp8FwdParams sdpa_fp8_fwd_params(const Problem& p, void* workspace, size_t w
                (need == 0 || workspace != nullptr),
            Status::kInternal, "sdpa fp8 forward: workspace of ", workspace_bytes, " bytes (", need, " needed, 16-byte aligned)");
   e.v_t = workspace;
+  return f;
+}
+
+SdpaFp8FwdSm80Params sdpa_fp8_fwd_sm80_params(const Problem& p, void* workspace, size_t workspace_bytes) {
+  FS_CHECK(sdpa_fp8_fwd_runs_sm80(p), Status::kInternal,
+           "sdpa fp8 forward (sm80): parameters asked for a call it does not take");
+  SdpaFp8FwdSm80Params f;
+  // The FP8 forward's parameters (the workspace checked against sdpa_fwd_workspace_size: this one's bytes),
+  // then its q, k, v replaced by the bf16 copies.
+  static_cast<SdpaFp8FwdParams&>(f) = sdpa_fp8_fwd_params(p, workspace, workspace_bytes);
+  f.fp8.v_t = nullptr;
+  f.q8 = fp8_tensor(p, FS_SDPA_Q);
+  f.k8 = fp8_tensor(p, FS_SDPA_K);
+  f.v8 = fp8_tensor(p, FS_SDPA_V);
+  const Fp8FwdSm80Bytes fb = fp8_fwd_sm80_bytes(p);
+  char* ws = static_cast<char*>(workspace);
+  // The copies, [B, H, S, D] contiguous: sample b at b * H S D (AnalyticMaskParams::start), head and row strides.
+  auto copy = [&](const void*& data, TensorAddr& a, int tensor, int64_t heads, int64_t rows, int64_t cols,
+                  size_t bytes) { ws = bf16_copy(ws, bytes, data, a, f.analytic.start[tensor], heads, rows, cols); };
+  copy(f.q, f.qa, kSdpaQ, p.Hq, p.Sq, p.Dqk, fb.q);
+  copy(f.k, f.ka, kSdpaK, p.Hk, p.Skv, p.Dqk, fb.k);
+  copy(f.v, f.va, kSdpaV, p.Hv, p.Skv, p.Dv, fb.v);
   return f;
 }
 
@@ -466,23 +526,14 @@ SdpaFp8BwdParams sdpa_fp8_bwd_params(const Problem& p, void* workspace, size_t w
   for (int i = 0; i < kFp8BwdNumFactors; ++i) bind_fp8_factor(p, slots[i], f.factor[i], f.host_factor[i]);
   const int amax[kFp8BwdNumAmax] = {FS_SDPA_AMAX_DQ, FS_SDPA_AMAX_DK, FS_SDPA_AMAX_DV, FS_SDPA_AMAX_DP};
   for (int i = 0; i < kFp8BwdNumAmax; ++i) f.amax[i] = p.t(amax[i]).ptr<float>();
-  auto fp8_tensor = [&](int slot) {
-    const TensorView& t = p.t(slot);
-    SdpaFp8Tensor x;
-    x.data = t.data;
-    x.batch_stride = t.stride(0);
-    x.head_stride = t.stride(1);
-    x.row_stride = t.stride(2);
-    return x;
-  };
-  f.q8 = fp8_tensor(FS_SDPA_Q);
-  f.k8 = fp8_tensor(FS_SDPA_K);
-  f.v8 = fp8_tensor(FS_SDPA_V);
-  f.o8 = fp8_tensor(FS_SDPA_O);
-  f.do8 = fp8_tensor(FS_SDPA_DO);
-  f.dq8 = fp8_tensor(FS_SDPA_DQ);
-  f.dk8 = fp8_tensor(FS_SDPA_DK);
-  f.dv8 = fp8_tensor(FS_SDPA_DV);
+  f.q8 = fp8_tensor(p, FS_SDPA_Q);
+  f.k8 = fp8_tensor(p, FS_SDPA_K);
+  f.v8 = fp8_tensor(p, FS_SDPA_V);
+  f.o8 = fp8_tensor(p, FS_SDPA_O);
+  f.do8 = fp8_tensor(p, FS_SDPA_DO);
+  f.dq8 = fp8_tensor(p, FS_SDPA_DQ);
+  f.dk8 = fp8_tensor(p, FS_SDPA_DK);
+  f.dv8 = fp8_tensor(p, FS_SDPA_DV);
   // The FP8 part of the workspace (fp8_bwd_bytes) after the 16-bit backward's.
   const Fp8BwdBytes fb = fp8_bwd_bytes(p);
   char* ws = static_cast<char*>(workspace) + (sdpa_bwd_layout(p).total - fb.total);
@@ -490,15 +541,7 @@ SdpaFp8BwdParams sdpa_fp8_bwd_params(const Problem& p, void* workspace, size_t w
   ws += fb.derived;
   // The copies, [B, H, S, D] contiguous: sample b at b * H S D (AnalyticMaskParams::start), head and row strides.
   auto copy = [&](const void*& data, TensorAddr& a, int tensor, int64_t heads, int64_t rows, int64_t cols,
-                  size_t bytes) {
-    data = ws;
-    a.batch_stride = 0;
-    a.head_stride = rows * cols;
-    a.row_stride = cols;
-    f.analytic.start[tensor] = SampleStart{};
-    f.analytic.start[tensor].batch_stride = heads * rows * cols;
-    ws += bytes;
-  };
+                  size_t bytes) { ws = bf16_copy(ws, bytes, data, a, f.analytic.start[tensor], heads, rows, cols); };
   copy(f.q, f.qa, kSdpaQ, p.Hq, p.Sq, p.Dqk, fb.q);
   copy(f.k, f.ka, kSdpaK, p.Hk, p.Skv, p.Dqk, fb.k);
   copy(f.v, f.va, kSdpaV, p.Hv, p.Skv, p.Dv, fb.v);

@@ -91,7 +91,8 @@ void check_paged(const Problem& p) {
 
 // FP8 on CUDA tensors (docs/SDPA.md "FP8 SDPA"): the forward on the sm90 FP8 forward (sdpa_fp8_fwd_sm90_refusal,
 // sdpa_family.cpp), on unless FLASHSPAN_SM90_SDPA_FP8=0 (sdpa_fp8_sm90_enabled), whose TMA boxes need q, k, v
-// strides of 16 bytes (= elements); the backward on the sm80 kernels (sdpa_fp8_bwd_refusal), experimental
+// strides of 16 bytes (= elements), or, experimental, on the sm80 kernels (sdpa_fp8_fwd_sm80_refusal: any
+// strides); the backward on the sm80 kernels (sdpa_fp8_bwd_refusal), experimental
 // (sdpa_fp8_bwd_enabled), whose FP8 tensors are read and written a byte at a time by its pre-pass and
 // epilogues, so any strides (the last dim contiguous, the validation's rule) do. The device (sm_90 with this
 // build's sm_90a code for the forward, sm_80 or newer for the backward) is sdpa_check_support_gpu's.
@@ -103,6 +104,14 @@ void check_fp8(const Problem& p) {
     const char* r = sdpa_fp8_bwd_refusal(p);
     FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported by the FP8 backward on CUDA tensors yet (it runs H_k = H_v, "
                        "each head dim a multiple of 16 up to 128); CPU tensors run it on the CPU reference");
+  } else if (sdpa_fp8_fwd_sm80_enabled()) {
+    // The FP8 forward on the sm80 kernels (experimental) takes a call wherever the sm90 one does not (the
+    // device, its head dims, strides or switch): its widening pre-pass reads any strides. What it refuses the
+    // sm90 one refuses too (the same options, its head dims a subset).
+    const char* r = sdpa_fp8_fwd_sm80_refusal(p);
+    FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported with FP8 inputs on CUDA tensors yet (the FP8 forwards run "
+                       "padded q, k, v, o, H_k = H_v, the causal and padding masks, GQA / MQA; the sm80 one head dims "
+                       "in {8, 16, ..., 128}, (192, 128) or (256, 256)); CPU tensors run it on the CPU reference");
   } else {
     FS_CHECK_SUPPORTED(sdpa_fp8_sm90_enabled(), "q: FP8 inputs (", dtype_name(p.dtype), ") on CUDA tensors run on the "
                        "sm90 FP8 forward, which FLASHSPAN_SM90_SDPA_FP8=0 turns off: unset it to run them (H100 / H200), "
@@ -110,7 +119,15 @@ void check_fp8(const Problem& p) {
     const char* r = sdpa_fp8_fwd_sm90_refusal(p);
     FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported with FP8 inputs on CUDA tensors yet (the sm90 FP8 forward runs "
                        "padded q, k, v, o, each head dim a multiple of 16 up to 128, the causal and padding masks, "
-                       "GQA / MQA); CPU tensors run it on the CPU reference");
+                       "GQA / MQA; with FLASHSPAN_EXPERIMENTAL=1 the sm80 FP8 forward, more head dims); CPU tensors "
+                       "run it on the CPU reference");
+    for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V}) {
+      const TensorView& t = p.t(s);
+      for (int d = 0; d + 1 < t.ndim; ++d) {
+        FS_CHECK_SUPPORTED(t.shape[d] <= 1 || t.strides[d] % 16 == 0, sdpa::slot_name(s), ": stride ", t.strides[d],
+                           " of dimension ", d, " must be a multiple of 16 elements for the FP8 kernel (TMA)");
+      }
+    }
   }
   if (p.has(FS_SDPA_ATTN_SCALE) && p.t(FS_SDPA_ATTN_SCALE).device != DeviceType::kCPU) {
     not_native("attn_scale as a device tensor (pass it as a float or a host tensor)");
@@ -120,13 +137,6 @@ void check_fp8(const Problem& p) {
                      "q, k: B * S_q = ", p.B, " * ", p.Sq, " and S_kv = ", p.Skv,
                      " must stay below 2^31 for the GPU kernels (int32 row indices)");
   if (p.a.backward) return;
-  for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V}) {
-    const TensorView& t = p.t(s);
-    for (int d = 0; d + 1 < t.ndim; ++d) {
-      FS_CHECK_SUPPORTED(t.shape[d] <= 1 || t.strides[d] % 16 == 0, sdpa::slot_name(s), ": stride ", t.strides[d],
-                         " of dimension ", d, " must be a multiple of 16 elements for the FP8 kernel (TMA)");
-    }
-  }
   check_strides(p, FS_SDPA_O);
 }
 
@@ -142,13 +152,12 @@ void sdpa_check_features_gpu(const Problem& p) {
     return;
   }
   // The additive bias runs natively (sdpa_score_mod.cuh SdpaBiasFrag), and dBias through the dS
-  // workspace (SdpaBiasParams) from the dK/dV kernel's P (dP - D).
-  // With softcap the kernel's S registers hold P (1 - t^2) at the dS step, so dBias reads the 16-bit P stored
-  // for dV (the sm80 backward; experimental), which with dropout carries the multiplier.
-  if (p.has(FS_SDPA_DBIAS) && a.softcap) {
-    if (p.dropout || a.dropout_mask_form) not_native("dBias together with softcap and dropout");
-    experimental_pair("dBias together with softcap");
-  }
+  // workspace (SdpaBiasParams) from the dK/dV kernel's P (dP - D), which with softcap holds P times
+  // softcap's derivative instead.
+  // With softcap the dK/dV kernels' S registers hold P (1 - t^2) at the dS step: dBias would need the fp32 P
+  // kept until then (PERF_LOG v2.35: in the sm80 kernel that cost 72-96 B of spills in the D = 128 loop, and the
+  // 16-bit P stored for dV is too coarse for a bias broadcast over S_kv).
+  if (p.has(FS_SDPA_DBIAS) && a.softcap) not_native("dBias together with softcap");
   // softcap, ALiBi and sinks (dSink) run natively (sdpa_score_mod.cuh); max_logit excludes the
   // sink, which the kernels' running max includes: with max_logit the prefill kernels fold the sink
   // into the row statistics after the walk instead (the decode kernel's combine always does; experimental).

@@ -415,6 +415,15 @@ struct SdpaFp8BwdParams : SdpaBwdParams {
   float* derived = nullptr;           // workspace: kFp8BwdNumDerived floats
 };
 
+// The FP8 forward on the sm80 kernels (kernels/sm80/launch_sdpa_fp8_fwd_sm80.cu; experimental): every GPU
+// from sm_80, the FP8 formulas of SdpaFp8Params above on the 16-bit sm80 forward. Its SdpaFwdParams
+// tensors q, k, v are the workspace's bf16 copies of the FP8 inputs' codes (exact), [B, H, S, D]
+// contiguous; o (and its TensorAddr) is the FP8 output (element = byte strides); the factors are fp8's
+// (each CTA reads them: kernel_fwd_sm80.cuh Fp8FwdSm80). q8, k8, v8: the FP8 inputs.
+struct SdpaFp8FwdSm80Params : SdpaFp8FwdParams {
+  SdpaFp8Tensor q8, k8, v8;
+};
+
 // Paged K/V caches of an SDPA forward (kv_addr.cuh PagedKv): one side (K or V) as the kernels
 // address it. A paged side is a container [num_pages, H, page_size, D] whose sample b reads
 // key s from page table entry (s >> log2_page) of its row: the container's page

@@ -216,6 +216,14 @@ struct Fp8ForwardSwitch {
   Fp8ForwardSwitch& operator=(const Fp8ForwardSwitch&) = delete;
 };
 
+// The sm80 FP8 forward's switch (dispatch/sdpa_launch.h sdpa_fp8_fwd_sm80_enabled) for a scope.
+struct Fp8FwdSm80Switch {
+  explicit Fp8FwdSm80Switch(int on) { flashspan::set_sdpa_fp8_fwd_sm80_enabled(on); }
+  ~Fp8FwdSm80Switch() { flashspan::set_sdpa_fp8_fwd_sm80_enabled(-1); }
+  Fp8FwdSm80Switch(const Fp8FwdSm80Switch&) = delete;
+  Fp8FwdSm80Switch& operator=(const Fp8FwdSm80Switch&) = delete;
+};
+
 // ---------------------------------------------------------------------------
 // Validation: every FP8 rule, named
 // ---------------------------------------------------------------------------
@@ -412,6 +420,7 @@ TEST(SdpaFp8, CudaTensorsAreRefusedByCheckSupport) {
   f.dev = cuda();
   auto op = f.create();  // the descriptors validate: the Problem carries everything a launcher needs
   fs_status_t st{};
+  flashspan::set_sdpa_fp8_fwd_sm80_enabled(0);  // (the sm80 FP8 forward: ForwardOnSm80Rule)
   flashspan::set_sdpa_fp8_sm90_enabled(0);
   EXPECT_STARTS(error_of([&] { op->check_support(); }, &st),
                 "q: FP8 inputs (float8_e4m3fn) on CUDA tensors run on the sm90 FP8 forward, which "
@@ -437,6 +446,7 @@ TEST(SdpaFp8, CudaTensorsAreRefusedByCheckSupport) {
     EXPECT_EQ(st, FS_STATUS_NOT_SUPPORTED);
   }
   flashspan::set_sdpa_fp8_sm90_enabled(-1);
+  flashspan::set_sdpa_fp8_fwd_sm80_enabled(-1);
   // Host scale factors with CUDA tensors validate too (the seed's pass-by-value form); amax outputs must be on
   // q's device.
   Fwd g;
@@ -737,8 +747,68 @@ TEST(SdpaFp8, BackwardOnCudaCheckSupportMessages) {
     f.backward = false;
     f.attn_scale = 0;
     const Fp8ForwardSwitch fwd_on(1);
+    const Fp8FwdSm80Switch sm80_off(0);
     EXPECT_STARTS(host_rules_error(f), "q: stride 72 of dimension 2 must be a multiple of 16 elements");
   }
+}
+
+// The FP8 forward on the sm80 kernels (dispatch/sdpa_launch.h sdpa_fp8_fwd_sm80_enabled: experimental, off
+// unless FLASHSPAN_EXPERIMENTAL=1): with it, the host rules take the FP8 forwards the sm90 one refuses for its
+// head dims, strides or switch, and refuse by its own rule (sdpa_fp8_fwd_sm80_refusal) what neither runs;
+// without it, the sm90 one's rules as before. The one rule of which runs: sdpa_fp8_fwd_runs_sm90 where it can
+// (an sm_90 device: none in CI, the GPU suite's H200), else sdpa_fp8_fwd_runs_sm80.
+TEST(SdpaFp8, ForwardOnSm80Rule) {
+  auto fwd_call = [](int64_t d, int64_t dv, int64_t row_pad = 0, int64_t hv = 2) {
+    CudaCall c;
+    c.backward = false;
+    c.D = d;
+    c.Dv = dv;
+    c.row_pad = row_pad;
+    c.Hv = hv;
+    return c;
+  };
+  const CudaCall wide = fwd_call(256, 256), d192 = fwd_call(192, 128);
+  const CudaCall padded = fwd_call(64, 64, 8), dims144 = fwd_call(144, 144), hkv = fwd_call(64, 64, 0, 4);
+  {
+    const Fp8FwdSm80Switch off(0);
+    const Fp8ForwardSwitch sm90_on(1);
+    EXPECT_STARTS(host_rules_error(wide), "head dims (multiples of 16 up to 128): not supported with FP8 inputs");
+    EXPECT_STARTS(host_rules_error(d192), "head dims (multiples of 16 up to 128): not supported with FP8 inputs");
+    EXPECT_STARTS(host_rules_error(padded), "q: stride 72 of dimension 2 must be a multiple of 16 elements");
+    EXPECT_EQ(host_rules_error(fwd_call(64, 128)), "");
+  }
+  const Fp8FwdSm80Switch on(1);
+  for (int sm90 : {1, 0}) {
+    const Fp8ForwardSwitch sw(sm90);
+    for (const CudaCall& c : {wide, d192, padded, fwd_call(64, 128), fwd_call(16, 48)}) {
+      EXPECT_EQ(host_rules_error(c), "") << c.D << "/" << c.Dv << " pad " << c.row_pad << " sm90 " << sm90;
+      flashspan::sdpa::Problem p = c.problem();
+      EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm80_refusal(p), nullptr);
+      // One of the two runs it: the sm90 one where it can (an sm_90 device with this build's sm_90a code: the
+      // GPU suite's machine), never for what its rule refuses (head dims, strides) or with its switch off.
+      const bool sm90_can = sm90 == 1 && c.D <= 128 && c.Dv <= 128 && c.row_pad == 0;
+      if (!sm90_can) {
+        EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm90(p)) << c.D << "/" << c.Dv;
+      }
+      EXPECT_NE(flashspan::sdpa_fp8_fwd_runs_sm80(p), flashspan::sdpa_fp8_fwd_runs_sm90(p)) << c.D << "/" << c.Dv;
+      // A family fixed by an operation's check_support wins over the switches (Problem::fp8_fwd_family).
+      p.fp8_fwd_family = 80;
+      EXPECT_TRUE(flashspan::sdpa_fp8_fwd_runs_sm80(p));
+      EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm90(p));
+      p.fp8_fwd_family = 90;
+      EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm80(p));
+      EXPECT_TRUE(flashspan::sdpa_fp8_fwd_runs_sm90(p));
+    }
+    EXPECT_STARTS(host_rules_error(dims144),
+                  "head dims ({8, 16, ..., 128}, (192, 128) or (256, 256)): not supported with FP8 inputs on CUDA "
+                  "tensors yet (the FP8 forwards run");
+    EXPECT_STARTS(host_rules_error(hkv), "H_k != H_v: not supported with FP8 inputs on CUDA tensors yet");
+    EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm80(dims144.problem()));
+  }
+  // The backward is not this forward's: its own switch answers (BackwardOnCuda*).
+  const Fp8BwdSwitch bwd_off(0);
+  EXPECT_STARTS(host_rules_error(CudaCall{}), "dQ, dK, dV: the FP8 backward on CUDA tensors is experimental");
+  EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm80_refusal(CudaCall{}.problem()), std::string("the FP8 backward"));
 }
 
 // The switch: FLASHSPAN_EXPERIMENTAL=1 (exactly "1"), read per call; set_sdpa_fp8_bwd_enabled(1 / 0) wins

@@ -745,6 +745,103 @@ TEST(SdpaFp8Gpu, Sm90ForwardSanitizerSmall) {
 }
 
 // ---------------------------------------------------------------------------
+// The FP8 forward on the sm80 kernels (kernels/sm80/launch_sm80.h launch_sdpa_fp8_fwd_sm80: the sm80 forward's
+// loop on bf16 copies of the codes with P's FP8 rounding and O's FP8 store, every GPU from sm_80;
+// experimental, dispatch/sdpa_launch.h sdpa_fp8_fwd_sm80_enabled), through the C++ API against the loop with
+// the sm90 kernel's criteria (the same flash quantization of P)
+// ---------------------------------------------------------------------------
+
+// The sm80 FP8 forward forced on and, with sm90_off, the sm90 one off (the environment's answers back after).
+struct Fp8FwdSm80On {
+  explicit Fp8FwdSm80On(bool sm90_off) {
+    set_sdpa_fp8_fwd_sm80_enabled(1);
+    if (sm90_off) set_sdpa_fp8_sm90_enabled(0);
+  }
+  ~Fp8FwdSm80On() {
+    set_sdpa_fp8_fwd_sm80_enabled(-1);
+    set_sdpa_fp8_sm90_enabled(-1);
+  }
+};
+
+bool sm80_class_device() {
+  int dev = 0, major = 0;
+  return cudaGetDevice(&dev) == cudaSuccess &&
+         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8;
+}
+
+TEST(SdpaFp8Gpu, Sm80ForwardRandom) {
+  // The API's options (causal top-left or none, padding with an empty sample, BHSD / BSHD, o's own format,
+  // host or device factors, base-2 stats, score_max / score_sum_exp), GQA / MQA, both formats, the sm80
+  // forward's head dims (the FP8 API's multiples of 16: up to 128, (192, 128), (256, 256)), the sm90 FP8 forward off.
+  REQUIRE_GPU();
+  if (!sm80_class_device()) GTEST_SKIP() << "not a CUDA device of compute capability 8.0 or newer";
+  const Fp8FwdSm80On on(/*sm90_off=*/true);
+  std::mt19937_64 rng(81);
+  const int dims[][2] = {{128, 128}, {64, 64}, {48, 48}, {16, 32}, {96, 128}, {192, 128}, {256, 256}, {128, 64}};
+  for (int n = 0; n < 24; ++n) {
+    const Fp8Case c = api_random_case(n, rng, dims[n % 8][0], dims[n % 8][1], 260, 330, 1500 + uint64_t(n));
+    const Inputs in = make_inputs(c);
+    const std::string e = check(c, in, reference_loop(c, in), run_api(c, in, true), true);
+    EXPECT_TRUE(e.empty()) << e;
+  }
+  // Whole tiles, GQA 4, one long sample: several key blocks a cell, the running max moving.
+  for (int format = 1; format <= 2; ++format) {
+    Fp8Case c;
+    c.format = c.o_format = format;
+    c.Hq = 4;
+    c.Sq = 256;
+    c.Skv = 768;
+    c.Dqk = c.Dv = format == 1 ? 128 : 64;
+    c.mask = kCausalTopLeft;
+    c.seed = 1600 + uint64_t(format);
+    const Inputs in = make_inputs(c);
+    const std::string e = check(c, in, reference_loop(c, in), run_api(c, in, true), true);
+    EXPECT_TRUE(e.empty()) << e;
+  }
+}
+
+TEST(SdpaFp8Gpu, Sm80ForwardTakesWhatSm90Refuses) {
+  // On an H100 / H200 with both on: head dims the sm90 FP8 forward does not run go to the sm80 one.
+  REQUIRE_SM90();
+  const Fp8FwdSm80On on(/*sm90_off=*/false);
+  std::mt19937_64 rng(82);
+  const int dims[][2] = {{192, 128}, {256, 256}};
+  for (int n = 0; n < 6; ++n) {
+    const Fp8Case c = api_random_case(n, rng, dims[n % 2][0], dims[n % 2][1], 200, 240, 1700 + uint64_t(n));
+    const Inputs in = make_inputs(c);
+    const std::string e = check(c, in, reference_loop(c, in), run_api(c, in, true), true);
+    EXPECT_TRUE(e.empty()) << e;
+  }
+}
+
+TEST(SdpaFp8Gpu, Sm80ForwardSanitizerSmall) {
+  // Small cases for compute-sanitizer (scripts/gpu_check.sh memcheck): padding with an empty sample,
+  // causal, GQA, both formats, a (64, 64) and a (192, 128) call, o in the other format.
+  REQUIRE_GPU();
+  if (!sm80_class_device()) GTEST_SKIP() << "not a CUDA device of compute capability 8.0 or newer";
+  const Fp8FwdSm80On on(/*sm90_off=*/true);
+  Fp8Case c;
+  c.B = 3;
+  c.Hq = 4;
+  c.Hk = 2;
+  c.Sq = 70;
+  c.Skv = 150;
+  c.mask = kCausalTopLeft;
+  c.padding = true;
+  c.score_stats = true;
+  for (int format = 1; format <= 2; ++format) {
+    c.format = format;
+    c.o_format = 3 - format;
+    c.Dqk = format == 1 ? 64 : 192;
+    c.Dv = format == 1 ? 64 : 128;
+    c.seed = 1800 + uint64_t(format);
+    const Inputs in = make_inputs(c);
+    const std::string e = check(c, in, reference_loop(c, in), run_api(c, in, true), true);
+    EXPECT_TRUE(e.empty()) << e;
+  }
+}
+
+// ---------------------------------------------------------------------------
 // The FP8 backward (kernels/sm80/launch_sm80.h launch_sdpa_fp8_bwd_sm80: the sm80 backward on bf16 copies of
 // the codes, every GPU from sm_80; experimental, dispatch/sdpa_launch.h sdpa_fp8_bwd_enabled)
 // ---------------------------------------------------------------------------

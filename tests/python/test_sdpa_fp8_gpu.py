@@ -2,7 +2,8 @@
 same call on CPU copies (the CPU reference, itself checked against the float64 oracle by test_sdpa_fp8_cpu.py): the
 Python surface end to end on the GPU -- device and host scale tensors, o in either format, the LSE in both bases,
 score_max / score_sum_exp, amax_s / amax_o, causal, padding by seq_len and cu_seq_len on padded tensors with
-NaN-poisoned padding, GQA / MQA. Skipped without an sm_90 device (the only FP8 forward kernel).
+NaN-poisoned padding, GQA / MQA. Skipped without an sm_90 device. With FLASHSPAN_EXPERIMENTAL=1 and the sm90 one off,
+the FP8 forward on the sm80 kernels (every GPU from sm_80; test_gpu_fp8_forward_on_sm80_kernels).
 
 flashspan.sdpa_fp8_backward on CUDA tensors (the FP8 backward on the sm80 kernels, every GPU from sm_80;
 experimental: FLASHSPAN_EXPERIMENTAL=1, set here with monkeypatch) against the same call on CPU copies and both
@@ -56,7 +57,7 @@ def _randn(shape, dtype, gen, mag):
     return x.clamp(-FP8_MAX[dtype] / 2, FP8_MAX[dtype] / 2).to(dtype)
 
 
-def _case(seed: int) -> dict:
+def _case(seed: int, dims=None) -> dict:
     rng = random.Random(seed)
     gen = torch.Generator().manual_seed(seed)
     fmt = rng.choice([E4M3, E5M2])
@@ -65,6 +66,8 @@ def _case(seed: int) -> dict:
     Sq, Skv = rng.randint(1, 600), rng.randint(1, 700)
     D = rng.choice([64, 128, 32, 96, 112])
     Dv = D if rng.random() < 0.7 else rng.choice([64, 128, 48])
+    if dims is not None:
+        D, Dv = dims
     mag = rng.choice([0.5, 1.0, 2.0])
     q = _randn((B, Hq, Sq, D), fmt, gen, mag)
     k = _randn((B, Hk, Skv, D), fmt, gen, mag)
@@ -115,7 +118,22 @@ def _run(fs, c: dict, device: str):
 @sm90
 @pytest.mark.parametrize("seed", range(40))
 def test_gpu_fp8_forward_matches_cpu_reference(fs, seed):
-    c = _case(seed)
+    _check_forward(fs, _case(seed))
+
+
+@sm80
+@pytest.mark.parametrize("seed", range(100, 116))
+def test_gpu_fp8_forward_on_sm80_kernels(fs, seed, monkeypatch):
+    """The FP8 forward on the sm80 kernels (experimental, not yet run on a GPU when written): FLASHSPAN_EXPERIMENTAL=1
+    with the sm90 one off (FLASHSPAN_SM90_SDPA_FP8=0, each set before the signature's first call: Python keeps one
+    operation per signature), the head dims the sm90 one does not run too ((192, 128), (256, 256))."""
+    monkeypatch.setenv(EXPERIMENTAL, "1")
+    monkeypatch.setenv("FLASHSPAN_SM90_SDPA_FP8", "0")
+    dims = [(48, 48), (64, 64), (192, 128), (16, 32), (128, 128), (256, 256), (96, 64), (112, 112)][seed % 8]
+    _check_forward(fs, _case(seed, dims))
+
+
+def _check_forward(fs, c: dict):
     got = _run(fs, c, "cuda")
     want = _run(fs, c, "cpu")
     B, Sq = c["q"].shape[0], c["q"].shape[2]

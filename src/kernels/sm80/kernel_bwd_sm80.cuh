@@ -981,25 +981,16 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
           asm volatile("st.shared.b32 [%0], %1;\n" ::"r"(sdS + ps_off(mi, n, hi)), "r"(pack2<E>(ds0, ds1))
                        : "memory");
           if constexpr (Mask::kFeatures) {
-            // dBias: dS = P (dP - D) of the sample's elements into the fp32 workspace (SdpaBiasParams::ds),
-            // once per element (not in the dV pass). With softcap s holds P (1 - t^2) (dK's and dQ's factor):
-            // dBias then takes the 16-bit P this thread stored for dV above (experimental, without dropout:
-            // there the stored P carries the multiplier; dispatch's sdpa_feature_pairs_enabled).
+            // dBias: dS = P (dP - D) of the sample's elements into the fp32 workspace (SdpaBiasParams::ds;
+            // s is P here: dBias with softcap is refused), once per element (not in the dV pass).
             if (ds_thr != nullptr) {
               const int rr = 16 * mi + 8 * hi, cc = 8 * n;  // from the thread's element (row sm0 + g, column sc0 + 2t)
               if (rr < ds_rows && cc < ds_cols) {
-                float b0 = ds0, b1 = ds1;
-                if (analytic_of(p).score.softcap2 != 0.0f) {
-                  uint32_t p2;
-                  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(p2) : "r"(sP + ps_off(mi, n, hi)) : "memory");
-                  b0 = to_float<E>(typename E::Storage(p2 & 0xffffu)) * dp[mi][n][2 * hi];
-                  b1 = to_float<E>(typename E::Storage(p2 >> 16)) * dp[mi][n][2 * hi + 1];
-                }
                 float* dst = ds_thr + int64_t(rr) * analytic_of(p).bias.ds_ld + cc;
                 if (cc + 1 < ds_cols) {
-                  *reinterpret_cast<float2*>(dst) = make_float2(b0, b1);
+                  *reinterpret_cast<float2*>(dst) = make_float2(ds0, ds1);
                 } else {
-                  *dst = b0;
+                  *dst = ds0;
                 }
               }
             }

@@ -27,6 +27,7 @@
 #include "kernels/common/analytic_seqlen.cuh"
 #include "kernels/common/block_range.cuh"
 #include "kernels/common/epilogue_fwd.cuh"
+#include "kernels/common/fp8_soft.h"
 #include "kernels/common/grid.h"
 #include "kernels/common/kv_addr.cuh"
 #include "kernels/common/sdpa_score_mod.cuh"
@@ -403,34 +404,95 @@ struct AnalyticMaskSm80 {
   }
 };
 
+// The FP8 forward's steps in the sm80 forward (params.h SdpaFp8FwdSm80Params; launch_sdpa_fp8_fwd_sm80.cu),
+// fwd_item's F8 parameter: NoFp8FwdSm80 for every 16-bit instantiation (its code is not compiled in),
+// Fp8FwdSm80 for the FP8 kernel, which runs the loop on bf16 copies of the FP8 codes (exact products, as an
+// FP8 GEMM's). Its softmax folds qk_scale_log2 (the factors' product) into the exponent and shifts it by
+// log2 scale_s (OnlineSoftmax::update_row's shift, the sm90 FP8 forward's form): p = fp8_q(P~ scale_s), the
+// un-normalised probabilities of the running max quantized (software rounding: fp8_soft.h), which bf16
+// holds exactly for the P V GEMM; l = scale_s times the row sum (of the unquantized terms). The epilogue
+// (fwd_store_rows_sm80) stores O = acc o_mul / l as fp8_o(O scale_o) a code pair at a time (software
+// conversion), the LSE (m - shift + log2 l) unit, score_max / score_sum_exp (l / scale_s), and gathers
+// amax_s = max 1 / sum (= scale_s / l) and amax_o = max |O| per thread; flush() reduces them per warp into the
+// outputs (zeroed by the launcher; non-negative: integer max). The factors, the shift and the amaxes are the
+// sm90 FP8 forward's epilogue state (epilogue_fwd.cuh Fp8Out), read by each CTA from the factors.
+struct NoFp8FwdSm80 {
+  static constexpr bool kOn = false;
+};
+struct Fp8FwdSm80 {
+  static constexpr bool kOn = true;
+  Fp8Out out;           // O's factors, scale_s's shift, the amaxes (the sm90 FP8 forward's epilogue state)
+  float qk_scale_log2;  // attn_scale descale_q descale_k log2 e: the codes' scores to log2-unit logits
+  bool e5m2;            // P's format (q's): E5M2, else E4M3
+
+  __device__ __forceinline__ static Fp8FwdSm80 make(const SdpaFp8FwdParams& p) {
+    const SdpaFp8Params& f = p.fp8;
+    return Fp8FwdSm80{Fp8Out::make(f), p.scale * fp8_factor(f, kFp8DescaleQ) * fp8_factor(f, kFp8DescaleK) * kLog2e,
+                      f.format == 2};
+  }
+  __device__ __forceinline__ void flush(const SdpaFp8Params& f, int lane) const { out.flush(f, lane); }
+};
+
 // Softmax with rescale: scores to log2 units, the mask, then the online softmax step (s
 // becomes P; m, l updated; the output accumulator rescaled). Then P as 16-bit A fragments of
 // the P V GEMM (k-step kk = key columns 16kk..16kk+15): half the registers of the fp32
 // scores, which are dead from here on. The plan's mask with a positive scale leaves the scores
 // unscaled and the softmax folds the scale into its exponent (one FFMA a score: Variant::logits);
 // the analytic mask's score modifiers need the scaled scores.
-template <class T, class E, class Mask>
+template <class T, class E, class Mask, class F8 = NoFp8FwdSm80>
 __device__ __forceinline__ void fwd_softmax_sm80(const Mask& mask, float (&s)[T::kMT][T::kNS][4], float (&m)[T::kMT][2],
                                                  float (&l)[T::kMT][2], float (&acc_o)[T::kMT][T::kNO][4],
                                                  uint32_t (&pa)[T::kMT][T::kBlockK / 16][4], const QkvParams& p,
-                                                 const bool& partial, const int& entry, int warp, int lane) {
+                                                 const bool& partial, const int& entry, int warp, int lane,
+                                                 [[maybe_unused]] const F8* f8 = nullptr) {
   constexpr int kMT = T::kMT;
+  if constexpr (F8::kOn) {
+    // FP8 (Fp8FwdSm80): the mask, the update with the factors' scale (folded into the exponent when positive,
+    // as the 16-bit loop's; else applied to the scores first) and scale_s's shift, then P quantized to q's
+    // format (exact in E's bf16 for the P V GEMM).
+    static_assert(!Mask::kFeatures, "the FP8 forward runs the mask-only loop");
+    const float sc = f8->qk_scale_log2;
+    const bool fold = sc > 0.0f;
 #pragma unroll
-  for (int i = 0; i < kMT; ++i) {
-    const bool fold = !Mask::kFeatures && p.scale_log2 > 0.0f;
-    if (!fold) {
+    for (int i = 0; i < kMT; ++i) {
+      if (!fold) {
+#pragma unroll
+        for (int n = 0; n < T::kNS; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[i][n][e] *= sc;
+        }
+      }
+      mask.apply(p, s[i], partial, entry, warp * kMT + i, lane);
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const float corr = OnlineSoftmax::update_row(s[i], hi, m[i][hi], l[i][hi], fold ? sc : 1.0f, f8->out.shift);
+        OnlineSoftmax::rescale_row(acc_o[i], hi, corr);
+      }
 #pragma unroll
       for (int n = 0; n < T::kNS; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) s[i][n][e] *= p.scale_log2;
+        for (int e = 0; e < 4; ++e) s[i][n][e] = fp8_soft_round(s[i][n][e], f8->e5m2);
       }
+      pack_p<E>(s[i], pa[i]);
     }
-    mask.apply(p, s[i], partial, entry, warp * kMT + i, lane);
-    online_softmax_step<T::kNS, T::kNO>(s[i], m[i], l[i], acc_o[i], fold ? p.scale_log2 : 1.0f);
-    if constexpr (Mask::kFeatures) mask.template dropout<T::kNS>(p, s[i], entry, warp * kMT + i, lane);
-  }
+  } else {
 #pragma unroll
-  for (int i = 0; i < kMT; ++i) pack_p<E>(s[i], pa[i]);
+    for (int i = 0; i < kMT; ++i) {
+      const bool fold = !Mask::kFeatures && p.scale_log2 > 0.0f;
+      if (!fold) {
+#pragma unroll
+        for (int n = 0; n < T::kNS; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[i][n][e] *= p.scale_log2;
+        }
+      }
+      mask.apply(p, s[i], partial, entry, warp * kMT + i, lane);
+      online_softmax_step<T::kNS, T::kNO>(s[i], m[i], l[i], acc_o[i], fold ? p.scale_log2 : 1.0f);
+      if constexpr (Mask::kFeatures) mask.template dropout<T::kNS>(p, s[i], entry, warp * kMT + i, lane);
+    }
+#pragma unroll
+    for (int i = 0; i < kMT; ++i) pack_p<E>(s[i], pa[i]);
+  }
 }
 
 // Where the rows of a work item go: row r of the block is position (row0 + r) / pack of
@@ -478,18 +540,17 @@ __device__ __forceinline__ const typename E::Storage* sdpa_fwd_row_epilogue(cons
 // D = 128 (ptxas -v). The persistent kernel is the other way round (the two copies put
 // spills in its main loop, one does not), so it runs the packed copy, which with pack = 1 is
 // the unpacked mapping.
+// The FP8 forward's rows (Fp8FwdSm80; fwd_store_rows_sm80 with F8 = Fp8FwdSm80): O in o's FP8 format (element =
+// byte strides), a code pair per store; the LSE, statistics outputs and amaxes as Fp8FwdSm80 says.
 template <class T, class E, class Rows>
-__device__ __forceinline__ void fwd_store_rows_sm80(const FwdParams& p, Rows rw,
-                                                    const float (&acc_o)[T::kMT][T::kNO][4],
-                                                    const float (&m)[T::kMT][2], const float (&l)[T::kMT][2]) {
-  using Elem = typename E::Storage;
-  Elem* o;  // row row0 of head h (a member function computing it changed the plan kernels' SASS)
-  if constexpr (Rows::kAnalytic) {
-    o = static_cast<Elem*>(p.o) + rw.o_start + int64_t(rw.row0) * p.oa.row_stride + int64_t(rw.h) * p.oa.head_stride;
-  } else {
-    o = static_cast<Elem*>(p.o) + int64_t(rw.b) * p.oa.batch_stride +
-        (int64_t(p.varlen ? rw.q_start : 0) + rw.row0) * p.oa.row_stride + int64_t(rw.h) * p.oa.head_stride;
-  }
+__device__ __forceinline__ void fwd_store_rows_fp8_sm80(const FwdParams& p, Rows rw,
+                                                        const float (&acc_o)[T::kMT][T::kNO][4],
+                                                        const float (&m)[T::kMT][2], const float (&l)[T::kMT][2],
+                                                        Fp8FwdSm80* f8) {
+  static_assert(Rows::kAnalytic, "the FP8 forward is SDPA's");
+  Fp8Out& q8 = f8->out;
+  uint8_t* o8 = static_cast<uint8_t*>(p.o) + rw.o_start + int64_t(rw.row0) * p.oa.row_stride +
+                int64_t(rw.h) * p.oa.head_stride;
 #pragma unroll
   for (int i = 0; i < T::kMT; ++i) {
 #pragma unroll
@@ -498,33 +559,82 @@ __device__ __forceinline__ void fwd_store_rows_sm80(const FwdParams& p, Rows rw,
       const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
       const int row = rw.m0 + 16 * i + rw.g + 8 * hi;
       if (row < rw.rows_valid) {
-        Elem* orow = o + int64_t(row) * p.oa.row_stride;
-        if constexpr (Rows::kAnalytic) {
-          const Elem* grow = sdpa_fwd_row_epilogue<E>(p, rw, row, m[i][hi], lsum);
+        if (lsum > 0.0f) q8.amax_s = fmaxf(q8.amax_s, q8.s_mul * inv);
+        // score_max / score_sum_exp (l without scale_s); FP8 calls have no gate.
+        sdpa_fwd_row_epilogue<E>(p, rw, row, m[i][hi], lsum / q8.s_mul);
+        const float oi = inv * q8.o_mul;
+        uint8_t* orow = o8 + int64_t(row) * p.oa.row_stride;
 #pragma unroll
-          for (int n = 0; n < T::kNO; ++n) {
-            const int col = n * 8 + 2 * rw.t;
-            if (col < p.head_dv) {
-              float x0 = acc_o[i][n][2 * hi] * inv, x1 = acc_o[i][n][2 * hi + 1] * inv;
-              if (grow != nullptr) sdpa_gate_pair<E>(grow, col, x0, x1);
-              *reinterpret_cast<uint32_t*>(orow + col) = pack2<E>(x0, x1);
-            }
-          }
-        } else {
-#pragma unroll
-          for (int n = 0; n < T::kNO; ++n) {
-            const int col = n * 8 + 2 * rw.t;
-            if (col < p.head_dv) {
-              *reinterpret_cast<uint32_t*>(orow + col) =
-                  pack2<E>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
-            }
+        for (int n = 0; n < T::kNO; ++n) {
+          const int col = n * 8 + 2 * rw.t;
+          if (col < p.head_dv) {
+            const float x0 = acc_o[i][n][2 * hi] * oi, x1 = acc_o[i][n][2 * hi + 1] * oi;
+            q8.amax_o = fmaxf(q8.amax_o, fmaxf(fabsf(x0), fabsf(x1)));
+            *reinterpret_cast<uint16_t*>(orow + col) =
+                uint16_t(fp8_soft_encode(x0 * q8.scale_o, q8.o_e5m2) |
+                         (fp8_soft_encode(x1 * q8.scale_o, q8.o_e5m2) << 8));
           }
         }
         if (p.lse != nullptr && rw.t == 0) {
-          // (m + log2 l) in natural-log units, or base 2 (SDPA's stats_use_log2: lse_unit 1).
-          const float unit = Rows::kAnalytic ? analytic_of(p).lse_unit : kLn2;
-          const float lse = lse_from_stats(m[i][hi], lsum, unit);
-          p.lse[rw.lse_index(p, row)] = lse;
+          p.lse[rw.lse_index(p, row)] = lse_from_stats(m[i][hi] - q8.shift, lsum, analytic_of(p).lse_unit);
+        }
+      }
+    }
+  }
+}
+
+template <class T, class E, class Rows, class F8 = NoFp8FwdSm80>
+__device__ __forceinline__ void fwd_store_rows_sm80(const FwdParams& p, Rows rw,
+                                                    const float (&acc_o)[T::kMT][T::kNO][4],
+                                                    const float (&m)[T::kMT][2], const float (&l)[T::kMT][2],
+                                                    [[maybe_unused]] F8* f8 = nullptr) {
+  using Elem = typename E::Storage;
+  if constexpr (F8::kOn) {
+    fwd_store_rows_fp8_sm80<T, E, Rows>(p, rw, acc_o, m, l, f8);
+  } else {
+    Elem* o;  // row row0 of head h (a member function computing it changed the plan kernels' SASS)
+    if constexpr (Rows::kAnalytic) {
+      o = static_cast<Elem*>(p.o) + rw.o_start + int64_t(rw.row0) * p.oa.row_stride + int64_t(rw.h) * p.oa.head_stride;
+    } else {
+      o = static_cast<Elem*>(p.o) + int64_t(rw.b) * p.oa.batch_stride +
+          (int64_t(p.varlen ? rw.q_start : 0) + rw.row0) * p.oa.row_stride + int64_t(rw.h) * p.oa.head_stride;
+    }
+#pragma unroll
+    for (int i = 0; i < T::kMT; ++i) {
+#pragma unroll
+      for (int hi = 0; hi < 2; ++hi) {
+        const float lsum = quad_sum(l[i][hi]);
+        const float inv = lsum > 0.0f ? 1.0f / lsum : 0.0f;
+        const int row = rw.m0 + 16 * i + rw.g + 8 * hi;
+        if (row < rw.rows_valid) {
+          Elem* orow = o + int64_t(row) * p.oa.row_stride;
+          if constexpr (Rows::kAnalytic) {
+            const Elem* grow = sdpa_fwd_row_epilogue<E>(p, rw, row, m[i][hi], lsum);
+#pragma unroll
+            for (int n = 0; n < T::kNO; ++n) {
+              const int col = n * 8 + 2 * rw.t;
+              if (col < p.head_dv) {
+                float x0 = acc_o[i][n][2 * hi] * inv, x1 = acc_o[i][n][2 * hi + 1] * inv;
+                if (grow != nullptr) sdpa_gate_pair<E>(grow, col, x0, x1);
+                *reinterpret_cast<uint32_t*>(orow + col) = pack2<E>(x0, x1);
+              }
+            }
+          } else {
+#pragma unroll
+            for (int n = 0; n < T::kNO; ++n) {
+              const int col = n * 8 + 2 * rw.t;
+              if (col < p.head_dv) {
+                *reinterpret_cast<uint32_t*>(orow + col) =
+                    pack2<E>(acc_o[i][n][2 * hi] * inv, acc_o[i][n][2 * hi + 1] * inv);
+              }
+            }
+          }
+          if (p.lse != nullptr && rw.t == 0) {
+            // (m + log2 l) in natural-log units, or base 2 (SDPA's stats_use_log2: lse_unit 1).
+            const float unit = Rows::kAnalytic ? analytic_of(p).lse_unit : kLn2;
+            const float lse = lse_from_stats(m[i][hi], lsum, unit);
+            p.lse[rw.lse_index(p, row)] = lse;
+          }
         }
       }
     }
@@ -632,9 +742,9 @@ __device__ __forceinline__ void fwd_max_logit_sm80(const FwdParams& p, float* re
 // inline: as functions they changed the kernels' SASS (ptxas allocates the near-255-register
 // loop differently), which scripts/sass_diff.sh rejects.
 template <class T, class E, bool kMaxLogit, bool kPersistent, class Mask = PlanPayloadMaskSm80<T>,
-          class KvAddr = ContiguousKv>
+          class KvAddr = ContiguousKv, class F8 = NoFp8FwdSm80>
 __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const int32_t* s_item, int qb, int h,
-                                         int b, int begin, int count) {
+                                         int b, int begin, int count, [[maybe_unused]] F8* f8 = nullptr) {
   using Elem = typename E::Storage;
   static_assert(E::kBits == 16, "the sm80 loaders and ldmatrix move 16-bit elements");
   constexpr int kMT = T::kMT;
@@ -730,7 +840,7 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
       }
     }
     uint32_t pa[kMT][T::kBlockK / 16][4];
-    fwd_softmax_sm80<T, E>(mask, s, m, l, acc_o, pa, p, partial, entry, warp, lane);
+    fwd_softmax_sm80<T, E, Mask, F8>(mask, s, m, l, acc_o, pa, p, partial, entry, warp, lane, f8);
 
     int kb_next = 0, entry_next = 0;
     bool partial_next = false;
@@ -786,7 +896,7 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
       Mask::fold_sink(p, head0, row0 + m0, len_q, lane, mf, lf, acc_o);
       fwd_store_rows_sm80<T, E>(p, rwa, acc_o, mf, lf);
     } else {
-      fwd_store_rows_sm80<T, E>(p, rwa, acc_o, m, l);
+      fwd_store_rows_sm80<T, E, FwdRowsAnalyticSm80, F8>(p, rwa, acc_o, m, l, f8);
     }
   } else if (slot >= 0) {
     // A piece of a split task: the shared forward epilogue (epilogue_fwd.cuh), m16 tile by tile.

@@ -13,7 +13,8 @@
 // Steps, one stream, no host sync:
 //   1. factors  (one thread)  the factors' products (params.h Fp8BwdDerived) into the workspace; the four
 //                             amax outputs zeroed;
-//   2. widen    (grid-stride) the codes of q, k, v, dO as bf16 into the workspace ([B, H, S, D] each);
+//   2. widen    (grid-stride, fp8_widen_sm80.cu) the codes of q, k, v, dO as bf16 into the workspace
+//                             ([B, H, S, D] each);
 //   3. delta    (a warp a row) D = descale_dO descale_o dO . o of the raw codes and lse2 = stats log2(e)
 //                             (+inf for a row without keys), the 16-bit backward's workspace rows;
 //   4. dK/dV    sdpa_fp8_bwd_dkdv_kernel_sm80 (the SDPA dK/dV kernel's cells and loop, Fp8BwdSm80): dK,
@@ -52,35 +53,6 @@ __global__ void fp8_bwd_factors_kernel(const SdpaFp8BwdParams p) {
   d[kF8dScaleDV] = fp8_factor(p, kFp8BwdScaleDV);
   d[kF8dDeltaUnit] = fp8_factor(p, kFp8BwdDescaleDO) * fp8_factor(p, kFp8BwdDescaleO);
   for (int i = 0; i < kFp8BwdNumAmax; ++i) *p.amax[i] = 0.0f;
-}
-
-// 2. One FP8 tensor [B, heads, rows, cols] (byte strides) widened to bf16 [B, heads, rows, cols]
-// contiguous at dst (cols even: pairs).
-struct WidenJob {
-  SdpaFp8Tensor src;
-  uint32_t* dst = nullptr;  // bf16 pairs
-  int batch = 0, heads = 0, rows = 0, cols = 0;
-  int e5m2 = 0;
-};
-struct WidenJobs {
-  WidenJob job[4];
-};
-__global__ void __launch_bounds__(256) fp8_bwd_widen_kernel(const WidenJobs jobs) {
-  const WidenJob& j = jobs.job[blockIdx.y];
-  const int pairs = j.cols / 2;
-  const int64_t total = int64_t(j.batch) * j.heads * j.rows * pairs;
-  const uint8_t* src = static_cast<const uint8_t*>(j.src.data);
-  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
-    const int c = int(i % pairs);
-    int64_t r = i / pairs;  // (b, h, s) row
-    const int s = int(r % j.rows);
-    r /= j.rows;
-    const int h = int(r % j.heads);
-    const int b = int(r / j.heads);
-    const uint8_t* x = src + int64_t(b) * j.src.batch_stride + int64_t(h) * j.src.head_stride +
-                       int64_t(s) * j.src.row_stride + 2 * c;
-    j.dst[i] = pack2<BFloat16>(fp8_soft_decode(__ldg(x), j.e5m2 != 0), fp8_soft_decode(__ldg(x + 1), j.e5m2 != 0));
-  }
 }
 
 // 3. D and lse2 of every (b, h, i) row, a warp a row: D = descale_dO descale_o sum dO o of the raw codes.
@@ -155,7 +127,7 @@ void launch_sdpa_fp8_bwd_sm80(const SdpaFp8BwdParams& p_in, const TileSm80& tile
   // 2. The bf16 copies the 16-bit kernels read (SdpaBwdParams q, k, v, dout point at them).
   const int hk = p.num_heads_q / p.group_size;
   const int sq = p.analytic.max_q, skv = p.analytic.max_kv;
-  WidenJobs jobs;
+  sm80::Fp8WidenJobs jobs;
   const struct {
     const SdpaFp8Tensor& src;
     const void* dst;
@@ -164,9 +136,8 @@ void launch_sdpa_fp8_bwd_sm80(const SdpaFp8BwdParams& p_in, const TileSm80& tile
              {p.k8, p.k, hk, skv, p.head_dqk, p.format},
              {p.v8, p.v, hk, skv, p.head_dv, p.format},
              {p.do8, p.dout, p.num_heads_q, sq, p.head_dv, p.do_format}};
-  int64_t most = 0;
   for (int i = 0; i < 4; ++i) {
-    WidenJob& j = jobs.job[i];
+    sm80::Fp8WidenJob& j = jobs.job[i];
     j.src = js[i].src;
     j.dst = static_cast<uint32_t*>(const_cast<void*>(js[i].dst));
     j.batch = p.batch;
@@ -174,13 +145,8 @@ void launch_sdpa_fp8_bwd_sm80(const SdpaFp8BwdParams& p_in, const TileSm80& tile
     j.rows = js[i].rows;
     j.cols = js[i].cols;
     j.e5m2 = js[i].format == 2 ? 1 : 0;
-    most = std::max<int64_t>(most, int64_t(j.batch) * j.heads * j.rows * (j.cols / 2));
   }
-  if (most > 0) {
-    const dim3 grid(grid_stride_1d(most, 256), 4);
-    fp8_bwd_widen_kernel<<<grid, 256, 0, stream>>>(jobs);
-    check_launch("sdpa fp8 backward: widen");
-  }
+  sm80::launch_fp8_widen_sm80(jobs, 4, stream);
   if (p.total_q > 0) {
     if (!p.deterministic) {
       check_cuda(cudaMemsetAsync(p.dq_accum, 0,

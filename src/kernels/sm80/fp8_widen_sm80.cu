@@ -1,0 +1,53 @@
+// The FP8 SDPA pre-pass both FP8 launchers of the sm80 family share (launch_sdpa_fp8_fwd_sm80.cu,
+// launch_sdpa_fp8_bwd_sm80.cu): FP8 tensors' codes widened to bf16 copies, which the 16-bit kernels read
+// (exact: every E4M3 / E5M2 value is a bf16 value). Conversions by kernels/common/fp8_soft.h (no FP8
+// instruction before sm_89).
+#include <algorithm>
+
+#include "kernels/common/fp8_soft.h"
+#include "kernels/common/grid.h"
+#include "kernels/common/launch_util.h"
+#include "kernels/common/ptx.cuh"
+#include "kernels/sm80/launch_sm80.h"
+
+namespace flashspan::kern {
+namespace {
+
+// Job blockIdx.y: an FP8 tensor [B, heads, rows, cols] (byte strides) widened to bf16 [B, heads, rows, cols]
+// contiguous at dst (cols even: pairs); grid-stride over the pairs.
+__global__ void __launch_bounds__(256) fp8_widen_kernel(const sm80::Fp8WidenJobs jobs) {
+  const sm80::Fp8WidenJob& j = jobs.job[blockIdx.y];
+  const int pairs = j.cols / 2;
+  const int64_t total = int64_t(j.batch) * j.heads * j.rows * pairs;
+  const uint8_t* src = static_cast<const uint8_t*>(j.src.data);
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int c = int(i % pairs);
+    int64_t r = i / pairs;  // (b, h, s) row
+    const int s = int(r % j.rows);
+    r /= j.rows;
+    const int h = int(r % j.heads);
+    const int b = int(r / j.heads);
+    const uint8_t* x = src + int64_t(b) * j.src.batch_stride + int64_t(h) * j.src.head_stride +
+                       int64_t(s) * j.src.row_stride + 2 * c;
+    j.dst[i] = pack2<BFloat16>(fp8_soft_decode(__ldg(x), j.e5m2 != 0), fp8_soft_decode(__ldg(x + 1), j.e5m2 != 0));
+  }
+}
+
+}  // namespace
+}  // namespace flashspan::kern
+
+namespace flashspan::sm80 {
+
+void launch_fp8_widen_sm80(const Fp8WidenJobs& jobs, int num_jobs, cudaStream_t stream) {
+  int64_t most = 0;
+  for (int i = 0; i < num_jobs; ++i) {
+    const Fp8WidenJob& j = jobs.job[i];
+    most = std::max<int64_t>(most, int64_t(j.batch) * j.heads * j.rows * (j.cols / 2));
+  }
+  if (most == 0) return;
+  const dim3 grid(grid_stride_1d(most, 256), unsigned(num_jobs));
+  kern::fp8_widen_kernel<<<grid, 256, 0, stream>>>(jobs);
+  check_launch("sdpa fp8: widen");
+}
+
+}  // namespace flashspan::sm80

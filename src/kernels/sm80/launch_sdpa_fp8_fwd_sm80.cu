@@ -1,0 +1,94 @@
+// The FP8 SDPA forward on the sm80 kernels (cuDNN's sdpa_fp8; params.h SdpaFp8FwdSm80Params, the formulas
+// at SdpaFp8Params and in docs/SDPA.md "FP8 SDPA"), every GPU from sm_80 (none before sm_89 has an FP8
+// instruction: conversions by kernels/common/fp8_soft.h); on an H100 / H200 the calls the sm90 FP8
+// forward does not take (dispatch/sdpa_family.cpp sdpa_fp8_fwd_sm80_refusal says what this one takes).
+// Experimental, not yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1).
+//
+// The same exactness as the FP8 backward on these kernels (launch_sdpa_fp8_bwd_sm80.cu): every FP8 value is
+// a bf16 value and a product of two bf16 values is exact in fp32, so the bf16 mma.sync on the codes forms
+// the products an FP8 GEMM forms; the graph's rounding of P sits between the GEMMs, where the kernel holds
+// fp32 (kernel_fwd_sm80.cuh Fp8FwdSm80). Speed: a bf16 forward's, less the software rounding of P.
+//
+// Steps, one stream, no host sync (amax_s and amax_o zeroed first):
+//   1. widen    (fp8_widen_sm80.cu) the codes of q, k, v as bf16 into the workspace ([B, H, S, D] each);
+//   2. forward  sdpa_fp8_fwd_kernel_sm80: the SDPA forward's cells and mask-only loop (AnalyticMaskSm80
+//               without features) with Fp8FwdSm80's steps; O, the LSE, the statistics outputs and the amaxes.
+#include <atomic>
+
+#include "kernels/common/fwd_launch.h"
+#include "kernels/common/grid.h"
+#include "kernels/common/launch_util.h"
+#include "kernels/sm80/kernel_fwd_sm80.cuh"
+#include "kernels/sm80/launch_sm80.h"
+
+namespace flashspan::kern {
+namespace {
+
+// 2. One CTA per (query block, query head, sample) cell in the SDPA forward's order (AnalyticGrid), the
+// analytic mask without features (causal / padding: the FP8 validation's masks), max_logit tested at run time.
+template <class T>
+__global__ void __launch_bounds__(T::kThreads, T::kMinBlocks) sdpa_fp8_fwd_kernel_sm80(const SdpaFp8FwdSm80Params p) {
+  extern __shared__ __align__(128) uint8_t smem[];
+  const WorkItem w = AnalyticGrid{p.analytic.num_q_blocks, p.num_heads_q, p.batch}.next(0);  // cell blockIdx.x
+  Fp8FwdSm80 f8 = Fp8FwdSm80::make(p);
+  fwd_item<T, BFloat16, true, false, AnalyticMaskSm80<T, false>, ContiguousKv, Fp8FwdSm80>(
+      p, smem_u32(smem), nullptr, w.block, w.head, w.batch, 0, 0x7fffffff, &f8);
+  f8.flush(p.fp8, threadIdx.x & 31);  // (fwd_item returns CTA-uniformly: every lane of every warp gets here)
+}
+
+}  // namespace
+}  // namespace flashspan::kern
+
+namespace flashspan::sm80 {
+
+void launch_sdpa_fp8_fwd_sm80(const SdpaFp8FwdSm80Params& p_in, const TileSm80& tile, cudaStream_t stream) {
+  using namespace kern;
+  SdpaFp8FwdSm80Params p = p_in;
+  FS_CHECK((p.fp8.format == 1 || p.fp8.format == 2) && (p.fp8.o_format >= 0 && p.fp8.o_format <= 2) &&
+               p.fp8.amax_s != nullptr && p.fp8.amax_o != nullptr &&
+               p.analytic.score.group_v == p.group_size && p.analytic.start[kSdpaO].ragged.ptr == nullptr,
+           Status::kInternal, "sdpa fp8 forward (sm80): parameters outside what it runs (formats, amaxes, workspace, "
+           "H_v = H_k, a padded o)");
+  // The amaxes are maxima of non-negative values reduced with atomics: zero first.
+  check_cuda(cudaMemsetAsync(p.fp8.amax_s, 0, sizeof(float), stream), "sdpa fp8 forward (sm80): amax_s reset");
+  check_cuda(cudaMemsetAsync(p.fp8.amax_o, 0, sizeof(float), stream), "sdpa fp8 forward (sm80): amax_o reset");
+  if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
+  // 1. The bf16 copies the 16-bit loop reads (SdpaFwdParams q, k, v point at them; H_v = H_k).
+  const int hk = p.num_heads_q / p.group_size;
+  Fp8WidenJobs jobs;
+  const struct {
+    const SdpaFp8Tensor& src;
+    const void* dst;
+    int heads, rows, cols;
+  } js[3] = {{p.q8, p.q, p.num_heads_q, p.analytic.max_q, p.head_dqk},
+             {p.k8, p.k, hk, p.analytic.max_kv, p.head_dqk},
+             {p.v8, p.v, hk, p.analytic.max_kv, p.head_dv}};
+  for (int i = 0; i < 3; ++i) {
+    Fp8WidenJob& j = jobs.job[i];
+    j.src = js[i].src;
+    j.dst = static_cast<uint32_t*>(const_cast<void*>(js[i].dst));
+    j.batch = p.batch;
+    j.heads = js[i].heads;
+    j.rows = js[i].rows;
+    j.cols = js[i].cols;
+    j.e5m2 = p.fp8.format == 2 ? 1 : 0;
+  }
+  launch_fp8_widen_sm80(jobs, 3, stream);
+  // 2. The forward on the sm80 tile of the head dims (tile_sm80.h).
+  with_fwd_traits_sm80<false>(tile, p.head_dqk, p.head_dv, [&](auto t) {
+    using T = decltype(t);
+    static_assert(T::kSmemBytes == fwd_smem_bytes(T::kBlockQ, T::kBlockK, T::kDqk, T::kDv));
+    p.analytic.num_q_blocks = (p.analytic.max_q + T::kBlockQ - 1) / T::kBlockQ;
+    if (p.analytic.num_q_blocks == 0 || p.batch == 0) return;
+    auto kernel = sdpa_fp8_fwd_kernel_sm80<T>;
+    static std::atomic<uint64_t> smem_set{0};
+    ensure_smem_limit(kernel, T::kSmemBytes, smem_set,
+                      "sdpa fp8 forward (sm80): cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    const unsigned grid =
+        grid_2d_folded(int64_t(p.batch) * p.analytic.num_q_blocks, p.num_heads_q, "sdpa fp8 forward (sm80)");
+    kernel<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
+    check_launch("sdpa fp8 forward (sm80)");
+  });
+}
+
+}  // namespace flashspan::sm80
