@@ -763,18 +763,23 @@ struct Fp8FwdSm80On {
   }
 };
 
-bool sm80_class_device() {
+bool sm80_device() {
   int dev = 0, major = 0;
   return cudaGetDevice(&dev) == cudaSuccess &&
          cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8;
 }
 
+#define REQUIRE_SM80()                                                                          \
+  do {                                                                                          \
+    REQUIRE_GPU();                                                                              \
+    if (!sm80_device()) GTEST_SKIP() << "not a CUDA device of compute capability 8.0 or newer"; \
+  } while (0)
+
 TEST(SdpaFp8Gpu, Sm80ForwardRandom) {
   // The API's options (causal top-left or none, padding with an empty sample, BHSD / BSHD, o's own format,
   // host or device factors, base-2 stats, score_max / score_sum_exp), GQA / MQA, both formats, the sm80
   // forward's head dims (the FP8 API's multiples of 16: up to 128, (192, 128), (256, 256)), the sm90 FP8 forward off.
-  REQUIRE_GPU();
-  if (!sm80_class_device()) GTEST_SKIP() << "not a CUDA device of compute capability 8.0 or newer";
+  REQUIRE_SM80();
   const Fp8FwdSm80On on(/*sm90_off=*/true);
   std::mt19937_64 rng(81);
   const int dims[][2] = {{128, 128}, {64, 64}, {48, 48}, {16, 32}, {96, 128}, {192, 128}, {256, 256}, {128, 64}};
@@ -817,8 +822,7 @@ TEST(SdpaFp8Gpu, Sm80ForwardTakesWhatSm90Refuses) {
 TEST(SdpaFp8Gpu, Sm80ForwardSanitizerSmall) {
   // Small cases for compute-sanitizer (scripts/gpu_check.sh memcheck): padding with an empty sample,
   // causal, GQA, both formats, a (64, 64) and a (192, 128) call, o in the other format.
-  REQUIRE_GPU();
-  if (!sm80_class_device()) GTEST_SKIP() << "not a CUDA device of compute capability 8.0 or newer";
+  REQUIRE_SM80();
   const Fp8FwdSm80On on(/*sm90_off=*/true);
   Fp8Case c;
   c.B = 3;
@@ -1372,17 +1376,6 @@ struct Fp8BwdSwitchOn {
 };
 
 // The FP8 backward runs on every GPU from sm_80.
-bool sm80_device() {
-  int dev = 0, major = 0;
-  return cudaGetDevice(&dev) == cudaSuccess &&
-         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) == cudaSuccess && major >= 8;
-}
-
-#define REQUIRE_SM80()                                                                          \
-  do {                                                                                          \
-    REQUIRE_GPU();                                                                              \
-    if (!sm80_device()) GTEST_SKIP() << "not a CUDA device of compute capability 8.0 or newer"; \
-  } while (0)
 
 // Random case n: head dims from a list (equal and unequal, 16 to 128), B 1-2, H_q in {1, 2, 4, 8} with
 // H_k = H_v a divisor, S_q and S_kv in 1..max_s, E4M3 inputs (E5M2 every sixth), every dO / gradient format
