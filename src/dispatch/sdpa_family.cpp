@@ -252,20 +252,20 @@ void set_sdpa_fp8_fwd_sm80_enabled(int on) { g_sdpa_fp8_fwd_sm80.set(on); }
 bool sdpa_fp8_fwd_sm80_enabled() { return g_sdpa_fp8_fwd_sm80.on(); }
 
 // TMA boxes of the sm90 FP8 forward: q, k, v strides of 16 bytes (= elements).
-bool sdpa_fp8_fwd_sm90_strides(const sdpa::Problem& p) {
+Fp8StrideFault sdpa_fp8_fwd_sm90_stride_fault(const sdpa::Problem& p) {
   for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V}) {
     const TensorView& t = p.t(s);
     for (int d = 0; d + 1 < t.ndim; ++d) {
-      if (t.shape[d] > 1 && t.strides[d] % 16 != 0) return false;
+      if (t.shape[d] > 1 && t.strides[d] % 16 != 0) return Fp8StrideFault{s, d};
     }
   }
-  return true;
+  return Fp8StrideFault{};
 }
 
 bool sdpa_fp8_fwd_runs_sm90(const sdpa::Problem& p) {
   if (p.fp8_fwd_family != 0) return p.fp8_fwd_family == 90;  // the operation's check_support chose
   if (p.device != DeviceType::kCUDA || !p.fp8 || p.a.backward || !sdpa_fp8_sm90_enabled() ||
-      sdpa_fp8_fwd_sm90_refusal(p) != nullptr || !sdpa_fp8_fwd_sm90_strides(p)) {
+      sdpa_fp8_fwd_sm90_refusal(p) != nullptr || sdpa_fp8_fwd_sm90_stride_fault(p).slot >= 0) {
     return false;
   }
 #ifdef FLASHSPAN_WITH_CUDA

@@ -175,7 +175,12 @@ void set_sdpa_feature_pairs_enabled(int on);
 bool sdpa_fp8_fwd_sm80_enabled();
 void set_sdpa_fp8_fwd_sm80_enabled(int on);
 const char* sdpa_fp8_fwd_sm80_refusal(const sdpa::Problem& p);
-bool sdpa_fp8_fwd_sm90_strides(const sdpa::Problem& p);
+// The first q / k / v stride (slot, dimension) the sm90 FP8 forward's TMA boxes do not take (not a multiple
+// of 16 elements), or slot -1: check_support's message and sdpa_fp8_fwd_runs_sm90 read this one rule.
+struct Fp8StrideFault {
+  int slot = -1, dim = -1;
+};
+Fp8StrideFault sdpa_fp8_fwd_sm90_stride_fault(const sdpa::Problem& p);
 bool sdpa_fp8_fwd_runs_sm90(const sdpa::Problem& p);
 bool sdpa_fp8_fwd_runs_sm80(const sdpa::Problem& p);
 SdpaFp8FwdSm80Params sdpa_fp8_fwd_sm80_params(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);

@@ -214,8 +214,6 @@ void bind_fp8_factor(const Problem& p, int slot, const float*& ptr, float& host)
   }
 }
 
-// The FP8 backward's part of its workspace (after the 16-bit backward's delta, lse2 and dQ accumulator):
-// the derived factors (params.h Fp8BwdDerived), then bf16 copies of q, k, v, dO ([B, H, S, D] contiguous).
 // One FP8 tensor [B, H, S, D] as the FP8 pre-passes and epilogues address it (element = byte strides).
 SdpaFp8Tensor fp8_tensor(const Problem& p, int slot) {
   const TensorView& t = p.t(slot);
@@ -240,6 +238,8 @@ char* bf16_copy(char* ws, size_t bytes, const void*& data, TensorAddr& a, Sample
   return ws + bytes;
 }
 
+// The FP8 backward's part of its workspace (after the 16-bit backward's delta, lse2 and dQ accumulator):
+// the derived factors (params.h Fp8BwdDerived), then bf16 copies of q, k, v, dO ([B, H, S, D] contiguous).
 struct Fp8BwdBytes {
   size_t derived = 0, q = 0, k = 0, v = 0, dout = 0, total = 0;
 };

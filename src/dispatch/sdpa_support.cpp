@@ -121,12 +121,11 @@ void check_fp8(const Problem& p) {
                        "padded q, k, v, o, each head dim a multiple of 16 up to 128, the causal and padding masks, "
                        "GQA / MQA; with FLASHSPAN_EXPERIMENTAL=1 the sm80 FP8 forward, more head dims); CPU tensors "
                        "run it on the CPU reference");
-    for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V}) {
-      const TensorView& t = p.t(s);
-      for (int d = 0; d + 1 < t.ndim; ++d) {
-        FS_CHECK_SUPPORTED(t.shape[d] <= 1 || t.strides[d] % 16 == 0, sdpa::slot_name(s), ": stride ", t.strides[d],
-                           " of dimension ", d, " must be a multiple of 16 elements for the FP8 kernel (TMA)");
-      }
+    const Fp8StrideFault f = sdpa_fp8_fwd_sm90_stride_fault(p);
+    if (f.slot >= 0) {
+      throw Error(Status::kNotSupported, detail::concat(sdpa::slot_name(f.slot), ": stride ", p.t(f.slot).strides[f.dim],
+                                                        " of dimension ", f.dim, " must be a multiple of 16 elements "
+                                                        "for the FP8 kernel (TMA)"));
     }
   }
   if (p.has(FS_SDPA_ATTN_SCALE) && p.t(FS_SDPA_ATTN_SCALE).device != DeviceType::kCPU) {
@@ -153,10 +152,8 @@ void sdpa_check_features_gpu(const Problem& p) {
   }
   // The additive bias runs natively (sdpa_score_mod.cuh SdpaBiasFrag), and dBias through the dS
   // workspace (SdpaBiasParams) from the dK/dV kernel's P (dP - D), which with softcap holds P times
-  // softcap's derivative instead.
-  // With softcap the dK/dV kernels' S registers hold P (1 - t^2) at the dS step: dBias would need the fp32 P
-  // kept until then (PERF_LOG v2.35: in the sm80 kernel that cost 72-96 B of spills in the D = 128 loop, and the
-  // 16-bit P stored for dV is too coarse for a bias broadcast over S_kv).
+  // softcap's derivative instead: dBias would need the fp32 P kept until then (PERF_LOG v2.35: in the sm80
+  // kernel that cost 72-124 B of spills in the D = 128 loop; the 16-bit P stored for dV is too coarse).
   if (p.has(FS_SDPA_DBIAS) && a.softcap) not_native("dBias together with softcap");
   // softcap, ALiBi and sinks (dSink) run natively (sdpa_score_mod.cuh); max_logit excludes the
   // sink, which the kernels' running max includes: with max_logit the prefill kernels fold the sink

@@ -36,7 +36,7 @@ void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dt
 // kernel with the FP8 roundings on the tile of the head dims (up to 128), the FP8 dQ. Experimental.
 void launch_sdpa_fp8_bwd_sm80(const SdpaFp8BwdParams& p, const TileSm80& tile, cudaStream_t stream);
 // The FP8 forward on the sm80 kernels (params.h SdpaFp8FwdSm80Params; launch_sdpa_fp8_fwd_sm80.cu): its
-// pre-passes (factors, widening), then the sm80 SDPA forward's loop on the codes with the FP8 graph's
+// widening pre-pass, then the sm80 SDPA forward's loop on the codes with the FP8 graph's
 // roundings (kernel_fwd_sm80.cuh Fp8FwdSm80) on the tile of the head dims. Experimental, not yet run on a GPU.
 void launch_sdpa_fp8_fwd_sm80(const SdpaFp8FwdSm80Params& p, const TileSm80& tile, cudaStream_t stream);
 // The FP8 launchers' widening pre-pass (fp8_widen_sm80.cu): job i (of num_jobs <= 4) widens the codes of an
