@@ -210,21 +210,23 @@ cpp_suite() {
 
   # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one. Missing sanitizer = failure.
   #    Experimental paths (FLASHSPAN_EXPERIMENTAL=1) are not switched on here: their tests force their switch
-  #    themselves (SdpaGpu.PairedPreprocessExperimental, the FP8 backward's SdpaFp8Gpu.Fp8Backward*:
+  #    themselves (SdpaGpu.PairedPreprocessExperimental), in every run below. The paths on by default since
+  #    2026-12-05 (their off switches FLASHSPAN_SDPA_FP8_BWD, FLASHSPAN_SDPA_FP8_SM80, FLASHSPAN_SDPA_FEATURE_PAIRS
+  #    are not set here) have tests that still force their switch on: the FP8 backward's SdpaFp8Gpu.Fp8Backward*:
   #    set_sdpa_fp8_bwd_enabled(1); the FP8 forward on the sm80 kernels, SdpaFp8Gpu.Sm80Forward*:
   #    set_sdpa_fp8_fwd_sm80_enabled(1); the bias / dropout with paged K/V of SdpaPagedGpu.BiasRandom, DropoutRandom,
   #    FeaturePairsSanitizerSmall and max_logit with sinks / the statistics beside a packed O of SdpaGpu.MaxLogitWithSinks*,
-  #    ScoreStatsWithPackedO, FeaturePairsSanitizerSmall: set_sdpa_feature_pairs_enabled(1); the Python tests set the variable with
-  #    monkeypatch), in every run below.
+  #    ScoreStatsWithPackedO, FeaturePairsSanitizerSmall: set_sdpa_feature_pairs_enabled(1); the Python FP8 GPU tests
+  #    run them in the default environment.
   if [ "${GPU_CHECK_NO_SANITIZER:-0}" = 1 ]; then
     waive "memcheck + racecheck + synccheck" "GPU_CHECK_NO_SANITIZER=1"
   elif command -v compute-sanitizer >/dev/null; then
-    filt=${GPU_CHECK_SANITIZER_FILTER:-'FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:FlexGpuSm90.PackedGqaSanitizer:FlexGpu.PackedGqaGridAndNoWorkspace:PlannerGpu.ThdWithEmptySamples:PlannerGpu.RandomMasksGqaPerHead:SdpaGpu.SanitizerSmall:SdpaGpu.Sm90ForwardSanitizerSmall:SdpaGpu.Sm90ForwardModsSanitizerSmall:SdpaGpu.Sm90ForwardBiasStaged:SdpaGpu.Sm90BackwardBiasStaged:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaGpu.PairedPreprocessExperimental:SdpaGpu.Sm90BackwardWide192SanitizerSmall:SdpaGpu.Sm90BackwardModsSanitizerSmall:SdpaGpu.Sm90BackwardHkNeHvSanitizerSmall:SdpaGpu.Sm90DropoutSanitizerSmall:SdpaFp8Gpu.Sm90ForwardSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSanitizerSmall:SdpaFp8Gpu.Sm80ForwardSanitizerSmall:SdpaPagedGpu.SanitizerSmall:SdpaPagedGpu.FeaturePairsSanitizerSmall:SdpaGpu.FeaturePairsSanitizerSmall:SdpaGpu.DecodeSanitizerSmall:SdpaPagedGpu.PagedBadEntryIsNaN:RolesGpu.*'}
+    filt=${GPU_CHECK_SANITIZER_FILTER:-'FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:FlexGpuSm90.PackedGqaSanitizer:FlexGpu.PackedGqaGridAndNoWorkspace:PlannerGpu.ThdWithEmptySamples:PlannerGpu.RandomMasksGqaPerHead:SdpaGpu.SanitizerSmall:SdpaGpu.Sm90ForwardSanitizerSmall:SdpaGpu.Sm90ForwardModsSanitizerSmall:SdpaGpu.Sm90ForwardBiasStaged:SdpaGpu.Sm90BackwardBiasStaged:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaGpu.PairedPreprocessExperimental:SdpaGpu.Sm90BackwardWide192SanitizerSmall:SdpaGpu.Sm90BackwardModsSanitizerSmall:SdpaGpu.Sm90BackwardHkNeHvSanitizerSmall:SdpaGpu.Sm90DropoutSanitizerSmall:SdpaFp8Gpu.Sm90ForwardSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSm90SanitizerSmall:SdpaFp8Gpu.Sm80ForwardSanitizerSmall:SdpaPagedGpu.SanitizerSmall:SdpaPagedGpu.FeaturePairsSanitizerSmall:SdpaGpu.FeaturePairsSanitizerSmall:SdpaGpu.DecodeSanitizerSmall:SdpaPagedGpu.PagedBadEntryIsNaN:RolesGpu.*'}
     gtest_run "memcheck" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" --gtest_filter="$filt"
     gtest_run "racecheck" racecheck.log compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" \
-      --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:PlannerGpu.ThdWithEmptySamples:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaGpu.Sm90BackwardWide192SanitizerSmall:SdpaFp8Gpu.Sm90ForwardSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSanitizerSmall:SdpaFp8Gpu.Sm80ForwardSanitizerSmall}"
+      --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:PlannerGpu.ThdWithEmptySamples:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaGpu.Sm90BackwardWide192SanitizerSmall:SdpaFp8Gpu.Sm90ForwardSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSm90SanitizerSmall:SdpaFp8Gpu.Sm80ForwardSanitizerSmall}"
     gtest_run "synccheck (sm90)" synccheck.log compute-sanitizer --tool synccheck --error-exitcode 3 "$tests" \
-      --gtest_filter='FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaGpu.Sm90BackwardWide192SanitizerSmall:SdpaFp8Gpu.Sm90ForwardSanitizerSmall:SdpaGpu.Sm90DropoutSanitizerSmall:SdpaGpu.Sm90BackwardHkNeHvSanitizerSmall'
+      --gtest_filter='FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaGpu.Sm90BackwardWide192SanitizerSmall:SdpaFp8Gpu.Sm90ForwardSanitizerSmall:SdpaGpu.Sm90DropoutSanitizerSmall:SdpaGpu.Sm90BackwardHkNeHvSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSm90SanitizerSmall'
   else
     fail "compute-sanitizer" "compute-sanitizer not found (PATH=$PATH): the memcheck / racecheck steps cannot run"
   fi
@@ -277,7 +279,7 @@ if [ "${GPU_CHECK_SKIP_BENCH:-0}" != 1 ]; then
       --heads 64 --hmask 64 --masks causal --runs 3
   fi
   step "pack_gqa bench" pack_gqa_bench.log python3 "$root/benchmarks/pack_gqa_bench.py" --reps 10
-  # The experimental FP8 backward (every GPU from sm_80) against the bf16 backward; exits non-zero when its
+  # The FP8 backward (every GPU from sm_80; on by default since 2026-12-05) against the bf16 backward; exits non-zero when its
   # dequantized gradients are off the bf16 ones by more than the FP8 rounding allows.
   step "fp8 backward bench" sdpa_fp8_bwd_bench.log python3 "$root/benchmarks/sdpa_fp8_bench.py" --backward \
     --seqs 8192 --head-dims 128 --reps 5

@@ -66,10 +66,11 @@ struct SdpaOp {
   void check_support() {
     if (on_cuda()) {
 #ifdef FLASHSPAN_WITH_CUDA
-      problem.fp8_fwd_family = 0;  // (the rule's live answer while checking)
+      problem.fp8_fwd_family = problem.fp8_bwd_family = 0;  // (the rules' live answers while checking)
       sdpa_check_support_gpu(problem);
-      // An FP8 forward's kernel family, chosen once (its workspace and launch follow it).
+      // An FP8 call's kernel family, chosen once (its workspace and launch follow it).
       if (problem.fp8 && !problem.a.backward) problem.fp8_fwd_family = sdpa_fp8_fwd_runs_sm80(problem) ? 80 : 90;
+      if (problem.fp8 && problem.a.backward) problem.fp8_bwd_family = sdpa_fp8_bwd_runs_sm90(problem) ? 90 : 80;
 #else
       sdpa_check_features_gpu(problem);  // the feature messages first, as a CUDA build gives them
       throw Error(Status::kNotSupported, "q: is a CUDA tensor but this build of flashspan has no CUDA support");

@@ -87,6 +87,8 @@ struct Problem {
   // 80: the one on the sm80 kernels; dispatch/sdpa_launch.h's rule), so that workspace_size and execute follow
   // the choice check_support made whatever the switches say later; 0: not chosen yet (the rule's live answer).
   int fp8_fwd_family = 0;
+  // The same for a CUDA FP8 backward (90: the sm90 backward kernel, 80: the sm80 one; sdpa_fp8_bwd_runs_sm90).
+  int fp8_bwd_family = 0;
   bool dropout = false;        // Philox dropout
   uint32_t dropout_threshold = 0;
   float dropout_scale = 1.0f;  // 1 / (1 - p)

@@ -12,6 +12,7 @@
 #include "kernels/common/fwd_launch.h"
 #include "kernels/sm80/launch_sm80.h"
 #include "kernels/sm90/launch_sm90.h"
+#include "kernels/sm90/sdpa_fp8_bwd_sm90.h"
 
 namespace flashspan {
 
@@ -34,7 +35,7 @@ void sdpa_check_support_gpu(const Problem& p) {
   sdpa_check_features_gpu(p);
   if (p.fp8 && !p.a.backward) {
     // The sm90 FP8 forward where it runs the call (sdpa_launch.h sdpa_fp8_fwd_runs_sm90); else the sm80 FP8
-    // forward (experimental) on the sm80 forward's tiles (the checks below); the FP8 backward runs the sm80
+    // forward on the sm80 forward's tiles (the checks below); the FP8 backward runs the sm80
     // backward's tiles (the checks below).
     if (sdpa_fp8_fwd_runs_sm90(p)) return;
     FS_CHECK_SUPPORTED(sdpa_fp8_fwd_runs_sm80(p), "q: FP8 inputs on CUDA tensors need an sm_90 device (H100 / "
@@ -60,7 +61,7 @@ void sdpa_check_support_gpu(const Problem& p) {
 
 void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, void* stream) {
   if (p.fp8 && sdpa_fp8_fwd_runs_sm80(p)) {
-    // The FP8 forward on the sm80 kernels (experimental; check_support accepted the call: sdpa_fp8_fwd_sm80_refusal,
+    // The FP8 forward on the sm80 kernels (check_support accepted the call: sdpa_fp8_fwd_sm80_refusal,
     // the device). Its pre-pass reads q, k, v a byte at a time (no vector rule there); O takes code pairs.
     check_vec_aligned_slots(p, {FS_SDPA_O});
     sm80::launch_sdpa_fp8_fwd_sm80(sdpa_fp8_fwd_sm80_params(p, workspace, workspace_bytes), tile_of(p),
@@ -75,7 +76,7 @@ void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, 
     return;
   }
   // score_max / score_sum_exp beside a packed O: their padded rows past each sample, which no forward
-  // kernel's block reaches (experimental: sdpa_feature_pairs_enabled; rows disjoint from the forward's).
+  // kernel's block reaches (sdpa_feature_pairs_enabled; rows disjoint from the forward's).
   if (p.ragged(FS_SDPA_O) && (p.has(FS_SDPA_SCORE_MAX) || p.has(FS_SDPA_SCORE_SUM_EXP))) {
     launch_sdpa_fwd_stats_padding(sdpa_fwd_params(p), static_cast<cudaStream_t>(stream));
   }
@@ -100,9 +101,14 @@ void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, 
 
 void launch_sdpa_bwd(const Problem& p, void* workspace, size_t workspace_bytes, void* stream) {
   if (p.fp8) {
-    // The FP8 backward on the sm80 kernels (check_support accepted the call: sdpa_fp8_bwd_refusal). Its FP8
-    // tensors are read and written a byte at a time (no vector rule); the kernels' 16-bit tensors are its
-    // workspace copies.
+    // The FP8 backward (check_support accepted the call: sdpa_fp8_bwd_refusal) on the sm90 kernel where its
+    // rule takes the call (sdpa_fp8_bwd_runs_sm90), else on the sm80 kernels. Its FP8 tensors are read and
+    // written a byte at a time (no vector rule); the kernels' 16-bit tensors are its workspace copies.
+    if (sdpa_fp8_bwd_runs_sm90(p)) {
+      sm90::launch_sdpa_fp8_bwd_sm90(sdpa_fp8_bwd_params(p, workspace, workspace_bytes),
+                                     static_cast<cudaStream_t>(stream));
+      return;
+    }
     sm80::launch_sdpa_fp8_bwd_sm80(sdpa_fp8_bwd_params(p, workspace, workspace_bytes), tile_of(p),
                                    static_cast<cudaStream_t>(stream));
     return;

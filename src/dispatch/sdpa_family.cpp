@@ -55,16 +55,21 @@ Switch g_sdpa_decode{[] { return !env_flag_off("FLASHSPAN_SDPA_DECODE"); }};
 // forward without it (PERF_LOG v2.27); FLASHSPAN_SDPA_DECODE_ALIBI=0 (read per call) sends those calls to
 // the prefill kernels.
 Switch g_sdpa_decode_alibi{[] { return !env_flag_off("FLASHSPAN_SDPA_DECODE_ALIBI"); }};
-// The FP8 backward on the sm80 kernels (launch_sdpa_fp8_bwd_sm80): experimental, not yet run on a GPU, so
-// off unless FLASHSPAN_EXPERIMENTAL=1 (read by each check_support; an operation already checked keeps running).
-Switch g_sdpa_fp8_bwd{experimental_from_env};
-// The feature pairs written without a GPU (sdpa_support.cpp sdpa_check_features_gpu: the additive bias or
-// dropout with paged K/V, max_logit with sinks, score_max / score_sum_exp with a packed O): experimental, not
-// yet run on a GPU, so off unless FLASHSPAN_EXPERIMENTAL=1 (read by each check_support).
-Switch g_sdpa_feature_pairs{experimental_from_env};
-// The FP8 forward on the sm80 kernels (launch_sdpa_fp8_fwd_sm80): experimental, not yet run on a GPU, so off
-// unless FLASHSPAN_EXPERIMENTAL=1 (read by each check_support).
-Switch g_sdpa_fp8_fwd_sm80{experimental_from_env};
+// The FP8 backward on the sm80 kernels (launch_sdpa_fp8_bwd_sm80), since its GPU tests passed on an H200
+// (SdpaFp8Gpu.*Backward* against a float64 loop, memcheck of the small case, test_sdpa_fp8_gpu.py; PERF_LOG
+// v2.36); FLASHSPAN_SDPA_FP8_BWD=0 (read by each check_support) refuses CUDA FP8 backward calls again.
+Switch g_sdpa_fp8_bwd{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_BWD"); }};
+// The feature pairs (sdpa_support.cpp sdpa_check_features_gpu: the additive bias or dropout with paged K/V,
+// max_logit with sinks, score_max / score_sum_exp with a packed O), since their GPU tests passed on an H200
+// (memcheck clean; PERF_LOG v2.36); FLASHSPAN_SDPA_FEATURE_PAIRS=0 (read by each check_support) refuses them.
+Switch g_sdpa_feature_pairs{[] { return !env_flag_off("FLASHSPAN_SDPA_FEATURE_PAIRS"); }};
+// The FP8 forward on the sm80 kernels (launch_sdpa_fp8_fwd_sm80), since its GPU tests passed on an H200
+// (SdpaFp8Gpu.Sm80Forward*, memcheck; PERF_LOG v2.36); FLASHSPAN_SDPA_FP8_SM80=0 (read by each check_support)
+// leaves FP8 forwards to the sm90 kernel alone.
+Switch g_sdpa_fp8_fwd_sm80{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_SM80"); }};
+// The FP8 backward on the sm90 backward kernel (sm90::launch_sdpa_fp8_bwd_sm90): experimental, not yet run on
+// a GPU when written, so off unless FLASHSPAN_EXPERIMENTAL=1 (read by each check_support).
+Switch g_sdpa_fp8_bwd_sm90{experimental_from_env};
 }  // namespace
 
 namespace {
@@ -187,6 +192,9 @@ bool sdpa_fp8_sm90_enabled() { return g_sdpa_fp8_sm90.on(); }
 void set_sdpa_fp8_bwd_enabled(int on) { g_sdpa_fp8_bwd.set(on); }
 bool sdpa_fp8_bwd_enabled() { return g_sdpa_fp8_bwd.on(); }
 
+void set_sdpa_fp8_bwd_sm90_enabled(int on) { g_sdpa_fp8_bwd_sm90.set(on); }
+bool sdpa_fp8_bwd_sm90_enabled() { return g_sdpa_fp8_bwd_sm90.on(); }
+
 void set_sdpa_feature_pairs_enabled(int on) { g_sdpa_feature_pairs.set(on); }
 bool sdpa_feature_pairs_enabled() { return g_sdpa_feature_pairs.on(); }
 
@@ -201,6 +209,21 @@ const char* sdpa_fp8_bwd_refusal(const sdpa::Problem& p) {
   if (p.Dqk % 16 != 0 || p.Dv % 16 != 0 || p.Dqk > 128 || p.Dv > 128) return "head dims (multiples of 16 up to 128)";
   if (p.Hk != p.Hv) return "H_k != H_v";
   return nullptr;
+}
+
+// The sm90 one takes every call the rule above takes (its (64, 64) / (128, 128) kernels cover head dims that
+// are multiples of 16 up to 128), on an sm_90 device with this build's sm_90a code.
+bool sdpa_fp8_bwd_runs_sm90(const sdpa::Problem& p) {
+  if (p.fp8_bwd_family != 0) return p.fp8_bwd_family == 90;  // the operation's check_support chose
+  if (p.device != DeviceType::kCUDA || !p.fp8 || !p.a.backward || !sdpa_fp8_bwd_enabled() ||
+      !sdpa_fp8_bwd_sm90_enabled() || sdpa_fp8_bwd_refusal(p) != nullptr) {
+    return false;
+  }
+#ifdef FLASHSPAN_WITH_CUDA
+  return sm90::device_supported(p.device_id);
+#else
+  return false;
+#endif
 }
 
 // The sm90 FP8 forward's rule (launch_sdpa_fp8_fwd_sm90's checks): a list of what it takes, as

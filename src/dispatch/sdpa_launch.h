@@ -139,32 +139,42 @@ SdpaFp8FwdParams sdpa_fp8_fwd_params(const sdpa::Problem& p, void* workspace, si
 // 16-bit sm80 backward run on the FP8 inputs' codes widened to bf16 (exact), with the FP8 graph's roundings
 // in the kernel (S8 = fp8_q(S scale_s) as dV's operand, dP8 = fp8_dO(dP scale_dP) as dK's and dQ's) and
 // the factors, amax outputs and FP8 stores of dQ, dK, dV in its epilogues: every GPU from sm_80, the
-// products of an FP8 GEMM at bf16 tensor-core speed. Experimental, not yet run on a GPU: on with
-// FLASHSPAN_EXPERIMENTAL=1 (read by each check_support) unless set_sdpa_fp8_bwd_enabled overrides it (tests: 1 on,
-// 0 off, -1 back to the environment's answer). sdpa_fp8_bwd_refusal: nullptr when it covers an FP8 call
+// products of an FP8 GEMM at bf16 tensor-core speed. On unless FLASHSPAN_SDPA_FP8_BWD=0 (read by each
+// check_support), and set_sdpa_fp8_bwd_enabled overrides both (tests: 1 on, 0 off, -1 back to the
+// environment's answer). sdpa_fp8_bwd_refusal: nullptr when it covers an FP8 call
 // (a backward; H_k = H_v; each head dim a multiple of 16 up to 128; deterministic or not), else the first
 // thing it does not cover. sdpa_fp8_bwd_params: sdpa_bwd_params on the workspace's bf16 copies of
 // q, k, v, dO, plus the FP8 part (SdpaFp8BwdParams; the workspace checked: size and alignment).
 bool sdpa_fp8_bwd_enabled();
 void set_sdpa_fp8_bwd_enabled(int on);
 const char* sdpa_fp8_bwd_refusal(const sdpa::Problem& p);
+// The FP8 backward on the sm90 backward kernel (kernels/sm90/sdpa_fp8_bwd_sm90.h: the key-split consumers on
+// the same bf16 copies, wgmma instead of mma.sync), for the calls sdpa_fp8_bwd_refusal takes, on an sm_90
+// device with this build's sm_90a code. Experimental, not yet run on a GPU when written: on with
+// FLASHSPAN_EXPERIMENTAL=1 (read by each check_support) unless set_sdpa_fp8_bwd_sm90_enabled overrides it
+// (tests: 1 on, 0 off, -1 the environment's answer). sdpa_fp8_bwd_runs_sm90: the one rule of which FP8
+// backward runs (else the sm80 one); once an operation's check_support has answered, Problem::fp8_bwd_family
+// holds the answer and it returns that (workspace and launch follow check_support's choice).
+bool sdpa_fp8_bwd_sm90_enabled();
+void set_sdpa_fp8_bwd_sm90_enabled(int on);
+bool sdpa_fp8_bwd_runs_sm90(const sdpa::Problem& p);
 SdpaFp8BwdParams sdpa_fp8_bwd_params(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
 
-// The feature pairs first written without a GPU (docs/SDPA.md "Experimental feature pairs"): the additive
+// The feature pairs (docs/SDPA.md "Feature pairs"): the additive
 // bias or dropout with paged K/V caches (the paged forward's features, with rng_dump's launch), max_logit
 // with sinks (the sink folded into the row statistics after the walk, so that max_logit keeps the scores'
 // maximum), score_max / score_sum_exp with a packed O (their padded rows past each sample filled by a
-// kernel of their own). Not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read by each
-// check_support) unless set_sdpa_feature_pairs_enabled overrides it (tests: 1 on, 0 off, -1 back to the
-// environment's answer); off, sdpa_check_features_gpu refuses them as before.
+// kernel of their own). On unless FLASHSPAN_SDPA_FEATURE_PAIRS=0 (read by each check_support), and
+// set_sdpa_feature_pairs_enabled overrides both (tests: 1 on, 0 off, -1 back to the environment's answer);
+// off, sdpa_check_features_gpu refuses them.
 bool sdpa_feature_pairs_enabled();
 void set_sdpa_feature_pairs_enabled(int on);
 
 // The FP8 forward on the sm80 kernels (kernels/sm80/launch_sm80.h launch_sdpa_fp8_fwd_sm80: the 16-bit sm80
 // forward's loop on the codes widened to bf16, exact, with P's FP8 rounding and O's FP8 store in the kernel):
 // every GPU from sm_80, and on sm_90 the calls the sm90 FP8 forward does not take (its head dims, strides,
-// switch). Experimental, not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read by each check_support)
-// unless set_sdpa_fp8_fwd_sm80_enabled overrides it (tests: 1 on, 0 off, -1 the environment's answer).
+// switch). On unless FLASHSPAN_SDPA_FP8_SM80=0 (read by each check_support), and set_sdpa_fp8_fwd_sm80_enabled
+// overrides both (tests: 1 on, 0 off, -1 the environment's answer).
 // sdpa_fp8_fwd_sm80_refusal: nullptr when it covers an FP8 forward (the sm90 one's options, H_k = H_v, the
 // sm80 forward's head dims), else the first thing it does not cover. The one rule of which FP8 forward
 // runs: sdpa_fp8_fwd_runs_sm90 (enabled, covered, q / k / v strides multiples of 16, an sm_90 device with

@@ -189,8 +189,10 @@ size_t dbias_ds_bytes(const Problem& p) {
 struct Sm90SlotBytes {
   size_t dk = 0, dv = 0;
 };
+// The FP8 backward on the sm90 kernel (sdpa_fp8_bwd_runs_sm90) has them whatever the heads: every work
+// item adds its dK / dV there (kernel_bwd_fp8_sm90.cuh).
 Sm90SlotBytes sm90_slot_bytes(const Problem& p) {
-  if (p.Hk == p.Hv) return {};
+  if (p.Hk == p.Hv && !p.fp8) return {};
   const sm90::BwdDimsSm90 kdims = sm90::bwd_kernel_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv));
   const int64_t item_heads = sm90::sdpa_bwd_item_heads_sm90(static_cast<int>(p.Hq), static_cast<int>(p.Hq / p.Hk),
                                                             static_cast<int>(p.Hq / p.Hv));
@@ -284,7 +286,7 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
   // The sm80 kernels' backward tile for these head dims (the family's tile table).
   PlanSignature sig;
   sig.consumer = consumer_for(80, g.head_dim_qk, g.head_dim_v);
-  if (p.device == DeviceType::kCUDA && sdpa_bwd_sm90_refusal(p) == nullptr) {
+  if (p.device == DeviceType::kCUDA && (p.fp8 ? sdpa_fp8_bwd_runs_sm90(p) : sdpa_bwd_sm90_refusal(p) == nullptr)) {
     // The sm90 backward's tiles (64 x kD, kD the kernel head dim Dqk) in the same place, and its
     // counters when deterministic: the sm90 layout of the kernel head dims (kD, kDv).
     const sm90::BwdDimsSm90 kdims = sm90::bwd_kernel_dims_sm90(g.head_dim_qk, g.head_dim_v);
@@ -313,6 +315,8 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
     w.total += slots.dk + slots.dv;
     w.total += dbias_ds_bytes(p);
     w.total += gated_do_bytes(p);
+    // The FP8 backward (sm90 kernel): its derived factors and bf16 copies last (fp8_bwd_bytes).
+    if (p.fp8) w.total += fp8_bwd_bytes(p).total;
     return w;
   }
   if (p.fp8) {
@@ -515,7 +519,9 @@ SdpaFp8BwdParams sdpa_fp8_bwd_params(const Problem& p, void* workspace, size_t w
   SdpaFp8BwdParams f;
   // The 16-bit backward's parameters (the FP8 tensors' strides in bytes = elements, checked on their data below),
   // then its q, k, v, dO replaced by the bf16 copies.
-  static_cast<SdpaBwdParams&>(f) = sdpa_bwd_params(p, workspace, workspace_bytes);
+  // On the sm90 kernel (sdpa_fp8_bwd_runs_sm90): its dQ tiles, counters and dK / dV slots.
+  static_cast<SdpaBwdParams&>(f) = sdpa_fp8_bwd_runs_sm90(p) ? sdpa_bwd_params_sm90(p, workspace, workspace_bytes)
+                                                             : sdpa_bwd_params(p, workspace, workspace_bytes);
   f.format = fp8_format_code(p.dtype);
   f.o_format = fp8_format_code(p.t(FS_SDPA_O).dtype);
   f.do_format = fp8_format_code(p.t(FS_SDPA_DO).dtype);
@@ -555,7 +561,8 @@ SdpaFp8BwdParams sdpa_fp8_bwd_params(const Problem& p, void* workspace, size_t w
 SdpaBwdParams sdpa_bwd_params_sm90(const Problem& p, void* workspace, size_t workspace_bytes) {
   SdpaBwdParams b = sdpa_bwd_params(p, workspace, workspace_bytes);
   const BwdWorkspaceLayout wl = sdpa_bwd_layout(p);
-  FS_CHECK(sdpa_bwd_sm90_refusal(p) == nullptr && p.device == DeviceType::kCUDA, Status::kInternal,
+  FS_CHECK((p.fp8 ? sdpa_fp8_bwd_runs_sm90(p) : sdpa_bwd_sm90_refusal(p) == nullptr) && p.device == DeviceType::kCUDA,
+           Status::kInternal,
            "sdpa backward (sm90): parameters asked for a call it does not cover");
   char* ws = static_cast<char*>(workspace);
   b.dq_accum = reinterpret_cast<float*>(ws + wl.dq_accum);
@@ -564,7 +571,8 @@ SdpaBwdParams sdpa_bwd_params_sm90(const Problem& p, void* workspace, size_t wor
   // H_k != H_v: the dK / dV slots before dBias's dS and the gated dO (sdpa_bwd_layout).
   const Sm90SlotBytes slots = sm90_slot_bytes(p);
   if (slots.dk > 0) {
-    char* at = ws + (wl.total - gated_do_bytes(p) - dbias_ds_bytes(p) - slots.dv - slots.dk);
+    const size_t fp8 = p.fp8 ? fp8_bwd_bytes(p).total : 0;  // (the FP8 part last)
+    char* at = ws + (wl.total - fp8 - gated_do_bytes(p) - dbias_ds_bytes(p) - slots.dv - slots.dk);
     b.split.dk_accum = reinterpret_cast<float*>(at);
     b.split.dv_accum = reinterpret_cast<float*>(at + slots.dk);
   }

@@ -27,14 +27,13 @@ using sdpa::Problem;
                                       "it on the CPU reference"));
 }
 
-// A feature pair written without a GPU (sdpa_feature_pairs_enabled, sdpa_launch.h): refused unless
-// FLASHSPAN_EXPERIMENTAL=1, with the message of a feature the GPU kernels do not run yet.
-void experimental_pair(const char* feature) {
+// A feature pair (sdpa_feature_pairs_enabled, sdpa_launch.h): refused only when FLASHSPAN_SDPA_FEATURE_PAIRS=0
+// turned the pairs off.
+void switched_pair(const char* feature) {
   if (sdpa_feature_pairs_enabled()) return;
   throw Error(Status::kNotSupported,
-              detail::concat(feature, ": not supported on CUDA tensors yet (its kernels, written without a GPU, run "
-                                      "with FLASHSPAN_EXPERIMENTAL=1, not yet run on one); CPU tensors run it on "
-                                      "the CPU reference"));
+              detail::concat(feature, ": turned off on CUDA tensors by FLASHSPAN_SDPA_FEATURE_PAIRS=0; CPU tensors "
+                                      "run it on the CPU reference"));
 }
 
 // 16-bit tensors move 16-byte chunks: a packed tensor's sample must start on 8 elements, which
@@ -91,21 +90,20 @@ void check_paged(const Problem& p) {
 
 // FP8 on CUDA tensors (docs/SDPA.md "FP8 SDPA"): the forward on the sm90 FP8 forward (sdpa_fp8_fwd_sm90_refusal,
 // sdpa_family.cpp), on unless FLASHSPAN_SM90_SDPA_FP8=0 (sdpa_fp8_sm90_enabled), whose TMA boxes need q, k, v
-// strides of 16 bytes (= elements), or, experimental, on the sm80 kernels (sdpa_fp8_fwd_sm80_refusal: any
-// strides); the backward on the sm80 kernels (sdpa_fp8_bwd_refusal), experimental
+// strides of 16 bytes (= elements), or on the sm80 kernels (unless FLASHSPAN_SDPA_FP8_SM80=0) (sdpa_fp8_fwd_sm80_refusal: any
+// strides); the backward on the sm80 kernels (sdpa_fp8_bwd_refusal), on unless FLASHSPAN_SDPA_FP8_BWD=0
 // (sdpa_fp8_bwd_enabled), whose FP8 tensors are read and written a byte at a time by its pre-pass and
 // epilogues, so any strides (the last dim contiguous, the validation's rule) do. The device (sm_90 with this
 // build's sm_90a code for the forward, sm_80 or newer for the backward) is sdpa_check_support_gpu's.
 void check_fp8(const Problem& p) {
   if (p.a.backward) {
-    FS_CHECK_SUPPORTED(sdpa_fp8_bwd_enabled(), "dQ, dK, dV: the FP8 backward on CUDA tensors is experimental (the "
-                       "16-bit sm80 backward with the FP8 graph's roundings, not yet run on a GPU): "
-                       "FLASHSPAN_EXPERIMENTAL=1 turns it on; CPU tensors run sdpa_fp8_backward on the CPU reference");
+    FS_CHECK_SUPPORTED(sdpa_fp8_bwd_enabled(), "dQ, dK, dV: the FP8 backward on CUDA tensors is turned off "
+                       "(FLASHSPAN_SDPA_FP8_BWD=0); CPU tensors run sdpa_fp8_backward on the CPU reference");
     const char* r = sdpa_fp8_bwd_refusal(p);
     FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported by the FP8 backward on CUDA tensors yet (it runs H_k = H_v, "
                        "each head dim a multiple of 16 up to 128); CPU tensors run it on the CPU reference");
   } else if (sdpa_fp8_fwd_sm80_enabled()) {
-    // The FP8 forward on the sm80 kernels (experimental) takes a call wherever the sm90 one does not (the
+    // The FP8 forward on the sm80 kernels takes a call wherever the sm90 one does not (the
     // device, its head dims, strides or switch): its widening pre-pass reads any strides. What it refuses the
     // sm90 one refuses too (the same options, its head dims a subset).
     const char* r = sdpa_fp8_fwd_sm80_refusal(p);
@@ -145,7 +143,8 @@ void set_sdpa_paged_enabled(int on) { g_paged_override.store(on < 0 ? -1 : (on ?
 
 void sdpa_check_features_gpu(const Problem& p) {
   const sdpa::Attributes& a = p.a;
-  // FP8 (docs/SDPA.md "FP8 SDPA"): the sm90 FP8 forward, experimental (its own rules below).
+  // FP8 (docs/SDPA.md "FP8 SDPA"): the forward and backward
+  // families of check_fp8 (its own rules below).
   if (p.fp8) {
     check_fp8(p);
     return;
@@ -157,8 +156,8 @@ void sdpa_check_features_gpu(const Problem& p) {
   if (p.has(FS_SDPA_DBIAS) && a.softcap) not_native("dBias together with softcap");
   // softcap, ALiBi and sinks (dSink) run natively (sdpa_score_mod.cuh); max_logit excludes the
   // sink, which the kernels' running max includes: with max_logit the prefill kernels fold the sink
-  // into the row statistics after the walk instead (the decode kernel's combine always does; experimental).
-  if (p.has(FS_SDPA_SINK_TOKEN) && p.has(FS_SDPA_MAX_LOGIT)) experimental_pair("max_logit together with sink_token");
+  // into the row statistics after the walk instead (the decode kernel's combine always does; sdpa_feature_pairs_enabled).
+  if (p.has(FS_SDPA_SINK_TOKEN) && p.has(FS_SDPA_MAX_LOGIT)) switched_pair("max_logit together with sink_token");
   // Dropout runs natively (Philox in the kernels from core/philox.h, or the caller's mask;
   // sdpa_score_mod.cuh sdpa_dropout_apply), and so does rng_dump; float64 masks and dumps do not.
   for (int s : {FS_SDPA_DROPOUT_MASK, FS_SDPA_RNG_DUMP}) {
@@ -170,20 +169,20 @@ void sdpa_check_features_gpu(const Problem& p) {
   }
   if (p.paged) {
     // The paged forward kernel (sdpa_fwd_paged_kernel_sm80) compiles the features of the unpaged one
-    // (AnalyticMaskSm80); the bias and dropout on it, and its rng_dump, are experimental.
-    if (p.has(FS_SDPA_BIAS)) experimental_pair("bias together with paged K/V caches");
-    if (p.dropout || a.dropout_mask_form) experimental_pair("dropout together with paged K/V caches");
+    // (AnalyticMaskSm80); the bias and dropout on it, and its rng_dump, run unless FLASHSPAN_SDPA_FEATURE_PAIRS=0.
+    if (p.has(FS_SDPA_BIAS)) switched_pair("bias together with paged K/V caches");
+    if (p.dropout || a.dropout_mask_form) switched_pair("dropout together with paged K/V caches");
     check_paged(p);
   }
   // block_mask runs natively (analytic_mask.h: every sm80 tile lies inside one 128 x 128 block).
   // The output gate (forward epilogue, backward preprocess) and the score_max / score_sum_exp
   // outputs run natively (SdpaEpilogueParams). The statistics are never packed: their rows
   // past a sample are written by the blocks of a padded O; with a packed O by a fill kernel of
-  // their own (launch_sdpa_fwd_stats_padding, experimental).
+  // their own (launch_sdpa_fwd_stats_padding; sdpa_feature_pairs_enabled).
   for (int s : {FS_SDPA_SCORE_MAX, FS_SDPA_SCORE_SUM_EXP}) {
     FS_CHECK_SUPPORTED(!p.has(s) || !p.ragged(FS_SDPA_O) || sdpa_feature_pairs_enabled(), sdpa::slot_name(s),
                        ": with a packed o (ragged offsets) is not supported on CUDA tensors yet (give o padded, "
-                       "[B, H_q, S_q, D_v]; FLASHSPAN_EXPERIMENTAL=1 runs it, not yet run on a GPU)");
+                       "[B, H_q, S_q, D_v]; FLASHSPAN_SDPA_FEATURE_PAIRS=0 turned this off)");
   }
   // A host scalar attn_scale is read at execute (the seed's pass-by-value scale); a device one
   // would need a read of device memory on the host.

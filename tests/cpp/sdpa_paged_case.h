@@ -7,7 +7,7 @@
 // garbage (-1, 2^31 - 1 or a random page: never to be read), tables contiguous or packed
 // through ragged offsets, containers page-major [pages, H, page, D] or [pages, page, H, D]; or
 // one side contiguous (the seed lets K or V alone be paged). The dense K / V of every sample
-// are kept to check addresses against. Score features with paged K/V (experimental on CUDA
+// are kept to check addresses against. Score features with paged K/V (feature pairs on CUDA
 // tensors: sdpa_launch.h sdpa_feature_pairs_enabled): an additive bias in any broadcast form,
 // Philox dropout (with rng_dump, float32 or uint8) or the caller's dropout mask in any
 // broadcast form and dtype (random_bias_case, random_dropout_case); their values finite on the

@@ -16,10 +16,12 @@
 #include <vector>
 
 #include "flashspan/flashspan.hpp"
+#include "scoped_env.h"
 
 namespace {
 
 using namespace flashspan::api;
+using flashspan::test::ScopedEnv;
 
 constexpr fs_dtype_t kF64{FS_DTYPE_FLOAT, 64, 1};
 constexpr int64_t B = 2, Hq = 2, Hk = 1, Sq = 5, Skv = 7, D = 8;
@@ -376,24 +378,22 @@ std::string cuda_fwd_refusal(Setup setup, int64_t hv = Hk, bool stats = false) {
   return "";
 }
 
-// Runs fn with FLASHSPAN_EXPERIMENTAL set to "1" (on) or unset (off), then restores the variable: the
-// feature pairs written without a GPU (max_logit with sinks, score_max / score_sum_exp with a packed O,
-// the bias or dropout with paged K/V) are refused on CUDA tensors unless it is 1 (read per check_support).
+// Runs fn with FLASHSPAN_SDPA_FEATURE_PAIRS and FLASHSPAN_EXPERIMENTAL set to `pairs` and `experimental`
+// (nullptr: unset), then restores both: the feature pairs (max_logit with sinks, score_max / score_sum_exp
+// with a packed O, the bias or dropout with paged K/V) run on CUDA tensors unless FLASHSPAN_SDPA_FEATURE_PAIRS
+// is "0" (read per check_support; on by default since their GPU tests passed on an H200), and
+// FLASHSPAN_EXPERIMENTAL (their switch before) no longer changes that.
 template <class Fn>
-void with_experimental(bool on, Fn&& fn) {
-  const char* had = std::getenv("FLASHSPAN_EXPERIMENTAL");
-  const std::string old = had ? had : "";
-  if (on) {
-    setenv("FLASHSPAN_EXPERIMENTAL", "1", 1);
-  } else {
-    unsetenv("FLASHSPAN_EXPERIMENTAL");
-  }
+void with_pairs_env(const char* pairs, const char* experimental, Fn&& fn) {
+  const ScopedEnv p("FLASHSPAN_SDPA_FEATURE_PAIRS", pairs);
+  const ScopedEnv e("FLASHSPAN_EXPERIMENTAL", experimental);
   fn();
-  if (had) {
-    setenv("FLASHSPAN_EXPERIMENTAL", old.c_str(), 1);
-  } else {
-    unsetenv("FLASHSPAN_EXPERIMENTAL");
-  }
+}
+
+// The feature pairs' refusal with FLASHSPAN_SDPA_FEATURE_PAIRS=0 (sdpa_support.cpp switched_pair).
+std::string pair_turned_off(const std::string& feature) {
+  return feature + ": turned off on CUDA tensors by FLASHSPAN_SDPA_FEATURE_PAIRS=0; CPU tensors run it on the CPU "
+                   "reference";
 }
 
 TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
@@ -414,14 +414,23 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
   EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_attn_scale(host_scale); }), "");
   EXPECT_EQ(cuda_fwd_refusal([](SdpaAttributes&) {}, /*hv=*/2), "");
   const TensorDesc ml(nullptr, kFloat32, cuda(), {Hq});
-  // max_logit with sinks: experimental (the sink folded into the statistics after the walk).
-  with_experimental(false, [&] {
-    EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_sink_token(sinks).set_max_logit(ml); }),
-                       "max_logit together with sink_token" + tail));
-  });
-  with_experimental(true, [&] {
-    EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_sink_token(sinks).set_max_logit(ml); }), "");
-  });
+  // max_logit with sinks: a feature pair (the sink folded into the statistics after the walk): accepted by
+  // default and with FLASHSPAN_SDPA_FEATURE_PAIRS anything but "0" (FLASHSPAN_EXPERIMENTAL whatever it says);
+  // refused with "0", naming the pair and the variable.
+  auto sink_ml = [&](SdpaAttributes& a) { a.set_sink_token(sinks).set_max_logit(ml); };
+  for (const char* experimental : {static_cast<const char*>(nullptr), "0", "1"}) {
+    for (const char* pairs : {static_cast<const char*>(nullptr), "1", "", "off"}) {
+      with_pairs_env(pairs, experimental, [&] {
+        EXPECT_EQ(cuda_fwd_refusal(sink_ml), "")
+            << "FLASHSPAN_SDPA_FEATURE_PAIRS=" << (pairs ? pairs : "(unset)")
+            << " FLASHSPAN_EXPERIMENTAL=" << (experimental ? experimental : "(unset)");
+      });
+    }
+    with_pairs_env("0", experimental, [&] {
+      EXPECT_EQ(cuda_fwd_refusal(sink_ml), pair_turned_off("max_logit together with sink_token"))
+          << "FLASHSPAN_EXPERIMENTAL=" << (experimental ? experimental : "(unset)");
+    });
+  }
   const TensorDesc seed(nullptr, kInt64, cuda(), {1}), offset(nullptr, kInt64, cuda(), {1});
   // Dropout (Philox, and the caller's mask) with rng_dump: native (float64 masks / dumps are not).
   EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_dropout(0.1f, seed, offset); }), "");
@@ -485,8 +494,9 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
     SdpaBackwardAttributes attr;
     attr.set_bias(bias).set_dbias(bias).set_softcap(20.0f);
     SdpaBwd bwd(q, k, v, o, dO, st, dq, dk, dv, attr);
-    for (bool experimental : {false, true}) {
-      with_experimental(experimental, [&] {
+    // Not a feature pair (taken back out): refused whatever FLASHSPAN_SDPA_FEATURE_PAIRS says.
+    for (const char* pairs : {static_cast<const char*>(nullptr), "0", "1"}) {
+      with_pairs_env(pairs, nullptr, [&] {
         try {
           bwd.check_support();
           ADD_FAILURE() << "dBias with softcap accepted on CUDA tensors";
@@ -549,19 +559,22 @@ TEST(SdpaApi, CudaLayoutRules) {
                          },
                          Hk, /*stats=*/true),
                      "o, stats: one is packed (ragged offsets) and the other padded"));
-  // score_max / score_sum_exp are never packed: with a packed O on CUDA tensors only with
-  // FLASHSPAN_EXPERIMENTAL=1 (their rows past each sample filled by a kernel of their own).
+  // score_max / score_sum_exp are never packed: with a packed O on CUDA tensors a feature pair (their rows
+  // past each sample filled by a kernel of their own): accepted by default, refused with
+  // FLASHSPAN_SDPA_FEATURE_PAIRS=0 (FLASHSPAN_EXPERIMENTAL=1 does not bring them back).
   const TensorDesc row_stat(nullptr, kFloat32, cuda(), {B, Hq, Sq, 1});
   auto packed_o_stats = [&](SdpaAttributes& a) {
     a.set_padding_mask(true).set_seq_len_q(lq).set_seq_len_kv(lk).set_logit_max(row_stat);
     a.set_score_sum_exp(row_stat);
     a.set_ragged_offset(FS_SDPA_O, offs, Hq * 64);
   };
-  with_experimental(false, [&] {
-    EXPECT_TRUE(starts(cuda_fwd_refusal(packed_o_stats),
-                       "score_max: with a packed o (ragged offsets) is not supported on CUDA tensors yet"));
-  });
-  with_experimental(true, [&] { EXPECT_EQ(cuda_fwd_refusal(packed_o_stats), ""); });
+  const std::string packed_off = "score_max: with a packed o (ragged offsets) is not supported on CUDA tensors yet "
+                                 "(give o padded, [B, H_q, S_q, D_v]; FLASHSPAN_SDPA_FEATURE_PAIRS=0 turned this off)";
+  with_pairs_env(nullptr, nullptr, [&] { EXPECT_EQ(cuda_fwd_refusal(packed_o_stats), ""); });
+  with_pairs_env(nullptr, "0", [&] { EXPECT_EQ(cuda_fwd_refusal(packed_o_stats), ""); });
+  with_pairs_env("1", nullptr, [&] { EXPECT_EQ(cuda_fwd_refusal(packed_o_stats), ""); });
+  with_pairs_env("0", nullptr, [&] { EXPECT_EQ(cuda_fwd_refusal(packed_o_stats), packed_off); });
+  with_pairs_env("0", "1", [&] { EXPECT_EQ(cuda_fwd_refusal(packed_o_stats), packed_off); });
 }
 
 TEST(SdpaApi, CudaBackwardWorkspaceSize) {

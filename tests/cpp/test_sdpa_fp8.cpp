@@ -3,7 +3,8 @@
 // values, within the bound of the FP8 quantization; what the scale factors do (stored inputs x 2 with their
 // descale / 2 give bitwise the same results; scale_o scales the stored O); the amax outputs against the outputs
 // themselves; and the rules of CUDA tensors by check_support (no GPU needed): the sm90 FP8 forward's refusals,
-// and the FP8 backward on the sm80 kernels (experimental: its switch, sdpa_fp8_bwd_refusal's rule, the messages).
+// the FP8 forward on the sm80 kernels (its switch, FLASHSPAN_SDPA_FP8_SM80, and its rule) and the FP8 backward on
+// the sm80 kernels (on by default: its switch, FLASHSPAN_SDPA_FP8_BWD, sdpa_fp8_bwd_refusal's rule, the messages).
 #include <gtest/gtest.h>
 
 #include <array>
@@ -20,11 +21,13 @@
 #include "core/sdpa_problem.h"
 #include "dispatch/sdpa_launch.h"  // set_sdpa_fp8_sm90_enabled, sdpa_fp8_bwd_refusal, sdpa_check_features_gpu
 #include "flashspan/flashspan.hpp"
+#include "scoped_env.h"
 
 namespace {
 
 using namespace flashspan::api;
 using flashspan::DType;
+using flashspan::test::ScopedEnv;
 
 constexpr fs_dtype_t kF64{FS_DTYPE_FLOAT, 64, 1};
 fs_device_t cpu() { return {FS_DEVICE_CPU, 0}; }
@@ -199,8 +202,13 @@ bool starts_with(const std::string& s, const std::string& prefix) { return s.rfi
 
 #define EXPECT_STARTS(msg, prefix) EXPECT_TRUE(starts_with(msg, prefix)) << "got: " << (msg)
 
-// The FP8 backward's switch (dispatch/sdpa_launch.h sdpa_fp8_bwd_enabled: FLASHSPAN_EXPERIMENTAL=1 unless
-// overridden) forced for a scope (1 on, 0 off), the environment's answer back after it.
+// check_support's refusal of every FP8 backward on CUDA tensors with its switch off (sdpa_support.cpp check_fp8).
+const std::string kFp8BwdOff =
+    "dQ, dK, dV: the FP8 backward on CUDA tensors is turned off (FLASHSPAN_SDPA_FP8_BWD=0); CPU tensors run "
+    "sdpa_fp8_backward on the CPU reference";
+
+// The FP8 backward's switch (dispatch/sdpa_launch.h sdpa_fp8_bwd_enabled: on unless FLASHSPAN_SDPA_FP8_BWD=0,
+// unless overridden) forced for a scope (1 on, 0 off), the environment's answer back after it.
 struct Fp8BwdSwitch {
   explicit Fp8BwdSwitch(int on) { flashspan::set_sdpa_fp8_bwd_enabled(on); }
   ~Fp8BwdSwitch() { flashspan::set_sdpa_fp8_bwd_enabled(-1); }
@@ -216,7 +224,8 @@ struct Fp8ForwardSwitch {
   Fp8ForwardSwitch& operator=(const Fp8ForwardSwitch&) = delete;
 };
 
-// The sm80 FP8 forward's switch (dispatch/sdpa_launch.h sdpa_fp8_fwd_sm80_enabled) for a scope.
+// The sm80 FP8 forward's switch (dispatch/sdpa_launch.h sdpa_fp8_fwd_sm80_enabled: on unless
+// FLASHSPAN_SDPA_FP8_SM80=0, unless overridden) for a scope.
 struct Fp8FwdSm80Switch {
   explicit Fp8FwdSm80Switch(int on) { flashspan::set_sdpa_fp8_fwd_sm80_enabled(on); }
   ~Fp8FwdSm80Switch() { flashspan::set_sdpa_fp8_fwd_sm80_enabled(-1); }
@@ -441,8 +450,7 @@ TEST(SdpaFp8, CudaTensorsAreRefusedByCheckSupport) {
     Bwd bwd(b);
     auto op3 = bwd.create();
     const Fp8BwdSwitch off(0);
-    EXPECT_STARTS(error_of([&] { op3->check_support(); }, &st),
-                  "dQ, dK, dV: the FP8 backward on CUDA tensors is experimental");
+    EXPECT_EQ(error_of([&] { op3->check_support(); }, &st), kFp8BwdOff);
     EXPECT_EQ(st, FS_STATUS_NOT_SUPPORTED);
   }
   flashspan::set_sdpa_fp8_sm90_enabled(-1);
@@ -457,7 +465,8 @@ TEST(SdpaFp8, CudaTensorsAreRefusedByCheckSupport) {
 }
 
 // ---------------------------------------------------------------------------
-// The FP8 backward on CUDA tensors (experimental: the sm80 backward on bf16 copies of the codes)
+// The FP8 backward on CUDA tensors (the sm80 backward on bf16 copies of the codes; on unless
+// FLASHSPAN_SDPA_FP8_BWD=0)
 // ---------------------------------------------------------------------------
 
 // An FP8 call on CUDA descriptors (no data, no device): by default the backward B = 2, H_q = 4,
@@ -660,13 +669,12 @@ TEST(SdpaFp8, BackwardOnCudaRefusalRule) {
 }
 
 // check_support on CUDA descriptors (sdpa_check_features_gpu, no GPU needed): with the switch off every FP8
-// backward is refused as experimental (before its rule); with it on, the rule's refusal r with the message
-// "<r>: not supported by the FP8 backward on CUDA tensors yet (it runs H_k = H_v, each head dim a multiple of
-// 16 up to 128); CPU tensors run it on the CPU reference"; a covered call (deterministic or not) passes the host
-// rules (a device tensor attn_scale stays refused by the C layer: flashspan.sdpa_fp8_backward reads one on the
-// host first).
+// backward is refused as turned off (kFp8BwdOff, naming FLASHSPAN_SDPA_FP8_BWD=0; before its rule); with it on,
+// the rule's refusal r with the message "<r>: not supported by the FP8 backward on CUDA tensors yet (it runs
+// H_k = H_v, each head dim a multiple of 16 up to 128); CPU tensors run it on the CPU reference"; a covered call
+// (deterministic or not) passes the host rules (a device tensor attn_scale stays refused by the C layer:
+// flashspan.sdpa_fp8_backward reads one on the host first).
 TEST(SdpaFp8, BackwardOnCudaCheckSupportMessages) {
-  const std::string experimental = "dQ, dK, dV: the FP8 backward on CUDA tensors is experimental";
   const auto refused = [](const std::string& r) {
     return r + ": not supported by the FP8 backward on CUDA tensors yet (it runs H_k = H_v, each head dim a "
                "multiple of 16 up to 128); CPU tensors run it on the CPU reference";
@@ -687,16 +695,15 @@ TEST(SdpaFp8, BackwardOnCudaCheckSupportMessages) {
   {
     const Fp8BwdSwitch off(0);
     for (const CudaCall& c : {CudaCall{}, big, hkv, det, dev_scale}) {
-      const std::string msg = c.check_support_error(&st);
-      EXPECT_STARTS(msg, experimental);
-      EXPECT_NE(msg.find("FLASHSPAN_EXPERIMENTAL=1"), std::string::npos) << msg;
+      EXPECT_EQ(c.check_support_error(&st), kFp8BwdOff);
       EXPECT_EQ(st, FS_STATUS_NOT_SUPPORTED);
-      EXPECT_STARTS(host_rules_error(c), experimental);
+      EXPECT_EQ(host_rules_error(c), kFp8BwdOff);
     }
-    // The sm90 FP8 forward's switch does not answer for the backward.
+    // Neither FP8 forward's switch answers for the backward.
     const Fp8ForwardSwitch fwd_on(1);
-    EXPECT_STARTS(CudaCall{}.check_support_error(), experimental);
-    EXPECT_STARTS(det.check_support_error(), experimental);
+    const Fp8FwdSm80Switch sm80_on(1);
+    EXPECT_EQ(CudaCall{}.check_support_error(), kFp8BwdOff);
+    EXPECT_EQ(det.check_support_error(), kFp8BwdOff);
   }
   const Fp8BwdSwitch on(1);
   const std::string dims = refused("head dims (multiples of 16 up to 128)"), heads = refused("H_k != H_v");
@@ -752,11 +759,12 @@ TEST(SdpaFp8, BackwardOnCudaCheckSupportMessages) {
   }
 }
 
-// The FP8 forward on the sm80 kernels (dispatch/sdpa_launch.h sdpa_fp8_fwd_sm80_enabled: experimental, off
-// unless FLASHSPAN_EXPERIMENTAL=1): with it, the host rules take the FP8 forwards the sm90 one refuses for its
-// head dims, strides or switch, and refuse by its own rule (sdpa_fp8_fwd_sm80_refusal) what neither runs;
-// without it, the sm90 one's rules as before. The one rule of which runs: sdpa_fp8_fwd_runs_sm90 where it can
-// (an sm_90 device: none in CI, the GPU suite's H200), else sdpa_fp8_fwd_runs_sm80.
+// The FP8 forward on the sm80 kernels (dispatch/sdpa_launch.h sdpa_fp8_fwd_sm80_enabled: on unless
+// FLASHSPAN_SDPA_FP8_SM80=0; ForwardOnSm80SwitchReadsTheEnvironment): with it, the host rules take the FP8
+// forwards the sm90 one refuses for its head dims, strides or switch, and refuse by its own rule
+// (sdpa_fp8_fwd_sm80_refusal) what neither runs; without it, the sm90 one's rules as before. The one rule of
+// which runs: sdpa_fp8_fwd_runs_sm90 where it can (an sm_90 device: none in CI, the GPU suite's H200), else
+// sdpa_fp8_fwd_runs_sm80.
 TEST(SdpaFp8, ForwardOnSm80Rule) {
   auto fwd_call = [](int64_t d, int64_t dv, int64_t row_pad = 0, int64_t hv = 2) {
     CudaCall c;
@@ -807,39 +815,136 @@ TEST(SdpaFp8, ForwardOnSm80Rule) {
   }
   // The backward is not this forward's: its own switch answers (BackwardOnCuda*).
   const Fp8BwdSwitch bwd_off(0);
-  EXPECT_STARTS(host_rules_error(CudaCall{}), "dQ, dK, dV: the FP8 backward on CUDA tensors is experimental");
+  EXPECT_EQ(host_rules_error(CudaCall{}), kFp8BwdOff);
   EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm80_refusal(CudaCall{}.problem()), std::string("the FP8 backward"));
 }
 
-// The switch: FLASHSPAN_EXPERIMENTAL=1 (exactly "1"), read per call; set_sdpa_fp8_bwd_enabled(1 / 0) wins
-// over the environment both ways, -1 gives the environment back.
-TEST(SdpaFp8, BackwardOnCudaSwitchReadsTheEnvironment) {
-  const char* var = "FLASHSPAN_EXPERIMENTAL";
-  const char* saved = std::getenv(var);
-  const std::string keep = saved == nullptr ? "" : saved;
-  flashspan::set_sdpa_fp8_bwd_enabled(-1);
-  unsetenv(var);
-  EXPECT_FALSE(flashspan::sdpa_fp8_bwd_enabled());
-  setenv(var, "1", 1);
-  EXPECT_TRUE(flashspan::sdpa_fp8_bwd_enabled());
-  EXPECT_EQ(host_rules_error(CudaCall{}), "");  // the covered call: the environment's answer
-  for (const char* other : {"0", "", "true", "yes", " 1"}) {
-    setenv(var, other, 1);
-    EXPECT_FALSE(flashspan::sdpa_fp8_bwd_enabled()) << '"' << other << '"';
+// The FP8 backward on the sm90 backward kernel (dispatch/sdpa_launch.h sdpa_fp8_bwd_runs_sm90: experimental, its
+// own switch): never where the FP8 backward's rule refuses or its switch is off, never off an sm_90 device (this
+// machine has none: the rule's device answer is false here, true on the GPU suite's H200 when switched on); a
+// family fixed by an operation's check_support (Problem::fp8_bwd_family) wins over the switches, and the
+// workspace follows it (the sm90 kernel's dQ tiles and dK / dV slots besides the copies).
+TEST(SdpaFp8, BackwardOnSm90Rule) {
+  const Fp8BwdSwitch on(1);
+  CudaCall c;
+  flashspan::sdpa::Problem p = c.problem();
+  ASSERT_EQ(flashspan::sdpa_fp8_bwd_refusal(p), nullptr);
+  for (int sm90 : {0, 1}) {
+    flashspan::set_sdpa_fp8_bwd_sm90_enabled(sm90);
+    if (sm90 == 0) {
+      EXPECT_FALSE(flashspan::sdpa_fp8_bwd_runs_sm90(p));
+    }
+    CudaCall hkv = c;
+    hkv.Hv = 4;
+    EXPECT_FALSE(flashspan::sdpa_fp8_bwd_runs_sm90(hkv.problem()));  // (the rule refuses H_k != H_v)
+    CudaCall big = c;
+    big.D = big.Dv = 144;
+    EXPECT_FALSE(flashspan::sdpa_fp8_bwd_runs_sm90(big.problem()));
   }
-  EXPECT_STARTS(CudaCall{}.check_support_error(), "dQ, dK, dV: the FP8 backward on CUDA tensors is experimental");
+  {
+    const Fp8BwdSwitch off(0);  // the FP8 backward off: neither family
+    EXPECT_FALSE(flashspan::sdpa_fp8_bwd_runs_sm90(p));
+  }
+  flashspan::set_sdpa_fp8_bwd_sm90_enabled(-1);
+  for (bool det : {false, true}) {
+    c.deterministic = det;
+    p = c.problem();
+    p.fp8_bwd_family = 90;
+    EXPECT_TRUE(flashspan::sdpa_fp8_bwd_runs_sm90(p));
+    const size_t ws90 = flashspan::sdpa_bwd_workspace_size(p);
+    p.fp8_bwd_family = 80;
+    EXPECT_FALSE(flashspan::sdpa_fp8_bwd_runs_sm90(p));
+    const size_t ws80 = flashspan::sdpa_bwd_workspace_size(p);
+    // The sm90 layout holds at least the dK and dV slots (2 x B H_k ceil(S_kv / 128) 128 x 128 fp32) more.
+    const size_t slots = 2 * size_t(c.B * c.Hk * ((c.Skv + 127) / 128) * 128 * 128) * sizeof(float);
+    EXPECT_GE(ws90, ws80 + slots) << "deterministic " << det;
+  }
+}
+
+// The FP8 backward's switch: on by default (since its GPU tests passed on an H200), off when
+// FLASHSPAN_SDPA_FP8_BWD is exactly "0" (family.cpp env_flag_off; unset, empty or any other value: on), read per
+// call; FLASHSPAN_EXPERIMENTAL (its switch before) no longer changes it; set_sdpa_fp8_bwd_enabled(1 / 0) wins over
+// the environment both ways, -1 gives the environment back.
+TEST(SdpaFp8, BackwardOnCudaSwitchReadsTheEnvironment) {
+  flashspan::set_sdpa_fp8_bwd_enabled(-1);
+  ScopedEnv var("FLASHSPAN_SDPA_FP8_BWD", nullptr);
+  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
+  EXPECT_TRUE(flashspan::sdpa_fp8_bwd_enabled());
+  EXPECT_EQ(host_rules_error(CudaCall{}), "");  // the covered call: on by default
+  experimental.set("0");
+  EXPECT_TRUE(flashspan::sdpa_fp8_bwd_enabled());
+  EXPECT_EQ(host_rules_error(CudaCall{}), "");
+  var.set("0");
+  EXPECT_FALSE(flashspan::sdpa_fp8_bwd_enabled());
+  EXPECT_EQ(host_rules_error(CudaCall{}), kFp8BwdOff);
+  EXPECT_EQ(CudaCall{}.check_support_error(), kFp8BwdOff);
+  experimental.set("1");
+  EXPECT_FALSE(flashspan::sdpa_fp8_bwd_enabled());
+  EXPECT_EQ(CudaCall{}.check_support_error(), kFp8BwdOff);
+  for (const char* other : {"1", "", "00", " 0", "off", "false"}) {  // anything but "0" leaves it on
+    var.set(other);
+    EXPECT_TRUE(flashspan::sdpa_fp8_bwd_enabled()) << '"' << other << '"';
+    EXPECT_EQ(host_rules_error(CudaCall{}), "") << '"' << other << '"';
+  }
+  var.set("0");
   flashspan::set_sdpa_fp8_bwd_enabled(1);
   EXPECT_TRUE(flashspan::sdpa_fp8_bwd_enabled());
-  setenv(var, "1", 1);
+  EXPECT_EQ(host_rules_error(CudaCall{}), "");
+  var.set(nullptr);
+  experimental.set(nullptr);
   flashspan::set_sdpa_fp8_bwd_enabled(0);
   EXPECT_FALSE(flashspan::sdpa_fp8_bwd_enabled());
+  EXPECT_EQ(host_rules_error(CudaCall{}), kFp8BwdOff);
   flashspan::set_sdpa_fp8_bwd_enabled(-1);
   EXPECT_TRUE(flashspan::sdpa_fp8_bwd_enabled());
-  if (saved == nullptr) {
-    unsetenv(var);
-  } else {
-    setenv(var, keep.c_str(), 1);
+  var.set("0");
+  EXPECT_FALSE(flashspan::sdpa_fp8_bwd_enabled());
+}
+
+// The sm80 FP8 forward's switch: on by default (since its GPU tests passed on an H200), off when
+// FLASHSPAN_SDPA_FP8_SM80 is exactly "0", read per call; FLASHSPAN_EXPERIMENTAL no longer changes it; the
+// override (set_sdpa_fp8_fwd_sm80_enabled) wins both ways. What it changes: an FP8 forward only it runs
+// ((256, 256) head dims) passes the host rules with it on and gets the sm90 FP8 forward's refusal with it off.
+TEST(SdpaFp8, ForwardOnSm80SwitchReadsTheEnvironment) {
+  flashspan::set_sdpa_fp8_fwd_sm80_enabled(-1);
+  const Fp8ForwardSwitch sm90_on(1);
+  ScopedEnv var("FLASHSPAN_SDPA_FP8_SM80", nullptr);
+  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
+  CudaCall wide;
+  wide.backward = false;
+  wide.D = wide.Dv = 256;
+  const std::string sm90_refusal = "head dims (multiples of 16 up to 128): not supported with FP8 inputs";
+  EXPECT_TRUE(flashspan::sdpa_fp8_fwd_sm80_enabled());
+  EXPECT_EQ(host_rules_error(wide), "");
+  EXPECT_TRUE(flashspan::sdpa_fp8_fwd_runs_sm80(wide.problem()));
+  experimental.set("0");
+  EXPECT_TRUE(flashspan::sdpa_fp8_fwd_sm80_enabled());
+  EXPECT_EQ(host_rules_error(wide), "");
+  var.set("0");
+  EXPECT_FALSE(flashspan::sdpa_fp8_fwd_sm80_enabled());
+  EXPECT_STARTS(host_rules_error(wide), sm90_refusal);
+  EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm80(wide.problem()));
+  experimental.set("1");
+  EXPECT_FALSE(flashspan::sdpa_fp8_fwd_sm80_enabled());
+  EXPECT_STARTS(host_rules_error(wide), sm90_refusal);
+  for (const char* other : {"1", "", "00", " 0", "off", "false"}) {  // anything but "0" leaves it on
+    var.set(other);
+    EXPECT_TRUE(flashspan::sdpa_fp8_fwd_sm80_enabled()) << '"' << other << '"';
+    EXPECT_EQ(host_rules_error(wide), "") << '"' << other << '"';
   }
+  var.set("0");
+  flashspan::set_sdpa_fp8_fwd_sm80_enabled(1);
+  EXPECT_TRUE(flashspan::sdpa_fp8_fwd_sm80_enabled());
+  EXPECT_EQ(host_rules_error(wide), "");
+  var.set(nullptr);
+  experimental.set(nullptr);
+  flashspan::set_sdpa_fp8_fwd_sm80_enabled(0);
+  EXPECT_FALSE(flashspan::sdpa_fp8_fwd_sm80_enabled());
+  EXPECT_STARTS(host_rules_error(wide), sm90_refusal);
+  flashspan::set_sdpa_fp8_fwd_sm80_enabled(-1);
+  EXPECT_TRUE(flashspan::sdpa_fp8_fwd_sm80_enabled());
+  var.set("0");
+  EXPECT_FALSE(flashspan::sdpa_fp8_fwd_sm80_enabled());
 }
 
 // ---------------------------------------------------------------------------

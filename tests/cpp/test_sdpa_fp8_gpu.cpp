@@ -11,7 +11,7 @@
 //                                        padding lengths with an empty sample, GQA / MQA, BHSD and BSHD
 //                                        strides, S not a multiple of the 128 x 128 tile, host and device
 //                                        factors, max_logit.
-//   SdpaFp8Gpu.ApiForwardRandom          through the C++ API on CUDA tensors (FLASHSPAN_EXPERIMENTAL's
+//   SdpaFp8Gpu.ApiForwardRandom          through the C++ API on CUDA tensors (the sm90 FP8 forward's
 //                                        switch forced on: check_support, workspace_size, execute), the
 //                                        FP8 API's options (causal, padding, GQA, layouts, formats, host
 //                                        scale factors, stats in base 2, score_max / score_sum_exp); the
@@ -36,8 +36,9 @@
 // build's sm_90a code.
 //
 // The FP8 backward (kernels/sm80/launch_sm80.h launch_sdpa_fp8_bwd_sm80: the 16-bit sm80 backward on bf16
-// copies of the codes with the FP8 graph's roundings; every GPU from sm_80; experimental, its switch
-// set_sdpa_fp8_bwd_enabled forced on), through the C++ API (check_support, workspace_size, execute) on CUDA
+// copies of the codes with the FP8 graph's roundings; every GPU from sm_80; on by default since these tests
+// passed on an H200 (FLASHSPAN_SDPA_FP8_BWD=0 turns it off), its switch set_sdpa_fp8_bwd_enabled forced on
+// here), through the C++ API (check_support, workspace_size, execute) on CUDA
 // tensors and on host copies (the CPU reference), both against a float64 loop of docs/SDPA.md's backward:
 //   D = descale_dO descale_o dO.o, S = exp(x - stats), S8 = fp8_q(S scale_s), dS = descale_dO descale_v dO.v,
 //   dP = attn_scale S (dS - D), amax_dP = max |dP|, dP8 = fp8_dO(dP scale_dP), dQ = (dP8 k) descale_dP descale_k,
@@ -112,6 +113,7 @@
 #include "dispatch/sdpa_launch.h"  // set_sdpa_fp8_sm90_enabled, set_sdpa_fp8_bwd_enabled
 #include "kernels/params.h"
 #include "kernels/sm90/launch_sm90.h"
+#include "kernels/sm90/sdpa_fp8_bwd_sm90.h"
 #include "kernels/sm90/tile_sm90.h"
 #endif
 
@@ -747,7 +749,8 @@ TEST(SdpaFp8Gpu, Sm90ForwardSanitizerSmall) {
 // ---------------------------------------------------------------------------
 // The FP8 forward on the sm80 kernels (kernels/sm80/launch_sm80.h launch_sdpa_fp8_fwd_sm80: the sm80 forward's
 // loop on bf16 copies of the codes with P's FP8 rounding and O's FP8 store, every GPU from sm_80;
-// experimental, dispatch/sdpa_launch.h sdpa_fp8_fwd_sm80_enabled), through the C++ API against the loop with
+// on by default since these tests passed on an H200, FLASHSPAN_SDPA_FP8_SM80=0 off, dispatch/sdpa_launch.h
+// sdpa_fp8_fwd_sm80_enabled, forced on here), through the C++ API against the loop with
 // the sm90 kernel's criteria (the same flash quantization of P)
 // ---------------------------------------------------------------------------
 
@@ -847,7 +850,8 @@ TEST(SdpaFp8Gpu, Sm80ForwardSanitizerSmall) {
 
 // ---------------------------------------------------------------------------
 // The FP8 backward (kernels/sm80/launch_sm80.h launch_sdpa_fp8_bwd_sm80: the sm80 backward on bf16 copies of
-// the codes, every GPU from sm_80; experimental, dispatch/sdpa_launch.h sdpa_fp8_bwd_enabled)
+// the codes, every GPU from sm_80; on by default, FLASHSPAN_SDPA_FP8_BWD=0 off, dispatch/sdpa_launch.h
+// sdpa_fp8_bwd_enabled)
 // ---------------------------------------------------------------------------
 
 // The backward's 12 scale factors, in the variant pack's slots' order below.
@@ -1367,10 +1371,17 @@ std::string check_same_bits(const BwdCase& c, const BwdOutputs& x, const BwdOutp
   return s.empty() ? s : "GPU (deterministic, run twice) " + c.name() + ":\n" + s;
 }
 
-// The FP8 backward's switch forced on for a test (the environment's answer back after it).
+// The FP8 backward's switch forced on for a test, its kernel family chosen (sm90: 1 the sm90 backward kernel
+// where it runs, 0 the sm80 kernels; sdpa_launch.h sdpa_fp8_bwd_runs_sm90); the environment's answers back after it.
 struct Fp8BwdSwitchOn {
-  Fp8BwdSwitchOn() { set_sdpa_fp8_bwd_enabled(1); }
-  ~Fp8BwdSwitchOn() { set_sdpa_fp8_bwd_enabled(-1); }
+  explicit Fp8BwdSwitchOn(int sm90 = 0) {
+    set_sdpa_fp8_bwd_enabled(1);
+    set_sdpa_fp8_bwd_sm90_enabled(sm90);
+  }
+  ~Fp8BwdSwitchOn() {
+    set_sdpa_fp8_bwd_enabled(-1);
+    set_sdpa_fp8_bwd_sm90_enabled(-1);
+  }
   Fp8BwdSwitchOn(const Fp8BwdSwitchOn&) = delete;
   Fp8BwdSwitchOn& operator=(const Fp8BwdSwitchOn&) = delete;
 };
@@ -1419,24 +1430,48 @@ std::string bwd_case(const BwdCase& c, bool gpu) {
   return e;
 }
 
+// The launches of the sm90 FP8 backward a test body made: all of its GPU runs (sm90) or none.
+template <class Fn>
+void expect_fp8_bwd_family(bool sm90, Fn&& body) {
+  const int64_t before = sm90::sdpa_fp8_bwd_sm90_launches();
+  body();
+  const int64_t ran = sm90::sdpa_fp8_bwd_sm90_launches() - before;
+  if (sm90) {
+    EXPECT_GT(ran, 0) << "the sm90 FP8 backward did not run";
+  } else {
+    EXPECT_EQ(ran, 0) << "the sm90 FP8 backward ran where the sm80 one was asked for";
+  }
+}
+
+void fp8_backward_random(int sm90) {
+  const Fp8BwdSwitchOn on(sm90);
+  expect_fp8_bwd_family(sm90 != 0, [&] {
+    std::mt19937_64 rng(20261204);
+    for (int n = 0; n < 16; ++n) {
+      const BwdCase c = bwd_random_case(n, rng, 300, 3000 + uint64_t(n));
+      const std::string e = bwd_case(c, true);
+      EXPECT_TRUE(e.empty()) << e;
+    }
+  });
+}
+
 TEST(SdpaFp8Gpu, Fp8BackwardRandom) {
   REQUIRE_SM80();
-  const Fp8BwdSwitchOn on;
-  std::mt19937_64 rng(20261204);
-  for (int n = 0; n < 16; ++n) {
-    const BwdCase c = bwd_random_case(n, rng, 300, 3000 + uint64_t(n));
-    const std::string e = bwd_case(c, true);
-    EXPECT_TRUE(e.empty()) << e;
-  }
+  fp8_backward_random(0);
+}
+
+// The same cases on the sm90 backward kernel (sdpa_fp8_bwd_sm90.cu).
+TEST(SdpaFp8Gpu, Fp8BackwardSm90Random) {
+  REQUIRE_SM90();
+  fp8_backward_random(1);
 }
 
 // Edges: one key (dP = attn_scale (dS - D) with D ~ dS: the cancellation), one query, keys no causal row sees
 // (S_kv > S_q: zero dK / dV rows, which must be written), S_q > S_kv causal, MQA with 8 query heads a key
 // head; whole tiles (S = 256, several key blocks an item, GQA 4) in both dO formats. Every other shape
 // deterministic (run twice: bitwise the same), the four layouts in turn.
-TEST(SdpaFp8Gpu, Fp8BackwardEdges) {
-  REQUIRE_SM80();
-  const Fp8BwdSwitchOn on;
+void fp8_backward_edges(int sm90) {
+  const Fp8BwdSwitchOn on(sm90);
   struct Shape {
     int B, Hq, Hk, Sq, Skv, Dqk, Dv;
     bool causal;
@@ -1463,9 +1498,21 @@ TEST(SdpaFp8Gpu, Fp8BackwardEdges) {
     c.deterministic = n % 2 == 1;
     c.seed = 4000 + uint64_t(n);
     ++n;
-    const std::string e = bwd_case(c, true);
-    EXPECT_TRUE(e.empty()) << e;
+    expect_fp8_bwd_family(sm90 != 0, [&] {
+      const std::string e = bwd_case(c, true);
+      EXPECT_TRUE(e.empty()) << e;
+    });
   }
+}
+
+TEST(SdpaFp8Gpu, Fp8BackwardEdges) {
+  REQUIRE_SM80();
+  fp8_backward_edges(0);
+}
+
+TEST(SdpaFp8Gpu, Fp8BackwardSm90Edges) {
+  REQUIRE_SM90();
+  fp8_backward_edges(1);
 }
 
 // The GPU tests' oracle and criterion, checked without a GPU: the float64 loop against the CPU reference (the
@@ -1546,9 +1593,8 @@ TEST(SdpaFp8Loop, BackwardCriterionRejectsWrongResults) {
 // Small cases for compute-sanitizer (memcheck, racecheck: scripts/gpu_check.sh): both kernel tiles ((64, 64)
 // and (128, 128)-class), unequal head dims, GQA, causal and no mask, S not a multiple of the tiles, padded rows,
 // BSHD and odd row strides (unaligned rows), both dO formats, the deterministic dQ kernel (the fourth case).
-TEST(SdpaFp8Gpu, Fp8BackwardSanitizerSmall) {
-  REQUIRE_SM80();
-  const Fp8BwdSwitchOn on;
+void fp8_backward_sanitizer_small(int sm90) {
+  const Fp8BwdSwitchOn on(sm90);
   BwdCase c;
   c.B = 2;
   c.Hq = 4;
@@ -1569,9 +1615,21 @@ TEST(SdpaFp8Gpu, Fp8BackwardSanitizerSmall) {
     c.host_factors = n == 1;
     c.deterministic = n == 3;
     c.seed = 60 + uint64_t(n);
-    const std::string e = bwd_case(c, true);
-    EXPECT_TRUE(e.empty()) << e;
+    expect_fp8_bwd_family(sm90 != 0, [&] {
+      const std::string e = bwd_case(c, true);
+      EXPECT_TRUE(e.empty()) << e;
+    });
   }
+}
+
+TEST(SdpaFp8Gpu, Fp8BackwardSanitizerSmall) {
+  REQUIRE_SM80();
+  fp8_backward_sanitizer_small(0);
+}
+
+TEST(SdpaFp8Gpu, Fp8BackwardSm90SanitizerSmall) {
+  REQUIRE_SM90();
+  fp8_backward_sanitizer_small(1);
 }
 
 #endif  // FLASHSPAN_WITH_CUDA

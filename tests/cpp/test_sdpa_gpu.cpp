@@ -2528,12 +2528,12 @@ TEST(SdpaGpu, LayoutsPerSide) {
 }
 
 // ---------------------------------------------------------------------------
-// The feature pairs written without a GPU (dispatch/sdpa_launch.h sdpa_feature_pairs_enabled: experimental,
-// FLASHSPAN_EXPERIMENTAL=1; forced on here): max_logit with sinks (the prefill kernels fold the sink into
-// the row statistics after the walk, softmax.cuh OnlineSoftmax::fold_sink_row, so that max_logit keeps the
-// scores' maximum; the decode combine adds the sink anyway) and score_max / score_sum_exp with a packed O
-// (their padded rows past each sample set by fwd_launch.h launch_sdpa_fwd_stats_padding). The paged pairs
-// (bias, dropout): test_sdpa_paged_gpu.cpp.
+// The feature pairs (dispatch/sdpa_launch.h sdpa_feature_pairs_enabled: on by default since these tests passed
+// on an H200, FLASHSPAN_SDPA_FEATURE_PAIRS=0 off; forced on here): max_logit with sinks (the prefill kernels
+// fold the sink into the row statistics after the walk, softmax.cuh OnlineSoftmax::fold_sink_row, so that
+// max_logit keeps the scores' maximum; the decode combine adds the sink anyway) and score_max / score_sum_exp
+// with a packed O (their padded rows past each sample set by fwd_launch.h launch_sdpa_fwd_stats_padding). The
+// paged pairs (bias, dropout): test_sdpa_paged_gpu.cpp.
 // ---------------------------------------------------------------------------
 
 struct ForceFeaturePairs {

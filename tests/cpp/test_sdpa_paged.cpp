@@ -6,7 +6,8 @@
 // the dense K / V of the case hold them; the rows the kernels' gather never asks about (keys
 // past a sample) are left out, as the loader leaves them. Also the native path's rules for
 // paged calls on CUDA descriptors (the FLASHSPAN_SDPA_PAGED switch, page sizes; the bias and
-// dropout with paged K/V behind the experimental switch, sdpa_feature_pairs_enabled).
+// dropout with paged K/V behind the feature pairs' switch, sdpa_feature_pairs_enabled: on unless
+// FLASHSPAN_SDPA_FEATURE_PAIRS=0).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -21,6 +22,7 @@
 #include "core/sdpa_problem.h"
 #include "dispatch/sdpa_launch.h"
 #include "flashspan/flashspan.hpp"
+#include "scoped_env.h"
 #include "sdpa_paged_case.h"
 
 // The kernels' K/V address role, compiled for the host (plain integer code and loads).
@@ -294,8 +296,8 @@ std::string paged_cuda_check_support(Setup setup) {
   return "";
 }
 
-// The switches of paged K/V and of the experimental feature pairs for a scope (`pairs`: 1 on, 0 off),
-// the environment's answers after it.
+// The switches of paged K/V and of the feature pairs for a scope (`pairs`: 1 on, 0 off, -1 the environment's
+// answer), the environment's answers after it.
 struct PairsSwitch {
   explicit PairsSwitch(int pairs) {
     set_sdpa_paged_enabled(1);
@@ -311,10 +313,11 @@ struct PairsSwitch {
 
 TEST(SdpaPaged, CudaRulesBiasDropout) {
   // The additive bias (q's dtype, or float32 broadcast) and dropout (Philox, with rng_dump, or the
-  // caller's mask) with paged K/V on CUDA tensors: refused by check_support with the experimental
-  // switch off (set_sdpa_feature_pairs_enabled(0)), naming the pair; with it on, no longer refused
-  // for the pair (check_support may then fail later: at the device check of a GPU-less machine, or
-  // in a build without CUDA).
+  // caller's mask) with paged K/V on CUDA tensors: refused by check_support with the feature pairs'
+  // switch off (set_sdpa_feature_pairs_enabled(0)), naming the pair and FLASHSPAN_SDPA_FEATURE_PAIRS=0;
+  // with it on, and by default (no override, the variable unset), no longer refused for the pair
+  // (check_support may then fail later: at the device check of a GPU-less machine, or in a build
+  // without CUDA).
   namespace api = flashspan::api;
   using Setup = std::function<void(api::SdpaAttributes&)>;
   const fs_device_t cuda{FS_DEVICE_CUDA, 0};
@@ -323,12 +326,14 @@ TEST(SdpaPaged, CudaRulesBiasDropout) {
   const api::TensorDesc seed(nullptr, api::kInt64, cuda, {1}), offset(nullptr, api::kInt64, cuda, {1});
   const api::TensorDesc dump(nullptr, api::kUInt8, cuda, {2, 2, 5, 70});
   const api::TensorDesc mask(nullptr, api::kUInt8, cuda, {2, 1, 5, 70}), scale(nullptr, api::kFloat32, cuda, {1});
-  const std::string bias_pair = "bias together with paged K/V caches: not supported on CUDA tensors yet";
-  const std::string dropout_pair = "dropout together with paged K/V caches: not supported on CUDA tensors yet";
+  const std::string off_tail = ": turned off on CUDA tensors by FLASHSPAN_SDPA_FEATURE_PAIRS=0; CPU tensors run it "
+                               "on the CPU reference";
+  const std::string bias_pair = "bias together with paged K/V caches" + off_tail;
+  const std::string dropout_pair = "dropout together with paged K/V caches" + off_tail;
   const struct {
     const char* name;
     Setup setup;
-    const std::string& refusal;  // the message's start with the switch off
+    const std::string& refusal;  // the message with the switch off
   } calls[] = {
       {"bias", [&](api::SdpaAttributes& a) { a.set_bias(bias); }, bias_pair},
       {"float32 bias [1, H_q, 1, S_kv]", [&](api::SdpaAttributes& a) { a.set_bias(bias_b); }, bias_pair},
@@ -346,18 +351,68 @@ TEST(SdpaPaged, CudaRulesBiasDropout) {
     const std::string plain = paged_cuda_check_support([](api::SdpaAttributes&) {});
     EXPECT_EQ(plain.find("together with paged K/V caches"), std::string::npos) << plain;
     for (const auto& call : calls) {
-      const std::string m = paged_cuda_check_support(call.setup);
-      EXPECT_TRUE(starts(m, call.refusal)) << call.name << ": " << m;
+      EXPECT_EQ(paged_cuda_check_support(call.setup), call.refusal) << call.name;
     }
   }
-  {
-    const PairsSwitch on(1);
+  const ScopedEnv pairs_env("FLASHSPAN_SDPA_FEATURE_PAIRS", nullptr);
+  for (int sw : {1, -1}) {  // forced on, and the default
+    const PairsSwitch on(sw);
     for (const auto& call : calls) {
       const std::string m = paged_cuda_check_support(call.setup);
-      EXPECT_FALSE(starts(m, bias_pair) || starts(m, dropout_pair)) << call.name << ": " << m;
-      EXPECT_EQ(m.find("together with paged K/V caches"), std::string::npos) << call.name << ": " << m;
+      EXPECT_FALSE(starts(m, bias_pair) || starts(m, dropout_pair)) << call.name << " (" << sw << "): " << m;
+      EXPECT_EQ(m.find("together with paged K/V caches"), std::string::npos) << call.name << " (" << sw << "): " << m;
     }
   }
+}
+
+TEST(SdpaPaged, FeaturePairsSwitchReadsTheEnvironment) {
+  // The feature pairs' switch (sdpa_launch.h sdpa_feature_pairs_enabled): on by default (since their GPU tests
+  // passed on an H200), off when FLASHSPAN_SDPA_FEATURE_PAIRS is exactly "0" (family.cpp env_flag_off; unset,
+  // empty or any other value: on), read per check_support; FLASHSPAN_EXPERIMENTAL (their switch before) no
+  // longer changes it; set_sdpa_feature_pairs_enabled(1 / 0) wins over the environment both ways, -1 gives it
+  // back. Seen through a paged call with a bias: accepted for the pair when on, refused naming it when off.
+  namespace api = flashspan::api;
+  const fs_device_t cuda{FS_DEVICE_CUDA, 0};
+  const api::TensorDesc bias(nullptr, api::kBFloat16, cuda, {2, 2, 5, 70});
+  auto with_bias = [&](api::SdpaAttributes& a) { a.set_bias(bias); };
+  const std::string off = "bias together with paged K/V caches: turned off on CUDA tensors by "
+                          "FLASHSPAN_SDPA_FEATURE_PAIRS=0; CPU tensors run it on the CPU reference";
+  auto accepted = [&] {
+    const std::string m = paged_cuda_check_support(with_bias);
+    return m.find("together with paged K/V caches") == std::string::npos;
+  };
+  const PairsSwitch env_answer(-1);  // paged K/V forced on, the pairs the environment's answer
+  ScopedEnv var("FLASHSPAN_SDPA_FEATURE_PAIRS", nullptr);
+  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
+  EXPECT_TRUE(sdpa_feature_pairs_enabled());
+  EXPECT_TRUE(accepted());
+  experimental.set("0");
+  EXPECT_TRUE(sdpa_feature_pairs_enabled());
+  EXPECT_TRUE(accepted());
+  var.set("0");
+  EXPECT_FALSE(sdpa_feature_pairs_enabled());
+  EXPECT_EQ(paged_cuda_check_support(with_bias), off);
+  experimental.set("1");
+  EXPECT_FALSE(sdpa_feature_pairs_enabled());
+  EXPECT_EQ(paged_cuda_check_support(with_bias), off);
+  for (const char* other : {"1", "", "00", " 0", "off", "false"}) {  // anything but "0" leaves them on
+    var.set(other);
+    EXPECT_TRUE(sdpa_feature_pairs_enabled()) << '"' << other << '"';
+    EXPECT_TRUE(accepted()) << '"' << other << '"';
+  }
+  var.set("0");
+  set_sdpa_feature_pairs_enabled(1);
+  EXPECT_TRUE(sdpa_feature_pairs_enabled());
+  EXPECT_TRUE(accepted());
+  var.set(nullptr);
+  experimental.set(nullptr);
+  set_sdpa_feature_pairs_enabled(0);
+  EXPECT_FALSE(sdpa_feature_pairs_enabled());
+  EXPECT_EQ(paged_cuda_check_support(with_bias), off);
+  set_sdpa_feature_pairs_enabled(-1);
+  EXPECT_TRUE(sdpa_feature_pairs_enabled());
+  var.set("0");
+  EXPECT_FALSE(sdpa_feature_pairs_enabled());
 }
 
 }  // namespace

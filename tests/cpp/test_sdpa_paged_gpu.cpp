@@ -12,8 +12,9 @@
 // bounds (PagedBadEntryIsNaN). The tests switch paged K/V on in-process (set_sdpa_paged_enabled),
 // whatever FLASHSPAN_SDPA_PAGED says. Skips when no CUDA device is visible (or the build has no CUDA).
 //
-// Score features with paged K/V (experimental: the tests switch sdpa_feature_pairs_enabled on
-// in-process, whatever FLASHSPAN_EXPERIMENTAL says): BiasRandom, 40 random cases (prefill and
+// Score features with paged K/V (feature pairs, on by default since these tests passed on an H200,
+// FLASHSPAN_SDPA_FEATURE_PAIRS=0 off; the tests switch sdpa_feature_pairs_enabled on in-process,
+// whatever that variable says): BiasRandom, 40 random cases (prefill and
 // decode shapes, every page size, GQA, both dtypes) each with an additive bias in one of the 16
 // broadcast forms (every form drawn), q's dtype or float32, padded strides on some; DropoutRandom,
 // 40 random cases with Philox dropout (probabilities 0 .. 0.9, int32 / int64 seed and offset,
@@ -510,8 +511,8 @@ struct PagedOn {
   ~PagedOn() { set_sdpa_paged_enabled(-1); }
 };
 
-// The experimental feature pairs (sdpa_feature_pairs_enabled: the bias and dropout with paged K/V)
-// forced on for a test, the environment's answer (FLASHSPAN_EXPERIMENTAL=1) after it; paged K/V too.
+// The feature pairs (sdpa_feature_pairs_enabled: the bias and dropout with paged K/V) forced on for a
+// test, the environment's answer (on unless FLASHSPAN_SDPA_FEATURE_PAIRS=0) after it; paged K/V too.
 struct FeaturePairsOn {
   PagedOn paged;
   FeaturePairsOn() { set_sdpa_feature_pairs_enabled(1); }

@@ -1,8 +1,9 @@
 """flashspan.sdpa_fp8 / sdpa_fp8_backward on CPU tensors (the CPU reference) against the independent float64 oracle
 (sdpa_fp8_ref.py): random configurations (formats, scales, GQA, causal, padding, THD), the FP8 conversions against
 torch's float8 casts (every code, hypothesis-drawn scales), the oracle's own formulas against autograd, and bad input;
-and, on CUDA descriptors without a GPU, the C layer's NotImplementedError for the FP8 backward on CUDA tensors
-(experimental: FLASHSPAN_EXPERIMENTAL=1; its rule's refusals).
+and, on CUDA descriptors without a GPU, the C layer's rules for the FP8 backward on CUDA tensors (on by default,
+NotImplementedError with FLASHSPAN_SDPA_FP8_BWD=0; its rule's refusals) and for the FP8 forward on the sm80 kernels
+(on by default, FLASHSPAN_SDPA_FP8_SM80=0 leaves FP8 forwards to the sm90 one's rules).
 """
 
 import itertools
@@ -350,7 +351,7 @@ def test_exports(fs):
 
 
 # ---------------------------------------------------------------------------
-# The FP8 backward on CUDA tensors (experimental), on descriptors: no GPU needed
+# The FP8 backward and the sm80 FP8 forward on CUDA tensors, on descriptors: no GPU needed
 # ---------------------------------------------------------------------------
 
 
@@ -388,25 +389,60 @@ def _cuda_fp8_bwd_op(Hv=2, D=64, Dv=128, deterministic=False, attn_scale_tensor=
     return L.Op("bwd", descs, attrs)
 
 
-@pytest.mark.parametrize("value", [None, "0", "yes"])
-def test_cuda_fp8_backward_needs_flashspan_experimental(fs, monkeypatch, value):
-    """Without FLASHSPAN_EXPERIMENTAL=1 (read per check_support) every FP8 backward on CUDA tensors is refused as
-    experimental, before the rule's own refusals, with the variable named."""
+BWD_ENV, SM80_ENV, EXPERIMENTAL_ENV = "FLASHSPAN_SDPA_FP8_BWD", "FLASHSPAN_SDPA_FP8_SM80", "FLASHSPAN_EXPERIMENTAL"
+BWD_OFF = (r"^dQ, dK, dV: the FP8 backward on CUDA tensors is turned off \(FLASHSPAN_SDPA_FP8_BWD=0\); CPU tensors run "
+           r"sdpa_fp8_backward on the CPU reference$")
+
+
+def _set_env(monkeypatch, name, value):
+    """name set to value for the test (None: unset)."""
     if value is None:
-        monkeypatch.delenv("FLASHSPAN_EXPERIMENTAL", raising=False)
+        monkeypatch.delenv(name, raising=False)
     else:
-        monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", value)
+        monkeypatch.setenv(name, value)
+
+
+def _passes_host_rules(build):
+    """Whether build() gets past the C layer's host rules: no NotImplementedError (without a GPU check_support then
+    fails at the device with another error, which is not a refusal)."""
+    try:
+        build()
+    except NotImplementedError:
+        return False
+    except Exception:  # noqa: BLE001 (no device here)
+        pass
+    return True
+
+
+@pytest.mark.parametrize("experimental", [None, "0", "1"])
+def test_cuda_fp8_backward_switch_off_refuses(fs, monkeypatch, experimental):
+    """With FLASHSPAN_SDPA_FP8_BWD=0 (read per check_support) every FP8 backward on CUDA tensors is refused, before the
+    rule's own refusals, naming the variable; FLASHSPAN_EXPERIMENTAL (its switch before) does not bring it back."""
+    monkeypatch.setenv(BWD_ENV, "0")
+    _set_env(monkeypatch, EXPERIMENTAL_ENV, experimental)
     for kw in ({}, dict(D=144), dict(Hv=4), dict(deterministic=True)):
-        with pytest.raises(NotImplementedError, match=r"^dQ, dK, dV: the FP8 backward on CUDA tensors is experimental"
-                                                      r".*FLASHSPAN_EXPERIMENTAL=1 turns it on"):
+        with pytest.raises(NotImplementedError, match=BWD_OFF):
             _cuda_fp8_bwd_op(**kw)
 
 
+@pytest.mark.parametrize("value,experimental", [(None, None), (None, "0"), (None, "1"), ("1", None), ("", None),
+                                                ("00", None), ("off", None)])
+def test_cuda_fp8_backward_on_by_default(fs, monkeypatch, value, experimental):
+    """The FP8 backward on CUDA tensors is on by default (since its GPU tests passed on an H200) and with
+    FLASHSPAN_SDPA_FP8_BWD anything but "0", whatever FLASHSPAN_EXPERIMENTAL says: a covered call passes the host
+    rules (deterministic too)."""
+    _set_env(monkeypatch, BWD_ENV, value)
+    _set_env(monkeypatch, EXPERIMENTAL_ENV, experimental)
+    for det in (False, True):
+        assert _passes_host_rules(lambda: _cuda_fp8_bwd_op(deterministic=det)), (value, experimental, det)
+
+
 def test_cuda_fp8_backward_rule_is_named(fs, monkeypatch):
-    """With FLASHSPAN_EXPERIMENTAL=1: what the FP8 backward does not run is named (sdpa_fp8_bwd_refusal) with the
-    rule's message, deterministic or not; a covered call, deterministic too (the ordered dQ kernel with the FP8
-    steps), passes the host rules (without a GPU check_support then stops at the device, not on an FP8 rule)."""
-    monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
+    """By default (FLASHSPAN_SDPA_FP8_BWD unset): what the FP8 backward does not run is named (sdpa_fp8_bwd_refusal)
+    with the rule's message, deterministic or not; a covered call, deterministic too (the ordered dQ kernel with the
+    FP8 steps), passes the host rules (without a GPU check_support then stops at the device, not on an FP8 rule)."""
+    monkeypatch.delenv(BWD_ENV, raising=False)
+    monkeypatch.delenv(EXPERIMENTAL_ENV, raising=False)
     tail = (r": not supported by the FP8 backward on CUDA tensors yet \(it runs H_k = H_v, each head dim a multiple "
             r"of 16 up to 128\); CPU tensors run it on the CPU reference$")
     dims = r"head dims \(multiples of 16 up to 128\)"
@@ -428,6 +464,53 @@ def test_cuda_fp8_backward_rule_is_named(fs, monkeypatch):
                 assert "FP8" not in msg and "attn_scale" not in msg and "deterministic" not in msg, (kw, det, msg)
             except Exception:  # noqa: BLE001 (no device here)
                 pass
+
+
+def _cuda_fp8_fwd_op(D=256, Dv=256):
+    """Creates an FP8 forward operation on CUDA descriptors (B = 2, H_q = 4, H_k = H_v = 2, S_q = 100, S_kv = 130,
+    E4M3; by default head dims (256, 256), which only the FP8 forward on the sm80 kernels runs) through the library's
+    Python binding (its NotImplementedError on check_support's NOT_SUPPORTED)."""
+    from flashspan import _lib as lib
+    from flashspan import _sdpa_lib as L
+
+    dev = torch.device("cuda", 0)
+
+    def d(shape, dtype):
+        stride = [1] * len(shape)
+        for i in range(len(shape) - 2, -1, -1):
+            stride[i] = stride[i + 1] * shape[i + 1]
+        return lib.TensorDesc.from_spec(shape, stride, dtype, dev, "t")
+
+    B, Hq, Hk, Sq, Skv = 2, 4, 2, 100, 130
+    attrs = L.Attributes(False)
+    attrs.set("attn_scale", 0.125)
+    attrs.set("generate_stats", 1)
+    for name in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o", "amax_s", "amax_o"):
+        attrs.set(name, d((1, 1, 1, 1), torch.float32))
+    descs = [d((B, Hq, Sq, D), E4M3), d((B, Hk, Skv, D), E4M3), d((B, Hk, Skv, Dv), E4M3), d((B, Hq, Sq, Dv), E4M3),
+             d((B, Hq, Sq, 1), torch.float32)]
+    return L.Op("fwd", descs, attrs)
+
+
+@pytest.mark.parametrize("value,experimental", [(None, None), (None, "0"), (None, "1"), ("1", None), ("", None),
+                                                ("off", None), ("0", None), ("0", "1")])
+def test_cuda_fp8_forward_on_sm80_switch(fs, monkeypatch, value, experimental):
+    """The FP8 forward on the sm80 kernels is on by default (since its GPU tests passed on an H200): an FP8 forward
+    with head dims (256, 256), which the sm90 FP8 forward does not run, passes the host rules; with
+    FLASHSPAN_SDPA_FP8_SM80=0 (read per check_support; only "0") it is refused by the sm90 one's head-dim rule,
+    whatever FLASHSPAN_EXPERIMENTAL says. FLASHSPAN_SM90_SDPA_FP8 unset (the sm90 one on)."""
+    monkeypatch.delenv("FLASHSPAN_SM90_SDPA_FP8", raising=False)
+    _set_env(monkeypatch, SM80_ENV, value)
+    _set_env(monkeypatch, EXPERIMENTAL_ENV, experimental)
+    if value == "0":
+        with pytest.raises(NotImplementedError, match=r"^head dims \(multiples of 16 up to 128\): not supported with "
+                                                      r"FP8 inputs on CUDA tensors yet"):
+            _cuda_fp8_fwd_op()
+    else:
+        assert _passes_host_rules(_cuda_fp8_fwd_op), (value, experimental)
+    # Head dims neither FP8 forward runs are refused either way (not a device failure).
+    with pytest.raises(NotImplementedError, match=r"^head dims"):
+        _cuda_fp8_fwd_op(144, 144)
 
 
 def test_attn_scale_goes_through_sdpa_scale_on_host(fs, monkeypatch):

@@ -2,15 +2,16 @@
 same call on CPU copies (the CPU reference, itself checked against the float64 oracle by test_sdpa_fp8_cpu.py): the
 Python surface end to end on the GPU -- device and host scale tensors, o in either format, the LSE in both bases,
 score_max / score_sum_exp, amax_s / amax_o, causal, padding by seq_len and cu_seq_len on padded tensors with
-NaN-poisoned padding, GQA / MQA. Skipped without an sm_90 device. With FLASHSPAN_EXPERIMENTAL=1 and the sm90 one off,
-the FP8 forward on the sm80 kernels (every GPU from sm_80; test_gpu_fp8_forward_on_sm80_kernels).
+NaN-poisoned padding, GQA / MQA. Skipped without an sm_90 device. With the sm90 one off, the FP8 forward on the sm80
+kernels (every GPU from sm_80; on by default since these tests passed on an H200, FLASHSPAN_SDPA_FP8_SM80=0 turns it
+off: test_gpu_fp8_forward_on_sm80_kernels, test_gpu_fp8_forward_sm80_switch_off).
 
-flashspan.sdpa_fp8_backward on CUDA tensors (the FP8 backward on the sm80 kernels, every GPU from sm_80;
-experimental: FLASHSPAN_EXPERIMENTAL=1, set here with monkeypatch) against the same call on CPU copies and both
-against a float64 model of the kernel's arithmetic (_bwd_model: the criterion of tests/cpp/test_sdpa_fp8_gpu.cpp,
-whose file comment derives it): GQA, both formats, causal or not, factors and attn_scale as numbers, host or device
+flashspan.sdpa_fp8_backward on CUDA tensors (the FP8 backward on the sm80 kernels, every GPU from sm_80; on by
+default since these tests passed on an H200, run here in the default environment) against the same call on CPU copies
+and both against a float64 model of the kernel's arithmetic (_bwd_model: the criterion of
+tests/cpp/test_sdpa_fp8_gpu.cpp, whose file comment derives it): GQA, both formats, causal or not, factors and attn_scale as numbers, host or device
 tensors, BHSD, BSHD and odd row strides (sliced views), deterministic every third case (run twice: bitwise the same
-results); without the variable the call raises NotImplementedError naming it. Skipped without a CUDA device of
+results); with FLASHSPAN_SDPA_FP8_BWD=0 the call raises NotImplementedError naming it. Skipped without a CUDA device of
 compute capability 8.0 or newer. A CUDA attn_scale tensor works in both directions (read on the host).
 
 Criteria: FP8 wgmma accumulates the scores with reduced precision (DeepSeek-V3, arXiv 2412.19437 s. 3.3.2), so the GPU
@@ -48,8 +49,11 @@ sm80 = pytest.mark.skipif(not _sm80(), reason="the FP8 backward runs on a CUDA d
 
 @pytest.fixture(autouse=True)
 def _fp8_on(monkeypatch):
-    # The FP8 kernel's switch (dispatch/sdpa_launch.h sdpa_fp8_sm90_enabled): on by default; not turned off here.
-    monkeypatch.delenv("FLASHSPAN_SM90_SDPA_FP8", raising=False)
+    # The FP8 kernels' switches (dispatch/sdpa_launch.h sdpa_fp8_sm90_enabled, sdpa_fp8_fwd_sm80_enabled,
+    # sdpa_fp8_bwd_enabled): on by default; the tests start from the default environment and turn one off where they
+    # say so.
+    for name in ("FLASHSPAN_SM90_SDPA_FP8", "FLASHSPAN_SDPA_FP8_SM80", "FLASHSPAN_SDPA_FP8_BWD"):
+        monkeypatch.delenv(name, raising=False)
 
 
 def _randn(shape, dtype, gen, mag):
@@ -124,13 +128,36 @@ def test_gpu_fp8_forward_matches_cpu_reference(fs, seed):
 @sm80
 @pytest.mark.parametrize("seed", range(100, 116))
 def test_gpu_fp8_forward_on_sm80_kernels(fs, seed, monkeypatch):
-    """The FP8 forward on the sm80 kernels (experimental, not yet run on a GPU when written): FLASHSPAN_EXPERIMENTAL=1
-    with the sm90 one off (FLASHSPAN_SM90_SDPA_FP8=0, each set before the signature's first call: Python keeps one
-    operation per signature), the head dims the sm90 one does not run too ((192, 128), (256, 256))."""
-    monkeypatch.setenv(EXPERIMENTAL, "1")
+    """The FP8 forward on the sm80 kernels (on by default; passed on an H200 on 2026-12-05) with the sm90 one off
+    (FLASHSPAN_SM90_SDPA_FP8=0, set before the signature's first call: Python keeps one operation per signature), the
+    head dims the sm90 one does not run too ((192, 128), (256, 256))."""
     monkeypatch.setenv("FLASHSPAN_SM90_SDPA_FP8", "0")
     dims = [(48, 48), (64, 64), (192, 128), (16, 32), (128, 128), (256, 256), (96, 64), (112, 112)][seed % 8]
     _check_forward(fs, _case(seed, dims))
+
+
+@sm80
+def test_gpu_fp8_forward_sm80_switch_off(fs, monkeypatch):
+    """FLASHSPAN_SDPA_FP8_SM80=0 (read when an operation is first checked) leaves FP8 forwards to the sm90 one: head
+    dims (256, 256), which only the sm80 kernels run, are refused by its rule (before any device check); unset (the
+    default), the same call runs. A signature no other test here uses (the operation cache keeps a call checked
+    once; a refused call is not kept)."""
+    gen = torch.Generator().manual_seed(5)
+    q, k, v = (_randn((1, 1, 5, 256), E4M3, gen, 8.0).to("cuda") for _ in range(3))
+    args = (q, k, v, 1.0, 1.0, 1.0, 1 / 448, 448.0, 1.0)
+    for experimental in (None, "1"):  # FLASHSPAN_EXPERIMENTAL (its switch before) does not bring it back
+        if experimental is None:
+            monkeypatch.delenv("FLASHSPAN_EXPERIMENTAL", raising=False)
+        else:
+            monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", experimental)
+        monkeypatch.setenv("FLASHSPAN_SDPA_FP8_SM80", "0")
+        with pytest.raises(NotImplementedError, match=r"^head dims \(multiples of 16 up to 128\): not supported with "
+                                                      r"FP8 inputs on CUDA tensors yet"):
+            fs.sdpa_fp8(*args, attn_scale=0.0625)
+    monkeypatch.delenv("FLASHSPAN_SDPA_FP8_SM80")
+    o = fs.sdpa_fp8(*args, attn_scale=0.0625)[0]
+    assert o.device.type == "cuda" and o.shape == (1, 1, 5, 256) and o.dtype == E4M3
+    assert not torch.isnan(o.to(torch.float32)).any()
 
 
 def _check_forward(fs, c: dict):
@@ -180,7 +207,8 @@ def test_gpu_fp8_forward_runs_the_kernel(fs):
 
 
 # ---------------------------------------------------------------------------
-# The FP8 backward (experimental; every GPU from sm_80)
+# The FP8 backward (every GPU from sm_80; on by default since these tests passed on an H200, FLASHSPAN_SDPA_FP8_BWD=0
+# turns it off)
 # ---------------------------------------------------------------------------
 #
 # Criterion (tests/cpp/test_sdpa_fp8_gpu.cpp derives it): the kernel computes P, dS, D, dP in fp32 where the model
@@ -197,7 +225,7 @@ def test_gpu_fp8_forward_runs_the_kernel(fs):
 BWD_SCALES = ("descale_q", "descale_k", "descale_v", "descale_o", "descale_dO", "descale_s", "descale_dP", "scale_s",
               "scale_dQ", "scale_dK", "scale_dV", "scale_dP")
 K_SAFETY = 2.0
-EXPERIMENTAL = "FLASHSPAN_EXPERIMENTAL"
+BWD_ENV, EXPERIMENTAL = "FLASHSPAN_SDPA_FP8_BWD", "FLASHSPAN_EXPERIMENTAL"
 
 
 def _f32(x: float) -> float:
@@ -400,10 +428,10 @@ def _check_bwd(got, c: dict, who: str) -> None:
 @sm80
 @pytest.mark.usefixtures("poison_uninitialized")
 @pytest.mark.parametrize("seed", range(12))
-def test_gpu_fp8_backward_matches_cpu_reference(fs, monkeypatch, seed):
+def test_gpu_fp8_backward_matches_cpu_reference(fs, seed):
     """The GPU and the CPU reference against the model; a deterministic case runs twice on the GPU and must give
-    bitwise the same dQ, dK, dV codes and amaxes (the deterministic path's promise)."""
-    monkeypatch.setenv(EXPERIMENTAL, "1")
+    bitwise the same dQ, dK, dV codes and amaxes (the deterministic path's promise). The default environment (the
+    FP8 backward on by default: the autouse fixture unsets FLASHSPAN_SDPA_FP8_BWD)."""
     c = _bwd_case(seed)
     got = _run_bwd(fs, c, "cuda")
     want = _run_bwd(fs, c, "cpu")
@@ -414,6 +442,29 @@ def test_gpu_fp8_backward_matches_cpu_reference(fs, monkeypatch, seed):
         assert differ <= g.numel() // 50 + 2, f"{name}: {differ} of {g.numel()} codes differ from the CPU reference's"
     if c["deterministic"]:
         _assert_same_bits(got, _run_bwd(fs, c, "cuda"), "deterministic GPU, two runs")
+
+
+@sm90
+@pytest.mark.usefixtures("poison_uninitialized")
+@pytest.mark.parametrize("seed", range(12))
+def test_gpu_fp8_backward_on_sm90_kernel(fs, monkeypatch, seed):
+    """The same cases on the sm90 backward kernel (experimental: FLASHSPAN_EXPERIMENTAL=1 turns on
+    sdpa_fp8_bwd_sm90_enabled; the operation cache emptied first, since an operation keeps the kernel family its
+    check_support chose): against the model and the CPU reference, deterministic cases bitwise the same twice."""
+    import flashspan._sdpa_lib as L
+    import flashspan.sdpa as S
+
+    monkeypatch.setenv(EXPERIMENTAL, "1")
+    monkeypatch.setattr(S, "_CACHE", L.OpCache())
+    c = _bwd_case(seed)
+    got = _run_bwd(fs, c, "cuda")
+    want = _run_bwd(fs, c, "cpu")
+    _check_bwd(got, c, "GPU (sm90 kernel)")
+    for g, w, name in zip(got[:3], want[:3], ("dQ", "dK", "dV")):
+        differ = int((g.view(torch.uint8) != w.view(torch.uint8)).sum())
+        assert differ <= g.numel() // 50 + 2, f"{name}: {differ} of {g.numel()} codes differ from the CPU reference's"
+    if c["deterministic"]:
+        _assert_same_bits(got, _run_bwd(fs, c, "cuda"), "deterministic GPU (sm90 kernel), two runs")
 
 
 def _assert_same_bits(x, y, what: str) -> None:
@@ -437,25 +488,28 @@ def _small_bwd_args(device: str, D: int = 48, Dv: int = 80, Hq: int = 3, Hk: int
 
 
 @pytest.mark.skipif(not cuda_ready(), reason="needs a CUDA device")
-@pytest.mark.parametrize("value", [None, "0", "true"])
-def test_gpu_fp8_backward_needs_flashspan_experimental(fs, monkeypatch, value):
-    """Without FLASHSPAN_EXPERIMENTAL=1 an FP8 backward on CUDA tensors is refused by the C layer's check_support
-    (NotImplementedError naming the variable; python/flashspan/sdpa_fp8.py has no rule of its own)."""
-    if value is None:
+@pytest.mark.parametrize("experimental", [None, "1"])
+def test_gpu_fp8_backward_switch_off(fs, monkeypatch, experimental):
+    """With FLASHSPAN_SDPA_FP8_BWD=0 an FP8 backward on CUDA tensors is refused by the C layer's check_support
+    (NotImplementedError naming the variable; python/flashspan/sdpa_fp8.py has no rule of its own), whatever
+    FLASHSPAN_EXPERIMENTAL says (its switch before). The call's signature is used by no test that runs it (a refused
+    call is not kept by the operation cache)."""
+    monkeypatch.setenv(BWD_ENV, "0")
+    if experimental is None:
         monkeypatch.delenv(EXPERIMENTAL, raising=False)
     else:
-        monkeypatch.setenv(EXPERIMENTAL, value)
-    with pytest.raises(NotImplementedError, match=r"^dQ, dK, dV: the FP8 backward on CUDA tensors is experimental.*"
-                                                  r"FLASHSPAN_EXPERIMENTAL=1"):
+        monkeypatch.setenv(EXPERIMENTAL, experimental)
+    with pytest.raises(NotImplementedError, match=r"^dQ, dK, dV: the FP8 backward on CUDA tensors is turned off "
+                                                  r"\(FLASHSPAN_SDPA_FP8_BWD=0\); CPU tensors run sdpa_fp8_backward on "
+                                                  r"the CPU reference$"):
         fs.sdpa_fp8_backward(*_small_bwd_args("cuda"), attn_scale=0.25, use_causal_mask=True)
 
 
 @pytest.mark.skipif(not cuda_ready(), reason="needs a CUDA device")
-def test_gpu_fp8_backward_refusals_name_the_rule(fs, monkeypatch):
-    """With FLASHSPAN_EXPERIMENTAL=1, what the FP8 backward does not run is named (sdpa_fp8_bwd_refusal) with the rule's
-    message, deterministic or not (the deterministic algorithm itself is covered: test_gpu_fp8_backward_deterministic_
+def test_gpu_fp8_backward_refusals_name_the_rule(fs):
+    """By default, what the FP8 backward does not run is named (sdpa_fp8_bwd_refusal) with the rule's message,
+    deterministic or not (the deterministic algorithm itself is covered: test_gpu_fp8_backward_deterministic_
     and_device_attn_scale)."""
-    monkeypatch.setenv(EXPERIMENTAL, "1")
     tail = (r": not supported by the FP8 backward on CUDA tensors yet \(it runs H_k = H_v, each head dim a multiple "
             r"of 16 up to 128\); CPU tensors run it on the CPU reference")
     for det in (False, True):
@@ -467,12 +521,11 @@ def test_gpu_fp8_backward_refusals_name_the_rule(fs, monkeypatch):
 
 @sm80
 @pytest.mark.usefixtures("poison_uninitialized")
-def test_gpu_fp8_backward_deterministic_and_device_attn_scale(fs, monkeypatch):
+def test_gpu_fp8_backward_deterministic_and_device_attn_scale(fs):
     """use_deterministic_algorithm=True runs (no refusal), meets the criterion and gives bitwise the same results twice;
     attn_scale as a CUDA tensor (1-element or 0-d; read on the host by flashspan.sdpa's _scale_on_host), as a host
     tensor and as a float give bitwise the same results, and another value in the CUDA tensor other ones; the atomic
     (non-deterministic) dQ path meets the criterion and lands on the same codes but for rounding-boundary cases."""
-    monkeypatch.setenv(EXPERIMENTAL, "1")
     c = dict(_bwd_case(4, max_s=150), layout="odd", deterministic=True, scale_where="device")
     runs = {w: _run_bwd(fs, dict(c, attn_where=w), "cuda") for w in ("number", "device", "device 0-d", "host")}
     _check_bwd(runs["number"], c, "GPU (deterministic)")

@@ -17,6 +17,7 @@ from conftest import cuda_ready
 from sdpa_cases import assert_close, mask_problem, sample_rows, valid_rows
 
 ROUTE_ENV, EXPERIMENTAL_ENV, PAGED_ENV = "FLASHSPAN_SDPA_ROUTE", "FLASHSPAN_EXPERIMENTAL", "FLASHSPAN_SDPA_PAGED"
+PAIRS_ENV = "FLASHSPAN_SDPA_FEATURE_PAIRS"
 
 pytestmark = pytest.mark.usefixtures("poison_uninitialized")
 
@@ -134,49 +135,83 @@ def _cuda_op(L, lib, direction, setup, hv=1):
     return L.Op(direction, descs, attrs)
 
 
+@pytest.mark.parametrize("experimental", [None, "1"])
 @pytest.mark.parametrize("feature,setup", [
     ("attn_scale as a device tensor", lambda a, d: a.set("attn_scale_tensor", d((1,), torch.float32))),
-    ("max_logit together with sink_token",
-     lambda a, d: (a.set("sink_token", d((2,), torch.float32)), a.set("max_logit", d((2,), torch.float32)))),
 ])
-def test_cuda_feature_not_native_is_named(fs, feature, setup, monkeypatch):
+def test_cuda_feature_not_native_is_named(fs, feature, setup, monkeypatch, experimental):
     from flashspan import _lib as lib
     from flashspan import _sdpa_lib as L
 
-    monkeypatch.delenv("FLASHSPAN_EXPERIMENTAL", raising=False)  # (max_logit with sinks runs when it is 1)
+    if experimental is None:
+        monkeypatch.delenv(EXPERIMENTAL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(EXPERIMENTAL_ENV, experimental)
     with pytest.raises(NotImplementedError, match=f"^{re.escape(feature)}.*not supported on CUDA tensors yet"):
         _cuda_op(L, lib, "fwd", setup)
 
 
-def test_cuda_experimental_feature_pairs(fs, monkeypatch):
-    """The feature pairs written without a GPU run on CUDA tensors with FLASHSPAN_EXPERIMENTAL=1 (read at each
-    check): max_logit with sinks, score_max / score_sum_exp with a packed O; the rule refuses them otherwise."""
+def _sinks_max_logit(a, d):
+    a.set("sink_token", d((2,), torch.float32))
+    a.set("max_logit", d((2,), torch.float32))
+
+
+def _paged_bias(a, d):
+    _paged_setup(a, d)
+    a.set("bias", d((1, 2, 16, 16)))
+
+
+def _paged_dropout(a, d):
+    _paged_setup(a, d)
+    a.set_dropout(0.1, d((1,), torch.int64), d((1,), torch.int64))
+
+
+FEATURE_PAIRS = [("max_logit together with sink_token", _sinks_max_logit),
+                 ("bias together with paged K/V caches", _paged_bias),
+                 ("dropout together with paged K/V caches", _paged_dropout)]
+
+
+@pytest.mark.parametrize("pairs,experimental", [(None, None), (None, "0"), (None, "1"), ("1", None), ("", None),
+                                                ("off", None), ("0", None), ("0", "1")])
+def test_cuda_feature_pairs_switch(fs, monkeypatch, pairs, experimental):
+    """The feature pairs (max_logit with sinks, the bias or dropout with paged K/V; score_max / score_sum_exp with a
+    packed O: tests/cpp/test_sdpa_api.cpp) run on CUDA tensors by default, since their GPU tests passed on an H200:
+    they pass the host rules (without a GPU check_support then stops at the device). FLASHSPAN_SDPA_FEATURE_PAIRS=0
+    (read at each check; only "0") refuses each, naming the pair and the variable; FLASHSPAN_EXPERIMENTAL (their
+    switch before) changes neither answer."""
     from flashspan import _lib as lib
     from flashspan import _sdpa_lib as L
 
-    def pair(a, d):
-        a.set("sink_token", d((2,), torch.float32))
-        a.set("max_logit", d((2,), torch.float32))
-
-    monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
-    try:
-        _cuda_op(L, lib, "fwd", pair)
-    except NotImplementedError:
-        raise
-    except Exception:  # noqa: BLE001 (no device here: a later check fails)
-        pass
-    monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "0")
-    with pytest.raises(NotImplementedError, match=r"^max_logit together with sink_token: not supported on CUDA"):
-        _cuda_op(L, lib, "fwd", pair)
+    monkeypatch.delenv(PAGED_ENV, raising=False)
+    for name, value in ((PAIRS_ENV, pairs), (EXPERIMENTAL_ENV, experimental)):
+        if value is None:
+            monkeypatch.delenv(name, raising=False)
+        else:
+            monkeypatch.setenv(name, value)
+    for feature, setup in FEATURE_PAIRS:
+        if pairs == "0":
+            with pytest.raises(NotImplementedError, match=f"^{re.escape(feature)}: turned off on CUDA tensors by "
+                                                          r"FLASHSPAN_SDPA_FEATURE_PAIRS=0; CPU tensors run it on the "
+                                                          r"CPU reference$"):
+                _cuda_op(L, lib, "fwd", setup)
+        else:
+            try:
+                _cuda_op(L, lib, "fwd", setup)
+            except NotImplementedError as e:
+                pytest.fail(f"{feature} refused with {PAIRS_ENV}={pairs!r}, {EXPERIMENTAL_ENV}={experimental!r}: {e}")
+            except Exception:  # noqa: BLE001 (no device here: a later check fails)
+                pass
 
 
 def test_cuda_dbias_with_softcap_not_native_is_named(fs, monkeypatch):
     """The additive bias and dBias run natively; dBias together with softcap does not (the dK/dV kernel's dS there
-    holds softcap's derivative), with FLASHSPAN_EXPERIMENTAL=1 neither."""
+    holds softcap's derivative), whatever FLASHSPAN_EXPERIMENTAL or FLASHSPAN_SDPA_FEATURE_PAIRS say (not a feature
+    pair)."""
     from flashspan import _lib as lib
     from flashspan import _sdpa_lib as L
 
     monkeypatch.delenv("FLASHSPAN_EXPERIMENTAL", raising=False)
+    monkeypatch.delenv(PAIRS_ENV, raising=False)
 
     def both(a, d):
         a.set("bias", d((1, 2, 16, 16)))

@@ -34,7 +34,7 @@ void launch_sdpa_fwd_rng_dump(const SdpaFwdParams& p, cudaStream_t stream);
 // SDPA's score_max / score_sum_exp beside a packed O (p.analytic.start[kSdpaO] ragged; else, or without
 // those outputs, nothing): their padded rows past each sample, which the forward's blocks do not reach
 // (they stop at a packed O's sample), set to -inf / 0, the values of a row that sees nothing; rows inside
-// the samples are left to the forward. Experimental (sdpa_launch.h sdpa_feature_pairs_enabled).
+// the samples are left to the forward. Switched by sdpa_launch.h sdpa_feature_pairs_enabled.
 void launch_sdpa_fwd_stats_padding(const SdpaFwdParams& p, cudaStream_t stream);
 
 }  // namespace flashspan

@@ -1,7 +1,9 @@
 // The FP8 SDPA backward on the sm80 kernels (cuDNN's sdpa_fp8_backward; params.h SdpaFp8BwdParams, the
 // formulas in docs/SDPA.md "FP8 SDPA"), every GPU from sm_80 (none of which before sm_89 has an FP8
-// instruction: conversions by kernels/common/fp8_soft.h). Experimental, not yet run on a GPU
-// (FLASHSPAN_EXPERIMENTAL=1; dispatch/sdpa_family.cpp sdpa_fp8_bwd_refusal says what it takes).
+// instruction: conversions by kernels/common/fp8_soft.h). On by default since its GPU tests passed on an
+// H200 (PERF_LOG v2.36; FLASHSPAN_SDPA_FP8_BWD=0 turns it off; dispatch/sdpa_family.cpp sdpa_fp8_bwd_refusal
+// says what it takes). On an sm_90 device the sm90 FP8 backward (kernels/sm90/sdpa_fp8_bwd_sm90.h) takes the
+// calls where its switch is on; steps 1-3 below are its pre-pass too (fp8_bwd_prepass_sm80.h).
 //
 // Why the 16-bit kernels can run it exactly: every FP8 value is a bf16 value, and the product of two bf16
 // values is exact in fp32, so a bf16 mma.sync on the codes of two FP8 tensors gives the products an FP8
@@ -28,6 +30,7 @@
 #include "kernels/common/fp8_soft.h"
 #include "kernels/common/grid.h"
 #include "kernels/common/launch_util.h"
+#include "kernels/sm80/fp8_bwd_prepass_sm80.h"
 #include "kernels/sm80/kernel_bwd_sm80.cuh"
 #include "kernels/sm80/launch_sm80.h"
 
@@ -119,9 +122,9 @@ __global__ void __launch_bounds__(256) fp8_bwd_dq_kernel(const SdpaFp8BwdParams 
 
 namespace flashspan::sm80 {
 
-void launch_sdpa_fp8_bwd_sm80(const SdpaFp8BwdParams& p_in, const TileSm80& tile, cudaStream_t stream) {
+// Steps 1-3 (the module comment), shared with the sm90 FP8 backward (fp8_bwd_prepass_sm80.h).
+void launch_sdpa_fp8_bwd_prepass(const SdpaFp8BwdParams& p, cudaStream_t stream) {
   using namespace kern;
-  SdpaFp8BwdParams p = p_in;
   fp8_bwd_factors_kernel<<<1, 32, 0, stream>>>(p);
   check_launch("sdpa fp8 backward: factors");
   // 2. The bf16 copies the 16-bit kernels read (SdpaBwdParams q, k, v, dout point at them).
@@ -148,14 +151,21 @@ void launch_sdpa_fp8_bwd_sm80(const SdpaFp8BwdParams& p_in, const TileSm80& tile
   }
   sm80::launch_fp8_widen_sm80(jobs, 4, stream);
   if (p.total_q > 0) {
-    if (!p.deterministic) {
-      check_cuda(cudaMemsetAsync(p.dq_accum, 0,
-                                 sizeof(float) * size_t(p.num_heads_q) * size_t(p.total_q) * size_t(p.head_dqk),
-                                 stream),
-                 "sdpa fp8 backward: clearing the dQ accumulator");
-    }
     fp8_bwd_delta_kernel<<<grid_stride_1d(int64_t(p.num_heads_q) * p.total_q, 8), 256, 0, stream>>>(p);
     check_launch("sdpa fp8 backward: delta");
+  }
+}
+
+void launch_sdpa_fp8_bwd_sm80(const SdpaFp8BwdParams& p_in, const TileSm80& tile, cudaStream_t stream) {
+  using namespace kern;
+  SdpaFp8BwdParams p = p_in;
+  launch_sdpa_fp8_bwd_prepass(p, stream);
+  const int hk = p.num_heads_q / p.group_size;
+  const int sq = p.analytic.max_q, skv = p.analytic.max_kv;
+  if (p.total_q > 0 && !p.deterministic) {
+    check_cuda(cudaMemsetAsync(p.dq_accum, 0,
+                               sizeof(float) * size_t(p.num_heads_q) * size_t(p.total_q) * size_t(p.head_dqk), stream),
+               "sdpa fp8 backward: clearing the dQ accumulator");
   }
   // 4. dK / dV (and dP8 K into the accumulator) on the sm80 backward's tile of the head dims (tile_sm80.h);
   // deterministic: then the ordered dQ kernel (5).

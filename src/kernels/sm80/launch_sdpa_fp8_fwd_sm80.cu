@@ -2,7 +2,7 @@
 // at SdpaFp8Params and in docs/SDPA.md "FP8 SDPA"), every GPU from sm_80 (none before sm_89 has an FP8
 // instruction: conversions by kernels/common/fp8_soft.h); on an H100 / H200 the calls the sm90 FP8
 // forward does not take (dispatch/sdpa_family.cpp sdpa_fp8_fwd_sm80_refusal says what this one takes).
-// Experimental, not yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1).
+// On by default since its GPU tests passed on an H200 (PERF_LOG v2.36; FLASHSPAN_SDPA_FP8_SM80=0 turns it off).
 //
 // The same exactness as the FP8 backward on these kernels (launch_sdpa_fp8_bwd_sm80.cu): every FP8 value is
 // a bf16 value and a product of two bf16 values is exact in fp32, so the bf16 mma.sync on the codes forms

@@ -413,12 +413,15 @@ __device__ __forceinline__ int dq_order_rank(const BwdParams& p, int h, int b, i
 //   Src::kStageBias                  a 16-bit bias (SdpaBiasParams::chunks) staged by the consumer
 //                                    warps a step ahead (Src::stage_bias; BwdSm90Layout::kBiasStage),
 //                                    the step's (h, qb) taken from info_full before its Q / dO land
+//   Src::kFp8                        the FP8 backward (Fp8SourceBwdSm90, kernel_bwd_fp8_sm90.cuh; with
+//                                    kMods for its logits): Src::grads_fp8 instead of grads, the
+//                                    consumer's amax_dP into Src::flush_amax when it ends
 // ---------------------------------------------------------------------------
 
 // Flex: the plan's K2Q lists, payload, cu_seqlens and task list / grid / split items (the code
 // the kernel had inline: scripts/sass_diff.sh, same SASS).
 struct PlanSourceBwdSm90 {
-  static constexpr bool kAnalytic = false, kMods = false, kDropout = false, kStageBias = false;
+  static constexpr bool kAnalytic = false, kMods = false, kDropout = false, kStageBias = false, kFp8 = false;
   using Seqlen = kern::SeqlenInfo;
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int lane) {
     return next_bwd_item(p, item_it, lane);
@@ -476,7 +479,7 @@ struct AnalyticItemsBwdSm90 {
 
 template <int kBk>
 struct AnalyticSourceBwdSm90 : AnalyticItemsBwdSm90 {
-  static constexpr bool kAnalytic = true, kMods = false, kDropout = false, kStageBias = false;
+  static constexpr bool kAnalytic = true, kMods = false, kDropout = false, kStageBias = false, kFp8 = false;
   static constexpr int kBlockQ = 64, kBlockK = kBk;
   using Seqlen = kern::AnalyticSeqlen;
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int) {
@@ -894,10 +897,15 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
     }
   };
 
+  // The FP8 backward (Src::kFp8, kernel_bwd_fp8_sm90.cuh): the thread's running amax_dP, flushed at the end.
+  [[maybe_unused]] float amax_dp = 0.0f;
   uint32_t step_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
     const BwdItem it = take_bwd_item<L>(bars, smem, item_it);
-    if (it.kb < 0) return;
+    if (it.kb < 0) {
+      if constexpr (Src::kFp8) Src::flush_amax(p, amax_dp, lane);
+      return;
+    }
 
     float dk[kN][4], dv[kN][4];
     zero_frag(dk);
@@ -992,7 +1000,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       }
       wg_wait<0>();
       reg_fence(dpacc);
-      if constexpr (Src::kMods) {
+      if constexpr (Src::kFp8) {
+        // FP8: dP8 (dS^T's registers) and S8 (P^T's), both on the FP8 grid, amax_dP.
+        Src::template grads_fp8<kNQ>(p, delta, lane, sacc, dpacc, amax_dp);
+      } else if constexpr (Src::kMods) {
         // dS^T = P^T d logit / d x (dP^T - D[query]) (+ dropout, dBias's workspace).
         Src::template grads<kNQ>(p, it, sl, info, key_thr, lse2, delta, lane, keep, dlogit, sacc, dpacc);
       } else {

@@ -1,0 +1,18 @@
+// The FP8 SDPA backward's pre-pass (launch_sdpa_fp8_bwd_sm80.cu, steps 1-3 there), shared by the two FP8
+// backwards: the sm80 one (launch_sdpa_fp8_bwd_sm80) and the sm90 one (kernels/sm90/sdpa_fp8_bwd_sm90.cu),
+// which both run 16-bit kernels on bf16 copies of the FP8 codes. Host code.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "kernels/params.h"
+
+namespace flashspan::sm80 {
+
+// On `stream`: the derived factors into p.derived (params.h Fp8BwdDerived) and the four amax outputs zeroed;
+// the codes of q, k, v, dO widened to bf16 at p.q, p.k, p.v, p.dout ([B, H, S, D] contiguous, the
+// workspace's copies); D = descale_dO descale_o dO . o and lse2 = stats log2(e) (+inf for a row without
+// keys) into p.delta / p.lse2, the 16-bit backward's workspace rows (h total_q + b S_q + i).
+void launch_sdpa_fp8_bwd_prepass(const SdpaFp8BwdParams& p, cudaStream_t stream);
+
+}  // namespace flashspan::sm80
