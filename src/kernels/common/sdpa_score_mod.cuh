@@ -473,15 +473,17 @@ struct SdpaScoreMod {
     const uint32_t w = dlogit[n][r >> 1];
     return __half2float(__ushort_as_half(uint16_t((r & 1) ? w >> 16 : w & 0xffffu)));
   }
-  // ALiBi's a2 (j - i - shift) added (a2 = 0: nothing).
+  // ALiBi's a2 (j - i - shift) added (a2 = 0: nothing). The offsets are formed in float from the
+  // thread's element (0, 0): float(d0) + c is float(d0 + c) exactly while |d0 + c| < 2^24, so one FADD an
+  // element where the int form took an IADD and an I2FP.
   template <int kN>
   __device__ __forceinline__ void add_alibi(float (&s)[kN][4], int base, int lane) const {
     if (a2 != 0.0f) {
-      const int d0 = base + 2 * (lane & 3) - (lane >> 2);
+      const float f0 = float(base + 2 * (lane & 3) - (lane >> 2));
 #pragma unroll
       for (int n = 0; n < kN; ++n) {
 #pragma unroll
-        for (int r = 0; r < 4; ++r) s[n][r] = fmaf(a2, float(d0 + 8 * n + (r & 1) - 8 * (r >> 1)), s[n][r]);
+        for (int r = 0; r < 4; ++r) s[n][r] = fmaf(a2, f0 + float(8 * n + (r & 1) - 8 * (r >> 1)), s[n][r]);
       }
     }
   }
