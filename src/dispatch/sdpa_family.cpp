@@ -28,6 +28,16 @@ struct Switch {
 
 bool sm90_family_from_env() { return kernel_family_from_env() == 90; }
 
+// The device half of every sm90 rule below: an sm_90 device with this build's sm_90a code (CUDA builds).
+bool on_sm90_device(const sdpa::Problem& p) {
+#ifdef FLASHSPAN_WITH_CUDA
+  return sm90::device_supported(p.device_id);
+#else
+  (void)p;
+  return false;
+#endif
+}
+
 // On by default where they cover a call (FLASHSPAN_KERNEL_FAMILY=sm80, read per call, keeps the sm80
 // kernels), since the GPU suite passed with them and they are at least as fast as the flex route's
 // (PERF_LOG v2.10). The forward's kernel with score modifiers too, since its GPU tests passed and it
@@ -67,9 +77,11 @@ Switch g_sdpa_feature_pairs{[] { return !env_flag_off("FLASHSPAN_SDPA_FEATURE_PA
 // (SdpaFp8Gpu.Sm80Forward*, memcheck; PERF_LOG v2.36); FLASHSPAN_SDPA_FP8_SM80=0 (read by each check_support)
 // leaves FP8 forwards to the sm90 kernel alone.
 Switch g_sdpa_fp8_fwd_sm80{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_SM80"); }};
-// The FP8 backward on the sm90 backward kernel (sm90::launch_sdpa_fp8_bwd_sm90): experimental, not yet run on
-// a GPU when written, so off unless FLASHSPAN_EXPERIMENTAL=1 (read by each check_support).
-Switch g_sdpa_fp8_bwd_sm90{experimental_from_env};
+// The FP8 backward on the sm90 backward kernel (sm90::launch_sdpa_fp8_bwd_sm90), since its GPU tests passed on an
+// H200 (SdpaFp8Gpu.Fp8BackwardSm90*, memcheck / racecheck / synccheck clean, test_sdpa_fp8_gpu.py) and it runs
+// 2.6-3.0x the sm80 one (PERF_LOG v2.36); FLASHSPAN_SM90_SDPA_FP8_BWD=0 (read by each check_support) leaves FP8
+// backwards to the sm80 kernels.
+Switch g_sdpa_fp8_bwd_sm90{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8_BWD"); }};
 }  // namespace
 
 namespace {
@@ -219,11 +231,7 @@ bool sdpa_fp8_bwd_runs_sm90(const sdpa::Problem& p) {
       !sdpa_fp8_bwd_sm90_enabled() || sdpa_fp8_bwd_refusal(p) != nullptr) {
     return false;
   }
-#ifdef FLASHSPAN_WITH_CUDA
-  return sm90::device_supported(p.device_id);
-#else
-  return false;
-#endif
+  return on_sm90_device(p);
 }
 
 // The sm90 FP8 forward's rule (launch_sdpa_fp8_fwd_sm90's checks): a list of what it takes, as
@@ -291,11 +299,7 @@ bool sdpa_fp8_fwd_runs_sm90(const sdpa::Problem& p) {
       sdpa_fp8_fwd_sm90_refusal(p) != nullptr || sdpa_fp8_fwd_sm90_stride_fault(p).slot >= 0) {
     return false;
   }
-#ifdef FLASHSPAN_WITH_CUDA
-  return sm90::device_supported(p.device_id);
-#else
-  return false;
-#endif
+  return on_sm90_device(p);
 }
 
 bool sdpa_fp8_fwd_runs_sm80(const sdpa::Problem& p) {
@@ -348,20 +352,12 @@ bool sdpa_fwd_runs_decode(const sdpa::Problem& p) {
 
 bool sdpa_bwd_runs_sm90(const sdpa::Problem& p) {
   if (p.device != DeviceType::kCUDA || !sdpa_bwd_sm90_enabled() || sdpa_bwd_sm90_refusal(p) != nullptr) return false;
-#ifdef FLASHSPAN_WITH_CUDA
-  return sm90::device_supported(p.device_id);
-#else
-  return false;
-#endif
+  return on_sm90_device(p);
 }
 
 bool sdpa_fwd_runs_sm90(const sdpa::Problem& p) {
   if (p.device != DeviceType::kCUDA || !sdpa_fwd_sm90_enabled() || sdpa_fwd_sm90_refusal(p) != nullptr) return false;
-#ifdef FLASHSPAN_WITH_CUDA
-  return sm90::device_supported(p.device_id);
-#else
-  return false;
-#endif
+  return on_sm90_device(p);
 }
 
 }  // namespace flashspan

@@ -150,9 +150,8 @@ void set_sdpa_fp8_bwd_enabled(int on);
 const char* sdpa_fp8_bwd_refusal(const sdpa::Problem& p);
 // The FP8 backward on the sm90 backward kernel (kernels/sm90/sdpa_fp8_bwd_sm90.h: the key-split consumers on
 // the same bf16 copies, wgmma instead of mma.sync), for the calls sdpa_fp8_bwd_refusal takes, on an sm_90
-// device with this build's sm_90a code. Experimental, not yet run on a GPU when written: on with
-// FLASHSPAN_EXPERIMENTAL=1 (read by each check_support) unless set_sdpa_fp8_bwd_sm90_enabled overrides it
-// (tests: 1 on, 0 off, -1 the environment's answer). sdpa_fp8_bwd_runs_sm90: the one rule of which FP8
+// device with this build's sm_90a code. On unless FLASHSPAN_SM90_SDPA_FP8_BWD=0 (read by each check_support),
+// and set_sdpa_fp8_bwd_sm90_enabled overrides both (tests: 1 on, 0 off, -1 the environment's answer). sdpa_fp8_bwd_runs_sm90: the one rule of which FP8
 // backward runs (else the sm80 one); once an operation's check_support has answered, Problem::fp8_bwd_family
 // holds the answer and it returns that (workspace and launch follow check_support's choice).
 bool sdpa_fp8_bwd_sm90_enabled();

@@ -21,6 +21,7 @@
 #include "dispatch/sdpa_launch.h"
 #include "kernels/sm80/tile_sm80.h"
 #include "kernels/sm90/tile_sm90.h"
+#include "scoped_env.h"
 
 namespace flashspan::test {
 namespace {
@@ -266,30 +267,6 @@ TEST(SdpaFamily, Sm90ForwardWithModifiersSwitch) {
     EXPECT_EQ(refusal(c), sdpa::slot_name(FS_SDPA_RAGGED_OFFSET_GATE));
   }
 }
-
-// Sets an environment variable for a scope (nullptr: unset), its value before restored after it.
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    if (old != nullptr) old_ = old;
-    had_ = old != nullptr;
-    set(value);
-  }
-  ~ScopedEnv() { set(had_ ? old_.c_str() : nullptr); }
-  void set(const char* value) {
-    if (value == nullptr) {
-      unsetenv(name_);
-    } else {
-      setenv(name_, value, 1);
-    }
-  }
-
- private:
-  const char* name_;
-  std::string old_;
-  bool had_ = false;
-};
 
 // A modifier switch's environment rule (one direction's: set / enabled its override and answer,
 // refused the refusal of that direction): without the override, on unless `var` is "0" (unset, empty

@@ -819,8 +819,8 @@ TEST(SdpaFp8, ForwardOnSm80Rule) {
   EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm80_refusal(CudaCall{}.problem()), std::string("the FP8 backward"));
 }
 
-// The FP8 backward on the sm90 backward kernel (dispatch/sdpa_launch.h sdpa_fp8_bwd_runs_sm90: experimental, its
-// own switch): never where the FP8 backward's rule refuses or its switch is off, never off an sm_90 device (this
+// The FP8 backward on the sm90 backward kernel (dispatch/sdpa_launch.h sdpa_fp8_bwd_runs_sm90; its own switch, on
+// unless FLASHSPAN_SM90_SDPA_FP8_BWD is exactly "0", FLASHSPAN_EXPERIMENTAL ignored): never where the FP8 backward's rule refuses or its switch is off, never off an sm_90 device (this
 // machine has none: the rule's device answer is false here, true on the GPU suite's H200 when switched on); a
 // family fixed by an operation's check_support (Problem::fp8_bwd_family) wins over the switches, and the
 // workspace follows it (the sm90 kernel's dQ tiles and dK / dV slots besides the copies).
@@ -846,6 +846,20 @@ TEST(SdpaFp8, BackwardOnSm90Rule) {
     EXPECT_FALSE(flashspan::sdpa_fp8_bwd_runs_sm90(p));
   }
   flashspan::set_sdpa_fp8_bwd_sm90_enabled(-1);
+  {
+    ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
+    ScopedEnv var("FLASHSPAN_SM90_SDPA_FP8_BWD", nullptr);
+    EXPECT_TRUE(flashspan::sdpa_fp8_bwd_sm90_enabled());
+    var.set("0");
+    EXPECT_FALSE(flashspan::sdpa_fp8_bwd_sm90_enabled());
+    experimental.set("1");
+    EXPECT_FALSE(flashspan::sdpa_fp8_bwd_sm90_enabled());
+    var.set("1");
+    EXPECT_TRUE(flashspan::sdpa_fp8_bwd_sm90_enabled());
+    flashspan::set_sdpa_fp8_bwd_sm90_enabled(0);
+    EXPECT_FALSE(flashspan::sdpa_fp8_bwd_sm90_enabled());
+    flashspan::set_sdpa_fp8_bwd_sm90_enabled(-1);
+  }
   for (bool det : {false, true}) {
     c.deterministic = det;
     p = c.problem();

@@ -52,7 +52,7 @@ def _fp8_on(monkeypatch):
     # The FP8 kernels' switches (dispatch/sdpa_launch.h sdpa_fp8_sm90_enabled, sdpa_fp8_fwd_sm80_enabled,
     # sdpa_fp8_bwd_enabled): on by default; the tests start from the default environment and turn one off where they
     # say so.
-    for name in ("FLASHSPAN_SM90_SDPA_FP8", "FLASHSPAN_SDPA_FP8_SM80", "FLASHSPAN_SDPA_FP8_BWD"):
+    for name in ("FLASHSPAN_SM90_SDPA_FP8", "FLASHSPAN_SDPA_FP8_SM80", "FLASHSPAN_SDPA_FP8_BWD", "FLASHSPAN_SM90_SDPA_FP8_BWD"):
         monkeypatch.delenv(name, raising=False)
 
 
@@ -447,24 +447,25 @@ def test_gpu_fp8_backward_matches_cpu_reference(fs, seed):
 @sm90
 @pytest.mark.usefixtures("poison_uninitialized")
 @pytest.mark.parametrize("seed", range(12))
-def test_gpu_fp8_backward_on_sm90_kernel(fs, monkeypatch, seed):
-    """The same cases on the sm90 backward kernel (experimental: FLASHSPAN_EXPERIMENTAL=1 turns on
-    sdpa_fp8_bwd_sm90_enabled; the operation cache emptied first, since an operation keeps the kernel family its
-    check_support chose): against the model and the CPU reference, deterministic cases bitwise the same twice."""
-    import flashspan._sdpa_lib as L
-    import flashspan.sdpa as S
+def test_gpu_fp8_backward_on_sm80_kernels_too(fs, monkeypatch, seed):
+    """On an H100 / H200 the default runs the sm90 backward kernel (the test above); the same cases on the sm80 kernels
+    there (FLASHSPAN_SM90_SDPA_FP8_BWD=0; the operation cache emptied first, since an operation keeps the kernel family
+    its check_support chose): against the model and the CPU reference, deterministic cases bitwise the same twice."""
+    import importlib
 
-    monkeypatch.setenv(EXPERIMENTAL, "1")
+    L = importlib.import_module("flashspan._sdpa_lib")
+    S = importlib.import_module("flashspan.sdpa")  # (the module: the package's `sdpa` is the function)
+    monkeypatch.setenv("FLASHSPAN_SM90_SDPA_FP8_BWD", "0")
     monkeypatch.setattr(S, "_CACHE", L.OpCache())
     c = _bwd_case(seed)
     got = _run_bwd(fs, c, "cuda")
     want = _run_bwd(fs, c, "cpu")
-    _check_bwd(got, c, "GPU (sm90 kernel)")
+    _check_bwd(got, c, "GPU (sm80 kernels)")
     for g, w, name in zip(got[:3], want[:3], ("dQ", "dK", "dV")):
         differ = int((g.view(torch.uint8) != w.view(torch.uint8)).sum())
         assert differ <= g.numel() // 50 + 2, f"{name}: {differ} of {g.numel()} codes differ from the CPU reference's"
     if c["deterministic"]:
-        _assert_same_bits(got, _run_bwd(fs, c, "cuda"), "deterministic GPU (sm90 kernel), two runs")
+        _assert_same_bits(got, _run_bwd(fs, c, "cuda"), "deterministic GPU (sm80 kernels), two runs")
 
 
 def _assert_same_bits(x, y, what: str) -> None:

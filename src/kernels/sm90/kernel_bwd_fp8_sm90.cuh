@@ -99,16 +99,7 @@ struct Fp8SourceBwdSm90 : AnalyticModSourceBwdSm90<kBk, false, false, false> {
 #pragma unroll
       for (int r = 0; r < 4; ++r) s[j][r] = fmaf(s[j][r], qk, (r & 1) ? -l2.y : -l2.x);
     }
-    if (info.z >= 0) {
-      const kern::TileMask tm = kern::TileMask::make(sl.mask, int64_t(info.y) * kBlockQ, int64_t(it.kb) * kBlockK);
-#pragma unroll
-      for (int j = 0; j < kNQ; ++j) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          if (!tm.visible(8 * j + 2 * qd + (r & 1), key_thr + 8 * (r >> 1))) s[j][r] = -INFINITY;
-        }
-      }
-    }
+    Base::template mask_partial<kNQ>(it, sl, info, key_thr, lane, s);
 #pragma unroll
     for (int j = 0; j < kNQ; ++j) {
 #pragma unroll

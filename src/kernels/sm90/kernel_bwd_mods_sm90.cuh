@@ -88,6 +88,24 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
     kern::cp_async_commit();
   }
 
+  // A partial step's element mask on S^T (the tile mask of (qb, kb), analytic_mask.h: masked elements -inf);
+  // a full step (info.z < 0) has none and skips the tests (only they sit in the branch, as in the pure-mask
+  // consumer's P). Also the FP8 source's (kernel_bwd_fp8_sm90.cuh).
+  template <int kNQ>
+  __device__ __forceinline__ static void mask_partial(const BwdItem& it, const Seqlen& sl, int4 info, int key_thr,
+                                                      int lane, float (&s)[kNQ][4]) {
+    if (info.z < 0) return;
+    const int qd = lane & 3;
+    const kern::TileMask tm = kern::TileMask::make(sl.mask, int64_t(info.y) * kBlockQ, int64_t(it.kb) * kBlockK);
+#pragma unroll
+    for (int j = 0; j < kNQ; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        if (!tm.visible(8 * j + 2 * qd + (r & 1), key_thr + 8 * (r >> 1))) s[j][r] = -INFINITY;
+      }
+    }
+  }
+
   // The step's modifiers on warp w of consumer warpgroup c (keys j0 = kb kBlockK + 64 c + 16 w ..,
   // the step's queries i0 = qb kBlockQ ..): the query head's softcap and slope for the transposed
   // fragment, its diagonal base i0 + shift - j0, its bias (transposed; null p: none).
@@ -140,18 +158,7 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
 #pragma unroll
       for (int r = 0; r < 4; ++r) s[j][r] -= (r & 1) ? l2.y : l2.x;
     }
-    // A partial step's element mask (the tile mask of (qb, kb), analytic_mask.h); a full step has
-    // none and skips the tests (only they sit in the branch, as in the pure-mask consumer's P).
-    if (info.z >= 0) {
-      const kern::TileMask tm = kern::TileMask::make(sl.mask, int64_t(info.y) * kBlockQ, int64_t(it.kb) * kBlockK);
-#pragma unroll
-      for (int j = 0; j < kNQ; ++j) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          if (!tm.visible(8 * j + 2 * qd + (r & 1), key_thr + 8 * (r >> 1))) s[j][r] = -INFINITY;
-        }
-      }
-    }
+    mask_partial<kNQ>(it, sl, info, key_thr, lane, s);
     if constexpr (!kProbsEarly) return;  // dropout: z^T (P^T after the dP^T wait, in grads)
     // The exp2 in each branch: after the branches' join, ptxas placed it behind the consumer's dP^T
     // wait (the exposed MUFU work this hook moved under the GEMM).

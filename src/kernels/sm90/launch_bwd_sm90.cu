@@ -177,6 +177,43 @@ void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorVie
   }
 }
 
+void prepare_sdpa_bwd_sm90(SdpaBwdParams& p, int kBq, int kBk, int kd, int kdv, int64_t item_heads, bool slots,
+                           cudaStream_t stream) {
+  p.analytic.num_q_blocks = (p.analytic.max_q + kBq - 1) / kBq;
+  p.analytic.num_k_blocks = (p.analytic.max_kv + kBk - 1) / kBk;
+  // The dq_accum tiles (and the deterministic counters): one per (query head, sample, query
+  // block), sample b's blocks from b * num_q_blocks (AnalyticSourceBwdSm90::q_block0).
+  p.view.num_q_blocks = int64_t(p.batch) * p.analytic.num_q_blocks;
+  p.view.block_q = kBq;
+  p.view.block_k = kBk;
+  p.varlen = 0;
+  p.dq_blocked = 1;
+  p.grid_mode = 1;
+  if (p.total_q > 0) {
+    check_cuda(cudaMemsetAsync(p.dq_accum, 0,
+                               sizeof(float) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks) * kBq * size_t(kd),
+                               stream),
+               "sdpa backward (sm90): clearing the dQ tiles");
+    if (p.deterministic) {
+      check_cuda(cudaMemsetAsync(p.dq_sem, 0, sizeof(int32_t) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks),
+                                 stream),
+                 "sdpa backward (sm90): clearing the dQ tile counters");
+    }
+  }
+  const int64_t slot_rows = int64_t(p.batch) * item_heads * p.analytic.num_k_blocks * kBk;
+  if (slots && slot_rows > 0) {
+    FS_CHECK(p.split.dk_accum != nullptr && p.split.dv_accum != nullptr &&
+                 int64_t(p.batch) * item_heads * p.analytic.num_k_blocks < (int64_t(1) << 31) &&
+                 slot_rows * kd <= sdpa_bwd_slot_floats_sm90(p.batch, p.analytic.max_kv, item_heads, p.head_dqk,
+                                                             p.head_dv, kd),
+             Status::kInternal, "sdpa backward (sm90): the dK / dV slots exceed the workspace");
+    check_cuda(cudaMemsetAsync(p.split.dk_accum, 0, sizeof(float) * size_t(slot_rows) * size_t(kd), stream),
+               "sdpa backward (sm90): clearing the dK slots");
+    check_cuda(cudaMemsetAsync(p.split.dv_accum, 0, sizeof(float) * size_t(slot_rows) * size_t(kdv), stream),
+               "sdpa backward (sm90): clearing the dV slots");
+  }
+}
+
 void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& dout, DType dtype, cudaStream_t stream) {
   SdpaBwdParams p = p_in;
@@ -222,26 +259,12 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
                 kern90::BwdSm90Layout<256, 256>::kBlockK == 64 && kern90::BwdSm90Layout<256, 256>::kBlockQ == 64 &&
                 kern90::BwdSm90Layout<192, 128, true>::kBlockK == 96 &&
                 kern90::BwdSm90Layout<192, 128, true>::kBlockQ == 64);
-  p.analytic.num_q_blocks = (p.analytic.max_q + kBq - 1) / kBq;
-  p.analytic.num_k_blocks = (p.analytic.max_kv + kBk - 1) / kBk;
-  // The dq_accum tiles (and the deterministic counters): one per (query head, sample, query
-  // block), sample b's blocks from b * num_q_blocks (AnalyticSourceBwdSm90::q_block0).
-  p.view.num_q_blocks = int64_t(p.batch) * p.analytic.num_q_blocks;
-  p.view.block_q = kBq;
-  p.view.block_k = kBk;
-  p.varlen = 0;
-  p.dq_blocked = 1;
-  p.grid_mode = 1;
+  const int kdv = kdims.dv;
+  const int64_t item_heads = sdpa_bwd_item_heads_sm90(p.num_heads_q, p.group_size, am.score.group_v);
+  // H_k != H_v: every item's dK / dV slot zeroed for its atomic additions (kernel_bwd_sm90.cuh
+  // dkdv_epilogue_sm90; sdpa_params.cpp reserved sdpa_bwd_slot_floats_sm90, for the larger key block).
+  prepare_sdpa_bwd_sm90(p, kBq, kBk, kd, kdv, item_heads, hk_ne_hv, stream);
   if (p.total_q > 0) {
-    check_cuda(cudaMemsetAsync(p.dq_accum, 0,
-                               sizeof(float) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks) * kBq * size_t(kd),
-                               stream),
-               "sdpa backward (sm90): clearing the dQ tiles");
-    if (p.deterministic) {
-      check_cuda(cudaMemsetAsync(p.dq_sem, 0, sizeof(int32_t) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks),
-                                 stream),
-                 "sdpa backward (sm90): clearing the dQ tile counters");
-    }
     // D and lse2 of every row padded to S_q (bwd_prepost.cuh, the sm80 SDPA backward's kernel;
     // with the gate also dgate and the gated dO, from the caller's dO).
     launch_sdpa_bwd_preprocess(p, dtype, stream, "sdpa backward preprocess (sm90)");
@@ -263,22 +286,6 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   const TensorView dout_main = am.epi.gate != nullptr && p.total_q > 0 ? gated_do_view(p, dout) : bshd_of_bhsd(dout);
   const CUtensorMap mdo = make_tensor_map_sm90(dout_main, false, dtype, kBq, "dout");
   const SdpaBwdParams pk = sdpa_bwd_main_params(p);
-  // H_k != H_v: every item's dK / dV slot zeroed for its atomic additions (kernel_bwd_sm90.cuh
-  // dkdv_epilogue_sm90; sdpa_params.cpp reserved sdpa_bwd_slot_floats_sm90, for the larger key block).
-  const int kdv = kdims.dv;
-  const int64_t item_heads = sdpa_bwd_item_heads_sm90(p.num_heads_q, p.group_size, am.score.group_v);
-  const int64_t slot_rows = int64_t(p.batch) * item_heads * p.analytic.num_k_blocks * kBk;
-  if (hk_ne_hv && slot_rows > 0) {
-    FS_CHECK(p.split.dk_accum != nullptr && p.split.dv_accum != nullptr &&
-                 int64_t(p.batch) * item_heads * p.analytic.num_k_blocks < (int64_t(1) << 31) &&
-                 slot_rows * kd <= sdpa_bwd_slot_floats_sm90(p.batch, p.analytic.max_kv, item_heads, p.head_dqk,
-                                                             p.head_dv, kd),
-             Status::kInternal, "sdpa backward (sm90): the H_k != H_v dK / dV slots exceed the workspace");
-    check_cuda(cudaMemsetAsync(p.split.dk_accum, 0, sizeof(float) * size_t(slot_rows) * size_t(kd), stream),
-               "sdpa backward (sm90): clearing the dK slots");
-    check_cuda(cudaMemsetAsync(p.split.dv_accum, 0, sizeof(float) * size_t(slot_rows) * size_t(kdv), stream),
-               "sdpa backward (sm90): clearing the dV slots");
-  }
   switch (kd) {
     case 64:
       drop   ? run_sdpa_bwd_sm90<64, 64, false, true, true>(pk, dtype, mq, mk, mv, mdo, stream)
@@ -296,7 +303,7 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
       break;
     default: run_sdpa_bwd_sm90<256, 256>(pk, dtype, mq, mk, mv, mdo, stream); break;
   }
-  if (hk_ne_hv && slot_rows > 0) {
+  if (hk_ne_hv && int64_t(p.batch) * item_heads * p.analytic.num_k_blocks > 0) {
     // dK of each K head and dV of each V head: the sums of their items' slots.
     const int64_t units = int64_t(p.batch) * p.analytic.max_kv *
                           (p.num_heads_q / p.group_size + p.num_heads_q / am.score.group_v);

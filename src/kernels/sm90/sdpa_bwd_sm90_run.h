@@ -20,6 +20,15 @@ namespace flashspan::sm90 {
 // ALiBi, the bias and dBias's dS; kernel_bwd_mods_sm90.cuh sdpa_bwd_mods_kernel_sm90), (64, 64) and
 // (128, 128) only; kDropout (with kMods): the one with dropout besides (sdpa_bwd_mods_kernel_sm90<..., true>,
 // experimental).
+// What every SDPA backward on the sm90 kernel (launch_sdpa_bwd_sm90, the FP8 one's launch_sdpa_fp8_bwd_sm90)
+// sets up on `stream` before its kernel: p's grid fields for the kernel's tile (kBq x kBk: num_q_blocks /
+// num_k_blocks, the dQ tiles' view, grid mode), the dQ tiles (kernel head dim kd) and, deterministic, their
+// counters cleared; with `slots`, every work item's dK / dV slot (item_heads a sample, kd / kdv columns)
+// cleared for the epilogue's atomic additions (p.split.dk_accum / dv_accum, checked against the workspace's
+// sdpa_bwd_slot_floats_sm90).
+void prepare_sdpa_bwd_sm90(SdpaBwdParams& p, int kBq, int kBk, int kd, int kdv, int64_t item_heads, bool slots,
+                           cudaStream_t stream);
+
 template <int kD, int kDv, bool kWideTile = false, bool kMods = false, bool kDropout = false>
 void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& mq, const CUtensorMap& mk,
                        const CUtensorMap& mv, const CUtensorMap& mdo, cudaStream_t s);

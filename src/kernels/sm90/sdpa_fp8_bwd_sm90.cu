@@ -9,6 +9,7 @@
 #include "kernels/common/launch_util.h"
 #include "kernels/sm80/fp8_bwd_prepass_sm80.h"
 #include "kernels/sm90/kernel_bwd_fp8_sm90.cuh"
+#include "kernels/sm90/sdpa_bwd_sm90_run.h"
 #include "kernels/sm90/sdpa_fp8_bwd_sm90.h"
 #include "kernels/sm90/tile_sm90.h"
 #include "kernels/sm90/tma_sm90.h"
@@ -18,7 +19,8 @@ namespace {
 
 std::atomic<int64_t> g_launches{0};
 
-// The BSHD view of a workspace copy [B, H, S, D] (bf16, contiguous) for make_tensor_map_sm90.
+// The BSHD view of a workspace copy [B, H, S, D] (bf16, contiguous) for make_tensor_map_sm90. An empty copy
+// (S = 0) keeps non-zero strides (as a row of one), which the tensor-map encoder takes; nothing reads it.
 TensorView copy_view(const void* data, int64_t batch, int64_t heads, int64_t rows, int64_t cols) {
   TensorView v;
   v.data = const_cast<void*>(data);
@@ -26,7 +28,8 @@ TensorView copy_view(const void* data, int64_t batch, int64_t heads, int64_t row
   v.device = DeviceType::kCUDA;
   v.ndim = 4;
   v.shape = {batch, heads, rows, cols};
-  v.strides = {heads * rows * cols, rows * cols, cols, 1};
+  const int64_t r = rows > 0 ? rows : 1;
+  v.strides = {heads * r * cols, r * cols, cols, 1};
   return bshd_of_bhsd(v);
 }
 
@@ -79,36 +82,9 @@ void launch_sdpa_fp8_bwd_sm90(const SdpaFp8BwdParams& p_in, cudaStream_t stream)
   g_launches.fetch_add(1, std::memory_order_relaxed);
   // Factors, amaxes zeroed, the bf16 copies, D and lse2 (the sm80 FP8 backward's pre-pass).
   sm80::launch_sdpa_fp8_bwd_prepass(p, stream);
-  p.analytic.num_q_blocks = (p.analytic.max_q + kBq - 1) / kBq;
-  p.analytic.num_k_blocks = (p.analytic.max_kv + kBk - 1) / kBk;
-  p.view.num_q_blocks = int64_t(p.batch) * p.analytic.num_q_blocks;
-  p.view.block_q = kBq;
-  p.view.block_k = kBk;
-  p.varlen = 0;
-  p.dq_blocked = 1;
-  p.grid_mode = 1;
-  if (p.total_q > 0) {
-    check_cuda(cudaMemsetAsync(p.dq_accum, 0,
-                               sizeof(float) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks) * kBq * size_t(kd),
-                               stream),
-               "sdpa fp8 backward (sm90): clearing the dQ tiles");
-    if (p.deterministic) {
-      check_cuda(cudaMemsetAsync(p.dq_sem, 0, sizeof(int32_t) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks),
-                                 stream),
-                 "sdpa fp8 backward (sm90): clearing the dQ tile counters");
-    }
-  }
-  // Every item's dK / dV slot zeroed for its atomic additions (one item a slot: H_k = H_v).
-  const int64_t slot_rows = int64_t(p.batch) * hk * p.analytic.num_k_blocks * kBk;
-  if (slot_rows > 0) {
-    FS_CHECK(p.split.dk_accum != nullptr && p.split.dv_accum != nullptr &&
-                 int64_t(p.batch) * hk * p.analytic.num_k_blocks < (int64_t(1) << 31),
-             Status::kInternal, "sdpa fp8 backward (sm90): no dK / dV slots");
-    check_cuda(cudaMemsetAsync(p.split.dk_accum, 0, sizeof(float) * size_t(slot_rows) * size_t(kd), stream),
-               "sdpa fp8 backward (sm90): clearing the dK slots");
-    check_cuda(cudaMemsetAsync(p.split.dv_accum, 0, sizeof(float) * size_t(slot_rows) * size_t(kd), stream),
-               "sdpa fp8 backward (sm90): clearing the dV slots");
-  }
+  // The grid fields, the dQ tiles (and counters) and every item's dK / dV slot cleared (one item a slot: H_k = H_v),
+  // as the 16-bit launcher's.
+  prepare_sdpa_bwd_sm90(p, kBq, kBk, kd, kd, hk, true, stream);
   const int64_t sq = p.analytic.max_q, skv = p.analytic.max_kv;
   const CUtensorMap mq =
       make_tensor_map_sm90(copy_view(p.q, p.batch, p.num_heads_q, sq, p.head_dqk), false, DType::kBFloat16, kBq, "q");
