@@ -22,6 +22,9 @@
 #include "dispatch/sdpa_launch.h"  // set_sdpa_fp8_sm90_enabled, sdpa_fp8_bwd_refusal, sdpa_check_features_gpu
 #include "flashspan/flashspan.hpp"
 #include "scoped_env.h"
+#ifdef FLASHSPAN_WITH_CUDA
+#include "kernels/sm80/fp8_bwd_prepass_sm80.h"  // fp8_widen_vec_enabled
+#endif
 
 namespace {
 
@@ -874,6 +877,28 @@ TEST(SdpaFp8, BackwardOnSm90Rule) {
     EXPECT_GE(ws90, ws80 + slots) << "deterministic " << det;
   }
 }
+
+#ifdef FLASHSPAN_WITH_CUDA
+// The widening pre-pass's eight-code kernel (experimental: kernels/sm80/fp8_bwd_prepass_sm80.h): off unless
+// FLASHSPAN_EXPERIMENTAL is exactly "1" (read per launch); set_fp8_widen_vec_enabled wins both ways, -1 gives the
+// environment back.
+TEST(SdpaFp8, WidenEightCodesSwitch) {
+  flashspan::sm80::set_fp8_widen_vec_enabled(-1);
+  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
+  EXPECT_FALSE(flashspan::sm80::fp8_widen_vec_enabled());
+  experimental.set("1");
+  EXPECT_TRUE(flashspan::sm80::fp8_widen_vec_enabled());
+  experimental.set("0");
+  EXPECT_FALSE(flashspan::sm80::fp8_widen_vec_enabled());
+  flashspan::sm80::set_fp8_widen_vec_enabled(1);
+  EXPECT_TRUE(flashspan::sm80::fp8_widen_vec_enabled());
+  experimental.set("1");
+  flashspan::sm80::set_fp8_widen_vec_enabled(0);
+  EXPECT_FALSE(flashspan::sm80::fp8_widen_vec_enabled());
+  flashspan::sm80::set_fp8_widen_vec_enabled(-1);
+  EXPECT_TRUE(flashspan::sm80::fp8_widen_vec_enabled());
+}
+#endif
 
 // The FP8 backward's switch: on by default (since its GPU tests passed on an H200), off when
 // FLASHSPAN_SDPA_FP8_BWD is exactly "0" (family.cpp env_flag_off; unset, empty or any other value: on), read per

@@ -112,6 +112,7 @@
 #ifdef FLASHSPAN_WITH_CUDA
 #include "dispatch/sdpa_launch.h"  // set_sdpa_fp8_sm90_enabled, set_sdpa_fp8_bwd_enabled
 #include "kernels/params.h"
+#include "kernels/sm80/fp8_bwd_prepass_sm80.h"
 #include "kernels/sm90/launch_sm90.h"
 #include "kernels/sm90/sdpa_fp8_bwd_sm90.h"
 #include "kernels/sm90/tile_sm90.h"
@@ -1464,6 +1465,28 @@ TEST(SdpaFp8Gpu, Fp8BackwardRandom) {
 TEST(SdpaFp8Gpu, Fp8BackwardSm90Random) {
   REQUIRE_SM90();
   fp8_backward_random(1);
+}
+
+// The widening pre-pass with eight codes a thread (experimental: kernels/sm80/fp8_bwd_prepass_sm80.h
+// fp8_widen_vec_enabled, forced on here; the random cases' odd row strides keep the two-code kernel), under both
+// backwards and the sm80 FP8 forward's head dims.
+TEST(SdpaFp8Gpu, WidenEightCodes) {
+  REQUIRE_SM80();
+  struct On {
+    On() { sm80::set_fp8_widen_vec_enabled(1); }
+    ~On() { sm80::set_fp8_widen_vec_enabled(-1); }
+  } on;
+  fp8_backward_random(0);
+  if (sm90_device()) fp8_backward_random(1);
+  const Fp8FwdSm80On fwd(/*sm90_off=*/true);
+  std::mt19937_64 rng(83);
+  const int dims[][2] = {{128, 128}, {64, 64}, {192, 128}, {256, 256}};
+  for (int n = 0; n < 8; ++n) {
+    const Fp8Case c = api_random_case(n, rng, dims[n % 4][0], dims[n % 4][1], 260, 330, 1700 + uint64_t(n));
+    const Inputs in = make_inputs(c);
+    const std::string e = check(c, in, reference_loop(c, in), run_api(c, in, true), true);
+    EXPECT_TRUE(e.empty()) << e;
+  }
 }
 
 // Edges: one key (dP = attn_scale (dS - D) with D ~ dS: the cancellation), one query, keys no causal row sees

@@ -1,6 +1,6 @@
 // The FP8 SDPA backward's pre-pass (launch_sdpa_fp8_bwd_sm80.cu, steps 1-3 there), shared by the two FP8
-// backwards: the sm80 one (launch_sdpa_fp8_bwd_sm80) and the sm90 one (kernels/sm90/sdpa_fp8_bwd_sm90.cu),
-// which both run 16-bit kernels on bf16 copies of the FP8 codes. Host code.
+// backwards: the sm80 one (launch_sdpa_fp8_bwd_sm80) and the sm90 one (kernels/sm90/sdpa_fp8_bwd_sm90.cu), which
+// both run 16-bit kernels on bf16 copies of the FP8 codes; and the switch of its widening kernel (below). Host code.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -14,5 +14,12 @@ namespace flashspan::sm80 {
 // workspace's copies); D = descale_dO descale_o dO . o and lse2 = stats log2(e) (+inf for a row without
 // keys) into p.delta / p.lse2, the 16-bit backward's workspace rows (h total_q + b S_q + i).
 void launch_sdpa_fp8_bwd_prepass(const SdpaFp8BwdParams& p, cudaStream_t stream);
+
+// The widening pre-pass (fp8_widen_sm80.cu, both FP8 launchers of the sm80 family and this pre-pass) with eight
+// codes a thread where every job's source is 8-byte aligned (else two, as before). Experimental, not yet run on a
+// GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read per launch) unless set_fp8_widen_vec_enabled overrides it (tests:
+// 1 on, 0 off, -1 the environment's answer).
+bool fp8_widen_vec_enabled();
+void set_fp8_widen_vec_enabled(int on);
 
 }  // namespace flashspan::sm80
