@@ -24,6 +24,7 @@
 #include "scoped_env.h"
 #ifdef FLASHSPAN_WITH_CUDA
 #include "kernels/sm80/fp8_bwd_prepass_sm80.h"  // fp8_widen_vec_enabled
+#include "kernels/sm90/sdpa_fp8_bwd_sm90.h"     // sdpa_fp8_bwd_sm90_store_enabled
 #endif
 
 namespace {
@@ -897,6 +898,22 @@ TEST(SdpaFp8, WidenEightCodesSwitch) {
   EXPECT_FALSE(flashspan::sm80::fp8_widen_vec_enabled());
   flashspan::sm80::set_fp8_widen_vec_enabled(-1);
   EXPECT_TRUE(flashspan::sm80::fp8_widen_vec_enabled());
+}
+
+// The sm90 FP8 backward's own dK / dV stores (experimental: kernels/sm90/sdpa_fp8_bwd_sm90.h): the same rule.
+TEST(SdpaFp8, Sm90StoreInKernelSwitch) {
+  flashspan::sm90::set_sdpa_fp8_bwd_sm90_store_enabled(-1);
+  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
+  EXPECT_FALSE(flashspan::sm90::sdpa_fp8_bwd_sm90_store_enabled());
+  experimental.set("1");
+  EXPECT_TRUE(flashspan::sm90::sdpa_fp8_bwd_sm90_store_enabled());
+  flashspan::sm90::set_sdpa_fp8_bwd_sm90_store_enabled(0);
+  EXPECT_FALSE(flashspan::sm90::sdpa_fp8_bwd_sm90_store_enabled());
+  experimental.set("0");
+  flashspan::sm90::set_sdpa_fp8_bwd_sm90_store_enabled(1);
+  EXPECT_TRUE(flashspan::sm90::sdpa_fp8_bwd_sm90_store_enabled());
+  flashspan::sm90::set_sdpa_fp8_bwd_sm90_store_enabled(-1);
+  EXPECT_FALSE(flashspan::sm90::sdpa_fp8_bwd_sm90_store_enabled());
 }
 #endif
 

@@ -1655,6 +1655,29 @@ TEST(SdpaFp8Gpu, Fp8BackwardSm90SanitizerSmall) {
   fp8_backward_sanitizer_small(1);
 }
 
+// dK / dV stored as FP8 codes by the sm90 kernel itself (experimental: sdpa_fp8_bwd_sm90.h
+// sdpa_fp8_bwd_sm90_store_enabled, forced on here): the random, edge and sanitizer cases of the sm90 FP8 backward.
+TEST(SdpaFp8Gpu, Fp8BackwardSm90StoreInKernel) {
+  REQUIRE_SM90();
+  struct On {
+    On() { sm90::set_sdpa_fp8_bwd_sm90_store_enabled(1); }
+    ~On() { sm90::set_sdpa_fp8_bwd_sm90_store_enabled(-1); }
+  } on;
+  fp8_backward_random(1);
+  fp8_backward_edges(1);
+  fp8_backward_sanitizer_small(1);
+}
+
+// The sanitizer cases alone with the kernel's own dK / dV stores (gpu_check's memcheck set).
+TEST(SdpaFp8Gpu, Fp8BackwardSm90StoreInKernelSanitizerSmall) {
+  REQUIRE_SM90();
+  struct On {
+    On() { sm90::set_sdpa_fp8_bwd_sm90_store_enabled(1); }
+    ~On() { sm90::set_sdpa_fp8_bwd_sm90_store_enabled(-1); }
+  } on;
+  fp8_backward_sanitizer_small(1);
+}
+
 #endif  // FLASHSPAN_WITH_CUDA
 
 }  // namespace

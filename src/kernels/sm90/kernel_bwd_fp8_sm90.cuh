@@ -70,20 +70,65 @@ __device__ __forceinline__ void fp8x2_round(float& x, float& y, bool e5m2) {
 // The FP8 backward's mask source: the analytic source (the causal mask; items, walks, dQ order), every
 // item's dK / dV into its slot, and the FP8 steps of the consumer (Src::kFp8: logits, grads_fp8,
 // flush_amax). kFormats: bit 0 q's format E5M2 (S8's; else E4M3), bit 1 dO's (dP8's), fixed per
-// instantiation so that each rounding is one cvt pair (run-time formats predicated both forms).
-template <int kBk, int kFormats>
+// instantiation so that each rounding is one cvt pair (run-time formats predicated both forms). kStore
+// (experimental, not yet run on a GPU): no slots; the consumer stores each item's dK / dV as FP8 codes itself
+// (store_dkdv: H_k = H_v, so an item is its cell's whole task), with no slot clearing, atomics or store pass.
+template <int kBk, int kFormats, bool kStore = false>
 struct Fp8SourceBwdSm90 : AnalyticModSourceBwdSm90<kBk, false, false, false> {
   using Base = AnalyticModSourceBwdSm90<kBk, false, false, false>;
   using Seqlen = typename Base::Seqlen;
-  static constexpr bool kFp8 = true;
+  static constexpr bool kFp8 = true, kFp8Store = kStore;
   static constexpr int kBlockQ = Base::kBlockQ, kBlockK = kBk;
 
   // The analytic source's item, with its slot (AnalyticBwdGrid::slot of its cell) whatever the heads:
   // the dK / dV epilogue adds the fp32 sums there (kernel_bwd_sm90.cuh dkdv_epilogue_sm90, it.slot >= 0).
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int x) {
     BwdItem it = Base::next_item(p, item_it, x);
-    if (it.kb >= 0) it.slot = int(Base::grid(p).slot(it.kb, it.hkv, it.b));
+    if (!kStore && it.kb >= 0) it.slot = int(Base::grid(p).slot(it.kb, it.hkv, it.b));
     return it;
+  }
+
+  // kStore: the item's dK = dk kF8dDkUnit and dV = dv kF8dDvUnit (the thread's rows key_thr (+8) below keys_valid,
+  // columns 8 n + 2 qd (+1) below the call's head dims) as fp8_grad(dX scale_dX) codes, a byte at a time (any
+  // strides), their amaxes by warp maxima (every lane calls it).
+  template <int kN>
+  __device__ __forceinline__ static void store_dkdv(const BwdParams& p, const BwdItem& it, int keys_valid,
+                                                    int64_t krow, int key_thr, int lane, const float (&dk)[kN][4],
+                                                    const float (&dv)[kN][4]) {
+    const SdpaFp8BwdParams& f = fp8_bwd_of(p);
+    const bool e5 = f.grad_format == 2;
+    const float uk = fp8_bwd_derived(p, kF8dDkUnit), uv = fp8_bwd_derived(p, kF8dDvUnit);
+    const float sk = fp8_bwd_derived(p, kF8dScaleDK), sv = fp8_bwd_derived(p, kF8dScaleDV);
+    const int qd = lane & 3;
+    uint8_t* dkp = static_cast<uint8_t*>(f.dk8.data) + int64_t(it.b) * f.dk8.batch_stride +
+                   int64_t(it.hkv) * f.dk8.head_stride + krow * f.dk8.row_stride;
+    uint8_t* dvp = static_cast<uint8_t*>(f.dv8.data) + int64_t(it.b) * f.dv8.batch_stride +
+                   int64_t(it.hkv) * f.dv8.head_stride + krow * f.dv8.row_stride;
+    float mk = 0.0f, mv = 0.0f;
+    auto put = [e5](uint8_t* dst, float x0, float x1, float scale, float& m) {
+      m = fmaxf(m, fmaxf(fabsf(x0), fabsf(x1)));
+      const uint32_t c = fp8x2_codes(x0 * scale, x1 * scale, e5);
+      dst[0] = uint8_t(c & 0xffu);
+      dst[1] = uint8_t(c >> 8);
+    };
+#pragma unroll
+    for (int hi = 0; hi < 2; ++hi) {
+      const int key = key_thr + 8 * hi;
+      if (key < keys_valid) {
+#pragma unroll
+        for (int n = 0; n < kN; ++n) {
+          const int col = 8 * n + 2 * qd;
+          if (col < p.head_dqk) {
+            put(dkp + int64_t(key) * f.dk8.row_stride + col, dk[n][2 * hi] * uk, dk[n][2 * hi + 1] * uk, sk, mk);
+          }
+          if (col < p.head_dv) {
+            put(dvp + int64_t(key) * f.dv8.row_stride + col, dv[n][2 * hi] * uv, dv[n][2 * hi + 1] * uv, sv, mv);
+          }
+        }
+      }
+    }
+    fp8_warp_amax(f.amax[kFp8AmaxDK], mk, lane);
+    fp8_warp_amax(f.amax[kFp8AmaxDV], mv, lane);
   }
 
   // S^T (the raw codes' sums) -> P^T = exp2(S^T kF8dQkScaleLog2 - lse2[query]), masked elements 0.
@@ -152,15 +197,15 @@ inline constexpr int fp8_bwd_formats(int format, int do_format) { return (format
 // The FP8 backward's main kernel: the (64, 64) or (128, 128) key-split kernel (kD) on bf16 copies, with
 // Fp8SourceBwdSm90 of the call's formats (kFormats = fp8_bwd_formats); p: SdpaFp8BwdParams (the hooks read
 // its FP8 part).
-template <int kD, int kFormats>
+template <int kD, int kFormats, bool kStore = false>
 __global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
     sdpa_fp8_bwd_kernel_sm90(const __grid_constant__ SdpaFp8BwdParams p, const __grid_constant__ CUtensorMap tm_q,
                              const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                              const __grid_constant__ CUtensorMap tm_do) {
   static_assert(kD == 64 || kD == 128, "the FP8 backward: head dims (64, 64) and (128, 128)");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  bwd_sm90_body<kD, BFloat16, kD, Fp8SourceBwdSm90<BwdSm90Layout<kD>::kBlockK, kFormats>>(p, &tm_q, &tm_k, &tm_v,
-                                                                                           &tm_do);
+  bwd_sm90_body<kD, BFloat16, kD, Fp8SourceBwdSm90<BwdSm90Layout<kD>::kBlockK, kFormats, kStore>>(p, &tm_q, &tm_k,
+                                                                                                   &tm_v, &tm_do);
 #else
   __trap();
 #endif

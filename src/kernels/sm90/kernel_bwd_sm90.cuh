@@ -415,13 +415,15 @@ __device__ __forceinline__ int dq_order_rank(const BwdParams& p, int h, int b, i
 //                                    the step's (h, qb) taken from info_full before its Q / dO land
 //   Src::kFp8                        the FP8 backward (Fp8SourceBwdSm90, kernel_bwd_fp8_sm90.cuh; with
 //                                    kMods for its logits): Src::grads_fp8 instead of grads, the
-//                                    consumer's amax_dP into Src::flush_amax when it ends
+//                                    consumer's amax_dP into Src::flush_amax when it ends; with
+//                                    Src::kFp8Store, Src::store_dkdv instead of the dK / dV epilogue
 // ---------------------------------------------------------------------------
 
 // Flex: the plan's K2Q lists, payload, cu_seqlens and task list / grid / split items (the code
 // the kernel had inline: scripts/sass_diff.sh, same SASS).
 struct PlanSourceBwdSm90 {
-  static constexpr bool kAnalytic = false, kMods = false, kDropout = false, kStageBias = false, kFp8 = false;
+  static constexpr bool kAnalytic = false, kMods = false, kDropout = false, kStageBias = false, kFp8 = false,
+                        kFp8Store = false;
   using Seqlen = kern::SeqlenInfo;
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int lane) {
     return next_bwd_item(p, item_it, lane);
@@ -479,7 +481,8 @@ struct AnalyticItemsBwdSm90 {
 
 template <int kBk>
 struct AnalyticSourceBwdSm90 : AnalyticItemsBwdSm90 {
-  static constexpr bool kAnalytic = true, kMods = false, kDropout = false, kStageBias = false, kFp8 = false;
+  static constexpr bool kAnalytic = true, kMods = false, kDropout = false, kStageBias = false, kFp8 = false,
+                        kFp8Store = false;
   static constexpr int kBlockQ = 64, kBlockK = kBk;
   using Seqlen = kern::AnalyticSeqlen;
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int) {
@@ -1086,9 +1089,14 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
     const int key0 = it.kb * L::kBlockK;
     const int keys_valid = min(L::kBlockK, Src::keys_to_store(p, sl, key0));
     const int64_t krow = int64_t(p.varlen ? sl.k_start : 0) + key0;
-    // (flex: call head dims below the kernel's, a split task's slots of the call's dims)
-    dkdv_epilogue_sm90<L::kBlockK, kD, kD, E, true, !Src::kAnalytic>(p, it, keys_valid, krow, key_thr, qd, dk, dv,
-                                                                     ColsWhole{}, ColsWhole{});
+    if constexpr (Src::kFp8Store) {
+      // The FP8 backward storing dK / dV as FP8 codes itself (experimental: Fp8SourceBwdSm90<..., true>).
+      Src::store_dkdv(p, it, keys_valid, krow, key_thr, lane, dk, dv);
+    } else {
+      // (flex: call head dims below the kernel's, a split task's slots of the call's dims)
+      dkdv_epilogue_sm90<L::kBlockK, kD, kD, E, true, !Src::kAnalytic>(p, it, keys_valid, krow, key_thr, qd, dk, dv,
+                                                                       ColsWhole{}, ColsWhole{});
+    }
   }
 }
 

@@ -2,6 +2,8 @@
 // the (64, 64) / (128, 128) instantiations (bf16 copies of the codes only).
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "core/error.h"
@@ -33,13 +35,17 @@ TensorView copy_view(const void* data, int64_t batch, int64_t heads, int64_t row
   return bshd_of_bhsd(v);
 }
 
-template <int kD, int kFormats>
+std::atomic<int> g_store{-1};
+
+// kStore: the kernel stores dK / dV itself (sdpa_fp8_bwd_sm90_store_enabled), else through the slots and the
+// store pass.
+template <int kD, int kFormats, bool kStore>
 void run_fp8_bwd(const SdpaFp8BwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
                  const CUtensorMap& mdo, cudaStream_t s) {
   using L = kern90::BwdSm90Layout<kD>;
   const int64_t items = int64_t(p.analytic.num_k_blocks) * (p.num_heads_q / p.group_size) * p.batch;
   if (items > 0) {
-    auto kernel = kern90::sdpa_fp8_bwd_kernel_sm90<kD, kFormats>;
+    auto kernel = kern90::sdpa_fp8_bwd_kernel_sm90<kD, kFormats, kStore>;
     static std::atomic<uint64_t> smem_set{0};
     ensure_smem_limit(kernel, L::kBytes, smem_set, "sdpa fp8 backward (sm90): cudaFuncSetAttribute");
     static std::atomic<int> ctas_cache[64];
@@ -53,7 +59,7 @@ void run_fp8_bwd(const SdpaFp8BwdParams& p, const CUtensorMap& mq, const CUtenso
     check_launch("sdpa fp8 backward dQ (sm90)");
   }
   const int64_t units = int64_t(p.batch) * p.analytic.max_kv * 2 * (p.num_heads_q / p.group_size);
-  if (units > 0) {
+  if (!kStore && units > 0) {
     kern90::sdpa_fp8_bwd_dkdv_store_kernel_sm90<kD><<<grid_stride_1d(units, 8), 256, 0, s>>>(p);
     check_launch("sdpa fp8 backward dK / dV (sm90)");
   }
@@ -62,6 +68,14 @@ void run_fp8_bwd(const SdpaFp8BwdParams& p, const CUtensorMap& mq, const CUtenso
 }  // namespace
 
 int64_t sdpa_fp8_bwd_sm90_launches() { return g_launches.load(std::memory_order_relaxed); }
+
+void set_sdpa_fp8_bwd_sm90_store_enabled(int on) { g_store.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+bool sdpa_fp8_bwd_sm90_store_enabled() {
+  const int o = g_store.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
+  return e != nullptr && std::strcmp(e, "1") == 0;
+}
 
 void launch_sdpa_fp8_bwd_sm90(const SdpaFp8BwdParams& p_in, cudaStream_t stream) {
   SdpaFp8BwdParams p = p_in;
@@ -84,7 +98,8 @@ void launch_sdpa_fp8_bwd_sm90(const SdpaFp8BwdParams& p_in, cudaStream_t stream)
   sm80::launch_sdpa_fp8_bwd_prepass(p, stream);
   // The grid fields, the dQ tiles (and counters) and every item's dK / dV slot cleared (one item a slot: H_k = H_v),
   // as the 16-bit launcher's.
-  prepare_sdpa_bwd_sm90(p, kBq, kBk, kd, kd, hk, true, stream);
+  const bool store = sdpa_fp8_bwd_sm90_store_enabled();
+  prepare_sdpa_bwd_sm90(p, kBq, kBk, kd, kd, hk, /*slots=*/!store, stream);
   const int64_t sq = p.analytic.max_q, skv = p.analytic.max_kv;
   const CUtensorMap mq =
       make_tensor_map_sm90(copy_view(p.q, p.batch, p.num_heads_q, sq, p.head_dqk), false, DType::kBFloat16, kBq, "q");
@@ -95,7 +110,13 @@ void launch_sdpa_fp8_bwd_sm90(const SdpaFp8BwdParams& p_in, cudaStream_t stream)
   const CUtensorMap mdo = make_tensor_map_sm90(copy_view(p.dout, p.batch, p.num_heads_q, sq, p.head_dv), false,
                                                DType::kBFloat16, kBq, "dout");
   // One instantiation per kernel head dim and pair of formats (q's, dO's).
-  auto run = [&](auto d, auto fmt) { run_fp8_bwd<decltype(d)::value, decltype(fmt)::value>(p, mq, mk, mv, mdo, stream); };
+  auto run = [&](auto d, auto fmt) {
+    if (store) {
+      run_fp8_bwd<decltype(d)::value, decltype(fmt)::value, true>(p, mq, mk, mv, mdo, stream);
+    } else {
+      run_fp8_bwd<decltype(d)::value, decltype(fmt)::value, false>(p, mq, mk, mv, mdo, stream);
+    }
+  };
   auto with_formats = [&](auto d) {
     switch (kern90::fp8_bwd_formats(p.format, p.do_format)) {
       case 0: run(d, std::integral_constant<int, 0>{}); break;

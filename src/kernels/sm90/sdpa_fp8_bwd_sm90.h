@@ -20,4 +20,11 @@ void launch_sdpa_fp8_bwd_sm90(const SdpaFp8BwdParams& p, cudaStream_t stream);
 // Calls of launch_sdpa_fp8_bwd_sm90 in this process so far (tests check which family ran).
 int64_t sdpa_fp8_bwd_sm90_launches();
 
+// dK / dV stored as FP8 codes by the kernel's consumers (kernel_bwd_fp8_sm90.cuh Fp8SourceBwdSm90<..., true>:
+// no slots to clear, no atomics, no store pass). Experimental, not yet run on a GPU: on with
+// FLASHSPAN_EXPERIMENTAL=1 (read per launch) unless set_sdpa_fp8_bwd_sm90_store_enabled overrides it (tests: 1
+// on, 0 off, -1 the environment's answer).
+bool sdpa_fp8_bwd_sm90_store_enabled();
+void set_sdpa_fp8_bwd_sm90_store_enabled(int on);
+
 }  // namespace flashspan::sm90
