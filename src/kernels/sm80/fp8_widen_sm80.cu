@@ -3,11 +3,9 @@
 // (exact: every E4M3 / E5M2 value is a bf16 value). Conversions by kernels/common/fp8_soft.h (no FP8
 // instruction before sm_89).
 #include <algorithm>
-#include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 
+#include "kernels/common/experimental_switch.h"
 #include "kernels/common/fp8_soft.h"
 #include "kernels/common/grid.h"
 #include "kernels/common/launch_util.h"
@@ -71,7 +69,7 @@ __global__ void __launch_bounds__(256) fp8_widen8_kernel(const sm80::Fp8WidenJob
 namespace flashspan::sm80 {
 
 namespace {
-std::atomic<int> g_widen_vec{-1};
+kern::ExperimentalSwitch g_widen_vec;
 
 // A job the eight-code kernel takes: its source's base and strides multiples of 8 bytes, its columns of 8.
 bool widen8_ok(const Fp8WidenJob& j) {
@@ -80,13 +78,8 @@ bool widen8_ok(const Fp8WidenJob& j) {
 }
 }  // namespace
 
-void set_fp8_widen_vec_enabled(int on) { g_widen_vec.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
-bool fp8_widen_vec_enabled() {
-  const int o = g_widen_vec.load(std::memory_order_relaxed);
-  if (o >= 0) return o == 1;
-  const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
-  return e != nullptr && std::strcmp(e, "1") == 0;
-}
+void set_fp8_widen_vec_enabled(int on) { g_widen_vec.set(on); }
+bool fp8_widen_vec_enabled() { return g_widen_vec.on(); }
 
 void launch_fp8_widen_sm80(const Fp8WidenJobs& jobs, int num_jobs, cudaStream_t stream) {
   bool vec = fp8_widen_vec_enabled();

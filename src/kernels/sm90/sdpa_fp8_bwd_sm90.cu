@@ -2,11 +2,10 @@
 // the (64, 64) / (128, 128) instantiations (bf16 copies of the codes only).
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 #include <type_traits>
 
 #include "core/error.h"
+#include "kernels/common/experimental_switch.h"
 #include "kernels/common/grid.h"
 #include "kernels/common/launch_util.h"
 #include "kernels/sm80/fp8_bwd_prepass_sm80.h"
@@ -35,7 +34,7 @@ TensorView copy_view(const void* data, int64_t batch, int64_t heads, int64_t row
   return bshd_of_bhsd(v);
 }
 
-std::atomic<int> g_store{-1};
+kern::ExperimentalSwitch g_store;
 
 // kStore: the kernel stores dK / dV itself (sdpa_fp8_bwd_sm90_store_enabled), else through the slots and the
 // store pass.
@@ -69,13 +68,8 @@ void run_fp8_bwd(const SdpaFp8BwdParams& p, const CUtensorMap& mq, const CUtenso
 
 int64_t sdpa_fp8_bwd_sm90_launches() { return g_launches.load(std::memory_order_relaxed); }
 
-void set_sdpa_fp8_bwd_sm90_store_enabled(int on) { g_store.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
-bool sdpa_fp8_bwd_sm90_store_enabled() {
-  const int o = g_store.load(std::memory_order_relaxed);
-  if (o >= 0) return o == 1;
-  const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
-  return e != nullptr && std::strcmp(e, "1") == 0;
-}
+void set_sdpa_fp8_bwd_sm90_store_enabled(int on) { g_store.set(on); }
+bool sdpa_fp8_bwd_sm90_store_enabled() { return g_store.on(); }
 
 void launch_sdpa_fp8_bwd_sm90(const SdpaFp8BwdParams& p_in, cudaStream_t stream) {
   SdpaFp8BwdParams p = p_in;

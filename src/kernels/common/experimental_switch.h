@@ -1,0 +1,25 @@
+// A kernel-side experimental switch (host code): off unless FLASHSPAN_EXPERIMENTAL is exactly "1" (read at each
+// on()), with a test override (set: 1 on, 0 off, -1 back to the environment's answer). The launchers' switches of
+// paths not yet run on a GPU (e.g. kernels/sm80/fp8_bwd_prepass_sm80.h fp8_widen_vec_enabled); dispatch's own
+// switches live in dispatch/ (family.h experimental_from_env).
+#pragma once
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace flashspan::kern {
+
+struct ExperimentalSwitch {
+  std::atomic<int> override_{-1};
+
+  void set(int on) { override_.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+  bool on() const {
+    const int o = override_.load(std::memory_order_relaxed);
+    if (o >= 0) return o == 1;
+    const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
+    return e != nullptr && std::strcmp(e, "1") == 0;
+  }
+};
+
+}  // namespace flashspan::kern
