@@ -245,13 +245,18 @@ char* bf16_copy(char* ws, size_t bytes, const void*& data, TensorAddr& a, Sample
 struct Fp8BwdBytes {
   size_t derived = 0, q = 0, k = 0, v = 0, dout = 0, total = 0;
 };
+// Bytes of one bf16 copy [B, heads, rows, cols] (the FP8 launchers' widened inputs), aligned.
+size_t bf16_copy_bytes(int64_t batch, int64_t heads, int64_t rows, int64_t cols) {
+  return ws_align(size_t(2) * size_t(batch) * size_t(heads) * size_t(rows) * size_t(cols));
+}
+
 Fp8BwdBytes fp8_bwd_bytes(const Problem& p) {
   Fp8BwdBytes b;
   b.derived = ws_align(sizeof(float) * kFp8BwdNumDerived);
-  b.q = ws_align(size_t(2) * size_t(p.B) * size_t(p.Hq) * size_t(p.Sq) * size_t(p.Dqk));
-  b.k = ws_align(size_t(2) * size_t(p.B) * size_t(p.Hk) * size_t(p.Skv) * size_t(p.Dqk));
-  b.v = ws_align(size_t(2) * size_t(p.B) * size_t(p.Hv) * size_t(p.Skv) * size_t(p.Dv));
-  b.dout = ws_align(size_t(2) * size_t(p.B) * size_t(p.Hq) * size_t(p.Sq) * size_t(p.Dv));
+  b.q = bf16_copy_bytes(p.B, p.Hq, p.Sq, p.Dqk);
+  b.k = bf16_copy_bytes(p.B, p.Hk, p.Skv, p.Dqk);
+  b.v = bf16_copy_bytes(p.B, p.Hv, p.Skv, p.Dv);
+  b.dout = bf16_copy_bytes(p.B, p.Hq, p.Sq, p.Dv);
   b.total = b.derived + b.q + b.k + b.v + b.dout;
   return b;
 }
@@ -262,9 +267,9 @@ struct Fp8FwdSm80Bytes {
 };
 Fp8FwdSm80Bytes fp8_fwd_sm80_bytes(const Problem& p) {
   Fp8FwdSm80Bytes b;
-  b.q = ws_align(size_t(2) * size_t(p.B) * size_t(p.Hq) * size_t(p.Sq) * size_t(p.Dqk));
-  b.k = ws_align(size_t(2) * size_t(p.B) * size_t(p.Hk) * size_t(p.Skv) * size_t(p.Dqk));
-  b.v = ws_align(size_t(2) * size_t(p.B) * size_t(p.Hv) * size_t(p.Skv) * size_t(p.Dv));
+  b.q = bf16_copy_bytes(p.B, p.Hq, p.Sq, p.Dqk);
+  b.k = bf16_copy_bytes(p.B, p.Hk, p.Skv, p.Dqk);
+  b.v = bf16_copy_bytes(p.B, p.Hv, p.Skv, p.Dv);
   b.total = b.q + b.k + b.v;
   return b;
 }

@@ -6,6 +6,7 @@
 #include <cuda_runtime.h>
 
 #include "kernels/params.h"
+#include "kernels/sm80/launch_sm80.h"  // Fp8WidenJob
 
 namespace flashspan::sm80 {
 
@@ -21,5 +22,10 @@ void launch_sdpa_fp8_bwd_prepass(const SdpaFp8BwdParams& p, cudaStream_t stream)
 // 1 on, 0 off, -1 the environment's answer).
 bool fp8_widen_vec_enabled();
 void set_fp8_widen_vec_enabled(int on);
+
+// The widening job of one FP8 tensor [batch, heads, rows, cols] (format: 1 E4M3, 2 E5M2) into its bf16 copy dst
+// (the FP8 launchers' workspace copies: launch_fp8_widen_sm80).
+Fp8WidenJob fp8_widen_job(const SdpaFp8Tensor& src, const void* dst, int batch, int heads, int rows, int cols,
+                          int format);
 
 }  // namespace flashspan::sm80

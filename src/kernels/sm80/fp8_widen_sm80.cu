@@ -78,6 +78,19 @@ bool widen8_ok(const Fp8WidenJob& j) {
 }
 }  // namespace
 
+Fp8WidenJob fp8_widen_job(const SdpaFp8Tensor& src, const void* dst, int batch, int heads, int rows, int cols,
+                          int format) {
+  Fp8WidenJob j;
+  j.src = src;
+  j.dst = static_cast<uint32_t*>(const_cast<void*>(dst));
+  j.batch = batch;
+  j.heads = heads;
+  j.rows = rows;
+  j.cols = cols;
+  j.e5m2 = format == 2 ? 1 : 0;
+  return j;
+}
+
 void set_fp8_widen_vec_enabled(int on) { g_widen_vec.set(on); }
 bool fp8_widen_vec_enabled() { return g_widen_vec.on(); }
 

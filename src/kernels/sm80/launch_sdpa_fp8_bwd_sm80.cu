@@ -130,25 +130,10 @@ void launch_sdpa_fp8_bwd_prepass(const SdpaFp8BwdParams& p, cudaStream_t stream)
   // 2. The bf16 copies the 16-bit kernels read (SdpaBwdParams q, k, v, dout point at them).
   const int hk = p.num_heads_q / p.group_size;
   const int sq = p.analytic.max_q, skv = p.analytic.max_kv;
-  sm80::Fp8WidenJobs jobs;
-  const struct {
-    const SdpaFp8Tensor& src;
-    const void* dst;
-    int heads, rows, cols, format;
-  } js[4] = {{p.q8, p.q, p.num_heads_q, sq, p.head_dqk, p.format},
-             {p.k8, p.k, hk, skv, p.head_dqk, p.format},
-             {p.v8, p.v, hk, skv, p.head_dv, p.format},
-             {p.do8, p.dout, p.num_heads_q, sq, p.head_dv, p.do_format}};
-  for (int i = 0; i < 4; ++i) {
-    sm80::Fp8WidenJob& j = jobs.job[i];
-    j.src = js[i].src;
-    j.dst = static_cast<uint32_t*>(const_cast<void*>(js[i].dst));
-    j.batch = p.batch;
-    j.heads = js[i].heads;
-    j.rows = js[i].rows;
-    j.cols = js[i].cols;
-    j.e5m2 = js[i].format == 2 ? 1 : 0;
-  }
+  const sm80::Fp8WidenJobs jobs{{fp8_widen_job(p.q8, p.q, p.batch, p.num_heads_q, sq, p.head_dqk, p.format),
+                                  fp8_widen_job(p.k8, p.k, p.batch, hk, skv, p.head_dqk, p.format),
+                                  fp8_widen_job(p.v8, p.v, p.batch, hk, skv, p.head_dv, p.format),
+                                  fp8_widen_job(p.do8, p.dout, p.batch, p.num_heads_q, sq, p.head_dv, p.do_format)}};
   sm80::launch_fp8_widen_sm80(jobs, 4, stream);
   if (p.total_q > 0) {
     fp8_bwd_delta_kernel<<<grid_stride_1d(int64_t(p.num_heads_q) * p.total_q, 8), 256, 0, stream>>>(p);

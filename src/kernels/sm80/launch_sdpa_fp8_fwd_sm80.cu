@@ -18,6 +18,7 @@
 #include "kernels/common/fwd_launch.h"
 #include "kernels/common/grid.h"
 #include "kernels/common/launch_util.h"
+#include "kernels/sm80/fp8_bwd_prepass_sm80.h"  // fp8_widen_job
 #include "kernels/sm80/kernel_fwd_sm80.cuh"
 #include "kernels/sm80/launch_sm80.h"
 
@@ -55,24 +56,10 @@ void launch_sdpa_fp8_fwd_sm80(const SdpaFp8FwdSm80Params& p_in, const TileSm80& 
   if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
   // 1. The bf16 copies the 16-bit loop reads (SdpaFwdParams q, k, v point at them; H_v = H_k).
   const int hk = p.num_heads_q / p.group_size;
-  Fp8WidenJobs jobs;
-  const struct {
-    const SdpaFp8Tensor& src;
-    const void* dst;
-    int heads, rows, cols;
-  } js[3] = {{p.q8, p.q, p.num_heads_q, p.analytic.max_q, p.head_dqk},
-             {p.k8, p.k, hk, p.analytic.max_kv, p.head_dqk},
-             {p.v8, p.v, hk, p.analytic.max_kv, p.head_dv}};
-  for (int i = 0; i < 3; ++i) {
-    Fp8WidenJob& j = jobs.job[i];
-    j.src = js[i].src;
-    j.dst = static_cast<uint32_t*>(const_cast<void*>(js[i].dst));
-    j.batch = p.batch;
-    j.heads = js[i].heads;
-    j.rows = js[i].rows;
-    j.cols = js[i].cols;
-    j.e5m2 = p.fp8.format == 2 ? 1 : 0;
-  }
+  const int f = p.fp8.format;
+  const Fp8WidenJobs jobs{{fp8_widen_job(p.q8, p.q, p.batch, p.num_heads_q, p.analytic.max_q, p.head_dqk, f),
+                           fp8_widen_job(p.k8, p.k, p.batch, hk, p.analytic.max_kv, p.head_dqk, f),
+                           fp8_widen_job(p.v8, p.v, p.batch, hk, p.analytic.max_kv, p.head_dv, f)}};
   launch_fp8_widen_sm80(jobs, 3, stream);
   // 2. The forward on the sm80 tile of the head dims (tile_sm80.h).
   with_fwd_traits_sm80<false>(tile, p.head_dqk, p.head_dv, [&](auto t) {

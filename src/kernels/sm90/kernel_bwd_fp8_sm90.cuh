@@ -54,6 +54,16 @@ __device__ __forceinline__ void fp8_warp_amax(float* amax, float v, int lane) {
   if (lane == 0) kern::atomic_max_float(amax, v);
 }
 
+// x0, x1 (true units) -> amax m, and their codes fp8_grad(x scale) at dst[0], dst[1] (bytes: any strides): the
+// FP8 backward's dQ / dK / dV stores.
+__device__ __forceinline__ void fp8_bwd_store2_sm90(uint8_t* dst, float x0, float x1, float scale, bool e5m2,
+                                                    float& m) {
+  m = fmaxf(m, fmaxf(fabsf(x0), fabsf(x1)));
+  const uint32_t c = fp8x2_codes(x0 * scale, x1 * scale, e5m2);
+  dst[0] = uint8_t(c & 0xffu);
+  dst[1] = uint8_t(c >> 8);
+}
+
 // (x, y) rounded to the format, as floats (fp8x2_codes, then the codes widened exactly through f16x2).
 __device__ __forceinline__ void fp8x2_round(float& x, float& y, bool e5m2) {
   const uint16_t h = uint16_t(fp8x2_codes(x, y, e5m2));
@@ -105,12 +115,6 @@ struct Fp8SourceBwdSm90 : AnalyticModSourceBwdSm90<kBk, false, false, false> {
     uint8_t* dvp = static_cast<uint8_t*>(f.dv8.data) + int64_t(it.b) * f.dv8.batch_stride +
                    int64_t(it.hkv) * f.dv8.head_stride + krow * f.dv8.row_stride;
     float mk = 0.0f, mv = 0.0f;
-    auto put = [e5](uint8_t* dst, float x0, float x1, float scale, float& m) {
-      m = fmaxf(m, fmaxf(fabsf(x0), fabsf(x1)));
-      const uint32_t c = fp8x2_codes(x0 * scale, x1 * scale, e5);
-      dst[0] = uint8_t(c & 0xffu);
-      dst[1] = uint8_t(c >> 8);
-    };
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
       const int key = key_thr + 8 * hi;
@@ -119,10 +123,12 @@ struct Fp8SourceBwdSm90 : AnalyticModSourceBwdSm90<kBk, false, false, false> {
         for (int n = 0; n < kN; ++n) {
           const int col = 8 * n + 2 * qd;
           if (col < p.head_dqk) {
-            put(dkp + int64_t(key) * f.dk8.row_stride + col, dk[n][2 * hi] * uk, dk[n][2 * hi + 1] * uk, sk, mk);
+            fp8_bwd_store2_sm90(dkp + int64_t(key) * f.dk8.row_stride + col, dk[n][2 * hi] * uk,
+                                dk[n][2 * hi + 1] * uk, sk, e5, mk);
           }
           if (col < p.head_dv) {
-            put(dvp + int64_t(key) * f.dv8.row_stride + col, dv[n][2 * hi] * uv, dv[n][2 * hi + 1] * uv, sv, mv);
+            fp8_bwd_store2_sm90(dvp + int64_t(key) * f.dv8.row_stride + col, dv[n][2 * hi] * uv,
+                                dv[n][2 * hi + 1] * uv, sv, e5, mv);
           }
         }
       }
@@ -208,17 +214,6 @@ __global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
                                                                                                    &tm_v, &tm_do);
 #else
   __trap();
-#endif
-}
-
-// x0, x1 (true units) -> amax m, and their codes fp8_grad(x scale) at dst[0], dst[1] (bytes: any strides).
-__device__ __forceinline__ void fp8_bwd_store2_sm90(uint8_t* dst, float x0, float x1, float scale, bool e5m2,
-                                                    float& m) {
-#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  m = fmaxf(m, fmaxf(fabsf(x0), fabsf(x1)));
-  const uint32_t c = fp8x2_codes(x0 * scale, x1 * scale, e5m2);
-  dst[0] = uint8_t(c & 0xffu);
-  dst[1] = uint8_t(c >> 8);
 #endif
 }
 
