@@ -131,6 +131,7 @@ struct Case {
   // host (1, 1, 1, 1) tensor, H_v (0: H_k).
   float softcap = 0.0f;
   bool alibi = false, sinks = false, scale_tensor = false;
+  bool sinks_neg_inf = false;  // sinks: the even heads' sink is -inf (it adds nothing: exp(-inf) = 0)
   int64_t Hv = 0;
   // The epilogue options (test_sdpa_gpu.cpp): the output gate O * sigmoid(G) (G in O's layout,
   // dgate in the backward), the score_max / score_sum_exp outputs (padded [B, H_q, S_q, 1]).
@@ -180,7 +181,7 @@ struct Case {
        << " scale " << scale;
     if (softcap > 0) os << " softcap " << softcap;
     if (alibi) os << " alibi";
-    if (sinks) os << " sinks";
+    if (sinks) os << (sinks_neg_inf ? " sinks(-inf on even heads)" : " sinks");
     if (scale_tensor) os << " scale-tensor";
     if (Hv > 0) os << " Hv" << Hv;
     if (gate) os << " gate";

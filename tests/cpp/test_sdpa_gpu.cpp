@@ -168,7 +168,10 @@ std::unique_ptr<Problem> make_problem(const Case& c) {
     p->sink.alloc(ml, DType::kFloat32);
     p->dsink.alloc(ml, DType::kFloat32);
     std::normal_distribution<double> n(0.0, 1.5);
-    for (int64_t h = 0; h < c.Hq; ++h) p->sink.set(h, n(rng));
+    for (int64_t h = 0; h < c.Hq; ++h) {
+      const double x = n(rng);
+      p->sink.set(h, c.sinks_neg_inf && h % 2 == 0 ? -std::numeric_limits<double>::infinity() : x);
+    }
     p->sink.upload();
   }
   if (c.gate) {
@@ -2591,6 +2594,40 @@ TEST(SdpaGpu, MaxLogitWithSinksDecode) {
     Case c = with_sinks_and_max_logit(decode_case(seed));
     if (c.kind_q == Kind::kThd) c.score_stats = false;  // (ScoreStatsWithPackedO)
     run_decode_case(c, 1);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, SinksMinusInfinityKeylessRows) {
+  // A sink of -inf adds nothing (exp(-inf) = 0): rows without keys (a sample without keys; bottom-right causal
+  // with S_q > S_kv) keep score_sum_exp = 0, score_max = -inf, LSE = -inf, O = 0, on every forward family: the
+  // sm90 forward with modifiers (its sink seeds the rows: OnlineSoftmax::seed_row), the sm80 forward (seeded too),
+  // both with max_logit (the fold after the walk), the decode forward (its combine); dSink of such heads 0.
+  REQUIRE_GPU();
+  const ForceFeaturePairs pairs;
+  for (int f = 0; f < 10; ++f) {
+    const int family = f % 5;  // 0, 1: sm90 mods (seeded, folded), 2, 3: sm80 (seeded, folded), 4: decode
+    if (family < 2 && !sm90_device()) continue;
+    Case c = family == 4 ? decode_case(16401 + uint64_t(f)) : multi_block_case(16401 + uint64_t(f), 4 + f, f < 5 ? 64 : 128);
+    c.sinks = true;
+    c.sinks_neg_inf = true;
+    c.score_stats = c.kind_q != Kind::kThd;
+    c.max_logit = family == 1 || family == 3;
+    if (family == 4) {
+      c.B = 2;
+      c.lengths = 1;
+      c.zero_kv_sample = true;
+      const ForceSdpaDecode on(1);
+      run_decode_case(c, 1);
+    } else if (family < 2) {
+      const ForceSdpaSm90 force(1);
+      const ForceSdpaSm90Mods mods(1);
+      run_case_expect_sm90(c, /*backward=*/f >= 5, 1, kAnyLaunches, /*chain=*/true);
+    } else {
+      const ForceSdpaSm90 sm90_off(0);
+      const ForceSdpaDecode decode_off(0);
+      run_case(c, /*backward=*/f >= 5, /*chain=*/true);
+    }
     if (::testing::Test::HasFailure()) return;
   }
 }

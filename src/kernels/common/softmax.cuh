@@ -133,10 +133,12 @@ struct OnlineSoftmax {
   // (SDPA's attention sinks: sink_token): m = s2 and l = 1 on the quad's first lane (l is
   // thread-partial, row_sum adds the quad), so that 2^(s2 - m) joins the row's sum and every later
   // update rescales it with the keys' terms; O gets nothing from it. Rows that must see nothing
-  // (past the sample) are left unseeded (m = -inf, l = 0: O = 0, LSE = -inf).
+  // (past the sample) are left unseeded (m = -inf, l = 0: O = 0, LSE = -inf). A sink s2 = -inf seeds
+  // nothing either (l = 0): a row without keys then keeps the sum 0 (score_sum_exp), as the CPU
+  // reference's sum of exp(-inf) = 0 and the fold's (fold_sink_row); rows with keys get the same sums.
   __device__ __forceinline__ static void seed_row(float& m, float& l, float s2, int lane) {
     m = s2;
-    l = (lane & 3) == 0 ? 1.0f : 0.0f;
+    l = (lane & 3) == 0 && s2 != -INFINITY ? 1.0f : 0.0f;
   }
 
   // The sink s2 (log2 units) folded into row hi's statistics after the walk instead of seeded before
