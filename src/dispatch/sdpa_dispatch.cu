@@ -29,10 +29,29 @@ void check_vec_aligned_slots(const Problem& p, std::initializer_list<int> slots)
 // The tile of the sm80 kernels for the call's head dims (tile_sm80.h).
 sm80::TileSm80 tile_of(const Problem& p) { return sm80::tile_sm80(static_cast<int>(p.Dqk), static_cast<int>(p.Dv)); }
 
+// dBias together with softcap runs on the sm90 backward only: its kernel with modifiers stores dBias's dS,
+// P (dP - D), before softcap's factor 1 - t^2 (kernel_bwd_mods_sm90.cuh store_ds; the bias is added after
+// softcap), while the sm80 kernels hold P (1 - t^2) at the dS step (docs/SDPA.md). Checked at check_support
+// and again at execute (the family switches are read per call); with dropout sdpa_check_features_gpu refuses
+// it on every GPU.
+void check_dbias_with_softcap(const Problem& p) {
+  if (!p.a.backward || p.fp8 || !p.has(FS_SDPA_DBIAS) || !p.a.softcap || sdpa_bwd_runs_sm90(p)) return;
+  const char* r = sdpa_bwd_sm90_refusal(p);
+  throw Error(Status::kNotSupported,
+              detail::concat("dBias together with softcap: runs on the sm90 backward only (an H100 / H200 with this "
+                             "build's sm_90a code; head dims up to 128, padded tensors), which does not take this "
+                             "call on device cuda:", p.device_id, " (",
+                             r != nullptr ? r
+                             : !sdpa_bwd_sm90_enabled() ? "FLASHSPAN_KERNEL_FAMILY=sm80"
+                                                        : "not an sm_90 device with this build's sm_90a code",
+                             "); CPU tensors run it on the CPU reference"));
+}
+
 }  // namespace
 
 void sdpa_check_support_gpu(const Problem& p) {
   sdpa_check_features_gpu(p);
+  check_dbias_with_softcap(p);
   if (p.fp8 && !p.a.backward) {
     // The sm90 FP8 forward where it runs the call (sdpa_launch.h sdpa_fp8_fwd_runs_sm90); else the sm80 FP8
     // forward on the sm80 forward's tiles (the checks below); the FP8 backward runs the sm80
@@ -115,6 +134,7 @@ void launch_sdpa_bwd(const Problem& p, void* workspace, size_t workspace_bytes, 
   }
   check_vec_aligned_slots(p, {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_DO, FS_SDPA_DQ, FS_SDPA_DK,
                               FS_SDPA_DV, FS_SDPA_GATE, FS_SDPA_DGATE});
+  check_dbias_with_softcap(p);
   if (sdpa_bwd_runs_sm90(p)) {
     sm90::launch_sdpa_bwd_sm90(sdpa_bwd_params_sm90(p, workspace, workspace_bytes), p.t(FS_SDPA_Q), p.t(FS_SDPA_K),
                                p.t(FS_SDPA_V), p.t(FS_SDPA_DO), p.dtype, static_cast<cudaStream_t>(stream));

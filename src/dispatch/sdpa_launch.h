@@ -9,7 +9,7 @@
 // MHA / GQA / MQA with H_k = H_v, head dims the sm80 kernels run, float16 / bfloat16, the LSE
 // stats (natural or base 2), max_logit, the deterministic backward; softcap, ALiBi, sinks / dSink,
 // H_k != H_v; the output gate with dgate, score_max / score_sum_exp (padded O), the block_mask; the
-// additive bias (any broadcast form, float32 or q's dtype) and dBias (not together with softcap);
+// additive bias (any broadcast form, float32 or q's dtype) and dBias (with softcap on the sm90 backward only);
 // dropout (Philox from device seed / offset, or the caller's mask) and rng_dump; with
 // FLASHSPAN_EXPERIMENTAL=1, paged K/V caches in the forward (without bias
 // or dropout).

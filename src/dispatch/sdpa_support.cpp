@@ -150,10 +150,14 @@ void sdpa_check_features_gpu(const Problem& p) {
     return;
   }
   // The additive bias runs natively (sdpa_score_mod.cuh SdpaBiasFrag), and dBias through the dS
-  // workspace (SdpaBiasParams) from the dK/dV kernel's P (dP - D), which with softcap holds P times
-  // softcap's derivative instead: dBias would need the fp32 P kept until then (PERF_LOG v2.35: in the sm80
-  // kernel that cost 72-124 B of spills in the D = 128 loop; the 16-bit P stored for dV is too coarse).
-  if (p.has(FS_SDPA_DBIAS) && a.softcap) not_native("dBias together with softcap");
+  // workspace (SdpaBiasParams) from the dK/dV kernel's P (dP - D). With softcap the sm80 kernels hold P
+  // times softcap's derivative there instead (the fp32 P kept until then cost 72-124 B of spills in their
+  // D = 128 loop, PERF_LOG v2.35; the 16-bit P stored for dV is too coarse), so dBias with softcap runs on
+  // the sm90 backward only (the device rule: sdpa_dispatch.cu check_dbias_with_softcap), and there not with
+  // dropout (its softcap factor is formed per element, after which P (dP - D) is gone).
+  if (p.has(FS_SDPA_DBIAS) && a.softcap && (p.dropout || a.dropout_mask_form)) {
+    not_native("dBias together with softcap and dropout");
+  }
   // softcap, ALiBi and sinks (dSink) run natively (sdpa_score_mod.cuh); max_logit excludes the
   // sink, which the kernels' running max includes: with max_logit the prefill kernels fold the sink
   // into the row statistics after the walk instead (the decode kernel's combine always does; sdpa_feature_pairs_enabled).

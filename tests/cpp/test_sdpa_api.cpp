@@ -490,21 +490,49 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
         dO(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), st(nullptr, kFloat32, cuda(), {B, Hq, Sq, 1}),
         dq(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), dk(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64}),
         dv(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64});
-    // dBias: native, but not together with softcap.
+    // dBias: native; together with softcap on the sm90 backward only (sdpa_dispatch.cu
+    // check_dbias_with_softcap): without an sm_90 device (CI) or with FLASHSPAN_KERNEL_FAMILY=sm80 refused,
+    // naming the rule and why the sm90 backward does not take it; on an H100 / H200 accepted. Not a feature
+    // pair: whatever FLASHSPAN_SDPA_FEATURE_PAIRS says.
     SdpaBackwardAttributes attr;
     attr.set_bias(bias).set_dbias(bias).set_softcap(20.0f);
     SdpaBwd bwd(q, k, v, o, dO, st, dq, dk, dv, attr);
-    // Not a feature pair (taken back out): refused whatever FLASHSPAN_SDPA_FEATURE_PAIRS says.
+    const std::string sm90_only = "dBias together with softcap: runs on the sm90 backward only";
     for (const char* pairs : {static_cast<const char*>(nullptr), "0", "1"}) {
       with_pairs_env(pairs, nullptr, [&] {
         try {
-          bwd.check_support();
-          ADD_FAILURE() << "dBias with softcap accepted on CUDA tensors";
+          bwd.check_support();  // (an sm_90 device with this build's sm_90a code)
         } catch (const Exception& e) {
           EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
-          EXPECT_TRUE(starts(e.what(), "dBias together with softcap" + tail)) << e.what();
+          EXPECT_TRUE(starts(e.what(), sm90_only)) << e.what();
+          EXPECT_NE(std::string(e.what()).find("CPU tensors run it on the CPU reference"), std::string::npos)
+              << e.what();
         }
       });
+    }
+    {
+      const ScopedEnv family("FLASHSPAN_KERNEL_FAMILY", "sm80");
+      try {
+        bwd.check_support();
+        ADD_FAILURE() << "dBias with softcap accepted on CUDA tensors with FLASHSPAN_KERNEL_FAMILY=sm80";
+      } catch (const Exception& e) {
+        EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
+        EXPECT_TRUE(starts(e.what(), sm90_only)) << e.what();
+      }
+    }
+    // With dropout too: refused on every GPU (the sm90 kernel with dropout forms softcap's factor per element).
+    {
+      SdpaBackwardAttributes attr_drop;
+      const TensorDesc seed(nullptr, kInt64, cuda(), {1}), offset(nullptr, kInt64, cuda(), {1});
+      attr_drop.set_bias(bias).set_dbias(bias).set_softcap(20.0f).set_dropout(0.1f, seed, offset);
+      SdpaBwd bwd_drop(q, k, v, o, dO, st, dq, dk, dv, attr_drop);
+      try {
+        bwd_drop.check_support();
+        ADD_FAILURE() << "dBias with softcap and dropout accepted on CUDA tensors";
+      } catch (const Exception& e) {
+        EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
+        EXPECT_TRUE(starts(e.what(), "dBias together with softcap and dropout" + tail)) << e.what();
+      }
     }
     SdpaBackwardAttributes attr_db;
     attr_db.set_bias(bias).set_dbias(bias);

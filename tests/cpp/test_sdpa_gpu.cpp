@@ -1244,7 +1244,7 @@ void run_sm90_bwd_mods_case(const Case& c, bool chain = false) {
 // sm90_mods_case (masks in both alignments, padding with a sample without keys, GQA / MQA, head
 // dims up to 128 with 96, layouts, softcap, ALiBi, sinks, every bias form, the gate, the host scale
 // tensor) without the block_mask (the sm80 backward's), with dBias on two of three bias cases
-// without softcap (the C layer refuses the pair), deterministic on even seeds.
+// without softcap (with softcap: Sm90BackwardDbiasWithSoftcap), deterministic on even seeds.
 Case sm90_bwd_mods_case(uint64_t seed) {
   Case c = sm90_mods_case(seed);
   c.block_mask = 0;
@@ -1374,6 +1374,40 @@ TEST(SdpaGpu, Sm90BackwardModsDbiasEveryBroadcastForm) {
     c.bias_strided = form % 5 == 0;
     c.dbias = true;
     run_sm90_bwd_mods_case(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, Sm90BackwardDbiasWithSoftcap) {
+  // dBias together with softcap (the sm90 backward only: kernel_bwd_mods_sm90.cuh stores dBias's dS, P (dP - D),
+  // before softcap's factor 1 - t^2; the bias is added after softcap): every broadcast form, softcap 2-30, D = 64,
+  // 96 and 128, ALiBi on some, deterministic on odd forms, dBias in float32 and in q's dtype, padded strides on
+  // some; a larger scale on a third so that softcap saturates some elements (1 - t^2 near 0, dBias's terms not).
+  REQUIRE_SM90();
+  const ForceSm90WithMods force;
+  for (int form = 1; form <= 16; ++form) {
+    Case c;
+    c.seed = 16501 + uint64_t(form);
+    c.dtype = form % 2 ? DType::kBFloat16 : DType::kFloat16;
+    c.B = 2;
+    c.Hq = 4;
+    c.Hk = form % 4 == 0 ? 1 : 2;
+    c.Sq = 150 + 20 * (form % 4);
+    c.Skv = 210 + 30 * (form % 3);
+    c.Dqk = c.Dv = form % 3 == 0 ? 64 : form % 3 == 1 ? 96 : 128;
+    c.has_right = true;
+    c.bottom_right = true;
+    c.lengths = 1;
+    c.zero_kv_sample = form % 3 == 0;
+    c.deterministic = form % 2;
+    c.scale = form % 3 == 2 ? 3.0f / std::sqrt(float(c.Dqk)) : 0.125f;
+    c.softcap = form % 3 == 2 ? 2.0f + float(form % 5) : float(5 + 5 * (form % 6));
+    c.alibi = form % 4 == 1;
+    c.bias = form;
+    c.bias_f32 = form % 4 < 2;
+    c.bias_strided = form % 5 == 0;
+    c.dbias = true;
+    run_sm90_bwd_mods_case(c, /*chain=*/form % 3 == 1);
     if (::testing::Test::HasFailure()) return;
   }
 }

@@ -14,6 +14,7 @@
 #include "kernels/common/bwd_prepost.cuh"
 #include "kernels/common/grid.h"
 #include "kernels/common/launch_bwd_common.h"
+#include "kernels/common/launch_util.h"
 #include "kernels/sm80/kernel_bwd_sm80.cuh"
 #include "kernels/sm80/launch_sm80.h"
 
@@ -67,6 +68,10 @@ void run_sdpa_bwd(const SdpaBwdParams& p_in, cudaStream_t stream) {
 int64_t sdpa_bwd_mask_only_launches() { return g_bwd_mask_only_launches.load(std::memory_order_relaxed); }
 
 void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream) {
+  // The dK/dV kernel's dS holds softcap's factor: dBias with softcap is the sm90 backward's
+  // (sdpa_dispatch.cu check_dbias_with_softcap).
+  FS_CHECK(p.analytic.bias.ds == nullptr || p.analytic.score.softcap2 == 0.0f, Status::kInternal,
+           "sdpa backward (sm80): dBias together with softcap reached the launcher");
   if (p.total_q > 0) {
     if (!p.deterministic) {
       check_cuda(cudaMemsetAsync(p.dq_accum, 0,

@@ -17,8 +17,8 @@
 // (the bias read on visible elements only; t = tanh(x / softcap), 1 - t^2 kept from logits as fp16
 // pairs, 1 without softcap); with dBias, dS = P (dP - D) of the sample's elements into the fp32
 // workspace [B, H_q, S_q, ds_ld] (SdpaBiasParams::ds, zeroed by the launcher, each element written
-// once; dBias with softcap is refused by the C layer), which sdpa_dbias_reduce sums over dBias's
-// broadcast dimensions. S^T is a fragment of the transposed problem (scores of keys against
+// once; with softcap before its factor 1 - t^2, since the bias is added after softcap; dBias with softcap
+// and dropout is refused by the C layer), which sdpa_dbias_reduce sums over dBias's broadcast dimensions. S^T is a fragment of the transposed problem (scores of keys against
 // queries): its bias is SdpaBiasFrag::at_transposed, its ALiBi the negated offsets
 // (SdpaScoreMod::transposed, base i0 + shift - j0).
 //
@@ -204,10 +204,10 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   // softcap's 1 - t^2 from logits' dlogit), in place, with m the element's dropout multiplier (kDropout,
   // SdpaDropoutParams; else 1): so dV takes P m, and dS is the sm80 kernels' and the CPU reference's
   // P (m dP - D). Philox: m from the step's keep bits (step_keep); the caller's mask: read element by
-  // element (sdpa_dropout_mask_apply on the transposed fragment). With dBias, dS of the sample's
-  // elements into the workspace (query i0 + 8 j + 2 qd + r % 2, key j0 + g + 8 (r / 2): scalar stores, 8
-  // consecutive keys a quad column of a warp), after the loop (dBias is refused with softcap: at run
-  // time the two never meet, but their registers would in one loop).
+  // element (sdpa_dropout_mask_apply on the transposed fragment). With dBias, dS into the workspace
+  // (store_ds): without dropout before softcap's factor (dBias with softcap: the logits' gradient), with
+  // dropout after the loop (there softcap's factor is formed per element, so dBias with softcap and
+  // dropout is refused by the C layer).
   template <int kNQ>
   __device__ __forceinline__ static void grads(const BwdParams& p, const BwdItem& it, const Seqlen& sl, int4 info,
                                                int key_thr, const float* lse2, const float* delta, int lane,
@@ -215,16 +215,21 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
                                                float (&dp)[kNQ][4]) {
     const int qd = lane & 3;
     if constexpr (kProbsEarly) {
-      // s holds P^T (no dropout: m = 1).
-      const bool softcap = kSoftcap && kern::analytic_of(p).score.softcap2 != 0.0f;
+      // s holds P^T (no dropout: m = 1). dp = P (dP - D), the gradient of the logits (dBias's dS), stored
+      // with dBias; then times softcap's 1 - t^2, the gradient of the scores x (the bias is added after
+      // softcap, docs/SDPA.md).
 #pragma unroll
       for (int j = 0; j < kNQ; ++j) {
         const float2 dd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * qd);
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const float pr = s[j][r];
-          const float f = softcap ? pr * kern::SdpaScoreMod::dlogit_at<kNQ>(dlogit, j, r) : pr;
-          dp[j][r] = f * (dp[j][r] - ((r & 1) ? dd.y : dd.x));
+        for (int r = 0; r < 4; ++r) dp[j][r] = s[j][r] * (dp[j][r] - ((r & 1) ? dd.y : dd.x));
+      }
+      store_ds<kNQ>(p, it, sl, info, key_thr, lane, dp);
+      if (kSoftcap && kern::analytic_of(p).score.softcap2 != 0.0f) {
+#pragma unroll
+        for (int j = 0; j < kNQ; ++j) {
+#pragma unroll
+          for (int r = 0; r < 4; ++r) dp[j][r] *= kern::SdpaScoreMod::dlogit_at<kNQ>(dlogit, j, r);
         }
       }
     } else {
@@ -255,19 +260,26 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
           for (int r = 0; r < 4; ++r) elem(j, r, 1.0f);
         }
       }
+      store_ds<kNQ>(p, it, sl, info, key_thr, lane, dp);  // (dBias with softcap and dropout: refused)
     }
+  }
+
+  // With dBias: the step's dS = P (m dP - D) of the sample's elements into the workspace (query i0 + 8 j +
+  // 2 qd + r % 2, key j0 + g + 8 (r / 2): scalar stores, 8 consecutive keys a quad column of a warp).
+  template <int kNQ>
+  __device__ __forceinline__ static void store_ds(const BwdParams& p, const BwdItem& it, const Seqlen& sl, int4 info,
+                                                  int key_thr, int lane, const float (&dp)[kNQ][4]) {
     const AnalyticMaskParams& a = kern::analytic_of(p);
-    if (a.bias.ds != nullptr) {
-      const int i = info.y * kBlockQ + 2 * qd, jk = it.kb * kBlockK + key_thr;
-      float* ds = a.bias.ds + ((int64_t(it.b) * p.num_heads_q + info.x) * a.max_q + i) * a.bias.ds_ld + jk;
-      const int rows = sl.len_q - i, keys = sl.len_k - jk;  // left inside the sample from the thread's element (0, 0)
+    if (a.bias.ds == nullptr) return;
+    const int i = info.y * kBlockQ + 2 * (lane & 3), jk = it.kb * kBlockK + key_thr;
+    float* ds = a.bias.ds + ((int64_t(it.b) * p.num_heads_q + info.x) * a.max_q + i) * a.bias.ds_ld + jk;
+    const int rows = sl.len_q - i, keys = sl.len_k - jk;  // left inside the sample from the thread's element (0, 0)
 #pragma unroll
-      for (int j = 0; j < kNQ; ++j) {
+    for (int j = 0; j < kNQ; ++j) {
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const int qq = 8 * j + (r & 1), kk = 8 * (r >> 1);
-          if (qq < rows && kk < keys) ds[int64_t(qq) * a.bias.ds_ld + kk] = dp[j][r];
-        }
+      for (int r = 0; r < 4; ++r) {
+        const int qq = 8 * j + (r & 1), kk = 8 * (r >> 1);
+        if (qq < rows && kk < keys) ds[int64_t(qq) * a.bias.ds_ld + kk] = dp[j][r];
       }
     }
   }
