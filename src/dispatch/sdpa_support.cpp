@@ -183,10 +183,9 @@ void sdpa_check_features_gpu(const Problem& p) {
   // outputs run natively (SdpaEpilogueParams). The statistics are never packed: their rows
   // past a sample are written by the blocks of a padded O; with a packed O by a fill kernel of
   // their own (launch_sdpa_fwd_stats_padding; sdpa_feature_pairs_enabled).
-  for (int s : {FS_SDPA_SCORE_MAX, FS_SDPA_SCORE_SUM_EXP}) {
-    FS_CHECK_SUPPORTED(!p.has(s) || !p.ragged(FS_SDPA_O) || sdpa_feature_pairs_enabled(), sdpa::slot_name(s),
-                       ": with a packed o (ragged offsets) is not supported on CUDA tensors yet (give o padded, "
-                       "[B, H_q, S_q, D_v]; FLASHSPAN_SDPA_FEATURE_PAIRS=0 turned this off)");
+  if (p.ragged(FS_SDPA_O)) {
+    if (p.has(FS_SDPA_SCORE_MAX)) switched_pair("score_max together with a packed o (ragged offsets)");
+    if (p.has(FS_SDPA_SCORE_SUM_EXP)) switched_pair("score_sum_exp together with a packed o (ragged offsets)");
   }
   // A host scalar attn_scale is read at execute (the seed's pass-by-value scale); a device one
   // would need a read of device memory on the host.

@@ -596,8 +596,7 @@ TEST(SdpaApi, CudaLayoutRules) {
     a.set_score_sum_exp(row_stat);
     a.set_ragged_offset(FS_SDPA_O, offs, Hq * 64);
   };
-  const std::string packed_off = "score_max: with a packed o (ragged offsets) is not supported on CUDA tensors yet "
-                                 "(give o padded, [B, H_q, S_q, D_v]; FLASHSPAN_SDPA_FEATURE_PAIRS=0 turned this off)";
+  const std::string packed_off = pair_turned_off("score_max together with a packed o (ragged offsets)");
   with_pairs_env(nullptr, nullptr, [&] { EXPECT_EQ(cuda_fwd_refusal(packed_o_stats), ""); });
   with_pairs_env(nullptr, "0", [&] { EXPECT_EQ(cuda_fwd_refusal(packed_o_stats), ""); });
   with_pairs_env("1", nullptr, [&] { EXPECT_EQ(cuda_fwd_refusal(packed_o_stats), ""); });
