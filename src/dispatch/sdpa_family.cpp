@@ -82,6 +82,9 @@ Switch g_sdpa_fp8_fwd_sm80{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_SM80");
 // 2.6-3.0x the sm80 one (PERF_LOG v2.36); FLASHSPAN_SM90_SDPA_FP8_BWD=0 (read by each check_support) leaves FP8
 // backwards to the sm80 kernels.
 Switch g_sdpa_fp8_bwd_sm90{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8_BWD"); }};
+// dBias together with softcap on the sm90 backward (sdpa_dispatch.cu check_dbias_with_softcap): experimental,
+// not yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1).
+Switch g_sdpa_dbias_softcap{experimental_from_env};
 }  // namespace
 
 namespace {
@@ -206,6 +209,9 @@ bool sdpa_fp8_bwd_enabled() { return g_sdpa_fp8_bwd.on(); }
 
 void set_sdpa_fp8_bwd_sm90_enabled(int on) { g_sdpa_fp8_bwd_sm90.set(on); }
 bool sdpa_fp8_bwd_sm90_enabled() { return g_sdpa_fp8_bwd_sm90.on(); }
+
+void set_sdpa_dbias_softcap_enabled(int on) { g_sdpa_dbias_softcap.set(on); }
+bool sdpa_dbias_softcap_enabled() { return g_sdpa_dbias_softcap.on(); }
 
 void set_sdpa_feature_pairs_enabled(int on) { g_sdpa_feature_pairs.set(on); }
 bool sdpa_feature_pairs_enabled() { return g_sdpa_feature_pairs.on(); }

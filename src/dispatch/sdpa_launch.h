@@ -9,7 +9,7 @@
 // MHA / GQA / MQA with H_k = H_v, head dims the sm80 kernels run, float16 / bfloat16, the LSE
 // stats (natural or base 2), max_logit, the deterministic backward; softcap, ALiBi, sinks / dSink,
 // H_k != H_v; the output gate with dgate, score_max / score_sum_exp (padded O), the block_mask; the
-// additive bias (any broadcast form, float32 or q's dtype) and dBias (with softcap on the sm90 backward only);
+// additive bias (any broadcast form, float32 or q's dtype) and dBias (with softcap on the sm90 backward only, experimental);
 // dropout (Philox from device seed / offset, or the caller's mask) and rng_dump; with
 // FLASHSPAN_EXPERIMENTAL=1, paged K/V caches in the forward (without bias
 // or dropout).
@@ -168,6 +168,13 @@ SdpaFp8BwdParams sdpa_fp8_bwd_params(const sdpa::Problem& p, void* workspace, si
 // off, sdpa_check_features_gpu refuses them.
 bool sdpa_feature_pairs_enabled();
 void set_sdpa_feature_pairs_enabled(int on);
+
+// dBias together with softcap on the sm90 backward (its kernel with modifiers stores dBias's dS before
+// softcap's factor; docs/SDPA.md "With softcap"): experimental, not yet run on a GPU: on with
+// FLASHSPAN_EXPERIMENTAL=1 (read by each check and execute), set_sdpa_dbias_softcap_enabled overrides it (tests:
+// 1 on, 0 off, -1 back to the environment's answer); off, the pair is refused on CUDA tensors.
+bool sdpa_dbias_softcap_enabled();
+void set_sdpa_dbias_softcap_enabled(int on);
 
 // The FP8 forward on the sm80 kernels (kernels/sm80/launch_sm80.h launch_sdpa_fp8_fwd_sm80: the 16-bit sm80
 // forward's loop on the codes widened to bf16, exact, with P's FP8 rounding and O's FP8 store in the kernel):

@@ -205,9 +205,10 @@ def test_cuda_feature_pairs_switch(fs, monkeypatch, pairs, experimental):
 
 def test_cuda_dbias_with_softcap_runs_on_sm90_only(fs, monkeypatch):
     """The additive bias and dBias run natively; dBias together with softcap on the sm90 backward only (its kernel
-    stores dBias's dS before softcap's factor; the sm80 kernels' dS holds it): refused without an sm_90 device (as
-    here, without a GPU) or with FLASHSPAN_KERNEL_FAMILY=sm80, naming the rule; with dropout too on every GPU;
-    whatever FLASHSPAN_EXPERIMENTAL or FLASHSPAN_SDPA_FEATURE_PAIRS say (not a feature pair)."""
+    stores dBias's dS before softcap's factor; the sm80 kernels' dS holds it), experimental (not yet run on a GPU):
+    refused by default; with FLASHSPAN_EXPERIMENTAL=1 refused without an sm_90 device (as here, without a GPU) or
+    with FLASHSPAN_KERNEL_FAMILY=sm80, naming the rule; with dropout too on every GPU; whatever
+    FLASHSPAN_SDPA_FEATURE_PAIRS says (not a feature pair)."""
     from flashspan import _lib as lib
     from flashspan import _sdpa_lib as L
 
@@ -219,19 +220,24 @@ def test_cuda_dbias_with_softcap_runs_on_sm90_only(fs, monkeypatch):
         a.set("dbias", d((1, 2, 16, 16)))
         a.set("softcap", 5.0)
 
+    with pytest.raises(NotImplementedError, match=r"^dBias together with softcap: not supported on CUDA tensors yet "
+                                                  r"\(the sm90 backward runs it with FLASHSPAN_EXPERIMENTAL=1"):
+        _cuda_op(L, lib, "bwd", both)
+    monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
     sm90_only = r"^dBias together with softcap: runs on the sm90 backward only"
     sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] == 9
-    for experimental in (None, "1"):
-        if experimental is None:
-            monkeypatch.delenv("FLASHSPAN_EXPERIMENTAL", raising=False)
+    for pairs in (None, "0"):
+        if pairs is None:
+            monkeypatch.delenv(PAIRS_ENV, raising=False)
         else:
-            monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", experimental)
+            monkeypatch.setenv(PAIRS_ENV, pairs)
         try:
             _cuda_op(L, lib, "bwd", both)
             assert sm90, "dBias with softcap accepted on CUDA tensors without an sm_90 device"
         except NotImplementedError as e:
             assert re.match(sm90_only, str(e)), str(e)
             assert "CPU tensors run it on the CPU reference" in str(e)
+    monkeypatch.delenv(PAIRS_ENV, raising=False)
     monkeypatch.setenv("FLASHSPAN_KERNEL_FAMILY", "sm80")
     with pytest.raises(NotImplementedError, match=sm90_only):
         _cuda_op(L, lib, "bwd", both)
