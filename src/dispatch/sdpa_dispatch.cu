@@ -62,8 +62,8 @@ void sdpa_check_support_gpu(const Problem& p) {
     // backward's tiles (the checks below).
     if (sdpa_fp8_fwd_runs_sm90(p)) return;
     FS_CHECK_SUPPORTED(sdpa_fp8_fwd_runs_sm80(p), "q: FP8 inputs on CUDA tensors need an sm_90 device (H100 / "
-                       "H200) and this build's sm_90a code (FLASHSPAN_CUDA_ARCHS with 90a), or FLASHSPAN_EXPERIMENTAL=1 "
-                       "(the sm80 FP8 forward, every GPU from sm_80); device cuda:", p.device_id,
+                       "H200) and this build's sm_90a code (FLASHSPAN_CUDA_ARCHS with 90a), or the sm80 FP8 forward "
+                       "(every GPU from sm_80), which FLASHSPAN_SDPA_FP8_SM80=0 turned off; device cuda:", p.device_id,
                        " has neither or not both");
   }
   int major = 0, smem_optin = 0;

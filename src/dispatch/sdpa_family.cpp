@@ -85,6 +85,8 @@ Switch g_sdpa_fp8_bwd_sm90{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8_BW
 // dBias together with softcap on the sm90 backward (sdpa_dispatch.cu check_dbias_with_softcap): experimental,
 // not yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1).
 Switch g_sdpa_dbias_softcap{experimental_from_env};
+// H_k != H_v on the FP8 forwards (fp8_fwd_refusal): experimental, not yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1).
+Switch g_sdpa_fp8_fwd_hk_ne_hv{experimental_from_env};
 }  // namespace
 
 namespace {
@@ -211,6 +213,8 @@ void set_sdpa_fp8_bwd_sm90_enabled(int on) { g_sdpa_fp8_bwd_sm90.set(on); }
 bool sdpa_fp8_bwd_sm90_enabled() { return g_sdpa_fp8_bwd_sm90.on(); }
 
 void set_sdpa_dbias_softcap_enabled(int on) { g_sdpa_dbias_softcap.set(on); }
+void set_sdpa_fp8_fwd_hk_ne_hv_enabled(int on) { g_sdpa_fp8_fwd_hk_ne_hv.set(on); }
+bool sdpa_fp8_fwd_hk_ne_hv_enabled() { return g_sdpa_fp8_fwd_hk_ne_hv.on(); }
 bool sdpa_dbias_softcap_enabled() { return g_sdpa_dbias_softcap.on(); }
 
 void set_sdpa_feature_pairs_enabled(int on) { g_sdpa_feature_pairs.set(on); }
@@ -245,13 +249,15 @@ bool sdpa_fp8_bwd_runs_sm90(const sdpa::Problem& p) {
 // outside the seed's FP8 subset.
 namespace {
 // What both FP8 forwards take besides their head dims (dims_ok; `dims`: the refusal's words otherwise):
-// padded q, k, v, o, H_k = H_v, the causal and padding masks, the statistics outputs.
+// padded q, k, v, o, the causal and padding masks, the statistics outputs; MHA / GQA / MQA, H_k != H_v too (V
+// addressed by h / group_v: the sm90 one's V^T workspace has H_v heads, the sm80 one's bf16 copy of V too;
+// experimental, not yet run on a GPU: sdpa_fp8_fwd_hk_ne_hv_enabled).
 const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* dims) {
   using namespace sdpa;
   if (!p.fp8) return "q (not an FP8 call)";
   if (p.a.backward) return "the FP8 backward";
   if (!dims_ok) return dims;
-  if (p.Hk != p.Hv) return "H_k != H_v";
+  if (p.Hk != p.Hv && !sdpa_fp8_fwd_hk_ne_hv_enabled()) return "H_k != H_v (with FLASHSPAN_EXPERIMENTAL=1: not yet run on a GPU)";
   for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
                 FS_SDPA_RAGGED_OFFSET_STATS}) {
     if (p.has(s)) return "ragged (packed THD) q, k, v, o or stats";

@@ -10,9 +10,8 @@
 // stats (natural or base 2), max_logit, the deterministic backward; softcap, ALiBi, sinks / dSink,
 // H_k != H_v; the output gate with dgate, score_max / score_sum_exp (padded O), the block_mask; the
 // additive bias (any broadcast form, float32 or q's dtype) and dBias (with softcap on the sm90 backward only, experimental);
-// dropout (Philox from device seed / offset, or the caller's mask) and rng_dump; with
-// FLASHSPAN_EXPERIMENTAL=1, paged K/V caches in the forward (without bias
-// or dropout).
+// dropout (Philox from device seed / offset, or the caller's mask) and rng_dump; paged K/V caches in the
+// forward (with bias or dropout: a feature pair); FP8 (sdpa_fp8, sdpa_fp8_backward: check_fp8's rules).
 // Every other feature is refused by sdpa_check_features_gpu with an error naming it.
 #pragma once
 
@@ -38,7 +37,7 @@ void sdpa_check_support_gpu(const sdpa::Problem& p);
 
 // Bytes of workspace of one call (pure functions of the problem's sizes): the 16-bit forward
 // needs none but on the decode forward (sdpa_fwd_runs_decode: [slots, 16, D_v] + [slots, 2, 16] fp32,
-// slots = tile_sm80.h decode_slot_capacity), an FP8 forward on CUDA tensors the V^T of the sm90 FP8 forward ([B, H_k, D_v, S_kv
+// slots = tile_sm80.h decode_slot_capacity), an FP8 forward on CUDA tensors the V^T of the sm90 FP8 forward ([B, H_v, D_v, S_kv
 // rounded up to 128] bytes, kernels/sm90/tile_sm90.h fp8_vt_bytes_sm90); the backward keeps D and LSE log2(e) ([H_q, B * S_q] fp32 each), unless
 // deterministic the fp32 dQ accumulator [H_q, B * S_q, D_qk], with dBias the fp32 dS
 // [B, H_q, S_q, S_kv rounded up to even], and with the output gate dO * sigmoid(G)
@@ -175,6 +174,13 @@ void set_sdpa_feature_pairs_enabled(int on);
 // 1 on, 0 off, -1 back to the environment's answer); off, the pair is refused on CUDA tensors.
 bool sdpa_dbias_softcap_enabled();
 void set_sdpa_dbias_softcap_enabled(int on);
+
+// H_k != H_v on the FP8 forwards (both: V addressed by h / group_v, the sm90 one's V^T workspace and the sm80
+// one's bf16 copy of V with H_v heads): experimental, not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read
+// by each check), set_sdpa_fp8_fwd_hk_ne_hv_enabled overrides it (tests: 1 on, 0 off, -1 the environment's answer);
+// off, the FP8 forwards' rule refuses H_k != H_v.
+bool sdpa_fp8_fwd_hk_ne_hv_enabled();
+void set_sdpa_fp8_fwd_hk_ne_hv_enabled(int on);
 
 // The FP8 forward on the sm80 kernels (kernels/sm80/launch_sm80.h launch_sdpa_fp8_fwd_sm80: the 16-bit sm80
 // forward's loop on the codes widened to bf16, exact, with P's FP8 rounding and O's FP8 store in the kernel):

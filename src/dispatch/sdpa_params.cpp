@@ -365,7 +365,7 @@ DecodeWorkspace decode_workspace(const Problem& p) {
 size_t sdpa_fwd_workspace_size(const Problem& p) {
   if (p.device != DeviceType::kCUDA) return 0;
   if (p.fp8 && sdpa_fp8_fwd_runs_sm80(p)) return fp8_fwd_sm80_bytes(p).total;
-  if (p.fp8) return ws_align(size_t(sm90::fp8_vt_bytes_sm90(p.B, p.Hk, p.Dv, p.Skv)));
+  if (p.fp8) return ws_align(size_t(sm90::fp8_vt_bytes_sm90(p.B, p.Hv, p.Dv, p.Skv)));
   if (sdpa_fwd_runs_decode(p)) {
     const DecodeWorkspace w = decode_workspace(p);
     return w.o_accum + w.ml;

@@ -108,7 +108,7 @@ void check_fp8(const Problem& p) {
     // sm90 one refuses too (the same options, its head dims a subset).
     const char* r = sdpa_fp8_fwd_sm80_refusal(p);
     FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported with FP8 inputs on CUDA tensors yet (the FP8 forwards run "
-                       "padded q, k, v, o, H_k = H_v, the causal and padding masks, GQA / MQA; the sm80 one head dims "
+                       "padded q, k, v, o, the causal and padding masks, GQA / MQA; the sm80 one head dims "
                        "in {8, 16, ..., 128}, (192, 128) or (256, 256)); CPU tensors run it on the CPU reference");
   } else {
     FS_CHECK_SUPPORTED(sdpa_fp8_sm90_enabled(), "q: FP8 inputs (", dtype_name(p.dtype), ") on CUDA tensors run on the "
@@ -117,7 +117,8 @@ void check_fp8(const Problem& p) {
     const char* r = sdpa_fp8_fwd_sm90_refusal(p);
     FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported with FP8 inputs on CUDA tensors yet (the sm90 FP8 forward runs "
                        "padded q, k, v, o, each head dim a multiple of 16 up to 128, the causal and padding masks, "
-                       "GQA / MQA; with FLASHSPAN_EXPERIMENTAL=1 the sm80 FP8 forward, more head dims); CPU tensors "
+                       "GQA / MQA; the sm80 FP8 forward, which FLASHSPAN_SDPA_FP8_SM80=0 turned off, more head "
+                       "dims); CPU tensors "
                        "run it on the CPU reference");
     const Fp8StrideFault f = sdpa_fp8_fwd_sm90_stride_fault(p);
     if (f.slot >= 0) {

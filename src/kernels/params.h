@@ -343,7 +343,7 @@ struct SdpaBwdParams : BwdParams {
 // host_factor[i] (kern::fp8_factor reads either). amax_s / amax_o: one fp32 each in device
 // memory, zeroed by the launcher, reduced by the kernel with atomics (non-negative: integer max of
 // the bits). v_t: the workspace of V^T (the P V GEMM's B operand must be K-major for 8-bit types):
-// [B, H_k, D_v, fp8_vt_keys_sm90(S_kv)] bytes (tile_sm90.h fp8_vt_bytes_sm90), written per call by
+// [B, H_v, D_v, fp8_vt_keys_sm90(S_kv)] bytes (tile_sm90.h fp8_vt_bytes_sm90), written per call by
 // the V^T pre-pass (fp8_vt_sm90.cuh).
 // format: q, k, v's (and P's quantization): 0 none (a 16-bit call), 1 E4M3, 2 E5M2
 // (core/element_type.h kFp8Format); o_format: O's, 1 or 2 (0: format's).

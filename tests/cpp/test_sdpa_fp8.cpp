@@ -236,6 +236,13 @@ struct Fp8FwdSm80Switch {
   Fp8FwdSm80Switch(const Fp8FwdSm80Switch&) = delete;
   Fp8FwdSm80Switch& operator=(const Fp8FwdSm80Switch&) = delete;
 };
+// H_k != H_v on the FP8 forwards (sdpa_fp8_fwd_hk_ne_hv_enabled, experimental) forced for a scope.
+struct Fp8HkNeHvSwitch {
+  explicit Fp8HkNeHvSwitch(int on) { flashspan::set_sdpa_fp8_fwd_hk_ne_hv_enabled(on); }
+  ~Fp8HkNeHvSwitch() { flashspan::set_sdpa_fp8_fwd_hk_ne_hv_enabled(-1); }
+  Fp8HkNeHvSwitch(const Fp8HkNeHvSwitch&) = delete;
+  Fp8HkNeHvSwitch& operator=(const Fp8HkNeHvSwitch&) = delete;
+};
 
 // ---------------------------------------------------------------------------
 // Validation: every FP8 rule, named
@@ -792,7 +799,9 @@ TEST(SdpaFp8, ForwardOnSm80Rule) {
   const Fp8FwdSm80Switch on(1);
   for (int sm90 : {1, 0}) {
     const Fp8ForwardSwitch sw(sm90);
-    for (const CudaCall& c : {wide, d192, padded, fwd_call(64, 128), fwd_call(16, 48)}) {
+    // H_k != H_v (hkv: H_k 2, H_v 4) on both forwards too (V by h / group_v), with its experimental switch on.
+    const Fp8HkNeHvSwitch hk_ne_hv(1);
+    for (const CudaCall& c : {wide, d192, padded, fwd_call(64, 128), fwd_call(16, 48), hkv}) {
       EXPECT_EQ(host_rules_error(c), "") << c.D << "/" << c.Dv << " pad " << c.row_pad << " sm90 " << sm90;
       flashspan::sdpa::Problem p = c.problem();
       EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm80_refusal(p), nullptr);
@@ -814,8 +823,18 @@ TEST(SdpaFp8, ForwardOnSm80Rule) {
     EXPECT_STARTS(host_rules_error(dims144),
                   "head dims ({8, 16, ..., 128}, (192, 128) or (256, 256)): not supported with FP8 inputs on CUDA "
                   "tensors yet (the FP8 forwards run");
-    EXPECT_STARTS(host_rules_error(hkv), "H_k != H_v: not supported with FP8 inputs on CUDA tensors yet");
     EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm80(dims144.problem()));
+  }
+  // H_k != H_v with its switch off (the default without FLASHSPAN_EXPERIMENTAL=1): refused by both forwards.
+  {
+    const Fp8HkNeHvSwitch off(0);
+    for (int sm90 : {1, 0}) {
+      const Fp8ForwardSwitch sw(sm90);
+      EXPECT_STARTS(host_rules_error(hkv), "H_k != H_v (with FLASHSPAN_EXPERIMENTAL=1: not yet run on a GPU): not "
+                                           "supported with FP8 inputs on CUDA tensors yet");
+      EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm80(hkv.problem()));
+      EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm90(hkv.problem()));
+    }
   }
   // The backward is not this forward's: its own switch answers (BackwardOnCuda*).
   const Fp8BwdSwitch bwd_off(0);

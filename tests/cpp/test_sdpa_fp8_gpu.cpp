@@ -157,6 +157,7 @@ enum MaskKind { kNoMask, kCausalTopLeft, kCausalBottomRight, kWindow };
 struct Fp8Case {
   int format = 1, o_format = 1;  // q / k / v (and P), o: 1 E4M3, 2 E5M2
   int B = 1, Hq = 1, Hk = 1, Sq = 1, Skv = 1, Dqk = 64, Dv = 64;
+  int Hv = 0;  // V's heads (0: H_k's; else dividing H_q: H_k != H_v)
   MaskKind mask = kNoMask;
   bool padding = false;       // seq_len_q / seq_len_kv: sample 0 full, 1 shorter, 2 empty, ...
   bool bshd = false;          // memory [B, S, H, D] behind the [B, H, S, D] descriptors
@@ -165,10 +166,11 @@ struct Fp8Case {
   bool stats_log2 = false;    // API only
   bool score_stats = false;   // score_max / score_sum_exp
   uint64_t seed = 1;
+  int heads_v() const { return Hv > 0 ? Hv : Hk; }
   std::string name() const {
     std::ostringstream os;
     os << (format == 2 ? "e5m2" : "e4m3") << "->" << (o_format == 2 ? "e5m2" : "e4m3") << " B" << B << " Hq" << Hq
-       << " Hk" << Hk << " Sq" << Sq << " Skv" << Skv << " D" << Dqk << "/" << Dv << " mask" << int(mask)
+       << " Hk" << Hk << " Hv" << heads_v() << " Sq" << Sq << " Skv" << Skv << " D" << Dqk << "/" << Dv << " mask" << int(mask)
        << (padding ? " pad" : "") << (bshd ? " bshd" : " bhsd") << (host_factors ? " host-factors" : "")
        << (max_logit ? " max_logit" : "") << (stats_log2 ? " log2" : "") << (score_stats ? " score-stats" : "")
        << " seed" << seed;
@@ -212,7 +214,7 @@ Inputs make_inputs(const Fp8Case& c) {
   Inputs in;
   in.sq = strides_of(c.Hq, c.Sq, c.Dqk, c.bshd);
   in.sk = strides_of(c.Hk, c.Skv, c.Dqk, c.bshd);
-  in.sv = strides_of(c.Hk, c.Skv, c.Dv, c.bshd);
+  in.sv = strides_of(c.heads_v(), c.Skv, c.Dv, c.bshd);
   in.so = strides_of(c.Hq, c.Sq, c.Dv, c.bshd);
   // Raw FP8 inputs over a quarter of the format's range (so that the descales matter), a few outliers.
   auto fill = [&](std::vector<uint8_t>& t, size_t n) {
@@ -221,7 +223,7 @@ Inputs make_inputs(const Fp8Case& c) {
   };
   fill(in.q, size_t(c.B) * c.Hq * c.Sq * c.Dqk);
   fill(in.k, size_t(c.B) * c.Hk * c.Skv * c.Dqk);
-  fill(in.v, size_t(c.B) * c.Hk * c.Skv * c.Dv);
+  fill(in.v, size_t(c.B) * c.heads_v() * c.Skv * c.Dv);
   // Dequantized inputs of amplitude ~1 (non-powers of two too); scale_s the format's largest value or
   // less; scale_o so that |O| <= max |V| ~ 4 does not saturate.
   const float scale_s = float(c.seed % 3 == 0 ? f.max : c.seed % 3 == 1 ? 0.75 * f.max : 0.5 * f.max);
@@ -275,11 +277,11 @@ Reference reference_loop(const Fp8Case& c, const Inputs& in) {
   r.score_max.assign(nrow, -INFINITY);
   r.score_sum_exp.assign(nrow, 0.0);
   r.max_logit.assign(c.Hq, -INFINITY);
-  const int G = c.Hq / c.Hk;
+  const int G = c.Hq / c.Hk, Gv = c.Hq / c.heads_v();
   std::vector<double> s(c.Skv), pq(c.Skv), err(c.Skv);
   for (int b = 0; b < c.B; ++b) {
     for (int h = 0; h < c.Hq; ++h) {
-      const int hk = h / G;
+      const int hk = h / G, hv = h / Gv;
       for (int i = 0; i < in.len_q[b]; ++i) {
         int64_t lo = 0, hi = 0;
         in.band.columns(i, in.len_q[b], in.len_kv[b], &lo, &hi);
@@ -309,7 +311,7 @@ Reference reference_loop(const Fp8Case& c, const Inputs& in) {
         for (int d = 0; d < c.Dv; ++d) {
           double acc = 0.0, bnd = 0.0;
           for (int64_t j = lo; j < hi; ++j) {
-            const double vj = vd[b * in.sv[0] + hk * in.sv[1] + j * in.sv[2] + d];
+            const double vj = vd[b * in.sv[0] + hv * in.sv[1] + j * in.sv[2] + d];
             acc += pq[j] * vj;
             bnd += err[j] * std::fabs(vj);
           }
@@ -449,7 +451,7 @@ Outputs run_launcher(const Fp8Case& c, const Inputs& in) {
   DevBuf dfac(sizeof(float) * 6);
   Poisoned dout(no), dstats(sizeof(float) * nrow), damax(2 * sizeof(float)), dml(sizeof(float) * c.Hq);
   Poisoned dsm(sizeof(float) * nrow), dss(sizeof(float) * nrow);
-  Poisoned dvt(size_t(sm90::fp8_vt_bytes_sm90(c.B, c.Hk, c.Dv, c.Skv)));
+  Poisoned dvt(size_t(sm90::fp8_vt_bytes_sm90(c.B, c.heads_v(), c.Dv, c.Skv)));
   upload(dq, in.q);
   upload(dk, in.k);
   upload(dv, in.v);
@@ -479,7 +481,7 @@ Outputs run_launcher(const Fp8Case& c, const Inputs& in) {
   p.lsea = TensorAddr{0, 1, c.Sq};
   p.max_logit = c.max_logit ? static_cast<float*>(dml.p) : nullptr;
   AnalyticMaskParams& a = p.analytic;
-  a.score.group_v = c.Hq / c.Hk;
+  a.score.group_v = c.Hq / c.heads_v();
   a.band = in.band;
   if (c.padding) {
     a.seq_len_q.ptr = dlq.p;
@@ -512,7 +514,7 @@ Outputs run_launcher(const Fp8Case& c, const Inputs& in) {
 
   sm90::launch_sdpa_fp8_fwd_sm90(p, view_of(dq.p, c.B, c.Hq, c.Sq, c.Dqk, in.sq),
                                  view_of(dk.p, c.B, c.Hk, c.Skv, c.Dqk, in.sk),
-                                 view_of(dv.p, c.B, c.Hk, c.Skv, c.Dv, in.sv), nullptr);
+                                 view_of(dv.p, c.B, c.heads_v(), c.Skv, c.Dv, in.sv), nullptr);
   cuda_ok(cudaDeviceSynchronize(), "sdpa fp8 forward");
   Outputs out;
   out.o = download<uint8_t>(dout, no);
@@ -553,7 +555,7 @@ Outputs run_api(const Fp8Case& c, const Inputs& in, bool cuda) {
   };
   const api::TensorDesc qd = desc(nullptr, api_dtype(c.format), c.Hq, c.Sq, c.Dqk, in.sq);
   const api::TensorDesc kd = desc(nullptr, api_dtype(c.format), c.Hk, c.Skv, c.Dqk, in.sk);
-  const api::TensorDesc vd = desc(nullptr, api_dtype(c.format), c.Hk, c.Skv, c.Dv, in.sv);
+  const api::TensorDesc vd = desc(nullptr, api_dtype(c.format), c.heads_v(), c.Skv, c.Dv, in.sv);
   const api::TensorDesc od = desc(nullptr, api_dtype(c.o_format), c.Hq, c.Sq, c.Dv, in.so);
   const api::TensorDesc sd(nullptr, api::kFloat32, dev, {c.B, c.Hq, c.Sq, 1});
   const api::TensorDesc one(nullptr, api::kFloat32, fac_dev, {1, 1, 1, 1});
@@ -704,12 +706,32 @@ TEST(SdpaFp8Gpu, ApiForwardRandom) {
   }
 }
 
+// H_k != H_v on the FP8 forwards (V addressed by h / group_v: the sm90 one's V^T workspace and the sm80 one's
+// bf16 copy of V have H_v heads; not yet run on a GPU): H_v a multiple of H_k and the other way round, MQA on
+// either side, on api_random_case's options.
+Fp8Case hk_ne_hv_case(int n, std::mt19937_64& rng, int dqk, int dv, uint64_t seed) {
+  Fp8Case c = api_random_case(n, rng, dqk, dv, 260, 330, seed);
+  static const int heads[][3] = {{4, 2, 4}, {4, 4, 2}, {8, 1, 4}, {6, 3, 1}, {8, 2, 8}, {4, 1, 2}};
+  const int* h = heads[n % 6];
+  c.Hq = h[0];
+  c.Hk = h[1];
+  c.Hv = h[2];
+  return c;
+}
+
 // The GPU tests' oracle, checked without a GPU: the float64 loop against the CPU reference (the FP8 API on
 // host tensors) on the API cases' options.
 TEST(SdpaFp8Loop, MatchesTheCpuReference) {
   std::mt19937_64 rng(11);
   for (int n = 0; n < 6; ++n) {
     const Fp8Case c = api_random_case(n, rng, n % 2 ? 64 : 32, n % 3 ? 48 : 32, 90, 140, 900 + uint64_t(n));
+    const Inputs in = make_inputs(c);
+    const std::string e = check(c, in, reference_loop(c, in), run_api(c, in, false), false);
+    EXPECT_TRUE(e.empty()) << e;
+  }
+  // H_k != H_v (the loop's V head h / (H_q / H_v)), as the HkNeHv GPU tests draw them.
+  for (int n = 0; n < 6; ++n) {
+    const Fp8Case c = hk_ne_hv_case(n, rng, 32, 48, 950 + uint64_t(n));
     const Inputs in = make_inputs(c);
     const std::string e = check(c, in, reference_loop(c, in), run_api(c, in, false), false);
     EXPECT_TRUE(e.empty()) << e;
@@ -745,6 +767,37 @@ TEST(SdpaFp8Gpu, Sm90ForwardSanitizerSmall) {
   const Inputs in = make_inputs(c);
   const std::string e = check(c, in, reference_loop(c, in), run_api(c, in, true), true);
   EXPECT_TRUE(e.empty()) << e;
+  // H_k != H_v (H_q 4, H_k 1, H_v 2: the V^T pre-pass and the producer over V's own heads; not yet run on a GPU).
+  Fp8Case h = c;
+  h.Hq = 4;
+  h.Hk = 1;
+  h.Hv = 2;
+  h.Dqk = h.Dv = 128;
+  h.seed = 4242;
+  const std::string eh = launcher_case(h);
+  EXPECT_TRUE(eh.empty()) << eh;
+}
+
+// H_k != H_v on the FP8 forwards forced on (experimental: FLASHSPAN_EXPERIMENTAL=1).
+struct Fp8HkNeHvOn {
+  Fp8HkNeHvOn() { set_sdpa_fp8_fwd_hk_ne_hv_enabled(1); }
+  ~Fp8HkNeHvOn() { set_sdpa_fp8_fwd_hk_ne_hv_enabled(-1); }
+};
+
+TEST(SdpaFp8Gpu, Sm90ForwardHkNeHv) {
+  // At the launcher (half) and through the API (half: the launch counter says the sm90 kernel ran).
+  REQUIRE_SM90();
+  const Fp8SwitchOn on;
+  const Fp8HkNeHvOn hk_ne_hv;
+  std::mt19937_64 rng(91);
+  const int dims[][2] = {{128, 128}, {64, 64}, {48, 80}, {128, 64}};
+  for (int n = 0; n < 12; ++n) {
+    const Fp8Case c = hk_ne_hv_case(n, rng, dims[n % 4][0], dims[n % 4][1], 1800 + uint64_t(n));
+    const int64_t l0 = sm90::sdpa_fp8_fwd_launches();
+    const std::string e = n < 6 ? launcher_case(c) : api_case(c);
+    EXPECT_TRUE(e.empty()) << e;
+    EXPECT_EQ(sm90::sdpa_fp8_fwd_launches(), l0 + 1) << c.name();
+  }
 }
 
 // ---------------------------------------------------------------------------
@@ -817,6 +870,21 @@ TEST(SdpaFp8Gpu, Sm80ForwardTakesWhatSm90Refuses) {
   const int dims[][2] = {{192, 128}, {256, 256}};
   for (int n = 0; n < 6; ++n) {
     const Fp8Case c = api_random_case(n, rng, dims[n % 2][0], dims[n % 2][1], 200, 240, 1700 + uint64_t(n));
+    const Inputs in = make_inputs(c);
+    const std::string e = check(c, in, reference_loop(c, in), run_api(c, in, true), true);
+    EXPECT_TRUE(e.empty()) << e;
+  }
+}
+
+TEST(SdpaFp8Gpu, Sm80ForwardHkNeHv) {
+  // The sm90 FP8 forward off; (192, 128) and (256, 256) among the dims.
+  REQUIRE_SM80();
+  const Fp8FwdSm80On on(/*sm90_off=*/true);
+  const Fp8HkNeHvOn hk_ne_hv;
+  std::mt19937_64 rng(92);
+  const int dims[][2] = {{128, 128}, {64, 64}, {192, 128}, {256, 256}, {32, 96}, {128, 64}};
+  for (int n = 0; n < 12; ++n) {
+    const Fp8Case c = hk_ne_hv_case(n, rng, dims[n % 6][0], dims[n % 6][1], 1900 + uint64_t(n));
     const Inputs in = make_inputs(c);
     const std::string e = check(c, in, reference_loop(c, in), run_api(c, in, true), true);
     EXPECT_TRUE(e.empty()) << e;

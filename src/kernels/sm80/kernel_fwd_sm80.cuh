@@ -776,7 +776,7 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
   // Position 0 of head head0 in sample b.
   const Elem* q = Mask::template sample_ptr<Elem>(p, p.q, p.qa, kSdpaQ, b, q_start) + int64_t(head0) * p.qa.head_stride;
   const Elem* k = Mask::template sample_ptr<Elem>(p, p.k, p.ka, kSdpaK, b, k_start) + int64_t(hkv) * p.ka.head_stride;
-  const int hv = v_head<Mask::kFeatures>(p, head0, hkv);  // V's head: K's, but for SDPA with H_k != H_v
+  const int hv = v_head<Mask::kFeatures || F8::kOn>(p, head0, hkv);  // V's head: K's, but for SDPA with H_k != H_v
   const Elem* v = Mask::template sample_ptr<Elem>(p, p.v, p.va, kSdpaV, b, k_start) + int64_t(hv) * p.va.head_stride;
   const Mask mask = Mask::item(p, sl, row0, head0);
 

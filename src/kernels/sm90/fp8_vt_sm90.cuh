@@ -27,16 +27,16 @@ constexpr int kVtKeys = 64, kVtCols = 64, kVtThreads = 256;
 constexpr int kVtPitch = kVtCols + 16;
 
 // CTA n: key tile n % key_tiles, column tile n / key_tiles % col_tiles, kv head, sample (grid_1d
-// over B H_k col_tiles key_tiles, fp8_vt_sm90.cu).
+// over B H_v col_tiles key_tiles, fp8_vt_sm90.cu).
 __global__ void __launch_bounds__(kVtThreads)
-    sdpa_fp8_vt_kernel_sm90(const __grid_constant__ SdpaFp8FwdParams p, int key_tiles, int col_tiles, int heads_kv) {
+    sdpa_fp8_vt_kernel_sm90(const __grid_constant__ SdpaFp8FwdParams p, int key_tiles, int col_tiles, int heads_v) {
   __shared__ __align__(16) uint8_t tile[kVtKeys * kVtPitch];
   int64_t n = blockIdx.x;
   const int kt = int(n % key_tiles);
   n /= key_tiles;
   const int ct = int(n % col_tiles);
   n /= col_tiles;
-  const int h = int(n % heads_kv), b = int(n / heads_kv);
+  const int h = int(n % heads_v), b = int(n / heads_v);
   const AnalyticMaskParams& a = p.analytic;
   const int len_kv = kern::sample_length(a.seq_len_kv, a.cu_seq_len_kv, a.max_kv, b);
   const int dv = p.head_dv, key0 = kt * kVtKeys, col0 = ct * kVtCols;
@@ -71,7 +71,7 @@ __global__ void __launch_bounds__(kVtThreads)
     w[i] = word;
   }
   const int64_t keys = sm90::fp8_vt_keys_sm90(a.max_kv);
-  uint8_t* vt = static_cast<uint8_t*>(p.fp8.v_t) + ((int64_t(b) * heads_kv + h) * dv + col) * keys + key0 + k0;
+  uint8_t* vt = static_cast<uint8_t*>(p.fp8.v_t) + ((int64_t(b) * heads_v + h) * dv + col) * keys + key0 + k0;
   *reinterpret_cast<uint4*>(vt) = make_uint4(w[0], w[1], w[2], w[3]);
 }
 

@@ -40,7 +40,7 @@ template <int kDqk, int kDv>
 void run_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk,
                            const CUtensorMap& mvt, cudaStream_t s);
 // Enqueues the FP8 forward's V^T pre-pass (fp8_vt_sm90.cuh): p.fp8.v_t of
-// tile_sm90.h fp8_vt_bytes_sm90(B, H_k, D_v, S_kv) bytes from p.v (unit fp8_vt_sm90.cu).
+// tile_sm90.h fp8_vt_bytes_sm90(B, H_v, D_v, S_kv) bytes from p.v (unit fp8_vt_sm90.cu).
 void launch_sdpa_fp8_vt_sm90(const SdpaFp8FwdParams& p, cudaStream_t s);
 // Dynamic shared memory of the (kDqk, kDv) kernel (bytes).
 template <int kDqk, int kDv>

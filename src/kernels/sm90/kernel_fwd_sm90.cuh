@@ -75,7 +75,7 @@
 //            kDv rows x 128 keys (128B swizzle). (64, 64) 40 KB, (128, 128) 80 KB of shared memory.
 //   GEMMs    S = Q K^T: kDqk / 32 k32 steps of SS m64n128k32; O += P V: 4 k32 steps of RS m64n{kDv}k32
 //            with B = V^T K-major (8-bit wgmma has no transpose operand, so each call first writes V^T
-//            [B, H_k, D_v, keys] into its workspace: fp8_vt_sm90.cuh, zeros past each sample's keys).
+//            [B, H_v, D_v, keys] into its workspace: fp8_vt_sm90.cuh, zeros past each sample's keys).
 //   P        the softmax's exponent shifted by log2 scale_s (OnlineSoftmax::update_row), so each block
 //            comes out as exp(s - m_running) scale_s, quantized by cvt.rn.satfinite and packed into the
 //            k32 A registers from each thread's own values (softmax.cuh pack_p): A's column k of each 32
@@ -531,9 +531,8 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     const kern::ContiguousKv kv = kern::ContiguousKv::tma_sample(p, it.batch);  // K/V address role (kv_addr.cuh)
     const int bcoord = p.varlen ? 0 : it.batch;
     const int hkv = it.head * pack / p.group_size;  // packed: pack = group_size, the task head
-    // V's head: SDPA's own (H_k != H_v, kv_addr.cuh v_head); FP8: K's (its V^T workspace has H_k
-    // heads: launch_sdpa_fp8_fwd_sm90 refuses H_k != H_v).
-    const int hv = kern::v_head<Src::kAnalytic && !L::kFp8>(p, it.head, hkv);
+    // V's head: SDPA's own (H_k != H_v, kv_addr.cuh v_head; FP8: of its V^T workspace, which has H_v heads).
+    const int hv = kern::v_head<Src::kAnalytic>(p, it.head, hkv);
 
     mbar_wait(q_empty, (item_it & 1) ^ 1);
     // Full boxes count towards the transaction bytes also where they lie past the tensor's
@@ -566,7 +565,7 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
       mbar_wait(v_empty + 8 * st, ph ^ 1);
       mbar_arrive_expect_tx(v_full + 8 * st, L::kVBytes);
       if constexpr (L::kFp8) {
-        // V^T (map over the pre-pass's [B, H_k, D_v, keys] workspace): the block's 128 keys of
+        // V^T (map over the pre-pass's [B, H_v, D_v, keys] workspace): the block's 128 keys of
         // every d row, one box.
         tma_load_4d(base + L::kV + st * L::kVBytes, tm_v, row, 0, hv, kv.tma_batch(), v_full + 8 * st);
       } else {
@@ -975,7 +974,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 
 // The SDPA FP8 forward (experimental; params.h SdpaFp8Params): the pure-mask SDPA kernel
 // (AnalyticSourceSm90: causal / bands, padding; max_logit tested at run time) on FP8 Q, K and the
-// V^T workspace (tm_v: the pre-pass's [B, H_k, D_v, keys] bytes, fp8_vt_sm90.cuh), E Float8E4M3 or
+// V^T workspace (tm_v: the pre-pass's [B, H_v, D_v, keys] bytes, fp8_vt_sm90.cuh), E Float8E4M3 or
 // Float8E5M2 (one instantiation each), the consumer schedule overlapped with ping-pong. What
 // differs from the 16-bit kernels lives in the roles' FP8 branches: the layout (FwdSm90Layout with
 // kElemBytes = 1: 64- or 128-byte Q / K rows, the V^T tile), the k32 wgmma forms (issue_qk,

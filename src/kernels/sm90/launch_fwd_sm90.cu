@@ -216,10 +216,10 @@ void launch_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p_in, const TensorView& q,
              "sdpa fp8 forward (sm90): a ragged tensor reached the launcher");
   }
   const AnalyticMaskParams& a = p.analytic;
-  FS_CHECK(a.dropout.mode == 0 && a.dropout.rng_dump == nullptr && a.score.group_v == p.group_size &&
+  FS_CHECK(a.dropout.mode == 0 && a.dropout.rng_dump == nullptr && a.score.group_v > 0 &&
                a.score.softcap2 == 0.0f && a.score.alibi_n == 0 && a.score.sink == nullptr && a.bias.bias == nullptr &&
                a.epi.gate == nullptr,
-           Status::kInternal, "sdpa fp8 forward (sm90): dropout, H_k != H_v or a score modifier reached the launcher");
+           Status::kInternal, "sdpa fp8 forward (sm90): dropout or a score modifier reached the launcher");
   check_fp8_aligned(q, "q");
   check_fp8_aligned(k, "k");
   check_fp8_aligned(v, "v");
@@ -239,15 +239,15 @@ void launch_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p_in, const TensorView& q,
   const int64_t keys = fp8_vt_keys_sm90(p.analytic.max_kv);
   FS_CHECK(keys == 0 || f.v_t != nullptr, Status::kInternal, "sdpa fp8 forward (sm90): no V^T workspace");
   launch_sdpa_fp8_vt_sm90(p, stream);
-  // V^T as a BSHD-shaped view [B, D_v rows, H_k, keys]: boxes of 128 keys x kD rows (rows past D_v
+  // V^T as a BSHD-shaped view [B, D_v rows, H_v, keys]: boxes of 128 keys x kD rows (rows past D_v
   // zero filled). Without keys no key block is walked and the map is never read: it is given the
   // shape of one block over q's data.
-  const int64_t heads_kv = p.num_heads_q / p.group_size, vt_keys = keys > 0 ? keys : t.fwd_bk;
+  const int64_t heads_v = p.num_heads_q / a.score.group_v, vt_keys = keys > 0 ? keys : t.fwd_bk;
   TensorView vt = q;
   vt.data = keys > 0 ? f.v_t : q.data;
   vt.ndim = 4;
-  vt.shape = {p.batch, p.head_dv, heads_kv, vt_keys};
-  vt.strides = {heads_kv * p.head_dv * vt_keys, vt_keys, p.head_dv * vt_keys, 1};
+  vt.shape = {p.batch, p.head_dv, heads_v, vt_keys};
+  vt.strides = {heads_v * p.head_dv * vt_keys, vt_keys, p.head_dv * vt_keys, 1};
   const int cols = kd < 128 ? kd : 128;  // a Q / K box: one row of the kernel's head dim, or 128 bytes of it
   const CUtensorMap mq = make_tensor_map_fp8_sm90(bshd_of_bhsd(q), cols, t.fwd_bq, "q");
   const CUtensorMap mk = make_tensor_map_fp8_sm90(bshd_of_bhsd(k), cols, t.fwd_bk, "k");

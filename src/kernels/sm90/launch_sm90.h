@@ -61,7 +61,7 @@ int64_t sdpa_fwd_drop_launches();
 // tile_sm90.h sdpa_fp8_fwd_runs_head_dims_sm90; the pure-mask features: causal / bands, padding
 // lengths, GQA / MQA with H_k = H_v, the block_mask, stats, max_logit, score_max / score_sum_exp)
 // plus p.fp8 (q's and o's formats, the six factors, the two amaxes, the V^T workspace of
-// fp8_vt_bytes_sm90(B, H_k, D_v, S_kv) bytes, 16-byte aligned); q, k, v the FP8 [B, H, S, D]
+// fp8_vt_bytes_sm90(B, H_v, D_v, S_kv) bytes, 16-byte aligned); q, k, v the FP8 [B, H, S, D]
 // descriptors (16-byte aligned data, strides multiples of 16 elements). Zeroes amax_s / amax_o (and resets max_logit), writes V^T (the
 // pre-pass), then runs the persistent FP8 kernel over (query block, query head, sample): O in the
 // FP8 format, the LSE stats, amax_s, amax_o (params.h SdpaFp8Params says what each is).

@@ -77,7 +77,7 @@ constexpr bool sdpa_fp8_fwd_runs_head_dims_sm90(int dqk, int dv) {
 }
 constexpr int sdpa_fp8_fwd_kernel_dim_sm90(int dqk, int dv) { return dqk <= 64 && dv <= 64 ? 64 : 128; }
 
-// The FP8 forward's V^T workspace (params.h SdpaFp8Params::v_t): per (sample, kv head) a
+// The FP8 forward's V^T workspace (params.h SdpaFp8Params::v_t): per (sample, V head) a
 // [D_v, keys] byte matrix whose rows hold the sample's keys padded to whole key blocks of the
 // forward tile (128: TMA boxes of 128 keys, zeros past the sample's length), keys permuted inside
 // each 32-key group (fp8_vt_sm90.cuh). Pure functions of the sizes: the workspace rule of
@@ -85,8 +85,8 @@ constexpr int sdpa_fp8_fwd_kernel_dim_sm90(int dqk, int dv) { return dqk <= 64 &
 constexpr int64_t fp8_vt_keys_sm90(int64_t s_kv) {
   return (s_kv + kTileSm90.fwd_bk - 1) / kTileSm90.fwd_bk * kTileSm90.fwd_bk;
 }
-constexpr int64_t fp8_vt_bytes_sm90(int64_t batch, int64_t heads_kv, int64_t dv, int64_t s_kv) {
-  return batch * heads_kv * dv * fp8_vt_keys_sm90(s_kv);
+constexpr int64_t fp8_vt_bytes_sm90(int64_t batch, int64_t heads_v, int64_t dv, int64_t s_kv) {
+  return batch * heads_v * dv * fp8_vt_keys_sm90(s_kv);
 }
 // The key of V that V^T's column k holds inside its 32-key group (k in 0..31): the FP8 P V
 // GEMM's A fragment holds each thread's own P values in register order (softmax.cuh pack_p, which
