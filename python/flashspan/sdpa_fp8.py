@@ -165,11 +165,12 @@ def sdpa_fp8(
         ValueError naming the argument for a broken rule (head dims, shapes, a scale that is not finite) and for an
         option FP8 attention does not take (``"... not supported with FP8 inputs"``); NotImplementedError for CUDA
         tensors, unless the call is one an FP8 forward runs: CUDA FP8 forwards run on an H100 / H200 (the
-        sm90 kernel; padded tensors, head dims multiples of 16 up to 128, H_k = H_v: docs/SDPA.md "The sm90 FP8
+        sm90 kernel; padded tensors, head dims multiples of 16 up to 128: docs/SDPA.md "The sm90 FP8
         forward"; ``FLASHSPAN_SM90_SDPA_FP8=0`` turns it off), or else on the sm80 kernels on every GPU from sm_80
         (also head dims (192, 128) and (256, 256), and strides the sm90 one does not take; on by default since its
         GPU tests passed on an H200, ``FLASHSPAN_SDPA_FP8_SM80=0`` turns it off: docs/SDPA.md "The FP8 forward on
-        the sm80 kernels"). CPU tensors run every call on the CPU reference.
+        the sm80 kernels"); H_k != H_v on either only with ``FLASHSPAN_EXPERIMENTAL=1`` (written, not yet run on a
+        GPU). CPU tensors run every call on the CPU reference.
 
     Example::
 
