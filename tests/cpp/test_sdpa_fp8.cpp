@@ -23,7 +23,7 @@
 #include "flashspan/flashspan.hpp"
 #include "scoped_env.h"
 #ifdef FLASHSPAN_WITH_CUDA
-#include "kernels/sm80/fp8_bwd_prepass_sm80.h"  // fp8_widen_vec_enabled
+#include "kernels/common/fp8_prepass.h"  // fp8_widen_vec_enabled
 #include "kernels/sm90/sdpa_fp8_bwd_sm90.h"     // sdpa_fp8_bwd_sm90_store_enabled
 #endif
 
@@ -899,24 +899,24 @@ TEST(SdpaFp8, BackwardOnSm90Rule) {
 }
 
 #ifdef FLASHSPAN_WITH_CUDA
-// The widening pre-pass's eight-code kernel (experimental: kernels/sm80/fp8_bwd_prepass_sm80.h): off unless
+// The widening pre-pass's eight-code kernel (experimental: kernels/common/fp8_prepass.h): off unless
 // FLASHSPAN_EXPERIMENTAL is exactly "1" (read per launch); set_fp8_widen_vec_enabled wins both ways, -1 gives the
 // environment back.
 TEST(SdpaFp8, WidenEightCodesSwitch) {
-  flashspan::sm80::set_fp8_widen_vec_enabled(-1);
+  flashspan::set_fp8_widen_vec_enabled(-1);
   ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
-  EXPECT_FALSE(flashspan::sm80::fp8_widen_vec_enabled());
+  EXPECT_FALSE(flashspan::fp8_widen_vec_enabled());
   experimental.set("1");
-  EXPECT_TRUE(flashspan::sm80::fp8_widen_vec_enabled());
+  EXPECT_TRUE(flashspan::fp8_widen_vec_enabled());
   experimental.set("0");
-  EXPECT_FALSE(flashspan::sm80::fp8_widen_vec_enabled());
-  flashspan::sm80::set_fp8_widen_vec_enabled(1);
-  EXPECT_TRUE(flashspan::sm80::fp8_widen_vec_enabled());
+  EXPECT_FALSE(flashspan::fp8_widen_vec_enabled());
+  flashspan::set_fp8_widen_vec_enabled(1);
+  EXPECT_TRUE(flashspan::fp8_widen_vec_enabled());
   experimental.set("1");
-  flashspan::sm80::set_fp8_widen_vec_enabled(0);
-  EXPECT_FALSE(flashspan::sm80::fp8_widen_vec_enabled());
-  flashspan::sm80::set_fp8_widen_vec_enabled(-1);
-  EXPECT_TRUE(flashspan::sm80::fp8_widen_vec_enabled());
+  flashspan::set_fp8_widen_vec_enabled(0);
+  EXPECT_FALSE(flashspan::fp8_widen_vec_enabled());
+  flashspan::set_fp8_widen_vec_enabled(-1);
+  EXPECT_TRUE(flashspan::fp8_widen_vec_enabled());
 }
 
 // The sm90 FP8 backward's own dK / dV stores (experimental: kernels/sm90/sdpa_fp8_bwd_sm90.h): the same rule.

@@ -112,7 +112,7 @@
 #ifdef FLASHSPAN_WITH_CUDA
 #include "dispatch/sdpa_launch.h"  // set_sdpa_fp8_sm90_enabled, set_sdpa_fp8_bwd_enabled
 #include "kernels/params.h"
-#include "kernels/sm80/fp8_bwd_prepass_sm80.h"
+#include "kernels/common/fp8_prepass.h"
 #include "kernels/sm90/launch_sm90.h"
 #include "kernels/sm90/sdpa_fp8_bwd_sm90.h"
 #include "kernels/sm90/tile_sm90.h"
@@ -1535,14 +1535,14 @@ TEST(SdpaFp8Gpu, Fp8BackwardSm90Random) {
   fp8_backward_random(1);
 }
 
-// The widening pre-pass with eight codes a thread (experimental: kernels/sm80/fp8_bwd_prepass_sm80.h
+// The widening pre-pass with eight codes a thread (experimental: kernels/common/fp8_prepass.h
 // fp8_widen_vec_enabled, forced on here; the random cases' odd row strides keep the two-code kernel), under both
 // backwards and the sm80 FP8 forward's head dims.
 TEST(SdpaFp8Gpu, WidenEightCodes) {
   REQUIRE_SM80();
   struct On {
-    On() { sm80::set_fp8_widen_vec_enabled(1); }
-    ~On() { sm80::set_fp8_widen_vec_enabled(-1); }
+    On() { set_fp8_widen_vec_enabled(1); }
+    ~On() { set_fp8_widen_vec_enabled(-1); }
   } on;
   fp8_backward_random(0);
   if (sm90_device()) fp8_backward_random(1);

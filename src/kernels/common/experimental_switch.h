@@ -1,6 +1,6 @@
 // A kernel-side experimental switch (host code): off unless FLASHSPAN_EXPERIMENTAL is exactly "1" (read at each
 // on()), with a test override (set: 1 on, 0 off, -1 back to the environment's answer). The launchers' switches of
-// paths not yet run on a GPU (e.g. kernels/sm80/fp8_bwd_prepass_sm80.h fp8_widen_vec_enabled); dispatch's own
+// paths not yet run on a GPU (e.g. kernels/common/fp8_prepass.h fp8_widen_vec_enabled); dispatch's own
 // switches live in dispatch/ (family.h experimental_from_env).
 #pragma once
 

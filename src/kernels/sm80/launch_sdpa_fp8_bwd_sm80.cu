@@ -3,7 +3,7 @@
 // instruction: conversions by kernels/common/fp8_soft.h). On by default since its GPU tests passed on an
 // H200 (PERF_LOG v2.36; FLASHSPAN_SDPA_FP8_BWD=0 turns it off; dispatch/sdpa_family.cpp sdpa_fp8_bwd_refusal
 // says what it takes). On an sm_90 device the sm90 FP8 backward (kernels/sm90/sdpa_fp8_bwd_sm90.h) takes the
-// calls where its switch is on; steps 1-3 below are its pre-pass too (fp8_bwd_prepass_sm80.h).
+// calls where its switch is on; steps 1-3 below are the pre-pass both share (kernels/common/fp8_prepass.h).
 //
 // Why the 16-bit kernels can run it exactly: every FP8 value is a bf16 value, and the product of two bf16
 // values is exact in fp32, so a bf16 mma.sync on the codes of two FP8 tensors gives the products an FP8
@@ -15,7 +15,7 @@
 // Steps, one stream, no host sync:
 //   1. factors  (one thread)  the factors' products (params.h Fp8BwdDerived) into the workspace; the four
 //                             amax outputs zeroed;
-//   2. widen    (grid-stride, fp8_widen_sm80.cu) the codes of q, k, v, dO as bf16 into the workspace
+//   2. widen    (grid-stride, fp8_prepass.cu) the codes of q, k, v, dO as bf16 into the workspace
 //                             ([B, H, S, D] each);
 //   3. delta    (a warp a row) D = descale_dO descale_o dO . o of the raw codes and lse2 = stats log2(e)
 //                             (+inf for a row without keys), the 16-bit backward's workspace rows;
@@ -27,68 +27,15 @@
 //                             ordered key walk, the same FP8 steps, the FP8 epilogue).
 #include <atomic>
 
+#include "kernels/common/fp8_prepass.h"
 #include "kernels/common/fp8_soft.h"
 #include "kernels/common/grid.h"
 #include "kernels/common/launch_util.h"
-#include "kernels/sm80/fp8_bwd_prepass_sm80.h"
 #include "kernels/sm80/kernel_bwd_sm80.cuh"
 #include "kernels/sm80/launch_sm80.h"
 
 namespace flashspan::kern {
 namespace {
-
-// 1. The products of the factors the kernels use (params.h Fp8BwdDerived; attn_scale is p.scale, a host
-// value) and the amax outputs zeroed.
-__global__ void fp8_bwd_factors_kernel(const SdpaFp8BwdParams p) {
-  if (threadIdx.x != 0) return;
-  float* d = p.derived;
-  const float attn = p.scale;
-  d[kF8dQkScaleLog2] = attn * fp8_factor(p, kFp8BwdDescaleQ) * fp8_factor(p, kFp8BwdDescaleK) * kLog2e;
-  d[kF8dScaleS] = fp8_factor(p, kFp8BwdScaleS);
-  d[kF8dDsUnit] = fp8_factor(p, kFp8BwdDescaleDO) * fp8_factor(p, kFp8BwdDescaleV);
-  d[kF8dAttnScale] = attn;
-  d[kF8dScaleDP] = fp8_factor(p, kFp8BwdScaleDP);
-  d[kF8dDkUnit] = fp8_factor(p, kFp8BwdDescaleDP) * fp8_factor(p, kFp8BwdDescaleQ);
-  d[kF8dDvUnit] = fp8_factor(p, kFp8BwdDescaleS) * fp8_factor(p, kFp8BwdDescaleDO);
-  d[kF8dDqUnit] = fp8_factor(p, kFp8BwdDescaleDP) * fp8_factor(p, kFp8BwdDescaleK);
-  d[kF8dScaleDQ] = fp8_factor(p, kFp8BwdScaleDQ);
-  d[kF8dScaleDK] = fp8_factor(p, kFp8BwdScaleDK);
-  d[kF8dScaleDV] = fp8_factor(p, kFp8BwdScaleDV);
-  d[kF8dDeltaUnit] = fp8_factor(p, kFp8BwdDescaleDO) * fp8_factor(p, kFp8BwdDescaleO);
-  for (int i = 0; i < kFp8BwdNumAmax; ++i) *p.amax[i] = 0.0f;
-}
-
-// 3. D and lse2 of every (b, h, i) row, a warp a row: D = descale_dO descale_o sum dO o of the raw codes.
-__global__ void __launch_bounds__(256) fp8_bwd_delta_kernel(const SdpaFp8BwdParams p) {
-  const int lane = threadIdx.x & 31;
-  const int sq = p.analytic.max_q, heads = p.num_heads_q;
-  const int64_t rows = int64_t(p.batch) * heads * sq;
-  const int64_t warps = int64_t(gridDim.x) * (blockDim.x / 32);
-  const bool e5o = p.o_format == 2, e5do = p.do_format == 2;
-  const float unit = __ldg(p.derived + kF8dDeltaUnit);
-  const uint8_t* o8 = static_cast<const uint8_t*>(p.o8.data);
-  const uint8_t* do8 = static_cast<const uint8_t*>(p.do8.data);
-  for (int64_t r = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < rows; r += warps) {
-    const int i = int(r % sq);
-    const int h = int((r / sq) % heads);
-    const int b = int(r / sq / heads);
-    const uint8_t* o = o8 + int64_t(b) * p.o8.batch_stride + int64_t(h) * p.o8.head_stride + int64_t(i) * p.o8.row_stride;
-    const uint8_t* dout =
-        do8 + int64_t(b) * p.do8.batch_stride + int64_t(h) * p.do8.head_stride + int64_t(i) * p.do8.row_stride;
-    float acc = 0.0f;
-    for (int c = lane; c < p.head_dv; c += 32) acc += fp8_soft_decode(__ldg(o + c), e5o) * fp8_soft_decode(__ldg(dout + c), e5do);
-#pragma unroll
-    for (int off = 16; off > 0; off >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-    if (lane == 0) {
-      const int64_t w = int64_t(h) * p.total_q + int64_t(b) * sq + i;  // the 16-bit backward's workspace row
-      p.delta[w] = unit * acc;
-      const float lse = p.lse[sample_start(p.analytic.start[kSdpaStats], b) + int64_t(h) * p.lsea.head_stride +
-                              int64_t(i) * p.lsea.row_stride];
-      // A row without keys (-inf), or a NaN stat, sees no key: P = 0 (the reference skips such rows).
-      p.lse2[w] = lse > -INFINITY ? lse * kLog2e : INFINITY;
-    }
-  }
-}
 
 // 5. dQ from the fp32 accumulator ([H_q, B S_q, D_qk], the atomic path's rows), its amax, FP8 codes.
 __global__ void __launch_bounds__(256) fp8_bwd_dq_kernel(const SdpaFp8BwdParams p) {
@@ -121,25 +68,6 @@ __global__ void __launch_bounds__(256) fp8_bwd_dq_kernel(const SdpaFp8BwdParams 
 }  // namespace flashspan::kern
 
 namespace flashspan::sm80 {
-
-// Steps 1-3 (the module comment), shared with the sm90 FP8 backward (fp8_bwd_prepass_sm80.h).
-void launch_sdpa_fp8_bwd_prepass(const SdpaFp8BwdParams& p, cudaStream_t stream) {
-  using namespace kern;
-  fp8_bwd_factors_kernel<<<1, 32, 0, stream>>>(p);
-  check_launch("sdpa fp8 backward: factors");
-  // 2. The bf16 copies the 16-bit kernels read (SdpaBwdParams q, k, v, dout point at them).
-  const int hk = p.num_heads_q / p.group_size;
-  const int sq = p.analytic.max_q, skv = p.analytic.max_kv;
-  const sm80::Fp8WidenJobs jobs{{fp8_widen_job(p.q8, p.q, p.batch, p.num_heads_q, sq, p.head_dqk, p.format),
-                                  fp8_widen_job(p.k8, p.k, p.batch, hk, skv, p.head_dqk, p.format),
-                                  fp8_widen_job(p.v8, p.v, p.batch, hk, skv, p.head_dv, p.format),
-                                  fp8_widen_job(p.do8, p.dout, p.batch, p.num_heads_q, sq, p.head_dv, p.do_format)}};
-  sm80::launch_fp8_widen_sm80(jobs, 4, stream);
-  if (p.total_q > 0) {
-    fp8_bwd_delta_kernel<<<grid_stride_1d(int64_t(p.num_heads_q) * p.total_q, 8), 256, 0, stream>>>(p);
-    check_launch("sdpa fp8 backward: delta");
-  }
-}
 
 void launch_sdpa_fp8_bwd_sm80(const SdpaFp8BwdParams& p_in, const TileSm80& tile, cudaStream_t stream) {
   using namespace kern;

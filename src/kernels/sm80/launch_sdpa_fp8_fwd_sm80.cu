@@ -10,15 +10,15 @@
 // fp32 (kernel_fwd_sm80.cuh Fp8FwdSm80). Speed: a bf16 forward's, less the software rounding of P.
 //
 // Steps, one stream, no host sync (amax_s and amax_o zeroed first):
-//   1. widen    (fp8_widen_sm80.cu) the codes of q, k, v as bf16 into the workspace ([B, H, S, D] each);
+//   1. widen    (kernels/common/fp8_prepass.cu) the codes of q, k, v as bf16 into the workspace ([B, H, S, D] each);
 //   2. forward  sdpa_fp8_fwd_kernel_sm80: the SDPA forward's cells and mask-only loop (AnalyticMaskSm80
 //               without features) with Fp8FwdSm80's steps; O, the LSE, the statistics outputs and the amaxes.
 #include <atomic>
 
+#include "kernels/common/fp8_prepass.h"
 #include "kernels/common/fwd_launch.h"
 #include "kernels/common/grid.h"
 #include "kernels/common/launch_util.h"
-#include "kernels/sm80/fp8_bwd_prepass_sm80.h"  // fp8_widen_job
 #include "kernels/sm80/kernel_fwd_sm80.cuh"
 #include "kernels/sm80/launch_sm80.h"
 
@@ -61,7 +61,7 @@ void launch_sdpa_fp8_fwd_sm80(const SdpaFp8FwdSm80Params& p_in, const TileSm80& 
   const Fp8WidenJobs jobs{{fp8_widen_job(p.q8, p.q, p.batch, p.num_heads_q, p.analytic.max_q, p.head_dqk, f),
                            fp8_widen_job(p.k8, p.k, p.batch, hk, p.analytic.max_kv, p.head_dqk, f),
                            fp8_widen_job(p.v8, p.v, p.batch, hv, p.analytic.max_kv, p.head_dv, f)}};
-  launch_fp8_widen_sm80(jobs, 3, stream);
+  launch_fp8_widen(jobs, 3, stream);
   // 2. The forward on the sm80 tile of the head dims (tile_sm80.h).
   with_fwd_traits_sm80<false>(tile, p.head_dqk, p.head_dv, [&](auto t) {
     using T = decltype(t);

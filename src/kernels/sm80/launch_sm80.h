@@ -39,19 +39,6 @@ void launch_sdpa_fp8_bwd_sm80(const SdpaFp8BwdParams& p, const TileSm80& tile, c
 // widening pre-pass, then the sm80 SDPA forward's loop on the codes with the FP8 graph's
 // roundings (kernel_fwd_sm80.cuh Fp8FwdSm80) on the tile of the head dims. Experimental, not yet run on a GPU.
 void launch_sdpa_fp8_fwd_sm80(const SdpaFp8FwdSm80Params& p, const TileSm80& tile, cudaStream_t stream);
-// The FP8 launchers' widening pre-pass (fp8_widen_sm80.cu): job i (of num_jobs <= 4) widens the codes of an
-// FP8 tensor [batch, heads, rows, cols] (byte strides; cols even) to bf16 [batch, heads, rows, cols]
-// contiguous at dst.
-struct Fp8WidenJob {
-  SdpaFp8Tensor src;
-  uint32_t* dst = nullptr;  // bf16 pairs
-  int batch = 0, heads = 0, rows = 0, cols = 0;
-  int e5m2 = 0;
-};
-struct Fp8WidenJobs {
-  Fp8WidenJob job[4];
-};
-void launch_fp8_widen_sm80(const Fp8WidenJobs& jobs, int num_jobs, cudaStream_t stream);
 // The forward over paged K/V caches (p.paged_k / p.paged_v, kv_addr.cuh PagedKv): the same grid.
 void launch_sdpa_fwd_paged_sm80(const SdpaPagedFwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream);
 

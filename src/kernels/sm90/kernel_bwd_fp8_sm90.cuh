@@ -1,7 +1,7 @@
 // The FP8 SDPA backward on the sm90 backward kernel (cuDNN's sdpa_fp8_backward; params.h SdpaFp8BwdParams,
 // the formulas in docs/SDPA.md "FP8 SDPA"): the key-split consumers of kernel_bwd_sm90.cuh (producer, dQ
 // writer, dQ order warp, the S^T / dP^T / dV / dQ / dK wgmma, the schedule, deterministic or not) on the
-// bf16 copies of the FP8 codes that the FP8 backward's pre-pass writes (kernels/sm80/fp8_bwd_prepass_sm80.h,
+// bf16 copies of the FP8 codes that the FP8 backward's pre-pass writes (kernels/common/fp8_prepass.h,
 // shared with the sm80 FP8 backward), with the mask source Fp8SourceBwdSm90.
 //
 // Why bf16 wgmma on the codes is exact: every E4M3 / E5M2 value is a bf16 value and the product of two

@@ -6,9 +6,9 @@
 
 #include "core/error.h"
 #include "kernels/common/experimental_switch.h"
+#include "kernels/common/fp8_prepass.h"
 #include "kernels/common/grid.h"
 #include "kernels/common/launch_util.h"
-#include "kernels/sm80/fp8_bwd_prepass_sm80.h"
 #include "kernels/sm90/kernel_bwd_fp8_sm90.cuh"
 #include "kernels/sm90/sdpa_bwd_sm90_run.h"
 #include "kernels/sm90/sdpa_fp8_bwd_sm90.h"
@@ -89,7 +89,7 @@ void launch_sdpa_fp8_bwd_sm90(const SdpaFp8BwdParams& p_in, cudaStream_t stream)
                 kern90::BwdSm90Layout<128>::kBlockQ == 64 && kern90::BwdSm90Layout<128>::kBlockK == 128);
   g_launches.fetch_add(1, std::memory_order_relaxed);
   // Factors, amaxes zeroed, the bf16 copies, D and lse2 (the sm80 FP8 backward's pre-pass).
-  sm80::launch_sdpa_fp8_bwd_prepass(p, stream);
+  launch_sdpa_fp8_bwd_prepass(p, stream);
   // The grid fields, the dQ tiles (and counters) and every item's dK / dV slot cleared (one item a slot: H_k = H_v),
   // as the 16-bit launcher's.
   const bool store = sdpa_fp8_bwd_sm90_store_enabled();

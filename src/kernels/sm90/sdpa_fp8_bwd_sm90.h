@@ -11,7 +11,7 @@ namespace flashspan::sm90 {
 
 // The FP8 backward of p (sdpa_params.cpp sdpa_fp8_bwd_params on the sm90 layout: dq_accum the 64-row dQ
 // tiles, dq_sem their counters when deterministic, split.dk_accum / dv_accum a [bk, kD] fp32 slot per
-// (key block, kv head, sample)) on `stream`: the shared pre-pass (kernels/sm80/fp8_bwd_prepass_sm80.h), the
+// (key block, kv head, sample)) on `stream`: the shared pre-pass (kernels/common/fp8_prepass.h), the
 // main kernel on the (64, 64) or (128, 128) kernel of the head dims (multiples of 16 up to 128), then dQ,
 // dK, dV with their amaxes as FP8 codes. H_k = H_v, the causal mask or none, padded tensors (the FP8
 // validation and dispatch/sdpa_family.cpp sdpa_fp8_bwd_refusal). An sm_90 device with this build's sm_90a
