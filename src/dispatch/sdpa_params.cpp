@@ -7,6 +7,7 @@
 // stride is 0 and `varlen` unused. The stats [B, H_q, S_q, 1] likewise.
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 
 #include "core/element_type.h"
 #include "core/error.h"
@@ -84,10 +85,16 @@ void fill_common(const Problem& p, QkvParams& q, AnalyticMaskParams& a) {
   q.mask_per_head = 1;  // the kernels' mask head is the query head (the block_mask's head)
   q.head_dqk = static_cast<int>(p.Dqk);
   q.head_dv = static_cast<int>(p.Dv);
-  // attn_scale as a float or a host tensor read here (a device tensor is refused by
-  // sdpa_check_features_gpu); default 1.
-  q.scale = sdpa::host_attn_scale(p);
-  q.scale_log2 = q.scale * 1.4426950408889634f;
+  // attn_scale as a float or a host tensor read here; default 1. A device tensor (FP8 calls only: refused
+  // otherwise by sdpa_check_features_gpu) is read by the FP8 kernels from their factors (bind_attn_scale), and
+  // the scale here is NaN, so that a kernel reading it by mistake shows it.
+  if (p.has(FS_SDPA_ATTN_SCALE) && p.t(FS_SDPA_ATTN_SCALE).device != DeviceType::kCPU) {
+    FS_CHECK(p.fp8, Status::kInternal, "sdpa: attn_scale in device memory reached a 16-bit call's parameters");
+    q.scale = q.scale_log2 = std::numeric_limits<float>::quiet_NaN();
+  } else {
+    q.scale = sdpa::host_attn_scale(p);
+    q.scale_log2 = q.scale * 1.4426950408889634f;
+  }
   // Score modifiers and sinks (SdpaScoreParams).
   SdpaScoreParams& sc = a.score;
   sc.softcap2 = p.a.softcap ? *p.a.softcap * 1.4426950408889634f : 0.0f;
@@ -213,6 +220,17 @@ void bind_fp8_factor(const Problem& p, int slot, const float*& ptr, float& host)
     host = sdpa::host_scalar(p, slot);
   } else {
     ptr = t.ptr<const float>();
+  }
+}
+
+// attn_scale as an FP8 factor (SdpaFp8Factor kFp8AttnScale, SdpaFp8BwdFactor kFp8BwdAttnScale): a tensor's
+// (device pointer, or a host tensor's value), else the float (default 1).
+void bind_attn_scale(const Problem& p, const float*& ptr, float& host) {
+  if (p.has(FS_SDPA_ATTN_SCALE)) {
+    bind_fp8_factor(p, FS_SDPA_ATTN_SCALE, ptr, host);
+  } else {
+    ptr = nullptr;
+    host = p.a.attn_scale_value.value_or(1.0f);
   }
 }
 
@@ -419,9 +437,10 @@ SdpaFp8FwdParams sdpa_fp8_fwd_params(const Problem& p, void* workspace, size_t w
   e.format = fp8_format_code(p.dtype);
   e.o_format = fp8_format_code(p.t(FS_SDPA_O).dtype);
   // SdpaFp8Factor order. A host scale factor (the seed's pass-by-value form) travels by value.
-  const int slots[kFp8NumFactors] = {FS_SDPA_DESCALE_Q, FS_SDPA_DESCALE_K, FS_SDPA_DESCALE_V,
-                                     FS_SDPA_DESCALE_S, FS_SDPA_SCALE_S,   FS_SDPA_SCALE_O};
-  for (int i = 0; i < kFp8NumFactors; ++i) bind_fp8_factor(p, slots[i], e.factor[i], e.host_factor[i]);
+  const int slots[kFp8AttnScale] = {FS_SDPA_DESCALE_Q, FS_SDPA_DESCALE_K, FS_SDPA_DESCALE_V,
+                                    FS_SDPA_DESCALE_S, FS_SDPA_SCALE_S,   FS_SDPA_SCALE_O};
+  for (int i = 0; i < kFp8AttnScale; ++i) bind_fp8_factor(p, slots[i], e.factor[i], e.host_factor[i]);
+  bind_attn_scale(p, e.factor[kFp8AttnScale], e.host_factor[kFp8AttnScale]);
   e.amax_s = p.t(FS_SDPA_AMAX_S).ptr<float>();
   e.amax_o = p.t(FS_SDPA_AMAX_O).ptr<float>();
   const size_t need = sdpa_fwd_workspace_size(p);
@@ -531,10 +550,11 @@ SdpaFp8BwdParams sdpa_fp8_bwd_params(const Problem& p, void* workspace, size_t w
   f.o_format = fp8_format_code(p.t(FS_SDPA_O).dtype);
   f.do_format = fp8_format_code(p.t(FS_SDPA_DO).dtype);
   f.grad_format = fp8_format_code(p.t(FS_SDPA_DQ).dtype);
-  const int slots[kFp8BwdNumFactors] = {FS_SDPA_DESCALE_Q,  FS_SDPA_DESCALE_K, FS_SDPA_DESCALE_V, FS_SDPA_DESCALE_O,
-                                        FS_SDPA_DESCALE_DO, FS_SDPA_DESCALE_S, FS_SDPA_DESCALE_DP, FS_SDPA_SCALE_S,
-                                        FS_SDPA_SCALE_DQ,   FS_SDPA_SCALE_DK,  FS_SDPA_SCALE_DV,  FS_SDPA_SCALE_DP};
-  for (int i = 0; i < kFp8BwdNumFactors; ++i) bind_fp8_factor(p, slots[i], f.factor[i], f.host_factor[i]);
+  const int slots[kFp8BwdAttnScale] = {FS_SDPA_DESCALE_Q,  FS_SDPA_DESCALE_K, FS_SDPA_DESCALE_V, FS_SDPA_DESCALE_O,
+                                       FS_SDPA_DESCALE_DO, FS_SDPA_DESCALE_S, FS_SDPA_DESCALE_DP, FS_SDPA_SCALE_S,
+                                       FS_SDPA_SCALE_DQ,   FS_SDPA_SCALE_DK,  FS_SDPA_SCALE_DV,  FS_SDPA_SCALE_DP};
+  for (int i = 0; i < kFp8BwdAttnScale; ++i) bind_fp8_factor(p, slots[i], f.factor[i], f.host_factor[i]);
+  bind_attn_scale(p, f.factor[kFp8BwdAttnScale], f.host_factor[kFp8BwdAttnScale]);
   const int amax[kFp8BwdNumAmax] = {FS_SDPA_AMAX_DQ, FS_SDPA_AMAX_DK, FS_SDPA_AMAX_DV, FS_SDPA_AMAX_DP};
   for (int i = 0; i < kFp8BwdNumAmax; ++i) f.amax[i] = p.t(amax[i]).ptr<float>();
   f.q8 = fp8_tensor(p, FS_SDPA_Q);

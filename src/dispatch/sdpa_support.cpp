@@ -127,9 +127,8 @@ void check_fp8(const Problem& p) {
                                                         "for the FP8 kernel (TMA)"));
     }
   }
-  if (p.has(FS_SDPA_ATTN_SCALE) && p.t(FS_SDPA_ATTN_SCALE).device != DeviceType::kCPU) {
-    not_native("attn_scale as a device tensor (pass it as a float or a host tensor)");
-  }
+  // attn_scale may be a device tensor: the FP8 kernels read it as one of their factors (kFp8AttnScale /
+  // kFp8BwdAttnScale), beside the descales.
   constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
   FS_CHECK_SUPPORTED(p.Sq <= kMaxRows && p.Skv <= kMaxRows && p.B <= kMaxRows / std::max<int64_t>(p.Sq, 1),
                      "q, k: B * S_q = ", p.B, " * ", p.Sq, " and S_kv = ", p.Skv,
@@ -189,7 +188,8 @@ void sdpa_check_features_gpu(const Problem& p) {
     if (p.has(FS_SDPA_SCORE_SUM_EXP)) switched_pair("score_sum_exp together with a packed o (ragged offsets)");
   }
   // A host scalar attn_scale is read at execute (the seed's pass-by-value scale); a device one
-  // would need a read of device memory on the host.
+  // would need a read of device memory on the host (the 16-bit kernels take the scale as a float; the FP8
+  // ones read it from device memory: check_fp8).
   if (p.has(FS_SDPA_ATTN_SCALE) && p.t(FS_SDPA_ATTN_SCALE).device != DeviceType::kCPU) {
     not_native("attn_scale as a device tensor (pass it as a float or a host tensor)");
   }

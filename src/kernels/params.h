@@ -338,9 +338,10 @@ struct SdpaBwdParams : BwdParams {
 //   P_q   = fp8(P scale_s), O = (P_q V) descale_s descale_v, amax_o = max |O| (before scale_o),
 //   O stored as fp8_satfinite(O scale_o) in o's format; the stats (LSE) as the 16-bit forward
 //   writes them.
-// The six factors (SdpaFp8Factor order): each one float in device memory (factor[i]), or, for a
-// host scale factor (the seed's pass-by-value form), factor[i] null and its value in
-// host_factor[i] (kern::fp8_factor reads either). amax_s / amax_o: one fp32 each in device
+// The six factors and attn_scale (SdpaFp8Factor order): each one float in device memory (factor[i]), or, for
+// a host scale factor (the seed's pass-by-value form, or attn_scale given as a float), factor[i] null and its
+// value in host_factor[i] (kern::fp8_factor reads either). The kernels take attn_scale from here, not from
+// QkvParams::scale (NaN when attn_scale is a device tensor). amax_s / amax_o: one fp32 each in device
 // memory, zeroed by the launcher, reduced by the kernel with atomics (non-negative: integer max of
 // the bits). v_t: the workspace of V^T (the P V GEMM's B operand must be K-major for 8-bit types):
 // [B, H_v, D_v, fp8_vt_keys_sm90(S_kv)] bytes (tile_sm90.h fp8_vt_bytes_sm90), written per call by
@@ -348,13 +349,13 @@ struct SdpaBwdParams : BwdParams {
 // format: q, k, v's (and P's quantization): 0 none (a 16-bit call), 1 E4M3, 2 E5M2
 // (core/element_type.h kFp8Format); o_format: O's, 1 or 2 (0: format's).
 enum SdpaFp8Factor : int {
-  kFp8DescaleQ = 0, kFp8DescaleK, kFp8DescaleV, kFp8DescaleS, kFp8ScaleS, kFp8ScaleO, kFp8NumFactors
+  kFp8DescaleQ = 0, kFp8DescaleK, kFp8DescaleV, kFp8DescaleS, kFp8ScaleS, kFp8ScaleO, kFp8AttnScale, kFp8NumFactors
 };
 struct SdpaFp8Params {
   int32_t format = 0;
   int32_t o_format = 0;
   const float* factor[kFp8NumFactors] = {};
-  float host_factor[kFp8NumFactors] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+  float host_factor[kFp8NumFactors] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
   float* amax_s = nullptr;
   float* amax_o = nullptr;
   void* v_t = nullptr;
@@ -380,6 +381,7 @@ struct SdpaFp8FwdParams : SdpaFwdParams {
 enum SdpaFp8BwdFactor : int {
   kFp8BwdDescaleQ = 0, kFp8BwdDescaleK, kFp8BwdDescaleV, kFp8BwdDescaleO, kFp8BwdDescaleDO, kFp8BwdDescaleS,
   kFp8BwdDescaleDP, kFp8BwdScaleS, kFp8BwdScaleDQ, kFp8BwdScaleDK, kFp8BwdScaleDV, kFp8BwdScaleDP,
+  kFp8BwdAttnScale,  // attn_scale (a device tensor, or a host value): the pre-pass reads it, not QkvParams::scale
   kFp8BwdNumFactors
 };
 // The scalars the kernels use, products of factors (the pre-pass writes them to SdpaFp8BwdParams::derived):
@@ -408,7 +410,7 @@ enum SdpaFp8BwdAmax : int { kFp8AmaxDQ = 0, kFp8AmaxDK, kFp8AmaxDV, kFp8AmaxDP, 
 struct SdpaFp8BwdParams : SdpaBwdParams {
   int32_t format = 1, o_format = 1, do_format = 1, grad_format = 1;
   const float* factor[kFp8BwdNumFactors] = {};
-  float host_factor[kFp8BwdNumFactors] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
+  float host_factor[kFp8BwdNumFactors] = {1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f};
   float* amax[kFp8BwdNumAmax] = {};
   SdpaFp8Tensor q8, k8, v8, o8, do8;  // the FP8 inputs
   SdpaFp8Tensor dq8, dk8, dv8;        // the FP8 outputs

@@ -683,8 +683,8 @@ TEST(SdpaFp8, BackwardOnCudaRefusalRule) {
 // backward is refused as turned off (kFp8BwdOff, naming FLASHSPAN_SDPA_FP8_BWD=0; before its rule); with it on,
 // the rule's refusal r with the message "<r>: not supported by the FP8 backward on CUDA tensors yet (it runs
 // H_k = H_v, each head dim a multiple of 16 up to 128); CPU tensors run it on the CPU reference"; a covered call
-// (deterministic or not) passes the host rules (a device tensor attn_scale stays refused by the C layer:
-// flashspan.sdpa_fp8_backward reads one on the host first).
+// (deterministic or not) passes the host rules, with attn_scale a device tensor too (the FP8 kernels read it as
+// one of their factors, kFp8BwdAttnScale).
 TEST(SdpaFp8, BackwardOnCudaCheckSupportMessages) {
   const auto refused = [](const std::string& r) {
     return r + ": not supported by the FP8 backward on CUDA tensors yet (it runs H_k = H_v, each head dim a "
@@ -724,8 +724,12 @@ TEST(SdpaFp8, BackwardOnCudaCheckSupportMessages) {
     EXPECT_EQ(c.check_support_error(&st), want);
     EXPECT_EQ(st, FS_STATUS_NOT_SUPPORTED);
   }
-  EXPECT_STARTS(dev_scale.check_support_error(&st), "attn_scale as a device tensor");
-  EXPECT_EQ(st, FS_STATUS_NOT_SUPPORTED);
+  EXPECT_EQ(host_rules_error(dev_scale), "");
+  {
+    CudaCall fwd_dev_scale = dev_scale;  // the forwards too (kFp8AttnScale)
+    fwd_dev_scale.backward = false;
+    EXPECT_EQ(host_rules_error(fwd_dev_scale), "");
+  }
   {
     // The sm90 FP8 forward's switch off does not refuse the backward either.
     const Fp8ForwardSwitch fwd_off(0);

@@ -165,6 +165,7 @@ struct Fp8Case {
   bool max_logit = false;     // launcher only (the FP8 API refuses it)
   bool stats_log2 = false;    // API only
   bool score_stats = false;   // score_max / score_sum_exp
+  int attn_form = 0;          // API only: attn_scale 0 a float, 1 a host tensor, 2 a tensor in q's memory
   uint64_t seed = 1;
   int heads_v() const { return Hv > 0 ? Hv : Hk; }
   std::string name() const {
@@ -173,7 +174,7 @@ struct Fp8Case {
        << " Hk" << Hk << " Hv" << heads_v() << " Sq" << Sq << " Skv" << Skv << " D" << Dqk << "/" << Dv << " mask" << int(mask)
        << (padding ? " pad" : "") << (bshd ? " bshd" : " bhsd") << (host_factors ? " host-factors" : "")
        << (max_logit ? " max_logit" : "") << (stats_log2 ? " log2" : "") << (score_stats ? " score-stats" : "")
-       << " seed" << seed;
+       << (attn_form == 1 ? " attn-host-tensor" : attn_form == 2 ? " attn-tensor" : "") << " seed" << seed;
     return os.str();
   }
 };
@@ -448,7 +449,7 @@ TensorView view_of(void* data, int B, int H, int S, int D, const std::array<int6
 Outputs run_launcher(const Fp8Case& c, const Inputs& in) {
   const size_t no = size_t(c.B) * c.Hq * c.Sq * c.Dv, nrow = size_t(c.B) * c.Hq * c.Sq;
   DevBuf dq(in.q.size()), dk(in.k.size()), dv(in.v.size()), dlq(sizeof(int32_t) * c.B), dlk(sizeof(int32_t) * c.B);
-  DevBuf dfac(sizeof(float) * 6);
+  DevBuf dfac(sizeof(float) * kFp8NumFactors);
   Poisoned dout(no), dstats(sizeof(float) * nrow), damax(2 * sizeof(float)), dml(sizeof(float) * c.Hq);
   Poisoned dsm(sizeof(float) * nrow), dss(sizeof(float) * nrow);
   Poisoned dvt(size_t(sm90::fp8_vt_bytes_sm90(c.B, c.heads_v(), c.Dv, c.Skv)));
@@ -457,7 +458,10 @@ Outputs run_launcher(const Fp8Case& c, const Inputs& in) {
   upload(dv, in.v);
   upload(dlq, in.len_q);
   upload(dlk, in.len_kv);
-  upload(dfac, std::vector<float>(in.factor.begin(), in.factor.end()));
+  // The factors in SdpaFp8Factor order: the six, then attn_scale (kFp8AttnScale).
+  std::vector<float> factors(in.factor.begin(), in.factor.end());
+  factors.push_back(in.attn_scale);
+  upload(dfac, factors);
 
   SdpaFp8FwdParams p;
   p.q = dq.p;
@@ -472,8 +476,9 @@ Outputs run_launcher(const Fp8Case& c, const Inputs& in) {
   p.mask_per_head = 1;
   p.head_dqk = c.Dqk;
   p.head_dv = c.Dv;
-  p.scale = in.attn_scale;
-  p.scale_log2 = in.attn_scale * 1.4426950408889634f;
+  // The FP8 kernels take attn_scale from the factors (kFp8AttnScale): the float scale is NaN here, as dispatch
+  // makes it for a device attn_scale, so that a kernel reading it shows it.
+  p.scale = p.scale_log2 = NAN;
   p.grid_mode = 1;
   p.o = dout.p;
   p.oa = TensorAddr{0, in.so[2], in.so[1]};
@@ -506,7 +511,7 @@ Outputs run_launcher(const Fp8Case& c, const Inputs& in) {
   f8.o_format = c.o_format;
   for (int i = 0; i < kFp8NumFactors; ++i) {
     f8.factor[i] = c.host_factors ? nullptr : static_cast<const float*>(dfac.p) + i;
-    f8.host_factor[i] = c.host_factors ? in.factor[i] : 0.0f;  // 0: never read when a pointer is set
+    f8.host_factor[i] = c.host_factors ? factors[size_t(i)] : 0.0f;  // 0: never read when a pointer is set
   }
   f8.amax_s = static_cast<float*>(damax.p);
   f8.amax_o = static_cast<float*>(damax.p) + 1;
@@ -550,6 +555,8 @@ Outputs run_api(const Fp8Case& c, const Inputs& in, bool cuda) {
   void *pq = place(q), *pk = place(k), *pv = place(v), *po = place(o), *pst = place(stats), *psm = place(smax);
   void *pss = place(ssum), *pam = place(amax), *plq = place(lq), *plk = place(lk);
   void* pfac = c.host_factors ? fac.data() : place(fac);
+  std::vector<float> attn{in.attn_scale};
+  void* pattn = c.attn_form == 2 ? place(attn) : attn.data();
   auto desc = [&](void* d, fs_dtype_t t, int H, int S, int D, const std::array<int64_t, 4>& st) {
     return api::TensorDesc(d, t, dev, {c.B, H, S, D}, {st[0], st[1], st[2], st[3]});
   };
@@ -562,7 +569,12 @@ Outputs run_api(const Fp8Case& c, const Inputs& in, bool cuda) {
   const api::TensorDesc amax_d(nullptr, api::kFloat32, dev, {1, 1, 1, 1});
   const api::TensorDesc lens(nullptr, api::kInt32, dev, {c.B, 1, 1, 1});
   api::SdpaAttributes a;
-  a.set_attn_scale(in.attn_scale).set_generate_stats(true).set_causal_mask(c.mask == kCausalTopLeft);
+  if (c.attn_form == 0) {
+    a.set_attn_scale(in.attn_scale);
+  } else {
+    a.set_attn_scale(api::TensorDesc(nullptr, api::kFloat32, c.attn_form == 2 ? dev : api::Device::cpu(), {1, 1, 1, 1}));
+  }
+  a.set_generate_stats(true).set_causal_mask(c.mask == kCausalTopLeft);
   a.set_stats_use_log2(c.stats_log2);
   a.set_descale_q(one).set_descale_k(one).set_descale_v(one).set_descale_s(one).set_scale_s(one).set_scale_o(one);
   a.set_amax_s(amax_d).set_amax_o(amax_d);
@@ -577,6 +589,7 @@ Outputs run_api(const Fp8Case& c, const Inputs& in, bool cuda) {
                                   FS_SDPA_DESCALE_S, FS_SDPA_SCALE_S,   FS_SDPA_SCALE_O};
   for (int i = 0; i < 6; ++i) pack.set(slots[i], static_cast<float*>(pfac) + i);
   pack.set(FS_SDPA_AMAX_S, pam).set(FS_SDPA_AMAX_O, static_cast<float*>(pam) + 1);
+  if (c.attn_form != 0) pack.set(FS_SDPA_ATTN_SCALE, pattn);
   if (c.padding) pack.set(FS_SDPA_SEQ_LEN_Q, plq).set(FS_SDPA_SEQ_LEN_KV, plk);
   if (c.score_stats) pack.set(FS_SDPA_SCORE_MAX, psm).set(FS_SDPA_SCORE_SUM_EXP, pss);
   const size_t ws_bytes = op.workspace_size();
@@ -954,7 +967,7 @@ struct BwdCase {
   bool causal = false;
   BwdLayout layout = kBwdBhsd;
   bool host_factors = false;  // the 12 factors in host memory (else device memory)
-  bool attn_tensor = false;   // attn_scale as a host tensor (else a float)
+  int attn_tensor = 0;        // attn_scale 0 a float, 1 a host tensor, 2 a tensor in q's memory
   bool deterministic = false; // use_deterministic_algorithm (the ordered dQ kernel with the FP8 steps)
   // scale_dP and scale_dQ / dK / dV from the reference's amaxes: 0 Transformer Engine's recipe (fmax / amax
   // rounded down to a power of two), 1 0.7 fmax / amax (not a power of two), 2 over-scaled (1.5x for dP,
@@ -971,7 +984,7 @@ struct BwdCase {
            : layout == kBwdPaddedRows ? " padded"
            : layout == kBwdOddRows    ? " odd-rows"
                                       : " bhsd")
-       << (host_factors ? " host-factors" : "") << (attn_tensor ? " attn-tensor" : "")
+       << (host_factors ? " host-factors" : "") << (attn_tensor == 1 ? " attn-host-tensor" : attn_tensor == 2 ? " attn-tensor" : "")
        << (deterministic ? " deterministic" : "") << " recipe" << recipe
        << " seed" << seed;
     return os.str();
@@ -1342,7 +1355,7 @@ BwdOutputs run_bwd_api(const BwdCase& c, const BwdInputs& in, bool cuda, uint8_t
   std::vector<float> stats = in.stats, amax(4);
   std::memset(amax.data(), amax_poison, amax.size() * sizeof(float));
   std::vector<float> fac(in.factor.begin(), in.factor.end());
-  float attn = in.attn_scale;
+  std::vector<float> attn{in.attn_scale};
   std::vector<std::unique_ptr<DevBuf>> bufs;
   auto place = [&](auto& h) -> void* {
     using T = typename std::decay_t<decltype(h)>::value_type;
@@ -1355,6 +1368,7 @@ BwdOutputs run_bwd_api(const BwdCase& c, const BwdInputs& in, bool cuda, uint8_t
   void *pq = place8(q), *pk = place8(k), *pv = place8(v), *po = place8(o), *pdo = place8(dO), *pst = place(stats);
   void *pdq = place8(dq), *pdk = place8(dk), *pdv = place8(dv), *pam = place(amax);
   void* pfac = c.host_factors ? fac.data() : place(fac);
+  void* pattn = c.attn_tensor == 2 ? place(attn) : attn.data();
   auto desc = [&](int code, int H, int S, int D, const std::array<int64_t, 4>& st) {
     return api::TensorDesc(nullptr, api_dtype(code), dev, {c.B, H, S, D}, {st[0], st[1], st[2], st[3]});
   };
@@ -1369,8 +1383,8 @@ BwdOutputs run_bwd_api(const BwdCase& c, const BwdInputs& in, bool cuda, uint8_t
   const api::TensorDesc amax_d(nullptr, api::kFloat32, dev, {1, 1, 1, 1});
   api::SdpaBackwardAttributes a;
   a.set_causal_mask(c.causal).set_deterministic_algorithm(c.deterministic);
-  if (c.attn_tensor) {
-    a.set_attn_scale(api::TensorDesc(nullptr, api::kFloat32, api::Device::cpu(), {1}));
+  if (c.attn_tensor != 0) {
+    a.set_attn_scale(api::TensorDesc(nullptr, api::kFloat32, c.attn_tensor == 2 ? dev : api::Device::cpu(), {1}));
   } else {
     a.set_attn_scale(in.attn_scale);
   }
@@ -1386,7 +1400,7 @@ BwdOutputs run_bwd_api(const BwdCase& c, const BwdInputs& in, bool cuda, uint8_t
   pack.set(FS_SDPA_STATS, pst).set(FS_SDPA_DQ, pdq).set(FS_SDPA_DK, pdk).set(FS_SDPA_DV, pdv);
   for (int i = 0; i < kNumBwdFactors; ++i) pack.set(kBwdFactorSlots[i], static_cast<float*>(pfac) + i);
   for (int i = 0; i < 4; ++i) pack.set(kBwdAmaxSlots[i], static_cast<float*>(pam) + i);
-  if (c.attn_tensor) pack.set(FS_SDPA_ATTN_SCALE, &attn);
+  if (c.attn_tensor != 0) pack.set(FS_SDPA_ATTN_SCALE, pattn);
   const size_t ws_bytes = op.workspace_size();
   std::unique_ptr<DevBuf> ws;
   if (ws_bytes) {
@@ -1480,7 +1494,7 @@ BwdCase bwd_random_case(int n, std::mt19937_64& rng, int max_s, uint64_t seed) {
   c.causal = (n / 2) % 2 == 1;
   c.layout = BwdLayout(n % 4);
   c.host_factors = n % 4 == 1;
-  c.attn_tensor = n % 4 >= 2;
+  c.attn_tensor = n % 4 >= 2 ? 1 : 0;
   c.recipe = (n / 3) % 3;
   c.deterministic = n % 3 == 2;
   return c;
@@ -1527,6 +1541,44 @@ void fp8_backward_random(int sm90) {
 TEST(SdpaFp8Gpu, Fp8BackwardRandom) {
   REQUIRE_SM80();
   fp8_backward_random(0);
+}
+
+TEST(SdpaFp8Gpu, DeviceAttnScale) {
+  // attn_scale as a tensor in device memory (not yet run on a GPU): the FP8 kernels read it as one of their factors
+  // (SdpaFp8Factor kFp8AttnScale, SdpaFp8BwdFactor kFp8BwdAttnScale), no host read; dispatch makes the float scale
+  // NaN then, so that a kernel reading it shows it. The sm90 FP8 forward (on an H100 / H200), the sm80 one, the FP8
+  // backward on the sm80 kernels and on the sm90 kernel (H100 / H200); each against the loop and the CPU
+  // reference (which reads the host copy of the same value).
+  REQUIRE_SM80();
+  std::mt19937_64 rng(93);
+  const int dims[][2] = {{128, 128}, {64, 64}, {48, 80}};
+  for (int n = 0; n < 6; ++n) {
+    Fp8Case c = api_random_case(n, rng, dims[n % 3][0], dims[n % 3][1], 200, 260, 2000 + uint64_t(n));
+    c.attn_form = 2;
+    if (sm90_device()) {
+      const Fp8SwitchOn on;
+      const int64_t l0 = sm90::sdpa_fp8_fwd_launches();
+      const std::string e = api_case(c);
+      EXPECT_TRUE(e.empty()) << e;
+      EXPECT_EQ(sm90::sdpa_fp8_fwd_launches(), l0 + 1) << c.name();
+    }
+    const Fp8FwdSm80On sm80(/*sm90_off=*/true);
+    const Inputs in = make_inputs(c);
+    const std::string e = check(c, in, reference_loop(c, in), run_api(c, in, true), true);
+    EXPECT_TRUE(e.empty()) << e;
+  }
+  for (int sm90 : {0, 1}) {
+    if (sm90 == 1 && !sm90_device()) continue;
+    const Fp8BwdSwitchOn on(sm90);
+    expect_fp8_bwd_family(sm90 != 0, [&] {
+      for (int n = 0; n < 6; ++n) {
+        BwdCase c = bwd_random_case(n, rng, 200, 2100 + uint64_t(n));
+        c.attn_tensor = 2;
+        const std::string e = bwd_case(c, true);
+        EXPECT_TRUE(e.empty()) << e;
+      }
+    });
+  }
 }
 
 // The same cases on the sm90 backward kernel (sdpa_fp8_bwd_sm90.cu).
@@ -1702,7 +1754,7 @@ void fp8_backward_sanitizer_small(int sm90) {
     c.layout = BwdLayout(n);
     c.do_format = 1 + n % 2;
     c.grad_format = 2 - n % 2;
-    c.attn_tensor = n == 2;
+    c.attn_tensor = n == 2 ? 1 : 0;
     c.host_factors = n == 1;
     c.deterministic = n == 3;
     c.seed = 60 + uint64_t(n);

@@ -70,12 +70,12 @@ __global__ void __launch_bounds__(256) fp8_widen8_kernel(const Fp8WidenJobs jobs
   }
 }
 
-// 1. The products of the factors the kernels use (params.h Fp8BwdDerived; attn_scale is p.scale, a host
-// value) and the amax outputs zeroed.
+// 1. The products of the factors the kernels use (params.h Fp8BwdDerived; attn_scale is the factor
+// kFp8BwdAttnScale: a device tensor, or a host value) and the amax outputs zeroed.
 __global__ void fp8_bwd_factors_kernel(const SdpaFp8BwdParams p) {
   if (threadIdx.x != 0) return;
   float* d = p.derived;
-  const float attn = p.scale;
+  const float attn = fp8_factor(p, kFp8BwdAttnScale);
   d[kF8dQkScaleLog2] = attn * fp8_factor(p, kFp8BwdDescaleQ) * fp8_factor(p, kFp8BwdDescaleK) * kLog2e;
   d[kF8dScaleS] = fp8_factor(p, kFp8BwdScaleS);
   d[kF8dDsUnit] = fp8_factor(p, kFp8BwdDescaleDO) * fp8_factor(p, kFp8BwdDescaleV);

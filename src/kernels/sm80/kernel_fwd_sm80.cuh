@@ -426,8 +426,9 @@ struct Fp8FwdSm80 {
   bool e5m2;            // P's format (q's): E5M2, else E4M3
 
   __device__ __forceinline__ static Fp8FwdSm80 make(const SdpaFp8FwdParams& p) {
-    const SdpaFp8Params& f = p.fp8;
-    return Fp8FwdSm80{Fp8Out::make(f), p.scale * fp8_factor(f, kFp8DescaleQ) * fp8_factor(f, kFp8DescaleK) * kLog2e,
+    const SdpaFp8Params& f = p.fp8;  // (attn_scale is its kFp8AttnScale: a device tensor too)
+    return Fp8FwdSm80{Fp8Out::make(f),
+                      fp8_factor(f, kFp8AttnScale) * fp8_factor(f, kFp8DescaleQ) * fp8_factor(f, kFp8DescaleK) * kLog2e,
                       f.format == 2};
   }
   __device__ __forceinline__ void flush(const SdpaFp8Params& f, int lane) const { out.flush(f, lane); }

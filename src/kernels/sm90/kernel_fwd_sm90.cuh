@@ -650,7 +650,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
   // mask, the online softmax, the forward epilogue.
   using Mask = typename Src::Mask;
   using Epilogue = kern::FwdEpilogue<E, kBlockQ, L::kTile.dv_tile>;
-  // FP8 (L::kFp8, the SDPA FP8 forward): the logits take descale_q descale_k too; the softmax
+  // FP8 (L::kFp8, the SDPA FP8 forward): the logits take attn_scale from the FP8 factors (a device tensor
+  // too) and descale_q descale_k; the softmax
   // shifts its exponent by log2 scale_s, so that P comes out scaled for its quantization
   // (OnlineSoftmax::update_row); the epilogue's FP8 output (kern::Fp8Out) undoes the shift and
   // applies the other factors, and gathers amax_s / amax_o, flushed when the CTA ends.
@@ -659,6 +660,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
   [[maybe_unused]] kern::Fp8Out q8{};
   if constexpr (L::kFp8) {
     const SdpaFp8Params& f8 = kern::fp8_of(p);
+    qk_scale = kern::fp8_factor(f8, kFp8AttnScale) * kern::kLog2e;  // (p.scale_log2's product, on the device)
     qk_scale *= kern::fp8_factor(f8, kFp8DescaleQ) * kern::fp8_factor(f8, kFp8DescaleK);
     q8 = kern::Fp8Out::make(f8);
     shift = q8.shift;
