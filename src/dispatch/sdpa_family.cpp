@@ -87,6 +87,8 @@ Switch g_sdpa_fp8_bwd_sm90{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8_BW
 Switch g_sdpa_dbias_softcap{experimental_from_env};
 // H_k != H_v on the FP8 forwards (fp8_fwd_refusal): experimental, not yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1).
 Switch g_sdpa_fp8_fwd_hk_ne_hv{experimental_from_env};
+// attn_scale as a device tensor in FP8 calls (check_fp8, sdpa_support.cpp): experimental, not yet run on a GPU.
+Switch g_sdpa_fp8_device_attn_scale{experimental_from_env};
 }  // namespace
 
 namespace {
@@ -214,6 +216,8 @@ bool sdpa_fp8_bwd_sm90_enabled() { return g_sdpa_fp8_bwd_sm90.on(); }
 
 void set_sdpa_dbias_softcap_enabled(int on) { g_sdpa_dbias_softcap.set(on); }
 void set_sdpa_fp8_fwd_hk_ne_hv_enabled(int on) { g_sdpa_fp8_fwd_hk_ne_hv.set(on); }
+void set_sdpa_fp8_device_attn_scale_enabled(int on) { g_sdpa_fp8_device_attn_scale.set(on); }
+bool sdpa_fp8_device_attn_scale_enabled() { return g_sdpa_fp8_device_attn_scale.on(); }
 bool sdpa_fp8_fwd_hk_ne_hv_enabled() { return g_sdpa_fp8_fwd_hk_ne_hv.on(); }
 bool sdpa_dbias_softcap_enabled() { return g_sdpa_dbias_softcap.on(); }
 

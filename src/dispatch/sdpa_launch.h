@@ -182,6 +182,13 @@ void set_sdpa_dbias_softcap_enabled(int on);
 bool sdpa_fp8_fwd_hk_ne_hv_enabled();
 void set_sdpa_fp8_fwd_hk_ne_hv_enabled(int on);
 
+// attn_scale as a device tensor in FP8 calls on CUDA tensors (the FP8 kernels read it as one of their factors,
+// params.h kFp8AttnScale / kFp8BwdAttnScale): experimental, not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1
+// (read by each check), set_sdpa_fp8_device_attn_scale_enabled overrides it (tests: 1 on, 0 off, -1 the
+// environment's answer); off, refused as in 16-bit calls (flashspan.sdpa_fp8 reads one on the host first).
+bool sdpa_fp8_device_attn_scale_enabled();
+void set_sdpa_fp8_device_attn_scale_enabled(int on);
+
 // The FP8 forward on the sm80 kernels (kernels/sm80/launch_sm80.h launch_sdpa_fp8_fwd_sm80: the 16-bit sm80
 // forward's loop on the codes widened to bf16, exact, with P's FP8 rounding and O's FP8 store in the kernel):
 // every GPU from sm_80, and on sm_90 the calls the sm90 FP8 forward does not take (its head dims, strides,

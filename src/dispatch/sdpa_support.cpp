@@ -127,8 +127,13 @@ void check_fp8(const Problem& p) {
                                                         "for the FP8 kernel (TMA)"));
     }
   }
-  // attn_scale may be a device tensor: the FP8 kernels read it as one of their factors (kFp8AttnScale /
-  // kFp8BwdAttnScale), beside the descales.
+  // attn_scale as a device tensor: the FP8 kernels read it as one of their factors (kFp8AttnScale /
+  // kFp8BwdAttnScale), beside the descales; experimental (sdpa_fp8_device_attn_scale_enabled).
+  if (p.has(FS_SDPA_ATTN_SCALE) && p.t(FS_SDPA_ATTN_SCALE).device != DeviceType::kCPU &&
+      !sdpa_fp8_device_attn_scale_enabled()) {
+    not_native("attn_scale as a device tensor (pass it as a float or a host tensor; FP8 calls take one with "
+               "FLASHSPAN_EXPERIMENTAL=1, not yet run on a GPU)");
+  }
   constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
   FS_CHECK_SUPPORTED(p.Sq <= kMaxRows && p.Skv <= kMaxRows && p.B <= kMaxRows / std::max<int64_t>(p.Sq, 1),
                      "q, k: B * S_q = ", p.B, " * ", p.Sq, " and S_kv = ", p.Skv,

@@ -236,6 +236,13 @@ struct Fp8FwdSm80Switch {
   Fp8FwdSm80Switch(const Fp8FwdSm80Switch&) = delete;
   Fp8FwdSm80Switch& operator=(const Fp8FwdSm80Switch&) = delete;
 };
+// attn_scale as a device tensor in FP8 calls (sdpa_fp8_device_attn_scale_enabled, experimental) forced for a scope.
+struct Fp8DeviceAttnScaleSwitch {
+  explicit Fp8DeviceAttnScaleSwitch(int on) { flashspan::set_sdpa_fp8_device_attn_scale_enabled(on); }
+  ~Fp8DeviceAttnScaleSwitch() { flashspan::set_sdpa_fp8_device_attn_scale_enabled(-1); }
+  Fp8DeviceAttnScaleSwitch(const Fp8DeviceAttnScaleSwitch&) = delete;
+  Fp8DeviceAttnScaleSwitch& operator=(const Fp8DeviceAttnScaleSwitch&) = delete;
+};
 // H_k != H_v on the FP8 forwards (sdpa_fp8_fwd_hk_ne_hv_enabled, experimental) forced for a scope.
 struct Fp8HkNeHvSwitch {
   explicit Fp8HkNeHvSwitch(int on) { flashspan::set_sdpa_fp8_fwd_hk_ne_hv_enabled(on); }
@@ -683,8 +690,8 @@ TEST(SdpaFp8, BackwardOnCudaRefusalRule) {
 // backward is refused as turned off (kFp8BwdOff, naming FLASHSPAN_SDPA_FP8_BWD=0; before its rule); with it on,
 // the rule's refusal r with the message "<r>: not supported by the FP8 backward on CUDA tensors yet (it runs
 // H_k = H_v, each head dim a multiple of 16 up to 128); CPU tensors run it on the CPU reference"; a covered call
-// (deterministic or not) passes the host rules, with attn_scale a device tensor too (the FP8 kernels read it as
-// one of their factors, kFp8BwdAttnScale).
+// (deterministic or not) passes the host rules; attn_scale as a device tensor is refused ("attn_scale as a device
+// tensor") unless its experimental switch is on (the FP8 kernels read it as one of their factors, kFp8BwdAttnScale).
 TEST(SdpaFp8, BackwardOnCudaCheckSupportMessages) {
   const auto refused = [](const std::string& r) {
     return r + ": not supported by the FP8 backward on CUDA tensors yet (it runs H_k = H_v, each head dim a "
@@ -724,11 +731,18 @@ TEST(SdpaFp8, BackwardOnCudaCheckSupportMessages) {
     EXPECT_EQ(c.check_support_error(&st), want);
     EXPECT_EQ(st, FS_STATUS_NOT_SUPPORTED);
   }
-  EXPECT_EQ(host_rules_error(dev_scale), "");
   {
     CudaCall fwd_dev_scale = dev_scale;  // the forwards too (kFp8AttnScale)
     fwd_dev_scale.backward = false;
-    EXPECT_EQ(host_rules_error(fwd_dev_scale), "");
+    for (const CudaCall& c : {dev_scale, fwd_dev_scale}) {
+      {
+        const Fp8DeviceAttnScaleSwitch off(0);
+        EXPECT_STARTS(c.check_support_error(&st), "attn_scale as a device tensor");
+        EXPECT_EQ(st, FS_STATUS_NOT_SUPPORTED);
+      }
+      const Fp8DeviceAttnScaleSwitch on(1);
+      EXPECT_EQ(host_rules_error(c), "");
+    }
   }
   {
     // The sm90 FP8 forward's switch off does not refuse the backward either.

@@ -1544,12 +1544,16 @@ TEST(SdpaFp8Gpu, Fp8BackwardRandom) {
 }
 
 TEST(SdpaFp8Gpu, DeviceAttnScale) {
-  // attn_scale as a tensor in device memory (not yet run on a GPU): the FP8 kernels read it as one of their factors
+  // attn_scale as a tensor in device memory (experimental, forced on here; not yet run on a GPU): the FP8 kernels read it as one of their factors
   // (SdpaFp8Factor kFp8AttnScale, SdpaFp8BwdFactor kFp8BwdAttnScale), no host read; dispatch makes the float scale
   // NaN then, so that a kernel reading it shows it. The sm90 FP8 forward (on an H100 / H200), the sm80 one, the FP8
   // backward on the sm80 kernels and on the sm90 kernel (H100 / H200); each against the loop and the CPU
   // reference (which reads the host copy of the same value).
   REQUIRE_SM80();
+  set_sdpa_fp8_device_attn_scale_enabled(1);  // (experimental: FLASHSPAN_EXPERIMENTAL=1)
+  struct Restore {
+    ~Restore() { set_sdpa_fp8_device_attn_scale_enabled(-1); }
+  } restore;
   std::mt19937_64 rng(93);
   const int dims[][2] = {{128, 128}, {64, 64}, {48, 80}};
   for (int n = 0; n < 6; ++n) {

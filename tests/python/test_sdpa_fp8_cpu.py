@@ -451,9 +451,11 @@ def test_cuda_fp8_backward_rule_is_named(fs, monkeypatch):
         for det in (False, True):
             with pytest.raises(NotImplementedError, match=f"^{what}{tail}"):
                 _cuda_fp8_bwd_op(**kw, deterministic=det)
-    # attn_scale as a device tensor passes too (the FP8 kernels read it as one of their factors).
-    for kw in ({}, dict(attn_scale_tensor="cpu"), dict(attn_scale_tensor="cuda"), dict(D=16, Dv=16),
-               dict(D=128, Dv=128)):
+    # The C layer still refuses a device attn_scale (flashspan.sdpa_fp8_backward reads one on the host first).
+    for det in (False, True):
+        with pytest.raises(NotImplementedError, match="^attn_scale as a device tensor"):
+            _cuda_fp8_bwd_op(attn_scale_tensor="cuda", deterministic=det)
+    for kw in ({}, dict(attn_scale_tensor="cpu"), dict(D=16, Dv=16), dict(D=128, Dv=128)):
         for det in (False, True):
             try:
                 _cuda_fp8_bwd_op(**kw, deterministic=det)
@@ -511,30 +513,54 @@ def test_cuda_fp8_forward_on_sm80_switch(fs, monkeypatch, value, experimental):
         _cuda_fp8_fwd_op(144, 144)
 
 
-def test_attn_scale_tensor_goes_to_the_c_layer(fs):
-    """Both FP8 directions hand an attn_scale tensor to the C layer as its attn_scale slot, whatever its device (the
-    FP8 kernels read a device one as one more scale factor: no host read, unlike flashspan.sdpa's 16-bit route, whose
-    _scale_on_host the FP8 module no longer uses). On CPU tensors a host attn_scale tensor gives the float's results
-    bitwise, and a different value changes them."""
+def test_attn_scale_goes_through_sdpa_scale_on_host(fs, monkeypatch):
+    """Both FP8 directions hand their call to flashspan.sdpa's _scale_on_host (imported, the same function) after
+    attn_scale is bound and before the call runs: there a CUDA attn_scale tensor is checked by the C layer and read
+    on the host, as flashspan.sdpa does. On CPU tensors: a host attn_scale tensor gives the float's results, and what
+    the helper does to the call is what runs (a helper that doubled the scale changes the results)."""
     import importlib
 
+    from flashspan import _sdpa_lib as L
+
+    sdpa_mod = importlib.import_module("flashspan.sdpa")
     fp8_mod = importlib.import_module("flashspan.sdpa_fp8")
-    assert not hasattr(fp8_mod, "_scale_on_host")
+    assert fp8_mod._scale_on_host is sdpa_mod._scale_on_host
+    real = sdpa_mod._scale_on_host
+    seen = []
+
+    def spy(call):
+        bound = call.slots.get(L.ATTN_SCALE)
+        seen.append((call.direction, None if bound is None else float(bound.tensor.reshape(-1)[0])))
+        real(call)
+
+    monkeypatch.setattr(fp8_mod, "_scale_on_host", spy)
     gen = torch.Generator().manual_seed(11)
     q, k, v = (fp8_randn((1, 2, 9, 32), E4M3, gen) for _ in range(3))
     fwd_s = (1.0, 1.0, 1.0, 1 / 448, 448.0, 2.0)
     o, stats, *amax = fs.sdpa_fp8(q, k, v, *fwd_s, attn_scale=0.3, use_causal_mask=True)
     o_t, stats_t, *amax_t = fs.sdpa_fp8(q, k, v, *fwd_s, attn_scale=torch.tensor([0.3]), use_causal_mask=True)
+    assert seen == [("fwd", None), ("fwd", f32(0.3))]
     assert torch.equal(o.view(torch.uint8), o_t.view(torch.uint8)) and torch.equal(stats, stats_t)
     assert all(torch.equal(a, b) for a, b in zip(amax, amax_t))
-    o6 = fs.sdpa_fp8(q, k, v, *fwd_s, attn_scale=torch.tensor([0.6]), use_causal_mask=True)[0]
-    assert not torch.equal(o6.view(torch.uint8), o.view(torch.uint8))
     dO = fp8_randn((1, 2, 9, 32), E5M2, gen)
     bwd_s = (1.0, 1.0, 1.0, 0.5, 1.0, 1 / 448, 1 / 256, 448.0, 4.0, 4.0, 4.0, 256.0)
+    seen.clear()
     want = fs.sdpa_fp8_backward(q, k, v, o, dO, stats, *bwd_s, attn_scale=0.3, use_causal_mask=True)
     got = fs.sdpa_fp8_backward(q, k, v, o, dO, stats, *bwd_s, attn_scale=torch.tensor(0.3), use_causal_mask=True,
                                use_deterministic_algorithm=True)
+    assert seen == [("bwd", None), ("bwd", f32(0.3))]
     for g, w in zip(got, want):
         assert torch.equal(g.view(torch.uint8), w.view(torch.uint8))
-    g6 = fs.sdpa_fp8_backward(q, k, v, o, dO, stats, *bwd_s, attn_scale=torch.tensor([0.6]), use_causal_mask=True)
-    assert not torch.equal(g6[0].view(torch.uint8), want[0].view(torch.uint8))
+
+    def doubled(call):  # what the helper leaves in the call is what runs
+        call.slots.pop(L.ATTN_SCALE, None)
+        call.options = [(n, x) for n, x in call.options if n != "attn_scale"]
+        call.option("attn_scale", 0.6)
+
+    monkeypatch.setattr(fp8_mod, "_scale_on_host", doubled)
+    o2 = fs.sdpa_fp8(q, k, v, *fwd_s, attn_scale=torch.tensor([0.3]), use_causal_mask=True)[0]
+    o6 = fs.sdpa_fp8(q, k, v, *fwd_s, attn_scale=0.6, use_causal_mask=True)[0]
+    assert torch.equal(o2.view(torch.uint8), o6.view(torch.uint8))
+    assert not torch.equal(o2.view(torch.uint8), o.view(torch.uint8))
+    g2 = fs.sdpa_fp8_backward(q, k, v, o, dO, stats, *bwd_s, attn_scale=torch.tensor([0.3]), use_causal_mask=True)
+    assert not torch.equal(g2[0].view(torch.uint8), want[0].view(torch.uint8))

@@ -12,7 +12,7 @@ and both against a float64 model of the kernel's arithmetic (_bwd_model: the cri
 tests/cpp/test_sdpa_fp8_gpu.cpp, whose file comment derives it): GQA, both formats, causal or not, factors and attn_scale as numbers, host or device
 tensors, BHSD, BSHD and odd row strides (sliced views), deterministic every third case (run twice: bitwise the same
 results); with FLASHSPAN_SDPA_FP8_BWD=0 the call raises NotImplementedError naming it. Skipped without a CUDA device of
-compute capability 8.0 or newer. A CUDA attn_scale tensor works in both directions (the kernels read it as a factor).
+compute capability 8.0 or newer. A CUDA attn_scale tensor works in both directions (read on the host).
 
 Criteria: FP8 wgmma accumulates the scores with reduced precision (DeepSeek-V3, arXiv 2412.19437 s. 3.3.2), so the GPU
 and the CPU reference may round P and O to neighbouring FP8 values: O within two steps of the format (relative to
@@ -355,8 +355,8 @@ def _bwd_case(seed: int, max_s: int = 300) -> dict:
         s[scale] = _recipe_scale(FP8_MAX[grad_fmt], float(model[name].abs().max()), recipe, 2.0)
     return dict(q=q, k=k, v=v, o=o, dO=dO, stats=stats, s=s, fmt=fmt, do_fmt=do_fmt, grad_fmt=grad_fmt, causal=causal,
                 attn_scale=attn_scale, model=model, scale_where=rng.choice(["device", "host", "number"]),
-                # attn_scale a float, a host tensor or a tensor on the call's device (read by the FP8 kernels as
-                # one of their factors); q, k, v, o, dO contiguous, BSHD views or sliced views with odd row
+                # attn_scale a float, a host tensor or a tensor on the call's device (read on the host by
+                # flashspan.sdpa's _scale_on_host); q, k, v, o, dO contiguous, BSHD views or sliced views with odd row
                 # strides from one byte into their storage (rows at unaligned addresses); deterministic every third
                 # seed, across the recipes (seed % 3).
                 attn_where=("number", "host", "device")[(seed // 3) % 3],
@@ -524,7 +524,7 @@ def test_gpu_fp8_backward_refusals_name_the_rule(fs):
 @pytest.mark.usefixtures("poison_uninitialized")
 def test_gpu_fp8_backward_deterministic_and_device_attn_scale(fs):
     """use_deterministic_algorithm=True runs (no refusal), meets the criterion and gives bitwise the same results twice;
-    attn_scale as a CUDA tensor (1-element or 0-d; read by the kernels as a factor, no host read), as a host
+    attn_scale as a CUDA tensor (1-element or 0-d; read on the host by flashspan.sdpa's _scale_on_host), as a host
     tensor and as a float give bitwise the same results, and another value in the CUDA tensor other ones; the atomic
     (non-deterministic) dQ path meets the criterion and lands on the same codes but for rounding-boundary cases."""
     c = dict(_bwd_case(4, max_s=150), layout="odd", deterministic=True, scale_where="device")
@@ -545,8 +545,8 @@ def test_gpu_fp8_backward_deterministic_and_device_attn_scale(fs):
 
 @sm90
 def test_gpu_fp8_forward_takes_a_device_attn_scale(fs):
-    """sdpa_fp8 with attn_scale as a CUDA tensor (read by the FP8 kernels as one of their factors, no host read;
-    not yet run on a GPU in this form) gives bitwise the results of the float."""
+    """sdpa_fp8 with attn_scale as a CUDA tensor (read on the host by flashspan.sdpa's _scale_on_host, as
+    flashspan.sdpa does; the C layer's kernels take a float) gives bitwise the results of the float."""
     c = _case(3)
     c.update(mode="dense", len_q=None, len_kv=None, stats_out=False)
     want = _run(fs, c, "cuda")
