@@ -85,8 +85,9 @@ Switch g_sdpa_fp8_bwd_sm90{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8_BW
 // dBias together with softcap on the sm90 backward (sdpa_dispatch.cu check_dbias_with_softcap): experimental,
 // not yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1).
 Switch g_sdpa_dbias_softcap{experimental_from_env};
-// H_k != H_v on the FP8 forwards (fp8_fwd_refusal): experimental, not yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1).
-Switch g_sdpa_fp8_fwd_hk_ne_hv{experimental_from_env};
+// H_k != H_v in FP8 calls (fp8_fwd_refusal: both forwards; sdpa_fp8_bwd_refusal: the sm80 FP8 backward's two
+// dK / dV passes): experimental, not yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1).
+Switch g_sdpa_fp8_hk_ne_hv{experimental_from_env};
 // attn_scale as a device tensor in FP8 calls (check_fp8, sdpa_support.cpp): experimental, not yet run on a GPU.
 Switch g_sdpa_fp8_device_attn_scale{experimental_from_env};
 }  // namespace
@@ -215,10 +216,10 @@ void set_sdpa_fp8_bwd_sm90_enabled(int on) { g_sdpa_fp8_bwd_sm90.set(on); }
 bool sdpa_fp8_bwd_sm90_enabled() { return g_sdpa_fp8_bwd_sm90.on(); }
 
 void set_sdpa_dbias_softcap_enabled(int on) { g_sdpa_dbias_softcap.set(on); }
-void set_sdpa_fp8_fwd_hk_ne_hv_enabled(int on) { g_sdpa_fp8_fwd_hk_ne_hv.set(on); }
+void set_sdpa_fp8_hk_ne_hv_enabled(int on) { g_sdpa_fp8_hk_ne_hv.set(on); }
 void set_sdpa_fp8_device_attn_scale_enabled(int on) { g_sdpa_fp8_device_attn_scale.set(on); }
 bool sdpa_fp8_device_attn_scale_enabled() { return g_sdpa_fp8_device_attn_scale.on(); }
-bool sdpa_fp8_fwd_hk_ne_hv_enabled() { return g_sdpa_fp8_fwd_hk_ne_hv.on(); }
+bool sdpa_fp8_hk_ne_hv_enabled() { return g_sdpa_fp8_hk_ne_hv.on(); }
 bool sdpa_dbias_softcap_enabled() { return g_sdpa_dbias_softcap.on(); }
 
 void set_sdpa_feature_pairs_enabled(int on) { g_sdpa_feature_pairs.set(on); }
@@ -228,21 +229,23 @@ bool sdpa_feature_pairs_enabled() { return g_sdpa_feature_pairs.on(); }
 // has already refused every option outside the seed's sdpa_fp8_backward (a causal mask; no lengths, no
 // ragged offsets), so what is left to say is the kernel's own reach: the (64, 64) and (128, 128)-class
 // tiles of the sm80 backward (tile_sm80.h) and one K and V head per work item (its fp32 dK / dV sums over
-// the query heads of a group); deterministic or not (the ordered dQ kernel or the atomic path).
+// the query heads of a group; H_k != H_v, experimental: a dK pass over the K heads and a dV pass over the V
+// heads, as the 16-bit SDPA backward's); deterministic or not (the ordered dQ kernel or the atomic path).
 const char* sdpa_fp8_bwd_refusal(const sdpa::Problem& p) {
   if (!p.fp8) return "q (not an FP8 call)";
   if (!p.a.backward) return "the FP8 forward";
   if (p.Dqk % 16 != 0 || p.Dv % 16 != 0 || p.Dqk > 128 || p.Dv > 128) return "head dims (multiples of 16 up to 128)";
-  if (p.Hk != p.Hv) return "H_k != H_v";
+  if (p.Hk != p.Hv && !sdpa_fp8_hk_ne_hv_enabled()) return "H_k != H_v";
   return nullptr;
 }
 
-// The sm90 one takes every call the rule above takes (its (64, 64) / (128, 128) kernels cover head dims that
-// are multiples of 16 up to 128), on an sm_90 device with this build's sm_90a code.
+// The sm90 one takes every call the rule above takes with H_k = H_v (its (64, 64) / (128, 128) kernels cover head
+// dims that are multiples of 16 up to 128), on an sm_90 device with this build's sm_90a code; H_k != H_v the sm80
+// one.
 bool sdpa_fp8_bwd_runs_sm90(const sdpa::Problem& p) {
   if (p.fp8_bwd_family != 0) return p.fp8_bwd_family == 90;  // the operation's check_support chose
   if (p.device != DeviceType::kCUDA || !p.fp8 || !p.a.backward || !sdpa_fp8_bwd_enabled() ||
-      !sdpa_fp8_bwd_sm90_enabled() || sdpa_fp8_bwd_refusal(p) != nullptr) {
+      !sdpa_fp8_bwd_sm90_enabled() || sdpa_fp8_bwd_refusal(p) != nullptr || p.Hk != p.Hv) {
     return false;
   }
   return on_sm90_device(p);
@@ -255,13 +258,13 @@ namespace {
 // What both FP8 forwards take besides their head dims (dims_ok; `dims`: the refusal's words otherwise):
 // padded q, k, v, o, the causal and padding masks, the statistics outputs; MHA / GQA / MQA, H_k != H_v too (V
 // addressed by h / group_v: the sm90 one's V^T workspace has H_v heads, the sm80 one's bf16 copy of V too;
-// experimental, not yet run on a GPU: sdpa_fp8_fwd_hk_ne_hv_enabled).
+// experimental, not yet run on a GPU: sdpa_fp8_hk_ne_hv_enabled).
 const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* dims) {
   using namespace sdpa;
   if (!p.fp8) return "q (not an FP8 call)";
   if (p.a.backward) return "the FP8 backward";
   if (!dims_ok) return dims;
-  if (p.Hk != p.Hv && !sdpa_fp8_fwd_hk_ne_hv_enabled()) return "H_k != H_v (with FLASHSPAN_EXPERIMENTAL=1: not yet run on a GPU)";
+  if (p.Hk != p.Hv && !sdpa_fp8_hk_ne_hv_enabled()) return "H_k != H_v (with FLASHSPAN_EXPERIMENTAL=1: not yet run on a GPU)";
   for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
                 FS_SDPA_RAGGED_OFFSET_STATS}) {
     if (p.has(s)) return "ragged (packed THD) q, k, v, o or stats";

@@ -243,10 +243,10 @@ struct Fp8DeviceAttnScaleSwitch {
   Fp8DeviceAttnScaleSwitch(const Fp8DeviceAttnScaleSwitch&) = delete;
   Fp8DeviceAttnScaleSwitch& operator=(const Fp8DeviceAttnScaleSwitch&) = delete;
 };
-// H_k != H_v on the FP8 forwards (sdpa_fp8_fwd_hk_ne_hv_enabled, experimental) forced for a scope.
+// H_k != H_v on the FP8 forwards (sdpa_fp8_hk_ne_hv_enabled, experimental) forced for a scope.
 struct Fp8HkNeHvSwitch {
-  explicit Fp8HkNeHvSwitch(int on) { flashspan::set_sdpa_fp8_fwd_hk_ne_hv_enabled(on); }
-  ~Fp8HkNeHvSwitch() { flashspan::set_sdpa_fp8_fwd_hk_ne_hv_enabled(-1); }
+  explicit Fp8HkNeHvSwitch(int on) { flashspan::set_sdpa_fp8_hk_ne_hv_enabled(on); }
+  ~Fp8HkNeHvSwitch() { flashspan::set_sdpa_fp8_hk_ne_hv_enabled(-1); }
   Fp8HkNeHvSwitch(const Fp8HkNeHvSwitch&) = delete;
   Fp8HkNeHvSwitch& operator=(const Fp8HkNeHvSwitch&) = delete;
 };
@@ -652,14 +652,24 @@ TEST(SdpaFp8, BackwardOnCudaRefusalRule) {
       EXPECT_EQ(bwd_refusal(c), "head dims (multiples of 16 up to 128)") << d[0] << "/" << d[1];
     }
   }
+  // H_k != H_v: refused with its experimental switch off (the default without FLASHSPAN_EXPERIMENTAL=1), taken with
+  // it on (the sm80 FP8 backward's two passes; never the sm90 one's).
+  const Fp8HkNeHvSwitch hk_ne_hv_off(0);
   for (bool deterministic : {false, true}) {
     CudaCall c;
     c.deterministic = deterministic;
     c.Hv = 4;  // H_k = 2 != H_v = 4 (each divides H_q)
     EXPECT_EQ(bwd_refusal(c), "H_k != H_v");
+    {
+      const Fp8HkNeHvSwitch on(1);
+      EXPECT_EQ(bwd_refusal(c), "");
+      EXPECT_FALSE(flashspan::sdpa_fp8_bwd_runs_sm90(c.problem()));
+    }
     c.Hk = 4;
     c.Hv = 1;
     EXPECT_EQ(bwd_refusal(c), "H_k != H_v");
+    const Fp8HkNeHvSwitch on(1);
+    EXPECT_EQ(bwd_refusal(c), "");
   }
   // The first refusal in the rule's order: not FP8, the forward, head dims, then H_k != H_v.
   {
@@ -689,13 +699,15 @@ TEST(SdpaFp8, BackwardOnCudaRefusalRule) {
 // check_support on CUDA descriptors (sdpa_check_features_gpu, no GPU needed): with the switch off every FP8
 // backward is refused as turned off (kFp8BwdOff, naming FLASHSPAN_SDPA_FP8_BWD=0; before its rule); with it on,
 // the rule's refusal r with the message "<r>: not supported by the FP8 backward on CUDA tensors yet (it runs
-// H_k = H_v, each head dim a multiple of 16 up to 128); CPU tensors run it on the CPU reference"; a covered call
+// H_k = H_v, each head dim a multiple of 16 up to 128; H_k != H_v with FLASHSPAN_EXPERIMENTAL=1); CPU tensors run it
+// on the CPU reference"; a covered call
 // (deterministic or not) passes the host rules; attn_scale as a device tensor is refused ("attn_scale as a device
 // tensor") unless its experimental switch is on (the FP8 kernels read it as one of their factors, kFp8BwdAttnScale).
 TEST(SdpaFp8, BackwardOnCudaCheckSupportMessages) {
   const auto refused = [](const std::string& r) {
     return r + ": not supported by the FP8 backward on CUDA tensors yet (it runs H_k = H_v, each head dim a "
-               "multiple of 16 up to 128); CPU tensors run it on the CPU reference";
+               "multiple of 16 up to 128; H_k != H_v with FLASHSPAN_EXPERIMENTAL=1); CPU tensors run it on the CPU "
+               "reference";
   };
   fs_status_t st{};
   CudaCall big;
@@ -724,6 +736,7 @@ TEST(SdpaFp8, BackwardOnCudaCheckSupportMessages) {
     EXPECT_EQ(det.check_support_error(), kFp8BwdOff);
   }
   const Fp8BwdSwitch on(1);
+  const Fp8HkNeHvSwitch hk_ne_hv_off(0);  // (experimental: BackwardOnCudaRefusalRule checks it on)
   const std::string dims = refused("head dims (multiples of 16 up to 128)"), heads = refused("H_k != H_v");
   for (const auto& [c, want] : {std::pair<CudaCall, std::string>{big, dims}, {big_det, dims}, {hkv, heads},
                                 {hkv_det, heads}}) {
@@ -877,7 +890,7 @@ TEST(SdpaFp8, BackwardOnSm90Rule) {
     }
     CudaCall hkv = c;
     hkv.Hv = 4;
-    EXPECT_FALSE(flashspan::sdpa_fp8_bwd_runs_sm90(hkv.problem()));  // (the rule refuses H_k != H_v)
+    EXPECT_FALSE(flashspan::sdpa_fp8_bwd_runs_sm90(hkv.problem()));  // (H_k != H_v: refused, or the sm80 one's)
     CudaCall big = c;
     big.D = big.Dv = 144;
     EXPECT_FALSE(flashspan::sdpa_fp8_bwd_runs_sm90(big.problem()));

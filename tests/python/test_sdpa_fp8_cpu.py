@@ -444,7 +444,7 @@ def test_cuda_fp8_backward_rule_is_named(fs, monkeypatch):
     monkeypatch.delenv(BWD_ENV, raising=False)
     monkeypatch.delenv(EXPERIMENTAL_ENV, raising=False)
     tail = (r": not supported by the FP8 backward on CUDA tensors yet \(it runs H_k = H_v, each head dim a multiple "
-            r"of 16 up to 128\); CPU tensors run it on the CPU reference$")
+            r"of 16 up to 128; H_k != H_v with FLASHSPAN_EXPERIMENTAL=1\); CPU tensors run it on the CPU reference$")
     dims = r"head dims \(multiples of 16 up to 128\)"
     for kw, what in ((dict(D=144), dims), (dict(Dv=256), dims), (dict(D=192), dims), (dict(Hv=4), "H_k != H_v"),
                      (dict(D=144, Hv=4), dims)):

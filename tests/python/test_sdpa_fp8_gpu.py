@@ -512,7 +512,7 @@ def test_gpu_fp8_backward_refusals_name_the_rule(fs):
     deterministic or not (the deterministic algorithm itself is covered: test_gpu_fp8_backward_deterministic_
     and_device_attn_scale)."""
     tail = (r": not supported by the FP8 backward on CUDA tensors yet \(it runs H_k = H_v, each head dim a multiple "
-            r"of 16 up to 128\); CPU tensors run it on the CPU reference")
+            r"of 16 up to 128; H_k != H_v with FLASHSPAN_EXPERIMENTAL=1\); CPU tensors run it on the CPU reference")
     for det in (False, True):
         with pytest.raises(NotImplementedError, match=r"^H_k != H_v" + tail):
             fs.sdpa_fp8_backward(*_small_bwd_args("cuda", Hq=6, Hk=3, Hv=6), use_deterministic_algorithm=det)

@@ -178,11 +178,11 @@ void launch_sdpa_fp8_bwd_prepass(const SdpaFp8BwdParams& p, cudaStream_t stream)
   kern::fp8_bwd_factors_kernel<<<1, 32, 0, stream>>>(p);
   check_launch("sdpa fp8 backward: factors");
   // 2. The bf16 copies the 16-bit kernels read (SdpaBwdParams q, k, v, dout point at them).
-  const int hk = p.num_heads_q / p.group_size;
+  const int hk = p.num_heads_q / p.group_size, hv = p.num_heads_q / p.analytic.score.group_v;
   const int sq = p.analytic.max_q, skv = p.analytic.max_kv;
   const Fp8WidenJobs jobs{{fp8_widen_job(p.q8, p.q, p.batch, p.num_heads_q, sq, p.head_dqk, p.format),
                            fp8_widen_job(p.k8, p.k, p.batch, hk, skv, p.head_dqk, p.format),
-                           fp8_widen_job(p.v8, p.v, p.batch, hk, skv, p.head_dv, p.format),
+                           fp8_widen_job(p.v8, p.v, p.batch, hv, skv, p.head_dv, p.format),
                            fp8_widen_job(p.do8, p.dout, p.batch, p.num_heads_q, sq, p.head_dv, p.do_format)}};
   launch_fp8_widen(jobs, 4, stream);
   if (p.total_q > 0) {

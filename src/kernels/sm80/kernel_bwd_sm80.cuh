@@ -548,12 +548,14 @@ __device__ __forceinline__ void fp8_amax_flush(float* amax, float v, int lane) {
 
 // The FP8 backward's dK / dV of a whole task (dkdv_store_sm80's rows and columns): dK = acc_dk descale_dP
 // descale_q, dV = acc_dv descale_s descale_dO, their amaxes, stored fp8_grad(dX scale_dX) a byte at a time
-// (the outputs' strides are any the validation allows).
+// (the outputs' strides are any the validation allows). store_dk / store_dv: H_k != H_v's passes
+// (SdpaScoreParams::dkdv_role: the dK pass over the K heads stores dK only, the dV pass over the V heads dV).
 template <class T>
 __device__ __forceinline__ void dkdv_store_fp8_sm80(const Fp8BwdSm80& f8, int b, int hkv, int64_t krow,
                                                     DkdvTileSm80 wt, const float (&acc_dk)[T::kKMT][T::kNK][4],
                                                     const float (&acc_dv)[T::kKMT][T::kNV][4], int head_dqk,
-                                                    int head_dv, int lane) {
+                                                    int head_dv, int lane, bool store_dk = true,
+                                                    bool store_dv = true) {
   const SdpaFp8BwdParams& f = f8.f;
   const bool e5 = f.grad_format == 2;
   const float uk = f8.d(kF8dDkUnit), uv = f8.d(kF8dDvUnit), sk = f8.d(kF8dScaleDK), sv = f8.d(kF8dScaleDV);
@@ -571,7 +573,7 @@ __device__ __forceinline__ void dkdv_store_fp8_sm80(const Fp8BwdSm80& f8, int b,
 #pragma unroll
         for (int n = 0; n < T::kNK; ++n) {
           const int col = wt.dk0 + n * 8 + 2 * wt.t;  // col + 1 < head_dqk too (a multiple of 16)
-          if (col < head_dqk) {
+          if (store_dk && col < head_dqk) {
             const float x0 = acc_dk[mi][n][2 * hi] * uk, x1 = acc_dk[mi][n][2 * hi + 1] * uk;
             mk = fmaxf(mk, fmaxf(fabsf(x0), fabsf(x1)));
             uint8_t* dst = dk + int64_t(key) * f.dk8.row_stride + col;
@@ -582,7 +584,7 @@ __device__ __forceinline__ void dkdv_store_fp8_sm80(const Fp8BwdSm80& f8, int b,
 #pragma unroll
         for (int n = 0; n < T::kNV; ++n) {
           const int col = wt.dv0 + n * 8 + 2 * wt.t;
-          if (col < head_dv) {
+          if (store_dv && col < head_dv) {
             const float x0 = acc_dv[mi][n][2 * hi] * uv, x1 = acc_dv[mi][n][2 * hi + 1] * uv;
             mv = fmaxf(mv, fmaxf(fabsf(x0), fabsf(x1)));
             uint8_t* dst = dv + int64_t(key) * f.dv8.row_stride + col;
@@ -1072,8 +1074,10 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
 
   const DkdvTileSm80 wt{km0, dk0, dv0, keys_store, g, t};
   if constexpr (F8::kOn) {
-    // FP8 (one CTA per task, no split schedule): the FP8 dK / dV, then every amax of this CTA.
-    dkdv_store_fp8_sm80<T>(f8, b, hkv, krow, wt, acc_dk, acc_dv, p.head_dqk, p.head_dv, lane);
+    // FP8 (one CTA per task, no split schedule): the FP8 dK / dV (H_k != H_v: the pass's tensor), then every
+    // amax of this CTA (a pass that stores nothing of a tensor adds 0 to its amax).
+    const int role = analytic_of(p).score.dkdv_role;
+    dkdv_store_fp8_sm80<T>(f8, b, hkv, krow, wt, acc_dk, acc_dv, p.head_dqk, p.head_dv, lane, role != 2, role != 1);
     fp8_amax_flush(f8.f.amax[kFp8AmaxDP], amax_dp, lane);
     return;
   }

@@ -73,7 +73,6 @@ void launch_sdpa_fp8_bwd_sm80(const SdpaFp8BwdParams& p_in, const TileSm80& tile
   using namespace kern;
   SdpaFp8BwdParams p = p_in;
   launch_sdpa_fp8_bwd_prepass(p, stream);
-  const int hk = p.num_heads_q / p.group_size;
   const int sq = p.analytic.max_q, skv = p.analytic.max_kv;
   if (p.total_q > 0 && !p.deterministic) {
     check_cuda(cudaMemsetAsync(p.dq_accum, 0,
@@ -93,10 +92,18 @@ void launch_sdpa_fp8_bwd_sm80(const SdpaFp8BwdParams& p_in, const TileSm80& tile
         auto dkdv = sdpa_fp8_bwd_dkdv_kernel_sm80<T>;
         static std::atomic<uint64_t> dkdv_set{0};
         ensure_smem_limit(dkdv, T::kSmemBytes, dkdv_set, "sdpa fp8 backward dK/dV: cudaFuncSetAttribute");
-        const unsigned grid =
-            grid_2d_folded(int64_t(p.batch) * p.analytic.num_k_blocks, hk, "sdpa fp8 backward dK/dV");
-        dkdv<<<grid, T::kThreads, T::kSmemBytes, stream>>>(p);
-        check_launch("sdpa fp8 backward dK/dV (sm80)");
+        // Cells (key block, kv head, sample). H_k != H_v (experimental): a dK pass over the K heads and a dV pass
+        // over the V heads (SdpaScoreParams::dkdv_role, the 16-bit SDPA backward's passes), dQ added in the first.
+        const bool two = p.group_size != p.analytic.score.group_v;
+        for (int role = two ? 1 : 0; role <= (two ? 2 : 0); ++role) {
+          SdpaFp8BwdParams pr = p;
+          pr.analytic.score.dkdv_role = role;
+          const int heads = p.num_heads_q / (role == 2 ? p.analytic.score.group_v : p.group_size);
+          const unsigned grid =
+              grid_2d_folded(int64_t(p.batch) * p.analytic.num_k_blocks, heads, "sdpa fp8 backward dK/dV");
+          dkdv<<<grid, T::kThreads, T::kSmemBytes, stream>>>(pr);
+          check_launch("sdpa fp8 backward dK/dV (sm80)");
+        }
       }
       if (p.deterministic && p.total_q > 0) {
         auto dq = sdpa_fp8_bwd_dq_kernel_sm80<T>;
