@@ -288,8 +288,9 @@ def sdpa_fp8_backward(
         from sm_80 whose shared memory holds the tile: head dims above 64 need an A100 / H100 class GPU, not sm_86 /
         sm_89; on by default since its GPU tests passed on an H200; about 0.22x our bf16 backward's speed on an H200:
         docs/SDPA.md "The FP8 backward on the sm80 kernels"): it raises with ``FLASHSPAN_SDPA_FP8_BWD=0`` (read when
-        an operation is first checked: set it before the first call of a given signature), and for H_k != H_v or
-        head dims that are not multiples of 16 up to 128. CUDA FP8 forwards (which give o and stats) run on an
+        an operation is first checked: set it before the first call of a given signature), for head dims that are
+        not multiples of 16 up to 128, and for H_k != H_v unless ``FLASHSPAN_EXPERIMENTAL=1`` (the sm80 kernels' two
+        dK / dV passes; written, not yet run on a GPU). CUDA FP8 forwards (which give o and stats) run on an
         H100 / H200 (the sm90 kernel) or on every GPU from sm_80 (the sm80 kernels, unless
         ``FLASHSPAN_SDPA_FP8_SM80=0``; :func:`sdpa_fp8`). CPU tensors run every call on the CPU reference.
     """
