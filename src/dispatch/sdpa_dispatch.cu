@@ -37,18 +37,23 @@ sm80::TileSm80 tile_of(const Problem& p) { return sm80::tile_sm80(static_cast<in
 void check_dbias_with_softcap(const Problem& p) {
   if (!p.a.backward || p.fp8 || !p.has(FS_SDPA_DBIAS) || !p.a.softcap) return;
   FS_CHECK_SUPPORTED(sdpa_dbias_softcap_enabled(), "dBias together with softcap: not supported on CUDA tensors yet "
-                     "(the sm90 backward runs it with FLASHSPAN_EXPERIMENTAL=1: written, not yet run on a GPU); CPU "
-                     "tensors run it on the CPU reference");
+                     "(the sm90 backward runs it on an H100 / H200, head dims up to 128, padded tensors, with "
+                     "FLASHSPAN_EXPERIMENTAL=1: written, not yet run on a GPU); CPU tensors run it on the CPU "
+                     "reference");
   if (sdpa_bwd_runs_sm90(p)) return;
+  // Why the sm90 backward does not take the call, in the terms of this pair (sm90_refusal's own words name the
+  // modifiers when their kernels are out of reach).
   const char* r = sdpa_bwd_sm90_refusal(p);
+  const char* why = !sdpa_bwd_sm90_enabled()                   ? "FLASHSPAN_KERNEL_FAMILY=sm80"
+                    : p.Dqk > 128 || p.Dv > 128                ? "head dims above 128"
+                    : !sdpa_bwd_sm90_mods_enabled()            ? "FLASHSPAN_SM90_SDPA_BWD_MODS=0"
+                    : r != nullptr                             ? r
+                                                               : "not an sm_90 device with this build's sm_90a code";
   throw Error(Status::kNotSupported,
               detail::concat("dBias together with softcap: runs on the sm90 backward only (an H100 / H200 with this "
                              "build's sm_90a code; head dims up to 128, padded tensors), which does not take this "
-                             "call on device cuda:", p.device_id, " (",
-                             r != nullptr ? r
-                             : !sdpa_bwd_sm90_enabled() ? "FLASHSPAN_KERNEL_FAMILY=sm80"
-                                                        : "not an sm_90 device with this build's sm_90a code",
-                             "); CPU tensors run it on the CPU reference"));
+                             "call on device cuda:", p.device_id, " (", why, "); CPU tensors run it on the CPU "
+                             "reference"));
 }
 
 }  // namespace

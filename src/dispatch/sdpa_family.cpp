@@ -264,7 +264,7 @@ const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* di
   if (!p.fp8) return "q (not an FP8 call)";
   if (p.a.backward) return "the FP8 backward";
   if (!dims_ok) return dims;
-  if (p.Hk != p.Hv && !sdpa_fp8_hk_ne_hv_enabled()) return "H_k != H_v (with FLASHSPAN_EXPERIMENTAL=1: not yet run on a GPU)";
+  if (p.Hk != p.Hv && !sdpa_fp8_hk_ne_hv_enabled()) return "H_k != H_v (runs with FLASHSPAN_EXPERIMENTAL=1; not yet run on a GPU)";
   for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
                 FS_SDPA_RAGGED_OFFSET_STATS}) {
     if (p.has(s)) return "ragged (packed THD) q, k, v, o or stats";

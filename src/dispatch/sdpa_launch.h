@@ -125,8 +125,8 @@ SdpaBwdParams sdpa_bwd_params_sm90(const sdpa::Problem& p, void* workspace, size
 // (sdpa_check_features_gpu: without the switch, or with sdpa_fp8_fwd_sm90_refusal's answer;
 // sdpa_check_support_gpu: off an sm_90 device with this build's sm_90a code).
 // sdpa_fp8_fwd_sm90_refusal: nullptr when the kernel covers an FP8 call (a forward; each head dim
-// a multiple of 16 up to 128, H_k = H_v, q / k / v / o / stats padded; score_max / score_sum_exp
-// too), else the first thing it does not cover. sdpa_fp8_fwd_params: sdpa_fwd_params
+// a multiple of 16 up to 128, q / k / v / o / stats padded; score_max / score_sum_exp too; H_k != H_v with
+// sdpa_fp8_hk_ne_hv_enabled), else the first thing it does not cover. sdpa_fp8_fwd_params: sdpa_fwd_params
 // plus the FP8 factors (device pointers, or a host scale factor's value), the formats, the amax
 // outputs and the V^T workspace (checked: size and 16-byte alignment).
 bool sdpa_fp8_sm90_enabled();
@@ -141,7 +141,8 @@ SdpaFp8FwdParams sdpa_fp8_fwd_params(const sdpa::Problem& p, void* workspace, si
 // products of an FP8 GEMM at bf16 tensor-core speed. On unless FLASHSPAN_SDPA_FP8_BWD=0 (read by each
 // check_support), and set_sdpa_fp8_bwd_enabled overrides both (tests: 1 on, 0 off, -1 back to the
 // environment's answer). sdpa_fp8_bwd_refusal: nullptr when it covers an FP8 call
-// (a backward; H_k = H_v; each head dim a multiple of 16 up to 128; deterministic or not), else the first
+// (a backward; H_k = H_v, or H_k != H_v with sdpa_fp8_hk_ne_hv_enabled; each head dim a multiple of 16 up to 128;
+// deterministic or not), else the first
 // thing it does not cover. sdpa_fp8_bwd_params: sdpa_bwd_params on the workspace's bf16 copies of
 // q, k, v, dO, plus the FP8 part (SdpaFp8BwdParams; the workspace checked: size and alignment).
 bool sdpa_fp8_bwd_enabled();
@@ -195,8 +196,8 @@ void set_sdpa_fp8_device_attn_scale_enabled(int on);
 // every GPU from sm_80, and on sm_90 the calls the sm90 FP8 forward does not take (its head dims, strides,
 // switch). On unless FLASHSPAN_SDPA_FP8_SM80=0 (read by each check_support), and set_sdpa_fp8_fwd_sm80_enabled
 // overrides both (tests: 1 on, 0 off, -1 the environment's answer).
-// sdpa_fp8_fwd_sm80_refusal: nullptr when it covers an FP8 forward (the sm90 one's options, H_k = H_v, the
-// sm80 forward's head dims), else the first thing it does not cover. The one rule of which FP8 forward
+// sdpa_fp8_fwd_sm80_refusal: nullptr when it covers an FP8 forward (the sm90 one's options, H_k != H_v with
+// sdpa_fp8_hk_ne_hv_enabled, the sm80 forward's head dims), else the first thing it does not cover. The one rule of which FP8 forward
 // runs: sdpa_fp8_fwd_runs_sm90 (enabled, covered, q / k / v strides multiples of 16, an sm_90 device with
 // this build's sm_90a code), else sdpa_fp8_fwd_runs_sm80 (enabled and covered); once an operation's
 // check_support has answered, its Problem::fp8_fwd_family holds the answer and both return it (the workspace

@@ -19,12 +19,10 @@ namespace {
 
 using sdpa::Problem;
 
-// The message of a feature the GPU kernels do not run yet.
-[[noreturn]] void not_native(const char* feature) {
-  throw Error(Status::kNotSupported,
-              detail::concat(feature, ": not supported on CUDA tensors yet (the native SDPA GPU kernels run the pure-mask "
-                                      "configurations: causal, bands, windows, padding, THD, GQA/MQA); CPU tensors run "
-                                      "it on the CPU reference"));
+// The message of a feature the GPU kernels do not run yet, and why / what to do instead.
+[[noreturn]] void not_native(const char* feature, const char* why) {
+  throw Error(Status::kNotSupported, detail::concat(feature, ": not supported on CUDA tensors yet (", why,
+                                                    "); CPU tensors run it on the CPU reference"));
 }
 
 // A feature pair (sdpa_feature_pairs_enabled, sdpa_launch.h): refused only when FLASHSPAN_SDPA_FEATURE_PAIRS=0
@@ -132,8 +130,8 @@ void check_fp8(const Problem& p) {
   // kFp8BwdAttnScale), beside the descales; experimental (sdpa_fp8_device_attn_scale_enabled).
   if (p.has(FS_SDPA_ATTN_SCALE) && p.t(FS_SDPA_ATTN_SCALE).device != DeviceType::kCPU &&
       !sdpa_fp8_device_attn_scale_enabled()) {
-    not_native("attn_scale as a device tensor (pass it as a float or a host tensor; FP8 calls take one with "
-               "FLASHSPAN_EXPERIMENTAL=1, not yet run on a GPU)");
+    not_native("attn_scale as a device tensor", "FP8 calls take one with FLASHSPAN_EXPERIMENTAL=1: written, not yet "
+               "run on a GPU; else pass it as a float or a host tensor");
   }
   constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
   FS_CHECK_SUPPORTED(p.Sq <= kMaxRows && p.Skv <= kMaxRows && p.B <= kMaxRows / std::max<int64_t>(p.Sq, 1),
@@ -162,7 +160,9 @@ void sdpa_check_features_gpu(const Problem& p) {
   // the sm90 backward only (the device rule: sdpa_dispatch.cu check_dbias_with_softcap), and there not with
   // dropout (its softcap factor is formed per element, after which P (dP - D) is gone).
   if (p.has(FS_SDPA_DBIAS) && a.softcap && (p.dropout || a.dropout_mask_form)) {
-    not_native("dBias together with softcap and dropout");
+    not_native("dBias together with softcap and dropout", "the sm90 kernel with dropout forms softcap's factor per "
+               "element, after which dBias's P (dP - D) is gone; without dropout the pair runs on the sm90 backward "
+               "with FLASHSPAN_EXPERIMENTAL=1");
   }
   // softcap, ALiBi and sinks (dSink) run natively (sdpa_score_mod.cuh); max_logit excludes the
   // sink, which the kernels' running max includes: with max_logit the prefill kernels fold the sink
@@ -197,7 +197,8 @@ void sdpa_check_features_gpu(const Problem& p) {
   // would need a read of device memory on the host (the 16-bit kernels take the scale as a float; the FP8
   // ones read it from device memory: check_fp8).
   if (p.has(FS_SDPA_ATTN_SCALE) && p.t(FS_SDPA_ATTN_SCALE).device != DeviceType::kCPU) {
-    not_native("attn_scale as a device tensor (pass it as a float or a host tensor)");
+    not_native("attn_scale as a device tensor", "the 16-bit kernels take the scale as a float: pass it as a float or "
+               "a host tensor; flashspan.sdpa reads a device one on the host");
   }
   FS_CHECK_SUPPORTED(p.dtype == DType::kFloat16 || p.dtype == DType::kBFloat16,
                      "q: the GPU kernels take float16 or bfloat16, got ", dtype_name(p.dtype));

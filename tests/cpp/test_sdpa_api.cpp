@@ -450,7 +450,7 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
   EXPECT_EQ(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_logit_max(row_stat).set_score_sum_exp(row_stat); }), "");
   const TensorDesc scale(nullptr, kFloat32, cuda(), {1});
   EXPECT_TRUE(starts(cuda_fwd_refusal([&](SdpaAttributes& a) { a.set_attn_scale(scale); }),
-                     "attn_scale as a device tensor (pass it as a float or a host tensor)" + tail));
+                     "attn_scale as a device tensor" + tail + " (the 16-bit kernels take the scale as a float"));
   // Paged K/V: containers [blocks, H, block, D] with page tables (and the padding mask).
   {
     TensorDesc q(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), kc(nullptr, kBFloat16, cuda(), {4, Hk, 4, 64}),
@@ -505,8 +505,8 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
           ADD_FAILURE() << "dBias with softcap accepted on CUDA tensors without FLASHSPAN_EXPERIMENTAL=1";
         } catch (const Exception& e) {
           EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
-          EXPECT_TRUE(starts(e.what(), "dBias together with softcap" + tail + " (the sm90 backward runs it with "
-                                       "FLASHSPAN_EXPERIMENTAL=1"))
+          EXPECT_TRUE(starts(e.what(), "dBias together with softcap" + tail + " (the sm90 backward runs it on an "
+                                       "H100 / H200, head dims up to 128, padded tensors, with FLASHSPAN_EXPERIMENTAL=1"))
               << e.what();
         }
       });

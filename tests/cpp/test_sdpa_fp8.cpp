@@ -861,7 +861,7 @@ TEST(SdpaFp8, ForwardOnSm80Rule) {
     const Fp8HkNeHvSwitch off(0);
     for (int sm90 : {1, 0}) {
       const Fp8ForwardSwitch sw(sm90);
-      EXPECT_STARTS(host_rules_error(hkv), "H_k != H_v (with FLASHSPAN_EXPERIMENTAL=1: not yet run on a GPU): not "
+      EXPECT_STARTS(host_rules_error(hkv), "H_k != H_v (runs with FLASHSPAN_EXPERIMENTAL=1; not yet run on a GPU): not "
                                            "supported with FP8 inputs on CUDA tensors yet");
       EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm80(hkv.problem()));
       EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm90(hkv.problem()));

@@ -221,7 +221,8 @@ def test_cuda_dbias_with_softcap_runs_on_sm90_only(fs, monkeypatch):
         a.set("softcap", 5.0)
 
     with pytest.raises(NotImplementedError, match=r"^dBias together with softcap: not supported on CUDA tensors yet "
-                                                  r"\(the sm90 backward runs it with FLASHSPAN_EXPERIMENTAL=1"):
+                                                  r"\(the sm90 backward runs it on an H100 / H200, head dims up to 128, "
+                                                  r"padded tensors, with FLASHSPAN_EXPERIMENTAL=1"):
         _cuda_op(L, lib, "bwd", both)
     monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
     sm90_only = r"^dBias together with softcap: runs on the sm90 backward only"

@@ -47,7 +47,8 @@ void launch_sdpa_fp8_fwd_sm80(const SdpaFp8FwdSm80Params& p_in, const TileSm80& 
   SdpaFp8FwdSm80Params p = p_in;
   FS_CHECK((p.fp8.format == 1 || p.fp8.format == 2) && (p.fp8.o_format >= 0 && p.fp8.o_format <= 2) &&
                p.fp8.amax_s != nullptr && p.fp8.amax_o != nullptr &&
-               p.analytic.score.group_v > 0 && p.analytic.start[kSdpaO].ragged.ptr == nullptr,
+               p.analytic.score.group_v > 0 && p.num_heads_q % p.analytic.score.group_v == 0 &&
+               p.analytic.start[kSdpaO].ragged.ptr == nullptr,
            Status::kInternal, "sdpa fp8 forward (sm80): parameters outside what it runs (formats, amaxes, workspace, "
            "a padded o)");
   // The amaxes are maxima of non-negative values reduced with atomics: zero first.

@@ -217,9 +217,11 @@ void launch_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p_in, const TensorView& q,
   }
   const AnalyticMaskParams& a = p.analytic;
   FS_CHECK(a.dropout.mode == 0 && a.dropout.rng_dump == nullptr && a.score.group_v > 0 &&
+               p.num_heads_q % a.score.group_v == 0 && v.ndim == 4 && v.shape[1] == p.num_heads_q / a.score.group_v &&
                a.score.softcap2 == 0.0f && a.score.alibi_n == 0 && a.score.sink == nullptr && a.bias.bias == nullptr &&
                a.epi.gate == nullptr,
-           Status::kInternal, "sdpa fp8 forward (sm90): dropout or a score modifier reached the launcher");
+           Status::kInternal, "sdpa fp8 forward (sm90): dropout, a score modifier or V's head count (H_q / group_v) "
+           "outside what it runs reached the launcher");
   check_fp8_aligned(q, "q");
   check_fp8_aligned(k, "k");
   check_fp8_aligned(v, "v");

@@ -59,8 +59,9 @@ int64_t sdpa_fwd_drop_launches();
 // sdpa_fp8_sm90_enabled; kernel_fwd_sm90.cuh sdpa_fp8_fwd_kernel_sm90): p an SdpaFwdParams as
 // sdpa_fwd_params fills it (padded [B, H, S, D] tensors, each head dim a multiple of 16 up to 128:
 // tile_sm90.h sdpa_fp8_fwd_runs_head_dims_sm90; the pure-mask features: causal / bands, padding
-// lengths, GQA / MQA with H_k = H_v, the block_mask, stats, max_logit, score_max / score_sum_exp)
-// plus p.fp8 (q's and o's formats, the six factors, the two amaxes, the V^T workspace of
+// lengths, GQA / MQA, H_k != H_v (V by h / group_v), the block_mask, stats, max_logit, score_max /
+// score_sum_exp) plus p.fp8 (q's and o's formats, the six factors and attn_scale, the two amaxes, the V^T
+// workspace of
 // fp8_vt_bytes_sm90(B, H_v, D_v, S_kv) bytes, 16-byte aligned); q, k, v the FP8 [B, H, S, D]
 // descriptors (16-byte aligned data, strides multiples of 16 elements). Zeroes amax_s / amax_o (and resets max_logit), writes V^T (the
 // pre-pass), then runs the persistent FP8 kernel over (query block, query head, sample): O in the
