@@ -85,8 +85,8 @@ Switch g_sdpa_fp8_bwd_sm90{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8_BW
 // dBias together with softcap on the sm90 backward (sdpa_dispatch.cu check_dbias_with_softcap): experimental,
 // not yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1).
 Switch g_sdpa_dbias_softcap{experimental_from_env};
-// H_k != H_v in FP8 calls (fp8_fwd_refusal: both forwards; sdpa_fp8_bwd_refusal: the sm80 FP8 backward's two
-// dK / dV passes): experimental, not yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1).
+// H_k != H_v in FP8 calls (fp8_fwd_refusal: both forwards; sdpa_fp8_bwd_refusal: both FP8 backwards):
+// experimental, not yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1).
 Switch g_sdpa_fp8_hk_ne_hv{experimental_from_env};
 // attn_scale as a device tensor in FP8 calls (check_fp8, sdpa_support.cpp): experimental, not yet run on a GPU.
 Switch g_sdpa_fp8_device_attn_scale{experimental_from_env};
@@ -239,13 +239,15 @@ const char* sdpa_fp8_bwd_refusal(const sdpa::Problem& p) {
   return nullptr;
 }
 
-// The sm90 one takes every call the rule above takes with H_k = H_v (its (64, 64) / (128, 128) kernels cover head
-// dims that are multiples of 16 up to 128), on an sm_90 device with this build's sm_90a code; H_k != H_v the sm80
-// one.
+// The sm90 one takes every call the rule above takes (its (64, 64) / (128, 128) kernels cover head dims that are
+// multiples of 16 up to 128; H_k != H_v when one of the groups H_q / H_k, H_q / H_v is a multiple of the other,
+// the 16-bit sm90 backward's items: tile_sm90.h sdpa_bwd_heads_run_sm90), on an sm_90 device with this build's
+// sm_90a code; other H_k != H_v the sm80 one.
 bool sdpa_fp8_bwd_runs_sm90(const sdpa::Problem& p) {
   if (p.fp8_bwd_family != 0) return p.fp8_bwd_family == 90;  // the operation's check_support chose
   if (p.device != DeviceType::kCUDA || !p.fp8 || !p.a.backward || !sdpa_fp8_bwd_enabled() ||
-      !sdpa_fp8_bwd_sm90_enabled() || sdpa_fp8_bwd_refusal(p) != nullptr || p.Hk != p.Hv) {
+      !sdpa_fp8_bwd_sm90_enabled() || sdpa_fp8_bwd_refusal(p) != nullptr ||
+      !sm90::sdpa_bwd_heads_run_sm90(static_cast<int>(p.Hq / p.Hk), static_cast<int>(p.Hq / p.Hv))) {
     return false;
   }
   return on_sm90_device(p);

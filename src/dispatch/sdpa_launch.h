@@ -177,8 +177,9 @@ bool sdpa_dbias_softcap_enabled();
 void set_sdpa_dbias_softcap_enabled(int on);
 
 // H_k != H_v in FP8 calls: the FP8 forwards (V addressed by h / group_v, the sm90 one's V^T workspace and the sm80
-// one's bf16 copy of V with H_v heads) and the FP8 backward on the sm80 kernels (a dK pass over the K heads and a
-// dV pass over the V heads; the sm90 FP8 backward keeps H_k = H_v): experimental, not yet run on a GPU: on with
+// one's bf16 copy of V with H_v heads) and the FP8 backwards (the sm80 one: a dK pass over the K heads and a dV pass
+// over the V heads; the sm90 one, where one group is a multiple of the other: the 16-bit sm90 backward's items and
+// slots, its store pass summing each head's): experimental, not yet run on a GPU: on with
 // FLASHSPAN_EXPERIMENTAL=1 (read by each check), set_sdpa_fp8_hk_ne_hv_enabled overrides it (tests: 1 on, 0 off,
 // -1 the environment's answer); off, the FP8 rules refuse H_k != H_v.
 bool sdpa_fp8_hk_ne_hv_enabled();

@@ -653,7 +653,7 @@ TEST(SdpaFp8, BackwardOnCudaRefusalRule) {
     }
   }
   // H_k != H_v: refused with its experimental switch off (the default without FLASHSPAN_EXPERIMENTAL=1), taken with
-  // it on (the sm80 FP8 backward's two passes; never the sm90 one's).
+  // it on (the sm90 FP8 backward's items where one group is a multiple of the other, else the sm80 one's passes).
   const Fp8HkNeHvSwitch hk_ne_hv_off(0);
   for (bool deterministic : {false, true}) {
     CudaCall c;
@@ -663,7 +663,6 @@ TEST(SdpaFp8, BackwardOnCudaRefusalRule) {
     {
       const Fp8HkNeHvSwitch on(1);
       EXPECT_EQ(bwd_refusal(c), "");
-      EXPECT_FALSE(flashspan::sdpa_fp8_bwd_runs_sm90(c.problem()));
     }
     c.Hk = 4;
     c.Hv = 1;
@@ -890,6 +889,7 @@ TEST(SdpaFp8, BackwardOnSm90Rule) {
     }
     CudaCall hkv = c;
     hkv.Hv = 4;
+    const Fp8HkNeHvSwitch hk_ne_hv_off(0);  // (experimental)
     EXPECT_FALSE(flashspan::sdpa_fp8_bwd_runs_sm90(hkv.problem()));  // (H_k != H_v: refused, or the sm80 one's)
     CudaCall big = c;
     big.D = big.Dv = 144;

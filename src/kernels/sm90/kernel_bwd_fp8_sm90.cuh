@@ -252,17 +252,20 @@ __global__ void __launch_bounds__(256) sdpa_fp8_bwd_dq_store_kernel_sm90(const S
 #endif
 }
 
-// dK and dV of the FP8 backward from the work items' slots (Fp8SourceBwdSm90::next_item; H_k = H_v, so
-// an item is the whole task of (key block, kv head, sample) and its slot (AnalyticBwdGrid::slot) holds
-// that cell's fp32 sums, [bk, kD] each, bk = p.view.block_k): dK = acc kF8dDkUnit, dV = acc
-// kF8dDvUnit, their amaxes, stored fp8_grad(dX scale_dX) at each row below S_kv (0 past a sample: the
-// slots hold 0 there) and the call's head_dqk / head_dv columns. One warp per (key row, head) of dK,
-// then of dV, grid-stride over the B S_kv 2 H_k units.
+// dK and dV of the FP8 backward from the work items' slots (Fp8SourceBwdSm90::next_item: every item's fp32
+// sums, [bk, kD] each, bk = p.view.block_k, in its slot, AnalyticBwdGrid::slot): the rows of K head hk are the
+// sum of the slots of item heads hk r .. hk r + r - 1 (r = group_size / item_group), those of V head hv of
+// hv r' .. (r' = group_v / item_group), added in that order (the first slot, then the others: a fixed order,
+// as sdpa_bwd_dkdv_sum_kernel_sm90's; H_k = H_v: r = r' = 1, an item is its cell's whole task); dK = sum kF8dDkUnit, dV = sum kF8dDvUnit, their
+// amaxes, stored fp8_grad(dX scale_dX) at each row below S_kv (0 past a sample: the slots hold 0 there) and the
+// call's head_dqk / head_dv columns. One warp per (key row, head) of dK, then of dV, grid-stride over the
+// B S_kv (H_k + H_v) units. (H_k != H_v: experimental, not yet run on a GPU.)
 template <int kD>
 __global__ void __launch_bounds__(256) sdpa_fp8_bwd_dkdv_store_kernel_sm90(const SdpaFp8BwdParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   const AnalyticMaskParams& a = p.analytic;
   const kern::AnalyticBwdGrid grid = AnalyticItemsBwdSm90::grid(p);
+  const int g = AnalyticItemsBwdSm90::item_group(p);
   const int heads_k = p.num_heads_q / p.group_size;
   const int bk = p.view.block_k;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -271,14 +274,15 @@ __global__ void __launch_bounds__(256) sdpa_fp8_bwd_dkdv_store_kernel_sm90(const
   const float sk = __ldg(p.derived + kF8dScaleDK), sv = __ldg(p.derived + kF8dScaleDV);
   float mk = 0.0f, mv = 0.0f;
   const int64_t rows = int64_t(p.batch) * a.max_kv;
-  const int64_t units = rows * 2 * heads_k;
+  const int64_t units = rows * (heads_k + p.num_heads_q / a.score.group_v);
   for (int64_t w = int64_t(blockIdx.x) * 8 + warp; w < units; w += int64_t(gridDim.x) * 8) {
     const int64_t hh = w / rows, t = w - hh * rows;
     const bool is_v = hh >= heads_k;
     const int h = int(is_v ? hh - heads_k : hh);
     const int b = int(t / a.max_kv), s = int(t - int64_t(b) * a.max_kv);
     const int kb = s / bk, r = s - kb * bk;
-    const float* acc = (is_v ? p.split.dv_accum : p.split.dk_accum) + (grid.slot(kb, h, b) * bk + r) * kD;
+    const int ratio = (is_v ? a.score.group_v : p.group_size) / g;
+    const float* accum = is_v ? p.split.dv_accum : p.split.dk_accum;
     const SdpaFp8Tensor& o = is_v ? p.dv8 : p.dk8;
     uint8_t* dst = static_cast<uint8_t*>(o.data) + int64_t(b) * o.batch_stride + int64_t(h) * o.head_stride +
                    int64_t(s) * o.row_stride;
@@ -286,7 +290,13 @@ __global__ void __launch_bounds__(256) sdpa_fp8_bwd_dkdv_store_kernel_sm90(const
     const float unit = is_v ? uv : uk, sc = is_v ? sv : sk;
     float& m = is_v ? mv : mk;
     for (int c = 2 * lane; c < cols; c += 64) {
-      const float2 x = *reinterpret_cast<const float2*>(acc + c);
+      // The first slot, then the others added in order (H_k = H_v: the one slot as it is, -0 included).
+      float2 x = *reinterpret_cast<const float2*>(accum + (grid.slot(kb, h * ratio, b) * bk + r) * kD + c);
+      for (int u = h * ratio + 1; u < (h + 1) * ratio; ++u) {
+        const float2 y = *reinterpret_cast<const float2*>(accum + (grid.slot(kb, u, b) * bk + r) * kD + c);
+        x.x += y.x;
+        x.y += y.y;
+      }
       fp8_bwd_store2_sm90(dst + c, x.x * unit, x.y * unit, sc, e5, m);
     }
   }

@@ -42,7 +42,8 @@ template <int kD, int kFormats, bool kStore>
 void run_fp8_bwd(const SdpaFp8BwdParams& p, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
                  const CUtensorMap& mdo, cudaStream_t s) {
   using L = kern90::BwdSm90Layout<kD>;
-  const int64_t items = int64_t(p.analytic.num_k_blocks) * (p.num_heads_q / p.group_size) * p.batch;
+  const int item_heads = sdpa_bwd_item_heads_sm90(p.num_heads_q, p.group_size, p.analytic.score.group_v);
+  const int64_t items = int64_t(p.analytic.num_k_blocks) * item_heads * p.batch;
   if (items > 0) {
     auto kernel = kern90::sdpa_fp8_bwd_kernel_sm90<kD, kFormats, kStore>;
     static std::atomic<uint64_t> smem_set{0};
@@ -57,7 +58,8 @@ void run_fp8_bwd(const SdpaFp8BwdParams& p, const CUtensorMap& mq, const CUtenso
         <<<grid_stride_1d(int64_t(p.num_heads_q) * p.total_q, 8), 256, 0, s>>>(p);
     check_launch("sdpa fp8 backward dQ (sm90)");
   }
-  const int64_t units = int64_t(p.batch) * p.analytic.max_kv * 2 * (p.num_heads_q / p.group_size);
+  const int64_t units = int64_t(p.batch) * p.analytic.max_kv *
+                        (p.num_heads_q / p.group_size + p.num_heads_q / p.analytic.score.group_v);
   if (!kStore && units > 0) {
     kern90::sdpa_fp8_bwd_dkdv_store_kernel_sm90<kD><<<grid_stride_1d(units, 8), 256, 0, s>>>(p);
     check_launch("sdpa fp8 backward dK / dV (sm90)");
@@ -73,9 +75,13 @@ bool sdpa_fp8_bwd_sm90_store_enabled() { return g_store.on(); }
 
 void launch_sdpa_fp8_bwd_sm90(const SdpaFp8BwdParams& p_in, cudaStream_t stream) {
   SdpaFp8BwdParams p = p_in;
-  const int hk = p.num_heads_q / p.group_size;
+  const int hk = p.num_heads_q / p.group_size, hv = p.num_heads_q / p.analytic.score.group_v;
+  // H_k != H_v (experimental, not yet run on a GPU): the 16-bit SDPA backward's items (the query heads sharing one
+  // K and one V head: one of the groups a multiple of the other), every item's dK / dV into its slot, and the
+  // store pass summing each head's slots (sdpa_fp8_bwd_dkdv_store_kernel_sm90).
+  const bool hk_ne_hv = p.analytic.score.group_v != p.group_size;
   FS_CHECK(p.head_dqk % 16 == 0 && p.head_dv % 16 == 0 && p.head_dqk <= 128 && p.head_dv <= 128 &&
-               p.analytic.score.group_v == p.group_size && p.split_schedule == 0 &&
+               sdpa_bwd_heads_run_sm90(p.group_size, p.analytic.score.group_v) && p.split_schedule == 0 &&
                (p.total_q == 0 || (p.dq_accum != nullptr && (!p.deterministic || p.dq_sem != nullptr))),
            Status::kInternal, "sdpa fp8 backward (sm90): unsupported configuration reached the launcher (D ",
            p.head_dqk, "/", p.head_dv, ")");
@@ -90,17 +96,18 @@ void launch_sdpa_fp8_bwd_sm90(const SdpaFp8BwdParams& p_in, cudaStream_t stream)
   g_launches.fetch_add(1, std::memory_order_relaxed);
   // Factors, amaxes zeroed, the bf16 copies, D and lse2 (the sm80 FP8 backward's pre-pass).
   launch_sdpa_fp8_bwd_prepass(p, stream);
-  // The grid fields, the dQ tiles (and counters) and every item's dK / dV slot cleared (one item a slot: H_k = H_v),
-  // as the 16-bit launcher's.
-  const bool store = sdpa_fp8_bwd_sm90_store_enabled();
-  prepare_sdpa_bwd_sm90(p, kBq, kBk, kd, kd, hk, /*slots=*/!store, stream);
+  // The grid fields, the dQ tiles (and counters) and every item's dK / dV slot cleared (one item a slot), as the
+  // 16-bit launcher's. The in-kernel store (experimental) takes H_k = H_v only (an item is then its cell's task).
+  const bool store = sdpa_fp8_bwd_sm90_store_enabled() && !hk_ne_hv;
+  prepare_sdpa_bwd_sm90(p, kBq, kBk, kd, kd, sdpa_bwd_item_heads_sm90(p.num_heads_q, p.group_size, p.analytic.score.group_v),
+                        /*slots=*/!store, stream);
   const int64_t sq = p.analytic.max_q, skv = p.analytic.max_kv;
   const CUtensorMap mq =
       make_tensor_map_sm90(copy_view(p.q, p.batch, p.num_heads_q, sq, p.head_dqk), false, DType::kBFloat16, kBq, "q");
   const CUtensorMap mk = make_tensor_map_sm90(copy_view(p.k, p.batch, hk, skv, p.head_dqk), false, DType::kBFloat16,
                                               kBk, "k");
   const CUtensorMap mv =
-      make_tensor_map_sm90(copy_view(p.v, p.batch, hk, skv, p.head_dv), false, DType::kBFloat16, kBk, "v");
+      make_tensor_map_sm90(copy_view(p.v, p.batch, hv, skv, p.head_dv), false, DType::kBFloat16, kBk, "v");
   const CUtensorMap mdo = make_tensor_map_sm90(copy_view(p.dout, p.batch, p.num_heads_q, sq, p.head_dv), false,
                                                DType::kBFloat16, kBq, "dout");
   // One instantiation per kernel head dim and pair of formats (q's, dO's).
