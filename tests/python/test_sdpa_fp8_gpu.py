@@ -257,7 +257,7 @@ def _bwd_model(q, k, v, o, dO, stats, s: dict, attn_scale: float, causal: bool, 
     fp32 values. Returns dq, dk, dv (real) and a_dq, a_dk, a_dv (their bounds before the output rounding), amax_dp
     and [amax_dp_lo, amax_dp_hi]."""
     B, H, Sq, Dqk = q.shape
-    Hk, Skv, Dv = k.shape[1], k.shape[2], v.shape[3]
+    Hk, Hv, Skv, Dv = k.shape[1], v.shape[1], k.shape[2], v.shape[3]
     vis = ref.visibility(B, H, Sq, Skv, causal)
     kh, vh = _heads(k, H), _heads(v, H)
     c_s = attn_scale * s["descale_q"] * s["descale_k"]
@@ -284,16 +284,16 @@ def _bwd_model(q, k, v, o, dO, stats, s: dict, attn_scale: float, causal: bool, 
     dp8, span_dp = ref.quantize(pv, do_fmt), _span(pv, epv, do_fmt)
     u_dq, u_dk, u_dv = (s["descale_dP"] * s["descale_k"], s["descale_dP"] * s["descale_q"],
                         s["descale_s"] * s["descale_dO"])
-    G = H // Hk
+    G, Gv = H // Hk, H // Hv
     out["dq"] = u_dq * (dp8 @ kh)
     out["a_dq"] = abs(u_dq) * (span_dp @ kh.abs() + _gamma(Skv) * (dp8.abs() @ kh.abs()))
     t = lambda m: m.transpose(-1, -2)  # noqa: E731
     out["dk"] = u_dk * _group_sum(t(dp8) @ q, Hk)
     out["a_dk"] = abs(u_dk) * (_group_sum(t(span_dp) @ q.abs(), Hk) +
                                _gamma(G * Sq) * _group_sum(t(dp8.abs()) @ q.abs(), Hk))
-    out["dv"] = u_dv * _group_sum(t(s8) @ dO, Hk)
-    out["a_dv"] = abs(u_dv) * (_group_sum(t(span_s) @ dO.abs(), Hk) +
-                               _gamma(G * Sq) * _group_sum(t(s8.abs()) @ dO.abs(), Hk))
+    out["dv"] = u_dv * _group_sum(t(s8) @ dO, Hv)
+    out["a_dv"] = abs(u_dv) * (_group_sum(t(span_s) @ dO.abs(), Hv) +
+                               _gamma(Gv * Sq) * _group_sum(t(s8.abs()) @ dO.abs(), Hv))
     return out
 
 
@@ -306,8 +306,9 @@ def _recipe_scale(fmax: float, amax: float, recipe: int, over: float) -> float:
     return _f32(2.0 ** math.floor(math.log2(x)) if recipe == 0 else 0.7 * x if recipe == 1 else over * x)
 
 
-def _bwd_case(seed: int, max_s: int = 300) -> dict:
-    """Random FP8 backward: GQA (H_k = H_v dividing H_q), S_q and S_kv in 1..max_s, head dims multiples of 16 up to
+def _bwd_case(seed: int, max_s: int = 300, heads=None) -> dict:
+    """Random FP8 backward: GQA (H_k = H_v dividing H_q; heads = (H_q, H_k, H_v) instead: H_k != H_v too), S_q and
+    S_kv in 1..max_s, head dims multiples of 16 up to
     128, causal or no mask, E4M3 inputs (E5M2 every fifth seed) with both dO / gradient formats, factors powers of two
     or not; o and stats from the oracle's forward (sdpa_fp8_ref.forward); scale_dP and scale_dQ / dK / dV from the
     model's amaxes by a recipe."""
@@ -319,6 +320,9 @@ def _bwd_case(seed: int, max_s: int = 300) -> dict:
     grad_fmt = (E4M3, E5M2)[(seed // 2) % 2]
     B, Hq = rng.randint(1, 2), rng.choice([1, 2, 4, 8])
     Hk = rng.choice([h for h in (1, 2, 4, 8) if Hq % h == 0])
+    Hv = Hk
+    if heads is not None:
+        Hq, Hk, Hv = heads
     Sq, Skv = rng.randint(1, max_s), rng.randint(1, max_s)
     D, Dv = rng.choice([(64, 64), (128, 128), (32, 64), (128, 64), (16, 16), (48, 112)])
     causal = (seed // 4) % 2 == 1
@@ -331,7 +335,7 @@ def _bwd_case(seed: int, max_s: int = 300) -> dict:
 
     q = _randn((B, Hq, Sq, D), fmt, gen, FP8_MAX[fmt] / 8)
     k = _randn((B, Hk, Skv, D), fmt, gen, FP8_MAX[fmt] / 8)
-    v = _randn((B, Hk, Skv, Dv), fmt, gen, FP8_MAX[fmt] / 8)
+    v = _randn((B, Hv, Skv, Dv), fmt, gen, FP8_MAX[fmt] / 8)
     dO = _randn((B, Hq, Sq, Dv), do_fmt, gen, FP8_MAX[do_fmt] / 8)
     scale_s = _f32(FP8_MAX[fmt] * rng.choice([1.0, 0.75, 0.5]))
     scale_o = _f32(FP8_MAX[o_fmt] / 8 * rng.choice([1.0, 0.9]))
@@ -556,6 +560,52 @@ def test_gpu_fp8_forward_takes_a_device_attn_scale(fs):
             assert torch.equal(got[n].view(torch.uint8), want[n].view(torch.uint8)), n
     other = _run(fs, dict(c, attn_scale=torch.tensor([2 * c["attn_scale"]], device="cuda")), "cuda")
     assert not torch.equal(other["stats"], want["stats"])
+
+
+HK_NE_HV = [(4, 2, 4), (4, 4, 2), (8, 1, 4), (6, 3, 1), (8, 2, 8), (4, 1, 2)]
+
+
+@sm80
+@pytest.mark.parametrize("seed", range(6))
+def test_gpu_fp8_forward_hk_ne_hv_experimental(fs, monkeypatch, seed):
+    """H_k != H_v on the FP8 forwards (experimental: FLASHSPAN_EXPERIMENTAL=1, set before each signature's first call;
+    written without a GPU, not yet run on one): the sm90 FP8 forward on an H100 / H200, the sm80 one elsewhere (and
+    with FLASHSPAN_SM90_SDPA_FP8=0 on odd seeds), against the same call on CPU copies."""
+    monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
+    if seed % 2 or not _sm90():
+        monkeypatch.setenv("FLASHSPAN_SM90_SDPA_FP8", "0")
+    c = _case(300 + seed, dims=[(64, 64), (128, 128), (48, 80)][seed % 3])
+    Hq, Hk, Hv = HK_NE_HV[seed]
+    gen = torch.Generator().manual_seed(300 + seed)
+    B, Sq, D = c["q"].shape[0], c["q"].shape[2], c["q"].shape[3]
+    Skv, Dv = c["k"].shape[2], c["v"].shape[3]
+    c["q"] = _randn((B, Hq, Sq, D), c["fmt"], gen, 1.0)
+    c["k"] = _randn((B, Hk, Skv, D), c["fmt"], gen, 1.0)
+    c["v"] = _randn((B, Hv, Skv, Dv), c["fmt"], gen, 1.0)
+    _check_forward(fs, c)
+
+
+@sm80
+@pytest.mark.usefixtures("poison_uninitialized")
+@pytest.mark.parametrize("seed", range(6))
+def test_gpu_fp8_backward_hk_ne_hv_experimental(fs, monkeypatch, seed):
+    """H_k != H_v on the FP8 backward (experimental: FLASHSPAN_EXPERIMENTAL=1; written without a GPU, not yet run on
+    one): the sm80 kernels' two dK / dV passes, and on an H100 / H200 the sm90 kernel's items (odd seeds: the sm90
+    one off), against the float64 model and the CPU reference."""
+    monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
+    if seed % 2:
+        monkeypatch.setenv("FLASHSPAN_SM90_SDPA_FP8_BWD", "0")
+    c = _bwd_case(400 + seed, max_s=200, heads=HK_NE_HV[seed])
+    _check_bwd(_run_bwd(fs, c, "cuda"), c, "GPU")
+    _check_bwd(_run_bwd(fs, c, "cpu"), c, "CPU reference")
+
+
+def test_bwd_model_hk_ne_hv_matches_the_cpu_reference(fs):
+    """The float64 model with H_k != H_v (dV summed over each V head's query heads) against the CPU reference, on the
+    shapes of the GPU test above (no GPU needed)."""
+    for seed in range(3):
+        c = _bwd_case(400 + seed, max_s=60, heads=HK_NE_HV[seed])
+        _check_bwd(_run_bwd(fs, c, "cpu"), c, "CPU reference")
 
 
 def test_bwd_model_matches_the_cpu_reference(fs):

@@ -647,8 +647,24 @@ def test_gpu_native_paged(fs, native, seed):
 def test_gpu_native_bias(fs, native, seed):
     """The additive bias on the native route against the CPU reference on the same inputs: every broadcast form of
     (1|B, 1|H_q, 1|S_q, 1|S_kv), float32 or q's dtype, a non-contiguous (sliced) bias, dBias through autograd (reduced
-    over the broadcast dims; not with softcap, which the GPU refuses for dBias), with causal / padding / ALiBi /
-    sinks / GQA drawn at random; bf16 / fp16."""
+    over the broadcast dims; not with softcap, which the GPU refuses for dBias by default), with causal / padding /
+    ALiBi / sinks / GQA drawn at random; bf16 / fp16."""
+    _check_native_bias(fs, seed)
+
+
+@pytest.mark.skipif(not (cuda_ready() and torch.cuda.get_device_capability(0) == (9, 0)),
+                    reason="dBias with softcap runs on the sm90 backward only (H100 / H200)")
+@pytest.mark.parametrize("seed", range(8))
+def test_gpu_native_dbias_with_softcap_experimental(fs, native, monkeypatch, seed):
+    """dBias together with softcap on the sm90 backward (experimental: FLASHSPAN_EXPERIMENTAL=1, set before each
+    signature's first call; written without a GPU, not yet run on one): test_gpu_native_bias's cases with softcap 2-30
+    and the backward always, head dims up to 128."""
+    monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
+    _check_native_bias(fs, 1350 + seed, softcap=[2.0, 5.0, 12.0, 30.0][seed % 4])
+
+
+def _check_native_bias(fs, seed, softcap=None):
+    """test_gpu_native_bias's case `seed`; softcap: that softcap with the backward always (dBias with softcap)."""
     from criteria import check_reduced_grad, check_stat, check_tensor, grad_floor
 
     rng = random.Random(1300 + seed)
@@ -675,6 +691,9 @@ def test_gpu_native_bias(fs, native, seed):
             kw["use_alibi_mask"] = True
     if not backward and rng.random() < 0.4:
         kw["softcap"] = 5.0
+    if softcap is not None:  # (after every draw of the plain cases: their inputs stay as they were)
+        backward = True
+        kw["softcap"] = softcap
     scale = rng.choice([1.0, 2.0]) / math.sqrt(D)
     sinks = torch.randn(Hq, generator=g) if rng.random() < 0.3 else None
     lens = _random_lens(rng, g, B, Sq, Skv)
