@@ -90,6 +90,8 @@ Switch g_sdpa_dbias_softcap{experimental_from_env};
 Switch g_sdpa_fp8_hk_ne_hv{experimental_from_env};
 // attn_scale as a device tensor in FP8 calls (check_fp8, sdpa_support.cpp): experimental, not yet run on a GPU.
 Switch g_sdpa_fp8_device_attn_scale{experimental_from_env};
+// Packed (THD) tensors in the sm80 FP8 forward (fp8_fwd_refusal): experimental, not yet run on a GPU.
+Switch g_sdpa_fp8_thd{experimental_from_env};
 }  // namespace
 
 namespace {
@@ -218,6 +220,8 @@ bool sdpa_fp8_bwd_sm90_enabled() { return g_sdpa_fp8_bwd_sm90.on(); }
 void set_sdpa_dbias_softcap_enabled(int on) { g_sdpa_dbias_softcap.set(on); }
 void set_sdpa_fp8_hk_ne_hv_enabled(int on) { g_sdpa_fp8_hk_ne_hv.set(on); }
 void set_sdpa_fp8_device_attn_scale_enabled(int on) { g_sdpa_fp8_device_attn_scale.set(on); }
+void set_sdpa_fp8_thd_enabled(int on) { g_sdpa_fp8_thd.set(on); }
+bool sdpa_fp8_thd_enabled() { return g_sdpa_fp8_thd.on(); }
 bool sdpa_fp8_device_attn_scale_enabled() { return g_sdpa_fp8_device_attn_scale.on(); }
 bool sdpa_fp8_hk_ne_hv_enabled() { return g_sdpa_fp8_hk_ne_hv.on(); }
 bool sdpa_dbias_softcap_enabled() { return g_sdpa_dbias_softcap.on(); }
@@ -257,11 +261,12 @@ bool sdpa_fp8_bwd_runs_sm90(const sdpa::Problem& p) {
 // sm90_refusal's. The FP8 validation (core/sdpa_problem.cpp) has already refused every option
 // outside the seed's FP8 subset.
 namespace {
-// What both FP8 forwards take besides their head dims (dims_ok; `dims`: the refusal's words otherwise):
+// What both FP8 forwards take besides their head dims (dims_ok; `dims`: the refusal's words otherwise) and packed
+// (THD) tensors (ragged_ok: the sm80 one with sdpa_fp8_thd_enabled, experimental; never the sm90 one's TMA):
 // padded q, k, v, o, the causal and padding masks, the statistics outputs; MHA / GQA / MQA, H_k != H_v too (V
 // addressed by h / group_v: the sm90 one's V^T workspace has H_v heads, the sm80 one's bf16 copy of V too;
 // experimental, not yet run on a GPU: sdpa_fp8_hk_ne_hv_enabled).
-const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* dims) {
+const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* dims, bool ragged_ok) {
   using namespace sdpa;
   if (!p.fp8) return "q (not an FP8 call)";
   if (p.a.backward) return "the FP8 backward";
@@ -269,12 +274,17 @@ const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* di
   if (p.Hk != p.Hv && !sdpa_fp8_hk_ne_hv_enabled()) return "H_k != H_v (runs with FLASHSPAN_EXPERIMENTAL=1; not yet run on a GPU)";
   for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
                 FS_SDPA_RAGGED_OFFSET_STATS}) {
-    if (p.has(s)) return "ragged (packed THD) q, k, v, o or stats";
+    if (p.has(s) && !ragged_ok) {
+      return "ragged (packed THD) q, k, v, o or stats (the sm80 FP8 forward takes them with FLASHSPAN_EXPERIMENTAL=1; "
+             "not yet run on a GPU)";
+    }
   }
   for (int s = 0; s < kNumSlots; ++s) {
     switch (s) {
       case FS_SDPA_Q: case FS_SDPA_K: case FS_SDPA_V: case FS_SDPA_O: case FS_SDPA_STATS: case FS_SDPA_ATTN_SCALE:
       case FS_SDPA_SEQ_LEN_Q: case FS_SDPA_SEQ_LEN_KV: case FS_SDPA_CU_SEQ_LEN_Q: case FS_SDPA_CU_SEQ_LEN_KV:
+      case FS_SDPA_RAGGED_OFFSET_Q: case FS_SDPA_RAGGED_OFFSET_K: case FS_SDPA_RAGGED_OFFSET_V:
+      case FS_SDPA_RAGGED_OFFSET_O: case FS_SDPA_RAGGED_OFFSET_STATS:
       case FS_SDPA_DESCALE_Q: case FS_SDPA_DESCALE_K: case FS_SDPA_DESCALE_V: case FS_SDPA_DESCALE_S:
       case FS_SDPA_SCALE_S: case FS_SDPA_SCALE_O: case FS_SDPA_AMAX_S: case FS_SDPA_AMAX_O:
       case FS_SDPA_SCORE_MAX: case FS_SDPA_SCORE_SUM_EXP:
@@ -290,14 +300,14 @@ const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* di
 
 const char* sdpa_fp8_fwd_sm90_refusal(const sdpa::Problem& p) {
   return fp8_fwd_refusal(p, sm90::sdpa_fp8_fwd_runs_head_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv)),
-                         "head dims (multiples of 16 up to 128)");
+                         "head dims (multiples of 16 up to 128)", /*ragged_ok=*/false);
 }
 
 // The FP8 forward on the sm80 kernels (launch_sdpa_fp8_fwd_sm80.cu): the sm90 one's options on the sm80
 // forward's head dims (its tiles, tile_sm80.h; the widening pre-pass moves code pairs: every such dim is even).
 const char* sdpa_fp8_fwd_sm80_refusal(const sdpa::Problem& p) {
   return fp8_fwd_refusal(p, sm80::runs_head_dims_sm80(static_cast<int>(p.Dqk), static_cast<int>(p.Dv)),
-                         "head dims ({8, 16, ..., 128}, (192, 128) or (256, 256))");
+                         "head dims ({8, 16, ..., 128}, (192, 128) or (256, 256))", sdpa_fp8_thd_enabled());
 }
 
 void set_sdpa_fp8_fwd_sm80_enabled(int on) { g_sdpa_fp8_fwd_sm80.set(on); }

@@ -192,6 +192,14 @@ void set_sdpa_fp8_hk_ne_hv_enabled(int on);
 bool sdpa_fp8_device_attn_scale_enabled();
 void set_sdpa_fp8_device_attn_scale_enabled(int on);
 
+// Packed (THD: ragged offsets) q, k, v, o, stats in the FP8 forward on the sm80 kernels (its widening reads each
+// sample from its ragged start into padded bf16 copies; the epilogue writes a packed o and stats as the 16-bit
+// forward's): experimental, not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read by each check),
+// set_sdpa_fp8_thd_enabled overrides it (tests: 1 on, 0 off, -1 the environment's answer); the sm90 FP8 forward
+// never takes them.
+bool sdpa_fp8_thd_enabled();
+void set_sdpa_fp8_thd_enabled(int on);
+
 // The FP8 forward on the sm80 kernels (kernels/sm80/launch_sm80.h launch_sdpa_fp8_fwd_sm80: the 16-bit sm80
 // forward's loop on the codes widened to bf16, exact, with P's FP8 rounding and O's FP8 store in the kernel):
 // every GPU from sm_80, and on sm_90 the calls the sm90 FP8 forward does not take (its head dims, strides,

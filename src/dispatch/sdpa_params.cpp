@@ -462,6 +462,10 @@ SdpaFp8FwdSm80Params sdpa_fp8_fwd_sm80_params(const Problem& p, void* workspace,
   f.q8 = fp8_tensor(p, FS_SDPA_Q);
   f.k8 = fp8_tensor(p, FS_SDPA_K);
   f.v8 = fp8_tensor(p, FS_SDPA_V);
+  // The inputs' sample starts before the copies replace them (ragged: the packed THD form, experimental).
+  f.start8[0] = f.analytic.start[kSdpaQ];
+  f.start8[1] = f.analytic.start[kSdpaK];
+  f.start8[2] = f.analytic.start[kSdpaV];
   const Fp8FwdSm80Bytes fb = fp8_fwd_sm80_bytes(p);
   char* ws = static_cast<char*>(workspace);
   // The copies, [B, H, S, D] contiguous: sample b at b * H S D (AnalyticMaskParams::start), head and row strides.

@@ -86,6 +86,25 @@ void check_paged(const Problem& p) {
   }
 }
 
+// Packed (THD) tensors in the sm80 FP8 forward (sdpa_fp8_thd_enabled; its refusal says when they are taken):
+// o and stats both packed or both padded (one row limit per epilogue, as the 16-bit forward's), o's samples on
+// 2-byte boundaries (its epilogue stores code pairs: an even multiplier), and no score_max / score_sum_exp beside a
+// packed o (the 16-bit forward's fill of their padded rows is not the FP8 launcher's).
+void check_fp8_packed(const Problem& p) {
+  if (!p.ragged(FS_SDPA_O) && !(p.has(FS_SDPA_STATS) && p.ragged(FS_SDPA_STATS))) return;
+  FS_CHECK_SUPPORTED(!p.has(FS_SDPA_STATS) || p.ragged(FS_SDPA_O) == p.ragged(FS_SDPA_STATS),
+                     "o, stats: one is packed (ragged offsets) and the other padded; on CUDA tensors both must be "
+                     "packed or both padded");
+  if (p.ragged(FS_SDPA_O)) {
+    FS_CHECK_SUPPORTED(p.ragged_multiplier(FS_SDPA_O) % 2 == 0, sdpa::slot_name(sdpa::ragged_slot_of(FS_SDPA_O)),
+                       ": the multiplier ", p.ragged_multiplier(FS_SDPA_O), " must be even for an FP8 o on CUDA "
+                       "tensors (its samples start on 2-byte boundaries: the epilogue stores code pairs)");
+    FS_CHECK_SUPPORTED(!p.has(FS_SDPA_SCORE_MAX) && !p.has(FS_SDPA_SCORE_SUM_EXP),
+                       "score_max, score_sum_exp: with a packed FP8 o not supported on CUDA tensors yet (give o "
+                       "padded); CPU tensors run it on the CPU reference");
+  }
+}
+
 // FP8 on CUDA tensors (docs/SDPA.md "FP8 SDPA"): the forward on the sm90 FP8 forward (sdpa_fp8_fwd_sm90_refusal,
 // sdpa_family.cpp), on unless FLASHSPAN_SM90_SDPA_FP8=0 (sdpa_fp8_sm90_enabled), whose TMA boxes need q, k, v
 // strides of 16 bytes (= elements), or on the sm80 kernels (unless FLASHSPAN_SDPA_FP8_SM80=0) (sdpa_fp8_fwd_sm80_refusal: any
@@ -109,6 +128,7 @@ void check_fp8(const Problem& p) {
     FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported with FP8 inputs on CUDA tensors yet (the FP8 forwards run "
                        "padded q, k, v, o, the causal and padding masks, GQA / MQA; the sm80 one head dims "
                        "in {8, 16, ..., 128}, (192, 128) or (256, 256)); CPU tensors run it on the CPU reference");
+    check_fp8_packed(p);
   } else {
     FS_CHECK_SUPPORTED(sdpa_fp8_sm90_enabled(), "q: FP8 inputs (", dtype_name(p.dtype), ") on CUDA tensors run on the "
                        "sm90 FP8 forward, which FLASHSPAN_SM90_SDPA_FP8=0 turns off: unset it to run them (H100 / H200), "

@@ -421,9 +421,12 @@ struct SdpaFp8BwdParams : SdpaBwdParams {
 // from sm_80, the FP8 formulas of SdpaFp8Params above on the 16-bit sm80 forward. Its SdpaFwdParams
 // tensors q, k, v are the workspace's bf16 copies of the FP8 inputs' codes (exact), [B, H, S, D]
 // contiguous; o (and its TensorAddr) is the FP8 output (element = byte strides); the factors are fp8's
-// (each CTA reads them: kernel_fwd_sm80.cuh Fp8FwdSm80). q8, k8, v8: the FP8 inputs.
+// (each CTA reads them: kernel_fwd_sm80.cuh Fp8FwdSm80). q8, k8, v8: the FP8 inputs; start8: their samples'
+// starts (ragged: packed THD offsets times the multiplier, experimental; else b * batch_stride), which the widening
+// reads (its copies are padded [B, H, S, D] whatever the inputs).
 struct SdpaFp8FwdSm80Params : SdpaFp8FwdParams {
   SdpaFp8Tensor q8, k8, v8;
+  SampleStart start8[3];  // q, k, v
 };
 
 // Paged K/V caches of an SDPA forward (kv_addr.cuh PagedKv): one side (K or V) as the kernels

@@ -236,6 +236,13 @@ struct Fp8FwdSm80Switch {
   Fp8FwdSm80Switch(const Fp8FwdSm80Switch&) = delete;
   Fp8FwdSm80Switch& operator=(const Fp8FwdSm80Switch&) = delete;
 };
+// Packed (THD) tensors in the sm80 FP8 forward (sdpa_fp8_thd_enabled, experimental) forced for a scope.
+struct Fp8ThdSwitch {
+  explicit Fp8ThdSwitch(int on) { flashspan::set_sdpa_fp8_thd_enabled(on); }
+  ~Fp8ThdSwitch() { flashspan::set_sdpa_fp8_thd_enabled(-1); }
+  Fp8ThdSwitch(const Fp8ThdSwitch&) = delete;
+  Fp8ThdSwitch& operator=(const Fp8ThdSwitch&) = delete;
+};
 // attn_scale as a device tensor in FP8 calls (sdpa_fp8_device_attn_scale_enabled, experimental) forced for a scope.
 struct Fp8DeviceAttnScaleSwitch {
   explicit Fp8DeviceAttnScaleSwitch(int on) { flashspan::set_sdpa_fp8_device_attn_scale_enabled(on); }
@@ -498,6 +505,8 @@ struct CudaCall {
   DType grad = DType::kFloat8E5M2;         // o, dO, dQ, dK, dV (16-bit calls: q's)
   int64_t row_pad = 0;                     // elements past D in each row of q, k, v, o, dO, dQ, dK, dV
   int attn_scale = 0;                      // 0 a float, 1 a host tensor, 2 a device tensor
+  bool thd = false;                        // forward: packed (THD) q, k, v, o, stats (ragged offsets, seq_len)
+  int64_t o_mult = 0;                      // thd: o's ragged multiplier (0: H_q D_v, its packed row stride)
 
   bool fp8() const { return in == DType::kFloat8E4M3 || in == DType::kFloat8E5M2; }
   DType out() const { return fp8() ? grad : in; }
@@ -549,6 +558,31 @@ struct CudaCall {
     }
     if (causal) a.right_bound = 0;
     for (int s : fp8_slots()) a.tensors[size_t(s)] = view({1, 1, 1, 1}, DType::kFloat32, false);
+    if (thd && !backward) {
+      // Packed [B, S, H, D] storage (row stride H D) behind the [B, H, S, D] descriptors; offsets in tokens times the
+      // multiplier H D (o: o_mult); the padding mask with seq_len.
+      auto packed = [&](int slot, int64_t H, int64_t S, int64_t d, DType t) {
+        flashspan::TensorView v = view({B, H, S, d}, t, false);
+        v.strides = {S * H * d, d, H * d, 1};
+        a.tensors[size_t(slot)] = v;
+      };
+      packed(FS_SDPA_Q, Hq, Sq, D, in);
+      packed(FS_SDPA_K, Hk, Skv, D, in);
+      packed(FS_SDPA_V, Hv, Skv, Dv, in);
+      packed(FS_SDPA_O, Hq, Sq, Dv, out());
+      packed(FS_SDPA_STATS, Hq, Sq, 1, DType::kFloat32);
+      const struct { int slot, off; int64_t mult; } sides[] = {
+          {FS_SDPA_Q, FS_SDPA_RAGGED_OFFSET_Q, Hq * D},      {FS_SDPA_K, FS_SDPA_RAGGED_OFFSET_K, Hk * D},
+          {FS_SDPA_V, FS_SDPA_RAGGED_OFFSET_V, Hv * Dv},     {FS_SDPA_O, FS_SDPA_RAGGED_OFFSET_O, o_mult ? o_mult : Hq * Dv},
+          {FS_SDPA_STATS, FS_SDPA_RAGGED_OFFSET_STATS, Hq}};
+      for (const auto& s : sides) {
+        a.tensors[size_t(s.off)] = view({B + 1, 1, 1, 1}, DType::kInt32, false);
+        a.ragged_multiplier[size_t(s.off)] = s.mult;
+      }
+      a.padding_mask = true;
+      a.tensors[FS_SDPA_SEQ_LEN_Q] = view({B, 1, 1, 1}, DType::kInt32, false);
+      a.tensors[FS_SDPA_SEQ_LEN_KV] = view({B, 1, 1, 1}, DType::kInt32, false);
+    }
     return backward ? flashspan::sdpa::validate_backward(a) : flashspan::sdpa::validate_forward(a);
   }
   std::unique_ptr<SdpaBwd> create() const {
@@ -870,6 +904,33 @@ TEST(SdpaFp8, ForwardOnSm80Rule) {
   const Fp8BwdSwitch bwd_off(0);
   EXPECT_EQ(host_rules_error(CudaCall{}), kFp8BwdOff);
   EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm80_refusal(CudaCall{}.problem()), std::string("the FP8 backward"));
+}
+
+// Packed (THD) tensors in the FP8 forward (sdpa_fp8_thd_enabled, experimental): the sm80 FP8 forward takes them with
+// its switch on (the sm90 one never: its TMA boxes), refused by both without it; with them an odd o multiplier and
+// score_max / score_sum_exp beside a packed o are refused, naming the rule.
+TEST(SdpaFp8, ForwardThdRule) {
+  CudaCall c;
+  c.backward = false;
+  c.thd = true;
+  c.D = c.Dv = 64;
+  const std::string packed = "ragged (packed THD) q, k, v, o or stats (the sm80 FP8 forward takes them with "
+                             "FLASHSPAN_EXPERIMENTAL=1; not yet run on a GPU)";
+  {
+    const Fp8ThdSwitch off(0);
+    EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm80_refusal(c.problem()), packed);
+    EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm90_refusal(c.problem()), packed);
+    EXPECT_STARTS(host_rules_error(c), packed);
+  }
+  const Fp8ThdSwitch on(1);
+  const Fp8FwdSm80Switch sm80_on(1);
+  EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm80_refusal(c.problem()), nullptr);
+  EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm90_refusal(c.problem()), packed);  // (never the sm90 one)
+  EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm90(c.problem()));
+  EXPECT_EQ(host_rules_error(c), "");
+  CudaCall odd = c;
+  odd.o_mult = c.Hq * c.Dv + 1;
+  EXPECT_STARTS(host_rules_error(odd), "ragged offset of o: the multiplier ");
 }
 
 // The FP8 backward on the sm90 backward kernel (dispatch/sdpa_launch.h sdpa_fp8_bwd_runs_sm90; its own switch, on

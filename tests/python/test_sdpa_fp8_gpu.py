@@ -600,6 +600,54 @@ def test_gpu_fp8_backward_hk_ne_hv_experimental(fs, monkeypatch, seed):
     _check_bwd(_run_bwd(fs, c, "cpu"), c, "CPU reference")
 
 
+@sm80
+@pytest.mark.parametrize("seed", range(6))
+def test_gpu_fp8_forward_thd_experimental(fs, monkeypatch, seed):
+    """Packed (THD) q, k, v, o, stats on the FP8 forward (the sm80 kernels; experimental: refused without
+    FLASHSPAN_EXPERIMENTAL=1, which is then set before the signature's call; written without a GPU, not yet run on
+    one) against the same call on CPU copies: samples of random lengths (an empty one on some seeds), GQA, causal or
+    not, both formats, o in either."""
+    rng = random.Random(500 + seed)
+    gen = torch.Generator().manual_seed(500 + seed)
+    fmt = (E4M3, E5M2)[seed % 2]
+    o_fmt = rng.choice([E4M3, E5M2])
+    B, Hk = rng.randint(2, 4), rng.choice([1, 2])
+    Hq = Hk * rng.choice([1, 2, 4])
+    D = rng.choice([32, 64, 128])
+    lq = [rng.randint(0, 200) for _ in range(B)]
+    lk = [rng.randint(1, 260) for _ in range(B)]
+    if seed % 3 == 0:
+        lq[0] = 0
+    lq[-1] = max(lq[-1], 1)
+    Tq, Tk = sum(lq), sum(lk)
+    q, k, v = (_randn((T, H, D), fmt, gen, 1.0) for T, H in ((Tq, Hq), (Tk, Hk), (Tk, Hk)))
+    cu_q = torch.tensor([0, *itertools.accumulate(lq)], dtype=torch.int32)
+    cu_k = torch.tensor([0, *itertools.accumulate(lk)], dtype=torch.int32)
+    causal = rng.random() < 0.5
+    scales = (1.0, 1.0, 1.0, 1 / FP8_MAX[fmt], FP8_MAX[fmt], 1.0)
+
+    def run(dev):
+        return fs.sdpa_fp8(q.to(dev), k.to(dev), v.to(dev), *scales, attn_scale=1.0 / math.sqrt(D), o_dtype=o_fmt,
+                           use_causal_mask=causal, use_padding_mask=True, cu_seq_len_q=cu_q.to(dev),
+                           cu_seq_len_kv=cu_k.to(dev), max_total_seq_len_q=Tq, max_total_seq_len_kv=Tk)
+
+    monkeypatch.delenv("FLASHSPAN_EXPERIMENTAL", raising=False)
+    with pytest.raises(NotImplementedError, match=r"^ragged \(packed THD\) q, k, v, o or stats"):
+        run("cuda")
+    monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
+    got, want = [t.cpu() for t in run("cuda")], list(run("cpu"))
+    go, wo = got[0].to(torch.float64), want[0].to(torch.float64)
+    assert go.shape == (Tq, Hq, D) and got[0].dtype == o_fmt and not torch.isnan(go).any()
+    u = max(UNIT[fmt], UNIT[o_fmt])
+    top = float(wo.abs().max())
+    assert float((go - wo).abs().max()) <= 2 * u * top + 1e-6, "O: an element more than two FP8 steps off"
+    gs, ws = got[1].double(), want[1].double()
+    fin = torch.isfinite(ws)
+    assert torch.equal(fin, torch.isfinite(gs)), "stats: -inf rows differ"
+    assert bool(((gs[fin] - ws[fin]).abs() <= 1e-3 * torch.clamp(ws[fin].abs(), min=1.0)).all()), "stats"
+    assert abs(got[3].item() - want[3].item()) <= 2 * UNIT[o_fmt] * want[3].item() + 1e-6, "amax_o"
+
+
 def test_bwd_model_hk_ne_hv_matches_the_cpu_reference(fs):
     """The float64 model with H_k != H_v (dV summed over each V head's query heads) against the CPU reference, on the
     shapes of the GPU test above (no GPU needed)."""

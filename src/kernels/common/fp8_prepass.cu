@@ -24,7 +24,10 @@ namespace flashspan::kern {
 namespace {
 
 // Job blockIdx.y: an FP8 tensor [B, heads, rows, cols] (byte strides) widened to bf16 [B, heads, rows, cols]
-// contiguous at dst (cols even: pairs); grid-stride over the pairs.
+// contiguous at dst (cols even: pairs); grid-stride over the pairs. kRagged (experimental, not yet run on a GPU): the
+// jobs' sources may be ragged (Fp8WidenJob::ragged: sample starts from offsets, rows past a sample's length written
+// as zeros, never read).
+template <bool kRagged>
 __global__ void __launch_bounds__(256) fp8_widen_kernel(const Fp8WidenJobs jobs) {
   const Fp8WidenJob& j = jobs.job[blockIdx.y];
   const int pairs = j.cols / 2;
@@ -37,6 +40,18 @@ __global__ void __launch_bounds__(256) fp8_widen_kernel(const Fp8WidenJobs jobs)
     r /= j.rows;
     const int h = int(r % j.heads);
     const int b = int(r / j.heads);
+    if constexpr (kRagged) {
+      if (j.ragged) {
+        if (s >= sample_length(j.seq_len, j.cu_seq_len, j.rows, b)) {
+          j.dst[i] = 0u;  // past the sample: zeros (the kernels mask these rows; a packed source has none there)
+          continue;
+        }
+        const uint8_t* x = src + sample_start(j.start, b) + int64_t(h) * j.src.head_stride +
+                           int64_t(s) * j.src.row_stride + 2 * c;
+        j.dst[i] = pack2<BFloat16>(fp8_soft_decode(__ldg(x), j.e5m2 != 0), fp8_soft_decode(__ldg(x + 1), j.e5m2 != 0));
+        continue;
+      }
+    }
     const uint8_t* x = src + int64_t(b) * j.src.batch_stride + int64_t(h) * j.src.head_stride +
                        int64_t(s) * j.src.row_stride + 2 * c;
     j.dst[i] = pack2<BFloat16>(fp8_soft_decode(__ldg(x), j.e5m2 != 0), fp8_soft_decode(__ldg(x + 1), j.e5m2 != 0));
@@ -139,6 +154,15 @@ bool widen8_ok(const Fp8WidenJob& j) {
 }
 }  // namespace
 
+Fp8WidenJob fp8_widen_job_ragged(Fp8WidenJob job, const SampleStart& start, const IndexArray& seq_len,
+                                 const IndexArray& cu_seq_len) {
+  job.ragged = 1;
+  job.start = start;
+  job.seq_len = seq_len;
+  job.cu_seq_len = cu_seq_len;
+  return job;
+}
+
 Fp8WidenJob fp8_widen_job(const SdpaFp8Tensor& src, const void* dst, int batch, int heads, int rows, int cols,
                           int format) {
   Fp8WidenJob j;
@@ -156,8 +180,9 @@ void set_fp8_widen_vec_enabled(int on) { g_widen_vec.set(on); }
 bool fp8_widen_vec_enabled() { return g_widen_vec.on(); }
 
 void launch_fp8_widen(const Fp8WidenJobs& jobs, int num_jobs, cudaStream_t stream) {
-  bool vec = fp8_widen_vec_enabled();
-  for (int i = 0; i < num_jobs; ++i) vec = vec && widen8_ok(jobs.job[i]);
+  bool vec = fp8_widen_vec_enabled(), ragged = false;
+  for (int i = 0; i < num_jobs; ++i) ragged = ragged || jobs.job[i].ragged != 0;
+  for (int i = 0; i < num_jobs; ++i) vec = vec && !ragged && widen8_ok(jobs.job[i]);
   int64_t most = 0;
   for (int i = 0; i < num_jobs; ++i) {
     const Fp8WidenJob& j = jobs.job[i];
@@ -167,8 +192,10 @@ void launch_fp8_widen(const Fp8WidenJobs& jobs, int num_jobs, cudaStream_t strea
   const dim3 grid(grid_stride_1d(most, 256), unsigned(num_jobs));
   if (vec) {
     kern::fp8_widen8_kernel<<<grid, 256, 0, stream>>>(jobs);
+  } else if (ragged) {
+    kern::fp8_widen_kernel<true><<<grid, 256, 0, stream>>>(jobs);
   } else {
-    kern::fp8_widen_kernel<<<grid, 256, 0, stream>>>(jobs);
+    kern::fp8_widen_kernel<false><<<grid, 256, 0, stream>>>(jobs);
   }
   check_launch("sdpa fp8: widen");
 }

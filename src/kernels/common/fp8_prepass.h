@@ -20,6 +20,13 @@ struct Fp8WidenJob {
   uint32_t* dst = nullptr;  // bf16 pairs
   int batch = 0, heads = 0, rows = 0, cols = 0;
   int e5m2 = 0;
+  // A ragged (packed THD) source (fp8_widen_job_ragged; experimental, not yet run on a GPU): sample b starts at
+  // start's element (byte) offset and holds the rows below its length (seq_len / cu_seq_len, clamped to rows), the
+  // copy's rows past it are zeros (never read from the source). ragged = 0: sample b at b * src.batch_stride, every
+  // row read.
+  int ragged = 0;
+  SampleStart start;
+  IndexArray seq_len, cu_seq_len;
 };
 struct Fp8WidenJobs {
   Fp8WidenJob job[4];
@@ -29,7 +36,11 @@ struct Fp8WidenJobs {
 // (the FP8 launchers' workspace copies).
 Fp8WidenJob fp8_widen_job(const SdpaFp8Tensor& src, const void* dst, int batch, int heads, int rows, int cols,
                           int format);
-// On `stream`: jobs 0 .. num_jobs - 1, one grid (blockIdx.y the job).
+// The job of a ragged source (Fp8WidenJob::ragged): its samples' starts and lengths.
+Fp8WidenJob fp8_widen_job_ragged(Fp8WidenJob job, const SampleStart& start, const IndexArray& seq_len,
+                                 const IndexArray& cu_seq_len);
+// On `stream`: jobs 0 .. num_jobs - 1, one grid (blockIdx.y the job); with a ragged job, every job through the
+// ragged form of the kernel.
 void launch_fp8_widen(const Fp8WidenJobs& jobs, int num_jobs, cudaStream_t stream);
 
 // The widening with eight codes a thread where every job's source is 8-byte aligned (else two, as before).

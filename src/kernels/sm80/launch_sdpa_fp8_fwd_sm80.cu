@@ -47,10 +47,8 @@ void launch_sdpa_fp8_fwd_sm80(const SdpaFp8FwdSm80Params& p_in, const TileSm80& 
   SdpaFp8FwdSm80Params p = p_in;
   FS_CHECK((p.fp8.format == 1 || p.fp8.format == 2) && (p.fp8.o_format >= 0 && p.fp8.o_format <= 2) &&
                p.fp8.amax_s != nullptr && p.fp8.amax_o != nullptr &&
-               p.analytic.score.group_v > 0 && p.num_heads_q % p.analytic.score.group_v == 0 &&
-               p.analytic.start[kSdpaO].ragged.ptr == nullptr,
-           Status::kInternal, "sdpa fp8 forward (sm80): parameters outside what it runs (formats, amaxes, workspace, "
-           "a padded o)");
+               p.analytic.score.group_v > 0 && p.num_heads_q % p.analytic.score.group_v == 0,
+           Status::kInternal, "sdpa fp8 forward (sm80): parameters outside what it runs (formats, amaxes, heads)");
   // The amaxes are maxima of non-negative values reduced with atomics: zero first.
   check_cuda(cudaMemsetAsync(p.fp8.amax_s, 0, sizeof(float), stream), "sdpa fp8 forward (sm80): amax_s reset");
   check_cuda(cudaMemsetAsync(p.fp8.amax_o, 0, sizeof(float), stream), "sdpa fp8 forward (sm80): amax_o reset");
@@ -59,9 +57,18 @@ void launch_sdpa_fp8_fwd_sm80(const SdpaFp8FwdSm80Params& p_in, const TileSm80& 
   // which the loop addresses by h / group_v: kv_addr.cuh v_head).
   const int hk = p.num_heads_q / p.group_size, hv = p.num_heads_q / p.analytic.score.group_v;
   const int f = p.fp8.format;
-  const Fp8WidenJobs jobs{{fp8_widen_job(p.q8, p.q, p.batch, p.num_heads_q, p.analytic.max_q, p.head_dqk, f),
-                           fp8_widen_job(p.k8, p.k, p.batch, hk, p.analytic.max_kv, p.head_dqk, f),
-                           fp8_widen_job(p.v8, p.v, p.batch, hv, p.analytic.max_kv, p.head_dv, f)}};
+  Fp8WidenJobs jobs{{fp8_widen_job(p.q8, p.q, p.batch, p.num_heads_q, p.analytic.max_q, p.head_dqk, f),
+                     fp8_widen_job(p.k8, p.k, p.batch, hk, p.analytic.max_kv, p.head_dqk, f),
+                     fp8_widen_job(p.v8, p.v, p.batch, hv, p.analytic.max_kv, p.head_dv, f)}};
+  // Packed (THD) inputs (experimental, not yet run on a GPU): each sample from its ragged start, the copy padded to
+  // S (zeros past the sample); the loop reads the copies as padded tensors. A packed o and stats are the
+  // epilogue's (its rows' sample starts, as the 16-bit forward's).
+  const AnalyticMaskParams& a = p.analytic;
+  for (int t = 0; t < 3; ++t) {
+    if (p.start8[t].ragged.ptr == nullptr) continue;
+    jobs.job[t] = fp8_widen_job_ragged(jobs.job[t], p.start8[t], t == 0 ? a.seq_len_q : a.seq_len_kv,
+                                       t == 0 ? a.cu_seq_len_q : a.cu_seq_len_kv);
+  }
   launch_fp8_widen(jobs, 3, stream);
   // 2. The forward on the sm80 tile of the head dims (tile_sm80.h).
   with_fwd_traits_sm80<false>(tile, p.head_dqk, p.head_dv, [&](auto t) {
