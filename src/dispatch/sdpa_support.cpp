@@ -44,6 +44,13 @@ void check_ragged_multiplier(const Problem& p, int slot) {
                      "offsets with the multiplier H * D, the row stride of a packed (T, H, D) tensor)");
 }
 
+// One row limit per forward epilogue: O with its stats, both packed or both padded (the 16-bit and the FP8 forwards).
+void check_o_stats_packing(const Problem& p) {
+  FS_CHECK_SUPPORTED(!p.has(FS_SDPA_STATS) || p.ragged(FS_SDPA_O) == p.ragged(FS_SDPA_STATS),
+                     "o, stats: one is packed (ragged offsets) and the other padded; on CUDA tensors both must be "
+                     "packed or both padded");
+}
+
 // The kernels' vector rule on a descriptor's strides (check_vec_aligned checks the data
 // pointers at execute).
 void check_strides(const Problem& p, int slot) {
@@ -91,10 +98,7 @@ void check_paged(const Problem& p) {
 // 2-byte boundaries (its epilogue stores code pairs: an even multiplier), and no score_max / score_sum_exp beside a
 // packed o (the 16-bit forward's fill of their padded rows is not the FP8 launcher's).
 void check_fp8_packed(const Problem& p) {
-  if (!p.ragged(FS_SDPA_O) && !(p.has(FS_SDPA_STATS) && p.ragged(FS_SDPA_STATS))) return;
-  FS_CHECK_SUPPORTED(!p.has(FS_SDPA_STATS) || p.ragged(FS_SDPA_O) == p.ragged(FS_SDPA_STATS),
-                     "o, stats: one is packed (ragged offsets) and the other padded; on CUDA tensors both must be "
-                     "packed or both padded");
+  check_o_stats_packing(p);
   if (p.ragged(FS_SDPA_O)) {
     FS_CHECK_SUPPORTED(p.ragged_multiplier(FS_SDPA_O) % 2 == 0, sdpa::slot_name(sdpa::ragged_slot_of(FS_SDPA_O)),
                        ": the multiplier ", p.ragged_multiplier(FS_SDPA_O), " must be even for an FP8 o on CUDA "
@@ -237,11 +241,7 @@ void sdpa_check_features_gpu(const Problem& p) {
     check_ragged_multiplier(p, s);
   }
   // One row limit per epilogue: O with its stats, dK with dV.
-  if (p.has(FS_SDPA_STATS) && !a.backward) {
-    FS_CHECK_SUPPORTED(p.ragged(FS_SDPA_O) == p.ragged(FS_SDPA_STATS),
-                       "o, stats: one is packed (ragged offsets) and the other padded; on CUDA tensors both must be "
-                       "packed or both padded");
-  }
+  if (!a.backward) check_o_stats_packing(p);
   if (a.backward) {
     FS_CHECK_SUPPORTED(p.ragged(FS_SDPA_DK) == p.ragged(FS_SDPA_DV),
                        "dK, dV: one is packed (ragged offsets) and the other padded; on CUDA tensors both must be "

@@ -719,13 +719,16 @@ TEST(SdpaFp8Gpu, ApiForwardRandom) {
   }
 }
 
+// The (H_q, H_k, H_v) of the H_k != H_v tests (forward and backward): H_v a multiple of H_k and the other way
+// round, MQA on either side.
+constexpr int kHkNeHvHeads[6][3] = {{4, 2, 4}, {4, 4, 2}, {8, 1, 4}, {6, 3, 1}, {8, 2, 8}, {4, 1, 2}};
+
 // H_k != H_v on the FP8 forwards (V addressed by h / group_v: the sm90 one's V^T workspace and the sm80 one's
-// bf16 copy of V have H_v heads; not yet run on a GPU): H_v a multiple of H_k and the other way round, MQA on
-// either side, on api_random_case's options.
+// bf16 copy of V have H_v heads; not yet run on a GPU): case n takes kHkNeHvHeads[n % 6], on api_random_case's
+// options.
 Fp8Case hk_ne_hv_case(int n, std::mt19937_64& rng, int dqk, int dv, uint64_t seed) {
   Fp8Case c = api_random_case(n, rng, dqk, dv, 260, 330, seed);
-  static const int heads[][3] = {{4, 2, 4}, {4, 4, 2}, {8, 1, 4}, {6, 3, 1}, {8, 2, 8}, {4, 1, 2}};
-  const int* h = heads[n % 6];
+  const int* h = kHkNeHvHeads[n % 6];
   c.Hq = h[0];
   c.Hk = h[1];
   c.Hv = h[2];
@@ -1559,7 +1562,6 @@ TEST(SdpaFp8Gpu, Fp8BackwardHkNeHv) {
   struct Restore {
     ~Restore() { set_sdpa_fp8_hk_ne_hv_enabled(-1); }
   } restore;
-  static const int heads[][3] = {{4, 2, 4}, {4, 4, 2}, {8, 1, 4}, {6, 3, 1}, {8, 2, 8}, {4, 1, 2}};
   for (int sm90 : {0, 1}) {
     if (sm90 == 1 && !sm90_device()) continue;
     const Fp8BwdSwitchOn on(sm90);
@@ -1567,9 +1569,9 @@ TEST(SdpaFp8Gpu, Fp8BackwardHkNeHv) {
       std::mt19937_64 rng(94);
       for (int n = 0; n < 12; ++n) {
         BwdCase c = bwd_random_case(n, rng, 200, 2200 + uint64_t(n));
-        c.Hq = heads[n % 6][0];
-        c.Hk = heads[n % 6][1];
-        c.Hv = heads[n % 6][2];
+        c.Hq = kHkNeHvHeads[n % 6][0];
+        c.Hk = kHkNeHvHeads[n % 6][1];
+        c.Hv = kHkNeHvHeads[n % 6][2];
         const std::string e = bwd_case(c, true);
         EXPECT_TRUE(e.empty()) << e;
       }
@@ -1706,12 +1708,11 @@ TEST(SdpaFp8Loop, BackwardMatchesTheCpuReference) {
     EXPECT_TRUE(e.empty()) << e;
   }
   // H_k != H_v (the loop's V head h / (H_q / H_v), dV over each V head's query heads; Fp8BackwardHkNeHv's shapes).
-  static const int heads[][3] = {{4, 2, 4}, {4, 4, 2}, {8, 1, 4}, {6, 3, 1}};
   for (int n = 0; n < 4; ++n) {
     BwdCase c = bwd_random_case(n, rng, 50, 760 + uint64_t(n));
-    c.Hq = heads[n][0];
-    c.Hk = heads[n][1];
-    c.Hv = heads[n][2];
+    c.Hq = kHkNeHvHeads[n][0];
+    c.Hk = kHkNeHvHeads[n][1];
+    c.Hv = kHkNeHvHeads[n][2];
     const std::string e = bwd_case(c, false);
     EXPECT_TRUE(e.empty()) << e;
   }

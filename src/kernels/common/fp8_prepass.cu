@@ -40,20 +40,17 @@ __global__ void __launch_bounds__(256) fp8_widen_kernel(const Fp8WidenJobs jobs)
     r /= j.rows;
     const int h = int(r % j.heads);
     const int b = int(r / j.heads);
+    int64_t sample = int64_t(b) * j.src.batch_stride;  // the sample's first element (byte)
     if constexpr (kRagged) {
       if (j.ragged) {
         if (s >= sample_length(j.seq_len, j.cu_seq_len, j.rows, b)) {
           j.dst[i] = 0u;  // past the sample: zeros (the kernels mask these rows; a packed source has none there)
           continue;
         }
-        const uint8_t* x = src + sample_start(j.start, b) + int64_t(h) * j.src.head_stride +
-                           int64_t(s) * j.src.row_stride + 2 * c;
-        j.dst[i] = pack2<BFloat16>(fp8_soft_decode(__ldg(x), j.e5m2 != 0), fp8_soft_decode(__ldg(x + 1), j.e5m2 != 0));
-        continue;
+        sample = sample_start(j.start, b);
       }
     }
-    const uint8_t* x = src + int64_t(b) * j.src.batch_stride + int64_t(h) * j.src.head_stride +
-                       int64_t(s) * j.src.row_stride + 2 * c;
+    const uint8_t* x = src + sample + int64_t(h) * j.src.head_stride + int64_t(s) * j.src.row_stride + 2 * c;
     j.dst[i] = pack2<BFloat16>(fp8_soft_decode(__ldg(x), j.e5m2 != 0), fp8_soft_decode(__ldg(x + 1), j.e5m2 != 0));
   }
 }

@@ -276,24 +276,20 @@ __global__ void __launch_bounds__(256) sdpa_fp8_bwd_dkdv_store_kernel_sm90(const
   const int64_t rows = int64_t(p.batch) * a.max_kv;
   const int64_t units = rows * (heads_k + p.num_heads_q / a.score.group_v);
   for (int64_t w = int64_t(blockIdx.x) * 8 + warp; w < units; w += int64_t(gridDim.x) * 8) {
-    const int64_t hh = w / rows, t = w - hh * rows;
-    const bool is_v = hh >= heads_k;
-    const int h = int(is_v ? hh - heads_k : hh);
-    const int b = int(t / a.max_kv), s = int(t - int64_t(b) * a.max_kv);
-    const int kb = s / bk, r = s - kb * bk;
-    const int ratio = (is_v ? a.score.group_v : p.group_size) / g;
+    const DkdvSlotUnit un = DkdvSlotUnit::of(p, w, rows, heads_k, bk, g);
+    const bool is_v = un.is_v;
     const float* accum = is_v ? p.split.dv_accum : p.split.dk_accum;
     const SdpaFp8Tensor& o = is_v ? p.dv8 : p.dk8;
-    uint8_t* dst = static_cast<uint8_t*>(o.data) + int64_t(b) * o.batch_stride + int64_t(h) * o.head_stride +
-                   int64_t(s) * o.row_stride;
+    uint8_t* dst = static_cast<uint8_t*>(o.data) + int64_t(un.b) * o.batch_stride + int64_t(un.h) * o.head_stride +
+                   int64_t(un.s) * o.row_stride;
     const int cols = is_v ? p.head_dv : p.head_dqk;
     const float unit = is_v ? uv : uk, sc = is_v ? sv : sk;
     float& m = is_v ? mv : mk;
     for (int c = 2 * lane; c < cols; c += 64) {
       // The first slot, then the others added in order (H_k = H_v: the one slot as it is, -0 included).
-      float2 x = *reinterpret_cast<const float2*>(accum + (grid.slot(kb, h * ratio, b) * bk + r) * kD + c);
-      for (int u = h * ratio + 1; u < (h + 1) * ratio; ++u) {
-        const float2 y = *reinterpret_cast<const float2*>(accum + (grid.slot(kb, u, b) * bk + r) * kD + c);
+      float2 x = un.at(accum, grid, un.h * un.ratio, bk, kD, c);
+      for (int u = un.h * un.ratio + 1; u < (un.h + 1) * un.ratio; ++u) {
+        const float2 y = un.at(accum, grid, u, bk, kD, c);
         x.x += y.x;
         x.y += y.y;
       }

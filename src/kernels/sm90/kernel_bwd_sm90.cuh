@@ -1747,6 +1747,35 @@ __global__ void __launch_bounds__(256) sdpa_bwd_dq_convert_kernel_sm90(const Sdp
   }
 }
 
+// One (key row, head) unit of the slot sums of H_k != H_v's dK / dV (sdpa_bwd_dkdv_sum_kernel_sm90 below, the FP8
+// backward's store pass, kernel_bwd_fp8_sm90.cuh): unit w of the B S_kv (H_k + H_v) units, dK's heads first, rows
+// = B S_kv; g the item group (AnalyticItemsBwdSm90::item_group).
+struct DkdvSlotUnit {
+  bool is_v;
+  int h, b, s;      // the unit's K or V head, sample, key row in the sample
+  int kb, r;        // that row's key block (bk keys) and row in it
+  int ratio;        // the item heads whose slots hold the head's partial sums: h ratio .. h ratio + ratio - 1
+  __device__ __forceinline__ static DkdvSlotUnit of(const BwdParams& p, int64_t w, int64_t rows, int heads_k, int bk,
+                                                    int g) {
+    const AnalyticMaskParams& a = kern::analytic_of(p);
+    DkdvSlotUnit u;
+    const int64_t hh = w / rows, t = w - hh * rows;
+    u.is_v = hh >= heads_k;
+    u.h = int(u.is_v ? hh - heads_k : hh);
+    u.b = int(t / a.max_kv);
+    u.s = int(t - int64_t(u.b) * a.max_kv);
+    u.kb = u.s / bk;
+    u.r = u.s - u.kb * bk;
+    u.ratio = (u.is_v ? a.score.group_v : p.group_size) / g;
+    return u;
+  }
+  // The float pair at column c of item head i's slot row (accum: dk_accum or dv_accum, width floats a row).
+  __device__ __forceinline__ float2 at(const float* accum, const kern::AnalyticBwdGrid& grid, int i, int bk, int width,
+                                       int c) const {
+    return *reinterpret_cast<const float2*>(accum + (grid.slot(kb, i, b) * bk + r) * width + c);
+  }
+};
+
 // dK and dV of an SDPA call with H_k != H_v (AnalyticSourceBwdSm90): every work item added its
 // partial dK / dV (unscaled) into its own fp32 slot of p.split.dk_accum / dv_accum ([bk, kd] /
 // [bk, kdv] floats, bk = p.view.block_k the kernel's key block, kd / kdv its head dims; slot =
@@ -1769,24 +1798,20 @@ __global__ void __launch_bounds__(256) sdpa_bwd_dkdv_sum_kernel_sm90(const SdpaB
   const int64_t rows = int64_t(p.batch) * a.max_kv;
   const int64_t units = rows * (heads_k + p.num_heads_q / a.score.group_v);
   for (int64_t w = int64_t(blockIdx.x) * 8 + warp; w < units; w += int64_t(gridDim.x) * 8) {
-    const int64_t hh = w / rows, t = w - hh * rows;
-    const bool is_v = hh >= heads_k;
-    const int h = int(is_v ? hh - heads_k : hh);
-    const int b = int(t / a.max_kv), s = int(t - int64_t(b) * a.max_kv);
-    const int kb = s / bk, r = s - kb * bk;
-    const int ratio = (is_v ? a.score.group_v : p.group_size) / g;
+    const DkdvSlotUnit un = DkdvSlotUnit::of(p, w, rows, heads_k, bk, g);
+    const bool is_v = un.is_v;
     const int width = is_v ? kdv : kd;
     const int cols = is_v ? p.head_dv : p.head_dqk;
     const float scale = is_v ? 1.0f : p.scale;
     const float* acc = is_v ? p.split.dv_accum : p.split.dk_accum;
-    Elem* dst = is_v ? static_cast<Elem*>(p.dv) + kern::sample_start(a.start[kSdpaDV], b) + s * p.dva.row_stride +
-                           int64_t(h) * p.dva.head_stride
-                     : static_cast<Elem*>(p.dk) + kern::sample_start(a.start[kSdpaDK], b) + s * p.dka.row_stride +
-                           int64_t(h) * p.dka.head_stride;
+    Elem* dst = is_v ? static_cast<Elem*>(p.dv) + kern::sample_start(a.start[kSdpaDV], un.b) +
+                           un.s * p.dva.row_stride + int64_t(un.h) * p.dva.head_stride
+                     : static_cast<Elem*>(p.dk) + kern::sample_start(a.start[kSdpaDK], un.b) +
+                           un.s * p.dka.row_stride + int64_t(un.h) * p.dka.head_stride;
     for (int c = 2 * lane; c < cols; c += 64) {
       float2 x = make_float2(0.0f, 0.0f);
-      for (int u = h * ratio; u < (h + 1) * ratio; ++u) {
-        const float2 y = *reinterpret_cast<const float2*>(acc + (grid.slot(kb, u, b) * bk + r) * width + c);
+      for (int u = un.h * un.ratio; u < (un.h + 1) * un.ratio; ++u) {
+        const float2 y = un.at(acc, grid, u, bk, width, c);
         x.x += y.x;
         x.y += y.y;
       }
