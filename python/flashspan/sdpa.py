@@ -373,19 +373,26 @@ def _float_arg(x, name: str) -> float:
     raise TypeError(f"{name}: must be a real number (float), got {type(x).__name__} {x!r}")
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
 def _int_arg(x, name: str, what: str = "an int") -> int:
     """``x`` as an int for an argument the C layer takes as an integer (the band bounds, sliding_window_length, the
     packed and paged length maxima, Philox seed and offset): an integer (int, NumPy integer, anything with
     ``__index__``), not a bool, a float (``int(2.5)`` would truncate it) or a string. TypeError naming the argument
-    otherwise, as the seed's graph.sdpa (pybind11); its value is the C layer's rule."""
-    if type(x) is int:
-        return x
-    if not isinstance(x, bool):
+    otherwise, as the seed's graph.sdpa (pybind11). The C layer takes int64 (ctypes would wrap a larger value modulo
+    2**64: a bound of 2**64 + 2 ran as 2), so a value outside int64 is a ValueError naming the argument; its other
+    rules are the C layer's."""
+    if type(x) is not int:
+        if isinstance(x, bool):
+            raise TypeError(f"{name}: must be {what}, got bool {x!r}")
         try:
-            return operator.index(x)
+            x = operator.index(x)
         except (TypeError, ValueError, RuntimeError):
-            pass
-    raise TypeError(f"{name}: must be {what}, got {type(x).__name__} {x!r}")
+            raise TypeError(f"{name}: must be {what}, got {type(x).__name__} {x!r}") from None
+    if _INT64_MIN <= x <= _INT64_MAX:
+        return x
+    raise ValueError(f"{name}: {x} does not fit int64 (must be in [-2**63, 2**63 - 1])")
 
 
 def _tensor_arg(x, name: str, device: torch.device, dtype) -> Optional[Tensor]:

@@ -76,6 +76,36 @@ def test_huge_band_bounds_mask_nothing(fs, side, bound):
         assert_close(got[0][b, :, :n], ref["o"][b, :, :n], torch.float64, "o")
 
 
+_PAST_INT64 = {
+    "left bound 2**64 + 2": (dict(diagonal_band_left_bound=2**64 + 2), "diagonal_band_left_bound", 2**64 + 2),
+    "right bound 2**64": (dict(diagonal_band_right_bound=2**64), "diagonal_band_right_bound", 2**64),
+    "left bound 2**70": (dict(diagonal_band_left_bound=2**70), "diagonal_band_left_bound", 2**70),
+    "right bound -2**63 - 1": (dict(diagonal_band_right_bound=-(2**63) - 1), "diagonal_band_right_bound",
+                               -(2**63) - 1),
+    "max_total_seq_len_q": (dict(max_total_seq_len_q=2**64 + 3), "max_total_seq_len_q", 2**64 + 3),
+    "paged max": (dict(paged_attention_max_seq_len_kv=2**64), "paged_attention_max_seq_len_kv", 2**64),
+    "dropout seed": (dict(dropout=(0.1, 2**64 + 1, 0)), "dropout seed", 2**64 + 1),
+    "dropout offset": (dict(dropout=(0.1, 0, 2**64)), "dropout offset", 2**64),
+}
+
+
+@pytest.mark.parametrize("case", list(_PAST_INT64))
+def test_integers_past_int64_are_refused_naming_the_argument(fs, case):
+    # The C layer takes int64: ctypes wrapped a larger Python int modulo 2**64 (a left bound of 2**64 + 2 ran as 2,
+    # a right bound of 2**64 as causal) and torch.tensor's "Overflow when unpacking long long" named no argument.
+    q, k, v = _qkv()
+    kw, name, value = _PAST_INT64[case]
+    pattern = rf"^{name}: {value} does not fit int64 \(must be in \[-2\*\*63, 2\*\*63 - 1\]\)"
+    with pytest.raises(ValueError, match=pattern):
+        fs.sdpa(q, k, v, **kw)
+    if "paged" not in name and "total" not in name:
+        o, stats = fs.sdpa(q, k, v, generate_stats=True)
+        with pytest.raises(ValueError, match=pattern):
+            fs.sdpa_backward(q, k, v, o, o, stats, **kw)
+    # 2**63 - 1 itself fits (and means "unbounded": test_huge_band_bounds_mask_nothing).
+    fs.sdpa(q, k, v, diagonal_band_left_bound=2**63 - 1)
+
+
 # ---------------------------------------------------------------------------
 # Outputs, variant-pack pointers, byte offsets
 # ---------------------------------------------------------------------------
