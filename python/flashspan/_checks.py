@@ -39,19 +39,42 @@ def _short_repr(value, limit: int = 80) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+# The smallest magnitude that float32 rounding takes to infinity (FLT_MAX plus half its last unit: a tie rounds to
+# the even significand, which is 2**128); a finite float below it in magnitude rounds to a finite float32.
+_FLOAT32_OVERFLOW = 2.0**128 - 2.0**103
+
+
+def check_float32(x, name: str, where: Optional[str] = None) -> float:
+    """``float(x)`` for a real number ``x`` (its type already checked) that the C ABI takes as a float32 (flex's
+    softmax_scale, SDPA's attn_scale, softcap, the dropout probability, scale factors given as numbers). ctypes and
+    torch round a finite value past float32's range to inf, which the C layer then refused as "must be finite, got
+    inf" for a value the caller gave as finite: ValueError ``[where: ]name: <x> does not fit float32 (must be
+    finite as float32)`` instead. inf and NaN themselves pass (the caller's or the C layer's rule names them)."""
+    try:
+        value = float(x)
+    except OverflowError:  # an int past float64's range
+        value = None
+    if value is not None and (-_FLOAT32_OVERFLOW < value < _FLOAT32_OVERFLOW or not math.isfinite(value)):
+        return value
+    prefix = f"{where}: " if where else ""
+    shown = _short_repr(x) if value is None else repr(value)
+    raise ValueError(f"{prefix}{name}: {shown} does not fit float32 (must be finite as float32)")
+
+
 def check_softmax_scale(softmax_scale, where: str, return_max_logit: bool = False) -> Optional[float]:
-    """None, or ``softmax_scale`` as a float; ValueError unless it is a finite real number (not a tensor),
-    and unless it is >= 0 when the max logit is requested (the seed's rules)."""
+    """None, or ``softmax_scale`` as a float; ValueError unless it is a finite real number (not a tensor) that fits
+    float32 (the C ABI's type, check_float32), and unless it is >= 0 when the max logit is requested (the seed's
+    rules)."""
     if softmax_scale is None:
         return None
     if type(softmax_scale) is float:  # the common case, without the numbers.Real (ABC) check
-        if math.isfinite(softmax_scale) and (softmax_scale >= 0 or not return_max_logit):
+        if -_FLOAT32_OVERFLOW < softmax_scale < _FLOAT32_OVERFLOW and (softmax_scale >= 0 or not return_max_logit):
             return softmax_scale
     elif isinstance(softmax_scale, torch.Tensor) or not isinstance(softmax_scale, numbers.Real):
         raise ValueError(
             f"{where}: softmax_scale: must be a finite number or None, got {type(softmax_scale).__name__}"
         )
-    value = float(softmax_scale)
+    value = check_float32(softmax_scale, "softmax_scale", where)
     if not math.isfinite(value):
         raise ValueError(f"{where}: softmax_scale: must be a finite number or None, got {value}")
     if return_max_logit and value < 0:

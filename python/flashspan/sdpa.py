@@ -16,7 +16,7 @@ from torch import Tensor
 
 from . import _lib
 from . import _sdpa_lib as L
-from ._checks import check_flag
+from ._checks import check_flag, check_float32
 from ._sdpa_lib import check_packed_end
 from .autograd import no_double_backward
 
@@ -361,15 +361,20 @@ def _float_arg(x, name: str) -> float:
     """``x`` as a float for an argument the C layer takes as a float (softcap, the dropout probability): a real number
     (int, float, NumPy scalar, anything with ``__float__``), not a bool or a string (``float("2")`` would parse it).
     TypeError naming the argument otherwise, as the seed's graph.sdpa (pybind11) refuses an argument of another type.
-    Its value (finite, positive, in [0, 1), ...) is the C layer's rule. (attn_scale keeps its own check: a scale that
+    A finite value past float32's range is a ValueError (check_float32: the C layer would see inf); its other rules
+    (finite, positive, in [0, 1), ...) are the C layer's. (attn_scale keeps its own check: a scale that
     is not a finite number is a ValueError, flex's softmax_scale class, docs/ERRORS.md.)"""
     if type(x) is float:
-        return x
+        return check_float32(x, name)
     if not isinstance(x, (bool, str, bytes)) and hasattr(type(x), "__float__"):
         try:
-            return float(x)
+            value = float(x)
+        except OverflowError:  # an int past float64's range: check_float32 names it
+            return check_float32(x, name)
         except (TypeError, ValueError, RuntimeError):
             pass  # e.g. a tensor of several elements
+        else:
+            return check_float32(value, name)
     raise TypeError(f"{name}: must be a real number (float), got {type(x).__name__} {x!r}")
 
 
@@ -405,7 +410,7 @@ def _tensor_arg(x, name: str, device: torch.device, dtype) -> Optional[Tensor]:
     if dtype == torch.int64:
         return torch.tensor([_int_arg(x, name, "an int or an int32 / int64 tensor")], dtype=dtype, device=device)
     if isinstance(x, numbers.Real) and not isinstance(x, bool):
-        return torch.tensor([float(x)], dtype=dtype, device=device)
+        return torch.tensor([check_float32(x, name)], dtype=dtype, device=device)
     raise TypeError(f"{name}: must be a torch.Tensor or a number, got {type(x).__name__}")
 
 
@@ -557,7 +562,7 @@ def _apply_common(call: _Call, lay: _Layout, q: Tensor, *, attn_scale, bias, blo
             # ValueError, as flex's softmax_scale (the seed's class for a scale that is not a finite number).
             raise ValueError(f"attn_scale: must be a finite float, a 1-element float32 tensor or None, got "
                              f"{type(attn_scale).__name__} {attn_scale!r}")
-        call.option("attn_scale", float(attn_scale))
+        call.option("attn_scale", check_float32(attn_scale, "attn_scale"))
     call.set(L.BIAS, bias)
     call.set(L.BLOCK_MASK, block_mask)
     if use_alibi_mask:

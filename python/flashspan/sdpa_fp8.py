@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from . import _sdpa_lib as L
-from ._checks import check_flag
+from ._checks import check_flag, check_float32
 from .sdpa import (TOP_LEFT, _apply_common, _Call, _check_unsupported, _Layout, _like_layout, _scale_on_host,
                    _warn_deprecated)
 
@@ -37,7 +37,7 @@ def _scale(x, name: str, device: torch.device) -> Tensor:
     if isinstance(x, Tensor):
         return x.reshape(-1) if x.dim() == 0 else x
     if isinstance(x, numbers.Real) and not isinstance(x, bool):
-        return torch.full(_AMAX_SHAPE, float(x), dtype=torch.float32, device=device)
+        return torch.full(_AMAX_SHAPE, check_float32(x, name), dtype=torch.float32, device=device)
     raise TypeError(f"{name}: must be a 1-element float32 tensor or a number, got {type(x).__name__}")
 
 

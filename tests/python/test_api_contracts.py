@@ -260,6 +260,24 @@ def test_max_logit_needs_nonnegative_scale(fs):
         fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, softmax_scale=float("nan"))
 
 
+def test_scale_past_float32_is_named_by_the_called_function(fs):
+    # The C ABI takes the scale as a float32: 1e40 became inf on the way and was refused as
+    # "FlexAttentionFwd.execute: softmax_scale: must be finite, got inf" (another function, another value).
+    p = _bshd()
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    for scale, shown in ((1e40, r"1e\+40"), (-1e39, r"-1e\+39"), (10**400, r"1000")):
+        with pytest.raises(ValueError, match=rf"^flex_attn_func: softmax_scale: {shown}.* does not fit float32 "
+                                             r"\(must be finite as float32\)"):
+            fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, softmax_scale=scale)
+    out = torch.empty_like(p.q)
+    lse = torch.empty(p.q.shape[0], p.q.shape[2], p.q.shape[1])
+    fwd = fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse)
+    fwd.compile()
+    with pytest.raises(ValueError, match=r"^FlexAttentionFwd\.execute: softmax_scale: 1e\+40 does not fit float32"):
+        fwd.execute(p.q, p.k, p.v, out, plan, lse, softmax_scale=1e40)
+    fs.flex_attn_func(p.q, p.k, p.v, mask_plan=plan, softmax_scale=3.4028234663852886e38)  # FLT_MAX itself fits
+
+
 def test_last_dim_must_be_contiguous(fs):
     p = _bshd()
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)

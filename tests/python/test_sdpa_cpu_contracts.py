@@ -106,6 +106,27 @@ def test_integers_past_int64_are_refused_naming_the_argument(fs, case):
     fs.sdpa(q, k, v, diagonal_band_left_bound=2**63 - 1)
 
 
+@pytest.mark.parametrize("kw, name, shown", [
+    (dict(attn_scale=1e40), "attn_scale", r"1e\+40"),
+    (dict(attn_scale=10**400), "attn_scale", r"1000"),
+    (dict(softcap=1e300), "softcap", r"1e\+300"),
+    (dict(softcap=-1e39), "softcap", r"-1e\+39"),
+    (dict(dropout=(1e300, 0, 0)), "dropout probability", r"1e\+300"),
+])
+def test_floats_past_float32_are_refused_naming_the_argument(fs, kw, name, shown):
+    # The C ABI takes these as float32: a finite value past its range became inf on the way and was refused as
+    # "must be finite, got inf", a value the caller never gave.
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match=rf"^{name}: {shown}.* does not fit float32 \(must be finite as float32\)"):
+        fs.sdpa(q, k, v, **kw)
+    if name == "attn_scale" and isinstance(kw["attn_scale"], float):  # the op's schema takes a float
+        with pytest.raises(ValueError, match=rf"^sdpa_fwd: attn_scale: {shown}.* does not fit float32"):
+            torch.ops.flashspan.sdpa_fwd(q, k, v, kw["attn_scale"])
+    # inf itself is the C layer's rule, named with the value given.
+    with pytest.raises(ValueError, match=r"^attn_scale: must be finite, got inf"):
+        fs.sdpa(q, k, v, attn_scale=float("inf"))
+
+
 # ---------------------------------------------------------------------------
 # Outputs, variant-pack pointers, byte offsets
 # ---------------------------------------------------------------------------
