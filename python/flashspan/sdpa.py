@@ -9,6 +9,7 @@ import numbers
 import operator
 import os
 import warnings
+from collections.abc import Mapping
 from typing import Optional, Union
 
 import torch
@@ -16,7 +17,7 @@ from torch import Tensor
 
 from . import _lib
 from . import _sdpa_lib as L
-from ._checks import check_flag, check_float32
+from ._checks import _short_repr, check_flag, check_float32
 from ._sdpa_lib import check_packed_end
 from .autograd import no_double_backward
 
@@ -458,6 +459,32 @@ def _max_len(lengths: Optional[Tensor], cu: Optional[Tensor], given: Optional[in
     raise ValueError(f"max_seq_len_{side}: a 3-D (T, H, D) tensor needs sequence lengths (cu_seq_len_{side})")
 
 
+_RAGGED_NAMES = ("q", "k", "v", "o", "stats", "dO", "dQ", "dK", "dV", "gate", "dgate", "paged_attention_k_table",
+                 "paged_attention_v_table")
+
+
+def _ragged_offsets_arg(ragged_offsets) -> dict:
+    """``ragged_offsets`` as a dict {tensor name: offsets tensor}: None is {}; TypeError naming the argument for
+    anything but a mapping of tensors (a list of offsets was a TypeError about dict's update, a list value an
+    AttributeError), ValueError for an unknown tensor name. The offsets' dtype, shape and values are the C layer's
+    rules and bind_seq's host checks."""
+    if ragged_offsets is None:
+        return {}
+    if not isinstance(ragged_offsets, Mapping):
+        raise TypeError(f"ragged_offsets: must be a dict {{tensor name: int32 / int64 tensor of token offsets (B + 1,)}}"
+                        f", e.g. {{'q': torch.tensor([0, 4, 10])}}, got {type(ragged_offsets).__name__} "
+                        f"{_short_repr(ragged_offsets)}")
+    offsets = dict(ragged_offsets)
+    unknown = set(offsets) - set(_RAGGED_NAMES)
+    if unknown:
+        raise ValueError(f"ragged_offsets: unknown tensor name(s) {sorted(unknown, key=str)}")
+    for name, t in offsets.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"ragged_offsets: {name!r}: must be a torch.Tensor (int32 / int64 token offsets, shape "
+                            f"(B + 1,)), got {type(t).__name__} {_short_repr(t)}")
+    return offsets
+
+
 class _Layout:
     """Sizes of one call and how its THD (3-D) tensors map to [B, H, S_max, D] descriptors."""
 
@@ -466,11 +493,7 @@ class _Layout:
         for name, t in (("q", q), ("k", k), ("v", v)):
             if not isinstance(t, Tensor):
                 raise TypeError(f"{name}: must be a torch.Tensor, got {type(t).__name__}")
-        self.ragged_offsets = dict(ragged_offsets or {})
-        unknown = set(self.ragged_offsets) - {"q", "k", "v", "o", "stats", "dO", "dQ", "dK", "dV", "gate", "dgate",
-                                              "paged_attention_k_table", "paged_attention_v_table"}
-        if unknown:
-            raise ValueError(f"ragged_offsets: unknown tensor name(s) {sorted(unknown)}")
+        self.ragged_offsets = _ragged_offsets_arg(ragged_offsets)
         self.paged = paged
         self.thd_q = q.dim() == 3
         self.thd_kv = k.dim() == 3 and not paged

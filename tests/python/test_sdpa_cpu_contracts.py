@@ -244,6 +244,23 @@ def test_ragged_rows_outside_the_packed_tensor_are_rejected(fs):
                     ragged_offsets={"q": torch.tensor(offs)}, max_seq_len_q=4)
 
 
+def test_ragged_offsets_of_another_type_are_type_errors_naming_it(fs):
+    # A list of offsets for a tensor raised AttributeError ('list' object has no attribute 'reshape'), a list for the
+    # argument a TypeError about dict's update sequence: neither named ragged_offsets.
+    qt, kt = torch.randn(20, H, D), torch.randn(12, H, D)
+    kw = dict(use_padding_mask=True, seq_len_q=torch.tensor([4, 6]), cu_seq_len_kv=torch.tensor([0, 5, 12]))
+    with pytest.raises(TypeError, match=r"^ragged_offsets: 'q': must be a torch\.Tensor \(int32 / int64 token "
+                                        r"offsets, shape \(B \+ 1,\)\), got list \[0, 8, 20\]"):
+        fs.sdpa(qt, kt, kt, ragged_offsets={"q": [0, 8, 20]}, **kw)
+    for bad in ([1, 2], "q", torch.tensor([0, 8, 20])):
+        with pytest.raises(TypeError, match=r"^ragged_offsets: must be a dict \{tensor name: int32 / int64 tensor of "
+                                            rf"token offsets \(B \+ 1,\)\}}, .*got {type(bad).__name__}"):
+            fs.sdpa(qt, kt, kt, ragged_offsets=bad, **kw)
+    with pytest.raises(ValueError, match=r"^ragged_offsets: unknown tensor name\(s\) \['x'\]"):
+        fs.sdpa(qt, kt, kt, ragged_offsets={"x": torch.tensor([0, 8, 20])}, **kw)
+    fs.sdpa(qt, kt, kt, ragged_offsets={"q": torch.tensor([0, 8, 20])}, **kw)
+
+
 # ---------------------------------------------------------------------------
 # Every invalid combination the seed names: a ValueError / TypeError (RuntimeError for a valid but unsupported
 # configuration) whose message starts with the argument and states the rule.
