@@ -569,7 +569,28 @@ class _Layout:
                     b = int(bad[0])
                     raise ValueError(f"{name}: the ragged offsets place sample {b}'s rows [{int(o[b])}, {int(ends[b])}) "
                                      f"outside the packed tensor's T = {T} tokens")
+                if not packed_by_cu:  # (cumulative lengths place the samples one after another: the C layer's rules)
+                    _check_no_shared_rows(name, o[:-1], ends)
         call.ragged[slot] = (_Bound(offsets.reshape(-1)), t.stride(0))
+
+
+def _check_no_shared_rows(name: str, starts: Tensor, ends: Tensor) -> None:
+    """Host check (CPU tensors) that no two samples of a packed tensor share a row: sample b holds the rows
+    [starts[b], ends[b]). Interleaved tokens are not supported (the spec's ragged layout): an output sample placed over
+    another overwrote it, silently. Empty samples hold no row."""
+    keep = torch.nonzero(ends > starts).reshape(-1)
+    if keep.numel() < 2:
+        return
+    order = keep[torch.argsort(starts[keep], stable=True)]
+    s, e = starts[order], ends[order]
+    # Sorted by start, two samples overlap only if some sample ends past the start of the next one.
+    clash = torch.nonzero(e[:-1] > s[1:]).reshape(-1)
+    if clash.numel():
+        i = int(clash[0])
+        a, b = sorted((int(order[i]), int(order[i + 1])))
+        raise ValueError(f"{name}: the ragged offsets place samples {a} and {b} on shared rows (sample {a}: rows "
+                         f"[{int(starts[a])}, {int(ends[a])}), sample {b}: rows [{int(starts[b])}, {int(ends[b])})): "
+                         f"each sample needs rows of its own (interleaved tokens are not supported)")
 
 
 def _apply_common(call: _Call, lay: _Layout, q: Tensor, *, attn_scale, bias, block_mask, use_alibi_mask,

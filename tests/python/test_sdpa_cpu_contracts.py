@@ -244,6 +244,38 @@ def test_ragged_rows_outside_the_packed_tensor_are_rejected(fs):
                     ragged_offsets={"q": torch.tensor(offs)}, max_seq_len_q=4)
 
 
+def test_ragged_samples_sharing_rows_are_rejected(fs):
+    # Interleaved tokens are not supported (the seed's ragged layout): sample 1 placed over sample 0's rows of q
+    # made o's sample 1 overwrite sample 0's rows 2 and 3, silently. Checked on the host for CPU tensors (as the rows
+    # outside T above); CUDA calls skip it (it would sync).
+    qt, kt = torch.randn(20, H, D), torch.randn(12, H, D)
+    kw = dict(use_padding_mask=True, seq_len_q=torch.tensor([4, 6]), cu_seq_len_kv=torch.tensor([0, 5, 12]))
+    with pytest.raises(ValueError, match=r"^q: the ragged offsets place samples 0 and 1 on shared rows \(sample 0: "
+                                         r"rows \[0, 4\), sample 1: rows \[2, 8\)\): each sample needs rows of its own "
+                                         r"\(interleaved tokens are not supported\)"):
+        fs.sdpa(qt, kt, kt, ragged_offsets={"q": torch.tensor([0, 2, 20])}, **kw)
+    # Out of order (sample 1 first, 0 after it), the last sample covering the first: found whatever the order.
+    with pytest.raises(ValueError, match=r"^q: the ragged offsets place samples 0 and 1 on shared rows \(sample 0: "
+                                         r"rows \[10, 14\), sample 1: rows \[8, 14\)\)"):
+        fs.sdpa(qt, kt, kt, ragged_offsets={"q": torch.tensor([10, 8, 20])}, **kw)
+    # The KV side, and the backward.
+    kw_kv = dict(use_padding_mask=True, cu_seq_len_q=torch.tensor([0, 4, 10]), seq_len_kv=torch.tensor([5, 7]))
+    qp = torch.randn(10, H, D)
+    with pytest.raises(ValueError, match=r"^k: the ragged offsets place samples 0 and 1 on shared rows"):
+        fs.sdpa(qp, kt, kt, ragged_offsets={"k": torch.tensor([0, 4, 12]), "v": torch.tensor([0, 5, 12])}, **kw_kv)
+    o, stats = fs.sdpa(qt, kt, kt, ragged_offsets={"q": torch.tensor([0, 8, 20])}, generate_stats=True, **kw)
+    with pytest.raises(ValueError, match=r"^q: the ragged offsets place samples 0 and 1 on shared rows"):
+        fs.sdpa_backward(qt, kt, kt, o, o, stats, ragged_offsets={"q": torch.tensor([0, 2, 20])}, **kw)
+    # Disjoint samples in any order, with gaps, and an empty sample anywhere are fine.
+    want = fs.sdpa(qt, kt, kt, ragged_offsets={"q": torch.tensor([0, 8, 20])}, **kw)[0]
+    q2 = torch.zeros_like(qt)
+    q2[14:18], q2[0:6] = qt[0:4], qt[8:14]
+    got = fs.sdpa(q2, kt, kt, ragged_offsets={"q": torch.tensor([14, 0, 20])}, **kw)[0]
+    assert torch.equal(got[14:18], want[0:4]) and torch.equal(got[0:6], want[8:14])
+    fs.sdpa(qt, kt, kt, use_padding_mask=True, seq_len_q=torch.tensor([4, 0]), cu_seq_len_kv=torch.tensor([0, 5, 12]),
+            ragged_offsets={"q": torch.tensor([0, 2, 20])})
+
+
 def test_ragged_offsets_of_another_type_are_type_errors_naming_it(fs):
     # A list of offsets for a tensor raised AttributeError ('list' object has no attribute 'reshape'), a list for the
     # argument a TypeError about dict's update sequence: neither named ragged_offsets.
