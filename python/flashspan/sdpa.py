@@ -42,6 +42,7 @@ TOP_LEFT = diagonal_alignment.TOP_LEFT
 BOTTOM_RIGHT = diagonal_alignment.BOTTOM_RIGHT
 
 _CACHE = L.OpCache()
+_LOG2E = 1.4426950408889634
 _VALIDATED = L.OpCache(256)  # calls whose descriptors passed the C layer's rules (_scale_on_host)
 
 # Where a call runs is the device of its tensors (_route). The variable once chose a Python lowering of pure-mask
@@ -1043,7 +1044,8 @@ def sdpa(
         max_total_seq_len_q, max_total_seq_len_kv: packed token totals (THD only).
         generate_stats: return the fp32 LSE stats ``(B, H_q, S_q, 1)`` (THD: ``(T, H_q, 1)``); default: only when
             gradients are needed it is computed, and returned only if requested.
-        stats_use_log2: stats in base 2.
+        stats_use_log2: stats in base 2 (the natural-log stats times log2(e)); only the returned stats: with gradients
+            the backward still runs on the natural-log stats, which the forward keeps for it.
         implementation, unfuse_fma, compute_data_type, name: accepted for parity (one engine; float32 compute).
         score_max, score_sum_exp: optional fp32 ``(B, H_q, S_q, 1)`` outputs (row max, sum of exp(x - max)).
         max_logit: optional fp32 ``(H_q,)`` output, per-head maximum logit (QK-clip).
@@ -1124,8 +1126,8 @@ def sdpa(
             paged_attention_v_table=paged_attention_v_table,
             paged_attention_max_seq_len_kv=paged_attention_max_seq_len_kv, stats_use_log2=stats_use_log2,
             score_max=score_max, score_sum_exp=score_sum_exp, max_logit=max_logit)
-    # With gradients the forward computes the stats whatever generate_stats says (the full path never sees it) and
-    # base-2 stats are refused: check both flags here (the others are the full path's).
+    # With gradients the forward computes natural-log stats whatever generate_stats and stats_use_log2 say (the full
+    # path never sees them): check both flags here (the others are the full path's).
     if stats_use_log2.__class__ is not bool or (generate_stats is not None and generate_stats.__class__ is not bool):
         stats_use_log2 = check_flag("stats_use_log2", stats_use_log2)
         generate_stats = check_flag("generate_stats", generate_stats, none_ok=True)
@@ -1148,17 +1150,19 @@ def sdpa(
     if paged:
         raise ValueError("paged_attention_k_table, paged_attention_v_table: paged K/V caches have no backward pass "
                          "(as in the seed); call under torch.no_grad() or pass contiguous K/V")
-    if stats_use_log2:
-        raise ValueError("stats_use_log2: the backward consumes natural-log stats; request base-2 stats without "
-                         "gradients")
+    # The backward consumes natural-log stats (the seed: stats_use_log2 "only affects stats ... the backward pass is
+    # unaffected"): the forward keeps them natural for the backward and the caller gets the base-2 copy (below).
     spec = {
-        "fwd": dict(fwd, generate_stats=True, **fwd_only),
+        "fwd": dict(fwd, generate_stats=True, **dict(fwd_only, stats_use_log2=False)),
         "bwd": dict(fwd, use_deterministic_algorithm=torch.are_deterministic_algorithms_enabled()),
     }
     for key in ("rng_dump",):
         spec["bwd"][key] = None
     o, stats = _SdpaFunction.apply(q, k, v, bias, sink_token, gate, spec)
-    return o, (stats if generate_stats else None)
+    if not generate_stats:
+        return o, None
+    # The base-2 stats are the natural ones times log2(e) (-inf stays -inf), as the C layer computes them.
+    return o, (stats * _LOG2E if stats_use_log2 else stats)
 
 
 def sdpa_backward(

@@ -63,6 +63,39 @@ def test_row_statistics_and_max_logit(fs, seed):
     assert torch.allclose(two[fin], nat[fin] * LOG2E, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_base2_stats_with_gradients(fs, dtype):
+    # stats_use_log2 "only affects stats ... the backward pass is unaffected" (the seed): with gradients the forward
+    # keeps the natural-log stats for the backward and returns their base-2 form (it raised ValueError before).
+    g = torch.Generator().manual_seed(3)
+    B, H, S, D = 2, 2, 12, 16
+    q0, k0, v0, do = (torch.randn(B, H, S, D, generator=g, dtype=dtype) for _ in range(4))
+    sink0 = torch.randn(H, generator=g, dtype=torch.float32)
+    args = dict(attn_scale=0.25, use_padding_mask=True, seq_len_q=torch.tensor([7, 12]),
+                seq_len_kv=torch.tensor([12, 9]), diagonal_band_right_bound=0, generate_stats=True)
+
+    def run(**kw):
+        q, k, v, sink = (t.clone().requires_grad_() for t in (q0, k0, v0, sink0))
+        o, stats = fs.sdpa(q, k, v, sink_token=sink, **args, **kw)
+        torch.autograd.backward(o, do)
+        return o.detach(), stats, (q.grad, k.grad, v.grad, sink.grad)
+
+    o2, stats2, grads2 = run(stats_use_log2=True)
+    o1, stats1, grads1 = run()
+    with torch.no_grad():
+        o3, stats3 = fs.sdpa(q0, k0, v0, sink_token=sink0, stats_use_log2=True, **args)
+    assert not stats2.requires_grad
+    assert torch.equal(o2, o1) and torch.equal(o2, o3)
+    for got, want in zip(grads2, grads1):
+        assert torch.equal(got, want)  # the backward of natural-log stats, bitwise
+    assert torch.equal(torch.isneginf(stats2), torch.isneginf(stats3))
+    fin = torch.isfinite(stats3)
+    if dtype == torch.float32:
+        assert torch.equal(stats2[fin], stats3[fin])  # as the C layer computes them: float32 LSE times log2(e)
+    assert torch.allclose(stats2[fin], stats3[fin], rtol=1e-6, atol=0)
+    assert torch.allclose(stats2[fin], stats1[fin] * LOG2E, rtol=1e-6, atol=0)
+
+
 # ---------------------------------------------------------------------------
 # rng_dump
 # ---------------------------------------------------------------------------
