@@ -118,6 +118,15 @@ struct Checker {
                    full[d]);
     }
     same_device(slot);
+    if (t.size(-1) > 1 && t.stride(-1) == 0) {
+      // An expanded view (x.expand(...)) of a size-1 last dimension: the size-1 shape itself is what the rule wants
+      // (size-1 dims broadcast without a copy).
+      FS_CHECK_ARG(false, slot_name(slot), ": last dimension must be contiguous (stride 1), got stride 0: an expanded "
+                   "(broadcast) view; pass the size-1 shape ",
+                   shape_of({t.stride(0) == 0 ? 1 : t.shape[0], t.stride(1) == 0 ? 1 : t.shape[1],
+                             t.stride(2) == 0 ? 1 : t.shape[2], 1}),
+                   " instead (dims of size 1 broadcast to ", shape_of({B, H, Sq, Skv}), " without a copy)");
+    }
     last_dim_contiguous(slot);
   }
 };

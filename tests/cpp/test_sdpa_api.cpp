@@ -243,6 +243,51 @@ struct PagedCall {
 bool begins(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 
+// An expanded view of a size-1 last dimension (torch's bias.expand(...), stride 0) breaks the bias's and the dropout
+// mask's last-dimension rule; the message names the size-1 shape to pass instead (it broadcasts without a copy).
+TEST(SdpaApi, ExpandedBroadcastViewNamesTheSizeOneShape) {
+  constexpr int64_t s = 16, d = 16;
+  std::vector<float> q(s * d, 0.5f), o(s * d), bias(s, 0.25f), scale{1.0f};
+  std::vector<uint8_t> mask(s, 1);
+  TensorDesc qd(q.data(), kFloat32, cpu(), {1, 1, s, d}), od(o.data(), kFloat32, cpu(), {1, 1, s, d});
+  auto message = [&](const SdpaAttributes& attr) -> std::string {
+    try {
+      SdpaFwd fwd(qd, qd, qd, od, nullptr, attr);
+    } catch (const Exception& e) {
+      EXPECT_EQ(e.status(), FS_STATUS_INVALID_ARGUMENT) << e.what();
+      return e.what();
+    }
+    return "";
+  };
+  // [1, 1, 16, 1] expanded to [1, 1, 16, 16]; [1, 1, 1, 1] expanded to [1, 1, 16, 16].
+  const TensorDesc rows(bias.data(), kFloat32, cpu(), {1, 1, s, s}, {s, s, 1, 0});
+  const TensorDesc one(bias.data(), kFloat32, cpu(), {1, 1, s, s}, {1, 1, 0, 0});
+  SdpaAttributes a1;
+  a1.set_bias(rows);
+  EXPECT_EQ(message(a1),
+            "bias: last dimension must be contiguous (stride 1), got stride 0: an expanded (broadcast) view; pass the "
+            "size-1 shape [1, 1, 16, 1] instead (dims of size 1 broadcast to [1, 1, 16, 16] without a copy)");
+  SdpaAttributes a2;
+  a2.set_bias(one);
+  EXPECT_TRUE(begins(message(a2), "bias: last dimension must be contiguous (stride 1), got stride 0: an expanded "
+                                  "(broadcast) view; pass the size-1 shape [1, 1, 1, 1] instead"))
+      << message(a2);
+  SdpaAttributes a3;
+  a3.set_dropout_mask(TensorDesc(mask.data(), kUInt8, cpu(), {1, 1, s, s}, {s, s, 1, 0}),
+                      TensorDesc(scale.data(), kFloat32, cpu(), {1}));
+  EXPECT_TRUE(begins(message(a3), "dropout mask: last dimension must be contiguous (stride 1), got stride 0: an "
+                                  "expanded (broadcast) view; pass the size-1 shape [1, 1, 16, 1] instead"))
+      << message(a3);
+  // Another stride keeps the plain rule; the size-1 shape itself is accepted.
+  std::vector<float> wide(2 * s * s, 0.25f);
+  SdpaAttributes a4;
+  a4.set_bias(TensorDesc(wide.data(), kFloat32, cpu(), {1, 1, s, s}, {2 * s * s, 2 * s * s, 2 * s, 2}));
+  EXPECT_EQ(message(a4), "bias: last dimension must be contiguous (stride 1), got stride 2");
+  SdpaAttributes a5;
+  a5.set_bias(TensorDesc(bias.data(), kFloat32, cpu(), {1, 1, s, 1}));
+  EXPECT_EQ(message(a5), "");
+}
+
 TEST(SdpaApi, PagedErrorsNameThePagedLayout) {
   EXPECT_EQ(PagedCall{}.run(), "");
   // A container of the wrong rank is named as a container, with its page table.
