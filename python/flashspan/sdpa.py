@@ -1042,12 +1042,15 @@ def sdpa(
             ``use_padding_mask`` with Q- and KV-side lengths (as in the seed); forward only.
             paged_attention_max_seq_len_kv: the logical S_kv (default max_pages * block_size).
         max_total_seq_len_q, max_total_seq_len_kv: packed token totals (THD only).
-        generate_stats: return the fp32 LSE stats ``(B, H_q, S_q, 1)`` (THD: ``(T, H_q, 1)``); default: only when
-            gradients are needed it is computed, and returned only if requested.
+        generate_stats: return the fp32 LSE stats ``(B, H_q, S_q, 1)`` (THD: packed ``(T, H_q, 1)``; score_max /
+            score_sum_exp stay padded); default: only when gradients are needed it is computed, and returned only if
+            requested.
         stats_use_log2: stats in base 2 (the natural-log stats times log2(e)); only the returned stats: with gradients
             the backward still runs on the natural-log stats, which the forward keeps for it.
         implementation, unfuse_fma, compute_data_type, name: accepted for parity (one engine; float32 compute).
-        score_max, score_sum_exp: optional fp32 ``(B, H_q, S_q, 1)`` outputs (row max, sum of exp(x - max)).
+        score_max, score_sum_exp: optional fp32 ``(B, H_q, S_q, 1)`` outputs (row max, sum of exp(x - max)); always
+            padded: with packed THD q they are ``(B, H_q, S_max, 1)`` (S_max: ``max_seq_len_q``, else the longest sample), not packed
+            ``(T, H_q, 1)`` like the stats.
         max_logit: optional fp32 ``(H_q,)`` output, per-head maximum logit (QK-clip).
         sink_token: fp32 ``(H_q,)`` per-head sink logits in the softmax denominator; differentiable.
         softcap: ``x -> softcap * tanh(x / softcap)`` after scaling.

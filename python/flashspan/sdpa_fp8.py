@@ -148,7 +148,8 @@ def sdpa_fp8(
         use_padding_mask, seq_len_q, seq_len_kv, cu_seq_len_q, cu_seq_len_kv: per-sample lengths, ``(B,)`` /
             ``(B, 1, 1, 1)``, or prefix sums ``(B + 1,)``, int32 / int64; one form per side.
         compute_data_type, name: accepted for parity (float32 compute).
-        generate_stats: return the float32 LSE stats ``(B, H_q, S_q, 1)`` (THD: ``(T, H_q, 1)``); None (the default)
+        generate_stats: return the float32 LSE stats ``(B, H_q, S_q, 1)`` (THD: packed ``(T, H_q, 1)``, while
+            score_max / score_sum_exp stay padded ``(B, H_q, S_max, 1)``); None (the default)
             is True unless ``is_inference`` is given.
         is_inference: deprecated negation of generate_stats (a DeprecationWarning; giving both with equal values is a
             ValueError).
