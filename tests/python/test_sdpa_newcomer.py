@@ -115,3 +115,26 @@ def test_docs_state_the_dimension_order_up_front(fs):
     """docs/SDPA.md says early (before any section) that q, k, v are (B, H, S, D) and how to pass BSHD tensors."""
     intro = DOCS.read_text().split("\n## ", 1)[0]
     assert "(B, H, S, D)" in intro and "q.transpose(1, 2)" in intro
+
+
+@pytest.mark.parametrize("fn", ["sdpa_fp8", "sdpa_fp8_backward"])
+def test_documented_fp8_signatures_are_the_code(fs, fn):
+    """docs/SDPA.md "FP8 SDPA" / "API": each signature, its keyword-only marker and its defaults are the function's
+    (the block showed generate_stats=True where the code's default is None: True unless is_inference is given)."""
+    import ast
+    import inspect
+
+    section = DOCS.read_text().split("## FP8 SDPA", 1)[1].split("### API", 1)[1]
+    block = re.search(r"```\n(.*?)```", section, re.S).group(1)
+    m = re.search(rf"flashspan\.{fn}\((.*?)\)\s*\n\s*->", block, re.S)
+    assert m is not None, f"the documented {fn} signature"
+    documented = [p.strip() for p in m.group(1).replace("\n", " ").split(",")]
+    actual = []
+    for p in inspect.signature(getattr(fs, fn)).parameters.values():
+        if p.kind is p.KEYWORD_ONLY and "*" not in actual:
+            actual.append("*")
+        actual.append(p.name if p.default is p.empty else f"{p.name}={p.default!r}")
+    assert [d.split("=")[0] for d in documented] == [a.split("=")[0] for a in actual]
+    for d, a in zip(documented, actual):
+        if "=" in d or "=" in a:
+            assert ast.literal_eval(d.split("=", 1)[1]) == ast.literal_eval(a.split("=", 1)[1]), (d, a)
