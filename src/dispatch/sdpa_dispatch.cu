@@ -119,8 +119,10 @@ void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, 
     return;
   }
   if (sdpa_fwd_runs_sm90(p)) {
+    // Packed q, k or v (experimental): the per-sample tensor maps' part of the workspace.
+    const WorkspaceSlice maps = sdpa_fwd_sm90_maps(p, workspace, workspace_bytes);
     sm90::launch_sdpa_fwd_sm90(sdpa_fwd_params(p), p.t(FS_SDPA_Q), p.t(FS_SDPA_K), p.t(FS_SDPA_V),
-                               p.has(FS_SDPA_BIAS) ? &p.t(FS_SDPA_BIAS) : nullptr, p.dtype,
+                               p.has(FS_SDPA_BIAS) ? &p.t(FS_SDPA_BIAS) : nullptr, p.dtype, maps.ptr, maps.bytes,
                                static_cast<cudaStream_t>(stream));
     return;
   }

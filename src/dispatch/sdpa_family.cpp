@@ -92,6 +92,8 @@ Switch g_sdpa_fp8_hk_ne_hv{experimental_from_env};
 Switch g_sdpa_fp8_device_attn_scale{experimental_from_env};
 // Packed (THD) tensors in the sm80 FP8 forward (fp8_fwd_refusal): experimental, not yet run on a GPU.
 Switch g_sdpa_fp8_thd{experimental_from_env};
+// Packed (THD) tensors in the 16-bit sm90 forward (sm90_refusal): experimental, not yet run on a GPU.
+Switch g_sdpa_sm90_thd{experimental_from_env};
 }  // namespace
 
 namespace {
@@ -147,9 +149,12 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
   const bool dropout = p.dropout || p.a.dropout_mask_form;
   if (dropout && !(mods && sdpa_sm90_dropout_enabled())) return "dropout";
   if ((p.a.softcap || p.a.alibi) && !mods) return "score modifiers (softcap, ALiBi)";
+  // Packed (THD) tensors: the forward through per-sample tensor maps (sample_maps_sm90.h), experimental; the
+  // backward's are padded.
+  const bool packed_ok = !backward && sdpa_sm90_thd_enabled();
   for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
                 FS_SDPA_RAGGED_OFFSET_STATS}) {
-    if (p.has(s)) return "ragged (packed) q, k, v, o or stats";
+    if (p.has(s) && !packed_ok) return "ragged (packed) q, k, v, o or stats";
   }
   // A list of what it takes, not of what it refuses: a tensor of a feature added later (bias, sinks,
   // gate, score_max / score_sum_exp, block_mask, dropout, page tables, ...) keeps the sm80 kernels
@@ -159,6 +164,12 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
       case FS_SDPA_Q: case FS_SDPA_K: case FS_SDPA_V: case FS_SDPA_O: case FS_SDPA_STATS: case FS_SDPA_ATTN_SCALE:
       case FS_SDPA_SEQ_LEN_Q: case FS_SDPA_SEQ_LEN_KV: case FS_SDPA_CU_SEQ_LEN_Q: case FS_SDPA_CU_SEQ_LEN_KV:
         continue;
+      case FS_SDPA_RAGGED_OFFSET_Q: case FS_SDPA_RAGGED_OFFSET_K: case FS_SDPA_RAGGED_OFFSET_V:
+      case FS_SDPA_RAGGED_OFFSET_O: case FS_SDPA_RAGGED_OFFSET_STATS:
+        continue;  // (taken above)
+      case FS_SDPA_RAGGED_OFFSET_GATE:  // a packed gate: the epilogue reads it at its samples' starts
+        if (mods && packed_ok) continue;
+        break;
       case FS_SDPA_MAX_LOGIT:
         if (!backward) continue;
         break;
@@ -221,6 +232,8 @@ void set_sdpa_dbias_softcap_enabled(int on) { g_sdpa_dbias_softcap.set(on); }
 void set_sdpa_fp8_hk_ne_hv_enabled(int on) { g_sdpa_fp8_hk_ne_hv.set(on); }
 void set_sdpa_fp8_device_attn_scale_enabled(int on) { g_sdpa_fp8_device_attn_scale.set(on); }
 void set_sdpa_fp8_thd_enabled(int on) { g_sdpa_fp8_thd.set(on); }
+void set_sdpa_sm90_thd_enabled(int on) { g_sdpa_sm90_thd.set(on); }
+bool sdpa_sm90_thd_enabled() { return g_sdpa_sm90_thd.on(); }
 bool sdpa_fp8_thd_enabled() { return g_sdpa_fp8_thd.on(); }
 bool sdpa_fp8_device_attn_scale_enabled() { return g_sdpa_fp8_device_attn_scale.on(); }
 bool sdpa_fp8_hk_ne_hv_enabled() { return g_sdpa_fp8_hk_ne_hv.on(); }
@@ -383,6 +396,12 @@ bool sdpa_fwd_runs_decode(const sdpa::Problem& p) {
 
 bool sdpa_bwd_runs_sm90(const sdpa::Problem& p) {
   if (p.device != DeviceType::kCUDA || !sdpa_bwd_sm90_enabled() || sdpa_bwd_sm90_refusal(p) != nullptr) return false;
+  return on_sm90_device(p);
+}
+
+bool sdpa_fwd_sm90_may_take_packed(const sdpa::Problem& p) {
+  if (p.device != DeviceType::kCUDA || p.fp8 || p.a.backward || p.paged) return false;
+  if (!p.ragged(FS_SDPA_Q) && !p.ragged(FS_SDPA_K) && !p.ragged(FS_SDPA_V)) return false;
   return on_sm90_device(p);
 }
 

@@ -37,7 +37,8 @@ void sdpa_check_support_gpu(const sdpa::Problem& p);
 
 // Bytes of workspace of one call (pure functions of the problem's sizes): the 16-bit forward
 // needs none but on the decode forward (sdpa_fwd_runs_decode: [slots, 16, D_v] + [slots, 2, 16] fp32,
-// slots = tile_sm80.h decode_slot_capacity), an FP8 forward on CUDA tensors the V^T of the sm90 FP8 forward ([B, H_v, D_v, S_kv
+// slots = tile_sm80.h decode_slot_capacity) and on the sm90 forward of packed q, k or v (their per-sample
+// tensor maps: sdpa_fwd_sm90_maps_bytes below), an FP8 forward on CUDA tensors the V^T of the sm90 FP8 forward ([B, H_v, D_v, S_kv
 // rounded up to 128] bytes, kernels/sm90/tile_sm90.h fp8_vt_bytes_sm90); the backward keeps D and LSE log2(e) ([H_q, B * S_q] fp32 each), unless
 // deterministic the fp32 dQ accumulator [H_q, B * S_q, D_qk], with dBias the fp32 dS
 // [B, H_q, S_q, S_kv rounded up to even], and with the output gate dO * sigmoid(G)
@@ -47,6 +48,22 @@ void sdpa_check_support_gpu(const sdpa::Problem& p);
 // not, and deterministic calls one int32 counter per tile after it.
 size_t sdpa_fwd_workspace_size(const sdpa::Problem& p);
 size_t sdpa_bwd_workspace_size(const sdpa::Problem& p);
+
+// The sm90 forward's per-sample tensor maps of packed (THD) q, k or v (sdpa_sm90_thd_enabled, experimental;
+// kernels/sm90/sample_maps_sm90.h): their part of the forward's workspace (sm90::sample_maps_bytes(B, 3), and
+// 128 bytes more so that the maps start 128-byte aligned in any workspace) for every call the sm90 forward may
+// take packed (sdpa_fwd_sm90_may_take_packed: a 16-bit CUDA forward, not paged, with packed q, k or v, on an sm_90
+// device with this build's sm_90a code), whatever its switches say, so that an operation sized with them off
+// still runs when they are turned on before its execute (and the bytes, ~0.4 KB a sample, are never the
+// difference); 0 bytes for other calls. sdpa_fwd_sm90_maps binds it: the 128-byte aligned start and its bytes
+// (checked: the workspace's size), {nullptr, 0} for other calls.
+bool sdpa_fwd_sm90_may_take_packed(const sdpa::Problem& p);
+size_t sdpa_fwd_sm90_maps_bytes(const sdpa::Problem& p);
+struct WorkspaceSlice {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+WorkspaceSlice sdpa_fwd_sm90_maps(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
 
 // The kernels' parameters of a problem whose tensors are bound (host only, sdpa_params.cpp):
 // what launch_sdpa_fwd / launch_sdpa_bwd pass to the sm80 launchers. The backward binds its
@@ -199,6 +216,14 @@ void set_sdpa_fp8_device_attn_scale_enabled(int on);
 // never takes them.
 bool sdpa_fp8_thd_enabled();
 void set_sdpa_fp8_thd_enabled(int on);
+
+// Packed (THD: ragged offsets) q, k, v, o, stats in the 16-bit sm90 forward (per-sample tensor maps built on the
+// device, kernels/sm90/sample_maps_sm90.h; a packed O / stats written at the samples' starts): experimental, not
+// yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read by each check), set_sdpa_sm90_thd_enabled overrides it
+// (tests: 1 on, 0 off, -1 the environment's answer). Off: packed calls take the sm80 forward. The sm90 backward
+// keeps padded tensors.
+bool sdpa_sm90_thd_enabled();
+void set_sdpa_sm90_thd_enabled(int on);
 
 // The FP8 forward on the sm80 kernels (kernels/sm80/launch_sm80.h launch_sdpa_fp8_fwd_sm80: the 16-bit sm80
 // forward's loop on the codes widened to bf16, exact, with P's FP8 rounding and O's FP8 store in the kernel):

@@ -388,7 +388,22 @@ size_t sdpa_fwd_workspace_size(const Problem& p) {
     const DecodeWorkspace w = decode_workspace(p);
     return w.o_accum + w.ml;
   }
-  return 0;
+  return sdpa_fwd_sm90_maps_bytes(p);
+}
+
+size_t sdpa_fwd_sm90_maps_bytes(const Problem& p) {
+  if (!sdpa_fwd_sm90_may_take_packed(p)) return 0;
+  return sm90::sample_maps_bytes(p.B, sm90::kSampleMapsFwd) + sm90::kTensorMapBytes;
+}
+
+WorkspaceSlice sdpa_fwd_sm90_maps(const Problem& p, void* workspace, size_t workspace_bytes) {
+  const size_t need = sdpa_fwd_sm90_maps_bytes(p);
+  if (need == 0) return {};
+  FS_CHECK_ARG(workspace != nullptr && workspace_bytes >= need, "workspace: needs ", need, " bytes, got ",
+               workspace_bytes);
+  const uintptr_t a = reinterpret_cast<uintptr_t>(workspace);
+  const uintptr_t aligned = (a + sm90::kTensorMapBytes - 1) / sm90::kTensorMapBytes * sm90::kTensorMapBytes;
+  return {reinterpret_cast<void*>(aligned), workspace_bytes - size_t(aligned - a)};
 }
 
 SdpaPagedFwdParams sdpa_decode_fwd_params(const Problem& p, void* workspace, size_t workspace_bytes,

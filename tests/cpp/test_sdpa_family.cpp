@@ -127,8 +127,16 @@ struct DropoutSwitch {
   ~DropoutSwitch() { set_sdpa_sm90_dropout_enabled(-1); }
 };
 
+// Forces packed (THD) tensors on the sm90 forward (sdpa_sm90_thd_enabled, experimental) on or off for a scope
+// (FLASHSPAN_EXPERIMENTAL's answer after it).
+struct ThdSwitch {
+  explicit ThdSwitch(int on) { set_sdpa_sm90_thd_enabled(on); }
+  ~ThdSwitch() { set_sdpa_sm90_thd_enabled(-1); }
+};
+
 TEST(SdpaFamily, Sm90ForwardLeavesTheRestToSm80) {
   const ModsSwitch off(0);
+  const ThdSwitch thd_off(0);
   // Head dims the sm90 forward has no kernel for: (192, 192), (256, 128), a dim past 256.
   for (auto [dqk, dv] : {std::pair<int64_t, int64_t>{192, 192}, {256, 128}, {136, 136}}) {
     Call c;
@@ -209,6 +217,32 @@ std::vector<std::pair<std::string, Call>> modifier_calls() {
   return calls;
 }
 
+TEST(SdpaFamily, Sm90ForwardThdSwitch) {
+  // Packed (THD) q, o, stats (and k, v, a packed gate with the modifiers' kernel): the sm90 forward takes them
+  // with its switch on (per-sample tensor maps; experimental), never the sm90 backward; off, the sm80 forward.
+  Call c = packed_thd_call();
+  for (int s : {FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V}) c.a.tensors[size_t(s)] = vec(3, DType::kInt32);
+  {
+    const ThdSwitch on(1);
+    EXPECT_EQ(refusal(c), "");
+    Call g = c;
+    g.a.tensors[FS_SDPA_GATE] = desc(2, 4, 300, 128);
+    g.a.tensors[FS_SDPA_RAGGED_OFFSET_GATE] = vec(3, DType::kInt32);
+    {
+      const ModsSwitch mods(1);
+      EXPECT_EQ(refusal(g), "");
+    }
+    {
+      const ModsSwitch mods(0);
+      EXPECT_NE(refusal(g), "");
+    }
+  }
+  {
+    const ThdSwitch off(0);
+    EXPECT_NE(refusal(c).find("ragged"), std::string::npos);
+  }
+}
+
 TEST(SdpaFamily, Sm90ForwardWithModifiersSwitch) {
   // On (the default, or the override): the forward takes each call; off (FLASHSPAN_SM90_SDPA_MODS=0,
   // or the override): each is refused with the message of the pure-mask rule.
@@ -231,9 +265,10 @@ TEST(SdpaFamily, Sm90ForwardWithModifiersSwitch) {
     s.a.tensors[FS_SDPA_SINK_TOKEN] = vec(4, DType::kFloat32);
     EXPECT_EQ(refusal(s), sdpa::slot_name(FS_SDPA_SINK_TOKEN));
   }
-  // What the modifiers' kernel does not run still goes to sm80 with it on: packed THD, (192, 128),
-  // dropout (Philox), a packed gate (H_k != H_v it runs: Sm90ForwardTakesHkNeHvTheBackwardDoesNot).
+  // What the modifiers' kernel does not run still goes to sm80 with it on: packed THD (its switch off), (192,
+  // 128), dropout (Philox), a packed gate (H_k != H_v it runs: Sm90ForwardTakesHkNeHvTheBackwardDoesNot).
   const ModsSwitch on(1);
+  const ThdSwitch thd_off(0);
   {
     Call c = packed_thd_call();
     c.a.softcap = 5.0f;
@@ -734,6 +769,7 @@ TEST(SdpaFamily, Sm90DropoutSwitch) {
     hn.hk = 3;
     hn.hv = 2;
     EXPECT_NE(bwd_refusal(hn).find("H_k != H_v"), std::string::npos);
+    const ThdSwitch thd_off(0);
     Call t = packed_thd_call();
     t.a.dropout_probability = 0.1f;
     t.a.tensors[FS_SDPA_DROPOUT_SEED] = vec(1, DType::kInt64);

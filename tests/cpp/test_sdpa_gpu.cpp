@@ -37,6 +37,8 @@
 #include "dispatch/sdpa_launch.h"     // set_sdpa_fwd_sm90_enabled, set_sdpa_bwd_sm90_enabled
 #include "kernels/sm80/launch_sm80.h"  // sm80::set_sdpa_sm80_features_forced, sdpa_*_mask_only_launches
 #include "kernels/sm90/launch_sm90.h"  // sm90::sdpa_fwd_launches, sdpa_bwd_launches, device_supported
+#include "kernels/sm90/sample_maps_sm90.h"  // Sm90SampleMapsFlagMisalignedStarts
+#include "kernels/sm90/tma_sm90.h"
 #endif
 
 namespace flashspan::test {
@@ -520,6 +522,12 @@ struct ForceSdpaSm90 {
   ~ForceSdpaSm90() { set_sdpa_fwd_sm90_enabled(-1); }
 };
 
+// Packed (THD) tensors on the sm90 forward (experimental, sdpa_sm90_thd_enabled) forced on or off for a scope.
+struct ForceSdpaSm90Thd {
+  explicit ForceSdpaSm90Thd(int on) { set_sdpa_sm90_thd_enabled(on); }
+  ~ForceSdpaSm90Thd() { set_sdpa_sm90_thd_enabled(-1); }
+};
+
 // Forces the decode forward (kernel_decode_sm80.cuh; on by default, FLASHSPAN_SDPA_DECODE=0 off;
 // set_sdpa_decode_enabled) on or off for a scope, the environment's answer again after it.
 struct ForceSdpaDecodeAlibi {  // ALiBi in the decode forward (on by default)
@@ -632,6 +640,7 @@ TEST(SdpaGpu, Sm90ForwardFallsBackToSm80) {
   REQUIRE_SM90();
   const ForceSdpaSm90 force(1);
   const ForceSdpaSm90Mods mods_off(0);
+  const ForceSdpaSm90Thd thd_off(0);  // (Sm90ForwardThdExperimental runs packed tensors on it)
   for (int i = 0; i < 4; ++i) {
     Case c = sm90_case(9200 + uint64_t(i));
     c.kind_q = c.kind_kv = Kind::kBhsd;
@@ -643,6 +652,169 @@ TEST(SdpaGpu, Sm90ForwardFallsBackToSm80) {
     }
     run_case_expect_sm90(c, /*backward=*/false, 0, kAnyLaunches);
     if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Packed (THD) q, k, v, o, stats on the sm90 forward (experimental: sdpa_sm90_thd_enabled, FLASHSPAN_EXPERIMENTAL=1;
+// per-sample tensor maps built on the device, kernels/sm90/sample_maps_sm90.h; not yet run on a GPU).
+// ---------------------------------------------------------------------------
+
+Case sm90_mods_case(uint64_t seed);  // (below: the sm90 forward with score modifiers)
+
+// sm90_case's cases (masks in both alignments, GQA / MQA, dtypes, LSE bases, max_logit, S up to 1100 on odd
+// seeds) with the query side packed (THD with gaps between samples, q, o and the stats packed), the key side
+// packed on even seeds (else BHSD padded strides), lengths as seq_len or cu_seq_len, a sample without keys on
+// some; (192, 128) and (256, 256) on one seed in ten each; sm90_mods_case's modifiers (softcap, ALiBi, sinks,
+// bias, a packed gate, score statistics) on every third of the others.
+Case sm90_thd_case(uint64_t seed) {
+  Case c = seed % 3 == 1 ? sm90_mods_case(seed) : sm90_case(seed);
+  c.kind_q = Kind::kThd;
+  c.kind_kv = seed % 2 == 0 ? Kind::kThd : Kind::kStrided;
+  c.lengths = 1 + int(seed / 2 % 2);
+  c.zero_kv_sample = seed % 5 == 0;
+  c.B = 1 + int64_t(seed % 4);
+  if (seed % 3 != 1) {
+    if (seed % 10 == 3) std::tie(c.Dqk, c.Dv) = std::pair<int64_t, int64_t>{192, 128};
+    if (seed % 10 == 7) c.Dqk = c.Dv = 256;
+  }
+  return c;
+}
+
+TEST(SdpaGpu, Sm90ForwardThdExperimental) {
+  // sm90_thd_case's cases on the sm90 forward (the launch counter says it ran each): O, the stats (and
+  // max_logit, the score statistics) against the CPU reference on NaN-poisoned outputs, the gaps between
+  // packed samples left untouched (same_result); every fourth case also the backward (the sm80 kernels: the
+  // sm90 backward's tensors are padded) on the GPU forward's O and LSE.
+  REQUIRE_SM90();
+  const ForceSm90WithMods force;
+  const ForceSdpaSm90Thd thd(1);
+  for (uint64_t seed = 15101; seed <= 15160; ++seed) {
+    const Case c = sm90_thd_case(seed);
+    const bool backward = seed % 4 == 0;
+    run_case_expect_sm90(c, backward, 1, kAnyLaunches, /*chain=*/true);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, Sm90ForwardThdOffRunsSm80) {
+  // The switch off: the same packed calls take the sm80 forward.
+  REQUIRE_SM90();
+  const ForceSm90WithMods force;
+  const ForceSdpaSm90Thd thd(0);
+  for (uint64_t seed = 15101; seed <= 15106; ++seed) {
+    run_case_expect_sm90(sm90_thd_case(seed), /*backward=*/false, 0, kAnyLaunches);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, Sm90SampleMapsFlagMisalignedStarts) {
+  // The per-sample maps' pre-pass (sample_maps_sm90.h) over a packed q of three samples (H = 2, D = 64, bf16)
+  // whose second starts 3 elements past a 16-byte boundary: flags {0, 1, 0}. The NaN fill then covers that
+  // sample's rows of a packed O (every head, D_v columns) and of its packed stats, nothing else.
+  REQUIRE_SM90();
+  constexpr int B = 3, H = 2, D = 64, S = 8;
+  const std::vector<int32_t> len = {5, 7, 4};
+  const std::vector<int64_t> tok = {0, 5, 12, 16};  // token offsets of the packed O / stats
+  const std::vector<int64_t> q_start = {0, 5 * H * D + 3, 12 * H * D};  // elements: sample 1 misaligned
+  const int64_t tokens = tok.back() + 1, q_elems = tokens * H * D + 8;
+  DevBuf q(size_t(q_elems) * 2), o(size_t(tokens * H * D) * 2), lse(size_t(tokens * H) * 4);
+  cuda_ok(cudaMemset(q.p, 0, q.bytes), "q");
+  cuda_ok(cudaMemset(o.p, 0, o.bytes), "o");
+  cuda_ok(cudaMemset(lse.p, 0, lse.bytes), "lse");
+  std::vector<int64_t> o_off(B), s_off(B);
+  for (int b = 0; b < B; ++b) o_off[size_t(b)] = tok[size_t(b)] * H * D, s_off[size_t(b)] = tok[size_t(b)] * H;
+  auto upload = [](DevBuf& d, const void* h, size_t n) { cuda_ok(cudaMemcpy(d.p, h, n, cudaMemcpyHostToDevice), "up"); };
+  DevBuf d_len(B * 4), d_q(B * 8), d_o(B * 8), d_s(B * 8);
+  upload(d_len, len.data(), B * 4);
+  upload(d_q, q_start.data(), B * 8);
+  upload(d_o, o_off.data(), B * 8);
+  upload(d_s, s_off.data(), B * 8);
+
+  TensorView qv;
+  qv.data = q.p;
+  qv.dtype = DType::kBFloat16;
+  qv.device = DeviceType::kCUDA;
+  qv.ndim = 4;
+  qv.shape = {1, S, H, D};  // the template's BSHD view: one sample's extent
+  qv.strides = {0, H * D, D, 1};
+  sm90::SampleMapsJob job;
+  job.tmpl[0] = sm90::make_tensor_map_sm90(qv, false, DType::kBFloat16, 128, "q");
+  job.data[0] = static_cast<const char*>(q.p);
+  job.start[0].ragged = IndexArray{d_q.p, 1};
+  job.side[0] = 0;
+  job.tensors = 1;
+  job.seq_len[0] = IndexArray{d_len.p, 0};
+  job.max_len[0] = S;
+  DevBuf ws(sm90::sample_maps_bytes(B, 1) + sm90::kTensorMapBytes);
+  char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(ws.p) + 127) / 128 * 128);
+  int32_t* flags = reinterpret_cast<int32_t*>(base + B * sm90::kTensorMapBytes);
+  cuda_ok(cudaMemset(flags, 0x7f, B * 4), "flags");
+  sm90::launch_sample_maps_sm90(job, B, reinterpret_cast<CUtensorMap*>(base), flags, nullptr);
+  cuda_ok(cudaDeviceSynchronize(), "sample maps");
+  std::vector<int32_t> f(B);
+  cuda_ok(cudaMemcpy(f.data(), flags, B * 4, cudaMemcpyDeviceToHost), "flags");
+  EXPECT_EQ(f, (std::vector<int32_t>{0, 1, 0}));
+
+  SdpaFwdParams p;
+  p.batch = B;
+  p.num_heads_q = H;
+  p.head_dv = D;
+  p.o = o.p;
+  p.oa.head_stride = D;
+  p.oa.row_stride = H * D;
+  p.lse = static_cast<float*>(lse.p);
+  p.lsea.head_stride = 1;
+  p.lsea.row_stride = H;
+  p.analytic.max_q = S;
+  p.analytic.seq_len_q = IndexArray{d_len.p, 0};
+  p.analytic.start[kSdpaO].ragged = IndexArray{d_o.p, 1};
+  p.analytic.start[kSdpaStats].ragged = IndexArray{d_s.p, 1};
+  sm90::launch_sample_poison_sm90(p, DType::kBFloat16, flags, nullptr);
+  cuda_ok(cudaDeviceSynchronize(), "NaN fill");
+  std::vector<uint16_t> oh(size_t(tokens * H * D));
+  std::vector<float> lh(size_t(tokens * H));
+  cuda_ok(cudaMemcpy(oh.data(), o.p, o.bytes, cudaMemcpyDeviceToHost), "o");
+  cuda_ok(cudaMemcpy(lh.data(), lse.p, lse.bytes, cudaMemcpyDeviceToHost), "lse");
+  for (int64_t t = 0; t < tokens; ++t) {
+    const bool in1 = t >= tok[1] && t < tok[1] + len[1];  // sample 1's rows
+    for (int64_t e = 0; e < H * D; ++e) {
+      const uint16_t x = oh[size_t(t * H * D + e)];
+      const bool nan = (x & 0x7f80) == 0x7f80 && (x & 0x7f) != 0;
+      ASSERT_EQ(nan, in1) << "O token " << t << " element " << e;
+    }
+    for (int h = 0; h < H; ++h) ASSERT_EQ(std::isnan(lh[size_t(t * H + h)]), in1) << "LSE token " << t << " head " << h;
+  }
+}
+
+TEST(SdpaGpu, Sm90ForwardThdSanitizerSmall) {
+  // Small packed cases for compute-sanitizer (memcheck, synccheck): samples of 0..~300 rows with gaps, the last
+  // sample ending 2 tokens before the end of the storage (a box past it must read zeros, not past the
+  // allocation), a sample without keys, bottom-right causal with GQA on the (64, 64) kernel, a window on the
+  // (128, 128) kernel with the key side padded, (192, 128) dense MQA.
+  REQUIRE_SM90();
+  const ForceSm90WithMods force;
+  const ForceSdpaSm90Thd thd(1);
+  for (int i = 0; i < 3; ++i) {
+    Case c;
+    c.seed = 15200 + uint64_t(i);
+    c.B = 3;
+    c.Hq = 4;
+    c.Hk = i == 2 ? 1 : 2;
+    c.Sq = 200 + 50 * i;
+    c.Skv = 300 - 40 * i;
+    c.Dqk = c.Dv = i == 0 ? 64 : 128;
+    if (i == 2) c.Dqk = 192;
+    c.has_right = i < 2;
+    c.bottom_right = i == 0;
+    c.has_left = i == 1;
+    c.left = 70;
+    c.kind_q = Kind::kThd;
+    c.kind_kv = i == 1 ? Kind::kStrided : Kind::kThd;
+    c.lengths = 1 + i % 2;
+    c.zero_kv_sample = i == 0;
+    c.dtype = i == 1 ? DType::kFloat16 : DType::kBFloat16;
+    run_case_expect_sm90(c, /*backward=*/false, 1, kAnyLaunches);
   }
 }
 

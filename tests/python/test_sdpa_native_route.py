@@ -5,6 +5,7 @@ on CPU tensors, where the operation runs the CPU reference), and the C layer's N
 feature the GPU kernels do not run (CUDA descriptors, no GPU needed). GPU tests (skipped without one) compare the
 native route with the CPU reference."""
 
+import itertools
 import math
 import random
 import re
@@ -481,6 +482,47 @@ def test_gpu_native_custom_ops(fs, native, varlen):
         torch.use_deterministic_algorithms(prev[0], warn_only=prev[1])
     for a, b in zip(first, second):
         assert torch.equal(a, b)
+
+
+@gpu
+@pytest.mark.parametrize("experimental", ["", "1"])
+@pytest.mark.parametrize("seed", range(6))
+def test_gpu_native_thd_forward(fs, native, monkeypatch, experimental, seed):
+    """Packed (THD) q, k, v with cu_seq_len on both sides (samples of random lengths, an empty one, gaps: none; GQA;
+    causal in both alignments or a window; head dims of every sm90 family) against the CPU reference: O and the
+    packed stats. With FLASHSPAN_EXPERIMENTAL=1 an H100 / H200 runs them on the sm90 forward through per-sample
+    tensor maps (dispatch's sdpa_sm90_thd_enabled; written without a GPU, not yet run on one), else on the sm80
+    forward; the results are the same either way."""
+    if experimental:
+        monkeypatch.setenv(EXPERIMENTAL_ENV, experimental)
+    rng = random.Random(900 + seed)
+    g = torch.Generator().manual_seed(900 + seed)
+    B, Hk = rng.randint(1, 4), rng.choice([1, 2])
+    Hq = Hk * rng.choice([1, 2, 4])
+    D, Dv = rng.choice([(64, 64), (128, 128), (40, 120), (192, 128), (256, 256)])
+    lq = [rng.randint(0, 300) for _ in range(B)]
+    lk = [rng.randint(0, 330) for _ in range(B)]
+    lq[-1], lk[-1] = max(lq[-1], 1), max(lk[-1], 1)
+    cu_q = torch.tensor([0, *itertools.accumulate(lq)], dtype=torch.int32)
+    cu_k = torch.tensor([0, *itertools.accumulate(lk)], dtype=torch.int32)
+    dt = rng.choice([torch.bfloat16, torch.float16])
+    q = torch.randn(sum(lq), Hq, D, generator=g).to(dt)
+    k = torch.randn(sum(lk), Hk, D, generator=g).to(dt)
+    v = torch.randn(sum(lk), Hk, Dv, generator=g).to(dt)
+    kw = dict(attn_scale=1 / math.sqrt(D), generate_stats=True, use_padding_mask=True,
+              max_total_seq_len_q=sum(lq), max_total_seq_len_kv=sum(lk))
+    if seed % 3 == 0:
+        kw.update(diagonal_band_right_bound=0, diagonal_alignment=rng.choice(["TOP_LEFT", "BOTTOM_RIGHT"]))
+    elif seed % 3 == 1:
+        kw.update(diagonal_band_left_bound=rng.randint(1, 100), diagonal_band_right_bound=rng.randint(0, 40))
+
+    def run(dev):
+        return fs.sdpa(q.to(dev), k.to(dev), v.to(dev), cu_seq_len_q=cu_q.to(dev), cu_seq_len_kv=cu_k.to(dev), **kw)
+
+    o_ref, s_ref = run("cpu")
+    o, stats = run("cuda")
+    assert_close(o.cpu(), o_ref, dt, "o")
+    assert_close(stats.cpu(), s_ref, torch.float32, "stats")
 
 
 @gpu

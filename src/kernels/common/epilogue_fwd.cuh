@@ -92,6 +92,7 @@ struct FwdRows {
   int64_t q_row0;
   int rows_valid;
   int pack_shift;
+  int64_t o_start, lse_start;  // elements of O / the stats before (sample batch, head 0, row 0)
 };
 
 template <class E, int kBlockQ, int kDv>
@@ -109,8 +110,7 @@ struct FwdEpilogue {
                                                     float unit = kLn2, [[maybe_unused]] Fp8Out* q8 = nullptr) {
     constexpr bool kFp8 = E::kBits == 8;
     using Elem = typename E::Storage;
-    Elem* ob = static_cast<Elem*>(p.o) + int64_t(rw.batch) * p.oa.batch_stride + rw.q_row0 * p.oa.row_stride +
-               int64_t(rw.head) * p.oa.head_stride;
+    Elem* ob = static_cast<Elem*>(p.o) + rw.o_start + rw.q_row0 * p.oa.row_stride + int64_t(rw.head) * p.oa.head_stride;
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) {
       const float lsum = sm.row_sum(hi);
@@ -152,8 +152,8 @@ struct FwdEpilogue {
         }
         if (p.lse != nullptr && f.q == 0) {
           const float m = kFp8 ? sm.m[hi] - q8->shift : sm.m[hi];
-          p.lse[int64_t(rw.batch) * p.lsea.batch_stride + int64_t(rw.head + sub) * p.lsea.head_stride +
-                (rw.q_row0 + pos) * p.lsea.row_stride] = lse_from_stats(m, lsum, unit);
+          p.lse[rw.lse_start + int64_t(rw.head + sub) * p.lsea.head_stride + (rw.q_row0 + pos) * p.lsea.row_stride] =
+              lse_from_stats(m, lsum, unit);
         }
       }
     }

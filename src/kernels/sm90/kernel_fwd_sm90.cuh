@@ -286,7 +286,8 @@ struct PlanSourceSm90 {
     const int row0 = it.block * L::kBlockQ;
     const int rows_valid = min(L::kBlockQ, (len_q << pack_shift) - row0);
     const int64_t q_row0 = p.varlen ? q_start : 0;
-    return kern::FwdRows{it.batch, it.head << pack_shift, q_row0 + (row0 >> pack_shift), rows_valid, pack_shift};
+    return kern::FwdRows{it.batch,       it.head << pack_shift, q_row0 + (row0 >> pack_shift), rows_valid, pack_shift,
+                         int64_t(it.batch) * p.oa.batch_stride, int64_t(it.batch) * p.lsea.batch_stride};
   }
   __device__ __forceinline__ static float lse_unit(const FwdParams&) { return kern::kLn2; }
 };
@@ -328,10 +329,18 @@ struct AnalyticSourceSm90 {
   }
   // Keys of key block kb inside the sample (>= kBlockK: all of them).
   __device__ __forceinline__ int keys_inside(int kb) const { return block.len_kv - kb * L::kBlockK; }
-  // Every row of the padded O / stats below S_q.
-  __device__ __forceinline__ static kern::FwdRows rows(const FwdParams& p, const WorkItem& it) {
+  // Every row of a padded O / stats below S_q; of a packed (ragged) one the sample's rows (rows_to_store), at
+  // the sample's start (sample_start: its ragged offset, or b times the batch stride).
+  __device__ __forceinline__ kern::FwdRows rows(const FwdParams& p, const WorkItem& it) const {
+    const AnalyticMaskParams& a = kern::analytic_of(p);
     const int row0 = it.block * L::kBlockQ;
-    return kern::FwdRows{it.batch, it.head, row0, min(L::kBlockQ, kern::analytic_of(p).max_q - row0), 0};
+    return kern::FwdRows{it.batch,
+                         it.head,
+                         row0,
+                         kern::rows_to_store(a, kSdpaO, row0, L::kBlockQ, row0 + block.rows, a.max_q),
+                         0,
+                         kern::sample_start(a.start[kSdpaO], it.batch),
+                         kern::sample_start(a.start[kSdpaStats], it.batch)};
   }
   __device__ __forceinline__ static float lse_unit(const FwdParams& p) { return kern::analytic_of(p).lse_unit; }
 };
@@ -482,6 +491,36 @@ __device__ __forceinline__ void zero_v_rows_past(uint32_t v_tile, int keys, int 
 // Producer (one thread)
 // ---------------------------------------------------------------------------
 
+// The per-sample tensor maps of packed (THD) SDPA tensors (AnalyticMaskParams::sample_maps; sample_maps_sm90.h),
+// null for every other call and kernel.
+template <class Src, class L>
+__device__ __forceinline__ const CUtensorMap* sample_maps_of(const FwdParams& p) {
+  if constexpr (Src::kAnalytic && !L::kFp8) {
+    return static_cast<const CUtensorMap*>(kern::analytic_of(p).sample_maps);
+  } else {
+    return nullptr;
+  }
+}
+// Issues a Q / K / V load of sample kv through the map of tensor x (kSdpaQ / kSdpaK / kSdpaV): issue(map, batch
+// coordinate) with the kernel's `tm` and kv's batch, or for a packed call (kv.batch = -1 - b) with sample b's own
+// map and 0.
+// Two issue sites: the kernel's map stays a constant-bank address formed in uniform registers (no register of
+// the producer's 24 held across its key-block loop, as before), and sample b's map is formed at the load
+// (the empty asm keeps it from being hoisted out of the loop: a pointer held there spilled).
+template <class Src, class L, class F>
+__device__ __forceinline__ void with_kv_map(const FwdParams& p, const kern::ContiguousKv& kv, const CUtensorMap* tm,
+                                            int x, F&& issue) {
+  if constexpr (Src::kAnalytic && !L::kFp8) {
+    if (kv.batch < 0) {
+      int b = -1 - kv.batch;
+      asm volatile("" : "+r"(b));
+      issue(sample_maps_of<Src, L>(p) + sm90::kSampleMapsFwd * int64_t(b) + x, 0);
+      return;
+    }
+  }
+  issue(tm, kv.tma_batch());
+}
+
 template <class L, class Src>
 __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                          const CUtensorMap* tm_v, const CUtensorMap* tm_bias, uint32_t base,
@@ -528,8 +567,19 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     // launch_fwd_sm90.cu).
     const int q_pos = (p.varlen ? __ldg(p.cu_seqlens_q + it.batch) : 0) + it.block * (kBlockQ >> pack_shift);
     const int q_c1 = pack > 1 ? it.head << pack_shift : q_pos, q_c2 = pack > 1 ? q_pos : it.head;
-    const kern::ContiguousKv kv = kern::ContiguousKv::tma_sample(p, it.batch);  // K/V address role (kv_addr.cuh)
-    const int bcoord = p.varlen ? 0 : it.batch;
+    kern::ContiguousKv kv = kern::ContiguousKv::tma_sample(p, it.batch);  // K/V address role (kv_addr.cuh)
+    // Packed (THD) q, k or v (SDPA; AnalyticMaskParams::sample_maps, experimental): the maps of the sample's
+    // own rows, built on the device before the kernel (launch_fwd_sm90.cu), batch coordinate 0, acquired here;
+    // kv's batch field then says which sample's K / V maps the loads take (-1 - b: with_kv_map).
+    if constexpr (Src::kAnalytic && !L::kFp8) {
+      if (const CUtensorMap* m = sample_maps_of<Src, L>(p)) {
+        m += sm90::kSampleMapsFwd * int64_t(it.batch);
+        tensormap_acquire(m);
+        tensormap_acquire(m + 1);
+        tensormap_acquire(m + 2);
+        kv.batch = -1 - it.batch;
+      }
+    }
     const int hkv = it.head * pack / p.group_size;  // packed: pack = group_size, the task head
     // V's head: SDPA's own (H_k != H_v, kv_addr.cuh v_head; FP8: of its V^T workspace, which has H_v heads).
     const int hv = kern::v_head<Src::kAnalytic>(p, it.head, hkv);
@@ -538,10 +588,12 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     // Full boxes count towards the transaction bytes also where they lie past the tensor's
     // rows or head dim (zero filled).
     mbar_arrive_expect_tx(q_full, L::kQBytes);
+    with_kv_map<Src, L>(p, kv, tm_q, kSdpaQ, [&](const CUtensorMap* m, int batch) {
 #pragma unroll
-    for (int s = 0; s < L::kQKSlabs; ++s) {
-      tma_load_4d(base + L::kQ + s * L::kQSlab, tm_q, L::kSlabCols * s, q_c1, q_c2, bcoord, q_full);
-    }
+      for (int s = 0; s < L::kQKSlabs; ++s) {
+        tma_load_4d(base + L::kQ + s * L::kQSlab, m, L::kSlabCols * s, q_c1, q_c2, batch, q_full);
+      }
+    });
 
     int kb = 0, entry = 0;
     bool partial = false;
@@ -550,11 +602,13 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
       mbar_wait(k_empty + 8 * st, ph ^ 1);
       const int row = kv.tma_row<kBlockK>(kb);
       mbar_arrive_expect_tx(k_full + 8 * st, L::kKBytes);
+      with_kv_map<Src, L>(p, kv, tm_k, kSdpaK, [&](const CUtensorMap* m, int batch) {
 #pragma unroll
-      for (int s = 0; s < L::kQKSlabs; ++s) {
-        tma_load_4d(base + L::kK + st * L::kKBytes + s * L::kKSlab, tm_k, L::kSlabCols * s, row, hkv, kv.tma_batch(),
-                    k_full + 8 * st);
-      }
+        for (int s = 0; s < L::kQKSlabs; ++s) {
+          tma_load_4d(base + L::kK + st * L::kKBytes + s * L::kKSlab, m, L::kSlabCols * s, row, hkv, batch,
+                      k_full + 8 * st);
+        }
+      });
       if constexpr (Src::kStagedBias) {
         if (bias_on) {
           const uint32_t bst = kv_it & 1;
@@ -569,11 +623,12 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
         // every d row, one box.
         tma_load_4d(base + L::kV + st * L::kVBytes, tm_v, row, 0, hv, kv.tma_batch(), v_full + 8 * st);
       } else {
+        with_kv_map<Src, L>(p, kv, tm_v, kSdpaV, [&](const CUtensorMap* m, int batch) {
 #pragma unroll
-        for (int s = 0; s < L::kTile.dv_tile / 64; ++s) {
-          tma_load_4d(base + L::kV + st * L::kVBytes + s * L::kVSlab, tm_v, 64 * s, row, hv, kv.tma_batch(),
-                      v_full + 8 * st);
-        }
+          for (int s = 0; s < L::kTile.dv_tile / 64; ++s) {
+            tma_load_4d(base + L::kV + st * L::kVBytes + s * L::kVSlab, m, 64 * s, row, hv, batch, v_full + 8 * st);
+          }
+        });
       }
       ++kv_it;
     }
@@ -867,7 +922,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     release_q(true);  // an item without key blocks
 
     // Epilogue: this warp's 16 rows of the block (packed: rows of G query heads, FwdRows).
-    const kern::FwdRows rw = Src::rows(p, it);
+    const kern::FwdRows rw = src.rows(p, it);
     const int r0 = 64 * c + 16 * warp;
     if (!Src::kAnalytic && it.slot >= 0) {
       Epilogue::store_split_partial(p, it.slot, rw.rows_valid, r0, frag, o, sm);

@@ -21,6 +21,7 @@
 #include "kernels/common/launch_util.h"
 #include "kernels/sm90/fwd_sm90_run.h"
 #include "kernels/sm90/launch_sm90.h"
+#include "kernels/sm90/sample_maps_sm90.h"
 #include "kernels/sm90/tile_sm90.h"
 #include "kernels/sm90/tma_sm90.h"
 
@@ -125,16 +126,21 @@ void launch_fwd_sm90(const FwdParams& p, const TensorView& q, const TensorView& 
 }
 
 void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const TensorView& k, const TensorView& v,
-                          const TensorView* bias, DType dtype, cudaStream_t stream) {
+                          const TensorView* bias, DType dtype, void* workspace, size_t workspace_bytes,
+                          cudaStream_t stream) {
   SdpaFwdParams p = p_in;
   const TileSm90 t = tile_sm90(p.head_dqk, p.head_dv);
   FS_CHECK(sdpa_fwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.pack == 1 && p.split_schedule == 0,
            Status::kInternal, "sdpa forward (sm90): unsupported configuration reached the launcher (D ", p.head_dqk,
            "/", p.head_dv, ")");
-  for (int x : {kSdpaQ, kSdpaK, kSdpaV, kSdpaO, kSdpaStats}) {
-    FS_CHECK(p.analytic.start[x].ragged.ptr == nullptr, Status::kInternal,
-             "sdpa forward (sm90): a ragged tensor reached the launcher");
-  }
+  // Packed (THD) q, k or v: per-sample maps (sample_maps_sm90.h); a packed O / stats: the epilogue's rows at
+  // the samples' starts (AnalyticSourceSm90::rows).
+  static_assert(kSdpaQ == 0 && kSdpaK == 1 && kSdpaV == 2, "the sample maps' index is the tensor's");
+  bool packed_qkv = false;
+  for (int x : {kSdpaQ, kSdpaK, kSdpaV}) packed_qkv = packed_qkv || p.analytic.start[x].ragged.ptr != nullptr;
+  FS_CHECK(!packed_qkv || (workspace != nullptr && workspace_bytes >= sample_maps_bytes(p.batch, kSampleMapsFwd)),
+           Status::kInternal, "sdpa forward (sm90): packed q, k or v without the workspace of their sample maps (",
+           workspace_bytes, " bytes)");
   // H_k != H_v runs (the producer loads V of each query head's own V head: kv_addr.cuh v_head); dropout
   // (sdpa_family.cpp: only with FLASHSPAN_EXPERIMENTAL=1) on the kernel with dropout below.
   g_sdpa_fwd_launches.fetch_add(1, std::memory_order_relaxed);
@@ -147,9 +153,41 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   p.varlen = 0;
   p.oa.batch_stride = p.analytic.start[kSdpaO].batch_stride;
   p.lsea.batch_stride = p.analytic.start[kSdpaStats].batch_stride;
-  const CUtensorMap mq = make_tensor_map_sm90(bshd_of_bhsd(q), false, dtype, t.fwd_bq, "q");
-  const CUtensorMap mk = make_tensor_map_sm90(bshd_of_bhsd(k), false, dtype, t.fwd_bk, "k");
-  const CUtensorMap mv = make_tensor_map_sm90(bshd_of_bhsd(v), false, dtype, t.fwd_bk, "v");
+  // Packed q, k or v: every one of the three through its samples' maps (the templates: one sample's
+  // extent, batch extent 1), which a pre-pass writes into the workspace on the stream.
+  auto view = [&](const TensorView& x) {
+    TensorView b = bshd_of_bhsd(x);
+    if (packed_qkv) b.shape[0] = 1;
+    return b;
+  };
+  const CUtensorMap mq = make_tensor_map_sm90(view(q), false, dtype, t.fwd_bq, "q");
+  const CUtensorMap mk = make_tensor_map_sm90(view(k), false, dtype, t.fwd_bk, "k");
+  const CUtensorMap mv = make_tensor_map_sm90(view(v), false, dtype, t.fwd_bk, "v");
+  int32_t* sample_flags = nullptr;
+  if (packed_qkv) {
+    SampleMapsJob job;
+    const TensorView* ts[kSampleMapsFwd] = {&q, &k, &v};
+    const CUtensorMap* ms[kSampleMapsFwd] = {&mq, &mk, &mv};
+    for (int x = 0; x < kSampleMapsFwd; ++x) {
+      job.tmpl[x] = *ms[x];
+      job.data[x] = static_cast<const char*>(ts[x]->data);
+      job.start[x] = p.analytic.start[x];  // kSdpaQ, kSdpaK, kSdpaV = 0, 1, 2
+      job.side[x] = x == kSdpaQ ? 0 : 1;
+    }
+    job.tensors = kSampleMapsFwd;
+    job.elem_bytes = 2;
+    job.seq_len[0] = p.analytic.seq_len_q;
+    job.cu_seq_len[0] = p.analytic.cu_seq_len_q;
+    job.seq_len[1] = p.analytic.seq_len_kv;
+    job.cu_seq_len[1] = p.analytic.cu_seq_len_kv;
+    job.max_len[0] = p.analytic.max_q;
+    job.max_len[1] = p.analytic.max_kv;
+    CUtensorMap* maps = static_cast<CUtensorMap*>(workspace);
+    sample_flags = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) +
+                                              size_t(p.batch) * kSampleMapsFwd * kTensorMapBytes);
+    launch_sample_maps_sm90(job, p.batch, maps, sample_flags, stream);
+    p.analytic.sample_maps = maps;
+  }
   // A 16-bit bias of whole aligned rows is staged by the producer (kernel_fwd_sm90.cuh load_bias): its
   // map, boxes of the block's 128 rows or, broadcast over rows, of row 0; where the driver refuses the
   // map (a layout TMA cannot describe) the kernel reads it element by element.
@@ -186,6 +224,7 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
     case 192: run_sdpa_fwd_sm90<192, 128, false>(p, dtype, mq, mk, mv, mbias, stream); break;
     default: run_sdpa_fwd_sm90<256, 256, false>(p, dtype, mq, mk, mv, mbias, stream); break;
   }
+  if (sample_flags != nullptr) launch_sample_poison_sm90(p, dtype, sample_flags, stream);
 }
 
 namespace {

@@ -45,10 +45,14 @@ void launch_fwd_sm90(const FwdParams& p, const TensorView& q, const TensorView& 
 // tensors, head dims of sdpa_fwd_runs_head_dims_sm90, H_k and H_v each dividing H_q, equal or
 // not); q, k, v the [B, H, S, D] descriptors of the call (tensor maps). Persistent grid over
 // (query block, query head, sample) of every sample padded to S_q; rows past a sample write
-// O = 0 and LSE = -inf. bias: the call's additive bias (null without one): a 16-bit one of whole
-// aligned rows (SdpaBiasParams::chunks) is staged by TMA (tensor map from it).
+// O = 0 and LSE = -inf (a packed O / stats: the sample's rows only). bias: the call's additive bias (null
+// without one): a 16-bit one of whole aligned rows (SdpaBiasParams::chunks) is staged by TMA (tensor map from
+// it). Packed (THD) q, k or v (experimental, dispatch's sdpa_sm90_thd_enabled): loaded through per-sample maps
+// (sample_maps_sm90.h) built in `workspace` (sample_maps_bytes(B, 3) bytes, 128-byte aligned) before the
+// kernel; null workspace otherwise.
 void launch_sdpa_fwd_sm90(const SdpaFwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
-                          const TensorView* bias, DType dtype, cudaStream_t stream);
+                          const TensorView* bias, DType dtype, void* workspace, size_t workspace_bytes,
+                          cudaStream_t stream);
 // Calls of launch_sdpa_fwd_sm90 in this process so far (tests check which family ran), and of those
 // the ones that ran the kernel with dropout (AnalyticDropSourceSm90; experimental, FLASHSPAN_EXPERIMENTAL=1:
 // dispatch/sdpa_launch.h sdpa_sm90_dropout_enabled).

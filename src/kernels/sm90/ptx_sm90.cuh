@@ -85,6 +85,42 @@ __device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_
 __device__ __forceinline__ void prefetch_tensormap(const CUtensorMap* map) {
   asm volatile("prefetch.tensormap [%0];\n" ::"l"(reinterpret_cast<uint64_t>(map)) : "memory");
 }
+
+// ---------------------------------------------------------------------------
+// Tensor maps built on the device (PTX ISA: tensormap.replace, tensormap.cp_fenceproxy,
+// fence.proxy.tensormap; sm_90a): a host-encoded map copied into shared
+// memory (128-byte aligned), fields replaced there by one thread, the map copied to global memory
+// by a whole warp with a release of the tensormap proxy; its user acquires it before a TMA reads it.
+// ---------------------------------------------------------------------------
+
+// The map's global base address (16-byte aligned) in the shared copy at `map`.
+__device__ __forceinline__ void tensormap_replace_address(uint32_t map, const void* base) {
+  asm volatile("tensormap.replace.tile.global_address.shared::cta.b1024.b64 [%0], %1;\n" ::"r"(map),
+               "l"(reinterpret_cast<uint64_t>(base))
+               : "memory");
+}
+// The extent (elements, >= 1) of dimension kOrd (0 innermost) in the shared copy at `map`.
+template <int kOrd>
+__device__ __forceinline__ void tensormap_replace_dim(uint32_t map, uint32_t extent) {
+  asm volatile("tensormap.replace.tile.global_dim.shared::cta.b1024.b32 [%0], %1, %2;\n" ::"r"(map), "n"(kOrd),
+               "r"(extent)
+               : "memory");
+}
+// The 128-byte map at shared `src` to global `dst`, released to the tensormap proxy at GPU scope;
+// every lane of the warp calls it with the same operands (.sync.aligned).
+__device__ __forceinline__ void tensormap_copy_release(CUtensorMap* dst, uint32_t src) {
+  asm volatile(
+      "tensormap.cp_fenceproxy.global.shared::cta.tensormap::generic.release.gpu.sync.aligned [%0], [%1], 128;\n" ::"l"(
+          __cvta_generic_to_global(dst)),
+      "r"(src)
+      : "memory");
+}
+// Acquires a map written in global memory (tensormap_copy_release, earlier on the stream) for this
+// thread's TMA copies through it.
+__device__ __forceinline__ void tensormap_acquire(const CUtensorMap* map) {
+  asm volatile("fence.proxy.tensormap::generic.acquire.gpu [%0], 128;\n" ::"l"(reinterpret_cast<uint64_t>(map))
+               : "memory");
+}
 // dst[0 .. bytes/4) += src[0 .. bytes/4) in fp32, by the bulk copy engine (one thread issues
 // it; 16-byte aligned addresses, bytes a multiple of 16). Completion through bulk groups.
 __device__ __forceinline__ void bulk_reduce_add_f32(float* dst, uint32_t src, uint32_t bytes) {

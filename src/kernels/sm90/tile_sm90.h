@@ -4,6 +4,7 @@
 // launchers and the kernels all read it, so planner, dispatch and kernels cannot disagree.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 namespace flashspan::sm90 {
@@ -88,6 +89,18 @@ constexpr int64_t fp8_vt_keys_sm90(int64_t s_kv) {
 constexpr int64_t fp8_vt_bytes_sm90(int64_t batch, int64_t heads_v, int64_t dv, int64_t s_kv) {
   return batch * heads_v * dv * fp8_vt_keys_sm90(s_kv);
 }
+// The per-sample tensor maps of packed (THD) SDPA tensors (sample_maps_sm90.h; experimental): the forward's
+// maps of q, k, v (index = params.h kSdpaQ / kSdpaK / kSdpaV), 128 bytes each (a CUtensorMap), per sample, then
+// one int32 flag per sample (a start not 16-byte aligned), rounded up to 128 bytes. Workspace bytes of
+// `tensors` maps for `batch` samples: dispatch (sdpa_fwd_workspace_size) and the launcher agree through it.
+inline constexpr int kSampleMapsFwd = 3;
+inline constexpr size_t kTensorMapBytes = 128;
+constexpr size_t sample_maps_bytes(int64_t batch, int tensors) {
+  const size_t maps = size_t(batch) * size_t(tensors) * kTensorMapBytes;
+  const size_t flags = (size_t(batch) * sizeof(int32_t) + kTensorMapBytes - 1) / kTensorMapBytes * kTensorMapBytes;
+  return maps + flags;
+}
+
 // The key of V that V^T's column k holds inside its 32-key group (k in 0..31): the FP8 P V
 // GEMM's A fragment holds each thread's own P values in register order (softmax.cuh pack_p, which
 // derives it): A's column k = 16h + 4q + i is P's column 16h + 8 (i / 2) + 2q + i % 2, so the
