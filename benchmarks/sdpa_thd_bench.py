@@ -1,0 +1,140 @@
+"""Packed (THD) SDPA forward speed on the GPU: the sm90 forward through per-sample tensor maps (experimental,
+``FLASHSPAN_EXPERIMENTAL=1``; docs/SDPA.md "The sm90 forward") against the sm80 forward that runs packed calls by
+default, and against the same samples padded (BHSD with ``seq_len``) on the sm90 forward, in one process.
+
+Shapes: H=16 (H_k = 16 or 4 with --gqa), D=128, BF16, causal (or none with --mask none); the tokens of --tokens
+(default 32768) split into samples of --doc-len rows (default 4096; ``random``: lengths uniform in [1, 2 * mean] with
+the same total). Routes:
+  sm80     the default (packed calls take the sm80 forward);
+  thd90    ``FLASHSPAN_EXPERIMENTAL=1``: the sm90 forward with the per-sample maps (their pre-pass included);
+  pad90    the samples padded to the longest into BHSD tensors with ``seq_len_q`` / ``seq_len_kv`` (sm90 forward,
+           default environment): what a caller who pads pays, the padded rows' blocks included.
+TFLOP/s over the visible (query, key) pairs of the samples: 4 * D * pairs * H. Timing: flashspan.bench.timing.Timer
+(CUDA events, L2 flushed between calls, median). O of every route against sm80's with the tests' criterion; a failure
+makes the exit status 1. --device cpu runs a tiny smoke test of the script on the CPU reference.
+
+Usage: python benchmarks/sdpa_thd_bench.py [--tokens 32768] [--doc-len 4096|random] [--mask causal|none] [--gqa]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import itertools
+import os
+import random
+import sys
+
+import torch
+
+import flashspan
+from flashspan.bench.timing import Timer, tflops
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
+from criteria import check_tensor  # noqa: E402  (the tests' one error criterion)
+
+
+@contextlib.contextmanager
+def experimental(on: bool):
+    saved = os.environ.get("FLASHSPAN_EXPERIMENTAL")
+    os.environ["FLASHSPAN_EXPERIMENTAL"] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if saved is None:
+            os.environ.pop("FLASHSPAN_EXPERIMENTAL", None)
+        else:
+            os.environ["FLASHSPAN_EXPERIMENTAL"] = saved
+
+
+def lengths(tokens: int, doc_len: str, seed: int = 0) -> list[int]:
+    if doc_len != "random":
+        n = int(doc_len)
+        return [n] * (tokens // n) + ([tokens % n] if tokens % n else [])
+    rng = random.Random(seed)
+    out, left = [], tokens
+    mean = 4096 if tokens >= 8192 else max(tokens // 4, 1)
+    while left > 0:
+        n = min(left, rng.randint(1, 2 * mean))
+        out.append(n)
+        left -= n
+    return out
+
+
+def visible_pairs(lens: list[int], mask: str) -> int:
+    return sum(n * (n + 1) // 2 if mask == "causal" else n * n for n in lens)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--tokens", type=int, default=32768)
+    ap.add_argument("--doc-len", default="4096")
+    ap.add_argument("--mask", default="causal", choices=["causal", "none"])
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--head-dim", type=int, default=128)
+    ap.add_argument("--gqa", action="store_true", help="H_k = H / 4")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--device", default="cuda")
+    a = ap.parse_args()
+    dev = a.device
+    if dev == "cpu":
+        a.tokens, a.doc_len, a.heads, a.head_dim, a.reps, a.warmup = 96, "random", 2, 16, 1, 0
+    lens = lengths(a.tokens, a.doc_len)
+    H, D, Hk = a.heads, a.head_dim, a.heads // 4 if a.gqa else a.heads
+    T, B, smax = sum(lens), len(lens), max(lens)
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(T, H, D, generator=g).bfloat16().to(dev)
+    k = torch.randn(T, Hk, D, generator=g).bfloat16().to(dev)
+    v = torch.randn(T, Hk, D, generator=g).bfloat16().to(dev)
+    cu = torch.tensor([0, *itertools.accumulate(lens)], dtype=torch.int32, device=dev)
+    seq = torch.tensor(lens, dtype=torch.int32, device=dev)
+    kw = dict(attn_scale=D**-0.5)
+    if a.mask == "causal":
+        kw["diagonal_band_right_bound"] = 0
+
+    def thd():
+        return flashspan.sdpa(q, k, v, cu_seq_len_q=cu, cu_seq_len_kv=cu, use_padding_mask=True,
+                              max_total_seq_len_q=T, max_total_seq_len_kv=T, **kw)[0]
+
+    # The padded copies (BHSD, rows past a sample zero).
+    def pad(x):
+        out = torch.zeros(B, x.shape[1], smax, D, dtype=x.dtype, device=dev)
+        for b, (s, n) in enumerate(zip(cu.tolist()[:-1], lens)):
+            out[b, :, :n] = x[s:s + n].transpose(0, 1)
+        return out
+
+    qp, kp, vp = pad(q), pad(k), pad(v)
+
+    def padded():
+        return flashspan.sdpa(qp, kp, vp, seq_len_q=seq, seq_len_kv=seq, use_padding_mask=True, **kw)[0]
+
+    routes = {"sm80": (False, thd), "thd90": (True, thd), "pad90": (False, padded)}
+    pairs = visible_pairs(lens, a.mask)
+    timer = Timer(torch.device(dev), warmup=a.warmup, reps=a.reps)
+    ref, fails = None, []
+    print(f"T={T} B={B} (lengths {'x'.join(str(n) for n in lens[:4])}{'...' if B > 4 else ''}) H={H} Hk={Hk} D={D} "
+          f"{a.mask}")
+    print("| route | ms | TFLOP/s |\n|---|---|---|")
+    for name, (exp, fn) in routes.items():
+        with experimental(exp), torch.no_grad():
+            o = fn()
+            if name == "pad90":  # back to THD rows
+                o = torch.cat([o[b, :, :n].transpose(0, 1) for b, n in enumerate(lens)])
+            if ref is None:
+                ref = o.float().cpu()
+            else:
+                try:
+                    check_tensor(o.float().cpu(), ref, torch.bfloat16, name)
+                except AssertionError as e:
+                    fails.append(str(e))
+            ms = timer.measure(fn).median_ms
+        tf = tflops(4 * D * pairs * H, ms)
+        print(f"| {name} | {ms:.3f} | {tf:.1f} |" if tf is not None else f"| {name} | {ms:.3f} | - |")
+    for f in fails:
+        print("FAIL", f)
+    return 1 if fails else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
