@@ -147,8 +147,11 @@ void launch_sdpa_bwd(const Problem& p, void* workspace, size_t workspace_bytes, 
                               FS_SDPA_DV, FS_SDPA_GATE, FS_SDPA_DGATE});
   check_dbias_with_softcap(p);
   if (sdpa_bwd_runs_sm90(p)) {
+    // Packed q, k, v or dO (experimental): the per-sample tensor maps' part of the workspace.
+    const WorkspaceSlice maps = sdpa_bwd_sm90_maps(p, workspace, workspace_bytes);
     sm90::launch_sdpa_bwd_sm90(sdpa_bwd_params_sm90(p, workspace, workspace_bytes), p.t(FS_SDPA_Q), p.t(FS_SDPA_K),
-                               p.t(FS_SDPA_V), p.t(FS_SDPA_DO), p.dtype, static_cast<cudaStream_t>(stream));
+                               p.t(FS_SDPA_V), p.t(FS_SDPA_DO), p.dtype, maps.ptr, maps.bytes,
+                               static_cast<cudaStream_t>(stream));
     return;
   }
   const SdpaBwdParams b = sdpa_bwd_params(p, workspace, workspace_bytes);

@@ -125,7 +125,7 @@ static_assert(sdpa_head_dim_rules_agree(), "sm90 SDPA head dims: the forward's a
 // rng_dump in the forward; or the caller's mask with its scale, scale_inv in the backward) on those
 // kernels with modifiers (their run-time flag) when sdpa_sm90_dropout_enabled() (FLASHSPAN_SM90_SDPA_DROPOUT not 0)
 // and the direction's modifiers are on (head dims up to 128).
-const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
+const char* sm90_refusal(const sdpa::Problem& p, bool backward, bool any_thd_switch = false) {
   using namespace sdpa;
   // The modifier instantiations exist for the (64, 64) / (128, 128) kernels
   // (sdpa_{fwd,bwd}_mods_sm90_d{64,128}.cu).
@@ -149,12 +149,17 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
   const bool dropout = p.dropout || p.a.dropout_mask_form;
   if (dropout && !(mods && sdpa_sm90_dropout_enabled())) return "dropout";
   if ((p.a.softcap || p.a.alibi) && !mods) return "score modifiers (softcap, ALiBi)";
-  // Packed (THD) tensors: the forward through per-sample tensor maps (sample_maps_sm90.h), experimental; the
-  // backward's are padded.
-  const bool packed_ok = !backward && sdpa_sm90_thd_enabled();
+  // Packed (THD) tensors through per-sample tensor maps (sample_maps_sm90.h), experimental, both directions; the
+  // backward's dK / dV epilogue writes one row count for both, so dK and dV both packed or both padded.
+  // any_thd_switch: the answer with the switch on, whatever it says (the backward workspace's layout).
+  const bool packed_ok = any_thd_switch || sdpa_sm90_thd_enabled();
   for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
-                FS_SDPA_RAGGED_OFFSET_STATS}) {
-    if (p.has(s) && !packed_ok) return "ragged (packed) q, k, v, o or stats";
+                FS_SDPA_RAGGED_OFFSET_STATS, FS_SDPA_RAGGED_OFFSET_DO, FS_SDPA_RAGGED_OFFSET_DQ,
+                FS_SDPA_RAGGED_OFFSET_DK, FS_SDPA_RAGGED_OFFSET_DV}) {
+    if (p.has(s) && !packed_ok) return "ragged (packed) q, k, v, o, stats or gradients";
+  }
+  if (backward && p.has(FS_SDPA_RAGGED_OFFSET_DK) != p.has(FS_SDPA_RAGGED_OFFSET_DV)) {
+    return "dK and dV one packed, the other padded";
   }
   // A list of what it takes, not of what it refuses: a tensor of a feature added later (bias, sinks,
   // gate, score_max / score_sum_exp, block_mask, dropout, page tables, ...) keeps the sm80 kernels
@@ -167,8 +172,15 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
       case FS_SDPA_RAGGED_OFFSET_Q: case FS_SDPA_RAGGED_OFFSET_K: case FS_SDPA_RAGGED_OFFSET_V:
       case FS_SDPA_RAGGED_OFFSET_O: case FS_SDPA_RAGGED_OFFSET_STATS:
         continue;  // (taken above)
-      case FS_SDPA_RAGGED_OFFSET_GATE:  // a packed gate: the epilogue reads it at its samples' starts
+      case FS_SDPA_RAGGED_OFFSET_DO: case FS_SDPA_RAGGED_OFFSET_DQ: case FS_SDPA_RAGGED_OFFSET_DK:
+      case FS_SDPA_RAGGED_OFFSET_DV:
+        if (backward) continue;  // (taken above)
+        break;
+      case FS_SDPA_RAGGED_OFFSET_GATE:  // a packed gate (and dgate): read / written at their samples' starts
         if (mods && packed_ok) continue;
+        break;
+      case FS_SDPA_RAGGED_OFFSET_DGATE:
+        if (mods && packed_ok && backward) continue;
         break;
       case FS_SDPA_MAX_LOGIT:
         if (!backward) continue;
@@ -203,6 +215,7 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward) {
 
 const char* sdpa_fwd_sm90_refusal(const sdpa::Problem& p) { return sm90_refusal(p, false); }
 const char* sdpa_bwd_sm90_refusal(const sdpa::Problem& p) { return sm90_refusal(p, true); }
+const char* sdpa_bwd_sm90_layout_refusal(const sdpa::Problem& p) { return sm90_refusal(p, true, true); }
 
 void set_sdpa_fwd_sm90_enabled(int on) { g_sdpa_fwd_sm90.set(on); }
 bool sdpa_fwd_sm90_enabled() { return g_sdpa_fwd_sm90.on(); }
@@ -403,6 +416,12 @@ bool sdpa_fwd_sm90_may_take_packed(const sdpa::Problem& p) {
   if (p.device != DeviceType::kCUDA || p.fp8 || p.a.backward || p.paged) return false;
   if (!p.ragged(FS_SDPA_Q) && !p.ragged(FS_SDPA_K) && !p.ragged(FS_SDPA_V)) return false;
   return on_sm90_device(p);
+}
+
+bool sdpa_bwd_sm90_may_take_packed(const sdpa::Problem& p) {
+  if (p.device != DeviceType::kCUDA || p.fp8 || !p.a.backward) return false;
+  if (!p.ragged(FS_SDPA_Q) && !p.ragged(FS_SDPA_K) && !p.ragged(FS_SDPA_V) && !p.ragged(FS_SDPA_DO)) return false;
+  return sdpa_bwd_sm90_layout_refusal(p) == nullptr && on_sm90_device(p);
 }
 
 bool sdpa_fwd_runs_sm90(const sdpa::Problem& p) {

@@ -64,6 +64,13 @@ struct WorkspaceSlice {
   size_t bytes = 0;
 };
 WorkspaceSlice sdpa_fwd_sm90_maps(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
+// The same for the sm90 backward's maps of q, k, v and the main dO (sm90::sample_maps_bytes(B, 4) + 128 bytes):
+// every 16-bit CUDA backward with packed q, k, v or dO that the sm90 backward covers with the switch on
+// (sdpa_bwd_sm90_layout_refusal) on an sm_90 device; placed in the backward's layout after the H_k != H_v slots
+// (sdpa_bwd_layout), bound by sdpa_bwd_sm90_maps.
+bool sdpa_bwd_sm90_may_take_packed(const sdpa::Problem& p);
+size_t sdpa_bwd_sm90_maps_bytes(const sdpa::Problem& p);
+WorkspaceSlice sdpa_bwd_sm90_maps(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
 
 // The kernels' parameters of a problem whose tensors are bound (host only, sdpa_params.cpp):
 // what launch_sdpa_fwd / launch_sdpa_bwd pass to the sm80 launchers. The backward binds its
@@ -115,6 +122,10 @@ bool sdpa_fwd_runs_sm90(const sdpa::Problem& p);
 // back to the environment's answer). The forward's refusal is not changed by it, nor this one by the
 // forward's.
 const char* sdpa_bwd_sm90_refusal(const sdpa::Problem& p);
+// The backward's refusal with packed (THD) tensors' switch (sdpa_sm90_thd_enabled) taken as on, whatever it says:
+// what the backward workspace's layout follows (sdpa_bwd_layout), so that an operation sized with the switch off
+// still runs with it on.
+const char* sdpa_bwd_sm90_layout_refusal(const sdpa::Problem& p);
 // Both refusals also let dropout through (Philox with seed / offset and, in the forward, rng_dump; or
 // the caller's mask with its scale) when sdpa_sm90_dropout_enabled() and the direction's modifiers
 // switch is on (head dims up to 128): it runs on the kernels with modifiers (a run-time flag of them,

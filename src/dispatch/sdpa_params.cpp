@@ -309,7 +309,7 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
   // The sm80 kernels' backward tile for these head dims (the family's tile table).
   PlanSignature sig;
   sig.consumer = consumer_for(80, g.head_dim_qk, g.head_dim_v);
-  if (p.device == DeviceType::kCUDA && (p.fp8 ? sdpa_fp8_bwd_runs_sm90(p) : sdpa_bwd_sm90_refusal(p) == nullptr)) {
+  if (p.device == DeviceType::kCUDA && (p.fp8 ? sdpa_fp8_bwd_runs_sm90(p) : sdpa_bwd_sm90_layout_refusal(p) == nullptr)) {
     // The sm90 backward's tiles (64 x kD, kD the kernel head dim Dqk) in the same place, and its
     // counters when deterministic: the sm90 layout of the kernel head dims (kD, kDv).
     const sm90::BwdDimsSm90 kdims = sm90::bwd_kernel_dims_sm90(g.head_dim_qk, g.head_dim_v);
@@ -336,6 +336,7 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
     // gated dO (calls with them: sdpa_bwd_sm90_mods_enabled).
     const Sm90SlotBytes slots = sm90_slot_bytes(p);
     w.total += slots.dk + slots.dv;
+    w.total += sdpa_bwd_sm90_maps_bytes(p);  // packed tensors' per-sample maps (sdpa_bwd_sm90_maps)
     w.total += dbias_ds_bytes(p);
     w.total += gated_do_bytes(p);
     // The FP8 backward (sm90 kernel): its derived factors and bf16 copies last (fp8_bwd_bytes).
@@ -429,6 +430,23 @@ SdpaPagedFwdParams sdpa_decode_fwd_params(const Problem& p, void* workspace, siz
 
 
 size_t sdpa_bwd_workspace_size(const Problem& p) { return sdpa_bwd_layout(p).total; }
+
+size_t sdpa_bwd_sm90_maps_bytes(const Problem& p) {
+  if (!sdpa_bwd_sm90_may_take_packed(p)) return 0;
+  return sm90::sample_maps_bytes(p.B, sm90::kSampleMapsBwd) + sm90::kTensorMapBytes;
+}
+
+WorkspaceSlice sdpa_bwd_sm90_maps(const Problem& p, void* workspace, size_t workspace_bytes) {
+  const size_t need = sdpa_bwd_sm90_maps_bytes(p);
+  if (need == 0) return {};
+  const size_t total = sdpa_bwd_layout(p).total;  // (the 16-bit layout: no FP8 part)
+  FS_CHECK_ARG(workspace != nullptr && workspace_bytes >= total, "workspace: needs ", total, " bytes, got ",
+               workspace_bytes);
+  const uintptr_t a =
+      reinterpret_cast<uintptr_t>(workspace) + (total - gated_do_bytes(p) - dbias_ds_bytes(p) - need);
+  const uintptr_t aligned = (a + sm90::kTensorMapBytes - 1) / sm90::kTensorMapBytes * sm90::kTensorMapBytes;
+  return {reinterpret_cast<void*>(aligned), need - size_t(aligned - a)};
+}
 
 SdpaFwdParams sdpa_fwd_params(const Problem& p) {
   SdpaFwdParams f;
@@ -616,7 +634,8 @@ SdpaBwdParams sdpa_bwd_params_sm90(const Problem& p, void* workspace, size_t wor
   const Sm90SlotBytes slots = sm90_slot_bytes(p);
   if (slots.dk > 0) {
     const size_t fp8 = p.fp8 ? fp8_bwd_bytes(p).total : 0;  // (the FP8 part last)
-    char* at = ws + (wl.total - fp8 - gated_do_bytes(p) - dbias_ds_bytes(p) - slots.dv - slots.dk);
+    char* at = ws + (wl.total - fp8 - gated_do_bytes(p) - dbias_ds_bytes(p) - sdpa_bwd_sm90_maps_bytes(p) - slots.dv -
+                     slots.dk);
     b.split.dk_accum = reinterpret_cast<float*>(at);
     b.split.dv_accum = reinterpret_cast<float*>(at + slots.dk);
   }

@@ -363,6 +363,29 @@ std::string bwd_refusal(Call c, bool deterministic = false) {
   return r == nullptr ? "" : r;
 }
 
+TEST(SdpaFamily, Sm90BackwardThdRule) {
+  // Packed tensors on the sm90 backward (experimental, the forward's switch): every tensor of the THD call packed,
+  // dK and dV both packed; one of them padded refuses (the epilogue writes one row count for both); the switch off
+  // refuses them all; the layout's refusal takes them whatever the switch says.
+  Call c = packed_thd_call();
+  for (int s : {FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V}) c.a.tensors[size_t(s)] = vec(3, DType::kInt32);
+  // (the gradients' offsets: backward-only tensors, bound after the forward's validation)
+  for (int s : {FS_SDPA_RAGGED_OFFSET_DO, FS_SDPA_RAGGED_OFFSET_DQ, FS_SDPA_RAGGED_OFFSET_DK}) {
+    c.grads.emplace_back(s, vec(3, DType::kInt32));
+  }
+  {
+    const ThdSwitch on(1);
+    EXPECT_EQ(bwd_refusal(c), "dK and dV one packed, the other padded");
+    c.grads.emplace_back(FS_SDPA_RAGGED_OFFSET_DV, vec(3, DType::kInt32));
+    EXPECT_EQ(bwd_refusal(c), "");
+  }
+  {
+    const ThdSwitch off(0);
+    EXPECT_NE(bwd_refusal(c).find("ragged"), std::string::npos);
+    EXPECT_EQ(sdpa_bwd_sm90_layout_refusal(backward_problem(c)), nullptr);
+  }
+}
+
 TEST(SdpaFamily, Sm90BackwardCoversTheForwardsSubset) {
   // The forward's calls, deterministic or not (the same rule, sdpa_family.cpp sm90_refusal).
   EXPECT_EQ(bwd_refusal(Call{}), "");
@@ -424,6 +447,7 @@ TEST(SdpaFamily, Sm90BackwardLeavesTheRestToSm80) {
     EXPECT_EQ(bwd_refusal(c), sdpa::slot_name(FS_SDPA_SINK_TOKEN));
   }
   {
+    const ThdSwitch thd_off(0);
     const Call c = packed_thd_call();
     EXPECT_NE(bwd_refusal(c).find("ragged"), std::string::npos);
   }
@@ -614,6 +638,7 @@ TEST(SdpaFamily, Sm90BackwardWithModifiersSwitch) {
     EXPECT_EQ(bwd_refusal(c), sdpa::slot_name(FS_SDPA_BLOCK_MASK));
   }
   {
+    const ThdSwitch thd_off(0);
     Call c = packed_thd_call();
     c.a.softcap = 5.0f;
     EXPECT_NE(bwd_refusal(c).find("ragged"), std::string::npos);

@@ -739,18 +739,16 @@ TEST(SdpaGpu, Sm90SampleMapsFlagMisalignedStarts) {
   qv.shape = {1, S, H, D};  // the template's BSHD view: one sample's extent
   qv.strides = {0, H * D, D, 1};
   sm90::SampleMapsJob job;
-  job.tmpl[0] = sm90::make_tensor_map_sm90(qv, false, DType::kBFloat16, 128, "q");
-  job.data[0] = static_cast<const char*>(q.p);
-  job.start[0].ragged = IndexArray{d_q.p, 1};
-  job.side[0] = 0;
-  job.tensors = 1;
+  SampleStart qs;
+  qs.ragged = IndexArray{d_q.p, 1};
+  job.add(sm90::make_tensor_map_sm90(qv, false, DType::kBFloat16, 128, "q"), q.p, qs, /*query_side=*/1);
   job.seq_len[0] = IndexArray{d_len.p, 0};
   job.max_len[0] = S;
   DevBuf ws(sm90::sample_maps_bytes(B, 1) + sm90::kTensorMapBytes);
   char* base = reinterpret_cast<char*>((reinterpret_cast<uintptr_t>(ws.p) + 127) / 128 * 128);
-  int32_t* flags = reinterpret_cast<int32_t*>(base + B * sm90::kTensorMapBytes);
-  cuda_ok(cudaMemset(flags, 0x7f, B * 4), "flags");
-  sm90::launch_sample_maps_sm90(job, B, reinterpret_cast<CUtensorMap*>(base), flags, nullptr);
+  cuda_ok(cudaMemset(base + B * sm90::kTensorMapBytes, 0x7f, B * 4), "flags");
+  int32_t* flags = sm90::launch_sample_maps_sm90(job, B, base, nullptr);
+  EXPECT_EQ(static_cast<void*>(flags), static_cast<void*>(base + B * sm90::kTensorMapBytes));
   cuda_ok(cudaDeviceSynchronize(), "sample maps");
   std::vector<int32_t> f(B);
   cuda_ok(cudaMemcpy(f.data(), flags, B * 4, cudaMemcpyDeviceToHost), "flags");
@@ -1108,6 +1106,7 @@ TEST(SdpaGpu, Sm90ForwardModsFallsBackToSm80) {
   REQUIRE_SM90();
   const ForceSdpaSm90 force(1);
   const ForceSdpaSm90Mods mods(1);
+  const ForceSdpaSm90Thd thd_off(0);  // (with it: the Sm90*Thd* tests)
   set_sdpa_sm90_dropout_enabled(0);  // (with it: the Sm90Dropout* tests)
   struct Restore {
     ~Restore() { set_sdpa_sm90_dropout_enabled(-1); }
@@ -1288,6 +1287,7 @@ TEST(SdpaGpu, Sm90BackwardFallsBackToSm80) {
   const ForceSdpaSm90 force_fwd(1);
   const ForceSdpaBwdSm90 force_bwd(1);
   const ForceSdpaBwdSm90Mods mods_off(0);
+  const ForceSdpaSm90Thd thd_off(0);  // (Sm90BackwardThdExperimental runs packed tensors on it)
   for (int i = 0; i < 4; ++i) {
     Case c = sm90_case(9200 + uint64_t(i));
     c.kind_q = c.kind_kv = Kind::kBhsd;
@@ -1299,6 +1299,65 @@ TEST(SdpaGpu, Sm90BackwardFallsBackToSm80) {
     }
     run_case_expect_sm90(c, /*backward=*/true, kAnyLaunches, 0);
     if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// Packed (THD) tensors on the sm90 backward (experimental: sdpa_sm90_thd_enabled; per-sample maps of q, k, v and the
+// main dO; not yet run on a GPU): sm90_thd_case's cases without a block_mask (the sm90 backward leaves it to
+// sm80), forward and backward on the sm90 kernels (both launch counters checked), every gradient against the CPU
+// reference on NaN-poisoned outputs, the gaps between packed samples untouched; deterministic on every third,
+// H_k != H_v (H_v = 2 H_k: the item slots and their sum kernel) on every fifth, the gate (a packed gate and dgate)
+// and dBias (no softcap) on some of the modifier cases.
+Case sm90_thd_bwd_case(uint64_t seed) {
+  Case c = sm90_thd_case(seed);
+  c.block_mask = 0;
+  c.deterministic = seed % 3 == 0;
+  if (seed % 5 == 0 && c.Dqk <= 128 && c.Dv <= 128) {
+    c.Hq = 8;
+    c.Hk = 2;
+    c.Hv = 4;
+  }
+  if (c.bias && c.softcap == 0) c.dbias = seed % 2;
+  return c;
+}
+
+TEST(SdpaGpu, Sm90BackwardThdExperimental) {
+  REQUIRE_SM90();
+  const ForceSm90WithMods force;
+  const ForceSdpaSm90Thd thd(1);
+  for (uint64_t seed = 15301; seed <= 15348; ++seed) {
+    run_case_expect_sm90(sm90_thd_bwd_case(seed), /*backward=*/true, 1, 1, /*chain=*/true);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, Sm90BackwardThdSanitizerSmall) {
+  // Small packed backward cases for compute-sanitizer (memcheck, synccheck): the forward sanitizer cases' shapes
+  // with every gradient packed, the (64, 64) kernel deterministic, the (128, 128) one with the gate, (192, 128)
+  // on the column-split consumers.
+  REQUIRE_SM90();
+  const ForceSm90WithMods force;
+  const ForceSdpaSm90Thd thd(1);
+  for (int i = 0; i < 3; ++i) {
+    Case c;
+    c.seed = 15400 + uint64_t(i);
+    c.B = 3;
+    c.Hq = 4;
+    c.Hk = i == 2 ? 1 : 2;
+    c.Sq = 150 + 40 * i;
+    c.Skv = 220 - 30 * i;
+    c.Dqk = c.Dv = i == 0 ? 64 : 128;
+    if (i == 2) c.Dqk = 192;
+    c.has_right = i < 2;
+    c.bottom_right = i == 0;
+    c.kind_q = Kind::kThd;
+    c.kind_kv = Kind::kThd;
+    c.lengths = 1 + i % 2;
+    c.zero_kv_sample = i == 0;
+    c.deterministic = i == 0;
+    c.gate = i == 1;
+    c.dtype = i == 1 ? DType::kFloat16 : DType::kBFloat16;
+    run_case_expect_sm90(c, /*backward=*/true, 1, 1, /*chain=*/true);
   }
 }
 
@@ -1612,6 +1671,7 @@ TEST(SdpaGpu, Sm90BackwardModsFallsBackToSm80) {
   // Philox dropout with a bias.
   REQUIRE_SM90();
   const ForceSm90WithMods force;
+  const ForceSdpaSm90Thd thd_off(0);  // (with it: the Sm90*Thd* tests)
   set_sdpa_sm90_dropout_enabled(0);  // (with it: the Sm90Dropout* tests)
   struct Restore {
     ~Restore() { set_sdpa_sm90_dropout_enabled(-1); }

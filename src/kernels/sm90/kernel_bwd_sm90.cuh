@@ -159,6 +159,7 @@
 #include "kernels/common/tile_scheduler.cuh"
 #include "kernels/params.h"
 #include "kernels/sm90/ptx_sm90.cuh"
+#include "kernels/sm90/sample_maps_sm90.cuh"
 #include "kernels/sm90/tile_sm90.h"
 
 namespace flashspan::kern90 {
@@ -406,6 +407,7 @@ __device__ __forceinline__ int dq_order_rank(const BwdParams& p, int h, int b, i
 //   Src::dq_rank(p, h, b, qb, kb, lane)  the deterministic order of the step's dQ addition
 //   Src::q_block0(p, b)              the sample's first global query block (dq_accum tiles)
 //   Src::keys_to_store(p, sl, key0)  the dK / dV rows the epilogue writes
+//   Src::dkdv_start(p, b)            the element offsets of sample b in dK and dV (the epilogue's bases)
 //   Src::kMods                       SDPA's score modifiers in the key-split consumer's scores ->
 //                                    P^T, dS^T step (AnalyticModSourceBwdSm90,
 //                                    kernel_bwd_mods_sm90.cuh: Src::logits, Src::grads)
@@ -440,6 +442,9 @@ struct PlanSourceBwdSm90 {
   __device__ __forceinline__ static int64_t q_block0(const BwdParams& p, int b) { return __ldg(p.view.q_block_start + b); }
   __device__ __forceinline__ static int keys_to_store(const BwdParams&, const Seqlen& sl, int key0) {
     return sl.len_k - key0;
+  }
+  __device__ __forceinline__ static longlong2 dkdv_start(const BwdParams& p, int b) {
+    return make_longlong2(int64_t(b) * p.dka.batch_stride, int64_t(b) * p.dva.batch_stride);
   }
 };
 
@@ -518,15 +523,39 @@ struct AnalyticSourceBwdSm90 : AnalyticItemsBwdSm90 {
   __device__ __forceinline__ static int64_t q_block0(const BwdParams& p, int b) {
     return int64_t(b) * kern::analytic_of(p).num_q_blocks;
   }
-  // A padded dK / dV: every row below S_kv (rows past the sample: 0).
-  __device__ __forceinline__ static int keys_to_store(const BwdParams& p, const Seqlen&, int key0) {
-    return kern::analytic_of(p).max_kv - key0;
+  // A padded dK / dV: every row below S_kv (rows past the sample: 0); a packed one (experimental: dK and dV
+  // both packed, sdpa_family.cpp) the sample's rows.
+  __device__ __forceinline__ static int keys_to_store(const BwdParams& p, const Seqlen& sl, int key0) {
+    const AnalyticMaskParams& a = kern::analytic_of(p);
+    return kern::rows_to_store(a, kSdpaDK, key0, a.max_kv, sl.len_k, a.max_kv);
+  }
+  // Sample b's start in dK and dV (its ragged offset, or b times the batch stride).
+  __device__ __forceinline__ static longlong2 dkdv_start(const BwdParams& p, int b) {
+    const AnalyticMaskParams& a = kern::analytic_of(p);
+    return make_longlong2(kern::sample_start(a.start[kSdpaDK], b), kern::sample_start(a.start[kSdpaDV], b));
   }
 };
 
 // ---------------------------------------------------------------------------
 // Producer (warp 0 of WG0)
 // ---------------------------------------------------------------------------
+
+// The per-sample tensor maps of packed (THD) SDPA tensors (AnalyticMaskParams::sample_maps, sample_maps_sm90.cuh):
+// the 16-bit SDPA kernels' (the FP8 backward takes padded tensors only).
+template <class Src>
+inline constexpr bool kBwdSampleMaps = Src::kAnalytic && !Src::kFp8;
+// A producer's loads of two tensors xa, xb (kSdpaK / kSdpaV, or kSdpaQ / sm90::kSampleMapDO) through
+// issue(map a, map b, batch coordinate): the kernel's `ta`, `tb` at coord, or for a packed call sample -1 - coord's
+// own maps at 0 (with_sample_map's two issue sites; the flex kernels' code as before).
+template <class Src, class F>
+__device__ __forceinline__ void bwd_load_maps(const BwdParams& p, int coord, const CUtensorMap* ta, int xa,
+                                              const CUtensorMap* tb, int xb, F&& issue) {
+  if constexpr (kBwdSampleMaps<Src>) {
+    with_sample_maps<true, sm90::kSampleMapsBwd>(kern::analytic_of(p).sample_maps, coord, ta, xa, tb, xb, issue);
+  } else {
+    issue(ta, tb, coord);
+  }
+}
 
 // Walk: kern::K2QWalk (BlockCursor order, what the split schedule counts) or, deterministic,
 // kern::K2QWalkAscending (the dQ order warp walks the same); the analytic source's walk is
@@ -563,19 +592,34 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
     if (it.kb < 0) return;
 
     const typename Src::Seqlen sl(p, it.b);
-    const int bcoord = p.varlen ? 0 : it.b;
+    // Packed (THD) tensors (SDPA, experimental: AnalyticMaskParams::sample_maps): sample b's maps of q, k, v and
+    // the main dO (sample_maps_sm90.cuh: bcoord then codes the sample), acquired by the issuing lane.
+    int bcoord = p.varlen ? 0 : it.b;
+    if constexpr (kBwdSampleMaps<Src>) {
+      if (const void* maps = kern::analytic_of(p).sample_maps) {
+        if (lane == 0) acquire_sample_maps<sm90::kSampleMapsBwd>(maps, it.b);
+        bcoord = sample_coord(maps, it.b);
+      }
+    }
     const int q_row0 = p.varlen ? sl.q_start : 0;
     if (lane == 0) {
       mbar_wait(bars + L::kKvEmpty, (item_it & 1) ^ 1);
       const kern::ContiguousKv kv = kern::ContiguousKv::tma_sample(p, it.b, sl.k_start);  // K/V address role
-      const int row = kv.tma_row<L::kBlockK>(it.kb);
+      int row = kv.tma_row<L::kBlockK>(it.kb);
+      // A packed sample without keys has a one-row map at the tensor's base (which may be null, or end there):
+      // its box at row 1 lies wholly past the extent, zero filled, nothing read (sample_maps_sm90.h).
+      if constexpr (kBwdSampleMaps<Src>) {
+        if (bcoord < 0 && sl.len_k <= 0) row = 1;
+      }
       const int2 kvh = Src::kv_heads(p, it.hkv);  // the K and V heads (SDPA: H_k != H_v)
       mbar_arrive_expect_tx(bars + L::kKvFull, L::kTileK + L::kTileV);
+      bwd_load_maps<Src>(p, bcoord, tm_k, kSdpaK, tm_v, kSdpaV, [&](const CUtensorMap* mk, const CUtensorMap* mv, int batch) {
 #pragma unroll
-      for (int s = 0; s < (L::kSlabs > L::kSlabsV ? L::kSlabs : L::kSlabsV); ++s) {
-        if (s < L::kSlabs) tma_load_4d(base + L::kK + s * L::kSlabK, tm_k, 64 * s, row, kvh.x, bcoord, bars + L::kKvFull);
-        if (s < L::kSlabsV) tma_load_4d(base + L::kV + s * L::kSlabK, tm_v, 64 * s, row, kvh.y, bcoord, bars + L::kKvFull);
-      }
+        for (int s = 0; s < (L::kSlabs > L::kSlabsV ? L::kSlabs : L::kSlabsV); ++s) {
+          if (s < L::kSlabs) tma_load_4d(base + L::kK + s * L::kSlabK, mk, 64 * s, row, kvh.x, batch, bars + L::kKvFull);
+          if (s < L::kSlabsV) tma_load_4d(base + L::kV + s * L::kSlabK, mv, 64 * s, row, kvh.y, batch, bars + L::kKvFull);
+        }
+      });
     }
     auto walk = Src::template walk<Walk>(p, it.hkv, it.b, it.kb, it.steps);
     walk.seek(it.begin);
@@ -611,15 +655,18 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
                     L::kPayBytes, full);
         }
         const int row = q_row0 + qb * L::kBlockQ;
+        bwd_load_maps<Src>(p, bcoord, tm_q, kSdpaQ, tm_do, sm90::kSampleMapDO,
+                           [&](const CUtensorMap* mq, const CUtensorMap* mdo, int batch) {
 #pragma unroll
-        for (int sl2 = 0; sl2 < (L::kSlabs > L::kSlabsV ? L::kSlabs : L::kSlabsV); ++sl2) {
-          if (sl2 < L::kSlabs) {
-            tma_load_4d(base + L::kQ + st * L::kTileQ + sl2 * L::kSlabQ, tm_q, 64 * sl2, row, h, bcoord, full);
+          for (int sl2 = 0; sl2 < (L::kSlabs > L::kSlabsV ? L::kSlabs : L::kSlabsV); ++sl2) {
+            if (sl2 < L::kSlabs) {
+              tma_load_4d(base + L::kQ + st * L::kTileQ + sl2 * L::kSlabQ, mq, 64 * sl2, row, h, batch, full);
+            }
+            if (sl2 < L::kSlabsV) {
+              tma_load_4d(base + L::kDO + st * L::kTileDO + sl2 * L::kSlabQ, mdo, 64 * sl2, row, h, batch, full);
+            }
           }
-          if (sl2 < L::kSlabsV) {
-            tma_load_4d(base + L::kDO + st * L::kTileDO + sl2 * L::kSlabQ, tm_do, 64 * sl2, row, h, bcoord, full);
-          }
-        }
+        });
       }
       // The step's statistics and its info into the stage.
       float* stat = s_stat + st * 2 * L::kBlockQ;
@@ -748,16 +795,17 @@ __device__ __forceinline__ BwdItem take_bwd_item(uint32_t bars, const uint8_t* s
 // (key split: keys 64c + 16w + g, every column; column split: keys 16w + g, the warpgroup's
 // column pieces). slot >= 0: dK (unscaled) and dV added with fp32 atomics to split slot `slot`
 // ([kBlockK, Dqk] / [kBlockK, Dv] fp32, bwd_split.cuh); else dK (times the softmax scale) and dV
-// rows of the valid keys written in the input dtype. kBoundCols: a call's head dims below the
+// rows of the valid keys written in the input dtype at the sample's start in dK / dV (start_of(): Src::dkdv_start). kBoundCols: a call's head dims below the
 // kernel's (dims up to 128 on the (64, 64) / (128, 128) kernels) store only the columns below
 // p.head_dqk / p.head_dv (the accumulators' extra columns are 0: TMA zero fill). kCallSlots: the
 // split slots are rows of the call's head dims (flex: bwd_split.cuh's workspace and convert), else of
 // the kernel's (SDPA's H_k != H_v slots, sdpa_bwd_dkdv_sum_kernel_sm90).
 template <int kBlockK, int kDqk, int kDv, class E, bool kBoundCols = false, bool kCallSlots = false, int kNK, int kNV,
-          class ColK, class ColV>
+          class ColK, class ColV, class Start>
 __device__ __forceinline__ void dkdv_epilogue_sm90(const BwdParams& p, const BwdItem& it, int keys_valid,
-                                                   int64_t krow, int key_thr, int qd, const float (&dk)[kNK][4],
-                                                   const float (&dv)[kNV][4], ColK colk, ColV colv) {
+                                                   int64_t krow, Start start_of, int key_thr, int qd,
+                                                   const float (&dk)[kNK][4], const float (&dv)[kNV][4], ColK colk,
+                                                   ColV colv) {
   using Elem = typename E::Storage;
   constexpr int kN = kNK > kNV ? kNK : kNV;
   if (it.slot >= 0) {
@@ -781,10 +829,9 @@ __device__ __forceinline__ void dkdv_epilogue_sm90(const BwdParams& p, const Bwd
     }
     return;
   }
-  Elem* dkp = static_cast<Elem*>(p.dk) + int64_t(it.b) * p.dka.batch_stride + krow * p.dka.row_stride +
-              int64_t(it.hkv) * p.dka.head_stride;
-  Elem* dvp = static_cast<Elem*>(p.dv) + int64_t(it.b) * p.dva.batch_stride + krow * p.dva.row_stride +
-              int64_t(it.hkv) * p.dva.head_stride;
+  const longlong2 start = start_of();  // (formed past the slot path, which does not need it)
+  Elem* dkp = static_cast<Elem*>(p.dk) + start.x + krow * p.dka.row_stride + int64_t(it.hkv) * p.dka.head_stride;
+  Elem* dvp = static_cast<Elem*>(p.dv) + start.y + krow * p.dva.row_stride + int64_t(it.hkv) * p.dva.head_stride;
 #pragma unroll
   for (int hi = 0; hi < 2; ++hi) {
     const int key = key_thr + 8 * hi;
@@ -1094,8 +1141,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       Src::store_dkdv(p, it, keys_valid, krow, key_thr, lane, dk, dv);
     } else {
       // (flex: call head dims below the kernel's, a split task's slots of the call's dims)
-      dkdv_epilogue_sm90<L::kBlockK, kD, kD, E, true, !Src::kAnalytic>(p, it, keys_valid, krow, key_thr, qd, dk, dv,
-                                                                       ColsWhole{}, ColsWhole{});
+      dkdv_epilogue_sm90<L::kBlockK, kD, kD, E, true, !Src::kAnalytic>(
+          p, it, keys_valid, krow, [&] { return Src::dkdv_start(p, it.b); }, key_thr, qd, dk, dv, ColsWhole{},
+          ColsWhole{});
     }
   }
 }
@@ -1327,7 +1375,8 @@ __device__ __forceinline__ void bwd_consumer_cols(const BwdParams& p, uint32_t b
     const int key0 = it.kb * L::kBlockK;
     const int keys_valid = min(L::kBlockK, Src::keys_to_store(p, sl, key0));
     const int64_t krow = int64_t(p.varlen ? sl.k_start : 0) + key0;
-    dkdv_epilogue_sm90<L::kBlockK, kDqk, kDv, E>(p, it, keys_valid, krow, row_thr, qd, dk, dv, pk, pv);
+    dkdv_epilogue_sm90<L::kBlockK, kDqk, kDv, E>(p, it, keys_valid, krow, [&] { return Src::dkdv_start(p, it.b); },
+                                                  row_thr, qd, dk, dv, pk, pv);
   }
 }
 
@@ -1378,10 +1427,10 @@ __device__ __forceinline__ void gemm_dq_t3(float (&acc)[8][4], uint32_t ds_buf, 
 // split slot `slot` ([96, Dqk] / [96, Dv] fp32, bwd_split.cuh); else dK (times the softmax scale) and
 // dV elements of the valid keys written in the input dtype (16-bit stores: a warp's store covers 4
 // keys x 8 columns; once per item).
-template <int kDqk, int kDv, class E>
+template <int kDqk, int kDv, class E, class Start>
 __device__ __forceinline__ void dkdv_epilogue_t3(const BwdParams& p, const BwdItem& it, int keys_valid, int64_t krow,
-                                                 int d0, int qd, bool has_dv, const float (&dkt)[12][4],
-                                                 const float (&dvt)[12][4]) {
+                                                 Start start_of, int d0, int qd, bool has_dv,
+                                                 const float (&dkt)[12][4], const float (&dvt)[12][4]) {
   using Elem = typename E::Storage;
   if (it.slot >= 0) {
     float* dka = p.split.dk_accum + int64_t(it.slot) * 96 * kDqk;
@@ -1402,10 +1451,9 @@ __device__ __forceinline__ void dkdv_epilogue_t3(const BwdParams& p, const BwdIt
     }
     return;
   }
-  Elem* dkp = static_cast<Elem*>(p.dk) + int64_t(it.b) * p.dka.batch_stride + krow * p.dka.row_stride +
-              int64_t(it.hkv) * p.dka.head_stride + d0;
-  Elem* dvp = static_cast<Elem*>(p.dv) + int64_t(it.b) * p.dva.batch_stride + krow * p.dva.row_stride +
-              int64_t(it.hkv) * p.dva.head_stride + d0;
+  const longlong2 start = start_of();
+  Elem* dkp = static_cast<Elem*>(p.dk) + start.x + krow * p.dka.row_stride + int64_t(it.hkv) * p.dka.head_stride + d0;
+  Elem* dvp = static_cast<Elem*>(p.dv) + start.y + krow * p.dva.row_stride + int64_t(it.hkv) * p.dva.head_stride + d0;
 #pragma unroll
   for (int j = 0; j < 12; ++j) {
 #pragma unroll
@@ -1574,7 +1622,8 @@ __device__ __forceinline__ void bwd_consumer_t3(const BwdParams& p, uint32_t bas
     const int key0 = it.kb * L::kBlockK;
     const int keys_valid = min(L::kBlockK, Src::keys_to_store(p, sl, key0));
     const int64_t krow = int64_t(p.varlen ? sl.k_start : 0) + key0;
-    dkdv_epilogue_t3<kDqk, kDv, E>(p, it, keys_valid, krow, 64 * c + row_thr, qd, has_dv, dkt, dvt);
+    dkdv_epilogue_t3<kDqk, kDv, E>(p, it, keys_valid, krow, [&] { return Src::dkdv_start(p, it.b); },
+                                   64 * c + row_thr, qd, has_dv, dkt, dvt);
   }
 }
 
@@ -1719,7 +1768,7 @@ __global__ void __launch_bounds__(256) flex_bwd_dq_convert_kernel_sm90(const Bwd
 // dq = scale * dq_accum of the SDPA backward (sdpa_bwd_kernel_sm90): the rows of every sample
 // padded to S_q (total_q = B S_q; row t is position t % S_q of sample t / S_q), tile (query head,
 // sample b's query block b * num_q_blocks + pos / 64), written in the input dtype at the dQ
-// tensor's own sample start (padded: every row, 0 past the sample) and only the call's
+// tensor's own sample start (padded: every row, 0 past the sample; packed: the sample's rows) and only the call's
 // head_dqk columns (a smaller head dim than kD runs on the kD kernel). One warp per (row, head).
 template <int kD, class E, int kDv = kD>
 __global__ void __launch_bounds__(256) sdpa_bwd_dq_convert_kernel_sm90(const SdpaBwdParams p) {
@@ -1732,6 +1781,10 @@ __global__ void __launch_bounds__(256) sdpa_bwd_dq_convert_kernel_sm90(const Sdp
     const int64_t h = w / p.total_q, t = w - h * p.total_q;
     const int b = int(t / a.max_q);
     const int64_t pos = t - int64_t(b) * a.max_q;
+    // A packed dQ (experimental): the sample's rows only (the next sample's follow).
+    if (a.start[kSdpaDQ].ragged.ptr != nullptr && pos >= kern::sample_length(a.seq_len_q, a.cu_seq_len_q, a.max_q, b)) {
+      continue;
+    }
     const int64_t tile = h * p.view.num_q_blocks + int64_t(b) * a.num_q_blocks + pos / kBq;
     const float* src = p.dq_accum + tile * (kBq * kD);
     const int rr = int(pos % kBq);
@@ -1800,6 +1853,11 @@ __global__ void __launch_bounds__(256) sdpa_bwd_dkdv_sum_kernel_sm90(const SdpaB
   for (int64_t w = int64_t(blockIdx.x) * 8 + warp; w < units; w += int64_t(gridDim.x) * 8) {
     const DkdvSlotUnit un = DkdvSlotUnit::of(p, w, rows, heads_k, bk, g);
     const bool is_v = un.is_v;
+    // A packed dK / dV (experimental): the sample's rows only (the next sample's follow).
+    if (a.start[is_v ? kSdpaDV : kSdpaDK].ragged.ptr != nullptr &&
+        un.s >= kern::sample_length(a.seq_len_kv, a.cu_seq_len_kv, a.max_kv, un.b)) {
+      continue;
+    }
     const int width = is_v ? kdv : kd;
     const int cols = is_v ? p.head_dv : p.head_dqk;
     const float scale = is_v ? 1.0f : p.scale;

@@ -113,6 +113,7 @@
 #include "kernels/common/variant.cuh"
 #include "kernels/params.h"
 #include "kernels/sm90/ptx_sm90.cuh"
+#include "kernels/sm90/sample_maps_sm90.cuh"
 #include "kernels/sm90/tile_sm90.h"
 
 namespace flashspan::kern90 {
@@ -491,34 +492,24 @@ __device__ __forceinline__ void zero_v_rows_past(uint32_t v_tile, int keys, int 
 // Producer (one thread)
 // ---------------------------------------------------------------------------
 
-// The per-sample tensor maps of packed (THD) SDPA tensors (AnalyticMaskParams::sample_maps; sample_maps_sm90.h),
-// null for every other call and kernel.
+// The per-sample tensor maps of packed (THD) SDPA tensors (AnalyticMaskParams::sample_maps; sample_maps_sm90.h,
+// sample_maps_sm90.cuh): the 16-bit SDPA kernels' (kSampleMaps), null for every other call.
 template <class Src, class L>
-__device__ __forceinline__ const CUtensorMap* sample_maps_of(const FwdParams& p) {
-  if constexpr (Src::kAnalytic && !L::kFp8) {
-    return static_cast<const CUtensorMap*>(kern::analytic_of(p).sample_maps);
+inline constexpr bool kSampleMaps = Src::kAnalytic && !L::kFp8;
+template <class Src, class L>
+__device__ __forceinline__ const void* sample_maps_of(const FwdParams& p) {
+  if constexpr (kSampleMaps<Src, L>) {
+    return kern::analytic_of(p).sample_maps;
   } else {
     return nullptr;
   }
 }
-// Issues a Q / K / V load of sample kv through the map of tensor x (kSdpaQ / kSdpaK / kSdpaV): issue(map, batch
-// coordinate) with the kernel's `tm` and kv's batch, or for a packed call (kv.batch = -1 - b) with sample b's own
-// map and 0.
-// Two issue sites: the kernel's map stays a constant-bank address formed in uniform registers (no register of
-// the producer's 24 held across its key-block loop, as before), and sample b's map is formed at the load
-// (the empty asm keeps it from being hoisted out of the loop: a pointer held there spilled).
+// Issues a Q / K / V load of sample kv (kv.batch: sample_coord's code) through the map of tensor x (kSdpaQ /
+// kSdpaK / kSdpaV): issue(map, batch coordinate) (with_sample_map).
 template <class Src, class L, class F>
 __device__ __forceinline__ void with_kv_map(const FwdParams& p, const kern::ContiguousKv& kv, const CUtensorMap* tm,
                                             int x, F&& issue) {
-  if constexpr (Src::kAnalytic && !L::kFp8) {
-    if (kv.batch < 0) {
-      int b = -1 - kv.batch;
-      asm volatile("" : "+r"(b));
-      issue(sample_maps_of<Src, L>(p) + sm90::kSampleMapsFwd * int64_t(b) + x, 0);
-      return;
-    }
-  }
-  issue(tm, kv.tma_batch());
+  with_sample_map<kSampleMaps<Src, L>, sm90::kSampleMapsFwd>(sample_maps_of<Src, L>(p), kv.batch, tm, x, issue);
 }
 
 template <class L, class Src>
@@ -566,18 +557,20 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     // G heads from G it.head of positions q_row .. q_row + 128 / G - 1 (tensor map dims swapped:
     // launch_fwd_sm90.cu).
     const int q_pos = (p.varlen ? __ldg(p.cu_seqlens_q + it.batch) : 0) + it.block * (kBlockQ >> pack_shift);
-    const int q_c1 = pack > 1 ? it.head << pack_shift : q_pos, q_c2 = pack > 1 ? q_pos : it.head;
+    int q_c1 = pack > 1 ? it.head << pack_shift : q_pos;
+    const int q_c2 = pack > 1 ? q_pos : it.head;
     kern::ContiguousKv kv = kern::ContiguousKv::tma_sample(p, it.batch);  // K/V address role (kv_addr.cuh)
     // Packed (THD) q, k or v (SDPA; AnalyticMaskParams::sample_maps, experimental): the maps of the sample's
     // own rows, built on the device before the kernel (launch_fwd_sm90.cu), batch coordinate 0, acquired here;
     // kv's batch field then says which sample's K / V maps the loads take (-1 - b: with_kv_map).
-    if constexpr (Src::kAnalytic && !L::kFp8) {
-      if (const CUtensorMap* m = sample_maps_of<Src, L>(p)) {
-        m += sm90::kSampleMapsFwd * int64_t(it.batch);
-        tensormap_acquire(m);
-        tensormap_acquire(m + 1);
-        tensormap_acquire(m + 2);
-        kv.batch = -1 - it.batch;
+    if constexpr (kSampleMaps<Src, L>) {
+      if (const void* maps = sample_maps_of<Src, L>(p)) {
+        acquire_sample_maps<sm90::kSampleMapsFwd>(maps, it.batch);
+        kv.batch = sample_coord(maps, it.batch);
+        // A sample without query rows has a one-row map at the tensor's base (which may be null, or end there):
+        // its box at row 1 lies wholly past the extent, zero filled, nothing read. (Blocks past a longer
+        // sample's rows lie past its extent anyway; K / V are loaded only for blocks with visible keys.)
+        if (src.block.rows <= 0 && q_c1 == 0) q_c1 = 1;
       }
     }
     const int hkv = it.head * pack / p.group_size;  // packed: pack = group_size, the task head

@@ -17,6 +17,7 @@
 #include "kernels/common/launch_util.h"
 #include "kernels/sm90/kernel_bwd_sm90.cuh"
 #include "kernels/sm90/launch_sm90.h"
+#include "kernels/sm90/sample_maps_sm90.h"
 #include "kernels/sm90/sdpa_bwd_sm90_run.h"
 #include "kernels/sm90/tile_sm90.h"
 #include "kernels/sm90/tma_sm90.h"
@@ -215,17 +216,23 @@ void prepare_sdpa_bwd_sm90(SdpaBwdParams& p, int kBq, int kBk, int kd, int kdv, 
 }
 
 void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const TensorView& k, const TensorView& v,
-                          const TensorView& dout, DType dtype, cudaStream_t stream) {
+                          const TensorView& dout, DType dtype, void* workspace, size_t workspace_bytes,
+                          cudaStream_t stream) {
   SdpaBwdParams p = p_in;
   FS_CHECK(bwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.split_schedule == 0 &&
                (p.total_q == 0 || (p.dq_accum != nullptr && (!p.deterministic || p.dq_sem != nullptr))),
            Status::kInternal, "sdpa backward (sm90): unsupported configuration reached the launcher (D ", p.head_dqk,
            "/", p.head_dv, ")");
-  for (int x : {kSdpaQ, kSdpaK, kSdpaV, kSdpaO, kSdpaStats, kSdpaDO, kSdpaDQ, kSdpaDK, kSdpaDV, kSdpaGate,
-                kSdpaDGate}) {
-    FS_CHECK(p.analytic.start[x].ragged.ptr == nullptr, Status::kInternal,
-             "sdpa backward (sm90): a ragged tensor reached the launcher");
-  }
+  // Packed (THD) q, k, v or dO: per-sample maps (sample_maps_sm90.h); a packed O, stats, gate, dgate: the
+  // preprocess at the samples' starts (bwd_prepost.cuh); a packed dQ, dK, dV: the dQ convert, the dK / dV epilogue
+  // and slot sums at the samples' starts, their rows only (dK and dV both packed or both padded: sdpa_family.cpp).
+  const SampleStart* st = p.analytic.start;
+  const bool packed = st[kSdpaQ].ragged.ptr != nullptr || st[kSdpaK].ragged.ptr != nullptr ||
+                      st[kSdpaV].ragged.ptr != nullptr || st[kSdpaDO].ragged.ptr != nullptr;
+  FS_CHECK((!packed || (workspace != nullptr && workspace_bytes >= sample_maps_bytes(p.batch, kSampleMapsBwd))) &&
+               (st[kSdpaDK].ragged.ptr == nullptr) == (st[kSdpaDV].ragged.ptr == nullptr),
+           Status::kInternal, "sdpa backward (sm90): packed q, k, v or dO without the workspace of their sample maps (",
+           workspace_bytes, " bytes), or dK and dV one packed, the other padded");
   const BwdDimsSm90 kdims = bwd_kernel_dims_sm90(p.head_dqk, p.head_dv);  // the kernel's (Dqk, Dv)
   const int kd = kdims.dqk;                                                           // (the dq_accum tiles' width)
   // The kernel with score modifiers (sdpa_bwd_mods_kernel_sm90) when the main loop has any: softcap,
@@ -277,15 +284,37 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   // epilogue's TensorAddr batch strides, which SDPA's parameters keep in analytic.start).
   p.dka.batch_stride = p.analytic.start[kSdpaDK].batch_stride;
   p.dva.batch_stride = p.analytic.start[kSdpaDV].batch_stride;
-  const CUtensorMap mq = make_tensor_map_sm90(bshd_of_bhsd(q), false, dtype, kBq, "q");
-  const CUtensorMap mk = make_tensor_map_sm90(bshd_of_bhsd(k), false, dtype, kBk, "k");
-  const CUtensorMap mv = make_tensor_map_sm90(bshd_of_bhsd(v), false, dtype, kBk, "v");
+  // Packed tensors: the four maps' templates with batch extent 1 (one sample's rows), which a pre-pass turns into
+  // each sample's maps in the workspace on the stream.
+  auto view = [&](TensorView b) {
+    if (packed) b.shape[0] = 1;
+    return b;
+  };
+  const CUtensorMap mq = make_tensor_map_sm90(view(bshd_of_bhsd(q)), false, dtype, kBq, "q");
+  const CUtensorMap mk = make_tensor_map_sm90(view(bshd_of_bhsd(k)), false, dtype, kBk, "k");
+  const CUtensorMap mv = make_tensor_map_sm90(view(bshd_of_bhsd(v)), false, dtype, kBk, "v");
   // With the output gate the main kernel's dO is the preprocess's dO * sigmoid(G) in the workspace
   // (sdpa_bwd_main_params; rows past a sample unwritten there: zeroed in shared memory as dO's are).
   // (Without query rows the workspace may be empty and nothing reads dO.)
-  const TensorView dout_main = am.epi.gate != nullptr && p.total_q > 0 ? gated_do_view(p, dout) : bshd_of_bhsd(dout);
-  const CUtensorMap mdo = make_tensor_map_sm90(dout_main, false, dtype, kBq, "dout");
-  const SdpaBwdParams pk = sdpa_bwd_main_params(p);
+  const bool gated = am.epi.gate != nullptr && p.total_q > 0;
+  const TensorView dout_main = gated ? gated_do_view(p, dout) : bshd_of_bhsd(dout);
+  const CUtensorMap mdo = make_tensor_map_sm90(view(dout_main), false, dtype, kBq, "dout");
+  SdpaBwdParams pk = sdpa_bwd_main_params(p);
+  int32_t* sample_flags = nullptr;
+  if (packed) {
+    SampleMapsJob job;
+    job.add(mq, q.data, st[kSdpaQ], /*query_side=*/1);
+    job.add(mk, k.data, st[kSdpaK], 0);
+    job.add(mv, v.data, st[kSdpaV], 0);
+    // The main dO: the caller's, or the gated copy (padded rows per sample: [H_q, B S_q, D_v]).
+    SampleStart gated_start;
+    gated_start.batch_stride = dout_main.strides[0];
+    job.add(mdo, dout_main.data, gated ? gated_start : st[kSdpaDO], 1);
+    static_assert(kSdpaQ == 0 && kSdpaK == 1 && kSdpaV == 2 && kSampleMapDO == 3, "the sample maps' order");
+    job.lengths_of(am);
+    sample_flags = launch_sample_maps_sm90(job, p.batch, workspace, stream);
+    pk.analytic.sample_maps = workspace;
+  }
   switch (kd) {
     case 64:
       drop   ? run_sdpa_bwd_sm90<64, 64, false, true, true>(pk, dtype, mq, mk, mv, mdo, stream)
@@ -313,6 +342,7 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
     check_launch("sdpa backward dK / dV sum (sm90)");
   }
   launch_sdpa_bwd_dbias(p, stream);  // dBias from the dS workspace the kernel filled
+  if (sample_flags != nullptr) launch_sample_poison_bwd_sm90(p, dtype, sample_flags, stream);
 }
 
 }  // namespace flashspan::sm90

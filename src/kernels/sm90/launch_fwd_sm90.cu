@@ -166,27 +166,12 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   int32_t* sample_flags = nullptr;
   if (packed_qkv) {
     SampleMapsJob job;
-    const TensorView* ts[kSampleMapsFwd] = {&q, &k, &v};
-    const CUtensorMap* ms[kSampleMapsFwd] = {&mq, &mk, &mv};
-    for (int x = 0; x < kSampleMapsFwd; ++x) {
-      job.tmpl[x] = *ms[x];
-      job.data[x] = static_cast<const char*>(ts[x]->data);
-      job.start[x] = p.analytic.start[x];  // kSdpaQ, kSdpaK, kSdpaV = 0, 1, 2
-      job.side[x] = x == kSdpaQ ? 0 : 1;
-    }
-    job.tensors = kSampleMapsFwd;
-    job.elem_bytes = 2;
-    job.seq_len[0] = p.analytic.seq_len_q;
-    job.cu_seq_len[0] = p.analytic.cu_seq_len_q;
-    job.seq_len[1] = p.analytic.seq_len_kv;
-    job.cu_seq_len[1] = p.analytic.cu_seq_len_kv;
-    job.max_len[0] = p.analytic.max_q;
-    job.max_len[1] = p.analytic.max_kv;
-    CUtensorMap* maps = static_cast<CUtensorMap*>(workspace);
-    sample_flags = reinterpret_cast<int32_t*>(static_cast<char*>(workspace) +
-                                              size_t(p.batch) * kSampleMapsFwd * kTensorMapBytes);
-    launch_sample_maps_sm90(job, p.batch, maps, sample_flags, stream);
-    p.analytic.sample_maps = maps;
+    job.add(mq, q.data, p.analytic.start[kSdpaQ], /*query_side=*/1);
+    job.add(mk, k.data, p.analytic.start[kSdpaK], 0);
+    job.add(mv, v.data, p.analytic.start[kSdpaV], 0);
+    job.lengths_of(p.analytic);
+    sample_flags = launch_sample_maps_sm90(job, p.batch, workspace, stream);
+    p.analytic.sample_maps = workspace;
   }
   // A 16-bit bias of whole aligned rows is staged by the producer (kernel_fwd_sm90.cuh load_bias): its
   // map, boxes of the block's 128 rows or, broadcast over rows, of row 0; where the driver refuses the

@@ -158,9 +158,13 @@ void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& 
 // (the kernel with score modifiers, kernel_bwd_mods_sm90.cuh sdpa_bwd_mods_kernel_sm90), sinks with
 // dSink and the gate with dgate (around either kernel), head dims up to 128; with
 // FLASHSPAN_EXPERIMENTAL=1 (sdpa_sm90_dropout_enabled) dropout too, on the kernel with modifiers and
-// dropout (sdpa_bwd_mods_kernel_sm90<..., true>).
+// dropout (sdpa_bwd_mods_kernel_sm90<..., true>). Packed (THD) q, k, v or dO (experimental, dispatch's
+// sdpa_sm90_thd_enabled): loaded through per-sample maps (sample_maps_sm90.h: q, k, v and the main dO) built in
+// `workspace` (sample_maps_bytes(B, 4) bytes, 128-byte aligned) before the kernel; a packed dQ, dK, dV written at
+// the samples' starts, their rows only; null workspace otherwise.
 void launch_sdpa_bwd_sm90(const SdpaBwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
-                          const TensorView& dout, DType dtype, cudaStream_t stream);
+                          const TensorView& dout, DType dtype, void* workspace, size_t workspace_bytes,
+                          cudaStream_t stream);
 // Calls of launch_sdpa_bwd_sm90 in this process so far (tests check which family ran), of those
 // the ones that ran a kernel with score modifiers (softcap, ALiBi, bias / dBias, or dropout), and of
 // those the ones that ran the kernel with dropout (sdpa_bwd_mods_kernel_sm90<..., true>; experimental).

@@ -18,16 +18,18 @@
 namespace flashspan::sm90 {
 namespace {
 
-constexpr int kSampleThreads = 32 * kSampleMapsFwd;
+constexpr int kSampleThreads = 32 * kMaxSampleMaps;
 
 // Warp x of CTA b: tensor x's map of sample b. Lane 0 replaces the base (the sample's start, or, for a
 // sample without rows, the tensor's own base with one row: a map's extents are >= 1 and a ragged start
-// past the last sample may lie past the allocation) and the row extent (dimension 1 of {D, rows, H, B});
+// past the last sample may lie past the allocation; the producers load such a sample's boxes at row 1,
+// wholly past that extent, so nothing is read there, not even from a null base) and the row extent
+// (dimension 1 of {D, rows, H, B});
 // the warp copies the map out with the release the kernels' acquire pairs with.
 __global__ void __launch_bounds__(kSampleThreads) sample_maps_kernel(const __grid_constant__ SampleMapsJob job,
                                                                      CUtensorMap* maps, int32_t* flags) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  __shared__ alignas(128) CUtensorMap s_map[kSampleMapsFwd];
+  __shared__ alignas(128) CUtensorMap s_map[kMaxSampleMaps];
   __shared__ int s_bad;
   const int b = int(blockIdx.x), x = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32;
   if (threadIdx.x == 0) s_bad = 0;
@@ -62,45 +64,77 @@ __global__ void __launch_bounds__(kSampleThreads) sample_maps_kernel(const __gri
 
 // NaN over O and the stats of flagged samples: CTA (b, h), threads over the rows' elements.
 template <class Elem>
+__device__ __forceinline__ void nan_rows(Elem* base, int rows, int cols, int64_t row_stride) {
+  const Elem nan = Elem(std::numeric_limits<float>::quiet_NaN());
+  for (int64_t e = threadIdx.x; e < int64_t(rows) * cols; e += blockDim.x) base[(e / cols) * row_stride + e % cols] = nan;
+}
+
+template <class Elem>
 __global__ void __launch_bounds__(256) sample_poison_kernel(const SdpaFwdParams p, const int32_t* flags) {
   const int b = int(blockIdx.x), h = int(blockIdx.y);
   if (__ldg(flags + b) == 0) return;
   const AnalyticMaskParams& a = p.analytic;
   const int len = kern::sample_length(a.seq_len_q, a.cu_seq_len_q, a.max_q, b);
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  const int o_rows = kern::rows_to_store(a, kSdpaO, 0, a.max_q, len, a.max_q);
-  Elem* o = static_cast<Elem*>(p.o) + kern::sample_start(a.start[kSdpaO], b) + int64_t(h) * p.oa.head_stride;
-  for (int64_t e = threadIdx.x; e < int64_t(o_rows) * p.head_dv; e += blockDim.x) {
-    o[(e / p.head_dv) * p.oa.row_stride + e % p.head_dv] = Elem(nan);
-  }
+  nan_rows(static_cast<Elem*>(p.o) + kern::sample_start(a.start[kSdpaO], b) + int64_t(h) * p.oa.head_stride,
+           kern::rows_to_store(a, kSdpaO, 0, a.max_q, len, a.max_q), p.head_dv, p.oa.row_stride);
   if (p.lse != nullptr) {
-    const int s_rows = kern::rows_to_store(a, kSdpaStats, 0, a.max_q, len, a.max_q);
-    float* l = p.lse + kern::sample_start(a.start[kSdpaStats], b) + int64_t(h) * p.lsea.head_stride;
-    for (int r = threadIdx.x; r < s_rows; r += blockDim.x) l[int64_t(r) * p.lsea.row_stride] = nan;
+    nan_rows(p.lse + kern::sample_start(a.start[kSdpaStats], b) + int64_t(h) * p.lsea.head_stride,
+             kern::rows_to_store(a, kSdpaStats, 0, a.max_q, len, a.max_q), 1, p.lsea.row_stride);
   }
+}
+
+// The backward's: CTA (b, h) over query heads h; dK of K head h < H_k, dV of V head h < H_v.
+template <class Elem>
+__global__ void __launch_bounds__(256) sample_poison_bwd_kernel(const SdpaBwdParams p, const int32_t* flags) {
+  const int b = int(blockIdx.x), h = int(blockIdx.y);
+  if (__ldg(flags + b) == 0) return;
+  const AnalyticMaskParams& a = p.analytic;
+  const int len_q = kern::sample_length(a.seq_len_q, a.cu_seq_len_q, a.max_q, b);
+  const int len_k = kern::sample_length(a.seq_len_kv, a.cu_seq_len_kv, a.max_kv, b);
+  nan_rows(static_cast<Elem*>(p.dq) + kern::sample_start(a.start[kSdpaDQ], b) + int64_t(h) * p.dqa.head_stride,
+           kern::rows_to_store(a, kSdpaDQ, 0, a.max_q, len_q, a.max_q), p.head_dqk, p.dqa.row_stride);
+  if (h < p.num_heads_q / p.group_size) {
+    nan_rows(static_cast<Elem*>(p.dk) + kern::sample_start(a.start[kSdpaDK], b) + int64_t(h) * p.dka.head_stride,
+             kern::rows_to_store(a, kSdpaDK, 0, a.max_kv, len_k, a.max_kv), p.head_dqk, p.dka.row_stride);
+  }
+  if (h < p.num_heads_q / a.score.group_v) {
+    nan_rows(static_cast<Elem*>(p.dv) + kern::sample_start(a.start[kSdpaDV], b) + int64_t(h) * p.dva.head_stride,
+             kern::rows_to_store(a, kSdpaDV, 0, a.max_kv, len_k, a.max_kv), p.head_dv, p.dva.row_stride);
+  }
+}
+
+template <class Params, class K16, class Kbf>
+void launch_poison(const Params& p, DType dtype, const int32_t* flags, cudaStream_t stream, K16 k16, Kbf kbf) {
+  if (p.batch <= 0 || p.num_heads_q <= 0) return;
+  const dim3 grid(unsigned(p.batch), unsigned(p.num_heads_q));
+  if (dtype == DType::kBFloat16) {
+    kbf<<<grid, 256, 0, stream>>>(p, flags);
+  } else {
+    k16<<<grid, 256, 0, stream>>>(p, flags);
+  }
+  check_launch("sm90 sample maps: NaN over flagged samples");
 }
 
 }  // namespace
 
-void launch_sample_maps_sm90(const SampleMapsJob& job, int batch, CUtensorMap* maps, int32_t* flags,
-                             cudaStream_t stream) {
-  FS_CHECK(job.tensors > 0 && job.tensors <= kSampleMapsFwd && maps != nullptr && flags != nullptr &&
-               reinterpret_cast<uintptr_t>(maps) % kTensorMapBytes == 0,
-           Status::kInternal, "sm90 sample maps: ", job.tensors, " tensors, workspace ", static_cast<void*>(maps));
-  if (batch <= 0) return;
+int32_t* launch_sample_maps_sm90(const SampleMapsJob& job, int batch, void* workspace, cudaStream_t stream) {
+  FS_CHECK(job.tensors > 0 && job.tensors <= kMaxSampleMaps && workspace != nullptr &&
+               reinterpret_cast<uintptr_t>(workspace) % kTensorMapBytes == 0,
+           Status::kInternal, "sm90 sample maps: ", job.tensors, " tensors, workspace ", workspace);
+  CUtensorMap* maps = static_cast<CUtensorMap*>(workspace);
+  int32_t* flags = reinterpret_cast<int32_t*>(maps + int64_t(batch) * job.tensors);
+  if (batch <= 0) return flags;
   sample_maps_kernel<<<unsigned(batch), kSampleThreads, 0, stream>>>(job, maps, flags);
   check_launch("sm90 sample maps");
+  return flags;
 }
 
 void launch_sample_poison_sm90(const SdpaFwdParams& p, DType dtype, const int32_t* flags, cudaStream_t stream) {
-  if (p.batch <= 0 || p.num_heads_q <= 0) return;
-  const dim3 grid(unsigned(p.batch), unsigned(p.num_heads_q));
-  if (dtype == DType::kBFloat16) {
-    sample_poison_kernel<__nv_bfloat16><<<grid, 256, 0, stream>>>(p, flags);
-  } else {
-    sample_poison_kernel<__half><<<grid, 256, 0, stream>>>(p, flags);
-  }
-  check_launch("sm90 sample maps: NaN over flagged samples");
+  launch_poison(p, dtype, flags, stream, sample_poison_kernel<__half>, sample_poison_kernel<__nv_bfloat16>);
+}
+
+void launch_sample_poison_bwd_sm90(const SdpaBwdParams& p, DType dtype, const int32_t* flags, cudaStream_t stream) {
+  launch_poison(p, dtype, flags, stream, sample_poison_bwd_kernel<__half>, sample_poison_bwd_kernel<__nv_bfloat16>);
 }
 
 }  // namespace flashspan::sm90

@@ -27,28 +27,50 @@ namespace flashspan::sm90 {
 
 // The workspace layout (kSampleMapsFwd, kTensorMapBytes, sample_maps_bytes): tile_sm90.h, which dispatch reads.
 
-// What the pre-pass reads: per tensor x < tensors the template (the tensor's map with batch extent 1,
-// row extent S: make_tensor_map_sm90's form), its data, its sample starts and its side (0: the query
-// side's lengths, 1: the key side's); the samples' lengths as the analytic kernels take them.
+// What the pre-pass reads: per tensor x < tensors (the map index: kSdpaQ, kSdpaK, kSdpaV, then the backward's
+// kSampleMapDO) the template (the tensor's map with batch extent 1, row extent S: make_tensor_map_sm90's form), its
+// data, its sample starts and its side (0: the query side's lengths, 1: the key side's); the samples' lengths as
+// the analytic kernels take them (lengths_of).
+inline constexpr int kMaxSampleMaps = kSampleMapsBwd;
 struct SampleMapsJob {
-  CUtensorMap tmpl[kSampleMapsFwd];
-  const char* data[kSampleMapsFwd];
-  SampleStart start[kSampleMapsFwd];
-  int side[kSampleMapsFwd];
+  CUtensorMap tmpl[kMaxSampleMaps];
+  const char* data[kMaxSampleMaps];
+  SampleStart start[kMaxSampleMaps];
+  int side[kMaxSampleMaps];
   int tensors = 0;
   int elem_bytes = 2;
   IndexArray seq_len[2], cu_seq_len[2];
   int32_t max_len[2] = {0, 0};
+
+  // The next tensor's map (host).
+  void add(const CUtensorMap& map, const void* base, const SampleStart& s, int query_side) {
+    tmpl[tensors] = map;
+    data[tensors] = static_cast<const char*>(base);
+    start[tensors] = s;
+    side[tensors] = query_side ? 0 : 1;
+    ++tensors;
+  }
+  void lengths_of(const AnalyticMaskParams& a) {
+    seq_len[0] = a.seq_len_q;
+    cu_seq_len[0] = a.cu_seq_len_q;
+    seq_len[1] = a.seq_len_kv;
+    cu_seq_len[1] = a.cu_seq_len_kv;
+    max_len[0] = a.max_q;
+    max_len[1] = a.max_kv;
+  }
 };
 
-// Writes the maps of every sample into maps[tensors b + x] and the flags (1: a start not 16-byte aligned)
-// into flags[b]; maps / flags: the workspace laid out by sample_maps_bytes.
-void launch_sample_maps_sm90(const SampleMapsJob& job, int batch, CUtensorMap* maps, int32_t* flags,
-                             cudaStream_t stream);
+// Writes the maps of every sample (job.tensors a sample: maps[tensors b + x]) at `workspace` (128-byte aligned,
+// sample_maps_bytes(batch, job.tensors) bytes) and after them one flag a sample (1: a start not 16-byte
+// aligned); returns the flags.
+int32_t* launch_sample_maps_sm90(const SampleMapsJob& job, int batch, void* workspace, cudaStream_t stream);
 
 // NaN over the O rows (every head, D_v columns) and the stats rows of each flagged sample: a packed O /
 // stats the sample's rows, a padded one every row below S_q (the forward's rows_to_store); p: the
 // forward's parameters (O, the stats, their starts and strides); dtype: O's (float16 or bfloat16).
 void launch_sample_poison_sm90(const SdpaFwdParams& p, DType dtype, const int32_t* flags, cudaStream_t stream);
+// The backward's: NaN over the dQ, dK and dV rows of each flagged sample (packed: the sample's rows, padded: every
+// row below S_q / S_kv).
+void launch_sample_poison_bwd_sm90(const SdpaBwdParams& p, DType dtype, const int32_t* flags, cudaStream_t stream);
 
 }  // namespace flashspan::sm90

@@ -94,6 +94,9 @@ constexpr int64_t fp8_vt_bytes_sm90(int64_t batch, int64_t heads_v, int64_t dv, 
 // one int32 flag per sample (a start not 16-byte aligned), rounded up to 128 bytes. Workspace bytes of
 // `tensors` maps for `batch` samples: dispatch (sdpa_fwd_workspace_size) and the launcher agree through it.
 inline constexpr int kSampleMapsFwd = 3;
+// The backward's: q, k, v (as the forward's), then the main loop's dO (the caller's, or the gated dO * sigmoid(G)
+// of the workspace).
+inline constexpr int kSampleMapsBwd = 4, kSampleMapDO = 3;
 inline constexpr size_t kTensorMapBytes = 128;
 constexpr size_t sample_maps_bytes(int64_t batch, int tensors) {
   const size_t maps = size_t(batch) * size_t(tensors) * kTensorMapBytes;

@@ -1,0 +1,67 @@
+// The device half of the per-sample tensor maps of packed SDPA tensors (sample_maps_sm90.h): how an sm90
+// producer picks the map a TMA load of sample b goes through. The producer keeps one int, its batch
+// coordinate, in a coded form: b >= 0 the kernel's own map at batch coordinate b (padded tensors, as
+// before), or -1 - b sample b's own maps (packed calls) at batch coordinate 0.
+#pragma once
+
+#include <cuda.h>
+
+#include <cstdint>
+
+#include "kernels/sm90/ptx_sm90.cuh"
+
+namespace flashspan::kern90 {
+
+#if defined(__CUDA_ARCH__)
+
+// The coded batch coordinate of sample b: b, or -1 - b when the call's maps are per sample (maps != null).
+__device__ __forceinline__ int sample_coord(const void* maps, int b) { return maps != nullptr ? -1 - b : b; }
+
+// Acquires sample b's kTensors maps (written by the pre-pass earlier on the stream) for this thread's TMA
+// loads through them.
+template <int kTensors>
+__device__ __forceinline__ void acquire_sample_maps(const void* maps, int b) {
+  const CUtensorMap* m = static_cast<const CUtensorMap*>(maps) + kTensors * int64_t(b);
+#pragma unroll
+  for (int x = 0; x < kTensors; ++x) tensormap_acquire(m + x);
+}
+
+// Issues a load of tensor x (the map index) through issue(map, batch coordinate): the kernel's `tm` at
+// batch coordinate `coord` (coord >= 0), or sample -1 - coord's own map of `maps` (kTensors maps a
+// sample) at 0. kOn = false (a kernel without packed calls): always the first. Two issue sites, so that
+// the kernel's map keeps its constant-bank form in uniform registers (no register of a producer held
+// across its loops for it), and a sample's map is formed at the load (the empty asm keeps it from being
+// hoisted out of the producer's loop: a pointer held there spilled on the forward's 24 registers).
+template <bool kOn, int kTensors, class F>
+__device__ __forceinline__ void with_sample_map(const void* maps, int coord, const CUtensorMap* tm, int x,
+                                                F&& issue) {
+  if constexpr (kOn) {
+    if (coord < 0) {
+      int b = -1 - coord;
+      asm volatile("" : "+r"(b));
+      issue(static_cast<const CUtensorMap*>(maps) + kTensors * int64_t(b) + x, 0);
+      return;
+    }
+  }
+  issue(tm, coord);
+}
+
+// The same for two tensors xa, xb loaded together: issue(map a, map b, batch coordinate).
+template <bool kOn, int kTensors, class F>
+__device__ __forceinline__ void with_sample_maps(const void* maps, int coord, const CUtensorMap* ta, int xa,
+                                                 const CUtensorMap* tb, int xb, F&& issue) {
+  if constexpr (kOn) {
+    if (coord < 0) {
+      int b = -1 - coord;
+      asm volatile("" : "+r"(b));
+      const CUtensorMap* m = static_cast<const CUtensorMap*>(maps) + kTensors * int64_t(b);
+      issue(m + xa, m + xb, 0);
+      return;
+    }
+  }
+  issue(ta, tb, coord);
+}
+
+#endif  // __CUDA_ARCH__
+
+}  // namespace flashspan::kern90
