@@ -12,6 +12,8 @@
 //                             deterministic one): snake waves, every cell once.
 //   RolesGpu.K2QWalk*         K2QWalk and K2QWalkAscending: the same pairs, the latter ascending
 //                             per head; seek(begin) + count slices.
+//   RolesGpu.SampleMapsLoadTheSamplesRows  the per-sample tensor maps of packed tensors (sm90): TMA boxes
+//                             through them give each sample's rows, zeros past its length.
 //   RolesGpu.DropoutFragments SDPA's dropout multipliers (sdpa_score_mod.cuh) of the forward's
 //                             fragment (sdpa_dropout_apply) and of the sm90 backward's transposed one
 //                             (sdpa_dropout_keep_bits_transposed, sdpa_dropout_mask_apply), Philox
@@ -41,6 +43,9 @@
 #include "kernels/common/tile_scheduler.cuh"
 #include "kernels/common/variant.cuh"
 #include "kernels/params.h"
+#include "kernels/sm90/ptx_sm90.cuh"
+#include "kernels/sm90/sample_maps_sm90.h"
+#include "kernels/sm90/tma_sm90.h"
 
 namespace flashspan::test {
 namespace {
@@ -875,6 +880,96 @@ TEST(RolesGpu, DropoutFragments) {
     }
     EXPECT_EQ(bad_f, 0) << "forward fragment";
     EXPECT_EQ(bad_t, 0) << "transposed fragment";
+  }
+}
+
+// ---------------------------------------------------------------------------------------
+// The per-sample tensor maps of packed tensors (kernels/sm90/sample_maps_sm90.{h,cu,cuh}; experimental, not yet
+// run on a GPU): the pre-pass's map of sample b, loaded through by TMA as the sm90 producers do (acquire, a
+// 128-row x 64-column box at head 0, batch coordinate 0, from row row0), must give the sample's own rows below its
+// length and zeros from there (128B swizzle undone when copying out: 16-byte chunk c of row r lies at c ^ (r % 8)).
+
+__global__ void sample_map_box_kernel(const CUtensorMap* maps, int tensors, int b, int row0, uint16_t* out) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  __shared__ alignas(1024) uint16_t tile[128 * 64];
+  __shared__ alignas(8) uint64_t bar;
+  const uint32_t t = kern::smem_u32(tile), br = kern::smem_u32(&bar);
+  const CUtensorMap* m = maps + tensors * b;
+  if (threadIdx.x == 0) {
+    kern90::mbar_init(br, 1);
+    kern90::fence_barrier_init();
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    kern90::tensormap_acquire(m);
+    kern90::mbar_arrive_expect_tx(br, 128 * 64 * 2);
+    kern90::tma_load_4d(t, m, 0, row0, 0, 0, br);
+  }
+  kern90::mbar_wait(br, 0);
+  for (int i = int(threadIdx.x); i < 128 * 64; i += int(blockDim.x)) {
+    const int r = i / 64, c = i % 64;
+    out[i] = tile[r * 64 + (((c / 8) ^ (r % 8)) * 8) + c % 8];
+  }
+#else
+  (void)maps, (void)tensors, (void)b, (void)row0, (void)out;
+#endif
+}
+
+TEST(RolesGpu, SampleMapsLoadTheSamplesRows) {
+  REQUIRE_SM90();
+  // A packed bf16 tensor [T, H = 2, D = 64] (THD, gaps between samples) of four samples, one empty; its values
+  // raw 16-bit codes, all non-zero (a zero in the box is TMA's fill). Its template: one sample of 200 rows.
+  constexpr int H = 2, D = 64, S = 200;
+  const std::vector<int> len = {5, 0, 140, 37};
+  const std::vector<int64_t> tok = {0, 7, 7, 150};  // token offsets (gaps: 2 after sample 0, 3 after sample 2)
+  const int B = int(len.size());
+  const int64_t tokens = tok.back() + len.back() + 1;
+  std::vector<uint16_t> host(size_t(tokens * H * D));
+  for (size_t i = 0; i < host.size(); ++i) host[i] = uint16_t(1 + i % 30000);
+  DevVec<uint16_t> data(host);
+  std::vector<int64_t> starts(size_t(B) + 1), lens64(len.begin(), len.end());
+  for (int b = 0; b < B; ++b) starts[size_t(b)] = tok[size_t(b)] * H * D;
+  starts[size_t(B)] = tokens * H * D;
+  DevVec<int64_t> d_starts(starts), d_len(lens64);
+
+  TensorView v;
+  v.data = data.ptr();
+  v.dtype = DType::kBFloat16;
+  v.device = DeviceType::kCUDA;
+  v.ndim = 4;
+  v.shape = {1, S, H, D};
+  v.strides = {0, H * D, D, 1};
+  sm90::SampleMapsJob job;
+  SampleStart st;
+  st.ragged = IndexArray{d_starts.ptr(), 1};
+  job.add(sm90::make_tensor_map_sm90(v, false, DType::kBFloat16, 128, "q"), data.ptr(), st, /*query_side=*/1);
+  job.seq_len[0] = IndexArray{d_len.ptr(), 1};
+  job.max_len[0] = S;
+  DevVec<uint8_t> ws(sm90::sample_maps_bytes(B, 1) + sm90::kTensorMapBytes, 0);
+  void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.ptr()) + 127) / 128 * 128);
+  const int32_t* flags = sm90::launch_sample_maps_sm90(job, B, base, nullptr);
+  sync_ok("sample maps");
+  std::vector<int32_t> f(static_cast<size_t>(B), -1);
+  cuda_ok(cudaMemcpy(f.data(), flags, f.size() * 4, cudaMemcpyDeviceToHost), "flags");
+  EXPECT_EQ(f, std::vector<int32_t>(size_t(B), 0));
+  DevVec<uint16_t> out(size_t(128 * 64), uint16_t(0xffff));
+  for (int b = 0; b < B; ++b) {
+    for (int row0 : {0, 1, 128}) {
+      if (len[size_t(b)] == 0 && row0 == 0) continue;  // (the producers load an empty sample's box at row 1)
+      sample_map_box_kernel<<<1, 128>>>(static_cast<const CUtensorMap*>(base), 1, b, row0, out.ptr());
+      sync_ok("sample_map_box_kernel");
+      const std::vector<uint16_t> got = out.get();
+      int64_t bad = 0;
+      for (int r = 0; r < 128; ++r) {
+        for (int c = 0; c < 64; ++c) {
+          const int row = row0 + r;
+          const uint16_t want =
+              row < len[size_t(b)] ? host[size_t((tok[size_t(b)] + row) * H * D + c)] : uint16_t(0);
+          bad += got[size_t(r * 64 + c)] != want;
+        }
+      }
+      EXPECT_EQ(bad, 0) << "sample " << b << " (length " << len[size_t(b)] << "), box from row " << row0;
+    }
   }
 }
 
