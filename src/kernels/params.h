@@ -230,10 +230,11 @@ struct AnalyticMaskParams {
   int32_t num_q_blocks = 0, num_k_blocks = 0;   // per sample, of the launched tiles (launchers)
   float lse_unit = 0.6931471805599453f;          // forward stats: ln 2 (natural log) or 1 (base 2)
   SampleStart start[kSdpaNumTensors];
-  // The sm90 forward of packed (THD) q, k or v (launch_fwd_sm90.cu; experimental): per sample b the
-  // tensor maps of q, k, v (CUtensorMap, 128 bytes each, at sample_maps + 128 (3 b + x), x = 0 / 1 / 2),
-  // each over that sample's own rows (its start, its length), which the sm90 producer loads through
-  // (batch coordinate 0). Null everywhere else.
+  // The sm90 forward / backward of packed (THD) tensors (launch_{fwd,bwd}_sm90.cu; experimental): per sample b
+  // the tensor maps of q, k, v (and the backward's main dO) (CUtensorMap, 128 bytes each, at sample_maps +
+  // 128 (n b + x), n = 3 / 4, x = 0 / 1 / 2 (/ 3): tile_sm90.h kSampleMapsFwd / kSampleMapsBwd), each over that
+  // sample's own rows (its start, its length), which the sm90 producers load through (batch coordinate 0).
+  // Null everywhere else.
   const void* sample_maps = nullptr;
 };
 

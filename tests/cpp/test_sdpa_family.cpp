@@ -219,7 +219,8 @@ std::vector<std::pair<std::string, Call>> modifier_calls() {
 
 TEST(SdpaFamily, Sm90ForwardThdSwitch) {
   // Packed (THD) q, o, stats (and k, v, a packed gate with the modifiers' kernel): the sm90 forward takes them
-  // with its switch on (per-sample tensor maps; experimental), never the sm90 backward; off, the sm80 forward.
+  // with its switch on (per-sample tensor maps; experimental; the backward: Sm90BackwardThdRule); off, the sm80
+  // forward.
   Call c = packed_thd_call();
   for (int s : {FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V}) c.a.tensors[size_t(s)] = vec(3, DType::kInt32);
   {

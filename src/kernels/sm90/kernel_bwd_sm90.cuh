@@ -448,14 +448,15 @@ struct PlanSourceBwdSm90 {
   }
 };
 
-// SDPA: the analytic mask (analytic_mask.h, analytic_seqlen.cuh) of padded tensors
-// (launch_sdpa_bwd_sm90: q, k, v, o, dO, dq, dk, dv and the stats not ragged, so sample b is
-// batch coordinate b of the tensor maps). Items are the cells of an AnalyticBwdGrid (key block,
+// SDPA: the analytic mask (analytic_mask.h, analytic_seqlen.cuh) of padded tensors (sample b is
+// batch coordinate b of the tensor maps) or, experimental, packed ones (sample b's own maps:
+// sample_maps_sm90.cuh, launch_sdpa_bwd_sm90). Items are the cells of an AnalyticBwdGrid (key block,
 // kv head, sample) over every sample padded to S_kv; a block's steps are the analytic K2Q walk's
 // (every query head of the kv group, ascending query blocks), a partial step's element mask the
 // tile mask of the item's KeyBlockMask (the consumers, analytic_step_mask). Workspace rows of
 // sample b start at b * S_q (AnalyticSeqlen::q_start); dq_accum tiles at b * num_q_blocks.
-// Every dK / dV row below S_kv is written (0 past the sample); inputs past the sample are
+// Every dK / dV row below S_kv of a padded dK / dV is written (0 past the sample), a packed one's sample
+// rows only (keys_to_store, dkdv_start); inputs past the sample are
 // zeroed in shared memory before use (zero_rows_past). kBk: the kernel's key block (128: the
 // key-split kernels of dims up to 128; 64: the column-split kernels of (192, 128) / (256, 256)).
 //

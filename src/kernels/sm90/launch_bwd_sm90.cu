@@ -288,6 +288,8 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   // each sample's maps in the workspace on the stream.
   auto view = [&](TensorView b) {
     if (packed) b.shape[0] = 1;
+    // (a packed tensor of 0 tokens may have a null base: the template's is replaced on the device anyway)
+    if (packed && b.data == nullptr) b.data = workspace;
     return b;
   };
   const CUtensorMap mq = make_tensor_map_sm90(view(bshd_of_bhsd(q)), false, dtype, kBq, "q");
@@ -303,13 +305,15 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   int32_t* sample_flags = nullptr;
   if (packed) {
     SampleMapsJob job;
-    job.add(mq, q.data, st[kSdpaQ], /*query_side=*/1);
-    job.add(mk, k.data, st[kSdpaK], 0);
-    job.add(mv, v.data, st[kSdpaV], 0);
+    // (a null base -- a packed tensor of 0 tokens: every sample empty -- as the templates': never read)
+    auto base_of = [&](const TensorView& x) { return x.data != nullptr ? x.data : workspace; };
+    job.add(mq, base_of(q), st[kSdpaQ], /*query_side=*/1);
+    job.add(mk, base_of(k), st[kSdpaK], 0);
+    job.add(mv, base_of(v), st[kSdpaV], 0);
     // The main dO: the caller's, or the gated copy (padded rows per sample: [H_q, B S_q, D_v]).
     SampleStart gated_start;
     gated_start.batch_stride = dout_main.strides[0];
-    job.add(mdo, dout_main.data, gated ? gated_start : st[kSdpaDO], 1);
+    job.add(mdo, base_of(dout_main), gated ? gated_start : st[kSdpaDO], 1);
     static_assert(kSdpaQ == 0 && kSdpaK == 1 && kSdpaV == 2 && kSampleMapDO == 3, "the sample maps' order");
     job.lengths_of(am);
     sample_flags = launch_sample_maps_sm90(job, p.batch, workspace, stream);

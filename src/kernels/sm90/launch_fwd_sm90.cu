@@ -158,6 +158,8 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   auto view = [&](const TensorView& x) {
     TensorView b = bshd_of_bhsd(x);
     if (packed_qkv) b.shape[0] = 1;
+    // (a packed tensor of 0 tokens may have a null base: the template's is replaced on the device anyway)
+    if (packed_qkv && b.data == nullptr) b.data = workspace;
     return b;
   };
   const CUtensorMap mq = make_tensor_map_sm90(view(q), false, dtype, t.fwd_bq, "q");
@@ -166,9 +168,11 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   int32_t* sample_flags = nullptr;
   if (packed_qkv) {
     SampleMapsJob job;
-    job.add(mq, q.data, p.analytic.start[kSdpaQ], /*query_side=*/1);
-    job.add(mk, k.data, p.analytic.start[kSdpaK], 0);
-    job.add(mv, v.data, p.analytic.start[kSdpaV], 0);
+    // (a null base -- a packed tensor of 0 tokens: every sample empty -- as the templates': never read)
+    auto base_of = [&](const TensorView& x) { return x.data != nullptr ? x.data : workspace; };
+    job.add(mq, base_of(q), p.analytic.start[kSdpaQ], /*query_side=*/1);
+    job.add(mk, base_of(k), p.analytic.start[kSdpaK], 0);
+    job.add(mv, base_of(v), p.analytic.start[kSdpaV], 0);
     job.lengths_of(p.analytic);
     sample_flags = launch_sample_maps_sm90(job, p.batch, workspace, stream);
     p.analytic.sample_maps = workspace;
