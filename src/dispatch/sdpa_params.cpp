@@ -392,9 +392,21 @@ size_t sdpa_fwd_workspace_size(const Problem& p) {
   return sdpa_fwd_sm90_maps_bytes(p);
 }
 
+namespace {
+// The per-sample maps' part of a workspace: `bytes` reserved at `at` (tensors maps a sample and 128 bytes to
+// align), its 128-byte aligned start and what is left of it from there.
+size_t sm90_maps_bytes(const Problem& p, int tensors) {
+  return sm90::sample_maps_bytes(p.B, tensors) + sm90::kTensorMapBytes;
+}
+WorkspaceSlice sm90_maps_slice(char* at, size_t bytes) {
+  const uintptr_t a = reinterpret_cast<uintptr_t>(at);
+  const uintptr_t aligned = (a + sm90::kTensorMapBytes - 1) / sm90::kTensorMapBytes * sm90::kTensorMapBytes;
+  return {reinterpret_cast<void*>(aligned), bytes - size_t(aligned - a)};
+}
+}  // namespace
+
 size_t sdpa_fwd_sm90_maps_bytes(const Problem& p) {
-  if (!sdpa_fwd_sm90_may_take_packed(p)) return 0;
-  return sm90::sample_maps_bytes(p.B, sm90::kSampleMapsFwd) + sm90::kTensorMapBytes;
+  return sdpa_fwd_sm90_may_take_packed(p) ? sm90_maps_bytes(p, sm90::kSampleMapsFwd) : 0;
 }
 
 WorkspaceSlice sdpa_fwd_sm90_maps(const Problem& p, void* workspace, size_t workspace_bytes) {
@@ -402,9 +414,7 @@ WorkspaceSlice sdpa_fwd_sm90_maps(const Problem& p, void* workspace, size_t work
   if (need == 0) return {};
   FS_CHECK_ARG(workspace != nullptr && workspace_bytes >= need, "workspace: needs ", need, " bytes, got ",
                workspace_bytes);
-  const uintptr_t a = reinterpret_cast<uintptr_t>(workspace);
-  const uintptr_t aligned = (a + sm90::kTensorMapBytes - 1) / sm90::kTensorMapBytes * sm90::kTensorMapBytes;
-  return {reinterpret_cast<void*>(aligned), workspace_bytes - size_t(aligned - a)};
+  return sm90_maps_slice(static_cast<char*>(workspace), need);
 }
 
 SdpaPagedFwdParams sdpa_decode_fwd_params(const Problem& p, void* workspace, size_t workspace_bytes,
@@ -432,8 +442,7 @@ SdpaPagedFwdParams sdpa_decode_fwd_params(const Problem& p, void* workspace, siz
 size_t sdpa_bwd_workspace_size(const Problem& p) { return sdpa_bwd_layout(p).total; }
 
 size_t sdpa_bwd_sm90_maps_bytes(const Problem& p) {
-  if (!sdpa_bwd_sm90_may_take_packed(p)) return 0;
-  return sm90::sample_maps_bytes(p.B, sm90::kSampleMapsBwd) + sm90::kTensorMapBytes;
+  return sdpa_bwd_sm90_may_take_packed(p) ? sm90_maps_bytes(p, sm90::kSampleMapsBwd) : 0;
 }
 
 WorkspaceSlice sdpa_bwd_sm90_maps(const Problem& p, void* workspace, size_t workspace_bytes) {
@@ -442,10 +451,7 @@ WorkspaceSlice sdpa_bwd_sm90_maps(const Problem& p, void* workspace, size_t work
   const size_t total = sdpa_bwd_layout(p).total;  // (the 16-bit layout: no FP8 part)
   FS_CHECK_ARG(workspace != nullptr && workspace_bytes >= total, "workspace: needs ", total, " bytes, got ",
                workspace_bytes);
-  const uintptr_t a =
-      reinterpret_cast<uintptr_t>(workspace) + (total - gated_do_bytes(p) - dbias_ds_bytes(p) - need);
-  const uintptr_t aligned = (a + sm90::kTensorMapBytes - 1) / sm90::kTensorMapBytes * sm90::kTensorMapBytes;
-  return {reinterpret_cast<void*>(aligned), need - size_t(aligned - a)};
+  return sm90_maps_slice(static_cast<char*>(workspace) + (total - gated_do_bytes(p) - dbias_ds_bytes(p) - need), need);
 }
 
 SdpaFwdParams sdpa_fwd_params(const Problem& p) {
