@@ -284,36 +284,31 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   // epilogue's TensorAddr batch strides, which SDPA's parameters keep in analytic.start).
   p.dka.batch_stride = p.analytic.start[kSdpaDK].batch_stride;
   p.dva.batch_stride = p.analytic.start[kSdpaDV].batch_stride;
-  // Packed tensors: the four maps' templates with batch extent 1 (one sample's rows), which a pre-pass turns into
+  // Packed tensors: the four maps' templates of one sample's rows (sample_map_view), which a pre-pass turns into
   // each sample's maps in the workspace on the stream.
-  auto view = [&](TensorView b) {
-    if (packed) b.shape[0] = 1;
-    // (a packed tensor of 0 tokens may have a null base: the template's is replaced on the device anyway)
-    if (packed && b.data == nullptr) b.data = workspace;
-    return b;
-  };
-  const CUtensorMap mq = make_tensor_map_sm90(view(bshd_of_bhsd(q)), false, dtype, kBq, "q");
-  const CUtensorMap mk = make_tensor_map_sm90(view(bshd_of_bhsd(k)), false, dtype, kBk, "k");
-  const CUtensorMap mv = make_tensor_map_sm90(view(bshd_of_bhsd(v)), false, dtype, kBk, "v");
+  const TensorView vq = sample_map_view(bshd_of_bhsd(q), packed, workspace);
+  const TensorView vk = sample_map_view(bshd_of_bhsd(k), packed, workspace);
+  const TensorView vv = sample_map_view(bshd_of_bhsd(v), packed, workspace);
+  const CUtensorMap mq = make_tensor_map_sm90(vq, false, dtype, kBq, "q");
+  const CUtensorMap mk = make_tensor_map_sm90(vk, false, dtype, kBk, "k");
+  const CUtensorMap mv = make_tensor_map_sm90(vv, false, dtype, kBk, "v");
   // With the output gate the main kernel's dO is the preprocess's dO * sigmoid(G) in the workspace
   // (sdpa_bwd_main_params; rows past a sample unwritten there: zeroed in shared memory as dO's are).
   // (Without query rows the workspace may be empty and nothing reads dO.)
   const bool gated = am.epi.gate != nullptr && p.total_q > 0;
-  const TensorView dout_main = gated ? gated_do_view(p, dout) : bshd_of_bhsd(dout);
-  const CUtensorMap mdo = make_tensor_map_sm90(view(dout_main), false, dtype, kBq, "dout");
+  const TensorView dout_main = sample_map_view(gated ? gated_do_view(p, dout) : bshd_of_bhsd(dout), packed, workspace);
+  const CUtensorMap mdo = make_tensor_map_sm90(dout_main, false, dtype, kBq, "dout");
   SdpaBwdParams pk = sdpa_bwd_main_params(p);
   int32_t* sample_flags = nullptr;
   if (packed) {
     SampleMapsJob job;
-    // (a null base -- a packed tensor of 0 tokens: every sample empty -- as the templates': never read)
-    auto base_of = [&](const TensorView& x) { return x.data != nullptr ? x.data : workspace; };
-    job.add(mq, base_of(q), st[kSdpaQ], /*query_side=*/1);
-    job.add(mk, base_of(k), st[kSdpaK], 0);
-    job.add(mv, base_of(v), st[kSdpaV], 0);
+    job.add(mq, vq.data, st[kSdpaQ], /*query_side=*/1);
+    job.add(mk, vk.data, st[kSdpaK], 0);
+    job.add(mv, vv.data, st[kSdpaV], 0);
     // The main dO: the caller's, or the gated copy (padded rows per sample: [H_q, B S_q, D_v]).
     SampleStart gated_start;
     gated_start.batch_stride = dout_main.strides[0];
-    job.add(mdo, base_of(dout_main), gated ? gated_start : st[kSdpaDO], 1);
+    job.add(mdo, dout_main.data, gated ? gated_start : st[kSdpaDO], 1);
     static_assert(kSdpaQ == 0 && kSdpaK == 1 && kSdpaV == 2 && kSampleMapDO == 3, "the sample maps' order");
     job.lengths_of(am);
     sample_flags = launch_sample_maps_sm90(job, p.batch, workspace, stream);

@@ -155,24 +155,18 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   p.lsea.batch_stride = p.analytic.start[kSdpaStats].batch_stride;
   // Packed q, k or v: every one of the three through its samples' maps (the templates: one sample's
   // extent, batch extent 1), which a pre-pass writes into the workspace on the stream.
-  auto view = [&](const TensorView& x) {
-    TensorView b = bshd_of_bhsd(x);
-    if (packed_qkv) b.shape[0] = 1;
-    // (a packed tensor of 0 tokens may have a null base: the template's is replaced on the device anyway)
-    if (packed_qkv && b.data == nullptr) b.data = workspace;
-    return b;
-  };
-  const CUtensorMap mq = make_tensor_map_sm90(view(q), false, dtype, t.fwd_bq, "q");
-  const CUtensorMap mk = make_tensor_map_sm90(view(k), false, dtype, t.fwd_bk, "k");
-  const CUtensorMap mv = make_tensor_map_sm90(view(v), false, dtype, t.fwd_bk, "v");
+  const TensorView vq = sample_map_view(bshd_of_bhsd(q), packed_qkv, workspace);
+  const TensorView vk = sample_map_view(bshd_of_bhsd(k), packed_qkv, workspace);
+  const TensorView vv = sample_map_view(bshd_of_bhsd(v), packed_qkv, workspace);
+  const CUtensorMap mq = make_tensor_map_sm90(vq, false, dtype, t.fwd_bq, "q");
+  const CUtensorMap mk = make_tensor_map_sm90(vk, false, dtype, t.fwd_bk, "k");
+  const CUtensorMap mv = make_tensor_map_sm90(vv, false, dtype, t.fwd_bk, "v");
   int32_t* sample_flags = nullptr;
   if (packed_qkv) {
     SampleMapsJob job;
-    // (a null base -- a packed tensor of 0 tokens: every sample empty -- as the templates': never read)
-    auto base_of = [&](const TensorView& x) { return x.data != nullptr ? x.data : workspace; };
-    job.add(mq, base_of(q), p.analytic.start[kSdpaQ], /*query_side=*/1);
-    job.add(mk, base_of(k), p.analytic.start[kSdpaK], 0);
-    job.add(mv, base_of(v), p.analytic.start[kSdpaV], 0);
+    job.add(mq, vq.data, p.analytic.start[kSdpaQ], /*query_side=*/1);
+    job.add(mk, vk.data, p.analytic.start[kSdpaK], 0);
+    job.add(mv, vv.data, p.analytic.start[kSdpaV], 0);
     job.lengths_of(p.analytic);
     sample_flags = launch_sample_maps_sm90(job, p.batch, workspace, stream);
     p.analytic.sample_maps = workspace;

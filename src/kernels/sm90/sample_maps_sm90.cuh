@@ -26,27 +26,12 @@ __device__ __forceinline__ void acquire_sample_maps(const void* maps, int b) {
   for (int x = 0; x < kTensors; ++x) tensormap_acquire(m + x);
 }
 
-// Issues a load of tensor x (the map index) through issue(map, batch coordinate): the kernel's `tm` at
-// batch coordinate `coord` (coord >= 0), or sample -1 - coord's own map of `maps` (kTensors maps a
-// sample) at 0. kOn = false (a kernel without packed calls): always the first. Two issue sites, so that
-// the kernel's map keeps its constant-bank form in uniform registers (no register of a producer held
-// across its loops for it), and a sample's map is formed at the load (the empty asm keeps it from being
-// hoisted out of the producer's loop: a pointer held there spilled on the forward's 24 registers).
-template <bool kOn, int kTensors, class F>
-__device__ __forceinline__ void with_sample_map(const void* maps, int coord, const CUtensorMap* tm, int x,
-                                                F&& issue) {
-  if constexpr (kOn) {
-    if (coord < 0) {
-      int b = -1 - coord;
-      asm volatile("" : "+r"(b));
-      issue(static_cast<const CUtensorMap*>(maps) + kTensors * int64_t(b) + x, 0);
-      return;
-    }
-  }
-  issue(tm, coord);
-}
-
-// The same for two tensors xa, xb loaded together: issue(map a, map b, batch coordinate).
+// Issues the loads of two tensors xa, xb (their map indices) loaded together through issue(map a, map b, batch
+// coordinate): the kernel's `ta`, `tb` at batch coordinate `coord` (coord >= 0), or sample -1 - coord's own maps
+// of `maps` (kTensors maps a sample) at 0. kOn = false (a kernel without packed calls): always the first. Two
+// issue sites, so that the kernel's maps keep their constant-bank form in uniform registers (no register of a
+// producer held across its loops for them), and a sample's maps are formed at the load (the empty asm keeps
+// them from being hoisted out of the producer's loop: pointers held there spilled on the forward's 24 registers).
 template <bool kOn, int kTensors, class F>
 __device__ __forceinline__ void with_sample_maps(const void* maps, int coord, const CUtensorMap* ta, int xa,
                                                  const CUtensorMap* tb, int xb, F&& issue) {
@@ -60,6 +45,14 @@ __device__ __forceinline__ void with_sample_maps(const void* maps, int coord, co
     }
   }
   issue(ta, tb, coord);
+}
+
+// The same for one tensor x: issue(map, batch coordinate).
+template <bool kOn, int kTensors, class F>
+__device__ __forceinline__ void with_sample_map(const void* maps, int coord, const CUtensorMap* tm, int x,
+                                                F&& issue) {
+  with_sample_maps<kOn, kTensors>(maps, coord, tm, x, tm, x,
+                                  [&](const CUtensorMap* m, const CUtensorMap*, int batch) { issue(m, batch); });
 }
 
 #endif  // __CUDA_ARCH__

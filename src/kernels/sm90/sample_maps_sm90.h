@@ -60,6 +60,18 @@ struct SampleMapsJob {
   }
 };
 
+// A launcher's view of a tensor for its map (make_tensor_map_sm90's BSHD form): for a call with per-sample maps
+// (packed), batch extent 1 (the template of one sample's rows, which the pre-pass copies per sample) and a null
+// base -- a packed tensor of 0 tokens, every sample empty -- replaced by `dummy` (an aligned address: the
+// producers never read an empty sample's map, their boxes lying past its extent).
+inline TensorView sample_map_view(TensorView bshd, bool packed, void* dummy) {
+  if (packed) {
+    bshd.shape[0] = 1;
+    if (bshd.data == nullptr) bshd.data = dummy;
+  }
+  return bshd;
+}
+
 // Writes the maps of every sample (job.tensors a sample: maps[tensors b + x]) at `workspace` (128-byte aligned,
 // sample_maps_bytes(batch, job.tensors) bytes) and after them one flag a sample (1: a start not 16-byte
 // aligned); returns the flags.
