@@ -786,35 +786,46 @@ TEST(SdpaGpu, Sm90SampleMapsFlagMisalignedStarts) {
   }
 }
 
+// The small packed cases of the THD sanitizer tests (i < 3), on the (64, 64), (128, 128) and (192, 128) kernels:
+// B = 3 with gaps between the samples, the last ending 2 tokens before the end of the storage (a box past it must
+// read zeros, not past the allocation), H_q = 4 with GQA and then MQA, bottom-right causal with a sample without
+// keys on the first, fp16 on the second, seq_len / cu_seq_len in turn. The forward's (seed 15200 + i): S up to
+// ~300, a window on the second with the key side padded, no mask on the third; the backward's (15400 + i): S up
+// to ~220, every tensor packed, causal on the first two, deterministic on the first, the gate on the second.
+Case thd_sanitizer_case(int i, bool backward) {
+  Case c;
+  c.seed = (backward ? 15400 : 15200) + uint64_t(i);
+  c.B = 3;
+  c.Hq = 4;
+  c.Hk = i == 2 ? 1 : 2;
+  c.Sq = backward ? 150 + 40 * i : 200 + 50 * i;
+  c.Skv = backward ? 220 - 30 * i : 300 - 40 * i;
+  c.Dqk = c.Dv = i == 0 ? 64 : 128;
+  if (i == 2) c.Dqk = 192;
+  c.has_right = i < 2;
+  c.bottom_right = i == 0;
+  c.kind_q = Kind::kThd;
+  c.kind_kv = Kind::kThd;
+  c.lengths = 1 + i % 2;
+  c.zero_kv_sample = i == 0;
+  c.dtype = i == 1 ? DType::kFloat16 : DType::kBFloat16;
+  if (backward) {
+    c.deterministic = i == 0;
+    c.gate = i == 1;
+  } else {
+    c.has_left = i == 1;
+    c.left = 70;
+    if (i == 1) c.kind_kv = Kind::kStrided;
+  }
+  return c;
+}
+
 TEST(SdpaGpu, Sm90ForwardThdSanitizerSmall) {
-  // Small packed cases for compute-sanitizer (memcheck, synccheck): samples of 0..~300 rows with gaps, the last
-  // sample ending 2 tokens before the end of the storage (a box past it must read zeros, not past the
-  // allocation), a sample without keys, bottom-right causal with GQA on the (64, 64) kernel, a window on the
-  // (128, 128) kernel with the key side padded, (192, 128) dense MQA.
+  // thd_sanitizer_case's forward cases, for compute-sanitizer (memcheck, synccheck).
   REQUIRE_SM90();
   const ForceSm90WithMods force;
   const ForceSdpaSm90Thd thd(1);
-  for (int i = 0; i < 3; ++i) {
-    Case c;
-    c.seed = 15200 + uint64_t(i);
-    c.B = 3;
-    c.Hq = 4;
-    c.Hk = i == 2 ? 1 : 2;
-    c.Sq = 200 + 50 * i;
-    c.Skv = 300 - 40 * i;
-    c.Dqk = c.Dv = i == 0 ? 64 : 128;
-    if (i == 2) c.Dqk = 192;
-    c.has_right = i < 2;
-    c.bottom_right = i == 0;
-    c.has_left = i == 1;
-    c.left = 70;
-    c.kind_q = Kind::kThd;
-    c.kind_kv = i == 1 ? Kind::kStrided : Kind::kThd;
-    c.lengths = 1 + i % 2;
-    c.zero_kv_sample = i == 0;
-    c.dtype = i == 1 ? DType::kFloat16 : DType::kBFloat16;
-    run_case_expect_sm90(c, /*backward=*/false, 1, kAnyLaunches);
-  }
+  for (int i = 0; i < 3; ++i) run_case_expect_sm90(thd_sanitizer_case(i, false), /*backward=*/false, 1, kAnyLaunches);
 }
 
 // H_k != H_v on the sm90 forward (both mask sources: the producer loads V of each query head's own V
@@ -1333,33 +1344,12 @@ TEST(SdpaGpu, Sm90BackwardThdExperimental) {
 }
 
 TEST(SdpaGpu, Sm90BackwardThdSanitizerSmall) {
-  // Small packed backward cases for compute-sanitizer (memcheck, synccheck): the forward sanitizer cases' shapes
-  // with every gradient packed, the (64, 64) kernel deterministic, the (128, 128) one with the gate, (192, 128)
-  // on the column-split consumers.
+  // thd_sanitizer_case's backward cases (forward and backward on the sm90 kernels), for compute-sanitizer
+  // (memcheck, synccheck).
   REQUIRE_SM90();
   const ForceSm90WithMods force;
   const ForceSdpaSm90Thd thd(1);
-  for (int i = 0; i < 3; ++i) {
-    Case c;
-    c.seed = 15400 + uint64_t(i);
-    c.B = 3;
-    c.Hq = 4;
-    c.Hk = i == 2 ? 1 : 2;
-    c.Sq = 150 + 40 * i;
-    c.Skv = 220 - 30 * i;
-    c.Dqk = c.Dv = i == 0 ? 64 : 128;
-    if (i == 2) c.Dqk = 192;
-    c.has_right = i < 2;
-    c.bottom_right = i == 0;
-    c.kind_q = Kind::kThd;
-    c.kind_kv = Kind::kThd;
-    c.lengths = 1 + i % 2;
-    c.zero_kv_sample = i == 0;
-    c.deterministic = i == 0;
-    c.gate = i == 1;
-    c.dtype = i == 1 ? DType::kFloat16 : DType::kBFloat16;
-    run_case_expect_sm90(c, /*backward=*/true, 1, 1, /*chain=*/true);
-  }
+  for (int i = 0; i < 3; ++i) run_case_expect_sm90(thd_sanitizer_case(i, true), /*backward=*/true, 1, 1, /*chain=*/true);
 }
 
 // The backward preprocess's paired form (bwd_prepost.cuh bwd_preprocess_rows_paired; experimental,
