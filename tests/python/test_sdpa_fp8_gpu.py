@@ -189,7 +189,11 @@ def _check_forward(fs, c: dict):
             assert torch.equal(fin_m, torch.isfinite(gm)), "score_max: -inf rows differ"
             assert bool(((gm[fin_m] - wm[fin_m]).abs() <= 1e-3 * torch.clamp(wm[fin_m].abs(), min=1.0)).all())
             gz, wz = got["score_sum_exp"][b, :, :n, 0].double(), want["score_sum_exp"][b, :, :n, 0].double()
-            assert bool(((gz - wz).abs() <= 1e-3 * torch.clamp(wz.abs(), min=1.0)).all()), "score_sum_exp"
+            # sum_exp = exp(LSE - score_max): its relative error is the LSE's absolute one (the C++ tests' rule). FP8
+            # wgmma keeps about 14 bits in its accumulation (DeepSeek-V3, arXiv 2412.19437 s. 3.3.2): over 1e-3 relative
+            # in a row seen on an H100 (seed 4 of test_gpu_fp8_forward_hk_ne_hv_experimental), the old bound.
+            rel_se = torch.where(fin, 1e-3 * torch.clamp(ws.abs(), min=1.0), torch.zeros_like(ws))
+            assert bool(((gz - wz).abs() <= rel_se * wz.abs() + 1e-12).all()), "score_sum_exp"
     lse_max = max(1.0, float(want["stats"][torch.isfinite(want["stats"])].abs().max())) if torch.isfinite(
         want["stats"]).any() else 1.0
     assert got["amax_s"].item() == pytest.approx(want["amax_s"].item(), rel=1e-3 * lse_max, abs=1e-12)
