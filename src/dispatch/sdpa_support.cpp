@@ -93,10 +93,11 @@ void check_paged(const Problem& p) {
   }
 }
 
-// Packed (THD) tensors in the sm80 FP8 forward (sdpa_fp8_thd_enabled; its refusal says when they are taken):
-// o and stats both packed or both padded (one row limit per epilogue, as the 16-bit forward's), o's samples on
-// 2-byte boundaries (its epilogue stores code pairs: an even multiplier), and no score_max / score_sum_exp beside a
-// packed o (the 16-bit forward's fill of their padded rows is not the FP8 launcher's).
+// Packed (THD) tensors in the FP8 forwards (the sm80 one with sdpa_fp8_thd_enabled, the sm90 one with
+// sdpa_sm90_thd_enabled; their refusals say when they are taken): o and stats both packed or both padded (one row
+// limit per epilogue, as the 16-bit forward's), o's samples on 2-byte boundaries (both epilogues store code pairs:
+// an even multiplier), and no score_max / score_sum_exp beside a packed o (the 16-bit forward's fill of their padded
+// rows is not the FP8 launchers').
 void check_fp8_packed(const Problem& p) {
   check_o_stats_packing(p);
   if (p.ragged(FS_SDPA_O)) {
@@ -139,10 +140,11 @@ void check_fp8(const Problem& p) {
                        "or pass CPU tensors (the CPU reference runs sdpa_fp8 and sdpa_fp8_backward)");
     const char* r = sdpa_fp8_fwd_sm90_refusal(p);
     FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported with FP8 inputs on CUDA tensors yet (the sm90 FP8 forward runs "
-                       "padded q, k, v, o, each head dim a multiple of 16 up to 128, the causal and padding masks, "
-                       "GQA / MQA; the sm80 FP8 forward, which FLASHSPAN_SDPA_FP8_SM80=0 turned off, more head "
-                       "dims); CPU tensors "
-                       "run it on the CPU reference");
+                       "padded q, k, v, o (packed with FLASHSPAN_EXPERIMENTAL=1), each head dim a multiple of 16 up to "
+                       "128, the causal and padding masks, GQA / MQA; the sm80 FP8 forward, which "
+                       "FLASHSPAN_SDPA_FP8_SM80=0 turned off, more head dims); CPU tensors run it on the CPU "
+                       "reference");
+    check_fp8_packed(p);
     const Fp8StrideFault f = sdpa_fp8_fwd_sm90_stride_fault(p);
     if (f.slot >= 0) {
       throw Error(Status::kNotSupported, detail::concat(sdpa::slot_name(f.slot), ": stride ", p.t(f.slot).strides[f.dim],

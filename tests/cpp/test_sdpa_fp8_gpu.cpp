@@ -519,7 +519,7 @@ Outputs run_launcher(const Fp8Case& c, const Inputs& in) {
 
   sm90::launch_sdpa_fp8_fwd_sm90(p, view_of(dq.p, c.B, c.Hq, c.Sq, c.Dqk, in.sq),
                                  view_of(dk.p, c.B, c.Hk, c.Skv, c.Dqk, in.sk),
-                                 view_of(dv.p, c.B, c.heads_v(), c.Skv, c.Dv, in.sv), nullptr);
+                                 view_of(dv.p, c.B, c.heads_v(), c.Skv, c.Dv, in.sv), nullptr, 0, nullptr);
   cuda_ok(cudaDeviceSynchronize(), "sdpa fp8 forward");
   Outputs out;
   out.o = download<uint8_t>(dout, no);
