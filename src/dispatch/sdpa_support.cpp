@@ -128,11 +128,15 @@ void check_fp8(const Problem& p) {
   } else if (sdpa_fp8_fwd_sm80_enabled()) {
     // The FP8 forward on the sm80 kernels takes a call wherever the sm90 one does not (the
     // device, its head dims, strides or switch): its widening pre-pass reads any strides. What it refuses the
-    // sm90 one refuses too (the same options, its head dims a subset).
+    // sm90 one refuses too (the same options, its head dims a subset), but packed (THD) tensors, each forward's
+    // under its own switch (sdpa_fp8_thd_enabled, sdpa_sm90_thd_enabled: one environment variable, two
+    // overrides): a call the sm90 one's rules take passes (sdpa_check_support_gpu: it runs there or is refused).
     const char* r = sdpa_fp8_fwd_sm80_refusal(p);
-    FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported with FP8 inputs on CUDA tensors yet (the FP8 forwards run "
-                       "padded q, k, v, o, the causal and padding masks, GQA / MQA; the sm80 one head dims "
-                       "in {8, 16, ..., 128}, (192, 128) or (256, 256)); CPU tensors run it on the CPU reference");
+    const bool sm90_takes = sdpa_fp8_sm90_enabled() && sdpa_fp8_fwd_sm90_refusal(p) == nullptr &&
+                            sdpa_fp8_fwd_sm90_stride_fault(p).slot < 0;
+    FS_CHECK_SUPPORTED(r == nullptr || sm90_takes, r, ": not supported with FP8 inputs on CUDA tensors yet (the FP8 "
+                       "forwards run padded q, k, v, o, the causal and padding masks, GQA / MQA; the sm80 one head "
+                       "dims in {8, 16, ..., 128}, (192, 128) or (256, 256)); CPU tensors run it on the CPU reference");
     check_fp8_packed(p);
   } else {
     FS_CHECK_SUPPORTED(sdpa_fp8_sm90_enabled(), "q: FP8 inputs (", dtype_name(p.dtype), ") on CUDA tensors run on the "

@@ -946,7 +946,7 @@ TEST(SdpaFp8, ForwardThdRule) {
 // the sm80 one takes them), and refuses them, naming them, with it off; its host rules are check_fp8_packed's (an odd
 // o multiplier refused). The workspace of a call it runs (Problem::fp8_fwd_family = 90) holds the V^T and, packed q
 // or k, the per-sample maps after it (sm90::sample_maps_bytes(B, 3) + 128 bytes) whatever the switch says; the sm80
-// one's none of them.
+// one's none of them. The host rules let the call through also with the sm80 one on and its own packed switch off.
 TEST(SdpaFp8, ForwardThdSm90Rule) {
   CudaCall c;
   c.backward = false;
@@ -971,10 +971,14 @@ TEST(SdpaFp8, ForwardThdSm90Rule) {
       EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm90_refusal(x.problem()), nullptr) << d;
     }
   }
-  {
-    const Fp8FwdSm80Switch sm80_off(0);
+  for (int sm80 : {0, 1}) {
+    // The host rules with the sm80 one off (the sm90 one's), or on with its own packed switch off (the sm90 one's
+    // rule takes the call: on an sm_90 device it runs there).
+    const Fp8FwdSm80Switch sm80_sw(sm80);
+    const Fp8ThdSwitch sm80_thd_off(0);
     const Fp8ForwardSwitch sm90_on(1);
-    EXPECT_EQ(host_rules_error(c), "");
+    EXPECT_EQ(host_rules_error(c), "") << "sm80 " << sm80;
+    EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm80(c.problem()));
     CudaCall odd = c;
     odd.o_mult = c.Hq * c.Dv + 1;
     EXPECT_STARTS(host_rules_error(odd), "ragged offset of o: the multiplier ");
