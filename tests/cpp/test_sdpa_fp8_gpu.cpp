@@ -1028,13 +1028,7 @@ TEST(SdpaFp8Gpu, Sm90ForwardThdSanitizerSmall) {
   // other format; the CUDA calls only (the sanitizer's time).
   REQUIRE_SM90();
   const Fp8Sm90ThdOn on;
-  Fp8Case c;
-  c.thd = true;
-  c.B = 3;
-  c.Hq = 4;
-  c.Hk = 2;
-  c.Sq = 70;
-  c.Skv = 150;
+  Fp8Case c{.B = 3, .Hq = 4, .Hk = 2, .Sq = 70, .Skv = 150, .thd = true};
   for (int format = 1; format <= 2; ++format) {
     c.format = format;
     c.o_format = 3 - format;
