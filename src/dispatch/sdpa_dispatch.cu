@@ -98,9 +98,12 @@ void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, 
   }
   check_vec_aligned_slots(p, {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_GATE});
   if (p.fp8) {
-    // The sm90 FP8 forward (check_support accepted the call: sdpa_fp8_fwd_sm90_refusal, the device).
+    // The sm90 FP8 forward (check_support accepted the call: sdpa_fp8_fwd_sm90_refusal, the device); packed q or k
+    // (experimental): the per-sample tensor maps' part of the workspace, after the V^T.
+    const WorkspaceSlice maps = sdpa_fwd_sm90_maps(p, workspace, workspace_bytes);
     sm90::launch_sdpa_fp8_fwd_sm90(sdpa_fp8_fwd_params(p, workspace, workspace_bytes), p.t(FS_SDPA_Q),
-                                   p.t(FS_SDPA_K), p.t(FS_SDPA_V), static_cast<cudaStream_t>(stream));
+                                   p.t(FS_SDPA_K), p.t(FS_SDPA_V), maps.ptr, maps.bytes,
+                                   static_cast<cudaStream_t>(stream));
     return;
   }
   // score_max / score_sum_exp beside a packed O: their padded rows past each sample, which no forward

@@ -92,7 +92,8 @@ Switch g_sdpa_fp8_hk_ne_hv{experimental_from_env};
 Switch g_sdpa_fp8_device_attn_scale{experimental_from_env};
 // Packed (THD) tensors in the sm80 FP8 forward (fp8_fwd_refusal): experimental, not yet run on a GPU.
 Switch g_sdpa_fp8_thd{experimental_from_env};
-// Packed (THD) tensors in the 16-bit sm90 forward (sm90_refusal): experimental, not yet run on a GPU.
+// Packed (THD) tensors in the 16-bit sm90 forward (sm90_refusal), the sm90 backward and the sm90 FP8 forward
+// (sdpa_fp8_fwd_sm90_refusal): experimental, not yet run on a GPU.
 Switch g_sdpa_sm90_thd{experimental_from_env};
 }  // namespace
 
@@ -288,10 +289,11 @@ bool sdpa_fp8_bwd_runs_sm90(const sdpa::Problem& p) {
 // outside the seed's FP8 subset.
 namespace {
 // What both FP8 forwards take besides their head dims (dims_ok; `dims`: the refusal's words otherwise) and packed
-// (THD) tensors (ragged_ok: the sm80 one with sdpa_fp8_thd_enabled, experimental; never the sm90 one's TMA):
-// padded q, k, v, o, the causal and padding masks, the statistics outputs; MHA / GQA / MQA, H_k != H_v too (V
-// addressed by h / group_v: the sm90 one's V^T workspace has H_v heads, the sm80 one's bf16 copy of V too;
-// experimental, not yet run on a GPU: sdpa_fp8_hk_ne_hv_enabled).
+// (THD) tensors (ragged_ok, experimental, not yet run on a GPU: the sm80 one with sdpa_fp8_thd_enabled, the sm90 one
+// with sdpa_sm90_thd_enabled, both on with FLASHSPAN_EXPERIMENTAL=1): padded q, k, v, o, the causal and padding
+// masks, the statistics outputs; MHA / GQA / MQA, H_k != H_v too (V addressed by h / group_v: the sm90 one's V^T
+// workspace has H_v heads, the sm80 one's bf16 copy of V too; experimental, not yet run on a GPU:
+// sdpa_fp8_hk_ne_hv_enabled).
 const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* dims, bool ragged_ok) {
   using namespace sdpa;
   if (!p.fp8) return "q (not an FP8 call)";
@@ -301,8 +303,8 @@ const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* di
   for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
                 FS_SDPA_RAGGED_OFFSET_STATS}) {
     if (p.has(s) && !ragged_ok) {
-      return "ragged (packed THD) q, k, v, o or stats (the sm80 FP8 forward takes them with FLASHSPAN_EXPERIMENTAL=1; "
-             "not yet run on a GPU)";
+      return "ragged (packed THD) q, k, v, o or stats (the FP8 forwards take them with FLASHSPAN_EXPERIMENTAL=1; not "
+             "yet run on a GPU)";
     }
   }
   for (int s = 0; s < kNumSlots; ++s) {
@@ -324,9 +326,23 @@ const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* di
 }
 }  // namespace
 
+// Packed (THD) q, k, v in the sm90 one (sdpa_sm90_thd_enabled, the 16-bit sm90 forward's switch): q and k through
+// per-sample TMA maps, whose bases must be 16-byte aligned, and v read 16 bytes at a time by the V^T pre-pass, so their
+// ragged multipliers must be multiples of 16 (a packed (T, H, D) tensor's row stride H D is: D is); others keep the
+// sm80 one (it reads the codes a byte at a time). (The launcher, which cannot see the multiplier, still flags a q / k
+// start that is not aligned on the device -- NaN over the sample's O and stats rows -- and reads such a v bytewise.)
 const char* sdpa_fp8_fwd_sm90_refusal(const sdpa::Problem& p) {
-  return fp8_fwd_refusal(p, sm90::sdpa_fp8_fwd_runs_head_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv)),
-                         "head dims (multiples of 16 up to 128)", /*ragged_ok=*/false);
+  const char* r =
+      fp8_fwd_refusal(p, sm90::sdpa_fp8_fwd_runs_head_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv)),
+                      "head dims (multiples of 16 up to 128)", sdpa_sm90_thd_enabled());
+  if (r != nullptr) return r;
+  for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V}) {
+    if (p.ragged(s) && p.ragged_multiplier(s) % 16 != 0) {
+      return "ragged offsets of q, k or v with a multiplier that is not a multiple of 16 (the sm90 FP8 forward's "
+             "samples start on 16-byte boundaries)";
+    }
+  }
+  return nullptr;
 }
 
 // The FP8 forward on the sm80 kernels (launch_sdpa_fp8_fwd_sm80.cu): the sm90 one's options on the sm80
@@ -339,11 +355,12 @@ const char* sdpa_fp8_fwd_sm80_refusal(const sdpa::Problem& p) {
 void set_sdpa_fp8_fwd_sm80_enabled(int on) { g_sdpa_fp8_fwd_sm80.set(on); }
 bool sdpa_fp8_fwd_sm80_enabled() { return g_sdpa_fp8_fwd_sm80.on(); }
 
-// TMA boxes of the sm90 FP8 forward: q, k, v strides of 16 bytes (= elements).
+// TMA boxes of the sm90 FP8 forward: q, k, v strides of 16 bytes (= elements); a packed tensor's batch dimension is
+// its ragged offsets' (the refusal's multiplier rule).
 Fp8StrideFault sdpa_fp8_fwd_sm90_stride_fault(const sdpa::Problem& p) {
   for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V}) {
     const TensorView& t = p.t(s);
-    for (int d = 0; d + 1 < t.ndim; ++d) {
+    for (int d = p.ragged(s) ? 1 : 0; d + 1 < t.ndim; ++d) {
       if (t.shape[d] > 1 && t.strides[d] % 16 != 0) return Fp8StrideFault{s, d};
     }
   }
@@ -413,7 +430,11 @@ bool sdpa_bwd_runs_sm90(const sdpa::Problem& p) {
 }
 
 bool sdpa_fwd_sm90_may_take_packed(const sdpa::Problem& p) {
-  if (p.device != DeviceType::kCUDA || p.fp8 || p.a.backward || p.paged) return false;
+  if (p.device != DeviceType::kCUDA || p.a.backward || p.paged) return false;
+  // The FP8 forward's maps are q's and k's (its V goes through the V^T pre-pass): every FP8 forward with packed q or
+  // k that the sm80 FP8 forward does not run (an operation's check_support fixed the family), with no device query,
+  // as its V^T workspace is sized.
+  if (p.fp8) return (p.ragged(FS_SDPA_Q) || p.ragged(FS_SDPA_K)) && !sdpa_fp8_fwd_runs_sm80(p);
   if (!p.ragged(FS_SDPA_Q) && !p.ragged(FS_SDPA_K) && !p.ragged(FS_SDPA_V)) return false;
   return on_sm90_device(p);
 }

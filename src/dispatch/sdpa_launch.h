@@ -39,7 +39,8 @@ void sdpa_check_support_gpu(const sdpa::Problem& p);
 // needs none but on the decode forward (sdpa_fwd_runs_decode: [slots, 16, D_v] + [slots, 2, 16] fp32,
 // slots = tile_sm80.h decode_slot_capacity) and on the sm90 forward of packed q, k or v (their per-sample
 // tensor maps: sdpa_fwd_sm90_maps_bytes below), an FP8 forward on CUDA tensors the V^T of the sm90 FP8 forward ([B, H_v, D_v, S_kv
-// rounded up to 128] bytes, kernels/sm90/tile_sm90.h fp8_vt_bytes_sm90); the backward keeps D and LSE log2(e) ([H_q, B * S_q] fp32 each), unless
+// rounded up to 128] bytes, kernels/sm90/tile_sm90.h fp8_vt_bytes_sm90; then, packed q or k, their per-sample maps,
+// sdpa_fwd_sm90_maps_bytes) or the sm80 one's copies; the backward keeps D and LSE log2(e) ([H_q, B * S_q] fp32 each), unless
 // deterministic the fp32 dQ accumulator [H_q, B * S_q, D_qk], with dBias the fp32 dS
 // [B, H_q, S_q, S_kv rounded up to even], and with the output gate dO * sigmoid(G)
 // [H_q, B * S_q, D_v] in the input dtype. A CUDA call the sm90 backward covers
@@ -53,10 +54,11 @@ size_t sdpa_bwd_workspace_size(const sdpa::Problem& p);
 // kernels/sm90/sample_maps_sm90.h): their part of the forward's workspace (sm90::sample_maps_bytes(B, 3), and
 // 128 bytes more so that the maps start 128-byte aligned in any workspace) for every call the sm90 forward may
 // take packed (sdpa_fwd_sm90_may_take_packed: a 16-bit CUDA forward, not paged, with packed q, k or v, on an sm_90
-// device with this build's sm_90a code), whatever its switches say, so that an operation sized with them off
-// still runs when they are turned on before its execute (and the bytes, ~0.4 KB a sample, are never the
-// difference); 0 bytes for other calls. sdpa_fwd_sm90_maps binds it: the 128-byte aligned start and its bytes
-// (checked: the workspace's size), {nullptr, 0} for other calls.
+// device with this build's sm_90a code; an FP8 forward with packed q or k that the sm80 FP8 forward does not run:
+// the sm90 FP8 forward's maps of q and k, in the same layout, after its V^T workspace), whatever its switches
+// say, so that an operation sized with them off still runs when they are turned on before its execute (and the
+// bytes, ~0.4 KB a sample, are never the difference); 0 bytes for other calls. sdpa_fwd_sm90_maps binds it: the
+// 128-byte aligned start and its bytes (checked: the workspace's size), {nullptr, 0} for other calls.
 bool sdpa_fwd_sm90_may_take_packed(const sdpa::Problem& p);
 size_t sdpa_fwd_sm90_maps_bytes(const sdpa::Problem& p);
 struct WorkspaceSlice {
@@ -153,7 +155,8 @@ SdpaBwdParams sdpa_bwd_params_sm90(const sdpa::Problem& p, void* workspace, size
 // (sdpa_check_features_gpu: without the switch, or with sdpa_fp8_fwd_sm90_refusal's answer;
 // sdpa_check_support_gpu: off an sm_90 device with this build's sm_90a code).
 // sdpa_fp8_fwd_sm90_refusal: nullptr when the kernel covers an FP8 call (a forward; each head dim
-// a multiple of 16 up to 128, q / k / v / o / stats padded; score_max / score_sum_exp too; H_k != H_v with
+// a multiple of 16 up to 128, q / k / v / o / stats padded, or packed with sdpa_sm90_thd_enabled (q, k, v ragged
+// multipliers multiples of 16); score_max / score_sum_exp too; H_k != H_v with
 // sdpa_fp8_hk_ne_hv_enabled), else the first thing it does not cover. sdpa_fp8_fwd_params: sdpa_fwd_params
 // plus the FP8 factors (device pointers, or a host scale factor's value), the formats, the amax
 // outputs and the V^T workspace (checked: size and 16-byte alignment).
@@ -224,15 +227,16 @@ void set_sdpa_fp8_device_attn_scale_enabled(int on);
 // sample from its ragged start into padded bf16 copies; the epilogue writes a packed o and stats as the 16-bit
 // forward's): experimental, not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read by each check),
 // set_sdpa_fp8_thd_enabled overrides it (tests: 1 on, 0 off, -1 the environment's answer); the sm90 FP8 forward
-// never takes them.
+// takes them with sdpa_sm90_thd_enabled (below), and then runs them where it runs the call (sdpa_fp8_fwd_runs_sm90).
 bool sdpa_fp8_thd_enabled();
 void set_sdpa_fp8_thd_enabled(int on);
 
 // Packed (THD: ragged offsets) q, k, v, o, stats in the 16-bit sm90 forward (per-sample tensor maps built on the
 // device, kernels/sm90/sample_maps_sm90.h; a packed O / stats written at the samples' starts): experimental, not
 // yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read by each check), set_sdpa_sm90_thd_enabled overrides it
-// (tests: 1 on, 0 off, -1 the environment's answer). Off: packed calls take the sm80 forward. The sm90 backward
-// keeps padded tensors.
+// (tests: 1 on, 0 off, -1 the environment's answer). Off: packed calls take the sm80 forward. The same switch lets
+// packed tensors through the sm90 backward (sm90_refusal) and the sm90 FP8 forward (sdpa_fp8_fwd_sm90_refusal: q and
+// k through the per-sample maps, v through its V^T pre-pass).
 bool sdpa_sm90_thd_enabled();
 void set_sdpa_sm90_thd_enabled(int on);
 

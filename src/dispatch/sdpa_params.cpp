@@ -381,10 +381,15 @@ DecodeWorkspace decode_workspace(const Problem& p) {
 
 }  // namespace
 
+namespace {
+// The sm90 FP8 forward's V^T workspace (its start), before the per-sample maps of packed q / k.
+size_t fp8_vt_ws_bytes(const Problem& p) { return ws_align(size_t(sm90::fp8_vt_bytes_sm90(p.B, p.Hv, p.Dv, p.Skv))); }
+}  // namespace
+
 size_t sdpa_fwd_workspace_size(const Problem& p) {
   if (p.device != DeviceType::kCUDA) return 0;
   if (p.fp8 && sdpa_fp8_fwd_runs_sm80(p)) return fp8_fwd_sm80_bytes(p).total;
-  if (p.fp8) return ws_align(size_t(sm90::fp8_vt_bytes_sm90(p.B, p.Hv, p.Dv, p.Skv)));
+  if (p.fp8) return fp8_vt_ws_bytes(p) + sdpa_fwd_sm90_maps_bytes(p);
   if (sdpa_fwd_runs_decode(p)) {
     const DecodeWorkspace w = decode_workspace(p);
     return w.o_accum + w.ml;
@@ -412,9 +417,10 @@ size_t sdpa_fwd_sm90_maps_bytes(const Problem& p) {
 WorkspaceSlice sdpa_fwd_sm90_maps(const Problem& p, void* workspace, size_t workspace_bytes) {
   const size_t need = sdpa_fwd_sm90_maps_bytes(p);
   if (need == 0) return {};
-  FS_CHECK_ARG(workspace != nullptr && workspace_bytes >= need, "workspace: needs ", need, " bytes, got ",
+  const size_t at = p.fp8 ? fp8_vt_ws_bytes(p) : 0;  // (FP8: after the V^T workspace)
+  FS_CHECK_ARG(workspace != nullptr && workspace_bytes >= at + need, "workspace: needs ", at + need, " bytes, got ",
                workspace_bytes);
-  return sm90_maps_slice(static_cast<char*>(workspace), need);
+  return sm90_maps_slice(static_cast<char*>(workspace) + at, need);
 }
 
 SdpaPagedFwdParams sdpa_decode_fwd_params(const Problem& p, void* workspace, size_t workspace_bytes,

@@ -93,10 +93,11 @@ void check_paged(const Problem& p) {
   }
 }
 
-// Packed (THD) tensors in the sm80 FP8 forward (sdpa_fp8_thd_enabled; its refusal says when they are taken):
-// o and stats both packed or both padded (one row limit per epilogue, as the 16-bit forward's), o's samples on
-// 2-byte boundaries (its epilogue stores code pairs: an even multiplier), and no score_max / score_sum_exp beside a
-// packed o (the 16-bit forward's fill of their padded rows is not the FP8 launcher's).
+// Packed (THD) tensors in the FP8 forwards (the sm80 one with sdpa_fp8_thd_enabled, the sm90 one with
+// sdpa_sm90_thd_enabled; their refusals say when they are taken): o and stats both packed or both padded (one row
+// limit per epilogue, as the 16-bit forward's), o's samples on 2-byte boundaries (both epilogues store code pairs:
+// an even multiplier), and no score_max / score_sum_exp beside a packed o (the 16-bit forward's fill of their padded
+// rows is not the FP8 launchers').
 void check_fp8_packed(const Problem& p) {
   check_o_stats_packing(p);
   if (p.ragged(FS_SDPA_O)) {
@@ -127,11 +128,15 @@ void check_fp8(const Problem& p) {
   } else if (sdpa_fp8_fwd_sm80_enabled()) {
     // The FP8 forward on the sm80 kernels takes a call wherever the sm90 one does not (the
     // device, its head dims, strides or switch): its widening pre-pass reads any strides. What it refuses the
-    // sm90 one refuses too (the same options, its head dims a subset).
+    // sm90 one refuses too (the same options, its head dims a subset), but packed (THD) tensors, each forward's
+    // under its own switch (sdpa_fp8_thd_enabled, sdpa_sm90_thd_enabled: one environment variable, two
+    // overrides): a call the sm90 one's rules take passes (sdpa_check_support_gpu: it runs there or is refused).
     const char* r = sdpa_fp8_fwd_sm80_refusal(p);
-    FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported with FP8 inputs on CUDA tensors yet (the FP8 forwards run "
-                       "padded q, k, v, o, the causal and padding masks, GQA / MQA; the sm80 one head dims "
-                       "in {8, 16, ..., 128}, (192, 128) or (256, 256)); CPU tensors run it on the CPU reference");
+    const bool sm90_takes = sdpa_fp8_sm90_enabled() && sdpa_fp8_fwd_sm90_refusal(p) == nullptr &&
+                            sdpa_fp8_fwd_sm90_stride_fault(p).slot < 0;
+    FS_CHECK_SUPPORTED(r == nullptr || sm90_takes, r, ": not supported with FP8 inputs on CUDA tensors yet (the FP8 "
+                       "forwards run padded q, k, v, o, the causal and padding masks, GQA / MQA; the sm80 one head "
+                       "dims in {8, 16, ..., 128}, (192, 128) or (256, 256)); CPU tensors run it on the CPU reference");
     check_fp8_packed(p);
   } else {
     FS_CHECK_SUPPORTED(sdpa_fp8_sm90_enabled(), "q: FP8 inputs (", dtype_name(p.dtype), ") on CUDA tensors run on the "
@@ -139,10 +144,11 @@ void check_fp8(const Problem& p) {
                        "or pass CPU tensors (the CPU reference runs sdpa_fp8 and sdpa_fp8_backward)");
     const char* r = sdpa_fp8_fwd_sm90_refusal(p);
     FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported with FP8 inputs on CUDA tensors yet (the sm90 FP8 forward runs "
-                       "padded q, k, v, o, each head dim a multiple of 16 up to 128, the causal and padding masks, "
-                       "GQA / MQA; the sm80 FP8 forward, which FLASHSPAN_SDPA_FP8_SM80=0 turned off, more head "
-                       "dims); CPU tensors "
-                       "run it on the CPU reference");
+                       "padded q, k, v, o (packed with FLASHSPAN_EXPERIMENTAL=1), each head dim a multiple of 16 up to "
+                       "128, the causal and padding masks, GQA / MQA; the sm80 FP8 forward, which "
+                       "FLASHSPAN_SDPA_FP8_SM80=0 turned off, more head dims); CPU tensors run it on the CPU "
+                       "reference");
+    check_fp8_packed(p);
     const Fp8StrideFault f = sdpa_fp8_fwd_sm90_stride_fault(p);
     if (f.slot >= 0) {
       throw Error(Status::kNotSupported, detail::concat(sdpa::slot_name(f.slot), ": stride ", p.t(f.slot).strides[f.dim],

@@ -1,6 +1,6 @@
 // An environment variable set for a scope (tests of the switches read per call: FLASHSPAN_SDPA_FP8_BWD,
 // FLASHSPAN_SDPA_FEATURE_PAIRS, FLASHSPAN_SDPA_FP8_SM80, ...): nullptr unsets it; its value before is
-// restored after the scope. Header-only.
+// restored after the scope. ScopedSwitch: a dispatch switch's in-process override for a scope. Header-only.
 #pragma once
 
 #include <cstdlib>
@@ -32,6 +32,20 @@ class ScopedEnv {
   const char* name_;
   std::string old_;
   bool had_ = false;
+};
+
+// A dispatch switch's in-process override (dispatch/sdpa_launch.h set_*_enabled(int): 1 on, 0 off, -1 the
+// environment's answer) forced to `on` for a scope, the environment's answer back after it; e.g.
+// ScopedSwitch thd(flashspan::set_sdpa_sm90_thd_enabled, 1).
+class ScopedSwitch {
+ public:
+  ScopedSwitch(void (*set)(int), int on) : set_(set) { set_(on); }
+  ~ScopedSwitch() { set_(-1); }
+  ScopedSwitch(const ScopedSwitch&) = delete;
+  ScopedSwitch& operator=(const ScopedSwitch&) = delete;
+
+ private:
+  void (*set_)(int);
 };
 
 }  // namespace flashspan::test

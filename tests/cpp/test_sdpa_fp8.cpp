@@ -21,6 +21,7 @@
 #include "core/sdpa_problem.h"
 #include "dispatch/sdpa_launch.h"  // set_sdpa_fp8_sm90_enabled, sdpa_fp8_bwd_refusal, sdpa_check_features_gpu
 #include "flashspan/flashspan.hpp"
+#include "kernels/sm90/tile_sm90.h"  // sample_maps_bytes
 #include "scoped_env.h"
 #ifdef FLASHSPAN_WITH_CUDA
 #include "kernels/common/fp8_prepass.h"  // fp8_widen_vec_enabled
@@ -32,6 +33,7 @@ namespace {
 using namespace flashspan::api;
 using flashspan::DType;
 using flashspan::test::ScopedEnv;
+using flashspan::test::ScopedSwitch;
 
 constexpr fs_dtype_t kF64{FS_DTYPE_FLOAT, 64, 1};
 fs_device_t cpu() { return {FS_DEVICE_CPU, 0}; }
@@ -507,6 +509,7 @@ struct CudaCall {
   int attn_scale = 0;                      // 0 a float, 1 a host tensor, 2 a device tensor
   bool thd = false;                        // forward: packed (THD) q, k, v, o, stats (ragged offsets, seq_len)
   int64_t o_mult = 0;                      // thd: o's ragged multiplier (0: H_q D_v, its packed row stride)
+  int64_t q_mult = 0;                      // thd: q's ragged multiplier (0: H_q D, its packed row stride)
 
   bool fp8() const { return in == DType::kFloat8E4M3 || in == DType::kFloat8E5M2; }
   DType out() const { return fp8() ? grad : in; }
@@ -572,7 +575,7 @@ struct CudaCall {
       packed(FS_SDPA_O, Hq, Sq, Dv, out());
       packed(FS_SDPA_STATS, Hq, Sq, 1, DType::kFloat32);
       const struct { int slot, off; int64_t mult; } sides[] = {
-          {FS_SDPA_Q, FS_SDPA_RAGGED_OFFSET_Q, Hq * D},      {FS_SDPA_K, FS_SDPA_RAGGED_OFFSET_K, Hk * D},
+          {FS_SDPA_Q, FS_SDPA_RAGGED_OFFSET_Q, q_mult ? q_mult : Hq * D}, {FS_SDPA_K, FS_SDPA_RAGGED_OFFSET_K, Hk * D},
           {FS_SDPA_V, FS_SDPA_RAGGED_OFFSET_V, Hv * Dv},     {FS_SDPA_O, FS_SDPA_RAGGED_OFFSET_O, o_mult ? o_mult : Hq * Dv},
           {FS_SDPA_STATS, FS_SDPA_RAGGED_OFFSET_STATS, Hq}};
       for (const auto& s : sides) {
@@ -906,16 +909,20 @@ TEST(SdpaFp8, ForwardOnSm80Rule) {
   EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm80_refusal(CudaCall{}.problem()), std::string("the FP8 backward"));
 }
 
-// Packed (THD) tensors in the FP8 forward (sdpa_fp8_thd_enabled, experimental): the sm80 FP8 forward takes them with
-// its switch on (the sm90 one never: its TMA boxes), refused by both without it; with them an odd o multiplier and
-// score_max / score_sum_exp beside a packed o are refused, naming the rule.
+// Packed (THD) tensors in the FP8 forward (experimental): the sm80 FP8 forward takes them with its switch on
+// (sdpa_fp8_thd_enabled), the sm90 one with its own (sdpa_sm90_thd_enabled: ForwardThdSm90Rule, pinned off here),
+// refused by both without them; with them an odd o multiplier and score_max / score_sum_exp beside a packed o are
+// refused, naming the rule.
+const std::string kFp8Packed = "ragged (packed THD) q, k, v, o or stats (the FP8 forwards take them with "
+                               "FLASHSPAN_EXPERIMENTAL=1; not yet run on a GPU)";
+
 TEST(SdpaFp8, ForwardThdRule) {
   CudaCall c;
   c.backward = false;
   c.thd = true;
   c.D = c.Dv = 64;
-  const std::string packed = "ragged (packed THD) q, k, v, o or stats (the sm80 FP8 forward takes them with "
-                             "FLASHSPAN_EXPERIMENTAL=1; not yet run on a GPU)";
+  const std::string& packed = kFp8Packed;
+  const ScopedSwitch sm90_thd_off(flashspan::set_sdpa_sm90_thd_enabled, 0);
   {
     const Fp8ThdSwitch off(0);
     EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm80_refusal(c.problem()), packed);
@@ -925,12 +932,87 @@ TEST(SdpaFp8, ForwardThdRule) {
   const Fp8ThdSwitch on(1);
   const Fp8FwdSm80Switch sm80_on(1);
   EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm80_refusal(c.problem()), nullptr);
-  EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm90_refusal(c.problem()), packed);  // (never the sm90 one)
+  EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm90_refusal(c.problem()), packed);  // (its own switch off)
   EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm90(c.problem()));
   EXPECT_EQ(host_rules_error(c), "");
   CudaCall odd = c;
   odd.o_mult = c.Hq * c.Dv + 1;
   EXPECT_STARTS(host_rules_error(odd), "ragged offset of o: the multiplier ");
+}
+
+// Packed (THD) q, k, v, o, stats on the sm90 FP8 forward (sdpa_sm90_thd_enabled, the 16-bit sm90 forward's switch:
+// FLASHSPAN_EXPERIMENTAL=1; not yet run on a GPU): its rule takes them with the switch on -- each head-dim kernel, GQA,
+// both formats -- when q's, k's and v's ragged multipliers are multiples of 16 (its TMA boxes and 16-byte loads; else
+// the sm80 one takes them), and refuses them, naming them, with it off; its host rules are check_fp8_packed's (an odd
+// o multiplier refused). The workspace of a call it runs (Problem::fp8_fwd_family = 90) holds the V^T and, packed q
+// or k, the per-sample maps after it (sm90::sample_maps_bytes(B, 3) + 128 bytes) whatever the switch says; the sm80
+// one's none of them. The host rules let the call through also with the sm80 one on and its own packed switch off.
+TEST(SdpaFp8, ForwardThdSm90Rule) {
+  CudaCall c;
+  c.backward = false;
+  c.thd = true;
+  c.D = c.Dv = 64;
+  {
+    const ScopedSwitch off(flashspan::set_sdpa_sm90_thd_enabled, 0);
+    EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm90_refusal(c.problem()), kFp8Packed);
+    const Fp8FwdSm80Switch sm80_off(0);
+    const Fp8ForwardSwitch sm90_on(1);
+    EXPECT_STARTS(host_rules_error(c), kFp8Packed + ": not supported with FP8 inputs on CUDA tensors yet (the sm90 "
+                                                    "FP8 forward runs padded q, k, v, o (packed with "
+                                                    "FLASHSPAN_EXPERIMENTAL=1)");
+  }
+  const ScopedSwitch on(flashspan::set_sdpa_sm90_thd_enabled, 1);
+  for (int64_t d : {64, 128, 48}) {
+    for (DType t : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
+      CudaCall x = c;
+      x.D = x.Dv = d;
+      x.in = t;
+      x.causal = t == DType::kFloat8E4M3;
+      EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm90_refusal(x.problem()), nullptr) << d;
+    }
+  }
+  for (int sm80 : {0, 1}) {
+    // The host rules with the sm80 one off (the sm90 one's), or on with its own packed switch off (the sm90 one's
+    // rule takes the call: on an sm_90 device it runs there).
+    const Fp8FwdSm80Switch sm80_sw(sm80);
+    const Fp8ThdSwitch sm80_thd_off(0);
+    const Fp8ForwardSwitch sm90_on(1);
+    EXPECT_EQ(host_rules_error(c), "") << "sm80 " << sm80;
+    EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm80(c.problem()));
+    CudaCall odd = c;
+    odd.o_mult = c.Hq * c.Dv + 1;
+    EXPECT_STARTS(host_rules_error(odd), "ragged offset of o: the multiplier ");
+  }
+  // A q multiplier that is not a multiple of 16 (8 elements more: 16-byte rows would still be 8-aligned): the sm90 one
+  // refuses it, naming the rule; the sm80 one takes the call (byte reads).
+  CudaCall m = c;
+  m.q_mult = c.Hq * c.D + 8;
+  EXPECT_EQ(std::string(flashspan::sdpa_fp8_fwd_sm90_refusal(m.problem())),
+            "ragged offsets of q, k or v with a multiplier that is not a multiple of 16 (the sm90 FP8 forward's "
+            "samples start on 16-byte boundaries)");
+  EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm90(m.problem()));
+  {
+    const Fp8ThdSwitch sm80_thd(1);
+    const Fp8FwdSm80Switch sm80_on(1);
+    EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm80_refusal(m.problem()), nullptr);
+  }
+  // The workspace: V^T (the padded twin's bytes), then the maps of a packed q / k, with the switch on or off.
+  CudaCall padded = c;
+  padded.thd = false;
+  flashspan::sdpa::Problem pp = padded.problem(), p = c.problem();
+  pp.fp8_fwd_family = p.fp8_fwd_family = 90;
+  const size_t vt = flashspan::sdpa_fwd_workspace_size(pp);
+  EXPECT_GT(vt, 0u);
+  EXPECT_EQ(flashspan::sdpa_fwd_sm90_maps_bytes(pp), 0u);
+  const size_t maps = flashspan::sm90::sample_maps_bytes(c.B, flashspan::sm90::kSampleMapsFwd) +
+                      flashspan::sm90::kTensorMapBytes;
+  for (int sw : {1, 0}) {
+    const ScopedSwitch thd(flashspan::set_sdpa_sm90_thd_enabled, sw);
+    EXPECT_EQ(flashspan::sdpa_fwd_sm90_maps_bytes(p), maps) << "switch " << sw;
+    EXPECT_EQ(flashspan::sdpa_fwd_workspace_size(p), vt + maps) << "switch " << sw;
+  }
+  p.fp8_fwd_family = 80;
+  EXPECT_EQ(flashspan::sdpa_fwd_sm90_maps_bytes(p), 0u);
 }
 
 // The FP8 backward on the sm90 backward kernel (dispatch/sdpa_launch.h sdpa_fp8_bwd_runs_sm90; its own switch, on

@@ -19,6 +19,13 @@
 //                                        the loop too, so the GPU result is tied to the reference.
 //   SdpaFp8Gpu.Sm90ForwardSanitizerSmall small cases of both paths for compute-sanitizer (memcheck,
 //                                        racecheck, synccheck: scripts/gpu_check.sh).
+//   SdpaFp8Gpu.Sm90ForwardThdExperimental packed (THD) q, k, v, o, stats through the API with their switch forced on
+//                                        (sdpa_sm90_thd_enabled, experimental; not yet run on a GPU): samples at
+//                                        token offsets with gaps, one without keys and one without rows, GQA / MQA,
+//                                        causal or none, both formats, kernel head dims 64 and 128; the CPU reference
+//                                        on the same calls; the launch counter says the sm90 FP8 forward ran; O and
+//                                        the stats outside the samples must stay poisoned.
+//   SdpaFp8Gpu.Sm90ForwardThdSanitizerSmall two small packed calls for memcheck / synccheck.
 // Outputs, the V^T workspace and the amaxes are 0xFF-poisoned (NaN in FP8 and fp32) before each run:
 // an element the kernels never wrote stays NaN and fails.
 // Error criteria. The kernel quantizes P the flash way, fp8(exp(s - m_block) scale_s) with its key
@@ -109,6 +116,8 @@
 #include "error_criteria.h"
 #include "flashspan/flashspan.hpp"
 #include "gpu_harness.h"
+#include "scoped_env.h"
+#include "sdpa_case.h"
 #ifdef FLASHSPAN_WITH_CUDA
 #include "dispatch/sdpa_launch.h"  // set_sdpa_fp8_sm90_enabled, set_sdpa_fp8_bwd_enabled
 #include "kernels/params.h"
@@ -128,6 +137,7 @@ TEST(SdpaFp8Gpu, Skipped) { GTEST_SKIP() << "flashspan was built without CUDA"; 
 #else
 
 namespace api = flashspan::api;
+using flashspan::test::ScopedSwitch;
 
 // ---------------------------------------------------------------------------
 // FP8 values (core/fp8_conv.h) and the error terms of a format
@@ -166,6 +176,12 @@ struct Fp8Case {
   bool stats_log2 = false;    // API only
   bool score_stats = false;   // score_max / score_sum_exp
   int attn_form = 0;          // API only: attn_scale 0 a float, 1 a host tensor, 2 a tensor in q's memory
+  // API only: packed (THD) q, k, v, o, stats: [T, H, D] storage (sdpa_case.h's THD layout: the samples at token
+  // offsets with gaps between them, 2 spare tokens at the end; ragged offsets with the row stride as multiplier),
+  // lengths by seq_len (sdpa_case.h sample_lengths: sample 0 full, sample 1 without keys, the last all keys; sample
+  // 2 without rows); the gaps hold NaN codes, and O / stats must stay unwritten there (no score_max / score_sum_exp
+  // beside a packed o: refused).
+  bool thd = false;
   uint64_t seed = 1;
   int heads_v() const { return Hv > 0 ? Hv : Hk; }
   std::string name() const {
@@ -174,7 +190,8 @@ struct Fp8Case {
        << " Hk" << Hk << " Hv" << heads_v() << " Sq" << Sq << " Skv" << Skv << " D" << Dqk << "/" << Dv << " mask" << int(mask)
        << (padding ? " pad" : "") << (bshd ? " bshd" : " bhsd") << (host_factors ? " host-factors" : "")
        << (max_logit ? " max_logit" : "") << (stats_log2 ? " log2" : "") << (score_stats ? " score-stats" : "")
-       << (attn_form == 1 ? " attn-host-tensor" : attn_form == 2 ? " attn-tensor" : "") << " seed" << seed;
+       << (attn_form == 1 ? " attn-host-tensor" : attn_form == 2 ? " attn-tensor" : "") << (thd ? " thd" : "")
+       << " seed" << seed;
     return os.str();
   }
 };
@@ -186,12 +203,23 @@ std::array<int64_t, 4> strides_of(int H, int S, int D, bool bshd) {
 }
 
 struct Inputs {
-  std::array<int64_t, 4> sq, sk, sv, so;  // strides of q, k, v, o
+  std::array<int64_t, 4> sq, sk, sv, so, sst;  // strides of q, k, v, o and the stats ([B, H_q, S_q, 1])
   std::vector<uint8_t> q, k, v;
+  size_t no = 0, nst = 0;  // elements of o's and the stats' storage
   std::array<float, 6> factor;  // descale_q, descale_k, descale_v, descale_s, scale_s, scale_o
   float attn_scale;
   std::vector<int32_t> len_q, len_kv;
+  std::vector<int64_t> tok_q, tok_kv;  // Fp8Case::thd: each side's token offsets ([B + 1]); empty: padded
   sdpa::Band band;
+
+  // Element offset of row i of head h of sample b of a tensor with strides st on the query side (q, o, stats)
+  // or the key side (k, v): b st[0] padded, its first token's row when packed.
+  int64_t row_at(const std::array<int64_t, 4>& st, bool q_side, int b, int64_t h, int64_t i) const {
+    const std::vector<int64_t>& tok = q_side ? tok_q : tok_kv;
+    return (tok.empty() ? b * st[0] : tok[size_t(b)] * st[2]) + h * st[1] + i * st[2];
+  }
+  // Rows of sample b an output holds: S_q padded, the sample's packed.
+  int out_rows(const Fp8Case& c, int b) const { return tok_q.empty() ? c.Sq : len_q[size_t(b)]; }
 };
 
 sdpa::Band band_of(MaskKind m) {
@@ -217,23 +245,14 @@ Inputs make_inputs(const Fp8Case& c) {
   in.sk = strides_of(c.Hk, c.Skv, c.Dqk, c.bshd);
   in.sv = strides_of(c.heads_v(), c.Skv, c.Dv, c.bshd);
   in.so = strides_of(c.Hq, c.Sq, c.Dv, c.bshd);
-  // Raw FP8 inputs over a quarter of the format's range (so that the descales matter), a few outliers.
-  auto fill = [&](std::vector<uint8_t>& t, size_t n) {
-    t.resize(n);
-    for (auto& x : t) x = f.encode(0.25 * f.max * uni(rng) * (uni(rng) > 0.98 ? 4.0 : 1.0));
-  };
-  fill(in.q, size_t(c.B) * c.Hq * c.Sq * c.Dqk);
-  fill(in.k, size_t(c.B) * c.Hk * c.Skv * c.Dqk);
-  fill(in.v, size_t(c.B) * c.heads_v() * c.Skv * c.Dv);
-  // Dequantized inputs of amplitude ~1 (non-powers of two too); scale_s the format's largest value or
-  // less; scale_o so that |O| <= max |V| ~ 4 does not saturate.
-  const float scale_s = float(c.seed % 3 == 0 ? f.max : c.seed % 3 == 1 ? 0.75 * f.max : 0.5 * f.max);
-  in.factor = {float(4.0 / f.max * 1.1), float(4.0 / f.max * 0.9), float(4.0 / f.max), 1.0f / scale_s, scale_s,
-               float(fo.max / 8.0)};
-  in.attn_scale = float(2.5 / std::sqrt(double(c.Dqk)));
+  in.sst = {int64_t(c.Hq) * c.Sq, c.Sq, 1, 1};
+  size_t nq = size_t(c.B) * c.Hq * c.Sq * c.Dqk, nk = size_t(c.B) * c.Hk * c.Skv * c.Dqk;
+  size_t nv = size_t(c.B) * c.heads_v() * c.Skv * c.Dv;
+  in.no = size_t(c.B) * c.Hq * c.Sq * c.Dv;
+  in.nst = size_t(c.B) * c.Hq * c.Sq;
   in.len_q.assign(c.B, c.Sq);
   in.len_kv.assign(c.B, c.Skv);
-  if (c.padding) {
+  if (c.padding && !c.thd) {
     for (int b = 0; b < c.B; ++b) {
       if (b % 3 == 1) {
         in.len_q[b] = std::max(1, c.Sq * 2 / 3);
@@ -244,11 +263,68 @@ Inputs make_inputs(const Fp8Case& c) {
       }
     }
   }
+  if (c.thd) {
+    // sdpa_case.h's lengths and packed layouts (a stream of their own: the padded cases' values stay as they were).
+    std::mt19937_64 shape_rng(c.seed * 7919 + 17);
+    sdpa_case::Case sc;
+    sc.B = c.B;
+    sc.Sq = c.Sq;
+    sc.Skv = c.Skv;
+    sc.kind_q = sc.kind_kv = sdpa_case::Kind::kThd;
+    sc.zero_kv_sample = true;
+    std::vector<int64_t> lq, lk;
+    sdpa_case::sample_lengths(sc, shape_rng, lq, lk);
+    if (c.B > 2) lq[2] = 0;  // a sample without rows
+    in.len_q.assign(lq.begin(), lq.end());
+    in.len_kv.assign(lk.begin(), lk.end());
+    in.tok_q = sdpa_case::token_offsets(lq, /*gaps=*/true, shape_rng);
+    in.tok_kv = sdpa_case::token_offsets(lk, /*gaps=*/true, shape_rng);
+    auto packed = [&](std::array<int64_t, 4>& st, size_t& n, bool q_side, int H, int D) {
+      const sdpa_case::Layout l = sdpa_case::make_layout(sdpa_case::Kind::kThd, c.B, H, q_side ? c.Sq : c.Skv, D,
+                                                         q_side ? in.tok_q : in.tok_kv);
+      st = {l.strides[0], l.strides[1], l.strides[2], l.strides[3]};
+      n = size_t(l.storage);
+    };
+    packed(in.sq, nq, true, c.Hq, c.Dqk);
+    packed(in.sk, nk, false, c.Hk, c.Dqk);
+    packed(in.sv, nv, false, c.heads_v(), c.Dv);
+    packed(in.so, in.no, true, c.Hq, c.Dv);
+    packed(in.sst, in.nst, true, c.Hq, 1);
+  }
+  // Raw FP8 inputs over a quarter of the format's range (so that the descales matter), a few outliers; packed, the
+  // samples' rows (the gaps between them NaN codes: 0x7F in both formats, never read).
+  auto value = [&] { return f.encode(0.25 * f.max * uni(rng) * (uni(rng) > 0.98 ? 4.0 : 1.0)); };
+  auto fill = [&](std::vector<uint8_t>& t, size_t n, const std::array<int64_t, 4>& st, bool q_side, int H, int D) {
+    if (!c.thd) {
+      t.resize(n);
+      for (auto& x : t) x = value();
+      return;
+    }
+    t.assign(n, 0x7f);
+    for (int b = 0; b < c.B; ++b) {
+      const int len = (q_side ? in.len_q : in.len_kv)[size_t(b)];
+      for (int h = 0; h < H; ++h) {
+        for (int i = 0; i < len; ++i) {
+          for (int d = 0; d < D; ++d) t[size_t(in.row_at(st, q_side, b, h, i) + d)] = value();
+        }
+      }
+    }
+  };
+  fill(in.q, nq, in.sq, true, c.Hq, c.Dqk);
+  fill(in.k, nk, in.sk, false, c.Hk, c.Dqk);
+  fill(in.v, nv, in.sv, false, c.heads_v(), c.Dv);
+  // Dequantized inputs of amplitude ~1 (non-powers of two too); scale_s the format's largest value or
+  // less; scale_o so that |O| <= max |V| ~ 4 does not saturate.
+  const float scale_s = float(c.seed % 3 == 0 ? f.max : c.seed % 3 == 1 ? 0.75 * f.max : 0.5 * f.max);
+  in.factor = {float(4.0 / f.max * 1.1), float(4.0 / f.max * 0.9), float(4.0 / f.max), 1.0f / scale_s, scale_s,
+               float(fo.max / 8.0)};
+  in.attn_scale = float(2.5 / std::sqrt(double(c.Dqk)));
   in.band = band_of(c.mask);
   return in;
 }
 
-// What a run gives back (o's bytes in the o strides; the [B, H_q, S_q] statistics).
+// What a run gives back (o's bytes and the stats in their storage, Inputs::so / sst: padded [B, H_q, S_q] stats or
+// packed [T, H_q]; score_max / score_sum_exp [B, H_q, S_q]).
 struct Outputs {
   std::vector<uint8_t> o;
   std::vector<float> stats, max_logit, score_max, score_sum_exp;
@@ -272,9 +348,19 @@ Reference reference_loop(const Fp8Case& c, const Inputs& in) {
   const double dq = in.factor[0], dk = in.factor[1], dv = in.factor[2], ds = in.factor[3], ss = in.factor[4];
   const size_t nrow = size_t(c.B) * c.Hq * c.Sq;
   Reference r;
-  r.o.assign(size_t(c.B) * c.Hq * c.Sq * c.Dv, 0.0);
+  // O and the stats in their storage: every row 0 / -inf until computed (rows without a visible key keep them);
+  // packed, NaN (unwritten) but for the samples' rows.
+  r.o.assign(in.no, c.thd ? NAN : 0.0);
   r.bound.assign(r.o.size(), 0.0);
-  r.lse.assign(nrow, -INFINITY);
+  r.lse.assign(in.nst, c.thd ? NAN : -INFINITY);
+  for (int b = 0; b < c.B && c.thd; ++b) {
+    for (int h = 0; h < c.Hq; ++h) {
+      for (int i = 0; i < in.len_q[b]; ++i) {
+        for (int d = 0; d < c.Dv; ++d) r.o[size_t(in.row_at(in.so, true, b, h, i) + d)] = 0.0;
+        r.lse[size_t(in.row_at(in.sst, true, b, h, i))] = -INFINITY;
+      }
+    }
+  }
   r.score_max.assign(nrow, -INFINITY);
   r.score_sum_exp.assign(nrow, 0.0);
   r.max_logit.assign(c.Hq, -INFINITY);
@@ -287,10 +373,10 @@ Reference reference_loop(const Fp8Case& c, const Inputs& in) {
         int64_t lo = 0, hi = 0;
         in.band.columns(i, in.len_q[b], in.len_kv[b], &lo, &hi);
         if (lo >= hi) continue;
-        const double* qr = qd.data() + b * in.sq[0] + h * in.sq[1] + i * in.sq[2];
+        const double* qr = qd.data() + in.row_at(in.sq, true, b, h, i);
         double m = -INFINITY;
         for (int64_t j = lo; j < hi; ++j) {
-          const double* kr = kd.data() + b * in.sk[0] + hk * in.sk[1] + j * in.sk[2];
+          const double* kr = kd.data() + in.row_at(in.sk, false, b, hk, j);
           double acc = 0.0;
           for (int d = 0; d < c.Dqk; ++d) acc += qr[d] * kr[d];
           s[j] = double(in.attn_scale) * dq * dk * acc;
@@ -298,10 +384,10 @@ Reference reference_loop(const Fp8Case& c, const Inputs& in) {
         }
         double l = 0.0;
         for (int64_t j = lo; j < hi; ++j) l += std::exp(s[j] - m);
-        const size_t row = (size_t(b) * c.Hq + h) * c.Sq + i;
+        const size_t row = (size_t(b) * c.Hq + h) * c.Sq + i;  // (score_max / score_sum_exp: padded)
         r.amax_s = std::max(r.amax_s, 1.0 / l);
         r.max_logit[h] = std::max(r.max_logit[h], m);
-        r.lse[row] = m + std::log(l);
+        r.lse[size_t(in.row_at(in.sst, true, b, h, i))] = m + std::log(l);
         r.score_max[row] = m;
         r.score_sum_exp[row] = l;
         for (int64_t j = lo; j < hi; ++j) {
@@ -312,11 +398,11 @@ Reference reference_loop(const Fp8Case& c, const Inputs& in) {
         for (int d = 0; d < c.Dv; ++d) {
           double acc = 0.0, bnd = 0.0;
           for (int64_t j = lo; j < hi; ++j) {
-            const double vj = vd[b * in.sv[0] + hv * in.sv[1] + j * in.sv[2] + d];
+            const double vj = vd[size_t(in.row_at(in.sv, false, b, hv, j) + d)];
             acc += pq[j] * vj;
             bnd += err[j] * std::fabs(vj);
           }
-          const size_t oi = size_t(b * in.so[0] + h * in.so[1] + i * in.so[2] + d);
+          const size_t oi = size_t(in.row_at(in.so, true, b, h, i) + d);
           r.o[oi] = acc * ds * dv;
           r.bound[oi] = bnd * ds * dv;
           r.amax_o = std::max(r.amax_o, std::fabs(r.o[oi]));
@@ -333,20 +419,23 @@ bool stat_ok(double got, double ref, double atol) {
 }
 
 // out against the loop. gpu: the kernel's criteria (the flash quantization's bound), else the CPU
-// reference's (one step of o's format, the statistics to 1e-5).
+// reference's (one step of o's format, the statistics to 1e-5). Packed (Fp8Case::thd): the samples' rows, and every
+// element of O and the stats outside them still the poison (0xFF codes, NaN).
 std::string check(const Fp8Case& c, const Inputs& in, const Reference& r, const Outputs& out, bool gpu) {
   const Fp8Fmt fo = fmt_of(c.o_format), f = fmt_of(c.format);
   const double scale_o = in.factor[5];
   std::ostringstream fails;
   double max_ref = 0.0;
-  for (double x : r.o) max_ref = std::max(max_ref, std::fabs(x));
+  for (double x : r.o) {
+    if (std::isfinite(x)) max_ref = std::max(max_ref, std::fabs(x));
+  }
   double se = 0.0, sr = 0.0;
   int bad = 0;
   for (int b = 0; b < c.B; ++b) {
     for (int h = 0; h < c.Hq; ++h) {
-      for (int i = 0; i < c.Sq; ++i) {
+      for (int i = 0; i < in.out_rows(c, b); ++i) {
         for (int d = 0; d < c.Dv; ++d) {
-          const size_t oi = size_t(b * in.so[0] + h * in.so[1] + i * in.so[2] + d);
+          const size_t oi = size_t(in.row_at(in.so, true, b, h, i) + d);
           const double got = fo.decode(out.o[oi]) / scale_o, ref = r.o[oi];
           const double step = 2.0 * fo.u * std::fabs(ref) + 2.0 * fo.h / scale_o;  // one step of o's format
           const double tol = gpu ? 1.01 * (r.bound[oi] * (1.0 + fo.u) + fo.u * std::fabs(ref) + fo.h / scale_o) +
@@ -363,6 +452,17 @@ std::string check(const Fp8Case& c, const Inputs& in, const Reference& r, const 
     }
   }
   if (bad) fails << "  " << bad << " elements of O out of bounds\n";
+  int written = 0;
+  for (size_t x = 0; x < r.o.size(); ++x) {
+    if (std::isnan(r.o[x]) && out.o[x] != 0xff && written++ < 5) {
+      fails << "  O storage element " << x << " outside every sample written: code " << int(out.o[x]) << "\n";
+    }
+  }
+  for (size_t x = 0; x < r.lse.size(); ++x) {
+    if (std::isnan(r.lse[x]) && !std::isnan(out.stats[x]) && written++ < 5) {
+      fails << "  stats storage element " << x << " outside every sample written: " << out.stats[x] << "\n";
+    }
+  }
   const double rel = gpu ? 2.0 * std::max(f.u, fo.u) : 2.0 * fo.u;
   if (!(std::sqrt(se) <= rel * std::sqrt(sr) + 1e-6)) {
     fails << "  O relative L2 error " << std::sqrt(se / std::max(sr, 1e-300)) << " > " << rel << "\n";
@@ -370,20 +470,27 @@ std::string check(const Fp8Case& c, const Inputs& in, const Reference& r, const 
   const double stat_atol = gpu ? fs_test::kStatAtol : 1e-5;
   const double unit = c.stats_log2 ? 1.4426950408889634 : 1.0;
   int bad_stats = 0;
-  for (size_t x = 0; x < r.lse.size(); ++x) {
-    if (!stat_ok(out.stats[x], r.lse[x] * unit, stat_atol * std::max(1.0, std::fabs(r.lse[x]))) && bad_stats++ < 5) {
-      fails << "  LSE[" << x << "] = " << out.stats[x] << ", loop " << r.lse[x] * unit << "\n";
-    }
-    if (c.score_stats) {
-      if (!stat_ok(out.score_max[x], r.score_max[x], stat_atol * std::max(1.0, std::fabs(r.score_max[x]))) &&
-          bad_stats++ < 5) {
-        fails << "  score_max[" << x << "] = " << out.score_max[x] << ", loop " << r.score_max[x] << "\n";
-      }
-      // sum_exp = exp(LSE - score_max): relative error the LSE's absolute one (as amax_s below).
-      const double rel_se = gpu && std::isfinite(r.lse[x]) ? stat_atol * std::max(1.0, std::fabs(r.lse[x])) : 1e-4;
-      if (!(std::fabs(out.score_sum_exp[x] - r.score_sum_exp[x]) <= rel_se * r.score_sum_exp[x] + 1e-12) &&
-          bad_stats++ < 5) {
-        fails << "  score_sum_exp[" << x << "] = " << out.score_sum_exp[x] << ", loop " << r.score_sum_exp[x] << "\n";
+  for (int b = 0; b < c.B; ++b) {
+    for (int h = 0; h < c.Hq; ++h) {
+      for (int i = 0; i < in.out_rows(c, b); ++i) {
+        // x: the stats' storage element; y: the row of the padded score_max / score_sum_exp ([B, H_q, S_q, 1]).
+        const size_t x = size_t(in.row_at(in.sst, true, b, h, i)), y = (size_t(b) * c.Hq + h) * c.Sq + i;
+        const double lse = r.lse[x];
+        if (!stat_ok(out.stats[x], lse * unit, stat_atol * std::max(1.0, std::fabs(lse))) && bad_stats++ < 5) {
+          fails << "  LSE[b" << b << " h" << h << " i" << i << "] = " << out.stats[x] << ", loop " << lse * unit << "\n";
+        }
+        if (!c.score_stats) continue;
+        if (!stat_ok(out.score_max[y], r.score_max[y], stat_atol * std::max(1.0, std::fabs(r.score_max[y]))) &&
+            bad_stats++ < 5) {
+          fails << "  score_max[" << y << "] = " << out.score_max[y] << ", loop " << r.score_max[y] << "\n";
+        }
+        // sum_exp = exp(LSE - score_max): relative error the LSE's absolute one (as amax_s below).
+        const double rel_se = gpu && std::isfinite(lse) ? stat_atol * std::max(1.0, std::fabs(lse)) : 1e-4;
+        if (!(std::fabs(out.score_sum_exp[y] - r.score_sum_exp[y]) <= rel_se * r.score_sum_exp[y] + 1e-12) &&
+            bad_stats++ < 5) {
+          fails << "  score_sum_exp[" << y << "] = " << out.score_sum_exp[y] << ", loop " << r.score_sum_exp[y]
+                << "\n";
+        }
       }
     }
   }
@@ -445,8 +552,10 @@ TensorView view_of(void* data, int B, int H, int S, int D, const std::array<int6
   return v;
 }
 
-// The launcher with SdpaFp8FwdParams as dispatch/sdpa_params.cpp fills them (padded tensors).
+// The launcher with SdpaFp8FwdParams as dispatch/sdpa_params.cpp fills them (padded tensors: packed ones run
+// through the API, run_api).
 Outputs run_launcher(const Fp8Case& c, const Inputs& in) {
+  EXPECT_FALSE(c.thd) << "run_launcher takes padded tensors";
   const size_t no = size_t(c.B) * c.Hq * c.Sq * c.Dv, nrow = size_t(c.B) * c.Hq * c.Sq;
   DevBuf dq(in.q.size()), dk(in.k.size()), dv(in.v.size()), dlq(sizeof(int32_t) * c.B), dlk(sizeof(int32_t) * c.B);
   DevBuf dfac(sizeof(float) * kFp8NumFactors);
@@ -519,7 +628,7 @@ Outputs run_launcher(const Fp8Case& c, const Inputs& in) {
 
   sm90::launch_sdpa_fp8_fwd_sm90(p, view_of(dq.p, c.B, c.Hq, c.Sq, c.Dqk, in.sq),
                                  view_of(dk.p, c.B, c.Hk, c.Skv, c.Dqk, in.sk),
-                                 view_of(dv.p, c.B, c.heads_v(), c.Skv, c.Dv, in.sv), nullptr);
+                                 view_of(dv.p, c.B, c.heads_v(), c.Skv, c.Dv, in.sv), nullptr, 0, nullptr);
   cuda_ok(cudaDeviceSynchronize(), "sdpa fp8 forward");
   Outputs out;
   out.o = download<uint8_t>(dout, no);
@@ -536,14 +645,17 @@ Outputs run_launcher(const Fp8Case& c, const Inputs& in) {
 // The same call through the C++ API: on CUDA tensors (the sm90 FP8 forward) or, cuda = false, on host
 // tensors (the CPU reference).
 Outputs run_api(const Fp8Case& c, const Inputs& in, bool cuda) {
-  const size_t no = size_t(c.B) * c.Hq * c.Sq * c.Dv, nrow = size_t(c.B) * c.Hq * c.Sq;
+  const size_t no = in.no, nrow = size_t(c.B) * c.Hq * c.Sq;
   const fs_device_t dev = cuda ? api::Device::cuda(0) : api::Device::cpu();
   const fs_device_t fac_dev = cuda && !c.host_factors ? api::Device::cuda(0) : api::Device::cpu();
   // Host storage; on CUDA its device twins.
   std::vector<uint8_t> q = in.q, k = in.k, v = in.v, o(no, 0xff);
-  std::vector<float> stats(nrow, NAN), smax(nrow, NAN), ssum(nrow, NAN), amax{NAN, NAN};
+  std::vector<float> stats(in.nst, NAN), smax(nrow, NAN), ssum(nrow, NAN), amax{NAN, NAN};
   std::vector<float> fac(in.factor.begin(), in.factor.end());
   std::vector<int32_t> lq = in.len_q, lk = in.len_kv;
+  std::vector<int32_t> tq(in.tok_q.begin(), in.tok_q.end()), tk(in.tok_kv.begin(), in.tok_kv.end());
+  tq.resize(std::max<size_t>(tq.size(), 1));  // (padded: unused)
+  tk.resize(std::max<size_t>(tk.size(), 1));
   std::vector<std::unique_ptr<DevBuf>> bufs;
   auto place = [&](auto& h) -> void* {
     using T = typename std::decay_t<decltype(h)>::value_type;
@@ -553,7 +665,7 @@ Outputs run_api(const Fp8Case& c, const Inputs& in, bool cuda) {
     return bufs.back()->p;
   };
   void *pq = place(q), *pk = place(k), *pv = place(v), *po = place(o), *pst = place(stats), *psm = place(smax);
-  void *pss = place(ssum), *pam = place(amax), *plq = place(lq), *plk = place(lk);
+  void *pss = place(ssum), *pam = place(amax), *plq = place(lq), *plk = place(lk), *ptq = place(tq), *ptk = place(tk);
   void* pfac = c.host_factors ? fac.data() : place(fac);
   std::vector<float> attn{in.attn_scale};
   void* pattn = c.attn_form == 2 ? place(attn) : attn.data();
@@ -564,7 +676,8 @@ Outputs run_api(const Fp8Case& c, const Inputs& in, bool cuda) {
   const api::TensorDesc kd = desc(nullptr, api_dtype(c.format), c.Hk, c.Skv, c.Dqk, in.sk);
   const api::TensorDesc vd = desc(nullptr, api_dtype(c.format), c.heads_v(), c.Skv, c.Dv, in.sv);
   const api::TensorDesc od = desc(nullptr, api_dtype(c.o_format), c.Hq, c.Sq, c.Dv, in.so);
-  const api::TensorDesc sd(nullptr, api::kFloat32, dev, {c.B, c.Hq, c.Sq, 1});
+  const api::TensorDesc sd(nullptr, api::kFloat32, dev, {c.B, c.Hq, c.Sq, 1}, {in.sst[0], in.sst[1], in.sst[2], 1});
+  const api::TensorDesc ssd(nullptr, api::kFloat32, dev, {c.B, c.Hq, c.Sq, 1});  // score_max / score_sum_exp
   const api::TensorDesc one(nullptr, api::kFloat32, fac_dev, {1, 1, 1, 1});
   const api::TensorDesc amax_d(nullptr, api::kFloat32, dev, {1, 1, 1, 1});
   const api::TensorDesc lens(nullptr, api::kInt32, dev, {c.B, 1, 1, 1});
@@ -578,8 +691,16 @@ Outputs run_api(const Fp8Case& c, const Inputs& in, bool cuda) {
   a.set_stats_use_log2(c.stats_log2);
   a.set_descale_q(one).set_descale_k(one).set_descale_v(one).set_descale_s(one).set_scale_s(one).set_scale_o(one);
   a.set_amax_s(amax_d).set_amax_o(amax_d);
-  if (c.padding) a.set_padding_mask(true).set_seq_len_q(lens).set_seq_len_kv(lens);
-  if (c.score_stats) a.set_logit_max(sd).set_score_sum_exp(sd);
+  if (c.padding || c.thd) a.set_padding_mask(true).set_seq_len_q(lens).set_seq_len_kv(lens);
+  if (c.score_stats) a.set_logit_max(ssd).set_score_sum_exp(ssd);
+  // Packed: token offsets, the multiplier each tensor's row stride.
+  const api::TensorDesc offsets(nullptr, api::kInt32, dev, {c.B + 1});
+  const std::pair<fs_sdpa_slot_t, int64_t> packed[] = {{FS_SDPA_Q, in.sq[2]}, {FS_SDPA_K, in.sk[2]},
+                                                       {FS_SDPA_V, in.sv[2]}, {FS_SDPA_O, in.so[2]},
+                                                       {FS_SDPA_STATS, in.sst[2]}};
+  if (c.thd) {
+    for (const auto& [slot, mult] : packed) a.set_ragged_offset(slot, offsets, mult);
+  }
   api::SdpaFwd op(qd, kd, vd, od, &sd, a);
   op.check_support();
   op.compile();
@@ -590,7 +711,11 @@ Outputs run_api(const Fp8Case& c, const Inputs& in, bool cuda) {
   for (int i = 0; i < 6; ++i) pack.set(slots[i], static_cast<float*>(pfac) + i);
   pack.set(FS_SDPA_AMAX_S, pam).set(FS_SDPA_AMAX_O, static_cast<float*>(pam) + 1);
   if (c.attn_form != 0) pack.set(FS_SDPA_ATTN_SCALE, pattn);
-  if (c.padding) pack.set(FS_SDPA_SEQ_LEN_Q, plq).set(FS_SDPA_SEQ_LEN_KV, plk);
+  if (c.padding || c.thd) pack.set(FS_SDPA_SEQ_LEN_Q, plq).set(FS_SDPA_SEQ_LEN_KV, plk);
+  if (c.thd) {
+    pack.set(FS_SDPA_RAGGED_OFFSET_Q, ptq).set(FS_SDPA_RAGGED_OFFSET_O, ptq).set(FS_SDPA_RAGGED_OFFSET_STATS, ptq);
+    pack.set(FS_SDPA_RAGGED_OFFSET_K, ptk).set(FS_SDPA_RAGGED_OFFSET_V, ptk);
+  }
   if (c.score_stats) pack.set(FS_SDPA_SCORE_MAX, psm).set(FS_SDPA_SCORE_SUM_EXP, pss);
   const size_t ws_bytes = op.workspace_size();
   std::unique_ptr<DevBuf> ws;
@@ -735,6 +860,19 @@ Fp8Case hk_ne_hv_case(int n, std::mt19937_64& rng, int dqk, int dv, uint64_t see
   return c;
 }
 
+// Packed (THD) q, k, v, o, stats (Fp8Case::thd; the sm90 FP8 forward's experimental form): case n on api_random_case's
+// options (o's own format, host or device factors, base-2 stats, attn_scale's forms), B 3 or 4 (sample 1 without keys,
+// sample 2 without rows, gaps between the samples), GQA / MQA, both formats with causal and without a mask in turn
+// (n % 4), no score_max / score_sum_exp (refused beside a packed o).
+Fp8Case thd_case(int n, std::mt19937_64& rng, int dqk, int dv, int max_sq, int max_skv, uint64_t seed) {
+  Fp8Case c = api_random_case(n, rng, dqk, dv, max_sq, max_skv, seed);
+  c.thd = true;
+  c.B = 3 + n % 2;
+  c.mask = n % 4 < 2 ? kCausalTopLeft : kNoMask;
+  c.padding = c.bshd = c.score_stats = false;
+  return c;
+}
+
 // The GPU tests' oracle, checked without a GPU: the float64 loop against the CPU reference (the FP8 API on
 // host tensors) on the API cases' options.
 TEST(SdpaFp8Loop, MatchesTheCpuReference) {
@@ -748,6 +886,14 @@ TEST(SdpaFp8Loop, MatchesTheCpuReference) {
   // H_k != H_v (the loop's V head h / (H_q / H_v)), as the HkNeHv GPU tests draw them.
   for (int n = 0; n < 6; ++n) {
     const Fp8Case c = hk_ne_hv_case(n, rng, 32, 48, 950 + uint64_t(n));
+    const Inputs in = make_inputs(c);
+    const std::string e = check(c, in, reference_loop(c, in), run_api(c, in, false), false);
+    EXPECT_TRUE(e.empty()) << e;
+  }
+  // Packed (THD) tensors, as the THD GPU tests draw them (the loop's packed rows, the reference's packed O and stats
+  // at the samples' starts, the gaps left unwritten).
+  for (int n = 0; n < 4; ++n) {
+    const Fp8Case c = thd_case(n, rng, 32, 48, 90, 140, 970 + uint64_t(n));
     const Inputs in = make_inputs(c);
     const std::string e = check(c, in, reference_loop(c, in), run_api(c, in, false), false);
     EXPECT_TRUE(e.empty()) << e;
@@ -813,6 +959,84 @@ TEST(SdpaFp8Gpu, Sm90ForwardHkNeHv) {
     const std::string e = n < 6 ? launcher_case(c) : api_case(c);
     EXPECT_TRUE(e.empty()) << e;
     EXPECT_EQ(sm90::sdpa_fp8_fwd_launches(), l0 + 1) << c.name();
+  }
+}
+
+// ---------------------------------------------------------------------------
+// Packed (THD) q, k, v, o, stats on the sm90 FP8 forward (experimental: sdpa_sm90_thd_enabled, FLASHSPAN_EXPERIMENTAL=1;
+// q and k through per-sample tensor maps, v through the V^T pre-pass, o and the stats at the samples' starts; written
+// without a GPU, not yet run on one), through the C++ API (thd_case)
+// ---------------------------------------------------------------------------
+
+// The sm90 FP8 forward and its packed tensors forced on for a scope (the sm80 FP8 forward left as it is: the launch
+// counter says which ran).
+struct Fp8Sm90ThdOn {
+  Fp8SwitchOn fp8;
+  ScopedSwitch thd{set_sdpa_sm90_thd_enabled, 1};
+};
+
+// c through the API on CUDA tensors against the loop (and, cpu_too, the same call on the CPU reference: api_case);
+// the sm90 FP8 forward must have run the CUDA call, once.
+std::string sm90_api_case(const Fp8Case& c, bool cpu_too) {
+  const int64_t l0 = sm90::sdpa_fp8_fwd_launches();
+  std::string e;
+  if (cpu_too) {
+    e = api_case(c);
+  } else {
+    const Inputs in = make_inputs(c);
+    e = check(c, in, reference_loop(c, in), run_api(c, in, true), true);
+  }
+  if (sm90::sdpa_fp8_fwd_launches() != l0 + 1) e += "  the sm90 FP8 forward did not run " + c.name() + "\n";
+  return e;
+}
+
+TEST(SdpaFp8Gpu, Sm90ForwardThdExperimental) {
+  // 16 packed calls (thd_case: each head-dim pair with both formats, causal and without a mask; o in its own format
+  // on some; S up to 300 / 400: several query and key blocks a sample, not multiples of 128) and two long ones
+  // (GQA 4 and MQA: walks of up to 8 key blocks, the running max moving), each also on the CPU reference; the
+  // gaps between packed samples and past the last one must stay unwritten (check).
+  REQUIRE_SM90();
+  const Fp8Sm90ThdOn on;
+  std::mt19937_64 rng(2027);
+  const int dims[][2] = {{64, 64}, {128, 128}, {48, 112}, {128, 64}};
+  for (int n = 0; n < 16; ++n) {
+    const auto& d = dims[(n / 4) % 4];
+    const Fp8Case c = thd_case(n, rng, d[0], d[1], 300, 400, 2100 + uint64_t(n));
+    const std::string e = sm90_api_case(c, /*cpu_too=*/true);
+    EXPECT_TRUE(e.empty()) << e;
+  }
+  for (int format = 1; format <= 2; ++format) {
+    Fp8Case c;
+    c.thd = true;
+    c.format = c.o_format = format;
+    c.B = 3;
+    c.Hq = 4;
+    c.Hk = format == 1 ? 1 : 4;
+    c.Sq = 600;
+    c.Skv = 1000;
+    c.Dqk = c.Dv = format == 1 ? 128 : 64;
+    c.mask = format == 1 ? kCausalTopLeft : kNoMask;
+    c.seed = 2200 + uint64_t(format);
+    const std::string e = sm90_api_case(c, /*cpu_too=*/true);
+    EXPECT_TRUE(e.empty()) << e;
+  }
+}
+
+TEST(SdpaFp8Gpu, Sm90ForwardThdSanitizerSmall) {
+  // Small packed calls for compute-sanitizer (memcheck, synccheck: scripts/gpu_check.sh): B = 3 with gaps (sample 1
+  // without keys, sample 2 without rows), GQA 4:2, (64, 64) E4M3 causal and (128, 128) E5M2 without a mask, o in the
+  // other format; the CUDA calls only (the sanitizer's time).
+  REQUIRE_SM90();
+  const Fp8Sm90ThdOn on;
+  Fp8Case c{.B = 3, .Hq = 4, .Hk = 2, .Sq = 70, .Skv = 150, .thd = true};
+  for (int format = 1; format <= 2; ++format) {
+    c.format = format;
+    c.o_format = 3 - format;
+    c.Dqk = c.Dv = format == 1 ? 64 : 128;
+    c.mask = format == 1 ? kCausalTopLeft : kNoMask;
+    c.seed = 2300 + uint64_t(format);
+    const std::string e = sm90_api_case(c, /*cpu_too=*/false);
+    EXPECT_TRUE(e.empty()) << e;
   }
 }
 

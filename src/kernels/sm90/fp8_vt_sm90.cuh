@@ -11,6 +11,9 @@
 // the forward's S_q S_kv D work; in the forward's stream, before it.
 // One CTA of 256 threads a tile of 64 keys x 64 columns: 16-byte loads of V's rows into shared
 // memory, 16-byte stores of V^T's rows (each thread gathers 16 permuted keys of one column).
+// A packed (ragged) V (kRagged; experimental): each sample read from its start (sample_start), the
+// rows of its keys only; a sample whose start is not 16-byte aligned (its rows then are not: the
+// launcher checks the strides, dispatch the multiplier) is read a byte at a time, so it cannot fault.
 #pragma once
 
 #include <cstdint>
@@ -28,6 +31,7 @@ constexpr int kVtPitch = kVtCols + 16;
 
 // CTA n: key tile n % key_tiles, column tile n / key_tiles % col_tiles, kv head, sample (grid_1d
 // over B H_v col_tiles key_tiles, fp8_vt_sm90.cu).
+template <bool kRagged>
 __global__ void __launch_bounds__(kVtThreads)
     sdpa_fp8_vt_kernel_sm90(const __grid_constant__ SdpaFp8FwdParams p, int key_tiles, int col_tiles, int heads_v) {
   __shared__ __align__(16) uint8_t tile[kVtKeys * kVtPitch];
@@ -48,7 +52,14 @@ __global__ void __launch_bounds__(kVtThreads)
     if (key < len_kv && col < dv) {
       const uint8_t* v = static_cast<const uint8_t*>(p.v) + kern::sample_start(a.start[kSdpaV], b) +
                          int64_t(h) * p.va.head_stride + int64_t(key) * p.va.row_stride + col;
-      x = __ldg(reinterpret_cast<const uint4*>(v));
+      if (!kRagged || reinterpret_cast<uintptr_t>(v) % 16 == 0) {
+        x = __ldg(reinterpret_cast<const uint4*>(v));
+      } else {
+        uint32_t w[4] = {0, 0, 0, 0};
+#pragma unroll
+        for (int i = 0; i < 16; ++i) w[i / 4] |= uint32_t(__ldg(v + i)) << (8 * (i % 4));
+        x = make_uint4(w[0], w[1], w[2], w[3]);
+      }
     }
     *reinterpret_cast<uint4*>(tile + (t >> 2) * kVtPitch + 16 * (t & 3)) = x;
   }

@@ -87,6 +87,9 @@
 //            statistics; amax_s = max 1 / (row sum), amax_o = max |O| gathered per thread, flushed once
 //            per warp when the CTA ends (epilogue_fwd.cuh Fp8Out; the launcher zeroes them).
 //   masks    the analytic source's; keys past a sample are zeros in V^T, so no V rows are zeroed here.
+//   packed   (THD; experimental, not yet run on a GPU) q and k through the per-sample maps (kSampleMaps, the
+//            16-bit kernels' producer path), V through the pre-pass (ragged V read at its samples' starts into
+//            the padded V^T workspace), O and the stats at the samples' starts (AnalyticSourceSm90::rows).
 //
 // Why raw PTX (inline asm: wgmma_sm90.inc, the mbarrier / TMA / setmaxnreg wrappers of ptx_sm90.cuh) and
 // not CuTe from the pinned nvidia-cutlass headers: the kernel needs only a handful of Hopper
@@ -493,9 +496,13 @@ __device__ __forceinline__ void zero_v_rows_past(uint32_t v_tile, int keys, int 
 // ---------------------------------------------------------------------------
 
 // The per-sample tensor maps of packed (THD) SDPA tensors (AnalyticMaskParams::sample_maps; sample_maps_sm90.h,
-// sample_maps_sm90.cuh): the 16-bit SDPA kernels' (kSampleMaps), null for every other call.
+// sample_maps_sm90.cuh): the SDPA kernels' (kSampleMaps), null for every other call. The FP8 kernel's q and k
+// (kSampleMapsUsed: the first two of a sample's kSampleMapsFwd slots); its V^T stays the pre-pass's padded
+// workspace, whose map is the kernel's own at the sample's batch coordinate.
 template <class Src, class L>
-inline constexpr bool kSampleMaps = Src::kAnalytic && !L::kFp8;
+inline constexpr bool kSampleMaps = Src::kAnalytic;
+template <class L>
+inline constexpr int kSampleMapsUsed = L::kFp8 ? kSdpaK + 1 : sm90::kSampleMapsFwd;
 template <class Src, class L>
 __device__ __forceinline__ const void* sample_maps_of(const FwdParams& p) {
   if constexpr (kSampleMaps<Src, L>) {
@@ -565,7 +572,7 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     // kv's batch field then says which sample's K / V maps the loads take (-1 - b: with_kv_map).
     if constexpr (kSampleMaps<Src, L>) {
       if (const void* maps = sample_maps_of<Src, L>(p)) {
-        acquire_sample_maps<sm90::kSampleMapsFwd>(maps, it.batch);
+        acquire_sample_maps<sm90::kSampleMapsFwd, kSampleMapsUsed<L>>(maps, it.batch);
         kv.batch = sample_coord(maps, it.batch);
         // A sample without query rows has a one-row map at the tensor's base (which may be null, or end there):
         // its box at row 1 lies wholly past the extent, zero filled, nothing read. (Blocks past a longer
@@ -612,9 +619,11 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
       mbar_wait(v_empty + 8 * st, ph ^ 1);
       mbar_arrive_expect_tx(v_full + 8 * st, L::kVBytes);
       if constexpr (L::kFp8) {
-        // V^T (map over the pre-pass's [B, H_v, D_v, keys] workspace): the block's 128 keys of
-        // every d row, one box.
-        tma_load_4d(base + L::kV + st * L::kVBytes, tm_v, row, 0, hv, kv.tma_batch(), v_full + 8 * st);
+        // V^T (map over the pre-pass's [B, H_v, D_v, keys] workspace, padded also in packed calls): the
+        // block's 128 keys of every d row, one box, at the sample's batch coordinate (kv.batch's code
+        // decoded: the sample's maps are q's and k's only).
+        tma_load_4d(base + L::kV + st * L::kVBytes, tm_v, row, 0, hv, sample_of_coord(kv.tma_batch()),
+                    v_full + 8 * st);
       } else {
         with_kv_map<Src, L>(p, kv, tm_v, kSdpaV, [&](const CUtensorMap* m, int batch) {
 #pragma unroll
@@ -1023,8 +1032,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 // The SDPA FP8 forward (experimental; params.h SdpaFp8Params): the pure-mask SDPA kernel
-// (AnalyticSourceSm90: causal / bands, padding; max_logit tested at run time) on FP8 Q, K and the
-// V^T workspace (tm_v: the pre-pass's [B, H_v, D_v, keys] bytes, fp8_vt_sm90.cuh), E Float8E4M3 or
+// (AnalyticSourceSm90: causal / bands, padding, packed q / k / o / stats through the sample maps; max_logit tested
+// at run time) on FP8 Q, K and the V^T workspace (tm_v: the pre-pass's [B, H_v, D_v, keys] bytes,
+// fp8_vt_sm90.cuh), E Float8E4M3 or
 // Float8E5M2 (one instantiation each), the consumer schedule overlapped with ping-pong. What
 // differs from the 16-bit kernels lives in the roles' FP8 branches: the layout (FwdSm90Layout with
 // kElemBytes = 1: 64- or 128-byte Q / K rows, the V^T tile), the k32 wgmma forms (issue_qk,

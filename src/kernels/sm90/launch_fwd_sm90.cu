@@ -212,19 +212,20 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
 
 namespace {
 // The FP8 tensors' TMA and 16-byte-load rule: data 16-byte aligned, every stride but the last a
-// multiple of 16 elements (bytes).
-void check_fp8_aligned(const TensorView& t, const char* name) {
+// multiple of 16 elements (bytes); a packed (ragged) tensor's batch dimension is its ragged offsets'
+// (the sample maps' pre-pass flags a start not 16-byte aligned, the V^T pre-pass reads one bytewise).
+void check_fp8_aligned(const TensorView& t, const char* name, bool ragged) {
   FS_CHECK_SUPPORTED(reinterpret_cast<uintptr_t>(t.data) % 16 == 0, name,
                      ": data pointer must be 16-byte aligned for the FP8 forward");
-  for (int d = 0; d + 1 < t.ndim; ++d) {
-    FS_CHECK_SUPPORTED(t.shape[d] <= 1 || t.strides[d] % 16 == 0, name, ": stride ", t.strides[d], " of dimension ",
-                       d, " must be a multiple of 16 elements for the FP8 forward (TMA)");
+  for (int d = ragged ? 1 : 0; d + 1 < t.ndim; ++d) {
+    FS_CHECK_SUPPORTED(t.shape[d] <= 1 || t.strides[d] % 16 == 0, name, ": stride ", t.strides[d], " of dimension ", d,
+                       " must be a multiple of 16 elements for the FP8 forward (TMA)");
   }
 }
 }  // namespace
 
 void launch_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p_in, const TensorView& q, const TensorView& k,
-                              const TensorView& v, cudaStream_t stream) {
+                              const TensorView& v, void* workspace, size_t workspace_bytes, cudaStream_t stream) {
   SdpaFp8FwdParams p = p_in;
   const SdpaFp8Params& f = p.fp8;
   FS_CHECK(sdpa_fp8_fwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && p.pack == 1 && p.split_schedule == 0 &&
@@ -233,10 +234,15 @@ void launch_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p_in, const TensorView& q,
            "/", p.head_dv, ", formats ", f.format, " / ", f.o_format, ")");
   FS_CHECK(f.amax_s != nullptr && f.amax_o != nullptr, Status::kInternal,
            "sdpa fp8 forward (sm90): an amax pointer is missing");
-  for (int x : {kSdpaQ, kSdpaK, kSdpaV, kSdpaO, kSdpaStats}) {
-    FS_CHECK(p.analytic.start[x].ragged.ptr == nullptr, Status::kInternal,
-             "sdpa fp8 forward (sm90): a ragged tensor reached the launcher");
-  }
+  // Packed (THD) q or k (experimental, dispatch's sdpa_sm90_thd_enabled): per-sample maps (sample_maps_sm90.h) of
+  // both, the first two of each sample's kSampleMapsFwd slots (the 16-bit forward's workspace layout); a packed V:
+  // the V^T pre-pass reads it at its samples' starts (fp8_vt_sm90.cuh); a packed O / stats: the epilogue's rows at
+  // the samples' starts (AnalyticSourceSm90::rows).
+  const bool ragged_v = p.analytic.start[kSdpaV].ragged.ptr != nullptr;
+  const bool packed_qk = p.analytic.start[kSdpaQ].ragged.ptr != nullptr || p.analytic.start[kSdpaK].ragged.ptr != nullptr;
+  FS_CHECK(!packed_qk || (workspace != nullptr && workspace_bytes >= sample_maps_bytes(p.batch, kSampleMapsFwd)),
+           Status::kInternal, "sdpa fp8 forward (sm90): packed q or k without the workspace of their sample maps (",
+           workspace_bytes, " bytes)");
   const AnalyticMaskParams& a = p.analytic;
   FS_CHECK(a.dropout.mode == 0 && a.dropout.rng_dump == nullptr && a.score.group_v > 0 &&
                p.num_heads_q % a.score.group_v == 0 && v.ndim == 4 && v.shape[1] == p.num_heads_q / a.score.group_v &&
@@ -244,9 +250,9 @@ void launch_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p_in, const TensorView& q,
                a.epi.gate == nullptr,
            Status::kInternal, "sdpa fp8 forward (sm90): dropout, a score modifier or V's head count (H_q / group_v) "
            "outside what it runs reached the launcher");
-  check_fp8_aligned(q, "q");
-  check_fp8_aligned(k, "k");
-  check_fp8_aligned(v, "v");
+  check_fp8_aligned(q, "q", p.analytic.start[kSdpaQ].ragged.ptr != nullptr);
+  check_fp8_aligned(k, "k", p.analytic.start[kSdpaK].ragged.ptr != nullptr);
+  check_fp8_aligned(v, "v", ragged_v);
   g_sdpa_fp8_fwd_launches.fetch_add(1, std::memory_order_relaxed);
   // The amaxes are maxima of non-negative values reduced with atomics: zero first.
   check_cuda(cudaMemsetAsync(f.amax_s, 0, sizeof(float), stream), "sdpa fp8 forward: amax_s reset");
@@ -265,22 +271,39 @@ void launch_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p_in, const TensorView& q,
   launch_sdpa_fp8_vt_sm90(p, stream);
   // V^T as a BSHD-shaped view [B, D_v rows, H_v, keys]: boxes of 128 keys x kD rows (rows past D_v
   // zero filled). Without keys no key block is walked and the map is never read: it is given the
-  // shape of one block over q's data.
+  // shape of one block over q's data (or the workspace's, a packed q of 0 tokens having none).
   const int64_t heads_v = p.num_heads_q / a.score.group_v, vt_keys = keys > 0 ? keys : t.fwd_bk;
   TensorView vt = q;
-  vt.data = keys > 0 ? f.v_t : q.data;
+  vt.data = keys > 0 ? f.v_t : q.data != nullptr ? q.data : workspace;
   vt.ndim = 4;
   vt.shape = {p.batch, p.head_dv, heads_v, vt_keys};
   vt.strides = {heads_v * p.head_dv * vt_keys, vt_keys, p.head_dv * vt_keys, 1};
   const int cols = kd < 128 ? kd : 128;  // a Q / K box: one row of the kernel's head dim, or 128 bytes of it
-  const CUtensorMap mq = make_tensor_map_fp8_sm90(bshd_of_bhsd(q), cols, t.fwd_bq, "q");
-  const CUtensorMap mk = make_tensor_map_fp8_sm90(bshd_of_bhsd(k), cols, t.fwd_bk, "k");
+  // Packed q or k: both through their samples' maps (the templates: one sample's extent, batch extent 1).
+  const TensorView vq = sample_map_view(bshd_of_bhsd(q), packed_qk, workspace);
+  const TensorView vk = sample_map_view(bshd_of_bhsd(k), packed_qk, workspace);
+  const CUtensorMap mq = make_tensor_map_fp8_sm90(vq, cols, t.fwd_bq, "q");
+  const CUtensorMap mk = make_tensor_map_fp8_sm90(vk, cols, t.fwd_bk, "k");
   const CUtensorMap mvt = make_tensor_map_fp8_sm90(vt, t.fwd_bk, kd, "v (V^T workspace)");
+  int32_t* sample_flags = nullptr;
+  if (packed_qk) {
+    static_assert(kSdpaQ == 0 && kSdpaK == 1, "the sample maps' index is the tensor's");
+    SampleMapsJob job;
+    job.add(mq, vq.data, p.analytic.start[kSdpaQ], /*query_side=*/1);
+    job.add(mk, vk.data, p.analytic.start[kSdpaK], 0);
+    job.elem_bytes = 1;
+    job.slots = kSampleMapsFwd;  // (slot kSdpaV unwritten: V^T is the pre-pass's padded workspace)
+    job.lengths_of(p.analytic);
+    sample_flags = launch_sample_maps_sm90(job, p.batch, workspace, stream);
+    p.analytic.sample_maps = workspace;
+  }
   if (kd == 64) {
     run_sdpa_fp8_fwd_sm90<64, 64>(p, mq, mk, mvt, stream);
   } else {
     run_sdpa_fp8_fwd_sm90<128, 128>(p, mq, mk, mvt, stream);
   }
+  // A flagged sample (a start not 16-byte aligned): NaN over its O (0x7F, either format) and stats rows.
+  if (sample_flags != nullptr) launch_sample_poison_sm90(p, DType::kFloat8E4M3, sample_flags, stream);
 }
 
 }  // namespace flashspan::sm90

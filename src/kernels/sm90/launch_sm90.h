@@ -69,9 +69,14 @@ int64_t sdpa_fwd_drop_launches();
 // fp8_vt_bytes_sm90(B, H_v, D_v, S_kv) bytes, 16-byte aligned); q, k, v the FP8 [B, H, S, D]
 // descriptors (16-byte aligned data, strides multiples of 16 elements). Zeroes amax_s / amax_o (and resets max_logit), writes V^T (the
 // pre-pass), then runs the persistent FP8 kernel over (query block, query head, sample): O in the
-// FP8 format, the LSE stats, amax_s, amax_o (params.h SdpaFp8Params says what each is).
+// FP8 format, the LSE stats, amax_s, amax_o (params.h SdpaFp8Params says what each is). Packed (THD) q, k, v, o,
+// stats (experimental, dispatch's sdpa_sm90_thd_enabled; not yet run on a GPU): q and k through per-sample maps
+// (sample_maps_sm90.h) built in `workspace` (sample_maps_bytes(B, 3) bytes, 128-byte aligned: the 16-bit
+// forward's layout, V's slot unused) before the kernel, V read at its samples' starts by the V^T pre-pass, O and
+// the stats written at their samples' starts (the sample's rows only); a sample start of q or k not 16-byte
+// aligned gets NaN over its O and stats rows; null workspace when q and k are padded.
 void launch_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p, const TensorView& q, const TensorView& k,
-                              const TensorView& v, cudaStream_t stream);
+                              const TensorView& v, void* workspace, size_t workspace_bytes, cudaStream_t stream);
 // Calls of launch_sdpa_fp8_fwd_sm90 in this process so far.
 int64_t sdpa_fp8_fwd_launches();
 

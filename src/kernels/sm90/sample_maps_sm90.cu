@@ -25,7 +25,8 @@ constexpr int kSampleThreads = 32 * kMaxSampleMaps;
 // past the last sample may lie past the allocation; the producers load such a sample's boxes at row 1,
 // wholly past that extent, so nothing is read there, not even from a null base) and the row extent
 // (dimension 1 of {D, rows, H, B});
-// the warp copies the map out with the release the kernels' acquire pairs with.
+// the warp copies the map out with the release the kernels' acquire pairs with, to slot x of the sample's
+// job.slots.
 __global__ void __launch_bounds__(kSampleThreads) sample_maps_kernel(const __grid_constant__ SampleMapsJob job,
                                                                      CUtensorMap* maps, int32_t* flags) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -53,7 +54,7 @@ __global__ void __launch_bounds__(kSampleThreads) sample_maps_kernel(const __gri
       kern90::tensormap_replace_dim<1>(sm, uint32_t(len > 0 ? len : 1));
     }
     __syncwarp();
-    kern90::tensormap_copy_release(maps + int64_t(job.tensors) * b + x, sm);
+    kern90::tensormap_copy_release(maps + int64_t(job.slots) * b + x, sm);
   }
   __syncthreads();
   if (threadIdx.x == 0) flags[b] = s_bad;
@@ -62,10 +63,19 @@ __global__ void __launch_bounds__(kSampleThreads) sample_maps_kernel(const __gri
 #endif
 }
 
-// NaN over O and the stats of flagged samples: CTA (b, h), threads over the rows' elements.
+// NaN over O and the stats of flagged samples: CTA (b, h), threads over the rows' elements. An FP8 O (uint8_t
+// codes): 0x7F, NaN in both formats (E4M3 S.1111.111, E5M2 S.11111.11).
+template <class Elem>
+__device__ __forceinline__ Elem nan_elem() {
+  return Elem(std::numeric_limits<float>::quiet_NaN());
+}
+template <>
+__device__ __forceinline__ uint8_t nan_elem<uint8_t>() {
+  return 0x7f;
+}
 template <class Elem>
 __device__ __forceinline__ void nan_rows(Elem* base, int rows, int cols, int64_t row_stride) {
-  const Elem nan = Elem(std::numeric_limits<float>::quiet_NaN());
+  const Elem nan = nan_elem<Elem>();
   for (int64_t e = threadIdx.x; e < int64_t(rows) * cols; e += blockDim.x) base[(e / cols) * row_stride + e % cols] = nan;
 }
 
@@ -121,15 +131,23 @@ int32_t* launch_sample_maps_sm90(const SampleMapsJob& job, int batch, void* work
   FS_CHECK(job.tensors > 0 && job.tensors <= kMaxSampleMaps && workspace != nullptr &&
                reinterpret_cast<uintptr_t>(workspace) % kTensorMapBytes == 0,
            Status::kInternal, "sm90 sample maps: ", job.tensors, " tensors, workspace ", workspace);
+  SampleMapsJob j = job;
+  if (j.slots == 0) j.slots = j.tensors;
+  FS_CHECK(j.slots >= j.tensors && j.slots <= kMaxSampleMaps, Status::kInternal, "sm90 sample maps: ", j.tensors,
+           " tensors in ", j.slots, " slots a sample");
   CUtensorMap* maps = static_cast<CUtensorMap*>(workspace);
-  int32_t* flags = reinterpret_cast<int32_t*>(maps + int64_t(batch) * job.tensors);
+  int32_t* flags = reinterpret_cast<int32_t*>(maps + int64_t(batch) * j.slots);
   if (batch <= 0) return flags;
-  sample_maps_kernel<<<unsigned(batch), kSampleThreads, 0, stream>>>(job, maps, flags);
+  sample_maps_kernel<<<unsigned(batch), kSampleThreads, 0, stream>>>(j, maps, flags);
   check_launch("sm90 sample maps");
   return flags;
 }
 
 void launch_sample_poison_sm90(const SdpaFwdParams& p, DType dtype, const int32_t* flags, cudaStream_t stream) {
+  if (dtype == DType::kFloat8E4M3 || dtype == DType::kFloat8E5M2) {  // (one NaN code for both formats)
+    launch_poison(p, dtype, flags, stream, sample_poison_kernel<uint8_t>, sample_poison_kernel<uint8_t>);
+    return;
+  }
   launch_poison(p, dtype, flags, stream, sample_poison_kernel<__half>, sample_poison_kernel<__nv_bfloat16>);
 }
 

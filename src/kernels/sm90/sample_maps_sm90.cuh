@@ -16,14 +16,18 @@ namespace flashspan::kern90 {
 
 // The coded batch coordinate of sample b: b, or -1 - b when the call's maps are per sample (maps != null).
 __device__ __forceinline__ int sample_coord(const void* maps, int b) { return maps != nullptr ? -1 - b : b; }
+// The sample of a coded coordinate, either form (c, or ~c = -1 - c when c < 0): for a load that takes no sample
+// map (the FP8 forward's V^T, a padded workspace).
+__device__ __forceinline__ int sample_of_coord(int coord) { return coord ^ (coord >> 31); }
 
-// Acquires sample b's kTensors maps (written by the pre-pass earlier on the stream) for this thread's TMA
-// loads through them.
-template <int kTensors>
+// Acquires the first kUsed of sample b's kTensors maps (written by the pre-pass earlier on the stream) for this
+// thread's TMA loads through them.
+template <int kTensors, int kUsed = kTensors>
 __device__ __forceinline__ void acquire_sample_maps(const void* maps, int b) {
+  static_assert(kUsed >= 1 && kUsed <= kTensors, "acquire_sample_maps: maps of the sample's slots");
   const CUtensorMap* m = static_cast<const CUtensorMap*>(maps) + kTensors * int64_t(b);
 #pragma unroll
-  for (int x = 0; x < kTensors; ++x) tensormap_acquire(m + x);
+  for (int x = 0; x < kUsed; ++x) tensormap_acquire(m + x);
 }
 
 // Issues the loads of two tensors xa, xb (their map indices) loaded together through issue(map a, map b, batch

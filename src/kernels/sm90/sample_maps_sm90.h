@@ -7,10 +7,12 @@
 // kernels load through these maps with batch coordinate 0 (AnalyticMaskParams::sample_maps).
 //
 // TMA needs 16-byte aligned bases: a sample whose start is not (its ragged offset times the element
-// size not a multiple of 16 bytes, which no THD layout of head dims that are multiples of 8 has) gets a
-// map over its rows moved down to the alignment (reads stay inside the tensor) and a flag; after the
-// kernel, launch_sample_poison_sm90 writes NaN over that sample's O and stats rows, so the fault shows.
-// Experimental (dispatch: sdpa_sm90_thd_enabled); not yet run on a GPU.
+// size not a multiple of 16 bytes, which no THD layout of head dims that are multiples of 8 (16-bit) or
+// 16 (FP8) has; dispatch refuses the multipliers that could give one) gets a map over its rows moved down
+// to the alignment (reads stay inside the tensor) and a flag; after the kernel,
+// launch_sample_poison_sm90 writes NaN over that sample's O and stats rows, so the fault shows. Users: the
+// 16-bit sm90 forward (q, k, v), the FP8 one (q, k: 1-byte elements) and the 16-bit sm90 backward (q, k,
+// v, dO). Experimental (dispatch: sdpa_sm90_thd_enabled); not yet run on a GPU.
 #pragma once
 
 #include <cuda.h>
@@ -28,9 +30,11 @@ namespace flashspan::sm90 {
 // The workspace layout (kSampleMapsFwd, kTensorMapBytes, sample_maps_bytes): tile_sm90.h, which dispatch reads.
 
 // What the pre-pass reads: per tensor x < tensors (the map index: kSdpaQ, kSdpaK, kSdpaV, then the backward's
-// kSampleMapDO) the template (the tensor's map with batch extent 1, row extent S: make_tensor_map_sm90's form), its
-// data, its sample starts and its side (0: the query side's lengths, 1: the key side's); the samples' lengths as
-// the analytic kernels take them (lengths_of).
+// kSampleMapDO) the template (the tensor's map with batch extent 1, row extent S: make_tensor_map_sm90's form, or
+// make_tensor_map_fp8_sm90's), its data, its sample starts and its side (0: the query side's lengths, 1: the key
+// side's); the samples' lengths as the analytic kernels take them (lengths_of); the bytes of an element; the maps a
+// sample in the workspace (slots: 0 = tensors; the FP8 forward's 3 = kSampleMapsFwd of which it writes q's and k's
+// only, its V being read by the V^T pre-pass, so that both forwards' workspaces have one layout).
 inline constexpr int kMaxSampleMaps = kSampleMapsBwd;
 struct SampleMapsJob {
   CUtensorMap tmpl[kMaxSampleMaps];
@@ -39,6 +43,7 @@ struct SampleMapsJob {
   int side[kMaxSampleMaps];
   int tensors = 0;
   int elem_bytes = 2;
+  int slots = 0;
   IndexArray seq_len[2], cu_seq_len[2];
   int32_t max_len[2] = {0, 0};
 
@@ -72,14 +77,15 @@ inline TensorView sample_map_view(TensorView bshd, bool packed, void* dummy) {
   return bshd;
 }
 
-// Writes the maps of every sample (job.tensors a sample: maps[tensors b + x]) at `workspace` (128-byte aligned,
-// sample_maps_bytes(batch, job.tensors) bytes) and after them one flag a sample (1: a start not 16-byte
-// aligned); returns the flags.
+// Writes the maps of every sample (n = job.slots, or job.tensors, a sample: maps[n b + x], x < job.tensors) at
+// `workspace` (128-byte aligned, sample_maps_bytes(batch, n) bytes) and after them one flag a sample (1: a start
+// not 16-byte aligned); returns the flags.
 int32_t* launch_sample_maps_sm90(const SampleMapsJob& job, int batch, void* workspace, cudaStream_t stream);
 
 // NaN over the O rows (every head, D_v columns) and the stats rows of each flagged sample: a packed O /
 // stats the sample's rows, a padded one every row below S_q (the forward's rows_to_store); p: the
-// forward's parameters (O, the stats, their starts and strides); dtype: O's (float16 or bfloat16).
+// forward's parameters (O, the stats, their starts and strides); dtype: O's (float16 or bfloat16, or an FP8
+// format: the code 0x7F, NaN in E4M3 and E5M2).
 void launch_sample_poison_sm90(const SdpaFwdParams& p, DType dtype, const int32_t* flags, cudaStream_t stream);
 // The backward's: NaN over the dQ, dK and dV rows of each flagged sample (packed: the sample's rows, padded: every
 // row below S_q / S_kv).
