@@ -9,11 +9,12 @@ the same total). Routes:
   thd90    ``FLASHSPAN_EXPERIMENTAL=1``: the sm90 forward with the per-sample maps (their pre-pass included);
   pad90    the samples padded to the longest into BHSD tensors with ``seq_len_q`` / ``seq_len_kv`` (sm90 forward,
            default environment): what a caller who pads pays, the padded rows' blocks included.
-TFLOP/s over the visible (query, key) pairs of the samples: 4 * D * pairs * H. Timing: flashspan.bench.timing.Timer
+--backward times the backward instead (each route's own forward's O and LSE, computed once; dQ compared), TFLOP/s
+10 * D * pairs * H. TFLOP/s over the visible (query, key) pairs of the samples: 4 * D * pairs * H. Timing: flashspan.bench.timing.Timer
 (CUDA events, L2 flushed between calls, median). O of every route against sm80's with the tests' criterion; a failure
 makes the exit status 1. --device cpu runs a tiny smoke test of the script on the CPU reference.
 
-Usage: python benchmarks/sdpa_thd_bench.py [--tokens 32768] [--doc-len 4096|random] [--mask causal|none] [--gqa]
+Usage: python benchmarks/sdpa_thd_bench.py [--tokens 32768] [--doc-len 4096|random] [--mask causal|none] [--gqa] [--backward]
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def main() -> int:
     ap.add_argument("--gqa", action="store_true", help="H_k = H / 4")
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--backward", action="store_true", help="time the backward (dQ, dK, dV) instead of the forward")
     ap.add_argument("--device", default="cuda")
     a = ap.parse_args()
     dev = a.device
@@ -93,9 +95,11 @@ def main() -> int:
     if a.mask == "causal":
         kw["diagonal_band_right_bound"] = 0
 
+    thd_kw = dict(cu_seq_len_q=cu, cu_seq_len_kv=cu, use_padding_mask=True, max_total_seq_len_q=T,
+                  max_total_seq_len_kv=T, **kw)
+
     def thd():
-        return flashspan.sdpa(q, k, v, cu_seq_len_q=cu, cu_seq_len_kv=cu, use_padding_mask=True,
-                              max_total_seq_len_q=T, max_total_seq_len_kv=T, **kw)[0]
+        return flashspan.sdpa(q, k, v, **thd_kw)[0]
 
     # The padded copies (BHSD, rows past a sample zero).
     def pad(x):
@@ -106,15 +110,32 @@ def main() -> int:
 
     qp, kp, vp = pad(q), pad(k), pad(v)
 
-    def padded():
-        return flashspan.sdpa(qp, kp, vp, seq_len_q=seq, seq_len_kv=seq, use_padding_mask=True, **kw)[0]
+    pad_kw = dict(seq_len_q=seq, seq_len_kv=seq, use_padding_mask=True, **kw)
 
-    routes = {"sm80": (False, thd), "thd90": (True, thd), "pad90": (False, padded)}
+    def padded():
+        return flashspan.sdpa(qp, kp, vp, **pad_kw)[0]
+
+    if a.backward:
+        # The backward of each route on its own forward's O and LSE (computed once, untimed); dO of ones scaled
+        # by a random sign pattern; dQ compared (THD rows).
+        do = (torch.randn(T, H, D, generator=g).bfloat16()).to(dev)
+        dop = pad(do)
+
+        def bwd_of(exp, x, y, z, dout, fkw):
+            with experimental(exp), torch.no_grad():
+                o, st = flashspan.sdpa(x, y, z, generate_stats=True, **fkw)
+            return lambda: flashspan.sdpa_backward(x, y, z, o, dout, st, **fkw)[0]
+
+        routes = {"sm80": (False, bwd_of(False, q, k, v, do, thd_kw)),
+                  "thd90": (True, bwd_of(True, q, k, v, do, thd_kw)),
+                  "pad90": (False, bwd_of(False, qp, kp, vp, dop, pad_kw))}
+    else:
+        routes = {"sm80": (False, thd), "thd90": (True, thd), "pad90": (False, padded)}
     pairs = visible_pairs(lens, a.mask)
     timer = Timer(torch.device(dev), warmup=a.warmup, reps=a.reps)
     ref, fails = None, []
     print(f"T={T} B={B} (lengths {'x'.join(str(n) for n in lens[:4])}{'...' if B > 4 else ''}) H={H} Hk={Hk} D={D} "
-          f"{a.mask}")
+          f"{a.mask}{' backward' if a.backward else ''}")
     print("| route | ms | TFLOP/s |\n|---|---|---|")
     for name, (exp, fn) in routes.items():
         with experimental(exp), torch.no_grad():
@@ -129,7 +150,7 @@ def main() -> int:
                 except AssertionError as e:
                     fails.append(str(e))
             ms = timer.measure(fn).median_ms
-        tf = tflops(4 * D * pairs * H, ms)
+        tf = tflops((10 if a.backward else 4) * D * pairs * H, ms)
         print(f"| {name} | {ms:.3f} | {tf:.1f} |" if tf is not None else f"| {name} | {ms:.3f} | - |")
     for f in fails:
         print("FAIL", f)
