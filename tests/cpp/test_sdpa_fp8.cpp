@@ -1110,6 +1110,29 @@ TEST(SdpaFp8, Sm90StoreInKernelSwitch) {
 }
 #endif
 
+// An FP8 feature's switch on by default (expect_off_switch: read per call, FLASHSPAN_EXPERIMENTAL ignored, the
+// override wins both ways) and what it changes: each of `calls` passes the host rules with it on and is refused with
+// a message that starts with `off` with it off, whichever FP8 forward the sm90 one's switch leaves a forward to (the
+// FP8 backward and the sm80 FP8 forward forced on).
+[[maybe_unused]] void expect_fp8_feature_switch(const char* var, void (*set)(int), bool (*enabled)(),
+                                                const std::vector<CudaCall>& calls, const std::string& off) {
+  const Fp8BwdSwitch bwd_on(1);
+  const Fp8FwdSm80Switch sm80_on(1);
+  for (int sm90 : {1, 0}) {
+    const Fp8ForwardSwitch sw(sm90);
+    flashspan::test::expect_off_switch(var, set, enabled, [&](bool on, const std::string& where) {
+      for (const CudaCall& c : calls) {
+        const std::string e = host_rules_error(c);
+        if (on) {
+          EXPECT_EQ(e, "") << where << ", backward " << c.backward << ", sm90 " << sm90;
+        } else {
+          EXPECT_STARTS(e, off) << where << ", backward " << c.backward << ", sm90 " << sm90;
+        }
+      }
+    });
+  }
+}
+
 // The FP8 backward's switch: on by default (since its GPU tests passed on an H200), off when
 // FLASHSPAN_SDPA_FP8_BWD is exactly "0" (family.cpp env_flag_off; unset, empty or any other value: on), read per
 // call; FLASHSPAN_EXPERIMENTAL (its switch before) no longer changes it; set_sdpa_fp8_bwd_enabled(1 / 0) wins over

@@ -414,6 +414,20 @@ def _passes_host_rules(build):
     return True
 
 
+def _expect_switch(monkeypatch, name, value, experimental, builds, off):
+    """A switch on by default (only "0" turns it off) set to value and FLASHSPAN_EXPERIMENTAL to experimental (None:
+    unset): each of builds passes the host rules, unless value is "0": then it is refused with a message matching
+    the regular expression off."""
+    _set_env(monkeypatch, name, value)
+    _set_env(monkeypatch, EXPERIMENTAL_ENV, experimental)
+    for build in builds:
+        if value == "0":
+            with pytest.raises(NotImplementedError, match=off):
+                build()
+        else:
+            assert _passes_host_rules(build), (name, value, experimental)
+
+
 @pytest.mark.parametrize("experimental", [None, "0", "1"])
 def test_cuda_fp8_backward_switch_off_refuses(fs, monkeypatch, experimental):
     """With FLASHSPAN_SDPA_FP8_BWD=0 (read per check_support) every FP8 backward on CUDA tensors is refused, before the
