@@ -217,7 +217,8 @@ cpp_suite() {
   #    set_sdpa_fp8_fwd_sm80_enabled(1); the bias / dropout with paged K/V of SdpaPagedGpu.BiasRandom, DropoutRandom,
   #    FeaturePairsSanitizerSmall and max_logit with sinks / the statistics beside a packed O of SdpaGpu.MaxLogitWithSinks*,
   #    ScoreStatsWithPackedO, FeaturePairsSanitizerSmall: set_sdpa_feature_pairs_enabled(1); the Python FP8 GPU tests
-  #    run them in the default environment. Experimental (FLASHSPAN_EXPERIMENTAL=1, not set here), forced by their
+  #    run them in the default environment. Likewise dBias with softcap on the sm90 backward
+  #    (FLASHSPAN_SDPA_DBIAS_SOFTCAP; SdpaGpu.Sm90BackwardDbiasWithSoftcap: set_sdpa_dbias_softcap_enabled(1)). Experimental (FLASHSPAN_EXPERIMENTAL=1, not set here), forced by their
   #    tests: the eight-code FP8 widening (SdpaFp8Gpu.WidenEightCodes), the sm90 FP8 backward's own dK / dV stores
   #    (SdpaFp8Gpu.Fp8BackwardSm90StoreInKernel*), packed (THD) tensors on the sm90 forward, backward and FP8 forward
   #    (SdpaGpu.Sm90ForwardThdSanitizerSmall, Sm90BackwardThdSanitizerSmall, SdpaFp8Gpu.Sm90ForwardThdSanitizerSmall:

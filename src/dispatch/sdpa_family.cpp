@@ -82,9 +82,10 @@ Switch g_sdpa_fp8_fwd_sm80{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_SM80");
 // 2.6-3.0x the sm80 one (PERF_LOG v2.36); FLASHSPAN_SM90_SDPA_FP8_BWD=0 (read by each check_support) leaves FP8
 // backwards to the sm80 kernels.
 Switch g_sdpa_fp8_bwd_sm90{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8_BWD"); }};
-// dBias together with softcap on the sm90 backward (sdpa_dispatch.cu check_dbias_with_softcap): experimental,
-// not yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1).
-Switch g_sdpa_dbias_softcap{experimental_from_env};
+// dBias together with softcap on the sm90 backward (sdpa_dispatch.cu check_dbias_with_softcap), since its GPU test
+// passed on an H100 (SdpaGpu.Sm90BackwardDbiasWithSoftcap, 2026-12-05); FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (read by each
+// check_support and execute) refuses the pair on CUDA tensors again.
+Switch g_sdpa_dbias_softcap{[] { return !env_flag_off("FLASHSPAN_SDPA_DBIAS_SOFTCAP"); }};
 // H_k != H_v in FP8 calls (fp8_fwd_refusal: both forwards; sdpa_fp8_bwd_refusal: both FP8 backwards):
 // experimental, not yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1).
 Switch g_sdpa_fp8_hk_ne_hv{experimental_from_env};

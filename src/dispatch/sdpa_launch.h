@@ -201,9 +201,9 @@ bool sdpa_feature_pairs_enabled();
 void set_sdpa_feature_pairs_enabled(int on);
 
 // dBias together with softcap on the sm90 backward (its kernel with modifiers stores dBias's dS before
-// softcap's factor; docs/SDPA.md "With softcap"): experimental, not yet run on a GPU: on with
-// FLASHSPAN_EXPERIMENTAL=1 (read by each check and execute), set_sdpa_dbias_softcap_enabled overrides it (tests:
-// 1 on, 0 off, -1 back to the environment's answer); off, the pair is refused on CUDA tensors.
+// softcap's factor; docs/SDPA.md "With softcap"): on unless FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (read by each check and
+// execute; its GPU test passed on an H100), set_sdpa_dbias_softcap_enabled overrides both (tests: 1 on, 0 off, -1
+// back to the environment's answer); off, the pair is refused on CUDA tensors, naming the variable.
 bool sdpa_dbias_softcap_enabled();
 void set_sdpa_dbias_softcap_enabled(int on);
 

@@ -192,7 +192,7 @@ void sdpa_check_features_gpu(const Problem& p) {
   if (p.has(FS_SDPA_DBIAS) && a.softcap && (p.dropout || a.dropout_mask_form)) {
     not_native("dBias together with softcap and dropout", "the sm90 kernel with dropout forms softcap's factor per "
                "element, after which dBias's P (dP - D) is gone; without dropout the pair runs on the sm90 backward "
-               "with FLASHSPAN_EXPERIMENTAL=1");
+               "(H100 / H200)");
   }
   // softcap, ALiBi and sinks (dSink) run natively (sdpa_score_mod.cuh); max_logit excludes the
   // sink, which the kernels' running max includes: with max_logit the prefill kernels fold the sink
