@@ -218,7 +218,9 @@ cpp_suite() {
   #    FeaturePairsSanitizerSmall and max_logit with sinks / the statistics beside a packed O of SdpaGpu.MaxLogitWithSinks*,
   #    ScoreStatsWithPackedO, FeaturePairsSanitizerSmall: set_sdpa_feature_pairs_enabled(1); the Python FP8 GPU tests
   #    run them in the default environment. Likewise dBias with softcap on the sm90 backward
-  #    (FLASHSPAN_SDPA_DBIAS_SOFTCAP; SdpaGpu.Sm90BackwardDbiasWithSoftcap: set_sdpa_dbias_softcap_enabled(1)). Experimental (FLASHSPAN_EXPERIMENTAL=1, not set here), forced by their
+  #    (FLASHSPAN_SDPA_DBIAS_SOFTCAP; SdpaGpu.Sm90BackwardDbiasWithSoftcap: set_sdpa_dbias_softcap_enabled(1)),
+  #    H_k != H_v in FP8 calls (FLASHSPAN_SDPA_FP8_HK_NE_HV; SdpaFp8Gpu.Sm90ForwardHkNeHv, Sm80ForwardHkNeHv,
+  #    Fp8BackwardHkNeHv: set_sdpa_fp8_hk_ne_hv_enabled(1)). Experimental (FLASHSPAN_EXPERIMENTAL=1, not set here), forced by their
   #    tests: the eight-code FP8 widening (SdpaFp8Gpu.WidenEightCodes), the sm90 FP8 backward's own dK / dV stores
   #    (SdpaFp8Gpu.Fp8BackwardSm90StoreInKernel*), packed (THD) tensors on the sm90 forward, backward and FP8 forward
   #    (SdpaGpu.Sm90ForwardThdSanitizerSmall, Sm90BackwardThdSanitizerSmall, SdpaFp8Gpu.Sm90ForwardThdSanitizerSmall:

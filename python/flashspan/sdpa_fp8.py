@@ -170,8 +170,8 @@ def sdpa_fp8(
         forward"; ``FLASHSPAN_SM90_SDPA_FP8=0`` turns it off), or else on the sm80 kernels on every GPU from sm_80
         (also head dims (192, 128) and (256, 256), and strides the sm90 one does not take; on by default since its
         GPU tests passed on an H200, ``FLASHSPAN_SDPA_FP8_SM80=0`` turns it off: docs/SDPA.md "The FP8 forward on
-        the sm80 kernels"); H_k != H_v on either only with ``FLASHSPAN_EXPERIMENTAL=1`` (written, not yet run on a
-        GPU). CPU tensors run every call on the CPU reference.
+        the sm80 kernels"); H_k != H_v on either unless ``FLASHSPAN_SDPA_FP8_HK_NE_HV=0`` (on by default since its
+        GPU tests passed on an H100). CPU tensors run every call on the CPU reference.
 
     Example::
 
@@ -290,10 +290,11 @@ def sdpa_fp8_backward(
         sm_89; on by default since its GPU tests passed on an H200; about 0.22x our bf16 backward's speed on an H200:
         docs/SDPA.md "The FP8 backward on the sm80 kernels"): it raises with ``FLASHSPAN_SDPA_FP8_BWD=0`` (read when
         an operation is first checked: set it before the first call of a given signature), for head dims that are
-        not multiples of 16 up to 128, and for H_k != H_v unless ``FLASHSPAN_EXPERIMENTAL=1`` (the sm80 kernels' two
-        dK / dV passes; written, not yet run on a GPU). CUDA FP8 forwards (which give o and stats) run on an
-        H100 / H200 (the sm90 kernel) or on every GPU from sm_80 (the sm80 kernels, unless
-        ``FLASHSPAN_SDPA_FP8_SM80=0``; :func:`sdpa_fp8`). CPU tensors run every call on the CPU reference.
+        not multiples of 16 up to 128, and for H_k != H_v with ``FLASHSPAN_SDPA_FP8_HK_NE_HV=0`` (by default the
+        sm80 kernels' two dK / dV passes, or the sm90 kernel's items; its GPU tests passed on an H100). CUDA FP8
+        forwards (which give o and stats) run on an H100 / H200 (the sm90 kernel) or on every GPU from sm_80 (the sm80
+        kernels, unless ``FLASHSPAN_SDPA_FP8_SM80=0``; :func:`sdpa_fp8`). CPU tensors run every call on the CPU
+        reference.
     """
     del name
     _check_unsupported(None, compute_data_type)

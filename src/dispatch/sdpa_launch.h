@@ -210,9 +210,9 @@ void set_sdpa_dbias_softcap_enabled(int on);
 // H_k != H_v in FP8 calls: the FP8 forwards (V addressed by h / group_v, the sm90 one's V^T workspace and the sm80
 // one's bf16 copy of V with H_v heads) and the FP8 backwards (the sm80 one: a dK pass over the K heads and a dV pass
 // over the V heads; the sm90 one, where one group is a multiple of the other: the 16-bit sm90 backward's items and
-// slots, its store pass summing each head's): experimental, not yet run on a GPU: on with
-// FLASHSPAN_EXPERIMENTAL=1 (read by each check), set_sdpa_fp8_hk_ne_hv_enabled overrides it (tests: 1 on, 0 off,
-// -1 the environment's answer); off, the FP8 rules refuse H_k != H_v.
+// slots, its store pass summing each head's): on unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0 (read by each check; its GPU
+// tests passed on an H100), set_sdpa_fp8_hk_ne_hv_enabled overrides both (tests: 1 on, 0 off, -1 the environment's
+// answer); off, the FP8 rules refuse H_k != H_v, naming the variable.
 bool sdpa_fp8_hk_ne_hv_enabled();
 void set_sdpa_fp8_hk_ne_hv_enabled(int on);
 

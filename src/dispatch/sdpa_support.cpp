@@ -122,9 +122,9 @@ void check_fp8(const Problem& p) {
     FS_CHECK_SUPPORTED(sdpa_fp8_bwd_enabled(), "dQ, dK, dV: the FP8 backward on CUDA tensors is turned off "
                        "(FLASHSPAN_SDPA_FP8_BWD=0); CPU tensors run sdpa_fp8_backward on the CPU reference");
     const char* r = sdpa_fp8_bwd_refusal(p);
-    FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported by the FP8 backward on CUDA tensors yet (it runs H_k = H_v, "
-                       "each head dim a multiple of 16 up to 128; H_k != H_v with FLASHSPAN_EXPERIMENTAL=1); CPU "
-                       "tensors run it on the CPU reference");
+    FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported by the FP8 backward on CUDA tensors yet (it runs each head "
+                       "dim a multiple of 16 up to 128; H_k != H_v unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0); CPU tensors "
+                       "run it on the CPU reference");
   } else if (sdpa_fp8_fwd_sm80_enabled()) {
     // The FP8 forward on the sm80 kernels takes a call wherever the sm90 one does not (the
     // device, its head dims, strides or switch): its widening pre-pass reads any strides. What it refuses the

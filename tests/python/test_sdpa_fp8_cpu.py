@@ -390,6 +390,7 @@ def _cuda_fp8_bwd_op(Hv=2, D=64, Dv=128, deterministic=False, attn_scale_tensor=
 
 
 BWD_ENV, SM80_ENV, EXPERIMENTAL_ENV = "FLASHSPAN_SDPA_FP8_BWD", "FLASHSPAN_SDPA_FP8_SM80", "FLASHSPAN_EXPERIMENTAL"
+HK_NE_HV_ENV = "FLASHSPAN_SDPA_FP8_HK_NE_HV"
 BWD_OFF = (r"^dQ, dK, dV: the FP8 backward on CUDA tensors is turned off \(FLASHSPAN_SDPA_FP8_BWD=0\); CPU tensors run "
            r"sdpa_fp8_backward on the CPU reference$")
 
@@ -453,14 +454,17 @@ def test_cuda_fp8_backward_on_by_default(fs, monkeypatch, value, experimental):
 
 def test_cuda_fp8_backward_rule_is_named(fs, monkeypatch):
     """By default (FLASHSPAN_SDPA_FP8_BWD unset): what the FP8 backward does not run is named (sdpa_fp8_bwd_refusal)
-    with the rule's message, deterministic or not; a covered call, deterministic too (the ordered dQ kernel with the
-    FP8 steps), passes the host rules (without a GPU check_support then stops at the device, not on an FP8 rule)."""
+    with the rule's message, deterministic or not (H_k != H_v with FLASHSPAN_SDPA_FP8_HK_NE_HV=0, set here); a
+    covered call, deterministic too (the ordered dQ kernel with the FP8 steps), passes the host rules (without a GPU
+    check_support then stops at the device, not on an FP8 rule)."""
     monkeypatch.delenv(BWD_ENV, raising=False)
     monkeypatch.delenv(EXPERIMENTAL_ENV, raising=False)
-    tail = (r": not supported by the FP8 backward on CUDA tensors yet \(it runs H_k = H_v, each head dim a multiple "
-            r"of 16 up to 128; H_k != H_v with FLASHSPAN_EXPERIMENTAL=1\); CPU tensors run it on the CPU reference$")
+    monkeypatch.setenv(HK_NE_HV_ENV, "0")
+    tail = (r": not supported by the FP8 backward on CUDA tensors yet \(it runs each head dim a multiple of 16 up to "
+            r"128; H_k != H_v unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0\); CPU tensors run it on the CPU reference$")
     dims = r"head dims \(multiples of 16 up to 128\)"
-    for kw, what in ((dict(D=144), dims), (dict(Dv=256), dims), (dict(D=192), dims), (dict(Hv=4), "H_k != H_v"),
+    heads = r"H_k != H_v \(FLASHSPAN_SDPA_FP8_HK_NE_HV=0\)"
+    for kw, what in ((dict(D=144), dims), (dict(Dv=256), dims), (dict(D=192), dims), (dict(Hv=4), heads),
                      (dict(D=144, Hv=4), dims)):
         for det in (False, True):
             with pytest.raises(NotImplementedError, match=f"^{what}{tail}"):
@@ -480,10 +484,10 @@ def test_cuda_fp8_backward_rule_is_named(fs, monkeypatch):
                 pass
 
 
-def _cuda_fp8_fwd_op(D=256, Dv=256):
-    """Creates an FP8 forward operation on CUDA descriptors (B = 2, H_q = 4, H_k = H_v = 2, S_q = 100, S_kv = 130,
-    E4M3; by default head dims (256, 256), which only the FP8 forward on the sm80 kernels runs) through the library's
-    Python binding (its NotImplementedError on check_support's NOT_SUPPORTED)."""
+def _cuda_fp8_fwd_op(D=256, Dv=256, Hv=2):
+    """Creates an FP8 forward operation on CUDA descriptors (B = 2, H_q = 4, H_k = 2, H_v = Hv, S_q = 100,
+    S_kv = 130, E4M3; by default head dims (256, 256), which only the FP8 forward on the sm80 kernels runs) through the
+    library's Python binding (its NotImplementedError on check_support's NOT_SUPPORTED)."""
     from flashspan import _lib as lib
     from flashspan import _sdpa_lib as L
 
@@ -501,7 +505,7 @@ def _cuda_fp8_fwd_op(D=256, Dv=256):
     attrs.set("generate_stats", 1)
     for name in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o", "amax_s", "amax_o"):
         attrs.set(name, d((1, 1, 1, 1), torch.float32))
-    descs = [d((B, Hq, Sq, D), E4M3), d((B, Hk, Skv, D), E4M3), d((B, Hk, Skv, Dv), E4M3), d((B, Hq, Sq, Dv), E4M3),
+    descs = [d((B, Hq, Sq, D), E4M3), d((B, Hk, Skv, D), E4M3), d((B, Hv, Skv, Dv), E4M3), d((B, Hq, Sq, Dv), E4M3),
              d((B, Hq, Sq, 1), torch.float32)]
     return L.Op("fwd", descs, attrs)
 
@@ -525,6 +529,20 @@ def test_cuda_fp8_forward_on_sm80_switch(fs, monkeypatch, value, experimental):
     # Head dims neither FP8 forward runs are refused either way (not a device failure).
     with pytest.raises(NotImplementedError, match=r"^head dims"):
         _cuda_fp8_fwd_op(144, 144)
+
+
+@pytest.mark.parametrize("value,experimental", [(None, None), (None, "0"), (None, "1"), ("1", None), ("", None),
+                                                ("off", None), ("0", None), ("0", "1")])
+def test_cuda_fp8_hk_ne_hv_switch(fs, monkeypatch, value, experimental):
+    """H_k != H_v in CUDA FP8 calls is on by default (since its GPU tests passed on an H100): an FP8 forward (both
+    forwards' head dims) and backward with H_k 2, H_v 4 pass the host rules; with FLASHSPAN_SDPA_FP8_HK_NE_HV=0 (read
+    per check_support; only "0") both are refused, naming the variable, whatever FLASHSPAN_EXPERIMENTAL says (its
+    switch before)."""
+    for name in ("FLASHSPAN_SM90_SDPA_FP8", SM80_ENV, BWD_ENV):
+        monkeypatch.delenv(name, raising=False)
+    builds = (lambda: _cuda_fp8_fwd_op(64, 64, Hv=4), lambda: _cuda_fp8_fwd_op(Hv=4), lambda: _cuda_fp8_bwd_op(Hv=4))
+    _expect_switch(monkeypatch, HK_NE_HV_ENV, value, experimental, builds,
+                   r"^H_k != H_v \(FLASHSPAN_SDPA_FP8_HK_NE_HV=0\): not supported")
 
 
 def test_attn_scale_goes_through_sdpa_scale_on_host(fs, monkeypatch):

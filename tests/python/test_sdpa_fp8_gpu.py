@@ -191,7 +191,7 @@ def _check_forward(fs, c: dict):
             gz, wz = got["score_sum_exp"][b, :, :n, 0].double(), want["score_sum_exp"][b, :, :n, 0].double()
             # sum_exp = exp(LSE - score_max): its relative error is the LSE's absolute one (the C++ tests' rule). FP8
             # wgmma keeps about 14 bits in its accumulation (DeepSeek-V3, arXiv 2412.19437 s. 3.3.2): over 1e-3 relative
-            # in a row seen on an H100 (seed 4 of test_gpu_fp8_forward_hk_ne_hv_experimental), the old bound.
+            # in a row seen on an H100 (seed 4 of test_gpu_fp8_forward_hk_ne_hv), the old bound.
             rel_se = torch.where(fin, 1e-3 * torch.clamp(ws.abs(), min=1.0), torch.zeros_like(ws))
             assert bool(((gz - wz).abs() <= rel_se * wz.abs() + 1e-12).all()), "score_sum_exp"
     lse_max = max(1.0, float(want["stats"][torch.isfinite(want["stats"])].abs().max())) if torch.isfinite(
@@ -515,14 +515,15 @@ def test_gpu_fp8_backward_switch_off(fs, monkeypatch, experimental):
 
 
 @pytest.mark.skipif(not cuda_ready(), reason="needs a CUDA device")
-def test_gpu_fp8_backward_refusals_name_the_rule(fs):
-    """By default, what the FP8 backward does not run is named (sdpa_fp8_bwd_refusal) with the rule's message,
-    deterministic or not (the deterministic algorithm itself is covered: test_gpu_fp8_backward_deterministic_
-    and_device_attn_scale)."""
-    tail = (r": not supported by the FP8 backward on CUDA tensors yet \(it runs H_k = H_v, each head dim a multiple "
-            r"of 16 up to 128; H_k != H_v with FLASHSPAN_EXPERIMENTAL=1\); CPU tensors run it on the CPU reference")
+def test_gpu_fp8_backward_refusals_name_the_rule(fs, monkeypatch):
+    """What the FP8 backward does not run is named (sdpa_fp8_bwd_refusal) with the rule's message, deterministic or
+    not (H_k != H_v with FLASHSPAN_SDPA_FP8_HK_NE_HV=0, set here: a signature no test that runs H_k != H_v uses; the
+    deterministic algorithm itself is covered: test_gpu_fp8_backward_deterministic_and_device_attn_scale)."""
+    monkeypatch.setenv("FLASHSPAN_SDPA_FP8_HK_NE_HV", "0")
+    tail = (r": not supported by the FP8 backward on CUDA tensors yet \(it runs each head dim a multiple of 16 up to "
+            r"128; H_k != H_v unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0\); CPU tensors run it on the CPU reference")
     for det in (False, True):
-        with pytest.raises(NotImplementedError, match=r"^H_k != H_v" + tail):
+        with pytest.raises(NotImplementedError, match=r"^H_k != H_v \(FLASHSPAN_SDPA_FP8_HK_NE_HV=0\)" + tail):
             fs.sdpa_fp8_backward(*_small_bwd_args("cuda", Hq=6, Hk=3, Hv=6), use_deterministic_algorithm=det)
         with pytest.raises(NotImplementedError, match=r"^head dims \(multiples of 16 up to 128\)" + tail):
             fs.sdpa_fp8_backward(*_small_bwd_args("cuda", D=144), use_deterministic_algorithm=det)
@@ -571,11 +572,11 @@ HK_NE_HV = [(4, 2, 4), (4, 4, 2), (8, 1, 4), (6, 3, 1), (8, 2, 8), (4, 1, 2)]
 
 @sm80
 @pytest.mark.parametrize("seed", range(6))
-def test_gpu_fp8_forward_hk_ne_hv_experimental(fs, monkeypatch, seed):
-    """H_k != H_v on the FP8 forwards (experimental: FLASHSPAN_EXPERIMENTAL=1, set before each signature's first call;
-    written without a GPU, not yet run on one): the sm90 FP8 forward on an H100 / H200, the sm80 one elsewhere (and
-    with FLASHSPAN_SM90_SDPA_FP8=0 on odd seeds), against the same call on CPU copies."""
-    monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
+def test_gpu_fp8_forward_hk_ne_hv(fs, monkeypatch, seed):
+    """H_k != H_v on the FP8 forwards (on by default since its GPU tests passed on an H100;
+    FLASHSPAN_SDPA_FP8_HK_NE_HV unset here): the sm90 FP8 forward on an H100 / H200, the sm80 one elsewhere (and with
+    FLASHSPAN_SM90_SDPA_FP8=0 on odd seeds), against the same call on CPU copies."""
+    monkeypatch.delenv("FLASHSPAN_SDPA_FP8_HK_NE_HV", raising=False)
     if seed % 2 or not _sm90():
         monkeypatch.setenv("FLASHSPAN_SM90_SDPA_FP8", "0")
     c = _case(300 + seed, dims=[(64, 64), (128, 128), (48, 80)][seed % 3])
@@ -592,11 +593,11 @@ def test_gpu_fp8_forward_hk_ne_hv_experimental(fs, monkeypatch, seed):
 @sm80
 @pytest.mark.usefixtures("poison_uninitialized")
 @pytest.mark.parametrize("seed", range(6))
-def test_gpu_fp8_backward_hk_ne_hv_experimental(fs, monkeypatch, seed):
-    """H_k != H_v on the FP8 backward (experimental: FLASHSPAN_EXPERIMENTAL=1; written without a GPU, not yet run on
-    one): the sm80 kernels' two dK / dV passes, and on an H100 / H200 the sm90 kernel's items (odd seeds: the sm90
-    one off), against the float64 model and the CPU reference."""
-    monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
+def test_gpu_fp8_backward_hk_ne_hv(fs, monkeypatch, seed):
+    """H_k != H_v on the FP8 backward (on by default since its GPU tests passed on an H100;
+    FLASHSPAN_SDPA_FP8_HK_NE_HV unset here): the sm80 kernels' two dK / dV passes, and on an H100 / H200 the sm90
+    kernel's items (odd seeds: the sm90 one off), against the float64 model and the CPU reference."""
+    monkeypatch.delenv("FLASHSPAN_SDPA_FP8_HK_NE_HV", raising=False)
     if seed % 2:
         monkeypatch.setenv("FLASHSPAN_SM90_SDPA_FP8_BWD", "0")
     c = _bwd_case(400 + seed, max_s=200, heads=HK_NE_HV[seed])
