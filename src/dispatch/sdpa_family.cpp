@@ -90,8 +90,10 @@ Switch g_sdpa_dbias_softcap{[] { return !env_flag_off("FLASHSPAN_SDPA_DBIAS_SOFT
 // tests passed on an H100 (SdpaFp8Gpu.Sm90ForwardHkNeHv, Sm80ForwardHkNeHv, Fp8BackwardHkNeHv; 2026-12-05);
 // FLASHSPAN_SDPA_FP8_HK_NE_HV=0 (read by each check_support) refuses H_k != H_v in CUDA FP8 calls again.
 Switch g_sdpa_fp8_hk_ne_hv{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_HK_NE_HV"); }};
-// attn_scale as a device tensor in FP8 calls (check_fp8, sdpa_support.cpp): experimental, not yet run on a GPU.
-Switch g_sdpa_fp8_device_attn_scale{experimental_from_env};
+// attn_scale as a device tensor in FP8 calls (check_fp8, sdpa_support.cpp), since its GPU test passed on an H100
+// (SdpaFp8Gpu.DeviceAttnScale: both FP8 forwards and both FP8 backwards; 2026-12-05);
+// FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0 (read by each check_support) refuses a device attn_scale in FP8 calls again.
+Switch g_sdpa_fp8_device_attn_scale{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE"); }};
 // Packed (THD) tensors in the sm80 FP8 forward (fp8_fwd_refusal): experimental, not yet run on a GPU.
 Switch g_sdpa_fp8_thd{experimental_from_env};
 // Packed (THD) tensors in the 16-bit sm90 forward (sm90_refusal), the sm90 backward and the sm90 FP8 forward

@@ -217,9 +217,10 @@ bool sdpa_fp8_hk_ne_hv_enabled();
 void set_sdpa_fp8_hk_ne_hv_enabled(int on);
 
 // attn_scale as a device tensor in FP8 calls on CUDA tensors (the FP8 kernels read it as one of their factors,
-// params.h kFp8AttnScale / kFp8BwdAttnScale): experimental, not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1
-// (read by each check), set_sdpa_fp8_device_attn_scale_enabled overrides it (tests: 1 on, 0 off, -1 the
-// environment's answer); off, refused as in 16-bit calls (flashspan.sdpa_fp8 reads one on the host first).
+// params.h kFp8AttnScale / kFp8BwdAttnScale; no host read, no sync): on unless FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0
+// (read by each check; its GPU test passed on an H100), set_sdpa_fp8_device_attn_scale_enabled overrides both (tests:
+// 1 on, 0 off, -1 the environment's answer); off, refused, naming the variable (flashspan.sdpa_fp8 hands a device
+// attn_scale to the C layer as it is).
 bool sdpa_fp8_device_attn_scale_enabled();
 void set_sdpa_fp8_device_attn_scale_enabled(int on);
 

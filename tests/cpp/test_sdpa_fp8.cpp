@@ -248,7 +248,8 @@ struct Fp8ThdSwitch {
   Fp8ThdSwitch(const Fp8ThdSwitch&) = delete;
   Fp8ThdSwitch& operator=(const Fp8ThdSwitch&) = delete;
 };
-// attn_scale as a device tensor in FP8 calls (sdpa_fp8_device_attn_scale_enabled, experimental) forced for a scope.
+// attn_scale as a device tensor in FP8 calls (sdpa_fp8_device_attn_scale_enabled, on unless
+// FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0) forced for a scope.
 struct Fp8DeviceAttnScaleSwitch {
   explicit Fp8DeviceAttnScaleSwitch(int on) { flashspan::set_sdpa_fp8_device_attn_scale_enabled(on); }
   ~Fp8DeviceAttnScaleSwitch() { flashspan::set_sdpa_fp8_device_attn_scale_enabled(-1); }
@@ -741,7 +742,7 @@ TEST(SdpaFp8, BackwardOnCudaRefusalRule) {
 // head dim a multiple of 16 up to 128; H_k != H_v unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0); CPU tensors run it on the
 // CPU reference"; a covered call
 // (deterministic or not) passes the host rules; attn_scale as a device tensor is refused ("attn_scale as a device
-// tensor") unless its experimental switch is on (the FP8 kernels read it as one of their factors, kFp8BwdAttnScale).
+// tensor") with its switch off (on by default: the FP8 kernels read it as one of their factors, kFp8BwdAttnScale).
 TEST(SdpaFp8, BackwardOnCudaCheckSupportMessages) {
   const auto refused = [](const std::string& r) {
     return r + ": not supported by the FP8 backward on CUDA tensors yet (it runs each head dim a multiple of 16 up "
@@ -1231,6 +1232,32 @@ TEST(SdpaFp8, HkNeHvSwitchReadsTheEnvironment) {
   fwd.backward = false;
   expect_fp8_feature_switch("FLASHSPAN_SDPA_FP8_HK_NE_HV", flashspan::set_sdpa_fp8_hk_ne_hv_enabled,
                             flashspan::sdpa_fp8_hk_ne_hv_enabled, {fwd, bwd}, kHkNeHvOff);
+}
+
+// attn_scale as a device tensor in FP8 calls (sdpa_fp8_device_attn_scale_enabled): on by default since its GPU test
+// passed on an H100, off when FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE is exactly "0" (expect_fp8_feature_switch: read
+// per call, FLASHSPAN_EXPERIMENTAL ignored, the override wins both ways). What it changes: FP8 forwards (either
+// forward) and backwards with a device attn_scale pass the host rules with it on and are refused naming the variable
+// with it off (the whole message); a host attn_scale tensor passes either way.
+TEST(SdpaFp8, DeviceAttnScaleSwitchReadsTheEnvironment) {
+  CudaCall bwd;
+  bwd.attn_scale = 2;
+  CudaCall fwd = bwd;
+  fwd.backward = false;
+  const std::string off = "attn_scale as a device tensor: turned off in FP8 calls on CUDA tensors by "
+                          "FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0: pass it as a float or a host tensor, or unset the "
+                          "variable";
+  expect_fp8_feature_switch("FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE", flashspan::set_sdpa_fp8_device_attn_scale_enabled,
+                            flashspan::sdpa_fp8_device_attn_scale_enabled, {fwd, bwd}, off);
+  {
+    const ScopedSwitch device_off(flashspan::set_sdpa_fp8_device_attn_scale_enabled, 0);
+    EXPECT_EQ(host_rules_error(fwd), off);  // (the whole message)
+    CudaCall host = bwd;
+    host.attn_scale = 1;
+    EXPECT_EQ(host_rules_error(host), "");
+    host.backward = false;
+    EXPECT_EQ(host_rules_error(host), "");
+  }
 }
 
 // ---------------------------------------------------------------------------

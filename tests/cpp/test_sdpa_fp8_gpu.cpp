@@ -1804,13 +1804,13 @@ TEST(SdpaFp8Gpu, Fp8BackwardHkNeHv) {
 }
 
 TEST(SdpaFp8Gpu, DeviceAttnScale) {
-  // attn_scale as a tensor in device memory (experimental, forced on here; not yet run on a GPU): the FP8 kernels read it as one of their factors
+  // attn_scale as a tensor in device memory (on by default, forced on here): the FP8 kernels read it as one of their factors
   // (SdpaFp8Factor kFp8AttnScale, SdpaFp8BwdFactor kFp8BwdAttnScale), no host read; dispatch makes the float scale
   // NaN then, so that a kernel reading it shows it. The sm90 FP8 forward (on an H100 / H200), the sm80 one, the FP8
   // backward on the sm80 kernels and on the sm90 kernel (H100 / H200); each against the loop and the CPU
   // reference (which reads the host copy of the same value).
   REQUIRE_SM80();
-  set_sdpa_fp8_device_attn_scale_enabled(1);  // (experimental: FLASHSPAN_EXPERIMENTAL=1)
+  set_sdpa_fp8_device_attn_scale_enabled(1);  // (on unless FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0)
   struct Restore {
     ~Restore() { set_sdpa_fp8_device_attn_scale_enabled(-1); }
   } restore;

@@ -363,8 +363,8 @@ def _bwd_case(seed: int, max_s: int = 300, heads=None) -> dict:
         s[scale] = _recipe_scale(FP8_MAX[grad_fmt], float(model[name].abs().max()), recipe, 2.0)
     return dict(q=q, k=k, v=v, o=o, dO=dO, stats=stats, s=s, fmt=fmt, do_fmt=do_fmt, grad_fmt=grad_fmt, causal=causal,
                 attn_scale=attn_scale, model=model, scale_where=rng.choice(["device", "host", "number"]),
-                # attn_scale a float, a host tensor or a tensor on the call's device (read on the host by
-                # flashspan.sdpa's _scale_on_host); q, k, v, o, dO contiguous, BSHD views or sliced views with odd row
+                # attn_scale a float, a host tensor or a tensor on the call's device (read by the FP8 kernels as a
+                # factor, no host read); q, k, v, o, dO contiguous, BSHD views or sliced views with odd row
                 # strides from one byte into their storage (rows at unaligned addresses); deterministic every third
                 # seed, across the recipes (seed % 3).
                 attn_where=("number", "host", "device")[(seed // 3) % 3],
@@ -533,8 +533,8 @@ def test_gpu_fp8_backward_refusals_name_the_rule(fs, monkeypatch):
 @pytest.mark.usefixtures("poison_uninitialized")
 def test_gpu_fp8_backward_deterministic_and_device_attn_scale(fs):
     """use_deterministic_algorithm=True runs (no refusal), meets the criterion and gives bitwise the same results twice;
-    attn_scale as a CUDA tensor (1-element or 0-d; read on the host by flashspan.sdpa's _scale_on_host), as a host
-    tensor and as a float give bitwise the same results, and another value in the CUDA tensor other ones; the atomic
+    attn_scale as a CUDA tensor (1-element or 0-d; read by the FP8 kernels as one of their factors, by default since
+    its C++ GPU test passed on an H100), as a host tensor and as a float give bitwise the same results, and another value in the CUDA tensor other ones; the atomic
     (non-deterministic) dQ path meets the criterion and lands on the same codes but for rounding-boundary cases."""
     c = dict(_bwd_case(4, max_s=150), layout="odd", deterministic=True, scale_where="device")
     runs = {w: _run_bwd(fs, dict(c, attn_where=w), "cuda") for w in ("number", "device", "device 0-d", "host")}
@@ -554,8 +554,9 @@ def test_gpu_fp8_backward_deterministic_and_device_attn_scale(fs):
 
 @sm90
 def test_gpu_fp8_forward_takes_a_device_attn_scale(fs):
-    """sdpa_fp8 with attn_scale as a CUDA tensor (read on the host by flashspan.sdpa's _scale_on_host, as
-    flashspan.sdpa does; the C layer's kernels take a float) gives bitwise the results of the float."""
+    """sdpa_fp8 with attn_scale as a CUDA tensor (1-element or 0-d; handed to the C layer as it is, the FP8 kernels
+    read it as one of their factors, no host read) gives bitwise the results of the float, and another value in it
+    other results."""
     c = _case(3)
     c.update(mode="dense", len_q=None, len_kv=None, stats_out=False)
     want = _run(fs, c, "cuda")
