@@ -250,16 +250,19 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
  * dBias, ALiBi, softcap, sinks with dSink, dropout, the block mask, the output gate, paged K/V
  * in the forward, deterministic backward (docs/SDPA.md "What runs where"); check_support
  * reports FS_STATUS_NOT_SUPPORTED naming what they do not run (e.g. an attn_scale tensor in
- * device memory, dBias together with softcap). Their sequence lengths and ragged offsets stay
+ * device memory in 16-bit calls, dBias together with softcap off the sm90 backward). Their sequence lengths and ragged offsets stay
  * in device memory; the backward's workspace (workspace_size) holds B * S_q rows per query head.
  *
  * FP8 (the seed's sdpa_fp8 / sdpa_fp8_backward): q, k, v (and o, dO, dQ, dK, dV) of dtype
  * float8_e4m3fn / float8_e5m2 make the operation an FP8 one, with per-tensor scale factors and
  * amax outputs in the FS_SDPA_DESCALE_Q .. FS_SDPA_AMAX_DP slots and the seed's subset of
  * options (forward: causal and padding masks, THD; backward: causal); docs/SDPA.md "FP8 SDPA".
- * CPU tensors run the CPU reference. CUDA tensors: the forward on sm_90 (padded, H_k = H_v,
- * head dims up to 128); the backward on sm_80 and newer with FLASHSPAN_EXPERIMENTAL=1 (not yet
- * run on a GPU); check_support refuses the rest with the reason.
+ * CPU tensors run the CPU reference. CUDA tensors: the forward on sm_90 (head dims up to 128)
+ * and on sm_80 and newer (the sm80 kernels; more head dims), padded (packed THD with
+ * FLASHSPAN_EXPERIMENTAL=1); the backward on sm_80 and newer (the sm90 kernel on sm_90); H_k !=
+ * H_v in both unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0; attn_scale in device memory too, read by
+ * the kernels (unless FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0); check_support refuses the rest
+ * with the reason.
  * ========================================================================= */
 
 /* Tensor slots: the index of each tensor in a variant pack, and the name setters bind. */

@@ -10,8 +10,7 @@ from torch import Tensor
 
 from . import _sdpa_lib as L
 from ._checks import check_flag, check_float32
-from .sdpa import (TOP_LEFT, _apply_common, _Call, _check_unsupported, _Layout, _like_layout, _scale_on_host,
-                   _warn_deprecated)
+from .sdpa import TOP_LEFT, _apply_common, _Call, _check_unsupported, _Layout, _like_layout, _warn_deprecated
 
 __all__ = ["sdpa_fp8", "sdpa_fp8_backward", "FP8_DTYPES"]
 
@@ -56,9 +55,10 @@ def _generate_stats(generate_stats, is_inference) -> bool:
 def _common(call: _Call, lay: _Layout, q: Tensor, backward: bool, attn_scale, use_causal_mask: bool,
             use_padding_mask: bool = False, seq_len_q=None, seq_len_kv=None, cu_seq_len_q=None, cu_seq_len_kv=None,
             max_total_seq_len_q=None, max_total_seq_len_kv=None) -> None:
-    """The options both directions share, through flashspan.sdpa's binding (the others stay unset); then
-    flashspan.sdpa's _scale_on_host: an attn_scale tensor in device memory is checked by the C layer's rules and read
-    on the host (the GPU kernels take the scale as a float; one device sync), a host one stays as it is."""
+    """The options both directions share, through flashspan.sdpa's binding (the others stay unset). An attn_scale
+    tensor goes to the C layer as it is, without flashspan.sdpa's _scale_on_host: a host one is read there (the CPU
+    reference's and the kernels' scalar), a device one the FP8 kernels read as one of their factors (no host read, no
+    device sync; the C layer refuses it with FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0)."""
     _apply_common(call, lay, q, attn_scale=attn_scale, bias=None, block_mask=None, use_alibi_mask=False,
                   use_padding_mask=use_padding_mask, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv,
                   cu_seq_len_q=cu_seq_len_q, cu_seq_len_kv=cu_seq_len_kv, diagonal_alignment=TOP_LEFT,
@@ -66,7 +66,6 @@ def _common(call: _Call, lay: _Layout, q: Tensor, backward: bool, attn_scale, us
                   max_total_seq_len_q=max_total_seq_len_q, max_total_seq_len_kv=max_total_seq_len_kv, sink_token=None,
                   softcap=None, gate=None, use_causal_mask=use_causal_mask, use_causal_mask_bottom_right=False,
                   sliding_window_length=None, backward=backward)
-    _scale_on_host(call)
 
 
 def _bind_scales(call: _Call, device: torch.device, scales: dict) -> None:
@@ -142,8 +141,9 @@ def sdpa_fp8(
         descale_s, scale_s: descale / scale factor of the quantized softmax probabilities S (typically scale_s =
             448 for E4M3, descale_s = 1 / scale_s).
         scale_o: scale factor of the stored output (stored = real * scale_o).
-        attn_scale: float or 1-element float32 tensor (on the host or q's device: a device tensor is read on the
-            host, one device sync); None means 1 (the seed's default).
+        attn_scale: float or 1-element float32 tensor (on the host or q's device: the FP8 kernels read a device
+            tensor themselves, no sync; ``FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0`` refuses one); None means 1 (the
+            seed's default).
         use_causal_mask: top-left causal mask (key j visible to query i iff j <= i).
         use_padding_mask, seq_len_q, seq_len_kv, cu_seq_len_q, cu_seq_len_kv: per-sample lengths, ``(B,)`` /
             ``(B, 1, 1, 1)``, or prefix sums ``(B + 1,)``, int32 / int64; one form per side.
@@ -170,8 +170,8 @@ def sdpa_fp8(
         forward"; ``FLASHSPAN_SM90_SDPA_FP8=0`` turns it off), or else on the sm80 kernels on every GPU from sm_80
         (also head dims (192, 128) and (256, 256), and strides the sm90 one does not take; on by default since its
         GPU tests passed on an H200, ``FLASHSPAN_SDPA_FP8_SM80=0`` turns it off: docs/SDPA.md "The FP8 forward on
-        the sm80 kernels"); H_k != H_v on either only with ``FLASHSPAN_EXPERIMENTAL=1`` (written, not yet run on a
-        GPU). CPU tensors run every call on the CPU reference.
+        the sm80 kernels"); H_k != H_v on either unless ``FLASHSPAN_SDPA_FP8_HK_NE_HV=0`` (on by default since its
+        GPU tests passed on an H100). CPU tensors run every call on the CPU reference.
 
     Example::
 
@@ -269,8 +269,9 @@ def sdpa_fp8_backward(
         descale_*, scale_*: float32 one-element tensors (or numbers) as in :func:`sdpa_fp8`: descale_o / descale_dO
             of the stored o / dO, descale_s / scale_s of S (as in the forward), descale_dP / scale_dP of the
             quantized dP, scale_dQ / scale_dK / scale_dV of the stored gradients.
-        attn_scale: float or 1-element float32 tensor (on the host or q's device: a device tensor is read on the
-            host, one device sync); None means 1. Must match the forward.
+        attn_scale: float or 1-element float32 tensor (on the host or q's device: the FP8 kernels read a device
+            tensor themselves, no sync; ``FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0`` refuses one); None means 1. Must
+            match the forward.
         use_causal_mask: top-left causal mask; must match the forward.
         compute_data_type, name: accepted for parity.
         grad_dtype: FP8 dtype of dQ, dK, dV (default dO's).
@@ -290,10 +291,11 @@ def sdpa_fp8_backward(
         sm_89; on by default since its GPU tests passed on an H200; about 0.22x our bf16 backward's speed on an H200:
         docs/SDPA.md "The FP8 backward on the sm80 kernels"): it raises with ``FLASHSPAN_SDPA_FP8_BWD=0`` (read when
         an operation is first checked: set it before the first call of a given signature), for head dims that are
-        not multiples of 16 up to 128, and for H_k != H_v unless ``FLASHSPAN_EXPERIMENTAL=1`` (the sm80 kernels' two
-        dK / dV passes; written, not yet run on a GPU). CUDA FP8 forwards (which give o and stats) run on an
-        H100 / H200 (the sm90 kernel) or on every GPU from sm_80 (the sm80 kernels, unless
-        ``FLASHSPAN_SDPA_FP8_SM80=0``; :func:`sdpa_fp8`). CPU tensors run every call on the CPU reference.
+        not multiples of 16 up to 128, and for H_k != H_v with ``FLASHSPAN_SDPA_FP8_HK_NE_HV=0`` (by default the
+        sm80 kernels' two dK / dV passes, or the sm90 kernel's items; its GPU tests passed on an H100). CUDA FP8
+        forwards (which give o and stats) run on an H100 / H200 (the sm90 kernel) or on every GPU from sm_80 (the sm80
+        kernels, unless ``FLASHSPAN_SDPA_FP8_SM80=0``; :func:`sdpa_fp8`). CPU tensors run every call on the CPU
+        reference.
     """
     del name
     _check_unsupported(None, compute_data_type)

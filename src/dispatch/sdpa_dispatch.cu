@@ -33,13 +33,12 @@ sm80::TileSm80 tile_of(const Problem& p) { return sm80::tile_sm80(static_cast<in
 // P (dP - D), before softcap's factor 1 - t^2 (kernel_bwd_mods_sm90.cuh store_ds; the bias is added after
 // softcap), while the sm80 kernels hold P (1 - t^2) at the dS step (docs/SDPA.md). Checked at check_support
 // and again at execute (the family switches are read per call); with dropout sdpa_check_features_gpu refuses
-// it on every GPU. Experimental (sdpa_dbias_softcap_enabled: FLASHSPAN_EXPERIMENTAL=1), not yet run on a GPU.
+// it on every GPU. On unless FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (sdpa_dbias_softcap_enabled).
 void check_dbias_with_softcap(const Problem& p) {
   if (!p.a.backward || p.fp8 || !p.has(FS_SDPA_DBIAS) || !p.a.softcap) return;
-  FS_CHECK_SUPPORTED(sdpa_dbias_softcap_enabled(), "dBias together with softcap: not supported on CUDA tensors yet "
-                     "(the sm90 backward runs it on an H100 / H200, head dims up to 128, padded tensors, with "
-                     "FLASHSPAN_EXPERIMENTAL=1: written, not yet run on a GPU); CPU tensors run it on the CPU "
-                     "reference");
+  FS_CHECK_SUPPORTED(sdpa_dbias_softcap_enabled(), "dBias together with softcap: turned off on CUDA tensors by "
+                     "FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (unset, the sm90 backward runs it on an H100 / H200, head dims up "
+                     "to 128, padded tensors); CPU tensors run it on the CPU reference");
   if (sdpa_bwd_runs_sm90(p)) return;
   // Why the sm90 backward does not take the call, in the terms of this pair (sm90_refusal's own words name the
   // modifiers when their kernels are out of reach).

@@ -82,14 +82,18 @@ Switch g_sdpa_fp8_fwd_sm80{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_SM80");
 // 2.6-3.0x the sm80 one (PERF_LOG v2.36); FLASHSPAN_SM90_SDPA_FP8_BWD=0 (read by each check_support) leaves FP8
 // backwards to the sm80 kernels.
 Switch g_sdpa_fp8_bwd_sm90{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8_BWD"); }};
-// dBias together with softcap on the sm90 backward (sdpa_dispatch.cu check_dbias_with_softcap): experimental,
-// not yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1).
-Switch g_sdpa_dbias_softcap{experimental_from_env};
-// H_k != H_v in FP8 calls (fp8_fwd_refusal: both forwards; sdpa_fp8_bwd_refusal: both FP8 backwards):
-// experimental, not yet run on a GPU (FLASHSPAN_EXPERIMENTAL=1).
-Switch g_sdpa_fp8_hk_ne_hv{experimental_from_env};
-// attn_scale as a device tensor in FP8 calls (check_fp8, sdpa_support.cpp): experimental, not yet run on a GPU.
-Switch g_sdpa_fp8_device_attn_scale{experimental_from_env};
+// dBias together with softcap on the sm90 backward (sdpa_dispatch.cu check_dbias_with_softcap), since its GPU test
+// passed on an H100 (SdpaGpu.Sm90BackwardDbiasWithSoftcap, 2026-12-05); FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (read by each
+// check_support and execute) refuses the pair on CUDA tensors again.
+Switch g_sdpa_dbias_softcap{[] { return !env_flag_off("FLASHSPAN_SDPA_DBIAS_SOFTCAP"); }};
+// H_k != H_v in FP8 calls (fp8_fwd_refusal: both forwards; sdpa_fp8_bwd_refusal: both FP8 backwards), since its GPU
+// tests passed on an H100 (SdpaFp8Gpu.Sm90ForwardHkNeHv, Sm80ForwardHkNeHv, Fp8BackwardHkNeHv; 2026-12-05);
+// FLASHSPAN_SDPA_FP8_HK_NE_HV=0 (read by each check_support) refuses H_k != H_v in CUDA FP8 calls again.
+Switch g_sdpa_fp8_hk_ne_hv{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_HK_NE_HV"); }};
+// attn_scale as a device tensor in FP8 calls (check_fp8, sdpa_support.cpp), since its GPU test passed on an H100
+// (SdpaFp8Gpu.DeviceAttnScale: both FP8 forwards and both FP8 backwards; 2026-12-05);
+// FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0 (read by each check_support) refuses a device attn_scale in FP8 calls again.
+Switch g_sdpa_fp8_device_attn_scale{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE"); }};
 // Packed (THD) tensors in the sm80 FP8 forward (fp8_fwd_refusal): experimental, not yet run on a GPU.
 Switch g_sdpa_fp8_thd{experimental_from_env};
 // Packed (THD) tensors in the 16-bit sm90 forward (sm90_refusal), the sm90 backward and the sm90 FP8 forward
@@ -256,17 +260,20 @@ bool sdpa_dbias_softcap_enabled() { return g_sdpa_dbias_softcap.on(); }
 void set_sdpa_feature_pairs_enabled(int on) { g_sdpa_feature_pairs.set(on); }
 bool sdpa_feature_pairs_enabled() { return g_sdpa_feature_pairs.on(); }
 
+// Both FP8 directions' refusal of H_k != H_v with its switch off (sdpa_fp8_hk_ne_hv_enabled).
+constexpr const char* kFp8HkNeHvOff = "H_k != H_v (FLASHSPAN_SDPA_FP8_HK_NE_HV=0)";
+
 // The FP8 backward's rule (launch_sdpa_fp8_bwd_sm80's checks). The FP8 validation (core/sdpa_problem.cpp)
 // has already refused every option outside the seed's sdpa_fp8_backward (a causal mask; no lengths, no
 // ragged offsets), so what is left to say is the kernel's own reach: the (64, 64) and (128, 128)-class
 // tiles of the sm80 backward (tile_sm80.h) and one K and V head per work item (its fp32 dK / dV sums over
-// the query heads of a group; H_k != H_v, experimental: a dK pass over the K heads and a dV pass over the V
-// heads, as the 16-bit SDPA backward's); deterministic or not (the ordered dQ kernel or the atomic path).
+// the query heads of a group; H_k != H_v unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0: a dK pass over the K heads and a dV
+// pass over the V heads, as the 16-bit SDPA backward's); deterministic or not (the ordered dQ kernel or the atomic path).
 const char* sdpa_fp8_bwd_refusal(const sdpa::Problem& p) {
   if (!p.fp8) return "q (not an FP8 call)";
   if (!p.a.backward) return "the FP8 forward";
   if (p.Dqk % 16 != 0 || p.Dv % 16 != 0 || p.Dqk > 128 || p.Dv > 128) return "head dims (multiples of 16 up to 128)";
-  if (p.Hk != p.Hv && !sdpa_fp8_hk_ne_hv_enabled()) return "H_k != H_v";
+  if (p.Hk != p.Hv && !sdpa_fp8_hk_ne_hv_enabled()) return kFp8HkNeHvOff;
   return nullptr;
 }
 
@@ -292,14 +299,14 @@ namespace {
 // (THD) tensors (ragged_ok, experimental, not yet run on a GPU: the sm80 one with sdpa_fp8_thd_enabled, the sm90 one
 // with sdpa_sm90_thd_enabled, both on with FLASHSPAN_EXPERIMENTAL=1): padded q, k, v, o, the causal and padding
 // masks, the statistics outputs; MHA / GQA / MQA, H_k != H_v too (V addressed by h / group_v: the sm90 one's V^T
-// workspace has H_v heads, the sm80 one's bf16 copy of V too; experimental, not yet run on a GPU:
+// workspace has H_v heads, the sm80 one's bf16 copy of V too; unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0:
 // sdpa_fp8_hk_ne_hv_enabled).
 const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* dims, bool ragged_ok) {
   using namespace sdpa;
   if (!p.fp8) return "q (not an FP8 call)";
   if (p.a.backward) return "the FP8 backward";
   if (!dims_ok) return dims;
-  if (p.Hk != p.Hv && !sdpa_fp8_hk_ne_hv_enabled()) return "H_k != H_v (runs with FLASHSPAN_EXPERIMENTAL=1; not yet run on a GPU)";
+  if (p.Hk != p.Hv && !sdpa_fp8_hk_ne_hv_enabled()) return kFp8HkNeHvOff;
   for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
                 FS_SDPA_RAGGED_OFFSET_STATS}) {
     if (p.has(s) && !ragged_ok) {

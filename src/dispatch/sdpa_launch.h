@@ -201,25 +201,26 @@ bool sdpa_feature_pairs_enabled();
 void set_sdpa_feature_pairs_enabled(int on);
 
 // dBias together with softcap on the sm90 backward (its kernel with modifiers stores dBias's dS before
-// softcap's factor; docs/SDPA.md "With softcap"): experimental, not yet run on a GPU: on with
-// FLASHSPAN_EXPERIMENTAL=1 (read by each check and execute), set_sdpa_dbias_softcap_enabled overrides it (tests:
-// 1 on, 0 off, -1 back to the environment's answer); off, the pair is refused on CUDA tensors.
+// softcap's factor; docs/SDPA.md "With softcap"): on unless FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (read by each check and
+// execute; its GPU test passed on an H100), set_sdpa_dbias_softcap_enabled overrides both (tests: 1 on, 0 off, -1
+// back to the environment's answer); off, the pair is refused on CUDA tensors, naming the variable.
 bool sdpa_dbias_softcap_enabled();
 void set_sdpa_dbias_softcap_enabled(int on);
 
 // H_k != H_v in FP8 calls: the FP8 forwards (V addressed by h / group_v, the sm90 one's V^T workspace and the sm80
 // one's bf16 copy of V with H_v heads) and the FP8 backwards (the sm80 one: a dK pass over the K heads and a dV pass
 // over the V heads; the sm90 one, where one group is a multiple of the other: the 16-bit sm90 backward's items and
-// slots, its store pass summing each head's): experimental, not yet run on a GPU: on with
-// FLASHSPAN_EXPERIMENTAL=1 (read by each check), set_sdpa_fp8_hk_ne_hv_enabled overrides it (tests: 1 on, 0 off,
-// -1 the environment's answer); off, the FP8 rules refuse H_k != H_v.
+// slots, its store pass summing each head's): on unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0 (read by each check; its GPU
+// tests passed on an H100), set_sdpa_fp8_hk_ne_hv_enabled overrides both (tests: 1 on, 0 off, -1 the environment's
+// answer); off, the FP8 rules refuse H_k != H_v, naming the variable.
 bool sdpa_fp8_hk_ne_hv_enabled();
 void set_sdpa_fp8_hk_ne_hv_enabled(int on);
 
 // attn_scale as a device tensor in FP8 calls on CUDA tensors (the FP8 kernels read it as one of their factors,
-// params.h kFp8AttnScale / kFp8BwdAttnScale): experimental, not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1
-// (read by each check), set_sdpa_fp8_device_attn_scale_enabled overrides it (tests: 1 on, 0 off, -1 the
-// environment's answer); off, refused as in 16-bit calls (flashspan.sdpa_fp8 reads one on the host first).
+// params.h kFp8AttnScale / kFp8BwdAttnScale; no host read, no sync): on unless FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0
+// (read by each check; its GPU test passed on an H100), set_sdpa_fp8_device_attn_scale_enabled overrides both (tests:
+// 1 on, 0 off, -1 the environment's answer); off, refused, naming the variable (flashspan.sdpa_fp8 hands a device
+// attn_scale to the C layer as it is).
 bool sdpa_fp8_device_attn_scale_enabled();
 void set_sdpa_fp8_device_attn_scale_enabled(int on);
 

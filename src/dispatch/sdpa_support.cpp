@@ -122,9 +122,9 @@ void check_fp8(const Problem& p) {
     FS_CHECK_SUPPORTED(sdpa_fp8_bwd_enabled(), "dQ, dK, dV: the FP8 backward on CUDA tensors is turned off "
                        "(FLASHSPAN_SDPA_FP8_BWD=0); CPU tensors run sdpa_fp8_backward on the CPU reference");
     const char* r = sdpa_fp8_bwd_refusal(p);
-    FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported by the FP8 backward on CUDA tensors yet (it runs H_k = H_v, "
-                       "each head dim a multiple of 16 up to 128; H_k != H_v with FLASHSPAN_EXPERIMENTAL=1); CPU "
-                       "tensors run it on the CPU reference");
+    FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported by the FP8 backward on CUDA tensors yet (it runs each head "
+                       "dim a multiple of 16 up to 128; H_k != H_v unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0); CPU tensors "
+                       "run it on the CPU reference");
   } else if (sdpa_fp8_fwd_sm80_enabled()) {
     // The FP8 forward on the sm80 kernels takes a call wherever the sm90 one does not (the
     // device, its head dims, strides or switch): its widening pre-pass reads any strides. What it refuses the
@@ -157,12 +157,13 @@ void check_fp8(const Problem& p) {
     }
   }
   // attn_scale as a device tensor: the FP8 kernels read it as one of their factors (kFp8AttnScale /
-  // kFp8BwdAttnScale), beside the descales; experimental (sdpa_fp8_device_attn_scale_enabled).
-  if (p.has(FS_SDPA_ATTN_SCALE) && p.t(FS_SDPA_ATTN_SCALE).device != DeviceType::kCPU &&
-      !sdpa_fp8_device_attn_scale_enabled()) {
-    not_native("attn_scale as a device tensor", "FP8 calls take one with FLASHSPAN_EXPERIMENTAL=1: written, not yet "
-               "run on a GPU; else pass it as a float or a host tensor");
-  }
+  // kFp8BwdAttnScale), beside the descales; unless FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0
+  // (sdpa_fp8_device_attn_scale_enabled).
+  FS_CHECK_SUPPORTED(!p.has(FS_SDPA_ATTN_SCALE) || p.t(FS_SDPA_ATTN_SCALE).device == DeviceType::kCPU ||
+                         sdpa_fp8_device_attn_scale_enabled(),
+                     "attn_scale as a device tensor: turned off in FP8 calls on CUDA tensors by "
+                     "FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0: pass it as a float or a host tensor, or unset the "
+                     "variable");
   constexpr int64_t kMaxRows = std::numeric_limits<int32_t>::max();
   FS_CHECK_SUPPORTED(p.Sq <= kMaxRows && p.Skv <= kMaxRows && p.B <= kMaxRows / std::max<int64_t>(p.Sq, 1),
                      "q, k: B * S_q = ", p.B, " * ", p.Sq, " and S_kv = ", p.Skv,
@@ -192,7 +193,7 @@ void sdpa_check_features_gpu(const Problem& p) {
   if (p.has(FS_SDPA_DBIAS) && a.softcap && (p.dropout || a.dropout_mask_form)) {
     not_native("dBias together with softcap and dropout", "the sm90 kernel with dropout forms softcap's factor per "
                "element, after which dBias's P (dP - D) is gone; without dropout the pair runs on the sm90 backward "
-               "with FLASHSPAN_EXPERIMENTAL=1");
+               "(H100 / H200)");
   }
   // softcap, ALiBi and sinks (dSink) run natively (sdpa_score_mod.cuh); max_logit excludes the
   // sink, which the kernels' running max includes: with max_logit the prefill kernels fold the sink
@@ -225,7 +226,7 @@ void sdpa_check_features_gpu(const Problem& p) {
   }
   // A host scalar attn_scale is read at execute (the seed's pass-by-value scale); a device one
   // would need a read of device memory on the host (the 16-bit kernels take the scale as a float; the FP8
-  // ones read it from device memory: check_fp8).
+  // ones read it from device memory: check_fp8, by default).
   if (p.has(FS_SDPA_ATTN_SCALE) && p.t(FS_SDPA_ATTN_SCALE).device != DeviceType::kCPU) {
     not_native("attn_scale as a device tensor", "the 16-bit kernels take the scale as a float: pass it as a float or "
                "a host tensor; flashspan.sdpa reads a device one on the host");

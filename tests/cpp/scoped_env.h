@@ -1,9 +1,13 @@
 // An environment variable set for a scope (tests of the switches read per call: FLASHSPAN_SDPA_FP8_BWD,
 // FLASHSPAN_SDPA_FEATURE_PAIRS, FLASHSPAN_SDPA_FP8_SM80, ...): nullptr unsets it; its value before is
-// restored after the scope. ScopedSwitch: a dispatch switch's in-process override for a scope. Header-only.
+// restored after the scope. ScopedSwitch: a dispatch switch's in-process override for a scope. expect_off_switch:
+// the rule of a switch on by default. Header-only.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdlib>
+#include <functional>
 #include <string>
 
 namespace flashspan::test {
@@ -47,5 +51,55 @@ class ScopedSwitch {
  private:
   void (*set_)(int);
 };
+
+// The rule of a dispatch switch on by default (a path whose GPU tests passed; dispatch/sdpa_launch.h): without its
+// override, on unless the environment variable `var` is exactly "0" (family.cpp env_flag_off: unset, empty or any
+// other value leaves it on), read per call; FLASHSPAN_EXPERIMENTAL (the switch of the experimental paths) changes
+// neither answer; the override (`set`: 1 on, 0 off) wins over the environment both ways, -1 gives the environment's
+// answer back. effect(on, where), if given, checks what the switch changes in each state (`where` names the
+// environment and the override, for failure messages). Leaves the override at -1 and the environment as it was.
+inline void expect_off_switch(const char* var, void (*set)(int), bool (*enabled)(),
+                              const std::function<void(bool, const std::string&)>& effect = {}) {
+  set(-1);
+  ScopedEnv off(var, nullptr);
+  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
+  auto expect = [&](bool on, const std::string& where) {
+    EXPECT_EQ(enabled(), on) << where;
+    if (effect) effect(on, where);
+  };
+  // "<prefix><var>=<value>, FLASHSPAN_EXPERIMENTAL=<e>" (nullptr: "(unset)"), for failure messages; appended piece
+  // by piece (GCC 12 warns on some operator+ chains of std::string).
+  auto where = [var](const char* prefix, const char* value, const char* e) {
+    auto shown = [](std::string& w, const char* v) {
+      if (v == nullptr) {
+        w.append("(unset)");
+      } else {
+        w.append("\"").append(v).append("\"");
+      }
+    };
+    std::string w(prefix);
+    w.append(var).append("=");
+    shown(w, value);
+    w.append(", FLASHSPAN_EXPERIMENTAL=");
+    shown(w, e);
+    return w;
+  };
+  for (const char* e : {static_cast<const char*>(nullptr), "0", "1"}) {
+    experimental.set(e);
+    for (const char* v : {static_cast<const char*>(nullptr), "1", "", "00", " 0", "off", "false"}) {
+      off.set(v);
+      expect(true, where("", v, e));
+    }
+    off.set("0");
+    expect(false, where("", "0", e));
+    set(1);
+    expect(true, where("override 1, ", "0", e));
+    off.set(nullptr);
+    set(0);
+    expect(false, where("override 0, ", nullptr, e));
+    set(-1);
+    expect(true, where("override -1, ", nullptr, e));
+  }
+}
 
 }  // namespace flashspan::test

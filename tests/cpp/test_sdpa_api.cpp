@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "dispatch/sdpa_launch.h"  // set_sdpa_dbias_softcap_enabled
 #include "flashspan/flashspan.hpp"
 #include "scoped_env.h"
 
@@ -536,42 +537,40 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
         dq(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), dk(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64}),
         dv(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64});
     // dBias: native; together with softcap on the sm90 backward only (sdpa_dispatch.cu
-    // check_dbias_with_softcap), experimental (not yet run on a GPU): refused by default; with
-    // FLASHSPAN_EXPERIMENTAL=1 refused without an sm_90 device (CI) or with FLASHSPAN_KERNEL_FAMILY=sm80, naming
-    // the rule and why the sm90 backward does not take it, on an H100 / H200 accepted. Not a feature pair:
-    // whatever FLASHSPAN_SDPA_FEATURE_PAIRS says.
+    // check_dbias_with_softcap), on by default since its GPU test passed on an H100: refused without an sm_90
+    // device (CI) or with FLASHSPAN_KERNEL_FAMILY=sm80, naming the rule and why the sm90 backward does not take it,
+    // on an H100 / H200 accepted; refused with FLASHSPAN_SDPA_DBIAS_SOFTCAP=0, naming the variable (the switch's
+    // rule: expect_off_switch). Not a feature pair: whatever FLASHSPAN_SDPA_FEATURE_PAIRS says.
     SdpaBackwardAttributes attr;
     attr.set_bias(bias).set_dbias(bias).set_softcap(20.0f);
     SdpaBwd bwd(q, k, v, o, dO, st, dq, dk, dv, attr);
-    for (const char* experimental : {static_cast<const char*>(nullptr), "0"}) {
-      with_pairs_env(nullptr, experimental, [&] {
-        try {
-          bwd.check_support();
-          ADD_FAILURE() << "dBias with softcap accepted on CUDA tensors without FLASHSPAN_EXPERIMENTAL=1";
-        } catch (const Exception& e) {
-          EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
-          EXPECT_TRUE(starts(e.what(), "dBias together with softcap" + tail + " (the sm90 backward runs it on an "
-                                       "H100 / H200, head dims up to 128, padded tensors, with FLASHSPAN_EXPERIMENTAL=1"))
-              << e.what();
-        }
-      });
-    }
     const std::string sm90_only = "dBias together with softcap: runs on the sm90 backward only";
-    for (const char* pairs : {static_cast<const char*>(nullptr), "0", "1"}) {
-      with_pairs_env(pairs, "1", [&] {
-        try {
-          bwd.check_support();  // (an sm_90 device with this build's sm_90a code)
-        } catch (const Exception& e) {
-          EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
-          EXPECT_TRUE(starts(e.what(), sm90_only)) << e.what();
+    const std::string turned_off = "dBias together with softcap: turned off on CUDA tensors by "
+                                   "FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (unset, the sm90 backward runs it on an H100 / "
+                                   "H200, head dims up to 128, padded tensors); CPU tensors run it on the CPU reference";
+    auto dbias_softcap = [&](bool on, const std::string& where) {
+      try {
+        bwd.check_support();  // (on: an sm_90 device with this build's sm_90a code)
+        EXPECT_TRUE(on) << "dBias with softcap accepted on CUDA tensors with " << where;
+      } catch (const Exception& e) {
+        EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED) << where;
+        if (on) {
+          EXPECT_TRUE(starts(e.what(), sm90_only)) << e.what() << " (" << where << ")";
           EXPECT_NE(std::string(e.what()).find("CPU tensors run it on the CPU reference"), std::string::npos)
               << e.what();
+        } else {
+          EXPECT_EQ(e.what(), turned_off) << where;
         }
-      });
+      }
+    };
+    for (const char* pairs : {static_cast<const char*>(nullptr), "0", "1"}) {
+      const ScopedEnv p("FLASHSPAN_SDPA_FEATURE_PAIRS", pairs);
+      flashspan::test::expect_off_switch("FLASHSPAN_SDPA_DBIAS_SOFTCAP", flashspan::set_sdpa_dbias_softcap_enabled,
+                                         flashspan::sdpa_dbias_softcap_enabled, dbias_softcap);
     }
     {
       const ScopedEnv family("FLASHSPAN_KERNEL_FAMILY", "sm80");
-      const ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", "1");
+      const ScopedEnv pair_on("FLASHSPAN_SDPA_DBIAS_SOFTCAP", nullptr);  // (the default: on)
       try {
         bwd.check_support();
         ADD_FAILURE() << "dBias with softcap accepted on CUDA tensors with FLASHSPAN_KERNEL_FAMILY=sm80";
@@ -582,7 +581,6 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
     }
     // With dropout too: refused on every GPU (the sm90 kernel with dropout forms softcap's factor per element).
     {
-      const ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", "1");
       SdpaBackwardAttributes attr_drop;
       const TensorDesc seed(nullptr, kInt64, cuda(), {1}), offset(nullptr, kInt64, cuda(), {1});
       attr_drop.set_bias(bias).set_dbias(bias).set_softcap(20.0f).set_dropout(0.1f, seed, offset);

@@ -208,6 +208,9 @@ bool starts_with(const std::string& s, const std::string& prefix) { return s.rfi
 
 #define EXPECT_STARTS(msg, prefix) EXPECT_TRUE(starts_with(msg, prefix)) << "got: " << (msg)
 
+// The FP8 rules' refusal of H_k != H_v with its switch off (both directions; sdpa_family.cpp kFp8HkNeHvOff).
+const std::string kHkNeHvOff = "H_k != H_v (FLASHSPAN_SDPA_FP8_HK_NE_HV=0)";
+
 // check_support's refusal of every FP8 backward on CUDA tensors with its switch off (sdpa_support.cpp check_fp8).
 const std::string kFp8BwdOff =
     "dQ, dK, dV: the FP8 backward on CUDA tensors is turned off (FLASHSPAN_SDPA_FP8_BWD=0); CPU tensors run "
@@ -245,14 +248,15 @@ struct Fp8ThdSwitch {
   Fp8ThdSwitch(const Fp8ThdSwitch&) = delete;
   Fp8ThdSwitch& operator=(const Fp8ThdSwitch&) = delete;
 };
-// attn_scale as a device tensor in FP8 calls (sdpa_fp8_device_attn_scale_enabled, experimental) forced for a scope.
+// attn_scale as a device tensor in FP8 calls (sdpa_fp8_device_attn_scale_enabled, on unless
+// FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0) forced for a scope.
 struct Fp8DeviceAttnScaleSwitch {
   explicit Fp8DeviceAttnScaleSwitch(int on) { flashspan::set_sdpa_fp8_device_attn_scale_enabled(on); }
   ~Fp8DeviceAttnScaleSwitch() { flashspan::set_sdpa_fp8_device_attn_scale_enabled(-1); }
   Fp8DeviceAttnScaleSwitch(const Fp8DeviceAttnScaleSwitch&) = delete;
   Fp8DeviceAttnScaleSwitch& operator=(const Fp8DeviceAttnScaleSwitch&) = delete;
 };
-// H_k != H_v on the FP8 forwards (sdpa_fp8_hk_ne_hv_enabled, experimental) forced for a scope.
+// H_k != H_v in FP8 calls (sdpa_fp8_hk_ne_hv_enabled, on unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0) forced for a scope.
 struct Fp8HkNeHvSwitch {
   explicit Fp8HkNeHvSwitch(int on) { flashspan::set_sdpa_fp8_hk_ne_hv_enabled(on); }
   ~Fp8HkNeHvSwitch() { flashspan::set_sdpa_fp8_hk_ne_hv_enabled(-1); }
@@ -636,9 +640,9 @@ std::string host_rules_error(const CudaCall& c) {
   return "";
 }
 
-// sdpa_fp8_bwd_refusal (dispatch/sdpa_family.cpp): nullptr for an FP8 backward with H_k = H_v and each head
-// dim a multiple of 16 up to 128, deterministic or not (the ordered dQ kernel with the FP8 steps); else the
-// first thing it does not cover, in that order.
+// sdpa_fp8_bwd_refusal (dispatch/sdpa_family.cpp): nullptr for an FP8 backward with each head dim a multiple of 16
+// up to 128 (H_k != H_v too, unless its switch is off), deterministic or not (the ordered dQ kernel with the FP8
+// steps); else the first thing it does not cover, in that order.
 TEST(SdpaFp8, BackwardOnCudaRefusalRule) {
   // Covered: GQA, S not a multiple of any tile, unequal head dims, causal or no mask, both formats, padded
   // rows (the widening pre-pass and the FP8 stores take any strides), deterministic or not.
@@ -689,33 +693,33 @@ TEST(SdpaFp8, BackwardOnCudaRefusalRule) {
       EXPECT_EQ(bwd_refusal(c), "head dims (multiples of 16 up to 128)") << d[0] << "/" << d[1];
     }
   }
-  // H_k != H_v: refused with its experimental switch off (the default without FLASHSPAN_EXPERIMENTAL=1), taken with
-  // it on (the sm90 FP8 backward's items where one group is a multiple of the other, else the sm80 one's passes).
-  const Fp8HkNeHvSwitch hk_ne_hv_off(0);
+  // H_k != H_v: taken with its switch on (the default: the sm90 FP8 backward's items where one group is a multiple
+  // of the other, else the sm80 one's passes), refused with it off (pinned), naming FLASHSPAN_SDPA_FP8_HK_NE_HV.
   for (bool deterministic : {false, true}) {
     CudaCall c;
     c.deterministic = deterministic;
-    c.Hv = 4;  // H_k = 2 != H_v = 4 (each divides H_q)
-    EXPECT_EQ(bwd_refusal(c), "H_k != H_v");
-    {
+    // H_k = 2 != H_v = 4, then H_k = 4 != H_v = 1 (each divides H_q).
+    for (const auto& [hk, hv] : {std::pair<int64_t, int64_t>{2, 4}, {4, 1}}) {
+      c.Hk = hk;
+      c.Hv = hv;
+      {
+        const Fp8HkNeHvSwitch off(0);
+        EXPECT_EQ(bwd_refusal(c), kHkNeHvOff) << hk << "/" << hv;
+      }
       const Fp8HkNeHvSwitch on(1);
-      EXPECT_EQ(bwd_refusal(c), "");
+      EXPECT_EQ(bwd_refusal(c), "") << hk << "/" << hv;
     }
-    c.Hk = 4;
-    c.Hv = 1;
-    EXPECT_EQ(bwd_refusal(c), "H_k != H_v");
-    const Fp8HkNeHvSwitch on(1);
-    EXPECT_EQ(bwd_refusal(c), "");
   }
-  // The first refusal in the rule's order: not FP8, the forward, head dims, then H_k != H_v.
+  // The first refusal in the rule's order: not FP8, the forward, head dims, then H_k != H_v (switch off).
   {
+    const Fp8HkNeHvSwitch hk_ne_hv_off(0);
     CudaCall c;
     c.D = 144;
     c.Hv = 4;
     c.deterministic = true;
     EXPECT_EQ(bwd_refusal(c), "head dims (multiples of 16 up to 128)");
     c.D = 64;
-    EXPECT_EQ(bwd_refusal(c), "H_k != H_v");
+    EXPECT_EQ(bwd_refusal(c), kHkNeHvOff);
     c.Hv = 2;
     EXPECT_EQ(bwd_refusal(c), "");
     CudaCall f = c;  // the forward with a head dim and H_k != H_v the backward refuses: the forward first
@@ -734,16 +738,15 @@ TEST(SdpaFp8, BackwardOnCudaRefusalRule) {
 
 // check_support on CUDA descriptors (sdpa_check_features_gpu, no GPU needed): with the switch off every FP8
 // backward is refused as turned off (kFp8BwdOff, naming FLASHSPAN_SDPA_FP8_BWD=0; before its rule); with it on,
-// the rule's refusal r with the message "<r>: not supported by the FP8 backward on CUDA tensors yet (it runs
-// H_k = H_v, each head dim a multiple of 16 up to 128; H_k != H_v with FLASHSPAN_EXPERIMENTAL=1); CPU tensors run it
-// on the CPU reference"; a covered call
+// the rule's refusal r with the message "<r>: not supported by the FP8 backward on CUDA tensors yet (it runs each
+// head dim a multiple of 16 up to 128; H_k != H_v unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0); CPU tensors run it on the
+// CPU reference"; a covered call
 // (deterministic or not) passes the host rules; attn_scale as a device tensor is refused ("attn_scale as a device
-// tensor") unless its experimental switch is on (the FP8 kernels read it as one of their factors, kFp8BwdAttnScale).
+// tensor") with its switch off (on by default: the FP8 kernels read it as one of their factors, kFp8BwdAttnScale).
 TEST(SdpaFp8, BackwardOnCudaCheckSupportMessages) {
   const auto refused = [](const std::string& r) {
-    return r + ": not supported by the FP8 backward on CUDA tensors yet (it runs H_k = H_v, each head dim a "
-               "multiple of 16 up to 128; H_k != H_v with FLASHSPAN_EXPERIMENTAL=1); CPU tensors run it on the CPU "
-               "reference";
+    return r + ": not supported by the FP8 backward on CUDA tensors yet (it runs each head dim a multiple of 16 up "
+               "to 128; H_k != H_v unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0); CPU tensors run it on the CPU reference";
   };
   fs_status_t st{};
   CudaCall big;
@@ -772,8 +775,8 @@ TEST(SdpaFp8, BackwardOnCudaCheckSupportMessages) {
     EXPECT_EQ(det.check_support_error(), kFp8BwdOff);
   }
   const Fp8BwdSwitch on(1);
-  const Fp8HkNeHvSwitch hk_ne_hv_off(0);  // (experimental: BackwardOnCudaRefusalRule checks it on)
-  const std::string dims = refused("head dims (multiples of 16 up to 128)"), heads = refused("H_k != H_v");
+  const Fp8HkNeHvSwitch hk_ne_hv_off(0);  // (pinned off: HkNeHvSwitchReadsTheEnvironment checks it on)
+  const std::string dims = refused("head dims (multiples of 16 up to 128)"), heads = refused(kHkNeHvOff);
   for (const auto& [c, want] : {std::pair<CudaCall, std::string>{big, dims}, {big_det, dims}, {hkv, heads},
                                 {hkv_det, heads}}) {
     EXPECT_EQ(host_rules_error(c), want);
@@ -866,7 +869,7 @@ TEST(SdpaFp8, ForwardOnSm80Rule) {
   const Fp8FwdSm80Switch on(1);
   for (int sm90 : {1, 0}) {
     const Fp8ForwardSwitch sw(sm90);
-    // H_k != H_v (hkv: H_k 2, H_v 4) on both forwards too (V by h / group_v), with its experimental switch on.
+    // H_k != H_v (hkv: H_k 2, H_v 4) on both forwards too (V by h / group_v), with its switch on (the default).
     const Fp8HkNeHvSwitch hk_ne_hv(1);
     for (const CudaCall& c : {wide, d192, padded, fwd_call(64, 128), fwd_call(16, 48), hkv}) {
       EXPECT_EQ(host_rules_error(c), "") << c.D << "/" << c.Dv << " pad " << c.row_pad << " sm90 " << sm90;
@@ -892,13 +895,12 @@ TEST(SdpaFp8, ForwardOnSm80Rule) {
                   "tensors yet (the FP8 forwards run");
     EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm80(dims144.problem()));
   }
-  // H_k != H_v with its switch off (the default without FLASHSPAN_EXPERIMENTAL=1): refused by both forwards.
+  // H_k != H_v with its switch off (FLASHSPAN_SDPA_FP8_HK_NE_HV=0): refused by both forwards, naming the variable.
   {
     const Fp8HkNeHvSwitch off(0);
     for (int sm90 : {1, 0}) {
       const Fp8ForwardSwitch sw(sm90);
-      EXPECT_STARTS(host_rules_error(hkv), "H_k != H_v (runs with FLASHSPAN_EXPERIMENTAL=1; not yet run on a GPU): not "
-                                           "supported with FP8 inputs on CUDA tensors yet");
+      EXPECT_STARTS(host_rules_error(hkv), kHkNeHvOff + ": not supported with FP8 inputs on CUDA tensors yet");
       EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm80(hkv.problem()));
       EXPECT_FALSE(flashspan::sdpa_fp8_fwd_runs_sm90(hkv.problem()));
     }
@@ -1032,7 +1034,7 @@ TEST(SdpaFp8, BackwardOnSm90Rule) {
     }
     CudaCall hkv = c;
     hkv.Hv = 4;
-    const Fp8HkNeHvSwitch hk_ne_hv_off(0);  // (experimental)
+    const Fp8HkNeHvSwitch hk_ne_hv_off(0);
     EXPECT_FALSE(flashspan::sdpa_fp8_bwd_runs_sm90(hkv.problem()));  // (H_k != H_v: refused, or the sm80 one's)
     CudaCall big = c;
     big.D = big.Dv = 144;
@@ -1109,6 +1111,29 @@ TEST(SdpaFp8, Sm90StoreInKernelSwitch) {
   EXPECT_FALSE(flashspan::sm90::sdpa_fp8_bwd_sm90_store_enabled());
 }
 #endif
+
+// An FP8 feature's switch on by default (expect_off_switch: read per call, FLASHSPAN_EXPERIMENTAL ignored, the
+// override wins both ways) and what it changes: each of `calls` passes the host rules with it on and is refused with
+// a message that starts with `off` with it off, whichever FP8 forward the sm90 one's switch leaves a forward to (the
+// FP8 backward and the sm80 FP8 forward forced on).
+[[maybe_unused]] void expect_fp8_feature_switch(const char* var, void (*set)(int), bool (*enabled)(),
+                                                const std::vector<CudaCall>& calls, const std::string& off) {
+  const Fp8BwdSwitch bwd_on(1);
+  const Fp8FwdSm80Switch sm80_on(1);
+  for (int sm90 : {1, 0}) {
+    const Fp8ForwardSwitch sw(sm90);
+    flashspan::test::expect_off_switch(var, set, enabled, [&](bool on, const std::string& where) {
+      for (const CudaCall& c : calls) {
+        const std::string e = host_rules_error(c);
+        if (on) {
+          EXPECT_EQ(e, "") << where << ", backward " << c.backward << ", sm90 " << sm90;
+        } else {
+          EXPECT_STARTS(e, off) << where << ", backward " << c.backward << ", sm90 " << sm90;
+        }
+      }
+    });
+  }
+}
 
 // The FP8 backward's switch: on by default (since its GPU tests passed on an H200), off when
 // FLASHSPAN_SDPA_FP8_BWD is exactly "0" (family.cpp env_flag_off; unset, empty or any other value: on), read per
@@ -1194,6 +1219,45 @@ TEST(SdpaFp8, ForwardOnSm80SwitchReadsTheEnvironment) {
   EXPECT_TRUE(flashspan::sdpa_fp8_fwd_sm80_enabled());
   var.set("0");
   EXPECT_FALSE(flashspan::sdpa_fp8_fwd_sm80_enabled());
+}
+
+// H_k != H_v in FP8 calls (sdpa_fp8_hk_ne_hv_enabled): on by default since its GPU tests passed on an H100, off when
+// FLASHSPAN_SDPA_FP8_HK_NE_HV is exactly "0" (expect_fp8_feature_switch: read per call, FLASHSPAN_EXPERIMENTAL
+// ignored, the override wins both ways). What it changes: an FP8 forward (either forward) and backward with H_k 2,
+// H_v 4 pass the host rules with it on, and are refused naming the variable with it off.
+TEST(SdpaFp8, HkNeHvSwitchReadsTheEnvironment) {
+  CudaCall bwd;
+  bwd.Hv = 4;
+  CudaCall fwd = bwd;
+  fwd.backward = false;
+  expect_fp8_feature_switch("FLASHSPAN_SDPA_FP8_HK_NE_HV", flashspan::set_sdpa_fp8_hk_ne_hv_enabled,
+                            flashspan::sdpa_fp8_hk_ne_hv_enabled, {fwd, bwd}, kHkNeHvOff);
+}
+
+// attn_scale as a device tensor in FP8 calls (sdpa_fp8_device_attn_scale_enabled): on by default since its GPU test
+// passed on an H100, off when FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE is exactly "0" (expect_fp8_feature_switch: read
+// per call, FLASHSPAN_EXPERIMENTAL ignored, the override wins both ways). What it changes: FP8 forwards (either
+// forward) and backwards with a device attn_scale pass the host rules with it on and are refused naming the variable
+// with it off (the whole message); a host attn_scale tensor passes either way.
+TEST(SdpaFp8, DeviceAttnScaleSwitchReadsTheEnvironment) {
+  CudaCall bwd;
+  bwd.attn_scale = 2;
+  CudaCall fwd = bwd;
+  fwd.backward = false;
+  const std::string off = "attn_scale as a device tensor: turned off in FP8 calls on CUDA tensors by "
+                          "FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0: pass it as a float or a host tensor, or unset the "
+                          "variable";
+  expect_fp8_feature_switch("FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE", flashspan::set_sdpa_fp8_device_attn_scale_enabled,
+                            flashspan::sdpa_fp8_device_attn_scale_enabled, {fwd, bwd}, off);
+  {
+    const ScopedSwitch device_off(flashspan::set_sdpa_fp8_device_attn_scale_enabled, 0);
+    EXPECT_EQ(host_rules_error(fwd), off);  // (the whole message)
+    CudaCall host = bwd;
+    host.attn_scale = 1;
+    EXPECT_EQ(host_rules_error(host), "");
+    host.backward = false;
+    EXPECT_EQ(host_rules_error(host), "");
+  }
 }
 
 // ---------------------------------------------------------------------------

@@ -849,7 +849,7 @@ TEST(SdpaFp8Gpu, ApiForwardRandom) {
 constexpr int kHkNeHvHeads[6][3] = {{4, 2, 4}, {4, 4, 2}, {8, 1, 4}, {6, 3, 1}, {8, 2, 8}, {4, 1, 2}};
 
 // H_k != H_v on the FP8 forwards (V addressed by h / group_v: the sm90 one's V^T workspace and the sm80 one's
-// bf16 copy of V have H_v heads; not yet run on a GPU): case n takes kHkNeHvHeads[n % 6], on api_random_case's
+// bf16 copy of V have H_v heads; passed on an H100 on 2026-12-05): case n takes kHkNeHvHeads[n % 6], on api_random_case's
 // options.
 Fp8Case hk_ne_hv_case(int n, std::mt19937_64& rng, int dqk, int dv, uint64_t seed) {
   Fp8Case c = api_random_case(n, rng, dqk, dv, 260, 330, seed);
@@ -940,7 +940,7 @@ TEST(SdpaFp8Gpu, Sm90ForwardSanitizerSmall) {
   EXPECT_TRUE(eh.empty()) << eh;
 }
 
-// H_k != H_v on the FP8 forwards forced on (experimental: FLASHSPAN_EXPERIMENTAL=1).
+// H_k != H_v on the FP8 forwards forced on (on by default; FLASHSPAN_SDPA_FP8_HK_NE_HV=0 turns it off).
 struct Fp8HkNeHvOn {
   Fp8HkNeHvOn() { set_sdpa_fp8_hk_ne_hv_enabled(1); }
   ~Fp8HkNeHvOn() { set_sdpa_fp8_hk_ne_hv_enabled(-1); }
@@ -1777,7 +1777,7 @@ TEST(SdpaFp8Gpu, Fp8BackwardRandom) {
 }
 
 TEST(SdpaFp8Gpu, Fp8BackwardHkNeHv) {
-  // H_k != H_v on the FP8 backward (experimental, forced on here; not yet run on a GPU), deterministic or not: the
+  // H_k != H_v on the FP8 backward (on by default, forced on here; passed on an H100), deterministic or not: the
   // sm80 kernels' two dK / dV passes (a dK pass over the K heads, a dV pass over the V heads; dQ added in the
   // first), then on an H100 / H200 the sm90 kernel's items (the query heads sharing one K and one V head) with the
   // store pass summing each head's slots (its launch counter says which ran).
@@ -1804,13 +1804,13 @@ TEST(SdpaFp8Gpu, Fp8BackwardHkNeHv) {
 }
 
 TEST(SdpaFp8Gpu, DeviceAttnScale) {
-  // attn_scale as a tensor in device memory (experimental, forced on here; not yet run on a GPU): the FP8 kernels read it as one of their factors
+  // attn_scale as a tensor in device memory (on by default, forced on here): the FP8 kernels read it as one of their factors
   // (SdpaFp8Factor kFp8AttnScale, SdpaFp8BwdFactor kFp8BwdAttnScale), no host read; dispatch makes the float scale
   // NaN then, so that a kernel reading it shows it. The sm90 FP8 forward (on an H100 / H200), the sm80 one, the FP8
   // backward on the sm80 kernels and on the sm90 kernel (H100 / H200); each against the loop and the CPU
   // reference (which reads the host copy of the same value).
   REQUIRE_SM80();
-  set_sdpa_fp8_device_attn_scale_enabled(1);  // (experimental: FLASHSPAN_EXPERIMENTAL=1)
+  set_sdpa_fp8_device_attn_scale_enabled(1);  // (on unless FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0)
   struct Restore {
     ~Restore() { set_sdpa_fp8_device_attn_scale_enabled(-1); }
   } restore;

@@ -1633,13 +1633,13 @@ TEST(SdpaGpu, Sm90BackwardModsDbiasEveryBroadcastForm) {
 }
 
 TEST(SdpaGpu, Sm90BackwardDbiasWithSoftcap) {
-  // dBias together with softcap (experimental, forced on here; the sm90 backward only: kernel_bwd_mods_sm90.cuh stores dBias's dS, P (dP - D),
+  // dBias together with softcap (on by default, forced on here; the sm90 backward only: kernel_bwd_mods_sm90.cuh stores dBias's dS, P (dP - D),
   // before softcap's factor 1 - t^2; the bias is added after softcap): every broadcast form, softcap 2-30, D = 64,
   // 96 and 128, ALiBi on some, deterministic on odd forms, dBias in float32 and in q's dtype, padded strides on
   // some; a larger scale on a third so that softcap saturates some elements (1 - t^2 near 0, dBias's terms not).
   REQUIRE_SM90();
   const ForceSm90WithMods force;
-  set_sdpa_dbias_softcap_enabled(1);  // (experimental: FLASHSPAN_EXPERIMENTAL=1)
+  set_sdpa_dbias_softcap_enabled(1);  // (on unless FLASHSPAN_SDPA_DBIAS_SOFTCAP=0)
   struct Restore {
     ~Restore() { set_sdpa_dbias_softcap_enabled(-1); }
   } restore;

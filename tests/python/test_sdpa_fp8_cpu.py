@@ -390,6 +390,8 @@ def _cuda_fp8_bwd_op(Hv=2, D=64, Dv=128, deterministic=False, attn_scale_tensor=
 
 
 BWD_ENV, SM80_ENV, EXPERIMENTAL_ENV = "FLASHSPAN_SDPA_FP8_BWD", "FLASHSPAN_SDPA_FP8_SM80", "FLASHSPAN_EXPERIMENTAL"
+HK_NE_HV_ENV = "FLASHSPAN_SDPA_FP8_HK_NE_HV"
+DEVICE_SCALE_ENV = "FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE"
 BWD_OFF = (r"^dQ, dK, dV: the FP8 backward on CUDA tensors is turned off \(FLASHSPAN_SDPA_FP8_BWD=0\); CPU tensors run "
            r"sdpa_fp8_backward on the CPU reference$")
 
@@ -412,6 +414,20 @@ def _passes_host_rules(build):
     except Exception:  # noqa: BLE001 (no device here)
         pass
     return True
+
+
+def _expect_switch(monkeypatch, name, value, experimental, builds, off):
+    """A switch on by default (only "0" turns it off) set to value and FLASHSPAN_EXPERIMENTAL to experimental (None:
+    unset): each of builds passes the host rules, unless value is "0": then it is refused with a message matching
+    the regular expression off."""
+    _set_env(monkeypatch, name, value)
+    _set_env(monkeypatch, EXPERIMENTAL_ENV, experimental)
+    for build in builds:
+        if value == "0":
+            with pytest.raises(NotImplementedError, match=off):
+                build()
+        else:
+            assert _passes_host_rules(build), (name, value, experimental)
 
 
 @pytest.mark.parametrize("experimental", [None, "0", "1"])
@@ -439,23 +455,25 @@ def test_cuda_fp8_backward_on_by_default(fs, monkeypatch, value, experimental):
 
 def test_cuda_fp8_backward_rule_is_named(fs, monkeypatch):
     """By default (FLASHSPAN_SDPA_FP8_BWD unset): what the FP8 backward does not run is named (sdpa_fp8_bwd_refusal)
-    with the rule's message, deterministic or not; a covered call, deterministic too (the ordered dQ kernel with the
-    FP8 steps), passes the host rules (without a GPU check_support then stops at the device, not on an FP8 rule)."""
+    with the rule's message, deterministic or not (H_k != H_v with FLASHSPAN_SDPA_FP8_HK_NE_HV=0, set here); a
+    covered call, deterministic too (the ordered dQ kernel with the FP8 steps), passes the host rules (without a GPU
+    check_support then stops at the device, not on an FP8 rule)."""
     monkeypatch.delenv(BWD_ENV, raising=False)
     monkeypatch.delenv(EXPERIMENTAL_ENV, raising=False)
-    tail = (r": not supported by the FP8 backward on CUDA tensors yet \(it runs H_k = H_v, each head dim a multiple "
-            r"of 16 up to 128; H_k != H_v with FLASHSPAN_EXPERIMENTAL=1\); CPU tensors run it on the CPU reference$")
+    monkeypatch.setenv(HK_NE_HV_ENV, "0")
+    tail = (r": not supported by the FP8 backward on CUDA tensors yet \(it runs each head dim a multiple of 16 up to "
+            r"128; H_k != H_v unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0\); CPU tensors run it on the CPU reference$")
     dims = r"head dims \(multiples of 16 up to 128\)"
-    for kw, what in ((dict(D=144), dims), (dict(Dv=256), dims), (dict(D=192), dims), (dict(Hv=4), "H_k != H_v"),
+    heads = r"H_k != H_v \(FLASHSPAN_SDPA_FP8_HK_NE_HV=0\)"
+    for kw, what in ((dict(D=144), dims), (dict(Dv=256), dims), (dict(D=192), dims), (dict(Hv=4), heads),
                      (dict(D=144, Hv=4), dims)):
         for det in (False, True):
             with pytest.raises(NotImplementedError, match=f"^{what}{tail}"):
                 _cuda_fp8_bwd_op(**kw, deterministic=det)
-    # The C layer still refuses a device attn_scale (flashspan.sdpa_fp8_backward reads one on the host first).
-    for det in (False, True):
-        with pytest.raises(NotImplementedError, match="^attn_scale as a device tensor"):
-            _cuda_fp8_bwd_op(attn_scale_tensor="cuda", deterministic=det)
-    for kw in ({}, dict(attn_scale_tensor="cpu"), dict(D=16, Dv=16), dict(D=128, Dv=128)):
+    # attn_scale as a device tensor too (the FP8 kernels' factor; test_cuda_fp8_device_attn_scale_switch: its switch).
+    monkeypatch.delenv(DEVICE_SCALE_ENV, raising=False)
+    for kw in ({}, dict(attn_scale_tensor="cpu"), dict(attn_scale_tensor="cuda"), dict(D=16, Dv=16),
+               dict(D=128, Dv=128)):
         for det in (False, True):
             try:
                 _cuda_fp8_bwd_op(**kw, deterministic=det)
@@ -466,10 +484,11 @@ def test_cuda_fp8_backward_rule_is_named(fs, monkeypatch):
                 pass
 
 
-def _cuda_fp8_fwd_op(D=256, Dv=256):
-    """Creates an FP8 forward operation on CUDA descriptors (B = 2, H_q = 4, H_k = H_v = 2, S_q = 100, S_kv = 130,
-    E4M3; by default head dims (256, 256), which only the FP8 forward on the sm80 kernels runs) through the library's
-    Python binding (its NotImplementedError on check_support's NOT_SUPPORTED)."""
+def _cuda_fp8_fwd_op(D=256, Dv=256, Hv=2, attn_scale_tensor=False):
+    """Creates an FP8 forward operation on CUDA descriptors (B = 2, H_q = 4, H_k = 2, H_v = Hv, S_q = 100,
+    S_kv = 130, E4M3; by default head dims (256, 256), which only the FP8 forward on the sm80 kernels runs; attn_scale
+    a float, or with attn_scale_tensor a CUDA tensor) through the library's Python binding (its NotImplementedError on
+    check_support's NOT_SUPPORTED)."""
     from flashspan import _lib as lib
     from flashspan import _sdpa_lib as L
 
@@ -483,11 +502,14 @@ def _cuda_fp8_fwd_op(D=256, Dv=256):
 
     B, Hq, Hk, Sq, Skv = 2, 4, 2, 100, 130
     attrs = L.Attributes(False)
-    attrs.set("attn_scale", 0.125)
+    if attn_scale_tensor:
+        attrs.set("attn_scale_tensor", d((1,), torch.float32))
+    else:
+        attrs.set("attn_scale", 0.125)
     attrs.set("generate_stats", 1)
     for name in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o", "amax_s", "amax_o"):
         attrs.set(name, d((1, 1, 1, 1), torch.float32))
-    descs = [d((B, Hq, Sq, D), E4M3), d((B, Hk, Skv, D), E4M3), d((B, Hk, Skv, Dv), E4M3), d((B, Hq, Sq, Dv), E4M3),
+    descs = [d((B, Hq, Sq, D), E4M3), d((B, Hk, Skv, D), E4M3), d((B, Hv, Skv, Dv), E4M3), d((B, Hq, Sq, Dv), E4M3),
              d((B, Hq, Sq, 1), torch.float32)]
     return L.Op("fwd", descs, attrs)
 
@@ -513,33 +535,52 @@ def test_cuda_fp8_forward_on_sm80_switch(fs, monkeypatch, value, experimental):
         _cuda_fp8_fwd_op(144, 144)
 
 
-def test_attn_scale_goes_through_sdpa_scale_on_host(fs, monkeypatch):
-    """Both FP8 directions hand their call to flashspan.sdpa's _scale_on_host (imported, the same function) after
-    attn_scale is bound and before the call runs: there a CUDA attn_scale tensor is checked by the C layer and read
-    on the host, as flashspan.sdpa does. On CPU tensors: a host attn_scale tensor gives the float's results, and what
-    the helper does to the call is what runs (a helper that doubled the scale changes the results)."""
+@pytest.mark.parametrize("value,experimental", [(None, None), (None, "0"), (None, "1"), ("1", None), ("", None),
+                                                ("off", None), ("0", None), ("0", "1")])
+def test_cuda_fp8_hk_ne_hv_switch(fs, monkeypatch, value, experimental):
+    """H_k != H_v in CUDA FP8 calls is on by default (since its GPU tests passed on an H100): an FP8 forward (both
+    forwards' head dims) and backward with H_k 2, H_v 4 pass the host rules; with FLASHSPAN_SDPA_FP8_HK_NE_HV=0 (read
+    per check_support; only "0") both are refused, naming the variable, whatever FLASHSPAN_EXPERIMENTAL says (its
+    switch before)."""
+    for name in ("FLASHSPAN_SM90_SDPA_FP8", SM80_ENV, BWD_ENV):
+        monkeypatch.delenv(name, raising=False)
+    builds = (lambda: _cuda_fp8_fwd_op(64, 64, Hv=4), lambda: _cuda_fp8_fwd_op(Hv=4), lambda: _cuda_fp8_bwd_op(Hv=4))
+    _expect_switch(monkeypatch, HK_NE_HV_ENV, value, experimental, builds,
+                   r"^H_k != H_v \(FLASHSPAN_SDPA_FP8_HK_NE_HV=0\): not supported")
+
+
+def test_attn_scale_tensor_goes_to_the_c_layer(fs, monkeypatch):
+    """Both FP8 directions hand an attn_scale tensor to the C layer as it is, bound to its slot (no host read: the
+    FP8 kernels read a device one as one of their factors, without a device sync; flashspan.sdpa's _scale_on_host,
+    which reads one on the host for the 16-bit kernels, is not called), and a float as the scalar option. On CPU
+    tensors: a host attn_scale tensor (1-element or 0-d) gives the float's results bitwise, and its value is what runs
+    (twice the value, the float's results at twice the scale)."""
     import importlib
 
     from flashspan import _sdpa_lib as L
 
     sdpa_mod = importlib.import_module("flashspan.sdpa")
-    fp8_mod = importlib.import_module("flashspan.sdpa_fp8")
-    assert fp8_mod._scale_on_host is sdpa_mod._scale_on_host
-    real = sdpa_mod._scale_on_host
+
+    def no_host_read(call):
+        raise AssertionError("an FP8 call went through _scale_on_host")
+
+    monkeypatch.setattr(sdpa_mod, "_scale_on_host", no_host_read)
+    real_run = sdpa_mod._Call.run
     seen = []
 
     def spy(call):
         bound = call.slots.get(L.ATTN_SCALE)
-        seen.append((call.direction, None if bound is None else float(bound.tensor.reshape(-1)[0])))
-        real(call)
+        seen.append((call.direction, None if bound is None else float(bound.tensor.reshape(-1)[0]),
+                     dict(call.options).get("attn_scale")))
+        return real_run(call)
 
-    monkeypatch.setattr(fp8_mod, "_scale_on_host", spy)
+    monkeypatch.setattr(sdpa_mod._Call, "run", spy)
     gen = torch.Generator().manual_seed(11)
     q, k, v = (fp8_randn((1, 2, 9, 32), E4M3, gen) for _ in range(3))
     fwd_s = (1.0, 1.0, 1.0, 1 / 448, 448.0, 2.0)
     o, stats, *amax = fs.sdpa_fp8(q, k, v, *fwd_s, attn_scale=0.3, use_causal_mask=True)
     o_t, stats_t, *amax_t = fs.sdpa_fp8(q, k, v, *fwd_s, attn_scale=torch.tensor([0.3]), use_causal_mask=True)
-    assert seen == [("fwd", None), ("fwd", f32(0.3))]
+    assert seen == [("fwd", None, 0.3), ("fwd", f32(0.3), None)]
     assert torch.equal(o.view(torch.uint8), o_t.view(torch.uint8)) and torch.equal(stats, stats_t)
     assert all(torch.equal(a, b) for a, b in zip(amax, amax_t))
     dO = fp8_randn((1, 2, 9, 32), E5M2, gen)
@@ -548,19 +589,30 @@ def test_attn_scale_goes_through_sdpa_scale_on_host(fs, monkeypatch):
     want = fs.sdpa_fp8_backward(q, k, v, o, dO, stats, *bwd_s, attn_scale=0.3, use_causal_mask=True)
     got = fs.sdpa_fp8_backward(q, k, v, o, dO, stats, *bwd_s, attn_scale=torch.tensor(0.3), use_causal_mask=True,
                                use_deterministic_algorithm=True)
-    assert seen == [("bwd", None), ("bwd", f32(0.3))]
+    assert seen == [("bwd", None, 0.3), ("bwd", f32(0.3), None)]
     for g, w in zip(got, want):
         assert torch.equal(g.view(torch.uint8), w.view(torch.uint8))
-
-    def doubled(call):  # what the helper leaves in the call is what runs
-        call.slots.pop(L.ATTN_SCALE, None)
-        call.options = [(n, x) for n, x in call.options if n != "attn_scale"]
-        call.option("attn_scale", 0.6)
-
-    monkeypatch.setattr(fp8_mod, "_scale_on_host", doubled)
-    o2 = fs.sdpa_fp8(q, k, v, *fwd_s, attn_scale=torch.tensor([0.3]), use_causal_mask=True)[0]
     o6 = fs.sdpa_fp8(q, k, v, *fwd_s, attn_scale=0.6, use_causal_mask=True)[0]
-    assert torch.equal(o2.view(torch.uint8), o6.view(torch.uint8))
-    assert not torch.equal(o2.view(torch.uint8), o.view(torch.uint8))
-    g2 = fs.sdpa_fp8_backward(q, k, v, o, dO, stats, *bwd_s, attn_scale=torch.tensor([0.3]), use_causal_mask=True)
-    assert not torch.equal(g2[0].view(torch.uint8), want[0].view(torch.uint8))
+    o6_t = fs.sdpa_fp8(q, k, v, *fwd_s, attn_scale=torch.tensor([0.6]), use_causal_mask=True)[0]
+    assert torch.equal(o6_t.view(torch.uint8), o6.view(torch.uint8))
+    assert not torch.equal(o6_t.view(torch.uint8), o.view(torch.uint8))
+    g6 = fs.sdpa_fp8_backward(q, k, v, o, dO, stats, *bwd_s, attn_scale=torch.tensor([0.6]), use_causal_mask=True)
+    assert not torch.equal(g6[0].view(torch.uint8), want[0].view(torch.uint8))
+
+
+@pytest.mark.parametrize("value,experimental", [(None, None), (None, "0"), (None, "1"), ("1", None), ("", None),
+                                                ("off", None), ("0", None), ("0", "1")])
+def test_cuda_fp8_device_attn_scale_switch(fs, monkeypatch, value, experimental):
+    """attn_scale as a device tensor in CUDA FP8 calls is on by default (since its GPU test passed on an H100): an FP8
+    forward (both forwards' head dims) and backward with one pass the host rules; with
+    FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0 (read per check_support; only "0") each is refused, naming the variable,
+    whatever FLASHSPAN_EXPERIMENTAL says (its switch before). A host attn_scale tensor passes either way."""
+    for name in ("FLASHSPAN_SM90_SDPA_FP8", SM80_ENV, BWD_ENV, HK_NE_HV_ENV):
+        monkeypatch.delenv(name, raising=False)
+    builds = (lambda: _cuda_fp8_fwd_op(64, 64, attn_scale_tensor=True),
+              lambda: _cuda_fp8_fwd_op(attn_scale_tensor=True), lambda: _cuda_fp8_bwd_op(attn_scale_tensor="cuda"))
+    _expect_switch(monkeypatch, DEVICE_SCALE_ENV, value, experimental, builds,
+                   r"^attn_scale as a device tensor: turned off in FP8 calls on CUDA tensors by "
+                   r"FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0: pass it as a float or a host tensor, or unset the "
+                   r"variable$")
+    assert _passes_host_rules(lambda: _cuda_fp8_bwd_op(attn_scale_tensor="cpu")), (value, experimental)

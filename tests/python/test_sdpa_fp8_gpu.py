@@ -191,7 +191,7 @@ def _check_forward(fs, c: dict):
             gz, wz = got["score_sum_exp"][b, :, :n, 0].double(), want["score_sum_exp"][b, :, :n, 0].double()
             # sum_exp = exp(LSE - score_max): its relative error is the LSE's absolute one (the C++ tests' rule). FP8
             # wgmma keeps about 14 bits in its accumulation (DeepSeek-V3, arXiv 2412.19437 s. 3.3.2): over 1e-3 relative
-            # in a row seen on an H100 (seed 4 of test_gpu_fp8_forward_hk_ne_hv_experimental), the old bound.
+            # in a row seen on an H100 (seed 4 of test_gpu_fp8_forward_hk_ne_hv), the old bound.
             rel_se = torch.where(fin, 1e-3 * torch.clamp(ws.abs(), min=1.0), torch.zeros_like(ws))
             assert bool(((gz - wz).abs() <= rel_se * wz.abs() + 1e-12).all()), "score_sum_exp"
     lse_max = max(1.0, float(want["stats"][torch.isfinite(want["stats"])].abs().max())) if torch.isfinite(
@@ -363,8 +363,8 @@ def _bwd_case(seed: int, max_s: int = 300, heads=None) -> dict:
         s[scale] = _recipe_scale(FP8_MAX[grad_fmt], float(model[name].abs().max()), recipe, 2.0)
     return dict(q=q, k=k, v=v, o=o, dO=dO, stats=stats, s=s, fmt=fmt, do_fmt=do_fmt, grad_fmt=grad_fmt, causal=causal,
                 attn_scale=attn_scale, model=model, scale_where=rng.choice(["device", "host", "number"]),
-                # attn_scale a float, a host tensor or a tensor on the call's device (read on the host by
-                # flashspan.sdpa's _scale_on_host); q, k, v, o, dO contiguous, BSHD views or sliced views with odd row
+                # attn_scale a float, a host tensor or a tensor on the call's device (read by the FP8 kernels as a
+                # factor, no host read); q, k, v, o, dO contiguous, BSHD views or sliced views with odd row
                 # strides from one byte into their storage (rows at unaligned addresses); deterministic every third
                 # seed, across the recipes (seed % 3).
                 attn_where=("number", "host", "device")[(seed // 3) % 3],
@@ -515,14 +515,15 @@ def test_gpu_fp8_backward_switch_off(fs, monkeypatch, experimental):
 
 
 @pytest.mark.skipif(not cuda_ready(), reason="needs a CUDA device")
-def test_gpu_fp8_backward_refusals_name_the_rule(fs):
-    """By default, what the FP8 backward does not run is named (sdpa_fp8_bwd_refusal) with the rule's message,
-    deterministic or not (the deterministic algorithm itself is covered: test_gpu_fp8_backward_deterministic_
-    and_device_attn_scale)."""
-    tail = (r": not supported by the FP8 backward on CUDA tensors yet \(it runs H_k = H_v, each head dim a multiple "
-            r"of 16 up to 128; H_k != H_v with FLASHSPAN_EXPERIMENTAL=1\); CPU tensors run it on the CPU reference")
+def test_gpu_fp8_backward_refusals_name_the_rule(fs, monkeypatch):
+    """What the FP8 backward does not run is named (sdpa_fp8_bwd_refusal) with the rule's message, deterministic or
+    not (H_k != H_v with FLASHSPAN_SDPA_FP8_HK_NE_HV=0, set here: a signature no test that runs H_k != H_v uses; the
+    deterministic algorithm itself is covered: test_gpu_fp8_backward_deterministic_and_device_attn_scale)."""
+    monkeypatch.setenv("FLASHSPAN_SDPA_FP8_HK_NE_HV", "0")
+    tail = (r": not supported by the FP8 backward on CUDA tensors yet \(it runs each head dim a multiple of 16 up to "
+            r"128; H_k != H_v unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0\); CPU tensors run it on the CPU reference")
     for det in (False, True):
-        with pytest.raises(NotImplementedError, match=r"^H_k != H_v" + tail):
+        with pytest.raises(NotImplementedError, match=r"^H_k != H_v \(FLASHSPAN_SDPA_FP8_HK_NE_HV=0\)" + tail):
             fs.sdpa_fp8_backward(*_small_bwd_args("cuda", Hq=6, Hk=3, Hv=6), use_deterministic_algorithm=det)
         with pytest.raises(NotImplementedError, match=r"^head dims \(multiples of 16 up to 128\)" + tail):
             fs.sdpa_fp8_backward(*_small_bwd_args("cuda", D=144), use_deterministic_algorithm=det)
@@ -532,8 +533,8 @@ def test_gpu_fp8_backward_refusals_name_the_rule(fs):
 @pytest.mark.usefixtures("poison_uninitialized")
 def test_gpu_fp8_backward_deterministic_and_device_attn_scale(fs):
     """use_deterministic_algorithm=True runs (no refusal), meets the criterion and gives bitwise the same results twice;
-    attn_scale as a CUDA tensor (1-element or 0-d; read on the host by flashspan.sdpa's _scale_on_host), as a host
-    tensor and as a float give bitwise the same results, and another value in the CUDA tensor other ones; the atomic
+    attn_scale as a CUDA tensor (1-element or 0-d; read by the FP8 kernels as one of their factors, by default since
+    its C++ GPU test passed on an H100), as a host tensor and as a float give bitwise the same results, and another value in the CUDA tensor other ones; the atomic
     (non-deterministic) dQ path meets the criterion and lands on the same codes but for rounding-boundary cases."""
     c = dict(_bwd_case(4, max_s=150), layout="odd", deterministic=True, scale_where="device")
     runs = {w: _run_bwd(fs, dict(c, attn_where=w), "cuda") for w in ("number", "device", "device 0-d", "host")}
@@ -553,8 +554,9 @@ def test_gpu_fp8_backward_deterministic_and_device_attn_scale(fs):
 
 @sm90
 def test_gpu_fp8_forward_takes_a_device_attn_scale(fs):
-    """sdpa_fp8 with attn_scale as a CUDA tensor (read on the host by flashspan.sdpa's _scale_on_host, as
-    flashspan.sdpa does; the C layer's kernels take a float) gives bitwise the results of the float."""
+    """sdpa_fp8 with attn_scale as a CUDA tensor (1-element or 0-d; handed to the C layer as it is, the FP8 kernels
+    read it as one of their factors, no host read) gives bitwise the results of the float, and another value in it
+    other results."""
     c = _case(3)
     c.update(mode="dense", len_q=None, len_kv=None, stats_out=False)
     want = _run(fs, c, "cuda")
@@ -571,11 +573,11 @@ HK_NE_HV = [(4, 2, 4), (4, 4, 2), (8, 1, 4), (6, 3, 1), (8, 2, 8), (4, 1, 2)]
 
 @sm80
 @pytest.mark.parametrize("seed", range(6))
-def test_gpu_fp8_forward_hk_ne_hv_experimental(fs, monkeypatch, seed):
-    """H_k != H_v on the FP8 forwards (experimental: FLASHSPAN_EXPERIMENTAL=1, set before each signature's first call;
-    written without a GPU, not yet run on one): the sm90 FP8 forward on an H100 / H200, the sm80 one elsewhere (and
-    with FLASHSPAN_SM90_SDPA_FP8=0 on odd seeds), against the same call on CPU copies."""
-    monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
+def test_gpu_fp8_forward_hk_ne_hv(fs, monkeypatch, seed):
+    """H_k != H_v on the FP8 forwards (on by default since its GPU tests passed on an H100;
+    FLASHSPAN_SDPA_FP8_HK_NE_HV unset here): the sm90 FP8 forward on an H100 / H200, the sm80 one elsewhere (and with
+    FLASHSPAN_SM90_SDPA_FP8=0 on odd seeds), against the same call on CPU copies."""
+    monkeypatch.delenv("FLASHSPAN_SDPA_FP8_HK_NE_HV", raising=False)
     if seed % 2 or not _sm90():
         monkeypatch.setenv("FLASHSPAN_SM90_SDPA_FP8", "0")
     c = _case(300 + seed, dims=[(64, 64), (128, 128), (48, 80)][seed % 3])
@@ -592,11 +594,11 @@ def test_gpu_fp8_forward_hk_ne_hv_experimental(fs, monkeypatch, seed):
 @sm80
 @pytest.mark.usefixtures("poison_uninitialized")
 @pytest.mark.parametrize("seed", range(6))
-def test_gpu_fp8_backward_hk_ne_hv_experimental(fs, monkeypatch, seed):
-    """H_k != H_v on the FP8 backward (experimental: FLASHSPAN_EXPERIMENTAL=1; written without a GPU, not yet run on
-    one): the sm80 kernels' two dK / dV passes, and on an H100 / H200 the sm90 kernel's items (odd seeds: the sm90
-    one off), against the float64 model and the CPU reference."""
-    monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
+def test_gpu_fp8_backward_hk_ne_hv(fs, monkeypatch, seed):
+    """H_k != H_v on the FP8 backward (on by default since its GPU tests passed on an H100;
+    FLASHSPAN_SDPA_FP8_HK_NE_HV unset here): the sm80 kernels' two dK / dV passes, and on an H100 / H200 the sm90
+    kernel's items (odd seeds: the sm90 one off), against the float64 model and the CPU reference."""
+    monkeypatch.delenv("FLASHSPAN_SDPA_FP8_HK_NE_HV", raising=False)
     if seed % 2:
         monkeypatch.setenv("FLASHSPAN_SM90_SDPA_FP8_BWD", "0")
     c = _bwd_case(400 + seed, max_s=200, heads=HK_NE_HV[seed])

@@ -19,6 +19,7 @@ from sdpa_cases import assert_close, mask_problem, sample_rows, valid_rows
 
 ROUTE_ENV, EXPERIMENTAL_ENV, PAGED_ENV = "FLASHSPAN_SDPA_ROUTE", "FLASHSPAN_EXPERIMENTAL", "FLASHSPAN_SDPA_PAGED"
 PAIRS_ENV = "FLASHSPAN_SDPA_FEATURE_PAIRS"
+DBIAS_SOFTCAP_ENV = "FLASHSPAN_SDPA_DBIAS_SOFTCAP"
 
 pytestmark = pytest.mark.usefixtures("poison_uninitialized")
 
@@ -206,40 +207,47 @@ def test_cuda_feature_pairs_switch(fs, monkeypatch, pairs, experimental):
 
 def test_cuda_dbias_with_softcap_runs_on_sm90_only(fs, monkeypatch):
     """The additive bias and dBias run natively; dBias together with softcap on the sm90 backward only (its kernel
-    stores dBias's dS before softcap's factor; the sm80 kernels' dS holds it), experimental (not yet run on a GPU):
-    refused by default; with FLASHSPAN_EXPERIMENTAL=1 refused without an sm_90 device (as here, without a GPU) or
-    with FLASHSPAN_KERNEL_FAMILY=sm80, naming the rule; with dropout too on every GPU; whatever
+    stores dBias's dS before softcap's factor; the sm80 kernels' dS holds it), on by default since its GPU test passed
+    on an H100: refused without an sm_90 device (as here, without a GPU) or with FLASHSPAN_KERNEL_FAMILY=sm80, naming
+    the rule; refused with FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (read at each check; only "0"), naming the variable;
+    FLASHSPAN_EXPERIMENTAL (its switch before) changes neither answer; with dropout refused on every GPU; whatever
     FLASHSPAN_SDPA_FEATURE_PAIRS says (not a feature pair)."""
     from flashspan import _lib as lib
     from flashspan import _sdpa_lib as L
 
     monkeypatch.delenv("FLASHSPAN_EXPERIMENTAL", raising=False)
     monkeypatch.delenv(PAIRS_ENV, raising=False)
+    monkeypatch.delenv(DBIAS_SOFTCAP_ENV, raising=False)
 
     def both(a, d):
         a.set("bias", d((1, 2, 16, 16)))
         a.set("dbias", d((1, 2, 16, 16)))
         a.set("softcap", 5.0)
 
-    with pytest.raises(NotImplementedError, match=r"^dBias together with softcap: not supported on CUDA tensors yet "
-                                                  r"\(the sm90 backward runs it on an H100 / H200, head dims up to 128, "
-                                                  r"padded tensors, with FLASHSPAN_EXPERIMENTAL=1"):
-        _cuda_op(L, lib, "bwd", both)
-    monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
     sm90_only = r"^dBias together with softcap: runs on the sm90 backward only"
+    turned_off = (r"^dBias together with softcap: turned off on CUDA tensors by FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 \(unset, "
+                  r"the sm90 backward runs it on an H100 / H200, head dims up to 128, padded tensors\); CPU tensors run "
+                  r"it on the CPU reference$")
     sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] == 9
-    for pairs in (None, "0"):
-        if pairs is None:
-            monkeypatch.delenv(PAIRS_ENV, raising=False)
-        else:
-            monkeypatch.setenv(PAIRS_ENV, pairs)
+    for pairs, experimental, switch in itertools.product((None, "0"), (None, "0", "1"), (None, "1", "", "off", "0")):
+        for name, value in ((PAIRS_ENV, pairs), (EXPERIMENTAL_ENV, experimental), (DBIAS_SOFTCAP_ENV, switch)):
+            if value is None:
+                monkeypatch.delenv(name, raising=False)
+            else:
+                monkeypatch.setenv(name, value)
+        where = f"{PAIRS_ENV}={pairs!r}, {EXPERIMENTAL_ENV}={experimental!r}, {DBIAS_SOFTCAP_ENV}={switch!r}"
+        if switch == "0":
+            with pytest.raises(NotImplementedError, match=turned_off):
+                _cuda_op(L, lib, "bwd", both)
+            continue
         try:
             _cuda_op(L, lib, "bwd", both)
-            assert sm90, "dBias with softcap accepted on CUDA tensors without an sm_90 device"
+            assert sm90, f"dBias with softcap accepted on CUDA tensors without an sm_90 device ({where})"
         except NotImplementedError as e:
-            assert re.match(sm90_only, str(e)), str(e)
+            assert re.match(sm90_only, str(e)), f"{e} ({where})"
             assert "CPU tensors run it on the CPU reference" in str(e)
-    monkeypatch.delenv(PAIRS_ENV, raising=False)
+    for name in (PAIRS_ENV, EXPERIMENTAL_ENV, DBIAS_SOFTCAP_ENV):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FLASHSPAN_KERNEL_FAMILY", "sm80")
     with pytest.raises(NotImplementedError, match=sm90_only):
         _cuda_op(L, lib, "bwd", both)
@@ -252,7 +260,6 @@ def test_cuda_dbias_with_softcap_runs_on_sm90_only(fs, monkeypatch):
     with pytest.raises(NotImplementedError,
                        match=r"^dBias together with softcap and dropout.*not supported on CUDA tensors yet"):
         _cuda_op(L, lib, "bwd", with_dropout)
-    monkeypatch.delenv("FLASHSPAN_EXPERIMENTAL")
     cases = [("fwd", lambda a, d: a.set("bias", d((1, 2, 16, 16)))),
              ("fwd", lambda a, d: (a.set("bias", d((1, 1, 1, 16), torch.float32)), a.set("softcap", 5.0))),
              ("bwd", lambda a, d: (a.set("bias", d((1, 2, 16, 16))), a.set("dbias", d((1, 2, 16, 16)))))]
@@ -728,7 +735,7 @@ def test_gpu_native_paged(fs, native, seed):
 def test_gpu_native_bias(fs, native, seed):
     """The additive bias on the native route against the CPU reference on the same inputs: every broadcast form of
     (1|B, 1|H_q, 1|S_q, 1|S_kv), float32 or q's dtype, a non-contiguous (sliced) bias, dBias through autograd (reduced
-    over the broadcast dims; not with softcap, which the GPU refuses for dBias by default), with causal / padding /
+    over the broadcast dims; not with softcap, which only the sm90 backward runs with dBias), with causal / padding /
     ALiBi / sinks / GQA drawn at random; bf16 / fp16."""
     _check_native_bias(fs, seed)
 
@@ -736,11 +743,11 @@ def test_gpu_native_bias(fs, native, seed):
 @pytest.mark.skipif(not (cuda_ready() and torch.cuda.get_device_capability(0) == (9, 0)),
                     reason="dBias with softcap runs on the sm90 backward only (H100 / H200)")
 @pytest.mark.parametrize("seed", range(8))
-def test_gpu_native_dbias_with_softcap_experimental(fs, native, monkeypatch, seed):
-    """dBias together with softcap on the sm90 backward (experimental: FLASHSPAN_EXPERIMENTAL=1, set before each
-    signature's first call; written without a GPU, not yet run on one): test_gpu_native_bias's cases with softcap 2-30
-    and the backward always, head dims up to 128."""
-    monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
+def test_gpu_native_dbias_with_softcap(fs, native, monkeypatch, seed):
+    """dBias together with softcap on the sm90 backward (on by default since its C++ GPU test passed on an H100;
+    FLASHSPAN_SDPA_DBIAS_SOFTCAP unset here): test_gpu_native_bias's cases with softcap 2-30 and the backward always,
+    head dims up to 128."""
+    monkeypatch.delenv(DBIAS_SOFTCAP_ENV, raising=False)
     _check_native_bias(fs, 1350 + seed, softcap=[2.0, 5.0, 12.0, 30.0][seed % 4])
 
 
