@@ -423,7 +423,7 @@ struct SdpaFp8BwdParams : SdpaBwdParams {
   float* derived = nullptr;           // workspace: kFp8BwdNumDerived floats
 };
 
-// The FP8 forward on the sm80 kernels (kernels/sm80/launch_sdpa_fp8_fwd_sm80.cu; experimental): every GPU
+// The FP8 forward on the sm80 kernels (kernels/sm80/launch_sdpa_fp8_fwd_sm80.cu; on by default, PERF_LOG v2.36): every GPU
 // from sm_80, the FP8 formulas of SdpaFp8Params above on the 16-bit sm80 forward. Its SdpaFwdParams
 // tensors q, k, v are the workspace's bf16 copies of the FP8 inputs' codes (exact), [B, H, S, D]
 // contiguous; o (and its TensorAddr) is the FP8 output (element = byte strides); the factors are fp8's

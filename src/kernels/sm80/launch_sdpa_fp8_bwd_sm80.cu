@@ -92,7 +92,7 @@ void launch_sdpa_fp8_bwd_sm80(const SdpaFp8BwdParams& p_in, const TileSm80& tile
         auto dkdv = sdpa_fp8_bwd_dkdv_kernel_sm80<T>;
         static std::atomic<uint64_t> dkdv_set{0};
         ensure_smem_limit(dkdv, T::kSmemBytes, dkdv_set, "sdpa fp8 backward dK/dV: cudaFuncSetAttribute");
-        // Cells (key block, kv head, sample). H_k != H_v (experimental): a dK pass over the K heads and a dV pass
+        // Cells (key block, kv head, sample). H_k != H_v (on by default since PERF_LOG v2.40): a dK pass over the K heads and a dV pass
         // over the V heads (SdpaScoreParams::dkdv_role, the 16-bit SDPA backward's passes), dQ added in the first.
         const bool two = p.group_size != p.analytic.score.group_v;
         for (int role = two ? 1 : 0; role <= (two ? 2 : 0); ++role) {

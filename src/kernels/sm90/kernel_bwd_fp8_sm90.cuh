@@ -259,7 +259,7 @@ __global__ void __launch_bounds__(256) sdpa_fp8_bwd_dq_store_kernel_sm90(const S
 // as sdpa_bwd_dkdv_sum_kernel_sm90's; H_k = H_v: r = r' = 1, an item is its cell's whole task); dK = sum kF8dDkUnit, dV = sum kF8dDvUnit, their
 // amaxes, stored fp8_grad(dX scale_dX) at each row below S_kv (0 past a sample: the slots hold 0 there) and the
 // call's head_dqk / head_dv columns. One warp per (key row, head) of dK, then of dV, grid-stride over the
-// B S_kv (H_k + H_v) units. (H_k != H_v: experimental, not yet run on a GPU.)
+// B S_kv (H_k + H_v) units. (H_k != H_v too: PERF_LOG v2.40.)
 template <int kD>
 __global__ void __launch_bounds__(256) sdpa_fp8_bwd_dkdv_store_kernel_sm90(const SdpaFp8BwdParams p) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)

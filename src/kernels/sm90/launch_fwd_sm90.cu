@@ -6,8 +6,8 @@
 // fwd_sm90_run.cuh): (64, 64), (128, 128), (192, 128), (256, 256) x {fp16, bf16} x
 // {max_logit off, on} x {serial, overlapped consumers}. Packed GQA is a run-time
 // path of the same kernels (p.pack; Q's tensor map over (D, H, S[, B]): tma_sm90.h). The SDPA
-// launches (analytic mask): launch_sdpa_fwd_sm90 (16-bit) and launch_sdpa_fp8_fwd_sm90 (FP8,
-// experimental: the V^T pre-pass, then the FP8 kernel).
+// launches (analytic mask): launch_sdpa_fwd_sm90 (16-bit) and launch_sdpa_fp8_fwd_sm90 (FP8:
+// the V^T pre-pass, then the FP8 kernel).
 #include <cuda.h>
 
 #include <atomic>
@@ -142,7 +142,7 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
            Status::kInternal, "sdpa forward (sm90): packed q, k or v without the workspace of their sample maps (",
            workspace_bytes, " bytes)");
   // H_k != H_v runs (the producer loads V of each query head's own V head: kv_addr.cuh v_head); dropout
-  // (sdpa_family.cpp: only with FLASHSPAN_EXPERIMENTAL=1) on the kernel with dropout below.
+  // (sdpa_family.cpp: unless FLASHSPAN_SM90_SDPA_DROPOUT=0) on the kernel with dropout below.
   g_sdpa_fwd_launches.fetch_add(1, std::memory_order_relaxed);
   if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
   launch_sdpa_fwd_rng_dump(p, stream);  // (the sm80 launcher's: fwd_launch.h)
@@ -183,7 +183,7 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   }
   // The instantiation with the score modifiers, sinks and epilogue options when the call has any
   // (sdpa_family.cpp lets them through unless FLASHSPAN_SM90_SDPA_MODS=0, head dims up to 128), the one
-  // with dropout besides when it has dropout (sdpa_family.cpp: only with FLASHSPAN_EXPERIMENTAL=1), else
+  // with dropout besides when it has dropout (sdpa_family.cpp: unless FLASHSPAN_SM90_SDPA_DROPOUT=0), else
   // the pure-mask one, whose code has none of them.
   const AnalyticMaskParams& a = p.analytic;
   const bool drop = a.dropout.mode != 0;
