@@ -226,7 +226,8 @@ cpp_suite() {
   #    tests: the eight-code FP8 widening (SdpaFp8Gpu.WidenEightCodes), the sm90 FP8 backward's own dK / dV stores
   #    (SdpaFp8Gpu.Fp8BackwardSm90StoreInKernel*), packed (THD) tensors on the sm90 forward, backward and FP8 forward
   #    (SdpaGpu.Sm90ForwardThdSanitizerSmall, Sm90BackwardThdSanitizerSmall, SdpaFp8Gpu.Sm90ForwardThdSanitizerSmall:
-  #    set_sdpa_sm90_thd_enabled(1)).
+  #    set_sdpa_sm90_thd_enabled(1)), dBias with softcap on the sm80 backward (SdpaGpu.Sm80BackwardDbiasWithSoftcapExperimental:
+  #    set_sdpa_dbias_softcap_sm80_enabled(1)).
   if [ "${GPU_CHECK_NO_SANITIZER:-0}" = 1 ]; then
     waive "memcheck + racecheck + synccheck" "GPU_CHECK_NO_SANITIZER=1"
   elif command -v compute-sanitizer >/dev/null; then

@@ -86,6 +86,10 @@ Switch g_sdpa_fp8_bwd_sm90{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8_BW
 // passed on an H100 (SdpaGpu.Sm90BackwardDbiasWithSoftcap, 2026-12-05); FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (read by each
 // check_support and execute) refuses the pair on CUDA tensors again.
 Switch g_sdpa_dbias_softcap{[] { return !env_flag_off("FLASHSPAN_SDPA_DBIAS_SOFTCAP"); }};
+// dBias together with softcap on the sm80 backward (sdpa_dispatch.cu check_dbias_with_softcap: calls the sm90 backward
+// does not take; kernel_bwd_sm80.cuh stores P in the dS workspace and P (dP - D) over it): experimental, not yet run
+// on a GPU.
+Switch g_sdpa_dbias_softcap_sm80{experimental_from_env};
 // H_k != H_v in FP8 calls (fp8_fwd_refusal: both forwards; sdpa_fp8_bwd_refusal: both FP8 backwards), since its GPU
 // tests passed on an H100 (SdpaFp8Gpu.Sm90ForwardHkNeHv, Sm80ForwardHkNeHv, Fp8BackwardHkNeHv; 2026-12-05);
 // FLASHSPAN_SDPA_FP8_HK_NE_HV=0 (read by each check_support) refuses H_k != H_v in CUDA FP8 calls again.
@@ -256,6 +260,8 @@ bool sdpa_fp8_thd_enabled() { return g_sdpa_fp8_thd.on(); }
 bool sdpa_fp8_device_attn_scale_enabled() { return g_sdpa_fp8_device_attn_scale.on(); }
 bool sdpa_fp8_hk_ne_hv_enabled() { return g_sdpa_fp8_hk_ne_hv.on(); }
 bool sdpa_dbias_softcap_enabled() { return g_sdpa_dbias_softcap.on(); }
+void set_sdpa_dbias_softcap_sm80_enabled(int on) { g_sdpa_dbias_softcap_sm80.set(on); }
+bool sdpa_dbias_softcap_sm80_enabled() { return g_sdpa_dbias_softcap_sm80.on(); }
 
 void set_sdpa_feature_pairs_enabled(int on) { g_sdpa_feature_pairs.set(on); }
 bool sdpa_feature_pairs_enabled() { return g_sdpa_feature_pairs.on(); }

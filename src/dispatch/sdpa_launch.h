@@ -207,6 +207,15 @@ void set_sdpa_feature_pairs_enabled(int on);
 bool sdpa_dbias_softcap_enabled();
 void set_sdpa_dbias_softcap_enabled(int on);
 
+// dBias together with softcap on the sm80 backward, for the calls the sm90 backward does not take (its dK/dV kernel
+// stores the fp32 P in the dS workspace at the logits step and P (dP - D) over it at the dS step, since its dS holds
+// softcap's factor): experimental, not yet run on a GPU; on with FLASHSPAN_EXPERIMENTAL=1 (read by each check and
+// execute), set_sdpa_dbias_softcap_sm80_enabled overrides it (tests: 1 on, 0 off, -1 back to the environment's
+// answer); off, check_dbias_with_softcap refuses those calls, naming it. Under sdpa_dbias_softcap_enabled: with
+// FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 the pair is refused on CUDA tensors whatever this says.
+bool sdpa_dbias_softcap_sm80_enabled();
+void set_sdpa_dbias_softcap_sm80_enabled(int on);
+
 // H_k != H_v in FP8 calls: the FP8 forwards (V addressed by h / group_v, the sm90 one's V^T workspace and the sm80
 // one's bf16 copy of V with H_v heads) and the FP8 backwards (the sm80 one: a dK pass over the K heads and a dV pass
 // over the V heads; the sm90 one, where one group is a multiple of the other: the 16-bit sm90 backward's items and

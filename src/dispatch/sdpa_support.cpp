@@ -188,8 +188,9 @@ void sdpa_check_features_gpu(const Problem& p) {
   // workspace (SdpaBiasParams) from the dK/dV kernel's P (dP - D). With softcap the sm80 kernels hold P
   // times softcap's derivative there instead (the fp32 P kept until then cost 72-124 B of spills in their
   // D = 128 loop, PERF_LOG v2.35; the 16-bit P stored for dV is too coarse), so dBias with softcap runs on
-  // the sm90 backward only (the device rule: sdpa_dispatch.cu check_dbias_with_softcap), and there not with
-  // dropout (its softcap factor is formed per element, after which P (dP - D) is gone).
+  // the sm90 backward, or with FLASHSPAN_EXPERIMENTAL=1 on the sm80 one through the dS workspace (its fp32 P
+  // stored there at the logits step; the device rule: sdpa_dispatch.cu check_dbias_with_softcap), and not with
+  // dropout (the sm90 kernel's softcap factor is formed per element, after which P (dP - D) is gone).
   if (p.has(FS_SDPA_DBIAS) && a.softcap && (p.dropout || a.dropout_mask_form)) {
     not_native("dBias together with softcap and dropout", "the sm90 kernel with dropout forms softcap's factor per "
                "element, after which dBias's P (dP - D) is gone; without dropout the pair runs on the sm90 backward "

@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-#include "dispatch/sdpa_launch.h"  // set_sdpa_dbias_softcap_enabled
+#include "dispatch/sdpa_launch.h"  // set_sdpa_dbias_softcap_enabled, set_sdpa_dbias_softcap_sm80_enabled
 #include "flashspan/flashspan.hpp"
 #include "scoped_env.h"
 
@@ -565,12 +565,60 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
     };
     for (const char* pairs : {static_cast<const char*>(nullptr), "0", "1"}) {
       const ScopedEnv p("FLASHSPAN_SDPA_FEATURE_PAIRS", pairs);
+      // (the sm80 backward's experimental switch pinned off: expect_off_switch sets FLASHSPAN_EXPERIMENTAL=1 too)
+      const flashspan::test::ScopedSwitch sm80_off(flashspan::set_sdpa_dbias_softcap_sm80_enabled, 0);
       flashspan::test::expect_off_switch("FLASHSPAN_SDPA_DBIAS_SOFTCAP", flashspan::set_sdpa_dbias_softcap_enabled,
                                          flashspan::sdpa_dbias_softcap_enabled, dbias_softcap);
+    }
+    // The sm80 backward (experimental, sdpa_dbias_softcap_sm80_enabled: on with FLASHSPAN_EXPERIMENTAL=1, off
+    // without it; the override wins both ways). With FLASHSPAN_KERNEL_FAMILY=sm80 (the sm90 backward takes
+    // nothing): on, the call passes this rule (without a GPU it then stops at the device, with one it is
+    // accepted); off, refused naming the rule and the switch; FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 refuses it whatever
+    // the sm80 switch says.
+    {
+      const ScopedEnv family("FLASHSPAN_KERNEL_FAMILY", "sm80");
+      const ScopedEnv pair_on("FLASHSPAN_SDPA_DBIAS_SOFTCAP", nullptr);
+      for (const char* e : {static_cast<const char*>(nullptr), "0", "1"}) {
+        const ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", e);
+        flashspan::set_sdpa_dbias_softcap_sm80_enabled(-1);
+        EXPECT_EQ(flashspan::sdpa_dbias_softcap_sm80_enabled(), e != nullptr && std::string(e) == "1")
+            << "FLASHSPAN_EXPERIMENTAL=" << (e ? e : "(unset)");
+        for (int forced : {0, 1}) {
+          const flashspan::test::ScopedSwitch sw(flashspan::set_sdpa_dbias_softcap_sm80_enabled, forced);
+          EXPECT_EQ(flashspan::sdpa_dbias_softcap_sm80_enabled(), forced == 1);
+          try {
+            bwd.check_support();
+            EXPECT_EQ(forced, 1) << "dBias with softcap accepted on CUDA tensors with FLASHSPAN_KERNEL_FAMILY=sm80 "
+                                    "and the sm80 switch off";
+          } catch (const Exception& ex) {
+            if (forced == 1) {
+              EXPECT_FALSE(starts(ex.what(), "dBias together with softcap")) << ex.what();
+            } else {
+              EXPECT_EQ(ex.status(), FS_STATUS_NOT_SUPPORTED);
+              EXPECT_TRUE(starts(ex.what(), sm90_only)) << ex.what();
+              EXPECT_NE(std::string(ex.what()).find("the sm80 backward runs it with FLASHSPAN_EXPERIMENTAL=1 "
+                                                    "(sdpa_dbias_softcap_sm80_enabled"),
+                        std::string::npos)
+                  << ex.what();
+            }
+          }
+          {
+            const ScopedEnv pair_off("FLASHSPAN_SDPA_DBIAS_SOFTCAP", "0");
+            try {
+              bwd.check_support();
+              ADD_FAILURE() << "dBias with softcap accepted on CUDA tensors with FLASHSPAN_SDPA_DBIAS_SOFTCAP=0";
+            } catch (const Exception& ex) {
+              EXPECT_EQ(ex.what(), turned_off);
+            }
+          }
+        }
+      }
+      flashspan::set_sdpa_dbias_softcap_sm80_enabled(-1);
     }
     {
       const ScopedEnv family("FLASHSPAN_KERNEL_FAMILY", "sm80");
       const ScopedEnv pair_on("FLASHSPAN_SDPA_DBIAS_SOFTCAP", nullptr);  // (the default: on)
+      const flashspan::test::ScopedSwitch sm80_off(flashspan::set_sdpa_dbias_softcap_sm80_enabled, 0);
       try {
         bwd.check_support();
         ADD_FAILURE() << "dBias with softcap accepted on CUDA tensors with FLASHSPAN_KERNEL_FAMILY=sm80";

@@ -210,7 +210,9 @@ def test_cuda_dbias_with_softcap_runs_on_sm90_only(fs, monkeypatch):
     stores dBias's dS before softcap's factor; the sm80 kernels' dS holds it), on by default since its GPU test passed
     on an H100: refused without an sm_90 device (as here, without a GPU) or with FLASHSPAN_KERNEL_FAMILY=sm80, naming
     the rule; refused with FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (read at each check; only "0"), naming the variable;
-    FLASHSPAN_EXPERIMENTAL (its switch before) changes neither answer; with dropout refused on every GPU; whatever
+    FLASHSPAN_EXPERIMENTAL=1 lets the calls the sm90 backward does not take through to the sm80 backward
+    (sdpa_dbias_softcap_sm80_enabled: experimental, not yet run on a GPU; without a GPU the call then stops at the
+    device, not at this rule), and the refusal names it; with dropout refused on every GPU; whatever
     FLASHSPAN_SDPA_FEATURE_PAIRS says (not a feature pair)."""
     from flashspan import _lib as lib
     from flashspan import _sdpa_lib as L
@@ -240,11 +242,18 @@ def test_cuda_dbias_with_softcap_runs_on_sm90_only(fs, monkeypatch):
             with pytest.raises(NotImplementedError, match=turned_off):
                 _cuda_op(L, lib, "bwd", both)
             continue
+        if experimental == "1":
+            try:
+                _cuda_op(L, lib, "bwd", both)
+            except Exception as e:  # (without a GPU: the device)
+                assert not str(e).startswith("dBias together with softcap"), f"{e} ({where})"
+            continue
         try:
             _cuda_op(L, lib, "bwd", both)
             assert sm90, f"dBias with softcap accepted on CUDA tensors without an sm_90 device ({where})"
         except NotImplementedError as e:
             assert re.match(sm90_only, str(e)), f"{e} ({where})"
+            assert "FLASHSPAN_EXPERIMENTAL=1 (sdpa_dbias_softcap_sm80_enabled" in str(e)
             assert "CPU tensors run it on the CPU reference" in str(e)
     for name in (PAIRS_ENV, EXPERIMENTAL_ENV, DBIAS_SOFTCAP_ENV):
         monkeypatch.delenv(name, raising=False)

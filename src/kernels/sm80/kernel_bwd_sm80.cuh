@@ -252,6 +252,7 @@ template <class T>
 struct PlanPayloadMaskBwdSm80 {
   static constexpr bool kAnalytic = false;
   static constexpr bool kFeatures = false;  // (AnalyticMaskBwdSm80)
+  static constexpr bool kDsBeforeSoftcap = false;
   using Seqlen = SeqlenInfo;
 
   __device__ __forceinline__ static K2QWalk k2q(const BwdParams& p, const Seqlen&, int hkv, int b, int kb, int count,
@@ -340,11 +341,16 @@ __device__ __forceinline__ void sdpa_bwd_logits(const BwdParams& p, float (&s)[k
 // starts from the caller's device arrays (AnalyticMaskParams). kFeatures_ (sdpa_bwd_has_features,
 // params.h): the score modifiers, bias / dBias, dropout, the block_mask and H_k != H_v compiled
 // in (run-time flags); false: the mask alone, whose main loops are the plan kernels' between the
-// mask hooks (no block_mask, one K / V head per work item).
-template <class T, bool kFeatures_ = true>
+// mask hooks (no block_mask, one K / V head per work item). kDsBeforeSoftcap_ (with kFeatures_; experimental,
+// sdpa_dbias_softcap_sm80_enabled): dBias together with softcap, its dS P (dP - D) before softcap's factor, through
+// the dS workspace (dkdv_item); its own instantiation, so that the other kernels' code stays as it was (the
+// features kernels' D = 128 (64, 128) loop spilled 16 B more with it compiled in, PERF_LOG v2.41).
+template <class T, bool kFeatures_ = true, bool kDsBeforeSoftcap_ = false>
 struct AnalyticMaskBwdSm80 {
   static constexpr bool kAnalytic = true;
   static constexpr bool kFeatures = kFeatures_;
+  static constexpr bool kDsBeforeSoftcap = kDsBeforeSoftcap_;
+  static_assert(kFeatures || !kDsBeforeSoftcap, "dBias with softcap is a feature");
   static_assert((1 << kBlockMaskShift) % T::kBlockQ == 0 && (1 << kBlockMaskShift) % T::kBlockK == 0,
                 "block_mask: tiles must lie inside one 128 x 128 block");
   using Seqlen = AnalyticSeqlen;
@@ -846,6 +852,34 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
                                                    int64_t(qb) * T::kBlockQ + sm0 + 16 * mi,
                                                    int64_t(kb) * T::kBlockK + sc0, lane);
         bias.add<T::kSNT>(s[mi]);
+        // dBias together with softcap (experimental: sdpa_dbias_softcap_sm80_enabled): dBias's dS is P (dP - D),
+        // before softcap's factor 1 - t^2 (the bias is added after softcap), but s holds P (1 - t^2) from
+        // probs_dlogit on. So the fp32 P of the sample's elements goes to the thread's own elements of the dS
+        // workspace now, and the dS step multiplies it there by dP - D (the factor is never divided out: t^2 -> 1
+        // for large logits). Through memory rather than registers (an fp32 P kept in registers cost 72-124 B of
+        // spills, PERF_LOG v2.35); not in the dV pass, as the dS step's stores.
+        if (Mask::kDsBeforeSoftcap && analytic_of(p).bias.ds != nullptr && mod.c2 != 0.0f &&
+            analytic_of(p).score.dkdv_role != 2) {
+          const AnalyticMaskParams& am = analytic_of(p);
+          const int row = qb * T::kBlockQ + sm0 + 16 * mi + g, col = kb * T::kBlockK + sc0 + 2 * t;
+          float* p_thr = am.bias.ds + ((int64_t(b) * p.num_heads_q + h) * am.max_q + row) * am.bias.ds_ld + col;
+#pragma unroll
+          for (int n = 0; n < T::kSNT; ++n) {
+#pragma unroll
+            for (int hi = 0; hi < 2; ++hi) {
+              const int rr = 8 * hi, cc = 8 * n;  // from the element (row, col)
+              if (rr < len_q - row && cc < len_k - col) {
+                float* dst = p_thr + int64_t(rr) * am.bias.ds_ld + cc;
+                const float p0 = exp2_approx(s[mi][n][2 * hi]);
+                if (cc + 1 < len_k - col) {
+                  *reinterpret_cast<float2*>(dst) = make_float2(p0, exp2_approx(s[mi][n][2 * hi + 1]));
+                } else {
+                  *dst = p0;
+                }
+              }
+            }
+          }
+        }
         const SdpaDropoutParams& dpp = analytic_of(p).dropout;
         if (dpp.mode == 0) {
 #pragma unroll
@@ -984,15 +1018,22 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
                        : "memory");
           if constexpr (Mask::kFeatures) {
             // dBias: dS = P (dP - D) of the sample's elements into the fp32 workspace (SdpaBiasParams::ds;
-            // s is P here: dBias with softcap is refused), once per element (not in the dV pass).
+            // s is P here without softcap), once per element (not in the dV pass). With softcap (experimental)
+            // the workspace holds the element's P from the logits step: P (dP - D) from it, dp being dP - D.
             if (ds_thr != nullptr) {
               const int rr = 16 * mi + 8 * hi, cc = 8 * n;  // from the thread's element (row sm0 + g, column sc0 + 2t)
               if (rr < ds_rows && cc < ds_cols) {
                 float* dst = ds_thr + int64_t(rr) * analytic_of(p).bias.ds_ld + cc;
+                const bool softcap = Mask::kDsBeforeSoftcap && analytic_of(p).score.softcap2 != 0.0f;
                 if (cc + 1 < ds_cols) {
-                  *reinterpret_cast<float2*>(dst) = make_float2(ds0, ds1);
+                  float2 v = make_float2(ds0, ds1);
+                  if (softcap) {
+                    const float2 pr = *reinterpret_cast<const float2*>(dst);
+                    v = make_float2(pr.x * dp[mi][n][2 * hi], pr.y * dp[mi][n][2 * hi + 1]);
+                  }
+                  *reinterpret_cast<float2*>(dst) = v;
                 } else {
-                  *dst = ds0;
+                  *dst = softcap ? *dst * dp[mi][n][2 * hi] : ds0;
                 }
               }
             }
@@ -1513,11 +1554,11 @@ __global__ void __launch_bounds__(T::kThreadsQ) flex_bwd_dq_kernel_sm80(const Bw
 // H_k != H_v: AnalyticMaskBwdSm80::group). Blocks past a sample's length write the padded
 // keys' zeros (padded dK/dV) or exit (ragged). The dQ kernel (deterministic), one CTA per
 // (query block, query head) of every sample padded to S_q rows (AnalyticGrid's order).
-// kFeatures: AnalyticMaskBwdSm80's.
-template <class T, class E, bool kFeatures>
+// kFeatures, kDsBeforeSoftcap: AnalyticMaskBwdSm80's (the dQ kernel stores no dS: it needs no kDsBeforeSoftcap).
+template <class T, class E, bool kFeatures, bool kDsBeforeSoftcap = false>
 __global__ void __launch_bounds__(T::kThreads) sdpa_bwd_dkdv_kernel_sm80(const SdpaBwdParams p) {
   extern __shared__ __align__(128) uint8_t smem[];
-  using Mask = AnalyticMaskBwdSm80<T, kFeatures>;
+  using Mask = AnalyticMaskBwdSm80<T, kFeatures, kDsBeforeSoftcap>;
   const AnalyticMaskParams& a = p.analytic;
   const AnalyticBwdGrid grid{a.num_k_blocks, p.num_heads_q / Mask::group(p), p.batch,
                              sdpa_bwd_grid_heads_slowest(a.band.has_left, a.band.has_right)};
