@@ -1633,40 +1633,44 @@ TEST(SdpaGpu, Sm90BackwardModsDbiasEveryBroadcastForm) {
   }
 }
 
+// Form `form` (1..16) of the dBias-with-softcap tests: every broadcast form (c.bias = form), softcap 2-30, head dims
+// dims[form % dims.size()], ALiBi on some, deterministic on odd forms, dBias in float32 and in q's dtype, padded
+// strides on some; a larger scale on a third so that softcap saturates some elements (1 - t^2 near 0, dBias's terms
+// not); GQA / MQA; padding with a sample without keys on a third.
+Case dbias_softcap_case(int form, uint64_t seed0, std::initializer_list<int64_t> dims) {
+  Case c;
+  c.seed = seed0 + uint64_t(form);
+  c.dtype = form % 2 ? DType::kBFloat16 : DType::kFloat16;
+  c.B = 2;
+  c.Hq = 4;
+  c.Hk = form % 4 == 0 ? 1 : 2;
+  c.Sq = 150 + 20 * (form % 4);
+  c.Skv = 210 + 30 * (form % 3);
+  c.Dqk = c.Dv = dims.begin()[size_t(form) % dims.size()];
+  c.has_right = true;
+  c.bottom_right = true;
+  c.lengths = 1;
+  c.zero_kv_sample = form % 3 == 0;
+  c.deterministic = form % 2;
+  c.scale = form % 3 == 2 ? 3.0f / std::sqrt(float(c.Dqk)) : 0.125f;
+  c.softcap = form % 3 == 2 ? 2.0f + float(form % 5) : float(5 + 5 * (form % 6));
+  c.alibi = form % 4 == 1;
+  c.bias = form;
+  c.bias_f32 = form % 4 < 2;
+  c.bias_strided = form % 5 == 0;
+  c.dbias = true;
+  return c;
+}
+
 TEST(SdpaGpu, Sm90BackwardDbiasWithSoftcap) {
-  // dBias together with softcap (on by default, forced on here; the sm90 backward only: kernel_bwd_mods_sm90.cuh stores dBias's dS, P (dP - D),
-  // before softcap's factor 1 - t^2; the bias is added after softcap): every broadcast form, softcap 2-30, D = 64,
-  // 96 and 128, ALiBi on some, deterministic on odd forms, dBias in float32 and in q's dtype, padded strides on
-  // some; a larger scale on a third so that softcap saturates some elements (1 - t^2 near 0, dBias's terms not).
+  // dBias together with softcap (on by default, forced on here; the sm90 backward: kernel_bwd_mods_sm90.cuh stores
+  // dBias's dS, P (dP - D), before softcap's factor 1 - t^2; the bias is added after softcap): dbias_softcap_case's
+  // forms, D = 64, 96 and 128.
   REQUIRE_SM90();
   const ForceSm90WithMods force;
-  set_sdpa_dbias_softcap_enabled(1);  // (on unless FLASHSPAN_SDPA_DBIAS_SOFTCAP=0)
-  struct Restore {
-    ~Restore() { set_sdpa_dbias_softcap_enabled(-1); }
-  } restore;
+  const flashspan::test::ScopedSwitch pair(set_sdpa_dbias_softcap_enabled, 1);
   for (int form = 1; form <= 16; ++form) {
-    Case c;
-    c.seed = 16501 + uint64_t(form);
-    c.dtype = form % 2 ? DType::kBFloat16 : DType::kFloat16;
-    c.B = 2;
-    c.Hq = 4;
-    c.Hk = form % 4 == 0 ? 1 : 2;
-    c.Sq = 150 + 20 * (form % 4);
-    c.Skv = 210 + 30 * (form % 3);
-    c.Dqk = c.Dv = form % 3 == 0 ? 64 : form % 3 == 1 ? 96 : 128;
-    c.has_right = true;
-    c.bottom_right = true;
-    c.lengths = 1;
-    c.zero_kv_sample = form % 3 == 0;
-    c.deterministic = form % 2;
-    c.scale = form % 3 == 2 ? 3.0f / std::sqrt(float(c.Dqk)) : 0.125f;
-    c.softcap = form % 3 == 2 ? 2.0f + float(form % 5) : float(5 + 5 * (form % 6));
-    c.alibi = form % 4 == 1;
-    c.bias = form;
-    c.bias_f32 = form % 4 < 2;
-    c.bias_strided = form % 5 == 0;
-    c.dbias = true;
-    run_sm90_bwd_mods_case(c, /*chain=*/form % 3 == 1);
+    run_sm90_bwd_mods_case(dbias_softcap_case(form, 16501, {64, 96, 128}), /*chain=*/form % 3 == 1);
     if (::testing::Test::HasFailure()) return;
   }
 }
@@ -1675,11 +1679,9 @@ TEST(SdpaGpu, Sm80BackwardDbiasWithSoftcapExperimental) {
   // dBias together with softcap on the sm80 backward (experimental: sdpa_dbias_softcap_sm80_enabled, forced on
   // here; the sm90 kernels forced off, the FLASHSPAN_KERNEL_FAMILY=sm80 switches): its dK/dV kernel stores the fp32 P
   // in the dS workspace at the logits step and P (dP - D) over it at the dS step, since its dS holds softcap's
-  // factor 1 - t^2 (kernel_bwd_sm80.cuh). Sm90BackwardDbiasWithSoftcap's forms (every broadcast form, softcap
-  // 2-30, ALiBi on some, deterministic on odd forms, dBias in float32 and in q's dtype, padded strides on some, a
-  // larger scale on a third so that softcap saturates some elements) on the sm80 tiles: D = 64, 96, 128 and 256,
-  // H_k != H_v on one (the dV pass, which stores no dS), GQA / MQA. dBias against the CPU reference on NaN-poisoned
-  // outputs (run_case); a chained forward only where the bias is not broadcast over keys (run_case: that dBias,
+  // factor 1 - t^2 (kernel_bwd_sm80.cuh). dbias_softcap_case's forms on the sm80 tiles: D = 64, 96, 128 and 256,
+  // H_k != H_v on one (the dV pass, which stores no dS). dBias against the CPU reference on NaN-poisoned outputs
+  // (run_case); a chained forward only where the bias is not broadcast over keys (run_case: that dBias,
   // sum_j dS_ij, is exactly 0).
   REQUIRE_GPU();
   const ForceSdpaSm90 fwd90(0);
@@ -1687,32 +1689,12 @@ TEST(SdpaGpu, Sm80BackwardDbiasWithSoftcapExperimental) {
   const flashspan::test::ScopedSwitch pair(set_sdpa_dbias_softcap_enabled, 1);
   const flashspan::test::ScopedSwitch sm80(set_sdpa_dbias_softcap_sm80_enabled, 1);
   for (int form = 1; form <= 16; ++form) {
-    Case c;
-    c.seed = 16601 + uint64_t(form);
-    c.dtype = form % 2 ? DType::kBFloat16 : DType::kFloat16;
-    c.B = 2;
-    c.Hq = 4;
-    c.Hk = form % 4 == 0 ? 1 : 2;
+    Case c = dbias_softcap_case(form, 16601, {64, 96, 128, 256});
     if (form == 7) {  // H_k != H_v: a dK pass and a dV pass
       c.Hq = 6;
       c.Hk = 2;
       c.Hv = 3;
     }
-    c.Sq = 150 + 20 * (form % 4);
-    c.Skv = 210 + 30 * (form % 3);
-    c.Dqk = c.Dv = form % 4 == 0 ? 64 : form % 4 == 1 ? 96 : form % 4 == 2 ? 128 : 256;
-    c.has_right = true;
-    c.bottom_right = true;
-    c.lengths = 1;
-    c.zero_kv_sample = form % 3 == 0;
-    c.deterministic = form % 2;
-    c.scale = form % 3 == 2 ? 3.0f / std::sqrt(float(c.Dqk)) : 0.125f;
-    c.softcap = form % 3 == 2 ? 2.0f + float(form % 5) : float(5 + 5 * (form % 6));
-    c.alibi = form % 4 == 1;
-    c.bias = form;
-    c.bias_f32 = form % 4 < 2;
-    c.bias_strided = form % 5 == 0;
-    c.dbias = true;
     const bool chain = form % 3 == 1 && c.bias_shape()[3] != 1;
     run_case_expect_sm90(c, /*backward=*/true, 0, 0, chain);  // (no sm90 launch: the sm80 kernels ran both)
     if (::testing::Test::HasFailure()) return;
