@@ -116,8 +116,8 @@ def main() -> int:
         return flashspan.sdpa(qp, kp, vp, **pad_kw)[0]
 
     if a.backward:
-        # The backward of each route on its own forward's O and LSE (computed once, untimed); dO of ones scaled
-        # by a random sign pattern; dQ compared (THD rows).
+        # The backward of each route on its own forward's O and LSE (computed once, untimed); one random dO (normal,
+        # bf16), padded for pad90; dQ compared (THD rows).
         do = (torch.randn(T, H, D, generator=g).bfloat16()).to(dev)
         dop = pad(do)
 
