@@ -130,6 +130,16 @@ void launch_poison(const Params& p, DType dtype, const int32_t* flags, cudaStrea
 
 }  // namespace
 
+bool sample_maps_packed(const AnalyticMaskParams& a, std::initializer_list<int> xs, int64_t batch, int slots,
+                        const void* workspace, size_t workspace_bytes, const char* who) {
+  bool packed = false;
+  for (int x : xs) packed = packed || a.start[x].ragged.ptr != nullptr;
+  FS_CHECK(!packed || (workspace != nullptr && workspace_bytes >= sample_maps_bytes(batch, slots)), Status::kInternal,
+           who, ": packed tensors without the workspace of their sample maps (", workspace_bytes, " bytes of ",
+           sample_maps_bytes(batch, slots), ")");
+  return packed;
+}
+
 int32_t* launch_sample_maps_sm90(const SampleMapsJob& job, int batch, void* workspace, cudaStream_t stream) {
   FS_CHECK(job.tensors > 0 && job.tensors <= kMaxSampleMaps && workspace != nullptr &&
                reinterpret_cast<uintptr_t>(workspace) % kTensorMapBytes == 0,
