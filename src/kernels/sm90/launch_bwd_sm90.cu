@@ -227,12 +227,10 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   // preprocess at the samples' starts (bwd_prepost.cuh); a packed dQ, dK, dV: the dQ convert, the dK / dV epilogue
   // and slot sums at the samples' starts, their rows only (dK and dV both packed or both padded: sdpa_family.cpp).
   const SampleStart* st = p.analytic.start;
-  const bool packed = st[kSdpaQ].ragged.ptr != nullptr || st[kSdpaK].ragged.ptr != nullptr ||
-                      st[kSdpaV].ragged.ptr != nullptr || st[kSdpaDO].ragged.ptr != nullptr;
-  FS_CHECK((!packed || (workspace != nullptr && workspace_bytes >= sample_maps_bytes(p.batch, kSampleMapsBwd))) &&
-               (st[kSdpaDK].ragged.ptr == nullptr) == (st[kSdpaDV].ragged.ptr == nullptr),
-           Status::kInternal, "sdpa backward (sm90): packed q, k, v or dO without the workspace of their sample maps (",
-           workspace_bytes, " bytes), or dK and dV one packed, the other padded");
+  const bool packed = sample_maps_packed(p.analytic, {kSdpaQ, kSdpaK, kSdpaV, kSdpaDO}, p.batch, kSampleMapsBwd,
+                                         workspace, workspace_bytes, "sdpa backward (sm90)");
+  FS_CHECK((st[kSdpaDK].ragged.ptr == nullptr) == (st[kSdpaDV].ragged.ptr == nullptr), Status::kInternal,
+           "sdpa backward (sm90): dK and dV one packed, the other padded");
   const BwdDimsSm90 kdims = bwd_kernel_dims_sm90(p.head_dqk, p.head_dv);  // the kernel's (Dqk, Dv)
   const int kd = kdims.dqk;                                                           // (the dq_accum tiles' width)
   // The kernel with score modifiers (sdpa_bwd_mods_kernel_sm90) when the main loop has any: softcap,
@@ -301,16 +299,11 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   SdpaBwdParams pk = sdpa_bwd_main_params(p);
   int32_t* sample_flags = nullptr;
   if (packed) {
-    SampleMapsJob job;
-    job.add(mq, vq.data, st[kSdpaQ], /*query_side=*/1);
-    job.add(mk, vk.data, st[kSdpaK], 0);
-    job.add(mv, vv.data, st[kSdpaV], 0);
     // The main dO: the caller's, or the gated copy (padded rows per sample: [H_q, B S_q, D_v]).
     SampleStart gated_start;
     gated_start.batch_stride = dout_main.strides[0];
-    job.add(mdo, dout_main.data, gated ? gated_start : st[kSdpaDO], 1);
-    static_assert(kSdpaQ == 0 && kSdpaK == 1 && kSdpaV == 2 && kSampleMapDO == 3, "the sample maps' order");
-    job.lengths_of(am);
+    const SampleMapsJob job = sample_maps_job(am, {{mq, vq, st[kSdpaQ]}, {mk, vk, st[kSdpaK]}, {mv, vv, st[kSdpaV]},
+                                                   {mdo, dout_main, gated ? gated_start : st[kSdpaDO]}});
     sample_flags = launch_sample_maps_sm90(job, p.batch, workspace, stream);
     pk.analytic.sample_maps = workspace;
   }

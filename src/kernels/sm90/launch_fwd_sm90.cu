@@ -135,12 +135,8 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
            "/", p.head_dv, ")");
   // Packed (THD) q, k or v: per-sample maps (sample_maps_sm90.h); a packed O / stats: the epilogue's rows at
   // the samples' starts (AnalyticSourceSm90::rows).
-  static_assert(kSdpaQ == 0 && kSdpaK == 1 && kSdpaV == 2, "the sample maps' index is the tensor's");
-  bool packed_qkv = false;
-  for (int x : {kSdpaQ, kSdpaK, kSdpaV}) packed_qkv = packed_qkv || p.analytic.start[x].ragged.ptr != nullptr;
-  FS_CHECK(!packed_qkv || (workspace != nullptr && workspace_bytes >= sample_maps_bytes(p.batch, kSampleMapsFwd)),
-           Status::kInternal, "sdpa forward (sm90): packed q, k or v without the workspace of their sample maps (",
-           workspace_bytes, " bytes)");
+  const bool packed_qkv = sample_maps_packed(p.analytic, {kSdpaQ, kSdpaK, kSdpaV}, p.batch, kSampleMapsFwd,
+                                             workspace, workspace_bytes, "sdpa forward (sm90)");
   // H_k != H_v runs (the producer loads V of each query head's own V head: kv_addr.cuh v_head); dropout
   // (sdpa_family.cpp: unless FLASHSPAN_SM90_SDPA_DROPOUT=0) on the kernel with dropout below.
   g_sdpa_fwd_launches.fetch_add(1, std::memory_order_relaxed);
@@ -163,11 +159,9 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   const CUtensorMap mv = make_tensor_map_sm90(vv, false, dtype, t.fwd_bk, "v");
   int32_t* sample_flags = nullptr;
   if (packed_qkv) {
-    SampleMapsJob job;
-    job.add(mq, vq.data, p.analytic.start[kSdpaQ], /*query_side=*/1);
-    job.add(mk, vk.data, p.analytic.start[kSdpaK], 0);
-    job.add(mv, vv.data, p.analytic.start[kSdpaV], 0);
-    job.lengths_of(p.analytic);
+    const SampleStart* st = p.analytic.start;
+    const SampleMapsJob job =
+        sample_maps_job(p.analytic, {{mq, vq, st[kSdpaQ]}, {mk, vk, st[kSdpaK]}, {mv, vv, st[kSdpaV]}});
     sample_flags = launch_sample_maps_sm90(job, p.batch, workspace, stream);
     p.analytic.sample_maps = workspace;
   }
@@ -239,10 +233,8 @@ void launch_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p_in, const TensorView& q,
   // the V^T pre-pass reads it at its samples' starts (fp8_vt_sm90.cuh); a packed O / stats: the epilogue's rows at
   // the samples' starts (AnalyticSourceSm90::rows).
   const bool ragged_v = p.analytic.start[kSdpaV].ragged.ptr != nullptr;
-  const bool packed_qk = p.analytic.start[kSdpaQ].ragged.ptr != nullptr || p.analytic.start[kSdpaK].ragged.ptr != nullptr;
-  FS_CHECK(!packed_qk || (workspace != nullptr && workspace_bytes >= sample_maps_bytes(p.batch, kSampleMapsFwd)),
-           Status::kInternal, "sdpa fp8 forward (sm90): packed q or k without the workspace of their sample maps (",
-           workspace_bytes, " bytes)");
+  const bool packed_qk = sample_maps_packed(p.analytic, {kSdpaQ, kSdpaK}, p.batch, kSampleMapsFwd, workspace,
+                                            workspace_bytes, "sdpa fp8 forward (sm90)");
   const AnalyticMaskParams& a = p.analytic;
   FS_CHECK(a.dropout.mode == 0 && a.dropout.rng_dump == nullptr && a.score.group_v > 0 &&
                p.num_heads_q % a.score.group_v == 0 && v.ndim == 4 && v.shape[1] == p.num_heads_q / a.score.group_v &&
@@ -287,13 +279,9 @@ void launch_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p_in, const TensorView& q,
   const CUtensorMap mvt = make_tensor_map_fp8_sm90(vt, t.fwd_bk, kd, "v (V^T workspace)");
   int32_t* sample_flags = nullptr;
   if (packed_qk) {
-    static_assert(kSdpaQ == 0 && kSdpaK == 1, "the sample maps' index is the tensor's");
-    SampleMapsJob job;
-    job.add(mq, vq.data, p.analytic.start[kSdpaQ], /*query_side=*/1);
-    job.add(mk, vk.data, p.analytic.start[kSdpaK], 0);
-    job.elem_bytes = 1;
-    job.slots = kSampleMapsFwd;  // (slot kSdpaV unwritten: V^T is the pre-pass's padded workspace)
-    job.lengths_of(p.analytic);
+    // (Slot kSdpaV unwritten: V^T is the pre-pass's padded workspace.)
+    const SampleMapsJob job =
+        sample_maps_job(a, {{mq, vq, a.start[kSdpaQ]}, {mk, vk, a.start[kSdpaK]}}, /*elem_bytes=*/1, kSampleMapsFwd);
     sample_flags = launch_sample_maps_sm90(job, p.batch, workspace, stream);
     p.analytic.sample_maps = workspace;
   }

@@ -78,6 +78,16 @@ __device__ __forceinline__ void nan_rows(Elem* base, int rows, int cols, int64_t
   const Elem nan = nan_elem<Elem>();
   for (int64_t e = threadIdx.x; e < int64_t(rows) * cols; e += blockDim.x) base[(e / cols) * row_stride + e % cols] = nan;
 }
+// NaN over head h's rows of sample b in tensor t (index x of a.start, addressed by ta): the rows the kernels
+// store there (rows_to_store: a packed tensor's len rows, a padded one's max), `cols` elements a row. max and
+// cols by reference, so that they are read where used, after the sample's start (by value they are read first
+// and ptxas schedules the fills differently).
+template <class Elem>
+__device__ __forceinline__ void nan_sample(Elem* t, const TensorAddr& ta, const AnalyticMaskParams& a, int x, int b,
+                                           int h, int len, const int& max, const int& cols) {
+  nan_rows(t + kern::sample_start(a.start[x], b) + int64_t(h) * ta.head_stride,
+           kern::rows_to_store(a, x, 0, max, len, max), cols, ta.row_stride);
+}
 
 template <class Elem>
 __global__ void __launch_bounds__(256) sample_poison_kernel(const SdpaFwdParams p, const int32_t* flags) {
@@ -85,12 +95,8 @@ __global__ void __launch_bounds__(256) sample_poison_kernel(const SdpaFwdParams 
   if (__ldg(flags + b) == 0) return;
   const AnalyticMaskParams& a = p.analytic;
   const int len = kern::sample_length(a.seq_len_q, a.cu_seq_len_q, a.max_q, b);
-  nan_rows(static_cast<Elem*>(p.o) + kern::sample_start(a.start[kSdpaO], b) + int64_t(h) * p.oa.head_stride,
-           kern::rows_to_store(a, kSdpaO, 0, a.max_q, len, a.max_q), p.head_dv, p.oa.row_stride);
-  if (p.lse != nullptr) {
-    nan_rows(p.lse + kern::sample_start(a.start[kSdpaStats], b) + int64_t(h) * p.lsea.head_stride,
-             kern::rows_to_store(a, kSdpaStats, 0, a.max_q, len, a.max_q), 1, p.lsea.row_stride);
-  }
+  nan_sample(static_cast<Elem*>(p.o), p.oa, a, kSdpaO, b, h, len, a.max_q, p.head_dv);
+  if (p.lse != nullptr) nan_sample(p.lse, p.lsea, a, kSdpaStats, b, h, len, a.max_q, 1);
 }
 
 // The backward's: CTA (b, h) over query heads h; dK of K head h < H_k, dV of V head h < H_v.
@@ -101,15 +107,12 @@ __global__ void __launch_bounds__(256) sample_poison_bwd_kernel(const SdpaBwdPar
   const AnalyticMaskParams& a = p.analytic;
   const int len_q = kern::sample_length(a.seq_len_q, a.cu_seq_len_q, a.max_q, b);
   const int len_k = kern::sample_length(a.seq_len_kv, a.cu_seq_len_kv, a.max_kv, b);
-  nan_rows(static_cast<Elem*>(p.dq) + kern::sample_start(a.start[kSdpaDQ], b) + int64_t(h) * p.dqa.head_stride,
-           kern::rows_to_store(a, kSdpaDQ, 0, a.max_q, len_q, a.max_q), p.head_dqk, p.dqa.row_stride);
+  nan_sample(static_cast<Elem*>(p.dq), p.dqa, a, kSdpaDQ, b, h, len_q, a.max_q, p.head_dqk);
   if (h < p.num_heads_q / p.group_size) {
-    nan_rows(static_cast<Elem*>(p.dk) + kern::sample_start(a.start[kSdpaDK], b) + int64_t(h) * p.dka.head_stride,
-             kern::rows_to_store(a, kSdpaDK, 0, a.max_kv, len_k, a.max_kv), p.head_dqk, p.dka.row_stride);
+    nan_sample(static_cast<Elem*>(p.dk), p.dka, a, kSdpaDK, b, h, len_k, a.max_kv, p.head_dqk);
   }
   if (h < p.num_heads_q / a.score.group_v) {
-    nan_rows(static_cast<Elem*>(p.dv) + kern::sample_start(a.start[kSdpaDV], b) + int64_t(h) * p.dva.head_stride,
-             kern::rows_to_store(a, kSdpaDV, 0, a.max_kv, len_k, a.max_kv), p.head_dv, p.dva.row_stride);
+    nan_sample(static_cast<Elem*>(p.dv), p.dva, a, kSdpaDV, b, h, len_k, a.max_kv, p.head_dv);
   }
 }
 
@@ -126,6 +129,16 @@ void launch_poison(const Params& p, DType dtype, const int32_t* flags, cudaStrea
 }
 
 }  // namespace
+
+bool sample_maps_packed(const AnalyticMaskParams& a, std::initializer_list<int> xs, int64_t batch, int slots,
+                        const void* workspace, size_t workspace_bytes, const char* who) {
+  bool packed = false;
+  for (int x : xs) packed = packed || a.start[x].ragged.ptr != nullptr;
+  FS_CHECK(!packed || (workspace != nullptr && workspace_bytes >= sample_maps_bytes(batch, slots)), Status::kInternal,
+           who, ": packed tensors without the workspace of their sample maps (", workspace_bytes, " bytes of ",
+           sample_maps_bytes(batch, slots), ")");
+  return packed;
+}
 
 int32_t* launch_sample_maps_sm90(const SampleMapsJob& job, int batch, void* workspace, cudaStream_t stream) {
   FS_CHECK(job.tensors > 0 && job.tensors <= kMaxSampleMaps && workspace != nullptr &&

@@ -20,6 +20,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 
 #include "core/tensor_view.h"
 #include "kernels/params.h"
@@ -64,6 +65,37 @@ struct SampleMapsJob {
     max_len[1] = a.max_kv;
   }
 };
+
+// Whether a launcher's call is packed, its maps per sample: any of the tensors xs it loads through TMA (indices of
+// a.start) ragged. A packed call's workspace must hold `slots` maps a sample (sample_maps_bytes(batch, slots));
+// `who` names the launcher in the error.
+bool sample_maps_packed(const AnalyticMaskParams& a, std::initializer_list<int> xs, int64_t batch, int slots,
+                        const void* workspace, size_t workspace_bytes, const char* who);
+
+// One tensor of a launcher's job: its map's template, the view it was made over (sample_map_view's) and its
+// sample starts.
+struct SampleMapOf {
+  const CUtensorMap& map;
+  const TensorView& view;
+  const SampleStart& start;
+};
+
+// The job of a launcher's packed call: maps[x] the tensor of map index x (q, k, v, then the backward's dO; q and dO
+// on the query side, k and v on the key side), a's lengths, elements of elem_bytes, `slots` maps a sample (0: as
+// many as maps).
+inline SampleMapsJob sample_maps_job(const AnalyticMaskParams& a, std::initializer_list<SampleMapOf> maps,
+                                     int elem_bytes = 2, int slots = 0) {
+  static_assert(kSdpaQ == 0 && kSdpaK == 1 && kSdpaV == 2 && kSampleMapDO == 3,
+                "the sample maps' index is the tensor's");
+  SampleMapsJob job;
+  for (const SampleMapOf& m : maps) {
+    job.add(m.map, m.view.data, m.start, job.tensors == kSdpaQ || job.tensors == kSampleMapDO);
+  }
+  job.elem_bytes = elem_bytes;
+  job.slots = slots;
+  job.lengths_of(a);
+  return job;
+}
 
 // A launcher's view of a tensor for its map (make_tensor_map_sm90's BSHD form): for a call with per-sample maps
 // (packed), batch extent 1 (the template of one sample's rows, which the pre-pass copies per sample) and a null
