@@ -500,7 +500,14 @@ void run_case(const Case& c, bool backward = true, bool chain = false) {
     // (grad_floor without the scale and K) times the rows summed into one element.
     const std::vector<int64_t> bs = c.bias_shape();
     const double rows = double(bs[0] == 1 ? c.B : 1) * double(bs[1] == 1 ? c.Hq : 1) * double(bs[2] == 1 ? c.Sq : 1);
-    const double floor = 4.0 * rows * fs_test::grad_floor(1.0, c.Dv, mdo, mv, 1.0);
+    double floor = 4.0 * rows * fs_test::grad_floor(1.0, c.Dv, mdo, mv, 1.0);
+    if (c.gate && bs[3] == 1) {
+      // Summed over keys with the gate: sum_j dS_ij = rowsum(dO~ O) - D, 0 but for roundings, where the kernels' dO~
+      // (the preprocess's gated dO, dO sigmoid(G)) is rounded to q's dtype and the reference's is not; that
+      // rounding, times O, is of the size of the value itself (relative L2 1.03, H200, seed 15340: D = 16, Skv 271).
+      const double unit = c.dtype == DType::kBFloat16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+      floor = std::max(floor, rows * unit * std::sqrt(double(c.Dv)) * mdo * mv);
+    }
     const std::vector<double> r = Tensor::values(p->dbias.host, p->dbias.dtype);
     const std::vector<double> g = Tensor::values(p->dbias.download(), p->dbias.dtype);
     EXPECT_TRUE(fs_test::tensor_close(g, r, c.dtype, floor)) << "dBias";
