@@ -1075,40 +1075,18 @@ TEST(SdpaFp8, BackwardOnSm90Rule) {
 }
 
 #ifdef FLASHSPAN_WITH_CUDA
-// The widening pre-pass's eight-code kernel (experimental: kernels/common/fp8_prepass.h): off unless
-// FLASHSPAN_EXPERIMENTAL is exactly "1" (read per launch); set_fp8_widen_vec_enabled wins both ways, -1 gives the
-// environment back.
+// The widening pre-pass's eight-code kernel (kernels/common/fp8_prepass.h) and the sm90 FP8 backward's own dK / dV
+// stores (kernels/sm90/sdpa_fp8_bwd_sm90.h): on by default, each off with its variable "0" (expect_off_switch: read
+// per launch, FLASHSPAN_EXPERIMENTAL ignored, the override wins both ways).
 TEST(SdpaFp8, WidenEightCodesSwitch) {
-  flashspan::set_fp8_widen_vec_enabled(-1);
-  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
-  EXPECT_FALSE(flashspan::fp8_widen_vec_enabled());
-  experimental.set("1");
-  EXPECT_TRUE(flashspan::fp8_widen_vec_enabled());
-  experimental.set("0");
-  EXPECT_FALSE(flashspan::fp8_widen_vec_enabled());
-  flashspan::set_fp8_widen_vec_enabled(1);
-  EXPECT_TRUE(flashspan::fp8_widen_vec_enabled());
-  experimental.set("1");
-  flashspan::set_fp8_widen_vec_enabled(0);
-  EXPECT_FALSE(flashspan::fp8_widen_vec_enabled());
-  flashspan::set_fp8_widen_vec_enabled(-1);
-  EXPECT_TRUE(flashspan::fp8_widen_vec_enabled());
+  flashspan::test::expect_off_switch("FLASHSPAN_FP8_WIDEN_VEC", flashspan::set_fp8_widen_vec_enabled,
+                                     flashspan::fp8_widen_vec_enabled);
 }
 
-// The sm90 FP8 backward's own dK / dV stores (experimental: kernels/sm90/sdpa_fp8_bwd_sm90.h): the same rule.
 TEST(SdpaFp8, Sm90StoreInKernelSwitch) {
-  flashspan::sm90::set_sdpa_fp8_bwd_sm90_store_enabled(-1);
-  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
-  EXPECT_FALSE(flashspan::sm90::sdpa_fp8_bwd_sm90_store_enabled());
-  experimental.set("1");
-  EXPECT_TRUE(flashspan::sm90::sdpa_fp8_bwd_sm90_store_enabled());
-  flashspan::sm90::set_sdpa_fp8_bwd_sm90_store_enabled(0);
-  EXPECT_FALSE(flashspan::sm90::sdpa_fp8_bwd_sm90_store_enabled());
-  experimental.set("0");
-  flashspan::sm90::set_sdpa_fp8_bwd_sm90_store_enabled(1);
-  EXPECT_TRUE(flashspan::sm90::sdpa_fp8_bwd_sm90_store_enabled());
-  flashspan::sm90::set_sdpa_fp8_bwd_sm90_store_enabled(-1);
-  EXPECT_FALSE(flashspan::sm90::sdpa_fp8_bwd_sm90_store_enabled());
+  flashspan::test::expect_off_switch("FLASHSPAN_SM90_SDPA_FP8_BWD_STORE",
+                                     flashspan::sm90::set_sdpa_fp8_bwd_sm90_store_enabled,
+                                     flashspan::sm90::sdpa_fp8_bwd_sm90_store_enabled);
 }
 #endif
 

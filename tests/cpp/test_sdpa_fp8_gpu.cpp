@@ -1851,15 +1851,16 @@ TEST(SdpaFp8Gpu, Fp8BackwardSm90Random) {
   fp8_backward_random(1);
 }
 
-// The widening pre-pass with eight codes a thread (experimental: kernels/common/fp8_prepass.h
-// fp8_widen_vec_enabled, forced on here; the random cases' odd row strides keep the two-code kernel), under both
-// backwards and the sm80 FP8 forward's head dims.
-TEST(SdpaFp8Gpu, WidenEightCodes) {
+// The widening pre-pass with two codes a thread only (kernels/common/fp8_prepass.h fp8_widen_vec_enabled, on by
+// default, forced off here: FLASHSPAN_FP8_WIDEN_VEC=0's path; with it on, the other FP8 tests run the eight-code
+// kernel where the sources are 8-byte aligned and the two-code one elsewhere), under both backwards and the sm80 FP8
+// forward's head dims.
+TEST(SdpaFp8Gpu, WidenTwoCodes) {
   REQUIRE_SM80();
-  struct On {
-    On() { set_fp8_widen_vec_enabled(1); }
-    ~On() { set_fp8_widen_vec_enabled(-1); }
-  } on;
+  struct Off {
+    Off() { set_fp8_widen_vec_enabled(0); }
+    ~Off() { set_fp8_widen_vec_enabled(-1); }
+  } off;
   fp8_backward_random(0);
   if (sm90_device()) fp8_backward_random(1);
   const Fp8FwdSm80On fwd(/*sm90_off=*/true);
@@ -2048,26 +2049,27 @@ TEST(SdpaFp8Gpu, Fp8BackwardSm90SanitizerSmall) {
   fp8_backward_sanitizer_small(1);
 }
 
-// dK / dV stored as FP8 codes by the sm90 kernel itself (experimental: sdpa_fp8_bwd_sm90.h
-// sdpa_fp8_bwd_sm90_store_enabled, forced on here): the random, edge and sanitizer cases of the sm90 FP8 backward.
-TEST(SdpaFp8Gpu, Fp8BackwardSm90StoreInKernel) {
+// dK / dV through the fp32 slots and the store pass (sdpa_fp8_bwd_sm90.h sdpa_fp8_bwd_sm90_store_enabled, on by
+// default, forced off here: FLASHSPAN_SM90_SDPA_FP8_BWD_STORE=0's path; the other sm90 FP8 backward tests run the
+// kernel's own stores): the random, edge and sanitizer cases of the sm90 FP8 backward.
+TEST(SdpaFp8Gpu, Fp8BackwardSm90StorePass) {
   REQUIRE_SM90();
-  struct On {
-    On() { sm90::set_sdpa_fp8_bwd_sm90_store_enabled(1); }
-    ~On() { sm90::set_sdpa_fp8_bwd_sm90_store_enabled(-1); }
-  } on;
+  struct Off {
+    Off() { sm90::set_sdpa_fp8_bwd_sm90_store_enabled(0); }
+    ~Off() { sm90::set_sdpa_fp8_bwd_sm90_store_enabled(-1); }
+  } off;
   fp8_backward_random(1);
   fp8_backward_edges(1);
   fp8_backward_sanitizer_small(1);
 }
 
-// The sanitizer cases alone with the kernel's own dK / dV stores (gpu_check's memcheck set).
-TEST(SdpaFp8Gpu, Fp8BackwardSm90StoreInKernelSanitizerSmall) {
+// The sanitizer cases alone through the slots and the store pass (gpu_check's memcheck set).
+TEST(SdpaFp8Gpu, Fp8BackwardSm90StorePassSanitizerSmall) {
   REQUIRE_SM90();
-  struct On {
-    On() { sm90::set_sdpa_fp8_bwd_sm90_store_enabled(1); }
-    ~On() { sm90::set_sdpa_fp8_bwd_sm90_store_enabled(-1); }
-  } on;
+  struct Off {
+    Off() { sm90::set_sdpa_fp8_bwd_sm90_store_enabled(0); }
+    ~Off() { sm90::set_sdpa_fp8_bwd_sm90_store_enabled(-1); }
+  } off;
   fp8_backward_sanitizer_small(1);
 }
 

@@ -142,7 +142,7 @@ namespace flashspan {
 
 
 namespace {
-kern::ExperimentalSwitch g_widen_vec;
+kern::OffSwitch g_widen_vec{"FLASHSPAN_FP8_WIDEN_VEC"};
 
 // A job the eight-code kernel takes: its source's base and strides multiples of 8 bytes, its columns of 8.
 bool widen8_ok(const Fp8WidenJob& j) {

@@ -34,7 +34,7 @@ TensorView copy_view(const void* data, int64_t batch, int64_t heads, int64_t row
   return bshd_of_bhsd(v);
 }
 
-kern::ExperimentalSwitch g_store;
+kern::OffSwitch g_store{"FLASHSPAN_SM90_SDPA_FP8_BWD_STORE"};
 
 // kStore: the kernel stores dK / dV itself (sdpa_fp8_bwd_sm90_store_enabled), else through the slots and the
 // store pass.
