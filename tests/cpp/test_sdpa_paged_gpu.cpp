@@ -42,6 +42,8 @@
 #include "error_criteria.h"
 #include "flashspan/flashspan.hpp"
 #include "gpu_harness.h"
+#include "kernels/sm90/launch_sm90.h"  // sm90::sdpa_fwd_paged_launches
+#include "scoped_env.h"
 #include "sdpa_paged_case.h"
 
 namespace flashspan::test {
@@ -654,6 +656,151 @@ TEST(SdpaPagedGpu, FeaturePairsSanitizerSmall) {
   REQUIRE_GPU();
   FeaturePairsOn on;
   for (const PagedCase& c : feature_pairs_small_cases()) run_case(c);
+}
+
+// The sm90 forward over paged K/V (experimental, not yet run on a GPU: sdpa_sm90_paged_enabled, forced on here with
+// the sm90 forward's switch; kernel_fwd_sm90.cuh sdpa_fwd_paged_kernel_sm90): each call must run on it
+// (sm90::sdpa_fwd_paged_launches), against the CPU reference with the outputs NaN-poisoned first.
+struct Sm90PagedOn {
+  PagedOn paged;
+  ScopedSwitch fwd{set_sdpa_fwd_sm90_enabled, 1};
+  ScopedSwitch on{set_sdpa_sm90_paged_enabled, 1};
+};
+
+void run_sm90_case(const PagedCase& c) {
+  const int64_t n0 = sm90::sdpa_fwd_paged_launches();
+  run_case(c);
+  EXPECT_EQ(sm90::sdpa_fwd_paged_launches(), n0 + 1) << "not run by the sm90 paged forward: " << c.str();
+}
+
+TEST(SdpaPagedGpu, Sm90PagedRandom) {
+  // 80 random prefill cases (random_sm90_paged_case): pages 8 .. 256 per side (a key block over several pages, in
+  // one, or a page of several blocks), shuffled pages, unused pages and rows past the samples NaN, garbage entries
+  // past the samples' pages, packed tables, token-major containers, K or V alone paged, separate K and V tables,
+  // ragged lengths with a sample without keys, GQA and H_k != H_v, both dtypes, head dims up to 128, masks in both
+  // alignments, softcap, max_logit.
+  REQUIRE_SM90();
+  Sm90PagedOn on;
+  for (uint64_t seed = 501; seed <= 580; ++seed) {
+    run_sm90_case(random_sm90_paged_case(seed));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaPagedGpu, Sm90PagedEveryPageSize) {
+  // Every page size the kernel takes (8 .. 512), K and V of different sizes, on both kernels' dims, both dtypes,
+  // bottom-right causal, lengths over several key blocks; the last with V contiguous.
+  REQUIRE_SM90();
+  Sm90PagedOn on;
+  static const int64_t pages[] = {8, 16, 32, 64, 128, 256, 512};
+  uint64_t seed = 5000;
+  for (const auto& [dqk, dv] : {std::pair<int64_t, int64_t>{64, 64}, {128, 128}, {72, 40}})
+    for (size_t i = 0; i < 7; ++i) {
+      PagedCase c;
+      c.seed = ++seed;
+      c.dtype = seed % 2 ? DType::kBFloat16 : DType::kFloat16;
+      c.B = 3;
+      c.Hq = 4;
+      c.Hk = c.Hv = 2;
+      c.Sq = 100 + int64_t(seed % 3) * 70;
+      c.Skv = 700;
+      c.Dqk = dqk;
+      c.Dv = dv;
+      c.page_k = pages[i];
+      c.page_v = i == 6 ? 0 : pages[6 - i];
+      c.packed_v = i % 2;
+      c.token_major_k = i % 3 == 0;
+      c.has_right = true;
+      c.bottom_right = true;
+      c.scale = 1.0f / std::sqrt(float(dqk));
+      run_sm90_case(c);
+      if (::testing::Test::HasFailure()) return;
+    }
+}
+
+TEST(SdpaPagedGpu, Sm90PagedBadEntryIsNaN) {
+  // A page-table entry of sample 1 outside the container (-1, num_pages, 2^31 - 1): nothing is read there (run under
+  // memcheck by gpu_check.sh) and every O and stats row of sample 1 is NaN (the launcher's flag and fill, a superset
+  // of the sm80 kernel's rows that see the key, PagedBadEntryIsNaN); sample 0 as the reference.
+  REQUIRE_SM90();
+  Sm90PagedOn on;
+  int n = 0;
+  for (const BadEntryCase& bc : sm90_bad_entry_cases()) {
+    const PagedCase& c = bc.c;
+    SCOPED_TRACE(c.str());
+    PagedRun r(c);
+    ASSERT_GT(r.d.len_kv[1], bc.bad_page * c.page_k);
+    r.forward(/*cuda=*/false);  // the reference with the intact table
+    const int32_t bad = n % 3 == 0 ? -1 : n % 3 == 1 ? int32_t(r.d.k.table.num_pages) : 0x7fffffff;
+    ++n;
+    std::vector<int32_t> entries = r.d.k.table.entries;
+    entries[size_t(r.d.k.table.offsets[1] + bc.bad_page)] = bad;
+    r.table_k.up(entries.data(), entries.size() * 4);
+    r.o.poison();
+    r.stats.poison();
+    const int64_t n0 = sm90::sdpa_fwd_paged_launches();
+    r.forward(/*cuda=*/true);
+    EXPECT_EQ(sm90::sdpa_fwd_paged_launches(), n0 + 1);
+    const std::vector<double> o = sdpa_case::Storage::values(r.o.down(r.d.o.host.size()), r.d.o.dtype);
+    const std::vector<double> st = sdpa_case::Storage::values(r.stats.down(r.d.stats.host.size()), DType::kFloat32);
+    const std::vector<double> want = sdpa_case::Storage::values(r.d.o.host, r.d.o.dtype);
+    std::vector<double> got0, want0;
+    for (int64_t h = 0; h < c.Hq; ++h) {
+      for (int64_t i = 0; i < r.d.len_q[1]; ++i) {
+        ASSERT_TRUE(std::isnan(o[size_t(r.d.o.lay.at(1, h, i, 0))])) << "O row " << i << " of head " << h;
+        ASSERT_TRUE(std::isnan(st[size_t(r.d.stats.lay.at(1, h, i, 0))])) << "stats row " << i << " of head " << h;
+      }
+      for (int64_t i = 0; i < r.d.len_q[0]; ++i)
+        for (int64_t e = 0; e < c.Dv; ++e) {
+          got0.push_back(o[size_t(r.d.o.lay.at(0, h, i, e))]);
+          want0.push_back(want[size_t(r.d.o.lay.at(0, h, i, e))]);
+        }
+    }
+    EXPECT_TRUE(fs_test::tensor_close(got0, want0, c.dtype)) << "sample 0";
+  }
+}
+
+TEST(SdpaPagedGpu, Sm90PagedSanitizerSmall) {
+  // Small cases for compute-sanitizer memcheck and synccheck (scripts/gpu_check.sh): pages of 8 (a key block over
+  // sixteen), 16 and 128 keys, packed and contiguous tables, K alone paged, a sample without keys, H_k != H_v,
+  // max_logit and softcap on one; both kernels' dims.
+  REQUIRE_SM90();
+  Sm90PagedOn on;
+  const int64_t pages[][2] = {{8, 16}, {16, 0}, {128, 8}, {0, 64}};
+  for (int i = 0; i < 4; ++i) {
+    PagedCase c;
+    c.seed = 3200 + uint64_t(i);
+    c.B = 3;
+    c.Hq = 4;
+    c.Hk = 2;
+    c.Hv = i == 2 ? 1 : 2;
+    c.Sq = 40;
+    c.Skv = 150;
+    c.Dqk = c.Dv = i < 2 ? 32 : 96;
+    c.page_k = pages[i][0];
+    c.page_v = pages[i][1];
+    c.packed_k = c.page_k > 0 && i % 2 == 0;
+    c.packed_v = c.page_v > 0 && i % 2 == 1;
+    c.zero_kv_sample = true;
+    c.has_right = true;
+    c.bottom_right = true;
+    c.max_logit = i == 3;
+    c.softcap = i == 3 ? 15.0f : 0.0f;
+    run_sm90_case(c);
+  }
+}
+
+TEST(SdpaPagedGpu, Sm90PagedOffRunsSm80) {
+  // The switch off (the default: FLASHSPAN_EXPERIMENTAL unset): the same calls keep the sm80 paged kernel.
+  REQUIRE_GPU();
+  PagedOn paged;
+  ScopedSwitch off{set_sdpa_sm90_paged_enabled, 0};
+  for (uint64_t seed = 501; seed <= 510; ++seed) {
+    const int64_t n0 = sm90::sdpa_fwd_paged_launches();
+    run_case(random_sm90_paged_case(seed));
+    EXPECT_EQ(sm90::sdpa_fwd_paged_launches(), n0);
+    if (::testing::Test::HasFailure()) return;
+  }
 }
 
 #endif
