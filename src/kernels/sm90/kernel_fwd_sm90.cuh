@@ -549,8 +549,9 @@ __device__ __forceinline__ void with_kv_map(const FwdParams& p, const kern::Cont
 // flagged (SdpaPagedFwdSm90Params::bad_samples; the launcher writes NaN over its O and stats rows).
 template <int kBlockK, int kSlabs, int kSlabBytes>
 __device__ __forceinline__ void load_paged_block(const SdpaPagedFwdSm90Params& pp, const SdpaPagedSide& s,
-                                                 const kern::PagedKv& kv, const CUtensorMap* tm, int b, int kb,
-                                                 int len, int head, uint32_t dst, uint32_t full) {
+                                                 const CUtensorMap* tm, int b, int kb, int len, int head,
+                                                 uint32_t dst, uint32_t full) {
+  const kern::PagedKv kv = kern::PagedKv::item(s, b);
   const int lb = kern::PagedKv::tma_log2_box<kBlockK>(s);
   for (int j = 0; j < (kBlockK >> lb); ++j) {
     int row, page;
@@ -648,8 +649,7 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
       if constexpr (Src::kPaged) {
         static_assert(!L::kFp8 && L::kSlabCols == 64, "paged K/V: 16-bit tiles");
         const SdpaPagedFwdSm90Params& pp = Src::paged(p);
-        load_paged_block<kBlockK, L::kQKSlabs, L::kKSlab>(pp, pp.paged_k, kern::PagedKv::item(pp.paged_k, it.batch),
-                                                          tm_k, it.batch, kb, src.block.len_kv, hkv,
+        load_paged_block<kBlockK, L::kQKSlabs, L::kKSlab>(pp, pp.paged_k, tm_k, it.batch, kb, src.block.len_kv, hkv,
                                                           base + L::kK + st * L::kKBytes, k_full + 8 * st);
       } else {
         with_kv_map<Src, L>(p, kv, tm_k, kSdpaK, [&](const CUtensorMap* m, int batch) {
@@ -671,9 +671,8 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
       mbar_arrive_expect_tx(v_full + 8 * st, L::kVBytes);
       if constexpr (Src::kPaged) {
         const SdpaPagedFwdSm90Params& pp = Src::paged(p);
-        load_paged_block<kBlockK, L::kTile.dv_tile / 64, L::kVSlab>(pp, pp.paged_v,
-                                                                    kern::PagedKv::item(pp.paged_v, it.batch), tm_v,
-                                                                    it.batch, kb, src.block.len_kv, hv,
+        load_paged_block<kBlockK, L::kTile.dv_tile / 64, L::kVSlab>(pp, pp.paged_v, tm_v, it.batch, kb,
+                                                                    src.block.len_kv, hv,
                                                                     base + L::kV + st * L::kVBytes, v_full + 8 * st);
       } else if constexpr (L::kFp8) {
         // V^T (map over the pre-pass's [B, H_v, D_v, keys] workspace, padded also in packed calls): the
