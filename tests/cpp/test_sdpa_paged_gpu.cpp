@@ -406,6 +406,30 @@ std::vector<PagedCase> dropout_cases() {
   return cases;
 }
 
+// The shape of the sanitizer sets' small cases (SanitizerSmall, FeaturePairsSanitizerSmall, Sm90PagedSanitizerSmall):
+// case i of seed `seed`, B = 3, H_q = 4, H_k = 2, H_v = hv, S_q = sq, S_kv = 150, head dims d, page sizes `pages`
+// (0: that side contiguous), a paged K's table packed on even i, a paged V's on odd i, a sample without keys,
+// bottom-right causal.
+PagedCase small_case(uint64_t seed, int i, const int64_t (&pages)[2], int64_t hv, int64_t sq, int64_t d) {
+  PagedCase c;
+  c.seed = seed;
+  c.B = 3;
+  c.Hq = 4;
+  c.Hk = 2;
+  c.Hv = hv;
+  c.Sq = sq;
+  c.Skv = 150;
+  c.Dqk = c.Dv = d;
+  c.page_k = pages[0];
+  c.page_v = pages[1];
+  c.packed_k = c.page_k > 0 && i % 2 == 0;
+  c.packed_v = c.page_v > 0 && i % 2 == 1;
+  c.zero_kv_sample = true;
+  c.has_right = true;
+  c.bottom_right = true;
+  return c;
+}
+
 // The cases of FeaturePairsSanitizerSmall: an additive bias, Philox dropout and its rng_dump together
 // on SanitizerSmall's shapes (a sample without keys, GQA, bottom-right causal, page sizes 1 / 16 / 128
 // with packed tables, K alone paged; prefill and decode); the bias full, broadcast over B and H_q in
@@ -415,23 +439,8 @@ std::vector<PagedCase> feature_pairs_small_cases() {
   std::vector<PagedCase> cases;
   const int64_t pages[][2] = {{1, 16}, {16, 0}, {128, 4}};
   for (int i = 0; i < 3; ++i) {
-    PagedCase c;
-    c.seed = 3100 + uint64_t(i);
-    c.B = 3;
-    c.Hq = 4;
-    c.Hk = 2;
-    c.Hv = 2;
-    c.Sq = i == 1 ? 1 : 33;
-    c.Skv = 150;
-    c.Dqk = c.Dv = 32;
-    c.page_k = pages[i][0];
-    c.page_v = pages[i][1];
-    c.packed_k = c.page_k > 0 && i % 2 == 0;
-    c.packed_v = c.page_v > 0 && i % 2 == 1;
+    PagedCase c = small_case(3100 + uint64_t(i), i, pages[i], 2, i == 1 ? 1 : 33, 32);
     c.set_max_seq = i != 2;
-    c.zero_kv_sample = true;
-    c.has_right = true;
-    c.bottom_right = true;
     c.bias = i == 0 ? 1 : i == 1 ? 1 + 1 + 2 : 1 + 4;
     c.bias_f32 = i == 1;
     c.bias_strided = i == 2;
@@ -541,6 +550,29 @@ TEST(SdpaPagedGpu, DecodeRandom) {
   }
 }
 
+// The shape of the every-page-size tests' cases (EveryPageSizeAndTile, Sm90PagedEveryPageSize): the seed's dtype
+// (bf16 odd, fp16 even), B = 3, H_q = 4, H_k = H_v = 2, S_q = sq, S_kv = skv, head dims (dqk, dv), page sizes
+// (page_k, page_v), bottom-right causal, scale 1 / sqrt(dqk).
+PagedCase page_size_case(uint64_t seed, int64_t sq, int64_t skv, int64_t dqk, int64_t dv, int64_t page_k,
+                         int64_t page_v) {
+  PagedCase c;
+  c.seed = seed;
+  c.dtype = seed % 2 ? DType::kBFloat16 : DType::kFloat16;
+  c.B = 3;
+  c.Hq = 4;
+  c.Hk = c.Hv = 2;
+  c.Sq = sq;
+  c.Skv = skv;
+  c.Dqk = dqk;
+  c.Dv = dv;
+  c.page_k = page_k;
+  c.page_v = page_v;
+  c.has_right = true;
+  c.bottom_right = true;
+  c.scale = 1.0f / std::sqrt(float(dqk));
+  return c;
+}
+
 TEST(SdpaPagedGpu, EveryPageSizeAndTile) {
   // Every page size (1 .. 256, both sides, different K and V sizes) on every head-dim tile, both
   // dtypes, GQA, bottom-right causal, ragged lengths over several key blocks.
@@ -550,23 +582,10 @@ TEST(SdpaPagedGpu, EveryPageSizeAndTile) {
   uint64_t seed = 1000;
   for (const auto& [dqk, dv] : dims)
     for (size_t i = 0; i < 9; ++i) {
-      PagedCase c;
-      c.seed = ++seed;
-      c.dtype = seed % 2 ? DType::kBFloat16 : DType::kFloat16;
-      c.B = 3;
-      c.Hq = 4;
-      c.Hk = c.Hv = 2;
-      c.Sq = 1 + int64_t(seed % 3) * 40;
-      c.Skv = 300;
-      c.Dqk = dqk;
-      c.Dv = dv;
-      c.page_k = kPageSizes[i];
-      c.page_v = kPageSizes[8 - i];
+      ++seed;
+      PagedCase c = page_size_case(seed, 1 + int64_t(seed % 3) * 40, 300, dqk, dv, kPageSizes[i], kPageSizes[8 - i]);
       c.packed_k = i % 2;
       c.token_major_v = i % 3 == 0;
-      c.has_right = true;
-      c.bottom_right = true;
-      c.scale = 1.0f / std::sqrt(float(dqk));
       run_case(c);
       if (::testing::Test::HasFailure()) return;
     }
@@ -609,25 +628,7 @@ TEST(SdpaPagedGpu, SanitizerSmall) {
   REQUIRE_GPU();
   PagedOn on;
   const int64_t pages[][2] = {{1, 16}, {16, 0}, {128, 4}, {0, 2}};
-  for (int i = 0; i < 4; ++i) {
-    PagedCase c;
-    c.seed = 3000 + uint64_t(i);
-    c.B = 3;
-    c.Hq = 4;
-    c.Hk = 2;
-    c.Hv = i == 2 ? 1 : 2;
-    c.Sq = i % 2 ? 1 : 33;
-    c.Skv = 150;
-    c.Dqk = c.Dv = 32;
-    c.page_k = pages[i][0];
-    c.page_v = pages[i][1];
-    c.packed_k = c.page_k > 0 && i % 2 == 0;
-    c.packed_v = c.page_v > 0 && i % 2 == 1;
-    c.zero_kv_sample = true;
-    c.has_right = true;
-    c.bottom_right = true;
-    run_case(c);
-  }
+  for (int i = 0; i < 4; ++i) run_case(small_case(3000 + uint64_t(i), i, pages[i], i == 2 ? 1 : 2, i % 2 ? 1 : 33, 32));
 }
 
 TEST(SdpaPagedGpu, BiasRandom) {
@@ -696,23 +697,10 @@ TEST(SdpaPagedGpu, Sm90PagedEveryPageSize) {
   uint64_t seed = 5000;
   for (const auto& [dqk, dv] : {std::pair<int64_t, int64_t>{64, 64}, {128, 128}, {72, 40}})
     for (size_t i = 0; i < 7; ++i) {
-      PagedCase c;
-      c.seed = ++seed;
-      c.dtype = seed % 2 ? DType::kBFloat16 : DType::kFloat16;
-      c.B = 3;
-      c.Hq = 4;
-      c.Hk = c.Hv = 2;
-      c.Sq = 100 + int64_t(seed % 3) * 70;
-      c.Skv = 700;
-      c.Dqk = dqk;
-      c.Dv = dv;
-      c.page_k = pages[i];
-      c.page_v = i == 6 ? 0 : pages[6 - i];
+      ++seed;
+      PagedCase c = page_size_case(seed, 100 + int64_t(seed % 3) * 70, 700, dqk, dv, pages[i], i == 6 ? 0 : pages[6 - i]);
       c.packed_v = i % 2;
       c.token_major_k = i % 3 == 0;
-      c.has_right = true;
-      c.bottom_right = true;
-      c.scale = 1.0f / std::sqrt(float(dqk));
       run_sm90_case(c);
       if (::testing::Test::HasFailure()) return;
     }
@@ -768,22 +756,7 @@ TEST(SdpaPagedGpu, Sm90PagedSanitizerSmall) {
   Sm90PagedOn on;
   const int64_t pages[][2] = {{8, 16}, {16, 0}, {128, 8}, {0, 64}};
   for (int i = 0; i < 4; ++i) {
-    PagedCase c;
-    c.seed = 3200 + uint64_t(i);
-    c.B = 3;
-    c.Hq = 4;
-    c.Hk = 2;
-    c.Hv = i == 2 ? 1 : 2;
-    c.Sq = 40;
-    c.Skv = 150;
-    c.Dqk = c.Dv = i < 2 ? 32 : 96;
-    c.page_k = pages[i][0];
-    c.page_v = pages[i][1];
-    c.packed_k = c.page_k > 0 && i % 2 == 0;
-    c.packed_v = c.page_v > 0 && i % 2 == 1;
-    c.zero_kv_sample = true;
-    c.has_right = true;
-    c.bottom_right = true;
+    PagedCase c = small_case(3200 + uint64_t(i), i, pages[i], i == 2 ? 1 : 2, 40, i < 2 ? 32 : 96);
     c.max_logit = i == 3;
     c.softcap = i == 3 ? 15.0f : 0.0f;
     run_sm90_case(c);
