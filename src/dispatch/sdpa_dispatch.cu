@@ -122,6 +122,12 @@ void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, 
     return;
   }
   if (p.paged) {
+    if (sdpa_fwd_runs_sm90_paged(p)) {
+      // The sm90 forward over the page tables (experimental: sdpa_sm90_paged_enabled); its flags in the workspace.
+      sm90::launch_sdpa_fwd_paged_sm90(sdpa_paged_fwd_params_sm90(p, workspace, workspace_bytes), p.t(FS_SDPA_Q),
+                                       p.t(FS_SDPA_K), p.t(FS_SDPA_V), p.dtype, static_cast<cudaStream_t>(stream));
+      return;
+    }
     sm80::launch_sdpa_fwd_paged_sm80(sdpa_paged_fwd_params(p), tile_of(p), p.dtype, static_cast<cudaStream_t>(stream));
     return;
   }

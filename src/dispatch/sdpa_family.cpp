@@ -103,6 +103,9 @@ Switch g_sdpa_fp8_thd{experimental_from_env};
 // Packed (THD) tensors in the 16-bit sm90 forward (sm90_refusal), the sm90 backward and the sm90 FP8 forward
 // (sdpa_fp8_fwd_sm90_refusal): experimental, not yet run on a GPU.
 Switch g_sdpa_sm90_thd{experimental_from_env};
+// Paged K/V caches on the 16-bit sm90 forward (sdpa_fwd_sm90_paged_refusal; kernel_fwd_sm90.cuh
+// sdpa_fwd_paged_kernel_sm90): experimental, not yet run on a GPU.
+Switch g_sdpa_sm90_paged{experimental_from_env};
 }  // namespace
 
 namespace {
@@ -134,7 +137,9 @@ static_assert(sdpa_head_dim_rules_agree(), "sm90 SDPA head dims: the forward's a
 // rng_dump in the forward; or the caller's mask with its scale, scale_inv in the backward) on those
 // kernels with modifiers (their run-time flag) when sdpa_sm90_dropout_enabled() (FLASHSPAN_SM90_SDPA_DROPOUT not 0)
 // and the direction's modifiers are on (head dims up to 128).
-const char* sm90_refusal(const sdpa::Problem& p, bool backward, bool any_thd_switch = false) {
+// paged: the rule of the paged forward's kernel (sdpa_fwd_sm90_paged_refusal, which refuses what it adds first): the
+// page tables and their ragged offsets taken too.
+const char* sm90_refusal(const sdpa::Problem& p, bool backward, bool any_thd_switch = false, bool paged = false) {
   using namespace sdpa;
   // The modifier instantiations exist for the (64, 64) / (128, 128) kernels
   // (sdpa_{fwd,bwd}_mods_sm90_d{64,128}.cu).
@@ -154,7 +159,7 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward, bool any_thd_swi
       !sm90::sdpa_bwd_heads_run_sm90(static_cast<int>(p.Hq / p.Hk), static_cast<int>(p.Hq / p.Hv))) {
     return "H_k != H_v (neither of H_k, H_v a multiple of the other)";
   }
-  if (p.paged) return "paged K/V";
+  if (p.paged && !paged) return "paged K/V";
   const bool dropout = p.dropout || p.a.dropout_mask_form;
   if (dropout && !(mods && sdpa_sm90_dropout_enabled())) return "dropout";
   if ((p.a.softcap || p.a.alibi) && !mods) return "score modifiers (softcap, ALiBi)";
@@ -213,6 +218,10 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward, bool any_thd_swi
       case FS_SDPA_RNG_DUMP:
         if (dropout && !backward) continue;
         break;
+      case FS_SDPA_PAGE_TABLE_K: case FS_SDPA_PAGE_TABLE_V: case FS_SDPA_RAGGED_OFFSET_PAGE_TABLE_K:
+      case FS_SDPA_RAGGED_OFFSET_PAGE_TABLE_V:
+        if (paged) continue;
+        break;
       default:
         break;
     }
@@ -225,6 +234,45 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward, bool any_thd_swi
 const char* sdpa_fwd_sm90_refusal(const sdpa::Problem& p) { return sm90_refusal(p, false); }
 const char* sdpa_bwd_sm90_refusal(const sdpa::Problem& p) { return sm90_refusal(p, true); }
 const char* sdpa_bwd_sm90_layout_refusal(const sdpa::Problem& p) { return sm90_refusal(p, true, true); }
+
+// The paged forward on the sm90 kernel (sdpa_fwd_paged_kernel_sm90: the modifiers' source without the bias, (64, 64)
+// and (128, 128), K / V boxes from the page tables): what sm90_refusal takes of a paged forward, less what the
+// kernel leaves to the sm80 paged kernel (which runs every paged call): head dims above 128, the bias, dropout,
+// packed (THD) q / k / v / o / stats / gate (no sample maps here), pages of fewer than 8 keys (a box of whole
+// 128B swizzle atoms), an empty container (its map's page extent).
+const char* sdpa_fwd_sm90_paged_refusal(const sdpa::Problem& p) {
+  using namespace sdpa;
+  if (!p.paged) return "K and V not paged";
+  if (p.fp8 || p.a.backward) return "an FP8 call or a backward";
+  if (p.Dqk > 128 || p.Dv > 128) return "head dims above 128";
+  if (p.has(FS_SDPA_BIAS)) return "bias (with paged K/V: the sm80 paged kernel)";
+  if (p.dropout || p.a.dropout_mask_form) return "dropout (with paged K/V: the sm80 paged kernel)";
+  for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
+                FS_SDPA_RAGGED_OFFSET_STATS, FS_SDPA_RAGGED_OFFSET_GATE}) {
+    if (p.has(s)) return "ragged (packed) q, k, v, o, stats or gate (with paged K/V: the sm80 paged kernel)";
+  }
+  for (int side = 0; side < 2; ++side) {
+    if (!p.has(side == 0 ? FS_SDPA_PAGE_TABLE_K : FS_SDPA_PAGE_TABLE_V)) continue;
+    if ((side == 0 ? p.page_size_k : p.page_size_v) < 8) return "a page of fewer than 8 keys";
+    if (p.t(side == 0 ? FS_SDPA_K : FS_SDPA_V).size(0) < 1) return "a page container without pages";
+  }
+  return sm90_refusal(p, false, false, /*paged=*/true);
+}
+
+void set_sdpa_sm90_paged_enabled(int on) { g_sdpa_sm90_paged.set(on); }
+bool sdpa_sm90_paged_enabled() { return g_sdpa_sm90_paged.on(); }
+
+bool sdpa_fwd_runs_sm90_paged(const sdpa::Problem& p) {
+  if (p.device != DeviceType::kCUDA || !sdpa_fwd_sm90_enabled() || !sdpa_sm90_paged_enabled() ||
+      sdpa_fwd_sm90_paged_refusal(p) != nullptr) {
+    return false;
+  }
+  return on_sm90_device(p);
+}
+
+bool sdpa_fwd_sm90_may_take_paged(const sdpa::Problem& p) {
+  return p.device == DeviceType::kCUDA && p.paged && !p.fp8 && !p.a.backward && on_sm90_device(p);
+}
 
 void set_sdpa_fwd_sm90_enabled(int on) { g_sdpa_fwd_sm90.set(on); }
 bool sdpa_fwd_sm90_enabled() { return g_sdpa_fwd_sm90.on(); }

@@ -250,6 +250,27 @@ void set_sdpa_fp8_thd_enabled(int on);
 bool sdpa_sm90_thd_enabled();
 void set_sdpa_sm90_thd_enabled(int on);
 
+// Paged K/V caches on the 16-bit sm90 forward (kernels/sm90/launch_sm90.h launch_sdpa_fwd_paged_sm90: the sm90
+// forward's kernel with the modifiers' source, K / V boxes placed through the page tables by TMA, kv_addr.cuh
+// PagedKv's TMA form): experimental, not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read per call),
+// set_sdpa_sm90_paged_enabled overrides it (tests: 1 on, 0 off, -1 the environment's answer). Off, or for a call it
+// does not take, paged forwards keep the sm80 paged kernel (and the decode forward its calls). On an sm_90 device
+// with this build's sm_90a code and sdpa_fwd_sm90_enabled(), sdpa_fwd_runs_sm90_paged answers whether it runs a
+// call: sdpa_fwd_sm90_paged_refusal nullptr (a paged 16-bit forward; padded q / o / stats / gate; head dims up
+// to 128; no bias or dropout; each paged side's pages of 8 keys or more and its container not empty; the rest as
+// sdpa_fwd_sm90_refusal: masks, padding, GQA / H_k != H_v, max_logit, and with sdpa_fwd_sm90_mods_enabled softcap,
+// ALiBi, sinks, the gate, score_max / score_sum_exp, the block_mask), else the first thing it does not take. Its
+// workspace: one int32 flag a sample (a page-table entry outside its container: NaN over the sample's O and stats
+// rows), sdpa_fwd_sm90_paged_flags_bytes, for every call sdpa_fwd_sm90_may_take_paged (a 16-bit paged CUDA forward on
+// an sm_90 device with the sm_90a code), whatever the switches say; sdpa_paged_fwd_params_sm90 binds it (checked).
+bool sdpa_sm90_paged_enabled();
+void set_sdpa_sm90_paged_enabled(int on);
+const char* sdpa_fwd_sm90_paged_refusal(const sdpa::Problem& p);
+bool sdpa_fwd_runs_sm90_paged(const sdpa::Problem& p);
+bool sdpa_fwd_sm90_may_take_paged(const sdpa::Problem& p);
+size_t sdpa_fwd_sm90_paged_flags_bytes(const sdpa::Problem& p);
+SdpaPagedFwdSm90Params sdpa_paged_fwd_params_sm90(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
+
 // The FP8 forward on the sm80 kernels (kernels/sm80/launch_sm80.h launch_sdpa_fp8_fwd_sm80: the 16-bit sm80
 // forward's loop on the codes widened to bf16, exact, with P's FP8 rounding and O's FP8 store in the kernel):
 // every GPU from sm_80, and on sm_90 the calls the sm90 FP8 forward does not take (its head dims, strides,

@@ -391,10 +391,27 @@ size_t sdpa_fwd_workspace_size(const Problem& p) {
   if (p.fp8 && sdpa_fp8_fwd_runs_sm80(p)) return fp8_fwd_sm80_bytes(p).total;
   if (p.fp8) return fp8_vt_ws_bytes(p) + sdpa_fwd_sm90_maps_bytes(p);
   if (sdpa_fwd_runs_decode(p)) {
+    // (at least the sm90 paged forward's flags: a call sized on the decode forward still runs with it off)
     const DecodeWorkspace w = decode_workspace(p);
-    return w.o_accum + w.ml;
+    return std::max(w.o_accum + w.ml, sdpa_fwd_sm90_paged_flags_bytes(p));
   }
-  return sdpa_fwd_sm90_maps_bytes(p);
+  return sdpa_fwd_sm90_maps_bytes(p) + sdpa_fwd_sm90_paged_flags_bytes(p);  // (no call has both)
+}
+
+size_t sdpa_fwd_sm90_paged_flags_bytes(const Problem& p) {
+  return sdpa_fwd_sm90_may_take_paged(p) ? ws_align(size_t(p.B) * sizeof(int32_t)) + 16 : 0;
+}
+
+SdpaPagedFwdSm90Params sdpa_paged_fwd_params_sm90(const Problem& p, void* workspace, size_t workspace_bytes) {
+  const size_t need = sdpa_fwd_sm90_paged_flags_bytes(p);
+  FS_CHECK(need > 0, Status::kInternal, "sdpa paged forward (sm90): parameters asked for a call it does not take");
+  FS_CHECK_ARG(workspace != nullptr && workspace_bytes >= need, "workspace: needs ", need, " bytes, got ",
+               workspace_bytes);
+  SdpaPagedFwdSm90Params f;
+  static_cast<SdpaPagedFwdParams&>(f) = sdpa_paged_fwd_params(p);
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(workspace) + 15) / 16 * 16;  // the flags, 16-byte aligned
+  f.bad_samples = reinterpret_cast<int32_t*>(a);
+  return f;
 }
 
 namespace {

@@ -458,6 +458,16 @@ struct SdpaPagedFwdParams : SdpaFwdParams {
   SdpaPagedSide paged_k, paged_v;
 };
 
+// The paged SDPA forward on the sm90 kernels (kernel_fwd_sm90.cuh sdpa_fwd_paged_kernel_sm90,
+// experimental): the paged forward's parameters and one int32 flag a sample in the call's workspace
+// (zeroed by the launcher), which the producer sets when a page-table entry it reads lies outside the
+// container (nothing is read there: kv_addr.cuh PagedKv::tma_box); the launcher then writes NaN over
+// that sample's O and stats rows (sample_maps_sm90.h launch_sample_poison_sm90). A struct of its own,
+// so that SdpaPagedFwdParams, the sm80 paged and decode kernels' parameter block, is unchanged.
+struct SdpaPagedFwdSm90Params : SdpaPagedFwdParams {
+  int32_t* bad_samples = nullptr;  // [B]
+};
+
 // The SDPA decode forward (kernel_decode_sm80.cuh; the rule that picks it: sdpa_family.cpp
 // sdpa_decode_refusal): packed GQA on the 16-row decode tile and the key walk split into items
 // (FlashDecoding). A task is (packed query block qb, kv head hkv, sample b), task index

@@ -217,6 +217,59 @@ inline PagedCase random_dropout_case(uint64_t seed, bool decode) {
   return c;
 }
 
+// The cases of the sm90 paged forward's GPU tests (experimental: sdpa_sm90_paged_enabled; test_sdpa_paged_gpu.cpp
+// Sm90Paged*), which its rule (sdpa_fwd_sm90_paged_refusal) takes and the decode forward does not: random_paged_case
+// with pages of 8 keys or more (1 .. 4 become 8 .. 256, kept per side: K and V tables of their own sizes, one side
+// contiguous on a quarter), Q / O / stats padded, head dims up to 128, S_q H_q / H_k above 16 (a prefill).
+// SdpaPaged.Sm90GpuCasesAreTakenByTheRule (test_sdpa_paged.cpp, no GPU) checks that.
+inline PagedCase random_sm90_paged_case(uint64_t seed) {
+  PagedCase c = random_paged_case(seed, /*decode=*/false);
+  std::mt19937_64 rng(seed * 131 + 7);  // a stream of its own
+  for (int64_t* page : {&c.page_k, &c.page_v}) {
+    if (*page > 0 && *page < 8) *page = kPageSizes[3 + rng() % 6];
+  }
+  c.thd_q = false;
+  if (c.Dqk > 128 || c.Dv > 128) {
+    static const int64_t dims[][2] = {{64, 64}, {128, 128}, {40, 72}, {128, 64}, {8, 128}};
+    const auto* d = dims[rng() % 5];
+    c.Dqk = d[0];
+    c.Dv = d[1];
+  }
+  if (c.Sq * (c.Hq / c.Hk) <= 16) c.Sq = 17 + int64_t(rng() % 300);
+  c.scale = fs_test::random_softmax_scale(seed, int(c.Dqk), !c.max_logit);
+  return c;
+}
+
+// The cases of the sm90 paged forward's bad-entry test (Sm90PagedBadEntryIsNaN): pages of 8, 16, 64, 128 and 256
+// keys (several boxes a key block, one, a page of two blocks), K's table entry `bad_page` of sample 1 (the last: its
+// keys are all S_kv, make_paged_data) refused, sample 0 intact (its rows are all S_q); B = 2, no mask, so every key
+// block of sample 1 is read by its rows (SdpaPaged.Sm90GpuCasesAreTakenByTheRule: it has some).
+struct BadEntryCase {
+  PagedCase c;
+  int64_t bad_page = 0;  // sample 1's page index whose entry is replaced
+};
+inline std::vector<BadEntryCase> sm90_bad_entry_cases() {
+  std::vector<BadEntryCase> out;
+  const int64_t pages[] = {8, 16, 64, 128, 256};
+  for (int i = 0; i < 5; ++i) {
+    BadEntryCase b;
+    b.c.seed = 2101 + uint64_t(i);
+    b.c.dtype = i % 2 ? DType::kFloat16 : DType::kBFloat16;
+    b.c.B = 2;
+    b.c.Hq = 4;
+    b.c.Hk = b.c.Hv = 2;
+    b.c.Sq = 150;
+    b.c.Skv = 500;
+    b.c.Dqk = b.c.Dv = i % 2 ? 128 : 64;
+    b.c.page_k = pages[i];
+    b.c.page_v = pages[4 - i];
+    b.c.packed_k = i % 2 == 1;
+    b.bad_page = std::min<int64_t>(i, (b.c.Skv - 1) / pages[i]);  // a page of sample 1's keys
+    out.push_back(b);
+  }
+  return out;
+}
+
 // One side's page table (int32): `entries` as stored; sample b's page g at
 // entries[offset[b] + g * stride] (offset[b] = b * max_pages unless packed).
 struct PageTable {

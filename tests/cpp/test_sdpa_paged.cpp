@@ -10,11 +10,13 @@
 // FLASHSPAN_SDPA_FEATURE_PAIRS=0).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -142,6 +144,7 @@ struct HostCall {
       }
     }
     if (c.set_max_seq) a.paged_max_seq_len_kv = c.Skv;
+    if (c.softcap > 0) a.softcap = c.softcap;
     a.alignment = c.bottom_right ? FS_SDPA_BOTTOM_RIGHT : FS_SDPA_TOP_LEFT;
     if (c.has_left) a.left_bound = c.left;
     if (c.has_right) a.right_bound = c.right;
@@ -223,6 +226,246 @@ TEST(SdpaPaged, AddressRoleRefusesEntriesOutsideTheContainer) {
     EXPECT_TRUE(kv.row_offset(f.paged_k, 3, f.ka.row_stride, off));   // page 0
     EXPECT_FALSE(kv.row_offset(f.paged_k, 4, f.ka.row_stride, off)) << bad;  // page 1
   }
+}
+
+// The TMA form of the address role (kv_addr.cuh PagedKv::tma_log2_box / tma_box: the sm90 paged forward's producer,
+// kernel_fwd_sm90.cuh load_paged_block) on the kernel's 128-key blocks: every box of every key block that holds keys
+// of a sample lies inside one page (or is the contiguous side's block) and, read at the coordinates (column, row,
+// head, page) of the container's map (launch_fwd_sm90.cu: the container's [pages, page, H, D] view; a contiguous side
+// its [B, S, H, D] view, batch b), holds the case's dense keys / values; a box from the sample's length on reads no
+// entry and lies past the map (page coordinate num_pages). Pages of 8 keys or more (the rule's: smaller pages keep the
+// sm80 kernel).
+void check_tma_form(PagedCase c) {
+  constexpr int kBlockK = 128;
+  for (int64_t* page : {&c.page_k, &c.page_v}) {
+    if (*page > 0 && *page < 8) *page = 8;
+  }
+  SCOPED_TRACE(c.str());
+  HostCall call(c);
+  const SdpaPagedFwdParams f = sdpa_paged_fwd_params(call.p);
+  for (int side = 0; side < 2; ++side) {
+    const SdpaPagedSide& ps = side == 0 ? f.paged_k : f.paged_v;
+    const PagedSide& data = side == 0 ? call.d.k : call.d.v;
+    const std::vector<double>& dense = side == 0 ? call.d.dense_k : call.d.dense_v;
+    const int64_t H = side == 0 ? c.Hk : c.Hv, D = side == 0 ? c.Dqk : c.Dv;
+    const int64_t page_size = side == 0 ? c.page_k : c.page_v;
+    const int lb = kern::PagedKv::tma_log2_box<kBlockK>(ps);
+    const int box = 1 << lb;
+    ASSERT_EQ(box, page_size > 0 ? std::min<int64_t>(page_size, kBlockK) : kBlockK) << "side " << side;
+    for (int b = 0; b < int(c.B); ++b) {
+      const int len = int(call.d.len_kv[size_t(b)]);
+      const kern::PagedKv kv = kern::PagedKv::item(ps, b);
+      for (int kb = 0; kb * kBlockK < len; ++kb)
+        for (int j = 0; j < (kBlockK >> lb); ++j) {
+          const int key0 = kb * kBlockK + (j << lb);
+          int row = -1, page = -1;
+          ASSERT_TRUE(kv.tma_box(ps, b, key0, len, row, page)) << "side " << side << " sample " << b << " key " << key0;
+          if (page_size == 0) {
+            ASSERT_EQ(page, b);
+            ASSERT_EQ(row, key0);
+          } else if (key0 >= len) {
+            ASSERT_EQ(page, ps.num_pages) << "a box past the sample's keys must lie past the map";
+            continue;
+          } else {
+            ASSERT_TRUE(page >= 0 && page < ps.num_pages);
+            ASSERT_TRUE(row % box == 0 && row + box <= page_size) << "a box across pages";
+          }
+          for (int r = 0; r < box && key0 + r < len; ++r)
+            for (int64_t h = 0; h < H; ++h)
+              for (int64_t d = 0; d < D; ++d) {
+                const double got = data.data.get(data.data.lay.at(page, h, row + r, d));
+                const double want = dense[size_t(((b * H + h) * c.Skv + key0 + r) * D + d)];
+                ASSERT_EQ(got, want) << "side " << side << " sample " << b << " head " << h << " key " << key0 + r;
+              }
+        }
+    }
+  }
+}
+
+TEST(SdpaPaged, TmaFormFindsEveryKeyBlock) {
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    check_tma_form(random_paged_case(seed, /*decode=*/false));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaPaged, TmaFormRefusesEntriesOutsideTheContainer) {
+  // An entry outside [0, num_pages) is not a coordinate: tma_box answers false with the page coordinate
+  // num_pages (a box wholly past the map, zero filled), for pages holding whole blocks and for smaller ones.
+  for (int64_t page_size : {8, 32, 128, 256}) {
+    PagedCase c;
+    c.seed = 9;
+    c.B = 1;
+    c.Sq = 1;
+    c.Skv = 600;
+    c.page_k = c.page_v = page_size;
+    HostCall call(c);
+    SdpaPagedFwdParams f = sdpa_paged_fwd_params(call.p);
+    std::vector<int32_t> entries = call.d.k.table.entries;
+    f.paged_k.table = entries.data();
+    const int len = int(call.d.len_kv[0]);
+    ASSERT_EQ(len, 600);
+    const int bad_key = 300 / int(page_size) * int(page_size);  // the first key of the page holding key 300
+    for (int32_t bad : {-1, int32_t(call.d.k.table.num_pages), 0x7fffffff, int32_t(0x80000000)}) {
+      entries[size_t(bad_key / page_size)] = bad;
+      const kern::PagedKv kv = kern::PagedKv::item(f.paged_k, 0);
+      int row = -1, page = -1;
+      EXPECT_TRUE(kv.tma_box(f.paged_k, 0, 0, len, row, page));
+      EXPECT_FALSE(kv.tma_box(f.paged_k, 0, bad_key, len, row, page)) << page_size << " " << bad;
+      EXPECT_EQ(page, f.paged_k.num_pages) << page_size << " " << bad;
+    }
+  }
+}
+
+// The sm90 paged forward's rule (sdpa_fwd_sm90_paged_refusal, experimental) on CUDA twins of cases: "" when the
+// kernel takes the call, else the start of the refusal.
+std::string sm90_paged_refusal(const PagedCase& c) {
+  HostCall call(c, DeviceType::kCUDA);
+  const char* r = sdpa_fwd_sm90_paged_refusal(call.p);
+  return r == nullptr ? "" : r;
+}
+
+TEST(SdpaPaged, Sm90PagedRule) {
+  // Taken: pages of 8 keys or more on either side or one side contiguous, packed tables, token-major containers,
+  // GQA / H_k != H_v, both dtypes, head dims up to 128, masks, softcap (the modifiers' switch on); refused (the sm80
+  // paged kernel runs them): smaller pages, head dims above 128, packed q / o / stats, softcap with the modifiers'
+  // switch off.
+  const ScopedSwitch mods(set_sdpa_fwd_sm90_mods_enabled, 1);
+  PagedCase c;
+  c.seed = 21;
+  c.B = 2;
+  c.Hq = 8;
+  c.Hk = 2;
+  c.Hv = 4;
+  c.Sq = 200;
+  c.Skv = 300;
+  c.page_k = 16;
+  c.page_v = 256;
+  c.packed_k = true;
+  c.token_major_v = true;
+  c.has_right = true;
+  c.bottom_right = true;
+  EXPECT_EQ(sm90_paged_refusal(c), "");
+  for (int64_t page : {8, 32, 64, 128, 1024}) {
+    PagedCase x = c;
+    x.page_k = page;
+    x.page_v = page == 1024 ? 0 : page;  // V contiguous on the last
+    x.dtype = DType::kFloat16;
+    EXPECT_EQ(sm90_paged_refusal(x), "") << x.str();
+  }
+  {
+    PagedCase x = c;
+    x.Dqk = 40;
+    x.Dv = 128;
+    x.softcap = 20.0f;
+    x.max_logit = true;
+    EXPECT_EQ(sm90_paged_refusal(x), "") << x.str();
+    const ScopedSwitch mods_off(set_sdpa_fwd_sm90_mods_enabled, 0);
+    EXPECT_NE(sm90_paged_refusal(x), "") << "softcap with the modifiers' switch off";
+  }
+  for (int64_t page : {1, 2, 4}) {
+    PagedCase x = c;
+    x.page_v = page;
+    EXPECT_EQ(sm90_paged_refusal(x), "a page of fewer than 8 keys") << x.str();
+  }
+  {
+    PagedCase x = c;
+    x.Dqk = 192;
+    x.Dv = 128;
+    EXPECT_EQ(sm90_paged_refusal(x), "head dims above 128");
+  }
+  {
+    PagedCase x = c;
+    x.thd_q = true;
+    EXPECT_EQ(sm90_paged_refusal(x).rfind("ragged (packed)", 0), 0u) << sm90_paged_refusal(x);
+  }
+}
+
+TEST(SdpaPaged, Sm90GpuCasesAreTakenByTheRule) {
+  // The cases of the sm90 paged forward's GPU tests (sdpa_paged_case.h random_sm90_paged_case, sm90_bad_entry_cases;
+  // test_sdpa_paged_gpu.cpp Sm90Paged*) are calls its rule takes and the decode forward does not, so that on an H100
+  // / H200 each runs on the kernel; they draw what they say (page sizes per side below / at / above the 128-key
+  // block, one side contiguous, packed tables, H_k != H_v, softcap, a sample without keys); and the bad entry of
+  // each bad-entry case is one the kernel reads (sample 1 has rows, and keys on that page).
+  const ScopedSwitch mods(set_sdpa_fwd_sm90_mods_enabled, 1);
+  const ScopedSwitch decode(set_sdpa_decode_enabled, 1);
+  std::set<std::string> seen;
+  for (uint64_t seed = 501; seed <= 580; ++seed) {
+    const PagedCase c = random_sm90_paged_case(seed);
+    HostCall call(c, DeviceType::kCUDA);
+    ASSERT_EQ(sm90_paged_refusal(c), "") << c.str();
+    ASSERT_NE(sdpa_decode_refusal(call.p), nullptr) << c.str();
+    for (int64_t page : {c.page_k, c.page_v}) {
+      seen.insert(page == 0 ? "contiguous" : page < 128 ? "page < block" : page == 128 ? "page = block" : "page > block");
+    }
+    if (c.page_k > 0 && c.page_v > 0 && c.page_k != c.page_v) seen.insert("K and V pages differ");
+    if (c.packed_k || c.packed_v) seen.insert("packed table");
+    if (c.Hk != c.Hv) seen.insert("H_k != H_v");
+    if (c.softcap > 0) seen.insert("softcap");
+    if (c.max_logit) seen.insert("max_logit");
+    if (c.zero_kv_sample) seen.insert("sample without keys");
+    seen.insert(dtype_name(c.dtype));
+  }
+  for (const std::string what : {"contiguous", "page < block", "page = block", "page > block", "K and V pages differ",
+                                 "packed table", "H_k != H_v", "softcap", "max_logit", "sample without keys",
+                                 dtype_name(DType::kFloat16), dtype_name(DType::kBFloat16)}) {
+    EXPECT_TRUE(seen.count(what)) << what << " not drawn";
+  }
+  for (const BadEntryCase& b : sm90_bad_entry_cases()) {
+    HostCall call(b.c, DeviceType::kCUDA);
+    EXPECT_EQ(sm90_paged_refusal(b.c), "") << b.c.str();
+    EXPECT_NE(sdpa_decode_refusal(call.p), nullptr) << b.c.str();
+    EXPECT_GT(call.d.len_q[1], 0) << b.c.str();
+    EXPECT_GT(call.d.len_kv[1], b.bad_page * b.c.page_k) << b.c.str();
+    EXPECT_GT(call.d.len_q[0], 0) << b.c.str();
+  }
+}
+
+TEST(SdpaPaged, Sm90PagedSwitchIsExperimental) {
+  // sdpa_sm90_paged_enabled: off unless FLASHSPAN_EXPERIMENTAL is exactly "1" (read per call), the override wins
+  // both ways, -1 gives the environment's answer back. Without an sm_90 device (this CPU test) no call runs on the
+  // kernel and none gets its workspace, whatever the switch says.
+  PagedCase c;
+  c.seed = 22;
+  c.B = 2;
+  c.Sq = 150;
+  c.Skv = 300;
+  c.page_k = c.page_v = 64;
+  HostCall call(c, DeviceType::kCUDA);
+  set_sdpa_sm90_paged_enabled(-1);
+  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
+  EXPECT_FALSE(sdpa_sm90_paged_enabled());
+  experimental.set("0");
+  EXPECT_FALSE(sdpa_sm90_paged_enabled());
+  experimental.set("true");
+  EXPECT_FALSE(sdpa_sm90_paged_enabled());
+  experimental.set("1");
+  EXPECT_TRUE(sdpa_sm90_paged_enabled());
+  {
+    const ScopedSwitch off(set_sdpa_sm90_paged_enabled, 0);
+    EXPECT_FALSE(sdpa_sm90_paged_enabled());
+    EXPECT_FALSE(sdpa_fwd_runs_sm90_paged(call.p));
+  }
+  experimental.set(nullptr);
+  {
+    const ScopedSwitch on(set_sdpa_sm90_paged_enabled, 1);
+    EXPECT_TRUE(sdpa_sm90_paged_enabled());
+    EXPECT_EQ(sdpa_fwd_sm90_paged_refusal(call.p), nullptr);
+    EXPECT_EQ(sdpa_fwd_runs_sm90_paged(call.p), sdpa_fwd_sm90_may_take_paged(call.p));
+  }
+  EXPECT_FALSE(sdpa_sm90_paged_enabled());
+  // The flags' workspace: every 16-bit paged forward that may take the kernel (an sm_90 device with the sm_90a
+  // code), whatever the switch says; none elsewhere (and never on CPU tensors).
+  const size_t flags = sdpa_fwd_sm90_paged_flags_bytes(call.p);
+  if (sdpa_fwd_sm90_may_take_paged(call.p)) {
+    EXPECT_GE(flags, size_t(c.B) * 4);
+    EXPECT_GE(sdpa_fwd_workspace_size(call.p), flags);
+  } else {
+    EXPECT_EQ(flags, 0u);
+  }
+  HostCall cpu(c);
+  EXPECT_FALSE(sdpa_fwd_sm90_may_take_paged(cpu.p));
+  EXPECT_EQ(sdpa_fwd_sm90_paged_flags_bytes(cpu.p), 0u);
 }
 
 // sdpa_check_features_gpu's verdict on the CUDA twin of a case ("" when accepted).

@@ -42,6 +42,8 @@
 #include "error_criteria.h"
 #include "flashspan/flashspan.hpp"
 #include "gpu_harness.h"
+#include "kernels/sm90/launch_sm90.h"  // sm90::sdpa_fwd_paged_launches
+#include "scoped_env.h"
 #include "sdpa_paged_case.h"
 
 namespace flashspan::test {
@@ -404,6 +406,30 @@ std::vector<PagedCase> dropout_cases() {
   return cases;
 }
 
+// The shape of the sanitizer sets' small cases (SanitizerSmall, FeaturePairsSanitizerSmall, Sm90PagedSanitizerSmall):
+// case i of seed `seed`, B = 3, H_q = 4, H_k = 2, H_v = hv, S_q = sq, S_kv = 150, head dims d, page sizes `pages`
+// (0: that side contiguous), a paged K's table packed on even i, a paged V's on odd i, a sample without keys,
+// bottom-right causal.
+PagedCase small_case(uint64_t seed, int i, const int64_t (&pages)[2], int64_t hv, int64_t sq, int64_t d) {
+  PagedCase c;
+  c.seed = seed;
+  c.B = 3;
+  c.Hq = 4;
+  c.Hk = 2;
+  c.Hv = hv;
+  c.Sq = sq;
+  c.Skv = 150;
+  c.Dqk = c.Dv = d;
+  c.page_k = pages[0];
+  c.page_v = pages[1];
+  c.packed_k = c.page_k > 0 && i % 2 == 0;
+  c.packed_v = c.page_v > 0 && i % 2 == 1;
+  c.zero_kv_sample = true;
+  c.has_right = true;
+  c.bottom_right = true;
+  return c;
+}
+
 // The cases of FeaturePairsSanitizerSmall: an additive bias, Philox dropout and its rng_dump together
 // on SanitizerSmall's shapes (a sample without keys, GQA, bottom-right causal, page sizes 1 / 16 / 128
 // with packed tables, K alone paged; prefill and decode); the bias full, broadcast over B and H_q in
@@ -413,23 +439,8 @@ std::vector<PagedCase> feature_pairs_small_cases() {
   std::vector<PagedCase> cases;
   const int64_t pages[][2] = {{1, 16}, {16, 0}, {128, 4}};
   for (int i = 0; i < 3; ++i) {
-    PagedCase c;
-    c.seed = 3100 + uint64_t(i);
-    c.B = 3;
-    c.Hq = 4;
-    c.Hk = 2;
-    c.Hv = 2;
-    c.Sq = i == 1 ? 1 : 33;
-    c.Skv = 150;
-    c.Dqk = c.Dv = 32;
-    c.page_k = pages[i][0];
-    c.page_v = pages[i][1];
-    c.packed_k = c.page_k > 0 && i % 2 == 0;
-    c.packed_v = c.page_v > 0 && i % 2 == 1;
+    PagedCase c = small_case(3100 + uint64_t(i), i, pages[i], 2, i == 1 ? 1 : 33, 32);
     c.set_max_seq = i != 2;
-    c.zero_kv_sample = true;
-    c.has_right = true;
-    c.bottom_right = true;
     c.bias = i == 0 ? 1 : i == 1 ? 1 + 1 + 2 : 1 + 4;
     c.bias_f32 = i == 1;
     c.bias_strided = i == 2;
@@ -539,6 +550,29 @@ TEST(SdpaPagedGpu, DecodeRandom) {
   }
 }
 
+// The shape of the every-page-size tests' cases (EveryPageSizeAndTile, Sm90PagedEveryPageSize): the seed's dtype
+// (bf16 odd, fp16 even), B = 3, H_q = 4, H_k = H_v = 2, S_q = sq, S_kv = skv, head dims (dqk, dv), page sizes
+// (page_k, page_v), bottom-right causal, scale 1 / sqrt(dqk).
+PagedCase page_size_case(uint64_t seed, int64_t sq, int64_t skv, int64_t dqk, int64_t dv, int64_t page_k,
+                         int64_t page_v) {
+  PagedCase c;
+  c.seed = seed;
+  c.dtype = seed % 2 ? DType::kBFloat16 : DType::kFloat16;
+  c.B = 3;
+  c.Hq = 4;
+  c.Hk = c.Hv = 2;
+  c.Sq = sq;
+  c.Skv = skv;
+  c.Dqk = dqk;
+  c.Dv = dv;
+  c.page_k = page_k;
+  c.page_v = page_v;
+  c.has_right = true;
+  c.bottom_right = true;
+  c.scale = 1.0f / std::sqrt(float(dqk));
+  return c;
+}
+
 TEST(SdpaPagedGpu, EveryPageSizeAndTile) {
   // Every page size (1 .. 256, both sides, different K and V sizes) on every head-dim tile, both
   // dtypes, GQA, bottom-right causal, ragged lengths over several key blocks.
@@ -548,23 +582,10 @@ TEST(SdpaPagedGpu, EveryPageSizeAndTile) {
   uint64_t seed = 1000;
   for (const auto& [dqk, dv] : dims)
     for (size_t i = 0; i < 9; ++i) {
-      PagedCase c;
-      c.seed = ++seed;
-      c.dtype = seed % 2 ? DType::kBFloat16 : DType::kFloat16;
-      c.B = 3;
-      c.Hq = 4;
-      c.Hk = c.Hv = 2;
-      c.Sq = 1 + int64_t(seed % 3) * 40;
-      c.Skv = 300;
-      c.Dqk = dqk;
-      c.Dv = dv;
-      c.page_k = kPageSizes[i];
-      c.page_v = kPageSizes[8 - i];
+      ++seed;
+      PagedCase c = page_size_case(seed, 1 + int64_t(seed % 3) * 40, 300, dqk, dv, kPageSizes[i], kPageSizes[8 - i]);
       c.packed_k = i % 2;
       c.token_major_v = i % 3 == 0;
-      c.has_right = true;
-      c.bottom_right = true;
-      c.scale = 1.0f / std::sqrt(float(dqk));
       run_case(c);
       if (::testing::Test::HasFailure()) return;
     }
@@ -607,25 +628,7 @@ TEST(SdpaPagedGpu, SanitizerSmall) {
   REQUIRE_GPU();
   PagedOn on;
   const int64_t pages[][2] = {{1, 16}, {16, 0}, {128, 4}, {0, 2}};
-  for (int i = 0; i < 4; ++i) {
-    PagedCase c;
-    c.seed = 3000 + uint64_t(i);
-    c.B = 3;
-    c.Hq = 4;
-    c.Hk = 2;
-    c.Hv = i == 2 ? 1 : 2;
-    c.Sq = i % 2 ? 1 : 33;
-    c.Skv = 150;
-    c.Dqk = c.Dv = 32;
-    c.page_k = pages[i][0];
-    c.page_v = pages[i][1];
-    c.packed_k = c.page_k > 0 && i % 2 == 0;
-    c.packed_v = c.page_v > 0 && i % 2 == 1;
-    c.zero_kv_sample = true;
-    c.has_right = true;
-    c.bottom_right = true;
-    run_case(c);
-  }
+  for (int i = 0; i < 4; ++i) run_case(small_case(3000 + uint64_t(i), i, pages[i], i == 2 ? 1 : 2, i % 2 ? 1 : 33, 32));
 }
 
 TEST(SdpaPagedGpu, BiasRandom) {
@@ -654,6 +657,123 @@ TEST(SdpaPagedGpu, FeaturePairsSanitizerSmall) {
   REQUIRE_GPU();
   FeaturePairsOn on;
   for (const PagedCase& c : feature_pairs_small_cases()) run_case(c);
+}
+
+// The sm90 forward over paged K/V (experimental, not yet run on a GPU: sdpa_sm90_paged_enabled, forced on here with
+// the sm90 forward's switch; kernel_fwd_sm90.cuh sdpa_fwd_paged_kernel_sm90): each call must run on it
+// (sm90::sdpa_fwd_paged_launches), against the CPU reference with the outputs NaN-poisoned first.
+struct Sm90PagedOn {
+  PagedOn paged;
+  ScopedSwitch fwd{set_sdpa_fwd_sm90_enabled, 1};
+  ScopedSwitch on{set_sdpa_sm90_paged_enabled, 1};
+};
+
+void run_sm90_case(const PagedCase& c) {
+  const int64_t n0 = sm90::sdpa_fwd_paged_launches();
+  run_case(c);
+  EXPECT_EQ(sm90::sdpa_fwd_paged_launches(), n0 + 1) << "not run by the sm90 paged forward: " << c.str();
+}
+
+TEST(SdpaPagedGpu, Sm90PagedRandom) {
+  // 80 random prefill cases (random_sm90_paged_case): pages 8 .. 256 per side (a key block over several pages, in
+  // one, or a page of several blocks), shuffled pages, unused pages and rows past the samples NaN, garbage entries
+  // past the samples' pages, packed tables, token-major containers, K or V alone paged, separate K and V tables,
+  // ragged lengths with a sample without keys, GQA and H_k != H_v, both dtypes, head dims up to 128, masks in both
+  // alignments, softcap, max_logit.
+  REQUIRE_SM90();
+  Sm90PagedOn on;
+  for (uint64_t seed = 501; seed <= 580; ++seed) {
+    run_sm90_case(random_sm90_paged_case(seed));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaPagedGpu, Sm90PagedEveryPageSize) {
+  // Every page size the kernel takes (8 .. 512), K and V of different sizes, on both kernels' dims, both dtypes,
+  // bottom-right causal, lengths over several key blocks; the last with V contiguous.
+  REQUIRE_SM90();
+  Sm90PagedOn on;
+  static const int64_t pages[] = {8, 16, 32, 64, 128, 256, 512};
+  uint64_t seed = 5000;
+  for (const auto& [dqk, dv] : {std::pair<int64_t, int64_t>{64, 64}, {128, 128}, {72, 40}})
+    for (size_t i = 0; i < 7; ++i) {
+      ++seed;
+      PagedCase c = page_size_case(seed, 100 + int64_t(seed % 3) * 70, 700, dqk, dv, pages[i], i == 6 ? 0 : pages[6 - i]);
+      c.packed_v = i % 2;
+      c.token_major_k = i % 3 == 0;
+      run_sm90_case(c);
+      if (::testing::Test::HasFailure()) return;
+    }
+}
+
+TEST(SdpaPagedGpu, Sm90PagedBadEntryIsNaN) {
+  // A page-table entry of sample 1 outside the container (-1, num_pages, 2^31 - 1): nothing is read there (run under
+  // memcheck by gpu_check.sh) and every O and stats row of sample 1 is NaN (the launcher's flag and fill, a superset
+  // of the sm80 kernel's rows that see the key, PagedBadEntryIsNaN); sample 0 as the reference.
+  REQUIRE_SM90();
+  Sm90PagedOn on;
+  int n = 0;
+  for (const BadEntryCase& bc : sm90_bad_entry_cases()) {
+    const PagedCase& c = bc.c;
+    SCOPED_TRACE(c.str());
+    PagedRun r(c);
+    ASSERT_GT(r.d.len_kv[1], bc.bad_page * c.page_k);
+    r.forward(/*cuda=*/false);  // the reference with the intact table
+    const int32_t bad = n % 3 == 0 ? -1 : n % 3 == 1 ? int32_t(r.d.k.table.num_pages) : 0x7fffffff;
+    ++n;
+    std::vector<int32_t> entries = r.d.k.table.entries;
+    entries[size_t(r.d.k.table.offsets[1] + bc.bad_page)] = bad;
+    r.table_k.up(entries.data(), entries.size() * 4);
+    r.o.poison();
+    r.stats.poison();
+    const int64_t n0 = sm90::sdpa_fwd_paged_launches();
+    r.forward(/*cuda=*/true);
+    EXPECT_EQ(sm90::sdpa_fwd_paged_launches(), n0 + 1);
+    const std::vector<double> o = sdpa_case::Storage::values(r.o.down(r.d.o.host.size()), r.d.o.dtype);
+    const std::vector<double> st = sdpa_case::Storage::values(r.stats.down(r.d.stats.host.size()), DType::kFloat32);
+    const std::vector<double> want = sdpa_case::Storage::values(r.d.o.host, r.d.o.dtype);
+    std::vector<double> got0, want0;
+    for (int64_t h = 0; h < c.Hq; ++h) {
+      for (int64_t i = 0; i < r.d.len_q[1]; ++i) {
+        ASSERT_TRUE(std::isnan(o[size_t(r.d.o.lay.at(1, h, i, 0))])) << "O row " << i << " of head " << h;
+        ASSERT_TRUE(std::isnan(st[size_t(r.d.stats.lay.at(1, h, i, 0))])) << "stats row " << i << " of head " << h;
+      }
+      for (int64_t i = 0; i < r.d.len_q[0]; ++i)
+        for (int64_t e = 0; e < c.Dv; ++e) {
+          got0.push_back(o[size_t(r.d.o.lay.at(0, h, i, e))]);
+          want0.push_back(want[size_t(r.d.o.lay.at(0, h, i, e))]);
+        }
+    }
+    EXPECT_TRUE(fs_test::tensor_close(got0, want0, c.dtype)) << "sample 0";
+  }
+}
+
+TEST(SdpaPagedGpu, Sm90PagedSanitizerSmall) {
+  // Small cases for compute-sanitizer memcheck and synccheck (scripts/gpu_check.sh): pages of 8 (a key block over
+  // sixteen), 16 and 128 keys, packed and contiguous tables, K alone paged, a sample without keys, H_k != H_v,
+  // max_logit and softcap on one; both kernels' dims.
+  REQUIRE_SM90();
+  Sm90PagedOn on;
+  const int64_t pages[][2] = {{8, 16}, {16, 0}, {128, 8}, {0, 64}};
+  for (int i = 0; i < 4; ++i) {
+    PagedCase c = small_case(3200 + uint64_t(i), i, pages[i], i == 2 ? 1 : 2, 40, i < 2 ? 32 : 96);
+    c.max_logit = i == 3;
+    c.softcap = i == 3 ? 15.0f : 0.0f;
+    run_sm90_case(c);
+  }
+}
+
+TEST(SdpaPagedGpu, Sm90PagedOffRunsSm80) {
+  // The switch off (the default: FLASHSPAN_EXPERIMENTAL unset): the same calls keep the sm80 paged kernel.
+  REQUIRE_GPU();
+  PagedOn paged;
+  ScopedSwitch off{set_sdpa_sm90_paged_enabled, 0};
+  for (uint64_t seed = 501; seed <= 510; ++seed) {
+    const int64_t n0 = sm90::sdpa_fwd_paged_launches();
+    run_case(random_sm90_paged_case(seed));
+    EXPECT_EQ(sm90::sdpa_fwd_paged_launches(), n0);
+    if (::testing::Test::HasFailure()) return;
+  }
 }
 
 #endif

@@ -267,6 +267,7 @@ TEST(SplitRule, DeterministicDefaultCutsSinkAndRootColumns) {
     EXPECT_EQ(p.split_tasks, name == "sink_local" ? 4 : name == "tree_dfs" ? 12 : 0)
         << m << ": chunk " << p.chunk << " above " << p.above;
   }
+#ifdef FLASHSPAN_WITH_CUDA  // (the sm90 backward's switches, dispatch/family.cpp, exist in CUDA builds only)
   if (std::getenv("FLASHSPAN_SM90_BWD_DET_SPLIT_ABOVE") == nullptr && std::getenv("FLASHSPAN_SM90_BWD_DET_SPLIT") == nullptr) {
     EXPECT_TRUE(sm90::bwd_det_split_enabled());
     EXPECT_EQ(sm90::bwd_det_split_above_mean(), experimental_from_env() ? 2 : 16);
@@ -275,6 +276,7 @@ TEST(SplitRule, DeterministicDefaultCutsSinkAndRootColumns) {
     sm90::set_bwd_det_split_above_mean(-1);
     EXPECT_EQ(sm90::bwd_det_split_above_mean(), experimental_from_env() ? 2 : 16);
   }
+#endif
 }
 
 }  // namespace

@@ -679,6 +679,22 @@ def test_gpu_native_paged(fs, native, seed):
     kernels' 64-key block), shuffled pages with NaN unused pages, ragged lengths (a sample without keys), a packed V
     table or K alone paged, GQA, head dims 64 / 128 / (192, 128), bf16 / fp16, causal bottom-right or none (paged K/V
     on CUDA tensors run by default: the `native` fixture clears FLASHSPAN_SDPA_PAGED)."""
+    _check_native_paged(fs, seed)
+
+
+@pytest.mark.skipif(not (cuda_ready() and torch.cuda.get_device_capability(0) == (9, 0)),
+                    reason="the sm90 paged forward runs on an H100 / H200 only")
+@pytest.mark.parametrize("seed", range(16))
+def test_gpu_native_paged_sm90_experimental(fs, native, monkeypatch, seed):
+    """Paged K/V caches on the sm90 forward (experimental, not yet run on a GPU: FLASHSPAN_EXPERIMENTAL=1 turns on
+    sdpa_sm90_paged_enabled): test_gpu_native_paged's inputs on the calls that kernel takes -- prefill (S_q H_q / H_k
+    above 16, not the decode forward's), pages of 8 .. 256 keys per side, head dims up to 128."""
+    monkeypatch.setenv(EXPERIMENTAL_ENV, "1")
+    _check_native_paged(fs, 5100 + seed, sm90=True)
+
+
+def _check_native_paged(fs, seed, sm90=False):
+    """The body of test_gpu_native_paged (seed: its own seed; sm90: the sm90 paged forward's calls)."""
     from criteria import check_stat, check_tensor
     from test_sdpa_cpu_features import _paged
 
@@ -687,11 +703,14 @@ def test_gpu_native_paged(fs, native, seed):
     dtype = rng.choice([torch.bfloat16, torch.float16])
     B, Hk = rng.randint(1, 4), rng.choice([1, 2])
     Hq = Hk * rng.choice([1, 2, 4])
-    Dqk, Dv = rng.choice([(64, 64), (128, 128), (192, 128)])
-    decode = seed % 2 == 0
-    Sq = 1 if decode else rng.randint(1, 200)
+    Dqk, Dv = rng.choice([(64, 64), (128, 128), (40, 72)] if sm90 else [(64, 64), (128, 128), (192, 128)])
+    decode = seed % 2 == 0 and not sm90
+    Sq = 1 if decode else rng.randint(17 if sm90 else 1, 300 if sm90 else 200)
     Skv = rng.randint(1, 600)
-    bs_k, bs_v = rng.choice([1, 4, 16, 64, 128, 256]), rng.choice([1, 2, 8, 32, 64, 256])
+    if sm90:
+        bs_k, bs_v = rng.choice([8, 16, 64, 128, 256]), rng.choice([8, 32, 64, 128, 256])
+    else:
+        bs_k, bs_v = rng.choice([1, 4, 16, 64, 128, 256]), rng.choice([1, 2, 8, 32, 64, 256])
     lk = [rng.randint(0, Skv) for _ in range(B)]
     lk[-1] = Skv
     if B > 1 and rng.random() < 0.3:

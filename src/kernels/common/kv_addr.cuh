@@ -25,9 +25,14 @@
 // the sm80 forward gathers its tiles row by row (tile_io_sm80.cuh gather_tile_async). Its head
 // base has no sample term (the container's head h). A side without a page table (the seed
 // lets K or V alone be paged) is one page holding the whole sample: row_offset = s * row_stride
-// from the sample's head base. Pointer form only: the TMA form (a tensor map over the
-// container when a page holds whole key blocks) is not written yet, nor is the paged loader
-// of the backward (the seed has no paged backward).
+// from the sample's head base. TMA form (the sm90 forward's producer, kernel_fwd_sm90.cuh, pages
+// of 8 keys or more): a side's 4-D map (column, row, head, page) over the container (tma_sm90.h,
+// the container's [num_pages, page_size, H, D] view), boxes of min(page_size, kBlockK) rows, so a
+// key block is one box when a page holds whole key blocks (row (kb kBlockK) & (page_size - 1) of
+// page table_b[kb kBlockK >> log2(page_size)]) and kBlockK / page_size boxes of one page each
+// otherwise (>= 8 rows a box keeps the 128B swizzle atoms whole); a side without a table: its own
+// [B, S, H, D] map at row kb kBlockK of batch b. Not written: the paged loader of the backward
+// (the seed has no paged backward).
 #pragma once
 
 #include <cstdint>
@@ -108,6 +113,35 @@ struct PagedKv {
     const int32_t page = __ldg(entries + int64_t(key >> s.log2_page) * s.entry_stride);
     off = int64_t(page) * s.page_stride + int64_t(key & ((1 << s.log2_page) - 1)) * row_stride;
     return uint32_t(page) < uint32_t(s.num_pages);
+  }
+
+  // TMA form. log2 of the rows of side s's boxes: min(page_size, kBlockK), kBlockK for a side
+  // without a table (the launcher's maps: launch_fwd_sm90.cu launch_sdpa_fwd_paged_sm90).
+  template <int kBlockK>
+  __device__ __forceinline__ static int tma_log2_box(const SdpaPagedSide& s) {
+    constexpr int kLog2K = kBlockK == 128 ? 7 : kBlockK == 64 ? 6 : -1;
+    static_assert(kLog2K > 0, "PagedKv: key blocks of 64 or 128 keys");
+    return s.table == nullptr || s.log2_page > kLog2K ? kLog2K : s.log2_page;
+  }
+  // The coordinates (row, page) of the box whose first key is `key` (a multiple of the box rows)
+  // of sample b in side s's map. A box from the sample's length `len` on reads no entry (those
+  // past the sample's pages may be garbage) and lies wholly past the map (page num_pages: zero
+  // filled, its bytes still counted). false: its entry lies outside the container; page is then
+  // num_pages as well, so a negative or huge entry never reaches a load as a coordinate.
+  __device__ __forceinline__ bool tma_box(const SdpaPagedSide& s, int b, int key, int len, int& row,
+                                          int& page) const {
+    if (entries == nullptr) {
+      row = key;
+      page = b;
+      return true;
+    }
+    row = key & ((1 << s.log2_page) - 1);
+    page = s.num_pages;
+    if (key >= len) return true;
+    const int32_t e = __ldg(entries + int64_t(key >> s.log2_page) * s.entry_stride);
+    if (uint32_t(e) >= uint32_t(s.num_pages)) return false;
+    page = e;
+    return true;
   }
 };
 

@@ -138,6 +138,28 @@ void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& m
   });
 }
 
+// The SDPA forward over paged K/V caches (kernel_fwd_sm90.cuh sdpa_fwd_paged_kernel_sm90, experimental): the
+// persistent grid over the AnalyticGrid's cells as run_sdpa_fwd_sm90's, the layout without the bias stage. 2
+// kernels a unit (fp16, bf16).
+template <int kDqk, int kDv>
+void run_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p, DType dtype, const CUtensorMap& mq,
+                             const CUtensorMap& mk, const CUtensorMap& mv, cudaStream_t s) {
+  using L = kern90::FwdSm90Layout<kDqk, kDv>;
+  with_element_type(dtype, "sdpa paged forward (sm90)", [&](auto e) {
+    using E = decltype(e);
+    auto kernel = kern90::sdpa_fwd_paged_kernel_sm90<kDqk, kDv, E>;
+    static std::atomic<uint64_t> smem_set{0};
+    ensure_smem_limit(kernel, L::kBytes, smem_set,
+                      "sdpa paged forward (sm90): cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+    static std::atomic<int> ctas_cache[64];
+    const int ctas =
+        persistent_ctas(kernel, kern90::kThreads, L::kBytes, ctas_cache, "sdpa paged forward (sm90): persistent grid");
+    const int64_t items = int64_t(p.analytic.num_q_blocks) * p.num_heads_q * p.batch;
+    kernel<<<unsigned(std::min<int64_t>(ctas, items)), kern90::kThreads, L::kBytes, s>>>(p, mq, mk, mv);
+    check_launch("sdpa paged forward (sm90)");
+  });
+}
+
 // The SDPA FP8 forward (kernel_fwd_sm90.cuh sdpa_fp8_fwd_kernel_sm90, experimental): p as
 // launch_sdpa_fp8_fwd_sm90 completes it (the V^T pre-pass has run on the stream; mvt its map);
 // the persistent grid over the AnalyticGrid's cells as run_sdpa_fwd_sm90's. 2 kernels a unit
@@ -158,6 +180,10 @@ void run_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p, const CUtensorMap& mq, con
     check_launch("sdpa fp8 forward (sm90)");
   });
 }
+
+#define FLASHSPAN_SM90_SDPA_FWD_PAGED_INSTANTIATE(D)                                                               \
+  template void run_sdpa_fwd_paged_sm90<D, D>(const SdpaPagedFwdSm90Params&, DType, const CUtensorMap&,           \
+                                              const CUtensorMap&, const CUtensorMap&, cudaStream_t);
 
 #define FLASHSPAN_SM90_SDPA_FP8_FWD_INSTANTIATE(D)                                                                 \
   template void run_sdpa_fp8_fwd_sm90<D, D>(const SdpaFp8FwdParams&, const CUtensorMap&, const CUtensorMap&,       \

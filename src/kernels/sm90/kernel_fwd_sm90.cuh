@@ -199,6 +199,8 @@ template <class L>
 using AnalyticModNoBiasSourceSm90 = AnalyticModSourceSm90T<L, false>;
 template <class L>
 struct AnalyticDropSourceSm90;
+template <class L>
+struct AnalyticPagedSourceSm90;
 
 #if defined(__CUDA_ARCH__)
 
@@ -265,7 +267,7 @@ __device__ __forceinline__ kern::ItemCursor item_cursor(const FwdParams& p, cons
 // items (the code the kernel had inline: scripts/sass_diff.sh, same SASS).
 template <class L>
 struct PlanSourceSm90 {
-  static constexpr bool kAnalytic = false, kMods = false, kDropout = false, kStagedBias = false;
+  static constexpr bool kAnalytic = false, kMods = false, kDropout = false, kStagedBias = false, kPaged = false;
   using Mask = kern::PlanPayloadMask<L::kBlockK / 8>;
   using ScoreMod = kern::NoScoreMod;
 
@@ -309,7 +311,7 @@ struct PlanSourceSm90 {
 // (kv_addr.cuh v_head), K of h / group_size; the tensor maps take each tensor's heads.
 template <class L>
 struct AnalyticSourceSm90 {
-  static constexpr bool kAnalytic = true, kMods = false, kDropout = false, kStagedBias = false;
+  static constexpr bool kAnalytic = true, kMods = false, kDropout = false, kStagedBias = false, kPaged = false;
   using Mask = kern::AnalyticTileMask<L::kBlockK / 8>;
   using ScoreMod = kern::NoScoreMod;
   kern::BlockMaskedCursor cur;
@@ -471,6 +473,25 @@ struct AnalyticDropSourceSm90 : AnalyticModSourceSm90<L> {
   }
 };
 
+// SDPA over paged K/V caches (sdpa_fwd_paged_kernel_sm90, experimental: dispatch's sdpa_sm90_paged_enabled;
+// params.h SdpaPagedFwdSm90Params): the modifiers' source without the bias (softcap, ALiBi, sinks, the gate,
+// score_max / score_sum_exp and the block_mask as run-time flags; the bias and dropout keep the sm80 paged
+// kernel), its K and V boxes placed by the paged address role (kv_addr.cuh PagedKv, TMA form: the producer's
+// load_paged_block) instead of ContiguousKv. Q, O and the stats padded (no sample maps). Rows of a last key
+// block past the sample's keys (other samples' rows, or anything, in a page) are masked in S and zeroed in V
+// (zero_v_rows_past), as the unpaged kernels' padding.
+template <class L>
+struct AnalyticPagedSourceSm90 : AnalyticModNoBiasSourceSm90<L> {
+  static constexpr bool kPaged = true;
+
+  __device__ __forceinline__ static AnalyticPagedSourceSm90 item(const FwdParams& p, const WorkItem& it) {
+    return AnalyticPagedSourceSm90{{AnalyticModNoBiasSourceSm90<L>::item(p, it)}};
+  }
+  __device__ __forceinline__ static const SdpaPagedFwdSm90Params& paged(const FwdParams& p) {
+    return static_cast<const SdpaPagedFwdSm90Params&>(p);
+  }
+};
+
 // Named barrier of the two consumer warpgroups around zero_v_rows_past (ping-pong uses 2, 3).
 constexpr int kVTailBar = 4;
 
@@ -500,7 +521,7 @@ __device__ __forceinline__ void zero_v_rows_past(uint32_t v_tile, int keys, int 
 // (kSampleMapsUsed: the first two of a sample's kSampleMapsFwd slots); its V^T stays the pre-pass's padded
 // workspace, whose map is the kernel's own at the sample's batch coordinate.
 template <class Src, class L>
-inline constexpr bool kSampleMaps = Src::kAnalytic;
+inline constexpr bool kSampleMaps = Src::kAnalytic && !Src::kPaged;
 template <class L>
 inline constexpr int kSampleMapsUsed = L::kFp8 ? kSdpaK + 1 : sm90::kSampleMapsFwd;
 template <class Src, class L>
@@ -517,6 +538,29 @@ template <class Src, class L, class F>
 __device__ __forceinline__ void with_kv_map(const FwdParams& p, const kern::ContiguousKv& kv, const CUtensorMap* tm,
                                             int x, F&& issue) {
   with_sample_map<kSampleMaps<Src, L>, sm90::kSampleMapsFwd>(sample_maps_of<Src, L>(p), kv.batch, tm, x, issue);
+}
+
+// Paged K or V (Src::kPaged): key block kb of sample b, kSlabs slabs of kSlabBytes (kBlockK rows of 128
+// bytes each) at dst, through side s's map tm (kv_addr.cuh PagedKv, TMA form: kBlockK / box boxes of `box`
+// rows a slab, each in its own page, box >= 8 rows so that each lands on whole 1024-byte swizzle atoms of the
+// tile; one box for pages of kBlockK keys or more, or a side without a table). The boxes add up to the
+// block's bytes, so the expect_tx of the contiguous load holds (a box past the map is zero filled and
+// counted). An entry outside the container is not read through: its box lies past the map and the sample is
+// flagged (SdpaPagedFwdSm90Params::bad_samples; the launcher writes NaN over its O and stats rows).
+template <int kBlockK, int kSlabs, int kSlabBytes>
+__device__ __forceinline__ void load_paged_block(const SdpaPagedFwdSm90Params& pp, const SdpaPagedSide& s,
+                                                 const CUtensorMap* tm, int b, int kb, int len, int head,
+                                                 uint32_t dst, uint32_t full) {
+  const kern::PagedKv kv = kern::PagedKv::item(s, b);
+  const int lb = kern::PagedKv::tma_log2_box<kBlockK>(s);
+  for (int j = 0; j < (kBlockK >> lb); ++j) {
+    int row, page;
+    if (!kv.tma_box(s, b, kb * kBlockK + (j << lb), len, row, page)) pp.bad_samples[b] = 1;
+#pragma unroll
+    for (int x = 0; x < kSlabs; ++x) {
+      tma_load_4d(dst + uint32_t(x * kSlabBytes) + uint32_t(j << lb) * 128u, tm, 64 * x, row, head, page, full);
+    }
+  }
 }
 
 template <class L, class Src>
@@ -602,13 +646,20 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
       mbar_wait(k_empty + 8 * st, ph ^ 1);
       const int row = kv.tma_row<kBlockK>(kb);
       mbar_arrive_expect_tx(k_full + 8 * st, L::kKBytes);
-      with_kv_map<Src, L>(p, kv, tm_k, kSdpaK, [&](const CUtensorMap* m, int batch) {
+      if constexpr (Src::kPaged) {
+        static_assert(!L::kFp8 && L::kSlabCols == 64, "paged K/V: 16-bit tiles");
+        const SdpaPagedFwdSm90Params& pp = Src::paged(p);
+        load_paged_block<kBlockK, L::kQKSlabs, L::kKSlab>(pp, pp.paged_k, tm_k, it.batch, kb, src.block.len_kv, hkv,
+                                                          base + L::kK + st * L::kKBytes, k_full + 8 * st);
+      } else {
+        with_kv_map<Src, L>(p, kv, tm_k, kSdpaK, [&](const CUtensorMap* m, int batch) {
 #pragma unroll
-        for (int s = 0; s < L::kQKSlabs; ++s) {
-          tma_load_4d(base + L::kK + st * L::kKBytes + s * L::kKSlab, m, L::kSlabCols * s, row, hkv, batch,
-                      k_full + 8 * st);
-        }
-      });
+          for (int s = 0; s < L::kQKSlabs; ++s) {
+            tma_load_4d(base + L::kK + st * L::kKBytes + s * L::kKSlab, m, L::kSlabCols * s, row, hkv, batch,
+                        k_full + 8 * st);
+          }
+        });
+      }
       if constexpr (Src::kStagedBias) {
         if (bias_on) {
           const uint32_t bst = kv_it & 1;
@@ -618,7 +669,12 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
       }
       mbar_wait(v_empty + 8 * st, ph ^ 1);
       mbar_arrive_expect_tx(v_full + 8 * st, L::kVBytes);
-      if constexpr (L::kFp8) {
+      if constexpr (Src::kPaged) {
+        const SdpaPagedFwdSm90Params& pp = Src::paged(p);
+        load_paged_block<kBlockK, L::kTile.dv_tile / 64, L::kVSlab>(pp, pp.paged_v, tm_v, it.batch, kb,
+                                                                    src.block.len_kv, hv,
+                                                                    base + L::kV + st * L::kVBytes, v_full + 8 * st);
+      } else if constexpr (L::kFp8) {
         // V^T (map over the pre-pass's [B, H_v, D_v, keys] workspace, padded also in packed calls): the
         // block's 128 keys of every d row, one box, at the sample's batch coordinate (kv.batch's code
         // decoded: the sample's maps are q's and k's only).
@@ -1026,6 +1082,23 @@ __global__ void __launch_bounds__(kThreads, 1)
                          const __grid_constant__ CUtensorMap tm_bias) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   fwd_sm90_body<kDqk, kDv, E, true, kOverlap, Src>(p, &tm_q, &tm_k, &tm_v, &tm_bias);
+#else
+  __trap();
+#endif
+}
+
+// The SDPA forward over paged K/V caches (experimental; params.h SdpaPagedFwdSm90Params): the same kernel
+// with AnalyticPagedSourceSm90 (the modifiers' source without the bias, K / V boxes from the page tables), max_logit
+// tested at run time, the overlapped consumers; (64, 64) and (128, 128), fp16 / bf16 (units
+// sdpa_fwd_paged_sm90_d{64,128}.cu). tm_k / tm_v: the containers' maps (column, row, head, page) with boxes of
+// min(page_size, kBlockK) rows, or a side without a table its own map (launch_fwd_sm90.cu).
+template <int kDqk, int kDv, class E>
+__global__ void __launch_bounds__(kThreads, 1)
+    sdpa_fwd_paged_kernel_sm90(const __grid_constant__ SdpaPagedFwdSm90Params p,
+                               const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                               const __grid_constant__ CUtensorMap tm_v) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  fwd_sm90_body<kDqk, kDv, E, true, true, AnalyticPagedSourceSm90>(p, &tm_q, &tm_k, &tm_v);
 #else
   __trap();
 #endif

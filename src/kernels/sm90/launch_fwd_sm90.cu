@@ -41,6 +41,7 @@ std::atomic<int64_t> g_fwd_launches{0};
 std::atomic<int64_t> g_sdpa_fwd_launches{0};
 std::atomic<int64_t> g_sdpa_fwd_drop_launches{0};
 std::atomic<int64_t> g_sdpa_fp8_fwd_launches{0};
+std::atomic<int64_t> g_sdpa_fwd_paged_launches{0};
 // On unless the environment sets FLASHSPAN_SM90_PACK_GQA=0 (then packed plans keep the sm80
 // family, for comparison), read once when the library is loaded, so that which plans take this
 // path does not depend on which call reads it first. On since PERF_LOG v2.0: 1.45-1.62x the sm80
@@ -63,6 +64,7 @@ int64_t fwd_launches() { return g_fwd_launches.load(std::memory_order_relaxed); 
 int64_t sdpa_fwd_launches() { return g_sdpa_fwd_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_fwd_drop_launches() { return g_sdpa_fwd_drop_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_fp8_fwd_launches() { return g_sdpa_fp8_fwd_launches.load(std::memory_order_relaxed); }
+int64_t sdpa_fwd_paged_launches() { return g_sdpa_fwd_paged_launches.load(std::memory_order_relaxed); }
 
 bool fwd_config_supported(const FlexGeometry& g, bool pack_gqa) {
   const bool packed = pack_gqa && g.num_heads_kv > 0 && g.group_size() > 1;
@@ -202,6 +204,51 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
     default: run_sdpa_fwd_sm90<256, 256, false>(p, dtype, mq, mk, mv, mbias, stream); break;
   }
   if (sample_flags != nullptr) launch_sample_poison_sm90(p, dtype, sample_flags, stream);
+}
+
+void launch_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p_in, const TensorView& q, const TensorView& k,
+                                const TensorView& v, DType dtype, cudaStream_t stream) {
+  SdpaPagedFwdSm90Params p = p_in;
+  const TileSm90 t = tile_sm90(p.head_dqk, p.head_dv);
+  const AnalyticMaskParams& a = p.analytic;
+  bool ragged = false;
+  for (int x : {kSdpaQ, kSdpaK, kSdpaV, kSdpaO, kSdpaStats, kSdpaGate}) ragged = ragged || a.start[x].ragged.ptr != nullptr;
+  // A paged side: pages of 8 keys or more (boxes of whole swizzle atoms), a container of at least one page (its
+  // map's page extent; an entry outside it is never a coordinate: kv_addr.cuh PagedKv::tma_box).
+  auto side_ok = [](const SdpaPagedSide& s, const TensorView& c) {
+    return s.table == nullptr || (s.log2_page >= 3 && s.num_pages >= 1 && c.ndim == 4 && c.size(0) == s.num_pages);
+  };
+  FS_CHECK(sdpa_fwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && t.dqk_tile <= 128 && p.pack == 1 &&
+               p.split_schedule == 0 && !ragged && a.dropout.mode == 0 && a.dropout.rng_dump == nullptr &&
+               a.bias.bias == nullptr && p.bad_samples != nullptr &&
+               side_ok(p.paged_k, k) && side_ok(p.paged_v, v),
+           Status::kInternal, "sdpa paged forward (sm90): unsupported configuration reached the launcher (D ",
+           p.head_dqk, "/", p.head_dv, ")");
+  g_sdpa_fwd_paged_launches.fetch_add(1, std::memory_order_relaxed);
+  if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
+  p.analytic.num_q_blocks = (p.analytic.max_q + t.fwd_bq - 1) / t.fwd_bq;
+  if (p.analytic.num_q_blocks == 0 || p.batch == 0 || p.num_heads_q == 0) return;
+  check_cuda(cudaMemsetAsync(p.bad_samples, 0, size_t(p.batch) * sizeof(int32_t), stream),
+             "sdpa paged forward (sm90): flags reset");
+  // Padded q / o / stats: sample b is batch b (as launch_sdpa_fwd_sm90).
+  p.varlen = 0;
+  p.oa.batch_stride = p.analytic.start[kSdpaO].batch_stride;
+  p.lsea.batch_stride = p.analytic.start[kSdpaStats].batch_stride;
+  // A paged side: the container [num_pages, H, page_size, D] as (column, row, head, page), boxes of
+  // min(page_size, kBlockK) rows (kv_addr.cuh PagedKv::tma_log2_box); a side without a table: its own map.
+  auto side_map = [&](const TensorView& c, const SdpaPagedSide& s, const char* name) {
+    const int box = s.table == nullptr ? t.fwd_bk : std::min(1 << std::min(s.log2_page, 30), t.fwd_bk);
+    return make_tensor_map_sm90(bshd_of_bhsd(c), false, dtype, box, name);
+  };
+  const CUtensorMap mq = make_tensor_map_sm90(bshd_of_bhsd(q), false, dtype, t.fwd_bq, "q");
+  const CUtensorMap mk = side_map(k, p.paged_k, "k");
+  const CUtensorMap mv = side_map(v, p.paged_v, "v");
+  if (t.dqk_tile == 64) {
+    run_sdpa_fwd_paged_sm90<64, 64>(p, dtype, mq, mk, mv, stream);
+  } else {
+    run_sdpa_fwd_paged_sm90<128, 128>(p, dtype, mq, mk, mv, stream);
+  }
+  launch_sample_poison_sm90(p, dtype, p.bad_samples, stream);
 }
 
 namespace {

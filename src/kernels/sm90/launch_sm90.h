@@ -59,6 +59,19 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p, const TensorView& q, const Ten
 int64_t sdpa_fwd_launches();
 int64_t sdpa_fwd_drop_launches();
 
+// SDPA forward over paged K/V caches (kernel_fwd_sm90.cuh sdpa_fwd_paged_kernel_sm90; experimental,
+// dispatch/sdpa_launch.h sdpa_sm90_paged_enabled), for the calls sdpa_fwd_sm90_paged_refusal accepts: p as
+// sdpa_paged_fwd_params_sm90 fills it (padded q / o / stats, head dims up to 128, no bias or dropout, pages of
+// 8 keys or more, bad_samples: B int32 of the workspace); q the [B, H, S, D] descriptor, k / v the containers
+// [num_pages, H, page_size, D] of a paged side (a map (column, row, head, page) with boxes of
+// min(page_size, 128) rows) or a side's own [B, H, S, D] descriptor. Zeroes bad_samples, runs the kernel, then
+// writes NaN over the O and stats rows of every sample one of whose page-table entries that the kernel read lay
+// outside its container (launch_sample_poison_sm90).
+void launch_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p, const TensorView& q, const TensorView& k,
+                                const TensorView& v, DType dtype, cudaStream_t stream);
+// Calls of launch_sdpa_fwd_paged_sm90 in this process so far (tests check which kernel ran).
+int64_t sdpa_fwd_paged_launches();
+
 // The SDPA FP8 forward (on by default, FLASHSPAN_SM90_SDPA_FP8=0 turns it off: dispatch/sdpa_launch.h
 // sdpa_fp8_sm90_enabled; kernel_fwd_sm90.cuh sdpa_fp8_fwd_kernel_sm90): p an SdpaFwdParams as
 // sdpa_fwd_params fills it (padded [B, H, S, D] tensors, each head dim a multiple of 16 up to 128:
