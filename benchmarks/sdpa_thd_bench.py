@@ -95,8 +95,10 @@ def main() -> int:
     if a.mask == "causal":
         kw["diagonal_band_right_bound"] = 0
 
+    # S_max given, as FlashAttention's varlen callers give max_seqlen (without it flashspan.sdpa reads it from the
+    # lengths: a reduction and a device-to-host copy a call, which the timing would include).
     thd_kw = dict(cu_seq_len_q=cu, cu_seq_len_kv=cu, use_padding_mask=True, max_total_seq_len_q=T,
-                  max_total_seq_len_kv=T, **kw)
+                  max_total_seq_len_kv=T, max_seq_len_q=smax, max_seq_len_kv=smax, **kw)
 
     def thd():
         return flashspan.sdpa(q, k, v, **thd_kw)[0]
