@@ -225,9 +225,10 @@ cpp_suite() {
   #    Python FP8 GPU tests' device attn_scale runs it in the default environment). The eight-code FP8 widening and the sm90 FP8 backward's own dK / dV
   #    stores are on by default too: their off paths run in SdpaFp8Gpu.WidenTwoCodes and Fp8BackwardSm90StorePass*
   #    (set_fp8_widen_vec_enabled(0), set_sdpa_fp8_bwd_sm90_store_enabled(0)). Experimental (FLASHSPAN_EXPERIMENTAL=1,
-  #    not set here), forced by their tests: packed (THD) tensors on the sm90 forward, backward and FP8 forward
-  #    (SdpaGpu.Sm90ForwardThdSanitizerSmall, Sm90BackwardThdSanitizerSmall, SdpaFp8Gpu.Sm90ForwardThdSanitizerSmall:
-  #    set_sdpa_sm90_thd_enabled(1)), dBias with softcap on the sm80 backward (SdpaGpu.Sm80BackwardDbiasWithSoftcapExperimental:
+  #    not set here), forced by their tests: packed (THD) tensors on the sm90 forward and backward
+  #    (SdpaGpu.Sm90ForwardThdSanitizerSmall, Sm90BackwardThdSanitizerSmall: set_sdpa_sm90_thd_enabled(1)) and on the
+  #    sm90 FP8 forward (its own switch; SdpaFp8Gpu.Sm90ForwardThdSanitizerSmall: set_sdpa_fp8_sm90_thd_enabled(1)),
+  #    dBias with softcap on the sm80 backward (SdpaGpu.Sm80BackwardDbiasWithSoftcapExperimental:
   #    set_sdpa_dbias_softcap_sm80_enabled(1)), paged K/V on the sm90 forward (SdpaPagedGpu.Sm90PagedSanitizerSmall,
   #    Sm90PagedBadEntryIsNaN: set_sdpa_sm90_paged_enabled(1)).
   if [ "${GPU_CHECK_NO_SANITIZER:-0}" = 1 ]; then

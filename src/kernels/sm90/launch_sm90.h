@@ -83,7 +83,7 @@ int64_t sdpa_fwd_paged_launches();
 // descriptors (16-byte aligned data, strides multiples of 16 elements). Zeroes amax_s / amax_o (and resets max_logit), writes V^T (the
 // pre-pass), then runs the persistent FP8 kernel over (query block, query head, sample): O in the
 // FP8 format, the LSE stats, amax_s, amax_o (params.h SdpaFp8Params says what each is). Packed (THD) q, k, v, o,
-// stats (experimental, dispatch's sdpa_sm90_thd_enabled; not yet run on a GPU): q and k through per-sample maps
+// stats (experimental, dispatch's sdpa_fp8_sm90_thd_enabled; not yet run on a GPU): q and k through per-sample maps
 // (sample_maps_sm90.h) built in `workspace` (sample_maps_bytes(B, 3) bytes, 128-byte aligned: the 16-bit
 // forward's layout, V's slot unused) before the kernel, V read at its samples' starts by the V^T pre-pass, O and
 // the stats written at their samples' starts (the sample's rows only); a sample start of q or k not 16-byte
