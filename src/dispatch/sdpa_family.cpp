@@ -100,11 +100,13 @@ Switch g_sdpa_fp8_hk_ne_hv{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_HK_NE_H
 Switch g_sdpa_fp8_device_attn_scale{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE"); }};
 // Packed (THD) tensors in the sm80 FP8 forward (fp8_fwd_refusal): experimental, not yet run on a GPU.
 Switch g_sdpa_fp8_thd{experimental_from_env};
-// Packed (THD) tensors in the 16-bit sm90 forward and the sm90 backward (sm90_refusal): experimental
-// (FLASHSPAN_EXPERIMENTAL=1).
-Switch g_sdpa_sm90_thd{experimental_from_env};
-// Packed (THD) tensors in the sm90 FP8 forward (sdpa_fp8_fwd_sm90_refusal): its own switch, so that the 16-bit one
-// can change without taking it along; experimental (FLASHSPAN_EXPERIMENTAL=1), not yet run on a GPU.
+// Packed (THD) tensors in the 16-bit sm90 forward and the sm90 backward (sm90_refusal), by default since 2026-12-05
+// (its GPU tests passed on an H200/H100: SdpaGpu.Sm90ForwardThdExperimental, Sm90BackwardThdExperimental and their
+// sanitizer sets); FLASHSPAN_SM90_SDPA_THD=0 (read per call) keeps packed calls on the sm80 kernels.
+// FLASHSPAN_EXPERIMENTAL (its switch before) no longer changes it.
+Switch g_sdpa_sm90_thd{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_THD"); }};
+// Packed (THD) tensors in the sm90 FP8 forward (sdpa_fp8_fwd_sm90_refusal): its own switch, apart from the 16-bit
+// one's (FLASHSPAN_SM90_SDPA_THD does not change it); experimental (FLASHSPAN_EXPERIMENTAL=1), not yet run on a GPU.
 Switch g_sdpa_fp8_sm90_thd{experimental_from_env};
 // Paged K/V caches on the 16-bit sm90 forward (sdpa_fwd_sm90_paged_refusal; kernel_fwd_sm90.cuh
 // sdpa_fwd_paged_kernel_sm90): experimental, not yet run on a GPU.
@@ -166,14 +168,15 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward, bool any_thd_swi
   const bool dropout = p.dropout || p.a.dropout_mask_form;
   if (dropout && !(mods && sdpa_sm90_dropout_enabled())) return "dropout";
   if ((p.a.softcap || p.a.alibi) && !mods) return "score modifiers (softcap, ALiBi)";
-  // Packed (THD) tensors through per-sample tensor maps (sample_maps_sm90.h), experimental, both directions; the
-  // backward's dK / dV epilogue writes one row count for both, so dK and dV both packed or both padded.
+  // Packed (THD) tensors through per-sample tensor maps (sample_maps_sm90.h), both directions, unless
+  // FLASHSPAN_SM90_SDPA_THD=0 (sdpa_sm90_thd_enabled; the refusal names the variable); the backward's dK / dV
+  // epilogue writes one row count for both, so dK and dV both packed or both padded.
   // any_thd_switch: the answer with the switch on, whatever it says (the backward workspace's layout).
   const bool packed_ok = any_thd_switch || sdpa_sm90_thd_enabled();
   for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
                 FS_SDPA_RAGGED_OFFSET_STATS, FS_SDPA_RAGGED_OFFSET_DO, FS_SDPA_RAGGED_OFFSET_DQ,
                 FS_SDPA_RAGGED_OFFSET_DK, FS_SDPA_RAGGED_OFFSET_DV}) {
-    if (p.has(s) && !packed_ok) return "ragged (packed) q, k, v, o, stats or gradients";
+    if (p.has(s) && !packed_ok) return "ragged (packed) q, k, v, o, stats or gradients (FLASHSPAN_SM90_SDPA_THD=0)";
   }
   if (backward && p.has(FS_SDPA_RAGGED_OFFSET_DK) != p.has(FS_SDPA_RAGGED_OFFSET_DV)) {
     return "dK and dV one packed, the other padded";

@@ -1249,9 +1249,9 @@ TEST(SdpaFp8, DeviceAttnScaleSwitchReadsTheEnvironment) {
 // Packed (THD) tensors in the sm90 FP8 forward (sdpa_fp8_sm90_thd_enabled): experimental, as the other experimental
 // switches -- on only when FLASHSPAN_EXPERIMENTAL is exactly "1" (unset, "0", empty or any other value: off), read per
 // call; set_sdpa_fp8_sm90_thd_enabled (1 on, 0 off) wins over the environment both ways, -1 gives its answer back --
-// and its own: the 16-bit sm90 forward's switch (sdpa_sm90_thd_enabled, pinned on and off here) changes neither its
-// answer nor the rule. What it changes: the sm90 FP8 forward's rule takes a packed call with it on and refuses it,
-// naming the packed tensors (kFp8Packed), with it off.
+// and its own: the 16-bit sm90 forward's switch (sdpa_sm90_thd_enabled: its variable FLASHSPAN_SM90_SDPA_THD unset or
+// "0", its override -1, 0 or 1) changes neither its answer nor the rule. What it changes: the sm90 FP8 forward's rule
+// takes a packed call with it on and refuses it, naming the packed tensors (kFp8Packed), with it off.
 TEST(SdpaFp8, Sm90ThdSwitchReadsTheEnvironment) {
   CudaCall c;
   c.backward = false;
@@ -1260,31 +1260,35 @@ TEST(SdpaFp8, Sm90ThdSwitchReadsTheEnvironment) {
   const flashspan::sdpa::Problem p = c.problem();
   flashspan::set_sdpa_fp8_sm90_thd_enabled(-1);
   ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
-  // where: the environment's value (nullptr: unset) and the override, for failure messages.
-  auto expect = [&](bool on, const char* e, int override_on, int bf16) {
+  ScopedEnv thd16("FLASHSPAN_SM90_SDPA_THD", nullptr);
+  // where: the environment's value (nullptr: unset), the override and the 16-bit switch's state, for failure messages.
+  auto expect = [&](bool on, const char* e, int override_on, const char* v16, int bf16) {
     EXPECT_EQ(flashspan::sdpa_fp8_sm90_thd_enabled(), on)
-        << "FLASHSPAN_EXPERIMENTAL=" << (e ? e : "(unset)") << ", override " << override_on << ", 16-bit switch "
-        << bf16;
+        << "FLASHSPAN_EXPERIMENTAL=" << (e ? e : "(unset)") << ", override " << override_on
+        << ", FLASHSPAN_SM90_SDPA_THD=" << (v16 ? v16 : "(unset)") << ", 16-bit override " << bf16;
     const char* r = flashspan::sdpa_fp8_fwd_sm90_refusal(p);
     EXPECT_EQ(r == nullptr ? std::string() : std::string(r), on ? std::string() : kFp8Packed)
-        << "FLASHSPAN_EXPERIMENTAL=" << (e ? e : "(unset)") << ", override " << override_on << ", 16-bit switch "
-        << bf16;
+        << "FLASHSPAN_EXPERIMENTAL=" << (e ? e : "(unset)") << ", override " << override_on
+        << ", FLASHSPAN_SM90_SDPA_THD=" << (v16 ? v16 : "(unset)") << ", 16-bit override " << bf16;
   };
-  for (int bf16 : {0, 1}) {
-    const ScopedSwitch sm90_thd(flashspan::set_sdpa_sm90_thd_enabled, bf16);
-    for (const char* e : {static_cast<const char*>(nullptr), "0", "", "yes", "true", " 1", "11"}) {
-      experimental.set(e);
-      expect(false, e, -1, bf16);
+  for (const char* v16 : {static_cast<const char*>(nullptr), "0"}) {
+    thd16.set(v16);
+    for (int bf16 : {-1, 0, 1}) {
+      const ScopedSwitch sm90_thd(flashspan::set_sdpa_sm90_thd_enabled, bf16);
+      for (const char* e : {static_cast<const char*>(nullptr), "0", "", "yes", "true", " 1", "11"}) {
+        experimental.set(e);
+        expect(false, e, -1, v16, bf16);
+      }
+      experimental.set("1");
+      expect(true, "1", -1, v16, bf16);
+      flashspan::set_sdpa_fp8_sm90_thd_enabled(0);
+      expect(false, "1", 0, v16, bf16);
+      experimental.set(nullptr);
+      flashspan::set_sdpa_fp8_sm90_thd_enabled(1);
+      expect(true, nullptr, 1, v16, bf16);
+      flashspan::set_sdpa_fp8_sm90_thd_enabled(-1);
+      expect(false, nullptr, -1, v16, bf16);
     }
-    experimental.set("1");
-    expect(true, "1", -1, bf16);
-    flashspan::set_sdpa_fp8_sm90_thd_enabled(0);
-    expect(false, "1", 0, bf16);
-    experimental.set(nullptr);
-    flashspan::set_sdpa_fp8_sm90_thd_enabled(1);
-    expect(true, nullptr, 1, bf16);
-    flashspan::set_sdpa_fp8_sm90_thd_enabled(-1);
-    expect(false, nullptr, -1, bf16);
   }
 }
 
