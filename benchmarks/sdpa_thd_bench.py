@@ -1,14 +1,17 @@
-"""Packed (THD) SDPA forward speed on the GPU: the sm90 forward through per-sample tensor maps (experimental,
-``FLASHSPAN_EXPERIMENTAL=1``; docs/SDPA.md "The sm90 forward") against the sm80 forward that runs packed calls by
-default, and against the same samples padded (BHSD with ``seq_len``) on the sm90 forward, in one process.
+"""Packed (THD) SDPA forward speed on the GPU: the sm90 forward through per-sample tensor maps (the default on an
+H100 / H200; docs/SDPA.md "The sm90 forward") against the sm80 forward that runs packed calls with
+``FLASHSPAN_SM90_SDPA_THD=0``, and against the same samples padded (BHSD with ``seq_len``) on the sm90 forward, in one
+process.
 
 Shapes: H=16 (H_k = 16 or 4 with --gqa), D=128, BF16, causal (or none with --mask none); the tokens of --tokens
 (default 32768) split into samples of --doc-len rows (default 4096; ``random``: lengths uniform in [1, 2 * mean] with
 the same total). Routes:
-  sm80     the default (packed calls take the sm80 forward);
-  thd90    ``FLASHSPAN_EXPERIMENTAL=1``: the sm90 forward with the per-sample maps (their pre-pass included);
+  sm80     ``FLASHSPAN_SM90_SDPA_THD=0`` (packed calls take the sm80 forward, as on other GPUs);
+  thd90    the default (the variable unset): the sm90 forward with the per-sample maps (their pre-pass included);
   pad90    the samples padded to the longest into BHSD tensors with ``seq_len_q`` / ``seq_len_kv`` (sm90 forward,
            default environment): what a caller who pads pays, the padded rows' blocks included.
+Each route sets or unsets ``FLASHSPAN_SM90_SDPA_THD`` only (read per call); other variables (``FLASHSPAN_EXPERIMENTAL``
+included) are the caller's.
 --backward times the backward instead (each route's own forward's O and LSE, computed once; dQ compared), TFLOP/s
 10 * D * pairs * H. TFLOP/s over the visible (query, key) pairs of the samples: 4 * D * pairs * H. Timing: flashspan.bench.timing.Timer
 (CUDA events, L2 flushed between calls, median). O of every route against sm80's with the tests' criterion; a failure
@@ -35,17 +38,24 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from criteria import check_tensor  # noqa: E402  (the tests' one error criterion)
 
 
+THD_ENV = "FLASHSPAN_SM90_SDPA_THD"  # "0": packed calls on the sm80 kernels (the sm80 route); unset: the default
+
+
 @contextlib.contextmanager
-def experimental(on: bool):
-    saved = os.environ.get("FLASHSPAN_EXPERIMENTAL")
-    os.environ["FLASHSPAN_EXPERIMENTAL"] = "1" if on else "0"
+def sm90_thd(on: bool):
+    """Packed tensors on the sm90 kernels (the default: the variable unset) or, off, on the sm80 ones (its "0")."""
+    saved = os.environ.get(THD_ENV)
+    if on:
+        os.environ.pop(THD_ENV, None)
+    else:
+        os.environ[THD_ENV] = "0"
     try:
         yield
     finally:
         if saved is None:
-            os.environ.pop("FLASHSPAN_EXPERIMENTAL", None)
+            os.environ.pop(THD_ENV, None)
         else:
-            os.environ["FLASHSPAN_EXPERIMENTAL"] = saved
+            os.environ[THD_ENV] = saved
 
 
 def lengths(tokens: int, doc_len: str, seed: int = 0) -> list[int]:
@@ -123,24 +133,24 @@ def main() -> int:
         do = (torch.randn(T, H, D, generator=g).bfloat16()).to(dev)
         dop = pad(do)
 
-        def bwd_of(exp, x, y, z, dout, fkw):
-            with experimental(exp), torch.no_grad():
+        def bwd_of(on90, x, y, z, dout, fkw):
+            with sm90_thd(on90), torch.no_grad():
                 o, st = flashspan.sdpa(x, y, z, generate_stats=True, **fkw)
             return lambda: flashspan.sdpa_backward(x, y, z, o, dout, st, **fkw)[0]
 
         routes = {"sm80": (False, bwd_of(False, q, k, v, do, thd_kw)),
                   "thd90": (True, bwd_of(True, q, k, v, do, thd_kw)),
-                  "pad90": (False, bwd_of(False, qp, kp, vp, dop, pad_kw))}
+                  "pad90": (True, bwd_of(True, qp, kp, vp, dop, pad_kw))}
     else:
-        routes = {"sm80": (False, thd), "thd90": (True, thd), "pad90": (False, padded)}
+        routes = {"sm80": (False, thd), "thd90": (True, thd), "pad90": (True, padded)}
     pairs = visible_pairs(lens, a.mask)
     timer = Timer(torch.device(dev), warmup=a.warmup, reps=a.reps)
     ref, fails = None, []
     print(f"T={T} B={B} (lengths {'x'.join(str(n) for n in lens[:4])}{'...' if B > 4 else ''}) H={H} Hk={Hk} D={D} "
           f"{a.mask}{' backward' if a.backward else ''}")
     print("| route | ms | TFLOP/s |\n|---|---|---|")
-    for name, (exp, fn) in routes.items():
-        with experimental(exp), torch.no_grad():
+    for name, (on90, fn) in routes.items():
+        with sm90_thd(on90), torch.no_grad():
             o = fn()
             if name == "pad90":  # back to THD rows
                 o = torch.cat([o[b, :, :n].transpose(0, 1) for b, n in enumerate(lens)])

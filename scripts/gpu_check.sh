@@ -208,6 +208,18 @@ cpp_suite() {
       --gtest_brief=1 --gtest_filter='SdpaGpu.DropoutRandom:SdpaGpu.SanitizerSmall:SdpaFamily.*'
   fi
 
+  # Packed (THD) tensors run on the sm90 SDPA forward and backward by default since 2026-12-05 (their GPU tests passed
+  # on an H200/H100; docs/SDPA.md "The sm90 forward"), so the whole suite above ran the SdpaGpu tests of packed calls
+  # in the default environment (SanitizerSmall, MasksInBothAlignments, ZeroLengthKvRowGivesZeroNotNaN,
+  # DeterministicBackwardIsBitwiseReproducible, ScoreStatsWithPackedO) on them; once more with
+  # FLASHSPAN_SM90_SDPA_THD=0, so that the sm80 kernels' packed route (still what other GPUs run) is tested too and the
+  # rule's CPU tests see the environment's answer. (The Sm90*Thd* tests force the switch themselves; the Python THD
+  # tests of the native route run both ways.)
+  if "$tests" --gtest_list_tests --gtest_filter='SdpaGpu.Sm90ForwardThd*' 2>/dev/null | grep -q '^  '; then
+    gtest_run "gtest sdpa sm80-thd" gtest_sdpa_sm80_thd.log env FLASHSPAN_SM90_SDPA_THD=0 "$tests" --gtest_brief=1 \
+      --gtest_filter='SdpaGpu.SanitizerSmall:SdpaGpu.MasksInBothAlignments:SdpaGpu.ZeroLengthKvRowGivesZeroNotNaN:SdpaGpu.DeterministicBackwardIsBitwiseReproducible:SdpaGpu.ScoreStatsWithPackedO:SdpaFamily.*'
+  fi
+
   # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one. Missing sanitizer = failure.
   #    Experimental paths (FLASHSPAN_EXPERIMENTAL=1) are not switched on here: their tests force their switch
   #    themselves (SdpaGpu.PairedPreprocessExperimental), in every run below. The paths on by default since
@@ -222,12 +234,14 @@ cpp_suite() {
   #    H_k != H_v in FP8 calls (FLASHSPAN_SDPA_FP8_HK_NE_HV; SdpaFp8Gpu.Sm90ForwardHkNeHv, Sm80ForwardHkNeHv,
   #    Fp8BackwardHkNeHv: set_sdpa_fp8_hk_ne_hv_enabled(1)), attn_scale as a device tensor in FP8 calls
   #    (FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE; SdpaFp8Gpu.DeviceAttnScale: set_sdpa_fp8_device_attn_scale_enabled(1); the
-  #    Python FP8 GPU tests' device attn_scale runs it in the default environment). The eight-code FP8 widening and the sm90 FP8 backward's own dK / dV
-  #    stores are on by default too: their off paths run in SdpaFp8Gpu.WidenTwoCodes and Fp8BackwardSm90StorePass*
-  #    (set_fp8_widen_vec_enabled(0), set_sdpa_fp8_bwd_sm90_store_enabled(0)). Experimental (FLASHSPAN_EXPERIMENTAL=1,
-  #    not set here), forced by their tests: packed (THD) tensors on the sm90 forward, backward and FP8 forward
-  #    (SdpaGpu.Sm90ForwardThdSanitizerSmall, Sm90BackwardThdSanitizerSmall, SdpaFp8Gpu.Sm90ForwardThdSanitizerSmall:
-  #    set_sdpa_sm90_thd_enabled(1)), dBias with softcap on the sm80 backward (SdpaGpu.Sm80BackwardDbiasWithSoftcapExperimental:
+  #    Python FP8 GPU tests' device attn_scale runs it in the default environment), packed (THD) tensors on the sm90
+  #    forward and backward (FLASHSPAN_SM90_SDPA_THD; SdpaGpu.Sm90ForwardThdSanitizerSmall,
+  #    Sm90BackwardThdSanitizerSmall: set_sdpa_sm90_thd_enabled(1)). The eight-code FP8 widening and the sm90 FP8
+  #    backward's own dK / dV stores are on by default too: their off paths run in SdpaFp8Gpu.WidenTwoCodes and
+  #    Fp8BackwardSm90StorePass* (set_fp8_widen_vec_enabled(0), set_sdpa_fp8_bwd_sm90_store_enabled(0)). Experimental
+  #    (FLASHSPAN_EXPERIMENTAL=1, not set here), forced by their tests: packed (THD) tensors on the sm90 FP8 forward (its
+  #    own switch; SdpaFp8Gpu.Sm90ForwardThdSanitizerSmall: set_sdpa_fp8_sm90_thd_enabled(1)),
+  #    dBias with softcap on the sm80 backward (SdpaGpu.Sm80BackwardDbiasWithSoftcapExperimental:
   #    set_sdpa_dbias_softcap_sm80_enabled(1)), paged K/V on the sm90 forward (SdpaPagedGpu.Sm90PagedSanitizerSmall,
   #    Sm90PagedBadEntryIsNaN: set_sdpa_sm90_paged_enabled(1)).
   if [ "${GPU_CHECK_NO_SANITIZER:-0}" = 1 ]; then

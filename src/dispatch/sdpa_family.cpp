@@ -100,9 +100,14 @@ Switch g_sdpa_fp8_hk_ne_hv{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_HK_NE_H
 Switch g_sdpa_fp8_device_attn_scale{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE"); }};
 // Packed (THD) tensors in the sm80 FP8 forward (fp8_fwd_refusal): experimental, not yet run on a GPU.
 Switch g_sdpa_fp8_thd{experimental_from_env};
-// Packed (THD) tensors in the 16-bit sm90 forward (sm90_refusal), the sm90 backward and the sm90 FP8 forward
-// (sdpa_fp8_fwd_sm90_refusal): experimental, not yet run on a GPU.
-Switch g_sdpa_sm90_thd{experimental_from_env};
+// Packed (THD) tensors in the 16-bit sm90 forward and the sm90 backward (sm90_refusal), by default since 2026-12-05
+// (its GPU tests passed on an H200/H100: SdpaGpu.Sm90ForwardThdExperimental, Sm90BackwardThdExperimental and their
+// sanitizer sets); FLASHSPAN_SM90_SDPA_THD=0 (read per call) keeps packed calls on the sm80 kernels.
+// FLASHSPAN_EXPERIMENTAL (its switch before) no longer changes it.
+Switch g_sdpa_sm90_thd{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_THD"); }};
+// Packed (THD) tensors in the sm90 FP8 forward (sdpa_fp8_fwd_sm90_refusal): its own switch, apart from the 16-bit
+// one's (FLASHSPAN_SM90_SDPA_THD does not change it); experimental (FLASHSPAN_EXPERIMENTAL=1), not yet run on a GPU.
+Switch g_sdpa_fp8_sm90_thd{experimental_from_env};
 // Paged K/V caches on the 16-bit sm90 forward (sdpa_fwd_sm90_paged_refusal; kernel_fwd_sm90.cuh
 // sdpa_fwd_paged_kernel_sm90): experimental, not yet run on a GPU.
 Switch g_sdpa_sm90_paged{experimental_from_env};
@@ -163,14 +168,15 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward, bool any_thd_swi
   const bool dropout = p.dropout || p.a.dropout_mask_form;
   if (dropout && !(mods && sdpa_sm90_dropout_enabled())) return "dropout";
   if ((p.a.softcap || p.a.alibi) && !mods) return "score modifiers (softcap, ALiBi)";
-  // Packed (THD) tensors through per-sample tensor maps (sample_maps_sm90.h), experimental, both directions; the
-  // backward's dK / dV epilogue writes one row count for both, so dK and dV both packed or both padded.
+  // Packed (THD) tensors through per-sample tensor maps (sample_maps_sm90.h), both directions, unless
+  // FLASHSPAN_SM90_SDPA_THD=0 (sdpa_sm90_thd_enabled; the refusal names the variable); the backward's dK / dV
+  // epilogue writes one row count for both, so dK and dV both packed or both padded.
   // any_thd_switch: the answer with the switch on, whatever it says (the backward workspace's layout).
   const bool packed_ok = any_thd_switch || sdpa_sm90_thd_enabled();
   for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
                 FS_SDPA_RAGGED_OFFSET_STATS, FS_SDPA_RAGGED_OFFSET_DO, FS_SDPA_RAGGED_OFFSET_DQ,
                 FS_SDPA_RAGGED_OFFSET_DK, FS_SDPA_RAGGED_OFFSET_DV}) {
-    if (p.has(s) && !packed_ok) return "ragged (packed) q, k, v, o, stats or gradients";
+    if (p.has(s) && !packed_ok) return "ragged (packed) q, k, v, o, stats or gradients (FLASHSPAN_SM90_SDPA_THD=0)";
   }
   if (backward && p.has(FS_SDPA_RAGGED_OFFSET_DK) != p.has(FS_SDPA_RAGGED_OFFSET_DV)) {
     return "dK and dV one packed, the other padded";
@@ -304,6 +310,8 @@ void set_sdpa_fp8_device_attn_scale_enabled(int on) { g_sdpa_fp8_device_attn_sca
 void set_sdpa_fp8_thd_enabled(int on) { g_sdpa_fp8_thd.set(on); }
 void set_sdpa_sm90_thd_enabled(int on) { g_sdpa_sm90_thd.set(on); }
 bool sdpa_sm90_thd_enabled() { return g_sdpa_sm90_thd.on(); }
+void set_sdpa_fp8_sm90_thd_enabled(int on) { g_sdpa_fp8_sm90_thd.set(on); }
+bool sdpa_fp8_sm90_thd_enabled() { return g_sdpa_fp8_sm90_thd.on(); }
 bool sdpa_fp8_thd_enabled() { return g_sdpa_fp8_thd.on(); }
 bool sdpa_fp8_device_attn_scale_enabled() { return g_sdpa_fp8_device_attn_scale.on(); }
 bool sdpa_fp8_hk_ne_hv_enabled() { return g_sdpa_fp8_hk_ne_hv.on(); }
@@ -351,7 +359,7 @@ bool sdpa_fp8_bwd_runs_sm90(const sdpa::Problem& p) {
 namespace {
 // What both FP8 forwards take besides their head dims (dims_ok; `dims`: the refusal's words otherwise) and packed
 // (THD) tensors (ragged_ok, experimental, not yet run on a GPU: the sm80 one with sdpa_fp8_thd_enabled, the sm90 one
-// with sdpa_sm90_thd_enabled, both on with FLASHSPAN_EXPERIMENTAL=1): padded q, k, v, o, the causal and padding
+// with sdpa_fp8_sm90_thd_enabled, both on with FLASHSPAN_EXPERIMENTAL=1): padded q, k, v, o, the causal and padding
 // masks, the statistics outputs; MHA / GQA / MQA, H_k != H_v too (V addressed by h / group_v: the sm90 one's V^T
 // workspace has H_v heads, the sm80 one's bf16 copy of V too; unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0:
 // sdpa_fp8_hk_ne_hv_enabled).
@@ -387,15 +395,16 @@ const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* di
 }
 }  // namespace
 
-// Packed (THD) q, k, v in the sm90 one (sdpa_sm90_thd_enabled, the 16-bit sm90 forward's switch): q and k through
-// per-sample TMA maps, whose bases must be 16-byte aligned, and v read 16 bytes at a time by the V^T pre-pass, so their
-// ragged multipliers must be multiples of 16 (a packed (T, H, D) tensor's row stride H D is: D is); others keep the
-// sm80 one (it reads the codes a byte at a time). (The launcher, which cannot see the multiplier, still flags a q / k
-// start that is not aligned on the device -- NaN over the sample's O and stats rows -- and reads such a v bytewise.)
+// Packed (THD) q, k, v in the sm90 one (sdpa_fp8_sm90_thd_enabled: its own switch, not the 16-bit sm90 forward's
+// sdpa_sm90_thd_enabled, whose per-sample maps it shares): q and k through per-sample TMA maps, whose bases must be
+// 16-byte aligned, and v read 16 bytes at a time by the V^T pre-pass, so their ragged multipliers must be multiples of
+// 16 (a packed (T, H, D) tensor's row stride H D is: D is); others keep the sm80 one (it reads the codes a byte at a
+// time). (The launcher, which cannot see the multiplier, still flags a q / k start that is not aligned on the device
+// -- NaN over the sample's O and stats rows -- and reads such a v bytewise.)
 const char* sdpa_fp8_fwd_sm90_refusal(const sdpa::Problem& p) {
   const char* r =
       fp8_fwd_refusal(p, sm90::sdpa_fp8_fwd_runs_head_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv)),
-                      "head dims (multiples of 16 up to 128)", sdpa_sm90_thd_enabled());
+                      "head dims (multiples of 16 up to 128)", sdpa_fp8_sm90_thd_enabled());
   if (r != nullptr) return r;
   for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V}) {
     if (p.ragged(s) && p.ragged_multiplier(s) % 16 != 0) {

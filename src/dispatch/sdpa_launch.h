@@ -50,15 +50,15 @@ void sdpa_check_support_gpu(const sdpa::Problem& p);
 size_t sdpa_fwd_workspace_size(const sdpa::Problem& p);
 size_t sdpa_bwd_workspace_size(const sdpa::Problem& p);
 
-// The sm90 forward's per-sample tensor maps of packed (THD) q, k or v (sdpa_sm90_thd_enabled, experimental;
-// kernels/sm90/sample_maps_sm90.h): their part of the forward's workspace (sm90::sample_maps_bytes(B, 3), and
-// 128 bytes more so that the maps start 128-byte aligned in any workspace) for every call the sm90 forward may
-// take packed (sdpa_fwd_sm90_may_take_packed: a 16-bit CUDA forward, not paged, with packed q, k or v, on an sm_90
-// device with this build's sm_90a code; an FP8 forward with packed q or k that the sm80 FP8 forward does not run:
-// the sm90 FP8 forward's maps of q and k, in the same layout, after its V^T workspace), whatever its switches
-// say, so that an operation sized with them off still runs when they are turned on before its execute (and the
-// bytes, ~0.4 KB a sample, are never the difference); 0 bytes for other calls. sdpa_fwd_sm90_maps binds it: the
-// 128-byte aligned start and its bytes (checked: the workspace's size), {nullptr, 0} for other calls.
+// The sm90 forward's per-sample tensor maps of packed (THD) q, k or v (sdpa_sm90_thd_enabled, default on; the FP8 one's
+// sdpa_fp8_sm90_thd_enabled, experimental; kernels/sm90/sample_maps_sm90.h): their part of the forward's workspace
+// (sm90::sample_maps_bytes(B, 3), and 128 bytes more so that the maps start 128-byte aligned in any workspace) for
+// every call the sm90 forward may take packed (sdpa_fwd_sm90_may_take_packed: a 16-bit CUDA forward, not paged, with
+// packed q, k or v, on an sm_90 device with this build's sm_90a code; an FP8 forward with packed q or k that the sm80
+// FP8 forward does not run: the sm90 FP8 forward's maps of q and k, in the same layout, after its V^T workspace),
+// whatever its switches say, so that an operation sized with them off still runs when they are turned on before its
+// execute (and the bytes, ~0.4 KB a sample, are never the difference); 0 bytes for other calls. sdpa_fwd_sm90_maps
+// binds it: the 128-byte aligned start and its bytes (checked: the workspace's size), {nullptr, 0} for other calls.
 bool sdpa_fwd_sm90_may_take_packed(const sdpa::Problem& p);
 size_t sdpa_fwd_sm90_maps_bytes(const sdpa::Problem& p);
 struct WorkspaceSlice {
@@ -155,7 +155,7 @@ SdpaBwdParams sdpa_bwd_params_sm90(const sdpa::Problem& p, void* workspace, size
 // (sdpa_check_features_gpu: without the switch, or with sdpa_fp8_fwd_sm90_refusal's answer;
 // sdpa_check_support_gpu: off an sm_90 device with this build's sm_90a code).
 // sdpa_fp8_fwd_sm90_refusal: nullptr when the kernel covers an FP8 call (a forward; each head dim
-// a multiple of 16 up to 128, q / k / v / o / stats padded, or packed with sdpa_sm90_thd_enabled (q, k, v ragged
+// a multiple of 16 up to 128, q / k / v / o / stats padded, or packed with sdpa_fp8_sm90_thd_enabled (q, k, v ragged
 // multipliers multiples of 16); score_max / score_sum_exp too; H_k != H_v with
 // sdpa_fp8_hk_ne_hv_enabled), else the first thing it does not cover. sdpa_fp8_fwd_params: sdpa_fwd_params
 // plus the FP8 factors (device pointers, or a host scale factor's value), the formats, the amax
@@ -237,19 +237,29 @@ void set_sdpa_fp8_device_attn_scale_enabled(int on);
 // sample from its ragged start into padded bf16 copies; the epilogue writes a packed o and stats as the 16-bit
 // forward's): experimental, not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read by each check),
 // set_sdpa_fp8_thd_enabled overrides it (tests: 1 on, 0 off, -1 the environment's answer); the sm90 FP8 forward
-// takes them with sdpa_sm90_thd_enabled (below), and then runs them where it runs the call (sdpa_fp8_fwd_runs_sm90).
+// takes them with sdpa_fp8_sm90_thd_enabled (below), and then runs them where it runs the call
+// (sdpa_fp8_fwd_runs_sm90).
 bool sdpa_fp8_thd_enabled();
 void set_sdpa_fp8_thd_enabled(int on);
 
 // Packed (THD: ragged offsets) q, k, v, o, stats in the 16-bit sm90 forward (per-sample tensor maps built on the
-// device, kernels/sm90/sample_maps_sm90.h; a packed O / stats written at the samples' starts): experimental, not
-// yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read by each check), set_sdpa_sm90_thd_enabled overrides it
-// (tests: 1 on, 0 off, -1 the environment's answer). Off: packed calls take the sm80 forward. The same switch lets
-// packed tensors through the sm90 backward (sm90_refusal) and the sm90 FP8 forward (sdpa_fp8_fwd_sm90_refusal: q and
-// k through the per-sample maps, v through its V^T pre-pass).
+// device, kernels/sm90/sample_maps_sm90.h; a packed O / stats written at the samples' starts): on unless
+// FLASHSPAN_SM90_SDPA_THD=0 (read by each check; its GPU tests passed on an H200/H100; FLASHSPAN_EXPERIMENTAL, its
+// switch before, no longer changes it), set_sdpa_sm90_thd_enabled overrides both (tests: 1 on, 0 off, -1 the
+// environment's answer). Off: packed calls take the sm80 forward (the refusal names the variable). The same switch
+// lets packed tensors through the sm90 backward (sm90_refusal); the sm90 FP8 forward has its own, still experimental
+// (below).
 bool sdpa_sm90_thd_enabled();
 void set_sdpa_sm90_thd_enabled(int on);
 
+// Packed (THD: ragged offsets) q, k, v, o, stats in the sm90 FP8 forward (sdpa_fp8_fwd_sm90_refusal: q and k through
+// the 16-bit sm90 forward's per-sample maps, v through its V^T pre-pass, o and the stats at the samples' starts): its
+// own switch, so that sdpa_sm90_thd_enabled can change without taking it along; experimental, not yet run on a GPU:
+// on with FLASHSPAN_EXPERIMENTAL=1 (read by each check), set_sdpa_fp8_sm90_thd_enabled overrides it (tests: 1 on,
+// 0 off, -1 the environment's answer). Off: packed FP8 forwards take the sm80 FP8 forward (its own switch,
+// sdpa_fp8_thd_enabled) or are refused.
+bool sdpa_fp8_sm90_thd_enabled();
+void set_sdpa_fp8_sm90_thd_enabled(int on);
 // Paged K/V caches on the 16-bit sm90 forward (kernels/sm90/launch_sm90.h launch_sdpa_fwd_paged_sm90: the sm90
 // forward's kernel with the modifiers' source, K / V boxes placed through the page tables by TMA, kv_addr.cuh
 // PagedKv's TMA form): experimental, not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read per call),

@@ -94,7 +94,7 @@ void check_paged(const Problem& p) {
 }
 
 // Packed (THD) tensors in the FP8 forwards (the sm80 one with sdpa_fp8_thd_enabled, the sm90 one with
-// sdpa_sm90_thd_enabled; their refusals say when they are taken): o and stats both packed or both padded (one row
+// sdpa_fp8_sm90_thd_enabled; their refusals say when they are taken): o and stats both packed or both padded (one row
 // limit per epilogue, as the 16-bit forward's), o's samples on 2-byte boundaries (both epilogues store code pairs:
 // an even multiplier), and no score_max / score_sum_exp beside a packed o (the 16-bit forward's fill of their padded
 // rows is not the FP8 launchers').
@@ -129,7 +129,7 @@ void check_fp8(const Problem& p) {
     // The FP8 forward on the sm80 kernels takes a call wherever the sm90 one does not (the
     // device, its head dims, strides or switch): its widening pre-pass reads any strides. What it refuses the
     // sm90 one refuses too (the same options, its head dims a subset), but packed (THD) tensors, each forward's
-    // under its own switch (sdpa_fp8_thd_enabled, sdpa_sm90_thd_enabled: one environment variable, two
+    // under its own switch (sdpa_fp8_thd_enabled, sdpa_fp8_sm90_thd_enabled: one environment variable, two
     // overrides): a call the sm90 one's rules take passes (sdpa_check_support_gpu: it runs there or is refused).
     const char* r = sdpa_fp8_fwd_sm80_refusal(p);
     const bool sm90_takes = sdpa_fp8_sm90_enabled() && sdpa_fp8_fwd_sm90_refusal(p) == nullptr &&

@@ -73,7 +73,7 @@ std::string refusal(Call c) {
 }
 
 // A call with packed Q / O / stats (THD): ragged offsets and cumulative lengths (both
-// directions refuse it on sm90).
+// directions refuse it on sm90 with their packed switch off, FLASHSPAN_SM90_SDPA_THD=0).
 Call packed_thd_call() {
   Call c;
   for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_O, FS_SDPA_RAGGED_OFFSET_STATS}) {
@@ -127,8 +127,8 @@ struct DropoutSwitch {
   ~DropoutSwitch() { set_sdpa_sm90_dropout_enabled(-1); }
 };
 
-// Forces packed (THD) tensors on the sm90 forward (sdpa_sm90_thd_enabled, experimental) on or off for a scope
-// (FLASHSPAN_EXPERIMENTAL's answer after it).
+// Forces packed (THD) tensors on the sm90 forward and backward (sdpa_sm90_thd_enabled, on unless
+// FLASHSPAN_SM90_SDPA_THD=0) on or off for a scope (the environment's answer after it).
 struct ThdSwitch {
   explicit ThdSwitch(int on) { set_sdpa_sm90_thd_enabled(on); }
   ~ThdSwitch() { set_sdpa_sm90_thd_enabled(-1); }
@@ -219,8 +219,8 @@ std::vector<std::pair<std::string, Call>> modifier_calls() {
 
 TEST(SdpaFamily, Sm90ForwardThdSwitch) {
   // Packed (THD) q, o, stats (and k, v, a packed gate with the modifiers' kernel): the sm90 forward takes them
-  // with its switch on (per-sample tensor maps; experimental; the backward: Sm90BackwardThdRule); off, the sm80
-  // forward.
+  // with its switch on (per-sample tensor maps; the default, Sm90ThdSwitchReadsTheEnvironment; the backward:
+  // Sm90BackwardThdRule); off, the sm80 forward.
   Call c = packed_thd_call();
   for (int s : {FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V}) c.a.tensors[size_t(s)] = vec(3, DType::kInt32);
   {
@@ -365,7 +365,7 @@ std::string bwd_refusal(Call c, bool deterministic = false) {
 }
 
 TEST(SdpaFamily, Sm90BackwardThdRule) {
-  // Packed tensors on the sm90 backward (experimental, the forward's switch): every tensor of the THD call packed,
+  // Packed tensors on the sm90 backward (the forward's switch): every tensor of the THD call packed,
   // dK and dV both packed; one of them padded refuses (the epilogue writes one row count for both); the switch off
   // refuses them all; the layout's refusal takes them whatever the switch says.
   Call c = packed_thd_call();
@@ -385,6 +385,27 @@ TEST(SdpaFamily, Sm90BackwardThdRule) {
     EXPECT_NE(bwd_refusal(c).find("ragged"), std::string::npos);
     EXPECT_EQ(sdpa_bwd_sm90_layout_refusal(backward_problem(c)), nullptr);
   }
+}
+
+// Packed (THD) tensors on the sm90 forward and backward (sdpa_sm90_thd_enabled): on by default since its GPU tests
+// passed, off when FLASHSPAN_SM90_SDPA_THD is exactly "0" (expect_off_switch: read per call, unset, empty or any other
+// value on, FLASHSPAN_EXPERIMENTAL -- its switch before -- ignored, the override wins both ways). What it changes:
+// a packed call passes both directions' refusals with it on; with it off both refuse it, naming the variable, and
+// the sm80 kernels take it; the backward workspace's layout (sdpa_bwd_sm90_layout_refusal) takes it either way.
+TEST(SdpaFamily, Sm90ThdSwitchReadsTheEnvironment) {
+  Call c = packed_thd_call();
+  for (int s : {FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V}) c.a.tensors[size_t(s)] = vec(3, DType::kInt32);
+  for (int s : {FS_SDPA_RAGGED_OFFSET_DO, FS_SDPA_RAGGED_OFFSET_DQ, FS_SDPA_RAGGED_OFFSET_DK,
+                FS_SDPA_RAGGED_OFFSET_DV}) {
+    c.grads.emplace_back(s, vec(3, DType::kInt32));
+  }
+  const std::string off = "ragged (packed) q, k, v, o, stats or gradients (FLASHSPAN_SM90_SDPA_THD=0)";
+  expect_off_switch("FLASHSPAN_SM90_SDPA_THD", set_sdpa_sm90_thd_enabled, sdpa_sm90_thd_enabled,
+                    [&](bool on, const std::string& where) {
+                      EXPECT_EQ(refusal(c), on ? "" : off) << where;
+                      EXPECT_EQ(bwd_refusal(c), on ? "" : off) << where;
+                      EXPECT_EQ(sdpa_bwd_sm90_layout_refusal(backward_problem(c)), nullptr) << where;
+                    });
 }
 
 TEST(SdpaFamily, Sm90BackwardCoversTheForwardsSubset) {
@@ -630,16 +651,17 @@ TEST(SdpaFamily, Sm90BackwardWithModifiersSwitch) {
     EXPECT_EQ(bwd_refusal(s), sdpa::slot_name(FS_SDPA_SINK_TOKEN));
   }
   // What the modifiers' backward does not run still goes to sm80 with it on: the block_mask,
-  // packed THD, (192, 128) / (256, 256) (the modifiers' kernels stop at 128), H_k != H_v with neither
-  // group a multiple of the other, dropout, a packed gate.
+  // packed THD and a packed gate (their switch off: FLASHSPAN_SM90_SDPA_THD=0; with it on, the default, both run:
+  // Sm90BackwardThdRule and below), (192, 128) / (256, 256) (the modifiers' kernels stop at 128), H_k != H_v with
+  // neither group a multiple of the other, dropout.
   const BwdModsSwitch on(1);
+  const ThdSwitch thd_off(0);
   {
     Call c;
     c.a.tensors[FS_SDPA_BLOCK_MASK] = desc(2, 4, 3, 1, DType::kUInt8);
     EXPECT_EQ(bwd_refusal(c), sdpa::slot_name(FS_SDPA_BLOCK_MASK));
   }
   {
-    const ThdSwitch thd_off(0);
     Call c = packed_thd_call();
     c.a.softcap = 5.0f;
     EXPECT_NE(bwd_refusal(c).find("ragged"), std::string::npos);
@@ -681,6 +703,9 @@ TEST(SdpaFamily, Sm90BackwardWithModifiersSwitch) {
     c.a.tensors[FS_SDPA_CU_SEQ_LEN_KV] = vec(3, DType::kInt32);
     c.a.padding_mask = true;
     EXPECT_EQ(bwd_refusal(c), sdpa::slot_name(FS_SDPA_RAGGED_OFFSET_GATE));
+    set_sdpa_sm90_thd_enabled(1);  // (the default: a packed gate and dgate at their samples' starts)
+    EXPECT_EQ(bwd_refusal(c), "");
+    set_sdpa_sm90_thd_enabled(0);  // (thd_off's pin again)
   }
   // The forward's rule does not change with the backward's switch.
   {

@@ -912,7 +912,7 @@ TEST(SdpaFp8, ForwardOnSm80Rule) {
 }
 
 // Packed (THD) tensors in the FP8 forward (experimental): the sm80 FP8 forward takes them with its switch on
-// (sdpa_fp8_thd_enabled), the sm90 one with its own (sdpa_sm90_thd_enabled: ForwardThdSm90Rule, pinned off here),
+// (sdpa_fp8_thd_enabled), the sm90 one with its own (sdpa_fp8_sm90_thd_enabled: ForwardThdSm90Rule, pinned off here),
 // refused by both without them; with them an odd o multiplier and score_max / score_sum_exp beside a packed o are
 // refused, naming the rule.
 const std::string kFp8Packed = "ragged (packed THD) q, k, v, o or stats (the FP8 forwards take them with "
@@ -924,7 +924,7 @@ TEST(SdpaFp8, ForwardThdRule) {
   c.thd = true;
   c.D = c.Dv = 64;
   const std::string& packed = kFp8Packed;
-  const ScopedSwitch sm90_thd_off(flashspan::set_sdpa_sm90_thd_enabled, 0);
+  const ScopedSwitch sm90_thd_off(flashspan::set_sdpa_fp8_sm90_thd_enabled, 0);
   {
     const Fp8ThdSwitch off(0);
     EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm80_refusal(c.problem()), packed);
@@ -942,28 +942,36 @@ TEST(SdpaFp8, ForwardThdRule) {
   EXPECT_STARTS(host_rules_error(odd), "ragged offset of o: the multiplier ");
 }
 
-// Packed (THD) q, k, v, o, stats on the sm90 FP8 forward (sdpa_sm90_thd_enabled, the 16-bit sm90 forward's switch:
+// Packed (THD) q, k, v, o, stats on the sm90 FP8 forward (sdpa_fp8_sm90_thd_enabled, its own switch:
 // FLASHSPAN_EXPERIMENTAL=1; not yet run on a GPU): its rule takes them with the switch on -- each head-dim kernel, GQA,
 // both formats -- when q's, k's and v's ragged multipliers are multiples of 16 (its TMA boxes and 16-byte loads; else
-// the sm80 one takes them), and refuses them, naming them, with it off; its host rules are check_fp8_packed's (an odd
-// o multiplier refused). The workspace of a call it runs (Problem::fp8_fwd_family = 90) holds the V^T and, packed q
-// or k, the per-sample maps after it (sm90::sample_maps_bytes(B, 3) + 128 bytes) whatever the switch says; the sm80
-// one's none of them. The host rules let the call through also with the sm80 one on and its own packed switch off.
+// the sm80 one takes them), and refuses them, naming them, with it off, whatever the 16-bit sm90 forward's switch
+// (sdpa_sm90_thd_enabled) says; its host rules are check_fp8_packed's (an odd o multiplier refused). The workspace of
+// a call it runs (Problem::fp8_fwd_family = 90) holds the V^T and, packed q or k, the per-sample maps after it
+// (sm90::sample_maps_bytes(B, 3) + 128 bytes) whatever the switch says; the sm80 one's none of them. The host rules
+// let the call through also with the sm80 one on and its own packed switch off.
 TEST(SdpaFp8, ForwardThdSm90Rule) {
   CudaCall c;
   c.backward = false;
   c.thd = true;
   c.D = c.Dv = 64;
   {
-    const ScopedSwitch off(flashspan::set_sdpa_sm90_thd_enabled, 0);
-    EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm90_refusal(c.problem()), kFp8Packed);
+    const ScopedSwitch off(flashspan::set_sdpa_fp8_sm90_thd_enabled, 0);
+    for (int bf16 : {0, 1}) {  // (the 16-bit sm90 forward's switch does not change it)
+      const ScopedSwitch sm90_thd(flashspan::set_sdpa_sm90_thd_enabled, bf16);
+      EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm90_refusal(c.problem()), kFp8Packed) << "16-bit switch " << bf16;
+    }
     const Fp8FwdSm80Switch sm80_off(0);
     const Fp8ForwardSwitch sm90_on(1);
     EXPECT_STARTS(host_rules_error(c), kFp8Packed + ": not supported with FP8 inputs on CUDA tensors yet (the sm90 "
                                                     "FP8 forward runs padded q, k, v, o (packed with "
                                                     "FLASHSPAN_EXPERIMENTAL=1)");
   }
-  const ScopedSwitch on(flashspan::set_sdpa_sm90_thd_enabled, 1);
+  const ScopedSwitch on(flashspan::set_sdpa_fp8_sm90_thd_enabled, 1);
+  {
+    const ScopedSwitch sm90_thd_off(flashspan::set_sdpa_sm90_thd_enabled, 0);  // (not the FP8 forward's)
+    EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm90_refusal(c.problem()), nullptr);
+  }
   for (int64_t d : {64, 128, 48}) {
     for (DType t : {DType::kFloat8E4M3, DType::kFloat8E5M2}) {
       CudaCall x = c;
@@ -1009,7 +1017,7 @@ TEST(SdpaFp8, ForwardThdSm90Rule) {
   const size_t maps = flashspan::sm90::sample_maps_bytes(c.B, flashspan::sm90::kSampleMapsFwd) +
                       flashspan::sm90::kTensorMapBytes;
   for (int sw : {1, 0}) {
-    const ScopedSwitch thd(flashspan::set_sdpa_sm90_thd_enabled, sw);
+    const ScopedSwitch thd(flashspan::set_sdpa_fp8_sm90_thd_enabled, sw);
     EXPECT_EQ(flashspan::sdpa_fwd_sm90_maps_bytes(p), maps) << "switch " << sw;
     EXPECT_EQ(flashspan::sdpa_fwd_workspace_size(p), vt + maps) << "switch " << sw;
   }
@@ -1235,6 +1243,52 @@ TEST(SdpaFp8, DeviceAttnScaleSwitchReadsTheEnvironment) {
     EXPECT_EQ(host_rules_error(host), "");
     host.backward = false;
     EXPECT_EQ(host_rules_error(host), "");
+  }
+}
+
+// Packed (THD) tensors in the sm90 FP8 forward (sdpa_fp8_sm90_thd_enabled): experimental, as the other experimental
+// switches -- on only when FLASHSPAN_EXPERIMENTAL is exactly "1" (unset, "0", empty or any other value: off), read per
+// call; set_sdpa_fp8_sm90_thd_enabled (1 on, 0 off) wins over the environment both ways, -1 gives its answer back --
+// and its own: the 16-bit sm90 forward's switch (sdpa_sm90_thd_enabled: its variable FLASHSPAN_SM90_SDPA_THD unset or
+// "0", its override -1, 0 or 1) changes neither its answer nor the rule. What it changes: the sm90 FP8 forward's rule
+// takes a packed call with it on and refuses it, naming the packed tensors (kFp8Packed), with it off.
+TEST(SdpaFp8, Sm90ThdSwitchReadsTheEnvironment) {
+  CudaCall c;
+  c.backward = false;
+  c.thd = true;
+  c.D = c.Dv = 64;
+  const flashspan::sdpa::Problem p = c.problem();
+  flashspan::set_sdpa_fp8_sm90_thd_enabled(-1);
+  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
+  ScopedEnv thd16("FLASHSPAN_SM90_SDPA_THD", nullptr);
+  // where: the environment's value (nullptr: unset), the override and the 16-bit switch's state, for failure messages.
+  auto expect = [&](bool on, const char* e, int override_on, const char* v16, int bf16) {
+    EXPECT_EQ(flashspan::sdpa_fp8_sm90_thd_enabled(), on)
+        << "FLASHSPAN_EXPERIMENTAL=" << (e ? e : "(unset)") << ", override " << override_on
+        << ", FLASHSPAN_SM90_SDPA_THD=" << (v16 ? v16 : "(unset)") << ", 16-bit override " << bf16;
+    const char* r = flashspan::sdpa_fp8_fwd_sm90_refusal(p);
+    EXPECT_EQ(r == nullptr ? std::string() : std::string(r), on ? std::string() : kFp8Packed)
+        << "FLASHSPAN_EXPERIMENTAL=" << (e ? e : "(unset)") << ", override " << override_on
+        << ", FLASHSPAN_SM90_SDPA_THD=" << (v16 ? v16 : "(unset)") << ", 16-bit override " << bf16;
+  };
+  for (const char* v16 : {static_cast<const char*>(nullptr), "0"}) {
+    thd16.set(v16);
+    for (int bf16 : {-1, 0, 1}) {
+      const ScopedSwitch sm90_thd(flashspan::set_sdpa_sm90_thd_enabled, bf16);
+      for (const char* e : {static_cast<const char*>(nullptr), "0", "", "yes", "true", " 1", "11"}) {
+        experimental.set(e);
+        expect(false, e, -1, v16, bf16);
+      }
+      experimental.set("1");
+      expect(true, "1", -1, v16, bf16);
+      flashspan::set_sdpa_fp8_sm90_thd_enabled(0);
+      expect(false, "1", 0, v16, bf16);
+      experimental.set(nullptr);
+      flashspan::set_sdpa_fp8_sm90_thd_enabled(1);
+      expect(true, nullptr, 1, v16, bf16);
+      flashspan::set_sdpa_fp8_sm90_thd_enabled(-1);
+      expect(false, nullptr, -1, v16, bf16);
+    }
   }
 }
 

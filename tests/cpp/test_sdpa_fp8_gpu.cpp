@@ -20,7 +20,7 @@
 //   SdpaFp8Gpu.Sm90ForwardSanitizerSmall small cases of both paths for compute-sanitizer (memcheck,
 //                                        racecheck, synccheck: scripts/gpu_check.sh).
 //   SdpaFp8Gpu.Sm90ForwardThdExperimental packed (THD) q, k, v, o, stats through the API with their switch forced on
-//                                        (sdpa_sm90_thd_enabled, experimental; not yet run on a GPU): samples at
+//                                        (sdpa_fp8_sm90_thd_enabled, experimental; not yet run on a GPU): samples at
 //                                        token offsets with gaps, one without keys and one without rows, GQA / MQA,
 //                                        causal or none, both formats, kernel head dims 64 and 128; the CPU reference
 //                                        on the same calls; the launch counter says the sm90 FP8 forward ran; O and
@@ -963,16 +963,16 @@ TEST(SdpaFp8Gpu, Sm90ForwardHkNeHv) {
 }
 
 // ---------------------------------------------------------------------------
-// Packed (THD) q, k, v, o, stats on the sm90 FP8 forward (experimental: sdpa_sm90_thd_enabled, FLASHSPAN_EXPERIMENTAL=1;
-// q and k through per-sample tensor maps, v through the V^T pre-pass, o and the stats at the samples' starts; written
-// without a GPU, not yet run on one), through the C++ API (thd_case)
+// Packed (THD) q, k, v, o, stats on the sm90 FP8 forward (experimental: sdpa_fp8_sm90_thd_enabled, its own switch,
+// FLASHSPAN_EXPERIMENTAL=1; q and k through per-sample tensor maps, v through the V^T pre-pass, o and the stats at the
+// samples' starts; written without a GPU, not yet run on one), through the C++ API (thd_case)
 // ---------------------------------------------------------------------------
 
 // The sm90 FP8 forward and its packed tensors forced on for a scope (the sm80 FP8 forward left as it is: the launch
 // counter says which ran).
 struct Fp8Sm90ThdOn {
   Fp8SwitchOn fp8;
-  ScopedSwitch thd{set_sdpa_sm90_thd_enabled, 1};
+  ScopedSwitch thd{set_sdpa_fp8_sm90_thd_enabled, 1};
 };
 
 // c through the API on CUDA tensors against the loop (and, cpu_too, the same call on the CPU reference: api_case);

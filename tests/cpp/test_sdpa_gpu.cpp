@@ -535,7 +535,8 @@ struct ForceSdpaSm90 {
   ~ForceSdpaSm90() { set_sdpa_fwd_sm90_enabled(-1); }
 };
 
-// Packed (THD) tensors on the sm90 forward (experimental, sdpa_sm90_thd_enabled) forced on or off for a scope.
+// Packed (THD) tensors on the sm90 forward and backward (sdpa_sm90_thd_enabled: on unless FLASHSPAN_SM90_SDPA_THD=0)
+// forced on or off for a scope.
 struct ForceSdpaSm90Thd {
   explicit ForceSdpaSm90Thd(int on) { set_sdpa_sm90_thd_enabled(on); }
   ~ForceSdpaSm90Thd() { set_sdpa_sm90_thd_enabled(-1); }
@@ -669,8 +670,9 @@ TEST(SdpaGpu, Sm90ForwardFallsBackToSm80) {
 }
 
 // ---------------------------------------------------------------------------
-// Packed (THD) q, k, v, o, stats on the sm90 forward (experimental: sdpa_sm90_thd_enabled, FLASHSPAN_EXPERIMENTAL=1;
-// per-sample tensor maps built on the device, kernels/sm90/sample_maps_sm90.h; not yet run on a GPU).
+// Packed (THD) q, k, v, o, stats on the sm90 forward (sdpa_sm90_thd_enabled: on by default, FLASHSPAN_SM90_SDPA_THD=0
+// off; per-sample tensor maps built on the device, kernels/sm90/sample_maps_sm90.h). The tests force the switch either
+// way; scripts/gpu_check.sh runs the THD tests of the default environment once more with it off (the sm80 kernels).
 // ---------------------------------------------------------------------------
 
 Case sm90_mods_case(uint64_t seed);  // (below: the sm90 forward with score modifiers)
@@ -821,7 +823,8 @@ TEST(SdpaGpu, Sm90SampleMapsFlagMisalignedStarts) {
 }
 
 TEST(SdpaGpu, Sm90SampleMapsFlagMisalignedStartsFp8) {
-  // The sm90 FP8 forward's (experimental, not yet run on a GPU).
+  // The sm90 FP8 forward's (experimental, its own switch sdpa_fp8_sm90_thd_enabled; not yet run on a GPU). The
+  // pre-pass and the NaN fill are called here directly: no dispatch switch is read.
   REQUIRE_SM90();
   sample_maps_flag_misaligned(/*fp8=*/true);
 }
@@ -1354,8 +1357,8 @@ TEST(SdpaGpu, Sm90BackwardFallsBackToSm80) {
   }
 }
 
-// Packed (THD) tensors on the sm90 backward (experimental: sdpa_sm90_thd_enabled; per-sample maps of q, k, v and the
-// main dO; not yet run on a GPU): sm90_thd_case's cases without a block_mask (the sm90 backward leaves it to
+// Packed (THD) tensors on the sm90 backward (sdpa_sm90_thd_enabled, the forward's switch: on by default; per-sample
+// maps of q, k, v and the main dO): sm90_thd_case's cases without a block_mask (the sm90 backward leaves it to
 // sm80), forward and backward on the sm90 kernels (both launch counters checked), every gradient against the CPU
 // reference on NaN-poisoned outputs, the gaps between packed samples untouched; deterministic on every third,
 // H_k != H_v (H_v = 2 H_k: the item slots and their sum kernel) on every fifth, the gate (a packed gate and dgate)
@@ -2966,7 +2969,8 @@ TEST(SdpaGpu, SinksMinusInfinityKeylessRows) {
 TEST(SdpaGpu, ScoreStatsWithPackedO) {
   // score_max / score_sum_exp (padded [B, H_q, S_q, 1], NaN-poisoned) beside a packed O: the rows past each
   // sample are the fill kernel's (-inf, 0), the others the forward's; on the sm80 forward (sm90 off), the
-  // default families (the sm90 forward takes no packed THD: sm80 then) and the decode forward.
+  // default families (on an H100 / H200 the sm90 forward with modifiers, which takes packed THD by default; with
+  // FLASHSPAN_SM90_SDPA_THD=0 and on other GPUs the sm80 one) and the decode forward.
   REQUIRE_GPU();
   const ForceFeaturePairs pairs;
   for (uint64_t seed = 16301; seed <= 16360; ++seed) {

@@ -610,10 +610,11 @@ def test_gpu_fp8_backward_hk_ne_hv(fs, monkeypatch, seed):
 @pytest.mark.parametrize("seed", range(6))
 def test_gpu_fp8_forward_thd_experimental(fs, monkeypatch, seed):
     """Packed (THD) q, k, v, o, stats on the FP8 forwards (experimental: refused without FLASHSPAN_EXPERIMENTAL=1, which
-    is then set before the signature's call; written without a GPU, not yet run on one): the sm90 FP8 forward on an
-    H100 / H200 (q and k through per-sample tensor maps), the sm80 one elsewhere and with FLASHSPAN_SM90_SDPA_FP8=0 on
-    odd seeds, against the same call on CPU copies: samples of random lengths (an empty one on some seeds), GQA,
-    causal or not, both formats, o in either."""
+    is then set before the signature's call, turning on both FP8 forwards' own packed switches, the sm90 one's
+    sdpa_fp8_sm90_thd_enabled and the sm80 one's sdpa_fp8_thd_enabled, not the 16-bit sm90 forward's; written without
+    a GPU, not yet run on one): the sm90 FP8 forward on an H100 / H200 (q and k through per-sample tensor maps), the
+    sm80 one elsewhere and with FLASHSPAN_SM90_SDPA_FP8=0 on odd seeds, against the same call on CPU copies: samples of
+    random lengths (an empty one on some seeds), GQA, causal or not, both formats, o in either."""
     if seed % 2:
         monkeypatch.setenv("FLASHSPAN_SM90_SDPA_FP8", "0")
     rng = random.Random(500 + seed)

@@ -20,6 +20,7 @@ from sdpa_cases import assert_close, mask_problem, sample_rows, valid_rows
 ROUTE_ENV, EXPERIMENTAL_ENV, PAGED_ENV = "FLASHSPAN_SDPA_ROUTE", "FLASHSPAN_EXPERIMENTAL", "FLASHSPAN_SDPA_PAGED"
 PAIRS_ENV = "FLASHSPAN_SDPA_FEATURE_PAIRS"
 DBIAS_SOFTCAP_ENV = "FLASHSPAN_SDPA_DBIAS_SOFTCAP"
+SM90_THD_ENV = "FLASHSPAN_SM90_SDPA_THD"
 
 pytestmark = pytest.mark.usefixtures("poison_uninitialized")
 
@@ -501,16 +502,18 @@ def test_gpu_native_custom_ops(fs, native, varlen):
 
 
 @gpu
-@pytest.mark.parametrize("experimental", ["", "1"])
+@pytest.mark.parametrize("sm90_thd", [None, "0"])
 @pytest.mark.parametrize("seed", range(6))
-def test_gpu_native_thd_forward(fs, native, monkeypatch, experimental, seed):
+def test_gpu_native_thd_forward(fs, native, monkeypatch, sm90_thd, seed):
     """Packed (THD) q, k, v with cu_seq_len on both sides (samples of random lengths, an empty one, gaps: none; GQA;
     causal in both alignments or a window; head dims of every sm90 family) against the CPU reference: O and the
-    packed stats. With FLASHSPAN_EXPERIMENTAL=1 an H100 / H200 runs them on the sm90 forward through per-sample
-    tensor maps (dispatch's sdpa_sm90_thd_enabled; written without a GPU, not yet run on one), else on the sm80
-    forward; the results are the same either way."""
-    if experimental:
-        monkeypatch.setenv(EXPERIMENTAL_ENV, experimental)
+    packed stats. By default an H100 / H200 runs them on the sm90 forward through per-sample tensor maps (dispatch's
+    sdpa_sm90_thd_enabled; on by default since its GPU tests passed), with FLASHSPAN_SM90_SDPA_THD=0 (and on other
+    GPUs) on the sm80 forward; the results are the same either way."""
+    if sm90_thd is None:
+        monkeypatch.delenv(SM90_THD_ENV, raising=False)
+    else:
+        monkeypatch.setenv(SM90_THD_ENV, sm90_thd)
     rng = random.Random(900 + seed)
     g = torch.Generator().manual_seed(900 + seed)
     B, Hk = rng.randint(1, 4), rng.choice([1, 2])
@@ -542,15 +545,17 @@ def test_gpu_native_thd_forward(fs, native, monkeypatch, experimental, seed):
 
 
 @gpu
-@pytest.mark.parametrize("experimental", ["", "1"])
+@pytest.mark.parametrize("sm90_thd", [None, "0"])
 @pytest.mark.parametrize("seed", range(4))
-def test_gpu_native_thd_backward(fs, native, monkeypatch, experimental, seed):
+def test_gpu_native_thd_backward(fs, native, monkeypatch, sm90_thd, seed):
     """THD through torch.ops.flashspan.sdpa_fwd / sdpa_bwd (sdpa_torch with cu_seqlens; samples of random lengths,
     an empty one; GQA; causal; head dims (64, 64), (128, 128), (192, 128)) against the CPU reference: O, the LSE and
-    dQ, dK, dV. With FLASHSPAN_EXPERIMENTAL=1 an H100 / H200 runs both passes on the sm90 kernels through per-sample
-    tensor maps (written without a GPU, not yet run on one), else on the sm80 kernels."""
-    if experimental:
-        monkeypatch.setenv(EXPERIMENTAL_ENV, experimental)
+    dQ, dK, dV. By default an H100 / H200 runs both passes on the sm90 kernels through per-sample tensor maps (on by
+    default since their GPU tests passed), with FLASHSPAN_SM90_SDPA_THD=0 (and on other GPUs) on the sm80 kernels."""
+    if sm90_thd is None:
+        monkeypatch.delenv(SM90_THD_ENV, raising=False)
+    else:
+        monkeypatch.setenv(SM90_THD_ENV, sm90_thd)
     rng = random.Random(950 + seed)
     g = torch.Generator().manual_seed(950 + seed)
     B, Hk = rng.randint(2, 4), rng.choice([1, 2])

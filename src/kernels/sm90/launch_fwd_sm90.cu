@@ -275,7 +275,7 @@ void launch_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p_in, const TensorView& q,
            "/", p.head_dv, ", formats ", f.format, " / ", f.o_format, ")");
   FS_CHECK(f.amax_s != nullptr && f.amax_o != nullptr, Status::kInternal,
            "sdpa fp8 forward (sm90): an amax pointer is missing");
-  // Packed (THD) q or k (experimental, dispatch's sdpa_sm90_thd_enabled): per-sample maps (sample_maps_sm90.h) of
+  // Packed (THD) q or k (experimental, dispatch's sdpa_fp8_sm90_thd_enabled): per-sample maps (sample_maps_sm90.h) of
   // both, the first two of each sample's kSampleMapsFwd slots (the 16-bit forward's workspace layout); a packed V:
   // the V^T pre-pass reads it at its samples' starts (fp8_vt_sm90.cuh); a packed O / stats: the epilogue's rows at
   // the samples' starts (AnalyticSourceSm90::rows).

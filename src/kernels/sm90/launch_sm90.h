@@ -47,9 +47,9 @@ void launch_fwd_sm90(const FwdParams& p, const TensorView& q, const TensorView& 
 // (query block, query head, sample) of every sample padded to S_q; rows past a sample write
 // O = 0 and LSE = -inf (a packed O / stats: the sample's rows only). bias: the call's additive bias (null
 // without one): a 16-bit one of whole aligned rows (SdpaBiasParams::chunks) is staged by TMA (tensor map from
-// it). Packed (THD) q, k or v (experimental, dispatch's sdpa_sm90_thd_enabled): loaded through per-sample maps
-// (sample_maps_sm90.h) built in `workspace` (sample_maps_bytes(B, 3) bytes, 128-byte aligned) before the
-// kernel; null workspace otherwise.
+// it). Packed (THD) q, k or v (on unless FLASHSPAN_SM90_SDPA_THD=0, dispatch's sdpa_sm90_thd_enabled): loaded
+// through per-sample maps (sample_maps_sm90.h) built in `workspace` (sample_maps_bytes(B, 3) bytes, 128-byte
+// aligned) before the kernel; null workspace otherwise.
 void launch_sdpa_fwd_sm90(const SdpaFwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView* bias, DType dtype, void* workspace, size_t workspace_bytes,
                           cudaStream_t stream);
@@ -83,7 +83,7 @@ int64_t sdpa_fwd_paged_launches();
 // descriptors (16-byte aligned data, strides multiples of 16 elements). Zeroes amax_s / amax_o (and resets max_logit), writes V^T (the
 // pre-pass), then runs the persistent FP8 kernel over (query block, query head, sample): O in the
 // FP8 format, the LSE stats, amax_s, amax_o (params.h SdpaFp8Params says what each is). Packed (THD) q, k, v, o,
-// stats (experimental, dispatch's sdpa_sm90_thd_enabled; not yet run on a GPU): q and k through per-sample maps
+// stats (experimental, dispatch's sdpa_fp8_sm90_thd_enabled; not yet run on a GPU): q and k through per-sample maps
 // (sample_maps_sm90.h) built in `workspace` (sample_maps_bytes(B, 3) bytes, 128-byte aligned: the 16-bit
 // forward's layout, V's slot unused) before the kernel, V read at its samples' starts by the V^T pre-pass, O and
 // the stats written at their samples' starts (the sample's rows only); a sample start of q or k not 16-byte
@@ -176,10 +176,10 @@ void launch_bwd_sm90(const BwdParams& p, const TensorView& q, const TensorView& 
 // (the kernel with score modifiers, kernel_bwd_mods_sm90.cuh sdpa_bwd_mods_kernel_sm90), sinks with
 // dSink and the gate with dgate (around either kernel), head dims up to 128; with
 // FLASHSPAN_EXPERIMENTAL=1 (sdpa_sm90_dropout_enabled) dropout too, on the kernel with modifiers and
-// dropout (sdpa_bwd_mods_kernel_sm90<..., true>). Packed (THD) q, k, v or dO (experimental, dispatch's
-// sdpa_sm90_thd_enabled): loaded through per-sample maps (sample_maps_sm90.h: q, k, v and the main dO) built in
-// `workspace` (sample_maps_bytes(B, 4) bytes, 128-byte aligned) before the kernel; a packed dQ, dK, dV written at
-// the samples' starts, their rows only; null workspace otherwise.
+// dropout (sdpa_bwd_mods_kernel_sm90<..., true>). Packed (THD) q, k, v or dO (on unless FLASHSPAN_SM90_SDPA_THD=0,
+// dispatch's sdpa_sm90_thd_enabled): loaded through per-sample maps (sample_maps_sm90.h: q, k, v and the main
+// dO) built in `workspace` (sample_maps_bytes(B, 4) bytes, 128-byte aligned) before the kernel; a packed dQ, dK,
+// dV written at the samples' starts, their rows only; null workspace otherwise.
 void launch_sdpa_bwd_sm90(const SdpaBwdParams& p, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& dout, DType dtype, void* workspace, size_t workspace_bytes,
                           cudaStream_t stream);

@@ -12,7 +12,8 @@
 // to the alignment (reads stay inside the tensor) and a flag; after the kernel,
 // launch_sample_poison_sm90 writes NaN over that sample's O and stats rows, so the fault shows. Users: the
 // 16-bit sm90 forward (q, k, v), the FP8 one (q, k: 1-byte elements) and the 16-bit sm90 backward (q, k,
-// v, dO). Experimental (dispatch: sdpa_sm90_thd_enabled); not yet run on a GPU.
+// v, dO). On by default for the 16-bit ones (dispatch: sdpa_sm90_thd_enabled, FLASHSPAN_SM90_SDPA_THD=0 off);
+// experimental for the FP8 forward (sdpa_fp8_sm90_thd_enabled; not yet run on a GPU).
 #pragma once
 
 #include <cuda.h>
