@@ -222,7 +222,9 @@ cpp_suite() {
   #    H_k != H_v in FP8 calls (FLASHSPAN_SDPA_FP8_HK_NE_HV; SdpaFp8Gpu.Sm90ForwardHkNeHv, Sm80ForwardHkNeHv,
   #    Fp8BackwardHkNeHv: set_sdpa_fp8_hk_ne_hv_enabled(1)), attn_scale as a device tensor in FP8 calls
   #    (FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE; SdpaFp8Gpu.DeviceAttnScale: set_sdpa_fp8_device_attn_scale_enabled(1); the
-  #    Python FP8 GPU tests' device attn_scale runs it in the default environment). The eight-code FP8 widening and the sm90 FP8 backward's own dK / dV
+  #    Python FP8 GPU tests' device attn_scale runs it in the default environment), packed (THD) tensors on the sm80 FP8
+  #    forward (FLASHSPAN_SDPA_FP8_THD; test_sdpa_fp8_gpu.py::test_gpu_fp8_forward_thd_experimental's odd seeds run it
+  #    with only FLASHSPAN_SM90_SDPA_FP8=0 set). The eight-code FP8 widening and the sm90 FP8 backward's own dK / dV
   #    stores are on by default too: their off paths run in SdpaFp8Gpu.WidenTwoCodes and Fp8BackwardSm90StorePass*
   #    (set_fp8_widen_vec_enabled(0), set_sdpa_fp8_bwd_sm90_store_enabled(0)). Experimental (FLASHSPAN_EXPERIMENTAL=1,
   #    not set here), forced by their tests: packed (THD) tensors on the sm90 forward, backward and FP8 forward

@@ -235,9 +235,10 @@ void set_sdpa_fp8_device_attn_scale_enabled(int on);
 
 // Packed (THD: ragged offsets) q, k, v, o, stats in the FP8 forward on the sm80 kernels (its widening reads each
 // sample from its ragged start into padded bf16 copies; the epilogue writes a packed o and stats as the 16-bit
-// forward's): experimental, not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read by each check),
-// set_sdpa_fp8_thd_enabled overrides it (tests: 1 on, 0 off, -1 the environment's answer); the sm90 FP8 forward
-// takes them with sdpa_sm90_thd_enabled (below), and then runs them where it runs the call (sdpa_fp8_fwd_runs_sm90).
+// forward's): on unless FLASHSPAN_SDPA_FP8_THD=0 (read by each check; its GPU tests passed on an H200),
+// set_sdpa_fp8_thd_enabled overrides both (tests: 1 on, 0 off, -1 the environment's answer); off, the sm80 FP8
+// forward refuses them, naming the variable; the sm90 FP8 forward takes them with sdpa_sm90_thd_enabled (below), and
+// then runs them where it runs the call (sdpa_fp8_fwd_runs_sm90).
 bool sdpa_fp8_thd_enabled();
 void set_sdpa_fp8_thd_enabled(int on);
 
