@@ -217,8 +217,10 @@ cpp_suite() {
   #    set_sdpa_fp8_fwd_sm80_enabled(1); the bias / dropout with paged K/V of SdpaPagedGpu.BiasRandom, DropoutRandom,
   #    FeaturePairsSanitizerSmall and max_logit with sinks / the statistics beside a packed O of SdpaGpu.MaxLogitWithSinks*,
   #    ScoreStatsWithPackedO, FeaturePairsSanitizerSmall: set_sdpa_feature_pairs_enabled(1); the Python FP8 GPU tests
-  #    run them in the default environment. Likewise dBias with softcap on the sm90 backward
-  #    (FLASHSPAN_SDPA_DBIAS_SOFTCAP; SdpaGpu.Sm90BackwardDbiasWithSoftcap: set_sdpa_dbias_softcap_enabled(1)),
+  #    run them in the default environment. Likewise dBias with softcap on the sm90 backward and the sm80 backward
+  #    (FLASHSPAN_SDPA_DBIAS_SOFTCAP, one variable for both; SdpaGpu.Sm90BackwardDbiasWithSoftcap:
+  #    set_sdpa_dbias_softcap_enabled(1); SdpaGpu.Sm80BackwardDbiasWithSoftcap, was ...Experimental: that and
+  #    set_sdpa_dbias_softcap_sm80_enabled(1)),
   #    H_k != H_v in FP8 calls (FLASHSPAN_SDPA_FP8_HK_NE_HV; SdpaFp8Gpu.Sm90ForwardHkNeHv, Sm80ForwardHkNeHv,
   #    Fp8BackwardHkNeHv: set_sdpa_fp8_hk_ne_hv_enabled(1)), attn_scale as a device tensor in FP8 calls
   #    (FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE; SdpaFp8Gpu.DeviceAttnScale: set_sdpa_fp8_device_attn_scale_enabled(1); the
@@ -229,8 +231,7 @@ cpp_suite() {
   #    (set_fp8_widen_vec_enabled(0), set_sdpa_fp8_bwd_sm90_store_enabled(0)). Experimental (FLASHSPAN_EXPERIMENTAL=1,
   #    not set here), forced by their tests: packed (THD) tensors on the sm90 forward, backward and FP8 forward
   #    (SdpaGpu.Sm90ForwardThdSanitizerSmall, Sm90BackwardThdSanitizerSmall, SdpaFp8Gpu.Sm90ForwardThdSanitizerSmall:
-  #    set_sdpa_sm90_thd_enabled(1)), dBias with softcap on the sm80 backward (SdpaGpu.Sm80BackwardDbiasWithSoftcapExperimental:
-  #    set_sdpa_dbias_softcap_sm80_enabled(1)).
+  #    set_sdpa_sm90_thd_enabled(1)).
   if [ "${GPU_CHECK_NO_SANITIZER:-0}" = 1 ]; then
     waive "memcheck + racecheck + synccheck" "GPU_CHECK_NO_SANITIZER=1"
   elif command -v compute-sanitizer >/dev/null; then

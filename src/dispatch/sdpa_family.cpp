@@ -87,9 +87,10 @@ Switch g_sdpa_fp8_bwd_sm90{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8_BW
 // check_support and execute) refuses the pair on CUDA tensors again.
 Switch g_sdpa_dbias_softcap{[] { return !env_flag_off("FLASHSPAN_SDPA_DBIAS_SOFTCAP"); }};
 // dBias together with softcap on the sm80 backward (sdpa_dispatch.cu check_dbias_with_softcap: calls the sm90 backward
-// does not take; kernel_bwd_sm80.cuh stores P in the dS workspace and P (dP - D) over it): experimental, not yet run
-// on a GPU.
-Switch g_sdpa_dbias_softcap_sm80{experimental_from_env};
+// does not take; kernel_bwd_sm80.cuh stores P in the dS workspace and P (dP - D) over it), since its GPU test passed
+// on an H200, 2026-12-05 (SdpaGpu.Sm80BackwardDbiasWithSoftcap); the pair's one variable,
+// FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (read by each check_support and execute), refuses it on both backwards again.
+Switch g_sdpa_dbias_softcap_sm80{[] { return !env_flag_off("FLASHSPAN_SDPA_DBIAS_SOFTCAP"); }};
 // H_k != H_v in FP8 calls (fp8_fwd_refusal: both forwards; sdpa_fp8_bwd_refusal: both FP8 backwards), since its GPU
 // tests passed on an H100 (SdpaFp8Gpu.Sm90ForwardHkNeHv, Sm80ForwardHkNeHv, Fp8BackwardHkNeHv; 2026-12-05);
 // FLASHSPAN_SDPA_FP8_HK_NE_HV=0 (read by each check_support) refuses H_k != H_v in CUDA FP8 calls again.

@@ -9,7 +9,7 @@
 // MHA / GQA / MQA with H_k = H_v, head dims the sm80 kernels run, float16 / bfloat16, the LSE
 // stats (natural or base 2), max_logit, the deterministic backward; softcap, ALiBi, sinks / dSink,
 // H_k != H_v; the output gate with dgate, score_max / score_sum_exp (padded O), the block_mask; the
-// additive bias (any broadcast form, float32 or q's dtype) and dBias (with softcap on the sm90 backward only, experimental);
+// additive bias (any broadcast form, float32 or q's dtype) and dBias (with softcap too: FLASHSPAN_SDPA_DBIAS_SOFTCAP);
 // dropout (Philox from device seed / offset, or the caller's mask) and rng_dump; paged K/V caches in the
 // forward (with bias or dropout: a feature pair); FP8 (sdpa_fp8, sdpa_fp8_backward: check_fp8's rules).
 // Every other feature is refused by sdpa_check_features_gpu with an error naming it.
@@ -209,10 +209,10 @@ void set_sdpa_dbias_softcap_enabled(int on);
 
 // dBias together with softcap on the sm80 backward, for the calls the sm90 backward does not take (its dK/dV kernel
 // stores the fp32 P in the dS workspace at the logits step and P (dP - D) over it at the dS step, since its dS holds
-// softcap's factor): experimental, not yet run on a GPU; on with FLASHSPAN_EXPERIMENTAL=1 (read by each check and
-// execute), set_sdpa_dbias_softcap_sm80_enabled overrides it (tests: 1 on, 0 off, -1 back to the environment's
-// answer); off, check_dbias_with_softcap refuses those calls, naming it. Under sdpa_dbias_softcap_enabled: with
-// FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 the pair is refused on CUDA tensors whatever this says.
+// softcap's factor): on unless FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (the pair's one variable on both backwards, read by
+// each check and execute; its GPU test passed on an H200), set_sdpa_dbias_softcap_sm80_enabled overrides both (tests:
+// 1 on, 0 off, -1 back to the environment's answer); off, check_dbias_with_softcap refuses those calls, naming it.
+// Under sdpa_dbias_softcap_enabled: with its override at 0 the pair is refused on CUDA tensors whatever this says.
 bool sdpa_dbias_softcap_sm80_enabled();
 void set_sdpa_dbias_softcap_sm80_enabled(int on);
 
