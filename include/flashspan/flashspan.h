@@ -250,7 +250,7 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
  * dBias, ALiBi, softcap, sinks with dSink, dropout, the block mask, the output gate, paged K/V
  * in the forward, deterministic backward (docs/SDPA.md "What runs where"); check_support
  * reports FS_STATUS_NOT_SUPPORTED naming what they do not run (e.g. an attn_scale tensor in
- * device memory in 16-bit calls, dBias together with softcap off the sm90 backward). Their sequence lengths and ragged offsets stay
+ * device memory in 16-bit calls, dBias together with softcap and dropout). Their sequence lengths and ragged offsets stay
  * in device memory; the backward's workspace (workspace_size) holds B * S_q rows per query head.
  *
  * FP8 (the seed's sdpa_fp8 / sdpa_fp8_backward): q, k, v (and o, dO, dQ, dK, dV) of dtype
@@ -258,8 +258,8 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
  * amax outputs in the FS_SDPA_DESCALE_Q .. FS_SDPA_AMAX_DP slots and the seed's subset of
  * options (forward: causal and padding masks, THD; backward: causal); docs/SDPA.md "FP8 SDPA".
  * CPU tensors run the CPU reference. CUDA tensors: the forward on sm_90 (head dims up to 128)
- * and on sm_80 and newer (the sm80 kernels; more head dims), padded (packed THD with
- * FLASHSPAN_EXPERIMENTAL=1); the backward on sm_80 and newer (the sm90 kernel on sm_90); H_k !=
+ * and on sm_80 and newer (the sm80 kernels; more head dims), padded (packed THD on the sm80
+ * kernels unless FLASHSPAN_SDPA_FP8_THD=0); the backward on sm_80 and newer (the sm90 kernel on sm_90); H_k !=
  * H_v in both unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0; attn_scale in device memory too, read by
  * the kernels (unless FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0); check_support refuses the rest
  * with the reason.

@@ -32,20 +32,23 @@ sm80::TileSm80 tile_of(const Problem& p) { return sm80::tile_sm80(static_cast<in
 // dBias together with softcap runs on the sm90 backward: its kernel with modifiers stores dBias's dS,
 // P (dP - D), before softcap's factor 1 - t^2 (kernel_bwd_mods_sm90.cuh store_ds; the bias is added after
 // softcap), while the sm80 kernels hold P (1 - t^2) at the dS step (docs/SDPA.md); with
-// sdpa_dbias_softcap_sm80_enabled (experimental, FLASHSPAN_EXPERIMENTAL=1) the sm80 backward runs the calls the
-// sm90 one does not take, its dK/dV kernel storing the fp32 P in the dS workspace at the logits step and
+// sdpa_dbias_softcap_sm80_enabled (on by default since its GPU test passed on an H200) the sm80 backward runs the
+// calls the sm90 one does not take, its dK/dV kernel storing the fp32 P in the dS workspace at the logits step and
 // P (dP - D) over it at the dS step (kernel_bwd_sm80.cuh). Checked at check_support and again at execute (the
 // family switches are read per call); with dropout sdpa_check_features_gpu refuses it on every GPU. On unless
-// FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (sdpa_dbias_softcap_enabled).
+// FLASHSPAN_SDPA_DBIAS_SOFTCAP=0, the pair's one variable on both backwards (sdpa_dbias_softcap_enabled, and
+// sdpa_dbias_softcap_sm80_enabled reads it too).
 void check_dbias_with_softcap(const Problem& p) {
   if (!p.a.backward || p.fp8 || !p.has(FS_SDPA_DBIAS) || !p.a.softcap) return;
   FS_CHECK_SUPPORTED(sdpa_dbias_softcap_enabled(), "dBias together with softcap: turned off on CUDA tensors by "
                      "FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (unset, the sm90 backward runs it on an H100 / H200, head dims up "
-                     "to 128, padded tensors); CPU tensors run it on the CPU reference");
+                     "to 128, padded tensors, and the sm80 backward the other calls); CPU tensors run it on the CPU "
+                     "reference");
   if (sdpa_bwd_runs_sm90(p)) return;
-  if (sdpa_dbias_softcap_sm80_enabled()) return;  // the sm80 backward (experimental)
-  // Why the sm90 backward does not take the call, in the terms of this pair (sm90_refusal's own words name the
-  // modifiers when their kernels are out of reach).
+  if (sdpa_dbias_softcap_sm80_enabled()) return;  // the sm80 backward
+  // (Reached through the overrides only: FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 refused the pair above.) Why the sm90
+  // backward does not take the call, in the terms of this pair (sm90_refusal's own words name the modifiers when
+  // their kernels are out of reach).
   const char* r = sdpa_bwd_sm90_refusal(p);
   const char* why = !sdpa_bwd_sm90_enabled()                   ? "FLASHSPAN_KERNEL_FAMILY=sm80"
                     : p.Dqk > 128 || p.Dv > 128                ? "head dims above 128"
@@ -53,11 +56,11 @@ void check_dbias_with_softcap(const Problem& p) {
                     : r != nullptr                             ? r
                                                                : "not an sm_90 device with this build's sm_90a code";
   throw Error(Status::kNotSupported,
-              detail::concat("dBias together with softcap: runs on the sm90 backward only (an H100 / H200 with this "
+              detail::concat("dBias together with softcap: runs on the sm90 backward (an H100 / H200 with this "
                              "build's sm_90a code; head dims up to 128, padded tensors), which does not take this "
-                             "call on device cuda:", p.device_id, " (", why, "); the sm80 backward runs it with "
-                             "FLASHSPAN_EXPERIMENTAL=1 (sdpa_dbias_softcap_sm80_enabled; experimental, not yet run on "
-                             "a GPU); CPU tensors run it on the CPU reference"));
+                             "call on device cuda:", p.device_id, " (", why, "), and on the sm80 backward, whose path "
+                             "for it is turned off (sdpa_dbias_softcap_sm80_enabled; on unless "
+                             "FLASHSPAN_SDPA_DBIAS_SOFTCAP=0); CPU tensors run it on the CPU reference"));
 }
 
 }  // namespace

@@ -87,9 +87,10 @@ Switch g_sdpa_fp8_bwd_sm90{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8_BW
 // check_support and execute) refuses the pair on CUDA tensors again.
 Switch g_sdpa_dbias_softcap{[] { return !env_flag_off("FLASHSPAN_SDPA_DBIAS_SOFTCAP"); }};
 // dBias together with softcap on the sm80 backward (sdpa_dispatch.cu check_dbias_with_softcap: calls the sm90 backward
-// does not take; kernel_bwd_sm80.cuh stores P in the dS workspace and P (dP - D) over it): experimental, not yet run
-// on a GPU.
-Switch g_sdpa_dbias_softcap_sm80{experimental_from_env};
+// does not take; kernel_bwd_sm80.cuh stores P in the dS workspace and P (dP - D) over it), since its GPU test passed
+// on an H200, 2026-12-05 (SdpaGpu.Sm80BackwardDbiasWithSoftcap); the pair's one variable,
+// FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (read by each check_support and execute), refuses it on both backwards again.
+Switch g_sdpa_dbias_softcap_sm80{[] { return !env_flag_off("FLASHSPAN_SDPA_DBIAS_SOFTCAP"); }};
 // H_k != H_v in FP8 calls (fp8_fwd_refusal: both forwards; sdpa_fp8_bwd_refusal: both FP8 backwards), since its GPU
 // tests passed on an H100 (SdpaFp8Gpu.Sm90ForwardHkNeHv, Sm80ForwardHkNeHv, Fp8BackwardHkNeHv; 2026-12-05);
 // FLASHSPAN_SDPA_FP8_HK_NE_HV=0 (read by each check_support) refuses H_k != H_v in CUDA FP8 calls again.
@@ -98,15 +99,17 @@ Switch g_sdpa_fp8_hk_ne_hv{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_HK_NE_H
 // (SdpaFp8Gpu.DeviceAttnScale: both FP8 forwards and both FP8 backwards; 2026-12-05);
 // FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0 (read by each check_support) refuses a device attn_scale in FP8 calls again.
 Switch g_sdpa_fp8_device_attn_scale{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE"); }};
-// Packed (THD) tensors in the sm80 FP8 forward (fp8_fwd_refusal): experimental, not yet run on a GPU.
-Switch g_sdpa_fp8_thd{experimental_from_env};
+// Packed (THD) tensors in the sm80 FP8 forward (fp8_fwd_refusal), since its GPU tests passed on an H200, 2026-12-05
+// (test_sdpa_fp8_gpu.py::test_gpu_fp8_forward_thd_experimental); FLASHSPAN_SDPA_FP8_THD=0 (read by each
+// check_support) refuses them on the sm80 FP8 forward again.
+Switch g_sdpa_fp8_thd{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_THD"); }};
 // Packed (THD) tensors in the 16-bit sm90 forward and the sm90 backward (sm90_refusal), by default since 2026-12-05
-// (its GPU tests passed on an H200/H100: SdpaGpu.Sm90ForwardThdExperimental, Sm90BackwardThdExperimental and their
+// (their GPU tests passed on an H200: SdpaGpu.Sm90ForwardThdExperimental, Sm90BackwardThdExperimental and their
 // sanitizer sets); FLASHSPAN_SM90_SDPA_THD=0 (read per call) keeps packed calls on the sm80 kernels.
 // FLASHSPAN_EXPERIMENTAL (its switch before) no longer changes it.
 Switch g_sdpa_sm90_thd{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_THD"); }};
 // Packed (THD) tensors in the sm90 FP8 forward (sdpa_fp8_fwd_sm90_refusal): its own switch, apart from the 16-bit
-// one's (FLASHSPAN_SM90_SDPA_THD does not change it); experimental (FLASHSPAN_EXPERIMENTAL=1), not yet run on a GPU.
+// one's (FLASHSPAN_SM90_SDPA_THD does not change it); experimental (FLASHSPAN_EXPERIMENTAL=1).
 Switch g_sdpa_fp8_sm90_thd{experimental_from_env};
 // Paged K/V caches on the 16-bit sm90 forward (sdpa_fwd_sm90_paged_refusal; kernel_fwd_sm90.cuh
 // sdpa_fwd_paged_kernel_sm90): experimental, not yet run on a GPU.
@@ -358,12 +361,14 @@ bool sdpa_fp8_bwd_runs_sm90(const sdpa::Problem& p) {
 // outside the seed's FP8 subset.
 namespace {
 // What both FP8 forwards take besides their head dims (dims_ok; `dims`: the refusal's words otherwise) and packed
-// (THD) tensors (ragged_ok, experimental, not yet run on a GPU: the sm80 one with sdpa_fp8_thd_enabled, the sm90 one
-// with sdpa_fp8_sm90_thd_enabled, both on with FLASHSPAN_EXPERIMENTAL=1): padded q, k, v, o, the causal and padding
+// (THD) tensors (ragged_ok; `ragged_off`: the refusal's words otherwise, nullptr the sm90 one's: the sm80 one takes
+// them unless FLASHSPAN_SDPA_FP8_THD=0, sdpa_fp8_thd_enabled; the sm90 one with sdpa_fp8_sm90_thd_enabled, on with
+// FLASHSPAN_EXPERIMENTAL=1): padded q, k, v, o, the causal and padding
 // masks, the statistics outputs; MHA / GQA / MQA, H_k != H_v too (V addressed by h / group_v: the sm90 one's V^T
 // workspace has H_v heads, the sm80 one's bf16 copy of V too; unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0:
 // sdpa_fp8_hk_ne_hv_enabled).
-const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* dims, bool ragged_ok) {
+const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* dims, bool ragged_ok,
+                            const char* ragged_off = nullptr) {
   using namespace sdpa;
   if (!p.fp8) return "q (not an FP8 call)";
   if (p.a.backward) return "the FP8 backward";
@@ -372,6 +377,7 @@ const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* di
   for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
                 FS_SDPA_RAGGED_OFFSET_STATS}) {
     if (p.has(s) && !ragged_ok) {
+      if (ragged_off != nullptr) return ragged_off;
       return "ragged (packed THD) q, k, v, o or stats (the FP8 forwards take them with FLASHSPAN_EXPERIMENTAL=1; not "
              "yet run on a GPU)";
     }
@@ -419,7 +425,8 @@ const char* sdpa_fp8_fwd_sm90_refusal(const sdpa::Problem& p) {
 // forward's head dims (its tiles, tile_sm80.h; the widening pre-pass moves code pairs: every such dim is even).
 const char* sdpa_fp8_fwd_sm80_refusal(const sdpa::Problem& p) {
   return fp8_fwd_refusal(p, sm80::runs_head_dims_sm80(static_cast<int>(p.Dqk), static_cast<int>(p.Dv)),
-                         "head dims ({8, 16, ..., 128}, (192, 128) or (256, 256))", sdpa_fp8_thd_enabled());
+                         "head dims ({8, 16, ..., 128}, (192, 128) or (256, 256))", sdpa_fp8_thd_enabled(),
+                         "ragged (packed THD) q, k, v, o or stats (FLASHSPAN_SDPA_FP8_THD=0)");
 }
 
 void set_sdpa_fp8_fwd_sm80_enabled(int on) { g_sdpa_fp8_fwd_sm80.set(on); }

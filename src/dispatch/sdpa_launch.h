@@ -9,7 +9,7 @@
 // MHA / GQA / MQA with H_k = H_v, head dims the sm80 kernels run, float16 / bfloat16, the LSE
 // stats (natural or base 2), max_logit, the deterministic backward; softcap, ALiBi, sinks / dSink,
 // H_k != H_v; the output gate with dgate, score_max / score_sum_exp (padded O), the block_mask; the
-// additive bias (any broadcast form, float32 or q's dtype) and dBias (with softcap on the sm90 backward only, experimental);
+// additive bias (any broadcast form, float32 or q's dtype) and dBias (with softcap too: FLASHSPAN_SDPA_DBIAS_SOFTCAP);
 // dropout (Philox from device seed / offset, or the caller's mask) and rng_dump; paged K/V caches in the
 // forward (with bias or dropout: a feature pair); FP8 (sdpa_fp8, sdpa_fp8_backward: check_fp8's rules).
 // Every other feature is refused by sdpa_check_features_gpu with an error naming it.
@@ -209,10 +209,10 @@ void set_sdpa_dbias_softcap_enabled(int on);
 
 // dBias together with softcap on the sm80 backward, for the calls the sm90 backward does not take (its dK/dV kernel
 // stores the fp32 P in the dS workspace at the logits step and P (dP - D) over it at the dS step, since its dS holds
-// softcap's factor): experimental, not yet run on a GPU; on with FLASHSPAN_EXPERIMENTAL=1 (read by each check and
-// execute), set_sdpa_dbias_softcap_sm80_enabled overrides it (tests: 1 on, 0 off, -1 back to the environment's
-// answer); off, check_dbias_with_softcap refuses those calls, naming it. Under sdpa_dbias_softcap_enabled: with
-// FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 the pair is refused on CUDA tensors whatever this says.
+// softcap's factor): on unless FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (the pair's one variable on both backwards, read by
+// each check and execute; its GPU test passed on an H200), set_sdpa_dbias_softcap_sm80_enabled overrides both (tests:
+// 1 on, 0 off, -1 back to the environment's answer); off, check_dbias_with_softcap refuses those calls, naming it.
+// Under sdpa_dbias_softcap_enabled: with its override at 0 the pair is refused on CUDA tensors whatever this says.
 bool sdpa_dbias_softcap_sm80_enabled();
 void set_sdpa_dbias_softcap_sm80_enabled(int on);
 
@@ -235,16 +235,16 @@ void set_sdpa_fp8_device_attn_scale_enabled(int on);
 
 // Packed (THD: ragged offsets) q, k, v, o, stats in the FP8 forward on the sm80 kernels (its widening reads each
 // sample from its ragged start into padded bf16 copies; the epilogue writes a packed o and stats as the 16-bit
-// forward's): experimental, not yet run on a GPU: on with FLASHSPAN_EXPERIMENTAL=1 (read by each check),
-// set_sdpa_fp8_thd_enabled overrides it (tests: 1 on, 0 off, -1 the environment's answer); the sm90 FP8 forward
-// takes them with sdpa_fp8_sm90_thd_enabled (below), and then runs them where it runs the call
-// (sdpa_fp8_fwd_runs_sm90).
+// forward's): on unless FLASHSPAN_SDPA_FP8_THD=0 (read by each check; its GPU tests passed on an H200),
+// set_sdpa_fp8_thd_enabled overrides both (tests: 1 on, 0 off, -1 the environment's answer); off, the sm80 FP8
+// forward refuses them, naming the variable; the sm90 FP8 forward takes them with sdpa_fp8_sm90_thd_enabled
+// (below), and then runs them where it runs the call (sdpa_fp8_fwd_runs_sm90).
 bool sdpa_fp8_thd_enabled();
 void set_sdpa_fp8_thd_enabled(int on);
 
 // Packed (THD: ragged offsets) q, k, v, o, stats in the 16-bit sm90 forward (per-sample tensor maps built on the
 // device, kernels/sm90/sample_maps_sm90.h; a packed O / stats written at the samples' starts): on unless
-// FLASHSPAN_SM90_SDPA_THD=0 (read by each check; its GPU tests passed on an H200/H100; FLASHSPAN_EXPERIMENTAL, its
+// FLASHSPAN_SM90_SDPA_THD=0 (read by each check; its GPU tests passed on an H200; FLASHSPAN_EXPERIMENTAL, its
 // switch before, no longer changes it), set_sdpa_sm90_thd_enabled overrides both (tests: 1 on, 0 off, -1 the
 // environment's answer). Off: packed calls take the sm80 forward (the refusal names the variable). The same switch
 // lets packed tensors through the sm90 backward (sm90_refusal); the sm90 FP8 forward has its own, still experimental

@@ -129,8 +129,9 @@ void check_fp8(const Problem& p) {
     // The FP8 forward on the sm80 kernels takes a call wherever the sm90 one does not (the
     // device, its head dims, strides or switch): its widening pre-pass reads any strides. What it refuses the
     // sm90 one refuses too (the same options, its head dims a subset), but packed (THD) tensors, each forward's
-    // under its own switch (sdpa_fp8_thd_enabled, sdpa_fp8_sm90_thd_enabled: one environment variable, two
-    // overrides): a call the sm90 one's rules take passes (sdpa_check_support_gpu: it runs there or is refused).
+    // under its own switch (sdpa_fp8_thd_enabled: on unless FLASHSPAN_SDPA_FP8_THD=0; sdpa_fp8_sm90_thd_enabled: on
+    // with FLASHSPAN_EXPERIMENTAL=1): a call the sm90 one's rules take passes (sdpa_check_support_gpu: it runs
+    // there or is refused).
     const char* r = sdpa_fp8_fwd_sm80_refusal(p);
     const bool sm90_takes = sdpa_fp8_sm90_enabled() && sdpa_fp8_fwd_sm90_refusal(p) == nullptr &&
                             sdpa_fp8_fwd_sm90_stride_fault(p).slot < 0;

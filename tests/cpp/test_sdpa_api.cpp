@@ -536,18 +536,22 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
         dO(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), st(nullptr, kFloat32, cuda(), {B, Hq, Sq, 1}),
         dq(nullptr, kBFloat16, cuda(), {B, Hq, Sq, 64}), dk(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64}),
         dv(nullptr, kBFloat16, cuda(), {B, Hk, Skv, 64});
-    // dBias: native; together with softcap on the sm90 backward only (sdpa_dispatch.cu
-    // check_dbias_with_softcap), on by default since its GPU test passed on an H100: refused without an sm_90
-    // device (CI) or with FLASHSPAN_KERNEL_FAMILY=sm80, naming the rule and why the sm90 backward does not take it,
-    // on an H100 / H200 accepted; refused with FLASHSPAN_SDPA_DBIAS_SOFTCAP=0, naming the variable (the switch's
-    // rule: expect_off_switch). Not a feature pair: whatever FLASHSPAN_SDPA_FEATURE_PAIRS says.
+    // dBias: native; together with softcap on the sm90 backward (sdpa_dispatch.cu check_dbias_with_softcap), on by
+    // default since its GPU test passed on an H100, and on the sm80 backward for the other calls (below): with the
+    // sm80 one's switch pinned off, refused without an sm_90 device (CI) or with FLASHSPAN_KERNEL_FAMILY=sm80, naming
+    // the rule and why the sm90 backward does not take it, on an H100 / H200 accepted; refused with
+    // FLASHSPAN_SDPA_DBIAS_SOFTCAP=0, naming the variable (the switch's rule: expect_off_switch). Not a feature pair:
+    // whatever FLASHSPAN_SDPA_FEATURE_PAIRS says.
     SdpaBackwardAttributes attr;
     attr.set_bias(bias).set_dbias(bias).set_softcap(20.0f);
     SdpaBwd bwd(q, k, v, o, dO, st, dq, dk, dv, attr);
-    const std::string sm90_only = "dBias together with softcap: runs on the sm90 backward only";
+    const std::string not_taken = "dBias together with softcap: runs on the sm90 backward (an H100 / H200";
     const std::string turned_off = "dBias together with softcap: turned off on CUDA tensors by "
                                    "FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (unset, the sm90 backward runs it on an H100 / "
-                                   "H200, head dims up to 128, padded tensors); CPU tensors run it on the CPU reference";
+                                   "H200, head dims up to 128, padded tensors, and the sm80 backward the other "
+                                   "calls); CPU tensors run it on the CPU reference";
+    const std::string sm80_off = "and on the sm80 backward, whose path for it is turned off "
+                                 "(sdpa_dbias_softcap_sm80_enabled; on unless FLASHSPAN_SDPA_DBIAS_SOFTCAP=0)";
     auto dbias_softcap = [&](bool on, const std::string& where) {
       try {
         bwd.check_support();  // (on: an sm_90 device with this build's sm_90a code)
@@ -555,7 +559,7 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
       } catch (const Exception& e) {
         EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED) << where;
         if (on) {
-          EXPECT_TRUE(starts(e.what(), sm90_only)) << e.what() << " (" << where << ")";
+          EXPECT_TRUE(starts(e.what(), not_taken)) << e.what() << " (" << where << ")";
           EXPECT_NE(std::string(e.what()).find("CPU tensors run it on the CPU reference"), std::string::npos)
               << e.what();
         } else {
@@ -565,66 +569,49 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
     };
     for (const char* pairs : {static_cast<const char*>(nullptr), "0", "1"}) {
       const ScopedEnv p("FLASHSPAN_SDPA_FEATURE_PAIRS", pairs);
-      // (the sm80 backward's experimental switch pinned off: expect_off_switch sets FLASHSPAN_EXPERIMENTAL=1 too)
-      const flashspan::test::ScopedSwitch sm80_off(flashspan::set_sdpa_dbias_softcap_sm80_enabled, 0);
+      // (the sm80 backward's switch pinned off: on, it takes the calls the sm90 one does not; checked below)
+      const flashspan::test::ScopedSwitch sm80_pinned_off(flashspan::set_sdpa_dbias_softcap_sm80_enabled, 0);
       flashspan::test::expect_off_switch("FLASHSPAN_SDPA_DBIAS_SOFTCAP", flashspan::set_sdpa_dbias_softcap_enabled,
                                          flashspan::sdpa_dbias_softcap_enabled, dbias_softcap);
     }
-    // The sm80 backward (experimental, sdpa_dbias_softcap_sm80_enabled: on with FLASHSPAN_EXPERIMENTAL=1, off
-    // without it; the override wins both ways). With FLASHSPAN_KERNEL_FAMILY=sm80 (the sm90 backward takes
-    // nothing): on, the call passes this rule (without a GPU it then stops at the device, with one it is
-    // accepted); off, refused naming the rule and the switch; FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 refuses it whatever
-    // the sm80 switch says.
+    // The sm80 backward (sdpa_dbias_softcap_sm80_enabled: on by default since its GPU test passed on an H200; off
+    // with FLASHSPAN_SDPA_DBIAS_SOFTCAP=0, the pair's one variable, whatever FLASHSPAN_EXPERIMENTAL says; the override
+    // wins both ways: expect_off_switch, with the pair's own switch pinned on). With FLASHSPAN_KERNEL_FAMILY=sm80 (the
+    // sm90 backward takes nothing): on, the call passes this rule (without a GPU it then stops at the device, with
+    // one it is accepted); off, refused naming the rule and the variable. FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (both
+    // switches at their environment's answer) refuses it as turned off, whatever the sm80 switch's override says.
     {
       const ScopedEnv family("FLASHSPAN_KERNEL_FAMILY", "sm80");
-      const ScopedEnv pair_on("FLASHSPAN_SDPA_DBIAS_SOFTCAP", nullptr);
-      for (const char* e : {static_cast<const char*>(nullptr), "0", "1"}) {
-        const ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", e);
-        flashspan::set_sdpa_dbias_softcap_sm80_enabled(-1);
-        EXPECT_EQ(flashspan::sdpa_dbias_softcap_sm80_enabled(), e != nullptr && std::string(e) == "1")
-            << "FLASHSPAN_EXPERIMENTAL=" << (e ? e : "(unset)");
-        for (int forced : {0, 1}) {
-          const flashspan::test::ScopedSwitch sw(flashspan::set_sdpa_dbias_softcap_sm80_enabled, forced);
-          EXPECT_EQ(flashspan::sdpa_dbias_softcap_sm80_enabled(), forced == 1);
-          try {
-            bwd.check_support();
-            EXPECT_EQ(forced, 1) << "dBias with softcap accepted on CUDA tensors with FLASHSPAN_KERNEL_FAMILY=sm80 "
-                                    "and the sm80 switch off";
-          } catch (const Exception& ex) {
-            if (forced == 1) {
-              EXPECT_FALSE(starts(ex.what(), "dBias together with softcap")) << ex.what();
-            } else {
-              EXPECT_EQ(ex.status(), FS_STATUS_NOT_SUPPORTED);
-              EXPECT_TRUE(starts(ex.what(), sm90_only)) << ex.what();
-              EXPECT_NE(std::string(ex.what()).find("the sm80 backward runs it with FLASHSPAN_EXPERIMENTAL=1 "
-                                                    "(sdpa_dbias_softcap_sm80_enabled"),
-                        std::string::npos)
-                  << ex.what();
-            }
-          }
-          {
-            const ScopedEnv pair_off("FLASHSPAN_SDPA_DBIAS_SOFTCAP", "0");
-            try {
-              bwd.check_support();
-              ADD_FAILURE() << "dBias with softcap accepted on CUDA tensors with FLASHSPAN_SDPA_DBIAS_SOFTCAP=0";
-            } catch (const Exception& ex) {
-              EXPECT_EQ(ex.what(), turned_off);
-            }
+      auto sm80_path = [&](bool on, const std::string& where) {
+        try {
+          bwd.check_support();
+          EXPECT_TRUE(on) << "dBias with softcap accepted on CUDA tensors with FLASHSPAN_KERNEL_FAMILY=sm80 and "
+                          << where;
+        } catch (const Exception& ex) {
+          if (on) {
+            EXPECT_FALSE(starts(ex.what(), "dBias together with softcap")) << ex.what() << " (" << where << ")";
+          } else {
+            EXPECT_EQ(ex.status(), FS_STATUS_NOT_SUPPORTED) << where;
+            EXPECT_TRUE(starts(ex.what(), not_taken)) << ex.what() << " (" << where << ")";
+            EXPECT_NE(std::string(ex.what()).find(sm80_off), std::string::npos) << ex.what();
           }
         }
+      };
+      {
+        const flashspan::test::ScopedSwitch pair_pinned_on(flashspan::set_sdpa_dbias_softcap_enabled, 1);
+        flashspan::test::expect_off_switch("FLASHSPAN_SDPA_DBIAS_SOFTCAP",
+                                           flashspan::set_sdpa_dbias_softcap_sm80_enabled,
+                                           flashspan::sdpa_dbias_softcap_sm80_enabled, sm80_path);
       }
-      flashspan::set_sdpa_dbias_softcap_sm80_enabled(-1);
-    }
-    {
-      const ScopedEnv family("FLASHSPAN_KERNEL_FAMILY", "sm80");
-      const ScopedEnv pair_on("FLASHSPAN_SDPA_DBIAS_SOFTCAP", nullptr);  // (the default: on)
-      const flashspan::test::ScopedSwitch sm80_off(flashspan::set_sdpa_dbias_softcap_sm80_enabled, 0);
-      try {
-        bwd.check_support();
-        ADD_FAILURE() << "dBias with softcap accepted on CUDA tensors with FLASHSPAN_KERNEL_FAMILY=sm80";
-      } catch (const Exception& e) {
-        EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
-        EXPECT_TRUE(starts(e.what(), sm90_only)) << e.what();
+      const ScopedEnv pair_off("FLASHSPAN_SDPA_DBIAS_SOFTCAP", "0");
+      for (int forced : {-1, 0, 1}) {
+        const flashspan::test::ScopedSwitch sw(flashspan::set_sdpa_dbias_softcap_sm80_enabled, forced);
+        try {
+          bwd.check_support();
+          ADD_FAILURE() << "dBias with softcap accepted on CUDA tensors with FLASHSPAN_SDPA_DBIAS_SOFTCAP=0";
+        } catch (const Exception& ex) {
+          EXPECT_EQ(ex.what(), turned_off) << "sm80 override " << forced;
+        }
       }
     }
     // With dropout too: refused on every GPU (the sm90 kernel with dropout forms softcap's factor per element).
@@ -662,6 +649,18 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
       EXPECT_NE(e.status(), FS_STATUS_NOT_SUPPORTED) << e.what();
     }
   }
+}
+
+// The pair's one variable, FLASHSPAN_SDPA_DBIAS_SOFTCAP, read by both backwards' switches of dBias together with
+// softcap (dispatch/sdpa_launch.h sdpa_dbias_softcap_enabled: the sm90 backward, its GPU test passed on an H100;
+// sdpa_dbias_softcap_sm80_enabled: the sm80 backward, its GPU test passed on an H200): each on by default, off when
+// it is exactly "0" (expect_off_switch: read per call, FLASHSPAN_EXPERIMENTAL ignored, the override wins both ways).
+// No CUDA build needed; what they change: CudaFeaturesNotNativeAreNamed.
+TEST(SdpaApi, DbiasSoftcapSwitchesReadTheEnvironment) {
+  flashspan::test::expect_off_switch("FLASHSPAN_SDPA_DBIAS_SOFTCAP", flashspan::set_sdpa_dbias_softcap_enabled,
+                                     flashspan::sdpa_dbias_softcap_enabled);
+  flashspan::test::expect_off_switch("FLASHSPAN_SDPA_DBIAS_SOFTCAP", flashspan::set_sdpa_dbias_softcap_sm80_enabled,
+                                     flashspan::sdpa_dbias_softcap_sm80_enabled);
 }
 
 TEST(SdpaApi, CudaLayoutRules) {

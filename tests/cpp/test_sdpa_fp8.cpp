@@ -241,7 +241,8 @@ struct Fp8FwdSm80Switch {
   Fp8FwdSm80Switch(const Fp8FwdSm80Switch&) = delete;
   Fp8FwdSm80Switch& operator=(const Fp8FwdSm80Switch&) = delete;
 };
-// Packed (THD) tensors in the sm80 FP8 forward (sdpa_fp8_thd_enabled, experimental) forced for a scope.
+// Packed (THD) tensors in the sm80 FP8 forward (sdpa_fp8_thd_enabled, on unless FLASHSPAN_SDPA_FP8_THD=0) forced
+// for a scope.
 struct Fp8ThdSwitch {
   explicit Fp8ThdSwitch(int on) { flashspan::set_sdpa_fp8_thd_enabled(on); }
   ~Fp8ThdSwitch() { flashspan::set_sdpa_fp8_thd_enabled(-1); }
@@ -911,12 +912,14 @@ TEST(SdpaFp8, ForwardOnSm80Rule) {
   EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm80_refusal(CudaCall{}.problem()), std::string("the FP8 backward"));
 }
 
-// Packed (THD) tensors in the FP8 forward (experimental): the sm80 FP8 forward takes them with its switch on
-// (sdpa_fp8_thd_enabled), the sm90 one with its own (sdpa_fp8_sm90_thd_enabled: ForwardThdSm90Rule, pinned off here),
-// refused by both without them; with them an odd o multiplier and score_max / score_sum_exp beside a packed o are
-// refused, naming the rule.
+// Packed (THD) tensors in the FP8 forward: the sm80 FP8 forward takes them with its switch on (sdpa_fp8_thd_enabled,
+// the default: Fp8ThdSwitchReadsTheEnvironment), the sm90 one with its own (sdpa_fp8_sm90_thd_enabled, experimental:
+// ForwardThdSm90Rule, pinned off here), refused by both without them, the sm80 one naming FLASHSPAN_SDPA_FP8_THD=0
+// (kFp8ThdOff), the sm90 one FLASHSPAN_EXPERIMENTAL=1 (kFp8Packed); with them an odd o multiplier and score_max /
+// score_sum_exp beside a packed o are refused, naming the rule.
 const std::string kFp8Packed = "ragged (packed THD) q, k, v, o or stats (the FP8 forwards take them with "
                                "FLASHSPAN_EXPERIMENTAL=1; not yet run on a GPU)";
+const std::string kFp8ThdOff = "ragged (packed THD) q, k, v, o or stats (FLASHSPAN_SDPA_FP8_THD=0)";
 
 TEST(SdpaFp8, ForwardThdRule) {
   CudaCall c;
@@ -927,9 +930,9 @@ TEST(SdpaFp8, ForwardThdRule) {
   const ScopedSwitch sm90_thd_off(flashspan::set_sdpa_fp8_sm90_thd_enabled, 0);
   {
     const Fp8ThdSwitch off(0);
-    EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm80_refusal(c.problem()), packed);
+    EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm80_refusal(c.problem()), kFp8ThdOff);
     EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm90_refusal(c.problem()), packed);
-    EXPECT_STARTS(host_rules_error(c), packed);
+    EXPECT_STARTS(host_rules_error(c), kFp8ThdOff + ": not supported with FP8 inputs on CUDA tensors yet");
   }
   const Fp8ThdSwitch on(1);
   const Fp8FwdSm80Switch sm80_on(1);
@@ -1290,6 +1293,34 @@ TEST(SdpaFp8, Sm90ThdSwitchReadsTheEnvironment) {
       expect(false, nullptr, -1, v16, bf16);
     }
   }
+}
+
+// Packed (THD) tensors in the sm80 FP8 forward (sdpa_fp8_thd_enabled): on by default since its GPU tests passed on an
+// H200, off when FLASHSPAN_SDPA_FP8_THD is exactly "0" (expect_off_switch: read per call, FLASHSPAN_EXPERIMENTAL
+// ignored, the override wins both ways). What it changes, with the sm80 FP8 forward on and the sm90 one off (its
+// packed tensors are its own switch's: ForwardThdSm90Rule): packed FP8 forwards (head dims 64, and (256, 256), which
+// only the sm80 one runs) pass the host rules with it on and are refused naming the variable with it off.
+TEST(SdpaFp8, Fp8ThdSwitchReadsTheEnvironment) {
+  CudaCall c;
+  c.backward = false;
+  c.thd = true;
+  c.D = c.Dv = 64;
+  CudaCall wide = c;
+  wide.D = wide.Dv = 256;
+  const Fp8FwdSm80Switch sm80_on(1);
+  const Fp8ForwardSwitch sm90_off(0);
+  const auto effect = [&](bool on, const std::string& where) {
+    for (const CudaCall& x : {c, wide}) {
+      const std::string e = host_rules_error(x);
+      if (on) {
+        EXPECT_EQ(e, "") << where << ", D " << x.D;
+      } else {
+        EXPECT_STARTS(e, kFp8ThdOff + ": not supported with FP8 inputs on CUDA tensors yet") << where << ", D " << x.D;
+      }
+    }
+  };
+  flashspan::test::expect_off_switch("FLASHSPAN_SDPA_FP8_THD", flashspan::set_sdpa_fp8_thd_enabled,
+                                     flashspan::sdpa_fp8_thd_enabled, effect);
 }
 
 // ---------------------------------------------------------------------------

@@ -1685,14 +1685,15 @@ TEST(SdpaGpu, Sm90BackwardDbiasWithSoftcap) {
   }
 }
 
-TEST(SdpaGpu, Sm80BackwardDbiasWithSoftcapExperimental) {
-  // dBias together with softcap on the sm80 backward (experimental: sdpa_dbias_softcap_sm80_enabled, forced on
-  // here; the sm90 kernels forced off, the FLASHSPAN_KERNEL_FAMILY=sm80 switches): its dK/dV kernel stores the fp32 P
-  // in the dS workspace at the logits step and P (dP - D) over it at the dS step, since its dS holds softcap's
-  // factor 1 - t^2 (kernel_bwd_sm80.cuh). dbias_softcap_case's forms on the sm80 tiles: D = 64, 96, 128 and 256,
-  // H_k != H_v on one (the dV pass, which stores no dS). dBias against the CPU reference on NaN-poisoned outputs
-  // (run_case); a chained forward only where the bias is not broadcast over keys (run_case: that dBias,
-  // sum_j dS_ij, is exactly 0).
+TEST(SdpaGpu, Sm80BackwardDbiasWithSoftcap) {
+  // dBias together with softcap on the sm80 backward (sdpa_dbias_softcap_sm80_enabled: on by default since this test,
+  // then Sm80BackwardDbiasWithSoftcapExperimental, passed on an H200, 2026-12-05; off with
+  // FLASHSPAN_SDPA_DBIAS_SOFTCAP=0; forced on here, with the pair's switch; the sm90 kernels forced off, the
+  // FLASHSPAN_KERNEL_FAMILY=sm80 switches): its dK/dV kernel stores the fp32 P in the dS workspace at the logits
+  // step and P (dP - D) over it at the dS step, since its dS holds softcap's factor 1 - t^2 (kernel_bwd_sm80.cuh).
+  // dbias_softcap_case's forms on the sm80 tiles: D = 64, 96, 128 and 256, H_k != H_v on one (the dV pass, which
+  // stores no dS). dBias against the CPU reference on NaN-poisoned outputs (run_case); a chained forward only where
+  // the bias is not broadcast over keys (run_case: that dBias, sum_j dS_ij, is exactly 0).
   REQUIRE_GPU();
   const ForceSdpaSm90 fwd90(0);
   const ForceSdpaBwdSm90 bwd90(0);

@@ -392,6 +392,7 @@ def _cuda_fp8_bwd_op(Hv=2, D=64, Dv=128, deterministic=False, attn_scale_tensor=
 BWD_ENV, SM80_ENV, EXPERIMENTAL_ENV = "FLASHSPAN_SDPA_FP8_BWD", "FLASHSPAN_SDPA_FP8_SM80", "FLASHSPAN_EXPERIMENTAL"
 HK_NE_HV_ENV = "FLASHSPAN_SDPA_FP8_HK_NE_HV"
 DEVICE_SCALE_ENV = "FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE"
+THD_ENV = "FLASHSPAN_SDPA_FP8_THD"
 BWD_OFF = (r"^dQ, dK, dV: the FP8 backward on CUDA tensors is turned off \(FLASHSPAN_SDPA_FP8_BWD=0\); CPU tensors run "
            r"sdpa_fp8_backward on the CPU reference$")
 
@@ -547,6 +548,59 @@ def test_cuda_fp8_hk_ne_hv_switch(fs, monkeypatch, value, experimental):
     builds = (lambda: _cuda_fp8_fwd_op(64, 64, Hv=4), lambda: _cuda_fp8_fwd_op(Hv=4), lambda: _cuda_fp8_bwd_op(Hv=4))
     _expect_switch(monkeypatch, HK_NE_HV_ENV, value, experimental, builds,
                    r"^H_k != H_v \(FLASHSPAN_SDPA_FP8_HK_NE_HV=0\): not supported")
+
+
+def _cuda_fp8_thd_fwd_op(D=64):
+    """Creates a packed (THD) FP8 forward operation on CUDA descriptors (B = 2, H_q = 4, H_k = H_v = 2, S_q = 100,
+    S_kv = 130, head dims (D, D), E4M3): packed [B, S, H, D] storage (row stride H D) behind the [B, H, S, D]
+    descriptors, ragged offsets of q, k, v, o, stats in tokens times that stride, the padding mask with seq_len; as
+    _cuda_fp8_fwd_op (its NotImplementedError on check_support's NOT_SUPPORTED)."""
+    from flashspan import _lib as lib
+    from flashspan import _sdpa_lib as L
+
+    dev = torch.device("cuda", 0)
+    B, Hq, Hk, Sq, Skv = 2, 4, 2, 100, 130
+
+    def d(shape, dtype, stride=None):
+        if stride is None:
+            stride = [1] * len(shape)
+            for i in range(len(shape) - 2, -1, -1):
+                stride[i] = stride[i + 1] * shape[i + 1]
+        return lib.TensorDesc.from_spec(shape, stride, dtype, dev, "t")
+
+    def packed(H, S, dd, dtype):
+        return d((B, H, S, dd), dtype, (S * H * dd, dd, H * dd, 1))
+
+    attrs = L.Attributes(False)
+    attrs.set("attn_scale", 0.125)
+    attrs.set("generate_stats", 1)
+    attrs.set("padding_mask", 1)
+    attrs.set("seq_len_q", d((B, 1, 1, 1), torch.int32))
+    attrs.set("seq_len_kv", d((B, 1, 1, 1), torch.int32))
+    for name in ("descale_q", "descale_k", "descale_v", "descale_s", "scale_s", "scale_o", "amax_s", "amax_o"):
+        attrs.set(name, d((1, 1, 1, 1), torch.float32))
+    for slot, mult in ((L.Q, Hq * D), (L.K, Hk * D), (L.V, Hk * D), (L.O, Hq * D), (L.STATS, Hq)):
+        attrs.set_ragged_offset(slot, d((B + 1, 1, 1, 1), torch.int32), mult)
+    descs = [packed(Hq, Sq, D, E4M3), packed(Hk, Skv, D, E4M3), packed(Hk, Skv, D, E4M3), packed(Hq, Sq, D, E4M3),
+             packed(Hq, Sq, 1, torch.float32)]
+    return L.Op("fwd", descs, attrs)
+
+
+@pytest.mark.parametrize("value,experimental", [(None, None), (None, "0"), (None, "1"), ("1", None), ("", None),
+                                                ("off", None), ("0", None), ("0", "1")])
+def test_cuda_fp8_thd_switch(fs, monkeypatch, value, experimental):
+    """Packed (THD) tensors on the sm80 FP8 forward are on by default (since its GPU tests passed on an H200): packed
+    FP8 forwards (head dims 64, and 256, which only the sm80 one runs) pass the host rules; with
+    FLASHSPAN_SDPA_FP8_THD=0 (read per check_support; only "0") both are refused, naming the variable, whatever
+    FLASHSPAN_EXPERIMENTAL says (its switch before). FLASHSPAN_SM90_SDPA_FP8=0 here: the sm90 FP8 forward's packed
+    tensors are its own switch's."""
+    for name in (SM80_ENV, HK_NE_HV_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("FLASHSPAN_SM90_SDPA_FP8", "0")
+    builds = (lambda: _cuda_fp8_thd_fwd_op(64), lambda: _cuda_fp8_thd_fwd_op(256))
+    _expect_switch(monkeypatch, THD_ENV, value, experimental, builds,
+                   r"^ragged \(packed THD\) q, k, v, o or stats \(FLASHSPAN_SDPA_FP8_THD=0\): not supported with FP8 "
+                   r"inputs on CUDA tensors yet")
 
 
 def test_attn_scale_tensor_goes_to_the_c_layer(fs, monkeypatch):

@@ -206,15 +206,14 @@ def test_cuda_feature_pairs_switch(fs, monkeypatch, pairs, experimental):
                 pass
 
 
-def test_cuda_dbias_with_softcap_runs_on_sm90_only(fs, monkeypatch):
-    """The additive bias and dBias run natively; dBias together with softcap on the sm90 backward only (its kernel
-    stores dBias's dS before softcap's factor; the sm80 kernels' dS holds it), on by default since its GPU test passed
-    on an H100: refused without an sm_90 device (as here, without a GPU) or with FLASHSPAN_KERNEL_FAMILY=sm80, naming
-    the rule; refused with FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (read at each check; only "0"), naming the variable;
-    FLASHSPAN_EXPERIMENTAL=1 lets the calls the sm90 backward does not take through to the sm80 backward
-    (sdpa_dbias_softcap_sm80_enabled: experimental, not yet run on a GPU; without a GPU the call then stops at the
-    device, not at this rule), and the refusal names it; with dropout refused on every GPU; whatever
-    FLASHSPAN_SDPA_FEATURE_PAIRS says (not a feature pair)."""
+def test_cuda_dbias_with_softcap_runs_on_both_backwards(fs, monkeypatch):
+    """The additive bias and dBias run natively; dBias together with softcap too, by default on both backwards (the
+    sm90 one's kernel stores dBias's dS before softcap's factor, its GPU test passed on an H100; the sm80 one's dS
+    holds that factor, so its dK/dV kernel stores P and P (dP - D) through the dS workspace, its GPU test passed on an
+    H200): the call passes this rule on any device (without a GPU it then stops at the device, not here), with
+    FLASHSPAN_KERNEL_FAMILY=sm80 too; refused with FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (the pair's one variable on both
+    backwards, read at each check; only "0"), naming the variable; whatever FLASHSPAN_EXPERIMENTAL (the sm80 one's
+    switch before) and FLASHSPAN_SDPA_FEATURE_PAIRS (not a feature pair) say; with dropout refused on every GPU."""
     from flashspan import _lib as lib
     from flashspan import _sdpa_lib as L
 
@@ -227,11 +226,16 @@ def test_cuda_dbias_with_softcap_runs_on_sm90_only(fs, monkeypatch):
         a.set("dbias", d((1, 2, 16, 16)))
         a.set("softcap", 5.0)
 
-    sm90_only = r"^dBias together with softcap: runs on the sm90 backward only"
     turned_off = (r"^dBias together with softcap: turned off on CUDA tensors by FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 \(unset, "
-                  r"the sm90 backward runs it on an H100 / H200, head dims up to 128, padded tensors\); CPU tensors run "
-                  r"it on the CPU reference$")
-    sm90 = torch.cuda.is_available() and torch.cuda.get_device_capability(0)[0] == 9
+                  r"the sm90 backward runs it on an H100 / H200, head dims up to 128, padded tensors, and the sm80 "
+                  r"backward the other calls\); CPU tensors run it on the CPU reference$")
+
+    def passes_the_rule(where):
+        try:
+            _cuda_op(L, lib, "bwd", both)
+        except Exception as e:  # (without a GPU: the device)
+            assert not str(e).startswith("dBias together with softcap"), f"{e} ({where})"
+
     for pairs, experimental, switch in itertools.product((None, "0"), (None, "0", "1"), (None, "1", "", "off", "0")):
         for name, value in ((PAIRS_ENV, pairs), (EXPERIMENTAL_ENV, experimental), (DBIAS_SOFTCAP_ENV, switch)):
             if value is None:
@@ -242,25 +246,16 @@ def test_cuda_dbias_with_softcap_runs_on_sm90_only(fs, monkeypatch):
         if switch == "0":
             with pytest.raises(NotImplementedError, match=turned_off):
                 _cuda_op(L, lib, "bwd", both)
-            continue
-        if experimental == "1":
-            try:
-                _cuda_op(L, lib, "bwd", both)
-            except Exception as e:  # (without a GPU: the device)
-                assert not str(e).startswith("dBias together with softcap"), f"{e} ({where})"
-            continue
-        try:
-            _cuda_op(L, lib, "bwd", both)
-            assert sm90, f"dBias with softcap accepted on CUDA tensors without an sm_90 device ({where})"
-        except NotImplementedError as e:
-            assert re.match(sm90_only, str(e)), f"{e} ({where})"
-            assert "FLASHSPAN_EXPERIMENTAL=1 (sdpa_dbias_softcap_sm80_enabled" in str(e)
-            assert "CPU tensors run it on the CPU reference" in str(e)
+        else:
+            passes_the_rule(where)
     for name in (PAIRS_ENV, EXPERIMENTAL_ENV, DBIAS_SOFTCAP_ENV):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("FLASHSPAN_KERNEL_FAMILY", "sm80")
-    with pytest.raises(NotImplementedError, match=sm90_only):
+    passes_the_rule("FLASHSPAN_KERNEL_FAMILY=sm80")
+    monkeypatch.setenv(DBIAS_SOFTCAP_ENV, "0")
+    with pytest.raises(NotImplementedError, match=turned_off):
         _cuda_op(L, lib, "bwd", both)
+    monkeypatch.delenv(DBIAS_SOFTCAP_ENV)
     monkeypatch.delenv("FLASHSPAN_KERNEL_FAMILY")
 
     def with_dropout(a, d):
@@ -768,13 +763,14 @@ def _check_native_paged(fs, seed, sm90=False):
 def test_gpu_native_bias(fs, native, seed):
     """The additive bias on the native route against the CPU reference on the same inputs: every broadcast form of
     (1|B, 1|H_q, 1|S_q, 1|S_kv), float32 or q's dtype, a non-contiguous (sliced) bias, dBias through autograd (reduced
-    over the broadcast dims; not with softcap, which only the sm90 backward runs with dBias), with causal / padding /
+    over the broadcast dims; not with softcap: test_gpu_native_dbias_with_softcap), with causal / padding /
     ALiBi / sinks / GQA drawn at random; bf16 / fp16."""
     _check_native_bias(fs, seed)
 
 
 @pytest.mark.skipif(not (cuda_ready() and torch.cuda.get_device_capability(0) == (9, 0)),
-                    reason="dBias with softcap runs on the sm90 backward only (H100 / H200)")
+                    reason="the sm90 backward's dBias with softcap (H100 / H200; the sm80 one's: SdpaGpu."
+                           "Sm80BackwardDbiasWithSoftcap)")
 @pytest.mark.parametrize("seed", range(8))
 def test_gpu_native_dbias_with_softcap(fs, native, monkeypatch, seed):
     """dBias together with softcap on the sm90 backward (on by default since its C++ GPU test passed on an H100;

@@ -20,10 +20,10 @@ struct Fp8WidenJob {
   uint32_t* dst = nullptr;  // bf16 pairs
   int batch = 0, heads = 0, rows = 0, cols = 0;
   int e5m2 = 0;
-  // A ragged (packed THD) source (fp8_widen_job_ragged; experimental, not yet run on a GPU): sample b starts at
-  // start's element (byte) offset and holds the rows below its length (seq_len / cu_seq_len, clamped to rows), the
-  // copy's rows past it are zeros (never read from the source). ragged = 0: sample b at b * src.batch_stride, every
-  // row read.
+  // A ragged (packed THD) source (fp8_widen_job_ragged; the sm80 FP8 forward's packed inputs, whose GPU tests passed
+  // on an H200): sample b starts at start's element (byte) offset and holds the rows below its length (seq_len /
+  // cu_seq_len, clamped to rows), the copy's rows past it are zeros (never read from the source). ragged = 0: sample
+  // b at b * src.batch_stride, every row read.
   int ragged = 0;
   SampleStart start;
   IndexArray seq_len, cu_seq_len;

@@ -341,7 +341,7 @@ __device__ __forceinline__ void sdpa_bwd_logits(const BwdParams& p, float (&s)[k
 // starts from the caller's device arrays (AnalyticMaskParams). kFeatures_ (sdpa_bwd_has_features,
 // params.h): the score modifiers, bias / dBias, dropout, the block_mask and H_k != H_v compiled
 // in (run-time flags); false: the mask alone, whose main loops are the plan kernels' between the
-// mask hooks (no block_mask, one K / V head per work item). kDsBeforeSoftcap_ (with kFeatures_; experimental,
+// mask hooks (no block_mask, one K / V head per work item). kDsBeforeSoftcap_ (with kFeatures_;
 // sdpa_dbias_softcap_sm80_enabled): dBias together with softcap, its dS P (dP - D) before softcap's factor, through
 // the dS workspace (dkdv_item); its own instantiation, so that the other kernels' code stays as it was (the
 // features kernels' D = 128 (64, 128) loop spilled 16 B more with it compiled in, PERF_LOG v2.41).
@@ -852,7 +852,7 @@ __device__ __forceinline__ void dkdv_item(const BwdParams& p, uint8_t* smem, int
                                                    int64_t(qb) * T::kBlockQ + sm0 + 16 * mi,
                                                    int64_t(kb) * T::kBlockK + sc0, lane);
         bias.add<T::kSNT>(s[mi]);
-        // dBias together with softcap (experimental: sdpa_dbias_softcap_sm80_enabled): dBias's dS is P (dP - D),
+        // dBias together with softcap (sdpa_dbias_softcap_sm80_enabled, on by default): dBias's dS is P (dP - D),
         // before softcap's factor 1 - t^2 (the bias is added after softcap), but s holds P (1 - t^2) from
         // probs_dlogit on. So the fp32 P of the sample's elements goes to the thread's own elements of the dS
         // workspace now, and the dS step multiplies it there by dP - D (the factor is never divided out: t^2 -> 1

@@ -7,8 +7,8 @@
 // features}: 48 main kernels. A call without the main loops' features (params.h
 // sdpa_bwd_has_features) runs the mask-only kernels, whose loops are the flex kernels' (the
 // features instantiation's carry every feature's code as run-time flags: the dK/dV loop 6x the
-// instructions, P's exp2 twice, the P store before the dP GEMM); dBias together with softcap (experimental) a
-// third dK/dV kernel of the features (kDsBeforeSoftcap): 24 more.
+// instructions, P's exp2 twice, the P store before the dP GEMM); dBias together with softcap a third
+// dK/dV kernel of the features (kDsBeforeSoftcap): 24 more.
 // No split schedule: one CTA per (key block, kv head) of every sample, in AnalyticBwdGrid's order.
 #include <atomic>
 
@@ -35,7 +35,7 @@ void run_sdpa_bwd(const SdpaBwdParams& p_in, cudaStream_t stream) {
   auto dkdv = kern::sdpa_bwd_dkdv_kernel_sm80<T, E, kFeatures>;
   auto dq = kern::sdpa_bwd_dq_kernel_sm80<T, E, kFeatures>;
   static std::atomic<uint64_t> dkdv_set{0}, dq_set{0}, dkdv_ds_set{0};
-  // dBias together with softcap (experimental; check_dbias_with_softcap let it through): the dK/dV kernel that
+  // dBias together with softcap (check_dbias_with_softcap let it through): the dK/dV kernel that
   // stores dBias's dS before softcap's factor (kernel_bwd_sm80.cuh AnalyticMaskBwdSm80 kDsBeforeSoftcap), an
   // instantiation of its own so that the features kernels' code stays as it was.
   bool ds_before_softcap = false;
@@ -78,10 +78,11 @@ void run_sdpa_bwd(const SdpaBwdParams& p_in, cudaStream_t stream) {
 int64_t sdpa_bwd_mask_only_launches() { return g_bwd_mask_only_launches.load(std::memory_order_relaxed); }
 
 void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream) {
-  // dBias with softcap (experimental; sdpa_dispatch.cu check_dbias_with_softcap lets it through with
-  // sdpa_dbias_softcap_sm80_enabled): the dK/dV kernel's dS holds softcap's factor, so its kDsBeforeSoftcap
-  // instantiation (run_sdpa_bwd) stores P in the dS workspace at the logits step and P (dP - D) over it at the
-  // dS step (kernel_bwd_sm80.cuh). Such a call has the bias: the features kernels (sdpa_bwd_has_features).
+  // dBias with softcap (sdpa_dispatch.cu check_dbias_with_softcap lets it through with
+  // sdpa_dbias_softcap_sm80_enabled, on unless FLASHSPAN_SDPA_DBIAS_SOFTCAP=0): the dK/dV kernel's dS holds
+  // softcap's factor, so its kDsBeforeSoftcap instantiation (run_sdpa_bwd) stores P in the dS workspace at the logits
+  // step and P (dP - D) over it at the dS step (kernel_bwd_sm80.cuh). Such a call has the bias: the features kernels
+  // (sdpa_bwd_has_features).
   if (p.total_q > 0) {
     if (!p.deterministic) {
       check_cuda(cudaMemsetAsync(p.dq_accum, 0,

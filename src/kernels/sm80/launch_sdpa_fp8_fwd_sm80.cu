@@ -60,9 +60,9 @@ void launch_sdpa_fp8_fwd_sm80(const SdpaFp8FwdSm80Params& p_in, const TileSm80& 
   Fp8WidenJobs jobs{{fp8_widen_job(p.q8, p.q, p.batch, p.num_heads_q, p.analytic.max_q, p.head_dqk, f),
                      fp8_widen_job(p.k8, p.k, p.batch, hk, p.analytic.max_kv, p.head_dqk, f),
                      fp8_widen_job(p.v8, p.v, p.batch, hv, p.analytic.max_kv, p.head_dv, f)}};
-  // Packed (THD) inputs (experimental, not yet run on a GPU): each sample from its ragged start, the copy padded to
-  // S (zeros past the sample); the loop reads the copies as padded tensors. A packed o and stats are the
-  // epilogue's (its rows' sample starts, as the 16-bit forward's).
+  // Packed (THD) inputs (unless FLASHSPAN_SDPA_FP8_THD=0; GPU tests passed on an H200): each sample from its ragged
+  // start, the copy padded to S (zeros past the sample); the loop reads the copies as padded tensors. A packed o and
+  // stats are the epilogue's (its rows' sample starts, as the 16-bit forward's).
   const AnalyticMaskParams& a = p.analytic;
   for (int t = 0; t < 3; ++t) {
     if (p.start8[t].ragged.ptr == nullptr) continue;
