@@ -80,3 +80,19 @@ def check_softmax_scale(softmax_scale, where: str, return_max_logit: bool = Fals
     if return_max_logit and value < 0:
         raise ValueError(f"{where}: softmax_scale: must be non-negative when max_logit is requested, got {value}")
     return value
+
+
+def dense_grad(g: torch.Tensor) -> torch.Tensor:
+    """An upstream gradient (dO) as the backward kernels read it: a last dimension of stride 1 and no zero stride.
+
+    Autograd hands expanded (stride-0) gradients, e.g. dO of ``o.sum()``. ``.contiguous()`` does not fix an empty
+    one: an empty tensor counts as contiguous whatever its strides, so the empty dO of an empty output kept its zero
+    strides, which the C layer refused (the last dimension's stride must be 1; a packed (T, H, D) tensor's token
+    stride is its ragged-offset multiplier, which must be >= 1). Returns ``g`` when it has none of these, else a
+    fresh compact tensor of its shape: a copy, or for an empty ``g`` a new empty tensor (there is nothing to copy)."""
+    st = g.stride()
+    if st and st[-1] == 1 and 0 not in st:
+        return g
+    if g.numel() == 0:
+        return g.new_empty(g.shape)
+    return g.clone(memory_format=torch.contiguous_format)

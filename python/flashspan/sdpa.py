@@ -17,7 +17,7 @@ from torch import Tensor
 
 from . import _lib
 from . import _sdpa_lib as L
-from ._checks import _short_repr, check_flag, check_float32
+from ._checks import _short_repr, check_flag, check_float32, dense_grad
 from ._sdpa_lib import check_packed_end
 from .autograd import no_double_backward
 
@@ -954,7 +954,7 @@ class _SdpaFunction(torch.autograd.Function):
                  if sink_token is not None and need[4] else None)
         dgate = torch.empty_like(gate) if gate is not None and need[5] else None
         kw.update(bias=bias, sink_token=sink_token, gate=gate, dBias=dbias, dSink_token=dsink, dgate=dgate)
-        dq, dk, dv = _backward(q, k, v, o, do.contiguous() if do.stride(-1) != 1 else do, stats, **kw)
+        dq, dk, dv = _backward(q, k, v, o, dense_grad(do), stats, **kw)
         if dsink is not None:
             dsink = dsink.to(sink_token.dtype).reshape(sink_token.shape)
         dq, dk, dv, dbias, dsink, dgate = no_double_backward("sdpa", (q, k, v, bias, sink_token, gate),
@@ -1221,6 +1221,8 @@ def sdpa_backward(
         use_causal_mask = check_flag("use_causal_mask", use_causal_mask)
         use_causal_mask_bottom_right = check_flag("use_causal_mask_bottom_right", use_causal_mask_bottom_right)
         _warn_deprecated(use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, None)
+    if isinstance(dO, Tensor) and dO.numel() == 0:
+        dO = dense_grad(dO)  # an empty output's dO (any strides: it has no element), e.g. autograd's expanded one
     return _backward(
         q, k, v, o, dO, stats, attn_scale=attn_scale, bias=bias, dBias=dBias, use_alibi_mask=use_alibi_mask,
         use_padding_mask=use_padding_mask, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, cu_seq_len_q=cu_seq_len_q,

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from . import _sdpa_lib as L
-from ._checks import check_flag, check_float32
+from ._checks import check_flag, check_float32, dense_grad
 from .sdpa import TOP_LEFT, _apply_common, _Call, _check_unsupported, _Layout, _like_layout, _warn_deprecated
 
 __all__ = ["sdpa_fp8", "sdpa_fp8_backward", "FP8_DTYPES"]
@@ -306,6 +306,8 @@ def sdpa_fp8_backward(
         if t.dim() != 4:
             raise ValueError(f"{n}: must be 4-D (B, H, S, D), got shape {tuple(t.shape)}: the FP8 backward takes no "
                              f"packed (THD) layout (the seed's sdpa_fp8_backward has no padding mask)")
+    if dO.numel() == 0:
+        dO = dense_grad(dO)  # an empty output's dO (any strides: it has no element)
     grad_dtype = _check_fp8_dtype(dO.dtype if grad_dtype is None else grad_dtype, "grad_dtype")
     dev = q.device
     lay = _Layout(q, k, v, None, None, None, None, None, None, None, False)

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from ._checks import check_flag
+from ._checks import check_flag, dense_grad
 from .autograd import no_double_backward
 from .sdpa import (_FAST, _FAST_CAPACITY, BOTTOM_RIGHT, TOP_LEFT, _backward_kw, _fast_key, _forward_kw,
                    _like_layout, _route)
@@ -277,8 +277,7 @@ def _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, 
             if lse.dim() == 3:
                 lse = lse.unsqueeze(-1)
             dsink = None if sinks is None else _dsink(sinks, q)
-            if grad_out.stride(-1) != 1:
-                grad_out = grad_out.contiguous()
+            grad_out = dense_grad(grad_out)
             kw = {"seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv,
                   "sink_token": None if sinks is None else _sink_logits(sinks, q), "dSink_token": dsink}
             with _op_names(op, False):
@@ -293,8 +292,7 @@ def _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, 
     if not thd and lse.dim() == 3:
         lse = lse.unsqueeze(-1)  # (B, H, S) -> (B, H, S, 1)
     dsink = _dsink(sinks, q)
-    if grad_out.stride(-1) != 1:
-        grad_out = grad_out.contiguous()
+    grad_out = dense_grad(grad_out)  # autograd's expanded (stride-0) grad_out, an empty one included
     kw.update(dBias=None, dSink_token=dsink, dgate=None, use_deterministic_algorithm=is_deterministic)
     given = (q, k, v, o, grad_out, lse, None, None, None)
     with _op_names(op, thd):

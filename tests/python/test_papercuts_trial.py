@@ -1,0 +1,99 @@
+"""A new user's CPU trial (the eleven papercuts of the 'paper' branch): each fixed one has a test here."""
+
+import pytest
+import torch
+
+E4M3 = torch.float8_e4m3fn
+
+
+# ---------------------------------------------------------------------------
+# 1. The backward of an SDPA call whose output is empty: zero gradients, in every front end
+# ---------------------------------------------------------------------------
+
+
+def _thd_kv():
+    k = torch.randn(10, 2, 16, requires_grad=True)
+    return k, torch.zeros(3, dtype=torch.int32), torch.tensor([0, 4, 10], dtype=torch.int32)
+
+
+def _expect_zero_grads(q, k):
+    assert q.grad is not None and q.grad.shape == q.shape
+    assert k.grad is not None and k.grad.shape == k.shape
+    assert torch.equal(k.grad, torch.zeros_like(k))
+
+
+def test_empty_output_thd_backward_gives_zero_gradients(fs):
+    """.sum() of an empty output hands the backward an expanded dO of zero strides, which .contiguous() keeps (an
+    empty tensor counts as contiguous): the C layer refused its ragged-offset multiplier 0."""
+    for call in (
+        lambda q, k, cq, ck: fs.sdpa(q, k, k, use_padding_mask=True, cu_seq_len_q=cq, cu_seq_len_kv=ck)[0],
+        lambda q, k, cq, ck: fs.sdpa_torch(q, k, k, cu_seqlens_q=cq, cu_seqlens_kv=ck, max_seqlen_q=1,
+                                           max_seqlen_kv=6),
+        lambda q, k, cq, ck: fs.sdpa_torch(q, k, k, cu_seqlens_q=cq, cu_seqlens_kv=ck, max_seqlen_q=1,
+                                           max_seqlen_kv=6, return_lse=True)[0],
+    ):
+        k, cq, ck = _thd_kv()
+        q = torch.randn(0, 2, 16, requires_grad=True)
+        call(q, k, cq, ck).sum().backward()
+        _expect_zero_grads(q, k)
+
+
+def test_empty_output_dense_backward_gives_zero_gradients(fs):
+    for call in (lambda q, k: fs.sdpa(q, k, k)[0], lambda q, k: fs.sdpa_torch(q, k, k),
+                 lambda q, k: fs.sdpa(q, k, k, sink_token=torch.zeros(2))[0]):
+        q = torch.randn(2, 2, 0, 16, requires_grad=True)
+        k = torch.randn(2, 2, 5, 16, requires_grad=True)
+        call(q, k).sum().backward()
+        _expect_zero_grads(q, k)
+
+
+def test_empty_dO_of_any_strides_in_the_explicit_backwards(fs):
+    """sdpa_backward and the sdpa_bwd op take an empty dO whatever its strides (it has no element)."""
+    q = torch.randn(2, 2, 0, 16)
+    k = torch.randn(2, 2, 5, 16)
+    o, stats = fs.sdpa(q, k, k, generate_stats=True)
+    dO = torch.zeros(()).expand(o.shape)
+    dq, dk, dv = fs.sdpa_backward(q, k, k, o, dO, stats)
+    assert dq.shape == q.shape and torch.equal(dk, torch.zeros_like(k)) and torch.equal(dv, torch.zeros_like(k))
+    dq, dk, dv = torch.ops.flashspan.sdpa_bwd(dO, q, k, k, o, stats, 0.25)
+    assert dq.shape == q.shape and torch.equal(dk, torch.zeros_like(k)) and torch.equal(dv, torch.zeros_like(k))
+
+
+def test_expanded_thd_gradient_with_a_zero_token_stride(fs):
+    """A non-empty expanded gradient whose last dimension is contiguous (stride 1) but whose token stride is 0, as
+    (o.sum(0) * w).sum() gives, was refused the same way (ragged-offset multiplier 0)."""
+    k = torch.randn(10, 2, 16)
+    cu = torch.tensor([0, 4, 10], dtype=torch.int32)
+    w = torch.randn(2, 16)
+    grads = []
+    for call in (lambda q: fs.sdpa(q, k, k, use_padding_mask=True, cu_seq_len_q=cu, cu_seq_len_kv=cu)[0],
+                 lambda q: fs.sdpa_torch(q, k, k, scale=1.0, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=6,
+                                         max_seqlen_kv=6)):
+        q = torch.randn(10, 2, 16, generator=torch.Generator().manual_seed(1)).requires_grad_()
+        (call(q).sum(0) * w).sum().backward()
+        q2 = q.detach().clone().requires_grad_()
+        (call(q2) * w).sum().backward()  # the same gradient, materialized
+        torch.testing.assert_close(q.grad, q2.grad)
+        grads.append(q.grad)
+    torch.testing.assert_close(grads[0], grads[1])
+
+
+def test_empty_output_fp8_backward(fs):
+    q = torch.randn(1, 2, 0, 16).to(E4M3)
+    k = torch.randn(1, 2, 4, 16).to(E4M3)
+    o, stats, _, _ = fs.sdpa_fp8(q, k, k, *(1.0,) * 6)
+    dO = torch.zeros((), dtype=torch.float32).to(E4M3).expand(o.shape)
+    dq, dk, dv, *amax = fs.sdpa_fp8_backward(q, k, k, o, dO, stats, *(1.0,) * 12)
+    assert dq.shape == q.shape
+    assert torch.equal(dk.float(), torch.zeros(k.shape)) and torch.equal(dv.float(), torch.zeros(k.shape))
+    assert [float(a) for a in amax] == [0.0] * 4
+
+
+def test_empty_output_flex_backward(fs):
+    """flex (already fine: its backward accepts the expanded dO): zero dK, dV, with the LSE's gradient too."""
+    k, cq, ck = _thd_kv()
+    q = torch.randn(0, 2, 16, requires_grad=True)
+    plan = fs.create_mask_plan(torch.zeros(1, 1, 0, dtype=torch.int32), q, k, k, cu_seqlens_q=cq, cu_seqlens_k=ck)
+    o, lse = fs.flex_attn_func(q, k, k, mask_plan=plan, return_lse=True)
+    (o.sum() + lse.sum()).backward()
+    _expect_zero_grads(q, k)
