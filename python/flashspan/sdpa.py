@@ -1067,6 +1067,9 @@ def sdpa(
 
     Returns:
         ``(o, stats)``; ``stats`` is None unless generate_stats. ``o`` has q's layout (THD: packed ``(T, H_q, D_v)``).
+        ``o`` is differentiable; ``stats`` (like score_max, score_sum_exp and max_logit) carries no gradient: it is
+        marked non-differentiable (cuDNN's stats are an output the backward consumes), so a loss term on it is
+        silently dropped. For a differentiable LSE use :func:`flashspan.flex_attn_func` with ``return_lse=True``.
 
     Raises:
         ValueError / TypeError naming the argument and the rule (docs/SDPA.md lists them; docs/ERRORS.md gives the

@@ -499,8 +499,11 @@ def sdpa_torch(
     ``seq_len_q/kv``: ``(B,)`` per-sample lengths of a padded dense batch.
 
     Returns ``o`` (q's layout; THD packed ``(T, H_q, D_v)``), or ``(o, lse)`` with ``return_lse=True``
-    (fp32 ``(B, H_q, S_q, 1)``; THD ``(T, H_q, 1)``). Differentiable with or without ``return_lse`` (the stats
-    are computed whenever an input requires grad). CPU tensors may also be float32 / float64.
+    (fp32 ``(B, H_q, S_q, 1)``; THD ``(T, H_q, 1)``). ``o`` is differentiable (query, key, value and sinks get
+    gradients) with or without ``return_lse``: the stats are computed whenever an input requires grad. ``lse``
+    itself carries no gradient (it is marked non-differentiable, as cuDNN's stats): a loss term on it is silently
+    dropped (with a term on ``o`` too) or leaves nothing to differentiate (alone); for a differentiable LSE use
+    :func:`flashspan.flex_attn_func` with ``return_lse=True``. CPU tensors may also be float32 / float64.
 
     Example::
 

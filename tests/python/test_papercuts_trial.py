@@ -97,3 +97,23 @@ def test_empty_output_flex_backward(fs):
     o, lse = fs.flex_attn_func(q, k, k, mask_plan=plan, return_lse=True)
     (o.sum() + lse.sum()).backward()
     _expect_zero_grads(q, k)
+
+
+# ---------------------------------------------------------------------------
+# 2. The SDPA stats / LSE carry no gradient, and the docs say so
+# ---------------------------------------------------------------------------
+
+
+def test_sdpa_stats_and_lse_carry_no_gradient_as_documented(fs):
+    import os
+
+    q = torch.randn(1, 2, 4, 16, requires_grad=True)
+    _, stats = fs.sdpa(q, q, q, generate_stats=True)
+    _, lse = fs.sdpa_torch(q, q, q, return_lse=True)
+    assert not stats.requires_grad and not lse.requires_grad
+    for doc in (fs.sdpa.__doc__, fs.sdpa_torch.__doc__):
+        text = " ".join(doc.split())
+        assert "carries no gradient" in text and "flex_attn_func" in text and "silently dropped" in text
+    assert "Differentiable with or without" not in " ".join(fs.sdpa_torch.__doc__.split())
+    md = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "SDPA.md")).read()
+    assert "marked non-differentiable" in md and "flex_attn_func(..., return_lse=True)" in md
