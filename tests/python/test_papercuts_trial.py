@@ -117,3 +117,22 @@ def test_sdpa_stats_and_lse_carry_no_gradient_as_documented(fs):
     assert "Differentiable with or without" not in " ".join(fs.sdpa_torch.__doc__.split())
     md = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "SDPA.md")).read()
     assert "marked non-differentiable" in md and "flex_attn_func(..., return_lse=True)" in md
+
+
+# ---------------------------------------------------------------------------
+# 3. README: a CPU-only install, and how a source checkout finds its library
+# ---------------------------------------------------------------------------
+
+
+def test_readme_gives_a_cpu_only_install_and_the_checkout_finds_build(fs):
+    import os
+
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    text = " ".join(open(os.path.join(repo, "README.md")).read().split())
+    assert "pip install . -C cmake.define.FLASHSPAN_CUDA=OFF" in text
+    assert "PYTHONPATH=python" in text and "build/libflashspan.so" in text
+    import flashspan._lib as lib
+
+    if os.path.dirname(lib.__file__) == os.path.join(repo, "python", "flashspan"):  # a source checkout
+        assert all(p.startswith(os.path.join(repo, "build")) for p in lib.candidate_paths()[1 + bool(
+            os.environ.get("FLASHSPAN_LIBRARY")):])
