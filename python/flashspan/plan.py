@@ -582,7 +582,9 @@ def create_mask_plan(
         cu_seqlens_q, cu_seqlens_k: int32 ``[B+1]`` (both for THD, neither for BSHD), prefix
             sums from 0 to the packed tensors' token counts ``Tq`` / ``Tk`` (ValueError
             otherwise: a token after the last sample would be a row no sample writes; the
-            same rule as SDPA's cu_seqlens, docs/SDPA.md); the plan copies them.
+            same rule as SDPA's cu_seqlens, docs/SDPA.md); the plan copies them. As SDPA,
+            also int64 (values must fit int32: ValueError otherwise) and a vector with unit
+            dimensions such as ``[1, B+1]``; other dtypes are a TypeError.
         max_seqlen_q, max_seqlen_k: THD maxima (computed from cu_seqlens when None,
             which reads them back from the device); ints (TypeError otherwise: a float
             is not truncated silently). For BSHD they may be given only when they equal
@@ -640,6 +642,8 @@ def create_mask_plan(
         for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"create_mask_plan: {name} must be a torch.Tensor, got {type(t).__name__}")
+        cu_seqlens_q = _cu_seqlens_arg(cu_seqlens_q, "cu_seqlens_q")
+        cu_seqlens_k = _cu_seqlens_arg(cu_seqlens_k, "cu_seqlens_k")
         if max_seqlen_q is None:
             max_seqlen_q = _max_len(cu_seqlens_q, "cu_seqlens_q")
         if max_seqlen_k is None:
@@ -767,8 +771,32 @@ def _optional_int(name: str, value: Any) -> Optional[int]:
         raise TypeError(f"create_mask_plan: {name} must be an int or None, got {type(value).__name__} {value!r}") from None
 
 
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _cu_seqlens_arg(cu: torch.Tensor, name: str) -> torch.Tensor:
+    """``cu`` (named ``name``) as the C layer takes cumulative lengths: int32, 1-D. Takes what SDPA's cumulative
+    lengths take (docs/SEED_API.md: a tensor valid in one front end is valid in the other): int32 or int64 (int64
+    values must fit int32, the plan's index type: ValueError naming the value otherwise; checking them reads a
+    CUDA tensor back to the host) and a vector given with unit dimensions, e.g. ``(1, B+1)`` or ``(B+1, 1, 1, 1)``
+    (at most one dimension above 1). Other dtypes are a TypeError, other shapes a ValueError (_max_len)."""
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"create_mask_plan: {name}: dtype must be int32 or int64, got {str(cu.dtype).replace('torch.', '')}")
+    if cu.dim() > 1 and sum(1 for n in cu.shape if n != 1) <= 1:
+        cu = cu.reshape(-1)
+    if cu.dtype == torch.int64:
+        if cu.numel():
+            lo, hi = (int(x) for x in torch.aminmax(cu))
+            if lo < _INT32_MIN or hi > _INT32_MAX:
+                raise ValueError(f"create_mask_plan: {name}: int64 values must fit int32 (the plan's index type, "
+                                 f"[-2**31, 2**31 - 1]), got {lo if lo < _INT32_MIN else hi}")
+        cu = cu.to(torch.int32)
+    return cu
+
+
 def _max_len(cu: torch.Tensor, name: str) -> int:
     """Longest sample of cumulative lengths ``cu`` (named ``name`` in errors); reads them back to the host."""
     if cu.dim() != 1 or cu.numel() < 2:
-        raise ValueError(f"create_mask_plan: {name} must be a 1-D tensor of B+1 >= 2 values, got shape {tuple(cu.shape)}")
+        raise ValueError(f"create_mask_plan: {name}: must be a 1-D tensor of B+1 >= 2 values (or a vector with unit "
+                         f"dimensions, e.g. (1, B+1)), got shape {tuple(cu.shape)}")
     return int((cu[1:] - cu[:-1]).max().item())

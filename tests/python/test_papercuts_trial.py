@@ -136,3 +136,28 @@ def test_readme_gives_a_cpu_only_install_and_the_checkout_finds_build(fs):
     if os.path.dirname(lib.__file__) == os.path.join(repo, "python", "flashspan"):  # a source checkout
         assert all(p.startswith(os.path.join(repo, "build")) for p in lib.candidate_paths()[1 + bool(
             os.environ.get("FLASHSPAN_LIBRARY")):])
+
+
+# ---------------------------------------------------------------------------
+# 4. create_mask_plan takes the cumulative lengths SDPA takes (int64, a (1, B+1) vector)
+# ---------------------------------------------------------------------------
+
+
+def test_create_mask_plan_takes_the_cu_seqlens_sdpa_takes(fs):
+    q = torch.randn(10, 2, 16)
+    mask = torch.tensor([1, 2, 3, 4, 1, 2, 3, 4, 5, 6], dtype=torch.int32).view(1, 1, 10)
+    cu32 = torch.tensor([0, 4, 10], dtype=torch.int32)
+    want = fs.flex_attn_func(q, q, q, mask_plan=fs.create_mask_plan(mask, q, q, q, cu_seqlens_q=cu32,
+                                                                     cu_seqlens_k=cu32))
+    for cu in (cu32.long(), cu32.view(1, 3), cu32.long().view(1, 3), cu32.view(3, 1, 1, 1)):
+        fs.sdpa(q, q, q, use_padding_mask=True, cu_seq_len_q=cu, cu_seq_len_kv=cu)  # valid in SDPA ...
+        plan = fs.create_mask_plan(mask, q, q, q, cu_seqlens_q=cu, cu_seqlens_k=cu)  # ... and in flex
+        assert torch.equal(plan.debug_snapshot()["cu_seqlens_q"], cu32)
+        assert torch.equal(fs.flex_attn_func(q, q, q, mask_plan=plan), want)
+    big = torch.tensor([0, 4, 2**31], dtype=torch.int64)
+    with pytest.raises(ValueError, match=r"create_mask_plan: cu_seqlens_k: int64 values must fit int32 .*got 2147483648"):
+        fs.create_mask_plan(mask, q, q, q, cu_seqlens_q=cu32, cu_seqlens_k=big)
+    with pytest.raises(TypeError, match=r"create_mask_plan: cu_seqlens_q: dtype must be int32 or int64, got float32"):
+        fs.create_mask_plan(mask, q, q, q, cu_seqlens_q=cu32.float(), cu_seqlens_k=cu32)
+    with pytest.raises(ValueError, match=r"create_mask_plan: cu_seqlens_q: must be a 1-D tensor .*got shape \(2, 3\)"):
+        fs.create_mask_plan(mask, q, q, q, cu_seqlens_q=torch.zeros(2, 3, dtype=torch.int32), cu_seqlens_k=cu32)
