@@ -460,6 +460,18 @@ def _max_len(lengths: Optional[Tensor], cu: Optional[Tensor], given: Optional[in
     raise ValueError(f"max_seq_len_{side}: a 3-D (T, H, D) tensor needs sequence lengths (cu_seq_len_{side})")
 
 
+def _dense_max_len(given, side: str, S: Optional[int]) -> None:
+    """max_seq_len_q / max_seq_len_kv given for a dense (B, H, S, D) side, where it has no use (it is S_max of packed
+    THD tensors): an int (TypeError otherwise, as on THD sides) equal to that side's S when it is known (ValueError
+    otherwise, as create_mask_plan's max_seqlen_q / max_seqlen_k for BSHD), never silently ignored."""
+    if given is None:
+        return
+    value = _int_arg(given, f"max_seq_len_{side}")
+    if S is not None and value != S:
+        raise ValueError(f"max_seq_len_{side}: must equal S_{side} = {S} of the dense (B, H, S, D) "
+                         f"{'q' if side == 'q' else 'k, v'} (it gives S_max of packed (T, H, D) tensors), got {value}")
+
+
 _RAGGED_NAMES = ("q", "k", "v", "o", "stats", "dO", "dQ", "dK", "dV", "gate", "dgate", "paged_attention_k_table",
                  "paged_attention_v_table")
 
@@ -513,6 +525,7 @@ class _Layout:
             if q.dim() != 4:
                 raise ValueError(f"q: must be 4-D (B, H_q, S_q, D_qk) or 3-D (T, H_q, D_qk), got shape {tuple(q.shape)}")
             self.B, self.Sq = q.shape[0], q.shape[2]
+            _dense_max_len(max_seq_len_q, "q", q.shape[2])
         if self.thd_kv:
             if cu_kv is None and "k" not in self.ragged_offsets:
                 raise ValueError("k: a 3-D (T, H, D) tensor is packed (THD): pass cu_seq_len_kv (token offsets), or "
@@ -520,6 +533,8 @@ class _Layout:
             self.Skv = _max_len(seq_len_kv, cu_kv, max_seq_len_kv, "kv")
         else:
             self.Skv = None
+            # (a paged container's dim 2 is its block size: only the type is checked there)
+            _dense_max_len(max_seq_len_kv, "kv", k.shape[2] if k.dim() == 4 and not paged else None)
 
     def bind_seq(self, call: _Call, slot: int, t: Optional[Tensor], name: str, thd: bool) -> None:
         """Binds a sequence tensor: 4-D as is, 3-D (T, H, D) as a ragged [B, H, S_max, D] descriptor."""
@@ -1056,7 +1071,8 @@ def sdpa(
         softcap: ``x -> softcap * tanh(x / softcap)`` after scaling.
         gate: ``O * sigmoid(gate)``, shape of O; differentiable.
         ragged_offsets: ``{"q": token offsets (B+1,), ...}`` for partially packed THD tensors.
-        max_seq_len_q, max_seq_len_kv: S_max of THD tensors (else read from the lengths: one host sync).
+        max_seq_len_q, max_seq_len_kv: S_max of THD tensors (else read from the lengths: one host sync); ints. On a
+            dense side they may be given only equal to its S (TypeError for another type, ValueError otherwise).
         use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, is_inference: the seed's deprecated
             spellings (its set_causal_mask, set_causal_mask_bottom_right, set_sliding_window_length and
             set_is_inference), still honoured, each with a DeprecationWarning naming what to pass instead:

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import re
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from ._checks import check_flag, dense_grad
+from ._checks import _short_repr, check_flag, dense_grad
 from .autograd import no_double_backward
 from .sdpa import (_FAST, _FAST_CAPACITY, BOTTOM_RIGHT, TOP_LEFT, _backward_kw, _fast_key, _forward_kw,
                    _like_layout, _route)
@@ -516,6 +517,12 @@ def sdpa_torch(
         is_causal = check_flag("is_causal", is_causal, "sdpa_torch")
         causal_bottom_right = check_flag("causal_bottom_right", causal_bottom_right, "sdpa_torch")
         return_lse = check_flag("return_lse", return_lse, "sdpa_torch")
+    if scale is not None and scale.__class__ is not float and (
+            isinstance(scale, bool) or not isinstance(scale, (numbers.Real, Tensor))):
+        # The op's schema would refuse a string with torch's RuntimeError (and take True as 1.0): a scale that is not
+        # a finite number is a ValueError naming it, as flashspan.sdpa's attn_scale and flex's softmax_scale.
+        raise ValueError(f"sdpa_torch: scale: must be a finite float or None, got {type(scale).__name__} "
+                         f"{_short_repr(scale)}")
     attn_scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
     # Autograd needs the forward's stats: ask for them whenever a gradient can flow (the seed's wrapper
     # leaves that to the caller and its backward then fails), and return them only when requested.

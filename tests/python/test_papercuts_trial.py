@@ -161,3 +161,34 @@ def test_create_mask_plan_takes_the_cu_seqlens_sdpa_takes(fs):
         fs.create_mask_plan(mask, q, q, q, cu_seqlens_q=cu32.float(), cu_seqlens_k=cu32)
     with pytest.raises(ValueError, match=r"create_mask_plan: cu_seqlens_q: must be a 1-D tensor .*got shape \(2, 3\)"):
         fs.create_mask_plan(mask, q, q, q, cu_seqlens_q=torch.zeros(2, 3, dtype=torch.int32), cu_seqlens_k=cu32)
+
+
+# ---------------------------------------------------------------------------
+# 5. sdpa_torch's scale of another type and a dense call's length maxima follow docs/ERRORS.md
+# ---------------------------------------------------------------------------
+
+
+def test_sdpa_torch_scale_of_another_type_is_a_value_error_naming_it(fs):
+    q = torch.randn(1, 2, 4, 16)
+    for bad, shown in (("x", "str 'x'"), (True, "bool True"), ([0.5], r"list \[0.5\]")):
+        with pytest.raises(ValueError, match=rf"^sdpa_torch: scale: must be a finite float or None, got {shown}$"):
+            fs.sdpa_torch(q, q, q, scale=bad)
+    with pytest.raises(ValueError, match=r"attn_scale: must be finite, got inf"):
+        fs.sdpa_torch(q, q, q, scale=float("inf"))
+    torch.testing.assert_close(fs.sdpa_torch(q, q, q, scale=2), fs.sdpa(q, q, q, attn_scale=2.0)[0])
+
+
+def test_dense_length_maxima_are_checked(fs):
+    q = torch.randn(1, 2, 4, 16)
+    k = torch.randn(1, 2, 6, 16)
+    with pytest.raises(TypeError, match=r"^max_seq_len_q: must be an int, got float 3.7$"):
+        fs.sdpa(q, k, k, max_seq_len_q=3.7)
+    with pytest.raises(TypeError, match=r"^max_seq_len_kv: must be an int, got float 6.0$"):
+        fs.sdpa(q, k, k, max_seq_len_kv=6.0)
+    with pytest.raises(ValueError, match=r"^max_seq_len_q: must equal S_q = 4 of the dense \(B, H, S, D\) q .*got 100$"):
+        fs.sdpa(q, k, k, max_seq_len_q=100)
+    with pytest.raises(ValueError, match=r"^max_seq_len_kv: must equal S_kv = 6 of the dense \(B, H, S, D\) k, v"):
+        fs.sdpa(q, k, k, max_seq_len_kv=4)
+    o, stats = fs.sdpa(q, k, k, max_seq_len_q=4, max_seq_len_kv=6, generate_stats=True)  # the true values pass
+    with pytest.raises(TypeError, match=r"^max_seq_len_q: must be an int, got float 3.7$"):
+        fs.sdpa_backward(q, k, k, o, torch.ones_like(o), stats, max_seq_len_q=3.7)
