@@ -192,3 +192,16 @@ def test_dense_length_maxima_are_checked(fs):
     o, stats = fs.sdpa(q, k, k, max_seq_len_q=4, max_seq_len_kv=6, generate_stats=True)  # the true values pass
     with pytest.raises(TypeError, match=r"^max_seq_len_q: must be an int, got float 3.7$"):
         fs.sdpa_backward(q, k, k, o, torch.ones_like(o), stats, max_seq_len_q=3.7)
+
+
+# ---------------------------------------------------------------------------
+# 6. sdpa_fp8_backward's docstring says where it runs (the sm90 kernel on an H100 / H200 by default)
+# ---------------------------------------------------------------------------
+
+
+def test_fp8_backward_docstring_names_the_sm90_kernel(fs):
+    text = " ".join(fs.sdpa_fp8_backward.__doc__.split())
+    assert "where the backward runs on the sm80 kernels" not in text
+    assert "the ordered (deterministic) dQ kernel of the sm80 backward" not in text
+    assert "on an H100 / H200 on the sm90 backward kernel" in text and "FLASHSPAN_SM90_SDPA_FP8_BWD=0" in text
+    assert "on the sm90 kernel (H100 / H200) dQ's tile additions in a fixed order" in text
