@@ -859,6 +859,8 @@ def _backward_full(key, given: tuple, kw: dict):
                   kw.pop("ragged_offsets"), kw.pop("max_seq_len_q"), kw.pop("max_seq_len_kv"), False)
     call = _Call("bwd")
     thd_stats = lay.thd_q and stats.dim() == 3 and stats.shape[-1] == 1 and stats.shape[0] == q.shape[0]
+    if lay.thd_q and isinstance(stats, Tensor):
+        _check_thd_stats(stats, q, lay)
     if lay.thd_q and not thd_stats:
         # Padded stats (B, H, S_q[, 1]) for packed Q (the seed's sdpa_bwd contract).
         stats = stats.reshape(stats.shape[0], stats.shape[1], stats.shape[2], 1) if stats.dim() == 3 else stats
@@ -887,6 +889,19 @@ def _backward_full(key, given: tuple, kw: dict):
     op = call.run()
     _remember(key, call, op, given, (q, k, v, o, dO, stats, dq, dk, dv), args)
     return dq, dk, dv
+
+
+def _check_thd_stats(stats: Tensor, q: Tensor, lay: _Layout) -> None:
+    """The backward's stats for packed (T, H, D) q: packed (T_q, H_q, 1), or padded (B, H_q, S_q, 1) / (B, H_q, S_q)
+    (S_q: the padded length, max_seq_len_q or the longest sample). ValueError naming both forms and the shape as
+    given otherwise (the C layer saw a 3-D one read as padded, reshaped to 4-D)."""
+    T, Hq = q.shape[0], q.shape[1]
+    shape = tuple(stats.shape)
+    if shape in ((T, Hq, 1), (lay.B, Hq, lay.Sq), (lay.B, Hq, lay.Sq, 1)):
+        return
+    raise ValueError(f"stats: with packed (T, H, D) q it must be the packed (T, H_q, 1) = ({T}, {Hq}, 1) or the "
+                     f"padded (B, H_q, S_q, 1) = ({lay.B}, {Hq}, {lay.Sq}, 1) (the forward's natural-log stats; "
+                     f"also (B, H_q, S_q)), got shape {shape}")
 
 
 def _scale_on_host(call: _Call) -> None:

@@ -1,5 +1,7 @@
 """A new user's CPU trial (the eleven papercuts of the 'paper' branch): each fixed one has a test here."""
 
+import re
+
 import pytest
 import torch
 
@@ -205,3 +207,30 @@ def test_fp8_backward_docstring_names_the_sm90_kernel(fs):
     assert "the ordered (deterministic) dQ kernel of the sm80 backward" not in text
     assert "on an H100 / H200 on the sm90 backward kernel" in text and "FLASHSPAN_SM90_SDPA_FP8_BWD=0" in text
     assert "on the sm90 kernel (H100 / H200) dQ's tile additions in a fixed order" in text
+
+
+# ---------------------------------------------------------------------------
+# 7. sdpa_backward's THD stats errors name the packed form and the shape as given
+# ---------------------------------------------------------------------------
+
+
+def test_thd_backward_stats_error_names_both_forms_and_the_given_shape(fs):
+    q = torch.randn(30, 2, 16)
+    cu = torch.tensor([0, 15, 30], dtype=torch.int32)
+    kw = dict(use_padding_mask=True, cu_seq_len_q=cu, cu_seq_len_kv=cu)
+    o, stats = fs.sdpa(q, q, q, generate_stats=True, **kw)
+    forms = r"packed \(T, H_q, 1\) = \(30, 2, 1\) or the padded \(B, H_q, S_q, 1\) = \(2, 2, 15, 1\)"
+    for bad in ((10, 2, 1), (30, 2), (2, 2, 14, 1)):
+        shown = re.escape(str(bad))
+        with pytest.raises(ValueError, match=rf"^stats: with packed \(T, H, D\) q it must be the {forms}.*got shape {shown}$"):
+            fs.sdpa_backward(q, q, q, o, o, torch.zeros(bad), **kw)
+    want = fs.sdpa_backward(q, q, q, o, o, stats, **kw)
+    padded = torch.full((2, 2, 15, 1), float("-inf"))
+    padded[0, :, :, 0] = stats[:15, :, 0].T
+    padded[1, :, :, 0] = stats[15:, :, 0].T
+    for good in (padded, padded[..., 0]):
+        for a, b in zip(fs.sdpa_backward(q, q, q, o, o, good, **kw), want):
+            torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match=r"^sdpa_bwd: lse: with packed \(T, H, D\) q it must be the packed .*got shape \(10, 2, 1\)$"):
+        torch.ops.flashspan.sdpa_bwd(o, q, q, q, o, torch.zeros(10, 2, 1), 1.0, cu_seqlens_q=cu, cu_seqlens_kv=cu,
+                                     max_seqlen_q=15, max_seqlen_kv=15)
