@@ -234,3 +234,38 @@ def test_thd_backward_stats_error_names_both_forms_and_the_given_shape(fs):
     with pytest.raises(ValueError, match=r"^sdpa_bwd: lse: with packed \(T, H, D\) q it must be the packed .*got shape \(10, 2, 1\)$"):
         torch.ops.flashspan.sdpa_bwd(o, q, q, q, o, torch.zeros(10, 2, 1), 1.0, cu_seqlens_q=cu, cu_seqlens_kv=cu,
                                      max_seqlen_q=15, max_seqlen_kv=15)
+
+
+# ---------------------------------------------------------------------------
+# 8. The explicit API's messages name the parameters as its signatures spell them
+# ---------------------------------------------------------------------------
+
+
+def test_explicit_api_messages_use_the_signatures_names(fs):
+    S = 8
+    q = torch.randn(1, S, 2, 16)
+    plan = fs.create_mask_plan(torch.arange(1, S + 1, dtype=torch.int32).view(1, 1, S), q, q, q, build_backward=True)
+    o, lse = torch.empty_like(q), torch.empty(1, 2, S)
+    with pytest.raises(TypeError, match=r"^FlexAttentionFwd: sample_o: dtype must be float32, got float64$"):
+        fs.FlexAttentionFwd(q, q, q, o.double(), plan)
+    with pytest.raises(TypeError, match=r"^FlexAttentionFwd: sample_mask_plan: must be a flashspan.MaskPlan, got str$"):
+        fs.FlexAttentionFwd(q, q, q, o, "plan")
+    with pytest.raises(TypeError, match=r"^FlexAttentionBwd: sample_do: dtype must be float32, got float64$"):
+        fs.FlexAttentionBwd(q, q, q, o, o.double(), lse, o, o, o, plan)
+    fwd = fs.FlexAttentionFwd(q, q, q, o, plan, lse)
+    fwd.compile()
+    pre = r"^FlexAttentionFwd\.execute: "
+    with pytest.raises(ValueError, match=pre + r"lse_tensor: is required \(it was given at construction\)$"):
+        fwd.execute(q, q, q, o, plan, None, workspace=None)
+    with pytest.raises(ValueError, match=pre + r"max_logit_tensor: was not given at construction"):
+        fwd.execute(q, q, q, o, plan, lse, workspace=None, max_logit_tensor=torch.empty(2))
+    with pytest.raises(ValueError, match=pre + r"o_tensor: dtype torch.float64 differs"):
+        fwd.execute(q, q, q, o.double(), plan, lse, workspace=None)
+    with pytest.raises(TypeError, match=pre + r"mask_plan: must be a flashspan.MaskPlan, got str$"):
+        fwd.execute(q, q, q, o, "p", lse, workspace=None)
+    with pytest.raises(TypeError, match=pre + r"k_tensor: must be a torch.Tensor, got str$"):
+        fwd.execute(q, "k", q, o, plan, lse, workspace=None)
+    bwd = fs.FlexAttentionBwd(q, q, q, o, o, lse, o, o, o, plan, lse)
+    bwd.compile()
+    with pytest.raises(ValueError, match=r"^FlexAttentionBwd\.execute: dlse_tensor: is required"):
+        bwd.execute(q, q, q, o, o, lse, o, o, o, plan, None, workspace=None)
