@@ -70,9 +70,12 @@ def check_softmax_scale(softmax_scale, where: str, return_max_logit: bool = Fals
     if type(softmax_scale) is float:  # the common case, without the numbers.Real (ABC) check
         if -_FLOAT32_OVERFLOW < softmax_scale < _FLOAT32_OVERFLOW and (softmax_scale >= 0 or not return_max_logit):
             return softmax_scale
-    elif isinstance(softmax_scale, torch.Tensor) or not isinstance(softmax_scale, numbers.Real):
+    elif isinstance(softmax_scale, (torch.Tensor, bool)) or not isinstance(softmax_scale, numbers.Real):
+        # A bool is an int to Python (True would run as a scale of 1): refused, as SDPA's attn_scale=True is; the
+        # class of a scale that is not a finite number (the seed's for softmax_scale), docs/ERRORS.md.
         raise ValueError(
             f"{where}: softmax_scale: must be a finite number or None, got {type(softmax_scale).__name__}"
+            + (f" {softmax_scale!r}" if isinstance(softmax_scale, bool) else "")
         )
     value = check_float32(softmax_scale, "softmax_scale", where)
     if not math.isfinite(value):

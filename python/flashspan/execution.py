@@ -12,7 +12,7 @@ from typing import Any, Optional
 import torch
 
 from . import _lib
-from ._checks import check_flag, check_softmax_scale
+from ._checks import _short_repr, check_flag, check_softmax_scale
 from .plan import MaskPlan
 
 # The workspace must start on this boundary (the seed's rule, which its kernels carve from).
@@ -100,23 +100,27 @@ def _workspace_ptr(
 
 def _raw_stream(current_stream: Any, device: torch.device, where: str) -> Optional[int]:
     """cudaStream_t (int) to launch on: ``current_stream`` (a torch.cuda.Stream, a cuda-python
-    CUstream or an int handle) or, when None, torch's current stream of ``device``. None on the CPU."""
-    if device.type != "cuda":
-        return None
+    CUstream or an int handle) or, when None, torch's current stream of ``device``. None on the CPU, where a
+    stream is checked (TypeError for another type, as on CUDA) and not used."""
+    cuda = device.type == "cuda"
     if current_stream is None:
-        return _lib.current_raw_stream(device)
+        return _lib.current_raw_stream(device) if cuda else None
+    handle = None
     if isinstance(current_stream, torch.cuda.Stream):
-        return current_stream.cuda_stream
-    try:
-        return int(current_stream)
-    except (TypeError, ValueError):
-        getptr = getattr(current_stream, "getPtr", None)
-        if getptr is not None:
-            return int(getptr())
-    raise TypeError(
-        f"{where}: current_stream must be None, a torch.cuda.Stream or a CUDA stream handle, "
-        f"got {type(current_stream).__name__}"
-    )
+        handle = current_stream.cuda_stream
+    elif not isinstance(current_stream, (bool, str, bytes, float)):  # int("5") would parse, int(1.5) truncate
+        try:
+            handle = int(current_stream)
+        except (TypeError, ValueError):
+            getptr = getattr(current_stream, "getPtr", None)
+            if getptr is not None:
+                handle = int(getptr())
+    if handle is None:
+        raise TypeError(
+            f"{where}: current_stream: must be None, a torch.cuda.Stream or a CUDA stream handle (an int or a "
+            f"cuda-python CUstream), got {type(current_stream).__name__} {_short_repr(current_stream)}"
+        )
+    return handle if cuda else None
 
 
 def _record_streams(tensors, current_stream: Any, device: torch.device) -> None:

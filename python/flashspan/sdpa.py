@@ -938,6 +938,13 @@ def _warn_deprecated(use_causal_mask, use_causal_mask_bottom_right, sliding_wind
                           stacklevel=stacklevel)
 
 
+def _scale_not_differentiated(name: str, prefix: str = "") -> None:
+    """A scale tensor that requires grad: the scale is not differentiated (cuDNN's attn_scale is a non-differentiable
+    input), so its .grad would stay None silently. ValueError naming it instead."""
+    raise ValueError(f"{prefix}{name}: the scale is not differentiated (it gets no gradient, as cuDNN's attn_scale): pass "
+                     f"{name}.detach() or a float, got a tensor with requires_grad=True")
+
+
 def _check_unsupported(implementation, compute_data_type) -> None:
     if compute_data_type is None and (implementation is None or implementation.__class__ is str
                                       and implementation in ("AUTO", "COMPOSITE", "UNIFIED")):
@@ -1052,7 +1059,8 @@ def sdpa(
             with ``cu_seq_len_q`` / ``cu_seq_len_kv`` (then ``use_padding_mask=True``). With page tables, k / v are
             containers ``(num_blocks, H, block_size, D)`` (block_size a power of two). fp16 / bf16 (CPU tensors
             also float32 / float64). H_k and H_v divide H_q; head dims multiples of 8 up to 256.
-        attn_scale: float or 1-element fp32 tensor; None means 1 (no scaling), as in the seed.
+        attn_scale: float or 1-element fp32 tensor; None means 1 (no scaling), as in the seed. Not differentiated
+            (as cuDNN's): a tensor that requires grad is a ValueError (pass ``attn_scale.detach()``).
         bias: additive, ``(1|B, 1|H_q, 1|S_q, 1|S_kv)``, dtype of q or fp32; differentiable.
         block_mask: uint8 ``(1|B, 1|H_q, ceil(S_q/128), ceil(ceil(S_kv/128)/8))``; bit ``kb % 8`` of byte ``kb // 8``
             set = the 128x128 tile (query block, key block kb) is computed.
@@ -1145,6 +1153,8 @@ def sdpa(
         if generate_stats is None:
             generate_stats = not is_inference
     grad_enabled = torch.is_grad_enabled()
+    if grad_enabled and isinstance(attn_scale, Tensor) and attn_scale.requires_grad:
+        _scale_not_differentiated("attn_scale")
     needs_grad = grad_enabled and True in [isinstance(t, Tensor) and t.requires_grad
                                            for t in (q, k, v, bias, sink_token, gate)]
     if not needs_grad:

@@ -14,7 +14,7 @@ from torch import Tensor
 from ._checks import _short_repr, check_flag, dense_grad
 from .autograd import no_double_backward
 from .sdpa import (_FAST, _FAST_CAPACITY, BOTTOM_RIGHT, TOP_LEFT, _backward_kw, _fast_key, _forward_kw,
-                   _like_layout, _route)
+                   _like_layout, _route, _scale_not_differentiated)
 
 __all__ = ["sdpa_torch"]
 
@@ -494,7 +494,7 @@ def sdpa_torch(
 
     Dense tensors are BHSD ``(B, H, S, D)`` (any strides); varlen tensors are packed ``(T, H, D)`` with
     ``cu_seqlens_q/kv`` (``(B+1,)`` int32 prefix sums) and ``max_seqlen_q/kv``. ``scale`` defaults to
-    ``1/sqrt(D_qk)``. ``window_left`` counts visible tokens including self (FlashAttention's ``(w, 0)`` is
+    ``1/sqrt(D_qk)``; it is not differentiated (a tensor that requires grad is a ValueError). ``window_left`` counts visible tokens including self (FlashAttention's ``(w, 0)`` is
     ``window_left=w+1``); ``window_right`` is the last visible column past the diagonal (0 = causal, and it
     may not be > 0 together with ``is_causal``). ``sinks``: ``(H_q,)`` per-head sink logits, differentiable.
     ``seq_len_q/kv``: ``(B,)`` per-sample lengths of a padded dense batch.
@@ -523,6 +523,8 @@ def sdpa_torch(
         # a finite number is a ValueError naming it, as flashspan.sdpa's attn_scale and flex's softmax_scale.
         raise ValueError(f"sdpa_torch: scale: must be a finite float or None, got {type(scale).__name__} "
                          f"{_short_repr(scale)}")
+    if scale.__class__ is not float and isinstance(scale, Tensor) and scale.requires_grad and torch.is_grad_enabled():
+        _scale_not_differentiated("scale", "sdpa_torch: ")
     attn_scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
     # Autograd needs the forward's stats: ask for them whenever a gradient can flow (the seed's wrapper
     # leaves that to the caller and its backward then fails), and return them only when requested.

@@ -269,3 +269,32 @@ def test_explicit_api_messages_use_the_signatures_names(fs):
     bwd.compile()
     with pytest.raises(ValueError, match=r"^FlexAttentionBwd\.execute: dlse_tensor: is required"):
         bwd.execute(q, q, q, o, o, lse, o, o, o, plan, None, workspace=None)
+
+
+# ---------------------------------------------------------------------------
+# 9. flex's softmax_scale=True, a scale tensor that requires grad, and current_stream of another type on the CPU
+# ---------------------------------------------------------------------------
+
+
+def test_scale_and_stream_arguments_are_checked(fs):
+    S = 8
+    q = torch.randn(1, S, 2, 16)
+    plan = fs.create_mask_plan(torch.arange(1, S + 1, dtype=torch.int32).view(1, 1, S), q, q, q)
+    with pytest.raises(ValueError, match=r"^flex_attn_func: softmax_scale: must be a finite number or None, got bool True$"):
+        fs.flex_attn_func(q, q, q, mask_plan=plan, softmax_scale=True)
+    qb = q.transpose(1, 2).contiguous().requires_grad_()
+    s = torch.tensor([0.5], requires_grad=True)
+    with pytest.raises(ValueError, match=r"^attn_scale: the scale is not differentiated .*pass attn_scale.detach\(\)"):
+        fs.sdpa(qb, qb, qb, attn_scale=s)
+    with pytest.raises(ValueError, match=r"^sdpa_torch: scale: the scale is not differentiated"):
+        fs.sdpa_torch(qb, qb, qb, scale=s)
+    with torch.no_grad():
+        fs.sdpa(qb, qb, qb, attn_scale=s)  # nothing to differentiate
+    fs.sdpa(qb, qb, qb, attn_scale=s.detach())[0].sum().backward()
+    o = torch.empty_like(q)
+    fwd = fs.FlexAttentionFwd(q, q, q, o, plan)
+    fwd.compile()
+    for bad in ("s", 1.5, True):
+        with pytest.raises(TypeError, match=r"^FlexAttentionFwd\.execute: current_stream: must be None, a torch.cuda.Stream"):
+            fwd.execute(q, q, q, o, plan, workspace=None, current_stream=bad)
+    fwd.execute(q, q, q, o, plan, workspace=None, current_stream=0)  # a handle: taken (and unused on the CPU)
