@@ -286,20 +286,26 @@ class MaskPlan:
     def device(self) -> torch.device:
         return self._meta["device"]
 
-    # Expected shapes of the tensors of a call (host-only reuse checks).
+    # Expected shapes of the tensors of a call (host-only reuse checks). Methods, unlike the plan's other
+    # attributes (properties): call them, ``plan.q_shape()`` (kept as methods: earlier versions had them so).
     def q_shape(self) -> tuple[int, ...]:
+        """The shape q must have for this plan (a method, unlike the properties: ``plan.q_shape()``)."""
         return self._shapes["q"]
 
     def k_shape(self) -> tuple[int, ...]:
+        """The shape k must have for this plan (a method: ``plan.k_shape()``)."""
         return self._shapes["k"]
 
     def v_shape(self) -> tuple[int, ...]:
+        """The shape v must have for this plan (a method: ``plan.v_shape()``)."""
         return self._shapes["v"]
 
     def out_shape(self) -> tuple[int, ...]:
+        """The shape of the output for this plan (a method: ``plan.out_shape()``)."""
         return self._shapes["out"]
 
     def lse_shape(self) -> tuple[int, ...]:
+        """The shape of the LSE for this plan, ``[B, Hq, Sq]`` or ``[Hq, Tq]`` (a method: ``plan.lse_shape()``)."""
         return self._shapes["lse"]
 
     def check_compatible(
@@ -598,9 +604,12 @@ def create_mask_plan(
         build_backward: True / False / None (TypeError otherwise): build backward metadata;
             None means "autograd is enabled and any of q/k/v requires grad".
         arch: kernel family the plan is laid out for: 80 (portable mma.sync kernels, any
-            sm_80+ GPU), 90 (Hopper forward, sm_90 only), or None to let the library choose
-            (``FLASHSPAN_KERNEL_FAMILY``, README "Kernel family"; CPU plans are 80).
-            ``plan.arch`` tells which one a plan got.
+            sm_80+ GPU), 90 (the Hopper kernels' tiles: a CUDA plan with it runs on sm_90 GPUs
+            only), or None to let the library choose (``FLASHSPAN_KERNEL_FAMILY``, README
+            "Kernel family"; with None CPU plans are 80). On CPU tensors ``arch=90`` is taken:
+            the plan gets the sm90 layout (``plan.arch == 90``, its tiles) and runs on the CPU
+            backend, a way to inspect or test a Hopper plan without a GPU. ``plan.arch`` tells
+            which one a plan got.
 
     CUDA masks are planned on the current CUDA stream. Errors: ValueError (a rule is
     broken, message names it), TypeError (dtype/device), RuntimeError (CUDA failure).

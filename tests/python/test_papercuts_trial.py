@@ -298,3 +298,20 @@ def test_scale_and_stream_arguments_are_checked(fs):
         with pytest.raises(TypeError, match=r"^FlexAttentionFwd\.execute: current_stream: must be None, a torch.cuda.Stream"):
             fwd.execute(q, q, q, o, plan, workspace=None, current_stream=bad)
     fwd.execute(q, q, q, o, plan, workspace=None, current_stream=0)  # a handle: taken (and unused on the CPU)
+
+
+# ---------------------------------------------------------------------------
+# 10. create_mask_plan's arch on CPU tensors and the plan's shape methods, as documented
+# ---------------------------------------------------------------------------
+
+
+def test_cpu_arch90_plan_and_shape_methods_are_documented(fs):
+    S = 8
+    q = torch.randn(1, S, 2, 16)
+    plan = fs.create_mask_plan(torch.arange(1, S + 1, dtype=torch.int32).view(1, 1, S), q, q, q, arch=90)
+    assert plan.arch == 90  # taken on CPU tensors, as the docstring now says
+    doc = " ".join(fs.create_mask_plan.__doc__.split())
+    assert "On CPU tensors ``arch=90`` is taken" in doc and "with None CPU plans are 80" in doc
+    for name in ("q_shape", "k_shape", "v_shape", "out_shape", "lse_shape"):
+        assert "a method" in getattr(fs.MaskPlan, name).__doc__
+    assert plan.q_shape() == tuple(q.shape)
