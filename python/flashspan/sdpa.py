@@ -1127,6 +1127,11 @@ def sdpa(
     GPU kernels do not run raises NotImplementedError naming it. (The flex route, ``FLASHSPAN_SDPA_ROUTE=flex``, was
     retired: for flex attention with a mask that is not arithmetic, call ``flashspan.flex_attn_func``.)
 
+    torch.compile: this function runs eagerly (ctypes calls, host-side caches behind a lock) and is not traced;
+    under ``torch.compile(fullgraph=True)`` Dynamo stops at it (an "unsupported context manager" error). Compiled
+    models call :func:`flashspan.sdpa_torch` (the custom ops ``torch.ops.flashspan.sdpa_fwd`` / ``sdpa_bwd``, which
+    torch.compile traces, backward included).
+
     Example::
 
         q = torch.randn(2, 4, 128, 64, dtype=torch.bfloat16, requires_grad=True)

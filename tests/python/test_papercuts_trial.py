@@ -315,3 +315,17 @@ def test_cpu_arch90_plan_and_shape_methods_are_documented(fs):
     for name in ("q_shape", "k_shape", "v_shape", "out_shape", "lse_shape"):
         assert "a method" in getattr(fs.MaskPlan, name).__doc__
     assert plan.q_shape() == tuple(q.shape)
+
+
+# ---------------------------------------------------------------------------
+# 11. flashspan.sdpa's docs send torch.compile users to sdpa_torch
+# ---------------------------------------------------------------------------
+
+
+def test_sdpa_docs_point_compile_users_to_sdpa_torch(fs):
+    import os
+
+    doc = " ".join(fs.sdpa.__doc__.split())
+    assert "torch.compile(fullgraph=True)" in doc and ":func:`flashspan.sdpa_torch`" in doc
+    md = " ".join(open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "SDPA.md")).read().split())
+    assert "**Under `torch.compile` use `sdpa_torch`**" in md
