@@ -70,9 +70,12 @@ def check_softmax_scale(softmax_scale, where: str, return_max_logit: bool = Fals
     if type(softmax_scale) is float:  # the common case, without the numbers.Real (ABC) check
         if -_FLOAT32_OVERFLOW < softmax_scale < _FLOAT32_OVERFLOW and (softmax_scale >= 0 or not return_max_logit):
             return softmax_scale
-    elif isinstance(softmax_scale, torch.Tensor) or not isinstance(softmax_scale, numbers.Real):
+    elif isinstance(softmax_scale, (torch.Tensor, bool)) or not isinstance(softmax_scale, numbers.Real):
+        # A bool is an int to Python (True would run as a scale of 1): refused, as SDPA's attn_scale=True is; the
+        # class of a scale that is not a finite number (the seed's for softmax_scale), docs/ERRORS.md.
         raise ValueError(
             f"{where}: softmax_scale: must be a finite number or None, got {type(softmax_scale).__name__}"
+            + (f" {softmax_scale!r}" if isinstance(softmax_scale, bool) else "")
         )
     value = check_float32(softmax_scale, "softmax_scale", where)
     if not math.isfinite(value):
@@ -80,3 +83,19 @@ def check_softmax_scale(softmax_scale, where: str, return_max_logit: bool = Fals
     if return_max_logit and value < 0:
         raise ValueError(f"{where}: softmax_scale: must be non-negative when max_logit is requested, got {value}")
     return value
+
+
+def dense_grad(g: torch.Tensor) -> torch.Tensor:
+    """An upstream gradient (dO) as the backward kernels read it: a last dimension of stride 1 and no zero stride.
+
+    Autograd hands expanded (stride-0) gradients, e.g. dO of ``o.sum()``. ``.contiguous()`` does not fix an empty
+    one: an empty tensor counts as contiguous whatever its strides, so the empty dO of an empty output kept its zero
+    strides, which the C layer refused (the last dimension's stride must be 1; a packed (T, H, D) tensor's token
+    stride is its ragged-offset multiplier, which must be >= 1). Returns ``g`` when it has none of these, else a
+    fresh compact tensor of its shape: a copy, or for an empty ``g`` a new empty tensor (there is nothing to copy)."""
+    st = g.stride()
+    if st and st[-1] == 1 and 0 not in st:
+        return g
+    if g.numel() == 0:
+        return g.new_empty(g.shape)
+    return g.clone(memory_format=torch.contiguous_format)

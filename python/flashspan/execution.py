@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+import re
 import threading
 import warnings
 from typing import Any, Optional
@@ -11,7 +12,7 @@ from typing import Any, Optional
 import torch
 
 from . import _lib
-from ._checks import check_flag, check_softmax_scale
+from ._checks import _short_repr, check_flag, check_softmax_scale
 from .plan import MaskPlan
 
 # The workspace must start on this boundary (the seed's rule, which its kernels carve from).
@@ -22,14 +23,38 @@ WORKSPACE_ALIGNMENT = 128
 _WORKSPACE_REQUIRED = object()
 
 
-def _check_plan(plan: MaskPlan, where: str) -> ctypes.c_void_p:
-    """The live handle of ``plan``; errors start with ``where`` (the call that got it)."""
+def _check_plan(plan: MaskPlan, where: str, name: str = "mask_plan") -> ctypes.c_void_p:
+    """The live handle of ``plan``; errors start with ``where`` (the call that got it) and ``name`` (the parameter
+    that took it: sample_mask_plan at construction, mask_plan in execute())."""
     if not isinstance(plan, MaskPlan):
-        raise TypeError(f"{where}: plan must be a flashspan.MaskPlan, got {type(plan).__name__}")
+        raise TypeError(f"{where}: {name}: must be a flashspan.MaskPlan, got {type(plan).__name__}")
     try:
         return plan._live_handle
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
+
+
+def _named(e: Exception, where: str, names: dict) -> Exception:
+    """``e`` (a broken rule from the C layer, ``where: a, b: rule``) with the arguments it starts with renamed by
+    ``names`` (the C layer's tensor names -> the parameters of the call that failed, e.g. out -> sample_o at
+    construction, o_tensor in execute()); ``e`` itself when it names none of them."""
+    msg = str(e)
+    head = f"{where}: "
+    m = re.match(r"(\w+(?:, \w+)*): ", msg[len(head):]) if msg.startswith(head) else None
+    if m is None or not any(n in names for n in m.group(1).split(", ")):
+        return e
+    lead = ", ".join(names.get(n, n) for n in m.group(1).split(", "))
+    return type(e)(f"{head}{lead}: {msg[len(head) + m.end():]}")
+
+
+def _create(fn, args, where: str, names: dict):
+    """Creates the C operation; a broken rule's message names the constructor's parameters (_named)."""
+    h = ctypes.c_void_p()
+    try:
+        _lib.check(fn(ctypes.byref(args), ctypes.byref(h)), where)
+    except (TypeError, ValueError, NotImplementedError) as e:
+        raise _named(e, where, names) from None
+    return h
 
 
 def _scale_fields(softmax_scale: Optional[float]) -> tuple[float, int]:
@@ -75,23 +100,27 @@ def _workspace_ptr(
 
 def _raw_stream(current_stream: Any, device: torch.device, where: str) -> Optional[int]:
     """cudaStream_t (int) to launch on: ``current_stream`` (a torch.cuda.Stream, a cuda-python
-    CUstream or an int handle) or, when None, torch's current stream of ``device``. None on the CPU."""
-    if device.type != "cuda":
-        return None
+    CUstream or an int handle) or, when None, torch's current stream of ``device``. None on the CPU, where a
+    stream is checked (TypeError for another type, as on CUDA) and not used."""
+    cuda = device.type == "cuda"
     if current_stream is None:
-        return _lib.current_raw_stream(device)
+        return _lib.current_raw_stream(device) if cuda else None
+    handle = None
     if isinstance(current_stream, torch.cuda.Stream):
-        return current_stream.cuda_stream
-    try:
-        return int(current_stream)
-    except (TypeError, ValueError):
-        getptr = getattr(current_stream, "getPtr", None)
-        if getptr is not None:
-            return int(getptr())
-    raise TypeError(
-        f"{where}: current_stream must be None, a torch.cuda.Stream or a CUDA stream handle, "
-        f"got {type(current_stream).__name__}"
-    )
+        handle = current_stream.cuda_stream
+    elif not isinstance(current_stream, (bool, str, bytes, float)):  # int("5") would parse, int(1.5) truncate
+        try:
+            handle = int(current_stream)
+        except (TypeError, ValueError):
+            getptr = getattr(current_stream, "getPtr", None)
+            if getptr is not None:
+                handle = int(getptr())
+    if handle is None:
+        raise TypeError(
+            f"{where}: current_stream: must be None, a torch.cuda.Stream or a CUDA stream handle (an int or a "
+            f"cuda-python CUstream), got {type(current_stream).__name__} {_short_repr(current_stream)}"
+        )
+    return handle if cuda else None
 
 
 def _record_streams(tensors, current_stream: Any, device: torch.device) -> None:
@@ -160,7 +189,7 @@ def _bind(
 ) -> None:
     """Points a prebuilt descriptor at t after checking t has the compiled layout (host-only, no sync).
 
-    Errors start with ``where: name`` (e.g. ``"FlexAttentionFwd.execute: q: ..."``).
+    Errors start with ``where: name`` (e.g. ``"FlexAttentionFwd.execute: q_tensor: ..."``).
     """
     if t is None:
         if spec is not None:
@@ -169,7 +198,7 @@ def _bind(
     if spec is None:
         raise ValueError(f"{where}: {name}: was not given at construction, so it must be None")
     if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{where}: {name} must be a torch.Tensor, got {type(t).__name__}")
+        raise TypeError(f"{where}: {name}: must be a torch.Tensor, got {type(t).__name__}")
     # ValueError for every descriptor mismatch, dtype and device included (the seed's rule).
     if t.dtype != spec.dtype:
         raise ValueError(f"{where}: {name}: dtype {t.dtype} differs from the compiled {spec.dtype}")
@@ -258,7 +287,7 @@ class _OpBase:
             raise RuntimeError(f"{where}: compile() must be called before execute()")
         plan_handle = _check_plan(mask_plan, where)
         if not isinstance(q, torch.Tensor):
-            raise TypeError(f"{where}: q_tensor must be a torch.Tensor, got {type(q).__name__}")
+            raise TypeError(f"{where}: q_tensor: must be a torch.Tensor, got {type(q).__name__}")
         scale = check_softmax_scale(softmax_scale, where, want_max_logit)
         if scale is None:
             scale = self._default_scale
@@ -379,7 +408,7 @@ class FlexAttentionFwd(_OpBase):
         q, k, v, out, plan, lse = (a[n] for n in ("sample_q", "sample_k", "sample_v", "sample_o",
                                                    "sample_mask_plan", "sample_lse"))
         check_flag("sm90_use_smem_mask_pipeline", sm90_use_smem_mask_pipeline, where)
-        handle = _check_plan(plan, where)
+        handle = _check_plan(plan, where, "sample_mask_plan")
         self._default_scale = check_softmax_scale(a["softmax_scale"], where, sample_max_logit is not None)
         self._scale, self._has_scale = _scale_fields(self._default_scale)
         self.softmax_scale = self._default_scale
@@ -388,9 +417,7 @@ class FlexAttentionFwd(_OpBase):
         self.device = q.device if isinstance(q, torch.Tensor) else None
         descs = self._descs(q, k, v, out, lse, sample_max_logit)
         args = self._args(descs, handle)
-        h = ctypes.c_void_p()
-        _lib.check(_lib.lib().fs_flex_fwd_create(ctypes.byref(args), ctypes.byref(h)), where)
-        self._handle = h
+        self._handle = _create(_lib.lib().fs_flex_fwd_create, args, where, self._SAMPLE_NAMES)
         self._specs = _specs(self._NAMES, (q, k, v, out, lse, sample_max_logit))
         self._tls = _ThreadArgs()
         # The explicit API keeps its sample plan alive; internal cached objects (owned by
@@ -400,7 +427,13 @@ class FlexAttentionFwd(_OpBase):
         self._compiled = False
         self._workspace_size: Optional[int] = None
 
-    _NAMES = ("q", "k", "v", "out", "lse", "max_logit")
+    # execute()'s parameters, in the order of the compiled descriptors (errors name them so), and the constructor's
+    # for the C layer's names of the same tensors.
+    _NAMES = ("q_tensor", "k_tensor", "v_tensor", "o_tensor", "lse_tensor", "max_logit_tensor")
+    _SAMPLE_NAMES = {"q": "sample_q", "k": "sample_k", "v": "sample_v", "out": "sample_o", "o": "sample_o",
+                     "lse": "sample_lse", "max_logit": "sample_max_logit", "plan": "sample_mask_plan"}
+    _EXECUTE_NAMES = {"q": "q_tensor", "k": "k_tensor", "v": "v_tensor", "out": "o_tensor", "o": "o_tensor",
+                      "lse": "lse_tensor", "max_logit": "max_logit_tensor", "plan": "mask_plan"}
     _NAME = "FlexAttentionFwd"
     _C = "fwd"
     _EXECUTE = "FlexAttentionFwd.execute"  # prefix of every execute() error
@@ -477,7 +510,10 @@ class FlexAttentionFwd(_OpBase):
         args.has_softmax_scale = has_scale
         stream = _raw_stream(current_stream, q.device, where)
         # C-layer errors come back as "FlexAttentionFwd.execute: <argument>: <rule>".
-        _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, stream), where)
+        try:
+            _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, stream), where)
+        except (TypeError, ValueError, NotImplementedError) as e:
+            raise _named(e, where, self._EXECUTE_NAMES) from None
         if current_stream is not None:
             _record_streams(tensors + (workspace,), current_stream, q.device)
 
@@ -592,7 +628,7 @@ class FlexAttentionBwd(_OpBase):
                 "pass the softmax scale to execute(..., softmax_scale=...)"
             )
         deterministic = check_flag("deterministic", deterministic, where)
-        handle = _check_plan(plan, where)
+        handle = _check_plan(plan, where, "sample_mask_plan")
         if not plan.has_backward:
             raise ValueError(
                 f"{where}: sample_mask_plan: needs a plan built with backward metadata "
@@ -608,9 +644,7 @@ class FlexAttentionBwd(_OpBase):
         self.device = q.device if isinstance(q, torch.Tensor) else None
         descs = self._descs(*tensors)
         args = self._args(descs, handle)
-        h = ctypes.c_void_p()
-        _lib.check(_lib.lib().fs_flex_bwd_create(ctypes.byref(args), ctypes.byref(h)), where)
-        self._handle = h
+        self._handle = _create(_lib.lib().fs_flex_bwd_create, args, where, self._SAMPLE_NAMES)
         self._specs = _specs(self._NAMES, tensors)
         self._tls = _ThreadArgs()
         self._plan = plan if _hold_plan else None
@@ -618,14 +652,21 @@ class FlexAttentionBwd(_OpBase):
         self._compiled = False
         self._workspace_size: Optional[int] = None
 
-    _NAMES = ("q", "k", "v", "out", "do", "lse", "dq", "dk", "dv", "dlse")
+    _NAMES = ("q_tensor", "k_tensor", "v_tensor", "o_tensor", "do_tensor", "lse_tensor", "dq_tensor", "dk_tensor",
+              "dv_tensor", "dlse_tensor")
+    _SAMPLE_NAMES = {"q": "sample_q", "k": "sample_k", "v": "sample_v", "out": "sample_o", "o": "sample_o",
+                     "do": "sample_do", "dout": "sample_do", "lse": "sample_lse", "dq": "sample_dq",
+                     "dk": "sample_dk", "dv": "sample_dv", "dlse": "sample_dlse", "plan": "sample_mask_plan"}
+    _EXECUTE_NAMES = {"q": "q_tensor", "k": "k_tensor", "v": "v_tensor", "out": "o_tensor", "o": "o_tensor",
+                      "do": "do_tensor", "dout": "do_tensor", "lse": "lse_tensor", "dq": "dq_tensor",
+                      "dk": "dk_tensor", "dv": "dv_tensor", "dlse": "dlse_tensor", "plan": "mask_plan"}
     _NAME = "FlexAttentionBwd"
     _C = "bwd"
     _EXECUTE = "FlexAttentionBwd.execute"  # prefix of every execute() error
 
     @staticmethod
     def _descs(q, k, v, out, do, lse, dq, dk, dv, dlse):
-        names = FlexAttentionBwd._NAMES
+        names = ("q", "k", "v", "out", "do", "lse", "dq", "dk", "dv")
         required = tuple(_lib.TensorDesc(t, n) for t, n in zip((q, k, v, out, do, lse, dq, dk, dv), names))
         return required + (_lib.desc(dlse, "dlse"),)
 
@@ -693,7 +734,10 @@ class FlexAttentionBwd(_OpBase):
         args.softmax_scale = scale
         args.has_softmax_scale = has_scale
         stream = _raw_stream(current_stream, q.device, where)
-        _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, stream), where)
+        try:
+            _lib.check(_lib.on_device(q, self._launch, handle, args, ws_ptr, ws_bytes, stream), where)
+        except (TypeError, ValueError, NotImplementedError) as e:
+            raise _named(e, where, self._EXECUTE_NAMES) from None
         if current_stream is not None:
             _record_streams(tensors + (workspace,), current_stream, q.device)
 

@@ -286,20 +286,26 @@ class MaskPlan:
     def device(self) -> torch.device:
         return self._meta["device"]
 
-    # Expected shapes of the tensors of a call (host-only reuse checks).
+    # Expected shapes of the tensors of a call (host-only reuse checks). Methods, unlike the plan's other
+    # attributes (properties): call them, ``plan.q_shape()`` (kept as methods: earlier versions had them so).
     def q_shape(self) -> tuple[int, ...]:
+        """The shape q must have for this plan (a method, unlike the properties: ``plan.q_shape()``)."""
         return self._shapes["q"]
 
     def k_shape(self) -> tuple[int, ...]:
+        """The shape k must have for this plan (a method: ``plan.k_shape()``)."""
         return self._shapes["k"]
 
     def v_shape(self) -> tuple[int, ...]:
+        """The shape v must have for this plan (a method: ``plan.v_shape()``)."""
         return self._shapes["v"]
 
     def out_shape(self) -> tuple[int, ...]:
+        """The shape of the output for this plan (a method: ``plan.out_shape()``)."""
         return self._shapes["out"]
 
     def lse_shape(self) -> tuple[int, ...]:
+        """The shape of the LSE for this plan, ``[B, Hq, Sq]`` or ``[Hq, Tq]`` (a method: ``plan.lse_shape()``)."""
         return self._shapes["lse"]
 
     def check_compatible(
@@ -582,7 +588,9 @@ def create_mask_plan(
         cu_seqlens_q, cu_seqlens_k: int32 ``[B+1]`` (both for THD, neither for BSHD), prefix
             sums from 0 to the packed tensors' token counts ``Tq`` / ``Tk`` (ValueError
             otherwise: a token after the last sample would be a row no sample writes; the
-            same rule as SDPA's cu_seqlens, docs/SDPA.md); the plan copies them.
+            same rule as SDPA's cu_seqlens, docs/SDPA.md); the plan copies them. As SDPA,
+            also int64 (values must fit int32: ValueError otherwise) and a vector with unit
+            dimensions such as ``[1, B+1]``; other dtypes are a TypeError.
         max_seqlen_q, max_seqlen_k: THD maxima (computed from cu_seqlens when None,
             which reads them back from the device); ints (TypeError otherwise: a float
             is not truncated silently). For BSHD they may be given only when they equal
@@ -596,9 +604,12 @@ def create_mask_plan(
         build_backward: True / False / None (TypeError otherwise): build backward metadata;
             None means "autograd is enabled and any of q/k/v requires grad".
         arch: kernel family the plan is laid out for: 80 (portable mma.sync kernels, any
-            sm_80+ GPU), 90 (Hopper forward, sm_90 only), or None to let the library choose
-            (``FLASHSPAN_KERNEL_FAMILY``, README "Kernel family"; CPU plans are 80).
-            ``plan.arch`` tells which one a plan got.
+            sm_80+ GPU), 90 (the Hopper kernels' tiles: a CUDA plan with it runs on sm_90 GPUs
+            only), or None to let the library choose (``FLASHSPAN_KERNEL_FAMILY``, README
+            "Kernel family"; with None CPU plans are 80). On CPU tensors ``arch=90`` is taken:
+            the plan gets the sm90 layout (``plan.arch == 90``, its tiles) and runs on the CPU
+            backend, a way to inspect or test a Hopper plan without a GPU. ``plan.arch`` tells
+            which one a plan got.
 
     CUDA masks are planned on the current CUDA stream. Errors: ValueError (a rule is
     broken, message names it), TypeError (dtype/device), RuntimeError (CUDA failure).
@@ -640,6 +651,8 @@ def create_mask_plan(
         for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"create_mask_plan: {name} must be a torch.Tensor, got {type(t).__name__}")
+        cu_seqlens_q = _cu_seqlens_arg(cu_seqlens_q, "cu_seqlens_q")
+        cu_seqlens_k = _cu_seqlens_arg(cu_seqlens_k, "cu_seqlens_k")
         if max_seqlen_q is None:
             max_seqlen_q = _max_len(cu_seqlens_q, "cu_seqlens_q")
         if max_seqlen_k is None:
@@ -767,8 +780,32 @@ def _optional_int(name: str, value: Any) -> Optional[int]:
         raise TypeError(f"create_mask_plan: {name} must be an int or None, got {type(value).__name__} {value!r}") from None
 
 
+_INT32_MIN, _INT32_MAX = -(2**31), 2**31 - 1
+
+
+def _cu_seqlens_arg(cu: torch.Tensor, name: str) -> torch.Tensor:
+    """``cu`` (named ``name``) as the C layer takes cumulative lengths: int32, 1-D. Takes what SDPA's cumulative
+    lengths take (docs/SEED_API.md: a tensor valid in one front end is valid in the other): int32 or int64 (int64
+    values must fit int32, the plan's index type: ValueError naming the value otherwise; checking them reads a
+    CUDA tensor back to the host) and a vector given with unit dimensions, e.g. ``(1, B+1)`` or ``(B+1, 1, 1, 1)``
+    (at most one dimension above 1). Other dtypes are a TypeError, other shapes a ValueError (_max_len)."""
+    if cu.dtype not in (torch.int32, torch.int64):
+        raise TypeError(f"create_mask_plan: {name}: dtype must be int32 or int64, got {str(cu.dtype).replace('torch.', '')}")
+    if cu.dim() > 1 and sum(1 for n in cu.shape if n != 1) <= 1:
+        cu = cu.reshape(-1)
+    if cu.dtype == torch.int64:
+        if cu.numel():
+            lo, hi = (int(x) for x in torch.aminmax(cu))
+            if lo < _INT32_MIN or hi > _INT32_MAX:
+                raise ValueError(f"create_mask_plan: {name}: int64 values must fit int32 (the plan's index type, "
+                                 f"[-2**31, 2**31 - 1]), got {lo if lo < _INT32_MIN else hi}")
+        cu = cu.to(torch.int32)
+    return cu
+
+
 def _max_len(cu: torch.Tensor, name: str) -> int:
     """Longest sample of cumulative lengths ``cu`` (named ``name`` in errors); reads them back to the host."""
     if cu.dim() != 1 or cu.numel() < 2:
-        raise ValueError(f"create_mask_plan: {name} must be a 1-D tensor of B+1 >= 2 values, got shape {tuple(cu.shape)}")
+        raise ValueError(f"create_mask_plan: {name}: must be a 1-D tensor of B+1 >= 2 values (or a vector with unit "
+                         f"dimensions, e.g. (1, B+1)), got shape {tuple(cu.shape)}")
     return int((cu[1:] - cu[:-1]).max().item())

@@ -17,7 +17,7 @@ from torch import Tensor
 
 from . import _lib
 from . import _sdpa_lib as L
-from ._checks import _short_repr, check_flag, check_float32
+from ._checks import _short_repr, check_flag, check_float32, dense_grad
 from ._sdpa_lib import check_packed_end
 from .autograd import no_double_backward
 
@@ -460,6 +460,18 @@ def _max_len(lengths: Optional[Tensor], cu: Optional[Tensor], given: Optional[in
     raise ValueError(f"max_seq_len_{side}: a 3-D (T, H, D) tensor needs sequence lengths (cu_seq_len_{side})")
 
 
+def _dense_max_len(given, side: str, S: Optional[int]) -> None:
+    """max_seq_len_q / max_seq_len_kv given for a dense (B, H, S, D) side, where it has no use (it is S_max of packed
+    THD tensors): an int (TypeError otherwise, as on THD sides) equal to that side's S when it is known (ValueError
+    otherwise, as create_mask_plan's max_seqlen_q / max_seqlen_k for BSHD), never silently ignored."""
+    if given is None:
+        return
+    value = _int_arg(given, f"max_seq_len_{side}")
+    if S is not None and value != S:
+        raise ValueError(f"max_seq_len_{side}: must equal S_{side} = {S} of the dense (B, H, S, D) "
+                         f"{'q' if side == 'q' else 'k, v'} (it gives S_max of packed (T, H, D) tensors), got {value}")
+
+
 _RAGGED_NAMES = ("q", "k", "v", "o", "stats", "dO", "dQ", "dK", "dV", "gate", "dgate", "paged_attention_k_table",
                  "paged_attention_v_table")
 
@@ -513,6 +525,7 @@ class _Layout:
             if q.dim() != 4:
                 raise ValueError(f"q: must be 4-D (B, H_q, S_q, D_qk) or 3-D (T, H_q, D_qk), got shape {tuple(q.shape)}")
             self.B, self.Sq = q.shape[0], q.shape[2]
+            _dense_max_len(max_seq_len_q, "q", q.shape[2])
         if self.thd_kv:
             if cu_kv is None and "k" not in self.ragged_offsets:
                 raise ValueError("k: a 3-D (T, H, D) tensor is packed (THD): pass cu_seq_len_kv (token offsets), or "
@@ -520,6 +533,8 @@ class _Layout:
             self.Skv = _max_len(seq_len_kv, cu_kv, max_seq_len_kv, "kv")
         else:
             self.Skv = None
+            # (a paged container's dim 2 is its block size: only the type is checked there)
+            _dense_max_len(max_seq_len_kv, "kv", k.shape[2] if k.dim() == 4 and not paged else None)
 
     def bind_seq(self, call: _Call, slot: int, t: Optional[Tensor], name: str, thd: bool) -> None:
         """Binds a sequence tensor: 4-D as is, 3-D (T, H, D) as a ragged [B, H, S_max, D] descriptor."""
@@ -844,6 +859,8 @@ def _backward_full(key, given: tuple, kw: dict):
                   kw.pop("ragged_offsets"), kw.pop("max_seq_len_q"), kw.pop("max_seq_len_kv"), False)
     call = _Call("bwd")
     thd_stats = lay.thd_q and stats.dim() == 3 and stats.shape[-1] == 1 and stats.shape[0] == q.shape[0]
+    if lay.thd_q and isinstance(stats, Tensor):
+        _check_thd_stats(stats, q, lay)
     if lay.thd_q and not thd_stats:
         # Padded stats (B, H, S_q[, 1]) for packed Q (the seed's sdpa_bwd contract).
         stats = stats.reshape(stats.shape[0], stats.shape[1], stats.shape[2], 1) if stats.dim() == 3 else stats
@@ -872,6 +889,19 @@ def _backward_full(key, given: tuple, kw: dict):
     op = call.run()
     _remember(key, call, op, given, (q, k, v, o, dO, stats, dq, dk, dv), args)
     return dq, dk, dv
+
+
+def _check_thd_stats(stats: Tensor, q: Tensor, lay: _Layout) -> None:
+    """The backward's stats for packed (T, H, D) q: packed (T_q, H_q, 1), or padded (B, H_q, S_q, 1) / (B, H_q, S_q)
+    (S_q: the padded length, max_seq_len_q or the longest sample). ValueError naming both forms and the shape as
+    given otherwise (the C layer saw a 3-D one read as padded, reshaped to 4-D)."""
+    T, Hq = q.shape[0], q.shape[1]
+    shape = tuple(stats.shape)
+    if shape in ((T, Hq, 1), (lay.B, Hq, lay.Sq), (lay.B, Hq, lay.Sq, 1)):
+        return
+    raise ValueError(f"stats: with packed (T, H, D) q it must be the packed (T, H_q, 1) = ({T}, {Hq}, 1) or the "
+                     f"padded (B, H_q, S_q, 1) = ({lay.B}, {Hq}, {lay.Sq}, 1) (the forward's natural-log stats; "
+                     f"also (B, H_q, S_q)), got shape {shape}")
 
 
 def _scale_on_host(call: _Call) -> None:
@@ -906,6 +936,13 @@ def _warn_deprecated(use_causal_mask, use_causal_mask_bottom_right, sliding_wind
         if on:
             warnings.warn(f"{name} is deprecated (as in the seed): pass {_DEPRECATED[name]}", DeprecationWarning,
                           stacklevel=stacklevel)
+
+
+def _scale_not_differentiated(name: str, prefix: str = "") -> None:
+    """A scale tensor that requires grad: the scale is not differentiated (cuDNN's attn_scale is a non-differentiable
+    input), so its .grad would stay None silently. ValueError naming it instead."""
+    raise ValueError(f"{prefix}{name}: the scale is not differentiated (it gets no gradient, as cuDNN's attn_scale): pass "
+                     f"{name}.detach() or a float, got a tensor with requires_grad=True")
 
 
 def _check_unsupported(implementation, compute_data_type) -> None:
@@ -954,7 +991,7 @@ class _SdpaFunction(torch.autograd.Function):
                  if sink_token is not None and need[4] else None)
         dgate = torch.empty_like(gate) if gate is not None and need[5] else None
         kw.update(bias=bias, sink_token=sink_token, gate=gate, dBias=dbias, dSink_token=dsink, dgate=dgate)
-        dq, dk, dv = _backward(q, k, v, o, do.contiguous() if do.stride(-1) != 1 else do, stats, **kw)
+        dq, dk, dv = _backward(q, k, v, o, dense_grad(do), stats, **kw)
         if dsink is not None:
             dsink = dsink.to(sink_token.dtype).reshape(sink_token.shape)
         dq, dk, dv, dbias, dsink, dgate = no_double_backward("sdpa", (q, k, v, bias, sink_token, gate),
@@ -1022,7 +1059,8 @@ def sdpa(
             with ``cu_seq_len_q`` / ``cu_seq_len_kv`` (then ``use_padding_mask=True``). With page tables, k / v are
             containers ``(num_blocks, H, block_size, D)`` (block_size a power of two). fp16 / bf16 (CPU tensors
             also float32 / float64). H_k and H_v divide H_q; head dims multiples of 8 up to 256.
-        attn_scale: float or 1-element fp32 tensor; None means 1 (no scaling), as in the seed.
+        attn_scale: float or 1-element fp32 tensor; None means 1 (no scaling), as in the seed. Not differentiated
+            (as cuDNN's): a tensor that requires grad is a ValueError (pass ``attn_scale.detach()``).
         bias: additive, ``(1|B, 1|H_q, 1|S_q, 1|S_kv)``, dtype of q or fp32; differentiable.
         block_mask: uint8 ``(1|B, 1|H_q, ceil(S_q/128), ceil(ceil(S_kv/128)/8))``; bit ``kb % 8`` of byte ``kb // 8``
             set = the 128x128 tile (query block, key block kb) is computed.
@@ -1056,7 +1094,8 @@ def sdpa(
         softcap: ``x -> softcap * tanh(x / softcap)`` after scaling.
         gate: ``O * sigmoid(gate)``, shape of O; differentiable.
         ragged_offsets: ``{"q": token offsets (B+1,), ...}`` for partially packed THD tensors.
-        max_seq_len_q, max_seq_len_kv: S_max of THD tensors (else read from the lengths: one host sync).
+        max_seq_len_q, max_seq_len_kv: S_max of THD tensors (else read from the lengths: one host sync); ints. On a
+            dense side they may be given only equal to its S (TypeError for another type, ValueError otherwise).
         use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, is_inference: the seed's deprecated
             spellings (its set_causal_mask, set_causal_mask_bottom_right, set_sliding_window_length and
             set_is_inference), still honoured, each with a DeprecationWarning naming what to pass instead:
@@ -1067,6 +1106,9 @@ def sdpa(
 
     Returns:
         ``(o, stats)``; ``stats`` is None unless generate_stats. ``o`` has q's layout (THD: packed ``(T, H_q, D_v)``).
+        ``o`` is differentiable; ``stats`` (like score_max, score_sum_exp and max_logit) carries no gradient: it is
+        marked non-differentiable (cuDNN's stats are an output the backward consumes), so a loss term on it is
+        silently dropped. For a differentiable LSE use :func:`flashspan.flex_attn_func` with ``return_lse=True``.
 
     Raises:
         ValueError / TypeError naming the argument and the rule (docs/SDPA.md lists them; docs/ERRORS.md gives the
@@ -1084,6 +1126,11 @@ def sdpa(
     default since their GPU tests passed on an H200; ``FLASHSPAN_SDPA_FEATURE_PAIRS=0`` refuses them). What the
     GPU kernels do not run raises NotImplementedError naming it. (The flex route, ``FLASHSPAN_SDPA_ROUTE=flex``, was
     retired: for flex attention with a mask that is not arithmetic, call ``flashspan.flex_attn_func``.)
+
+    torch.compile: this function runs eagerly (ctypes calls, host-side caches behind a lock) and is not traced;
+    under ``torch.compile(fullgraph=True)`` Dynamo stops at it (an "unsupported context manager" error). Compiled
+    models call :func:`flashspan.sdpa_torch` (the custom ops ``torch.ops.flashspan.sdpa_fwd`` / ``sdpa_bwd``, which
+    torch.compile traces, backward included).
 
     Example::
 
@@ -1111,6 +1158,8 @@ def sdpa(
         if generate_stats is None:
             generate_stats = not is_inference
     grad_enabled = torch.is_grad_enabled()
+    if grad_enabled and isinstance(attn_scale, Tensor) and attn_scale.requires_grad:
+        _scale_not_differentiated("attn_scale")
     needs_grad = grad_enabled and True in [isinstance(t, Tensor) and t.requires_grad
                                            for t in (q, k, v, bias, sink_token, gate)]
     if not needs_grad:
@@ -1221,6 +1270,8 @@ def sdpa_backward(
         use_causal_mask = check_flag("use_causal_mask", use_causal_mask)
         use_causal_mask_bottom_right = check_flag("use_causal_mask_bottom_right", use_causal_mask_bottom_right)
         _warn_deprecated(use_causal_mask, use_causal_mask_bottom_right, sliding_window_length, None)
+    if isinstance(dO, Tensor) and dO.numel() == 0:
+        dO = dense_grad(dO)  # an empty output's dO (any strides: it has no element), e.g. autograd's expanded one
     return _backward(
         q, k, v, o, dO, stats, attn_scale=attn_scale, bias=bias, dBias=dBias, use_alibi_mask=use_alibi_mask,
         use_padding_mask=use_padding_mask, seq_len_q=seq_len_q, seq_len_kv=seq_len_kv, cu_seq_len_q=cu_seq_len_q,

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor
 
 from . import _sdpa_lib as L
-from ._checks import check_flag, check_float32
+from ._checks import check_flag, check_float32, dense_grad
 from .sdpa import TOP_LEFT, _apply_common, _Call, _check_unsupported, _Layout, _like_layout, _warn_deprecated
 
 __all__ = ["sdpa_fp8", "sdpa_fp8_backward", "FP8_DTYPES"]
@@ -275,9 +275,11 @@ def sdpa_fp8_backward(
         use_causal_mask: top-left causal mask; must match the forward.
         compute_data_type, name: accepted for parity.
         grad_dtype: FP8 dtype of dQ, dK, dV (default dO's).
-        use_deterministic_algorithm: honoured on CUDA tensors: dQ from the ordered (deterministic) dQ kernel of the
-            sm80 backward instead of fp32 atomics, so the same call gives bitwise the same dQ, dK, dV and amaxes;
-            accepted on CPU tensors, where it has no effect (the CPU reference is deterministic).
+        use_deterministic_algorithm: honoured on CUDA tensors, so the same call gives bitwise the same dQ, dK, dV
+            and amaxes: on the sm90 kernel (H100 / H200) dQ's tile additions in a fixed order (a counter per dQ tile,
+            the sm90 backward's deterministic mode), on the sm80 kernels dQ from their ordered (deterministic) dQ
+            kernel instead of fp32 atomics; accepted on CPU
+            tensors, where it has no effect (the CPU reference is deterministic).
 
     Returns:
         ``(dQ, dK, dV, amax_dQ, amax_dK, amax_dV, amax_dP)``: gradients of ``grad_dtype`` in q / k / v's layouts and
@@ -286,16 +288,18 @@ def sdpa_fp8_backward(
     Raises:
         TypeError / ValueError as :func:`sdpa_fp8` (this function has no padding-mask, length or dropout parameters:
         passing one is Python's TypeError; a packed (THD) tensor is a ValueError). NotImplementedError on CUDA
-        tensors, where the backward runs on the sm80 kernels (the sm80 backward with the FP8 graph's roundings, every GPU
-        from sm_80 whose shared memory holds the tile: head dims above 64 need an A100 / H100 class GPU, not sm_86 /
-        sm_89; on by default since its GPU tests passed on an H200; about 0.22x our bf16 backward's speed on an H200:
-        docs/SDPA.md "The FP8 backward on the sm80 kernels"): it raises with ``FLASHSPAN_SDPA_FP8_BWD=0`` (read when
-        an operation is first checked: set it before the first call of a given signature), for head dims that are
-        not multiples of 16 up to 128, and for H_k != H_v with ``FLASHSPAN_SDPA_FP8_HK_NE_HV=0`` (by default the
-        sm80 kernels' two dK / dV passes, or the sm90 kernel's items; its GPU tests passed on an H100). CUDA FP8
-        forwards (which give o and stats) run on an H100 / H200 (the sm90 kernel) or on every GPU from sm_80 (the sm80
-        kernels, unless ``FLASHSPAN_SDPA_FP8_SM80=0``; :func:`sdpa_fp8`). CPU tensors run every call on the CPU
-        reference.
+        tensors for what the FP8 backward does not run: with ``FLASHSPAN_SDPA_FP8_BWD=0`` (read when an operation is
+        first checked: set it before the first call of a given signature), for head dims that are not multiples of
+        16 up to 128, and for H_k != H_v with ``FLASHSPAN_SDPA_FP8_HK_NE_HV=0``.
+
+    Where it runs: CPU tensors run every call on the CPU reference. CUDA tensors run the FP8 backward by default
+    (since its GPU tests passed on an H200): on an H100 / H200 on the sm90 backward kernel (docs/SDPA.md "The FP8
+    backward on the sm90 kernel"; about 0.6-0.9x our bf16 backward's speed on an H200), for every call the rule
+    above takes except H_k != H_v whose query-head groups do not divide one another; ``FLASHSPAN_SM90_SDPA_FP8_BWD=0``
+    leaves them to the sm80 kernels. Every other GPU from sm_80 (and those calls) runs the sm80 kernels (docs/SDPA.md
+    "The FP8 backward on the sm80 kernels"; head dims above 64 need the shared memory of an A100 / H100 class GPU,
+    not sm_86 / sm_89). CUDA FP8 forwards (which give o and stats) run on an H100 / H200 (the sm90 kernel) or on
+    every GPU from sm_80 (the sm80 kernels, unless ``FLASHSPAN_SDPA_FP8_SM80=0``; :func:`sdpa_fp8`).
     """
     del name
     _check_unsupported(None, compute_data_type)
@@ -306,6 +310,8 @@ def sdpa_fp8_backward(
         if t.dim() != 4:
             raise ValueError(f"{n}: must be 4-D (B, H, S, D), got shape {tuple(t.shape)}: the FP8 backward takes no "
                              f"packed (THD) layout (the seed's sdpa_fp8_backward has no padding mask)")
+    if dO.numel() == 0:
+        dO = dense_grad(dO)  # an empty output's dO (any strides: it has no element)
     grad_dtype = _check_fp8_dtype(dO.dtype if grad_dtype is None else grad_dtype, "grad_dtype")
     dev = q.device
     lay = _Layout(q, k, v, None, None, None, None, None, None, None, False)

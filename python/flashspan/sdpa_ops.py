@@ -4,16 +4,17 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import re
 from typing import Optional
 
 import torch
 from torch import Tensor
 
-from ._checks import check_flag
+from ._checks import _short_repr, check_flag, dense_grad
 from .autograd import no_double_backward
 from .sdpa import (_FAST, _FAST_CAPACITY, BOTTOM_RIGHT, TOP_LEFT, _backward_kw, _fast_key, _forward_kw,
-                   _like_layout, _route)
+                   _like_layout, _route, _scale_not_differentiated)
 
 __all__ = ["sdpa_torch"]
 
@@ -277,8 +278,7 @@ def _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, 
             if lse.dim() == 3:
                 lse = lse.unsqueeze(-1)
             dsink = None if sinks is None else _dsink(sinks, q)
-            if grad_out.stride(-1) != 1:
-                grad_out = grad_out.contiguous()
+            grad_out = dense_grad(grad_out)
             kw = {"seq_len_q": seq_len_q, "seq_len_kv": seq_len_kv,
                   "sink_token": None if sinks is None else _sink_logits(sinks, q), "dSink_token": dsink}
             with _op_names(op, False):
@@ -293,8 +293,7 @@ def _bwd(grad_out, q, k, v, o, lse, attn_scale, is_causal, causal_bottom_right, 
     if not thd and lse.dim() == 3:
         lse = lse.unsqueeze(-1)  # (B, H, S) -> (B, H, S, 1)
     dsink = _dsink(sinks, q)
-    if grad_out.stride(-1) != 1:
-        grad_out = grad_out.contiguous()
+    grad_out = dense_grad(grad_out)  # autograd's expanded (stride-0) grad_out, an empty one included
     kw.update(dBias=None, dSink_token=dsink, dgate=None, use_deterministic_algorithm=is_deterministic)
     given = (q, k, v, o, grad_out, lse, None, None, None)
     with _op_names(op, thd):
@@ -495,14 +494,17 @@ def sdpa_torch(
 
     Dense tensors are BHSD ``(B, H, S, D)`` (any strides); varlen tensors are packed ``(T, H, D)`` with
     ``cu_seqlens_q/kv`` (``(B+1,)`` int32 prefix sums) and ``max_seqlen_q/kv``. ``scale`` defaults to
-    ``1/sqrt(D_qk)``. ``window_left`` counts visible tokens including self (FlashAttention's ``(w, 0)`` is
+    ``1/sqrt(D_qk)``; it is not differentiated (a tensor that requires grad is a ValueError). ``window_left`` counts visible tokens including self (FlashAttention's ``(w, 0)`` is
     ``window_left=w+1``); ``window_right`` is the last visible column past the diagonal (0 = causal, and it
     may not be > 0 together with ``is_causal``). ``sinks``: ``(H_q,)`` per-head sink logits, differentiable.
     ``seq_len_q/kv``: ``(B,)`` per-sample lengths of a padded dense batch.
 
     Returns ``o`` (q's layout; THD packed ``(T, H_q, D_v)``), or ``(o, lse)`` with ``return_lse=True``
-    (fp32 ``(B, H_q, S_q, 1)``; THD ``(T, H_q, 1)``). Differentiable with or without ``return_lse`` (the stats
-    are computed whenever an input requires grad). CPU tensors may also be float32 / float64.
+    (fp32 ``(B, H_q, S_q, 1)``; THD ``(T, H_q, 1)``). ``o`` is differentiable (query, key, value and sinks get
+    gradients) with or without ``return_lse``: the stats are computed whenever an input requires grad. ``lse``
+    itself carries no gradient (it is marked non-differentiable, as cuDNN's stats): a loss term on it is silently
+    dropped (with a term on ``o`` too) or leaves nothing to differentiate (alone); for a differentiable LSE use
+    :func:`flashspan.flex_attn_func` with ``return_lse=True``. CPU tensors may also be float32 / float64.
 
     Example::
 
@@ -515,6 +517,14 @@ def sdpa_torch(
         is_causal = check_flag("is_causal", is_causal, "sdpa_torch")
         causal_bottom_right = check_flag("causal_bottom_right", causal_bottom_right, "sdpa_torch")
         return_lse = check_flag("return_lse", return_lse, "sdpa_torch")
+    if scale is not None and scale.__class__ is not float and (
+            isinstance(scale, bool) or not isinstance(scale, (numbers.Real, Tensor))):
+        # The op's schema would refuse a string with torch's RuntimeError (and take True as 1.0): a scale that is not
+        # a finite number is a ValueError naming it, as flashspan.sdpa's attn_scale and flex's softmax_scale.
+        raise ValueError(f"sdpa_torch: scale: must be a finite float or None, got {type(scale).__name__} "
+                         f"{_short_repr(scale)}")
+    if scale.__class__ is not float and isinstance(scale, Tensor) and scale.requires_grad and torch.is_grad_enabled():
+        _scale_not_differentiated("scale", "sdpa_torch: ")
     attn_scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
     # Autograd needs the forward's stats: ask for them whenever a gradient can flow (the seed's wrapper
     # leaves that to the caller and its backward then fails), and return them only when requested.

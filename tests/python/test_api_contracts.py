@@ -149,8 +149,8 @@ def test_thd_errors(fs):
     bad = dict(kw, cu_seqlens_q=torch.tensor([0, 6, 4], dtype=torch.int32))
     with pytest.raises(ValueError, match="cu_seqlens_q: must be nondecreasing"):
         fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **bad)
-    bad = dict(kw, cu_seqlens_q=kw["cu_seqlens_q"].long())
-    with pytest.raises(TypeError, match="cu_seqlens_q: dtype must be int32"):
+    bad = dict(kw, cu_seqlens_q=kw["cu_seqlens_q"].to(torch.int16))  # int64 is taken, as SDPA takes it
+    with pytest.raises(TypeError, match="cu_seqlens_q: dtype must be int32 or int64, got int16"):
         fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **bad)
     bad = dict(kw, max_seqlen_q=3)
     with pytest.raises(ValueError, match="longer than max_seqlen_q"):
@@ -211,8 +211,9 @@ def test_cu_seqlens_shape_error_names_the_tensor(fs, which):
     kw = p.plan_kwargs()
     kw.pop("max_seqlen_q", None)
     kw.pop("max_seqlen_k", None)
-    kw[which] = kw[which].view(1, -1)  # 2-D
-    with pytest.raises(ValueError, match=rf"^create_mask_plan: {which} must be a 1-D tensor of B\+1 >= 2 values, got shape \(1, 3\)"):
+    kw[which] = torch.stack([kw[which], kw[which]])  # 2-D, not a vector ((1, B+1) is taken, as SDPA takes it)
+    with pytest.raises(ValueError, match=rf"^create_mask_plan: {which}: must be a 1-D tensor of B\+1 >= 2 values "
+                                         rf"\(or a vector with unit dimensions, e.g. \(1, B\+1\)\), got shape \(2, 3\)"):
         fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **kw)
 
 

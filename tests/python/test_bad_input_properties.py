@@ -170,7 +170,9 @@ def test_execute_with_one_broken_tensor(fs, which, kind):
     fwd.compile()
     args = dict(q=q, k=k, v=v, out=out, lse=lse)
     args[which] = _break(which, kind, args[which])
-    with pytest.raises((ValueError, TypeError), match=r"^FlexAttentionFwd\.execute: (" + which + r"|q_tensor)"):
+    # execute()'s parameter names: q_tensor, ..., o_tensor, lse_tensor
+    name = {"out": "o_tensor"}.get(which, which + "_tensor")
+    with pytest.raises((ValueError, TypeError), match=r"^FlexAttentionFwd\.execute: (" + name + r"|q_tensor)"):
         fwd.execute(args["q"], args["k"], args["v"], args["out"], plan, args["lse"])
     # The object still works after the rejected call.
     fwd.execute(q, k, v, out, plan, lse)

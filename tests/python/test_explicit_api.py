@@ -70,20 +70,20 @@ def test_execute_descriptor_mismatch(fs):
         fwd.execute(p.q, p.k, p.v, out, plan, lse)
     fwd.check_support()
     fwd.compile()
-    with pytest.raises(ValueError, match="lse: is required"):
+    with pytest.raises(ValueError, match="lse_tensor: is required"):
         fwd.execute(p.q, p.k, p.v, out, plan, None)
-    with pytest.raises(ValueError, match="max_logit: was not given at construction"):
+    with pytest.raises(ValueError, match="max_logit_tensor: was not given at construction"):
         fwd.execute(p.q, p.k, p.v, out, plan, lse, max_logit_tensor=ml)
     qt = p.q.transpose(0, 1).contiguous().transpose(0, 1)  # same shape, other strides
-    with pytest.raises(ValueError, match=r"q: strides \(\d+, \d+, \d+, 1\) differ from the compiled .* \(same shape"):
+    with pytest.raises(ValueError, match=r"q_tensor: strides \(\d+, \d+, \d+, 1\) differ from the compiled .* \(same shape"):
         fwd.execute(qt, p.k, p.v, out, plan, lse)
-    with pytest.raises(ValueError, match="out: dtype"):
+    with pytest.raises(ValueError, match="o_tensor: dtype"):
         fwd.execute(p.q, p.k, p.v, out.half(), plan, lse)
     other = make_problem(5, batch=2, seqlen_q=16, seqlen_k=16, hq=2, hkv=1)
     plan_other = fs.create_mask_plan(other.mask_func, other.q, other.k, other.v)
-    with pytest.raises(ValueError, match="plan: geometry .* differs"):
+    with pytest.raises(ValueError, match="mask_plan: geometry .* differs"):
         fwd.execute(p.q, p.k, p.v, out, plan_other, lse)
-    with pytest.raises(TypeError, match="plan must be a flashspan.MaskPlan"):
+    with pytest.raises(TypeError, match="mask_plan: must be a flashspan.MaskPlan"):
         fwd.execute(p.q, p.k, p.v, out, None, lse)
     with pytest.raises(TypeError, match="workspace must be a torch.Tensor"):
         fwd.execute(p.q, p.k, p.v, out, plan, lse, workspace="ws")
@@ -100,21 +100,21 @@ def test_execute_errors_name_the_call(fs):
     other = make_problem(5, batch=2, seqlen_q=16, seqlen_k=16, hq=2, hkv=1)
     plan_other = fs.create_mask_plan(other.mask_func, other.q, other.k, other.v, build_backward=True)
     pre = r"^FlexAttentionFwd\.execute: "
-    with pytest.raises(ValueError, match=pre + r"plan: geometry .* differs"):  # from the C layer
+    with pytest.raises(ValueError, match=pre + r"mask_plan: geometry .* differs"):  # from the C layer
         fwd.execute(p.q, p.k, p.v, out, plan_other, lse)
-    with pytest.raises(ValueError, match=pre + r"q: shape \(2, 8, 2, \d+\) differs from the compiled \(2, 16, 2, \d+\)"):
+    with pytest.raises(ValueError, match=pre + r"q_tensor: shape \(2, 8, 2, \d+\) differs from the compiled \(2, 16, 2, \d+\)"):
         fwd.execute(p.q[:, :8], p.k, p.v, out, plan, lse)
-    with pytest.raises(ValueError, match=pre + r"out: dtype"):
+    with pytest.raises(ValueError, match=pre + r"o_tensor: dtype"):
         fwd.execute(p.q, p.k, p.v, out.half(), plan, lse)
-    with pytest.raises(ValueError, match=pre + r"lse: is required"):
+    with pytest.raises(ValueError, match=pre + r"lse_tensor: is required"):
         fwd.execute(p.q, p.k, p.v, out, plan, None)
-    with pytest.raises(TypeError, match=pre + r"plan must be a flashspan.MaskPlan"):
+    with pytest.raises(TypeError, match=pre + r"mask_plan: must be a flashspan.MaskPlan"):
         fwd.execute(p.q, p.k, p.v, out, None, lse)
     with pytest.raises(TypeError, match=pre + r"workspace must be a torch.Tensor"):
         fwd.execute(p.q, p.k, p.v, out, plan, lse, workspace=[0])
     with pytest.raises(ValueError, match=pre + r"softmax_scale: must be a finite number"):
         fwd.execute(p.q, p.k, p.v, out, plan, lse, softmax_scale=float("nan"))
-    with pytest.raises(TypeError, match=pre + r"q_tensor must be a torch.Tensor"):
+    with pytest.raises(TypeError, match=pre + r"q_tensor: must be a torch.Tensor"):
         fwd.execute(None, p.k, p.v, out, plan, lse)
     fwd.execute(p.q, p.k, p.v, out, plan, lse)
 
@@ -124,11 +124,11 @@ def test_execute_errors_name_the_call(fs):
     bwd.compile()
     ws = torch.empty(bwd.workspace_size, dtype=torch.uint8)
     pre = r"^FlexAttentionBwd\.execute: "
-    with pytest.raises(ValueError, match=pre + r"plan: geometry .* differs"):  # from the C layer
+    with pytest.raises(ValueError, match=pre + r"mask_plan: geometry .* differs"):  # from the C layer
         bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, plan_other, workspace=ws)
-    with pytest.raises(ValueError, match=pre + r"dk: dtype"):
+    with pytest.raises(ValueError, match=pre + r"dk_tensor: dtype"):
         bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk.double(), dv, plan, workspace=ws)
-    with pytest.raises(TypeError, match=pre + r"plan must be a flashspan.MaskPlan"):
+    with pytest.raises(TypeError, match=pre + r"mask_plan: must be a flashspan.MaskPlan"):
         bwd.execute(p.q, p.k, p.v, out, do, lse, dq, dk, dv, "plan", workspace=ws)
     plan_closed = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=True)
     plan_closed.close()
@@ -147,11 +147,11 @@ def test_constructor_checks(fs):
     p = make_problem(6, batch=2, seqlen_q=16, seqlen_k=16, hq=2, hkv=2)
     plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, build_backward=False)
     out, lse, ml = _buffers(p, plan)
-    with pytest.raises(ValueError, match="out: "):
+    with pytest.raises(ValueError, match="sample_o: "):
         fs.FlexAttentionFwd(p.q, p.k, p.v, out[:, :8], plan, lse)
-    with pytest.raises(TypeError, match="lse: dtype must be float32"):
+    with pytest.raises(TypeError, match="sample_lse: dtype must be float32"):
         fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse.half())
-    with pytest.raises(ValueError, match="max_logit: "):
+    with pytest.raises(ValueError, match="sample_max_logit: "):
         fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse, sample_max_logit=ml[:1])
     with pytest.raises(ValueError, match="softmax_scale: must be non-negative"), pytest.warns(DeprecationWarning):
         fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse, sample_max_logit=ml, softmax_scale=-1.0)

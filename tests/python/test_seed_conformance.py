@@ -251,9 +251,9 @@ def test_explicit_api_dtype_and_device_mismatch_is_value_error(fs):
     p, plan, out, lse = _explicit(fs, 8)
     fwd = fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse)
     fwd.compile()
-    with pytest.raises(ValueError, match=r"^FlexAttentionFwd.execute: q: dtype torch.float64 differs"):
+    with pytest.raises(ValueError, match=r"^FlexAttentionFwd.execute: q_tensor: dtype torch.float64 differs"):
         fwd.execute(p.q.double(), p.k, p.v, out, plan, lse)
-    with pytest.raises(ValueError, match=r"^FlexAttentionFwd.execute: lse: device meta differs"):
+    with pytest.raises(ValueError, match=r"^FlexAttentionFwd.execute: lse_tensor: device meta differs"):
         fwd.execute(p.q, p.k, p.v, out, plan, lse.to("meta"))
 
 
