@@ -239,13 +239,12 @@ cpp_suite() {
   #    Python FP8 GPU tests' device attn_scale runs it in the default environment), packed (THD) tensors on the sm90
   #    forward and backward (FLASHSPAN_SM90_SDPA_THD; SdpaGpu.Sm90ForwardThdSanitizerSmall,
   #    Sm90BackwardThdSanitizerSmall: set_sdpa_sm90_thd_enabled(1)), packed (THD) tensors on the sm80 FP8 forward
-  #    (FLASHSPAN_SDPA_FP8_THD; test_sdpa_fp8_gpu.py::test_gpu_fp8_forward_thd_experimental's odd seeds run it with only
-  #    FLASHSPAN_SM90_SDPA_FP8=0 set). The eight-code FP8 widening and the sm90 FP8 backward's
+  #    (FLASHSPAN_SDPA_FP8_THD; test_sdpa_fp8_gpu.py::test_gpu_fp8_forward_thd's odd seeds run it with only
+  #    FLASHSPAN_SM90_SDPA_FP8=0 set) and on the sm90 FP8 forward (FLASHSPAN_SM90_SDPA_FP8_THD, its own switch;
+  #    SdpaFp8Gpu.Sm90ForwardThdSanitizerSmall: set_sdpa_fp8_sm90_thd_enabled(1)). The eight-code FP8 widening and the sm90 FP8 backward's
   #    own dK / dV stores are on by default too: their off paths run in SdpaFp8Gpu.WidenTwoCodes and
   #    Fp8BackwardSm90StorePass* (set_fp8_widen_vec_enabled(0), set_sdpa_fp8_bwd_sm90_store_enabled(0)).
-  #    Experimental (FLASHSPAN_EXPERIMENTAL=1, not set here), forced by their tests: packed (THD) tensors on the sm90 FP8
-  #    forward (its own switch; SdpaFp8Gpu.Sm90ForwardThdSanitizerSmall: set_sdpa_fp8_sm90_thd_enabled(1)), paged K/V on
-  #    the sm90 forward (SdpaPagedGpu.Sm90PagedSanitizerSmall, Sm90PagedBadEntryIsNaN: set_sdpa_sm90_paged_enabled(1)).
+  #    Experimental (FLASHSPAN_EXPERIMENTAL=1, not set here), forced by their tests: paged K/V on the sm90 forward (SdpaPagedGpu.Sm90PagedSanitizerSmall, Sm90PagedBadEntryIsNaN: set_sdpa_sm90_paged_enabled(1)).
   if [ "${GPU_CHECK_NO_SANITIZER:-0}" = 1 ]; then
     waive "memcheck + racecheck + synccheck" "GPU_CHECK_NO_SANITIZER=1"
   elif command -v compute-sanitizer >/dev/null; then

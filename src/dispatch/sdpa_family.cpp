@@ -100,7 +100,7 @@ Switch g_sdpa_fp8_hk_ne_hv{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_HK_NE_H
 // FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE=0 (read by each check_support) refuses a device attn_scale in FP8 calls again.
 Switch g_sdpa_fp8_device_attn_scale{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_DEVICE_ATTN_SCALE"); }};
 // Packed (THD) tensors in the sm80 FP8 forward (fp8_fwd_refusal), since its GPU tests passed on an H200, 2026-12-05
-// (test_sdpa_fp8_gpu.py::test_gpu_fp8_forward_thd_experimental); FLASHSPAN_SDPA_FP8_THD=0 (read by each
+// (test_sdpa_fp8_gpu.py::test_gpu_fp8_forward_thd); FLASHSPAN_SDPA_FP8_THD=0 (read by each
 // check_support) refuses them on the sm80 FP8 forward again.
 Switch g_sdpa_fp8_thd{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_THD"); }};
 // Packed (THD) tensors in the 16-bit sm90 forward and the sm90 backward (sm90_refusal), by default since 2026-12-05
@@ -109,8 +109,11 @@ Switch g_sdpa_fp8_thd{[] { return !env_flag_off("FLASHSPAN_SDPA_FP8_THD"); }};
 // FLASHSPAN_EXPERIMENTAL (its switch before) no longer changes it.
 Switch g_sdpa_sm90_thd{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_THD"); }};
 // Packed (THD) tensors in the sm90 FP8 forward (sdpa_fp8_fwd_sm90_refusal): its own switch, apart from the 16-bit
-// one's (FLASHSPAN_SM90_SDPA_THD does not change it); experimental (FLASHSPAN_EXPERIMENTAL=1).
-Switch g_sdpa_fp8_sm90_thd{experimental_from_env};
+// one's (FLASHSPAN_SM90_SDPA_THD does not change it), by default since 2026-12-05 (its GPU tests passed on an H200:
+// SdpaFp8Gpu.Sm90ForwardThdExperimental, Sm90ForwardThdSanitizerSmall under memcheck and synccheck,
+// test_sdpa_fp8_gpu.py's THD test); FLASHSPAN_SM90_SDPA_FP8_THD=0 (read per call) leaves packed FP8 forwards to the
+// sm80 FP8 forward.
+Switch g_sdpa_fp8_sm90_thd{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8_THD"); }};
 // Paged K/V caches on the 16-bit sm90 forward (sdpa_fwd_sm90_paged_refusal; kernel_fwd_sm90.cuh
 // sdpa_fwd_paged_kernel_sm90): experimental, not yet run on a GPU.
 Switch g_sdpa_sm90_paged{experimental_from_env};
@@ -361,14 +364,14 @@ bool sdpa_fp8_bwd_runs_sm90(const sdpa::Problem& p) {
 // outside the seed's FP8 subset.
 namespace {
 // What both FP8 forwards take besides their head dims (dims_ok; `dims`: the refusal's words otherwise) and packed
-// (THD) tensors (ragged_ok; `ragged_off`: the refusal's words otherwise, nullptr the sm90 one's: the sm80 one takes
-// them unless FLASHSPAN_SDPA_FP8_THD=0, sdpa_fp8_thd_enabled; the sm90 one with sdpa_fp8_sm90_thd_enabled, on with
-// FLASHSPAN_EXPERIMENTAL=1): padded q, k, v, o, the causal and padding
+// (THD) tensors (ragged_ok; `ragged_off`: the refusal's words otherwise: the sm80 one takes them unless
+// FLASHSPAN_SDPA_FP8_THD=0, sdpa_fp8_thd_enabled; the sm90 one unless FLASHSPAN_SM90_SDPA_FP8_THD=0,
+// sdpa_fp8_sm90_thd_enabled): padded q, k, v, o, the causal and padding
 // masks, the statistics outputs; MHA / GQA / MQA, H_k != H_v too (V addressed by h / group_v: the sm90 one's V^T
 // workspace has H_v heads, the sm80 one's bf16 copy of V too; unless FLASHSPAN_SDPA_FP8_HK_NE_HV=0:
 // sdpa_fp8_hk_ne_hv_enabled).
 const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* dims, bool ragged_ok,
-                            const char* ragged_off = nullptr) {
+                            const char* ragged_off) {
   using namespace sdpa;
   if (!p.fp8) return "q (not an FP8 call)";
   if (p.a.backward) return "the FP8 backward";
@@ -376,11 +379,7 @@ const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* di
   if (p.Hk != p.Hv && !sdpa_fp8_hk_ne_hv_enabled()) return kFp8HkNeHvOff;
   for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
                 FS_SDPA_RAGGED_OFFSET_STATS}) {
-    if (p.has(s) && !ragged_ok) {
-      if (ragged_off != nullptr) return ragged_off;
-      return "ragged (packed THD) q, k, v, o or stats (the FP8 forwards take them with FLASHSPAN_EXPERIMENTAL=1; not "
-             "yet run on a GPU)";
-    }
+    if (p.has(s) && !ragged_ok) return ragged_off;
   }
   for (int s = 0; s < kNumSlots; ++s) {
     switch (s) {
@@ -410,7 +409,8 @@ const char* fp8_fwd_refusal(const sdpa::Problem& p, bool dims_ok, const char* di
 const char* sdpa_fp8_fwd_sm90_refusal(const sdpa::Problem& p) {
   const char* r =
       fp8_fwd_refusal(p, sm90::sdpa_fp8_fwd_runs_head_dims_sm90(static_cast<int>(p.Dqk), static_cast<int>(p.Dv)),
-                      "head dims (multiples of 16 up to 128)", sdpa_fp8_sm90_thd_enabled());
+                      "head dims (multiples of 16 up to 128)", sdpa_fp8_sm90_thd_enabled(),
+                      "ragged (packed THD) q, k, v, o or stats (FLASHSPAN_SM90_SDPA_FP8_THD=0)");
   if (r != nullptr) return r;
   for (int s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V}) {
     if (p.ragged(s) && p.ragged_multiplier(s) % 16 != 0) {

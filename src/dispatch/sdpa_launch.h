@@ -51,7 +51,7 @@ size_t sdpa_fwd_workspace_size(const sdpa::Problem& p);
 size_t sdpa_bwd_workspace_size(const sdpa::Problem& p);
 
 // The sm90 forward's per-sample tensor maps of packed (THD) q, k or v (sdpa_sm90_thd_enabled, default on; the FP8 one's
-// sdpa_fp8_sm90_thd_enabled, experimental; kernels/sm90/sample_maps_sm90.h): their part of the forward's workspace
+// sdpa_fp8_sm90_thd_enabled, default on; kernels/sm90/sample_maps_sm90.h): their part of the forward's workspace
 // (sm90::sample_maps_bytes(B, 3), and 128 bytes more so that the maps start 128-byte aligned in any workspace) for
 // every call the sm90 forward may take packed (sdpa_fwd_sm90_may_take_packed: a 16-bit CUDA forward, not paged, with
 // packed q, k or v, on an sm_90 device with this build's sm_90a code; an FP8 forward with packed q or k that the sm80
@@ -247,16 +247,16 @@ void set_sdpa_fp8_thd_enabled(int on);
 // FLASHSPAN_SM90_SDPA_THD=0 (read by each check; its GPU tests passed on an H200; FLASHSPAN_EXPERIMENTAL, its
 // switch before, no longer changes it), set_sdpa_sm90_thd_enabled overrides both (tests: 1 on, 0 off, -1 the
 // environment's answer). Off: packed calls take the sm80 forward (the refusal names the variable). The same switch
-// lets packed tensors through the sm90 backward (sm90_refusal); the sm90 FP8 forward has its own, still experimental
-// (below).
+// lets packed tensors through the sm90 backward (sm90_refusal); the sm90 FP8 forward has its own (below).
 bool sdpa_sm90_thd_enabled();
 void set_sdpa_sm90_thd_enabled(int on);
 
 // Packed (THD: ragged offsets) q, k, v, o, stats in the sm90 FP8 forward (sdpa_fp8_fwd_sm90_refusal: q and k through
 // the 16-bit sm90 forward's per-sample maps, v through its V^T pre-pass, o and the stats at the samples' starts): its
-// own switch, so that sdpa_sm90_thd_enabled can change without taking it along; experimental, not yet run on a GPU:
-// on with FLASHSPAN_EXPERIMENTAL=1 (read by each check), set_sdpa_fp8_sm90_thd_enabled overrides it (tests: 1 on,
-// 0 off, -1 the environment's answer). Off: packed FP8 forwards take the sm80 FP8 forward (its own switch,
+// own switch, so that sdpa_sm90_thd_enabled can change without taking it along; on unless
+// FLASHSPAN_SM90_SDPA_FP8_THD=0 (read by each check; its GPU tests passed on an H200, 2026-12-05; FLASHSPAN_EXPERIMENTAL,
+// its switch before, no longer changes it), set_sdpa_fp8_sm90_thd_enabled overrides both (tests: 1 on, 0 off, -1 the
+// environment's answer). Off: packed FP8 forwards take the sm80 FP8 forward (its own switch,
 // sdpa_fp8_thd_enabled) or are refused.
 bool sdpa_fp8_sm90_thd_enabled();
 void set_sdpa_fp8_sm90_thd_enabled(int on);

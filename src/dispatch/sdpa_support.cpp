@@ -145,7 +145,7 @@ void check_fp8(const Problem& p) {
                        "or pass CPU tensors (the CPU reference runs sdpa_fp8 and sdpa_fp8_backward)");
     const char* r = sdpa_fp8_fwd_sm90_refusal(p);
     FS_CHECK_SUPPORTED(r == nullptr, r, ": not supported with FP8 inputs on CUDA tensors yet (the sm90 FP8 forward runs "
-                       "padded q, k, v, o (packed with FLASHSPAN_EXPERIMENTAL=1), each head dim a multiple of 16 up to "
+                       "padded or packed q, k, v, o, each head dim a multiple of 16 up to "
                        "128, the causal and padding masks, GQA / MQA; the sm80 FP8 forward, which "
                        "FLASHSPAN_SDPA_FP8_SM80=0 turned off, more head dims); CPU tensors run it on the CPU "
                        "reference");

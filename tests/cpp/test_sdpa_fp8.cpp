@@ -913,12 +913,11 @@ TEST(SdpaFp8, ForwardOnSm80Rule) {
 }
 
 // Packed (THD) tensors in the FP8 forward: the sm80 FP8 forward takes them with its switch on (sdpa_fp8_thd_enabled,
-// the default: Fp8ThdSwitchReadsTheEnvironment), the sm90 one with its own (sdpa_fp8_sm90_thd_enabled, experimental:
-// ForwardThdSm90Rule, pinned off here), refused by both without them, the sm80 one naming FLASHSPAN_SDPA_FP8_THD=0
-// (kFp8ThdOff), the sm90 one FLASHSPAN_EXPERIMENTAL=1 (kFp8Packed); with them an odd o multiplier and score_max /
-// score_sum_exp beside a packed o are refused, naming the rule.
-const std::string kFp8Packed = "ragged (packed THD) q, k, v, o or stats (the FP8 forwards take them with "
-                               "FLASHSPAN_EXPERIMENTAL=1; not yet run on a GPU)";
+// the default: Fp8ThdSwitchReadsTheEnvironment), the sm90 one with its own (sdpa_fp8_sm90_thd_enabled, the default
+// too: Sm90ThdSwitchReadsTheEnvironment, ForwardThdSm90Rule; pinned off here), refused by both without them, the sm80
+// one naming FLASHSPAN_SDPA_FP8_THD=0 (kFp8ThdOff), the sm90 one FLASHSPAN_SM90_SDPA_FP8_THD=0 (kFp8Packed); with them
+// an odd o multiplier and score_max / score_sum_exp beside a packed o are refused, naming the rule.
+const std::string kFp8Packed = "ragged (packed THD) q, k, v, o or stats (FLASHSPAN_SM90_SDPA_FP8_THD=0)";
 const std::string kFp8ThdOff = "ragged (packed THD) q, k, v, o or stats (FLASHSPAN_SDPA_FP8_THD=0)";
 
 TEST(SdpaFp8, ForwardThdRule) {
@@ -945,8 +944,8 @@ TEST(SdpaFp8, ForwardThdRule) {
   EXPECT_STARTS(host_rules_error(odd), "ragged offset of o: the multiplier ");
 }
 
-// Packed (THD) q, k, v, o, stats on the sm90 FP8 forward (sdpa_fp8_sm90_thd_enabled, its own switch:
-// FLASHSPAN_EXPERIMENTAL=1; not yet run on a GPU): its rule takes them with the switch on -- each head-dim kernel, GQA,
+// Packed (THD) q, k, v, o, stats on the sm90 FP8 forward (sdpa_fp8_sm90_thd_enabled, its own switch, on unless
+// FLASHSPAN_SM90_SDPA_FP8_THD=0): its rule takes them with the switch on -- each head-dim kernel, GQA,
 // both formats -- when q's, k's and v's ragged multipliers are multiples of 16 (its TMA boxes and 16-byte loads; else
 // the sm80 one takes them), and refuses them, naming them, with it off, whatever the 16-bit sm90 forward's switch
 // (sdpa_sm90_thd_enabled) says; its host rules are check_fp8_packed's (an odd o multiplier refused). The workspace of
@@ -967,8 +966,7 @@ TEST(SdpaFp8, ForwardThdSm90Rule) {
     const Fp8FwdSm80Switch sm80_off(0);
     const Fp8ForwardSwitch sm90_on(1);
     EXPECT_STARTS(host_rules_error(c), kFp8Packed + ": not supported with FP8 inputs on CUDA tensors yet (the sm90 "
-                                                    "FP8 forward runs padded q, k, v, o (packed with "
-                                                    "FLASHSPAN_EXPERIMENTAL=1)");
+                                                    "FP8 forward runs padded or packed q, k, v, o");
   }
   const ScopedSwitch on(flashspan::set_sdpa_fp8_sm90_thd_enabled, 1);
   {
@@ -1249,48 +1247,30 @@ TEST(SdpaFp8, DeviceAttnScaleSwitchReadsTheEnvironment) {
   }
 }
 
-// Packed (THD) tensors in the sm90 FP8 forward (sdpa_fp8_sm90_thd_enabled): experimental, as the other experimental
-// switches -- on only when FLASHSPAN_EXPERIMENTAL is exactly "1" (unset, "0", empty or any other value: off), read per
-// call; set_sdpa_fp8_sm90_thd_enabled (1 on, 0 off) wins over the environment both ways, -1 gives its answer back --
-// and its own: the 16-bit sm90 forward's switch (sdpa_sm90_thd_enabled: its variable FLASHSPAN_SM90_SDPA_THD unset or
-// "0", its override -1, 0 or 1) changes neither its answer nor the rule. What it changes: the sm90 FP8 forward's rule
-// takes a packed call with it on and refuses it, naming the packed tensors (kFp8Packed), with it off.
+// Packed (THD) tensors in the sm90 FP8 forward (sdpa_fp8_sm90_thd_enabled): on by default since its GPU tests passed
+// on an H200, off when FLASHSPAN_SM90_SDPA_FP8_THD is exactly "0" (expect_off_switch: read per call,
+// FLASHSPAN_EXPERIMENTAL ignored, the override wins both ways), and its own: the 16-bit sm90 forward's switch
+// (sdpa_sm90_thd_enabled: its variable FLASHSPAN_SM90_SDPA_THD unset or "0", its override -1, 0 or 1) changes neither
+// its answer nor the rule. What it changes: the sm90 FP8 forward's rule takes a packed call with it on and refuses
+// it, naming the variable (kFp8Packed), with it off.
 TEST(SdpaFp8, Sm90ThdSwitchReadsTheEnvironment) {
   CudaCall c;
   c.backward = false;
   c.thd = true;
   c.D = c.Dv = 64;
   const flashspan::sdpa::Problem p = c.problem();
-  flashspan::set_sdpa_fp8_sm90_thd_enabled(-1);
-  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
   ScopedEnv thd16("FLASHSPAN_SM90_SDPA_THD", nullptr);
-  // where: the environment's value (nullptr: unset), the override and the 16-bit switch's state, for failure messages.
-  auto expect = [&](bool on, const char* e, int override_on, const char* v16, int bf16) {
-    EXPECT_EQ(flashspan::sdpa_fp8_sm90_thd_enabled(), on)
-        << "FLASHSPAN_EXPERIMENTAL=" << (e ? e : "(unset)") << ", override " << override_on
-        << ", FLASHSPAN_SM90_SDPA_THD=" << (v16 ? v16 : "(unset)") << ", 16-bit override " << bf16;
-    const char* r = flashspan::sdpa_fp8_fwd_sm90_refusal(p);
-    EXPECT_EQ(r == nullptr ? std::string() : std::string(r), on ? std::string() : kFp8Packed)
-        << "FLASHSPAN_EXPERIMENTAL=" << (e ? e : "(unset)") << ", override " << override_on
-        << ", FLASHSPAN_SM90_SDPA_THD=" << (v16 ? v16 : "(unset)") << ", 16-bit override " << bf16;
-  };
   for (const char* v16 : {static_cast<const char*>(nullptr), "0"}) {
     thd16.set(v16);
     for (int bf16 : {-1, 0, 1}) {
       const ScopedSwitch sm90_thd(flashspan::set_sdpa_sm90_thd_enabled, bf16);
-      for (const char* e : {static_cast<const char*>(nullptr), "0", "", "yes", "true", " 1", "11"}) {
-        experimental.set(e);
-        expect(false, e, -1, v16, bf16);
-      }
-      experimental.set("1");
-      expect(true, "1", -1, v16, bf16);
-      flashspan::set_sdpa_fp8_sm90_thd_enabled(0);
-      expect(false, "1", 0, v16, bf16);
-      experimental.set(nullptr);
-      flashspan::set_sdpa_fp8_sm90_thd_enabled(1);
-      expect(true, nullptr, 1, v16, bf16);
-      flashspan::set_sdpa_fp8_sm90_thd_enabled(-1);
-      expect(false, nullptr, -1, v16, bf16);
+      const auto effect = [&](bool on, const std::string& where) {
+        const char* r = flashspan::sdpa_fp8_fwd_sm90_refusal(p);
+        EXPECT_EQ(r == nullptr ? std::string() : std::string(r), on ? std::string() : kFp8Packed)
+            << where << ", FLASHSPAN_SM90_SDPA_THD=" << (v16 ? v16 : "(unset)") << ", 16-bit override " << bf16;
+      };
+      flashspan::test::expect_off_switch("FLASHSPAN_SM90_SDPA_FP8_THD", flashspan::set_sdpa_fp8_sm90_thd_enabled,
+                                         flashspan::sdpa_fp8_sm90_thd_enabled, effect);
     }
   }
 }

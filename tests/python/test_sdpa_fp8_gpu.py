@@ -608,11 +608,10 @@ def test_gpu_fp8_backward_hk_ne_hv(fs, monkeypatch, seed):
 
 @sm80
 @pytest.mark.parametrize("seed", range(6))
-def test_gpu_fp8_forward_thd_experimental(fs, monkeypatch, seed):
-    """Packed (THD) q, k, v, o, stats on the FP8 forwards: the sm80 one's on by default since this test passed on an
-    H200, 2026-12-05 (FLASHSPAN_SDPA_FP8_THD unset; with it "0" and the sm90 one off, refused, naming the variable),
-    the sm90 one's experimental (its own switch, sdpa_fp8_sm90_thd_enabled: FLASHSPAN_EXPERIMENTAL=1, set on even seeds
-    before the signature's call): the sm90 FP8 forward on an H100 / H200 (q and k through per-sample tensor maps), the
+def test_gpu_fp8_forward_thd(fs, monkeypatch, seed):
+    """Packed (THD) q, k, v, o, stats on the FP8 forwards, both on by default since this test passed on an H200,
+    2026-12-05 (FLASHSPAN_SDPA_FP8_THD and FLASHSPAN_SM90_SDPA_FP8_THD unset; with the first "0" and the sm90 FP8
+    forward off, refused, naming the variable): the sm90 FP8 forward on an H100 / H200 (q and k through per-sample tensor maps), the
     sm80 one elsewhere and with FLASHSPAN_SM90_SDPA_FP8=0 on odd seeds, against the same call on CPU copies: samples of
     random lengths (an empty one on some seeds), GQA, causal or not, both formats, o in either."""
     if seed % 2:
@@ -648,9 +647,9 @@ def test_gpu_fp8_forward_thd_experimental(fs, monkeypatch, seed):
                        match=r"^ragged \(packed THD\) q, k, v, o or stats \(FLASHSPAN_SDPA_FP8_THD=0\)"):
         run("cuda")
     monkeypatch.delenv("FLASHSPAN_SDPA_FP8_THD")
+    monkeypatch.delenv("FLASHSPAN_SM90_SDPA_FP8_THD", raising=False)
     if seed % 2 == 0:  # (odd seeds: the sm80 one in the default environment but FLASHSPAN_SM90_SDPA_FP8=0)
         monkeypatch.delenv("FLASHSPAN_SM90_SDPA_FP8")
-        monkeypatch.setenv("FLASHSPAN_EXPERIMENTAL", "1")
     got, want = [t.cpu() for t in run("cuda")], list(run("cpu"))
     go, wo = got[0].to(torch.float64), want[0].to(torch.float64)
     assert go.shape == (Tq, Hq, D) and got[0].dtype == o_fmt and not torch.isnan(go).any()
