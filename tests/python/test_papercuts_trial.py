@@ -4,8 +4,19 @@ import re
 
 import pytest
 import torch
+from conftest import cuda_ready
 
 E4M3 = torch.float8_e4m3fn
+
+# The empty-output backwards on both devices: the front end's fix runs before either, and on CUDA the kernels (or
+# their skipping) must give the same zero gradients.
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
+    not cuda_ready(), reason="needs a CUDA device and a libflashspan.so built with CUDA (fs_cuda_available() == 1)"))]
+
+
+def _dt(dev):
+    """The inputs' dtype on `dev`: the GPU kernels take 16-bit inputs, the CPU reference float32 too."""
+    return torch.bfloat16 if dev == "cuda" else torch.float32
 
 
 # ---------------------------------------------------------------------------
@@ -13,9 +24,10 @@ E4M3 = torch.float8_e4m3fn
 # ---------------------------------------------------------------------------
 
 
-def _thd_kv():
-    k = torch.randn(10, 2, 16, requires_grad=True)
-    return k, torch.zeros(3, dtype=torch.int32), torch.tensor([0, 4, 10], dtype=torch.int32)
+def _thd_kv(dev="cpu"):
+    k = torch.randn(10, 2, 16, device=dev, dtype=_dt(dev), requires_grad=True)
+    return (k, torch.zeros(3, dtype=torch.int32, device=dev),
+            torch.tensor([0, 4, 10], dtype=torch.int32, device=dev))
 
 
 def _expect_zero_grads(q, k):
@@ -24,7 +36,8 @@ def _expect_zero_grads(q, k):
     assert torch.equal(k.grad, torch.zeros_like(k))
 
 
-def test_empty_output_thd_backward_gives_zero_gradients(fs):
+@pytest.mark.parametrize("dev", DEVICES)
+def test_empty_output_thd_backward_gives_zero_gradients(fs, dev):
     """.sum() of an empty output hands the backward an expanded dO of zero strides, which .contiguous() keeps (an
     empty tensor counts as contiguous): the C layer refused its ragged-offset multiplier 0."""
     for call in (
@@ -34,27 +47,29 @@ def test_empty_output_thd_backward_gives_zero_gradients(fs):
         lambda q, k, cq, ck: fs.sdpa_torch(q, k, k, cu_seqlens_q=cq, cu_seqlens_kv=ck, max_seqlen_q=1,
                                            max_seqlen_kv=6, return_lse=True)[0],
     ):
-        k, cq, ck = _thd_kv()
-        q = torch.randn(0, 2, 16, requires_grad=True)
+        k, cq, ck = _thd_kv(dev)
+        q = torch.randn(0, 2, 16, device=dev, dtype=_dt(dev), requires_grad=True)
         call(q, k, cq, ck).sum().backward()
         _expect_zero_grads(q, k)
 
 
-def test_empty_output_dense_backward_gives_zero_gradients(fs):
+@pytest.mark.parametrize("dev", DEVICES)
+def test_empty_output_dense_backward_gives_zero_gradients(fs, dev):
     for call in (lambda q, k: fs.sdpa(q, k, k)[0], lambda q, k: fs.sdpa_torch(q, k, k),
-                 lambda q, k: fs.sdpa(q, k, k, sink_token=torch.zeros(2))[0]):
-        q = torch.randn(2, 2, 0, 16, requires_grad=True)
-        k = torch.randn(2, 2, 5, 16, requires_grad=True)
+                 lambda q, k: fs.sdpa(q, k, k, sink_token=torch.zeros(2, device=dev))[0]):
+        q = torch.randn(2, 2, 0, 16, device=dev, dtype=_dt(dev), requires_grad=True)
+        k = torch.randn(2, 2, 5, 16, device=dev, dtype=_dt(dev), requires_grad=True)
         call(q, k).sum().backward()
         _expect_zero_grads(q, k)
 
 
-def test_empty_dO_of_any_strides_in_the_explicit_backwards(fs):
+@pytest.mark.parametrize("dev", DEVICES)
+def test_empty_dO_of_any_strides_in_the_explicit_backwards(fs, dev):
     """sdpa_backward and the sdpa_bwd op take an empty dO whatever its strides (it has no element)."""
-    q = torch.randn(2, 2, 0, 16)
-    k = torch.randn(2, 2, 5, 16)
+    q = torch.randn(2, 2, 0, 16, device=dev, dtype=_dt(dev))
+    k = torch.randn(2, 2, 5, 16, device=dev, dtype=_dt(dev))
     o, stats = fs.sdpa(q, k, k, generate_stats=True)
-    dO = torch.zeros(()).expand(o.shape)
+    dO = torch.zeros((), device=dev, dtype=o.dtype).expand(o.shape)
     dq, dk, dv = fs.sdpa_backward(q, k, k, o, dO, stats)
     assert dq.shape == q.shape and torch.equal(dk, torch.zeros_like(k)) and torch.equal(dv, torch.zeros_like(k))
     dq, dk, dv = torch.ops.flashspan.sdpa_bwd(dO, q, k, k, o, stats, 0.25)
@@ -91,11 +106,13 @@ def test_empty_output_fp8_backward(fs):
     assert [float(a) for a in amax] == [0.0] * 4
 
 
-def test_empty_output_flex_backward(fs):
+@pytest.mark.parametrize("dev", DEVICES)
+def test_empty_output_flex_backward(fs, dev):
     """flex (already fine: its backward accepts the expanded dO): zero dK, dV, with the LSE's gradient too."""
-    k, cq, ck = _thd_kv()
-    q = torch.randn(0, 2, 16, requires_grad=True)
-    plan = fs.create_mask_plan(torch.zeros(1, 1, 0, dtype=torch.int32), q, k, k, cu_seqlens_q=cq, cu_seqlens_k=ck)
+    k, cq, ck = _thd_kv(dev)
+    q = torch.randn(0, 2, 16, device=dev, dtype=_dt(dev), requires_grad=True)
+    plan = fs.create_mask_plan(torch.zeros(1, 1, 0, dtype=torch.int32, device=dev), q, k, k, cu_seqlens_q=cq,
+                               cu_seqlens_k=ck)
     o, lse = fs.flex_attn_func(q, k, k, mask_plan=plan, return_lse=True)
     (o.sum() + lse.sum()).backward()
     _expect_zero_grads(q, k)
