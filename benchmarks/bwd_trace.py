@@ -352,7 +352,12 @@ def run(args) -> int:
     from flashspan import masks as fm
 
     set_trace = _hook()
+    if not torch.cuda.is_available():
+        raise SystemExit("bwd_trace: no CUDA device")
     dev = torch.device("cuda")
+    if torch.cuda.get_device_capability(dev)[0] != 9:
+        raise SystemExit(f"bwd_trace: {torch.cuda.get_device_name(dev)} is not sm_90: the traced kernel (the sm90 "
+                         "backward) would not run")
     ctas = torch.cuda.get_device_properties(dev).multi_processor_count
     cap = args.cap
     buf = torch.zeros(ctas * slot_words(cap), dtype=torch.int64, device=dev)
