@@ -158,6 +158,7 @@
 #include "kernels/common/seqlen_info.cuh"
 #include "kernels/common/tile_scheduler.cuh"
 #include "kernels/params.h"
+#include "kernels/sm90/bwd_trace_sm90.cuh"
 #include "kernels/sm90/ptx_sm90.cuh"
 #include "kernels/sm90/sample_maps_sm90.cuh"
 #include "kernels/sm90/tile_sm90.h"
@@ -696,6 +697,8 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
   const volatile int64_t* dq_info = reinterpret_cast<const int64_t*>(smem + L::kDqInfo);
   const volatile int32_t* s_rank = reinterpret_cast<const int32_t*>(smem + L::kRank);
   uint32_t dq_it = 0;
+  BwdTraceWriter tr;  // FLASHSPAN_BWD_TRACE (bwd_trace_sm90.cuh): no code without it
+  if (lane == 0) tr.begin();
   for (uint32_t item_it = 0;; ++item_it) {
     const uint32_t rs = item_it & 1;
     mbar_wait(bars + L::kItemFull + 8 * rs, (item_it >> 1) & 1);
@@ -707,7 +710,10 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
     if (lane == 0) {
       for (int s = 0; s < steps; ++s, ++dq_it) {
         mbar_wait(bars + L::kDqFull, dq_it & 1);
+        tr.step(dq_it);
+        tr.mark(kTrReady);
         const int64_t tile = *dq_info;
+        [[maybe_unused]] int trace_rank = -1;
         int32_t* sem = p.dq_sem != nullptr ? p.dq_sem + tile : nullptr;
         if (sem != nullptr) {
           // Deterministic: wait until every larger key block of the tile's row has added.
@@ -715,27 +721,36 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
           mbar_wait(bars + L::kRankFull + 8 * rs2, (dq_it >> 1) & 1);
           const int rank = s_rank[rs2];
           mbar_arrive(bars + L::kRankEmpty + 8 * rs2);
+          trace_rank = rank;
+          tr.mark(kTrPoll);
           // Poll without sleeping first (a sleeping waiter may take its turn late, and a tile
           // that every key block adds at one walk position is a chain of turns); measured: no
           // change to longformer's deterministic speed on the H200 (PERF_LOG v1.6).
           for (int polls = 0; ld_acquire_gpu(sem) != rank; ++polls) {
             if (polls >= 256) __nanosleep(32);
           }
+          tr.mark(kTrTurn);
           fence_proxy_async_global();
         }
         bulk_reduce_add_f32(p.dq_accum + tile * L::kDqFloats, base + L::kDQ, L::kDqBytes);
         bulk_commit_group();
         bulk_wait_group_read<0>();  // the shared dQ tile may be overwritten
         mbar_arrive(bars + L::kDqEmpty);
+        tr.mark(kTrRead);
         if (sem != nullptr) {
           bulk_wait_group<0>();  // the addition is written: the next key block may add
+          tr.hold();
           fence_proxy_async_global();
           red_release_gpu_add(sem, 1);
+          tr.mark(kTrReleased);
+          tr.flush_held();
         }
+        tr.info(tile, dq_it, trace_rank, kb, s, item_it);
       }
     }
   }
   bulk_wait_group<0>();  // every reduction written before the CTA exits
+  if (lane == 0) tr.end(dq_it);
 }
 
 // ---------------------------------------------------------------------------
@@ -951,10 +966,13 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
   // The FP8 backward (Src::kFp8, kernel_bwd_fp8_sm90.cuh): the thread's running amax_dP, flushed at the end.
   [[maybe_unused]] float amax_dp = 0.0f;
   uint32_t step_it = 0;
+  BwdTraceConsumer tr;  // FLASHSPAN_BWD_TRACE (bwd_trace_sm90.cuh): thread 0 of warpgroup 0; no code without it
+  tr.begin();
   for (uint32_t item_it = 0;; ++item_it) {
     const BwdItem it = take_bwd_item<L>(bars, smem, item_it);
     if (it.kb < 0) {
       if constexpr (Src::kFp8) Src::flush_amax(p, amax_dp, lane);
+      tr.end(step_it);
       return;
     }
 
@@ -979,11 +997,13 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       // live 64-bit registers, which made ptxas serialise the wgmma (C7512) at this kernel's 232.
       uint32_t k_t = k_tile, v_t = v_tile, kq_t = kq_tile;
       asm volatile("" : "+r"(k_t), "+r"(v_t), "+r"(kq_t));
+      tr.step(step_it, it.kb, s, item_it);
       if constexpr (Src::kStageBias) {
         // An item's first step stages its own bias (the later ones: a step ahead, once dV is done).
         if (s == 0) stage_bias_of(it, sl, step_it);
       }
       mbar_wait(bars + L::kQdoFull + 8 * st, ph);
+      tr.mark(kTrQdoFull);
       if constexpr (Src::kAnalytic) {
         const int rows_in = sl.len_q - s_info[st].y * L::kBlockQ;
         if (rows_in < L::kBlockQ) zero_rows_past<L::kBlockQ, L::kSlabs>(q_tile, do_tile, rows_in, 128 * c + t);
@@ -1116,7 +1136,9 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       wg_wait<1>();  // dQ done (dK may still run)
       reg_fence(dq);
       // dQ tile to shared memory for the writer, in register order (dq_tile_offset_sm90).
+      tr.mark(kTrDqDone);
       mbar_wait(bars + L::kDqEmpty, (step_it & 1) ^ 1);
+      tr.mark(kTrDqEmpty);
 #pragma unroll
       for (int j = 0; j < L::kDqN / 8; ++j) {
         *reinterpret_cast<float4*>(s_dq + ((c * (L::kDqN / 8) + j) * 128 + t) * 4) =
@@ -1125,11 +1147,14 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       if (t == 0 && c == 0) {
         // The step's dq_accum tile: (query head, global query block).
         *reinterpret_cast<volatile int64_t*>(smem + L::kDqInfo) = int64_t(info.x) * p.view.num_q_blocks + qblk0 + info.y;
+        tr.tile(int64_t(info.x) * p.view.num_q_blocks + qblk0 + info.y);
       }
       fence_proxy_async_smem();
       mbar_arrive(bars + L::kDqFull);
+      tr.mark(kTrDqFull);
       wg_wait<0>();  // dK done
       mbar_arrive(bars + L::kQdoEmpty + 8 * st);  // Q, dO, the statistics and the info are free
+      tr.mark(kTrStepEnd);
     }
     reg_fence(dk);
     reg_fence(dv);

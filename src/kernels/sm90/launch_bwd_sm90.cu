@@ -338,3 +338,24 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
 }
 
 }  // namespace flashspan::sm90
+
+#if FLASHSPAN_BWD_TRACE
+// The backward trace's host hook (bwd_trace_sm90.cuh; builds with the CMake option
+// FLASHSPAN_BWD_TRACE only, a measurement instrument: not part of the C ABI of flashspan.h).
+// buf: device memory of max_ctas * (kBwdTraceHeaderWords + 2 * kBwdTraceRecWords * cap) u64
+// words, zeroed by the caller before the traced launch (the flex kernels of this unit record into
+// it while it is set); nullptr turns the trace off. Synchronous (cudaMemcpyToSymbol on the
+// legacy default stream): call it with no backward in flight. Returns the cudaError_t.
+// benchmarks/bwd_trace.py calls it through ctypes.
+extern "C" __attribute__((visibility("default"))) int flashspan_debug_bwd_trace_sm90(void* buf, int max_ctas, int cap) {
+  const flashspan::kern90::BwdTraceConfig c{buf != nullptr && max_ctas > 0 && cap > 0 ? static_cast<uint64_t*>(buf) : nullptr,
+                                            max_ctas, cap};
+  return int(cudaMemcpyToSymbol(flashspan::kern90::g_bwd_trace_sm90, &c, sizeof c));
+}
+// The buffer's layout: out[0] header words a CTA, out[1] words a record, out[2] the layout version.
+extern "C" __attribute__((visibility("default"))) void flashspan_debug_bwd_trace_sm90_layout(int64_t* out) {
+  out[0] = flashspan::kern90::kBwdTraceHeaderWords;
+  out[1] = flashspan::kern90::kBwdTraceRecWords;
+  out[2] = flashspan::kern90::kBwdTraceVersion;
+}
+#endif
