@@ -54,7 +54,8 @@ __device__ __forceinline__ float rcp_exp2_plus1(float z2) {
 // index, so the choice is made at compile time and adds no branch), and keeps ex2.approx for the
 // rest: a quarter of the forward's MUFU ops per score moved to the FMA pipe, as FlashAttention-4
 // splits its exponentials between the two. Only the sm90 forward's SdpaTileScoreMod::apply takes it
-// (the sm90 / sm80 backward and the sm80 forward call SdpaScoreMod::apply with kPolyHalf = false).
+// (the kernels of AnalyticModSourceSm90 and of the dropout and paged sources derived from it); the
+// sm90 / sm80 backward and the sm80 forward call SdpaScoreMod::apply with kPolyHalf = false.
 // Not measured yet (PERF_LOG v2.45: the A/B build for the next GPU session).
 #ifndef FLASHSPAN_SOFTCAP_POLY_EXP2
 #define FLASHSPAN_SOFTCAP_POLY_EXP2 0
