@@ -912,6 +912,15 @@ TEST(SdpaFp8, ForwardOnSm80Rule) {
   EXPECT_EQ(flashspan::sdpa_fp8_fwd_sm80_refusal(CudaCall{}.problem()), std::string("the FP8 backward"));
 }
 
+// The packed (THD) FP8 forward call of the THD rule tests: q, k, v, o, stats packed, D = D_v = 64.
+CudaCall packed_forward_call() {
+  CudaCall c;
+  c.backward = false;
+  c.thd = true;
+  c.D = c.Dv = 64;
+  return c;
+}
+
 // Packed (THD) tensors in the FP8 forward: the sm80 FP8 forward takes them with its switch on (sdpa_fp8_thd_enabled,
 // the default: Fp8ThdSwitchReadsTheEnvironment), the sm90 one with its own (sdpa_fp8_sm90_thd_enabled, the default
 // too: Sm90ThdSwitchReadsTheEnvironment, ForwardThdSm90Rule; pinned off here), refused by both without them, the sm80
@@ -921,10 +930,7 @@ const std::string kFp8Packed = "ragged (packed THD) q, k, v, o or stats (FLASHSP
 const std::string kFp8ThdOff = "ragged (packed THD) q, k, v, o or stats (FLASHSPAN_SDPA_FP8_THD=0)";
 
 TEST(SdpaFp8, ForwardThdRule) {
-  CudaCall c;
-  c.backward = false;
-  c.thd = true;
-  c.D = c.Dv = 64;
+  const CudaCall c = packed_forward_call();
   const std::string& packed = kFp8Packed;
   const ScopedSwitch sm90_thd_off(flashspan::set_sdpa_fp8_sm90_thd_enabled, 0);
   {
@@ -953,10 +959,7 @@ TEST(SdpaFp8, ForwardThdRule) {
 // (sm90::sample_maps_bytes(B, 3) + 128 bytes) whatever the switch says; the sm80 one's none of them. The host rules
 // let the call through also with the sm80 one on and its own packed switch off.
 TEST(SdpaFp8, ForwardThdSm90Rule) {
-  CudaCall c;
-  c.backward = false;
-  c.thd = true;
-  c.D = c.Dv = 64;
+  const CudaCall c = packed_forward_call();
   {
     const ScopedSwitch off(flashspan::set_sdpa_fp8_sm90_thd_enabled, 0);
     for (int bf16 : {0, 1}) {  // (the 16-bit sm90 forward's switch does not change it)
@@ -1254,10 +1257,7 @@ TEST(SdpaFp8, DeviceAttnScaleSwitchReadsTheEnvironment) {
 // its answer nor the rule. What it changes: the sm90 FP8 forward's rule takes a packed call with it on and refuses
 // it, naming the variable (kFp8Packed), with it off.
 TEST(SdpaFp8, Sm90ThdSwitchReadsTheEnvironment) {
-  CudaCall c;
-  c.backward = false;
-  c.thd = true;
-  c.D = c.Dv = 64;
+  const CudaCall c = packed_forward_call();
   const flashspan::sdpa::Problem p = c.problem();
   ScopedEnv thd16("FLASHSPAN_SM90_SDPA_THD", nullptr);
   for (const char* v16 : {static_cast<const char*>(nullptr), "0"}) {
@@ -1281,10 +1281,7 @@ TEST(SdpaFp8, Sm90ThdSwitchReadsTheEnvironment) {
 // packed tensors are its own switch's: ForwardThdSm90Rule): packed FP8 forwards (head dims 64, and (256, 256), which
 // only the sm80 one runs) pass the host rules with it on and are refused naming the variable with it off.
 TEST(SdpaFp8, Fp8ThdSwitchReadsTheEnvironment) {
-  CudaCall c;
-  c.backward = false;
-  c.thd = true;
-  c.D = c.Dv = 64;
+  const CudaCall c = packed_forward_call();
   CudaCall wide = c;
   wide.D = wide.Dv = 256;
   const Fp8FwdSm80Switch sm80_on(1);
