@@ -58,10 +58,13 @@ int64_t sdpa_decode_launches() { return g_decode_launches.load(std::memory_order
 
 void launch_sdpa_fwd_decode_sm80(const SdpaPagedFwdParams& p, int64_t slot_capacity, DType dtype,
                                  cudaStream_t stream) {
-  FS_CHECK(p.pack == p.group_size && p.head_dqk <= 128 && p.head_dv <= 128 && p.split.o_accum != nullptr &&
-               p.split.ml != nullptr,
+  FS_CHECK(p.pack == p.group_size && p.head_dqk <= 128 && p.head_dv <= 128 &&
+               (slot_capacity == 0 || (p.split.o_accum != nullptr && p.split.ml != nullptr)),
            Status::kInternal, "sdpa decode forward: parameters of a call it does not take");
   if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
+  // No slot: no task (B, H_k or S_q is 0), so no row of O or of the statistics to write (an empty output); max_logit
+  // (per head, over no row) keeps the reset's -inf.
+  if (slot_capacity == 0) return;
   const bool paged = p.paged_k.table != nullptr || p.paged_v.table != nullptr;
   kern::with_fwd_tile_traits_sm80<kDecodeBlockQ, 128, 128, 1, 4, false>(p.head_dqk, p.head_dv, [&](auto t) {
     with_element_type(dtype, "sdpa decode forward (sm80)", [&](auto e) {
