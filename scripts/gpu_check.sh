@@ -219,6 +219,13 @@ cpp_suite() {
     gtest_run "gtest sdpa sm80-thd" gtest_sdpa_sm80_thd.log env FLASHSPAN_SM90_SDPA_THD=0 "$tests" --gtest_brief=1 \
       --gtest_filter='SdpaGpu.SanitizerSmall:SdpaGpu.MasksInBothAlignments:SdpaGpu.ZeroLengthKvRowGivesZeroNotNaN:SdpaGpu.DeterministicBackwardIsBitwiseReproducible:SdpaGpu.ScoreStatsWithPackedO:SdpaFamily.*'
   fi
+  # Paged prefills: the sm90 paged forward takes them by default since 2026-12-05 (FLASHSPAN_SM90_SDPA_PAGED=0 keeps
+  # the sm80 paged kernel): the paged tests that do not force a switch, once with it "0", so the sm80 paged prefill
+  # stays tested on an H100 / H200 (SdpaPagedGpu.Sm90PagedOffRunsSm80 forces it off too).
+  if "$tests" --gtest_list_tests --gtest_filter='SdpaPagedGpu.Sm90Paged*' 2>/dev/null | grep -q '^  '; then
+    gtest_run "gtest sdpa sm80-paged" gtest_sdpa_sm80_paged.log env FLASHSPAN_SM90_SDPA_PAGED=0 "$tests" --gtest_brief=1 \
+      --gtest_filter='SdpaPagedGpu.PrefillRandom:SdpaPagedGpu.EveryPageSizeAndTile:SdpaPagedGpu.SanitizerSmall:SdpaPaged.*'
+  fi
 
   # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one. Missing sanitizer = failure.
   #    Experimental paths (FLASHSPAN_EXPERIMENTAL=1) are not switched on here: their tests force their switch
@@ -244,7 +251,8 @@ cpp_suite() {
   #    SdpaFp8Gpu.Sm90ForwardThdSanitizerSmall: set_sdpa_fp8_sm90_thd_enabled(1)). The eight-code FP8 widening and the sm90 FP8 backward's
   #    own dK / dV stores are on by default too: their off paths run in SdpaFp8Gpu.WidenTwoCodes and
   #    Fp8BackwardSm90StorePass* (set_fp8_widen_vec_enabled(0), set_sdpa_fp8_bwd_sm90_store_enabled(0)).
-  #    Experimental (FLASHSPAN_EXPERIMENTAL=1, not set here), forced by their tests: paged K/V on the sm90 forward (SdpaPagedGpu.Sm90PagedSanitizerSmall, Sm90PagedBadEntryIsNaN: set_sdpa_sm90_paged_enabled(1)).
+  #    Paged K/V on the sm90 forward is on by default too (FLASHSPAN_SM90_SDPA_PAGED=0 keeps the sm80 paged kernel: the
+  #    "memcheck sm80-paged" step); SdpaPagedGpu.Sm90PagedSanitizerSmall, Sm90PagedBadEntryIsNaN force it on.
   if [ "${GPU_CHECK_NO_SANITIZER:-0}" = 1 ]; then
     waive "memcheck + racecheck + synccheck" "GPU_CHECK_NO_SANITIZER=1"
   elif command -v compute-sanitizer >/dev/null; then
@@ -254,6 +262,9 @@ cpp_suite() {
     # SdpaGpu.SanitizerSmall's packed cases on it.
     gtest_run "memcheck sm80-thd" memcheck_sm80_thd.log env FLASHSPAN_SM90_SDPA_THD=0 compute-sanitizer --tool memcheck \
       --error-exitcode 3 "$tests" --gtest_filter='SdpaGpu.SanitizerSmall'
+    # The sm80 paged prefill, which the sm90 paged forward took over by default (FLASHSPAN_SM90_SDPA_PAGED=0 keeps it).
+    gtest_run "memcheck sm80-paged" memcheck_sm80_paged.log env FLASHSPAN_SM90_SDPA_PAGED=0 compute-sanitizer --tool \
+      memcheck --error-exitcode 3 "$tests" --gtest_filter='SdpaPagedGpu.SanitizerSmall'
     gtest_run "racecheck" racecheck.log compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" \
       --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:PlannerGpu.ThdWithEmptySamples:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaGpu.Sm90BackwardWide192SanitizerSmall:SdpaFp8Gpu.Sm90ForwardSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSm90SanitizerSmall:SdpaFp8Gpu.Fp8BackwardSm90StorePassSanitizerSmall:SdpaFp8Gpu.Sm80ForwardSanitizerSmall}"
     gtest_run "synccheck (sm90)" synccheck.log compute-sanitizer --tool synccheck --error-exitcode 3 "$tests" \

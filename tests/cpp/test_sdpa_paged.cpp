@@ -421,10 +421,11 @@ TEST(SdpaPaged, Sm90GpuCasesAreTakenByTheRule) {
   }
 }
 
-TEST(SdpaPaged, Sm90PagedSwitchIsExperimental) {
-  // sdpa_sm90_paged_enabled: off unless FLASHSPAN_EXPERIMENTAL is exactly "1" (read per call), the override wins
-  // both ways, -1 gives the environment's answer back. Without an sm_90 device (this CPU test) no call runs on the
-  // kernel and none gets its workspace, whatever the switch says.
+TEST(SdpaPaged, Sm90PagedSwitchIsOnByDefault) {
+  // sdpa_sm90_paged_enabled: on unless FLASHSPAN_SM90_SDPA_PAGED is exactly "0" (read per call), FLASHSPAN_EXPERIMENTAL
+  // changing nothing, the override wins both ways, -1 gives the environment's answer back (expect_off_switch). Off, no
+  // call runs on the kernel; on, exactly those its rule takes on an sm_90 device. Without an sm_90 device (this CPU
+  // test) no call runs on it and none gets its workspace, whatever the switch says.
   PagedCase c;
   c.seed = 22;
   c.B = 2;
@@ -432,28 +433,13 @@ TEST(SdpaPaged, Sm90PagedSwitchIsExperimental) {
   c.Skv = 300;
   c.page_k = c.page_v = 64;
   HostCall call(c, DeviceType::kCUDA);
-  set_sdpa_sm90_paged_enabled(-1);
-  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
-  EXPECT_FALSE(sdpa_sm90_paged_enabled());
-  experimental.set("0");
-  EXPECT_FALSE(sdpa_sm90_paged_enabled());
-  experimental.set("true");
-  EXPECT_FALSE(sdpa_sm90_paged_enabled());
-  experimental.set("1");
-  EXPECT_TRUE(sdpa_sm90_paged_enabled());
-  {
-    const ScopedSwitch off(set_sdpa_sm90_paged_enabled, 0);
-    EXPECT_FALSE(sdpa_sm90_paged_enabled());
-    EXPECT_FALSE(sdpa_fwd_runs_sm90_paged(call.p));
-  }
-  experimental.set(nullptr);
-  {
-    const ScopedSwitch on(set_sdpa_sm90_paged_enabled, 1);
-    EXPECT_TRUE(sdpa_sm90_paged_enabled());
-    EXPECT_EQ(sdpa_fwd_sm90_paged_refusal(call.p), nullptr);
-    EXPECT_EQ(sdpa_fwd_runs_sm90_paged(call.p), sdpa_fwd_sm90_may_take_paged(call.p));
-  }
-  EXPECT_FALSE(sdpa_sm90_paged_enabled());
+  EXPECT_EQ(sdpa_fwd_sm90_paged_refusal(call.p), nullptr);
+  flashspan::test::expect_off_switch("FLASHSPAN_SM90_SDPA_PAGED", set_sdpa_sm90_paged_enabled, sdpa_sm90_paged_enabled,
+                                     [&](bool on, const std::string& where) {
+                                       EXPECT_EQ(sdpa_fwd_runs_sm90_paged(call.p),
+                                                 on && sdpa_fwd_sm90_may_take_paged(call.p))
+                                           << where;
+                                     });
   // The flags' workspace: every 16-bit paged forward that may take the kernel (an sm_90 device with the sm_90a
   // code), whatever the switch says; none elsewhere (and never on CPU tensors).
   const size_t flags = sdpa_fwd_sm90_paged_flags_bytes(call.p);

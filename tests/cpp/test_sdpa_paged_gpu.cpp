@@ -659,8 +659,8 @@ TEST(SdpaPagedGpu, FeaturePairsSanitizerSmall) {
   for (const PagedCase& c : feature_pairs_small_cases()) run_case(c);
 }
 
-// The sm90 forward over paged K/V (experimental, not yet run on a GPU: sdpa_sm90_paged_enabled, forced on here with
-// the sm90 forward's switch; kernel_fwd_sm90.cuh sdpa_fwd_paged_kernel_sm90): each call must run on it
+// The sm90 forward over paged K/V (on by default: sdpa_sm90_paged_enabled, forced on here with the sm90 forward's
+// switch; kernel_fwd_sm90.cuh sdpa_fwd_paged_kernel_sm90): each call must run on it
 // (sm90::sdpa_fwd_paged_launches), against the CPU reference with the outputs NaN-poisoned first.
 struct Sm90PagedOn {
   PagedOn paged;
@@ -764,7 +764,7 @@ TEST(SdpaPagedGpu, Sm90PagedSanitizerSmall) {
 }
 
 TEST(SdpaPagedGpu, Sm90PagedOffRunsSm80) {
-  // The switch off (the default: FLASHSPAN_EXPERIMENTAL unset): the same calls keep the sm80 paged kernel.
+  // The switch off (FLASHSPAN_SM90_SDPA_PAGED=0): the same calls keep the sm80 paged kernel.
   REQUIRE_GPU();
   PagedOn paged;
   ScopedSwitch off{set_sdpa_sm90_paged_enabled, 0};

@@ -685,11 +685,15 @@ def test_gpu_native_paged(fs, native, seed):
 @pytest.mark.skipif(not (cuda_ready() and torch.cuda.get_device_capability(0) == (9, 0)),
                     reason="the sm90 paged forward runs on an H100 / H200 only")
 @pytest.mark.parametrize("seed", range(16))
-def test_gpu_native_paged_sm90_experimental(fs, native, monkeypatch, seed):
-    """Paged K/V caches on the sm90 forward (experimental, not yet run on a GPU: FLASHSPAN_EXPERIMENTAL=1 turns on
-    sdpa_sm90_paged_enabled): test_gpu_native_paged's inputs on the calls that kernel takes -- prefill (S_q H_q / H_k
-    above 16, not the decode forward's), pages of 8 .. 256 keys per side, head dims up to 128."""
-    monkeypatch.setenv(EXPERIMENTAL_ENV, "1")
+@pytest.mark.parametrize("sm90_paged", ["on", "off"])
+def test_gpu_native_paged_sm90(fs, native, monkeypatch, seed, sm90_paged):
+    """Paged K/V caches on the sm90 forward (on by default; FLASHSPAN_SM90_SDPA_PAGED=0 keeps the sm80 paged kernel,
+    the "off" cases): test_gpu_native_paged's inputs on the calls that kernel takes -- prefill (S_q H_q / H_k above
+    16, not the decode forward's), pages of 8 .. 256 keys per side, head dims up to 128."""
+    if sm90_paged == "on":
+        monkeypatch.delenv("FLASHSPAN_SM90_SDPA_PAGED", raising=False)
+    else:
+        monkeypatch.setenv("FLASHSPAN_SM90_SDPA_PAGED", "0")
     _check_native_paged(fs, 5100 + seed, sm90=True)
 
 

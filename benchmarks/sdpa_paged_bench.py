@@ -1,0 +1,118 @@
+"""SDPA prefill over paged K/V caches: the sm90 paged forward against the sm80 paged forward and the unpaged sm90 forward.
+
+For B samples of S_q = S_kv = S (default 4 x 8192), H = 16, D in --dims, bf16, masks none and causal, and page sizes
+--pages (pages shuffled in the container, separate K and V tables): ``flashspan.sdpa`` on paged K/V with the sm90 paged
+forward (``sdpa_fwd_paged_kernel_sm90``, the default), the same call on the sm80 paged forward
+(``FLASHSPAN_SM90_SDPA_PAGED=0``), and the unpaged sm90 forward on the dense
+K/V. Timed with flashspan.bench.timing.Timer (CUDA events, L2 flushed, median). Each paged output is compared
+with the unpaged forward's (same softmax order: within bf16 rounding of it, max |diff| <= 2^-6 of max |O|, else the
+script exits with status 1 after the table).
+
+Prints a markdown table: TFLOP/s over visible pairs (4 D per pair) per route, and each paged route's ratio to the
+unpaged sm90 forward.
+
+Usage: python benchmarks/sdpa_paged_bench.py [--batch 4] [--seq 8192] [--dims 64,128] [--pages 16,64,256] [--reps 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+
+import torch
+
+import flashspan
+from flashspan.bench.report import finish_checks
+from flashspan.bench.timing import Timer
+
+
+def paged(dense: torch.Tensor, page: int, gen: torch.Generator):
+    """dense [B, H, S, D] -> (container [B * S / page, H, page, D] with shuffled pages, table [B, 1, S / page, 1])."""
+    b, h, s, d = dense.shape
+    n = s // page
+    perm = torch.randperm(b * n, generator=gen).to(dense.device)
+    container = torch.empty(b * n, h, page, d, dtype=dense.dtype, device=dense.device)
+    container[perm] = dense.view(b, h, n, page, d).permute(0, 2, 1, 3, 4).reshape(b * n, h, page, d)
+    return container, perm.view(b, 1, n, 1).to(torch.int32)
+
+
+@contextlib.contextmanager
+def env(name: str, value: str | None):
+    old = os.environ.get(name)
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--seq", type=int, default=8192)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--dims", default="64,128")
+    ap.add_argument("--pages", default="16,64,256")
+    ap.add_argument("--reps", type=int, default=10)
+    args = ap.parse_args()
+    if not torch.cuda.is_available():
+        raise SystemExit("sdpa_paged_bench: needs a CUDA device")
+    dev = torch.device("cuda")
+    timer = Timer(dev, warmup=3, reps=args.reps)
+    b, s, h = args.batch, args.seq, args.heads
+    print(f"GPU {torch.cuda.get_device_name()}, B={b} H={h} S_q=S_kv={s} BF16, pages shuffled; median of {args.reps}; "
+          f"TFLOP/s over visible pairs")
+    print("| D | mask | page | unpaged sm90 | paged sm90 | ratio | paged sm80 | ratio |")
+    print("|---|---|---|---|---|---|---|---|")
+    failures = []
+    gen = torch.Generator().manual_seed(0)
+    lens = torch.full((b,), s, dtype=torch.int32, device=dev)
+    for d in [int(x) for x in args.dims.split(",")]:
+        torch.manual_seed(d)
+        q, k, v = (torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
+        scale = d ** -0.5
+        for mask in ("none", "causal"):
+            ma = {} if mask == "none" else {"diagonal_band_right_bound": 0}
+            pairs = s * s if mask == "none" else s * (s + 1) // 2
+            tflops = lambda ms: 4 * d * pairs * b * h / ms / 1e9  # noqa: E731
+
+            def dense():
+                return flashspan.sdpa(q, k, v, attn_scale=scale, generate_stats=False, **ma)[0]
+
+            with torch.no_grad():
+                ref = dense()
+                ms_dense = timer.measure(dense).median_ms
+                for page in [int(x) for x in args.pages.split(",")]:
+                    kc, kt = paged(k, page, gen)
+                    vc, vt = paged(v, page, gen)
+
+                    def paged_call():
+                        return flashspan.sdpa(q, kc, vc, attn_scale=scale, use_padding_mask=True, seq_len_q=lens,
+                                              seq_len_kv=lens, paged_attention_k_table=kt,
+                                              paged_attention_v_table=vt, paged_attention_max_seq_len_kv=s,
+                                              generate_stats=False, **ma)[0]
+
+                    ms = {}
+                    for route, value in (("sm90", None), ("sm80", "0")):
+                        with env("FLASHSPAN_SM90_SDPA_PAGED", value):
+                            out = paged_call()
+                            err = (out.float() - ref.float()).abs().max().item()
+                            if not err <= ref.float().abs().max().item() / 64:
+                                failures.append(f"D={d} {mask} page {page} paged {route}: max |diff| {err:.3g}")
+                            ms[route] = timer.measure(paged_call).median_ms
+                    print(f"| {d} | {mask} | {page} | {tflops(ms_dense):.0f} | {tflops(ms['sm90']):.0f} | "
+                          f"{ms_dense / ms['sm90']:.2f} | {tflops(ms['sm80']):.0f} | {ms_dense / ms['sm80']:.2f} |",
+                          flush=True)
+                    del kc, vc
+    finish_checks("sdpa_paged_bench", failures, "every paged output")
+
+
+if __name__ == "__main__":
+    main()
