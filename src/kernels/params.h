@@ -321,6 +321,10 @@ struct BwdParams : QkvParams {
   // equals the number of key blocks after it in the tile's Q2K row (descending key-block
   // order, kernels/sm90/kernel_bwd_sm90.cuh), then increments it. nullptr otherwise.
   int32_t* dq_sem = nullptr;
+  // The sm90 deterministic backward's item order: 0 = snake waves (each CTA's items fixed by its index,
+  // TileScheduler::next_cell_item); 1 = claimed in list order through the split schedule's counter
+  // (TileScheduler::claim: no item starts after a later one; experimental, FLASHSPAN_SM90_BWD_DET_CLAIM=1).
+  int det_claim = 0;
 };
 
 // The parameters of the analytic-mask kernels (SDPA): the flex parameters (no plan view, grid

@@ -361,7 +361,7 @@ __device__ __forceinline__ BwdItem next_bwd_item(const BwdParams& p, uint32_t it
   kern::WorkItem w = kern::TileScheduler::none();
   if (lane == 0) {
     const kern::TileScheduler sched = kern::TileScheduler::backward(p);
-    w = p.deterministic ? sched.next_cell_item(item_it) : sched.next(item_it);
+    w = p.deterministic && !p.det_claim ? sched.next_cell_item(item_it) : sched.next(item_it);
   }
   w.block = __shfl_sync(0xffffffffu, w.block, 0);
   w.head = __shfl_sync(0xffffffffu, w.head, 0);
