@@ -20,7 +20,7 @@ namespace flashspan {
 //   delta, lse2        fp32 [Hq, total_q] each
 //   deterministic = true, sm90 plans of head dims the sm90 backward runs, adds:
 //   dq_accum           fp32 [Hq, max_q_blocks, Bq, Dqk] (the sm90 tiles, below)
-//   dq_sem             int32 [Hq, max_q_blocks]: the tiles' ordering counters
+//   dq_sem             int32 [Hq, max_q_blocks, kDqSemStride]: the tiles' ordering counters, one a 128-byte line
 //   split schedule     as below, one slot per item of a split task (bwd_split.cuh, deterministic
 //                      form): max_split = min(kMaxSplit, max(1, max_tasks * G * max_q_blocks_1 / 8)),
 //                      G = Hq / Hkv, max_q_blocks_1 = ceil(min(max_seqlen_q, total_q) / Bq)
@@ -134,7 +134,7 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, const Plan
         w.dq_accum = off;
         off += ws_align(dq_tiles);
         w.dq_sem = off;
-        off += ws_align(sizeof(int32_t) * size_t(g.num_heads_q) * size_t(max_q_blocks));
+        off += ws_align(sizeof(int32_t) * kDqSemStride * size_t(g.num_heads_q) * size_t(max_q_blocks));
       }
       take_split(true);
     } else {

@@ -55,7 +55,8 @@ void launch_bwd_preprocess(const BwdParams& p, DType dtype, int64_t total_q, cud
   }
   if (p.dq_sem != nullptr && total_q > 0) {
     // The ordering counters of the dQ tiles (deterministic sm90 backward): one per tile.
-    check_cuda(cudaMemsetAsync(p.dq_sem, 0, sizeof(int32_t) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks),
+    check_cuda(cudaMemsetAsync(p.dq_sem, 0,
+                               sizeof(int32_t) * kDqSemStride * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks),
                                stream),
                "flex backward: clearing the dQ tile counters");
   }

@@ -714,7 +714,7 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
         tr.mark(kTrReady);
         const int64_t tile = *dq_info;
         [[maybe_unused]] int trace_rank = -1;
-        int32_t* sem = p.dq_sem != nullptr ? p.dq_sem + tile : nullptr;
+        int32_t* sem = p.dq_sem != nullptr ? p.dq_sem + tile * kDqSemStride : nullptr;
         if (sem != nullptr) {
           // Deterministic: wait until every larger key block of the tile's row has added.
           const uint32_t rs2 = dq_it & 1;

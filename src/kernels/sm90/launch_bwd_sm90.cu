@@ -206,7 +206,8 @@ void prepare_sdpa_bwd_sm90(SdpaBwdParams& p, int kBq, int kBk, int kd, int kdv, 
                                stream),
                "sdpa backward (sm90): clearing the dQ tiles");
     if (p.deterministic) {
-      check_cuda(cudaMemsetAsync(p.dq_sem, 0, sizeof(int32_t) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks),
+      check_cuda(cudaMemsetAsync(p.dq_sem, 0,
+                                 sizeof(int32_t) * kDqSemStride * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks),
                                  stream),
                  "sdpa backward (sm90): clearing the dQ tile counters");
     }
