@@ -6,7 +6,7 @@
 //   ldmatrix_x4      ldmatrix.sync.aligned.m8n8.x4(.trans).shared.b16: lanes 8i..8i+7 give the row
 //                    addresses of 8x8 matrix i; register i of lane l then holds row l/4, columns
 //                    2(l%4)..+1 of matrix i (with .trans: rows 2(l%4)..+1 of column l/4)
-//   exp2_approx      ex2.approx.ftz.f32 (exp2(-inf) = +0); its FMA-pipe twin exp2_poly: exp2_poly.h
+//   exp2_approx      ex2.approx.ftz.f32 (exp2(-inf) = +0)
 //   pack2, store_pair, to_float, from_float, cvt_fp8x2, pack_fp8x4: element conversions
 //   grid_dependency_wait / grid_dependency_trigger: programmatic dependent launch (sm_90 and newer;
 //                    no-ops below, where launch_util.h launch_dependent launches without the attribute)

@@ -21,7 +21,6 @@
 #include "core/philox.h"
 #include "kernels/common/analytic_mask.h"
 #include "kernels/common/analytic_seqlen.cuh"
-#include "kernels/common/exp2_poly.h"
 #include "kernels/common/ptx.cuh"
 #include "kernels/params.h"
 
@@ -34,32 +33,14 @@ namespace flashspan::kern {
 // 532-535 at D = 128, PERF_LOG v2.24); tanhf's inlined polynomial, unrolled over every score of a
 // fragment, made the forward units build 50 % slower. softcap: c tanh(x / c) = c - 2 c r with
 // r = rcp_exp2_plus1(2 log2(e) x / c) (absolute error of tanh ~2e-7). z2 > 64 gives 2^-64
-// (tanh = 1 in float), -inf gives 1. kPoly: 2^z2 by exp2_poly (FMA pipe, no MUFU op; relative
-// error 2^-22.5 against ex2.approx's ~2^-22), for FLASHSPAN_SOFTCAP_POLY_EXP2 below.
-template <bool kPoly = false>
+// (tanh = 1 in float), -inf gives 1.
 __device__ __forceinline__ float rcp_exp2_plus1(float z2) {
-  const float y = (kPoly ? exp2_poly(fminf(z2, 64.0f)) : exp2_approx(fminf(z2, 64.0f))) + 1.0f;
+  const float y = exp2_approx(fminf(z2, 64.0f)) + 1.0f;
   const float r0 = __int_as_float(0x7EF311C7 - __float_as_int(y));
   const float e0 = fmaf(-y, r0, 1.0f);               // relative error of r0
   const float r1 = fmaf(r0, fmaf(e0, e0, e0), r0);  // r0 (1 + e0 + e0^2): error e0^3 <= 1.3e-4
   return fmaf(r1, fmaf(-y, r1, 1.0f), r1);          // Newton: error <= 2e-8 + rounding
 }
-
-// Softcap's MUFU load in the sm90 forward: with rcp_exp2_plus1 each score still takes two MUFU
-// ops, the tanh's ex2 and the softmax's, and the softcap forward stays MUFU-bound (D = 128:
-// 313-324 TFLOP/s against ALiBi's 532-535, PERF_LOG v2.24). FLASHSPAN_SOFTCAP_POLY_EXP2=1
-// (build-time, for measurements; default 0, the SASS of 0 identical to the code before it) computes
-// the tanh's 2^z2 with exp2_poly (three FADD, five FFMA, integer shift / add / select) for half of
-// a thread's fragment elements, those of its odd n8 blocks (odd column pairs: n is an unrolled
-// index, so the choice is made at compile time and adds no branch), and keeps ex2.approx for the
-// rest: a quarter of the forward's MUFU ops per score moved to the FMA pipe, as FlashAttention-4
-// splits its exponentials between the two. Only the sm90 forward's SdpaTileScoreMod::apply takes it
-// (the kernels of AnalyticModSourceSm90 and of the dropout and paged sources derived from it); the
-// sm90 / sm80 backward and the sm80 forward call SdpaScoreMod::apply with kPolyHalf = false.
-// Not measured yet (PERF_LOG v2.45: the A/B build for the next GPU session).
-#ifndef FLASHSPAN_SOFTCAP_POLY_EXP2
-#define FLASHSPAN_SOFTCAP_POLY_EXP2 0
-#endif
 
 // The output gate's sigmoid (SdpaEpilogueParams::gate; the CPU reference's 1 / (1 + e^-x)), with
 // an approximate division (x < -87: the denominator overflows to inf and the result is 0, as it
@@ -451,18 +432,14 @@ struct SdpaScoreMod {
   // The modified logits of a warp's 16-row fragment of kN n8 blocks, in place. base: the
   // diagonal offset j - i - shift of the fragment's element (row 0, column 0); element (row
   // g + 8 (r / 2), column 8 n + 2 q + r % 2) of the fragment is offset by column - row.
-  // kPolyHalf: the tanh's 2^z of the odd n8 blocks by exp2_poly (FLASHSPAN_SOFTCAP_POLY_EXP2).
-  template <int kN, bool kPolyHalf = false>
+  template <int kN>
   __device__ __forceinline__ void apply(float (&s)[kN][4], int base, int lane) const {
     if (c2 != 0.0f) {
       const float k2 = 2.0f * kLog2e * inv_c2;
 #pragma unroll
       for (int n = 0; n < kN; ++n) {
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {  // c2 tanh(s / c2)
-          const float z2 = s[n][r] * k2;
-          s[n][r] = fmaf(-2.0f * c2, kPolyHalf && (n & 1) ? rcp_exp2_plus1<true>(z2) : rcp_exp2_plus1(z2), c2);
-        }
+        for (int r = 0; r < 4; ++r) s[n][r] = fmaf(-2.0f * c2, rcp_exp2_plus1(s[n][r] * k2), c2);  // c2 tanh(s / c2)
       }
     }
     add_alibi(s, base, lane);
@@ -590,7 +567,7 @@ struct SdpaTileScoreMod {
   }
   template <int kN>
   __device__ __forceinline__ void apply(float (&s)[kN][4]) const {
-    mod.apply<kN, FLASHSPAN_SOFTCAP_POLY_EXP2 != 0>(s, diag, lane);
+    mod.apply<kN>(s, diag, lane);
   }
   template <int kN>
   __device__ __forceinline__ void apply_visible(float (&s)[kN][4], bool partial) const {
