@@ -724,7 +724,7 @@ TEST(SdpaApi, CudaBackwardWorkspaceSize) {
   // accumulator also holds its dQ tiles (one 64 x 64 fp32 tile per (query head, sample, 64-row
   // query block)) and, deterministic, one int32 counter per tile after them.
   const size_t tiles = sizeof(float) * size_t(Hq * B * ((Sq + 63) / 64)) * 64 * 64;
-  const size_t sem = sizeof(int32_t) * size_t(Hq * B * ((Sq + 63) / 64));
+  const size_t sem = sizeof(int32_t) * flashspan::kDqSemStride * size_t(Hq * B * ((Sq + 63) / 64));
   for (bool det : {true, false}) {
     SdpaBackwardAttributes attr;
     attr.set_causal_mask(true).set_deterministic_algorithm(det);

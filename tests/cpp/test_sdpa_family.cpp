@@ -1104,7 +1104,7 @@ TEST(SdpaFamily, Sm90BackwardWorkspaceHoldsItsTiles) {
       const sdpa::Problem p = backward_problem(c, det);
       const size_t per = (sizeof(float) * 4 * 2 * 300 + 255) / 256 * 256;  // [H_q, B S_q] fp32
       const size_t tiles = sizeof(float) * 4 * 2 * 5 * 64 * kd;             // ceil(300 / 64) = 5 blocks
-      const size_t sem = (sizeof(int32_t) * 4 * 2 * 5 + 255) / 256 * 256;
+      const size_t sem = (sizeof(int32_t) * kDqSemStride * 4 * 2 * 5 + 255) / 256 * 256;
       const size_t want = det ? 2 * per + (tiles + 255) / 256 * 256 + sem
                               : 2 * per + (std::max(per * size_t(dqk), tiles) + 255) / 256 * 256;
       EXPECT_EQ(sdpa_bwd_workspace_size(p), want) << "deterministic " << det << " D " << dqk;
@@ -1146,7 +1146,7 @@ TEST(SdpaFamily, Sm90BackwardModsWorkspaceHoldsDsAndGatedDo) {
     const Call c = bias_gate_call();  // the (128, 128) kernel's tiles
     const size_t per = al(sizeof(float) * 4 * 2 * 300);           // [H_q, B S_q] fp32
     const size_t tiles = sizeof(float) * 4 * 2 * 5 * 64 * 128;     // 64 x 128 per (head, sample, query block)
-    const size_t sem = al(sizeof(int32_t) * 4 * 2 * 5);
+    const size_t sem = al(sizeof(int32_t) * kDqSemStride * 4 * 2 * 5);
     const size_t ds = al(sizeof(float) * 2 * 4 * 300 * 500);       // S_kv = 500, even
     const size_t gated = al(2 * 4 * 2 * 300 * 96);
     const size_t head = det ? 2 * per + al(tiles) + sem : 2 * per + al(std::max(per * 96, tiles));
