@@ -41,7 +41,6 @@ Prints a markdown table (and writes it to --out).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import math
 import os
 import sys
@@ -52,6 +51,7 @@ import torch.nn.functional as F  # noqa: E402
 
 import flashspan  # noqa: E402
 import flashspan.masks  # noqa: E402
+from flashspan.bench.switches import scoped_env  # noqa: E402
 from flashspan.bench.timing import Timer, tflops  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
@@ -71,28 +71,11 @@ def spot(t: torch.Tensor) -> torch.Tensor:
     return x.float()
 
 
-@contextlib.contextmanager
 def route_env(route: str):
     """Environment of one flashspan route for the calls inside (restored after)."""
-    keys = ("FLASHSPAN_EXPERIMENTAL", "FLASHSPAN_KERNEL_FAMILY", "FLASHSPAN_SDPA_SM80_FEATURES")
-    saved = {k: os.environ.get(k) for k in keys}
-    os.environ["FLASHSPAN_EXPERIMENTAL"] = "0" if route.startswith("flex") or route == "native" else "1"
-    if route.endswith("80") or route == "native80f":
-        os.environ["FLASHSPAN_KERNEL_FAMILY"] = "sm80"
-    else:
-        os.environ.pop("FLASHSPAN_KERNEL_FAMILY", None)
-    if route == "native80f":
-        os.environ["FLASHSPAN_SDPA_SM80_FEATURES"] = "1"
-    else:
-        os.environ.pop("FLASHSPAN_SDPA_SM80_FEATURES", None)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    return scoped_env(FLASHSPAN_EXPERIMENTAL="0" if route.startswith("flex") or route == "native" else "1",
+                      FLASHSPAN_KERNEL_FAMILY="sm80" if route.endswith("80") or route == "native80f" else None,
+                      FLASHSPAN_SDPA_SM80_FEATURES="1" if route == "native80f" else None)
 
 
 def visible_pairs(s: int, mask: str) -> int:

@@ -21,7 +21,6 @@ Usage: python benchmarks/sdpa_decode_bench.py [--skv 32768] [--page 64] [--reps 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 
@@ -30,22 +29,12 @@ import torch.nn.functional as F
 
 import flashspan
 from flashspan.bench.report import finish_checks
+from flashspan.bench.switches import scoped_env
 from flashspan.bench.timing import Timer
+from flashspan.bench.workloads import paged_cache
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
 from criteria import check_tensor  # noqa: E402  (the tests' one error criterion)
-
-
-def paged(dense: torch.Tensor, page: int, gen: torch.Generator):
-    """dense [B, H, S, D] -> (container [B * S / page, H, page, D] with shuffled pages, table [B, 1, S / page, 1])."""
-    B, H, S, D = dense.shape
-    P = S // page
-    perm = torch.randperm(B * P, generator=gen).to(dense.device)
-    container = torch.empty(B * P, H, page, D, dtype=dense.dtype, device=dense.device)
-    blocks = dense.view(B, H, P, page, D).permute(0, 2, 1, 3, 4).reshape(B * P, H, page, D)
-    container[perm] = blocks
-    table = perm.view(B, 1, P, 1).to(torch.int32)
-    return container, table
 
 
 def main() -> None:
@@ -74,8 +63,8 @@ def main() -> None:
         k = torch.randn(b, hkv, sk, d, device=dev, dtype=torch.bfloat16)
         v = torch.randn(b, hkv, sk, d, device=dev, dtype=torch.bfloat16)
         scale = d ** -0.5
-        kc, kt = paged(k, args.page, gen)
-        vc, vt = paged(v, args.page, gen)
+        kc, kt = paged_cache(k, args.page, gen)
+        vc, vt = paged_cache(v, args.page, gen)
         lens = torch.full((b,), sk, dtype=torch.int32, device=dev)
         lens_q = torch.ones(b, dtype=torch.int32, device=dev)
 
@@ -98,11 +87,8 @@ def main() -> None:
             ms_paged = timer.measure(paged_call).median_ms
             prefill = "-"
             if not args.no_prefill:
-                os.environ["FLASHSPAN_SDPA_DECODE"] = "0"
-                try:
+                with scoped_env(FLASHSPAN_SDPA_DECODE="0"):
                     prefill = f"{timer.measure(dense).median_ms:.3f}"
-                finally:
-                    del os.environ["FLASHSPAN_SDPA_DECODE"]
             ms_torch = timer.measure(lambda: F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
                                      ).median_ms
         kv_bytes = 2 * b * hkv * sk * d * 2
@@ -121,19 +107,6 @@ def alibi_slopes(h: int) -> torch.Tensor:
         n *= 2
     e = [-8.0 * (i + 1) / n if i < n else -4.0 * (2 * (i - n) + 1) / n for i in range(h)]
     return torch.tensor([2.0 ** x for x in e], dtype=torch.float32)
-
-
-@contextlib.contextmanager
-def _env(name: str, value: str):
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            del os.environ[name]
-        else:
-            os.environ[name] = old
 
 
 def alibi_table(args, timer, failures) -> None:
@@ -161,7 +134,7 @@ def alibi_table(args, timer, failures) -> None:
                                                  enable_gqa=True)
             times = {}
             for name, env in (("decode", ("FLASHSPAN_SDPA_DECODE", "1")), ("prefill", ("FLASHSPAN_SDPA_DECODE", "0"))):
-                with _env(*env):
+                with scoped_env(**{env[0]: env[1]}):
                     try:
                         check_tensor(call(), ref, torch.bfloat16, f"ALiBi B={b} Hq/Hkv={hq}/{hkv} {name}")
                     except AssertionError as e:

@@ -17,40 +17,14 @@ Usage: python benchmarks/sdpa_paged_bench.py [--batch 4] [--seq 8192] [--dims 64
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 
 import torch
 
 import flashspan
 from flashspan.bench.report import finish_checks
+from flashspan.bench.switches import scoped_env
 from flashspan.bench.timing import Timer
-
-
-def paged(dense: torch.Tensor, page: int, gen: torch.Generator):
-    """dense [B, H, S, D] -> (container [B * S / page, H, page, D] with shuffled pages, table [B, 1, S / page, 1])."""
-    b, h, s, d = dense.shape
-    n = s // page
-    perm = torch.randperm(b * n, generator=gen).to(dense.device)
-    container = torch.empty(b * n, h, page, d, dtype=dense.dtype, device=dense.device)
-    container[perm] = dense.view(b, h, n, page, d).permute(0, 2, 1, 3, 4).reshape(b * n, h, page, d)
-    return container, perm.view(b, 1, n, 1).to(torch.int32)
-
-
-@contextlib.contextmanager
-def env(name: str, value: str | None):
-    old = os.environ.get(name)
-    if value is None:
-        os.environ.pop(name, None)
-    else:
-        os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
+from flashspan.bench.workloads import paged_cache
 
 
 def main() -> None:
@@ -90,8 +64,8 @@ def main() -> None:
                 ref = dense()
                 ms_dense = timer.measure(dense).median_ms
                 for page in [int(x) for x in args.pages.split(",")]:
-                    kc, kt = paged(k, page, gen)
-                    vc, vt = paged(v, page, gen)
+                    kc, kt = paged_cache(k, page, gen)
+                    vc, vt = paged_cache(v, page, gen)
 
                     def paged_call():
                         return flashspan.sdpa(q, kc, vc, attn_scale=scale, use_padding_mask=True, seq_len_q=lens,
@@ -101,7 +75,7 @@ def main() -> None:
 
                     ms = {}
                     for route, value in (("sm90", None), ("sm80", "0")):
-                        with env("FLASHSPAN_SM90_SDPA_PAGED", value):
+                        with scoped_env(FLASHSPAN_SM90_SDPA_PAGED=value):
                             out = paged_call()
                             err = (out.float() - ref.float()).abs().max().item()
                             if not err <= ref.float().abs().max().item() / 64:

@@ -23,7 +23,6 @@ Usage: python benchmarks/sdpa_thd_bench.py [--tokens 32768] [--doc-len 4096|rand
 from __future__ import annotations
 
 import argparse
-import contextlib
 import itertools
 import os
 import random
@@ -32,6 +31,7 @@ import sys
 import torch
 
 import flashspan
+from flashspan.bench.switches import scoped_env
 from flashspan.bench.timing import Timer, tflops
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "python"))
@@ -41,21 +41,9 @@ from criteria import check_tensor  # noqa: E402  (the tests' one error criterion
 THD_ENV = "FLASHSPAN_SM90_SDPA_THD"  # "0": packed calls on the sm80 kernels (the sm80 route); unset: the default
 
 
-@contextlib.contextmanager
 def sm90_thd(on: bool):
     """Packed tensors on the sm90 kernels (the default: the variable unset) or, off, on the sm80 ones (its "0")."""
-    saved = os.environ.get(THD_ENV)
-    if on:
-        os.environ.pop(THD_ENV, None)
-    else:
-        os.environ[THD_ENV] = "0"
-    try:
-        yield
-    finally:
-        if saved is None:
-            os.environ.pop(THD_ENV, None)
-        else:
-            os.environ[THD_ENV] = saved
+    return scoped_env(**{THD_ENV: None if on else "0"})
 
 
 def lengths(tokens: int, doc_len: str, seed: int = 0) -> list[int]:

@@ -137,3 +137,15 @@ def dense_workloads(quick: bool, cpu_seqlen: Optional[int], device: torch.device
                 natural_mask_mod=(lambda bb, hh, q, kv: q >= kv) if is_causal else None,
                 sdpa_causal=is_causal))
     return out
+
+
+def paged_cache(dense: torch.Tensor, page: int, gen: torch.Generator):
+    """A paged K or V cache holding ``dense`` ([B, H, S, D], S a multiple of ``page``): (container
+    ``[B * S / page, H, page, D]`` with the pages in a random order drawn from ``gen``, page table
+    ``[B, 1, S / page, 1]`` int32), the ``flashspan.sdpa`` paged form (``paged_attention_k_table`` / ``_v_table``)."""
+    b, h, s, d = dense.shape
+    n = s // page
+    perm = torch.randperm(b * n, generator=gen).to(dense.device)
+    container = torch.empty(b * n, h, page, d, dtype=dense.dtype, device=dense.device)
+    container[perm] = dense.view(b, h, n, page, d).permute(0, 2, 1, 3, 4).reshape(b * n, h, page, d)
+    return container, perm.view(b, 1, n, 1).to(torch.int32)
