@@ -16,16 +16,6 @@
 
 namespace flashspan {
 
-bool experimental_from_env() {
-  const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
-  return e != nullptr && std::strcmp(e, "1") == 0;
-}
-
-bool env_flag_off(const char* name) {
-  const char* e = std::getenv(name);
-  return e != nullptr && std::strcmp(e, "0") == 0;
-}
-
 namespace {
 
 // The consumer of family `arch` with the tiles of its tile table (TileSm80 or TileSm90: fwd_bq,

@@ -9,6 +9,7 @@
 // Plain C++, no CUDA: CPU builds plan for any family.
 #pragma once
 
+#include "core/env_switch.h"  // experimental_from_env, env_flag_off
 #include "core/geometry.h"
 #include "kernels/sm80/tile_sm80.h"  // kDecodeBlockQ
 #include "plan/mask_plan.h"
@@ -77,17 +78,8 @@ PlanChoice choose_plan(int requested_arch, int requested_pack_gqa, const FlexGeo
 // Throws Error(kInvalidArgument) naming the variable for another value (plan_choice.cpp).
 int kernel_family_from_env();
 
-// Whether the environment turns the experimental GPU paths on: FLASHSPAN_EXPERIMENTAL=1 (paged K/V
-// caches on CUDA tensors, sdpa_support.cpp; the deterministic sm90 backward's cut of long walks and
-// the split-first item list, launch_sm90.h); read per call, so that a process may switch it between
-// calls (family.cpp).
-bool experimental_from_env();
-
-// Whether the environment variable `name` is set to "0": the reader of the "off" switches of
-// paths that are on by default (FLASHSPAN_SM90_BWD, FLASHSPAN_SM90_SDPA_MODS, ...; unset or any
-// other value: not off). Reads the environment at each call; callers that read a switch once keep
-// its answer themselves.
-bool env_flag_off(const char* name);
+// experimental_from_env (FLASHSPAN_EXPERIMENTAL exactly "1") and env_flag_off (a variable exactly "0"), read per
+// call: core/env_switch.h, the one home of the rules that kernels/ shares.
 
 // Head dims the GPU kernels (the sm80 family) run: {8, 16, ..., 128}^2, (192, 128),
 // (256, 256). Throws Error(kNotSupported) naming the dims otherwise.

@@ -53,8 +53,8 @@ class ScopedSwitch {
 };
 
 // The rule of a dispatch switch on by default (a path whose GPU tests passed; dispatch/sdpa_launch.h): without its
-// override, on unless the environment variable `var` is exactly "0" (family.cpp env_flag_off: unset, empty or any
-// other value leaves it on), read per call; FLASHSPAN_EXPERIMENTAL (the switch of the experimental paths) changes
+// override, on unless the environment variable `var` is exactly "0" (core/env_switch.h env_flag_off: unset, empty or
+// any other value leaves it on), read per call; FLASHSPAN_EXPERIMENTAL (the switch of the experimental paths) changes
 // neither answer; the override (`set`: 1 on, 0 off) wins over the environment both ways, -1 gives the environment's
 // answer back. effect(on, where), if given, checks what the switch changes in each state (`where` names the
 // environment and the override, for failure messages). Leaves the override at -1 and the environment as it was.

@@ -1126,7 +1126,7 @@ TEST(SdpaFp8, Sm90StoreInKernelSwitch) {
 }
 
 // The FP8 backward's switch: on by default (since its GPU tests passed on an H200), off when
-// FLASHSPAN_SDPA_FP8_BWD is exactly "0" (family.cpp env_flag_off; unset, empty or any other value: on), read per
+// FLASHSPAN_SDPA_FP8_BWD is exactly "0" (core/env_switch.h env_flag_off; unset, empty or any other value: on), read per
 // call; FLASHSPAN_EXPERIMENTAL (its switch before) no longer changes it; set_sdpa_fp8_bwd_enabled(1 / 0) wins over
 // the environment both ways, -1 gives the environment back.
 TEST(SdpaFp8, BackwardOnCudaSwitchReadsTheEnvironment) {

@@ -596,7 +596,7 @@ TEST(SdpaPaged, CudaRulesBiasDropout) {
 
 TEST(SdpaPaged, FeaturePairsSwitchReadsTheEnvironment) {
   // The feature pairs' switch (sdpa_launch.h sdpa_feature_pairs_enabled): on by default (since their GPU tests
-  // passed on an H200), off when FLASHSPAN_SDPA_FEATURE_PAIRS is exactly "0" (family.cpp env_flag_off; unset,
+  // passed on an H200), off when FLASHSPAN_SDPA_FEATURE_PAIRS is exactly "0" (core/env_switch.h env_flag_off; unset,
   // empty or any other value: on), read per check_support; FLASHSPAN_EXPERIMENTAL (their switch before) no
   // longer changes it; set_sdpa_feature_pairs_enabled(1 / 0) wins over the environment both ways, -1 gives it
   // back. Seen through a paged call with a bias: accepted for the pair when on, refused naming it when off.

@@ -2,13 +2,13 @@
 // ExperimentalSwitch: off unless FLASHSPAN_EXPERIMENTAL is exactly "1" (read at each on()): the launchers' switches
 // of paths not yet run on a GPU. OffSwitch: a launcher path on by default since its GPU tests passed, off with its
 // own variable set to exactly "0" (read at each on(); FLASHSPAN_EXPERIMENTAL ignored), e.g.
-// kernels/common/fp8_prepass.h fp8_widen_vec_enabled. Dispatch's own switches live in dispatch/ (family.h
-// experimental_from_env, env_flag_off).
+// kernels/common/fp8_prepass.h fp8_widen_vec_enabled. The environment's rules live in core/env_switch.h
+// (experimental_from_env, env_flag_off), shared with dispatch's own switches (dispatch/family.h).
 #pragma once
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
+
+#include "core/env_switch.h"
 
 namespace flashspan::kern {
 
@@ -19,8 +19,7 @@ struct ExperimentalSwitch {
   bool on() const {
     const int o = override_.load(std::memory_order_relaxed);
     if (o >= 0) return o == 1;
-    const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
-    return e != nullptr && std::strcmp(e, "1") == 0;
+    return experimental_from_env();
   }
 };
 
@@ -33,8 +32,7 @@ struct OffSwitch {
   bool on() const {
     const int o = override_.load(std::memory_order_relaxed);
     if (o >= 0) return o == 1;
-    const char* e = std::getenv(var);
-    return e == nullptr || std::strcmp(e, "0") != 0;
+    return !env_flag_off(var);
   }
 };
 

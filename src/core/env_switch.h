@@ -1,0 +1,28 @@
+// The environment's switch rules, one home for dispatch/ (family.h) and kernels/ (kernels/common/experimental_switch.h):
+// both read the environment at each call, so that a process may switch a path between calls; callers that read a
+// switch once keep its answer themselves.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+
+namespace flashspan {
+
+// Whether the environment turns the experimental GPU paths on: FLASHSPAN_EXPERIMENTAL exactly "1" (unset, empty or
+// any other value: off). Dispatch's experimental switches (paged K/V caches on CUDA tensors, sdpa_support.cpp; the
+// deterministic sm90 backward's cut of long walks and the split-first item list, launch_sm90.h) and
+// kern::ExperimentalSwitch read it.
+inline bool experimental_from_env() {
+  const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
+  return e != nullptr && std::strcmp(e, "1") == 0;
+}
+
+// Whether the environment variable `name` is exactly "0": the off switch of a path on by default (FLASHSPAN_SM90_BWD,
+// FLASHSPAN_SM90_SDPA_MODS, ..., kern::OffSwitch; unset, empty or any other value: not off; FLASHSPAN_EXPERIMENTAL
+// ignored).
+inline bool env_flag_off(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr && std::strcmp(e, "0") == 0;
+}
+
+}  // namespace flashspan
