@@ -8,14 +8,18 @@
 
 namespace flashspan {
 
+// Whether the environment variable `name` is exactly "1": the on switch of a path off by default (unset, empty or
+// any other value: off), e.g. the measurement switches FLASHSPAN_SM90_BWD_DET_UNORDERED / _DET_CLAIM.
+inline bool env_flag_on(const char* name) {
+  const char* e = std::getenv(name);
+  return e != nullptr && std::strcmp(e, "1") == 0;
+}
+
 // Whether the environment turns the experimental GPU paths on: FLASHSPAN_EXPERIMENTAL exactly "1" (unset, empty or
 // any other value: off). Dispatch's experimental switches (paged K/V caches on CUDA tensors, sdpa_support.cpp; the
 // deterministic sm90 backward's cut of long walks and the split-first item list, launch_sm90.h) and
 // kern::ExperimentalSwitch read it.
-inline bool experimental_from_env() {
-  const char* e = std::getenv("FLASHSPAN_EXPERIMENTAL");
-  return e != nullptr && std::strcmp(e, "1") == 0;
-}
+inline bool experimental_from_env() { return env_flag_on("FLASHSPAN_EXPERIMENTAL"); }
 
 // Whether the environment variable `name` is exactly "0": the off switch of a path on by default (FLASHSPAN_SM90_BWD,
 // FLASHSPAN_SM90_SDPA_MODS, ..., kern::OffSwitch; unset, empty or any other value: not off; FLASHSPAN_EXPERIMENTAL

@@ -34,6 +34,7 @@
 #include <cuda_runtime.h>
 #endif
 
+#include "core/env_switch.h"
 #include "error_criteria.h"
 #include "gpu_harness.h"
 #include "kernel_internals.h"
@@ -483,8 +484,7 @@ void run_case(const Case& case_in) {
     EXPECT_LE(hdr[BwdSplit::kNumSplit], wl.max_split) << "slots";
     EXPECT_LE(hdr[BwdSplit::kTotal], wl.max_items) << "items";
     EXPECT_GT(hdr[BwdSplit::kTotal], p.plan->counts.num_bwd_tasks) << "items";
-    const char* claim = std::getenv("FLASHSPAN_SM90_BWD_DET_CLAIM");
-    if (c.deterministic && !(claim != nullptr && std::strcmp(claim, "1") == 0)) {
+    if (c.deterministic && !env_flag_on("FLASHSPAN_SM90_BWD_DET_CLAIM")) {
       // The deterministic schedule hands its items out in snake waves (TileScheduler::next_cell_item),
       // without the claim counter (unless FLASHSPAN_SM90_BWD_DET_CLAIM=1: claimed in list order, as below).
       EXPECT_EQ(hdr[BwdSplit::kCounter], 0) << "claim counter (deterministic: no claims)";

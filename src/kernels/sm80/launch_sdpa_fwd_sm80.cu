@@ -6,9 +6,8 @@
 // features instantiation's carries every feature's code as run-time flags: 5x the loop's
 // instructions, the scale not folded into the softmax's exponent).
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
+#include "core/env_switch.h"
 #include "kernels/common/grid.h"
 #include "kernels/sm80/kernel_fwd_sm80.cuh"
 #include "kernels/common/fwd_launch.h"
@@ -45,8 +44,7 @@ void set_sdpa_sm80_features_forced(int on) {
 bool sdpa_sm80_features_forced() {
   const int o = g_features_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
-  const char* e = std::getenv("FLASHSPAN_SDPA_SM80_FEATURES");
-  return e != nullptr && std::strcmp(e, "1") == 0;
+  return env_flag_on("FLASHSPAN_SDPA_SM80_FEATURES");
 }
 
 int64_t sdpa_fwd_mask_only_launches() { return g_fwd_mask_only_launches.load(std::memory_order_relaxed); }

@@ -8,9 +8,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
+#include "core/env_switch.h"
 #include "core/error.h"
 #include "kernels/common/grid.h"
 #include "kernels/common/launch_bwd_common.h"
@@ -78,10 +77,7 @@ int64_t sdpa_bwd_drop_launches() { return g_sdpa_bwd_drop_launches.load(std::mem
 // cost of the ordering from that of the schedule (PERF_LOG v2.2).
 namespace {
 bool bwd_det_unordered() {
-  static const bool on = [] {
-    const char* v = std::getenv("FLASHSPAN_SM90_BWD_DET_UNORDERED");
-    return v != nullptr && std::strcmp(v, "1") == 0;
-  }();
+  static const bool on = env_flag_on("FLASHSPAN_SM90_BWD_DET_UNORDERED");
   return on;
 }
 // FLASHSPAN_SM90_BWD_DET_CLAIM=1 (experimental, read per call): the deterministic schedule's items claimed in list
@@ -89,10 +85,7 @@ bool bwd_det_unordered() {
 // dQ chains blocked for ~0.4 ms behind the first item of a chain, which the snake had placed late on a CTA whose
 // earlier items were long; claimed in order, no item starts after a later one. Still deadlock-free: an item waits
 // only on earlier items, each of which is running or done when it is claimed.
-bool bwd_det_claim() {
-  const char* v = std::getenv("FLASHSPAN_SM90_BWD_DET_CLAIM");
-  return v != nullptr && std::strcmp(v, "1") == 0;
-}
+bool bwd_det_claim() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_CLAIM"); }
 }  // namespace
 
 // The BSHD view [B, S_q, H_q, D_v] of the gated dO in the workspace ([H_q, B S_q, D_v], params.h
