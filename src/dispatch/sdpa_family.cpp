@@ -115,7 +115,7 @@ Switch g_sdpa_sm90_thd{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_THD"); }};
 // sm80 FP8 forward.
 Switch g_sdpa_fp8_sm90_thd{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8_THD"); }};
 // Paged K/V caches on the 16-bit sm90 forward (sdpa_fwd_sm90_paged_refusal; kernel_fwd_sm90.cuh
-// sdpa_fwd_paged_kernel_sm90), by default since 2026-12-05 (its GPU tests passed on an H200: SdpaPagedGpu.Sm90Paged*,
+// sdpa_fwd_paged_kernel_sm90), by default since 2026-12-05 (its GPU tests passed on an H100: SdpaPagedGpu.Sm90Paged*,
 // every SdpaPagedGpu test with it on by default, memcheck of Sm90PagedSanitizerSmall / Sm90PagedBadEntryIsNaN;
 // PERF_LOG v2.46); FLASHSPAN_SM90_SDPA_PAGED=0 (read per call) keeps paged forwards on the sm80 paged kernel.
 Switch g_sdpa_sm90_paged{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_PAGED"); }};

@@ -262,7 +262,7 @@ bool sdpa_fp8_sm90_thd_enabled();
 void set_sdpa_fp8_sm90_thd_enabled(int on);
 // Paged K/V caches on the 16-bit sm90 forward (kernels/sm90/launch_sm90.h launch_sdpa_fwd_paged_sm90: the sm90
 // forward's kernel with the modifiers' source, K / V boxes placed through the page tables by TMA, kv_addr.cuh
-// PagedKv's TMA form): on by default (its GPU tests passed on an H200, 2026-12-05); FLASHSPAN_SM90_SDPA_PAGED=0 (read
+// PagedKv's TMA form): on by default (its GPU tests passed on an H100, 2026-12-05); FLASHSPAN_SM90_SDPA_PAGED=0 (read
 // per call) turns it off, set_sdpa_sm90_paged_enabled overrides it (tests: 1 on, 0 off, -1 the environment's
 // answer). Off, or for a call it
 // does not take, paged forwards keep the sm80 paged kernel (and the decode forward its calls). On an sm_90 device

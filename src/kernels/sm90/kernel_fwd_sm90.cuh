@@ -473,7 +473,7 @@ struct AnalyticDropSourceSm90 : AnalyticModSourceSm90<L> {
   }
 };
 
-// SDPA over paged K/V caches (sdpa_fwd_paged_kernel_sm90, experimental: dispatch's sdpa_sm90_paged_enabled;
+// SDPA over paged K/V caches (sdpa_fwd_paged_kernel_sm90, on by default: dispatch's sdpa_sm90_paged_enabled;
 // params.h SdpaPagedFwdSm90Params): the modifiers' source without the bias (softcap, ALiBi, sinks, the gate,
 // score_max / score_sum_exp and the block_mask as run-time flags; the bias and dropout keep the sm80 paged
 // kernel), its K and V boxes placed by the paged address role (kv_addr.cuh PagedKv, TMA form: the producer's
@@ -1087,7 +1087,7 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// The SDPA forward over paged K/V caches (experimental; params.h SdpaPagedFwdSm90Params): the same kernel
+// The SDPA forward over paged K/V caches (params.h SdpaPagedFwdSm90Params): the same kernel
 // with AnalyticPagedSourceSm90 (the modifiers' source without the bias, K / V boxes from the page tables), max_logit
 // tested at run time, the overlapped consumers; (64, 64) and (128, 128), fp16 / bf16 (units
 // sdpa_fwd_paged_sm90_d{64,128}.cu). tm_k / tm_v: the containers' maps (column, row, head, page) with boxes of

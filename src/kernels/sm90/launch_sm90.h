@@ -59,7 +59,7 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p, const TensorView& q, const Ten
 int64_t sdpa_fwd_launches();
 int64_t sdpa_fwd_drop_launches();
 
-// SDPA forward over paged K/V caches (kernel_fwd_sm90.cuh sdpa_fwd_paged_kernel_sm90; experimental,
+// SDPA forward over paged K/V caches (kernel_fwd_sm90.cuh sdpa_fwd_paged_kernel_sm90; on by default,
 // dispatch/sdpa_launch.h sdpa_sm90_paged_enabled), for the calls sdpa_fwd_sm90_paged_refusal accepts: p as
 // sdpa_paged_fwd_params_sm90 fills it (padded q / o / stats, head dims up to 128, no bias or dropout, pages of
 // 8 keys or more, bad_samples: B int32 of the workspace); q the [B, H, S, D] descriptor, k / v the containers
