@@ -183,9 +183,13 @@ cpp_suite() {
     # (64, 64) sm90 plans take the wide 128 x 128 backward tile by default: the 64 x 128 kernel once.
     gtest_run "gtest sm90 bwd 64x128" gtest_sm90_bwd_narrow64.log env FLASHSPAN_SM90_BWD_WIDE64=0 "$tests" --gtest_brief=1 \
       --gtest_filter='FlexGpuSm90.BwdRandomCases:FlexGpuSm90.BwdSpecialCases:FlexGpuSm90.BwdSanitizerSmall'
-    # The deterministic backward's items claimed in list order (experimental, FLASHSPAN_SM90_BWD_DET_CLAIM=1).
+    # The deterministic backward picks its item order from the plan (claimed when the walks are uneven, else
+    # snake waves): each order on every plan once, the snake with the release hand-off of the dQ turns.
     gtest_run "gtest sm90 det-claim" gtest_sm90_det_claim.log env FLASHSPAN_SM90_BWD_DET_CLAIM=1 "$tests" --gtest_brief=1 \
-      --gtest_filter='FlexGpuSm90.BwdDeterministic:FlexGpuSm90.BwdBigDimsDeterministic'
+      --gtest_filter='FlexGpuSm90.BwdDeterministic:FlexGpuSm90.BwdBigDimsDeterministic:FlexGpuSm90.BwdWideCases'
+    gtest_run "gtest sm90 det-snake-release" gtest_sm90_det_snake.log env FLASHSPAN_SM90_BWD_DET_CLAIM=0 \
+      FLASHSPAN_SM90_BWD_DET_RELAXED=0 "$tests" --gtest_brief=1 \
+      --gtest_filter='FlexGpuSm90.BwdDeterministic:FlexGpuSm90.BwdBigDimsDeterministic:FlexGpuSm90.BwdWideCases'
   fi
 
   # The SDPA calls with score modifiers, sinks, bias, the gate or the statistics outputs run the sm90

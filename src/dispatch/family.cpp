@@ -174,10 +174,12 @@ bool bwd_deterministic_enabled() {
 
 void set_bwd_det_split(int on) { store_override(g_det_split_override, on); }
 
-// The deterministic backward's cut of long walks: on by default since PERF_LOG v2.32 at m = 16
-// (FLASHSPAN_SM90_BWD_DET_SPLIT=0 turns it off, read once); with FLASHSPAN_EXPERIMENTAL=1 (read per
-// call) at m = 2, which also cuts document_causal's, tree_bfs's, hstu's and longformer's longer
-// walks (faster on some, slower on others: PERF_LOG v2.13, v2.32).
+// The deterministic backward's cut of long walks: on by default since PERF_LOG v2.32, at m = 4 since v2.50
+// (16 before: longformer's global key blocks and tree_bfs's root spans, ~15x the mean, ran whole; on an H100,
+// S = 32768, longformer 17.6 -> 62.8 TFLOP/s, tree_bfs 136 -> 161, the masks not cut unchanged;
+// FLASHSPAN_SM90_BWD_DET_SPLIT=0 turns it off, read once); with FLASHSPAN_EXPERIMENTAL=1 (read per call) at
+// m = 2, which also cuts document_causal's and hstu's longer walks (faster on some, slower on others: PERF_LOG
+// v2.13, v2.32).
 bool bwd_det_split_enabled() {
   const int o = g_det_split_override.load(std::memory_order_relaxed);
   if (o >= 0) return o == 1;
@@ -196,7 +198,7 @@ int bwd_det_split_above_mean() {
     return v >= 2 && v <= 4096 ? v : 0;
   }();
   if (env >= 2) return env;
-  return experimental_from_env() ? 2 : 16;
+  return experimental_from_env() ? 2 : 4;
 }
 
 void set_bwd_cell_order(int on) { store_override(g_cell_order_override, on); }

@@ -29,8 +29,10 @@ struct TensorAddr {
 // workspace slots and are combined afterwards. All arrays live in the call's workspace.
 struct SplitSchedule {
   // hdr[kTotal]: number of items; hdr[kCounter]: next item to claim (zeroed by the scan
-  // kernel); hdr[kChunk]: steps per item of this run; hdr[kNumSplit]: slots used.
-  static constexpr int kTotal = 0, kCounter = 1, kChunk = 2, kNumSplit = 3, kHdrInts = 4;
+  // kernel); hdr[kChunk]: steps per item of this run; hdr[kNumSplit]: slots used; hdr[kUneven]:
+  // 1 when the longest task has more than twice the mean task's steps (not causal-like: the
+  // deterministic sm90 backward then claims its items in list order, BwdParams::det_claim).
+  static constexpr int kTotal = 0, kCounter = 1, kChunk = 2, kNumSplit = 3, kUneven = 4, kHdrInts = 5;
   // Chunk = max(kChunkMin, ceil(total steps / (kItemsPerCta * num_ctas)),
   //             ceil(total steps / kMaxSplit), and a term that depends on how the task
   //             count compares with the grid: split_schedule.cuh), so that
@@ -328,8 +330,17 @@ struct BwdParams : QkvParams {
   int32_t* dq_sem = nullptr;
   // The sm90 deterministic backward's item order: 0 = snake waves (each CTA's items fixed by its index,
   // TileScheduler::next_cell_item); 1 = claimed in list order through the split schedule's counter
-  // (TileScheduler::claim: no item starts after a later one; experimental, FLASHSPAN_SM90_BWD_DET_CLAIM=1).
-  int det_claim = 0;
+  // (TileScheduler::claim: no item starts after a later one); -1 (the default) = claimed when the plan's
+  // walks are uneven (split.hdr[kUneven], written by the scan kernel), else snake waves. Causal-like plans
+  // (longest walk <= 2x the mean) keep the snake: claimed in list order their walks grow along the list and
+  // dependent key blocks run side by side (PERF_LOG v2.50). FLASHSPAN_SM90_BWD_DET_CLAIM=0 / 1 forces one.
+  int det_claim = -1;
+  // The sm90 deterministic backward's hand-off of a dQ tile's turn: 1 (the default) = a relaxed increment of
+  // the counter issued after the bulk reduce-add has completed (cp.async.bulk.wait_group 0, not .read: the
+  // additions are performed in global memory before the increment is issued); 0 = a release increment
+  // (red.release.gpu: a MEMBAR.ALL.GPU in front of it, 0.7-1.9 us a turn in the v2.48 trace;
+  // FLASHSPAN_SM90_BWD_DET_RELAXED=0).
+  int det_relaxed = 1;
 };
 
 // The parameters of the analytic-mask kernels (SDPA): the flex parameters (no plan view, grid

@@ -472,7 +472,7 @@ void run_case(const Case& case_in) {
   EXPECT_EQ(b->dk.padding_changed(), 0) << "dk: stray writes";
   EXPECT_EQ(b->dv.padding_changed(), 0) << "dv: stray writes";
   if (c.expect_split) {
-    // Schedule header (BwdSplit): {items, counter, chunk, split tasks}.
+    // Schedule header (BwdSplit): {items, counter, chunk, split tasks, uneven walks}.
     // Deterministic: the sm90 backward's split schedule over every cell (bwd_split.cuh).
     ASSERT_TRUE(!c.deterministic || c.arch == 90) << "the sm80 deterministic path has no split schedule";
     const BwdWorkspaceLayout wl = bwd_workspace_layout(p.gd, p.plan->signature, c.deterministic);
@@ -484,9 +484,12 @@ void run_case(const Case& case_in) {
     EXPECT_LE(hdr[BwdSplit::kNumSplit], wl.max_split) << "slots";
     EXPECT_LE(hdr[BwdSplit::kTotal], wl.max_items) << "items";
     EXPECT_GT(hdr[BwdSplit::kTotal], p.plan->counts.num_bwd_tasks) << "items";
-    if (c.deterministic && !env_flag_on("FLASHSPAN_SM90_BWD_DET_CLAIM")) {
-      // The deterministic schedule hands its items out in snake waves (TileScheduler::next_cell_item),
-      // without the claim counter (unless FLASHSPAN_SM90_BWD_DET_CLAIM=1: claimed in list order, as below).
+    // The deterministic schedule claims its items in list order when the header says the walks are uneven
+    // (or FLASHSPAN_SM90_BWD_DET_CLAIM=1), else hands them out in snake waves (TileScheduler::next_cell_item)
+    // without the claim counter (or FLASHSPAN_SM90_BWD_DET_CLAIM=0).
+    const bool claimed = env_flag_on("FLASHSPAN_SM90_BWD_DET_CLAIM") ||
+                         (!env_flag_off("FLASHSPAN_SM90_BWD_DET_CLAIM") && hdr[BwdSplit::kUneven] != 0);
+    if (c.deterministic && !claimed) {
       EXPECT_EQ(hdr[BwdSplit::kCounter], 0) << "claim counter (deterministic: no claims)";
     } else {
       // Every item claimed, then one failed claim per persistent CTA.
@@ -2366,7 +2369,7 @@ struct Sm90BwdOn {
 };
 
 // The deterministic sm90 backward's cut of long walks switched on in-process at the rule's own
-// m = 2 (the default cuts only walks 16x the mean: the small split cases below are not that long).
+// m = 2 (the default cuts only walks 4x the mean: the small split cases below need not be that long).
 struct Sm90DetSplitOn {
   Sm90DetSplitOn() {
     sm90::set_bwd_det_split(1);
@@ -2585,8 +2588,8 @@ TEST(FlexGpuSm90, BwdDeterministic) {
   // Long walks cut into items (the split schedule's deterministic form, switched on here):
   // sink_local's key block 0 and longformer's global key blocks (test_split_rule.cpp checks these
   // plans split), GQA groups, a THD sink_window case with uneven samples, D = 64; the header
-  // proves the split. (Above: the default cut, at m = 16, which these small cases do not reach:
-  // every cell one item.)
+  // proves the split. (Above: the default cut, at m = 4, which cuts the tree_bfs and sink_local
+  // cases' longest walks and keeps causal and document_causal whole.)
   Sm90DetSplitOn split_on;
   const std::vector<int64_t> lq = {1500, 37, 700}, lk = {1300, 64, 900};  // uneven THD samples
   seed = 9959;

@@ -254,27 +254,47 @@ TEST(SplitRule, PlanOnlyOnRealPlans) {
   }
 }
 
-// The deterministic sm90 backward's default cut (sm90::bwd_det_split_above_mean: m = 16, PERF_LOG
-// v2.32) on the eight benchmark masks' real plans at S = 32768, H = 4: sink_local's key block 0 and
-// tree_dfs's root spans (its first key blocks: three a head) are that far above the mean
-// (longformer's global key blocks and tree_bfs's root spans are ~15x, the rest less), so the other
-// six keep every cell one item; and the switch's answer without the environment variables.
+// The deterministic backward's order rule on the benchmark plans: causal (and local, whose walks are all
+// equal) keep the snake waves, the six others are uneven and claim their items in list order.
+TEST(SplitRule, UnevenWalksOnBenchmarkPlans) {
+  for (const char* m : {"causal", "document_causal", "local", "sink_local", "tree_dfs", "tree_bfs", "longformer",
+                        "hstu"}) {
+    for (int64_t s : {8192, 32768}) {
+      const std::vector<int32_t> cells = plan_cells(m, s, 4, 4);
+      int64_t total = 0, longest = 0;
+      for (int32_t it : cells) {
+        total += it;
+        longest = std::max<int64_t>(longest, it);
+      }
+      const std::string name = m;
+      EXPECT_EQ(kern::split_walks_uneven(longest, int64_t(cells.size()), total), name != "causal" && name != "local")
+          << m << " S=" << s << ": longest " << longest << " of " << cells.size() << " tasks, " << total << " steps";
+    }
+  }
+}
+
+// The deterministic sm90 backward's default cut (sm90::bwd_det_split_above_mean: m = 4 since PERF_LOG v2.50,
+// 16 from v2.32) on the eight benchmark masks' real plans at S = 32768, H = 4: sink_local's key block 0,
+// tree_dfs's and tree_bfs's upper-level spans and longformer's global key blocks are that far above the mean
+// (longformer's at ~15x, which m = 16 left whole: its deterministic backward 17.6 -> 62.8 TFLOP/s on an H100),
+// so those are cut; causal, document_causal, local and hstu (longest walks 1-3x the mean) keep every cell one
+// item; and the switch's answer without the environment variables.
 TEST(SplitRule, DeterministicDefaultCutsSinkAndRootColumns) {
   for (const char* m : {"causal", "document_causal", "local", "sink_local", "tree_dfs", "tree_bfs", "longformer",
                         "hstu"}) {
-    const PlanOnlySchedule p = plan_only(plan_cells(m, 32768, 4, 4), 16);
+    const PlanOnlySchedule p = plan_only(plan_cells(m, 32768, 4, 4), 4);
     const std::string name = m;
-    EXPECT_EQ(p.split_tasks, name == "sink_local" ? 4 : name == "tree_dfs" ? 12 : 0)
+    EXPECT_EQ(p.split_tasks, name == "sink_local" ? 4 : name == "tree_dfs" ? 60 : name == "tree_bfs" ? 44 : name == "longformer" ? 32 : 0)
         << m << ": chunk " << p.chunk << " above " << p.above;
   }
 #ifdef FLASHSPAN_WITH_CUDA  // (the sm90 backward's switches, dispatch/family.cpp, exist in CUDA builds only)
   if (std::getenv("FLASHSPAN_SM90_BWD_DET_SPLIT_ABOVE") == nullptr && std::getenv("FLASHSPAN_SM90_BWD_DET_SPLIT") == nullptr) {
     EXPECT_TRUE(sm90::bwd_det_split_enabled());
-    EXPECT_EQ(sm90::bwd_det_split_above_mean(), experimental_from_env() ? 2 : 16);
+    EXPECT_EQ(sm90::bwd_det_split_above_mean(), experimental_from_env() ? 2 : 4);
     sm90::set_bwd_det_split_above_mean(5);
     EXPECT_EQ(sm90::bwd_det_split_above_mean(), 5);
     sm90::set_bwd_det_split_above_mean(-1);
-    EXPECT_EQ(sm90::bwd_det_split_above_mean(), experimental_from_env() ? 2 : 16);
+    EXPECT_EQ(sm90::bwd_det_split_above_mean(), experimental_from_env() ? 2 : 4);
   }
 #endif
 }

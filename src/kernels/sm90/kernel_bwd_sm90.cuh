@@ -361,7 +361,11 @@ __device__ __forceinline__ BwdItem next_bwd_item(const BwdParams& p, uint32_t it
   kern::WorkItem w = kern::TileScheduler::none();
   if (lane == 0) {
     const kern::TileScheduler sched = kern::TileScheduler::backward(p);
-    w = p.deterministic && !p.det_claim ? sched.next_cell_item(item_it) : sched.next(item_it);
+    // Deterministic: snake waves, or claimed in list order (BwdParams::det_claim; by default when the
+    // scan kernel found the walks uneven).
+    // (The header exists only with the split schedule, which every deterministic call has.)
+    const bool snake = p.deterministic && (p.det_claim == 0 || (p.det_claim < 0 && sched.hdr[SplitSchedule::kUneven] == 0));
+    w = snake ? sched.next_cell_item(item_it) : sched.next(item_it);
   }
   w.block = __shfl_sync(0xffffffffu, w.block, 0);
   w.head = __shfl_sync(0xffffffffu, w.head, 0);
@@ -741,7 +745,13 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
           bulk_wait_group<0>();  // the addition is written: the next key block may add
           tr.hold();
           fence_proxy_async_global();
-          red_release_gpu_add(sem, 1);
+          // det_relaxed: the additions are complete (wait_group 0, not .read), so the increment needs no
+          // release fence of its own (params.h; the MEMBAR.ALL.GPU of a release took 0.7-1.9 us a turn, v2.48).
+          if (p.det_relaxed) {
+            red_relaxed_gpu_add(sem, 1);
+          } else {
+            red_release_gpu_add(sem, 1);
+          }
           tr.mark(kTrReleased);
           tr.flush_held();
         }

@@ -80,12 +80,15 @@ bool bwd_det_unordered() {
   static const bool on = env_flag_on("FLASHSPAN_SM90_BWD_DET_UNORDERED");
   return on;
 }
-// FLASHSPAN_SM90_BWD_DET_CLAIM=1 (experimental, read per call): the deterministic schedule's items claimed in list
-// order (BwdParams::det_claim) instead of the snake waves. The trace of PERF_LOG v2.47 showed document_causal's
-// dQ chains blocked for ~0.4 ms behind the first item of a chain, which the snake had placed late on a CTA whose
-// earlier items were long; claimed in order, no item starts after a later one. Still deadlock-free: an item waits
-// only on earlier items, each of which is running or done when it is claimed.
-bool bwd_det_claim() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_CLAIM"); }
+// FLASHSPAN_SM90_BWD_DET_CLAIM=0 / 1 (read per call; unset: the plan decides, BwdParams::det_claim): the
+// deterministic schedule's items in snake waves (0) or claimed in list order (1). The trace of PERF_LOG v2.48
+// showed document_causal's dQ chains blocked for ~0.4 ms behind the first item of a chain, which the snake had
+// placed late on a CTA whose earlier items were long; claimed in order, no item starts after a later one. Still
+// deadlock-free: an item waits only on earlier items, each of which is running or done when it is claimed.
+int bwd_det_claim() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_CLAIM") ? 1 : env_flag_off("FLASHSPAN_SM90_BWD_DET_CLAIM") ? 0 : -1; }
+// FLASHSPAN_SM90_BWD_DET_RELAXED=0 (read per call): the dQ tile's turn handed on by a release increment
+// (BwdParams::det_relaxed) instead of the default relaxed one after the tile's additions have completed.
+bool bwd_det_relaxed() { return !env_flag_off("FLASHSPAN_SM90_BWD_DET_RELAXED"); }
 }  // namespace
 
 // The BSHD view [B, S_q, H_q, D_v] of the gated dO in the workspace ([H_q, B S_q, D_v], params.h
@@ -135,7 +138,8 @@ void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorVie
            "block (bwd_split.cuh, deterministic form)");
   // Measurement only: the deterministic schedule without its dQ ordering (kernel_bwd_sm90.cuh).
   if (p.deterministic && bwd_det_unordered()) p.dq_sem = nullptr;
-  p.det_claim = p.deterministic && bwd_det_claim() ? 1 : 0;
+  p.det_claim = bwd_det_claim();
+  p.det_relaxed = bwd_det_relaxed() ? 1 : 0;
   FS_CHECK(p.dq_blocked == 1, Status::kInternal, "sm90 backward: the dQ accumulator is not bound in tiles");
   g_bwd_launches.fetch_add(1, std::memory_order_relaxed);
   // The kernel's head dims: the call's, or (64, 64) / (128, 128) for smaller dims (tile_sm90.h
