@@ -39,13 +39,16 @@
 //     far longer than the mean (split_rule.h, a cut of the plan alone) is cut into items of
 //     disjoint step ranges, each of which adds its dK / dV partial sums into a slot of its own
 //     (zeroed, so the one addition is exact) that the convert sums in item order; the CTAs take
-//     the items in snake waves (TileScheduler::next_cell_item: CTA i's items rise in index);
+//     the items in snake waves (TileScheduler::next_cell_item: CTA i's items rise in index) when the
+//     plan's walks are causal-like, else claim them in list order (TileScheduler::claim;
+//     BwdParams::det_claim, SplitSchedule::kUneven);
 //     each walk runs in ascending query-block order (K2QWalkAscending, whose seek positions a
 //     split item without walking its first steps). The writer adds a dQ tile only once the tile's counter
 //     (p.dq_sem) equals the number of key blocks after its own in the tile's Q2K row
 //     (dq_order_rank, computed ahead by warp 2 of WG0, the dQ order warp, which walks the items'
 //     K2Q pairs as the producer does), then waits for the addition to be written and increments
-//     the counter (release). So every tile sums its contributions in descending key-block order,
+//     the counter (relaxed: the addition is complete before the increment is issued; BwdParams::
+//     det_relaxed). So every tile sums its contributions in descending key-block order,
 //     whichever item of key block kb holds the tile's step (the items of kb cover disjoint
 //     ranges of its pairs, so the tile gets exactly one addition from kb) and whichever CTA runs
 //     it. This is the order in which causal-like walks reach a query block anyway (a key block's
@@ -54,7 +57,8 @@
 //     No deadlock: a CTA runs its items in rising list order, and every CTA is resident (one
 //     per SM, the persistent grid). Take the lowest-numbered unfinished item X (finished: its
 //     writer has released its last addition). X's CTA has finished its earlier (lower) items, so
-//     it is running X. X's steps wait only on additions of larger key blocks, whose items
+//     it is running X (claimed in list order: while X is unclaimed so is every later item, every
+//     claimed item is finished, and a free CTA claims X next; once claimed, its CTA runs it). X's steps wait only on additions of larger key blocks, whose items
 //     precede X in the list (descending cells) and are finished; its producer and consumers
 //     wait only on roles of their own CTA. So X finishes.
 //     Unordered (FLASHSPAN_SM90_BWD_DET_UNORDERED=1, a measurement switch, not deterministic):
