@@ -341,6 +341,10 @@ struct BwdParams : QkvParams {
   // (red.release.gpu: a MEMBAR.ALL.GPU in front of it, 0.7-1.9 us a turn in the v2.48 trace;
   // FLASHSPAN_SM90_BWD_DET_RELAXED=0).
   int det_relaxed = 1;
+  // The flex deterministic backward's split slots (one per item): 1 = each item stores its slot whole and the
+  // items kernel zeroes none (kernel_bwd_sm90.cuh split_slot_owned); 0 = zeroed slots, fp32 atomic additions
+  // (experimental, not yet run on a GPU: FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=1 or FLASHSPAN_EXPERIMENTAL=1).
+  int det_own_slots = 0;
 };
 
 // The parameters of the analytic-mask kernels (SDPA): the flex parameters (no plan view, grid

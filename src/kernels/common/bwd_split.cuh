@@ -25,7 +25,8 @@
 //               ceil(pairs / chunk) near-equal items and gets its slot(s); the header gets
 //               the item count and a zeroed claim counter.
 //   B. items   (kSplitRowGroups CTAs per task): the first writes the task's items {task, begin,
-//               end, slot} in task order; each zeroes its rows of the split task's slots.
+//               end, slot} in task order; each zeroes its rows of the split task's slots
+//               (unless each item stores its own slot whole: BwdParams::det_own_slots).
 //   dK/dV      (persistent, kernel_bwd_sm80.cuh / kernel_bwd_sm90.cuh): claims items with an
 //               atomic counter.
 //   C. convert (kSplitRowGroups CTAs per task, each a group of its rows): dk = scale *
@@ -86,7 +87,9 @@ __global__ void __launch_bounds__(256) flex_bwd_split_items_kernel(const BwdPara
     write_split_items<false>(sp, t, sp.split_first != 0);  // split-first list (launch_bwd_common.cu)
   }
   const int slot = sp.task_slot[t];
-  if (slot < 0) return;
+  // Own slots (deterministic, BwdParams::det_own_slots): each item stores its slot whole (kernel_bwd_sm90.cuh
+  // split_slot_owned), nothing to zero.
+  if (slot < 0 || p.det_own_slots) return;
   const int64_t bk = p.view.block_k;
   const int2 rows = split_row_group(bk, blockIdx.y);
   const float4 z = make_float4(0.f, 0.f, 0.f, 0.f);

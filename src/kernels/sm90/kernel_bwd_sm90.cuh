@@ -820,10 +820,16 @@ __device__ __forceinline__ BwdItem take_bwd_item(uint32_t bars, const uint8_t* s
   return it;
 }
 
+// Whether a split item's slot is its own and written with plain stores (the flex deterministic backward: one slot
+// per item, bwd_split.cuh, not zeroed; BwdParams::det_own_slots, experimental), or added into with fp32 atomics (a
+// zeroed slot: shared by a split task's items when non-deterministic; SDPA's H_k != H_v slots).
+__device__ __forceinline__ bool split_slot_owned(const BwdParams& p) { return p.det_own_slots != 0; }
+
 // Epilogue of a work item: the thread holds dK / dV of keys key_thr and key_thr + 8 of the key
 // block (rows of its m64nN accumulators), n8 blocks n at columns colk(n) / colv(n) + 2 qd (+1)
 // (key split: keys 64c + 16w + g, every column; column split: keys 16w + g, the warpgroup's
-// column pieces). slot >= 0: dK (unscaled) and dV added with fp32 atomics to split slot `slot`
+// column pieces). slot >= 0: dK (unscaled) and dV added with fp32 atomics to split slot `slot` (stored, when
+// the slot is the item's own: split_slot_owned)
 // ([kBlockK, Dqk] / [kBlockK, Dv] fp32, bwd_split.cuh); else dK (times the softmax scale) and dV
 // rows of the valid keys written in the input dtype at the sample's start in dK / dV (start_of(): Src::dkdv_start). kBoundCols: a call's head dims below the
 // kernel's (dims up to 128 on the (64, 64) / (128, 128) kernels) store only the columns below
@@ -839,6 +845,9 @@ __device__ __forceinline__ void dkdv_epilogue_sm90(const BwdParams& p, const Bwd
   using Elem = typename E::Storage;
   constexpr int kN = kNK > kNV ? kNK : kNV;
   if (it.slot >= 0) {
+    // own: the flex deterministic split schedule gives every item a slot of its own (bwd_split.cuh), which this
+    // item's threads cover once (each dK / dV element has one owner): plain stores, no zeroed slot to add into.
+    const bool own = split_slot_owned(p);
     const int ldk = kCallSlots ? p.head_dqk : kDqk, ldv = kCallSlots ? p.head_dv : kDv;
     float* dka = p.split.dk_accum + int64_t(it.slot) * kBlockK * ldk;
     float* dva = p.split.dv_accum + int64_t(it.slot) * kBlockK * ldv;
@@ -849,10 +858,20 @@ __device__ __forceinline__ void dkdv_epilogue_sm90(const BwdParams& p, const Bwd
 #pragma unroll
         for (int n = 0; n < kN; ++n) {
           if (n < kNK && (!kCallSlots || colk(n) < p.head_dqk)) {
-            kern::atomic_add_f32x2(dka + int64_t(key) * ldk + colk(n) + 2 * qd, dk[n][2 * hi], dk[n][2 * hi + 1]);
+            float* a = dka + int64_t(key) * ldk + colk(n) + 2 * qd;
+            if (own) {
+              *reinterpret_cast<float2*>(a) = make_float2(dk[n][2 * hi], dk[n][2 * hi + 1]);
+            } else {
+              kern::atomic_add_f32x2(a, dk[n][2 * hi], dk[n][2 * hi + 1]);
+            }
           }
           if (n < kNV && (!kCallSlots || colv(n) < p.head_dv)) {
-            kern::atomic_add_f32x2(dva + int64_t(key) * ldv + colv(n) + 2 * qd, dv[n][2 * hi], dv[n][2 * hi + 1]);
+            float* a = dva + int64_t(key) * ldv + colv(n) + 2 * qd;
+            if (own) {
+              *reinterpret_cast<float2*>(a) = make_float2(dv[n][2 * hi], dv[n][2 * hi + 1]);
+            } else {
+              kern::atomic_add_f32x2(a, dv[n][2 * hi], dv[n][2 * hi + 1]);
+            }
           }
         }
       }
@@ -1473,6 +1492,7 @@ __device__ __forceinline__ void dkdv_epilogue_t3(const BwdParams& p, const BwdIt
                                                  const float (&dkt)[12][4], const float (&dvt)[12][4]) {
   using Elem = typename E::Storage;
   if (it.slot >= 0) {
+    const bool own = split_slot_owned(p);  // (as dkdv_epilogue_sm90's)
     float* dka = p.split.dk_accum + int64_t(it.slot) * 96 * kDqk;
     float* dva = p.split.dv_accum + int64_t(it.slot) * 96 * kDv;
 #pragma unroll
@@ -1483,8 +1503,15 @@ __device__ __forceinline__ void dkdv_epilogue_t3(const BwdParams& p, const BwdIt
         if (key < keys_valid) {
 #pragma unroll
           for (int hi = 0; hi < 2; ++hi) {
-            atomicAdd(dka + int64_t(key) * kDqk + d0 + 8 * hi, dkt[j][2 * hi + e]);
-            if (has_dv) atomicAdd(dva + int64_t(key) * kDv + d0 + 8 * hi, dvt[j][2 * hi + e]);
+            float* a = dka + int64_t(key) * kDqk + d0 + 8 * hi;
+            float* b = dva + int64_t(key) * kDv + d0 + 8 * hi;
+            if (own) {
+              *a = dkt[j][2 * hi + e];
+              if (has_dv) *b = dvt[j][2 * hi + e];
+            } else {
+              atomicAdd(a, dkt[j][2 * hi + e]);
+              if (has_dv) atomicAdd(b, dvt[j][2 * hi + e]);
+            }
           }
         }
       }

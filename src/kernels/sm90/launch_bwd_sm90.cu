@@ -89,6 +89,11 @@ int bwd_det_claim() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_CLAIM") ? 1 : e
 // FLASHSPAN_SM90_BWD_DET_RELAXED=0 (read per call): the dQ tile's turn handed on by a release increment
 // (BwdParams::det_relaxed) instead of the default relaxed one after the tile's additions have completed.
 bool bwd_det_relaxed() { return !env_flag_off("FLASHSPAN_SM90_BWD_DET_RELAXED"); }
+// FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=1 or FLASHSPAN_EXPERIMENTAL=1 (experimental, not yet run on a GPU; read per
+// call): each deterministic split item stores its own dK / dV slot, which the items kernel then does not zero
+// (BwdParams::det_own_slots; the zeroing and the convert took ~50 us each of a 1.1 ms tree_bfs backward at
+// S = 32768 on the H200, PERF_LOG v2.50).
+bool bwd_det_own_slots() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_OWN_SLOTS") || experimental_from_env(); }
 }  // namespace
 
 // The BSHD view [B, S_q, H_q, D_v] of the gated dO in the workspace ([H_q, B S_q, D_v], params.h
@@ -140,6 +145,7 @@ void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorVie
   if (p.deterministic && bwd_det_unordered()) p.dq_sem = nullptr;
   p.det_claim = bwd_det_claim();
   p.det_relaxed = bwd_det_relaxed() ? 1 : 0;
+  p.det_own_slots = p.deterministic && p.split_schedule && bwd_det_own_slots() ? 1 : 0;
   FS_CHECK(p.dq_blocked == 1, Status::kInternal, "sm90 backward: the dQ accumulator is not bound in tiles");
   g_bwd_launches.fetch_add(1, std::memory_order_relaxed);
   // The kernel's head dims: the call's, or (64, 64) / (128, 128) for smaller dims (tile_sm90.h
