@@ -15,15 +15,16 @@ def scoped_env(**values: Optional[str]) -> Iterator[None]:
     Example: ``with scoped_env(FLASHSPAN_SM90_SDPA_PAGED="0"): ...`` runs paged calls on the sm80 paged kernel."""
     saved = {k: os.environ.get(k) for k in values}
     try:
-        for k, v in values.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _put_env(values)
         yield
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        _put_env(saved)
+
+
+def _put_env(values: dict) -> None:
+    """Sets each variable NAME=value (None: unsets it)."""
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v

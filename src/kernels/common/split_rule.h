@@ -56,6 +56,15 @@ FS_SPLIT_HD int64_t split_chunk(int64_t total, int64_t num_tasks, int64_t num_ct
   return chunk;
 }
 
+// Whether a run's walks are uneven: its longest task has more than twice the mean task's steps
+// (`longest` of `num_tasks` tasks with `total` steps). Causal-like plans (every walk within 2x the
+// mean, causal's longest exactly 2x) are not; document, tree, sink and global-token plans are. The
+// deterministic sm90 backward claims its items in list order on uneven plans and runs the snake waves
+// on the others (SplitSchedule::kUneven, BwdParams::det_claim; PERF_LOG v2.50).
+FS_SPLIT_HD bool split_walks_uneven(int64_t longest, int64_t num_tasks, int64_t total) {
+  return longest * num_tasks > 2 * total;
+}
+
 // The plan-only rule (the deterministic backward: one slot per item of a split task, the same
 // split on every GPU whatever its SM count, so that dK / dV sum the same pieces in the same
 // order). Its tasks run in dependency order (descending key blocks), so a long walk of a
@@ -73,15 +82,6 @@ FS_SPLIT_HD int64_t split_chunk(int64_t total, int64_t num_tasks, int64_t num_ct
 // total / c2 + split tasks < 2 total / c2 <= kMaxSplit, a split task having more than c2
 // steps); an item of a split task has >= floor(chunk / 2) >= 8 steps (split_schedule.cuh's
 // argument, the task having more than chunk steps).
-// Whether a run's walks are uneven: its longest task has more than twice the mean task's steps
-// (`longest` of `num_tasks` tasks with `total` steps). Causal-like plans (every walk within 2x the
-// mean, causal's longest exactly 2x) are not; document, tree, sink and global-token plans are. The
-// deterministic sm90 backward claims its items in list order on uneven plans and runs the snake waves
-// on the others (SplitSchedule::kUneven, BwdParams::det_claim; PERF_LOG v2.50).
-FS_SPLIT_HD bool split_walks_uneven(int64_t longest, int64_t num_tasks, int64_t total) {
-  return longest * num_tasks > 2 * total;
-}
-
 constexpr int64_t kPlanOnlyCtas = 132;        // an H100 / H200's SM count
 constexpr int64_t kPlanOnlyItemsPerCta = 16;  // so items <= num_tasks + 2112 (workspace: + 4096)
 static_assert(kPlanOnlyItemsPerCta * kPlanOnlyCtas <= int64_t(SplitSchedule::kItemsPerCta) * SplitSchedule::kMaxCtas,

@@ -368,7 +368,8 @@ __device__ __forceinline__ BwdItem next_bwd_item(const BwdParams& p, uint32_t it
     // Deterministic: snake waves, or claimed in list order (BwdParams::det_claim; by default when the
     // scan kernel found the walks uneven).
     // (The header exists only with the split schedule, which every deterministic call has.)
-    const bool snake = p.deterministic && (p.det_claim == 0 || (p.det_claim < 0 && sched.hdr[SplitSchedule::kUneven] == 0));
+    const bool snake =
+        p.deterministic && (p.det_claim == 0 || (p.det_claim < 0 && sched.hdr[SplitSchedule::kUneven] == 0));
     w = snake ? sched.next_cell_item(item_it) : sched.next(item_it);
   }
   w.block = __shfl_sync(0xffffffffu, w.block, 0);
