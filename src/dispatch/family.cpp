@@ -142,6 +142,7 @@ std::atomic<int> g_det_split_override{-1};
 std::atomic<int> g_det_split_above_override{-1};
 std::atomic<int> g_cell_order_override{-1};
 std::atomic<int> g_split_first_override{-1};
+std::atomic<int> g_det_heads_slowest_override{-1};
 
 // The in-process overrides of the switches below: set_*(1) on, (0) off, (-1) back to the
 // environment's answer.
@@ -219,6 +220,21 @@ void set_bwd_split_first(int on) { store_override(g_split_first_override, on); }
 // The cell order's split-first item list: experimental (PERF_LOG v2.10: longformer +15 %, tree_bfs -7 %
 // at S=131072 D=128).
 bool bwd_split_first_enabled() { return experimental_switch(g_split_first_override); }
+
+void set_bwd_det_heads_slowest(int on) { store_override(g_det_heads_slowest_override, on); }
+
+// The deterministic backward's cells with heads slowest (kGridCellsDescendingHeadsSlowest): experimental, not yet run
+// on a GPU. Model (benchmarks/det_schedule_model.py, PERF_LOG v2.51): at S = 32768 H = 4 the heads-fastest list's
+// CTAs walk all four heads' query blocks at once, 5-9x the non-deterministic list's modelled L2 misses on the trees,
+// longformer and hstu (whose det / non-det are the lowest measured), heads slowest the non-deterministic one's; but
+// one head's dQ tiles then take more waits. Read per call.
+int bwd_det_heads_slowest_forced() {
+  const int o = g_det_heads_slowest_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o;
+  if (env_flag_off("FLASHSPAN_SM90_BWD_DET_HEADS_SLOWEST")) return 0;
+  if (std::getenv("FLASHSPAN_SM90_BWD_DET_HEADS_SLOWEST") != nullptr) return 1;
+  return experimental_from_env() ? -1 : 0;
+}
 
 void set_bwd_wide64_enabled(int on) { store_override(g_wide64_override, on); }
 

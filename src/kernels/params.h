@@ -31,7 +31,8 @@ struct SplitSchedule {
   // hdr[kTotal]: number of items; hdr[kCounter]: next item to claim (zeroed by the scan
   // kernel); hdr[kChunk]: steps per item of this run; hdr[kNumSplit]: slots used; hdr[kUneven]:
   // 1 when the longest task has more than twice the mean task's steps (not causal-like: the
-  // deterministic sm90 backward then claims its items in list order, BwdParams::det_claim).
+  // deterministic sm90 backward then claims its items in list order, BwdParams::det_claim; written
+  // by its rules only, 0 under the per-grid rule).
   static constexpr int kTotal = 0, kCounter = 1, kChunk = 2, kNumSplit = 3, kUneven = 4, kHdrInts = 5;
   // Chunk = max(kChunkMin, ceil(total steps / (kItemsPerCta * num_ctas)),
   //             ceil(total steps / kMaxSplit), and a term that depends on how the task
@@ -261,10 +262,13 @@ struct QkvParams {
   // head) over every global query block, for plans whose task list omits blocks without
   // visible keys. dK/dV kernel: 0 = view.tasks, 1 = grid (key block, kv head); the sm90
   // backward's split schedule over cells: 1 = descending, heads fastest (deterministic),
-  // kGridCellsAscending = heads slowest, key blocks ascending (tile_scheduler.cuh).
+  // kGridCellsAscending = heads slowest, key blocks ascending (non-deterministic),
+  // kGridCellsDescendingHeadsSlowest = each head's key blocks descending, heads slowest
+  // (deterministic, experimental) (tile_scheduler.cuh).
   int grid_mode = 0;
 };
 inline constexpr int kGridCellsAscending = 2;
+inline constexpr int kGridCellsDescendingHeadsSlowest = 3;
 
 struct FwdParams : QkvParams {
   void* o = nullptr;  // [B,Sq,Hq,Dv] | [Tq,Hq,Dv]

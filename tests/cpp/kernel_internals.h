@@ -9,5 +9,6 @@
 #include "dispatch/flex_launch.h"
 #ifdef FLASHSPAN_WITH_CUDA
 #include "dispatch/workspace.h"
+#include "kernels/common/split_rule.h"
 #include "kernels/sm90/launch_sm90.h"
 #endif

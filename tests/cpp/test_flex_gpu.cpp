@@ -20,6 +20,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -484,11 +485,9 @@ void run_case(const Case& case_in) {
     EXPECT_LE(hdr[BwdSplit::kNumSplit], wl.max_split) << "slots";
     EXPECT_LE(hdr[BwdSplit::kTotal], wl.max_items) << "items";
     EXPECT_GT(hdr[BwdSplit::kTotal], p.plan->counts.num_bwd_tasks) << "items";
-    // The deterministic schedule claims its items in list order when the header says the walks are uneven
-    // (or FLASHSPAN_SM90_BWD_DET_CLAIM=1), else hands them out in snake waves (TileScheduler::next_cell_item)
-    // without the claim counter (or FLASHSPAN_SM90_BWD_DET_CLAIM=0).
-    const bool claimed = env_flag_on("FLASHSPAN_SM90_BWD_DET_CLAIM") ||
-                         (!env_flag_off("FLASHSPAN_SM90_BWD_DET_CLAIM") && hdr[BwdSplit::kUneven] != 0);
+    // The deterministic schedule claims its items in list order or hands them out in snake waves
+    // (TileScheduler::next_cell_item) without the claim counter, by the kernel's rule (split_det_claims).
+    const bool claimed = kern::split_det_claims(sm90::bwd_det_claim(), hdr[BwdSplit::kUneven]);
     if (c.deterministic && !claimed) {
       EXPECT_EQ(hdr[BwdSplit::kCounter], 0) << "claim counter (deterministic: no claims)";
     } else {
@@ -834,22 +833,21 @@ TEST(FlexGpu, GridModeWithoutTasks) {
   run_case(c);
 }
 
+// dq, dk, dv of one backward run of problem p (its bytes).
+std::array<std::vector<uint8_t>, 3> bwd_bytes(const Problem& p) {
+  auto b = alloc_bwd(p, false);
+  launch_bwd(p, *b, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return {raw_bytes(b->ddq), raw_bytes(b->ddk), raw_bytes(b->ddv)};
+}
+
 // dq/dk/dv of case c (deterministic = true) bitwise identical over three backward runs.
 void expect_bwd_bitwise_repeatable(const Case& c) {
   auto p = make_problem(c);
-  std::vector<uint8_t> first[3];
-  for (int run = 0; run < 3; ++run) {
-    auto b = alloc_bwd(*p, false);
-    launch_bwd(*p, *b, nullptr);
-    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-    const std::vector<uint8_t> got[3] = {raw_bytes(b->ddq), raw_bytes(b->ddk), raw_bytes(b->ddv)};
-    for (int i = 0; i < 3; ++i) {
-      if (run == 0) {
-        first[i] = got[i];
-      } else {
-        EXPECT_TRUE(got[i] == first[i]) << "run " << run << " differs in output " << i;
-      }
-    }
+  const auto first = bwd_bytes(*p);
+  for (int run = 1; run < 3; ++run) {
+    const auto got = bwd_bytes(*p);
+    for (int i = 0; i < 3; ++i) EXPECT_TRUE(got[i] == first[i]) << "run " << run << " differs in output " << i;
   }
 }
 
@@ -2605,6 +2603,41 @@ TEST(FlexGpuSm90, BwdDeterministic) {
                      {.h = {4, 2, 1, 1, 0, 0, kBF16}, .sq = 2048, .mask = "sink_local", .det = true, .bitwise = true},
                      {.h = {8, 2, 8, 3, 0, 0, kF16}, .lq = lq, .lk = lk, .mask = "sink_window", .det = true, .bitwise = true}},
                     128, 128, seed);
+}
+
+// The deterministic list with each head's cells in turn (kGridCellsDescendingHeadsSlowest, experimental, not yet run
+// on a GPU: sm90::bwd_det_heads_slowest_forced) runs the same items as heads fastest, whose dK / dV slots the convert
+// sums in the same order and whose dQ additions each tile takes in the same (descending key-block) order, so dq, dk,
+// dv must be bitwise those of heads fastest: multi-head plans claimed (uneven: sink_local, tree_bfs, longformer with
+// cut walks) and in snake waves (causal), GQA, THD; then the reference check with it forced on.
+TEST(FlexGpuSm90, BwdDeterministicHeadsSlowestSameBits) {
+  REQUIRE_SM90();
+  Sm90BwdOn on;
+  struct Reset {
+    ~Reset() { sm90::set_bwd_det_heads_slowest(-1); }
+  } reset;
+  const std::vector<int64_t> lq = {1500, 37, 700}, lk = {1300, 64, 900};
+  const std::vector<Sm90BwdRow> rows = {
+      {.h = {4, 4, 1, 1, 0, 0, kBF16}, .sq = 2048, .mask = "causal", .det = true},
+      {.h = {4, 2, 1, 1, 0, 0, kF16}, .sq = 2048, .mask = "sink_local", .det = true},
+      {.h = {4, 4, 1, 1, 0, 0, kBF16}, .sq = 2048, .mask = "tree_bfs", .det = true},
+      {.h = {4, 4, 1, 1, 0, 0, kF16}, .sq = 4096, .mask = "longformer", .det = true},
+      {.h = {8, 2, 8, 3, 0, 0, kBF16}, .lq = lq, .lk = lk, .mask = "sink_window", .det = true}};
+  uint64_t seed = 9970;
+  for (const Sm90BwdRow& r : rows) {
+    const Case c = sm90_bwd_row_case(r, 128, 128, ++seed);
+    auto p = make_problem(c);
+    sm90::set_bwd_det_heads_slowest(0);
+    const auto fastest = bwd_bytes(*p);
+    sm90::set_bwd_det_heads_slowest(1);
+    const int64_t before = sm90::bwd_launches();
+    const auto slowest = bwd_bytes(*p);
+    EXPECT_EQ(sm90::bwd_launches(), before + 1) << "the sm90 backward did not run: " << c.describe();
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_TRUE(slowest[i] == fastest[i]) << "output " << i << " (dq, dk, dv) differs: " << c.describe();
+    }
+    run_case_sm90_bwd(c);
+  }
 }
 
 // Small backward cases for compute-sanitizer (memcheck / racecheck / synccheck): BSHD GQA with

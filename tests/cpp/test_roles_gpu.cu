@@ -337,10 +337,12 @@ struct SchedCase {
     const int gb = int(i % num_blocks), b = owner(gb);
     return {gb - block_start[b], int(i / num_blocks), b, 0, kern::WorkItem::kWholeWalk, -1};
   }
-  Item cell_descending(int64_t i) const {
+  // heads_slowest: grid mode kGridCellsDescendingHeadsSlowest (each head's blocks in turn).
+  Item cell_descending(int64_t i, bool heads_slowest = false) const {
     if (i >= num_blocks * heads) return none();
-    const int gb = int(num_blocks - 1 - i / heads), b = owner(gb);
-    return {gb - block_start[b], int(i % heads), b, 0, kern::WorkItem::kWholeWalk, -1};
+    const int gb = int(num_blocks - 1 - (heads_slowest ? i % num_blocks : i / heads)), b = owner(gb);
+    return {gb - block_start[b], int(heads_slowest ? i / num_blocks : i % heads), b, 0, kern::WorkItem::kWholeWalk,
+            -1};
   }
   Item split_item(int i) const {
     const int t = items[4 * i];
@@ -348,9 +350,10 @@ struct SchedCase {
             items[4 * i + 3]};
   }
   // The same items read as a list over cells: descending (grid mode 1, the deterministic
-  // backward's) or ascending with heads slowest (kGridCellsAscending).
-  Item split_cell_item(int i, bool ascending = false) const {
-    Item w = ascending ? cell(items[4 * i]) : cell_descending(items[4 * i]);
+  // backward's; grid mode kGridCellsDescendingHeadsSlowest with heads_slowest) or ascending with
+  // heads slowest (kGridCellsAscending).
+  Item split_cell_item(int i, bool ascending = false, bool heads_slowest = false) const {
+    Item w = ascending ? cell(items[4 * i]) : cell_descending(items[4 * i], heads_slowest);
     w[3] = items[4 * i + 1];
     w[4] = items[4 * i + 2] - items[4 * i + 1];
     w[5] = items[4 * i + 3];
@@ -359,14 +362,15 @@ struct SchedCase {
 };
 
 // mode 0: task(i), 1: cell(i), 2: cell_descending(i), 3..5: split_item(i) (of a scheduler in
-// grid mode 0, 1 or kGridCellsAscending); one thread per index.
+// grid mode 0, 1 or kGridCellsAscending), 6 / 7: cell_descending(i) / split_item(i) of one in grid
+// mode kGridCellsDescendingHeadsSlowest; one thread per index.
 __global__ void sched_direct_kernel(kern::TileScheduler ts, int mode, int n, int* out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   const kern::WorkItem w = mode == 0   ? ts.task(i)
                            : mode == 1 ? ts.cell(i)
-                           : mode == 2 ? ts.cell_descending(i)
-                                       : ts.split_item(i);
+                           : mode == 2 || mode == 6 ? ts.cell_descending(i)
+                                                    : ts.split_item(i);
   int* o = out + 6 * i;
   o[0] = w.block, o[1] = w.head, o[2] = w.batch, o[3] = w.begin, o[4] = w.count, o[5] = w.slot;
 }
@@ -397,21 +401,37 @@ TEST(RolesGpu, TileSchedulerSources) {
   const int n_cells = int(c.num_blocks * c.heads);
   const kern::TileScheduler ts_cells = make_sched(c, tasks, starts, nullptr, items, 0, 1);
   const kern::TileScheduler ts_asc = make_sched(c, tasks, starts, nullptr, items, 0, kGridCellsAscending);
-  for (int mode = 0; mode < 6; ++mode) {
+  const kern::TileScheduler ts_hs = make_sched(c, tasks, starts, nullptr, items, 0, kGridCellsDescendingHeadsSlowest);
+  for (int mode = 0; mode < 8; ++mode) {
     // Two past the end (none) for the bounded sources; exactly the items for split_item.
-    const int n = mode == 0 ? c.num_tasks() + 2 : mode >= 3 ? c.num_items() : n_cells + 2;
+    const int n = mode == 0 ? c.num_tasks() + 2 : (mode >= 3 && mode != 6) ? c.num_items() : n_cells + 2;
     DevVec<int> out(size_t(6) * n, -7);
-    sched_direct_kernel<<<(n + 63) / 64, 64>>>(mode == 4 ? ts_cells : mode == 5 ? ts_asc : ts, mode, n, out.ptr());
+    const kern::TileScheduler& src = mode == 4 ? ts_cells : mode == 5 ? ts_asc : mode >= 6 ? ts_hs : ts;
+    sched_direct_kernel<<<(n + 63) / 64, 64>>>(src, mode, n, out.ptr());
     sync_ok("sched_direct_kernel");
     const std::vector<int> h = out.get();
     for (int i = 0; i < n; ++i) {
       const SchedCase::Item want = mode == 0   ? c.task(i)
                                    : mode == 1 ? c.cell(i)
                                    : mode == 2 ? c.cell_descending(i)
+                                   : mode == 6 ? c.cell_descending(i, true)
                                    : mode == 3 ? c.split_item(i)
-                                               : c.split_cell_item(i, mode == 5);
+                                               : c.split_cell_item(i, mode == 5, mode == 7);
       for (int k = 0; k < 6; ++k) {
         EXPECT_EQ(h[6 * i + k], want[k]) << "mode " << mode << " index " << i << " field " << k;
+      }
+    }
+    if (mode == 2 || mode == 6) {
+      // The deterministic lists (either head order): every cell once, and before each cell every cell of its head
+      // with a larger global block (whose dQ additions it waits for: the kernel's deadlock argument).
+      std::set<std::pair<int, int>> before;  // (head, global block) of the cells so far
+      for (int i = 0; i < n_cells; ++i) {
+        const int gb = c.block_start[h[6 * i + 2]] + h[6 * i], head = h[6 * i + 1];
+        EXPECT_TRUE(before.insert({head, gb}).second) << "mode " << mode << ": cell " << i << " repeated";
+        for (int g = gb + 1; g < c.num_blocks; ++g) {
+          EXPECT_TRUE(before.count({head, g}))
+              << "mode " << mode << ": cell " << i << " before (" << head << ", " << g << ")";
+        }
       }
     }
   }

@@ -17,6 +17,7 @@
 #include "dispatch/workspace.h"
 #include "kernels/common/split_rule.h"
 #include "kernels/sm90/launch_sm90.h"  // the deterministic cut's switches
+#include "scoped_env.h"
 #include "plan/planner.h"
 #include "planner_masks.h"
 
@@ -298,6 +299,35 @@ TEST(SplitRule, DeterministicDefaultCutsSinkAndRootColumns) {
   }
 #endif
 }
+
+#ifdef FLASHSPAN_WITH_CUDA
+// The deterministic backward's heads-slowest cell order (experimental): FLASHSPAN_SM90_BWD_DET_HEADS_SLOWEST "0" never
+// and any other value always, whatever FLASHSPAN_EXPERIMENTAL says; unset, the L2 rule (-1) with
+// FLASHSPAN_EXPERIMENTAL=1, else never; the override wins both ways, -1 gives the environment's answer back.
+TEST(SplitRule, DeterministicHeadsSlowestSwitch) {
+  using flashspan::test::ScopedEnv;
+  sm90::set_bwd_det_heads_slowest(-1);
+  ScopedEnv var("FLASHSPAN_SM90_BWD_DET_HEADS_SLOWEST", nullptr);
+  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
+  EXPECT_EQ(sm90::bwd_det_heads_slowest_forced(), 0);
+  experimental.set("1");
+  EXPECT_EQ(sm90::bwd_det_heads_slowest_forced(), -1);
+  var.set("0");
+  EXPECT_EQ(sm90::bwd_det_heads_slowest_forced(), 0);
+  var.set("1");
+  EXPECT_EQ(sm90::bwd_det_heads_slowest_forced(), 1);
+  experimental.set(nullptr);
+  var.set("yes");
+  EXPECT_EQ(sm90::bwd_det_heads_slowest_forced(), 1);
+  sm90::set_bwd_det_heads_slowest(0);
+  EXPECT_EQ(sm90::bwd_det_heads_slowest_forced(), 0);
+  var.set("0");
+  sm90::set_bwd_det_heads_slowest(1);
+  EXPECT_EQ(sm90::bwd_det_heads_slowest_forced(), 1);
+  sm90::set_bwd_det_heads_slowest(-1);
+  EXPECT_EQ(sm90::bwd_det_heads_slowest_forced(), 0);
+}
+#endif
 
 }  // namespace
 }  // namespace flashspan

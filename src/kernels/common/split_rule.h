@@ -65,6 +65,11 @@ FS_SPLIT_HD bool split_walks_uneven(int64_t longest, int64_t num_tasks, int64_t 
   return longest * num_tasks > 2 * total;
 }
 
+// Whether the deterministic sm90 backward claims its items in list order (else the snake waves): forced by
+// det_claim (BwdParams::det_claim: 1 claim, 0 snake), or, det_claim < 0, the scan's answer (`uneven`,
+// SplitSchedule::kUneven, split_walks_uneven).
+FS_SPLIT_HD bool split_det_claims(int det_claim, int uneven) { return det_claim > 0 || (det_claim < 0 && uneven != 0); }
+
 // The plan-only rule (the deterministic backward: one slot per item of a split task, the same
 // split on every GPU whatever its SM count, so that dK / dV sum the same pieces in the same
 // order). Its tasks run in dependency order (descending key blocks), so a long walk of a

@@ -76,18 +76,23 @@ __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const Spl
   const int per = (n + kSplitScanThreads - 1) / kSplitScanThreads;
   const int t0 = min(n, int(threadIdx.x) * per), t1 = min(n, t0 + per);
 
+  // The longest task: only the deterministic backward's rules (kSplitPlanOnly, kSplitNone) read it, for its item
+  // order (kUneven).
+  constexpr bool kLongest = kRule != kSplitPerGrid;
   long long local = 0, local_max = 0;
   for (int t = t0; t < t1; ++t) {
     local += sp.task_iters[t];
-    local_max = max(local_max, (long long)sp.task_iters[t]);
+    if constexpr (kLongest) local_max = max(local_max, (long long)sp.task_iters[t]);
   }
   const long long sum = Reduce(tmp.reduce).Sum(local);
   if (threadIdx.x == 0) s_total = sum;
   __syncthreads();  // s_total visible; tmp reused
-  const long long longest =
-      Reduce(tmp.reduce).Reduce(local_max, [](long long a, long long b) { return a > b ? a : b; });
-  if (threadIdx.x == 0) s_max = longest;
-  __syncthreads();  // s_max visible; tmp free for the scans
+  if constexpr (kLongest) {
+    const long long longest =
+        Reduce(tmp.reduce).Reduce(local_max, [](long long a, long long b) { return a > b ? a : b; });
+    if (threadIdx.x == 0) s_max = longest;
+    __syncthreads();  // s_max visible; tmp free for the scans
+  }
   const long long total = s_total;
   // split_rule.h: the per-grid rule, or the plan-only rule (its first cut, then the items of
   // split tasks under it summed over the block).
@@ -155,7 +160,7 @@ __global__ void __launch_bounds__(kSplitScanThreads) split_scan_kernel(const Spl
     sp.hdr[SplitSchedule::kCounter] = 0;
     sp.hdr[SplitSchedule::kChunk] = int(cut.chunk);
     sp.hdr[SplitSchedule::kNumSplit] = slot_base;
-    sp.hdr[SplitSchedule::kUneven] = split_walks_uneven(s_max, n, total) ? 1 : 0;
+    sp.hdr[SplitSchedule::kUneven] = kLongest && split_walks_uneven(s_max, n, total) ? 1 : 0;
   }
 }
 

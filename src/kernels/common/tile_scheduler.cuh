@@ -92,18 +92,25 @@ struct TileScheduler {
     const int b = find_block_owner(block_start, batch, gb);
     return WorkItem{gb - __ldg(block_start + b), int(i / num_blocks), b, 0, WorkItem::kWholeWalk, -1};
   }
-  // The whole walk of cell i in descending block order, heads fastest: block num_blocks - 1 -
-  // i / heads of head i % heads (the deterministic sm90 backward's split tasks: a key block's dQ
-  // tiles wait for the larger key blocks, which this order starts first). None past the grid.
+  // The whole walk of cell i in descending block order (the deterministic sm90 backward's split
+  // tasks: a key block's dQ tiles wait for the larger key blocks of its head, which this order
+  // starts first), heads fastest: block num_blocks - 1 - i / heads of head i % heads; or, grid_mode
+  // kGridCellsDescendingHeadsSlowest, each head's blocks in turn: block num_blocks - 1 - i %
+  // num_blocks of head i / num_blocks (the CTAs running at once walk one head's query blocks, in L2
+  // once, as kGridCellsAscending's; experimental, benchmarks/det_schedule_model.py). Either way a
+  // tile's earlier additions (its head's larger blocks) are earlier cells. None past the grid.
   __device__ __forceinline__ WorkItem cell_descending(int64_t i) const {
     if (i >= num_blocks * heads) return none();
-    const int gb = int(num_blocks - 1 - i / heads);
+    const bool heads_slowest = grid_mode == kGridCellsDescendingHeadsSlowest;
+    const int gb = int(num_blocks - 1 - (heads_slowest ? i % num_blocks : i / heads));
     const int b = find_block_owner(block_start, batch, gb);
-    return WorkItem{gb - __ldg(block_start + b), int(i % heads), b, 0, WorkItem::kWholeWalk, -1};
+    return WorkItem{gb - __ldg(block_start + b), int(heads_slowest ? i / num_blocks : i % heads), b, 0,
+                    WorkItem::kWholeWalk, -1};
   }
-  // Task t of the split schedule (its whole walk): the view's task t, or with grid_mode the
-  // descending cell t (cell_descending: the deterministic sm90 backward's split schedule, whose
-  // task list is every cell in the order its dQ tiles are added). None past the list.
+  // Task t of the split schedule (its whole walk): the view's task t, or with grid_mode 1 /
+  // kGridCellsDescendingHeadsSlowest the descending cell t (cell_descending: the deterministic sm90
+  // backward's split schedule, whose task list is every cell in the order its dQ tiles are added).
+  // None past the list.
   // grid_mode kGridCellsAscending (the non-deterministic sm90 backward's cell order): cell(t),
   // heads slowest, blocks ascending.
   __device__ __forceinline__ WorkItem split_task(int64_t t) const {

@@ -35,7 +35,8 @@
 //     the kernel at 466 TFLOP/s on the H200 against 589 without any dQ reduction: PERF_LOG v1.4.)
 //   Deterministic (p.deterministic, bitwise reproducible across runs and GPUs): the split
 //     schedule in its deterministic form (bwd_split.cuh): its tasks are every grid cell (key
-//     block, kv head) in descending key-block order, heads fastest (cell_descending); a walk
+//     block, kv head) in descending key-block order, heads fastest (cell_descending; or each
+//     head's in turn, kGridCellsDescendingHeadsSlowest, experimental); a walk
 //     far longer than the mean (split_rule.h, a cut of the plan alone) is cut into items of
 //     disjoint step ranges, each of which adds its dK / dV partial sums into a slot of its own
 //     (zeroed, so the one addition is exact) that the convert sums in item order; the CTAs take
@@ -58,8 +59,9 @@
 //     per SM, the persistent grid). Take the lowest-numbered unfinished item X (finished: its
 //     writer has released its last addition). X's CTA has finished its earlier (lower) items, so
 //     it is running X (claimed in list order: while X is unclaimed so is every later item, every
-//     claimed item is finished, and a free CTA claims X next; once claimed, its CTA runs it). X's steps wait only on additions of larger key blocks, whose items
-//     precede X in the list (descending cells) and are finished; its producer and consumers
+//     claimed item is finished, and a free CTA claims X next; once claimed, its CTA runs it). X's
+//     steps wait only on additions of larger key blocks of X's head, whose items precede X in the
+//     list (descending cells, heads fastest or slowest) and are finished; its producer and consumers
 //     wait only on roles of their own CTA. So X finishes.
 //     Unordered (FLASHSPAN_SM90_BWD_DET_UNORDERED=1, a measurement switch, not deterministic):
 //     p.dq_sem = nullptr: the same schedule with neither the counter waits nor the dQ order warp.
@@ -160,6 +162,7 @@
 #include "kernels/common/payload_layout.h"
 #include "kernels/common/ptx.cuh"
 #include "kernels/common/seqlen_info.cuh"
+#include "kernels/common/split_rule.h"
 #include "kernels/common/tile_scheduler.cuh"
 #include "kernels/params.h"
 #include "kernels/sm90/bwd_trace_sm90.cuh"
@@ -368,8 +371,7 @@ __device__ __forceinline__ BwdItem next_bwd_item(const BwdParams& p, uint32_t it
     // Deterministic: snake waves, or claimed in list order (BwdParams::det_claim; by default when the
     // scan kernel found the walks uneven).
     // (The header exists only with the split schedule, which every deterministic call has.)
-    const bool snake =
-        p.deterministic && (p.det_claim == 0 || (p.det_claim < 0 && sched.hdr[SplitSchedule::kUneven] == 0));
+    const bool snake = p.deterministic && !kern::split_det_claims(p.det_claim, sched.hdr[SplitSchedule::kUneven]);
     w = snake ? sched.next_cell_item(item_it) : sched.next(item_it);
   }
   w.block = __shfl_sync(0xffffffffu, w.block, 0);

@@ -80,12 +80,6 @@ bool bwd_det_unordered() {
   static const bool on = env_flag_on("FLASHSPAN_SM90_BWD_DET_UNORDERED");
   return on;
 }
-// FLASHSPAN_SM90_BWD_DET_CLAIM=0 / 1 (read per call; unset: the plan decides, BwdParams::det_claim): the
-// deterministic schedule's items in snake waves (0) or claimed in list order (1). The trace of PERF_LOG v2.48
-// showed document_causal's dQ chains blocked for ~0.4 ms behind the first item of a chain, which the snake had
-// placed late on a CTA whose earlier items were long; claimed in order, no item starts after a later one. Still
-// deadlock-free: an item waits only on earlier items, each of which is running or done when it is claimed.
-int bwd_det_claim() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_CLAIM") ? 1 : env_flag_off("FLASHSPAN_SM90_BWD_DET_CLAIM") ? 0 : -1; }
 // FLASHSPAN_SM90_BWD_DET_RELAXED=0 (read per call): the dQ tile's turn handed on by a release increment
 // (BwdParams::det_relaxed) instead of the default relaxed one after the tile's additions have completed.
 bool bwd_det_relaxed() { return !env_flag_off("FLASHSPAN_SM90_BWD_DET_RELAXED"); }
@@ -95,6 +89,15 @@ bool bwd_det_relaxed() { return !env_flag_off("FLASHSPAN_SM90_BWD_DET_RELAXED");
 // S = 32768 on the H200, PERF_LOG v2.50).
 bool bwd_det_own_slots() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_OWN_SLOTS") || experimental_from_env(); }
 }  // namespace
+
+// FLASHSPAN_SM90_BWD_DET_CLAIM=0 / 1 (read per call; unset: the plan decides, BwdParams::det_claim): the
+// deterministic schedule's items in snake waves (0) or claimed in list order (1). The trace of PERF_LOG v2.48
+// showed document_causal's dQ chains blocked for ~0.4 ms behind the first item of a chain, which the snake had
+// placed late on a CTA whose earlier items were long; claimed in order, no item starts after a later one. Still
+// deadlock-free: an item waits only on earlier items, each of which is running or done when it is claimed.
+int bwd_det_claim() {
+  return env_flag_on("FLASHSPAN_SM90_BWD_DET_CLAIM") ? 1 : env_flag_off("FLASHSPAN_SM90_BWD_DET_CLAIM") ? 0 : -1;
+}
 
 // The BSHD view [B, S_q, H_q, D_v] of the gated dO in the workspace ([H_q, B S_q, D_v], params.h
 // SdpaEpilogueParams::do_gated; rows of D_v elements, a multiple of 8: TMA's 16-byte strides), as
@@ -136,7 +139,8 @@ void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorVie
            Status::kInternal, "sm90 backward: unsupported configuration reached the launcher (D ", p.head_dqk, "/",
            p.head_dv, ", tile ", p.view.block_q, "x", p.view.block_k, ")");
   const int64_t cells = p.view.num_k_blocks * int64_t(p.num_heads_q / p.group_size);
-  FS_CHECK(!p.deterministic || (p.dq_sem != nullptr && p.grid_mode == 1 &&
+  const bool det_cells = p.grid_mode == 1 || p.grid_mode == kGridCellsDescendingHeadsSlowest;
+  FS_CHECK(!p.deterministic || (p.dq_sem != nullptr && det_cells &&
                                 (cells == 0 || (p.split_schedule == 1 && p.split.num_tasks == cells))),
            Status::kInternal,
            "sm90 backward: the deterministic path needs the dQ tile counters and the split schedule over every key "

@@ -112,10 +112,10 @@ bool bwd_det_split_enabled();
 void set_bwd_det_split(int on);
 // How far above the mean a walk must be for that cut (SplitSchedule::above_mean, split_rule.h):
 // FLASHSPAN_SM90_BWD_DET_SPLIT_ABOVE=m (an integer 2 .. 4096; read once; measurement only), else 2
-// with FLASHSPAN_EXPERIMENTAL=1 (read per call), else 16: at S = 32768 only sink_local's sink
-// column and tree_dfs's root spans are that far above the mean among the benchmark masks
-// (test_split_rule.cpp; longformer's global key blocks and tree_bfs's root spans are ~15x,
-// document_causal's longest ~2.4x: PERF_LOG v2.10). set_bwd_det_split_above_mean:
+// with FLASHSPAN_EXPERIMENTAL=1 (read per call), else 4 (16 until PERF_LOG v2.50): at S = 32768
+// sink_local's sink column, the trees' upper-level spans and longformer's global key blocks are that
+// far above the mean among the benchmark masks, causal, document_causal, local and hstu (longest
+// walks 1-3x the mean) not (test_split_rule.cpp). set_bwd_det_split_above_mean:
 // m in 2 .. 4096, or anything else back to that answer (tests).
 int bwd_det_split_above_mean();
 void set_bwd_det_split_above_mean(int m);
@@ -126,6 +126,18 @@ void set_bwd_det_split_above_mean(int m);
 // back to the environment's answer (tests).
 int bwd_cell_order_forced();
 void set_bwd_cell_order(int on);
+// The deterministic backward's cell order (flex_dispatch.cu): each head's key blocks in turn
+// (kGridCellsDescendingHeadsSlowest) instead of heads fastest, experimental, not yet run on a GPU.
+// FLASHSPAN_SM90_BWD_DET_HEADS_SLOWEST "0" never, any other value always (read per call); unset, with
+// FLASHSPAN_EXPERIMENTAL=1 where a head's query side outgrows L2 (bwd_cell_order_sm90, the
+// non-deterministic cell order's rule), else never. Returns 1 / 0 when forced (or off), -1 for the
+// rule; set_bwd_det_heads_slowest: 1, 0, or -1 back to the environment's answer (tests).
+int bwd_det_heads_slowest_forced();
+void set_bwd_det_heads_slowest(int on);
+// The deterministic backward's item order as the launcher passes it (BwdParams::det_claim):
+// FLASHSPAN_SM90_BWD_DET_CLAIM "1" claimed in list order (1), "0" snake waves (0), else the plan
+// decides (-1: split_rule.h split_det_claims). Read per call; defined in launch_bwd_sm90.cu.
+int bwd_det_claim();
 // Whether the cell order puts the split tasks' items first (split_schedule.cuh kSplitFirst: the cut
 // walks of sink columns and global tokens start first, spread over the heads): experimental
 // (FLASHSPAN_EXPERIMENTAL=1, read per call; PERF_LOG v2.10: longformer +15 %, tree_bfs -7 % at
