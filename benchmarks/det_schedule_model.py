@@ -216,14 +216,21 @@ def main() -> None:
     ap.add_argument("--dq-buffers", type=int, default=1, help="dQ tiles in shared memory (the consumers' lead)")
     ap.add_argument("--l2-tiles", type=int, default=640, help="query-side tiles (64 KB) the L2 holds")
     ap.add_argument("--schedules", default="nondet,desc,desc-U,desc-hs,lpt,asc")
+    ap.add_argument("--dram-tbs", type=float, default=3.35, help="DRAM bandwidth, TB/s (H100 SXM; H200 4.8)")
+    ap.add_argument("--step-us", type=float, default=2.2, help="a full step's time on one SM, us (D = 128)")
     a = ap.parse_args()
     costs = Costs(a.partial, a.item, a.turn, a.write, a.dq_buffers)
     s, heads = a.seqlen, a.heads
     names = a.schedules.split(",")
+    # A miss's DRAM time in step units, the whole GPU's bandwidth shared: a tile's 64 KB over the DRAM
+    # bandwidth, per step of one SM. "with mem" = time + misses x that, as if the misses' traffic did not
+    # overlap the steps (the form that reproduced the measured ratios best, PERF_LOG v2.51).
+    per_miss = 64 * 1024 / (a.dram_tbs * 1e12) / (a.step_us * 1e-6)
     print(f"S={s} H={heads} tile {BQ}x{BK}, {CTAS} CTAs; time in full steps, misses per step of an LRU L2 of "
-          f"{a.l2_tiles} query-side tiles. MODEL, not a measurement.")
+          f"{a.l2_tiles} query-side tiles; nondet/x on time, then with the misses' DRAM time added. "
+          "MODEL, not a measurement.")
     print(f"{'mask':16s} {'ideal':>6s} " + " ".join(f"{n:>14s}" for n in names) + "  nondet/x: "
-          + " ".join(f"{n:>7s}" for n in names[1:]))
+          + " ".join(f"{n:>7s}" for n in names[1:]) + " | with mem: " + " ".join(f"{n:>7s}" for n in names[1:]))
     for mask in a.masks.split(","):
         walk = walks(mask, s)
         nkb = len(walk)
@@ -273,10 +280,12 @@ def main() -> None:
             items, order, snake = schedule(n)
             log: list = []
             t = simulate(items, walk, heads, costs, order=order, snake=snake, log=log)
-            res[n] = (t, l2_misses(log, a.l2_tiles) / len(log))
+            misses = l2_misses(log, a.l2_tiles)
+            res[n] = (t, misses / len(log), t + misses * per_miss)
         ideal = heads * sum(cost.values()) / CTAS
         print(f"{mask:16s} {ideal:6.0f} " + " ".join(f"{res[n][0]:8.0f} {res[n][1]:5.2f}" for n in names) + "  "
-              + " ".join(f"{res[names[0]][0] / res[n][0]:7.2f}" for n in names[1:]))
+              + " ".join(f"{res[names[0]][0] / res[n][0]:7.2f}" for n in names[1:]) + " |           "
+              + " ".join(f"{res[names[0]][2] / res[n][2]:7.2f}" for n in names[1:]))
 
 
 if __name__ == "__main__":
