@@ -29,4 +29,12 @@ inline bool env_flag_off(const char* name) {
   return e != nullptr && std::strcmp(e, "0") == 0;
 }
 
+// The switch of an experimental path with a variable of its own (dispatch's FLASHSPAN_SM90_SDPA_PAGED_THD): `name`
+// unset, FLASHSPAN_EXPERIMENTAL's answer (experimental_from_env, so that FLASHSPAN_EXPERIMENTAL=1 turns on every path
+// not yet run on a GPU); exactly "0" off; any other value (empty included) on, whatever FLASHSPAN_EXPERIMENTAL says.
+inline bool experimental_flag(const char* name) {
+  const char* e = std::getenv(name);
+  return e == nullptr ? experimental_from_env() : std::strcmp(e, "0") != 0;
+}
+
 }  // namespace flashspan

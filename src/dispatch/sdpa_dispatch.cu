@@ -126,9 +126,12 @@ void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, 
   }
   if (p.paged) {
     if (sdpa_fwd_runs_sm90_paged(p)) {
-      // The sm90 forward over the page tables (experimental: sdpa_sm90_paged_enabled); its flags in the workspace.
+      // The sm90 forward over the page tables (sdpa_sm90_paged_enabled): packed q's per-sample maps (experimental,
+      // sdpa_sm90_paged_thd_enabled) at the workspace's start, its flags after them.
+      const WorkspaceSlice maps = sdpa_fwd_sm90_maps(p, workspace, workspace_bytes);
       sm90::launch_sdpa_fwd_paged_sm90(sdpa_paged_fwd_params_sm90(p, workspace, workspace_bytes), p.t(FS_SDPA_Q),
-                                       p.t(FS_SDPA_K), p.t(FS_SDPA_V), p.dtype, static_cast<cudaStream_t>(stream));
+                                       p.t(FS_SDPA_K), p.t(FS_SDPA_V), p.dtype, maps.ptr, maps.bytes,
+                                       static_cast<cudaStream_t>(stream));
       return;
     }
     sm80::launch_sdpa_fwd_paged_sm80(sdpa_paged_fwd_params(p), tile_of(p), p.dtype, static_cast<cudaStream_t>(stream));

@@ -119,6 +119,12 @@ Switch g_sdpa_fp8_sm90_thd{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8_TH
 // every SdpaPagedGpu test with it on by default, memcheck of Sm90PagedSanitizerSmall / Sm90PagedBadEntryIsNaN;
 // PERF_LOG v2.46); FLASHSPAN_SM90_SDPA_PAGED=0 (read per call) keeps paged forwards on the sm80 paged kernel.
 Switch g_sdpa_sm90_paged{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_PAGED"); }};
+// Packed (THD) q / o / stats / gate on that paged forward (sdpa_fwd_sm90_paged_refusal: q through its per-sample maps,
+// o / stats / gate at the samples' starts, K / V through the page tables): experimental, not yet run on a GPU
+// (SdpaPagedGpu.Sm90PagedThd*); FLASHSPAN_SM90_SDPA_PAGED_THD (read per call): unset, on only with
+// FLASHSPAN_EXPERIMENTAL=1; "0" off; any other value on (core/env_switch.h experimental_flag). Off, those calls keep
+// the sm80 paged kernel.
+Switch g_sdpa_sm90_paged_thd{[] { return experimental_flag("FLASHSPAN_SM90_SDPA_PAGED_THD"); }};
 }  // namespace
 
 namespace {
@@ -252,8 +258,12 @@ const char* sdpa_bwd_sm90_layout_refusal(const sdpa::Problem& p) { return sm90_r
 // The paged forward on the sm90 kernel (sdpa_fwd_paged_kernel_sm90: the modifiers' source without the bias, (64, 64)
 // and (128, 128), K / V boxes from the page tables): what sm90_refusal takes of a paged forward, less what the
 // kernel leaves to the sm80 paged kernel (which runs every paged call): head dims above 128, the bias, dropout,
-// packed (THD) q / k / v / o / stats / gate (no sample maps here), pages of fewer than 8 keys (a box of whole
-// 128B swizzle atoms), an empty container (its map's page extent).
+// ragged offsets of k or v (a paged side's container has none to honour; a packed contiguous side would need a
+// per-sample map of its own in the producer's page loads, load_paged_block), pages of fewer than 8 keys (a box of
+// whole 128B swizzle atoms), an empty container (its map's page extent). Packed (THD) q / o / stats / gate it takes
+// with sdpa_sm90_paged_thd_enabled (experimental: q through its per-sample maps, the unpaged kernel's producer path;
+// o / stats / gate at the samples' starts, its epilogue's), and then as sm90_refusal takes them (the THD switch,
+// FLASHSPAN_SM90_SDPA_THD; a packed gate with the modifiers' switch).
 const char* sdpa_fwd_sm90_paged_refusal(const sdpa::Problem& p) {
   using namespace sdpa;
   if (!p.paged) return "K and V not paged";
@@ -261,9 +271,17 @@ const char* sdpa_fwd_sm90_paged_refusal(const sdpa::Problem& p) {
   if (p.Dqk > 128 || p.Dv > 128) return "head dims above 128";
   if (p.has(FS_SDPA_BIAS)) return "bias (with paged K/V: the sm80 paged kernel)";
   if (p.dropout || p.a.dropout_mask_form) return "dropout (with paged K/V: the sm80 paged kernel)";
-  for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
-                FS_SDPA_RAGGED_OFFSET_STATS, FS_SDPA_RAGGED_OFFSET_GATE}) {
-    if (p.has(s)) return "ragged (packed) q, k, v, o, stats or gate (with paged K/V: the sm80 paged kernel)";
+  if (p.has(FS_SDPA_RAGGED_OFFSET_K) || p.has(FS_SDPA_RAGGED_OFFSET_V)) {
+    return "ragged (packed) k or v (with paged K/V: the sm80 paged kernel)";
+  }
+  if (!sdpa_sm90_paged_thd_enabled()) {
+    for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_O, FS_SDPA_RAGGED_OFFSET_STATS,
+                  FS_SDPA_RAGGED_OFFSET_GATE}) {
+      if (p.has(s)) {
+        return "ragged (packed) q, o, stats or gate (with paged K/V: the sm80 paged kernel; experimental on the sm90 "
+               "one with FLASHSPAN_SM90_SDPA_PAGED_THD=1 or FLASHSPAN_EXPERIMENTAL=1)";
+      }
+    }
   }
   for (int side = 0; side < 2; ++side) {
     if (!p.has(side == 0 ? FS_SDPA_PAGE_TABLE_K : FS_SDPA_PAGE_TABLE_V)) continue;
@@ -275,6 +293,9 @@ const char* sdpa_fwd_sm90_paged_refusal(const sdpa::Problem& p) {
 
 void set_sdpa_sm90_paged_enabled(int on) { g_sdpa_sm90_paged.set(on); }
 bool sdpa_sm90_paged_enabled() { return g_sdpa_sm90_paged.on(); }
+
+void set_sdpa_sm90_paged_thd_enabled(int on) { g_sdpa_sm90_paged_thd.set(on); }
+bool sdpa_sm90_paged_thd_enabled() { return g_sdpa_sm90_paged_thd.on(); }
 
 bool sdpa_fwd_runs_sm90_paged(const sdpa::Problem& p) {
   if (p.device != DeviceType::kCUDA || !sdpa_fwd_sm90_enabled() || !sdpa_sm90_paged_enabled() ||
@@ -509,7 +530,10 @@ bool sdpa_bwd_runs_sm90(const sdpa::Problem& p) {
 }
 
 bool sdpa_fwd_sm90_may_take_packed(const sdpa::Problem& p) {
-  if (p.device != DeviceType::kCUDA || p.a.backward || p.paged) return false;
+  // The paged kernel's maps are q's alone (K / V go through the page tables): every paged forward with packed q that
+  // it may take (sdpa_fwd_sm90_may_take_paged: whatever the switches say, as its flags).
+  if (p.paged) return p.ragged(FS_SDPA_Q) && sdpa_fwd_sm90_may_take_paged(p);
+  if (p.device != DeviceType::kCUDA || p.a.backward) return false;
   // The FP8 forward's maps are q's and k's (its V goes through the V^T pre-pass): every FP8 forward with packed q or
   // k that the sm80 FP8 forward does not run (an operation's check_support fixed the family), with no device query,
   // as its V^T workspace is sized.

@@ -54,8 +54,10 @@ size_t sdpa_bwd_workspace_size(const sdpa::Problem& p);
 // sdpa_fp8_sm90_thd_enabled, default on; kernels/sm90/sample_maps_sm90.h): their part of the forward's workspace
 // (sm90::sample_maps_bytes(B, 3), and 128 bytes more so that the maps start 128-byte aligned in any workspace) for
 // every call the sm90 forward may take packed (sdpa_fwd_sm90_may_take_packed: a 16-bit CUDA forward, not paged, with
-// packed q, k or v, on an sm_90 device with this build's sm_90a code; an FP8 forward with packed q or k that the sm80
-// FP8 forward does not run: the sm90 FP8 forward's maps of q and k, in the same layout, after its V^T workspace),
+// packed q, k or v, on an sm_90 device with this build's sm_90a code; a paged one with packed q that the sm90 paged
+// forward may take, sdpa_fwd_sm90_may_take_paged: the maps of q alone, before its flags; an FP8 forward with packed q
+// or k that the sm80 FP8 forward does not run: the sm90 FP8 forward's maps of q and k, in the same layout, after its
+// V^T workspace),
 // whatever its switches say, so that an operation sized with them off still runs when they are turned on before its
 // execute (and the bytes, ~0.4 KB a sample, are never the difference); 0 bytes for other calls. sdpa_fwd_sm90_maps
 // binds it: the 128-byte aligned start and its bytes (checked: the workspace's size), {nullptr, 0} for other calls.
@@ -267,15 +269,25 @@ void set_sdpa_fp8_sm90_thd_enabled(int on);
 // answer). Off, or for a call it
 // does not take, paged forwards keep the sm80 paged kernel (and the decode forward its calls). On an sm_90 device
 // with this build's sm_90a code and sdpa_fwd_sm90_enabled(), sdpa_fwd_runs_sm90_paged answers whether it runs a
-// call: sdpa_fwd_sm90_paged_refusal nullptr (a paged 16-bit forward; padded q / o / stats / gate; head dims up
+// call: sdpa_fwd_sm90_paged_refusal nullptr (a paged 16-bit forward; padded q / o / stats / gate, or packed with
+// sdpa_sm90_paged_thd_enabled below; k and v without ragged offsets; head dims up
 // to 128; no bias or dropout; each paged side's pages of 8 keys or more and its container not empty; the rest as
 // sdpa_fwd_sm90_refusal: masks, padding, GQA / H_k != H_v, max_logit, and with sdpa_fwd_sm90_mods_enabled softcap,
 // ALiBi, sinks, the gate, score_max / score_sum_exp, the block_mask), else the first thing it does not take. Its
 // workspace: one int32 flag a sample (a page-table entry outside its container: NaN over the sample's O and stats
 // rows), sdpa_fwd_sm90_paged_flags_bytes, for every call sdpa_fwd_sm90_may_take_paged (a 16-bit paged CUDA forward on
-// an sm_90 device with the sm_90a code), whatever the switches say; sdpa_paged_fwd_params_sm90 binds it (checked).
+// an sm_90 device with the sm_90a code), whatever the switches say, after packed q's maps (sdpa_fwd_sm90_maps_bytes);
+// sdpa_paged_fwd_params_sm90 binds it (checked).
+// Packed (THD) q / o / stats / gate on that paged forward (launch_sdpa_fwd_paged_sm90: q through its per-sample maps,
+// sdpa_fwd_sm90_maps, at the workspace's start, the flags after them; o / stats / gate at the samples' starts):
+// experimental, not yet run on a GPU; FLASHSPAN_SM90_SDPA_PAGED_THD (read per call) unset: on only with
+// FLASHSPAN_EXPERIMENTAL=1; "0" off; any other value on (core/env_switch.h experimental_flag);
+// set_sdpa_sm90_paged_thd_enabled overrides it (tests: 1 on, 0 off, -1 the environment's answer). Off,
+// sdpa_fwd_sm90_paged_refusal refuses those calls and the sm80 paged kernel runs them.
 bool sdpa_sm90_paged_enabled();
 void set_sdpa_sm90_paged_enabled(int on);
+bool sdpa_sm90_paged_thd_enabled();
+void set_sdpa_sm90_paged_thd_enabled(int on);
 const char* sdpa_fwd_sm90_paged_refusal(const sdpa::Problem& p);
 bool sdpa_fwd_runs_sm90_paged(const sdpa::Problem& p);
 bool sdpa_fwd_sm90_may_take_paged(const sdpa::Problem& p);

@@ -390,12 +390,15 @@ size_t sdpa_fwd_workspace_size(const Problem& p) {
   if (p.device != DeviceType::kCUDA) return 0;
   if (p.fp8 && sdpa_fp8_fwd_runs_sm80(p)) return fp8_fwd_sm80_bytes(p).total;
   if (p.fp8) return fp8_vt_ws_bytes(p) + sdpa_fwd_sm90_maps_bytes(p);
+  // Packed q / k / v's per-sample maps, then a paged forward's flags (a paged call with packed q has both:
+  // sdpa_paged_fwd_params_sm90 binds the flags after the maps).
+  const size_t sm90_bytes = sdpa_fwd_sm90_maps_bytes(p) + sdpa_fwd_sm90_paged_flags_bytes(p);
   if (sdpa_fwd_runs_decode(p)) {
-    // (at least the sm90 paged forward's flags: a call sized on the decode forward still runs with it off)
+    // (at least the sm90 forward's: a call sized on the decode forward still runs with it off)
     const DecodeWorkspace w = decode_workspace(p);
-    return std::max(w.o_accum + w.ml, sdpa_fwd_sm90_paged_flags_bytes(p));
+    return std::max(w.o_accum + w.ml, sm90_bytes);
   }
-  return sdpa_fwd_sm90_maps_bytes(p) + sdpa_fwd_sm90_paged_flags_bytes(p);  // (no call has both)
+  return sm90_bytes;
 }
 
 size_t sdpa_fwd_sm90_paged_flags_bytes(const Problem& p) {
@@ -403,13 +406,14 @@ size_t sdpa_fwd_sm90_paged_flags_bytes(const Problem& p) {
 }
 
 SdpaPagedFwdSm90Params sdpa_paged_fwd_params_sm90(const Problem& p, void* workspace, size_t workspace_bytes) {
-  const size_t need = sdpa_fwd_sm90_paged_flags_bytes(p);
-  FS_CHECK(need > 0, Status::kInternal, "sdpa paged forward (sm90): parameters asked for a call it does not take");
-  FS_CHECK_ARG(workspace != nullptr && workspace_bytes >= need, "workspace: needs ", need, " bytes, got ",
-               workspace_bytes);
+  const size_t flags = sdpa_fwd_sm90_paged_flags_bytes(p), maps = sdpa_fwd_sm90_maps_bytes(p);
+  FS_CHECK(flags > 0, Status::kInternal, "sdpa paged forward (sm90): parameters asked for a call it does not take");
+  FS_CHECK_ARG(workspace != nullptr && workspace_bytes >= maps + flags, "workspace: needs ", maps + flags,
+               " bytes, got ", workspace_bytes);
   SdpaPagedFwdSm90Params f;
   static_cast<SdpaPagedFwdParams&>(f) = sdpa_paged_fwd_params(p);
-  const uintptr_t a = (reinterpret_cast<uintptr_t>(workspace) + 15) / 16 * 16;  // the flags, 16-byte aligned
+  // The flags, 16-byte aligned, after packed q's maps (sdpa_fwd_sm90_maps: at the workspace's start).
+  const uintptr_t a = (reinterpret_cast<uintptr_t>(workspace) + maps + 15) / 16 * 16;
   f.bad_samples = reinterpret_cast<int32_t*>(a);
   return f;
 }

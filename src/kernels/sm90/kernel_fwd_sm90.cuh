@@ -477,9 +477,11 @@ struct AnalyticDropSourceSm90 : AnalyticModSourceSm90<L> {
 // params.h SdpaPagedFwdSm90Params): the modifiers' source without the bias (softcap, ALiBi, sinks, the gate,
 // score_max / score_sum_exp and the block_mask as run-time flags; the bias and dropout keep the sm80 paged
 // kernel), its K and V boxes placed by the paged address role (kv_addr.cuh PagedKv, TMA form: the producer's
-// load_paged_block) instead of ContiguousKv. Q, O and the stats padded (no sample maps). Rows of a last key
-// block past the sample's keys (other samples' rows, or anything, in a page) are masked in S and zeroed in V
-// (zero_v_rows_past), as the unpaged kernels' padding.
+// load_paged_block) instead of ContiguousKv. Q padded, or packed (THD; experimental, dispatch's
+// sdpa_sm90_paged_thd_enabled) through its per-sample map (kSampleMaps: the unpaged kernels' producer path, q's map
+// alone); O, the stats and the gate padded or packed at the samples' starts (the analytic source's rows, a run-time
+// answer). Rows of a last key block past the sample's keys (other samples' rows, or anything, in a page) are masked
+// in S and zeroed in V (zero_v_rows_past), as the unpaged kernels' padding.
 template <class L>
 struct AnalyticPagedSourceSm90 : AnalyticModNoBiasSourceSm90<L> {
   static constexpr bool kPaged = true;
@@ -519,11 +521,12 @@ __device__ __forceinline__ void zero_v_rows_past(uint32_t v_tile, int keys, int 
 // The per-sample tensor maps of packed (THD) SDPA tensors (AnalyticMaskParams::sample_maps; sample_maps_sm90.h,
 // sample_maps_sm90.cuh): the SDPA kernels' (kSampleMaps), null for every other call. The FP8 kernel's q and k
 // (kSampleMapsUsed: the first two of a sample's kSampleMapsFwd slots); its V^T stays the pre-pass's padded
-// workspace, whose map is the kernel's own at the sample's batch coordinate.
+// workspace, whose map is the kernel's own at the sample's batch coordinate. The paged kernel's q alone (the first
+// slot; its K / V boxes come from the page tables, load_paged_block).
 template <class Src, class L>
-inline constexpr bool kSampleMaps = Src::kAnalytic && !Src::kPaged;
-template <class L>
-inline constexpr int kSampleMapsUsed = L::kFp8 ? kSdpaK + 1 : sm90::kSampleMapsFwd;
+inline constexpr bool kSampleMaps = Src::kAnalytic;
+template <class Src, class L>
+inline constexpr int kSampleMapsUsed = Src::kPaged ? kSdpaQ + 1 : L::kFp8 ? kSdpaK + 1 : sm90::kSampleMapsFwd;
 template <class Src, class L>
 __device__ __forceinline__ const void* sample_maps_of(const FwdParams& p) {
   if constexpr (kSampleMaps<Src, L>) {
@@ -613,10 +616,11 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     kern::ContiguousKv kv = kern::ContiguousKv::tma_sample(p, it.batch);  // K/V address role (kv_addr.cuh)
     // Packed (THD) q, k or v (SDPA; AnalyticMaskParams::sample_maps, experimental): the maps of the sample's
     // own rows, built on the device before the kernel (launch_fwd_sm90.cu), batch coordinate 0, acquired here;
-    // kv's batch field then says which sample's K / V maps the loads take (-1 - b: with_kv_map).
+    // kv's batch field then says which sample's K / V maps the loads take (-1 - b: with_kv_map; the paged kernel's
+    // K / V loads take it.batch, their boxes from the page tables).
     if constexpr (kSampleMaps<Src, L>) {
       if (const void* maps = sample_maps_of<Src, L>(p)) {
-        acquire_sample_maps<sm90::kSampleMapsFwd, kSampleMapsUsed<L>>(maps, it.batch);
+        acquire_sample_maps<sm90::kSampleMapsFwd, kSampleMapsUsed<Src, L>>(maps, it.batch);
         kv.batch = sample_coord(maps, it.batch);
         // A sample without query rows has a one-row map at the tensor's base (which may be null, or end there):
         // its box at row 1 lies wholly past the extent, zero filled, nothing read. (Blocks past a longer
@@ -1090,8 +1094,9 @@ __global__ void __launch_bounds__(kThreads, 1)
 // The SDPA forward over paged K/V caches (params.h SdpaPagedFwdSm90Params): the same kernel
 // with AnalyticPagedSourceSm90 (the modifiers' source without the bias, K / V boxes from the page tables), max_logit
 // tested at run time, the overlapped consumers; (64, 64) and (128, 128), fp16 / bf16 (units
-// sdpa_fwd_paged_sm90_d{64,128}.cu). tm_k / tm_v: the containers' maps (column, row, head, page) with boxes of
-// min(page_size, kBlockK) rows, or a side without a table its own map (launch_fwd_sm90.cu).
+// sdpa_fwd_paged_sm90_d{64,128}.cu). tm_q: q's map, or with packed q (experimental) the template of the per-sample
+// maps the producer loads through (AnalyticMaskParams::sample_maps); tm_k / tm_v: the containers' maps (column, row,
+// head, page) with boxes of min(page_size, kBlockK) rows, or a side without a table its own map (launch_fwd_sm90.cu).
 template <int kDqk, int kDv, class E>
 __global__ void __launch_bounds__(kThreads, 1)
     sdpa_fwd_paged_kernel_sm90(const __grid_constant__ SdpaPagedFwdSm90Params p,

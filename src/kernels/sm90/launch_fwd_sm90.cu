@@ -207,30 +207,48 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
 }
 
 void launch_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p_in, const TensorView& q, const TensorView& k,
-                                const TensorView& v, DType dtype, cudaStream_t stream) {
+                                const TensorView& v, DType dtype, void* maps, size_t maps_bytes, cudaStream_t stream) {
   SdpaPagedFwdSm90Params p = p_in;
   const TileSm90 t = tile_sm90(p.head_dqk, p.head_dv);
   const AnalyticMaskParams& a = p.analytic;
-  bool ragged = false;
-  for (int x : {kSdpaQ, kSdpaK, kSdpaV, kSdpaO, kSdpaStats, kSdpaGate}) ragged = ragged || a.start[x].ragged.ptr != nullptr;
+  // K / V through the page tables (a paged side's sample start is the container's, zeroed by dispatch; a packed
+  // contiguous side is refused there: sdpa_fwd_sm90_paged_refusal).
+  const bool ragged_kv = a.start[kSdpaK].ragged.ptr != nullptr || a.start[kSdpaV].ragged.ptr != nullptr;
   // A paged side: pages of 8 keys or more (boxes of whole swizzle atoms), a container of at least one page (its
   // map's page extent; an entry outside it is never a coordinate: kv_addr.cuh PagedKv::tma_box).
   auto side_ok = [](const SdpaPagedSide& s, const TensorView& c) {
     return s.table == nullptr || (s.log2_page >= 3 && s.num_pages >= 1 && c.ndim == 4 && c.size(0) == s.num_pages);
   };
   FS_CHECK(sdpa_fwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && t.dqk_tile <= 128 && p.pack == 1 &&
-               p.split_schedule == 0 && !ragged && a.dropout.mode == 0 && a.dropout.rng_dump == nullptr &&
+               p.split_schedule == 0 && !ragged_kv && a.dropout.mode == 0 && a.dropout.rng_dump == nullptr &&
                a.bias.bias == nullptr && p.bad_samples != nullptr &&
                side_ok(p.paged_k, k) && side_ok(p.paged_v, v),
            Status::kInternal, "sdpa paged forward (sm90): unsupported configuration reached the launcher (D ",
            p.head_dqk, "/", p.head_dv, ")");
+  // Packed (THD) q (experimental: dispatch's sdpa_sm90_paged_thd_enabled): per-sample maps of q alone, in slot kSdpaQ
+  // of kSampleMapsFwd a sample (the producer acquires and loads q through it as the unpaged kernel does:
+  // kernel_fwd_sm90.cuh with_kv_map). A packed o / stats / gate needs no map: the epilogue writes them at the
+  // samples' starts (AnalyticSourceSm90::rows, the gate's sample_start).
+  const bool packed_q = sample_maps_packed(a, {kSdpaQ}, p.batch, kSampleMapsFwd, maps, maps_bytes,
+                                           "sdpa paged forward (sm90)");
   g_sdpa_fwd_paged_launches.fetch_add(1, std::memory_order_relaxed);
   if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
   p.analytic.num_q_blocks = (p.analytic.max_q + t.fwd_bq - 1) / t.fwd_bq;
   if (p.analytic.num_q_blocks == 0 || p.batch == 0 || p.num_heads_q == 0) return;
-  check_cuda(cudaMemsetAsync(p.bad_samples, 0, size_t(p.batch) * sizeof(int32_t), stream),
-             "sdpa paged forward (sm90): flags reset");
-  // Padded q / o / stats: sample b is batch b (as launch_sdpa_fwd_sm90).
+  const TensorView vq = sample_map_view(bshd_of_bhsd(q), packed_q, maps);
+  const CUtensorMap mq = make_tensor_map_sm90(vq, false, dtype, t.fwd_bq, "q");
+  if (packed_q) {
+    // The pre-pass writes every sample's flag (1: q's start not 16-byte aligned) before the kernel, so its flags are
+    // the kernel's bad_samples too: one reset, one fill for both faults.
+    p.bad_samples = launch_sample_maps_sm90(sample_maps_job(a, {{mq, vq, a.start[kSdpaQ]}}, 2, kSampleMapsFwd), p.batch,
+                                            maps, stream);
+    p.analytic.sample_maps = maps;
+  } else {
+    check_cuda(cudaMemsetAsync(p.bad_samples, 0, size_t(p.batch) * sizeof(int32_t), stream),
+               "sdpa paged forward (sm90): flags reset");
+  }
+  // q / o / stats: sample b is batch b of padded tensors, a packed one's sample at its start (as
+  // launch_sdpa_fwd_sm90).
   p.varlen = 0;
   p.oa.batch_stride = p.analytic.start[kSdpaO].batch_stride;
   p.lsea.batch_stride = p.analytic.start[kSdpaStats].batch_stride;
@@ -240,7 +258,6 @@ void launch_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p_in, const Tensor
     const int box = s.table == nullptr ? t.fwd_bk : std::min(1 << std::min(s.log2_page, 30), t.fwd_bk);
     return make_tensor_map_sm90(bshd_of_bhsd(c), false, dtype, box, name);
   };
-  const CUtensorMap mq = make_tensor_map_sm90(bshd_of_bhsd(q), false, dtype, t.fwd_bq, "q");
   const CUtensorMap mk = side_map(k, p.paged_k, "k");
   const CUtensorMap mv = side_map(v, p.paged_v, "v");
   if (t.dqk_tile == 64) {

@@ -61,14 +61,18 @@ int64_t sdpa_fwd_drop_launches();
 
 // SDPA forward over paged K/V caches (kernel_fwd_sm90.cuh sdpa_fwd_paged_kernel_sm90; on by default,
 // dispatch/sdpa_launch.h sdpa_sm90_paged_enabled), for the calls sdpa_fwd_sm90_paged_refusal accepts: p as
-// sdpa_paged_fwd_params_sm90 fills it (padded q / o / stats, head dims up to 128, no bias or dropout, pages of
-// 8 keys or more, bad_samples: B int32 of the workspace); q the [B, H, S, D] descriptor, k / v the containers
-// [num_pages, H, page_size, D] of a paged side (a map (column, row, head, page) with boxes of
-// min(page_size, 128) rows) or a side's own [B, H, S, D] descriptor. Zeroes bad_samples, runs the kernel, then
-// writes NaN over the O and stats rows of every sample one of whose page-table entries that the kernel read lay
-// outside its container (launch_sample_poison_sm90).
+// sdpa_paged_fwd_params_sm90 fills it (q / o / stats / gate padded, or packed (experimental,
+// sdpa_sm90_paged_thd_enabled), k / v without ragged offsets, head dims up to 128, no bias or dropout, pages of
+// 8 keys or more, bad_samples: B int32 of the workspace); q the [B, H, S, D] descriptor (packed: its samples at
+// their ragged starts), k / v the containers [num_pages, H, page_size, D] of a paged side (a map
+// (column, row, head, page) with boxes of min(page_size, 128) rows) or a side's own [B, H, S, D] descriptor;
+// maps / maps_bytes: packed q's per-sample maps' part of the workspace (sample_maps_sm90.h, kSampleMapsFwd slots a
+// sample of which q's is written; dispatch's sdpa_fwd_sm90_maps), else unused. Zeroes bad_samples (packed q: takes
+// the maps pre-pass's flags instead, which it writes for every sample: a start not 16-byte aligned), runs the kernel,
+// then writes NaN over the O and stats rows of every flagged sample: one of whose page-table entries that the kernel
+// read lay outside its container, or whose q start was not aligned (launch_sample_poison_sm90).
 void launch_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p, const TensorView& q, const TensorView& k,
-                                const TensorView& v, DType dtype, cudaStream_t stream);
+                                const TensorView& v, DType dtype, void* maps, size_t maps_bytes, cudaStream_t stream);
 // Calls of launch_sdpa_fwd_paged_sm90 in this process so far (tests check which kernel ran).
 int64_t sdpa_fwd_paged_launches();
 
