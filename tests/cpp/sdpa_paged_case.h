@@ -39,8 +39,10 @@ struct PagedCase {
   bool token_major_k = false, token_major_v = false;  // containers [pages, page, H, D]
   bool set_max_seq = true;            // paged_attention_max_seq_len_kv = Skv (else the tables' capacity)
   bool thd_q = false;                 // Q / O / stats packed THD (with gaps)
+  bool gate = false;                  // an output gate of O's layout (packed with Q when thd_q), q's dtype
   bool cu_lengths = false, lengths64 = false;
   bool zero_kv_sample = false;
+  bool zero_q_sample = false;  // the last sample without query rows (B > 1; its keys are all S_kv)
   bool has_left = false, has_right = false, bottom_right = false;
   int64_t left = 0, right = 0;
   float scale = 0.125f, softcap = 0.0f;
@@ -105,11 +107,13 @@ struct PagedCase {
        << (token_major_k ? " token-major" : "") << " page_v " << page_v << (packed_v ? " packed" : "")
        << (token_major_v ? " token-major" : "") << (set_max_seq ? "" : " capacity-S_kv") << (thd_q ? " q THD" : "")
        << (cu_lengths ? " cu_seq_len" : " seq_len") << (lengths64 ? " int64" : " int32")
-       << (zero_kv_sample ? " zero-kv-sample" : "") << " left " << (has_left ? std::to_string(left) : "-") << " right "
+       << (zero_kv_sample ? " zero-kv-sample" : "") << (zero_q_sample ? " zero-q-sample" : "")
+       << " left " << (has_left ? std::to_string(left) : "-") << " right "
        << (has_right ? std::to_string(right) : "-") << (bottom_right ? " BOTTOM_RIGHT" : " TOP_LEFT") << " scale "
        << scale;
     if (softcap > 0) os << " softcap " << softcap;
     if (max_logit) os << " max_logit";
+    if (gate) os << " gate";
     if (bias) {
       const std::vector<int64_t> bs = as_case().broadcast_shape(bias);
       os << " bias [" << bs[0] << "," << bs[1] << "," << bs[2] << "," << bs[3] << "]" << (bias_f32 ? " f32" : "")
@@ -240,6 +244,22 @@ inline PagedCase random_sm90_paged_case(uint64_t seed) {
   return c;
 }
 
+// The cases of the sm90 paged forward's GPU tests of packed (THD) q / o / stats (experimental:
+// sdpa_sm90_paged_thd_enabled; test_sdpa_paged_gpu.cpp Sm90PagedThd*): random_sm90_paged_case with q, o and the stats
+// packed THD (gaps between samples where the lengths are seq_len), B >= 3 with the last sample without query rows
+// and, on two thirds, the first without keys; a packed output gate on half. SdpaPaged.Sm90ThdGpuCasesAreTakenByTheRule
+// checks that the rule takes them.
+inline PagedCase random_sm90_paged_thd_case(uint64_t seed) {
+  PagedCase c = random_sm90_paged_case(seed);
+  std::mt19937_64 rng(seed * 337 + 5);  // a stream of its own
+  c.thd_q = true;
+  if (c.B < 3) c.B = 3 + int64_t(rng() % 2);
+  c.zero_q_sample = true;
+  c.zero_kv_sample = rng() % 3 != 0;
+  c.gate = rng() % 2;
+  return c;
+}
+
 // The cases of the sm90 paged forward's bad-entry test (Sm90PagedBadEntryIsNaN): pages of 8, 16, 64, 128 and 256
 // keys (several boxes a key block, one, a page of two blocks), K's table entry `bad_page` of sample 1 (the last: its
 // keys are all S_kv, make_paged_data) refused, sample 0 intact (its rows are all S_q); B = 2, no mask, so every key
@@ -296,6 +316,8 @@ struct PagedData {
   // them): bias and mask broadcast over [B, H_q, S_q, S_kv] (sdpa_case::bias_layout /
   // dropout_mask_layout on as_case()), the dump [B, H_q, S_q, S_kv] contiguous, all NaN / 0xff first.
   Storage bias, drop_mask, dump;
+  // The output gate (PagedCase::gate): O's layout, values in the samples' rows (NaN elsewhere).
+  Storage gate;
   // Dense values of every sample's keys / values: dense_k[((b * H_k + h) * S_kv + s) * D_qk + d].
   std::vector<double> dense_k, dense_v;
 };
@@ -384,6 +406,7 @@ inline PagedData make_paged_data(const PagedCase& c) {
     p.len_q[0] = std::max<int64_t>(p.len_q[0], 1);
     p.len_kv[size_t(c.B - 1)] = c.Skv;
   }
+  if (c.zero_q_sample && c.B > 1) p.len_q[size_t(c.B - 1)] = 0;
   p.tok_q = sdpa_case::token_offsets(p.len_q, /*gaps=*/!c.cu_lengths, rng);
   const Kind kq = c.thd_q ? Kind::kThd : Kind::kBhsd;
   p.q.alloc_host(sdpa_case::make_layout(kq, c.B, c.Hq, c.Sq, c.Dqk, p.tok_q), c.dtype);
@@ -422,6 +445,10 @@ inline PagedData make_paged_data(const PagedCase& c) {
   }
   if (c.philox() && c.rng_dump) {
     p.dump.alloc_host(sdpa_case::make_layout(Kind::kBhsd, c.B, c.Hq, c.Sq, fc.Skv, {}), c.rng_dump_dtype);
+  }
+  if (c.gate) {
+    p.gate.alloc_host(sdpa_case::make_layout(kq, c.B, c.Hq, c.Sq, c.Dv, p.tok_q), c.dtype);
+    sdpa_case::fill_valid(p.gate, p.len_q, frng);
   }
   return p;
 }

@@ -43,6 +43,12 @@ namespace {
 
 using namespace sdpa_paged;
 
+// sdpa_fwd_sm90_paged_refusal's answer to packed (THD) q / o / stats / gate with its switch off
+// (sdpa_sm90_paged_thd_enabled).
+const std::string kPagedThdOff =
+    "ragged (packed) q, o, stats or gate (with paged K/V: the sm80 paged kernel; experimental on the sm90 one with "
+    "FLASHSPAN_SM90_SDPA_PAGED_THD=1 or FLASHSPAN_EXPERIMENTAL=1)";
+
 TensorView view_of(const sdpa_case::Storage& s, DeviceType dev = DeviceType::kCPU) {
   TensorView t;
   t.dtype = s.dtype;
@@ -98,6 +104,7 @@ struct HostCall {
     put(FS_SDPA_V, d.v.data);
     put(FS_SDPA_O, d.o);
     put(FS_SDPA_STATS, d.stats);
+    if (c.gate) put(FS_SDPA_GATE, d.gate);
     a.generate_stats = true;
     a.attn_scale_value = c.scale;
     a.padding_mask = true;
@@ -111,7 +118,8 @@ struct HostCall {
     pack[sk] = lk.data();
     if (c.thd_q) {
       rq = index_bytes(d.tok_q, false);
-      for (int s : {FS_SDPA_Q, FS_SDPA_O, FS_SDPA_STATS}) {
+      for (int s : {FS_SDPA_Q, FS_SDPA_O, FS_SDPA_STATS, FS_SDPA_GATE}) {
+        if (s == FS_SDPA_GATE && !c.gate) continue;
         const int r = sdpa::ragged_slot_of(s);
         a.tensors[size_t(r)] = index_view(c.B + 1, false, dev);
         a.ragged_multiplier[size_t(r)] = a.tensors[size_t(s)].strides[2];
@@ -317,23 +325,20 @@ TEST(SdpaPaged, TmaFormRefusesEntriesOutsideTheContainer) {
   }
 }
 
-// The sm90 paged forward's rule (sdpa_fwd_sm90_paged_refusal, experimental) on CUDA twins of cases: "" when the
-// kernel takes the call, else the start of the refusal.
+// The sm90 paged forward's rule (sdpa_fwd_sm90_paged_refusal) on CUDA twins of cases: "" when the kernel takes the
+// call, else the refusal.
 std::string sm90_paged_refusal(const PagedCase& c) {
   HostCall call(c, DeviceType::kCUDA);
   const char* r = sdpa_fwd_sm90_paged_refusal(call.p);
   return r == nullptr ? "" : r;
 }
 
-TEST(SdpaPaged, Sm90PagedRule) {
-  // Taken: pages of 8 keys or more on either side or one side contiguous, packed tables, token-major containers,
-  // GQA / H_k != H_v, both dtypes, head dims up to 128, masks, softcap (the modifiers' switch on); refused (the sm80
-  // paged kernel runs them): smaller pages, head dims above 128, packed q / o / stats, softcap with the modifiers'
-  // switch off.
-  const ScopedSwitch mods(set_sdpa_fwd_sm90_mods_enabled, 1);
+// The base case of the sm90 paged rule's tests (Sm90PagedRule, Sm90PagedThdRule): B samples, GQA with H_k != H_v,
+// K pages of 16 keys in a packed table, V pages of 256, bottom-right causal.
+PagedCase sm90_rule_case(uint64_t seed, int64_t B) {
   PagedCase c;
-  c.seed = 21;
-  c.B = 2;
+  c.seed = seed;
+  c.B = B;
   c.Hq = 8;
   c.Hk = 2;
   c.Hv = 4;
@@ -342,9 +347,19 @@ TEST(SdpaPaged, Sm90PagedRule) {
   c.page_k = 16;
   c.page_v = 256;
   c.packed_k = true;
-  c.token_major_v = true;
   c.has_right = true;
   c.bottom_right = true;
+  return c;
+}
+
+TEST(SdpaPaged, Sm90PagedRule) {
+  // Taken: pages of 8 keys or more on either side or one side contiguous, packed tables, token-major containers,
+  // GQA / H_k != H_v, both dtypes, head dims up to 128, masks, softcap (the modifiers' switch on); refused (the sm80
+  // paged kernel runs them): smaller pages, head dims above 128, packed q / o / stats, softcap with the modifiers'
+  // switch off.
+  const ScopedSwitch mods(set_sdpa_fwd_sm90_mods_enabled, 1);
+  PagedCase c = sm90_rule_case(21, 2);
+  c.token_major_v = true;
   EXPECT_EQ(sm90_paged_refusal(c), "");
   for (int64_t page : {8, 32, 64, 128, 1024}) {
     PagedCase x = c;
@@ -377,8 +392,118 @@ TEST(SdpaPaged, Sm90PagedRule) {
   {
     PagedCase x = c;
     x.thd_q = true;
-    EXPECT_EQ(sm90_paged_refusal(x).rfind("ragged (packed)", 0), 0u) << sm90_paged_refusal(x);
+    const ScopedSwitch thd_off(set_sdpa_sm90_paged_thd_enabled, 0);
+    EXPECT_EQ(sm90_paged_refusal(x), kPagedThdOff);
   }
+}
+
+TEST(SdpaPaged, Sm90PagedThdRule) {
+  // With its switch on (sdpa_sm90_paged_thd_enabled, experimental) the rule takes packed (THD) q / o / stats and a
+  // packed gate (the modifiers' switch on), on both kernels' dims and every page size it takes, one side contiguous
+  // and padded too, with masks, GQA and H_k != H_v; it refuses, naming them: ragged offsets of k or v (a contiguous
+  // side packed; a paged side has no ragged offsets to honour), packed tensors with the THD switch off
+  // (FLASHSPAN_SM90_SDPA_THD=0), a packed gate with the modifiers' switch off; and what it refuses of padded calls.
+  // Off, every packed call is refused with kPagedThdOff and its padded twin still taken.
+  const ScopedSwitch mods(set_sdpa_fwd_sm90_mods_enabled, 1);
+  const ScopedSwitch thd(set_sdpa_sm90_thd_enabled, 1);
+  PagedCase c = sm90_rule_case(23, 3);
+  c.thd_q = true;
+  c.zero_q_sample = true;
+  c.zero_kv_sample = true;
+  PagedCase gated = c;
+  gated.gate = true;
+  {
+    const ScopedSwitch on(set_sdpa_sm90_paged_thd_enabled, 1);
+    EXPECT_EQ(sm90_paged_refusal(c), "");
+    EXPECT_EQ(sm90_paged_refusal(gated), "");
+    for (int64_t page : {8, 64, 128, 1024}) {
+      PagedCase x = c;
+      x.page_k = page == 1024 ? 0 : page;  // K contiguous (padded) on the last
+      x.page_v = page;
+      x.Dqk = x.Dv = page == 64 ? 128 : 64;
+      x.dtype = DType::kFloat16;
+      EXPECT_EQ(sm90_paged_refusal(x), "") << x.str();
+    }
+    {
+      // Ragged offsets of k (a contiguous side packed through them).
+      PagedCase x = c;
+      x.page_k = 0;
+      HostCall call(x, DeviceType::kCUDA);
+      const TensorView& kv = call.p.t(FS_SDPA_K);
+      sdpa::Attributes a = call.p.a;
+      a.tensors[size_t(FS_SDPA_RAGGED_OFFSET_K)] = call.p.t(FS_SDPA_RAGGED_OFFSET_Q);
+      a.ragged_multiplier[size_t(FS_SDPA_RAGGED_OFFSET_K)] = kv.strides[2];
+      const sdpa::Problem p = sdpa::validate_forward(a);
+      const char* r = sdpa_fwd_sm90_paged_refusal(p);
+      EXPECT_STREQ(r, "ragged (packed) k or v (with paged K/V: the sm80 paged kernel)");
+    }
+    {
+      const ScopedSwitch thd_off(set_sdpa_sm90_thd_enabled, 0);
+      EXPECT_EQ(sm90_paged_refusal(c), "ragged (packed) q, k, v, o, stats or gradients (FLASHSPAN_SM90_SDPA_THD=0)");
+    }
+    {
+      const ScopedSwitch mods_off(set_sdpa_fwd_sm90_mods_enabled, 0);
+      EXPECT_EQ(sm90_paged_refusal(c), "");
+      EXPECT_EQ(sm90_paged_refusal(gated), "gate") << "a gate with the modifiers' switch off";
+    }
+    PagedCase x = c;
+    x.page_v = 4;
+    EXPECT_EQ(sm90_paged_refusal(x), "a page of fewer than 8 keys");
+    x = c;
+    x.Dqk = 192;
+    x.Dv = 128;
+    EXPECT_EQ(sm90_paged_refusal(x), "head dims above 128");
+  }
+  const ScopedSwitch off(set_sdpa_sm90_paged_thd_enabled, 0);
+  EXPECT_EQ(sm90_paged_refusal(c), kPagedThdOff);
+  EXPECT_EQ(sm90_paged_refusal(gated), kPagedThdOff);
+  PagedCase padded = c;
+  padded.thd_q = false;
+  EXPECT_EQ(sm90_paged_refusal(padded), "");
+}
+
+TEST(SdpaPaged, Sm90PagedThdSwitchReadsTheEnvironment) {
+  // sdpa_sm90_paged_thd_enabled (experimental, core/env_switch.h experimental_flag): FLASHSPAN_SM90_SDPA_PAGED_THD
+  // unset: on only with FLASHSPAN_EXPERIMENTAL=1; "0" off whatever FLASHSPAN_EXPERIMENTAL says; any other value on;
+  // the override wins both ways, -1 gives the environment's answer back (expect_experimental_flag). Seen through a
+  // packed paged call: taken by the rule when on, refused naming the switch when off.
+  PagedCase c;
+  c.seed = 24;
+  c.B = 3;
+  c.Sq = 150;
+  c.Skv = 300;
+  c.page_k = c.page_v = 64;
+  c.thd_q = true;
+  HostCall call(c, DeviceType::kCUDA);
+  const ScopedSwitch thd(set_sdpa_sm90_thd_enabled, 1);
+  expect_experimental_flag("FLASHSPAN_SM90_SDPA_PAGED_THD", set_sdpa_sm90_paged_thd_enabled,
+                           sdpa_sm90_paged_thd_enabled, [&](bool on, const std::string& where) {
+                             const char* r = sdpa_fwd_sm90_paged_refusal(call.p);
+                             EXPECT_EQ(r == nullptr ? "" : std::string(r), on ? "" : kPagedThdOff) << where;
+                             EXPECT_EQ(sdpa_fwd_runs_sm90_paged(call.p), on && sdpa_fwd_sm90_may_take_paged(call.p))
+                                 << where;
+                           });
+  // The workspace: packed q's maps (kSampleMapsFwd slots a sample) and the flags after them, for every such call that
+  // may take the kernel (an sm_90 device with the sm_90a code), whatever the switches say; none elsewhere (this CPU
+  // test: no such device) and never on CPU tensors.
+  const size_t maps = sdpa_fwd_sm90_maps_bytes(call.p), flags = sdpa_fwd_sm90_paged_flags_bytes(call.p);
+  EXPECT_EQ(sdpa_fwd_sm90_may_take_packed(call.p), sdpa_fwd_sm90_may_take_paged(call.p));
+  if (sdpa_fwd_sm90_may_take_paged(call.p)) {
+    EXPECT_GE(maps, size_t(3 * 128 * c.B));
+    EXPECT_GE(sdpa_fwd_workspace_size(call.p), maps + flags);
+  } else {
+    EXPECT_EQ(maps, 0u);
+    EXPECT_EQ(flags, 0u);
+  }
+  HostCall padded([&] {
+    PagedCase x = c;
+    x.thd_q = false;
+    return x;
+  }(), DeviceType::kCUDA);
+  EXPECT_FALSE(sdpa_fwd_sm90_may_take_packed(padded.p)) << "padded q: no maps";
+  HostCall cpu(c);
+  EXPECT_FALSE(sdpa_fwd_sm90_may_take_packed(cpu.p));
+  EXPECT_EQ(sdpa_fwd_sm90_maps_bytes(cpu.p), 0u);
 }
 
 TEST(SdpaPaged, Sm90GpuCasesAreTakenByTheRule) {
@@ -418,6 +543,59 @@ TEST(SdpaPaged, Sm90GpuCasesAreTakenByTheRule) {
     EXPECT_GT(call.d.len_q[1], 0) << b.c.str();
     EXPECT_GT(call.d.len_kv[1], b.bad_page * b.c.page_k) << b.c.str();
     EXPECT_GT(call.d.len_q[0], 0) << b.c.str();
+  }
+}
+
+TEST(SdpaPaged, Sm90ThdGpuCasesAreTakenByTheRule) {
+  // The cases of the packed (THD) sm90 paged GPU tests (random_sm90_paged_thd_case; test_sdpa_paged_gpu.cpp
+  // Sm90PagedThd*) are calls its rule takes with the switch on and the decode forward does not, refused with it off;
+  // they draw what they say (packed q / o / stats, a packed gate, a sample without queries, one without keys, pages
+  // below / at / above the key block and a side contiguous, GQA, both dtypes, both kernels' dims, masks).
+  const ScopedSwitch mods(set_sdpa_fwd_sm90_mods_enabled, 1);
+  const ScopedSwitch decode(set_sdpa_decode_enabled, 1);
+  const ScopedSwitch thd(set_sdpa_sm90_thd_enabled, 1);
+  std::set<std::string> seen;
+  for (uint64_t seed = 601; seed <= 660; ++seed) {
+    const PagedCase c = random_sm90_paged_thd_case(seed);
+    HostCall call(c, DeviceType::kCUDA);
+    {
+      const ScopedSwitch on(set_sdpa_sm90_paged_thd_enabled, 1);
+      ASSERT_EQ(sm90_paged_refusal(c), "") << c.str();
+    }
+    {
+      const ScopedSwitch off(set_sdpa_sm90_paged_thd_enabled, 0);
+      ASSERT_EQ(sm90_paged_refusal(c), kPagedThdOff) << c.str();
+    }
+    ASSERT_NE(sdpa_decode_refusal(call.p), nullptr) << c.str();
+    ASSERT_TRUE(c.thd_q) << c.str();
+    if (call.d.len_q[size_t(c.B - 1)] == 0) seen.insert("sample without queries");
+    if (call.d.len_kv[0] == 0) seen.insert("sample without keys");
+    for (int64_t page : {c.page_k, c.page_v}) {
+      seen.insert(page == 0     ? "contiguous"
+                  : page < 128  ? "page < block"
+                  : page == 128 ? "page = block"
+                                : "page > block");
+    }
+    if (c.Hq != c.Hk) seen.insert("GQA");
+    if (c.Hk != c.Hv) seen.insert("H_k != H_v");
+    seen.insert(c.Dqk <= 64 && c.Dv <= 64 ? "(64, 64)" : "(128, 128)");
+    if (c.has_left || c.has_right) seen.insert("mask");
+    if (c.gate) seen.insert("gate");
+    seen.insert(dtype_name(c.dtype));
+  }
+  for (const std::string what : {"sample without queries", "sample without keys", "contiguous", "page < block",
+                                 "page = block", "page > block", "GQA", "H_k != H_v", "(64, 64)", "(128, 128)", "mask",
+                                 "gate", dtype_name(DType::kFloat16), dtype_name(DType::kBFloat16)}) {
+    EXPECT_TRUE(seen.count(what)) << what << " not drawn";
+  }
+  // Sm90PagedThdBadEntryIsNaN's cases: the bad-entry cases with q packed.
+  const ScopedSwitch on(set_sdpa_sm90_paged_thd_enabled, 1);
+  for (BadEntryCase b : sm90_bad_entry_cases()) {
+    b.c.thd_q = true;
+    HostCall call(b.c, DeviceType::kCUDA);
+    EXPECT_EQ(sm90_paged_refusal(b.c), "") << b.c.str();
+    EXPECT_NE(sdpa_decode_refusal(call.p), nullptr) << b.c.str();
+    EXPECT_GT(call.d.len_q[1], 0) << b.c.str();
   }
 }
 

@@ -25,6 +25,13 @@
 // where no sample reads them; O, LSE and rng_dump are NaN / 0xff-poisoned before the GPU run.
 // SdpaPaged.FeaturePairCasesOnTheCpuReference (no GPU) checks that the generators of these tests
 // draw every form and that the CPU reference takes the cases and agrees with a dense oracle.
+//
+// The sm90 paged forward (Sm90Paged*: each call must run on it, sm90::sdpa_fwd_paged_launches); with packed (THD) q,
+// o and the stats (Sm90PagedThd*; experimental, written without a GPU: sdpa_sm90_paged_thd_enabled, forced on
+// in-process) random packed prefill cases with a sample without queries and one without keys, a packed output gate
+// on half, the bad-entry NaN
+// fill through the sample maps' flags, a small set for memcheck / synccheck, and the switch off keeping the sm80
+// paged kernel. SdpaPaged.Sm90ThdGpuCasesOnTheCpuReference (no GPU) checks their cases on the CPU reference.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -120,7 +127,7 @@ struct PagedRun {
   std::vector<float> ml_host;
   // Score features (PagedCase::bias, philox(), dropout_mask, rng_dump): their device twins, the
   // Philox seed / offset ({1}, int32 / int64) and the mask's scale ({1} float32).
-  Twin bias, drop_mask, drop_scale, dump;
+  Twin bias, drop_mask, drop_scale, dump, gate;
   IndexBuf drop_seed, drop_offset;
   float drop_scale_host[1] = {1.0f};
 
@@ -158,6 +165,7 @@ struct PagedRun {
       drop_scale.up(drop_scale_host, sizeof(drop_scale_host));
     }
     if (has_dump()) dump.up(d.dump.host.data(), d.dump.host.size());
+    if (c.gate) gate.up(d.gate.host.data(), d.gate.host.size());
   }
 
   bool has_dump() const { return d.c.philox() && d.c.rng_dump; }
@@ -178,9 +186,14 @@ struct PagedRun {
     } else {
       a.set_seq_len_q(len_q.desc(cuda)).set_seq_len_kv(len_kv.desc(cuda));
     }
+    if (c.gate) a.set_gate(desc_of(d.gate, cuda));
     if (c.thd_q) {
-      for (fs_sdpa_slot_t s : {FS_SDPA_Q, FS_SDPA_O, FS_SDPA_STATS}) {
-        const sdpa_case::Storage& t = s == FS_SDPA_Q ? d.q : s == FS_SDPA_O ? d.o : d.stats;
+      for (fs_sdpa_slot_t s : {FS_SDPA_Q, FS_SDPA_O, FS_SDPA_STATS, FS_SDPA_GATE}) {
+        if (s == FS_SDPA_GATE && !c.gate) continue;
+        const sdpa_case::Storage& t = s == FS_SDPA_Q ? d.q
+                                      : s == FS_SDPA_O ? d.o
+                                      : s == FS_SDPA_STATS ? d.stats
+                                                         : d.gate;
         a.set_ragged_offset(s, rag_q.desc(cuda), t.lay.strides[2]);
       }
     }
@@ -219,9 +232,11 @@ struct PagedRun {
     if (c.max_logit) pack.set(FS_SDPA_MAX_LOGIT, P(ml, ml_host.data()));
     pack.set(c.cu_lengths ? FS_SDPA_CU_SEQ_LEN_Q : FS_SDPA_SEQ_LEN_Q, len_q.ptr(cuda));
     pack.set(c.cu_lengths ? FS_SDPA_CU_SEQ_LEN_KV : FS_SDPA_SEQ_LEN_KV, len_kv.ptr(cuda));
+    if (c.gate) pack.set(FS_SDPA_GATE, P(gate, d.gate.host.data()));
     if (c.thd_q) {
       for (fs_sdpa_slot_t s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_O, FS_SDPA_RAGGED_OFFSET_STATS})
         pack.set(s, rag_q.ptr(cuda));
+      if (c.gate) pack.set(FS_SDPA_RAGGED_OFFSET_GATE, rag_q.ptr(cuda));
     }
     if (d.k.paged()) pack.set(FS_SDPA_PAGE_TABLE_K, P(table_k, d.k.table.entries.data()));
     if (d.v.paged()) pack.set(FS_SDPA_PAGE_TABLE_V, P(table_v, d.v.table.entries.data()));
@@ -315,8 +330,8 @@ double dropout_mult(const PagedData& d, int64_t b, int64_t h, int64_t i, int64_t
 }
 
 // O of the dense computation of a case (double; dense K / V of sdpa_paged_case.h, the band of
-// core/sdpa_band.h, softcap, the additive bias, dropout after the softmax): [b][h][i][d] for
-// i < len_q[b] (rows that see nothing: 0).
+// core/sdpa_band.h, softcap, the additive bias, dropout after the softmax, the output gate's sigmoid):
+// [b][h][i][d] for i < len_q[b] (rows that see nothing: 0).
 std::vector<double> dense_o(const PagedData& d) {
   const PagedCase& c = d.c;
   const sdpa::Band band{c.has_left ? 1 : 0, c.has_right ? 1 : 0, c.bottom_right ? 1 : 0, c.left, c.right};
@@ -346,6 +361,7 @@ std::vector<double> dense_o(const PagedData& d) {
           for (int64_t j = lo; j < hi; ++j)
             o += std::exp(x[size_t(j - lo)] - m) / l * dropout_mult(d, b, h, i, j) *
                  d.dense_v[size_t(((b * c.Hv + hv) * c.Skv + j) * c.Dv + e)];
+          if (c.gate) o /= 1.0 + std::exp(-d.gate.get(d.gate.lay.at(b, h, i, e)));
           out[size_t(((b * c.Hq + h) * c.Sq + i) * c.Dv + e)] = o;
         }
       }
@@ -388,6 +404,22 @@ TEST(SdpaPaged, GpuTestCasesOnTheCpuReference) {
   std::vector<PagedCase> cases;
   for (uint64_t seed = 1; seed <= 12; ++seed) cases.push_back(random_paged_case(seed, false));
   for (uint64_t seed = 101; seed <= 112; ++seed) cases.push_back(random_paged_case(seed, true));
+  for (const PagedCase& c : cases) {
+    check_on_the_cpu_reference(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// The cases of the packed (THD) sm90 paged GPU tests (Sm90PagedThdRandom's first 12, the bad-entry cases with q
+// packed) on the CPU reference against dense_o: the packed samples' rows (one sample without queries, one without
+// keys) are where the oracle has them. No GPU.
+TEST(SdpaPaged, Sm90ThdGpuCasesOnTheCpuReference) {
+  std::vector<PagedCase> cases;
+  for (uint64_t seed = 601; seed <= 612; ++seed) cases.push_back(random_sm90_paged_thd_case(seed));
+  for (BadEntryCase b : sm90_bad_entry_cases()) {
+    b.c.thd_q = true;
+    cases.push_back(b.c);
+  }
   for (const PagedCase& c : cases) {
     check_on_the_cpu_reference(c);
     if (::testing::Test::HasFailure()) return;
@@ -706,14 +738,14 @@ TEST(SdpaPagedGpu, Sm90PagedEveryPageSize) {
     }
 }
 
-TEST(SdpaPagedGpu, Sm90PagedBadEntryIsNaN) {
-  // A page-table entry of sample 1 outside the container (-1, num_pages, 2^31 - 1): nothing is read there (run under
-  // memcheck by gpu_check.sh) and every O and stats row of sample 1 is NaN (the launcher's flag and fill, a superset
-  // of the sm80 kernel's rows that see the key, PagedBadEntryIsNaN); sample 0 as the reference.
-  REQUIRE_SM90();
-  Sm90PagedOn on;
+// A page-table entry of sample 1 outside the container (-1, num_pages, 2^31 - 1) in each of sm90_bad_entry_cases (q, o
+// and the stats packed THD when thd_q): each call runs on the sm90 paged forward (the caller's switches), nothing is
+// read there (run under memcheck by gpu_check.sh) and every O and stats row of sample 1 is NaN (the launcher's flag
+// and fill, a superset of the sm80 kernel's rows that see the key, PagedBadEntryIsNaN); sample 0 as the reference.
+void check_sm90_bad_entries(bool thd_q) {
   int n = 0;
-  for (const BadEntryCase& bc : sm90_bad_entry_cases()) {
+  for (BadEntryCase bc : sm90_bad_entry_cases()) {
+    bc.c.thd_q = thd_q;
     const PagedCase& c = bc.c;
     SCOPED_TRACE(c.str());
     PagedRun r(c);
@@ -748,18 +780,88 @@ TEST(SdpaPagedGpu, Sm90PagedBadEntryIsNaN) {
   }
 }
 
-TEST(SdpaPagedGpu, Sm90PagedSanitizerSmall) {
-  // Small cases for compute-sanitizer memcheck and synccheck (scripts/gpu_check.sh): pages of 8 (a key block over
-  // sixteen), 16 and 128 keys, packed and contiguous tables, K alone paged, a sample without keys, H_k != H_v,
-  // max_logit and softcap on one; both kernels' dims.
+TEST(SdpaPagedGpu, Sm90PagedBadEntryIsNaN) {
   REQUIRE_SM90();
   Sm90PagedOn on;
-  const int64_t pages[][2] = {{8, 16}, {16, 0}, {128, 8}, {0, 64}};
+  check_sm90_bad_entries(/*thd_q=*/false);
+}
+
+// Case i < 4 of the sm90 paged forward's sanitizer sets (Sm90PagedSanitizerSmall, Sm90PagedThdSanitizerSmall), seed
+// `seed`: small_case with pages of 8 (a key block over sixteen), 16 and 128 keys, packed and contiguous tables, K or
+// V alone paged, a sample without keys, H_k != H_v, max_logit and softcap on the last; both kernels' dims.
+PagedCase sm90_small_case(uint64_t seed, int i) {
+  static const int64_t pages[][2] = {{8, 16}, {16, 0}, {128, 8}, {0, 64}};
+  PagedCase c = small_case(seed, i, pages[i], i == 2 ? 1 : 2, 40, i < 2 ? 32 : 96);
+  c.max_logit = i == 3;
+  c.softcap = i == 3 ? 15.0f : 0.0f;
+  return c;
+}
+
+TEST(SdpaPagedGpu, Sm90PagedSanitizerSmall) {
+  // Small cases for compute-sanitizer memcheck and synccheck (scripts/gpu_check.sh): sm90_small_case's.
+  REQUIRE_SM90();
+  Sm90PagedOn on;
+  for (int i = 0; i < 4; ++i) run_sm90_case(sm90_small_case(3200 + uint64_t(i), i));
+}
+
+// Packed (THD) q / o / stats / gate on the sm90 paged forward (experimental, not yet run on a GPU:
+// sdpa_sm90_paged_thd_enabled, forced on here with the THD switch, sdpa_sm90_thd_enabled; q through its per-sample
+// maps, o, the stats and the gate at the samples' starts, K / V through the page tables).
+struct Sm90PagedThdOn {
+  Sm90PagedOn paged;
+  ScopedSwitch thd{set_sdpa_sm90_thd_enabled, 1};
+  ScopedSwitch on{set_sdpa_sm90_paged_thd_enabled, 1};
+};
+
+TEST(SdpaPagedGpu, Sm90PagedThdRandom) {
+  // 60 random packed-q prefill cases (random_sm90_paged_thd_case): random_sm90_paged_case's pages (8 .. 256 per side
+  // or one side contiguous, shuffled, unused pages and rows NaN, garbage entries past the samples, packed tables,
+  // token-major containers), GQA and H_k != H_v, both dtypes, head dims up to 128, masks in both alignments, softcap,
+  // max_logit; q, o and the stats packed THD with gaps (seq_len) or without (cu_seq_len), a packed output gate on
+  // half, a sample without queries, one without keys on most; outputs NaN-poisoned (the gaps must stay NaN); each
+  // call on the sm90 paged forward.
+  REQUIRE_SM90();
+  Sm90PagedThdOn on;
+  for (uint64_t seed = 601; seed <= 660; ++seed) {
+    run_sm90_case(random_sm90_paged_thd_case(seed));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaPagedGpu, Sm90PagedThdBadEntryIsNaN) {
+  // Sm90PagedBadEntryIsNaN with q, o and the stats packed: the flags the sample maps' pre-pass writes are the
+  // kernel's bad-entry flags too (launch_sdpa_fwd_paged_sm90), so sample 1's rows must still be NaN.
+  REQUIRE_SM90();
+  Sm90PagedThdOn on;
+  check_sm90_bad_entries(/*thd_q=*/true);
+}
+
+TEST(SdpaPagedGpu, Sm90PagedThdSanitizerSmall) {
+  // Small packed-q cases for compute-sanitizer memcheck and synccheck (scripts/gpu_check.sh): sm90_small_case's
+  // shapes with q, o and the stats packed, the first sample without keys, the last without queries, a packed gate on
+  // one.
+  REQUIRE_SM90();
+  Sm90PagedThdOn on;
   for (int i = 0; i < 4; ++i) {
-    PagedCase c = small_case(3200 + uint64_t(i), i, pages[i], i == 2 ? 1 : 2, 40, i < 2 ? 32 : 96);
-    c.max_logit = i == 3;
-    c.softcap = i == 3 ? 15.0f : 0.0f;
+    PagedCase c = sm90_small_case(3300 + uint64_t(i), i);
+    c.thd_q = true;
+    c.zero_q_sample = true;
+    c.cu_lengths = i % 2 == 1;  // gaps between the samples on even i (seq_len)
+    c.gate = i == 1;
     run_sm90_case(c);
+  }
+}
+
+TEST(SdpaPagedGpu, Sm90PagedThdOffRunsSm80) {
+  // The switch off (its default without FLASHSPAN_EXPERIMENTAL=1): the packed calls keep the sm80 paged kernel, right.
+  REQUIRE_GPU();
+  PagedOn paged;
+  ScopedSwitch off{set_sdpa_sm90_paged_thd_enabled, 0};
+  for (uint64_t seed = 601; seed <= 606; ++seed) {
+    const int64_t n0 = sm90::sdpa_fwd_paged_launches();
+    run_case(random_sm90_paged_thd_case(seed));
+    EXPECT_EQ(sm90::sdpa_fwd_paged_launches(), n0);
+    if (::testing::Test::HasFailure()) return;
   }
 }
 
