@@ -278,9 +278,14 @@ def lib() -> ctypes.CDLL:
                 )
             _lib, _lib_path = handle, path
             return handle
+        # candidate_paths() lists only the build folders that exist: name the patterns searched too,
+        # so the message says where a source checkout's build is expected.
+        repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        searched = tried + [os.path.join(repo, "build", _LIB_NAME), os.path.join(repo, "build-*", _LIB_NAME)]
         raise ImportError(
-            "flashspan: libflashspan.so not found; set FLASHSPAN_LIBRARY to its path, `pip install .`, "
-            "or build it with cmake into build/ (looked in: " + ", ".join(tried) + ")"
+            "flashspan: libflashspan.so not found; set FLASHSPAN_LIBRARY to its path, `pip install .` "
+            "(CPU only, without CUDA: `pip install . -C cmake.define.FLASHSPAN_CUDA=OFF`), "
+            "or build it with cmake into build/ (looked in: " + ", ".join(dict.fromkeys(searched)) + ")"
         )
 
 

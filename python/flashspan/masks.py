@@ -12,6 +12,15 @@ batch-major: row ``b * Sq + q``), the ``mask_func`` that ``flashspan.create_mask
 takes. Builders are vectorised torch code: no Python loop runs over rows, so the
 benchmark masks at ``S = 131072`` build in milliseconds.
 
+Packed (THD) batches: a THD ``mask_func`` is ``[Hmask, nfunc, Tq]``, the samples' rows back to
+back in ``cu_seqlens_q`` order with sample-local endpoints, so build one mask per sample (its own
+``Sq``, ``Sk``) and concatenate them along the last dimension; masks of different ``nfunc`` are
+first brought to a common one with :func:`pad_nfunc`::
+
+    >>> lq, lk = [3, 2], [4, 2]   # cu_seqlens_q = [0, 3, 5], cu_seqlens_k = [0, 4, 6]
+    >>> torch.cat([causal(a, b, bottom_right=True) for a, b in zip(lq, lk)], dim=2).tolist()
+    [[[2, 3, 4, 1, 2]]]
+
 Contents
 --------
 * dense-shape builders: :func:`causal`, :func:`sliding_window`, :func:`sink_window`,
@@ -1002,6 +1011,8 @@ def from_mask_mod(mask_mod: Callable, seqlen_q: int, seqlen_k: Optional[int] = N
         int32 ``[heads, nfunc, batch * Sq]``.
 
     Raises:
+        TypeError: ``mask_mod`` returns a tensor that is not bool (an additive 0 / -inf mask
+            would otherwise be read inverted), as :func:`from_dense` refuses one.
         ValueError: as :func:`from_dense`, naming the (head, batch, query) that does not fit.
 
     Example::
@@ -1028,7 +1039,15 @@ def from_mask_mod(mask_mod: Callable, seqlen_q: int, seqlen_k: Optional[int] = N
                 q1 = min(sq, q0 + rows_per_chunk)
                 q_idx = torch.arange(q0, q1, device=dev).view(-1, 1)
                 dense = torch.as_tensor(mask_mod(b_t, h_t, q_idx, kv), device=dev)
-                dense = torch.broadcast_to(dense.to(torch.bool), (q1 - q0, sk))
+                if dense.dtype != torch.bool:
+                    # bool() of an additive mask (0 visible, -inf hidden) is its inverse: refuse,
+                    # as from_dense does, instead of converting silently.
+                    raise TypeError(
+                        f"mask_mod: must return a bool tensor (True = visible), got dtype {dense.dtype}; "
+                        "convert explicitly, e.g. (x != 0) for a 0/1 mask or (x == 0) for an additive "
+                        "bias (0 visible, -inf hidden)"
+                    )
+                dense = torch.broadcast_to(dense, (q1 - q0, sk))
                 values, counts = _dense_toggles(dense.unsqueeze(0))
                 _check_fit(counts, nfunc, sq, row_offset=b * sq + q0, head_offset=h, what="mask_mod")
                 chunks.append((values, counts))

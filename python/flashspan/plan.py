@@ -582,7 +582,8 @@ def create_mask_plan(
     Args:
         mask_func: int32 ``[Hmask, nfunc, B*Sq]`` (BSHD) or ``[Hmask, nfunc, Tq]`` (THD),
             Hmask in {1, Hq}, nfunc odd. Row r sees keys ``[0,F0) U [F1,F2) U ...`` with
-            sample-local, nondecreasing endpoints in ``[0, Sk_b]``.
+            sample-local, nondecreasing endpoints in ``[0, Sk_b]``. :mod:`flashspan.masks` builds them
+            (THD: one builder per sample, concatenated along the last dimension).
         q, k, v: sample tensors (only shape, dtype and device are read): BSHD
             ``[B,Sq,Hq,Dqk]``, ``[B,Sk,Hkv,Dqk]``, ``[B,Sk,Hkv,Dv]``, or THD ``[Tq,Hq,Dqk]``, ...
         cu_seqlens_q, cu_seqlens_k: int32 ``[B+1]`` (both for THD, neither for BSHD), prefix
