@@ -492,6 +492,12 @@ def sdpa_torch(
 ):
     """SDPA through ``torch.ops.flashspan.sdpa_fwd`` (differentiable, torch.compile-able).
 
+    Not a drop-in for ``torch.nn.functional.scaled_dot_product_attention``: the arguments are those of the
+    seed's ``cudnn::sdpa_fwd`` op, so torch's ``attn_mask``, ``dropout_p`` and ``enable_gqa`` are not taken
+    (a TypeError). An additive or boolean mask is :func:`flashspan.sdpa`'s ``bias`` (a boolean mask converted
+    to 0 / -inf), dropout its ``dropout=(probability, seed, offset)``; GQA / MQA need no flag here (``H_q`` a
+    multiple of ``H_k``).
+
     Dense tensors are BHSD ``(B, H, S, D)`` (any strides); varlen tensors are packed ``(T, H, D)`` with
     ``cu_seqlens_q/kv`` (``(B+1,)`` int32 prefix sums) and ``max_seqlen_q/kv``. ``scale`` defaults to
     ``1/sqrt(D_qk)``; it is not differentiated (a tensor that requires grad is a ValueError). ``window_left`` counts visible tokens including self (FlashAttention's ``(w, 0)`` is
