@@ -32,7 +32,8 @@ ones, kernel_bwd_sm90.cuh's argument):
   lpt       cells longest first (ties: descending key block), dQ order = list order;
   asc       cells ascending, dQ order ascending key blocks;
   desc-hs   cells descending per head, heads slowest (each head's cells in turn; dQ order descending
-            key blocks, as desc: a tile's contributors are one head's; kGridCellsDescendingHeadsSlowest);
+            key blocks, as desc: a tile's contributors are one head's; BwdParams::det_band = kDetBandAll);
+  bandB     key blocks descending in bands of B, each band's cells head by head (BwdParams::det_band = B);
   desc-h2   pairs of heads slowest, each pair's heads fastest;
   cutlast   uncut cells (desc) first, then the cut cells' items, whose additions come last in each tile
             (cutlast-hs: both parts heads slowest; cutlast-hs2: the cut part only);
@@ -257,6 +258,11 @@ def main() -> None:
             if name in ("desc-hs", "desc-hs-U"):
                 cells = [(kb, h) for h in range(heads) for kb in reversed(range(nkb))]
                 return items_of(cells, steps, chunk, above), (lambda kb, h: -kb) if name == "desc-hs" else None, not uneven
+            if name.startswith("band"):  # bands of B key blocks descending, heads slowest within a band
+                bw = int(name[4:].rstrip("-U"))
+                cells = [(kb, h) for top in range(nkb - 1, -1, -bw) for h in range(heads)
+                         for kb in range(top, max(top - bw, -1), -1)]
+                return items_of(cells, steps, chunk, above), None if name.endswith("-U") else (lambda kb, h: -kb), not uneven
             if name in ("desc-h2", "desc-h2-U"):  # pairs of heads slowest, each pair's heads fastest
                 cells = [(kb, h) for g in range(0, heads, 2) for kb in reversed(range(nkb)) for h in range(g, min(g + 2, heads))]
                 return items_of(cells, steps, chunk, above), (lambda kb, h: -kb) if name == "desc-h2" else None, not uneven

@@ -142,7 +142,7 @@ std::atomic<int> g_det_split_override{-1};
 std::atomic<int> g_det_split_above_override{-1};
 std::atomic<int> g_cell_order_override{-1};
 std::atomic<int> g_split_first_override{-1};
-std::atomic<int> g_det_heads_slowest_override{-1};
+std::atomic<int> g_det_band_override{-1};
 
 // The in-process overrides of the switches below: set_*(1) on, (0) off, (-1) back to the
 // environment's answer.
@@ -221,19 +221,22 @@ void set_bwd_split_first(int on) { store_override(g_split_first_override, on); }
 // at S=131072 D=128).
 bool bwd_split_first_enabled() { return experimental_switch(g_split_first_override); }
 
-void set_bwd_det_heads_slowest(int on) { store_override(g_det_heads_slowest_override, on); }
+void set_bwd_det_band(int band) { g_det_band_override.store(band >= 0 ? band : -1, std::memory_order_relaxed); }
 
-// The deterministic backward's cells with heads slowest (kGridCellsDescendingHeadsSlowest): experimental, not yet run
-// on a GPU. Model (benchmarks/det_schedule_model.py, PERF_LOG v2.51): at S = 32768 H = 4 the heads-fastest list's
-// CTAs walk all four heads' query blocks at once, 5-9x the non-deterministic list's modelled L2 misses on the trees,
-// longformer and hstu (whose det / non-det are the lowest measured), heads slowest the non-deterministic one's; but
-// one head's dQ tiles then take more waits. Read per call.
-int bwd_det_heads_slowest_forced() {
-  const int o = g_det_heads_slowest_override.load(std::memory_order_relaxed);
+// The deterministic backward's cell list in bands of key blocks, heads slowest within a band (BwdParams::det_band):
+// experimental, not yet run on a GPU. Model (benchmarks/det_schedule_model.py, PERF_LOG v2.51): at S = 32768 H = 4
+// the heads-fastest list's CTAs walk all four heads' query blocks at once, 5-9x the non-deterministic list's
+// modelled L2 misses on the trees, longformer and hstu (whose det / non-det are the lowest measured), heads slowest
+// the non-deterministic one's; but one head's dQ tiles then take more waits. Read per call.
+int bwd_det_band_forced() {
+  const int o = g_det_band_override.load(std::memory_order_relaxed);
   if (o >= 0) return o;
-  if (env_flag_off("FLASHSPAN_SM90_BWD_DET_HEADS_SLOWEST")) return 0;
-  if (std::getenv("FLASHSPAN_SM90_BWD_DET_HEADS_SLOWEST") != nullptr) return 1;
-  return experimental_from_env() ? -1 : 0;
+  const char* e = std::getenv("FLASHSPAN_SM90_BWD_DET_BAND");
+  if (e == nullptr) return experimental_from_env() ? 0 : 1;
+  if (std::strcmp(e, "all") == 0) return kDetBandAll;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  return end != e && *end == '\0' && v >= 1 && v <= kDetBandAll ? int(v) : 1;
 }
 
 void set_bwd_wide64_enabled(int on) { store_override(g_wide64_override, on); }

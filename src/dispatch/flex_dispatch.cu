@@ -326,23 +326,26 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
   if (run_sm90) {
     p.dq_blocked = 1;
     bool cell_order = false;
-    // Deterministic: heads fastest, or (experimental) heads slowest by the same L2 rule.
-    const int forced = a.deterministic ? sm90::bwd_det_heads_slowest_forced() : sm90::bwd_cell_order_forced();
+    // The L2 rule of both lists' head order: the non-deterministic cell order, and (experimental) the deterministic
+    // list's heads slowest (BwdParams::det_band) when its switch leaves it to the rule.
+    const int det_band = a.deterministic ? sm90::bwd_det_band_forced() : 1;  // 0: the rule
+    const int forced = a.deterministic ? (det_band == 0 ? -1 : 0) : sm90::bwd_cell_order_forced();
     const int l2 = forced < 0 ? l2_cache_bytes() : 0;
     const bool heads_slowest =
         forced >= 0 ? forced == 1
                     : sm90::bwd_cell_order_sm90(g.total_q, g.head_dim_qk, g.head_dim_v, 2, l2);  // 16-bit
     if (!a.deterministic) cell_order = heads_slowest;
+    if (a.deterministic) p.det_band = det_band > 0 ? det_band : heads_slowest ? kDetBandAll : 1;
     if (a.deterministic || cell_order) {
       // Deterministic: every key block of every kv head in descending order, heads fastest or
-      // (kGridCellsDescendingHeadsSlowest) each head's in turn (the cells are the split schedule's
+      // (experimental, BwdParams::det_band) in bands head by head (the cells are the split schedule's
       // tasks, long walks cut into items: bwd_split.cuh, deterministic form), the dQ tiles added in
       // descending key-block order through their counters (kernel_bwd_sm90.cuh).
       // Cell order (non-deterministic): every cell, heads slowest, key blocks ascending
       // (kGridCellsAscending), so that the CTAs running at once walk the query
       // blocks of one head's neighbouring key blocks: their Q, dO and dQ tiles are shared in L2.
       if (a.deterministic) p.dq_sem = reinterpret_cast<int32_t*>(ws + wl.dq_sem);
-      p.grid_mode = !a.deterministic ? kGridCellsAscending : heads_slowest ? kGridCellsDescendingHeadsSlowest : 1;
+      p.grid_mode = a.deterministic ? 1 : kGridCellsAscending;
       const int64_t cells = int64_t(g.num_heads_kv) * p.view.num_k_blocks;
       FS_CHECK(cells <= wl.max_tasks && p.view.block_k == plan.signature.consumer.bwd_block_k, Status::kInternal,
                "mask_plan: ", cells, " backward cells exceed the workspace bound ", wl.max_tasks,

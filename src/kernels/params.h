@@ -262,13 +262,13 @@ struct QkvParams {
   // head) over every global query block, for plans whose task list omits blocks without
   // visible keys. dK/dV kernel: 0 = view.tasks, 1 = grid (key block, kv head); the sm90
   // backward's split schedule over cells: 1 = descending, heads fastest (deterministic),
-  // kGridCellsAscending = heads slowest, key blocks ascending (non-deterministic),
-  // kGridCellsDescendingHeadsSlowest = each head's key blocks descending, heads slowest
-  // (deterministic, experimental) (tile_scheduler.cuh).
+  // kGridCellsAscending = heads slowest, key blocks ascending (non-deterministic)
+  // (tile_scheduler.cuh; the deterministic list's heads: BwdParams::det_band).
   int grid_mode = 0;
 };
 inline constexpr int kGridCellsAscending = 2;
-inline constexpr int kGridCellsDescendingHeadsSlowest = 3;
+// BwdParams::det_band of the deterministic list with heads slowest (every key block one band).
+inline constexpr int kDetBandAll = 1 << 30;
 
 struct FwdParams : QkvParams {
   void* o = nullptr;  // [B,Sq,Hq,Dv] | [Tq,Hq,Dv]
@@ -349,6 +349,11 @@ struct BwdParams : QkvParams {
   // items kernel zeroes none (kernel_bwd_sm90.cuh split_slot_owned); 0 = zeroed slots, fp32 atomic additions
   // (experimental, not yet run on a GPU: FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=1 or FLASHSPAN_EXPERIMENTAL=1).
   int det_own_slots = 0;
+  // The sm90 deterministic backward's cell list (grid_mode 1, TileScheduler::cell_descending): the key blocks
+  // descending in bands of det_band blocks, each band's cells head by head; 1 (the default) = heads fastest,
+  // kDetBandAll = heads slowest (experimental, not yet run on a GPU: FLASHSPAN_SM90_BWD_DET_BAND;
+  // benchmarks/det_schedule_model.py, PERF_LOG v2.51). Each head's cells stay in descending block order.
+  int det_band = 1;
 };
 
 // The parameters of the analytic-mask kernels (SDPA): the flex parameters (no plan view, grid

@@ -2605,16 +2605,17 @@ TEST(FlexGpuSm90, BwdDeterministic) {
                     128, 128, seed);
 }
 
-// The deterministic list with each head's cells in turn (kGridCellsDescendingHeadsSlowest, experimental, not yet run
-// on a GPU: sm90::bwd_det_heads_slowest_forced) runs the same items as heads fastest, whose dK / dV slots the convert
-// sums in the same order and whose dQ additions each tile takes in the same (descending key-block) order, so dq, dk,
-// dv must be bitwise those of heads fastest: multi-head plans claimed (uneven: sink_local, tree_bfs, longformer with
-// cut walks) and in snake waves (causal), GQA, THD; then the reference check with it forced on.
-TEST(FlexGpuSm90, BwdDeterministicHeadsSlowestSameBits) {
+// The deterministic list in bands head by head (BwdParams::det_band, experimental, not yet run on a GPU:
+// sm90::bwd_det_band_forced) runs the same items as heads fastest, whose dK / dV slots the convert sums in the same
+// order and whose dQ additions each tile takes in the same (descending key-block) order, so dq, dk, dv must be
+// bitwise those of heads fastest, in bands of 3 blocks and heads slowest: multi-head plans claimed (uneven:
+// sink_local, tree_bfs, longformer with cut walks) and in snake waves (causal), GQA, THD; then the reference check
+// with heads slowest.
+TEST(FlexGpuSm90, BwdDeterministicBandsSameBits) {
   REQUIRE_SM90();
   Sm90BwdOn on;
   struct Reset {
-    ~Reset() { sm90::set_bwd_det_heads_slowest(-1); }
+    ~Reset() { sm90::set_bwd_det_band(-1); }
   } reset;
   const std::vector<int64_t> lq = {1500, 37, 700}, lk = {1300, 64, 900};
   const std::vector<Sm90BwdRow> rows = {
@@ -2627,14 +2628,17 @@ TEST(FlexGpuSm90, BwdDeterministicHeadsSlowestSameBits) {
   for (const Sm90BwdRow& r : rows) {
     const Case c = sm90_bwd_row_case(r, 128, 128, ++seed);
     auto p = make_problem(c);
-    sm90::set_bwd_det_heads_slowest(0);
+    sm90::set_bwd_det_band(1);
     const auto fastest = bwd_bytes(*p);
-    sm90::set_bwd_det_heads_slowest(1);
-    const int64_t before = sm90::bwd_launches();
-    const auto slowest = bwd_bytes(*p);
-    EXPECT_EQ(sm90::bwd_launches(), before + 1) << "the sm90 backward did not run: " << c.describe();
-    for (int i = 0; i < 3; ++i) {
-      EXPECT_TRUE(slowest[i] == fastest[i]) << "output " << i << " (dq, dk, dv) differs: " << c.describe();
+    for (const int band : {3, kDetBandAll}) {
+      sm90::set_bwd_det_band(band);
+      const int64_t before = sm90::bwd_launches();
+      const auto banded = bwd_bytes(*p);
+      EXPECT_EQ(sm90::bwd_launches(), before + 1) << "the sm90 backward did not run: " << c.describe();
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_TRUE(banded[i] == fastest[i]) << "band " << band << ": output " << i << " (dq, dk, dv) differs: "
+                                             << c.describe();
+      }
     }
     run_case_sm90_bwd(c);
   }

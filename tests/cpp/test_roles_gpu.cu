@@ -337,12 +337,23 @@ struct SchedCase {
     const int gb = int(i % num_blocks), b = owner(gb);
     return {gb - block_start[b], int(i / num_blocks), b, 0, kern::WorkItem::kWholeWalk, -1};
   }
-  // heads_slowest: grid mode kGridCellsDescendingHeadsSlowest (each head's blocks in turn).
-  Item cell_descending(int64_t i, bool heads_slowest = false) const {
+  // band: BwdParams::det_band (bands of `band` blocks from the top, each band's cells head by head),
+  // listed here band by band.
+  Item cell_descending(int64_t i, int band = 1) const {
     if (i >= num_blocks * heads) return none();
-    const int gb = int(num_blocks - 1 - (heads_slowest ? i % num_blocks : i / heads)), b = owner(gb);
-    return {gb - block_start[b], int(heads_slowest ? i / num_blocks : i % heads), b, 0, kern::WorkItem::kWholeWalk,
-            -1};
+    int64_t n = 0;
+    for (int64_t top = num_blocks - 1; top >= 0; top -= band) {
+      const int64_t w = std::min<int64_t>(band, top + 1);
+      for (int h = 0; h < heads; ++h) {
+        for (int64_t k = 0; k < w; ++k, ++n) {
+          if (n == i) {
+            const int gb = int(top - k), b = owner(gb);
+            return {gb - block_start[b], h, b, 0, kern::WorkItem::kWholeWalk, -1};
+          }
+        }
+      }
+    }
+    return none();
   }
   Item split_item(int i) const {
     const int t = items[4 * i];
@@ -350,10 +361,9 @@ struct SchedCase {
             items[4 * i + 3]};
   }
   // The same items read as a list over cells: descending (grid mode 1, the deterministic
-  // backward's; grid mode kGridCellsDescendingHeadsSlowest with heads_slowest) or ascending with
-  // heads slowest (kGridCellsAscending).
-  Item split_cell_item(int i, bool ascending = false, bool heads_slowest = false) const {
-    Item w = ascending ? cell(items[4 * i]) : cell_descending(items[4 * i], heads_slowest);
+  // backward's, in bands of `band` blocks) or ascending with heads slowest (kGridCellsAscending).
+  Item split_cell_item(int i, bool ascending = false, int band = 1) const {
+    Item w = ascending ? cell(items[4 * i]) : cell_descending(items[4 * i], band);
     w[3] = items[4 * i + 1];
     w[4] = items[4 * i + 2] - items[4 * i + 1];
     w[5] = items[4 * i + 3];
@@ -363,7 +373,7 @@ struct SchedCase {
 
 // mode 0: task(i), 1: cell(i), 2: cell_descending(i), 3..5: split_item(i) (of a scheduler in
 // grid mode 0, 1 or kGridCellsAscending), 6 / 7: cell_descending(i) / split_item(i) of one in grid
-// mode kGridCellsDescendingHeadsSlowest; one thread per index.
+// mode 1 with a band of blocks (BwdParams::det_band); one thread per index.
 __global__ void sched_direct_kernel(kern::TileScheduler ts, int mode, int n, int* out) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
@@ -388,9 +398,9 @@ __global__ void sched_next_kernel(kern::TileScheduler ts, int cells, int max_n, 
 }
 
 kern::TileScheduler make_sched(const SchedCase& c, const DevVec<int32_t>& tasks, const DevVec<int32_t>& starts,
-                               DevVec<int32_t>* hdr, const DevVec<int32_t>& items, int split, int grid) {
+                               DevVec<int32_t>* hdr, const DevVec<int32_t>& items, int split, int grid, int band = 1) {
   return kern::TileScheduler{tasks.ptr(), c.num_tasks(), starts.ptr(), c.num_blocks, c.heads, c.batch,
-                             hdr ? hdr->ptr() : nullptr, items.ptr(), split, grid};
+                             hdr ? hdr->ptr() : nullptr, items.ptr(), split, grid, band};
 }
 
 TEST(RolesGpu, TileSchedulerSources) {
@@ -401,36 +411,41 @@ TEST(RolesGpu, TileSchedulerSources) {
   const int n_cells = int(c.num_blocks * c.heads);
   const kern::TileScheduler ts_cells = make_sched(c, tasks, starts, nullptr, items, 0, 1);
   const kern::TileScheduler ts_asc = make_sched(c, tasks, starts, nullptr, items, 0, kGridCellsAscending);
-  const kern::TileScheduler ts_hs = make_sched(c, tasks, starts, nullptr, items, 0, kGridCellsDescendingHeadsSlowest);
-  for (int mode = 0; mode < 8; ++mode) {
-    // Two past the end (none) for the bounded sources; exactly the items for split_item.
-    const int n = mode == 0 ? c.num_tasks() + 2 : (mode >= 3 && mode != 6) ? c.num_items() : n_cells + 2;
-    DevVec<int> out(size_t(6) * n, -7);
-    const kern::TileScheduler& src = mode == 4 ? ts_cells : mode == 5 ? ts_asc : mode >= 6 ? ts_hs : ts;
-    sched_direct_kernel<<<(n + 63) / 64, 64>>>(src, mode, n, out.ptr());
-    sync_ok("sched_direct_kernel");
-    const std::vector<int> h = out.get();
-    for (int i = 0; i < n; ++i) {
-      const SchedCase::Item want = mode == 0   ? c.task(i)
-                                   : mode == 1 ? c.cell(i)
-                                   : mode == 2 ? c.cell_descending(i)
-                                   : mode == 6 ? c.cell_descending(i, true)
-                                   : mode == 3 ? c.split_item(i)
-                                               : c.split_cell_item(i, mode == 5, mode == 7);
-      for (int k = 0; k < 6; ++k) {
-        EXPECT_EQ(h[6 * i + k], want[k]) << "mode " << mode << " index " << i << " field " << k;
+  // Modes 6 / 7 in bands of 3 blocks (a short last band of 1), every block one band (heads slowest), and past it.
+  for (const int band : {3, int(c.num_blocks), kDetBandAll}) {
+    const kern::TileScheduler ts_band = make_sched(c, tasks, starts, nullptr, items, 0, 1, band);
+    for (int mode = band == 3 ? 0 : 6; mode < 8; ++mode) {
+      // Two past the end (none) for the bounded sources; exactly the items for split_item.
+      const int n = mode == 0 ? c.num_tasks() + 2 : (mode >= 3 && mode != 6) ? c.num_items() : n_cells + 2;
+      DevVec<int> out(size_t(6) * n, -7);
+      const kern::TileScheduler& src = mode == 4 ? ts_cells : mode == 5 ? ts_asc : mode >= 6 ? ts_band : ts;
+      sched_direct_kernel<<<(n + 63) / 64, 64>>>(src, mode, n, out.ptr());
+      sync_ok("sched_direct_kernel");
+      const std::vector<int> h = out.get();
+      const int host_band = std::min<int64_t>(band, c.num_blocks);
+      for (int i = 0; i < n; ++i) {
+        const SchedCase::Item want = mode == 0   ? c.task(i)
+                                     : mode == 1 ? c.cell(i)
+                                     : mode == 2 ? c.cell_descending(i)
+                                     : mode == 6 ? c.cell_descending(i, host_band)
+                                     : mode == 3 ? c.split_item(i)
+                                                 : c.split_cell_item(i, mode == 5, mode == 7 ? host_band : 1);
+        for (int k = 0; k < 6; ++k) {
+          EXPECT_EQ(h[6 * i + k], want[k]) << "band " << band << " mode " << mode << " index " << i << " field " << k;
+        }
       }
-    }
-    if (mode == 2 || mode == 6) {
-      // The deterministic lists (either head order): every cell once, and before each cell every cell of its head
-      // with a larger global block (whose dQ additions it waits for: the kernel's deadlock argument).
-      std::set<std::pair<int, int>> before;  // (head, global block) of the cells so far
-      for (int i = 0; i < n_cells; ++i) {
-        const int gb = c.block_start[h[6 * i + 2]] + h[6 * i], head = h[6 * i + 1];
-        EXPECT_TRUE(before.insert({head, gb}).second) << "mode " << mode << ": cell " << i << " repeated";
-        for (int g = gb + 1; g < c.num_blocks; ++g) {
-          EXPECT_TRUE(before.count({head, g}))
-              << "mode " << mode << ": cell " << i << " before (" << head << ", " << g << ")";
+      if (mode == 2 || mode == 6) {
+        // The deterministic lists (any band): every cell once, and before each cell every cell of its head with a
+        // larger global block (whose dQ additions it waits for: the kernel's deadlock argument).
+        std::set<std::pair<int, int>> before;  // (head, global block) of the cells so far
+        for (int i = 0; i < n_cells; ++i) {
+          const int gb = c.block_start[h[6 * i + 2]] + h[6 * i], head = h[6 * i + 1];
+          EXPECT_TRUE(before.insert({head, gb}).second) << "band " << band << " mode " << mode << ": cell " << i
+                                                         << " repeated";
+          for (int g = gb + 1; g < c.num_blocks; ++g) {
+            EXPECT_TRUE(before.count({head, g}))
+                << "band " << band << " mode " << mode << ": cell " << i << " before (" << head << ", " << g << ")";
+          }
         }
       }
     }

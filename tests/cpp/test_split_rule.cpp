@@ -301,31 +301,34 @@ TEST(SplitRule, DeterministicDefaultCutsSinkAndRootColumns) {
 }
 
 #ifdef FLASHSPAN_WITH_CUDA
-// The deterministic backward's heads-slowest cell order (experimental): FLASHSPAN_SM90_BWD_DET_HEADS_SLOWEST "0" never
-// and any other value always, whatever FLASHSPAN_EXPERIMENTAL says; unset, the L2 rule (-1) with
-// FLASHSPAN_EXPERIMENTAL=1, else never; the override wins both ways, -1 gives the environment's answer back.
-TEST(SplitRule, DeterministicHeadsSlowestSwitch) {
+// The deterministic backward's cell list in bands (experimental, BwdParams::det_band): FLASHSPAN_SM90_BWD_DET_BAND an
+// integer 1 .. kDetBandAll or "all", whatever FLASHSPAN_EXPERIMENTAL says; unset, the L2 rule (0) with
+// FLASHSPAN_EXPERIMENTAL=1, else 1 (heads fastest); anything else 1; the override wins, -1 gives the environment's
+// answer back.
+TEST(SplitRule, DeterministicBandSwitch) {
   using flashspan::test::ScopedEnv;
-  sm90::set_bwd_det_heads_slowest(-1);
-  ScopedEnv var("FLASHSPAN_SM90_BWD_DET_HEADS_SLOWEST", nullptr);
+  sm90::set_bwd_det_band(-1);
+  ScopedEnv var("FLASHSPAN_SM90_BWD_DET_BAND", nullptr);
   ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
-  EXPECT_EQ(sm90::bwd_det_heads_slowest_forced(), 0);
+  EXPECT_EQ(sm90::bwd_det_band_forced(), 1);
   experimental.set("1");
-  EXPECT_EQ(sm90::bwd_det_heads_slowest_forced(), -1);
-  var.set("0");
-  EXPECT_EQ(sm90::bwd_det_heads_slowest_forced(), 0);
-  var.set("1");
-  EXPECT_EQ(sm90::bwd_det_heads_slowest_forced(), 1);
+  EXPECT_EQ(sm90::bwd_det_band_forced(), 0);
+  var.set("16");
+  EXPECT_EQ(sm90::bwd_det_band_forced(), 16);
+  var.set("all");
+  EXPECT_EQ(sm90::bwd_det_band_forced(), kDetBandAll);
   experimental.set(nullptr);
-  var.set("yes");
-  EXPECT_EQ(sm90::bwd_det_heads_slowest_forced(), 1);
-  sm90::set_bwd_det_heads_slowest(0);
-  EXPECT_EQ(sm90::bwd_det_heads_slowest_forced(), 0);
-  var.set("0");
-  sm90::set_bwd_det_heads_slowest(1);
-  EXPECT_EQ(sm90::bwd_det_heads_slowest_forced(), 1);
-  sm90::set_bwd_det_heads_slowest(-1);
-  EXPECT_EQ(sm90::bwd_det_heads_slowest_forced(), 0);
+  EXPECT_EQ(sm90::bwd_det_band_forced(), kDetBandAll);
+  for (const char* bad : {"0", "-3", "8x", "", "yes"}) {
+    var.set(bad);
+    EXPECT_EQ(sm90::bwd_det_band_forced(), 1) << "\"" << bad << "\"";
+  }
+  sm90::set_bwd_det_band(32);
+  EXPECT_EQ(sm90::bwd_det_band_forced(), 32);
+  sm90::set_bwd_det_band(0);
+  EXPECT_EQ(sm90::bwd_det_band_forced(), 0);
+  sm90::set_bwd_det_band(-1);
+  EXPECT_EQ(sm90::bwd_det_band_forced(), 1);
 }
 #endif
 

@@ -64,17 +64,19 @@ struct TileScheduler {
   int32_t* hdr;                // split.hdr: item count and claim counter
   const int32_t* items;        // split.items {task, begin, end, slot}
   int split_schedule, grid_mode;
+  int band = 1;                // cell_descending's band of blocks (BwdParams::det_band; 1: heads fastest)
 
   // Forward: query blocks of `task_heads` heads (Hq / pack).
   __device__ __forceinline__ static TileScheduler forward(const FwdParams& p, int task_heads) {
     return TileScheduler{p.view.tasks, p.view.num_tasks, p.view.q_block_start, p.view.num_q_blocks, task_heads,
-                         p.batch,      p.split.hdr,      p.split.items,        p.split_schedule,    p.grid_mode};
+                         p.batch,      p.split.hdr,      p.split.items,        p.split_schedule,    p.grid_mode,
+                         1};
   }
   // Backward (dK/dV): key blocks of the kv heads.
   __device__ __forceinline__ static TileScheduler backward(const BwdParams& p) {
     return TileScheduler{p.view.tasks, p.view.num_tasks, p.view.k_block_start, p.view.num_k_blocks,
                          p.num_heads_q / p.group_size, p.batch, p.split.hdr, p.split.items, p.split_schedule,
-                         p.grid_mode};
+                         p.grid_mode, p.det_band};
   }
 
   __device__ __forceinline__ static WorkItem none() { return WorkItem{-1, 0, 0, 0, 0, -1}; }
@@ -94,23 +96,35 @@ struct TileScheduler {
   }
   // The whole walk of cell i in descending block order (the deterministic sm90 backward's split
   // tasks: a key block's dQ tiles wait for the larger key blocks of its head, which this order
-  // starts first), heads fastest: block num_blocks - 1 - i / heads of head i % heads; or, grid_mode
-  // kGridCellsDescendingHeadsSlowest, each head's blocks in turn: block num_blocks - 1 - i %
-  // num_blocks of head i / num_blocks (the CTAs running at once walk one head's query blocks, in L2
-  // once, as kGridCellsAscending's; experimental, benchmarks/det_schedule_model.py). Either way a
-  // tile's earlier additions (its head's larger blocks) are earlier cells. None past the grid.
+  // starts first), in bands of `band` blocks from the top, each band's cells head by head: band j
+  // holds blocks num_blocks - 1 - j band down to w_j blocks (w_j = band but for a short last band),
+  // its r-th cell block num_blocks - 1 - j band - r % w_j of head r / w_j. band 1: heads fastest
+  // (block num_blocks - 1 - i / heads of head i % heads); band >= num_blocks: heads slowest (block
+  // num_blocks - 1 - i % num_blocks of head i / num_blocks: the CTAs running at once walk one head's
+  // query blocks, in L2 once, as kGridCellsAscending's; experimental, benchmarks/
+  // det_schedule_model.py). Every band keeps each head's blocks descending, so a tile's earlier
+  // additions (its head's larger blocks) are earlier cells. None past the grid.
   __device__ __forceinline__ WorkItem cell_descending(int64_t i) const {
     if (i >= num_blocks * heads) return none();
-    const bool heads_slowest = grid_mode == kGridCellsDescendingHeadsSlowest;
-    const int gb = int(num_blocks - 1 - (heads_slowest ? i % num_blocks : i / heads));
+    // (32-bit: cells fit the workspace's int32 task list; 64-bit divisions spilled the producer.)
+    const int c = int(i), nb = int(num_blocks);
+    int gb, head;
+    if (band <= 1) {
+      gb = nb - 1 - c / heads;
+      head = c % heads;
+    } else {
+      const int w = band < nb ? band : nb;
+      const int j = c / (w * heads), r = c - j * w * heads;
+      const int wj = min(w, nb - j * w);
+      gb = nb - 1 - j * w - r % wj;
+      head = r / wj;
+    }
     const int b = find_block_owner(block_start, batch, gb);
-    return WorkItem{gb - __ldg(block_start + b), int(heads_slowest ? i / num_blocks : i % heads), b, 0,
-                    WorkItem::kWholeWalk, -1};
+    return WorkItem{gb - __ldg(block_start + b), head, b, 0, WorkItem::kWholeWalk, -1};
   }
-  // Task t of the split schedule (its whole walk): the view's task t, or with grid_mode 1 /
-  // kGridCellsDescendingHeadsSlowest the descending cell t (cell_descending: the deterministic sm90
-  // backward's split schedule, whose task list is every cell in the order its dQ tiles are added).
-  // None past the list.
+  // Task t of the split schedule (its whole walk): the view's task t, or with grid_mode 1 the
+  // descending cell t (cell_descending: the deterministic sm90 backward's split schedule, whose task
+  // list is every cell in the order its dQ tiles are added). None past the list.
   // grid_mode kGridCellsAscending (the non-deterministic sm90 backward's cell order): cell(t),
   // heads slowest, blocks ascending.
   __device__ __forceinline__ WorkItem split_task(int64_t t) const {

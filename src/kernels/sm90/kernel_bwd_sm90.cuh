@@ -35,8 +35,8 @@
 //     the kernel at 466 TFLOP/s on the H200 against 589 without any dQ reduction: PERF_LOG v1.4.)
 //   Deterministic (p.deterministic, bitwise reproducible across runs and GPUs): the split
 //     schedule in its deterministic form (bwd_split.cuh): its tasks are every grid cell (key
-//     block, kv head) in descending key-block order, heads fastest (cell_descending; or each
-//     head's in turn, kGridCellsDescendingHeadsSlowest, experimental); a walk
+//     block, kv head) in descending key-block order, heads fastest (cell_descending; or in bands
+//     head by head, BwdParams::det_band, experimental); a walk
 //     far longer than the mean (split_rule.h, a cut of the plan alone) is cut into items of
 //     disjoint step ranges, each of which adds its dK / dV partial sums into a slot of its own
 //     (zeroed, so the one addition is exact) that the convert sums in item order; the CTAs take
@@ -61,7 +61,7 @@
 //     it is running X (claimed in list order: while X is unclaimed so is every later item, every
 //     claimed item is finished, and a free CTA claims X next; once claimed, its CTA runs it). X's
 //     steps wait only on additions of larger key blocks of X's head, whose items precede X in the
-//     list (descending cells, heads fastest or slowest) and are finished; its producer and consumers
+//     list (each head's cells descending, whatever the band) and are finished; its producer and consumers
 //     wait only on roles of their own CTA. So X finishes.
 //     Unordered (FLASHSPAN_SM90_BWD_DET_UNORDERED=1, a measurement switch, not deterministic):
 //     p.dq_sem = nullptr: the same schedule with neither the counter waits nor the dQ order warp.

@@ -139,8 +139,7 @@ void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorVie
            Status::kInternal, "sm90 backward: unsupported configuration reached the launcher (D ", p.head_dqk, "/",
            p.head_dv, ", tile ", p.view.block_q, "x", p.view.block_k, ")");
   const int64_t cells = p.view.num_k_blocks * int64_t(p.num_heads_q / p.group_size);
-  const bool det_cells = p.grid_mode == 1 || p.grid_mode == kGridCellsDescendingHeadsSlowest;
-  FS_CHECK(!p.deterministic || (p.dq_sem != nullptr && det_cells &&
+  FS_CHECK(!p.deterministic || (p.dq_sem != nullptr && p.grid_mode == 1 && p.det_band >= 1 &&
                                 (cells == 0 || (p.split_schedule == 1 && p.split.num_tasks == cells))),
            Status::kInternal,
            "sm90 backward: the deterministic path needs the dQ tile counters and the split schedule over every key "

@@ -130,14 +130,15 @@ void set_bwd_det_split_above_mean(int m);
 // back to the environment's answer (tests).
 int bwd_cell_order_forced();
 void set_bwd_cell_order(int on);
-// The deterministic backward's cell order (flex_dispatch.cu): each head's key blocks in turn
-// (kGridCellsDescendingHeadsSlowest) instead of heads fastest, experimental, not yet run on a GPU.
-// FLASHSPAN_SM90_BWD_DET_HEADS_SLOWEST "0" never, any other value always (read per call); unset, with
-// FLASHSPAN_EXPERIMENTAL=1 where a head's query side outgrows L2 (bwd_cell_order_sm90, the
-// non-deterministic cell order's rule), else never. Returns 1 / 0 when forced (or off), -1 for the
-// rule; set_bwd_det_heads_slowest: 1, 0, or -1 back to the environment's answer (tests).
-int bwd_det_heads_slowest_forced();
-void set_bwd_det_heads_slowest(int on);
+// The deterministic backward's cell list (flex_dispatch.cu, BwdParams::det_band): key blocks descending in
+// bands of `band` blocks, each band's cells head by head; 1 = heads fastest (the default), kDetBandAll = heads
+// slowest; experimental, not yet run on a GPU. FLASHSPAN_SM90_BWD_DET_BAND (read per call): an integer
+// 1 .. kDetBandAll, or "all" (kDetBandAll); unset, with FLASHSPAN_EXPERIMENTAL=1 the rule (0: heads slowest
+// where a head's query side outgrows L2, bwd_cell_order_sm90, the non-deterministic cell order's rule; else
+// heads fastest), else 1; anything else 1. Returns the band, or 0 for the rule; set_bwd_det_band: band >= 0
+// that answer, -1 back to the environment's (tests).
+int bwd_det_band_forced();
+void set_bwd_det_band(int band);
 // The deterministic backward's item order as the launcher passes it (BwdParams::det_claim):
 // FLASHSPAN_SM90_BWD_DET_CLAIM "1" claimed in list order (1), "0" snake waves (0), else the plan
 // decides (-1: split_rule.h split_det_claims). Read per call; defined in launch_bwd_sm90.cu.
