@@ -34,6 +34,7 @@ ones, kernel_bwd_sm90.cuh's argument):
   desc-hs   cells descending per head, heads slowest (each head's cells in turn; dQ order descending
             key blocks, as desc: a tile's contributors are one head's; BwdParams::det_band = kDetBandAll);
   bandB     key blocks descending in bands of B, each band's cells head by head (BwdParams::det_band = B);
+  hybridB   as bandB over the blocks without a cut cell, each block with one alone and heads fastest (not built);
   desc-h2   pairs of heads slowest, each pair's heads fastest;
   cutlast   uncut cells (desc) first, then the cut cells' items, whose additions come last in each tile
             (cutlast-hs: both parts heads slowest; cutlast-hs2: the cut part only);
@@ -262,6 +263,22 @@ def main() -> None:
                 bw = int(name[4:].rstrip("-U"))
                 cells = [(kb, h) for top in range(nkb - 1, -1, -bw) for h in range(heads)
                          for kb in range(top, max(top - bw, -1), -1)]
+                return items_of(cells, steps, chunk, above), None if name.endswith("-U") else (lambda kb, h: -kb), not uneven
+            if name.startswith("hybrid"):  # bands of B uncut blocks head by head; a block with a cut cell alone, heads fastest
+                bw = int(name[6:].rstrip("-U"))
+                cells, run = [], []
+                def flush():
+                    cells.extend((kb, h) for h in range(heads) for kb in run)
+                    run.clear()
+                for kb in reversed(range(nkb)):
+                    if steps[kb] > above:
+                        flush()
+                        cells.extend((kb, h) for h in range(heads))
+                    else:
+                        run.append(kb)
+                        if len(run) == bw:
+                            flush()
+                flush()
                 return items_of(cells, steps, chunk, above), None if name.endswith("-U") else (lambda kb, h: -kb), not uneven
             if name in ("desc-h2", "desc-h2-U"):  # pairs of heads slowest, each pair's heads fastest
                 cells = [(kb, h) for g in range(0, heads, 2) for kb in reversed(range(nkb)) for h in range(g, min(g + 2, heads))]
