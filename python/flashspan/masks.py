@@ -69,6 +69,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import math
 import operator
 import random
@@ -1133,3 +1134,37 @@ def density(mask_func: torch.Tensor, seqlen_k: int) -> float:
     _check_mask_func(mask_func)
     h, _, rows = mask_func.shape
     return visible_pairs(mask_func) / float(h * rows * _check_len("seqlen_k", seqlen_k, 1))
+
+
+# ---------------------------------------------------------------------------
+# Error messages name the builder
+# ---------------------------------------------------------------------------
+
+
+def _name_errors(fn: Callable) -> Callable:
+    """``fn`` with its TypeError / ValueError messages prefixed ``masks.<name>: `` (as flex's and the SDPA ops'
+    messages start with the call's name); a builder called by another is renamed to the outer one, the call the
+    user made. The exception's type and traceback are kept; ``help()`` and ``inspect.signature`` see ``fn``'s
+    signature (functools.wraps)."""
+
+    prefix = f"masks.{fn.__name__}: "
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (TypeError, ValueError) as e:
+            if e.args and isinstance(e.args[0], str):
+                msg = e.args[0]
+                if msg.startswith("masks.") and ": " in msg:
+                    msg = msg.split(": ", 1)[1]
+                e.args = (prefix + msg,) + e.args[1:]
+            raise
+
+    return wrapper
+
+
+for _name in __all__:
+    if callable(globals()[_name]):
+        globals()[_name] = _name_errors(globals()[_name])
+del _name

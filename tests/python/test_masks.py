@@ -537,27 +537,41 @@ def test_from_dense_requires_bool(dtype):
     assert fm.from_dense(torch.tensor([[1, 0, 1]], dtype=dtype) != 0).tolist() == [[[1], [2], [3]]]
 
 
-# (builder call, argument the error must name): a mask without query rows is rejected.
+# (builder call, builder and argument the error must name): a mask without query rows is rejected.
 _NO_ROWS = [
-    (lambda n: fm.causal(n), "seqlen_q"),
-    (lambda n: fm.causal(n, 4), "seqlen_q"),
-    (lambda n: fm.sliding_window(n, before=2), "seqlen_q"),
-    (lambda n: fm.sink_window(n, sink=1, window=2), "seqlen_q"),
-    (lambda n: fm.prefix_lm(n, 0), "seqlen"),
-    (lambda n: fm.longformer(n, radius=1, num_global=0), "seqlen"),
-    (lambda n: fm.binary_tree(n, depth=2), "seqlen"),
-    (lambda n: fm.binary_tree_layout(n, depth=2), "seqlen"),
-    (lambda n: fm.random_document_lengths(n, 1, 2), "total"),
-    (lambda n: fm.from_mask_mod(lambda b, h, q, kv: kv <= q, n), "seqlen_q"),
-    (lambda n: fm.benchmark_mask("causal", n), "seqlen"),
+    (lambda n: fm.causal(n), "causal", "seqlen_q"),
+    (lambda n: fm.causal(n, 4), "causal", "seqlen_q"),
+    (lambda n: fm.sliding_window(n, before=2), "sliding_window", "seqlen_q"),
+    (lambda n: fm.sink_window(n, sink=1, window=2), "sink_window", "seqlen_q"),
+    (lambda n: fm.prefix_lm(n, 0), "prefix_lm", "seqlen"),
+    (lambda n: fm.longformer(n, radius=1, num_global=0), "longformer", "seqlen"),
+    (lambda n: fm.binary_tree(n, depth=2), "binary_tree", "seqlen"),
+    (lambda n: fm.binary_tree_layout(n, depth=2), "binary_tree_layout", "seqlen"),
+    (lambda n: fm.random_document_lengths(n, 1, 2), "random_document_lengths", "total"),
+    (lambda n: fm.from_mask_mod(lambda b, h, q, kv: kv <= q, n), "from_mask_mod", "seqlen_q"),
+    (lambda n: fm.benchmark_mask("causal", n), "benchmark_mask", "seqlen"),
 ]
 
 
 @pytest.mark.parametrize("n", [0, -3])
-@pytest.mark.parametrize("build,arg", _NO_ROWS)
-def test_builders_reject_empty_or_negative_query_length(build, arg, n):
-    with pytest.raises(ValueError, match=rf"^{arg} must be >= 1, got {n}$"):
+@pytest.mark.parametrize("build,name,arg", _NO_ROWS)
+def test_builders_reject_empty_or_negative_query_length(build, name, arg, n):
+    # The message names the builder first (masks._name_errors), then the argument and the rule.
+    with pytest.raises(ValueError, match=rf"^masks\.{name}: {arg} must be >= 1, got {n}$"):
         build(n)
+
+
+def test_builder_errors_keep_their_type_and_name_the_call():
+    """A builder calling another (binary_tree -> binary_tree_layout) is named once, as the call the user made; wrong
+    types stay TypeErrors; the signature seen by help() is the builder's."""
+    with pytest.raises(TypeError, match=r"^masks\.sliding_window: before must be an int, got float 1\.5$"):
+        fm.sliding_window(8, before=1.5)
+    with pytest.raises(ValueError, match=r"^masks\.binary_tree: (?!masks)"):
+        fm.binary_tree(64, depth=2, order="xyz")
+    with pytest.raises(ValueError, match=r"^masks\.benchmark_mask: (?!masks)"):
+        fm.benchmark_mask("tree_dfs", 0)
+    import inspect
+    assert list(inspect.signature(fm.causal).parameters)[:2] == ["seqlen_q", "seqlen_k"]
 
 
 @pytest.mark.parametrize("build", [

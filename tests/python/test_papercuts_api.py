@@ -499,17 +499,17 @@ def test_flex_takes_numpy_bools(fs):
 
 def test_mask_builder_flags_that_are_not_bools_are_type_errors(fs):
     m = fs.masks
-    calls = {
-        "bottom_right": [lambda x: m.causal(4, 6, bottom_right=x), lambda x: m.sliding_window(4, 6, bottom_right=x),
-                         lambda x: m.sink_window(4, 6, bottom_right=x)],
-        "causal": [lambda x: m.document_causal([2, 3], causal=x)],
-        "per_head": [lambda x: m.visible_pairs(m.causal(4), per_head=x)],
-    }
-    for name, fns in calls.items():
-        for fn in fns:
-            for value in ("no", 1, None):
-                with pytest.raises(TypeError, match=_flag_error(name, value)):
-                    fn(value)
+    calls = [  # (flag, the builder the message names first, call)
+        ("bottom_right", "masks.causal", lambda x: m.causal(4, 6, bottom_right=x)),
+        ("bottom_right", "masks.sliding_window", lambda x: m.sliding_window(4, 6, bottom_right=x)),
+        ("bottom_right", "masks.sink_window", lambda x: m.sink_window(4, 6, bottom_right=x)),
+        ("causal", "masks.document_causal", lambda x: m.document_causal([2, 3], causal=x)),
+        ("per_head", "masks.visible_pairs", lambda x: m.visible_pairs(m.causal(4), per_head=x)),
+    ]
+    for name, where, fn in calls:
+        for value in ("no", 1, None):
+            with pytest.raises(TypeError, match=_flag_error(name, value, where)):
+                fn(value)
     np = pytest.importorskip("numpy")
     assert torch.equal(m.causal(3, 5, bottom_right=np.True_), m.causal(3, 5, bottom_right=True))
 
