@@ -125,6 +125,13 @@ Switch g_sdpa_sm90_paged{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_PAGED");
 // FLASHSPAN_EXPERIMENTAL=1; "0" off; any other value on (core/env_switch.h experimental_flag). Off, those calls keep
 // the sm80 paged kernel.
 Switch g_sdpa_sm90_paged_thd{[] { return experimental_flag("FLASHSPAN_SM90_SDPA_PAGED_THD"); }};
+// The additive bias on that paged forward (sdpa_fwd_sm90_paged_refusal; kernel_fwd_sm90.cuh
+// sdpa_fwd_paged_bias_kernel_sm90, (128, 128) only: the modifiers' source with the bias, staged by TMA per key block
+// as the unpaged kernel's, keys by their position in the sample):
+// experimental, not yet run on a GPU (SdpaPagedGpu.Sm90PagedBias*); FLASHSPAN_SM90_SDPA_PAGED_BIAS (read per call):
+// unset, on only with FLASHSPAN_EXPERIMENTAL=1; "0" off; any other value on (core/env_switch.h experimental_flag).
+// Off, those calls keep the sm80 paged kernel.
+Switch g_sdpa_sm90_paged_bias{[] { return experimental_flag("FLASHSPAN_SM90_SDPA_PAGED_BIAS"); }};
 }  // namespace
 
 namespace {
@@ -256,8 +263,10 @@ const char* sdpa_bwd_sm90_refusal(const sdpa::Problem& p) { return sm90_refusal(
 const char* sdpa_bwd_sm90_layout_refusal(const sdpa::Problem& p) { return sm90_refusal(p, true, true); }
 
 // The paged forward on the sm90 kernel (sdpa_fwd_paged_kernel_sm90: the modifiers' source without the bias, (64, 64)
-// and (128, 128), K / V boxes from the page tables): what sm90_refusal takes of a paged forward, less what the
-// kernel leaves to the sm80 paged kernel (which runs every paged call): head dims above 128, the bias, dropout,
+// and (128, 128), K / V boxes from the page tables; with a bias sdpa_fwd_paged_bias_kernel_sm90, (128, 128), every
+// head dim up to 128): what sm90_refusal takes of a paged forward, less what the
+// kernel leaves to the sm80 paged kernel (which runs every paged call): head dims above 128, the bias unless
+// sdpa_sm90_paged_bias_enabled (experimental; then as sm90_refusal takes it: the modifiers' switch), dropout,
 // ragged offsets of k or v (a paged side's container has none to honour; a packed contiguous side would need a
 // per-sample map of its own in the producer's page loads, load_paged_block), pages of fewer than 8 keys (a box of
 // whole 128B swizzle atoms), an empty container (its map's page extent). Packed (THD) q / o / stats / gate it takes
@@ -269,7 +278,10 @@ const char* sdpa_fwd_sm90_paged_refusal(const sdpa::Problem& p) {
   if (!p.paged) return "K and V not paged";
   if (p.fp8 || p.a.backward) return "an FP8 call or a backward";
   if (p.Dqk > 128 || p.Dv > 128) return "head dims above 128";
-  if (p.has(FS_SDPA_BIAS)) return "bias (with paged K/V: the sm80 paged kernel)";
+  if (p.has(FS_SDPA_BIAS) && !sdpa_sm90_paged_bias_enabled()) {
+    return "bias (with paged K/V: the sm80 paged kernel; experimental on the sm90 one with "
+           "FLASHSPAN_SM90_SDPA_PAGED_BIAS=1 or FLASHSPAN_EXPERIMENTAL=1)";
+  }
   if (p.dropout || p.a.dropout_mask_form) return "dropout (with paged K/V: the sm80 paged kernel)";
   if (p.has(FS_SDPA_RAGGED_OFFSET_K) || p.has(FS_SDPA_RAGGED_OFFSET_V)) {
     return "ragged (packed) k or v (with paged K/V: the sm80 paged kernel)";
@@ -296,6 +308,9 @@ bool sdpa_sm90_paged_enabled() { return g_sdpa_sm90_paged.on(); }
 
 void set_sdpa_sm90_paged_thd_enabled(int on) { g_sdpa_sm90_paged_thd.set(on); }
 bool sdpa_sm90_paged_thd_enabled() { return g_sdpa_sm90_paged_thd.on(); }
+
+void set_sdpa_sm90_paged_bias_enabled(int on) { g_sdpa_sm90_paged_bias.set(on); }
+bool sdpa_sm90_paged_bias_enabled() { return g_sdpa_sm90_paged_bias.on(); }
 
 bool sdpa_fwd_runs_sm90_paged(const sdpa::Problem& p) {
   if (p.device != DeviceType::kCUDA || !sdpa_fwd_sm90_enabled() || !sdpa_sm90_paged_enabled() ||

@@ -271,7 +271,8 @@ void set_sdpa_fp8_sm90_thd_enabled(int on);
 // with this build's sm_90a code and sdpa_fwd_sm90_enabled(), sdpa_fwd_runs_sm90_paged answers whether it runs a
 // call: sdpa_fwd_sm90_paged_refusal nullptr (a paged 16-bit forward; padded q / o / stats / gate, or packed with
 // sdpa_sm90_paged_thd_enabled below; k and v without ragged offsets; head dims up
-// to 128; no bias or dropout; each paged side's pages of 8 keys or more and its container not empty; the rest as
+// to 128; no dropout, no bias unless sdpa_sm90_paged_bias_enabled below; each paged side's pages of 8 keys or more
+// and its container not empty; the rest as
 // sdpa_fwd_sm90_refusal: masks, padding, GQA / H_k != H_v, max_logit, and with sdpa_fwd_sm90_mods_enabled softcap,
 // ALiBi, sinks, the gate, score_max / score_sum_exp, the block_mask), else the first thing it does not take. Its
 // workspace: one int32 flag a sample (a page-table entry outside its container: NaN over the sample's O and stats
@@ -284,10 +285,18 @@ void set_sdpa_fp8_sm90_thd_enabled(int on);
 // FLASHSPAN_EXPERIMENTAL=1; "0" off; any other value on (core/env_switch.h experimental_flag);
 // set_sdpa_sm90_paged_thd_enabled overrides it (tests: 1 on, 0 off, -1 the environment's answer). Off,
 // sdpa_fwd_sm90_paged_refusal refuses those calls and the sm80 paged kernel runs them.
+// The additive bias on that paged forward (every broadcast form and bias dtype the unpaged sm90 forward takes, with
+// the modifiers' switch; a 16-bit bias of whole aligned rows staged by TMA, keys by their position in the sample):
+// experimental, not yet run on a GPU; FLASHSPAN_SM90_SDPA_PAGED_BIAS (read per call) unset: on only with
+// FLASHSPAN_EXPERIMENTAL=1; "0" off; any other value on; set_sdpa_sm90_paged_bias_enabled overrides it (tests: 1 on,
+// 0 off, -1 the environment's answer). Off, sdpa_fwd_sm90_paged_refusal refuses those calls (naming the switch)
+// and the sm80 paged kernel runs them.
 bool sdpa_sm90_paged_enabled();
 void set_sdpa_sm90_paged_enabled(int on);
 bool sdpa_sm90_paged_thd_enabled();
 void set_sdpa_sm90_paged_thd_enabled(int on);
+bool sdpa_sm90_paged_bias_enabled();
+void set_sdpa_sm90_paged_bias_enabled(int on);
 const char* sdpa_fwd_sm90_paged_refusal(const sdpa::Problem& p);
 bool sdpa_fwd_runs_sm90_paged(const sdpa::Problem& p);
 bool sdpa_fwd_sm90_may_take_paged(const sdpa::Problem& p);

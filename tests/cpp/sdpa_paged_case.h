@@ -260,6 +260,26 @@ inline PagedCase random_sm90_paged_thd_case(uint64_t seed) {
   return c;
 }
 
+// The cases of the sm90 paged forward's GPU tests with an additive bias (experimental: sdpa_sm90_paged_bias_enabled;
+// test_sdpa_paged_gpu.cpp Sm90PagedBias*; the bias kernel, (128, 128), runs every head dim up to 128):
+// random_sm90_paged_case with the bias in form 1 + seed % 16 (every broadcast form over 16 consecutive seeds), float32
+// on odd seeds (read element by element), else q's dtype with S_kv a multiple of 8 on two thirds (whole aligned rows:
+// staged by TMA, SdpaBiasParams::chunks; padded row / head strides on some), a third of them with q / o / stats
+// packed THD (random_sm90_paged_thd_case's samples: one without queries, most one without keys, a gate on half).
+// SdpaPaged.Sm90BiasGpuCasesAreTakenByTheRule checks that the rule takes them and that both bias paths are drawn.
+inline PagedCase random_sm90_paged_bias_case(uint64_t seed) {
+  std::mt19937_64 rng(seed * 4241 + 17);  // a stream of its own
+  PagedCase c = rng() % 3 == 0 ? random_sm90_paged_thd_case(seed) : random_sm90_paged_case(seed);
+  c.bias = 1 + int(seed % 16);
+  c.bias_f32 = seed % 2 == 1;
+  if (!c.bias_f32 && rng() % 3 != 0) {
+    c.Skv = (c.Skv + 7) / 8 * 8;
+    c.set_max_seq = true;  // the call's S_kv (the bias's last dim) is Skv
+  }
+  c.bias_strided = rng() % 3 == 0;
+  return c;
+}
+
 // The cases of the sm90 paged forward's bad-entry test (Sm90PagedBadEntryIsNaN): pages of 8, 16, 64, 128 and 256
 // keys (several boxes a key block, one, a page of two blocks), K's table entry `bad_page` of sample 1 (the last: its
 // keys are all S_kv, make_paged_data) refused, sample 0 intact (its rows are all S_q); B = 2, no mask, so every key

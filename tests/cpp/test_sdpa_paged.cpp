@@ -105,6 +105,7 @@ struct HostCall {
     put(FS_SDPA_O, d.o);
     put(FS_SDPA_STATS, d.stats);
     if (c.gate) put(FS_SDPA_GATE, d.gate);
+    if (c.bias) put(FS_SDPA_BIAS, d.bias);  // (dropout is not bound here: the rule's tests set the problem's flags)
     a.generate_stats = true;
     a.attn_scale_value = c.scale;
     a.padding_mask = true;
@@ -597,6 +598,156 @@ TEST(SdpaPaged, Sm90ThdGpuCasesAreTakenByTheRule) {
     EXPECT_NE(sdpa_decode_refusal(call.p), nullptr) << b.c.str();
     EXPECT_GT(call.d.len_q[1], 0) << b.c.str();
   }
+}
+
+// The refusal of a paged call with a bias while sdpa_sm90_paged_bias_enabled is off (it names the switch).
+const std::string kPagedBiasOff =
+    "bias (with paged K/V: the sm80 paged kernel; experimental on the sm90 one with FLASHSPAN_SM90_SDPA_PAGED_BIAS=1 "
+    "or FLASHSPAN_EXPERIMENTAL=1)";
+
+TEST(SdpaPaged, Sm90PagedBiasRule) {
+  // With its switch on (sdpa_sm90_paged_bias_enabled, experimental) the rule takes an additive bias in every
+  // broadcast form, float32 or q's dtype, padded strides or not, on both dtypes and head dims up to 128 (the bias
+  // kernel is the (128, 128) one's: it runs them all), every page size it takes and one side contiguous, with packed
+  // q (its own switch on) and masks, GQA and H_k != H_v; it still refuses dropout (Philox or the caller's mask, with
+  // or without the bias), the bias with the modifiers' switch off (sm90_refusal's rule), head dims above 128. Off,
+  // every call with a bias is refused with kPagedBiasOff and its twin without one still taken.
+  const ScopedSwitch mods(set_sdpa_fwd_sm90_mods_enabled, 1);
+  const ScopedSwitch thd(set_sdpa_sm90_thd_enabled, 1);
+  PagedCase c = sm90_rule_case(25, 3);
+  c.bias = 1;
+  PagedCase plain = c;
+  plain.bias = 0;
+  {
+    const ScopedSwitch on(set_sdpa_sm90_paged_bias_enabled, 1);
+    EXPECT_EQ(sm90_paged_refusal(c), "");
+    for (int form = 1; form <= 16; ++form) {
+      for (bool f32 : {false, true}) {
+        PagedCase x = c;
+        x.bias = form;
+        x.bias_f32 = f32;
+        x.bias_strided = form % 3 == 0;
+        x.dtype = form % 2 ? DType::kFloat16 : DType::kBFloat16;
+        x.Dqk = x.Dv = form % 4 == 0 ? 64 : form % 4 == 1 ? 128 : 40;
+        x.page_k = form % 5 == 0 ? 0 : int64_t(8) << (form % 6);  // 8 .. 256, K contiguous on some
+        EXPECT_EQ(sm90_paged_refusal(x), "") << x.str();
+      }
+    }
+    {
+      PagedCase x = c;
+      x.thd_q = true;
+      x.zero_q_sample = true;
+      x.gate = true;
+      const ScopedSwitch thd_on(set_sdpa_sm90_paged_thd_enabled, 1);
+      EXPECT_EQ(sm90_paged_refusal(x), "") << x.str();
+      const ScopedSwitch thd_off(set_sdpa_sm90_paged_thd_enabled, 0);
+      EXPECT_EQ(sm90_paged_refusal(x), kPagedThdOff) << x.str();
+    }
+    for (int drop = 0; drop < 2; ++drop) {
+      for (int with_bias = 0; with_bias < 2; ++with_bias) {
+        // Dropout as the problem says it (Philox, or the caller's mask): HostCall binds no dropout tensors.
+        HostCall call(with_bias ? c : plain, DeviceType::kCUDA);
+        (drop == 0 ? call.p.dropout : call.p.a.dropout_mask_form) = true;
+        const char* r = sdpa_fwd_sm90_paged_refusal(call.p);
+        EXPECT_STREQ(r, "dropout (with paged K/V: the sm80 paged kernel)") << drop << " " << with_bias;
+      }
+    }
+    {
+      const ScopedSwitch mods_off(set_sdpa_fwd_sm90_mods_enabled, 0);
+      const std::string r = sm90_paged_refusal(c);
+      EXPECT_NE(r, "") << "a bias with the modifiers' switch off";
+      EXPECT_NE(r, kPagedBiasOff);
+      EXPECT_EQ(sm90_paged_refusal(plain), "");
+    }
+    PagedCase x = c;
+    x.Dqk = 192;
+    x.Dv = 128;
+    EXPECT_EQ(sm90_paged_refusal(x), "head dims above 128");
+    x = c;
+    x.page_v = 4;
+    EXPECT_EQ(sm90_paged_refusal(x), "a page of fewer than 8 keys");
+  }
+  const ScopedSwitch off(set_sdpa_sm90_paged_bias_enabled, 0);
+  EXPECT_EQ(sm90_paged_refusal(c), kPagedBiasOff);
+  PagedCase f32 = c;
+  f32.bias = 16;
+  f32.bias_f32 = true;
+  EXPECT_EQ(sm90_paged_refusal(f32), kPagedBiasOff);
+  EXPECT_EQ(sm90_paged_refusal(plain), "");
+  HostCall drop(c, DeviceType::kCUDA);
+  drop.p.dropout = true;
+  const char* r = sdpa_fwd_sm90_paged_refusal(drop.p);
+  EXPECT_EQ(r == nullptr ? "" : std::string(r), kPagedBiasOff) << "the bias named first";
+}
+
+TEST(SdpaPaged, Sm90PagedBiasSwitchReadsTheEnvironment) {
+  // sdpa_sm90_paged_bias_enabled (experimental, core/env_switch.h experimental_flag): FLASHSPAN_SM90_SDPA_PAGED_BIAS
+  // unset: on only with FLASHSPAN_EXPERIMENTAL=1; "0" off whatever FLASHSPAN_EXPERIMENTAL says; any other value on;
+  // the override wins both ways, -1 gives the environment's answer back (expect_experimental_flag). Seen through a
+  // paged call with a bias: taken by the rule when on, refused naming the switch when off; its twin without a bias
+  // taken either way.
+  const ScopedSwitch mods(set_sdpa_fwd_sm90_mods_enabled, 1);
+  PagedCase c = sm90_rule_case(26, 2);
+  c.bias = 5;
+  HostCall call(c, DeviceType::kCUDA);
+  PagedCase plain = c;
+  plain.bias = 0;
+  expect_experimental_flag("FLASHSPAN_SM90_SDPA_PAGED_BIAS", set_sdpa_sm90_paged_bias_enabled,
+                           sdpa_sm90_paged_bias_enabled, [&](bool on, const std::string& where) {
+                             const char* r = sdpa_fwd_sm90_paged_refusal(call.p);
+                             EXPECT_EQ(r == nullptr ? "" : std::string(r), on ? "" : kPagedBiasOff) << where;
+                             EXPECT_EQ(sdpa_fwd_runs_sm90_paged(call.p), on && sdpa_fwd_sm90_may_take_paged(call.p))
+                                 << where;
+                             EXPECT_EQ(sm90_paged_refusal(plain), "") << where;
+                           });
+}
+
+TEST(SdpaPaged, Sm90BiasGpuCasesAreTakenByTheRule) {
+  // The cases of the sm90 paged GPU tests with a bias (random_sm90_paged_bias_case; test_sdpa_paged_gpu.cpp
+  // Sm90PagedBias*) are calls its rule takes with the switch on (and the paged THD switch, for the packed ones) and
+  // the decode forward does not, refused naming the switch with it off; they draw what they say: every broadcast
+  // form, a float32 bias and a 16-bit one, both staged by TMA (SdpaBiasParams::chunks) and read element by element,
+  // padded strides, packed q, head dims of both kernels (all on the bias kernel), pages below / at / above the key
+  // block and a side contiguous, GQA, masks, both dtypes.
+  const ScopedSwitch mods(set_sdpa_fwd_sm90_mods_enabled, 1);
+  const ScopedSwitch decode(set_sdpa_decode_enabled, 1);
+  const ScopedSwitch thd(set_sdpa_sm90_thd_enabled, 1);
+  const ScopedSwitch thd_on(set_sdpa_sm90_paged_thd_enabled, 1);
+  std::set<std::string> seen;
+  for (uint64_t seed = 701; seed <= 748; ++seed) {
+    const PagedCase c = random_sm90_paged_bias_case(seed);
+    HostCall call(c, DeviceType::kCUDA);
+    {
+      const ScopedSwitch on(set_sdpa_sm90_paged_bias_enabled, 1);
+      ASSERT_EQ(sm90_paged_refusal(c), "") << c.str();
+    }
+    {
+      const ScopedSwitch off(set_sdpa_sm90_paged_bias_enabled, 0);
+      ASSERT_EQ(sm90_paged_refusal(c), kPagedBiasOff) << c.str();
+    }
+    ASSERT_NE(sdpa_decode_refusal(call.p), nullptr) << c.str();
+    ASSERT_GT(c.bias, 0) << c.str();
+    seen.insert("form " + std::to_string(c.bias));
+    const SdpaBiasParams bp = sdpa_paged_fwd_params(call.p).analytic.bias;
+    seen.insert(c.bias_f32 ? "float32" : bp.chunks != 0 ? "16-bit staged" : "16-bit element-wise");
+    if (c.bias_strided) seen.insert("strided");
+    if (c.thd_q) seen.insert("THD");
+    for (int64_t page : {c.page_k, c.page_v}) {
+      seen.insert(page == 0     ? "contiguous"
+                  : page < 128  ? "page < block"
+                  : page == 128 ? "page = block"
+                                : "page > block");
+    }
+    if (c.Hq != c.Hk) seen.insert("GQA");
+    seen.insert(c.Dqk <= 64 && c.Dv <= 64 ? "(64, 64)" : "(128, 128)");
+    if (c.has_left || c.has_right) seen.insert("mask");
+    seen.insert(dtype_name(c.dtype));
+  }
+  std::vector<std::string> want = {"float32", "16-bit staged", "16-bit element-wise", "strided", "THD", "contiguous",
+                                   "page < block", "page = block", "page > block", "GQA", "(64, 64)", "(128, 128)",
+                                   "mask", dtype_name(DType::kFloat16), dtype_name(DType::kBFloat16)};
+  for (int form = 1; form <= 16; ++form) want.push_back("form " + std::to_string(form));
+  for (const std::string& what : want) EXPECT_TRUE(seen.count(what)) << what << " not drawn";
 }
 
 TEST(SdpaPaged, Sm90PagedSwitchIsOnByDefault) {

@@ -426,6 +426,17 @@ TEST(SdpaPaged, Sm90ThdGpuCasesOnTheCpuReference) {
   }
 }
 
+// The cases of the sm90 paged GPU tests with a bias (Sm90PagedBiasRandom's first 16: every broadcast form; the
+// sanitizer set's) on the CPU reference against dense_o. No GPU.
+TEST(SdpaPaged, Sm90BiasGpuCasesOnTheCpuReference) {
+  std::vector<PagedCase> cases;
+  for (uint64_t seed = 701; seed <= 716; ++seed) cases.push_back(random_sm90_paged_bias_case(seed));
+  for (const PagedCase& c : cases) {
+    check_on_the_cpu_reference(c);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 // The cases of BiasRandom and DropoutRandom (decode shapes on every third seed).
 std::vector<PagedCase> bias_cases() {
   std::vector<PagedCase> cases;
@@ -873,6 +884,73 @@ TEST(SdpaPagedGpu, Sm90PagedOffRunsSm80) {
   for (uint64_t seed = 501; seed <= 510; ++seed) {
     const int64_t n0 = sm90::sdpa_fwd_paged_launches();
     run_case(random_sm90_paged_case(seed));
+    EXPECT_EQ(sm90::sdpa_fwd_paged_launches(), n0);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// The additive bias on the sm90 paged forward (experimental, not yet run on a GPU: sdpa_sm90_paged_bias_enabled,
+// forced on here, with the feature pairs' switch that lets a bias meet paged K/V at all and the THD switches for the
+// packed cases; kernel_fwd_sm90.cuh sdpa_fwd_paged_bias_kernel_sm90, the (128, 128) kernel for every head dim).
+struct Sm90PagedBiasOn {
+  FeaturePairsOn pairs;
+  Sm90PagedOn paged;
+  ScopedSwitch mods{set_sdpa_fwd_sm90_mods_enabled, 1};
+  ScopedSwitch thd{set_sdpa_sm90_thd_enabled, 1};
+  ScopedSwitch paged_thd{set_sdpa_sm90_paged_thd_enabled, 1};
+  ScopedSwitch on{set_sdpa_sm90_paged_bias_enabled, 1};
+};
+
+TEST(SdpaPagedGpu, Sm90PagedBiasRandom) {
+  // 48 random prefill cases with a bias (random_sm90_paged_bias_case): every broadcast form (three times), float32
+  // (element-wise reads) and q's dtype (staged by TMA where its rows are whole and aligned, else element-wise), padded
+  // strides on a third; random_sm90_paged_case's pages (8 .. 256 per side or one side contiguous, shuffled, unused
+  // pages and rows NaN, garbage entries past the samples, packed tables, token-major containers), GQA and H_k != H_v,
+  // both dtypes, head dims up to 128, masks, softcap, max_logit; a third with q / o / stats packed THD (a sample
+  // without queries, most one without keys, a packed gate on half); outputs NaN-poisoned; each call on the sm90 paged
+  // forward (the launch counter).
+  REQUIRE_SM90();
+  Sm90PagedBiasOn on;
+  for (uint64_t seed = 701; seed <= 748; ++seed) {
+    run_sm90_case(random_sm90_paged_bias_case(seed));
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+// Case i < 4 of Sm90PagedBiasSanitizerSmall: sm90_small_case's shapes with a bias: full in q's dtype with S_kv = 152
+// (staged by TMA), float32 broadcast over S_q, broadcast over B and H_q with q packed (staged), broadcast over every
+// dim (one value) in q's dtype.
+PagedCase sm90_bias_small_case(int i) {
+  PagedCase c = sm90_small_case(3400 + uint64_t(i), i);
+  static const int kForms[] = {1, 1 + 4, 1 + 3, 16};
+  c.bias = kForms[i];
+  c.bias_f32 = i == 1;
+  if (i % 2 == 0) c.Skv = 152;
+  if (i == 2) {
+    c.thd_q = true;
+    c.zero_q_sample = true;
+  }
+  return c;
+}
+
+TEST(SdpaPagedGpu, Sm90PagedBiasSanitizerSmall) {
+  // Small cases with a bias for compute-sanitizer memcheck and synccheck (scripts/gpu_check.sh):
+  // sm90_bias_small_case's.
+  REQUIRE_SM90();
+  Sm90PagedBiasOn on;
+  for (int i = 0; i < 4; ++i) run_sm90_case(sm90_bias_small_case(i));
+}
+
+TEST(SdpaPagedGpu, Sm90PagedBiasOffRunsSm80) {
+  // The switch off (its default without FLASHSPAN_EXPERIMENTAL=1): the calls with a bias keep the sm80 paged kernel,
+  // right.
+  REQUIRE_GPU();
+  FeaturePairsOn pairs;
+  ScopedSwitch thd{set_sdpa_sm90_paged_thd_enabled, 1};
+  ScopedSwitch off{set_sdpa_sm90_paged_bias_enabled, 0};
+  for (uint64_t seed = 701; seed <= 706; ++seed) {
+    const int64_t n0 = sm90::sdpa_fwd_paged_launches();
+    run_case(random_sm90_paged_bias_case(seed));
     EXPECT_EQ(sm90::sdpa_fwd_paged_launches(), n0);
     if (::testing::Test::HasFailure()) return;
   }

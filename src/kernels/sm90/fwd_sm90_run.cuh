@@ -138,26 +138,53 @@ void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& m
   });
 }
 
-// The SDPA forward over paged K/V caches (kernel_fwd_sm90.cuh sdpa_fwd_paged_kernel_sm90, experimental): the
-// persistent grid over the AnalyticGrid's cells as run_sdpa_fwd_sm90's, the layout without the bias stage. 2
-// kernels a unit (fp16, bf16).
-template <int kDqk, int kDv>
-void run_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p, DType dtype, const CUtensorMap& mq,
-                             const CUtensorMap& mk, const CUtensorMap& mv, cudaStream_t s) {
+// The SDPA forward over paged K/V caches (kernel_fwd_sm90.cuh sdpa_fwd_paged_kernel_sm90, and for calls with a bias
+// sdpa_fwd_paged_bias_kernel_sm90, experimental, (128, 128) only: kBias): the persistent grid over the AnalyticGrid's
+// cells as run_sdpa_fwd_sm90's, the layout without the bias stage, or with it for the bias kernel. 2 kernels a
+// unit (fp16, bf16), 4 in the (128, 128) unit.
+template <int kDqk, int kDv, bool kBias>
+void run_sdpa_fwd_paged_sm90_of(const SdpaPagedFwdSm90Params& p, DType dtype, const CUtensorMap& mq,
+                                const CUtensorMap& mk, const CUtensorMap& mv, const CUtensorMap& mbias,
+                                cudaStream_t s) {
   using L = kern90::FwdSm90Layout<kDqk, kDv>;
+  constexpr int kSmem = kBias ? L::kBytesBias : L::kBytes;
+  static_assert(kSmem <= 232448, "sdpa paged forward (sm90): the bias stage does not fit");
   with_element_type(dtype, "sdpa paged forward (sm90)", [&](auto e) {
     using E = decltype(e);
-    auto kernel = kern90::sdpa_fwd_paged_kernel_sm90<kDqk, kDv, E>;
     static std::atomic<uint64_t> smem_set{0};
-    ensure_smem_limit(kernel, L::kBytes, smem_set,
-                      "sdpa paged forward (sm90): cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
     static std::atomic<int> ctas_cache[64];
-    const int ctas =
-        persistent_ctas(kernel, kern90::kThreads, L::kBytes, ctas_cache, "sdpa paged forward (sm90): persistent grid");
-    const int64_t items = int64_t(p.analytic.num_q_blocks) * p.num_heads_q * p.batch;
-    kernel<<<unsigned(std::min<int64_t>(ctas, items)), kern90::kThreads, L::kBytes, s>>>(p, mq, mk, mv);
+    auto go = [&](auto kernel, auto... bias_map) {
+      ensure_smem_limit(kernel, kSmem, smem_set,
+                        "sdpa paged forward (sm90): cudaFuncSetAttribute(MaxDynamicSharedMemorySize)");
+      const int ctas =
+          persistent_ctas(kernel, kern90::kThreads, kSmem, ctas_cache, "sdpa paged forward (sm90): persistent grid");
+      const int64_t items = int64_t(p.analytic.num_q_blocks) * p.num_heads_q * p.batch;
+      kernel<<<unsigned(std::min<int64_t>(ctas, items)), kern90::kThreads, kSmem, s>>>(p, mq, mk, mv, bias_map...);
+    };
+    if constexpr (kBias) {
+      go(kern90::sdpa_fwd_paged_bias_kernel_sm90<kDqk, kDv, E>, mbias);
+    } else {
+      (void)mbias;
+      go(kern90::sdpa_fwd_paged_kernel_sm90<kDqk, kDv, E>);
+    }
     check_launch("sdpa paged forward (sm90)");
   });
+}
+
+template <int kDqk, int kDv>
+void run_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p, DType dtype, const CUtensorMap& mq,
+                             const CUtensorMap& mk, const CUtensorMap& mv, const CUtensorMap& mbias, cudaStream_t s) {
+  if constexpr (kDqk == 128 && kDv == 128) {
+    if (p.analytic.bias.bias != nullptr) {
+      run_sdpa_fwd_paged_sm90_of<kDqk, kDv, true>(p, dtype, mq, mk, mv, mbias, s);
+      return;
+    }
+  } else {
+    // (launch_sdpa_fwd_paged_sm90 runs every call with a bias on the (128, 128) bias kernel.)
+    FS_CHECK(p.analytic.bias.bias == nullptr, Status::kInternal,
+             "sdpa paged forward (sm90): a bias reached a kernel without the bias");
+  }
+  run_sdpa_fwd_paged_sm90_of<kDqk, kDv, false>(p, dtype, mq, mk, mv, mbias, s);
 }
 
 // The SDPA FP8 forward (kernel_fwd_sm90.cuh sdpa_fp8_fwd_kernel_sm90, experimental): p as
@@ -183,7 +210,8 @@ void run_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p, const CUtensorMap& mq, con
 
 #define FLASHSPAN_SM90_SDPA_FWD_PAGED_INSTANTIATE(D)                                                               \
   template void run_sdpa_fwd_paged_sm90<D, D>(const SdpaPagedFwdSm90Params&, DType, const CUtensorMap&,           \
-                                              const CUtensorMap&, const CUtensorMap&, cudaStream_t);
+                                              const CUtensorMap&, const CUtensorMap&, const CUtensorMap&,          \
+                                              cudaStream_t);
 
 #define FLASHSPAN_SM90_SDPA_FP8_FWD_INSTANTIATE(D)                                                                 \
   template void run_sdpa_fp8_fwd_sm90<D, D>(const SdpaFp8FwdParams&, const CUtensorMap&, const CUtensorMap&,       \

@@ -35,10 +35,11 @@ void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& m
                        const CUtensorMap& mv, const CUtensorMap& mbias, cudaStream_t s);
 // Launches the SDPA forward over paged K/V caches of kernel head dims (kD, kD), 64 or 128 (units
 // sdpa_fwd_paged_sm90_d{64,128}.cu; kernel_fwd_sm90.cuh sdpa_fwd_paged_kernel_sm90, experimental): p as
-// launch_sdpa_fwd_paged_sm90 completes it, mk / mv the containers' maps (or a contiguous side's own).
+// launch_sdpa_fwd_paged_sm90 completes it, mk / mv the containers' maps (or a contiguous side's own), mbias a staged
+// 16-bit bias's map (experimental; when SdpaBiasParams::chunks is set, else any bytes).
 template <int kDqk, int kDv>
 void run_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p, DType dtype, const CUtensorMap& mq,
-                             const CUtensorMap& mk, const CUtensorMap& mv, cudaStream_t s);
+                             const CUtensorMap& mk, const CUtensorMap& mv, const CUtensorMap& mbias, cudaStream_t s);
 // Launches the SDPA FP8 forward kernel of kernel head dims (kD, kD), 64 or 128 (units
 // sdpa_fp8_fwd_sm90_d{64,128}.cu): p as launch_sdpa_fp8_fwd_sm90 completes it, mvt the map of the
 // V^T workspace the pre-pass wrote (launch_sdpa_fp8_vt_sm90, before it on the stream).

@@ -201,6 +201,8 @@ template <class L>
 struct AnalyticDropSourceSm90;
 template <class L>
 struct AnalyticPagedSourceSm90;
+template <class L>
+struct AnalyticPagedBiasSourceSm90;
 
 #if defined(__CUDA_ARCH__)
 
@@ -475,9 +477,9 @@ struct AnalyticDropSourceSm90 : AnalyticModSourceSm90<L> {
 
 // SDPA over paged K/V caches (sdpa_fwd_paged_kernel_sm90, on by default: dispatch's sdpa_sm90_paged_enabled;
 // params.h SdpaPagedFwdSm90Params): the modifiers' source without the bias (softcap, ALiBi, sinks, the gate,
-// score_max / score_sum_exp and the block_mask as run-time flags; the bias and dropout keep the sm80 paged
-// kernel), its K and V boxes placed by the paged address role (kv_addr.cuh PagedKv, TMA form: the producer's
-// load_paged_block) instead of ContiguousKv. Q padded, or packed (THD; experimental, dispatch's
+// score_max / score_sum_exp and the block_mask as run-time flags; the bias: AnalyticPagedBiasSourceSm90 below,
+// experimental; dropout keeps the sm80 paged kernel), its K and V boxes placed by the paged address role
+// (kv_addr.cuh PagedKv, TMA form: the producer's load_paged_block) instead of ContiguousKv. Q padded, or packed (THD; experimental, dispatch's
 // sdpa_sm90_paged_thd_enabled) through its per-sample map (kSampleMaps: the unpaged kernels' producer path, q's map
 // alone); O, the stats and the gate padded or packed at the samples' starts (the analytic source's rows, a run-time
 // answer). Rows of a last key block past the sample's keys (other samples' rows, or anything, in a page) are masked
@@ -488,6 +490,24 @@ struct AnalyticPagedSourceSm90 : AnalyticModNoBiasSourceSm90<L> {
 
   __device__ __forceinline__ static AnalyticPagedSourceSm90 item(const FwdParams& p, const WorkItem& it) {
     return AnalyticPagedSourceSm90{{AnalyticModNoBiasSourceSm90<L>::item(p, it)}};
+  }
+  __device__ __forceinline__ static const SdpaPagedFwdSm90Params& paged(const FwdParams& p) {
+    return static_cast<const SdpaPagedFwdSm90Params&>(p);
+  }
+};
+
+// The same with the additive bias (sdpa_fwd_paged_bias_kernel_sm90, (128, 128) only; experimental: dispatch's
+// sdpa_sm90_paged_bias_enabled): the modifiers' source with the bias, whose staging (load_bias: a 16-bit bias of
+// whole aligned rows by TMA per key block, FwdSm90Layout::kBiasStage) and element-wise reads hold as they are, the
+// bias indexing keys by their position in the sample, not through the pages. An instantiation of its own: as the
+// paged source's base (one kernel for calls with and without a bias) it added 12 / 32 B (D = 128) and 16 / 32 B
+// (D = 64) of spill stores / loads to the 24-register producer of the calls without one (PERF_LOG v2.53).
+template <class L>
+struct AnalyticPagedBiasSourceSm90 : AnalyticModSourceSm90<L> {
+  static constexpr bool kPaged = true;
+
+  __device__ __forceinline__ static AnalyticPagedBiasSourceSm90 item(const FwdParams& p, const WorkItem& it) {
+    return AnalyticPagedBiasSourceSm90{{AnalyticModSourceSm90<L>::item(p, it)}};
   }
   __device__ __forceinline__ static const SdpaPagedFwdSm90Params& paged(const FwdParams& p) {
     return static_cast<const SdpaPagedFwdSm90Params&>(p);
@@ -1104,6 +1124,23 @@ __global__ void __launch_bounds__(kThreads, 1)
                                const __grid_constant__ CUtensorMap tm_v) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   fwd_sm90_body<kDqk, kDv, E, true, true, AnalyticPagedSourceSm90>(p, &tm_q, &tm_k, &tm_v);
+#else
+  __trap();
+#endif
+}
+
+// The paged forward with the additive bias (experimental; AnalyticPagedBiasSourceSm90): the kernel above with the
+// modifiers' source with the bias, (128, 128) only (unit sdpa_fwd_paged_sm90_d128.cu; the launcher runs every paged
+// call with a bias on it, head dims up to 128, the layout's kBytesBias), fp16 / bf16; tm_bias: a staged 16-bit bias's
+// map, as sdpa_fwd_kernel_sm90's (read only when SdpaBiasParams::chunks is set, else any bytes).
+template <int kDqk, int kDv, class E>
+__global__ void __launch_bounds__(kThreads, 1)
+    sdpa_fwd_paged_bias_kernel_sm90(const __grid_constant__ SdpaPagedFwdSm90Params p,
+                                    const __grid_constant__ CUtensorMap tm_q, const __grid_constant__ CUtensorMap tm_k,
+                                    const __grid_constant__ CUtensorMap tm_v,
+                                    const __grid_constant__ CUtensorMap tm_bias) {
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  fwd_sm90_body<kDqk, kDv, E, true, true, AnalyticPagedBiasSourceSm90>(p, &tm_q, &tm_k, &tm_v, &tm_bias);
 #else
   __trap();
 #endif

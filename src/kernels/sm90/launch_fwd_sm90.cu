@@ -207,7 +207,8 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
 }
 
 void launch_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p_in, const TensorView& q, const TensorView& k,
-                                const TensorView& v, DType dtype, void* maps, size_t maps_bytes, cudaStream_t stream) {
+                                const TensorView& v, const TensorView* bias, DType dtype, void* maps,
+                                size_t maps_bytes, cudaStream_t stream) {
   SdpaPagedFwdSm90Params p = p_in;
   const TileSm90 t = tile_sm90(p.head_dqk, p.head_dv);
   const AnalyticMaskParams& a = p.analytic;
@@ -221,7 +222,7 @@ void launch_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p_in, const Tensor
   };
   FS_CHECK(sdpa_fwd_runs_head_dims_sm90(p.head_dqk, p.head_dv) && t.dqk_tile <= 128 && p.pack == 1 &&
                p.split_schedule == 0 && !ragged_kv && a.dropout.mode == 0 && a.dropout.rng_dump == nullptr &&
-               a.bias.bias == nullptr && p.bad_samples != nullptr &&
+               p.bad_samples != nullptr &&
                side_ok(p.paged_k, k) && side_ok(p.paged_v, v),
            Status::kInternal, "sdpa paged forward (sm90): unsupported configuration reached the launcher (D ",
            p.head_dqk, "/", p.head_dv, ")");
@@ -260,10 +261,22 @@ void launch_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p_in, const Tensor
   };
   const CUtensorMap mk = side_map(k, p.paged_k, "k");
   const CUtensorMap mv = side_map(v, p.paged_v, "v");
-  if (t.dqk_tile == 64) {
-    run_sdpa_fwd_paged_sm90<64, 64>(p, dtype, mq, mk, mv, stream);
+  // The additive bias (experimental: dispatch's sdpa_sm90_paged_bias_enabled) as launch_sdpa_fwd_sm90 takes it: it
+  // indexes keys by their position in the sample, not through the pages, so a 16-bit bias of whole aligned rows is
+  // staged by the producer through its own map (kernel_fwd_sm90.cuh load_bias), any other read element by element.
+  CUtensorMap mbias{};
+  if (p.analytic.bias.chunks != 0) {
+    FS_CHECK(bias != nullptr, Status::kInternal, "sdpa paged forward (sm90): a staged bias without its descriptor");
+    if (!make_tensor_map_bias_sm90(*bias, p.analytic.bias.row_stride == 0 ? 1 : t.fwd_bq, &mbias)) {
+      p.analytic.bias.chunks = 0;
+    }
+  }
+  // The bias kernel is the (128, 128) one's alone (fwd_sm90_run.cuh run_sdpa_fwd_paged_sm90): smaller head dims with
+  // a bias run on it (the maps' zero fill past the true dims, as the unpaged kernels' D = 72 .. 120).
+  if (t.dqk_tile == 64 && a.bias.bias == nullptr) {
+    run_sdpa_fwd_paged_sm90<64, 64>(p, dtype, mq, mk, mv, mbias, stream);
   } else {
-    run_sdpa_fwd_paged_sm90<128, 128>(p, dtype, mq, mk, mv, stream);
+    run_sdpa_fwd_paged_sm90<128, 128>(p, dtype, mq, mk, mv, mbias, stream);
   }
   launch_sample_poison_sm90(p, dtype, p.bad_samples, stream);
 }

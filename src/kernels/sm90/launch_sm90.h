@@ -62,8 +62,10 @@ int64_t sdpa_fwd_drop_launches();
 // SDPA forward over paged K/V caches (kernel_fwd_sm90.cuh sdpa_fwd_paged_kernel_sm90; on by default,
 // dispatch/sdpa_launch.h sdpa_sm90_paged_enabled), for the calls sdpa_fwd_sm90_paged_refusal accepts: p as
 // sdpa_paged_fwd_params_sm90 fills it (q / o / stats / gate padded, or packed (experimental,
-// sdpa_sm90_paged_thd_enabled), k / v without ragged offsets, head dims up to 128, no bias or dropout, pages of
-// 8 keys or more, bad_samples: B int32 of the workspace); q the [B, H, S, D] descriptor (packed: its samples at
+// sdpa_sm90_paged_thd_enabled), k / v without ragged offsets, head dims up to 128, no dropout (a bias experimental,
+// sdpa_sm90_paged_bias_enabled: bias its descriptor, as launch_sdpa_fwd_sm90's, null without one; such calls run
+// on the (128, 128) bias kernel, kernel_fwd_sm90.cuh sdpa_fwd_paged_bias_kernel_sm90, whatever their head dims),
+// pages of 8 keys or more, bad_samples: B int32 of the workspace); q the [B, H, S, D] descriptor (packed: its samples at
 // their ragged starts), k / v the containers [num_pages, H, page_size, D] of a paged side (a map
 // (column, row, head, page) with boxes of min(page_size, 128) rows) or a side's own [B, H, S, D] descriptor;
 // maps / maps_bytes: packed q's per-sample maps' part of the workspace (sample_maps_sm90.h, kSampleMapsFwd slots a
@@ -72,7 +74,8 @@ int64_t sdpa_fwd_drop_launches();
 // then writes NaN over the O and stats rows of every flagged sample: one of whose page-table entries that the kernel
 // read lay outside its container, or whose q start was not aligned (launch_sample_poison_sm90).
 void launch_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p, const TensorView& q, const TensorView& k,
-                                const TensorView& v, DType dtype, void* maps, size_t maps_bytes, cudaStream_t stream);
+                                const TensorView& v, const TensorView* bias, DType dtype, void* maps,
+                                size_t maps_bytes, cudaStream_t stream);
 // Calls of launch_sdpa_fwd_paged_sm90 in this process so far (tests check which kernel ran).
 int64_t sdpa_fwd_paged_launches();
 
