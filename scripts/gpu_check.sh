@@ -249,6 +249,15 @@ cpp_suite() {
     gtest_run "gtest sdpa sm90-paged-thd" gtest_sdpa_sm90_paged_thd.log env FLASHSPAN_SM90_SDPA_PAGED_THD=1 "$tests" \
       --gtest_brief=1 --gtest_filter='SdpaPagedGpu.PrefillRandom:SdpaPagedGpu.SanitizerSmall:SdpaPaged.*'
   fi
+  # Experimental (not yet run on a GPU): the additive bias on the sm90 paged forward (FLASHSPAN_SM90_SDPA_PAGED_BIAS=1;
+  # its Sm90PagedBias* tests force it on in the runs above): the paged bias tests that do not force it, once with it on
+  # (BiasRandom's and FeaturePairsSanitizerSmall's prefill cases with pages of 8 keys or more then run on the sm90
+  # paged forward's bias kernel), and the rule's CPU tests with the environment's answer.
+  if "$tests" --gtest_list_tests --gtest_filter='SdpaPagedGpu.Sm90PagedBias*' 2>/dev/null | grep -q '^  '; then
+    gtest_run "gtest sdpa sm90-paged-bias" gtest_sdpa_sm90_paged_bias.log env FLASHSPAN_SM90_SDPA_PAGED_BIAS=1 \
+      "$tests" --gtest_brief=1 \
+      --gtest_filter='SdpaPagedGpu.BiasRandom:SdpaPagedGpu.DropoutRandom:SdpaPagedGpu.FeaturePairsSanitizerSmall:SdpaPaged.*'
+  fi
 
   # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one. Missing sanitizer = failure.
   #    Experimental paths (FLASHSPAN_EXPERIMENTAL=1) are not switched on here: their tests force their switch
@@ -277,11 +286,13 @@ cpp_suite() {
   #    Paged K/V on the sm90 forward is on by default too (FLASHSPAN_SM90_SDPA_PAGED=0 keeps the sm80 paged kernel: the
   #    "memcheck sm80-paged" step); SdpaPagedGpu.Sm90PagedSanitizerSmall, Sm90PagedBadEntryIsNaN force it on. Packed
   #    (THD) q / o / stats on it (experimental, FLASHSPAN_SM90_SDPA_PAGED_THD): SdpaPagedGpu.Sm90PagedThdSanitizerSmall,
-  #    Sm90PagedThdBadEntryIsNaN force their switch on (memcheck; the first under synccheck too).
+  #    Sm90PagedThdBadEntryIsNaN force their switch on (memcheck; the first under synccheck too). The bias on it
+  #    (experimental, FLASHSPAN_SM90_SDPA_PAGED_BIAS): SdpaPagedGpu.Sm90PagedBiasSanitizerSmall forces its switch on
+  #    (memcheck and synccheck).
   if [ "${GPU_CHECK_NO_SANITIZER:-0}" = 1 ]; then
     waive "memcheck + racecheck + synccheck" "GPU_CHECK_NO_SANITIZER=1"
   elif command -v compute-sanitizer >/dev/null; then
-    filt=${GPU_CHECK_SANITIZER_FILTER:-'FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:FlexGpuSm90.PackedGqaSanitizer:FlexGpu.PackedGqaGridAndNoWorkspace:PlannerGpu.ThdWithEmptySamples:PlannerGpu.RandomMasksGqaPerHead:SdpaGpu.SanitizerSmall:SdpaGpu.Sm90ForwardSanitizerSmall:SdpaGpu.Sm90ForwardThdSanitizerSmall:SdpaGpu.Sm90BackwardThdSanitizerSmall:SdpaGpu.Sm90ForwardModsSanitizerSmall:SdpaGpu.Sm90ForwardBiasStaged:SdpaGpu.Sm90BackwardBiasStaged:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaGpu.PairedPreprocessExperimental:SdpaGpu.Sm90BackwardWide192SanitizerSmall:SdpaGpu.Sm90BackwardModsSanitizerSmall:SdpaGpu.Sm90BackwardHkNeHvSanitizerSmall:SdpaGpu.Sm90DropoutSanitizerSmall:SdpaFp8Gpu.Sm90ForwardSanitizerSmall:SdpaFp8Gpu.Sm90ForwardThdSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSm90SanitizerSmall:SdpaFp8Gpu.Fp8BackwardSm90StorePassSanitizerSmall:SdpaFp8Gpu.Sm80ForwardSanitizerSmall:SdpaPagedGpu.SanitizerSmall:SdpaPagedGpu.FeaturePairsSanitizerSmall:SdpaGpu.FeaturePairsSanitizerSmall:SdpaGpu.DecodeSanitizerSmall:SdpaPagedGpu.PagedBadEntryIsNaN:SdpaPagedGpu.Sm90PagedSanitizerSmall:SdpaPagedGpu.Sm90PagedBadEntryIsNaN:SdpaPagedGpu.Sm90PagedThdSanitizerSmall:SdpaPagedGpu.Sm90PagedThdBadEntryIsNaN:RolesGpu.*'}
+    filt=${GPU_CHECK_SANITIZER_FILTER:-'FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:FlexGpuSm90.PackedGqaSanitizer:FlexGpu.PackedGqaGridAndNoWorkspace:PlannerGpu.ThdWithEmptySamples:PlannerGpu.RandomMasksGqaPerHead:SdpaGpu.SanitizerSmall:SdpaGpu.Sm90ForwardSanitizerSmall:SdpaGpu.Sm90ForwardThdSanitizerSmall:SdpaGpu.Sm90BackwardThdSanitizerSmall:SdpaGpu.Sm90ForwardModsSanitizerSmall:SdpaGpu.Sm90ForwardBiasStaged:SdpaGpu.Sm90BackwardBiasStaged:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaGpu.PairedPreprocessExperimental:SdpaGpu.Sm90BackwardWide192SanitizerSmall:SdpaGpu.Sm90BackwardModsSanitizerSmall:SdpaGpu.Sm90BackwardHkNeHvSanitizerSmall:SdpaGpu.Sm90DropoutSanitizerSmall:SdpaFp8Gpu.Sm90ForwardSanitizerSmall:SdpaFp8Gpu.Sm90ForwardThdSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSm90SanitizerSmall:SdpaFp8Gpu.Fp8BackwardSm90StorePassSanitizerSmall:SdpaFp8Gpu.Sm80ForwardSanitizerSmall:SdpaPagedGpu.SanitizerSmall:SdpaPagedGpu.FeaturePairsSanitizerSmall:SdpaGpu.FeaturePairsSanitizerSmall:SdpaGpu.DecodeSanitizerSmall:SdpaPagedGpu.PagedBadEntryIsNaN:SdpaPagedGpu.Sm90PagedSanitizerSmall:SdpaPagedGpu.Sm90PagedBadEntryIsNaN:SdpaPagedGpu.Sm90PagedThdSanitizerSmall:SdpaPagedGpu.Sm90PagedThdBadEntryIsNaN:SdpaPagedGpu.Sm90PagedBiasSanitizerSmall:RolesGpu.*'}
     gtest_run "memcheck" memcheck.log compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" --gtest_filter="$filt"
     # The sm80 kernels' packed (THD) route, which the sm90 one took over by default (FLASHSPAN_SM90_SDPA_THD=0 keeps it):
     # SdpaGpu.SanitizerSmall's packed cases on it.
@@ -299,7 +310,7 @@ cpp_suite() {
     gtest_run "racecheck" racecheck.log compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" \
       --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:PlannerGpu.ThdWithEmptySamples:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaGpu.Sm90BackwardWide192SanitizerSmall:SdpaFp8Gpu.Sm90ForwardSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSm90SanitizerSmall:SdpaFp8Gpu.Fp8BackwardSm90StorePassSanitizerSmall:SdpaFp8Gpu.Sm80ForwardSanitizerSmall}"
     gtest_run "synccheck (sm90)" synccheck.log compute-sanitizer --tool synccheck --error-exitcode 3 "$tests" \
-      --gtest_filter='FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:SdpaPagedGpu.Sm90PagedSanitizerSmall:SdpaPagedGpu.Sm90PagedThdSanitizerSmall:SdpaGpu.Sm90ForwardThdSanitizerSmall:SdpaGpu.Sm90BackwardThdSanitizerSmall:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaGpu.Sm90BackwardWide192SanitizerSmall:SdpaFp8Gpu.Sm90ForwardSanitizerSmall:SdpaFp8Gpu.Sm90ForwardThdSanitizerSmall:SdpaGpu.Sm90DropoutSanitizerSmall:SdpaGpu.Sm90BackwardHkNeHvSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSm90SanitizerSmall'
+      --gtest_filter='FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:SdpaPagedGpu.Sm90PagedSanitizerSmall:SdpaPagedGpu.Sm90PagedThdSanitizerSmall:SdpaPagedGpu.Sm90PagedBiasSanitizerSmall:SdpaGpu.Sm90ForwardThdSanitizerSmall:SdpaGpu.Sm90BackwardThdSanitizerSmall:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaGpu.Sm90BackwardWide192SanitizerSmall:SdpaFp8Gpu.Sm90ForwardSanitizerSmall:SdpaFp8Gpu.Sm90ForwardThdSanitizerSmall:SdpaGpu.Sm90DropoutSanitizerSmall:SdpaGpu.Sm90BackwardHkNeHvSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSm90SanitizerSmall'
   else
     fail "compute-sanitizer" "compute-sanitizer not found (PATH=$PATH): the memcheck / racecheck steps cannot run"
   fi
