@@ -334,6 +334,26 @@ std::string sm90_paged_refusal(const PagedCase& c) {
   return r == nullptr ? "" : r;
 }
 
+// A case of an experimental path's GPU tests on the sm90 paged forward: taken by the rule with the path's switch on
+// (`set`: 1), refused with `off_refusal` (naming the switch) with it off, and not a decode call (the decode forward
+// would take it first). Returns false (after reporting) otherwise.
+bool taken_only_with_switch(const PagedCase& c, void (*set)(int), const std::string& off_refusal) {
+  HostCall call(c, DeviceType::kCUDA);
+  std::string on_answer, off_answer;
+  {
+    const ScopedSwitch on(set, 1);
+    on_answer = sm90_paged_refusal(c);
+  }
+  {
+    const ScopedSwitch off(set, 0);
+    off_answer = sm90_paged_refusal(c);
+  }
+  EXPECT_EQ(on_answer, "") << c.str();
+  EXPECT_EQ(off_answer, off_refusal) << c.str();
+  EXPECT_NE(sdpa_decode_refusal(call.p), nullptr) << c.str();
+  return on_answer.empty() && off_answer == off_refusal && sdpa_decode_refusal(call.p) != nullptr;
+}
+
 // The base case of the sm90 paged rule's tests (Sm90PagedRule, Sm90PagedThdRule): B samples, GQA with H_k != H_v,
 // K pages of 16 keys in a packed table, V pages of 256, bottom-right causal.
 PagedCase sm90_rule_case(uint64_t seed, int64_t B) {
@@ -559,15 +579,7 @@ TEST(SdpaPaged, Sm90ThdGpuCasesAreTakenByTheRule) {
   for (uint64_t seed = 601; seed <= 660; ++seed) {
     const PagedCase c = random_sm90_paged_thd_case(seed);
     HostCall call(c, DeviceType::kCUDA);
-    {
-      const ScopedSwitch on(set_sdpa_sm90_paged_thd_enabled, 1);
-      ASSERT_EQ(sm90_paged_refusal(c), "") << c.str();
-    }
-    {
-      const ScopedSwitch off(set_sdpa_sm90_paged_thd_enabled, 0);
-      ASSERT_EQ(sm90_paged_refusal(c), kPagedThdOff) << c.str();
-    }
-    ASSERT_NE(sdpa_decode_refusal(call.p), nullptr) << c.str();
+    ASSERT_TRUE(taken_only_with_switch(c, set_sdpa_sm90_paged_thd_enabled, kPagedThdOff));
     ASSERT_TRUE(c.thd_q) << c.str();
     if (call.d.len_q[size_t(c.B - 1)] == 0) seen.insert("sample without queries");
     if (call.d.len_kv[0] == 0) seen.insert("sample without keys");
@@ -717,15 +729,7 @@ TEST(SdpaPaged, Sm90BiasGpuCasesAreTakenByTheRule) {
   for (uint64_t seed = 701; seed <= 748; ++seed) {
     const PagedCase c = random_sm90_paged_bias_case(seed);
     HostCall call(c, DeviceType::kCUDA);
-    {
-      const ScopedSwitch on(set_sdpa_sm90_paged_bias_enabled, 1);
-      ASSERT_EQ(sm90_paged_refusal(c), "") << c.str();
-    }
-    {
-      const ScopedSwitch off(set_sdpa_sm90_paged_bias_enabled, 0);
-      ASSERT_EQ(sm90_paged_refusal(c), kPagedBiasOff) << c.str();
-    }
-    ASSERT_NE(sdpa_decode_refusal(call.p), nullptr) << c.str();
+    ASSERT_TRUE(taken_only_with_switch(c, set_sdpa_sm90_paged_bias_enabled, kPagedBiasOff));
     ASSERT_GT(c.bias, 0) << c.str();
     seen.insert("form " + std::to_string(c.bias));
     const SdpaBiasParams bp = sdpa_paged_fwd_params(call.p).analytic.bias;
