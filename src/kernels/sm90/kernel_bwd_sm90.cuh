@@ -828,6 +828,16 @@ __device__ __forceinline__ BwdItem take_bwd_item(uint32_t bars, const uint8_t* s
 // zeroed slot: shared by a split task's items when non-deterministic; SDPA's H_k != H_v slots).
 __device__ __forceinline__ bool split_slot_owned(const BwdParams& p) { return p.det_own_slots != 0; }
 
+// An element pair (a: 8-byte aligned) of a split slot: stored when the slot is the item's own (split_slot_owned),
+// else added with fp32 atomics. (dkdv_epilogue_t3 branches once for its dK and dV elements.)
+__device__ __forceinline__ void slot_put2(bool own, float* a, float x, float y) {
+  if (own) {
+    *reinterpret_cast<float2*>(a) = make_float2(x, y);
+  } else {
+    kern::atomic_add_f32x2(a, x, y);
+  }
+}
+
 // Epilogue of a work item: the thread holds dK / dV of keys key_thr and key_thr + 8 of the key
 // block (rows of its m64nN accumulators), n8 blocks n at columns colk(n) / colv(n) + 2 qd (+1)
 // (key split: keys 64c + 16w + g, every column; column split: keys 16w + g, the warpgroup's
@@ -861,20 +871,10 @@ __device__ __forceinline__ void dkdv_epilogue_sm90(const BwdParams& p, const Bwd
 #pragma unroll
         for (int n = 0; n < kN; ++n) {
           if (n < kNK && (!kCallSlots || colk(n) < p.head_dqk)) {
-            float* a = dka + int64_t(key) * ldk + colk(n) + 2 * qd;
-            if (own) {
-              *reinterpret_cast<float2*>(a) = make_float2(dk[n][2 * hi], dk[n][2 * hi + 1]);
-            } else {
-              kern::atomic_add_f32x2(a, dk[n][2 * hi], dk[n][2 * hi + 1]);
-            }
+            slot_put2(own, dka + int64_t(key) * ldk + colk(n) + 2 * qd, dk[n][2 * hi], dk[n][2 * hi + 1]);
           }
           if (n < kNV && (!kCallSlots || colv(n) < p.head_dv)) {
-            float* a = dva + int64_t(key) * ldv + colv(n) + 2 * qd;
-            if (own) {
-              *reinterpret_cast<float2*>(a) = make_float2(dv[n][2 * hi], dv[n][2 * hi + 1]);
-            } else {
-              kern::atomic_add_f32x2(a, dv[n][2 * hi], dv[n][2 * hi + 1]);
-            }
+            slot_put2(own, dva + int64_t(key) * ldv + colv(n) + 2 * qd, dv[n][2 * hi], dv[n][2 * hi + 1]);
           }
         }
       }
