@@ -51,6 +51,19 @@ const bool g_packed_env = [] {
   const char* e = std::getenv("FLASHSPAN_SM90_PACK_GQA");
   return !(e != nullptr && std::strcmp(e, "0") == 0);
 }();
+
+// The map of a staged SDPA bias (kernel_fwd_sm90.cuh load_bias: a 16-bit bias of whole aligned rows, bp.chunks set),
+// boxes of the query block's rows or, broadcast over rows, of row 0; where the driver refuses the map (a layout TMA
+// cannot describe) bp.chunks is cleared and the kernel reads the bias element by element. Any bytes when nothing is
+// staged. `bias`: the bias's descriptor (required when staged); `what` names the caller in the internal error.
+CUtensorMap staged_bias_map(SdpaBiasParams& bp, const TensorView* bias, int block_q, const char* what) {
+  CUtensorMap m{};
+  if (bp.chunks != 0) {
+    FS_CHECK(bias != nullptr, Status::kInternal, what, ": a staged bias without its descriptor");
+    if (!make_tensor_map_bias_sm90(*bias, bp.row_stride == 0 ? 1 : block_q, &m)) bp.chunks = 0;
+  }
+  return m;
+}
 }  // namespace
 
 void set_fwd_packed_enabled(int on) { g_packed_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
@@ -167,16 +180,8 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
     sample_flags = launch_sample_maps_sm90(job, p.batch, workspace, stream);
     p.analytic.sample_maps = workspace;
   }
-  // A 16-bit bias of whole aligned rows is staged by the producer (kernel_fwd_sm90.cuh load_bias): its
-  // map, boxes of the block's 128 rows or, broadcast over rows, of row 0; where the driver refuses the
-  // map (a layout TMA cannot describe) the kernel reads it element by element.
-  CUtensorMap mbias{};
-  if (p.analytic.bias.chunks != 0) {
-    FS_CHECK(bias != nullptr, Status::kInternal, "sdpa forward (sm90): a staged bias without its descriptor");
-    if (!make_tensor_map_bias_sm90(*bias, p.analytic.bias.row_stride == 0 ? 1 : t.fwd_bq, &mbias)) {
-      p.analytic.bias.chunks = 0;
-    }
-  }
+  // A 16-bit bias of whole aligned rows is staged by the producer (kernel_fwd_sm90.cuh load_bias).
+  const CUtensorMap mbias = staged_bias_map(p.analytic.bias, bias, t.fwd_bq, "sdpa forward (sm90)");
   // The instantiation with the score modifiers, sinks and epilogue options when the call has any
   // (sdpa_family.cpp lets them through unless FLASHSPAN_SM90_SDPA_MODS=0, head dims up to 128), the one
   // with dropout besides when it has dropout (sdpa_family.cpp: unless FLASHSPAN_SM90_SDPA_DROPOUT=0), else
@@ -264,13 +269,7 @@ void launch_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p_in, const Tensor
   // The additive bias (experimental: dispatch's sdpa_sm90_paged_bias_enabled) as launch_sdpa_fwd_sm90 takes it: it
   // indexes keys by their position in the sample, not through the pages, so a 16-bit bias of whole aligned rows is
   // staged by the producer through its own map (kernel_fwd_sm90.cuh load_bias), any other read element by element.
-  CUtensorMap mbias{};
-  if (p.analytic.bias.chunks != 0) {
-    FS_CHECK(bias != nullptr, Status::kInternal, "sdpa paged forward (sm90): a staged bias without its descriptor");
-    if (!make_tensor_map_bias_sm90(*bias, p.analytic.bias.row_stride == 0 ? 1 : t.fwd_bq, &mbias)) {
-      p.analytic.bias.chunks = 0;
-    }
-  }
+  const CUtensorMap mbias = staged_bias_map(p.analytic.bias, bias, t.fwd_bq, "sdpa paged forward (sm90)");
   // The bias kernel is the (128, 128) one's alone (fwd_sm90_run.cuh run_sdpa_fwd_paged_sm90): smaller head dims with
   // a bias run on it (the maps' zero fill past the true dims, as the unpaged kernels' D = 72 .. 120).
   if (t.dqk_tile == 64 && a.bias.bias == nullptr) {
