@@ -325,17 +325,19 @@ void launch_flex_bwd(const FlexBwdLaunch& a) {
 
   if (run_sm90) {
     p.dq_blocked = 1;
+    // The L2 rule of the head order (16-bit): the non-deterministic cell order's, and (experimental) the
+    // deterministic list's heads slowest (BwdParams::det_band) when its switch leaves the band to the rule.
+    auto heads_slowest_by_l2 = [&] {
+      return sm90::bwd_cell_order_sm90(g.total_q, g.head_dim_qk, g.head_dim_v, 2, l2_cache_bytes());
+    };
     bool cell_order = false;
-    // The L2 rule of both lists' head order: the non-deterministic cell order, and (experimental) the deterministic
-    // list's heads slowest (BwdParams::det_band) when its switch leaves it to the rule.
-    const int det_band = a.deterministic ? sm90::bwd_det_band_forced() : 1;  // 0: the rule
-    const int forced = a.deterministic ? (det_band == 0 ? -1 : 0) : sm90::bwd_cell_order_forced();
-    const int l2 = forced < 0 ? l2_cache_bytes() : 0;
-    const bool heads_slowest =
-        forced >= 0 ? forced == 1
-                    : sm90::bwd_cell_order_sm90(g.total_q, g.head_dim_qk, g.head_dim_v, 2, l2);  // 16-bit
-    if (!a.deterministic) cell_order = heads_slowest;
-    if (a.deterministic) p.det_band = det_band > 0 ? det_band : heads_slowest ? kDetBandAll : 1;
+    if (a.deterministic) {
+      const int band = sm90::bwd_det_band_forced();  // 0: the rule
+      p.det_band = band > 0 ? band : heads_slowest_by_l2() ? kDetBandAll : 1;
+    } else {
+      const int forced = sm90::bwd_cell_order_forced();
+      cell_order = forced >= 0 ? forced == 1 : heads_slowest_by_l2();
+    }
     if (a.deterministic || cell_order) {
       // Deterministic: every key block of every kv head in descending order, heads fastest or
       // (experimental, BwdParams::det_band) in bands head by head (the cells are the split schedule's

@@ -10,8 +10,9 @@
 //     split task, which its items add into with fp32 atomics; the chunk is split_chunk's
 //     (split_rule.h) for the run's persistent grid.
 //   deterministic (the sm90 backward, grid_mode = 1): the tasks are every cell (key block, kv
-//     head) in descending key-block order, heads fastest or (experimental) slowest
-//     (TileScheduler::cell_descending; its dQ tiles are added in descending key-block order); one slot per item, which that item alone writes; the
+//     head) in descending key-block order, heads fastest or (experimental) in bands head by
+//     head (TileScheduler::cell_descending, BwdParams::det_band; its dQ tiles are added in
+//     descending key-block order); one slot per item, which that item alone writes; the
 //     convert sums a task's slots in item order; the cut is split_cut_plan_only's (the
 //     same split on every GPU, whatever its SM count), so dK / dV are bitwise reproducible.
 //     An item of key block kb covers a disjoint range of its walk's (query head, query block)
