@@ -479,19 +479,20 @@ struct AnalyticDropSourceSm90 : AnalyticModSourceSm90<L> {
 
 // SDPA over paged K/V caches (AnalyticPagedSourceSm90, sdpa_fwd_paged_kernel_sm90, on by default: dispatch's
 // sdpa_sm90_paged_enabled; params.h SdpaPagedFwdSm90Params): the modifiers' source without the bias (softcap, ALiBi,
-// sinks, the gate, score_max / score_sum_exp and the block_mask as run-time flags; the bias: kBias below,
-// experimental; dropout keeps the sm80 paged kernel), its K and V boxes placed by the paged address role
-// (kv_addr.cuh PagedKv, TMA form: the producer's load_paged_block) instead of ContiguousKv. Q padded, or packed
-// (THD; experimental, dispatch's sdpa_sm90_paged_thd_enabled) through its per-sample map (kSampleMaps: the unpaged kernels' producer path, q's map
+// sinks, the gate, score_max / score_sum_exp and the block_mask as run-time flags; the bias: kBias below, experimental;
+// dropout keeps the sm80 paged kernel), its K and V boxes placed by the paged address role (kv_addr.cuh PagedKv, TMA
+// form: the producer's load_paged_block) instead of ContiguousKv. Q padded, or packed (THD; experimental, dispatch's
+// sdpa_sm90_paged_thd_enabled) through its per-sample map (kSampleMaps: the unpaged kernels' producer path, q's map
 // alone); O, the stats and the gate padded or packed at the samples' starts (the analytic source's rows, a run-time
-// answer). Rows of a last key block past the sample's keys (other samples' rows, or anything, in a page) are masked
-// in S and zeroed in V (zero_v_rows_past), as the unpaged kernels' padding.
-// kBias (AnalyticPagedBiasSourceSm90, as AnalyticModSourceSm90T's; sdpa_fwd_paged_bias_kernel_sm90, (128, 128) only; experimental: dispatch's
-// sdpa_sm90_paged_bias_enabled): the modifiers' source with the additive bias, whose staging (load_bias: a 16-bit bias
-// of whole aligned rows by TMA per key block, FwdSm90Layout::kBiasStage) and element-wise reads hold as they are, the
-// bias indexing keys by their position in the sample, not through the pages. An instantiation of its own: as the
-// paged source's base (one kernel for calls with and without a bias) it added 12 / 32 B (D = 128) and 16 / 32 B
-// (D = 64) of spill stores / loads to the 24-register producer of the calls without one (PERF_LOG v2.53).
+// answer). Rows of a last key block past the sample's keys (other samples' rows, or anything, in a page) are masked in
+// S and zeroed in V (zero_v_rows_past), as the unpaged kernels' padding.
+// kBias (AnalyticPagedBiasSourceSm90, as AnalyticModSourceSm90T's; sdpa_fwd_paged_bias_kernel_sm90, (128, 128) only;
+// experimental: dispatch's sdpa_sm90_paged_bias_enabled): the modifiers' source with the additive bias, whose staging
+// (load_bias: a 16-bit bias of whole aligned rows by TMA per key block, FwdSm90Layout::kBiasStage) and element-wise
+// reads hold as they are, the bias indexing keys by their position in the sample, not through the pages. An
+// instantiation of its own: as the paged source's base (one kernel for calls with and without a bias) it added 12 / 32
+// B (D = 128) and 16 / 32 B (D = 64) of spill stores / loads to the 24-register producer of the calls without one
+// (PERF_LOG v2.53).
 template <class L, bool kBias>
 struct AnalyticPagedSourceSm90T : AnalyticModSourceSm90T<L, kBias> {
   static constexpr bool kPaged = true;
