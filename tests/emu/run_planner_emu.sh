@@ -28,6 +28,7 @@ wait
 g++ "${FLAGS[@]}" -c "$ROOT/src/plan/planner_host.cpp" -o "$OUT/planner_host.o" &
 g++ "${FLAGS[@]}" -c "$ROOT/src/core/validation.cpp" -o "$OUT/validation.o" &
 g++ "${FLAGS[@]}" -c "$ROOT/src/dispatch/family.cpp" -o "$OUT/family.o" &
+g++ "${FLAGS[@]}" -c "$ROOT/src/kernels/sm90/switches_sm90.cpp" -o "$OUT/switches_sm90.o" &
 wait
 g++ "${FLAGS[@]}" -c "$ROOT/tests/cpp/test_planner_gpu.cpp" -o "$OUT/test_planner_gpu.o"
 g++ "$OUT"/*.o -lgtest -lgtest_main -pthread -o "$OUT/planner_emu_tests"

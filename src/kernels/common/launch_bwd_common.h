@@ -29,9 +29,8 @@
 namespace flashspan {
 
 // The preprocess kernels' form (bwd_prepost.cuh): bwd_preprocess_rows_paired when this answers true
-// (experimental, not yet run on a GPU: FLASHSPAN_EXPERIMENTAL=1, read per call; defined in
-// dispatch/family.cpp beside the other switches; set_bwd_preprocess_paired(1 / 0) forces it on / off
-// for tests, -1 back to the environment's answer), else bwd_preprocess_rows.
+// (experimental, not yet run on a GPU: FLASHSPAN_EXPERIMENTAL=1, read per call; set_bwd_preprocess_paired(1 / 0)
+// forces it on / off for tests, -1 back to the environment's answer), else bwd_preprocess_rows.
 bool bwd_preprocess_paired();
 void set_bwd_preprocess_paired(int on);
 // The grid of the preprocess kernels (flex and SDPA) over `units` (query row, head) units of head_dv

@@ -68,37 +68,6 @@ int64_t sdpa_bwd_launches() { return g_sdpa_bwd_launches.load(std::memory_order_
 int64_t sdpa_bwd_mods_launches() { return g_sdpa_bwd_mods_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_bwd_drop_launches() { return g_sdpa_bwd_drop_launches.load(std::memory_order_relaxed); }
 
-// bwd_enabled, bwd_deterministic_enabled, bwd_wide64_enabled and their overrides: plain host code
-// in dispatch/family.cpp (the family registry reads them when it picks a plan's backward tile, also
-// in builds that link no CUDA unit, such as tests/emu).
-
-// FLASHSPAN_SM90_BWD_DET_UNORDERED=1 (measurement only, results not reproducible): deterministic
-// calls run the deterministic schedule without the dQ tiles' counter waits, which splits the
-// cost of the ordering from that of the schedule (PERF_LOG v2.2).
-namespace {
-bool bwd_det_unordered() {
-  static const bool on = env_flag_on("FLASHSPAN_SM90_BWD_DET_UNORDERED");
-  return on;
-}
-// FLASHSPAN_SM90_BWD_DET_RELAXED=0 (read per call): the dQ tile's turn handed on by a release increment
-// (BwdParams::det_relaxed) instead of the default relaxed one after the tile's additions have completed.
-bool bwd_det_relaxed() { return !env_flag_off("FLASHSPAN_SM90_BWD_DET_RELAXED"); }
-// FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=1 or FLASHSPAN_EXPERIMENTAL=1 (experimental, not yet run on a GPU; read per
-// call): each deterministic split item stores its own dK / dV slot, which the items kernel then does not zero
-// (BwdParams::det_own_slots; the zeroing and the convert took ~50 us each of a 1.1 ms tree_bfs backward at
-// S = 32768 on the H200, PERF_LOG v2.50).
-bool bwd_det_own_slots() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_OWN_SLOTS") || experimental_from_env(); }
-}  // namespace
-
-// FLASHSPAN_SM90_BWD_DET_CLAIM=0 / 1 (read per call; unset: the plan decides, BwdParams::det_claim): the
-// deterministic schedule's items in snake waves (0) or claimed in list order (1). The trace of PERF_LOG v2.48
-// showed document_causal's dQ chains blocked for ~0.4 ms behind the first item of a chain, which the snake had
-// placed late on a CTA whose earlier items were long; claimed in order, no item starts after a later one. Still
-// deadlock-free: an item waits only on earlier items, each of which is running or done when it is claimed.
-int bwd_det_claim() {
-  return env_flag_on("FLASHSPAN_SM90_BWD_DET_CLAIM") ? 1 : env_flag_off("FLASHSPAN_SM90_BWD_DET_CLAIM") ? 0 : -1;
-}
-
 // The BSHD view [B, S_q, H_q, D_v] of the gated dO in the workspace ([H_q, B S_q, D_v], params.h
 // SdpaEpilogueParams::do_gated; rows of D_v elements, a multiple of 8: TMA's 16-byte strides), as
 // make_tensor_map_sm90 reads dO.

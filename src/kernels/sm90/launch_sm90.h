@@ -100,6 +100,8 @@ void launch_sdpa_fp8_fwd_sm90(const SdpaFp8FwdParams& p, const TensorView& q, co
 // Calls of launch_sdpa_fp8_fwd_sm90 in this process so far.
 int64_t sdpa_fp8_fwd_launches();
 
+// The sm90 backward's switches, from here to bwd_split_first_enabled and the wide tiles' below: one home,
+// switches_sm90.cpp (plain host code, so that builds linking the family registry without a CUDA unit have them).
 // Whether the sm90 backward is switched on: yes unless FLASHSPAN_SM90_BWD=0 (the portable
 // backward, for comparison). Read once per process.
 bool bwd_enabled();
@@ -114,7 +116,7 @@ int64_t bwd_launches();
 // Whether the deterministic sm90 backward cuts long walks into items (bwd_split.cuh,
 // split_rule.h): on by default (PERF_LOG v2.32; FLASHSPAN_SM90_BWD_DET_SPLIT=0 turns it off, read
 // once: every cell one item, the schedule before the cut). set_bwd_det_split: 1 on, 0 off, -1 back
-// to the environment's answer (tests). Defined in dispatch/family.cpp with the other switches.
+// to the environment's answer (tests).
 bool bwd_det_split_enabled();
 void set_bwd_det_split(int on);
 // How far above the mean a walk must be for that cut (SplitSchedule::above_mean, split_rule.h):
@@ -144,13 +146,20 @@ int bwd_det_band_forced();
 void set_bwd_det_band(int band);
 // The deterministic backward's item order as the launcher passes it (BwdParams::det_claim):
 // FLASHSPAN_SM90_BWD_DET_CLAIM "1" claimed in list order (1), "0" snake waves (0), else the plan
-// decides (-1: split_rule.h split_det_claims). Read per call; defined in launch_bwd_sm90.cu.
+// decides (-1: split_rule.h split_det_claims). Read per call.
 int bwd_det_claim();
+// The deterministic backward's other switches as the launcher passes them (launch_bwd_sm90.cu): without the dQ
+// tiles' counter waits (FLASHSPAN_SM90_BWD_DET_UNORDERED=1, measurement only, read once), the dQ turn handed on
+// relaxed (BwdParams::det_relaxed; FLASHSPAN_SM90_BWD_DET_RELAXED=0 release, read per call), each split item's own
+// dK / dV slot (BwdParams::det_own_slots; FLASHSPAN_SM90_BWD_DET_OWN_SLOTS, experimental_flag, read per call).
+bool bwd_det_unordered();
+bool bwd_det_relaxed();
+bool bwd_det_own_slots();
 // Whether the cell order puts the split tasks' items first (split_schedule.cuh kSplitFirst: the cut
 // walks of sink columns and global tokens start first, spread over the heads): experimental
 // (FLASHSPAN_EXPERIMENTAL=1, read per call; PERF_LOG v2.10: longformer +15 %, tree_bfs -7 % at
 // S=131072 D=128, so not the default); set_bwd_split_first: 1 on, 0 off,
-// -1 back to the environment's answer (tests). Defined in dispatch/family.cpp.
+// -1 back to the environment's answer (tests).
 bool bwd_split_first_enabled();
 void set_bwd_split_first(int on);
 

@@ -1,0 +1,177 @@
+// The sm90 backward's switches (declared in kernels/sm90/launch_sm90.h), one home: which backward runs an sm90
+// plan (launch_flex_bwd), whether (64, 64) / (192, 128) plans get the wide tiles (dispatch/family.cpp's
+// consumer_sm90), the cell orders (flex_dispatch.cu) and the deterministic schedule's cut, band, item order, dQ
+// hand-off and split slots (launch_bwd_sm90.cu). Each reads the environment by core/env_switch.h's rules; the
+// set_* overrides are for tests and benchmarks. Plain host code (no CUDA unit), so that every build linking the
+// family registry has them, tests/emu's too.
+#ifdef FLASHSPAN_WITH_CUDA
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "core/env_switch.h"
+#include "kernels/params.h"  // kDetBandAll
+#include "kernels/sm90/launch_sm90.h"
+
+namespace flashspan::sm90 {
+
+namespace {
+std::atomic<int> g_bwd_override{-1};
+std::atomic<int> g_wide64_override{-1};
+std::atomic<int> g_wide192_override{-1};
+std::atomic<int> g_det_split_override{-1};
+std::atomic<int> g_det_split_above_override{-1};
+std::atomic<int> g_cell_order_override{-1};
+std::atomic<int> g_split_first_override{-1};
+std::atomic<int> g_det_band_override{-1};
+
+// The in-process overrides of the switches below: set_*(1) on, (0) off, (-1) back to the
+// environment's answer.
+void store_override(std::atomic<int>& o, int on) { o.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
+// An experimental switch: its override when set, else FLASHSPAN_EXPERIMENTAL=1 (read per call).
+bool experimental_switch(const std::atomic<int>& o) {
+  const int v = o.load(std::memory_order_relaxed);
+  return v >= 0 ? v == 1 : experimental_from_env();
+}
+}  // namespace
+
+void set_bwd_enabled(int on) { store_override(g_bwd_override, on); }
+
+bool bwd_enabled() {
+  const int o = g_bwd_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  // On by default (checked on an H200: the GPU suite, compute-sanitizer, PERF_LOG v1.4);
+  // FLASHSPAN_SM90_BWD=0 keeps the portable sm80 backward for comparison.
+  static const bool on = !env_flag_off("FLASHSPAN_SM90_BWD");
+  return on;
+}
+
+// FLASHSPAN_SM90_BWD_DETERMINISTIC=0 gives deterministic calls the sm80 backward (its separate
+// dQ kernel): the ordered dQ tiles are slower than it where every key block adds one tile at the
+// same walk position (longformer's global query rows, PERF_LOG v1.6).
+bool bwd_deterministic_enabled() {
+  static const bool on = !env_flag_off("FLASHSPAN_SM90_BWD_DETERMINISTIC");
+  return on;
+}
+
+void set_bwd_det_split(int on) { store_override(g_det_split_override, on); }
+
+// The deterministic backward's cut of long walks: on by default since PERF_LOG v2.32, at m = 4 since v2.50
+// (16 before: longformer's global key blocks and tree_bfs's root spans, ~15x the mean, ran whole; on an H100,
+// S = 32768, longformer 17.6 -> 62.8 TFLOP/s, tree_bfs 136 -> 161, the masks not cut unchanged;
+// FLASHSPAN_SM90_BWD_DET_SPLIT=0 turns it off, read once); with FLASHSPAN_EXPERIMENTAL=1 (read per call) at
+// m = 2, which also cuts document_causal's and hstu's longer walks (faster on some, slower on others: PERF_LOG
+// v2.13, v2.32).
+bool bwd_det_split_enabled() {
+  const int o = g_det_split_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  static const bool on = !env_flag_off("FLASHSPAN_SM90_BWD_DET_SPLIT");
+  return on;
+}
+
+void set_bwd_det_split_above_mean(int m) { g_det_split_above_override.store(m >= 2 && m <= 4096 ? m : -1); }
+
+int bwd_det_split_above_mean() {
+  const int o = g_det_split_above_override.load(std::memory_order_relaxed);
+  if (o >= 2) return o;
+  static const int env = [] {
+    const char* e = std::getenv("FLASHSPAN_SM90_BWD_DET_SPLIT_ABOVE");
+    const int v = e != nullptr ? std::atoi(e) : 0;
+    return v >= 2 && v <= 4096 ? v : 0;
+  }();
+  if (env >= 2) return env;
+  return experimental_from_env() ? 2 : 4;
+}
+
+void set_bwd_cell_order(int on) { store_override(g_cell_order_override, on); }
+
+int bwd_cell_order_forced() {
+  const int o = g_cell_order_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o;
+  static const int env = [] {
+    const char* e = std::getenv("FLASHSPAN_SM90_BWD_CELLS");
+    if (e == nullptr) return -1;
+    return std::strcmp(e, "1") == 0 ? 1 : std::strcmp(e, "0") == 0 ? 0 : -1;
+  }();
+  return env;
+}
+
+void set_bwd_split_first(int on) { store_override(g_split_first_override, on); }
+
+// The cell order's split-first item list: experimental (PERF_LOG v2.10: longformer +15 %, tree_bfs -7 %
+// at S=131072 D=128).
+bool bwd_split_first_enabled() { return experimental_switch(g_split_first_override); }
+
+void set_bwd_det_band(int band) { g_det_band_override.store(band >= 0 ? band : -1, std::memory_order_relaxed); }
+
+// The deterministic backward's cell list in bands of key blocks, heads slowest within a band (BwdParams::det_band):
+// experimental, not yet run on a GPU. Model (benchmarks/det_schedule_model.py, PERF_LOG v2.51): at S = 32768 H = 4
+// the heads-fastest list's CTAs walk all four heads' query blocks at once, 5-9x the non-deterministic list's
+// modelled L2 misses on the trees, longformer and hstu (whose det / non-det are the lowest measured), heads slowest
+// the non-deterministic one's; but one head's dQ tiles then take more waits. Read per call.
+int bwd_det_band_forced() {
+  const int o = g_det_band_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o;
+  const char* e = std::getenv("FLASHSPAN_SM90_BWD_DET_BAND");
+  if (e == nullptr) return experimental_from_env() ? 0 : 1;
+  if (std::strcmp(e, "all") == 0) return kDetBandAll;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  return end != e && *end == '\0' && v >= 1 && v <= kDetBandAll ? int(v) : 1;
+}
+
+void set_bwd_wide64_enabled(int on) { store_override(g_wide64_override, on); }
+
+bool bwd_wide64_enabled() {
+  const int o = g_wide64_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1;
+  // On by default (H200: the BwdWide* tests and memcheck, +27-40 % over the 64 x 128 tile, PERF_LOG
+  // v2.2); FLASHSPAN_SM90_BWD_WIDE64=0 keeps the 64 x 128 tile (read once). The sm80 backward cannot
+  // run the wide tile, so it is only chosen when the sm90 backward takes every backward call of the
+  // plan (both its switches on).
+  static const bool env = !env_flag_off("FLASHSPAN_SM90_BWD_WIDE64");
+  return env && bwd_enabled() && bwd_deterministic_enabled();
+}
+
+void set_bwd_wide192_enabled(int on) { store_override(g_wide192_override, on); }
+
+// The 64 x 96 backward tile of (192, 128) (three consumer warpgroups, kernel_bwd_sm90.cuh): on by
+// default (H200: its GPU tests, memcheck, racecheck and synccheck passed; S=32768 H=16 causal
+// 385 -> 416, document_causal 356 -> 383 TFLOP/s, SDPA 3-14 % faster: PERF_LOG v2.14);
+// FLASHSPAN_SM90_BWD_WIDE192=0 (read once) keeps the 64 x 64 tile. Like the wide tile of (64, 64)
+// only while the sm90 backward takes every backward call of the plan (the SDPA backward, which has no
+// plan, asks per call).
+bool bwd_wide192_enabled() {
+  const int o = g_wide192_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o == 1 && bwd_enabled() && bwd_deterministic_enabled();
+  static const bool env = !env_flag_off("FLASHSPAN_SM90_BWD_WIDE192");
+  return env && bwd_enabled() && bwd_deterministic_enabled();
+}
+
+// FLASHSPAN_SM90_BWD_DET_UNORDERED=1 (measurement only, results not reproducible): deterministic
+// calls run the deterministic schedule without the dQ tiles' counter waits, which splits the
+// cost of the ordering from that of the schedule (PERF_LOG v2.2).
+bool bwd_det_unordered() {
+  static const bool on = env_flag_on("FLASHSPAN_SM90_BWD_DET_UNORDERED");
+  return on;
+}
+// FLASHSPAN_SM90_BWD_DET_RELAXED=0 (read per call): the dQ tile's turn handed on by a release increment
+// (BwdParams::det_relaxed) instead of the default relaxed one after the tile's additions have completed.
+bool bwd_det_relaxed() { return !env_flag_off("FLASHSPAN_SM90_BWD_DET_RELAXED"); }
+// FLASHSPAN_SM90_BWD_DET_OWN_SLOTS (experimental_flag: unset, FLASHSPAN_EXPERIMENTAL's answer; "0" off; else on;
+// not yet run on a GPU; read per call): each deterministic split item stores its own dK / dV slot, which the
+// items kernel then does not zero (BwdParams::det_own_slots; the zeroing and the convert took ~50 us each of a
+// 1.1 ms tree_bfs backward at S = 32768 on the H200, PERF_LOG v2.50).
+bool bwd_det_own_slots() { return experimental_flag("FLASHSPAN_SM90_BWD_DET_OWN_SLOTS"); }
+
+// FLASHSPAN_SM90_BWD_DET_CLAIM=0 / 1 (read per call; unset: the plan decides, BwdParams::det_claim): the
+// deterministic schedule's items in snake waves (0) or claimed in list order (1). The trace of PERF_LOG v2.48
+// showed document_causal's dQ chains blocked for ~0.4 ms behind the first item of a chain, which the snake had
+// placed late on a CTA whose earlier items were long; claimed in order, no item starts after a later one. Still
+// deadlock-free: an item waits only on earlier items, each of which is running or done when it is claimed.
+int bwd_det_claim() {
+  return env_flag_on("FLASHSPAN_SM90_BWD_DET_CLAIM") ? 1 : env_flag_off("FLASHSPAN_SM90_BWD_DET_CLAIM") ? 0 : -1;
+}
+
+}  // namespace flashspan::sm90
+#endif  // FLASHSPAN_WITH_CUDA
