@@ -330,6 +330,36 @@ TEST(SplitRule, DeterministicBandSwitch) {
   sm90::set_bwd_det_band(-1);
   EXPECT_EQ(sm90::bwd_det_band_forced(), 1);
 }
+
+// The deterministic schedule's launcher switches (switches_sm90.cpp): own split slots by the experimental_flag
+// rule, the relaxed dQ hand-off on unless "0", the item order forced by "1" / "0" only.
+TEST(SplitRule, DeterministicLauncherSwitches) {
+  using flashspan::test::ScopedEnv;
+  ScopedEnv own("FLASHSPAN_SM90_BWD_DET_OWN_SLOTS", nullptr);
+  ScopedEnv relaxed("FLASHSPAN_SM90_BWD_DET_RELAXED", nullptr);
+  ScopedEnv claim("FLASHSPAN_SM90_BWD_DET_CLAIM", nullptr);
+  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
+  EXPECT_FALSE(sm90::bwd_det_own_slots());
+  EXPECT_TRUE(sm90::bwd_det_relaxed());
+  EXPECT_EQ(sm90::bwd_det_claim(), -1);
+  experimental.set("1");
+  EXPECT_TRUE(sm90::bwd_det_own_slots());
+  own.set("0");
+  EXPECT_FALSE(sm90::bwd_det_own_slots());
+  experimental.set(nullptr);
+  own.set("1");
+  EXPECT_TRUE(sm90::bwd_det_own_slots());
+  relaxed.set("0");
+  EXPECT_FALSE(sm90::bwd_det_relaxed());
+  relaxed.set("yes");
+  EXPECT_TRUE(sm90::bwd_det_relaxed());
+  claim.set("1");
+  EXPECT_EQ(sm90::bwd_det_claim(), 1);
+  claim.set("0");
+  EXPECT_EQ(sm90::bwd_det_claim(), 0);
+  claim.set("2");
+  EXPECT_EQ(sm90::bwd_det_claim(), -1);
+}
 #endif
 
 }  // namespace
