@@ -17,6 +17,8 @@
  *   THD : q [Tq,Hq,Dqk]    k [Tk,Hkv,Dqk]    v [Tk,Hkv,Dv]    out [Tq,Hq,Dv]    lse [Hq,Tq]   fp32
  *   mask_func: int32 [Hmask, nfunc, B*Sq] (BSHD) or [Hmask, nfunc, Tq] (THD), Hmask in {1, Hq}.
  *   max_logit: fp32 [Hq].
+ *   q/k/v/out dtype: fp16 or bf16 (CUDA), fp16 / bf16 / fp32 / fp64 (CPU); with fp64 inputs (CPU only:
+ *   computed in double throughout) lse, dlse and max_logit are fp64.
  * Strides are in elements; only the last dimension must be contiguous.
  *
  * Every function returns FS_STATUS_SUCCESS (0) or an error status; on error

@@ -7,7 +7,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-from .execution import lse_shape_of, run_backward, run_forward
+from .execution import lse_shape_of, run_backward, run_forward, stats_dtype_of
 from .plan import plan_from_id
 
 # The MaskPlan crosses the op boundary as its integer id (MaskPlan.id): an int is a plain
@@ -24,7 +24,7 @@ def flex_fwd(
     softmax_scale: Optional[float],
     return_max_logit: bool,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """(out, lse, max_logit); max_logit is an empty fp32 tensor unless return_max_logit."""
+    """(out, lse, max_logit); max_logit is an empty tensor unless return_max_logit (fp32; fp64 for fp64 q)."""
     return flex_fwd_impl(q, k, v, plan_from_id(plan_id), softmax_scale, return_max_logit)
 
 
@@ -32,15 +32,15 @@ def flex_fwd_impl(q, k, v, plan, softmax_scale, return_max_logit):
     """The body of flex_fwd with the plan object (eager callers skip the dispatcher with it)."""
     out, lse, max_logit = run_forward(q, k, v, plan, softmax_scale, return_max_logit)
     if max_logit is None:
-        max_logit = torch.empty((0,), dtype=torch.float32, device=q.device)
+        max_logit = torch.empty((0,), dtype=stats_dtype_of(q), device=q.device)
     return out, lse, max_logit
 
 
 @flex_fwd.register_fake
 def _flex_fwd_fake(q, k, v, plan_id, softmax_scale, return_max_logit):
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
-    lse = q.new_empty(lse_shape_of(q), dtype=torch.float32)
-    max_logit = q.new_empty((q.shape[-2] if return_max_logit else 0,), dtype=torch.float32)
+    lse = q.new_empty(lse_shape_of(q), dtype=stats_dtype_of(q))
+    max_logit = q.new_empty((q.shape[-2] if return_max_logit else 0,), dtype=stats_dtype_of(q))
     return out, lse, max_logit
 
 

@@ -40,14 +40,16 @@ def flex_attn_func(
     Args:
         q, k, v: BSHD ``[B,Sq,Hq,Dqk]``, ``[B,Sk,Hkv,Dqk]``, ``[B,Sk,Hkv,Dv]`` or THD
             ``[Tq,Hq,Dqk]``, ``[Tk,Hkv,Dqk]``, ``[Tk,Hkv,Dv]``; the geometry, dtype and
-            device the plan was built for; last dimension contiguous.
+            device the plan was built for; last dimension contiguous. float16 / bfloat16 (GPU and
+            CPU), float32 (CPU), float64 (CPU: computed in double throughout, LSE and max_logit float64,
+            for ``torch.autograd.gradcheck``; the softmax scale is still a float32).
         mask_plan: from :func:`create_mask_plan` (keyword-only, required); built with
             backward metadata when gradients are needed.
         softmax_scale: finite number, default ``1/sqrt(Dqk)``.
         deterministic: bool; bitwise reproducible backward.
-        return_lse: bool; also return fp32 LSE (``[B,Hq,Sq]`` or ``[Hq,Tq]``, natural log,
+        return_lse: bool; also return fp32 (fp64 for fp64 q) LSE (``[B,Hq,Sq]`` or ``[Hq,Tq]``, natural log,
             -inf for rows that see no key); differentiable.
-        return_max_logit: bool; also return fp32 ``[Hq]``, the signed maximum of
+        return_max_logit: bool; also return fp32 (fp64 for fp64 q) ``[Hq]``, the signed maximum of
             ``scale * q.k`` over visible pairs (-inf for none); needs scale >= 0; not
             differentiable.
 

@@ -769,6 +769,12 @@ def _cached(plan: MaskPlan, key: tuple, make):
     return op
 
 
+def stats_dtype_of(q: torch.Tensor) -> torch.dtype:
+    """The dtype of flex's LSE / dlse / max_logit for inputs like q: float64 for float64 q (CPU only), else
+    float32 (the C layer's rule, core/validation.h flex_stats_dtype)."""
+    return torch.float64 if q.dtype == torch.float64 else torch.float32
+
+
 def lse_shape_of(q: torch.Tensor) -> tuple[int, ...]:
     """LSE shape for q: BSHD [B,Hq,Sq], THD [Hq,Tq]."""
     if q.dim() == 4:
@@ -794,8 +800,9 @@ def run_forward(
     dev = q.device
     if out is None:
         out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=dev)
-    lse = torch.empty(lse_shape_of(q), dtype=torch.float32, device=dev) if want_lse else None
-    max_logit = torch.empty((q.shape[-2],), dtype=torch.float32, device=dev) if want_max_logit else None
+    stats = stats_dtype_of(q)
+    lse = torch.empty(lse_shape_of(q), dtype=stats, device=dev) if want_lse else None
+    max_logit = torch.empty((q.shape[-2],), dtype=stats, device=dev) if want_max_logit else None
     # Shapes, dtype and device of every tensor are fixed by the plan; only strides vary between calls. A tensor
     # that breaks the plan's geometry is still rejected, by the cached op's descriptor check (_bind) and then by
     # the C layer.
@@ -850,8 +857,8 @@ def run_backward(
     elif do.stride(-1) != 1:
         do = do.contiguous()
     if dlse is not None:
-        # Autograd may hand an expanded (stride-0) or non-fp32 gradient: one dense fp32 copy.
-        dlse = dlse.to(torch.float32).contiguous()
+        # Autograd may hand an expanded (stride-0) gradient or one of another dtype: one dense copy in lse's dtype.
+        dlse = dlse.to(stats_dtype_of(q)).contiguous()
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     _run_backward_once(q, k, v, out, do, lse, dq, dk, dv, plan, softmax_scale, deterministic, dlse)
     return dq, dk, dv

@@ -123,14 +123,14 @@ void check_call_tensors(const FlexGeometry& g, const TensorView& q, const Tensor
   }
   if (lse && lse->defined()) {
     expected_lse_shape(g, s, &n);
-    check_same_tensor_shape(*lse, "lse", s, n, DType::kFloat32, g.device, g.device_id);
+    check_same_tensor_shape(*lse, "lse", s, n, flex_stats_dtype(g.dtype), g.device, g.device_id);
   }
 }
 
 void check_max_logit(const FlexGeometry& g, const TensorView& m) {
   if (!m.defined()) return;
   const int64_t s[1] = {g.num_heads_q};
-  check_same_tensor_shape(m, "max_logit", s, 1, DType::kFloat32, g.device, g.device_id);
+  check_same_tensor_shape(m, "max_logit", s, 1, flex_stats_dtype(g.dtype), g.device, g.device_id);
 }
 
 float resolve_scale(const FlexGeometry& g, float scale, int32_t has_scale, bool want_max_logit) {
@@ -433,8 +433,9 @@ void check_bwd_tensors(const FlexGeometry& g, const BwdViews& t) {
   check_same_tensor_shape(t.dout, "dout", s, n, g.dtype, g.device, g.device_id);
   FS_CHECK_ARG(t.lse.defined(), "lse: is required for the backward pass (the forward's LSE)");
   expected_lse_shape(g, s, &n);
-  check_same_tensor_shape(t.lse, "lse", s, n, DType::kFloat32, g.device, g.device_id);
-  if (t.dlse.defined()) check_same_tensor_shape(t.dlse, "dlse", s, n, DType::kFloat32, g.device, g.device_id);
+  const DType stats = flex_stats_dtype(g.dtype);
+  check_same_tensor_shape(t.lse, "lse", s, n, stats, g.device, g.device_id);
+  if (t.dlse.defined()) check_same_tensor_shape(t.dlse, "dlse", s, n, stats, g.device, g.device_id);
   expected_q_shape(g, s, &n);
   check_same_tensor_shape(t.dq, "dq", s, n, g.dtype, g.device, g.device_id);
   expected_k_shape(g, s, &n);

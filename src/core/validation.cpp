@@ -39,9 +39,14 @@ namespace {
 
 const char* device_name(DeviceType d) { return d == DeviceType::kCUDA ? "cuda" : "cpu"; }
 
+// float64 runs on the CPU reference only (in double throughout: gradcheck); the GPU kernels take float16 and
+// bfloat16 (flex_dispatch.cu refuses the others with the GPU's rule).
 void check_float_dtype(const TensorView& t, const char* name) {
-  FS_CHECK_TYPE(t.dtype == DType::kFloat16 || t.dtype == DType::kBFloat16 || t.dtype == DType::kFloat32, name,
-                ": dtype must be float16, bfloat16 or float32, got ", dtype_name(t.dtype));
+  FS_CHECK_TYPE(t.dtype == DType::kFloat16 || t.dtype == DType::kBFloat16 || t.dtype == DType::kFloat32 ||
+                    t.dtype == DType::kFloat64,
+                name, ": dtype must be float16, bfloat16, float32 or float64, got ", dtype_name(t.dtype));
+  FS_CHECK_SUPPORTED(t.dtype != DType::kFloat64 || t.device == DeviceType::kCPU, name,
+                     ": float64 runs on CPU tensors only (the GPU kernels take float16 or bfloat16)");
 }
 
 void check_same_device(const TensorView& t, const char* name, const TensorView& ref) {

@@ -40,6 +40,10 @@ void validate_endpoints_host(const int32_t* mask, const FlexGeometry& g);
 // families add their own rule (check_head_dims_gpu, src/dispatch/family.h).
 void check_head_dims_reference(int dqk, int dv);
 
+// The dtype of flex's statistics (LSE, dlse, max_logit) for inputs of dtype `io`: float64 for float64 inputs
+// (CPU only), else float32.
+inline DType flex_stats_dtype(DType io) { return io == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32; }
+
 // Output / call checks against a plan's geometry.
 void check_same_tensor_shape(const TensorView& t, const char* name, const int64_t* shape, int ndim, DType dtype,
                              DeviceType device, int device_id);

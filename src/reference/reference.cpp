@@ -1,8 +1,8 @@
 // CPU reference backend (see reference.h for the semantics).
 //
-// Layout of the work: every input is first converted once into a contiguous float
-// buffer in head-major order [heads, rows, dim] (exact for fp16/bf16/fp32), so the
-// inner loops run over contiguous floats and vectorise. Then
+// Layout of the work: every input is first converted once into a contiguous float (double for
+// float64 inputs) buffer in head-major order [heads, rows, dim] (exact), so the inner loops run
+// over contiguous elements and vectorise. Then
 //   forward : tasks (query head, sample, block of kRowBlock rows);
 //   backward: dQ tasks (query head, sample, block of rows) and, separately, dK/dV
 //             tasks (kv head, sample, block of kKeyBlock keys) that sum over the
@@ -37,7 +37,8 @@ constexpr int64_t kKeyBlock = 64;  // keys per cache block and per dK/dV task (i
 // Element conversion
 // ---------------------------------------------------------------------------
 
-void load_row(const TensorView& t, int64_t offset, int n, float* dst) {
+template <typename E>
+void load_row(const TensorView& t, int64_t offset, int n, E* dst) {
   switch (t.dtype) {
     case DType::kFloat16: {
       const uint16_t* p = t.ptr<const uint16_t>() + offset;
@@ -52,6 +53,11 @@ void load_row(const TensorView& t, int64_t offset, int n, float* dst) {
     case DType::kFloat32: {
       const float* p = t.ptr<const float>() + offset;
       std::copy(p, p + n, dst);
+      break;
+    }
+    case DType::kFloat64: {
+      const double* p = t.ptr<const double>() + offset;
+      for (int i = 0; i < n; ++i) dst[i] = static_cast<E>(p[i]);
       break;
     }
     default: throw Error(Status::kInternal, "reference: unexpected dtype in load_row");
@@ -76,12 +82,27 @@ void store_row(const TensorView& t, int64_t offset, int n, const Acc* src, Acc m
       for (int i = 0; i < n; ++i) p[i] = static_cast<float>(src[i] * mul);
       break;
     }
+    case DType::kFloat64: {
+      double* p = t.ptr<double>() + offset;
+      for (int i = 0; i < n; ++i) p[i] = static_cast<double>(src[i] * mul);
+      break;
+    }
     default: throw Error(Status::kInternal, "reference: unexpected dtype in store_row");
   }
 }
 
+// A statistic (LSE, max_logit, dlse): float32, or float64 for float64 inputs (validation.h flex_stats_dtype).
+void store_stat(const TensorView& t, int64_t offset, double v) {
+  if (t.dtype == DType::kFloat64) t.ptr<double>()[offset] = v;
+  else t.ptr<float>()[offset] = static_cast<float>(v);
+}
+double load_stat(const TensorView& t, int64_t offset) {
+  return t.dtype == DType::kFloat64 ? t.ptr<const double>()[offset] : double(t.ptr<const float>()[offset]);
+}
+
 void store_zero_row(const TensorView& t, int64_t offset, int n) {
   if (t.dtype == DType::kFloat32) std::fill_n(t.ptr<float>() + offset, n, 0.0f);
+  else if (t.dtype == DType::kFloat64) std::fill_n(t.ptr<double>() + offset, n, 0.0);
   else std::fill_n(t.ptr<uint16_t>() + offset, n, uint16_t(0));  // +0 is all bits clear in fp16 and bf16
 }
 
@@ -115,17 +136,19 @@ struct LseIndexer {
   }
 };
 
-// A tensor converted to float, head-major [heads, rows, dim], contiguous.
-struct FloatHeads {
+// A tensor converted to E (float, or double for float64 inputs), head-major [heads, rows, dim], contiguous.
+template <typename E>
+struct Heads {
   int64_t rows = 0;
   int dim = 0;
-  std::vector<float> data;
+  std::vector<E> data;
 
-  const float* at(int64_t head, int64_t row) const { return data.data() + (head * rows + row) * dim; }
+  const E* at(int64_t head, int64_t row) const { return data.data() + (head * rows + row) * dim; }
 };
 
-FloatHeads to_float_heads(const TensorView& t, bool varlen, int64_t seqlen, int heads, int64_t rows, int dim) {
-  FloatHeads f;
+template <typename E>
+Heads<E> to_heads(const TensorView& t, bool varlen, int64_t seqlen, int heads, int64_t rows, int dim) {
+  Heads<E> f;
   f.rows = rows;
   f.dim = dim;
   f.data.resize(static_cast<size_t>(heads) * rows * dim);
@@ -141,8 +164,8 @@ FloatHeads to_float_heads(const TensorView& t, bool varlen, int64_t seqlen, int 
 // compiler vectorise a reduction without reassociating floating point)
 // ---------------------------------------------------------------------------
 
-template <typename Acc>
-inline Acc dot(const float* a, const float* b, int n) {
+template <typename Acc, typename E>
+inline Acc dot(const E* a, const E* b, int n) {
   Acc acc[8] = {};
   for (int d = 0; d < n; d += 8) {
     for (int l = 0; l < 8; ++l) acc[l] += static_cast<Acc>(a[d + l]) * static_cast<Acc>(b[d + l]);
@@ -150,16 +173,16 @@ inline Acc dot(const float* a, const float* b, int n) {
   return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
 }
 
-template <typename Acc>
-inline void axpy(Acc* y, Acc a, const float* x, int n) {
+template <typename Acc, typename E>
+inline void axpy(Acc* y, Acc a, const E* x, int n) {
   for (int d = 0; d < n; ++d) y[d] += a * static_cast<Acc>(x[d]);
 }
 
 // dot() of `a` with the four consecutive rows b, b + stride, b + 2 stride, b + 3 stride,
 // loading `a` once for all four. Same partial-sum order as dot(), so a score does not
 // depend on whether its key was processed in a group of four.
-template <typename Acc>
-inline void dot4(const float* a, const float* b, int64_t stride, int n, Acc* out) {
+template <typename Acc, typename E>
+inline void dot4(const E* a, const E* b, int64_t stride, int n, Acc* out) {
   Acc acc[4][8] = {};
   for (int d = 0; d < n; d += 8) {
     for (int l = 0; l < 8; ++l) {
@@ -175,8 +198,8 @@ inline void dot4(const float* a, const float* b, int64_t stride, int n, Acc* out
 
 // y += sum_i p[i] * x_i over the four consecutive rows x_i = x + i * stride: one
 // load and store of y per four keys.
-template <typename Acc>
-inline void axpy4(Acc* y, const Acc* p, const float* x, int64_t stride, int n) {
+template <typename Acc, typename E>
+inline void axpy4(Acc* y, const Acc* p, const E* x, int64_t stride, int n) {
   for (int d = 0; d < n; ++d) {
     y[d] += (p[0] * static_cast<Acc>(x[d]) + p[1] * static_cast<Acc>(x[stride + d])) +
             (p[2] * static_cast<Acc>(x[2 * stride + d]) + p[3] * static_cast<Acc>(x[3 * stride + d]));
@@ -226,13 +249,13 @@ void max_logit_shape(const FlexGeometry& g, int64_t* s, int* n) {
 // Forward
 // ---------------------------------------------------------------------------
 
-template <typename Acc>
+template <typename Acc, typename E>
 void forward_impl(const FlexForwardArgs& a) {
   const FlexGeometry& g = *a.geometry;
   const int hq = g.num_heads_q, dqk = g.head_dim_qk, dv = g.head_dim_v, group = g.group_size();
-  const FloatHeads qf = to_float_heads(a.q, g.varlen, g.max_seqlen_q, hq, g.total_q, dqk);
-  const FloatHeads kf = to_float_heads(a.k, g.varlen, g.max_seqlen_k, g.num_heads_kv, g.total_k, dqk);
-  const FloatHeads vf = to_float_heads(a.v, g.varlen, g.max_seqlen_k, g.num_heads_kv, g.total_k, dv);
+  const Heads<E> qf = to_heads<E>(a.q, g.varlen, g.max_seqlen_q, hq, g.total_q, dqk);
+  const Heads<E> kf = to_heads<E>(a.k, g.varlen, g.max_seqlen_k, g.num_heads_kv, g.total_k, dqk);
+  const Heads<E> vf = to_heads<E>(a.v, g.varlen, g.max_seqlen_k, g.num_heads_kv, g.total_k, dv);
   const RowIndexer out_idx(a.out, g.varlen, g.max_seqlen_q);
   const bool want_lse = a.lse.defined(), want_max = a.max_logit.defined();
   const LseIndexer lse_idx = want_lse ? LseIndexer(a.lse, g.varlen, g.max_seqlen_q) : LseIndexer();
@@ -249,7 +272,7 @@ void forward_impl(const FlexForwardArgs& a) {
       }
     }
   }
-  std::vector<float> task_max(tasks.size(), -std::numeric_limits<float>::infinity());
+  std::vector<double> task_max(tasks.size(), -std::numeric_limits<double>::infinity());
 
   // Each task walks its rows key block by key block, so a block of K (then V) stays in
   // cache while all the task's rows use it. Pass 1 stores the scores and row maxima,
@@ -266,7 +289,7 @@ void forward_impl(const FlexForwardArgs& a) {
     for (int64_t c0 = 0; c0 < lk; c0 += kKeyBlock) {
       const int64_t c1 = std::min(c0 + kKeyBlock, lk);
       for (int64_t r = 0; r < nr; ++r) {
-        const float* qi = qf.at(t.h, q0 + r);
+        const E* qi = qf.at(t.h, q0 + r);
         Acc* sr = scores.data() + r * lk;
         Acc mr = m[r];
         for_each_interval(mask_h + q0 + r, g.total_q, g.nfunc, c0, c1, [&](int64_t lo, int64_t hi) {
@@ -314,27 +337,26 @@ void forward_impl(const FlexForwardArgs& a) {
         l[r] = lr;
       }
     }
-    float local_max = -std::numeric_limits<float>::infinity();
+    double local_max = -std::numeric_limits<double>::infinity();
     for (int64_t r = 0; r < nr; ++r) {
       const int64_t row = q0 + r, out_off = out_idx(row, t.h);
       if (!any[r]) {
         // No visible key: out = 0, LSE = -inf (never 0/0).
         store_zero_row(a.out, out_off, dv);
-        if (want_lse) a.lse.ptr<float>()[lse_idx(t.h, row)] = -std::numeric_limits<float>::infinity();
+        if (want_lse) store_stat(a.lse, lse_idx(t.h, row), -std::numeric_limits<double>::infinity());
         continue;
       }
       store_row<Acc>(a.out, out_off, dv, o.data() + r * dv, Acc(1) / l[r]);
-      if (want_lse) a.lse.ptr<float>()[lse_idx(t.h, row)] = static_cast<float>(m[r] + std::log(l[r]));
-      local_max = std::max(local_max, static_cast<float>(m[r]));
+      if (want_lse) store_stat(a.lse, lse_idx(t.h, row), static_cast<double>(m[r] + std::log(l[r])));
+      local_max = std::max(local_max, static_cast<double>(m[r]));
     }
     task_max[ti] = local_max;
   });
 
   if (want_max) {
-    std::vector<float> head_max(hq, -std::numeric_limits<float>::infinity());
+    std::vector<double> head_max(hq, -std::numeric_limits<double>::infinity());
     for (size_t ti = 0; ti < tasks.size(); ++ti) head_max[tasks[ti].h] = std::max(head_max[tasks[ti].h], task_max[ti]);
-    float* mp = a.max_logit.ptr<float>();
-    for (int h = 0; h < hq; ++h) mp[h * a.max_logit.stride(0)] = head_max[h];
+    for (int h = 0; h < hq; ++h) store_stat(a.max_logit, h * a.max_logit.stride(0), head_max[h]);
   }
 }
 
@@ -342,31 +364,31 @@ void forward_impl(const FlexForwardArgs& a) {
 // Backward
 // ---------------------------------------------------------------------------
 
-template <typename Acc>
+template <typename Acc, typename E>
 void backward_impl(const FlexBackwardArgs& a) {
   const FlexGeometry& g = *a.geometry;
   const int hq = g.num_heads_q, hkv = g.num_heads_kv, dqk = g.head_dim_qk, dv = g.head_dim_v;
   const int group = g.group_size();
-  const FloatHeads qf = to_float_heads(a.q, g.varlen, g.max_seqlen_q, hq, g.total_q, dqk);
-  const FloatHeads kf = to_float_heads(a.k, g.varlen, g.max_seqlen_k, hkv, g.total_k, dqk);
-  const FloatHeads vf = to_float_heads(a.v, g.varlen, g.max_seqlen_k, hkv, g.total_k, dv);
-  const FloatHeads of = to_float_heads(a.out, g.varlen, g.max_seqlen_q, hq, g.total_q, dv);
-  const FloatHeads dof = to_float_heads(a.dout, g.varlen, g.max_seqlen_q, hq, g.total_q, dv);
+  const Heads<E> qf = to_heads<E>(a.q, g.varlen, g.max_seqlen_q, hq, g.total_q, dqk);
+  const Heads<E> kf = to_heads<E>(a.k, g.varlen, g.max_seqlen_k, hkv, g.total_k, dqk);
+  const Heads<E> vf = to_heads<E>(a.v, g.varlen, g.max_seqlen_k, hkv, g.total_k, dv);
+  const Heads<E> of = to_heads<E>(a.out, g.varlen, g.max_seqlen_q, hq, g.total_q, dv);
+  const Heads<E> dof = to_heads<E>(a.dout, g.varlen, g.max_seqlen_q, hq, g.total_q, dv);
   const Acc scale = static_cast<Acc>(a.softmax_scale);
   const int64_t tq = g.total_q;
 
-  // LSE (float, head-major) and D_i = dO_i . O_i - dlse_i, both [Hq, total_q]. The dlse
+  // LSE (Acc, head-major) and D_i = dO_i . O_i - dlse_i, both [Hq, total_q]. The dlse
   // term: d LSE_i / d S_ij = P_ij, so dS_ij = P_ij (dP_ij - dO_i . O_i + dlse_i).
-  std::vector<float> lse(static_cast<size_t>(hq) * tq);
+  std::vector<Acc> lse(static_cast<size_t>(hq) * tq);
   std::vector<Acc> delta(static_cast<size_t>(hq) * tq);
   const LseIndexer lse_idx(a.lse, g.varlen, g.max_seqlen_q);
   const bool has_dlse = a.dlse.defined();
   const LseIndexer dlse_idx = has_dlse ? LseIndexer(a.dlse, g.varlen, g.max_seqlen_q) : LseIndexer();
   parallel_for(hq, [&](int64_t h) {
     for (int64_t r = 0; r < tq; ++r) {
-      lse[h * tq + r] = a.lse.ptr<const float>()[lse_idx(h, r)];
+      lse[h * tq + r] = static_cast<Acc>(load_stat(a.lse, lse_idx(h, r)));
       delta[h * tq + r] = dot<Acc>(dof.at(h, r), of.at(h, r), dv);
-      if (has_dlse) delta[h * tq + r] -= static_cast<Acc>(a.dlse.ptr<const float>()[dlse_idx(h, r)]);
+      if (has_dlse) delta[h * tq + r] -= static_cast<Acc>(load_stat(a.dlse, dlse_idx(h, r)));
     }
   });
 
@@ -379,11 +401,10 @@ void backward_impl(const FlexBackwardArgs& a) {
     const int32_t* mask_h = a.mask + int64_t(g.mask_head(h)) * g.nfunc * tq;
     for (int64_t r = r0; r < r1; ++r) {
       const int64_t row = q0 + r;
-      const float row_lse = lse[h * tq + row];
-      if (!(row_lse > -std::numeric_limits<float>::infinity())) continue;
-      const Acc lse_acc = static_cast<Acc>(row_lse), d_i = delta[h * tq + row];
-      const float* qi = qf.at(h, row);
-      const float* doi = dof.at(h, row);
+      const Acc lse_acc = lse[h * tq + row], d_i = delta[h * tq + row];
+      if (!(lse_acc > -std::numeric_limits<Acc>::infinity())) continue;
+      const E* qi = qf.at(h, row);
+      const E* doi = dof.at(h, row);
       for_each_interval(mask_h + row, tq, g.nfunc, kc0, kc1, [&](int64_t lo, int64_t hi) {
         int64_t j = lo;
         for (; j + 4 <= hi; j += 4) {
@@ -477,10 +498,12 @@ void flex_forward(const FlexForwardArgs& args) {
   check_tensor(args.k, "k", g, expected_k_shape, g.dtype);
   check_tensor(args.v, "v", g, expected_v_shape, g.dtype);
   check_tensor(args.out, "out", g, expected_out_shape, g.dtype);
-  if (args.lse.defined()) check_tensor(args.lse, "lse", g, expected_lse_shape, DType::kFloat32);
-  if (args.max_logit.defined()) check_tensor(args.max_logit, "max_logit", g, max_logit_shape, DType::kFloat32);
-  if (args.accumulate_double) forward_impl<double>(args);
-  else forward_impl<float>(args);
+  const DType stats = flex_stats_dtype(g.dtype);
+  if (args.lse.defined()) check_tensor(args.lse, "lse", g, expected_lse_shape, stats);
+  if (args.max_logit.defined()) check_tensor(args.max_logit, "max_logit", g, max_logit_shape, stats);
+  if (g.dtype == DType::kFloat64) forward_impl<double, double>(args);
+  else if (args.accumulate_double) forward_impl<double, float>(args);
+  else forward_impl<float, float>(args);
 }
 
 void flex_backward(const FlexBackwardArgs& args) {
@@ -491,13 +514,15 @@ void flex_backward(const FlexBackwardArgs& args) {
   check_tensor(args.v, "v", g, expected_v_shape, g.dtype);
   check_tensor(args.out, "out", g, expected_out_shape, g.dtype);
   check_tensor(args.dout, "dout", g, expected_out_shape, g.dtype);
-  check_tensor(args.lse, "lse", g, expected_lse_shape, DType::kFloat32);
-  if (args.dlse.defined()) check_tensor(args.dlse, "dlse", g, expected_lse_shape, DType::kFloat32);
+  const DType stats = flex_stats_dtype(g.dtype);
+  check_tensor(args.lse, "lse", g, expected_lse_shape, stats);
+  if (args.dlse.defined()) check_tensor(args.dlse, "dlse", g, expected_lse_shape, stats);
   check_tensor(args.dq, "dq", g, expected_q_shape, g.dtype);
   check_tensor(args.dk, "dk", g, expected_k_shape, g.dtype);
   check_tensor(args.dv, "dv", g, expected_v_shape, g.dtype);
-  if (args.accumulate_double) backward_impl<double>(args);
-  else backward_impl<float>(args);
+  if (g.dtype == DType::kFloat64) backward_impl<double, double>(args);
+  else if (args.accumulate_double) backward_impl<double, float>(args);
+  else backward_impl<float, float>(args);
 }
 
 int64_t count_visible_pairs(const FlexGeometry& g, const int32_t* mask, int mask_head) {

@@ -12,9 +12,10 @@
 // GQA gradients of a kv head are summed over its query heads. Empty rows give zero
 // gradient.
 //
-// Accumulation is in float (double when accumulate_double). Work is split over
-// (batch, head) across hardware threads. All tensors are CPU, strided, last dim
-// contiguous, dtype float16 / bfloat16 / float32 (LSE and max_logit float32).
+// Accumulation is in float (double when accumulate_double, and always for float64 inputs). Work is
+// split over (batch, head) across hardware threads. All tensors are CPU, strided, last dim
+// contiguous, dtype float16 / bfloat16 / float32 / float64 (LSE, dlse and max_logit float32; float64
+// for float64 inputs, core/validation.h flex_stats_dtype).
 #pragma once
 
 #include <cstdint>
@@ -39,8 +40,8 @@ struct FlexBackwardArgs {
   const FlexGeometry* geometry = nullptr;
   const int32_t* mask = nullptr;
   TensorView q, k, v, out, dout;
-  TensorView lse;                 // float32, as produced by flex_forward
-  TensorView dlse;                // optional float32, shape of lse: gradient w.r.t. lse
+  TensorView lse;                 // float32 (float64 inputs: float64), as produced by flex_forward
+  TensorView dlse;                // optional, lse's dtype and shape: gradient w.r.t. lse
                                   // (adds dlse_i * P_ij to dS_ij, i.e. D_i -= dlse_i)
   TensorView dq, dk, dv;          // written
   float softmax_scale = 0.0f;

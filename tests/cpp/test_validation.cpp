@@ -180,8 +180,20 @@ TEST(Validation, Ranks) {
 
 TEST(Validation, Dtypes) {
   EXPECT_TRUE(bshd_error([](PlanInputs& in) { in.q.dtype = DType::kInt32; }, kType, "q: dtype"));
-  EXPECT_TRUE(bshd_error([](PlanInputs& in) { in.q.dtype = in.k.dtype = in.v.dtype = DType::kFloat64; }, kType,
-                         "q: dtype"));
+  EXPECT_TRUE(bshd_error([](PlanInputs& in) { in.q.dtype = DType::kFloat8E4M3; }, kType,
+                         "q: dtype must be float16, bfloat16, float32 or float64, got "));
+  // float64 runs on the CPU reference only: accepted on CPU tensors, refused on CUDA ones (before any kernel).
+  PlanInputs f64 = bshd_inputs();
+  f64.q.dtype = f64.k.dtype = f64.v.dtype = DType::kFloat64;
+  EXPECT_EQ(validate_plan_inputs(f64).dtype, DType::kFloat64);
+  EXPECT_EQ(flex_stats_dtype(DType::kFloat64), DType::kFloat64);
+  EXPECT_EQ(flex_stats_dtype(DType::kBFloat16), DType::kFloat32);
+  EXPECT_TRUE(bshd_error(
+      [](PlanInputs& in) {
+        in.q = on_cuda(in.q), in.k = on_cuda(in.k), in.v = on_cuda(in.v), in.mask_func = on_cuda(in.mask_func);
+        in.q.dtype = in.k.dtype = in.v.dtype = DType::kFloat64;
+      },
+      kUnsupported, "q: float64 runs on CPU tensors only"));
   EXPECT_TRUE(bshd_error([](PlanInputs& in) { in.k.dtype = DType::kBFloat16; }, kType, "k: dtype"));
   EXPECT_TRUE(bshd_error([](PlanInputs& in) { in.v.dtype = DType::kFloat32; }, kType, "v: dtype"));
   EXPECT_TRUE(bshd_error([](PlanInputs& in) { in.mask_func.dtype = DType::kInt64; }, kType, "mask_func: dtype"));

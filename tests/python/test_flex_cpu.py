@@ -221,3 +221,44 @@ def test_random_problems_forward_backward(fs, seed, varlen, batch, sq, sk, hkv, 
     want = _grads(lambda: p.reference(*leaves)[:2], leaves, w_out, w_lse)
     for name, g, w in zip("qkv", got, want):
         assert_close(g, w, torch.float32, f"d{name}", factor=4)
+
+
+# float64 on CPU tensors: the reference runs in double throughout (inputs, accumulation, LSE and max_logit as
+# float64), so its forward matches the float64 math reference to ~1e-12 and torch.autograd.gradcheck passes --
+# against finite differences, not against our own reference.
+@pytest.mark.parametrize("varlen", [False, True])
+def test_float64_forward_matches_reference_to_double_precision(fs, varlen):
+    p = make_problem(71, varlen=varlen, batch=2, seqlen_q=21, seqlen_k=33, hq=4, hkv=2, hm=4, nfunc=5, dqk=24,
+                     dv=16, dtype=torch.float64)
+    # (The softmax scale is a float32 in the C ABI: 0.25 is exact there, the default 1 / sqrt(24) is not.)
+    _, (out, lse, ml) = _run(fs, p, softmax_scale=0.25)
+    ro, rl, rm = p.reference(scale=0.25)
+    assert out.dtype == lse.dtype == ml.dtype == torch.float64
+    for name, a, e in (("out", out, ro), ("lse", lse, rl), ("max_logit", ml, rm)):
+        inf = torch.isinf(e)
+        assert torch.equal(torch.isinf(a), inf) and torch.equal(a[inf], e[inf]), name
+        assert (a[~inf] - e[~inf]).abs().max().item() <= 1e-12 * (1 + e[~inf].abs().max().item()), name
+
+
+@pytest.mark.parametrize("varlen,mask", [(False, "random"), (True, "random"), (False, "causal")])
+def test_float64_gradcheck(fs, varlen, mask):
+    # GQA (4 query heads on 2 KV heads), a per-head mask, empty rows of the random mask, THD with uneven samples;
+    # both outputs (out and lse) differentiated.
+    p = make_problem(83, varlen=varlen, batch=2, seqlen_q=9, seqlen_k=13, hq=4, hkv=2, hm=4 if mask == "random" else 1,
+                     nfunc=3, dqk=8, dv=8, dtype=torch.float64, requires_grad=True, mask=mask)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v, **p.plan_kwargs())
+
+    def f(q, k, v):
+        out, lse = fs.flex_attn_func(q, k, v, mask_plan=plan, return_lse=True)
+        return out, torch.nan_to_num(lse, neginf=0.0)  # an empty row's LSE is -inf: no finite difference there
+
+    assert torch.autograd.gradcheck(f, (p.q, p.k, p.v), eps=1e-6, atol=1e-8, rtol=1e-6)
+
+
+def test_float64_stats_of_another_dtype_are_refused(fs):
+    p = make_problem(5, batch=1, seqlen_q=8, seqlen_k=8, hq=2, hkv=2, nfunc=1, dtype=torch.float64)
+    plan = fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    out = torch.empty_like(p.q)
+    lse32 = torch.empty(plan.lse_shape(), dtype=torch.float32)
+    with pytest.raises(TypeError, match=r"lse: dtype must be float64, got float32"):
+        fs.FlexAttentionFwd(p.q, p.k, p.v, out, plan, lse32)

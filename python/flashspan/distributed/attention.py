@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 
 from .._checks import check_flag
-from ..execution import run_backward, run_forward
+from ..execution import run_backward, run_forward, stats_dtype_of
 from .plan import ContextParallelPlan
 
 # ---------------------------------------------------------------------------------------------
@@ -26,7 +26,7 @@ def merge_partial(
 ) -> None:
     """In place: ``(out, lse) <- merge((out, lse), (part_out, part_lse))`` over disjoint key sets.
 
-    ``out`` fp32 and ``lse`` fp32 (natural log) are the running result; the merged LSE is
+    ``out`` and ``lse`` (natural log), fp32 (fp64 for fp64 inputs), are the running result; the merged LSE is
     ``log(e^lse + e^part_lse)`` and each output is weighted by ``e^(lse_x - lse_new)``. A row
     that has seen no key in either part keeps ``out = 0`` and ``lse = -inf`` exactly (its
     weights are set to 0 rather than computed as ``e^(-inf + inf)``).
@@ -76,9 +76,9 @@ def _global_rank(group, group_rank: int) -> int:
 def _ring_forward(q, k, v, plan: ContextParallelPlan, scale):
     varlen = plan.sharding.varlen
     w, r = plan.world_size, plan.rank
-    out = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=torch.float32, device=q.device)
+    out = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=stats_dtype_of(q), device=q.device)
     lse_shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
-    lse = torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
+    lse = torch.full(lse_shape, float("-inf"), dtype=stats_dtype_of(q), device=q.device)
     kv = (k, v)
     steps = plan.ring_steps
     for step in range(steps):
@@ -99,7 +99,7 @@ def _ring_forward(q, k, v, plan: ContextParallelPlan, scale):
 def _ring_backward(q, k, v, out, dout, lse, dlse, plan: ContextParallelPlan, scale, deterministic):
     """dq for the local queries; dk/dv travel with their K/V and come home after the last step.
 
-    At step s this rank holds K/V of ``src = (rank - s) % W`` and the fp32 dK/dV accumulated for
+    At step s this rank holds K/V of ``src = (rank - s) % W`` and the fp32 (fp64 for fp64 inputs) dK/dV accumulated for
     ``src`` by the ranks before it; it adds its part and passes both on. After the last step
     (``n = plan.ring_steps``) it holds ``src = (rank - n + 1) % W`` and sends the accumulators
     straight to that owner (the next rank when ``n = W``). The order of additions is fixed by
@@ -107,10 +107,10 @@ def _ring_backward(q, k, v, out, dout, lse, dlse, plan: ContextParallelPlan, sca
     """
     w, r = plan.world_size, plan.rank
     steps = plan.ring_steps
-    dq = torch.zeros(q.shape, dtype=torch.float32, device=q.device)
+    dq = torch.zeros(q.shape, dtype=stats_dtype_of(q), device=q.device)
     kv = (k, v)
-    dkv = (torch.zeros(k.shape, dtype=torch.float32, device=k.device),
-           torch.zeros(v.shape, dtype=torch.float32, device=v.device))
+    dkv = (torch.zeros(k.shape, dtype=stats_dtype_of(q), device=k.device),
+           torch.zeros(v.shape, dtype=stats_dtype_of(q), device=v.device))
     dkv_hop = None
     for step in range(steps):
         src = (r - step) % w
@@ -163,9 +163,9 @@ def _gather_kv(x: torch.Tensor, plan: ContextParallelPlan) -> torch.Tensor:
 
 
 def _reduce_scatter_kv(dx: torch.Tensor, like: torch.Tensor, plan: ContextParallelPlan) -> torch.Tensor:
-    """Global fp32 dK or dV (global token order) -> the sum over ranks of this rank's shard."""
+    """Global fp32 / fp64 dK or dV (global token order) -> the sum over ranks of this rank's shard."""
     varlen = plan.sharding.varlen
-    dt = _token_first(dx.to(torch.float32), varlen)
+    dt = _token_first(dx.to(stats_dtype_of(like)), varlen)
     width = plan.gather_width
     buf = dt.new_zeros((plan.world_size * width, *dt.shape[1:]))
     buf.index_copy_(0, plan.gather_index, dt)
@@ -188,8 +188,8 @@ def _allgather_backward(q, k, v, out, dout, lse, dlse, plan: ContextParallelPlan
     k_full, v_full = _gather_kv(k, plan), _gather_kv(v, plan)  # gathered again: not kept from the forward
     if plan.global_plan is None:
         dq = torch.zeros_like(q)
-        dk_full = torch.zeros(k_full.shape, dtype=torch.float32, device=k.device)
-        dv_full = torch.zeros(v_full.shape, dtype=torch.float32, device=v.device)
+        dk_full = torch.zeros(k_full.shape, dtype=stats_dtype_of(q), device=k.device)
+        dv_full = torch.zeros(v_full.shape, dtype=stats_dtype_of(q), device=v.device)
     else:
         dq, dk_full, dv_full = run_backward(q, k_full, v_full, out, dout, lse, dlse, plan.global_plan, scale,
                                             deterministic)
@@ -199,7 +199,7 @@ def _allgather_backward(q, k, v, out, dout, lse, dlse, plan: ContextParallelPlan
 def _empty_result(q, v, varlen):
     out = torch.zeros((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
     lse_shape = (q.shape[1], q.shape[0]) if varlen else (q.shape[0], q.shape[2], q.shape[1])
-    return out, torch.full(lse_shape, float("-inf"), dtype=torch.float32, device=q.device)
+    return out, torch.full(lse_shape, float("-inf"), dtype=stats_dtype_of(q), device=q.device)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -265,7 +265,7 @@ def flex_attn_func(
             when gradients are needed).
         softmax_scale: default ``1/sqrt(Dqk)``.
         deterministic: bitwise reproducible backward (fixed ring order + deterministic kernels).
-        return_lse: also return the fp32 global LSE of the local rows (``[B, Hq, S/W]`` or
+        return_lse: also return the fp32 (fp64 for fp64 inputs) global LSE of the local rows (``[B, Hq, S/W]`` or
             ``[Hq, T_r]``, natural log, ``-inf`` for rows that see no key on any rank);
             differentiable.
 
