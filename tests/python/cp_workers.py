@@ -139,7 +139,7 @@ def worker_main(rank, world, port, backend, device, timeout_s, tasks, results):
 # Problems and checks
 # ---------------------------------------------------------------------------------------------
 
-TOL = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+TOL = {torch.float64: 1e-12, torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
 
 
 def assert_close(actual, expected, dtype, what, factor=4.0):
