@@ -61,7 +61,21 @@ def flex_attn_func(
     gradients), TypeError (not a tensor or MaskPlan, dtype, a flag that is not a bool), each
     naming the argument and the rule; RuntimeError for an unsupported configuration or a
     CUDA failure. Gradients are first order: differentiating the gradients again (double
-    backward after ``create_graph=True``) raises RuntimeError naming ``flex_attn_func``.
+    backward after ``create_graph=True``) raises RuntimeError naming ``flex_attn_func``; forward-mode AD
+    (``jvp``, ``check_forward_ad``) and ``torch.func`` transforms (``grad``, ``vmap``, ``jacrev``) are not
+    supported (they fail with PyTorch's own errors).
+
+    gradcheck (float64 CPU tensors)::
+
+        q, k, v = (torch.randn(1, 16, 2, 8, dtype=torch.float64, requires_grad=True) for _ in range(3))
+        plan = flashspan.create_mask_plan(flashspan.masks.causal(16), q, k, v)
+        def f(q, k, v):
+            out, lse = flashspan.flex_attn_func(q, k, v, mask_plan=plan, return_lse=True)
+            return out, torch.nan_to_num(lse, neginf=0.0)  # a row that sees no key has LSE -inf
+        torch.autograd.gradcheck(f, (q, k, v))
+
+    (The scale is rounded to float32, also for float64 inputs: against a float64 reference, use a scale
+    exact in float32, e.g. 0.25, or the float32-rounded default.)
 
     Example::
 

@@ -355,7 +355,8 @@ class FlexAttentionFwd(_OpBase):
 
     Shapes: BSHD q ``[B,Sq,Hq,Dqk]`` k ``[B,Sk,Hkv,Dqk]`` v ``[B,Sk,Hkv,Dv]`` o
     ``[B,Sq,Hq,Dv]`` lse fp32 ``[B,Hq,Sq]``; THD drops B (lse ``[Hq,Tq]``);
-    max_logit fp32 ``[Hq]`` (reset to -inf by each execute, then reduced into).
+    max_logit fp32 ``[Hq]`` (reset to -inf by each execute, then reduced into). With float64 q / k / v
+    (CPU tensors only) lse and max_logit are float64 (``flashspan.execution.stats_dtype_of(q)``).
 
     ``sm90_use_smem_mask_pipeline`` is accepted for the seed's sake (a bool; flashspan's
     kernels choose their own mask pipeline). The deprecated keyword ``softmax_scale`` (the
@@ -369,7 +370,7 @@ class FlexAttentionFwd(_OpBase):
     Example::
 
         out = torch.empty((*q.shape[:-1], v.shape[-1]), dtype=q.dtype, device=q.device)
-        lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)
+        lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=q.device)  # fp64 q: fp64
         fwd = FlexAttentionFwd(q, k, v, out, plan, lse)
         fwd.check_support()
         fwd.compile()
@@ -566,8 +567,8 @@ class FlexAttentionBwd(_OpBase):
     deterministic=False)``: same lifecycle as :class:`FlexAttentionFwd`. The plan must have
     been built with backward metadata. dq/dk/dv have the shapes and dtypes of q/k/v; with
     GQA, dk/dv sum over the query heads of a kv head. ``deterministic=True`` (a bool) makes
-    them bitwise reproducible. ``sample_dlse`` (optional, fp32, the shape of lse) is the
-    loss gradient with respect to the forward's LSE: it adds ``dlse_i * P_ij`` to the score
+    them bitwise reproducible. ``sample_dlse`` (optional; lse's dtype, fp32 or fp64 for fp64
+    inputs; the shape of lse) is the loss gradient with respect to the forward's LSE: it adds ``dlse_i * P_ij`` to the score
     gradient at no extra cost; give it at construction and then as ``dlse_tensor`` at every
     ``execute`` (or never). The deprecated keywords ``softmax_scale`` (the scale used when
     execute() gets none) and ``dlse`` still work with a DeprecationWarning.
@@ -702,7 +703,7 @@ class FlexAttentionBwd(_OpBase):
     ) -> None:
         """Writes dq, dk, dv on ``current_stream``; allocates nothing and never synchronises.
 
-        ``dlse_tensor`` (fp32, shape of lse) must be given exactly when the object was
+        ``dlse_tensor`` (lse's dtype and shape) must be given exactly when the object was
         constructed with ``sample_dlse``. ``workspace`` is keyword-only and required, as in the
         seed (``workspace=None`` when ``workspace_size`` is 0, e.g. on the CPU). Other
         arguments as :meth:`FlexAttentionFwd.execute`.

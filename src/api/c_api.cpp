@@ -106,31 +106,36 @@ void check_plan_compatible(const MaskPlan& compiled, const MaskPlan& given, bool
   FS_CHECK_ARG(!need_backward || given.signature.has_backward, kNoBackwardMessage);
 }
 
+// Where a call tensor's required dtype comes from (check_same_tensor_shape's dtype_why).
+constexpr const char* kPlanDtype = "the dtype the mask plan was built for";
+constexpr const char* kStatsDtype = "lse, dlse and max_logit are float32, float64 for float64 inputs";
+
 // Checks that q/k/v/out/lse of a call have the plan's geometry.
+
 void check_call_tensors(const FlexGeometry& g, const TensorView& q, const TensorView& k, const TensorView& v,
                         const TensorView* out, const TensorView* lse, const char* out_name) {
   int64_t s[4];
   int n = 0;
   expected_q_shape(g, s, &n);
-  check_same_tensor_shape(q, "q", s, n, g.dtype, g.device, g.device_id);
+  check_same_tensor_shape(q, "q", s, n, g.dtype, g.device, g.device_id, kPlanDtype);
   expected_k_shape(g, s, &n);
-  check_same_tensor_shape(k, "k", s, n, g.dtype, g.device, g.device_id);
+  check_same_tensor_shape(k, "k", s, n, g.dtype, g.device, g.device_id, kPlanDtype);
   expected_v_shape(g, s, &n);
-  check_same_tensor_shape(v, "v", s, n, g.dtype, g.device, g.device_id);
+  check_same_tensor_shape(v, "v", s, n, g.dtype, g.device, g.device_id, kPlanDtype);
   if (out) {
     expected_out_shape(g, s, &n);
-    check_same_tensor_shape(*out, out_name, s, n, g.dtype, g.device, g.device_id);
+    check_same_tensor_shape(*out, out_name, s, n, g.dtype, g.device, g.device_id, kPlanDtype);
   }
   if (lse && lse->defined()) {
     expected_lse_shape(g, s, &n);
-    check_same_tensor_shape(*lse, "lse", s, n, flex_stats_dtype(g.dtype), g.device, g.device_id);
+    check_same_tensor_shape(*lse, "lse", s, n, flex_stats_dtype(g.dtype), g.device, g.device_id, kStatsDtype);
   }
 }
 
 void check_max_logit(const FlexGeometry& g, const TensorView& m) {
   if (!m.defined()) return;
   const int64_t s[1] = {g.num_heads_q};
-  check_same_tensor_shape(m, "max_logit", s, 1, flex_stats_dtype(g.dtype), g.device, g.device_id);
+  check_same_tensor_shape(m, "max_logit", s, 1, flex_stats_dtype(g.dtype), g.device, g.device_id, kStatsDtype);
 }
 
 float resolve_scale(const FlexGeometry& g, float scale, int32_t has_scale, bool want_max_logit) {
@@ -430,18 +435,18 @@ void check_bwd_tensors(const FlexGeometry& g, const BwdViews& t) {
   int64_t s[4];
   int n = 0;
   expected_out_shape(g, s, &n);
-  check_same_tensor_shape(t.dout, "dout", s, n, g.dtype, g.device, g.device_id);
+  check_same_tensor_shape(t.dout, "dout", s, n, g.dtype, g.device, g.device_id, kPlanDtype);
   FS_CHECK_ARG(t.lse.defined(), "lse: is required for the backward pass (the forward's LSE)");
   expected_lse_shape(g, s, &n);
   const DType stats = flex_stats_dtype(g.dtype);
-  check_same_tensor_shape(t.lse, "lse", s, n, stats, g.device, g.device_id);
-  if (t.dlse.defined()) check_same_tensor_shape(t.dlse, "dlse", s, n, stats, g.device, g.device_id);
+  check_same_tensor_shape(t.lse, "lse", s, n, stats, g.device, g.device_id, kStatsDtype);
+  if (t.dlse.defined()) check_same_tensor_shape(t.dlse, "dlse", s, n, stats, g.device, g.device_id, kStatsDtype);
   expected_q_shape(g, s, &n);
-  check_same_tensor_shape(t.dq, "dq", s, n, g.dtype, g.device, g.device_id);
+  check_same_tensor_shape(t.dq, "dq", s, n, g.dtype, g.device, g.device_id, kPlanDtype);
   expected_k_shape(g, s, &n);
-  check_same_tensor_shape(t.dk, "dk", s, n, g.dtype, g.device, g.device_id);
+  check_same_tensor_shape(t.dk, "dk", s, n, g.dtype, g.device, g.device_id, kPlanDtype);
   expected_v_shape(g, s, &n);
-  check_same_tensor_shape(t.dv, "dv", s, n, g.dtype, g.device, g.device_id);
+  check_same_tensor_shape(t.dv, "dv", s, n, g.dtype, g.device, g.device_id, kPlanDtype);
 }
 
 }  // namespace

@@ -257,9 +257,10 @@ void validate_endpoints_host(const int32_t* mask, const FlexGeometry& g) {
 }
 
 void check_same_tensor_shape(const TensorView& t, const char* name, const int64_t* shape, int ndim, DType dtype,
-                             DeviceType device, int device_id) {
+                             DeviceType device, int device_id, const char* dtype_why) {
   FS_CHECK_ARG(t.defined(), name, ": is required");
-  FS_CHECK_TYPE(t.dtype == dtype, name, ": dtype must be ", dtype_name(dtype), ", got ", dtype_name(t.dtype));
+  FS_CHECK_TYPE(t.dtype == dtype, name, ": dtype must be ", dtype_name(dtype), ", got ", dtype_name(t.dtype),
+                dtype_why != nullptr ? " (" : "", dtype_why != nullptr ? dtype_why : "", dtype_why != nullptr ? ")" : "");
   FS_CHECK_TYPE(t.device == device && t.device_id == device_id, name, ": must be on ", device_name(device), ":",
                 device_id, ", got ", device_name(t.device), ":", t.device_id);
   bool ok = t.ndim == ndim;

@@ -45,8 +45,9 @@ void check_head_dims_reference(int dqk, int dv);
 inline DType flex_stats_dtype(DType io) { return io == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32; }
 
 // Output / call checks against a plan's geometry.
+// `dtype_why`, when given, follows the dtype rule's message in parentheses (where the required dtype comes from).
 void check_same_tensor_shape(const TensorView& t, const char* name, const int64_t* shape, int ndim, DType dtype,
-                             DeviceType device, int device_id);
+                             DeviceType device, int device_id, const char* dtype_why = nullptr);
 void check_last_dim_contiguous(const TensorView& t, const char* name);
 void check_softmax_scale(float scale, bool want_max_logit);
 // An output must not overlap itself (a zero stride, or strides that interleave): dimensions

@@ -419,6 +419,9 @@ TEST(Validation, SameTensorShape) {
                            kArg, "out: is required"));
   EXPECT_TRUE(throws_error([&] { check_same_tensor_shape(ok, "out", shape, 3, DType::kBFloat16, DeviceType::kCPU, 0); },
                            kType, "out: dtype must be bfloat16, got float16"));
+  EXPECT_TRUE(throws_error(
+      [&] { check_same_tensor_shape(ok, "out", shape, 3, DType::kBFloat16, DeviceType::kCPU, 0, "the plan's"); }, kType,
+      "out: dtype must be bfloat16, got float16 (the plan's)"));
   EXPECT_TRUE(throws_error([&] { check_same_tensor_shape(ok, "out", shape, 3, DType::kFloat16, DeviceType::kCUDA, 0); },
                            kType, "out: must be on cuda:0, got cpu:0"));
   const TensorView wrong = shape_view(DType::kFloat16, {4, 8, 8});

@@ -263,11 +263,11 @@ def test_explicit_api_messages_use_the_signatures_names(fs):
     q = torch.randn(1, S, 2, 16)
     plan = fs.create_mask_plan(torch.arange(1, S + 1, dtype=torch.int32).view(1, 1, S), q, q, q, build_backward=True)
     o, lse = torch.empty_like(q), torch.empty(1, 2, S)
-    with pytest.raises(TypeError, match=r"^FlexAttentionFwd: sample_o: dtype must be float32, got float64$"):
+    with pytest.raises(TypeError, match=r"^FlexAttentionFwd: sample_o: dtype must be float32, got float64 \(the dtype the mask plan was built for\)$"):
         fs.FlexAttentionFwd(q, q, q, o.double(), plan)
     with pytest.raises(TypeError, match=r"^FlexAttentionFwd: sample_mask_plan: must be a flashspan.MaskPlan, got str$"):
         fs.FlexAttentionFwd(q, q, q, o, "plan")
-    with pytest.raises(TypeError, match=r"^FlexAttentionBwd: sample_do: dtype must be float32, got float64$"):
+    with pytest.raises(TypeError, match=r"^FlexAttentionBwd: sample_do: dtype must be float32, got float64 \(the dtype the mask plan was built for\)$"):
         fs.FlexAttentionBwd(q, q, q, o, o.double(), lse, o, o, o, plan)
     fwd = fs.FlexAttentionFwd(q, q, q, o, plan, lse)
     fwd.compile()
