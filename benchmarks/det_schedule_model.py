@@ -35,6 +35,8 @@ ones, kernel_bwd_sm90.cuh's argument):
             key blocks, as desc: a tile's contributors are one head's; BwdParams::det_band = kDetBandAll);
   bandB     key blocks descending in bands of B, each band's cells head by head (BwdParams::det_band = B);
   hybridB   as bandB over the blocks without a cut cell, each block with one alone and heads fastest (not built);
+  tailB     bandB over the blocks above the highest block with a cut cell, then the blocks from it down heads
+            fastest (not built; needs only that block's index from the scan, no permutation);
   desc-h2   pairs of heads slowest, each pair's heads fastest;
   cutlast   uncut cells (desc) first, then the cut cells' items, whose additions come last in each tile
             (cutlast-hs: both parts heads slowest; cutlast-hs2: the cut part only);
@@ -279,6 +281,15 @@ def main() -> None:
                         if len(run) == bw:
                             flush()
                 flush()
+                return items_of(cells, steps, chunk, above), None if name.endswith("-U") else (lambda kb, h: -kb), not uneven
+            if name.startswith("tail"):  # bands of B over the blocks above the highest cut block, then the
+                # blocks from it down heads fastest (arithmetic: one number T from the scan, no permutation)
+                bw = int(name[4:].rstrip("-U"))
+                cut_blocks = [kb for kb in range(nkb) if steps[kb] > above]
+                t = max(cut_blocks) + 1 if cut_blocks else 0
+                cells = [(kb, h) for top in range(nkb - 1, t - 1, -bw) for h in range(heads)
+                         for kb in range(top, max(top - bw, t - 1), -1)]
+                cells += [(kb, h) for kb in reversed(range(t)) for h in range(heads)]
                 return items_of(cells, steps, chunk, above), None if name.endswith("-U") else (lambda kb, h: -kb), not uneven
             if name in ("desc-h2", "desc-h2-U"):  # pairs of heads slowest, each pair's heads fastest
                 cells = [(kb, h) for g in range(0, heads, 2) for kb in reversed(range(nkb)) for h in range(g, min(g + 2, heads))]
