@@ -29,6 +29,11 @@ inline bool env_flag_off(const char* name) {
   return e != nullptr && std::strcmp(e, "0") == 0;
 }
 
+// A switch that forces one of two answers or leaves the choice to a rule: 1 when `name` is exactly "1", 0 when
+// exactly "0", else -1 (unset, empty or any other value: the rule decides), e.g. FLASHSPAN_SM90_BWD_CELLS /
+// FLASHSPAN_SM90_BWD_DET_CLAIM.
+inline int env_flag_forced(const char* name) { return env_flag_on(name) ? 1 : env_flag_off(name) ? 0 : -1; }
+
 // The switch of an experimental path with a variable of its own (dispatch's FLASHSPAN_SM90_SDPA_PAGED_THD): `name`
 // unset, FLASHSPAN_EXPERIMENTAL's answer (experimental_from_env, so that FLASHSPAN_EXPERIMENTAL=1 turns on every path
 // not yet run on a GPU); exactly "0" off; any other value (empty included) on, whatever FLASHSPAN_EXPERIMENTAL says.

@@ -1,11 +1,9 @@
 // Host launchers of the backward's arch-neutral kernels (launch_bwd_common.h).
 #include "kernels/common/launch_bwd_common.h"
 
-#include <atomic>
-
-#include "core/env_switch.h"
 #include "kernels/common/bwd_prepost.cuh"
 #include "kernels/common/bwd_split.cuh"
+#include "kernels/common/experimental_switch.h"
 #include "kernels/common/grid.h"
 #include "kernels/common/launch_util.h"
 #include "kernels/common/split_schedule.cuh"
@@ -27,17 +25,11 @@ __global__ void __launch_bounds__(256) sdpa_bwd_dbias_kernel(const SdpaBwdParams
 }  // namespace kern
 
 namespace {
-std::atomic<int> g_pre_paired_override{-1};
+kern::ExperimentalSwitch g_pre_paired;
 }  // namespace
 
-void set_bwd_preprocess_paired(int on) {
-  g_pre_paired_override.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed);
-}
-
-bool bwd_preprocess_paired() {
-  const int v = g_pre_paired_override.load(std::memory_order_relaxed);
-  return v >= 0 ? v == 1 : experimental_from_env();
-}
+void set_bwd_preprocess_paired(int on) { g_pre_paired.set(on); }
+bool bwd_preprocess_paired() { return g_pre_paired.on(); }
 
 unsigned bwd_preprocess_grid(int64_t units, int head_dv, bool paired) {
   // The paired form's CTAs cover 8 warps x 32 / lanes rows x kPreUnits passes (bwd_prepost.cuh

@@ -10,6 +10,7 @@
 #include <cstring>
 
 #include "core/env_switch.h"
+#include "kernels/common/experimental_switch.h"
 #include "kernels/params.h"  // kDetBandAll
 #include "kernels/sm90/launch_sm90.h"
 
@@ -22,17 +23,12 @@ std::atomic<int> g_wide192_override{-1};
 std::atomic<int> g_det_split_override{-1};
 std::atomic<int> g_det_split_above_override{-1};
 std::atomic<int> g_cell_order_override{-1};
-std::atomic<int> g_split_first_override{-1};
+kern::ExperimentalSwitch g_split_first;
 std::atomic<int> g_det_band_override{-1};
 
 // The in-process overrides of the switches below: set_*(1) on, (0) off, (-1) back to the
 // environment's answer.
 void store_override(std::atomic<int>& o, int on) { o.store(on < 0 ? -1 : (on ? 1 : 0), std::memory_order_relaxed); }
-// An experimental switch: its override when set, else FLASHSPAN_EXPERIMENTAL=1 (read per call).
-bool experimental_switch(const std::atomic<int>& o) {
-  const int v = o.load(std::memory_order_relaxed);
-  return v >= 0 ? v == 1 : experimental_from_env();
-}
 }  // namespace
 
 void set_bwd_enabled(int on) { store_override(g_bwd_override, on); }
@@ -88,19 +84,15 @@ void set_bwd_cell_order(int on) { store_override(g_cell_order_override, on); }
 int bwd_cell_order_forced() {
   const int o = g_cell_order_override.load(std::memory_order_relaxed);
   if (o >= 0) return o;
-  static const int env = [] {
-    const char* e = std::getenv("FLASHSPAN_SM90_BWD_CELLS");
-    if (e == nullptr) return -1;
-    return std::strcmp(e, "1") == 0 ? 1 : std::strcmp(e, "0") == 0 ? 0 : -1;
-  }();
+  static const int env = env_flag_forced("FLASHSPAN_SM90_BWD_CELLS");
   return env;
 }
 
-void set_bwd_split_first(int on) { store_override(g_split_first_override, on); }
+void set_bwd_split_first(int on) { g_split_first.set(on); }
 
 // The cell order's split-first item list: experimental (PERF_LOG v2.10: longformer +15 %, tree_bfs -7 %
 // at S=131072 D=128).
-bool bwd_split_first_enabled() { return experimental_switch(g_split_first_override); }
+bool bwd_split_first_enabled() { return g_split_first.on(); }
 
 void set_bwd_det_band(int band) { g_det_band_override.store(band >= 0 ? band : -1, std::memory_order_relaxed); }
 
@@ -169,9 +161,7 @@ bool bwd_det_own_slots() { return experimental_flag("FLASHSPAN_SM90_BWD_DET_OWN_
 // showed document_causal's dQ chains blocked for ~0.4 ms behind the first item of a chain, which the snake had
 // placed late on a CTA whose earlier items were long; claimed in order, no item starts after a later one. Still
 // deadlock-free: an item waits only on earlier items, each of which is running or done when it is claimed.
-int bwd_det_claim() {
-  return env_flag_on("FLASHSPAN_SM90_BWD_DET_CLAIM") ? 1 : env_flag_off("FLASHSPAN_SM90_BWD_DET_CLAIM") ? 0 : -1;
-}
+int bwd_det_claim() { return env_flag_forced("FLASHSPAN_SM90_BWD_DET_CLAIM"); }
 
 }  // namespace flashspan::sm90
 #endif  // FLASHSPAN_WITH_CUDA
