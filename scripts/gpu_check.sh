@@ -187,10 +187,11 @@ cpp_suite() {
     # snake waves): each order on every plan once, the snake with the release hand-off of the dQ turns.
     gtest_run "gtest sm90 det-claim" gtest_sm90_det_claim.log env FLASHSPAN_SM90_BWD_DET_CLAIM=1 "$tests" --gtest_brief=1 \
       --gtest_filter='FlexGpuSm90.BwdDeterministic:FlexGpuSm90.BwdBigDimsDeterministic:FlexGpuSm90.BwdWideCases'
-    # Experimental (not yet run on a GPU), together in one pass: each deterministic split item storing its own dK / dV
-    # slot, and the deterministic list in bands head by head, here heads slowest (FlexGpuSm90.
-    # BwdDeterministicBandsSameBits, in the default run, forces bands case by case; here every deterministic case).
-    gtest_run "gtest sm90 det-own-slots band-all" gtest_sm90_det_experimental.log env FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=1 \
+    # Together in one pass: the deterministic split items' shared, zeroed dK / dV slots (FLASHSPAN_SM90_BWD_DET_OWN_SLOTS
+    # =0; each item's own slot is the default since PERF_LOG v2.55) and the experimental list in bands head by head,
+    # here heads slowest (FlexGpuSm90.BwdDeterministicBandsSameBits, in the default run, forces bands case by case;
+    # here every deterministic case).
+    gtest_run "gtest sm90 det-shared-slots band-all" gtest_sm90_det_experimental.log env FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0 \
       FLASHSPAN_SM90_BWD_DET_BAND=all "$tests" --gtest_brief=1 \
       --gtest_filter='FlexGpuSm90.BwdDeterministic:FlexGpuSm90.BwdBigDimsDeterministic:FlexGpuSm90.BwdWideCases:FlexGpuSm90.BwdSanitizerSmall'
     gtest_run "gtest sm90 det-snake-release" gtest_sm90_det_snake.log env FLASHSPAN_SM90_BWD_DET_CLAIM=0 \
@@ -299,9 +300,10 @@ cpp_suite() {
     # The sm80 paged prefill, which the sm90 paged forward took over by default (FLASHSPAN_SM90_SDPA_PAGED=0 keeps it).
     gtest_run "memcheck sm80-paged" memcheck_sm80_paged.log env FLASHSPAN_SM90_SDPA_PAGED=0 compute-sanitizer --tool \
       memcheck --error-exitcode 3 "$tests" --gtest_filter='SdpaPagedGpu.SanitizerSmall'
-    # The deterministic backward's experimental paths in one pass: its own split slots (FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=1:
-    # stores, no zeroing) and its list in bands of 3 key blocks (FLASHSPAN_SM90_BWD_DET_BAND).
-    gtest_run "memcheck det-own-slots band-3" memcheck_det_experimental.log env FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=1 \
+    # The deterministic backward's other paths in one pass: its shared split slots (FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0:
+    # zeroed, fp32 atomics; the default run's memcheck has the own slots) and its list in bands of 3 key blocks
+    # (FLASHSPAN_SM90_BWD_DET_BAND, experimental).
+    gtest_run "memcheck det-shared-slots band-3" memcheck_det_experimental.log env FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0 \
       FLASHSPAN_SM90_BWD_DET_BAND=3 compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" \
       --gtest_filter='FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdBigDimsSanitizer'
     gtest_run "racecheck" racecheck.log compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" \

@@ -347,7 +347,7 @@ struct BwdParams : QkvParams {
   int det_relaxed = 1;
   // The flex deterministic backward's split slots (one per item): 1 = each item stores its slot whole and the
   // items kernel zeroes none (kernel_bwd_sm90.cuh split_slot_owned); 0 = zeroed slots, fp32 atomic additions
-  // (experimental, not yet run on a GPU: FLASHSPAN_SM90_BWD_DET_OWN_SLOTS, unset: FLASHSPAN_EXPERIMENTAL=1).
+  // (by default; FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0 keeps 0, PERF_LOG v2.55).
   int det_own_slots = 0;
   // The sm90 deterministic backward's cell list (grid_mode 1, TileScheduler::cell_descending): the key blocks
   // descending in bands of det_band blocks, each band's cells head by head; 1 (the default) = heads fastest,

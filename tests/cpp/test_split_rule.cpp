@@ -331,24 +331,24 @@ TEST(SplitRule, DeterministicBandSwitch) {
   EXPECT_EQ(sm90::bwd_det_band_forced(), 1);
 }
 
-// The deterministic schedule's launcher switches (switches_sm90.cpp): own split slots by the experimental_flag
-// rule, the relaxed dQ hand-off on unless "0", the item order forced by "1" / "0" only.
+// The deterministic schedule's launcher switches (switches_sm90.cpp): own split slots and the relaxed dQ hand-off
+// on unless "0" (FLASHSPAN_EXPERIMENTAL changes neither), the item order forced by "1" / "0" only.
 TEST(SplitRule, DeterministicLauncherSwitches) {
   using flashspan::test::ScopedEnv;
   ScopedEnv own("FLASHSPAN_SM90_BWD_DET_OWN_SLOTS", nullptr);
   ScopedEnv relaxed("FLASHSPAN_SM90_BWD_DET_RELAXED", nullptr);
   ScopedEnv claim("FLASHSPAN_SM90_BWD_DET_CLAIM", nullptr);
   ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
-  EXPECT_FALSE(sm90::bwd_det_own_slots());
+  EXPECT_TRUE(sm90::bwd_det_own_slots());
   EXPECT_TRUE(sm90::bwd_det_relaxed());
   EXPECT_EQ(sm90::bwd_det_claim(), -1);
-  experimental.set("1");
-  EXPECT_TRUE(sm90::bwd_det_own_slots());
   own.set("0");
   EXPECT_FALSE(sm90::bwd_det_own_slots());
-  experimental.set(nullptr);
+  experimental.set("1");
+  EXPECT_FALSE(sm90::bwd_det_own_slots());
   own.set("1");
   EXPECT_TRUE(sm90::bwd_det_own_slots());
+  experimental.set(nullptr);
   relaxed.set("0");
   EXPECT_FALSE(sm90::bwd_det_relaxed());
   relaxed.set("yes");

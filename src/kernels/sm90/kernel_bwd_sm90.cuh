@@ -824,7 +824,7 @@ __device__ __forceinline__ BwdItem take_bwd_item(uint32_t bars, const uint8_t* s
 }
 
 // Whether a split item's slot is its own and written with plain stores (the flex deterministic backward: one slot
-// per item, bwd_split.cuh, not zeroed; BwdParams::det_own_slots, experimental), or added into with fp32 atomics (a
+// per item, bwd_split.cuh, not zeroed; BwdParams::det_own_slots, by default), or added into with fp32 atomics (a
 // zeroed slot: shared by a split task's items when non-deterministic; SDPA's H_k != H_v slots).
 __device__ __forceinline__ bool split_slot_owned(const BwdParams& p) { return p.det_own_slots != 0; }
 

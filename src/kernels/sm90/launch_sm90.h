@@ -151,7 +151,7 @@ int bwd_det_claim();
 // The deterministic backward's other switches as the launcher passes them (launch_bwd_sm90.cu): without the dQ
 // tiles' counter waits (FLASHSPAN_SM90_BWD_DET_UNORDERED=1, measurement only, read once), the dQ turn handed on
 // relaxed (BwdParams::det_relaxed; FLASHSPAN_SM90_BWD_DET_RELAXED=0 release, read per call), each split item's own
-// dK / dV slot (BwdParams::det_own_slots; FLASHSPAN_SM90_BWD_DET_OWN_SLOTS, experimental_flag, read per call).
+// dK / dV slot (BwdParams::det_own_slots; on unless FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0, read per call).
 bool bwd_det_unordered();
 bool bwd_det_relaxed();
 bool bwd_det_own_slots();

@@ -150,11 +150,12 @@ bool bwd_det_unordered() {
 // FLASHSPAN_SM90_BWD_DET_RELAXED=0 (read per call): the dQ tile's turn handed on by a release increment
 // (BwdParams::det_relaxed) instead of the default relaxed one after the tile's additions have completed.
 bool bwd_det_relaxed() { return !env_flag_off("FLASHSPAN_SM90_BWD_DET_RELAXED"); }
-// FLASHSPAN_SM90_BWD_DET_OWN_SLOTS (experimental_flag: unset, FLASHSPAN_EXPERIMENTAL's answer; "0" off; else on;
-// not yet run on a GPU; read per call): each deterministic split item stores its own dK / dV slot, which the
-// items kernel then does not zero (BwdParams::det_own_slots; the zeroing and the convert took ~50 us each of a
-// 1.1 ms tree_bfs backward at S = 32768 on the H200, PERF_LOG v2.50).
-bool bwd_det_own_slots() { return experimental_flag("FLASHSPAN_SM90_BWD_DET_OWN_SLOTS"); }
+// FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0 (read per call; on by default since PERF_LOG v2.55): each deterministic split
+// item stores its own dK / dV slot, which the items kernel then does not zero (BwdParams::det_own_slots; the
+// zeroing and the convert took ~50 us each of a 1.1 ms tree_bfs backward at S = 32768 on the H200, v2.50). "0"
+// keeps the zeroed slots added into with fp32 atomics: own slots measured +5-13 % on the cut masks (sink_local,
+// the trees, longformer) and the others unchanged on an H100 (v2.55).
+bool bwd_det_own_slots() { return !env_flag_off("FLASHSPAN_SM90_BWD_DET_OWN_SLOTS"); }
 
 // FLASHSPAN_SM90_BWD_DET_CLAIM=0 / 1 (read per call; unset: the plan decides, BwdParams::det_claim): the
 // deterministic schedule's items in snake waves (0) or claimed in list order (1). The trace of PERF_LOG v2.48
