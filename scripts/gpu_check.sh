@@ -240,22 +240,20 @@ cpp_suite() {
     gtest_run "gtest sdpa sm80-paged" gtest_sdpa_sm80_paged.log env FLASHSPAN_SM90_SDPA_PAGED=0 "$tests" --gtest_brief=1 \
       --gtest_filter='SdpaPagedGpu.PrefillRandom:SdpaPagedGpu.EveryPageSizeAndTile:SdpaPagedGpu.SanitizerSmall:SdpaPaged.*'
   fi
-  # Experimental (not yet run on a GPU): packed (THD) q / o / stats / gate on the sm90 paged forward
-  # (FLASHSPAN_SM90_SDPA_PAGED_THD=1; its Sm90PagedThd* tests force it on in the runs above): the paged tests that do
-  # not force it, once with it on (PrefillRandom's packed-q cases with pages of 8 keys or more then run on the sm90
-  # paged forward), and the rule's CPU tests with the environment's answer.
-  if "$tests" --gtest_list_tests --gtest_filter='SdpaPagedGpu.Sm90PagedThd*' 2>/dev/null | grep -q '^  '; then
-    gtest_run "gtest sdpa sm90-paged-thd" gtest_sdpa_sm90_paged_thd.log env FLASHSPAN_SM90_SDPA_PAGED_THD=1 "$tests" \
-      --gtest_brief=1 --gtest_filter='SdpaPagedGpu.PrefillRandom:SdpaPagedGpu.SanitizerSmall:SdpaPaged.*'
-  fi
-  # Experimental (not yet run on a GPU): the additive bias on the sm90 paged forward (FLASHSPAN_SM90_SDPA_PAGED_BIAS=1;
-  # its Sm90PagedBias* tests force it on in the runs above): the paged bias tests that do not force it, once with it on
-  # (BiasRandom's and FeaturePairsSanitizerSmall's prefill cases with pages of 8 keys or more then run on the sm90
-  # paged forward's bias kernel), and the rule's CPU tests with the environment's answer.
+  # Packed (THD) q / o / stats / gate on the sm90 paged forward is on by default since 2026-12-06
+  # (FLASHSPAN_SM90_SDPA_PAGED_THD=0 keeps those calls on the sm80 paged kernel; PERF_LOG v2.55), so the whole suite
+  # above ran PrefillRandom's packed-q cases with pages of 8 keys or more on it. No run of its own with the switch
+  # "0": the "sm80-paged" step above runs the same cases on the sm80 paged kernel (FLASHSPAN_SM90_SDPA_PAGED=0), and
+  # SdpaPagedGpu.Sm90PagedThdOffRunsSm80 forces the switch off.
+  # The additive bias on the sm90 paged forward is on by default since 2026-12-06 too
+  # (FLASHSPAN_SM90_SDPA_PAGED_BIAS=0 keeps those calls on the sm80 paged kernel), so the whole suite above ran
+  # BiasRandom's prefill cases with pages of 8 keys or more on its bias kernel (DropoutRandom's and
+  # FeaturePairsSanitizerSmall's calls with a bias also carry dropout: the sm80 paged kernel either way): BiasRandom
+  # once more with the switch "0", so that the sm80 paged kernel's bias (still what other GPUs run) stays tested on
+  # an H100 / H200 in every broadcast form, and the rule's CPU tests with the environment's answer.
   if "$tests" --gtest_list_tests --gtest_filter='SdpaPagedGpu.Sm90PagedBias*' 2>/dev/null | grep -q '^  '; then
-    gtest_run "gtest sdpa sm90-paged-bias" gtest_sdpa_sm90_paged_bias.log env FLASHSPAN_SM90_SDPA_PAGED_BIAS=1 \
-      "$tests" --gtest_brief=1 \
-      --gtest_filter='SdpaPagedGpu.BiasRandom:SdpaPagedGpu.DropoutRandom:SdpaPagedGpu.FeaturePairsSanitizerSmall:SdpaPaged.*'
+    gtest_run "gtest sdpa sm80-paged-bias" gtest_sdpa_sm80_paged_bias.log env FLASHSPAN_SM90_SDPA_PAGED_BIAS=0 \
+      "$tests" --gtest_brief=1 --gtest_filter='SdpaPagedGpu.BiasRandom:SdpaPaged.*'
   fi
 
   # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one. Missing sanitizer = failure.
@@ -284,10 +282,10 @@ cpp_suite() {
   #    Fp8BackwardSm90StorePass* (set_fp8_widen_vec_enabled(0), set_sdpa_fp8_bwd_sm90_store_enabled(0)).
   #    Paged K/V on the sm90 forward is on by default too (FLASHSPAN_SM90_SDPA_PAGED=0 keeps the sm80 paged kernel: the
   #    "memcheck sm80-paged" step); SdpaPagedGpu.Sm90PagedSanitizerSmall, Sm90PagedBadEntryIsNaN force it on. Packed
-  #    (THD) q / o / stats on it (experimental, FLASHSPAN_SM90_SDPA_PAGED_THD): SdpaPagedGpu.Sm90PagedThdSanitizerSmall,
-  #    Sm90PagedThdBadEntryIsNaN force their switch on (memcheck; the first under synccheck too). The bias on it
-  #    (experimental, FLASHSPAN_SM90_SDPA_PAGED_BIAS): SdpaPagedGpu.Sm90PagedBiasSanitizerSmall forces its switch on
-  #    (memcheck and synccheck).
+  #    (THD) q / o / stats on it (on by default since 2026-12-06, FLASHSPAN_SM90_SDPA_PAGED_THD=0 off):
+  #    SdpaPagedGpu.Sm90PagedThdSanitizerSmall, Sm90PagedThdBadEntryIsNaN force their switch on (memcheck; the first
+  #    under synccheck too). The bias on it (on by default since 2026-12-06, FLASHSPAN_SM90_SDPA_PAGED_BIAS=0 off):
+  #    SdpaPagedGpu.Sm90PagedBiasSanitizerSmall forces its switch on (memcheck and synccheck).
   if [ "${GPU_CHECK_NO_SANITIZER:-0}" = 1 ]; then
     waive "memcheck + racecheck + synccheck" "GPU_CHECK_NO_SANITIZER=1"
   elif command -v compute-sanitizer >/dev/null; then

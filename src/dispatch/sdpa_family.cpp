@@ -120,18 +120,21 @@ Switch g_sdpa_fp8_sm90_thd{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8_TH
 // PERF_LOG v2.46); FLASHSPAN_SM90_SDPA_PAGED=0 (read per call) keeps paged forwards on the sm80 paged kernel.
 Switch g_sdpa_sm90_paged{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_PAGED"); }};
 // Packed (THD) q / o / stats / gate on that paged forward (sdpa_fwd_sm90_paged_refusal: q through its per-sample maps,
-// o / stats / gate at the samples' starts, K / V through the page tables): experimental, not yet run on a GPU
-// (SdpaPagedGpu.Sm90PagedThd*); FLASHSPAN_SM90_SDPA_PAGED_THD (read per call): unset, on only with
-// FLASHSPAN_EXPERIMENTAL=1; "0" off; any other value on (core/env_switch.h experimental_flag). Off, those calls keep
-// the sm80 paged kernel.
-Switch g_sdpa_sm90_paged_thd{[] { return experimental_flag("FLASHSPAN_SM90_SDPA_PAGED_THD"); }};
+// o / stats / gate at the samples' starts, K / V through the page tables), by default since 2026-12-06 (PERF_LOG
+// v2.55: its GPU tests passed on an H100, SdpaPagedGpu.Sm90PagedThd*, memcheck of Sm90PagedThdSanitizerSmall 0
+// errors; benchmarks/sdpa_paged_bench.py --features thd, B=4 H=16 S=8192 bf16: 267-500 TFLOP/s against the sm80 paged
+// kernel's 180-312, 1.3-1.9x); FLASHSPAN_SM90_SDPA_PAGED_THD=0 (read per call) keeps those calls on the sm80 paged
+// kernel. FLASHSPAN_EXPERIMENTAL (its switch before) no longer changes it.
+Switch g_sdpa_sm90_paged_thd{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_PAGED_THD"); }};
 // The additive bias on that paged forward (sdpa_fwd_sm90_paged_refusal; kernel_fwd_sm90.cuh
 // sdpa_fwd_paged_bias_kernel_sm90, (128, 128) only: the modifiers' source with the bias, staged by TMA per key block
 // as the unpaged kernel's, keys by their position in the sample):
-// experimental, not yet run on a GPU (SdpaPagedGpu.Sm90PagedBias*); FLASHSPAN_SM90_SDPA_PAGED_BIAS (read per call):
-// unset, on only with FLASHSPAN_EXPERIMENTAL=1; "0" off; any other value on (core/env_switch.h experimental_flag).
-// Off, those calls keep the sm80 paged kernel.
-Switch g_sdpa_sm90_paged_bias{[] { return experimental_flag("FLASHSPAN_SM90_SDPA_PAGED_BIAS"); }};
+// by default since 2026-12-06 (PERF_LOG v2.55: its GPU tests passed on an H100, SdpaPagedGpu.Sm90PagedBias*, memcheck
+// of Sm90PagedBiasSanitizerSmall 0 errors; benchmarks/sdpa_paged_bench.py --features bias, a (1, 1, S, S) bf16 bias,
+// B=4 H=16 S=8192: 201-446 TFLOP/s against the sm80 paged kernel's 78-151, 2.2-3.3x);
+// FLASHSPAN_SM90_SDPA_PAGED_BIAS=0 (read per call) keeps those calls on the sm80 paged kernel. FLASHSPAN_EXPERIMENTAL
+// (its switch before) no longer changes it.
+Switch g_sdpa_sm90_paged_bias{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_PAGED_BIAS"); }};
 }  // namespace
 
 namespace {
@@ -266,11 +269,11 @@ const char* sdpa_bwd_sm90_layout_refusal(const sdpa::Problem& p) { return sm90_r
 // and (128, 128), K / V boxes from the page tables; with a bias sdpa_fwd_paged_bias_kernel_sm90, (128, 128), every
 // head dim up to 128): what sm90_refusal takes of a paged forward, less what the
 // kernel leaves to the sm80 paged kernel (which runs every paged call): head dims above 128, the bias unless
-// sdpa_sm90_paged_bias_enabled (experimental; then as sm90_refusal takes it: the modifiers' switch), dropout,
+// sdpa_sm90_paged_bias_enabled (on by default; then as sm90_refusal takes it: the modifiers' switch), dropout,
 // ragged offsets of k or v (a paged side's container has none to honour; a packed contiguous side would need a
 // per-sample map of its own in the producer's page loads, load_paged_block), pages of fewer than 8 keys (a box of
 // whole 128B swizzle atoms), an empty container (its map's page extent). Packed (THD) q / o / stats / gate it takes
-// with sdpa_sm90_paged_thd_enabled (experimental: q through its per-sample maps, the unpaged kernel's producer path;
+// with sdpa_sm90_paged_thd_enabled (on by default: q through its per-sample maps, the unpaged kernel's producer path;
 // o / stats / gate at the samples' starts, its epilogue's), and then as sm90_refusal takes them (the THD switch,
 // FLASHSPAN_SM90_SDPA_THD; a packed gate with the modifiers' switch).
 const char* sdpa_fwd_sm90_paged_refusal(const sdpa::Problem& p) {
@@ -279,8 +282,7 @@ const char* sdpa_fwd_sm90_paged_refusal(const sdpa::Problem& p) {
   if (p.fp8 || p.a.backward) return "an FP8 call or a backward";
   if (p.Dqk > 128 || p.Dv > 128) return "head dims above 128";
   if (p.has(FS_SDPA_BIAS) && !sdpa_sm90_paged_bias_enabled()) {
-    return "bias (with paged K/V: the sm80 paged kernel; experimental on the sm90 one with "
-           "FLASHSPAN_SM90_SDPA_PAGED_BIAS=1 or FLASHSPAN_EXPERIMENTAL=1)";
+    return "bias (with paged K/V: the sm80 paged kernel, FLASHSPAN_SM90_SDPA_PAGED_BIAS=0)";
   }
   if (p.dropout || p.a.dropout_mask_form) return "dropout (with paged K/V: the sm80 paged kernel)";
   if (p.has(FS_SDPA_RAGGED_OFFSET_K) || p.has(FS_SDPA_RAGGED_OFFSET_V)) {
@@ -290,8 +292,8 @@ const char* sdpa_fwd_sm90_paged_refusal(const sdpa::Problem& p) {
     for (int s : {FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_O, FS_SDPA_RAGGED_OFFSET_STATS,
                   FS_SDPA_RAGGED_OFFSET_GATE}) {
       if (p.has(s)) {
-        return "ragged (packed) q, o, stats or gate (with paged K/V: the sm80 paged kernel; experimental on the sm90 "
-               "one with FLASHSPAN_SM90_SDPA_PAGED_THD=1 or FLASHSPAN_EXPERIMENTAL=1)";
+        return "ragged (packed) q, o, stats or gate (with paged K/V: the sm80 paged kernel, "
+               "FLASHSPAN_SM90_SDPA_PAGED_THD=0)";
       }
     }
   }

@@ -108,11 +108,11 @@ inline void expect_off_switch(const char* var, void (*set)(int), bool (*enabled)
 }
 
 // The rule of an experimental dispatch switch with a variable of its own (core/env_switch.h experimental_flag; a path
-// not yet run on a GPU, e.g. FLASHSPAN_SM90_SDPA_PAGED_THD): without its override, `var` unset gives
-// FLASHSPAN_EXPERIMENTAL's answer (on only when exactly "1"), `var` exactly "0" off whatever FLASHSPAN_EXPERIMENTAL
-// says, any other value of `var` (empty included) on; read per call; the override (`set`: 1 on, 0 off) wins over the
-// environment both ways, -1 gives the environment's answer back. effect(on, where) as expect_off_switch's. Leaves
-// the override at -1 and the environment as it was.
+// not yet run on a GPU; none at present: FLASHSPAN_SM90_SDPA_PAGED_THD / _BIAS were until on by default, 2026-12-06):
+// without its override, `var` unset gives FLASHSPAN_EXPERIMENTAL's answer (on only when exactly "1"), `var` exactly
+// "0" off whatever FLASHSPAN_EXPERIMENTAL says, any other value of `var` (empty included) on; read per call; the
+// override (`set`: 1 on, 0 off) wins over the environment both ways, -1 gives the environment's answer back.
+// effect(on, where) as expect_off_switch's. Leaves the override at -1 and the environment as it was.
 inline void expect_experimental_flag(const char* var, void (*set)(int), bool (*enabled)(),
                                      const std::function<void(bool, const std::string&)>& effect = {}) {
   set(-1);

@@ -221,7 +221,7 @@ inline PagedCase random_dropout_case(uint64_t seed, bool decode) {
   return c;
 }
 
-// The cases of the sm90 paged forward's GPU tests (experimental: sdpa_sm90_paged_enabled; test_sdpa_paged_gpu.cpp
+// The cases of the sm90 paged forward's GPU tests (on by default: sdpa_sm90_paged_enabled; test_sdpa_paged_gpu.cpp
 // Sm90Paged*), which its rule (sdpa_fwd_sm90_paged_refusal) takes and the decode forward does not: random_paged_case
 // with pages of 8 keys or more (1 .. 4 become 8 .. 256, kept per side: K and V tables of their own sizes, one side
 // contiguous on a quarter), Q / O / stats padded, head dims up to 128, S_q H_q / H_k above 16 (a prefill).
@@ -244,7 +244,7 @@ inline PagedCase random_sm90_paged_case(uint64_t seed) {
   return c;
 }
 
-// The cases of the sm90 paged forward's GPU tests of packed (THD) q / o / stats (experimental:
+// The cases of the sm90 paged forward's GPU tests of packed (THD) q / o / stats (on by default:
 // sdpa_sm90_paged_thd_enabled; test_sdpa_paged_gpu.cpp Sm90PagedThd*): random_sm90_paged_case with q, o and the stats
 // packed THD (gaps between samples where the lengths are seq_len), B >= 3 with the last sample without query rows
 // and, on two thirds, the first without keys; a packed output gate on half. SdpaPaged.Sm90ThdGpuCasesAreTakenByTheRule
@@ -260,7 +260,7 @@ inline PagedCase random_sm90_paged_thd_case(uint64_t seed) {
   return c;
 }
 
-// The cases of the sm90 paged forward's GPU tests with an additive bias (experimental: sdpa_sm90_paged_bias_enabled;
+// The cases of the sm90 paged forward's GPU tests with an additive bias (on by default: sdpa_sm90_paged_bias_enabled;
 // test_sdpa_paged_gpu.cpp Sm90PagedBias*; the bias kernel, (128, 128), runs every head dim up to 128):
 // random_sm90_paged_case with the bias in form 1 + seed % 16 (every broadcast form over 16 consecutive seeds), float32
 // on odd seeds (read element by element), else q's dtype with S_kv a multiple of 8 on two thirds (whole aligned rows:

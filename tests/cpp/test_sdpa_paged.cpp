@@ -44,10 +44,9 @@ namespace {
 using namespace sdpa_paged;
 
 // sdpa_fwd_sm90_paged_refusal's answer to packed (THD) q / o / stats / gate with its switch off
-// (sdpa_sm90_paged_thd_enabled).
+// (sdpa_sm90_paged_thd_enabled: on by default, FLASHSPAN_SM90_SDPA_PAGED_THD=0 off).
 const std::string kPagedThdOff =
-    "ragged (packed) q, o, stats or gate (with paged K/V: the sm80 paged kernel; experimental on the sm90 one with "
-    "FLASHSPAN_SM90_SDPA_PAGED_THD=1 or FLASHSPAN_EXPERIMENTAL=1)";
+    "ragged (packed) q, o, stats or gate (with paged K/V: the sm80 paged kernel, FLASHSPAN_SM90_SDPA_PAGED_THD=0)";
 
 TensorView view_of(const sdpa_case::Storage& s, DeviceType dev = DeviceType::kCPU) {
   TensorView t;
@@ -334,9 +333,9 @@ std::string sm90_paged_refusal(const PagedCase& c) {
   return r == nullptr ? "" : r;
 }
 
-// A case of an experimental path's GPU tests on the sm90 paged forward: taken by the rule with the path's switch on
-// (`set`: 1), refused with `off_refusal` (naming the switch) with it off, and not a decode call (the decode forward
-// would take it first). Returns false (after reporting) otherwise.
+// A case of the GPU tests of a path with a switch of its own on the sm90 paged forward (packed q, the bias): taken by
+// the rule with the path's switch on (`set`: 1), refused with `off_refusal` (naming the switch) with it off, and not a
+// decode call (the decode forward would take it first). Returns false (after reporting) otherwise.
 bool taken_only_with_switch(const PagedCase& c, void (*set)(int), const std::string& off_refusal) {
   HostCall call(c, DeviceType::kCUDA);
   std::string on_answer, off_answer;
@@ -419,7 +418,7 @@ TEST(SdpaPaged, Sm90PagedRule) {
 }
 
 TEST(SdpaPaged, Sm90PagedThdRule) {
-  // With its switch on (sdpa_sm90_paged_thd_enabled, experimental) the rule takes packed (THD) q / o / stats and a
+  // With its switch on (sdpa_sm90_paged_thd_enabled, the default) the rule takes packed (THD) q / o / stats and a
   // packed gate (the modifiers' switch on), on both kernels' dims and every page size it takes, one side contiguous
   // and padded too, with masks, GQA and H_k != H_v; it refuses, naming them: ragged offsets of k or v (a contiguous
   // side packed; a paged side has no ragged offsets to honour), packed tensors with the THD switch off
@@ -484,10 +483,10 @@ TEST(SdpaPaged, Sm90PagedThdRule) {
 }
 
 TEST(SdpaPaged, Sm90PagedThdSwitchReadsTheEnvironment) {
-  // sdpa_sm90_paged_thd_enabled (experimental, core/env_switch.h experimental_flag): FLASHSPAN_SM90_SDPA_PAGED_THD
-  // unset: on only with FLASHSPAN_EXPERIMENTAL=1; "0" off whatever FLASHSPAN_EXPERIMENTAL says; any other value on;
-  // the override wins both ways, -1 gives the environment's answer back (expect_experimental_flag). Seen through a
-  // packed paged call: taken by the rule when on, refused naming the switch when off.
+  // sdpa_sm90_paged_thd_enabled (on by default since 2026-12-06): on unless FLASHSPAN_SM90_SDPA_PAGED_THD is exactly
+  // "0" (read per call), FLASHSPAN_EXPERIMENTAL (its switch before) changing nothing; the override wins both ways, -1
+  // gives the environment's answer back (expect_off_switch). Seen through a packed paged call: taken by the rule when
+  // on, refused naming the switch when off.
   PagedCase c;
   c.seed = 24;
   c.B = 3;
@@ -497,13 +496,12 @@ TEST(SdpaPaged, Sm90PagedThdSwitchReadsTheEnvironment) {
   c.thd_q = true;
   HostCall call(c, DeviceType::kCUDA);
   const ScopedSwitch thd(set_sdpa_sm90_thd_enabled, 1);
-  expect_experimental_flag("FLASHSPAN_SM90_SDPA_PAGED_THD", set_sdpa_sm90_paged_thd_enabled,
-                           sdpa_sm90_paged_thd_enabled, [&](bool on, const std::string& where) {
-                             const char* r = sdpa_fwd_sm90_paged_refusal(call.p);
-                             EXPECT_EQ(r == nullptr ? "" : std::string(r), on ? "" : kPagedThdOff) << where;
-                             EXPECT_EQ(sdpa_fwd_runs_sm90_paged(call.p), on && sdpa_fwd_sm90_may_take_paged(call.p))
-                                 << where;
-                           });
+  expect_off_switch("FLASHSPAN_SM90_SDPA_PAGED_THD", set_sdpa_sm90_paged_thd_enabled, sdpa_sm90_paged_thd_enabled,
+                    [&](bool on, const std::string& where) {
+                      const char* r = sdpa_fwd_sm90_paged_refusal(call.p);
+                      EXPECT_EQ(r == nullptr ? "" : std::string(r), on ? "" : kPagedThdOff) << where;
+                      EXPECT_EQ(sdpa_fwd_runs_sm90_paged(call.p), on && sdpa_fwd_sm90_may_take_paged(call.p)) << where;
+                    });
   // The workspace: packed q's maps (kSampleMapsFwd slots a sample) and the flags after them, for every such call that
   // may take the kernel (an sm_90 device with the sm_90a code), whatever the switches say; none elsewhere (this CPU
   // test: no such device) and never on CPU tensors.
@@ -612,13 +610,12 @@ TEST(SdpaPaged, Sm90ThdGpuCasesAreTakenByTheRule) {
   }
 }
 
-// The refusal of a paged call with a bias while sdpa_sm90_paged_bias_enabled is off (it names the switch).
-const std::string kPagedBiasOff =
-    "bias (with paged K/V: the sm80 paged kernel; experimental on the sm90 one with FLASHSPAN_SM90_SDPA_PAGED_BIAS=1 "
-    "or FLASHSPAN_EXPERIMENTAL=1)";
+// The refusal of a paged call with a bias while sdpa_sm90_paged_bias_enabled is off (on by default,
+// FLASHSPAN_SM90_SDPA_PAGED_BIAS=0 off; it names the switch).
+const std::string kPagedBiasOff = "bias (with paged K/V: the sm80 paged kernel, FLASHSPAN_SM90_SDPA_PAGED_BIAS=0)";
 
 TEST(SdpaPaged, Sm90PagedBiasRule) {
-  // With its switch on (sdpa_sm90_paged_bias_enabled, experimental) the rule takes an additive bias in every
+  // With its switch on (sdpa_sm90_paged_bias_enabled, the default) the rule takes an additive bias in every
   // broadcast form, float32 or q's dtype, padded strides or not, on both dtypes and head dims up to 128 (the bias
   // kernel is the (128, 128) one's: it runs them all), every page size it takes and one side contiguous, with packed
   // q (its own switch on) and masks, GQA and H_k != H_v; it still refuses dropout (Philox or the caller's mask, with
@@ -693,25 +690,23 @@ TEST(SdpaPaged, Sm90PagedBiasRule) {
 }
 
 TEST(SdpaPaged, Sm90PagedBiasSwitchReadsTheEnvironment) {
-  // sdpa_sm90_paged_bias_enabled (experimental, core/env_switch.h experimental_flag): FLASHSPAN_SM90_SDPA_PAGED_BIAS
-  // unset: on only with FLASHSPAN_EXPERIMENTAL=1; "0" off whatever FLASHSPAN_EXPERIMENTAL says; any other value on;
-  // the override wins both ways, -1 gives the environment's answer back (expect_experimental_flag). Seen through a
-  // paged call with a bias: taken by the rule when on, refused naming the switch when off; its twin without a bias
-  // taken either way.
+  // sdpa_sm90_paged_bias_enabled (on by default since 2026-12-06): on unless FLASHSPAN_SM90_SDPA_PAGED_BIAS is exactly
+  // "0" (read per call), FLASHSPAN_EXPERIMENTAL (its switch before) changing nothing; the override wins both ways, -1
+  // gives the environment's answer back (expect_off_switch). Seen through a paged call with a bias: taken by the rule
+  // when on, refused naming the switch when off; its twin without a bias taken either way.
   const ScopedSwitch mods(set_sdpa_fwd_sm90_mods_enabled, 1);
   PagedCase c = sm90_rule_case(26, 2);
   c.bias = 5;
   HostCall call(c, DeviceType::kCUDA);
   PagedCase plain = c;
   plain.bias = 0;
-  expect_experimental_flag("FLASHSPAN_SM90_SDPA_PAGED_BIAS", set_sdpa_sm90_paged_bias_enabled,
-                           sdpa_sm90_paged_bias_enabled, [&](bool on, const std::string& where) {
-                             const char* r = sdpa_fwd_sm90_paged_refusal(call.p);
-                             EXPECT_EQ(r == nullptr ? "" : std::string(r), on ? "" : kPagedBiasOff) << where;
-                             EXPECT_EQ(sdpa_fwd_runs_sm90_paged(call.p), on && sdpa_fwd_sm90_may_take_paged(call.p))
-                                 << where;
-                             EXPECT_EQ(sm90_paged_refusal(plain), "") << where;
-                           });
+  expect_off_switch("FLASHSPAN_SM90_SDPA_PAGED_BIAS", set_sdpa_sm90_paged_bias_enabled, sdpa_sm90_paged_bias_enabled,
+                    [&](bool on, const std::string& where) {
+                      const char* r = sdpa_fwd_sm90_paged_refusal(call.p);
+                      EXPECT_EQ(r == nullptr ? "" : std::string(r), on ? "" : kPagedBiasOff) << where;
+                      EXPECT_EQ(sdpa_fwd_runs_sm90_paged(call.p), on && sdpa_fwd_sm90_may_take_paged(call.p)) << where;
+                      EXPECT_EQ(sm90_paged_refusal(plain), "") << where;
+                    });
 }
 
 TEST(SdpaPaged, Sm90BiasGpuCasesAreTakenByTheRule) {

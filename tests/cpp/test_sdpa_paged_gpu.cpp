@@ -27,11 +27,15 @@
 // draw every form and that the CPU reference takes the cases and agrees with a dense oracle.
 //
 // The sm90 paged forward (Sm90Paged*: each call must run on it, sm90::sdpa_fwd_paged_launches); with packed (THD) q,
-// o and the stats (Sm90PagedThd*; experimental, written without a GPU: sdpa_sm90_paged_thd_enabled, forced on
-// in-process) random packed prefill cases with a sample without queries and one without keys, a packed output gate
-// on half, the bad-entry NaN
-// fill through the sample maps' flags, a small set for memcheck / synccheck, and the switch off keeping the sm80
-// paged kernel. SdpaPaged.Sm90ThdGpuCasesOnTheCpuReference (no GPU) checks their cases on the CPU reference.
+// o and the stats (Sm90PagedThd*; on by default since they passed on an H100, 2026-12-06, PERF_LOG v2.55:
+// sdpa_sm90_paged_thd_enabled, forced on in-process; FLASHSPAN_SM90_SDPA_PAGED_THD=0 off) random packed prefill cases
+// with a sample without queries and one without keys, a packed output gate on half, the bad-entry NaN fill through the
+// sample maps' flags, a small set for memcheck / synccheck, and the switch off keeping the sm80 paged kernel; with an
+// additive bias (Sm90PagedBias*; on by default since they passed on an H100, 2026-12-06: sdpa_sm90_paged_bias_enabled,
+// forced on in-process; FLASHSPAN_SM90_SDPA_PAGED_BIAS=0 off) random prefill cases in every broadcast form, a small
+// set for memcheck / synccheck, and the switch off keeping the sm80 paged kernel.
+// SdpaPaged.Sm90ThdGpuCasesOnTheCpuReference and Sm90BiasGpuCasesOnTheCpuReference (no GPU) check their cases on the
+// CPU reference.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -815,7 +819,7 @@ TEST(SdpaPagedGpu, Sm90PagedSanitizerSmall) {
   for (int i = 0; i < 4; ++i) run_sm90_case(sm90_small_case(3200 + uint64_t(i), i));
 }
 
-// Packed (THD) q / o / stats / gate on the sm90 paged forward (experimental, not yet run on a GPU:
+// Packed (THD) q / o / stats / gate on the sm90 paged forward (on by default since 2026-12-06:
 // sdpa_sm90_paged_thd_enabled, forced on here with the THD switch, sdpa_sm90_thd_enabled; q through its per-sample
 // maps, o, the stats and the gate at the samples' starts, K / V through the page tables).
 struct Sm90PagedThdOn {
@@ -864,7 +868,7 @@ TEST(SdpaPagedGpu, Sm90PagedThdSanitizerSmall) {
 }
 
 TEST(SdpaPagedGpu, Sm90PagedThdOffRunsSm80) {
-  // The switch off (its default without FLASHSPAN_EXPERIMENTAL=1): the packed calls keep the sm80 paged kernel, right.
+  // The switch off (FLASHSPAN_SM90_SDPA_PAGED_THD=0): the packed calls keep the sm80 paged kernel, right.
   REQUIRE_GPU();
   PagedOn paged;
   ScopedSwitch off{set_sdpa_sm90_paged_thd_enabled, 0};
@@ -889,7 +893,7 @@ TEST(SdpaPagedGpu, Sm90PagedOffRunsSm80) {
   }
 }
 
-// The additive bias on the sm90 paged forward (experimental, not yet run on a GPU: sdpa_sm90_paged_bias_enabled,
+// The additive bias on the sm90 paged forward (on by default since 2026-12-06: sdpa_sm90_paged_bias_enabled,
 // forced on here, with the feature pairs' switch that lets a bias meet paged K/V at all and the THD switches for the
 // packed cases; kernel_fwd_sm90.cuh sdpa_fwd_paged_bias_kernel_sm90, the (128, 128) kernel for every head dim).
 struct Sm90PagedBiasOn {
@@ -942,8 +946,7 @@ TEST(SdpaPagedGpu, Sm90PagedBiasSanitizerSmall) {
 }
 
 TEST(SdpaPagedGpu, Sm90PagedBiasOffRunsSm80) {
-  // The switch off (its default without FLASHSPAN_EXPERIMENTAL=1): the calls with a bias keep the sm80 paged kernel,
-  // right.
+  // The switch off (FLASHSPAN_SM90_SDPA_PAGED_BIAS=0): the calls with a bias keep the sm80 paged kernel, right.
   REQUIRE_GPU();
   FeaturePairsOn pairs;
   ScopedSwitch thd{set_sdpa_sm90_paged_thd_enabled, 1};
