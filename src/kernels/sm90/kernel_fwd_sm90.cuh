@@ -487,7 +487,7 @@ struct AnalyticDropSourceSm90 : AnalyticModSourceSm90<L> {
 // answer). Rows of a last key block past the sample's keys (other samples' rows, or anything, in a page) are masked in
 // S and zeroed in V (zero_v_rows_past), as the unpaged kernels' padding.
 // kBias (AnalyticPagedBiasSourceSm90, as AnalyticModSourceSm90T's; sdpa_fwd_paged_bias_kernel_sm90, (128, 128) only;
-// experimental: dispatch's sdpa_sm90_paged_bias_enabled): the modifiers' source with the additive bias, whose staging
+// on by default: dispatch's sdpa_sm90_paged_bias_enabled): the modifiers' source with the additive bias, whose staging
 // (load_bias: a 16-bit bias of whole aligned rows by TMA per key block, FwdSm90Layout::kBiasStage) and element-wise
 // reads hold as they are, the bias indexing keys by their position in the sample, not through the pages. An
 // instantiation of its own: as the paged source's base (one kernel for calls with and without a bias) it added 12 / 32

@@ -231,7 +231,7 @@ void launch_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p_in, const Tensor
                side_ok(p.paged_k, k) && side_ok(p.paged_v, v),
            Status::kInternal, "sdpa paged forward (sm90): unsupported configuration reached the launcher (D ",
            p.head_dqk, "/", p.head_dv, ")");
-  // Packed (THD) q (experimental: dispatch's sdpa_sm90_paged_thd_enabled): per-sample maps of q alone, in slot kSdpaQ
+  // Packed (THD) q (on by default: dispatch's sdpa_sm90_paged_thd_enabled): per-sample maps of q alone, in slot kSdpaQ
   // of kSampleMapsFwd a sample (the producer acquires and loads q through it as the unpaged kernel does:
   // kernel_fwd_sm90.cuh with_kv_map). A packed o / stats / gate needs no map: the epilogue writes them at the
   // samples' starts (AnalyticSourceSm90::rows, the gate's sample_start).
@@ -266,7 +266,7 @@ void launch_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p_in, const Tensor
   };
   const CUtensorMap mk = side_map(k, p.paged_k, "k");
   const CUtensorMap mv = side_map(v, p.paged_v, "v");
-  // The additive bias (experimental: dispatch's sdpa_sm90_paged_bias_enabled) as launch_sdpa_fwd_sm90 takes it: it
+  // The additive bias (on by default: dispatch's sdpa_sm90_paged_bias_enabled) as launch_sdpa_fwd_sm90 takes it: it
   // indexes keys by their position in the sample, not through the pages, so a 16-bit bias of whole aligned rows is
   // staged by the producer through its own map (kernel_fwd_sm90.cuh load_bias), any other read element by element.
   const CUtensorMap mbias = staged_bias_map(p.analytic.bias, bias, t.fwd_bq, "sdpa paged forward (sm90)");

@@ -61,8 +61,8 @@ int64_t sdpa_fwd_drop_launches();
 
 // SDPA forward over paged K/V caches (kernel_fwd_sm90.cuh sdpa_fwd_paged_kernel_sm90; on by default,
 // dispatch/sdpa_launch.h sdpa_sm90_paged_enabled), for the calls sdpa_fwd_sm90_paged_refusal accepts: p as
-// sdpa_paged_fwd_params_sm90 fills it (q / o / stats / gate padded, or packed (experimental,
-// sdpa_sm90_paged_thd_enabled), k / v without ragged offsets, head dims up to 128, no dropout (a bias experimental,
+// sdpa_paged_fwd_params_sm90 fills it (q / o / stats / gate padded, or packed (on by default,
+// sdpa_sm90_paged_thd_enabled), k / v without ragged offsets, head dims up to 128, no dropout (a bias on by default,
 // sdpa_sm90_paged_bias_enabled: bias its descriptor, as launch_sdpa_fwd_sm90's, null without one; such calls run
 // on the (128, 128) bias kernel, kernel_fwd_sm90.cuh sdpa_fwd_paged_bias_kernel_sm90, whatever their head dims),
 // pages of 8 keys or more, bad_samples: B int32 of the workspace); q the [B, H, S, D] descriptor (packed: its samples at
