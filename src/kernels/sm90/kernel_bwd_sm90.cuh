@@ -735,6 +735,15 @@ __device__ __forceinline__ int bwd_dq_buffers(const BwdParams& p) {
   }
 }
 
+// Step n's dQ buffer and the parity of its dq_full / dq_empty phase, with `buffers` buffers (bwd_dq_buffers): the
+// consumers and the writer ask the same rule.
+struct DqBufStep {
+  uint32_t buf, parity;
+};
+__device__ __forceinline__ DqBufStep dq_buf_step(int buffers, uint32_t n) {
+  return buffers == 2 ? DqBufStep{n & 1, (n >> 1) & 1} : DqBufStep{0, n & 1};
+}
+
 template <class L, class Src>
 __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base, uint8_t* smem) {
   const int lane = threadIdx.x & 31;
@@ -779,9 +788,9 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
     if (kb < 0) break;
     if (lane == 0) {
       for (int s = 0; s < steps; ++s, ++dq_it) {
-        const uint32_t buf = nbuf == 2 ? dq_it & 1 : 0, use = nbuf == 2 ? dq_it >> 1 : dq_it;
-        if (pending != nullptr && !mbar_test_wait(bars + L::kDqFull + 8 * buf, use & 1)) flush_pending();
-        mbar_wait(bars + L::kDqFull + 8 * buf, use & 1);
+        const auto [buf, parity] = dq_buf_step(nbuf, dq_it);
+        if (pending != nullptr && !mbar_test_wait(bars + L::kDqFull + 8 * buf, parity)) flush_pending();
+        mbar_wait(bars + L::kDqFull + 8 * buf, parity);
         tr.step(dq_it);
         tr.mark(kTrReady);
         const int64_t tile = dq_info[buf];
@@ -1253,8 +1262,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       reg_fence(dq);
       // dQ tile to shared memory for the writer, in register order (dq_tile_offset_sm90).
       tr.mark(kTrDqDone);
-      const uint32_t dbuf = nbuf == 2 ? step_it & 1 : 0u, duse = nbuf == 2 ? step_it >> 1 : step_it;
-      mbar_wait(bars + L::kDqEmpty + 8 * dbuf, (duse & 1) ^ 1);
+      const auto [dbuf, dparity] = dq_buf_step(nbuf, step_it);
+      mbar_wait(bars + L::kDqEmpty + 8 * dbuf, dparity ^ 1);
       tr.mark(kTrDqEmpty);
       {
         // Buffer 1: floats [0, kDqB1Bytes / 4) of the tile in its first part, the rest in the tail.
