@@ -269,6 +269,18 @@ struct BwdSm90Layout {
   static constexpr int kDqTail = (kUsed + 127) / 128 * 128;  // buffer 1's rest
   static constexpr int kDqTailBytes = kDqDouble ? kDqBytes - kDqB1Bytes : 0;
   static constexpr int kBytes = kDqTail + kDqTailBytes + 1024;  // + slack to align the dynamic base to 1024
+  // dQ buffer b's place in shared memory, the one rule the consumers' stores and the writer's bulk additions read:
+  // the tile's bytes [0, first_bytes) at `first`, the rest (tail_bytes, 0 but in buffer 1 at D = 128) at `tail`.
+  struct DqPieces {
+    int first, first_bytes, tail, tail_bytes;
+    // Shared-memory offset of the tile's byte `byte`.
+    __host__ __device__ constexpr int at(int byte) const {
+      return byte < first_bytes ? first + byte : tail + (byte - first_bytes);
+    }
+  };
+  __host__ __device__ static constexpr DqPieces dq_pieces(int buf) {
+    return buf == 0 ? DqPieces{kDQ, kDqBytes, kDqTail, 0} : DqPieces{kDqB1, kDqB1Bytes, kDqTail, kDqTailBytes};
+  }
   static_assert(kBytes <= 232448, "sm90 backward: more shared memory than an sm_90 block may have (227 KB)");
   // SDPA's staged bias (the score modifiers' kernels, Src::kStageBias; kernel_bwd_mods_sm90.cuh): one
   // step's kBlockQ x kBlockK tile after the rest, each consumer warp's kBlockQ queries x 16 keys
@@ -815,13 +827,10 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
           fence_proxy_async_global();
         }
         float* dst = p.dq_accum + tile * L::kDqFloats;
-        if (buf == 0) {
-          bulk_reduce_add_f32(dst, base + L::kDQ, L::kDqBytes);
-        } else {  // buffer 1: its first part, then the tail (kDqTailBytes, 0 where the first part holds the tile)
-          bulk_reduce_add_f32(dst, base + L::kDqB1, L::kDqB1Bytes);
-          if constexpr (L::kDqTailBytes > 0) {
-            bulk_reduce_add_f32(dst + L::kDqB1Bytes / 4, base + L::kDqTail, L::kDqTailBytes);
-          }
+        const auto pc = L::dq_pieces(buf);  // its first part, then the tail (buffer 1 at D = 128)
+        bulk_reduce_add_f32(dst, base + pc.first, pc.first_bytes);
+        if constexpr (L::kDqTailBytes > 0) {
+          if (pc.tail_bytes > 0) bulk_reduce_add_f32(dst + pc.first_bytes / 4, base + pc.tail, pc.tail_bytes);
         }
         bulk_commit_group();
         bulk_wait_group_read<0>();  // the shared dQ tile may be overwritten
@@ -1052,7 +1061,6 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
   const int key_thr = 64 * c + 16 * w + g;  // the thread's first key of the block (+8: second)
   const float* s_stat = reinterpret_cast<const float*>(smem + L::kStat);
   const int4* s_info = reinterpret_cast<const int4*>(smem + L::kInfo);
-  float* s_dq = reinterpret_cast<float*>(smem + L::kDQ);
   // Deterministic calls (bwd_dq_buffers == 2): the step's dQ tile in buffer step_it % 2, and one dS^T buffer.
   const int nbuf = bwd_dq_buffers<L, Src>(p);
   // Payload: word offsets (j / 2) 64 + 32c + 8qd + 4e + g / 2 and the thread's bit shift.
@@ -1266,17 +1274,12 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       mbar_wait(bars + L::kDqEmpty + 8 * dbuf, dparity ^ 1);
       tr.mark(kTrDqEmpty);
       {
-        // Buffer 1: floats [0, kDqB1Bytes / 4) of the tile in its first part, the rest in the tail.
-        constexpr int kB1Floats = L::kDqB1Bytes / 4;
-        float* const d0 = dbuf == 0 ? s_dq : reinterpret_cast<float*>(smem + L::kDqB1);
+        const auto pc = L::dq_pieces(dbuf);
 #pragma unroll
         for (int j = 0; j < L::kDqN / 8; ++j) {
-          const int f = ((c * (L::kDqN / 8) + j) * 128 + t) * 4;
-          float* d = d0 + f;
-          if constexpr (L::kDqTailBytes > 0) {
-            if (dbuf != 0 && f >= kB1Floats) d = reinterpret_cast<float*>(smem + L::kDqTail) + (f - kB1Floats);
-          }
-          *reinterpret_cast<float4*>(d) = make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
+          const int byte = ((c * (L::kDqN / 8) + j) * 128 + t) * 16;
+          const int off = L::kDqTailBytes > 0 ? pc.at(byte) : pc.first + byte;
+          *reinterpret_cast<float4*>(smem + off) = make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
         }
       }
       if (t == 0 && c == 0) {
