@@ -91,6 +91,11 @@ Switch g_sdpa_dbias_softcap{[] { return !env_flag_off("FLASHSPAN_SDPA_DBIAS_SOFT
 // on an H200, 2026-12-05 (SdpaGpu.Sm80BackwardDbiasWithSoftcap); the pair's one variable,
 // FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (read by each check_support and execute), refuses it on both backwards again.
 Switch g_sdpa_dbias_softcap_sm80{[] { return !env_flag_off("FLASHSPAN_SDPA_DBIAS_SOFTCAP"); }};
+// dBias together with softcap and dropout on the sm80 backward (experimental: FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT,
+// experimental_flag, read by each check_support; not yet run on a GPU): the sm80 kernel of the pair above, whose dS
+// step already forms P (m dP - D) with the element's dropout multiplier m; the sm90 backward refuses the triple
+// (sm90_refusal: its kernel with dropout forms softcap's factor per element, after which P (dP - D) is gone).
+Switch g_sdpa_dbias_softcap_dropout{[] { return experimental_flag("FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT"); }};
 // H_k != H_v in FP8 calls (fp8_fwd_refusal: both forwards; sdpa_fp8_bwd_refusal: both FP8 backwards), since its GPU
 // tests passed on an H100 (SdpaFp8Gpu.Sm90ForwardHkNeHv, Sm80ForwardHkNeHv, Fp8BackwardHkNeHv; 2026-12-05);
 // FLASHSPAN_SDPA_FP8_HK_NE_HV=0 (read by each check_support) refuses H_k != H_v in CUDA FP8 calls again.
@@ -192,6 +197,9 @@ const char* sm90_refusal(const sdpa::Problem& p, bool backward, bool any_thd_swi
   const bool dropout = p.dropout || p.a.dropout_mask_form;
   if (dropout && !(mods && sdpa_sm90_dropout_enabled())) return "dropout";
   if ((p.a.softcap || p.a.alibi) && !mods) return "score modifiers (softcap, ALiBi)";
+  // dBias with softcap and dropout: its kernel with dropout forms softcap's factor per element, after which dBias's
+  // P (dP - D) is gone (the sm80 backward runs the triple: sdpa_dbias_softcap_dropout_enabled).
+  if (backward && dropout && p.a.softcap && p.has(FS_SDPA_DBIAS)) return "dBias together with softcap and dropout";
   // Packed (THD) tensors through per-sample tensor maps (sample_maps_sm90.h), both directions, unless
   // FLASHSPAN_SM90_SDPA_THD=0 (sdpa_sm90_thd_enabled; the refusal names the variable); the backward's dK / dV
   // epilogue writes one row count for both, so dK and dV both packed or both padded.
@@ -364,6 +372,8 @@ bool sdpa_fp8_hk_ne_hv_enabled() { return g_sdpa_fp8_hk_ne_hv.on(); }
 bool sdpa_dbias_softcap_enabled() { return g_sdpa_dbias_softcap.on(); }
 void set_sdpa_dbias_softcap_sm80_enabled(int on) { g_sdpa_dbias_softcap_sm80.set(on); }
 bool sdpa_dbias_softcap_sm80_enabled() { return g_sdpa_dbias_softcap_sm80.on(); }
+void set_sdpa_dbias_softcap_dropout_enabled(int on) { g_sdpa_dbias_softcap_dropout.set(on); }
+bool sdpa_dbias_softcap_dropout_enabled() { return g_sdpa_dbias_softcap_dropout.on(); }
 
 void set_sdpa_feature_pairs_enabled(int on) { g_sdpa_feature_pairs.set(on); }
 bool sdpa_feature_pairs_enabled() { return g_sdpa_feature_pairs.on(); }

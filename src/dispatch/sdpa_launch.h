@@ -218,6 +218,15 @@ void set_sdpa_dbias_softcap_enabled(int on);
 bool sdpa_dbias_softcap_sm80_enabled();
 void set_sdpa_dbias_softcap_sm80_enabled(int on);
 
+// dBias together with softcap and dropout (experimental, not yet run on a GPU): on the sm80 backward (that pair's
+// kernel; its dS step forms P (m dP - D) with each element's dropout multiplier m), the sm90 backward refusing the
+// triple. FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT (experimental_flag: unset, FLASHSPAN_EXPERIMENTAL's answer; "0" off;
+// else on; read by each check_support), set_sdpa_dbias_softcap_dropout_enabled overrides it (tests: 1 on, 0 off, -1
+// back to the environment's answer); off, sdpa_check_features_gpu refuses the triple on CUDA tensors, naming the
+// variable. Under the pair's switches (sdpa_dbias_softcap_enabled, sdpa_dbias_softcap_sm80_enabled).
+bool sdpa_dbias_softcap_dropout_enabled();
+void set_sdpa_dbias_softcap_dropout_enabled(int on);
+
 // H_k != H_v in FP8 calls: the FP8 forwards (V addressed by h / group_v, the sm90 one's V^T workspace and the sm80
 // one's bf16 copy of V with H_v heads) and the FP8 backwards (the sm80 one: a dK pass over the K heads and a dV pass
 // over the V heads; the sm90 one, where one group is a multiple of the other: the 16-bit sm90 backward's items and

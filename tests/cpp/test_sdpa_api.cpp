@@ -614,19 +614,33 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
         }
       }
     }
-    // With dropout too: refused on every GPU (the sm90 kernel with dropout forms softcap's factor per element).
+    // With dropout too: on the sm80 backward with sdpa_dbias_softcap_dropout_enabled (experimental, not yet run on a
+    // GPU: FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT, expect_experimental_flag's rule), the sm90 backward refusing the triple
+    // (sm90_refusal); off, refused on every GPU, naming the variable. On, the call passes the rule (without a GPU it
+    // then stops at the device, with one it is accepted: the sm80 backward runs it).
     {
       SdpaBackwardAttributes attr_drop;
       const TensorDesc seed(nullptr, kInt64, cuda(), {1}), offset(nullptr, kInt64, cuda(), {1});
       attr_drop.set_bias(bias).set_dbias(bias).set_softcap(20.0f).set_dropout(0.1f, seed, offset);
       SdpaBwd bwd_drop(q, k, v, o, dO, st, dq, dk, dv, attr_drop);
-      try {
-        bwd_drop.check_support();
-        ADD_FAILURE() << "dBias with softcap and dropout accepted on CUDA tensors";
-      } catch (const Exception& e) {
-        EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED);
-        EXPECT_TRUE(starts(e.what(), "dBias together with softcap and dropout" + tail)) << e.what();
-      }
+      auto triple = [&](bool on, const std::string& where) {
+        try {
+          bwd_drop.check_support();
+          EXPECT_TRUE(on) << "dBias with softcap and dropout accepted on CUDA tensors with " << where;
+        } catch (const Exception& e) {
+          if (on) {
+            EXPECT_FALSE(starts(e.what(), "dBias together with softcap")) << e.what() << " (" << where << ")";
+          } else {
+            EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED) << where;
+            EXPECT_TRUE(starts(e.what(), "dBias together with softcap and dropout" + tail)) << e.what();
+            EXPECT_NE(std::string(e.what()).find("FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT=1"), std::string::npos)
+                << e.what();
+          }
+        }
+      };
+      flashspan::test::expect_experimental_flag("FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT",
+                                                flashspan::set_sdpa_dbias_softcap_dropout_enabled,
+                                                flashspan::sdpa_dbias_softcap_dropout_enabled, triple);
     }
     SdpaBackwardAttributes attr_db;
     attr_db.set_bias(bias).set_dbias(bias);

@@ -1712,6 +1712,42 @@ TEST(SdpaGpu, Sm80BackwardDbiasWithSoftcap) {
   }
 }
 
+TEST(SdpaGpu, Sm80BackwardDbiasSoftcapDropoutExperimental) {
+  // dBias together with softcap and dropout (experimental, not yet run on a GPU: sdpa_dbias_softcap_dropout_enabled,
+  // forced on here, with the pair's switches): the sm80 backward's kernel of the pair, whose dS step forms
+  // P (m dP - D) with each element's dropout multiplier m; the sm90 backward refuses the triple (no sm90 backward
+  // launch, on any GPU). dbias_softcap_case's forms with Philox dropout on even forms (p 0.1-0.5, int32 / int64 seed
+  // and offset) and the caller's mask on odd ones (every broadcast form, each mask dtype, scale 1 / (1 - p)), D = 64,
+  // 96, 128 and 256, H_k != H_v on one; dQ, dK, dV and dBias against the CPU reference on NaN-poisoned outputs.
+  REQUIRE_GPU();
+  const flashspan::test::ScopedSwitch pair(set_sdpa_dbias_softcap_enabled, 1);
+  const flashspan::test::ScopedSwitch sm80(set_sdpa_dbias_softcap_sm80_enabled, 1);
+  const flashspan::test::ScopedSwitch triple(set_sdpa_dbias_softcap_dropout_enabled, 1);
+  static const DType kMaskTypes[] = {DType::kUInt8, DType::kFloat16, DType::kBFloat16, DType::kFloat32};
+  for (int form = 1; form <= 12; ++form) {
+    Case c = dbias_softcap_case(form, 16701, {64, 96, 128, 256});
+    const float prob = 0.1f + 0.2f * float(form % 3);
+    if (form % 2 == 0) {
+      c.dropout_p = prob;
+      c.dropout_seed = 1000 + 37 * form - (form % 3 == 0 ? 5000 : 0);
+      c.dropout_offset = 11 * form;
+      c.dropout_i64 = form % 4 == 0;
+    } else {
+      c.dropout_mask = 1 + (form % 16);
+      c.dropout_mask_dtype = kMaskTypes[(form / 2) % 4];
+      c.dropout_mask_strided = form % 5 == 0;
+      c.dropout_scale = 1.0f / (1.0f - prob);
+    }
+    if (form == 7) {  // H_k != H_v: a dK pass and a dV pass
+      c.Hq = 6;
+      c.Hk = 2;
+      c.Hv = 3;
+    }
+    run_case_expect_sm90(c, /*backward=*/true, kAnyLaunches, 0);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 TEST(SdpaGpu, Sm90BackwardModsDeterministicIsBitwiseReproducible) {
   // The deterministic sm90 backward with modifiers: dQ, dK, dV, dBias, dSink, dgate bitwise equal
   // over three runs. D = 64: ALiBi, a bias with dBias, sinks, the gate; D = 128: softcap, ALiBi,
