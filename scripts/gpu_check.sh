@@ -188,13 +188,11 @@ cpp_suite() {
     gtest_run "gtest sm90 det-claim" gtest_sm90_det_claim.log env FLASHSPAN_SM90_BWD_DET_CLAIM=1 "$tests" --gtest_brief=1 \
       --gtest_filter='FlexGpuSm90.BwdDeterministic:FlexGpuSm90.BwdBigDimsDeterministic:FlexGpuSm90.BwdWideCases'
     # Together in one pass: the deterministic split items' shared, zeroed dK / dV slots (FLASHSPAN_SM90_BWD_DET_OWN_SLOTS
-    # =0; each item's own slot is the default since PERF_LOG v2.55), the experimental list in bands head by head,
+    # =0; each item's own slot is the default since PERF_LOG v2.55) and the experimental list in bands head by head,
     # here heads slowest (FlexGpuSm90.BwdDeterministicBandsSameBits, in the default run, forces bands case by case;
-    # here every deterministic case), and the experimental deferred hand-off of the dQ turns and second dQ buffer
-    # (FLASHSPAN_SM90_BWD_DET_DEFER, FLASHSPAN_SM90_BWD_DET_DQ2; PERF_LOG v2.56).
-    gtest_run "gtest sm90 det-shared-slots band-all defer dq2" gtest_sm90_det_experimental.log env \
-      FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0 FLASHSPAN_SM90_BWD_DET_BAND=all FLASHSPAN_SM90_BWD_DET_DEFER=1 \
-      FLASHSPAN_SM90_BWD_DET_DQ2=1 "$tests" --gtest_brief=1 \
+    # here every deterministic case).
+    gtest_run "gtest sm90 det-shared-slots band-all" gtest_sm90_det_experimental.log env FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0 \
+      FLASHSPAN_SM90_BWD_DET_BAND=all "$tests" --gtest_brief=1 \
       --gtest_filter='FlexGpuSm90.BwdDeterministic:FlexGpuSm90.BwdBigDimsDeterministic:FlexGpuSm90.BwdWideCases:FlexGpuSm90.BwdSanitizerSmall'
     gtest_run "gtest sm90 det-snake-release" gtest_sm90_det_snake.log env FLASHSPAN_SM90_BWD_DET_CLAIM=0 \
       FLASHSPAN_SM90_BWD_DET_RELAXED=0 "$tests" --gtest_brief=1 \
@@ -301,18 +299,13 @@ cpp_suite() {
     gtest_run "memcheck sm80-paged" memcheck_sm80_paged.log env FLASHSPAN_SM90_SDPA_PAGED=0 compute-sanitizer --tool \
       memcheck --error-exitcode 3 "$tests" --gtest_filter='SdpaPagedGpu.SanitizerSmall'
     # The deterministic backward's other paths in one pass: its shared split slots (FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0:
-    # zeroed, fp32 atomics; the default run's memcheck has the own slots), its list in bands of 3 key blocks
-    # (FLASHSPAN_SM90_BWD_DET_BAND, experimental), the deferred hand-off and the second dQ buffer (FLASHSPAN_SM90_BWD_DET_DEFER,
-    # FLASHSPAN_SM90_BWD_DET_DQ2, experimental).
-    gtest_run "memcheck det-shared-slots band-3 defer dq2" memcheck_det_experimental.log env FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0 \
-      FLASHSPAN_SM90_BWD_DET_DEFER=1 FLASHSPAN_SM90_BWD_DET_DQ2=1 \
+    # zeroed, fp32 atomics; the default run's memcheck has the own slots) and its list in bands of 3 key blocks
+    # (FLASHSPAN_SM90_BWD_DET_BAND, experimental).
+    gtest_run "memcheck det-shared-slots band-3" memcheck_det_experimental.log env FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0 \
       FLASHSPAN_SM90_BWD_DET_BAND=3 compute-sanitizer --tool memcheck --error-exitcode 3 "$tests" \
       --gtest_filter='FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdBigDimsSanitizer'
     gtest_run "racecheck" racecheck.log compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" \
       --gtest_filter="${GPU_CHECK_RACECHECK_FILTER:-FlexGpu.SanitizerSmall:FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:PlannerGpu.ThdWithEmptySamples:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaGpu.Sm90BackwardWide192SanitizerSmall:SdpaFp8Gpu.Sm90ForwardSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSm90SanitizerSmall:SdpaFp8Gpu.Fp8BackwardSm90StorePassSanitizerSmall:SdpaFp8Gpu.Sm80ForwardSanitizerSmall}"
-    # The experimental second dQ buffer shares shared memory with the second dS^T buffer: racecheck its deterministic cases.
-    gtest_run "racecheck det dq2 defer" racecheck_det_dq2.log env FLASHSPAN_SM90_BWD_DET_DQ2=1 FLASHSPAN_SM90_BWD_DET_DEFER=1 \
-      compute-sanitizer --tool racecheck --error-exitcode 3 "$tests" --gtest_filter='FlexGpuSm90.BwdSanitizerSmall'
     gtest_run "synccheck (sm90)" synccheck.log compute-sanitizer --tool synccheck --error-exitcode 3 "$tests" \
       --gtest_filter='FlexGpuSm90.SanitizerSmall:FlexGpuSm90.SanitizerHeadDims:FlexGpuSm90.BwdSanitizerSmall:FlexGpuSm90.BwdWideSanitizer:FlexGpuSm90.BwdBigDimsSanitizer:FlexGpuSm90.BwdWide192Sanitizer:SdpaPagedGpu.Sm90PagedSanitizerSmall:SdpaPagedGpu.Sm90PagedThdSanitizerSmall:SdpaPagedGpu.Sm90PagedBiasSanitizerSmall:SdpaGpu.Sm90ForwardThdSanitizerSmall:SdpaGpu.Sm90BackwardThdSanitizerSmall:SdpaGpu.Sm90BackwardSanitizerSmall:SdpaGpu.Sm90BackwardWide192SanitizerSmall:SdpaFp8Gpu.Sm90ForwardSanitizerSmall:SdpaFp8Gpu.Sm90ForwardThdSanitizerSmall:SdpaGpu.Sm90DropoutSanitizerSmall:SdpaGpu.Sm90BackwardHkNeHvSanitizerSmall:SdpaFp8Gpu.Fp8BackwardSm90SanitizerSmall'
   else

@@ -345,16 +345,6 @@ struct BwdParams : QkvParams {
   // (red.release.gpu: a MEMBAR.ALL.GPU in front of it, 0.7-1.9 us a turn in the v2.48 trace;
   // FLASHSPAN_SM90_BWD_DET_RELAXED=0).
   int det_relaxed = 1;
-  // The sm90 deterministic backward's writer: 1 = a tile's turn handed on once its addition is written, checked
-  // when the next step's addition has been issued (bulk wait_group 1), or after two polls of the next step's turn
-  // (kernel_bwd_sm90.cuh bwd_dq_writer), so that the next step's turn wait overlaps this one's write (~0.9 us of
-  // the writer's ~1 us hold a turn, the v2.55 trace); 0 = each addition waited for before the next step
-  // (experimental: FLASHSPAN_SM90_BWD_DET_DEFER, PERF_LOG v2.56).
-  int det_defer = 0;
-  // The sm90 deterministic backward's dQ tile buffers in shared memory (kernel_bwd_sm90.cuh bwd_dq_buffers): 2 =
-  // the consumers store the next step's tile while the writer waits for a turn (the key-split kernels without a
-  // staged bias); 1 = one buffer (experimental: FLASHSPAN_SM90_BWD_DET_DQ2, PERF_LOG v2.56).
-  int det_dq_buffers = 1;
   // The flex deterministic backward's split slots (one per item): 1 = each item stores its slot whole and the
   // items kernel zeroes none (kernel_bwd_sm90.cuh split_slot_owned); 0 = zeroed slots, fp32 atomic additions
   // (by default; FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0 keeps 0, PERF_LOG v2.55).

@@ -332,12 +332,9 @@ TEST(SplitRule, DeterministicBandSwitch) {
 }
 
 // The deterministic schedule's launcher switches (switches_sm90.cpp): own split slots and the relaxed dQ hand-off
-// on unless "0" (FLASHSPAN_EXPERIMENTAL changes neither), the item order forced by "1" / "0" only, the deferred
-// hand-off and the second dQ buffer by the experimental_flag rule.
+// on unless "0" (FLASHSPAN_EXPERIMENTAL changes neither), the item order forced by "1" / "0" only.
 TEST(SplitRule, DeterministicLauncherSwitches) {
   using flashspan::test::ScopedEnv;
-  ScopedEnv defer("FLASHSPAN_SM90_BWD_DET_DEFER", nullptr);
-  ScopedEnv dq2("FLASHSPAN_SM90_BWD_DET_DQ2", nullptr);
   ScopedEnv own("FLASHSPAN_SM90_BWD_DET_OWN_SLOTS", nullptr);
   ScopedEnv relaxed("FLASHSPAN_SM90_BWD_DET_RELAXED", nullptr);
   ScopedEnv claim("FLASHSPAN_SM90_BWD_DET_CLAIM", nullptr);
@@ -345,20 +342,10 @@ TEST(SplitRule, DeterministicLauncherSwitches) {
   EXPECT_TRUE(sm90::bwd_det_own_slots());
   EXPECT_TRUE(sm90::bwd_det_relaxed());
   EXPECT_EQ(sm90::bwd_det_claim(), -1);
-  EXPECT_FALSE(sm90::bwd_det_defer());
-  EXPECT_FALSE(sm90::bwd_det_dq2());
   own.set("0");
   EXPECT_FALSE(sm90::bwd_det_own_slots());
   experimental.set("1");
   EXPECT_FALSE(sm90::bwd_det_own_slots());
-  EXPECT_TRUE(sm90::bwd_det_defer());
-  EXPECT_TRUE(sm90::bwd_det_dq2());
-  defer.set("0");
-  EXPECT_FALSE(sm90::bwd_det_defer());
-  defer.set("1");
-  experimental.set(nullptr);
-  EXPECT_TRUE(sm90::bwd_det_defer());
-  experimental.set("1");
   own.set("1");
   EXPECT_TRUE(sm90::bwd_det_own_slots());
   experimental.set(nullptr);

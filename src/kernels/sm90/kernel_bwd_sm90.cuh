@@ -73,17 +73,9 @@
 //     (bf16/fp16, [128 keys][64 queries], 128B-swizzled), from which both warpgroups read dS as
 //     the M-major A operand of dQ = dS K (warpgroup c: dQ columns c kD/2 .. (c+1) kD/2 - 1,
 //     m64n{kD/2}).
-//   Synchronisation: mbarriers (kv_full / kv_empty, qdo_full[s] / qdo_empty[s], dq_full[b] /
-//   dq_empty[b], item_full[i] / item_empty[i]) and one named barrier between the consumer
+//   Synchronisation: mbarriers (kv_full / kv_empty, qdo_full[s] / qdo_empty[s], dq_full /
+//   dq_empty, item_full[i] / item_empty[i]) and one named barrier between the consumer
 //   warpgroups (dS complete before the dQ GEMM; dS is double-buffered, so one barrier a step).
-//   Deterministic calls with BwdParams::det_dq_buffers = 2 (experimental, FLASHSPAN_SM90_BWD_DET_DQ2, not
-//   yet run on a GPU; bwd_dq_buffers; PERF_LOG v2.56): two dQ tile buffers, so that the consumers
-//   store step n + 1's tile while the writer still waits for step n's turn (the v2.55 trace: the
-//   consumers had waited on dq_empty for 27-33 % of a deterministic step on the trees and longformer);
-//   buffer 1 is the second dS^T buffer (plus a tail where the dQ tile is larger), so those calls keep
-//   one dS^T buffer with a second named barrier a step (kDsFreeBar). With BwdParams::det_defer
-//   (experimental, FLASHSPAN_SM90_BWD_DET_DEFER) the writer hands a turn on after the next addition's
-//   issue rather than right after its own write (bwd_dq_writer).
 //
 // Payload (payload_layout.h, kM16N64Frag: element (query r, key c) of the 64 x 128 tile lives in
 // lane 4 (r % 8) + (c % 8) / 2 of 16-row sub-tile (r / 16, c / 64), bit 4 ((c % 64) / 8) +
@@ -248,39 +240,15 @@ struct BwdSm90Layout {
   static constexpr int kPayBytes = 4 * payload_words(kBlockQ, kBlockK);  // one partial block's payload (1 KB / 512 B)
   static constexpr int kPay = kStat + kStages * 2 * kBlockQ * 4;  // [kStages] payload of a partial step
   static constexpr int kInfo = kPay + kStages * kPayBytes;         // [kStages] int4 {h, qb, payload, -}
-  static constexpr int kDqInfo = kInfo + kStages * 16;              // [2] int64: the step's dq_accum tile (a buffer)
+  static constexpr int kDqInfo = kInfo + kStages * 16;              // int64: the step's dq_accum tile
   static constexpr int kRank = kDqInfo + 16;                         // [2] int32: the dQ order ring
   static constexpr int kItem = kRank + 16;                           // [2][8] int32: the item ring
   static constexpr int kBar = kItem + 2 * 8 * 4;
-  // kv_full, kv_empty, qdo_full[kStages], qdo_empty[kStages], dq_full[2], dq_empty[2], item_full[2], item_empty[2],
+  // kv_full, kv_empty, qdo_full[kStages], qdo_empty[kStages], dq_full, dq_empty, item_full[2], item_empty[2],
   // rank_full[2], rank_empty[2], info_full[kStages]
-  static constexpr int kNumBars = 2 + 2 * kStages + 4 + 4 + 4 + kStages;
+  static constexpr int kNumBars = 2 + 2 * kStages + 2 + 4 + 4 + kStages;
   static constexpr int kUsed = kBar + 8 * kNumBars;
-  // The deterministic key-split kernels' second dQ tile buffer (kDqDouble; bwd_dq_buffers): while the writer waits
-  // for a tile's turn in the order of its additions, the consumers store the next step's tile into the other
-  // buffer instead of stalling on dq_empty (27-33 % of a deterministic step on the trees and longformer, the
-  // v2.55 trace). Buffer 1 is the second dS^T buffer (those calls use one dS^T buffer, with a barrier a step:
-  // kDsFreeBar) plus, where the dQ tile is larger (D = 128: 32 KB against 16 KB), a tail after kUsed. Not with a
-  // staged bias (its stage is that tail: the modifiers' kernels keep one dQ buffer), nor on the column-split and
-  // three-warpgroup kernels (no room).
-  static constexpr bool kDqDouble = !kColSplit && !kT3;
-  static constexpr int kDqB1 = kDS + kDSBytes;  // buffer 1's first part (the second dS^T buffer)
-  static constexpr int kDqB1Bytes = kDqBytes < kDSBytes ? kDqBytes : kDSBytes;
-  static constexpr int kDqTail = (kUsed + 127) / 128 * 128;  // buffer 1's rest
-  static constexpr int kDqTailBytes = kDqDouble ? kDqBytes - kDqB1Bytes : 0;
-  static constexpr int kBytes = kDqTail + kDqTailBytes + 1024;  // + slack to align the dynamic base to 1024
-  // dQ buffer b's place in shared memory, the one rule the consumers' stores and the writer's bulk additions read:
-  // the tile's bytes [0, first_bytes) at `first`, the rest (tail_bytes, 0 but in buffer 1 at D = 128) at `tail`.
-  struct DqPieces {
-    int first, first_bytes, tail, tail_bytes;
-    // Shared-memory offset of the tile's byte `byte`.
-    __host__ __device__ constexpr int at(int byte) const {
-      return byte < first_bytes ? first + byte : tail + (byte - first_bytes);
-    }
-  };
-  __host__ __device__ static constexpr DqPieces dq_pieces(int buf) {
-    return buf == 0 ? DqPieces{kDQ, kDqBytes, kDqTail, 0} : DqPieces{kDqB1, kDqB1Bytes, kDqTail, kDqTailBytes};
-  }
+  static constexpr int kBytes = kUsed + 1024;  // + slack to align the dynamic base to 1024
   static_assert(kBytes <= 232448, "sm90 backward: more shared memory than an sm_90 block may have (227 KB)");
   // SDPA's staged bias (the score modifiers' kernels, Src::kStageBias; kernel_bwd_mods_sm90.cuh): one
   // step's kBlockQ x kBlockK tile after the rest, each consumer warp's kBlockQ queries x 16 keys
@@ -290,9 +258,8 @@ struct BwdSm90Layout {
   static constexpr int kBytesBias = kBiasStage + (kConsumerThreads / 32) * kBiasWarpBytes + 1024;
   // Barrier addresses relative to kBar.
   static constexpr int kKvFull = 0, kKvEmpty = 8, kQdoFull = 16, kQdoEmpty = kQdoFull + 8 * kStages;
-  // dq_full[b] / dq_empty[b]: dQ buffer b (b = 0 but with bwd_dq_buffers == 2).
-  static constexpr int kDqFull = kQdoEmpty + 8 * kStages, kDqEmpty = kDqFull + 16;
-  static constexpr int kItemFull = kDqEmpty + 16, kItemEmpty = kItemFull + 16;
+  static constexpr int kDqFull = kQdoEmpty + 8 * kStages, kDqEmpty = kDqFull + 8;
+  static constexpr int kItemFull = kDqEmpty + 8, kItemEmpty = kItemFull + 16;
   static constexpr int kRankFull = kItemEmpty + 16, kRankEmpty = kRankFull + 16;
   // info_full[st]: the producer's lane 0 has written the step's info (s_info[st]), before its Q / dO
   // land (qdo_full): the consumers read the next step's (h, qb) from it (Src::kStageBias).
@@ -734,62 +701,15 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
 // dQ writer (warp 1 of WG0)
 // ---------------------------------------------------------------------------
 
-// The dQ tile buffers in shared memory of a call (the consumers and the writer take the kernel's n-th step's tile
-// in buffer n % buffers, its dq_full / dq_empty phase (n / buffers) & 1): two for deterministic calls with
-// BwdParams::det_dq_buffers = 2 (experimental) of the key-split kernels without a staged bias
-// (BwdSm90Layout::kDqDouble), else one.
-template <class L, class Src>
-__device__ __forceinline__ int bwd_dq_buffers(const BwdParams& p) {
-  if constexpr (L::kDqDouble && !Src::kStageBias) {
-    return p.deterministic && p.det_dq_buffers == 2 ? 2 : 1;
-  } else {
-    return 1;
-  }
-}
-
-// Step n's dQ buffer and the parity of its dq_full / dq_empty phase, with `buffers` buffers (bwd_dq_buffers): the
-// consumers and the writer ask the same rule.
-struct DqBufStep {
-  uint32_t buf, parity;
-};
-__device__ __forceinline__ DqBufStep dq_buf_step(int buffers, uint32_t n) {
-  return buffers == 2 ? DqBufStep{n & 1, (n >> 1) & 1} : DqBufStep{0, n & 1};
-}
-
-template <class L, class Src>
+template <class L>
 __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base, uint8_t* smem) {
   const int lane = threadIdx.x & 31;
   const uint32_t bars = base + L::kBar;
   const volatile int64_t* dq_info = reinterpret_cast<const int64_t*>(smem + L::kDqInfo);
-  const int nbuf = bwd_dq_buffers<L, Src>(p);
   const volatile int32_t* s_rank = reinterpret_cast<const int32_t*>(smem + L::kRank);
   uint32_t dq_it = 0;
   BwdTraceWriter tr;  // FLASHSPAN_BWD_TRACE (bwd_trace_sm90.cuh): no code without it
   if (lane == 0) tr.begin();
-  // Deterministic, deferred hand-off (BwdParams::det_defer; lane 0): the counter of the last addition issued, whose
-  // turn is handed on once that addition is written -- after the next addition has been issued (bulk wait_group
-  // 1), or, when the next step's tile is not yet in shared memory or its turn not in after kDeferPolls polls, at
-  // once (wait_group 0). Never later than that: the tile's later key blocks wait on it. (No deadlock: the next
-  // turn waits only on larger key blocks, which never wait on this tile's hand-off.)
-  constexpr int kDeferPolls = 2;
-  int32_t* pending = nullptr;
-  auto hand_on = [&](int32_t* sem) {
-    fence_proxy_async_global();
-    // det_relaxed: the additions are complete (wait_group, not .read), so the increment needs no
-    // release fence of its own (params.h; the MEMBAR.ALL.GPU of a release took 0.7-1.9 us a turn, v2.48).
-    if (p.det_relaxed) {
-      red_relaxed_gpu_add(sem, 1);
-    } else {
-      red_release_gpu_add(sem, 1);
-    }
-  };
-  auto flush_pending = [&] {
-    if (pending != nullptr) {
-      bulk_wait_group<0>();
-      hand_on(pending);
-      pending = nullptr;
-    }
-  };
   for (uint32_t item_it = 0;; ++item_it) {
     const uint32_t rs = item_it & 1;
     mbar_wait(bars + L::kItemFull + 8 * rs, (item_it >> 1) & 1);
@@ -800,12 +720,10 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
     if (kb < 0) break;
     if (lane == 0) {
       for (int s = 0; s < steps; ++s, ++dq_it) {
-        const auto [buf, parity] = dq_buf_step(nbuf, dq_it);
-        if (pending != nullptr && !mbar_test_wait(bars + L::kDqFull + 8 * buf, parity)) flush_pending();
-        mbar_wait(bars + L::kDqFull + 8 * buf, parity);
+        mbar_wait(bars + L::kDqFull, dq_it & 1);
         tr.step(dq_it);
         tr.mark(kTrReady);
-        const int64_t tile = dq_info[buf];
+        const int64_t tile = *dq_info;
         [[maybe_unused]] int trace_rank = -1;
         int32_t* sem = p.dq_sem != nullptr ? p.dq_sem + tile * kDqSemStride : nullptr;
         if (sem != nullptr) {
@@ -820,32 +738,27 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
           // that every key block adds at one walk position is a chain of turns); measured: no
           // change to longformer's deterministic speed on the H200 (PERF_LOG v1.6).
           for (int polls = 0; ld_acquire_gpu(sem) != rank; ++polls) {
-            if (polls + 1 == kDeferPolls) flush_pending();
             if (polls >= 256) __nanosleep(32);
           }
           tr.mark(kTrTurn);
           fence_proxy_async_global();
         }
-        float* dst = p.dq_accum + tile * L::kDqFloats;
-        const auto pc = L::dq_pieces(buf);  // its first part, then the tail (buffer 1 at D = 128)
-        bulk_reduce_add_f32(dst, base + pc.first, pc.first_bytes);
-        if constexpr (L::kDqTailBytes > 0) {
-          if (pc.tail_bytes > 0) bulk_reduce_add_f32(dst + pc.first_bytes / 4, base + pc.tail, pc.tail_bytes);
-        }
+        bulk_reduce_add_f32(p.dq_accum + tile * L::kDqFloats, base + L::kDQ, L::kDqBytes);
         bulk_commit_group();
         bulk_wait_group_read<0>();  // the shared dQ tile may be overwritten
-        mbar_arrive(bars + L::kDqEmpty + 8 * buf);
+        mbar_arrive(bars + L::kDqEmpty);
         tr.mark(kTrRead);
-        if (sem != nullptr && p.det_defer) {
-          if (pending != nullptr) {
-            bulk_wait_group<1>();  // the previous addition is written (this one may still be in flight)
-            hand_on(pending);
-          }
-          pending = sem;
-        } else if (sem != nullptr) {
+        if (sem != nullptr) {
           bulk_wait_group<0>();  // the addition is written: the next key block may add
           tr.hold();
-          hand_on(sem);
+          fence_proxy_async_global();
+          // det_relaxed: the additions are complete (wait_group 0, not .read), so the increment needs no
+          // release fence of its own (params.h; the MEMBAR.ALL.GPU of a release took 0.7-1.9 us a turn, v2.48).
+          if (p.det_relaxed) {
+            red_relaxed_gpu_add(sem, 1);
+          } else {
+            red_release_gpu_add(sem, 1);
+          }
           tr.mark(kTrReleased);
           tr.flush_held();
         }
@@ -853,7 +766,6 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
       }
     }
   }
-  if (lane == 0) flush_pending();
   bulk_wait_group<0>();  // every reduction written before the CTA exits
   if (lane == 0) tr.end(dq_it);
 }
@@ -992,13 +904,8 @@ __device__ __forceinline__ void dkdv_epilogue_sm90(const BwdParams& p, const Bwd
   }
 }
 
-// Named barriers of the consumer warpgroups (1: a step's dS^T / P, dS complete in shared memory).
-// Around zero_rows_past (analytic source).
+// Named barrier of the two consumer warpgroups around zero_rows_past (1: dS complete).
 constexpr int kZeroBar = 2;
-// Before a step's dS^T (key split, one dS^T buffer: bwd_dq_buffers == 2) or P / dS (three warpgroups) stores:
-// the one buffer is free, each warpgroup reaching it only after every GEMM of its previous step that read it has
-// completed.
-constexpr int kDsFreeBar = 3;
 
 // Analytic mask (SDPA): zeroes rows [keep, kRows) of two tiles at a and b (kSlabs 64-column
 // slabs of kRows rows x 128 bytes each; the swizzle permutes 16-byte chunks inside a row, so a
@@ -1061,8 +968,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
   const int key_thr = 64 * c + 16 * w + g;  // the thread's first key of the block (+8: second)
   const float* s_stat = reinterpret_cast<const float*>(smem + L::kStat);
   const int4* s_info = reinterpret_cast<const int4*>(smem + L::kInfo);
-  // Deterministic calls (bwd_dq_buffers == 2): the step's dQ tile in buffer step_it % 2, and one dS^T buffer.
-  const int nbuf = bwd_dq_buffers<L, Src>(p);
+  float* s_dq = reinterpret_cast<float*>(smem + L::kDQ);
   // Payload: word offsets (j / 2) 64 + 32c + 8qd + 4e + g / 2 and the thread's bit shift.
   [[maybe_unused]] const int pw_thr = 32 * c + 8 * qd + (g >> 1);
   [[maybe_unused]] const int pw_shift = 8 * w + (g & 1);
@@ -1227,10 +1133,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       wg_commit();
       // dS^T to shared memory: key rows of 64 queries (128 B) in slab j / 8 (queries 64 (j / 8) ..),
       // chunk j % 8 at (j % 8) ^ (key % 8).
-      // (One dS^T buffer with two dQ buffers, its second half being dQ buffer 1: free once both warpgroups'
-      // previous dQ GEMMs, which read it, have completed.)
-      const uint32_t ds_buf = base + L::kDS + (nbuf == 2 ? 0u : (step_it & 1)) * L::kDSBytes;
-      if (nbuf == 2) named_bar_sync(kDsFreeBar, L::kConsumerThreads);
+      const uint32_t ds_buf = base + L::kDS + (step_it & 1) * L::kDSBytes;
 #pragma unroll
       for (int j = 0; j < kNQ; ++j) {
 #pragma unroll
@@ -1270,25 +1173,20 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       reg_fence(dq);
       // dQ tile to shared memory for the writer, in register order (dq_tile_offset_sm90).
       tr.mark(kTrDqDone);
-      const auto [dbuf, dparity] = dq_buf_step(nbuf, step_it);
-      mbar_wait(bars + L::kDqEmpty + 8 * dbuf, dparity ^ 1);
+      mbar_wait(bars + L::kDqEmpty, (step_it & 1) ^ 1);
       tr.mark(kTrDqEmpty);
-      {
-        const auto pc = L::dq_pieces(dbuf);
 #pragma unroll
-        for (int j = 0; j < L::kDqN / 8; ++j) {
-          const int byte = ((c * (L::kDqN / 8) + j) * 128 + t) * 16;
-          const int off = L::kDqTailBytes > 0 ? pc.at(byte) : pc.first + byte;
-          *reinterpret_cast<float4*>(smem + off) = make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
-        }
+      for (int j = 0; j < L::kDqN / 8; ++j) {
+        *reinterpret_cast<float4*>(s_dq + ((c * (L::kDqN / 8) + j) * 128 + t) * 4) =
+            make_float4(dq[j][0], dq[j][1], dq[j][2], dq[j][3]);
       }
       if (t == 0 && c == 0) {
         // The step's dq_accum tile: (query head, global query block).
-        reinterpret_cast<volatile int64_t*>(smem + L::kDqInfo)[dbuf] = int64_t(info.x) * p.view.num_q_blocks + qblk0 + info.y;
+        *reinterpret_cast<volatile int64_t*>(smem + L::kDqInfo) = int64_t(info.x) * p.view.num_q_blocks + qblk0 + info.y;
         tr.tile(int64_t(info.x) * p.view.num_q_blocks + qblk0 + info.y);
       }
       fence_proxy_async_smem();
-      mbar_arrive(bars + L::kDqFull + 8 * dbuf);
+      mbar_arrive(bars + L::kDqFull);
       tr.mark(kTrDqFull);
       wg_wait<0>();  // dK done
       mbar_arrive(bars + L::kQdoEmpty + 8 * st);  // Q, dO, the statistics and the info are free
@@ -1548,6 +1446,11 @@ __device__ __forceinline__ void bwd_consumer_cols(const BwdParams& p, uint32_t b
 // Three consumer warpgroups (the 64 x 96 tile of (192, 128); dK / dV transposed)
 // ---------------------------------------------------------------------------
 
+// Named barrier of the three consumer warpgroups before a step's P / dS stores: the one P / dS
+// buffer is free (each warpgroup reaches it only after every GEMM of its previous step has
+// completed). 1: P and dS complete; 2: kZeroBar (analytic source, not used here).
+constexpr int kPdsFreeBar = 3;
+
 // acc (m64n96: rows = 64 head-dim columns, cols = the block's 96 keys) += X^T Y over the step's 64
 // query rows (4 k16 steps): A = X^T, X = Q or dO's 64-column slab x_slab (query rows of 128 B,
 // 128B-swizzled: M-major), B = Y = dS or P in the step's buffer (query rows of 64 keys, two slabs of
@@ -1745,7 +1648,7 @@ __device__ __forceinline__ void bwd_consumer_t3(const BwdParams& p, uint32_t bas
 #pragma unroll
         for (int r = 0; r < 4; ++r) dpacc[j][r] = sacc[j][r] * (dpacc[j][r] - dd[r >> 1]);
       }
-      named_bar_sync(kDsFreeBar, L::kConsumerThreads);  // every warpgroup's previous GEMMs are done
+      named_bar_sync(kPdsFreeBar, L::kConsumerThreads);  // every warpgroup's previous GEMMs are done
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
 #pragma unroll
@@ -1819,10 +1722,8 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
       mbar_init(bars + L::kQdoFull + 8 * s, 33);           // lane 0's arrive + tx, then each producer lane's
       mbar_init(bars + L::kQdoEmpty + 8 * s, L::kConsumerThreads);
     }
-    for (int b = 0; b < 2; ++b) {
-      mbar_init(bars + L::kDqFull + 8 * b, L::kConsumerThreads);
-      mbar_init(bars + L::kDqEmpty + 8 * b, 1);            // the writer's lane 0
-    }
+    mbar_init(bars + L::kDqFull, L::kConsumerThreads);
+    mbar_init(bars + L::kDqEmpty, 1);                      // the writer's lane 0
     for (int i = 0; i < 2; ++i) {
       mbar_init(bars + L::kItemFull + 8 * i, 1);
       // consumers + the writer (+ the dQ order warp when the dQ tiles are ordered)
@@ -1848,7 +1749,7 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
         bwd_producer<L, Src, kern::K2QWalk>(p, tm_q, tm_k, tm_v, tm_do, base, smem);
       }
     } else if (warp == 1) {
-      bwd_dq_writer<L, Src>(p, base, smem);
+      bwd_dq_writer<L>(p, base, smem);
     } else if (warp == 2 && p.dq_sem != nullptr) {
       bwd_dq_order<L, Src>(p, smem, bars);
     }

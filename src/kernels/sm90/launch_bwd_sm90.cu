@@ -117,8 +117,6 @@ void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorVie
   if (p.deterministic && bwd_det_unordered()) p.dq_sem = nullptr;
   p.det_claim = bwd_det_claim();
   p.det_relaxed = bwd_det_relaxed() ? 1 : 0;
-  p.det_defer = p.deterministic && bwd_det_defer() ? 1 : 0;
-  p.det_dq_buffers = p.deterministic && bwd_det_dq2() ? 2 : 1;
   p.det_own_slots = p.deterministic && p.split_schedule && bwd_det_own_slots() ? 1 : 0;
   FS_CHECK(p.dq_blocked == 1, Status::kInternal, "sm90 backward: the dQ accumulator is not bound in tiles");
   g_bwd_launches.fetch_add(1, std::memory_order_relaxed);

@@ -154,12 +154,6 @@ int bwd_det_claim();
 // dK / dV slot (BwdParams::det_own_slots; on unless FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0, read per call).
 bool bwd_det_unordered();
 bool bwd_det_relaxed();
-// The deterministic writer's deferred hand-off (BwdParams::det_defer; FLASHSPAN_SM90_BWD_DET_DEFER, experimental_flag,
-// read per call; not yet run on a GPU).
-bool bwd_det_defer();
-// The deterministic calls' second dQ tile buffer (BwdParams::det_dq_buffers; FLASHSPAN_SM90_BWD_DET_DQ2,
-// experimental_flag, read per call; not yet run on a GPU).
-bool bwd_det_dq2();
 bool bwd_det_own_slots();
 // Whether the cell order puts the split tasks' items first (split_schedule.cuh kSplitFirst: the cut
 // walks of sink columns and global tokens start first, spread over the heads): experimental

@@ -50,16 +50,6 @@ __device__ __forceinline__ bool mbar_try_wait(uint32_t bar, uint32_t parity) {
       : "memory");
   return ok != 0;
 }
-// Whether the phase of parity `parity` of `bar` has completed, without waiting (mbarrier.test_wait).
-__device__ __forceinline__ bool mbar_test_wait(uint32_t bar, uint32_t parity) {
-  uint32_t ok;
-  asm volatile(
-      "{\n.reg .pred p;\nmbarrier.test_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-      : "=r"(ok)
-      : "r"(bar), "r"(parity)
-      : "memory");
-  return ok != 0;
-}
 // Waits until the phase of parity `parity` of `bar` has completed. A wait that lasts more
 // than ~2^33 cycles (seconds) is a protocol bug: trap rather than hang the device.
 __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {

@@ -150,14 +150,6 @@ bool bwd_det_unordered() {
 // FLASHSPAN_SM90_BWD_DET_RELAXED=0 (read per call): the dQ tile's turn handed on by a release increment
 // (BwdParams::det_relaxed) instead of the default relaxed one after the tile's additions have completed.
 bool bwd_det_relaxed() { return !env_flag_off("FLASHSPAN_SM90_BWD_DET_RELAXED"); }
-// FLASHSPAN_SM90_BWD_DET_DEFER (experimental_flag: unset, FLASHSPAN_EXPERIMENTAL's answer; "0" off; else on; read per
-// call; not yet run on a GPU): the dQ writer hands a tile's turn on once the next step's addition has been issued or
-// two polls of its turn have passed, instead of waiting for each addition before the next step (BwdParams::det_defer).
-bool bwd_det_defer() { return experimental_flag("FLASHSPAN_SM90_BWD_DET_DEFER"); }
-// FLASHSPAN_SM90_BWD_DET_DQ2 (experimental_flag, read per call; not yet run on a GPU): deterministic calls of the
-// key-split kernels store the dQ tiles in two shared-memory buffers, so that the consumers go on while the writer
-// waits for a tile's turn (BwdParams::det_dq_buffers; kernel_bwd_sm90.cuh bwd_dq_buffers).
-bool bwd_det_dq2() { return experimental_flag("FLASHSPAN_SM90_BWD_DET_DQ2"); }
 // FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0 (read per call; on by default since PERF_LOG v2.55): each deterministic split
 // item stores its own dK / dV slot, which the items kernel then does not zero (BwdParams::det_own_slots; the
 // zeroing and the convert took ~50 us each of a 1.1 ms tree_bfs backward at S = 32768 on the H200, v2.50). "0"
