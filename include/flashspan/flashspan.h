@@ -252,8 +252,7 @@ FS_API fs_status_t fs_flex_bwd_execute(fs_flex_bwd_t op, const fs_flex_bwd_args_
  * dBias, ALiBi, softcap, sinks with dSink, dropout, the block mask, the output gate, paged K/V
  * in the forward, deterministic backward (docs/SDPA.md "What runs where"); check_support
  * reports FS_STATUS_NOT_SUPPORTED naming what they do not run (e.g. an attn_scale tensor in
- * device memory in 16-bit calls, dBias together with softcap and dropout but with the experimental
- * FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT=1). Their sequence lengths and ragged offsets stay
+ * device memory in 16-bit calls). Their sequence lengths and ragged offsets stay
  * in device memory; the backward's workspace (workspace_size) holds B * S_q rows per query head.
  *
  * FP8 (the seed's sdpa_fp8 / sdpa_fp8_backward): q, k, v (and o, dO, dQ, dK, dV) of dtype

@@ -34,8 +34,8 @@ inline bool env_flag_off(const char* name) {
 // FLASHSPAN_SM90_BWD_DET_CLAIM.
 inline int env_flag_forced(const char* name) { return env_flag_on(name) ? 1 : env_flag_off(name) ? 0 : -1; }
 
-// The switch of an experimental path with a variable of its own (dispatch's FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT,
-// sdpa_family.cpp): `name` unset, FLASHSPAN_EXPERIMENTAL's
+// The switch of an experimental path with a variable of its own (none at present; dispatch's
+// FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT was until on by default, 2026-12-06): `name` unset, FLASHSPAN_EXPERIMENTAL's
 // answer (experimental_from_env, so that FLASHSPAN_EXPERIMENTAL=1 turns on every path not yet run on a GPU); exactly
 // "0" off; any other value (empty included) on, whatever FLASHSPAN_EXPERIMENTAL says.
 inline bool experimental_flag(const char* name) {

@@ -91,11 +91,12 @@ Switch g_sdpa_dbias_softcap{[] { return !env_flag_off("FLASHSPAN_SDPA_DBIAS_SOFT
 // on an H200, 2026-12-05 (SdpaGpu.Sm80BackwardDbiasWithSoftcap); the pair's one variable,
 // FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (read by each check_support and execute), refuses it on both backwards again.
 Switch g_sdpa_dbias_softcap_sm80{[] { return !env_flag_off("FLASHSPAN_SDPA_DBIAS_SOFTCAP"); }};
-// dBias together with softcap and dropout on the sm80 backward (experimental: FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT,
-// experimental_flag, read by each check_support; not yet run on a GPU): the sm80 kernel of the pair above, whose dS
-// step already forms P (m dP - D) with the element's dropout multiplier m; the sm90 backward refuses the triple
-// (sm90_refusal: its kernel with dropout forms softcap's factor per element, after which P (dP - D) is gone).
-Switch g_sdpa_dbias_softcap_dropout{[] { return experimental_flag("FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT"); }};
+// dBias together with softcap and dropout on the sm80 backward: the sm80 kernel of the pair above, whose dS step
+// already forms P (m dP - D) with the element's dropout multiplier m; the sm90 backward refuses the triple
+// (sm90_refusal: its kernel with dropout forms softcap's factor per element, after which P (dP - D) is gone). On by
+// default since its GPU test passed on an H100, 2026-12-06 (SdpaGpu.Sm80BackwardDbiasSoftcapDropout, memcheck;
+// PERF_LOG v2.57); FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT=0 (read by each check_support) refuses the triple again.
+Switch g_sdpa_dbias_softcap_dropout{[] { return !env_flag_off("FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT"); }};
 // H_k != H_v in FP8 calls (fp8_fwd_refusal: both forwards; sdpa_fp8_bwd_refusal: both FP8 backwards), since its GPU
 // tests passed on an H100 (SdpaFp8Gpu.Sm90ForwardHkNeHv, Sm80ForwardHkNeHv, Fp8BackwardHkNeHv; 2026-12-05);
 // FLASHSPAN_SDPA_FP8_HK_NE_HV=0 (read by each check_support) refuses H_k != H_v in CUDA FP8 calls again.

@@ -218,12 +218,11 @@ void set_sdpa_dbias_softcap_enabled(int on);
 bool sdpa_dbias_softcap_sm80_enabled();
 void set_sdpa_dbias_softcap_sm80_enabled(int on);
 
-// dBias together with softcap and dropout (experimental, not yet run on a GPU): on the sm80 backward (that pair's
-// kernel; its dS step forms P (m dP - D) with each element's dropout multiplier m), the sm90 backward refusing the
-// triple. FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT (experimental_flag: unset, FLASHSPAN_EXPERIMENTAL's answer; "0" off;
-// else on; read by each check_support), set_sdpa_dbias_softcap_dropout_enabled overrides it (tests: 1 on, 0 off, -1
-// back to the environment's answer); off, sdpa_check_features_gpu refuses the triple on CUDA tensors, naming the
-// variable. Under the pair's switches (sdpa_dbias_softcap_enabled, sdpa_dbias_softcap_sm80_enabled).
+// dBias together with softcap and dropout: on the sm80 backward (that pair's kernel; its dS step forms P (m dP - D)
+// with each element's dropout multiplier m), the sm90 backward refusing the triple. On unless
+// FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT=0 (read by each check_support; its GPU test passed on an H100),
+// set_sdpa_dbias_softcap_dropout_enabled overrides it (tests: 1 on, 0 off, -1 back to the environment's answer); off,
+// sdpa_check_features_gpu refuses the triple on CUDA tensors, naming the variable. Under the pair's switches (sdpa_dbias_softcap_enabled, sdpa_dbias_softcap_sm80_enabled).
 bool sdpa_dbias_softcap_dropout_enabled();
 void set_sdpa_dbias_softcap_dropout_enabled(int on);
 

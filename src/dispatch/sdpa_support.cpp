@@ -191,13 +191,13 @@ void sdpa_check_features_gpu(const Problem& p) {
   // D = 128 loop, PERF_LOG v2.35; the 16-bit P stored for dV is too coarse), so dBias with softcap runs on
   // the sm90 backward, or with FLASHSPAN_EXPERIMENTAL=1 on the sm80 one through the dS workspace (its fp32 P
   // stored there at the logits step; the device rule: sdpa_dispatch.cu check_dbias_with_softcap), and not with
-  // dropout but on the sm80 backward with sdpa_dbias_softcap_dropout_enabled (experimental: the sm90 kernel's softcap
-  // factor is formed per element, after which P (dP - D) is gone; sm90_refusal sends the triple to the sm80 one).
+  // dropout on the sm80 backward (sdpa_dbias_softcap_dropout_enabled, by default: the sm90 kernel's softcap factor is
+  // formed per element, after which P (dP - D) is gone; sm90_refusal sends the triple to the sm80 one).
   if (p.has(FS_SDPA_DBIAS) && a.softcap && (p.dropout || a.dropout_mask_form) && !sdpa_dbias_softcap_dropout_enabled()) {
-    not_native("dBias together with softcap and dropout", "the sm90 kernel with dropout forms softcap's factor per "
-               "element, after which dBias's P (dP - D) is gone, and the sm80 backward's path for it has not run on a "
-               "GPU yet: FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT=1 (or FLASHSPAN_EXPERIMENTAL=1) turns it on; without "
-               "dropout the pair runs on both backwards");
+    throw Error(Status::kNotSupported,
+                "dBias together with softcap and dropout: turned off on CUDA tensors by "
+                "FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT=0 (unset, the sm80 backward runs it); CPU tensors run it on the "
+                "CPU reference");
   }
   // softcap, ALiBi and sinks (dSink) run natively (sdpa_score_mod.cuh); max_logit excludes the
   // sink, which the kernels' running max includes: with max_logit the prefill kernels fold the sink

@@ -108,7 +108,7 @@ inline void expect_off_switch(const char* var, void (*set)(int), bool (*enabled)
 }
 
 // The rule of an experimental dispatch switch with a variable of its own (core/env_switch.h experimental_flag; a path
-// not yet run on a GPU; e.g. FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT, SdpaApi's dBias-with-softcap test):
+// not yet run on a GPU; none at present: FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT was until on by default, 2026-12-06):
 // without its override, `var` unset gives FLASHSPAN_EXPERIMENTAL's answer (on only when exactly "1"), `var` exactly
 // "0" off whatever FLASHSPAN_EXPERIMENTAL says, any other value of `var` (empty included) on; read per call; the
 // override (`set`: 1 on, 0 off) wins over the environment both ways, -1 gives the environment's answer back.

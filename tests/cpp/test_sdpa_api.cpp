@@ -614,10 +614,10 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
         }
       }
     }
-    // With dropout too: on the sm80 backward with sdpa_dbias_softcap_dropout_enabled (experimental, not yet run on a
-    // GPU: FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT, expect_experimental_flag's rule), the sm90 backward refusing the triple
-    // (sm90_refusal); off, refused on every GPU, naming the variable. On, the call passes the rule (without a GPU it
-    // then stops at the device, with one it is accepted: the sm80 backward runs it).
+    // With dropout too: on the sm80 backward (sdpa_dbias_softcap_dropout_enabled: on by default since its GPU test
+    // passed on an H100; FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT=0 off, expect_off_switch's rule), the sm90 backward
+    // refusing the triple (sm90_refusal); off, refused on every GPU, naming the variable. On, the call passes the rule
+    // (without a GPU it then stops at the device, with one it is accepted: the sm80 backward runs it).
     {
       SdpaBackwardAttributes attr_drop;
       const TensorDesc seed(nullptr, kInt64, cuda(), {1}), offset(nullptr, kInt64, cuda(), {1});
@@ -632,15 +632,16 @@ TEST(SdpaApi, CudaFeaturesNotNativeAreNamed) {
             EXPECT_FALSE(starts(e.what(), "dBias together with softcap")) << e.what() << " (" << where << ")";
           } else {
             EXPECT_EQ(e.status(), FS_STATUS_NOT_SUPPORTED) << where;
-            EXPECT_TRUE(starts(e.what(), "dBias together with softcap and dropout" + tail)) << e.what();
-            EXPECT_NE(std::string(e.what()).find("FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT=1"), std::string::npos)
-                << e.what();
+            EXPECT_EQ(e.what(), std::string("dBias together with softcap and dropout: turned off on CUDA tensors by "
+                                            "FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT=0 (unset, the sm80 backward runs "
+                                            "it); CPU tensors run it on the CPU reference"))
+                << where;
           }
         }
       };
-      flashspan::test::expect_experimental_flag("FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT",
-                                                flashspan::set_sdpa_dbias_softcap_dropout_enabled,
-                                                flashspan::sdpa_dbias_softcap_dropout_enabled, triple);
+      flashspan::test::expect_off_switch("FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT",
+                                         flashspan::set_sdpa_dbias_softcap_dropout_enabled,
+                                         flashspan::sdpa_dbias_softcap_dropout_enabled, triple);
     }
     SdpaBackwardAttributes attr_db;
     attr_db.set_bias(bias).set_dbias(bias);

@@ -213,7 +213,8 @@ def test_cuda_dbias_with_softcap_runs_on_both_backwards(fs, monkeypatch):
     H200): the call passes this rule on any device (without a GPU it then stops at the device, not here), with
     FLASHSPAN_KERNEL_FAMILY=sm80 too; refused with FLASHSPAN_SDPA_DBIAS_SOFTCAP=0 (the pair's one variable on both
     backwards, read at each check; only "0"), naming the variable; whatever FLASHSPAN_EXPERIMENTAL (the sm80 one's
-    switch before) and FLASHSPAN_SDPA_FEATURE_PAIRS (not a feature pair) say; with dropout refused on every GPU."""
+    switch before) and FLASHSPAN_SDPA_FEATURE_PAIRS (not a feature pair) say; with dropout too, on the sm80 backward
+    (refused with FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT=0)."""
     from flashspan import _lib as lib
     from flashspan import _sdpa_lib as L
 
@@ -262,9 +263,18 @@ def test_cuda_dbias_with_softcap_runs_on_both_backwards(fs, monkeypatch):
         both(a, d)
         a.set_dropout(0.1, d((1,), torch.int64), d((1,), torch.int64))
 
-    with pytest.raises(NotImplementedError,
-                       match=r"^dBias together with softcap and dropout.*not supported on CUDA tensors yet"):
+    # With dropout too, on the sm80 backward by default (its GPU test passed on an H100): passes this rule; refused
+    # with FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT=0, naming the variable.
+    try:
         _cuda_op(L, lib, "bwd", with_dropout)
+    except Exception as e:  # (without a GPU: the device)
+        assert not str(e).startswith("dBias together with softcap"), str(e)
+    monkeypatch.setenv("FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT", "0")
+    with pytest.raises(NotImplementedError,
+                       match=r"^dBias together with softcap and dropout: turned off on CUDA tensors by "
+                             r"FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT=0 \(unset, the sm80 backward runs it\)"):
+        _cuda_op(L, lib, "bwd", with_dropout)
+    monkeypatch.delenv("FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT")
     cases = [("fwd", lambda a, d: a.set("bias", d((1, 2, 16, 16)))),
              ("fwd", lambda a, d: (a.set("bias", d((1, 1, 1, 16), torch.float32)), a.set("softcap", 5.0))),
              ("bwd", lambda a, d: (a.set("bias", d((1, 2, 16, 16))), a.set("dbias", d((1, 2, 16, 16)))))]
