@@ -338,7 +338,10 @@ _DTYPES = {
 def _fs_dtype(dtype: torch.dtype, name: str) -> FsDType:
     code_bits = _DTYPES.get(dtype)
     if code_bits is None:
-        raise TypeError(f"{name}: dtype {dtype} is not supported by flashspan")
+        # (A dtype the C ABI has no code for; the C layer's rule of each argument narrows the ones it has.)
+        raise TypeError(f"{name}: dtype {dtype} is not supported by flashspan (tensors of float16, bfloat16, float32, "
+                        "float64, float8_e4m3fn, float8_e5m2, int8 / int16 / int32 / int64 or uint8 only; q, k, v: "
+                        "float16 or bfloat16 on CUDA, also float32 / float64 on the CPU)")
     return FsDType(code_bits[0], code_bits[1], 1)
 
 

@@ -133,6 +133,37 @@ def test_unsupported_device_names_the_call_and_tensor(fs):
         fs.create_mask_plan(p.mask_func.to("meta"), p.q, p.k, p.v)
 
 
+def test_tensors_on_two_devices_are_a_type_error(fs, monkeypatch):
+    """A tensor on another device than q is a TypeError (docs/ERRORS.md, as a device kind the library has no code
+    for, above), in both front ends, naming the tensor and both devices. No GPU needed: the descriptor of one tensor
+    is made to say cuda:0."""
+    from flashspan import _lib
+
+    real = _lib._fs_device
+
+    def one_on_cuda(name):
+        def fake(device, n):
+            return _lib.FsDevice(_lib.DEVICE_CUDA, 0) if n.endswith(name) else real(device, n)
+        return fake
+
+    p = _bshd()
+    monkeypatch.setattr(_lib, "_fs_device", one_on_cuda("k"))
+    with pytest.raises(TypeError, match=r"^create_mask_plan: k: must be on the same device as q \(cpu:0\), got cuda:0"):
+        fs.create_mask_plan(p.mask_func, p.q, p.k, p.v)
+    q = torch.randn(1, 2, 16, 8)
+    lens = torch.full((1, 1, 1, 1), 16, dtype=torch.int32)
+    monkeypatch.setattr(_lib, "_fs_device", one_on_cuda("seq_len_q"))
+    with pytest.raises(TypeError, match=r"^seq_len_q: must be on the device of q \(cpu:0\), got cuda:0"):
+        fs.sdpa(q, q, q, seq_len_q=lens, seq_len_kv=lens, use_padding_mask=True)
+
+
+def test_unknown_dtype_lists_the_ones_the_library_takes(fs):
+    q = torch.randn(1, 2, 16, 8)
+    with pytest.raises(TypeError, match=r"^q: dtype torch.bool is not supported by flashspan \(tensors of float16, "
+                                        r"bfloat16, float32, float64, "):
+        fs.sdpa(q.bool(), q, q)
+
+
 def test_v_heads_must_equal_k_heads(fs):
     p = _bshd()  # Hq = 4, Hkv = 2
     v = torch.cat([p.v, p.v], dim=2)
