@@ -130,21 +130,18 @@ struct PagedKv {
   // num_pages as well, so a negative or huge entry never reaches a load as a coordinate.
   __device__ __forceinline__ bool tma_box(const SdpaPagedSide& s, int b, int key, int len, int& row,
                                           int& page) const {
-    row = tma_box_row(s, key);
     if (entries == nullptr) {
+      row = key;
       page = b;
       return true;
     }
+    row = key & ((1 << s.log2_page) - 1);
     page = s.num_pages;
     if (key >= len) return true;
     const int32_t e = __ldg(entries + int64_t(key >> s.log2_page) * s.entry_stride);
     if (uint32_t(e) >= uint32_t(s.num_pages)) return false;
     page = e;
     return true;
-  }
-  // The row coordinate of that box (no load: tma_box's row).
-  __device__ __forceinline__ int tma_box_row(const SdpaPagedSide& s, int key) const {
-    return entries == nullptr ? key : key & ((1 << s.log2_page) - 1);
   }
 };
 

@@ -561,49 +561,19 @@ __device__ __forceinline__ void with_kv_map(const FwdParams& p, const kern::Cont
 // block's bytes, so the expect_tx of the contiguous load holds (a box past the map is zero filled and
 // counted). An entry outside the container is not read through: its box lies past the map and the sample is
 // flagged (SdpaPagedFwdSm90Params::bad_samples; the launcher writes NaN over its O and stats rows).
-// The page coordinates of key block kb's first kPagesAhead boxes of side s (tma_box's page), read by the producer
-// before it waits for the block's stage: the page-table loads' latency then overlaps that wait instead of delaying
-// the block's TMA once its stage is free (the stages' slack is about one block: PERF_LOG v2.58). Pages of 64 keys
-// or more have at most two boxes a 128-key block, so all of theirs; smaller pages read the rest at the issue.
-inline constexpr int kPagesAhead = 2;
-struct PagedBlockPages {
-  int page[kPagesAhead];
-};
-template <int kBlockK>
-__device__ __forceinline__ PagedBlockPages paged_block_pages(const SdpaPagedFwdSm90Params& pp,
-                                                             const SdpaPagedSide& s, int b, int kb, int len) {
-  const kern::PagedKv kv = kern::PagedKv::item(s, b);
-  const int lb = kern::PagedKv::tma_log2_box<kBlockK>(s);
-  PagedBlockPages r;
-#pragma unroll
-  for (int j = 0; j < kPagesAhead; ++j) {
-    int row;
-    r.page[j] = 0;
-    if ((j << lb) < kBlockK && !kv.tma_box(s, b, kb * kBlockK + (j << lb), len, row, r.page[j])) pp.bad_samples[b] = 1;
-  }
-  return r;
-}
-
 template <int kBlockK, int kSlabs, int kSlabBytes>
 __device__ __forceinline__ void load_paged_block(const SdpaPagedFwdSm90Params& pp, const SdpaPagedSide& s,
                                                  const CUtensorMap* tm, int b, int kb, int len, int head,
-                                                 const PagedBlockPages& ahead, uint32_t dst, uint32_t full) {
+                                                 uint32_t dst, uint32_t full) {
   const kern::PagedKv kv = kern::PagedKv::item(s, b);
-  const int lb = kern::PagedKv::tma_log2_box<kBlockK>(s), boxes = kBlockK >> lb;
-  auto issue = [&](int j, int row, int page) {
+  const int lb = kern::PagedKv::tma_log2_box<kBlockK>(s);
+  for (int j = 0; j < (kBlockK >> lb); ++j) {
+    int row, page;
+    if (!kv.tma_box(s, b, kb * kBlockK + (j << lb), len, row, page)) pp.bad_samples[b] = 1;
 #pragma unroll
     for (int x = 0; x < kSlabs; ++x) {
       tma_load_4d(dst + uint32_t(x * kSlabBytes) + uint32_t(j << lb) * 128u, tm, 64 * x, row, head, page, full);
     }
-  };
-#pragma unroll
-  for (int j = 0; j < kPagesAhead; ++j) {  // (unrolled: the pages stay in registers)
-    if (j < boxes) issue(j, kv.tma_box_row(s, kb * kBlockK + (j << lb)), ahead.page[j]);
-  }
-  for (int j = kPagesAhead; j < boxes; ++j) {
-    int row, page;
-    if (!kv.tma_box(s, b, kb * kBlockK + (j << lb), len, row, page)) pp.bad_samples[b] = 1;
-    issue(j, row, page);
   }
 }
 
@@ -688,13 +658,6 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
     bool partial = false;
     while (cur.next(kb, partial, entry)) {
       const uint32_t st = kv_it % kStages, ph = (kv_it / kStages) & 1;
-      // Paged K / V: the block's page-table entries before the stage's wait (paged_block_pages).
-      [[maybe_unused]] PagedBlockPages k_pages, v_pages;
-      if constexpr (Src::kPaged) {
-        const SdpaPagedFwdSm90Params& pp = Src::paged(p);
-        k_pages = paged_block_pages<kBlockK>(pp, pp.paged_k, it.batch, kb, src.block.len_kv);
-        v_pages = paged_block_pages<kBlockK>(pp, pp.paged_v, it.batch, kb, src.block.len_kv);
-      }
       mbar_wait(k_empty + 8 * st, ph ^ 1);
       const int row = kv.tma_row<kBlockK>(kb);
       mbar_arrive_expect_tx(k_full + 8 * st, L::kKBytes);
@@ -702,7 +665,7 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
         static_assert(!L::kFp8 && L::kSlabCols == 64, "paged K/V: 16-bit tiles");
         const SdpaPagedFwdSm90Params& pp = Src::paged(p);
         load_paged_block<kBlockK, L::kQKSlabs, L::kKSlab>(pp, pp.paged_k, tm_k, it.batch, kb, src.block.len_kv, hkv,
-                                                          k_pages, base + L::kK + st * L::kKBytes, k_full + 8 * st);
+                                                          base + L::kK + st * L::kKBytes, k_full + 8 * st);
       } else {
         with_kv_map<Src, L>(p, kv, tm_k, kSdpaK, [&](const CUtensorMap* m, int batch) {
 #pragma unroll
@@ -724,7 +687,7 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
       if constexpr (Src::kPaged) {
         const SdpaPagedFwdSm90Params& pp = Src::paged(p);
         load_paged_block<kBlockK, L::kTile.dv_tile / 64, L::kVSlab>(pp, pp.paged_v, tm_v, it.batch, kb,
-                                                                    src.block.len_kv, hv, v_pages,
+                                                                    src.block.len_kv, hv,
                                                                     base + L::kV + st * L::kVBytes, v_full + 8 * st);
       } else if constexpr (L::kFp8) {
         // V^T (map over the pre-pass's [B, H_v, D_v, keys] workspace, padded also in packed calls): the
