@@ -35,7 +35,8 @@ sm80::TileSm80 tile_of(const Problem& p) { return sm80::tile_sm80(static_cast<in
 // sdpa_dbias_softcap_sm80_enabled (on by default since its GPU test passed on an H200) the sm80 backward runs the
 // calls the sm90 one does not take, its dK/dV kernel storing the fp32 P in the dS workspace at the logits step and
 // P (dP - D) over it at the dS step (kernel_bwd_sm80.cuh). Checked at check_support and again at execute (the
-// family switches are read per call); with dropout sdpa_check_features_gpu refuses it on every GPU. On unless
+// family switches are read per call); with dropout the sm90 backward refuses it (sm90_refusal), so the sm80 one runs
+// it (sdpa_dbias_softcap_dropout_enabled; off, sdpa_check_features_gpu refuses it on every GPU). On unless
 // FLASHSPAN_SDPA_DBIAS_SOFTCAP=0, the pair's one variable on both backwards (sdpa_dbias_softcap_enabled, and
 // sdpa_dbias_softcap_sm80_enabled reads it too).
 void check_dbias_with_softcap(const Problem& p) {

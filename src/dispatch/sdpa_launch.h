@@ -222,7 +222,8 @@ void set_sdpa_dbias_softcap_sm80_enabled(int on);
 // with each element's dropout multiplier m), the sm90 backward refusing the triple. On unless
 // FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT=0 (read by each check_support; its GPU test passed on an H100),
 // set_sdpa_dbias_softcap_dropout_enabled overrides it (tests: 1 on, 0 off, -1 back to the environment's answer); off,
-// sdpa_check_features_gpu refuses the triple on CUDA tensors, naming the variable. Under the pair's switches (sdpa_dbias_softcap_enabled, sdpa_dbias_softcap_sm80_enabled).
+// sdpa_check_features_gpu refuses the triple on CUDA tensors, naming the variable. Under the pair's switches
+// (sdpa_dbias_softcap_enabled, sdpa_dbias_softcap_sm80_enabled).
 bool sdpa_dbias_softcap_dropout_enabled();
 void set_sdpa_dbias_softcap_dropout_enabled(int on);
 

@@ -189,9 +189,8 @@ void sdpa_check_features_gpu(const Problem& p) {
   // workspace (SdpaBiasParams) from the dK/dV kernel's P (dP - D). With softcap the sm80 kernels hold P
   // times softcap's derivative there instead (the fp32 P kept until then cost 72-124 B of spills in their
   // D = 128 loop, PERF_LOG v2.35; the 16-bit P stored for dV is too coarse), so dBias with softcap runs on
-  // the sm90 backward, or with FLASHSPAN_EXPERIMENTAL=1 on the sm80 one through the dS workspace (its fp32 P
-  // stored there at the logits step; the device rule: sdpa_dispatch.cu check_dbias_with_softcap), and not with
-  // dropout on the sm80 backward (sdpa_dbias_softcap_dropout_enabled, by default: the sm90 kernel's softcap factor is
+  // the sm90 backward, or on the sm80 one through the dS workspace (its fp32 P stored there at the logits step;
+  // the device rule: sdpa_dispatch.cu check_dbias_with_softcap), and with dropout on the sm80 backward (sdpa_dbias_softcap_dropout_enabled, by default: the sm90 kernel's softcap factor is
   // formed per element, after which P (dP - D) is gone; sm90_refusal sends the triple to the sm80 one).
   if (p.has(FS_SDPA_DBIAS) && a.softcap && (p.dropout || a.dropout_mask_form) && !sdpa_dbias_softcap_dropout_enabled()) {
     throw Error(Status::kNotSupported,
