@@ -255,6 +255,12 @@ cpp_suite() {
     gtest_run "gtest sdpa sm80-paged-bias" gtest_sdpa_sm80_paged_bias.log env FLASHSPAN_SM90_SDPA_PAGED_BIAS=0 \
       "$tests" --gtest_brief=1 --gtest_filter='SdpaPagedGpu.BiasRandom:SdpaPaged.*'
   fi
+  # Experimental (not yet run on a GPU; PERF_LOG v2.59): the sm90 SDPA forward's cells in groups of (sample, head)
+  # pairs, 3 a group (a partial last group in most cases): the sm90 forward tests, unpaged and paged.
+  if "$tests" --gtest_list_tests --gtest_filter='SdpaGpu.Sm90Forward*' 2>/dev/null | grep -q '^  '; then
+    gtest_run "gtest sdpa sm90 l2-group" gtest_sdpa_sm90_l2_group.log env FLASHSPAN_SM90_FWD_L2_GROUP=3 "$tests" \
+      --gtest_brief=1 --gtest_filter='SdpaGpu.Sm90Forward*:SdpaPagedGpu.Sm90Paged*:SdpaGpu.MasksInBothAlignments*'
+  fi
 
   # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one. Missing sanitizer = failure.
   #    Experimental paths (FLASHSPAN_EXPERIMENTAL=1) are not switched on here: their tests force their switch

@@ -360,6 +360,30 @@ TEST(SplitRule, DeterministicLauncherSwitches) {
   claim.set("2");
   EXPECT_EQ(sm90::bwd_det_claim(), -1);
 }
+
+// The sm90 SDPA forward's item groups (experimental, AnalyticMaskParams::l2_group): FLASHSPAN_SM90_FWD_L2_GROUP a
+// positive integer gives that many (sample, head) pairs a group whatever FLASHSPAN_EXPERIMENTAL says; "0", a
+// non-number or a negative one gives 0 (one group); unset, the automatic size (the pairs whose K and V fit 25 MB, at
+// least 1) with FLASHSPAN_EXPERIMENTAL=1, else 0.
+TEST(SplitRule, ForwardL2GroupSwitch) {
+  using flashspan::test::ScopedEnv;
+  ScopedEnv own("FLASHSPAN_SM90_FWD_L2_GROUP", nullptr);
+  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
+  const int64_t mb = int64_t(1) << 20;
+  EXPECT_EQ(sm90::fwd_l2_group(4 * mb), 0);
+  experimental.set("1");
+  EXPECT_EQ(sm90::fwd_l2_group(4 * mb), 6);   // 25 MB / 4 MB
+  EXPECT_EQ(sm90::fwd_l2_group(64 * mb), 1);  // at least one pair
+  own.set("0");
+  EXPECT_EQ(sm90::fwd_l2_group(4 * mb), 0);
+  own.set("-3");
+  EXPECT_EQ(sm90::fwd_l2_group(4 * mb), 0);
+  own.set("x");
+  EXPECT_EQ(sm90::fwd_l2_group(4 * mb), 0);
+  experimental.set(nullptr);
+  own.set("8");
+  EXPECT_EQ(sm90::fwd_l2_group(4 * mb), 8);
+}
 #endif
 
 }  // namespace

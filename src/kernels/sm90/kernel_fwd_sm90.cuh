@@ -322,7 +322,7 @@ struct AnalyticSourceSm90 {
   kern::QueryBlockMask block;
 
   __device__ __forceinline__ static kern::AnalyticGrid scheduler(const FwdParams& p) {
-    return kern::AnalyticGrid{kern::analytic_of(p).num_q_blocks, p.num_heads_q, p.batch};
+    return kern::AnalyticGrid{kern::analytic_of(p).num_q_blocks, p.num_heads_q, p.batch, kern::analytic_of(p).l2_group};
   }
   __device__ __forceinline__ static AnalyticSourceSm90 item(const FwdParams& p, const WorkItem& it) {
     const kern::AnalyticSeqlen sl(p, it.batch);

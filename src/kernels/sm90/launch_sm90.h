@@ -148,6 +148,9 @@ void set_bwd_det_band(int band);
 // FLASHSPAN_SM90_BWD_DET_CLAIM "1" claimed in list order (1), "0" snake waves (0), else the plan
 // decides (-1: split_rule.h split_det_claims). Read per call.
 int bwd_det_claim();
+// The SDPA forward's item groups (AnalyticMaskParams::l2_group; 0: one group) for (sample, head) pairs of
+// kv_bytes_per_pair bytes of K and V each (experimental: FLASHSPAN_SM90_FWD_L2_GROUP; switches_sm90.cpp).
+int fwd_l2_group(int64_t kv_bytes_per_pair);
 // The deterministic backward's other switches as the launcher passes them (launch_bwd_sm90.cu): without the dQ
 // tiles' counter waits (FLASHSPAN_SM90_BWD_DET_UNORDERED=1, measurement only, read once), the dQ turn handed on
 // relaxed (BwdParams::det_relaxed; FLASHSPAN_SM90_BWD_DET_RELAXED=0 release, read per call), each split item's own
