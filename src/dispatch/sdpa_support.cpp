@@ -190,14 +190,14 @@ void sdpa_check_features_gpu(const Problem& p) {
   // times softcap's derivative there instead (the fp32 P kept until then cost 72-124 B of spills in their
   // D = 128 loop, PERF_LOG v2.35; the 16-bit P stored for dV is too coarse), so dBias with softcap runs on
   // the sm90 backward, or on the sm80 one through the dS workspace (its fp32 P stored there at the logits step;
-  // the device rule: sdpa_dispatch.cu check_dbias_with_softcap), and with dropout on the sm80 backward (sdpa_dbias_softcap_dropout_enabled, by default: the sm90 kernel's softcap factor is
-  // formed per element, after which P (dP - D) is gone; sm90_refusal sends the triple to the sm80 one).
-  if (p.has(FS_SDPA_DBIAS) && a.softcap && (p.dropout || a.dropout_mask_form) && !sdpa_dbias_softcap_dropout_enabled()) {
-    throw Error(Status::kNotSupported,
-                "dBias together with softcap and dropout: turned off on CUDA tensors by "
-                "FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT=0 (unset, the sm80 backward runs it); CPU tensors run it on the "
-                "CPU reference");
-  }
+  // the device rule: sdpa_dispatch.cu check_dbias_with_softcap), and with dropout on the sm80 backward
+  // (sdpa_dbias_softcap_dropout_enabled, by default: the sm90 kernel's softcap factor is formed per element, after
+  // which P (dP - D) is gone; sm90_refusal sends the triple to the sm80 one).
+  FS_CHECK_SUPPORTED(!p.has(FS_SDPA_DBIAS) || !a.softcap || !(p.dropout || a.dropout_mask_form) ||
+                         sdpa_dbias_softcap_dropout_enabled(),
+                     "dBias together with softcap and dropout: turned off on CUDA tensors by "
+                     "FLASHSPAN_SDPA_DBIAS_SOFTCAP_DROPOUT=0 (unset, the sm80 backward runs it); CPU tensors run it on "
+                     "the CPU reference");
   // softcap, ALiBi and sinks (dSink) run natively (sdpa_score_mod.cuh); max_logit excludes the
   // sink, which the kernels' running max includes: with max_logit the prefill kernels fold the sink
   // into the row statistics after the walk instead (the decode kernel's combine always does; sdpa_feature_pairs_enabled).

@@ -1714,8 +1714,8 @@ TEST(SdpaGpu, Sm80BackwardDbiasWithSoftcap) {
 
 TEST(SdpaGpu, Sm80BackwardDbiasSoftcapDropout) {
   // dBias together with softcap and dropout (sdpa_dbias_softcap_dropout_enabled: on by default since this test, then
-  // ...Experimental, passed on an H100, 2026-12-06; forced on here, with the pair's switches): the sm80 backward's kernel of the pair, whose dS step forms
-  // P (m dP - D) with each element's dropout multiplier m; the sm90 backward refuses the triple (no sm90 backward
+  // ...Experimental, passed on an H100, 2026-12-06; forced on here, with the pair's switches): the sm80 backward's
+  // kernel of the pair, whose dS step forms P (m dP - D) with each element's dropout multiplier m; the sm90 backward refuses the triple (no sm90 backward
   // launch, on any GPU). dbias_softcap_case's forms with Philox dropout on even forms (p 0.1-0.5, int32 / int64 seed
   // and offset) and the caller's mask on odd ones (every broadcast form, each mask dtype, scale 1 / (1 - p)), D = 64,
   // 96, 128 and 256, H_k != H_v on one; dQ, dK, dV and dBias against the CPU reference on NaN-poisoned outputs.

@@ -140,6 +140,14 @@ void launch_fwd_sm90(const FwdParams& p, const TensorView& q, const TensorView& 
   }
 }
 
+namespace {
+// The SDPA forward's items in groups of (sample, head) pairs whose K / V fit L2 (experimental: fwd_l2_group), for
+// both 16-bit launchers: a query head's share of its K / V head's bytes.
+int sdpa_fwd_l2_group(const SdpaFwdParams& p) {
+  return fwd_l2_group(int64_t(p.analytic.max_kv) * (p.head_dqk + p.head_dv) * 2 / p.group_size);
+}
+}  // namespace
+
 void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView* bias, DType dtype, void* workspace, size_t workspace_bytes,
                           cudaStream_t stream) {
@@ -159,9 +167,7 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   launch_sdpa_fwd_rng_dump(p, stream);  // (the sm80 launcher's: fwd_launch.h)
   p.analytic.num_q_blocks = (p.analytic.max_q + t.fwd_bq - 1) / t.fwd_bq;
   if (p.analytic.num_q_blocks == 0 || p.batch == 0 || p.num_heads_q == 0) return;
-  // The items in groups of (sample, head) pairs whose K / V fit L2 (experimental: fwd_l2_group); a query head's share
-  // of its K / V head's bytes.
-  p.analytic.l2_group = fwd_l2_group(int64_t(p.analytic.max_kv) * (p.head_dqk + p.head_dv) * 2 / p.group_size);
+  p.analytic.l2_group = sdpa_fwd_l2_group(p);
   // Padded tensors: sample b is batch b (the tensor maps' batch coordinate; the epilogue's
   // TensorAddr batch strides).
   p.varlen = 0;
@@ -244,9 +250,7 @@ void launch_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p_in, const Tensor
   if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
   p.analytic.num_q_blocks = (p.analytic.max_q + t.fwd_bq - 1) / t.fwd_bq;
   if (p.analytic.num_q_blocks == 0 || p.batch == 0 || p.num_heads_q == 0) return;
-  // The items in groups of (sample, head) pairs whose K / V fit L2 (experimental: fwd_l2_group); a query head's share
-  // of its K / V head's bytes.
-  p.analytic.l2_group = fwd_l2_group(int64_t(p.analytic.max_kv) * (p.head_dqk + p.head_dv) * 2 / p.group_size);
+  p.analytic.l2_group = sdpa_fwd_l2_group(p);
   const TensorView vq = sample_map_view(bshd_of_bhsd(q), packed_q, maps);
   const CUtensorMap mq = make_tensor_map_sm90(vq, false, dtype, t.fwd_bq, "q");
   if (packed_q) {

@@ -164,8 +164,8 @@ bool bwd_det_own_slots() { return !env_flag_off("FLASHSPAN_SM90_BWD_DET_OWN_SLOT
 // deadlock-free: an item waits only on earlier items, each of which is running or done when it is claimed.
 int bwd_det_claim() { return env_flag_forced("FLASHSPAN_SM90_BWD_DET_CLAIM"); }
 
-// FLASHSPAN_SM90_FWD_L2_GROUP (read per call; experimental, not yet run on a GPU): the SDPA forward's items in groups of
-// (sample, head) pairs (AnalyticMaskParams::l2_group). A positive integer: that many pairs a group; any other value
+// FLASHSPAN_SM90_FWD_L2_GROUP (read per call; experimental, not yet run on a GPU): the SDPA forward's items in groups
+// of (sample, head) pairs (AnalyticMaskParams::l2_group). A positive integer: that many pairs a group; any other value
 // ("0", a negative number, not a number): one group (today's order); unset or empty: with FLASHSPAN_EXPERIMENTAL=1 the
 // automatic size, the pairs whose K and V fit half of a 50 MB L2 (at least 1), else one group.
 int fwd_l2_group(int64_t kv_bytes_per_pair) {
@@ -176,7 +176,7 @@ int fwd_l2_group(int64_t kv_bytes_per_pair) {
   }
   if (!experimental_from_env()) return 0;
   constexpr int64_t kBudget = int64_t(25) << 20;
-  return kv_bytes_per_pair <= 0 ? 0 : int(std::max<int64_t>(1, std::min<int64_t>(kBudget / kv_bytes_per_pair, 1 << 30)));
+  return kv_bytes_per_pair <= 0 ? 0 : int(std::max<int64_t>(1, kBudget / kv_bytes_per_pair));  // (<= 25 Mi)
 }
 
 }  // namespace flashspan::sm90
