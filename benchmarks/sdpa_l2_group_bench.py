@@ -1,11 +1,14 @@
-"""The sm90 SDPA forward's item order in groups of (sample, head) pairs (FLASHSPAN_SM90_FWD_L2_GROUP, experimental;
-PERF_LOG v2.59) against the ungrouped order, alternated in one process, for G in 0 (ungrouped), 2, 4, 8; each output
-compared bitwise with the ungrouped order's (exit status 1 on a difference). Dense and paged (page 256, shuffled) K/V,
-masks none and causal, bf16; TFLOP/s over visible pairs (4 D a pair).
+"""The sm90 SDPA forward's cells in L2 groups of (sample, head) pairs (on by default for calls without a left bound or
+a block mask; PERF_LOG v2.59-v2.60) against the ungrouped order (FLASHSPAN_SM90_FWD_L2_GROUP=0), alternated in one
+process, and for masks with a band the groups in static snake waves (FLASHSPAN_SM90_FWD_CLAIM=0) against claimed
+through the counter (the default); each output compared bitwise with the ungrouped order's (exit status 1 on a
+difference). Dense and paged (page 256, shuffled) K/V, masks none, causal and a causal window of 4096 (ungrouped by
+default), bf16; TFLOP/s over visible pairs (4 D a pair).
 
-Usage: python benchmarks/sdpa_l2_group_bench.py   (needs a CUDA device with sm_90)
+Usage: python benchmarks/sdpa_l2_group_bench.py [--quick]   (needs a CUDA device with sm_90)
 """
 import os
+import sys
 
 import torch
 
@@ -18,14 +21,25 @@ dev = torch.device("cuda")
 timer = Timer(dev, warmup=3, reps=15)
 print(torch.cuda.get_device_name())
 gen = torch.Generator().manual_seed(0)
+VARS = ("FLASHSPAN_SM90_FWD_L2_GROUP", "FLASHSPAN_SM90_FWD_CLAIM")
+# name -> the variables of the run (none: the default)
+RUNS = {"off": {"FLASHSPAN_SM90_FWD_L2_GROUP": "0"}, "default": {}, "static": {"FLASHSPAN_SM90_FWD_CLAIM": "0"}}
+SHAPES = ((1, 16, 8192, 128), (4, 16, 8192, 128), (16, 16, 2048, 128), (1, 16, 32768, 128), (8, 16, 4096, 64))
+if "--quick" in sys.argv:
+    SHAPES = SHAPES[1:3]
 bad = 0
-for b, h, s, d in ((4, 16, 8192, 128), (1, 16, 32768, 128), (8, 16, 4096, 64)):
+for b, h, s, d in SHAPES:
     q, k, v = (torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
     lens = torch.full((b,), s, dtype=torch.int32, device=dev)
-    kc, kt = paged_cache(k, 256, gen); vc, vt = paged_cache(v, 256, gen)
-    for mask in ("none", "causal"):
+    kc, kt = paged_cache(k, 256, gen)
+    vc, vt = paged_cache(v, 256, gen)
+    for mask in ("none", "causal", "window"):
         ma = {} if mask == "none" else {"diagonal_band_right_bound": 0}
-        pairs = s * s if mask == "none" else s * (s + 1) // 2
+        if mask == "window":
+            ma["diagonal_band_left_bound"] = 4096
+        if mask == "window" and s <= 4096:
+            continue
+        pairs = sum(min(i + 1, ma.get("diagonal_band_left_bound", s)) for i in range(s)) if ma else s * s
         tf = lambda ms: 4 * d * pairs * b * h / ms / 1e9
         for kind in ("dense", "paged256"):
             if kind == "dense":
@@ -34,19 +48,24 @@ for b, h, s, d in ((4, 16, 8192, 128), (1, 16, 32768, 128), (8, 16, 4096, 64)):
                 f = lambda: flashspan.sdpa(q, kc, vc, attn_scale=d ** -0.5, use_padding_mask=True, seq_len_q=lens,
                                            seq_len_kv=lens, paged_attention_k_table=kt, paged_attention_v_table=vt,
                                            paged_attention_max_seq_len_kv=s, generate_stats=False, **ma)[0]
+            runs = [r for r in RUNS if mask == "causal" or r != "static"]
             res = {}
             with torch.no_grad():
-                os.environ.pop("FLASHSPAN_SM90_FWD_L2_GROUP", None)
+                os.environ.update(RUNS["off"])
                 ref = f()
                 for rnd in range(2):
-                    for g in ("0", "2", "4", "8"):
-                        os.environ["FLASHSPAN_SM90_FWD_L2_GROUP"] = g
+                    for r in runs:
+                        for n in VARS:
+                            os.environ.pop(n, None)
+                        os.environ.update(RUNS[r])
                         if not torch.equal(f(), ref):
                             bad += 1
-                            print("DIFF", b, h, s, d, mask, kind, g)
-                        res.setdefault(g, []).append(f"{tf(timer.measure(f).median_ms):.0f}")
-            os.environ.pop("FLASHSPAN_SM90_FWD_L2_GROUP", None)
-            print(f"B={b} H={h} S={s} D={d} {mask} {kind}: " + "; ".join(f"g{g} {'/'.join(v)}" for g, v in res.items()), flush=True)
+                            print("DIFF", b, h, s, d, mask, kind, r)
+                        res.setdefault(r, []).append(f"{tf(timer.measure(f).median_ms):.0f}")
+            for n in VARS:
+                os.environ.pop(n, None)
+            print(f"B={b} H={h} S={s} D={d} {mask} {kind}: " + "; ".join(f"{r} {'/'.join(v)}" for r, v in res.items()),
+                  flush=True)
 print("bad", bad)
 if bad:
     raise SystemExit(1)

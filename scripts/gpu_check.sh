@@ -255,11 +255,14 @@ cpp_suite() {
     gtest_run "gtest sdpa sm80-paged-bias" gtest_sdpa_sm80_paged_bias.log env FLASHSPAN_SM90_SDPA_PAGED_BIAS=0 \
       "$tests" --gtest_brief=1 --gtest_filter='SdpaPagedGpu.BiasRandom:SdpaPaged.*'
   fi
-  # Experimental (not yet run on a GPU; PERF_LOG v2.59): the sm90 SDPA forward's cells in groups of (sample, head)
-  # pairs, 3 a group (a partial last group in most cases): the sm90 forward tests, unpaged and paged.
+  # The sm90 SDPA forward's cells in L2 groups (on by default where no left bound or block mask; PERF_LOG v2.60), here
+  # forced to 3 pairs a group (a partial last group in most cases) for every call and claimed through the counter
+  # also where the cells cost the same (the default claims only under a band): the sm90 forward tests, unpaged and
+  # paged, the block mask's.
   if "$tests" --gtest_list_tests --gtest_filter='SdpaGpu.Sm90Forward*' 2>/dev/null | grep -q '^  '; then
-    gtest_run "gtest sdpa sm90 l2-group" gtest_sdpa_sm90_l2_group.log env FLASHSPAN_SM90_FWD_L2_GROUP=3 "$tests" \
-      --gtest_brief=1 --gtest_filter='SdpaGpu.Sm90Forward*:SdpaPagedGpu.Sm90Paged*:SdpaGpu.MasksInBothAlignments*'
+    gtest_run "gtest sdpa sm90 l2-group" gtest_sdpa_sm90_l2_group.log env FLASHSPAN_SM90_FWD_L2_GROUP=3 \
+      FLASHSPAN_SM90_FWD_CLAIM=1 "$tests" --gtest_brief=1 \
+      --gtest_filter='SdpaGpu.Sm90Forward*:SdpaPagedGpu.Sm90Paged*:SdpaGpu.MasksInBothAlignments*:SdpaGpu.BlockMask*'
   fi
 
   # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one. Missing sanitizer = failure.

@@ -130,8 +130,10 @@ void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, 
       // The sm90 forward over the page tables (sdpa_sm90_paged_enabled): packed q's per-sample maps (on by default,
       // sdpa_sm90_paged_thd_enabled) at the workspace's start, its flags after them.
       const WorkspaceSlice maps = sdpa_fwd_sm90_maps(p, workspace, workspace_bytes);
+      SdpaPagedFwdSm90Params f = sdpa_paged_fwd_params_sm90(p, workspace, workspace_bytes);
+      f.analytic.item_counter = sdpa_fwd_sm90_counter(p, workspace, workspace_bytes);
       // The bias (on by default, sdpa_sm90_paged_bias_enabled): its descriptor for the staged bias's map.
-      sm90::launch_sdpa_fwd_paged_sm90(sdpa_paged_fwd_params_sm90(p, workspace, workspace_bytes), p.t(FS_SDPA_Q),
+      sm90::launch_sdpa_fwd_paged_sm90(f, p.t(FS_SDPA_Q),
                                        p.t(FS_SDPA_K), p.t(FS_SDPA_V),
                                        p.has(FS_SDPA_BIAS) ? &p.t(FS_SDPA_BIAS) : nullptr, p.dtype, maps.ptr,
                                        maps.bytes, static_cast<cudaStream_t>(stream));
@@ -143,7 +145,9 @@ void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, 
   if (sdpa_fwd_runs_sm90(p)) {
     // Packed q, k or v (experimental): the per-sample tensor maps' part of the workspace.
     const WorkspaceSlice maps = sdpa_fwd_sm90_maps(p, workspace, workspace_bytes);
-    sm90::launch_sdpa_fwd_sm90(sdpa_fwd_params(p), p.t(FS_SDPA_Q), p.t(FS_SDPA_K), p.t(FS_SDPA_V),
+    SdpaFwdParams f = sdpa_fwd_params(p);
+    f.analytic.item_counter = sdpa_fwd_sm90_counter(p, workspace, workspace_bytes);  // (grouped cells, claimed)
+    sm90::launch_sdpa_fwd_sm90(f, p.t(FS_SDPA_Q), p.t(FS_SDPA_K), p.t(FS_SDPA_V),
                                p.has(FS_SDPA_BIAS) ? &p.t(FS_SDPA_BIAS) : nullptr, p.dtype, maps.ptr, maps.bytes,
                                static_cast<cudaStream_t>(stream));
     return;

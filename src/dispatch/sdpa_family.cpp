@@ -335,6 +335,10 @@ bool sdpa_fwd_sm90_may_take_paged(const sdpa::Problem& p) {
   return p.device == DeviceType::kCUDA && p.paged && !p.fp8 && !p.a.backward && on_sm90_device(p);
 }
 
+bool sdpa_fwd_sm90_may_take(const sdpa::Problem& p) {
+  return p.device == DeviceType::kCUDA && !p.fp8 && !p.a.backward && on_sm90_device(p);
+}
+
 void set_sdpa_fwd_sm90_enabled(int on) { g_sdpa_fwd_sm90.set(on); }
 bool sdpa_fwd_sm90_enabled() { return g_sdpa_fwd_sm90.on(); }
 

@@ -311,6 +311,17 @@ bool sdpa_fwd_runs_sm90_paged(const sdpa::Problem& p);
 bool sdpa_fwd_sm90_may_take_paged(const sdpa::Problem& p);
 size_t sdpa_fwd_sm90_paged_flags_bytes(const sdpa::Problem& p);
 SdpaPagedFwdSm90Params sdpa_paged_fwd_params_sm90(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
+// A 16-bit CUDA forward (paged or not) on an sm_90 device with this build's sm_90a code: one the sm90 forwards may
+// take, whatever their switches and refusals say (the workspace rules below).
+bool sdpa_fwd_sm90_may_take(const sdpa::Problem& p);
+// The 16-bit sm90 forward's item counter (AnalyticMaskParams::item_counter: grouped cells claimed in list order,
+// launch_fwd_sm90.cu set_sdpa_fwd_l2_group): 32 bytes (an int32, 16-byte aligned) after the maps and a paged call's
+// flags, for every call sdpa_fwd_sm90_may_take whose cells differ in cost (a band or a block_mask), whatever the
+// switches say (so that an operation sized with them off still runs when they are turned on); 0 bytes for other
+// calls. sdpa_fwd_sm90_counter binds it: its
+// address, or null for other calls and for a workspace too small to hold it (the cells then run in snake waves).
+size_t sdpa_fwd_sm90_counter_bytes(const sdpa::Problem& p);
+int32_t* sdpa_fwd_sm90_counter(const sdpa::Problem& p, void* workspace, size_t workspace_bytes);
 
 // The FP8 forward on the sm80 kernels (kernels/sm80/launch_sm80.h launch_sdpa_fp8_fwd_sm80: the 16-bit sm80
 // forward's loop on the codes widened to bf16, exact, with P's FP8 rounding and O's FP8 store in the kernel):

@@ -391,8 +391,9 @@ size_t sdpa_fwd_workspace_size(const Problem& p) {
   if (p.fp8 && sdpa_fp8_fwd_runs_sm80(p)) return fp8_fwd_sm80_bytes(p).total;
   if (p.fp8) return fp8_vt_ws_bytes(p) + sdpa_fwd_sm90_maps_bytes(p);
   // Packed q / k / v's per-sample maps, then a paged forward's flags (a paged call with packed q has both:
-  // sdpa_paged_fwd_params_sm90 binds the flags after the maps).
-  const size_t sm90_bytes = sdpa_fwd_sm90_maps_bytes(p) + sdpa_fwd_sm90_paged_flags_bytes(p);
+  // sdpa_paged_fwd_params_sm90 binds the flags after the maps), then the item counter (sdpa_fwd_sm90_counter).
+  const size_t sm90_bytes =
+      sdpa_fwd_sm90_maps_bytes(p) + sdpa_fwd_sm90_paged_flags_bytes(p) + sdpa_fwd_sm90_counter_bytes(p);
   if (sdpa_fwd_runs_decode(p)) {
     // (at least the sm90 forward's: a call sized on the decode forward still runs with it off)
     const DecodeWorkspace w = decode_workspace(p);
@@ -416,6 +417,18 @@ SdpaPagedFwdSm90Params sdpa_paged_fwd_params_sm90(const Problem& p, void* worksp
   const uintptr_t a = (reinterpret_cast<uintptr_t>(workspace) + maps + 15) / 16 * 16;
   f.bad_samples = reinterpret_cast<int32_t*>(a);
   return f;
+}
+
+size_t sdpa_fwd_sm90_counter_bytes(const Problem& p) {
+  const bool unequal = p.has_left || p.has_right || p.has(FS_SDPA_BLOCK_MASK);
+  return unequal && sdpa_fwd_sm90_may_take(p) ? 32 : 0;
+}
+
+int32_t* sdpa_fwd_sm90_counter(const Problem& p, void* workspace, size_t workspace_bytes) {
+  const size_t bytes = sdpa_fwd_sm90_counter_bytes(p);
+  const size_t at = sdpa_fwd_sm90_maps_bytes(p) + sdpa_fwd_sm90_paged_flags_bytes(p);
+  if (bytes == 0 || workspace == nullptr || workspace_bytes < at + bytes) return nullptr;
+  return reinterpret_cast<int32_t*>((reinterpret_cast<uintptr_t>(workspace) + at + 15) / 16 * 16);
 }
 
 namespace {

@@ -368,21 +368,32 @@ TEST(SplitRule, DeterministicLauncherSwitches) {
 TEST(SplitRule, ForwardL2GroupSwitch) {
   using flashspan::test::ScopedEnv;
   ScopedEnv own("FLASHSPAN_SM90_FWD_L2_GROUP", nullptr);
-  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
+  ScopedEnv claim("FLASHSPAN_SM90_FWD_CLAIM", nullptr);
   const int64_t mb = int64_t(1) << 20;
-  EXPECT_EQ(sm90::fwd_l2_group(4 * mb), 0);
-  experimental.set("1");
-  EXPECT_EQ(sm90::fwd_l2_group(4 * mb), 6);   // 25 MB / 4 MB
-  EXPECT_EQ(sm90::fwd_l2_group(64 * mb), 1);  // at least one pair
+  // Grouped by default (no left bound, no block mask): K / V of 16 MiB a group.
+  EXPECT_EQ(sm90::fwd_l2_group(4 * mb, true), 4);   // 16 MiB / 4 MiB
+  EXPECT_EQ(sm90::fwd_l2_group(1 * mb, true), 16);
+  EXPECT_EQ(sm90::fwd_l2_group(64 * mb, true), 1);  // at least one pair
+  EXPECT_EQ(sm90::fwd_l2_group(0, true), 0);
+  EXPECT_EQ(sm90::fwd_l2_group(4 * mb, false), 0);  // a window, a block mask: one group
+  // Claimed where the cells' costs differ, snake waves where they are equal.
+  EXPECT_TRUE(sm90::fwd_claim(false));
+  EXPECT_FALSE(sm90::fwd_claim(true));
+  // The variable forces a size for both kinds: a positive integer that many pairs, anything else one group.
   own.set("0");
-  EXPECT_EQ(sm90::fwd_l2_group(4 * mb), 0);
+  EXPECT_EQ(sm90::fwd_l2_group(4 * mb, true), 0);
   own.set("-3");
-  EXPECT_EQ(sm90::fwd_l2_group(4 * mb), 0);
+  EXPECT_EQ(sm90::fwd_l2_group(4 * mb, true), 0);
   own.set("x");
-  EXPECT_EQ(sm90::fwd_l2_group(4 * mb), 0);
-  experimental.set(nullptr);
+  EXPECT_EQ(sm90::fwd_l2_group(4 * mb, true), 0);
   own.set("8");
-  EXPECT_EQ(sm90::fwd_l2_group(4 * mb), 8);
+  EXPECT_EQ(sm90::fwd_l2_group(4 * mb, false), 8);
+  EXPECT_EQ(sm90::fwd_l2_group(4 * mb, true), 8);
+  // FLASHSPAN_SM90_FWD_CLAIM forces the claims either way.
+  claim.set("0");
+  EXPECT_FALSE(sm90::fwd_claim(false));
+  claim.set("1");
+  EXPECT_TRUE(sm90::fwd_claim(true));
 }
 #endif
 

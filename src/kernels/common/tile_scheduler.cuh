@@ -178,12 +178,17 @@ struct TileScheduler {
 // consecutive (sample, head) pairs r = b heads + h, the groups one after the other, so that the CTAs of a wave walk the
 // K / V of a few heads (in L2 once) instead of every head's (PERF_LOG v2.59: B=4 H=16 S=8192 causal read 4.7 GB of
 // DRAM for 0.4 GB of Q / K / V, L2 hit rate 48 %); each group still starts with its longest cells.
+// counter (non-null: the sm90 forward's grouped cells of unequal cost, a causal band, a window, a block mask): the
+// cells claimed in list order (one atomic add a cell, the counter zeroed before the launch), not in snake waves:
+// the waves balance a list whose cost falls slowly along it, which the groups' sawtooth is not (PERF_LOG v2.60:
+// causal S = 8192 in groups of 4 ran at 0.7x the ungrouped order). n is then unused.
 struct AnalyticGrid {
   int num_q_blocks, heads, batch;
   int group = 0;
+  int* counter = nullptr;
 
   __device__ __forceinline__ WorkItem next(uint32_t n) const {
-    const int64_t i = snake_index(n);
+    const int64_t i = counter != nullptr ? int64_t(atomicAdd(counter, 1)) : snake_index(n);
     const int64_t per_block = int64_t(heads) * batch;
     if (i >= per_block * num_q_blocks) return TileScheduler::none();
     int64_t qb, r;

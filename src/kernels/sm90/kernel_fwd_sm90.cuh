@@ -322,7 +322,8 @@ struct AnalyticSourceSm90 {
   kern::QueryBlockMask block;
 
   __device__ __forceinline__ static kern::AnalyticGrid scheduler(const FwdParams& p) {
-    return kern::AnalyticGrid{kern::analytic_of(p).num_q_blocks, p.num_heads_q, p.batch, kern::analytic_of(p).l2_group};
+    const AnalyticMaskParams& a = kern::analytic_of(p);
+    return kern::AnalyticGrid{a.num_q_blocks, p.num_heads_q, p.batch, a.l2_group, a.item_counter};
   }
   __device__ __forceinline__ static AnalyticSourceSm90 item(const FwdParams& p, const WorkItem& it) {
     const kern::AnalyticSeqlen sl(p, it.batch);

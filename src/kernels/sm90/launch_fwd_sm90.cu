@@ -141,10 +141,20 @@ void launch_fwd_sm90(const FwdParams& p, const TensorView& q, const TensorView& 
 }
 
 namespace {
-// The SDPA forward's items in groups of (sample, head) pairs whose K / V fit L2 (experimental: fwd_l2_group), for
-// both 16-bit launchers: a query head's share of its K / V head's bytes.
-int sdpa_fwd_l2_group(const SdpaFwdParams& p) {
-  return fwd_l2_group(int64_t(p.analytic.max_kv) * (p.head_dqk + p.head_dv) * 2 / p.group_size);
+// The SDPA forward's items in groups of (sample, head) pairs whose K / V share L2 (fwd_l2_group: by a query head's
+// share of its K / V head's bytes; by default calls without a left bound or a block mask), for both 16-bit launchers;
+// grouped cells of unequal cost (a band, a block mask) claimed through the workspace's counter where dispatch bound
+// one (fwd_claim; zeroed here), else in snake waves. A group of every pair is the ungrouped order.
+void set_sdpa_fwd_l2_group(SdpaFwdParams& p, cudaStream_t stream) {
+  AnalyticMaskParams& a = p.analytic;
+  const bool windowed = a.band.has_left != 0 || a.block_mask.bits != nullptr;
+  const bool uniform = !windowed && a.band.has_right == 0;
+  const int g = fwd_l2_group(int64_t(a.max_kv) * (p.head_dqk + p.head_dv) * 2 / p.group_size, !windowed);
+  a.l2_group = int64_t(g) < int64_t(p.num_heads_q) * p.batch ? g : 0;
+  if (a.l2_group == 0 || !fwd_claim(uniform)) a.item_counter = nullptr;
+  if (a.item_counter != nullptr) {
+    check_cuda(cudaMemsetAsync(a.item_counter, 0, sizeof(int32_t), stream), "sdpa forward (sm90): item counter reset");
+  }
 }
 }  // namespace
 
@@ -167,7 +177,7 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   launch_sdpa_fwd_rng_dump(p, stream);  // (the sm80 launcher's: fwd_launch.h)
   p.analytic.num_q_blocks = (p.analytic.max_q + t.fwd_bq - 1) / t.fwd_bq;
   if (p.analytic.num_q_blocks == 0 || p.batch == 0 || p.num_heads_q == 0) return;
-  p.analytic.l2_group = sdpa_fwd_l2_group(p);
+  set_sdpa_fwd_l2_group(p, stream);
   // Padded tensors: sample b is batch b (the tensor maps' batch coordinate; the epilogue's
   // TensorAddr batch strides).
   p.varlen = 0;
@@ -250,7 +260,7 @@ void launch_sdpa_fwd_paged_sm90(const SdpaPagedFwdSm90Params& p_in, const Tensor
   if (p.max_logit != nullptr) launch_max_logit_reset(p.max_logit, p.num_heads_q, stream);
   p.analytic.num_q_blocks = (p.analytic.max_q + t.fwd_bq - 1) / t.fwd_bq;
   if (p.analytic.num_q_blocks == 0 || p.batch == 0 || p.num_heads_q == 0) return;
-  p.analytic.l2_group = sdpa_fwd_l2_group(p);
+  set_sdpa_fwd_l2_group(p, stream);
   const TensorView vq = sample_map_view(bshd_of_bhsd(q), packed_q, maps);
   const CUtensorMap mq = make_tensor_map_sm90(vq, false, dtype, t.fwd_bq, "q");
   if (packed_q) {

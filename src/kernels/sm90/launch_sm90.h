@@ -149,8 +149,11 @@ void set_bwd_det_band(int band);
 // decides (-1: split_rule.h split_det_claims). Read per call.
 int bwd_det_claim();
 // The SDPA forward's item groups (AnalyticMaskParams::l2_group; 0: one group) for (sample, head) pairs of
-// kv_bytes_per_pair bytes of K and V each (experimental: FLASHSPAN_SM90_FWD_L2_GROUP; switches_sm90.cpp).
-int fwd_l2_group(int64_t kv_bytes_per_pair);
+// kv_bytes_per_pair bytes of K and V each, of a call grouped by default or not (FLASHSPAN_SM90_FWD_L2_GROUP;
+// switches_sm90.cpp), and whether grouped cells are claimed through the counter (AnalyticMaskParams::item_counter;
+// FLASHSPAN_SM90_FWD_CLAIM), for cells of equal cost (`uniform`: no band, no block mask) or not.
+int fwd_l2_group(int64_t kv_bytes_per_pair, bool grouped);
+bool fwd_claim(bool uniform);
 // The deterministic backward's other switches as the launcher passes them (launch_bwd_sm90.cu): without the dQ
 // tiles' counter waits (FLASHSPAN_SM90_BWD_DET_UNORDERED=1, measurement only, read once), the dQ turn handed on
 // relaxed (BwdParams::det_relaxed; FLASHSPAN_SM90_BWD_DET_RELAXED=0 release, read per call), each split item's own

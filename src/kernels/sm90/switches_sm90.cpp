@@ -164,19 +164,31 @@ bool bwd_det_own_slots() { return !env_flag_off("FLASHSPAN_SM90_BWD_DET_OWN_SLOT
 // deadlock-free: an item waits only on earlier items, each of which is running or done when it is claimed.
 int bwd_det_claim() { return env_flag_forced("FLASHSPAN_SM90_BWD_DET_CLAIM"); }
 
-// FLASHSPAN_SM90_FWD_L2_GROUP (read per call; experimental, not yet run on a GPU): the SDPA forward's items in groups
-// of (sample, head) pairs (AnalyticMaskParams::l2_group). A positive integer: that many pairs a group; any other value
-// ("0", a negative number, not a number): one group (today's order); unset or empty: with FLASHSPAN_EXPERIMENTAL=1 the
-// automatic size, the pairs whose K and V fit half of a 50 MB L2 (at least 1), else one group.
-int fwd_l2_group(int64_t kv_bytes_per_pair) {
+// FLASHSPAN_SM90_FWD_L2_GROUP (read per call): the SDPA forward's items in groups of (sample, head) pairs
+// (AnalyticMaskParams::l2_group). A positive integer: that many pairs a group; any other value ("0", a negative
+// number, not a number): one group (the ungrouped order); unset or empty: for calls `grouped` by default (no left
+// bound, no block mask) the pairs whose K and V fit 16 MiB (at least 1), else one group. Measured on an H100
+// (PERF_LOG v2.60; B = 1 .. 16, S = 2048 .. 32768, D = 64 / 128): the best groups held 4 .. 16 MB of K / V, not L2's
+// 50 MB (its two halves each keep their own copy of what their SMs read), no mask +6 .. +60 %, causal +2 .. +50 %;
+// a causal window of 4096 at S = 32768 ran 5 .. 10 % slower in every group size, so windows stay ungrouped.
+int fwd_l2_group(int64_t kv_bytes_per_pair, bool grouped) {
   const char* e = std::getenv("FLASHSPAN_SM90_FWD_L2_GROUP");
   if (e != nullptr && *e != '\0') {
     const long g = std::strtol(e, nullptr, 10);
     return g > 0 && g < (1L << 30) ? int(g) : 0;
   }
-  if (!experimental_from_env()) return 0;
-  constexpr int64_t kBudget = int64_t(25) << 20;
-  return kv_bytes_per_pair <= 0 ? 0 : int(std::max<int64_t>(1, kBudget / kv_bytes_per_pair));  // (<= 25 Mi)
+  if (!grouped) return 0;
+  constexpr int64_t kBudget = int64_t(16) << 20;
+  return kv_bytes_per_pair <= 0 ? 0 : int(std::max<int64_t>(1, kBudget / kv_bytes_per_pair));  // (<= 16 Mi)
+}
+
+// FLASHSPAN_SM90_FWD_CLAIM=0 / 1 (read per call; unset: the rule): grouped cells claimed in list order through the
+// counter (1) or in static snake waves (0). The rule: claimed where the cells' costs differ (a band, a block mask):
+// the snake waves balance a list whose cost falls slowly, not the groups' sawtooth (PERF_LOG v2.60: causal S = 8192
+// in static groups of 4 ran at 0.7x the ungrouped order, claimed at 1.0-1.05x).
+bool fwd_claim(bool uniform) {
+  const int forced = env_flag_forced("FLASHSPAN_SM90_FWD_CLAIM");
+  return forced >= 0 ? forced == 1 : !uniform;
 }
 
 }  // namespace flashspan::sm90
