@@ -3,9 +3,11 @@ a block mask; PERF_LOG v2.59-v2.60) against the ungrouped order (FLASHSPAN_SM90_
 process, and for masks with a band the groups in static snake waves (FLASHSPAN_SM90_FWD_CLAIM=0) against claimed
 through the counter (the default); each output compared bitwise with the ungrouped order's (exit status 1 on a
 difference). Dense and paged (page 256, shuffled) K/V, masks none, causal and a causal window of 4096 (ungrouped by
-default), bf16; TFLOP/s over visible pairs (4 D a pair).
+default), bf16; TFLOP/s over visible pairs (4 D a pair). Then the non-deterministic backward's causal cells in L2
+groups (on by default; PERF_LOG v2.61) against FLASHSPAN_SM90_BWD_L2_GROUP=0 (2.5x the forward's FLOPs; gradients
+within 1e-2 of the ungrouped order's, relative to their largest element: the dQ additions' order differs).
 
-Usage: python benchmarks/sdpa_l2_group_bench.py [--quick]   (needs a CUDA device with sm_90)
+Usage: python benchmarks/sdpa_l2_group_bench.py [--quick] [--no-bwd]   (needs a CUDA device with sm_90)
 """
 import os
 import sys
@@ -66,6 +68,30 @@ for b, h, s, d in SHAPES:
                 os.environ.pop(n, None)
             print(f"B={b} H={h} S={s} D={d} {mask} {kind}: " + "; ".join(f"{r} {'/'.join(v)}" for r, v in res.items()),
                   flush=True)
+if "--no-bwd" not in sys.argv:
+    for b, h, s, d in SHAPES:
+        q, k, v = (torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        tf = lambda ms: 2.5 * 4 * d * (s * (s + 1) // 2) * b * h / ms / 1e9
+        o = flashspan.sdpa(q, k, v, attn_scale=d ** -0.5, diagonal_band_right_bound=0)[0]
+        do = torch.randn_like(o)
+        f = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+        res = {}
+        os.environ["FLASHSPAN_SM90_BWD_L2_GROUP"] = "0"
+        ref = f()
+        for rnd in range(2):
+            for r in ("off", "default"):
+                os.environ.pop("FLASHSPAN_SM90_BWD_L2_GROUP", None)
+                if r == "off":
+                    os.environ["FLASHSPAN_SM90_BWD_L2_GROUP"] = "0"
+                for a, want in zip(f(), ref):
+                    if (a.float() - want.float()).abs().max().item() > 1e-2 * want.float().abs().max().item():
+                        bad += 1
+                        print("DIFF bwd", b, h, s, d, r)
+                res.setdefault(r, []).append(f"{tf(timer.measure(f).median_ms):.0f}")
+        os.environ.pop("FLASHSPAN_SM90_BWD_L2_GROUP", None)
+        print(f"backward B={b} H={h} S={s} D={d} causal: " + "; ".join(f"{r} {'/'.join(v)}" for r, v in res.items()),
+              flush=True)
+        del q, k, v, o, do, ref
 print("bad", bad)
 if bad:
     raise SystemExit(1)

@@ -329,6 +329,12 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
       // max(the sm80 accumulator [H_q, B S_q, D_qk], the tiles); the split schedule after it is not used.
       const size_t tiles = sizeof(float) * size_t(p.Hq) * size_t(p.B) * size_t((p.Sq + 63) / 64) * 64 * size_t(kd);
       w.total = w.dq_accum + ws_align(std::max(w.lse2 * size_t(p.Dqk), tiles));
+      // With a band the cells' item counter (AnalyticMaskParams::item_counter: their L2 groups claimed in list
+      // order, launch_bwd_sm90.cu set_sdpa_bwd_l2_group), in a 256-byte line of its own.
+      if ((p.has_left || p.has_right) && !p.fp8) {
+        w.item_counter = w.total;
+        w.total += ws_align(sizeof(int32_t));
+      }
     } else {
       w.total = w.split_at;  // the tiles and their counters; the flex split schedule after them is not used
     }
@@ -675,6 +681,7 @@ SdpaBwdParams sdpa_bwd_params_sm90(const Problem& p, void* workspace, size_t wor
   char* ws = static_cast<char*>(workspace);
   b.dq_accum = reinterpret_cast<float*>(ws + wl.dq_accum);
   b.dq_sem = p.a.deterministic ? reinterpret_cast<int32_t*>(ws + wl.dq_sem) : nullptr;
+  b.analytic.item_counter = wl.item_counter > 0 ? reinterpret_cast<int32_t*>(ws + wl.item_counter) : nullptr;
   b.dq_blocked = 1;
   // H_k != H_v: the dK / dV slots before dBias's dS and the gated dO (sdpa_bwd_layout).
   const Sm90SlotBytes slots = sm90_slot_bytes(p);

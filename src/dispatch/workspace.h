@@ -65,6 +65,7 @@ struct BwdWorkspaceLayout : SplitScheduleOffsets {
   size_t delta = 0, lse2 = 0, dq_accum = 0, dq_sem = 0;
   size_t split_at = 0;  // where the split schedule's arrays start (the total without them)
   size_t dk_accum = 0, dv_accum = 0;
+  size_t item_counter = 0;  // the sm90 SDPA backward's (sdpa_params.cpp sdpa_bwd_layout); 0: none
   size_t total = 0;
   int64_t max_tasks = 0, max_items = 0, max_split = 0;
 };

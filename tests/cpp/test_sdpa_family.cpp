@@ -1094,7 +1094,9 @@ TEST(SdpaFamily, Sm90Switches) {
 
 TEST(SdpaFamily, Sm90BackwardWorkspaceHoldsItsTiles) {
   // A covered CUDA call's workspace holds the sm90 dQ tiles (64 x kD per (head, sample, query
-  // block)) where the sm80 accumulator is, and when deterministic their counters after them.
+  // block)) where the sm80 accumulator is, and when deterministic their counters after them; not
+  // deterministic, with a band (Call's bottom-right one), the cells' item counter in a 256-byte line
+  // after the accumulator (launch_bwd_sm90.cu set_sdpa_bwd_l2_group).
   for (bool det : {false, true}) {
     for (auto [dqk, dv, kd] : {std::tuple<int64_t, int64_t, size_t>{40, 40, 64}, {96, 96, 128}, {192, 128, 192},
                                {256, 256, 256}}) {
@@ -1105,8 +1107,9 @@ TEST(SdpaFamily, Sm90BackwardWorkspaceHoldsItsTiles) {
       const size_t per = (sizeof(float) * 4 * 2 * 300 + 255) / 256 * 256;  // [H_q, B S_q] fp32
       const size_t tiles = sizeof(float) * 4 * 2 * 5 * 64 * kd;             // ceil(300 / 64) = 5 blocks
       const size_t sem = (sizeof(int32_t) * kDqSemStride * 4 * 2 * 5 + 255) / 256 * 256;
-      const size_t want = det ? 2 * per + (tiles + 255) / 256 * 256 + sem
-                              : 2 * per + (std::max(per * size_t(dqk), tiles) + 255) / 256 * 256;
+      const size_t acc = det ? 2 * per + (tiles + 255) / 256 * 256 + sem
+                             : 2 * per + (std::max(per * size_t(dqk), tiles) + 255) / 256 * 256;
+      const size_t want = det ? acc : acc + 256;
       EXPECT_EQ(sdpa_bwd_workspace_size(p), want) << "deterministic " << det << " D " << dqk;
       std::vector<uint8_t> ws(want + 256);
       void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 255) / 256 * 256);
@@ -1118,6 +1121,8 @@ TEST(SdpaFamily, Sm90BackwardWorkspaceHoldsItsTiles) {
                   ptrdiff_t(2 * per + (tiles + 255) / 256 * 256));
       }
       EXPECT_EQ(b.dq_blocked, 1);
+      EXPECT_EQ(b.analytic.item_counter != nullptr, !det);
+      if (!det) EXPECT_EQ(reinterpret_cast<char*>(b.analytic.item_counter) - static_cast<char*>(base), ptrdiff_t(acc));
     }
   }
 }
@@ -1149,7 +1154,8 @@ TEST(SdpaFamily, Sm90BackwardModsWorkspaceHoldsDsAndGatedDo) {
     const size_t sem = al(sizeof(int32_t) * kDqSemStride * 4 * 2 * 5);
     const size_t ds = al(sizeof(float) * 2 * 4 * 300 * 500);       // S_kv = 500, even
     const size_t gated = al(2 * 4 * 2 * 300 * 96);
-    const size_t head = det ? 2 * per + al(tiles) + sem : 2 * per + al(std::max(per * 96, tiles));
+    // (not deterministic: the item counter's line after the accumulator, the call having a band)
+    const size_t head = det ? 2 * per + al(tiles) + sem : 2 * per + al(std::max(per * 96, tiles)) + 256;
     const BwdModsSwitch on(1);
     const sdpa::Problem p = backward_problem(c, det);
     ASSERT_EQ(sdpa_bwd_sm90_refusal(p), nullptr);

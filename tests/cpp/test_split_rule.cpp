@@ -395,6 +395,22 @@ TEST(SplitRule, ForwardL2GroupSwitch) {
   claim.set("1");
   EXPECT_TRUE(sm90::fwd_claim(true));
 }
+TEST(SplitRule, BackwardL2GroupSwitch) {
+  // The non-deterministic SDPA backward's heads-fastest cells: pairs whose Q, dO and fp32 dQ tiles fit 16 MiB where
+  // grouped by default (no left bound), forced by FLASHSPAN_SM90_BWD_L2_GROUP; the forward's variable not read.
+  using flashspan::test::ScopedEnv;
+  ScopedEnv own("FLASHSPAN_SM90_BWD_L2_GROUP", nullptr);
+  ScopedEnv fwd("FLASHSPAN_SM90_FWD_L2_GROUP", "5");
+  const int64_t mb = int64_t(1) << 20;
+  EXPECT_EQ(sm90::bwd_l2_group(8 * mb, true), 2);  // S = 8192, D = 128: 8192 x (2 x 256 + 4 x 128) bytes
+  EXPECT_EQ(sm90::bwd_l2_group(2 * mb, true), 8);
+  EXPECT_EQ(sm90::bwd_l2_group(32 * mb, true), 1);
+  EXPECT_EQ(sm90::bwd_l2_group(8 * mb, false), 0);  // a window: one group
+  own.set("3");
+  EXPECT_EQ(sm90::bwd_l2_group(8 * mb, false), 3);
+  own.set("0");
+  EXPECT_EQ(sm90::bwd_l2_group(8 * mb, true), 0);
+}
 #endif
 
 }  // namespace

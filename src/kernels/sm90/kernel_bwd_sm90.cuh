@@ -493,7 +493,8 @@ struct AnalyticItemsBwdSm90 {
     const AnalyticMaskParams& a = kern::analytic_of(p);
     return kern::AnalyticBwdGrid{a.num_k_blocks,
                                  sm90::sdpa_bwd_item_heads_sm90(p.num_heads_q, p.group_size, a.score.group_v), p.batch,
-                                 kern::sdpa_bwd_grid_heads_slowest(a.band.has_left, a.band.has_right)};
+                                 kern::sdpa_bwd_grid_heads_slowest(a.band.has_left, a.band.has_right), a.l2_group,
+                                 a.item_counter};
   }
 };
 
@@ -503,9 +504,9 @@ struct AnalyticSourceBwdSm90 : AnalyticItemsBwdSm90 {
                         kFp8Store = false;
   static constexpr int kBlockQ = 64, kBlockK = kBk;
   using Seqlen = kern::AnalyticSeqlen;
-  __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int) {
+  __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int lane) {
     const kern::AnalyticBwdGrid g = grid(p);
-    const kern::WorkItem w = p.deterministic ? g.next_descending(item_it) : g.next(item_it);
+    const kern::WorkItem w = p.deterministic ? g.next_descending(item_it) : g.next_warp(item_it, lane);
     // H_k != H_v: the item's dK / dV into its slot (above).
     const bool slots = p.group_size != kern::analytic_of(p).score.group_v;
     BwdItem it{w.block, w.head, w.batch, 0, 0, -1};

@@ -201,6 +201,27 @@ void prepare_sdpa_bwd_sm90(SdpaBwdParams& p, int kBq, int kBk, int kd, int kdv, 
   }
 }
 
+namespace {
+// The non-deterministic backward's heads-fastest cells (a band: analytic_mask.h sdpa_bwd_grid_heads_slowest) in L2
+// groups of (sample, item head) pairs (bwd_l2_group: by the Q, dO and fp32 dQ tile bytes of an item's query heads),
+// claimed through the workspace's counter (dispatch sdpa_bwd_layout; zeroed here). A group of every pair is the
+// ungrouped order. (The deterministic order, descending key blocks, stays ungrouped.)
+void set_sdpa_bwd_l2_group(SdpaBwdParams& p, int64_t item_heads, int kd, cudaStream_t stream) {
+  AnalyticMaskParams& a = p.analytic;
+  int g = 0;
+  if (!p.deterministic && a.item_counter != nullptr &&
+      !kern::sdpa_bwd_grid_heads_slowest(a.band.has_left, a.band.has_right)) {
+    const int64_t heads_an_item = p.num_heads_q / item_heads;
+    g = bwd_l2_group(int64_t(a.max_q) * heads_an_item * (2 * (p.head_dqk + p.head_dv) + 4 * kd), a.band.has_left == 0);
+  }
+  a.l2_group = int64_t(g) < item_heads * p.batch ? g : 0;
+  if (a.l2_group == 0) a.item_counter = nullptr;
+  if (a.item_counter != nullptr) {
+    check_cuda(cudaMemsetAsync(a.item_counter, 0, sizeof(int32_t), stream), "sdpa backward (sm90): item counter reset");
+  }
+}
+}  // namespace
+
 void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& dout, DType dtype, void* workspace, size_t workspace_bytes,
                           cudaStream_t stream) {
@@ -255,6 +276,7 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   // H_k != H_v: every item's dK / dV slot zeroed for its atomic additions (kernel_bwd_sm90.cuh
   // dkdv_epilogue_sm90; sdpa_params.cpp reserved sdpa_bwd_slot_floats_sm90, for the larger key block).
   prepare_sdpa_bwd_sm90(p, kBq, kBk, kd, kdv, item_heads, hk_ne_hv, stream);
+  set_sdpa_bwd_l2_group(p, item_heads, kd, stream);
   if (p.total_q > 0) {
     // D and lse2 of every row padded to S_q (bwd_prepost.cuh, the sm80 SDPA backward's kernel;
     // with the gate also dgate and the gated dO, from the caller's dO).

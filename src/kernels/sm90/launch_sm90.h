@@ -154,6 +154,10 @@ int bwd_det_claim();
 // FLASHSPAN_SM90_FWD_CLAIM), for cells of equal cost (`uniform`: no band, no block mask) or not.
 int fwd_l2_group(int64_t kv_bytes_per_pair, bool grouped);
 bool fwd_claim(bool uniform);
+// The SDPA backward's item groups (AnalyticMaskParams::l2_group of its heads-fastest cells, always claimed) for
+// (sample, item head) pairs of bytes_per_pair bytes of Q, dO and dQ tiles each, of a call grouped by default or not
+// (FLASHSPAN_SM90_BWD_L2_GROUP; switches_sm90.cpp); the non-deterministic backward's only.
+int bwd_l2_group(int64_t bytes_per_pair, bool grouped);
 // The deterministic backward's other switches as the launcher passes them (launch_bwd_sm90.cu): without the dQ
 // tiles' counter waits (FLASHSPAN_SM90_BWD_DET_UNORDERED=1, measurement only, read once), the dQ turn handed on
 // relaxed (BwdParams::det_relaxed; FLASHSPAN_SM90_BWD_DET_RELAXED=0 release, read per call), each split item's own

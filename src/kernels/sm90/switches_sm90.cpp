@@ -171,15 +171,31 @@ int bwd_det_claim() { return env_flag_forced("FLASHSPAN_SM90_BWD_DET_CLAIM"); }
 // (PERF_LOG v2.60; B = 1 .. 16, S = 2048 .. 32768, D = 64 / 128): the best groups held 4 .. 16 MB of K / V, not L2's
 // 50 MB (its two halves each keep their own copy of what their SMs read), no mask +6 .. +60 %, causal +2 .. +50 %;
 // a causal window of 4096 at S = 32768 ran 5 .. 10 % slower in every group size, so windows stay ungrouped.
-int fwd_l2_group(int64_t kv_bytes_per_pair, bool grouped) {
-  const char* e = std::getenv("FLASHSPAN_SM90_FWD_L2_GROUP");
+namespace {
+int l2_group_of(const char* name, int64_t bytes_per_pair, bool grouped) {
+  const char* e = std::getenv(name);
   if (e != nullptr && *e != '\0') {
     const long g = std::strtol(e, nullptr, 10);
     return g > 0 && g < (1L << 30) ? int(g) : 0;
   }
   if (!grouped) return 0;
   constexpr int64_t kBudget = int64_t(16) << 20;
-  return kv_bytes_per_pair <= 0 ? 0 : int(std::max<int64_t>(1, kBudget / kv_bytes_per_pair));  // (<= 16 Mi)
+  return bytes_per_pair <= 0 ? 0 : int(std::max<int64_t>(1, kBudget / bytes_per_pair));  // (<= 16 Mi)
+}
+}  // namespace
+
+int fwd_l2_group(int64_t kv_bytes_per_pair, bool grouped) {
+  return l2_group_of("FLASHSPAN_SM90_FWD_L2_GROUP", kv_bytes_per_pair, grouped);
+}
+
+// FLASHSPAN_SM90_BWD_L2_GROUP (read per call): the non-deterministic SDPA backward's heads-fastest cells (a band) in
+// groups of (sample, item head) pairs, claimed (AnalyticBwdGrid::group / counter), as fwd_l2_group's variable; unset:
+// for calls `grouped` by default (no left bound) the pairs whose Q, dO and dQ tiles (bytes_per_pair) fit 16 MiB, else
+// one group. Measured on an H100 (PERF_LOG v2.61): ncu,
+// B=4 H=16 S=8192 D=128 causal, DRAM reads 13.6 -> 0.81 GB, L2 hit rate 43 -> 95 %, 8.5 -> 5.6 ms; causal +65 % (B=4
+// S=8192), +78 % (B=16 S=2048), +38 % (D=64 B=8 S=4096), within 1 % at B=1 (S=8192, 32768).
+int bwd_l2_group(int64_t bytes_per_pair, bool grouped) {
+  return l2_group_of("FLASHSPAN_SM90_BWD_L2_GROUP", bytes_per_pair, grouped);
 }
 
 // FLASHSPAN_SM90_FWD_CLAIM=0 / 1 (read per call; unset: the rule): grouped cells claimed in list order through the
