@@ -1122,7 +1122,9 @@ TEST(SdpaFamily, Sm90BackwardWorkspaceHoldsItsTiles) {
       }
       EXPECT_EQ(b.dq_blocked, 1);
       EXPECT_EQ(b.analytic.item_counter != nullptr, !det);
-      if (!det) EXPECT_EQ(reinterpret_cast<char*>(b.analytic.item_counter) - static_cast<char*>(base), ptrdiff_t(acc));
+      if (!det) {
+        EXPECT_EQ(reinterpret_cast<char*>(b.analytic.item_counter) - static_cast<char*>(base), ptrdiff_t(acc));
+      }
     }
   }
 }
