@@ -256,9 +256,9 @@ cpp_suite() {
       "$tests" --gtest_brief=1 --gtest_filter='SdpaPagedGpu.BiasRandom:SdpaPaged.*'
   fi
   # The sm90 SDPA forward's cells in L2 groups (on by default where no left bound or block mask; PERF_LOG v2.60), here
-  # forced to 3 pairs a group (a partial last group in most cases) for every call and claimed through the counter
-  # also where the cells cost the same (the default claims only under a band): the sm90 forward tests, unpaged and
-  # paged, the block mask's.
+  # forced to 3 pairs a group (a partial last group in most cases) for every call, windows and block masks included
+  # (claimed: every call with a band or a block mask has the counter): the sm90 forward tests, unpaged and paged, the
+  # block mask's. (FLASHSPAN_SM90_FWD_CLAIM=1 cannot claim for calls without one: no counter in their workspace.)
   if "$tests" --gtest_list_tests --gtest_filter='SdpaGpu.Sm90Forward*' 2>/dev/null | grep -q '^  '; then
     gtest_run "gtest sdpa sm90 l2-group" gtest_sdpa_sm90_l2_group.log env FLASHSPAN_SM90_FWD_L2_GROUP=3 \
       FLASHSPAN_SM90_FWD_CLAIM=1 "$tests" --gtest_brief=1 \

@@ -14,6 +14,7 @@
 #include "dispatch/family.h"
 #include "dispatch/sdpa_launch.h"
 #include "dispatch/workspace.h"
+#include "kernels/common/analytic_mask.h"
 #include "kernels/sm80/tile_sm80.h"
 #include "kernels/sm90/tile_sm90.h"
 
@@ -329,9 +330,9 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
       // max(the sm80 accumulator [H_q, B S_q, D_qk], the tiles); the split schedule after it is not used.
       const size_t tiles = sizeof(float) * size_t(p.Hq) * size_t(p.B) * size_t((p.Sq + 63) / 64) * 64 * size_t(kd);
       w.total = w.dq_accum + ws_align(std::max(w.lse2 * size_t(p.Dqk), tiles));
-      // With a band the cells' item counter (AnalyticMaskParams::item_counter: their L2 groups claimed in list
-      // order, launch_bwd_sm90.cu set_sdpa_bwd_l2_group), in a 256-byte line of its own.
-      if ((p.has_left || p.has_right) && !p.fp8) {
+      // With a band (heads-fastest cells) the cells' item counter (AnalyticMaskParams::item_counter: their L2
+      // groups claimed in list order, launch_bwd_sm90.cu set_sdpa_bwd_l2_group), in a 256-byte line of its own.
+      if (!kern::sdpa_bwd_grid_heads_slowest(p.has_left, p.has_right) && !p.fp8) {
         w.item_counter = w.total;
         w.total += ws_align(sizeof(int32_t));
       }
@@ -426,7 +427,7 @@ SdpaPagedFwdSm90Params sdpa_paged_fwd_params_sm90(const Problem& p, void* worksp
 }
 
 size_t sdpa_fwd_sm90_counter_bytes(const Problem& p) {
-  const bool unequal = p.has_left || p.has_right || p.has(FS_SDPA_BLOCK_MASK);
+  const bool unequal = kern::sdpa_fwd_cells_unequal(p.has_left, p.has_right, p.has(FS_SDPA_BLOCK_MASK));
   return unequal && sdpa_fwd_sm90_may_take(p) ? 32 : 0;
 }
 

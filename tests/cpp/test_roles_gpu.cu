@@ -566,6 +566,86 @@ TEST(RolesGpu, AnalyticGridOrders) {
   }
 }
 
+// The grouped orders (AnalyticGrid / AnalyticBwdGrid `group`; the sm90 SDPA forward and non-deterministic backward,
+// PERF_LOG v2.60-v2.61), in snake waves (counter null) or claimed through `counter` (zeroed before the launch): kind 0
+// AnalyticGrid::next (one thread), 1 AnalyticBwdGrid::next_warp with heads fastest (the whole warp asks, lane 0
+// claims and writes). {block, head, batch} at out[(blockIdx.x * max_n + n) * 3].
+__global__ void analytic_group_kernel(int kind, int blocks, int heads, int batch, int group, int* counter, int max_n,
+                                      int* out) {
+  const int lane = threadIdx.x & 31;
+  if (threadIdx.x >= 32 || (kind == 0 && lane != 0)) return;
+  const kern::AnalyticGrid fwd{blocks, heads, batch, group, counter};
+  const kern::AnalyticBwdGrid bwd{blocks, heads, batch, false, group, counter};
+  for (int n = 0; n < max_n; ++n) {
+    const kern::WorkItem w = kind == 0 ? fwd.next(uint32_t(n)) : bwd.next_warp(uint32_t(n), lane);
+    if (lane == 0) {
+      int* o = out + (int64_t(blockIdx.x) * max_n + n) * 3;
+      o[0] = w.block, o[1] = w.head, o[2] = w.batch;
+    }
+    if (w.block < 0) break;
+  }
+}
+
+// The grouped orders against a host model of the list: groups of `group` consecutive (sample, head) pairs r = b
+// heads + h (a partial last group), one after the other; inside a group the forward's last query block first and
+// the backward's first key block first, pairs fastest; a group of every pair (or none) the ungrouped order. Snake
+// waves hand cell n * grid + lane to a CTA as the ungrouped grids do; claimed, one CTA takes the list in order and
+// several take every cell exactly once. (Written 2026-12-06 without a GPU: not yet run; the orders themselves ran
+// in the SDPA GPU tests with the groups forced.)
+TEST(RolesGpu, AnalyticGridGroupOrders) {
+  REQUIRE_GPU();
+  const int blocks = 5, heads = 3, batch = 2, pairs = heads * batch, total = blocks * pairs;
+  auto model = [&](int kind, int group, int i) {
+    int first = 0, size = pairs;
+    if (group > 0 && group < pairs) {
+      first = i / (group * blocks) * group;
+      size = std::min(group, pairs - first);
+    }
+    const int j = i - first * blocks, r = first + j % size;
+    return std::array<int, 3>{kind == 0 ? blocks - 1 - j / size : j / size, r % heads, r / heads};
+  };
+  DevVec<int> counter(1, 0);
+  for (int kind : {0, 1}) {
+    for (int group : {1, 4, pairs - 1, pairs}) {
+      for (bool claimed : {false, true}) {
+        for (int grid : {1, 4, 7, 64}) {
+          const int max_n = claimed ? total + 2 : total / grid + 2;
+          DevVec<int> out(size_t(3) * grid * max_n, -7);
+          cuda_ok(cudaMemset(counter.ptr(), 0, sizeof(int)), "counter reset");
+          analytic_group_kernel<<<grid, 32>>>(kind, blocks, heads, batch, group, claimed ? counter.ptr() : nullptr,
+                                              max_n, out.ptr());
+          sync_ok("analytic_group_kernel");
+          const std::vector<int> h = out.get();
+          std::set<std::tuple<int, int, int>> seen;
+          for (int cta = 0; cta < grid; ++cta) {
+            for (int n = 0; n < max_n; ++n) {
+              SCOPED_TRACE(testing::Message() << "kind " << kind << " group " << group << " claimed " << claimed
+                                              << " grid " << grid << " cta " << cta << " n " << n);
+              const int* o = &h[(size_t(cta) * max_n + n) * 3];
+              if (o[0] < 0) {
+                EXPECT_EQ(o[0], -1);  // written, not the poison
+                break;
+              }
+              EXPECT_TRUE(seen.insert({o[0], o[1], o[2]}).second) << "cell handed out twice";
+              // Snake waves: the model's cell of the CTA's index; claimed by one CTA: the list in order.
+              const int i = claimed ? (grid == 1 ? n : -1) : n * grid + ((n & 1) ? grid - 1 - cta : cta);
+              if (i >= 0) {
+                ASSERT_LT(i, total);
+                const std::array<int, 3> want = model(kind, group, i);
+                EXPECT_EQ(o[0], want[0]);
+                EXPECT_EQ(o[1], want[1]);
+                EXPECT_EQ(o[2], want[2]);
+              }
+            }
+          }
+          EXPECT_EQ(int(seen.size()), total) << "kind " << kind << " group " << group << " claimed " << claimed
+                                             << " grid " << grid;
+        }
+      }
+    }
+  }
+}
+
 // The split schedule's lists (split_schedule.cuh): task order (the default) and split-first
 // (kSplitFirst, the sm90 backward in cell order): every task's steps covered exactly once by its
 // items in step order, slots one per split task, and in the split-first list every split task's

@@ -247,6 +247,14 @@ struct AnalyticK2QWalk {
 // (AnalyticGrid: the last query block first).
 FS_MASK_HD constexpr bool sdpa_bwd_grid_heads_slowest(bool has_left, bool has_right) { return !has_left && !has_right; }
 
+// Whether the SDPA forward's cells differ in cost (a band or a block mask): the sm90 forward then claims its L2
+// groups through a counter in the workspace (dispatch sdpa_fwd_sm90_counter_bytes reserves it; launch_fwd_sm90.cu
+// set_sdpa_fwd_l2_group), where cells of one cost run in static snake waves (PERF_LOG v2.60). The backward's
+// counterpart is !sdpa_bwd_grid_heads_slowest: its heads-fastest cells are the ones it groups and claims.
+FS_MASK_HD constexpr bool sdpa_fwd_cells_unequal(bool has_left, bool has_right, bool block_mask) {
+  return has_left || has_right || block_mask;
+}
+
 // The element test of one tile, in tile-local coordinates (row r < bq, column c < bk): what a
 // kernel applies to a partial tile's score fragment. Offsets are clamped to +-kClamp, past
 // every c - r of a tile, so they fit in int.

@@ -174,12 +174,13 @@ struct TileScheduler {
 // A grid of one CTA per cell (the sm80 SDPA forward and deterministic dQ kernels) runs the same
 // order with next(0): CTA i's first item is cell i (snake_index(0) = blockIdx.x), the hardware
 // starting the CTAs in index order.
-// group > 0 (the sm90 forward, experimental: AnalyticMaskParams::l2_group): the same order inside groups of `group`
+// group > 0 (the sm90 forward: AnalyticMaskParams::l2_group, launch_fwd_sm90.cu set_sdpa_fwd_l2_group; by default
+// for calls without a left bound or a block mask): the same order inside groups of `group`
 // consecutive (sample, head) pairs r = b heads + h, the groups one after the other, so that the CTAs of a wave walk the
 // K / V of a few heads (in L2 once) instead of every head's (PERF_LOG v2.59: B=4 H=16 S=8192 causal read 4.7 GB of
 // DRAM for 0.4 GB of Q / K / V, L2 hit rate 48 %); each group still starts with its longest cells.
-// counter (non-null: the sm90 forward's grouped cells of unequal cost, a causal band, a window, a block mask): the
-// cells claimed in list order (one atomic add a cell, the counter zeroed before the launch), not in snake waves:
+// counter (non-null: the sm90 forward's grouped cells of unequal cost, analytic_mask.h sdpa_fwd_cells_unequal: a
+// causal band by default, a window or a block mask where the group size is forced): the cells claimed in list order (one atomic add a cell, the counter zeroed before the launch), not in snake waves:
 // the waves balance a list whose cost falls slowly along it, which the groups' sawtooth is not (PERF_LOG v2.60:
 // causal S = 8192 in groups of 4 ran at 0.7x the ungrouped order). n is then unused.
 struct AnalyticGrid {

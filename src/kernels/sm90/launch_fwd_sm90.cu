@@ -17,6 +17,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "kernels/common/analytic_mask.h"
 #include "kernels/common/fwd_launch.h"
 #include "kernels/common/launch_util.h"
 #include "kernels/sm90/fwd_sm90_run.h"
@@ -148,7 +149,7 @@ namespace {
 void set_sdpa_fwd_l2_group(SdpaFwdParams& p, cudaStream_t stream) {
   AnalyticMaskParams& a = p.analytic;
   const bool windowed = a.band.has_left != 0 || a.block_mask.bits != nullptr;
-  const bool uniform = !windowed && a.band.has_right == 0;
+  const bool uniform = !kern::sdpa_fwd_cells_unequal(a.band.has_left, a.band.has_right, a.block_mask.bits != nullptr);
   const int g = fwd_l2_group(int64_t(a.max_kv) * (p.head_dqk + p.head_dv) * 2 / p.group_size, !windowed);
   a.l2_group = int64_t(g) < int64_t(p.num_heads_q) * p.batch ? g : 0;
   if (a.l2_group == 0 || !fwd_claim(uniform)) a.item_counter = nullptr;

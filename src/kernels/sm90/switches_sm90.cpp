@@ -199,7 +199,8 @@ int bwd_l2_group(int64_t bytes_per_pair, bool grouped) {
 }
 
 // FLASHSPAN_SM90_FWD_CLAIM=0 / 1 (read per call; unset: the rule): grouped cells claimed in list order through the
-// counter (1) or in static snake waves (0). The rule: claimed where the cells' costs differ (a band, a block mask):
+// counter (1) or in static snake waves (0); claims need the counter, which the workspace holds only for calls with a
+// band or a block mask (dispatch sdpa_fwd_sm90_counter_bytes), so "1" claims only there. The rule: claimed where the cells' costs differ (a band, a block mask):
 // the snake waves balance a list whose cost falls slowly, not the groups' sawtooth (PERF_LOG v2.60: causal S = 8192
 // in static groups of 4 ran at 0.7x the ungrouped order, claimed at 1.0-1.05x).
 bool fwd_claim(bool uniform) {
