@@ -24,6 +24,17 @@ inline void check_cuda(cudaError_t e, const char* what) {
   FS_CHECK(e == cudaSuccess, Status::kCudaError, what, ": ", cudaGetErrorString(e));
 }
 
+// An analytic grid's L2 groups as a launcher binds them (the sm90 SDPA forward and backward: AnalyticMaskParams::
+// l2_group / item_counter, tile_scheduler.cuh AnalyticGrid / AnalyticBwdGrid): `group` pairs a group, none where it
+// would hold every one of the call's `pairs` (the ungrouped order); the workspace's counter (dispatch bound it, or
+// null) kept only for a grouped call that claims, and then zeroed on `stream` (`what` names the launcher).
+inline void bind_l2_group(AnalyticMaskParams& a, int group, int64_t pairs, bool claim, cudaStream_t stream,
+                          const char* what) {
+  a.l2_group = int64_t(group) < pairs ? group : 0;
+  if (a.l2_group == 0 || !claim) a.item_counter = nullptr;
+  if (a.item_counter != nullptr) check_cuda(cudaMemsetAsync(a.item_counter, 0, sizeof(int32_t), stream), what);
+}
+
 // Raises a kernel's dynamic shared memory limit to `bytes` once per device (the attribute
 // belongs to the kernel as loaded in the current device's context). `done` is the kernel's
 // own bitmask of configured devices. Not a stream operation, so capture-safe.

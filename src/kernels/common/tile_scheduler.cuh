@@ -180,9 +180,28 @@ struct TileScheduler {
 // K / V of a few heads (in L2 once) instead of every head's (PERF_LOG v2.59: B=4 H=16 S=8192 causal read 4.7 GB of
 // DRAM for 0.4 GB of Q / K / V, L2 hit rate 48 %); each group still starts with its longest cells.
 // counter (non-null: the sm90 forward's grouped cells of unequal cost, analytic_mask.h sdpa_fwd_cells_unequal: a
-// causal band by default, a window or a block mask where the group size is forced): the cells claimed in list order (one atomic add a cell, the counter zeroed before the launch), not in snake waves:
-// the waves balance a list whose cost falls slowly along it, which the groups' sawtooth is not (PERF_LOG v2.60:
-// causal S = 8192 in groups of 4 ran at 0.7x the ungrouped order). n is then unused.
+// causal band by default, a window or a block mask where the group size is forced): the cells claimed in list order
+// (one atomic add a cell, the counter zeroed before the launch), not in snake waves: the waves balance a list whose
+// cost falls slowly along it, which the groups' sawtooth is not (PERF_LOG v2.60: causal S = 8192 in groups of 4 ran
+// at 0.7x the ungrouped order). n is then unused.
+//
+// grouped_cell: cell i of both analytic grids' grouped lists (`blocks` blocks of `pairs` (sample, head) pairs, pairs
+// fastest, in groups of `group` consecutive pairs one after the other, a partial last group; group <= 0 or >= pairs:
+// one group): its step along the group's walk (0 first; the forward counts its query blocks down from it) and pair.
+__device__ __forceinline__ void grouped_cell(int64_t i, int64_t blocks, int64_t pairs, int group, int64_t& step,
+                                             int64_t& pair) {
+  if (group <= 0 || group >= pairs) {
+    step = i / pairs;
+    pair = i % pairs;
+    return;
+  }
+  const int64_t first = i / (int64_t(group) * blocks) * group;  // every earlier group is whole
+  const int64_t size = pairs - first < group ? pairs - first : group;
+  const int64_t j = i - first * blocks;
+  step = j / size;
+  pair = first + j % size;
+}
+
 struct AnalyticGrid {
   int num_q_blocks, heads, batch;
   int group = 0;
@@ -193,16 +212,7 @@ struct AnalyticGrid {
     const int64_t per_block = int64_t(heads) * batch;
     if (i >= per_block * num_q_blocks) return TileScheduler::none();
     int64_t qb, r;
-    if (group <= 0 || group >= per_block) {
-      qb = i / per_block;
-      r = i % per_block;
-    } else {
-      const int64_t g = i / (int64_t(group) * num_q_blocks), first = g * group;  // every earlier group is whole
-      const int64_t size = per_block - first < group ? per_block - first : group;
-      const int64_t j = i - first * num_q_blocks;
-      qb = j / size;
-      r = first + j % size;
-    }
+    grouped_cell(i, num_q_blocks, per_block, group, qb, r);
     return WorkItem{int(num_q_blocks - 1 - qb), int(r % heads), int(r / heads), 0, WorkItem::kWholeWalk, -1};
   }
 };
@@ -250,18 +260,8 @@ struct AnalyticBwdGrid {
       const int64_t gb = i % blocks;
       return WorkItem{int(gb % num_k_blocks), int(i / blocks), int(gb / num_k_blocks), 0, WorkItem::kWholeWalk, -1};
     }
-    const int64_t per_block = int64_t(heads) * batch;
     int64_t kb, r;
-    if (group <= 0 || group >= per_block) {
-      kb = i / per_block;
-      r = i % per_block;
-    } else {
-      const int64_t first = i / (int64_t(group) * num_k_blocks) * group;  // every earlier group is whole
-      const int64_t size = per_block - first < group ? per_block - first : group;
-      const int64_t j = i - first * num_k_blocks;
-      kb = j / size;
-      r = first + j % size;
-    }
+    grouped_cell(i, num_k_blocks, int64_t(heads) * batch, group, kb, r);
     return WorkItem{int(kb), int(r % heads), int(r / heads), 0, WorkItem::kWholeWalk, -1};
   }
   __device__ __forceinline__ WorkItem next(uint32_t n) const { return cell(snake_index(n)); }

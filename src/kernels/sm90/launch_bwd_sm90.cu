@@ -214,11 +214,7 @@ void set_sdpa_bwd_l2_group(SdpaBwdParams& p, int64_t item_heads, int kd, cudaStr
     const int64_t heads_an_item = p.num_heads_q / item_heads;
     g = bwd_l2_group(int64_t(a.max_q) * heads_an_item * (2 * (p.head_dqk + p.head_dv) + 4 * kd), a.band.has_left == 0);
   }
-  a.l2_group = int64_t(g) < item_heads * p.batch ? g : 0;
-  if (a.l2_group == 0) a.item_counter = nullptr;
-  if (a.item_counter != nullptr) {
-    check_cuda(cudaMemsetAsync(a.item_counter, 0, sizeof(int32_t), stream), "sdpa backward (sm90): item counter reset");
-  }
+  bind_l2_group(a, g, item_heads * p.batch, /*claim=*/true, stream, "sdpa backward (sm90): item counter reset");
 }
 }  // namespace
 

@@ -151,11 +151,8 @@ void set_sdpa_fwd_l2_group(SdpaFwdParams& p, cudaStream_t stream) {
   const bool windowed = a.band.has_left != 0 || a.block_mask.bits != nullptr;
   const bool uniform = !kern::sdpa_fwd_cells_unequal(a.band.has_left, a.band.has_right, a.block_mask.bits != nullptr);
   const int g = fwd_l2_group(int64_t(a.max_kv) * (p.head_dqk + p.head_dv) * 2 / p.group_size, !windowed);
-  a.l2_group = int64_t(g) < int64_t(p.num_heads_q) * p.batch ? g : 0;
-  if (a.l2_group == 0 || !fwd_claim(uniform)) a.item_counter = nullptr;
-  if (a.item_counter != nullptr) {
-    check_cuda(cudaMemsetAsync(a.item_counter, 0, sizeof(int32_t), stream), "sdpa forward (sm90): item counter reset");
-  }
+  bind_l2_group(a, g, int64_t(p.num_heads_q) * p.batch, fwd_claim(uniform), stream,
+                "sdpa forward (sm90): item counter reset");
 }
 }  // namespace
 
