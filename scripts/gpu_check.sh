@@ -265,11 +265,16 @@ cpp_suite() {
       --gtest_filter='SdpaGpu.Sm90Forward*:SdpaPagedGpu.Sm90Paged*:SdpaGpu.MasksInBothAlignments*:SdpaGpu.BlockMask*'
   fi
   # The sm90 SDPA backward's heads-fastest cells in claimed L2 groups (on by default, not deterministic, a band without
-  # a left bound; PERF_LOG v2.61), here forced to 3 pairs a group for every banded call, windows included.
+  # a left bound; PERF_LOG v2.61), here forced to 3 pairs a group for every banded call, windows included; then to 4
+  # for the suites of short and empty cells (packed samples, H_k != H_v, deterministic): builds whose producer code
+  # differed hung there at some group sizes and not at others (PERF_LOG v2.62), so two sizes run.
   if "$tests" --gtest_list_tests --gtest_filter='SdpaGpu.Sm90Backward*' 2>/dev/null | grep -q '^  '; then
     gtest_run "gtest sdpa sm90 bwd l2-group" gtest_sdpa_sm90_bwd_l2_group.log env FLASHSPAN_SM90_BWD_L2_GROUP=3 \
       "$tests" --gtest_brief=1 \
       --gtest_filter='SdpaGpu.Sm90Backward*:SdpaGpu.Sm90DropoutBackward*:SdpaGpu.MasksInBothAlignments*'
+    gtest_run "gtest sdpa sm90 bwd l2-group 4" gtest_sdpa_sm90_bwd_l2_group4.log env FLASHSPAN_SM90_BWD_L2_GROUP=4 \
+      "$tests" --gtest_brief=1 \
+      --gtest_filter='SdpaGpu.Sm90BackwardThd*:SdpaGpu.Sm90BackwardHkNeHv*:SdpaGpu.*Deterministic*'
   fi
 
   # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one. Missing sanitizer = failure.

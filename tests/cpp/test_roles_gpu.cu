@@ -590,8 +590,7 @@ __global__ void analytic_group_kernel(int kind, int blocks, int heads, int batch
 // heads + h (a partial last group), one after the other; inside a group the forward's last query block first and
 // the backward's first key block first, pairs fastest; a group of every pair (or none) the ungrouped order. Snake
 // waves hand cell n * grid + lane to a CTA as the ungrouped grids do; claimed, one CTA takes the list in order and
-// several take every cell exactly once. (Written 2026-12-06 without a GPU: not yet run; the orders themselves ran
-// in the SDPA GPU tests with the groups forced.)
+// several take every cell exactly once. (First run on an H100, 2026-12-06, PERF_LOG v2.62: passed.)
 TEST(RolesGpu, AnalyticGridGroupOrders) {
   REQUIRE_GPU();
   const int blocks = 5, heads = 3, batch = 2, pairs = heads * batch, total = blocks * pairs;
