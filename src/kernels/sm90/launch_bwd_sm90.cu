@@ -204,13 +204,13 @@ void prepare_sdpa_bwd_sm90(SdpaBwdParams& p, int kBq, int kBk, int kd, int kdv, 
 namespace {
 // The non-deterministic backward's heads-fastest cells (a band: analytic_mask.h sdpa_bwd_grid_heads_slowest) in L2
 // groups of (sample, item head) pairs (bwd_l2_group: by the Q, dO and fp32 dQ tile bytes of an item's query heads),
-// claimed through the workspace's counter (dispatch sdpa_bwd_layout; zeroed here). A group of every pair is the
-// ungrouped order. (The deterministic order, descending key blocks, stays ungrouped.)
+// claimed through the workspace's counter (zeroed here). Which calls group is the workspace's rule alone: dispatch
+// sdpa_bwd_layout holds the counter for exactly those calls (not deterministic, a band, 16-bit). A group of every pair
+// is the ungrouped order. (The deterministic order, descending key blocks, stays ungrouped.)
 void set_sdpa_bwd_l2_group(SdpaBwdParams& p, int64_t item_heads, int kd, cudaStream_t stream) {
   AnalyticMaskParams& a = p.analytic;
   int g = 0;
-  if (!p.deterministic && a.item_counter != nullptr &&
-      !kern::sdpa_bwd_grid_heads_slowest(a.band.has_left, a.band.has_right)) {
+  if (a.item_counter != nullptr) {
     const int64_t heads_an_item = p.num_heads_q / item_heads;
     g = bwd_l2_group(int64_t(a.max_q) * heads_an_item * (2 * (p.head_dqk + p.head_dv) + 4 * kd), a.band.has_left == 0);
   }
