@@ -76,6 +76,16 @@
 //   Synchronisation: mbarriers (kv_full / kv_empty, qdo_full[s] / qdo_empty[s], dq_full /
 //   dq_empty, item_full[i] / item_empty[i]) and one named barrier between the consumer
 //   warpgroups (dS complete before the dQ GEMM; dS is double-buffered, so one barrier a step).
+//   Who waits (PERF_LOG v2.63, found with cuda-gdb): mbarrier.try_wait is a per-thread test, so the
+//   lanes of one warp may pass the same wait at different times. A thread waits on a ring's barrier
+//   only where the barrier cannot complete its next phase of the same parity without an arrival of
+//   that thread: a thread one phase late would otherwise find the phase it waits for completed twice,
+//   test the parity of the next, incomplete phase and wait forever. The consumers' waits (each thread
+//   arrives on the opposite barrier itself), the producer lanes' qdo_empty (each lane's own qdo_full
+//   arrival gates the stage's next use) and the writer's and dQ order warp's item_full (lane 0 releases
+//   the entry only after the __syncwarp that follows every lane's read) are of that kind; item_empty
+//   and rank_empty are waited on by lane 0 alone, which writes the entry (lanes 1-31 of the producer
+//   once waited on item_empty too and hung, one phase late, after lane 0 had handed out the last item).
 //
 // Payload (payload_layout.h, kM16N64Frag: element (query r, key c) of the 64 x 128 tile lives in
 // lane 4 (r % 8) + (c % 8) / 2 of 16-row sub-tile (r / 16, c / 64), bit 4 ((c % 64) / 8) +
@@ -591,9 +601,10 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
   uint32_t step_it = 0;
   for (uint32_t item_it = 0;; ++item_it) {
     const BwdItem it = Src::next_item(p, item_it, lane);
-    const uint32_t rs = item_it & 1;
-    mbar_wait(bars + L::kItemEmpty + 8 * rs, ((item_it >> 1) & 1) ^ 1);
     if (lane == 0) {
+      // Lane 0 alone waits for the entry (header: who waits): lanes 1-31 never touch the ring.
+      const uint32_t rs = item_it & 1;
+      mbar_wait(bars + L::kItemEmpty + 8 * rs, ((item_it >> 1) & 1) ^ 1);
       volatile int32_t* e = reinterpret_cast<int32_t*>(smem + L::kItem) + 8 * rs;
       e[0] = it.kb;
       e[1] = it.hkv;
@@ -797,9 +808,10 @@ __device__ __forceinline__ void bwd_dq_order(const BwdParams& p, uint8_t* smem, 
       int h = 0, qb = 0, payload = -1;
       walk.next(h, qb, payload);
       const int rank = Src::dq_rank(p, h, b, qb, kb, lane);
-      const uint32_t r2 = step_it & 1;
-      mbar_wait(bars + L::kRankEmpty + 8 * r2, ((step_it >> 1) & 1) ^ 1);
       if (lane == 0) {
+        // Lane 0 alone waits for the slot (header: who waits).
+        const uint32_t r2 = step_it & 1;
+        mbar_wait(bars + L::kRankEmpty + 8 * r2, ((step_it >> 1) & 1) ^ 1);
         s_rank[r2] = rank;
         mbar_arrive(bars + L::kRankFull + 8 * r2);  // release: the entry is visible to the writer
       }
