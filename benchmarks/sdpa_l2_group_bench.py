@@ -5,9 +5,12 @@ through the counter (the default); each output compared bitwise with the ungroup
 difference). Dense and paged (page 256, shuffled) K/V, masks none, causal and a causal window of 4096 (ungrouped by
 default), bf16; TFLOP/s over visible pairs (4 D a pair). Then the non-deterministic backward's causal cells in L2
 groups (on by default; PERF_LOG v2.61) against FLASHSPAN_SM90_BWD_L2_GROUP=0 (2.5x the forward's FLOPs; gradients
-within 1e-2 of the ungrouped order's, relative to their largest element: the dQ additions' order differs).
+within 1e-2 of the ungrouped order's, relative to their largest element: the dQ additions' order differs). Then
+the deterministic backward's cells in L2 groups (PERF_LOG v2.62-v2.63; by default for lists of 16 waves of the grid or
+more) against FLASHSPAN_SM90_BWD_DET_L2_GROUP=0, no mask and causal (gradients bitwise the ungrouped order's).
+--only-det: that section alone.
 
-Usage: python benchmarks/sdpa_l2_group_bench.py [--quick] [--no-bwd]   (needs a CUDA device with sm_90)
+Usage: python benchmarks/sdpa_l2_group_bench.py [--quick] [--no-bwd] [--only-det]   (needs a CUDA device with sm_90)
 """
 import os
 import sys
@@ -30,7 +33,8 @@ SHAPES = ((1, 16, 8192, 128), (4, 16, 8192, 128), (16, 16, 2048, 128), (1, 16, 3
 if "--quick" in sys.argv:
     SHAPES = SHAPES[1:3]
 bad = 0
-for b, h, s, d in SHAPES:
+ONLY_DET = "--only-det" in sys.argv
+for b, h, s, d in SHAPES if not ONLY_DET else ():
     q, k, v = (torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16) for _ in range(3))
     lens = torch.full((b,), s, dtype=torch.int32, device=dev)
     kc, kt = paged_cache(k, 256, gen)
@@ -68,7 +72,7 @@ for b, h, s, d in SHAPES:
                 os.environ.pop(n, None)
             print(f"B={b} H={h} S={s} D={d} {mask} {kind}: " + "; ".join(f"{r} {'/'.join(v)}" for r, v in res.items()),
                   flush=True)
-if "--no-bwd" not in sys.argv:
+if "--no-bwd" not in sys.argv and not ONLY_DET:
     for b, h, s, d in SHAPES:
         q, k, v = (torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
         tf = lambda ms: 2.5 * 4 * d * (s * (s + 1) // 2) * b * h / ms / 1e9
@@ -92,6 +96,36 @@ if "--no-bwd" not in sys.argv:
         print(f"backward B={b} H={h} S={s} D={d} causal: " + "; ".join(f"{r} {'/'.join(v)}" for r, v in res.items()),
               flush=True)
         del q, k, v, o, do, ref
+if "--no-bwd" not in sys.argv:
+    DET = "FLASHSPAN_SM90_BWD_DET_L2_GROUP"
+    torch.use_deterministic_algorithms(True)
+    for b, h, s, d in SHAPES:
+        q, k, v = (torch.randn(b, h, s, d, device=dev, dtype=torch.bfloat16, requires_grad=True) for _ in range(3))
+        for mask in ("none", "causal"):
+            ma = {} if mask == "none" else {"diagonal_band_right_bound": 0}
+            pairs = s * (s + 1) // 2 if ma else s * s
+            tf = lambda ms: 2.5 * 4 * d * pairs * b * h / ms / 1e9
+            o = flashspan.sdpa(q, k, v, attn_scale=d ** -0.5, **ma)[0]
+            do = torch.randn_like(o)
+            f = lambda: torch.autograd.grad(o, (q, k, v), do, retain_graph=True)
+            res = {}
+            os.environ[DET] = "0"
+            ref = f()
+            for rnd in range(2):
+                for r in ("off", "default"):
+                    os.environ.pop(DET, None)
+                    if r == "off":
+                        os.environ[DET] = "0"
+                    if not all(torch.equal(a, want) for a, want in zip(f(), ref)):
+                        bad += 1
+                        print("DIFF det bwd", b, h, s, d, mask, r)
+                    res.setdefault(r, []).append(f"{tf(timer.measure(f).median_ms):.0f}")
+            os.environ.pop(DET, None)
+            print(f"deterministic backward B={b} H={h} S={s} D={d} {mask}: " +
+                  "; ".join(f"{r} {'/'.join(v)}" for r, v in res.items()), flush=True)
+            del o, do, ref
+        del q, k, v
+    torch.use_deterministic_algorithms(False)
 print("bad", bad)
 if bad:
     raise SystemExit(1)

@@ -256,7 +256,7 @@ cpp_suite() {
       "$tests" --gtest_brief=1 --gtest_filter='SdpaPagedGpu.BiasRandom:SdpaPaged.*'
   fi
   # The sm90 SDPA forward's cells in L2 groups (on by default where no left bound or block mask; PERF_LOG v2.60), here
-  # forced to 3 pairs a group (a partial last group in most cases) for every call, windows and block masks included
+  # forced to 3 pairs a group (a partial first group in most cases) for every call, windows and block masks included
   # (claimed: every call with a band or a block mask has the counter): the sm90 forward tests, unpaged and paged, the
   # block mask's. (FLASHSPAN_SM90_FWD_CLAIM=1 cannot claim for calls without one: no counter in their workspace.)
   if "$tests" --gtest_list_tests --gtest_filter='SdpaGpu.Sm90Forward*' 2>/dev/null | grep -q '^  '; then
@@ -275,6 +275,10 @@ cpp_suite() {
     gtest_run "gtest sdpa sm90 bwd l2-group 4" gtest_sdpa_sm90_bwd_l2_group4.log env FLASHSPAN_SM90_BWD_L2_GROUP=4 \
       "$tests" --gtest_brief=1 \
       --gtest_filter='SdpaGpu.Sm90BackwardThd*:SdpaGpu.Sm90BackwardHkNeHv*:SdpaGpu.*Deterministic*'
+    # The deterministic order in claimed L2 groups (on by default; PERF_LOG v2.62), forced to 3 pairs a group for every
+    # call (windows included); the bitwise tests also compare it with the ungrouped order in-process.
+    gtest_run "gtest sdpa sm90 det l2-group" gtest_sdpa_sm90_det_l2_group.log env FLASHSPAN_SM90_BWD_DET_L2_GROUP=3 \
+      "$tests" --gtest_brief=1 --gtest_filter='SdpaGpu.*Deterministic*:SdpaGpu.Sm90Backward*'
   fi
 
   # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one. Missing sanitizer = failure.

@@ -330,14 +330,16 @@ BwdWorkspaceLayout sdpa_bwd_layout(const Problem& p) {
       // max(the sm80 accumulator [H_q, B S_q, D_qk], the tiles); the split schedule after it is not used.
       const size_t tiles = sizeof(float) * size_t(p.Hq) * size_t(p.B) * size_t((p.Sq + 63) / 64) * 64 * size_t(kd);
       w.total = w.dq_accum + ws_align(std::max(w.lse2 * size_t(p.Dqk), tiles));
-      // With a band (heads-fastest cells) the cells' item counter (AnalyticMaskParams::item_counter: their L2
-      // groups claimed in list order, launch_bwd_sm90.cu set_sdpa_bwd_l2_group), in a 256-byte line of its own.
-      if (!kern::sdpa_bwd_grid_heads_slowest(p.has_left, p.has_right) && !p.fp8) {
-        w.item_counter = w.total;
-        w.total += ws_align(sizeof(int32_t));
-      }
     } else {
       w.total = w.split_at;  // the tiles and their counters; the flex split schedule after them is not used
+    }
+    // The cells' item counter (AnalyticMaskParams::item_counter: their L2 groups claimed in list order,
+    // launch_bwd_sm90.cu set_sdpa_bwd_l2_group), in a 256-byte line of its own, for the orders that group: the
+    // heads-fastest cells of a band, and the deterministic order (descending key blocks, heads fastest) of every
+    // call; not the FP8 backward's.
+    if ((p.a.deterministic || !kern::sdpa_bwd_grid_heads_slowest(p.has_left, p.has_right)) && !p.fp8) {
+      w.item_counter = w.total;
+      w.total += ws_align(sizeof(int32_t));
     }
     // H_k != H_v: the dK / dV slots (sm90_slot_bytes), then as below: dBias's dS workspace, then the
     // gated dO (calls with them: sdpa_bwd_sm90_mods_enabled).

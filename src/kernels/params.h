@@ -231,10 +231,10 @@ struct AnalyticMaskParams {
   IndexArray cu_seq_len_q, cu_seq_len_kv;
   int32_t max_q = 0, max_kv = 0;                 // S_q, S_kv
   int32_t num_q_blocks = 0, num_k_blocks = 0;   // per sample, of the launched tiles (launchers)
-  // The sm90 forward's and non-deterministic backward's cell order in groups of l2_group (sample, head) pairs
+  // The sm90 forward's and backward's cell order in groups of l2_group (sample, head) pairs
   // (tile_scheduler.cuh AnalyticGrid::group, AnalyticBwdGrid::group; 0: one group; launch_fwd_sm90.cu
   // set_sdpa_fwd_l2_group, launch_bwd_sm90.cu set_sdpa_bwd_l2_group). item_counter (grouped cells of unequal cost:
-  // the forward's with a band or a block mask, the backward's heads-fastest ones): the cells claimed in list order
+  // the forward's with a band or a block mask, the backward's heads-fastest and deterministic ones): the cells claimed in list order
   // through this counter, zeroed by the launcher (AnalyticGrid::counter, AnalyticBwdGrid::counter; in the workspace:
   // dispatch sdpa_fwd_sm90_counter, sdpa_bwd_layout); null: static snake waves.
   int32_t l2_group = 0;

@@ -567,9 +567,10 @@ TEST(RolesGpu, AnalyticGridOrders) {
 }
 
 // The grouped orders (AnalyticGrid / AnalyticBwdGrid `group`; the sm90 SDPA forward and non-deterministic backward,
-// PERF_LOG v2.60-v2.61), in snake waves (counter null) or claimed through `counter` (zeroed before the launch): kind 0
-// AnalyticGrid::next (one thread), 1 AnalyticBwdGrid::next_warp with heads fastest (the whole warp asks, lane 0
-// claims and writes). {block, head, batch} at out[(blockIdx.x * max_n + n) * 3].
+// PERF_LOG v2.60-v2.62), in snake waves (counter null) or claimed through `counter` (zeroed before the launch): kind 0
+// AnalyticGrid::next (one thread), 1 AnalyticBwdGrid::next_warp with heads fastest, 2 AnalyticBwdGrid::
+// next_descending_warp (the deterministic order; kinds 1-2: the whole warp asks, lane 0 claims and writes).
+// {block, head, batch} at out[(blockIdx.x * max_n + n) * 3].
 __global__ void analytic_group_kernel(int kind, int blocks, int heads, int batch, int group, int* counter, int max_n,
                                       int* out) {
   const int lane = threadIdx.x & 31;
@@ -577,7 +578,9 @@ __global__ void analytic_group_kernel(int kind, int blocks, int heads, int batch
   const kern::AnalyticGrid fwd{blocks, heads, batch, group, counter};
   const kern::AnalyticBwdGrid bwd{blocks, heads, batch, false, group, counter};
   for (int n = 0; n < max_n; ++n) {
-    const kern::WorkItem w = kind == 0 ? fwd.next(uint32_t(n)) : bwd.next_warp(uint32_t(n), lane);
+    const kern::WorkItem w = kind == 0   ? fwd.next(uint32_t(n))
+                             : kind == 1 ? bwd.next_warp(uint32_t(n), lane)
+                                         : bwd.next_descending_warp(uint32_t(n), lane);
     if (lane == 0) {
       int* o = out + (int64_t(blockIdx.x) * max_n + n) * 3;
       o[0] = w.block, o[1] = w.head, o[2] = w.batch;
@@ -587,24 +590,35 @@ __global__ void analytic_group_kernel(int kind, int blocks, int heads, int batch
 }
 
 // The grouped orders against a host model of the list: groups of `group` consecutive (sample, head) pairs r = b
-// heads + h (a partial last group), one after the other; inside a group the forward's last query block first and
-// the backward's first key block first, pairs fastest; a group of every pair (or none) the ungrouped order. Snake
-// waves hand cell n * grid + lane to a CTA as the ungrouped grids do; claimed, one CTA takes the list in order and
-// several take every cell exactly once. (First run on an H100, 2026-12-06, PERF_LOG v2.62: passed.)
+// heads + h (the partial group, pairs % group pairs, first), one after the other; inside a group the forward's and
+// the deterministic backward's last block first, the non-deterministic backward's first key block first, pairs
+// fastest; a group of every pair (or none) the ungrouped order (the deterministic one: a group of every pair is one
+// group, key blocks descending, pairs fastest). Snake waves hand cell n * grid + lane to a CTA as the ungrouped grids do; claimed, one
+// CTA takes the list in order and several take every cell exactly once. (The deterministic kind and the partial
+// group first: first run on an H100, 2026-12-06, PERF_LOG v2.63: passed.)
 TEST(RolesGpu, AnalyticGridGroupOrders) {
   REQUIRE_GPU();
   const int blocks = 5, heads = 3, batch = 2, pairs = heads * batch, total = blocks * pairs;
   auto model = [&](int kind, int group, int i) {
     int first = 0, size = pairs;
     if (group > 0 && group < pairs) {
-      first = i / (group * blocks) * group;
-      size = std::min(group, pairs - first);
+      // Written as the list of groups: the partial one (if any) first, then whole ones.
+      std::vector<int> sizes;
+      if (pairs % group != 0) sizes.push_back(pairs % group);
+      for (int k = 0; k < pairs / group; ++k) sizes.push_back(group);
+      for (int g : sizes) {
+        if (i < (first + g) * blocks) {
+          size = g;
+          break;
+        }
+        first += g;
+      }
     }
     const int j = i - first * blocks, r = first + j % size;
-    return std::array<int, 3>{kind == 0 ? blocks - 1 - j / size : j / size, r % heads, r / heads};
+    return std::array<int, 3>{kind != 1 ? blocks - 1 - j / size : j / size, r % heads, r / heads};
   };
   DevVec<int> counter(1, 0);
-  for (int kind : {0, 1}) {
+  for (int kind : {0, 1, 2}) {
     for (int group : {1, 4, pairs - 1, pairs}) {
       for (bool claimed : {false, true}) {
         for (int grid : {1, 4, 7, 64}) {

@@ -737,8 +737,8 @@ TEST(SdpaApi, CudaBackwardWorkspaceSize) {
   const size_t rows = size_t(Hq * B * Sq) * sizeof(float);
   // The call is one the sm90 backward covers (sdpa_bwd_sm90_refusal: D = 64, bf16, dense), so the
   // accumulator also holds its dQ tiles (one 64 x 64 fp32 tile per (query head, sample, 64-row
-  // query block)) and, deterministic, one int32 counter per tile after them; not deterministic, with
-  // the causal band, the cells' item counter in a 256-byte line after the accumulator.
+  // query block)) and, deterministic, one int32 counter per tile after them; then the cells' item
+  // counter in a 256-byte line (the causal band's heads-fastest cells, or the deterministic order).
   const size_t tiles = sizeof(float) * size_t(Hq * B * ((Sq + 63) / 64)) * 64 * 64;
   const size_t sem = sizeof(int32_t) * flashspan::kDqSemStride * size_t(Hq * B * ((Sq + 63) / 64));
   for (bool det : {true, false}) {
@@ -746,7 +746,7 @@ TEST(SdpaApi, CudaBackwardWorkspaceSize) {
     attr.set_causal_mask(true).set_deterministic_algorithm(det);
     SdpaBwd bwd(q, k, v, o, dO, st, dq, dk, dv, attr);
     EXPECT_EQ(bwd.workspace_size(), 2 * align(rows) + (det ? align(tiles) + align(sem)
-                                                           : align(std::max(align(rows) * 64, tiles)) + 256))
+                                                           : align(std::max(align(rows) * 64, tiles))) + 256)
         << "deterministic " << det;
   }
   // The forward of this shape (S_q H_q / H_k = 10 <= 16) is a decode call: the decode forward's slots,

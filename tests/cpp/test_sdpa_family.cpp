@@ -1094,9 +1094,9 @@ TEST(SdpaFamily, Sm90Switches) {
 
 TEST(SdpaFamily, Sm90BackwardWorkspaceHoldsItsTiles) {
   // A covered CUDA call's workspace holds the sm90 dQ tiles (64 x kD per (head, sample, query
-  // block)) where the sm80 accumulator is, and when deterministic their counters after them; not
-  // deterministic, with a band (Call's bottom-right one), the cells' item counter in a 256-byte line
-  // after the accumulator (launch_bwd_sm90.cu set_sdpa_bwd_l2_group).
+  // block)) where the sm80 accumulator is, and when deterministic their counters after them; then the
+  // cells' item counter in a 256-byte line (not deterministic: with a band, Call's bottom-right one;
+  // deterministic: every call; launch_bwd_sm90.cu set_sdpa_bwd_l2_group).
   for (bool det : {false, true}) {
     for (auto [dqk, dv, kd] : {std::tuple<int64_t, int64_t, size_t>{40, 40, 64}, {96, 96, 128}, {192, 128, 192},
                                {256, 256, 256}}) {
@@ -1109,7 +1109,7 @@ TEST(SdpaFamily, Sm90BackwardWorkspaceHoldsItsTiles) {
       const size_t sem = (sizeof(int32_t) * kDqSemStride * 4 * 2 * 5 + 255) / 256 * 256;
       const size_t acc = det ? 2 * per + (tiles + 255) / 256 * 256 + sem
                              : 2 * per + (std::max(per * size_t(dqk), tiles) + 255) / 256 * 256;
-      const size_t want = det ? acc : acc + 256;
+      const size_t want = acc + 256;
       EXPECT_EQ(sdpa_bwd_workspace_size(p), want) << "deterministic " << det << " D " << dqk;
       std::vector<uint8_t> ws(want + 256);
       void* base = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 255) / 256 * 256);
@@ -1121,10 +1121,8 @@ TEST(SdpaFamily, Sm90BackwardWorkspaceHoldsItsTiles) {
                   ptrdiff_t(2 * per + (tiles + 255) / 256 * 256));
       }
       EXPECT_EQ(b.dq_blocked, 1);
-      EXPECT_EQ(b.analytic.item_counter != nullptr, !det);
-      if (!det) {
-        EXPECT_EQ(reinterpret_cast<char*>(b.analytic.item_counter) - static_cast<char*>(base), ptrdiff_t(acc));
-      }
+      ASSERT_NE(b.analytic.item_counter, nullptr);
+      EXPECT_EQ(reinterpret_cast<char*>(b.analytic.item_counter) - static_cast<char*>(base), ptrdiff_t(acc));
     }
   }
 }
@@ -1156,8 +1154,8 @@ TEST(SdpaFamily, Sm90BackwardModsWorkspaceHoldsDsAndGatedDo) {
     const size_t sem = al(sizeof(int32_t) * kDqSemStride * 4 * 2 * 5);
     const size_t ds = al(sizeof(float) * 2 * 4 * 300 * 500);       // S_kv = 500, even
     const size_t gated = al(2 * 4 * 2 * 300 * 96);
-    // (not deterministic: the item counter's line after the accumulator, the call having a band)
-    const size_t head = det ? 2 * per + al(tiles) + sem : 2 * per + al(std::max(per * 96, tiles)) + 256;
+    // (the item counter's line after the accumulator, or deterministic after the tiles' counters)
+    const size_t head = det ? 2 * per + al(tiles) + sem + 256 : 2 * per + al(std::max(per * 96, tiles)) + 256;
     const BwdModsSwitch on(1);
     const sdpa::Problem p = backward_problem(c, det);
     ASSERT_EQ(sdpa_bwd_sm90_refusal(p), nullptr);

@@ -32,7 +32,7 @@
 #include "error_criteria.h"
 #include "flashspan/flashspan.hpp"
 #include "gpu_harness.h"
-#include "scoped_env.h"  // ScopedSwitch
+#include "scoped_env.h"  // ScopedSwitch, ScopedEnv
 #include "sdpa_case.h"
 #ifdef FLASHSPAN_WITH_CUDA
 #include "dispatch/sdpa_launch.h"     // set_sdpa_fwd_sm90_enabled, set_sdpa_bwd_sm90_enabled
@@ -1444,7 +1444,9 @@ Case sm90_bitwise_case(int64_t d, uint64_t seed) {
 // Case c's backward on the sm90 kernels three times, on the GPU forward's O and LSE (padding rows
 // poisoned), every gradient output (dQ, dK, dV; dSink, dgate, dBias where c has them) NaN-poisoned
 // before each run: each run launches the sm90 backward (mods_kernel: its modifiers' kernel; both
-// switched on here) and gives run 0's bytes.
+// switched on here) and gives run 0's bytes. A deterministic c runs its cells ungrouped (run 0), in claimed L2
+// groups of 3 pairs (run 1: grouped where c has more than 3 (sample, item head) pairs, which the launch count
+// checks) and in the default order (run 2): the grouped order keeps every dQ tile's order of additions.
 void expect_sm90_backward_bitwise_reproducible(const Case& c, bool mods_kernel) {
   const ForceSdpaBwdSm90 force_bwd(1);
   const ForceSdpaBwdSm90Mods mods(1);
@@ -1462,10 +1464,20 @@ void expect_sm90_backward_bitwise_reproducible(const Case& c, bool mods_kernel) 
     if (c.dbias) outs.push_back(&p->dbias);
     for (Tensor* t : outs) t->poison_device();
     const int64_t before = sm90::sdpa_bwd_launches(), mods_before = sm90::sdpa_bwd_mods_launches();
-    run_backward(*p, true);
+    const int64_t grouped_before = sm90::sdpa_bwd_l2_grouped_launches();
+    {
+      const char* group = !c.deterministic ? nullptr : run == 0 ? "0" : run == 1 ? "3" : nullptr;
+      const ScopedEnv det_group("FLASHSPAN_SM90_BWD_DET_L2_GROUP", group);
+      run_backward(*p, true);
+    }
     EXPECT_EQ(sm90::sdpa_bwd_launches(), before + 1) << c.str();
     if (mods_kernel) {
       EXPECT_EQ(sm90::sdpa_bwd_mods_launches(), mods_before + 1) << c.str();
+    }
+    if (c.deterministic && run < 2) {
+      const int64_t pairs = c.B * std::max(c.Hk, c.Hv > 0 ? c.Hv : c.Hk);
+      EXPECT_EQ(sm90::sdpa_bwd_l2_grouped_launches(), grouped_before + (run == 1 && pairs > 3 ? 1 : 0))
+          << c.str() << ": run " << run;
     }
     std::vector<std::vector<uint8_t>> now;
     for (Tensor* t : outs) now.push_back(t->download());

@@ -48,6 +48,22 @@ void ensure_smem_limit(Kernel kernel, int bytes, std::atomic<uint64_t>& done, co
   done.fetch_or(bit, std::memory_order_acq_rel);
 }
 
+// Multiprocessors of the current device, cached per device (host query only, capture-safe).
+inline int device_multiprocessors(const char* what) {
+  static std::atomic<int> cache[64];
+  int dev = 0;
+  check_cuda(cudaGetDevice(&dev), what);
+  if (dev < 64) {
+    const int c = cache[dev].load(std::memory_order_relaxed);
+    if (c > 0) return c;
+  }
+  int sms = 0;
+  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), what);
+  sms = std::max(1, sms);
+  if (dev < 64) cache[dev].store(sms, std::memory_order_relaxed);
+  return sms;
+}
+
 // CTAs of a persistent grid (split schedule) on the current device: SMs x resident CTAs
 // per SM, capped by SplitSchedule::kMaxCtas (the item-list bound). Cached per device in
 // `cache` (0 = not yet known); host queries only, so safe during stream capture.

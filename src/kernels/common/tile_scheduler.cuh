@@ -186,8 +186,11 @@ struct TileScheduler {
 // at 0.7x the ungrouped order). n is then unused.
 //
 // grouped_cell: cell i of both analytic grids' grouped lists (`blocks` blocks of `pairs` (sample, head) pairs, pairs
-// fastest, in groups of `group` consecutive pairs one after the other, a partial last group; group <= 0 or >= pairs:
-// one group): its step along the group's walk (0 first; the forward counts its query blocks down from it) and pair.
+// fastest, in groups of `group` consecutive pairs one after the other, the partial group (pairs % group pairs) first;
+// group <= 0 or >= pairs: one group): its step along the group's walk (0 first; the forward counts its query blocks
+// down from it) and pair. The partial group first: last, its few pairs' longest cells started only as the list ran
+// out, a tail of one walk (PERF_LOG v2.61: 16 pairs in groups of 3 ran 12-15 % slower than in groups of 2 or 4, both
+// directions); first, the list ends on a whole group as a size dividing the pairs does.
 __device__ __forceinline__ void grouped_cell(int64_t i, int64_t blocks, int64_t pairs, int group, int64_t& step,
                                              int64_t& pair) {
   if (group <= 0 || group >= pairs) {
@@ -195,9 +198,14 @@ __device__ __forceinline__ void grouped_cell(int64_t i, int64_t blocks, int64_t 
     pair = i % pairs;
     return;
   }
-  const int64_t first = i / (int64_t(group) * blocks) * group;  // every earlier group is whole
-  const int64_t size = pairs - first < group ? pairs - first : group;
-  const int64_t j = i - first * blocks;
+  const int64_t partial = pairs % group;  // the first group's pairs when partial (0: every group whole)
+  int64_t first = 0, size = partial, j = i;
+  if (i >= partial * blocks) {
+    const int64_t k = i - partial * blocks;
+    first = partial + k / (int64_t(group) * blocks) * group;
+    size = group;
+    j = i - first * blocks;
+  }
   step = j / size;
   pair = first + j % size;
 }
@@ -242,7 +250,9 @@ struct AnalyticGrid {
 // item_counter): the heads-fastest order inside groups of `group` consecutive (sample, kv head) pairs, one group
 // after the other, so that the CTAs of a wave walk the Q / dO / dQ of a few heads (in L2 once) instead of every
 // head's (PERF_LOG v2.61: B=4 H=16 S=8192 causal read 12.9 GB of DRAM, L2 hit rate 45 %), the cells claimed in list
-// order by the warp's lane 0 (next_warp), as AnalyticGrid's.
+// order by the warp's lane 0 (next_warp), as AnalyticGrid's. The deterministic order likewise (next_descending_warp,
+// cell_descending): inside each group the pairs' key blocks descending, pairs fastest, so that a pair's larger key
+// blocks are still lower cells.
 struct AnalyticBwdGrid {
   int num_k_blocks, heads, batch;
   bool heads_slowest;
@@ -272,12 +282,29 @@ struct AnalyticBwdGrid {
     if (lane == 0) c = atomicAdd(counter, 1);
     return cell(__shfl_sync(0xffffffffu, c, 0));
   }
-  __device__ __forceinline__ WorkItem next_descending(uint32_t n) const {
-    const int64_t i = snake_index(n);
+  // Cell i of the deterministic list: ungrouped (group 0), global key blocks gb = b num_k_blocks + kb descending, heads
+  // fastest; grouped, each group's key blocks descending, its pairs fastest (grouped_cell). Either way a pair's larger
+  // key blocks are lower cells.
+  __device__ __forceinline__ WorkItem cell_descending(int64_t i) const {
     const int64_t blocks = int64_t(num_k_blocks) * batch;
     if (i >= blocks * heads) return TileScheduler::none();
+    if (group > 0) {
+      int64_t step, r;
+      grouped_cell(i, num_k_blocks, int64_t(heads) * batch, group, step, r);
+      return WorkItem{int(num_k_blocks - 1 - step), int(r % heads), int(r / heads), 0, WorkItem::kWholeWalk, -1};
+    }
     const int64_t gb = blocks - 1 - i / heads;
     return WorkItem{int(gb % num_k_blocks), int(i % heads), int(gb / num_k_blocks), 0, WorkItem::kWholeWalk, -1};
+  }
+  __device__ __forceinline__ WorkItem next_descending(uint32_t n) const { return cell_descending(snake_index(n)); }
+  // The whole warp asks: claimed in list order by lane 0 when there is a counter (the grouped deterministic order),
+  // else next_descending(n). Claims keep the progress argument of the snake: a CTA's items rise in index, so the
+  // lowest unfinished cell's CTA is running it and it waits on lower cells only.
+  __device__ __forceinline__ WorkItem next_descending_warp(uint32_t n, int lane) const {
+    if (counter == nullptr) return next_descending(n);
+    int c = 0;
+    if (lane == 0) c = atomicAdd(counter, 1);
+    return cell_descending(__shfl_sync(0xffffffffu, c, 0));
   }
 };
 

@@ -516,7 +516,7 @@ struct AnalyticSourceBwdSm90 : AnalyticItemsBwdSm90 {
   using Seqlen = kern::AnalyticSeqlen;
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int lane) {
     const kern::AnalyticBwdGrid g = grid(p);
-    const kern::WorkItem w = p.deterministic ? g.next_descending(item_it) : g.next_warp(item_it, lane);
+    const kern::WorkItem w = p.deterministic ? g.next_descending_warp(item_it, lane) : g.next_warp(item_it, lane);
     // H_k != H_v: the item's dK / dV into its slot (above).
     const bool slots = p.group_size != kern::analytic_of(p).score.group_v;
     BwdItem it{w.block, w.head, w.batch, 0, 0, -1};

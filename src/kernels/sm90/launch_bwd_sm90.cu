@@ -61,12 +61,14 @@ std::atomic<int64_t> g_bwd_launches{0};
 std::atomic<int64_t> g_sdpa_bwd_launches{0};
 std::atomic<int64_t> g_sdpa_bwd_mods_launches{0};
 std::atomic<int64_t> g_sdpa_bwd_drop_launches{0};
+std::atomic<int64_t> g_sdpa_bwd_l2_grouped_launches{0};
 }  // namespace
 
 int64_t bwd_launches() { return g_bwd_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_bwd_launches() { return g_sdpa_bwd_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_bwd_mods_launches() { return g_sdpa_bwd_mods_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_bwd_drop_launches() { return g_sdpa_bwd_drop_launches.load(std::memory_order_relaxed); }
+int64_t sdpa_bwd_l2_grouped_launches() { return g_sdpa_bwd_l2_grouped_launches.load(std::memory_order_relaxed); }
 
 // The BSHD view [B, S_q, H_q, D_v] of the gated dO in the workspace ([H_q, B S_q, D_v], params.h
 // SdpaEpilogueParams::do_gated; rows of D_v elements, a multiple of 8: TMA's 16-byte strides), as
@@ -202,19 +204,26 @@ void prepare_sdpa_bwd_sm90(SdpaBwdParams& p, int kBq, int kBk, int kd, int kdv, 
 }
 
 namespace {
-// The non-deterministic backward's heads-fastest cells (a band: analytic_mask.h sdpa_bwd_grid_heads_slowest) in L2
-// groups of (sample, item head) pairs (bwd_l2_group: by the Q, dO and fp32 dQ tile bytes of an item's query heads),
-// claimed through the workspace's counter (zeroed here). Which calls group is the workspace's rule alone: dispatch
-// sdpa_bwd_layout holds the counter for exactly those calls (not deterministic, a band, 16-bit). A group of every pair
-// is the ungrouped order. (The deterministic order, descending key blocks, stays ungrouped.)
+// The cells in L2 groups of (sample, item head) pairs (bwd_l2_group / bwd_det_l2_group: by the Q, dO and fp32 dQ tile
+// bytes of an item's query heads), claimed through the workspace's counter (dispatch sdpa_bwd_layout, which holds one
+// for the orders that group: the non-deterministic heads-fastest cells of a band, analytic_mask.h
+// sdpa_bwd_grid_heads_slowest, and the deterministic order of every call; zeroed here). A group of every pair is the
+// ungrouped order.
 void set_sdpa_bwd_l2_group(SdpaBwdParams& p, int64_t item_heads, int kd, cudaStream_t stream) {
   AnalyticMaskParams& a = p.analytic;
   int g = 0;
   if (a.item_counter != nullptr) {
-    const int64_t heads_an_item = p.num_heads_q / item_heads;
-    g = bwd_l2_group(int64_t(a.max_q) * heads_an_item * (2 * (p.head_dqk + p.head_dv) + 4 * kd), a.band.has_left == 0);
+    const int64_t bytes = int64_t(a.max_q) * (p.num_heads_q / item_heads) * (2 * (p.head_dqk + p.head_dv) + 4 * kd);
+    const bool grouped = a.band.has_left == 0;
+    // (the deterministic rule also weighs the list against the persistent grid: one CTA per SM)
+    const int64_t cells = int64_t(a.num_k_blocks) * item_heads * p.batch;
+    g = p.deterministic ? bwd_det_l2_group(bytes, grouped, cells, device_multiprocessors("sdpa backward (sm90)"))
+                        : bwd_l2_group(bytes, grouped);
   }
-  bind_l2_group(a, g, item_heads * p.batch, /*claim=*/true, stream, "sdpa backward (sm90): item counter reset");
+  // (FLASHSPAN_SM90_BWD_DET_CLAIM=0: the deterministic groups in static snake waves instead of claimed)
+  const bool claim = !p.deterministic || bwd_det_claim() != 0;
+  bind_l2_group(a, g, item_heads * p.batch, claim, stream, "sdpa backward (sm90): item counter reset");
+  if (a.l2_group > 0) g_sdpa_bwd_l2_grouped_launches.fetch_add(1, std::memory_order_relaxed);
 }
 }  // namespace
 

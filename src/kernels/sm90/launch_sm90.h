@@ -157,8 +157,11 @@ int fwd_l2_group(int64_t kv_bytes_per_pair, bool grouped);
 bool fwd_claim(bool uniform);
 // The SDPA backward's item groups (AnalyticMaskParams::l2_group of its heads-fastest cells, always claimed) for
 // (sample, item head) pairs of bytes_per_pair bytes of Q, dO and dQ tiles each, of a call grouped by default or not
-// (FLASHSPAN_SM90_BWD_L2_GROUP; switches_sm90.cpp); the non-deterministic backward's only.
+// (FLASHSPAN_SM90_BWD_L2_GROUP; switches_sm90.cpp); the non-deterministic backward's only. bwd_det_l2_group: the
+// deterministic backward's (its descending key blocks grouped; FLASHSPAN_SM90_BWD_DET_L2_GROUP), the same rule for
+// lists of `cells` cells that fill the `ctas` CTAs many times over.
 int bwd_l2_group(int64_t bytes_per_pair, bool grouped);
+int bwd_det_l2_group(int64_t bytes_per_pair, bool grouped, int64_t cells, int ctas);
 // The deterministic backward's other switches as the launcher passes them (launch_bwd_sm90.cu): without the dQ
 // tiles' counter waits (FLASHSPAN_SM90_BWD_DET_UNORDERED=1, measurement only, read once), the dQ turn handed on
 // relaxed (BwdParams::det_relaxed; FLASHSPAN_SM90_BWD_DET_RELAXED=0 release, read per call), each split item's own
@@ -229,5 +232,7 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p, const TensorView& q, const Ten
 int64_t sdpa_bwd_launches();
 int64_t sdpa_bwd_mods_launches();
 int64_t sdpa_bwd_drop_launches();
+// Calls of launch_sdpa_bwd_sm90 so far whose cells ran in L2 groups (AnalyticMaskParams::l2_group > 0).
+int64_t sdpa_bwd_l2_grouped_launches();
 
 }  // namespace flashspan::sm90

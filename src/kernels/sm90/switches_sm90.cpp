@@ -198,6 +198,20 @@ int bwd_l2_group(int64_t bytes_per_pair, bool grouped) {
   return l2_group_of("FLASHSPAN_SM90_BWD_L2_GROUP", bytes_per_pair, grouped);
 }
 
+// FLASHSPAN_SM90_BWD_DET_L2_GROUP (read per call): the deterministic SDPA backward's cells (key blocks descending,
+// heads fastest, with or without a band) in claimed groups of (sample, item head) pairs, as bwd_l2_group's variable
+// and rule (AnalyticBwdGrid::cell_descending), for lists of at least kDetGroupMinWaves waves of the grid (`cells`
+// cells, `ctas` CTAs). Its gradients are bitwise those of the ungrouped order (each dQ tile's additions keep their
+// order; SdpaGpu.Sm90BackwardDeterministicIsBitwiseReproducible runs both). Measured on an H100 (PERF_LOG v2.63,
+// D = 128 unless said, claimed): lists of 31 waves (4096 cells: B=4 S=8192, B=16 S=2048, B=1 S=32768, D=64 B=8
+// S=4096) +4 .. +30 %; B=1 S=8192 (1024 cells, 7.8 waves) causal -3 .. -5 %: each group's key blocks descend to its
+// longest cells, a sawtooth whose last tooth a short list does not hide (the threshold lies between the two).
+int bwd_det_l2_group(int64_t bytes_per_pair, bool grouped, int64_t cells, int ctas) {
+  constexpr int64_t kDetGroupMinWaves = 16;
+  const bool long_list = cells >= kDetGroupMinWaves * std::max(1, ctas);
+  return l2_group_of("FLASHSPAN_SM90_BWD_DET_L2_GROUP", bytes_per_pair, grouped && long_list);
+}
+
 // FLASHSPAN_SM90_FWD_CLAIM=0 / 1 (read per call; unset: the rule): grouped cells claimed in list order through the
 // counter (1) or in static snake waves (0); claims need the counter, which the workspace holds only for calls with a
 // band or a block mask (dispatch sdpa_fwd_sm90_counter_bytes), so "1" claims only there. The rule: claimed where the cells' costs differ (a band, a block mask):
