@@ -275,12 +275,15 @@ struct AnalyticBwdGrid {
     return WorkItem{int(kb), int(r % heads), int(r / heads), 0, WorkItem::kWholeWalk, -1};
   }
   __device__ __forceinline__ WorkItem next(uint32_t n) const { return cell(snake_index(n)); }
-  // The whole warp asks (lane: its lane): claimed by lane 0 through the counter when there is one, else next(n).
-  __device__ __forceinline__ WorkItem next_warp(uint32_t n, int lane) const {
-    if (counter == nullptr) return next(n);
+  // The list index that lane 0 claims through the counter, broadcast to the warp (the whole warp calls it).
+  __device__ __forceinline__ int64_t claim_warp(int lane) const {
     int c = 0;
     if (lane == 0) c = atomicAdd(counter, 1);
-    return cell(__shfl_sync(0xffffffffu, c, 0));
+    return __shfl_sync(0xffffffffu, c, 0);
+  }
+  // The whole warp asks (lane: its lane): claimed by lane 0 through the counter when there is one, else next(n).
+  __device__ __forceinline__ WorkItem next_warp(uint32_t n, int lane) const {
+    return counter == nullptr ? next(n) : cell(claim_warp(lane));
   }
   // Cell i of the deterministic list: ungrouped (group 0), global key blocks gb = b num_k_blocks + kb descending, heads
   // fastest; grouped, each group's key blocks descending, its pairs fastest (grouped_cell). Either way a pair's larger
@@ -301,10 +304,7 @@ struct AnalyticBwdGrid {
   // else next_descending(n). Claims keep the progress argument of the snake: a CTA's items rise in index, so the
   // lowest unfinished cell's CTA is running it and it waits on lower cells only.
   __device__ __forceinline__ WorkItem next_descending_warp(uint32_t n, int lane) const {
-    if (counter == nullptr) return next_descending(n);
-    int c = 0;
-    if (lane == 0) c = atomicAdd(counter, 1);
-    return cell_descending(__shfl_sync(0xffffffffu, c, 0));
+    return counter == nullptr ? next_descending(n) : cell_descending(claim_warp(lane));
   }
 };
 
