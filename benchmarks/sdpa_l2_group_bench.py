@@ -6,7 +6,7 @@ difference). Dense and paged (page 256, shuffled) K/V, masks none, causal and a 
 default), bf16; TFLOP/s over visible pairs (4 D a pair). Then the non-deterministic backward's causal cells in L2
 groups (on by default; PERF_LOG v2.61) against FLASHSPAN_SM90_BWD_L2_GROUP=0 (2.5x the forward's FLOPs; gradients
 within 1e-2 of the ungrouped order's, relative to their largest element: the dQ additions' order differs). Then
-the deterministic backward's cells in L2 groups (PERF_LOG v2.62-v2.63; by default for lists of 16 waves of the grid or
+the deterministic backward's cells in L2 groups (PERF_LOG v2.62-v2.63; by default for lists of 12 waves of the grid or
 more) against FLASHSPAN_SM90_BWD_DET_L2_GROUP=0, no mask and causal (gradients bitwise the ungrouped order's).
 --only-det: that section alone.
 

@@ -275,7 +275,7 @@ cpp_suite() {
     gtest_run "gtest sdpa sm90 bwd l2-group 4" gtest_sdpa_sm90_bwd_l2_group4.log env FLASHSPAN_SM90_BWD_L2_GROUP=4 \
       "$tests" --gtest_brief=1 \
       --gtest_filter='SdpaGpu.Sm90BackwardThd*:SdpaGpu.Sm90BackwardHkNeHv*:SdpaGpu.*Deterministic*'
-    # The deterministic order in claimed L2 groups (on by default for lists of 16 waves or more; PERF_LOG v2.63), forced
+    # The deterministic order in claimed L2 groups (on by default for lists of 12 waves or more; PERF_LOG v2.63), forced
     # to 3 pairs a group for every call (windows included); the bitwise tests also compare it with the ungrouped order
     # in-process (27 tests, 28 s on an H100).
     gtest_run "gtest sdpa sm90 det l2-group" gtest_sdpa_sm90_det_l2_group.log env FLASHSPAN_SM90_BWD_DET_L2_GROUP=3 \

@@ -412,8 +412,8 @@ TEST(SplitRule, BackwardL2GroupSwitch) {
   EXPECT_EQ(sm90::bwd_l2_group(8 * mb, true), 0);
 }
 TEST(SplitRule, BackwardDeterministicL2GroupSwitch) {
-  // The deterministic SDPA backward's cells: the same rule as the non-deterministic one's for lists of at least 16
-  // waves of the grid (cells >= 16 ctas), else one group; forced by FLASHSPAN_SM90_BWD_DET_L2_GROUP whatever the
+  // The deterministic SDPA backward's cells: the same rule as the non-deterministic one's for lists of at least 12
+  // waves of the grid (cells >= 12 ctas), else one group; forced by FLASHSPAN_SM90_BWD_DET_L2_GROUP whatever the
   // list; the non-deterministic backward's variable not read, nor this one by it.
   using flashspan::test::ScopedEnv;
   ScopedEnv own("FLASHSPAN_SM90_BWD_DET_L2_GROUP", nullptr);
@@ -423,8 +423,9 @@ TEST(SplitRule, BackwardDeterministicL2GroupSwitch) {
   EXPECT_EQ(sm90::bwd_det_l2_group(8 * mb, true, 4096, ctas), 2);
   EXPECT_EQ(sm90::bwd_det_l2_group(32 * mb, true, 4096, ctas), 1);
   EXPECT_EQ(sm90::bwd_det_l2_group(8 * mb, false, 4096, ctas), 0);
-  EXPECT_EQ(sm90::bwd_det_l2_group(8 * mb, true, 16 * ctas, ctas), 2);  // 16 waves: grouped
-  EXPECT_EQ(sm90::bwd_det_l2_group(8 * mb, true, 16 * ctas - 1, ctas), 0);
+  EXPECT_EQ(sm90::bwd_det_l2_group(8 * mb, true, 12 * ctas, ctas), 2);  // 12 waves: grouped
+  EXPECT_EQ(sm90::bwd_det_l2_group(8 * mb, true, 12 * ctas - 1, ctas), 0);
+  EXPECT_EQ(sm90::bwd_det_l2_group(8 * mb, true, 2048, ctas), 2);  // B=2 H=16 S=8192: 15.5 waves
   EXPECT_EQ(sm90::bwd_det_l2_group(8 * mb, true, 1024, ctas), 0);  // B=1 H=16 S=8192: 7.8 waves
   EXPECT_EQ(sm90::bwd_det_l2_group(8 * mb, true, 16, 0), 2);       // (no CTA count: 1)
   own.set("3");

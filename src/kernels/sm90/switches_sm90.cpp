@@ -204,10 +204,12 @@ int bwd_l2_group(int64_t bytes_per_pair, bool grouped) {
 // cells, `ctas` CTAs). Its gradients are bitwise those of the ungrouped order (each dQ tile's additions keep their
 // order; SdpaGpu.Sm90BackwardDeterministicIsBitwiseReproducible runs both). Measured on an H100 (PERF_LOG v2.63,
 // D = 128 unless said, claimed): lists of 31 waves (4096 cells: B=4 S=8192, B=16 S=2048, B=1 S=32768, D=64 B=8
-// S=4096) +4 .. +30 %; B=1 S=8192 (1024 cells, 7.8 waves) causal -3 .. -5 %: each group's key blocks descend to its
-// longest cells, a sawtooth whose last tooth a short list does not hide (the threshold lies between the two).
+// S=4096) +4 .. +30 %, of 23 waves (B=3 S=8192) +5 .. +9 %, of 15.5 waves (2048 cells: B=2 S=8192, B=1 S=16384, B=1
+// H=32 S=8192) causal +2 .. +4 %, no mask within the spread; B=1 S=8192 (1024 cells, 7.8 waves) causal -3 .. -8 %: each
+// group's key blocks descend to its longest cells, a sawtooth whose last tooth a short list does not hide (the
+// threshold lies between 7.8 and 15.5).
 int bwd_det_l2_group(int64_t bytes_per_pair, bool grouped, int64_t cells, int ctas) {
-  constexpr int64_t kDetGroupMinWaves = 16;
+  constexpr int64_t kDetGroupMinWaves = 12;
   const bool long_list = cells >= kDetGroupMinWaves * std::max(1, ctas);
   return l2_group_of("FLASHSPAN_SM90_BWD_DET_L2_GROUP", bytes_per_pair, grouped && long_list);
 }
