@@ -75,10 +75,9 @@ int persistent_ctas(Kernel kernel, int threads, int smem, std::atomic<int> (&cac
     const int c = cache[dev].load(std::memory_order_relaxed);
     if (c > 0) return c;
   }
-  int sms = 0, per_sm = 0;
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), what);
+  int per_sm = 0;
   check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, size_t(smem)), what);
-  int n = std::max(1, sms) * std::max(1, per_sm);
+  int n = device_multiprocessors(what) * std::max(1, per_sm);
   n = std::min(n, SplitSchedule::kMaxCtas);
   if (dev < 64) cache[dev].store(n, std::memory_order_relaxed);
   return n;
