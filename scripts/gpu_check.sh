@@ -184,7 +184,8 @@ cpp_suite() {
     gtest_run "gtest sm90 bwd 64x128" gtest_sm90_bwd_narrow64.log env FLASHSPAN_SM90_BWD_WIDE64=0 "$tests" --gtest_brief=1 \
       --gtest_filter='FlexGpuSm90.BwdRandomCases:FlexGpuSm90.BwdSpecialCases:FlexGpuSm90.BwdSanitizerSmall'
     # The deterministic backward picks its item order from the plan (claimed when the walks are uneven, else
-    # snake waves): each order on every plan once, the snake with the release hand-off of the dQ turns.
+    # snake waves): each order on every plan once, the snake with whole dQ tiles (FLASHSPAN_SM90_BWD_DET_DQ_CHUNKS=1;
+    # two halves, each in its own chain of turns, are the default since PERF_LOG v2.64), SDPA's deterministic tests too.
     gtest_run "gtest sm90 det-claim" gtest_sm90_det_claim.log env FLASHSPAN_SM90_BWD_DET_CLAIM=1 "$tests" --gtest_brief=1 \
       --gtest_filter='FlexGpuSm90.BwdDeterministic:FlexGpuSm90.BwdBigDimsDeterministic:FlexGpuSm90.BwdWideCases'
     # Together in one pass: the deterministic split items' shared, zeroed dK / dV slots (FLASHSPAN_SM90_BWD_DET_OWN_SLOTS
@@ -194,9 +195,9 @@ cpp_suite() {
     gtest_run "gtest sm90 det-shared-slots band-all" gtest_sm90_det_experimental.log env FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0 \
       FLASHSPAN_SM90_BWD_DET_BAND=all "$tests" --gtest_brief=1 \
       --gtest_filter='FlexGpuSm90.BwdDeterministic:FlexGpuSm90.BwdBigDimsDeterministic:FlexGpuSm90.BwdWideCases:FlexGpuSm90.BwdSanitizerSmall'
-    gtest_run "gtest sm90 det-snake-release" gtest_sm90_det_snake.log env FLASHSPAN_SM90_BWD_DET_CLAIM=0 \
-      FLASHSPAN_SM90_BWD_DET_RELAXED=0 "$tests" --gtest_brief=1 \
-      --gtest_filter='FlexGpuSm90.BwdDeterministic:FlexGpuSm90.BwdBigDimsDeterministic:FlexGpuSm90.BwdWideCases'
+    gtest_run "gtest sm90 det-snake whole-tiles" gtest_sm90_det_snake.log env FLASHSPAN_SM90_BWD_DET_CLAIM=0 \
+      FLASHSPAN_SM90_BWD_DET_DQ_CHUNKS=1 "$tests" --gtest_brief=1 \
+      --gtest_filter='FlexGpuSm90.BwdDeterministic:FlexGpuSm90.BwdBigDimsDeterministic:FlexGpuSm90.BwdWideCases:SdpaGpu.*Deterministic*'
   fi
 
   # The SDPA calls with score modifiers, sinks, bias, the gate or the statistics outputs run the sm90

@@ -300,7 +300,10 @@ struct FwdParams : QkvParams {
 // Int32 words from one dQ tile's ordering counter to the next (BwdParams::dq_sem): one counter a 128-byte line, so
 // that the releases and polls of neighbouring tiles' counters do not share a line (measured on an H100: the claimed
 // deterministic schedule's causal backward 330 -> 423 TFLOP/s, the snake's unchanged; PERF_LOG v2.49).
-inline constexpr int kDqSemStride = 32;
+// Each tile has kDqChunksMax counters, kDqSemChunkWords apart (BwdParams::dq_chunks: one per piece of the tile).
+inline constexpr int kDqSemChunkWords = 32;
+inline constexpr int kDqChunksMax = 2;
+inline constexpr int kDqSemStride = kDqSemChunkWords * kDqChunksMax;
 
 struct BwdParams : QkvParams {
   const void* o = nullptr;
@@ -347,12 +350,16 @@ struct BwdParams : QkvParams {
   // (longest walk <= 2x the mean) keep the snake: claimed in list order their walks grow along the list and
   // dependent key blocks run side by side (PERF_LOG v2.50). FLASHSPAN_SM90_BWD_DET_CLAIM=0 / 1 forces one.
   int det_claim = -1;
-  // The sm90 deterministic backward's hand-off of a dQ tile's turn: 1 (the default) = a relaxed increment of
-  // the counter issued after the bulk reduce-add has completed (cp.async.bulk.wait_group 0, not .read: the
-  // additions are performed in global memory before the increment is issued); 0 = a release increment
-  // (red.release.gpu: a MEMBAR.ALL.GPU in front of it, 0.7-1.9 us a turn in the v2.48 trace;
-  // FLASHSPAN_SM90_BWD_DET_RELAXED=0).
-  int det_relaxed = 1;
+  // The sm90 deterministic backward's hand-off of a dQ tile's turn: 0 (the default) = a release increment of the
+  // counter (red.release.gpu, after fence.proxy.async) once the bulk reduce-add has completed
+  // (cp.async.bulk.wait_group 0): that completion makes the additions visible to the writer's thread only, the
+  // release makes them visible to the next key block's writer, which acquires the counter; 1 = a relaxed increment
+  // (measurement only, FLASHSPAN_SM90_BWD_DET_RELAXED=1: not bitwise reproducible, PERF_LOG v2.64).
+  int det_relaxed = 0;
+  // The sm90 deterministic backward's pieces of a dQ tile, each added by a writer warp of its own in its own chain of
+  // turns (its own counter in dq_sem): 2 (the launchers' default, kDqChunksMax) or 1 (FLASHSPAN_SM90_BWD_DET_DQ_CHUNKS=1;
+  // kernel_bwd_sm90.cuh bwd_dq_writer). The non-deterministic backward adds whole tiles.
+  int dq_chunks = 1;
   // The flex deterministic backward's split slots (one per item): 1 = each item stores its slot whole and the
   // items kernel zeroes none (kernel_bwd_sm90.cuh split_slot_owned); 0 = zeroed slots, fp32 atomic additions
   // (by default; FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0 keeps 0, PERF_LOG v2.55).

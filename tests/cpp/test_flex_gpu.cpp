@@ -44,6 +44,7 @@
 #include "plan/planner.h"
 #include "planner_masks.h"
 #include "reference/reference.h"
+#include "scoped_env.h"
 #include "test_util.h"
 
 namespace flashspan::test {
@@ -2638,6 +2639,47 @@ TEST(FlexGpuSm90, BwdDeterministicBandsSameBits) {
       for (int i = 0; i < 3; ++i) {
         EXPECT_TRUE(banded[i] == fastest[i]) << "band " << band << ": output " << i << " (dq, dk, dv) differs: "
                                              << c.describe();
+      }
+    }
+    run_case_sm90_bwd(c);
+  }
+}
+
+// The deterministic dQ tiles added in two halves (the default), each by a writer warp of its own in its own chain of
+// turns (BwdParams::dq_chunks), against whole tiles (FLASHSPAN_SM90_BWD_DET_DQ_CHUNKS=1): every dQ element takes its
+// additions in descending key-block order either way, so dq, dk, dv must be bitwise equal, on every consumer kind
+// ((64, 64) on the wide tile, (128, 128), (192, 128) on three warpgroups, (256, 256) column-split), in snake waves
+// (causal) and claimed (tree_bfs, longformer, THD sink_window with cut walks), twice each; then the reference check.
+TEST(FlexGpuSm90, BwdDeterministicDqChunksSameBits) {
+  REQUIRE_SM90();
+  Sm90BwdOn on;
+  const std::vector<int64_t> lq = {1500, 37, 700}, lk = {1300, 64, 900};
+  const std::vector<Sm90BwdRow> rows = {
+      {.h = {4, 4, 1, 1, 128, 128, kBF16}, .sq = 2048, .mask = "causal", .det = true},
+      {.h = {4, 4, 1, 1, 128, 128, kBF16}, .sq = 2048, .mask = "tree_bfs", .det = true},
+      {.h = {4, 4, 1, 1, 128, 128, kF16}, .sq = 4096, .mask = "longformer", .det = true},
+      {.h = {8, 2, 8, 3, 128, 128, kBF16}, .lq = lq, .lk = lk, .mask = "sink_window", .det = true},
+      {.h = {4, 2, 1, 1, 64, 64, kBF16}, .sq = 2048, .mask = "document_causal", .det = true},
+      {.h = {4, 2, 1, 3, 192, 128, kBF16}, .lq = {500, 0, 200}, .lk = {450, 60, 260}, .det = true},
+      {.h = {4, 2, 1, 3, 256, 256, kF16}, .lq = {500, 0, 200}, .lk = {450, 60, 260}, .det = true}};
+  uint64_t seed = 9990;
+  for (const Sm90BwdRow& r : rows) {
+    const Case c = sm90_bwd_row_case(r, 0, 0, ++seed);
+    auto p = make_problem(c);
+    ScopedEnv relaxed("FLASHSPAN_SM90_BWD_DET_RELAXED", nullptr);  // the release hand-off (the default)
+    std::array<std::vector<uint8_t>, 3> whole;
+    {
+      ScopedEnv chunks("FLASHSPAN_SM90_BWD_DET_DQ_CHUNKS", "1");
+      whole = bwd_bytes(*p);
+    }
+    ScopedEnv chunks("FLASHSPAN_SM90_BWD_DET_DQ_CHUNKS", nullptr);  // two halves (the default)
+    for (int run = 0; run < 2; ++run) {
+      const int64_t before = sm90::bwd_launches();
+      const auto halves = bwd_bytes(*p);
+      EXPECT_EQ(sm90::bwd_launches(), before + 1) << "the sm90 backward did not run: " << c.describe();
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_TRUE(halves[i] == whole[i]) << "two halves, run " << run << ": output " << i
+                                           << " (dq, dk, dv) differs from whole tiles': " << c.describe();
       }
     }
     run_case_sm90_bwd(c);

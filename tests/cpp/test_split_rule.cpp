@@ -331,16 +331,19 @@ TEST(SplitRule, DeterministicBandSwitch) {
   EXPECT_EQ(sm90::bwd_det_band_forced(), 1);
 }
 
-// The deterministic schedule's launcher switches (switches_sm90.cpp): own split slots and the relaxed dQ hand-off
-// on unless "0" (FLASHSPAN_EXPERIMENTAL changes neither), the item order forced by "1" / "0" only.
+// The deterministic schedule's launcher switches (switches_sm90.cpp): own split slots on unless "0"
+// (FLASHSPAN_EXPERIMENTAL changes it not), the relaxed dQ hand-off (measurement only) on only with "1", the dQ tiles
+// in two halves unless "1", the item order forced by "1" / "0" only.
 TEST(SplitRule, DeterministicLauncherSwitches) {
   using flashspan::test::ScopedEnv;
   ScopedEnv own("FLASHSPAN_SM90_BWD_DET_OWN_SLOTS", nullptr);
   ScopedEnv relaxed("FLASHSPAN_SM90_BWD_DET_RELAXED", nullptr);
+  ScopedEnv chunks("FLASHSPAN_SM90_BWD_DET_DQ_CHUNKS", nullptr);
   ScopedEnv claim("FLASHSPAN_SM90_BWD_DET_CLAIM", nullptr);
   ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
   EXPECT_TRUE(sm90::bwd_det_own_slots());
-  EXPECT_TRUE(sm90::bwd_det_relaxed());
+  EXPECT_FALSE(sm90::bwd_det_relaxed());
+  EXPECT_EQ(sm90::bwd_det_dq_chunks(), 2);
   EXPECT_EQ(sm90::bwd_det_claim(), -1);
   own.set("0");
   EXPECT_FALSE(sm90::bwd_det_own_slots());
@@ -349,10 +352,17 @@ TEST(SplitRule, DeterministicLauncherSwitches) {
   own.set("1");
   EXPECT_TRUE(sm90::bwd_det_own_slots());
   experimental.set(nullptr);
-  relaxed.set("0");
-  EXPECT_FALSE(sm90::bwd_det_relaxed());
-  relaxed.set("yes");
+  relaxed.set("1");
   EXPECT_TRUE(sm90::bwd_det_relaxed());
+  relaxed.set("yes");
+  EXPECT_FALSE(sm90::bwd_det_relaxed());
+  chunks.set("1");
+  EXPECT_EQ(sm90::bwd_det_dq_chunks(), 1);
+  chunks.set("4");
+  EXPECT_EQ(sm90::bwd_det_dq_chunks(), 2);
+  experimental.set("1");
+  EXPECT_EQ(sm90::bwd_det_dq_chunks(), 2);
+  experimental.set(nullptr);
   claim.set("1");
   EXPECT_EQ(sm90::bwd_det_claim(), 1);
   claim.set("0");

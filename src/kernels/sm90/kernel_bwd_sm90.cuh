@@ -48,8 +48,11 @@
 //     (p.dq_sem) equals the number of key blocks after its own in the tile's Q2K row
 //     (dq_order_rank, computed ahead by warp 2 of WG0, the dQ order warp, which walks the items'
 //     K2Q pairs as the producer does), then waits for the addition to be written and increments
-//     the counter (relaxed: the addition is complete before the increment is issued; BwdParams::
-//     det_relaxed). So every tile sums its contributions in descending key-block order,
+//     the counter with a release (the bulk completion makes the addition visible to the writer's
+//     thread only; the release, to the next writer's acquire: BwdParams::det_relaxed). Each tile is
+//     added in two halves (BwdParams::dq_chunks), each by a writer warp of its own (warps 1 and 3 of
+//     WG0) with its own counter, so one half's turn, write and release overlap the other's (PERF_LOG
+//     v2.64). So every tile sums its contributions in descending key-block order,
 //     whichever item of key block kb holds the tile's step (the items of kb cover disjoint
 //     ranges of its pairs, so the tile gets exactly one addition from kb) and whichever CTA runs
 //     it. This is the order in which causal-like walks reach a query block anyway (a key block's
@@ -713,15 +716,22 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
 // dQ writer (warp 1 of WG0)
 // ---------------------------------------------------------------------------
 
+// chunk: the piece of each dQ tile this writer adds (BwdParams::dq_chunks; 0 = the whole tile when dq_chunks = 1).
+// With dq_chunks = 2 (the launchers' default for deterministic calls) warp 3 of WG0 runs a second writer for each
+// tile's second half: each half
+// has its own counter (kDqSemChunkWords apart) and its own chain of turns, so one half's turn wait, write and release
+// overlap the other's, and the consumers' dq_empty completes once both halves are read (its count: dq_chunks).
 template <class L>
-__device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base, uint8_t* smem) {
+__device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base, uint8_t* smem, int chunk) {
   const int lane = threadIdx.x & 31;
+  const int chunks = p.dq_chunks;
+  const uint32_t piece_bytes = uint32_t(L::kDqBytes / chunks), piece_off = uint32_t(chunk) * piece_bytes;
   const uint32_t bars = base + L::kBar;
   const volatile int64_t* dq_info = reinterpret_cast<const int64_t*>(smem + L::kDqInfo);
   const volatile int32_t* s_rank = reinterpret_cast<const int32_t*>(smem + L::kRank);
   uint32_t dq_it = 0;
   BwdTraceWriter tr;  // FLASHSPAN_BWD_TRACE (bwd_trace_sm90.cuh): no code without it
-  if (lane == 0) tr.begin();
+  if (lane == 0 && chunk == 0) tr.begin();
   for (uint32_t item_it = 0;; ++item_it) {
     const uint32_t rs = item_it & 1;
     mbar_wait(bars + L::kItemFull + 8 * rs, (item_it >> 1) & 1);
@@ -737,7 +747,7 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
         tr.mark(kTrReady);
         const int64_t tile = *dq_info;
         [[maybe_unused]] int trace_rank = -1;
-        int32_t* sem = p.dq_sem != nullptr ? p.dq_sem + tile * kDqSemStride : nullptr;
+        int32_t* sem = p.dq_sem != nullptr ? p.dq_sem + tile * kDqSemStride + chunk * kDqSemChunkWords : nullptr;
         if (sem != nullptr) {
           // Deterministic: wait until every larger key block of the tile's row has added.
           const uint32_t rs2 = dq_it & 1;
@@ -755,7 +765,7 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
           tr.mark(kTrTurn);
           fence_proxy_async_global();
         }
-        bulk_reduce_add_f32(p.dq_accum + tile * L::kDqFloats, base + L::kDQ, L::kDqBytes);
+        bulk_reduce_add_f32(p.dq_accum + tile * L::kDqFloats + piece_off / 4, base + L::kDQ + piece_off, piece_bytes);
         bulk_commit_group();
         bulk_wait_group_read<0>();  // the shared dQ tile may be overwritten
         mbar_arrive(bars + L::kDqEmpty);
@@ -764,8 +774,9 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
           bulk_wait_group<0>();  // the addition is written: the next key block may add
           tr.hold();
           fence_proxy_async_global();
-          // det_relaxed: the additions are complete (wait_group 0, not .read), so the increment needs no
-          // release fence of its own (params.h; the MEMBAR.ALL.GPU of a release took 0.7-1.9 us a turn, v2.48).
+          // The release makes the completed additions (wait_group 0: visible to this thread) visible to the
+          // next key block's writer, which acquires the counter. det_relaxed (measurement only) drops it and is
+          // not bitwise reproducible (PERF_LOG v2.64: 1-3 runs in 16 of the flex trees / hstu on an H100).
           if (p.det_relaxed) {
             red_relaxed_gpu_add(sem, 1);
           } else {
@@ -779,7 +790,7 @@ __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base,
     }
   }
   bulk_wait_group<0>();  // every reduction written before the CTA exits
-  if (lane == 0) tr.end(dq_it);
+  if (lane == 0 && chunk == 0) tr.end(dq_it);
 }
 
 // ---------------------------------------------------------------------------
@@ -1736,13 +1747,15 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
       mbar_init(bars + L::kQdoEmpty + 8 * s, L::kConsumerThreads);
     }
     mbar_init(bars + L::kDqFull, L::kConsumerThreads);
-    mbar_init(bars + L::kDqEmpty, 1);                      // the writer's lane 0
+    // The writers' lane 0 (two when the dQ tiles are added in halves: dq_chunks).
+    const int writers = p.dq_chunks;
+    mbar_init(bars + L::kDqEmpty, writers);
     for (int i = 0; i < 2; ++i) {
       mbar_init(bars + L::kItemFull + 8 * i, 1);
-      // consumers + the writer (+ the dQ order warp when the dQ tiles are ordered)
-      mbar_init(bars + L::kItemEmpty + 8 * i, L::kConsumerThreads + 1 + (p.dq_sem != nullptr ? 1 : 0));
+      // consumers + the writers (+ the dQ order warp when the dQ tiles are ordered)
+      mbar_init(bars + L::kItemEmpty + 8 * i, L::kConsumerThreads + writers + (p.dq_sem != nullptr ? 1 : 0));
       mbar_init(bars + L::kRankFull + 8 * i, 1);
-      mbar_init(bars + L::kRankEmpty + 8 * i, 1);
+      mbar_init(bars + L::kRankEmpty + 8 * i, writers);
     }
     if constexpr (Src::kStageBias) {
       for (int i = 0; i < L::kStages; ++i) mbar_init(bars + L::kInfoFull + 8 * i, 1);  // the producer's lane 0
@@ -1762,9 +1775,11 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
         bwd_producer<L, Src, kern::K2QWalk>(p, tm_q, tm_k, tm_v, tm_do, base, smem);
       }
     } else if (warp == 1) {
-      bwd_dq_writer<L>(p, base, smem);
+      bwd_dq_writer<L>(p, base, smem, 0);
     } else if (warp == 2 && p.dq_sem != nullptr) {
       bwd_dq_order<L, Src>(p, smem, bars);
+    } else if (warp == 3 && p.dq_chunks == 2) {
+      bwd_dq_writer<L>(p, base, smem, 1);
     }
     // Exit here rather than fall through to the kernel's end: when the 24-register warpgroup's
     // path merges with the consumers' (the shared exit), ptxas (nvcc 13.0) caps the consumers'

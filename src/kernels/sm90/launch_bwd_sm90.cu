@@ -100,6 +100,17 @@ int bwd_smem_bytes(int dqk_call, int dv_call, int bwd_bq, int bwd_bk) {
   return dqk == 64 ? kern90::BwdSm90Layout<64>::kBytes : kern90::BwdSm90Layout<128>::kBytes;
 }
 
+namespace {
+// The dQ writers' switches, the same for the flex and SDPA launchers: the turn's hand-off (release unless
+// FLASHSPAN_SM90_BWD_DET_RELAXED=1, measurement only) and the deterministic tiles in two halves (unless
+// FLASHSPAN_SM90_BWD_DET_DQ_CHUNKS=1; the non-deterministic backward adds whole tiles: halves there were no faster,
+// PERF_LOG v2.64).
+void bind_dq_hand_off(BwdParams& p) {
+  p.det_relaxed = bwd_det_relaxed() ? 1 : 0;
+  p.dq_chunks = p.deterministic ? bwd_det_dq_chunks() : 1;
+}
+}  // namespace
+
 void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& dout, DType dtype, int64_t total_q, cudaStream_t stream) {
   BwdParams p = p_in;
@@ -118,7 +129,7 @@ void launch_bwd_sm90(const BwdParams& p_in, const TensorView& q, const TensorVie
   // Measurement only: the deterministic schedule without its dQ ordering (kernel_bwd_sm90.cuh).
   if (p.deterministic && bwd_det_unordered()) p.dq_sem = nullptr;
   p.det_claim = bwd_det_claim();
-  p.det_relaxed = bwd_det_relaxed() ? 1 : 0;
+  bind_dq_hand_off(p);
   p.det_own_slots = p.deterministic && p.split_schedule && bwd_det_own_slots() ? 1 : 0;
   FS_CHECK(p.dq_blocked == 1, Status::kInternal, "sm90 backward: the dQ accumulator is not bound in tiles");
   g_bwd_launches.fetch_add(1, std::memory_order_relaxed);
@@ -177,6 +188,7 @@ void prepare_sdpa_bwd_sm90(SdpaBwdParams& p, int kBq, int kBk, int kd, int kdv, 
   p.varlen = 0;
   p.dq_blocked = 1;
   p.grid_mode = 1;
+  bind_dq_hand_off(p);
   if (p.total_q > 0) {
     check_cuda(cudaMemsetAsync(p.dq_accum, 0,
                                sizeof(float) * size_t(p.num_heads_q) * size_t(p.view.num_q_blocks) * kBq * size_t(kd),

@@ -164,10 +164,13 @@ int bwd_l2_group(int64_t bytes_per_pair, bool grouped);
 int bwd_det_l2_group(int64_t bytes_per_pair, bool grouped, int64_t cells, int ctas);
 // The deterministic backward's other switches as the launcher passes them (launch_bwd_sm90.cu): without the dQ
 // tiles' counter waits (FLASHSPAN_SM90_BWD_DET_UNORDERED=1, measurement only, read once), the dQ turn handed on
-// relaxed (BwdParams::det_relaxed; FLASHSPAN_SM90_BWD_DET_RELAXED=0 release, read per call), each split item's own
-// dK / dV slot (BwdParams::det_own_slots; on unless FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0, read per call).
+// relaxed (BwdParams::det_relaxed; FLASHSPAN_SM90_BWD_DET_RELAXED=1, measurement only, not reproducible; read per
+// call), the dQ tiles' pieces (BwdParams::dq_chunks: 2 unless FLASHSPAN_SM90_BWD_DET_DQ_CHUNKS=1, read per call),
+// each split item's own dK / dV slot (BwdParams::det_own_slots; on unless FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0, read
+// per call).
 bool bwd_det_unordered();
 bool bwd_det_relaxed();
+int bwd_det_dq_chunks();
 bool bwd_det_own_slots();
 // Whether the cell order puts the split tasks' items first (split_schedule.cuh kSplitFirst: the cut
 // walks of sink columns and global tokens start first, spread over the heads): experimental

@@ -147,9 +147,20 @@ bool bwd_det_unordered() {
   static const bool on = env_flag_on("FLASHSPAN_SM90_BWD_DET_UNORDERED");
   return on;
 }
-// FLASHSPAN_SM90_BWD_DET_RELAXED=0 (read per call): the dQ tile's turn handed on by a release increment
-// (BwdParams::det_relaxed) instead of the default relaxed one after the tile's additions have completed.
-bool bwd_det_relaxed() { return !env_flag_off("FLASHSPAN_SM90_BWD_DET_RELAXED"); }
+// FLASHSPAN_SM90_BWD_DET_RELAXED=1 (read per call; measurement only, NOT bitwise reproducible): the dQ tile's turn
+// handed on by a relaxed increment after the tile's additions have completed (BwdParams::det_relaxed) instead of the
+// release increment. It was the default from PERF_LOG v2.50 to v2.63, until 1-3 runs in 16 of the flex trees / hstu
+// on an H100 (v2.64) gave a dQ bitwise different from the others: the completion of a bulk reduce-add makes its writes
+// visible to the writer's thread only, and without the release the next key block's addition can overtake it.
+bool bwd_det_relaxed() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_RELAXED"); }
+// FLASHSPAN_SM90_BWD_DET_DQ_CHUNKS (read per call): "1" adds each deterministic dQ tile whole; anything else (the
+// default since PERF_LOG v2.64) in two halves, each by a writer warp of its own in its own chain of turns
+// (BwdParams::dq_chunks), so that one half's release overlaps the other's (the release hand-off's cost, -3 .. -11 %
+// with whole tiles, mostly recovered: H100, v2.64).
+int bwd_det_dq_chunks() {
+  const char* e = std::getenv("FLASHSPAN_SM90_BWD_DET_DQ_CHUNKS");
+  return e != nullptr && std::strcmp(e, "1") == 0 ? 1 : 2;
+}
 // FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0 (read per call; on by default since PERF_LOG v2.55): each deterministic split
 // item stores its own dK / dV slot, which the items kernel then does not zero (BwdParams::det_own_slots; the
 // zeroing and the convert took ~50 us each of a 1.1 ms tree_bfs backward at S = 32768 on the H200, v2.50). "0"
