@@ -386,9 +386,9 @@ TEST(SplitRule, ForwardL2GroupSwitch) {
   EXPECT_EQ(sm90::fwd_l2_group(64 * mb, true), 1);  // at least one pair
   EXPECT_EQ(sm90::fwd_l2_group(0, true), 0);
   EXPECT_EQ(sm90::fwd_l2_group(4 * mb, false), 0);  // a window, a block mask: one group
-  // Claimed where the cells' costs differ, snake waves where they are equal.
-  EXPECT_TRUE(sm90::fwd_claim(false));
-  EXPECT_FALSE(sm90::fwd_claim(true));
+  // Claimed where the workspace holds the counter (calls whose cells' costs differ), snake waves elsewhere.
+  EXPECT_TRUE(sm90::fwd_claim(true));
+  EXPECT_FALSE(sm90::fwd_claim(false));
   // The variable forces a size for both kinds: a positive integer that many pairs, anything else one group.
   own.set("0");
   EXPECT_EQ(sm90::fwd_l2_group(4 * mb, true), 0);
@@ -401,9 +401,9 @@ TEST(SplitRule, ForwardL2GroupSwitch) {
   EXPECT_EQ(sm90::fwd_l2_group(4 * mb, true), 8);
   // FLASHSPAN_SM90_FWD_CLAIM forces the claims either way.
   claim.set("0");
-  EXPECT_FALSE(sm90::fwd_claim(false));
+  EXPECT_FALSE(sm90::fwd_claim(true));
   claim.set("1");
-  EXPECT_TRUE(sm90::fwd_claim(true));
+  EXPECT_TRUE(sm90::fwd_claim(false));
 }
 TEST(SplitRule, BackwardL2GroupSwitch) {
   // The non-deterministic SDPA backward's heads-fastest cells: pairs whose Q, dO and fp32 dQ tiles fit 16 MiB where

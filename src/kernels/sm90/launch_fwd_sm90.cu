@@ -149,9 +149,8 @@ namespace {
 void set_sdpa_fwd_l2_group(SdpaFwdParams& p, cudaStream_t stream) {
   AnalyticMaskParams& a = p.analytic;
   const bool windowed = a.band.has_left != 0 || a.block_mask.bits != nullptr;
-  const bool uniform = !kern::sdpa_fwd_cells_unequal(a.band.has_left, a.band.has_right, a.block_mask.bits != nullptr);
   const int g = fwd_l2_group(int64_t(a.max_kv) * (p.head_dqk + p.head_dv) * 2 / p.group_size, !windowed);
-  bind_l2_group(a, g, int64_t(p.num_heads_q) * p.batch, fwd_claim(uniform), stream,
+  bind_l2_group(a, g, int64_t(p.num_heads_q) * p.batch, fwd_claim(a.item_counter != nullptr), stream,
                 "sdpa forward (sm90): item counter reset");
 }
 }  // namespace

@@ -151,10 +151,10 @@ int bwd_det_claim();
 // The SDPA forward's item groups (AnalyticMaskParams::l2_group; 0: one group) for (sample, head) pairs of
 // kv_bytes_per_pair bytes of K and V each, of a call grouped by default or not (FLASHSPAN_SM90_FWD_L2_GROUP;
 // switches_sm90.cpp), and whether grouped cells are claimed through the counter (AnalyticMaskParams::item_counter,
-// where the workspace has one: calls with a band or a block mask; FLASHSPAN_SM90_FWD_CLAIM), for cells of equal cost
-// (`uniform`: no band, no block mask) or not.
+// where the workspace has one: calls with a band or a block mask; FLASHSPAN_SM90_FWD_CLAIM), given whether the call's
+// workspace holds the counter (`counter`).
 int fwd_l2_group(int64_t kv_bytes_per_pair, bool grouped);
-bool fwd_claim(bool uniform);
+bool fwd_claim(bool counter);
 // The SDPA backward's item groups (AnalyticMaskParams::l2_group of its heads-fastest cells, always claimed) for
 // (sample, item head) pairs of bytes_per_pair bytes of Q, dO and dQ tiles each, of a call grouped by default or not
 // (FLASHSPAN_SM90_BWD_L2_GROUP; switches_sm90.cpp); the non-deterministic backward's only. bwd_det_l2_group: the

@@ -226,13 +226,14 @@ int bwd_det_l2_group(int64_t bytes_per_pair, bool grouped, int64_t cells, int ct
 }
 
 // FLASHSPAN_SM90_FWD_CLAIM=0 / 1 (read per call; unset: the rule): grouped cells claimed in list order through the
-// counter (1) or in static snake waves (0); claims need the counter, which the workspace holds only for calls with a
-// band or a block mask (dispatch sdpa_fwd_sm90_counter_bytes), so "1" claims only there. The rule: claimed where the cells' costs differ (a band, a block mask):
-// the snake waves balance a list whose cost falls slowly, not the groups' sawtooth (PERF_LOG v2.60: causal S = 8192
-// in static groups of 4 ran at 0.7x the ungrouped order, claimed at 1.0-1.05x).
-bool fwd_claim(bool uniform) {
+// counter (1) or in static snake waves (0); claims need the counter, which the workspace holds only for calls whose
+// cells' costs differ (a band, a block mask: dispatch sdpa_fwd_sm90_counter_bytes, kern::sdpa_fwd_cells_unequal), so
+// "1" claims only there. The rule: claimed wherever the counter is (`counter`): the snake waves balance a list whose
+// cost falls slowly, not the groups' sawtooth (PERF_LOG v2.60: causal S = 8192 in static groups of 4 ran at 0.7x the
+// ungrouped order, claimed at 1.0-1.05x).
+bool fwd_claim(bool counter) {
   const int forced = env_flag_forced("FLASHSPAN_SM90_FWD_CLAIM");
-  return forced >= 0 ? forced == 1 : !uniform;
+  return forced >= 0 ? forced == 1 : counter;
 }
 
 }  // namespace flashspan::sm90
