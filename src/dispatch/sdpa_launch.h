@@ -46,7 +46,7 @@ void sdpa_check_support_gpu(const sdpa::Problem& p);
 // [H_q, B * S_q, D_v] in the input dtype. A CUDA call the sm90 backward covers
 // (sdpa_bwd_sm90_refusal, whichever family then runs it) also holds that kernel's dQ tiles: the
 // accumulator is max([H_q, B * S_q, D_qk], H_q B ceil(S_q / 64) 64 kD) floats, deterministic or
-// not, and deterministic calls one int32 counter per tile after it.
+// not, and deterministic calls two int32 counters per tile (kDqSemStride: one per half, each on its own line) after it.
 size_t sdpa_fwd_workspace_size(const sdpa::Problem& p);
 size_t sdpa_bwd_workspace_size(const sdpa::Problem& p);
 

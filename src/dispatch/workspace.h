@@ -20,7 +20,8 @@ namespace flashspan {
 //   delta, lse2        fp32 [Hq, total_q] each
 //   deterministic = true, sm90 plans of head dims the sm90 backward runs, adds:
 //   dq_accum           fp32 [Hq, max_q_blocks, Bq, Dqk] (the sm90 tiles, below)
-//   dq_sem             int32 [Hq, max_q_blocks, kDqSemStride]: the tiles' ordering counters, one a 128-byte line
+//   dq_sem             int32 [Hq, max_q_blocks, kDqSemStride]: the tiles' ordering counters, one per half of a tile
+//                      (BwdParams::dq_chunks), each on a 128-byte line of its own
 //   split schedule     as below, one slot per item of a split task (bwd_split.cuh, deterministic
 //                      form): max_split = min(kMaxSplit, max(1, max_tasks * G * max_q_blocks_1 / 8)),
 //                      G = Hq / Hkv, max_q_blocks_1 = ceil(min(max_seqlen_q, total_q) / Bq)
@@ -124,7 +125,7 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const FlexGeometry& g, const Plan
     w.dv_accum = take(sizeof(float) * size_t(w.max_split) * size_t(bk) * size_t(g.head_dim_v));
   };
   if (deterministic) {
-    // The sm90 backward's deterministic path: the tiles, one counter per tile (dq_sem) and the
+    // The sm90 backward's deterministic path: the tiles, their counters (dq_sem) and the
     // split schedule's deterministic form (one slot per item, bwd_split.cuh); the sm80 family's
     // dQ kernel needs none of them.
     // (No query rows: no tiles or counters, but the split schedule still runs the cells, which
