@@ -48,20 +48,29 @@ void ensure_smem_limit(Kernel kernel, int bytes, std::atomic<uint64_t>& done, co
   done.fetch_or(bit, std::memory_order_acq_rel);
 }
 
-// Multiprocessors of the current device, cached per device (host query only, capture-safe).
-inline int device_multiprocessors(const char* what) {
-  static std::atomic<int> cache[64];
+// A positive per-device value of the current device: `query(dev)` once, then from `cache` (0 = not yet known; devices
+// from 64 on are queried every time). Host queries only, so safe during stream capture.
+template <class Query>
+int cached_per_device(std::atomic<int> (&cache)[64], const char* what, Query&& query) {
   int dev = 0;
   check_cuda(cudaGetDevice(&dev), what);
   if (dev < 64) {
     const int c = cache[dev].load(std::memory_order_relaxed);
     if (c > 0) return c;
   }
-  int sms = 0;
-  check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), what);
-  sms = std::max(1, sms);
-  if (dev < 64) cache[dev].store(sms, std::memory_order_relaxed);
-  return sms;
+  const int v = query(dev);
+  if (dev < 64) cache[dev].store(v, std::memory_order_relaxed);
+  return v;
+}
+
+// Multiprocessors of the current device, cached per device (host query only, capture-safe).
+inline int device_multiprocessors(const char* what) {
+  static std::atomic<int> cache[64];
+  return cached_per_device(cache, what, [&](int dev) {
+    int sms = 0;
+    check_cuda(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), what);
+    return std::max(1, sms);
+  });
 }
 
 // CTAs of a persistent grid (split schedule) on the current device: SMs x resident CTAs
@@ -69,18 +78,11 @@ inline int device_multiprocessors(const char* what) {
 // `cache` (0 = not yet known); host queries only, so safe during stream capture.
 template <class Kernel>
 int persistent_ctas(Kernel kernel, int threads, int smem, std::atomic<int> (&cache)[64], const char* what) {
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), what);
-  if (dev < 64) {
-    const int c = cache[dev].load(std::memory_order_relaxed);
-    if (c > 0) return c;
-  }
-  int per_sm = 0;
-  check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, size_t(smem)), what);
-  int n = device_multiprocessors(what) * std::max(1, per_sm);
-  n = std::min(n, SplitSchedule::kMaxCtas);
-  if (dev < 64) cache[dev].store(n, std::memory_order_relaxed);
-  return n;
+  return cached_per_device(cache, what, [&](int) {
+    int per_sm = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, size_t(smem)), what);
+    return std::min(device_multiprocessors(what) * std::max(1, per_sm), SplitSchedule::kMaxCtas);
+  });
 }
 
 // Launches `kernel` as a programmatic dependent of the stream's previous kernel (its launch and
@@ -91,13 +93,11 @@ template <class... KArgs, class... Args>
 void launch_dependent(void (*kernel)(KArgs...), unsigned grid, unsigned block, size_t smem, cudaStream_t stream,
                       const char* what, Args&&... args) {
   static std::atomic<int> major_cache[64];
-  int dev = 0;
-  check_cuda(cudaGetDevice(&dev), what);
-  int major = dev < 64 ? major_cache[dev].load(std::memory_order_relaxed) : 0;
-  if (major == 0) {
-    check_cuda(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev), what);
-    if (dev < 64) major_cache[dev].store(major, std::memory_order_relaxed);
-  }
+  const int major = cached_per_device(major_cache, what, [&](int dev) {
+    int m = 0;
+    check_cuda(cudaDeviceGetAttribute(&m, cudaDevAttrComputeCapabilityMajor, dev), what);
+    return m;
+  });
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(grid);
   cfg.blockDim = dim3(block);
