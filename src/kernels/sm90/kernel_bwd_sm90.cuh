@@ -713,14 +713,14 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
 }
 
 // ---------------------------------------------------------------------------
-// dQ writer (warp 1 of WG0)
+// dQ writers (warp 1 of WG0; and warp 3, deterministic: the tiles' second halves)
 // ---------------------------------------------------------------------------
 
 // chunk: the piece of each dQ tile this writer adds (BwdParams::dq_chunks; 0 = the whole tile when dq_chunks = 1).
 // With dq_chunks = 2 (the launchers' default for deterministic calls) warp 3 of WG0 runs a second writer for each
-// tile's second half: each half
-// has its own counter (kDqSemChunkWords apart) and its own chain of turns, so one half's turn wait, write and release
-// overlap the other's, and the consumers' dq_empty completes once both halves are read (its count: dq_chunks).
+// tile's second half: each half has its own counter (kDqSemChunkWords apart) and its own chain of turns, so one half's
+// turn wait, write and release overlap the other's, and the consumers' dq_empty completes once both halves are read
+// (its count: dq_chunks).
 template <class L>
 __device__ __forceinline__ void bwd_dq_writer(const BwdParams& p, uint32_t base, uint8_t* smem, int chunk) {
   const int lane = threadIdx.x & 31;
