@@ -323,7 +323,9 @@ void check_common(Problem& p, const Checker& c) {
   p.Hk = k.size(1);
   p.Hv = v.size(1);
   p.Dv = v.size(3);
-  FS_CHECK_ARG(p.B > 0, "q: batch size must be positive, got ", p.B);
+  // B = 0 is a valid call (an empty batch, Problem::empty_batch): every output with a batch dimension is empty and
+  // nothing runs but the identity fills of empty_batch_fills (docs/SDPA.md "An empty batch").
+  FS_CHECK_ARG(p.B >= 0, "q: batch size must be non-negative, got ", p.B);
   FS_CHECK_ARG(p.Hq > 0 && p.Hk > 0 && p.Hv > 0, "q, k, v: head counts must be positive, got H_q = ", p.Hq,
                ", H_k = ", p.Hk, ", H_v = ", p.Hv);
   FS_CHECK_ARG(k.size(3) == p.Dqk, "k: head dim ", k.size(3), " differs from q's D_qk = ", p.Dqk);
@@ -954,6 +956,21 @@ float host_scalar(const Problem& p, int slot) {
   FS_CHECK_ARG(t.device == DeviceType::kCPU, slot_name(slot), ": a tensor in device memory cannot be read on the host");
   FS_CHECK_ARG(t.data != nullptr, slot_name(slot), ": data pointer is NULL");
   return finite_float(p, slot);
+}
+
+std::vector<EmptyBatchFill> empty_batch_fills(const Problem& p) {
+  std::vector<EmptyBatchFill> fills;
+  if (!p.empty_batch()) return fills;
+  constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+  auto add = [&](int slot, float value) {
+    if (p.has(slot) && p.t(slot).numel() > 0) fills.push_back({slot, value});
+  };
+  add(FS_SDPA_MAX_LOGIT, kNegInf);
+  add(FS_SDPA_DSINK_TOKEN, 0.0f);
+  add(FS_SDPA_DBIAS, 0.0f);
+  for (int s : {FS_SDPA_AMAX_S, FS_SDPA_AMAX_O, FS_SDPA_AMAX_DQ, FS_SDPA_AMAX_DK, FS_SDPA_AMAX_DV, FS_SDPA_AMAX_DP})
+    add(s, 0.0f);
+  return fills;
 }
 
 float alibi_slope(int64_t h, int64_t num_heads) {

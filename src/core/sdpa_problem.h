@@ -101,12 +101,33 @@ struct Problem {
   // The resolved diagonal band (core/sdpa_band.h: what the reference and the kernels test).
   Band band() const { return Band{has_left ? 1 : 0, has_right ? 1 : 0, alignment == Alignment::kBottomRight ? 1 : 0, left, right}; }
   int group_v() const { return static_cast<int>(Hq / Hv); }
+  // An empty batch (B = 0; packed THD: zero samples, B + 1 = 1 offsets): a valid call with nothing to compute. Every
+  // output with a batch dimension is empty; the outputs reduced over the batch get the identity of their reduction
+  // (empty_batch_fills below). Neither the CPU reference nor the GPU dispatch runs anything else for it.
+  bool empty_batch() const { return B == 0; }
 
   // Points every bound slot at variant_pack[slot] + the descriptor's byte_offset; an unbound
   // slot must get NULL, a bound one a non-NULL pointer (unless the tensor is empty) aligned to
   // its element size.
   void bind(void* const* variant_pack, int32_t num_slots);
 };
+
+// The rule of an empty batch (Problem::empty_batch; docs/SDPA.md "An empty batch"), the one place that says what
+// such a call writes: each bound output reduced over the batch dimension, set to the identity of its reduction, as a
+// call whose samples see no key would leave it:
+//   max_logit[H_q]       -inf  (the max over no visible logit: the value of a head that sees no key)
+//   dSink_token[H_q]     0     (a sum over no row)
+//   dBias                0     (a sum over no sample: a bias broadcast over the batch, dim 0 of size 1; a dBias whose
+//                               dim 0 is B is itself empty and not listed)
+//   FP8 amax_s, amax_o, amax_dQ, amax_dK, amax_dV, amax_dP   0   (a max of absolute values over no element)
+// Outputs with a batch dimension (o, stats, score_max, score_sum_exp, rng_dump, dQ, dK, dV, dgate) are empty and not
+// listed; empty outputs are never listed. The CPU reference (reference/sdpa_reference.cpp) stores these values on the
+// host, the GPU dispatch (dispatch/sdpa_dispatch.cu) on the stream, before (instead of) any kernel.
+struct EmptyBatchFill {
+  int slot;
+  float value;
+};
+std::vector<EmptyBatchFill> empty_batch_fills(const Problem& p);
 
 // Descriptor-level validation. Tensors q, k, v, o (forward: + stats) / q, k, v, o, dO,
 // stats, dQ, dK, dV (backward) must already be in a.tensors.

@@ -493,11 +493,30 @@ void check_host(const Problem& p) {
   FS_CHECK_TYPE(p.device == DeviceType::kCPU, "q: the CPU reference needs CPU tensors, got a CUDA tensor");
 }
 
+// An empty batch (B = 0): no task; only the identity values of the outputs reduced over the batch
+// (sdpa::empty_batch_fills, the rule the GPU dispatch follows too), stored at every element of each (any strides).
+void fill_empty_batch(const Problem& p) {
+  for (const sdpa::EmptyBatchFill& f : sdpa::empty_batch_fills(p)) {
+    const TensorView& t = p.t(f.slot);
+    int64_t idx[kMaxDims] = {};
+    for (int64_t e = 0; e < t.numel(); ++e) {
+      int64_t off = 0;
+      for (int d = 0; d < t.ndim; ++d) off += idx[d] * t.strides[d];
+      store_one<double>(t, off, static_cast<double>(f.value));
+      for (int d = t.ndim - 1; d >= 0 && ++idx[d] == t.shape[d]; --d) idx[d] = 0;
+    }
+  }
+}
+
 }  // namespace
 
 void sdpa_forward(const Problem& p, bool accumulate_double) {
   check_host(p);
-  const Runtime rt = sdpa::read_runtime_host(p);
+  const Runtime rt = sdpa::read_runtime_host(p);  // (an empty batch's runtime values are checked too)
+  if (p.empty_batch()) {
+    fill_empty_batch(p);
+    return;
+  }
   // FP8 computes in double from the dequantized inputs (the oracle of the FP8 kernels; docs/SDPA.md "FP8 SDPA").
   if (accumulate_double || p.dtype == DType::kFloat64 || p.fp8) forward_impl<double>(p, rt);
   else forward_impl<float>(p, rt);
@@ -505,7 +524,11 @@ void sdpa_forward(const Problem& p, bool accumulate_double) {
 
 void sdpa_backward(const Problem& p, bool accumulate_double) {
   check_host(p);
-  const Runtime rt = sdpa::read_runtime_host(p);
+  const Runtime rt = sdpa::read_runtime_host(p);  // (an empty batch's runtime values are checked too)
+  if (p.empty_batch()) {
+    fill_empty_batch(p);
+    return;
+  }
   if (accumulate_double || p.dtype == DType::kFloat64 || p.fp8) backward_impl<double>(p, rt);
   else backward_impl<float>(p, rt);
 }

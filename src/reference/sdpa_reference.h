@@ -31,7 +31,8 @@
 //
 // Rows and columns past a sample's lengths are never read; in non-ragged (padded) outputs
 // they are written as 0 (O, dQ, dK, dV, dgate), -inf (stats, score_max) and 0 (score_sum_exp).
-// Ragged outputs are written only at the samples' rows. Accumulation is in float (double
+// Ragged outputs are written only at the samples' rows. An empty batch (B = 0) runs no task: only the
+// identity values of sdpa::empty_batch_fills (max_logit -inf, dSink / broadcast dBias / FP8 amax 0). Accumulation is in float (double
 // for float64 tensors or when asked); results are bitwise deterministic. Work is split over
 // (sample, query head) across hardware threads.
 #pragma once
