@@ -6,10 +6,13 @@
 // device: sequence lengths and ragged offsets stay in device memory, where the kernels read them.
 #include <cuda_runtime.h>
 
+#include <cmath>
+
 #include "core/error.h"
 #include "dispatch/sdpa_launch.h"
 #include "dispatch/tensor_addr.h"
 #include "kernels/common/fwd_launch.h"
+#include "kernels/common/launch_util.h"
 #include "kernels/sm80/launch_sm80.h"
 #include "kernels/sm90/launch_sm90.h"
 #include "kernels/sm90/sdpa_fp8_bwd_sm90.h"
@@ -64,6 +67,60 @@ void check_dbias_with_softcap(const Problem& p) {
                              "FLASHSPAN_SDPA_DBIAS_SOFTCAP=0); CPU tensors run it on the CPU reference"));
 }
 
+// Whether a tensor's elements fill [data, data + numel) (row-major, dims of size 1 whatever their strides).
+bool dense_row_major(const TensorView& t) {
+  int64_t expect = 1;
+  for (int i = t.ndim - 1; i >= 0; --i) {
+    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
+    expect *= t.shape[i];
+  }
+  return true;
+}
+
+// Zeroes every element of a tensor in device memory on the stream (memsets only; any strides with the last dim
+// contiguous, which validation asks of every output): one memset for a dense tensor, else one 2-D memset of the last
+// two dims per index of the others.
+void zero_on_stream(const TensorView& t, cudaStream_t stream, const char* what) {
+  const size_t item = static_cast<size_t>(dtype_size(t.dtype));
+  if (dense_row_major(t)) {
+    check_cuda(cudaMemsetAsync(t.data, 0, static_cast<size_t>(t.numel()) * item, stream), what);
+    return;
+  }
+  FS_CHECK(t.ndim >= 2 && (t.size(-1) <= 1 || t.stride(-1) == 1), Status::kInternal, what,
+           ": an output without a contiguous last dim");
+  const int64_t rows = t.size(-2), cols = t.size(-1);
+  const size_t width = static_cast<size_t>(cols) * item;
+  const size_t pitch = rows > 1 ? static_cast<size_t>(t.stride(-2)) * item : width;
+  int64_t outer = 1;
+  for (int d = 0; d < t.ndim - 2; ++d) outer *= t.shape[d];
+  for (int64_t o = 0; o < outer; ++o) {
+    int64_t off = 0, rest = o;
+    for (int d = t.ndim - 3; d >= 0; --d) {
+      off += (rest % t.shape[d]) * t.strides[d];
+      rest /= t.shape[d];
+    }
+    check_cuda(cudaMemset2DAsync(static_cast<char*>(t.data) + off * static_cast<int64_t>(item), pitch, 0, width,
+                                 static_cast<size_t>(rows), stream),
+               what);
+  }
+}
+
+// An empty batch (Problem::empty_batch, B = 0): the identity values of sdpa::empty_batch_fills (the rule the CPU
+// reference follows too), on the stream; nothing else runs: no attention kernel, no workspace (its size is 0).
+void fill_empty_batch_gpu(const Problem& p, cudaStream_t stream) {
+  for (const sdpa::EmptyBatchFill& f : sdpa::empty_batch_fills(p)) {
+    const TensorView& t = p.t(f.slot);
+    if (f.value == 0.0f) {
+      zero_on_stream(t, stream, "sdpa (empty batch): zero fill");
+      continue;
+    }
+    // -inf: max_logit, [H_q] float32, compact (validation: Checker::small).
+    FS_CHECK(std::isinf(f.value) && f.value < 0 && t.dtype == DType::kFloat32 && dense_row_major(t),
+             Status::kInternal, "sdpa (empty batch): ", sdpa::slot_name(f.slot), ": no device fill for its value");
+    launch_max_logit_reset(static_cast<float*>(t.data), static_cast<int>(t.numel()), stream);
+  }
+}
+
 }  // namespace
 
 void sdpa_check_support_gpu(const Problem& p) {
@@ -96,6 +153,11 @@ void sdpa_check_support_gpu(const Problem& p) {
 }
 
 void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, void* stream) {
+  // An empty batch: before any kernel, parameter or workspace binding (all of which assume B >= 1).
+  if (p.empty_batch()) {
+    fill_empty_batch_gpu(p, static_cast<cudaStream_t>(stream));
+    return;
+  }
   if (p.fp8 && sdpa_fp8_fwd_runs_sm80(p)) {
     // The FP8 forward on the sm80 kernels (check_support accepted the call: sdpa_fp8_fwd_sm80_refusal,
     // the device). Its pre-pass reads q, k, v a byte at a time (no vector rule there); O takes code pairs.
@@ -156,6 +218,11 @@ void launch_sdpa_fwd(const Problem& p, void* workspace, size_t workspace_bytes, 
 }
 
 void launch_sdpa_bwd(const Problem& p, void* workspace, size_t workspace_bytes, void* stream) {
+  // An empty batch: before any kernel, parameter or workspace binding (all of which assume B >= 1).
+  if (p.empty_batch()) {
+    fill_empty_batch_gpu(p, static_cast<cudaStream_t>(stream));
+    return;
+  }
   if (p.fp8) {
     // The FP8 backward (check_support accepted the call: sdpa_fp8_bwd_refusal) on the sm90 kernel where its
     // rule takes the call (sdpa_fp8_bwd_runs_sm90), else on the sm80 kernels. Its FP8 tensors are read and

@@ -47,6 +47,8 @@ void sdpa_check_support_gpu(const sdpa::Problem& p);
 // (sdpa_bwd_sm90_refusal, whichever family then runs it) also holds that kernel's dQ tiles: the
 // accumulator is max([H_q, B * S_q, D_qk], H_q B ceil(S_q / 64) 64 kD) floats, deterministic or
 // not, and deterministic calls two int32 counters per tile (kDqSemStride: one per half, each on its own line) after it.
+// An empty batch (Problem::empty_batch, B = 0) needs 0 bytes either way: launch_sdpa_fwd / launch_sdpa_bwd return
+// before any kernel, after the identity fills of sdpa::empty_batch_fills on the stream.
 size_t sdpa_fwd_workspace_size(const sdpa::Problem& p);
 size_t sdpa_bwd_workspace_size(const sdpa::Problem& p);
 
@@ -370,7 +372,8 @@ SdpaPagedFwdParams sdpa_decode_fwd_params(const sdpa::Problem& p, void* workspac
 
 // Enqueue the kernels on the stream for a problem whose tensors are bound (Problem::bind) to
 // device memory. Allocate nothing, read nothing back (CUDA-graph capturable); the workspace
-// must hold the size above. Throw Error(kCudaError) on a launch failure.
+// must hold the size above. Throw Error(kCudaError) on a launch failure. An empty batch (B = 0) returns first,
+// before any parameter, workspace or kernel, after the memsets / -inf fill of sdpa::empty_batch_fills (capturable too).
 void launch_sdpa_fwd(const sdpa::Problem& p, void* workspace, size_t workspace_bytes, void* stream);
 void launch_sdpa_bwd(const sdpa::Problem& p, void* workspace, size_t workspace_bytes, void* stream);
 

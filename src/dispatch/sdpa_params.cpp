@@ -397,6 +397,7 @@ size_t fp8_vt_ws_bytes(const Problem& p) { return ws_align(size_t(sm90::fp8_vt_b
 
 size_t sdpa_fwd_workspace_size(const Problem& p) {
   if (p.device != DeviceType::kCUDA) return 0;
+  if (p.empty_batch()) return 0;  // nothing runs (launch_sdpa_fwd returns before any kernel)
   if (p.fp8 && sdpa_fp8_fwd_runs_sm80(p)) return fp8_fwd_sm80_bytes(p).total;
   if (p.fp8) return fp8_vt_ws_bytes(p) + sdpa_fwd_sm90_maps_bytes(p);
   // Packed q / k / v's per-sample maps, then a paged forward's flags (a paged call with packed q has both:
@@ -488,7 +489,10 @@ SdpaPagedFwdParams sdpa_decode_fwd_params(const Problem& p, void* workspace, siz
 }
 
 
-size_t sdpa_bwd_workspace_size(const Problem& p) { return sdpa_bwd_layout(p).total; }
+size_t sdpa_bwd_workspace_size(const Problem& p) {
+  if (p.empty_batch()) return 0;  // nothing runs (launch_sdpa_bwd returns before any kernel)
+  return sdpa_bwd_layout(p).total;
+}
 
 size_t sdpa_bwd_sm90_maps_bytes(const Problem& p) {
   return sdpa_bwd_sm90_may_take_packed(p) ? sm90_maps_bytes(p, sm90::kSampleMapsBwd) : 0;
