@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "core/sdpa_problem.h"  // sdpa::empty_batch_fills (EmptyBatchFillsAreTheReductionsIdentities)
 #include "dispatch/sdpa_launch.h"  // set_sdpa_dbias_softcap_enabled, set_sdpa_dbias_softcap_sm80_enabled
 #include "flashspan/flashspan.hpp"
 #include "scoped_env.h"
@@ -753,6 +754,208 @@ TEST(SdpaApi, CudaBackwardWorkspaceSize) {
   // [slots, 16, D_v] + [slots, 2, 16] fp32, here 2 tasks (B H_k) of one item each (S_kv: one key block).
   SdpaFwd fwd(q, k, v, o, nullptr, SdpaAttributes());
   EXPECT_EQ(fwd.workspace_size(), align(sizeof(float) * 2 * 16 * 64) + align(sizeof(float) * 2 * 2 * 16));
+}
+
+// ---------------------------------------------------------------------------
+// An empty batch (B = 0): a valid call, empty outputs, the per-head reductions' identities
+// (sdpa::empty_batch_fills; docs/SDPA.md "An empty batch")
+// ---------------------------------------------------------------------------
+
+// A forward and a backward of B = 0 on CPU float32 tensors (H_q = 2, H_k = 1, S_q = 5, S_kv = 7, D = 8), with every
+// output a batch reduction fills: max_logit (-inf), dSink (0) and a dBias broadcast over the batch (0, given with
+// padded strides), pre-filled with other values; the tensors with a batch dim are empty (NULL data pointers). Before
+// the change, construction raised "q: batch size must be positive, got 0".
+TEST(SdpaApi, EmptyBatchRunsAndFillsThePerHeadReductions) {
+  constexpr int64_t b0 = 0;
+  const TensorDesc q(nullptr, kFloat32, cpu(), {b0, Hq, Sq, D}), k(nullptr, kFloat32, cpu(), {b0, Hk, Skv, D}),
+      v(nullptr, kFloat32, cpu(), {b0, Hk, Skv, D}), o(nullptr, kFloat32, cpu(), {b0, Hq, Sq, D}),
+      st(nullptr, kFloat32, cpu(), {b0, Hq, Sq, 1});
+  std::vector<float> sinks{0.5f, -0.25f}, max_logit(Hq, 5.0f), bias(Hq * Sq * Skv, 1.0f);
+  const TensorDesc sd(sinks.data(), kFloat32, cpu(), {Hq}), mld(max_logit.data(), kFloat32, cpu(), {Hq}),
+      bd(bias.data(), kFloat32, cpu(), {1, Hq, Sq, Skv});
+  const TensorDesc score(nullptr, kFloat32, cpu(), {b0, Hq, Sq, 1});
+  {
+    SdpaAttributes attr;
+    attr.set_attn_scale(kScale).set_causal_mask(true).set_generate_stats(true).set_sink_token(sd).set_bias(bd);
+    attr.set_max_logit(mld).set_logit_max(score).set_score_sum_exp(score);
+    SdpaFwd fwd(q, k, v, o, &st, attr);
+    fwd.check_support();
+    fwd.compile();
+    EXPECT_EQ(fwd.workspace_size(), 0u);
+    SdpaVariantPack pack;
+    pack.set(FS_SDPA_SINK_TOKEN, sinks.data()).set(FS_SDPA_BIAS, bias.data()).set(FS_SDPA_MAX_LOGIT, max_logit.data());
+    fwd.execute(pack, nullptr, 0);
+    for (float m : max_logit) EXPECT_TRUE(std::isinf(m) && m < 0) << m;  // a head that sees no key
+  }
+  // Backward: dBias [1, H_q, S_q, S_kv] with rows of S_kv + 3 (the padding must stay untouched), dSink.
+  constexpr int64_t row = Skv + 3;
+  std::vector<float> dbias(Hq * Sq * row, NAN), dsink(Hq, NAN);
+  const TensorDesc dbd(dbias.data(), kFloat32, cpu(), {1, Hq, Sq, Skv}, {Hq * Sq * row, Sq * row, row, 1}),
+      dsd(dsink.data(), kFloat32, cpu(), {Hq});
+  SdpaBackwardAttributes battr;
+  battr.set_attn_scale(kScale).set_causal_mask(true).set_sink_token(sd).set_bias(bd).set_dbias(dbd).set_dsink_token(
+      dsd);
+  SdpaBwd bwd(q, k, v, o, o, st, q, k, v, battr);
+  bwd.check_support();
+  bwd.compile();
+  EXPECT_EQ(bwd.workspace_size(), 0u);
+  SdpaVariantPack pack;
+  pack.set(FS_SDPA_SINK_TOKEN, sinks.data()).set(FS_SDPA_BIAS, bias.data()).set(FS_SDPA_DBIAS, dbias.data());
+  pack.set(FS_SDPA_DSINK_TOKEN, dsink.data());
+  bwd.execute(pack, nullptr, 0);
+  for (float g : dsink) EXPECT_EQ(g, 0.0f);
+  for (int64_t e = 0; e < Hq * Sq * row; ++e) {
+    if (e % row < Skv) {
+      EXPECT_EQ(dbias[e], 0.0f) << "dBias element " << e;
+    } else {
+      EXPECT_TRUE(std::isnan(dbias[e])) << "dBias padding " << e << " was written";
+    }
+  }
+}
+
+// Packed THD with zero samples (B + 1 = 1 ragged offsets and cu_seq_len entries, [0]) and a padded batch of B = 0
+// (seq_len of 0 elements): valid, forward and backward.
+TEST(SdpaApi, EmptyBatchPackedAndPadded) {
+  constexpr int64_t b0 = 0;
+  std::vector<int32_t> zero{0};
+  const TensorDesc cu(zero.data(), kInt32, cpu(), {1}), none(nullptr, kInt32, cpu(), {0});
+  const TensorDesc q(nullptr, kFloat32, cpu(), {b0, Hq, Sq, D}, {0, D, Hq * D, 1}),
+      k(nullptr, kFloat32, cpu(), {b0, Hk, Skv, D}, {0, D, Hk * D, 1}),
+      st(nullptr, kFloat32, cpu(), {b0, Hq, Sq, 1}, {0, 1, Hq, 1});
+  for (bool packed : {true, false}) {
+    SCOPED_TRACE(packed ? "packed THD" : "padded");
+    SdpaAttributes attr;
+    SdpaBackwardAttributes battr;
+    attr.set_generate_stats(true).set_padding_mask(true);
+    battr.set_padding_mask(true);
+    if (packed) {
+      attr.set_cu_seq_len_q(cu).set_cu_seq_len_kv(cu);
+      battr.set_cu_seq_len_q(cu).set_cu_seq_len_kv(cu);
+      for (fs_sdpa_slot_t s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_STATS}) attr.set_ragged_offset(s, cu);
+      for (fs_sdpa_slot_t s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_STATS, FS_SDPA_DO, FS_SDPA_DQ,
+                               FS_SDPA_DK, FS_SDPA_DV})
+        battr.set_ragged_offset(s, cu);
+    } else {
+      attr.set_seq_len_q(none).set_seq_len_kv(none);
+      battr.set_seq_len_q(none).set_seq_len_kv(none);
+    }
+    SdpaVariantPack pack;
+    if (packed) {
+      for (fs_sdpa_slot_t s : {FS_SDPA_CU_SEQ_LEN_Q, FS_SDPA_CU_SEQ_LEN_KV, FS_SDPA_RAGGED_OFFSET_Q,
+                               FS_SDPA_RAGGED_OFFSET_K, FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O,
+                               FS_SDPA_RAGGED_OFFSET_STATS})
+        pack.set(s, zero.data());
+    }
+    SdpaFwd fwd(q, k, k, q, &st, attr);
+    fwd.check_support();
+    fwd.compile();
+    fwd.execute(pack, nullptr, fwd.workspace_size());
+    if (packed) {
+      for (fs_sdpa_slot_t s : {FS_SDPA_RAGGED_OFFSET_DO, FS_SDPA_RAGGED_OFFSET_DQ, FS_SDPA_RAGGED_OFFSET_DK,
+                               FS_SDPA_RAGGED_OFFSET_DV})
+        pack.set(s, zero.data());
+    }
+    SdpaBwd bwd(q, k, k, q, q, st, q, k, k, battr);
+    bwd.check_support();
+    bwd.compile();
+    bwd.execute(pack, nullptr, bwd.workspace_size());
+  }
+}
+
+// The rule itself (core/sdpa_problem.h empty_batch_fills): what an empty batch writes, and nothing for B >= 1.
+TEST(SdpaApi, EmptyBatchFillsAreTheReductionsIdentities) {
+  namespace sd = flashspan::sdpa;
+  auto view = [](std::vector<int64_t> shape, flashspan::DType dt = flashspan::DType::kFloat32) {
+    flashspan::TensorView t;
+    t.dtype = dt;
+    t.ndim = static_cast<int>(shape.size());
+    int64_t stride = 1;
+    for (int d = t.ndim - 1; d >= 0; --d) {
+      t.shape[d] = shape[d];
+      t.strides[d] = stride;
+      stride *= shape[d];
+    }
+    return t;
+  };
+  auto attrs = [&](int64_t b, bool backward) {
+    sd::Attributes a;
+    a.backward = backward;
+    a.tensors[FS_SDPA_Q] = a.tensors[FS_SDPA_O] = view({b, 2, 3, 8});
+    a.tensors[FS_SDPA_K] = a.tensors[FS_SDPA_V] = view({b, 1, 4, 8});
+    a.tensors[FS_SDPA_STATS] = view({b, 2, 3, 1});
+    a.tensors[FS_SDPA_SINK_TOKEN] = view({2});
+    a.tensors[FS_SDPA_BIAS] = view({1, 2, 3, 4});
+    if (backward) {
+      a.tensors[FS_SDPA_DO] = a.tensors[FS_SDPA_DQ] = a.tensors[FS_SDPA_Q];
+      a.tensors[FS_SDPA_DK] = a.tensors[FS_SDPA_DV] = a.tensors[FS_SDPA_K];
+      a.tensors[FS_SDPA_DSINK_TOKEN] = view({2});
+      a.tensors[FS_SDPA_DBIAS] = view({1, 2, 3, 4});
+    } else {
+      a.tensors[FS_SDPA_MAX_LOGIT] = view({2});
+    }
+    return a;
+  };
+  const sd::Problem fwd = sd::validate_forward(attrs(0, false));
+  ASSERT_TRUE(fwd.empty_batch());
+  std::vector<sd::EmptyBatchFill> f = sd::empty_batch_fills(fwd);
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].slot, FS_SDPA_MAX_LOGIT);
+  EXPECT_TRUE(std::isinf(f[0].value) && f[0].value < 0);
+  const sd::Problem bwd = sd::validate_backward(attrs(0, true));
+  f = sd::empty_batch_fills(bwd);
+  ASSERT_EQ(f.size(), 2u);
+  EXPECT_EQ(f[0].slot, FS_SDPA_DSINK_TOKEN);
+  EXPECT_EQ(f[1].slot, FS_SDPA_DBIAS);
+  EXPECT_EQ(f[0].value, 0.0f);
+  EXPECT_EQ(f[1].value, 0.0f);
+  // A dBias of B = 0 (bias not broadcast over the batch) is empty itself: nothing to fill.
+  sd::Attributes a = attrs(0, true);
+  a.tensors[FS_SDPA_BIAS] = a.tensors[FS_SDPA_DBIAS] = view({0, 2, 3, 4});
+  f = sd::empty_batch_fills(sd::validate_backward(a));
+  ASSERT_EQ(f.size(), 1u);
+  EXPECT_EQ(f[0].slot, FS_SDPA_DSINK_TOKEN);
+  // B >= 1: the kernels / the reference write those outputs; no fill.
+  EXPECT_FALSE(sd::validate_forward(attrs(1, false)).empty_batch());
+  EXPECT_TRUE(sd::empty_batch_fills(sd::validate_forward(attrs(1, false))).empty());
+  EXPECT_TRUE(sd::empty_batch_fills(sd::validate_backward(attrs(1, true))).empty());
+}
+
+// CUDA descriptors of B = 0 (CPU-testable): no workspace either way (nothing runs), and check_support refuses
+// nothing for the batch.
+TEST(SdpaApi, EmptyBatchOnCudaDescriptors) {
+  constexpr int64_t b0 = 0;
+  const TensorDesc q(nullptr, kBFloat16, cuda(), {b0, Hq, Sq, 64}), k(nullptr, kBFloat16, cuda(), {b0, Hk, Skv, 64}),
+      st(nullptr, kFloat32, cuda(), {b0, Hq, Sq, 1}), dbias(nullptr, kFloat32, cuda(), {1, Hq, Sq, Skv}),
+      sinks(nullptr, kFloat32, cuda(), {Hq});
+  auto refusal = [](auto& op) -> std::string {
+    try {
+      op.check_support();
+    } catch (const Exception& e) {
+      return e.what();
+    }
+    return "";
+  };
+  // (On a GPU the message is empty; without one, or without CUDA in the build, it names only that.)
+  auto device_only = [](const std::string& m) {
+    return m.empty() || (!contains(m, "batch") && !contains(m, "B * S_q") && !contains(m, "workspace"));
+  };
+  for (bool causal : {false, true}) {
+    SdpaAttributes attr;
+    attr.set_causal_mask(causal).set_generate_stats(true);
+    SdpaFwd fwd(q, k, k, q, &st, attr);
+    EXPECT_EQ(fwd.workspace_size(), 0u);
+    const std::string m = refusal(fwd);
+    EXPECT_TRUE(device_only(m)) << m;
+    for (bool det : {false, true}) {
+      SdpaBackwardAttributes battr;
+      battr.set_causal_mask(causal).set_deterministic_algorithm(det).set_bias(dbias).set_dbias(dbias);
+      battr.set_sink_token(sinks).set_dsink_token(sinks);
+      SdpaBwd bwd(q, k, k, q, q, st, q, k, k, battr);
+      EXPECT_EQ(bwd.workspace_size(), 0u) << "deterministic " << det;
+      const std::string mb = refusal(bwd);
+      EXPECT_TRUE(device_only(mb)) << mb;
+    }
+  }
 }
 
 }  // namespace

@@ -443,6 +443,19 @@ TEST(SdpaFp8, BackwardRules) {
                 "scale_dP: is required with FP8 inputs (the seed's sdpa_fp8_backward takes every scale factor");
 }
 
+// An empty batch (B = 0; sdpa::empty_batch_fills): valid both ways on the CPU reference; every amax output, a max
+// of absolute values over no element, is 0 (they start at -1 here).
+TEST(SdpaFp8, EmptyBatchGivesZeroAmax) {
+  Fwd f;
+  f.B = 0;
+  f.fill(3, 1.0);
+  f.run();
+  EXPECT_EQ(f.amax, (std::vector<float>{0.0f, 0.0f}));
+  Bwd b(f);
+  b.run();
+  EXPECT_EQ(b.amax, (std::vector<float>{0.0f, 0.0f, 0.0f, 0.0f}));
+}
+
 TEST(SdpaFp8, ScaleValuesMustBeFinite) {
   Fwd f;
   f.scale[kDescaleK] = INFINITY;

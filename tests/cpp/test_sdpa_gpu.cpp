@@ -3061,6 +3061,83 @@ TEST(SdpaGpu, FeaturePairsSanitizerSmall) {
   }
 }
 
+// An empty batch (B = 0; core/sdpa_problem.h empty_batch_fills, dispatch/sdpa_dispatch.cu fill_empty_batch_gpu):
+// check_support accepts it, no workspace, no attention kernel launched (the launch counters stay), and the outputs
+// reduced over the batch get their identities on the stream: max_logit -inf, dSink 0 and a dBias broadcast over the
+// batch 0 (padded rows: a 2-D memset per head, its padding untouched), in both directions, deterministic or not, on
+// every family's switches. The CPU reference's answer is SdpaApi.EmptyBatchRunsAndFillsThePerHeadReductions.
+TEST(SdpaGpu, EmptyBatch) {
+  REQUIRE_GPU();
+  constexpr int64_t B0 = 0, Hq = 2, Hk = 1, Sq = 5, Skv = 7, D = 64, row = Skv + 3;
+  const fs_device_t dev{FS_DEVICE_CUDA, 0};
+  const fs_dtype_t bf16{FS_DTYPE_BFLOAT, 16, 1}, f32{FS_DTYPE_FLOAT, 32, 1};
+  const api::TensorDesc q(nullptr, bf16, dev, {B0, Hq, Sq, D}), k(nullptr, bf16, dev, {B0, Hk, Skv, D}),
+      st(nullptr, f32, dev, {B0, Hq, Sq, 1});
+  DevBuf ml(Hq * sizeof(float)), sinks(Hq * sizeof(float)), dsink(Hq * sizeof(float)),
+      bias(Hq * Sq * Skv * sizeof(float)), dbias(Hq * Sq * row * sizeof(float));
+  const api::TensorDesc mld(ml.p, f32, dev, {Hq}), sd(sinks.p, f32, dev, {Hq}), dsd(dsink.p, f32, dev, {Hq}),
+      bd(bias.p, f32, dev, {1, Hq, Sq, Skv}), dbd(dbias.p, f32, dev, {1, Hq, Sq, Skv}, {Hq * Sq * row, Sq * row, row, 1});
+  std::vector<float> five(Hq, 5.0f), nan_h(Hq, NAN), nan_b(Hq * Sq * row, NAN), zeros(Hq * Sq * Skv, 0.0f);
+  cuda_ok(cudaMemcpy(sinks.p, zeros.data(), sinks.bytes, cudaMemcpyHostToDevice), "sinks");
+  cuda_ok(cudaMemcpy(bias.p, zeros.data(), bias.bytes, cudaMemcpyHostToDevice), "bias");
+  cudaStream_t stream = nullptr;
+  cuda_ok(cudaStreamCreate(&stream), "cudaStreamCreate");
+  auto launches = [] {
+    return sm90::sdpa_fwd_launches() + sm90::sdpa_bwd_launches() + sm90::sdpa_bwd_mods_launches() +
+           sm80::sdpa_fwd_mask_only_launches() + sm80::sdpa_bwd_mask_only_launches() + sm80::sdpa_decode_launches();
+  };
+  for (int sm90_on : {1, 0}) {
+    SCOPED_TRACE(sm90_on ? "sm90 switches on" : "sm90 switches off");
+    const ForceSdpaSm90 fam(sm90_on);
+    const ForceSdpaBwdSm90 bwd_fam(sm90_on);
+    const int64_t before = launches();
+    cuda_ok(cudaMemcpy(ml.p, five.data(), ml.bytes, cudaMemcpyHostToDevice), "max_logit");
+    api::SdpaAttributes attr;
+    attr.set_causal_mask(true).set_generate_stats(true).set_bias(bd).set_max_logit(mld);
+    api::SdpaFwd fwd(q, k, k, q, &st, attr);
+    fwd.check_support();
+    fwd.compile();
+    EXPECT_EQ(fwd.workspace_size(), 0u);
+    api::SdpaVariantPack pack;
+    pack.set(FS_SDPA_BIAS, bias.p).set(FS_SDPA_MAX_LOGIT, ml.p);
+    fwd.execute(pack, nullptr, 0, stream);
+    cuda_ok(cudaStreamSynchronize(stream), "forward");
+    std::vector<float> got(Hq);
+    cuda_ok(cudaMemcpy(got.data(), ml.p, ml.bytes, cudaMemcpyDeviceToHost), "max_logit back");
+    for (float m : got) EXPECT_TRUE(std::isinf(m) && m < 0) << "max_logit " << m;
+    for (bool det : {false, true}) {
+      cuda_ok(cudaMemcpy(dsink.p, nan_h.data(), dsink.bytes, cudaMemcpyHostToDevice), "dSink");
+      cuda_ok(cudaMemcpy(dbias.p, nan_b.data(), dbias.bytes, cudaMemcpyHostToDevice), "dBias");
+      api::SdpaBackwardAttributes battr;
+      battr.set_causal_mask(true).set_deterministic_algorithm(det).set_sink_token(sd).set_dsink_token(dsd);
+      battr.set_bias(bd).set_dbias(dbd);
+      api::SdpaBwd bwd(q, k, k, q, q, st, q, k, k, battr);
+      bwd.check_support();
+      bwd.compile();
+      EXPECT_EQ(bwd.workspace_size(), 0u);
+      api::SdpaVariantPack bp;
+      bp.set(FS_SDPA_SINK_TOKEN, sinks.p).set(FS_SDPA_DSINK_TOKEN, dsink.p).set(FS_SDPA_BIAS, bias.p);
+      bp.set(FS_SDPA_DBIAS, dbias.p);
+      bwd.execute(bp, nullptr, 0, stream);
+      cuda_ok(cudaStreamSynchronize(stream), "backward");
+      std::vector<float> gs(Hq), gb(Hq * Sq * row);
+      cuda_ok(cudaMemcpy(gs.data(), dsink.p, dsink.bytes, cudaMemcpyDeviceToHost), "dSink back");
+      cuda_ok(cudaMemcpy(gb.data(), dbias.p, dbias.bytes, cudaMemcpyDeviceToHost), "dBias back");
+      for (float g : gs) EXPECT_EQ(g, 0.0f) << "dSink, deterministic " << det;
+      for (int64_t e = 0; e < Hq * Sq * row; ++e) {
+        if (e % row < Skv) {
+          EXPECT_EQ(gb[size_t(e)], 0.0f) << "dBias element " << e << ", deterministic " << det;
+        } else {
+          EXPECT_TRUE(std::isnan(gb[size_t(e)])) << "dBias padding " << e << " was written";
+        }
+      }
+    }
+    EXPECT_EQ(launches(), before) << "an attention kernel ran for an empty batch";
+  }
+  cuda_ok(cudaGetLastError(), "empty batch");
+  cudaStreamDestroy(stream);
+}
+
 #endif  // FLASHSPAN_WITH_CUDA
 
 }  // namespace
