@@ -67,22 +67,13 @@ void check_dbias_with_softcap(const Problem& p) {
                              "FLASHSPAN_SDPA_DBIAS_SOFTCAP=0); CPU tensors run it on the CPU reference"));
 }
 
-// Whether a tensor's elements fill [data, data + numel) (row-major, dims of size 1 whatever their strides).
-bool dense_row_major(const TensorView& t) {
-  int64_t expect = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
-    expect *= t.shape[i];
-  }
-  return true;
-}
-
 // Zeroes every element of a tensor in device memory on the stream (memsets only; any strides with the last dim
-// contiguous, which validation asks of every output): one memset for a dense tensor, else one 2-D memset of the last
-// two dims per index of the others.
+// contiguous, which validation asks of every output): one memset for a contiguous tensor (TensorView::is_contiguous:
+// its elements fill [data, data + numel)), else one 2-D memset of the last two dims per index of the others (the
+// pitch, stride(-2), is at least the row's width: validation refuses outputs whose elements overlap).
 void zero_on_stream(const TensorView& t, cudaStream_t stream, const char* what) {
   const size_t item = static_cast<size_t>(dtype_size(t.dtype));
-  if (dense_row_major(t)) {
+  if (t.is_contiguous()) {
     check_cuda(cudaMemsetAsync(t.data, 0, static_cast<size_t>(t.numel()) * item, stream), what);
     return;
   }
@@ -115,7 +106,7 @@ void fill_empty_batch_gpu(const Problem& p, cudaStream_t stream) {
       continue;
     }
     // -inf: max_logit, [H_q] float32, compact (validation: Checker::small).
-    FS_CHECK(std::isinf(f.value) && f.value < 0 && t.dtype == DType::kFloat32 && dense_row_major(t),
+    FS_CHECK(std::isinf(f.value) && f.value < 0 && t.dtype == DType::kFloat32 && t.is_contiguous(),
              Status::kInternal, "sdpa (empty batch): ", sdpa::slot_name(f.slot), ": no device fill for its value");
     launch_max_logit_reset(static_cast<float*>(t.data), static_cast<int>(t.numel()), stream);
   }
