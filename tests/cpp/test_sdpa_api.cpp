@@ -19,6 +19,7 @@
 #include "dispatch/sdpa_launch.h"  // set_sdpa_dbias_softcap_enabled, set_sdpa_dbias_softcap_sm80_enabled
 #include "flashspan/flashspan.hpp"
 #include "scoped_env.h"
+#include "test_util.h"  // shape_view (EmptyBatchFillsAreTheReductionsIdentities)
 
 namespace {
 
@@ -865,17 +866,8 @@ TEST(SdpaApi, EmptyBatchPackedAndPadded) {
 // The rule itself (core/sdpa_problem.h empty_batch_fills): what an empty batch writes, and nothing for B >= 1.
 TEST(SdpaApi, EmptyBatchFillsAreTheReductionsIdentities) {
   namespace sd = flashspan::sdpa;
-  auto view = [](std::vector<int64_t> shape, flashspan::DType dt = flashspan::DType::kFloat32) {
-    flashspan::TensorView t;
-    t.dtype = dt;
-    t.ndim = static_cast<int>(shape.size());
-    int64_t stride = 1;
-    for (int d = t.ndim - 1; d >= 0; --d) {
-      t.shape[d] = shape[d];
-      t.strides[d] = stride;
-      stride *= shape[d];
-    }
-    return t;
+  auto view = [](std::vector<int64_t> shape) {
+    return flashspan::test::shape_view(flashspan::DType::kFloat32, std::move(shape));
   };
   auto attrs = [&](int64_t b, bool backward) {
     sd::Attributes a;
