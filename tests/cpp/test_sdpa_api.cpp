@@ -861,6 +861,27 @@ TEST(SdpaApi, EmptyBatchPackedAndPadded) {
     bwd.compile();
     bwd.execute(pack, nullptr, bwd.workspace_size());
   }
+  // The runtime values are still read for B = 0 (the early return comes after read_runtime_host): cumulative
+  // lengths of [1] are not prefix sums.
+  std::vector<int32_t> one{1};
+  SdpaAttributes attr;
+  attr.set_generate_stats(true).set_padding_mask(true).set_cu_seq_len_q(cu).set_cu_seq_len_kv(cu);
+  for (fs_sdpa_slot_t s : {FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_STATS}) attr.set_ragged_offset(s, cu);
+  SdpaFwd fwd(q, k, k, q, &st, attr);
+  fwd.check_support();
+  fwd.compile();
+  SdpaVariantPack pack;
+  for (fs_sdpa_slot_t s : {FS_SDPA_CU_SEQ_LEN_KV, FS_SDPA_RAGGED_OFFSET_Q, FS_SDPA_RAGGED_OFFSET_K,
+                           FS_SDPA_RAGGED_OFFSET_V, FS_SDPA_RAGGED_OFFSET_O, FS_SDPA_RAGGED_OFFSET_STATS})
+    pack.set(s, zero.data());
+  pack.set(FS_SDPA_CU_SEQ_LEN_Q, one.data());
+  try {
+    fwd.execute(pack, nullptr, 0);
+    ADD_FAILURE() << "cu_seq_len_q = [1] with B = 0 was accepted";
+  } catch (const Exception& e) {
+    EXPECT_EQ(e.status(), FS_STATUS_INVALID_ARGUMENT);
+    EXPECT_EQ(std::string(e.what()).rfind("cu_seq_len_q: must start at 0", 0), 0u) << e.what();
+  }
 }
 
 // The rule itself (core/sdpa_problem.h empty_batch_fills): what an empty batch writes, and nothing for B >= 1.
