@@ -146,6 +146,22 @@ def test_empty_batch_packed_thd_and_padded(fs, dev):
     assert q.grad.shape == q.shape and k.grad.shape == k.shape
 
 
+@pytest.mark.parametrize("dev", DEVICES)
+def test_empty_batch_paged_kv(fs, dev):
+    """Paged K/V with B = 0: page tables and lengths of 0 rows, containers of 8 pages (whose contents no sample reads);
+    empty O and stats, max_logit -inf. (The CUDA variant has not run on a GPU yet.)"""
+    q = torch.randn(0, HQ, 1, D, device=dev, dtype=_dt(dev))
+    kc = torch.randn(8, HK, 8, D, device=dev, dtype=_dt(dev))
+    table = torch.zeros(0, 1, 4, 1, dtype=torch.int32, device=dev)
+    lens = torch.zeros(0, dtype=torch.int32, device=dev)
+    ml = torch.full((HQ,), 5.0, device=dev)
+    o, stats = fs.sdpa(q, kc, kc, generate_stats=True, use_padding_mask=True, seq_len_q=lens, seq_len_kv=lens,
+                       paged_attention_k_table=table, paged_attention_v_table=table,
+                       paged_attention_max_seq_len_kv=32, max_logit=ml)
+    assert o.shape == (0, HQ, 1, D) and stats.shape == (0, HQ, 1, 1)
+    assert torch.equal(ml, torch.full((HQ,), NEG_INF, device=dev))
+
+
 def test_empty_batch_fp8_amax_is_zero(fs):
     """FP8 (CPU reference): empty outputs; every amax, a max of |x| over no element, is 0."""
     e4m3 = torch.float8_e4m3fn
