@@ -43,10 +43,11 @@ inline bool sm90_device() {
     if (!sm90_device()) GTEST_SKIP() << "not an sm_90 device with this build's sm_90a code";    \
   } while (0)
 
-// The backward preprocess's paired form (bwd_prepost.cuh bwd_preprocess_rows_paired; experimental,
-// launch_bwd_common.h bwd_preprocess_paired) forced on for a scope, the environment's answer after it.
+// The backward preprocess's paired form (bwd_prepost.cuh bwd_preprocess_rows_paired; the default since PERF_LOG
+// v2.65, launch_bwd_common.h bwd_preprocess_paired) forced on (or, with 0, off) for a scope, the environment's answer
+// after it.
 struct ForcePairedPreprocess {
-  ForcePairedPreprocess() { set_bwd_preprocess_paired(1); }
+  explicit ForcePairedPreprocess(int on = 1) { set_bwd_preprocess_paired(on); }
   ~ForcePairedPreprocess() { set_bwd_preprocess_paired(-1); }
   ForcePairedPreprocess(const ForcePairedPreprocess&) = delete;
   ForcePairedPreprocess& operator=(const ForcePairedPreprocess&) = delete;

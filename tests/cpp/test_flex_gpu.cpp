@@ -662,20 +662,24 @@ TEST(FlexGpu, SpecialMasks) {
   }
 }
 
-// The paired preprocess (written without a GPU, PERF_LOG v2.33) on both families' backward: RandomCases'
-// first 32 cases (random masks, GQA, THD with empty samples, dlse, both dtypes) and the head dims of
-// HeadDims (8 .. 256: one to 32 lanes a row), every output against the CPU reference.
-TEST(FlexGpu, PairedPreprocessExperimental) {
+// Both preprocess forms (the paired one, PERF_LOG v2.33, the default since v2.65; the one-unit form of
+// FLASHSPAN_BWD_PREPROCESS_PAIRED=0) on both families' backward: RandomCases' first 32 cases (random masks, GQA,
+// THD with empty samples, dlse, both dtypes) and the head dims of HeadDims (8 .. 256: one to 32 lanes a row),
+// every output against the CPU reference.
+TEST(FlexGpu, PreprocessForms) {
   REQUIRE_GPU();
-  const ForcePairedPreprocess paired;
-  for (uint64_t s = 1; s <= 32; ++s) run_case(random_case(s));
-  const int dims[][2] = {{8, 8}, {40, 40}, {64, 64}, {128, 128}, {192, 128}, {256, 256}};
-  uint64_t seed = 1700;
-  for (const auto& d : dims) {
-    ++seed;
-    Case c = head_dims_case(d[0], d[1], seed % 2 == 0 ? DType::kBFloat16 : DType::kFloat16, seed);
-    c.dlse = true;
-    run_case(c);
+  for (int paired_on : {1, 0}) {
+    SCOPED_TRACE(paired_on ? "paired preprocess" : "one-unit preprocess");
+    const ForcePairedPreprocess paired(paired_on);
+    for (uint64_t s = 1; s <= 32; ++s) run_case(random_case(s));
+    const int dims[][2] = {{8, 8}, {40, 40}, {64, 64}, {128, 128}, {192, 128}, {256, 256}};
+    uint64_t seed = 1700;
+    for (const auto& d : dims) {
+      ++seed;
+      Case c = head_dims_case(d[0], d[1], seed % 2 == 0 ? DType::kBFloat16 : DType::kFloat16, seed);
+      c.dlse = true;
+      run_case(c);
+    }
   }
 }
 

@@ -1395,19 +1395,22 @@ TEST(SdpaGpu, Sm90BackwardThdSanitizerSmall) {
   for (int i = 0; i < 3; ++i) run_case_expect_sm90(thd_sanitizer_case(i, true), /*backward=*/true, 1, 1, /*chain=*/true);
 }
 
-// The backward preprocess's paired form (bwd_prepost.cuh bwd_preprocess_rows_paired; experimental,
-// written without a GPU, PERF_LOG v2.33) forced on: the small backward cases (NaN-padded samples, one
+// Both forms of the backward preprocess (bwd_prepost.cuh bwd_preprocess_rows_paired, the default since PERF_LOG
+// v2.65, and the one-unit form of FLASHSPAN_BWD_PREPROCESS_PAIRED=0), each forced: the small backward cases (NaN-padded samples, one
 // without keys, the gate with dgate, sinks, base-2 statistics, MQA) on the sm90 and the sm80 SDPA
 // backward, every gradient against the CPU reference. Small enough for memcheck (gpu_check.sh).
-TEST(SdpaGpu, PairedPreprocessExperimental) {
+TEST(SdpaGpu, PreprocessForms) {
   REQUIRE_GPU();
-  const ForcePairedPreprocess paired;
-  for (int sm90 : {1, 0}) {
-    if (sm90 && !sm90_device()) continue;
-    const ForceSdpaBwdSm90 force_bwd(sm90);
-    for (int i = 0; i < 5; ++i) {
-      run_case(sm90_bwd_small_case(i), /*backward=*/true);
-      if (::testing::Test::HasFailure()) return;
+  for (int paired_on : {1, 0}) {
+    SCOPED_TRACE(paired_on ? "paired preprocess" : "one-unit preprocess");
+    const ForcePairedPreprocess paired(paired_on);
+    for (int sm90 : {1, 0}) {
+      if (sm90 && !sm90_device()) continue;
+      const ForceSdpaBwdSm90 force_bwd(sm90);
+      for (int i = 0; i < 5; ++i) {
+        run_case(sm90_bwd_small_case(i), /*backward=*/true);
+        if (::testing::Test::HasFailure()) return;
+      }
     }
   }
 }

@@ -25,7 +25,7 @@ __global__ void __launch_bounds__(256) sdpa_bwd_dbias_kernel(const SdpaBwdParams
 }  // namespace kern
 
 namespace {
-kern::ExperimentalSwitch g_pre_paired;
+kern::OffSwitch g_pre_paired("FLASHSPAN_BWD_PREPROCESS_PAIRED");
 }  // namespace
 
 void set_bwd_preprocess_paired(int on) { g_pre_paired.set(on); }
