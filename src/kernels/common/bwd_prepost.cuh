@@ -177,8 +177,8 @@ __device__ __forceinline__ void bwd_preprocess_rows(const BwdParams& p) {
   }
 }
 
-// The preprocess with kPreUnits units a lane group per grid pass (experimental, FLASHSPAN_EXPERIMENTAL=1:
-// launch_bwd_common.h bwd_preprocess_paired; not yet run on a GPU): the units of a pass are a grid
+// The preprocess with kPreUnits units a lane group per grid pass (the default since PERF_LOG v2.65;
+// launch_bwd_common.h bwd_preprocess_paired, FLASHSPAN_BWD_PREPROCESS_PAIRED=0 off): the units of a pass are a grid
 // stride apart, and every load of all of them (O, dO, LSE, dlse) is issued before any is reduced
 // (bwd_preprocess_rows reads a row's LSE / dlse after its reduction, and its warps' rows ran their
 // latencies in series: 1.2 TB/s at D = 128, PERF_LOG v2.32, v2.33). Same results, bit for bit; the grid
@@ -365,7 +365,7 @@ __device__ __forceinline__ void sdpa_dsink_reduce(const SdpaBwdParams& p) {
 }
 
 // The kernels: flex (plan) rows and SDPA (analytic mask) rows.
-// kPaired: bwd_preprocess_rows_paired (experimental), else bwd_preprocess_rows.
+// kPaired: bwd_preprocess_rows_paired (the default), else bwd_preprocess_rows.
 template <class E, bool kPaired = false>
 __global__ void __launch_bounds__(256) flex_bwd_preprocess_kernel(const BwdParams p) {
   if constexpr (kPaired) {
