@@ -149,7 +149,7 @@ def test_empty_batch_packed_thd_and_padded(fs, dev):
 @pytest.mark.parametrize("dev", DEVICES)
 def test_empty_batch_paged_kv(fs, dev):
     """Paged K/V with B = 0: page tables and lengths of 0 rows, containers of 8 pages (whose contents no sample reads);
-    empty O and stats, max_logit -inf. (The CUDA variant has not run on a GPU yet.)"""
+    empty O and stats, max_logit -inf. (Both variants passed on an H100, 2026-12-06.)"""
     q = torch.randn(0, HQ, 1, D, device=dev, dtype=_dt(dev))
     kc = torch.randn(8, HK, 8, D, device=dev, dtype=_dt(dev))
     table = torch.zeros(0, 1, 4, 1, dtype=torch.int32, device=dev)
