@@ -157,10 +157,7 @@ bool bwd_det_relaxed() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_RELAXED"); }
 // default since PERF_LOG v2.64) in two halves, each by a writer warp of its own in its own chain of turns
 // (BwdParams::dq_chunks), so that one half's release overlaps the other's (the release hand-off's cost, -3 .. -11 %
 // with whole tiles, mostly recovered: H100, v2.64).
-int bwd_det_dq_chunks() {
-  const char* e = std::getenv("FLASHSPAN_SM90_BWD_DET_DQ_CHUNKS");
-  return e != nullptr && std::strcmp(e, "1") == 0 ? 1 : 2;
-}
+int bwd_det_dq_chunks() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_DQ_CHUNKS") ? 1 : 2; }
 // FLASHSPAN_SM90_BWD_DET_OWN_SLOTS=0 (read per call; on by default since PERF_LOG v2.55): each deterministic split
 // item stores its own dK / dV slot, which the items kernel then does not zero (BwdParams::det_own_slots; the
 // zeroing and the convert took ~50 us each of a 1.1 ms tree_bfs backward at S = 32768 on the H200, v2.50). "0"
