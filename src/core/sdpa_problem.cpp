@@ -36,15 +36,6 @@ std::string shape_of(std::initializer_list<int64_t> dims) {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-bool is_compact(const TensorView& t) {
-  int64_t expect = 1;
-  for (int i = t.ndim - 1; i >= 0; --i) {
-    if (t.shape[i] != 1 && t.strides[i] != expect) return false;
-    expect *= t.shape[i];
-  }
-  return true;
-}
-
 // Shared context of one validation: the reference tensor (q) for device checks.
 struct Checker {
   const Attributes& a;
@@ -92,7 +83,7 @@ struct Checker {
     same_device(slot);
     FS_CHECK_ARG(t.numel() == count, slot_name(slot), ": must have ", count, " element(s) (", what, "), got shape ",
                  t.shape_str());
-    FS_CHECK_ARG(is_compact(t), slot_name(slot), ": must be contiguous");
+    FS_CHECK_ARG(t.is_contiguous(), slot_name(slot), ": must be contiguous");
   }
   // A float32 scalar input (attn_scale as a tensor, the FP8 scale factors): on q's device, or a host
   // scalar with device tensors (the seed's pass-by-value scale, read on the host).
