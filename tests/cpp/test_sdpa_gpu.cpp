@@ -1658,6 +1658,42 @@ TEST(SdpaGpu, Sm90BackwardModsDbiasEveryBroadcastForm) {
   }
 }
 
+TEST(SdpaGpu, DbiasReduceForms) {
+  // dBias's two reductions of a dBias that keeps the key dimension (bwd_prepost.cuh): the keys-kept form
+  // (sdpa_dbias_reduce_cols, the default: runs of terms, one pass or two) and the warp-per-element form
+  // (FLASHSPAN_SDPA_DBIAS_COLS=0), each forced, on every broadcast form against the reference; shapes small
+  // (several runs a element, pass 2) and one larger (a (1, 1, S, S) dBias of 8 heads, one run).
+  REQUIRE_SM90();
+  const ForceSm90WithMods force;
+  for (int cols : {1, 0}) {
+    set_sdpa_dbias_cols(cols);
+    for (int form = 1; form <= 16; ++form) {
+      Case c;
+      c.seed = 15650 + uint64_t(form) + 100 * uint64_t(cols);
+      c.dtype = form % 2 ? DType::kBFloat16 : DType::kFloat16;
+      c.B = 2;
+      c.Hq = 4;
+      c.Hk = 2;
+      c.Sq = form == 4 ? 600 : 130 + 10 * (form % 4);
+      c.Skv = form == 4 ? 700 : 190 + 30 * (form % 3);
+      c.Hq = form == 4 ? 8 : 4;
+      c.Dqk = c.Dv = form % 3 ? 64 : 128;
+      c.has_right = form % 2 == 0;
+      c.bottom_right = true;
+      c.lengths = form % 3 == 1;
+      c.deterministic = form % 4 == 3;
+      c.scale = 0.125f;
+      c.bias = form;
+      c.bias_f32 = form % 4 < 2;
+      c.dbias = true;
+      run_sm90_bwd_mods_case(c);
+      if (::testing::Test::HasFailure()) break;
+    }
+    set_sdpa_dbias_cols(-1);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 // Form `form` (1..16) of the dBias-with-softcap tests: every broadcast form (c.bias = form), softcap 2-30, head dims
 // dims[form % dims.size()], ALiBi on some, deterministic on odd forms, dBias in float32 and in q's dtype, padded
 // strides on some; a larger scale on a third so that softcap saturates some elements (1 - t^2 near 0, dBias's terms

@@ -436,8 +436,9 @@ void model_backward(const SdpaBwdParams& p_in, DType t, int bq, int bk) {
         }
       }
   if (bp.dbias != nullptr) {
-    // sdpa_dbias_reduce (bwd_prepost.cuh): each dBias element sums the workspace over the broadcast
-    // dimensions (the order aside: the kernel's is a fixed lane split and shuffle tree).
+    // sdpa_dbias_reduce / sdpa_dbias_reduce_cols (bwd_prepost.cuh): each dBias element sums the workspace
+    // over the broadcast dimensions (the order aside: the kernels' is a fixed lane split and shuffle tree,
+    // or fixed runs of terms).
     const int64_t* n = bp.dbias_size;
     for (int64_t b1 = 0; b1 < n[0]; ++b1)
       for (int64_t h1 = 0; h1 < n[1]; ++h1)

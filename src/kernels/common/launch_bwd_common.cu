@@ -1,6 +1,8 @@
 // Host launchers of the backward's arch-neutral kernels (launch_bwd_common.h).
 #include "kernels/common/launch_bwd_common.h"
 
+#include <algorithm>
+
 #include "kernels/common/bwd_prepost.cuh"
 #include "kernels/common/bwd_split.cuh"
 #include "kernels/common/experimental_switch.h"
@@ -16,9 +18,15 @@ namespace {
 // dSink, one CTA per query head (bwd_prepost.cuh sdpa_dsink_reduce).
 __global__ void __launch_bounds__(256) sdpa_bwd_dsink_kernel(const SdpaBwdParams p) { sdpa_dsink_reduce(p); }
 
-// dBias from the dS workspace (bwd_prepost.cuh sdpa_dbias_reduce), one warp per dBias element.
+// dBias from the dS workspace (bwd_prepost.cuh): the keys-reduced form, one warp per dBias element
+// (sdpa_dbias_reduce), and the keys-kept form's two passes (sdpa_dbias_reduce_cols).
 __global__ void __launch_bounds__(256) sdpa_bwd_dbias_kernel(const SdpaBwdParams p) {
   sdpa_dbias_reduce(p.analytic.bias, p.batch, p.num_heads_q, p.analytic.max_q, p.analytic.max_kv);
+}
+template <bool kFinal>
+__global__ void __launch_bounds__(256) sdpa_bwd_dbias_cols_kernel(const SdpaBwdParams p, int64_t chunk, int64_t chunks) {
+  sdpa_dbias_reduce_cols<kFinal>(p.analytic.bias, p.batch, p.num_heads_q, p.analytic.max_q, p.analytic.max_kv, chunk,
+                                 chunks);
 }
 
 }  // namespace
@@ -26,7 +34,11 @@ __global__ void __launch_bounds__(256) sdpa_bwd_dbias_kernel(const SdpaBwdParams
 
 namespace {
 kern::OffSwitch g_pre_paired("FLASHSPAN_BWD_PREPROCESS_PAIRED");
+kern::ExperimentalSwitch g_dbias_cols;  // (not yet run on a GPU: FLASHSPAN_EXPERIMENTAL=1)
 }  // namespace
+
+void set_sdpa_dbias_cols(int on) { g_dbias_cols.set(on); }
+bool sdpa_dbias_cols_enabled() { return g_dbias_cols.on(); }
 
 void set_bwd_preprocess_paired(int on) { g_pre_paired.set(on); }
 bool bwd_preprocess_paired() { return g_pre_paired.on(); }
@@ -151,10 +163,28 @@ void launch_sdpa_bwd_ds_clear(const SdpaBwdParams& p, cudaStream_t stream) {
 void launch_sdpa_bwd_dbias(const SdpaBwdParams& p, cudaStream_t stream) {
   const SdpaBiasParams& bp = p.analytic.bias;
   if (bp.dbias == nullptr) return;
-  const int64_t elems = bp.dbias_size[0] * bp.dbias_size[1] * bp.dbias_size[2] * bp.dbias_size[3];
+  const kern::DbiasGeometry g =
+      kern::DbiasGeometry::make(bp, p.batch, p.num_heads_q, p.analytic.max_q, p.analytic.max_kv);
+  const int64_t elems = g.elems(), terms = g.terms();
   if (elems <= 0) return;
-  kern::sdpa_bwd_dbias_kernel<<<grid_stride_1d(elems, 8), 256, 0, stream>>>(p);
+  if (g.n3 == 1 || !sdpa_dbias_cols_enabled()) {  // keys reduced (or the keys-kept form off): a warp an element
+    kern::sdpa_bwd_dbias_kernel<<<grid_stride_1d(elems, 8), 256, 0, stream>>>(p);
+    check_launch("sdpa backward dBias");
+    return;
+  }
+  // Keys kept: a thread per (element, run of terms), with enough runs that about kDbiasThreads threads
+  // read at once (a (1, 1, 1, S) dBias has S elements of H S_q terms each); a function of the shapes
+  // alone, so the sums' order (and the result, bitwise) does not depend on the GPU.
+  constexpr int64_t kDbiasThreads = int64_t(1) << 18;
+  int64_t chunks = std::min<int64_t>(std::max<int64_t>((kDbiasThreads + elems - 1) / elems, 1), std::max<int64_t>(terms, 1));
+  const int64_t chunk = (std::max<int64_t>(terms, 1) + chunks - 1) / chunks;
+  chunks = (std::max<int64_t>(terms, 1) + chunk - 1) / chunk;
+  kern::sdpa_bwd_dbias_cols_kernel<false><<<grid_stride_1d(elems * chunks, 256), 256, 0, stream>>>(p, chunk, chunks);
   check_launch("sdpa backward dBias");
+  if (chunks > 1) {
+    kern::sdpa_bwd_dbias_cols_kernel<true><<<grid_stride_1d(elems, 256), 256, 0, stream>>>(p, chunk, chunks);
+    check_launch("sdpa backward dBias (runs)");
+  }
 }
 
 }  // namespace flashspan

@@ -16,7 +16,7 @@
 //   launch_sdpa_bwd_ds_clear  zeroes dBias's dS workspace (p.analytic.bias.ds, else nothing) before
 //                             the main kernels store the samples' visited elements into it
 //   launch_sdpa_bwd_dbias     dBias (p.analytic.bias.dbias, else nothing) from that workspace, after
-//                             them (bwd_prepost.cuh sdpa_dbias_reduce)
+//                             them (bwd_prepost.cuh sdpa_dbias_reduce, sdpa_dbias_reduce_cols)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -34,6 +34,13 @@ namespace flashspan {
 // environment's answer), else bwd_preprocess_rows.
 bool bwd_preprocess_paired();
 void set_bwd_preprocess_paired(int on);
+// dBias's reduction form for a dBias that keeps the key dimension (bwd_prepost.cuh): sdpa_dbias_reduce_cols
+// (a thread per element and run of terms, coalesced along the keys) when this answers true, else
+// sdpa_dbias_reduce (a warp per element). Experimental (written 2026-12-06 without a GPU: not yet run on one):
+// on with FLASHSPAN_EXPERIMENTAL=1 (read per call); set_sdpa_dbias_cols(1 / 0) forces it for tests, -1 back to
+// the environment's answer.
+bool sdpa_dbias_cols_enabled();
+void set_sdpa_dbias_cols(int on);
 // The grid of the preprocess kernels (flex and SDPA) over `units` (query row, head) units of head_dv
 // columns, for the form `paired` (its warps take kPreUnits units a lane group per grid pass).
 unsigned bwd_preprocess_grid(int64_t units, int head_dv, bool paired);
