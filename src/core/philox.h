@@ -98,6 +98,21 @@ FS_PHILOX_HD int dropout_word_index(uint32_t i, uint32_t j) { return static_cast
 // Element (i, j)'s 16-bit number in its word (half (j >> 3) & 1).
 FS_PHILOX_HD uint32_t dropout_number(uint32_t word, uint32_t j) { return (word >> (((j >> 3) & 1u) * 16u)) & 0xFFFFu; }
 
+// The keep bits of one call's eight elements (the mapping above): bit r (r = 0..3) for word r's low half,
+// bit 4 + r for its high half, 1 where the element survives. The GPU kernels' per-thread order: bit r is
+// element (n, r) and bit 4 + r element (n + 1, r) of a thread's n8 accumulator blocks n, n + 1
+// (kernels/common/sdpa_score_mod.cuh sdpa_dropout_keep_bits, the sm90 forward's keep_drawers).
+FS_PHILOX_HD uint32_t dropout_keep_byte(const Philox4& w, uint32_t threshold) {
+  uint32_t k8 = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+  for (int r = 0; r < 4; ++r) {
+    k8 |= uint32_t((w.x[r] & 0xFFFFu) >= threshold) << r | uint32_t((w.x[r] >> 16) >= threshold) << (4 + r);
+  }
+  return k8;
+}
+
 // Whether element (b, h, i, j) survives dropout.
 FS_PHILOX_HD bool dropout_keep(uint64_t seed, uint64_t offset, uint32_t bh, uint32_t i, uint32_t j,
                                uint32_t threshold) {

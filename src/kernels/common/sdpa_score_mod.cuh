@@ -351,12 +351,7 @@ __device__ __forceinline__ uint64_t sdpa_dropout_keep_bits(const SdpaDropoutPara
 #pragma unroll 1
   for (int n = 0; n < kN; n += 2) {
     const Philox4 w = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n));
-    uint32_t k8 = 0;
-#pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      k8 |= uint32_t((w.x[r] & 0xFFFFu) >= thr) << r | uint32_t((w.x[r] >> 16) >= thr) << (4 + r);
-    }
-    bits |= uint64_t(k8) << (4 * n);
+    bits |= uint64_t(dropout_keep_byte(w, thr)) << (4 * n);
   }
   return bits;
 }
