@@ -217,9 +217,6 @@ struct SdpaDropoutParams {
   const float* mask_scale = nullptr;
   void* rng_dump = nullptr;
   int32_t dump_dtype = kSdpaMaskU8;
-  // The sm90 forward's Philox keep bits drawn by its producer warpgroup's idle warps (kernel_fwd_sm90.cuh
-  // keep_drawers; launch_fwd_sm90.cu sets it from sm90_dropout_drawers_enabled), else by the consumers.
-  int32_t drawn = 0;
   int64_t dump_stride[4] = {0, 0, 0, 0};
 };
 

@@ -1679,7 +1679,7 @@ TEST(SdpaGpu, DbiasReduceForms) {
       c.Hq = form == 4 ? 8 : 4;
       c.Dqk = c.Dv = form % 3 ? 64 : 128;
       c.has_right = form % 2 == 0;
-      c.bottom_right = true;
+      c.bottom_right = c.has_right;
       c.lengths = form % 3 == 1;
       c.deterministic = form % 4 == 3;
       c.scale = 0.125f;
@@ -1983,57 +1983,6 @@ TEST(SdpaGpu, Sm90DropoutForwardRandom) {
   }
 }
 
-struct ForceDropoutDrawers {
-  explicit ForceDropoutDrawers(int on) { sm90::set_sm90_dropout_drawers(on); }
-  ~ForceDropoutDrawers() { sm90::set_sm90_dropout_drawers(-1); }
-};
-
-TEST(SdpaGpu, Sm90DropoutDrawnAndInline) {
-  // Philox's keep bits drawn by the producer warpgroup's idle warps (the default) and by the consumers
-  // (FLASHSPAN_SM90_DROPOUT_DRAWERS=0's form): each against the CPU reference (O, LSE, rng_dump), and O of
-  // the two bitwise equal (same bits, same products). Philox cases of sm90_dropout_case (bias, softcap,
-  // sinks, ALiBi, GQA, padding, D = 32 / 64 / 96 / 128), plus multi-block shapes with many key blocks, so that
-  // the four-buffer ring wraps within an item and across items.
-  REQUIRE_SM90();
-  const ForceSm90WithDropout force;
-  std::vector<Case> cases;
-  for (uint64_t seed = 15402; seed <= 15440; seed += 2) cases.push_back(sm90_dropout_case(seed));  // Philox
-  for (int64_t dim : {128, 64}) {
-    Case c;
-    c.seed = 15450 + uint64_t(dim);
-    c.dtype = DType::kBFloat16;
-    c.B = 2;
-    c.Hq = 4;
-    c.Hk = 2;
-    c.Sq = 300;
-    c.Skv = 1100;  // 9 / 18 key blocks
-    c.Dqk = c.Dv = dim;
-    c.lengths = 1;
-    c.has_right = dim == 64;
-    c.bottom_right = true;
-    c.dropout_p = 0.2f;
-    c.dropout_seed = 987654321;
-    c.dropout_offset = 4096;
-    c.dropout_i64 = true;
-    c.rng_dump = true;
-    cases.push_back(c);
-  }
-  for (const Case& c : cases) {
-    SCOPED_TRACE(c.str());
-    std::vector<uint8_t> o[2];
-    for (int drawn : {1, 0}) {
-      const ForceDropoutDrawers d(drawn);
-      run_sm90_dropout_case(c, /*backward=*/false);
-      auto p = make_problem(c);
-      p->o.poison_device();
-      run_forward(*p, /*cuda=*/true, false);
-      o[drawn] = p->o.download();
-    }
-    EXPECT_TRUE(o[0] == o[1]) << "O drawn by the producer's warps and by the consumers differ";
-    if (::testing::Test::HasFailure()) return;
-  }
-}
-
 // Forward and backward (dQ, dK, dV and, with sinks, dSink against the reference's): 60 cases in two
 // tests (gtest shards run them side by side), every third backward on the GPU forward's O and LSE,
 // deterministic on every other pair of seeds.
@@ -2213,14 +2162,12 @@ TEST(SdpaGpu, Sm90DropoutSanitizerSmall) {
   // sm90_bwd_small_case's shapes (NaN-padded samples, one without keys, GQA, bottom-right causal on the
   // (64, 64) kernel; D = 96 with a window on the (128, 128) kernel; a dense MQA case deterministic):
   // Philox with rng_dump and softcap; a uint8 mask broadcast over B with padded strides and a bias; a
-  // float32 mask broadcast over keys with sinks; Philox again with a 16-bit bias, the keep bits drawn by the
-  // forward's producer warps (keep_drawers; the first case draws them in the consumers). Forward and backward.
+  // float32 mask broadcast over keys with sinks. Forward and backward.
   REQUIRE_SM90();
   const ForceSm90WithDropout force;
-  for (int i = 0; i < 4; ++i) {
-    Case c = sm90_bwd_small_case(i == 3 ? 1 : i);  // (case 3: the (128, 128) kernel)
+  for (int i = 0; i < 3; ++i) {
+    Case c = sm90_bwd_small_case(i);
     c.seed = 15400 + uint64_t(i);
-    const ForceDropoutDrawers drawers(i == 3 ? 1 : 0);
     switch (i) {
       case 0:
         c.dropout_p = 0.3f;
@@ -2241,13 +2188,6 @@ TEST(SdpaGpu, Sm90DropoutSanitizerSmall) {
         c.dropout_mask_dtype = DType::kFloat32;
         c.dropout_scale = 2.0f;
         c.sinks = true;
-        break;
-      case 3:
-        c.dropout_p = 0.2f;
-        c.dropout_seed = 7;
-        c.dropout_offset = 3;
-        c.rng_dump = true;
-        c.bias = 1;
         break;
     }
     run_sm90_dropout_case(c, /*backward=*/true);

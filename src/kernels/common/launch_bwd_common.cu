@@ -34,7 +34,7 @@ __global__ void __launch_bounds__(256) sdpa_bwd_dbias_cols_kernel(const SdpaBwdP
 
 namespace {
 kern::OffSwitch g_pre_paired("FLASHSPAN_BWD_PREPROCESS_PAIRED");
-kern::ExperimentalSwitch g_dbias_cols;  // (not yet run on a GPU: FLASHSPAN_EXPERIMENTAL=1)
+kern::OffSwitch g_dbias_cols("FLASHSPAN_SDPA_DBIAS_COLS");
 }  // namespace
 
 void set_sdpa_dbias_cols(int on) { g_dbias_cols.set(on); }

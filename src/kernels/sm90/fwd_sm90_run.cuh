@@ -124,9 +124,7 @@ void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& m
     const int bias = p.analytic.bias.bias != nullptr ? 1 : 0;
     auto kernel = fwd_detail::sdpa_kernel<kDqk, kDv, E, kOverlap, kMods, kDropout>(bias == 1);
     // The bias kernels stage the bias after the rest (FwdSm90Layout::kBiasStage); the dropout kernel
-    // (one for calls with and without a bias) always has the stage (one size per kernel), and with its keep
-    // bits drawn by the producer's warps (SdpaDropoutParams::drawn) holds the keep-bit ring there instead, so
-    // that it then reads a bias element by element (chunks cleared).
+    // is one for calls with and without a bias, so it always has the stage (one size per kernel).
     const int smem = bias == 1 || kDropout ? L::kBytesBias : L::kBytes;
     static_assert(!kMods || L::kBytesBias <= 232448, "sdpa forward (sm90): the bias stage does not fit");
     static std::atomic<uint64_t> smem_set[2] = {0, 0};
@@ -135,13 +133,7 @@ void run_sdpa_fwd_sm90(const SdpaFwdParams& p, DType dtype, const CUtensorMap& m
     const int ctas = persistent_ctas(kernel, kern90::kThreads, smem, ctas_cache[bias], "sdpa forward (sm90): persistent grid");
     const int64_t items = int64_t(p.analytic.num_q_blocks) * p.num_heads_q * p.batch;
     const unsigned grid = unsigned(std::min<int64_t>(ctas, items));
-    if (kDropout && p.analytic.dropout.drawn != 0) {
-      SdpaFwdParams q = p;
-      q.analytic.bias.chunks = 0;
-      kernel<<<grid, kern90::kThreads, smem, s>>>(q, mq, mk, mv, mbias);
-    } else {
-      kernel<<<grid, kern90::kThreads, smem, s>>>(p, mq, mk, mv, mbias);
-    }
+    kernel<<<grid, kern90::kThreads, smem, s>>>(p, mq, mk, mv, mbias);
     check_launch("sdpa forward (sm90)");
   });
 }

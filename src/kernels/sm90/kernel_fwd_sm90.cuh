@@ -185,25 +185,13 @@ struct FwdSm90Layout {
                 "sm90 forward: the bias tile is kBlockK / 64 boxes of 128 rows (or of one row)");
   static_assert(kQSlab % 1024 == 0 && kKSlab % 1024 == 0 && kVSlab % 1024 == 0,
                 "sm90 forward: every slab on a 1024-byte boundary (swizzle base offset 0)");
-  // The dropout kernels' keep-bit ring (AnalyticDropSourceSm90 with Philox; keep_drawers below) in the bias
-  // stage, which those kernels never fill (their launcher reads a bias element by element: fwd_sm90_run.cuh):
-  // barriers keep_full[kKeepStages], keep_empty[kKeepStages], then kKeepStages buffers of a key block's
-  // kBlockQ x kBlockK keep bits, consumer thread T's kKeepBytesT bytes at byte kKeepBytesT T of a buffer.
-  static constexpr int kKeepStages = 4;
-  static constexpr int kKeepBytesT = kBlockK / 16;  // 8 elements a byte (core/philox.h: one call each)
-  static constexpr int kKeepBuffer = kConsumerThreads * kKeepBytesT;
-  static constexpr int kKeepBars = kBiasStage;
-  static constexpr int kKeepStage = kKeepBars + 128;
-  static_assert(kKeepBuffer * 8 == kBlockQ * kBlockK, "sm90 forward: a keep buffer holds a block's bits");
-  static_assert(2 * kKeepStages * 8 <= 128 && kKeepStage + kKeepStages * kKeepBuffer <= kBiasStage + 2 * kBiasBuffer,
-                "sm90 forward: the keep-bit ring lies in the bias stage");
 };
 
 // SDPA's mask sources (defined below for the device pass only): the host pass names them too, as
 // the template argument of sdpa_fwd_kernel_sm90 its launcher takes (fwd_sm90_run.cuh).
 template <class L>
 struct AnalyticSourceSm90;
-template <class L, bool kBias, bool kStage = kBias>
+template <class L, bool kBias>
 struct AnalyticModSourceSm90T;
 template <class L>
 using AnalyticModSourceSm90 = AnalyticModSourceSm90T<L, true>;
@@ -376,12 +364,12 @@ struct AnalyticSourceSm90 {
 // SDPA's options). The roles and the order are the sm80 SDPA kernels' (AnalyticMaskSm80): softcap
 // and ALiBi on every block before the mask, the bias after it on the visible elements; each a
 // run-time flag of this instantiation, but for the bias: kBias = false (AnalyticModNoBiasSourceSm90)
-// is the kernel of the calls without one (fwd_sm90_run.cuh picks). kStage = false reads every bias element by
-// element (the staged path not built).
-template <class L, bool kBias, bool kStage>
+// is the kernel of the calls without one (fwd_sm90_run.cuh picks). Dropout: AnalyticDropSourceSm90
+// below.
+template <class L, bool kBias>
 struct AnalyticModSourceSm90T : AnalyticSourceSm90<L> {
   static constexpr bool kMods = true;
-  static constexpr bool kStagedBias = kStage;  // the bias tiles staged by the producer (bias_tma, load_bias)
+  static constexpr bool kStagedBias = kBias;  // the bias tiles staged by the producer (bias_tma, load_bias)
   using ScoreMod = kern::SdpaTileScoreMod<kBias>;
   // The head's ALiBi slope * log2 e (0: none). The rest of a block's modifiers is formed per block
   // from the parameters and the work item (the main loop of the (128, 128) kernel spilled when
@@ -411,7 +399,7 @@ struct AnalyticModSourceSm90T : AnalyticSourceSm90<L> {
   // Whether the producer stages the bias tiles by TMA (a 16-bit bias of whole aligned rows,
   // SdpaBiasParams::chunks; the others are read element by element, SdpaBiasFrag::add).
   __device__ __forceinline__ static bool bias_tma(const FwdParams& p) {
-    return kStage && kern::analytic_of(p).bias.chunks != 0;
+    return kBias && kern::analytic_of(p).bias.chunks != 0;
   }
   // The producer's copy of key block kb's bias tile into `tile` (bias_tma only): kBlockK / 64 boxes
   // of 64 keys x the block's kBlockQ rows (one row, row 0, when the bias is broadcast over rows;
@@ -459,54 +447,34 @@ struct AnalyticModSourceSm90T : AnalyticSourceSm90<L> {
   }
 };
 
-// SDPA with score modifiers and dropout (sdpa_fwd_kernel_sm90 with this source): the modifiers' source plus
-// dropout (Philox or the caller's mask, SdpaDropoutParams; the sm80 forward's AnalyticMaskSm80::dropout) on P
-// after the online softmax step, every other feature a run-time flag as there, the bias read element by
-// element (the launcher clears SdpaBiasParams::chunks: the bias stage holds the keep-bit ring; built with the
-// staged path all the same, without which ptxas spilled the consumers, 51 local loads / stores, PERF_LOG
-// v2.66). An instantiation of its own (units sdpa_fwd_drop_sm90_d{64,128}.cu): in the
-// modifiers' kernel the dropout code, wherever it was put in the loop, made the (128, 128) consumer spill its
-// row sums every key block, also for calls without dropout. Philox's keep bits are drawn by the producer
-// warpgroup's idle warps into the keep-bit ring (keep_drawers, drawn(p)), not by the consumers: ten rounds of
-// Philox a call, a call per 8 elements, made the consumers' softmax path instruction-bound (dropout 2.8x
-// the plain forward, PERF_LOG v2.66).
+// SDPA with score modifiers and dropout (sdpa_fwd_kernel_sm90 with this source; experimental,
+// FLASHSPAN_EXPERIMENTAL=1: sdpa_family.cpp): the modifiers' source plus dropout (Philox or the caller's
+// mask, SdpaDropoutParams; the sm80 forward's AnalyticMaskSm80::dropout) on P after the online softmax
+// step, every other feature a run-time flag as there. An instantiation of its own (units
+// sdpa_fwd_drop_sm90_d{64,128}.cu): in the modifiers' kernel the dropout code, wherever it was put in
+// the loop, made the (128, 128) consumer spill its row sums every key block, also for calls without
+// dropout.
 template <class L>
-struct AnalyticDropSourceSm90 : AnalyticModSourceSm90T<L, true> {
-  using Base = AnalyticModSourceSm90T<L, true>;
+struct AnalyticDropSourceSm90 : AnalyticModSourceSm90<L> {
   static constexpr bool kDropout = true;
 
   __device__ __forceinline__ static AnalyticDropSourceSm90 item(const FwdParams& p, const WorkItem& it) {
-    return AnalyticDropSourceSm90{{Base::item(p, it)}};
+    return AnalyticDropSourceSm90{{AnalyticModSourceSm90<L>::item(p, it)}};
   }
-  // Whether the keep bits come from the ring (Philox dropout with SdpaDropoutParams::drawn); else the consumers
-  // draw them (sdpa_dropout_keep_bits), and read the caller's mask.
-  __device__ __forceinline__ static bool drawn(const FwdParams& p) {
-    const SdpaDropoutParams& dp = kern::analytic_of(p).dropout;
-    return dp.mode == 1 && dp.drawn != 0;
-  }
-  // Dropout (SdpaDropoutParams, sdpa_score_mod.cuh) on P of key block kb of m16 tile mt, after the online
-  // softmax step (the row sums and the LSE keep every element; P V takes P times the multiplier: the sm80
-  // forward's AnalyticMaskSm80::dropout), the thread's elements those of AccFragment (rows 16 mt + g (+8) of
-  // the block, columns 2 q (+1) of each n8 block of key block kb). bits: the thread's keep bits from the ring
-  // when drawn (keep_drawers draws them as sdpa_dropout_keep_bits does here otherwise, so the keep mask is the
-  // sm80 kernels' bit for bit).
+  // Dropout (SdpaDropoutParams, sdpa_score_mod.cuh sdpa_dropout_apply) on P of key block kb of m16
+  // tile mt, after the online softmax step (the row sums and the LSE keep every element; P V takes P
+  // times the multiplier: the sm80 forward's AnalyticMaskSm80::dropout), the thread's elements those
+  // of AccFragment (rows 16 mt + g (+8) of the block, columns 2 q (+1) of each n8 block of key block
+  // kb), so the keep mask is the sm80 kernels' bit for bit.
   template <int kN>
   __device__ __forceinline__ void dropout(const FwdParams& p, const WorkItem& it, int kb, int mt, int lane,
-                                          float (&s)[kN][4], uint64_t bits) const {
+                                          float (&s)[kN][4]) const {
     const SdpaDropoutParams& dp = kern::analytic_of(p).dropout;
     if (dp.mode == 0) return;
     const int64_t row0 = int64_t(it.block) * L::kBlockQ;
-    if (dp.mode == 1) {
-      if (dp.drawn == 0) {
-        bits = kern::sdpa_dropout_keep_bits<kN>(dp, it.batch, it.head, p.num_heads_q, row0 + 16 * mt + (lane >> 2),
-                                                int64_t(kb) * L::kBlockK + 2 * (lane & 3));
-      }
-      kern::sdpa_dropout_keep_apply<kN>(bits, dp.scale, [&](int n, int r, float m) { s[n][r] *= m; });
-      return;
-    }
-    kern::sdpa_dropout_mask_apply<kN, false>(dp, it.batch, it.head, row0 + 16 * mt + (lane >> 2),
-                                             int64_t(kb) * L::kBlockK + 2 * (lane & 3), row0 + this->block.rows,
-                                             this->block.len_kv, [&](int n, int r, float m) { s[n][r] *= m; });
+    kern::sdpa_dropout_apply<kN>(dp, it.batch, it.head, p.num_heads_q, row0 + 16 * mt + (lane >> 2),
+                                 int64_t(kb) * L::kBlockK + 2 * (lane & 3), row0 + this->block.rows,
+                                 this->block.len_kv, [&](int n, int r, float m) { s[n][r] *= m; });
   }
 };
 
@@ -742,73 +710,6 @@ __device__ __forceinline__ void producer(const FwdParams& p, const CUtensorMap* 
 }
 
 // ---------------------------------------------------------------------------
-// Keep-bit drawers (SDPA dropout with Philox: warps 1-3 of the producer warpgroup)
-// ---------------------------------------------------------------------------
-
-// Draws the Philox keep bits of every key block the consumers walk into the keep-bit ring
-// (FwdSm90Layout::kKeepStage, kKeepStages buffers, keep_full / keep_empty), one buffer a block in walk
-// order: consumer thread T = 128 c + t's bits of the block at bytes kKeepBytesT T .. (byte np: the call of
-// its n8 blocks 2 np, 2 np + 1, bits as sdpa_dropout_keep_bits's, so the bits are the ones the consumer
-// would draw itself). The 96 threads split a block's kConsumerThreads kKeepBytesT calls (call u = byte u of
-// the buffer: 21-22 calls a thread for a 128-key block). They take the work items from the item ring as the
-// consumers do (item_empty counts their arrivals too) and walk the items' key blocks with the same cursor.
-// Their warps have the producer warpgroup's 24 registers; the consumers keep theirs for the softmax.
-constexpr int kKeepDrawers = 96;
-
-template <class L, class Src>
-__device__ __forceinline__ void keep_drawers(const FwdParams& p, uint32_t base, const int32_t* s_item) {
-  const uint32_t bars = base + L::kBar;
-  const uint32_t item_full = bars + 16 + 8 * 4 * kStages, item_empty = item_full + 16;
-  const uint32_t keep_full = base + L::kKeepBars, keep_empty = keep_full + 8 * L::kKeepStages;
-  const int d = int(threadIdx.x) - 32;
-  const SdpaDropoutParams& dp = kern::analytic_of(p).dropout;
-  const uint64_t seed = uint64_t(kern::load_index(dp.seed, 0)), offset = uint64_t(kern::load_index(dp.offset, 0));
-  uint32_t kv_it = 0;
-  for (uint32_t item_it = 0;; ++item_it) {
-    const uint32_t rs = item_it & 1;
-    mbar_wait(item_full + 8 * rs, (item_it >> 1) & 1);
-    const volatile int32_t* e = s_item + 8 * rs;
-    const WorkItem it{e[0], e[1], e[2], e[3], e[4], e[5]};
-    mbar_arrive(item_empty + 8 * rs);
-    if (it.block < 0) return;
-    const Src src = Src::item(p, it);
-    auto cur = src.cursor(p, it);
-    const uint32_t bh = uint32_t(it.batch * p.num_heads_q + it.head);
-    const uint32_t row0 = uint32_t(it.block) * uint32_t(L::kBlockQ);
-    int kb = 0, entry = 0;
-    bool partial = false;
-    while (cur.next(kb, partial, entry)) {
-      const uint32_t ks = kv_it % L::kKeepStages;
-      mbar_wait(keep_empty + 8 * ks, ((kv_it / L::kKeepStages) & 1) ^ 1);
-      const uint32_t buf = base + L::kKeepStage + ks * L::kKeepBuffer;
-      const uint32_t col0 = uint32_t(kb) * uint32_t(L::kBlockK);
-      // Thread d draws call np = d % kKeepBytesT of consumer threads T = d / kKeepBytesT + kStep k: its key
-      // column j (T % 4 is T0 % 4) and Philox counter are the block's; its row counter (i >> 4) 8 + (i & 7)
-      // of row i = row0 + 16 (T >> 5) + (T & 31) / 4 (core/philox.h) is row0 / 2 + T / 4, kStep / 4 more a call.
-      constexpr int kStep = kKeepDrawers / L::kKeepBytesT;
-      static_assert(kKeepDrawers % L::kKeepBytesT == 0 && kStep % 4 == 0, "keep drawers: whole calls a pass");
-      const int T0 = d / L::kKeepBytesT, np = d % L::kKeepBytesT;
-      const uint32_t j = col0 + 2u * uint32_t(T0 & 3) + 16u * uint32_t(np);
-      const uint64_t ctr = offset + (uint64_t(j >> 4) << 2) + ((j >> 1) & 3u);
-      uint32_t c2 = row0 / 2u + uint32_t(T0 >> 2);
-      uint32_t at = buf + uint32_t(d);
-#pragma unroll 1
-      for (int T = T0; T < kConsumerThreads; T += kStep, c2 += kStep / 4, at += kKeepDrawers) {
-        // An opaque copy of the seed a call, so that Philox's 20 round keys are formed in the call (one add
-        // each) instead of hoisted out of the loop, where they spilled the 24-register warps (14 local
-        // loads a call).
-        uint64_t sd = seed;
-        asm volatile("" : "+l"(sd));
-        const Philox4 w = philox4x32_10(uint32_t(ctr), uint32_t(ctr >> 32), c2, bh, uint32_t(sd), uint32_t(sd >> 32));
-        asm volatile("st.shared.u8 [%0], %1;\n" ::"r"(at), "r"(dropout_keep_byte(w, dp.threshold)) : "memory");
-      }
-      mbar_arrive(keep_full + 8 * ks);  // release: the block's bytes are visible to the waiting consumers
-      ++kv_it;
-    }
-  }
-}
-
-// ---------------------------------------------------------------------------
 // Consumers (two warpgroups)
 // ---------------------------------------------------------------------------
 
@@ -874,9 +775,6 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
   [[maybe_unused]] const uint32_t bias_full = base + L::kBiasBars, bias_empty = bias_full + 16;
   [[maybe_unused]] bool bias_on = false;
   if constexpr (Src::kStagedBias) bias_on = Src::bias_tma(p);
-  // The keep-bit ring (Src::kDropout with Philox: keep_drawers fills buffer kv_it % kKeepStages).
-  [[maybe_unused]] bool drawn = false;
-  if constexpr (Src::kDropout) drawn = Src::drawn(p);
   // Roles (kernels/common): the variant's scores -> logits step with the plan's payload as the
   // mask, the online softmax, the forward epilogue.
   using Mask = typename Src::Mask;
@@ -960,28 +858,6 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
     };
     int kb = 0, entry = 0;
     bool partial = false;
-    // Dropout on the block's P (Src::kDropout), the keep bits of block kv_it from the ring when drawn.
-    auto dropout = [&](float (&s)[kNS][4]) {
-      if constexpr (Src::kDropout) {
-        uint64_t bits = 0;
-        if (drawn) {
-          const uint32_t ks = kv_it % L::kKeepStages;
-          const uint32_t keep_full = base + L::kKeepBars, keep_empty = keep_full + 8 * L::kKeepStages;
-          const uint32_t at = base + L::kKeepStage + ks * L::kKeepBuffer + uint32_t(L::kKeepBytesT * (128 * c + t));
-          mbar_wait(keep_full + 8 * ks, (kv_it / L::kKeepStages) & 1);
-          if constexpr (L::kKeepBytesT == 8) {
-            asm volatile("ld.shared.u64 %0, [%1];\n" : "=l"(bits) : "r"(at) : "memory");
-          } else {
-            static_assert(L::kKeepBytesT == 4, "sm90 forward: keep bits of 128- or 64-key blocks");
-            uint32_t w;
-            asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(w) : "r"(at) : "memory");
-            bits = w;
-          }
-          mbar_arrive(keep_empty + 8 * ks);  // release: orders the load before the drawers' next writes
-        }
-        src.dropout(p, it, kb, mt, lane, s, bits);
-      }
-    };
     if constexpr (!kOverlap) {
       // Serial schedule: S, softmax, P V, one block after the other.
       while (cur.next(kb, partial, entry)) {
@@ -1006,7 +882,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
         release_bias();
         sm.template update<kChains>(s, corr, exp_scale, shift);
         kern::OnlineSoftmax::rescale(o, corr);
-        dropout(s);
+        if constexpr (Src::kDropout) src.dropout(p, it, kb, mt, lane, s);
         uint32_t pa[kKP][4];
         kern::pack_p<E>(s, pa);
         mbar_wait(v_full + 8 * st, ph);
@@ -1055,7 +931,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           } else {
             sm.template update<kChains>(s, corr, exp_scale, shift);
           }
-          dropout(s);
+          if constexpr (Src::kDropout) src.dropout(p, it, kb, mt, lane, s);
           kern::pack_p<E>(s, pa);
           ++kv_it;
         }
@@ -1093,8 +969,9 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           reg_fence(o);
           mbar_arrive(v_empty + 8 * st_prev);
           if (moved) kern::OnlineSoftmax::rescale(o, corr);
-          // Dropout after the wait, where P_{j-1}'s registers (the in-flight GEMM's A operand) are free.
-          dropout(s);
+          // Dropout after the wait, where P_{j-1}'s registers (the in-flight GEMM's A operand) are free:
+          // before it, or with the Philox bits drawn before the S GEMM, the (128, 128) consumer spilled more in the loop.
+          if constexpr (Src::kDropout) src.dropout(p, it, kb, mt, lane, s);
           kern::pack_p<E>(s, pa);
           st_prev = st;
           ph_prev = ph;
@@ -1164,20 +1041,9 @@ __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const CUtensor
       mbar_init(bars + 16 + 8 * (2 * kStages + s), kConsumerThreads);   // k_empty
       mbar_init(bars + 16 + 8 * (3 * kStages + s), kConsumerThreads);   // v_empty
     }
-    // item_empty: the consumers' arrivals, and the keep-bit drawers' (Src::kDropout with Philox).
-    [[maybe_unused]] int readers = kConsumerThreads;
-    if constexpr (Src<L>::kDropout) {
-      if (Src<L>::drawn(p)) {
-        readers += kKeepDrawers;
-        for (int i = 0; i < L::kKeepStages; ++i) {
-          mbar_init(base + L::kKeepBars + 8 * i, kKeepDrawers);                             // keep_full
-          mbar_init(base + L::kKeepBars + 8 * (L::kKeepStages + i), kConsumerThreads);  // keep_empty
-        }
-      }
-    }
     for (int i = 0; i < 2; ++i) {
-      mbar_init(bars + 16 + 8 * (4 * kStages + i), 1);                        // item_full
-      mbar_init(bars + 16 + 8 * (4 * kStages + 2 + i), uint32_t(readers));  // item_empty
+      mbar_init(bars + 16 + 8 * (4 * kStages + i), 1);                     // item_full
+      mbar_init(bars + 16 + 8 * (4 * kStages + 2 + i), kConsumerThreads);  // item_empty
     }
     if constexpr (Src<L>::kStagedBias) {
       for (int i = 0; i < 2; ++i) {
@@ -1190,18 +1056,7 @@ __device__ __forceinline__ void fwd_sm90_body(const FwdParams& p, const CUtensor
   __syncthreads();
   if (threadIdx.x < 128) {
     setmaxnreg_dec<24>();
-    if constexpr (Src<L>::kDropout) {
-      // Warp 0 loads, warps 1-3 draw the keep bits. (Branched by warp: with the drawers' call after the
-      // producer's under threadIdx.x tests, ptxas laid the consumers out first and capped them near the launch
-      // bound's 168 registers, C7512 and 1.3 KB of spills.)
-      if ((threadIdx.x >> 5) == 0) {
-        if (threadIdx.x == 0) producer<L, Src<L>>(p, tm_q, tm_k, tm_v, tm_bias, base, s_item);
-      } else if (Src<L>::drawn(p)) {
-        keep_drawers<L, Src<L>>(p, base, s_item);
-      }
-    } else {
-      if (threadIdx.x == 0) producer<L, Src<L>>(p, tm_q, tm_k, tm_v, tm_bias, base, s_item);
-    }
+    if (threadIdx.x == 0) producer<L, Src<L>>(p, tm_q, tm_k, tm_v, tm_bias, base, s_item);
     // Exit here rather than fall through to the kernel's end: when the 24-register warpgroup's
     // path merges with the consumers' (the shared exit), ptxas (nvcc 13.0) caps the consumers'
     // registers near 204 instead of their 240 (the D = 128 overlapped loop then spilled 240 B and

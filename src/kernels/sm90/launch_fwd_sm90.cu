@@ -21,7 +21,6 @@
 #include "kernels/common/fwd_launch.h"
 #include "kernels/common/launch_util.h"
 #include "kernels/sm90/fwd_sm90_run.h"
-#include "kernels/common/experimental_switch.h"
 #include "kernels/sm90/launch_sm90.h"
 #include "kernels/sm90/sample_maps_sm90.h"
 #include "kernels/sm90/tile_sm90.h"
@@ -78,12 +77,6 @@ bool fwd_packed_enabled() {
 int64_t fwd_launches() { return g_fwd_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_fwd_launches() { return g_sdpa_fwd_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_fwd_drop_launches() { return g_sdpa_fwd_drop_launches.load(std::memory_order_relaxed); }
-
-namespace {
-kern::ExperimentalSwitch g_dropout_drawers;  // (not yet run on a GPU: FLASHSPAN_EXPERIMENTAL=1)
-}  // namespace
-bool sm90_dropout_drawers_enabled() { return g_dropout_drawers.on(); }
-void set_sm90_dropout_drawers(int on) { g_dropout_drawers.set(on); }
 int64_t sdpa_fp8_fwd_launches() { return g_sdpa_fp8_fwd_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_fwd_paged_launches() { return g_sdpa_fwd_paged_launches.load(std::memory_order_relaxed); }
 
@@ -217,7 +210,6 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p_in, const TensorView& q, const 
   FS_CHECK(!mods || t.dqk_tile <= 128, Status::kInternal,
            "sdpa forward (sm90): score modifiers or dropout with head dims above 128 reached the launcher");
   if (drop) g_sdpa_fwd_drop_launches.fetch_add(1, std::memory_order_relaxed);
-  p.analytic.dropout.drawn = a.dropout.mode == 1 && sm90_dropout_drawers_enabled() ? 1 : 0;
   switch (t.dqk_tile) {
     case 64:
       drop   ? run_sdpa_fwd_sm90<64, 64, true, true>(p, dtype, mq, mk, mv, mbias, stream)

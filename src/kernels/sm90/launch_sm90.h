@@ -59,14 +59,6 @@ void launch_sdpa_fwd_sm90(const SdpaFwdParams& p, const TensorView& q, const Ten
 int64_t sdpa_fwd_launches();
 int64_t sdpa_fwd_drop_launches();
 
-// Whether the kernel with dropout takes Philox's keep bits from its producer warpgroup's idle warps
-// (kernel_fwd_sm90.cuh keep_drawers; SdpaDropoutParams::drawn) instead of drawing them in its consumers.
-// Experimental (written 2026-12-06 without a GPU: not yet run on one): on with FLASHSPAN_EXPERIMENTAL=1 (read
-// per call); set_sm90_dropout_drawers(1 / 0) forces it for tests and benchmarks, -1 back to the environment's
-// answer.
-bool sm90_dropout_drawers_enabled();
-void set_sm90_dropout_drawers(int on);
-
 // SDPA forward over paged K/V caches (kernel_fwd_sm90.cuh sdpa_fwd_paged_kernel_sm90; on by default,
 // dispatch/sdpa_launch.h sdpa_sm90_paged_enabled), for the calls sdpa_fwd_sm90_paged_refusal accepts: p as
 // sdpa_paged_fwd_params_sm90 fills it (q / o / stats / gate padded, or packed (on by default,
