@@ -101,7 +101,7 @@ FS_PHILOX_HD uint32_t dropout_number(uint32_t word, uint32_t j) { return (word >
 // The keep bits of one call's eight elements (the mapping above): bit r (r = 0..3) for word r's low half,
 // bit 4 + r for its high half, 1 where the element survives. The GPU kernels' per-thread order: bit r is
 // element (n, r) and bit 4 + r element (n + 1, r) of a thread's n8 accumulator blocks n, n + 1
-// (kernels/common/sdpa_score_mod.cuh sdpa_dropout_keep_bits, the sm90 forward's keep_drawers).
+// (kernels/common/sdpa_score_mod.cuh sdpa_dropout_keep_bits).
 FS_PHILOX_HD uint32_t dropout_keep_byte(const Philox4& w, uint32_t threshold) {
   uint32_t k8 = 0;
 #if defined(__CUDA_ARCH__)
