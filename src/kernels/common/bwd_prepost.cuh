@@ -3,7 +3,8 @@
 //   preprocess:  D_i = dO_i . O_i - dlse_i and lse2_i = LSE_i * log2(e) (+inf for an empty
 //                row) into the workspace, [Hq, total_q] fp32 each (params.h, BwdParams).
 //   dQ convert:  dq = scale * dq_accum in the input dtype (atomic dQ path).
-//   SDPA dBias:  the dS workspace summed over dBias's broadcast dimensions (sdpa_dbias_reduce).
+//   SDPA dBias:  the dS workspace summed over dBias's broadcast dimensions (sdpa_dbias_reduce,
+//                sdpa_dbias_reduce_cols).
 //   SDPA dSink:  -sum_i exp(sink - LSE_i) D_i per query head, from the preprocess's rows (sdpa_dsink_reduce).
 // kAnalytic (SDPA, AnalyticMaskParams): the rows are those of every sample padded to S_q
 // (p.varlen = 0, p.seqlen_q = S_q); a row past its sample's length is an empty row (D = 0,
@@ -312,7 +313,7 @@ __device__ __forceinline__ void bwd_dq_convert_rows(const BwdParams& p) {
 //   keys reduced (dBias's dimension 3 of size 1): sdpa_dbias_reduce, one warp per element, lane l adds
 //     the terms l, l + 32, ... of the reduced index space (j fastest: consecutive lanes read consecutive
 //     keys), then a fixed shuffle tree;
-//   keys kept: sdpa_dbias_reduce_cols, one thread per (element, chunk of terms), consecutive threads on
+//   keys kept: sdpa_dbias_reduce_cols, one thread per (element, run of terms), consecutive threads on
 //     consecutive keys, so that a warp's reads of one term are one coalesced row segment (a warp per
 //     element read 16 scattered sectors for 16 useful floats of a (1, 1, S, S) dBias over 16 heads: the
 //     dBias backward ran at 31x the plain one on an H100, PERF_LOG v2.66).
@@ -336,7 +337,6 @@ struct DbiasGeometry {
     g.si = bp.ds_ld;
     g.sh = Sq * bp.ds_ld;
     g.sb = H * g.sh;
-    (void)B;
     return g;
   }
   __host__ __device__ __forceinline__ int64_t elems() const { return n0 * n1 * n2 * n3; }

@@ -173,7 +173,7 @@ void launch_sdpa_bwd_dbias(const SdpaBwdParams& p, cudaStream_t stream) {
     return;
   }
   // Keys kept: a thread per (element, run of terms), with enough runs that about kDbiasThreads threads
-  // read at once (a (1, 1, 1, S) dBias has S elements of H S_q terms each); a function of the shapes
+  // read at once (a (1, 1, 1, S) dBias has S elements of B H S_q terms each); a function of the shapes
   // alone, so the sums' order (and the result, bitwise) does not depend on the GPU.
   constexpr int64_t kDbiasThreads = int64_t(1) << 18;
   int64_t chunks = std::min<int64_t>(std::max<int64_t>((kDbiasThreads + elems - 1) / elems, 1), std::max<int64_t>(terms, 1));
