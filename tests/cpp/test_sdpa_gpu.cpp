@@ -1662,7 +1662,7 @@ TEST(SdpaGpu, DbiasReduceForms) {
   // dBias's two reductions of a dBias that keeps the key dimension (bwd_prepost.cuh): the keys-kept form
   // (sdpa_dbias_reduce_cols, the default: runs of terms, one pass or two) and the warp-per-element form
   // (FLASHSPAN_SDPA_DBIAS_COLS=0), each forced, on every broadcast form against the reference; shapes small
-  // (several runs a element, pass 2) and one larger (a (1, 1, S, S) dBias of 8 heads, one run).
+  // (several runs an element, pass 2) and one larger (a (1, 1, S, S) dBias of 8 heads, one run).
   REQUIRE_SM90();
   const ForceSm90WithMods force;
   for (int cols : {1, 0}) {
@@ -1672,7 +1672,6 @@ TEST(SdpaGpu, DbiasReduceForms) {
       c.seed = 15650 + uint64_t(form) + 100 * uint64_t(cols);
       c.dtype = form % 2 ? DType::kBFloat16 : DType::kFloat16;
       c.B = 2;
-      c.Hq = 4;
       c.Hk = 2;
       c.Sq = form == 4 ? 600 : 130 + 10 * (form % 4);
       c.Skv = form == 4 ? 700 : 190 + 30 * (form % 3);
