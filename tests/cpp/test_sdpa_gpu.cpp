@@ -1662,7 +1662,7 @@ TEST(SdpaGpu, DbiasReduceForms) {
   // dBias's two reductions of a dBias that keeps the key dimension (bwd_prepost.cuh): the keys-kept form
   // (sdpa_dbias_reduce_cols, the default: runs of terms, one pass or two) and the warp-per-element form
   // (FLASHSPAN_SDPA_DBIAS_COLS=0), each forced, on every broadcast form against the reference; shapes small
-  // (several runs an element, pass 2) and one larger (a (1, 1, S, S) dBias of 8 heads, one run).
+  // (several runs an element, pass 2) and two larger (forms 4 and 8 below).
   REQUIRE_SM90();
   const ForceSm90WithMods force;
   for (int cols : {1, 0}) {
@@ -1673,9 +1673,12 @@ TEST(SdpaGpu, DbiasReduceForms) {
       c.dtype = form % 2 ? DType::kBFloat16 : DType::kFloat16;
       c.B = 2;
       c.Hk = 2;
-      c.Sq = form == 4 ? 600 : 130 + 10 * (form % 4);
-      c.Skv = form == 4 ? 700 : 190 + 30 * (form % 3);
-      c.Hq = form == 4 ? 8 : 4;
+      // Forms 4 and 8 larger: (1, 1, S, S) with runs of the 16 (b, h) terms; (1, 1, 1, S) with runs of ~26 of its
+      // B H S_q terms, so that runs cross from one head's last query row to the next head's first.
+      const bool big = form == 4 || form == 8;
+      c.Sq = big ? 600 : 130 + 10 * (form % 4);
+      c.Skv = big ? 700 : 190 + 30 * (form % 3);
+      c.Hq = big ? 8 : 4;
       c.Dqk = c.Dv = form % 3 ? 64 : 128;
       c.has_right = form % 2 == 0;
       c.bottom_right = c.has_right;
