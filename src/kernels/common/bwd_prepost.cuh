@@ -341,11 +341,19 @@ struct DbiasGeometry {
   }
   __host__ __device__ __forceinline__ int64_t elems() const { return n0 * n1 * n2 * n3; }
   __host__ __device__ __forceinline__ int64_t terms() const { return rb * rh * ri * rj; }
+  // dBias element e's coordinates (b', h', i', j'), j' fastest: decoded once per element, read by the
+  // term offsets and the store.
+  struct Elem {
+    int64_t b, h, i, j;
+  };
+  __host__ __device__ __forceinline__ Elem element(int64_t e) const {
+    return Elem{e / (n3 * n2 * n1), (e / (n3 * n2)) % n1, (e / n3) % n2, e % n3};
+  }
 };
 
-__device__ __forceinline__ void store_dbias(const SdpaBiasParams& bp, const DbiasGeometry& g, int64_t e, float acc) {
-  const int64_t j1 = e % g.n3, i1 = (e / g.n3) % g.n2, h1 = (e / (g.n3 * g.n2)) % g.n1, b1 = e / (g.n3 * g.n2 * g.n1);
-  const int64_t off = b1 * bp.dbias_stride[0] + h1 * bp.dbias_stride[1] + i1 * bp.dbias_stride[2] + j1 * bp.dbias_stride[3];
+__device__ __forceinline__ void store_dbias(const SdpaBiasParams& bp, const DbiasGeometry::Elem& x, float acc) {
+  const int64_t off =
+      x.b * bp.dbias_stride[0] + x.h * bp.dbias_stride[1] + x.i * bp.dbias_stride[2] + x.j * bp.dbias_stride[3];
   if (bp.dbias_dtype == kSdpaBiasF32) {
     static_cast<float*>(bp.dbias)[off] = acc;
   } else if (bp.dbias_dtype == kSdpaBiasBF16) {
@@ -362,16 +370,16 @@ __device__ __forceinline__ void sdpa_dbias_reduce(const SdpaBiasParams& bp, int6
   const int64_t elems = g.elems(), terms = g.terms();
   const int64_t warps = int64_t(gridDim.x) * (blockDim.x >> 5);
   for (int64_t e = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5); e < elems; e += warps) {
-    const int64_t j1 = e % g.n3, i1 = (e / g.n3) % g.n2, h1 = (e / (g.n3 * g.n2)) % g.n1, b1 = e / (g.n3 * g.n2 * g.n1);
+    const DbiasGeometry::Elem x = g.element(e);
     float acc = 0.0f;
     for (int64_t r = lane; r < terms; r += 32) {
       const int64_t jj = r % g.rj, ii = (r / g.rj) % g.ri, hh = (r / (g.rj * g.ri)) % g.rh, bb = r / (g.rj * g.ri * g.rh);
-      const int64_t b = g.n0 == 1 ? bb : b1, h = g.n1 == 1 ? hh : h1, i = g.n2 == 1 ? ii : i1, j = g.n3 == 1 ? jj : j1;
+      const int64_t b = g.n0 == 1 ? bb : x.b, h = g.n1 == 1 ? hh : x.h, i = g.n2 == 1 ? ii : x.i, j = g.n3 == 1 ? jj : x.j;
       acc += bp.ds[b * g.sb + h * g.sh + i * g.si + j];
     }
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, o);
-    if (lane == 0) store_dbias(bp, g, e, acc);
+    if (lane == 0) store_dbias(bp, x, acc);
   }
 }
 
@@ -380,11 +388,10 @@ __device__ __forceinline__ void sdpa_dbias_reduce(const SdpaBiasParams& bp, int6
 // (e, k) sums run k and writes the partial sum over the run's first term in the workspace (a location
 // only that thread reads); with chunks = 1 it writes dBias itself. Pass 2 (kFinal): thread e sums the
 // runs' partial sums in order k and writes dBias. Threads e fastest (a warp: 32 consecutive keys).
-__device__ __forceinline__ int64_t dbias_term_offset(const DbiasGeometry& g, int64_t e, int64_t r) {
-  const int64_t j1 = e % g.n3, i1 = (e / g.n3) % g.n2, h1 = (e / (g.n3 * g.n2)) % g.n1, b1 = e / (g.n3 * g.n2 * g.n1);
+__device__ __forceinline__ int64_t dbias_term_offset(const DbiasGeometry& g, const DbiasGeometry::Elem& x, int64_t r) {
   const int64_t ii = r % g.ri, hh = (r / g.ri) % g.rh, bb = r / (g.ri * g.rh);
-  const int64_t b = g.n0 == 1 ? bb : b1, h = g.n1 == 1 ? hh : h1, i = g.n2 == 1 ? ii : i1;
-  return b * g.sb + h * g.sh + i * g.si + j1;
+  const int64_t b = g.n0 == 1 ? bb : x.b, h = g.n1 == 1 ? hh : x.h, i = g.n2 == 1 ? ii : x.i;
+  return b * g.sb + h * g.sh + i * g.si + x.j;
 }
 
 template <bool kFinal>
@@ -395,17 +402,17 @@ __device__ __forceinline__ void sdpa_dbias_reduce_cols(const SdpaBiasParams& bp,
   const int64_t units = kFinal ? elems : elems * chunks;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t u = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; u < units; u += stride) {
-    const int64_t e = u % elems, k = u / elems;
+    const DbiasGeometry::Elem x = g.element(u % elems);
     float acc = 0.0f;
     if constexpr (kFinal) {
-      for (int64_t c = 0; c < chunks; ++c) acc += bp.ds[dbias_term_offset(g, e, c * chunk)];
-      store_dbias(bp, g, e, acc);
+      for (int64_t c = 0; c < chunks; ++c) acc += bp.ds[dbias_term_offset(g, x, c * chunk)];
+      store_dbias(bp, x, acc);
     } else {
-      const int64_t r0 = k * chunk, n = (terms - r0 < chunk ? terms - r0 : chunk);
+      const int64_t r0 = (u / elems) * chunk, n = (terms - r0 < chunk ? terms - r0 : chunk);
       int64_t first = -1;
       if (n > 0) {  // (a problem without query rows has no terms: dBias 0)
         // The run's terms walked with counters (no division a term): ii steps by si, then hh, then bb.
-        first = dbias_term_offset(g, e, r0);
+        first = dbias_term_offset(g, x, r0);
         const float* x = bp.ds + first;
         const int64_t di = g.n2 == 1 ? g.si : 0, dh = g.n1 == 1 ? g.sh : 0, db = g.n0 == 1 ? g.sb : 0;
         int64_t ii = r0 % g.ri, hh = (r0 / g.ri) % g.rh;
@@ -426,7 +433,7 @@ __device__ __forceinline__ void sdpa_dbias_reduce_cols(const SdpaBiasParams& bp,
         }
       }
       if (chunks == 1) {
-        store_dbias(bp, g, e, acc);
+        store_dbias(bp, x, acc);
       } else {
         bp.ds[first] = acc;  // (chunks > 1: every run has terms)
       }

@@ -176,9 +176,10 @@ void launch_sdpa_bwd_dbias(const SdpaBwdParams& p, cudaStream_t stream) {
   // read at once (a (1, 1, 1, S) dBias has S elements of B H S_q terms each); a function of the shapes
   // alone, so the sums' order (and the result, bitwise) does not depend on the GPU.
   constexpr int64_t kDbiasThreads = int64_t(1) << 18;
-  int64_t chunks = std::min<int64_t>(std::max<int64_t>((kDbiasThreads + elems - 1) / elems, 1), std::max<int64_t>(terms, 1));
-  const int64_t chunk = (std::max<int64_t>(terms, 1) + chunks - 1) / chunks;
-  chunks = (std::max<int64_t>(terms, 1) + chunk - 1) / chunk;
+  const int64_t nterms = std::max<int64_t>(terms, 1);  // (no terms: one empty run, dBias 0)
+  int64_t chunks = std::min<int64_t>(std::max<int64_t>((kDbiasThreads + elems - 1) / elems, 1), nterms);
+  const int64_t chunk = (nterms + chunks - 1) / chunks;
+  chunks = (nterms + chunk - 1) / chunk;
   kern::sdpa_bwd_dbias_cols_kernel<false><<<grid_stride_1d(elems * chunks, 256), 256, 0, stream>>>(p, chunk, chunks);
   check_launch("sdpa backward dBias");
   if (chunks > 1) {

@@ -18,7 +18,7 @@
 // pairs, 1 without softcap); with dBias, dS = P (dP - D) of the sample's elements into the fp32
 // workspace [B, H_q, S_q, ds_ld] (SdpaBiasParams::ds, zeroed by the launcher, each element written
 // once; with softcap before its factor 1 - t^2, since the bias is added after softcap; dBias with softcap
-// and dropout is refused by the C layer), which sdpa_dbias_reduce sums over dBias's broadcast dimensions. S^T is a fragment of the transposed problem (scores of keys against
+// and dropout is refused by the C layer), which launch_sdpa_bwd_dbias (launch_bwd_common.h) sums over dBias's broadcast dimensions. S^T is a fragment of the transposed problem (scores of keys against
 // queries): its bias is SdpaBiasFrag::at_transposed, its ALiBi the negated offsets
 // (SdpaScoreMod::transposed, base i0 + shift - j0).
 //
