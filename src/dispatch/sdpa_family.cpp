@@ -140,6 +140,14 @@ Switch g_sdpa_sm90_paged_thd{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_PAGE
 // B=4 H=16 S=8192: 201-446 TFLOP/s against the sm80 paged kernel's 78-151, 2.2-3.3x);
 // FLASHSPAN_SM90_SDPA_PAGED_BIAS=0 (read per call) keeps those calls on the sm80 paged kernel. FLASHSPAN_EXPERIMENTAL
 // (its switch before) no longer changes it.
+// dBias's accumulator form on the sm90 backward (sdpa_dbias_ds_form; params.h SdpaBiasParams::ds_form), since its
+// GPU tests passed on an H200 (SdpaGpu.DbiasReduceForms, memcheck) and it ran the dBias backward 2.0-4.8x as fast
+// as the workspace form (PERF_LOG v2.67); FLASHSPAN_SDPA_DBIAS_ACC=0 (read by each workspace_size and execute)
+// keeps the workspace form.
+Switch g_sdpa_dbias_acc{[] { return !env_flag_off("FLASHSPAN_SDPA_DBIAS_ACC"); }};
+// dBias's direct form on the sm90 backward (sdpa_dbias_ds_form): experimental (FLASHSPAN_EXPERIMENTAL=1, read by
+// each workspace_size and execute) until its GPU tests have run.
+Switch g_sdpa_dbias_direct{experimental_from_env};
 Switch g_sdpa_sm90_paged_bias{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_PAGED_BIAS"); }};
 }  // namespace
 
@@ -559,6 +567,25 @@ bool sdpa_fwd_runs_decode(const sdpa::Problem& p) {
 bool sdpa_bwd_runs_sm90(const sdpa::Problem& p) {
   if (p.device != DeviceType::kCUDA || !sdpa_bwd_sm90_enabled() || sdpa_bwd_sm90_refusal(p) != nullptr) return false;
   return on_sm90_device(p);
+}
+
+void set_sdpa_dbias_acc_enabled(int on) { g_sdpa_dbias_acc.set(on); }
+bool sdpa_dbias_acc_enabled() { return g_sdpa_dbias_acc.on(); }
+void set_sdpa_dbias_direct_enabled(int on) { g_sdpa_dbias_direct.set(on); }
+bool sdpa_dbias_direct_enabled() { return g_sdpa_dbias_direct.on(); }
+
+int32_t sdpa_dbias_ds_form(const sdpa::Problem& p) {
+  if (!p.has(FS_SDPA_DBIAS)) return kDbiasDsWorkspace;
+  const TensorView& d = p.t(FS_SDPA_DBIAS);
+  // One dS term per dBias element: each dimension kept, or of extent 1 in the problem; keys contiguous (the
+  // kernel's stores, kernel_bwd_mods_sm90.cuh store_direct).
+  const bool one_term = (d.size(0) == p.B || p.B == 1) && (d.size(1) == p.Hq || p.Hq == 1) &&
+                        (d.size(2) == p.Sq || p.Sq == 1) && (d.size(3) == p.Skv || p.Skv == 1) &&
+                        (d.size(3) == 1 || d.stride(3) == 1);
+  const bool direct = one_term && sdpa_dbias_direct_enabled();
+  const bool acc = !p.a.deterministic && d.size(3) == p.Skv && sdpa_dbias_acc_enabled();
+  if ((!direct && !acc) || !sdpa_bwd_runs_sm90(p)) return kDbiasDsWorkspace;
+  return direct ? kDbiasDsDirect : kDbiasDsAccumulate;
 }
 
 bool sdpa_fwd_sm90_may_take_packed(const sdpa::Problem& p) {

@@ -145,6 +145,25 @@ void set_sdpa_bwd_sm90_enabled(int on);
 bool sdpa_bwd_sm90_mods_enabled();
 void set_sdpa_bwd_sm90_mods_enabled(int on);
 bool sdpa_bwd_runs_sm90(const sdpa::Problem& p);
+// Where the sm90 backward's kernel puts dBias's dS (params.h SdpaBiasParams::ds_form; bwd_prepost.cuh), for a call
+// that runs the sm90 backward (sdpa_bwd_runs_sm90; else, and without dBias, the workspace form):
+//   kDbiasDsDirect      each dBias element has one dS term (dBias broadcasts nothing the problem has more than one
+//                       of: (B, H_q, S_q, S_kv), or (1, H_q, S_q, S_kv) at B = 1; keys contiguous): stored into
+//                       dBias itself, no workspace; deterministic or not; while sdpa_dbias_direct_enabled
+//                       (experimental: FLASHSPAN_EXPERIMENTAL=1)
+//   kDbiasDsAccumulate  else, outside deterministic mode (the sums' order is the GPU's), a dBias that keeps the key
+//                       dimension: added (red.global.add) into an fp32 buffer of dBias's shape, which the dBias step
+//                       converts; the workspace holds that buffer alone (256 MB for a (1, 1, 8192, 8192) dBias where
+//                       the workspace form takes 4.3 GB at H_q = 16); while sdpa_dbias_acc_enabled (on by default,
+//                       PERF_LOG v2.67; FLASHSPAN_SDPA_DBIAS_ACC=0 turns it off)
+//   kDbiasDsWorkspace   else: stored into the [B, H_q, S_q, S_kv] workspace, summed over the broadcast dimensions
+// The switches are read by each workspace_size and execute; set_*_enabled are tests' overrides (1 on, 0 off, -1 back
+// to the environment's answer).
+int32_t sdpa_dbias_ds_form(const sdpa::Problem& p);
+bool sdpa_dbias_acc_enabled();
+void set_sdpa_dbias_acc_enabled(int on);
+bool sdpa_dbias_direct_enabled();
+void set_sdpa_dbias_direct_enabled(int on);
 // sdpa_bwd_params with the sm90 backward's dQ accumulator bound (dq_accum: one 64 x kD fp32 tile
 // per (query head, sample, query block), kD = bwd_kernel_dim_sm90; dq_sem: their counters
 // when deterministic), both in the workspace, whose size covers them for every call the sm90

@@ -184,11 +184,17 @@ size_t gated_do_bytes(const Problem& p) {
 // float2 pairs at even columns).
 int64_t dbias_ds_ld(const Problem& p) { return (p.Skv + 1) / 2 * 2; }
 
-// Bytes of dBias's dS workspace ([B, H_q, S_q, dbias_ds_ld] fp32), 0 without dBias.
+// Bytes of dBias's dS workspace ([B, H_q, S_q, dbias_ds_ld] fp32), or of its accumulator form (fp32 of dBias's
+// shape), by sdpa_dbias_ds_form; 0 in the direct form and without dBias.
 size_t dbias_ds_bytes(const Problem& p) {
-  return p.has(FS_SDPA_DBIAS) ? ws_align(sizeof(float) * size_t(p.B) * size_t(p.Hq) * size_t(p.Sq) *
-                                         size_t(dbias_ds_ld(p)))
-                              : 0;
+  if (!p.has(FS_SDPA_DBIAS)) return 0;
+  const int32_t form = sdpa_dbias_ds_form(p);
+  if (form == kDbiasDsDirect) return 0;
+  if (form == kDbiasDsAccumulate) {
+    const TensorView& d = p.t(FS_SDPA_DBIAS);
+    return ws_align(sizeof(float) * size_t(d.size(0)) * size_t(d.size(1)) * size_t(d.size(2)) * size_t(d.size(3)));
+  }
+  return ws_align(sizeof(float) * size_t(p.B) * size_t(p.Hq) * size_t(p.Sq) * size_t(dbias_ds_ld(p)));
 }
 
 // Bytes of the sm90 backward's dK / dV slots of an H_k != H_v call (0 otherwise): the dK slots
@@ -617,7 +623,9 @@ SdpaBwdParams sdpa_bwd_params(const Problem& p, void* workspace, size_t workspac
   if (p.has(FS_SDPA_DBIAS)) {
     SdpaBiasParams& bp = b.analytic.bias;
     const TensorView& d = p.t(FS_SDPA_DBIAS);
-    bp.ds = reinterpret_cast<float*>(ws + (wl.total - gated_do_bytes(p) - dbias_ds_bytes(p)));
+    bp.ds_form = sdpa_dbias_ds_form(p);
+    bp.ds = bp.ds_form == kDbiasDsDirect ? nullptr
+                                         : reinterpret_cast<float*>(ws + (wl.total - gated_do_bytes(p) - dbias_ds_bytes(p)));
     bp.ds_ld = dbias_ds_ld(p);
     bp.dbias = d.data;
     bp.dbias_dtype = bias_dtype(d.dtype);

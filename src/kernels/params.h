@@ -176,8 +176,20 @@ struct SdpaBlockMaskParams {
 //                   (natural units), zeroed by the launcher; the dK/dV kernel stores the
 //                   sample's visited elements (each once), sdpa_bwd_dbias_kernel (bwd_prepost.cuh)
 //                   then sums it over dBias's broadcast dimensions in a fixed order
+//   ds_form         where the kernel puts dS (SdpaDbiasDsForm; the sm90 backward takes every form,
+//                   the sm80 one the workspace; dispatch's sdpa_dbias_ds_form chooses):
+//                     kDbiasDsWorkspace   ds is the workspace above
+//                     kDbiasDsAccumulate  ds is an fp32 accumulator of dBias's shape (contiguous,
+//                                         [n0, n1, n2, n3] row-major, zeroed by the launcher) into which
+//                                         the kernel adds (red.global.add) each dS element over dBias's
+//                                         broadcast dimensions; launch_sdpa_bwd_dbias converts it
+//                     kDbiasDsDirect      one dS term per dBias element (dBias broadcasts nothing the
+//                                         problem has more than one of): the kernel stores dS into dBias
+//                                         itself (its dtype and strides; zeroed by the launcher), ds null
+//                   (bwd_prepost.cuh dbias_ds_row: the first two forms' element address)
 //   dbias           dBias (bias's shape), dbias_dtype / dbias_stride[4] / dbias_size[4] likewise
 enum SdpaBiasDType : int32_t { kSdpaBiasF32 = 0, kSdpaBiasF16 = 1, kSdpaBiasBF16 = 2 };
+enum SdpaDbiasDsForm : int32_t { kDbiasDsWorkspace = 0, kDbiasDsAccumulate = 1, kDbiasDsDirect = 2 };
 struct SdpaBiasParams {
   const void* bias = nullptr;
   int32_t dtype = kSdpaBiasF32;
@@ -189,6 +201,7 @@ struct SdpaBiasParams {
   int32_t chunks = 0;
   float* ds = nullptr;
   int64_t ds_ld = 0;
+  int32_t ds_form = kDbiasDsWorkspace;
   void* dbias = nullptr;
   int32_t dbias_dtype = kSdpaBiasF32;
   int64_t dbias_stride[4] = {0, 0, 0, 0};
@@ -546,7 +559,7 @@ struct SdpaDecodeGrid {
 // sm90 backward's choice of its kernel with score modifiers: its every instantiation takes H_k != H_v
 // in its work items, kernel_bwd_sm90.cuh AnalyticSourceBwdSm90).
 inline bool sdpa_score_step_features(const AnalyticMaskParams& a) {
-  return a.score.softcap2 != 0.0f || a.score.alibi_n != 0 || a.bias.bias != nullptr || a.bias.ds != nullptr ||
+  return a.score.softcap2 != 0.0f || a.score.alibi_n != 0 || a.bias.bias != nullptr || a.bias.dbias != nullptr ||
          a.dropout.mode != 0 || a.block_mask.bits != nullptr;
 }
 inline bool sdpa_main_loop_features(const AnalyticMaskParams& a, int group_size) {

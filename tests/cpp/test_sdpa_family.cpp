@@ -442,6 +442,13 @@ struct BwdModsSwitch {
   ~BwdModsSwitch() { set_sdpa_bwd_sm90_mods_enabled(-1); }
 };
 
+// dBias's workspace form pinned (sdpa_dbias_ds_form: the accumulator and direct forms off), for tests of the
+// workspace layout that must read the same on a machine whose sm_90 device would take the other forms.
+struct DbiasWorkspaceForm {
+  ScopedSwitch acc{set_sdpa_dbias_acc_enabled, 0};
+  ScopedSwitch direct{set_sdpa_dbias_direct_enabled, 0};
+};
+
 TEST(SdpaFamily, Sm90BackwardLeavesTheRestToSm80) {
   const ModsSwitch on(1);  // the forward's kernel with modifiers changes nothing in the backward's rule
   const BwdModsSwitch bwd_off(0);  // (the backward's own: Sm90BackwardWithModifiersSwitch)
@@ -1157,6 +1164,7 @@ TEST(SdpaFamily, Sm90BackwardModsWorkspaceHoldsDsAndGatedDo) {
     // (the item counter's line after the accumulator, or deterministic after the tiles' counters)
     const size_t head = det ? 2 * per + al(tiles) + sem + 256 : 2 * per + al(std::max(per * 96, tiles)) + 256;
     const BwdModsSwitch on(1);
+    const DbiasWorkspaceForm workspace_form;
     const sdpa::Problem p = backward_problem(c, det);
     ASSERT_EQ(sdpa_bwd_sm90_refusal(p), nullptr);
     const size_t want = head + ds + gated;
@@ -1178,6 +1186,52 @@ TEST(SdpaFamily, Sm90BackwardModsWorkspaceHoldsDsAndGatedDo) {
     EXPECT_NE(sdpa_bwd_sm90_refusal(p80), nullptr);
     plain.a.tensors[FS_SDPA_BIAS] = c.a.tensors[FS_SDPA_BIAS];  // refused too (the sm80 layout), without dBias and the gate
     EXPECT_EQ(sdpa_bwd_workspace_size(p80), sdpa_bwd_workspace_size(backward_problem(plain, det)) + ds + gated);
+  }
+}
+
+TEST(SdpaFamily, DbiasDsFormRules) {
+  // sdpa_dbias_ds_form's rules (dispatch/sdpa_launch.h) and the workspace each form takes: the direct form for a dBias
+  // of one term an element, deterministic or not; else the accumulator outside deterministic mode for a dBias that
+  // keeps the keys; else the workspace; and never a form but the workspace where the sm90 backward does not run the
+  // call (no sm_90 device here: CI's machine; a GPU machine checks the forms themselves).
+  const auto al = [](size_t x) { return (x + 255) / 256 * 256; };
+  const BwdModsSwitch mods(1);
+  for (bool det : {false, true}) {
+    for (int shape = 0; shape < 4; ++shape) {
+      for (int acc_on : {0, 1}) {
+        for (int direct_on : {0, 1}) {
+          const ScopedSwitch acc(set_sdpa_dbias_acc_enabled, acc_on);
+          const ScopedSwitch direct(set_sdpa_dbias_direct_enabled, direct_on);
+          // dBias (B, H_q, S_q, S_kv) of the call B = 2, H_q = 4, S_q = 300, S_kv = 500: 0 (2, 4, 300, 500) one term,
+          // 1 (1, 4, 300, 500), 2 (1, 1, 1, 500), 3 (2, 4, 300, 1) (keys reduced).
+          const std::vector<std::vector<int64_t>> dims = {{2, 4, 300, 500}, {1, 4, 300, 500}, {1, 1, 1, 500}, {2, 4, 300, 1}};
+          const std::vector<int64_t>& d = dims[size_t(shape)];
+          Call c;  // (bias_gate_call's heads and dims, without the gate)
+          c.dqk = c.dv = 96;
+          c.a.tensors[FS_SDPA_BIAS] = desc(d[0], d[1], d[2], d[3], DType::kFloat32);
+          c.grads.emplace_back(FS_SDPA_DBIAS, desc(d[0], d[1], d[2], d[3], DType::kFloat32));
+          const sdpa::Problem p = backward_problem(c, det);
+          int want = kDbiasDsWorkspace;
+          if (sdpa_bwd_runs_sm90(p)) {
+            if (shape == 0 && direct_on) {
+              want = kDbiasDsDirect;
+            } else if (shape != 3 && !det && acc_on) {
+              want = kDbiasDsAccumulate;
+            }
+          }
+          const std::string what = "shape " + std::to_string(shape) + " det " + std::to_string(det) + " acc " +
+                                   std::to_string(acc_on) + " direct " + std::to_string(direct_on);
+          EXPECT_EQ(sdpa_dbias_ds_form(p), want) << what;
+          // The workspace: the dS workspace [B, H_q, S_q, 500] fp32, the accumulator of dBias's shape, or nothing.
+          const size_t ws_ds = al(sizeof(float) * 2 * 4 * 300 * 500);
+          const size_t acc_bytes = al(sizeof(float) * size_t(d[0] * d[1] * d[2] * d[3]));
+          const size_t ds = want == kDbiasDsWorkspace ? ws_ds : want == kDbiasDsAccumulate ? acc_bytes : 0;
+          Call none = c;  // the same call without dBias
+          none.grads.clear();
+          EXPECT_EQ(sdpa_bwd_workspace_size(p), sdpa_bwd_workspace_size(backward_problem(none, det)) + ds) << what;
+        }
+      }
+    }
   }
 }
 
@@ -1224,6 +1278,7 @@ TEST(SdpaFamily, Sm90BackwardHkNeHvWorkspaceHoldsTheSlots) {
       Call c = bias_gate_call();  // the (128, 128) kernel's tiles and slots
       c.hv = hv;
       const BwdModsSwitch on(1);
+      const DbiasWorkspaceForm workspace_form;
       const sdpa::Problem p = backward_problem(c, det);
       ASSERT_EQ(sdpa_bwd_sm90_refusal(p), nullptr) << hv;
       Call same_heads = c;  // H_v = H_k: the layout without slots

@@ -1659,19 +1659,23 @@ TEST(SdpaGpu, Sm90BackwardModsDbiasEveryBroadcastForm) {
 }
 
 TEST(SdpaGpu, DbiasReduceForms) {
-  // dBias's two reductions of a dBias that keeps the key dimension (bwd_prepost.cuh): the keys-kept form
-  // (sdpa_dbias_reduce_cols, the default: runs of terms, one pass or two) and the warp-per-element form
-  // (FLASHSPAN_SDPA_DBIAS_COLS=0), each forced, on every broadcast form against the reference; shapes small
-  // (several runs an element, pass 2) and two larger (forms 4 and 8 below).
+  // dBias's forms, each forced, on every broadcast form against the reference: the workspace's two reductions of a
+  // dBias that keeps the key dimension (bwd_prepost.cuh: sdpa_dbias_reduce_cols, runs of terms in one pass or two;
+  // the warp per element, FLASHSPAN_SDPA_DBIAS_COLS=0), the accumulator form (the kernel's red.add into a buffer of
+  // dBias's shape; calls outside deterministic mode) and the direct form (the kernel's stores into dBias; dBias
+  // with one term an element). dispatch's sdpa_dbias_ds_form picks among them; each case checks which form ran.
+  // Shapes small (several runs an element, pass 2) and two larger (forms 4 and 8 below).
   REQUIRE_SM90();
   const ForceSm90WithMods force;
-  for (int cols : {1, 0}) {
-    set_sdpa_dbias_cols(cols);
+  for (int variant : {0, 1, 2, 3}) {  // workspace (cols), workspace (warp), accumulator, direct
+    set_sdpa_dbias_cols(variant != 1);
+    set_sdpa_dbias_acc_enabled(variant == 2);
+    set_sdpa_dbias_direct_enabled(variant == 3);
     for (int form = 1; form <= 16; ++form) {
       Case c;
-      c.seed = 15650 + uint64_t(form) + 100 * uint64_t(cols);
+      c.seed = 15650 + uint64_t(form) + 100 * uint64_t(variant == 1) + 1000 * uint64_t(variant);
       c.dtype = form % 2 ? DType::kBFloat16 : DType::kFloat16;
-      c.B = 2;
+      c.B = variant == 3 && form % 2 == 0 ? 1 : 2;  // (direct: B = 1 makes a batch-broadcast dBias one term too)
       c.Hk = 2;
       // Forms 4 and 8 larger: (1, 1, S, S) with runs of the 16 (b, h) terms; (1, 1, 1, S) with runs of ~26 of its
       // B H S_q terms, so that runs cross from one head's last query row to the next head's first.
@@ -1687,11 +1691,22 @@ TEST(SdpaGpu, DbiasReduceForms) {
       c.scale = 0.125f;
       c.bias = form;
       c.bias_f32 = form % 4 < 2;
+      c.bias_strided = variant == 3 && form == 2;  // (a dBias of the direct form with strides: zeroed by a kernel)
       c.dbias = true;
+      const std::vector<int64_t> bs = c.bias_shape();
+      const bool keys_kept = bs[3] != 1;
+      const bool one_term = (bs[0] == c.B || c.B == 1) && bs[1] == c.Hq && bs[2] == c.Sq && keys_kept;
+      const int want = variant == 3 && one_term                          ? kDbiasDsDirect
+                       : variant == 2 && keys_kept && !c.deterministic ? kDbiasDsAccumulate
+                                                                         : kDbiasDsWorkspace;
+      const int64_t before = sdpa_dbias_form_launches(want);
       run_sm90_bwd_mods_case(c);
+      EXPECT_EQ(sdpa_dbias_form_launches(want) - before, 1) << "dBias form " << want << ": " << c.str();
       if (::testing::Test::HasFailure()) break;
     }
     set_sdpa_dbias_cols(-1);
+    set_sdpa_dbias_acc_enabled(-1);
+    set_sdpa_dbias_direct_enabled(-1);
     if (::testing::Test::HasFailure()) return;
   }
 }

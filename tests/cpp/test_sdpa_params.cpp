@@ -684,7 +684,7 @@ TEST(SdpaParams, MainLoopFeaturesRule) {
   const float sink[1] = {0.0f};
   const float bias[1] = {0.0f};
   const uint8_t bits[1] = {1};
-  float ds[1] = {0.0f};
+  float dbias[1] = {0.0f};
   for (int k = 0; k < 8; ++k) {
     SCOPED_TRACE(k);
     SdpaFwdParams fk = f;
@@ -694,7 +694,7 @@ TEST(SdpaParams, MainLoopFeaturesRule) {
         case 0: a->score.softcap2 = 1.0f; break;
         case 1: a->score.alibi_n = 4; break;
         case 2: a->bias.bias = bias; break;
-        case 3: a->bias.ds = ds; break;
+        case 3: a->bias.dbias = dbias; break;  // (dBias: the direct form has no ds)
         case 4: a->dropout.mode = 1; break;
         case 5: a->block_mask.bits = bits; break;
         case 6: a->score.group_v = 1; break;  // H_k != H_v

@@ -317,6 +317,11 @@ __device__ __forceinline__ void bwd_dq_convert_rows(const BwdParams& p) {
 //     consecutive keys, so that a warp's reads of one term are one coalesced row segment (a warp per
 //     element read 16 scattered sectors for 16 useful floats of a (1, 1, S, S) dBias over 16 heads: the
 //     dBias backward ran at 31x the plain one on an H100, PERF_LOG v2.66).
+// The sm90 backward has two more (SdpaBiasParams::ds_form, chosen by dispatch's sdpa_dbias_ds_form): outside
+// deterministic mode its kernel adds its dS elements with red.global.add into an fp32 accumulator of dBias's
+// shape, so the sums are formed there (in no fixed order) and sdpa_dbias_from_acc only converts; and where each
+// dBias element has one term (dBias broadcasts nothing the problem has more than one of), it stores dS into
+// dBias itself (sdpa_dbias_zero_fill clears dBias first; deterministic or not).
 
 // The dBias reduction's geometry: the element / term spaces and the workspace strides of the reduced
 // dimensions (a kept dimension's index is the element's, a reduced one's the term's).
@@ -351,15 +356,56 @@ struct DbiasGeometry {
   }
 };
 
-__device__ __forceinline__ void store_dbias(const SdpaBiasParams& bp, const DbiasGeometry::Elem& x, float acc) {
-  const int64_t off =
-      x.b * bp.dbias_stride[0] + x.h * bp.dbias_stride[1] + x.i * bp.dbias_stride[2] + x.j * bp.dbias_stride[3];
+// dBias's element at element offset `off` (its strides) set to v, in dBias's dtype.
+__device__ __forceinline__ void store_dbias_at(const SdpaBiasParams& bp, int64_t off, float acc) {
   if (bp.dbias_dtype == kSdpaBiasF32) {
     static_cast<float*>(bp.dbias)[off] = acc;
   } else if (bp.dbias_dtype == kSdpaBiasBF16) {
     static_cast<__nv_bfloat16*>(bp.dbias)[off] = __float2bfloat16_rn(acc);
   } else {
     static_cast<__half*>(bp.dbias)[off] = __float2half_rn(acc);
+  }
+}
+
+// dBias's element offset of (b, h, i, j) (a broadcast dimension's stride is 0: its index does not matter).
+__host__ __device__ __forceinline__ int64_t dbias_offset(const SdpaBiasParams& bp, int64_t b, int64_t h, int64_t i,
+                                                        int64_t j) {
+  return b * bp.dbias_stride[0] + h * bp.dbias_stride[1] + i * bp.dbias_stride[2] + j * bp.dbias_stride[3];
+}
+
+__device__ __forceinline__ void store_dbias(const SdpaBiasParams& bp, const DbiasGeometry::Elem& x, float acc) {
+  store_dbias_at(bp, dbias_offset(bp, x.b, x.h, x.i, x.j), acc);
+}
+
+// dS's row (b, h, i) (key 0; keys contiguous) in dBias's dS buffer of the forms that have one (params.h
+// SdpaBiasParams::ds_form): the workspace [B, H, S_q, ds_ld], or the accumulator of dBias's shape, which
+// a broadcast dimension indexes at 0 (its terms all land on one element).
+__host__ __device__ __forceinline__ float* dbias_ds_row(const SdpaBiasParams& bp, int64_t H, int64_t Sq, int64_t b,
+                                                        int64_t h, int64_t i) {
+  if (bp.ds_form == kDbiasDsWorkspace) return bp.ds + ((b * H + h) * Sq + i) * bp.ds_ld;
+  const int64_t n1 = bp.dbias_size[1], n2 = bp.dbias_size[2], n3 = bp.dbias_size[3];
+  return bp.ds + (((bp.dbias_size[0] == 1 ? 0 : b) * n1 + (n1 == 1 ? 0 : h)) * n2 + (n2 == 1 ? 0 : i)) * n3;
+}
+
+// The accumulator form (kDbiasDsAccumulate): dBias element e is the accumulator's element e, converted (a thread an
+// element, coalesced along the keys).
+__device__ __forceinline__ void sdpa_dbias_from_acc(const SdpaBiasParams& bp, int64_t B, int64_t H, int64_t Sq,
+                                                    int64_t Skv) {
+  const DbiasGeometry g = DbiasGeometry::make(bp, B, H, Sq, Skv);
+  const int64_t elems = g.elems(), stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < elems; e += stride) {
+    store_dbias(bp, g.element(e), bp.ds[e]);
+  }
+}
+
+// The direct form (kDbiasDsDirect): dBias zeroed element by element (a dBias that is not one dense block;
+// the launcher clears a dense one with a memset).
+__device__ __forceinline__ void sdpa_dbias_zero_fill(const SdpaBiasParams& bp, int64_t B, int64_t H, int64_t Sq,
+                                                     int64_t Skv) {
+  const DbiasGeometry g = DbiasGeometry::make(bp, B, H, Sq, Skv);
+  const int64_t elems = g.elems(), stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < elems; e += stride) {
+    store_dbias(bp, g.element(e), 0.0f);
   }
 }
 

@@ -2,6 +2,7 @@
 #include "kernels/common/launch_bwd_common.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "kernels/common/bwd_prepost.cuh"
 #include "kernels/common/bwd_split.cuh"
@@ -23,6 +24,12 @@ __global__ void __launch_bounds__(256) sdpa_bwd_dsink_kernel(const SdpaBwdParams
 __global__ void __launch_bounds__(256) sdpa_bwd_dbias_kernel(const SdpaBwdParams p) {
   sdpa_dbias_reduce(p.analytic.bias, p.batch, p.num_heads_q, p.analytic.max_q, p.analytic.max_kv);
 }
+__global__ void __launch_bounds__(256) sdpa_bwd_dbias_acc_kernel(const SdpaBwdParams p) {
+  sdpa_dbias_from_acc(p.analytic.bias, p.batch, p.num_heads_q, p.analytic.max_q, p.analytic.max_kv);
+}
+__global__ void __launch_bounds__(256) sdpa_bwd_dbias_zero_kernel(const SdpaBwdParams p) {
+  sdpa_dbias_zero_fill(p.analytic.bias, p.batch, p.num_heads_q, p.analytic.max_q, p.analytic.max_kv);
+}
 template <bool kFinal>
 __global__ void __launch_bounds__(256) sdpa_bwd_dbias_cols_kernel(const SdpaBwdParams p, int64_t chunk, int64_t chunks) {
   sdpa_dbias_reduce_cols<kFinal>(p.analytic.bias, p.batch, p.num_heads_q, p.analytic.max_q, p.analytic.max_kv, chunk,
@@ -35,7 +42,22 @@ __global__ void __launch_bounds__(256) sdpa_bwd_dbias_cols_kernel(const SdpaBwdP
 namespace {
 kern::OffSwitch g_pre_paired("FLASHSPAN_BWD_PREPROCESS_PAIRED");
 kern::OffSwitch g_dbias_cols("FLASHSPAN_SDPA_DBIAS_COLS");
+std::atomic<int64_t> g_dbias_form_launches[3];  // by SdpaDbiasDsForm
+
+// dBias one dense row-major block (each dimension of size > 1 strided by the product of the later sizes).
+bool dbias_dense(const SdpaBiasParams& bp) {
+  int64_t inner = 1;
+  for (int d = 3; d >= 0; --d) {
+    if (bp.dbias_size[d] > 1 && bp.dbias_stride[d] != inner) return false;
+    inner *= bp.dbias_size[d];
+  }
+  return true;
+}
 }  // namespace
+
+int64_t sdpa_dbias_form_launches(int form) {
+  return form >= 0 && form < 3 ? g_dbias_form_launches[form].load(std::memory_order_relaxed) : 0;
+}
 
 void set_sdpa_dbias_cols(int on) { g_dbias_cols.set(on); }
 bool sdpa_dbias_cols_enabled() { return g_dbias_cols.on(); }
@@ -152,11 +174,25 @@ void launch_sdpa_bwd_dsink(const SdpaBwdParams& p, cudaStream_t stream) {
 
 void launch_sdpa_bwd_ds_clear(const SdpaBwdParams& p, cudaStream_t stream) {
   const SdpaBiasParams& bp = p.analytic.bias;
+  if (bp.dbias == nullptr) return;
+  const int64_t elems =
+      kern::DbiasGeometry::make(bp, p.batch, p.num_heads_q, p.analytic.max_q, p.analytic.max_kv).elems();
+  if (bp.ds_form == kDbiasDsDirect) {  // the kernel stores into dBias itself: dBias zeroed
+    if (elems <= 0) return;
+    if (dbias_dense(bp)) {
+      const size_t bytes = size_t(elems) * (bp.dbias_dtype == kSdpaBiasF32 ? 4 : 2);
+      check_cuda(cudaMemsetAsync(bp.dbias, 0, bytes, stream), "sdpa backward: clearing dBias");
+    } else {
+      kern::sdpa_bwd_dbias_zero_kernel<<<grid_stride_1d(elems, 256), 256, 0, stream>>>(p);
+      check_launch("sdpa backward: clearing dBias");
+    }
+    return;
+  }
   if (bp.ds == nullptr) return;
-  check_cuda(cudaMemsetAsync(bp.ds, 0,
-                             sizeof(float) * size_t(p.batch) * size_t(p.num_heads_q) * size_t(p.analytic.max_q) *
-                                 size_t(bp.ds_ld),
-                             stream),
+  const size_t floats = bp.ds_form == kDbiasDsAccumulate
+                            ? size_t(elems)
+                            : size_t(p.batch) * size_t(p.num_heads_q) * size_t(p.analytic.max_q) * size_t(bp.ds_ld);
+  check_cuda(cudaMemsetAsync(bp.ds, 0, sizeof(float) * floats, stream),
              "sdpa backward: clearing the dS workspace of dBias");
 }
 
@@ -166,7 +202,13 @@ void launch_sdpa_bwd_dbias(const SdpaBwdParams& p, cudaStream_t stream) {
   const kern::DbiasGeometry g =
       kern::DbiasGeometry::make(bp, p.batch, p.num_heads_q, p.analytic.max_q, p.analytic.max_kv);
   const int64_t elems = g.elems(), terms = g.terms();
-  if (elems <= 0) return;
+  if (bp.ds_form >= 0 && bp.ds_form < 3) g_dbias_form_launches[bp.ds_form].fetch_add(1, std::memory_order_relaxed);
+  if (elems <= 0 || bp.ds_form == kDbiasDsDirect) return;  // (direct: the kernel stored dBias)
+  if (bp.ds_form == kDbiasDsAccumulate) {  // the kernel summed dS into the accumulator: converted
+    kern::sdpa_bwd_dbias_acc_kernel<<<grid_stride_1d(elems, 256), 256, 0, stream>>>(p);
+    check_launch("sdpa backward dBias (accumulator)");
+    return;
+  }
   if (g.n3 == 1 || !sdpa_dbias_cols_enabled()) {  // keys reduced (or the keys-kept form off): a warp an element
     kern::sdpa_bwd_dbias_kernel<<<grid_stride_1d(elems, 8), 256, 0, stream>>>(p);
     check_launch("sdpa backward dBias");

@@ -13,10 +13,12 @@
 //   launch_sdpa_bwd_preprocess D and lse2 of every row padded to S_q (and the gate's dgate / gated dO)
 //   launch_sdpa_bwd_dsink     dSink (p.analytic.score.dsink, else nothing) from D and lse2, after the
 //                             preprocess (bwd_prepost.cuh sdpa_dsink_reduce; 0 without query rows)
-//   launch_sdpa_bwd_ds_clear  zeroes dBias's dS workspace (p.analytic.bias.ds, else nothing) before
-//                             the main kernels store the samples' visited elements into it
-//   launch_sdpa_bwd_dbias     dBias (p.analytic.bias.dbias, else nothing) from that workspace, after
-//                             them (bwd_prepost.cuh sdpa_dbias_reduce, sdpa_dbias_reduce_cols)
+//   launch_sdpa_bwd_ds_clear  zeroes where the main kernels put dBias's dS (p.analytic.bias.ds_form: the
+//                             workspace or the accumulator p.analytic.bias.ds, or dBias itself; nothing
+//                             without dBias) before they store (or add) the samples' visited elements
+//   launch_sdpa_bwd_dbias     dBias (p.analytic.bias.dbias, else nothing) from that buffer, after them
+//                             (bwd_prepost.cuh sdpa_dbias_reduce, sdpa_dbias_reduce_cols,
+//                             sdpa_dbias_from_acc; nothing in the direct form)
 #pragma once
 
 #include <cuda_runtime.h>
@@ -42,6 +44,9 @@ void set_bwd_preprocess_paired(int on);
 // tests, -1 back to the environment's answer.
 bool sdpa_dbias_cols_enabled();
 void set_sdpa_dbias_cols(int on);
+// Calls whose dBias came through form `form` (params.h SdpaDbiasDsForm, dispatch's sdpa_dbias_ds_form;
+// counted by launch_sdpa_bwd_dbias): for tests, which form ran.
+int64_t sdpa_dbias_form_launches(int form);
 // The grid of the preprocess kernels (flex and SDPA) over `units` (query row, head) units of head_dv
 // columns, for the form `paired` (its warps take kPreUnits units a lane group per grid pass).
 unsigned bwd_preprocess_grid(int64_t units, int head_dv, bool paired);

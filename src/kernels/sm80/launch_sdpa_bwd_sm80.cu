@@ -92,7 +92,10 @@ void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dt
     // head_dv / 8 lanes per (query row, head), grid-stride (bwd_prepost.cuh).
     launch_sdpa_bwd_preprocess(p, dtype, stream, "sdpa backward preprocess (sm80)");
   }
-  // dBias: the dK/dV kernel stores dS of the samples' visited elements into the zeroed workspace.
+  // dBias: the dK/dV kernel stores dS of the samples' visited elements into the zeroed workspace (never the
+  // other forms, which only the sm90 backward's kernel takes: dispatch's sdpa_dbias_ds_form).
+  FS_CHECK(p.analytic.bias.ds_form == kDbiasDsWorkspace, Status::kInternal,
+           "sdpa backward (sm80): a dBias form other than the workspace reached the sm80 launcher");
   launch_sdpa_bwd_ds_clear(p, stream);
   launch_sdpa_bwd_dsink(p, stream);
   // Output gate: the dK/dV and dQ kernels read the preprocess's dO * sigmoid(G) as their dO.

@@ -17,10 +17,12 @@
 // (the bias read on visible elements only; t = tanh(x / softcap), 1 - t^2 kept from logits as fp16
 // pairs, 1 without softcap); with dBias, dS = P (dP - D) of the sample's elements into the fp32
 // workspace [B, H_q, S_q, ds_ld] (SdpaBiasParams::ds, zeroed by the launcher, each element written
-// once; with softcap before its factor 1 - t^2, since the bias is added after softcap; dBias with softcap
-// and dropout is refused by the C layer), which launch_sdpa_bwd_dbias (launch_bwd_common.h) sums over dBias's broadcast dimensions. S^T is a fragment of the transposed problem (scores of keys against
-// queries): its bias is SdpaBiasFrag::at_transposed, its ALiBi the negated offsets
-// (SdpaScoreMod::transposed, base i0 + shift - j0).
+// once; or, SdpaBiasParams::ds_form, added into an accumulator of dBias's shape, or stored into dBias), with
+// softcap before its factor 1 - t^2, since the bias is added after softcap (dBias with softcap and
+// dropout is refused by the C layer); launch_sdpa_bwd_dbias (launch_bwd_common.h) then sums the
+// workspace over dBias's broadcast dimensions (or converts the accumulator). S^T is a fragment of the
+// transposed problem (scores of keys against queries): its bias is SdpaBiasFrag::at_transposed, its
+// ALiBi the negated offsets (SdpaScoreMod::transposed, base i0 + shift - j0).
 //
 // Registers: the consumers have 232 (setmaxnreg), and the pure-mask (128, 128) consumer already
 // peaks at 228 live (S^T, dP^T, dK, dV: 192 of them). P^T is formed under the dP^T GEMM as in the
@@ -31,6 +33,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/common/sdpa_score_mod.cuh"
 #include "kernels/sm90/kernel_bwd_sm90.cuh"
@@ -264,22 +267,86 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
     }
   }
 
-  // With dBias: the step's dS = P (m dP - D) of the sample's elements into the workspace (query i0 + 8 j +
-  // 2 qd + r % 2, key j0 + g + 8 (r / 2): scalar stores, 8 consecutive keys a quad column of a warp).
+  // With dBias: the step's dS = P (m dP - D) of the sample's elements (query i0 + 8 j + 2 qd + r % 2, key j0 + g +
+  // 8 (r / 2)) where params.h SdpaBiasParams::ds_form puts it: stored in the workspace (scalar stores, 8
+  // consecutive keys a quad column of a warp; bwd_prepost.cuh dbias_ds_row), added into the accumulator of dBias's
+  // shape, or stored into dBias itself (its dtype and strides). An accumulator whose queries are broadcast
+  // ((., ., 1, S_kv)) takes the sum of the thread's queries and then of the quad's (lanes 4 g .. 4 g + 3 hold
+  // one key's queries): one addition a key per warp and step.
   template <int kNQ>
   __device__ __forceinline__ static void store_ds(const BwdParams& p, const BwdItem& it, const Seqlen& sl, int4 info,
                                                   int key_thr, int lane, const float (&dp)[kNQ][4]) {
-    const AnalyticMaskParams& a = kern::analytic_of(p);
-    if (a.bias.ds == nullptr) return;
+    const SdpaBiasParams& bp = kern::analytic_of(p).bias;
+    if (bp.dbias == nullptr) return;
     const int i = info.y * kBlockQ + 2 * (lane & 3), jk = it.kb * kBlockK + key_thr;
-    float* ds = a.bias.ds + ((int64_t(it.b) * p.num_heads_q + info.x) * a.max_q + i) * a.bias.ds_ld + jk;
     const int rows = sl.len_q - i, keys = sl.len_k - jk;  // left inside the sample from the thread's element (0, 0)
+    if (bp.ds_form == kDbiasDsDirect) {  // (keys contiguous: sdpa_dbias_ds_form)
+      const int64_t off = kern::dbias_offset(bp, it.b, info.x, i, jk), ld = bp.dbias_stride[2];
+      if (bp.dbias_dtype == kSdpaBiasF32) {
+        store_direct<kNQ>(static_cast<float*>(bp.dbias) + off, ld, rows, keys, dp);
+      } else if (bp.dbias_dtype == kSdpaBiasBF16) {
+        store_direct<kNQ>(static_cast<__nv_bfloat16*>(bp.dbias) + off, ld, rows, keys, dp);
+      } else {
+        store_direct<kNQ>(static_cast<__half*>(bp.dbias) + off, ld, rows, keys, dp);
+      }
+      return;
+    }
+    const bool red = bp.ds_form == kDbiasDsAccumulate;
+    float* ds = kern::dbias_ds_row(bp, p.num_heads_q, kern::analytic_of(p).max_q, it.b, info.x, i) + jk;
+    if (red && bp.dbias_size[2] == 1) {
+#pragma unroll
+      for (int hk = 0; hk < 2; ++hk) {
+        float v = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kNQ; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (8 * j + e < rows) v += dp[j][2 * hk + e];
+          }
+        }
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if ((lane & 3) == 0 && 8 * hk < keys) atomicAdd(ds + 8 * hk, v);
+      }
+      return;
+    }
+    const int64_t ld = red ? bp.dbias_size[3] : bp.ds_ld;
 #pragma unroll
     for (int j = 0; j < kNQ; ++j) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int qq = 8 * j + (r & 1), kk = 8 * (r >> 1);
-        if (qq < rows && kk < keys) ds[int64_t(qq) * a.bias.ds_ld + kk] = dp[j][r];
+        if (qq < rows && kk < keys) {
+          float* dst = ds + int64_t(qq) * ld + kk;
+          if (red) {
+            atomicAdd(dst, dp[j][r]);
+          } else {
+            *dst = dp[j][r];
+          }
+        }
+      }
+    }
+  }
+
+  // The direct form's stores: the thread's elements of dBias (row pointer at the thread's element (0, 0), row
+  // stride ld elements, keys contiguous), rounded to dBias's dtype T.
+  template <int kNQ, class T>
+  __device__ __forceinline__ static void store_direct(T* row, int64_t ld, int rows, int keys,
+                                                      const float (&dp)[kNQ][4]) {
+#pragma unroll
+    for (int j = 0; j < kNQ; ++j) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const int qq = 8 * j + (r & 1), kk = 8 * (r >> 1);
+        if (qq < rows && kk < keys) {
+          if constexpr (std::is_same_v<T, float>) {
+            row[qq * ld + kk] = dp[j][r];
+          } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+            row[qq * ld + kk] = __float2bfloat16_rn(dp[j][r]);
+          } else {
+            row[qq * ld + kk] = __float2half_rn(dp[j][r]);
+          }
+        }
       }
     }
   }

@@ -300,7 +300,8 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
     launch_sdpa_bwd_preprocess(p, dtype, stream, "sdpa backward preprocess (sm90)");
   }
   // dSink from D and lse2; dBias's dS workspace zeroed for the kernel's stores (launch_bwd_common.h,
-  // the sm80 launcher's too).
+  // the sm80 launcher's too), or the accumulator of dBias's shape the kernel adds into, or dBias itself
+  // (SdpaBiasParams::ds_form: dispatch's sdpa_dbias_ds_form).
   launch_sdpa_bwd_dsink(p, stream);
   launch_sdpa_bwd_ds_clear(p, stream);
   // Padded tensors: sample b is batch b (the tensor maps' batch coordinate; the dK / dV
