@@ -184,22 +184,15 @@ size_t gated_do_bytes(const Problem& p) {
 // float2 pairs at even columns).
 int64_t dbias_ds_ld(const Problem& p) { return (p.Skv + 1) / 2 * 2; }
 
-// Row length (floats) of dBias's accumulator (bwd_prepost.cuh dbias_ds_row: [n0, n1, n3, this] fp32, transposed):
-// dBias's queries rounded up to even (the kernel adds float2 pairs at even queries), 1 when it broadcasts them.
-int64_t dbias_acc_ld(const Problem& p) {
-  const int64_t n2 = p.t(FS_SDPA_DBIAS).size(2);
-  return n2 == 1 ? 1 : (n2 + 1) / 2 * 2;
-}
-
-// Bytes of dBias's dS workspace ([B, H_q, S_q, dbias_ds_ld] fp32), or of its accumulator ([n0, n1, n3,
-// dbias_acc_ld] fp32), by sdpa_dbias_ds_form; 0 in the direct form and without dBias.
+// Bytes of dBias's dS workspace ([B, H_q, S_q, dbias_ds_ld] fp32), or of its accumulator form (fp32 of dBias's
+// shape), by sdpa_dbias_ds_form; 0 in the direct form and without dBias.
 size_t dbias_ds_bytes(const Problem& p) {
   if (!p.has(FS_SDPA_DBIAS)) return 0;
   const int32_t form = sdpa_dbias_ds_form(p);
   if (form == kDbiasDsDirect) return 0;
   if (form == kDbiasDsAccumulate) {
     const TensorView& d = p.t(FS_SDPA_DBIAS);
-    return ws_align(sizeof(float) * size_t(d.size(0)) * size_t(d.size(1)) * size_t(d.size(3)) * size_t(dbias_acc_ld(p)));
+    return ws_align(sizeof(float) * size_t(d.size(0)) * size_t(d.size(1)) * size_t(d.size(2)) * size_t(d.size(3)));
   }
   return ws_align(sizeof(float) * size_t(p.B) * size_t(p.Hq) * size_t(p.Sq) * size_t(dbias_ds_ld(p)));
 }
@@ -633,7 +626,7 @@ SdpaBwdParams sdpa_bwd_params(const Problem& p, void* workspace, size_t workspac
     bp.ds_form = sdpa_dbias_ds_form(p);
     bp.ds = bp.ds_form == kDbiasDsDirect ? nullptr
                                          : reinterpret_cast<float*>(ws + (wl.total - gated_do_bytes(p) - dbias_ds_bytes(p)));
-    bp.ds_ld = bp.ds_form == kDbiasDsAccumulate ? dbias_acc_ld(p) : dbias_ds_ld(p);
+    bp.ds_ld = dbias_ds_ld(p);
     bp.dbias = d.data;
     bp.dbias_dtype = bias_dtype(d.dtype);
     for (int i = 0; i < 4; ++i) {

@@ -179,11 +179,10 @@ struct SdpaBlockMaskParams {
 //   ds_form         where the kernel puts dS (SdpaDbiasDsForm; the sm90 backward takes every form,
 //                   the sm80 one the workspace; dispatch's sdpa_dbias_ds_form chooses):
 //                     kDbiasDsWorkspace   ds is the workspace above
-//                     kDbiasDsAccumulate  ds is an fp32 accumulator of dBias's shape, its rows transposed
-//                                         ([n0, n1, n3, ds_ld], ds_ld = n2 rounded up to even, 1 when
-//                                         n2 = 1; zeroed by the launcher), into which the kernel adds
-//                                         (red.global.add) each dS element over dBias's broadcast
-//                                         dimensions; launch_sdpa_bwd_dbias converts (transposes) it
+//                     kDbiasDsAccumulate  ds is an fp32 accumulator of dBias's shape (contiguous,
+//                                         [n0, n1, n2, n3] row-major, zeroed by the launcher) into which
+//                                         the kernel adds (red.global.add) each dS element over dBias's
+//                                         broadcast dimensions; launch_sdpa_bwd_dbias converts it
 //                     kDbiasDsDirect      one dS term per dBias element (dBias broadcasts nothing the
 //                                         problem has more than one of): the kernel stores dS into dBias
 //                                         itself (its dtype and strides; zeroed by the launcher), ds null

@@ -377,54 +377,24 @@ __device__ __forceinline__ void store_dbias(const SdpaBiasParams& bp, const Dbia
   store_dbias_at(bp, dbias_offset(bp, x.b, x.h, x.i, x.j), acc);
 }
 
-// dS's element (b, h, i, key 0) in dBias's dS buffer of the forms that have one (params.h
-// SdpaBiasParams::ds_form), and the stride of its keys:
-//   the workspace [B, H, S_q, ds_ld]: keys contiguous;
-//   the accumulator: per (b', h') of dBias (a broadcast dimension indexed at 0: its terms land on one element)
-//   n3 rows of ds_ld floats, transposed -- a key's row holds the queries i' (i' = i, or 0 when dBias broadcasts
-//   the queries; ds_ld then 1), so a thread's pairs of consecutive queries are adjacent floats.
+// dS's row (b, h, i) (key 0; keys contiguous) in dBias's dS buffer of the forms that have one (params.h
+// SdpaBiasParams::ds_form): the workspace [B, H, S_q, ds_ld], or the accumulator of dBias's shape, which
+// a broadcast dimension indexes at 0 (its terms all land on one element).
 __host__ __device__ __forceinline__ float* dbias_ds_row(const SdpaBiasParams& bp, int64_t H, int64_t Sq, int64_t b,
                                                         int64_t h, int64_t i) {
   if (bp.ds_form == kDbiasDsWorkspace) return bp.ds + ((b * H + h) * Sq + i) * bp.ds_ld;
-  const int64_t n1 = bp.dbias_size[1];
-  const int64_t plane = (bp.dbias_size[0] == 1 ? 0 : b) * n1 + (n1 == 1 ? 0 : h);
-  return bp.ds + plane * bp.dbias_size[3] * bp.ds_ld + (bp.dbias_size[2] == 1 ? 0 : i);
-}
-__host__ __device__ __forceinline__ int64_t dbias_ds_key_stride(const SdpaBiasParams& bp) {
-  return bp.ds_form == kDbiasDsWorkspace ? 1 : bp.ds_ld;
+  const int64_t n1 = bp.dbias_size[1], n2 = bp.dbias_size[2], n3 = bp.dbias_size[3];
+  return bp.ds + (((bp.dbias_size[0] == 1 ? 0 : b) * n1 + (n1 == 1 ? 0 : h)) * n2 + (n2 == 1 ? 0 : i)) * n3;
 }
 
-// The accumulator form (kDbiasDsAccumulate) converted into dBias. Queries broadcast (ds_ld = 1): dBias
-// element e is the accumulator's element e (a thread an element, coalesced along the keys). Queries kept:
-// dBias[b', h', i, j] = acc[b', h', j, i], transposed by 32 x 32 tiles through shared memory (reads coalesced
-// along the queries, writes along the keys); a CTA of 256 threads a tile, grid-stride over the tiles.
+// The accumulator form (kDbiasDsAccumulate): dBias element e is the accumulator's element e, converted (a thread an
+// element, coalesced along the keys).
 __device__ __forceinline__ void sdpa_dbias_from_acc(const SdpaBiasParams& bp, int64_t B, int64_t H, int64_t Sq,
                                                     int64_t Skv) {
   const DbiasGeometry g = DbiasGeometry::make(bp, B, H, Sq, Skv);
-  if (g.n2 == 1) {
-    const int64_t elems = g.elems(), stride = int64_t(gridDim.x) * blockDim.x;
-    for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < elems; e += stride) {
-      store_dbias(bp, g.element(e), bp.ds[e]);
-    }
-    return;
-  }
-  __shared__ float tile[32][33];
-  const int tx = threadIdx.x & 31, ty = threadIdx.x >> 5;  // (8 warps)
-  const int64_t ti_n = (g.n2 + 31) / 32, tj_n = (g.n3 + 31) / 32, tiles = g.n0 * g.n1 * ti_n * tj_n;
-  for (int64_t t = blockIdx.x; t < tiles; t += gridDim.x) {
-    const int64_t tj = t % tj_n, ti = (t / tj_n) % ti_n, plane = t / (tj_n * ti_n);
-    const float* src = bp.ds + plane * g.n3 * bp.ds_ld;
-    for (int jj = ty; jj < 32; jj += 8) {
-      const int64_t j = tj * 32 + jj, i = ti * 32 + tx;
-      tile[jj][tx] = j < g.n3 && i < g.n2 ? src[j * bp.ds_ld + i] : 0.0f;
-    }
-    __syncthreads();
-    const int64_t b = plane / g.n1, h = plane % g.n1;
-    for (int ii = ty; ii < 32; ii += 8) {
-      const int64_t i = ti * 32 + ii, j = tj * 32 + tx;
-      if (i < g.n2 && j < g.n3) store_dbias_at(bp, dbias_offset(bp, b, h, i, j), tile[tx][ii]);
-    }
-    __syncthreads();
+  const int64_t elems = g.elems(), stride = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < elems; e += stride) {
+    store_dbias(bp, g.element(e), bp.ds[e]);
   }
 }
 

@@ -190,7 +190,7 @@ void launch_sdpa_bwd_ds_clear(const SdpaBwdParams& p, cudaStream_t stream) {
   }
   if (bp.ds == nullptr) return;
   const size_t floats = bp.ds_form == kDbiasDsAccumulate
-                            ? size_t(bp.dbias_size[0] * bp.dbias_size[1] * bp.dbias_size[3]) * size_t(bp.ds_ld)
+                            ? size_t(elems)
                             : size_t(p.batch) * size_t(p.num_heads_q) * size_t(p.analytic.max_q) * size_t(bp.ds_ld);
   check_cuda(cudaMemsetAsync(bp.ds, 0, sizeof(float) * floats, stream),
              "sdpa backward: clearing the dS workspace of dBias");
@@ -205,9 +205,7 @@ void launch_sdpa_bwd_dbias(const SdpaBwdParams& p, cudaStream_t stream) {
   if (bp.ds_form >= 0 && bp.ds_form < 3) g_dbias_form_launches[bp.ds_form].fetch_add(1, std::memory_order_relaxed);
   if (elems <= 0 || bp.ds_form == kDbiasDsDirect) return;  // (direct: the kernel stored dBias)
   if (bp.ds_form == kDbiasDsAccumulate) {  // the kernel summed dS into the accumulator: converted
-    // (queries kept: a CTA a 32 x 32 tile of the transpose)
-    const int64_t units = g.n2 == 1 ? elems : g.n0 * g.n1 * ((g.n2 + 31) / 32) * ((g.n3 + 31) / 32) * 256;
-    kern::sdpa_bwd_dbias_acc_kernel<<<grid_stride_1d(units, 256), 256, 0, stream>>>(p);
+    kern::sdpa_bwd_dbias_acc_kernel<<<grid_stride_1d(elems, 256), 256, 0, stream>>>(p);
     check_launch("sdpa backward dBias (accumulator)");
     return;
   }

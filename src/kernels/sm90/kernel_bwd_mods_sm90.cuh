@@ -270,10 +270,9 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   // With dBias: the step's dS = P (m dP - D) of the sample's elements (query i0 + 8 j + 2 qd + r % 2, key j0 + g +
   // 8 (r / 2)) where params.h SdpaBiasParams::ds_form puts it: stored in the workspace (scalar stores, 8
   // consecutive keys a quad column of a warp; bwd_prepost.cuh dbias_ds_row), added into the accumulator of dBias's
-  // shape (its rows transposed: a pair of consecutive queries one vector reduction), or stored into dBias itself
-  // (its dtype and strides). An accumulator whose queries are broadcast ((., ., 1, S_kv)) takes the sum of the
-  // thread's queries and then of the quad's (lanes 4 g .. 4 g + 3 hold one key's queries): one addition a key per
-  // warp and step.
+  // shape, or stored into dBias itself (its dtype and strides). An accumulator whose queries are broadcast
+  // ((., ., 1, S_kv)) takes the sum of the thread's queries and then of the quad's (lanes 4 g .. 4 g + 3 hold
+  // one key's queries): one addition a key per warp and step.
   template <int kNQ>
   __device__ __forceinline__ static void store_ds(const BwdParams& p, const BwdItem& it, const Seqlen& sl, int4 info,
                                                   int key_thr, int lane, const float (&dp)[kNQ][4]) {
@@ -292,49 +291,39 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
       }
       return;
     }
-    float* ds = kern::dbias_ds_row(bp, p.num_heads_q, kern::analytic_of(p).max_q, it.b, info.x, i);
-    const int ld = int(bp.ds_ld);  // (at most S_q + 1 or S_kv + 1)
-    if (bp.ds_form == kDbiasDsAccumulate) {
-      ds += int64_t(jk) * ld;  // (keys outer)
-      if (bp.dbias_size[2] == 1) {
-#pragma unroll
-        for (int hk = 0; hk < 2; ++hk) {
-          float v = 0.0f;
-#pragma unroll
-          for (int j = 0; j < kNQ; ++j) {
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              if (8 * j + e < rows) v += dp[j][2 * hk + e];
-            }
-          }
-          v += __shfl_xor_sync(0xffffffffu, v, 1);
-          v += __shfl_xor_sync(0xffffffffu, v, 2);
-          if ((lane & 3) == 0 && 8 * hk < keys) atomicAdd(ds + 8 * hk, v);
-        }
-        return;
-      }
-      // Transposed rows (keys outer, queries inner, ld of them: dbias_ds_row): the thread's pairs of
-      // consecutive queries are adjacent floats, one vector reduction each (the pair's second query past the
-      // sample adds 0; its slot exists: i + qq is even and below S_q).
+    const bool red = bp.ds_form == kDbiasDsAccumulate;
+    float* ds = kern::dbias_ds_row(bp, p.num_heads_q, kern::analytic_of(p).max_q, it.b, info.x, i) + jk;
+    if (red && bp.dbias_size[2] == 1) {
 #pragma unroll
       for (int hk = 0; hk < 2; ++hk) {
-        if (8 * hk < keys) {
-          float* row = ds + int64_t(8 * hk) * ld;
+        float v = 0.0f;
 #pragma unroll
-          for (int j = 0; j < kNQ; ++j) {
-            if (8 * j < rows) kern::atomic_add_f32x2(row + 8 * j, dp[j][2 * hk], 8 * j + 1 < rows ? dp[j][2 * hk + 1] : 0.0f);
+        for (int j = 0; j < kNQ; ++j) {
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            if (8 * j + e < rows) v += dp[j][2 * hk + e];
           }
         }
+        v += __shfl_xor_sync(0xffffffffu, v, 1);
+        v += __shfl_xor_sync(0xffffffffu, v, 2);
+        if ((lane & 3) == 0 && 8 * hk < keys) atomicAdd(ds + 8 * hk, v);
       }
       return;
     }
-    ds += jk;
+    const int64_t ld = red ? bp.dbias_size[3] : bp.ds_ld;
 #pragma unroll
     for (int j = 0; j < kNQ; ++j) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int qq = 8 * j + (r & 1), kk = 8 * (r >> 1);
-        if (qq < rows && kk < keys) ds[int64_t(qq) * ld + kk] = dp[j][r];
+        if (qq < rows && kk < keys) {
+          float* dst = ds + int64_t(qq) * ld + kk;
+          if (red) {
+            atomicAdd(dst, dp[j][r]);
+          } else {
+            *dst = dp[j][r];
+          }
+        }
       }
     }
   }
