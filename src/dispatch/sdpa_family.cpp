@@ -141,9 +141,10 @@ Switch g_sdpa_sm90_paged_thd{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_PAGE
 // FLASHSPAN_SM90_SDPA_PAGED_BIAS=0 (read per call) keeps those calls on the sm80 paged kernel. FLASHSPAN_EXPERIMENTAL
 // (its switch before) no longer changes it.
 // dBias's accumulator form on the sm90 backward (sdpa_dbias_ds_form; params.h SdpaBiasParams::ds_form), since its
-// GPU tests passed on an H200 (SdpaGpu.DbiasReduceForms, memcheck) and it ran the dBias backward 2.0-4.8x as fast
-// as the workspace form (PERF_LOG v2.67); FLASHSPAN_SDPA_DBIAS_ACC=0 (read by each workspace_size and execute)
-// keeps the workspace form.
+// kernel stores and conversion passed their GPU tests on an H200 (SdpaGpu.DbiasReduceForms, memcheck; the form then
+// chosen in the launcher over the old workspace: this choice and its smaller workspace not yet run) and ran the dBias
+// backward 2.0-4.8x as fast as the workspace form (PERF_LOG v2.67); FLASHSPAN_SDPA_DBIAS_ACC=0 (read by each
+// workspace_size and execute) keeps the workspace form.
 Switch g_sdpa_dbias_acc{[] { return !env_flag_off("FLASHSPAN_SDPA_DBIAS_ACC"); }};
 // dBias's direct form on the sm90 backward (sdpa_dbias_ds_form): experimental (FLASHSPAN_EXPERIMENTAL=1, read by
 // each workspace_size and execute) until its GPU tests have run.

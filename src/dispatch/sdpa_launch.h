@@ -42,7 +42,8 @@ void sdpa_check_support_gpu(const sdpa::Problem& p);
 // rounded up to 128] bytes, kernels/sm90/tile_sm90.h fp8_vt_bytes_sm90; then, packed q or k, their per-sample maps,
 // sdpa_fwd_sm90_maps_bytes) or the sm80 one's copies; the backward keeps D and LSE log2(e) ([H_q, B * S_q] fp32 each), unless
 // deterministic the fp32 dQ accumulator [H_q, B * S_q, D_qk], with dBias the fp32 dS
-// [B, H_q, S_q, S_kv rounded up to even], and with the output gate dO * sigmoid(G)
+// [B, H_q, S_q, S_kv rounded up to even] (or its accumulator of dBias's shape, or nothing: the form
+// sdpa_dbias_ds_form chooses below), and with the output gate dO * sigmoid(G)
 // [H_q, B * S_q, D_v] in the input dtype. A CUDA call the sm90 backward covers
 // (sdpa_bwd_sm90_refusal, whichever family then runs it) also holds that kernel's dQ tiles: the
 // accumulator is max([H_q, B * S_q, D_qk], H_q B ceil(S_q / 64) 64 kD) floats, deterministic or
@@ -157,8 +158,10 @@ bool sdpa_bwd_runs_sm90(const sdpa::Problem& p);
 //                       the workspace form takes 4.3 GB at H_q = 16); while sdpa_dbias_acc_enabled (on by default,
 //                       PERF_LOG v2.67; FLASHSPAN_SDPA_DBIAS_ACC=0 turns it off)
 //   kDbiasDsWorkspace   else: stored into the [B, H_q, S_q, S_kv] workspace, summed over the broadcast dimensions
-// The switches are read by each workspace_size and execute; set_*_enabled are tests' overrides (1 on, 0 off, -1 back
-// to the environment's answer).
+// The switches are read by each workspace_size and execute (and the form within one execute more than once: a switch
+// must not change while a call runs, nor between its workspace_size and execute -- an execute then finds its
+// workspace too small and says so); set_*_enabled are tests' overrides (1 on, 0 off, -1 back to the environment's
+// answer). The direct form writes dBias while the kernel still reads the bias: dBias must not alias the bias.
 int32_t sdpa_dbias_ds_form(const sdpa::Problem& p);
 bool sdpa_dbias_acc_enabled();
 void set_sdpa_dbias_acc_enabled(int on);

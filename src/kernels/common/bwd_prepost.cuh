@@ -4,7 +4,8 @@
 //                row) into the workspace, [Hq, total_q] fp32 each (params.h, BwdParams).
 //   dQ convert:  dq = scale * dq_accum in the input dtype (atomic dQ path).
 //   SDPA dBias:  the dS workspace summed over dBias's broadcast dimensions (sdpa_dbias_reduce,
-//                sdpa_dbias_reduce_cols).
+//                sdpa_dbias_reduce_cols), the sm90 kernel's accumulator converted (sdpa_dbias_from_acc),
+//                dBias cleared for the direct form (sdpa_dbias_zero_fill).
 //   SDPA dSink:  -sum_i exp(sink - LSE_i) D_i per query head, from the preprocess's rows (sdpa_dsink_reduce).
 // kAnalytic (SDPA, AnalyticMaskParams): the rows are those of every sample padded to S_q
 // (p.varlen = 0, p.seqlen_q = S_q); a row past its sample's length is an empty row (D = 0,

@@ -78,6 +78,10 @@ void run_sdpa_bwd(const SdpaBwdParams& p_in, cudaStream_t stream) {
 int64_t sdpa_bwd_mask_only_launches() { return g_bwd_mask_only_launches.load(std::memory_order_relaxed); }
 
 void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dtype, cudaStream_t stream) {
+  // dBias's dS in the workspace only (the other forms are the sm90 backward's kernel's: dispatch's
+  // sdpa_dbias_ds_form), checked before anything is written.
+  FS_CHECK(p.analytic.bias.ds_form == kDbiasDsWorkspace, Status::kInternal,
+           "sdpa backward (sm80): a dBias form other than the workspace reached the sm80 launcher");
   // dBias with softcap (sdpa_dispatch.cu check_dbias_with_softcap lets it through with
   // sdpa_dbias_softcap_sm80_enabled, on unless FLASHSPAN_SDPA_DBIAS_SOFTCAP=0): the dK/dV kernel's dS holds
   // softcap's factor, so its kDsBeforeSoftcap instantiation (run_sdpa_bwd) stores P in the dS workspace at the logits
@@ -92,10 +96,7 @@ void launch_sdpa_bwd_sm80(const SdpaBwdParams& p, const TileSm80& tile, DType dt
     // head_dv / 8 lanes per (query row, head), grid-stride (bwd_prepost.cuh).
     launch_sdpa_bwd_preprocess(p, dtype, stream, "sdpa backward preprocess (sm80)");
   }
-  // dBias: the dK/dV kernel stores dS of the samples' visited elements into the zeroed workspace (never the
-  // other forms, which only the sm90 backward's kernel takes: dispatch's sdpa_dbias_ds_form).
-  FS_CHECK(p.analytic.bias.ds_form == kDbiasDsWorkspace, Status::kInternal,
-           "sdpa backward (sm80): a dBias form other than the workspace reached the sm80 launcher");
+  // dBias: the dK/dV kernel stores dS of the samples' visited elements into the zeroed workspace.
   launch_sdpa_bwd_ds_clear(p, stream);
   launch_sdpa_bwd_dsink(p, stream);
   // Output gate: the dK/dV and dQ kernels read the preprocess's dO * sigmoid(G) as their dO.

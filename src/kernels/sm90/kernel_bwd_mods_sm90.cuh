@@ -207,7 +207,7 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   // softcap's 1 - t^2 from logits' dlogit), in place, with m the element's dropout multiplier (kDropout,
   // SdpaDropoutParams; else 1): so dV takes P m, and dS is the sm80 kernels' and the CPU reference's
   // P (m dP - D). Philox: m from the step's keep bits (step_keep); the caller's mask: read element by
-  // element (sdpa_dropout_mask_apply on the transposed fragment). With dBias, dS into the workspace
+  // element (sdpa_dropout_mask_apply on the transposed fragment). With dBias, dS where ds_form puts it
   // (store_ds): without dropout before softcap's factor (dBias with softcap: the logits' gradient), with
   // dropout after the loop (there softcap's factor is formed per element, so dBias with softcap and
   // dropout is refused by the C layer).

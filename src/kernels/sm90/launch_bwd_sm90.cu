@@ -359,7 +359,7 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
     });
     check_launch("sdpa backward dK / dV sum (sm90)");
   }
-  launch_sdpa_bwd_dbias(p, stream);  // dBias from the dS workspace the kernel filled
+  launch_sdpa_bwd_dbias(p, stream);  // dBias from the buffer the kernel filled (none in the direct form)
   if (sample_flags != nullptr) launch_sample_poison_bwd_sm90(p, dtype, sample_flags, stream);
 }
 
