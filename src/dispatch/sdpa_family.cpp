@@ -576,7 +576,11 @@ void set_sdpa_dbias_direct_enabled(int on) { g_sdpa_dbias_direct.set(on); }
 bool sdpa_dbias_direct_enabled() { return g_sdpa_dbias_direct.on(); }
 
 int32_t sdpa_dbias_ds_form(const sdpa::Problem& p) {
-  if (!p.has(FS_SDPA_DBIAS)) return kDbiasDsWorkspace;
+  return p.has(FS_SDPA_DBIAS) ? sdpa_dbias_ds_form_rule(p, sdpa_bwd_runs_sm90(p)) : kDbiasDsWorkspace;
+}
+
+int32_t sdpa_dbias_ds_form_rule(const sdpa::Problem& p, bool runs_sm90) {
+  if (!p.has(FS_SDPA_DBIAS) || !runs_sm90) return kDbiasDsWorkspace;
   const TensorView& d = p.t(FS_SDPA_DBIAS);
   // One dS term per dBias element: each dimension kept, or of extent 1 in the problem; keys contiguous (the
   // kernel's stores, kernel_bwd_mods_sm90.cuh store_direct).
@@ -585,8 +589,7 @@ int32_t sdpa_dbias_ds_form(const sdpa::Problem& p) {
                         (d.size(3) == 1 || d.stride(3) == 1);
   const bool direct = one_term && sdpa_dbias_direct_enabled();
   const bool acc = !p.a.deterministic && d.size(3) == p.Skv && sdpa_dbias_acc_enabled();
-  if ((!direct && !acc) || !sdpa_bwd_runs_sm90(p)) return kDbiasDsWorkspace;
-  return direct ? kDbiasDsDirect : kDbiasDsAccumulate;
+  return direct ? kDbiasDsDirect : acc ? kDbiasDsAccumulate : kDbiasDsWorkspace;
 }
 
 bool sdpa_fwd_sm90_may_take_packed(const sdpa::Problem& p) {

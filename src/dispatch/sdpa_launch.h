@@ -163,6 +163,9 @@ bool sdpa_bwd_runs_sm90(const sdpa::Problem& p);
 // workspace too small and says so); set_*_enabled are tests' overrides (1 on, 0 off, -1 back to the environment's
 // answer). The direct form writes dBias while the kernel still reads the bias: dBias must not alias the bias.
 int32_t sdpa_dbias_ds_form(const sdpa::Problem& p);
+// The rule itself, given whether the sm90 backward runs the call (sdpa_dbias_ds_form passes sdpa_bwd_runs_sm90; tests
+// pass either answer).
+int32_t sdpa_dbias_ds_form_rule(const sdpa::Problem& p, bool runs_sm90);
 bool sdpa_dbias_acc_enabled();
 void set_sdpa_dbias_acc_enabled(int on);
 bool sdpa_dbias_direct_enabled();

@@ -1190,10 +1190,11 @@ TEST(SdpaFamily, Sm90BackwardModsWorkspaceHoldsDsAndGatedDo) {
 }
 
 TEST(SdpaFamily, DbiasDsFormRules) {
-  // sdpa_dbias_ds_form's rules (dispatch/sdpa_launch.h) and the workspace each form takes: the direct form for a dBias
-  // of one term an element, deterministic or not; else the accumulator outside deterministic mode for a dBias that
-  // keeps the keys; else the workspace; and never a form but the workspace where the sm90 backward does not run the
-  // call (no sm_90 device here: CI's machine; a GPU machine checks the forms themselves).
+  // sdpa_dbias_ds_form's rules (dispatch/sdpa_launch.h; sdpa_dbias_ds_form_rule on both answers of whether the sm90
+  // backward runs the call) and the workspace each form takes: the direct form for a dBias of one term an element,
+  // deterministic or not; else the accumulator outside deterministic mode for a dBias that keeps the keys; else the
+  // workspace; and never a form but the workspace where the sm90 backward does not run the call (the sizes: the
+  // workspace form's without an sm_90 device, CI's machine; a GPU machine checks the other forms').
   const auto al = [](size_t x) { return (x + 255) / 256 * 256; };
   const BwdModsSwitch mods(1);
   for (bool det : {false, true}) {
@@ -1211,16 +1212,15 @@ TEST(SdpaFamily, DbiasDsFormRules) {
           c.a.tensors[FS_SDPA_BIAS] = desc(d[0], d[1], d[2], d[3], DType::kFloat32);
           c.grads.emplace_back(FS_SDPA_DBIAS, desc(d[0], d[1], d[2], d[3], DType::kFloat32));
           const sdpa::Problem p = backward_problem(c, det);
-          int want = kDbiasDsWorkspace;
-          if (sdpa_bwd_runs_sm90(p)) {
-            if (shape == 0 && direct_on) {
-              want = kDbiasDsDirect;
-            } else if (shape != 3 && !det && acc_on) {
-              want = kDbiasDsAccumulate;
-            }
-          }
+          // The rule on both answers of sdpa_bwd_runs_sm90 (the sm90 backward runs the call or not).
+          const int rule = shape == 0 && direct_on           ? kDbiasDsDirect
+                           : shape != 3 && !det && acc_on ? kDbiasDsAccumulate
+                                                          : kDbiasDsWorkspace;
           const std::string what = "shape " + std::to_string(shape) + " det " + std::to_string(det) + " acc " +
                                    std::to_string(acc_on) + " direct " + std::to_string(direct_on);
+          EXPECT_EQ(sdpa_dbias_ds_form_rule(p, true), rule) << what;
+          EXPECT_EQ(sdpa_dbias_ds_form_rule(p, false), kDbiasDsWorkspace) << what;
+          const int want = sdpa_bwd_runs_sm90(p) ? rule : int(kDbiasDsWorkspace);
           EXPECT_EQ(sdpa_dbias_ds_form(p), want) << what;
           // The workspace: the dS workspace [B, H_q, S_q, 500] fp32, the accumulator of dBias's shape, or nothing.
           const size_t ws_ds = al(sizeof(float) * 2 * 4 * 300 * 500);
