@@ -705,6 +705,10 @@ void Problem::bind(void* const* pack, int32_t num_slots) {
                  ": data pointer (variant_pack pointer + byte_offset) must be aligned to the element size (", item,
                  " bytes for ", dtype_name(t.dtype), ")");
   }
+  if (a.backward) {
+    check_no_overlap(a.tensors[FS_SDPA_DBIAS], "dbias", a.tensors[FS_SDPA_BIAS], "bias",
+                     "the GPU backward may write dBias while it still reads the bias");
+  }
 }
 
 namespace {

@@ -648,6 +648,26 @@ TEST(SdpaParams, AdditiveBiasAndDBias) {
   }
 }
 
+TEST(SdpaParams, DbiasMustNotShareTheBiasMemory) {
+  // Problem::bind refuses a dBias whose memory meets the bias's (the sm90 backward's direct form clears dBias and
+  // stores into it while it still reads the bias); a dBias of its own binds.
+  Case c = random_case(500);
+  c.max_logit = false;
+  c.bias = 1;
+  c.dbias = true;
+  c.log2_stats = false;
+  auto call = make_call(c);
+  Call& p = *call;
+  EXPECT_NO_THROW(problem(p, true, p.o, p.stats, &p.dq, &p.dk, &p.dv, {&p.dgate}, &p.dbias));
+  try {
+    problem(p, true, p.o, p.stats, &p.dq, &p.dk, &p.dv, {&p.dgate}, &p.bias);
+    ADD_FAILURE() << "dBias aliasing the bias was bound";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.status(), Status::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("dbias: shares memory with bias"), std::string::npos) << e.what();
+  }
+}
+
 TEST(SdpaParams, PhiloxDropout) {
   // Philox dropout (int32 / int64 seed and offset, negative seeds) in the forward's P V product and
   // the backward's dV and dS, with the bias on half the cases.

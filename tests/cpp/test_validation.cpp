@@ -139,6 +139,39 @@ TEST(Validation, ThdOnCudaReadsTheHostCopies) {
   EXPECT_TRUE(throws_error([&] { validate_plan_inputs(in); }, Status::kInternal, "cu_seqlens_q: host copy"));
 }
 
+TEST(Validation, NoOverlapComparesByteRanges) {
+  // check_no_overlap: the byte ranges every stride reaches (negative strides below the first element), not the
+  // first elements alone; empty or unbound tensors pass.
+  alignas(16) static uint16_t buf[4096];
+  auto at = [](int64_t elem, std::vector<int64_t> shape, std::vector<int64_t> strides = {}) {
+    TensorView t = shape_view(DType::kBFloat16, std::move(shape));
+    for (size_t i = 0; i < strides.size(); ++i) t.strides[i] = strides[i];
+    t.data = buf + elem;
+    return t;
+  };
+  auto meets = [](const TensorView& a, const TensorView& b) {
+    try {
+      check_no_overlap(a, "out", b, "in", "why");
+      return false;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.status(), kArg);
+      EXPECT_NE(std::string(e.what()).find("out: shares memory with in (why)"), std::string::npos) << e.what();
+      return true;
+    }
+  };
+  EXPECT_FALSE(meets(at(0, {4, 8}), at(32, {4, 8})));     // adjacent
+  EXPECT_TRUE(meets(at(0, {4, 8}), at(31, {4, 8})));      // one element shared
+  EXPECT_TRUE(meets(at(100, {2, 3}), at(100, {2, 3})));   // the same tensor
+  EXPECT_TRUE(meets(at(0, {2, 8}, {64, 1}), at(70, {1, 1})));  // inside the strided span (a gap's element counts)
+  EXPECT_FALSE(meets(at(0, {2, 8}, {64, 1}), at(72, {1, 1})));
+  EXPECT_TRUE(meets(at(200, {4}, {-10}), at(170, {1})));  // a negative stride reaches below the first element
+  EXPECT_FALSE(meets(at(200, {4}, {-10}), at(169, {1})));
+  EXPECT_FALSE(meets(at(0, {0, 8}), at(0, {4, 8})));      // empty
+  TensorView unbound = at(0, {4, 8});
+  unbound.data = nullptr;
+  EXPECT_FALSE(meets(unbound, at(0, {4, 8})));
+}
+
 TEST(Validation, HmaskEqualToHqAndZeroLengthSamplesAreAccepted) {
   PlanInputs in = bshd_inputs();
   in.mask_func = shape_view(DType::kInt32, {4, 1, 10});
