@@ -151,7 +151,7 @@ bool sdpa_bwd_runs_sm90(const sdpa::Problem& p);
 //   kDbiasDsDirect      each dBias element has one dS term (dBias broadcasts nothing the problem has more than one
 //                       of: (B, H_q, S_q, S_kv), or (1, H_q, S_q, S_kv) at B = 1; keys contiguous): stored into
 //                       dBias itself, no workspace; deterministic or not; while sdpa_dbias_direct_enabled
-//                       (experimental: FLASHSPAN_EXPERIMENTAL=1)
+//                       (on by default, PERF_LOG v2.68; FLASHSPAN_SDPA_DBIAS_DIRECT=0 turns it off)
 //   kDbiasDsAccumulate  else, outside deterministic mode (the sums' order is the GPU's), a dBias that keeps the key
 //                       dimension: added (red.global.add) into an fp32 buffer of dBias's shape, which the dBias step
 //                       converts; the workspace holds that buffer alone (256 MB for a (1, 1, 8192, 8192) dBias where
@@ -161,7 +161,8 @@ bool sdpa_bwd_runs_sm90(const sdpa::Problem& p);
 // The switches are read by each workspace_size and execute (and the form within one execute more than once: a switch
 // must not change while a call runs, nor between its workspace_size and execute -- an execute then finds its
 // workspace too small and says so); set_*_enabled are tests' overrides (1 on, 0 off, -1 back to the environment's
-// answer). The direct form writes dBias while the kernel still reads the bias: dBias must not alias the bias.
+// answer). The direct form writes dBias while the kernel still reads the bias: dBias must not alias the bias
+// (Problem::bind refuses a dBias whose memory meets the bias's, in every form).
 int32_t sdpa_dbias_ds_form(const sdpa::Problem& p);
 // The rule itself, given whether the sm90 backward runs the call (sdpa_dbias_ds_form passes sdpa_bwd_runs_sm90; tests
 // pass either answer).

@@ -1192,6 +1192,31 @@ TEST(SdpaFamily, Sm90BackwardModsWorkspaceHoldsDsAndGatedDo) {
   }
 }
 
+TEST(SdpaFamily, DbiasFormSwitchesReadTheEnvironment) {
+  // FLASHSPAN_SDPA_DBIAS_ACC (on by default since PERF_LOG v2.67) and FLASHSPAN_SDPA_DBIAS_DIRECT (since v2.68; before,
+  // FLASHSPAN_EXPERIMENTAL=1): each switch's rule, and what it changes -- the form of a dBias of one term an element
+  // ((2, 4, 300, 500) of DbiasDsFormRules's call) outside deterministic mode, where the sm90 backward runs the call.
+  const BwdModsSwitch mods(1);
+  Call c;
+  c.dqk = c.dv = 96;
+  c.a.tensors[FS_SDPA_BIAS] = desc(2, 4, 300, 500, DType::kFloat32);
+  c.grads.emplace_back(FS_SDPA_DBIAS, desc(2, 4, 300, 500, DType::kFloat32));
+  const sdpa::Problem p = backward_problem(c, false);
+  {
+    const ScopedSwitch direct(set_sdpa_dbias_direct_enabled, 0);
+    expect_off_switch("FLASHSPAN_SDPA_DBIAS_ACC", set_sdpa_dbias_acc_enabled, sdpa_dbias_acc_enabled,
+                      [&](bool on, const std::string& where) {
+                        EXPECT_EQ(sdpa_dbias_ds_form_rule(p, true), on ? kDbiasDsAccumulate : kDbiasDsWorkspace)
+                            << where;
+                      });
+  }
+  const ScopedSwitch acc(set_sdpa_dbias_acc_enabled, 1);
+  expect_off_switch("FLASHSPAN_SDPA_DBIAS_DIRECT", set_sdpa_dbias_direct_enabled, sdpa_dbias_direct_enabled,
+                    [&](bool on, const std::string& where) {
+                      EXPECT_EQ(sdpa_dbias_ds_form_rule(p, true), on ? kDbiasDsDirect : kDbiasDsAccumulate) << where;
+                    });
+}
+
 TEST(SdpaFamily, DbiasDsFormRules) {
   // sdpa_dbias_ds_form's rules (dispatch/sdpa_launch.h; sdpa_dbias_ds_form_rule on both answers of whether the sm90
   // backward runs the call) and the workspace each form takes: the direct form for a dBias of one term an element,
