@@ -311,19 +311,26 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
       return;
     }
     const int64_t ld = red ? bp.dbias_size[3] : bp.ds_ld;
+    for_each_ds<kNQ>(rows, keys, dp, [&](int qq, int kk, float v) {
+      float* dst = ds + int64_t(qq) * ld + kk;
+      if (red) {
+        atomicAdd(dst, v);
+      } else {
+        *dst = v;
+      }
+    });
+  }
+
+  // The thread's elements of the step's dS inside the sample: f(qq, kk, dS) for each query qq = 8 j + r % 2 and key
+  // kk = 8 (r / 2) from the thread's element (0, 0) below `rows` queries and `keys` keys (store_ds's every form).
+  template <int kNQ, class F>
+  __device__ __forceinline__ static void for_each_ds(int rows, int keys, const float (&dp)[kNQ][4], F&& f) {
 #pragma unroll
     for (int j = 0; j < kNQ; ++j) {
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
         const int qq = 8 * j + (r & 1), kk = 8 * (r >> 1);
-        if (qq < rows && kk < keys) {
-          float* dst = ds + int64_t(qq) * ld + kk;
-          if (red) {
-            atomicAdd(dst, dp[j][r]);
-          } else {
-            *dst = dp[j][r];
-          }
-        }
+        if (qq < rows && kk < keys) f(qq, kk, dp[j][r]);
       }
     }
   }
@@ -333,22 +340,15 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   template <int kNQ, class T>
   __device__ __forceinline__ static void store_direct(T* row, int64_t ld, int rows, int keys,
                                                       const float (&dp)[kNQ][4]) {
-#pragma unroll
-    for (int j = 0; j < kNQ; ++j) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const int qq = 8 * j + (r & 1), kk = 8 * (r >> 1);
-        if (qq < rows && kk < keys) {
-          if constexpr (std::is_same_v<T, float>) {
-            row[qq * ld + kk] = dp[j][r];
-          } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-            row[qq * ld + kk] = __float2bfloat16_rn(dp[j][r]);
-          } else {
-            row[qq * ld + kk] = __float2half_rn(dp[j][r]);
-          }
-        }
+    for_each_ds<kNQ>(rows, keys, dp, [&](int qq, int kk, float v) {
+      if constexpr (std::is_same_v<T, float>) {
+        row[qq * ld + kk] = v;
+      } else if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        row[qq * ld + kk] = __float2bfloat16_rn(v);
+      } else {
+        row[qq * ld + kk] = __float2half_rn(v);
       }
-    }
+    });
   }
 };
 
