@@ -67,7 +67,10 @@ struct SdpaOp {
     if (on_cuda()) {
 #ifdef FLASHSPAN_WITH_CUDA
       problem.fp8_fwd_family = problem.fp8_bwd_family = 0;  // (the rules' live answers while checking)
+      problem.dbias_ds_form = -1;
       sdpa_check_support_gpu(problem);
+      // dBias's form, chosen once (the workspace is sized by it, the kernel stores by it).
+      if (problem.a.backward && problem.has(FS_SDPA_DBIAS)) problem.dbias_ds_form = sdpa_dbias_ds_form(problem);
       // An FP8 call's kernel family, chosen once (its workspace and launch follow it).
       if (problem.fp8 && !problem.a.backward) problem.fp8_fwd_family = sdpa_fp8_fwd_runs_sm80(problem) ? 80 : 90;
       if (problem.fp8 && problem.a.backward) problem.fp8_bwd_family = sdpa_fp8_bwd_runs_sm90(problem) ? 90 : 80;

@@ -89,6 +89,10 @@ struct Problem {
   int fp8_fwd_family = 0;
   // The same for a CUDA FP8 backward (90: the sm90 backward kernel, 80: the sm80 one; sdpa_fp8_bwd_runs_sm90).
   int fp8_bwd_family = 0;
+  // dBias's form on the sm90 backward (kernels/params.h SdpaDbiasDsForm), fixed by the operation's check_support for
+  // a backward with dBias (dispatch/sdpa_launch.h sdpa_dbias_ds_form), so that workspace_size and execute follow it
+  // whatever FLASHSPAN_SDPA_DBIAS_ACC / _DIRECT say later; -1: not chosen yet (the rule's live answer).
+  int dbias_ds_form = -1;
   bool dropout = false;        // Philox dropout
   uint32_t dropout_threshold = 0;
   float dropout_scale = 1.0f;  // 1 / (1 - p)

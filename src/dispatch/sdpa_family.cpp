@@ -578,7 +578,12 @@ void set_sdpa_dbias_direct_enabled(int on) { g_sdpa_dbias_direct.set(on); }
 bool sdpa_dbias_direct_enabled() { return g_sdpa_dbias_direct.on(); }
 
 int32_t sdpa_dbias_ds_form(const sdpa::Problem& p) {
-  return p.has(FS_SDPA_DBIAS) ? sdpa_dbias_ds_form_rule(p, sdpa_bwd_runs_sm90(p)) : kDbiasDsWorkspace;
+  if (!p.has(FS_SDPA_DBIAS)) return kDbiasDsWorkspace;
+  const bool runs_sm90 = sdpa_bwd_runs_sm90(p);
+  // The operation's check_support chose (a call the sm90 backward no longer runs takes the workspace form: its
+  // workspace_size says so, and execute then finds its workspace too small).
+  if (p.dbias_ds_form >= 0) return runs_sm90 ? p.dbias_ds_form : int32_t(kDbiasDsWorkspace);
+  return sdpa_dbias_ds_form_rule(p, runs_sm90);
 }
 
 int32_t sdpa_dbias_ds_form_rule(const sdpa::Problem& p, bool runs_sm90) {

@@ -158,9 +158,10 @@ bool sdpa_bwd_runs_sm90(const sdpa::Problem& p);
 //                       the workspace form takes 4.3 GB at H_q = 16); while sdpa_dbias_acc_enabled (on by default,
 //                       PERF_LOG v2.67; FLASHSPAN_SDPA_DBIAS_ACC=0 turns it off)
 //   kDbiasDsWorkspace   else: stored into the [B, H_q, S_q, S_kv] workspace, summed over the broadcast dimensions
-// The switches are read by each workspace_size and execute (and the form within one execute more than once: a switch
-// must not change while a call runs, nor between its workspace_size and execute -- an execute then finds its
-// workspace too small and says so); set_*_enabled are tests' overrides (1 on, 0 off, -1 back to the environment's
+// An operation's check_support fixes the form (Problem::dbias_ds_form; its workspace_size and execute follow it
+// whatever the switches say later; a call the sm90 backward no longer runs -- its own switches changed -- takes the
+// workspace form, and its execute then finds its workspace too small and says so); before that, the switches' live
+// answer (a Problem not made by an operation reads them at each call); set_*_enabled are tests' overrides (1 on, 0 off, -1 back to the environment's
 // answer). The direct form writes dBias while the kernel still reads the bias: dBias must not alias the bias
 // (Problem::bind refuses a dBias whose memory meets the bias's, in every form).
 int32_t sdpa_dbias_ds_form(const sdpa::Problem& p);

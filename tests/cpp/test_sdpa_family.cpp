@@ -1215,6 +1215,13 @@ TEST(SdpaFamily, DbiasFormSwitchesReadTheEnvironment) {
                     [&](bool on, const std::string& where) {
                       EXPECT_EQ(sdpa_dbias_ds_form_rule(p, true), on ? kDbiasDsDirect : kDbiasDsAccumulate) << where;
                     });
+  // A form an operation's check_support fixed (Problem::dbias_ds_form) wins over the switches where the sm90 backward
+  // runs the call; elsewhere (CI's machine) the workspace form.
+  sdpa::Problem pinned = p;
+  pinned.dbias_ds_form = kDbiasDsDirect;
+  const ScopedSwitch direct_off(set_sdpa_dbias_direct_enabled, 0);
+  EXPECT_EQ(sdpa_dbias_ds_form(pinned), sdpa_bwd_runs_sm90(p) ? int(kDbiasDsDirect) : int(kDbiasDsWorkspace));
+  EXPECT_EQ(sdpa_dbias_ds_form(p), sdpa_bwd_runs_sm90(p) ? int(kDbiasDsAccumulate) : int(kDbiasDsWorkspace));
 }
 
 TEST(SdpaFamily, DbiasDsFormRules) {
