@@ -1667,11 +1667,14 @@ TEST(SdpaGpu, DbiasReduceForms) {
   // Shapes small (several runs an element, pass 2) and two larger (forms 4 and 8 below).
   REQUIRE_SM90();
   const ForceSm90WithMods force;
-  for (int variant : {0, 1, 2, 3}) {  // workspace (cols), workspace (warp), accumulator, direct
+  // Variant 4: the direct form on the edges of its rule -- H_q = 1 (a head-broadcast dBias is one term), S_q = 1 (a
+  // query-broadcast one), both -- on forms 3, 5, 7 only.
+  for (int variant : {0, 1, 2, 3, 4}) {  // workspace (cols), workspace (warp), accumulator, direct, direct's edges
     set_sdpa_dbias_cols(variant != 1);
     set_sdpa_dbias_acc_enabled(variant == 2);
-    set_sdpa_dbias_direct_enabled(variant == 3);
+    set_sdpa_dbias_direct_enabled(variant >= 3);
     for (int form = 1; form <= 16; ++form) {
+      if (variant == 4 && form != 3 && form != 5 && form != 7) continue;
       Case c;
       c.seed = 15650 + uint64_t(form) + 100 * uint64_t(variant == 1) + 1000 * uint64_t(variant);
       c.dtype = form % 2 ? DType::kBFloat16 : DType::kFloat16;
@@ -1687,16 +1690,28 @@ TEST(SdpaGpu, DbiasReduceForms) {
       c.has_right = form % 2 == 0;
       c.bottom_right = c.has_right;
       c.lengths = form % 3 == 1;
-      c.deterministic = form % 4 == 3;
+      // (direct: form 1, a dBias of the problem's shape, in deterministic mode too)
+      c.deterministic = form % 4 == 3 || (variant == 3 && form == 1);
+      // H_k != H_v (one dividing the other, the sm90 backward's rule) on forms 5, 10 and 15.
+      if (form % 5 == 0) c.Hv = 4;
       c.scale = 0.125f;
       c.bias = form;
       c.bias_f32 = form % 4 < 2;
       c.bias_strided = variant == 3 && form == 2;  // (a dBias of the direct form with strides: zeroed by a kernel)
+      if (variant == 4) {
+        if (form != 5) c.Hq = c.Hk = 1;  // forms 3 and 7 (heads broadcast)
+        if (form != 3) {                 // forms 5 and 7 (queries broadcast)
+          c.Sq = 1;
+          c.lengths = 0;
+        }
+        c.Hv = 0;
+      }
       c.dbias = true;
       const std::vector<int64_t> bs = c.bias_shape();
       const bool keys_kept = bs[3] != 1;
-      const bool one_term = (bs[0] == c.B || c.B == 1) && bs[1] == c.Hq && bs[2] == c.Sq && keys_kept;
-      const int want = variant == 3 && one_term                          ? kDbiasDsDirect
+      const bool one_term = (bs[0] == c.B || c.B == 1) && (bs[1] == c.Hq || c.Hq == 1) &&
+                            (bs[2] == c.Sq || c.Sq == 1) && keys_kept;
+      const int want = variant >= 3 && one_term                          ? kDbiasDsDirect
                        : variant == 2 && keys_kept && !c.deterministic ? kDbiasDsAccumulate
                                                                          : kDbiasDsWorkspace;
       const int64_t before = sdpa_dbias_form_launches(want);
