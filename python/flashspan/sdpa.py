@@ -1261,7 +1261,8 @@ def sdpa_backward(
     Every masking / score / dropout argument must match the forward. ``stats`` is the forward's natural-log
     LSE (``(B, H_q, S_q, 1)``; THD: ``(T, H_q, 1)`` or padded ``(B, H_q, S_max, 1)``). ``dBias`` (bias's
     shape), ``dSink_token`` (fp32 ``(H_q,)``) and ``dgate`` (gate's shape) are optional outputs written in
-    place. Returns ``(dQ, dK, dV)`` in q / k / v's layouts. Raises as :func:`sdpa`.
+    place; ``dBias`` must not share memory with ``bias`` or another input (ValueError "dBias: shares memory
+    with ..."). Returns ``(dQ, dK, dV)`` in q / k / v's layouts. Raises as :func:`sdpa`.
     """
     del name
     _check_unsupported(None, compute_data_type)

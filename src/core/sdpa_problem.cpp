@@ -705,9 +705,17 @@ void Problem::bind(void* const* pack, int32_t num_slots) {
                  ": data pointer (variant_pack pointer + byte_offset) must be aligned to the element size (", item,
                  " bytes for ", dtype_name(t.dtype), ")");
   }
-  if (a.backward) {
-    check_no_overlap(a.tensors[FS_SDPA_DBIAS], "dbias", a.tensors[FS_SDPA_BIAS], "bias",
-                     "the GPU backward may write dBias while it still reads the bias");
+  // dBias is written (on the GPU, cleared and stored into by the main kernel in the sm90 backward's direct form) while
+  // the backward's inputs are still read: its memory must not meet theirs (packed THD tensors, whose samples the
+  // offsets place, are not compared).
+  if (a.backward && a.tensors[FS_SDPA_DBIAS].defined()) {
+    for (int s : {FS_SDPA_BIAS, FS_SDPA_Q, FS_SDPA_K, FS_SDPA_V, FS_SDPA_O, FS_SDPA_DO, FS_SDPA_STATS, FS_SDPA_GATE,
+                  FS_SDPA_SINK_TOKEN}) {
+      if (a.tensors[s].defined() && !ragged(s)) {
+        check_no_overlap(a.tensors[FS_SDPA_DBIAS], slot_name(FS_SDPA_DBIAS), a.tensors[s], slot_name(s),
+                         "the backward writes dBias while it still reads its inputs");
+      }
+    }
   }
 }
 

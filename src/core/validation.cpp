@@ -330,14 +330,14 @@ void check_no_self_overlap(const TensorView& t, const char* name, int first_dim)
 namespace {
 
 // [first, last + 1) in bytes of a bound, non-empty tensor: each dimension's steps below or above its first element.
-std::pair<uintptr_t, uintptr_t> byte_range(const TensorView& t) {
+std::pair<__int128, __int128> byte_range(const TensorView& t) {
   __int128 lo = 0, hi = 0;
   for (int i = 0; i < t.ndim; ++i) {
     const __int128 reach = __int128(t.stride(i)) * (t.size(i) - 1);
     (reach < 0 ? lo : hi) += reach;
   }
   const __int128 item = dtype_size(t.dtype), base = reinterpret_cast<uintptr_t>(t.data);
-  return {uintptr_t(base + lo * item), uintptr_t(base + hi * item + item)};
+  return {base + lo * item, base + hi * item + item};
 }
 
 }  // namespace
@@ -348,7 +348,8 @@ void check_no_overlap(const TensorView& out, const char* out_name, const TensorV
   if (out.numel() == 0 || in.numel() == 0) return;
   const auto [o0, o1] = byte_range(out);
   const auto [i0, i1] = byte_range(in);
-  FS_CHECK_ARG(o1 <= i0 || i1 <= o0, out_name, ": shares memory with ", in_name, " (", why, ")");
+  FS_CHECK_ARG(o1 <= i0 || i1 <= o0, out_name, ": shares memory with ", in_name,
+               " (their spans of memory, from the first element any stride reaches to the last, meet; ", why, ")");
 }
 
 }  // namespace flashspan

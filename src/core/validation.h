@@ -53,8 +53,9 @@ void check_softmax_scale(float scale, bool want_max_logit);
 // An output must not overlap itself (a zero stride, or strides that interleave): dimensions
 // first_dim.. are checked (a packed THD output skips its batch dimension, addressed by offsets).
 void check_no_self_overlap(const TensorView& t, const char* name, int first_dim = 0);
-// Two bound tensors must not share memory (their byte ranges, from the first element any stride reaches to the last,
-// do not meet): an output written while an input is still read (sdpa: dBias and the bias). Empty tensors and
+// Two bound tensors must not share memory: their byte spans, from the first element any stride reaches to the last,
+// must not meet (conservative: two tensors interleaved in one buffer without a common element are refused too).
+// For an output written while an input is still read (sdpa: dBias and the backward's inputs). Empty tensors and
 // unbound ones (data NULL) pass.
 void check_no_overlap(const TensorView& out, const char* out_name, const TensorView& in, const char* in_name,
                       const char* why);

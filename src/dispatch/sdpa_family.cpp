@@ -143,12 +143,12 @@ Switch g_sdpa_sm90_paged_thd{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_PAGE
 // dBias's accumulator form on the sm90 backward (sdpa_dbias_ds_form; params.h SdpaBiasParams::ds_form), since its
 // kernel stores and conversion passed their GPU tests on an H200 (SdpaGpu.DbiasReduceForms, memcheck; dispatch's
 // choice with the workspace sized by the form passed on an H200 on 2026-12-06) and ran the dBias backward 2.0-4.8x as
-// fast as the workspace form (PERF_LOG v2.67); FLASHSPAN_SDPA_DBIAS_ACC=0 (read by each workspace_size and execute)
-// keeps the workspace form.
+// fast as the workspace form (PERF_LOG v2.67); FLASHSPAN_SDPA_DBIAS_ACC=0 (read by each check_support: an operation
+// keeps the form it chose, Problem::dbias_ds_form) keeps the workspace form.
 Switch g_sdpa_dbias_acc{[] { return !env_flag_off("FLASHSPAN_SDPA_DBIAS_ACC"); }};
 // dBias's direct form on the sm90 backward (sdpa_dbias_ds_form), by default since its GPU tests passed on an H200,
 // 2026-12-06 (SdpaGpu.DbiasReduceForms variant 3, memcheck; PERF_LOG v2.68: a (1, 16, 8192, 8192) dBias 11.3 -> 2.7 ms
-// against the accumulator); FLASHSPAN_SDPA_DBIAS_DIRECT=0 (read by each workspace_size and execute) turns it off.
+// against the accumulator); FLASHSPAN_SDPA_DBIAS_DIRECT=0 (read by each check_support, as above) turns it off.
 // FLASHSPAN_EXPERIMENTAL (its switch before) no longer changes it.
 Switch g_sdpa_dbias_direct{[] { return !env_flag_off("FLASHSPAN_SDPA_DBIAS_DIRECT"); }};
 Switch g_sdpa_sm90_paged_bias{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_PAGED_BIAS"); }};

@@ -161,9 +161,9 @@ bool sdpa_bwd_runs_sm90(const sdpa::Problem& p);
 // An operation's check_support fixes the form (Problem::dbias_ds_form; its workspace_size and execute follow it
 // whatever the switches say later; a call the sm90 backward no longer runs -- its own switches changed -- takes the
 // workspace form, and its execute then finds its workspace too small and says so); before that, the switches' live
-// answer (a Problem not made by an operation reads them at each call); set_*_enabled are tests' overrides (1 on, 0 off, -1 back to the environment's
-// answer). The direct form writes dBias while the kernel still reads the bias: dBias must not alias the bias
-// (Problem::bind refuses a dBias whose memory meets the bias's, in every form).
+// answer (a Problem not made by an operation reads them at each call); set_*_enabled are tests' overrides (1 on,
+// 0 off, -1 back to the environment's answer). The direct form writes dBias while the kernel still reads its
+// inputs: Problem::bind refuses a dBias whose memory meets the bias's or another input's, in every form.
 int32_t sdpa_dbias_ds_form(const sdpa::Problem& p);
 // The rule itself, given whether the sm90 backward runs the call (sdpa_dbias_ds_form passes sdpa_bwd_runs_sm90; tests
 // pass either answer).

@@ -20,6 +20,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <random>
@@ -361,6 +362,10 @@ void run_forward(Problem& p, bool cuda, bool log2, void* stream = nullptr) {
   if (cuda) cuda_ok(cudaDeviceSynchronize(), "sdpa forward");
 }
 
+// Called by run_backward between a CUDA operation's check_support and its workspace_size, when set (tests of what
+// an operation fixes at check_support: DbiasFormFixedAtCheckSupport).
+std::function<void()> g_after_check_support;
+
 void run_backward(Problem& p, bool cuda, void* stream = nullptr) {
   api::SdpaBackwardAttributes a;
   set_options(p, a, cuda);
@@ -377,6 +382,7 @@ void run_backward(Problem& p, bool cuda, void* stream = nullptr) {
   api::SdpaBwd bwd(p.q.desc(cuda), p.k.desc(cuda), p.v.desc(cuda), p.o.desc(cuda), p.dO.desc(cuda),
                    p.stats.desc(cuda), p.dq.desc(cuda), p.dk.desc(cuda), p.dv.desc(cuda), a);
   bwd.check_support();
+  if (cuda && g_after_check_support) g_after_check_support();
   bwd.compile();
   api::SdpaVariantPack pack;
   pack.set(FS_SDPA_Q, p.q.ptr(cuda)).set(FS_SDPA_K, p.k.ptr(cuda)).set(FS_SDPA_V, p.v.ptr(cuda));
@@ -1668,7 +1674,9 @@ TEST(SdpaGpu, DbiasReduceForms) {
   REQUIRE_SM90();
   const ForceSm90WithMods force;
   // Variant 4: the direct form on the edges of its rule -- H_q = 1 (a head-broadcast dBias is one term), S_q = 1 (a
-  // query-broadcast one), both -- on forms 3, 5, 7 only.
+  // query-broadcast one; with H_k != H_v), both -- on forms 3, 5, 7 only. Philox dropout on forms 2 and 9 (the
+  // kernel with dropout: the workspace, accumulator and direct forms of form 2, the workspace form of form 9).
+  const flashspan::test::ScopedSwitch dropout(set_sdpa_sm90_dropout_enabled, 1);
   for (int variant : {0, 1, 2, 3, 4}) {  // workspace (cols), workspace (warp), accumulator, direct, direct's edges
     set_sdpa_dbias_cols(variant != 1);
     set_sdpa_dbias_acc_enabled(variant == 2);
@@ -1704,7 +1712,12 @@ TEST(SdpaGpu, DbiasReduceForms) {
           c.Sq = 1;
           c.lengths = 0;
         }
-        c.Hv = 0;
+        if (form != 5) c.Hv = 0;  // (form 5 keeps H_v = 4 of H_q = 4, H_k = 2)
+      }
+      if (form == 2 || form == 9) {
+        c.dropout_p = 0.25f;
+        c.dropout_seed = 4321 + form;
+        c.dropout_offset = 96;
       }
       c.dbias = true;
       const std::vector<int64_t> bs = c.bias_shape();
@@ -1714,6 +1727,7 @@ TEST(SdpaGpu, DbiasReduceForms) {
       const int want = variant >= 3 && one_term                          ? kDbiasDsDirect
                        : variant == 2 && keys_kept && !c.deterministic ? kDbiasDsAccumulate
                                                                          : kDbiasDsWorkspace;
+      if (variant == 4) ASSERT_EQ(want, kDbiasDsDirect) << "the direct rule's edges: " << c.str();
       const int64_t before = sdpa_dbias_form_launches(want);
       run_sm90_bwd_mods_case(c);
       EXPECT_EQ(sdpa_dbias_form_launches(want) - before, 1) << "dBias form " << want << ": " << c.str();
@@ -1722,6 +1736,39 @@ TEST(SdpaGpu, DbiasReduceForms) {
     set_sdpa_dbias_cols(-1);
     set_sdpa_dbias_acc_enabled(-1);
     set_sdpa_dbias_direct_enabled(-1);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, DbiasFormFixedAtCheckSupport) {
+  // An operation keeps the dBias form its check_support chose (Problem::dbias_ds_form): both form switches turned
+  // off between check_support and workspace_size (g_after_check_support) change neither the workspace nor the form
+  // that runs (before, execute read them again and failed on a workspace sized for the other form).
+  REQUIRE_SM90();
+  const ForceSm90WithMods force;
+  for (int form : {int(kDbiasDsDirect), int(kDbiasDsAccumulate)}) {
+    Case c;
+    c.seed = 15990 + uint64_t(form);
+    c.dtype = DType::kBFloat16;
+    c.B = 2;
+    c.Hq = 4;
+    c.Hk = 2;
+    c.Sq = 200;
+    c.Skv = 260;
+    c.Dqk = c.Dv = 64;
+    c.scale = 0.125f;
+    c.bias = 1;  // (B, H_q, S_q, S_kv): one term an element
+    c.dbias = true;
+    const flashspan::test::ScopedSwitch acc(set_sdpa_dbias_acc_enabled, 1);
+    const flashspan::test::ScopedSwitch direct(set_sdpa_dbias_direct_enabled, form == kDbiasDsDirect ? 1 : 0);
+    g_after_check_support = [] {
+      set_sdpa_dbias_direct_enabled(0);
+      set_sdpa_dbias_acc_enabled(0);
+    };
+    const int64_t before = sdpa_dbias_form_launches(form);
+    run_sm90_bwd_mods_case(c);
+    g_after_check_support = nullptr;
+    EXPECT_EQ(sdpa_dbias_form_launches(form) - before, 1) << "dBias form " << form << ": " << c.str();
     if (::testing::Test::HasFailure()) return;
   }
 }

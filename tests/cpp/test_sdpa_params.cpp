@@ -664,7 +664,7 @@ TEST(SdpaParams, DbiasMustNotShareTheBiasMemory) {
     ADD_FAILURE() << "dBias aliasing the bias was bound";
   } catch (const Error& e) {
     EXPECT_EQ(e.status(), Status::kInvalidArgument);
-    EXPECT_NE(std::string(e.what()).find("dbias: shares memory with bias"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("dBias: shares memory with bias"), std::string::npos) << e.what();
   }
 }
 
