@@ -1727,7 +1727,9 @@ TEST(SdpaGpu, DbiasReduceForms) {
       const int want = variant >= 3 && one_term                          ? kDbiasDsDirect
                        : variant == 2 && keys_kept && !c.deterministic ? kDbiasDsAccumulate
                                                                          : kDbiasDsWorkspace;
-      if (variant == 4) ASSERT_EQ(want, kDbiasDsDirect) << "the direct rule's edges: " << c.str();
+      if (variant == 4) {
+        ASSERT_EQ(want, kDbiasDsDirect) << "the direct rule's edges: " << c.str();
+      }
       const int64_t before = sdpa_dbias_form_launches(want);
       run_sm90_bwd_mods_case(c);
       EXPECT_EQ(sdpa_dbias_form_launches(want) - before, 1) << "dBias form " << want << ": " << c.str();
