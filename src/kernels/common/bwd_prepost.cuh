@@ -388,26 +388,28 @@ __host__ __device__ __forceinline__ float* dbias_ds_row(const SdpaBiasParams& bp
   return bp.ds + (((bp.dbias_size[0] == 1 ? 0 : b) * n1 + (n1 == 1 ? 0 : h)) * n2 + (n2 == 1 ? 0 : i)) * n3;
 }
 
-// The accumulator form (kDbiasDsAccumulate): dBias element e is the accumulator's element e, converted (a thread an
-// element, coalesced along the keys).
-__device__ __forceinline__ void sdpa_dbias_from_acc(const SdpaBiasParams& bp, int64_t B, int64_t H, int64_t Sq,
-                                                    int64_t Skv) {
+// Every dBias element e (DbiasGeometry's order: a thread an element, coalesced along the keys) set to value(e).
+template <class Value>
+__device__ __forceinline__ void sdpa_dbias_store_each(const SdpaBiasParams& bp, int64_t B, int64_t H, int64_t Sq,
+                                                      int64_t Skv, Value&& value) {
   const DbiasGeometry g = DbiasGeometry::make(bp, B, H, Sq, Skv);
   const int64_t elems = g.elems(), stride = int64_t(gridDim.x) * blockDim.x;
   for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < elems; e += stride) {
-    store_dbias(bp, g.element(e), bp.ds[e]);
+    store_dbias(bp, g.element(e), value(e));
   }
+}
+
+// The accumulator form (kDbiasDsAccumulate): dBias element e is the accumulator's element e, converted.
+__device__ __forceinline__ void sdpa_dbias_from_acc(const SdpaBiasParams& bp, int64_t B, int64_t H, int64_t Sq,
+                                                    int64_t Skv) {
+  sdpa_dbias_store_each(bp, B, H, Sq, Skv, [&](int64_t e) { return bp.ds[e]; });
 }
 
 // The direct form (kDbiasDsDirect): dBias zeroed element by element (a dBias that is not one dense block;
 // the launcher clears a dense one with a memset).
 __device__ __forceinline__ void sdpa_dbias_zero_fill(const SdpaBiasParams& bp, int64_t B, int64_t H, int64_t Sq,
                                                      int64_t Skv) {
-  const DbiasGeometry g = DbiasGeometry::make(bp, B, H, Sq, Skv);
-  const int64_t elems = g.elems(), stride = int64_t(gridDim.x) * blockDim.x;
-  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < elems; e += stride) {
-    store_dbias(bp, g.element(e), 0.0f);
-  }
+  sdpa_dbias_store_each(bp, B, H, Sq, Skv, [](int64_t) { return 0.0f; });
 }
 
 __device__ __forceinline__ void sdpa_dbias_reduce(const SdpaBiasParams& bp, int64_t B, int64_t H, int64_t Sq,
