@@ -1192,16 +1192,22 @@ TEST(SdpaFamily, Sm90BackwardModsWorkspaceHoldsDsAndGatedDo) {
   }
 }
 
+// The call of the dBias form tests: B = 2, H_q = 4, S_q = 300, S_kv = 500 (bias_gate_call's heads and dims, without
+// the gate), with a float32 bias and dBias of shape (n0, n1, n2, n3).
+Call dbias_call(int64_t n0, int64_t n1, int64_t n2, int64_t n3) {
+  Call c;
+  c.dqk = c.dv = 96;
+  c.a.tensors[FS_SDPA_BIAS] = desc(n0, n1, n2, n3, DType::kFloat32);
+  c.grads.emplace_back(FS_SDPA_DBIAS, desc(n0, n1, n2, n3, DType::kFloat32));
+  return c;
+}
+
 TEST(SdpaFamily, DbiasFormSwitchesReadTheEnvironment) {
   // FLASHSPAN_SDPA_DBIAS_ACC (on by default since PERF_LOG v2.67) and FLASHSPAN_SDPA_DBIAS_DIRECT (since v2.68; before,
   // FLASHSPAN_EXPERIMENTAL=1): each switch's rule, and what it changes -- the form of a dBias of one term an element
   // ((2, 4, 300, 500) of DbiasDsFormRules's call) outside deterministic mode, where the sm90 backward runs the call.
   const BwdModsSwitch mods(1);
-  Call c;
-  c.dqk = c.dv = 96;
-  c.a.tensors[FS_SDPA_BIAS] = desc(2, 4, 300, 500, DType::kFloat32);
-  c.grads.emplace_back(FS_SDPA_DBIAS, desc(2, 4, 300, 500, DType::kFloat32));
-  const sdpa::Problem p = backward_problem(c, false);
+  const sdpa::Problem p = backward_problem(dbias_call(2, 4, 300, 500), false);
   {
     const ScopedSwitch direct(set_sdpa_dbias_direct_enabled, 0);
     expect_off_switch("FLASHSPAN_SDPA_DBIAS_ACC", set_sdpa_dbias_acc_enabled, sdpa_dbias_acc_enabled,
@@ -1242,10 +1248,7 @@ TEST(SdpaFamily, DbiasDsFormRules) {
           // 1 (1, 4, 300, 500), 2 (1, 1, 1, 500), 3 (2, 4, 300, 1) (keys reduced).
           const std::vector<std::vector<int64_t>> dims = {{2, 4, 300, 500}, {1, 4, 300, 500}, {1, 1, 1, 500}, {2, 4, 300, 1}};
           const std::vector<int64_t>& d = dims[size_t(shape)];
-          Call c;  // (bias_gate_call's heads and dims, without the gate)
-          c.dqk = c.dv = 96;
-          c.a.tensors[FS_SDPA_BIAS] = desc(d[0], d[1], d[2], d[3], DType::kFloat32);
-          c.grads.emplace_back(FS_SDPA_DBIAS, desc(d[0], d[1], d[2], d[3], DType::kFloat32));
+          const Call c = dbias_call(d[0], d[1], d[2], d[3]);
           const sdpa::Problem p = backward_problem(c, det);
           // The rule on both answers of sdpa_bwd_runs_sm90 (the sm90 backward runs the call or not).
           const int rule = shape == 0 && direct_on           ? kDbiasDsDirect
