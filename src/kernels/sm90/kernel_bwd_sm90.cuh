@@ -1301,6 +1301,69 @@ __device__ __forceinline__ void gemm_dq_cols(float (&acc)[kD / 16][4], uint32_t 
   }
 }
 
+// One step of the column-split consumers (bwd_consumer_cols, bwd_consumer_t3) up to P and dS: waits for the step's
+// Q / dO stage st (phase ph), zeroes its rows past the sample (analytic sources; t: the thread's index among the
+// consumers), issues S and dP for the warpgroup's 32 keys (k_rows / v_rows; m64n32, rows = the step's 64 queries),
+// and leaves P = exp2(S scale log2(e) - lse2[query]) in sacc (masked elements 0: the analytic mask's bits at query
+// row_thr, key key_thr of key block kb, or the payload's word pay_word >> pay_shift) and dS = P (dP - D[query]) in
+// dpacc. Returns the step's info {h, qb, payload}.
+template <class L, int kDqk, int kDv, class E, class Src>
+__device__ __forceinline__ int4 colsplit_step_p_ds(const BwdParams& p, const typename Src::Seqlen& sl, const uint8_t* smem,
+                                                   uint32_t bars, uint32_t st, uint32_t ph, uint32_t q_tile,
+                                                   uint32_t do_tile, uint32_t k_rows, uint32_t v_rows, int kb, int row_thr,
+                                                   int key_thr, int t, int pay_word, int pay_shift, float (&sacc)[4][4],
+                                                   float (&dpacc)[4][4]) {
+  const float* s_stat = reinterpret_cast<const float*>(smem + L::kStat);
+  const int4* s_info = reinterpret_cast<const int4*>(smem + L::kInfo);
+  mbar_wait(bars + L::kQdoFull + 8 * st, ph);
+  if constexpr (Src::kAnalytic) {
+    const int rows_in = sl.len_q - s_info[st].y * L::kBlockQ;
+    if (rows_in < L::kBlockQ) {
+      zero_rows_past<L::kBlockQ, L::kSlabs, L::kSlabsV, L::kConsumerThreads>(q_tile, do_tile, rows_in, t);
+    }
+  }
+  wg_fence();
+  wgmma_ss_kmajor<32, kDqk, L::kSlabQ, L::kSlabK, E>(sacc, q_tile, k_rows);
+  wg_commit();
+  wgmma_ss_kmajor<32, kDv, L::kSlabQ, L::kSlabK, E>(dpacc, do_tile, v_rows);
+  wg_commit();
+  const float* lse2 = s_stat + st * 2 * L::kBlockQ;
+  const float* delta = lse2 + L::kBlockQ;
+  const float l2[2] = {lse2[row_thr], lse2[row_thr + 8]};
+  const float dd[2] = {delta[row_thr], delta[row_thr + 8]};
+  const int4 info = s_info[st];  // {h, qb, payload}
+  uint32_t pw = ~0u;             // a full block: every bit set
+  if (info.z >= 0) {
+    if constexpr (Src::kAnalytic) {
+      pw = analytic_step_mask_cols(kern::TileMask::make(sl.mask, int64_t(info.y) * L::kBlockQ, int64_t(kb) * L::kBlockK),
+                                   row_thr, key_thr);
+    } else {
+      pw = reinterpret_cast<const uint32_t*>(smem + L::kPay + st * L::kPayBytes)[pay_word] >> pay_shift;
+    }
+  }
+  wg_wait<1>();
+  reg_fence(sacc);
+  // P = exp2(S scale log2(e) - lse2[query]); masked elements 0.
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      float x = kern::exp2_approx(fmaf(sacc[j][r], p.scale_log2, -l2[r >> 1]));
+      if (!((pw >> (4 * j + r)) & 1u)) x = 0.0f;
+      sacc[j][r] = x;
+    }
+  }
+  wg_wait<0>();
+  reg_fence(dpacc);
+  // dS = P (dP - D[query]).
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) dpacc[j][r] = sacc[j][r] * (dpacc[j][r] - dd[r >> 1]);
+  }
+  return info;
+}
+
 // Warpgroup c (threads t = 32 w + 4 g + qd): per step, S and dP for keys 32c .. 32c + 31 of the
 // block (m64n32, rows = the 64 queries, both operands K-major), P and dS of those keys into the
 // step's shared P / dS buffers (query rows of 64 keys, 128B-swizzled); after a named barrier both
@@ -1322,8 +1385,6 @@ __device__ __forceinline__ void bwd_consumer_cols(const BwdParams& p, uint32_t b
   const int row_thr = 16 * w + g;  // first query row of S / dP and first key of dK / dV (+8: second)
   const ColPieces<kDqk> pk{c};
   const ColPieces<kDv> pv{c};
-  const float* s_stat = reinterpret_cast<const float*>(smem + L::kStat);
-  const int4* s_info = reinterpret_cast<const int4*>(smem + L::kInfo);
   float* s_dq = reinterpret_cast<float*>(smem + L::kDQ);
   const uint32_t k_rows = base + L::kK + c * 32 * 128;  // K rows 32c .. (B of S)
   const uint32_t v_rows = base + L::kV + c * 32 * 128;  // V rows 32c .. (B of dP)
@@ -1351,51 +1412,10 @@ __device__ __forceinline__ void bwd_consumer_cols(const BwdParams& p, uint32_t b
       const uint32_t st = step_it % L::kStages, ph = (step_it / L::kStages) & 1;
       const uint32_t q_tile = base + L::kQ + st * L::kTileQ;
       const uint32_t do_tile = base + L::kDO + st * L::kTileDO;
-      mbar_wait(bars + L::kQdoFull + 8 * st, ph);
-      if constexpr (Src::kAnalytic) {
-        const int rows_in = sl.len_q - s_info[st].y * L::kBlockQ;
-        if (rows_in < L::kBlockQ) zero_rows_past<L::kBlockQ, L::kSlabs, L::kSlabsV>(q_tile, do_tile, rows_in, 128 * c + t);
-      }
       float sacc[4][4], dpacc[4][4];
-      wg_fence();
-      wgmma_ss_kmajor<32, kDqk, L::kSlabQ, L::kSlabK, E>(sacc, q_tile, k_rows);
-      wg_commit();
-      wgmma_ss_kmajor<32, kDv, L::kSlabQ, L::kSlabK, E>(dpacc, do_tile, v_rows);
-      wg_commit();
-      const float* lse2 = s_stat + st * 2 * L::kBlockQ;
-      const float* delta = lse2 + L::kBlockQ;
-      const float l2[2] = {lse2[row_thr], lse2[row_thr + 8]};
-      const float dd[2] = {delta[row_thr], delta[row_thr + 8]};
-      const int4 info = s_info[st];  // {h, qb, payload}
-      uint32_t pw = ~0u;             // a full block: every bit set
-      if (info.z >= 0) {
-        if constexpr (Src::kAnalytic) {
-          pw = analytic_step_mask_cols(kern::TileMask::make(sl.mask, int64_t(info.y) * L::kBlockQ, int64_t(it.kb) * L::kBlockK),
-                                       row_thr, 32 * c + 2 * qd);
-        } else {
-          pw = reinterpret_cast<const uint32_t*>(smem + L::kPay + st * L::kPayBytes)[32 * w + lane] >> (16 * c);
-        }
-      }
-      wg_wait<1>();
-      reg_fence(sacc);
-      // P = exp2(S scale log2(e) - lse2[query]); masked elements 0.
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          float x = kern::exp2_approx(fmaf(sacc[j][r], p.scale_log2, -l2[r >> 1]));
-          if (!((pw >> (4 * j + r)) & 1u)) x = 0.0f;
-          sacc[j][r] = x;
-        }
-      }
-      wg_wait<0>();
-      reg_fence(dpacc);
-      // dS = P (dP - D[query]).
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) dpacc[j][r] = sacc[j][r] * (dpacc[j][r] - dd[r >> 1]);
-      }
+      const int4 info = colsplit_step_p_ds<L, kDqk, kDv, E, Src>(p, sl, smem, bars, st, ph, q_tile, do_tile, k_rows,
+                                                                 v_rows, it.kb, row_thr, 32 * c + 2 * qd, 128 * c + t,
+                                                                 32 * w + lane, 16 * c, sacc, dpacc);
       // P and dS of keys 32c .. to the step's buffers (double-buffered: the other warpgroup has
       // finished every GEMM of step - 1, so of the buffer's last use, before it passed the
       // barrier of step - 1 that this warpgroup passed too).
@@ -1591,8 +1611,6 @@ __device__ __forceinline__ void bwd_consumer_t3(const BwdParams& p, uint32_t bas
   const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
   const int row_thr = 16 * w + g;  // first query row of S / dP (+8: second)
   const bool has_dv = c < 2;       // dV^T's 128 rows: warpgroups 0 and 1
-  const float* s_stat = reinterpret_cast<const float*>(smem + L::kStat);
-  const int4* s_info = reinterpret_cast<const int4*>(smem + L::kInfo);
   float* s_dq = reinterpret_cast<float*>(smem + L::kDQ);
   const uint32_t k_rows = base + L::kK + c * 32 * 128;  // K rows 32c .. (B of S)
   const uint32_t v_rows = base + L::kV + c * 32 * 128;  // V rows 32c .. (B of dP)
@@ -1625,53 +1643,10 @@ __device__ __forceinline__ void bwd_consumer_t3(const BwdParams& p, uint32_t bas
       const uint32_t st = step_it % L::kStages, ph = (step_it / L::kStages) & 1;
       const uint32_t q_tile = base + L::kQ + st * L::kTileQ;
       const uint32_t do_tile = base + L::kDO + st * L::kTileDO;
-      mbar_wait(bars + L::kQdoFull + 8 * st, ph);
-      if constexpr (Src::kAnalytic) {
-        const int rows_in = sl.len_q - s_info[st].y * L::kBlockQ;
-        if (rows_in < L::kBlockQ) {
-          zero_rows_past<L::kBlockQ, L::kSlabs, L::kSlabsV, L::kConsumerThreads>(q_tile, do_tile, rows_in, 128 * c + t);
-        }
-      }
       float sacc[4][4], dpacc[4][4];
-      wg_fence();
-      wgmma_ss_kmajor<32, kDqk, L::kSlabQ, L::kSlabK, E>(sacc, q_tile, k_rows);
-      wg_commit();
-      wgmma_ss_kmajor<32, kDv, L::kSlabQ, L::kSlabK, E>(dpacc, do_tile, v_rows);
-      wg_commit();
-      const float* lse2 = s_stat + st * 2 * L::kBlockQ;
-      const float* delta = lse2 + L::kBlockQ;
-      const float l2[2] = {lse2[row_thr], lse2[row_thr + 8]};
-      const float dd[2] = {delta[row_thr], delta[row_thr + 8]};
-      const int4 info = s_info[st];  // {h, qb, payload}
-      uint32_t pw = ~0u;             // a full block: every bit set
-      if (info.z >= 0) {
-        if constexpr (Src::kAnalytic) {
-          pw = analytic_step_mask_cols(kern::TileMask::make(sl.mask, int64_t(info.y) * L::kBlockQ, int64_t(it.kb) * L::kBlockK),
-                                       row_thr, 32 * c + 2 * qd);
-        } else {
-          pw = reinterpret_cast<const uint32_t*>(smem + L::kPay + st * L::kPayBytes)[pay_word] >> pay_shift;
-        }
-      }
-      wg_wait<1>();
-      reg_fence(sacc);
-      // P = exp2(S scale log2(e) - lse2[query]); masked elements 0.
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          float x = kern::exp2_approx(fmaf(sacc[j][r], p.scale_log2, -l2[r >> 1]));
-          if (!((pw >> (4 * j + r)) & 1u)) x = 0.0f;
-          sacc[j][r] = x;
-        }
-      }
-      wg_wait<0>();
-      reg_fence(dpacc);
-      // dS = P (dP - D[query]).
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) dpacc[j][r] = sacc[j][r] * (dpacc[j][r] - dd[r >> 1]);
-      }
+      const int4 info = colsplit_step_p_ds<L, kDqk, kDv, E, Src>(p, sl, smem, bars, st, ph, q_tile, do_tile, k_rows,
+                                                                 v_rows, it.kb, row_thr, 32 * c + 2 * qd, 128 * c + t,
+                                                                 pay_word, pay_shift, sacc, dpacc);
       named_bar_sync(kPdsFreeBar, L::kConsumerThreads);  // every warpgroup's previous GEMMs are done
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
