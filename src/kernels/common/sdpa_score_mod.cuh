@@ -348,10 +348,21 @@ __device__ __forceinline__ uint64_t sdpa_dropout_keep_bits(const SdpaDropoutPara
   const uint64_t seed = uint64_t(load_index(dp.seed, 0)), offset = uint64_t(load_index(dp.offset, 0));
   const uint32_t bh = uint32_t(b * num_heads + h), thr = dp.threshold;
   uint64_t bits = 0;
+  if constexpr (kN % 4 == 0) {
+    // Two independent calls an iteration: their ten-round chains interleave (one chain a warp left the schedulers
+    // idle on its latency).
 #pragma unroll 1
-  for (int n = 0; n < kN; n += 2) {
-    const Philox4 w = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n));
-    bits |= uint64_t(dropout_keep_byte(w, thr)) << (4 * n);
+    for (int n = 0; n < kN; n += 4) {
+      const Philox4 w0 = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n));
+      const Philox4 w1 = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n + 16));
+      bits |= (uint64_t(dropout_keep_byte(w0, thr)) | uint64_t(dropout_keep_byte(w1, thr)) << 8) << (4 * n);
+    }
+  } else {
+#pragma unroll 1
+    for (int n = 0; n < kN; n += 2) {
+      const Philox4 w = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n));
+      bits |= uint64_t(dropout_keep_byte(w, thr)) << (4 * n);
+    }
   }
   return bits;
 }
