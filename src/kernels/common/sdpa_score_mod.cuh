@@ -402,9 +402,8 @@ __device__ __forceinline__ uint32_t sdpa_dropout_keep_bits_transposed(const Sdpa
   const uint32_t bh = uint32_t(b * num_heads + h), thr = dp.threshold;
   const uint32_t e = uint32_t(k) & 1u;  // this lane's key parity: the query parity of the calls it draws
   uint32_t own = 0, other = 0;
-#pragma unroll 1
-  for (int np = 0; np < kN / 2; ++np) {  // blocks 2 np, 2 np + 1
-    const Philox4 w = dropout_philox_block(seed, offset, bh, uint32_t(i) + 16u * uint32_t(np) + e, uint32_t(k) - e);
+  // Call np's words into own / other (blocks 2 np, 2 np + 1).
+  auto take = [&](const Philox4& w, int np) {
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {  // block 2 np + jj: query row i' + 8 jj, words 2 jj + key parity
       const uint32_t wo = e ? w.x[2 * jj + 1] : w.x[2 * jj], wt = e ? w.x[2 * jj] : w.x[2 * jj + 1];
@@ -412,6 +411,21 @@ __device__ __forceinline__ uint32_t sdpa_dropout_keep_bits_transposed(const Sdpa
       own |= uint32_t((wo & 0xFFFFu) >= thr) << bit | uint32_t((wo >> 16) >= thr) << (bit + 2);
       other |= uint32_t((wt & 0xFFFFu) >= thr) << bit | uint32_t((wt >> 16) >= thr) << (bit + 2);
     }
+  };
+  auto call = [&](int np) {
+    return dropout_philox_block(seed, offset, bh, uint32_t(i) + 16u * uint32_t(np) + e, uint32_t(k) - e);
+  };
+  if constexpr (kN % 4 == 0) {
+    // Two independent calls an iteration: their ten-round chains interleave (sdpa_dropout_keep_bits).
+#pragma unroll 1
+    for (int np = 0; np < kN / 2; np += 2) {
+      const Philox4 w0 = call(np), w1 = call(np + 1);
+      take(w0, np);
+      take(w1, np + 1);
+    }
+  } else {
+#pragma unroll 1
+    for (int np = 0; np < kN / 2; ++np) take(call(np), np);
   }
   return own | __shfl_xor_sync(0xffffffffu, other, 4);
 }
