@@ -350,13 +350,15 @@ __device__ __forceinline__ uint64_t sdpa_dropout_keep_bits(const SdpaDropoutPara
   uint64_t bits = 0;
   if constexpr (kN % 4 == 0) {
     // Two independent calls an iteration: their ten-round chains interleave (one chain a warp left the schedulers
-    // idle on its latency).
+    // idle on its latency). Their 16 bits enter at the top and move down 16 an iteration (constant shifts: the
+    // variable 64-bit shift by 4 n cost a dozen instructions an iteration in this loop that is not unrolled).
 #pragma unroll 1
     for (int n = 0; n < kN; n += 4) {
       const Philox4 w0 = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n));
       const Philox4 w1 = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n + 16));
-      bits |= (uint64_t(dropout_keep_byte(w0, thr)) | uint64_t(dropout_keep_byte(w1, thr)) << 8) << (4 * n);
+      bits = bits >> 16 | uint64_t(dropout_keep_byte(w0, thr) | dropout_keep_byte(w1, thr) << 8) << 48;
     }
+    bits >>= 64 - 4 * kN;
   } else {
 #pragma unroll 1
     for (int n = 0; n < kN; n += 2) {
@@ -401,16 +403,23 @@ __device__ __forceinline__ uint32_t sdpa_dropout_keep_bits_transposed(const Sdpa
   const uint64_t seed = uint64_t(load_index(dp.seed, 0)), offset = uint64_t(load_index(dp.offset, 0));
   const uint32_t bh = uint32_t(b * num_heads + h), thr = dp.threshold;
   const uint32_t e = uint32_t(k) & 1u;  // this lane's key parity: the query parity of the calls it draws
+  const uint32_t thr16 = thr << 16;      // (both halves compared in the word's top 16 bits: dropout_keep_byte)
   uint32_t own = 0, other = 0;
-  // Call np's words into own / other (blocks 2 np, 2 np + 1).
-  auto take = [&](const Philox4& w, int np) {
+  // The next call's words into own / other: its byte (element (2 np + jj, 0) at bit 4 jj, its key + 8 at bit
+  // 4 jj + 2) enters at the top and moves down 8 a call (constant shifts in this loop that is not unrolled);
+  // placed at 8 np + e after the last.
+  auto take = [&](const Philox4& w) {
+    uint32_t bo = 0, bt = 0;
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {  // block 2 np + jj: query row i' + 8 jj, words 2 jj + key parity
       const uint32_t wo = e ? w.x[2 * jj + 1] : w.x[2 * jj], wt = e ? w.x[2 * jj] : w.x[2 * jj + 1];
-      const int bit = 4 * (2 * np + jj) + int(e);  // element (2 np + jj, e): key k; + 2: key k + 8 (high half)
-      own |= uint32_t((wo & 0xFFFFu) >= thr) << bit | uint32_t((wo >> 16) >= thr) << (bit + 2);
-      other |= uint32_t((wt & 0xFFFFu) >= thr) << bit | uint32_t((wt >> 16) >= thr) << (bit + 2);
+      if ((wo << 16) >= thr16) bo |= 1u << (4 * jj);
+      if (wo >= thr16) bo |= 1u << (4 * jj + 2);
+      if ((wt << 16) >= thr16) bt |= 1u << (4 * jj);
+      if (wt >= thr16) bt |= 1u << (4 * jj + 2);
     }
+    own = own >> 8 | bo << 24;
+    other = other >> 8 | bt << 24;
   };
   auto call = [&](int np) {
     return dropout_philox_block(seed, offset, bh, uint32_t(i) + 16u * uint32_t(np) + e, uint32_t(k) - e);
@@ -420,13 +429,15 @@ __device__ __forceinline__ uint32_t sdpa_dropout_keep_bits_transposed(const Sdpa
 #pragma unroll 1
     for (int np = 0; np < kN / 2; np += 2) {
       const Philox4 w0 = call(np), w1 = call(np + 1);
-      take(w0, np);
-      take(w1, np + 1);
+      take(w0);
+      take(w1);
     }
   } else {
 #pragma unroll 1
-    for (int np = 0; np < kN / 2; ++np) take(call(np), np);
+    for (int np = 0; np < kN / 2; ++np) take(call(np));
   }
+  own = own >> (32 - 4 * kN) << e;
+  other = other >> (32 - 4 * kN) << e;
   return own | __shfl_xor_sync(0xffffffffu, other, 4);
 }
 
