@@ -344,7 +344,7 @@ __device__ __forceinline__ void sdpa_dropout_keep_apply(Bits bits, float sc, Fn&
 template <int kN>
 __device__ __forceinline__ uint64_t sdpa_dropout_keep_bits(const SdpaDropoutParams& dp, int b, int h, int num_heads,
                                                            int64_t i, int64_t j) {
-  static_assert(kN <= 16 && kN % 2 == 0, "keep bits of at most 16 n8 blocks, in pairs");
+  static_assert(kN > 0 && kN <= 16 && kN % 2 == 0, "keep bits of 2 .. 16 n8 blocks, in pairs");
   const uint64_t seed = uint64_t(load_index(dp.seed, 0)), offset = uint64_t(load_index(dp.offset, 0));
   const uint32_t bh = uint32_t(b * num_heads + h), thr = dp.threshold;
   uint64_t bits = 0;
@@ -399,7 +399,7 @@ __device__ __forceinline__ void sdpa_dropout_apply(const SdpaDropoutParams& dp, 
 template <int kN>
 __device__ __forceinline__ uint32_t sdpa_dropout_keep_bits_transposed(const SdpaDropoutParams& dp, int b, int h,
                                                                       int num_heads, int64_t i, int64_t k) {
-  static_assert(kN % 2 == 0 && kN <= 8, "keep bits of at most 8 n8 blocks, in pairs");
+  static_assert(kN > 0 && kN % 2 == 0 && kN <= 8, "keep bits of 2 .. 8 n8 blocks, in pairs");
   const uint64_t seed = uint64_t(load_index(dp.seed, 0)), offset = uint64_t(load_index(dp.offset, 0));
   const uint32_t bh = uint32_t(b * num_heads + h), thr = dp.threshold;
   const uint32_t e = uint32_t(k) & 1u;  // this lane's key parity: the query parity of the calls it draws
