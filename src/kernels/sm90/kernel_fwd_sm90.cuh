@@ -461,20 +461,44 @@ struct AnalyticDropSourceSm90 : AnalyticModSourceSm90<L> {
   __device__ __forceinline__ static AnalyticDropSourceSm90 item(const FwdParams& p, const WorkItem& it) {
     return AnalyticDropSourceSm90{{AnalyticModSourceSm90<L>::item(p, it)}};
   }
-  // Dropout (SdpaDropoutParams, sdpa_score_mod.cuh sdpa_dropout_apply) on P of key block kb of m16
-  // tile mt, after the online softmax step (the row sums and the LSE keep every element; P V takes P
-  // times the multiplier: the sm80 forward's AnalyticMaskSm80::dropout), the thread's elements those
-  // of AccFragment (rows 16 mt + g (+8) of the block, columns 2 q (+1) of each n8 block of key block
-  // kb), so the keep mask is the sm80 kernels' bit for bit.
+  // Dropout (SdpaDropoutParams) on P of key block kb of m16 tile mt, after the online softmax step (the row sums
+  // and the LSE keep every element), the thread's elements those of AccFragment (rows 16 mt + g (+8) of the block,
+  // columns 2 q (+1) of each n8 block of key block kb), so the keep mask is the sm80 kernels' bit for bit. Philox
+  // (sdpa_dropout_keep_bits): the dropped elements zeroed here, a select each; the kept ones' 1 / (1 - p) applied
+  // to O once, after the walk (scale_o), not to each P (a multiply an element on the softmax path). The caller's
+  // mask: P times the mask's element times its scale (sdpa_dropout_mask_apply), as the sm80 forward's
+  // AnalyticMaskSm80::dropout.
   template <int kN>
   __device__ __forceinline__ void dropout(const FwdParams& p, const WorkItem& it, int kb, int mt, int lane,
                                           float (&s)[kN][4]) const {
     const SdpaDropoutParams& dp = kern::analytic_of(p).dropout;
     if (dp.mode == 0) return;
-    const int64_t row0 = int64_t(it.block) * L::kBlockQ;
-    kern::sdpa_dropout_apply<kN>(dp, it.batch, it.head, p.num_heads_q, row0 + 16 * mt + (lane >> 2),
-                                 int64_t(kb) * L::kBlockK + 2 * (lane & 3), row0 + this->block.rows,
-                                 this->block.len_kv, [&](int n, int r, float m) { s[n][r] *= m; });
+    const int64_t row0 = int64_t(it.block) * L::kBlockQ, i = row0 + 16 * mt + (lane >> 2);
+    const int64_t j = int64_t(kb) * L::kBlockK + 2 * (lane & 3);
+    if (dp.mode == 1) {
+      const uint64_t bits = kern::sdpa_dropout_keep_bits<kN>(dp, it.batch, it.head, p.num_heads_q, i, j);
+#pragma unroll
+      for (int n = 0; n < kN; ++n) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          if (!((bits >> (4 * n + r)) & 1u)) s[n][r] = 0.0f;
+        }
+      }
+    } else {
+      kern::sdpa_dropout_mask_apply<kN, false>(dp, it.batch, it.head, i, j, row0 + this->block.rows,
+                                               this->block.len_kv, [&](int n, int r, float m) { s[n][r] *= m; });
+    }
+  }
+  // Philox dropout's 1 / (1 - p) on the walk's O (dropout above), before the epilogue.
+  template <int kNO>
+  __device__ __forceinline__ static void scale_o(const FwdParams& p, float (&o)[kNO][4]) {
+    const SdpaDropoutParams& dp = kern::analytic_of(p).dropout;
+    if (dp.mode != 1) return;
+#pragma unroll
+    for (int n = 0; n < kNO; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) o[n][r] *= dp.scale;
+    }
   }
 };
 
@@ -994,6 +1018,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
       if constexpr (kLazy) sm.settle(o);
     }
     release_q(true);  // an item without key blocks
+    if constexpr (Src::kDropout) src.scale_o(p, o);
 
     // Epilogue: this warp's 16 rows of the block (packed: rows of G query heads, FwdRows).
     const kern::FwdRows rw = src.rows(p, it);
