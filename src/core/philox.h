@@ -109,16 +109,21 @@ FS_PHILOX_HD uint32_t dropout_number(uint32_t word, uint32_t j) { return (word >
 // bit 4 + r for its high half, 1 where the element survives. The GPU kernels' per-thread order: bit r is
 // element (n, r) and bit 4 + r element (n + 1, r) of a thread's n8 accumulator blocks n, n + 1
 // (kernels/common/sdpa_score_mod.cuh sdpa_dropout_keep_bits).
+// Whether the low / high 16-bit number of word w survives a threshold given as threshold16 = threshold << 16:
+// both halves compared in the word's top 16 bits (threshold < 2^16), a compare each, no extraction of the high
+// half. The GPU kernels' one form of the test (dropout_keep_byte; the transposed keep bits of
+// kernels/common/sdpa_score_mod.cuh); dropout_keep below keeps the extracting form as the reference.
+FS_PHILOX_HD bool dropout_keeps_low(uint32_t w, uint32_t threshold16) { return (w << 16) >= threshold16; }
+FS_PHILOX_HD bool dropout_keeps_high(uint32_t w, uint32_t threshold16) { return w >= threshold16; }
+
 FS_PHILOX_HD uint32_t dropout_keep_byte(const Philox4& w, uint32_t threshold) {
   uint32_t k8 = 0;
 #if defined(__CUDA_ARCH__)
 #pragma unroll
 #endif
   for (int r = 0; r < 4; ++r) {
-    // Both halves compared in the word's top 16 bits (threshold < 2^16): a compare and a select of the
-    // bit each, no extraction of the high half.
-    if ((w.x[r] << 16) >= (threshold << 16)) k8 |= 1u << r;
-    if (w.x[r] >= (threshold << 16)) k8 |= 1u << (4 + r);
+    if (dropout_keeps_low(w.x[r], threshold << 16)) k8 |= 1u << r;
+    if (dropout_keeps_high(w.x[r], threshold << 16)) k8 |= 1u << (4 + r);
   }
   return k8;
 }

@@ -403,7 +403,7 @@ __device__ __forceinline__ uint32_t sdpa_dropout_keep_bits_transposed(const Sdpa
   const uint64_t seed = uint64_t(load_index(dp.seed, 0)), offset = uint64_t(load_index(dp.offset, 0));
   const uint32_t bh = uint32_t(b * num_heads + h), thr = dp.threshold;
   const uint32_t e = uint32_t(k) & 1u;  // this lane's key parity: the query parity of the calls it draws
-  const uint32_t thr16 = thr << 16;      // (both halves compared in the word's top 16 bits: dropout_keep_byte)
+  const uint32_t thr16 = thr << 16;      // (core/philox.h dropout_keeps_low / _high)
   uint32_t own = 0, other = 0;
   // The next call's words into own / other: its byte (element (2 np + jj, 0) at bit 4 jj, its key + 8 at bit
   // 4 jj + 2) enters at the top and moves down 8 a call (constant shifts in this loop that is not unrolled);
@@ -413,10 +413,10 @@ __device__ __forceinline__ uint32_t sdpa_dropout_keep_bits_transposed(const Sdpa
 #pragma unroll
     for (int jj = 0; jj < 2; ++jj) {  // block 2 np + jj: query row i' + 8 jj, words 2 jj + key parity
       const uint32_t wo = e ? w.x[2 * jj + 1] : w.x[2 * jj], wt = e ? w.x[2 * jj] : w.x[2 * jj + 1];
-      if ((wo << 16) >= thr16) bo |= 1u << (4 * jj);
-      if (wo >= thr16) bo |= 1u << (4 * jj + 2);
-      if ((wt << 16) >= thr16) bt |= 1u << (4 * jj);
-      if (wt >= thr16) bt |= 1u << (4 * jj + 2);
+      if (dropout_keeps_low(wo, thr16)) bo |= 1u << (4 * jj);
+      if (dropout_keeps_high(wo, thr16)) bo |= 1u << (4 * jj + 2);
+      if (dropout_keeps_low(wt, thr16)) bt |= 1u << (4 * jj);
+      if (dropout_keeps_high(wt, thr16)) bt |= 1u << (4 * jj + 2);
     }
     own = own >> 8 | bo << 24;
     other = other >> 8 | bt << 24;
