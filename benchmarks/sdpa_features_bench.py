@@ -11,6 +11,11 @@ same values, same order of adds).
 --backward times the backward instead: ``torch.autograd.grad`` of O with respect to Q, K, V (and the bias, sinks
 where they are given) on a kept graph, from one forward per row (dBias with a bias; no element-load twin).
 
+--peers times the same features on PyTorch SDPA's own CUDA backends in this process (cuDNN, flash, efficient;
+``torch.nn.attention.sdpa_kernel``), forward and backward, and flashspan beside them: what a feature costs its
+peers (the ones PyTorch exposes: additive bias (1,1,S,S) bf16 as ``attn_mask``, dropout 0.1), so that flashspan's
+"x plain" reads against theirs. A backend that refuses a call prints "n/a".
+
 Timing: flashspan.bench.timing.Timer (CUDA events, L2 flushed between calls, warm-up, median). TFLOP/s over the
 visible (query, key) pairs (4 D pairs B H forward, 2.5 times that backward); "x plain" is the feature's time over
 the plain call's.
@@ -39,6 +44,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--backward", action="store_true", help="time the backward (autograd) instead of the forward")
+    ap.add_argument("--peers", action="store_true", help="PyTorch SDPA's backends with the same features, and flashspan")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("sdpa_features_bench.py: needs a CUDA device")
@@ -47,6 +53,9 @@ def main() -> None:
     timer = Timer(dev, warmup=args.warmup, reps=args.reps)
     if args.backward:
         backward_table(args, dev, timer)
+        return
+    if args.peers:
+        peers_table(args, dev, timer)
         return
     failures = []
     print(f"GPU {torch.cuda.get_device_name()}, B=1 H={H} D={D} BF16 causal, forward; median of {args.reps}")
@@ -143,6 +152,71 @@ def backward_table(args, dev, timer) -> None:
             print(f"| {S} | {name} | {t:.3f} | {flops / t / 1e9:.0f} | {t / plain:.2f} |", flush=True)
             del o
         del q, k, v, do, features
+        torch.cuda.empty_cache()
+
+
+def peers_table(args, dev, timer) -> None:
+    """The --peers table: plain, bias and dropout on PyTorch SDPA's backends and on flashspan, forward and backward."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    import torch.nn.functional as F
+
+    H, D = args.heads, args.head_dim
+    print(f"GPU {torch.cuda.get_device_name()}, B=1 H={H} D={D} BF16 causal, PyTorch {torch.__version__}; "
+          f"median of {args.reps}; ms (x the library's own plain call); PyTorch's bias holds the causal mask "
+          "(-inf above the diagonal: it takes no is_causal with a bias, so every block is computed)")
+    print("| S | library | pass | plain | bias (1,1,S,S) bf16 | dropout 0.1 |")
+    print("|---|---|---|---|---|---|")
+    backends = [("PyTorch cuDNN", SDPBackend.CUDNN_ATTENTION), ("PyTorch flash", SDPBackend.FLASH_ATTENTION),
+                ("PyTorch efficient", SDPBackend.EFFICIENT_ATTENTION)]
+    for S in [int(x) for x in args.seqs.split(",")]:
+        gen = torch.Generator(device=dev).manual_seed(S)
+        q, k, v = (torch.randn(1, H, S, D, device=dev, dtype=torch.bfloat16, generator=gen).requires_grad_()
+                   for _ in range(3))
+        do = torch.randn(1, H, S, D, device=dev, dtype=torch.bfloat16, generator=gen)
+        bias = torch.randn(1, 1, S, S, device=dev, dtype=torch.bfloat16, generator=gen)
+        causal = torch.ones(S, S, device=dev, dtype=torch.bool).tril()
+        # PyTorch takes a bias and is_causal not together: the causal mask folded into the bias (-inf above).
+        bias_causal = bias.masked_fill(~causal, float("-inf"))
+        seed = torch.tensor([7], dtype=torch.int64, device=dev)
+        offset = torch.tensor([0], dtype=torch.int64, device=dev)
+        scale = 1.0 / math.sqrt(D)
+
+        def torch_call(backend, feature):
+            def f():
+                with sdpa_kernel([backend]):
+                    if feature == "bias":
+                        return F.scaled_dot_product_attention(q, k, v, attn_mask=bias_causal, scale=scale)
+                    return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale,
+                                                          dropout_p=0.1 if feature == "dropout" else 0.0)
+            return f
+
+        def ours_call(feature):
+            kw = {"bias": bias} if feature == "bias" else {"dropout": (0.1, seed, offset)} if feature == "dropout" else {}
+            return lambda: flashspan.sdpa(q, k, v, attn_scale=scale, diagonal_band_right_bound=0, **kw)[0]
+
+        libs = [(name, lambda ft, b=b: torch_call(b, ft)) for name, b in backends] + [("flashspan", ours_call)]
+        for name, make in libs:
+            for phase in ("forward", "backward"):
+                cells = []
+                for feature in ("plain", "bias", "dropout"):
+                    call = make(feature)
+                    try:
+                        if phase == "forward":
+                            with torch.no_grad():
+                                t = timer.measure(call).median_ms
+                        else:
+                            o = call()
+                            t = timer.measure(lambda: torch.autograd.grad(o, [q, k, v], do, retain_graph=True)).median_ms
+                            del o
+                    except RuntimeError as e:  # the backend refuses the call (its message on stderr)
+                        print(f"{name} {phase} {feature}: n/a ({str(e).splitlines()[0][:120]})", file=sys.stderr)
+                        t = None
+                    cells.append(t)
+                plain = cells[0]
+                txt = [f"{c:.3f}" + (f" ({c / plain:.2f})" if plain and i else "") if c is not None else "n/a"
+                       for i, c in enumerate(cells)]
+                print(f"| {S} | {name} | {phase} | " + " | ".join(txt) + " |", flush=True)
+        del q, k, v, do, bias, bias_causal, causal
         torch.cuda.empty_cache()
 
 

@@ -334,6 +334,34 @@ __device__ __forceinline__ void sdpa_dropout_keep_apply(Bits bits, float sc, Fn&
   }
 }
 
+// The forwards' form of Philox dropout (mode 1): the dropped elements of a fragment zeroed (bit 4 n + r clear:
+// element (n, r) dropped, as for sdpa_dropout_keep_apply), a select an element, and the kept ones' 1 / (1 - p)
+// left to O once after the walk (sdpa_dropout_scale_o) instead of a multiply an element on the softmax path
+// (PERF_LOG v2.70: the sm90 forward 9.5 % faster). The row sums keep every element either way.
+template <int kN, class Bits>
+__device__ __forceinline__ void sdpa_dropout_zero_dropped(Bits bits, float (&s)[kN][4]) {
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) {
+      if (!((bits >> (4 * n + r)) & 1u)) s[n][r] = 0.0f;
+    }
+  }
+}
+
+// O (a thread's kN n8 blocks of it) times Philox dropout's 1 / (1 - p), after a walk whose P had its dropped
+// elements zeroed only (sdpa_dropout_zero_dropped); nothing for the caller's mask (mode 2: its multipliers are
+// applied to each P) or without dropout.
+template <int kN>
+__device__ __forceinline__ void sdpa_dropout_scale_o(const SdpaDropoutParams& dp, float (&o)[kN][4]) {
+  if (dp.mode != 1) return;
+#pragma unroll
+  for (int n = 0; n < kN; ++n) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) o[n][r] *= dp.scale;
+  }
+}
+
 // The Philox keep bits (SdpaDropoutParams, mode 1) of a thread's share of a warp's fragment of kN n8
 // blocks: bit 4 n + r for element (n, r) = row i + 8 (r / 2), column j + 8 n + r % 2 of sample b, query head
 // h (i = the fragment's row 0 + g with i % 16 < 8, j = its column 0 + 2 q with column 0 a multiple of 16:

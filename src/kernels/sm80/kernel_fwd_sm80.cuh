@@ -355,14 +355,25 @@ struct AnalyticMaskSm80 {
     }
   }
   // Dropout (SdpaDropoutParams) on P of m16 tile mt after the online softmax step (the row sums
-  // keep every element; the P V product takes P times the multiplier).
+  // keep every element). Philox: the dropped elements zeroed, the kept ones' 1 / (1 - p) applied to O
+  // after the walk (scale_o), as the sm90 forward does; the caller's mask: P times its multiplier.
   template <int kN>
   __device__ __forceinline__ void dropout(const QkvParams& q, float (&s)[kN][4], int entry, int mt, int lane) const {
     const AnalyticMaskParams& a = analytic_of(static_cast<const FwdParams&>(q));
     if (a.dropout.mode == 0) return;
-    sdpa_dropout_apply<kN>(a.dropout, b, head, q.num_heads_q, int64_t(row0) + 16 * mt + (lane >> 2),
-                           int64_t(entry) * T::kBlockK + 2 * (lane & 3), int64_t(row0) + block.rows, block.len_kv,
-                           [&](int n, int r, float m) { s[n][r] *= m; });
+    const int64_t i = int64_t(row0) + 16 * mt + (lane >> 2), j = int64_t(entry) * T::kBlockK + 2 * (lane & 3);
+    if (a.dropout.mode == 1) {
+      sdpa_dropout_zero_dropped<kN>(sdpa_dropout_keep_bits<kN>(a.dropout, b, head, q.num_heads_q, i, j), s);
+    } else {
+      sdpa_dropout_mask_apply<kN, false>(a.dropout, b, head, i, j, int64_t(row0) + block.rows, block.len_kv,
+                                         [&](int n, int r, float m) { s[n][r] *= m; });
+    }
+  }
+  // Philox dropout's 1 / (1 - p) on the walk's O (dropout above), before the epilogue.
+  template <int kMT, int kNO>
+  __device__ __forceinline__ static void scale_o(const FwdParams& p, float (&o)[kMT][kNO][4]) {
+#pragma unroll
+    for (int i = 0; i < kMT; ++i) sdpa_dropout_scale_o<kNO>(analytic_of(p).dropout, o[i]);
   }
   // Row statistics of the thread's rows (m16 tile i: rows r0 + 16 i + g + 8 hi of the block at
   // row `first`) seeded with the head's sink (log2 units: m = sink, l = 1 on one lane of the
@@ -894,6 +905,7 @@ __device__ __forceinline__ void fwd_item(const FwdParams& p, uint32_t sQ, const 
 #pragma unroll
         for (int hi = 0; hi < 2; ++hi) mf[i][hi] = m[i][hi], lf[i][hi] = l[i][hi];
       }
+      Mask::scale_o(p, acc_o);  // Philox dropout's 1 / (1 - p)
       Mask::fold_sink(p, head0, row0 + m0, len_q, lane, mf, lf, acc_o);
       fwd_store_rows_sm80<T, E>(p, rwa, acc_o, mf, lf);
     } else {

@@ -476,14 +476,7 @@ struct AnalyticDropSourceSm90 : AnalyticModSourceSm90<L> {
     const int64_t row0 = int64_t(it.block) * L::kBlockQ, i = row0 + 16 * mt + (lane >> 2);
     const int64_t j = int64_t(kb) * L::kBlockK + 2 * (lane & 3);
     if (dp.mode == 1) {
-      const uint64_t bits = kern::sdpa_dropout_keep_bits<kN>(dp, it.batch, it.head, p.num_heads_q, i, j);
-#pragma unroll
-      for (int n = 0; n < kN; ++n) {
-#pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          if (!((bits >> (4 * n + r)) & 1u)) s[n][r] = 0.0f;
-        }
-      }
+      kern::sdpa_dropout_zero_dropped<kN>(kern::sdpa_dropout_keep_bits<kN>(dp, it.batch, it.head, p.num_heads_q, i, j), s);
     } else {
       kern::sdpa_dropout_mask_apply<kN, false>(dp, it.batch, it.head, i, j, row0 + this->block.rows,
                                                this->block.len_kv, [&](int n, int r, float m) { s[n][r] *= m; });
@@ -492,13 +485,7 @@ struct AnalyticDropSourceSm90 : AnalyticModSourceSm90<L> {
   // Philox dropout's 1 / (1 - p) on the walk's O (dropout above), before the epilogue.
   template <int kNO>
   __device__ __forceinline__ static void scale_o(const FwdParams& p, float (&o)[kNO][4]) {
-    const SdpaDropoutParams& dp = kern::analytic_of(p).dropout;
-    if (dp.mode != 1) return;
-#pragma unroll
-    for (int n = 0; n < kNO; ++n) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) o[n][r] *= dp.scale;
-    }
+    kern::sdpa_dropout_scale_o<kNO>(kern::analytic_of(p).dropout, o);
   }
 };
 
