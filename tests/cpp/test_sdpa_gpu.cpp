@@ -2157,8 +2157,22 @@ int64_t keep_mask_mismatches(const Problem& p, const Tensor& out, bool backward,
   return bad;
 }
 
-TEST(SdpaGpu, Sm90DropoutKeepMaskIsSm80s) {
-  REQUIRE_SM90();
+// Philox dropout's kernel forms (sdpa_dropout_o_scaled_enabled, sdpa_dropout_philox4_enabled; experimental) forced
+// for a scope, the environment's answer again after it.
+struct ForceDropoutForms {
+  ForceDropoutForms(int o_scaled, int philox4) {
+    set_sdpa_dropout_o_scaled_enabled(o_scaled);
+    set_sdpa_dropout_philox4_enabled(philox4);
+  }
+  ~ForceDropoutForms() {
+    set_sdpa_dropout_o_scaled_enabled(-1);
+    set_sdpa_dropout_philox4_enabled(-1);
+  }
+};
+
+// The keep mask read off the outputs of both families (V / dO one-hot columns, Q = 0: O and dV hold the kept
+// elements' multipliers), the sm90 kernels against the sm80 ones and the reference's rng_dump.
+void check_keep_mask_both_families() {
   const ForceSm90WithMods mods;
   for (int64_t dim : {128, 64, 32}) {
     Case c;
@@ -2225,6 +2239,24 @@ TEST(SdpaGpu, Sm90DropoutKeepMaskIsSm80s) {
     }
   }
 }
+
+TEST(SdpaGpu, Sm90DropoutKeepMaskIsSm80s) {
+  REQUIRE_SM90();
+  check_keep_mask_both_families();
+}
+
+TEST(SdpaGpu, DropoutFormsKeepMask) {
+  // The experimental forms (written 2026-12-07; PERF_LOG v2.71): four Philox calls an iteration (both families,
+  // both directions) and the sm80 forward's 1 / (1 - p) on O keep the mask bit for bit.
+  REQUIRE_SM90();
+  for (int o_scaled : {1, 0}) {
+    SCOPED_TRACE(o_scaled ? "o_scaled, philox4" : "philox4");
+    const ForceDropoutForms forms(o_scaled, 1);
+    check_keep_mask_both_families();
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 
 TEST(SdpaGpu, Sm90DropoutOffRunsSm80) {
   // The dropout switch off (FLASHSPAN_SM90_SDPA_DROPOUT=0's answer), the rest on: dropout calls keep the
@@ -2668,6 +2700,28 @@ TEST(SdpaGpu, DropoutRandom) {
     c.rng_dump = rng() % 2;
     run_case(c);
     if (::testing::Test::HasFailure()) return;
+  }
+}
+
+TEST(SdpaGpu, DropoutFormsRandom) {
+  // DropoutRandom's cases (bias / score modifiers, masks, THD, rng_dump) with the experimental forms on, on the sm90
+  // kernels and on the sm80 ones (FLASHSPAN_SM90_SDPA_DROPOUT=0's answer).
+  REQUIRE_GPU();
+  const ForceDropoutForms forms(1, 1);
+  for (int sm90 : {1, 0}) {
+    const ForceSm90Dropout drop(sm90);
+    for (uint64_t seed = 13001; seed <= 13016; ++seed) {
+      Case c = seed % 2 ? bias_case(seed) : score_mod_case(seed);
+      std::mt19937_64 rng(seed * 71 + 9);
+      c.dropout_p = 0.1f * float(1 + rng() % 6);
+      c.dropout_seed = int64_t(rng() % 100000) - (seed % 3 == 0 ? 50000 : 0);
+      c.dropout_offset = int64_t(rng() % 1000);
+      c.dropout_i64 = rng() % 2;
+      c.rng_dump = rng() % 2;
+      SCOPED_TRACE(sm90 ? "sm90 dropout on" : "sm90 dropout off");
+      run_case(c);
+      if (::testing::Test::HasFailure()) return;
+    }
   }
 }
 

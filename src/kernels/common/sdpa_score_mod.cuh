@@ -376,6 +376,23 @@ __device__ __forceinline__ uint64_t sdpa_dropout_keep_bits(const SdpaDropoutPara
   const uint64_t seed = uint64_t(load_index(dp.seed, 0)), offset = uint64_t(load_index(dp.offset, 0));
   const uint32_t bh = uint32_t(b * num_heads + h), thr = dp.threshold;
   uint64_t bits = 0;
+  if constexpr (kN == 16) {
+    if (dp.philox_calls == 4) {
+      // Four independent calls an iteration (SdpaDropoutParams::philox_calls), their 32 bits entering at the top
+      // as the two calls' 16 below: on fragments of 16 n8 blocks only (the sm90 forward's 128 keys; compiled into
+      // the sm80 forward's fragments of 8, it made its (128, 128) features kernel spill 64 B).
+#pragma unroll 1
+      for (int n = 0; n < kN; n += 8) {
+        const Philox4 w0 = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n));
+        const Philox4 w1 = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n + 16));
+        const Philox4 w2 = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n + 32));
+        const Philox4 w3 = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n + 48));
+        bits = bits >> 32 | uint64_t(dropout_keep_byte(w0, thr) | dropout_keep_byte(w1, thr) << 8 |
+                                     dropout_keep_byte(w2, thr) << 16 | dropout_keep_byte(w3, thr) << 24) << 32;
+      }
+      return bits >> (64 - 4 * kN);
+    }
+  }
   if constexpr (kN % 4 == 0) {
     // Two independent calls an iteration: their ten-round chains interleave (one chain a warp left the schedulers
     // idle on its latency). Their 16 bits enter at the top and move down 16 an iteration (constant shifts: the
@@ -452,7 +469,17 @@ __device__ __forceinline__ uint32_t sdpa_dropout_keep_bits_transposed(const Sdpa
   auto call = [&](int np) {
     return dropout_philox_block(seed, offset, bh, uint32_t(i) + 16u * uint32_t(np) + e, uint32_t(k) - e);
   };
-  if constexpr (kN % 4 == 0) {
+  if (kN % 8 == 0 && dp.philox_calls == 4) {
+    // Four independent calls an iteration (sdpa_dropout_keep_bits).
+#pragma unroll 1
+    for (int np = 0; np < kN / 2; np += 4) {
+      const Philox4 w0 = call(np), w1 = call(np + 1), w2 = call(np + 2), w3 = call(np + 3);
+      take(w0);
+      take(w1);
+      take(w2);
+      take(w3);
+    }
+  } else if constexpr (kN % 4 == 0) {
     // Two independent calls an iteration: their ten-round chains interleave (sdpa_dropout_keep_bits).
 #pragma unroll 1
     for (int np = 0; np < kN / 2; np += 2) {
