@@ -369,18 +369,19 @@ __device__ __forceinline__ void sdpa_dropout_scale_o(const SdpaDropoutParams& dp
 // call (core/philox.h dropout_philox_block: 16-bit numbers, low halves block n, high halves n + 1), in a
 // loop that is not unrolled (ten rounds per call unrolled over a fragment crowd the registers of the
 // kernels' main loops).
-template <int kN>
+// kPhilox4: the four-call loop compiled in (the sm90 forward; SdpaDropoutParams::philox_calls chooses it per call).
+template <int kN, bool kPhilox4 = false>
 __device__ __forceinline__ uint64_t sdpa_dropout_keep_bits(const SdpaDropoutParams& dp, int b, int h, int num_heads,
                                                            int64_t i, int64_t j) {
   static_assert(kN > 0 && kN <= 16 && kN % 2 == 0, "keep bits of 2 .. 16 n8 blocks, in pairs");
   const uint64_t seed = uint64_t(load_index(dp.seed, 0)), offset = uint64_t(load_index(dp.offset, 0));
   const uint32_t bh = uint32_t(b * num_heads + h), thr = dp.threshold;
   uint64_t bits = 0;
-  if constexpr (kN == 16) {
+  if constexpr (kPhilox4 && kN == 16) {
     if (dp.philox_calls == 4) {
       // Four independent calls an iteration (SdpaDropoutParams::philox_calls), their 32 bits entering at the top
-      // as the two calls' 16 below: on fragments of 16 n8 blocks only (the sm90 forward's 128 keys; compiled into
-      // the sm80 forward's fragments of 8, it made its (128, 128) features kernel spill 64 B).
+      // as the two calls' 16 below: on fragments of 16 n8 blocks (the sm90 forward's 128 keys; the sm80 kernels
+      // keep two: compiled into the sm80 forward's fragments of 8, it made its (128, 128) features kernel spill 64 B).
 #pragma unroll 1
       for (int n = 0; n < kN; n += 8) {
         const Philox4 w0 = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n));
