@@ -57,10 +57,8 @@ Switch g_sdpa_fp8_sm90{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_FP8"); }};
 // (memcheck / synccheck clean) and it ran 1.2x (forward) / 1.8x (backward) the sm80 kernels (PERF_LOG
 // v2.22-v2.23); FLASHSPAN_SM90_SDPA_DROPOUT=0 (read per call) keeps dropout on the sm80 kernels.
 Switch g_sdpa_sm90_dropout{[] { return !env_flag_off("FLASHSPAN_SM90_SDPA_DROPOUT"); }};
-// Philox dropout's kernel forms (sdpa_launch.h sdpa_dropout_o_scaled_enabled / sdpa_dropout_philox4_enabled):
-// experimental until their GPU tests run.
-Switch g_sdpa_dropout_o_scaled{[] { return experimental_flag("FLASHSPAN_SDPA_DROPOUT_O_SCALE"); }};
-Switch g_sdpa_dropout_philox4{[] { return experimental_flag("FLASHSPAN_SDPA_PHILOX4"); }};
+// Philox dropout's form in the sm80 forward (sdpa_launch.h sdpa_dropout_o_scaled_enabled): on by default.
+Switch g_sdpa_dropout_o_scaled{[] { return !env_flag_off("FLASHSPAN_SDPA_DROPOUT_O_SCALE"); }};
 // The decode forward (kernel_decode_sm80.cuh) for the calls sdpa_decode_refusal lets through, on every
 // GPU; FLASHSPAN_SDPA_DECODE=0 (read per call) keeps those on the prefill kernels.
 Switch g_sdpa_decode{[] { return !env_flag_off("FLASHSPAN_SDPA_DECODE"); }};
@@ -370,8 +368,6 @@ void set_sdpa_sm90_dropout_enabled(int on) { g_sdpa_sm90_dropout.set(on); }
 bool sdpa_sm90_dropout_enabled() { return g_sdpa_sm90_dropout.on(); }
 void set_sdpa_dropout_o_scaled_enabled(int on) { g_sdpa_dropout_o_scaled.set(on); }
 bool sdpa_dropout_o_scaled_enabled() { return g_sdpa_dropout_o_scaled.on(); }
-void set_sdpa_dropout_philox4_enabled(int on) { g_sdpa_dropout_philox4.set(on); }
-bool sdpa_dropout_philox4_enabled() { return g_sdpa_dropout_philox4.on(); }
 
 void set_sdpa_fp8_sm90_enabled(int on) { g_sdpa_fp8_sm90.set(on); }
 bool sdpa_fp8_sm90_enabled() { return g_sdpa_fp8_sm90.on(); }

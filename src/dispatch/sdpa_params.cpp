@@ -136,7 +136,6 @@ void fill_common(const Problem& p, QkvParams& q, AnalyticMaskParams& a) {
     dr.threshold = p.dropout_threshold;
     dr.scale = p.dropout_scale;
     dr.o_scaled = sdpa_dropout_o_scaled_enabled() ? 1 : 0;
-    dr.philox_calls = sdpa_dropout_philox4_enabled() ? 4 : 2;
   } else if (p.a.dropout_mask_form) {
     const TensorView& m = p.t(FS_SDPA_DROPOUT_MASK);
     dr.mode = 2;

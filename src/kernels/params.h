@@ -231,13 +231,10 @@ struct SdpaDropoutParams {
   void* rng_dump = nullptr;
   int32_t dump_dtype = kSdpaMaskU8;
   int64_t dump_stride[4] = {0, 0, 0, 0};
-  // Philox's kernel forms (dispatch sdpa_params.cpp, from sdpa_launch.h's switches; the keep mask is the same in
-  // each): o_scaled, the sm80 forward zeroes the dropped elements of P and applies 1 / (1 - p) to O once after the
-  // walk (sdpa_dropout_zero_dropped / sdpa_dropout_scale_o; 0: P times the multiplier; the sm90 forward always
-  // scales O); philox_calls, the independent calls an iteration of the keep-bits loops (2, or 4 in the sm90
-  // kernels': sdpa_score_mod.cuh sdpa_dropout_keep_bits of 16 n8 blocks, sdpa_dropout_keep_bits_transposed of 8).
+  // Philox's form in the sm80 forward (dispatch sdpa_params.cpp, sdpa_launch.h sdpa_dropout_o_scaled_enabled; the
+  // keep mask the same either way): 1, the dropped elements of P zeroed and 1 / (1 - p) applied to O once after
+  // the walk (sdpa_dropout_zero_dropped / sdpa_dropout_scale_o, the sm90 forward's form); 0, P times the multiplier.
   int32_t o_scaled = 0;
-  int32_t philox_calls = 2;
 };
 
 struct AnalyticMaskParams {

@@ -894,52 +894,38 @@ TEST(SdpaFamily, Sm90DropoutSwitchReadsTheEnvironment) {
   EXPECT_TRUE(sdpa_sm90_dropout_enabled());
 }
 
-TEST(SdpaFamily, DropoutFormsSwitchesReadTheEnvironment) {
-  // Philox dropout's experimental kernel forms (sdpa_dropout_o_scaled_enabled, FLASHSPAN_SDPA_DROPOUT_O_SCALE;
-  // sdpa_dropout_philox4_enabled, FLASHSPAN_SDPA_PHILOX4): each variable unset, FLASHSPAN_EXPERIMENTAL=1's answer;
-  // "0" off whatever FLASHSPAN_EXPERIMENTAL says; any other value on; the override wins both ways. The forward's
-  // parameters carry them (SdpaDropoutParams::o_scaled, philox_calls) for Philox calls.
-  struct Form {
-    const char* var;
-    void (*set)(int);
-    bool (*on)();
-  };
-  const Form forms[] = {{"FLASHSPAN_SDPA_DROPOUT_O_SCALE", set_sdpa_dropout_o_scaled_enabled, sdpa_dropout_o_scaled_enabled},
-                        {"FLASHSPAN_SDPA_PHILOX4", set_sdpa_dropout_philox4_enabled, sdpa_dropout_philox4_enabled}};
+TEST(SdpaFamily, DropoutOScaleSwitchReadsTheEnvironment) {
+  // The sm80 forward's Philox form (sdpa_dropout_o_scaled_enabled): on unless FLASHSPAN_SDPA_DROPOUT_O_SCALE is "0"
+  // (read per call; unset, empty or any other value: on; FLASHSPAN_EXPERIMENTAL ignored); the override wins both
+  // ways. The forward's parameters carry it (SdpaDropoutParams::o_scaled) for Philox calls.
+  set_sdpa_dropout_o_scaled_enabled(-1);
+  ScopedEnv var("FLASHSPAN_SDPA_DROPOUT_O_SCALE", nullptr);
   ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
-  for (const Form& f : forms) {
-    SCOPED_TRACE(f.var);
-    f.set(-1);
-    ScopedEnv var(f.var, nullptr);
-    EXPECT_FALSE(f.on());
-    experimental.set("1");
-    EXPECT_TRUE(f.on());
-    var.set("0");
-    EXPECT_FALSE(f.on());
-    experimental.set(nullptr);
-    for (const char* v : {"1", "", "yes"}) {
-      var.set(v);
-      EXPECT_TRUE(f.on()) << f.var << "=\"" << v << '"';
-    }
-    f.set(0);
-    EXPECT_FALSE(f.on());
-    var.set(nullptr);
-    f.set(1);
-    EXPECT_TRUE(f.on());
-    f.set(-1);
-    EXPECT_FALSE(f.on());
+  EXPECT_TRUE(sdpa_dropout_o_scaled_enabled());
+  var.set("0");
+  EXPECT_FALSE(sdpa_dropout_o_scaled_enabled());
+  experimental.set("1");
+  EXPECT_FALSE(sdpa_dropout_o_scaled_enabled());
+  for (const char* v : {"1", "", "yes"}) {
+    var.set(v);
+    EXPECT_TRUE(sdpa_dropout_o_scaled_enabled()) << "FLASHSPAN_SDPA_DROPOUT_O_SCALE=\"" << v << '"';
   }
+  experimental.set(nullptr);
+  set_sdpa_dropout_o_scaled_enabled(0);
+  EXPECT_FALSE(sdpa_dropout_o_scaled_enabled());
+  var.set("0");
+  set_sdpa_dropout_o_scaled_enabled(1);
+  EXPECT_TRUE(sdpa_dropout_o_scaled_enabled());
+  var.set(nullptr);
   const Call c = philox_call();
   for (int on : {0, 1}) {
     set_sdpa_dropout_o_scaled_enabled(on);
-    set_sdpa_dropout_philox4_enabled(on);
     const SdpaFwdParams fp = sdpa_fwd_params(Call(c).problem());
     EXPECT_EQ(fp.analytic.dropout.mode, 1);
     EXPECT_EQ(fp.analytic.dropout.o_scaled, on);
-    EXPECT_EQ(fp.analytic.dropout.philox_calls, on ? 4 : 2);
   }
   set_sdpa_dropout_o_scaled_enabled(-1);
-  set_sdpa_dropout_philox4_enabled(-1);
+  EXPECT_TRUE(sdpa_dropout_o_scaled_enabled());
 }
 
 TEST(SdpaFamily, Sm90DropoutWorkspace) {

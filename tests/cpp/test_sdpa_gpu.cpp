@@ -2157,17 +2157,11 @@ int64_t keep_mask_mismatches(const Problem& p, const Tensor& out, bool backward,
   return bad;
 }
 
-// Philox dropout's kernel forms (sdpa_dropout_o_scaled_enabled, sdpa_dropout_philox4_enabled; experimental) forced
-// for a scope, the environment's answer again after it.
-struct ForceDropoutForms {
-  ForceDropoutForms(int o_scaled, int philox4) {
-    set_sdpa_dropout_o_scaled_enabled(o_scaled);
-    set_sdpa_dropout_philox4_enabled(philox4);
-  }
-  ~ForceDropoutForms() {
-    set_sdpa_dropout_o_scaled_enabled(-1);
-    set_sdpa_dropout_philox4_enabled(-1);
-  }
+// The sm80 forward's Philox form (sdpa_dropout_o_scaled_enabled: 1 / (1 - p) on O, on by default; 0: on each P)
+// forced for a scope, the environment's answer again after it.
+struct ForceDropoutOScale {
+  explicit ForceDropoutOScale(int on) { set_sdpa_dropout_o_scaled_enabled(on); }
+  ~ForceDropoutOScale() { set_sdpa_dropout_o_scaled_enabled(-1); }
 };
 
 // The keep mask read off the outputs of both families (V / dO one-hot columns, Q = 0: O and dV hold the kept
@@ -2246,12 +2240,12 @@ TEST(SdpaGpu, Sm90DropoutKeepMaskIsSm80s) {
 }
 
 TEST(SdpaGpu, DropoutFormsKeepMask) {
-  // The experimental forms (written 2026-12-07; PERF_LOG v2.71): four Philox calls an iteration (both families,
-  // both directions) and the sm80 forward's 1 / (1 - p) on O keep the mask bit for bit.
+  // Both forms of the sm80 forward's Philox dropout (1 / (1 - p) on O, the default since PERF_LOG v2.71, or on each
+  // P) keep the mask bit for bit: the sm90 kernels' against the sm80 ones'.
   REQUIRE_SM90();
   for (int o_scaled : {1, 0}) {
-    SCOPED_TRACE(o_scaled ? "o_scaled, philox4" : "philox4");
-    const ForceDropoutForms forms(o_scaled, 1);
+    SCOPED_TRACE(o_scaled ? "1 / (1 - p) on O" : "1 / (1 - p) on each P");
+    const ForceDropoutOScale form(o_scaled);
     check_keep_mask_both_families();
     if (::testing::Test::HasFailure()) return;
   }
@@ -2685,41 +2679,39 @@ TEST(SdpaGpu, BiasEveryBroadcastForm) {
   }
 }
 
+// A random Philox dropout case (int32 / int64 seed and offset, probabilities 0.1 .. 0.6, rng_dump on half) on a
+// case with the bias (odd seeds) or the score modifiers, the analytic masks and padding / THD.
+Case dropout_random_case(uint64_t seed) {
+  Case c = seed % 2 ? bias_case(seed) : score_mod_case(seed);
+  std::mt19937_64 rng(seed * 71 + 9);
+  c.dropout_p = 0.1f * float(1 + rng() % 6);
+  c.dropout_seed = int64_t(rng() % 100000) - (seed % 3 == 0 ? 50000 : 0);
+  c.dropout_offset = int64_t(rng() % 1000);
+  c.dropout_i64 = rng() % 2;
+  c.rng_dump = rng() % 2;
+  return c;
+}
+
 TEST(SdpaGpu, DropoutRandom) {
-  // Philox dropout (int32 / int64 seed and offset, probabilities 0.1 .. 0.6) in the forward's P V
-  // product and the backward's dV and dS, rng_dump bitwise the reference's, with the bias, the
-  // analytic masks, padding / THD and the score modifiers of random cases.
+  // Philox dropout in the forward's P V product and the backward's dV and dS, rng_dump bitwise the
+  // reference's (dropout_random_case).
   REQUIRE_GPU();
   for (uint64_t seed = 13001; seed <= 13048; ++seed) {
-    Case c = seed % 2 ? bias_case(seed) : score_mod_case(seed);
-    std::mt19937_64 rng(seed * 71 + 9);
-    c.dropout_p = 0.1f * float(1 + rng() % 6);
-    c.dropout_seed = int64_t(rng() % 100000) - (seed % 3 == 0 ? 50000 : 0);
-    c.dropout_offset = int64_t(rng() % 1000);
-    c.dropout_i64 = rng() % 2;
-    c.rng_dump = rng() % 2;
-    run_case(c);
+    run_case(dropout_random_case(seed));
     if (::testing::Test::HasFailure()) return;
   }
 }
 
 TEST(SdpaGpu, DropoutFormsRandom) {
-  // DropoutRandom's cases (bias / score modifiers, masks, THD, rng_dump) with the experimental forms on, on the sm90
-  // kernels and on the sm80 ones (FLASHSPAN_SM90_SDPA_DROPOUT=0's answer).
+  // DropoutRandom's cases (bias / score modifiers, masks, THD, rng_dump) on the sm80 kernels
+  // (FLASHSPAN_SM90_SDPA_DROPOUT=0's answer) in both forms of the sm80 forward's Philox dropout.
   REQUIRE_GPU();
-  const ForceDropoutForms forms(1, 1);
-  for (int sm90 : {1, 0}) {
-    const ForceSm90Dropout drop(sm90);
+  const ForceSm90Dropout drop(0);
+  for (int o_scaled : {1, 0}) {
+    const ForceDropoutOScale form(o_scaled);
     for (uint64_t seed = 13001; seed <= 13016; ++seed) {
-      Case c = seed % 2 ? bias_case(seed) : score_mod_case(seed);
-      std::mt19937_64 rng(seed * 71 + 9);
-      c.dropout_p = 0.1f * float(1 + rng() % 6);
-      c.dropout_seed = int64_t(rng() % 100000) - (seed % 3 == 0 ? 50000 : 0);
-      c.dropout_offset = int64_t(rng() % 1000);
-      c.dropout_i64 = rng() % 2;
-      c.rng_dump = rng() % 2;
-      SCOPED_TRACE(sm90 ? "sm90 dropout on" : "sm90 dropout off");
-      run_case(c);
+      SCOPED_TRACE(o_scaled ? "1 / (1 - p) on O" : "1 / (1 - p) on each P");
+      run_case(dropout_random_case(seed));
       if (::testing::Test::HasFailure()) return;
     }
   }

@@ -369,31 +369,13 @@ __device__ __forceinline__ void sdpa_dropout_scale_o(const SdpaDropoutParams& dp
 // call (core/philox.h dropout_philox_block: 16-bit numbers, low halves block n, high halves n + 1), in a
 // loop that is not unrolled (ten rounds per call unrolled over a fragment crowd the registers of the
 // kernels' main loops).
-// kPhilox4: the four-call loop compiled in (the sm90 forward; SdpaDropoutParams::philox_calls chooses it per call).
-template <int kN, bool kPhilox4 = false>
+template <int kN>
 __device__ __forceinline__ uint64_t sdpa_dropout_keep_bits(const SdpaDropoutParams& dp, int b, int h, int num_heads,
                                                            int64_t i, int64_t j) {
   static_assert(kN > 0 && kN <= 16 && kN % 2 == 0, "keep bits of 2 .. 16 n8 blocks, in pairs");
   const uint64_t seed = uint64_t(load_index(dp.seed, 0)), offset = uint64_t(load_index(dp.offset, 0));
   const uint32_t bh = uint32_t(b * num_heads + h), thr = dp.threshold;
   uint64_t bits = 0;
-  if constexpr (kPhilox4 && kN == 16) {
-    if (dp.philox_calls == 4) {
-      // Four independent calls an iteration (SdpaDropoutParams::philox_calls), their 32 bits entering at the top
-      // as the two calls' 16 below: on fragments of 16 n8 blocks (the sm90 forward's 128 keys; the sm80 kernels
-      // keep two: compiled into the sm80 forward's fragments of 8, it made its (128, 128) features kernel spill 64 B).
-#pragma unroll 1
-      for (int n = 0; n < kN; n += 8) {
-        const Philox4 w0 = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n));
-        const Philox4 w1 = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n + 16));
-        const Philox4 w2 = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n + 32));
-        const Philox4 w3 = dropout_philox_block(seed, offset, bh, uint32_t(i), uint32_t(j + 8 * n + 48));
-        bits = bits >> 32 | uint64_t(dropout_keep_byte(w0, thr) | dropout_keep_byte(w1, thr) << 8 |
-                                     dropout_keep_byte(w2, thr) << 16 | dropout_keep_byte(w3, thr) << 24) << 32;
-      }
-      return bits >> (64 - 4 * kN);
-    }
-  }
   if constexpr (kN % 4 == 0) {
     // Two independent calls an iteration: their ten-round chains interleave (one chain a warp left the schedulers
     // idle on its latency). Their 16 bits enter at the top and move down 16 an iteration (constant shifts: the
@@ -470,17 +452,7 @@ __device__ __forceinline__ uint32_t sdpa_dropout_keep_bits_transposed(const Sdpa
   auto call = [&](int np) {
     return dropout_philox_block(seed, offset, bh, uint32_t(i) + 16u * uint32_t(np) + e, uint32_t(k) - e);
   };
-  if (kN % 8 == 0 && dp.philox_calls == 4) {
-    // Four independent calls an iteration (sdpa_dropout_keep_bits).
-#pragma unroll 1
-    for (int np = 0; np < kN / 2; np += 4) {
-      const Philox4 w0 = call(np), w1 = call(np + 1), w2 = call(np + 2), w3 = call(np + 3);
-      take(w0);
-      take(w1);
-      take(w2);
-      take(w3);
-    }
-  } else if constexpr (kN % 4 == 0) {
+  if constexpr (kN % 4 == 0) {
     // Two independent calls an iteration: their ten-round chains interleave (sdpa_dropout_keep_bits).
 #pragma unroll 1
     for (int np = 0; np < kN / 2; np += 2) {

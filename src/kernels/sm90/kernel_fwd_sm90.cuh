@@ -476,7 +476,7 @@ struct AnalyticDropSourceSm90 : AnalyticModSourceSm90<L> {
     const int64_t row0 = int64_t(it.block) * L::kBlockQ, i = row0 + 16 * mt + (lane >> 2);
     const int64_t j = int64_t(kb) * L::kBlockK + 2 * (lane & 3);
     if (dp.mode == 1) {
-      kern::sdpa_dropout_zero_dropped<kN>(kern::sdpa_dropout_keep_bits<kN, true>(dp, it.batch, it.head, p.num_heads_q, i, j), s);
+      kern::sdpa_dropout_zero_dropped<kN>(kern::sdpa_dropout_keep_bits<kN>(dp, it.batch, it.head, p.num_heads_q, i, j), s);
     } else {
       kern::sdpa_dropout_mask_apply<kN, false>(dp, it.batch, it.head, i, j, row0 + this->block.rows,
                                                this->block.len_kv, [&](int n, int r, float m) { s[n][r] *= m; });
