@@ -21,6 +21,7 @@ visible (query, key) pairs (4 D pairs B H forward, 2.5 times that backward); "x 
 the plain call's.
 
 Usage: python benchmarks/sdpa_features_bench.py [--seqs 8192] [--reps 10] [--heads 16] [--head-dim 128] [--backward]
+       [--only dropout]
 Prints a markdown table; exit status 1 when a staged / element pair disagrees.
 """
 
@@ -45,6 +46,8 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--backward", action="store_true", help="time the backward (autograd) instead of the forward")
     ap.add_argument("--peers", action="store_true", help="PyTorch SDPA's backends with the same features, and flashspan")
+    ap.add_argument("--only", default="", help="only the feature rows whose names start with one of these "
+                    "comma-separated prefixes (the plain row always runs), e.g. --only dropout")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("sdpa_features_bench.py: needs a CUDA device")
@@ -86,7 +89,7 @@ def main() -> None:
         ]
         rows.append(("plain", plain, None))
         for name, b in biases:
-            if b is None:
+            if b is None or not wanted(args, name):
                 continue
             # The same values one element past a 4-byte boundary: not pair-aligned, so element loads.
             b_el = torch.empty(b.numel() + 1, device=dev, dtype=b.dtype)[1:].view(b.shape)
@@ -103,10 +106,10 @@ def main() -> None:
         seed = torch.tensor([7], dtype=torch.int64, device=dev)
         offset = torch.tensor([0], dtype=torch.int64, device=dev)
         sinks = torch.randn(1, H, 1, 1, device=dev, dtype=torch.float32, generator=gen)
-        rows.append(("ALiBi", timed(use_alibi_mask=True), None))
-        rows.append(("softcap 30", timed(softcap=30.0), None))
-        rows.append(("sinks", timed(sink_token=sinks), None))
-        rows.append(("dropout 0.1", timed(dropout=(0.1, seed, offset)), None))
+        for name, kw in [("ALiBi", {"use_alibi_mask": True}), ("softcap 30", {"softcap": 30.0}),
+                         ("sinks", {"sink_token": sinks}), ("dropout 0.1", {"dropout": (0.1, seed, offset)})]:
+            if wanted(args, name):
+                rows.append((name, timed(**kw), None))
         for name, t, te in rows:
             el = f"{te:.3f} | {te / plain:.2f}" if te is not None else "— | —"
             print(f"| {S} | {name} | {t:.3f} | {flops / t / 1e9:.0f} | {t / plain:.2f} | {el} |", flush=True)
@@ -115,6 +118,12 @@ def main() -> None:
     for f in failures:
         print("FAIL", f)
     sys.exit(1 if failures else 0)
+
+
+def wanted(args, name: str) -> bool:
+    """Whether feature row `name` runs under --only (every row without it)."""
+    only = [x for x in args.only.split(",") if x]
+    return not only or any(name.startswith(x) for x in only)
 
 
 def backward_table(args, dev, timer) -> None:
@@ -143,6 +152,7 @@ def backward_table(args, dev, timer) -> None:
                                                  generator=gen).requires_grad_()}),
             ("dropout 0.1", {"dropout": (0.1, seed, offset)}),
         ]
+        features = [(n, kw) for n, kw in features if n == "plain" or wanted(args, n)]
         plain = None
         for name, kw in features:
             o = flashspan.sdpa(q, k, v, attn_scale=1.0 / math.sqrt(D), diagonal_band_right_bound=0, **kw)[0]

@@ -20,6 +20,7 @@
 #include "dispatch/family.h"
 #include "dispatch/sdpa_launch.h"
 #include "kernels/sm80/tile_sm80.h"
+#include "kernels/sm90/launch_sm90.h"
 #include "kernels/sm90/tile_sm90.h"
 #include "scoped_env.h"
 
@@ -893,6 +894,54 @@ TEST(SdpaFamily, Sm90DropoutSwitchReadsTheEnvironment) {
   set_sdpa_sm90_dropout_enabled(-1);
   EXPECT_TRUE(sdpa_sm90_dropout_enabled());
 }
+
+#ifdef FLASHSPAN_WITH_CUDA  // (the sm90 backward's switches, kernels/sm90/switches_sm90.cpp: CUDA builds only)
+TEST(SdpaFamily, Sm90BackwardDropoutKernelForm) {
+  // The sm90 dropout backward's kernel (sm90::sdpa_bwd_dropout_kernel_form): Philox dropout with nothing else in the
+  // main loop (sinks, the gate, H_k != H_v are not the rule's) takes sm90::bwd_dropout_form(): 2 (the Philox-only
+  // kernel, keep bits a step ahead) unless FLASHSPAN_SM90_BWD_DROPOUT_FORM is "0" or "1" (read per call; anything
+  // else: 2), the override winning; softcap, ALiBi, a bias, dBias, a block_mask or the caller's mask: 0 (the
+  // modifiers' dropout kernel) whatever the switch says.
+  using flashspan::test::ScopedEnv;
+  sm90::set_bwd_dropout_form(-1);
+  ScopedEnv var("FLASHSPAN_SM90_BWD_DROPOUT_FORM", nullptr);
+  AnalyticMaskParams a{};
+  a.dropout.mode = 1;
+  a.score.group_v = 3;
+  float sink = 0.0f;
+  a.score.sink = &sink;
+  EXPECT_EQ(sm90::bwd_dropout_form(), 2);
+  EXPECT_EQ(sm90::sdpa_bwd_dropout_kernel_form(a), 2);
+  for (const char* v : {"0", "1", "2", "", "3", "x"}) {
+    var.set(v);
+    const int want = std::string(v) == "0" ? 0 : std::string(v) == "1" ? 1 : 2;
+    EXPECT_EQ(sm90::bwd_dropout_form(), want) << "FLASHSPAN_SM90_BWD_DROPOUT_FORM=\"" << v << '"';
+    EXPECT_EQ(sm90::sdpa_bwd_dropout_kernel_form(a), want) << v;
+  }
+  var.set("1");
+  sm90::set_bwd_dropout_form(2);
+  EXPECT_EQ(sm90::sdpa_bwd_dropout_kernel_form(a), 2);
+  sm90::set_bwd_dropout_form(0);
+  EXPECT_EQ(sm90::sdpa_bwd_dropout_kernel_form(a), 0);
+  sm90::set_bwd_dropout_form(-1);
+  EXPECT_EQ(sm90::sdpa_bwd_dropout_kernel_form(a), 1);
+  var.set(nullptr);
+  int bias = 0;
+  uint8_t bits = 0;
+  for (int f = 0; f < 6; ++f) {
+    AnalyticMaskParams m = a;
+    switch (f) {
+      case 0: m.score.softcap2 = 1.0f; break;
+      case 1: m.score.alibi_n = 4; break;
+      case 2: m.bias.bias = &bias; break;
+      case 3: m.bias.dbias = &bias; break;
+      case 4: m.block_mask.bits = &bits; break;
+      default: m.dropout.mode = 2; break;  // the caller's mask
+    }
+    EXPECT_EQ(sm90::sdpa_bwd_dropout_kernel_form(m), 0) << "feature " << f;
+  }
+}
+#endif
 
 TEST(SdpaFamily, DropoutOScaleSwitchReadsTheEnvironment) {
   // The sm80 forward's Philox form (sdpa_dropout_o_scaled_enabled): on unless FLASHSPAN_SDPA_DROPOUT_O_SCALE is "0"

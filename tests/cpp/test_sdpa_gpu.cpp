@@ -2086,6 +2086,58 @@ TEST(SdpaGpu, Sm90DropoutBackwardRandom2) {
   run_sm90_dropout_bwd_cases(15131, 15160);
 }
 
+// The Philox-only dropout backward's kernel (sm90::bwd_dropout_form: 0 the modifiers' dropout kernel, 1 the
+// dropout kernel with the keep bits drawn before each step's GEMMs, 2 a step ahead) forced for a scope.
+struct ForceBwdDropoutForm {
+  explicit ForceBwdDropoutForm(int form) { sm90::set_bwd_dropout_form(form); }
+  ~ForceBwdDropoutForm() { sm90::set_bwd_dropout_form(-1); }
+};
+
+TEST(SdpaGpu, Sm90DropoutBackwardKernelForms) {
+  // Philox dropout without modifiers (the calls sdpa_bwd_drop_kernel_sm90 takes; sinks and the gate are not the
+  // main loop's) on each kernel form, forward and backward against the CPU reference: multi-block shapes (GQA,
+  // padding by cu_seq_len with a sample without keys, bottom-right causal, a window, no band; items of several
+  // steps, so the bits drawn a step ahead cross steps, stages and items) at D = 64, 128 and 40, and random
+  // shapes (sm90_dropout_case's Philox seeds, modifiers taken out); deterministic on odd cases, every third
+  // backward on the GPU forward's O and LSE. sdpa_bwd_drop_philox_launches says which kernel ran.
+  REQUIRE_SM90();
+  const ForceSm90WithDropout force;
+  for (int form = 0; form <= 2; ++form) {
+    const ForceBwdDropoutForm kernel_form(form);
+    for (int f = 0; f < 10; ++f) {
+      Case c;
+      if (f < 5) {
+        c = multi_block_case(15300 + uint64_t(f), f, f % 3 == 0 ? 64 : f % 3 == 1 ? 128 : 40);
+        c.dropout_p = f == 2 ? 0.9f : f == 3 ? 0.5f : 0.1f;
+        c.dropout_seed = 1000 * f - 1500;
+        c.dropout_offset = 7 * f;
+        c.dropout_i64 = f % 2;
+        c.rng_dump = f == 1;
+        if (f == 3) c.has_right = false;  // no band: every step full
+        if (f == 4) {
+          c.has_left = true;  // a window
+          c.left = 120;
+          c.sinks = true;
+          c.gate = true;
+        }
+      } else {
+        c = sm90_dropout_case(15400 + 2 * uint64_t(f));  // even: Philox
+        c.softcap = 0.0f;
+        c.bias = 0;
+        c.alibi = false;
+        c.dropout_p_zero = false;
+        if (c.dropout_p == 0.0f) c.dropout_p = 0.25f;
+      }
+      c.deterministic = f % 2;
+      const int64_t ph0 = sm90::sdpa_bwd_drop_philox_launches();
+      run_sm90_dropout_case(c, /*backward=*/true, /*chain=*/f % 3 == 0);
+      EXPECT_EQ(sm90::sdpa_bwd_drop_philox_launches(), ph0 + (form != 0 ? 1 : 0))
+          << "form " << form << ": the Philox-only kernel " << (form != 0 ? "did not run " : "ran ") << c.str();
+      if (::testing::Test::HasFailure()) return;
+    }
+  }
+}
+
 TEST(SdpaGpu, Sm90DropoutEachForm) {
   // Multi-block shapes (GQA, padding by cu_seq_len with a sample without keys, bottom-right causal or a
   // window) for each form: Philox at p = 0, 0.5 and 0.9 (rng_dump), the mask in each dtype and a few

@@ -412,6 +412,25 @@ __device__ __forceinline__ void sdpa_dropout_apply(const SdpaDropoutParams& dp, 
   }
 }
 
+// The forwards' dropout (both families: kernel_fwd_sm80.cuh AnalyticMaskSm80::dropout, kernel_fwd_sm90.cuh
+// AnalyticDropSourceSm90::dropout) on P of a thread's share of a warp's fragment of kN n8 blocks (element (n, r)
+// = query i + 8 (r / 2), key j + 8 n + r % 2 of sample b, query head h, as sdpa_dropout_keep_bits), after the
+// online softmax step (the row sums keep every element). Philox: with o_scaled (SdpaDropoutParams::o_scaled;
+// the sm90 forward always) the dropped elements zeroed (sdpa_dropout_zero_dropped) and the kept ones' 1 / (1 - p)
+// left to O (sdpa_dropout_scale_o), else P times the multiplier; the caller's mask (mode 2): P times the mask's
+// element times its scale, read inside the sample only (queries below rows_end, keys below len_k).
+template <int kN>
+__device__ __forceinline__ void sdpa_dropout_forward(const SdpaDropoutParams& dp, bool o_scaled, int b, int h,
+                                                     int num_heads, int64_t i, int64_t j, int64_t rows_end,
+                                                     int64_t len_k, float (&s)[kN][4]) {
+  if (dp.mode == 0) return;
+  if (dp.mode == 1 && o_scaled) {
+    sdpa_dropout_zero_dropped<kN>(sdpa_dropout_keep_bits<kN>(dp, b, h, num_heads, i, j), s);
+  } else {
+    sdpa_dropout_apply<kN>(dp, b, h, num_heads, i, j, rows_end, len_k, [&](int n, int r, float m) { s[n][r] *= m; });
+  }
+}
+
 // The Philox keep bits (SdpaDropoutParams, mode 1) of a thread's share of a transposed fragment of kN n8
 // blocks (rows = keys, columns = queries: the sm90 backward's S^T, kernel_bwd_mods_sm90.cuh): bit 4 n + r
 // for element (n, r) = key k + 8 (r / 2), query i + 8 n + r % 2 of sample b, query head h (k = the

@@ -354,21 +354,16 @@ struct AnalyticMaskSm80 {
       SdpaBiasFrag::make(a.bias, b, head, int64_t(row0) + 16 * mt, int64_t(entry) * T::kBlockK, lane).add<T::kNS>(s);
     }
   }
-  // Dropout (SdpaDropoutParams) on P of m16 tile mt after the online softmax step (the row sums
-  // keep every element): P times the multiplier, or with SdpaDropoutParams::o_scaled (Philox) the
-  // dropped elements zeroed and the kept ones' 1 / (1 - p) applied to O after the walk (scale_o), as
-  // the sm90 forward does.
+  // Dropout (SdpaDropoutParams) on P of m16 tile mt after the online softmax step (sdpa_dropout_forward:
+  // with SdpaDropoutParams::o_scaled, Philox's 1 / (1 - p) applied to O after the walk by scale_o, as the
+  // sm90 forward does).
   template <int kN>
   __device__ __forceinline__ void dropout(const QkvParams& q, float (&s)[kN][4], int entry, int mt, int lane) const {
     const AnalyticMaskParams& a = analytic_of(static_cast<const FwdParams&>(q));
-    if (a.dropout.mode == 0) return;
+    if (a.dropout.mode == 0) return;  // (before the positions, as the sm90 forward's)
     const int64_t i = int64_t(row0) + 16 * mt + (lane >> 2), j = int64_t(entry) * T::kBlockK + 2 * (lane & 3);
-    if (a.dropout.mode == 1 && a.dropout.o_scaled) {
-      sdpa_dropout_zero_dropped<kN>(sdpa_dropout_keep_bits<kN>(a.dropout, b, head, q.num_heads_q, i, j), s);
-    } else {
-      sdpa_dropout_apply<kN>(a.dropout, b, head, q.num_heads_q, i, j, int64_t(row0) + block.rows, block.len_kv,
-                             [&](int n, int r, float m) { s[n][r] *= m; });
-    }
+    sdpa_dropout_forward<kN>(a.dropout, a.dropout.o_scaled, b, head, q.num_heads_q, i, j, int64_t(row0) + block.rows,
+                             block.len_kv, s);
   }
   // Philox dropout's 1 / (1 - p) on the walk's O with o_scaled (dropout above), before the epilogue.
   template <int kMT, int kNO>

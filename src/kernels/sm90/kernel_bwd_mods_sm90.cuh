@@ -42,6 +42,20 @@ namespace flashspan::kern90 {
 
 #if defined(__CUDA_ARCH__)  // (the sources of kernel_bwd_sm90.cuh are device code only)
 
+// A step's Philox keep bits (SdpaDropoutParams mode 1; 0 otherwise) on the key-split consumer of tile
+// kBlockQ x kBlockK: bit 4 j + r for element (j, r) of the thread's S^T (sdpa_dropout_keep_bits_transposed,
+// the forward's keep mask bit for bit); info = {query head, query block, ...}, key_thr: the thread's first
+// key of the block. All 32 lanes of the warp call it. The step_keep of both dropout sources below.
+template <int kNQ, int kBlockQ, int kBlockK>
+__device__ __forceinline__ uint32_t sdpa_bwd_step_keep(const BwdParams& p, const BwdItem& it, int4 info, int key_thr,
+                                                       int lane) {
+  const SdpaDropoutParams& dr = kern::analytic_of(p).dropout;
+  if (dr.mode != 1) return 0;
+  return kern::sdpa_dropout_keep_bits_transposed<kNQ>(dr, it.b, info.x, p.num_heads_q,
+                                                      int64_t(info.y) * kBlockQ + 2 * (lane & 3),
+                                                      int64_t(it.kb) * kBlockK + key_thr);
+}
+
 // SDPA with score modifiers: the analytic source (AnalyticSourceBwdSm90: items, walks, dQ order,
 // stores) plus the consumer's modifier hooks (Src::kMods in bwd_consumer):
 //   logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, s, dlogit)  S^T -> P^T, softcap's 1 - t^2 (before
@@ -189,18 +203,13 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
     }
   }
 
-  // The step's Philox keep bits (SdpaDropoutParams mode 1; 0 otherwise): bit 4 j + r for element (j, r)
-  // of the thread's S^T (sdpa_dropout_keep_bits_transposed, the forward's keep mask bit for bit), drawn
-  // before the step's GEMMs are issued, while only dK and dV are live (drawn in grads, beside S^T, dP^T,
-  // dK and dV, the ten Philox rounds spilled the (128, 128) consumer).
+  // The step's Philox keep bits (sdpa_bwd_step_keep), drawn before the step's GEMMs are issued, while only
+  // dK and dV are live (drawn in grads, beside S^T, dP^T, dK and dV, the ten Philox rounds spilled the
+  // (128, 128) consumer).
   template <int kNQ>
   __device__ __forceinline__ static uint32_t step_keep(const BwdParams& p, const BwdItem& it, int4 info, int key_thr,
                                                        int lane) {
-    const SdpaDropoutParams& dr = kern::analytic_of(p).dropout;
-    if (dr.mode != 1) return 0;
-    return kern::sdpa_dropout_keep_bits_transposed<kNQ>(dr, it.b, info.x, p.num_heads_q,
-                                                        int64_t(info.y) * kBlockQ + 2 * (lane & 3),
-                                                        int64_t(it.kb) * kBlockK + key_thr);
+    return sdpa_bwd_step_keep<kNQ, kBlockQ, kBlockK>(p, it, info, key_thr, lane);
   }
 
   // P^T (s, logits') and dP^T (dp) -> P^T m (s) and dS^T = P^T d logit / d x (m dP^T - D[query]) (dp;
@@ -352,6 +361,41 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   }
 };
 
+// SDPA with Philox dropout and nothing else in the main loop (no softcap, ALiBi, bias, caller mask: the
+// common training call): the analytic source with the pure-mask consumer's P^T (formed under the dP^T
+// GEMM, payload-word element mask), and after the dP^T wait P^T m, dS^T = P^T (m dP^T - D[query])
+// (drop_grads), m the element's multiplier from the step's keep bits (sdpa_bwd_step_keep: 1 / (1 - p)
+// or 0). The modifiers' dropout kernel (AnalyticModSourceBwdSm90<..., true>) forms z^T under the dP^T GEMM
+// and P^T after the wait (its other modifiers' state spilled otherwise) and keeps every modifier's
+// run-time test; the calls it takes here do not need them. kKeepAhead: a step's keep bits drawn under the
+// previous step's dQ / dK GEMMs (kernel_bwd_sm90.cuh bwd_consumer), an item's first step's before its GEMMs.
+template <int kBk, bool kKeepAhead_>
+struct AnalyticDropSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
+  static_assert(kBk == 128, "dropout runs on the key-split consumers (head dims up to 128)");
+  using Base = AnalyticSourceBwdSm90<kBk>;
+  static constexpr bool kDropout = true, kKeepAhead = kKeepAhead_;
+  static constexpr int kBlockQ = Base::kBlockQ, kBlockK = kBk;
+
+  template <int kNQ>
+  __device__ __forceinline__ static uint32_t step_keep(const BwdParams& p, const BwdItem& it, int4 info, int key_thr,
+                                                       int lane) {
+    return sdpa_bwd_step_keep<kNQ, kBlockQ, kBlockK>(p, it, info, key_thr, lane);
+  }
+
+  // P^T (s) and dP^T (dp) -> P^T m (s) and dS^T = P^T (m dP^T - D[query]) (dp), in place (the modifiers'
+  // grads without them: the sm80 kernels' and the CPU reference's P (m dP - D)).
+  template <int kNQ>
+  __device__ __forceinline__ static void drop_grads(const BwdParams& p, const float* delta, int lane, uint32_t keep,
+                                                    float (&s)[kNQ][4], float (&dp)[kNQ][4]) {
+    const int qd = lane & 3;
+    kern::sdpa_dropout_keep_apply<kNQ>(keep, kern::analytic_of(p).dropout.scale, [&](int j, int r, float mult) {
+      const float2 dd = *reinterpret_cast<const float2*>(delta + 8 * j + 2 * qd);
+      dp[j][r] = s[j][r] * (mult * dp[j][r] - ((r & 1) ? dd.y : dd.x));
+      s[j][r] *= mult;
+    });
+  }
+};
+
 #endif  // __CUDA_ARCH__
 
 // The SDPA backward with score modifiers (AnalyticModSourceBwdSm90): softcap, ALiBi, the additive
@@ -370,6 +414,22 @@ __global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
   bwd_sm90_body<kD, E, kD, AnalyticModSourceBwdSm90<BwdSm90Layout<kD>::kBlockK, kDropout, kSoftcap, kStaged>>(
       p, &tm_q, &tm_k, &tm_v, &tm_do);
+#else
+  __trap();
+#endif
+}
+
+// The SDPA backward with Philox dropout and no score modifiers (AnalyticDropSourceBwdSm90): head dims (64, 64)
+// and (128, 128) as the modifiers' kernels; kKeepAhead: the keep bits a step ahead.
+template <int kD, class E, bool kKeepAhead>
+__global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
+    sdpa_bwd_drop_kernel_sm90(const __grid_constant__ SdpaBwdParams p, const __grid_constant__ CUtensorMap tm_q,
+                              const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
+                              const __grid_constant__ CUtensorMap tm_do) {
+  static_assert(kD == 64 || kD == 128, "the dropout kernels: head dims (64, 64) and (128, 128)");
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  bwd_sm90_body<kD, E, kD, AnalyticDropSourceBwdSm90<BwdSm90Layout<kD>::kBlockK, kKeepAhead>>(p, &tm_q, &tm_k, &tm_v,
+                                                                                              &tm_do);
 #else
   __trap();
 #endif

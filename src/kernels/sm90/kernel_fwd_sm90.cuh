@@ -463,24 +463,19 @@ struct AnalyticDropSourceSm90 : AnalyticModSourceSm90<L> {
   }
   // Dropout (SdpaDropoutParams) on P of key block kb of m16 tile mt, after the online softmax step (the row sums
   // and the LSE keep every element), the thread's elements those of AccFragment (rows 16 mt + g (+8) of the block,
-  // columns 2 q (+1) of each n8 block of key block kb), so the keep mask is the sm80 kernels' bit for bit. Philox
-  // (sdpa_dropout_keep_bits): the dropped elements zeroed here, a select each; the kept ones' 1 / (1 - p) applied
-  // to O once, after the walk (scale_o), not to each P (a multiply an element on the softmax path). The caller's
-  // mask: P times the mask's element times its scale (sdpa_dropout_mask_apply), as the sm80 forward's
-  // AnalyticMaskSm80::dropout.
+  // columns 2 q (+1) of each n8 block of key block kb), so the keep mask is the sm80 kernels' bit for bit
+  // (sdpa_dropout_forward, the sm80 forward's too). Philox: the dropped elements zeroed here, a select each; the
+  // kept ones' 1 / (1 - p) applied to O once, after the walk (scale_o), not to each P (a multiply an element on
+  // the softmax path).
   template <int kN>
   __device__ __forceinline__ void dropout(const FwdParams& p, const WorkItem& it, int kb, int mt, int lane,
                                           float (&s)[kN][4]) const {
     const SdpaDropoutParams& dp = kern::analytic_of(p).dropout;
-    if (dp.mode == 0) return;
+    if (dp.mode == 0) return;  // (before the positions: ptxas placed them differently when the helper tested it first)
     const int64_t row0 = int64_t(it.block) * L::kBlockQ, i = row0 + 16 * mt + (lane >> 2);
     const int64_t j = int64_t(kb) * L::kBlockK + 2 * (lane & 3);
-    if (dp.mode == 1) {
-      kern::sdpa_dropout_zero_dropped<kN>(kern::sdpa_dropout_keep_bits<kN>(dp, it.batch, it.head, p.num_heads_q, i, j), s);
-    } else {
-      kern::sdpa_dropout_mask_apply<kN, false>(dp, it.batch, it.head, i, j, row0 + this->block.rows,
-                                               this->block.len_kv, [&](int n, int r, float m) { s[n][r] *= m; });
-    }
+    kern::sdpa_dropout_forward<kN>(dp, /*o_scaled=*/true, it.batch, it.head, p.num_heads_q, i, j,
+                                   row0 + this->block.rows, this->block.len_kv, s);
   }
   // Philox dropout's 1 / (1 - p) on the walk's O (dropout above), before the epilogue.
   template <int kNO>

@@ -61,6 +61,7 @@ std::atomic<int64_t> g_bwd_launches{0};
 std::atomic<int64_t> g_sdpa_bwd_launches{0};
 std::atomic<int64_t> g_sdpa_bwd_mods_launches{0};
 std::atomic<int64_t> g_sdpa_bwd_drop_launches{0};
+std::atomic<int64_t> g_sdpa_bwd_drop_philox_launches{0};
 std::atomic<int64_t> g_sdpa_bwd_l2_grouped_launches{0};
 }  // namespace
 
@@ -68,6 +69,7 @@ int64_t bwd_launches() { return g_bwd_launches.load(std::memory_order_relaxed); 
 int64_t sdpa_bwd_launches() { return g_sdpa_bwd_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_bwd_mods_launches() { return g_sdpa_bwd_mods_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_bwd_drop_launches() { return g_sdpa_bwd_drop_launches.load(std::memory_order_relaxed); }
+int64_t sdpa_bwd_drop_philox_launches() { return g_sdpa_bwd_drop_philox_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_bwd_l2_grouped_launches() { return g_sdpa_bwd_l2_grouped_launches.load(std::memory_order_relaxed); }
 
 // The BSHD view [B, S_q, H_q, D_v] of the gated dO in the workspace ([H_q, B S_q, D_v], params.h
@@ -277,6 +279,7 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   g_sdpa_bwd_launches.fetch_add(1, std::memory_order_relaxed);
   if (mods) g_sdpa_bwd_mods_launches.fetch_add(1, std::memory_order_relaxed);
   if (drop) g_sdpa_bwd_drop_launches.fetch_add(1, std::memory_order_relaxed);
+  if (drop && sdpa_bwd_dropout_kernel_form(am) != 0) g_sdpa_bwd_drop_philox_launches.fetch_add(1, std::memory_order_relaxed);
   // The kernel's tile (the non-wide table entry of the call's dims: 64 x 128 up to 128, 64 x 64 for
   // (192, 128) / (256, 256); (192, 128) on the wide 64 x 96 tile while bwd_wide192_enabled(): no plan
   // here, so the switch is read per call); the kernels' layouts agree (static_asserts below).

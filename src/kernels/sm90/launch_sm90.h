@@ -205,6 +205,19 @@ void set_bwd_wide64_enabled(int on);
 bool bwd_wide192_enabled();
 void set_bwd_wide192_enabled(int on);
 
+// Which kernel runs an SDPA backward call of Philox dropout without score modifiers (no softcap, ALiBi, bias,
+// dBias: kernel_bwd_mods_sm90.cuh): 0 the modifiers' dropout kernel (sdpa_bwd_mods_kernel_sm90<..., true>), 1
+// the dropout kernel on the pure-mask consumer (sdpa_bwd_drop_kernel_sm90, keep bits before each step's
+// GEMMs), 2 that kernel with the keep bits a step ahead, under the previous step's dQ / dK GEMMs (the
+// default). FLASHSPAN_SM90_BWD_DROPOUT_FORM=0 or 1 (read per call; unset or anything else: 2); set_bwd_dropout_form
+// overrides it for this process (-1: back to the environment's answer).
+int bwd_dropout_form();
+void set_bwd_dropout_form(int form);
+// The kernel of a dropout call's backward: bwd_dropout_form() for Philox dropout without softcap, ALiBi, a bias,
+// dBias or a block_mask (the calls sdpa_bwd_drop_kernel_sm90 runs), else 0 (the modifiers' dropout kernel). Read by
+// run_sdpa_bwd_sm90 (sdpa_bwd_sm90_run.cuh) and the launcher's count (sdpa_bwd_drop_philox_launches).
+int sdpa_bwd_dropout_kernel_form(const AnalyticMaskParams& a);
+
 // Enqueues the sm90 backward (preprocess, dK/dV + dQ kernel, split schedule and converts): p as
 // launch_flex_bwd fills it (backward view of a consumer_for(90) plan, dq_blocked = 1; the split
 // schedule bound in task mode when deterministic = 0; dq_sem bound and grid_mode = 1 when
@@ -231,10 +244,12 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p, const TensorView& q, const Ten
                           cudaStream_t stream);
 // Calls of launch_sdpa_bwd_sm90 in this process so far (tests check which family ran), of those
 // the ones that ran a kernel with score modifiers (softcap, ALiBi, bias / dBias, or dropout), and of
-// those the ones that ran the kernel with dropout (sdpa_bwd_mods_kernel_sm90<..., true>; experimental).
+// those the ones that ran a kernel with dropout (sdpa_bwd_mods_kernel_sm90<..., true> or, Philox without
+// modifiers, sdpa_bwd_drop_kernel_sm90: of those, sdpa_bwd_drop_philox_launches).
 int64_t sdpa_bwd_launches();
 int64_t sdpa_bwd_mods_launches();
 int64_t sdpa_bwd_drop_launches();
+int64_t sdpa_bwd_drop_philox_launches();
 // Calls of launch_sdpa_bwd_sm90 so far whose cells ran in L2 groups (AnalyticMaskParams::l2_group > 0).
 int64_t sdpa_bwd_l2_grouped_launches();
 
