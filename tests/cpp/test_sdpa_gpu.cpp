@@ -2321,13 +2321,24 @@ TEST(SdpaGpu, Sm90DropoutSanitizerSmall) {
   // sm90_bwd_small_case's shapes (NaN-padded samples, one without keys, GQA, bottom-right causal on the
   // (64, 64) kernel; D = 96 with a window on the (128, 128) kernel; a dense MQA case deterministic):
   // Philox with rng_dump and softcap; a uint8 mask broadcast over B with padded strides and a bias; a
-  // float32 mask broadcast over keys with sinks. Forward and backward.
+  // float32 mask broadcast over keys with sinks; then Philox alone (the Philox-only backward kernel,
+  // sdpa_bwd_drop_kernel_sm90) on the first two shapes, with the keep bits a step ahead (form 2) and before
+  // each step's GEMMs (form 1). Forward and backward.
   REQUIRE_SM90();
   const ForceSm90WithDropout force;
-  for (int i = 0; i < 3; ++i) {
-    Case c = sm90_bwd_small_case(i);
+  for (int i = 0; i < 5; ++i) {
+    Case c = sm90_bwd_small_case(i % 3);
     c.seed = 15400 + uint64_t(i);
+    const ForceBwdDropoutForm kernel_form(i == 4 ? 1 : 2);
+    if (i >= 3) {
+      c.dropout_p = 0.2f;
+      c.dropout_seed = 7 + i;
+      c.dropout_offset = 3;
+    }
     switch (i) {
+      case 3:
+      case 4:
+        break;
       case 0:
         c.dropout_p = 0.3f;
         c.dropout_seed = 42;
