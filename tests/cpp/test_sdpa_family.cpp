@@ -896,36 +896,38 @@ TEST(SdpaFamily, Sm90DropoutSwitchReadsTheEnvironment) {
 }
 
 #ifdef FLASHSPAN_WITH_CUDA  // (the sm90 backward's switches, kernels/sm90/switches_sm90.cpp: CUDA builds only)
-TEST(SdpaFamily, Sm90BackwardDropoutKernelForm) {
-  // The sm90 dropout backward's kernel (sm90::sdpa_bwd_dropout_kernel_form): Philox dropout with nothing else in the
-  // main loop (sinks, the gate, H_k != H_v are not the rule's) takes sm90::bwd_dropout_form(): 2 (the Philox-only
-  // kernel, keep bits a step ahead) unless FLASHSPAN_SM90_BWD_DROPOUT_FORM is "0" or "1" (read per call; anything
-  // else: 2), the override winning; softcap, ALiBi, a bias, dBias, a block_mask or the caller's mask: 0 (the
-  // modifiers' dropout kernel) whatever the switch says.
+TEST(SdpaFamily, Sm90BackwardDropoutPhiloxKernel) {
+  // The sm90 dropout backward's kernel (sm90::sdpa_bwd_dropout_philox_kernel): Philox dropout with nothing else in
+  // the main loop (sinks, the gate, H_k != H_v are not the rule's) runs the Philox-only kernel while
+  // sm90::bwd_dropout_philox_enabled(): on unless FLASHSPAN_SM90_BWD_DROPOUT_PHILOX is "0" (read per call;
+  // FLASHSPAN_EXPERIMENTAL ignored), the override winning both ways; softcap, ALiBi, a bias, dBias, a block_mask or
+  // the caller's mask: the modifiers' dropout kernel whatever the switch says.
   using flashspan::test::ScopedEnv;
-  sm90::set_bwd_dropout_form(-1);
-  ScopedEnv var("FLASHSPAN_SM90_BWD_DROPOUT_FORM", nullptr);
+  sm90::set_bwd_dropout_philox_enabled(-1);
+  ScopedEnv var("FLASHSPAN_SM90_BWD_DROPOUT_PHILOX", nullptr);
+  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
   AnalyticMaskParams a{};
   a.dropout.mode = 1;
   a.score.group_v = 3;
   float sink = 0.0f;
   a.score.sink = &sink;
-  EXPECT_EQ(sm90::bwd_dropout_form(), 2);
-  EXPECT_EQ(sm90::sdpa_bwd_dropout_kernel_form(a), 2);
-  for (const char* v : {"0", "1", "2", "", "3", "x"}) {
+  EXPECT_TRUE(sm90::bwd_dropout_philox_enabled());
+  EXPECT_TRUE(sm90::sdpa_bwd_dropout_philox_kernel(a));
+  var.set("0");
+  EXPECT_FALSE(sm90::bwd_dropout_philox_enabled());
+  EXPECT_FALSE(sm90::sdpa_bwd_dropout_philox_kernel(a));
+  experimental.set("1");
+  EXPECT_FALSE(sm90::sdpa_bwd_dropout_philox_kernel(a));
+  for (const char* v : {"1", "", "yes"}) {
     var.set(v);
-    const int want = std::string(v) == "0" ? 0 : std::string(v) == "1" ? 1 : 2;
-    EXPECT_EQ(sm90::bwd_dropout_form(), want) << "FLASHSPAN_SM90_BWD_DROPOUT_FORM=\"" << v << '"';
-    EXPECT_EQ(sm90::sdpa_bwd_dropout_kernel_form(a), want) << v;
+    EXPECT_TRUE(sm90::sdpa_bwd_dropout_philox_kernel(a)) << "FLASHSPAN_SM90_BWD_DROPOUT_PHILOX=\"" << v << '"';
   }
-  var.set("1");
-  sm90::set_bwd_dropout_form(2);
-  EXPECT_EQ(sm90::sdpa_bwd_dropout_kernel_form(a), 2);
-  sm90::set_bwd_dropout_form(0);
-  EXPECT_EQ(sm90::sdpa_bwd_dropout_kernel_form(a), 0);
-  sm90::set_bwd_dropout_form(-1);
-  EXPECT_EQ(sm90::sdpa_bwd_dropout_kernel_form(a), 1);
-  var.set(nullptr);
+  experimental.set(nullptr);
+  sm90::set_bwd_dropout_philox_enabled(0);
+  EXPECT_FALSE(sm90::sdpa_bwd_dropout_philox_kernel(a));
+  var.set("0");
+  sm90::set_bwd_dropout_philox_enabled(1);
+  EXPECT_TRUE(sm90::sdpa_bwd_dropout_philox_kernel(a));
   int bias = 0;
   uint8_t bits = 0;
   for (int f = 0; f < 6; ++f) {
@@ -938,8 +940,11 @@ TEST(SdpaFamily, Sm90BackwardDropoutKernelForm) {
       case 4: m.block_mask.bits = &bits; break;
       default: m.dropout.mode = 2; break;  // the caller's mask
     }
-    EXPECT_EQ(sm90::sdpa_bwd_dropout_kernel_form(m), 0) << "feature " << f;
+    EXPECT_FALSE(sm90::sdpa_bwd_dropout_philox_kernel(m)) << "feature " << f;
   }
+  sm90::set_bwd_dropout_philox_enabled(-1);
+  var.set(nullptr);
+  EXPECT_TRUE(sm90::sdpa_bwd_dropout_philox_kernel(a));
 }
 #endif
 

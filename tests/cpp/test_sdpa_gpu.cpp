@@ -2086,24 +2086,25 @@ TEST(SdpaGpu, Sm90DropoutBackwardRandom2) {
   run_sm90_dropout_bwd_cases(15131, 15160);
 }
 
-// The Philox-only dropout backward's kernel (sm90::bwd_dropout_form: 0 the modifiers' dropout kernel, 1 the
-// dropout kernel with the keep bits drawn before each step's GEMMs, 2 a step ahead) forced for a scope.
-struct ForceBwdDropoutForm {
-  explicit ForceBwdDropoutForm(int form) { sm90::set_bwd_dropout_form(form); }
-  ~ForceBwdDropoutForm() { sm90::set_bwd_dropout_form(-1); }
+// The Philox-only dropout backward kernel (sm90::bwd_dropout_philox_enabled: 1 it, 0 the modifiers' dropout
+// kernel) forced for a scope.
+struct ForceBwdDropoutPhilox {
+  explicit ForceBwdDropoutPhilox(int on) { sm90::set_bwd_dropout_philox_enabled(on); }
+  ~ForceBwdDropoutPhilox() { sm90::set_bwd_dropout_philox_enabled(-1); }
 };
 
 TEST(SdpaGpu, Sm90DropoutBackwardKernelForms) {
   // Philox dropout without modifiers (the calls sdpa_bwd_drop_kernel_sm90 takes; sinks and the gate are not the
-  // main loop's) on each kernel form, forward and backward against the CPU reference: multi-block shapes (GQA,
+  // main loop's) on each kernel (the Philox-only one and the modifiers' one), forward and backward against the
+  // CPU reference (passed on an H100, PERF_LOG v2.72, with a third form since removed): multi-block shapes (GQA,
   // padding by cu_seq_len with a sample without keys, bottom-right causal, a window, no band; items of several
-  // steps, so the bits drawn a step ahead cross steps, stages and items) at D = 64, 128 and 40, and random
+  // steps, stages and items) at D = 64, 128 and 40, and random
   // shapes (sm90_dropout_case's Philox seeds, modifiers taken out); deterministic on odd cases, every third
   // backward on the GPU forward's O and LSE. sdpa_bwd_drop_philox_launches says which kernel ran.
   REQUIRE_SM90();
   const ForceSm90WithDropout force;
-  for (int form = 0; form <= 2; ++form) {
-    const ForceBwdDropoutForm kernel_form(form);
+  for (int form = 0; form <= 1; ++form) {
+    const ForceBwdDropoutPhilox kernel_form(form);
     for (int f = 0; f < 10; ++f) {
       Case c;
       if (f < 5) {
@@ -2113,7 +2114,7 @@ TEST(SdpaGpu, Sm90DropoutBackwardKernelForms) {
         c.dropout_offset = 7 * f;
         c.dropout_i64 = f % 2;
         c.rng_dump = f == 1;
-        if (f == 3) c.has_right = false;  // no band: every step full
+        if (f == 3) c.has_right = c.bottom_right = false;  // no band: every step full
         if (f == 4) {
           c.has_left = true;  // a window
           c.left = 120;
@@ -2131,8 +2132,8 @@ TEST(SdpaGpu, Sm90DropoutBackwardKernelForms) {
       c.deterministic = f % 2;
       const int64_t ph0 = sm90::sdpa_bwd_drop_philox_launches();
       run_sm90_dropout_case(c, /*backward=*/true, /*chain=*/f % 3 == 0);
-      EXPECT_EQ(sm90::sdpa_bwd_drop_philox_launches(), ph0 + (form != 0 ? 1 : 0))
-          << "form " << form << ": the Philox-only kernel " << (form != 0 ? "did not run " : "ran ") << c.str();
+      EXPECT_EQ(sm90::sdpa_bwd_drop_philox_launches(), ph0 + form)
+          << "the Philox-only kernel " << (form != 0 ? "did not run " : "ran ") << c.str();
       if (::testing::Test::HasFailure()) return;
     }
   }
@@ -2321,15 +2322,14 @@ TEST(SdpaGpu, Sm90DropoutSanitizerSmall) {
   // sm90_bwd_small_case's shapes (NaN-padded samples, one without keys, GQA, bottom-right causal on the
   // (64, 64) kernel; D = 96 with a window on the (128, 128) kernel; a dense MQA case deterministic):
   // Philox with rng_dump and softcap; a uint8 mask broadcast over B with padded strides and a bias; a
-  // float32 mask broadcast over keys with sinks; then Philox alone (the Philox-only backward kernel,
-  // sdpa_bwd_drop_kernel_sm90) on the first two shapes, with the keep bits a step ahead (form 2) and before
-  // each step's GEMMs (form 1). Forward and backward.
+  // float32 mask broadcast over keys with sinks; then Philox alone on the first two shapes, on the Philox-only
+  // backward kernel (sdpa_bwd_drop_kernel_sm90) and on the modifiers' one. Forward and backward.
   REQUIRE_SM90();
   const ForceSm90WithDropout force;
   for (int i = 0; i < 5; ++i) {
     Case c = sm90_bwd_small_case(i % 3);
     c.seed = 15400 + uint64_t(i);
-    const ForceBwdDropoutForm kernel_form(i == 4 ? 1 : 2);
+    const ForceBwdDropoutPhilox kernel_form(i == 4 ? 0 : 1);
     if (i >= 3) {
       c.dropout_p = 0.2f;
       c.dropout_seed = 7 + i;

@@ -367,13 +367,13 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
 // (drop_grads), m the element's multiplier from the step's keep bits (sdpa_bwd_step_keep: 1 / (1 - p)
 // or 0). The modifiers' dropout kernel (AnalyticModSourceBwdSm90<..., true>) forms z^T under the dP^T GEMM
 // and P^T after the wait (its other modifiers' state spilled otherwise) and keeps every modifier's
-// run-time test; the calls it takes here do not need them. kKeepAhead: a step's keep bits drawn under the
-// previous step's dQ / dK GEMMs (kernel_bwd_sm90.cuh bwd_consumer), an item's first step's before its GEMMs.
-template <int kBk, bool kKeepAhead_>
+// run-time test; the calls it takes here do not need them (the dropout backward 1.93x -> 1.39x the plain one,
+// PERF_LOG v2.72). The keep bits are drawn before the step's GEMMs, as in the modifiers' kernel.
+template <int kBk>
 struct AnalyticDropSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   static_assert(kBk == 128, "dropout runs on the key-split consumers (head dims up to 128)");
   using Base = AnalyticSourceBwdSm90<kBk>;
-  static constexpr bool kDropout = true, kKeepAhead = kKeepAhead_;
+  static constexpr bool kDropout = true;
   static constexpr int kBlockQ = Base::kBlockQ, kBlockK = kBk;
 
   template <int kNQ>
@@ -420,16 +420,15 @@ __global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
 }
 
 // The SDPA backward with Philox dropout and no score modifiers (AnalyticDropSourceBwdSm90): head dims (64, 64)
-// and (128, 128) as the modifiers' kernels; kKeepAhead: the keep bits a step ahead.
-template <int kD, class E, bool kKeepAhead>
+// and (128, 128) as the modifiers' kernels.
+template <int kD, class E>
 __global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
     sdpa_bwd_drop_kernel_sm90(const __grid_constant__ SdpaBwdParams p, const __grid_constant__ CUtensorMap tm_q,
                               const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                               const __grid_constant__ CUtensorMap tm_do) {
   static_assert(kD == 64 || kD == 128, "the dropout kernels: head dims (64, 64) and (128, 128)");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  bwd_sm90_body<kD, E, kD, AnalyticDropSourceBwdSm90<BwdSm90Layout<kD>::kBlockK, kKeepAhead>>(p, &tm_q, &tm_k, &tm_v,
-                                                                                              &tm_do);
+  bwd_sm90_body<kD, E, kD, AnalyticDropSourceBwdSm90<BwdSm90Layout<kD>::kBlockK>>(p, &tm_q, &tm_k, &tm_v, &tm_do);
 #else
   __trap();
 #endif

@@ -439,8 +439,6 @@ __device__ __forceinline__ int dq_order_rank(const BwdParams& p, int h, int b, i
 //   Src::kDropout                    and dropout (Src::step_keep before the step's GEMMs); without
 //                                    kMods (AnalyticDropSourceBwdSm90: Philox, no modifiers) the
 //                                    pure-mask P^T, then Src::drop_grads instead of dS^T = P^T (dP^T - D)
-//   Src::kKeepAhead                  (with kDropout) the next step's keep bits drawn under this step's
-//                                    dQ / dK GEMMs, its (h, qb) from info_full
 //   Src::kStageBias                  a 16-bit bias (SdpaBiasParams::chunks) staged by the consumer
 //                                    warps a step ahead (Src::stage_bias; BwdSm90Layout::kBiasStage),
 //                                    the step's (h, qb) taken from info_full before its Q / dO land
@@ -454,7 +452,7 @@ __device__ __forceinline__ int dq_order_rank(const BwdParams& p, int h, int b, i
 // the kernel had inline: scripts/sass_diff.sh, same SASS).
 struct PlanSourceBwdSm90 {
   static constexpr bool kAnalytic = false, kMods = false, kDropout = false, kStageBias = false, kFp8 = false,
-                        kFp8Store = false, kKeepAhead = false;
+                        kFp8Store = false;
   using Seqlen = kern::SeqlenInfo;
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int lane) {
     return next_bwd_item(p, item_it, lane);
@@ -518,7 +516,7 @@ struct AnalyticItemsBwdSm90 {
 template <int kBk>
 struct AnalyticSourceBwdSm90 : AnalyticItemsBwdSm90 {
   static constexpr bool kAnalytic = true, kMods = false, kDropout = false, kStageBias = false, kFp8 = false,
-                        kFp8Store = false, kKeepAhead = false;
+                        kFp8Store = false;
   static constexpr int kBlockQ = 64, kBlockK = kBk;
   using Seqlen = kern::AnalyticSeqlen;
   __device__ __forceinline__ static BwdItem next_item(const BwdParams& p, uint32_t item_it, int lane) {
@@ -709,7 +707,7 @@ __device__ __forceinline__ void bwd_producer(const BwdParams& p, const CUtensorM
       }
       if (lane == 0) {
         s_info[st] = make_int4(h, qb, payload, 0);
-        if constexpr (Src::kStageBias || Src::kKeepAhead) mbar_arrive(bars + L::kInfoFull + 8 * st);  // the info, ahead of the data
+        if constexpr (Src::kStageBias) mbar_arrive(bars + L::kInfoFull + 8 * st);  // the info, ahead of the data
       }
       mbar_arrive(full);  // every lane releases its own statistics (and lane 0 the info)
     }
@@ -1043,8 +1041,6 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
     float dk[kN][4], dv[kN][4];
     zero_frag(dk);
     zero_frag(dv);
-    // Src::kKeepAhead: the next step's keep bits, drawn under this step's dQ / dK GEMMs.
-    [[maybe_unused]] uint32_t keep_ahead = 0;
     mbar_wait(bars + L::kKvFull, item_it & 1);
     const typename Src::Seqlen sl(p, it.b);
     const int64_t qblk0 = Src::q_block0(p, it.b);  // the sample's first global query block
@@ -1074,14 +1070,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
         const int rows_in = sl.len_q - s_info[st].y * L::kBlockQ;
         if (rows_in < L::kBlockQ) zero_rows_past<L::kBlockQ, L::kSlabs>(q_tile, do_tile, rows_in, 128 * c + t);
       }
-      // SDPA's dropout: the step's Philox keep bits, drawn while the accumulators below are not live (or,
-      // Src::kKeepAhead, under the previous step's dQ / dK GEMMs: an item's first step draws them here).
+      // SDPA's dropout: the step's Philox keep bits, drawn while the accumulators below are not live (drawn
+      // a step ahead under the dQ / dK GEMMs instead, the Philox-only kernel ran 2 % slower: PERF_LOG v2.72).
       [[maybe_unused]] uint32_t keep = 0;
-      if constexpr (Src::kKeepAhead) {
-        keep = s == 0 ? Src::template step_keep<kNQ>(p, it, s_info[st], key_thr, lane) : keep_ahead;
-      } else if constexpr (Src::kDropout) {
-        keep = Src::template step_keep<kNQ>(p, it, s_info[st], key_thr, lane);
-      }
+      if constexpr (Src::kDropout) keep = Src::template step_keep<kNQ>(p, it, s_info[st], key_thr, lane);
       // S^T = K Q^T and dP^T = V dO^T (kD / 16 k16 steps each, both operands K-major).
       float sacc[kNQ][4], dpacc[kNQ][4];
       wg_fence();
@@ -1207,15 +1199,6 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
 #pragma unroll
       for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dk, dsa[kk], desc_add(smem_desc(q_tile, L::kSlabQ, 1024), kk * 2048));
       wg_commit();
-      if constexpr (Src::kKeepAhead) {
-        // The next step's keep bits under the dQ / dK GEMMs (S^T / dP^T's accumulators are dead here); its
-        // (h, qb) are out before its Q / dO land (info_full).
-        if (s + 1 < it.steps) {
-          const uint32_t n = step_it + 1, sn = n % L::kStages;
-          mbar_wait(bars + L::kInfoFull + 8 * sn, (n / L::kStages) & 1);
-          keep_ahead = Src::template step_keep<kNQ>(p, it, s_info[sn], key_thr, lane);
-        }
-      }
       wg_wait<1>();  // dQ done (dK may still run)
       reg_fence(dq);
       // dQ tile to shared memory for the writer, in register order (dq_tile_offset_sm90).
@@ -1755,7 +1738,7 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
       mbar_init(bars + L::kRankFull + 8 * i, 1);
       mbar_init(bars + L::kRankEmpty + 8 * i, writers);
     }
-    if constexpr (Src::kStageBias || Src::kKeepAhead) {
+    if constexpr (Src::kStageBias) {
       for (int i = 0; i < L::kStages; ++i) mbar_init(bars + L::kInfoFull + 8 * i, 1);  // the producer's lane 0
     }
     fence_barrier_init();

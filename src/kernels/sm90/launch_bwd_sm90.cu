@@ -279,7 +279,7 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   g_sdpa_bwd_launches.fetch_add(1, std::memory_order_relaxed);
   if (mods) g_sdpa_bwd_mods_launches.fetch_add(1, std::memory_order_relaxed);
   if (drop) g_sdpa_bwd_drop_launches.fetch_add(1, std::memory_order_relaxed);
-  if (drop && sdpa_bwd_dropout_kernel_form(am) != 0) g_sdpa_bwd_drop_philox_launches.fetch_add(1, std::memory_order_relaxed);
+  if (drop && sdpa_bwd_dropout_philox_kernel(am)) g_sdpa_bwd_drop_philox_launches.fetch_add(1, std::memory_order_relaxed);
   // The kernel's tile (the non-wide table entry of the call's dims: 64 x 128 up to 128, 64 x 64 for
   // (192, 128) / (256, 256); (192, 128) on the wide 64 x 96 tile while bwd_wide192_enabled(): no plan
   // here, so the switch is read per call); the kernels' layouts agree (static_asserts below).

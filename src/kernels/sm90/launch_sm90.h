@@ -205,18 +205,18 @@ void set_bwd_wide64_enabled(int on);
 bool bwd_wide192_enabled();
 void set_bwd_wide192_enabled(int on);
 
-// Which kernel runs an SDPA backward call of Philox dropout without score modifiers (no softcap, ALiBi, bias,
-// dBias: kernel_bwd_mods_sm90.cuh): 0 the modifiers' dropout kernel (sdpa_bwd_mods_kernel_sm90<..., true>), 1
-// the dropout kernel on the pure-mask consumer (sdpa_bwd_drop_kernel_sm90, keep bits before each step's
-// GEMMs), 2 that kernel with the keep bits a step ahead, under the previous step's dQ / dK GEMMs (the
-// default). FLASHSPAN_SM90_BWD_DROPOUT_FORM=0 or 1 (read per call; unset or anything else: 2); set_bwd_dropout_form
-// overrides it for this process (-1: back to the environment's answer).
-int bwd_dropout_form();
-void set_bwd_dropout_form(int form);
-// The kernel of a dropout call's backward: bwd_dropout_form() for Philox dropout without softcap, ALiBi, a bias,
-// dBias or a block_mask (the calls sdpa_bwd_drop_kernel_sm90 runs), else 0 (the modifiers' dropout kernel). Read by
-// run_sdpa_bwd_sm90 (sdpa_bwd_sm90_run.cuh) and the launcher's count (sdpa_bwd_drop_philox_launches).
-int sdpa_bwd_dropout_kernel_form(const AnalyticMaskParams& a);
+// Whether an SDPA backward call of Philox dropout without score modifiers (no softcap, ALiBi, bias, dBias: the common
+// training call) runs the Philox-only dropout kernel (kernel_bwd_mods_sm90.cuh sdpa_bwd_drop_kernel_sm90: the
+// pure-mask consumer and the keep bits; 1.93x -> 1.39x the plain backward on an H100, PERF_LOG v2.72) rather than
+// the modifiers' dropout kernel (sdpa_bwd_mods_kernel_sm90<..., true>): on unless FLASHSPAN_SM90_BWD_DROPOUT_PHILOX
+// is "0" (read per call; FLASHSPAN_EXPERIMENTAL ignored); set_bwd_dropout_philox_enabled overrides it for this
+// process (1 on, 0 off, -1 back to the environment's answer).
+bool bwd_dropout_philox_enabled();
+void set_bwd_dropout_philox_enabled(int on);
+// The rule: a call of Philox dropout without softcap, ALiBi, a bias, dBias or a block_mask (sinks, the gate and
+// H_k != H_v are not the main loop's) while bwd_dropout_philox_enabled(). Read by run_sdpa_bwd_sm90
+// (sdpa_bwd_sm90_run.cuh) and the launcher's count (sdpa_bwd_drop_philox_launches).
+bool sdpa_bwd_dropout_philox_kernel(const AnalyticMaskParams& a);
 
 // Enqueues the sm90 backward (preprocess, dK/dV + dQ kernel, split schedule and converts): p as
 // launch_flex_bwd fills it (backward view of a consumer_for(90) plan, dq_blocked = 1; the split

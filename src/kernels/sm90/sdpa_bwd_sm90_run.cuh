@@ -25,16 +25,13 @@ namespace bwd_detail {
 // (kD, kDv) = (64, 64) or (128, 128) for both, or the pure-mask one.
 // Form (kMods): 0 without softcap, 1 with softcap, 2 a staged bias without softcap (kStaged: a 16-bit
 // bias of whole chunks, SdpaBiasParams::chunks).
-// Form (kDropout): 0 the modifiers' dropout kernel, 1 the Philox-only dropout kernel, 2 that kernel with the
-// keep bits a step ahead (launch_sm90.h sdpa_bwd_dropout_kernel_form: 1 and 2 only for Philox calls without
-// modifiers).
+// Form (kDropout): 0 the modifiers' dropout kernel, 1 the Philox-only dropout kernel (launch_sm90.h
+// sdpa_bwd_dropout_philox_kernel: Philox calls without modifiers).
 template <int kD, class E, int kDv, bool kWideTile, bool kMods, bool kDropout>
 auto sdpa_kernel(int form) {
   if constexpr (kDropout) {
     static_assert(kMods && kD == kDv && kD <= 128 && !kWideTile, "the dropout kernels: (64, 64) and (128, 128)");
-    if (form == 2) return kern90::sdpa_bwd_drop_kernel_sm90<kD, E, true>;
-    if (form == 1) return kern90::sdpa_bwd_drop_kernel_sm90<kD, E, false>;
-    return kern90::sdpa_bwd_mods_kernel_sm90<kD, E, true>;
+    return form == 1 ? kern90::sdpa_bwd_drop_kernel_sm90<kD, E> : kern90::sdpa_bwd_mods_kernel_sm90<kD, E, true>;
   } else if constexpr (kMods) {
     static_assert(kD == kDv && kD <= 128 && !kWideTile, "the modifiers' kernels: (64, 64) and (128, 128)");
     if (form == 2) return kern90::sdpa_bwd_mods_kernel_sm90<kD, E, false, false, true>;
@@ -61,7 +58,7 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
       const AnalyticMaskParams& am = p.analytic;
       const bool softcap = am.score.softcap2 != 0.0f;
       const bool staged = kMods && !kDropout && !softcap && am.bias.bias != nullptr && am.bias.chunks != 0;
-      const int form = kDropout ? sdpa_bwd_dropout_kernel_form(am) : staged ? 2 : softcap ? 1 : 0;
+      const int form = kDropout ? (sdpa_bwd_dropout_philox_kernel(am) ? 1 : 0) : staged ? 2 : softcap ? 1 : 0;
       auto kernel = bwd_detail::sdpa_kernel<kD, E, kDv, kWideTile, kMods, kDropout>(form);
       // The staged bias's kernel stages it after the rest (BwdSm90Layout::kBiasStage).
       static_assert(!kMods || L::kBytesBias <= 232448, "sdpa backward (sm90): the bias stage does not fit");

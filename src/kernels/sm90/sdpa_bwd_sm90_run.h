@@ -18,8 +18,9 @@ namespace flashspan::sm90 {
 // cleared; tile counts set; with the gate, dout the preprocess's gated dO). kWideTile: (192, 128) on
 // the 64 x 96 tile (the three-warpgroup consumers). kMods: the kernel with score modifiers (softcap,
 // ALiBi, the bias and dBias's dS; kernel_bwd_mods_sm90.cuh sdpa_bwd_mods_kernel_sm90), (64, 64) and
-// (128, 128) only; kDropout (with kMods): the one with dropout besides (sdpa_bwd_mods_kernel_sm90<..., true>,
-// experimental).
+// (128, 128) only; kDropout (with kMods): the one with dropout besides (sdpa_bwd_mods_kernel_sm90<..., true>) or,
+// for Philox dropout without modifiers, the Philox-only one (sdpa_bwd_drop_kernel_sm90; launch_sm90.h
+// sdpa_bwd_dropout_philox_kernel).
 // What every SDPA backward on the sm90 kernel (launch_sdpa_bwd_sm90, the FP8 one's launch_sdpa_fp8_bwd_sm90)
 // sets up on `stream` before its kernel: p's grid fields for the kernel's tile (kBq x kBk: num_q_blocks /
 // num_k_blocks, the dQ tiles' view, grid mode), the dQ tiles (kernel head dim kd) and, deterministic, their

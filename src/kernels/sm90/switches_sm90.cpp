@@ -25,7 +25,7 @@ std::atomic<int> g_det_split_above_override{-1};
 std::atomic<int> g_cell_order_override{-1};
 kern::ExperimentalSwitch g_split_first;
 std::atomic<int> g_det_band_override{-1};
-std::atomic<int> g_dropout_form_override{-1};
+kern::OffSwitch g_dropout_philox{"FLASHSPAN_SM90_BWD_DROPOUT_PHILOX"};
 
 // The in-process overrides of the switches below: set_*(1) on, (0) off, (-1) back to the
 // environment's answer.
@@ -141,21 +141,17 @@ bool bwd_wide192_enabled() {
   return env && bwd_enabled() && bwd_deterministic_enabled();
 }
 
-void set_bwd_dropout_form(int form) { g_dropout_form_override.store(form >= 0 && form <= 2 ? form : -1); }
+void set_bwd_dropout_philox_enabled(int on) { g_dropout_philox.set(on); }
 
-// The Philox-only dropout backward's kernel (launch_sm90.h): 2 unless FLASHSPAN_SM90_BWD_DROPOUT_FORM says 0 or 1
-// (read per call).
-int bwd_dropout_form() {
-  const int o = g_dropout_form_override.load(std::memory_order_relaxed);
-  if (o >= 0) return o;
-  const char* e = std::getenv("FLASHSPAN_SM90_BWD_DROPOUT_FORM");
-  return e != nullptr && (std::strcmp(e, "0") == 0 || std::strcmp(e, "1") == 0) ? std::atoi(e) : 2;
-}
+// The Philox-only dropout backward kernel (launch_sm90.h): on unless FLASHSPAN_SM90_BWD_DROPOUT_PHILOX=0 (read per
+// call). Its GPU tests passed on an H100 (PERF_LOG v2.72: SdpaGpu.Sm90DropoutBackwardKernelForms against the CPU
+// reference, the dropout suite on it, memcheck of Sm90DropoutSanitizerSmall).
+bool bwd_dropout_philox_enabled() { return g_dropout_philox.on(); }
 
-int sdpa_bwd_dropout_kernel_form(const AnalyticMaskParams& a) {
+bool sdpa_bwd_dropout_philox_kernel(const AnalyticMaskParams& a) {
   const bool philox_only = a.dropout.mode == 1 && a.score.softcap2 == 0.0f && a.score.alibi_n == 0 &&
                            a.bias.bias == nullptr && a.bias.dbias == nullptr && a.block_mask.bits == nullptr;
-  return philox_only ? bwd_dropout_form() : 0;
+  return philox_only && bwd_dropout_philox_enabled();
 }
 
 // FLASHSPAN_SM90_BWD_DET_UNORDERED=1 (measurement only, results not reproducible): deterministic
