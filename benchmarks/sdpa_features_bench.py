@@ -46,8 +46,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--backward", action="store_true", help="time the backward (autograd) instead of the forward")
     ap.add_argument("--peers", action="store_true", help="PyTorch SDPA's backends with the same features, and flashspan")
-    ap.add_argument("--only", default="", help="only the feature rows whose names start with one of these "
-                    "comma-separated prefixes (the plain row always runs), e.g. --only dropout")
+    ap.add_argument("--only", default="", help="the forward and --backward tables: only the feature rows whose names start with "
+                    "one of these comma-separated prefixes (the plain row always runs), e.g. --only dropout; "
+                    "--peers ignores it")
     args = ap.parse_args()
     if not torch.cuda.is_available():
         sys.exit("sdpa_features_bench.py: needs a CUDA device")
@@ -140,21 +141,24 @@ def backward_table(args, dev, timer) -> None:
         flops = 2.5 * 4.0 * D * (S * (S + 1) // 2) * H
         seed = torch.tensor([7], dtype=torch.int64, device=dev)
         offset = torch.tensor([0], dtype=torch.int64, device=dev)
+        # Each row's arguments made only when the row runs (--only), so that skipped biases take no memory.
         features = [
-            ("plain", {}),
-            ("bias (1,1,S,S) bf16", {"bias": torch.randn(1, 1, S, S, device=dev, dtype=torch.bfloat16,
+            ("plain", lambda: {}),
+            ("bias (1,1,S,S) bf16", lambda: {"bias": torch.randn(1, 1, S, S, device=dev, dtype=torch.bfloat16,
+                                                                 generator=gen).requires_grad_()}),
+            ("bias (1,1,1,S) bf16", lambda: {"bias": torch.randn(1, 1, 1, S, device=dev, dtype=torch.bfloat16,
+                                                                 generator=gen).requires_grad_()}),
+            ("ALiBi", lambda: {"use_alibi_mask": True}),
+            ("softcap 30", lambda: {"softcap": 30.0}),
+            ("sinks", lambda: {"sink_token": torch.randn(1, H, 1, 1, device=dev, dtype=torch.float32,
                                                          generator=gen).requires_grad_()}),
-            ("bias (1,1,1,S) bf16", {"bias": torch.randn(1, 1, 1, S, device=dev, dtype=torch.bfloat16,
-                                                         generator=gen).requires_grad_()}),
-            ("ALiBi", {"use_alibi_mask": True}),
-            ("softcap 30", {"softcap": 30.0}),
-            ("sinks", {"sink_token": torch.randn(1, H, 1, 1, device=dev, dtype=torch.float32,
-                                                 generator=gen).requires_grad_()}),
-            ("dropout 0.1", {"dropout": (0.1, seed, offset)}),
+            ("dropout 0.1", lambda: {"dropout": (0.1, seed, offset)}),
         ]
-        features = [(n, kw) for n, kw in features if n == "plain" or wanted(args, n)]
         plain = None
-        for name, kw in features:
+        for name, make_kw in features:
+            if name != "plain" and not wanted(args, name):
+                continue
+            kw = make_kw()
             o = flashspan.sdpa(q, k, v, attn_scale=1.0 / math.sqrt(D), diagonal_band_right_bound=0, **kw)[0]
             wrt = [q, k, v] + [t for t in kw.values() if isinstance(t, torch.Tensor) and t.requires_grad]
             t = timer.measure(lambda: torch.autograd.grad(o, wrt, do, retain_graph=True)).median_ms

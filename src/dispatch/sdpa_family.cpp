@@ -182,9 +182,10 @@ static_assert(sdpa_head_dim_rules_agree(), "sm90 SDPA head dims: the forward's a
 // its own switch), softcap, ALiBi, the bias with dBias (its kernel with score modifiers,
 // sdpa_bwd_mods_kernel_sm90), sinks with dSink and the gate with dgate (around either kernel); the
 // block_mask keeps the sm80 backward. Both directions take dropout (Philox with seed / offset, and
-// rng_dump in the forward; or the caller's mask with its scale, scale_inv in the backward) on those
-// kernels with modifiers (their run-time flag) when sdpa_sm90_dropout_enabled() (FLASHSPAN_SM90_SDPA_DROPOUT not 0)
-// and the direction's modifiers are on (head dims up to 128).
+// rng_dump in the forward; or the caller's mask with its scale, scale_inv in the backward) on their dropout
+// kernels (the modifiers' with dropout; the backward's Philox calls without modifiers on its Philox-only kernel,
+// kernels/sm90/launch_sm90.h sdpa_bwd_dropout_philox_kernel) when sdpa_sm90_dropout_enabled()
+// (FLASHSPAN_SM90_SDPA_DROPOUT not 0) and the direction's modifiers are on (head dims up to 128).
 // paged: the rule of the paged forward's kernel (sdpa_fwd_sm90_paged_refusal, which refuses what it adds first): the
 // page tables and their ragged offsets taken too.
 const char* sm90_refusal(const sdpa::Problem& p, bool backward, bool any_thd_switch = false, bool paged = false) {

@@ -2330,6 +2330,7 @@ TEST(SdpaGpu, Sm90DropoutSanitizerSmall) {
     Case c = sm90_bwd_small_case(i % 3);
     c.seed = 15400 + uint64_t(i);
     const ForceBwdDropoutPhilox kernel_form(i == 4 ? 0 : 1);
+    const int64_t ph0 = sm90::sdpa_bwd_drop_philox_launches();
     if (i >= 3) {
       c.dropout_p = 0.2f;
       c.dropout_seed = 7 + i;
@@ -2361,6 +2362,7 @@ TEST(SdpaGpu, Sm90DropoutSanitizerSmall) {
         break;
     }
     run_sm90_dropout_case(c, /*backward=*/true);
+    EXPECT_EQ(sm90::sdpa_bwd_drop_philox_launches(), ph0 + (i == 3 ? 1 : 0)) << "case " << i << ": " << c.str();
   }
 }
 

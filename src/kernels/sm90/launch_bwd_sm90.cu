@@ -263,8 +263,10 @@ void launch_sdpa_bwd_sm90(const SdpaBwdParams& p_in, const TensorView& q, const 
   // ALiBi, the bias or dBias's dS (params.h sdpa_bwd_has_features; unless FLASHSPAN_SM90_SDPA_BWD_MODS=0
   // sdpa_family.cpp lets them through for head dims up to 128). Sinks and the gate are not the main
   // loop's (dSink and the gated dO are formed around it), so a call with only them runs the pure-mask
-  // kernel. Dropout (in sdpa_bwd_has_features too; sdpa_family.cpp lets it through only with
-  // FLASHSPAN_EXPERIMENTAL=1) runs on the kernel with modifiers and dropout (sdpa_bwd_mods_kernel_sm90<..., true>).
+  // kernel. Dropout (in sdpa_bwd_has_features too; sdpa_family.cpp lets it through unless
+  // FLASHSPAN_SM90_SDPA_DROPOUT=0) runs on the kernel with modifiers and dropout (sdpa_bwd_mods_kernel_sm90<..., true>)
+  // or, Philox without modifiers, on the Philox-only kernel (sdpa_bwd_drop_kernel_sm90; launch_sm90.h
+  // sdpa_bwd_dropout_philox_kernel, the runner's choice).
   // H_k != H_v runs on whichever of them the call needs (params.h sdpa_score_step_features: its work
   // items are each kernel's, kernel_bwd_sm90.cuh AnalyticSourceBwdSm90), its dK / dV through the
   // items' slots and sdpa_bwd_dkdv_sum_kernel_sm90 (below). The block_mask stays on the sm80 kernels.

@@ -19,8 +19,8 @@
 namespace flashspan::sm90 {
 
 namespace bwd_detail {
-// The SDPA backward kernel of a unit (only the chosen ones are instantiated): with score modifiers and
-// dropout (kDropout: sdpa_bwd_mods_kernel_sm90<..., true>), with score modifiers (kMods:
+// The SDPA backward kernel of a unit (only the chosen ones are instantiated): with dropout (kDropout: the
+// modifiers' sdpa_bwd_mods_kernel_sm90<..., true> or the Philox-only sdpa_bwd_drop_kernel_sm90), with score modifiers (kMods:
 // sdpa_bwd_mods_kernel_sm90, the softcap-capable one or, for calls without softcap, the one without),
 // (kD, kDv) = (64, 64) or (128, 128) for both, or the pure-mask one.
 // Form (kMods): 0 without softcap, 1 with softcap, 2 a staged bias without softcap (kStaged: a 16-bit
@@ -88,7 +88,7 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
   template void run_sdpa_bwd_sm90<D, D, false, true, false>(const SdpaBwdParams&, DType, const CUtensorMap&,        \
                                                             const CUtensorMap&, const CUtensorMap&,                  \
                                                             const CUtensorMap&, cudaStream_t);
-// The kernels with score modifiers and dropout of head dims (D, D), D = 64 or 128
+// The dropout kernels (with score modifiers; Philox-only) of head dims (D, D), D = 64 or 128
 // (sdpa_bwd_drop_sm90_d{64,128}.cu).
 #define FLASHSPAN_SM90_SDPA_BWD_DROP_INSTANTIATE(D)                                                                 \
   template void run_sdpa_bwd_sm90<D, D, false, true, true>(const SdpaBwdParams&, DType, const CUtensorMap&,         \
