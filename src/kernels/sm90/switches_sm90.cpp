@@ -148,10 +148,13 @@ void set_bwd_dropout_philox_enabled(int on) { g_dropout_philox.set(on); }
 // reference, the dropout suite on it, memcheck of Sm90DropoutSanitizerSmall).
 bool bwd_dropout_philox_enabled() { return g_dropout_philox.on(); }
 
+// Philox with no other feature of the scores -> P step: params.h sdpa_score_step_features of the call without its
+// dropout (the one list of those features, so that one added there is never run by this kernel, which ignores it).
 bool sdpa_bwd_dropout_philox_kernel(const AnalyticMaskParams& a) {
-  const bool philox_only = a.dropout.mode == 1 && a.score.softcap2 == 0.0f && a.score.alibi_n == 0 &&
-                           a.bias.bias == nullptr && a.bias.dbias == nullptr && a.block_mask.bits == nullptr;
-  return philox_only && bwd_dropout_philox_enabled();
+  if (a.dropout.mode != 1) return false;
+  AnalyticMaskParams rest = a;
+  rest.dropout.mode = 0;
+  return !sdpa_score_step_features(rest) && bwd_dropout_philox_enabled();
 }
 
 // FLASHSPAN_SM90_BWD_DET_UNORDERED=1 (measurement only, results not reproducible): deterministic
