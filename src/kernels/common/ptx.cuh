@@ -1,5 +1,5 @@
 // Thin inline-PTX wrappers used by the kernels of every family (sm_80 and newer): shared
-// memory addresses, cp.async, exp2, element conversions (core/element_type.h tags), float atomics.
+// memory addresses, cp.async, exp2, tanh, element conversions (core/element_type.h tags), float atomics.
 //
 //   cp_async_16      cp.async.cg.shared.global 16 bytes, zero-filled when the predicate is false
 //   cp_async_ca_16   the same through L1 (cp.async.ca)
@@ -7,6 +7,7 @@
 //                    addresses of 8x8 matrix i; register i of lane l then holds row l/4, columns
 //                    2(l%4)..+1 of matrix i (with .trans: rows 2(l%4)..+1 of column l/4)
 //   exp2_approx      ex2.approx.ftz.f32 (exp2(-inf) = +0)
+//   tanh_approx      tanh.approx.f32 (SDPA's softcap)
 //   pack2, store_pair, to_float, from_float, cvt_fp8x2, pack_fp8x4: element conversions
 //   grid_dependency_wait / grid_dependency_trigger: programmatic dependent launch (sm_90 and newer;
 //                    no-ops below, where launch_util.h launch_dependent launches without the attribute)
@@ -80,6 +81,13 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// tanh.approx.f32 (MUFU.TANH; sm_75 and newer): maximum relative error about 2^-11 (PTX ISA).
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
 

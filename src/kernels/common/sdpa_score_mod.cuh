@@ -26,22 +26,6 @@
 
 namespace flashspan::kern {
 
-// 1 / (2^z2 + 1) with one MUFU op (ex2.approx), the reciprocal on the FMA pipe: the exponent-
-// negating bit trick (relative error <= 0.051 over [1, 2^64]) refined by one cubic and one Newton
-// step (five FFMA; <= 8e-8, as MUFU.RCP). With MUFU.RCP, softcap's tanh and the softmax's exp2 made
-// three MUFU ops per score and the softcap forward MUFU-bound (313-324 TFLOP/s against ALiBi's
-// 532-535 at D = 128, PERF_LOG v2.24); tanhf's inlined polynomial, unrolled over every score of a
-// fragment, made the forward units build 50 % slower. softcap: c tanh(x / c) = c - 2 c r with
-// r = rcp_exp2_plus1(2 log2(e) x / c) (absolute error of tanh ~2e-7). z2 > 64 gives 2^-64
-// (tanh = 1 in float), -inf gives 1.
-__device__ __forceinline__ float rcp_exp2_plus1(float z2) {
-  const float y = exp2_approx(fminf(z2, 64.0f)) + 1.0f;
-  const float r0 = __int_as_float(0x7EF311C7 - __float_as_int(y));
-  const float e0 = fmaf(-y, r0, 1.0f);               // relative error of r0
-  const float r1 = fmaf(r0, fmaf(e0, e0, e0), r0);  // r0 (1 + e0 + e0^2): error e0^3 <= 1.3e-4
-  return fmaf(r1, fmaf(-y, r1, 1.0f), r1);          // Newton: error <= 2e-8 + rounding
-}
-
 // The output gate's sigmoid (SdpaEpilogueParams::gate; the CPU reference's 1 / (1 + e^-x)), with
 // an approximate division (x < -87: the denominator overflows to inf and the result is 0, as it
 // should): the IEEE division's slow path, unrolled over every element of the forward epilogue,
@@ -488,6 +472,12 @@ __device__ __forceinline__ uint32_t sdpa_dropout_keep_bits_transposed(const Sdpa
   return own | __shfl_xor_sync(0xffffffffu, other, 4);
 }
 
+// softcap: c2 tanh(x2 / c2) with tanh.approx.f32 (one MUFU op, FlashAttention's form; PTX ISA: relative error
+// about 2^-11). Until v2.73 tanh was 1 - 2 / (2^z + 1) with ex2.approx and the reciprocal on the FMA pipe
+// (11 instructions a score against 3; the loop is issue-bound, PERF_LOG v2.47): MUFU.TANH made the sm90 softcap
+// forward 18 % faster and its backward 7 % (PERF_LOG v2.73), and moved the LSE by <= 1.6e-4 (softcap 30, logits
+// to 16; 1e-5 at softcap 2-5) where bf16 O and gradients kept their errors against a float64 reference.
+//
 // The modifiers of one query head.
 struct SdpaScoreMod {
   float c2, inv_c2;  // softcap * log2 e and its inverse (c2 = 0: no softcap)
@@ -513,31 +503,29 @@ struct SdpaScoreMod {
   template <int kN>
   __device__ __forceinline__ void apply(float (&s)[kN][4], int base, int lane) const {
     if (c2 != 0.0f) {
-      const float k2 = 2.0f * kLog2e * inv_c2;
 #pragma unroll
       for (int n = 0; n < kN; ++n) {
 #pragma unroll
-        for (int r = 0; r < 4; ++r) s[n][r] = fmaf(-2.0f * c2, rcp_exp2_plus1(s[n][r] * k2), c2);  // c2 tanh(s / c2)
+        for (int r = 0; r < 4; ++r) s[n][r] = c2 * tanh_approx(s[n][r] * inv_c2);  // c2 tanh(s / c2)
       }
     }
     add_alibi(s, base, lane);
   }
   // apply, and softcap's d logit2 / d x2 = 1 - t^2 of each element into dlogit as fp16 pairs (elements
-  // (n, 0), (n, 1) in dlogit[n][0], (n, 2), (n, 3) in dlogit[n][1]; with t = 1 - 2 r, 1 - t^2 = 4 r (1 - r);
-  // relative error 2^-11 from the fp16 rounding). dlogit is not written without softcap. The sm90
+  // (n, 0), (n, 1) in dlogit[n][0], (n, 2), (n, 3) in dlogit[n][1]; relative error 2^-11 from the fp16
+  // rounding). dlogit is not written without softcap. The sm90
   // backward's P^T before its dP^T wait (kernel_bwd_mods_sm90.cuh): 16 registers for what z^T held 32.
   template <int kN>
   __device__ __forceinline__ void apply_dlogit(float (&s)[kN][4], int base, int lane, uint32_t (&dlogit)[kN][2]) const {
     if (c2 != 0.0f) {
-      const float k2 = 2.0f * kLog2e * inv_c2;
 #pragma unroll
       for (int n = 0; n < kN; ++n) {
         float d[4];
 #pragma unroll
         for (int r = 0; r < 4; ++r) {
-          const float rr = rcp_exp2_plus1(s[n][r] * k2);
-          s[n][r] = fmaf(-2.0f * c2, rr, c2);
-          d[r] = 4.0f * fmaf(-rr, rr, rr);
+          const float t = tanh_approx(s[n][r] * inv_c2);
+          s[n][r] = c2 * t;
+          d[r] = fmaf(-t, t, 1.0f);
         }
         dlogit[n][0] = pack2<Float16>(d[0], d[1]);
         dlogit[n][1] = pack2<Float16>(d[2], d[3]);
