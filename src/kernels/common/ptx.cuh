@@ -8,6 +8,7 @@
 //                    2(l%4)..+1 of matrix i (with .trans: rows 2(l%4)..+1 of column l/4)
 //   exp2_approx      ex2.approx.ftz.f32 (exp2(-inf) = +0)
 //   tanh_approx      tanh.approx.f32 (SDPA's softcap)
+//   rcp_approx       rcp.approx.ftz.f32
 //   pack2, store_pair, to_float, from_float, cvt_fp8x2, pack_fp8x4: element conversions
 //   grid_dependency_wait / grid_dependency_trigger: programmatic dependent launch (sm_90 and newer;
 //                    no-ops below, where launch_util.h launch_dependent launches without the attribute)
@@ -81,6 +82,13 @@ __device__ __forceinline__ void cp_async_wait() {
 __device__ __forceinline__ float exp2_approx(float x) {
   float y;
   asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// rcp.approx.ftz.f32 (MUFU.RCP alone: __fdividef(1, x) adds a rescaling of tiny x, 12 instructions)
+__device__ __forceinline__ float rcp_approx(float x) {
+  float y;
+  asm("rcp.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
   return y;
 }
 

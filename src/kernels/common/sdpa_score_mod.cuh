@@ -486,10 +486,13 @@ struct SdpaScoreMod {
   __device__ __forceinline__ static SdpaScoreMod make(const SdpaScoreParams& sp, int h) {
     SdpaScoreMod m;
     m.c2 = sp.softcap2;
-    m.inv_c2 = sp.softcap2 != 0.0f ? 1.0f / sp.softcap2 : 0.0f;
+    m.inv_c2 = inv_softcap(sp.softcap2);
     m.a2 = sp.alibi_n > 0 ? alibi_slope_dev(h, sp.alibi_n) * kLog2e : 0.0f;
     return m;
   }
+  // 1 / c2 (0 without softcap) by MUFU.RCP: the IEEE division took a slow-path call in every key block of the
+  // sm90 forward, which forms its modifiers per block (AnalyticModSourceSm90T::score_mod).
+  __device__ __forceinline__ static float inv_softcap(float c2) { return c2 != 0.0f ? rcp_approx(c2) : 0.0f; }
   __device__ __forceinline__ bool active() const { return c2 != 0.0f || a2 != 0.0f; }
   // The modifiers of the transposed fragment (rows = keys j, columns = queries i: the sm90
   // backward's S^T) for apply / softcap_dprob with base = i0 + shift - j0 (the negated diagonal
@@ -513,8 +516,8 @@ struct SdpaScoreMod {
   }
   // apply, and softcap's d logit2 / d x2 = 1 - t^2 of each element into dlogit as fp16 pairs (elements
   // (n, 0), (n, 1) in dlogit[n][0], (n, 2), (n, 3) in dlogit[n][1]; relative error 2^-11 from the fp16
-  // rounding). dlogit is not written without softcap. The sm90
-  // backward's P^T before its dP^T wait (kernel_bwd_mods_sm90.cuh): 16 registers for what z^T held 32.
+  // rounding). dlogit is not written without softcap. The sm90 backward's P^T before its dP^T wait
+  // (kernel_bwd_mods_sm90.cuh): 16 registers for what z^T held 32.
   template <int kN>
   __device__ __forceinline__ void apply_dlogit(float (&s)[kN][4], int base, int lane, uint32_t (&dlogit)[kN][2]) const {
     if (c2 != 0.0f) {
@@ -597,25 +600,29 @@ struct SdpaScoreMod {
 template <bool kBias = true>
 struct SdpaTileScoreMod {
   SdpaScoreMod mod;
-  int diag;           // j - i - shift of the tile's element (0, 0) (diag_base)
+  int diag;           // j - i - shift of the tile's element (0, 0) (diag_base; read by ALiBi only)
   int lane;
-  SdpaBiasFrag bias;  // null p: no bias
+  SdpaBiasFrag bias;  // null p: no bias read element by element (staged: p null, rs = 0 iff broadcast over rows)
   uint32_t staged = 0;  // the warp's rows of the TMA-staged bias tile (SdpaBiasFrag::add_tma), else 0
 
   // No modifier at all (a call with sinks or epilogue options only): the logits are the scaled
   // scores, so Variant may fold the scale into the softmax's exponent.
-  __device__ __forceinline__ bool identity() const { return !mod.active() && (!kBias || bias.p == nullptr); }
+  __device__ __forceinline__ bool identity() const { return !mod.active() && !has_bias(); }
+  // A bias on this call: staged by TMA (staged != 0; bias.p is not formed then) or read element by element.
+  __device__ __forceinline__ bool has_bias() const {
+    if constexpr (kBias) {
+      return bias.p != nullptr || staged != 0;
+    } else {
+      return false;
+    }
+  }
   // ALiBi and / or a bias and no softcap on this call: the logits are the scaled scores plus terms
   // that do not depend on them, so Variant::logits keeps the scores raw and folds the scale into the
   // softmax's exponent (as for identity()), and apply_raw adds those terms in raw-score units, times
   // inv_scale_log2 = 1 / (scale log2(e)): one FFMA an element each, as in log2 units, and the FMUL by
   // the scale saved.
   __device__ __forceinline__ bool linear() const {
-    if constexpr (kBias) {
-      return mod.c2 == 0.0f && (mod.a2 != 0.0f || bias.p != nullptr);
-    } else {
-      return mod.c2 == 0.0f && mod.a2 != 0.0f;
-    }
+    return mod.c2 == 0.0f && (mod.a2 != 0.0f || has_bias());
   }
   template <int kN>
   __device__ __forceinline__ void apply_raw(float (&s)[kN][4], bool partial, float inv_scale_log2) const {

@@ -146,7 +146,7 @@ struct Variant {
         // masked elements stay -inf.
         if (scale_log2 > 0.0f && m.linear()) {
           if (partial) mask.apply(s);
-          m.template apply_raw<kN>(s, partial, __fdividef(1.0f, scale_log2));
+          m.template apply_raw<kN>(s, partial, rcp_approx(scale_log2));
           return scale_log2;
         }
       }

@@ -59,7 +59,7 @@ struct AnalyticPackedMaskSm80 {
 #pragma unroll
     for (int hi = 0; hi < 2; ++hi) m.rowm[hi] = QueryBlockMask::make(sl.mask, (row0 + g + 8 * hi) / p.pack);
     m.c2 = analytic_of(p).score.softcap2;
-    m.inv_c2 = m.c2 != 0.0f ? 1.0f / m.c2 : 0.0f;
+    m.inv_c2 = SdpaScoreMod::inv_softcap(m.c2);
     m.head0 = head0;
     m.row0 = row0;
     return m;

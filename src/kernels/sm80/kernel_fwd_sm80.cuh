@@ -345,7 +345,7 @@ struct AnalyticMaskSm80 {
     if (c2 != 0.0f || a2 != 0.0f) {
       // Diagonal offset of the m16 tile's element (0, 0): key entry * kBlockK, row r0 + 16 mt
       // (r0 + shift = block.lo0 - d_min).
-      const SdpaScoreMod mod{c2, c2 != 0.0f ? 1.0f / c2 : 0.0f, a2};
+      const SdpaScoreMod mod{c2, SdpaScoreMod::inv_softcap(c2), a2};
       mod.apply<T::kNS>(s, diag_base(int64_t(entry) * T::kBlockK, block.lo0 - a.band.d_min() + 16 * mt), lane);
     }
     if (partial) apply_tile_mask<T::kNS>(s, block.tile(int64_t(entry) * T::kBlockK), mt, 0, lane);

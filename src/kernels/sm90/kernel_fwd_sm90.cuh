@@ -388,13 +388,17 @@ struct AnalyticModSourceSm90T : AnalyticSourceSm90<L> {
     const AnalyticMaskParams& a = kern::analytic_of(p);
     const float c2 = a.score.softcap2;
     const int64_t r0 = int64_t(it.block) * L::kBlockQ + 16 * mt, c0 = int64_t(kb) * L::kBlockK;
-    // Diagonal offset of the tile's element (0, 0): row r0, key c0 (r0 + shift = block.lo0 - d_min
-    // + 16 mt).
-    return ScoreMod{kern::SdpaScoreMod{c2, c2 != 0.0f ? 1.0f / c2 : 0.0f, a2},
-                    kern::diag_base(c0, this->block.lo0 - a.band.d_min() + 16 * mt), lane,
-                    kBias ? kern::SdpaBiasFrag::make(a.bias, it.batch, it.head, r0, c0, lane)
-                          : kern::SdpaBiasFrag{nullptr, 0, 0, 0},
-                    bias_tma(p) ? tile + (a.bias.row_stride == 0 ? 0u : uint32_t(16 * mt) * 128u) : 0u};
+    // What a block forms here runs once a key block and warp: only what the call uses (PERF_LOG v2.73: the
+    // diagonal offset, the bias's 64-bit addresses and two divisions were ~60 instructions a block whatever
+    // the call, a fifth of what a staged bias added to the plain kernel's loop). The diagonal offset of the
+    // tile's element (0, 0) (row r0, key c0; r0 + shift = block.lo0 - d_min + 16 mt) for ALiBi; the bias's
+    // addresses for element loads (a staged bias is read from `tile`).
+    const bool staged = bias_tma(p);
+    kern::SdpaBiasFrag bias{nullptr, staged ? a.bias.row_stride : 0, 0, kBias ? a.bias.dtype : 0};
+    if (kBias && !staged) bias = kern::SdpaBiasFrag::make(a.bias, it.batch, it.head, r0, c0, lane);
+    return ScoreMod{kern::SdpaScoreMod{c2, kern::SdpaScoreMod::inv_softcap(c2), a2},
+                    a2 != 0.0f ? kern::diag_base(c0, this->block.lo0 - a.band.d_min() + 16 * mt) : 0, lane, bias,
+                    staged ? tile + (a.bias.row_stride == 0 ? 0u : uint32_t(16 * mt) * 128u) : 0u};
   }
   // Whether the producer stages the bias tiles by TMA (a 16-bit bias of whole aligned rows,
   // SdpaBiasParams::chunks; the others are read element by element, SdpaBiasFrag::add).
