@@ -514,29 +514,31 @@ struct SdpaScoreMod {
     }
     add_alibi(s, base, lane);
   }
-  // apply, and softcap's d logit2 / d x2 = 1 - t^2 of each element into dlogit as fp16 pairs (elements
-  // (n, 0), (n, 1) in dlogit[n][0], (n, 2), (n, 3) in dlogit[n][1]; relative error 2^-11 from the fp16
-  // rounding). dlogit is not written without softcap. The sm90 backward's P^T before its dP^T wait
-  // (kernel_bwd_mods_sm90.cuh): 16 registers for what z^T held 32.
+  // Softcap (c2 != 0) on the raw scores s (x2 = scale_log2 s) in t units: s becomes t = tanh(x2 / c2) plus ALiBi's
+  // term over c2 (the logits are then c2 s: the sm90 backward forms P^T = exp2(c2 s - lse2) in one FFMA, where
+  // scaling, softcap's two multiplies and subtracting the statistic took four instructions an element, PERF_LOG
+  // v2.73), and softcap's d logit2 / d x2 = 1 - t^2 of each element into dlogit as fp16 pairs (elements (n, 0),
+  // (n, 1) in dlogit[n][0], (n, 2), (n, 3) in dlogit[n][1]; relative error 2^-11 from the fp16 rounding). The
+  // sm90 backward's P^T before its dP^T wait (kernel_bwd_mods_sm90.cuh): 16 registers for what z^T held 32.
   template <int kN>
-  __device__ __forceinline__ void apply_dlogit(float (&s)[kN][4], int base, int lane, uint32_t (&dlogit)[kN][2]) const {
-    if (c2 != 0.0f) {
+  __device__ __forceinline__ void softcap_t_dlogit(float (&s)[kN][4], float scale_log2, int base, int lane,
+                                                   uint32_t (&dlogit)[kN][2]) const {
+    const float k = scale_log2 * inv_c2;
 #pragma unroll
-      for (int n = 0; n < kN; ++n) {
-        float d[4];
+    for (int n = 0; n < kN; ++n) {
+      float d[4];
 #pragma unroll
-        for (int r = 0; r < 4; ++r) {
-          const float t = tanh_approx(s[n][r] * inv_c2);
-          s[n][r] = c2 * t;
-          d[r] = fmaf(-t, t, 1.0f);
-        }
-        dlogit[n][0] = pack2<Float16>(d[0], d[1]);
-        dlogit[n][1] = pack2<Float16>(d[2], d[3]);
+      for (int r = 0; r < 4; ++r) {
+        const float t = tanh_approx(s[n][r] * k);
+        s[n][r] = t;
+        d[r] = fmaf(-t, t, 1.0f);
       }
+      dlogit[n][0] = pack2<Float16>(d[0], d[1]);
+      dlogit[n][1] = pack2<Float16>(d[2], d[3]);
     }
-    add_alibi(s, base, lane);
+    SdpaScoreMod{c2, inv_c2, a2 * inv_c2}.add_alibi(s, base, lane);
   }
-  // Element (n, r)'s d logit2 / d x2 from apply_dlogit's dlogit.
+  // Element (n, r)'s d logit2 / d x2 from softcap_t_dlogit's dlogit.
   template <int kN>
   __device__ __forceinline__ static float dlogit_at(const uint32_t (&dlogit)[kN][2], int n, int r) {
     const uint32_t w = dlogit[n][r >> 1];
@@ -619,18 +621,31 @@ struct SdpaTileScoreMod {
   // ALiBi and / or a bias and no softcap on this call: the logits are the scaled scores plus terms
   // that do not depend on them, so Variant::logits keeps the scores raw and folds the scale into the
   // softmax's exponent (as for identity()), and apply_raw adds those terms in raw-score units, times
-  // inv_scale_log2 = 1 / (scale log2(e)): one FFMA an element each, as in log2 units, and the FMUL by
-  // the scale saved.
-  __device__ __forceinline__ bool linear() const {
-    return mod.c2 == 0.0f && (mod.a2 != 0.0f || has_bias());
+  // unit = 1 / (scale log2(e)): one FFMA an element each, as in log2 units, and the FMUL by the scale
+  // saved.
+  __device__ __forceinline__ bool linear() const { return mod.c2 == 0.0f && (mod.a2 != 0.0f || has_bias()); }
+  // Softcap on this call (with ALiBi and a bias or not): logit2 = c2 tanh(x2 / c2) + terms = c2 (t + terms / c2),
+  // so Variant::logits turns the raw scores into t = tanh(s scale log2(e) / c2) (apply_softcap_raw: an FMUL and
+  // the MUFU.TANH an element, where scaling, softcap's two multiplies and the tanh took four), adds the terms in
+  // t units (apply_raw with unit = 1 / c2) and the softmax's exponent multiplies by c2 (> 0: the max of t times
+  // c2 is the max of the logits). PERF_LOG v2.73.
+  __device__ __forceinline__ bool softcapped() const { return mod.c2 != 0.0f; }
+  template <int kN>
+  __device__ __forceinline__ void apply_softcap_raw(float (&s)[kN][4], float scale_log2) const {
+    const float k = scale_log2 * mod.inv_c2;
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) s[n][r] = tanh_approx(s[n][r] * k);
+    }
   }
   template <int kN>
-  __device__ __forceinline__ void apply_raw(float (&s)[kN][4], bool partial, float inv_scale_log2) const {
+  __device__ __forceinline__ void apply_raw(float (&s)[kN][4], bool partial, float unit) const {
     SdpaScoreMod raw = mod;
-    raw.a2 = mod.a2 * inv_scale_log2;
+    raw.a2 = mod.a2 * unit;
     raw.add_alibi<kN>(s, diag, lane);
     if constexpr (kBias) {
-      const float k = kLog2e * inv_scale_log2;
+      const float k = kLog2e * unit;
       if (staged != 0) {
         bias.add_tma<kN>(s, staged, lane, partial, k);
       } else {

@@ -141,13 +141,17 @@ struct Variant {
         return scale_log2;
       }
       if constexpr (requires { m.linear(); }) {
-        // Terms added to the scaled scores only (SDPA's ALiBi, bias; no softcap): the same folded
-        // form, the terms added in raw-score units (logit2 = scale_log2 (s + term2 / scale_log2));
-        // masked elements stay -inf.
-        if (scale_log2 > 0.0f && m.linear()) {
+        // Terms added to the scaled scores (SDPA's ALiBi, bias), with or without softcap before them: the
+        // same folded form. Without softcap the scores stay raw, the terms added in raw-score units
+        // (logit2 = scale_log2 (s + term2 / scale_log2)); with softcap (SdpaTileScoreMod::softcapped) the
+        // logits are c2 (t + term2 / c2), so s becomes t = tanh(scale s / c2) and the softmax's exponent
+        // takes c2. Masked elements stay -inf.
+        if (scale_log2 > 0.0f && (m.linear() || m.softcapped())) {
+          const bool capped = m.softcapped();
+          if (capped) m.template apply_softcap_raw<kN>(s, scale_log2);
           if (partial) mask.apply(s);
-          m.template apply_raw<kN>(s, partial, rcp_approx(scale_log2));
-          return scale_log2;
+          m.template apply_raw<kN>(s, partial, capped ? m.mod.inv_c2 : rcp_approx(scale_log2));
+          return capped ? m.mod.c2 : scale_log2;
         }
       }
     }

@@ -145,7 +145,7 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
 
   // S^T (the raw scores) -> P^T = exp2(logit2 - lse2[query] + bias) (masked: 0), before the dP^T
   // wait, as the pure-mask consumer's P^T: scaled, softcap and ALiBi (softcap's 1 - t^2 into dlogit,
-  // SdpaScoreMod::apply_dlogit; not written without softcap), the statistic subtracted, the element
+  // SdpaScoreMod::softcap_t_dlogit; not written without softcap), the statistic subtracted, the element
   // mask, the bias on visible elements. The element mask is tested from the step's tile mask (4 ints),
   // not from the consumer's payload-word form of it (analytic_step_mask: 8 words). (Until v2.24 this
   // hook gave z^T and the exp2 ran after the dP^T wait, its MUFU work exposed: ALiBi's backward
@@ -157,23 +157,33 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
                                                 float (&s)[kNQ][4], uint32_t (&dlogit)[kNQ][2]) {
     const StepMods m = step_mods(p, it, sl, info, key_thr, lane);
     const int qd = lane & 3;
+    if constexpr (kProbsEarly && kSoftcap) {
+      // Softcap (this instantiation runs the calls with it, sdpa_bwd_sm90_run.cuh): s in t units, the logits
+      // c2 s, minus the statistic in one FFMA.
+      m.mod.softcap_t_dlogit<kNQ>(s, p.scale_log2, m.diag, lane, dlogit);
 #pragma unroll
-    for (int j = 0; j < kNQ; ++j) {
+      for (int j = 0; j < kNQ; ++j) {
+        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
 #pragma unroll
-      for (int r = 0; r < 4; ++r) s[j][r] *= p.scale_log2;
-    }
-    if constexpr (!kProbsEarly) {
-      m.mod.apply<kNQ>(s, m.diag, lane);
-    } else if constexpr (kSoftcap) {
-      m.mod.apply_dlogit<kNQ>(s, m.diag, lane, dlogit);
+        for (int r = 0; r < 4; ++r) s[j][r] = fmaf(s[j][r], m.mod.c2, (r & 1) ? -l2.y : -l2.x);
+      }
     } else {
-      m.mod.add_alibi<kNQ>(s, m.diag, lane);
-    }
 #pragma unroll
-    for (int j = 0; j < kNQ; ++j) {
-      const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
+      for (int j = 0; j < kNQ; ++j) {
 #pragma unroll
-      for (int r = 0; r < 4; ++r) s[j][r] -= (r & 1) ? l2.y : l2.x;
+        for (int r = 0; r < 4; ++r) s[j][r] *= p.scale_log2;
+      }
+      if constexpr (!kProbsEarly) {
+        m.mod.apply<kNQ>(s, m.diag, lane);
+      } else {
+        m.mod.add_alibi<kNQ>(s, m.diag, lane);
+      }
+#pragma unroll
+      for (int j = 0; j < kNQ; ++j) {
+        const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
+#pragma unroll
+        for (int r = 0; r < 4; ++r) s[j][r] -= (r & 1) ? l2.y : l2.x;
+      }
     }
     mask_partial<kNQ>(it, sl, info, key_thr, lane, s);
     if constexpr (!kProbsEarly) return;  // dropout: z^T (P^T after the dP^T wait, in grads)
