@@ -98,7 +98,11 @@ void fill_common(const Problem& p, QkvParams& q, AnalyticMaskParams& a) {
   }
   // Score modifiers and sinks (SdpaScoreParams).
   SdpaScoreParams& sc = a.score;
-  sc.softcap2 = p.a.softcap ? *p.a.softcap * 1.4426950408889634f : 0.0f;
+  // softcap * log2(e) past 2^100 (or overflowing): softcap tanh(x / softcap) is x to float precision for every
+  // score |x| < 2^88 (tanh y = y (1 - y^2 / 3 + ...), y < 2^-12), and the kernels' 1 / c2 (rcp.approx.ftz) would
+  // flush to 0 past 2^126: run as no softcap.
+  const float softcap2 = p.a.softcap ? *p.a.softcap * 1.4426950408889634f : 0.0f;
+  sc.softcap2 = softcap2 <= 0x1p100f ? softcap2 : 0.0f;
   sc.alibi_n = 0;
   if (p.a.alibi) {
     int64_t n = 1;

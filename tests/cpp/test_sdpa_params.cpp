@@ -601,6 +601,23 @@ TEST(SdpaParams, KernelModelMatchesReference) {
   }
 }
 
+TEST(SdpaParams, HugeSoftcapRunsAsNone) {
+  // softcap * log2(e) past 2^100 is the identity to float precision for every score below 2^88, and the
+  // kernels' 1 / c2 (rcp.approx.ftz) flushes to 0 past 2^126 (3e38 * log2(e) overflows to inf): no softcap.
+  for (const float cap : {30.0f, 1e29f, 1e31f, 1e38f, 3e38f}) {
+    auto call = make_call(random_case(7));
+    Call& p = *call;
+    Storage o_m, st_m;
+    o_m.alloc_host(p.o.lay, p.o.dtype);
+    st_m.alloc_host(p.stats.lay, p.stats.dtype);
+    sdpa::Problem pr = problem(p, false, o_m, st_m, nullptr, nullptr, nullptr);
+    pr.a.softcap = cap;  // (this file's cases carry no softcap: the model has none)
+    const SdpaFwdParams fp = sdpa_fwd_params(pr);
+    const float c2 = cap * 1.4426950408889634f;
+    EXPECT_EQ(fp.analytic.score.softcap2, cap < 1e30f ? c2 : 0.0f) << "softcap " << cap;
+  }
+}
+
 TEST(SdpaParams, EpilogueOptions) {
   // The output gate (forward epilogue; dgate and dO * sigmoid(G) from the preprocess, read by the
   // kernels after it through sdpa_bwd_main_params) and score_max / score_sum_exp (padded O).

@@ -495,7 +495,7 @@ struct SdpaScoreMod {
   __device__ __forceinline__ static float inv_softcap(float c2) { return c2 != 0.0f ? rcp_approx(c2) : 0.0f; }
   __device__ __forceinline__ bool active() const { return c2 != 0.0f || a2 != 0.0f; }
   // The modifiers of the transposed fragment (rows = keys j, columns = queries i: the sm90
-  // backward's S^T) for apply / softcap_dprob with base = i0 + shift - j0 (the negated diagonal
+  // backward's S^T) for apply / softcap_t_dlogit / softcap_dprob with base = i0 + shift - j0 (the negated diagonal
   // offset of its element (0, 0): diag_base(i0 + shift, j0)): its element (row, column) has
   // j - i - shift = -(base + column - row), so ALiBi's slope changes sign and softcap is as it is.
   __device__ __forceinline__ SdpaScoreMod transposed() const { return SdpaScoreMod{c2, inv_c2, -a2}; }
@@ -593,9 +593,10 @@ struct SdpaScoreMod {
 };
 
 // SDPA's score modifiers on one key block of a warp's 16-row tile, as the ScoreMod policy of
-// kern::Variant (variant.cuh): softcap and ALiBi on the scaled scores before the mask (SdpaScoreMod
-// at the tile's diagonal offset), the additive bias after it on the visible elements only
-// (SdpaBiasFrag: never read where the mask set -inf). The sm90 forward with modifiers builds one
+// kern::Variant (variant.cuh): softcap and ALiBi before the mask (SdpaScoreMod at the tile's diagonal
+// offset), the additive bias after it on the visible elements only (SdpaBiasFrag: never read where the
+// mask set -inf); with a positive scale in raw-score units or, with softcap, in tanh units (linear(),
+// softcapped(): the softmax's exponent takes the scale or c2), else on the scaled scores (apply). The sm90 forward with modifiers builds one
 // per key block (kernel_fwd_sm90.cuh AnalyticModSourceSm90T::score_mod). kBias = false: no bias
 // (its code not in the kernel: the bias's loads cost the other modifiers' calls 2-3 % of the shared
 // (128, 128) forward, PERF_LOG v2.24).

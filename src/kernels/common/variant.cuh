@@ -22,6 +22,7 @@
 
 #include "kernels/common/analytic_mask.h"
 #include "kernels/common/payload_layout.h"
+#include "kernels/common/ptx.cuh"
 
 namespace flashspan::kern {
 
@@ -120,7 +121,9 @@ struct Variant {
   // softmax computes exp2(s * scale_log2 - m) in one FFMA (FlashAttention-2's form: the max of
   // the raw scores times a positive scale is the max of the scaled ones; saves one FMUL a score,
   // 64 a thread and key block of the sm90 forward); otherwise 1, s holding the logits.
-  // A score modifier whose identity() holds on the call takes the same folded form.
+  // A score modifier whose identity() holds on the call takes the same folded form; one with linear()
+  // (ALiBi, bias) keeps s raw and returns the scale too, one with softcapped() turns s into softcap's
+  // tanh and returns c2 (the logits are then the returned factor times s, as in the folded form).
   template <int kN>
   __device__ __forceinline__ float logits(float (&s)[kN][4], const Mask& mask, bool partial) const {
     return logits(s, mask, partial, mod);

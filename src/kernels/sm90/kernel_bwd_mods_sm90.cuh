@@ -69,8 +69,9 @@ __device__ __forceinline__ uint32_t sdpa_bwd_step_keep(const BwdParams& p, const
 //                                                                  step's GEMMs)
 // An instantiation of its own, so that the modifiers' kernel keeps its code: dropout's code in it
 // added spill instructions to the (128, 128) consumer (2 to 7 in the variants tried, some on paths that
-// calls without dropout take too). kSoftcap: softcap may be set (its 1 - t^2 carried from logits to
-// grads, 16 registers that spill in the (128, 128) consumer); false: the calls without softcap, on an
+// calls without dropout take too). kSoftcap: the calls with softcap (sdpa_bwd_sm90_run.cuh picks it for
+// them only: without dropout its logits work in tanh units, which need c2 != 0; its 1 - t^2 carried from
+// logits to grads, 16 registers that spill in the (128, 128) consumer); false: the calls without softcap, on an
 // instantiation of their own (v2.24: ALiBi's backward 0.82x as fast on the softcap-capable kernel,
 // and one kernel branching between the two spilled 300 bytes).
 template <int kBk, bool kDropout_ = false, bool kSoftcap = true, bool kStaged = false>
