@@ -536,13 +536,19 @@ struct SdpaScoreMod {
       dlogit[n][0] = pack2<Float16>(d[0], d[1]);
       dlogit[n][1] = pack2<Float16>(d[2], d[3]);
     }
-    SdpaScoreMod{c2, inv_c2, a2 * inv_c2}.add_alibi(s, base, lane);
+    add_alibi_in(s, base, lane, inv_c2);
   }
   // Element (n, r)'s d logit2 / d x2 from softcap_t_dlogit's dlogit.
   template <int kN>
   __device__ __forceinline__ static float dlogit_at(const uint32_t (&dlogit)[kN][2], int n, int r) {
     const uint32_t w = dlogit[n][r >> 1];
     return __half2float(__ushort_as_half(uint16_t((r & 1) ? w >> 16 : w & 0xffffu)));
+  }
+  // ALiBi's term in units of `unit` (a2 unit (j - i - shift): the raw-score or tanh units of the folded logits,
+  // SdpaTileScoreMod::apply_raw, softcap_t_dlogit).
+  template <int kN>
+  __device__ __forceinline__ void add_alibi_in(float (&s)[kN][4], int base, int lane, float unit) const {
+    SdpaScoreMod{c2, inv_c2, a2 * unit}.add_alibi(s, base, lane);
   }
   // ALiBi's a2 (j - i - shift) added (a2 = 0: nothing). The offsets are formed in float from the
   // thread's element (0, 0): float(d0) + c is float(d0 + c) exactly while |d0 + c| < 2^24, so one FADD an
@@ -596,10 +602,10 @@ struct SdpaScoreMod {
 // kern::Variant (variant.cuh): softcap and ALiBi before the mask (SdpaScoreMod at the tile's diagonal
 // offset), the additive bias after it on the visible elements only (SdpaBiasFrag: never read where the
 // mask set -inf); with a positive scale in raw-score units or, with softcap, in tanh units (linear(),
-// softcapped(): the softmax's exponent takes the scale or c2), else on the scaled scores (apply). The sm90 forward with modifiers builds one
-// per key block (kernel_fwd_sm90.cuh AnalyticModSourceSm90T::score_mod). kBias = false: no bias
-// (its code not in the kernel: the bias's loads cost the other modifiers' calls 2-3 % of the shared
-// (128, 128) forward, PERF_LOG v2.24).
+// softcapped(): the softmax's exponent takes the scale or c2), else on the scaled scores (apply). The
+// sm90 forward with modifiers builds one per key block (kernel_fwd_sm90.cuh AnalyticModSourceSm90T::score_mod).
+// kBias = false: no bias (its code not in the kernel: the bias's loads cost the other modifiers' calls 2-3 %
+// of the shared (128, 128) forward, PERF_LOG v2.24).
 template <bool kBias = true>
 struct SdpaTileScoreMod {
   SdpaScoreMod mod;
@@ -642,9 +648,7 @@ struct SdpaTileScoreMod {
   }
   template <int kN>
   __device__ __forceinline__ void apply_raw(float (&s)[kN][4], bool partial, float unit) const {
-    SdpaScoreMod raw = mod;
-    raw.a2 = mod.a2 * unit;
-    raw.add_alibi<kN>(s, diag, lane);
+    mod.add_alibi_in<kN>(s, diag, lane, unit);
     if constexpr (kBias) {
       const float k = kLog2e * unit;
       if (staged != 0) {
