@@ -26,8 +26,8 @@
 //
 // Registers: the consumers have 232 (setmaxnreg), and the pure-mask (128, 128) consumer already
 // peaks at 228 live (S^T, dP^T, dK, dV: 192 of them). P^T is formed under the dP^T GEMM as in the
-// pure-mask consumer (v2.24; before, z^T was, and the exp2 waited for dP^T); softcap's factor takes
-// 16 registers there (fp16 pairs), the bias's addresses are live only there (the sm80 kernels read it
+// pure-mask consumer (v2.24; before, z^T was, and the exp2 waited for dP^T); softcap's factor (fp16 pairs)
+// waits in the warp's region of shared memory (16 registers that spilled, PERF_LOG v2.74), the bias's addresses are live only there (the sm80 kernels read it
 // twice: added to the logits, then taken out of them for softcap's t), and the element mask is tested
 // from the tile mask (4 ints) instead of the payload-word form the consumer builds (8 words).
 #pragma once
@@ -58,9 +58,9 @@ __device__ __forceinline__ uint32_t sdpa_bwd_step_keep(const BwdParams& p, const
 
 // SDPA with score modifiers: the analytic source (AnalyticSourceBwdSm90: items, walks, dQ order,
 // stores) plus the consumer's modifier hooks (Src::kMods in bwd_consumer):
-//   logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, s, dlogit)  S^T -> P^T, softcap's 1 - t^2 (before
+//   logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, region, s)  S^T -> P^T, softcap's 1 - t^2 (before
 //                                                                  the dP^T wait)
-//   grads<kNQ>(p, it, sl, info, key_thr, lse2, delta, lane, keep, dlogit, s, dp)  P^T, dP^T -> P^T m, dS^T
+//   grads<kNQ>(p, it, sl, info, key_thr, lse2, delta, lane, keep, region, s, dp)  P^T, dP^T -> P^T m, dS^T
 // (each forms what it needs of the step's modifiers, step_mods, from the parameters -- grads only with
 // dropout, kProbsEarly false --: held across the dP^T wait, they spilled the (128, 128) consumer).
 // kDropout_ (Src::kDropout; the instantiation of sdpa_bwd_mods_kernel_sm90<..., true>): dropout too, in
@@ -71,7 +71,7 @@ __device__ __forceinline__ uint32_t sdpa_bwd_step_keep(const BwdParams& p, const
 // added spill instructions to the (128, 128) consumer (2 to 7 in the variants tried, some on paths that
 // calls without dropout take too). kSoftcap: the calls with softcap (sdpa_bwd_sm90_run.cuh picks it for
 // them only: without dropout its logits work in tanh units, which need c2 != 0; its 1 - t^2 carried from
-// logits to grads, 16 registers that spill in the (128, 128) consumer); false: the calls without softcap, on an
+// logits to grads in the warp's region of shared memory, stash_dlogit); false: the calls without softcap, on an
 // instantiation of their own (v2.24: ALiBi's backward 0.82x as fast on the softcap-capable kernel,
 // and one kernel branching between the two spilled 300 bytes).
 template <int kBk, bool kDropout_ = false, bool kSoftcap = true, bool kStaged = false>
@@ -104,6 +104,29 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
         kern::SdpaBiasFrag::at(bp, kern::SdpaBiasFrag::head_base(bp, it.b, info.x), i0, j0, 0);
     f.stage_transposed<kBlockQ>(region, sl.len_q - i0, sl.len_k - j0, lane);
     kern::cp_async_commit();
+  }
+
+  // Softcap's 1 - t^2 of the thread's elements (softcap_t_dlogit's fp16 pairs), from logits to grads through the
+  // warp's region of shared memory (the staged bias's, which this instantiation does not stage; kBytesBias at
+  // launch): kept in registers across the dP^T wait they were spilled, 16 STL and 32 LDL.S16 a step (ncu,
+  // PERF_LOG v2.73); here 128-bit stores and loads, lane-contiguous (conflict-free), i * 512 + 16 lane.
+  template <int kNQ>
+  __device__ __forceinline__ static void stash_dlogit(uint32_t region, int lane, const uint32_t (&dl)[kNQ][2]) {
+    static_assert(kNQ % 2 == 0 && kNQ * 64 <= kBlockQ * 32, "the stash: kNQ / 2 lines of 512 B in the warp's region");
+#pragma unroll
+    for (int i = 0; i < kNQ / 2; ++i) {
+      asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(region + 512 * i + 16 * lane),
+                   "r"(dl[2 * i][0]), "r"(dl[2 * i][1]), "r"(dl[2 * i + 1][0]), "r"(dl[2 * i + 1][1]));
+    }
+  }
+  template <int kNQ>
+  __device__ __forceinline__ static void unstash_dlogit(uint32_t region, int lane, uint32_t (&dl)[kNQ][2]) {
+#pragma unroll
+    for (int i = 0; i < kNQ / 2; ++i) {
+      asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n"
+                   : "=r"(dl[2 * i][0]), "=r"(dl[2 * i][1]), "=r"(dl[2 * i + 1][0]), "=r"(dl[2 * i + 1][1])
+                   : "r"(region + 512 * i + 16 * lane));
+    }
   }
 
   // A partial step's element mask on S^T (the tile mask of (qb, kb), analytic_mask.h: masked elements -inf);
@@ -145,23 +168,26 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   }
 
   // S^T (the raw scores) -> P^T = exp2(logit2 - lse2[query] + bias) (masked: 0), before the dP^T
-  // wait, as the pure-mask consumer's P^T: scaled, softcap and ALiBi (softcap's 1 - t^2 into dlogit,
-  // SdpaScoreMod::softcap_t_dlogit; not written without softcap), the statistic subtracted, the element
+  // wait, as the pure-mask consumer's P^T: scaled, softcap and ALiBi (softcap's 1 - t^2 into the warp's
+  // region, SdpaScoreMod::softcap_t_dlogit, stash_dlogit; not written without softcap), the statistic subtracted, the element
   // mask, the bias on visible elements. The element mask is tested from the step's tile mask (4 ints),
   // not from the consumer's payload-word form of it (analytic_step_mask: 8 words). (Until v2.24 this
   // hook gave z^T and the exp2 ran after the dP^T wait, its MUFU work exposed: ALiBi's backward
   // 0.7x, softcap's 0.6x the pure-mask kernel's.)
-  // region: the warp's bias region, which holds the step's bias (kStageBias; else element loads).
+  // region: the warp's region of shared memory (BwdSm90Layout::kBiasStage), which holds the step's bias
+  // (kStageBias; else element loads) or receives softcap's 1 - t^2 (kSoftcap, stash_dlogit).
   template <int kNQ>
   __device__ __forceinline__ static void logits(const BwdParams& p, const BwdItem& it, const Seqlen& sl, int4 info,
                                                 int key_thr, const float* lse2, int lane, uint32_t region,
-                                                float (&s)[kNQ][4], uint32_t (&dlogit)[kNQ][2]) {
+                                                float (&s)[kNQ][4]) {
     const StepMods m = step_mods(p, it, sl, info, key_thr, lane);
     const int qd = lane & 3;
     if constexpr (kProbsEarly && kSoftcap) {
       // Softcap (this instantiation runs the calls with it, sdpa_bwd_sm90_run.cuh): s in t units, the logits
       // c2 s, minus the statistic in one FFMA.
+      uint32_t dlogit[kNQ][2];
       m.mod.softcap_t_dlogit<kNQ>(s, p.scale_log2, m.diag, lane, dlogit);
+      stash_dlogit<kNQ>(region, lane, dlogit);
 #pragma unroll
       for (int j = 0; j < kNQ; ++j) {
         const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
@@ -224,7 +250,7 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   }
 
   // P^T (s, logits') and dP^T (dp) -> P^T m (s) and dS^T = P^T d logit / d x (m dP^T - D[query]) (dp;
-  // softcap's 1 - t^2 from logits' dlogit), in place, with m the element's dropout multiplier (kDropout,
+  // softcap's 1 - t^2 from logits' stash in the warp's region), in place, with m the element's dropout multiplier (kDropout,
   // SdpaDropoutParams; else 1): so dV takes P m, and dS is the sm80 kernels' and the CPU reference's
   // P (m dP - D). Philox: m from the step's keep bits (step_keep); the caller's mask: read element by
   // element (sdpa_dropout_mask_apply on the transposed fragment). With dBias, dS where ds_form puts it
@@ -234,7 +260,7 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   template <int kNQ>
   __device__ __forceinline__ static void grads(const BwdParams& p, const BwdItem& it, const Seqlen& sl, int4 info,
                                                int key_thr, const float* lse2, const float* delta, int lane,
-                                               uint32_t keep, const uint32_t (&dlogit)[kNQ][2], float (&s)[kNQ][4],
+                                               uint32_t keep, uint32_t region, float (&s)[kNQ][4],
                                                float (&dp)[kNQ][4]) {
     const int qd = lane & 3;
     if constexpr (kProbsEarly) {
@@ -249,6 +275,8 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
       }
       store_ds<kNQ>(p, it, sl, info, key_thr, lane, dp);
       if (kSoftcap && kern::analytic_of(p).score.softcap2 != 0.0f) {
+        uint32_t dlogit[kNQ][2];
+        unstash_dlogit<kNQ>(region, lane, dlogit);
 #pragma unroll
         for (int j = 0; j < kNQ; ++j) {
 #pragma unroll
