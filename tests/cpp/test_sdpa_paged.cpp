@@ -496,6 +496,9 @@ TEST(SdpaPaged, Sm90PagedThdSwitchReadsTheEnvironment) {
   c.thd_q = true;
   HostCall call(c, DeviceType::kCUDA);
   const ScopedSwitch thd(set_sdpa_sm90_thd_enabled, 1);
+  // The switches above this one on (on a GPU machine gpu_check.sh runs SdpaPaged.* with FLASHSPAN_SM90_SDPA_PAGED=0).
+  const ScopedSwitch fwd90(set_sdpa_fwd_sm90_enabled, 1);
+  const ScopedSwitch paged90(set_sdpa_sm90_paged_enabled, 1);
   expect_off_switch("FLASHSPAN_SM90_SDPA_PAGED_THD", set_sdpa_sm90_paged_thd_enabled, sdpa_sm90_paged_thd_enabled,
                     [&](bool on, const std::string& where) {
                       const char* r = sdpa_fwd_sm90_paged_refusal(call.p);
@@ -695,6 +698,9 @@ TEST(SdpaPaged, Sm90PagedBiasSwitchReadsTheEnvironment) {
   // gives the environment's answer back (expect_off_switch). Seen through a paged call with a bias: taken by the rule
   // when on, refused naming the switch when off; its twin without a bias taken either way.
   const ScopedSwitch mods(set_sdpa_fwd_sm90_mods_enabled, 1);
+  // The switches above this one on (on a GPU machine gpu_check.sh runs SdpaPaged.* with FLASHSPAN_SM90_SDPA_PAGED=0).
+  const ScopedSwitch fwd90(set_sdpa_fwd_sm90_enabled, 1);
+  const ScopedSwitch paged90(set_sdpa_sm90_paged_enabled, 1);
   PagedCase c = sm90_rule_case(26, 2);
   c.bias = 5;
   HostCall call(c, DeviceType::kCUDA);

@@ -141,7 +141,7 @@ struct Fp8SourceBwdSm90 : AnalyticModSourceBwdSm90<kBk, false, false, false> {
   template <int kNQ>
   __device__ __forceinline__ static void logits(const BwdParams& p, const BwdItem& it, const Seqlen& sl, int4 info,
                                                 int key_thr, const float* lse2, int lane, uint32_t,
-                                                float (&s)[kNQ][4]) {
+                                                float (&s)[kNQ][4], uint32_t (&)[kNQ][2]) {
     const float qk = fp8_bwd_derived(p, kF8dQkScaleLog2);
     const int qd = lane & 3;
 #pragma unroll

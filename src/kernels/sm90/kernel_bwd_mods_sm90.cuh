@@ -58,9 +58,9 @@ __device__ __forceinline__ uint32_t sdpa_bwd_step_keep(const BwdParams& p, const
 
 // SDPA with score modifiers: the analytic source (AnalyticSourceBwdSm90: items, walks, dQ order,
 // stores) plus the consumer's modifier hooks (Src::kMods in bwd_consumer):
-//   logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, region, s)  S^T -> P^T, softcap's 1 - t^2 (before
+//   logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, region, s, dlogit)  S^T -> P^T, softcap's 1 - t^2 (before
 //                                                                  the dP^T wait)
-//   grads<kNQ>(p, it, sl, info, key_thr, lse2, delta, lane, keep, region, s, dp)  P^T, dP^T -> P^T m, dS^T
+//   grads<kNQ>(p, it, sl, info, key_thr, lse2, delta, lane, keep, region, dlogit, s, dp)  P^T, dP^T -> P^T m, dS^T
 // (each forms what it needs of the step's modifiers, step_mods, from the parameters -- grads only with
 // dropout, kProbsEarly false --: held across the dP^T wait, they spilled the (128, 128) consumer).
 // kDropout_ (Src::kDropout; the instantiation of sdpa_bwd_mods_kernel_sm90<..., true>): dropout too, in
@@ -71,13 +71,14 @@ __device__ __forceinline__ uint32_t sdpa_bwd_step_keep(const BwdParams& p, const
 // added spill instructions to the (128, 128) consumer (2 to 7 in the variants tried, some on paths that
 // calls without dropout take too). kSoftcap: the calls with softcap (sdpa_bwd_sm90_run.cuh picks it for
 // them only: without dropout its logits work in tanh units, which need c2 != 0; its 1 - t^2 carried from
-// logits to grads in the warp's region of shared memory, stash_dlogit); false: the calls without softcap, on an
+// logits to grads in registers, or in the warp's region of shared memory: kStash); false: the calls without softcap, on an
 // instantiation of their own (v2.24: ALiBi's backward 0.82x as fast on the softcap-capable kernel,
 // and one kernel branching between the two spilled 300 bytes).
-template <int kBk, bool kDropout_ = false, bool kSoftcap = true, bool kStaged = false>
+template <int kBk, bool kDropout_ = false, bool kSoftcap = true, bool kStaged = false, bool kStash = false>
 struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   static_assert(kBk == 128, "the score modifiers run on the key-split consumers (head dims up to 128)");
   static_assert(!kStaged || (!kDropout_ && !kSoftcap), "the staged bias: its own kernel, without softcap or dropout");
+  static_assert(!kStash || (kSoftcap && !kDropout_ && !kStaged), "the stash: the softcap kernel's 1 - t^2");
   using Base = AnalyticSourceBwdSm90<kBk>;
   using Seqlen = typename Base::Seqlen;
   static constexpr bool kMods = true, kDropout = kDropout_;
@@ -106,10 +107,13 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
     kern::cp_async_commit();
   }
 
-  // Softcap's 1 - t^2 of the thread's elements (softcap_t_dlogit's fp16 pairs), from logits to grads through the
-  // warp's region of shared memory (the staged bias's, which this instantiation does not stage; kBytesBias at
-  // launch): kept in registers across the dP^T wait they were spilled, 16 STL and 32 LDL.S16 a step (ncu,
-  // PERF_LOG v2.73); here 128-bit stores and loads, lane-contiguous (conflict-free), i * 512 + 16 lane.
+  // kStash: softcap's 1 - t^2 of the thread's elements (softcap_t_dlogit's fp16 pairs) from logits to grads through
+  // the warp's region of shared memory (the staged bias's, which this instantiation does not stage; kBytesBias at
+  // launch), 128-bit stores and loads, lane-contiguous (conflict-free), i * 512 + 16 lane. The (128, 128) kernel's:
+  // kept in the consumer's registers across the dP^T wait, ptxas spilled them, 16 STL and 32 LDL.S16 a step (ncu,
+  // PERF_LOG v2.73), and the stash made its backward 7 % faster (v2.74); the (64, 64) kernel does not spill them,
+  // and its stash ran 1 % slower: registers there.
+  static constexpr bool kStashDlogit = kStash;
   template <int kNQ>
   __device__ __forceinline__ static void stash_dlogit(uint32_t region, int lane, const uint32_t (&dl)[kNQ][2]) {
     static_assert(kNQ % 2 == 0 && kNQ * 64 <= kBlockQ * 32, "the stash: kNQ / 2 lines of 512 B in the warp's region");
@@ -168,26 +172,25 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   }
 
   // S^T (the raw scores) -> P^T = exp2(logit2 - lse2[query] + bias) (masked: 0), before the dP^T
-  // wait, as the pure-mask consumer's P^T: scaled, softcap and ALiBi (softcap's 1 - t^2 into the warp's
-  // region, SdpaScoreMod::softcap_t_dlogit, stash_dlogit; not written without softcap), the statistic subtracted, the element
+  // wait, as the pure-mask consumer's P^T: scaled, softcap and ALiBi (softcap's 1 - t^2 into dlogit, or the warp's
+  // region with kStash: SdpaScoreMod::softcap_t_dlogit; not written without softcap), the statistic subtracted, the element
   // mask, the bias on visible elements. The element mask is tested from the step's tile mask (4 ints),
   // not from the consumer's payload-word form of it (analytic_step_mask: 8 words). (Until v2.24 this
   // hook gave z^T and the exp2 ran after the dP^T wait, its MUFU work exposed: ALiBi's backward
   // 0.7x, softcap's 0.6x the pure-mask kernel's.)
   // region: the warp's region of shared memory (BwdSm90Layout::kBiasStage), which holds the step's bias
-  // (kStageBias; else element loads) or receives softcap's 1 - t^2 (kSoftcap, stash_dlogit).
+  // (kStageBias; else element loads) or receives softcap's 1 - t^2 (kStash).
   template <int kNQ>
   __device__ __forceinline__ static void logits(const BwdParams& p, const BwdItem& it, const Seqlen& sl, int4 info,
                                                 int key_thr, const float* lse2, int lane, uint32_t region,
-                                                float (&s)[kNQ][4]) {
+                                                float (&s)[kNQ][4], uint32_t (&dlogit)[kNQ][2]) {
     const StepMods m = step_mods(p, it, sl, info, key_thr, lane);
     const int qd = lane & 3;
     if constexpr (kProbsEarly && kSoftcap) {
       // Softcap (this instantiation runs the calls with it, sdpa_bwd_sm90_run.cuh): s in t units, the logits
       // c2 s, minus the statistic in one FFMA.
-      uint32_t dlogit[kNQ][2];
       m.mod.softcap_t_dlogit<kNQ>(s, p.scale_log2, m.diag, lane, dlogit);
-      stash_dlogit<kNQ>(region, lane, dlogit);
+      if constexpr (kStash) stash_dlogit<kNQ>(region, lane, dlogit);
 #pragma unroll
       for (int j = 0; j < kNQ; ++j) {
         const float2 l2 = *reinterpret_cast<const float2*>(lse2 + 8 * j + 2 * qd);
@@ -250,7 +253,7 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   }
 
   // P^T (s, logits') and dP^T (dp) -> P^T m (s) and dS^T = P^T d logit / d x (m dP^T - D[query]) (dp;
-  // softcap's 1 - t^2 from logits' stash in the warp's region), in place, with m the element's dropout multiplier (kDropout,
+  // softcap's 1 - t^2 from logits' dlogit or its stash in the warp's region), in place, with m the element's dropout multiplier (kDropout,
   // SdpaDropoutParams; else 1): so dV takes P m, and dS is the sm80 kernels' and the CPU reference's
   // P (m dP - D). Philox: m from the step's keep bits (step_keep); the caller's mask: read element by
   // element (sdpa_dropout_mask_apply on the transposed fragment). With dBias, dS where ds_form puts it
@@ -260,8 +263,8 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   template <int kNQ>
   __device__ __forceinline__ static void grads(const BwdParams& p, const BwdItem& it, const Seqlen& sl, int4 info,
                                                int key_thr, const float* lse2, const float* delta, int lane,
-                                               uint32_t keep, uint32_t region, float (&s)[kNQ][4],
-                                               float (&dp)[kNQ][4]) {
+                                               uint32_t keep, uint32_t region, uint32_t (&dlogit)[kNQ][2],
+                                               float (&s)[kNQ][4], float (&dp)[kNQ][4]) {
     const int qd = lane & 3;
     if constexpr (kProbsEarly) {
       // s holds P^T (no dropout: m = 1). dp = P (dP - D), the gradient of the logits (dBias's dS), stored
@@ -275,8 +278,7 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
       }
       store_ds<kNQ>(p, it, sl, info, key_thr, lane, dp);
       if (kSoftcap && kern::analytic_of(p).score.softcap2 != 0.0f) {
-        uint32_t dlogit[kNQ][2];
-        unstash_dlogit<kNQ>(region, lane, dlogit);
+        if constexpr (kStash) unstash_dlogit<kNQ>(region, lane, dlogit);
 #pragma unroll
         for (int j = 0; j < kNQ; ++j) {
 #pragma unroll
@@ -437,6 +439,12 @@ struct AnalyticDropSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
 
 #endif  // __CUDA_ARCH__
 
+// The one rule of AnalyticModSourceBwdSm90::kStashDlogit (the kernel's instantiation and the launcher's shared
+// memory, sdpa_bwd_sm90_run.cuh): the (128, 128) softcap kernel keeps its 1 - t^2 in the warps' regions.
+constexpr bool sdpa_bwd_stash_dlogit(int kD, bool kDropout, bool kSoftcap, bool kStaged) {
+  return kD == 128 && kSoftcap && !kDropout && !kStaged;
+}
+
 // The SDPA backward with score modifiers (AnalyticModSourceBwdSm90): softcap, ALiBi, the additive
 // bias and dBias as run-time flags of an instantiation per dtype, kernel head dims kD (64 or 128,
 // Dqk = Dv = kD; a call's head dims up to kD, multiples of 8) and kSoftcap (false: calls without
@@ -451,7 +459,8 @@ __global__ void __launch_bounds__(BwdSm90Layout<kD>::kThreads, 1)
                               const __grid_constant__ CUtensorMap tm_do) {
   static_assert(kD == 64 || kD == 128, "the modifiers' kernels: head dims (64, 64) and (128, 128)");
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  bwd_sm90_body<kD, E, kD, AnalyticModSourceBwdSm90<BwdSm90Layout<kD>::kBlockK, kDropout, kSoftcap, kStaged>>(
+  constexpr bool kStash = sdpa_bwd_stash_dlogit(kD, kDropout, kSoftcap, kStaged);
+  bwd_sm90_body<kD, E, kD, AnalyticModSourceBwdSm90<BwdSm90Layout<kD>::kBlockK, kDropout, kSoftcap, kStaged, kStash>>(
       p, &tm_q, &tm_k, &tm_v, &tm_do);
 #else
   __trap();

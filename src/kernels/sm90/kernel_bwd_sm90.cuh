@@ -265,8 +265,8 @@ struct BwdSm90Layout {
   static_assert(kBytes <= 232448, "sm90 backward: more shared memory than an sm_90 block may have (227 KB)");
   // SDPA's staged bias (the score modifiers' kernels, Src::kStageBias; kernel_bwd_mods_sm90.cuh): one
   // step's kBlockQ x kBlockK tile after the rest, each consumer warp's kBlockQ queries x 16 keys
-  // (SdpaBiasFrag::stage_transposed); those kernels launch with kBytesBias. The softcap kernel keeps its
-  // 1 - t^2 (32 fp16 a thread, kBlockQ x 32 B a warp) in the same regions.
+  // (SdpaBiasFrag::stage_transposed); those kernels launch with kBytesBias. The (128, 128) softcap kernel keeps
+  // its 1 - t^2 (32 fp16 a thread, kBlockQ x 32 B a warp) in the same regions.
   static constexpr int kBiasStage = (kUsed + 127) / 128 * 128;
   static constexpr int kBiasWarpBytes = kBlockQ * 16 * 2;
   static constexpr int kBytesBias = kBiasStage + (kConsumerThreads / 32) * kBiasWarpBytes + 1024;
@@ -1016,7 +1016,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
   // The warp's region of shared memory after the rest (the modifiers' kernels launched with kBytesBias): SDPA's
   // staged bias (Src::kStageBias: the calls with a 16-bit bias of whole chunks), which holds one step's bias
   // (read in Src::logits, refilled for the next step once dV is done), or softcap's 1 - t^2 from Src::logits
-  // to Src::grads (kernel_bwd_mods_sm90.cuh stash_dlogit).
+  // to Src::grads (kernel_bwd_mods_sm90.cuh kStashDlogit).
   [[maybe_unused]] const uint32_t warp_region = base + L::kBiasStage + uint32_t(4 * c + w) * L::kBiasWarpBytes;
   // Step n's (the kernel's n-th) copies, once its info is out (info_full; before its Q / dO land).
   [[maybe_unused]] auto stage_bias_of = [&](const BwdItem& it, const typename Src::Seqlen& sl, uint32_t n) {
@@ -1108,9 +1108,12 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
           }
         }
       }
+      // SDPA's softcap: its 1 - t^2 of each element (fp16 pairs) from the modifiers' P^T to their dS^T, in registers
+      // (or in the warp's region: Src::kStashDlogit).
+      [[maybe_unused]] uint32_t dlogit[kNQ][2];
       if constexpr (Src::kMods) {
         // SDPA's score modifiers: P^T = exp2(logit2 - lse2 + bias) (masked: 0).
-        Src::template logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, warp_region, sacc);
+        Src::template logits<kNQ>(p, it, sl, info, key_thr, lse2, lane, warp_region, sacc, dlogit);
         reg_fence(sacc);  // P^T (z^T with dropout) formed here, under the dP^T GEMM
       } else {
         // P^T = exp2(S^T scale log2(e) - lse2[query]); masked elements 0 (a full block has none: its
@@ -1139,7 +1142,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
         Src::template grads_fp8<kNQ>(p, delta, lane, sacc, dpacc, amax_dp);
       } else if constexpr (Src::kMods) {
         // dS^T = P^T d logit / d x (dP^T - D[query]) (+ dropout, dBias's workspace).
-        Src::template grads<kNQ>(p, it, sl, info, key_thr, lse2, delta, lane, keep, warp_region, sacc, dpacc);
+        Src::template grads<kNQ>(p, it, sl, info, key_thr, lse2, delta, lane, keep, warp_region, dlogit, sacc, dpacc);
       } else if constexpr (Src::kDropout) {
         // Philox dropout without modifiers: P^T m and dS^T = P^T (m dP^T - D[query]).
         Src::template drop_grads<kNQ>(p, delta, lane, keep, sacc, dpacc);
