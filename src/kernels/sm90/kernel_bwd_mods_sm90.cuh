@@ -27,7 +27,8 @@
 // Registers: the consumers have 232 (setmaxnreg), and the pure-mask (128, 128) consumer already
 // peaks at 228 live (S^T, dP^T, dK, dV: 192 of them). P^T is formed under the dP^T GEMM as in the
 // pure-mask consumer (v2.24; before, z^T was, and the exp2 waited for dP^T); softcap's factor (fp16 pairs)
-// waits in the warp's region of shared memory (16 registers that spilled, PERF_LOG v2.74), the bias's addresses are live only there (the sm80 kernels read it
+// waits across the wait in registers at (64, 64) and in the warp's region of shared memory at (128, 128), where
+// its 16 registers spilled (kStash, PERF_LOG v2.74); the bias's addresses are live only there (the sm80 kernels read it
 // twice: added to the logits, then taken out of them for softcap's t), and the element mask is tested
 // from the tile mask (4 ints) instead of the payload-word form the consumer builds (8 words).
 #pragma once
@@ -116,7 +117,8 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   static constexpr bool kStashDlogit = kStash;
   template <int kNQ>
   __device__ __forceinline__ static void stash_dlogit(uint32_t region, int lane, const uint32_t (&dl)[kNQ][2]) {
-    static_assert(kNQ % 2 == 0 && kNQ * 64 <= kBlockQ * 32, "the stash: kNQ / 2 lines of 512 B in the warp's region");
+    static_assert(kNQ % 2 == 0 && (kNQ / 2) * 512 <= kBlockQ * 16 * 2,  // BwdSm90Layout::kBiasWarpBytes
+                  "the stash: kNQ / 2 lines of 512 B in the warp's region");
 #pragma unroll
     for (int i = 0; i < kNQ / 2; ++i) {
       asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(region + 512 * i + 16 * lane),
