@@ -27,10 +27,10 @@
 // Registers: the consumers have 232 (setmaxnreg), and the pure-mask (128, 128) consumer already
 // peaks at 228 live (S^T, dP^T, dK, dV: 192 of them). P^T is formed under the dP^T GEMM as in the
 // pure-mask consumer (v2.24; before, z^T was, and the exp2 waited for dP^T); softcap's factor (fp16 pairs)
-// waits across the wait in registers at (64, 64) and in the warp's region of shared memory at (128, 128), where
-// its 16 registers spilled (kStash, PERF_LOG v2.74); the bias's addresses are live only there (the sm80 kernels read it
-// twice: added to the logits, then taken out of them for softcap's t), and the element mask is tested
-// from the tile mask (4 ints) instead of the payload-word form the consumer builds (8 words).
+// waits across the wait in registers at (64, 64) and in the warp's region of shared memory at (128, 128),
+// where its 16 registers spilled (kStash, PERF_LOG v2.74); the bias's addresses are live only there (the
+// sm80 kernels read it twice: added to the logits, then taken out of them for softcap's t), and the element
+// mask is tested from the tile mask (4 ints) instead of the payload-word form the consumer builds (8 words).
 #pragma once
 
 #include <cstdint>
@@ -72,8 +72,8 @@ __device__ __forceinline__ uint32_t sdpa_bwd_step_keep(const BwdParams& p, const
 // added spill instructions to the (128, 128) consumer (2 to 7 in the variants tried, some on paths that
 // calls without dropout take too). kSoftcap: the calls with softcap (sdpa_bwd_sm90_run.cuh picks it for
 // them only: without dropout its logits work in tanh units, which need c2 != 0; its 1 - t^2 carried from
-// logits to grads in registers, or in the warp's region of shared memory: kStash); false: the calls without softcap, on an
-// instantiation of their own (v2.24: ALiBi's backward 0.82x as fast on the softcap-capable kernel,
+// logits to grads in registers, or in the warp's region of shared memory: kStash); false: the calls without
+// softcap, on an instantiation of their own (v2.24: ALiBi's backward 0.82x as fast on the softcap-capable kernel,
 // and one kernel branching between the two spilled 300 bytes).
 template <int kBk, bool kDropout_ = false, bool kSoftcap = true, bool kStaged = false, bool kStash = false>
 struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
@@ -174,11 +174,11 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   }
 
   // S^T (the raw scores) -> P^T = exp2(logit2 - lse2[query] + bias) (masked: 0), before the dP^T
-  // wait, as the pure-mask consumer's P^T: scaled, softcap and ALiBi (softcap's 1 - t^2 into dlogit, or the warp's
-  // region with kStash: SdpaScoreMod::softcap_t_dlogit; not written without softcap), the statistic subtracted, the element
-  // mask, the bias on visible elements. The element mask is tested from the step's tile mask (4 ints),
-  // not from the consumer's payload-word form of it (analytic_step_mask: 8 words). (Until v2.24 this
-  // hook gave z^T and the exp2 ran after the dP^T wait, its MUFU work exposed: ALiBi's backward
+  // wait, as the pure-mask consumer's P^T: scaled, softcap and ALiBi (softcap's 1 - t^2 into dlogit, or the
+  // warp's region with kStash: SdpaScoreMod::softcap_t_dlogit; not written without softcap), the statistic
+  // subtracted, the element mask, the bias on visible elements. The element mask is tested from the step's
+  // tile mask (4 ints), not from the consumer's payload-word form of it (analytic_step_mask: 8 words). (Until
+  // v2.24 this hook gave z^T and the exp2 ran after the dP^T wait, its MUFU work exposed: ALiBi's backward
   // 0.7x, softcap's 0.6x the pure-mask kernel's.)
   // region: the warp's region of shared memory (BwdSm90Layout::kBiasStage), which holds the step's bias
   // (kStageBias; else element loads) or receives softcap's 1 - t^2 (kStash).
@@ -255,11 +255,11 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   }
 
   // P^T (s, logits') and dP^T (dp) -> P^T m (s) and dS^T = P^T d logit / d x (m dP^T - D[query]) (dp;
-  // softcap's 1 - t^2 from logits' dlogit or its stash in the warp's region), in place, with m the element's dropout multiplier (kDropout,
-  // SdpaDropoutParams; else 1): so dV takes P m, and dS is the sm80 kernels' and the CPU reference's
-  // P (m dP - D). Philox: m from the step's keep bits (step_keep); the caller's mask: read element by
-  // element (sdpa_dropout_mask_apply on the transposed fragment). With dBias, dS where ds_form puts it
-  // (store_ds): without dropout before softcap's factor (dBias with softcap: the logits' gradient), with
+  // softcap's 1 - t^2 from logits' dlogit or its stash in the warp's region), in place, with m the element's
+  // dropout multiplier (kDropout, SdpaDropoutParams; else 1): so dV takes P m, and dS is the sm80 kernels' and
+  // the CPU reference's P (m dP - D). Philox: m from the step's keep bits (step_keep); the caller's mask: read
+  // element by element (sdpa_dropout_mask_apply on the transposed fragment). With dBias, dS where ds_form puts
+  // it (store_ds): without dropout before softcap's factor (dBias with softcap: the logits' gradient), with
   // dropout after the loop (there softcap's factor is formed per element, so dBias with softcap and
   // dropout is refused by the C layer).
   template <int kNQ>
