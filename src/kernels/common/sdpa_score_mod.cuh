@@ -523,20 +523,24 @@ struct SdpaScoreMod {
   template <int kN>
   __device__ __forceinline__ void softcap_t_dlogit(float (&s)[kN][4], float scale_log2, int base, int lane,
                                                    uint32_t (&dlogit)[kN][2]) const {
+    softcap_t(s, scale_log2);
+#pragma unroll
+    for (int n = 0; n < kN; ++n) {
+      dlogit[n][0] = pack2<Float16>(fmaf(-s[n][0], s[n][0], 1.0f), fmaf(-s[n][1], s[n][1], 1.0f));
+      dlogit[n][1] = pack2<Float16>(fmaf(-s[n][2], s[n][2], 1.0f), fmaf(-s[n][3], s[n][3], 1.0f));
+    }
+    add_alibi_in(s, base, lane, inv_c2);
+  }
+  // Softcap's t = tanh(x2 / c2) of the raw scores s (x2 = scale_log2 s), in place: an FMUL and the MUFU.TANH an
+  // element (the tanh units of the sm90 forward's Variant::logits and of softcap_t_dlogit).
+  template <int kN>
+  __device__ __forceinline__ void softcap_t(float (&s)[kN][4], float scale_log2) const {
     const float k = scale_log2 * inv_c2;
 #pragma unroll
     for (int n = 0; n < kN; ++n) {
-      float d[4];
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        const float t = tanh_approx(s[n][r] * k);
-        s[n][r] = t;
-        d[r] = fmaf(-t, t, 1.0f);
-      }
-      dlogit[n][0] = pack2<Float16>(d[0], d[1]);
-      dlogit[n][1] = pack2<Float16>(d[2], d[3]);
+      for (int r = 0; r < 4; ++r) s[n][r] = tanh_approx(s[n][r] * k);
     }
-    add_alibi_in(s, base, lane, inv_c2);
   }
   // Element (n, r)'s d logit2 / d x2 from softcap_t_dlogit's dlogit.
   template <int kN>
@@ -632,20 +636,11 @@ struct SdpaTileScoreMod {
   // saved.
   __device__ __forceinline__ bool linear() const { return mod.c2 == 0.0f && (mod.a2 != 0.0f || has_bias()); }
   // Softcap on this call (with ALiBi and a bias or not): logit2 = c2 tanh(x2 / c2) + terms = c2 (t + terms / c2),
-  // so Variant::logits turns the raw scores into t = tanh(s scale log2(e) / c2) (apply_softcap_raw: an FMUL and
-  // the MUFU.TANH an element, where scaling, softcap's two multiplies and the tanh took four), adds the terms in
+  // so Variant::logits turns the raw scores into t = tanh(s scale log2(e) / c2) (SdpaScoreMod::softcap_t: an FMUL
+  // and the MUFU.TANH an element, where scaling, softcap's two multiplies and the tanh took four), adds the terms in
   // t units (apply_raw with unit = 1 / c2) and the softmax's exponent multiplies by c2 (> 0: the max of t times
   // c2 is the max of the logits). PERF_LOG v2.73.
   __device__ __forceinline__ bool softcapped() const { return mod.c2 != 0.0f; }
-  template <int kN>
-  __device__ __forceinline__ void apply_softcap_raw(float (&s)[kN][4], float scale_log2) const {
-    const float k = scale_log2 * mod.inv_c2;
-#pragma unroll
-    for (int n = 0; n < kN; ++n) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) s[n][r] = tanh_approx(s[n][r] * k);
-    }
-  }
   template <int kN>
   __device__ __forceinline__ void apply_raw(float (&s)[kN][4], bool partial, float unit) const {
     mod.add_alibi_in<kN>(s, diag, lane, unit);

@@ -151,7 +151,7 @@ struct Variant {
         // takes c2. Masked elements stay -inf.
         if (scale_log2 > 0.0f && (m.linear() || m.softcapped())) {
           const bool capped = m.softcapped();
-          if (capped) m.template apply_softcap_raw<kN>(s, scale_log2);
+          if (capped) m.mod.softcap_t(s, scale_log2);
           if (partial) mask.apply(s);
           m.template apply_raw<kN>(s, partial, capped ? m.mod.inv_c2 : rcp_approx(scale_log2));
           return capped ? m.mod.c2 : scale_log2;

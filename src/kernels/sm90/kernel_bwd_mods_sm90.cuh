@@ -114,7 +114,6 @@ struct AnalyticModSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
   // kept in the consumer's registers across the dP^T wait, ptxas spilled them, 16 STL and 32 LDL.S16 a step (ncu,
   // PERF_LOG v2.73), and the stash made its backward 7 % faster (v2.74); the (64, 64) kernel does not spill them,
   // and its stash ran 1 % slower: registers there.
-  static constexpr bool kStashDlogit = kStash;
   template <int kNQ>
   __device__ __forceinline__ static void stash_dlogit(uint32_t region, int lane, const uint32_t (&dl)[kNQ][2]) {
     static_assert(kNQ % 2 == 0 && (kNQ / 2) * 512 <= kBlockQ * 16 * 2,  // BwdSm90Layout::kBiasWarpBytes
@@ -441,7 +440,7 @@ struct AnalyticDropSourceBwdSm90 : AnalyticSourceBwdSm90<kBk> {
 
 #endif  // __CUDA_ARCH__
 
-// The one rule of AnalyticModSourceBwdSm90::kStashDlogit (the kernel's instantiation and the launcher's shared
+// The one rule of AnalyticModSourceBwdSm90's kStash (the kernel's instantiation and the launcher's shared
 // memory, sdpa_bwd_sm90_run.cuh): the (128, 128) softcap kernel keeps its 1 - t^2 in the warps' regions.
 constexpr bool sdpa_bwd_stash_dlogit(int kD, bool kDropout, bool kSoftcap, bool kStaged) {
   return kD == 128 && kSoftcap && !kDropout && !kStaged;

@@ -1016,7 +1016,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
   // The warp's region of shared memory after the rest (the modifiers' kernels launched with kBytesBias): SDPA's
   // staged bias (Src::kStageBias: the calls with a 16-bit bias of whole chunks), which holds one step's bias
   // (read in Src::logits, refilled for the next step once dV is done), or softcap's 1 - t^2 from Src::logits
-  // to Src::grads (kernel_bwd_mods_sm90.cuh kStashDlogit).
+  // to Src::grads (kernel_bwd_mods_sm90.cuh AnalyticModSourceBwdSm90's kStash).
   [[maybe_unused]] const uint32_t warp_region = base + L::kBiasStage + uint32_t(4 * c + w) * L::kBiasWarpBytes;
   // Step n's (the kernel's n-th) copies, once its info is out (info_full; before its Q / dO land).
   [[maybe_unused]] auto stage_bias_of = [&](const BwdItem& it, const typename Src::Seqlen& sl, uint32_t n) {
@@ -1109,7 +1109,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
         }
       }
       // SDPA's softcap: its 1 - t^2 of each element (fp16 pairs) from the modifiers' P^T to their dS^T, in registers
-      // (or in the warp's region: Src::kStashDlogit).
+      // (or in the warp's region: the source's kStash, kernel_bwd_mods_sm90.cuh).
       [[maybe_unused]] uint32_t dlogit[kNQ][2];
       if constexpr (Src::kMods) {
         // SDPA's score modifiers: P^T = exp2(logit2 - lse2 + bias) (masked: 0).

@@ -61,7 +61,7 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
       const int form = kDropout ? (sdpa_bwd_dropout_philox_kernel(am) ? 1 : 0) : staged ? 2 : softcap ? 1 : 0;
       auto kernel = bwd_detail::sdpa_kernel<kD, E, kDv, kWideTile, kMods, kDropout>(form);
       // The staged bias's kernel stages it after the rest (BwdSm90Layout::kBiasStage), where the (128, 128) softcap
-      // kernel (form 1 without dropout) keeps its 1 - t^2 (kernel_bwd_mods_sm90.cuh kStashDlogit).
+      // kernel (form 1 without dropout) keeps its 1 - t^2 (kernel_bwd_mods_sm90.cuh AnalyticModSourceBwdSm90's kStash).
       static_assert(!kMods || L::kBytesBias <= 232448, "sdpa backward (sm90): the bias stage does not fit");
       const bool regions = staged || (kMods && kern90::sdpa_bwd_stash_dlogit(kD, kDropout, softcap, false));
       const int smem = regions ? L::kBytesBias : L::kBytes;
