@@ -1,8 +1,8 @@
 // GPU unit tests of the shared kernel roles (src/kernels/common/): each test launches a tiny
 // kernel that runs one role on known inputs and compares what it wrote with a host computation.
-//   RolesGpu.OnlineSoftmax*   kern::OnlineSoftmax / online_softmax_step / lse_from_stats over
-//                             several key blocks: rows with no visible key, -inf masking, the
-//                             scale folded into the exponent.
+//   RolesGpu.OnlineSoftmax*   kern::OnlineSoftmax / online_softmax_step / LazyOnlineSoftmax /
+//                             lse_from_stats over several key blocks: rows with no visible key,
+//                             -inf masking, the scale folded into the exponent.
 //   RolesGpu.PlanPayloadMask  kern::PlanPayloadMask + AccFragment (and Variant::logits, both scale forms) against
 //                             the host payload layout (payload_layout.h).
 //   RolesGpu.TileScheduler*   task / grid-cell / descending-cell orders, next(), split-item
@@ -30,6 +30,7 @@
 #include <random>
 #include <set>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "gpu_harness.h"
@@ -86,11 +87,16 @@ constexpr int kSmN = 8;        // n8 blocks per key block (64 columns)
 constexpr int kSmBlocks = 5;   // key blocks
 constexpr int kSmCols = 8 * kSmN * kSmBlocks;
 
-template <bool kOnePass>
+// The forms of the update (kMode): the eager update and rescale, the one-pass step, the lazy update (the sm90
+// forward's: a row's base moves only past its threshold, the rescale of O skipped when no row's did, settled at
+// the end).
+enum SmMode { kSmEager, kSmOnePass, kSmLazy };
+
+template <int kMode>
 __global__ void online_softmax_kernel(const float* logits, const float* x, float scale, float* out) {
   const int lane = threadIdx.x;
   const kern::AccFragment f(lane);
-  kern::OnlineSoftmax sm;
+  std::conditional_t<kMode >= kSmLazy, kern::LazyOnlineSoftmax, kern::OnlineSoftmax> sm;
   sm.init();
   float o[1][4] = {{0.f, 0.f, 0.f, 0.f}};
   for (int kb = 0; kb < kSmBlocks; ++kb) {
@@ -105,12 +111,16 @@ __global__ void online_softmax_kernel(const float* logits, const float* x, float
         xs[j][r] = x[col];
       }
     }
-    if constexpr (kOnePass) {
+    if constexpr (kMode == kSmOnePass) {
       kern::online_softmax_step<kSmN, 1>(s, sm.m, sm.l, o, scale);
     } else {
       float corr[2];
-      sm.update(s, corr, scale);
-      kern::OnlineSoftmax::rescale(o, corr);
+      if constexpr (kMode == kSmLazy) {
+        if (sm.update(s, corr, scale)) kern::OnlineSoftmax::rescale(o, corr);
+      } else {
+        sm.update(s, corr, scale);
+        kern::OnlineSoftmax::rescale(o, corr);
+      }
     }
     // o (register 2 hi + e) += p x over the thread's columns of the block.
 #pragma unroll
@@ -119,6 +129,7 @@ __global__ void online_softmax_kernel(const float* logits, const float* x, float
       for (int r = 0; r < 4; ++r) o[0][r] += s[j][r] * xs[j][r];
     }
   }
+  if constexpr (kMode >= kSmLazy) sm.settle(o);
 #pragma unroll
   for (int hi = 0; hi < 2; ++hi) {
     const float num = kern::quad_sum(o[0][2 * hi] + o[0][2 * hi + 1]);
@@ -133,7 +144,7 @@ __global__ void online_softmax_kernel(const float* logits, const float* x, float
   }
 }
 
-template <bool kOnePass>
+template <int kMode>
 void check_online_softmax(uint64_t seed, float scale = 1.0f) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(-6.f, 6.f);
@@ -153,7 +164,7 @@ void check_online_softmax(uint64_t seed, float scale = 1.0f) {
     }
   }
   DevVec<float> d_logits(logits), d_x(x), d_out(16 * 4, std::nanf(""));
-  online_softmax_kernel<kOnePass><<<1, 32>>>(d_logits.ptr(), d_x.ptr(), scale, d_out.ptr());
+  online_softmax_kernel<kMode><<<1, 32>>>(d_logits.ptr(), d_x.ptr(), scale, d_out.ptr());
   sync_ok("online_softmax_kernel");
   const std::vector<float> out = d_out.get();
   for (int r = 0; r < 16; ++r) {
@@ -188,20 +199,29 @@ void check_online_softmax(uint64_t seed, float scale = 1.0f) {
 
 TEST(RolesGpu, OnlineSoftmaxUpdateRescale) {
   REQUIRE_GPU();
-  for (uint64_t seed : {1, 2, 3}) check_online_softmax<false>(seed);
+  for (uint64_t seed : {1, 2, 3}) check_online_softmax<kSmEager>(seed);
 }
 
 TEST(RolesGpu, OnlineSoftmaxOnePassStep) {
   REQUIRE_GPU();
-  for (uint64_t seed : {4, 5, 6}) check_online_softmax<true>(seed);
+  for (uint64_t seed : {4, 5, 6}) check_online_softmax<kSmOnePass>(seed);
+}
+
+// The lazy update (the sm90 forward's), with the scores in log2 units and with the scale folded in.
+TEST(RolesGpu, OnlineSoftmaxLazy) {
+  REQUIRE_GPU();
+  for (uint64_t seed : {9, 10, 11}) {
+    check_online_softmax<kSmLazy>(seed);
+    check_online_softmax<kSmLazy>(seed, 0.37f);
+  }
 }
 
 // The scale folded into the exponent (raw scores, logits = scale s): both forms.
 TEST(RolesGpu, OnlineSoftmaxFoldedScale) {
   REQUIRE_GPU();
   for (uint64_t seed : {7, 8}) {
-    check_online_softmax<false>(seed, 0.37f);
-    check_online_softmax<true>(seed, 0.37f);
+    check_online_softmax<kSmEager>(seed, 0.37f);
+    check_online_softmax<kSmOnePass>(seed, 0.37f);
   }
 }
 
