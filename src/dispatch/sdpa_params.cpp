@@ -103,6 +103,7 @@ void fill_common(const Problem& p, QkvParams& q, AnalyticMaskParams& a) {
   // flush to 0 past 2^126: run as no softcap.
   const float softcap2 = p.a.softcap ? *p.a.softcap * 1.4426950408889634f : 0.0f;
   sc.softcap2 = softcap2 <= 0x1p100f ? softcap2 : 0.0f;
+  sc.fused_softcap = sc.softcap2 != 0.0f && sdpa_sm90_fused_softcap_enabled() ? 1 : 0;
   sc.alibi_n = 0;
   if (p.a.alibi) {
     int64_t n = 1;

@@ -1094,6 +1094,27 @@ TEST(SdpaGpu, Sm90ForwardModsRandom) {
   run_sm90_mods_cases(14001, 14100);
 }
 
+// The experimental fused softcap path (dispatch/sdpa_launch.h sdpa_sm90_fused_softcap_enabled, forced on here;
+// not yet run on a GPU): softcap alone -- with sinks, score_max / score_sum_exp, no ALiBi, no bias -- on the sm90
+// forward against the CPU reference, S up to 1100: full key blocks take the fused path, partial ones (diagonals,
+// padding, windows) Variant::logits'.
+TEST(SdpaGpu, Sm90ForwardFusedSoftcapExperimental) {
+  REQUIRE_SM90();
+  const ForceSdpaSm90 force(1);
+  const ForceSdpaSm90Mods mods(1);
+  const flashspan::test::ScopedSwitch fused(set_sdpa_sm90_fused_softcap_enabled, 1);
+  for (uint64_t seed = 14301; seed <= 14340; ++seed) {
+    Case c = sm90_case(seed);
+    c.softcap = float(2 + seed % 40) * 0.5f;
+    if (seed % 2) c.scale = 3.0f / std::sqrt(float(c.Dqk));  // larger scores: softcap saturates
+    c.sinks = seed % 3 == 0;
+    if (c.sinks) c.max_logit = false;  // refused together on CUDA tensors
+    c.score_stats = seed % 4 == 0;
+    run_case_expect_sm90(c, /*backward=*/false, 1, kAnyLaunches);
+    if (::testing::Test::HasFailure()) return;
+  }
+}
+
 TEST(SdpaGpu, Sm90ForwardModsFeedsTheBackward) {
   // The forward's O and LSE (sink included) as the sm80 backward reads them: dQ, dK, dV, dSink,
   // dgate and dBias against the reference's.

@@ -28,6 +28,7 @@
 #include "kernels/sm80/tile_sm80.h"
 #include "reference/sdpa_reference.h"
 #include "sdpa_case.h"
+#include "scoped_env.h"
 
 // The analytic kernels' device helpers, compiled for the host (plain integer code and loads).
 #define __device__
@@ -615,6 +616,24 @@ TEST(SdpaParams, HugeSoftcapRunsAsNone) {
     const SdpaFwdParams fp = sdpa_fwd_params(pr);
     const float c2 = cap * 1.4426950408889634f;
     EXPECT_EQ(fp.analytic.score.softcap2, cap < 1e30f ? c2 : 0.0f) << "softcap " << cap;
+  }
+}
+
+TEST(SdpaParams, FusedSoftcapFollowsItsSwitch) {
+  // SdpaScoreParams::fused_softcap (the sm90 forward's experimental fused softcap path): set for a call with softcap
+  // while sdpa_sm90_fused_softcap_enabled, never without softcap.
+  auto call = make_call(random_case(7));
+  Call& p = *call;
+  Storage o_m, st_m;
+  o_m.alloc_host(p.o.lay, p.o.dtype);
+  st_m.alloc_host(p.stats.lay, p.stats.dtype);
+  sdpa::Problem pr = problem(p, false, o_m, st_m, nullptr, nullptr, nullptr);
+  for (const int on : {0, 1}) {
+    const ScopedSwitch fused(set_sdpa_sm90_fused_softcap_enabled, on);
+    pr.a.softcap = 30.0f;
+    EXPECT_EQ(sdpa_fwd_params(pr).analytic.score.fused_softcap, on) << "switch " << on;
+    pr.a.softcap.reset();
+    EXPECT_EQ(sdpa_fwd_params(pr).analytic.score.fused_softcap, 0) << "switch " << on << ", no softcap";
   }
 }
 

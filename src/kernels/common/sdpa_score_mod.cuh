@@ -641,6 +641,8 @@ struct SdpaTileScoreMod {
   // t units (apply_raw with unit = 1 / c2) and the softmax's exponent multiplies by c2 (> 0: the max of t times
   // c2 is the max of the logits). PERF_LOG v2.73.
   __device__ __forceinline__ bool softcapped() const { return mod.c2 != 0.0f; }
+  // Softcap and no term after it (no ALiBi, no bias): on a full block the logits are c2 t, t = softcap_t(s).
+  __device__ __forceinline__ bool softcap_only() const { return mod.c2 != 0.0f && mod.a2 == 0.0f && !has_bias(); }
   template <int kN>
   __device__ __forceinline__ void apply_raw(float (&s)[kN][4], bool partial, float unit) const {
     mod.add_alibi_in<kN>(s, diag, lane, unit);

@@ -806,6 +806,8 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
   }
   const kern::Variant<Mask, typename Src::ScoreMod> variant{qk_scale, {}};
   const kern::AccFragment frag(lane);
+  [[maybe_unused]] bool fused_softcap = false;
+  if constexpr (Src::kMods) fused_softcap = kern::analytic_of(p).score.fused_softcap != 0 && qk_scale > 0.0f;
 
   // Ping-pong: warpgroup 0 issues first; each S GEMM issue waits for barrier 2 + c and then
   // opens the other's (both warpgroups run the same blocks, so the turns pair up; warpgroup 0
@@ -964,12 +966,29 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           release_q(cur.done());
           reg_fence(s);
           float corr[2];
-          const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_tile()));
-          release_bias();
           bool moved = true;
-          if constexpr (kLazy) {
+          if constexpr (kLazy && Src::kMods && !Src::kDropout && !Src::kPaged) {
+            const auto mod = src.score_mod(p, it, kb, mt, lane, bias_tile());
+            if (fused_softcap && !partial && mod.softcap_only()) {
+              // Softcap alone on a full block (SdpaScoreParams::fused_softcap, experimental): t and the update in
+              // one basic block (Variant::logits' branches keep the 64 MUFU.TANH a burst of their own before the
+              // row max), so that row 1's tanh can issue among row 0's exponentials. The same arithmetic as
+              // Variant::logits' softcapped path on a full block (its ALiBi and bias terms are none here).
+              mod.mod.softcap_t(s, qk_scale);
+              release_bias();
+              moved = sm.update(s, corr, mod.mod.c2);
+            } else {
+              const float exp_scale = variant.logits(s, mask, partial, mod);
+              release_bias();
+              moved = sm.update(s, corr, exp_scale);
+            }
+          } else if constexpr (kLazy) {
+            const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_tile()));
+            release_bias();
             moved = sm.update(s, corr, exp_scale);
           } else {
+            const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_tile()));
+            release_bias();
             sm.template update<kChains>(s, corr, exp_scale, shift);
             // FP8 (eager): skip the rescale of O when no row's max moved (exact: the factors are 1).
             if constexpr (L::kFp8) moved = kern::OnlineSoftmax::any_moved(corr);
