@@ -602,18 +602,28 @@ TEST(SdpaParams, KernelModelMatchesReference) {
   }
 }
 
+// The forward problem of case c over fresh host O and stats, for checks of the parameters alone (no kernel runs;
+// the problem points into the object's storages, so it stays in place).
+struct HostForward {
+  std::unique_ptr<Call> call;
+  Storage o, stats;
+  sdpa::Problem pr;
+  explicit HostForward(const Case& c) : call(make_call(c)) {
+    o.alloc_host(call->o.lay, call->o.dtype);
+    stats.alloc_host(call->stats.lay, call->stats.dtype);
+    pr = problem(*call, false, o, stats, nullptr, nullptr, nullptr);
+  }
+  HostForward(const HostForward&) = delete;
+  HostForward& operator=(const HostForward&) = delete;
+};
+
 TEST(SdpaParams, HugeSoftcapRunsAsNone) {
   // softcap * log2(e) past 2^100 is the identity to float precision for every score below 2^88, and the
   // kernels' 1 / c2 (rcp.approx.ftz) flushes to 0 past 2^126 (3e38 * log2(e) overflows to inf): no softcap.
   for (const float cap : {30.0f, 1e29f, 1e31f, 1e38f, 3e38f}) {
-    auto call = make_call(random_case(7));
-    Call& p = *call;
-    Storage o_m, st_m;
-    o_m.alloc_host(p.o.lay, p.o.dtype);
-    st_m.alloc_host(p.stats.lay, p.stats.dtype);
-    sdpa::Problem pr = problem(p, false, o_m, st_m, nullptr, nullptr, nullptr);
-    pr.a.softcap = cap;  // (this file's cases carry no softcap: the model has none)
-    const SdpaFwdParams fp = sdpa_fwd_params(pr);
+    HostForward f(random_case(7));
+    f.pr.a.softcap = cap;  // (this file's cases carry no softcap: the model has none)
+    const SdpaFwdParams fp = sdpa_fwd_params(f.pr);
     const float c2 = cap * 1.4426950408889634f;
     EXPECT_EQ(fp.analytic.score.softcap2, cap < 1e30f ? c2 : 0.0f) << "softcap " << cap;
   }
@@ -622,12 +632,8 @@ TEST(SdpaParams, HugeSoftcapRunsAsNone) {
 TEST(SdpaParams, FusedSoftcapFollowsItsSwitch) {
   // SdpaScoreParams::fused_softcap (the sm90 forward's experimental fused softcap path): set for a call with softcap
   // while sdpa_sm90_fused_softcap_enabled, never without softcap.
-  auto call = make_call(random_case(7));
-  Call& p = *call;
-  Storage o_m, st_m;
-  o_m.alloc_host(p.o.lay, p.o.dtype);
-  st_m.alloc_host(p.stats.lay, p.stats.dtype);
-  sdpa::Problem pr = problem(p, false, o_m, st_m, nullptr, nullptr, nullptr);
+  HostForward f(random_case(7));
+  sdpa::Problem& pr = f.pr;
   for (const int on : {0, 1}) {
     const ScopedSwitch fused(set_sdpa_sm90_fused_softcap_enabled, on);
     pr.a.softcap = 30.0f;
