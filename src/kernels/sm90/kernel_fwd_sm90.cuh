@@ -967,8 +967,9 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           reg_fence(s);
           float corr[2];
           bool moved = true;
+          const auto mod = src.score_mod(p, it, kb, mt, lane, bias_tile());
+          bool fused = false;
           if constexpr (kLazy && Src::kMods && !Src::kDropout && !Src::kPaged) {
-            const auto mod = src.score_mod(p, it, kb, mt, lane, bias_tile());
             if (fused_softcap && !partial && mod.softcap_only()) {
               // Softcap alone on a full block (SdpaScoreParams::fused_softcap, experimental): t and the update in
               // one basic block (Variant::logits' branches keep the 64 MUFU.TANH a burst of their own before the
@@ -977,21 +978,19 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
               mod.mod.softcap_t(s, qk_scale);
               release_bias();
               moved = sm.update(s, corr, mod.mod.c2);
-            } else {
-              const float exp_scale = variant.logits(s, mask, partial, mod);
-              release_bias();
-              moved = sm.update(s, corr, exp_scale);
+              fused = true;
             }
-          } else if constexpr (kLazy) {
-            const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_tile()));
+          }
+          if (!fused) {
+            const float exp_scale = variant.logits(s, mask, partial, mod);
             release_bias();
-            moved = sm.update(s, corr, exp_scale);
-          } else {
-            const float exp_scale = variant.logits(s, mask, partial, src.score_mod(p, it, kb, mt, lane, bias_tile()));
-            release_bias();
-            sm.template update<kChains>(s, corr, exp_scale, shift);
-            // FP8 (eager): skip the rescale of O when no row's max moved (exact: the factors are 1).
-            if constexpr (L::kFp8) moved = kern::OnlineSoftmax::any_moved(corr);
+            if constexpr (kLazy) {
+              moved = sm.update(s, corr, exp_scale);
+            } else {
+              sm.template update<kChains>(s, corr, exp_scale, shift);
+              // FP8 (eager): skip the rescale of O when no row's max moved (exact: the factors are 1).
+              if constexpr (L::kFp8) moved = kern::OnlineSoftmax::any_moved(corr);
+            }
           }
           softmax_before_wait<L>(kb);
           wg_wait<0>();
