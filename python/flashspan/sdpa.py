@@ -328,6 +328,8 @@ def _fast_key(direction: str, tensors: tuple, stats_needed, kw: Optional[dict]):
     if not _FAST_TENSORS.isdisjoint(types):
         vals = tuple([(v.shape, v.stride(), v.dtype, v.device) if tp in _FAST_TENSORS else v
                       for v, tp in zip(vals, types)])
+    if tensors[0] is None:
+        return None  # no q: the full path names it (TypeError)
     _route(tensors[0])  # FLASHSPAN_SDPA_ROUTE's check (per call); the route itself follows from the devices
     append(tuple(kw))
     append(types)
@@ -1109,6 +1111,9 @@ def sdpa(
         ``o`` is differentiable; ``stats`` (like score_max, score_sum_exp and max_logit) carries no gradient: it is
         marked non-differentiable (cuDNN's stats are an output the backward consumes), so a loss term on it is
         silently dropped. For a differentiable LSE use :func:`flashspan.flex_attn_func` with ``return_lse=True``.
+        A query row that sees no key (past its sample's length, or a band / block mask that leaves it none) has
+        ``o = 0`` and stats ``-inf`` (zero gradients); a row whose logits hold a NaN (a NaN or Inf in q, a NaN
+        bias) has a NaN ``o`` and stats, as PyTorch's math SDPA.
 
     Raises:
         ValueError / TypeError naming the argument and the rule (docs/SDPA.md lists them; docs/ERRORS.md gives the
@@ -1120,8 +1125,8 @@ def sdpa(
     run the C layer's own SDPA GPU kernels with the analytic mask (the native route, on every GPU):
     the masks (causal / bands / sliding windows with either alignment), padding, THD, GQA / MQA, H_k != H_v, LSE,
     max_logit, the deterministic backward, bias with dBias, ALiBi, softcap, sinks with dSink, dropout, the block
-    mask, the gate with dgate and score_max / score_sum_exp; on an H200 the sm90 kernels where they cover the call,
-    else the sm80 ones; paged K/V caches in the forward (``FLASHSPAN_SDPA_PAGED=0`` refuses them), with the bias or
+    mask, the gate with dgate and score_max / score_sum_exp; on sm_90 GPUs (H100, H200) the sm90 kernels where they
+    cover the call, else the sm80 ones; paged K/V caches in the forward (``FLASHSPAN_SDPA_PAGED=0`` refuses them), with the bias or
     dropout too; max_logit with sinks and score_max / score_sum_exp with a packed o (these feature pairs run by
     default since their GPU tests passed on an H200; ``FLASHSPAN_SDPA_FEATURE_PAIRS=0`` refuses them). What the
     GPU kernels do not run raises NotImplementedError naming it. (The flex route, ``FLASHSPAN_SDPA_ROUTE=flex``, was

@@ -89,6 +89,9 @@ class _op_names:
 
 
 def _check_io(op: str, **tensors: Tensor) -> None:
+    for name, t in tensors.items():
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{op}: {name}: must be a torch.Tensor, got {type(t).__name__}")
     dtypes = {t.dtype for t in tensors.values()}
     if len(dtypes) == 1 and dtypes <= (_CPU_DTYPE_SET if next(iter(tensors.values())).device.type == "cpu"
                                        else _IO_DTYPE_SET):
@@ -531,7 +534,12 @@ def sdpa_torch(
                          f"{_short_repr(scale)}")
     if scale.__class__ is not float and isinstance(scale, Tensor) and scale.requires_grad and torch.is_grad_enabled():
         _scale_not_differentiated("scale", "sdpa_torch: ")
-    attn_scale = scale if scale is not None else 1.0 / math.sqrt(query.shape[-1])
+    if scale is None:
+        if not isinstance(query, Tensor):  # (the op names the others; query's D is read here)
+            raise TypeError(f"sdpa_torch: query: must be a torch.Tensor, got {type(query).__name__}")
+        attn_scale = 1.0 / math.sqrt(query.shape[-1])
+    else:
+        attn_scale = scale
     # Autograd needs the forward's stats: ask for them whenever a gradient can flow (the seed's wrapper
     # leaves that to the caller and its backward then fails), and return them only when requested.
     needs_grad = torch.is_grad_enabled() and any(

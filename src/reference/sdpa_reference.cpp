@@ -29,6 +29,14 @@ using sdpa::Runtime;
 
 constexpr int64_t kBlockMaskTile = 128;
 
+// The larger of a and b, NaN if either is (std::max drops a NaN b): a row whose logits hold a NaN (a NaN or Inf in q,
+// a NaN bias) has a NaN max, LSE and output, as PyTorch's math SDPA and the flex reference give, not the zeros and
+// -inf of a row that sees no key.
+template <typename Acc>
+Acc max_nan(Acc a, Acc b) {
+  return (b > a || b != b) ? b : a;
+}
+
 // ---------------------------------------------------------------------------
 // Element conversion
 // ---------------------------------------------------------------------------
@@ -265,13 +273,13 @@ void forward_impl(const Problem& p, const Runtime& rt) {
       t.for_each_visible(i, [&](int64_t j) {
         vis[j] = 1;
         x[j] = t.logit(i, j);
-        m = std::max(m, x[j]);
+        m = max_nan(m, x[j]);
       });
-      head_max = std::max(head_max, m);
-      const Acc mall = std::max(m, sink_logit);
+      head_max = max_nan(head_max, m);
+      const Acc mall = max_nan(m, sink_logit);
       Acc sum = 0, lse = kNegInf;
       std::fill(o.begin(), o.end(), Acc(0));
-      if (mall > kNegInf) {
+      if (mall != kNegInf) {  // a visible key or a sink (NaN: a NaN row, computed as NaN)
         for (int64_t j = 0; j < t.lk; ++j) {
           if (vis[j]) sum += std::exp(x[j] - mall);
         }
@@ -327,7 +335,7 @@ void forward_impl(const Problem& p, const Runtime& rt) {
     const TensorView& ml = p.t(FS_SDPA_MAX_LOGIT);
     for (int64_t h = 0; h < p.Hq; ++h) {
       Acc m = kNegInf;
-      for (int64_t b = 0; b < p.B; ++b) m = std::max(m, task_max[b * p.Hq + h]);
+      for (int64_t b = 0; b < p.B; ++b) m = max_nan(m, task_max[b * p.Hq + h]);
       ml.ptr<float>()[h] = static_cast<float>(m);
     }
   }
@@ -383,7 +391,7 @@ void backward_impl(const Problem& p, const Runtime& rt) {
     }
     const Acc softcap = t.softcap;
     for (int64_t i = 0; i < lq; ++i) {
-      if (!(lse[i] > kNegInf)) continue;  // the row saw nothing: P = 0
+      if (lse[i] == kNegInf) continue;  // the row saw nothing: P = 0 (a NaN LSE: NaN gradients)
       const Acc* doi = &dou[i * dv];
       Acc* dqi = &dq[i * dqk];
       t.for_each_visible(i, [&](int64_t j) {

@@ -520,3 +520,61 @@ def test_op_invalid_combinations_are_named(fs, kw, pattern):
     q, k, v = (torch.randn(B, H, S, D, dtype=_BF) for _ in range(3))
     with pytest.raises(ValueError, match="^" + pattern):
         torch.ops.flashspan.sdpa_fwd(q, k, v, 0.5, **kw)
+
+
+# ---------------------------------------------------------------------------
+# Non-finite inputs
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("where", ["q_nan", "q_inf", "bias_nan"])
+@pytest.mark.parametrize("sink", [False, True])
+def test_a_nan_logit_row_is_nan_not_an_empty_row(fs, dtype, where, sink):
+    """A row whose logits hold a NaN (a NaN or Inf in q, a NaN bias element) has a NaN output, LSE, score_max and
+    dQ, as PyTorch's math SDPA and flex give; every other row stays finite. (The reference's row max once dropped the
+    NaN and ran the row as one that sees no key: O = 0, LSE = -inf.)"""
+    q, k, v = _qkv(dtype)
+    kw = {"attn_scale": 0.35, "generate_stats": True}
+    if where == "bias_nan":
+        bias = torch.zeros(1, 1, S, S, dtype=dtype)
+        bias[0, 0, 3, 5] = float("nan")
+        kw["bias"] = bias
+    else:
+        q[1, 0, 3, 2] = float("nan") if where == "q_nan" else float("inf")
+    if sink:
+        kw["sink_token"] = torch.full((H,), 0.5, dtype=torch.float32)
+    score_max = torch.zeros(B, H, S, 1)
+    o, stats = fs.sdpa(q, k, v, score_max=score_max, **kw)
+    bad = torch.zeros(B, H, S, dtype=torch.bool)
+    bad[(slice(None), slice(None), 3) if where == "bias_nan" else (1, 0, 3)] = True  # (the bias: every b, h)
+    # An Inf in q gives logits of +-inf: O NaN (inf - inf), the max +inf, the LSE NaN; PyTorch's logsumexp: inf.
+    assert o[bad].isnan().all() and not stats[bad].isfinite().any() and not score_max[bad].isfinite().any()
+    assert o[~bad].isfinite().all() and stats[~bad].isfinite().all() and score_max[~bad].isfinite().all()
+    dO = torch.randn_like(o)
+    bkw = {"attn_scale": 0.35, "bias": kw.get("bias"), "sink_token": kw.get("sink_token")}
+    dq, dk, dv = fs.sdpa_backward(q, k, v, o, dO, stats, **{n: x for n, x in bkw.items() if x is not None})[:3]
+    assert dq[bad].isnan().all()
+    assert dq[~bad].isfinite().all()
+
+
+@pytest.mark.parametrize("call", ["sdpa", "sdpa_backward", "sdpa_torch", "sdpa_torch_scale", "op"])
+@pytest.mark.parametrize("missing", [0, 1, 2])
+def test_none_for_q_k_or_v_is_a_type_error_naming_it(fs, call, missing):
+    """None (or any non-tensor) for q, k or v is a TypeError naming the argument (docs/ERRORS.md), whatever entry
+    point: not an AttributeError from inside the binding."""
+    t = list(_qkv())
+    t[missing] = None
+    names = {"sdpa_torch": ("query", "k", "v")}.get(call, ("q", "k", "v"))
+    with pytest.raises(TypeError, match=rf"\b{names[missing]}: must be a torch\.Tensor"):
+        if call == "sdpa":
+            fs.sdpa(*t)
+        elif call == "sdpa_backward":
+            x = _qkv()[0]
+            fs.sdpa_backward(*t, x, x, torch.zeros(B, H, S, 1))
+        elif call == "sdpa_torch":
+            fs.sdpa_torch(*t)
+        elif call == "sdpa_torch_scale":
+            fs.sdpa_torch(*t, scale=0.5)
+        else:
+            torch.ops.flashspan.sdpa_fwd(*t, 0.5)
