@@ -82,3 +82,18 @@ def test_readme_quick_start_gives_every_input_a_gradient():
     exec(compile(code, "README quick start", "exec"), scope)
     for name in ("q", "k", "v"):
         assert scope[name].grad is not None, f"{name}.grad is None after the quick start's backward()"
+
+
+def test_sdpa_md_first_example_runs_as_written():
+    """docs/SDPA.md's first example (the one README's "New here?" points to) runs on its own, on the CPU here, and
+    its output is PyTorch SDPA's causal attention."""
+    text = open(os.path.join(_REPO, "docs", "SDPA.md")).read()
+    start = text.index("```python") + len("```python")
+    code = text[start:text.index("```", start)]
+    scope = {}
+    exec(compile(code, "docs/SDPA.md first example", "exec"), scope)
+    q, k, v, o, D = (scope[n] for n in ("q", "k", "v", "o", "D"))
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        *(t.transpose(1, 2).float() for t in (q, k, v)), is_causal=True, scale=D ** -0.5).transpose(1, 2)
+    assert o.shape == q.shape
+    assert (o.float() - ref).abs().max().item() < 3e-2
