@@ -471,6 +471,31 @@ def test_gpu_native_forward_family(fs, native, monkeypatch, family, seed):
 
 
 @gpu
+@pytest.mark.parametrize("family", ["sm90", "sm80"])
+@pytest.mark.parametrize("D,causal,mods", [(64, False, False), (128, True, False), (128, True, True)])
+def test_gpu_a_nan_logit_row_is_nan_as_on_the_cpu(fs, native, monkeypatch, family, D, causal, mods):
+    """A NaN in one query row: that row's O and LSE are NaN on the GPU kernels as on the CPU reference (softmax.cuh
+    lse_from_stats: l NaN is not a row without keys), dQ of the row NaN; every other row finite."""
+    monkeypatch.setenv("FLASHSPAN_KERNEL_FAMILY", family)
+    g = torch.Generator().manual_seed(D + causal)
+    q, k, v = (torch.randn(1, 2, 200, D, generator=g).bfloat16().cuda() for _ in range(3))
+    q[0, 1, 100, 3] = float("nan")
+    kw = {"attn_scale": D ** -0.5, "generate_stats": True}
+    if causal:
+        kw["diagonal_band_right_bound"] = 0
+    if mods:
+        kw["softcap"] = 20.0
+    o, stats = fs.sdpa(q, k, v, **kw)
+    bad = torch.zeros(1, 2, 200, dtype=torch.bool, device="cuda")
+    bad[0, 1, 100] = True
+    assert o[bad].isnan().all() and stats[bad].isnan().all(), (o[bad], stats[bad])
+    assert o[~bad].isfinite().all() and stats[~bad].isfinite().all()
+    kw.pop("generate_stats")
+    dq = fs.sdpa_backward(q, k, v, o, torch.randn_like(o), stats, **kw)[0]
+    assert dq[bad].isnan().all() and dq[~bad].isfinite().all()
+
+
+@gpu
 @pytest.mark.parametrize("varlen", [False, True])
 def test_gpu_native_custom_ops(fs, native, varlen):
     """torch.ops.flashspan.sdpa_fwd / sdpa_bwd (sdpa_torch) on the native route against the CPU reference, dense and

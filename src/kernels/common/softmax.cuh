@@ -76,10 +76,11 @@ __device__ __forceinline__ float exp2_row(float (&s)[kN][4], int hi, float scale
 
 // LSE of a row from its statistics, as every forward epilogue and split combine writes it:
 // (m + log2 l) * unit (ln 2: natural log; 1: base 2, SDPA's stats_use_log2), -inf for a row
-// without a visible key (l = 0). __log2f (MUFU.LG2) is exact enough here: a positive l is >= 1
-// (the row's max contributes 2^0).
+// without a visible key (l = 0), NaN for a row whose logits hold a NaN (l NaN: the row max drops a
+// NaN, its exponential does not), as the CPU references. __log2f (MUFU.LG2) is exact enough here: a
+// positive l is >= 1 (the row's max contributes 2^0).
 __device__ __forceinline__ float lse_from_stats(float m, float l, float unit) {
-  return l > 0.0f ? (m + __log2f(l)) * unit : -INFINITY;
+  return l != 0.0f ? (m + __log2f(l)) * unit : -INFINITY;
 }
 __device__ __forceinline__ float lse_from_stats(float m, float l) { return lse_from_stats(m, l, kLn2); }
 
