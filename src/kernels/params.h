@@ -124,8 +124,8 @@ struct SampleStart {
 //   dsink      H_q float32 dSink outputs (backward), or null
 //   group_v    H_q / H_v (the V head of query head h is h / group_v; K's is h / group_size)
 //   fused_softcap  the sm90 forward's full blocks of calls with softcap alone (no ALiBi, no bias): t and the
-//              softmax's update in one basic block (kernel_fwd_sm90.cuh consumer), 1 with the experimental
-//              switch dispatch/sdpa_launch.h sdpa_sm90_fused_softcap_enabled, else 0 (Variant::logits' path)
+//              softmax's update in one basic block (kernel_fwd_sm90.cuh consumer), 1 while the switch
+//              dispatch/sdpa_launch.h sdpa_sm90_fused_softcap_enabled is on (default), else 0 (Variant::logits')
 //   dkdv_role  backward dK/dV kernel: 0 one pass (H_k = H_v: a work item's query heads share
 //              K and V); with H_k != H_v two passes, 1: work items per K head, dK only (the V
 //              tile reloaded when a query head's V head changes), 2: per V head, dV only (K

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "core/sdpa_problem.h"  // sdpa::empty_batch_fills (EmptyBatchFillsAreTheReductionsIdentities)
-#include "dispatch/sdpa_launch.h"  // set_sdpa_dbias_softcap_enabled, set_sdpa_dbias_softcap_sm80_enabled
+#include "dispatch/sdpa_launch.h"  // set_sdpa_dbias_softcap_enabled, ..._sm80_enabled, sdpa_sm90_fused_softcap
 #include "flashspan/flashspan.hpp"
 #include "scoped_env.h"
 #include "test_util.h"  // shape_view (EmptyBatchFillsAreTheReductionsIdentities)
@@ -678,6 +678,15 @@ TEST(SdpaApi, DbiasSoftcapSwitchesReadTheEnvironment) {
                                      flashspan::sdpa_dbias_softcap_enabled);
   flashspan::test::expect_off_switch("FLASHSPAN_SDPA_DBIAS_SOFTCAP", flashspan::set_sdpa_dbias_softcap_sm80_enabled,
                                      flashspan::sdpa_dbias_softcap_sm80_enabled);
+}
+
+// The sm90 forward's fused softcap path (dispatch/sdpa_launch.h sdpa_sm90_fused_softcap_enabled, PERF_LOG v2.77): on
+// by default, off when FLASHSPAN_SM90_SDPA_FUSED_SOFTCAP is exactly "0" (read per call, FLASHSPAN_EXPERIMENTAL
+// ignored, the override wins both ways). What it changes: SdpaParams.FusedSoftcapFollowsItsSwitch.
+TEST(SdpaApi, FusedSoftcapSwitchReadsTheEnvironment) {
+  flashspan::test::expect_off_switch("FLASHSPAN_SM90_SDPA_FUSED_SOFTCAP",
+                                     flashspan::set_sdpa_sm90_fused_softcap_enabled,
+                                     flashspan::sdpa_sm90_fused_softcap_enabled);
 }
 
 TEST(SdpaApi, CudaLayoutRules) {

@@ -630,7 +630,7 @@ TEST(SdpaParams, HugeSoftcapRunsAsNone) {
 }
 
 TEST(SdpaParams, FusedSoftcapFollowsItsSwitch) {
-  // SdpaScoreParams::fused_softcap (the sm90 forward's experimental fused softcap path): set for a call with softcap
+  // SdpaScoreParams::fused_softcap (the sm90 forward's fused softcap path): set for a call with softcap
   // while sdpa_sm90_fused_softcap_enabled, never without softcap.
   HostForward f(random_case(7));
   sdpa::Problem& pr = f.pr;

@@ -971,7 +971,7 @@ __device__ __forceinline__ void consumer(const FwdParams& p, uint32_t base, cons
           bool fused = false;
           if constexpr (kLazy && Src::kMods && !Src::kDropout && !Src::kPaged) {
             if (fused_softcap && !partial && mod.softcap_only()) {
-              // Softcap alone on a full block (SdpaScoreParams::fused_softcap, experimental): t and the update in
+              // Softcap alone on a full block (SdpaScoreParams::fused_softcap, PERF_LOG v2.77): t and the update in
               // one basic block (Variant::logits' branches keep the 64 MUFU.TANH a burst of their own before the
               // row max), so that row 1's tanh can issue among row 0's exponentials. The same arithmetic as
               // Variant::logits' softcapped path on a full block (its ALiBi and bias terms are none here).
