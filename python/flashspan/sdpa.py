@@ -1126,8 +1126,8 @@ def sdpa(
     the masks (causal / bands / sliding windows with either alignment), padding, THD, GQA / MQA, H_k != H_v, LSE,
     max_logit, the deterministic backward, bias with dBias, ALiBi, softcap, sinks with dSink, dropout, the block
     mask, the gate with dgate and score_max / score_sum_exp; on sm_90 GPUs (H100, H200) the sm90 kernels where they
-    cover the call, else the sm80 ones; paged K/V caches in the forward (``FLASHSPAN_SDPA_PAGED=0`` refuses them), with the bias or
-    dropout too; max_logit with sinks and score_max / score_sum_exp with a packed o (these feature pairs run by
+    cover the call, else the sm80 ones; paged K/V caches in the forward (``FLASHSPAN_SDPA_PAGED=0`` refuses them),
+    with the bias or dropout too; max_logit with sinks and score_max / score_sum_exp with a packed o (these feature pairs run by
     default since their GPU tests passed on an H200; ``FLASHSPAN_SDPA_FEATURE_PAIRS=0`` refuses them). What the
     GPU kernels do not run raises NotImplementedError naming it. (The flex route, ``FLASHSPAN_SDPA_ROUTE=flex``, was
     retired: for flex attention with a mask that is not arithmetic, call ``flashspan.flex_attn_func``.)
