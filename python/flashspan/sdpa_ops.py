@@ -89,13 +89,16 @@ class _op_names:
 
 
 def _check_io(op: str, **tensors: Tensor) -> None:
+    try:
+        dtypes = {t.dtype for t in tensors.values()}
+    except AttributeError:
+        dtypes = None  # something not a tensor: named below
+    if dtypes is not None and len(dtypes) == 1 and dtypes <= (
+            _CPU_DTYPE_SET if next(iter(tensors.values())).device.type == "cpu" else _IO_DTYPE_SET):
+        return  # one supported dtype (the rules below name what is wrong otherwise)
     for name, t in tensors.items():
         if not isinstance(t, Tensor):
             raise TypeError(f"{op}: {name}: must be a torch.Tensor, got {type(t).__name__}")
-    dtypes = {t.dtype for t in tensors.values()}
-    if len(dtypes) == 1 and dtypes <= (_CPU_DTYPE_SET if next(iter(tensors.values())).device.type == "cpu"
-                                       else _IO_DTYPE_SET):
-        return  # one supported dtype (the rules below name what is wrong otherwise)
     first = next(iter(tensors.values()))
     ref = first.dtype
     allowed = _CPU_DTYPES if first.device.type == "cpu" else _IO_DTYPES
