@@ -2501,6 +2501,53 @@ TEST(FlexGpuSm90, BwdRandomCases) {
   for (uint64_t s = 1; s <= 48; ++s) run_case_sm90_bwd(bwd_case_sm90(s + 500));
 }
 
+// The (128, 128) kernels' experimental GEMM orders (sm90::bwd_gemm_order 2 and 3: dK issued with dV before the dS^T
+// barrier; and dV before the dP^T wait at 24 / 240 registers; PERF_LOG v2.78, not yet run on a GPU), forced here
+// whatever the environment says: random cases at head dims up to 128 on the (128, 128) kernel (random interval
+// masks, THD with empty samples, GQA / MQA, strided tensors, dlse), the special rows, a deterministic THD case
+// bitwise over three runs and the split schedule.
+struct Sm90BwdGemmOrder {
+  explicit Sm90BwdGemmOrder(int order) { sm90::set_bwd_gemm_order(order); }
+  ~Sm90BwdGemmOrder() { sm90::set_bwd_gemm_order(-1); }
+};
+
+TEST(FlexGpuSm90, BwdGemmOrderExperimental) {
+  REQUIRE_SM90();
+  Sm90BwdOn on;
+  for (int order : {2, 3}) {
+    SCOPED_TRACE("bwd_gemm_order " + std::to_string(order));
+    Sm90BwdGemmOrder o(order);
+    ASSERT_EQ(sm90::bwd_gemm_order(), order);
+    for (uint64_t s = 0; s < 16; ++s) {
+      Case c = bwd_case_sm90(7700 + 100 * order + s);
+      c.h.dqk = c.h.dv = s % 4 == 3 ? 96 : 128;
+      run_case_sm90_bwd(c);
+    }
+    uint64_t seed = 7900 + 100 * order;
+    run_sm90_bwd_rows({kEmptyRows, kFullBlocks, kNegativeMqa, kStridedDlse, kGqa8Thd, kSplitSinkLocal, kGridThd,
+                       kBitwiseThd},
+                      128, 128, seed);
+  }
+}
+
+// Small cases of both orders for compute-sanitizer (scripts/gpu_check.sh): BwdSanitizerSmall's rows of the
+// (128, 128) kernel.
+TEST(FlexGpuSm90, BwdGemmOrderSanitizer) {
+  REQUIRE_SM90();
+  Sm90BwdOn on;
+  for (int order : {2, 3}) {
+    SCOPED_TRACE("bwd_gemm_order " + std::to_string(order));
+    Sm90BwdGemmOrder o(order);
+    uint64_t seed = 9850 + 10 * order;
+    run_sm90_bwd_rows({{.h = {2, 1, 2, 3, 0, 0, kBF16}, .sq = 200, .sk = 140},
+                       {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 165}, .lk = {66, 20, 0}},
+                       {.h = {2, 1, 2, 5, 0, 0, kBF16}, .sq = 1400, .sk = 1400, .mask = "global", .split = true},
+                       {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 165}, .lk = {66, 20, 0}, .det = true},
+                       {.h = {2, 1, 2, 5, 96, 96, kF16}, .sq = 1400, .sk = 1400, .mask = "global", .split = true}},
+                      128, 128, seed);
+  }
+}
+
 // Head dims below the kernels' (each a multiple of 8 up to 128, Dqk != Dv included): the (64, 64) /
 // (128, 128) kernels with TMA's zero fill past the call's columns, dK / dV / dQ written for the
 // call's columns only (tile_sm90.h bwd_runs_head_dims_sm90). Random cases, then the split schedule's

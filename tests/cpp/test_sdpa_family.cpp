@@ -946,6 +946,35 @@ TEST(SdpaFamily, Sm90BackwardDropoutPhiloxKernel) {
   var.set(nullptr);
   EXPECT_TRUE(sm90::sdpa_bwd_dropout_philox_kernel(a));
 }
+
+TEST(SdpaFamily, Sm90BackwardGemmOrderSwitch) {
+  // sm90::bwd_gemm_order() (the (128, 128) backward kernels' GEMM order, flex and SDPA; experimental): unset, 3 with
+  // FLASHSPAN_EXPERIMENTAL=1 and 0 without; FLASHSPAN_SM90_BWD_ORDER "0", "2", "3" that order whatever
+  // FLASHSPAN_EXPERIMENTAL says (read per call), any other value 0; set_bwd_gemm_order's override winning, -1 back.
+  using flashspan::test::ScopedEnv;
+  sm90::set_bwd_gemm_order(-1);
+  ScopedEnv var("FLASHSPAN_SM90_BWD_ORDER", nullptr);
+  ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
+  EXPECT_EQ(sm90::bwd_gemm_order(), 0);
+  experimental.set("1");
+  EXPECT_EQ(sm90::bwd_gemm_order(), 3);
+  for (const char* e : {static_cast<const char*>(nullptr), "1"}) {
+    experimental.set(e);
+    const std::string where = std::string("FLASHSPAN_EXPERIMENTAL=") + (e ? e : "(unset)");
+    for (const auto& [v, order] : std::vector<std::pair<const char*, int>>{
+             {"0", 0}, {"2", 2}, {"3", 3}, {"1", 0}, {"4", 0}, {"", 0}, {"22", 0}, {"x", 0}, {" 2", 0}}) {
+      var.set(v);
+      EXPECT_EQ(sm90::bwd_gemm_order(), order) << where << " FLASHSPAN_SM90_BWD_ORDER=\"" << v << '"';
+    }
+  }
+  var.set("3");
+  for (const auto& [set, order] : std::vector<std::pair<int, int>>{{0, 0}, {2, 2}, {3, 3}, {1, 0}, {7, 0}}) {
+    sm90::set_bwd_gemm_order(set);
+    EXPECT_EQ(sm90::bwd_gemm_order(), order) << "set_bwd_gemm_order(" << set << ")";
+  }
+  sm90::set_bwd_gemm_order(-1);
+  EXPECT_EQ(sm90::bwd_gemm_order(), 3);
+}
 #endif
 
 TEST(SdpaFamily, DropoutOScaleSwitchReadsTheEnvironment) {

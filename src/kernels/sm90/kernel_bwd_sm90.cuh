@@ -185,6 +185,16 @@
 
 namespace flashspan::kern90 {
 
+// The order of the key-split consumers' GEMMs in a step without score modifiers, dropout or FP8 (the 64-row tiles;
+// a kernel template parameter, launch_sm90.h bwd_gemm_order_sm90): bit 0 (kBwdOrderEarlyDv) issues dV += P^T dO
+// right after P^T, behind the running dP^T GEMM, so that it runs while dS^T is formed (P^T's fp32 registers stay
+// live for dS^T: the consumers need 240 registers, the producer warpgroup 24); bit 1 (kBwdOrderEarlyDk) issues
+// dK += dS^T Q right after dV, before the dS^T barrier, so that both run through the dS^T stores and the barrier
+// (dQ then issued alone behind the barrier). 0: dV after dS^T, dQ and dK behind the barrier (main's order since
+// v2.20). Experimental (PERF_LOG v2.78: compiled, not yet run on a GPU).
+inline constexpr int kBwdOrderEarlyDv = 1;
+inline constexpr int kBwdOrderEarlyDk = 2;
+
 // Shared-memory layout and tile of the kernel for head dims (kDqk, kDv): the tile is the plan's
 // (tile_sm90.h; kWideTile: the wide tile of those dims, which only this backward runs).
 // 64 x 128 (Dqk = Dv in {64, 128}): the key-split consumers (bwd_consumer); 64 x 64 ((192, 128),
@@ -982,7 +992,7 @@ __device__ __forceinline__ void analytic_step_mask(const kern::TileMask& tm, int
 // kWideTile: the wide tile of (64, 64), 128 query rows a step (plan source only). Src::kMods:
 // the scores -> P^T, dS^T step (element mask included) with SDPA's score modifiers (the source's
 // logits / grads), the rest of the step as without them.
-template <int kD, class E, class Src, bool kWideTile = false>
+template <int kD, class E, class Src, bool kWideTile = false, int kOrder = 0>
 __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, uint8_t* smem) {
   using L = BwdSm90Layout<kD, kD, kWideTile>;
   constexpr int kBq = L::kBlockQ;  // the step's query rows, 64 or 128
@@ -1135,7 +1145,22 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
           }
         }
       }
-      wg_wait<0>();
+      // kOrder (kBwdOrderEarlyDv): dV += P^T dO issued here, behind the running dP^T GEMM, so that it runs while
+      // dS^T is formed (sacc, P^T in fp32, stays live for dS^T).
+      constexpr bool kPlain64 = !Src::kMods && !Src::kFp8 && !Src::kDropout && kBq == 64;
+      constexpr bool kEarlyDv = (kOrder & kBwdOrderEarlyDv) != 0 && kPlain64;
+      constexpr bool kEarlyDk = (kOrder & kBwdOrderEarlyDk) != 0 && kPlain64;
+      uint32_t pa[kKQ][4], dsa[kKQ][4];
+      if constexpr (kEarlyDv) {
+        pack_a_frag<E>(sacc, pa);
+        wg_fence();
+#pragma unroll
+        for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dv, pa[kk], desc_add(smem_desc(do_tile, L::kSlabQ, 1024), kk * 2048));
+        wg_commit();
+        wg_wait<1>();  // dP^T done (dV may still run)
+      } else {
+        wg_wait<0>();
+      }
       reg_fence(dpacc);
       if constexpr (Src::kFp8) {
         // FP8: dP8 (dS^T's registers) and S8 (P^T's), both on the FP8 grid, amax_dP.
@@ -1155,15 +1180,23 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
           for (int r = 0; r < 4; ++r) dpacc[j][r] = sacc[j][r] * (dpacc[j][r] - ((r & 1) ? dd.y : dd.x));
         }
       }
-      uint32_t pa[kKQ][4], dsa[kKQ][4];
-      pack_a_frag<E>(sacc, pa);
       pack_a_frag<E>(dpacc, dsa);
-      // dV += P^T dO (A from registers, B = dO N-major: LBO = slab stride), running while dS^T
-      // goes to shared memory.
-      wg_fence();
+      if constexpr (!kEarlyDv) {
+        pack_a_frag<E>(sacc, pa);
+        // dV += P^T dO (A from registers, B = dO N-major: LBO = slab stride), running while dS^T
+        // goes to shared memory.
+        wg_fence();
 #pragma unroll
-      for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dv, pa[kk], desc_add(smem_desc(do_tile, L::kSlabQ, 1024), kk * 2048));
-      wg_commit();
+        for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dv, pa[kk], desc_add(smem_desc(do_tile, L::kSlabQ, 1024), kk * 2048));
+        wg_commit();
+      }
+      if constexpr (kEarlyDk) {
+        // kOrder (kBwdOrderEarlyDk): dK += dS^T Q behind dV, both running while dS^T goes to shared memory and
+        // through the barrier.
+#pragma unroll
+        for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dk, dsa[kk], desc_add(smem_desc(q_tile, L::kSlabQ, 1024), kk * 2048));
+        wg_commit();
+      }
       // dS^T to shared memory: key rows of 64 queries (128 B) in slab j / 8 (queries 64 (j / 8) ..),
       // chunk j % 8 at (j % 8) ^ (key % 8).
       const uint32_t ds_buf = base + L::kDS + (step_it & 1) * L::kDSBytes;
@@ -1181,7 +1214,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       // behind a running dV, FlashAttention-3's and the seed system's order, needs 240 consumer
       // registers and so a 24-register producer warpgroup: measured no faster at D = 128 and 5 %
       // slower at D = 64, PERF_LOG v2.20.)
-      wg_wait<0>();
+      if constexpr (kEarlyDk) {
+        wg_wait<1>();  // dV done (dK may still run)
+      } else {
+        wg_wait<0>();
+      }
       if constexpr (Src::kStageBias) {
         // The next step's bias into the region this step's logits read (P^T, made from it, is
         // consumed: dV is done), in flight under this step's dQ and dK and the next one's S^T. Its
@@ -1199,10 +1236,14 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
                                     desc_add(smem_desc(kq_t, L::kSlabK, 1024), kk * 2048), kk > 0);
       }
       wg_commit();
+      if constexpr (kEarlyDk) {
+        wg_wait<0>();  // dK and dQ done
+      } else {
 #pragma unroll
-      for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dk, dsa[kk], desc_add(smem_desc(q_tile, L::kSlabQ, 1024), kk * 2048));
-      wg_commit();
-      wg_wait<1>();  // dQ done (dK may still run)
+        for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dk, dsa[kk], desc_add(smem_desc(q_tile, L::kSlabQ, 1024), kk * 2048));
+        wg_commit();
+        wg_wait<1>();  // dQ done (dK may still run)
+      }
       reg_fence(dq);
       // dQ tile to shared memory for the writer, in register order (dq_tile_offset_sm90).
       tr.mark(kTrDqDone);
@@ -1710,7 +1751,7 @@ __device__ __forceinline__ void bwd_consumer_t3(const BwdParams& p, uint32_t bas
 // The kernel body of mask source Src (PlanSourceBwdSm90: flex; AnalyticSourceBwdSm90: SDPA, the
 // key-split and column-split kernels alike: AnalyticSourceBwdSm90<kBlockK>).
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-template <int kD, class E, int kDv, class Src, bool kWideTile = false>
+template <int kD, class E, int kDv, class Src, bool kWideTile = false, int kOrder = 0>
 __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensorMap* tm_q, const CUtensorMap* tm_k,
                                               const CUtensorMap* tm_v, const CUtensorMap* tm_do) {
   using L = BwdSm90Layout<kD, kDv, kWideTile>;
@@ -1747,8 +1788,16 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
     fence_barrier_init();
   }
   __syncthreads();
+  // kOrder's early dV keeps P^T's fp32 registers live beside dP^T, dK and dV: 24 / 240 (FlashAttention-3's split;
+  // the producer spills), else the layout's.
+  constexpr bool k240 = (kOrder & kBwdOrderEarlyDv) != 0;
+  static_assert(!k240 || (!L::kT3 && !L::kColSplit && !kWideTile), "sm90 backward: kOrder is the 64-row key-split consumers'");
+  constexpr int kProducerRegs = k240 ? 24 : L::kProducerRegs;
+  constexpr int kConsumerRegs = k240 ? 240 : L::kConsumerRegs;
+  static_assert(128 * kProducerRegs + L::kConsumerThreads * kConsumerRegs <= L::kThreads * L::kLaunchRegs,
+                "sm90 backward: setmaxnreg beyond the CTA's register pool");
   if (threadIdx.x < 128) {
-    setmaxnreg_dec<L::kProducerRegs>();
+    setmaxnreg_dec<kProducerRegs>();
     const int warp = threadIdx.x >> 5;
     if (warp == 0) {
       if constexpr (Src::kAnalytic) {
@@ -1770,13 +1819,13 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
     // registers near 204 instead of their 240 and spills (C7512); with the exit it does not.
     asm volatile("exit;");
   }
-  setmaxnreg_inc<L::kConsumerRegs>();
+  setmaxnreg_inc<kConsumerRegs>();
   if constexpr (L::kT3) {
     bwd_consumer_t3<kD, kDv, E, Src>(p, base, smem);
   } else if constexpr (L::kColSplit) {
     bwd_consumer_cols<kD, kDv, E, Src>(p, base, smem);
   } else {
-    bwd_consumer<kD, E, Src, kWideTile>(p, base, smem);
+    bwd_consumer<kD, E, Src, kWideTile, kOrder>(p, base, smem);
   }
 }
 #endif
@@ -1786,13 +1835,13 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
 // Head dims (kD, kDv): (64, 64), (128, 128) (key-split consumers), (192, 128), (256, 256)
 // (column-split consumers); kWideTile: (64, 64) on the wide 128 x 128 tile (key-split consumers)
 // or (192, 128) on the 64 x 96 tile (three-warpgroup consumers).
-template <int kD, class E, int kDv = kD, bool kWideTile = false>
+template <int kD, class E, int kDv = kD, bool kWideTile = false, int kOrder = 0>
 __global__ void __launch_bounds__(BwdSm90Layout<kD, kDv, kWideTile>::kThreads, 1)
     flex_bwd_kernel_sm90(const __grid_constant__ BwdParams p, const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                          const __grid_constant__ CUtensorMap tm_do) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  bwd_sm90_body<kD, E, kDv, PlanSourceBwdSm90, kWideTile>(p, &tm_q, &tm_k, &tm_v, &tm_do);
+  bwd_sm90_body<kD, E, kDv, PlanSourceBwdSm90, kWideTile, kOrder>(p, &tm_q, &tm_k, &tm_v, &tm_do);
 #else
   // No sm_90a code in this image: never launched (the host checks the binary version).
   __trap();
@@ -1804,13 +1853,13 @@ __global__ void __launch_bounds__(BwdSm90Layout<kD, kDv, kWideTile>::kThreads, 1
 // up to kD, multiples of 8) or exactly (192, 128) / (256, 256) (the column-split consumers; with
 // kWideTile, (192, 128) on the 64 x 96 tile: the three-warpgroup consumers), deterministic or not at
 // run time (one instantiation per dtype and head dims).
-template <int kD, class E, int kDv = kD, bool kWideTile = false>
+template <int kD, class E, int kDv = kD, bool kWideTile = false, int kOrder = 0>
 __global__ void __launch_bounds__(BwdSm90Layout<kD, kDv, kWideTile>::kThreads, 1)
     sdpa_bwd_kernel_sm90(const __grid_constant__ SdpaBwdParams p, const __grid_constant__ CUtensorMap tm_q,
                          const __grid_constant__ CUtensorMap tm_k, const __grid_constant__ CUtensorMap tm_v,
                          const __grid_constant__ CUtensorMap tm_do) {
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
-  bwd_sm90_body<kD, E, kDv, AnalyticSourceBwdSm90<BwdSm90Layout<kD, kDv, kWideTile>::kBlockK>, kWideTile>(
+  bwd_sm90_body<kD, E, kDv, AnalyticSourceBwdSm90<BwdSm90Layout<kD, kDv, kWideTile>::kBlockK>, kWideTile, kOrder>(
       p, &tm_q, &tm_k, &tm_v, &tm_do);
 #else
   __trap();

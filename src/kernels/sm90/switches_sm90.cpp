@@ -25,6 +25,7 @@ std::atomic<int> g_det_split_above_override{-1};
 std::atomic<int> g_cell_order_override{-1};
 kern::ExperimentalSwitch g_split_first;
 std::atomic<int> g_det_band_override{-1};
+std::atomic<int> g_gemm_order_override{-1};
 kern::OffSwitch g_dropout_philox{"FLASHSPAN_SM90_BWD_DROPOUT_PHILOX"};
 
 // The in-process overrides of the switches below: set_*(1) on, (0) off, (-1) back to the
@@ -170,6 +171,22 @@ bool bwd_det_unordered() {
 // on an H100 (v2.64) gave a dQ bitwise different from the others: the completion of a bulk reduce-add makes its writes
 // visible to the writer's thread only, and without the release the next key block's addition can overtake it.
 bool bwd_det_relaxed() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_RELAXED"); }
+
+namespace {
+int valid_gemm_order(int order) { return order == 2 || order == 3 ? order : 0; }
+}  // namespace
+
+void set_bwd_gemm_order(int order) {
+  g_gemm_order_override.store(order < 0 ? -1 : valid_gemm_order(order), std::memory_order_relaxed);
+}
+
+int bwd_gemm_order() {
+  const int o = g_gemm_order_override.load(std::memory_order_relaxed);
+  if (o >= 0) return o;
+  const char* e = std::getenv("FLASHSPAN_SM90_BWD_ORDER");
+  if (e == nullptr) return experimental_from_env() ? 3 : 0;
+  return std::strlen(e) == 1 ? valid_gemm_order(e[0] - '0') : 0;
+}
 // FLASHSPAN_SM90_BWD_DET_DQ_CHUNKS (read per call): "1" adds each deterministic dQ tile whole; anything else (the
 // default since PERF_LOG v2.64) in two halves, each by a writer warp of its own in its own chain of turns
 // (BwdParams::dq_chunks), so that one half's release overlaps the other's (the release hand-off's cost, -3 .. -11 %
