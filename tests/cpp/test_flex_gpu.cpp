@@ -2501,8 +2501,9 @@ TEST(FlexGpuSm90, BwdRandomCases) {
   for (uint64_t s = 1; s <= 48; ++s) run_case_sm90_bwd(bwd_case_sm90(s + 500));
 }
 
-// The (128, 128) kernels' experimental GEMM orders (sm90::bwd_gemm_order 2 and 3: dK issued with dV before the dS^T
-// barrier; and dV before the dP^T wait at 24 / 240 registers; PERF_LOG v2.78, not yet run on a GPU), forced here
+// The (128, 128) kernels' experimental GEMM orders (sm90::bwd_gemm_order 2: dK issued with dV before the dS^T barrier;
+// 4: 24 / 240 registers, a uniform warpgroup index; 3: both and dV before the dP^T wait; PERF_LOG v2.78, not yet run
+// on a GPU), forced here
 // whatever the environment says: random cases at head dims up to 128 on the (128, 128) kernel (random interval
 // masks, THD with empty samples, GQA / MQA, strided tensors, dlse), the special rows, a deterministic THD case
 // bitwise over three runs and the split schedule.
@@ -2514,7 +2515,7 @@ struct Sm90BwdGemmOrder {
 TEST(FlexGpuSm90, BwdGemmOrderExperimental) {
   REQUIRE_SM90();
   Sm90BwdOn on;
-  for (int order : {2, 3}) {
+  for (int order : {2, 3, 4}) {
     SCOPED_TRACE("bwd_gemm_order " + std::to_string(order));
     Sm90BwdGemmOrder o(order);
     ASSERT_EQ(sm90::bwd_gemm_order(), order);
@@ -2535,7 +2536,7 @@ TEST(FlexGpuSm90, BwdGemmOrderExperimental) {
 TEST(FlexGpuSm90, BwdGemmOrderSanitizer) {
   REQUIRE_SM90();
   Sm90BwdOn on;
-  for (int order : {2, 3}) {
+  for (int order : {2, 3, 4}) {
     SCOPED_TRACE("bwd_gemm_order " + std::to_string(order));
     Sm90BwdGemmOrder o(order);
     uint64_t seed = 9850 + 10 * order;

@@ -949,7 +949,7 @@ TEST(SdpaFamily, Sm90BackwardDropoutPhiloxKernel) {
 
 TEST(SdpaFamily, Sm90BackwardGemmOrderSwitch) {
   // sm90::bwd_gemm_order() (the (128, 128) backward kernels' GEMM order, flex and SDPA; experimental): unset, 3 with
-  // FLASHSPAN_EXPERIMENTAL=1 and 0 without; FLASHSPAN_SM90_BWD_ORDER "0", "2", "3" that order whatever
+  // FLASHSPAN_EXPERIMENTAL=1 and 0 without; FLASHSPAN_SM90_BWD_ORDER "0", "2", "3", "4" that order whatever
   // FLASHSPAN_EXPERIMENTAL says (read per call), any other value 0; set_bwd_gemm_order's override winning, -1 back.
   using flashspan::test::ScopedEnv;
   sm90::set_bwd_gemm_order(-1);
@@ -962,13 +962,13 @@ TEST(SdpaFamily, Sm90BackwardGemmOrderSwitch) {
     experimental.set(e);
     const std::string where = std::string("FLASHSPAN_EXPERIMENTAL=") + (e ? e : "(unset)");
     for (const auto& [v, order] : std::vector<std::pair<const char*, int>>{
-             {"0", 0}, {"2", 2}, {"3", 3}, {"1", 0}, {"4", 0}, {"", 0}, {"22", 0}, {"x", 0}, {" 2", 0}}) {
+             {"0", 0}, {"2", 2}, {"3", 3}, {"4", 4}, {"1", 0}, {"5", 0}, {"", 0}, {"22", 0}, {"x", 0}, {" 2", 0}}) {
       var.set(v);
       EXPECT_EQ(sm90::bwd_gemm_order(), order) << where << " FLASHSPAN_SM90_BWD_ORDER=\"" << v << '"';
     }
   }
   var.set("3");
-  for (const auto& [set, order] : std::vector<std::pair<int, int>>{{0, 0}, {2, 2}, {3, 3}, {1, 0}, {7, 0}}) {
+  for (const auto& [set, order] : std::vector<std::pair<int, int>>{{0, 0}, {2, 2}, {3, 3}, {4, 4}, {1, 0}, {7, 0}}) {
     sm90::set_bwd_gemm_order(set);
     EXPECT_EQ(sm90::bwd_gemm_order(), order) << "set_bwd_gemm_order(" << set << ")";
   }

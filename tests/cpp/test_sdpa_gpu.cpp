@@ -1452,9 +1452,9 @@ TEST(SdpaGpu, Sm90BackwardSanitizerSmall) {
   }
 }
 
-// The (128, 128) kernel's experimental GEMM orders (sm90::bwd_gemm_order 2 and 3: dK issued with dV before the dS^T
-// barrier; and dV before the dP^T wait at 24 / 240 registers; PERF_LOG v2.78, not yet run on a GPU), forced for a
-// scope on the sm90 forward and backward.
+// The (128, 128) kernel's experimental GEMM orders (sm90::bwd_gemm_order 2: dK issued with dV before the dS^T
+// barrier; 4: 24 / 240 registers, a uniform warpgroup index; 3: both and dV before the dP^T wait; PERF_LOG v2.78, not
+// yet run on a GPU), forced for a scope on the sm90 forward and backward.
 struct Sm90BwdGemmOrder {
   const ForceSdpaSm90 force_fwd{1};
   const ForceSdpaBwdSm90 force_bwd{1};
@@ -1466,7 +1466,7 @@ struct Sm90BwdGemmOrder {
 // forward and backward, in both orders.
 TEST(SdpaGpu, Sm90BackwardGemmOrderExperimental) {
   REQUIRE_SM90();
-  for (int order : {2, 3}) {
+  for (int order : {2, 3, 4}) {
     SCOPED_TRACE("bwd_gemm_order " + std::to_string(order));
     const Sm90BwdGemmOrder o(order);
     ASSERT_EQ(sm90::bwd_gemm_order(), order);
@@ -1483,7 +1483,7 @@ TEST(SdpaGpu, Sm90BackwardGemmOrderExperimental) {
 // compute-sanitizer).
 TEST(SdpaGpu, Sm90BackwardGemmOrderSanitizerSmall) {
   REQUIRE_SM90();
-  for (int order : {2, 3}) {
+  for (int order : {2, 3, 4}) {
     SCOPED_TRACE("bwd_gemm_order " + std::to_string(order));
     const Sm90BwdGemmOrder o(order);
     for (int i = 0; i < 3; ++i) {

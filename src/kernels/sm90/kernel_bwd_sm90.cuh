@@ -186,14 +186,19 @@
 namespace flashspan::kern90 {
 
 // The order of the key-split consumers' GEMMs in a step without score modifiers, dropout or FP8 (the 64-row tiles;
-// a kernel template parameter, launch_sm90.h bwd_gemm_order_sm90): bit 0 (kBwdOrderEarlyDv) issues dV += P^T dO
+// a kernel template parameter, launch_sm90.h bwd_gemm_order): bit 0 (kBwdOrderEarlyDv) issues dV += P^T dO
 // right after P^T, behind the running dP^T GEMM, so that it runs while dS^T is formed (P^T's fp32 registers stay
 // live for dS^T: the consumers need 240 registers, the producer warpgroup 24); bit 1 (kBwdOrderEarlyDk) issues
 // dK += dS^T Q right after dV, before the dS^T barrier, so that both run through the dS^T stores and the barrier
-// (dQ then issued alone behind the barrier). 0: dV after dS^T, dQ and dK behind the barrier (main's order since
-// v2.20). Experimental (PERF_LOG v2.78: compiled, not yet run on a GPU).
+// (dQ then issued alone behind the barrier); bit 2 (kBwdOrder240; implied by bit 0) runs the consumers at 240
+// registers, the producer warpgroup at 24, with the warpgroup index uniform (the wgmma descriptors on the uniform
+// datapath: 47 fewer instructions a step, no R2UR). 0: dV after dS^T, dQ and dK behind the barrier, 40 / 232
+// (main's since v2.20). Experimental (PERF_LOG v2.78: compiled, not yet run on a GPU).
 inline constexpr int kBwdOrderEarlyDv = 1;
 inline constexpr int kBwdOrderEarlyDk = 2;
+inline constexpr int kBwdOrder240 = 4;
+template <int kOrder>
+inline constexpr bool kBwdOrderRegs240 = (kOrder & (kBwdOrderEarlyDv | kBwdOrder240)) != 0;
 
 // Shared-memory layout and tile of the kernel for head dims (kDqk, kDv): the tile is the plan's
 // (tile_sm90.h; kWideTile: the wide tile of those dims, which only this backward runs).
@@ -1000,7 +1005,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
   constexpr int kNQ = kBq / 8;     // n8 blocks (query columns) of S^T / dP^T
   constexpr int kKQ = kBq / 16;    // k16 steps over the step's queries (dV, dK)
   const uint32_t bars = base + L::kBar;
-  const int c = (threadIdx.x - 128) >> 7;  // keys 64c .. 64c + 63
+  // keys 64c .. 64c + 63 (with 240 registers, kBwdOrderRegs240: uniform, so that the descriptors are built on the
+  // uniform datapath; at 232 a uniform index made ptxas serialise the wgmma, PERF_LOG v2.21)
+  constexpr bool kUniformWg = kBwdOrderRegs240<kOrder>;
+  const int c = kUniformWg ? consumer_warpgroup() : (threadIdx.x - 128) >> 7;
   const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
   const int key_thr = 64 * c + 16 * w + g;  // the thread's first key of the block (+8: second)
   const float* s_stat = reinterpret_cast<const float*>(smem + L::kStat);
@@ -1070,7 +1078,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       // descriptors are built per step (a few instructions) rather than hoisted out of the loop as
       // live 64-bit registers, which made ptxas serialise the wgmma (C7512) at this kernel's 232.
       uint32_t k_t = k_tile, v_t = v_tile, kq_t = kq_tile;
-      asm volatile("" : "+r"(k_t), "+r"(v_t), "+r"(kq_t));
+      if constexpr (!kUniformWg) asm volatile("" : "+r"(k_t), "+r"(v_t), "+r"(kq_t));
       tr.step(step_it, it.kb, s, item_it);
       if constexpr (Src::kStageBias) {
         // An item's first step stages its own bias (the later ones: a step ahead, once dV is done).
@@ -1789,8 +1797,8 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
   }
   __syncthreads();
   // kOrder's early dV keeps P^T's fp32 registers live beside dP^T, dK and dV: 24 / 240 (FlashAttention-3's split;
-  // the producer spills), else the layout's.
-  constexpr bool k240 = (kOrder & kBwdOrderEarlyDv) != 0;
+  // the producer spills; kBwdOrder240 alone: the same split for the uniform warpgroup index), else the layout's.
+  constexpr bool k240 = kBwdOrderRegs240<kOrder>;
   static_assert(!k240 || (!L::kT3 && !L::kColSplit && !kWideTile), "sm90 backward: kOrder is the 64-row key-split consumers'");
   constexpr int kProducerRegs = k240 ? 24 : L::kProducerRegs;
   constexpr int kConsumerRegs = k240 ? 240 : L::kConsumerRegs;

@@ -31,17 +31,18 @@ template <int kD, class E, int kDv = kD, bool kWideTile = false>
 void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
              const CUtensorMap& mdo, cudaStream_t stream) {
   using L = kern90::BwdSm90Layout<kD, kDv, kWideTile>;
-  // The GEMM order of the (128, 128) kernel (bwd_gemm_order: 0, 2 or 3, experimental), kernel slot 0, 1, 2.
+  // The GEMM order of the (128, 128) kernel (bwd_gemm_order: 0, 2, 3 or 4, experimental), kernel slot 0, 1, 2, 3.
   const int order = kD == 128 && kDv == 128 && !kWideTile ? bwd_gemm_order() : 0;
   const int slot = order == 0 ? 0 : order - 1;
   auto kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile>;
   if constexpr (kD == 128 && kDv == 128 && !kWideTile) {
     if (order == 2) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, 2>;
     if (order == 3) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, 3>;
+    if (order == 4) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, 4>;
   }
-  static std::atomic<uint64_t> smem_set[3] = {0, 0, 0};
+  static std::atomic<uint64_t> smem_set[4] = {0, 0, 0, 0};
   ensure_smem_limit(kernel, L::kBytes, smem_set[slot], "flex backward (sm90): cudaFuncSetAttribute");
-  static std::atomic<int> ctas_cache[3][64];
+  static std::atomic<int> ctas_cache[4][64];
   const int ctas = persistent_ctas(kernel, L::kThreads, L::kBytes, ctas_cache[slot], "flex backward (sm90)");
   BwdParams p = p_in;
   if (p.split_schedule) {

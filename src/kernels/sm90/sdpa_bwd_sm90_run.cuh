@@ -27,7 +27,7 @@ namespace bwd_detail {
 // bias of whole chunks, SdpaBiasParams::chunks).
 // Form (kDropout): 0 the modifiers' dropout kernel, 1 the Philox-only dropout kernel (launch_sm90.h
 // sdpa_bwd_dropout_philox_kernel: Philox calls without modifiers).
-// Order (the pure-mask (128, 128) kernel): bwd_gemm_order's 0, 2 or 3 (the kernel's kOrder).
+// Order (the pure-mask (128, 128) kernel): bwd_gemm_order's 0, 2, 3 or 4 (the kernel's kOrder).
 template <int kD, class E, int kDv, bool kWideTile, bool kMods, bool kDropout>
 auto sdpa_kernel(int form, int order) {
   (void)order;
@@ -44,6 +44,7 @@ auto sdpa_kernel(int form, int order) {
     if constexpr (kD == 128 && kDv == 128 && !kWideTile) {
       if (order == 2) return kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile, 2>;
       if (order == 3) return kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile, 3>;
+      if (order == 4) return kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile, 4>;
     }
     return kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile>;
   }
@@ -65,7 +66,7 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
       const bool softcap = am.score.softcap2 != 0.0f;
       const bool staged = kMods && !kDropout && !softcap && am.bias.bias != nullptr && am.bias.chunks != 0;
       const int form = kDropout ? (sdpa_bwd_dropout_philox_kernel(am) ? 1 : 0) : staged ? 2 : softcap ? 1 : 0;
-      // The pure-mask (128, 128) kernel's GEMM order (bwd_gemm_order, experimental): 0, 2, 3 in slots 0, 1, 2 of
+      // The pure-mask (128, 128) kernel's GEMM order (bwd_gemm_order, experimental): 0, 2, 3, 4 in slots 0 .. 3 of
       // the caches below, which the other kernels index by form.
       const int order = !kMods && kD == 128 && kDv == 128 && !kWideTile ? bwd_gemm_order() : 0;
       const int slot = kMods ? form : order == 0 ? 0 : order - 1;
@@ -75,9 +76,9 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
       static_assert(!kMods || L::kBytesBias <= 232448, "sdpa backward (sm90): the bias stage does not fit");
       const bool regions = staged || (kMods && kern90::sdpa_bwd_stash_dlogit(kD, kDropout, softcap, false));
       const int smem = regions ? L::kBytesBias : L::kBytes;
-      static std::atomic<uint64_t> smem_set[3] = {0, 0, 0};
+      static std::atomic<uint64_t> smem_set[4] = {0, 0, 0, 0};
       ensure_smem_limit(kernel, smem, smem_set[slot], "sdpa backward (sm90): cudaFuncSetAttribute");
-      static std::atomic<int> ctas_cache[3][64];
+      static std::atomic<int> ctas_cache[4][64];
       const int ctas = persistent_ctas(kernel, L::kThreads, smem, ctas_cache[slot], "sdpa backward (sm90)");
       const unsigned grid = unsigned(std::min<int64_t>(ctas, items));
       kernel<<<grid, L::kThreads, smem, s>>>(p, mq, mk, mv, mdo);

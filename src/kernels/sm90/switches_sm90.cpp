@@ -173,7 +173,7 @@ bool bwd_det_unordered() {
 bool bwd_det_relaxed() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_RELAXED"); }
 
 namespace {
-int valid_gemm_order(int order) { return order == 2 || order == 3 ? order : 0; }
+int valid_gemm_order(int order) { return order == 2 || order == 3 || order == 4 ? order : 0; }
 }  // namespace
 
 void set_bwd_gemm_order(int order) {
