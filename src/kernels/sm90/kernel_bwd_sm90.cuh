@@ -1200,7 +1200,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       }
       if constexpr (kEarlyDk) {
         // kOrder (kBwdOrderEarlyDk): dK += dS^T Q behind dV, both running while dS^T goes to shared memory and
-        // through the barrier.
+        // through the barrier. (With the early dV, dS^T's registers were written after dV's fence.)
+        if constexpr (kEarlyDv) wg_fence();
 #pragma unroll
         for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dk, dsa[kk], desc_add(smem_desc(q_tile, L::kSlabQ, 1024), kk * 2048));
         wg_commit();
