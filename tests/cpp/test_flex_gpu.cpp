@@ -2501,12 +2501,12 @@ TEST(FlexGpuSm90, BwdRandomCases) {
   for (uint64_t s = 1; s <= 48; ++s) run_case_sm90_bwd(bwd_case_sm90(s + 500));
 }
 
-// The (128, 128) kernels' experimental GEMM orders (sm90::bwd_gemm_order 2: dK issued with dV before the dS^T barrier;
-// 4: 24 / 240 registers, a uniform warpgroup index; 3: both and dV before the dP^T wait; PERF_LOG v2.78, not yet run
-// on a GPU), forced here
-// whatever the environment says: random cases at head dims up to 128 on the (128, 128) kernel (random interval
-// masks, THD with empty samples, GQA / MQA, strided tensors, dlse), the special rows, a deterministic THD case
-// bitwise over three runs and the split schedule.
+// The experimental GEMM orders of the (128, 128) kernel and of (64, 64) on the wide tile (sm90::bwd_gemm_order 2: dK
+// issued with dV before the dS^T barrier; 4: 24 / 240 registers, a uniform warpgroup index; 3: both and, 64-row tiles,
+// dV before the dP^T wait; PERF_LOG v2.78, not yet run on a GPU), forced here whatever the environment says: random
+// cases at head dims 128 / 96 / 64 (random interval masks, THD with empty samples, GQA / MQA, strided tensors, dlse),
+// the special rows (three of them at (64, 64)), deterministic THD cases bitwise over three runs and the split
+// schedule.
 struct Sm90BwdGemmOrder {
   explicit Sm90BwdGemmOrder(int order) { sm90::set_bwd_gemm_order(order); }
   ~Sm90BwdGemmOrder() { sm90::set_bwd_gemm_order(-1); }
@@ -2521,18 +2521,19 @@ TEST(FlexGpuSm90, BwdGemmOrderExperimental) {
     ASSERT_EQ(sm90::bwd_gemm_order(), order);
     for (uint64_t s = 0; s < 16; ++s) {
       Case c = bwd_case_sm90(7700 + 100 * order + s);
-      c.h.dqk = c.h.dv = s % 4 == 3 ? 96 : 128;
+      c.h.dqk = c.h.dv = s % 4 == 3 ? 96 : s % 4 == 1 ? 64 : 128;
       run_case_sm90_bwd(c);
     }
     uint64_t seed = 7900 + 100 * order;
     run_sm90_bwd_rows({kEmptyRows, kFullBlocks, kNegativeMqa, kStridedDlse, kGqa8Thd, kSplitSinkLocal, kGridThd,
                        kBitwiseThd},
                       128, 128, seed);
+    run_sm90_bwd_rows({kEmptyRows, kGqa8Thd, kBitwiseThd}, 64, 64, seed);
   }
 }
 
-// Small cases of both orders for compute-sanitizer (scripts/gpu_check.sh): BwdSanitizerSmall's rows of the
-// (128, 128) kernel.
+// Small cases of the orders for compute-sanitizer (scripts/gpu_check.sh): BwdSanitizerSmall's rows of the
+// (128, 128) kernel, two of them at (64, 64) on the wide tile.
 TEST(FlexGpuSm90, BwdGemmOrderSanitizer) {
   REQUIRE_SM90();
   Sm90BwdOn on;
@@ -2544,7 +2545,9 @@ TEST(FlexGpuSm90, BwdGemmOrderSanitizer) {
                        {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 165}, .lk = {66, 20, 0}},
                        {.h = {2, 1, 2, 5, 0, 0, kBF16}, .sq = 1400, .sk = 1400, .mask = "global", .split = true},
                        {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 165}, .lk = {66, 20, 0}, .det = true},
-                       {.h = {2, 1, 2, 5, 96, 96, kF16}, .sq = 1400, .sk = 1400, .mask = "global", .split = true}},
+                       {.h = {2, 1, 2, 5, 96, 96, kF16}, .sq = 1400, .sk = 1400, .mask = "global", .split = true},
+                       {.h = {2, 1, 2, 3, 64, 64, kBF16}, .sq = 200, .sk = 140},
+                       {.h = {2, 2, 1, 1, 64, 64, kF16}, .lq = {70, 0, 165}, .lk = {66, 20, 0}, .det = true}},
                       128, 128, seed);
   }
 }

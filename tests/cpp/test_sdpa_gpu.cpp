@@ -1452,9 +1452,9 @@ TEST(SdpaGpu, Sm90BackwardSanitizerSmall) {
   }
 }
 
-// The (128, 128) kernel's experimental GEMM orders (sm90::bwd_gemm_order 2: dK issued with dV before the dS^T
-// barrier; 4: 24 / 240 registers, a uniform warpgroup index; 3: both and dV before the dP^T wait; PERF_LOG v2.78, not
-// yet run on a GPU), forced for a scope on the sm90 forward and backward.
+// The (64, 64) and (128, 128) kernels' experimental GEMM orders (sm90::bwd_gemm_order 2: dK issued with dV before the
+// dS^T barrier; 4: 24 / 240 registers, a uniform warpgroup index; 3: both and dV before the dP^T wait; PERF_LOG v2.78,
+// not yet run on a GPU), forced for a scope on the sm90 forward and backward.
 struct Sm90BwdGemmOrder {
   const ForceSdpaSm90 force_fwd{1};
   const ForceSdpaBwdSm90 force_bwd{1};
@@ -1462,8 +1462,8 @@ struct Sm90BwdGemmOrder {
   ~Sm90BwdGemmOrder() { sm90::set_bwd_gemm_order(-1); }
 };
 
-// sm90_case's cases at head dims 128 / 96 (every mask form, padding, GQA / MQA, layouts, deterministic on even seeds)
-// forward and backward, in both orders.
+// sm90_case's cases at head dims 128 / 96 / 64 / 40 (every mask form, padding, GQA / MQA, layouts, deterministic on
+// even seeds) forward and backward, in each order.
 TEST(SdpaGpu, Sm90BackwardGemmOrderExperimental) {
   REQUIRE_SM90();
   for (int order : {2, 3, 4}) {
@@ -1472,25 +1472,21 @@ TEST(SdpaGpu, Sm90BackwardGemmOrderExperimental) {
     ASSERT_EQ(sm90::bwd_gemm_order(), order);
     for (uint64_t seed = 9451; seed <= 9462; ++seed) {
       Case c = sm90_case(seed + 50 * uint64_t(order));
-      c.Dqk = c.Dv = seed % 3 == 0 ? 96 : 128;
+      c.Dqk = c.Dv = std::vector<int64_t>{128, 96, 64, 40}[seed % 4];
       run_case_expect_sm90(c, /*backward=*/true, kAnyLaunches, 1);
       if (::testing::Test::HasFailure()) return;
     }
   }
 }
 
-// Sm90BackwardSanitizerSmall's cases of the (128, 128) kernel (case 0 at D = 128) in both orders (scripts/gpu_check.sh:
+// Sm90BackwardSanitizerSmall's cases of the (64, 64) and (128, 128) kernels in each order (scripts/gpu_check.sh:
 // compute-sanitizer).
 TEST(SdpaGpu, Sm90BackwardGemmOrderSanitizerSmall) {
   REQUIRE_SM90();
   for (int order : {2, 3, 4}) {
     SCOPED_TRACE("bwd_gemm_order " + std::to_string(order));
     const Sm90BwdGemmOrder o(order);
-    for (int i = 0; i < 3; ++i) {
-      Case c = sm90_bwd_small_case(i);
-      if (c.Dqk < 96) c.Dqk = c.Dv = 128;
-      run_case_expect_sm90(c, /*backward=*/true, kAnyLaunches, 1);
-    }
+    for (int i = 0; i < 3; ++i) run_case_expect_sm90(sm90_bwd_small_case(i), /*backward=*/true, kAnyLaunches, 1);
   }
 }
 

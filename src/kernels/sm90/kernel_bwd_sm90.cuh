@@ -185,8 +185,8 @@
 
 namespace flashspan::kern90 {
 
-// The order of the key-split consumers' GEMMs in a step without score modifiers, dropout or FP8 (the 64-row tiles;
-// a kernel template parameter, launch_sm90.h bwd_gemm_order): bit 0 (kBwdOrderEarlyDv) issues dV += P^T dO
+// The order of the key-split consumers' GEMMs in a step without score modifiers, dropout or FP8 (a kernel template
+// parameter, launch_sm90.h bwd_gemm_order): bit 0 (kBwdOrderEarlyDv; 64-row tiles only) issues dV += P^T dO
 // right after P^T, behind the running dP^T GEMM, so that it runs while dS^T is formed (P^T's fp32 registers stay
 // live for dS^T: the consumers need 240 registers, the producer warpgroup 24); bit 1 (kBwdOrderEarlyDk) issues
 // dK += dS^T Q right after dV, before the dS^T barrier, so that both run through the dS^T stores and the barrier
@@ -1155,9 +1155,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       }
       // kOrder (kBwdOrderEarlyDv): dV += P^T dO issued here, behind the running dP^T GEMM, so that it runs while
       // dS^T is formed (sacc, P^T in fp32, stays live for dS^T).
-      constexpr bool kPlain64 = !Src::kMods && !Src::kFp8 && !Src::kDropout && kBq == 64;
-      constexpr bool kEarlyDv = (kOrder & kBwdOrderEarlyDv) != 0 && kPlain64;
-      constexpr bool kEarlyDk = (kOrder & kBwdOrderEarlyDk) != 0 && kPlain64;
+      // (The wide tile's P^T and dP^T are 64 registers each: no early dV there.)
+      constexpr bool kPlain = !Src::kMods && !Src::kFp8 && !Src::kDropout;
+      constexpr bool kEarlyDv = (kOrder & kBwdOrderEarlyDv) != 0 && kPlain && kBq == 64;
+      constexpr bool kEarlyDk = (kOrder & kBwdOrderEarlyDk) != 0 && kPlain;
       uint32_t pa[kKQ][4], dsa[kKQ][4];
       if constexpr (kEarlyDv) {
         pack_a_frag<E>(sacc, pa);
@@ -1800,7 +1801,7 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
   // kOrder's early dV keeps P^T's fp32 registers live beside dP^T, dK and dV: 24 / 240 (FlashAttention-3's split;
   // the producer spills; kBwdOrder240 alone: the same split for the uniform warpgroup index), else the layout's.
   constexpr bool k240 = kBwdOrderRegs240<kOrder>;
-  static_assert(!k240 || (!L::kT3 && !L::kColSplit && !kWideTile), "sm90 backward: kOrder is the 64-row key-split consumers'");
+  static_assert(!k240 || (!L::kT3 && !L::kColSplit), "sm90 backward: kOrder is the key-split consumers'");
   constexpr int kProducerRegs = k240 ? 24 : L::kProducerRegs;
   constexpr int kConsumerRegs = k240 ? 240 : L::kConsumerRegs;
   static_assert(128 * kProducerRegs + L::kConsumerThreads * kConsumerRegs <= L::kThreads * L::kLaunchRegs,

@@ -179,10 +179,11 @@ bool bwd_det_own_slots();
 // -1 back to the environment's answer (tests).
 bool bwd_split_first_enabled();
 void set_bwd_split_first(int on);
-// The order of the (128, 128) backward kernels' GEMMs in a step without score modifiers or dropout, flex and SDPA,
-// fp16 and bf16 (kernel_bwd_sm90.cuh kBwdOrderEarlyDv / kBwdOrderEarlyDk / kBwdOrder240; the kernel's kOrder): 0
-// main's order; 2 dK issued with dV before the dS^T barrier; 4 main's order at 24 / 240 registers with a uniform
-// warpgroup index; 3 orders 2 and 4 and dV issued before the dP^T wait. Experimental, not yet run on a GPU (PERF_LOG
+// The order of the key-split backward kernels' GEMMs in a step without score modifiers or dropout, fp16 and bf16:
+// flex (128, 128) and (64, 64) on the wide tile, SDPA (64, 64) and (128, 128) (kernel_bwd_sm90.cuh kBwdOrderEarlyDv /
+// kBwdOrderEarlyDk / kBwdOrder240; the kernel's kOrder): 0 main's order; 2 dK issued with dV before the dS^T barrier;
+// 4 main's order at 24 / 240 registers with a uniform warpgroup index; 3 orders 2 and 4 and dV issued before the
+// dP^T wait (64-row tiles; the wide tile's 3 is 2 and 4). Experimental, not yet run on a GPU (PERF_LOG
 // v2.78): FLASHSPAN_SM90_BWD_ORDER "0", "2", "3" or "4" picks that order (read per call; any other value: 0); unset,
 // 3 with FLASHSPAN_EXPERIMENTAL=1, else 0. set_bwd_gemm_order: 0, 2, 3 or 4 for this process (tests), -1 back to
 // the environment's answer.
