@@ -172,6 +172,8 @@ bool bwd_det_unordered() {
 // visible to the writer's thread only, and without the release the next key block's addition can overtake it.
 bool bwd_det_relaxed() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_RELAXED"); }
 
+// The key-split backward kernels' GEMM order (experimental, PERF_LOG v2.78; the rule in launch_sm90.h): the orders
+// with kernels are 0, 2, 3 and 4 (kernel_bwd_sm90.cuh kBwdOrderEarlyDv / kBwdOrderEarlyDk / kBwdOrder240).
 namespace {
 int valid_gemm_order(int order) { return order == 2 || order == 3 || order == 4 ? order : 0; }
 }  // namespace
@@ -187,6 +189,7 @@ int bwd_gemm_order() {
   if (e == nullptr) return experimental_from_env() ? 3 : 0;
   return std::strlen(e) == 1 ? valid_gemm_order(e[0] - '0') : 0;
 }
+
 // FLASHSPAN_SM90_BWD_DET_DQ_CHUNKS (read per call): "1" adds each deterministic dQ tile whole; anything else (the
 // default since PERF_LOG v2.64) in two halves, each by a writer warp of its own in its own chain of turns
 // (BwdParams::dq_chunks), so that one half's release overlaps the other's (the release hand-off's cost, -3 .. -11 %
