@@ -182,6 +182,9 @@ def test_bad_arguments():
     args = bench.parse_args(["--mask", "causal", "--mask", "local,hstu", "--head-dim", "all", "--phase", "forward"])
     assert args.masks == ["causal", "local", "hstu"]
     assert args.head_dims == [128, 192, 256] and args.phases == ["forward"]
+    assert bench.parse_args(["--head-dim", "64,128"]).head_dims == [64, 128]  # (64, 64) only when asked for
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--head-dim", "96"])
 
 
 @pytest.mark.parametrize("name", fm.BENCHMARK_MASKS)

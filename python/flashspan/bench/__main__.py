@@ -29,12 +29,13 @@ from . import report
 from .reference import lse_error, make_sample, reference, rel_error, tolerances
 from .runners import DENSE_MASK_MAX_SEQLEN, PEERS, FlashspanRunner, Inputs, Unavailable, make_peer, time_phase
 from .timing import Timer, Timing, tflops
-from .workloads import HEAD_DIMS, PHASES, Workload, dense_workloads, flex_workloads
+from .workloads import BENCHMARK_HEAD_DIMS, HEAD_DIMS, PHASES, Workload, dense_workloads, flex_workloads
 
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
-def _csv_list(values, allowed, what):
+def _csv_list(values, allowed, what, all_items=None):
+    """The comma-separated items of repeated options, each in `allowed`; "all" adds `all_items` (default: `allowed`)."""
     out = []
     for v in values or []:
         for item in str(v).split(","):
@@ -42,7 +43,7 @@ def _csv_list(values, allowed, what):
             if not item:
                 continue
             if item == "all":
-                out.extend(a for a in allowed if a not in out)
+                out.extend(a for a in (allowed if all_items is None else all_items) if a not in out)
                 continue
             if item not in allowed:
                 choices = ", ".join(map(str, allowed))
@@ -70,7 +71,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--phase", action="append", metavar="PHASE[,PHASE]",
                    help="forward, backward, combined (default all three)")
     p.add_argument("--head-dim", action="append", metavar="D",
-                   help="128 -> (128,128), 192 -> (192,128), 256 -> (256,256); repeatable, 'all' (default 128)")
+                   help="128 -> (128,128), 192 -> (192,128), 256 -> (256,256), 64 -> (64,64); repeatable, 'all' "
+                        "(BENCHMARK.md's: 128, 192, 256; default 128)")
     p.add_argument("--heads", type=int, default=4, help="Hq = Hkv for the mask workloads (default 4)")
     p.add_argument("--batch", type=int, default=1, help="B for the mask workloads (default 1)")
     p.add_argument("--dtype", choices=sorted(_DTYPES), default="bf16")
@@ -100,7 +102,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         return args
     args.masks = [] if args.no_masks else (_csv_list(args.mask, BENCHMARK_MASKS, "mask") or list(BENCHMARK_MASKS))
     args.phases = _csv_list(args.phase, PHASES, "phase") or list(PHASES)
-    hd = _csv_list(args.head_dim, [str(d) for d in HEAD_DIMS], "head dim") or ["128"]
+    hd = _csv_list(args.head_dim, [str(d) for d in HEAD_DIMS], "head dim",
+                   [str(d) for d in BENCHMARK_HEAD_DIMS]) or ["128"]
     args.head_dims = [int(d) for d in hd]
     if not args.masks and not args.dense:
         raise SystemExit("flashspan-bench: nothing to run (--no-masks without --dense)")
