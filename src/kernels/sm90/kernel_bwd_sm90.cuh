@@ -1160,12 +1160,17 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       constexpr bool kEarlyDv = (kOrder & kBwdOrderEarlyDv) != 0 && kPlain && kBq == 64;
       constexpr bool kEarlyDk = (kOrder & kBwdOrderEarlyDk) != 0 && kPlain;
       uint32_t pa[kKQ][4], dsa[kKQ][4];
+      // acc += A (from registers: P^T for dV, dS^T for dK) times the stage's dO / Q (N-major: LBO = slab stride), one
+      // commit group.
+      auto gemm_rs_stage = [&](float (&acc)[kN][4], const uint32_t (&a)[kKQ][4], uint32_t tile) {
+#pragma unroll
+        for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(acc, a[kk], desc_add(smem_desc(tile, L::kSlabQ, 1024), kk * 2048));
+        wg_commit();
+      };
       if constexpr (kEarlyDv) {
         pack_a_frag<E>(sacc, pa);
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dv, pa[kk], desc_add(smem_desc(do_tile, L::kSlabQ, 1024), kk * 2048));
-        wg_commit();
+        gemm_rs_stage(dv, pa, do_tile);
         wg_wait<1>();  // dP^T done (dV may still run)
       } else {
         wg_wait<0>();
@@ -1192,20 +1197,15 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       pack_a_frag<E>(dpacc, dsa);
       if constexpr (!kEarlyDv) {
         pack_a_frag<E>(sacc, pa);
-        // dV += P^T dO (A from registers, B = dO N-major: LBO = slab stride), running while dS^T
-        // goes to shared memory.
+        // dV += P^T dO, running while dS^T goes to shared memory.
         wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dv, pa[kk], desc_add(smem_desc(do_tile, L::kSlabQ, 1024), kk * 2048));
-        wg_commit();
+        gemm_rs_stage(dv, pa, do_tile);
       }
       if constexpr (kEarlyDk) {
         // kOrder (kBwdOrderEarlyDk): dK += dS^T Q behind dV, both running while dS^T goes to shared memory and
         // through the barrier. (With the early dV, dS^T's registers were written after dV's fence.)
         if constexpr (kEarlyDv) wg_fence();
-#pragma unroll
-        for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dk, dsa[kk], desc_add(smem_desc(q_tile, L::kSlabQ, 1024), kk * 2048));
-        wg_commit();
+        gemm_rs_stage(dk, dsa, q_tile);
       }
       // dS^T to shared memory: key rows of 64 queries (128 B) in slab j / 8 (queries 64 (j / 8) ..),
       // chunk j % 8 at (j % 8) ^ (key % 8).
@@ -1249,9 +1249,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       if constexpr (kEarlyDk) {
         wg_wait<0>();  // dK and dQ done
       } else {
-#pragma unroll
-        for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(dk, dsa[kk], desc_add(smem_desc(q_tile, L::kSlabQ, 1024), kk * 2048));
-        wg_commit();
+        gemm_rs_stage(dk, dsa, q_tile);
         wg_wait<1>();  // dQ done (dK may still run)
       }
       reg_fence(dq);

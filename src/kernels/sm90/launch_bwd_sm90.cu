@@ -32,10 +32,10 @@ void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk
              const CUtensorMap& mdo, cudaStream_t stream) {
   using L = kern90::BwdSm90Layout<kD, kDv, kWideTile>;
   // The GEMM order of the (128, 128) kernel and of (64, 64) on the wide tile (bwd_gemm_order: 0, 2, 3 or 4,
-  // experimental), kernel slot 0, 1, 2, 3.
+  // experimental).
   constexpr bool kOrders = (kD == 128 && kDv == 128 && !kWideTile) || (kD == 64 && kDv == 64 && kWideTile);
   const int order = kOrders ? bwd_gemm_order() : 0;
-  const int slot = order == 0 ? 0 : order - 1;
+  const int slot = bwd_gemm_order_slot(order);
   auto kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile>;
   if constexpr (kOrders) {
     if (order == 2) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, 2>;

@@ -189,6 +189,8 @@ void set_bwd_split_first(int on);
 // the environment's answer.
 int bwd_gemm_order();
 void set_bwd_gemm_order(int order);
+// The launchers' slot of an order's kernel in their smem / CTA caches: 0, 2, 3, 4 -> 0, 1, 2, 3.
+constexpr int bwd_gemm_order_slot(int order) { return order == 0 ? 0 : order - 1; }
 
 // Whether the sm90 backward kernel covers a configuration (independent of the device): fp16 or
 // bf16, head dims of bwd_runs_head_dims_sm90 (each a multiple of 8 up to 128, (192, 128), (256, 256)),

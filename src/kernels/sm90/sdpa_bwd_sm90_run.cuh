@@ -66,10 +66,10 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
       const bool softcap = am.score.softcap2 != 0.0f;
       const bool staged = kMods && !kDropout && !softcap && am.bias.bias != nullptr && am.bias.chunks != 0;
       const int form = kDropout ? (sdpa_bwd_dropout_philox_kernel(am) ? 1 : 0) : staged ? 2 : softcap ? 1 : 0;
-      // The pure-mask (64, 64) / (128, 128) kernels' GEMM order (bwd_gemm_order, experimental): 0, 2, 3, 4 in slots
-      // 0 .. 3 of the caches below, which the other kernels index by form.
+      // The pure-mask (64, 64) / (128, 128) kernels' GEMM order (bwd_gemm_order, experimental), in its slot of the
+      // caches below, which the other kernels index by form.
       const int order = !kMods && kD == kDv && kD <= 128 && !kWideTile ? bwd_gemm_order() : 0;
-      const int slot = kMods ? form : order == 0 ? 0 : order - 1;
+      const int slot = kMods ? form : bwd_gemm_order_slot(order);
       auto kernel = bwd_detail::sdpa_kernel<kD, E, kDv, kWideTile, kMods, kDropout>(form, order);
       // The staged bias's kernel stages it after the rest (BwdSm90Layout::kBiasStage), where the (128, 128) softcap
       // kernel (form 1 without dropout) keeps its 1 - t^2 (kernel_bwd_mods_sm90.cuh AnalyticModSourceBwdSm90's kStash).
