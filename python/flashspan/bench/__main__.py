@@ -7,6 +7,8 @@ Run ``python -m flashspan.bench --help``. Examples::
     python -m flashspan.bench --mask causal,local --head-dim 128 --head-dim 256 --phase forward
     python -m flashspan.bench --dense --no-masks    # the dense SDPA shapes only
     python -m flashspan.bench --seqlen 512          # without a GPU: the CPU reference backend
+    python -m flashspan.bench --quick --mask causal --phase backward --switch FLASHSPAN_SM90_BWD_ORDER=0,3
+                                                    # an A/B of a per-call switch in one process
 
 Every flashspan result is spot-checked against a float32 PyTorch math reference (sampled
 rows and key columns, outputs poisoned with NaN first) before it is timed; a failed check
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 import traceback
@@ -28,6 +31,7 @@ import torch
 from . import report
 from .reference import lse_error, make_sample, reference, rel_error, tolerances
 from .runners import DENSE_MASK_MAX_SEQLEN, PEERS, FlashspanRunner, Inputs, Unavailable, make_peer, time_phase
+from .switches import scoped_env
 from .timing import Timer, Timing, tflops
 from .workloads import BENCHMARK_HEAD_DIMS, HEAD_DIMS, PHASES, Workload, dense_workloads, flex_workloads
 
@@ -51,6 +55,27 @@ def _csv_list(values, allowed, what, all_items=None):
             if item not in out:
                 out.append(item)
     return out
+
+
+def _switch_arg(text: Optional[str]) -> Optional[tuple[str, list[str]]]:
+    """--switch's NAME=V1[,V2...] as (NAME, [V1, V2, ...]), or None when not given."""
+    if text is None:
+        return None
+    name, eq, values = text.partition("=")
+    name = name.strip()
+    vals = [v.strip() for v in values.split(",")]
+    if not eq or not name.replace("_", "").isalnum() or not name.isupper() or not all(vals):
+        raise SystemExit(f"flashspan-bench: --switch must be NAME=V1[,V2...] with an upper-case variable name and "
+                         f"non-empty values (e.g. FLASHSPAN_SM90_BWD_ORDER=0,3), got {text!r}")
+    if len(set(vals)) != len(vals):
+        raise SystemExit(f"flashspan-bench: --switch {name}: a value is given twice in {values!r}")
+    return name, vals
+
+
+def switch_label(name: str, value: str) -> str:
+    """The backend name of flashspan's rows with the switch NAME set to value (--switch)."""
+    short = name[len("FLASHSPAN_"):] if name.startswith("FLASHSPAN_") else name
+    return f"flashspan[{short}={value}]"
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -97,9 +122,19 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "limit) into one set of result files in --output-dir")
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="start no new workload after this many seconds (results so far are written)")
+    p.add_argument("--switch", metavar="NAME=V1[,V2...]",
+                   help="A/B of a switch flashspan reads per call (e.g. FLASHSPAN_SM90_BWD_ORDER=0,3): after the "
+                        "usual flashspan rows, each value is spot-checked and its phases timed again with NAME set "
+                        "to it, the values alternated over --switch-rounds rounds in this one process; rows "
+                        "'flashspan[NAME=V]' (NAME without 'FLASHSPAN_'), median of the rounds' medians")
+    p.add_argument("--switch-rounds", type=int, default=2, metavar="R",
+                   help="rounds of --switch's values (default 2: V1 V2 .. V1 V2 ..)")
     args = p.parse_args(argv)
     if args.merge:
         return args
+    args.switch = _switch_arg(args.switch)
+    if args.switch_rounds < 1:
+        raise SystemExit("flashspan-bench: --switch-rounds must be >= 1")
     args.masks = [] if args.no_masks else (_csv_list(args.mask, BENCHMARK_MASKS, "mask") or list(BENCHMARK_MASKS))
     args.phases = _csv_list(args.phase, PHASES, "phase") or list(PHASES)
     hd = _csv_list(args.head_dim, [str(d) for d in HEAD_DIMS], "head dim",
@@ -278,6 +313,8 @@ def run_workload(wl: Workload, args, timer: Timer, device, dtype, peers, progres
             t = time_phase(runner, phase, timer)
             status = "ok" if fs_check in ("pass", "not checked") else "check_failed"
             rows.append(_row(base, "flashspan", phase, status, t, wl.flops(phase), check=fs_check))
+        if args.switch:
+            rows += time_switch(runner, wl, args, timer, base, ref, sample, tol, checks, failed, progress)
     except Exception as e:  # flashspan itself failed: loud, recorded, the run goes on
         failed.append(wl.name)
         msg = f"{type(e).__name__}: {e}"
@@ -339,6 +376,55 @@ def run_workload(wl: Workload, args, timer: Timer, device, dtype, peers, progres
     return rows, checks
 
 
+def time_switch(runner: FlashspanRunner, wl: Workload, args, timer: Timer, base: dict, ref, sample, tol: dict,
+                checks: list, failed: list, progress: Progress) -> list:
+    """--switch: flashspan's phases with the switch set to each value in turn (the prepared plan and objects; the
+    switch is read per call), each value's outputs spot-checked first (poisoned, run once, compared), then the
+    values timed alternately for --switch-rounds rounds. One row per value and phase: the median of the rounds'
+    medians, min / max over all repetitions, the rounds' medians in ``round_medians_ms``."""
+    name, values = args.switch
+    verdict = {}
+    for v in values:
+        label = switch_label(name, v)
+        verdict[v] = "not checked"
+        if ref is None:
+            continue
+        with scoped_env(**{name: v}):
+            runner.rerun()
+            c = spot_check(label, runner.outputs(), ref, sample, tol)
+        c.update(workload=wl.name, switch=f"{name}={v}")
+        checks.append(c)
+        verdict[v] = "pass" if c["passed"] else f"FAILED: {c['reason']}"
+        if not c["passed"]:
+            failed.append(wl.name)
+            loud(progress, f"CORRECTNESS CHECK FAILED: {label} on {wl.name}: {c['reason']}")
+    timed = {(v, phase): [] for v in values for phase in args.phases}
+    for _ in range(args.switch_rounds):
+        for v in values:
+            with scoped_env(**{name: v}):
+                for phase in args.phases:
+                    timed[(v, phase)].append(time_phase(runner, phase, timer))
+    rows = []
+    for v in values:
+        label = switch_label(name, v)
+        parts, first = [], len(rows)
+        for phase in args.phases:
+            ts = timed[(v, phase)]
+            t = Timing(statistics.median(x.median_ms for x in ts), min(x.min_ms for x in ts),
+                       max(x.max_ms for x in ts), sum(x.reps for x in ts))
+            status = "ok" if verdict[v] in ("pass", "not checked") else "check_failed"
+            row = _row(base, label, phase, status, t, wl.flops(phase), check=verdict[v])
+            row["round_medians_ms"] = [x.median_ms for x in ts]
+            rows.append(row)
+        unit, factor = report.throughput_unit(rows[first:])
+        for row in rows[first:]:
+            rounds = "/".join(f"{x:.4g}" for x in row["round_medians_ms"])
+            parts.append(f"{row['phase']} {row['median_ms']:.4g} ms {row['tflops'] * factor:.4g} {unit} "
+                         f"(rounds {rounds} ms)")
+        progress.write(f"   {label}: " + "; ".join(parts))
+    return rows
+
+
 def peers_for(wl: Workload, peers: list) -> list:
     """The peers that run a workload: BENCHMARK.md compares dense shapes with SDPA only, and
     there with is_causal (a dense attn_mask, sdpa_math_mask, adds nothing but memory)."""
@@ -376,12 +462,13 @@ def derive_backward(rows: list, base: dict, name: str, timed: dict, wl: Workload
 
 
 def add_speedups(rows: list) -> None:
-    """speedup_vs_<peer> = peer median / flashspan median, per phase (on flashspan's rows)."""
+    """speedup_vs_<peer> = peer median / flashspan median, per phase (on flashspan's rows; --switch's
+    flashspan[NAME=V] rows are flashspan's, not peers)."""
     for r in rows:
         if r["backend"] != "flashspan" or r.get("median_ms") is None or r["phase"] not in PHASES:
             continue
         for p in rows:
-            if p["backend"] != "flashspan" and p["phase"] == r["phase"] and p.get("median_ms") \
+            if not p["backend"].startswith("flashspan") and p["phase"] == r["phase"] and p.get("median_ms") \
                     and p["status"] in ("ok", "derived", "check_mismatch"):
                 r[f"speedup_vs_{p['backend']}"] = p["median_ms"] / r["median_ms"]
 
@@ -481,6 +568,8 @@ def main(argv=None) -> int:
         "batch": args.batch, "masks": args.masks, "dense": args.dense, "peers": peers, "warmup": warmup,
         "reps": reps, "quick": args.quick, "seed": args.seed, "checked": not args.no_check,
         "l2_flush_bytes": 256 * 2**20 if not cpu else 0,
+        "switch": None if args.switch is None else {"name": args.switch[0], "values": args.switch[1],
+                                                    "rounds": args.switch_rounds},
     }
     print(f"flashspan-bench: {len(workloads)} workloads on {env.get('gpu') or 'CPU'}, peers: "
           f"{', '.join(peers) or 'none'}; results -> {os.path.abspath(args.output_dir)}", flush=True)

@@ -160,6 +160,16 @@ class FlashspanRunner(Runner):
         self.forward()
         self.backward()
 
+    def rerun(self) -> None:
+        """Poisons the outputs with NaN and runs the prepared phases once more (forward, and the backward when
+        prepared), so that outputs() are this call's: the spot check of a switch value (``--switch``)."""
+        for t in (self.out, self.lse, self.dq, self.dk, self.dv):
+            t.fill_(float("nan"))
+        self.forward()
+        if self.ran_backward:
+            self.backward()
+        self.timer.sync()
+
     def outputs(self) -> dict:
         res = {"out": self.out, "lse": self.lse}
         if self.ran_backward:
