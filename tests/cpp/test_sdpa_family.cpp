@@ -948,32 +948,31 @@ TEST(SdpaFamily, Sm90BackwardDropoutPhiloxKernel) {
 }
 
 TEST(SdpaFamily, Sm90BackwardGemmOrderSwitch) {
-  // sm90::bwd_gemm_order() (the (128, 128) backward kernels' GEMM order, flex and SDPA; experimental): unset, 3 with
-  // FLASHSPAN_EXPERIMENTAL=1 and 0 without; FLASHSPAN_SM90_BWD_ORDER "0", "2", "3", "4" that order whatever
-  // FLASHSPAN_EXPERIMENTAL says (read per call), any other value 0; set_bwd_gemm_order's override winning, -1 back.
+  // sm90::bwd_gemm_order() (the (128, 128) backward kernels' register split, flex and SDPA; PERF_LOG v2.79): 4 unset
+  // or for any value but FLASHSPAN_SM90_BWD_ORDER=0, which gives 0 (read per call, FLASHSPAN_EXPERIMENTAL
+  // irrelevant); set_bwd_gemm_order's override winning (0 -> 0, others 4), -1 back to the environment's answer.
   using flashspan::test::ScopedEnv;
   sm90::set_bwd_gemm_order(-1);
   ScopedEnv var("FLASHSPAN_SM90_BWD_ORDER", nullptr);
   ScopedEnv experimental("FLASHSPAN_EXPERIMENTAL", nullptr);
-  EXPECT_EQ(sm90::bwd_gemm_order(), 0);
-  experimental.set("1");
-  EXPECT_EQ(sm90::bwd_gemm_order(), 3);
   for (const char* e : {static_cast<const char*>(nullptr), "1"}) {
     experimental.set(e);
     const std::string where = std::string("FLASHSPAN_EXPERIMENTAL=") + (e ? e : "(unset)");
+    var.set(nullptr);
+    EXPECT_EQ(sm90::bwd_gemm_order(), 4) << where;
     for (const auto& [v, order] : std::vector<std::pair<const char*, int>>{
-             {"0", 0}, {"2", 2}, {"3", 3}, {"4", 4}, {"1", 0}, {"5", 0}, {"", 0}, {"22", 0}, {"x", 0}, {" 2", 0}}) {
+             {"0", 0}, {"4", 4}, {"2", 4}, {"3", 4}, {"1", 4}, {"", 4}, {"00", 4}, {"x", 4}, {" 0", 4}}) {
       var.set(v);
       EXPECT_EQ(sm90::bwd_gemm_order(), order) << where << " FLASHSPAN_SM90_BWD_ORDER=\"" << v << '"';
     }
   }
-  var.set("3");
-  for (const auto& [set, order] : std::vector<std::pair<int, int>>{{0, 0}, {2, 2}, {3, 3}, {4, 4}, {1, 0}, {7, 0}}) {
+  var.set("0");
+  for (const auto& [set, order] : std::vector<std::pair<int, int>>{{0, 0}, {4, 4}, {2, 4}, {3, 4}, {1, 4}}) {
     sm90::set_bwd_gemm_order(set);
     EXPECT_EQ(sm90::bwd_gemm_order(), order) << "set_bwd_gemm_order(" << set << ")";
   }
   sm90::set_bwd_gemm_order(-1);
-  EXPECT_EQ(sm90::bwd_gemm_order(), 3);
+  EXPECT_EQ(sm90::bwd_gemm_order(), 0);
 }
 #endif
 

@@ -185,8 +185,8 @@ def test_bad_arguments():
     assert bench.parse_args(["--head-dim", "64,128"]).head_dims == [64, 128]  # (64, 64) only when asked for
     with pytest.raises(SystemExit):
         bench.parse_args(["--head-dim", "96"])
-    assert bench.parse_args(["--switch", "FLASHSPAN_SM90_BWD_ORDER=0, 3"]).switch == ("FLASHSPAN_SM90_BWD_ORDER",
-                                                                                     ["0", "3"])
+    assert bench.parse_args(["--switch", "FLASHSPAN_SM90_BWD_ORDER=0, 4"]).switch == ("FLASHSPAN_SM90_BWD_ORDER",
+                                                                                     ["0", "4"])
     for bad in (["--switch", "FLASHSPAN_X"], ["--switch", "FLASHSPAN_X="], ["--switch", "flashspan_x=1"],
                 ["--switch", "FLASHSPAN_X=1,,2"], ["--switch", "FLASHSPAN_X=1,1"], ["--switch", "A-B=1"],
                 ["--switch", "FLASHSPAN_X=1", "--switch-rounds", "0"]):
@@ -210,21 +210,21 @@ def test_switch_values_are_set_checked_and_timed(tmp_path, monkeypatch):
 
     def corrupt_rerun(self):
         rerun(self)
-        if os.environ.get(name) == "3":
+        if os.environ.get(name) == "4":
             self.dq.add_(1.0)
 
     monkeypatch.setattr(FlashspanRunner, "backward", spy_backward)
     monkeypatch.setattr(FlashspanRunner, "rerun", corrupt_rerun)
-    rc, out = _run(tmp_path, "--phase", "backward", "--peers", "none", "--switch", f"{name}=0,3",
+    rc, out = _run(tmp_path, "--phase", "backward", "--peers", "none", "--switch", f"{name}=0,4",
                    "--switch-rounds", "2")
     assert rc == 1
     assert os.environ.get(name) is None
     doc = json.loads((out / "results.json").read_text())
-    assert doc["config"]["switch"] == {"name": name, "values": ["0", "3"], "rounds": 2}
+    assert doc["config"]["switch"] == {"name": name, "values": ["0", "4"], "rounds": 2}
     for mask in ("causal", "tree_bfs"):
         rows = {r["backend"]: r for r in doc["results"] if r["workload"] == mask and r["phase"] == "backward"}
-        assert set(rows) == {"flashspan", "flashspan[SM90_BWD_ORDER=0]", "flashspan[SM90_BWD_ORDER=3]"}
-        good, bad = rows["flashspan[SM90_BWD_ORDER=0]"], rows["flashspan[SM90_BWD_ORDER=3]"]
+        assert set(rows) == {"flashspan", "flashspan[SM90_BWD_ORDER=0]", "flashspan[SM90_BWD_ORDER=4]"}
+        good, bad = rows["flashspan[SM90_BWD_ORDER=0]"], rows["flashspan[SM90_BWD_ORDER=4]"]
         assert good["status"] == "ok" and good["check"] == "pass"
         assert bad["status"] == "check_failed" and bad["check"].startswith("FAILED") and "dq" in bad["check"]
         assert rows["flashspan"]["check"] == "pass" and "speedup_vs_flashspan[SM90_BWD_ORDER=0]" not in rows["flashspan"]
@@ -232,15 +232,15 @@ def test_switch_values_are_set_checked_and_timed(tmp_path, monkeypatch):
             assert len(r["round_medians_ms"]) == 2 and r["reps"] == 2 and r["tflops"] > 0
             assert r["median_ms"] == pytest.approx(sum(r["round_medians_ms"]) / 2)
         checks = [c for c in doc["checks"] if c["workload"] == mask and c.get("switch")]
-        assert [(c["switch"], c["passed"]) for c in checks] == [(f"{name}=0", True), (f"{name}=3", False)]
+        assert [(c["switch"], c["passed"]) for c in checks] == [(f"{name}=0", True), (f"{name}=4", False)]
     assert set(doc["failed_checks"]) == {"causal", "tree_bfs"}
     # Per workload: the plain rows' calls (environment as given), then each value's check, then the rounds
-    # alternating 0, 3, 0, 3 (the first-call and timed calls of a phase under one value in between).
+    # alternating 0, 4, 0, 4 (the first-call and timed calls of a phase under one value in between).
     per_wl = len(seen) // 2
     variant = [v for v in seen[:per_wl] if v is not None]
-    assert variant[0] == "0" and variant[1] == "3"
+    assert variant[0] == "0" and variant[1] == "4"
     runs = [v for i, v in enumerate(variant) if i == 0 or variant[i - 1] != v]
-    assert runs == ["0", "3", "0", "3", "0", "3"]
+    assert runs == ["0", "4", "0", "4", "0", "4"]
 
 
 @pytest.mark.parametrize("name", fm.BENCHMARK_MASKS)

@@ -7,7 +7,7 @@ Run ``python -m flashspan.bench --help``. Examples::
     python -m flashspan.bench --mask causal,local --head-dim 128 --head-dim 256 --phase forward
     python -m flashspan.bench --dense --no-masks    # the dense SDPA shapes only
     python -m flashspan.bench --seqlen 512          # without a GPU: the CPU reference backend
-    python -m flashspan.bench --quick --mask causal --phase backward --switch FLASHSPAN_SM90_BWD_ORDER=0,3
+    python -m flashspan.bench --quick --mask causal --phase backward --switch FLASHSPAN_SM90_BWD_ORDER=0,4
                                                     # an A/B of a per-call switch in one process
 
 Every flashspan result is spot-checked against a float32 PyTorch math reference (sampled
@@ -66,7 +66,7 @@ def _switch_arg(text: Optional[str]) -> Optional[tuple[str, list[str]]]:
     vals = [v.strip() for v in values.split(",")]
     if not eq or not name.replace("_", "").isalnum() or not name.isupper() or not all(vals):
         raise SystemExit(f"flashspan-bench: --switch must be NAME=V1[,V2...] with an upper-case variable name and "
-                         f"non-empty values (e.g. FLASHSPAN_SM90_BWD_ORDER=0,3), got {text!r}")
+                         f"non-empty values (e.g. FLASHSPAN_SM90_BWD_ORDER=0,4), got {text!r}")
     if len(set(vals)) != len(vals):
         raise SystemExit(f"flashspan-bench: --switch {name}: a value is given twice in {values!r}")
     return name, vals
@@ -123,7 +123,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--time-limit", type=float, default=None, metavar="SECONDS",
                    help="start no new workload after this many seconds (results so far are written)")
     p.add_argument("--switch", metavar="NAME=V1[,V2...]",
-                   help="A/B of a switch flashspan reads per call (e.g. FLASHSPAN_SM90_BWD_ORDER=0,3): after the "
+                   help="A/B of a switch flashspan reads per call (e.g. FLASHSPAN_SM90_BWD_ORDER=0,4): after the "
                         "usual flashspan rows, each value is spot-checked and its phases timed again with NAME set "
                         "to it, the values alternated over --switch-rounds rounds in this one process; rows "
                         "'flashspan[NAME=V]' (NAME without 'FLASHSPAN_'), median of the rounds' medians")

@@ -185,20 +185,16 @@
 
 namespace flashspan::kern90 {
 
-// The order of the key-split consumers' GEMMs in a step without score modifiers, dropout or FP8 (a kernel template
-// parameter, launch_sm90.h bwd_gemm_order): bit 0 (kBwdOrderEarlyDv; 64-row tiles only) issues dV += P^T dO
-// right after P^T, behind the running dP^T GEMM, so that it runs while dS^T is formed (P^T's fp32 registers stay
-// live for dS^T: the consumers need 240 registers, the producer warpgroup 24); bit 1 (kBwdOrderEarlyDk) issues
-// dK += dS^T Q right after dV, before the dS^T barrier, so that both run through the dS^T stores and the barrier
-// (dQ then issued alone behind the barrier); bit 2 (kBwdOrder240; implied by bit 0) runs the consumers at 240
-// registers, the producer warpgroup at 24, with the warpgroup index uniform (the wgmma descriptors on the uniform
-// datapath: 47 fewer instructions a step, no R2UR). 0: dV after dS^T, dQ and dK behind the barrier, 40 / 232
-// (main's since v2.20). Experimental (PERF_LOG v2.78: compiled, not yet run on a GPU).
-inline constexpr int kBwdOrderEarlyDv = 1;
-inline constexpr int kBwdOrderEarlyDk = 2;
+// The register split of the key-split consumers in a step without score modifiers, dropout or FP8 (a kernel
+// template parameter, launch_sm90.h bwd_gemm_order): kBwdOrder240 runs the consumers at 240 registers, the producer
+// warpgroup at 24, with the warpgroup index uniform (the wgmma descriptors on the uniform datapath: 47 fewer
+// instructions a step at D = 128, no R2UR); the default of the (128, 128) kernels since PERF_LOG v2.79 (+3 % on an
+// H100). 0: 40 / 232 (since v2.20), the (64, 64) wide tile's (kBwdOrder240 measured 7-10 % slower there). The
+// GEMMs' order is the same either way (v2.78's dV issued behind dP^T and dK before the dS^T barrier measured no
+// faster: v2.79).
 inline constexpr int kBwdOrder240 = 4;
 template <int kOrder>
-inline constexpr bool kBwdOrderRegs240 = (kOrder & (kBwdOrderEarlyDv | kBwdOrder240)) != 0;
+inline constexpr bool kBwdOrderRegs240 = (kOrder & kBwdOrder240) != 0;
 
 // Shared-memory layout and tile of the kernel for head dims (kDqk, kDv): the tile is the plan's
 // (tile_sm90.h; kWideTile: the wide tile of those dims, which only this backward runs).
@@ -1153,12 +1149,6 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
           }
         }
       }
-      // kOrder (kBwdOrderEarlyDv): dV += P^T dO issued here, behind the running dP^T GEMM, so that it runs while
-      // dS^T is formed (sacc, P^T in fp32, stays live for dS^T).
-      // (The wide tile's P^T and dP^T are 64 registers each: no early dV there.)
-      constexpr bool kPlain = !Src::kMods && !Src::kFp8 && !Src::kDropout;
-      constexpr bool kEarlyDv = (kOrder & kBwdOrderEarlyDv) != 0 && kPlain && kBq == 64;
-      constexpr bool kEarlyDk = (kOrder & kBwdOrderEarlyDk) != 0 && kPlain;
       uint32_t pa[kKQ][4], dsa[kKQ][4];
       // acc += A (from registers: P^T for dV, dS^T for dK) times the stage's dO / Q (N-major: LBO = slab stride), one
       // commit group.
@@ -1167,14 +1157,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
         for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(acc, a[kk], desc_add(smem_desc(tile, L::kSlabQ, 1024), kk * 2048));
         wg_commit();
       };
-      if constexpr (kEarlyDv) {
-        pack_a_frag<E>(sacc, pa);
-        wg_fence();
-        gemm_rs_stage(dv, pa, do_tile);
-        wg_wait<1>();  // dP^T done (dV may still run)
-      } else {
-        wg_wait<0>();
-      }
+      wg_wait<0>();
       reg_fence(dpacc);
       if constexpr (Src::kFp8) {
         // FP8: dP8 (dS^T's registers) and S8 (P^T's), both on the FP8 grid, amax_dP.
@@ -1195,18 +1178,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
         }
       }
       pack_a_frag<E>(dpacc, dsa);
-      if constexpr (!kEarlyDv) {
-        pack_a_frag<E>(sacc, pa);
-        // dV += P^T dO, running while dS^T goes to shared memory.
-        wg_fence();
-        gemm_rs_stage(dv, pa, do_tile);
-      }
-      if constexpr (kEarlyDk) {
-        // kOrder (kBwdOrderEarlyDk): dK += dS^T Q behind dV, both running while dS^T goes to shared memory and
-        // through the barrier. (With the early dV, dS^T's registers were written after dV's fence.)
-        if constexpr (kEarlyDv) wg_fence();
-        gemm_rs_stage(dk, dsa, q_tile);
-      }
+      pack_a_frag<E>(sacc, pa);
+      // dV += P^T dO, running while dS^T goes to shared memory.
+      wg_fence();
+      gemm_rs_stage(dv, pa, do_tile);
       // dS^T to shared memory: key rows of 64 queries (128 B) in slab j / 8 (queries 64 (j / 8) ..),
       // chunk j % 8 at (j % 8) ^ (key % 8).
       const uint32_t ds_buf = base + L::kDS + (step_it & 1) * L::kDSBytes;
@@ -1224,11 +1199,7 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       // behind a running dV, FlashAttention-3's and the seed system's order, needs 240 consumer
       // registers and so a 24-register producer warpgroup: measured no faster at D = 128 and 5 %
       // slower at D = 64, PERF_LOG v2.20.)
-      if constexpr (kEarlyDk) {
-        wg_wait<1>();  // dV done (dK may still run)
-      } else {
-        wg_wait<0>();
-      }
+      wg_wait<0>();
       if constexpr (Src::kStageBias) {
         // The next step's bias into the region this step's logits read (P^T, made from it, is
         // consumed: dV is done), in flight under this step's dQ and dK and the next one's S^T. Its
@@ -1246,12 +1217,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
                                     desc_add(smem_desc(kq_t, L::kSlabK, 1024), kk * 2048), kk > 0);
       }
       wg_commit();
-      if constexpr (kEarlyDk) {
-        wg_wait<0>();  // dK and dQ done
-      } else {
-        gemm_rs_stage(dk, dsa, q_tile);
-        wg_wait<1>();  // dQ done (dK may still run)
-      }
+      gemm_rs_stage(dk, dsa, q_tile);
+      wg_wait<1>();  // dQ done (dK may still run)
       reg_fence(dq);
       // dQ tile to shared memory for the writer, in register order (dq_tile_offset_sm90).
       tr.mark(kTrDqDone);
@@ -1796,8 +1763,7 @@ __device__ __forceinline__ void bwd_sm90_body(const BwdParams& p, const CUtensor
     fence_barrier_init();
   }
   __syncthreads();
-  // kOrder's early dV keeps P^T's fp32 registers live beside dP^T, dK and dV: 24 / 240 (FlashAttention-3's split;
-  // the producer spills; kBwdOrder240 alone: the same split for the uniform warpgroup index), else the layout's.
+  // kBwdOrder240: 24 / 240 (FlashAttention-3's split; the producer warpgroup spills), else the layout's.
   constexpr bool k240 = kBwdOrderRegs240<kOrder>;
   static_assert(!k240 || (!L::kT3 && !L::kColSplit), "sm90 backward: kOrder is the key-split consumers'");
   constexpr int kProducerRegs = k240 ? 24 : L::kProducerRegs;

@@ -31,20 +31,17 @@ template <int kD, class E, int kDv = kD, bool kWideTile = false>
 void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
              const CUtensorMap& mdo, cudaStream_t stream) {
   using L = kern90::BwdSm90Layout<kD, kDv, kWideTile>;
-  // The GEMM order of the (128, 128) kernel and of (64, 64) on the wide tile (bwd_gemm_order: 0, 2, 3 or 4,
-  // experimental).
-  constexpr bool kOrders = (kD == 128 && kDv == 128 && !kWideTile) || (kD == 64 && kDv == 64 && kWideTile);
+  // The register split of the (128, 128) kernel (bwd_gemm_order: 4 by default, or 0).
+  constexpr bool kOrders = kD == 128 && kDv == 128 && !kWideTile;
   const int order = kOrders ? bwd_gemm_order() : 0;
   const int slot = bwd_gemm_order_slot(order);
   auto kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile>;
   if constexpr (kOrders) {
-    if (order == 2) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, 2>;
-    if (order == 3) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, 3>;
-    if (order == 4) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, 4>;
+    if (order == kern90::kBwdOrder240) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, kern90::kBwdOrder240>;
   }
-  static std::atomic<uint64_t> smem_set[4] = {0, 0, 0, 0};
+  static std::atomic<uint64_t> smem_set[2] = {0, 0};
   ensure_smem_limit(kernel, L::kBytes, smem_set[slot], "flex backward (sm90): cudaFuncSetAttribute");
-  static std::atomic<int> ctas_cache[4][64];
+  static std::atomic<int> ctas_cache[2][64];
   const int ctas = persistent_ctas(kernel, L::kThreads, L::kBytes, ctas_cache[slot], "flex backward (sm90)");
   BwdParams p = p_in;
   if (p.split_schedule) {

@@ -179,18 +179,15 @@ bool bwd_det_own_slots();
 // -1 back to the environment's answer (tests).
 bool bwd_split_first_enabled();
 void set_bwd_split_first(int on);
-// The order of the key-split backward kernels' GEMMs in a step without score modifiers or dropout, fp16 and bf16:
-// flex (128, 128) and (64, 64) on the wide tile, SDPA (64, 64) and (128, 128) (kernel_bwd_sm90.cuh kBwdOrderEarlyDv /
-// kBwdOrderEarlyDk / kBwdOrder240; the kernel's kOrder): 0 main's order; 2 dK issued with dV before the dS^T barrier;
-// 4 main's order at 24 / 240 registers with a uniform warpgroup index; 3 orders 2 and 4 and dV issued before the
-// dP^T wait (64-row tiles; the wide tile's 3 is 2 and 4). Experimental, not yet run on a GPU (PERF_LOG
-// v2.78): FLASHSPAN_SM90_BWD_ORDER "0", "2", "3" or "4" picks that order (read per call; any other value: 0); unset,
-// 3 with FLASHSPAN_EXPERIMENTAL=1, else 0. set_bwd_gemm_order: 0, 2, 3 or 4 for this process (tests), -1 back to
-// the environment's answer.
+// The register split of the (128, 128) key-split backward kernels in a step without score modifiers or dropout, fp16
+// and bf16, flex and SDPA (kernel_bwd_sm90.cuh kBwdOrder240; the kernel's kOrder): 4 (the default since PERF_LOG
+// v2.79, +3 % on an H100) the consumers at 240 registers and the producer warpgroup at 24, the warpgroup index
+// uniform; 0 the 40 / 232 split of v2.20-v2.78. FLASHSPAN_SM90_BWD_ORDER=0 (read per call) picks 0, any other value
+// or none 4. set_bwd_gemm_order: 0 or 4 for this process (tests; other values 4), -1 back to the environment's answer.
 int bwd_gemm_order();
 void set_bwd_gemm_order(int order);
-// The launchers' slot of an order's kernel in their smem / CTA caches: 0, 2, 3, 4 -> 0, 1, 2, 3.
-constexpr int bwd_gemm_order_slot(int order) { return order == 0 ? 0 : order - 1; }
+// The launchers' slot of an order's kernel in their smem / CTA caches: 0 -> 0, 4 -> 1.
+constexpr int bwd_gemm_order_slot(int order) { return order == 0 ? 0 : 1; }
 
 // Whether the sm90 backward kernel covers a configuration (independent of the device): fp16 or
 // bf16, head dims of bwd_runs_head_dims_sm90 (each a multiple of 8 up to 128, (192, 128), (256, 256)),

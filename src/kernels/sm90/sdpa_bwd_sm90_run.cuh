@@ -27,7 +27,7 @@ namespace bwd_detail {
 // bias of whole chunks, SdpaBiasParams::chunks).
 // Form (kDropout): 0 the modifiers' dropout kernel, 1 the Philox-only dropout kernel (launch_sm90.h
 // sdpa_bwd_dropout_philox_kernel: Philox calls without modifiers).
-// Order (the pure-mask (64, 64) and (128, 128) kernels): bwd_gemm_order's 0, 2, 3 or 4 (the kernel's kOrder).
+// Order (the pure-mask (128, 128) kernel): bwd_gemm_order's 4 or 0 (the kernel's kOrder).
 template <int kD, class E, int kDv, bool kWideTile, bool kMods, bool kDropout>
 auto sdpa_kernel(int form, int order) {
   (void)order;
@@ -41,10 +41,8 @@ auto sdpa_kernel(int form, int order) {
                      : kern90::sdpa_bwd_mods_kernel_sm90<kD, E, false, false>;
   } else {
     (void)form;
-    if constexpr (kD == kDv && kD <= 128 && !kWideTile) {
-      if (order == 2) return kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile, 2>;
-      if (order == 3) return kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile, 3>;
-      if (order == 4) return kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile, 4>;
+    if constexpr (kD == 128 && kDv == 128 && !kWideTile) {
+      if (order == kern90::kBwdOrder240) return kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile, kern90::kBwdOrder240>;
     }
     return kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile>;
   }
@@ -66,9 +64,9 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
       const bool softcap = am.score.softcap2 != 0.0f;
       const bool staged = kMods && !kDropout && !softcap && am.bias.bias != nullptr && am.bias.chunks != 0;
       const int form = kDropout ? (sdpa_bwd_dropout_philox_kernel(am) ? 1 : 0) : staged ? 2 : softcap ? 1 : 0;
-      // The pure-mask (64, 64) / (128, 128) kernels' GEMM order (bwd_gemm_order, experimental), in its slot of the
+      // The pure-mask (128, 128) kernel's register split (bwd_gemm_order), in its slot of the
       // caches below, which the other kernels index by form.
-      const int order = !kMods && kD == kDv && kD <= 128 && !kWideTile ? bwd_gemm_order() : 0;
+      const int order = !kMods && kD == 128 && kDv == 128 && !kWideTile ? bwd_gemm_order() : 0;
       const int slot = kMods ? form : bwd_gemm_order_slot(order);
       auto kernel = bwd_detail::sdpa_kernel<kD, E, kDv, kWideTile, kMods, kDropout>(form, order);
       // The staged bias's kernel stages it after the rest (BwdSm90Layout::kBiasStage), where the (128, 128) softcap

@@ -172,10 +172,10 @@ bool bwd_det_unordered() {
 // visible to the writer's thread only, and without the release the next key block's addition can overtake it.
 bool bwd_det_relaxed() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_RELAXED"); }
 
-// The key-split backward kernels' GEMM order (experimental, PERF_LOG v2.78; the rule in launch_sm90.h): the orders
-// with kernels are 0, 2, 3 and 4 (kernel_bwd_sm90.cuh kBwdOrderEarlyDv / kBwdOrderEarlyDk / kBwdOrder240).
+// The (128, 128) backward kernels' register split (PERF_LOG v2.79; the rule in launch_sm90.h): 0 or 4
+// (kernel_bwd_sm90.cuh kBwdOrder240), 4 by default.
 namespace {
-int valid_gemm_order(int order) { return order == 2 || order == 3 || order == 4 ? order : 0; }
+int valid_gemm_order(int order) { return order == 0 ? 0 : 4; }
 }  // namespace
 
 void set_bwd_gemm_order(int order) {
@@ -186,8 +186,7 @@ int bwd_gemm_order() {
   const int o = g_gemm_order_override.load(std::memory_order_relaxed);
   if (o >= 0) return o;
   const char* e = std::getenv("FLASHSPAN_SM90_BWD_ORDER");
-  if (e == nullptr) return experimental_from_env() ? 3 : 0;
-  return std::strlen(e) == 1 ? valid_gemm_order(e[0] - '0') : 0;
+  return e != nullptr && std::strcmp(e, "0") == 0 ? 0 : 4;
 }
 
 // FLASHSPAN_SM90_BWD_DET_DQ_CHUNKS (read per call): "1" adds each deterministic dQ tile whole; anything else (the
