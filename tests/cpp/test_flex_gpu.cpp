@@ -2502,10 +2502,10 @@ TEST(FlexGpuSm90, BwdRandomCases) {
 }
 
 // The register splits of the (128, 128) kernel (sm90::bwd_gemm_order 4: 24 / 240 registers, a uniform warpgroup
-// index, the default; 0: 40 / 232; PERF_LOG v2.79), forced here whatever the environment says: random cases at head
-// dims 128 / 96 / 64 (random interval masks, THD with empty samples, GQA / MQA, strided tensors, dlse; 64 runs the
-// (64, 64) kernel, the same either way), the special rows, deterministic THD cases bitwise over three runs and the
-// split schedule.
+// index, the default; 0: 40 / 232; PERF_LOG v2.79) and the experimental GEMM orders (12, 20, 28 at (128, 128); 16,
+// 20, 28 the (64, 64) wide tile's late dK; PERF_LOG v2.80), forced here whatever the environment says: random cases
+// at head dims 128 / 96 / 64 (random interval masks, THD with empty samples, GQA / MQA, strided tensors, dlse), the
+// special rows, deterministic THD cases bitwise over three runs and the split schedule.
 struct Sm90BwdGemmOrder {
   explicit Sm90BwdGemmOrder(int order) { sm90::set_bwd_gemm_order(order); }
   ~Sm90BwdGemmOrder() { sm90::set_bwd_gemm_order(-1); }
@@ -2514,7 +2514,7 @@ struct Sm90BwdGemmOrder {
 TEST(FlexGpuSm90, BwdGemmOrders) {
   REQUIRE_SM90();
   Sm90BwdOn on;
-  for (int order : {0, 4}) {
+  for (int order : {0, 4, 12, 16, 20, 28}) {
     SCOPED_TRACE("bwd_gemm_order " + std::to_string(order));
     Sm90BwdGemmOrder o(order);
     ASSERT_EQ(sm90::bwd_gemm_order(), order);
@@ -2535,16 +2535,19 @@ TEST(FlexGpuSm90, BwdGemmOrders) {
 TEST(FlexGpuSm90, BwdGemmOrderSanitizer) {
   REQUIRE_SM90();
   Sm90BwdOn on;
-  for (int order : {0, 4}) {
+  for (int order : {0, 4, 12, 16, 20, 28}) {
     SCOPED_TRACE("bwd_gemm_order " + std::to_string(order));
     Sm90BwdGemmOrder o(order);
     uint64_t seed = 9850 + 10 * order;
-    run_sm90_bwd_rows({{.h = {2, 1, 2, 3, 0, 0, kBF16}, .sq = 200, .sk = 140},
-                       {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 165}, .lk = {66, 20, 0}},
-                       {.h = {2, 1, 2, 5, 0, 0, kBF16}, .sq = 1400, .sk = 1400, .mask = "global", .split = true},
-                       {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 165}, .lk = {66, 20, 0}, .det = true},
-                       {.h = {2, 1, 2, 5, 96, 96, kF16}, .sq = 1400, .sk = 1400, .mask = "global", .split = true}},
-                      128, 128, seed);
+    const std::vector<Sm90BwdRow> rows = {
+        {.h = {2, 1, 2, 3, 0, 0, kBF16}, .sq = 200, .sk = 140},
+        {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 165}, .lk = {66, 20, 0}},
+        {.h = {2, 1, 2, 5, 0, 0, kBF16}, .sq = 1400, .sk = 1400, .mask = "global", .split = true},
+        {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 165}, .lk = {66, 20, 0}, .det = true},
+        {.h = {2, 1, 2, 5, 96, 96, kF16}, .sq = 1400, .sk = 1400, .mask = "global", .split = true}};
+    run_sm90_bwd_rows(rows, 128, 128, seed);
+    // The (64, 64) wide tile's late dK (orders 16, 20, 28).
+    if (order & 16) run_sm90_bwd_rows(rows, 64, 64, seed);
   }
 }
 

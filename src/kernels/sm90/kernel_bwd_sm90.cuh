@@ -195,6 +195,20 @@ namespace flashspan::kern90 {
 inline constexpr int kBwdOrder240 = 4;
 template <int kOrder>
 inline constexpr bool kBwdOrderRegs240 = (kOrder & kBwdOrder240) != 0;
+// Two experimental steps (FLASHSPAN_EXPERIMENTAL=1, launch_sm90.h bwd_gemm_order; flex only, PERF_LOG v2.80):
+// kBwdOrderEarlyDq (on top of kBwdOrder240) issues dQ right after the dS^T barrier, behind the running dV
+// (FlashAttention-3's and the seed system's order: no wait for dV in between); kBwdOrderLateDk leaves the step's dK
+// (A from the dS^T buffer) running into the next step -- its wait, and the release of the step's Q / dO stage, come
+// with the next step's S^T wait -- so that the dQ stores, the step's end and the next step's S^T / dP^T issue run
+// under it (on top of kBwdOrder240 at (128, 128), alone on the (64, 64) wide tile's 232 registers).
+inline constexpr int kBwdOrderEarlyDq = 8;
+inline constexpr int kBwdOrderLateDk = 16;
+// The kernels that have the kBwdOrder240 variant (the launchers' one rule): the pure-mask (128, 128) key-split tile.
+template <int kD, int kDv, bool kWideTile>
+inline constexpr bool kHasBwdOrder240 = kD == 128 && kDv == 128 && !kWideTile;
+// The kernels that have kBwdOrderLateDk alone: the (64, 64) wide tile.
+template <int kD, int kDv, bool kWideTile>
+inline constexpr bool kHasBwdOrderLateDkWide = kD == 64 && kDv == 64 && kWideTile;
 
 // Shared-memory layout and tile of the kernel for head dims (kDqk, kDv): the tile is the plan's
 // (tile_sm90.h; kWideTile: the wide tile of those dims, which only this backward runs).
@@ -1004,6 +1018,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
   // keys 64c .. 64c + 63 (with 240 registers, kBwdOrderRegs240: uniform, so that the descriptors are built on the
   // uniform datapath; at 232 a uniform index made ptxas serialise the wgmma, PERF_LOG v2.21)
   constexpr bool kUniformWg = kBwdOrderRegs240<kOrder>;
+  constexpr bool kEarlyDq = (kOrder & kBwdOrderEarlyDq) != 0;
+  constexpr bool kLateDk = (kOrder & kBwdOrderLateDk) != 0;
+  static_assert(!(kEarlyDq || kLateDk) || (!Src::kMods && !Src::kDropout && !Src::kFp8 && !Src::kStageBias),
+                "sm90 backward: the early-dQ / late-dK steps are the pure-mask kernels'");
+  static_assert(!kEarlyDq || (kUniformWg && kBq == 64), "sm90 backward: early dQ needs the 240-register (128, 128) kernel");
   const int c = kUniformWg ? consumer_warpgroup() : (threadIdx.x - 128) >> 7;
   const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
   const int key_thr = 64 * c + 16 * w + g;  // the thread's first key of the block (+8: second)
@@ -1102,6 +1121,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       const int4 info = s_info[st];  // {h, qb, payload}
       wg_wait<1>();
       reg_fence(sacc);
+      if constexpr (kLateDk) {
+        // The previous step's dK has completed with this S^T (wgmma groups complete in order): its Q / dO stage is free.
+        if (s > 0) mbar_arrive(bars + L::kQdoEmpty + 8 * ((step_it - 1) % L::kStages));
+      }
       // Payload words of a partial step, pre-shifted (a full block: every bit set, so the mask
       // test below is branch-free).
       uint32_t pw[kBq / 16][2];
@@ -1198,8 +1221,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       // dV done: P^T's registers are free before the dQ accumulators become live. (Issuing dQ and dK
       // behind a running dV, FlashAttention-3's and the seed system's order, needs 240 consumer
       // registers and so a 24-register producer warpgroup: measured no faster at D = 128 and 5 %
-      // slower at D = 64, PERF_LOG v2.20.)
-      wg_wait<0>();
+      // slower at D = 64, PERF_LOG v2.20; kEarlyDq: that order again on the 240-register kernel.)
+      if constexpr (!kEarlyDq) wg_wait<0>();
       if constexpr (Src::kStageBias) {
         // The next step's bias into the region this step's logits read (P^T, made from it, is
         // consumed: dV is done), in flight under this step's dQ and dK and the next one's S^T. Its
@@ -1217,8 +1240,21 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
                                     desc_add(smem_desc(kq_t, L::kSlabK, 1024), kk * 2048), kk > 0);
       }
       wg_commit();
-      gemm_rs_stage(dk, dsa, q_tile);
-      wg_wait<1>();  // dQ done (dK may still run)
+      if constexpr (kLateDk) {
+        // dK += dS^T Q with A from the dS^T buffer (the warpgroup's 64 key rows, K-major: k16 step kk in slab
+        // kk / 4, 32 bytes a step inside it), so that no register operand stays live into the next step (with dS^T's
+        // registers held, ptxas serialised the wgmma: C7512).
+#pragma unroll
+        for (int kk = 0; kk < kKQ; ++kk) {
+          const uint32_t a = ds_buf + (kk >> 2) * L::kDsSlab + uint32_t(c) * 64 * 128;
+          wgmma_ss_tnspb<kD, E>(dk, desc_add(smem_desc(a, 16, 1024), 32 * (kk & 3)),
+                                desc_add(smem_desc(q_tile, L::kSlabQ, 1024), kk * 2048), 1);
+        }
+        wg_commit();
+      } else {
+        gemm_rs_stage(dk, dsa, q_tile);
+      }
+      wg_wait<1>();  // dQ done (dK may still run; kEarlyDq: dV done with it)
       reg_fence(dq);
       // dQ tile to shared memory for the writer, in register order (dq_tile_offset_sm90).
       tr.mark(kTrDqDone);
@@ -1237,9 +1273,16 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       fence_proxy_async_smem();
       mbar_arrive(bars + L::kDqFull);
       tr.mark(kTrDqFull);
-      wg_wait<0>();  // dK done
-      mbar_arrive(bars + L::kQdoEmpty + 8 * st);  // Q, dO, the statistics and the info are free
+      if constexpr (!kLateDk) {
+        wg_wait<0>();  // dK done
+        mbar_arrive(bars + L::kQdoEmpty + 8 * st);  // Q, dO, the statistics and the info are free
+      }
       tr.mark(kTrStepEnd);
+    }
+    if constexpr (kLateDk) {
+      // The item's last dK (its stage released here; the next item's first step releases none).
+      wg_wait<0>();
+      if (it.steps > 0) mbar_arrive(bars + L::kQdoEmpty + 8 * ((step_it - 1) % L::kStages));
     }
     reg_fence(dk);
     reg_fence(dv);

@@ -32,16 +32,25 @@ void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk
              const CUtensorMap& mdo, cudaStream_t stream) {
   using L = kern90::BwdSm90Layout<kD, kDv, kWideTile>;
   // The register split of the (128, 128) kernel (bwd_gemm_order: 4 by default, or 0).
-  constexpr bool kOrders = kD == 128 && kDv == 128 && !kWideTile;
-  const int order = kOrders ? bwd_gemm_order() : 0;
+  constexpr bool kOrders = kern90::kHasBwdOrder240<kD, kDv, kWideTile>;
+  constexpr bool kWideLate = kern90::kHasBwdOrderLateDkWide<kD, kDv, kWideTile>;
+  const int order = kOrders ? bwd_gemm_order_128(bwd_gemm_order()) : kWideLate ? bwd_gemm_order_wide64(bwd_gemm_order()) : 0;
   const int slot = bwd_gemm_order_slot(order);
   auto kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile>;
   if constexpr (kOrders) {
-    if (order == kern90::kBwdOrder240) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, kern90::kBwdOrder240>;
+    constexpr int k4 = kern90::kBwdOrder240, kDq = kern90::kBwdOrderEarlyDq, kDk = kern90::kBwdOrderLateDk;
+    if (order == k4) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, k4>;
+    // The experimental steps (FLASHSPAN_EXPERIMENTAL=1, bwd_gemm_order).
+    if (order == (k4 | kDq)) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, k4 | kDq>;
+    if (order == (k4 | kDk)) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, k4 | kDk>;
+    if (order == (k4 | kDq | kDk)) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, k4 | kDq | kDk>;
   }
-  static std::atomic<uint64_t> smem_set[2] = {0, 0};
+  if constexpr (kWideLate) {
+    if (order == kern90::kBwdOrderLateDk) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, kern90::kBwdOrderLateDk>;
+  }
+  static std::atomic<uint64_t> smem_set[kBwdGemmOrderSlots] = {};
   ensure_smem_limit(kernel, L::kBytes, smem_set[slot], "flex backward (sm90): cudaFuncSetAttribute");
-  static std::atomic<int> ctas_cache[2][64];
+  static std::atomic<int> ctas_cache[kBwdGemmOrderSlots][64];
   const int ctas = persistent_ctas(kernel, L::kThreads, L::kBytes, ctas_cache[slot], "flex backward (sm90)");
   BwdParams p = p_in;
   if (p.split_schedule) {

@@ -41,7 +41,7 @@ auto sdpa_kernel(int form, int order) {
                      : kern90::sdpa_bwd_mods_kernel_sm90<kD, E, false, false>;
   } else {
     (void)form;
-    if constexpr (kD == 128 && kDv == 128 && !kWideTile) {
+    if constexpr (kern90::kHasBwdOrder240<kD, kDv, kWideTile>) {
       if (order == kern90::kBwdOrder240) return kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile, kern90::kBwdOrder240>;
     }
     return kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile>;
@@ -66,7 +66,7 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
       const int form = kDropout ? (sdpa_bwd_dropout_philox_kernel(am) ? 1 : 0) : staged ? 2 : softcap ? 1 : 0;
       // The pure-mask (128, 128) kernel's register split (bwd_gemm_order), in its slot of the
       // caches below, which the other kernels index by form.
-      const int order = !kMods && kD == 128 && kDv == 128 && !kWideTile ? bwd_gemm_order() : 0;
+      const int order = !kMods && kern90::kHasBwdOrder240<kD, kDv, kWideTile> ? sdpa_bwd_gemm_order(bwd_gemm_order()) : 0;
       const int slot = kMods ? form : bwd_gemm_order_slot(order);
       auto kernel = bwd_detail::sdpa_kernel<kD, E, kDv, kWideTile, kMods, kDropout>(form, order);
       // The staged bias's kernel stages it after the rest (BwdSm90Layout::kBiasStage), where the (128, 128) softcap

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "core/env_switch.h"
 #include "kernels/common/experimental_switch.h"
@@ -172,10 +173,11 @@ bool bwd_det_unordered() {
 // visible to the writer's thread only, and without the release the next key block's addition can overtake it.
 bool bwd_det_relaxed() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_RELAXED"); }
 
-// The (128, 128) backward kernels' register split (PERF_LOG v2.79; the rule in launch_sm90.h): 0 or 4
-// (kernel_bwd_sm90.cuh kBwdOrder240), 4 by default.
+// The key-split backward kernels' register split and GEMM order (PERF_LOG v2.79, v2.80; the rule in launch_sm90.h): 0
+// or 4 (kernel_bwd_sm90.cuh kBwdOrder240), 4 by default; the experimental 12, 16, 20, 28 with FLASHSPAN_EXPERIMENTAL=1.
 namespace {
-int valid_gemm_order(int order) { return order == 0 ? 0 : 4; }
+bool experimental_gemm_order(int order) { return order == 12 || order == 16 || order == 20 || order == 28; }
+int valid_gemm_order(int order) { return order == 0 || experimental_gemm_order(order) ? order : 4; }
 }  // namespace
 
 void set_bwd_gemm_order(int order) {
@@ -186,7 +188,12 @@ int bwd_gemm_order() {
   const int o = g_gemm_order_override.load(std::memory_order_relaxed);
   if (o >= 0) return o;
   const char* e = std::getenv("FLASHSPAN_SM90_BWD_ORDER");
-  return e != nullptr && std::strcmp(e, "0") == 0 ? 0 : 4;
+  if (e == nullptr) return 4;
+  if (std::strcmp(e, "0") == 0) return 0;
+  for (int x : {12, 16, 20, 28}) {
+    if (std::strcmp(e, std::to_string(x).c_str()) == 0) return experimental_from_env() ? x : 4;
+  }
+  return 4;
 }
 
 // FLASHSPAN_SM90_BWD_DET_DQ_CHUNKS (read per call): "1" adds each deterministic dQ tile whole; anything else (the
