@@ -2502,8 +2502,9 @@ TEST(FlexGpuSm90, BwdRandomCases) {
 }
 
 // The register splits of the (128, 128) kernel (sm90::bwd_gemm_order 4: 24 / 240 registers, a uniform warpgroup
-// index, the default; 0: 40 / 232; PERF_LOG v2.79) and the experimental GEMM orders (12, 20, 28 at (128, 128); 16,
-// 20, 28 the (64, 64) wide tile's late dK; PERF_LOG v2.80), forced here whatever the environment says: random cases
+// index, the default; 0: 40 / 232; PERF_LOG v2.79) and the experimental GEMM orders (12, 20, 28, 36, 44 at (128, 128);
+// the (64, 64) wide tile's late dK 16 from 20 / 28, its deferred dK 32 from 36 / 44; PERF_LOG v2.80; the sanitizer
+// test: 0, 4, 28, 44), forced here whatever the environment says: random cases
 // at head dims 128 / 96 / 64 (random interval masks, THD with empty samples, GQA / MQA, strided tensors, dlse), the
 // special rows, deterministic THD cases bitwise over three runs and the split schedule.
 struct Sm90BwdGemmOrder {
@@ -2514,7 +2515,7 @@ struct Sm90BwdGemmOrder {
 TEST(FlexGpuSm90, BwdGemmOrders) {
   REQUIRE_SM90();
   Sm90BwdOn on;
-  for (int order : {0, 4, 12, 16, 20, 28}) {
+  for (int order : {0, 4, 12, 20, 28, 36, 44}) {
     SCOPED_TRACE("bwd_gemm_order " + std::to_string(order));
     Sm90BwdGemmOrder o(order);
     ASSERT_EQ(sm90::bwd_gemm_order(), order);
@@ -2535,7 +2536,7 @@ TEST(FlexGpuSm90, BwdGemmOrders) {
 TEST(FlexGpuSm90, BwdGemmOrderSanitizer) {
   REQUIRE_SM90();
   Sm90BwdOn on;
-  for (int order : {0, 4, 12, 16, 20, 28}) {
+  for (int order : {0, 4, 28, 44}) {
     SCOPED_TRACE("bwd_gemm_order " + std::to_string(order));
     Sm90BwdGemmOrder o(order);
     uint64_t seed = 9850 + 10 * order;
@@ -2546,8 +2547,8 @@ TEST(FlexGpuSm90, BwdGemmOrderSanitizer) {
         {.h = {2, 2, 1, 1, 0, 0, kF16}, .lq = {70, 0, 165}, .lk = {66, 20, 0}, .det = true},
         {.h = {2, 1, 2, 5, 96, 96, kF16}, .sq = 1400, .sk = 1400, .mask = "global", .split = true}};
     run_sm90_bwd_rows(rows, 128, 128, seed);
-    // The (64, 64) wide tile's late dK (orders 16, 20, 28).
-    if (order & 16) run_sm90_bwd_rows(rows, 64, 64, seed);
+    // The (64, 64) wide tile's late dK (28 -> 16) and deferred dK (44 -> 32).
+    if (order & 48) run_sm90_bwd_rows(rows, 64, 64, seed);
   }
 }
 

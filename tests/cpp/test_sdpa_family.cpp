@@ -967,33 +967,41 @@ TEST(SdpaFamily, Sm90BackwardGemmOrderSwitch) {
       EXPECT_EQ(sm90::bwd_gemm_order(), order) << where << " FLASHSPAN_SM90_BWD_ORDER=\"" << v << '"';
     }
     // The experimental steps (flex only): their values with FLASHSPAN_EXPERIMENTAL=1, else 4; SDPA runs 4 for them.
-    for (int x : {12, 16, 20, 28}) {
+    for (int x : {12, 16, 20, 28, 32, 36, 44}) {
       const std::string v = std::to_string(x);
       var.set(v.c_str());
       const int o = sm90::bwd_gemm_order();
       EXPECT_EQ(o, e ? x : 4) << where << " FLASHSPAN_SM90_BWD_ORDER=" << v;
       EXPECT_EQ(sm90::sdpa_bwd_gemm_order(o), 4);
-      // Each kernel takes its own bits: (128, 128) all but 16 (-> 4), the (64, 64) wide tile the late dK (16) alone.
-      EXPECT_EQ(sm90::bwd_gemm_order_128(o), o == 16 ? 4 : o);
-      EXPECT_EQ(sm90::bwd_gemm_order_wide64(o), e && x != 12 ? 16 : 0);
+      // Each kernel takes its own bits: (128, 128) the value with the 240-register bit, the (64, 64) wide tile its
+      // late-dK (16) or deferred-dK (32) bit alone.
+      EXPECT_EQ(sm90::bwd_gemm_order_128(o), e ? x | 4 : 4);
+      EXPECT_EQ(sm90::bwd_gemm_order_wide64(o), e ? x & 48 : 0);
     }
     var.set("8");
     EXPECT_EQ(sm90::bwd_gemm_order(), 4) << where;
   }
-  // The cache slots: one per kernel (0, 4, 12, 20, 28, 16), all distinct and below kBwdGemmOrderSlots.
+  // The cache slots: one per kernel's order (0, 4, 12, 20, 28, 36, 44, 16, 32), all distinct and below
+  // kBwdGemmOrderSlots; each order a kernel takes has one.
   std::set<int> slots;
-  for (int o : {0, 4, 12, 20, 28, 16}) {
+  for (int o : {0, 4, 12, 20, 28, 36, 44, 16, 32}) {
     const int slot = sm90::bwd_gemm_order_slot(o);
     EXPECT_LT(slot, sm90::kBwdGemmOrderSlots);
+    EXPECT_EQ(sm90::kBwdGemmOrders[slot], o);
     slots.insert(slot);
   }
-  EXPECT_EQ(slots.size(), 6u);
+  EXPECT_EQ(slots.size(), 9u);
+  for (int o : {0, 4, 12, 16, 20, 28, 32, 36, 44}) {
+    EXPECT_EQ(sm90::kBwdGemmOrders[sm90::bwd_gemm_order_slot(sm90::bwd_gemm_order_128(o))], sm90::bwd_gemm_order_128(o));
+    EXPECT_EQ(sm90::kBwdGemmOrders[sm90::bwd_gemm_order_slot(sm90::bwd_gemm_order_wide64(o))], sm90::bwd_gemm_order_wide64(o));
+  }
   EXPECT_EQ(sm90::bwd_gemm_order_wide64(0), 0);
   EXPECT_EQ(sm90::bwd_gemm_order_wide64(4), 0);
   EXPECT_EQ(sm90::bwd_gemm_order_128(0), 0);
   var.set("0");
   for (const auto& [set, order] :
-       std::vector<std::pair<int, int>>{{0, 0}, {4, 4}, {2, 4}, {3, 4}, {1, 4}, {8, 4}, {12, 12}, {16, 16}, {20, 20}, {28, 28}}) {
+       std::vector<std::pair<int, int>>{{0, 0}, {4, 4}, {2, 4}, {3, 4}, {1, 4}, {8, 4}, {12, 12}, {16, 16}, {20, 20}, {28, 28},
+                                        {32, 32}, {36, 36}, {44, 44}, {48, 4}}) {
     sm90::set_bwd_gemm_order(set);
     EXPECT_EQ(sm90::bwd_gemm_order(), order) << "set_bwd_gemm_order(" << set << ")";
   }

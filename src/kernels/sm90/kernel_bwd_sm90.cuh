@@ -201,12 +201,16 @@ inline constexpr bool kBwdOrderRegs240 = (kOrder & kBwdOrder240) != 0;
 // (A from the dS^T buffer) running into the next step -- its wait, and the release of the step's Q / dO stage, come
 // with the next step's S^T wait -- so that the dQ stores, the step's end and the next step's S^T / dP^T issue run
 // under it (on top of kBwdOrder240 at (128, 128), alone on the (64, 64) wide tile's 232 registers).
+// kBwdOrderDeferDk goes further: the step's dK is issued in the next step, behind its S^T / dP^T, so that it runs
+// while that step forms P^T and dS^T (the tensor pipe's longest idle phase); the next step releases the Q / dO stage
+// before it issues dV.
 inline constexpr int kBwdOrderEarlyDq = 8;
 inline constexpr int kBwdOrderLateDk = 16;
+inline constexpr int kBwdOrderDeferDk = 32;
 // The kernels that have the kBwdOrder240 variant (the launchers' one rule): the pure-mask (128, 128) key-split tile.
 template <int kD, int kDv, bool kWideTile>
 inline constexpr bool kHasBwdOrder240 = kD == 128 && kDv == 128 && !kWideTile;
-// The kernels that have kBwdOrderLateDk alone: the (64, 64) wide tile.
+// The kernels that have kBwdOrderLateDk / kBwdOrderDeferDk alone: the (64, 64) wide tile.
 template <int kD, int kDv, bool kWideTile>
 inline constexpr bool kHasBwdOrderLateDkWide = kD == 64 && kDv == 64 && kWideTile;
 
@@ -1020,8 +1024,10 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
   constexpr bool kUniformWg = kBwdOrderRegs240<kOrder>;
   constexpr bool kEarlyDq = (kOrder & kBwdOrderEarlyDq) != 0;
   constexpr bool kLateDk = (kOrder & kBwdOrderLateDk) != 0;
-  static_assert(!(kEarlyDq || kLateDk) || (!Src::kMods && !Src::kDropout && !Src::kFp8 && !Src::kStageBias),
-                "sm90 backward: the early-dQ / late-dK steps are the pure-mask kernels'");
+  constexpr bool kDeferDk = (kOrder & kBwdOrderDeferDk) != 0;
+  static_assert(!(kEarlyDq || kLateDk || kDeferDk) || (!Src::kMods && !Src::kDropout && !Src::kFp8 && !Src::kStageBias),
+                "sm90 backward: the early-dQ / late-dK / deferred-dK steps are the pure-mask kernels'");
+  static_assert(!(kLateDk && kDeferDk), "sm90 backward: the late and the deferred dK exclude each other");
   static_assert(!kEarlyDq || (kUniformWg && kBq == 64), "sm90 backward: early dQ needs the 240-register (128, 128) kernel");
   const int c = kUniformWg ? consumer_warpgroup() : (threadIdx.x - 128) >> 7;
   const int t = threadIdx.x & 127, w = t >> 5, lane = t & 31, g = lane >> 2, qd = lane & 3;
@@ -1062,6 +1068,18 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
 
   // The FP8 backward (Src::kFp8, kernel_bwd_fp8_sm90.cuh): the thread's running amax_dP, flushed at the end.
   [[maybe_unused]] float amax_dp = 0.0f;
+  // dK += dS^T Q with A from a dS^T buffer (the warpgroup's 64 key rows, K-major: k16 step kk in slab kk / 4, 32
+  // bytes a step inside it) and B the stage's Q, one commit group (kLateDk, kDeferDk: no register operand stays live
+  // into the next step; with dS^T's registers held there, ptxas serialised every wgmma: C7512).
+  [[maybe_unused]] auto gemm_dk_ss = [&](float (&acc)[kN][4], uint32_t ds_b, uint32_t q_t) {
+#pragma unroll
+    for (int kk = 0; kk < kKQ; ++kk) {
+      const uint32_t a = ds_b + (kk >> 2) * L::kDsSlab + uint32_t(c) * 64 * 128;
+      wgmma_ss_tnspb<kD, E>(acc, desc_add(smem_desc(a, 16, 1024), 32 * (kk & 3)),
+                            desc_add(smem_desc(q_t, L::kSlabQ, 1024), kk * 2048), 1);
+    }
+    wg_commit();
+  };
   uint32_t step_it = 0;
   BwdTraceConsumer tr;  // FLASHSPAN_BWD_TRACE (bwd_trace_sm90.cuh): thread 0 of warpgroup 0; no code without it
   tr.begin();
@@ -1116,14 +1134,29 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       wg_commit();
       wgmma_ss_kmajor<kBq, kD, L::kSlabK, L::kSlabQ, E>(dpacc, v_t, do_tile);
       wg_commit();
+      // The previous step's stage and dS^T buffer (kDeferDk).
+      const uint32_t st_prev = (step_it - 1) % L::kStages;
+      const uint32_t ds_prev = base + L::kDS + ((step_it - 1) & 1) * L::kDSBytes;
+      if constexpr (kDeferDk) {
+        // The previous step's dK behind this step's S^T / dP^T (an empty group in an item's first step).
+        if (s > 0) {
+          gemm_dk_ss(dk, ds_prev, base + L::kQ + st_prev * L::kTileQ);
+        } else {
+          wg_commit();
+        }
+      }
       const float* lse2 = s_stat + st * 2 * L::kBlockQ;
       const float* delta = lse2 + L::kBlockQ;
       const int4 info = s_info[st];  // {h, qb, payload}
-      wg_wait<1>();
+      if constexpr (kDeferDk) {
+        wg_wait<2>();
+      } else {
+        wg_wait<1>();
+      }
       reg_fence(sacc);
       if constexpr (kLateDk) {
         // The previous step's dK has completed with this S^T (wgmma groups complete in order): its Q / dO stage is free.
-        if (s > 0) mbar_arrive(bars + L::kQdoEmpty + 8 * ((step_it - 1) % L::kStages));
+        if (s > 0) mbar_arrive(bars + L::kQdoEmpty + 8 * st_prev);
       }
       // Payload words of a partial step, pre-shifted (a full block: every bit set, so the mask
       // test below is branch-free).
@@ -1180,7 +1213,11 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
         for (int kk = 0; kk < kKQ; ++kk) wgmma_rs_tnspb<kD, E>(acc, a[kk], desc_add(smem_desc(tile, L::kSlabQ, 1024), kk * 2048));
         wg_commit();
       };
-      wg_wait<0>();
+      if constexpr (kDeferDk) {
+        wg_wait<1>();  // dP^T (the previous step's dK may still run)
+      } else {
+        wg_wait<0>();
+      }
       reg_fence(dpacc);
       if constexpr (Src::kFp8) {
         // FP8: dP8 (dS^T's registers) and S8 (P^T's), both on the FP8 grid, amax_dP.
@@ -1202,6 +1239,12 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       }
       pack_a_frag<E>(dpacc, dsa);
       pack_a_frag<E>(sacc, pa);
+      if constexpr (kDeferDk) {
+        // The previous step's dK done: its Q / dO stage is free (released here, not after this step's dQ, so that
+        // the producer has the rest of the step to land the stage after next).
+        wg_wait<0>();
+        if (s > 0) mbar_arrive(bars + L::kQdoEmpty + 8 * st_prev);
+      }
       // dV += P^T dO, running while dS^T goes to shared memory.
       wg_fence();
       gemm_rs_stage(dv, pa, do_tile);
@@ -1240,21 +1283,16 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
                                     desc_add(smem_desc(kq_t, L::kSlabK, 1024), kk * 2048), kk > 0);
       }
       wg_commit();
-      if constexpr (kLateDk) {
-        // dK += dS^T Q with A from the dS^T buffer (the warpgroup's 64 key rows, K-major: k16 step kk in slab
-        // kk / 4, 32 bytes a step inside it), so that no register operand stays live into the next step (with dS^T's
-        // registers held, ptxas serialised the wgmma: C7512).
-#pragma unroll
-        for (int kk = 0; kk < kKQ; ++kk) {
-          const uint32_t a = ds_buf + (kk >> 2) * L::kDsSlab + uint32_t(c) * 64 * 128;
-          wgmma_ss_tnspb<kD, E>(dk, desc_add(smem_desc(a, 16, 1024), 32 * (kk & 3)),
-                                desc_add(smem_desc(q_tile, L::kSlabQ, 1024), kk * 2048), 1);
-        }
-        wg_commit();
+      if constexpr (kDeferDk) {
+        wg_wait<0>();  // dQ done (with dV); dK in the next step
       } else {
-        gemm_rs_stage(dk, dsa, q_tile);
+        if constexpr (kLateDk) {
+          gemm_dk_ss(dk, ds_buf, q_tile);
+        } else {
+          gemm_rs_stage(dk, dsa, q_tile);
+        }
+        wg_wait<1>();  // dQ done (dK may still run; kEarlyDq: dV done with it)
       }
-      wg_wait<1>();  // dQ done (dK may still run; kEarlyDq: dV done with it)
       reg_fence(dq);
       // dQ tile to shared memory for the writer, in register order (dq_tile_offset_sm90).
       tr.mark(kTrDqDone);
@@ -1273,16 +1311,21 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       fence_proxy_async_smem();
       mbar_arrive(bars + L::kDqFull);
       tr.mark(kTrDqFull);
-      if constexpr (!kLateDk) {
+      if constexpr (!kLateDk && !kDeferDk) {
         wg_wait<0>();  // dK done
         mbar_arrive(bars + L::kQdoEmpty + 8 * st);  // Q, dO, the statistics and the info are free
       }
       tr.mark(kTrStepEnd);
     }
-    if constexpr (kLateDk) {
-      // The item's last dK (its stage released here; the next item's first step releases none).
+    if constexpr (kLateDk || kDeferDk) {
+      // The item's last dK (kDeferDk: issued here), its stage released here; the next item's first step releases none.
+      // (The wait outside the branch: inside it, ptxas serialised every wgmma of the late-dK kernels, C7518.)
+      const uint32_t st_last = (step_it - 1) % L::kStages;
+      if constexpr (kDeferDk) {
+        if (it.steps > 0) gemm_dk_ss(dk, base + L::kDS + ((step_it - 1) & 1) * L::kDSBytes, base + L::kQ + st_last * L::kTileQ);
+      }
       wg_wait<0>();
-      if (it.steps > 0) mbar_arrive(bars + L::kQdoEmpty + 8 * ((step_it - 1) % L::kStages));
+      if (it.steps > 0) mbar_arrive(bars + L::kQdoEmpty + 8 * st_last);
     }
     reg_fence(dk);
     reg_fence(dv);

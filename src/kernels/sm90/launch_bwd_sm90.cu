@@ -31,22 +31,28 @@ template <int kD, class E, int kDv = kD, bool kWideTile = false>
 void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk, const CUtensorMap& mv,
              const CUtensorMap& mdo, cudaStream_t stream) {
   using L = kern90::BwdSm90Layout<kD, kDv, kWideTile>;
-  // The register split of the (128, 128) kernel (bwd_gemm_order: 4 by default, or 0).
+  // The register split of the (128, 128) kernel (bwd_gemm_order: 4 by default, or 0) and the experimental GEMM orders
+  // of it and of the (64, 64) wide tile (launch_sm90.h).
   constexpr bool kOrders = kern90::kHasBwdOrder240<kD, kDv, kWideTile>;
-  constexpr bool kWideLate = kern90::kHasBwdOrderLateDkWide<kD, kDv, kWideTile>;
-  const int order = kOrders ? bwd_gemm_order_128(bwd_gemm_order()) : kWideLate ? bwd_gemm_order_wide64(bwd_gemm_order()) : 0;
+  constexpr bool kWideOrders = kern90::kHasBwdOrderLateDkWide<kD, kDv, kWideTile>;
+  const int order = kOrders ? bwd_gemm_order_128(bwd_gemm_order()) : kWideOrders ? bwd_gemm_order_wide64(bwd_gemm_order()) : 0;
   const int slot = bwd_gemm_order_slot(order);
   auto kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile>;
   if constexpr (kOrders) {
-    constexpr int k4 = kern90::kBwdOrder240, kDq = kern90::kBwdOrderEarlyDq, kDk = kern90::kBwdOrderLateDk;
+    constexpr int k4 = kern90::kBwdOrder240, kDq = kern90::kBwdOrderEarlyDq, kDk = kern90::kBwdOrderLateDk,
+                  kDd = kern90::kBwdOrderDeferDk;
     if (order == k4) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, k4>;
     // The experimental steps (FLASHSPAN_EXPERIMENTAL=1, bwd_gemm_order).
     if (order == (k4 | kDq)) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, k4 | kDq>;
     if (order == (k4 | kDk)) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, k4 | kDk>;
     if (order == (k4 | kDq | kDk)) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, k4 | kDq | kDk>;
+    if (order == (k4 | kDd)) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, k4 | kDd>;
+    if (order == (k4 | kDq | kDd)) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, k4 | kDq | kDd>;
   }
-  if constexpr (kWideLate) {
-    if (order == kern90::kBwdOrderLateDk) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, kern90::kBwdOrderLateDk>;
+  if constexpr (kWideOrders) {
+    constexpr int kDk = kern90::kBwdOrderLateDk, kDd = kern90::kBwdOrderDeferDk;
+    if (order == kDk) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, kDk>;
+    if (order == kDd) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, kDd>;
   }
   static std::atomic<uint64_t> smem_set[kBwdGemmOrderSlots] = {};
   ensure_smem_limit(kernel, L::kBytes, smem_set[slot], "flex backward (sm90): cudaFuncSetAttribute");

@@ -184,24 +184,36 @@ void set_bwd_split_first(int on);
 // v2.79, +3 % on an H100) the consumers at 240 registers and the producer warpgroup at 24, the warpgroup index
 // uniform; 0 the 40 / 232 split of v2.20-v2.78. FLASHSPAN_SM90_BWD_ORDER=0 (read per call) picks 0, any other value
 // or none 4. set_bwd_gemm_order: 0 or 4 for this process (tests; other values 4), -1 back to the environment's answer.
-// Experimental (FLASHSPAN_EXPERIMENTAL=1, flex only; kernel_bwd_sm90.cuh kBwdOrderEarlyDq / kBwdOrderLateDk,
-// PERF_LOG v2.80): 12 (4 + dQ issued behind the running dV), 20 (4 + the step's dK waited for in the next step), 28
-// (both), 16 (the late dK on the (64, 64) wide tile alone); without FLASHSPAN_EXPERIMENTAL those values give 4. Each
-// kernel takes what it has: bwd_gemm_order_128, bwd_gemm_order_wide64, sdpa_bwd_gemm_order.
+// Experimental (FLASHSPAN_EXPERIMENTAL=1, flex only; kernel_bwd_sm90.cuh kBwdOrderEarlyDq / kBwdOrderLateDk /
+// kBwdOrderDeferDk, PERF_LOG v2.80): bits on top of 4 -- 8 dQ issued behind the running dV, 16 the step's dK waited
+// for in the next step, 32 the step's dK issued in the next step -- as the values 12, 16, 20, 28, 32, 36, 44; without
+// FLASHSPAN_EXPERIMENTAL those give 4. Each kernel takes its share: bwd_gemm_order_128, bwd_gemm_order_wide64,
+// sdpa_bwd_gemm_order.
 int bwd_gemm_order();
 void set_bwd_gemm_order(int order);
-// The flex (128, 128) kernel's order for bwd_gemm_order's: 0, 12, 20, 28 as they are, anything else (16) 4.
-constexpr int bwd_gemm_order_128(int order) { return order == 0 || order == 12 || order == 20 || order == 28 ? order : 4; }
-// The flex (64, 64) wide tile's: 16 (the late dK) for 16, 20, 28, else 0.
-constexpr int bwd_gemm_order_wide64(int order) { return order & 16; }
+// The orders with a kernel, by their slot in the launchers' smem / CTA caches (bwd_gemm_order_slot): the (128, 128)
+// kernel's 0, 4, 12, 20, 28, 36, 44 and the (64, 64) wide tile's 16, 32 (and 0).
+inline constexpr int kBwdGemmOrders[] = {0, 4, 12, 20, 28, 36, 44, 16, 32};
+inline constexpr int kBwdGemmOrderSlots = 9;
+constexpr int bwd_gemm_order_slot(int order) {
+  for (int i = 0; i < kBwdGemmOrderSlots; ++i) {
+    if (kBwdGemmOrders[i] == order) return i;
+  }
+  return 1;
+}
+// The flex (128, 128) kernel's order for bwd_gemm_order's: 0, else the value with the 240-register bit (16 -> 20,
+// 32 -> 36), 4 for any other.
+constexpr int bwd_gemm_order_128(int order) {
+  const int o = order | 4;
+  return order == 0 ? 0 : (o == 12 || o == 20 || o == 28 || o == 36 || o == 44) ? o : 4;
+}
+// The flex (64, 64) wide tile's: its late-dK (16) or deferred-dK (32) bit, else 0.
+constexpr int bwd_gemm_order_wide64(int order) {
+  const int o = order & 48;
+  return o == 48 ? 0 : o;
+}
 // The SDPA backward's: 0 or 4 (the experimental steps are the flex kernels').
 constexpr int sdpa_bwd_gemm_order(int order) { return order == 0 ? 0 : 4; }
-// The launchers' slot of an order's kernel in their smem / CTA caches: 0 -> 0, 4 -> 1, 12 -> 2, 20 -> 3, 28 -> 4,
-// 16 -> 5.
-inline constexpr int kBwdGemmOrderSlots = 6;
-constexpr int bwd_gemm_order_slot(int order) {
-  return order == 0 ? 0 : order == 12 ? 2 : order == 20 ? 3 : order == 28 ? 4 : order == 16 ? 5 : 1;
-}
 
 // Whether the sm90 backward kernel covers a configuration (independent of the device): fp16 or
 // bf16, head dims of bwd_runs_head_dims_sm90 (each a multiple of 8 up to 128, (192, 128), (256, 256)),
