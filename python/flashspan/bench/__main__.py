@@ -419,8 +419,7 @@ def time_switch(runner: FlashspanRunner, wl: Workload, args, timer: Timer, base:
         unit, factor = report.throughput_unit(rows[first:])
         for row in rows[first:]:
             rounds = "/".join(f"{x:.4g}" for x in row["round_medians_ms"])
-            parts.append(f"{row['phase']} {row['median_ms']:.4g} ms {row['tflops'] * factor:.4g} {unit} "
-                         f"(rounds {rounds} ms)")
+            parts.append(f"{_phase_text(row, unit, factor)} (rounds {rounds} ms)")
         progress.write(f"   {label}: " + "; ".join(parts))
     return rows
 
@@ -473,13 +472,18 @@ def add_speedups(rows: list) -> None:
                 r[f"speedup_vs_{p['backend']}"] = p["median_ms"] / r["median_ms"]
 
 
+def _phase_text(row: dict, unit: str, factor: float) -> str:
+    """One row's phase, median time and throughput, as the progress lines print them."""
+    return f"{row['phase']} {row['median_ms']:.4g} ms {row['tflops'] * factor:.4g} {unit}"
+
+
 def summary_line(rows: list) -> str:
     parts = []
     unit, factor = report.throughput_unit(rows)
     for r in rows:
         if r["phase"] in PHASES and r.get("tflops") is not None and r["backend"] == "flashspan":
             sp = " ".join(f"{k[len('speedup_vs_'):]}={r[k]:.2f}x" for k in sorted(r) if k.startswith("speedup_vs_"))
-            parts.append(f"{r['phase']} {r['median_ms']:.4g} ms {r['tflops'] * factor:.4g} {unit} {sp}".strip())
+            parts.append(f"{_phase_text(r, unit, factor)} {sp}".strip())
     return "; ".join(parts)
 
 
