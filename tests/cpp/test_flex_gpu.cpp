@@ -2504,7 +2504,7 @@ TEST(FlexGpuSm90, BwdRandomCases) {
 // The register splits of the (128, 128) kernel (sm90::bwd_gemm_order 4: 24 / 240 registers, a uniform warpgroup
 // index, the default; 0: 40 / 232; PERF_LOG v2.79) and the experimental GEMM orders (12, 20, 28, 36, 44 at (128, 128);
 // the (64, 64) wide tile's late dK 16 from 20 / 28, its deferred dK 32 from 36 / 44; PERF_LOG v2.80; the sanitizer
-// test: 0, 4, 28, 44), forced here whatever the environment says: random cases
+// test: 4, 28, 44), forced here whatever the environment says: random cases
 // at head dims 128 / 96 / 64 (random interval masks, THD with empty samples, GQA / MQA, strided tensors, dlse), the
 // special rows, deterministic THD cases bitwise over three runs and the split schedule.
 struct Sm90BwdGemmOrder {
@@ -2536,7 +2536,7 @@ TEST(FlexGpuSm90, BwdGemmOrders) {
 TEST(FlexGpuSm90, BwdGemmOrderSanitizer) {
   REQUIRE_SM90();
   Sm90BwdOn on;
-  for (int order : {0, 4, 28, 44}) {
+  for (int order : {4, 28, 44}) {  // (0, the 40 / 232 split, unchanged since PERF_LOG v2.79's sanitizer runs)
     SCOPED_TRACE("bwd_gemm_order " + std::to_string(order));
     Sm90BwdGemmOrder o(order);
     uint64_t seed = 9850 + 10 * order;
