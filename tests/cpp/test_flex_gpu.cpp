@@ -2519,7 +2519,8 @@ TEST(FlexGpuSm90, BwdGemmOrders) {
     SCOPED_TRACE("bwd_gemm_order " + std::to_string(order));
     Sm90BwdGemmOrder o(order);
     ASSERT_EQ(sm90::bwd_gemm_order(), order);
-    for (uint64_t s = 0; s < 16; ++s) {
+    const uint64_t cases = order == 0 || order == 4 ? 16 : 8;  // (the experimental orders: 8 each, and every row)
+    for (uint64_t s = 0; s < cases; ++s) {
       Case c = bwd_case_sm90(7700 + 100 * order + s);
       c.h.dqk = c.h.dv = s % 4 == 3 ? 96 : s % 4 == 1 ? 64 : 128;
       run_case_sm90_bwd(c);
