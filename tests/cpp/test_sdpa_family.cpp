@@ -950,8 +950,9 @@ TEST(SdpaFamily, Sm90BackwardDropoutPhiloxKernel) {
 
 TEST(SdpaFamily, Sm90BackwardGemmOrderSwitch) {
   // sm90::bwd_gemm_order() (the (128, 128) backward kernels' register split, flex and SDPA; PERF_LOG v2.79): 4 unset
-  // or for any value but FLASHSPAN_SM90_BWD_ORDER=0, which gives 0 (read per call, FLASHSPAN_EXPERIMENTAL
-  // irrelevant); set_bwd_gemm_order's override winning (0 -> 0, others 4), -1 back to the environment's answer.
+  // or for any value but FLASHSPAN_SM90_BWD_ORDER=0, which gives 0, and the experimental values 12, 16, 20, 28, 32,
+  // 36, 44 (PERF_LOG v2.80), which need FLASHSPAN_EXPERIMENTAL=1 (read per call); set_bwd_gemm_order's override
+  // winning (0 and the experimental values as they are, others 4), -1 back to the environment's answer.
   using flashspan::test::ScopedEnv;
   sm90::set_bwd_gemm_order(-1);
   ScopedEnv var("FLASHSPAN_SM90_BWD_ORDER", nullptr);
@@ -972,9 +973,8 @@ TEST(SdpaFamily, Sm90BackwardGemmOrderSwitch) {
       var.set(v.c_str());
       const int o = sm90::bwd_gemm_order();
       EXPECT_EQ(o, e ? x : 4) << where << " FLASHSPAN_SM90_BWD_ORDER=" << v;
-      EXPECT_EQ(sm90::sdpa_bwd_gemm_order(o), 4);
-      // Each kernel takes its own bits: (128, 128) the value with the 240-register bit, the (64, 64) wide tile its
-      // late-dK (16) or deferred-dK (32) bit alone.
+      // Each kernel takes its own bits: (128, 128), flex and SDPA, the value with the 240-register bit, the flex
+      // (64, 64) wide tile its late-dK (16) or deferred-dK (32) bit alone.
       EXPECT_EQ(sm90::bwd_gemm_order_128(o), e ? x | 4 : 4);
       EXPECT_EQ(sm90::bwd_gemm_order_wide64(o), e ? x & 48 : 0);
     }

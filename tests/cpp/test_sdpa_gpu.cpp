@@ -1453,7 +1453,8 @@ TEST(SdpaGpu, Sm90BackwardSanitizerSmall) {
 }
 
 // The (128, 128) kernel's register splits (sm90::bwd_gemm_order 4: 24 / 240 registers, a uniform warpgroup index, the
-// default; 0: 40 / 232; PERF_LOG v2.79), forced for a scope on the sm90 forward and backward.
+// default; 0: 40 / 232; PERF_LOG v2.79) and its experimental GEMM orders (12, 20, 28, 36, 44: early dQ, late /
+// deferred dK; PERF_LOG v2.80), forced for a scope on the sm90 forward and backward.
 struct Sm90BwdGemmOrder {
   const ForceSdpaSm90 force_fwd{1};
   const ForceSdpaBwdSm90 force_bwd{1};
@@ -1465,7 +1466,7 @@ struct Sm90BwdGemmOrder {
 // even seeds) forward and backward, in each order (the smaller dims run the (64, 64) kernel, the same either way).
 TEST(SdpaGpu, Sm90BackwardGemmOrders) {
   REQUIRE_SM90();
-  for (int order : {0, 4}) {
+  for (int order : {0, 4, 12, 20, 28, 36, 44}) {
     SCOPED_TRACE("bwd_gemm_order " + std::to_string(order));
     const Sm90BwdGemmOrder o(order);
     ASSERT_EQ(sm90::bwd_gemm_order(), order);
@@ -1481,7 +1482,7 @@ TEST(SdpaGpu, Sm90BackwardGemmOrders) {
 // Sm90BackwardSanitizerSmall's cases in each order (scripts/gpu_check.sh: compute-sanitizer).
 TEST(SdpaGpu, Sm90BackwardGemmOrderSanitizerSmall) {
   REQUIRE_SM90();
-  for (int order : {0, 4}) {
+  for (int order : {4, 28, 44}) {  // (0 unchanged since PERF_LOG v2.79's sanitizer runs)
     SCOPED_TRACE("bwd_gemm_order " + std::to_string(order));
     const Sm90BwdGemmOrder o(order);
     for (int i = 0; i < 3; ++i) run_case_expect_sm90(sm90_bwd_small_case(i), /*backward=*/true, kAnyLaunches, 1);

@@ -165,6 +165,7 @@
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "kernels/common/analytic_mask.h"
 #include "kernels/common/analytic_seqlen.cuh"
@@ -210,6 +211,17 @@ inline constexpr int kBwdOrderDeferDk = 32;
 // The kernels that have the kBwdOrder240 variant (the launchers' one rule): the pure-mask (128, 128) key-split tile.
 template <int kD, int kDv, bool kWideTile>
 inline constexpr bool kHasBwdOrder240 = kD == 128 && kDv == 128 && !kWideTile;
+// The orders of the kBwdOrder240 kernels (launch_sm90.h bwd_gemm_order_128): for_bwd_order240(order, f) calls
+// f(std::integral_constant<int, o>{}) for the one that equals order (none for 0), so that each launcher names its
+// kernels once: order 4 and the experimental 12, 20, 28, 36, 44.
+template <class F>
+__host__ void for_bwd_order240(int order, F&& f) {
+  [&]<int... kO>(std::integer_sequence<int, kO...>) {
+    ((order == kO ? f(std::integral_constant<int, kO>{}) : void()), ...);
+  }(std::integer_sequence<int, kBwdOrder240, kBwdOrder240 | kBwdOrderEarlyDq, kBwdOrder240 | kBwdOrderLateDk,
+                          kBwdOrder240 | kBwdOrderEarlyDq | kBwdOrderLateDk, kBwdOrder240 | kBwdOrderDeferDk,
+                          kBwdOrder240 | kBwdOrderEarlyDq | kBwdOrderDeferDk>{});
+}
 // The kernels that have kBwdOrderLateDk / kBwdOrderDeferDk alone: the (64, 64) wide tile.
 template <int kD, int kDv, bool kWideTile>
 inline constexpr bool kHasBwdOrderLateDkWide = kD == 64 && kDv == 64 && kWideTile;

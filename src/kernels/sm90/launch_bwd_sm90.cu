@@ -39,15 +39,7 @@ void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk
   const int slot = bwd_gemm_order_slot(order);
   auto kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile>;
   if constexpr (kOrders) {
-    constexpr int k4 = kern90::kBwdOrder240, kDq = kern90::kBwdOrderEarlyDq, kDk = kern90::kBwdOrderLateDk,
-                  kDd = kern90::kBwdOrderDeferDk;
-    if (order == k4) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, k4>;
-    // The experimental steps (FLASHSPAN_EXPERIMENTAL=1, bwd_gemm_order).
-    if (order == (k4 | kDq)) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, k4 | kDq>;
-    if (order == (k4 | kDk)) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, k4 | kDk>;
-    if (order == (k4 | kDq | kDk)) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, k4 | kDq | kDk>;
-    if (order == (k4 | kDd)) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, k4 | kDd>;
-    if (order == (k4 | kDq | kDd)) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, k4 | kDq | kDd>;
+    kern90::for_bwd_order240(order, [&](auto o) { kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, o.value>; });
   }
   if constexpr (kWideOrders) {
     constexpr int kDk = kern90::kBwdOrderLateDk, kDd = kern90::kBwdOrderDeferDk;

@@ -184,11 +184,11 @@ void set_bwd_split_first(int on);
 // v2.79, +3 % on an H100) the consumers at 240 registers and the producer warpgroup at 24, the warpgroup index
 // uniform; 0 the 40 / 232 split of v2.20-v2.78. FLASHSPAN_SM90_BWD_ORDER=0 (read per call) picks 0, any other value
 // or none 4. set_bwd_gemm_order: 0 or 4 for this process (tests; other values 4), -1 back to the environment's answer.
-// Experimental (FLASHSPAN_EXPERIMENTAL=1, flex only; kernel_bwd_sm90.cuh kBwdOrderEarlyDq / kBwdOrderLateDk /
+// Experimental (FLASHSPAN_EXPERIMENTAL=1; kernel_bwd_sm90.cuh kBwdOrderEarlyDq / kBwdOrderLateDk /
 // kBwdOrderDeferDk, PERF_LOG v2.80): bits on top of 4 -- 8 dQ issued behind the running dV, 16 the step's dK waited
 // for in the next step, 32 the step's dK issued in the next step -- as the values 12, 16, 20, 28, 32, 36, 44; without
-// FLASHSPAN_EXPERIMENTAL those give 4. Each kernel takes its share: bwd_gemm_order_128, bwd_gemm_order_wide64,
-// sdpa_bwd_gemm_order.
+// FLASHSPAN_EXPERIMENTAL those give 4. Each kernel takes its share: the (128, 128) kernels, flex and SDPA,
+// bwd_gemm_order_128; the flex (64, 64) wide tile bwd_gemm_order_wide64.
 int bwd_gemm_order();
 void set_bwd_gemm_order(int order);
 // The orders with a kernel, by their slot in the launchers' smem / CTA caches (bwd_gemm_order_slot): the (128, 128)
@@ -201,7 +201,7 @@ constexpr int bwd_gemm_order_slot(int order) {
   }
   return 1;
 }
-// The flex (128, 128) kernel's order for bwd_gemm_order's: 0, else the value with the 240-register bit (16 -> 20,
+// The (128, 128) kernels' order (flex and SDPA) for bwd_gemm_order's: 0, else the value with the 240-register bit (16 -> 20,
 // 32 -> 36), 4 for any other.
 constexpr int bwd_gemm_order_128(int order) {
   const int o = order | 4;
@@ -212,8 +212,6 @@ constexpr int bwd_gemm_order_wide64(int order) {
   const int o = order & 48;
   return o == 48 ? 0 : o;
 }
-// The SDPA backward's: 0 or 4 (the experimental steps are the flex kernels').
-constexpr int sdpa_bwd_gemm_order(int order) { return order == 0 ? 0 : 4; }
 
 // Whether the sm90 backward kernel covers a configuration (independent of the device): fp16 or
 // bf16, head dims of bwd_runs_head_dims_sm90 (each a multiple of 8 up to 128, (192, 128), (256, 256)),

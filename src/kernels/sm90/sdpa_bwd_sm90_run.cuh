@@ -27,7 +27,8 @@ namespace bwd_detail {
 // bias of whole chunks, SdpaBiasParams::chunks).
 // Form (kDropout): 0 the modifiers' dropout kernel, 1 the Philox-only dropout kernel (launch_sm90.h
 // sdpa_bwd_dropout_philox_kernel: Philox calls without modifiers).
-// Order (the pure-mask (128, 128) kernel): bwd_gemm_order's 4 or 0 (the kernel's kOrder).
+// Order (the pure-mask (128, 128) kernel): bwd_gemm_order_128's (the kernel's kOrder): 0, 4 or, experimental,
+// 12, 20, 28, 36, 44.
 template <int kD, class E, int kDv, bool kWideTile, bool kMods, bool kDropout>
 auto sdpa_kernel(int form, int order) {
   (void)order;
@@ -41,10 +42,11 @@ auto sdpa_kernel(int form, int order) {
                      : kern90::sdpa_bwd_mods_kernel_sm90<kD, E, false, false>;
   } else {
     (void)form;
+    auto kernel = kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile>;
     if constexpr (kern90::kHasBwdOrder240<kD, kDv, kWideTile>) {
-      if (order == kern90::kBwdOrder240) return kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile, kern90::kBwdOrder240>;
+      kern90::for_bwd_order240(order, [&](auto o) { kernel = kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile, o.value>; });
     }
-    return kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile>;
+    return kernel;
   }
 }
 }  // namespace bwd_detail
@@ -64,9 +66,9 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
       const bool softcap = am.score.softcap2 != 0.0f;
       const bool staged = kMods && !kDropout && !softcap && am.bias.bias != nullptr && am.bias.chunks != 0;
       const int form = kDropout ? (sdpa_bwd_dropout_philox_kernel(am) ? 1 : 0) : staged ? 2 : softcap ? 1 : 0;
-      // The pure-mask (128, 128) kernel's register split (bwd_gemm_order), in its slot of the
+      // The pure-mask (128, 128) kernel's register split and GEMM order (bwd_gemm_order_128), in its slot of the
       // caches below, which the other kernels index by form.
-      const int order = !kMods && kern90::kHasBwdOrder240<kD, kDv, kWideTile> ? sdpa_bwd_gemm_order(bwd_gemm_order()) : 0;
+      const int order = !kMods && kern90::kHasBwdOrder240<kD, kDv, kWideTile> ? bwd_gemm_order_128(bwd_gemm_order()) : 0;
       const int slot = kMods ? form : bwd_gemm_order_slot(order);
       auto kernel = bwd_detail::sdpa_kernel<kD, E, kDv, kWideTile, kMods, kDropout>(form, order);
       // The staged bias's kernel stages it after the rest (BwdSm90Layout::kBiasStage), where the (128, 128) softcap
@@ -74,9 +76,10 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
       static_assert(!kMods || L::kBytesBias <= 232448, "sdpa backward (sm90): the bias stage does not fit");
       const bool regions = staged || (kMods && kern90::sdpa_bwd_stash_dlogit(kD, kDropout, softcap, false));
       const int smem = regions ? L::kBytesBias : L::kBytes;
-      static std::atomic<uint64_t> smem_set[4] = {0, 0, 0, 0};
+      static_assert(kBwdGemmOrderSlots >= 3, "sdpa backward (sm90): a slot for each form");
+      static std::atomic<uint64_t> smem_set[kBwdGemmOrderSlots] = {};
       ensure_smem_limit(kernel, smem, smem_set[slot], "sdpa backward (sm90): cudaFuncSetAttribute");
-      static std::atomic<int> ctas_cache[4][64];
+      static std::atomic<int> ctas_cache[kBwdGemmOrderSlots][64];
       const int ctas = persistent_ctas(kernel, L::kThreads, smem, ctas_cache[slot], "sdpa backward (sm90)");
       const unsigned grid = unsigned(std::min<int64_t>(ctas, items));
       kernel<<<grid, L::kThreads, smem, s>>>(p, mq, mk, mv, mdo);
