@@ -196,8 +196,8 @@ namespace flashspan::kern90 {
 inline constexpr int kBwdOrder240 = 4;
 template <int kOrder>
 inline constexpr bool kBwdOrderRegs240 = (kOrder & kBwdOrder240) != 0;
-// Two experimental steps (FLASHSPAN_EXPERIMENTAL=1, launch_sm90.h bwd_gemm_order; flex only, PERF_LOG v2.80):
-// kBwdOrderEarlyDq (on top of kBwdOrder240) issues dQ right after the dS^T barrier, behind the running dV
+// Three experimental steps of the pure-mask key-split consumers (FLASHSPAN_EXPERIMENTAL=1, launch_sm90.h
+// bwd_gemm_order; PERF_LOG v2.80, not yet run on a GPU): kBwdOrderEarlyDq (on top of kBwdOrder240) issues dQ right after the dS^T barrier, behind the running dV
 // (FlashAttention-3's and the seed system's order: no wait for dV in between); kBwdOrderLateDk leaves the step's dK
 // (A from the dS^T buffer) running into the next step -- its wait, and the release of the step's Q / dO stage, come
 // with the next step's S^T wait -- so that the dQ stores, the step's end and the next step's S^T / dP^T issue run
@@ -1147,8 +1147,8 @@ __device__ __forceinline__ void bwd_consumer(const BwdParams& p, uint32_t base, 
       wgmma_ss_kmajor<kBq, kD, L::kSlabK, L::kSlabQ, E>(dpacc, v_t, do_tile);
       wg_commit();
       // The previous step's stage and dS^T buffer (kDeferDk).
-      const uint32_t st_prev = (step_it - 1) % L::kStages;
-      const uint32_t ds_prev = base + L::kDS + ((step_it - 1) & 1) * L::kDSBytes;
+      [[maybe_unused]] const uint32_t st_prev = (step_it - 1) % L::kStages;
+      [[maybe_unused]] const uint32_t ds_prev = base + L::kDS + ((step_it - 1) & 1) * L::kDSBytes;
       if constexpr (kDeferDk) {
         // The previous step's dK behind this step's S^T / dP^T (an empty group in an item's first step).
         if (s > 0) {
