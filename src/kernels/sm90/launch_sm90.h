@@ -183,7 +183,8 @@ void set_bwd_split_first(int on);
 // and bf16, flex and SDPA (kernel_bwd_sm90.cuh kBwdOrder240; the kernel's kOrder): 4 (the default since PERF_LOG
 // v2.79, +3 % on an H100) the consumers at 240 registers and the producer warpgroup at 24, the warpgroup index
 // uniform; 0 the 40 / 232 split of v2.20-v2.78. FLASHSPAN_SM90_BWD_ORDER=0 (read per call) picks 0, any other value
-// or none 4. set_bwd_gemm_order: 0 or 4 for this process (tests; other values 4), -1 back to the environment's answer.
+// or none 4. set_bwd_gemm_order: 0, 4 or an experimental value below for this process (tests; other values 4), -1
+// back to the environment's answer.
 // Experimental (FLASHSPAN_EXPERIMENTAL=1; kernel_bwd_sm90.cuh kBwdOrderEarlyDq / kBwdOrderLateDk /
 // kBwdOrderDeferDk, PERF_LOG v2.80): bits on top of 4 -- 8 dQ issued behind the running dV, 16 the step's dK waited
 // for in the next step, 32 the step's dK issued in the next step -- as the values 12, 16, 20, 28, 32, 36, 44; without

@@ -177,8 +177,9 @@ bool bwd_det_relaxed() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_RELAXED"); }
 // or 4 (kernel_bwd_sm90.cuh kBwdOrder240), 4 by default; the experimental 12, 16, 20, 28, 32, 36, 44 with
 // FLASHSPAN_EXPERIMENTAL=1.
 namespace {
+constexpr int kExperimentalGemmOrders[] = {12, 16, 20, 28, 32, 36, 44};
 bool experimental_gemm_order(int order) {
-  for (int x : {12, 16, 20, 28, 32, 36, 44}) {
+  for (int x : kExperimentalGemmOrders) {
     if (order == x) return true;
   }
   return false;
@@ -196,7 +197,7 @@ int bwd_gemm_order() {
   const char* e = std::getenv("FLASHSPAN_SM90_BWD_ORDER");
   if (e == nullptr) return 4;
   if (std::strcmp(e, "0") == 0) return 0;
-  for (int x : {12, 16, 20, 28, 32, 36, 44}) {
+  for (int x : kExperimentalGemmOrders) {
     if (std::strcmp(e, std::to_string(x).c_str()) == 0) return experimental_from_env() ? x : 4;
   }
   return 4;
