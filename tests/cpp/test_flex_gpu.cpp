@@ -2519,6 +2519,10 @@ TEST(FlexGpuSm90, BwdGemmOrders) {
     SCOPED_TRACE("bwd_gemm_order " + std::to_string(order));
     Sm90BwdGemmOrder o(order);
     ASSERT_EQ(sm90::bwd_gemm_order(), order);
+    // The kernels of this order ran (the launchers' per-order counts): the (128, 128) one and, for the late /
+    // deferred dK, the (64, 64) wide tile's.
+    const int k128 = sm90::bwd_gemm_order_128(order), kwide = sm90::bwd_gemm_order_wide64(order);
+    const int64_t n128 = sm90::bwd_order_launches(k128), nwide = sm90::bwd_order_launches(kwide);
     const uint64_t cases = order == 0 || order == 4 ? 16 : 8;  // (the experimental orders: 8 each, and every row)
     for (uint64_t s = 0; s < cases; ++s) {
       Case c = bwd_case_sm90(7700 + 100 * order + s);
@@ -2529,6 +2533,10 @@ TEST(FlexGpuSm90, BwdGemmOrders) {
     run_sm90_bwd_rows({kEmptyRows, kFullBlocks, kNegativeMqa, kStridedDlse, kGqa8Thd, kSplitSinkLocal, kGridThd,
                        kBitwiseThd},
                       128, 128, seed);
+    EXPECT_GT(sm90::bwd_order_launches(k128), n128) << "no launch of the (128, 128) kernel of order " << k128;
+    if (kwide != 0) {
+      EXPECT_GT(sm90::bwd_order_launches(kwide), nwide) << "no launch of the (64, 64) wide tile's kernel of order " << kwide;
+    }
   }
 }
 

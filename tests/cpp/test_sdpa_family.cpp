@@ -991,6 +991,11 @@ TEST(SdpaFamily, Sm90BackwardGemmOrderSwitch) {
     slots.insert(slot);
   }
   EXPECT_EQ(slots.size(), 9u);
+  // The per-order launch counts (the GPU tests' evidence of which kernel ran): one count per kernel order.
+  const int64_t n44 = sm90::bwd_order_launches(44), n32 = sm90::bwd_order_launches(32);
+  sm90::count_bwd_order_launch(44);
+  EXPECT_EQ(sm90::bwd_order_launches(44), n44 + 1);
+  EXPECT_EQ(sm90::bwd_order_launches(32), n32);
   for (int o : {0, 4, 12, 16, 20, 28, 32, 36, 44}) {
     EXPECT_EQ(sm90::kBwdGemmOrders[sm90::bwd_gemm_order_slot(sm90::bwd_gemm_order_128(o))], sm90::bwd_gemm_order_128(o));
     EXPECT_EQ(sm90::kBwdGemmOrders[sm90::bwd_gemm_order_slot(sm90::bwd_gemm_order_wide64(o))], sm90::bwd_gemm_order_wide64(o));

@@ -1470,12 +1470,14 @@ TEST(SdpaGpu, Sm90BackwardGemmOrders) {
     SCOPED_TRACE("bwd_gemm_order " + std::to_string(order));
     const Sm90BwdGemmOrder o(order);
     ASSERT_EQ(sm90::bwd_gemm_order(), order);
+    const int64_t n = sm90::bwd_order_launches(order);  // the (128, 128) kernel of this order ran (D = 128 cases)
     for (uint64_t seed = 9451; seed <= 9462; ++seed) {
       Case c = sm90_case(seed + 50 * uint64_t(order));
       c.Dqk = c.Dv = std::vector<int64_t>{128, 96, 64, 40}[seed % 4];
       run_case_expect_sm90(c, /*backward=*/true, kAnyLaunches, 1);
       if (::testing::Test::HasFailure()) return;
     }
+    EXPECT_GT(sm90::bwd_order_launches(order), n) << "no launch of the (128, 128) kernel of order " << order;
   }
 }
 

@@ -38,13 +38,17 @@ void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk
   const int order = kOrders ? bwd_gemm_order_128(bwd_gemm_order()) : kWideOrders ? bwd_gemm_order_wide64(bwd_gemm_order()) : 0;
   const int slot = bwd_gemm_order_slot(order);
   auto kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile>;
+  int kernel_order = 0;  // the chosen kernel's kOrder (count_bwd_order_launch)
   if constexpr (kOrders) {
-    kern90::for_bwd_order240(order, [&](auto o) { kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, o.value>; });
+    kern90::for_bwd_order240(order, [&](auto o) {
+      kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, o.value>;
+      kernel_order = o.value;
+    });
   }
   if constexpr (kWideOrders) {
     constexpr int kDk = kern90::kBwdOrderLateDk, kDd = kern90::kBwdOrderDeferDk;
-    if (order == kDk) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, kDk>;
-    if (order == kDd) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, kDd>;
+    if (order == kDk) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, kDk>, kernel_order = kDk;
+    if (order == kDd) kernel = kern90::flex_bwd_kernel_sm90<kD, E, kDv, kWideTile, kDd>, kernel_order = kDd;
   }
   static std::atomic<uint64_t> smem_set[kBwdGemmOrderSlots] = {};
   ensure_smem_limit(kernel, L::kBytes, smem_set[slot], "flex backward (sm90): cudaFuncSetAttribute");
@@ -57,6 +61,7 @@ void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk
     launch_bwd_split_schedule(p, stream, !p.deterministic || bwd_det_split_enabled());
     kernel<<<grid_1d(ctas, "flex backward (sm90), persistent"), L::kThreads, L::kBytes, stream>>>(p, mq, mk, mv, mdo);
     check_launch("flex backward (sm90), persistent");
+    if (!L::kColSplit && !L::kT3) count_bwd_order_launch(kernel_order);
     launch_bwd_split_convert(p, E::kDType, stream);
     return;
   }
@@ -66,6 +71,7 @@ void run_bwd(const BwdParams& p_in, const CUtensorMap& mq, const CUtensorMap& mk
   const unsigned grid = unsigned(std::min<int64_t>(ctas, items));
   kernel<<<grid, L::kThreads, L::kBytes, stream>>>(p, mq, mk, mv, mdo);
   check_launch("flex backward (sm90)");
+  if (!L::kColSplit && !L::kT3) count_bwd_order_launch(kernel_order);
 }
 
 }  // namespace
@@ -77,7 +83,15 @@ std::atomic<int64_t> g_sdpa_bwd_mods_launches{0};
 std::atomic<int64_t> g_sdpa_bwd_drop_launches{0};
 std::atomic<int64_t> g_sdpa_bwd_drop_philox_launches{0};
 std::atomic<int64_t> g_sdpa_bwd_l2_grouped_launches{0};
+std::atomic<int64_t> g_bwd_order_launches[kBwdGemmOrderSlots] = {};
 }  // namespace
+
+int64_t bwd_order_launches(int order) {
+  return g_bwd_order_launches[bwd_gemm_order_slot(order)].load(std::memory_order_relaxed);
+}
+void count_bwd_order_launch(int order) {
+  g_bwd_order_launches[bwd_gemm_order_slot(order)].fetch_add(1, std::memory_order_relaxed);
+}
 
 int64_t bwd_launches() { return g_bwd_launches.load(std::memory_order_relaxed); }
 int64_t sdpa_bwd_launches() { return g_sdpa_bwd_launches.load(std::memory_order_relaxed); }

@@ -202,6 +202,10 @@ constexpr int bwd_gemm_order_slot(int order) {
   }
   return 1;
 }
+// Launches of the pure-mask key-split backward kernels (flex and SDPA) by the order of the kernel that ran (one of
+// kBwdGemmOrders; tests: that an order's kernel, not another, ran). count_bwd_order_launch: the launchers' increment.
+int64_t bwd_order_launches(int order);
+void count_bwd_order_launch(int order);
 // The (128, 128) kernels' order (flex and SDPA) for bwd_gemm_order's: 0, else the value with the 240-register bit (16 -> 20,
 // 32 -> 36), 4 for any other.
 constexpr int bwd_gemm_order_128(int order) {

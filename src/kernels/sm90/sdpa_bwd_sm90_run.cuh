@@ -29,9 +29,11 @@ namespace bwd_detail {
 // sdpa_bwd_dropout_philox_kernel: Philox calls without modifiers).
 // Order (the pure-mask (128, 128) kernel): bwd_gemm_order_128's (the kernel's kOrder): 0, 4 or, experimental,
 // 12, 20, 28, 36, 44.
+// kernel_order: the pure-mask kernel's kOrder (count_bwd_order_launch), untouched for the others.
 template <int kD, class E, int kDv, bool kWideTile, bool kMods, bool kDropout>
-auto sdpa_kernel(int form, int order) {
+auto sdpa_kernel(int form, int order, int& kernel_order) {
   (void)order;
+  (void)kernel_order;
   if constexpr (kDropout) {
     static_assert(kMods && kD == kDv && kD <= 128 && !kWideTile, "the dropout kernels: (64, 64) and (128, 128)");
     return form == 1 ? kern90::sdpa_bwd_drop_kernel_sm90<kD, E> : kern90::sdpa_bwd_mods_kernel_sm90<kD, E, true>;
@@ -43,8 +45,12 @@ auto sdpa_kernel(int form, int order) {
   } else {
     (void)form;
     auto kernel = kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile>;
+    kernel_order = 0;
     if constexpr (kern90::kHasBwdOrder240<kD, kDv, kWideTile>) {
-      kern90::for_bwd_order240(order, [&](auto o) { kernel = kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile, o.value>; });
+      kern90::for_bwd_order240(order, [&](auto o) {
+        kernel = kern90::sdpa_bwd_kernel_sm90<kD, E, kDv, kWideTile, o.value>;
+        kernel_order = o.value;
+      });
     }
     return kernel;
   }
@@ -70,7 +76,8 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
       // caches below, which the other kernels index by form.
       const int order = !kMods && kern90::kHasBwdOrder240<kD, kDv, kWideTile> ? bwd_gemm_order_128(bwd_gemm_order()) : 0;
       const int slot = kMods ? form : bwd_gemm_order_slot(order);
-      auto kernel = bwd_detail::sdpa_kernel<kD, E, kDv, kWideTile, kMods, kDropout>(form, order);
+      int kernel_order = -1;  // (a pure-mask kernel's kOrder: counted below)
+      auto kernel = bwd_detail::sdpa_kernel<kD, E, kDv, kWideTile, kMods, kDropout>(form, order, kernel_order);
       // The staged bias's kernel stages it after the rest (BwdSm90Layout::kBiasStage), where the (128, 128) softcap
       // kernel (form 1 without dropout) keeps its 1 - t^2 (kernel_bwd_mods_sm90.cuh AnalyticModSourceBwdSm90's kStash).
       static_assert(!kMods || L::kBytesBias <= 232448, "sdpa backward (sm90): the bias stage does not fit");
@@ -84,6 +91,7 @@ void run_sdpa_bwd_sm90(const SdpaBwdParams& p, DType dtype, const CUtensorMap& m
       const unsigned grid = unsigned(std::min<int64_t>(ctas, items));
       kernel<<<grid, L::kThreads, smem, s>>>(p, mq, mk, mv, mdo);
       check_launch("sdpa backward (sm90)");
+      if (kernel_order >= 0 && !L::kColSplit && !L::kT3) count_bwd_order_launch(kernel_order);
     }
     if (p.total_q > 0) {
       kern90::sdpa_bwd_dq_convert_kernel_sm90<kD, E, kDv>
