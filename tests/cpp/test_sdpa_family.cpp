@@ -967,7 +967,7 @@ TEST(SdpaFamily, Sm90BackwardGemmOrderSwitch) {
       var.set(v);
       EXPECT_EQ(sm90::bwd_gemm_order(), order) << where << " FLASHSPAN_SM90_BWD_ORDER=\"" << v << '"';
     }
-    // The experimental steps (flex only): their values with FLASHSPAN_EXPERIMENTAL=1, else 4; SDPA runs 4 for them.
+    // The experimental steps: their values with FLASHSPAN_EXPERIMENTAL=1, else 4.
     for (int x : {12, 16, 20, 28, 32, 36, 44}) {
       const std::string v = std::to_string(x);
       var.set(v.c_str());
