@@ -285,8 +285,9 @@ cpp_suite() {
 
   # 2. compute-sanitizer: memcheck on small GPU cases, racecheck on one. Missing sanitizer = failure.
   #    Experimental paths (FLASHSPAN_EXPERIMENTAL=1) are not switched on here: their tests force their switch
-  #    themselves (FlexGpuSm90.BwdDeterministicBandsSameBits; and both register splits of the (128, 128) backward,
-  #    FlexGpuSm90.BwdGemmOrder*, SdpaGpu.Sm90BackwardGemmOrder*: set_bwd_gemm_order), in every run below.
+  #    themselves (FlexGpuSm90.BwdDeterministicBandsSameBits; both register splits of the (128, 128) backward and
+  #    the experimental GEMM orders of the key-split kernels, FlexGpuSm90.BwdGemmOrder*,
+  #    SdpaGpu.Sm90BackwardGemmOrder*: set_bwd_gemm_order), in every run below.
   #    The paths on by default since
   #    2026-12-05 (their off switches FLASHSPAN_SDPA_FP8_BWD, FLASHSPAN_SDPA_FP8_SM80, FLASHSPAN_SDPA_FEATURE_PAIRS
   #    are not set here) have tests that still force their switch on: the FP8 backward's SdpaFp8Gpu.Fp8Backward*:

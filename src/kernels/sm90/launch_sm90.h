@@ -196,6 +196,12 @@ void set_bwd_gemm_order(int order);
 // kernel's 0, 4, 12, 20, 28, 36, 44 and the (64, 64) wide tile's 16, 32 (and 0).
 inline constexpr int kBwdGemmOrders[] = {0, 4, 12, 20, 28, 36, 44, 16, 32};
 inline constexpr int kBwdGemmOrderSlots = 9;
+constexpr bool bwd_gemm_order_has_kernel(int order) {
+  for (int o : kBwdGemmOrders) {
+    if (o == order) return true;
+  }
+  return false;
+}
 constexpr int bwd_gemm_order_slot(int order) {
   for (int i = 0; i < kBwdGemmOrderSlots; ++i) {
     if (kBwdGemmOrders[i] == order) return i;
@@ -210,7 +216,7 @@ void count_bwd_order_launch(int order);
 // 32 -> 36), 4 for any other.
 constexpr int bwd_gemm_order_128(int order) {
   const int o = order | 4;
-  return order == 0 ? 0 : (o == 12 || o == 20 || o == 28 || o == 36 || o == 44) ? o : 4;
+  return order == 0 ? 0 : bwd_gemm_order_has_kernel(o) ? o : 4;  // (o has the 240 bit: one of 4 .. 44)
 }
 // The flex (64, 64) wide tile's: its late-dK (16) or deferred-dK (32) bit, else 0.
 constexpr int bwd_gemm_order_wide64(int order) {

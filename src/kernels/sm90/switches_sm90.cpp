@@ -176,15 +176,9 @@ bool bwd_det_relaxed() { return env_flag_on("FLASHSPAN_SM90_BWD_DET_RELAXED"); }
 // The key-split backward kernels' register split and GEMM order (PERF_LOG v2.79, v2.80; the rule in launch_sm90.h): 0
 // or 4 (kernel_bwd_sm90.cuh kBwdOrder240), 4 by default; the experimental 12, 16, 20, 28, 32, 36, 44 with
 // FLASHSPAN_EXPERIMENTAL=1.
+// The valid values are the orders with a kernel (launch_sm90.h kBwdGemmOrders): 0, 4 and the experimental ones.
 namespace {
-constexpr int kExperimentalGemmOrders[] = {12, 16, 20, 28, 32, 36, 44};
-bool experimental_gemm_order(int order) {
-  for (int x : kExperimentalGemmOrders) {
-    if (order == x) return true;
-  }
-  return false;
-}
-int valid_gemm_order(int order) { return order == 0 || experimental_gemm_order(order) ? order : 4; }
+int valid_gemm_order(int order) { return bwd_gemm_order_has_kernel(order) ? order : 4; }
 }  // namespace
 
 void set_bwd_gemm_order(int order) {
@@ -197,8 +191,8 @@ int bwd_gemm_order() {
   const char* e = std::getenv("FLASHSPAN_SM90_BWD_ORDER");
   if (e == nullptr) return 4;
   if (std::strcmp(e, "0") == 0) return 0;
-  for (int x : kExperimentalGemmOrders) {
-    if (std::strcmp(e, std::to_string(x).c_str()) == 0) return experimental_from_env() ? x : 4;
+  for (int x : kBwdGemmOrders) {
+    if (x != 4 && std::strcmp(e, std::to_string(x).c_str()) == 0) return experimental_from_env() ? x : 4;
   }
   return 4;
 }
